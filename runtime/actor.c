@@ -1,0 +1,832 @@
+/*
+** Actors: spawn, mailboxes, sends, turns, exit signals, links, monitors and
+** the name registry.
+**
+** Mailbox: Vyukov's intrusive MPSC queue with a stub node, so a popped
+** message is fully detached and freed right after its handler. Pony's trick
+** makes scheduling free: the low bit of the head means "empty and not
+** scheduled", so the push that finds it set is the one that schedules the
+** actor, and the end of a turn clears it only if the queue is still empty.
+**
+** Signals (link, unlink, exit, monitor, demonitor) go on a separate stack
+** that the owner drains before any user message, so they overtake the
+** mailbox; a WAKE marker pushed into the mailbox gets a sleeping actor
+** scheduled to look at them. Everything about an actor's links and monitors is
+** touched only by the thread running it.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+_Thread_local rt_tls_t rt__tls;
+
+#define EMPTY_BIT ((uintptr_t)1)
+
+static inline rt_msg_t *stub_of(rt_actor_t *a)
+{
+    return (rt_msg_t *)(void *)&a->stub_next;
+}
+
+static inline rt_msg_t *msg_next(rt_msg_t *m)
+{
+    return atomic_load_explicit(&m->next, memory_order_acquire);
+}
+
+/* Returns true when the mailbox was empty and unscheduled: the caller schedules. */
+static bool mbox_push(rt_actor_t *a, rt_msg_t *m)
+{
+    atomic_store_explicit(&m->next, NULL, memory_order_relaxed);
+    rt_msg_t *prev = atomic_exchange_explicit(&a->mbox_head, m, memory_order_acq_rel);
+    bool was_empty = ((uintptr_t)prev & EMPTY_BIT) != 0;
+    prev = (rt_msg_t *)((uintptr_t)prev & ~EMPTY_BIT);
+    atomic_store_explicit(&prev->next, m, memory_order_release);
+    return was_empty;
+}
+
+/* Owner only. NULL when empty, or when a push is halfway done (seen again next turn). */
+static rt_msg_t *mbox_pop(rt_actor_t *a)
+{
+    rt_msg_t *stub = stub_of(a);
+    rt_msg_t *tail = a->mbox_tail;
+    rt_msg_t *next = msg_next(tail);
+    if (tail == stub) {
+        if (!next)
+            return NULL;
+        a->mbox_tail = next;
+        tail = next;
+        next = msg_next(next);
+    }
+    if (next) {
+        a->mbox_tail = next;
+        return tail;
+    }
+    rt_msg_t *head = (rt_msg_t *)((uintptr_t)atomic_load_explicit(&a->mbox_head,
+                                                                  memory_order_acquire) &
+                                  ~EMPTY_BIT);
+    if (tail != head)
+        return NULL;
+    /* tail is the last node: put the stub behind it so tail can be detached. */
+    atomic_store_explicit(&stub->next, NULL, memory_order_relaxed);
+    rt_msg_t *prev = atomic_exchange_explicit(&a->mbox_head, stub, memory_order_acq_rel);
+    prev = (rt_msg_t *)((uintptr_t)prev & ~EMPTY_BIT);
+    atomic_store_explicit(&prev->next, stub, memory_order_release);
+    next = msg_next(tail);
+    if (next) {
+        a->mbox_tail = next;
+        return tail;
+    }
+    return NULL;
+}
+
+/* Owner only: marks the mailbox empty and unscheduled if it still is empty. */
+static bool mbox_markempty(rt_actor_t *a)
+{
+    rt_msg_t *stub = stub_of(a);
+    if (a->mbox_tail != stub || msg_next(stub))
+        return false;
+    rt_msg_t *expect = stub;
+    return atomic_compare_exchange_strong_explicit(&a->mbox_head, &expect,
+                                                   (rt_msg_t *)((uintptr_t)stub | EMPTY_BIT),
+                                                   memory_order_acq_rel, memory_order_relaxed);
+}
+
+/* ---- Entering the runtime from threads it does not own ---- */
+
+static pthread_mutex_t external_lock = PTHREAD_MUTEX_INITIALIZER;
+static rt_ebr_thread_t *external_ebr;
+
+void rt__external_enter(void)
+{
+    pthread_mutex_lock(&external_lock);
+    if (!external_ebr)
+        external_ebr = rt__ebr_register();
+    rt__tls.ebr = external_ebr;
+    rt__ebr_enter(external_ebr);
+}
+
+void rt__external_leave(void)
+{
+    rt__ebr_leave(external_ebr);
+    rt__tls.ebr = NULL;
+    pthread_mutex_unlock(&external_lock);
+}
+
+/* Releases the shared record at shutdown; its leftovers become orphans. */
+static void external_release(void)
+{
+    pthread_mutex_lock(&external_lock);
+    if (external_ebr)
+        rt__ebr_unregister(external_ebr);
+    external_ebr = NULL;
+    pthread_mutex_unlock(&external_lock);
+}
+
+/* True when this call had to enter as an external thread (and must leave). */
+static inline bool enter_any(void)
+{
+    if (RT_LIKELY(rt__tls.ebr != NULL))
+        return false;
+    rt__external_enter();
+    return true;
+}
+
+static inline void leave_any(bool external)
+{
+    if (external)
+        rt__external_leave();
+}
+
+/* ---- Relations (links and monitors) ---- */
+
+static int rel_find(rt_actor_t *a, uint32_t kind, rt_pid_t pid, rt_ref_t ref)
+{
+    for (uint32_t i = 0; i < a->nrels; i++) {
+        rt_rel_t *r = &a->rels[i];
+        if (r->kind == kind && (ref ? r->ref == ref : r->pid == pid))
+            return (int)i;
+    }
+    return -1;
+}
+
+static int rel_add(rt_actor_t *a, uint32_t kind, rt_pid_t pid, rt_ref_t ref)
+{
+    if (a->nrels == a->caprels) {
+        uint32_t cap = a->caprels ? a->caprels * 2 : 4;
+        rt_rel_t *n = realloc(a->rels, cap * sizeof(*n));
+        if (!n)
+            return RT_ENOMEM;
+        a->rels = n;
+        a->caprels = cap;
+    }
+    a->rels[a->nrels++] = (rt_rel_t){.pid = pid, .ref = ref, .kind = kind};
+    return 0;
+}
+
+static void rel_remove_at(rt_actor_t *a, int i)
+{
+    a->rels[i] = a->rels[--a->nrels];
+}
+
+/* ---- Sending ---- */
+
+static void mute_check(rt_actor_t *target)
+{
+    rt_actor_t *cur = rt__tls.current;
+    if (!cur || cur == target || cur->mute_target)
+        return;
+    unsigned tf = atomic_load_explicit(&target->sync_flags, memory_order_relaxed);
+    if (!(tf & (RT_AF_OVERLOADED | RT_AF_PRESSURE)))
+        return;
+    /* An overloaded sender is never muted: two overloaded actors feeding each other would
+       otherwise park each other for good (Pony's rule). */
+    if (atomic_load_explicit(&cur->sync_flags, memory_order_relaxed) & RT_AF_OVERLOADED)
+        return;
+    cur->mute_target = target;
+}
+
+static void deliver_to(rt_actor_t *a, rt_msg_t *m)
+{
+    atomic_fetch_add_explicit(&a->sent, 1, memory_order_relaxed);
+    if (mbox_push(a, m))
+        rt__schedule(a);
+}
+
+int rt_send_msg(rt_pid_t to, rt_msg_t *m)
+{
+    if (!m)
+        return RT_ENOMEM;
+    bool ext = enter_any();
+    rt_actor_t *cur = rt__tls.current;
+    m->from = cur ? cur->pid : 0;
+    rt_actor_t *a = rt__lookup(to);
+    int rc = 0;
+    if (RT_UNLIKELY(!a)) {
+        atomic_fetch_add_explicit(&rt__rt->dead_letters, 1, memory_order_relaxed);
+        rt_msg_free(m);
+        rc = RT_ENOPROC;
+    } else {
+        deliver_to(a, m);
+        mute_check(a);
+    }
+    leave_any(ext);
+    return rc;
+}
+
+int rt_send(rt_pid_t to, uint32_t tag, const void *data, size_t len)
+{
+    rt_msg_t *m = rt_msg_new(tag, len);
+    if (!m)
+        return RT_ENOMEM;
+    if (len)
+        memcpy(m->data, data, len);
+    return rt_send_msg(to, m);
+}
+
+/* Caller is inside an EBR region. */
+static int send_signal(rt_pid_t to, uint32_t tag, rt_pid_t from, rt_reason_t reason, rt_ref_t ref,
+                       uint8_t flags)
+{
+    rt_actor_t *a = rt__lookup(to);
+    if (!a)
+        return RT_ENOPROC;
+    rt_msg_t *s = rt_msg_new(tag, sizeof(rt_sig_t));
+    rt_msg_t *wake = rt_msg_new(RT_SIG_WAKE, 0);
+    if (!s || !wake) {
+        rt_msg_free(s);
+        rt_msg_free(wake);
+        return RT_ENOMEM;
+    }
+    s->flags = flags;
+    s->from = from;
+    rt_sig_t *sig = (rt_sig_t *)(void *)s->data;
+    sig->from = from;
+    sig->reason = reason;
+    sig->ref = ref;
+    rt_msg_t *head = atomic_load_explicit(&a->sigs, memory_order_relaxed);
+    do {
+        atomic_store_explicit(&s->next, head, memory_order_relaxed);
+    } while (!atomic_compare_exchange_weak_explicit(&a->sigs, &head, s, memory_order_release,
+                                                    memory_order_relaxed));
+    deliver_to(a, wake);
+    return 0;
+}
+
+static void send_down(rt_pid_t watcher, rt_ref_t ref, rt_pid_t pid, rt_reason_t reason)
+{
+    rt_msg_t *m = rt_msg_new(RT_MSG_DOWN, sizeof(rt_down_msg_t));
+    if (!m)
+        return;
+    rt_down_msg_t *d = (rt_down_msg_t *)(void *)m->data;
+    d->ref = ref;
+    d->pid = pid;
+    d->reason = reason;
+    rt_actor_t *w = rt__lookup(watcher);
+    if (!w) {
+        atomic_fetch_add_explicit(&rt__rt->dead_letters, 1, memory_order_relaxed);
+        rt_msg_free(m);
+        return;
+    }
+    m->from = pid;
+    deliver_to(w, m);
+}
+
+/* Owner only: a message to oneself that keeps mailbox order (trapped exits). */
+static void push_self(rt_actor_t *a, rt_msg_t *m)
+{
+    m->from = a->pid;
+    deliver_to(a, m);
+}
+
+/* ---- Exits ---- */
+
+static void begin_exit(rt_actor_t *a, rt_reason_t reason)
+{
+    if (!a->exiting) {
+        a->exiting = 1;
+        a->exit_reason = reason;
+    }
+}
+
+static void handle_signal(rt_actor_t *a, rt_msg_t *s)
+{
+    rt_sig_t *sig = (rt_sig_t *)(void *)s->data;
+    int i;
+    switch (s->tag) {
+    case RT_SIG_LINK:
+        if (rel_find(a, RT_REL_LINK, sig->from, 0) < 0 && rel_add(a, RT_REL_LINK, sig->from, 0))
+            begin_exit(a, RT_REASON_ERROR);
+        break;
+    case RT_SIG_UNLINK:
+        if ((i = rel_find(a, RT_REL_LINK, sig->from, 0)) >= 0)
+            rel_remove_at(a, i);
+        break;
+    case RT_SIG_MONITOR:
+        if (rel_add(a, RT_REL_MONITORED_BY, sig->from, sig->ref))
+            begin_exit(a, RT_REASON_ERROR);
+        break;
+    case RT_SIG_DEMONITOR:
+        if ((i = rel_find(a, RT_REL_MONITORED_BY, 0, sig->ref)) >= 0)
+            rel_remove_at(a, i);
+        break;
+    case RT_SIG_EXIT: {
+        bool linked = s->flags & RT_MSGF_LINKED;
+        if (a->exiting)
+            break;
+        if (linked) {
+            /* A link removed in the meantime means the signal must be ignored (unlink's
+               guarantee). */
+            if ((i = rel_find(a, RT_REL_LINK, sig->from, 0)) < 0)
+                break;
+            rel_remove_at(a, i);
+        }
+        if (s->flags & RT_MSGF_FORCE) {
+            begin_exit(a, sig->reason);
+        } else if (!linked && sig->reason == RT_REASON_KILL) {
+            begin_exit(a, RT_REASON_KILLED);
+        } else if (a->trap_exit) {
+            rt_msg_t *m = rt_msg_new(RT_MSG_EXIT, sizeof(rt_exit_msg_t));
+            if (!m) {
+                begin_exit(a, RT_REASON_ERROR);
+                break;
+            }
+            rt_exit_msg_t *e = (rt_exit_msg_t *)(void *)m->data;
+            e->from = sig->from;
+            e->reason = sig->reason;
+            push_self(a, m);
+        } else if (sig->reason != RT_REASON_NORMAL || sig->from == a->pid) {
+            begin_exit(a, sig->reason == RT_REASON_KILL ? RT_REASON_KILLED : sig->reason);
+        }
+        break;
+    }
+    }
+}
+
+static void process_signals(rt_actor_t *a)
+{
+    rt_msg_t *s = atomic_exchange_explicit(&a->sigs, NULL, memory_order_acquire);
+    rt_msg_t *fifo = NULL;
+    while (s) {
+        rt_msg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
+        atomic_store_explicit(&s->next, fifo, memory_order_relaxed);
+        fifo = s;
+        s = next;
+    }
+    while (fifo) {
+        rt_msg_t *next = atomic_load_explicit(&fifo->next, memory_order_relaxed);
+        handle_signal(a, fifo);
+        rt_msg_free(fifo);
+        fifo = next;
+    }
+}
+
+static void unmute_waiters(rt_actor_t *a, unsigned clear)
+{
+    rt__spin_lock(&a->mute_lock);
+    atomic_fetch_and_explicit(&a->sync_flags, ~clear, memory_order_release);
+    rt_actor_t *w = a->muted;
+    a->muted = NULL;
+    rt__spin_unlock(&a->mute_lock);
+    while (w) {
+        rt_actor_t *next = w->runq_next;
+        w->runq_next = NULL;
+        rt__requeue(w);
+        w = next;
+    }
+}
+
+void rt__set_pressure(rt_actor_t *a, bool on)
+{
+    if (on)
+        atomic_fetch_or_explicit(&a->sync_flags, RT_AF_PRESSURE, memory_order_release);
+    else if (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE)
+        unmute_waiters(a, RT_AF_PRESSURE);
+}
+
+/*
+** Runs after the thread has left every other reference to a: drains what was
+** sent to it between its exit and the end of the grace period. A link or a
+** monitor that raced with the exit is answered with noproc, as in Erlang.
+*/
+static void reclaim_actor(rt_retired_t *r)
+{
+    rt_actor_t *a = RT_CONTAINER_OF(r, rt_actor_t, retired);
+    rt_msg_t *s = atomic_exchange_explicit(&a->sigs, NULL, memory_order_acquire);
+    while (s) {
+        rt_msg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
+        rt_sig_t *sig = (rt_sig_t *)(void *)s->data;
+        if (s->tag == RT_SIG_LINK)
+            send_signal(sig->from, RT_SIG_EXIT, a->pid, RT_REASON_NOPROC, 0, RT_MSGF_LINKED);
+        else if (s->tag == RT_SIG_MONITOR)
+            send_down(sig->from, sig->ref, a->pid, RT_REASON_NOPROC);
+        rt_msg_free(s);
+        s = next;
+    }
+    uint64_t dead = 0;
+    rt_msg_t *m;
+    while ((m = mbox_pop(a)) != NULL) {
+        if (m->tag != RT_SIG_WAKE)
+            dead++;
+        if (m->tag == RT_MSG_SOCKET)
+            rt__sock_msg_dropped(m);
+        rt_msg_free(m);
+    }
+    if (dead)
+        atomic_fetch_add_explicit(&rt__rt->dead_letters, dead, memory_order_relaxed);
+    atomic_store_explicit(&rt__rt->slots[(uint32_t)a->pid].actor, NULL, memory_order_release);
+    rt_idpool_free(&rt__rt->ids, (uint32_t)a->pid);
+    RT_POISON(a, sizeof(*a));
+    free(a);
+}
+
+/* The actor is gone for everyone once this returns; its memory waits for a grace period. */
+static void actor_exit(rt_actor_t *a)
+{
+    rt_runtime_t *rt = rt__rt;
+    rt_reason_t reason = a->exit_reason;
+    atomic_store_explicit(&a->status, RT_STATUS_EXITING, memory_order_relaxed);
+    if (a->init_done && a->type->terminate) {
+        rt__tls.current = a;
+        a->type->terminate(a, a->state, reason);
+        rt__tls.current = NULL;
+    }
+    rt__sock_close_all(a);
+    /* Released before links hear of the exit, so a restarted child can take the name. */
+    rt__registry_remove_actor(a);
+    atomic_fetch_or_explicit(&a->sync_flags, RT_AF_DEAD, memory_order_seq_cst);
+    /* Signals that arrived before DEAD was visible still count (a link made just now must
+       hear about this exit); later ones are answered by reclaim_actor. */
+    process_signals(a);
+    for (uint32_t i = 0; i < a->nrels; i++) {
+        rt_rel_t *r = &a->rels[i];
+        switch (r->kind) {
+        case RT_REL_LINK:
+            send_signal(r->pid, RT_SIG_EXIT, a->pid, reason, 0, RT_MSGF_LINKED);
+            break;
+        case RT_REL_MONITORED_BY:
+            send_down(r->pid, r->ref, a->pid, reason);
+            break;
+        case RT_REL_MONITORING:
+            send_signal(r->pid, RT_SIG_DEMONITOR, a->pid, 0, r->ref, 0);
+            break;
+        }
+    }
+    free(a->rels);
+    a->rels = NULL;
+    a->nrels = a->caprels = 0;
+    rt_heap_destroy(&a->heap);
+    unmute_waiters(a, RT_AF_OVERLOADED | RT_AF_PRESSURE);
+    if (reason == RT_REASON_HEAP_LIMIT)
+        atomic_fetch_add_explicit(&rt->heap_limit_kills, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt->exited, 1, memory_order_relaxed);
+    if (atomic_fetch_sub_explicit(&rt->alive, 1, memory_order_acq_rel) == 1) {
+        pthread_mutex_lock(&rt->idle_lock);
+        pthread_cond_broadcast(&rt->idle_cond);
+        pthread_mutex_unlock(&rt->idle_lock);
+    }
+    a->retired.reclaim = reclaim_actor;
+    rt__ebr_retire(rt__tls.ebr, &a->retired);
+}
+
+/* ---- Heap ---- */
+
+static void trace_actor(void *ctx, rt_gc_t *gc)
+{
+    rt_actor_t *a = ctx;
+    if (a->type->trace)
+        a->type->trace(a->state, gc);
+    else
+        rt_gc_scan(gc, a->state, a->type->state_size);
+}
+
+/* Between messages: collect when due, and enforce max_heap (BEAM's max_heap_size). */
+static void heap_check(rt_actor_t *a)
+{
+    bool collected = false;
+    if (rt_heap_should_collect(&a->heap)) {
+        rt_heap_collect(&a->heap, trace_actor, a);
+        collected = true;
+    }
+    if (!a->max_heap)
+        return;
+    rt_heap_stats_t st;
+    rt_heap_stats(&a->heap, &st);
+    if (st.heap_bytes + st.bin_bytes <= a->max_heap)
+        return;
+    if (!collected) {
+        rt_heap_collect(&a->heap, trace_actor, a);
+        rt_heap_stats(&a->heap, &st);
+    }
+    if (st.heap_bytes + st.bin_bytes > a->max_heap)
+        begin_exit(a, RT_REASON_HEAP_LIMIT);
+}
+
+void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind)
+{
+    return rt_heap_alloc(&self->heap, size, kind);
+}
+
+void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin)
+{
+    return rt_heap_hold_bin(&self->heap, bin);
+}
+
+void rt_gc(rt_actor_t *self)
+{
+    rt_heap_collect(&self->heap, trace_actor, self);
+}
+
+void rt_consume(rt_actor_t *self, uint32_t n)
+{
+    atomic_store_explicit(&self->reductions,
+                          atomic_load_explicit(&self->reductions, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+/* ---- Turns ---- */
+
+static void deliver(rt_actor_t *a, rt_msg_t *m)
+{
+    if (m->tag == RT_MSG_DOWN) {
+        /* A demonitor means no DOWN for that ref arrives afterwards, even if already queued. */
+        rt_down_msg_t *d = (rt_down_msg_t *)(void *)m->data;
+        int i = rel_find(a, RT_REL_MONITORING, 0, d->ref);
+        if (i < 0)
+            return;
+        rel_remove_at(a, i);
+    } else if (m->tag == RT_MSG_SOCKET && !rt__sock_event_deliver(a, m)) {
+        return;
+    }
+    atomic_store_explicit(&a->current_tag, m->tag, memory_order_relaxed);
+    a->type->handle(a, a->state, m);
+    if (m->tag == RT_MSG_SOCKET)
+        rt__sock_after_event(m);
+}
+
+static inline void add_relaxed(atomic_uint_fast64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+/* Parks a under the actor it sent to while that one is overloaded (Pony's muting). */
+static bool park_muted(rt_actor_t *a)
+{
+    rt_actor_t *t = a->mute_target;
+    a->mute_target = NULL;
+    rt__spin_lock(&t->mute_lock);
+    unsigned tf = atomic_load_explicit(&t->sync_flags, memory_order_acquire);
+    bool park = (tf & (RT_AF_OVERLOADED | RT_AF_PRESSURE)) && !(tf & RT_AF_DEAD);
+    if (park) {
+        atomic_store_explicit(&a->status, RT_STATUS_MUTED, memory_order_relaxed);
+        a->runq_next = t->muted;
+        t->muted = a;
+    }
+    rt__spin_unlock(&t->mute_lock);
+    return park;
+}
+
+#define RT_OVERLOAD_TURNS 2 /* consecutive full batches before senders get muted */
+
+void rt__run_turn(rt_actor_t *a, unsigned batch)
+{
+    rt__tls.current = a;
+    atomic_store_explicit(&a->status, RT_STATUS_RUNNING, memory_order_relaxed);
+    uint64_t t0 = rt__ticks();
+    unsigned n = 0;
+    uint64_t popped = 0;
+    if (RT_UNLIKELY(a->socks_unregistered))
+        rt__sock_register_pending(a);
+    process_signals(a);
+    while (!a->exiting && n < batch) {
+        rt_msg_t *m = mbox_pop(a);
+        if (!m)
+            break;
+        popped++;
+        if (m->tag == RT_SIG_WAKE) {
+            rt_msg_free(m);
+            process_signals(a);
+            continue;
+        }
+        n++;
+        deliver(a, m);
+        rt_msg_free(m);
+        if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
+            process_signals(a);
+        heap_check(a);
+    }
+    add_relaxed(&a->received, popped);
+    add_relaxed(&a->reductions, n);
+    add_relaxed(&a->cpu_ticks, rt__ticks() - t0);
+    rt__tls.current = NULL;
+    if (a->exiting) {
+        a->mute_target = NULL;
+        actor_exit(a);
+        return;
+    }
+
+    if (n >= batch) {
+        if (a->overload_turns < RT_OVERLOAD_TURNS && ++a->overload_turns == RT_OVERLOAD_TURNS)
+            atomic_fetch_or_explicit(&a->sync_flags, RT_AF_OVERLOADED, memory_order_release);
+    } else if (a->overload_turns) {
+        a->overload_turns = 0;
+        if (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_OVERLOADED)
+            unmute_waiters(a, RT_AF_OVERLOADED);
+    }
+
+    if (a->mute_target && park_muted(a))
+        return;
+    if (mbox_markempty(a)) {
+        atomic_store_explicit(&a->status, RT_STATUS_WAITING, memory_order_relaxed);
+        return;
+    }
+    rt__requeue(a);
+}
+
+/* ---- Spawning ---- */
+
+static rt_ref_t new_ref(void)
+{
+    return atomic_fetch_add_explicit(&rt__rt->next_ref, 1, memory_order_relaxed) + 1;
+}
+
+/* Undoes a spawn whose init failed: the caller gets the error, links and monitors nothing. */
+static void discard_spawn(rt_actor_t *a, rt_actor_t *parent)
+{
+    if (parent) {
+        int i;
+        if ((i = rel_find(parent, RT_REL_LINK, a->pid, 0)) >= 0)
+            rel_remove_at(parent, i);
+        if ((i = rel_find(parent, RT_REL_MONITORING, a->pid, 0)) >= 0)
+            rel_remove_at(parent, i);
+    }
+    a->nrels = 0;
+    a->init_done = 0;
+    a->exit_reason = RT_REASON_INIT;
+    actor_exit(a);
+}
+
+int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts,
+                 rt_pid_t *out)
+{
+    rt_runtime_t *rt = rt__rt;
+    static const rt_spawn_opts_t no_opts;
+    if (!opts)
+        opts = &no_opts;
+    if (!rt || atomic_load_explicit(&rt->stopping, memory_order_relaxed))
+        return RT_ESHUTDOWN;
+    if (!type || !type->handle)
+        return RT_EINVAL;
+    rt_actor_t *parent = rt__tls.current;
+    if ((opts->link || opts->monitor) && !parent)
+        return RT_EINVAL;
+
+    rt_actor_t *a = malloc(sizeof(rt_actor_t) + type->state_size);
+    if (!a)
+        return RT_ENOMEM;
+    memset(a, 0, sizeof(rt_actor_t) + type->state_size);
+    uint32_t idx, gen;
+    int rc = rt_idpool_alloc(&rt->ids, &idx, &gen);
+    if (rc) {
+        free(a);
+        return rc;
+    }
+    a->pid = (rt_pid_t)gen << 32 | idx;
+    a->type = type;
+    a->home = -1;
+    a->max_heap = opts->max_heap ? opts->max_heap : rt->cfg.max_heap;
+    /* Born "scheduled", so messages sent during init cannot start it elsewhere. */
+    atomic_store_explicit(&a->mbox_head, stub_of(a), memory_order_relaxed);
+    a->mbox_tail = stub_of(a);
+    rt_heap_init(&a->heap);
+
+    bool ext = enter_any();
+    atomic_store_explicit(&rt->slots[idx].actor, a, memory_order_release);
+    atomic_fetch_add_explicit(&rt->spawned, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt->alive, 1, memory_order_relaxed);
+
+    if (opts->name && (rc = rt_register(a, opts->name)) != 0)
+        goto fail;
+    if (opts->link &&
+        ((rc = rel_add(parent, RT_REL_LINK, a->pid, 0)) || (rc = rel_add(a, RT_REL_LINK, parent->pid, 0))))
+        goto fail;
+    if (opts->monitor) {
+        rt_ref_t ref = new_ref();
+        if ((rc = rel_add(parent, RT_REL_MONITORING, a->pid, ref)) ||
+            (rc = rel_add(a, RT_REL_MONITORED_BY, parent->pid, ref)))
+            goto fail;
+        *opts->monitor = ref;
+    }
+
+    rt__tls.current = a;
+    rc = type->init ? type->init(a, a->state, arg) : 0;
+    rt__tls.current = parent;
+    if (rc)
+        goto fail;
+    a->init_done = 1;
+    heap_check(a);
+    if (out)
+        *out = a->pid;
+    if (a->exiting || !mbox_markempty(a))
+        rt__schedule(a);
+    leave_any(ext);
+    return 0;
+
+fail:
+    rt__tls.current = NULL;
+    discard_spawn(a, parent);
+    rt__tls.current = parent;
+    leave_any(ext);
+    return rc < 0 ? rc : RT_EINVAL;
+}
+
+int rt_spawn(const rt_actor_type_t *type, void *arg, rt_pid_t *out)
+{
+    return rt_spawn_opt(type, arg, NULL, out);
+}
+
+/* ---- Identity, exits, links, monitors ---- */
+
+rt_actor_t *rt_current(void)
+{
+    return rt__tls.current;
+}
+
+rt_pid_t rt_self(const rt_actor_t *self)
+{
+    return self->pid;
+}
+
+void *rt_state(rt_actor_t *self)
+{
+    return self->state;
+}
+
+void rt_exit(rt_actor_t *self, rt_reason_t reason)
+{
+    begin_exit(self, reason);
+}
+
+void rt_trap_exit(rt_actor_t *self, bool on)
+{
+    self->trap_exit = on;
+}
+
+int rt_exit_signal(rt_pid_t pid, rt_reason_t reason)
+{
+    bool ext = enter_any();
+    rt_actor_t *cur = rt__tls.current;
+    int rc = send_signal(pid, RT_SIG_EXIT, cur ? cur->pid : 0, reason, 0, 0);
+    leave_any(ext);
+    return rc;
+}
+
+int rt_link(rt_actor_t *self, rt_pid_t pid)
+{
+    if (pid == self->pid || rel_find(self, RT_REL_LINK, pid, 0) >= 0)
+        return 0;
+    int rc = rel_add(self, RT_REL_LINK, pid, 0);
+    if (rc)
+        return rc;
+    if (send_signal(pid, RT_SIG_LINK, self->pid, 0, 0, 0) == RT_ENOPROC) {
+        /* Erlang: linking to a process that does not exist sends us exit noproc. */
+        send_signal(self->pid, RT_SIG_EXIT, pid, RT_REASON_NOPROC, 0, RT_MSGF_LINKED);
+        return RT_ENOPROC;
+    }
+    return 0;
+}
+
+int rt_unlink(rt_actor_t *self, rt_pid_t pid)
+{
+    int i = rel_find(self, RT_REL_LINK, pid, 0);
+    if (i < 0)
+        return 0;
+    rel_remove_at(self, i);
+    send_signal(pid, RT_SIG_UNLINK, self->pid, 0, 0, 0);
+    return 0;
+}
+
+int rt_monitor(rt_actor_t *self, rt_pid_t pid, rt_ref_t *ref)
+{
+    rt_ref_t r = new_ref();
+    int rc = rel_add(self, RT_REL_MONITORING, pid, r);
+    if (rc)
+        return rc;
+    if (ref)
+        *ref = r;
+    if (send_signal(pid, RT_SIG_MONITOR, self->pid, 0, r, 0) == RT_ENOPROC)
+        send_down(self->pid, r, pid, RT_REASON_NOPROC);
+    return 0;
+}
+
+int rt_demonitor(rt_actor_t *self, rt_ref_t ref)
+{
+    int i = rel_find(self, RT_REL_MONITORING, 0, ref);
+    if (i < 0)
+        return RT_ENOTFOUND;
+    rt_pid_t pid = self->rels[i].pid;
+    rel_remove_at(self, i);
+    send_signal(pid, RT_SIG_DEMONITOR, self->pid, 0, ref, 0);
+    return 0;
+}
+
+/* ---- Shutdown ---- */
+
+/* Sends every live actor an untrappable shutdown exit, in pid-table order. */
+void rt__shutdown_actors(void)
+{
+    rt_runtime_t *rt = rt__rt;
+    bool ext = enter_any();
+    uint32_t fresh = atomic_load(&rt->ids.fresh);
+    for (uint32_t i = 1; i < fresh; i++) {
+        rt_actor_t *a = atomic_load_explicit(&rt->slots[i].actor, memory_order_acquire);
+        if (a && !(atomic_load(&a->sync_flags) & RT_AF_DEAD))
+            send_signal(a->pid, RT_SIG_EXIT, 0, RT_REASON_SHUTDOWN, 0, RT_MSGF_FORCE);
+    }
+    leave_any(ext);
+}
+
+void rt__actors_release_external(void)
+{
+    external_release();
+}

@@ -1,0 +1,52 @@
+/*
+** Shared definitions for every rt module: error codes, branch hints,
+** assertions and container_of. Library code never prints; it returns one of
+** the codes below and lets the caller decide (libuv's convention).
+*/
+#ifndef RT_COMMON_H
+#define RT_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Error codes: functions return 0 on success or one of these (all negative). */
+#define RT_EOK 0
+#define RT_ENOMEM (-12)     /* allocation failed */
+#define RT_EINVAL (-22)     /* bad argument */
+#define RT_ENOPROC (-3)     /* no such actor (dead or never existed) */
+#define RT_EEXIST (-17)     /* name already registered */
+#define RT_EAGAIN (-11)     /* would block; try again later */
+#define RT_ELIMIT (-24)     /* a configured limit was reached */
+#define RT_ESHUTDOWN (-108) /* the runtime is shutting down */
+#define RT_ECLOSED (-32)    /* the socket is closed */
+#define RT_ENOTFOUND (-2)   /* no such name, timer or object */
+
+const char *rt_strerror(int code);
+
+#define RT_LIKELY(x) __builtin_expect(!!(x), 1)
+#define RT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define RT_CONTAINER_OF(ptr, type, field) ((type *)((char *)(ptr)-offsetof(type, field)))
+
+#define RT_CACHE_LINE 64
+
+/*
+** RT_ASSERT checks an invariant in debug and sanitizer builds; release builds
+** compile it away. Use it for programming errors only, never for bad input.
+*/
+#ifdef NDEBUG
+#define RT_ASSERT(x) ((void)0)
+#else
+#include <assert.h>
+#define RT_ASSERT(x) assert(x)
+#endif
+
+/* Freed memory is poisoned in debug builds so use-after-free shows up fast. */
+#ifdef NDEBUG
+#define RT_POISON(p, n) ((void)0)
+#else
+#include <string.h>
+#define RT_POISON(p, n) memset((p), 0xaa, (n))
+#endif
+
+#endif

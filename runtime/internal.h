@@ -1,0 +1,283 @@
+/*
+** Private structures shared by the runtime's modules (rt__ prefix). Nothing
+** outside runtime/ includes this file.
+*/
+#ifndef RT_INTERNAL_H
+#define RT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <uv.h>
+
+#include "idpool.h"
+#include "rt.h"
+
+/* ---- Spinlock: short critical sections only (run queues, mute lists). ---- */
+typedef struct {
+    atomic_int locked;
+} rt_spinlock_t;
+
+void rt__spin_lock(rt_spinlock_t *l);
+static inline void rt__spin_unlock(rt_spinlock_t *l)
+{
+    atomic_store_explicit(&l->locked, 0, memory_order_release);
+}
+
+/* ---- Cycle clock for per-turn CPU accounting (rdtsc where available). ---- */
+uint64_t rt__ticks(void);
+uint64_t rt__ticks_to_ns(uint64_t ticks);
+uint64_t rt__now_ns(void); /* CLOCK_MONOTONIC */
+
+/* ---- Epoch-based reclamation ----
+** Actor structs are read by senders on other threads after a pid lookup, so
+** an exited actor is only freed once every thread has passed a quiescent
+** point since it was retired. Scheduler threads announce quiescence between
+** batches of turns, so senders pay nothing per message.
+*/
+typedef struct rt_retired_s {
+    struct rt_retired_s *next;
+    void (*reclaim)(struct rt_retired_s *r);
+    uint64_t epoch; /* global epoch read after the object became unreachable */
+} rt_retired_t;
+
+#define RT_EBR_MAX_THREADS 128
+
+typedef struct rt_ebr_thread_s {
+    _Alignas(RT_CACHE_LINE) atomic_uint_fast64_t local; /* epoch << 1 | active; read by all */
+    rt_retired_t *limbo_head, *limbo_tail;               /* owner only, epochs ascending */
+    bool in_use;
+} rt_ebr_thread_t;
+
+rt_ebr_thread_t *rt__ebr_register(void);
+void rt__ebr_unregister(rt_ebr_thread_t *t); /* reclaims what it can; rest goes to the orphan list */
+void rt__ebr_enter(rt_ebr_thread_t *t);      /* start of a critical region (also a quiescent point) */
+void rt__ebr_leave(rt_ebr_thread_t *t);
+void rt__ebr_retire(rt_ebr_thread_t *t, rt_retired_t *r);
+void rt__ebr_drain_all(void); /* shutdown only, when no other thread runs */
+
+/* ---- Thread context ---- */
+typedef struct rt_sched_s rt_sched_t;
+
+typedef struct rt_tls_s {
+    rt_sched_t *sched;      /* scheduler owning this thread, or NULL */
+    bool blocking_thread;   /* a blocking-pool thread */
+    rt_ebr_thread_t *ebr;   /* NULL for threads outside the runtime */
+    rt_actor_t *current;    /* actor in a callback, or NULL */
+} rt_tls_t;
+
+extern _Thread_local rt_tls_t rt__tls;
+
+/* External threads (main, tests) enter a shared EBR record under a mutex. */
+void rt__external_enter(void);
+void rt__external_leave(void);
+
+/* ---- Message pool ---- */
+void rt__msg_pool_flush(void); /* a thread returns its cached envelopes before exiting */
+void rt__msg_pool_destroy(void);
+
+/* Runtime-internal flags in rt_msg_t.flags. */
+#define RT_MSGF_LINKED 1u /* exit signal caused by a link */
+#define RT_MSGF_FORCE 2u  /* exit signal that cannot be trapped (shutdown) */
+
+/* Signal tags live below RT_MSG_USER too, and never reach handle(). */
+#define RT_SIG_WAKE 16    /* pushed into the mailbox to get signals looked at */
+#define RT_SIG_LINK 17
+#define RT_SIG_UNLINK 18
+#define RT_SIG_EXIT 19
+#define RT_SIG_MONITOR 20
+#define RT_SIG_DEMONITOR 21
+
+typedef struct rt_sig_s {
+    rt_pid_t from;
+    rt_reason_t reason;
+    rt_ref_t ref;
+} rt_sig_t;
+
+/* ---- Actors ---- */
+typedef enum {
+    RT_REL_LINK = 1,
+    RT_REL_MONITORING,   /* I monitor pid */
+    RT_REL_MONITORED_BY, /* pid monitors me */
+} rt_rel_kind_t;
+
+typedef struct rt_rel_s {
+    rt_pid_t pid;
+    rt_ref_t ref;
+    uint32_t kind;
+} rt_rel_t;
+
+/* Flags in rt_actor_t.sync_flags (atomic, touched by other threads). */
+#define RT_AF_OVERLOADED 1u /* exhausted its batch with messages left */
+#define RT_AF_PRESSURE 2u   /* its socket cannot take more output */
+#define RT_AF_DEAD 4u       /* exited; sends are dead letters */
+
+struct rt_actor_s {
+    /* Touched by senders on any thread. */
+    rt_msg_t *_Atomic mbox_head;  /* Pony: low bit set = empty and not scheduled */
+    rt_msg_t *_Atomic sigs;       /* signal stack (LIFO, reversed on take) */
+    atomic_uint_fast64_t sent;    /* messages pushed; mailbox length = sent - received */
+    atomic_uint sync_flags;       /* RT_AF_* */
+    rt_spinlock_t mute_lock;      /* guards muted */
+    rt_actor_t *muted;            /* senders parked until this actor drains */
+
+    /* Owner (the thread running the actor) only, except where noted. */
+    rt_msg_t *mbox_tail;
+    rt_msg_t *_Atomic stub_next;  /* the mailbox's initial stub node: only its next field */
+    atomic_uint_fast64_t received;  /* written by owner, read by snapshots */
+    atomic_uint_fast64_t reductions;
+    atomic_uint_fast64_t cpu_ticks;
+    atomic_uint current_tag;
+    atomic_int status;            /* rt_actor_status_t, read by snapshots */
+    rt_pid_t pid;                 /* immutable */
+    const rt_actor_type_t *type;  /* immutable */
+    rt_actor_t *runq_next;        /* run queue or mute list link */
+    rt_actor_t *mute_target;      /* set during a turn that sent to an overloaded actor */
+    int16_t home;                 /* pinned scheduler, -1 if free to move */
+    uint8_t trap_exit;
+    uint8_t exiting;
+    uint8_t init_done;
+    uint8_t over_heap;
+    uint8_t overload_turns;       /* consecutive turns that exhausted the batch */
+    rt_reason_t exit_reason;
+    uint32_t nrels, caprels;
+    rt_rel_t *rels;               /* links and monitors (runtime memory) */
+    char *_Atomic name;           /* registered name (registry lock) */
+    rt_sock_t *socks;             /* sockets this actor owns */
+    uint8_t socks_unregistered;   /* adopted off the home thread; epoll waits for a turn there */
+    size_t max_heap;
+    rt_retired_t retired;
+    rt_heap_t heap;
+    _Alignas(16) unsigned char state[];
+};
+
+/* ---- Schedulers ---- */
+#define RT_SCRATCH_BYTES (64 * 1024) /* per-loop socket read buffer */
+
+typedef struct rt_timer_node_s {
+    uint64_t due_ns;
+    rt_pid_t to;
+    rt_msg_t *msg;
+    uint32_t id;  /* timer id in the timer idpool */
+    uint32_t gen;
+} rt_timer_node_t;
+
+typedef struct rt_timer_heap_s {
+    rt_timer_node_t *nodes; /* binary min-heap on due_ns, by value */
+    size_t len, cap;
+    size_t compact_at;      /* len that triggers dropping cancelled timers */
+} rt_timer_heap_t;
+
+/* A timer handed to a scheduler by a thread that does not own it. */
+typedef struct rt_timer_handoff_s {
+    struct rt_timer_handoff_s *next;
+    rt_timer_node_t node;
+} rt_timer_handoff_t;
+
+struct rt_sched_s {
+    unsigned index;
+    uv_loop_t loop;
+    uv_async_t doorbell;
+    uv_timer_t tick;              /* drives the timer heap */
+    uv_poll_t epoll_watch;        /* the socket epoll set, nested in the loop */
+    int epfd;
+    pthread_t thread;
+    rt_ebr_thread_t *ebr;
+    rt_actor_t *runnext;          /* owner only: the actor this thread just woke */
+    unsigned runnext_streak;
+    unsigned char *scratch;       /* per-loop read buffer */
+    rt_timer_heap_t timers;       /* owner only */
+    uint64_t timer_due_ns;        /* when tick is armed for, 0 if not */
+
+    _Alignas(RT_CACHE_LINE) rt_spinlock_t qlock;
+    rt_actor_t *qhead, *qtail;    /* qlock */
+    atomic_size_t qlen;
+    atomic_bool sleeping;
+    atomic_bool stopping;
+    rt_timer_handoff_t *_Atomic timer_inbox; /* timers handed over by other threads */
+    atomic_uint sockets;          /* sockets homed here, for balancing */
+
+    _Alignas(RT_CACHE_LINE) atomic_uint_fast64_t busy_ticks;
+    atomic_uint_fast64_t turns;
+    atomic_uint_fast64_t steals;
+    uint64_t started_ns;
+};
+
+typedef struct rt_blocking_pool_s {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    rt_actor_t *head, *tail;
+    size_t len;
+    bool stopping;
+    unsigned nthreads;
+    pthread_t *threads;
+    atomic_uint_fast64_t busy_ticks;
+    atomic_uint_fast64_t turns;
+    uint64_t started_ns;
+} rt_blocking_pool_t;
+
+typedef struct rt_slot_s {
+    rt_actor_t *_Atomic actor;
+} rt_slot_t;
+
+typedef struct rt_runtime_s {
+    rt_config_t cfg;
+    rt_slot_t *slots;             /* mmap'd, max_actors entries, touched lazily */
+    rt_idpool_t ids;              /* slot indexes */
+    unsigned nsched;
+    rt_sched_t *sched;
+    rt_blocking_pool_t blocking;
+    atomic_uint rr;               /* round robin for external wake-ups and sockets */
+    atomic_bool stopping;
+
+    atomic_uint_fast64_t spawned, exited, alive, dead_letters;
+    atomic_uint_fast64_t heap_limit_kills, next_ref, timers_pending;
+
+    pthread_mutex_t idle_lock;    /* rt_wait_idle */
+    pthread_cond_t idle_cond;
+
+    pthread_rwlock_t reg_lock;    /* name registry */
+    struct rt_reg_entry_s **reg;
+    size_t reg_cap, reg_len;
+} rt_runtime_t;
+
+extern rt_runtime_t *rt__rt;
+
+/* Slots (slots.c) */
+int rt__slots_init(rt_runtime_t *rt);
+void rt__slots_destroy(rt_runtime_t *rt);
+/* Returns the live actor for pid, or NULL; caller must be inside an EBR region. */
+rt_actor_t *rt__lookup(rt_pid_t pid);
+
+/* Actors (actor.c) */
+void rt__schedule(rt_actor_t *a);                 /* its mailbox just became non-empty */
+void rt__requeue(rt_actor_t *a);                  /* still has work: back of a queue */
+void rt__actors_release_external(void);
+void rt__run_turn(rt_actor_t *a, unsigned batch); /* run one turn; reschedules or parks it */
+void rt__shutdown_actors(void);
+void rt__registry_init(rt_runtime_t *rt);
+void rt__registry_destroy(rt_runtime_t *rt);
+void rt__registry_remove_actor(rt_actor_t *a);
+void rt__set_pressure(rt_actor_t *a, bool on);
+
+/* Schedulers (sched.c) */
+void rt__sched_push(rt_sched_t *s, rt_actor_t *a, bool local_wake);
+void rt__blocking_push(rt_actor_t *a);
+
+/* Timers (timer.c) */
+void rt__timers_init(rt_sched_t *s);
+void rt__timers_destroy(rt_sched_t *s);
+void rt__timers_run(rt_sched_t *s);  /* fire what is due, adopt handed-over timers, re-arm */
+void rt__sched_on_tick(uv_timer_t *h);
+int rt__timers_slots_init(void);
+void rt__timers_slots_destroy(void);
+
+/* Sockets (sock.c) */
+int rt__sock_sched_init(rt_sched_t *s);
+void rt__sock_sched_close(rt_sched_t *s);
+void rt__sock_close_all(rt_actor_t *a);
+void rt__sock_register_pending(rt_actor_t *a); /* on the home thread, before a turn */
+bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m); /* false: drop the message */
+void rt__sock_after_event(rt_msg_t *m);
+void rt__sock_msg_dropped(rt_msg_t *m);
+
+#endif

@@ -1,0 +1,330 @@
+/*
+** rt: Erlang-style lightweight actors in C.
+**
+** An actor is a type (a small vtable) plus a state block, a private
+** garbage-collected heap and a mailbox. Actors are addressed by 64-bit pids
+** (slot + generation), so a message to a dead actor is detected, counted as a
+** dead letter and dropped, never a dangling pointer. One scheduler thread per
+** core runs actors whose mailboxes are non-empty, a budget of messages per
+** turn; actors that own a socket stay on the loop that polls it, the others may
+** be stolen by an idle scheduler. Actors of a type marked RT_TYPE_BLOCKING run
+** on a separate small thread pool, so blocking drivers never stall a scheduler.
+**
+** There is one runtime per process: rt_init() starts it, rt_shutdown() stops
+** every actor and returns every byte. Functions that act on "the current
+** actor" must be called from that actor's init/handle/terminate callbacks.
+*/
+#ifndef RT_H
+#define RT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "heap.h"
+
+typedef uint64_t rt_pid_t; /* 0 is never a valid pid */
+typedef uint64_t rt_ref_t; /* monitor and timer references; 0 is none */
+typedef struct rt_actor_s rt_actor_t;
+typedef struct rt_sock_s rt_sock_t;
+
+/* ---- Exit reasons (Erlang atoms); user reasons start at RT_REASON_USER. ---- */
+typedef int32_t rt_reason_t;
+#define RT_REASON_NORMAL 0     /* ordinary exit; does not take links down */
+#define RT_REASON_KILL 1       /* untrappable exit signal (exit(Pid, kill)) */
+#define RT_REASON_KILLED 2     /* what an actor killed by RT_REASON_KILL exits with */
+#define RT_REASON_SHUTDOWN 3   /* orderly stop, as from a supervisor or rt_shutdown */
+#define RT_REASON_HEAP_LIMIT 4 /* the actor's heap passed its max_heap */
+#define RT_REASON_NOPROC 5     /* link or monitor to an actor that does not exist */
+#define RT_REASON_INIT 6       /* the type's init callback failed */
+#define RT_REASON_ERROR 7      /* the actor reported an error */
+#define RT_REASON_USER 100
+
+const char *rt_reason_name(rt_reason_t reason);
+
+/* ---- Messages ---- */
+/* Tags below RT_MSG_USER are the runtime's; user tags start at RT_MSG_USER. */
+#define RT_MSG_EXIT 1   /* trapped exit signal: data is rt_exit_msg_t */
+#define RT_MSG_DOWN 2   /* monitor fired: data is rt_down_msg_t */
+#define RT_MSG_SOCKET 3 /* socket event: data is rt_sock_event_t */
+#define RT_MSG_USER 256
+
+/*
+** A message envelope. data[] holds len inline bytes; bin optionally carries a
+** shared binary that is released when the message is freed (take it with
+** rt_msg_take_bin to keep it). The receiver must not keep the envelope past
+** its handle callback: the runtime frees it.
+*/
+typedef struct rt_msg_s {
+    struct rt_msg_s *_Atomic next; /* mailbox link (runtime only); must stay first */
+    uint32_t tag;
+    uint32_t len;         /* bytes in data */
+    rt_pid_t from;        /* sender, or 0 when sent from outside any actor */
+    rt_bin_t *bin;        /* optional shared payload */
+    uint8_t size_class;   /* pool class (runtime only) */
+    uint8_t flags;        /* runtime only */
+    uint16_t reserved;
+    uint32_t reserved2;
+    _Alignas(16) unsigned char data[];
+} rt_msg_t;
+
+typedef struct rt_exit_msg_s {
+    rt_pid_t from;
+    rt_reason_t reason;
+} rt_exit_msg_t;
+
+typedef struct rt_down_msg_s {
+    rt_ref_t ref;
+    rt_pid_t pid;
+    rt_reason_t reason;
+} rt_down_msg_t;
+
+/* Allocates an envelope with len bytes of (uninitialised) inline data. */
+rt_msg_t *rt_msg_new(uint32_t tag, size_t len);
+/* Frees a message that was never sent. */
+void rt_msg_free(rt_msg_t *m);
+/* Takes the binary out of a received message; the caller owns that reference. */
+rt_bin_t *rt_msg_take_bin(rt_msg_t *m);
+
+/*
+** Sends m to pid; ownership of m always passes to the runtime. Returns 0, or
+** RT_ENOPROC if pid is dead (the message is counted as a dead letter).
+** Messages from one sender to one receiver arrive in the order sent.
+*/
+int rt_send_msg(rt_pid_t to, rt_msg_t *m);
+/* Copies len bytes of data into a new message and sends it. */
+int rt_send(rt_pid_t to, uint32_t tag, const void *data, size_t len);
+
+/* ---- Actor types ---- */
+#define RT_TYPE_BLOCKING 1u /* runs on the blocking pool, never on a scheduler */
+
+typedef struct rt_actor_type_s {
+    const char *name;
+    size_t state_size;
+    /* Returns 0, or an error: the spawn then fails and nothing is left behind. */
+    int (*init)(rt_actor_t *self, void *state, void *arg);
+    void (*handle)(rt_actor_t *self, void *state, rt_msg_t *msg);
+    /* Marks the heap roots held in state; NULL scans state conservatively. */
+    void (*trace)(void *state, rt_gc_t *gc);
+    /* Called once when the actor exits, for any reason (optional). */
+    void (*terminate)(rt_actor_t *self, void *state, rt_reason_t reason);
+    /* Names a message tag for introspection ("current handler"); optional. */
+    const char *(*tag_name)(uint32_t tag);
+    uint32_t flags;
+} rt_actor_type_t;
+
+typedef struct rt_spawn_opts_s {
+    bool link;             /* link the new actor to the calling actor */
+    rt_ref_t *monitor;     /* if set, the caller monitors the new actor; ref stored here */
+    size_t max_heap;       /* bytes; 0 takes the runtime default (0 there = unlimited) */
+    const char *name;      /* register under this name (fails with RT_EEXIST if taken) */
+} rt_spawn_opts_t;
+
+int rt_spawn(const rt_actor_type_t *type, void *arg, rt_pid_t *out);
+int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts,
+                 rt_pid_t *out);
+
+/* The actor running on this thread, or NULL outside any actor callback. */
+rt_actor_t *rt_current(void);
+rt_pid_t rt_self(const rt_actor_t *self);
+void *rt_state(rt_actor_t *self);
+
+/* Ends the calling actor with reason once its current callback returns. */
+void rt_exit(rt_actor_t *self, rt_reason_t reason);
+/*
+** Erlang exit/2: sends an exit signal. RT_REASON_KILL cannot be trapped; other
+** reasons become RT_MSG_EXIT messages in an actor trapping exits, are ignored
+** when RT_REASON_NORMAL, and end the target otherwise.
+*/
+int rt_exit_signal(rt_pid_t pid, rt_reason_t reason);
+void rt_trap_exit(rt_actor_t *self, bool on);
+
+/* Links are bidirectional; an abnormal exit travels along them. */
+int rt_link(rt_actor_t *self, rt_pid_t pid);
+int rt_unlink(rt_actor_t *self, rt_pid_t pid);
+/* A monitor delivers one RT_MSG_DOWN; demonitor guarantees none arrives after it. */
+int rt_monitor(rt_actor_t *self, rt_pid_t pid, rt_ref_t *ref);
+int rt_demonitor(rt_actor_t *self, rt_ref_t ref);
+
+/* Names are released when the actor exits. */
+int rt_register(rt_actor_t *self, const char *name);
+int rt_unregister(const char *name);
+rt_pid_t rt_whereis(const char *name);
+
+/* Allocates from the actor's own heap (zeroed, 16-byte aligned); NULL on failure. */
+void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind);
+/* Keeps a binary (reference transferred) in the actor's heap; see rt_heap_hold_bin. */
+void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin);
+/* Counts n extra work units (reductions) for this actor, for fairness and introspection. */
+void rt_consume(rt_actor_t *self, uint32_t n);
+/* Forces a collection now (tests, or after dropping a large structure). */
+void rt_gc(rt_actor_t *self);
+
+/* ---- Timers ---- */
+/* Delivers m to pid after ms milliseconds. ref (optional) can cancel it. */
+int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref);
+/* Returns 0 if the timer was cancelled before firing, RT_ENOTFOUND otherwise. */
+int rt_cancel_timer(rt_ref_t ref);
+
+/* ---- Sockets ----
+** TCP sockets owned by actors. An actor that owns a socket is pinned to the
+** scheduler whose loop polls it (the least loaded one when it adopts its
+** first socket); events arrive as RT_MSG_SOCKET messages and are handled in the
+** owner's turn. Reads land in the scheduler's scratch buffer, so an idle
+** connection holds no read buffer. Writes go straight to the kernel; what it
+** does not take is buffered, and past RT_SOCK_HIGH_WATER the owner counts as
+** overloaded, which mutes the actors feeding it until the buffer drains.
+** Every function here must be called by the owning actor.
+*/
+#define RT_SOCK_READABLE 1u /* data, EOF or an error is waiting: call rt_sock_read */
+#define RT_SOCK_WRITABLE 2u /* buffered output drained completely */
+#define RT_SOCK_HIGH_WATER (64 * 1024) /* buffered output bytes that mute feeders */
+
+typedef struct rt_sock_event_s {
+    rt_sock_t *sock;
+    uint32_t events;
+} rt_sock_event_t;
+
+/* Listens on host:port (port 0 picks one; see rt_sock_local_port). */
+int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out);
+/* Accepts one pending connection: 0 with *fd set, RT_EAGAIN when none is waiting. */
+int rt_sock_accept(rt_sock_t *listener, int *fd);
+/* Takes ownership of a connected socket fd (non-blocking and TCP_NODELAY are set). */
+int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out);
+/*
+** Reads what is available into the scheduler's scratch buffer: 0 with *data and
+** *len valid until the handler returns; RT_EAGAIN when nothing is waiting (a new
+** RT_SOCK_READABLE event will come); RT_ECLOSED at end of stream or on error.
+** A handler that stops before RT_EAGAIN gets another readable event later, so
+** it can bound its work per turn; rt_sock_pause_reading stops those events.
+*/
+int rt_sock_read(rt_sock_t *s, const void **data, size_t *len);
+void rt_sock_pause_reading(rt_sock_t *s, bool paused);
+/* Sends or buffers all len bytes; RT_ECLOSED if the peer is gone. */
+int rt_sock_write(rt_sock_t *s, const void *data, size_t len);
+size_t rt_sock_pending(const rt_sock_t *s); /* buffered output bytes */
+void rt_sock_close(rt_sock_t *s);
+int rt_sock_fd(const rt_sock_t *s);
+int rt_sock_local_port(const rt_sock_t *s);
+
+/* ---- Runtime ---- */
+#define RT_SCHEDULERS_DEFAULT 0        /* 0: one per online core */
+#define RT_BLOCKING_THREADS_DEFAULT 2  /* threads running RT_TYPE_BLOCKING actors */
+#define RT_BATCH_DEFAULT 100           /* messages per turn before yielding (Pony: 100) */
+#define RT_MAX_ACTORS_DEFAULT (1u << 22) /* pid table capacity; address space only */
+
+typedef struct rt_config_s {
+    unsigned schedulers;
+    unsigned blocking_threads;
+    unsigned batch;
+    uint32_t max_actors;
+    size_t min_heap;   /* see heap.h */
+    double gc_factor;
+    size_t max_heap;   /* default per-actor limit in bytes; 0 = unlimited */
+} rt_config_t;
+
+void rt_config_defaults(rt_config_t *cfg);
+int rt_init(const rt_config_t *cfg);
+/*
+** Stops every actor (exit reason RT_REASON_SHUTDOWN, terminate callbacks run),
+** joins every thread and frees everything the runtime allocated. Call from
+** the thread that called rt_init, outside any actor.
+*/
+void rt_shutdown(void);
+
+/* Waits until no actor is alive, up to timeout_ms; returns 0 or RT_EAGAIN. */
+int rt_wait_idle(uint64_t timeout_ms);
+
+typedef struct rt_stats_s {
+    uint64_t spawned;
+    uint64_t exited;
+    uint64_t alive;
+    uint64_t dead_letters;
+    uint64_t turns; /* actor turns run by schedulers */
+    uint64_t heap_limit_kills;
+    uint64_t timers_pending;
+    unsigned schedulers;
+    uint32_t max_actors;
+} rt_stats_t;
+
+void rt_stats(rt_stats_t *out);
+
+/* ---- Introspection (rtctl top is built on it) ---- */
+typedef enum rt_actor_status_e {
+    RT_STATUS_WAITING = 0, /* mailbox empty */
+    RT_STATUS_RUNNABLE,    /* queued on a scheduler */
+    RT_STATUS_RUNNING,
+    RT_STATUS_MUTED,       /* parked by backpressure */
+    RT_STATUS_EXITING,
+} rt_actor_status_t;
+
+const char *rt_status_name(rt_actor_status_t s);
+
+typedef struct rt_actor_info_s {
+    rt_pid_t pid;
+    const char *type;    /* static type name */
+    char name[48];       /* registered name, or "" */
+    rt_actor_status_t status;
+    uint64_t reductions;
+    uint64_t mailbox_len;
+    uint64_t heap_bytes;
+    uint64_t bin_bytes;
+    uint32_t gc_count;
+    uint32_t gc_last_pause_us;
+    uint32_t gc_max_pause_us;
+    uint64_t cpu_ns;
+    uint32_t current_tag;
+    const char *current_handler; /* tag name, or "" */
+    int scheduler;               /* pinned scheduler, -1 if free to move */
+} rt_actor_info_t;
+
+typedef struct rt_sched_info_s {
+    unsigned index;
+    bool blocking_pool;
+    uint64_t busy_ns;  /* cumulative; utilisation is d(busy)/d(wall) */
+    uint64_t wall_ns;  /* since the scheduler started */
+    uint64_t run_queue;
+    uint64_t turns;
+    uint64_t steals;
+} rt_sched_info_t;
+
+/*
+** Calls fn once per live actor with a consistent copy of its counters. Walks
+** the pid table without stopping anyone: O(actors), O(1) extra memory. fn must
+** not spawn, send or block. Returns the number of actors visited.
+*/
+size_t rt_snapshot_actors(void (*fn)(const rt_actor_info_t *info, void *ud), void *ud);
+/* Fills up to max entries (schedulers, then blocking threads); returns how many. */
+size_t rt_snapshot_schedulers(rt_sched_info_t *out, size_t max);
+int rt_actor_info(rt_pid_t pid, rt_actor_info_t *out);
+
+/* ---- Supervisors (Erlang OTP supervisor semantics, restart one_for_one/one_for_all) ---- */
+typedef enum { RT_PERMANENT, RT_TRANSIENT, RT_TEMPORARY } rt_restart_t;
+typedef enum { RT_ONE_FOR_ONE, RT_ONE_FOR_ALL } rt_strategy_t;
+
+typedef struct rt_child_spec_s {
+    const char *name; /* the child is registered under this name (optional), so
+                         rt_whereis finds its current incarnation */
+    const rt_actor_type_t *type;
+    void *arg;
+    rt_restart_t restart;
+} rt_child_spec_t;
+
+typedef struct rt_sup_spec_s {
+    rt_strategy_t strategy;
+    unsigned intensity;  /* restarts allowed ... */
+    unsigned period_ms;  /* ... within this window, else the supervisor gives up */
+    size_t nchildren;
+    const rt_child_spec_t *children; /* copied by the supervisor */
+} rt_sup_spec_t;
+
+/*
+** A supervisor traps exits, starts its children in order (linked) and restarts
+** them by strategy: permanent always, transient after an abnormal exit,
+** temporary never. More than intensity restarts within period_ms and the
+** supervisor terminates all children and exits with RT_REASON_SHUTDOWN.
+*/
+extern const rt_actor_type_t rt_supervisor_type; /* arg: const rt_sup_spec_t * */
+
+#endif

@@ -1,0 +1,253 @@
+/*
+** Timers: send_after and cancel, cheap enough for one keepalive timer per
+** connection. Each scheduler keeps its timers in a binary min-heap of plain
+** structs and drives it with a single uv_timer armed for the earliest one, so
+** 100,000 timers cost 100,000 heap entries, not 100,000 libuv handles.
+**
+** A timer reference is (generation << 32 | id). The per-id state word
+** (generation << 2 | state) decides, with one CAS, whether the firing
+** scheduler or a canceller on any thread wins. Cancelled entries stay in the
+** heap until they surface or the heap is compacted, which happens when it has
+** doubled since the last compaction, so the cost stays amortised O(log n).
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define T_FREE 0u
+#define T_PENDING 1u
+#define T_CANCELLED 2u
+#define T_FIRED 3u
+#define RT_TIMERS_MAX (1u << 22) /* timers pending at once, process-wide */
+#define RT_TIMER_MIN_COMPACT 1024
+
+static rt_idpool_t timer_ids;
+static atomic_uint_fast64_t *timer_state; /* by id: gen << 2 | state */
+
+int rt__timers_slots_init(void)
+{
+    int rc = rt_idpool_init(&timer_ids, RT_TIMERS_MAX);
+    if (rc)
+        return rc;
+    timer_state = calloc(RT_TIMERS_MAX, sizeof(*timer_state));
+    return timer_state ? 0 : RT_ENOMEM;
+}
+
+void rt__timers_slots_destroy(void)
+{
+    rt_idpool_destroy(&timer_ids);
+    free(timer_state);
+    timer_state = NULL;
+}
+
+void rt__timers_init(rt_sched_t *s)
+{
+    memset(&s->timers, 0, sizeof(s->timers));
+    s->timers.compact_at = RT_TIMER_MIN_COMPACT;
+    atomic_store(&s->timer_inbox, NULL);
+}
+
+static void release(rt_timer_node_t *n)
+{
+    atomic_store_explicit(&timer_state[n->id], (uint64_t)n->gen << 2 | T_FREE,
+                          memory_order_release);
+    rt_idpool_free(&timer_ids, n->id);
+    atomic_fetch_sub_explicit(&rt__rt->timers_pending, 1, memory_order_relaxed);
+}
+
+void rt__timers_destroy(rt_sched_t *s)
+{
+    rt_timer_handoff_t *h = atomic_exchange(&s->timer_inbox, NULL);
+    while (h) {
+        rt_timer_handoff_t *next = h->next;
+        rt_msg_free(h->node.msg);
+        release(&h->node);
+        free(h);
+        h = next;
+    }
+    for (size_t i = 0; i < s->timers.len; i++) {
+        rt_msg_free(s->timers.nodes[i].msg);
+        release(&s->timers.nodes[i]);
+    }
+    free(s->timers.nodes);
+    memset(&s->timers, 0, sizeof(s->timers));
+}
+
+static void sift_up(rt_timer_heap_t *h, size_t i)
+{
+    rt_timer_node_t n = h->nodes[i];
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (h->nodes[p].due_ns <= n.due_ns)
+            break;
+        h->nodes[i] = h->nodes[p];
+        i = p;
+    }
+    h->nodes[i] = n;
+}
+
+static void sift_down(rt_timer_heap_t *h, size_t i)
+{
+    rt_timer_node_t n = h->nodes[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->len)
+            break;
+        if (c + 1 < h->len && h->nodes[c + 1].due_ns < h->nodes[c].due_ns)
+            c++;
+        if (h->nodes[c].due_ns >= n.due_ns)
+            break;
+        h->nodes[i] = h->nodes[c];
+        i = c;
+    }
+    h->nodes[i] = n;
+}
+
+static bool is_pending(const rt_timer_node_t *n)
+{
+    return atomic_load_explicit(&timer_state[n->id], memory_order_acquire) ==
+           ((uint64_t)n->gen << 2 | T_PENDING);
+}
+
+/* Drops cancelled timers; rebuilding the heap bottom-up is O(n). */
+static void compact(rt_timer_heap_t *h)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < h->len; i++) {
+        rt_timer_node_t *n = &h->nodes[i];
+        if (is_pending(n)) {
+            h->nodes[kept++] = *n;
+        } else {
+            rt_msg_free(n->msg);
+            release(n);
+        }
+    }
+    h->len = kept;
+    for (size_t i = kept / 2; i-- > 0;)
+        sift_down(h, i);
+    h->compact_at = kept * 2 > RT_TIMER_MIN_COMPACT ? kept * 2 : RT_TIMER_MIN_COMPACT;
+}
+
+static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
+{
+    if (h->len >= h->compact_at)
+        compact(h);
+    if (h->len == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        rt_timer_node_t *nodes = realloc(h->nodes, cap * sizeof(*nodes));
+        if (!nodes)
+            return RT_ENOMEM;
+        h->nodes = nodes;
+        h->cap = cap;
+    }
+    h->nodes[h->len] = *n;
+    sift_up(h, h->len++);
+    return 0;
+}
+
+static void arm(rt_sched_t *s)
+{
+    if (!s->timers.len)
+        return;
+    uint64_t due = s->timers.nodes[0].due_ns;
+    if (s->timer_due_ns && s->timer_due_ns <= due)
+        return;
+    uint64_t now = rt__now_ns();
+    uint64_t ms = due > now ? (due - now + 999999) / 1000000 : 0;
+    uv_update_time(&s->loop);
+    uv_timer_start(&s->tick, rt__sched_on_tick, ms, 0);
+    s->timer_due_ns = due;
+}
+
+void rt__timers_run(rt_sched_t *s)
+{
+    rt_timer_handoff_t *h = atomic_exchange_explicit(&s->timer_inbox, NULL, memory_order_acquire);
+    while (h) {
+        rt_timer_handoff_t *next = h->next;
+        if (heap_insert(&s->timers, &h->node)) {
+            rt_msg_free(h->node.msg);
+            release(&h->node);
+        }
+        free(h);
+        h = next;
+    }
+    rt_timer_heap_t *th = &s->timers;
+    uint64_t now = th->len ? rt__now_ns() : 0;
+    while (th->len && th->nodes[0].due_ns <= now) {
+        rt_timer_node_t n = th->nodes[0];
+        th->nodes[0] = th->nodes[--th->len];
+        if (th->len)
+            sift_down(th, 0);
+        uint64_t expect = (uint64_t)n.gen << 2 | T_PENDING;
+        if (atomic_compare_exchange_strong(&timer_state[n.id], &expect,
+                                           (uint64_t)n.gen << 2 | T_FIRED)) {
+            rt_send_msg(n.to, n.msg);
+        } else {
+            rt_msg_free(n.msg);
+        }
+        release(&n);
+    }
+    if (s->timer_due_ns && (!th->len || th->nodes[0].due_ns != s->timer_due_ns))
+        s->timer_due_ns = 0;
+    arm(s);
+}
+
+int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
+{
+    rt_runtime_t *rt = rt__rt;
+    if (!m)
+        return RT_ENOMEM;
+    uint32_t id, gen;
+    int rc = rt_idpool_alloc(&timer_ids, &id, &gen);
+    if (rc) {
+        rt_msg_free(m);
+        return rc;
+    }
+    rt_actor_t *cur = rt__tls.current;
+    m->from = cur ? cur->pid : 0;
+    rt_timer_node_t n = {.due_ns = rt__now_ns() + ms * 1000000u, .to = to, .msg = m, .id = id,
+                         .gen = gen};
+    atomic_store_explicit(&timer_state[id], (uint64_t)gen << 2 | T_PENDING, memory_order_release);
+    atomic_fetch_add_explicit(&rt->timers_pending, 1, memory_order_relaxed);
+    if (ref)
+        *ref = (rt_ref_t)gen << 32 | id;
+    rt_sched_t *s = rt__tls.sched;
+    if (s) {
+        rc = heap_insert(&s->timers, &n);
+        if (!rc)
+            arm(s);
+    } else {
+        /* Not a scheduler thread: hand the timer to one, which adopts it on its next poll. */
+        rt_timer_handoff_t *h = malloc(sizeof(*h));
+        if (!h) {
+            rc = RT_ENOMEM;
+        } else {
+            h->node = n;
+            s = &rt->sched[atomic_fetch_add_explicit(&rt->rr, 1, memory_order_relaxed) %
+                           rt->nsched];
+            rt_timer_handoff_t *head = atomic_load(&s->timer_inbox);
+            do {
+                h->next = head;
+            } while (!atomic_compare_exchange_weak(&s->timer_inbox, &head, h));
+            uv_async_send(&s->doorbell);
+        }
+    }
+    if (rc) {
+        rt_msg_free(m);
+        release(&n);
+    }
+    return rc;
+}
+
+int rt_cancel_timer(rt_ref_t ref)
+{
+    uint32_t id = (uint32_t)ref, gen = (uint32_t)(ref >> 32);
+    if (id == 0 || id >= RT_TIMERS_MAX)
+        return RT_ENOTFOUND;
+    uint64_t expect = (uint64_t)gen << 2 | T_PENDING;
+    if (atomic_compare_exchange_strong(&timer_state[id], &expect,
+                                       (uint64_t)gen << 2 | T_CANCELLED))
+        return 0;
+    return RT_ENOTFOUND;
+}

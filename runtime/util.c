@@ -1,0 +1,119 @@
+/*
+** Small shared services: error names, exit reason names, the spinlock and the
+** cycle clock used for per-turn CPU accounting.
+*/
+#include <sched.h>
+#include <time.h>
+
+#include "internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#define RT_HAVE_TSC 1
+#endif
+
+const char *rt_strerror(int code)
+{
+    switch (code) {
+    case RT_EOK: return "ok";
+    case RT_ENOMEM: return "out of memory";
+    case RT_EINVAL: return "invalid argument";
+    case RT_ENOPROC: return "no such actor";
+    case RT_EEXIST: return "name already registered";
+    case RT_EAGAIN: return "try again";
+    case RT_ELIMIT: return "limit reached";
+    case RT_ESHUTDOWN: return "runtime shutting down";
+    case RT_ECLOSED: return "socket closed";
+    case RT_ENOTFOUND: return "not found";
+    default: return "unknown error";
+    }
+}
+
+const char *rt_reason_name(rt_reason_t reason)
+{
+    switch (reason) {
+    case RT_REASON_NORMAL: return "normal";
+    case RT_REASON_KILL: return "kill";
+    case RT_REASON_KILLED: return "killed";
+    case RT_REASON_SHUTDOWN: return "shutdown";
+    case RT_REASON_HEAP_LIMIT: return "heap_limit";
+    case RT_REASON_NOPROC: return "noproc";
+    case RT_REASON_INIT: return "init_failed";
+    case RT_REASON_ERROR: return "error";
+    default: return reason >= RT_REASON_USER ? "user" : "unknown";
+    }
+}
+
+const char *rt_status_name(rt_actor_status_t s)
+{
+    switch (s) {
+    case RT_STATUS_WAITING: return "waiting";
+    case RT_STATUS_RUNNABLE: return "runnable";
+    case RT_STATUS_RUNNING: return "running";
+    case RT_STATUS_MUTED: return "muted";
+    case RT_STATUS_EXITING: return "exiting";
+    }
+    return "unknown";
+}
+
+/*
+** Spins briefly, then yields: on a 2-core machine shared with load generators
+** the holder may be preempted, and spinning against it only burns its core.
+*/
+void rt__spin_lock(rt_spinlock_t *l)
+{
+    for (unsigned i = 0;; i++) {
+        if (!atomic_load_explicit(&l->locked, memory_order_relaxed) &&
+            !atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
+            return;
+        if (i < 64) {
+#if RT_HAVE_TSC
+            _mm_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+uint64_t rt__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#if RT_HAVE_TSC
+static double ns_per_tick;
+
+static void calibrate(void)
+{
+    uint64_t n0 = rt__now_ns(), t0 = __rdtsc();
+    struct timespec d = {0, 2000000};
+    nanosleep(&d, NULL);
+    uint64_t n1 = rt__now_ns(), t1 = __rdtsc();
+    ns_per_tick = t1 > t0 ? (double)(n1 - n0) / (double)(t1 - t0) : 1.0;
+}
+
+uint64_t rt__ticks(void)
+{
+    return __rdtsc();
+}
+
+uint64_t rt__ticks_to_ns(uint64_t ticks)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, calibrate);
+    return (uint64_t)((double)ticks * ns_per_tick);
+}
+#else
+uint64_t rt__ticks(void)
+{
+    return rt__now_ns();
+}
+
+uint64_t rt__ticks_to_ns(uint64_t ticks)
+{
+    return ticks;
+}
+#endif

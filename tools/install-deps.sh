@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages rt needs, and only those that are missing,
+# so a prepared machine pays nothing and a fresh one needs this one command.
+set -euo pipefail
+
+packages=(
+    build-essential cmake pkg-config git
+    libuv1-dev liblua5.4-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
+    mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
+    erlang-base gnuplot-nox valgrind procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+    exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+    sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
