@@ -1,0 +1,1141 @@
+/*
+** Per-actor heaps, the process-wide chunk pool under them, and shared binaries.
+** The contract is in heap.h; this comment describes the layout.
+**
+** Memory comes from the OS in arenas of RT_HEAP_ARENA_SIZE bytes, aligned to
+** their size. An arena is cut into chunks of RT_HEAP_CHUNK_SIZE bytes; the
+** first RT_HEAP_META_CHUNKS chunks hold a 64-byte descriptor (chunk_t) for
+** every chunk of the arena, and descriptor 0 is the arena header. So from any
+** address inside an arena, align-down gives the arena and the offset gives
+** the chunk and its descriptor: owner heap, size class and slot bitmaps.
+** Object memory carries no header at all; a slot is allocated, marked, to be
+** scanned or a binary handle when its bit is set in the descriptor.
+**
+** A chunk holds objects of one size class and belongs to one heap. Heaps get
+** and return chunks through a per-thread cache (no lock) that exchanges
+** batches with the global pool (one mutex). An arena whose chunks are all free
+** is unmapped, except for one spare kept to absorb churn; rt_heap_pool_trim()
+** unmaps the spare too.
+**
+** Large objects (above the largest class) are calloc'ed one by one with a
+** header that links them on their heap's list.
+**
+** Collection marks from the roots with an explicit, thread-local stack and
+** sweeps chunk by chunk with bitmap operations. To decide whether a word
+** points into this heap without ever reading memory that may be unmapped, a
+** collection first lists the arenas holding this heap's chunks (sorted) and
+** its large objects (sorted by address): a candidate word is looked up in
+** those lists before any descriptor is read. An arena listed there cannot be
+** unmapped during the collection, because this heap owns a chunk in it, and a
+** descriptor's owner field is atomic because other threads write it while
+** their heaps take and give back chunks of the same arena.
+*/
+#define _GNU_SOURCE
+#include "heap.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+/*
+** Chunks are 1 KiB. One chunk exists per (actor, size class) in use and there
+** may be a million actors, so the chunk is the unit an idle actor pays for;
+** 1 KiB still holds 64 of the smallest objects, so one 64-bit word is a whole
+** slot bitmap, and it keeps slot waste in the larger classes small (Pony's
+** heap uses 1 KiB chunks for the same reasons).
+*/
+#define RT_HEAP_CHUNK_SHIFT 10
+#define RT_HEAP_CHUNK_SIZE ((size_t)1 << RT_HEAP_CHUNK_SHIFT)
+
+/*
+** Arenas are 1 MiB: big enough that mmap calls and the pool lock are rare
+** (960 chunks per arena), small enough that a spare arena costs little and
+** that emptied arenas actually occur and can be unmapped.
+*/
+#define RT_HEAP_ARENA_SHIFT 20
+#define RT_HEAP_ARENA_SIZE ((size_t)1 << RT_HEAP_ARENA_SHIFT)
+#define RT_HEAP_ARENA_CHUNKS (RT_HEAP_ARENA_SIZE / RT_HEAP_CHUNK_SIZE)
+#define RT_HEAP_META_SIZE 64 /* bytes of descriptor per chunk */
+#define RT_HEAP_META_CHUNKS (RT_HEAP_ARENA_CHUNKS * RT_HEAP_META_SIZE / RT_HEAP_CHUNK_SIZE)
+#define RT_HEAP_DATA_CHUNKS (RT_HEAP_ARENA_CHUNKS - RT_HEAP_META_CHUNKS)
+
+/* Per-thread chunk cache: at most this many chunks, exchanged with the pool this many at a time. */
+#define RT_HEAP_CACHE_MAX 64
+#define RT_HEAP_CACHE_BATCH 32
+
+/* User-space addresses have at most this many bits (x86-64 and arm64 with 4-level tables). */
+#define RT_HEAP_ADDR_BITS 47
+
+/*
+** The footprint rule collects once heap_bytes + bin bytes come within 1/16
+** of the trigger: the runtime only checks between messages, and this leaves
+** room for what one message allocates before the footprint passes gc_factor x live.
+*/
+#define RT_HEAP_HEADROOM_SHIFT 4
+
+#define RT_HEAP_NCLASSES 10
+#define RT_HEAP_MAX_SMALL 1024
+
+_Static_assert(sizeof(rt_heap_t) <= 160, "rt_heap_t is embedded in every actor");
+_Static_assert(RT_HEAP_NCLASSES == sizeof(((rt_heap_t *)0)->avail) / sizeof(void *),
+               "one avail list per size class");
+_Static_assert(_Alignof(max_align_t) >= 16, "calloc must return 16-byte aligned memory");
+
+/*
+** Size classes: object bytes and slots per chunk. Every size is a multiple of
+** 16 so every slot is 16-byte aligned; the slot counts leave at most 64 bytes
+** of a chunk unused.
+*/
+static const uint16_t class_size[RT_HEAP_NCLASSES] = {16, 32, 48, 64, 96, 128, 192, 256, 512, 1024};
+static const uint8_t class_slots[RT_HEAP_NCLASSES] = {64, 32, 21, 16, 10, 8, 5, 4, 2, 1};
+
+/*
+** Slot index of a chunk offset without a division: (off * magic) >> 22 equals
+** off / size for every off < 1024 and size < 4096 (the error term stays below
+** 1024 / 2^22 < 1 / size); debug builds check every offset of every class
+** when the first arena is mapped.
+*/
+#define RT_HEAP_MAGIC_SHIFT 22
+#define RT_HEAP_MAGIC(s) ((((uint32_t)1 << RT_HEAP_MAGIC_SHIFT) + (s)-1) / (s))
+static const uint32_t class_magic[RT_HEAP_NCLASSES] = {
+    RT_HEAP_MAGIC(16),  RT_HEAP_MAGIC(32),  RT_HEAP_MAGIC(48),  RT_HEAP_MAGIC(64),
+    RT_HEAP_MAGIC(96),  RT_HEAP_MAGIC(128), RT_HEAP_MAGIC(192), RT_HEAP_MAGIC(256),
+    RT_HEAP_MAGIC(512), RT_HEAP_MAGIC(1024),
+};
+
+/* Size class of a size, indexed by (size + 15) / 16. */
+static const uint8_t class_of[RT_HEAP_MAX_SMALL / 16 + 1] = {
+    [0 ... 1] = 0, [2] = 1,           [3] = 2,           [4] = 3,          [5 ... 6] = 4,
+    [7 ... 8] = 5, [9 ... 12] = 6,    [13 ... 16] = 7,   [17 ... 32] = 8,  [33 ... 64] = 9,
+};
+
+/*
+** Chunk descriptor. owner is written by the thread of the heap taking or
+** giving back the chunk and read by any collection whose candidate word falls
+** in the chunk, hence atomic; a collection reads the other fields only once
+** owner says the chunk is its own. next/prev link the chunk on its heap's
+** lists, or on its arena's free list while it is in the pool (under the pool
+** lock) or in a thread cache.
+*/
+typedef struct chunk_s {
+    _Atomic(rt_heap_t *) owner; /* heap owning the chunk; NULL while free */
+    struct chunk_s *next;
+    struct chunk_s *prev;
+    uint64_t alloc; /* slots holding an object */
+    uint64_t mark;  /* slots reached by the running collection; 0 outside one */
+    uint64_t scan;  /* RT_OBJ_SCAN slots, a subset of alloc */
+    uint64_t bin;   /* binary handle slots, a subset of alloc */
+    uint8_t cls;    /* size class */
+    uint8_t full;   /* on the heap's full list rather than avail[cls] */
+} chunk_t;
+
+/* Arena header, in descriptor 0. Every field is guarded by the pool lock. */
+typedef struct arena_s {
+    struct arena_s *next; /* partial list: arenas with free and used chunks */
+    struct arena_s *prev;
+    chunk_t *free;        /* chunks given back, linked by next */
+    uint32_t nfree;       /* free chunks, never-used ones included */
+    uint32_t fresh;       /* index of the first never-used chunk */
+} arena_t;
+
+_Static_assert(sizeof(chunk_t) <= RT_HEAP_META_SIZE, "chunk descriptor too big");
+_Static_assert(sizeof(arena_t) <= RT_HEAP_META_SIZE, "arena header too big");
+
+/* Large object header; the object follows it, 16-byte aligned. */
+typedef struct large_s {
+    struct large_s *next;
+    struct large_s *prev;
+    size_t size;   /* object bytes, a multiple of 16 */
+    uint32_t scan; /* RT_OBJ_SCAN */
+    uint32_t mark; /* reached by the running collection */
+} large_t;
+
+_Static_assert(sizeof(large_t) % 16 == 0, "large objects must stay 16-byte aligned");
+
+struct rt_bin_s {
+    atomic_uint refs;
+    uint32_t pad;
+    size_t len;
+    uint8_t data[]; /* 16-byte aligned: the header is 16 bytes and malloc aligns to 16 */
+};
+
+_Static_assert(sizeof(struct rt_bin_s) == 16, "binary data must stay 16-byte aligned");
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+
+/* Written by rt_heap_configure before any actor runs, read-only afterwards. */
+static size_t cfg_min_heap = RT_HEAP_MIN_HEAP_DEFAULT;
+static double cfg_gc_factor = RT_HEAP_GC_FACTOR_DEFAULT;
+
+void rt_heap_configure(const rt_heap_config_t *cfg)
+{
+    if (cfg->min_heap > 0)
+        cfg_min_heap = cfg->min_heap;
+    if (cfg->gc_factor > 1.0)
+        cfg_gc_factor = cfg->gc_factor;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Descriptor arithmetic                                                    */
+
+static inline uintptr_t arena_base(const void *p)
+{
+    return (uintptr_t)p & ~(RT_HEAP_ARENA_SIZE - 1);
+}
+
+static inline chunk_t *chunk_meta(uintptr_t arena, size_t idx)
+{
+    return (chunk_t *)(arena + idx * RT_HEAP_META_SIZE);
+}
+
+static inline size_t chunk_index(const chunk_t *c)
+{
+    return ((uintptr_t)c & (RT_HEAP_ARENA_SIZE - 1)) / RT_HEAP_META_SIZE;
+}
+
+static inline char *chunk_data(const chunk_t *c)
+{
+    return (char *)(arena_base(c) + chunk_index(c) * RT_HEAP_CHUNK_SIZE);
+}
+
+static inline chunk_t *chunk_of(const void *p)
+{
+    uintptr_t a = arena_base(p);
+    return chunk_meta(a, ((uintptr_t)p - a) >> RT_HEAP_CHUNK_SHIFT);
+}
+
+static inline unsigned slot_of(unsigned cls, uintptr_t p)
+{
+    uint32_t off = (uint32_t)(p & (RT_HEAP_CHUNK_SIZE - 1));
+    return (off * class_magic[cls]) >> RT_HEAP_MAGIC_SHIFT;
+}
+
+static inline uint64_t class_mask(unsigned cls)
+{
+    unsigned n = class_slots[cls];
+    return n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arena map                                                                */
+
+/*
+** One bit per arena-sized stretch of the address space says "this is one of
+** our arenas". rt_heap_free uses it to tell a small object from a large one:
+** for a live object the answer cannot change under it, since the object's
+** arena stays mapped while it holds the object. The bitmap is 16 MiB of
+** MAP_NORESERVE address space of which only the pages covering our arenas are
+** ever written (untouched pages read as zero).
+*/
+#define RT_HEAP_MAP_WORDS (((size_t)1 << (RT_HEAP_ADDR_BITS - RT_HEAP_ARENA_SHIFT)) / 64)
+
+static _Atomic(uint64_t *) arena_map;
+static pthread_once_t arena_map_once = PTHREAD_ONCE_INIT;
+
+static void arena_map_init(void)
+{
+#ifndef NDEBUG
+    for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++) {
+        RT_ASSERT(class_slots[k] == RT_HEAP_CHUNK_SIZE / class_size[k]);
+        RT_ASSERT(class_of[(class_size[k] + 15) >> 4] == k);
+        for (uint32_t off = 0; off < RT_HEAP_CHUNK_SIZE; off++)
+            RT_ASSERT(slot_of(k, off) == off / class_size[k]);
+    }
+#endif
+    void *p = mmap(NULL, RT_HEAP_MAP_WORDS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED)
+        atomic_store_explicit(&arena_map, p, memory_order_release);
+}
+
+static void arena_map_set(uintptr_t a, bool on)
+{
+    uint64_t *map = atomic_load_explicit(&arena_map, memory_order_acquire);
+    size_t i = a >> RT_HEAP_ARENA_SHIFT;
+    uint64_t bit = (uint64_t)1 << (i & 63);
+    if (on)
+        __atomic_fetch_or(&map[i / 64], bit, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_and(&map[i / 64], ~bit, __ATOMIC_RELAXED);
+}
+
+static bool arena_map_has(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint64_t *map = atomic_load_explicit(&arena_map, memory_order_acquire);
+    if (!map || (a >> RT_HEAP_ADDR_BITS))
+        return false;
+    size_t i = a >> RT_HEAP_ARENA_SHIFT;
+    return (__atomic_load_n(&map[i / 64], __ATOMIC_RELAXED) >> (i & 63)) & 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Global chunk pool                                                        */
+
+static struct {
+    pthread_mutex_t lock;
+    arena_t partial; /* sentinel of a circular list of arenas with free and used chunks */
+    arena_t *spare;  /* one arena with every chunk free, kept to absorb churn */
+    size_t arenas;   /* arenas mapped */
+    size_t out;      /* chunks handed to thread caches and heaps */
+} pool = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .partial = {.next = &pool.partial, .prev = &pool.partial},
+};
+
+static void partial_add_tail(arena_t *a)
+{
+    a->prev = pool.partial.prev;
+    a->next = &pool.partial;
+    a->prev->next = a;
+    pool.partial.prev = a;
+}
+
+static void partial_del(arena_t *a)
+{
+    a->prev->next = a->next;
+    a->next->prev = a->prev;
+    a->next = a->prev = NULL;
+}
+
+static void arena_reset(arena_t *a)
+{
+    a->free = NULL;
+    a->nfree = RT_HEAP_DATA_CHUNKS;
+    a->fresh = RT_HEAP_META_CHUNKS;
+}
+
+/* Maps a new arena aligned to its size, outside the pool lock. */
+static arena_t *arena_new(void)
+{
+    pthread_once(&arena_map_once, arena_map_init);
+    if (!atomic_load_explicit(&arena_map, memory_order_acquire))
+        return NULL;
+    size_t len = 2 * RT_HEAP_ARENA_SIZE;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    char *a = (char *)(((uintptr_t)p + RT_HEAP_ARENA_SIZE - 1) & ~(RT_HEAP_ARENA_SIZE - 1));
+    if (a > p)
+        munmap(p, (size_t)(a - p));
+    if (p + len > a + RT_HEAP_ARENA_SIZE)
+        munmap(a + RT_HEAP_ARENA_SIZE, (size_t)(p + len - (a + RT_HEAP_ARENA_SIZE)));
+    if ((uintptr_t)a >> RT_HEAP_ADDR_BITS) {
+        munmap(a, RT_HEAP_ARENA_SIZE);
+        return NULL;
+    }
+    arena_t *ar = (arena_t *)a;
+    arena_reset(ar);
+    arena_map_set((uintptr_t)a, true);
+    return ar;
+}
+
+static chunk_t *arena_take(arena_t *a)
+{
+    chunk_t *c = a->free;
+    if (c)
+        a->free = c->next;
+    else
+        c = chunk_meta((uintptr_t)a, a->fresh++);
+    a->nfree--;
+    return c;
+}
+
+/* Takes up to n chunks from the pool into out; returns how many (0 only when out of memory). */
+static size_t pool_get(chunk_t **out, size_t n)
+{
+    size_t got = 0;
+    pthread_mutex_lock(&pool.lock);
+    while (got < n) {
+        arena_t *a = pool.partial.next;
+        if (a == &pool.partial) {
+            a = pool.spare;
+            if (a) {
+                pool.spare = NULL;
+            } else {
+                /* The lock is not held across mmap; another thread may add arenas meanwhile. */
+                pthread_mutex_unlock(&pool.lock);
+                a = arena_new();
+                pthread_mutex_lock(&pool.lock);
+                if (!a)
+                    break;
+                pool.arenas++;
+            }
+            partial_add_tail(a);
+        }
+        while (got < n && a->nfree)
+            out[got++] = arena_take(a);
+        if (!a->nfree)
+            partial_del(a);
+    }
+    pool.out += got;
+    pthread_mutex_unlock(&pool.lock);
+    return got;
+}
+
+/* Gives n free chunks back; arenas left completely free beyond one spare are unmapped. */
+static void pool_put(chunk_t **chunks, size_t n)
+{
+    arena_t *unmap[RT_HEAP_CACHE_MAX];
+    size_t nunmap = 0;
+    RT_ASSERT(n <= RT_HEAP_CACHE_MAX);
+    pthread_mutex_lock(&pool.lock);
+    for (size_t i = 0; i < n; i++) {
+        chunk_t *c = chunks[i];
+        arena_t *a = (arena_t *)arena_base(c);
+        c->next = a->free;
+        a->free = c;
+        if (++a->nfree == 1)
+            partial_add_tail(a);
+        if (a->nfree < RT_HEAP_DATA_CHUNKS)
+            continue;
+        partial_del(a);
+        arena_reset(a);
+        if (!pool.spare) {
+            pool.spare = a;
+            continue;
+        }
+        arena_map_set((uintptr_t)a, false);
+        pool.arenas--;
+        unmap[nunmap++] = a;
+    }
+    pool.out -= n;
+    pthread_mutex_unlock(&pool.lock);
+    for (size_t i = 0; i < nunmap; i++)
+        munmap(unmap[i], RT_HEAP_ARENA_SIZE);
+}
+
+void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes)
+{
+    pthread_mutex_lock(&pool.lock);
+    size_t mapped = pool.arenas * RT_HEAP_ARENA_SIZE;
+    size_t in_use = pool.out * RT_HEAP_CHUNK_SIZE;
+    pthread_mutex_unlock(&pool.lock);
+    if (mapped_bytes)
+        *mapped_bytes = mapped;
+    if (in_use_bytes)
+        *in_use_bytes = in_use;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Per-thread state: chunk cache and collector buffers                      */
+
+/*
+** A collection's working set. It lives in thread-local storage and keeps its
+** buffers between collections, so a steady-state collection allocates nothing.
+*/
+typedef struct mark_item_s {
+    const char *p;
+    size_t n;
+} mark_item_t;
+
+struct rt_gc_s {
+    rt_heap_t *heap;     /* heap being collected; NULL outside a collection */
+    uintptr_t arena_lo;  /* lowest arena holding a chunk of heap */
+    uintptr_t arena_span; /* bytes from arena_lo to the end of the highest such arena */
+    uintptr_t last_arena; /* arena of the last hit, a one-entry cache */
+    uintptr_t *arenas;   /* sorted, distinct arenas holding chunks of heap */
+    size_t narenas, arenas_cap;
+    large_t **large;     /* heap's large objects sorted by address */
+    size_t nlarge, large_cap;
+    uintptr_t large_lo, large_span;
+    mark_item_t *stack;  /* SCAN objects marked but not yet scanned */
+    size_t sp, stack_cap;
+    bool failed;         /* a buffer could not grow: nothing may be freed */
+};
+
+typedef struct tcache_s {
+    size_t n;
+    bool armed; /* the exit destructor is registered for this thread */
+    chunk_t *c[RT_HEAP_CACHE_MAX];
+} tcache_t;
+
+static __thread tcache_t tcache;
+static __thread rt_gc_t tgc;
+static pthread_key_t tkey;
+static pthread_once_t tkey_once = PTHREAD_ONCE_INIT;
+
+static void thread_exit(void *unused)
+{
+    (void)unused;
+    rt_heap_thread_flush();
+}
+
+static void tkey_init(void)
+{
+    pthread_key_create(&tkey, thread_exit);
+}
+
+static void tcache_arm(void)
+{
+    pthread_once(&tkey_once, tkey_init);
+    pthread_setspecific(tkey, &tcache);
+    tcache.armed = true;
+}
+
+static chunk_t *chunk_get(void)
+{
+    tcache_t *tc = &tcache;
+    if (RT_UNLIKELY(tc->n == 0)) {
+        if (!tc->armed)
+            tcache_arm();
+        tc->n = pool_get(tc->c, RT_HEAP_CACHE_BATCH);
+        if (!tc->n)
+            return NULL;
+    }
+    return tc->c[--tc->n];
+}
+
+/* The chunk's owner must already be NULL. The oldest cached chunks go back first. */
+static void chunk_put(chunk_t *c)
+{
+    tcache_t *tc = &tcache;
+    if (RT_UNLIKELY(!tc->armed))
+        tcache_arm();
+    if (RT_UNLIKELY(tc->n == RT_HEAP_CACHE_MAX)) {
+        pool_put(tc->c, RT_HEAP_CACHE_BATCH);
+        memmove(tc->c, tc->c + RT_HEAP_CACHE_BATCH,
+                (RT_HEAP_CACHE_MAX - RT_HEAP_CACHE_BATCH) * sizeof(chunk_t *));
+        tc->n -= RT_HEAP_CACHE_BATCH;
+    }
+    tc->c[tc->n++] = c;
+}
+
+void rt_heap_thread_flush(void)
+{
+    tcache_t *tc = &tcache;
+    if (tc->n)
+        pool_put(tc->c, tc->n);
+    tc->n = 0;
+    rt_gc_t *gc = &tgc;
+    RT_ASSERT(!gc->heap);
+    free(gc->arenas);
+    free(gc->large);
+    free(gc->stack);
+    memset(gc, 0, sizeof *gc);
+}
+
+void rt_heap_pool_trim(void)
+{
+    rt_heap_thread_flush();
+    pthread_mutex_lock(&pool.lock);
+    arena_t *a = pool.spare;
+    pool.spare = NULL;
+    if (a) {
+        arena_map_set((uintptr_t)a, false);
+        pool.arenas--;
+    }
+    pthread_mutex_unlock(&pool.lock);
+    if (a)
+        munmap(a, RT_HEAP_ARENA_SIZE);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Heap lists                                                               */
+
+static inline void list_push(void **head, chunk_t *c)
+{
+    chunk_t *h = *head;
+    c->prev = NULL;
+    c->next = h;
+    if (h)
+        h->prev = c;
+    *head = c;
+}
+
+static inline void list_remove(void **head, chunk_t *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        *head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Allocation                                                               */
+
+void rt_heap_init(rt_heap_t *h)
+{
+    memset(h, 0, sizeof *h);
+}
+
+static chunk_t *heap_new_chunk(rt_heap_t *h, unsigned cls)
+{
+    chunk_t *c = chunk_get();
+    if (!c)
+        return NULL;
+    atomic_store_explicit(&c->owner, h, memory_order_relaxed);
+    c->alloc = c->mark = c->scan = c->bin = 0;
+    c->cls = (uint8_t)cls;
+    c->full = 0;
+    list_push(&h->avail[cls], c);
+    h->chunks++;
+    return c;
+}
+
+/* Gives an empty chunk back to the pool; the caller has unlinked it. */
+static void heap_drop_chunk(rt_heap_t *h, chunk_t *c)
+{
+    RT_POISON(chunk_data(c), RT_HEAP_CHUNK_SIZE);
+    atomic_store_explicit(&c->owner, NULL, memory_order_relaxed);
+    chunk_put(c);
+    h->chunks--;
+}
+
+static void *alloc_large(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
+{
+    if (size > SIZE_MAX / 2)
+        return NULL;
+    size = (size + 15) & ~(size_t)15;
+    large_t *l = calloc(1, sizeof(large_t) + size);
+    if (!l)
+        return NULL;
+    l->size = size;
+    l->scan = kind == RT_OBJ_SCAN;
+    l->prev = NULL;
+    l->next = h->large;
+    if (l->next)
+        l->next->prev = l;
+    h->large = l;
+    h->large_count++;
+    h->large_bytes += sizeof(large_t) + size;
+    h->used += size;
+    return l + 1;
+}
+
+void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
+{
+    if (RT_UNLIKELY(size > RT_HEAP_MAX_SMALL))
+        return alloc_large(h, size, kind);
+    unsigned cls = class_of[(size + 15) >> 4];
+    chunk_t *c = h->avail[cls];
+    if (RT_UNLIKELY(!c)) {
+        c = heap_new_chunk(h, cls);
+        if (!c)
+            return NULL;
+    }
+    uint64_t mask = class_mask(cls);
+    unsigned i = (unsigned)__builtin_ctzll(~c->alloc & mask);
+    uint64_t bit = (uint64_t)1 << i;
+    c->alloc |= bit;
+    c->scan |= kind == RT_OBJ_SCAN ? bit : 0;
+    if (c->alloc == mask) {
+        list_remove(&h->avail[cls], c);
+        list_push(&h->full, c);
+        c->full = 1;
+    }
+    size_t n = class_size[cls];
+    h->used += n;
+    char *p = chunk_data(c) + i * n;
+    memset(p, 0, n);
+    return p;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Binaries                                                                 */
+
+static atomic_size_t bin_live_count;
+static atomic_size_t bin_live_bytes;
+
+rt_bin_t *rt_bin_alloc(size_t len)
+{
+    if (len > SIZE_MAX - sizeof(rt_bin_t))
+        return NULL;
+    rt_bin_t *b = malloc(sizeof(rt_bin_t) + len);
+    if (!b)
+        return NULL;
+    atomic_init(&b->refs, 1);
+    b->pad = 0;
+    b->len = len;
+    atomic_fetch_add_explicit(&bin_live_count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&bin_live_bytes, len, memory_order_relaxed);
+    return b;
+}
+
+rt_bin_t *rt_bin_new(const void *data, size_t len)
+{
+    rt_bin_t *b = rt_bin_alloc(len);
+    if (b && len)
+        memcpy(b->data, data, len);
+    return b;
+}
+
+rt_bin_t *rt_bin_retain(rt_bin_t *b)
+{
+    atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+    return b;
+}
+
+void rt_bin_release(rt_bin_t *b)
+{
+    if (!b)
+        return;
+    /* Release so our reads of the contents happen before the free; acquire in the freeing thread. */
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    atomic_fetch_sub_explicit(&bin_live_count, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&bin_live_bytes, b->len, memory_order_relaxed);
+    RT_POISON(b, sizeof *b + b->len);
+    free(b);
+}
+
+uint8_t *rt_bin_data(rt_bin_t *b)
+{
+    return b->data;
+}
+
+size_t rt_bin_len(const rt_bin_t *b)
+{
+    return b->len;
+}
+
+uint32_t rt_bin_refs(const rt_bin_t *b)
+{
+    return atomic_load_explicit(&((rt_bin_t *)b)->refs, memory_order_relaxed);
+}
+
+void rt_bin_totals(size_t *count, size_t *bytes)
+{
+    if (count)
+        *count = atomic_load_explicit(&bin_live_count, memory_order_relaxed);
+    if (bytes)
+        *bytes = atomic_load_explicit(&bin_live_bytes, memory_order_relaxed);
+}
+
+void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin)
+{
+    RT_ASSERT(bin);
+    rt_bin_t **p = rt_heap_alloc(h, sizeof(rt_bin_t *), RT_OBJ_LEAF);
+    if (!p) {
+        rt_bin_release(bin);
+        return NULL;
+    }
+    *p = bin;
+    chunk_t *c = chunk_of(p);
+    c->bin |= (uint64_t)1 << slot_of(c->cls, (uintptr_t)p);
+    h->bin_bytes += bin->len;
+    return p;
+}
+
+rt_bin_t *rt_heap_bin(const void *handle)
+{
+    return *(rt_bin_t *const *)handle;
+}
+
+/* Drops the binary references held by the handle slots in bits of chunk c. */
+static void release_bins(rt_heap_t *h, chunk_t *c, uint64_t bits)
+{
+    char *base = chunk_data(c);
+    while (bits) {
+        unsigned i = (unsigned)__builtin_ctzll(bits);
+        bits &= bits - 1;
+        rt_bin_t *b = *(rt_bin_t **)(base + i * class_size[c->cls]);
+        h->bin_bytes -= b->len;
+        rt_bin_release(b);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Explicit free and destroy                                                */
+
+static void free_large(rt_heap_t *h, large_t *l)
+{
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        h->large = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    h->large_count--;
+    h->large_bytes -= sizeof(large_t) + l->size;
+    h->used -= l->size;
+    RT_POISON(l, sizeof *l + l->size);
+    free(l);
+}
+
+void rt_heap_free(rt_heap_t *h, void *p)
+{
+    if (!p)
+        return;
+    if (!arena_map_has(p)) {
+        free_large(h, (large_t *)p - 1);
+        return;
+    }
+    chunk_t *c = chunk_of(p);
+    unsigned cls = c->cls;
+    unsigned i = slot_of(cls, (uintptr_t)p);
+    uint64_t bit = (uint64_t)1 << i;
+    RT_ASSERT(atomic_load_explicit(&c->owner, memory_order_relaxed) == h);
+    RT_ASSERT(c->alloc & bit);
+    RT_ASSERT((char *)p == chunk_data(c) + i * class_size[cls]);
+    if (c->bin & bit)
+        release_bins(h, c, bit);
+    c->alloc &= ~bit;
+    c->scan &= ~bit;
+    c->bin &= ~bit;
+    h->used -= class_size[cls];
+    RT_POISON(p, class_size[cls]);
+    if (c->full) {
+        list_remove(&h->full, c);
+        list_push(&h->avail[cls], c);
+        c->full = 0;
+    } else if (!c->alloc && h->avail[cls] != c) {
+        /* Keep the current chunk even when empty so alloc/free pairs do not churn the pool. */
+        list_remove(&h->avail[cls], c);
+        heap_drop_chunk(h, c);
+    }
+}
+
+/* Empties one chunk list, dropping the binaries its objects hold. */
+static void destroy_chunks(rt_heap_t *h, void **head)
+{
+    chunk_t *c = *head;
+    while (c) {
+        chunk_t *next = c->next;
+        if (c->bin)
+            release_bins(h, c, c->bin);
+        heap_drop_chunk(h, c);
+        c = next;
+    }
+    *head = NULL;
+}
+
+void rt_heap_destroy(rt_heap_t *h)
+{
+    for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++)
+        destroy_chunks(h, &h->avail[k]);
+    destroy_chunks(h, &h->full);
+    while (h->large)
+        free_large(h, h->large);
+    RT_ASSERT(h->chunks == 0 && h->bin_bytes == 0 && h->large_bytes == 0);
+    memset(h, 0, sizeof *h);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Marking                                                                  */
+
+static bool grow(void **buf, size_t *cap, size_t elem)
+{
+    size_t n = *cap ? *cap * 2 : 256;
+    void *p = realloc(*buf, n * elem);
+    if (!p)
+        return false;
+    *buf = p;
+    *cap = n;
+    return true;
+}
+
+static inline void push(rt_gc_t *gc, const char *p, size_t n)
+{
+    if (RT_UNLIKELY(gc->sp == gc->stack_cap) &&
+        !grow((void **)&gc->stack, &gc->stack_cap, sizeof(mark_item_t))) {
+        gc->failed = true;
+        return;
+    }
+    gc->stack[gc->sp].p = p;
+    gc->stack[gc->sp].n = n;
+    gc->sp++;
+}
+
+static bool arena_listed(const rt_gc_t *gc, uintptr_t a)
+{
+    size_t lo = 0, hi = gc->narenas;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (gc->arenas[mid] < a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < gc->narenas && gc->arenas[lo] == a;
+}
+
+static void mark_large(rt_gc_t *gc, uintptr_t w)
+{
+    /* Find the last object starting at or below w. */
+    size_t lo = 0, hi = gc->nlarge;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((uintptr_t)(gc->large[mid] + 1) <= w)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return;
+    large_t *l = gc->large[lo - 1];
+    uintptr_t start = (uintptr_t)(l + 1);
+    if (w - start >= l->size || l->mark)
+        return;
+    l->mark = 1;
+    if (l->scan)
+        push(gc, (const char *)start, l->size);
+}
+
+/*
+** The heart of the collector: marks the object of this heap that w points
+** into or at, if any. Every test before the descriptor read only looks at the
+** collector's own lists, so any word value is safe.
+*/
+static inline void mark_word(rt_gc_t *gc, uintptr_t w)
+{
+    if (w - gc->arena_lo < gc->arena_span) {
+        uintptr_t a = w & ~(RT_HEAP_ARENA_SIZE - 1);
+        if (a != gc->last_arena) {
+            if (!arena_listed(gc, a))
+                return;
+            gc->last_arena = a;
+        }
+        size_t idx = (w - a) >> RT_HEAP_CHUNK_SHIFT;
+        if (idx < RT_HEAP_META_CHUNKS)
+            return;
+        chunk_t *c = chunk_meta(a, idx);
+        if (atomic_load_explicit(&c->owner, memory_order_relaxed) != gc->heap)
+            return;
+        unsigned cls = c->cls;
+        unsigned i = slot_of(cls, w);
+        uint64_t bit = (uint64_t)1 << i;
+        if (!(c->alloc & bit) || (c->mark & bit))
+            return;
+        c->mark |= bit;
+        if (c->scan & bit) {
+            size_t n = class_size[cls];
+            push(gc, (const char *)(w & ~(RT_HEAP_CHUNK_SIZE - 1)) + i * n, n);
+        }
+        return;
+    }
+    if (w - gc->large_lo < gc->large_span)
+        mark_large(gc, w);
+}
+
+static void scan_range(rt_gc_t *gc, const char *p, size_t n)
+{
+    uintptr_t s = ((uintptr_t)p + sizeof(uintptr_t) - 1) & ~(uintptr_t)(sizeof(uintptr_t) - 1);
+    uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)(sizeof(uintptr_t) - 1);
+    for (const uintptr_t *w = (const uintptr_t *)s; (uintptr_t)w < e; w++)
+        mark_word(gc, *w);
+}
+
+void rt_gc_mark(rt_gc_t *gc, const void *p)
+{
+    mark_word(gc, (uintptr_t)p);
+}
+
+void rt_gc_scan(rt_gc_t *gc, const void *start, size_t len)
+{
+    scan_range(gc, start, len);
+}
+
+static void drain(rt_gc_t *gc)
+{
+    while (gc->sp) {
+        mark_item_t it = gc->stack[--gc->sp];
+        scan_range(gc, it.p, it.n);
+    }
+}
+
+static int cmp_uintptr(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Lists the distinct arenas holding chunks of the heap; false when out of memory. */
+static bool list_arenas(rt_gc_t *gc, chunk_t *c)
+{
+    uintptr_t prev = 0;
+    for (; c; c = c->next) {
+        uintptr_t a = arena_base(c);
+        if (a == prev)
+            continue;
+        prev = a;
+        if (gc->narenas == gc->arenas_cap &&
+            !grow((void **)&gc->arenas, &gc->arenas_cap, sizeof(uintptr_t)))
+            return false;
+        gc->arenas[gc->narenas++] = a;
+    }
+    return true;
+}
+
+static bool prepare(rt_gc_t *gc, rt_heap_t *h)
+{
+    gc->heap = h;
+    gc->narenas = gc->nlarge = gc->sp = 0;
+    gc->last_arena = 0;
+    gc->arena_lo = gc->arena_span = gc->large_lo = gc->large_span = 0;
+    gc->failed = false;
+    for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++)
+        if (!list_arenas(gc, h->avail[k]))
+            return false;
+    if (!list_arenas(gc, h->full))
+        return false;
+    if (gc->narenas) {
+        qsort(gc->arenas, gc->narenas, sizeof(uintptr_t), cmp_uintptr);
+        size_t n = 1;
+        for (size_t i = 1; i < gc->narenas; i++)
+            if (gc->arenas[i] != gc->arenas[n - 1])
+                gc->arenas[n++] = gc->arenas[i];
+        gc->narenas = n;
+        gc->arena_lo = gc->arenas[0];
+        gc->arena_span = gc->arenas[n - 1] + RT_HEAP_ARENA_SIZE - gc->arena_lo;
+    }
+    for (large_t *l = h->large; l; l = l->next) {
+        if (gc->nlarge == gc->large_cap &&
+            !grow((void **)&gc->large, &gc->large_cap, sizeof(large_t *)))
+            return false;
+        gc->large[gc->nlarge++] = l;
+    }
+    if (gc->nlarge) {
+        qsort(gc->large, gc->nlarge, sizeof(large_t *), cmp_uintptr);
+        large_t *last = gc->large[gc->nlarge - 1];
+        gc->large_lo = (uintptr_t)(gc->large[0] + 1);
+        gc->large_span = (uintptr_t)(last + 1) + last->size - gc->large_lo;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sweeping                                                                 */
+
+static void sweep_chunk(rt_heap_t *h, chunk_t *c)
+{
+    unsigned cls = c->cls;
+    uint64_t dead = c->alloc & ~c->mark;
+    if (dead) {
+        if (dead & c->bin)
+            release_bins(h, c, dead & c->bin);
+        h->used -= (size_t)__builtin_popcountll(dead) * class_size[cls];
+#ifndef NDEBUG
+        for (uint64_t d = dead; d; d &= d - 1)
+            RT_POISON(chunk_data(c) + (unsigned)__builtin_ctzll(d) * class_size[cls],
+                      class_size[cls]);
+#endif
+        c->alloc = c->mark;
+        c->scan &= c->alloc;
+        c->bin &= c->alloc;
+    }
+    c->mark = 0;
+    if (!c->alloc) {
+        heap_drop_chunk(h, c);
+    } else if (c->alloc == class_mask(cls)) {
+        list_push(&h->full, c);
+        c->full = 1;
+    } else {
+        list_push(&h->avail[cls], c);
+        c->full = 0;
+    }
+}
+
+static void sweep(rt_heap_t *h)
+{
+    chunk_t *lists[RT_HEAP_NCLASSES + 1];
+    for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++) {
+        lists[k] = h->avail[k];
+        h->avail[k] = NULL;
+    }
+    lists[RT_HEAP_NCLASSES] = h->full;
+    h->full = NULL;
+    for (unsigned k = 0; k <= RT_HEAP_NCLASSES; k++) {
+        chunk_t *c = lists[k];
+        while (c) {
+            chunk_t *next = c->next;
+            sweep_chunk(h, c);
+            c = next;
+        }
+    }
+    large_t *l = h->large;
+    while (l) {
+        large_t *next = l->next;
+        if (l->mark)
+            l->mark = 0;
+        else
+            free_large(h, l);
+        l = next;
+    }
+}
+
+/* After a failed mark nothing can be freed; only the marks are cleared. */
+static void unmark(rt_heap_t *h)
+{
+    for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++)
+        for (chunk_t *c = h->avail[k]; c; c = c->next)
+            c->mark = 0;
+    for (chunk_t *c = h->full; c; c = c->next)
+        c->mark = 0;
+    for (large_t *l = h->large; l; l = l->next)
+        l->mark = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Collection                                                               */
+
+static inline size_t heap_bytes(const rt_heap_t *h)
+{
+    return (size_t)h->chunks * RT_HEAP_CHUNK_SIZE + h->large_bytes;
+}
+
+bool rt_heap_should_collect(const rt_heap_t *h)
+{
+    size_t t = h->next_gc ? h->next_gc : cfg_min_heap;
+    size_t v = h->used + h->bin_bytes;
+    if (v >= t)
+        return true;
+    /* Footprint rule (see heap.h), with headroom for what the next message allocates. */
+    size_t foot = heap_bytes(h) + h->bin_bytes;
+    return foot > t - (t >> RT_HEAP_HEADROOM_SHIFT) && 2 * v >= t + h->live;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx)
+{
+    uint64_t t0 = now_ns();
+    rt_gc_t *gc = &tgc;
+    RT_ASSERT(!gc->heap); /* collections do not nest */
+    if (RT_UNLIKELY(!tcache.armed))
+        tcache_arm(); /* so the buffers below are freed at thread exit */
+    if (prepare(gc, h)) {
+        if (trace)
+            trace(ctx, gc);
+        drain(gc);
+    } else {
+        gc->failed = true;
+    }
+    if (gc->failed)
+        unmark(h);
+    else
+        sweep(h);
+    gc->heap = NULL;
+
+    h->live = h->used;
+    double t = cfg_gc_factor * (double)(h->live + h->bin_bytes);
+    h->next_gc = t > (double)cfg_min_heap ? (size_t)t : cfg_min_heap;
+    h->gc_count++;
+    uint64_t us = (now_ns() - t0) / 1000;
+    h->last_pause_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+    if (h->last_pause_us > h->max_pause_us)
+        h->max_pause_us = h->last_pause_us;
+}
+
+void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out)
+{
+    out->heap_bytes = heap_bytes(h);
+    out->used_bytes = h->used;
+    out->live_bytes = h->live;
+    out->bin_bytes = h->bin_bytes;
+    out->next_gc = h->next_gc ? h->next_gc : cfg_min_heap;
+    out->gc_count = h->gc_count;
+    out->last_pause_us = h->last_pause_us;
+    out->max_pause_us = h->max_pause_us;
+}

@@ -1,0 +1,170 @@
+/*
+** Per-actor garbage-collected heaps (BEAM's private process heaps, Pony's
+** per-actor heaps) and shared reference-counted binaries.
+**
+** Every allocation an actor makes comes from its own rt_heap_t. Small objects
+** live in size-class slabs carved out of small chunks that come from a global,
+** thread-safe chunk pool; large objects are allocated one by one. Collection
+** is a non-moving mark-sweep that runs only between messages, so the only
+** roots are what the owner says through its trace callback; pointers held by C
+** code stay valid across a collection. One heap is only ever touched by the
+** thread currently running its actor, so nothing here locks, except the chunk
+** pool underneath.
+**
+** Object kinds:
+**   RT_OBJ_LEAF  holds no pointers to heap objects; never scanned.
+**   RT_OBJ_SCAN  scanned conservatively: every aligned word that points into
+**                (or, for small objects, inside) an object of the same heap
+**                keeps that object alive.
+** A binary handle (rt_heap_hold_bin) is a heap object that owns one reference
+** to a shared binary; sweeping it releases that reference.
+**
+** Accounting: heap_bytes counts bytes of chunks and large objects owned; the
+** bytes of binaries held through handles count toward the GC trigger ("virtual
+** binary heap"), so an idle actor holding big payloads still gets collected.
+** After a collection the trigger is next_gc = max(min_heap, gc_factor * (live +
+** bin bytes)). The next collection is due when used + bin bytes reach it, or
+** earlier when heap_bytes + bin bytes come within 1/16 of it and at least half
+** of the allocation budget (next_gc - live) has been spent: the second rule
+** keeps the footprint, not just the object bytes, under gc_factor x live when
+** slots or chunks are partly empty, and the budget floor keeps a fragmented
+** heap from collecting after every message.
+*/
+#ifndef RT_HEAP_H
+#define RT_HEAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct rt_gc_s rt_gc_t;
+typedef struct rt_bin_s rt_bin_t;
+
+typedef enum rt_obj_kind_e {
+    RT_OBJ_LEAF = 0,
+    RT_OBJ_SCAN = 1,
+} rt_obj_kind_t;
+
+/* Tunables with their defaults; rt_heap_configure() changes them process-wide. */
+#define RT_HEAP_MIN_HEAP_DEFAULT (16 * 1024) /* bytes before the first GC */
+#define RT_HEAP_GC_FACTOR_DEFAULT 2.0        /* next GC at factor x live */
+
+typedef struct rt_heap_config_s {
+    size_t min_heap;  /* bytes; a collection never triggers below this */
+    double gc_factor; /* > 1.0 */
+} rt_heap_config_t;
+
+/* Process-wide defaults for every heap; call before any actor runs. */
+void rt_heap_configure(const rt_heap_config_t *cfg);
+
+/*
+** The heap itself is embedded in its actor and must stay small: one of these
+** exists per actor, idle or not. An all-zero rt_heap_t is a valid empty heap
+** (rt_heap_init only zeroes it), so spawning costs no allocation until the
+** actor allocates. Fields are private to heap.c.
+*/
+typedef struct rt_heap_s {
+    void *avail[10];        /* per size class: chunks with a free slot; the head is current */
+    void *full;             /* chunks with no free slot, any class (intrusive list) */
+    void *large;            /* large objects (intrusive list) */
+    size_t used;            /* bytes in live-or-unswept objects (slot or object size) */
+    size_t bin_bytes;       /* bytes of binaries held through handles */
+    size_t next_gc;         /* trigger set by the last collection; 0 = min_heap */
+    size_t live;            /* used after the last collection */
+    size_t large_bytes;     /* bytes of large objects owned, headers included */
+    uint32_t chunks;        /* chunks owned */
+    uint32_t large_count;   /* number of large objects */
+    uint32_t gc_count;      /* collections so far */
+    uint32_t last_pause_us; /* duration of the last collection */
+    uint32_t max_pause_us;  /* longest collection */
+} rt_heap_t;
+
+typedef struct rt_heap_stats_s {
+    size_t heap_bytes; /* chunks + large objects owned (what the heap costs) */
+    size_t used_bytes; /* allocated object bytes, live or not yet swept */
+    size_t live_bytes; /* used after the last collection */
+    size_t bin_bytes;  /* bytes of binaries held */
+    size_t next_gc;    /* trigger for the next collection */
+    uint32_t gc_count;
+    uint32_t last_pause_us;
+    uint32_t max_pause_us;
+} rt_heap_stats_t;
+
+/* A trace callback marks the roots: rt_gc_mark for pointers, rt_gc_scan for ranges. */
+typedef void (*rt_trace_fn)(void *ctx, rt_gc_t *gc);
+
+void rt_heap_init(rt_heap_t *h);
+
+/* Releases every object and chunk at once and drops every binary reference held. */
+void rt_heap_destroy(rt_heap_t *h);
+
+/* Returns zeroed memory of at least size bytes, 16-byte aligned, or NULL. */
+void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind);
+
+/*
+** Frees an object now, without waiting for a collection (an optimisation for
+** code that knows an object is garbage; the GC stays correct without it).
+*/
+void rt_heap_free(rt_heap_t *h, void *p);
+
+/*
+** Makes a heap object that owns one reference to bin (the caller's reference
+** is transferred). The returned pointer is what roots must mark to keep the
+** binary; rt_heap_bin() reads it back. Returns NULL (and releases bin) on OOM.
+*/
+void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin);
+rt_bin_t *rt_heap_bin(const void *handle);
+
+bool rt_heap_should_collect(const rt_heap_t *h);
+
+/* Marks from the roots given by trace(ctx, gc), sweeps, and sets the next trigger. */
+void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx);
+
+/* In a trace callback: keep the object p points into alive (NULL and foreign pointers are ignored). */
+void rt_gc_mark(rt_gc_t *gc, const void *p);
+
+/* In a trace callback: scan a memory range (such as the actor's state) conservatively. */
+void rt_gc_scan(rt_gc_t *gc, const void *start, size_t len);
+
+void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out);
+
+/*
+** Bytes of arenas mapped by the process-wide chunk pool, and bytes of chunks
+** handed out of it (owned by heaps or sitting in per-thread caches), for rtctl vm.
+*/
+void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes);
+
+/*
+** Returns the calling thread's cached chunks to the pool, then every fully free
+** arena to the OS (used at shutdown and by tests). Other threads' caches stay
+** where they are until those threads call rt_heap_thread_flush().
+*/
+void rt_heap_pool_trim(void);
+
+/*
+** Each thread keeps a small cache of free chunks (at most 64 KiB) so that the
+** common path takes no lock. A thread calls this before it exits to give its
+** cache and its collector buffers back; threads made with pthread_create also
+** do it automatically at exit, but the main thread never does.
+*/
+void rt_heap_thread_flush(void);
+
+/*
+** Shared immutable binaries (BEAM refc binaries): created once, then read by
+** any number of actors and messages; the last release frees them. Reference
+** counts are atomic; contents must not change after the binary is shared.
+*/
+rt_bin_t *rt_bin_new(const void *data, size_t len); /* copies data; NULL on OOM */
+rt_bin_t *rt_bin_alloc(size_t len);                 /* contents to be filled before sharing */
+rt_bin_t *rt_bin_retain(rt_bin_t *b);               /* returns b */
+void rt_bin_release(rt_bin_t *b);                   /* NULL is ignored */
+uint8_t *rt_bin_data(rt_bin_t *b);
+size_t rt_bin_len(const rt_bin_t *b);
+uint32_t rt_bin_refs(const rt_bin_t *b);
+
+/* Process-wide count and bytes of live binaries (for accounting and leak tests). */
+void rt_bin_totals(size_t *count, size_t *bytes);
+
+#endif

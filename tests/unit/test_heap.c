@@ -1,0 +1,839 @@
+/*
+** Tests for the per-actor heaps, the chunk pool and shared binaries
+** (runtime/heap.c). The pause, garbage and allocation-speed tests print their
+** figures on stderr; they assert memory bounds but only a generous bound on
+** time, since timed tests flake on shared machines.
+*/
+#include "heap.h"
+
+#include "check.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CHUNK 1024u
+#define ARENA (1024u * 1024u)
+
+/* A small deterministic generator so runs are repeatable. */
+static uint64_t rng_state = 88172645463325252ull;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+typedef struct roots_s {
+    const void *p[64];
+    int n;
+} roots_t;
+
+static void trace_roots(void *ctx, rt_gc_t *gc)
+{
+    roots_t *r = ctx;
+    for (int i = 0; i < r->n; i++)
+        rt_gc_mark(gc, r->p[i]);
+}
+
+static size_t used_of(const rt_heap_t *h)
+{
+    rt_heap_stats_t st;
+    rt_heap_stats(h, &st);
+    return st.used_bytes;
+}
+
+static size_t heap_bytes_of(const rt_heap_t *h)
+{
+    rt_heap_stats_t st;
+    rt_heap_stats(h, &st);
+    return st.heap_bytes;
+}
+
+static size_t pool_in_use(void)
+{
+    size_t in_use;
+    rt_heap_pool_stats(NULL, &in_use);
+    return in_use;
+}
+
+static void test_layout(void)
+{
+    rt_heap_t zero;
+    memset(&zero, 0, sizeof zero);
+    CHECK(sizeof(rt_heap_t) <= 160);
+    /* An all-zero heap is usable as is: allocate, collect and destroy without rt_heap_init. */
+    void *p = rt_heap_alloc(&zero, 10, RT_OBJ_LEAF);
+    CHECK(p != NULL);
+    rt_heap_collect(&zero, NULL, NULL);
+    CHECK_EQ(used_of(&zero), 0);
+    rt_heap_destroy(&zero);
+}
+
+static void test_alloc_sizes(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    /* Dirty every slot first, free it all, then check new objects come back zeroed. */
+    static const size_t sizes[] = {0,   1,   15,  16,  17,   32,   33,   48,   49,   64,  65,
+                                   96,  97,  128, 129, 192,  193,  256,  257,  512,  513, 1000,
+                                   1024, 1025, 2000, 4096, 4097, 65536, 1 << 20};
+    const size_t ns = sizeof sizes / sizeof sizes[0];
+    for (int round = 0; round < 2; round++) {
+        void *ps[sizeof sizes / sizeof sizes[0]][8];
+        size_t expect = 0;
+        for (size_t i = 0; i < ns; i++) {
+            for (int j = 0; j < 8; j++) {
+                unsigned char *p = rt_heap_alloc(&h, sizes[i], j & 1 ? RT_OBJ_SCAN : RT_OBJ_LEAF);
+                CHECK(p != NULL);
+                CHECK_EQ((uintptr_t)p % 16, 0);
+                size_t nonzero = 0;
+                for (size_t k = 0; k < sizes[i]; k++)
+                    nonzero += p[k] != 0;
+                CHECK_EQ(nonzero, 0);
+                memset(p, (int)(i * 8 + j + 1), sizes[i]);
+                ps[i][j] = p;
+                expect += sizes[i] <= 16 ? 16 : sizes[i];
+            }
+        }
+        /* No two objects overlap: every one still holds its own pattern. */
+        size_t bad = 0;
+        for (size_t i = 0; i < ns; i++)
+            for (int j = 0; j < 8; j++)
+                for (size_t k = 0; k < sizes[i]; k++)
+                    bad += ((unsigned char *)ps[i][j])[k] != (unsigned char)(i * 8 + j + 1);
+        CHECK_EQ(bad, 0);
+        CHECK(used_of(&h) >= expect);
+        rt_heap_collect(&h, NULL, NULL);
+        CHECK_EQ(used_of(&h), 0);
+        CHECK_EQ(heap_bytes_of(&h), 0);
+    }
+    rt_heap_destroy(&h);
+}
+
+static void test_roots(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    roots_t r = {.n = 0};
+    char *keep = rt_heap_alloc(&h, 100, RT_OBJ_LEAF);
+    char *drop = rt_heap_alloc(&h, 100, RT_OBJ_LEAF);
+    char *big = rt_heap_alloc(&h, 5000, RT_OBJ_LEAF);
+    memset(keep, 'k', 100);
+    memset(big, 'b', 5000);
+    (void)drop;
+    r.p[r.n++] = keep;
+    r.p[r.n++] = big;
+    r.p[r.n++] = NULL;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 128 + 5008);
+    CHECK(keep[0] == 'k' && keep[99] == 'k');
+    CHECK(big[0] == 'b' && big[4999] == 'b');
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    CHECK_EQ(st.live_bytes, 128 + 5008);
+    CHECK_EQ(st.gc_count, 1);
+    CHECK(st.next_gc >= RT_HEAP_MIN_HEAP_DEFAULT);
+    r.n = 0;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 0);
+    rt_heap_destroy(&h);
+}
+
+typedef struct node_s {
+    struct node_s *next;
+    uint64_t noise[5]; /* integers that must not be taken for pointers */
+    void *payload;
+    uint64_t id;
+} node_t; /* 64 bytes: one size class */
+
+static void test_scan_chains_cycles(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    node_t *head = NULL;
+    for (int i = 0; i < 1000; i++) {
+        node_t *n = rt_heap_alloc(&h, sizeof *n, RT_OBJ_SCAN);
+        n->next = head;
+        n->id = (uint64_t)i;
+        for (int k = 0; k < 5; k++)
+            n->noise[k] = rnd();
+        head = n;
+    }
+    /* A ring of 500 nodes with no root. */
+    node_t *first = rt_heap_alloc(&h, sizeof *first, RT_OBJ_SCAN), *prev = first;
+    for (int i = 1; i < 500; i++) {
+        node_t *n = rt_heap_alloc(&h, sizeof *n, RT_OBJ_SCAN);
+        prev->next = n;
+        prev = n;
+    }
+    prev->next = first;
+    roots_t r = {.p = {head}, .n = 1};
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 1000 * 64);
+    uint64_t expect = 999;
+    int count = 0;
+    for (node_t *n = head; n; n = n->next, expect--, count++)
+        if (n->id != expect)
+            break;
+    CHECK_EQ(count, 1000);
+
+    /* A rooted ring survives whole; cut loose, it goes. */
+    node_t *ring = rt_heap_alloc(&h, sizeof *ring, RT_OBJ_SCAN);
+    prev = ring;
+    for (int i = 1; i < 300; i++) {
+        node_t *n = rt_heap_alloc(&h, sizeof *n, RT_OBJ_SCAN);
+        prev->next = n;
+        prev = n;
+    }
+    prev->next = ring;
+    r.p[0] = ring;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 300 * 64);
+    r.n = 0;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 0);
+    rt_heap_destroy(&h);
+}
+
+static void test_interior_pointers(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    roots_t r = {.n = 0};
+    /* An interior pointer at every 8-byte offset of a small object of each class keeps it. */
+    static const size_t sizes[] = {16, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 3000};
+    size_t expect = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        for (size_t off = 0; off < sizes[i]; off += 8 * (sizes[i] / 256 + 1)) {
+            char *p = rt_heap_alloc(&h, sizes[i], RT_OBJ_LEAF);
+            rt_heap_alloc(&h, sizes[i], RT_OBJ_LEAF); /* a neighbour that must go */
+            r.p[0] = p + off;
+            r.n = 1;
+            rt_heap_collect(&h, trace_roots, &r);
+            expect += sizes[i];
+            CHECK_EQ(used_of(&h), (sizes[i] + 15) & ~(size_t)15);
+            r.n = 0;
+            rt_heap_collect(&h, trace_roots, &r);
+            CHECK_EQ(used_of(&h), 0);
+        }
+    }
+    CHECK(expect > 0);
+    /* A SCAN object holding only an interior pointer to another keeps it. */
+    node_t *a = rt_heap_alloc(&h, sizeof *a, RT_OBJ_SCAN);
+    char *b = rt_heap_alloc(&h, 200, RT_OBJ_LEAF);
+    a->payload = b + 150;
+    r.p[0] = (char *)a + 63;
+    r.n = 1;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 64 + 256);
+    rt_heap_destroy(&h);
+}
+
+static void test_leaf_not_scanned(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    void **leaf = rt_heap_alloc(&h, 64, RT_OBJ_LEAF);
+    void *target = rt_heap_alloc(&h, 64, RT_OBJ_LEAF);
+    void **big_leaf = rt_heap_alloc(&h, 4096, RT_OBJ_LEAF);
+    void *target2 = rt_heap_alloc(&h, 32, RT_OBJ_SCAN);
+    leaf[0] = target;
+    big_leaf[7] = target2;
+    roots_t r = {.p = {leaf, big_leaf}, .n = 2};
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 64 + 4096);
+    /* The same pointers from SCAN objects keep their targets. */
+    void **scan = rt_heap_alloc(&h, 64, RT_OBJ_SCAN);
+    void **big_scan = rt_heap_alloc(&h, 4096, RT_OBJ_SCAN);
+    scan[1] = rt_heap_alloc(&h, 64, RT_OBJ_LEAF);
+    big_scan[500] = rt_heap_alloc(&h, 32, RT_OBJ_LEAF);
+    r.p[0] = scan;
+    r.p[1] = big_scan;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 64 + 4096 + 64 + 32);
+    rt_heap_destroy(&h);
+}
+
+typedef struct scan_ctx_s {
+    const void *start;
+    size_t len;
+} scan_ctx_t;
+
+static void scan_state(void *ctx, rt_gc_t *gc)
+{
+    scan_ctx_t *sc = ctx;
+    rt_gc_scan(gc, sc->start, sc->len);
+}
+
+static void test_foreign_pointers(void)
+{
+    rt_heap_t a, b;
+    rt_heap_init(&a);
+    rt_heap_init(&b);
+    /* a's object is referenced from b; collecting b must not mark it in a. */
+    char *in_a = rt_heap_alloc(&a, 64, RT_OBJ_LEAF);
+    char *big_a = rt_heap_alloc(&a, 5000, RT_OBJ_LEAF);
+    uint64_t on_stack[4] = {1, 2, 3, 4};
+    uintptr_t *sb = rt_heap_alloc(&b, 1024, RT_OBJ_SCAN);
+    size_t k = 0;
+    sb[k++] = (uintptr_t)in_a;
+    sb[k++] = (uintptr_t)(in_a + 8);
+    sb[k++] = (uintptr_t)big_a;
+    sb[k++] = (uintptr_t)(big_a + 100);
+    sb[k++] = (uintptr_t)on_stack;
+    sb[k++] = (uintptr_t)&k;
+    sb[k++] = (uintptr_t)test_foreign_pointers;
+    sb[k++] = (uintptr_t)&rng_state;
+    sb[k++] = ~(uintptr_t)0;
+    sb[k++] = (uintptr_t)1 << 63;
+    sb[k++] = (uintptr_t)sb & ~(uintptr_t)(ARENA - 1); /* b's arena header */
+    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + 4096; /* descriptors */
+    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + ARENA - 16; /* maybe a free chunk */
+    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + ARENA; /* the next arena, maybe unmapped */
+    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) - 8;
+    while (k < 128)
+        sb[k++] = (uintptr_t)rnd();
+    roots_t r = {.p = {sb, on_stack, &k, (void *)12345, (void *)~(uintptr_t)0}, .n = 5};
+    rt_heap_collect(&b, trace_roots, &r);
+    CHECK_EQ(used_of(&b), 1024);
+    /* Nothing of a was marked by b's collection, so a's objects, unrooted, go. */
+    rt_heap_collect(&a, NULL, NULL);
+    CHECK_EQ(used_of(&a), 0);
+    CHECK_EQ(heap_bytes_of(&a), 0);
+
+    /* A conservative range scan (as of an actor's state) sees stack and heap words alike. */
+    void *obj = rt_heap_alloc(&a, 48, RT_OBJ_LEAF);
+    struct {
+        uint64_t n;
+        void *p;
+        uint32_t x, y;
+        void *q;
+    } state = {.n = 7, .p = obj, .x = 1, .y = 2, .q = on_stack};
+    rt_heap_alloc(&a, 48, RT_OBJ_LEAF);
+    r.n = 0;
+    rt_heap_collect(&a, (rt_trace_fn)NULL, NULL);
+    CHECK_EQ(used_of(&a), 0);
+    obj = rt_heap_alloc(&a, 48, RT_OBJ_LEAF);
+    state.p = obj;
+    rt_heap_alloc(&a, 48, RT_OBJ_LEAF);
+    scan_ctx_t sc = {&state, sizeof state};
+    rt_heap_collect(&a, scan_state, &sc);
+    CHECK_EQ(used_of(&a), 48);
+    rt_heap_destroy(&a);
+    rt_heap_destroy(&b);
+}
+
+static void test_binaries(void)
+{
+    size_t count0, bytes0, count, bytes;
+    rt_bin_totals(&count0, &bytes0);
+    rt_bin_t *b = rt_bin_new("hello", 5);
+    CHECK(b != NULL);
+    CHECK_EQ(rt_bin_len(b), 5);
+    CHECK(memcmp(rt_bin_data(b), "hello", 5) == 0);
+    CHECK_EQ((uintptr_t)rt_bin_data(b) % 16, 0);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    rt_bin_totals(&count, &bytes);
+    CHECK_EQ(count, count0 + 1);
+    CHECK_EQ(bytes, bytes0 + 5);
+
+    rt_heap_t h1, h2;
+    rt_heap_init(&h1);
+    rt_heap_init(&h2);
+    void *hd1 = rt_heap_hold_bin(&h1, rt_bin_retain(b));
+    void *hd2 = rt_heap_hold_bin(&h2, rt_bin_retain(b));
+    CHECK_EQ(rt_bin_refs(b), 3);
+    CHECK(rt_heap_bin(hd1) == b && rt_heap_bin(hd2) == b);
+    rt_heap_stats_t st;
+    rt_heap_stats(&h1, &st);
+    CHECK_EQ(st.bin_bytes, 5);
+
+    /* Rooted handles keep their reference; a swept handle drops it. */
+    roots_t r = {.p = {hd1}, .n = 1};
+    rt_heap_collect(&h1, trace_roots, &r);
+    CHECK_EQ(rt_bin_refs(b), 3);
+    r.n = 0;
+    rt_heap_collect(&h1, trace_roots, &r);
+    CHECK_EQ(rt_bin_refs(b), 2);
+    rt_heap_stats(&h1, &st);
+    CHECK_EQ(st.bin_bytes, 0);
+    /* A handle reached through a SCAN object stays. */
+    void **holder = rt_heap_alloc(&h2, 32, RT_OBJ_SCAN);
+    holder[1] = hd2;
+    r.p[0] = holder;
+    r.n = 1;
+    rt_heap_collect(&h2, trace_roots, &r);
+    CHECK_EQ(rt_bin_refs(b), 2);
+    /* Destroy drops the handles' references. */
+    rt_heap_destroy(&h2);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    rt_bin_release(b);
+    rt_bin_totals(&count, &bytes);
+    CHECK_EQ(count, count0);
+    CHECK_EQ(bytes, bytes0);
+
+    /* rt_heap_free of a handle drops its reference too. */
+    b = rt_bin_alloc(100);
+    void *hd = rt_heap_hold_bin(&h1, rt_bin_retain(b));
+    rt_heap_free(&h1, hd);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    rt_bin_release(b);
+
+    /* Held binary bytes count toward the trigger: an actor with few objects still collects. */
+    rt_heap_destroy(&h1);
+    CHECK(!rt_heap_should_collect(&h1));
+    void *handles[8];
+    for (int i = 0; i < 8; i++)
+        handles[i] = rt_heap_hold_bin(&h1, rt_bin_alloc(4096));
+    CHECK(used_of(&h1) < 1024);
+    CHECK(rt_heap_should_collect(&h1));
+    r.p[0] = handles[0];
+    rt_heap_collect(&h1, trace_roots, &r);
+    rt_heap_stats(&h1, &st);
+    CHECK_EQ(st.bin_bytes, 4096);
+    CHECK(!rt_heap_should_collect(&h1));
+    rt_bin_totals(&count, &bytes);
+    CHECK_EQ(count, count0 + 1);
+    rt_heap_destroy(&h1);
+    rt_bin_totals(&count, &bytes);
+    CHECK_EQ(count, count0);
+    CHECK_EQ(bytes, bytes0);
+}
+
+static void test_large(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    size_t big = 3u << 20;
+    uintptr_t *l = rt_heap_alloc(&h, big, RT_OBJ_SCAN);
+    CHECK(l != NULL);
+    CHECK_EQ((uintptr_t)l % 16, 0);
+    CHECK_EQ(l[big / 8 - 1], 0);
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    CHECK(st.heap_bytes >= big && st.heap_bytes < big + 64);
+    /* Pointers anywhere in a large SCAN object are found, including at its very end. */
+    void *s1 = rt_heap_alloc(&h, 16, RT_OBJ_LEAF);
+    void *s2 = rt_heap_alloc(&h, 2000, RT_OBJ_LEAF);
+    void *s3 = rt_heap_alloc(&h, 2000, RT_OBJ_LEAF); /* garbage */
+    (void)s3;
+    l[0] = (uintptr_t)s1;
+    l[big / 8 - 1] = (uintptr_t)s2 + 1999;
+    roots_t r = {.p = {(char *)l + big / 2}, .n = 1};
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), big + 16 + 2000);
+    /* A pointer one past the end of a large object does not keep it. */
+    r.p[0] = (char *)s2 + 2000;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 0);
+    CHECK_EQ(heap_bytes_of(&h), 0);
+    rt_heap_destroy(&h);
+}
+
+static void test_free(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    void *ps[200];
+    for (int i = 0; i < 200; i++)
+        ps[i] = rt_heap_alloc(&h, 64, RT_OBJ_SCAN);
+    CHECK_EQ(used_of(&h), 200 * 64);
+    size_t before = heap_bytes_of(&h);
+    CHECK_EQ(before, 13 * CHUNK);
+    for (int i = 0; i < 200; i += 2)
+        rt_heap_free(&h, ps[i]);
+    CHECK_EQ(used_of(&h), 100 * 64);
+    /* Freed slots in full chunks are reused before any new chunk is taken. */
+    for (int i = 0; i < 200; i += 2)
+        ps[i] = rt_heap_alloc(&h, 64, RT_OBJ_SCAN);
+    CHECK_EQ(heap_bytes_of(&h), before);
+    for (int i = 0; i < 200; i++)
+        rt_heap_free(&h, ps[i]);
+    CHECK_EQ(used_of(&h), 0);
+    CHECK(heap_bytes_of(&h) <= CHUNK); /* only the current chunk stays */
+    void *big = rt_heap_alloc(&h, 10000, RT_OBJ_LEAF);
+    rt_heap_free(&h, big);
+    rt_heap_free(&h, NULL);
+    CHECK_EQ(used_of(&h), 0);
+    CHECK(heap_bytes_of(&h) <= CHUNK);
+    rt_heap_destroy(&h);
+}
+
+static void test_destroy_returns_chunks(void)
+{
+    rt_heap_pool_trim();
+    size_t base = pool_in_use();
+    rt_heap_t h;
+    rt_heap_init(&h);
+    for (int i = 0; i < 5000; i++)
+        rt_heap_alloc(&h, (size_t)(rnd() % 1100), i & 1 ? RT_OBJ_SCAN : RT_OBJ_LEAF);
+    CHECK(heap_bytes_of(&h) > 1000 * CHUNK);
+    CHECK(pool_in_use() > base);
+    rt_heap_destroy(&h);
+    CHECK_EQ(heap_bytes_of(&h), 0);
+    rt_heap_pool_trim();
+    CHECK_EQ(pool_in_use(), base);
+    /* A destroyed heap is a valid empty heap again. */
+    CHECK(rt_heap_alloc(&h, 8, RT_OBJ_LEAF) != NULL);
+    rt_heap_destroy(&h);
+}
+
+static void test_million_heaps(void)
+{
+    rt_heap_pool_trim();
+    size_t mapped, in_use;
+    rt_heap_pool_stats(&mapped, &in_use);
+    CHECK_EQ(in_use, 0);
+    long n = check_scale(1000000);
+    rt_heap_t *hs = calloc((size_t)n, sizeof *hs);
+    CHECK(hs != NULL);
+    if (!hs)
+        return;
+    double t0 = now_s();
+    for (long i = 0; i < n; i++) {
+        rt_heap_t *h = &hs[i];
+        rt_heap_init(h);
+        void **a = rt_heap_alloc(h, 24, RT_OBJ_SCAN);
+        a[1] = rt_heap_alloc(h, 24, RT_OBJ_LEAF);
+        if (i % 16 == 0)
+            rt_heap_collect(h, NULL, NULL);
+    }
+    double t1 = now_s();
+    rt_heap_pool_stats(&mapped, &in_use);
+    size_t peak_mapped = mapped;
+    CHECK(in_use >= (size_t)n * 15 / 16 * CHUNK); /* every 16th heap collected its object */
+    for (long i = 0; i < n; i++)
+        rt_heap_destroy(&hs[i]);
+    double t2 = now_s();
+    rt_heap_pool_stats(&mapped, &in_use);
+    /* Left: this thread's cache (64 chunks at most, in one or two arenas) and one spare. */
+    CHECK(in_use <= 64 * CHUNK);
+    CHECK(mapped <= 3 * ARENA);
+    rt_heap_pool_trim();
+    rt_heap_pool_stats(&mapped, &in_use);
+    CHECK_EQ(in_use, 0);
+    CHECK(mapped <= ARENA);
+    fprintf(stderr, "  %ld heaps: peak mapped %.0f MiB, spawn %.0f ns/heap, exit %.0f ns/heap, "
+            "after trim mapped %zu in use %zu\n",
+            n, peak_mapped / 1048576.0, (t1 - t0) / n * 1e9, (t2 - t1) / n * 1e9, mapped, in_use);
+    free(hs);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Threads: each with its own heaps, sharing binaries, returning chunks at exit. */
+
+#define NTHREADS 4
+static rt_bin_t *shared_bins[16];
+
+static void *thread_main(void *arg)
+{
+    uint64_t seed = (uint64_t)(uintptr_t)arg * 0x9e3779b97f4a7c15ull + 1;
+    rt_heap_t heaps[8];
+    node_t *heads[8] = {0};
+    for (int i = 0; i < 8; i++)
+        rt_heap_init(&heaps[i]);
+    long iters = check_scale(200000);
+    for (long it = 0; it < iters; it++) {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        int k = (int)(seed % 8);
+        rt_heap_t *h = &heaps[k];
+        node_t *n = rt_heap_alloc(h, sizeof *n, RT_OBJ_SCAN);
+        if (!n)
+            continue;
+        n->id = (uint64_t)it;
+        n->payload = rt_heap_alloc(h, (size_t)(seed >> 32) % 1500, RT_OBJ_LEAF);
+        if (seed % 7 == 0)
+            n->payload = rt_heap_hold_bin(h, rt_bin_retain(shared_bins[seed % 16]));
+        /* Keep lists short: drop the tail beyond 50 nodes. */
+        n->next = heads[k];
+        heads[k] = n;
+        node_t *p = n;
+        for (int d = 0; p && d < 50; d++)
+            p = p->next;
+        if (p)
+            p->next = NULL;
+        if (rt_heap_should_collect(h)) {
+            roots_t r = {.p = {heads[k]}, .n = 1};
+            rt_heap_collect(h, trace_roots, &r);
+        }
+        if (seed % 50000 == 0) {
+            rt_heap_destroy(h);
+            heads[k] = NULL;
+        }
+    }
+    for (int i = 0; i < 8; i++)
+        rt_heap_destroy(&heaps[i]);
+    /* No rt_heap_thread_flush here: the exit destructor must do it. */
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    size_t count0;
+    rt_bin_totals(&count0, NULL);
+    for (int i = 0; i < 16; i++)
+        shared_bins[i] = rt_bin_alloc((size_t)(i + 1) * 100);
+    pthread_t t[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, thread_main, (void *)(uintptr_t)(i + 1)), 0);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 16; i++) {
+        CHECK_EQ(rt_bin_refs(shared_bins[i]), 1);
+        rt_bin_release(shared_bins[i]);
+    }
+    size_t count;
+    rt_bin_totals(&count, NULL);
+    CHECK_EQ(count, count0);
+    rt_heap_pool_trim();
+    size_t mapped, in_use;
+    rt_heap_pool_stats(&mapped, &in_use);
+    CHECK_EQ(in_use, 0);
+    CHECK_EQ(mapped, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* GC pause with about 1 MB live under steady allocation. */
+
+#define BUCKETS 1024
+#define CHAIN 10
+
+typedef struct world_s {
+    node_t **table; /* BUCKETS list heads: a large SCAN object */
+} world_t;
+
+static void trace_world(void *ctx, rt_gc_t *gc)
+{
+    world_t *w = ctx;
+    rt_gc_mark(gc, w->table);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One "message": a new node at the head of a random bucket, with a payload, and the 11th dropped. */
+static long world_step(rt_heap_t *h, world_t *w, uint64_t id)
+{
+    uint64_t x = rnd();
+    node_t **b = &w->table[x % BUCKETS];
+    node_t *n = rt_heap_alloc(h, sizeof *n, RT_OBJ_SCAN);
+    long allocs = 1;
+    n->id = id;
+    for (int k = 0; k < 5; k++)
+        n->noise[k] = x * (uint64_t)(k + 3);
+    if ((x >> 20) % 8 == 0) {
+        n->payload = rt_heap_alloc(h, 192, RT_OBJ_LEAF);
+        allocs++;
+    } else if ((x >> 20) % 64 == 1) {
+        n->payload = rt_heap_alloc(h, 1500, RT_OBJ_LEAF);
+        allocs++;
+    }
+    n->next = *b;
+    *b = n;
+    node_t *p = n;
+    for (int d = 1; p && d < CHAIN; d++)
+        p = p->next;
+    if (p)
+        p->next = NULL;
+    return allocs;
+}
+
+static void test_gc_pause_1mb_live(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    world_t w = {.table = rt_heap_alloc(&h, BUCKETS * sizeof(node_t *), RT_OBJ_SCAN)};
+    uint64_t id = 0;
+    for (long i = 0; i < BUCKETS * CHAIN * 3; i++) {
+        world_step(&h, &w, id++);
+        if (rt_heap_should_collect(&h))
+            rt_heap_collect(&h, trace_world, &w);
+    }
+    long steps = check_scale(3000000), allocs = 0;
+    size_t maxp = 4096, np = 0;
+    double *pauses = malloc(maxp * sizeof *pauses);
+    double worst_ratio = 0, tgc = 0;
+    size_t min_live = SIZE_MAX, max_live = 0, max_heap = 0;
+    int over = 0;
+    double t0 = now_s();
+    for (long i = 0; i < steps; i++) {
+        allocs += world_step(&h, &w, id++);
+        rt_heap_stats_t st;
+        rt_heap_stats(&h, &st);
+        if (st.heap_bytes > 2 * st.live_bytes + RT_HEAP_MIN_HEAP_DEFAULT)
+            over++;
+        if (st.heap_bytes > max_heap)
+            max_heap = st.heap_bytes;
+        if ((double)st.heap_bytes / st.live_bytes > worst_ratio)
+            worst_ratio = (double)st.heap_bytes / st.live_bytes;
+        if (!rt_heap_should_collect(&h))
+            continue;
+        double g0 = now_s();
+        rt_heap_collect(&h, trace_world, &w);
+        double g = now_s() - g0;
+        tgc += g;
+        if (np == maxp)
+            pauses = realloc(pauses, (maxp *= 2) * sizeof *pauses);
+        pauses[np++] = g * 1e6;
+        rt_heap_stats(&h, &st);
+        if (st.live_bytes < min_live)
+            min_live = st.live_bytes;
+        if (st.live_bytes > max_live)
+            max_live = st.live_bytes;
+    }
+    double t = now_s() - t0;
+    qsort(pauses, np, sizeof *pauses, cmp_double);
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    CHECK(np > 10);
+    CHECK_EQ(over, 0);
+    CHECK(max_live > 900 * 1024 && min_live > 900 * 1024);
+    double p50 = np ? pauses[np / 2] : 0, p99 = np ? pauses[np * 99 / 100] : 0;
+    double pmax = np ? pauses[np - 1] : 0;
+    fprintf(stderr,
+            "  live %.2f-%.2f MB, %zu GCs, pause p50 %.0f us p99 %.0f us max %.0f us "
+            "(heap max_pause_us %u); heap max %.2f MB, worst heap/live %.3f; "
+            "%.1f ns per alloc incl. GC (GC %.0f%% of time)\n",
+            min_live / 1e6, max_live / 1e6, np, p50, p99, pmax, st.max_pause_us, max_heap / 1e6,
+            worst_ratio, t / allocs * 1e9, tgc / t * 100);
+#ifndef RT_SANITIZED
+    CHECK(p99 < 20000); /* generous: the target is 1 ms, a loaded machine can miss it */
+#endif
+    free(pauses);
+    rt_heap_destroy(&h);
+}
+
+/* ------------------------------------------------------------------------ */
+/* An actor-like loop making 1 GB of garbage around a stable live set. */
+
+typedef struct actor_s {
+    node_t **state; /* 4096 session records, SCAN */
+} actor_t;
+
+static void trace_actor(void *ctx, rt_gc_t *gc)
+{
+    actor_t *a = ctx;
+    rt_gc_mark(gc, a->state);
+}
+
+static void test_garbage_1gb(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    actor_t a = {.state = rt_heap_alloc(&h, 4096 * sizeof(node_t *), RT_OBJ_SCAN)};
+    for (int i = 0; i < 4096; i++) {
+        a.state[i] = rt_heap_alloc(&h, sizeof(node_t), RT_OBJ_SCAN);
+        a.state[i]->payload = rt_heap_alloc(&h, 40, RT_OBJ_LEAF);
+    }
+    rt_heap_collect(&h, trace_actor, &a);
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    size_t live0 = st.live_bytes;
+    size_t goal = (size_t)check_scale(1L << 30), made = 0, max_heap = 0;
+    double worst = 0;
+    long msgs = 0, allocs = 0;
+    double t0 = now_s();
+    while (made < goal) {
+        /* A message: parse into temporaries, update one record, answer. */
+        uint64_t x = rnd();
+        int n = 1 + (int)(x % 6);
+        void *tmp = NULL;
+        for (int k = 0; k < n; k++) {
+            size_t sz = 16 + (size_t)((x >> (8 * k)) % 480);
+            void **o = rt_heap_alloc(&h, sz, RT_OBJ_SCAN);
+            o[0] = tmp;
+            tmp = o;
+            made += sz;
+            allocs++;
+        }
+        if (x % 97 == 0) {
+            rt_heap_alloc(&h, 6000, RT_OBJ_LEAF);
+            made += 6000;
+            allocs++;
+        }
+        if (x % 5 == 0) {
+            node_t *rec = a.state[(x >> 32) % 4096];
+            rec->payload = rt_heap_alloc(&h, 40, RT_OBJ_LEAF);
+            made += 40;
+            allocs++;
+        }
+        msgs++;
+        rt_heap_stats(&h, &st);
+        if (st.heap_bytes > max_heap)
+            max_heap = st.heap_bytes;
+        if ((double)st.heap_bytes / st.live_bytes > worst)
+            worst = (double)st.heap_bytes / st.live_bytes;
+        if (rt_heap_should_collect(&h))
+            rt_heap_collect(&h, trace_actor, &a);
+    }
+    double t = now_s() - t0;
+    rt_heap_stats(&h, &st);
+    fprintf(stderr,
+            "  %.0f MB garbage in %ld messages, %u GCs, live %zu KB, heap max %zu KB, "
+            "worst heap/live %.3f, GC pause max %u us, %.1f ns per alloc\n",
+            made / 1e6, msgs, st.gc_count, st.live_bytes / 1024, max_heap / 1024, worst,
+            st.max_pause_us, t / allocs * 1e9);
+    CHECK(st.live_bytes >= live0 - 1024 && st.live_bytes <= live0 + 1024);
+    CHECK(worst < 2.0);
+    rt_heap_destroy(&h);
+}
+
+/* Raw allocation speed: small objects that all die, with the GC that implies. */
+static void test_alloc_speed(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    void *keep = rt_heap_alloc(&h, 64, RT_OBJ_SCAN);
+    roots_t r = {.p = {keep}, .n = 1};
+    long n = check_scale(20000000);
+    double t0 = now_s();
+    for (long i = 0; i < n; i++) {
+        void **p = rt_heap_alloc(&h, 32 + (size_t)(i & 3) * 16, RT_OBJ_SCAN);
+        p[0] = keep;
+        if ((i & 15) == 0 && rt_heap_should_collect(&h))
+            rt_heap_collect(&h, trace_roots, &r);
+    }
+    double t = now_s() - t0;
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    fprintf(stderr, "  %ld allocs of 32-80 bytes: %.1f ns per alloc incl. %u GCs\n", n,
+            t / n * 1e9, st.gc_count);
+    rt_heap_destroy(&h);
+}
+
+int main(void)
+{
+    RUN(test_layout);
+    RUN(test_alloc_sizes);
+    RUN(test_roots);
+    RUN(test_scan_chains_cycles);
+    RUN(test_interior_pointers);
+    RUN(test_leaf_not_scanned);
+    RUN(test_foreign_pointers);
+    RUN(test_binaries);
+    RUN(test_large);
+    RUN(test_free);
+    RUN(test_destroy_returns_chunks);
+    RUN(test_million_heaps);
+    RUN(test_threads);
+    RUN(test_gc_pause_1mb_live);
+    RUN(test_garbage_1gb);
+    RUN(test_alloc_speed);
+    rt_heap_thread_flush();
+    rt_heap_pool_trim();
+    return CHECK_SUMMARY();
+}
