@@ -41,6 +41,28 @@
 #include <time.h>
 
 /*
+** Under AddressSanitizer, free slots and pooled chunks are poisoned so that
+** actor code touching a freed object is caught, as it would be with malloc.
+** Anything about to be memset, handed to munmap or reused must be unpoisoned
+** first.
+*/
+#if defined(__SANITIZE_ADDRESS__)
+#define RT_HEAP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RT_HEAP_ASAN 1
+#endif
+#endif
+#ifdef RT_HEAP_ASAN
+#include <sanitizer/asan_interface.h>
+#define RT_HEAP_NOACCESS(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define RT_HEAP_ACCESS(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define RT_HEAP_NOACCESS(p, n) ((void)(p), (void)(n))
+#define RT_HEAP_ACCESS(p, n) ((void)(p), (void)(n))
+#endif
+
+/*
 ** Chunks are 1 KiB. One chunk exists per (actor, size class) in use and there
 ** may be a million actors, so the chunk is the unit an idle actor pays for;
 ** 1 KiB still holds 64 of the smallest objects, so one 64-bit word is a whole
@@ -405,8 +427,10 @@ static void pool_put(chunk_t **chunks, size_t n)
     }
     pool.out -= n;
     pthread_mutex_unlock(&pool.lock);
-    for (size_t i = 0; i < nunmap; i++)
+    for (size_t i = 0; i < nunmap; i++) {
+        RT_HEAP_ACCESS(unmap[i], RT_HEAP_ARENA_SIZE);
         munmap(unmap[i], RT_HEAP_ARENA_SIZE);
+    }
 }
 
 void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes)
@@ -462,6 +486,8 @@ static pthread_once_t tkey_once = PTHREAD_ONCE_INIT;
 static void thread_exit(void *unused)
 {
     (void)unused;
+    /* Disarmed so that a later use by another destructor registers this one again. */
+    tcache.armed = false;
     rt_heap_thread_flush();
 }
 
@@ -530,8 +556,10 @@ void rt_heap_pool_trim(void)
         pool.arenas--;
     }
     pthread_mutex_unlock(&pool.lock);
-    if (a)
+    if (a) {
+        RT_HEAP_ACCESS(a, RT_HEAP_ARENA_SIZE);
         munmap(a, RT_HEAP_ARENA_SIZE);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -574,6 +602,7 @@ static chunk_t *heap_new_chunk(rt_heap_t *h, unsigned cls)
     c->alloc = c->mark = c->scan = c->bin = 0;
     c->cls = (uint8_t)cls;
     c->full = 0;
+    RT_HEAP_NOACCESS(chunk_data(c), RT_HEAP_CHUNK_SIZE);
     list_push(&h->avail[cls], c);
     h->chunks++;
     return c;
@@ -582,7 +611,9 @@ static chunk_t *heap_new_chunk(rt_heap_t *h, unsigned cls)
 /* Gives an empty chunk back to the pool; the caller has unlinked it. */
 static void heap_drop_chunk(rt_heap_t *h, chunk_t *c)
 {
+    RT_HEAP_ACCESS(chunk_data(c), RT_HEAP_CHUNK_SIZE);
     RT_POISON(chunk_data(c), RT_HEAP_CHUNK_SIZE);
+    RT_HEAP_NOACCESS(chunk_data(c), RT_HEAP_CHUNK_SIZE);
     atomic_store_explicit(&c->owner, NULL, memory_order_relaxed);
     chunk_put(c);
     h->chunks--;
@@ -633,6 +664,7 @@ void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
     size_t n = class_size[cls];
     h->used += n;
     char *p = chunk_data(c) + i * n;
+    RT_HEAP_ACCESS(p, n);
     memset(p, 0, n);
     return p;
 }
@@ -744,6 +776,13 @@ static void release_bins(rt_heap_t *h, chunk_t *c, uint64_t bits)
 /* ------------------------------------------------------------------------ */
 /* Explicit free and destroy                                                */
 
+/* A slot that no longer holds an object: poisoned in debug builds, out of bounds under ASan. */
+static inline void slot_free(void *p, size_t n)
+{
+    RT_POISON(p, n);
+    RT_HEAP_NOACCESS(p, n);
+}
+
 static void free_large(rt_heap_t *h, large_t *l)
 {
     if (l->prev)
@@ -780,7 +819,7 @@ void rt_heap_free(rt_heap_t *h, void *p)
     c->scan &= ~bit;
     c->bin &= ~bit;
     h->used -= class_size[cls];
-    RT_POISON(p, class_size[cls]);
+    slot_free(p, class_size[cls]);
     if (c->full) {
         list_remove(&h->full, c);
         list_push(&h->avail[cls], c);
@@ -1040,9 +1079,10 @@ static void sweep_chunk(rt_heap_t *h, chunk_t *c)
         if (dead & c->bin)
             release_bins(h, c, dead & c->bin);
         h->used -= (size_t)__builtin_popcountll(dead) * class_size[cls];
-#ifndef NDEBUG
-        for (uint64_t d = dead; d; d &= d - 1)
-            RT_POISON(chunk_data(c) + (unsigned)__builtin_ctzll(d) * class_size[cls],
+#if !defined(NDEBUG) || defined(RT_HEAP_ASAN)
+        /* A chunk left empty is poisoned whole when dropped. */
+        for (uint64_t d = c->mark ? dead : 0; d; d &= d - 1)
+            slot_free(chunk_data(c) + (unsigned)__builtin_ctzll(d) * class_size[cls],
                       class_size[cls]);
 #endif
         c->alloc = c->mark;
