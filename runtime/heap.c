@@ -123,15 +123,15 @@ static const uint8_t class_slots[RT_HEAP_NCLASSES] = {64, 32, 21, 16, 10, 8, 5, 
 #define RT_HEAP_MAGIC_SHIFT 22
 #define RT_HEAP_MAGIC(s) ((((uint32_t)1 << RT_HEAP_MAGIC_SHIFT) + (s)-1) / (s))
 static const uint32_t class_magic[RT_HEAP_NCLASSES] = {
-    RT_HEAP_MAGIC(16),  RT_HEAP_MAGIC(32),  RT_HEAP_MAGIC(48),  RT_HEAP_MAGIC(64),
-    RT_HEAP_MAGIC(96),  RT_HEAP_MAGIC(128), RT_HEAP_MAGIC(192), RT_HEAP_MAGIC(256),
+    RT_HEAP_MAGIC(16),  RT_HEAP_MAGIC(32),   RT_HEAP_MAGIC(48),  RT_HEAP_MAGIC(64),
+    RT_HEAP_MAGIC(96),  RT_HEAP_MAGIC(128),  RT_HEAP_MAGIC(192), RT_HEAP_MAGIC(256),
     RT_HEAP_MAGIC(512), RT_HEAP_MAGIC(1024),
 };
 
 /* Size class of a size, indexed by (size + 15) / 16. */
 static const uint8_t class_of[RT_HEAP_MAX_SMALL / 16 + 1] = {
-    [0 ... 1] = 0, [2] = 1,           [3] = 2,           [4] = 3,          [5 ... 6] = 4,
-    [7 ... 8] = 5, [9 ... 12] = 6,    [13 ... 16] = 7,   [17 ... 32] = 8,  [33 ... 64] = 9,
+    [0 ... 1] = 0, [2] = 1,        [3] = 2,         [4] = 3,         [5 ... 6] = 4,
+    [7 ... 8] = 5, [9 ... 12] = 6, [13 ... 16] = 7, [17 ... 32] = 8, [33 ... 64] = 9,
 };
 
 /*
@@ -158,9 +158,9 @@ typedef struct chunk_s {
 typedef struct arena_s {
     struct arena_s *next; /* partial list: arenas with free and used chunks */
     struct arena_s *prev;
-    chunk_t *free;        /* chunks given back, linked by next */
-    uint32_t nfree;       /* free chunks, never-used ones included */
-    uint32_t fresh;       /* index of the first never-used chunk */
+    chunk_t *free;  /* chunks given back, linked by next */
+    uint32_t nfree; /* free chunks, never-used ones included */
+    uint32_t fresh; /* index of the first never-used chunk */
 } arena_t;
 
 _Static_assert(sizeof(chunk_t) <= RT_HEAP_META_SIZE, "chunk descriptor too big");
@@ -458,18 +458,18 @@ typedef struct mark_item_s {
 } mark_item_t;
 
 struct rt_gc_s {
-    rt_heap_t *heap;     /* heap being collected; NULL outside a collection */
-    uintptr_t arena_lo;  /* lowest arena holding a chunk of heap */
+    rt_heap_t *heap;      /* heap being collected; NULL outside a collection */
+    uintptr_t arena_lo;   /* lowest arena holding a chunk of heap */
     uintptr_t arena_span; /* bytes from arena_lo to the end of the highest such arena */
     uintptr_t last_arena; /* arena of the last hit, a one-entry cache */
-    uintptr_t *arenas;   /* sorted, distinct arenas holding chunks of heap */
+    uintptr_t *arenas;    /* sorted, distinct arenas holding chunks of heap */
     size_t narenas, arenas_cap;
-    large_t **large;     /* heap's large objects sorted by address */
+    large_t **large; /* heap's large objects sorted by address */
     size_t nlarge, large_cap;
     uintptr_t large_lo, large_span;
-    mark_item_t *stack;  /* SCAN objects marked but not yet scanned */
+    mark_item_t *stack; /* SCAN objects marked but not yet scanned */
     size_t sp, stack_cap;
-    bool failed;         /* a buffer could not grow: nothing may be freed */
+    bool failed; /* a buffer could not grow: nothing may be freed */
 };
 
 typedef struct tcache_s {
@@ -708,7 +708,8 @@ void rt_bin_release(rt_bin_t *b)
 {
     if (!b)
         return;
-    /* Release so our reads of the contents happen before the free; acquire in the freeing thread. */
+    /* Release: our reads of the contents happen before the free; acquire: for the freeing thread.
+     */
     if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
         return;
     atomic_fetch_sub_explicit(&bin_live_count, 1, memory_order_relaxed);

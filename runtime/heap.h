@@ -122,7 +122,7 @@ bool rt_heap_should_collect(const rt_heap_t *h);
 /* Marks from the roots given by trace(ctx, gc), sweeps, and sets the next trigger. */
 void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx);
 
-/* In a trace callback: keep the object p points into alive (NULL and foreign pointers are ignored). */
+/* In a trace callback: keeps the object p points into alive; ignores NULL and foreign pointers. */
 void rt_gc_mark(rt_gc_t *gc, const void *p);
 
 /* In a trace callback: scan a memory range (such as the actor's state) conservatively. */

@@ -91,9 +91,9 @@ static void test_alloc_sizes(void)
     rt_heap_t h;
     rt_heap_init(&h);
     /* Dirty every slot first, free it all, then check new objects come back zeroed. */
-    static const size_t sizes[] = {0,   1,   15,  16,  17,   32,   33,   48,   49,   64,  65,
-                                   96,  97,  128, 129, 192,  193,  256,  257,  512,  513, 1000,
-                                   1024, 1025, 2000, 4096, 4097, 65536, 1 << 20};
+    static const size_t sizes[] = {0,   1,    15,   16,   17,   32,   33,   48,    49,     64,
+                                   65,  96,   97,   128,  129,  192,  193,  256,   257,    512,
+                                   513, 1000, 1024, 1025, 2000, 4096, 4097, 65536, 1 << 20};
     const size_t ns = sizeof sizes / sizeof sizes[0];
     for (int round = 0; round < 2; round++) {
         void *ps[sizeof sizes / sizeof sizes[0]][8];
@@ -303,10 +303,11 @@ static void test_foreign_pointers(void)
     sb[k++] = (uintptr_t)&rng_state;
     sb[k++] = ~(uintptr_t)0;
     sb[k++] = (uintptr_t)1 << 63;
-    sb[k++] = (uintptr_t)sb & ~(uintptr_t)(ARENA - 1); /* b's arena header */
-    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + 4096; /* descriptors */
+    sb[k++] = (uintptr_t)sb & ~(uintptr_t)(ARENA - 1);                /* b's arena header */
+    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + 4096;       /* descriptors */
     sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + ARENA - 16; /* maybe a free chunk */
-    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + ARENA; /* the next arena, maybe unmapped */
+    /* The next arena, maybe unmapped. */
+    sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) + ARENA;
     sb[k++] = ((uintptr_t)sb & ~(uintptr_t)(ARENA - 1)) - 8;
     while (k < 128)
         sb[k++] = (uintptr_t)rnd();
@@ -530,7 +531,8 @@ static void test_million_heaps(void)
     rt_heap_pool_stats(&mapped, &in_use);
     CHECK_EQ(in_use, 0);
     CHECK(mapped <= ARENA);
-    fprintf(stderr, "  %ld heaps: peak mapped %.0f MiB, spawn %.0f ns/heap, exit %.0f ns/heap, "
+    fprintf(stderr,
+            "  %ld heaps: peak mapped %.0f MiB, spawn %.0f ns/heap, exit %.0f ns/heap, "
             "after trim mapped %zu in use %zu\n",
             n, peak_mapped / 1048576.0, (t1 - t0) / n * 1e9, (t2 - t1) / n * 1e9, mapped, in_use);
     free(hs);
@@ -541,6 +543,11 @@ static void test_million_heaps(void)
 
 #define NTHREADS 4
 static rt_bin_t *shared_bins[16];
+
+/* Heaps left by the threads, as actors that migrate; main destroys them after the joins. */
+static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
+static rt_heap_t handoff[NTHREADS * 4];
+static int handoff_n;
 
 static void *thread_main(void *arg)
 {
@@ -580,8 +587,12 @@ static void *thread_main(void *arg)
             heads[k] = NULL;
         }
     }
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 4; i++)
         rt_heap_destroy(&heaps[i]);
+    pthread_mutex_lock(&handoff_lock);
+    for (int i = 4; i < 8; i++)
+        handoff[handoff_n++] = heaps[i];
+    pthread_mutex_unlock(&handoff_lock);
     /* No rt_heap_thread_flush here: the exit destructor must do it. */
     return NULL;
 }
@@ -597,6 +608,11 @@ static void test_threads(void)
         CHECK_EQ(pthread_create(&t[i], NULL, thread_main, (void *)(uintptr_t)(i + 1)), 0);
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(t[i], NULL);
+    CHECK_EQ(handoff_n, NTHREADS * 4);
+    for (int i = 0; i < handoff_n; i++) {
+        rt_heap_collect(&handoff[i], NULL, NULL);
+        rt_heap_destroy(&handoff[i]);
+    }
     for (int i = 0; i < 16; i++) {
         CHECK_EQ(rt_bin_refs(shared_bins[i]), 1);
         rt_bin_release(shared_bins[i]);
@@ -633,7 +649,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* One "message": a new node at the head of a random bucket, with a payload, and the 11th dropped. */
+/* One "message": a new node at the head of a random bucket, maybe with a payload; the 11th goes. */
 static long world_step(rt_heap_t *h, world_t *w, uint64_t id)
 {
     uint64_t x = rnd();
@@ -826,8 +842,8 @@ static void test_alloc_speed(void)
     double t = now_s() - t0;
     rt_heap_stats_t st;
     rt_heap_stats(&h, &st);
-    fprintf(stderr, "  %ld allocs of 32-80 bytes: %.1f ns per alloc incl. %u GCs\n", n,
-            t / n * 1e9, st.gc_count);
+    fprintf(stderr, "  %ld allocs of 32-80 bytes: %.1f ns per alloc incl. %u GCs\n", n, t / n * 1e9,
+            st.gc_count);
     rt_heap_destroy(&h);
 }
 
