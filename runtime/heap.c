@@ -708,8 +708,7 @@ void rt_bin_release(rt_bin_t *b)
 {
     if (!b)
         return;
-    /* Release: our reads of the contents happen before the free; acquire: for the freeing thread.
-     */
+    /* acq_rel: every holder's reads of the contents happen before the free. */
     if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
         return;
     atomic_fetch_sub_explicit(&bin_live_count, 1, memory_order_relaxed);
