@@ -1,0 +1,721 @@
+/*
+ * rtbench: command line, process fan-out and reporting.
+ *
+ * Shapes (client sequence numbers are %i):
+ *   conn    -c clients connect and stay idle for -d seconds.
+ *   sub     -c clients subscribe to -t and count what arrives (missing = sequence gaps).
+ *   pub     -c clients publish to -t every -I ms (or --rate in total), -L each.
+ *   fanin   --pubs P (or -c) publishers on test/fanin/%i, 1 subscriber on test/fanin/+.
+ *   fanout  1 publisher on test/fanout, --subs S (or -c) subscribers.
+ *   pairs   -c publisher/subscriber pairs on test/%i.
+ *   seed    --subs S subscribers on test/%i (default 19000), --pubs P publishers
+ *           (default 40) at --rate messages/s in total (default 4000); publisher j
+ *           publishes round robin to the topics test/s with s % P == j.
+ * Scenarios run closed loop (each publisher keeps at most --window messages not yet
+ * received) unless -I or --rate asks for a fixed rate. --procs splits the clients of
+ * conn/sub/pub, the pairs of `pairs` and the publishers (with their subscribers) of
+ * `seed` over forked processes; each child streams its reports through a pipe and the
+ * parent adds them up, so the totals are exact.
+ */
+#include "rtbench.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define RTB_DEFAULT_DURATION_S 60.0 /* -d when not given: every run stops by itself */
+#define RTB_MAX_DURATION_S 86400.0
+#define RTB_DEFAULT_CLIENTS 200     /* -c for conn/sub/pub, as emqtt_bench */
+#define RTB_DEFAULT_INFLIGHT 32
+#define RTB_DEFAULT_WINDOW 10
+#define RTB_DEFAULT_DRAIN_S 5.0
+#define RTB_DEFAULT_CONN_TIMEOUT_S 10.0
+#define RTB_DEFAULT_CONN_PARALLEL 256
+#define RTB_MAX_PAYLOAD (8u * 1024 * 1024)
+#define RTB_FD_RESERVE 32           /* descriptors a process keeps for itself */
+#define RTB_REC_MAGIC 0x52544231u   /* "RTB1", marks a record on a child's pipe */
+#define RTB_PARENT_SLACK_S 30.0     /* beyond the children's own deadlines */
+
+static const char *usage_text =
+    "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed> [flags]\n"
+    "  -h host (127.0.0.1)  -p port (1883)  -c clients  -n start index (0)\n"
+    "  -i ms between connection starts (conn/sub/pub 10, scenarios 0 = --conn-parallel at a time)\n"
+    "  -I ms between publishes per client (pub: 1000; scenarios: closed loop)\n"
+    "  -t topic, %i = client sequence number, %c = client id (sub, pub)\n"
+    "  -q qos 0|1|2 (0)  -s payload bytes incl. 16-byte header (256)  -L msgs per client\n"
+    "  -k keepalive s (300)  -C clean true|false (true)  -V 3|4|5 (5)  -u user  -P pass\n"
+    "  -d duration s (60)  --procs N (1)  --inflight N (32)  --window N (10)\n"
+    "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
+    "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (256)\n"
+    "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n";
+
+static void die_usage(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "rtbench: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see rtbench --help)\n");
+    exit(2);
+}
+
+static double parse_num(const char *flag, const char *v, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (!*v || *end || errno || d < lo || d > hi) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "bad value for %s (want %g..%g): '%%s'", flag, lo, hi);
+        die_usage(msg, v);
+    }
+    return d;
+}
+
+static int is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) ||
+               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return 0;
+}
+
+static void resolve(rtb_opts_t *o)
+{
+    struct addrinfo hints, *res;
+    char port[16];
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(port, sizeof(port), "%d", o->port);
+    int r = getaddrinfo(o->host, port, &hints, &res);
+    if (r) {
+        fprintf(stderr, "rtbench: cannot resolve '%s': %s\n", o->host, gai_strerror(r));
+        exit(2);
+    }
+    memcpy(&o->addr, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (!o->allow_remote && !is_loopback((struct sockaddr *)&o->addr))
+        die_usage("refusing non-loopback target '%s' without --allow-remote", o->host);
+}
+
+static void parse_ifaddr(rtb_opts_t *o, const char *list)
+{
+    char buf[4096];
+    snprintf(buf, sizeof(buf), "%s", list);
+    char *save = NULL;
+    for (char *a = strtok_r(buf, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+        if (o->nifaddr == RTB_MAX_IFADDR)
+            die_usage("too many --ifaddr addresses (max 64): '%s'", list);
+        struct sockaddr_storage *ss = &o->ifaddr[o->nifaddr++];
+        if (uv_ip4_addr(a, 0, (struct sockaddr_in *)ss) &&
+            uv_ip6_addr(a, 0, (struct sockaddr_in6 *)ss))
+            die_usage("bad --ifaddr address '%s'", a);
+        if (!o->allow_remote && !is_loopback((struct sockaddr *)ss))
+            die_usage("refusing non-loopback --ifaddr '%s' without --allow-remote", a);
+    }
+    if (!o->nifaddr)
+        die_usage("empty --ifaddr list '%s'", list);
+}
+
+static const struct {
+    const char *name;
+    rtb_cmd_t cmd;
+} cmds[] = {
+    {"conn", RTB_CMD_CONN},     {"sub", RTB_CMD_SUB},     {"pub", RTB_CMD_PUB},
+    {"fanin", RTB_CMD_FANIN},   {"fanout", RTB_CMD_FANOUT}, {"pairs", RTB_CMD_PAIRS},
+    {"seed", RTB_CMD_SEED},
+};
+
+static void parse(rtb_opts_t *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof(*o));
+    o->host = "127.0.0.1";
+    o->port = 1883;
+    o->conn_interval_ms = UINT32_MAX; /* 10 for conn/sub/pub, 0 for scenarios */
+    o->pub_interval_ms = -1;
+    o->size = 256;
+    o->keepalive = 300;
+    o->clean = 1;
+    o->version = 5;
+    o->duration_s = RTB_DEFAULT_DURATION_S;
+    o->procs = 1;
+    o->inflight = RTB_DEFAULT_INFLIGHT;
+    o->window = RTB_DEFAULT_WINDOW;
+    o->drain_s = RTB_DEFAULT_DRAIN_S;
+    o->conn_timeout_s = RTB_DEFAULT_CONN_TIMEOUT_S;
+    o->conn_parallel = RTB_DEFAULT_CONN_PARALLEL;
+    o->test_skip_seq = -1;
+    o->rate = -1;
+    int64_t count = -1, pubs = -1, subs = -1;
+    const char *ifaddr = NULL, *prefix = NULL;
+
+    if (argc < 2)
+        die_usage("missing command%s", "");
+    if (!strcmp(argv[1], "--help")) {
+        fputs(usage_text, stdout);
+        exit(0);
+    }
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        if (!strcmp(argv[1], cmds[i].name)) {
+            o->cmd = cmds[i].cmd;
+            o->cmd_name = cmds[i].name;
+        }
+    if (!o->cmd_name)
+        die_usage("unknown command '%s'", argv[1]);
+
+    for (int i = 2; i < argc; i++) {
+        char *f = argv[i], *v = NULL, *eq;
+        char name[64];
+        if (!strcmp(f, "--help")) {
+            fputs(usage_text, stdout);
+            exit(0);
+        }
+        if (!strcmp(f, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!strcmp(f, "--quiet")) {
+            o->quiet = 1;
+            continue;
+        }
+        if (!strcmp(f, "--allow-remote")) {
+            o->allow_remote = 1;
+            continue;
+        }
+        if (f[0] != '-' || !f[1])
+            die_usage("unexpected argument '%s'", f);
+        snprintf(name, sizeof(name), "%s", f);
+        if (f[1] == '-' && (eq = strchr(name, '='))) {
+            *eq = 0;
+            v = f + (eq - name) + 1;
+        } else {
+            if (i + 1 >= argc)
+                die_usage("flag %s needs a value", f);
+            v = argv[++i];
+        }
+        const char *n = name;
+        if (!strcmp(n, "-h"))
+            o->host = v;
+        else if (!strcmp(n, "-p"))
+            o->port = (int)parse_num(n, v, 1, 65535);
+        else if (!strcmp(n, "-c"))
+            count = (int64_t)parse_num(n, v, 1, 1000000);
+        else if (!strcmp(n, "-n"))
+            o->start = (uint32_t)parse_num(n, v, 0, 1e9);
+        else if (!strcmp(n, "-i"))
+            o->conn_interval_ms = (uint32_t)parse_num(n, v, 0, 60000);
+        else if (!strcmp(n, "-I"))
+            o->pub_interval_ms = parse_num(n, v, 0, 3600000);
+        else if (!strcmp(n, "-t"))
+            o->topic = v;
+        else if (!strcmp(n, "-q"))
+            o->qos = (int)parse_num(n, v, 0, 2);
+        else if (!strcmp(n, "-s"))
+            o->size = (uint32_t)parse_num(n, v, RTB_HDR_SIZE, RTB_MAX_PAYLOAD);
+        else if (!strcmp(n, "-L"))
+            o->limit = (uint64_t)parse_num(n, v, 1, 1e9);
+        else if (!strcmp(n, "-k"))
+            o->keepalive = (uint16_t)parse_num(n, v, 0, 65535);
+        else if (!strcmp(n, "-C")) {
+            if (!strcmp(v, "true") || !strcmp(v, "1"))
+                o->clean = 1;
+            else if (!strcmp(v, "false") || !strcmp(v, "0"))
+                o->clean = 0;
+            else
+                die_usage("bad value for -C (want true|false): '%s'", v);
+        } else if (!strcmp(n, "-V")) {
+            o->version = (int)parse_num(n, v, 3, 5);
+        } else if (!strcmp(n, "-u"))
+            o->user = v;
+        else if (!strcmp(n, "-P"))
+            o->pass = v;
+        else if (!strcmp(n, "-d"))
+            o->duration_s = parse_num(n, v, 0.001, RTB_MAX_DURATION_S);
+        else if (!strcmp(n, "--procs"))
+            o->procs = (uint32_t)parse_num(n, v, 1, RTB_MAX_PROCS);
+        else if (!strcmp(n, "--inflight"))
+            o->inflight = (uint32_t)parse_num(n, v, 1, 16384);
+        else if (!strcmp(n, "--window"))
+            o->window = (uint32_t)parse_num(n, v, 1, 1000000);
+        else if (!strcmp(n, "--rate"))
+            o->rate = parse_num(n, v, 0.001, 1e8);
+        else if (!strcmp(n, "--pubs"))
+            pubs = (int64_t)parse_num(n, v, 1, 1000000);
+        else if (!strcmp(n, "--subs"))
+            subs = (int64_t)parse_num(n, v, 1, 1000000);
+        else if (!strcmp(n, "--ifaddr"))
+            ifaddr = v;
+        else if (!strcmp(n, "--prefix"))
+            prefix = v;
+        else if (!strcmp(n, "--drain"))
+            o->drain_s = parse_num(n, v, 0, 600);
+        else if (!strcmp(n, "--conn-timeout"))
+            o->conn_timeout_s = parse_num(n, v, 0.001, 600);
+        else if (!strcmp(n, "--conn-parallel"))
+            o->conn_parallel = (uint32_t)parse_num(n, v, 1, 100000);
+        else if (!strcmp(n, "--test-skip-seq"))
+            o->test_skip_seq = (int64_t)parse_num(n, v, 0, 1e9);
+        else
+            die_usage("unknown flag '%s'", f);
+    }
+    switch (o->cmd) {
+    case RTB_CMD_CONN:
+    case RTB_CMD_SUB:
+    case RTB_CMD_PUB:
+        o->count = count > 0 ? (uint32_t)count : RTB_DEFAULT_CLIENTS;
+        if (o->cmd != RTB_CMD_CONN && !o->topic)
+            die_usage("%s needs -t topic", o->cmd_name);
+        if (o->cmd == RTB_CMD_PUB && o->pub_interval_ms < 0 && o->rate < 0)
+            o->pub_interval_ms = 1000;
+        break;
+    case RTB_CMD_FANIN:
+        o->pubs = (uint32_t)(pubs > 0 ? pubs : count > 0 ? count : 100);
+        o->subs = 1;
+        break;
+    case RTB_CMD_FANOUT:
+        o->subs = (uint32_t)(subs > 0 ? subs : count > 0 ? count : 1000);
+        o->pubs = 1;
+        break;
+    case RTB_CMD_PAIRS:
+        o->count = count > 0 ? (uint32_t)count : 1000;
+        o->pubs = o->subs = o->count;
+        break;
+    case RTB_CMD_SEED:
+        o->subs = (uint32_t)(subs > 0 ? subs : count > 0 ? count : 19000);
+        o->pubs = (uint32_t)(pubs > 0 ? pubs : 40);
+        if (o->rate < 0 && o->pub_interval_ms < 0)
+            o->rate = 4000;
+        if (o->pubs > o->subs)
+            die_usage("seed needs at least as many subscribers as publishers%s", "");
+        break;
+    }
+    if (o->cmd >= RTB_CMD_FANIN && o->topic)
+        die_usage("scenarios use fixed topics; -t is for sub and pub (got '%s')", o->topic);
+    if (o->pub_interval_ms < 0)
+        o->pub_interval_ms = 0;
+    if (o->conn_interval_ms == UINT32_MAX)
+        o->conn_interval_ms = o->cmd >= RTB_CMD_FANIN ? 0 : 10;
+    if (o->rate < 0)
+        o->rate = 0;
+    if (o->procs > rtb_groups(o)) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "%s splits into at most %u process(es); --procs %u is too many%%s",
+                 o->cmd_name, rtb_groups(o), o->procs);
+        die_usage(msg, "");
+    }
+    if (ifaddr)
+        parse_ifaddr(o, ifaddr);
+    char def[48];
+    snprintf(def, sizeof(def), "rtb%d_%s_", (int)getpid(), o->cmd_name);
+    snprintf(o->prefix, sizeof(o->prefix), "%s", prefix ? prefix : def);
+    if (o->version == 3 && strlen(o->prefix) + 8 > 23)
+        die_usage("MQTT 3.1 client ids are at most 23 bytes; shorten --prefix '%s'", o->prefix);
+    resolve(o);
+}
+
+/* Raises the open-file limit to the hard limit and checks that each process fits. */
+static void check_fds(const rtb_opts_t *o)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    uint64_t total = (uint64_t)o->pubs + o->subs;
+    if (o->cmd <= RTB_CMD_PUB)
+        total = o->count;
+    uint64_t per = (total + o->procs - 1) / o->procs;
+    if (o->cmd == RTB_CMD_SEED)
+        per = (uint64_t)o->subs / o->procs + o->subs % o->procs + o->pubs; /* upper bound */
+    if (per + RTB_FD_RESERVE > rl.rlim_cur) {
+        fprintf(stderr,
+                "rtbench: %llu clients per process exceed the open-file limit %llu; "
+                "use more --procs\n",
+                (unsigned long long)per, (unsigned long long)rl.rlim_cur);
+        exit(2);
+    }
+}
+
+/* ---- aggregation ------------------------------------------------------------------ */
+
+typedef struct rtb_agg_s {
+    const rtb_opts_t *o;
+    uint32_t n;            /* reporting processes */
+    rtb_report_t *last;    /* latest report per process */
+    uint8_t *final;        /* process sent its final report */
+    uint64_t printed;      /* seconds already printed */
+    rtb_report_t prev;     /* merged totals at the previous printed second */
+} rtb_agg_t;
+
+static void stats_merge(rtb_stats_t *d, const rtb_stats_t *s)
+{
+#define AGG_SUM(f) d->f += s->f
+#define AGG_MAX(f) d->f = s->f > d->f ? s->f : d->f
+#define AGG_MINNZ(f) d->f = (s->f && (!d->f || s->f < d->f)) ? s->f : d->f
+    AGG_SUM(clients);
+    AGG_SUM(conn_ok);
+    AGG_SUM(conn_fail);
+    AGG_SUM(conn_lost);
+    AGG_SUM(sub_ok);
+    AGG_SUM(sub_fail);
+    AGG_SUM(sent);
+    AGG_SUM(acked);
+    AGG_SUM(received);
+    AGG_SUM(unique);
+    AGG_SUM(dups);
+    AGG_SUM(ooo);
+    AGG_SUM(gaps);
+    AGG_SUM(expected);
+    AGG_MAX(expected_known);
+    AGG_SUM(foreign);
+    AGG_SUM(proto_err);
+    AGG_MINNZ(t_conn_first);
+    AGG_MAX(t_conn_last);
+    AGG_MINNZ(t_run_start);
+    AGG_MAX(t_run_end);
+    AGG_MAX(t_recv_last);
+    AGG_SUM(cpu_us);
+    AGG_MAX(tick);
+#undef AGG_SUM
+#undef AGG_MAX
+#undef AGG_MINNZ
+}
+
+static void report_init(rtb_report_t *r)
+{
+    memset(&r->s, 0, sizeof(r->s));
+    rtb_hist_init(&r->e2e);
+    rtb_hist_init(&r->ack);
+    rtb_hist_init(&r->conn);
+}
+
+static void agg_merged(const rtb_agg_t *a, rtb_report_t *m)
+{
+    report_init(m);
+    for (uint32_t i = 0; i < a->n; i++) {
+        stats_merge(&m->s, &a->last[i].s);
+        rtb_hist_merge(&m->e2e, &a->last[i].e2e);
+        rtb_hist_merge(&m->ack, &a->last[i].ack);
+        rtb_hist_merge(&m->conn, &a->last[i].conn);
+    }
+}
+
+static double ms(uint64_t ns)
+{
+    return (double)ns / 1e6;
+}
+
+static void agg_feed(rtb_agg_t *a, uint32_t i, int final, const rtb_report_t *r)
+{
+    a->last[i] = *r;
+    a->final[i] |= (uint8_t)final;
+    if (final || a->o->quiet)
+        return;
+    /* Print the next second once every live process has reported it. */
+    for (uint32_t j = 0; j < a->n; j++)
+        if (!a->final[j] && a->last[j].s.tick <= a->printed)
+            return;
+    static rtb_report_t m;
+    static rtb_hist_t iv;
+    agg_merged(a, &m);
+    rtb_hist_diff(&iv, &m.e2e, &a->prev.e2e);
+    a->printed++;
+    fprintf(stderr,
+            "rtbench[%3llus] conn=%llu fail=%llu lost=%llu pub/s=%llu recv/s=%llu "
+            "lat p50=%.3fms p99=%.3fms\n",
+            (unsigned long long)a->printed,
+            (unsigned long long)(m.s.conn_ok - m.s.conn_lost),
+            (unsigned long long)m.s.conn_fail, (unsigned long long)m.s.conn_lost,
+            (unsigned long long)(m.s.sent - a->prev.s.sent),
+            (unsigned long long)(m.s.received - a->prev.s.received),
+            ms(rtb_hist_quantile(&iv, 0.50)), ms(rtb_hist_quantile(&iv, 0.99)));
+    a->prev = m;
+}
+
+static void emit_direct(void *ctx, int final, const rtb_report_t *r)
+{
+    agg_feed(ctx, 0, final, r);
+}
+
+static void emit_pipe(void *ctx, int final, const rtb_report_t *r)
+{
+    int fd = *(int *)ctx;
+    uint32_t head[2] = {RTB_REC_MAGIC, (uint32_t)final};
+    struct {
+        const void *p;
+        size_t n;
+    } parts[2] = {{head, sizeof(head)}, {r, sizeof(*r)}};
+    for (int k = 0; k < 2; k++) {
+        const char *p = parts[k].p;
+        size_t n = parts[k].n;
+        while (n) {
+            ssize_t w = write(fd, p, n);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                _exit(1); /* the parent is gone; nobody can use our figures */
+            p += w;
+            n -= (size_t)w;
+        }
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* An upper bound on how long a child may run, from its own phase deadlines. */
+static double child_bound_s(const rtb_opts_t *o)
+{
+    double clients = (double)(o->pubs + o->subs + o->count);
+    double conn = clients * o->conn_interval_ms / 1000.0 + 2 * o->conn_timeout_s;
+    return conn + o->duration_s + o->drain_s + 2.0 + RTB_PARENT_SLACK_S;
+}
+
+/* Forks o->procs workers and feeds their records into the aggregate; 0 on success. */
+static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
+{
+    int fds[RTB_MAX_PROCS];
+    pid_t pids[RTB_MAX_PROCS];
+    size_t got[RTB_MAX_PROCS] = {0};
+    int live[RTB_MAX_PROCS];
+    const size_t rec = 2 * sizeof(uint32_t) + sizeof(rtb_report_t);
+    char *bufs = malloc(rec * o->procs);
+    if (!bufs)
+        return -ENOMEM;
+    fflush(NULL);
+    for (uint32_t p = 0; p < o->procs; p++) {
+        int pf[2];
+        if (pipe(pf))
+            return -errno;
+        pid_t pid = fork();
+        if (pid < 0)
+            return -errno;
+        if (pid == 0) {
+            for (uint32_t q = 0; q < p; q++)
+                close(fds[q]);
+            close(pf[0]);
+            int wfd = pf[1];
+            int r = rtb_worker_run(o, p, emit_pipe, &wfd);
+            _exit(r ? 1 : 0);
+        }
+        close(pf[1]);
+        fds[p] = pf[0];
+        pids[p] = pid;
+        live[p] = 1;
+    }
+    uint64_t deadline = mono_ns() + (uint64_t)(child_bound_s(o) * 1e9);
+    uint32_t nlive = o->procs;
+    int err = 0;
+    while (nlive) {
+        if (mono_ns() > deadline) {
+            fprintf(stderr, "rtbench: workers overran their deadline; killing them\n");
+            for (uint32_t p = 0; p < o->procs; p++)
+                if (live[p])
+                    kill(pids[p], SIGKILL);
+            err = -ETIMEDOUT;
+            break;
+        }
+        struct pollfd pfd[RTB_MAX_PROCS];
+        for (uint32_t p = 0; p < o->procs; p++) {
+            pfd[p].fd = live[p] ? fds[p] : -1;
+            pfd[p].events = POLLIN;
+            pfd[p].revents = 0;
+        }
+        if (poll(pfd, o->procs, 200) < 0 && errno != EINTR)
+            break;
+        for (uint32_t p = 0; p < o->procs; p++) {
+            if (!live[p] || !pfd[p].revents)
+                continue;
+            char *b = bufs + rec * p;
+            ssize_t r = read(fds[p], b + got[p], rec - got[p]);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                live[p] = 0;
+                nlive--;
+                continue;
+            }
+            got[p] += (size_t)r;
+            if (got[p] < rec)
+                continue;
+            got[p] = 0;
+            uint32_t head[2];
+            memcpy(head, b, sizeof(head));
+            if (head[0] != RTB_REC_MAGIC) {
+                err = -EPROTO;
+                live[p] = 0;
+                nlive--;
+                continue;
+            }
+            agg_feed(a, p, (int)head[1], (const rtb_report_t *)(b + sizeof(head)));
+        }
+    }
+    for (uint32_t p = 0; p < o->procs; p++) {
+        int st;
+        close(fds[p]);
+        waitpid(pids[p], &st, 0);
+        if (!a->final[p] && !err) {
+            fprintf(stderr, "rtbench: worker %u ended without a final report\n", p);
+            err = -EPIPE;
+        }
+    }
+    free(bufs);
+    return err;
+}
+
+static uint64_t rusage_us(int who)
+{
+    struct rusage ru;
+    getrusage(who, &ru);
+    return (uint64_t)ru.ru_utime.tv_sec * 1000000 + (uint64_t)ru.ru_utime.tv_usec +
+           (uint64_t)ru.ru_stime.tv_sec * 1000000 + (uint64_t)ru.ru_stime.tv_usec;
+}
+
+static void print_lat(const char *name, const rtb_hist_t *h, int json, int last)
+{
+    if (json) {
+        printf("\"%s\":{\"count\":%llu,\"p50_ms\":%.4f,\"p90_ms\":%.4f,\"p99_ms\":%.4f,"
+               "\"p999_ms\":%.4f,\"max_ms\":%.4f}%s",
+               name, (unsigned long long)h->count, ms(rtb_hist_quantile(h, 0.5)),
+               ms(rtb_hist_quantile(h, 0.9)), ms(rtb_hist_quantile(h, 0.99)),
+               ms(rtb_hist_quantile(h, 0.999)), ms(h->max), last ? "" : ",");
+        return;
+    }
+    printf("%-9s n=%llu p50=%.3fms p90=%.3fms p99=%.3fms p99.9=%.3fms max=%.3fms\n", name,
+           (unsigned long long)h->count, ms(rtb_hist_quantile(h, 0.5)),
+           ms(rtb_hist_quantile(h, 0.9)), ms(rtb_hist_quantile(h, 0.99)),
+           ms(rtb_hist_quantile(h, 0.999)), ms(h->max));
+}
+
+static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
+{
+    const rtb_stats_t *s = &m->s;
+    double conn_s = s->t_conn_last > s->t_conn_first
+                        ? (double)(s->t_conn_last - s->t_conn_first) / 1e9 : 0;
+    double run_s = s->t_run_end > s->t_run_start
+                       ? (double)(s->t_run_end - s->t_run_start) / 1e9 : 0;
+    uint64_t recv_end = s->t_recv_last > s->t_run_end ? s->t_recv_last : s->t_run_end;
+    double recv_s = recv_end > s->t_run_start ? (double)(recv_end - s->t_run_start) / 1e9 : 0;
+    double conn_rate = conn_s > 0 ? (double)s->conn_ok / conn_s : 0;
+    double pub_rate = run_s > 0 ? (double)s->sent / run_s : 0;
+    double recv_rate = recv_s > 0 ? (double)s->received / recv_s : 0;
+    int known = s->expected_known != 0;
+    uint64_t missing = known ? (s->expected > s->unique ? s->expected - s->unique : 0) : s->gaps;
+    uint64_t msgs = s->received ? s->received : s->sent;
+    double cpu_s = (double)cpu_us / 1e6;
+    double cpu_per_m = msgs ? cpu_s / ((double)msgs / 1e6) : 0;
+
+    if (o->json) {
+        printf("{\"command\":\"%s\",\"procs\":%u,\"qos\":%d,\"size\":%u,\"mqtt\":%d,"
+               "\"clients\":%llu,\"connected\":%llu,\"failed\":%llu,\"lost\":%llu,"
+               "\"subscribed\":%llu,\"sub_failed\":%llu,\"connect_seconds\":%.6f,"
+               "\"connect_rate\":%.1f,\"sent\":%llu,\"acked\":%llu,\"received\":%llu,"
+               "\"unique\":%llu,",
+               o->cmd_name, o->procs, o->qos, o->size, o->version,
+               (unsigned long long)s->clients, (unsigned long long)s->conn_ok,
+               (unsigned long long)s->conn_fail, (unsigned long long)s->conn_lost,
+               (unsigned long long)s->sub_ok, (unsigned long long)s->sub_fail, conn_s, conn_rate,
+               (unsigned long long)s->sent, (unsigned long long)s->acked,
+               (unsigned long long)s->received, (unsigned long long)s->unique);
+        if (known)
+            printf("\"expected\":%llu,", (unsigned long long)s->expected);
+        else
+            printf("\"expected\":null,");
+        printf("\"missing\":%llu,\"missing_basis\":\"%s\",\"gaps\":%llu,\"duplicates\":%llu,"
+               "\"out_of_order\":%llu,\"foreign\":%llu,\"protocol_errors\":%llu,"
+               "\"run_seconds\":%.6f,\"pub_rate\":%.1f,\"recv_rate\":%.1f,",
+               (unsigned long long)missing, known ? "expected" : "gaps",
+               (unsigned long long)s->gaps, (unsigned long long)s->dups,
+               (unsigned long long)s->ooo, (unsigned long long)s->foreign,
+               (unsigned long long)s->proto_err, run_s, pub_rate, recv_rate);
+        print_lat("e2e", &m->e2e, 1, 0);
+        print_lat("ack", &m->ack, 1, 0);
+        print_lat("connack", &m->conn, 1, 0);
+        printf("\"cpu_seconds\":%.3f,\"cpu_seconds_per_million\":%.3f}\n", cpu_s, cpu_per_m);
+        return;
+    }
+    printf("rtbench %s: procs=%u qos=%d size=%uB mqtt=%d\n", o->cmd_name, o->procs, o->qos,
+           o->size, o->version);
+    printf("clients   planned=%llu connected=%llu failed=%llu lost=%llu subscribed=%llu "
+           "sub_failed=%llu connect=%.0f/s over %.3fs\n",
+           (unsigned long long)s->clients, (unsigned long long)s->conn_ok,
+           (unsigned long long)s->conn_fail, (unsigned long long)s->conn_lost,
+           (unsigned long long)s->sub_ok, (unsigned long long)s->sub_fail, conn_rate, conn_s);
+    printf("messages  sent=%llu acked=%llu received=%llu", (unsigned long long)s->sent,
+           (unsigned long long)s->acked, (unsigned long long)s->received);
+    if (known)
+        printf(" expected=%llu missing=%llu", (unsigned long long)s->expected,
+               (unsigned long long)missing);
+    else
+        printf(" expected=n/a missing(gaps)=%llu", (unsigned long long)missing);
+    printf(" duplicates=%llu out-of-order=%llu foreign=%llu protocol-errors=%llu\n",
+           (unsigned long long)s->dups, (unsigned long long)s->ooo,
+           (unsigned long long)s->foreign, (unsigned long long)s->proto_err);
+    printf("rates     pub=%.0f/s over %.3fs recv=%.0f/s over %.3fs\n", pub_rate, run_s, recv_rate,
+           recv_s);
+    print_lat("e2e", &m->e2e, 0, 0);
+    print_lat("ack", &m->ack, 0, 0);
+    print_lat("connack", &m->conn, 0, 0);
+    printf("cpu       %.3fs user+sys (all processes), %.3fs per million messages\n", cpu_s,
+           cpu_per_m);
+}
+
+int main(int argc, char **argv)
+{
+    static rtb_opts_t o;
+    parse(&o, argc, argv);
+    check_fds(&o);
+    signal(SIGPIPE, SIG_IGN);
+
+    rtb_agg_t a;
+    memset(&a, 0, sizeof(a));
+    a.o = &o;
+    a.n = o.procs;
+    a.last = calloc(o.procs, sizeof(rtb_report_t));
+    a.final = calloc(o.procs, 1);
+    if (!a.last || !a.final) {
+        fprintf(stderr, "rtbench: out of memory\n");
+        return 1;
+    }
+    report_init(&a.prev);
+    for (uint32_t i = 0; i < o.procs; i++)
+        report_init(&a.last[i]);
+
+    int r;
+    uint64_t cpu_us;
+    if (o.procs == 1) {
+        r = rtb_worker_run(&o, 0, emit_direct, &a);
+        cpu_us = rusage_us(RUSAGE_SELF);
+    } else {
+        r = run_procs(&o, &a);
+        cpu_us = rusage_us(RUSAGE_SELF) + rusage_us(RUSAGE_CHILDREN);
+    }
+    if (r) {
+        fprintf(stderr, "rtbench: run failed: %s\n", uv_strerror(r));
+        return 1;
+    }
+    static rtb_report_t m;
+    agg_merged(&a, &m);
+    summary(&o, &m, cpu_us);
+    free(a.last);
+    free(a.final);
+    return 0;
+}
