@@ -236,10 +236,16 @@ static inline unsigned slot_of(unsigned cls, uintptr_t p)
     return (off * class_magic[cls]) >> RT_HEAP_MAGIC_SHIFT;
 }
 
+/* Slot bits in use per class: all slots allocated means alloc == this mask. */
+#define RT_HEAP_MASK(n) ((n) == 64 ? ~(uint64_t)0 : ((uint64_t)1 << ((n) % 64)) - 1)
+static const uint64_t class_masks[RT_HEAP_NCLASSES] = {
+    RT_HEAP_MASK(64), RT_HEAP_MASK(32), RT_HEAP_MASK(21), RT_HEAP_MASK(16), RT_HEAP_MASK(10),
+    RT_HEAP_MASK(8),  RT_HEAP_MASK(5),  RT_HEAP_MASK(4),  RT_HEAP_MASK(2),  RT_HEAP_MASK(1),
+};
+
 static inline uint64_t class_mask(unsigned cls)
 {
-    unsigned n = class_slots[cls];
-    return n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+    return class_masks[cls];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -263,6 +269,8 @@ static void arena_map_init(void)
 #ifndef NDEBUG
     for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++) {
         RT_ASSERT(class_slots[k] == RT_HEAP_CHUNK_SIZE / class_size[k]);
+        RT_ASSERT(class_masks[k] ==
+                  (class_slots[k] == 64 ? ~(uint64_t)0 : ((uint64_t)1 << class_slots[k]) - 1));
         RT_ASSERT(class_of[(class_size[k] + 15) >> 4] == k);
         for (uint32_t off = 0; off < RT_HEAP_CHUNK_SIZE; off++)
             RT_ASSERT(slot_of(k, off) == off / class_size[k]);

@@ -477,6 +477,48 @@ static void test_free(void)
     rt_heap_destroy(&h);
 }
 
+static void test_configure(void)
+{
+    rt_heap_config_t cfg = {.min_heap = 64 * 1024, .gc_factor = 3.0};
+    rt_heap_configure(&cfg);
+    rt_heap_t h;
+    rt_heap_init(&h);
+    void *big = rt_heap_alloc(&h, 40000, RT_OBJ_LEAF);
+    roots_t r = {.p = {big}, .n = 1};
+    CHECK(!rt_heap_should_collect(&h)); /* 40000 < 64 KiB */
+    rt_heap_collect(&h, trace_roots, &r);
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    CHECK_EQ(st.next_gc, 3 * 40000);
+    r.n = 0;
+    rt_heap_collect(&h, trace_roots, &r);
+    rt_heap_stats(&h, &st);
+    CHECK_EQ(st.next_gc, 64 * 1024);
+    rt_heap_destroy(&h);
+    cfg.min_heap = RT_HEAP_MIN_HEAP_DEFAULT;
+    cfg.gc_factor = RT_HEAP_GC_FACTOR_DEFAULT;
+    rt_heap_configure(&cfg);
+}
+
+/* Debug builds fill freed objects with 0xaa (sanitizer builds forbid reading them at all). */
+static void test_poison(void)
+{
+#if !defined(NDEBUG) && !defined(RT_SANITIZED)
+    rt_heap_t h;
+    rt_heap_init(&h);
+    unsigned char *a = rt_heap_alloc(&h, 64, RT_OBJ_LEAF);
+    unsigned char *b = rt_heap_alloc(&h, 64, RT_OBJ_LEAF);
+    unsigned char *c = rt_heap_alloc(&h, 64, RT_OBJ_LEAF);
+    rt_heap_free(&h, a);
+    CHECK(a[0] == 0xaa && a[63] == 0xaa);
+    roots_t r = {.p = {c}, .n = 1};
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK(b[0] == 0xaa && b[63] == 0xaa);
+    CHECK(c[0] == 0 && c[63] == 0);
+    rt_heap_destroy(&h);
+#endif
+}
+
 static void test_destroy_returns_chunks(void)
 {
     rt_heap_pool_trim();
@@ -867,6 +909,8 @@ int main(int argc, char **argv)
     RUN_IF(test_binaries);
     RUN_IF(test_large);
     RUN_IF(test_free);
+    RUN_IF(test_configure);
+    RUN_IF(test_poison);
     RUN_IF(test_destroy_returns_chunks);
     RUN_IF(test_million_heaps);
     RUN_IF(test_threads);
