@@ -795,6 +795,7 @@ static void phase_next(rtb_worker_t *w)
         }
     }
     w->phase = PH_RUN;
+    uv_update_time(&w->loop);
     w->run_start_ms = uv_now(&w->loop);
     w->run_end_ms = w->run_start_ms + (uint64_t)(o->duration_s * 1000);
     w->rep.s.t_run_start = now_ns();

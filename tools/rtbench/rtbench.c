@@ -81,6 +81,18 @@ static double parse_num(const char *flag, const char *v, double lo, double hi)
     return d;
 }
 
+/* Like parse_num, for flags that only take whole numbers. */
+static double parse_int(const char *flag, const char *v, double lo, double hi)
+{
+    double d = parse_num(flag, v, lo, hi);
+    if (d != (double)(int64_t)d) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "%s takes a whole number: '%%s'", flag);
+        die_usage(msg, v);
+    }
+    return d;
+}
+
 static int is_loopback(const struct sockaddr *sa)
 {
     if (sa->sa_family == AF_INET)
@@ -211,25 +223,25 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         if (!strcmp(n, "-h"))
             o->host = v;
         else if (!strcmp(n, "-p"))
-            o->port = (int)parse_num(n, v, 1, 65535);
+            o->port = (int)parse_int(n, v, 1, 65535);
         else if (!strcmp(n, "-c"))
-            count = (int64_t)parse_num(n, v, 1, 1000000);
+            count = (int64_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "-n"))
-            o->start = (uint32_t)parse_num(n, v, 0, 1e9);
+            o->start = (uint32_t)parse_int(n, v, 0, 1e9);
         else if (!strcmp(n, "-i"))
-            o->conn_interval_ms = (uint32_t)parse_num(n, v, 0, 60000);
+            o->conn_interval_ms = (uint32_t)parse_int(n, v, 0, 60000);
         else if (!strcmp(n, "-I"))
             o->pub_interval_ms = parse_num(n, v, 0, 3600000);
         else if (!strcmp(n, "-t"))
             o->topic = v;
         else if (!strcmp(n, "-q"))
-            o->qos = (int)parse_num(n, v, 0, 2);
+            o->qos = (int)parse_int(n, v, 0, 2);
         else if (!strcmp(n, "-s"))
-            o->size = (uint32_t)parse_num(n, v, RTB_HDR_SIZE, RTB_MAX_PAYLOAD);
+            o->size = (uint32_t)parse_int(n, v, RTB_HDR_SIZE, RTB_MAX_PAYLOAD);
         else if (!strcmp(n, "-L"))
-            o->limit = (uint64_t)parse_num(n, v, 1, 1e9);
+            o->limit = (uint64_t)parse_int(n, v, 1, 1e9);
         else if (!strcmp(n, "-k"))
-            o->keepalive = (uint16_t)parse_num(n, v, 0, 65535);
+            o->keepalive = (uint16_t)parse_int(n, v, 0, 65535);
         else if (!strcmp(n, "-C")) {
             if (!strcmp(v, "true") || !strcmp(v, "1"))
                 o->clean = 1;
@@ -238,7 +250,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             else
                 die_usage("bad value for -C (want true|false): '%s'", v);
         } else if (!strcmp(n, "-V")) {
-            o->version = (int)parse_num(n, v, 3, 5);
+            o->version = (int)parse_int(n, v, 3, 5);
         } else if (!strcmp(n, "-u"))
             o->user = v;
         else if (!strcmp(n, "-P"))
@@ -246,17 +258,17 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         else if (!strcmp(n, "-d"))
             o->duration_s = parse_num(n, v, 0.001, RTB_MAX_DURATION_S);
         else if (!strcmp(n, "--procs"))
-            o->procs = (uint32_t)parse_num(n, v, 1, RTB_MAX_PROCS);
+            o->procs = (uint32_t)parse_int(n, v, 1, RTB_MAX_PROCS);
         else if (!strcmp(n, "--inflight"))
-            o->inflight = (uint32_t)parse_num(n, v, 1, 16384);
+            o->inflight = (uint32_t)parse_int(n, v, 1, 16384);
         else if (!strcmp(n, "--window"))
-            o->window = (uint32_t)parse_num(n, v, 1, 1000000);
+            o->window = (uint32_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "--rate"))
             o->rate = parse_num(n, v, 0.001, 1e8);
         else if (!strcmp(n, "--pubs"))
-            pubs = (int64_t)parse_num(n, v, 1, 1000000);
+            pubs = (int64_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "--subs"))
-            subs = (int64_t)parse_num(n, v, 1, 1000000);
+            subs = (int64_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "--ifaddr"))
             ifaddr = v;
         else if (!strcmp(n, "--prefix"))
@@ -266,9 +278,9 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         else if (!strcmp(n, "--conn-timeout"))
             o->conn_timeout_s = parse_num(n, v, 0.001, 600);
         else if (!strcmp(n, "--conn-parallel"))
-            o->conn_parallel = (uint32_t)parse_num(n, v, 1, 100000);
+            o->conn_parallel = (uint32_t)parse_int(n, v, 1, 100000);
         else if (!strcmp(n, "--test-skip-seq"))
-            o->test_skip_seq = (int64_t)parse_num(n, v, 0, 1e9);
+            o->test_skip_seq = (int64_t)parse_int(n, v, 0, 1e9);
         else
             die_usage("unknown flag '%s'", f);
     }
