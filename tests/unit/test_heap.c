@@ -9,6 +9,7 @@
 #include "check.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -669,6 +670,65 @@ static void test_threads(void)
     CHECK_EQ(mapped, 0);
 }
 
+/*
+** Pool churn: threads make and drop heaps big enough that arenas fill, empty
+** and get unmapped while other threads collect. Every SCAN object holds
+** addresses published by other threads, whose chunks may meanwhile have gone
+** back to the pool or to the OS: a collection must ignore them without
+** reading those arenas (a crash or a sanitizer report otherwise).
+*/
+static _Atomic uintptr_t published[64];
+
+static void *churn_main(void *arg)
+{
+    uint64_t seed = (uint64_t)(uintptr_t)arg * 0x2545f4914f6cdd1dull + 7;
+    long rounds = check_scale(300);
+    for (long it = 0; it < rounds; it++) {
+        rt_heap_t h;
+        rt_heap_init(&h);
+        int n = 200 + (int)(seed % 3000);
+        void *first = NULL;
+        for (int i = 0; i < n; i++) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            size_t sz = 16 + (size_t)(seed >> 40) % (i % 50 == 0 ? 3000 : 600);
+            uintptr_t *o = rt_heap_alloc(&h, sz, RT_OBJ_SCAN);
+            if (!o)
+                continue;
+            o[0] = (uintptr_t)first;
+            o[1] = atomic_load_explicit(&published[seed % 64], memory_order_relaxed);
+            o[1] += (seed >> 8) % 2048; /* also somewhere past it, maybe a free chunk */
+            if (sz >= 32)
+                o[2] = (uintptr_t)seed;
+            if (i % 3 == 0)
+                first = o;
+            atomic_store_explicit(&published[(seed >> 16) % 64], (uintptr_t)o,
+                                  memory_order_relaxed);
+        }
+        roots_t r = {.p = {first}, .n = 1};
+        rt_heap_collect(&h, trace_roots, &r);
+        rt_heap_destroy(&h);
+        if (it % 4 == 0)
+            rt_heap_thread_flush(); /* chunks back to the pool, so arenas empty and unmap */
+    }
+    return NULL;
+}
+
+static void test_pool_churn(void)
+{
+    pthread_t t[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, churn_main, (void *)(uintptr_t)(i + 1)), 0);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(t[i], NULL);
+    rt_heap_pool_trim();
+    size_t mapped, in_use;
+    rt_heap_pool_stats(&mapped, &in_use);
+    CHECK_EQ(in_use, 0);
+    CHECK_EQ(mapped, 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* GC pause with about 1 MB live under steady allocation. */
 
@@ -914,6 +974,7 @@ int main(int argc, char **argv)
     RUN_IF(test_destroy_returns_chunks);
     RUN_IF(test_million_heaps);
     RUN_IF(test_threads);
+    RUN_IF(test_pool_churn);
     RUN_IF(test_gc_pause_1mb_live);
     RUN_IF(test_garbage_1gb);
     RUN_IF(test_alloc_speed);
