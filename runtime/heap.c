@@ -107,12 +107,11 @@ _Static_assert(RT_HEAP_NCLASSES == sizeof(((rt_heap_t *)0)->avail) / sizeof(void
 _Static_assert(_Alignof(max_align_t) >= 16, "calloc must return 16-byte aligned memory");
 
 /*
-** Size classes: object bytes and slots per chunk. Every size is a multiple of
-** 16 so every slot is 16-byte aligned; the slot counts leave at most 64 bytes
-** of a chunk unused.
+** Size classes in object bytes. Every size is a multiple of 16 so every slot
+** is 16-byte aligned; a chunk holds 64, 32, 21, 16, 10, 8, 5, 4, 2 and 1 of
+** them, leaving at most 64 bytes of a chunk unused.
 */
 static const uint16_t class_size[RT_HEAP_NCLASSES] = {16, 32, 48, 64, 96, 128, 192, 256, 512, 1024};
-static const uint8_t class_slots[RT_HEAP_NCLASSES] = {64, 32, 21, 16, 10, 8, 5, 4, 2, 1};
 
 /*
 ** Slot index of a chunk offset without a division: (off * magic) >> 22 equals
@@ -268,9 +267,8 @@ static void arena_map_init(void)
 {
 #ifndef NDEBUG
     for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++) {
-        RT_ASSERT(class_slots[k] == RT_HEAP_CHUNK_SIZE / class_size[k]);
-        RT_ASSERT(class_masks[k] ==
-                  (class_slots[k] == 64 ? ~(uint64_t)0 : ((uint64_t)1 << class_slots[k]) - 1));
+        size_t slots = RT_HEAP_CHUNK_SIZE / class_size[k];
+        RT_ASSERT(class_masks[k] == (slots == 64 ? ~(uint64_t)0 : ((uint64_t)1 << slots) - 1));
         RT_ASSERT(class_of[(class_size[k] + 15) >> 4] == k);
         for (uint32_t off = 0; off < RT_HEAP_CHUNK_SIZE; off++)
             RT_ASSERT(slot_of(k, off) == off / class_size[k]);
