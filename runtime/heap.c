@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 /*
 ** Under AddressSanitizer, free slots and pooled chunks are poisoned so that
@@ -551,10 +552,50 @@ void rt_heap_thread_flush(void)
     memset(gc, 0, sizeof *gc);
 }
 
+/*
+** Gives the OS back the pages of an arena's free chunks, so a pool left
+** fragmented by actors that exited in random order still shrinks in RSS. The
+** free list lives in the descriptors, so free chunk memory is not needed.
+*/
+static void arena_release_pages(arena_t *a, size_t page)
+{
+    uint64_t freemap[RT_HEAP_ARENA_CHUNKS / 64] = {0};
+    for (chunk_t *c = a->free; c; c = c->next) {
+        size_t i = chunk_index(c);
+        freemap[i / 64] |= (uint64_t)1 << (i % 64);
+    }
+    for (size_t i = a->fresh; i < RT_HEAP_ARENA_CHUNKS; i++)
+        freemap[i / 64] |= (uint64_t)1 << (i % 64);
+    /* Descriptors end on a page boundary for pages up to 64 KiB (the caller checks). */
+    size_t per_page = page / RT_HEAP_CHUNK_SIZE, run = 0;
+    for (size_t first = RT_HEAP_META_CHUNKS; first < RT_HEAP_ARENA_CHUNKS; first += per_page) {
+        bool all = true;
+        for (size_t j = first; j < first + per_page && all; j++)
+            all = (freemap[j / 64] >> (j % 64)) & 1;
+        if (all) {
+            if (!run)
+                run = first;
+            continue;
+        }
+        if (run)
+            madvise((char *)a + run * RT_HEAP_CHUNK_SIZE, (first - run) * RT_HEAP_CHUNK_SIZE,
+                    MADV_DONTNEED);
+        run = 0;
+    }
+    if (run)
+        madvise((char *)a + run * RT_HEAP_CHUNK_SIZE,
+                (RT_HEAP_ARENA_CHUNKS - run) * RT_HEAP_CHUNK_SIZE, MADV_DONTNEED);
+}
+
 void rt_heap_pool_trim(void)
 {
     rt_heap_thread_flush();
+    long page = sysconf(_SC_PAGESIZE);
     pthread_mutex_lock(&pool.lock);
+    /* madvise runs under the lock, which keeps the free lists still; trim is rare. */
+    if (page > 0 && (size_t)page >= RT_HEAP_CHUNK_SIZE && (size_t)page <= RT_HEAP_ARENA_SIZE / 16)
+        for (arena_t *p = pool.partial.next; p != &pool.partial; p = p->next)
+            arena_release_pages(p, (size_t)page);
     arena_t *a = pool.spare;
     pool.spare = NULL;
     if (a) {

@@ -138,8 +138,9 @@ void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes);
 
 /*
 ** Returns the calling thread's cached chunks to the pool, then every fully free
-** arena to the OS (used at shutdown and by tests). Other threads' caches stay
-** where they are until those threads call rt_heap_thread_flush().
+** arena to the OS, and the pages of free chunks in the other arenas (used at
+** shutdown, by rtctl and by tests). Other threads' caches stay where they are
+** until those threads call rt_heap_thread_flush().
 */
 void rt_heap_pool_trim(void);
 

@@ -581,6 +581,47 @@ static void test_million_heaps(void)
     free(hs);
 }
 
+static size_t rss_bytes(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f)
+        return 0;
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+        resident = 0;
+    fclose(f);
+    return (size_t)resident * 4096;
+}
+
+/* Actors exiting in random order leave arenas part-free; trim still gives their pages back. */
+static void test_trim_releases_pages(void)
+{
+    rt_heap_pool_trim();
+    long n = 8000;
+    rt_heap_t *hs = calloc((size_t)n, sizeof *hs);
+    for (long i = 0; i < n; i++)
+        memset(rt_heap_alloc(&hs[i], 1000, RT_OBJ_LEAF), 1, 1000); /* one chunk each */
+    size_t mapped0, mapped1, rss0 = rss_bytes();
+    rt_heap_pool_stats(&mapped0, NULL);
+    for (long i = 0; i < n; i++)
+        if (i % 16)
+            rt_heap_destroy(&hs[i]);
+    rt_heap_pool_trim();
+    size_t rss1 = rss_bytes();
+    rt_heap_pool_stats(&mapped1, NULL);
+    CHECK_EQ(mapped1, mapped0); /* every arena still holds a live chunk */
+    fprintf(stderr, "  15/16 of %ld one-chunk heaps gone: RSS %.1f -> %.1f MB, mapped %.1f MB\n", n,
+            rss0 / 1e6, rss1 / 1e6, mapped1 / 1e6);
+    /* Pages hold 4 chunks, so about 3/4 of the freed chunks' memory can go back. */
+    CHECK(rss1 + (size_t)n / 2 * 1024 < rss0);
+    for (long i = 0; i < n; i += 16)
+        rt_heap_destroy(&hs[i]);
+    free(hs);
+    rt_heap_pool_trim();
+    rt_heap_pool_stats(&mapped1, NULL);
+    CHECK_EQ(mapped1, 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Threads: each with its own heaps, sharing binaries, returning chunks at exit. */
 
@@ -973,6 +1014,7 @@ int main(int argc, char **argv)
     RUN_IF(test_poison);
     RUN_IF(test_destroy_returns_chunks);
     RUN_IF(test_million_heaps);
+    RUN_IF(test_trim_releases_pages);
     RUN_IF(test_threads);
     RUN_IF(test_pool_churn);
     RUN_IF(test_gc_pause_1mb_live);
