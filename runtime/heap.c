@@ -15,7 +15,9 @@
 ** and return chunks through a per-thread cache (no lock) that exchanges
 ** batches with the global pool (one mutex). An arena whose chunks are all free
 ** is unmapped, except for one spare kept to absorb churn; rt_heap_pool_trim()
-** unmaps the spare too.
+** unmaps the spare too and gives back the pages of free chunks in the other
+** arenas. A process-wide bitmap of our arenas tells rt_heap_free a small
+** object from a large one.
 **
 ** Large objects (above the largest class) are calloc'ed one by one with a
 ** header that links them on their heap's list.
@@ -139,8 +141,8 @@ static const uint8_t class_of[RT_HEAP_MAX_SMALL / 16 + 1] = {
 ** giving back the chunk and read by any collection whose candidate word falls
 ** in the chunk, hence atomic; a collection reads the other fields only once
 ** owner says the chunk is its own. next/prev link the chunk on its heap's
-** lists, or on its arena's free list while it is in the pool (under the pool
-** lock) or in a thread cache.
+** lists, or next on its arena's free list while it is in the pool (under the
+** pool lock).
 */
 typedef struct chunk_s {
     _Atomic(rt_heap_t *) owner; /* heap owning the chunk; NULL while free */
