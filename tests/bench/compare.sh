@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# compare.sh: runs a fixed MQTT benchmark matrix with rtbench against one or two brokers
+# and writes a markdown table and PNG charts under docs/bench/.
+#
+#   tests/bench/compare.sh [--a CMD] [--b CMD] [--quick] [--rounds N] [--build DIR]
+#                          [--out DIR] [--only CASE-PREFIX]
+#
+# CMD is a broker command line; {port} is replaced by a free loopback port and {conf} by
+# the path of a Mosquitto config written for that port (listener, anonymous access, big
+# queues, TCP_NODELAY, unlimited connections). The default A is Debian's Mosquitto; B is
+# optional. Each case starts a fresh broker, and the brokers alternate A/B/A/B per case
+# (--rounds rounds, default 2) so that drift on the machine hits both alike.
+#
+# Per case the script samples the broker's /proc/PID (VmRSS, utime+stime) and reports
+# broker CPU-seconds per million delivered messages: with client and broker sharing two
+# cores, throughput alone mostly measures how the cores were split.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+A_CMD='/usr/sbin/mosquitto -c {conf}'
+B_CMD=''
+QUICK=0
+ROUNDS=2
+BUILD=${RT_BUILD_DIR:-build/release}
+OUT="$ROOT/docs/bench"
+ONLY=''
+CASE_TIMEOUT_S=300 # hard cap per rtbench run, beyond its own -d and deadlines
+
+usage() {
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+
+while (($#)); do
+    case "$1" in
+    --a) A_CMD=${2:?--a needs a command}; shift 2 ;;
+    --b) B_CMD=${2:?--b needs a command}; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --rounds) ROUNDS=${2:?}; shift 2 ;;
+    --build) BUILD=${2:?}; shift 2 ;;
+    --out) OUT=${2:?}; shift 2 ;;
+    --only) ONLY=${2:?}; shift 2 ;;
+    --help | -h) usage 0 ;;
+    *) echo "compare.sh: unknown argument '$1'" >&2; usage 2 ;;
+    esac
+done
+[[ "$ROUNDS" =~ ^[1-9][0-9]?$ ]] || { echo "compare.sh: --rounds wants 1..99" >&2; exit 2; }
+[[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
+RTBENCH="$BUILD/tools/rtbench/rtbench"
+[[ -x "$RTBENCH" ]] || { echo "compare.sh: $RTBENCH not built (see --build)" >&2; exit 2; }
+for tool in gnuplot jq /usr/bin/python3; do
+    command -v "$tool" >/dev/null || { echo "compare.sh: $tool is missing" >&2; exit 2; }
+done
+
+# Both the brokers and rtbench need more than the default 1024 descriptors.
+ulimit -n "$(ulimit -Hn)"
+
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/rtb-compare.XXXXXX)
+RESULTS="$WORK/results.tsv"
+: >"$RESULTS"
+BROKER_PID=''
+SAMPLER_PID=''
+
+cleanup() {
+    [[ -n "$SAMPLER_PID" ]] && kill "$SAMPLER_PID" 2>/dev/null || true
+    [[ -n "$BROKER_PID" ]] && kill "$BROKER_PID" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+if ((QUICK)); then
+    DUR=3; IDLE=2000; FANIN=20; FANOUT=100; PAIRS=100
+else
+    DUR=10; IDLE=19000; FANIN=100; FANOUT=1000; PAIRS=1000
+fi
+
+# name|rtbench arguments. Load cases run closed loop (rtbench's default for scenarios).
+CASES=("idle-$IDLE|conn -c $IDLE -i 0 --procs 2 -d 5 --ifaddr 127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4")
+for qos in 0 1; do
+    for size in 16 1024; do
+        CASES+=("fanin-$FANIN-q$qos-${size}B|fanin -c $FANIN -q $qos -s $size -d $DUR")
+        CASES+=("fanout-$FANOUT-q$qos-${size}B|fanout -c $FANOUT -q $qos -s $size -d $DUR")
+        CASES+=("pairs-$PAIRS-q$qos-${size}B|pairs -c $PAIRS -q $qos -s $size -d $DUR")
+    done
+done
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Prints "rss_kb cpu_ticks" of a process.
+proc_sample() {
+    local pid=$1 rss cpu
+    rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    cpu=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    echo "${rss:-0} ${cpu:-0}"
+}
+
+start_broker() {
+    local cmd=$1 port conf
+    port=$(free_port)
+    conf="$WORK/broker-$port.conf"
+    cat >"$conf" <<EOF
+listener $port 127.0.0.1
+allow_anonymous true
+max_queued_messages 1000000
+max_inflight_messages 0
+set_tcp_nodelay true
+max_connections -1
+EOF
+    cmd=${cmd//\{port\}/$port}
+    cmd=${cmd//\{conf\}/$conf}
+    bash -c "exec $cmd" >"$WORK/broker.log" 2>&1 &
+    BROKER_PID=$!
+    BROKER_PORT=$port
+    local i
+    for ((i = 0; i < 100; i++)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        kill -0 "$BROKER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "compare.sh: broker '$cmd' did not listen on $port:" >&2
+    cat "$WORK/broker.log" >&2
+    exit 1
+}
+
+stop_broker() {
+    kill "$BROKER_PID" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$BROKER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 "$BROKER_PID" 2>/dev/null || true
+    wait "$BROKER_PID" 2>/dev/null || true
+    BROKER_PID=''
+}
+
+# Runs one case against the running broker and appends a row to $RESULTS.
+run_case() {
+    local label=$1 round=$2 name=$3 args=$4
+    local base cpu0 rss_max=0 line
+    read -r base cpu0 <<<"$(proc_sample "$BROKER_PID")"
+    (
+        # Bounded: the sampler dies with the case (killed below) or after CASE_TIMEOUT_S.
+        for ((n = 0; n < CASE_TIMEOUT_S * 4; n++)); do
+            proc_sample "$BROKER_PID"
+            sleep 0.25
+        done
+    ) >"$WORK/samples" &
+    SAMPLER_PID=$!
+    # shellcheck disable=SC2086
+    timeout "$CASE_TIMEOUT_S" "$RTBENCH" $args -p "$BROKER_PORT" --json --quiet \
+        >"$WORK/out.json" 2>"$WORK/err" || {
+        echo "compare.sh: rtbench failed in $name:" >&2
+        cat "$WORK/err" >&2
+    }
+    kill "$SAMPLER_PID" 2>/dev/null || true
+    wait "$SAMPLER_PID" 2>/dev/null || true
+    SAMPLER_PID=''
+    local cpu1
+    read -r _ cpu1 <<<"$(proc_sample "$BROKER_PID")"
+    rss_max=$(awk 'BEGIN {m = 0} {if ($1 > m) m = $1} END {print m}' "$WORK/samples")
+    local hz
+    hz=$(getconf CLK_TCK)
+    [[ -s "$WORK/out.json" ]] || return 0
+    line=$(jq -r --arg b "$label" --arg r "$round" --arg n "$name" \
+        --arg base "$base" --arg rss "$rss_max" --arg cpu "$(((cpu1 - cpu0)))" --arg hz "$hz" \
+        '[$b, $r, $n, .connected, .failed, .connect_rate, .sent, .received, .expected // 0,
+          .missing, .duplicates, .recv_rate, .e2e.p50_ms, .e2e.p99_ms, .cpu_seconds,
+          $base, $rss, (($cpu | tonumber) / ($hz | tonumber))] | @tsv' "$WORK/out.json")
+    echo "$line" >>"$RESULTS"
+    echo "$line" | awk -F'\t' '{printf "  %-4s r%s %-24s conn=%s fail=%s recv=%s recv/s=%.0f missing=%s p99=%.2fms broker_cpu=%.2fs rtbench_cpu=%.2fs rss_max=%sKB\n", $1, $2, $3, $4, $5, $8, $12, $10, $14, $18, $15, $17}'
+}
+
+BROKERS=("A|$A_CMD")
+[[ -n "$B_CMD" ]] && BROKERS+=("B|$B_CMD")
+echo "compare.sh: rtbench=$RTBENCH quick=$QUICK rounds=$ROUNDS"
+for b in "${BROKERS[@]}"; do echo "  ${b%%|*}: ${b#*|}"; done
+
+for c in "${CASES[@]}"; do
+    name=${c%%|*}
+    args=${c#*|}
+    [[ -n "$ONLY" && "$name" != "$ONLY"* ]] && continue
+    echo "case $name: rtbench $args"
+    for ((round = 1; round <= ROUNDS; round++)); do
+        for b in "${BROKERS[@]}"; do
+            start_broker "${b#*|}"
+            sleep 0.5 # let the broker settle so the RSS baseline is its idle size
+            run_case "${b%%|*}" "$round" "$name" "$args"
+            stop_broker
+        done
+    done
+done
+
+/usr/bin/python3 - "$RESULTS" "$OUT" "$QUICK" "$ROUNDS" "$A_CMD" "$B_CMD" <<'PY'
+import os, statistics, subprocess, sys, time
+
+results, out, quick, rounds, a_cmd, b_cmd = sys.argv[1:7]
+cols = ["broker", "round", "case", "connected", "failed", "connect_rate", "sent", "received",
+        "expected", "missing", "dups", "recv_rate", "p50", "p99", "rtb_cpu", "rss_base",
+        "rss_max", "broker_cpu"]
+rows = []
+for line in open(results):
+    f = line.rstrip("\n").split("\t")
+    if len(f) != len(cols):
+        continue
+    r = dict(zip(cols, f))
+    for k in cols[3:]:
+        r[k] = float(r[k]) if r[k] not in ("", "null") else 0.0
+    rows.append(r)
+
+cases = []
+for r in rows:
+    if r["case"] not in cases:
+        cases.append(r["case"])
+brokers = [b for b in ("A", "B") if any(r["broker"] == b for r in rows)]
+
+def med(case, broker, fn):
+    vals = [fn(r) for r in rows if r["case"] == case and r["broker"] == broker]
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+def per_m(cpu, n):
+    return cpu / (n / 1e6) if n else None
+
+def fmt(v, d=1):
+    return "-" if v is None else f"{v:,.{d}f}"
+
+md = []
+mode = "quick" if quick == "1" else "full"
+md.append(f"# Broker comparison ({mode} matrix, median of {rounds} round(s))\n")
+md.append(f"Generated by `tests/bench/compare.sh` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n")
+md.append(f"- A: `{a_cmd}`")
+if b_cmd:
+    md.append(f"- B: `{b_cmd}`")
+md.append("")
+md.append("## Idle connections\n")
+md.append("| case | broker | connected | failed | connect rate /s | broker RSS base KB | RSS max KB | bytes per connection |")
+md.append("|---|---|---|---|---|---|---|---|")
+idle = [c for c in cases if c.startswith("idle")]
+for c in idle:
+    for b in brokers:
+        conn = med(c, b, lambda r: r["connected"])
+        bpc = med(c, b, lambda r: (r["rss_max"] - r["rss_base"]) * 1024 / r["connected"] if r["connected"] else None)
+        md.append(f"| {c} | {b} | {fmt(conn,0)} | {fmt(med(c,b,lambda r:r['failed']),0)} | "
+                  f"{fmt(med(c,b,lambda r:r['connect_rate']),0)} | {fmt(med(c,b,lambda r:r['rss_base']),0)} | "
+                  f"{fmt(med(c,b,lambda r:r['rss_max']),0)} | {fmt(bpc,0)} |")
+md.append("")
+md.append("## Load cases (closed loop)\n")
+md.append("Broker CPU is utime+stime of the broker process over the whole case (connect, run, "
+          "drain, disconnect), from /proc/PID/stat; per million delivered messages.\n")
+hdr = "| case | broker | delivered /s | missing | dups | e2e p50 ms | e2e p99 ms | broker CPU s/M | rtbench CPU s/M | broker RSS max KB |"
+md.append(hdr)
+md.append("|---|---|---|---|---|---|---|---|---|---|")
+load = [c for c in cases if not c.startswith("idle")]
+for c in load:
+    for b in brokers:
+        md.append(f"| {c} | {b} | {fmt(med(c,b,lambda r:r['recv_rate']),0)} | "
+                  f"{fmt(med(c,b,lambda r:r['missing']),0)} | {fmt(med(c,b,lambda r:r['dups']),0)} | "
+                  f"{fmt(med(c,b,lambda r:r['p50']),2)} | {fmt(med(c,b,lambda r:r['p99']),2)} | "
+                  f"{fmt(med(c,b,lambda r:per_m(r['broker_cpu'], r['received'])),2)} | "
+                  f"{fmt(med(c,b,lambda r:per_m(r['rtb_cpu'], r['received'])),2)} | "
+                  f"{fmt(med(c,b,lambda r:r['rss_max']),0)} |")
+if len(brokers) == 2:
+    md.append("\n## Ratios B/A\n")
+    md.append("| case | delivered /s | broker CPU s/M | e2e p99 | RSS max / bytes per conn |")
+    md.append("|---|---|---|---|---|")
+    for c in cases:
+        def ratio(fn):
+            a, b = med(c, "A", fn), med(c, "B", fn)
+            return f"{b / a:.2f}" if a and b is not None else "-"
+        if c.startswith("idle"):
+            md.append(f"| {c} | - | - | - | {ratio(lambda r: (r['rss_max'] - r['rss_base']) / r['connected'] if r['connected'] else None)} |")
+        else:
+            md.append(f"| {c} | {ratio(lambda r: r['recv_rate'])} | "
+                      f"{ratio(lambda r: per_m(r['broker_cpu'], r['received']))} | "
+                      f"{ratio(lambda r: r['p99'])} | {ratio(lambda r: r['rss_max'])} |")
+md.append("\n![delivered per second](compare-throughput.png)\n")
+md.append("![broker CPU per million](compare-cpu.png)\n")
+with open(os.path.join(out, "compare.md"), "w") as f:
+    f.write("\n".join(md) + "\n")
+print("\n".join(md))
+
+# Charts: one clustered bar per load case and broker.
+dat = os.path.join(out, "compare.tmp")
+with open(dat, "w") as f:
+    for c in load:
+        vals = []
+        for b in ("A", "B"):
+            vals.append(fmt(med(c, b, lambda r: r["recv_rate"]), 1).replace(",", "") if b in brokers else "0")
+            vals.append(fmt(med(c, b, lambda r: per_m(r["broker_cpu"], r["received"])), 3).replace(",", "") if b in brokers else "0")
+        f.write(f"{c} " + " ".join(v if v != "-" else "0" for v in vals) + "\n")
+if load:
+    plot = f"""
+set terminal png size 1200,600 noenhanced
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set xtics rotate by -35
+set grid ytics
+set key top right
+set output '{out}/compare-throughput.png'
+set title 'Delivered messages per second (higher is better)'
+plot '{dat}' using 2:xtic(1) title 'A'{", '' using 4 title 'B'" if len(brokers) == 2 else ""}
+set output '{out}/compare-cpu.png'
+set title 'Broker CPU seconds per million delivered messages (lower is better)'
+plot '{dat}' using 3:xtic(1) title 'A'{", '' using 5 title 'B'" if len(brokers) == 2 else ""}
+"""
+    subprocess.run(["gnuplot"], input=plot, text=True, check=True)
+os.unlink(dat)
+PY
+echo "compare.sh: wrote $OUT/compare.md and charts"
