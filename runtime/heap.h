@@ -9,13 +9,14 @@
 ** roots are what the owner says through its trace callback; pointers held by C
 ** code stay valid across a collection. One heap is only ever touched by the
 ** thread currently running its actor, so nothing here locks, except the chunk
-** pool underneath.
+** pool underneath; a heap may move to another thread with its actor, given
+** the usual happens-before of the hand-over.
 **
 ** Object kinds:
 **   RT_OBJ_LEAF  holds no pointers to heap objects; never scanned.
-**   RT_OBJ_SCAN  scanned conservatively: every aligned word that points into
-**                (or, for small objects, inside) an object of the same heap
-**                keeps that object alive.
+**   RT_OBJ_SCAN  scanned conservatively: every aligned word that points at
+**                or inside an object of the same heap (small or large) keeps
+**                that object alive; other words are ignored, never followed.
 ** A binary handle (rt_heap_hold_bin) is a heap object that owns one reference
 ** to a shared binary; sweeping it releases that reference.
 **
@@ -106,6 +107,7 @@ void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind);
 /*
 ** Frees an object now, without waiting for a collection (an optimisation for
 ** code that knows an object is garbage; the GC stays correct without it).
+** p is NULL or a pointer rt_heap_alloc (or rt_heap_hold_bin) returned for h.
 */
 void rt_heap_free(rt_heap_t *h, void *p);
 
