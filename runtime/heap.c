@@ -188,6 +188,18 @@ struct rt_bin_s {
 
 _Static_assert(sizeof(struct rt_bin_s) == 16, "binary data must stay 16-byte aligned");
 
+/*
+** Heap counters belong to the owner's thread, but rt_heap_stats may read them
+** from any thread (rtctl sampling every actor). The owner writes them with
+** relaxed single-word stores and readers load them the same way: that costs
+** nothing over plain moves and keeps the sampling race-free. The owner's own
+** reads stay plain, since no other thread writes these fields.
+*/
+#define RT_HEAP_SET(f, v) __atomic_store_n(&(f), (v), __ATOMIC_RELAXED)
+#define RT_HEAP_GET(f) __atomic_load_n(&(f), __ATOMIC_RELAXED)
+#define RT_HEAP_ADD(f, v) RT_HEAP_SET(f, (f) + (v))
+#define RT_HEAP_SUB(f, v) RT_HEAP_SET(f, (f) - (v))
+
 /* ------------------------------------------------------------------------ */
 /* Configuration                                                            */
 
@@ -653,7 +665,7 @@ static chunk_t *heap_new_chunk(rt_heap_t *h, unsigned cls)
     c->full = 0;
     RT_HEAP_NOACCESS(chunk_data(c), RT_HEAP_CHUNK_SIZE);
     list_push(&h->avail[cls], c);
-    h->chunks++;
+    RT_HEAP_ADD(h->chunks, 1);
     return c;
 }
 
@@ -665,7 +677,7 @@ static void heap_drop_chunk(rt_heap_t *h, chunk_t *c)
     RT_HEAP_NOACCESS(chunk_data(c), RT_HEAP_CHUNK_SIZE);
     atomic_store_explicit(&c->owner, NULL, memory_order_relaxed);
     chunk_put(c);
-    h->chunks--;
+    RT_HEAP_SUB(h->chunks, 1);
 }
 
 static void *alloc_large(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
@@ -683,9 +695,9 @@ static void *alloc_large(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
     if (l->next)
         l->next->prev = l;
     h->large = l;
-    h->large_count++;
-    h->large_bytes += sizeof(large_t) + size;
-    h->used += size;
+    RT_HEAP_ADD(h->large_count, 1);
+    RT_HEAP_ADD(h->large_bytes, sizeof(large_t) + size);
+    RT_HEAP_ADD(h->used, size);
     return l + 1;
 }
 
@@ -711,7 +723,7 @@ void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
         c->full = 1;
     }
     size_t n = class_size[cls];
-    h->used += n;
+    RT_HEAP_ADD(h->used, n);
     char *p = chunk_data(c) + i * n;
     RT_HEAP_ACCESS(p, n);
     memset(p, 0, n);
@@ -800,7 +812,7 @@ void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin)
     *p = bin;
     chunk_t *c = chunk_of(p);
     c->bin |= (uint64_t)1 << slot_of(c->cls, (uintptr_t)p);
-    h->bin_bytes += bin->len;
+    RT_HEAP_ADD(h->bin_bytes, bin->len);
     return p;
 }
 
@@ -817,7 +829,7 @@ static void release_bins(rt_heap_t *h, chunk_t *c, uint64_t bits)
         unsigned i = (unsigned)__builtin_ctzll(bits);
         bits &= bits - 1;
         rt_bin_t *b = *(rt_bin_t **)(base + i * class_size[c->cls]);
-        h->bin_bytes -= b->len;
+        RT_HEAP_SUB(h->bin_bytes, b->len);
         rt_bin_release(b);
     }
 }
@@ -840,9 +852,9 @@ static void free_large(rt_heap_t *h, large_t *l)
         h->large = l->next;
     if (l->next)
         l->next->prev = l->prev;
-    h->large_count--;
-    h->large_bytes -= sizeof(large_t) + l->size;
-    h->used -= l->size;
+    RT_HEAP_SUB(h->large_count, 1);
+    RT_HEAP_SUB(h->large_bytes, sizeof(large_t) + l->size);
+    RT_HEAP_SUB(h->used, l->size);
     RT_POISON(l, sizeof *l + l->size);
     free(l);
 }
@@ -867,7 +879,7 @@ void rt_heap_free(rt_heap_t *h, void *p)
     c->alloc &= ~bit;
     c->scan &= ~bit;
     c->bin &= ~bit;
-    h->used -= class_size[cls];
+    RT_HEAP_SUB(h->used, class_size[cls]);
     slot_free(p, class_size[cls]);
     if (c->full) {
         list_remove(&h->full, c);
@@ -902,7 +914,13 @@ void rt_heap_destroy(rt_heap_t *h)
     while (h->large)
         free_large(h, h->large);
     RT_ASSERT(h->chunks == 0 && h->bin_bytes == 0 && h->large_bytes == 0);
-    memset(h, 0, sizeof *h);
+    /* Back to the all-zero empty heap, field by field for concurrent rt_heap_stats readers. */
+    RT_HEAP_SET(h->used, 0);
+    RT_HEAP_SET(h->next_gc, 0);
+    RT_HEAP_SET(h->live, 0);
+    RT_HEAP_SET(h->gc_count, 0);
+    RT_HEAP_SET(h->last_pause_us, 0);
+    RT_HEAP_SET(h->max_pause_us, 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1127,7 +1145,7 @@ static void sweep_chunk(rt_heap_t *h, chunk_t *c)
     if (dead) {
         if (dead & c->bin)
             release_bins(h, c, dead & c->bin);
-        h->used -= (size_t)__builtin_popcountll(dead) * class_size[cls];
+        RT_HEAP_SUB(h->used, (size_t)__builtin_popcountll(dead) * class_size[cls]);
 #if !defined(NDEBUG) || defined(RT_HEAP_ASAN)
         /* A chunk left empty is poisoned whole when dropped. */
         for (uint64_t d = c->mark ? dead : 0; d; d &= d - 1)
@@ -1195,7 +1213,7 @@ static void unmark(rt_heap_t *h)
 
 static inline size_t heap_bytes(const rt_heap_t *h)
 {
-    return (size_t)h->chunks * RT_HEAP_CHUNK_SIZE + h->large_bytes;
+    return (size_t)RT_HEAP_GET(h->chunks) * RT_HEAP_CHUNK_SIZE + RT_HEAP_GET(h->large_bytes);
 }
 
 bool rt_heap_should_collect(const rt_heap_t *h)
@@ -1236,24 +1254,25 @@ void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx)
         sweep(h);
     gc->heap = NULL;
 
-    h->live = h->used;
+    RT_HEAP_SET(h->live, h->used);
     double t = cfg_gc_factor * (double)(h->live + h->bin_bytes);
-    h->next_gc = t > (double)cfg_min_heap ? (size_t)t : cfg_min_heap;
-    h->gc_count++;
+    RT_HEAP_SET(h->next_gc, t > (double)cfg_min_heap ? (size_t)t : cfg_min_heap);
+    RT_HEAP_ADD(h->gc_count, 1);
     uint64_t us = (now_ns() - t0) / 1000;
-    h->last_pause_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+    RT_HEAP_SET(h->last_pause_us, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us);
     if (h->last_pause_us > h->max_pause_us)
-        h->max_pause_us = h->last_pause_us;
+        RT_HEAP_SET(h->max_pause_us, h->last_pause_us);
 }
 
 void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out)
 {
     out->heap_bytes = heap_bytes(h);
-    out->used_bytes = h->used;
-    out->live_bytes = h->live;
-    out->bin_bytes = h->bin_bytes;
-    out->next_gc = h->next_gc ? h->next_gc : cfg_min_heap;
-    out->gc_count = h->gc_count;
-    out->last_pause_us = h->last_pause_us;
-    out->max_pause_us = h->max_pause_us;
+    out->used_bytes = RT_HEAP_GET(h->used);
+    out->live_bytes = RT_HEAP_GET(h->live);
+    out->bin_bytes = RT_HEAP_GET(h->bin_bytes);
+    size_t next = RT_HEAP_GET(h->next_gc);
+    out->next_gc = next ? next : cfg_min_heap;
+    out->gc_count = RT_HEAP_GET(h->gc_count);
+    out->last_pause_us = RT_HEAP_GET(h->last_pause_us);
+    out->max_pause_us = RT_HEAP_GET(h->max_pause_us);
 }

@@ -130,6 +130,11 @@ void rt_gc_mark(rt_gc_t *gc, const void *p);
 /* In a trace callback: scan a memory range (such as the actor's state) conservatively. */
 void rt_gc_scan(rt_gc_t *gc, const void *start, size_t len);
 
+/*
+** May be called from any thread (introspection samples every actor without
+** stopping it): each counter is read atomically, but counters are not
+** consistent with one another while the owner runs.
+*/
 void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out);
 
 /*

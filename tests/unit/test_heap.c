@@ -633,13 +633,32 @@ static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
 static rt_heap_t handoff[NTHREADS * 4];
 static int handoff_n;
 
+/* Each thread's heaps, read meanwhile by a sampler thread as rtctl would. */
+static rt_heap_t thread_heaps[NTHREADS][8];
+static atomic_bool sampler_stop;
+
+static void *sampler_main(void *arg)
+{
+    size_t *samples = arg;
+    while (!atomic_load(&sampler_stop)) {
+        for (int t = 0; t < NTHREADS; t++) {
+            for (int i = 0; i < 8; i++) {
+                rt_heap_stats_t st;
+                rt_heap_stats(&thread_heaps[t][i], &st);
+                *samples += st.heap_bytes > 0;
+            }
+        }
+    }
+    return NULL;
+}
+
 static void *thread_main(void *arg)
 {
     uint64_t seed = (uint64_t)(uintptr_t)arg * 0x9e3779b97f4a7c15ull + 1;
-    rt_heap_t heaps[8];
+    /* Static and all-zero, so already valid empty heaps (rt_heap_init would race with the sampler).
+     */
+    rt_heap_t *heaps = thread_heaps[(uintptr_t)arg - 1];
     node_t *heads[8] = {0};
-    for (int i = 0; i < 8; i++)
-        rt_heap_init(&heaps[i]);
     long iters = check_scale(200000);
     for (long it = 0; it < iters; it++) {
         seed ^= seed << 13;
@@ -687,11 +706,16 @@ static void test_threads(void)
     rt_bin_totals(&count0, NULL);
     for (int i = 0; i < 16; i++)
         shared_bins[i] = rt_bin_alloc((size_t)(i + 1) * 100);
-    pthread_t t[NTHREADS];
+    pthread_t t[NTHREADS], sampler;
+    size_t samples = 0;
+    CHECK_EQ(pthread_create(&sampler, NULL, sampler_main, &samples), 0);
     for (int i = 0; i < NTHREADS; i++)
         CHECK_EQ(pthread_create(&t[i], NULL, thread_main, (void *)(uintptr_t)(i + 1)), 0);
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(t[i], NULL);
+    atomic_store(&sampler_stop, true);
+    pthread_join(sampler, NULL);
+    CHECK(samples > 0);
     CHECK_EQ(handoff_n, NTHREADS * 4);
     for (int i = 0; i < handoff_n; i++) {
         rt_heap_collect(&handoff[i], NULL, NULL);
