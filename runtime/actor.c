@@ -185,9 +185,18 @@ static void mute_check(rt_actor_t *target)
     cur->mute_target = target;
 }
 
+#define RT_MAILBOX_HIGH 1000  /* queued messages that count as overload, turns aside */
+#define RT_MAILBOX_CHECK 63    /* look at the length every 64 sends: it costs a cache miss */
+
 static void deliver_to(rt_actor_t *a, rt_msg_t *m)
 {
-    atomic_fetch_add_explicit(&a->sent, 1, memory_order_relaxed);
+    uint64_t sent = atomic_fetch_add_explicit(&a->sent, 1, memory_order_relaxed) + 1;
+    if (RT_UNLIKELY((sent & RT_MAILBOX_CHECK) == 0) &&
+        sent - atomic_load_explicit(&a->received, memory_order_relaxed) > RT_MAILBOX_HIGH) {
+        /* A fast producer outruns turn-based detection by a wide margin; a long mailbox
+           is overload now, and the receiver clears it on its first turn that drains. */
+        atomic_fetch_or_explicit(&a->sync_flags, RT_AF_OVERLOADED, memory_order_relaxed);
+    }
     if (mbox_push(a, m))
         rt__schedule(a);
 }
@@ -594,6 +603,9 @@ void rt__run_turn(rt_actor_t *a, unsigned batch)
         if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
             process_signals(a);
         heap_check(a);
+        /* Sent to an overloaded actor: stop here rather than after the batch. */
+        if (a->mute_target)
+            break;
     }
     add_relaxed(&a->received, popped);
     add_relaxed(&a->reductions, n);
@@ -605,10 +617,14 @@ void rt__run_turn(rt_actor_t *a, unsigned batch)
         return;
     }
 
-    if (n >= batch) {
+    /* Overloaded: the batch ran out with messages left, turn after turn. It ends as soon as
+       a turn leaves the mailbox empty, however full that turn was. */
+    rt_msg_t *stub = stub_of(a);
+    bool drained = a->mbox_tail == stub && !msg_next(stub);
+    if (n >= batch && !drained) {
         if (a->overload_turns < RT_OVERLOAD_TURNS && ++a->overload_turns == RT_OVERLOAD_TURNS)
             atomic_fetch_or_explicit(&a->sync_flags, RT_AF_OVERLOADED, memory_order_release);
-    } else if (a->overload_turns) {
+    } else {
         a->overload_turns = 0;
         if (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_OVERLOADED)
             unmute_waiters(a, RT_AF_OVERLOADED);

@@ -29,6 +29,29 @@ typedef struct {
 } thread_pool_t;
 
 static _Thread_local thread_pool_t tpool;
+static _Thread_local bool tpool_registered;
+
+/* Any thread that sends may cache envelopes; they are given back when it exits. */
+static pthread_key_t tpool_key;
+static pthread_once_t tpool_key_once = PTHREAD_ONCE_INIT;
+
+static void tpool_thread_exit(void *unused)
+{
+    (void)unused;
+    rt__msg_pool_flush();
+}
+
+static void tpool_key_create(void)
+{
+    pthread_key_create(&tpool_key, tpool_thread_exit);
+}
+
+static void tpool_register(void)
+{
+    pthread_once(&tpool_key_once, tpool_key_create);
+    pthread_setspecific(tpool_key, &tpool);
+    tpool_registered = true;
+}
 
 static pthread_mutex_t depot_lock = PTHREAD_MUTEX_INITIALIZER;
 static rt_msg_t *depot[RT_MSG_CLASSES]; /* batches chained through data[] */
@@ -91,6 +114,8 @@ rt_msg_t *rt_msg_new(uint32_t tag, size_t len)
             return NULL;
         m->size_class = RT_MSG_HUGE;
     } else {
+        if (RT_UNLIKELY(!tpool_registered))
+            tpool_register();
         if (!tpool.free[c])
             refill(c);
         m = tpool.free[c];
@@ -124,6 +149,8 @@ void rt_msg_free(rt_msg_t *m)
         return;
     }
     int c = m->size_class;
+    if (RT_UNLIKELY(!tpool_registered))
+        tpool_register();
     RT_POISON(m->data, class_size[c] - sizeof(rt_msg_t));
     atomic_store_explicit(&m->next, tpool.free[c], memory_order_relaxed);
     tpool.free[c] = m;

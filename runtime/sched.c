@@ -320,6 +320,8 @@ static void *sched_main(void *arg)
         since_poll = 0;
     }
     rt__ebr_leave(s->ebr);
+    rt__msg_pool_flush();
+    rt_heap_thread_flush();
     return NULL;
 }
 

@@ -1,0 +1,51 @@
+# Front door for people and CI: every target installs what is missing first.
+# The real build is CMake; these targets only pick build directories and options.
+
+BUILD ?= build
+JOBS ?= $(shell nproc)
+PYTEST = /usr/bin/python3 -m pytest
+
+.PHONY: deps build build-asan build-tsan run test test-unit test-asan test-tsan test-integration bench clean
+
+deps:
+	@./tools/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD)/release -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD)/release -j$(JOBS)
+
+build-asan: deps
+	@cmake -S . -B $(BUILD)/asan -DCMAKE_BUILD_TYPE=Debug -DRT_SANITIZE=address >/dev/null
+	@cmake --build $(BUILD)/asan -j$(JOBS)
+
+build-tsan: deps
+	@cmake -S . -B $(BUILD)/tsan -DCMAKE_BUILD_TYPE=Debug -DRT_SANITIZE=thread >/dev/null
+	@cmake --build $(BUILD)/tsan -j$(JOBS)
+
+# Until the broker lands, the main program is the runtime benchmark.
+run: build
+	@$(BUILD)/release/tests/bench/bench_runtime
+
+test-unit: build
+	@cd $(BUILD)/release && ctest --output-on-failure -j1
+
+test-asan: build-asan
+	@cd $(BUILD)/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j1
+
+test-tsan: build-tsan
+	@cd $(BUILD)/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+		ctest --output-on-failure -j1
+
+test-integration: build
+	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q tests/integration; rc=$$?; \
+		if [ $$rc -eq 5 ]; then echo "no integration tests collected"; exit 1; fi; exit $$rc
+
+test: test-unit test-asan test-tsan test-integration
+	@echo "all test suites passed"
+
+bench: build
+	@./tests/bench/run_runtime_bench.sh
+
+clean:
+	rm -rf $(BUILD)

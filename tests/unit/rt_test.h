@@ -1,0 +1,80 @@
+/*
+** Helpers for runtime tests: start and stop a runtime, wait for a counter
+** with a deadline (tests never sleep a fixed time and hope), read RSS.
+*/
+#ifndef RT_TEST_H
+#define RT_TEST_H
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "rt.h"
+
+static inline uint64_t test_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static inline void test_sleep_ms(unsigned ms)
+{
+    struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&d, NULL);
+}
+
+/* Waits until *v >= target or timeout; returns true if reached. */
+static inline bool wait_at_least(atomic_long *v, long target, unsigned timeout_ms)
+{
+    uint64_t end = test_now_ms() + timeout_ms;
+    while (atomic_load(v) < target) {
+        if (test_now_ms() > end)
+            return false;
+        test_sleep_ms(1);
+    }
+    return true;
+}
+
+static inline bool wait_alive(uint64_t target, unsigned timeout_ms)
+{
+    uint64_t end = test_now_ms() + timeout_ms;
+    rt_stats_t st;
+    for (;;) {
+        rt_stats(&st);
+        if (st.alive == target)
+            return true;
+        if (test_now_ms() > end)
+            return false;
+        test_sleep_ms(1);
+    }
+}
+
+static inline long rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return rss * sysconf(_SC_PAGESIZE);
+}
+
+static inline void test_start(unsigned schedulers)
+{
+    rt_config_t cfg;
+    rt_config_defaults(&cfg);
+    cfg.schedulers = schedulers;
+    int rc = rt_init(&cfg);
+    if (rc) {
+        fprintf(stderr, "rt_init: %s\n", rt_strerror(rc));
+        exit(2);
+    }
+}
+
+#endif

@@ -1,0 +1,415 @@
+/* Actors: spawn, send, exit, dead letters, registry, links, monitors, trap_exit, heap limits. */
+#include "rt_test.h"
+
+enum { MSG_ADD = RT_MSG_USER, MSG_EXIT_WITH, MSG_LINK_TO, MSG_MONITOR, MSG_DEMONITOR, MSG_ALLOC,
+       MSG_PING };
+
+/* A general-purpose probe: counts what it receives into shared counters. */
+typedef struct {
+    atomic_long received;
+    atomic_long exits_seen;
+    atomic_long downs_seen;
+    atomic_long terminated;
+    atomic_int last_reason;
+    atomic_long last_from;
+    atomic_long last_ref;
+} probe_t;
+
+typedef struct {
+    probe_t *probe;
+    bool trap;
+    void **keep; /* heap objects kept reachable through the state */
+    size_t nkeep;
+} probe_state_t;
+
+static int probe_init(rt_actor_t *self, void *state, void *arg)
+{
+    probe_state_t *st = state;
+    st->probe = arg;
+    return 0;
+}
+
+static void probe_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    probe_state_t *st = state;
+    probe_t *p = st->probe;
+    switch (m->tag) {
+    case RT_MSG_EXIT: {
+        rt_exit_msg_t *e = (rt_exit_msg_t *)(void *)m->data;
+        atomic_store(&p->last_reason, e->reason);
+        atomic_store(&p->last_from, (long)e->from);
+        atomic_fetch_add(&p->exits_seen, 1);
+        break;
+    }
+    case RT_MSG_DOWN: {
+        rt_down_msg_t *d = (rt_down_msg_t *)(void *)m->data;
+        atomic_store(&p->last_reason, d->reason);
+        atomic_store(&p->last_from, (long)d->pid);
+        atomic_store(&p->last_ref, (long)d->ref);
+        atomic_fetch_add(&p->downs_seen, 1);
+        break;
+    }
+    case MSG_EXIT_WITH:
+        rt_exit(self, *(rt_reason_t *)(void *)m->data);
+        break;
+    case MSG_LINK_TO:
+        rt_link(self, *(rt_pid_t *)(void *)m->data);
+        atomic_fetch_add(&p->received, 1);
+        break;
+    case MSG_MONITOR: {
+        rt_ref_t ref = 0;
+        rt_monitor(self, *(rt_pid_t *)(void *)m->data, &ref);
+        atomic_store(&p->last_ref, (long)ref);
+        atomic_fetch_add(&p->received, 1);
+        break;
+    }
+    case MSG_DEMONITOR:
+        rt_demonitor(self, *(rt_ref_t *)(void *)m->data);
+        atomic_fetch_add(&p->received, 1);
+        break;
+    case MSG_ALLOC: {
+        /* Allocate and keep: grows the live heap by the requested amount. */
+        size_t n = *(size_t *)(void *)m->data;
+        void **keep = rt_alloc(self, (st->nkeep + 1) * sizeof(void *), RT_OBJ_SCAN);
+        if (keep && st->keep)
+            memcpy(keep, st->keep, st->nkeep * sizeof(void *));
+        if (keep) {
+            keep[st->nkeep] = rt_alloc(self, n, RT_OBJ_LEAF);
+            st->keep = keep;
+            st->nkeep++;
+        }
+        atomic_fetch_add(&p->received, 1);
+        break;
+    }
+    default:
+        atomic_fetch_add(&p->received, 1);
+    }
+}
+
+static void probe_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    probe_state_t *st = state;
+    atomic_store(&st->probe->last_reason, reason);
+    atomic_fetch_add(&st->probe->terminated, 1);
+}
+
+static const rt_actor_type_t probe_type = {
+    .name = "probe",
+    .state_size = sizeof(probe_state_t),
+    .init = probe_init,
+    .handle = probe_handle,
+    .terminate = probe_terminate,
+};
+
+static int trapper_init(rt_actor_t *self, void *state, void *arg)
+{
+    rt_trap_exit(self, true);
+    return probe_init(self, state, arg);
+}
+
+static const rt_actor_type_t trapper_type = {
+    .name = "trapper",
+    .state_size = sizeof(probe_state_t),
+    .init = trapper_init,
+    .handle = probe_handle,
+    .terminate = probe_terminate,
+};
+
+static void send_reason(rt_pid_t to, rt_reason_t r)
+{
+    rt_send(to, MSG_EXIT_WITH, &r, sizeof(r));
+}
+
+static void test_spawn_send(void)
+{
+    probe_t p = {0};
+    rt_pid_t pid = 0;
+    CHECK_EQ(rt_spawn(&probe_type, &p, &pid), 0);
+    CHECK(pid != 0);
+    for (int i = 0; i < 1000; i++)
+        CHECK_EQ(rt_send(pid, MSG_ADD, &i, sizeof(i)), 0);
+    CHECK(wait_at_least(&p.received, 1000, 5000));
+    CHECK_EQ(atomic_load(&p.received), 1000);
+    send_reason(pid, RT_REASON_NORMAL);
+    CHECK(wait_at_least(&p.terminated, 1, 5000));
+    CHECK_EQ(atomic_load(&p.last_reason), RT_REASON_NORMAL);
+}
+
+static void test_dead_letters(void)
+{
+    probe_t p = {0};
+    rt_pid_t pid;
+    rt_spawn(&probe_type, &p, &pid);
+    send_reason(pid, RT_REASON_NORMAL);
+    CHECK(wait_at_least(&p.terminated, 1, 5000));
+    rt_stats_t before, after;
+    rt_stats(&before);
+    CHECK_EQ(rt_send(pid, MSG_ADD, NULL, 0), RT_ENOPROC);
+    CHECK_EQ(rt_send(pid, MSG_ADD, NULL, 0), RT_ENOPROC);
+    rt_stats(&after);
+    CHECK_EQ(after.dead_letters - before.dead_letters, 2);
+    /* A pid whose slot was reused by a new actor must still be dead (generation check). */
+    probe_t q = {0};
+    rt_pid_t pid2;
+    rt_spawn(&probe_type, &q, &pid2);
+    CHECK(pid2 != pid);
+    CHECK_EQ(rt_send(pid, MSG_ADD, NULL, 0), RT_ENOPROC);
+    CHECK_EQ(atomic_load(&q.received), 0);
+    rt_exit_signal(pid2, RT_REASON_KILL);
+    CHECK(wait_at_least(&q.terminated, 1, 5000));
+    CHECK_EQ(atomic_load(&q.last_reason), RT_REASON_KILLED);
+}
+
+static void test_registry(void)
+{
+    probe_t p = {0};
+    rt_pid_t pid;
+    rt_spawn_opts_t o = {.name = "probe-1"};
+    CHECK_EQ(rt_spawn_opt(&probe_type, &p, &o, &pid), 0);
+    CHECK_EQ(rt_whereis("probe-1"), pid);
+    probe_t q = {0};
+    rt_pid_t pid2 = 0;
+    CHECK_EQ(rt_spawn_opt(&probe_type, &q, &o, &pid2), RT_EEXIST);
+    CHECK_EQ(pid2, 0);
+    send_reason(pid, RT_REASON_NORMAL);
+    CHECK(wait_at_least(&p.terminated, 1, 5000));
+    CHECK(wait_alive(0, 5000));
+    CHECK_EQ(rt_whereis("probe-1"), 0);
+    CHECK_EQ(rt_spawn_opt(&probe_type, &q, &o, &pid2), 0);
+    CHECK_EQ(rt_whereis("probe-1"), pid2);
+    CHECK_EQ(rt_unregister("probe-1"), 0);
+    CHECK_EQ(rt_whereis("probe-1"), 0);
+    rt_exit_signal(pid2, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
+static void test_links(void)
+{
+    /* An abnormal exit takes a linked, non-trapping actor down with the same reason. */
+    probe_t a = {0}, b = {0};
+    rt_pid_t pa, pb;
+    rt_spawn(&probe_type, &a, &pa);
+    rt_spawn(&probe_type, &b, &pb);
+    rt_send(pa, MSG_LINK_TO, &pb, sizeof(pb));
+    CHECK(wait_at_least(&a.received, 1, 5000));
+    send_reason(pb, RT_REASON_USER + 1);
+    CHECK(wait_at_least(&a.terminated, 1, 5000));
+    CHECK_EQ(atomic_load(&a.last_reason), RT_REASON_USER + 1);
+
+    /* A normal exit does not. */
+    probe_t c = {0}, d = {0};
+    rt_pid_t pc, pd;
+    rt_spawn(&probe_type, &c, &pc);
+    rt_spawn(&probe_type, &d, &pd);
+    rt_send(pc, MSG_LINK_TO, &pd, sizeof(pd));
+    CHECK(wait_at_least(&c.received, 1, 5000));
+    send_reason(pd, RT_REASON_NORMAL);
+    CHECK(wait_at_least(&d.terminated, 1, 5000));
+    test_sleep_ms(20);
+    CHECK_EQ(atomic_load(&c.terminated), 0);
+
+    /* A trapping actor gets the exit as a message and lives on. */
+    probe_t t = {0}, e = {0};
+    rt_pid_t pt, pe;
+    rt_spawn(&trapper_type, &t, &pt);
+    rt_spawn(&probe_type, &e, &pe);
+    rt_send(pt, MSG_LINK_TO, &pe, sizeof(pe));
+    CHECK(wait_at_least(&t.received, 1, 5000));
+    send_reason(pe, RT_REASON_USER + 2);
+    CHECK(wait_at_least(&t.exits_seen, 1, 5000));
+    CHECK_EQ(atomic_load(&t.last_reason), RT_REASON_USER + 2);
+    CHECK_EQ((rt_pid_t)atomic_load(&t.last_from), pe);
+    CHECK_EQ(atomic_load(&t.terminated), 0);
+
+    /* kill cannot be trapped; a link to a dead pid delivers noproc. */
+    rt_send(pt, MSG_LINK_TO, &pe, sizeof(pe));
+    CHECK(wait_at_least(&t.exits_seen, 2, 5000));
+    CHECK_EQ(atomic_load(&t.last_reason), RT_REASON_NOPROC);
+    rt_exit_signal(pt, RT_REASON_KILL);
+    CHECK(wait_at_least(&t.terminated, 1, 5000));
+    CHECK_EQ(atomic_load(&t.last_reason), RT_REASON_KILLED);
+    rt_exit_signal(pc, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
+static void test_monitors(void)
+{
+    probe_t w = {0}, x = {0};
+    rt_pid_t pw, px;
+    rt_spawn(&probe_type, &w, &pw);
+    rt_spawn(&probe_type, &x, &px);
+    rt_send(pw, MSG_MONITOR, &px, sizeof(px));
+    CHECK(wait_at_least(&w.received, 1, 5000));
+    rt_ref_t ref = (rt_ref_t)atomic_load(&w.last_ref);
+    send_reason(px, RT_REASON_USER + 7);
+    CHECK(wait_at_least(&w.downs_seen, 1, 5000));
+    CHECK_EQ(atomic_load(&w.last_reason), RT_REASON_USER + 7);
+    CHECK_EQ((rt_pid_t)atomic_load(&w.last_from), px);
+    CHECK_EQ((rt_ref_t)atomic_load(&w.last_ref), ref);
+    CHECK_EQ(atomic_load(&w.terminated), 0); /* monitors never kill */
+
+    /* Monitoring a dead pid: DOWN noproc at once. */
+    rt_send(pw, MSG_MONITOR, &px, sizeof(px));
+    CHECK(wait_at_least(&w.downs_seen, 2, 5000));
+    CHECK_EQ(atomic_load(&w.last_reason), RT_REASON_NOPROC);
+
+    /* Demonitor: no DOWN afterwards. */
+    probe_t y = {0};
+    rt_pid_t py;
+    rt_spawn(&probe_type, &y, &py);
+    long before = atomic_load(&w.received);
+    rt_send(pw, MSG_MONITOR, &py, sizeof(py));
+    CHECK(wait_at_least(&w.received, before + 1, 5000));
+    rt_ref_t ref2 = (rt_ref_t)atomic_load(&w.last_ref);
+    rt_send(pw, MSG_DEMONITOR, &ref2, sizeof(ref2));
+    CHECK(wait_at_least(&w.received, before + 2, 5000));
+    send_reason(py, RT_REASON_USER);
+    CHECK(wait_at_least(&y.terminated, 1, 5000));
+    test_sleep_ms(20);
+    CHECK_EQ(atomic_load(&w.downs_seen), 2);
+    rt_exit_signal(pw, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
+/* max_heap kills with heap_limit, and the reason reaches links and monitors. */
+static void test_heap_limit(void)
+{
+    probe_t v = {0}, linked = {0}, watcher = {0};
+    rt_pid_t pv, pl, pw;
+    rt_spawn_opts_t o = {.max_heap = 256 * 1024};
+    CHECK_EQ(rt_spawn_opt(&probe_type, &v, &o, &pv), 0);
+    rt_spawn(&trapper_type, &linked, &pl);
+    rt_spawn(&probe_type, &watcher, &pw);
+    rt_send(pl, MSG_LINK_TO, &pv, sizeof(pv));
+    rt_send(pw, MSG_MONITOR, &pv, sizeof(pv));
+    CHECK(wait_at_least(&linked.received, 1, 5000));
+    CHECK(wait_at_least(&watcher.received, 1, 5000));
+    rt_stats_t before;
+    rt_stats(&before);
+    for (int i = 0; i < 64; i++) {
+        size_t n = 16 * 1024;
+        rt_send(pv, MSG_ALLOC, &n, sizeof(n));
+    }
+    CHECK(wait_at_least(&v.terminated, 1, 5000));
+    CHECK_EQ(atomic_load(&v.last_reason), RT_REASON_HEAP_LIMIT);
+    CHECK(atomic_load(&v.received) < 64);
+    CHECK(wait_at_least(&linked.exits_seen, 1, 5000));
+    CHECK_EQ(atomic_load(&linked.last_reason), RT_REASON_HEAP_LIMIT);
+    CHECK(wait_at_least(&watcher.downs_seen, 1, 5000));
+    CHECK_EQ(atomic_load(&watcher.last_reason), RT_REASON_HEAP_LIMIT);
+    rt_stats_t after;
+    rt_stats(&after);
+    CHECK_EQ(after.heap_limit_kills - before.heap_limit_kills, 1);
+    rt_exit_signal(pl, RT_REASON_KILL);
+    rt_exit_signal(pw, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
+/* A chain of 10,000 linked actors: killing one end takes all of them down. */
+typedef struct {
+    rt_pid_t next_link;
+    long depth;
+    atomic_long *built;
+} chain_state_t;
+
+static int chain_init(rt_actor_t *self, void *state, void *arg)
+{
+    chain_state_t *st = state;
+    st->depth = (long)(intptr_t)arg;
+    return 0;
+}
+
+static atomic_long chain_built;
+static atomic_long chain_terminated;
+static _Atomic rt_pid_t chain_tail;
+
+static void chain_handle(rt_actor_t *self, void *state, rt_msg_t *m);
+
+static const rt_actor_type_t chain_type = {
+    .name = "chain",
+    .state_size = sizeof(chain_state_t),
+    .init = chain_init,
+    .handle = chain_handle,
+    .terminate = NULL,
+};
+
+static void chain_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    chain_state_t *st = state;
+    if (m->tag != MSG_PING)
+        return;
+    atomic_fetch_add(&chain_built, 1);
+    if (st->depth <= 1) {
+        chain_tail = rt_self(self);
+        return;
+    }
+    rt_spawn_opts_t o = {.link = true};
+    rt_pid_t child;
+    if (rt_spawn_opt(&chain_type, (void *)(intptr_t)(st->depth - 1), &o, &child) == 0)
+        rt_send(child, MSG_PING, NULL, 0);
+}
+
+static void test_link_cascade(void)
+{
+    long n = 10000;
+    atomic_store(&chain_built, 0);
+    rt_pid_t head;
+    CHECK_EQ(rt_spawn(&chain_type, (void *)(intptr_t)n, &head), 0);
+    rt_send(head, MSG_PING, NULL, 0);
+    CHECK(wait_at_least(&chain_built, n, 20000));
+    rt_stats_t st;
+    rt_stats(&st);
+    CHECK_EQ(st.alive, (uint64_t)n);
+    /* Kill the far end: the exit travels back through every link. */
+    rt_exit_signal(chain_tail, RT_REASON_USER + 3);
+    CHECK(wait_alive(0, 20000));
+    (void)chain_terminated;
+}
+
+static void test_spawn_options(void)
+{
+    /* link and monitor need a calling actor */
+    probe_t p = {0};
+    rt_pid_t pid;
+    rt_ref_t ref;
+    rt_spawn_opts_t o = {.link = true};
+    CHECK_EQ(rt_spawn_opt(&probe_type, &p, &o, &pid), RT_EINVAL);
+    rt_spawn_opts_t o2 = {.monitor = &ref};
+    CHECK_EQ(rt_spawn_opt(&probe_type, &p, &o2, &pid), RT_EINVAL);
+    CHECK_EQ(rt_spawn(NULL, NULL, &pid), RT_EINVAL);
+    CHECK(wait_alive(0, 1000));
+}
+
+static int failing_init(rt_actor_t *self, void *state, void *arg)
+{
+    return RT_ELIMIT;
+}
+
+static const rt_actor_type_t failing_type = {
+    .name = "failing", .state_size = 8, .init = failing_init, .handle = probe_handle};
+
+static void test_init_failure(void)
+{
+    rt_pid_t pid = 0;
+    rt_spawn_opts_t o = {.name = "never"};
+    CHECK_EQ(rt_spawn_opt(&failing_type, NULL, &o, &pid), RT_ELIMIT);
+    CHECK_EQ(pid, 0);
+    CHECK_EQ(rt_whereis("never"), 0);
+    CHECK(wait_alive(0, 1000));
+}
+
+int main(void)
+{
+    test_start(2);
+    RUN(test_spawn_send);
+    RUN(test_dead_letters);
+    RUN(test_registry);
+    RUN(test_links);
+    RUN(test_monitors);
+    RUN(test_heap_limit);
+    RUN(test_link_cascade);
+    RUN(test_spawn_options);
+    RUN(test_init_failure);
+    rt_shutdown();
+    return CHECK_SUMMARY();
+}

@@ -1,0 +1,292 @@
+/* Schedulers: rings, migration under concurrent senders, backpressure, blocking pool, idling. */
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include "rt_test.h"
+
+enum { MSG_TOKEN = RT_MSG_USER, MSG_SEQ, MSG_SPIN, MSG_WORK, MSG_GO, MSG_SLEEP };
+
+/* ---- Ring ---- */
+typedef struct {
+    rt_pid_t next;
+} ring_state_t;
+
+static atomic_long ring_done;
+static atomic_long ring_hops;
+
+static void ring_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    ring_state_t *st = state;
+    if (m->tag == MSG_GO) {
+        st->next = *(rt_pid_t *)(void *)m->data;
+        return;
+    }
+    long left = *(long *)(void *)m->data;
+    atomic_fetch_add_explicit(&ring_hops, 1, memory_order_relaxed);
+    if (left == 0) {
+        atomic_fetch_add(&ring_done, 1);
+        return;
+    }
+    left--;
+    rt_send(st->next, MSG_TOKEN, &left, sizeof(left));
+}
+
+static const rt_actor_type_t ring_type = {
+    .name = "ring", .state_size = sizeof(ring_state_t), .handle = ring_handle};
+
+static void run_ring(int n, int tokens, long hops_each)
+{
+    rt_pid_t *pids = calloc((size_t)n, sizeof(rt_pid_t));
+    for (int i = 0; i < n; i++)
+        CHECK_EQ(rt_spawn(&ring_type, NULL, &pids[i]), 0);
+    for (int i = 0; i < n; i++)
+        rt_send(pids[i], MSG_GO, &pids[(i + 1) % n], sizeof(rt_pid_t));
+    atomic_store(&ring_done, 0);
+    atomic_store(&ring_hops, 0);
+    for (int t = 0; t < tokens; t++)
+        rt_send(pids[(t * (n / tokens)) % n], MSG_TOKEN, &hops_each, sizeof(hops_each));
+    CHECK(wait_at_least(&ring_done, tokens, 60000));
+    CHECK_EQ(atomic_load(&ring_hops), (long)tokens * (hops_each + 1));
+    for (int i = 0; i < n; i++)
+        rt_exit_signal(pids[i], RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+    free(pids);
+}
+
+static void test_ring_one_token(void)
+{
+    run_ring(1000, 1, check_scale(200000));
+}
+
+static void test_ring_many_tokens(void)
+{
+    run_ring(1000, 1000, check_scale(1000));
+}
+
+/* ---- Eight threads sending to one actor while it moves between schedulers ---- */
+#define SENDERS 8
+typedef struct {
+    long next_seq[SENDERS];
+    long out_of_order;
+    pthread_t threads[4];
+    int nthreads;
+} seq_state_t;
+
+static atomic_long seq_received;
+static atomic_long seq_out_of_order;
+static atomic_long seq_threads_seen;
+
+static void seq_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    seq_state_t *st = state;
+    long *d = (long *)(void *)m->data;
+    long sender = d[0], seq = d[1];
+    if (seq != st->next_seq[sender])
+        atomic_fetch_add(&seq_out_of_order, 1);
+    st->next_seq[sender] = seq + 1;
+    pthread_t me = pthread_self();
+    bool known = false;
+    for (int i = 0; i < st->nthreads; i++)
+        known |= pthread_equal(st->threads[i], me);
+    if (!known && st->nthreads < 4) {
+        st->threads[st->nthreads++] = me;
+        atomic_store(&seq_threads_seen, st->nthreads);
+    }
+    atomic_fetch_add(&seq_received, 1);
+}
+
+static const rt_actor_type_t seq_type = {
+    .name = "seq", .state_size = sizeof(seq_state_t), .handle = seq_handle};
+
+typedef struct {
+    rt_pid_t target;
+    long index;
+    long count;
+} sender_arg_t;
+
+static pthread_barrier_t pause_barrier;
+
+static void *sender_main(void *p)
+{
+    sender_arg_t *a = p;
+    for (long i = 0; i < a->count; i++) {
+        long d[2] = {a->index, i};
+        rt_send(a->target, MSG_SEQ, d, sizeof(d));
+        /* All senders pause together now and then: the mailbox runs dry, and the next
+           wake-up may land on the other scheduler. */
+        if (i % 500 == 499) {
+            pthread_barrier_wait(&pause_barrier);
+            test_sleep_ms(2);
+        }
+    }
+    return NULL;
+}
+
+static void test_concurrent_senders_migration(void)
+{
+    atomic_store(&seq_received, 0);
+    atomic_store(&seq_out_of_order, 0);
+    rt_pid_t target;
+    rt_spawn(&seq_type, NULL, &target);
+    long per = check_scale(20000);
+    pthread_t th[SENDERS];
+    sender_arg_t args[SENDERS];
+    pthread_barrier_init(&pause_barrier, NULL, SENDERS);
+    for (int i = 0; i < SENDERS; i++) {
+        args[i] = (sender_arg_t){.target = target, .index = i, .count = per};
+        pthread_create(&th[i], NULL, sender_main, &args[i]);
+    }
+    for (int i = 0; i < SENDERS; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&pause_barrier);
+    CHECK(wait_at_least(&seq_received, SENDERS * per, 60000));
+    CHECK_EQ(atomic_load(&seq_received), SENDERS * per);
+    CHECK_EQ(atomic_load(&seq_out_of_order), 0);
+    CHECK(atomic_load(&seq_threads_seen) >= 2); /* it did run on more than one scheduler */
+    rt_exit_signal(target, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
+/* ---- Backpressure: a fast producer cannot grow a slow consumer's mailbox without bound ---- */
+static atomic_long consumed;
+static atomic_long produced;
+
+static void slow_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    volatile unsigned x = 0;
+    for (unsigned i = 0; i < 20000; i++)
+        x += i;
+    atomic_fetch_add(&consumed, 1);
+}
+
+static const rt_actor_type_t slow_type = {.name = "slow", .state_size = 8, .handle = slow_handle};
+
+typedef struct {
+    rt_pid_t consumer;
+    long total;
+} producer_state_t;
+
+static void producer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    producer_state_t *st = state;
+    if (m->tag == MSG_GO) {
+        st->consumer = ((rt_pid_t *)(void *)m->data)[0];
+        st->total = (long)((rt_pid_t *)(void *)m->data)[1];
+    }
+    for (int i = 0; i < 50 && atomic_load(&produced) < st->total; i++) {
+        rt_send(st->consumer, MSG_WORK, NULL, 0);
+        atomic_fetch_add(&produced, 1);
+    }
+    if (atomic_load(&produced) < st->total)
+        rt_send(rt_self(self), MSG_SPIN, NULL, 0);
+}
+
+static const rt_actor_type_t producer_type = {
+    .name = "producer", .state_size = sizeof(producer_state_t), .handle = producer_handle};
+
+static void test_backpressure(void)
+{
+    atomic_store(&consumed, 0);
+    atomic_store(&produced, 0);
+    long total = check_scale(200000);
+    rt_pid_t c, p;
+    rt_spawn(&slow_type, NULL, &c);
+    rt_spawn(&producer_type, NULL, &p);
+    rt_pid_t go[2] = {c, (rt_pid_t)total};
+    rt_send(p, MSG_GO, go, sizeof(go));
+    uint64_t max_len = 0;
+    uint64_t end = test_now_ms() + 120000;
+    while (atomic_load(&consumed) < total && test_now_ms() < end) {
+        rt_actor_info_t info;
+        if (rt_actor_info(c, &info) == 0 && info.mailbox_len > max_len)
+            max_len = info.mailbox_len;
+        test_sleep_ms(1);
+    }
+    CHECK_EQ(atomic_load(&consumed), total);
+    fprintf(stderr, "  backpressure: %ld messages, consumer mailbox peaked at %llu\n", total,
+            (unsigned long long)max_len);
+    CHECK(max_len < 5000); /* without muting it reaches a large fraction of total */
+    rt_exit_signal(c, RT_REASON_KILL);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
+/* ---- Blocking actors never stall schedulers ---- */
+static atomic_long sleepers_done;
+static atomic_long quick_done;
+
+static void sleeper_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    test_sleep_ms(300);
+    atomic_fetch_add(&sleepers_done, 1);
+}
+
+static const rt_actor_type_t sleeper_type = {
+    .name = "sleeper", .state_size = 8, .handle = sleeper_handle, .flags = RT_TYPE_BLOCKING};
+
+static void quick_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    atomic_fetch_add(&quick_done, 1);
+}
+
+static const rt_actor_type_t quick_type = {.name = "quick", .state_size = 8, .handle = quick_handle};
+
+static void test_blocking_pool(void)
+{
+    atomic_store(&sleepers_done, 0);
+    atomic_store(&quick_done, 0);
+    rt_pid_t s1, s2, q;
+    rt_spawn(&sleeper_type, NULL, &s1);
+    rt_spawn(&sleeper_type, NULL, &s2);
+    rt_spawn(&quick_type, NULL, &q);
+    rt_send(s1, MSG_SLEEP, NULL, 0);
+    rt_send(s2, MSG_SLEEP, NULL, 0);
+    test_sleep_ms(20);
+    for (int i = 0; i < 100; i++)
+        rt_send(q, MSG_WORK, NULL, 0);
+    CHECK(wait_at_least(&quick_done, 100, 5000));
+    CHECK_EQ(atomic_load(&sleepers_done), 0); /* schedulers ran while both sleepers blocked */
+    atomic_long two = 2;
+    (void)two;
+    CHECK(wait_at_least(&sleepers_done, 2, 5000));
+    rt_exit_signal(s1, RT_REASON_KILL);
+    rt_exit_signal(s2, RT_REASON_KILL);
+    rt_exit_signal(q, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
+/* ---- An idle runtime uses no CPU ---- */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+static void test_idle_uses_no_cpu(void)
+{
+    rt_pid_t q;
+    rt_spawn(&quick_type, NULL, &q);
+    test_sleep_ms(50);
+    double c0 = cpu_seconds();
+    test_sleep_ms(500);
+    double used = cpu_seconds() - c0;
+    fprintf(stderr, "  idle: %.1f ms CPU over 500 ms\n", used * 1e3);
+    CHECK(used < 0.025);
+    rt_exit_signal(q, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
+int main(void)
+{
+    test_start(2);
+    RUN(test_ring_one_token);
+    RUN(test_ring_many_tokens);
+    RUN(test_concurrent_senders_migration);
+    RUN(test_backpressure);
+    RUN(test_blocking_pool);
+    RUN(test_idle_uses_no_cpu);
+    rt_shutdown();
+    return CHECK_SUMMARY();
+}
