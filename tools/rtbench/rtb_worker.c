@@ -2,9 +2,13 @@
  * One rtbench process: all of its clients on one libuv loop, driven through phases
  *   SUBS  connect (and subscribe) the subscribers, or the idle clients of `conn`;
  *   PUBS  connect the publishers;
+ *   WAIT  with --procs, tell the parent we are ready and wait for its go, so that all
+ *         processes publish over the same interval;
  *   RUN   publish for -d seconds or until -L messages per publisher;
  *   DRAIN wait up to --drain seconds for outstanding acks and deliveries;
- *   CLOSE send DISCONNECT and close every handle, forcibly after RTB_CLOSE_MS.
+ *   CLOSE send DISCONNECT and close each connection once the broker has closed its
+ *         side, forcibly after RTB_CLOSE_MS. Letting the broker close first leaves the
+ *         TIME_WAIT sockets on its side, so our ephemeral ports are free for the next run.
  * Every phase has a deadline, so the loop always ends.
  *
  * Writes are batched: encoders append to a client's `out` buffer and mark it dirty;
@@ -17,6 +21,7 @@
 #include "rtb_mqtt.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +37,10 @@
 #define RTB_BURST_MAX 1024        /* messages one publisher may send per kick */
 #define RTB_CLOSE_MS 2000         /* grace for DISCONNECT to be written */
 #define RTB_MAX_SEQ (1u << 30)    /* sequence numbers beyond this are a protocol error */
+#define RTB_CHECK_MS 50           /* how often the run's end conditions are evaluated */
+#define RTB_WAIT_MAX_S 300.0      /* longest wait for the parent's go, seconds */
 
-enum { PH_SUBS, PH_PUBS, PH_RUN, PH_DRAIN, PH_CLOSE };
+enum { PH_SUBS, PH_PUBS, PH_WAIT, PH_RUN, PH_DRAIN, PH_CLOSE };
 enum { ROLE_CONN, ROLE_SUB, ROLE_PUB };
 enum { CS_NEW, CS_TCP, CS_CONNACK, CS_SUBACK, CS_READY, CS_CLOSING, CS_DEAD };
 
@@ -90,6 +97,10 @@ struct rtb_worker_s {
     uv_loop_t loop;
     uv_timer_t tick, conn_timer, pace, close_timer;
     uv_prepare_t flush;
+    uv_pipe_t go;            /* read end of the parent's go pipe, when go_fd >= 0 */
+    int go_fd;
+    uint64_t wait_end_ms;    /* start anyway if the parent never says go */
+    uint64_t next_check_ms;  /* next evaluation of the run's end conditions */
     rtb_client_t *clients;
     uint32_t nclients;
     rtb_client_t **subs, **pubs;
@@ -252,8 +263,6 @@ static void flush_client(rtb_client_t *c)
     size_t done = n > 0 ? (size_t)n : 0;
     if (done == c->out.len) {
         c->out.len = 0;
-        if (c->state == CS_CLOSING)
-            client_close(c);
         return;
     }
     rtb_buf_t t = c->busy;
@@ -275,10 +284,6 @@ static void on_write(uv_write_t *req, int status)
     c->busy.len = 0;
     if (status < 0) {
         client_fail(c);
-        return;
-    }
-    if (c->state == CS_CLOSING && c->out.len == 0) {
-        client_close(c);
         return;
     }
     if (c->out.len)
@@ -568,7 +573,9 @@ static void start_connect(rtb_client_t *c)
     c->state = CS_TCP;
     c->pending = 1;
     w->cq_active++;
-    if (uv_tcp_init(&w->loop, &c->tcp)) {
+    const struct sockaddr *src =
+        o->nifaddr ? (const struct sockaddr *)&o->ifaddr[c->pos % o->nifaddr] : NULL;
+    if (uv_tcp_init_ex(&w->loop, &c->tcp, src ? src->sa_family : AF_UNSPEC)) {
         client_fail(c);
         return;
     }
@@ -578,10 +585,20 @@ static void start_connect(rtb_client_t *c)
     c->creq.data = c;
     c->wreq.data = c;
     uv_tcp_nodelay(&c->tcp, 1);
-    if (o->nifaddr &&
-        uv_tcp_bind(&c->tcp, (const struct sockaddr *)&o->ifaddr[c->pos % o->nifaddr], 0)) {
-        client_fail(c);
-        return;
+    if (src) {
+        /*
+         * Let connect() pick the source port for the full 4-tuple; a port picked at
+         * bind time must be unique per address, which caps a source address near 28K
+         * connections and makes every bind search the whole range.
+         */
+        uv_os_fd_t fd;
+        int one = 1;
+        if (!uv_fileno((uv_handle_t *)&c->tcp, &fd))
+            setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+        if (uv_tcp_bind(&c->tcp, src, 0)) {
+            client_fail(c);
+            return;
+        }
     }
     if (uv_tcp_connect(&c->creq, &c->tcp, (const struct sockaddr *)&o->addr, on_connect))
         client_fail(c);
@@ -746,6 +763,8 @@ static void start_close(rtb_worker_t *w)
     uv_close((uv_handle_t *)&w->pace, NULL);
     uv_close((uv_handle_t *)&w->conn_timer, NULL);
     uv_close((uv_handle_t *)&w->tick, NULL);
+    if (w->go_fd >= 0)
+        uv_close((uv_handle_t *)&w->go, NULL);
     for (uint32_t i = 0; i < w->nclients; i++) {
         rtb_client_t *c = &w->clients[i];
         if (c->state == CS_READY && !rtb_mqtt_empty(&c->out, RTB_DISCONNECT)) {
@@ -765,6 +784,10 @@ static void on_pace(uv_timer_t *t)
     if (w->phase == PH_RUN) {
         for (uint32_t i = 0; i < w->npubs; i++)
             try_send(w->pubs[i]);
+        uint64_t now = uv_now(&w->loop);
+        if (now < w->next_check_ms)
+            return;
+        w->next_check_ms = now + RTB_CHECK_MS;
         if (run_finished(w)) {
             w->phase = PH_DRAIN;
             w->rep.s.t_run_end = now_ns();
@@ -784,16 +807,11 @@ static void start_queue(rtb_worker_t *w, rtb_client_t **q, uint32_t n)
     connect_some(w, 1);
 }
 
-static void phase_next(rtb_worker_t *w)
+static void start_run(rtb_worker_t *w)
 {
     const rtb_opts_t *o = w->o;
-    if (w->phase == PH_SUBS) {
-        w->phase = PH_PUBS;
-        if (w->npubs) {
-            start_queue(w, w->pubs, w->npubs);
-            return;
-        }
-    }
+    if (w->phase != PH_WAIT)
+        return;
     w->phase = PH_RUN;
     uv_update_time(&w->loop);
     w->run_start_ms = uv_now(&w->loop);
@@ -801,6 +819,42 @@ static void phase_next(rtb_worker_t *w)
     w->rep.s.t_run_start = now_ns();
     uint64_t pace = w->rate_per_pub > 0 ? RTB_PACE_OPEN_MS : RTB_PACE_CLOSED_MS;
     uv_timer_start(&w->pace, on_pace, 0, pace);
+}
+
+static void on_go_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    static char byte[16];
+    *buf = uv_buf_init(byte, sizeof(byte));
+}
+
+/* Any byte, EOF or error from the parent releases the run; the run itself is bounded. */
+static void on_go(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    rtb_worker_t *w = st->data;
+    if (nread == 0)
+        return;
+    uv_read_stop(st);
+    start_run(w);
+}
+
+static void phase_next(rtb_worker_t *w)
+{
+    if (w->phase == PH_SUBS) {
+        w->phase = PH_PUBS;
+        if (w->npubs) {
+            start_queue(w, w->pubs, w->npubs);
+            return;
+        }
+    }
+    w->phase = PH_WAIT;
+    if (w->go_fd < 0) {
+        start_run(w);
+        return;
+    }
+    w->emit(w->ctx, RTB_EMIT_READY, &w->rep);
+    w->wait_end_ms = uv_now(&w->loop) + (uint64_t)(RTB_WAIT_MAX_S * 1000);
+    if (uv_read_start((uv_stream_t *)&w->go, on_go_alloc, on_go))
+        start_run(w);
 }
 
 static void fill_cpu(rtb_worker_t *w)
@@ -829,10 +883,12 @@ static void on_tick(uv_timer_t *t)
             !rtb_mqtt_empty(&c->out, RTB_PINGREQ))
             mark_dirty(c);
     }
+    if (w->phase == PH_WAIT && now_ms >= w->wait_end_ms)
+        start_run(w);
     w->tick_no++;
     w->rep.s.tick = w->tick_no;
     fill_cpu(w);
-    w->emit(w->ctx, 0, &w->rep);
+    w->emit(w->ctx, RTB_EMIT_TICK, &w->rep);
 }
 
 uint32_t rtb_groups(const rtb_opts_t *o)
@@ -930,7 +986,7 @@ static int build(rtb_worker_t *w)
     w->rep.s.expected_known = o->cmd >= RTB_CMD_FANIN;
 
     int role_sub = o->cmd == RTB_CMD_CONN ? ROLE_CONN : ROLE_SUB;
-    uint32_t ci = 0;
+    uint32_t ci = 0, seed_s = 0;
     int r = 0;
     for (uint32_t k = 0; k < nsub && !r; k++) {
         rtb_client_t *c = &w->clients[ci++];
@@ -946,15 +1002,12 @@ static int build(rtb_worker_t *w)
         case RTB_CMD_PAIRS:
             idx = lo + k, tmpl = "test/%i";
             break;
-        case RTB_CMD_SEED: {
-            /* The k-th subscriber whose topic belongs to one of our publishers. */
-            uint32_t seen = 0, s = 0;
-            for (s = 0; s < o->subs; s++)
-                if (s % o->pubs >= lo && s % o->pubs < hi && seen++ == k)
-                    break;
-            idx = s, tmpl = "test/%i";
+        case RTB_CMD_SEED:
+            /* The next subscriber whose topic belongs to one of our publishers. */
+            while (seed_s < o->subs && !(seed_s % o->pubs >= lo && seed_s % o->pubs < hi))
+                seed_s++;
+            idx = seed_s++, tmpl = "test/%i";
             break;
-        }
         default:
             idx = o->start + lo + k, tmpl = o->cmd == RTB_CMD_SUB ? o->topic : NULL;
         }
@@ -1005,7 +1058,7 @@ static void worker_free(rtb_worker_t *w)
     free(w->pubs);
 }
 
-int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, rtb_emit_fn emit, void *ctx)
+int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit, void *ctx)
 {
     rtb_worker_t w;
     memset(&w, 0, sizeof(w));
@@ -1013,6 +1066,7 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, rtb_emit_fn emit, void *c
     w.proc = proc;
     w.emit = emit;
     w.ctx = ctx;
+    w.go_fd = go_fd;
     w.topic_tmpl = "test/%i";
     rtb_hist_init(&w.rep.e2e);
     rtb_hist_init(&w.rep.ack);
@@ -1049,6 +1103,16 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, rtb_emit_fn emit, void *c
     uv_prepare_init(&w.loop, &w.flush);
     w.tick.data = w.conn_timer.data = w.pace.data = w.close_timer.data = w.flush.data = &w;
     uv_prepare_start(&w.flush, on_prepare);
+    if (go_fd >= 0) {
+        /* Without the pipe there is no barrier: start as soon as connected. */
+        if (uv_pipe_init(&w.loop, &w.go, 0)) {
+            w.go_fd = -1;
+        } else if (uv_pipe_open(&w.go, go_fd)) {
+            uv_close((uv_handle_t *)&w.go, NULL);
+            w.go_fd = -1;
+        }
+        w.go.data = &w;
+    }
     uv_timer_start(&w.tick, on_tick, RTB_TICK_MS, RTB_TICK_MS);
     uint64_t ci = o->conn_interval_ms ? o->conn_interval_ms : 1;
     uv_timer_start(&w.conn_timer, on_conn_timer, ci, ci);
@@ -1069,7 +1133,7 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, rtb_emit_fn emit, void *c
     }
     fill_cpu(&w);
     w.rep.s.tick = w.tick_no;
-    emit(ctx, 1, &w.rep);
+    emit(ctx, RTB_EMIT_FINAL, &w.rep);
     uv_loop_close(&w.loop);
     worker_free(&w);
     return 0;

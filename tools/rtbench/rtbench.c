@@ -369,6 +369,7 @@ typedef struct rtb_agg_s {
     uint32_t n;            /* reporting processes */
     rtb_report_t *last;    /* latest report per process */
     uint8_t *final;        /* process sent its final report */
+    uint8_t *ready;        /* process is connected and waits for the go */
     uint64_t printed;      /* seconds already printed */
     rtb_report_t prev;     /* merged totals at the previous printed second */
 } rtb_agg_t;
@@ -431,11 +432,14 @@ static double ms(uint64_t ns)
     return (double)ns / 1e6;
 }
 
-static void agg_feed(rtb_agg_t *a, uint32_t i, int final, const rtb_report_t *r)
+static void agg_feed(rtb_agg_t *a, uint32_t i, int kind, const rtb_report_t *r)
 {
     a->last[i] = *r;
-    a->final[i] |= (uint8_t)final;
-    if (final || a->o->quiet)
+    if (kind == RTB_EMIT_FINAL)
+        a->final[i] = 1;
+    if (kind == RTB_EMIT_READY)
+        a->ready[i] = 1;
+    if (kind != RTB_EMIT_TICK || a->o->quiet)
         return;
     /* Print the next second once every live process has reported it. */
     for (uint32_t j = 0; j < a->n; j++)
@@ -458,15 +462,15 @@ static void agg_feed(rtb_agg_t *a, uint32_t i, int final, const rtb_report_t *r)
     a->prev = m;
 }
 
-static void emit_direct(void *ctx, int final, const rtb_report_t *r)
+static void emit_direct(void *ctx, int kind, const rtb_report_t *r)
 {
-    agg_feed(ctx, 0, final, r);
+    agg_feed(ctx, 0, kind, r);
 }
 
-static void emit_pipe(void *ctx, int final, const rtb_report_t *r)
+static void emit_pipe(void *ctx, int kind, const rtb_report_t *r)
 {
     int fd = *(int *)ctx;
-    uint32_t head[2] = {RTB_REC_MAGIC, (uint32_t)final};
+    uint32_t head[2] = {RTB_REC_MAGIC, (uint32_t)kind};
     struct {
         const void *p;
         size_t n;
@@ -504,7 +508,8 @@ static double child_bound_s(const rtb_opts_t *o)
 /* Forks o->procs workers and feeds their records into the aggregate; 0 on success. */
 static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
 {
-    int fds[RTB_MAX_PROCS];
+    int fds[RTB_MAX_PROCS];   /* report pipes, read ends */
+    int gofds[RTB_MAX_PROCS]; /* go pipes, write ends; -1 once released */
     pid_t pids[RTB_MAX_PROCS];
     size_t got[RTB_MAX_PROCS] = {0};
     int live[RTB_MAX_PROCS];
@@ -514,29 +519,48 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
         return -ENOMEM;
     fflush(NULL);
     for (uint32_t p = 0; p < o->procs; p++) {
-        int pf[2];
-        if (pipe(pf))
+        int pf[2], gf[2];
+        if (pipe(pf) || pipe(gf))
             return -errno;
         pid_t pid = fork();
         if (pid < 0)
             return -errno;
         if (pid == 0) {
-            for (uint32_t q = 0; q < p; q++)
+            for (uint32_t q = 0; q < p; q++) {
                 close(fds[q]);
+                close(gofds[q]);
+            }
             close(pf[0]);
+            close(gf[1]);
             int wfd = pf[1];
-            int r = rtb_worker_run(o, p, emit_pipe, &wfd);
+            int r = rtb_worker_run(o, p, gf[0], emit_pipe, &wfd);
             _exit(r ? 1 : 0);
         }
         close(pf[1]);
+        close(gf[0]);
         fds[p] = pf[0];
+        gofds[p] = gf[1];
         pids[p] = pid;
         live[p] = 1;
     }
     uint64_t deadline = mono_ns() + (uint64_t)(child_bound_s(o) * 1e9);
     uint32_t nlive = o->procs;
     int err = 0;
+    int released = 0;
     while (nlive) {
+        /* Release the barrier once every process is connected, finished or gone. */
+        uint32_t waiting = 0;
+        for (uint32_t p = 0; p < o->procs; p++)
+            waiting += live[p] && !a->ready[p] && !a->final[p];
+        if (!released && waiting == 0) {
+            for (uint32_t p = 0; p < o->procs; p++) {
+                if (write(gofds[p], "g", 1) < 0) {
+                    /* The child is gone; its EOF on the report pipe tells the rest. */
+                }
+                close(gofds[p]);
+            }
+            released = 1;
+        }
         if (mono_ns() > deadline) {
             fprintf(stderr, "rtbench: workers overran their deadline; killing them\n");
             for (uint32_t p = 0; p < o->procs; p++)
@@ -582,6 +606,8 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
     }
     for (uint32_t p = 0; p < o->procs; p++) {
         int st;
+        if (!released)
+            close(gofds[p]);
         close(fds[p]);
         waitpid(pids[p], &st, 0);
         if (!a->final[p] && !err) {
@@ -703,7 +729,8 @@ int main(int argc, char **argv)
     a.n = o.procs;
     a.last = calloc(o.procs, sizeof(rtb_report_t));
     a.final = calloc(o.procs, 1);
-    if (!a.last || !a.final) {
+    a.ready = calloc(o.procs, 1);
+    if (!a.last || !a.final || !a.ready) {
         fprintf(stderr, "rtbench: out of memory\n");
         return 1;
     }
@@ -714,7 +741,7 @@ int main(int argc, char **argv)
     int r;
     uint64_t cpu_us;
     if (o.procs == 1) {
-        r = rtb_worker_run(&o, 0, emit_direct, &a);
+        r = rtb_worker_run(&o, 0, -1, emit_direct, &a);
         cpu_us = rusage_us(RUSAGE_SELF);
     } else {
         r = run_procs(&o, &a);
@@ -729,5 +756,6 @@ int main(int argc, char **argv)
     summary(&o, &m, cpu_us);
     free(a.last);
     free(a.final);
+    free(a.ready);
     return 0;
 }

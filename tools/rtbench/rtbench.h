@@ -106,14 +106,17 @@ typedef struct rtb_report_s {
     rtb_hist_t conn; /* connect start to CONNACK, ns */
 } rtb_report_t;
 
-/* Called once per second (final = 0) and once at the end (final = 1). */
-typedef void (*rtb_emit_fn)(void *ctx, int final, const rtb_report_t *r);
+/* Report kinds: once per second, once when connected (with --procs), once at the end. */
+enum { RTB_EMIT_TICK = 0, RTB_EMIT_FINAL = 1, RTB_EMIT_READY = 2 };
+typedef void (*rtb_emit_fn)(void *ctx, int kind, const rtb_report_t *r);
 
 /*
  * Runs the share of the work that belongs to process `proc` of o->procs and returns
- * 0, or a negative errno when the loop could not be set up.
+ * 0, or a negative errno when the loop could not be set up. With go_fd >= 0 the worker
+ * emits RTB_EMIT_READY once its clients are connected and starts publishing only when
+ * a byte (or EOF) arrives on go_fd; the worker takes ownership of go_fd.
  */
-int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, rtb_emit_fn emit, void *ctx);
+int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit, void *ctx);
 
 /* The number of independent groups a scenario splits into (the --procs ceiling). */
 uint32_t rtb_groups(const rtb_opts_t *o);
