@@ -44,7 +44,7 @@
 #define GC_ENTRY_BYTES 256        /* mean node (96 B) + payload (160 B) requested */
 #define GC_BATCH 256              /* entries replaced per message (~64 KB allocated) */
 #define GC_WARMUP 3               /* collections ignored after the live set is built */
-#define WAIT_MS 300000            /* give up on any phase after this long */
+#define WAIT_MS 300000            /* ms to give up on a phase after; RT_BENCH_WAIT_MS overrides */
 
 #define FULL_ACTORS 1000000L
 #define FULL_HOPS 10000000L
@@ -92,6 +92,7 @@ typedef struct bench_ctx_s {
 
 static bench_ctx_t ctx;
 static bench_opts_t opts;
+static long wait_ms = WAIT_MS;
 
 static uint64_t now_ns(void)
 {
@@ -118,16 +119,51 @@ static void die(const char *what, int rc)
     exit(1);
 }
 
+static void count_status(const rt_actor_info_t *info, void *ud)
+{
+    long *counts = ud;
+    counts[info->status]++;
+    if (info->mailbox_len)
+        counts[RT_STATUS_EXITING + 1]++;
+}
+
+/* Says where a hung phase is stuck, so the report is useful to whoever fixes it. */
+static void dump_stuck(void)
+{
+    long counts[RT_STATUS_EXITING + 2] = {0};
+    rt_stats_t st;
+    rt_stats(&st);
+    rt_snapshot_actors(count_status, counts);
+    fprintf(stderr,
+            "  alive %" PRIu64 ", turns %" PRIu64 ", dead letters %" PRIu64
+            ", tokens left %ld\n  actors waiting %ld, runnable %ld, running %ld, muted %ld, "
+            "exiting %ld; with mail %ld\n",
+            st.alive, st.turns, st.dead_letters, atomic_load(&ctx.tokens_left), counts[0],
+            counts[1], counts[2], counts[3], counts[4], counts[5]);
+    rt_sched_info_t si[16];
+    size_t n = rt_snapshot_schedulers(si, 16);
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "  scheduler %u%s: run queue %" PRIu64 ", turns %" PRIu64 "\n",
+                si[i].index, si[i].blocking_pool ? " (blocking)" : "", si[i].run_queue,
+                si[i].turns);
+}
+
 /* Waits for an actor to post ctx.done; a benchmark that hangs is a failure, not a number. */
 static void wait_done(const char *phase)
 {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += WAIT_MS / 1000;
+    dl.tv_sec += wait_ms / 1000;
+    dl.tv_nsec += (wait_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
     while (sem_timedwait(&ctx.done, &dl) != 0) {
         if (errno == EINTR)
             continue;
-        fprintf(stderr, "bench_runtime: %s did not finish within %d s\n", phase, WAIT_MS / 1000);
+        fprintf(stderr, "bench_runtime: %s did not finish within %ld ms\n", phase, wait_ms);
+        dump_stuck();
         exit(1);
     }
 }
@@ -135,7 +171,7 @@ static void wait_done(const char *phase)
 /* Every phase must leave no actor behind; the spawn phase's check is part of the issue. */
 static void wait_all_gone(const char *phase)
 {
-    int rc = rt_wait_idle(WAIT_MS);
+    int rc = rt_wait_idle((uint64_t)wait_ms);
     rt_stats_t st;
     rt_stats(&st);
     if (rc || st.alive != 0 || st.exited != st.spawned) {
@@ -523,6 +559,9 @@ int main(int argc, char **argv)
     if (opts.hops < RING_TOKENS)
         opts.hops = RING_TOKENS;
 
+    const char *w = getenv("RT_BENCH_WAIT_MS");
+    if (w && atol(w) > 0)
+        wait_ms = atol(w);
     sem_init(&ctx.done, 0, 0);
     rt_config_t cfg;
     rt_config_defaults(&cfg);
