@@ -170,6 +170,14 @@ static void rel_remove_at(rt_actor_t *a, int i)
 
 /* ---- Sending ---- */
 
+/*
+** Decides whether the current actor gets muted for sending to target.
+** Overload (Pony's rule): an overloaded sender is never muted, or two overloaded
+** actors feeding each other would park each other for good.
+** Socket pressure: any sender is muted, even an overloaded one, except an actor
+** that is under socket pressure itself; such actors always run, so they flush
+** and lift their own pressure, and no cycle of muted actors can form.
+*/
 static void mute_check(rt_actor_t *target)
 {
     rt_actor_t *cur = rt__tls.current;
@@ -178,9 +186,10 @@ static void mute_check(rt_actor_t *target)
     unsigned tf = atomic_load_explicit(&target->sync_flags, memory_order_relaxed);
     if (!(tf & (RT_AF_OVERLOADED | RT_AF_PRESSURE)))
         return;
-    /* An overloaded sender is never muted: two overloaded actors feeding each other would
-       otherwise park each other for good (Pony's rule). */
-    if (atomic_load_explicit(&cur->sync_flags, memory_order_relaxed) & RT_AF_OVERLOADED)
+    unsigned cf = atomic_load_explicit(&cur->sync_flags, memory_order_relaxed);
+    if (cf & RT_AF_PRESSURE)
+        return;
+    if (!(tf & RT_AF_PRESSURE) && (cf & RT_AF_OVERLOADED))
         return;
     cur->mute_target = target;
 }
@@ -369,12 +378,17 @@ static void process_signals(rt_actor_t *a)
     }
 }
 
+/* Clears a reason for muting; the waiters go free only when no reason is left. */
 static void unmute_waiters(rt_actor_t *a, unsigned clear)
 {
     rt__spin_lock(&a->mute_lock);
-    atomic_fetch_and_explicit(&a->sync_flags, ~clear, memory_order_release);
-    rt_actor_t *w = a->muted;
-    a->muted = NULL;
+    unsigned left = atomic_fetch_and_explicit(&a->sync_flags, ~clear, memory_order_release) &
+                    ~clear;
+    rt_actor_t *w = NULL;
+    if (!(left & (RT_AF_OVERLOADED | RT_AF_PRESSURE)) || (left & RT_AF_DEAD)) {
+        w = a->muted;
+        a->muted = NULL;
+    }
     rt__spin_unlock(&a->mute_lock);
     while (w) {
         rt_actor_t *next = w->runq_next;

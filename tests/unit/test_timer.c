@@ -1,0 +1,180 @@
+/* Timers: accuracy, cancellation, 100,000 at once, from inside and outside actors. */
+#include <stdlib.h>
+
+#include "rt_test.h"
+
+enum { MSG_FIRE = RT_MSG_USER, MSG_ARM, MSG_ARM_MANY, MSG_ARM_CANCEL };
+
+static atomic_long fired;
+static atomic_long late_sum_ms, late_max_ms, early;
+
+typedef struct {
+    uint64_t armed_ms;
+    uint64_t delay_ms;
+} fire_t;
+
+static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    switch (m->tag) {
+    case MSG_FIRE: {
+        fire_t *f = (fire_t *)(void *)m->data;
+        long late = (long)(test_now_ms() - f->armed_ms) - (long)f->delay_ms;
+        if (late < 0)
+            atomic_fetch_add(&early, 1);
+        atomic_fetch_add(&late_sum_ms, late);
+        long mx = atomic_load(&late_max_ms);
+        while (late > mx && !atomic_compare_exchange_weak(&late_max_ms, &mx, late))
+            ;
+        atomic_fetch_add(&fired, 1);
+        break;
+    }
+    case MSG_ARM: {
+        uint64_t delay = *(uint64_t *)(void *)m->data;
+        rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
+        *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), delay};
+        rt_send_after(delay, rt_self(self), f, NULL);
+        break;
+    }
+    case MSG_ARM_MANY: {
+        long n = *(long *)(void *)m->data;
+        unsigned seed = 42;
+        for (long i = 0; i < n; i++) {
+            uint64_t delay = 1 + (uint64_t)(rand_r(&seed) % 500);
+            rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
+            *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), delay};
+            rt_send_after(delay, rt_self(self), f, NULL);
+        }
+        break;
+    }
+    case MSG_ARM_CANCEL: {
+        long n = *(long *)(void *)m->data;
+        for (long i = 0; i < n; i++) {
+            rt_ref_t ref;
+            rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
+            *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), 50};
+            rt_send_after(50 + (uint64_t)(i % 100), rt_self(self), f, &ref);
+            if (rt_cancel_timer(ref) != 0)
+                atomic_fetch_add(&early, 1000000);
+        }
+        break;
+    }
+    }
+}
+
+static const rt_actor_type_t timer_type = {.name = "timer", .state_size = 8, .handle = timer_handle};
+
+static void reset(void)
+{
+    atomic_store(&fired, 0);
+    atomic_store(&late_sum_ms, 0);
+    atomic_store(&late_max_ms, 0);
+    atomic_store(&early, 0);
+}
+
+static void test_accuracy(void)
+{
+    reset();
+    rt_pid_t p;
+    rt_spawn(&timer_type, NULL, &p);
+    const uint64_t delays[] = {1, 5, 10, 20, 50, 100, 200, 300};
+    int n = (int)(sizeof(delays) / sizeof(delays[0]));
+    for (int i = 0; i < n; i++)
+        rt_send(p, MSG_ARM, &delays[i], sizeof(delays[i]));
+    CHECK(wait_at_least(&fired, n, 5000));
+    fprintf(stderr, "  accuracy: %d timers, mean lateness %.1f ms, max %ld ms\n", n,
+            (double)atomic_load(&late_sum_ms) / n, atomic_load(&late_max_ms));
+    CHECK_EQ(atomic_load(&early), 0); /* never before its time */
+    CHECK(atomic_load(&late_max_ms) <= 50);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
+static void test_cancel(void)
+{
+    reset();
+    rt_pid_t p;
+    rt_spawn(&timer_type, NULL, &p);
+    rt_ref_t ref;
+    rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
+    *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), 30};
+    CHECK_EQ(rt_send_after(30, p, f, &ref), 0); /* from outside any actor */
+    CHECK_EQ(rt_cancel_timer(ref), 0);
+    CHECK_EQ(rt_cancel_timer(ref), RT_ENOTFOUND); /* only once */
+    rt_ref_t ref2;
+    rt_msg_t *g = rt_msg_new(MSG_FIRE, sizeof(fire_t));
+    *(fire_t *)(void *)g->data = (fire_t){test_now_ms(), 10};
+    CHECK_EQ(rt_send_after(10, p, g, &ref2), 0);
+    CHECK(wait_at_least(&fired, 1, 5000));
+    test_sleep_ms(60);
+    CHECK_EQ(atomic_load(&fired), 1); /* the cancelled one never came */
+    CHECK_EQ(rt_cancel_timer(ref2), RT_ENOTFOUND); /* too late: it fired */
+    CHECK_EQ(rt_cancel_timer(0), RT_ENOTFOUND);
+
+    /* Many armed and cancelled at once: nothing fires and the heaps empty out. */
+    long n = check_scale(100000);
+    rt_send(p, MSG_ARM_CANCEL, &n, sizeof(n));
+    test_sleep_ms(300);
+    CHECK_EQ(atomic_load(&fired), 1);
+    CHECK_EQ(atomic_load(&early), 0);
+    rt_stats_t st;
+    rt_stats(&st);
+    CHECK_EQ(st.timers_pending, 0);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
+static void test_hundred_thousand(void)
+{
+    reset();
+    rt_pid_t p;
+    rt_spawn(&timer_type, NULL, &p);
+    long n = check_scale(100000);
+    long rss0 = rss_bytes();
+    rt_send(p, MSG_ARM_MANY, &n, sizeof(n));
+    rt_stats_t st;
+    uint64_t end = test_now_ms() + 2000;
+    long peak_pending = 0;
+    while (atomic_load(&fired) < n && test_now_ms() < end) {
+        rt_stats(&st);
+        if ((long)st.timers_pending > peak_pending)
+            peak_pending = (long)st.timers_pending;
+        test_sleep_ms(5);
+    }
+    long rss1 = rss_bytes();
+    CHECK(wait_at_least(&fired, n, 10000));
+    CHECK_EQ(atomic_load(&early), 0);
+    rt_stats(&st);
+    CHECK_EQ(st.timers_pending, 0);
+    fprintf(stderr, "  %ld timers: peak pending %ld, max lateness %ld ms, RSS +%ld KB\n", n,
+            peak_pending, atomic_load(&late_max_ms), (rss1 - rss0) / 1024);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
+static void test_timer_to_dead_actor(void)
+{
+    reset();
+    rt_pid_t p;
+    rt_spawn(&timer_type, NULL, &p);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+    rt_stats_t before, after;
+    rt_stats(&before);
+    rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
+    CHECK_EQ(rt_send_after(5, p, f, NULL), 0);
+    test_sleep_ms(100);
+    rt_stats(&after);
+    CHECK_EQ(after.dead_letters - before.dead_letters, 1);
+    CHECK_EQ(after.timers_pending, 0);
+}
+
+int main(void)
+{
+    test_start(2);
+    RUN(test_accuracy);
+    RUN(test_cancel);
+    RUN(test_hundred_thousand);
+    RUN(test_timer_to_dead_actor);
+    rt_shutdown();
+    return CHECK_SUMMARY();
+}
