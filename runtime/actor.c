@@ -597,7 +597,6 @@ void rt__run_turn(rt_actor_t *a, unsigned batch)
     atomic_store_explicit(&a->status, RT_STATUS_RUNNING, memory_order_relaxed);
     uint64_t t0 = rt__ticks();
     unsigned n = 0;
-    uint64_t popped = 0;
     if (RT_UNLIKELY(a->socks_unregistered))
         rt__sock_register_pending(a);
     process_signals(a);
@@ -605,7 +604,7 @@ void rt__run_turn(rt_actor_t *a, unsigned batch)
         rt_msg_t *m = mbox_pop(a);
         if (!m)
             break;
-        popped++;
+        add_relaxed(&a->received, 1);
         if (m->tag == RT_SIG_WAKE) {
             rt_msg_free(m);
             process_signals(a);
@@ -621,7 +620,6 @@ void rt__run_turn(rt_actor_t *a, unsigned batch)
         if (a->mute_target)
             break;
     }
-    add_relaxed(&a->received, popped);
     add_relaxed(&a->reductions, n);
     add_relaxed(&a->cpu_ticks, rt__ticks() - t0);
     rt__tls.current = NULL;

@@ -15,6 +15,7 @@
 #define RT_MSG_POOL_HIGH 1024 /* envelopes cached per thread and class before giving back */
 #define RT_MSG_POOL_BATCH 512 /* envelopes moved between a thread and the depot at once */
 #define RT_MSG_HUGE 0xff      /* size_class of envelopes too big to pool */
+#define RT_MSG_DEPOT_MAX 32   /* batches kept per class; a burst beyond goes back to malloc */
 
 static const size_t class_size[RT_MSG_CLASSES] = {64, 128, 256, 512, 1024, 2048};
 
@@ -55,6 +56,7 @@ static void tpool_register(void)
 
 static pthread_mutex_t depot_lock = PTHREAD_MUTEX_INITIALIZER;
 static rt_msg_t *depot[RT_MSG_CLASSES]; /* batches chained through data[] */
+static unsigned depot_batches[RT_MSG_CLASSES];
 
 static int class_of(size_t total)
 {
@@ -74,8 +76,10 @@ static void refill(int c)
 {
     pthread_mutex_lock(&depot_lock);
     rt_msg_t *b = depot[c];
-    if (b)
+    if (b) {
         depot[c] = *batch_link(b);
+        depot_batches[c]--;
+    }
     pthread_mutex_unlock(&depot_lock);
     if (!b)
         return;
@@ -84,6 +88,15 @@ static void refill(int c)
         n++;
     tpool.free[c] = b;
     tpool.count[c] = n;
+}
+
+static void free_list(rt_msg_t *m)
+{
+    while (m) {
+        rt_msg_t *next = atomic_load_explicit(&m->next, memory_order_relaxed);
+        free(m);
+        m = next;
+    }
 }
 
 static void spill(int c)
@@ -96,9 +109,15 @@ static void spill(int c)
     tpool.count[c] -= RT_MSG_POOL_BATCH;
     atomic_store_explicit(&last->next, NULL, memory_order_relaxed);
     pthread_mutex_lock(&depot_lock);
-    *batch_link(first) = depot[c];
-    depot[c] = first;
+    bool keep = depot_batches[c] < RT_MSG_DEPOT_MAX;
+    if (keep) {
+        *batch_link(first) = depot[c];
+        depot[c] = first;
+        depot_batches[c]++;
+    }
     pthread_mutex_unlock(&depot_lock);
+    if (!keep)
+        free_list(first);
 }
 
 rt_msg_t *rt_msg_new(uint32_t tag, size_t len)
@@ -165,15 +184,6 @@ rt_bin_t *rt_msg_take_bin(rt_msg_t *m)
     return b;
 }
 
-static void free_list(rt_msg_t *m)
-{
-    while (m) {
-        rt_msg_t *next = atomic_load_explicit(&m->next, memory_order_relaxed);
-        free(m);
-        m = next;
-    }
-}
-
 void rt__msg_pool_flush(void)
 {
     for (int c = 0; c < RT_MSG_CLASSES; c++) {
@@ -195,6 +205,7 @@ void rt__msg_pool_destroy(void)
             b = next_batch;
         }
         depot[c] = NULL;
+        depot_batches[c] = 0;
     }
     pthread_mutex_unlock(&depot_lock);
 }

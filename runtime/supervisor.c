@@ -68,7 +68,8 @@ static bool allow_restart(sup_state_t *st)
 static void restart_all(rt_actor_t *self, sup_state_t *st)
 {
     for (size_t i = 0; i < st->spec.nchildren; i++) {
-        if (st->children[i].restart == RT_TEMPORARY && !st->pids[i])
+        /* OTP: a temporary child is never restarted, not even by one_for_all. */
+        if (st->children[i].restart == RT_TEMPORARY)
             continue;
         if (start_child(self, st, i) != 0) {
             give_up(self, st);
@@ -148,7 +149,7 @@ static void sup_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (m->tag != RT_MSG_EXIT)
         return;
     const rt_exit_msg_t *e = (const rt_exit_msg_t *)(const void *)m->data;
-    for (size_t i = 0; i < st->spec.nchildren; i++) {
+    for (size_t i = 0; e->from && i < st->spec.nchildren; i++) {
         if (st->pids[i] == e->from) {
             child_exited(self, st, i, e->reason);
             return;
