@@ -158,7 +158,11 @@ void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind);
 void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin);
 /* Counts n extra work units (reductions) for this actor, for fairness and introspection. */
 void rt_consume(rt_actor_t *self, uint32_t n);
-/* Forces a collection now (tests, or after dropping a large structure). */
+/*
+** Forces a collection now (tests, or after dropping a large structure). The
+** only roots are the actor's state: objects reachable only from the calling
+** handler's local variables are freed, so call it with none held there.
+*/
 void rt_gc(rt_actor_t *self);
 
 /* ---- Timers ---- */
