@@ -306,6 +306,8 @@ set style histogram clustered gap 1
 set style fill solid 0.8 border -1
 set xtics rotate by -35
 set grid ytics
+set yrange [0:*]
+set bmargin 8
 set key top right
 set output '{out}/compare-throughput.png'
 set title 'Delivered messages per second (higher is better)'
@@ -317,4 +319,5 @@ plot '{dat}' using 3:xtic(1) title 'A'{", '' using 5 title 'B'" if len(brokers) 
     subprocess.run(["gnuplot"], input=plot, text=True, check=True)
 os.unlink(dat)
 PY
-echo "compare.sh: wrote $OUT/compare.md and charts"
+cp "$RESULTS" "$OUT/compare.tsv"
+echo "compare.sh: wrote $OUT/compare.md, compare.tsv (raw rows) and charts"

@@ -80,6 +80,12 @@ def test_pairs_exact_counts(mosquitto, qos, version):
     assert_exact(s, 1500, qos)
 
 
+def test_mqtt31_exact_counts(mosquitto):
+    s, _ = run("pairs", "-p", mosquitto.port, "-c", 3, "-L", 200, "-q", 2, "-V", 3, "-d", 30)
+    assert s["mqtt"] == 3
+    assert_exact(s, 600, 2)
+
+
 def test_fanin_fanout_exact_counts(mosquitto):
     s, _ = run("fanin", "-p", mosquitto.port, "-c", 20, "-L", 100, "-q", 1, "-d", 30)
     assert_exact(s, 2000, 1)
@@ -205,6 +211,8 @@ def test_refused_connection_counted(mosquitto):
     (["conn", "--ifaddr", "192.0.2.1"], "--allow-remote"),
     (["fanin", "--procs", "2"], "--procs"),
     (["conn", "-C", "maybe"], "-C"),
+    (["conn", "-V", "3", "--prefix", "a-very-long-client-id-prefix"], "23 bytes"),
+    (["pairs", "-t", "x"], "-t"),
 ])
 def test_bad_flags(args, needle):
     p = subprocess.run([RTBENCH, *args], capture_output=True, text=True, timeout=10)

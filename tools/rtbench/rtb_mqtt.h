@@ -30,9 +30,9 @@ enum {
 
 /* A growable byte buffer; the owner frees it with rtb_buf_free. */
 typedef struct rtb_buf_s {
-    uint8_t *p;  /* storage, NULL until first use */
-    size_t len;  /* bytes in use */
-    size_t cap;  /* bytes allocated */
+    uint8_t *p; /* storage, NULL until first use */
+    size_t len; /* bytes in use */
+    size_t cap; /* bytes allocated */
 } rtb_buf_t;
 
 /* Makes room for extra more bytes; returns 0 or -ENOMEM. */
@@ -63,12 +63,12 @@ int rtb_mqtt_subscribe(rtb_buf_t *b, int version, uint16_t pid, const char *filt
 int rtb_mqtt_empty(rtb_buf_t *b, int type);
 
 typedef struct rtb_pkt_s {
-    int type;               /* RTB_* packet type */
-    int flags;              /* low nibble of the fixed header */
-    int qos;                /* PUBLISH only */
-    uint16_t pid;           /* packet id, 0 when absent */
-    int rc;                 /* CONNACK/SUBACK/ack reason code, 0 when absent */
-    const uint8_t *topic;   /* PUBLISH topic, points into the input */
+    int type;             /* RTB_* packet type */
+    int flags;            /* low nibble of the fixed header */
+    int qos;              /* PUBLISH only */
+    uint16_t pid;         /* packet id, 0 when absent */
+    int rc;               /* CONNACK/SUBACK/ack reason code, 0 when absent */
+    const uint8_t *topic; /* PUBLISH topic, points into the input */
     size_t topic_len;
     const uint8_t *payload; /* PUBLISH payload, points into the input */
     size_t payload_len;

@@ -61,32 +61,32 @@ struct rtb_client_s {
     uv_connect_t creq;
     uv_write_t wreq;
     rtb_worker_t *w;
-    rtb_buf_t out;           /* packets waiting for the next flush */
-    rtb_buf_t busy;          /* bytes owned by wreq while a write is in flight */
-    rtb_buf_t pend;          /* an incomplete packet carried to the next read */
+    rtb_buf_t out;  /* packets waiting for the next flush */
+    rtb_buf_t busy; /* bytes owned by wreq while a write is in flight */
+    rtb_buf_t pend; /* an incomplete packet carried to the next read */
     rtb_client_t *next_dirty;
-    uint64_t t_start;        /* ns, connection start */
-    uint64_t t_last_tx_ms;   /* loop ms of the last flush, for keepalive */
-    char *id;                /* client id, owned */
-    char *topic;             /* expanded topic or filter, owned */
-    uint32_t idx;            /* client sequence number (%i) */
-    uint32_t pos;            /* position in the worker's client array */
+    uint64_t t_start;      /* ns, connection start */
+    uint64_t t_last_tx_ms; /* loop ms of the last flush, for keepalive */
+    char *id;              /* client id, owned */
+    char *topic;           /* expanded topic or filter, owned */
+    uint32_t idx;          /* client sequence number (%i) */
+    uint32_t pos;          /* position in the worker's client array */
     uint8_t role, state, writing, dirty, open, pending;
     /* Publisher. */
-    uint32_t gidx;           /* publisher index written into payloads */
-    uint32_t tgt_base;       /* %i of the first target topic */
-    uint32_t tgt_stride;     /* %i step between target topics */
-    uint32_t ntgt;           /* target topics, used round robin */
-    uint32_t fanout;         /* deliveries each PUBLISH should produce */
-    uint64_t k;              /* messages counted as sent */
-    uint64_t delivered;      /* deliveries of our messages seen by local subscribers */
-    uint32_t inflight;       /* unacked QoS1/2 messages */
-    uint8_t refill;          /* a window was full: wait until it is half empty */
-    uint32_t pid_n;          /* next packet id - 1, cycles through a multiple of slot cap */
-    uint16_t *slot_pid;      /* in-flight packet id per slot, 0 when free */
-    uint64_t *slot_ts;       /* send time per slot, ns */
+    uint32_t gidx;       /* publisher index written into payloads */
+    uint32_t tgt_base;   /* %i of the first target topic */
+    uint32_t tgt_stride; /* %i step between target topics */
+    uint32_t ntgt;       /* target topics, used round robin */
+    uint32_t fanout;     /* deliveries each PUBLISH should produce */
+    uint64_t k;          /* messages counted as sent */
+    uint64_t delivered;  /* deliveries of our messages seen by local subscribers */
+    uint32_t inflight;   /* unacked QoS1/2 messages */
+    uint8_t refill;      /* a window was full: wait until it is half empty */
+    uint32_t pid_n;      /* next packet id - 1, cycles through a multiple of slot cap */
+    uint16_t *slot_pid;  /* in-flight packet id per slot, 0 when free */
+    uint64_t *slot_ts;   /* send time per slot, ns */
     /* Subscriber. */
-    rtb_stream_t *streams;   /* open-addressing hash by publisher index */
+    rtb_stream_t *streams; /* open-addressing hash by publisher index */
     uint32_t scap, scount;
     uint64_t received;
 };
@@ -97,30 +97,30 @@ struct rtb_worker_s {
     uv_loop_t loop;
     uv_timer_t tick, conn_timer, pace, close_timer;
     uv_prepare_t flush;
-    uv_pipe_t go;            /* read end of the parent's go pipe, when go_fd >= 0 */
+    uv_pipe_t go; /* read end of the parent's go pipe, when go_fd >= 0 */
     int go_fd;
-    uint64_t wait_end_ms;    /* start anyway if the parent never says go */
-    uint64_t next_check_ms;  /* next evaluation of the run's end conditions */
+    uint64_t wait_end_ms;   /* start anyway if the parent never says go */
+    uint64_t next_check_ms; /* next evaluation of the run's end conditions */
     rtb_client_t *clients;
     uint32_t nclients;
     rtb_client_t **subs, **pubs;
     uint32_t nsubs, npubs;
-    uint32_t pub_base;       /* gidx of pubs[0]; local pubs have consecutive gidx */
-    rtb_client_t **cq;       /* connect queue of the current phase */
+    uint32_t pub_base; /* gidx of pubs[0]; local pubs have consecutive gidx */
+    rtb_client_t **cq; /* connect queue of the current phase */
     uint32_t ncq, cq_pos, cq_active, cq_pending;
     int phase;
     rtb_client_t *dirty;
     rtb_report_t rep;
     uint64_t run_start_ms, run_end_ms, drain_end_ms, close_end_ms;
-    double rate_per_pub;     /* open loop msgs/s per publisher, 0 = unpaced */
+    double rate_per_pub; /* open loop msgs/s per publisher, 0 = unpaced */
     int closed_loop;
-    uint32_t slot_cap;       /* power of two >= effective inflight */
+    uint32_t slot_cap; /* power of two >= effective inflight */
     uint32_t max_inflight;
     uint32_t open_handles;
     uint64_t tick_no;
     rtb_emit_fn emit;
     void *ctx;
-    char *topic_tmpl;        /* template for multi-target publishers */
+    char *topic_tmpl; /* template for multi-target publishers */
 };
 
 static uint8_t read_buf[RTB_READ_BUF];
@@ -674,6 +674,21 @@ static void try_send(rtb_client_t *c)
                 return; /* an older id in this slot is still unacked */
             pid = (uint16_t)(c->pid_n + 1);
         }
+        char tbuf[256];
+        const char *topic = c->topic;
+        int tlen;
+        if (c->ntgt == 1) {
+            tlen = (int)strlen(topic);
+        } else {
+            tlen =
+                expand(w->topic_tmpl, c->tgt_base + t * c->tgt_stride, c->id, tbuf, sizeof(tbuf));
+            topic = tbuf;
+        }
+        if (tlen < 0) {
+            w->rep.s.proto_err++;
+            client_fail(c);
+            return;
+        }
         rtb_stats_t *s = &w->rep.s;
         c->k++;
         s->sent++;
@@ -683,16 +698,6 @@ static void try_send(rtb_client_t *c)
             if (o->qos)
                 s->acked++;
             continue;
-        }
-        char tbuf[256];
-        const char *topic = c->topic;
-        int tlen;
-        if (c->ntgt == 1) {
-            tlen = (int)strlen(topic);
-        } else {
-            tlen = expand(w->topic_tmpl, c->tgt_base + t * c->tgt_stride, c->id, tbuf,
-                          sizeof(tbuf));
-            topic = tbuf;
         }
         uint8_t head[RTB_HDR_SIZE];
         uint64_t ts = now_ns();
@@ -705,9 +710,8 @@ static void try_send(rtb_client_t *c)
             c->inflight++;
             c->pid_n = (c->pid_n + 1) % (65535u / w->slot_cap * w->slot_cap);
         }
-        if (tlen < 0 || send_or_fail(c, rtb_mqtt_publish(&c->out, o->version, o->qos, pid, topic,
-                                                          (size_t)tlen, head, sizeof(head),
-                                                          o->size)))
+        if (send_or_fail(c, rtb_mqtt_publish(&c->out, o->version, o->qos, pid, topic, (size_t)tlen,
+                                             head, sizeof(head), o->size)))
             return;
     }
 }
@@ -725,7 +729,8 @@ static int run_finished(rtb_worker_t *w)
         alive++;
         if (c->role == ROLE_PUB && (o->limit == 0 || c->k < o->limit))
             busy++;
-        if (c->role == ROLE_SUB && o->cmd == RTB_CMD_SUB && (o->limit == 0 || c->received < o->limit))
+        if (c->role == ROLE_SUB && o->cmd == RTB_CMD_SUB &&
+            (o->limit == 0 || c->received < o->limit))
             busy++;
         if (c->role == ROLE_CONN)
             busy++;
@@ -1016,10 +1021,10 @@ static int build(rtb_worker_t *w)
     }
     for (uint32_t k = 0; k < npub && !r; k++) {
         rtb_client_t *c = &w->clients[ci++];
-        uint32_t idx = o->cmd == RTB_CMD_PUB ? o->start + lo + k
+        uint32_t idx = o->cmd == RTB_CMD_PUB                                 ? o->start + lo + k
                        : o->cmd == RTB_CMD_FANIN || o->cmd == RTB_CMD_FANOUT ? k
-                                                                            : lo + k;
-        const char *tmpl = o->cmd == RTB_CMD_PUB     ? o->topic
+                                                                             : lo + k;
+        const char *tmpl = o->cmd == RTB_CMD_PUB      ? o->topic
                            : o->cmd == RTB_CMD_FANIN  ? "test/fanin/%i"
                            : o->cmd == RTB_CMD_FANOUT ? "test/fanout"
                                                       : "test/%i";
@@ -1076,7 +1081,7 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn em
     while (w.slot_cap < w.max_inflight)
         w.slot_cap *= 2;
     if (o->rate > 0) {
-        uint32_t total = o->cmd == RTB_CMD_PUB ? o->count
+        uint32_t total = o->cmd == RTB_CMD_PUB      ? o->count
                          : o->cmd == RTB_CMD_FANOUT ? 1
                          : o->cmd == RTB_CMD_PAIRS  ? o->count
                                                     : o->pubs;

@@ -36,16 +36,16 @@
 
 #define RTB_DEFAULT_DURATION_S 60.0 /* -d when not given: every run stops by itself */
 #define RTB_MAX_DURATION_S 86400.0
-#define RTB_DEFAULT_CLIENTS 200     /* -c for conn/sub/pub, as emqtt_bench */
+#define RTB_DEFAULT_CLIENTS 200 /* -c for conn/sub/pub, as emqtt_bench */
 #define RTB_DEFAULT_INFLIGHT 32
 #define RTB_DEFAULT_WINDOW 10
 #define RTB_DEFAULT_DRAIN_S 5.0
 #define RTB_DEFAULT_CONN_TIMEOUT_S 10.0
 #define RTB_DEFAULT_CONN_PARALLEL 256
 #define RTB_MAX_PAYLOAD (8u * 1024 * 1024)
-#define RTB_FD_RESERVE 32           /* descriptors a process keeps for itself */
-#define RTB_REC_MAGIC 0x52544231u   /* "RTB1", marks a record on a child's pipe */
-#define RTB_PARENT_SLACK_S 30.0     /* beyond the children's own deadlines */
+#define RTB_FD_RESERVE 32         /* descriptors a process keeps for itself */
+#define RTB_REC_MAGIC 0x52544231u /* "RTB1", marks a record on a child's pipe */
+#define RTB_PARENT_SLACK_S 30.0   /* beyond the children's own deadlines */
 
 static const char *usage_text =
     "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed> [flags]\n"
@@ -99,8 +99,7 @@ static int is_loopback(const struct sockaddr *sa)
         return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
     if (sa->sa_family == AF_INET6) {
         const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        return IN6_IS_ADDR_LOOPBACK(a) ||
-               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
     }
     return 0;
 }
@@ -143,13 +142,16 @@ static void parse_ifaddr(rtb_opts_t *o, const char *list)
         die_usage("empty --ifaddr list '%s'", list);
 }
 
+/* The short tag goes into default client ids, which MQTT 3.1 caps at 23 bytes. */
 static const struct {
     const char *name;
+    const char *tag;
     rtb_cmd_t cmd;
 } cmds[] = {
-    {"conn", RTB_CMD_CONN},     {"sub", RTB_CMD_SUB},     {"pub", RTB_CMD_PUB},
-    {"fanin", RTB_CMD_FANIN},   {"fanout", RTB_CMD_FANOUT}, {"pairs", RTB_CMD_PAIRS},
-    {"seed", RTB_CMD_SEED},
+    {"conn", "c", RTB_CMD_CONN},      {"sub", "s", RTB_CMD_SUB},
+    {"pub", "p", RTB_CMD_PUB},        {"fanin", "fi", RTB_CMD_FANIN},
+    {"fanout", "fo", RTB_CMD_FANOUT}, {"pairs", "pr", RTB_CMD_PAIRS},
+    {"seed", "sd", RTB_CMD_SEED},
 };
 
 static void parse(rtb_opts_t *o, int argc, char **argv)
@@ -173,7 +175,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     o->test_skip_seq = -1;
     o->rate = -1;
     int64_t count = -1, pubs = -1, subs = -1;
-    const char *ifaddr = NULL, *prefix = NULL;
+    const char *ifaddr = NULL, *prefix = NULL, *tag = "";
 
     if (argc < 2)
         die_usage("missing command%s", "");
@@ -185,6 +187,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         if (!strcmp(argv[1], cmds[i].name)) {
             o->cmd = cmds[i].cmd;
             o->cmd_name = cmds[i].name;
+            tag = cmds[i].tag;
         }
     if (!o->cmd_name)
         die_usage("unknown command '%s'", argv[1]);
@@ -325,14 +328,17 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         o->rate = 0;
     if (o->procs > rtb_groups(o)) {
         char msg[160];
-        snprintf(msg, sizeof(msg), "%s splits into at most %u process(es); --procs %u is too many%%s",
-                 o->cmd_name, rtb_groups(o), o->procs);
+        snprintf(msg, sizeof(msg),
+                 "%s splits into at most %u process(es); --procs %u is too many%%s", o->cmd_name,
+                 rtb_groups(o), o->procs);
         die_usage(msg, "");
     }
     if (ifaddr)
         parse_ifaddr(o, ifaddr);
     char def[48];
-    snprintf(def, sizeof(def), "rtb%d_%s_", (int)getpid(), o->cmd_name);
+    snprintf(def, sizeof(def), "rtb%d%s_", (int)getpid(), tag);
+    if (prefix && strlen(prefix) >= sizeof(o->prefix))
+        die_usage("--prefix is longer than 47 bytes: '%s'", prefix);
     snprintf(o->prefix, sizeof(o->prefix), "%s", prefix ? prefix : def);
     if (o->version == 3 && strlen(o->prefix) + 8 > 23)
         die_usage("MQTT 3.1 client ids are at most 23 bytes; shorten --prefix '%s'", o->prefix);
@@ -366,12 +372,12 @@ static void check_fds(const rtb_opts_t *o)
 
 typedef struct rtb_agg_s {
     const rtb_opts_t *o;
-    uint32_t n;            /* reporting processes */
-    rtb_report_t *last;    /* latest report per process */
-    uint8_t *final;        /* process sent its final report */
-    uint8_t *ready;        /* process is connected and waits for the go */
-    uint64_t printed;      /* seconds already printed */
-    rtb_report_t prev;     /* merged totals at the previous printed second */
+    uint32_t n;         /* reporting processes */
+    rtb_report_t *last; /* latest report per process */
+    uint8_t *final;     /* process sent its final report */
+    uint8_t *ready;     /* process is connected and waits for the go */
+    uint64_t printed;   /* seconds already printed */
+    rtb_report_t prev;  /* merged totals at the previous printed second */
 } rtb_agg_t;
 
 static void stats_merge(rtb_stats_t *d, const rtb_stats_t *s)
@@ -453,8 +459,7 @@ static void agg_feed(rtb_agg_t *a, uint32_t i, int kind, const rtb_report_t *r)
     fprintf(stderr,
             "rtbench[%3llus] conn=%llu fail=%llu lost=%llu pub/s=%llu recv/s=%llu "
             "lat p50=%.3fms p99=%.3fms\n",
-            (unsigned long long)a->printed,
-            (unsigned long long)(m.s.conn_ok - m.s.conn_lost),
+            (unsigned long long)a->printed, (unsigned long long)(m.s.conn_ok - m.s.conn_lost),
             (unsigned long long)m.s.conn_fail, (unsigned long long)m.s.conn_lost,
             (unsigned long long)(m.s.sent - a->prev.s.sent),
             (unsigned long long)(m.s.received - a->prev.s.received),
@@ -646,10 +651,10 @@ static void print_lat(const char *name, const rtb_hist_t *h, int json, int last)
 static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
 {
     const rtb_stats_t *s = &m->s;
-    double conn_s = s->t_conn_last > s->t_conn_first
-                        ? (double)(s->t_conn_last - s->t_conn_first) / 1e9 : 0;
-    double run_s = s->t_run_end > s->t_run_start
-                       ? (double)(s->t_run_end - s->t_run_start) / 1e9 : 0;
+    double conn_s =
+        s->t_conn_last > s->t_conn_first ? (double)(s->t_conn_last - s->t_conn_first) / 1e9 : 0;
+    double run_s =
+        s->t_run_end > s->t_run_start ? (double)(s->t_run_end - s->t_run_start) / 1e9 : 0;
     uint64_t recv_end = s->t_recv_last > s->t_run_end ? s->t_recv_last : s->t_run_end;
     double recv_s = recv_end > s->t_run_start ? (double)(recv_end - s->t_run_start) / 1e9 : 0;
     double conn_rate = conn_s > 0 ? (double)s->conn_ok / conn_s : 0;
@@ -667,12 +672,12 @@ static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
                "\"subscribed\":%llu,\"sub_failed\":%llu,\"connect_seconds\":%.6f,"
                "\"connect_rate\":%.1f,\"sent\":%llu,\"acked\":%llu,\"received\":%llu,"
                "\"unique\":%llu,",
-               o->cmd_name, o->procs, o->qos, o->size, o->version,
-               (unsigned long long)s->clients, (unsigned long long)s->conn_ok,
-               (unsigned long long)s->conn_fail, (unsigned long long)s->conn_lost,
-               (unsigned long long)s->sub_ok, (unsigned long long)s->sub_fail, conn_s, conn_rate,
-               (unsigned long long)s->sent, (unsigned long long)s->acked,
-               (unsigned long long)s->received, (unsigned long long)s->unique);
+               o->cmd_name, o->procs, o->qos, o->size, o->version, (unsigned long long)s->clients,
+               (unsigned long long)s->conn_ok, (unsigned long long)s->conn_fail,
+               (unsigned long long)s->conn_lost, (unsigned long long)s->sub_ok,
+               (unsigned long long)s->sub_fail, conn_s, conn_rate, (unsigned long long)s->sent,
+               (unsigned long long)s->acked, (unsigned long long)s->received,
+               (unsigned long long)s->unique);
         if (known)
             printf("\"expected\":%llu,", (unsigned long long)s->expected);
         else
@@ -681,17 +686,17 @@ static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
                "\"out_of_order\":%llu,\"foreign\":%llu,\"protocol_errors\":%llu,"
                "\"run_seconds\":%.6f,\"pub_rate\":%.1f,\"recv_rate\":%.1f,",
                (unsigned long long)missing, known ? "expected" : "gaps",
-               (unsigned long long)s->gaps, (unsigned long long)s->dups,
-               (unsigned long long)s->ooo, (unsigned long long)s->foreign,
-               (unsigned long long)s->proto_err, run_s, pub_rate, recv_rate);
+               (unsigned long long)s->gaps, (unsigned long long)s->dups, (unsigned long long)s->ooo,
+               (unsigned long long)s->foreign, (unsigned long long)s->proto_err, run_s, pub_rate,
+               recv_rate);
         print_lat("e2e", &m->e2e, 1, 0);
         print_lat("ack", &m->ack, 1, 0);
         print_lat("connack", &m->conn, 1, 0);
         printf("\"cpu_seconds\":%.3f,\"cpu_seconds_per_million\":%.3f}\n", cpu_s, cpu_per_m);
         return;
     }
-    printf("rtbench %s: procs=%u qos=%d size=%uB mqtt=%d\n", o->cmd_name, o->procs, o->qos,
-           o->size, o->version);
+    printf("rtbench %s: procs=%u qos=%d size=%uB mqtt=%d\n", o->cmd_name, o->procs, o->qos, o->size,
+           o->version);
     printf("clients   planned=%llu connected=%llu failed=%llu lost=%llu subscribed=%llu "
            "sub_failed=%llu connect=%.0f/s over %.3fs\n",
            (unsigned long long)s->clients, (unsigned long long)s->conn_ok,
@@ -705,8 +710,8 @@ static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
     else
         printf(" expected=n/a missing(gaps)=%llu", (unsigned long long)missing);
     printf(" duplicates=%llu out-of-order=%llu foreign=%llu protocol-errors=%llu\n",
-           (unsigned long long)s->dups, (unsigned long long)s->ooo,
-           (unsigned long long)s->foreign, (unsigned long long)s->proto_err);
+           (unsigned long long)s->dups, (unsigned long long)s->ooo, (unsigned long long)s->foreign,
+           (unsigned long long)s->proto_err);
     printf("rates     pub=%.0f/s over %.3fs recv=%.0f/s over %.3fs\n", pub_rate, run_s, recv_rate,
            recv_s);
     print_lat("e2e", &m->e2e, 0, 0);

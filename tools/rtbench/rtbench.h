@@ -36,39 +36,39 @@ typedef enum rtb_cmd_e {
 typedef struct rtb_opts_s {
     rtb_cmd_t cmd;
     const char *cmd_name;
-    const char *host;                   /* -h */
-    int port;                           /* -p */
-    struct sockaddr_storage addr;       /* host:port, resolved once before any fork */
+    const char *host;                               /* -h */
+    int port;                                       /* -p */
+    struct sockaddr_storage addr;                   /* host:port, resolved once before any fork */
     struct sockaddr_storage ifaddr[RTB_MAX_IFADDR]; /* --ifaddr, port 0 */
     int nifaddr;
-    uint32_t count;             /* -c: clients (conn/sub/pub) or the scenario's main count */
-    uint32_t start;             /* -n: first client sequence number */
-    uint32_t conn_interval_ms;  /* -i: between connection starts; 0 = as fast as allowed */
-    double pub_interval_ms;     /* -I: between publishes per client; 0 = unpaced */
-    const char *topic;          /* -t, with %i and %c */
-    int qos;                    /* -q */
-    uint32_t size;              /* -s: total payload bytes */
-    uint64_t limit;             /* -L: messages per client, 0 = unlimited */
-    uint16_t keepalive;         /* -k, seconds */
-    int clean;                  /* -C */
-    int version;                /* -V: 3, 4 or 5 */
-    const char *user;           /* -u */
-    const char *pass;           /* -P */
-    double duration_s;          /* -d: run phase length */
-    uint32_t procs;             /* --procs */
-    uint32_t inflight;          /* --inflight: unacked QoS1/2 PUBLISH per publisher */
-    uint32_t window;            /* --window: closed loop, messages not yet received */
-    double rate;                /* --rate: open loop, messages/s over all publishers */
-    uint32_t pubs;              /* --pubs (fanin, seed) */
-    uint32_t subs;              /* --subs (fanout, seed) */
-    double drain_s;             /* --drain: wait for stragglers after the run */
-    double conn_timeout_s;      /* --conn-timeout: CONNACK/SUBACK deadline per client */
-    uint32_t conn_parallel;     /* --conn-parallel: connects in flight per process */
-    int64_t test_skip_seq;      /* --test-skip-seq: publisher 0 pretends to send this seq */
-    int json;                   /* --json */
-    int allow_remote;           /* --allow-remote */
-    int quiet;                  /* --quiet: no per-second lines */
-    char prefix[48];            /* client id prefix */
+    uint32_t count;            /* -c: clients (conn/sub/pub) or the scenario's main count */
+    uint32_t start;            /* -n: first client sequence number */
+    uint32_t conn_interval_ms; /* -i: between connection starts; 0 = as fast as allowed */
+    double pub_interval_ms;    /* -I: between publishes per client; 0 = unpaced */
+    const char *topic;         /* -t, with %i and %c */
+    int qos;                   /* -q */
+    uint32_t size;             /* -s: total payload bytes */
+    uint64_t limit;            /* -L: messages per client, 0 = unlimited */
+    uint16_t keepalive;        /* -k, seconds */
+    int clean;                 /* -C */
+    int version;               /* -V: 3, 4 or 5 */
+    const char *user;          /* -u */
+    const char *pass;          /* -P */
+    double duration_s;         /* -d: run phase length */
+    uint32_t procs;            /* --procs */
+    uint32_t inflight;         /* --inflight: unacked QoS1/2 PUBLISH per publisher */
+    uint32_t window;           /* --window: closed loop, messages not yet received */
+    double rate;               /* --rate: open loop, messages/s over all publishers */
+    uint32_t pubs;             /* --pubs (fanin, seed) */
+    uint32_t subs;             /* --subs (fanout, seed) */
+    double drain_s;            /* --drain: wait for stragglers after the run */
+    double conn_timeout_s;     /* --conn-timeout: CONNACK/SUBACK deadline per client */
+    uint32_t conn_parallel;    /* --conn-parallel: connects in flight per process */
+    int64_t test_skip_seq;     /* --test-skip-seq: publisher 0 pretends to send this seq */
+    int json;                  /* --json */
+    int allow_remote;          /* --allow-remote */
+    int quiet;                 /* --quiet: no per-second lines */
+    char prefix[48];           /* client id prefix */
 } rtb_opts_t;
 
 /* Counters of one process; all are summed across processes except where noted. */
