@@ -42,6 +42,9 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# Other work on the machine distorts both sides (preemption shows up as GC pauses), so the
+# load average goes into the report.
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 i=1
 while [ "$i" -le "$runs" ]; do
     echo "run $i/$runs: rt" >&2
@@ -55,11 +58,13 @@ while [ "$i" -le "$runs" ]; do
     i=$((i + 1))
 done
 
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 cmd="tests/bench/run_runtime_bench.sh${quick:+ $quick}${sched:+ $sched} (runs=$runs, binary $bin)"
-table=$(/usr/bin/python3 - "$tmp" "$runs" "$cmd" "$erl_note" <<'EOF'
-import json, os, platform, statistics, subprocess, sys, time
+table=$(/usr/bin/python3 - "$tmp" "$runs" "$cmd" "$erl_note" "$load_before" "$load_after" <<'EOF'
+import json, os, statistics, sys, time
 
 tmp, runs, cmd, erl_note = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+load_before, load_after = sys.argv[5], sys.argv[6]
 def load(kind):
     out = []
     for i in range(1, runs + 1):
@@ -103,7 +108,8 @@ lines.append(f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
                 if beam else "")
              + f"{rt[0]['actors']:,} idle actors, {rt[0]['hops']:,} ring hops, "
              f"{rt[0]['gc_pauses']} GC pauses per run.  ")
-lines.append(f"Medians of {runs} runs per side, run alternately (rt, BEAM, rt, BEAM, ...).")
+lines.append(f"Medians of {runs} runs per side, run alternately (rt, BEAM, rt, BEAM, ...). "
+             f"Load average before: {load_before}; after: {load_after}.")
 if erl_note:
     lines.append("")
     lines.append(f"**{erl_note}**")
