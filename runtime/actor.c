@@ -591,15 +591,15 @@ static bool park_muted(rt_actor_t *a)
 
 #define RT_OVERLOAD_TURNS 2 /* consecutive full batches before senders get muted */
 
-void rt__run_turn(rt_actor_t *a, unsigned batch)
+uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
 {
     rt__tls.current = a;
     atomic_store_explicit(&a->status, RT_STATUS_RUNNING, memory_order_relaxed);
-    uint64_t t0 = rt__ticks();
     unsigned n = 0;
     if (RT_UNLIKELY(a->socks_unregistered))
         rt__sock_register_pending(a);
-    process_signals(a);
+    if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
+        process_signals(a);
     while (!a->exiting && n < batch) {
         rt_msg_t *m = mbox_pop(a);
         if (!m)
@@ -621,12 +621,13 @@ void rt__run_turn(rt_actor_t *a, unsigned batch)
             break;
     }
     add_relaxed(&a->reductions, n);
-    add_relaxed(&a->cpu_ticks, rt__ticks() - t0);
+    uint64_t end = rt__ticks();
+    add_relaxed(&a->cpu_ticks, end - start);
     rt__tls.current = NULL;
     if (a->exiting) {
         a->mute_target = NULL;
         actor_exit(a);
-        return;
+        return end;
     }
 
     /* Overloaded: the batch ran out with messages left, turn after turn. It ends as soon as
@@ -643,12 +644,13 @@ void rt__run_turn(rt_actor_t *a, unsigned batch)
     }
 
     if (a->mute_target && park_muted(a))
-        return;
+        return end;
     if (mbox_markempty(a)) {
         atomic_store_explicit(&a->status, RT_STATUS_WAITING, memory_order_relaxed);
-        return;
+        return end;
     }
     rt__requeue(a);
+    return end;
 }
 
 /* ---- Spawning ---- */

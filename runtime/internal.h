@@ -26,6 +26,7 @@ static inline void rt__spin_unlock(rt_spinlock_t *l)
 /* ---- Cycle clock for per-turn CPU accounting (rdtsc where available). ---- */
 uint64_t rt__ticks(void);
 uint64_t rt__ticks_to_ns(uint64_t ticks);
+uint64_t rt__ns_to_ticks(uint64_t ns);
 uint64_t rt__now_ns(void); /* CLOCK_MONOTONIC */
 
 /* ---- Epoch-based reclamation ----
@@ -252,7 +253,9 @@ rt_actor_t *rt__lookup(rt_pid_t pid);
 void rt__schedule(rt_actor_t *a);                 /* its mailbox just became non-empty */
 void rt__requeue(rt_actor_t *a);                  /* still has work: back of a queue */
 void rt__actors_release_external(void);
-void rt__run_turn(rt_actor_t *a, unsigned batch); /* run one turn; reschedules or parks it */
+/* Runs one turn (CPU time counted from start, in ticks); reschedules or parks the actor.
+   Returns the tick count at the end of the turn, so the caller reads the clock once a turn. */
+uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start);
 void rt__shutdown_actors(void);
 void rt__registry_init(rt_runtime_t *rt);
 void rt__registry_destroy(rt_runtime_t *rt);

@@ -19,7 +19,7 @@
 
 rt_runtime_t *rt__rt;
 
-#define RT_POLL_EVERY 64    /* turns between non-blocking polls of the loop */
+#define RT_POLL_NS 100000   /* a busy scheduler polls its loop (sockets, timers) this often */
 #define RT_RUNNEXT_MAX 64   /* runnext picks in a row before the queue gets a turn */
 
 /* ---- Run queues ---- */
@@ -232,9 +232,9 @@ static void *blocking_main(void *arg)
         pthread_mutex_unlock(&b->lock);
         uint64_t t0 = rt__ticks();
         rt__ebr_enter(ebr);
-        rt__run_turn(a, rt__rt->cfg.batch);
+        uint64_t t1 = rt__run_turn(a, rt__rt->cfg.batch, t0);
         rt__ebr_leave(ebr);
-        atomic_fetch_add_explicit(&b->busy_ticks, rt__ticks() - t0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->busy_ticks, t1 - t0, memory_order_relaxed);
         atomic_fetch_add_explicit(&b->turns, 1, memory_order_relaxed);
         pthread_mutex_lock(&b->lock);
     }
@@ -282,28 +282,36 @@ static void *sched_main(void *arg)
     rt__tls.sched = s;
     rt__tls.ebr = s->ebr;
     rt__ebr_enter(s->ebr);
-    unsigned since_poll = 0;
     unsigned batch = rt->cfg.batch;
+    uint64_t poll_every = rt__ns_to_ticks(RT_POLL_NS);
+    uint64_t now = rt__ticks(), last_poll = now;
     while (!atomic_load_explicit(&s->stopping, memory_order_relaxed)) {
         rt_actor_t *a = next_local(s);
         if (!a)
             a = steal(s);
         if (a) {
-            uint64_t t0 = rt__ticks();
-            rt__run_turn(a, batch);
-            atomic_fetch_add_explicit(&s->busy_ticks, rt__ticks() - t0, memory_order_relaxed);
-            atomic_fetch_add_explicit(&s->turns, 1, memory_order_relaxed);
-            if (++since_poll >= RT_POLL_EVERY) {
-                since_poll = 0;
+            /* One clock read a turn: a turn starts where the previous one ended. */
+            uint64_t end = rt__run_turn(a, batch, now);
+            atomic_store_explicit(&s->busy_ticks,
+                                  atomic_load_explicit(&s->busy_ticks, memory_order_relaxed) +
+                                      (end - now),
+                                  memory_order_relaxed);
+            atomic_store_explicit(&s->turns,
+                                  atomic_load_explicit(&s->turns, memory_order_relaxed) + 1,
+                                  memory_order_relaxed);
+            now = end;
+            if (now - last_poll >= poll_every) {
                 rt__ebr_enter(s->ebr); /* a quiescent point: lets retired actors go */
                 uv_run(&s->loop, UV_RUN_NOWAIT);
                 rt__timers_run(s);
+                now = last_poll = rt__ticks();
             }
             continue;
         }
         /* Nothing to run: poll once, then park unless work arrived meanwhile. */
         uv_run(&s->loop, UV_RUN_NOWAIT);
         rt__timers_run(s);
+        now = last_poll = rt__ticks();
         if (s->runnext || atomic_load(&s->qlen))
             continue;
         rt__ebr_leave(s->ebr);
@@ -317,7 +325,7 @@ static void *sched_main(void *arg)
         uv_run(&s->loop, UV_RUN_ONCE);
         atomic_store_explicit(&s->sleeping, false, memory_order_seq_cst);
         ensure_active(s);
-        since_poll = 0;
+        now = last_poll = rt__ticks();
     }
     rt__ebr_leave(s->ebr);
     rt__msg_pool_flush();

@@ -100,11 +100,18 @@ uint64_t rt__ticks(void)
     return __rdtsc();
 }
 
+static pthread_once_t calibrated = PTHREAD_ONCE_INIT;
+
 uint64_t rt__ticks_to_ns(uint64_t ticks)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, calibrate);
+    pthread_once(&calibrated, calibrate);
     return (uint64_t)((double)ticks * ns_per_tick);
+}
+
+uint64_t rt__ns_to_ticks(uint64_t ns)
+{
+    pthread_once(&calibrated, calibrate);
+    return (uint64_t)((double)ns / ns_per_tick);
 }
 #else
 uint64_t rt__ticks(void)
@@ -115,5 +122,10 @@ uint64_t rt__ticks(void)
 uint64_t rt__ticks_to_ns(uint64_t ticks)
 {
     return ticks;
+}
+
+uint64_t rt__ns_to_ticks(uint64_t ns)
+{
+    return ns;
 }
 #endif

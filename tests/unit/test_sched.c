@@ -217,7 +217,7 @@ static atomic_long quick_done;
 
 static void sleeper_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
-    test_sleep_ms(300);
+    test_sleep_ms(1000);
     atomic_fetch_add(&sleepers_done, 1);
 }
 

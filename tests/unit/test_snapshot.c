@@ -32,7 +32,7 @@ static void busy_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         pair[1] = rt_hold_bin(self, b);
         st->held = pair;
     } else if (m->tag == MSG_BLOCK) {
-        test_sleep_ms(200);
+        test_sleep_ms(1000);
     }
     atomic_fetch_add(&worked, 1);
 }
@@ -87,8 +87,11 @@ static void test_actor_fields(void)
     rt_send(p, MSG_BLOCK, NULL, 0);
     for (int i = 0; i < 5; i++)
         rt_send(p, MSG_WORK, NULL, 0);
-    test_sleep_ms(50);
-    CHECK_EQ(rt_actor_info(p, &info), 0);
+    end = test_now_ms() + 900;
+    do {
+        test_sleep_ms(5);
+        CHECK_EQ(rt_actor_info(p, &info), 0);
+    } while ((info.status != RT_STATUS_RUNNING || info.mailbox_len != 5) && test_now_ms() < end);
     CHECK_EQ(info.status, RT_STATUS_RUNNING);
     CHECK(strcmp(info.current_handler, "block") == 0);
     CHECK_EQ(info.mailbox_len, 5);

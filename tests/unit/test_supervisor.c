@@ -55,6 +55,17 @@ static rt_pid_t wait_new_pid(const char *name, rt_pid_t old)
     return 0;
 }
 
+static bool wait_unregistered(const char *name)
+{
+    uint64_t end = test_now_ms() + 5000;
+    while (rt_whereis(name)) {
+        if (test_now_ms() > end)
+            return false;
+        test_sleep_ms(1);
+    }
+    return true;
+}
+
 static const rt_child_spec_t children[] = {
     {.name = "w.perm", .type = &worker_type, .restart = RT_PERMANENT},
     {.name = "w.trans", .type = &worker_type, .restart = RT_TRANSIENT},
@@ -96,13 +107,14 @@ static void test_one_for_one(void)
     rt_pid_t trans2 = wait_new_pid("w.trans", trans);
     CHECK(trans2 != 0);
     kill_with("w.trans", RT_REASON_NORMAL);
-    test_sleep_ms(50);
-    CHECK_EQ(rt_whereis("w.trans"), 0);
+    CHECK(wait_unregistered("w.trans"));
 
     /* temporary: never restarted */
     kill_with("w.temp", RT_REASON_USER);
-    test_sleep_ms(50);
+    CHECK(wait_unregistered("w.temp"));
+    test_sleep_ms(50); /* time for a (wrong) restart to show */
     CHECK_EQ(rt_whereis("w.temp"), 0);
+    CHECK_EQ(rt_whereis("w.trans"), 0);
     CHECK_EQ(atomic_load(&starts), 5);
 
     /* Stopping the supervisor stops what is left. */

@@ -84,7 +84,7 @@ static void test_accuracy(void)
     fprintf(stderr, "  accuracy: %d timers, mean lateness %.1f ms, max %ld ms\n", n,
             (double)atomic_load(&late_sum_ms) / n, atomic_load(&late_max_ms));
     CHECK_EQ(atomic_load(&early), 0); /* never before its time */
-    CHECK(atomic_load(&late_max_ms) <= 50);
+    CHECK(atomic_load(&late_max_ms) <= 100); /* generous: shared machines */
     rt_exit_signal(p, RT_REASON_KILL);
     CHECK(wait_alive(0, 5000));
 }
@@ -113,12 +113,15 @@ static void test_cancel(void)
     /* Many armed and cancelled at once: nothing fires and the heaps empty out. */
     long n = check_scale(100000);
     rt_send(p, MSG_ARM_CANCEL, &n, sizeof(n));
-    test_sleep_ms(300);
+    rt_stats_t st;
+    uint64_t end = test_now_ms() + 5000;
+    do {
+        test_sleep_ms(10);
+        rt_stats(&st);
+    } while (st.timers_pending && test_now_ms() < end);
+    CHECK_EQ(st.timers_pending, 0); /* every cancelled timer was dropped */
     CHECK_EQ(atomic_load(&fired), 1);
     CHECK_EQ(atomic_load(&early), 0);
-    rt_stats_t st;
-    rt_stats(&st);
-    CHECK_EQ(st.timers_pending, 0);
     rt_exit_signal(p, RT_REASON_KILL);
     CHECK(wait_alive(0, 5000));
 }
