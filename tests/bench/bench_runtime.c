@@ -40,14 +40,14 @@
 
 #include "rt.h"
 
-#define RING_SIZE 1000        /* actors in the ring, as in the issue */
-#define RING_TOKENS 1000      /* tokens in flight for the parallel figure */
-#define RING_REPEATS 3        /* ring runs per figure; the median is reported */
-#define GC_LIVE_BYTES (1u << 20)  /* live data the GC actor keeps reachable */
-#define GC_ENTRY_BYTES 256        /* mean node (96 B) + payload (160 B) requested */
-#define GC_BATCH 256              /* entries replaced per message (~64 KB allocated) */
-#define GC_WARMUP 3               /* collections ignored after the live set is built */
-#define WAIT_MS 300000            /* ms to give up on a phase after; RT_BENCH_WAIT_MS overrides */
+#define RING_SIZE 1000           /* actors in the ring, as in the issue */
+#define RING_TOKENS 1000         /* tokens in flight for the parallel figure */
+#define RING_REPEATS 3           /* ring runs per figure; the median is reported */
+#define GC_LIVE_BYTES (1u << 20) /* live data the GC actor keeps reachable */
+#define GC_ENTRY_BYTES 256       /* mean node (96 B) + payload (160 B) requested */
+#define GC_BATCH 256             /* entries replaced per message (~64 KB allocated) */
+#define GC_WARMUP 3              /* collections ignored after the live set is built */
+#define WAIT_MS 300000           /* ms to give up on a phase after; RT_BENCH_WAIT_MS overrides */
 
 #define FULL_ACTORS 1000000L
 #define FULL_HOPS 10000000L
@@ -80,18 +80,18 @@ typedef struct bench_opts_s {
 */
 typedef struct bench_ctx_s {
     sem_t done;
-    rt_pid_t *pids;          /* spawner's idle actors, allocated by main */
+    rt_pid_t *pids; /* spawner's idle actors, allocated by main */
     long nspawned;
     int spawn_rc;
     uint64_t spawn_ns;
     atomic_long tokens_left; /* ring: tokens that have not finished yet */
     uint64_t ring_end_ns;
-    uint32_t *pauses;        /* gc: one entry per collection, microseconds */
+    uint32_t *pauses; /* gc: one entry per collection, microseconds */
     long npauses;
-    uint32_t *cpu_pauses;    /* gc: thread CPU time around a collection, nanoseconds */
+    uint32_t *cpu_pauses; /* gc: thread CPU time around a collection, nanoseconds */
     long ncpu_pauses;
-    size_t gc_heap_bytes;    /* gc: heap footprint at the end */
-    size_t gc_live_bytes;    /* gc: bytes the ring buffer keeps reachable at the end */
+    size_t gc_heap_bytes; /* gc: heap footprint at the end */
+    size_t gc_live_bytes; /* gc: bytes the ring buffer keeps reachable at the end */
     int gc_rc;
 } bench_ctx_t;
 
@@ -148,9 +148,8 @@ static void dump_stuck(void)
     rt_sched_info_t si[16];
     size_t n = rt_snapshot_schedulers(si, 16);
     for (size_t i = 0; i < n; i++)
-        fprintf(stderr, "  scheduler %u%s: run queue %" PRIu64 ", turns %" PRIu64 "\n",
-                si[i].index, si[i].blocking_pool ? " (blocking)" : "", si[i].run_queue,
-                si[i].turns);
+        fprintf(stderr, "  scheduler %u%s: run queue %" PRIu64 ", turns %" PRIu64 "\n", si[i].index,
+                si[i].blocking_pool ? " (blocking)" : "", si[i].run_queue, si[i].turns);
 }
 
 /* Waits for an actor to post ctx.done; a benchmark that hangs is a failure, not a number. */
@@ -407,14 +406,14 @@ static void bench_ring(double *hops_per_s, double *parallel_per_s)
 */
 
 typedef struct gc_state_s {
-    void **ring;       /* RT_OBJ_SCAN array of node pointers: the only root */
+    void **ring; /* RT_OBJ_SCAN array of node pointers: the only root */
     uint32_t nslots;
-    uint32_t pos;      /* next slot to replace */
+    uint32_t pos; /* next slot to replace */
     uint64_t rng;
-    size_t live;       /* bytes requested for the entries the ring holds now */
-    uint32_t seen_gc;  /* gc_count at the previous message */
-    uint32_t warmup;   /* collections still to ignore */
-    uint64_t end_cpu;  /* thread CPU time when the previous handler ended, or 0 */
+    size_t live;      /* bytes requested for the entries the ring holds now */
+    uint32_t seen_gc; /* gc_count at the previous message */
+    uint32_t warmup;  /* collections still to ignore */
+    uint64_t end_cpu; /* thread CPU time when the previous handler ended, or 0 */
     pthread_t end_thread;
     rt_pid_t self;
 } gc_state_t;
@@ -432,8 +431,8 @@ static uint64_t xorshift(uint64_t *s)
 static size_t entry_new(rt_actor_t *self, gc_state_t *st, void **out)
 {
     uint64_t r = xorshift(&st->rng);
-    size_t node_size = 64 + (size_t)(r % 65);          /* 64..128 B */
-    size_t leaf_size = 64 + (size_t)((r >> 8) % 193);  /* 64..256 B */
+    size_t node_size = 64 + (size_t)(r % 65);         /* 64..128 B */
+    size_t leaf_size = 64 + (size_t)((r >> 8) % 193); /* 64..256 B */
     uint64_t *node = rt_alloc(self, node_size, RT_OBJ_SCAN);
     unsigned char *leaf = rt_alloc(self, leaf_size, RT_OBJ_LEAF);
     if (!node || !leaf)
@@ -655,15 +654,13 @@ int main(int argc, char **argv)
                st.schedulers);
         return 0;
     }
-    printf("rt runtime benchmark (%u schedulers%s)\n", st.schedulers,
-           opts.quick ? ", quick" : "");
+    printf("rt runtime benchmark (%u schedulers%s)\n", st.schedulers, opts.quick ? ", quick" : "");
     printf("  spawn_per_s               %12.0f  (%ld idle actors spawned from one actor)\n",
            spawn_per_s, opts.actors);
     printf("  (page faults per spawn %.3f; second round, on memory the first one freed: "
            "%.0f spawns/s, %.3f faults per spawn)\n",
            spawn_faults[0], warm_per_s, spawn_faults[1]);
-    printf("  bytes_per_idle_actor      %12.1f  (RSS delta / %ld)\n", bytes_per_actor,
-           opts.actors);
+    printf("  bytes_per_idle_actor      %12.1f  (RSS delta / %ld)\n", bytes_per_actor, opts.actors);
     printf("  ring_hops_per_s           %12.0f  (%d actors, 1 token, %ld hops, median of %d)\n",
            hops_per_s, RING_SIZE, opts.hops, RING_REPEATS);
     printf("  ring_parallel_msgs_per_s  %12.0f  (%d tokens, %ld hops in all, median of %d)\n",
@@ -674,6 +671,7 @@ int main(int argc, char **argv)
            ctx.gc_heap_bytes / 1024);
     printf("  gc_pause_max_us           %12.0f\n", pmax);
     printf("  (thread CPU time per collection: p50 %.1f us, p99 %.1f us, max %.1f us, "
-           "%ld samples)\n", cpu[0], cpu[1], cpu[2], ctx.ncpu_pauses);
+           "%ld samples)\n",
+           cpu[0], cpu[1], cpu[2], ctx.ncpu_pauses);
     return 0;
 }
