@@ -28,6 +28,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -202,7 +203,7 @@ static int cmp_u32(const void *a, const void *b)
 /* Nearest-rank percentile of a sorted array. */
 static uint32_t percentile(const uint32_t *v, long n, double p)
 {
-    long rank = (long)(p / 100.0 * (double)n + 0.999999);
+    long rank = (long)ceil(p / 100.0 * (double)n);
     if (rank < 1)
         rank = 1;
     if (rank > n)
@@ -252,7 +253,6 @@ static const rt_actor_type_t spawner_type = {
     .handle = spawner_handle,
 };
 
-/* One round: spawn opts.actors idle actors from a fresh spawner, then stop them all. */
 static long minor_faults(void)
 {
     struct rusage ru;
@@ -260,6 +260,7 @@ static long minor_faults(void)
     return ru.ru_minflt;
 }
 
+/* One round: spawn opts.actors idle actors from a fresh spawner, then stop them all. */
 static double spawn_round(long *rss_delta, double *faults_per_spawn)
 {
     rt_pid_t spawner;
@@ -494,6 +495,7 @@ static void gc_handle(rt_actor_t *self, void *state, rt_msg_t *msg)
     bool same_thread = st->end_cpu && pthread_equal(st->end_thread, pthread_self());
 
     rt_actor_info_t info;
+    memset(&info, 0, sizeof(info));
     if (rt_actor_info(st->self, &info) == 0 && info.gc_count != st->seen_gc) {
         /* At most one collection runs between two messages, so last_pause is its pause. */
         if (st->warmup) {
