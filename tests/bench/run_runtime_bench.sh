@@ -6,7 +6,9 @@
 # it unless --out is given. Without erl, only rt runs, and the table says so.
 #
 # usage: tests/bench/run_runtime_bench.sh [--quick] [--runs N] [--schedulers N] [--out FILE]
-# The binary is ${RT_BUILD_DIR:-build/release}/tests/bench/bench_runtime.
+# The binary is ${RT_BUILD_DIR:-build/release}/tests/bench/bench_runtime. The report names
+# the source as `git describe --always --dirty`, or $RT_BENCH_SOURCE when that is set (for
+# a binary built from an exported tree).
 set -eu
 
 cd "$(dirname "$0")/../.."
@@ -59,7 +61,9 @@ while [ "$i" -le "$runs" ]; do
 done
 
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-cmd="tests/bench/run_runtime_bench.sh${quick:+ $quick}${sched:+ $sched} (runs=$runs, binary $bin)"
+source="${RT_BENCH_SOURCE:-$(git describe --always --dirty 2>/dev/null || echo 'not a git checkout')}"
+cmd="tests/bench/run_runtime_bench.sh${quick:+ $quick}${sched:+ $sched}"
+cmd="$cmd\` (runs=$runs, binary $bin, source $source)"
 table=$(/usr/bin/python3 - "$tmp" "$runs" "$cmd" "$erl_note" "$load_before" "$load_after" <<'EOF'
 import json, os, statistics, sys, time
 
@@ -101,7 +105,7 @@ try:
 except OSError:
     pass
 lines = []
-lines.append(f"Command: `{cmd}`  ")
+lines.append(f"Command: `{cmd}  ")
 lines.append(f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
              f"{os.cpu_count()} CPUs ({cpu}); rt schedulers: {rt[0]['schedulers']}; "
              + (f"BEAM: OTP {beam[0].get('otp', '?')}, {beam[0]['schedulers']} schedulers; "
