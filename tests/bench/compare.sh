@@ -3,8 +3,10 @@
 # and writes a markdown table and PNG charts under docs/bench/.
 #
 #   tests/bench/compare.sh [--a CMD] [--b CMD] [--quick] [--rounds N] [--build DIR]
-#                          [--out DIR] [--only CASE-PREFIX]
+#                          [--out DIR] [--only CASE-PREFIX] [--from-tsv FILE]
 #
+# --from-tsv skips the runs and re-renders the table and charts from the raw rows
+# (compare.tsv) of an earlier run.
 # CMD is a broker command line; {port} is replaced by a free loopback port and {conf} by
 # the path of a Mosquitto config written for that port (listener, anonymous access, big
 # queues, TCP_NODELAY, unlimited connections). The default A is Debian's Mosquitto; B is
@@ -24,10 +26,11 @@ ROUNDS=2
 BUILD=${RT_BUILD_DIR:-build/release}
 OUT="$ROOT/docs/bench"
 ONLY=''
+FROM_TSV=''
 CASE_TIMEOUT_S=300 # hard cap per rtbench run, beyond its own -d and deadlines
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -40,6 +43,7 @@ while (($#)); do
     --build) BUILD=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
     --only) ONLY=${2:?}; shift 2 ;;
+    --from-tsv) FROM_TSV=${2:?}; shift 2 ;;
     --help | -h) usage 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage 2 ;;
     esac
@@ -47,7 +51,10 @@ done
 [[ "$ROUNDS" =~ ^[1-9][0-9]?$ ]] || { echo "compare.sh: --rounds wants 1..99" >&2; exit 2; }
 [[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
 RTBENCH="$BUILD/tools/rtbench/rtbench"
-[[ -x "$RTBENCH" ]] || { echo "compare.sh: $RTBENCH not built (see --build)" >&2; exit 2; }
+[[ -n "$FROM_TSV" || -x "$RTBENCH" ]] || {
+    echo "compare.sh: $RTBENCH not built (see --build)" >&2
+    exit 2
+}
 for tool in gnuplot jq /usr/bin/python3; do
     command -v "$tool" >/dev/null || { echo "compare.sh: $tool is missing" >&2; exit 2; }
 done
@@ -58,7 +65,11 @@ ulimit -n "$(ulimit -Hn)"
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/rtb-compare.XXXXXX)
 RESULTS="$WORK/results.tsv"
-: >"$RESULTS"
+if [[ -n "$FROM_TSV" ]]; then
+    cp "$FROM_TSV" "$RESULTS"
+else
+    : >"$RESULTS"
+fi
 BROKER_PID=''
 SAMPLER_PID=''
 
@@ -186,6 +197,7 @@ echo "compare.sh: rtbench=$RTBENCH quick=$QUICK rounds=$ROUNDS"
 for b in "${BROKERS[@]}"; do echo "  ${b%%|*}: ${b#*|}"; done
 
 for c in "${CASES[@]}"; do
+    [[ -n "$FROM_TSV" ]] && break
     name=${c%%|*}
     args=${c#*|}
     [[ -n "$ONLY" && "$name" != "$ONLY"* ]] && continue
@@ -308,6 +320,7 @@ set xtics rotate by -35
 set grid ytics
 set yrange [0:*]
 set bmargin 8
+set rmargin 12
 set key top right
 set output '{out}/compare-throughput.png'
 set title 'Delivered messages per second (higher is better)'

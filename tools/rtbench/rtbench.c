@@ -506,7 +506,9 @@ static uint64_t mono_ns(void)
 static double child_bound_s(const rtb_opts_t *o)
 {
     double clients = (double)(o->pubs + o->subs + o->count);
-    double conn = clients * o->conn_interval_ms / 1000.0 + 2 * o->conn_timeout_s;
+    /* Connects start in waves of conn_parallel; each may take up to conn_timeout_s. */
+    double waves = clients / o->conn_parallel + 2;
+    double conn = clients * o->conn_interval_ms / 1000.0 + waves * o->conn_timeout_s;
     return conn + o->duration_s + o->drain_s + 2.0 + RTB_PARENT_SLACK_S;
 }
 
