@@ -21,6 +21,7 @@
 #include "rtb_mqtt.h"
 
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +83,7 @@ struct rtb_client_s {
     uint64_t delivered;  /* deliveries of our messages seen by local subscribers */
     uint32_t inflight;   /* unacked QoS1/2 messages */
     uint8_t refill;      /* a window was full: wait until it is half empty */
+    double phase;        /* open loop: offset of our schedule, in messages (0..1) */
     uint32_t pid_n;      /* next packet id - 1, cycles through a multiple of slot cap */
     uint16_t *slot_pid;  /* in-flight packet id per slot, 0 when free */
     uint64_t *slot_ts;   /* send time per slot, ns */
@@ -657,7 +659,7 @@ static void try_send(rtb_client_t *c)
         }
         if (w->rate_per_pub > 0) {
             double el = (double)(uv_now(&w->loop) - w->run_start_ms) / 1000.0;
-            if ((double)c->k >= el * w->rate_per_pub + 1.0)
+            if ((double)c->k + c->phase > el * w->rate_per_pub)
                 return;
         }
         if (c->out.len + c->busy.len >= RTB_OUT_HIGH)
@@ -1030,6 +1032,12 @@ static int build(rtb_worker_t *w)
                                                       : "test/%i";
         r = client_setup(w, c, ROLE_PUB, idx, tmpl);
         c->gidx = idx;
+        /*
+         * Open-loop publishers are spread over the interval by the golden ratio, with no
+         * coordination between processes; in step they would hit the broker in bursts
+         * and measure their own queueing instead of the broker's latency.
+         */
+        c->phase = fmod((double)idx * 0.6180339887498949, 1.0);
         c->fanout = o->cmd == RTB_CMD_FANOUT ? o->subs : o->cmd == RTB_CMD_PUB ? 0 : 1;
         if (o->cmd == RTB_CMD_SEED) {
             c->tgt_base = idx;

@@ -41,7 +41,7 @@
 #define RTB_DEFAULT_WINDOW 10
 #define RTB_DEFAULT_DRAIN_S 5.0
 #define RTB_DEFAULT_CONN_TIMEOUT_S 10.0
-#define RTB_DEFAULT_CONN_PARALLEL 256
+#define RTB_DEFAULT_CONN_PARALLEL 64 /* Mosquitto listens with a backlog of 100 */
 #define RTB_MAX_PAYLOAD (8u * 1024 * 1024)
 #define RTB_FD_RESERVE 32         /* descriptors a process keeps for itself */
 #define RTB_REC_MAGIC 0x52544231u /* "RTB1", marks a record on a child's pipe */
@@ -57,7 +57,7 @@ static const char *usage_text =
     "  -k keepalive s (300)  -C clean true|false (true)  -V 3|4|5 (5)  -u user  -P pass\n"
     "  -d duration s (60)  --procs N (1)  --inflight N (32)  --window N (10)\n"
     "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
-    "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (256)\n"
+    "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (64)\n"
     "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n";
 
 static void die_usage(const char *fmt, const char *arg)
