@@ -436,6 +436,7 @@ static void reclaim_actor(rt_retired_t *r)
     }
     if (dead)
         atomic_fetch_add_explicit(&rt__rt->dead_letters, dead, memory_order_relaxed);
+    free(atomic_load_explicit(&a->heap, memory_order_relaxed));
     atomic_store_explicit(&rt__rt->slots[(uint32_t)a->pid].actor, NULL, memory_order_release);
     rt_idpool_free(&rt__rt->ids, (uint32_t)a->pid);
     RT_POISON(a, sizeof(*a));
@@ -477,7 +478,9 @@ static void actor_exit(rt_actor_t *a)
     free(a->rels);
     a->rels = NULL;
     a->nrels = a->caprels = 0;
-    rt_heap_destroy(&a->heap);
+    rt_heap_t *heap = atomic_load_explicit(&a->heap, memory_order_relaxed);
+    if (heap)
+        rt_heap_destroy(heap);
     unmute_waiters(a, RT_AF_OVERLOADED | RT_AF_PRESSURE);
     if (reason == RT_REASON_HEAP_LIMIT)
         atomic_fetch_add_explicit(&rt->heap_limit_kills, 1, memory_order_relaxed);
@@ -502,23 +505,40 @@ static void trace_actor(void *ctx, rt_gc_t *gc)
         rt_gc_scan(gc, a->state, a->type->state_size);
 }
 
+/* The actor's heap, created on first use; NULL only when memory is exhausted. */
+static rt_heap_t *heap_of(rt_actor_t *a)
+{
+    rt_heap_t *h = atomic_load_explicit(&a->heap, memory_order_relaxed);
+    if (RT_LIKELY(h != NULL))
+        return h;
+    h = malloc(sizeof(*h));
+    if (!h)
+        return NULL;
+    rt_heap_init(h);
+    atomic_store_explicit(&a->heap, h, memory_order_release);
+    return h;
+}
+
 /* Between messages: collect when due, and enforce max_heap (BEAM's max_heap_size). */
 static void heap_check(rt_actor_t *a)
 {
+    rt_heap_t *h = atomic_load_explicit(&a->heap, memory_order_relaxed);
+    if (!h)
+        return;
     bool collected = false;
-    if (rt_heap_should_collect(&a->heap)) {
-        rt_heap_collect(&a->heap, trace_actor, a);
+    if (rt_heap_should_collect(h)) {
+        rt_heap_collect(h, trace_actor, a);
         collected = true;
     }
     if (!a->max_heap)
         return;
     rt_heap_stats_t st;
-    rt_heap_stats(&a->heap, &st);
+    rt_heap_stats(h, &st);
     if (st.heap_bytes + st.bin_bytes <= a->max_heap)
         return;
     if (!collected) {
-        rt_heap_collect(&a->heap, trace_actor, a);
-        rt_heap_stats(&a->heap, &st);
+        rt_heap_collect(h, trace_actor, a);
+        rt_heap_stats(h, &st);
     }
     if (st.heap_bytes + st.bin_bytes > a->max_heap)
         begin_exit(a, RT_REASON_HEAP_LIMIT);
@@ -526,17 +546,25 @@ static void heap_check(rt_actor_t *a)
 
 void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind)
 {
-    return rt_heap_alloc(&self->heap, size, kind);
+    rt_heap_t *h = heap_of(self);
+    return h ? rt_heap_alloc(h, size, kind) : NULL;
 }
 
 void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin)
 {
-    return rt_heap_hold_bin(&self->heap, bin);
+    rt_heap_t *h = heap_of(self);
+    if (!h) {
+        rt_bin_release(bin);
+        return NULL;
+    }
+    return rt_heap_hold_bin(h, bin);
 }
 
 void rt_gc(rt_actor_t *self)
 {
-    rt_heap_collect(&self->heap, trace_actor, self);
+    rt_heap_t *h = atomic_load_explicit(&self->heap, memory_order_relaxed);
+    if (h)
+        rt_heap_collect(h, trace_actor, self);
 }
 
 void rt_consume(rt_actor_t *self, uint32_t n)
@@ -708,7 +736,6 @@ int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *
     /* Born "scheduled", so messages sent during init cannot start it elsewhere. */
     atomic_store_explicit(&a->mbox_head, stub_of(a), memory_order_relaxed);
     a->mbox_tail = stub_of(a);
-    rt_heap_init(&a->heap);
 
     bool ext = enter_any();
     atomic_store_explicit(&rt->slots[idx].actor, a, memory_order_release);

@@ -147,7 +147,9 @@ struct rt_actor_s {
     uint8_t socks_unregistered;   /* adopted off the home thread; epoll waits for a turn there */
     size_t max_heap;
     rt_retired_t retired;
-    rt_heap_t heap;
+    /* Created by the first allocation: an actor that never allocates (most idle ones)
+       pays 8 bytes, not sizeof(rt_heap_t). Read by snapshots, freed after the grace period. */
+    rt_heap_t *_Atomic heap;
     _Alignas(16) unsigned char state[];
 };
 

@@ -24,8 +24,10 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
     uint64_t recv = atomic_load_explicit(&a->received, memory_order_relaxed);
     out->mailbox_len = sent > recv ? sent - recv : 0;
     /* The heap is the owner's; its counters are single words, read racily for display. */
-    rt_heap_stats_t hs;
-    rt_heap_stats(&a->heap, &hs);
+    rt_heap_stats_t hs = {0};
+    rt_heap_t *heap = atomic_load_explicit(&a->heap, memory_order_acquire);
+    if (heap)
+        rt_heap_stats(heap, &hs);
     out->heap_bytes = hs.heap_bytes;
     out->bin_bytes = hs.bin_bytes;
     out->gc_count = hs.gc_count;
