@@ -439,8 +439,9 @@ static void reclaim_actor(rt_retired_t *r)
     free(atomic_load_explicit(&a->heap, memory_order_relaxed));
     atomic_store_explicit(&rt__rt->slots[(uint32_t)a->pid].actor, NULL, memory_order_release);
     rt_idpool_free(&rt__rt->ids, (uint32_t)a->pid);
+    uint8_t slab_class = a->slab_class;
     RT_POISON(a, sizeof(*a));
-    free(a);
+    rt__slab_free(a, slab_class);
 }
 
 /* The actor is gone for everyone once this returns; its memory waits for a grace period. */
@@ -719,14 +720,16 @@ int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *
     if ((opts->link || opts->monitor) && !parent)
         return RT_EINVAL;
 
-    rt_actor_t *a = malloc(sizeof(rt_actor_t) + type->state_size);
+    uint8_t slab_class;
+    rt_actor_t *a = rt__slab_alloc(sizeof(rt_actor_t) + type->state_size, &slab_class);
     if (!a)
         return RT_ENOMEM;
     memset(a, 0, sizeof(rt_actor_t) + type->state_size);
+    a->slab_class = slab_class;
     uint32_t idx, gen;
     int rc = rt_idpool_alloc(&rt->ids, &idx, &gen);
     if (rc) {
-        free(a);
+        rt__slab_free(a, slab_class);
         return rc;
     }
     a->pid = (rt_pid_t)gen << 32 | idx;

@@ -76,6 +76,12 @@ void rt__external_leave(void);
 void rt__msg_pool_flush(void); /* a thread returns its cached envelopes before exiting */
 void rt__msg_pool_destroy(void);
 
+/* ---- Actor memory (slab.c) ---- */
+void *rt__slab_alloc(size_t size, uint8_t *cls);
+void rt__slab_free(void *p, uint8_t cls);
+void rt__slab_stats(size_t *mapped, size_t *in_use);
+void rt__slab_destroy(void);
+
 /* Runtime-internal flags in rt_msg_t.flags. */
 #define RT_MSGF_LINKED 1u /* exit signal caused by a link */
 #define RT_MSGF_FORCE 2u  /* exit signal that cannot be trapped (shutdown) */
@@ -139,6 +145,7 @@ struct rt_actor_s {
     uint8_t init_done;
     uint8_t over_heap;
     uint8_t overload_turns;       /* consecutive turns that exhausted the batch */
+    uint8_t slab_class;           /* how this struct was allocated (slab.c) */
     rt_reason_t exit_reason;
     uint32_t nrels, caprels;
     rt_rel_t *rels;               /* links and monitors (runtime memory) */
@@ -181,6 +188,7 @@ struct rt_sched_s {
     uv_loop_t loop;
     uv_async_t doorbell;
     uv_timer_t tick;              /* drives the timer heap */
+    uv_timer_t reclaim;           /* wakes an idle scheduler to free what it retired */
     uv_poll_t epoll_watch;        /* the socket epoll set, nested in the loop */
     int epfd;
     pthread_t thread;

@@ -250,6 +250,8 @@ typedef struct rt_stats_s {
     uint64_t timers_pending;
     unsigned schedulers;
     uint32_t max_actors;
+    size_t actor_bytes_in_use;  /* actor structs and states */
+    size_t actor_bytes_mapped;  /* slab memory held for them (reused; released at shutdown) */
 } rt_stats_t;
 
 void rt_stats(rt_stats_t *out);

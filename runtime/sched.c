@@ -270,6 +270,15 @@ void rt__sched_on_tick(uv_timer_t *h)
     rt__timers_run(s);
 }
 
+/* An idle scheduler with retired actors wakes now and then until they are freed. */
+#define RT_RECLAIM_RETRY_MS 2
+
+static void on_reclaim(uv_timer_t *h)
+{
+    rt_sched_t *s = h->data;
+    ensure_active(s);
+}
+
 static void close_cb(uv_handle_t *h)
 {
     (void)h;
@@ -314,6 +323,8 @@ static void *sched_main(void *arg)
         now = last_poll = rt__ticks();
         if (s->runnext || atomic_load(&s->qlen))
             continue;
+        if (s->ebr->limbo_head)
+            uv_timer_start(&s->reclaim, on_reclaim, RT_RECLAIM_RETRY_MS, 0);
         rt__ebr_leave(s->ebr);
         atomic_store_explicit(&s->sleeping, true, memory_order_seq_cst);
         if (atomic_load_explicit(&s->qlen, memory_order_seq_cst) ||
@@ -345,6 +356,8 @@ static int sched_init(rt_sched_t *s, unsigned index)
     s->doorbell.data = s;
     uv_timer_init(&s->loop, &s->tick);
     s->tick.data = s;
+    uv_timer_init(&s->loop, &s->reclaim);
+    s->reclaim.data = s;
     s->scratch = malloc(RT_SCRATCH_BYTES);
     s->ebr = rt__ebr_register();
     if (!s->scratch || !s->ebr)
@@ -363,6 +376,7 @@ static void sched_destroy(rt_sched_t *s)
     rt__timers_destroy(s);
     uv_close((uv_handle_t *)&s->doorbell, close_cb);
     uv_close((uv_handle_t *)&s->tick, close_cb);
+    uv_close((uv_handle_t *)&s->reclaim, close_cb);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
     free(s->scratch);
@@ -505,6 +519,7 @@ void rt_shutdown(void)
     pthread_mutex_destroy(&rt->idle_lock);
     pthread_cond_destroy(&rt->idle_cond);
     rt__msg_pool_destroy();
+    rt__slab_destroy();
     rt_heap_thread_flush();
     rt_heap_pool_trim();
     free(rt);
@@ -525,6 +540,7 @@ void rt_stats(rt_stats_t *out)
     out->timers_pending = atomic_load(&rt->timers_pending);
     out->schedulers = rt->nsched;
     out->max_actors = rt->cfg.max_actors;
+    rt__slab_stats(&out->actor_bytes_mapped, &out->actor_bytes_in_use);
     for (unsigned i = 0; i < rt->nsched; i++)
         out->turns += atomic_load(&rt->sched[i].turns);
 }
