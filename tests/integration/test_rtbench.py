@@ -95,6 +95,27 @@ def test_fanin_fanout_exact_counts(mosquitto):
     assert s["missing"] == 0 and s["duplicates"] == 0
 
 
+@pytest.mark.parametrize("qos", [0, 1])
+def test_fanin_fanout_procs_exact_counts(mosquitto, qos):
+    """--procs splits fanin's publishers and fanout's subscribers; totals stay exact."""
+    s, _ = run("fanin", "-p", mosquitto.port, "-c", 20, "-L", 150, "-q", qos, "--procs", 2,
+               "-d", 30)
+    assert s["procs"] == 2 and s["clients"] == 21 and s["connected"] == 21
+    assert s["subscribed"] == 1
+    assert_exact(s, 3000, qos)
+    s, _ = run("fanout", "-p", mosquitto.port, "-c", 31, "-L", 60, "-q", qos, "--procs", 2,
+               "-d", 30)
+    assert s["procs"] == 2 and s["clients"] == 32 and s["connected"] == 32
+    assert s["subscribed"] == 31
+    assert s["sent"] == 60 and s["acked"] == (60 if qos else 0)
+    assert s["expected"] == s["received"] == s["unique"] == 60 * 31
+    assert s["e2e"]["count"] == 60 * 31 and s["ack"]["count"] == s["acked"]
+    assert s["missing"] == 0 and s["duplicates"] == 0 and s["out_of_order"] == 0
+    assert s["gaps"] == 0 and s["protocol_errors"] == 0
+    # The run ends when the deliveries are complete, not at -d or after --drain.
+    assert s["run_seconds"] < 10
+
+
 def test_procs_aggregation(mosquitto):
     s, _ = run("pairs", "-p", mosquitto.port, "-c", 20, "-L", 100, "-q", 1, "--procs", 4,
                "-d", 30)
@@ -209,7 +230,8 @@ def test_refused_connection_counted(mosquitto):
     (["warp"], "warp"),
     (["pub", "-t", "x", "-h", "10.1.2.3"], "--allow-remote"),
     (["conn", "--ifaddr", "192.0.2.1"], "--allow-remote"),
-    (["fanin", "--procs", "2"], "--procs"),
+    (["fanin", "-c", "2", "--procs", "3"], "--procs"),
+    (["fanout", "-c", "2", "--procs", "3"], "--procs"),
     (["conn", "-C", "maybe"], "-C"),
     (["conn", "-V", "3", "--prefix", "a-very-long-client-id-prefix"], "23 bytes"),
     (["pairs", "-t", "x"], "-t"),

@@ -40,6 +40,10 @@
 #define RTB_MAX_SEQ (1u << 30)    /* sequence numbers beyond this are a protocol error */
 #define RTB_CHECK_MS 50           /* how often the run's end conditions are evaluated */
 #define RTB_WAIT_MAX_S 300.0      /* longest wait for the parent's go, seconds */
+#define RTB_PACE_FB_MS 1          /* closed-loop kick when deliveries arrive in other processes */
+
+/* Layout of a process's row in the shared feedback region (see rtb_fb_size). */
+enum { FB_EXPECTED, FB_UNIQUE, FB_DONE, FB_DELIV };
 
 enum { PH_SUBS, PH_PUBS, PH_WAIT, PH_RUN, PH_DRAIN, PH_CLOSE };
 enum { ROLE_CONN, ROLE_SUB, ROLE_PUB };
@@ -123,6 +127,8 @@ struct rtb_worker_s {
     rtb_emit_fn emit;
     void *ctx;
     char *topic_tmpl; /* template for multi-target publishers */
+    uint64_t *fb;      /* shared feedback rows, NULL in one process; see rtb_fb_size */
+    uint32_t fb_words; /* u64 per row, a multiple of a cache line */
 };
 
 static uint8_t read_buf[RTB_READ_BUF];
@@ -186,6 +192,52 @@ static int expand(const char *tmpl, uint32_t idx, const char *id, char *out, siz
     }
     out[n] = 0;
     return (int)n;
+}
+
+static uint32_t fb_row_words(const rtb_opts_t *o)
+{
+    return (FB_DELIV + o->pubs + 7) & ~7u;
+}
+
+size_t rtb_fb_size(const rtb_opts_t *o)
+{
+    if (o->procs < 2 || (o->cmd != RTB_CMD_FANIN && o->cmd != RTB_CMD_FANOUT))
+        return 0;
+    return (size_t)o->procs * fb_row_words(o) * sizeof(uint64_t);
+}
+
+/* Only the owning process writes its row; other processes read it concurrently. */
+static void fb_put(rtb_worker_t *w, uint32_t i, uint64_t v)
+{
+    __atomic_store_n(&w->fb[(size_t)w->proc * w->fb_words + i], v, __ATOMIC_RELEASE);
+}
+
+static uint64_t fb_mine(rtb_worker_t *w, uint32_t i)
+{
+    return w->fb[(size_t)w->proc * w->fb_words + i];
+}
+
+static uint64_t fb_sum(rtb_worker_t *w, uint32_t i)
+{
+    uint64_t t = 0;
+    for (uint32_t p = 0; p < w->o->procs; p++)
+        t += __atomic_load_n(&w->fb[(size_t)p * w->fb_words + i], __ATOMIC_ACQUIRE);
+    return t;
+}
+
+/* Deliveries of a publisher's messages seen by all subscribers, in every process. */
+static uint64_t pub_delivered(rtb_client_t *c)
+{
+    return c->w->fb ? fb_sum(c->w, FB_DELIV + c->gidx) : c->delivered;
+}
+
+/* This process's publishers are done; every row set means nothing more will be sent. */
+static void fb_done(rtb_worker_t *w)
+{
+    if (w->fb && !fb_mine(w, FB_DONE)) {
+        fb_put(w, FB_EXPECTED, w->rep.s.expected);
+        fb_put(w, FB_DONE, 1);
+    }
 }
 
 static void phase_next(rtb_worker_t *w);
@@ -391,11 +443,15 @@ static void on_publish(rtb_client_t *c, const rtb_pkt_t *pkt)
         st->bits[seq / 64] |= bit;
         st->unique++;
         s->unique++;
+        if (w->fb)
+            fb_put(w, FB_UNIQUE, s->unique);
         if (seq + 1 < st->next)
             s->ooo++;
         else
             st->next = seq + 1;
     }
+    if (w->fb && pub < w->o->pubs)
+        fb_put(w, FB_DELIV + pub, fb_mine(w, FB_DELIV + pub) + 1);
     if (pub >= w->pub_base && pub - w->pub_base < w->npubs) {
         rtb_client_t *p = w->pubs[pub - w->pub_base];
         p->delivered++;
@@ -635,6 +691,7 @@ static void try_send(rtb_client_t *c)
     rtb_worker_t *w = c->w;
     const rtb_opts_t *o = w->o;
     int64_t win = (int64_t)o->window * (int64_t)c->fanout;
+    uint64_t delivered = w->closed_loop ? pub_delivered(c) : 0;
     if (c->refill) {
         /*
          * Refilling a window only once it is half empty makes each write carry many
@@ -643,7 +700,7 @@ static void try_send(rtb_client_t *c)
          */
         if (o->qos && c->inflight > w->max_inflight / 2)
             return;
-        if (w->closed_loop && (int64_t)(c->k * c->fanout - c->delivered) > win / 2)
+        if (w->closed_loop && (int64_t)(c->k * c->fanout - delivered) > win / 2)
             return;
         c->refill = 0;
     }
@@ -653,7 +710,7 @@ static void try_send(rtb_client_t *c)
         if (o->limit && c->k >= o->limit)
             return;
         if ((o->qos && c->inflight >= w->max_inflight) ||
-            (w->closed_loop && (int64_t)(c->k * c->fanout - c->delivered) >= win)) {
+            (w->closed_loop && (int64_t)(c->k * c->fanout - delivered) >= win)) {
             c->refill = 1;
             return;
         }
@@ -695,6 +752,8 @@ static void try_send(rtb_client_t *c)
         c->k++;
         s->sent++;
         s->expected += c->fanout;
+        if (w->fb)
+            fb_put(w, FB_EXPECTED, s->expected);
         if (o->test_skip_seq >= 0 && c->gidx == 0 && t == 0 && seq == (uint64_t)o->test_skip_seq) {
             /* Test hook: behave as if the broker accepted this message and lost it. */
             if (o->qos)
@@ -723,20 +782,29 @@ static int run_finished(rtb_worker_t *w)
     const rtb_opts_t *o = w->o;
     if (uv_now(&w->loop) >= w->run_end_ms)
         return 1;
-    uint32_t alive = 0, busy = 0;
+    uint32_t alive = 0, busy = 0, pubs_busy = 0, subs_alive = 0;
     for (uint32_t i = 0; i < w->nclients; i++) {
         rtb_client_t *c = &w->clients[i];
         if (c->state != CS_READY)
             continue;
         alive++;
+        subs_alive += c->role == ROLE_SUB;
         if (c->role == ROLE_PUB && (o->limit == 0 || c->k < o->limit))
-            busy++;
+            pubs_busy++;
         if (c->role == ROLE_SUB && o->cmd == RTB_CMD_SUB &&
             (o->limit == 0 || c->received < o->limit))
             busy++;
         if (c->role == ROLE_CONN)
             busy++;
-        if (c->role == ROLE_SUB && o->cmd != RTB_CMD_SUB && w->npubs == 0)
+        if (c->role == ROLE_SUB && o->cmd != RTB_CMD_SUB && w->npubs == 0 && !w->fb)
+            busy++;
+    }
+    busy += pubs_busy;
+    if (w->fb) {
+        /* Subscribers listen until the publishers of every process are done. */
+        if (pubs_busy == 0)
+            fb_done(w);
+        if (subs_alive && fb_sum(w, FB_DONE) < o->procs)
             busy++;
     }
     return alive == 0 || busy == 0;
@@ -748,6 +816,8 @@ static int drained(rtb_worker_t *w)
         if (w->pubs[i]->state == CS_READY && w->pubs[i]->inflight)
             return 0;
     const rtb_stats_t *s = &w->rep.s;
+    if (w->fb)
+        return fb_sum(w, FB_DONE) == w->o->procs && fb_sum(w, FB_UNIQUE) >= fb_sum(w, FB_EXPECTED);
     return !s->expected_known || s->unique >= s->expected;
 }
 
@@ -765,6 +835,7 @@ static void on_close_timer(uv_timer_t *t)
 static void start_close(rtb_worker_t *w)
 {
     w->phase = PH_CLOSE;
+    fb_done(w);
     if (!w->rep.s.t_run_end)
         w->rep.s.t_run_end = now_ns();
     uv_close((uv_handle_t *)&w->pace, NULL);
@@ -797,6 +868,7 @@ static void on_pace(uv_timer_t *t)
         w->next_check_ms = now + RTB_CHECK_MS;
         if (run_finished(w)) {
             w->phase = PH_DRAIN;
+            fb_done(w);
             w->rep.s.t_run_end = now_ns();
             w->drain_end_ms = uv_now(&w->loop) + (uint64_t)(w->o->drain_s * 1000);
         }
@@ -824,7 +896,9 @@ static void start_run(rtb_worker_t *w)
     w->run_start_ms = uv_now(&w->loop);
     w->run_end_ms = w->run_start_ms + (uint64_t)(o->duration_s * 1000);
     w->rep.s.t_run_start = now_ns();
-    uint64_t pace = w->rate_per_pub > 0 ? RTB_PACE_OPEN_MS : RTB_PACE_CLOSED_MS;
+    uint64_t pace = w->rate_per_pub > 0 ? RTB_PACE_OPEN_MS
+                    : w->fb             ? RTB_PACE_FB_MS
+                                        : RTB_PACE_CLOSED_MS;
     uv_timer_start(&w->pace, on_pace, 0, pace);
 }
 
@@ -906,8 +980,9 @@ uint32_t rtb_groups(const rtb_opts_t *o)
     case RTB_CMD_SEED:
         return o->pubs;
     case RTB_CMD_FANIN:
+        return o->pubs;
     case RTB_CMD_FANOUT:
-        return 1;
+        return o->subs;
     default:
         return o->count;
     }
@@ -967,12 +1042,14 @@ static int build(rtb_worker_t *w)
         npub = hi - lo;
         break;
     case RTB_CMD_FANIN:
-        nsub = 1;
-        npub = o->pubs;
+        /* The publishers are split; process 0 also holds the one subscriber. */
+        nsub = w->proc == 0;
+        npub = hi - lo;
         break;
     case RTB_CMD_FANOUT:
-        nsub = o->subs;
-        npub = 1;
+        /* The subscribers are split; process 0 also holds the one publisher. */
+        nsub = hi - lo;
+        npub = w->proc == 0;
         break;
     case RTB_CMD_PAIRS:
         nsub = npub = hi - lo;
@@ -1004,7 +1081,7 @@ static int build(rtb_worker_t *w)
             idx = 0, tmpl = "test/fanin/+";
             break;
         case RTB_CMD_FANOUT:
-            idx = k, tmpl = "test/fanout";
+            idx = lo + k, tmpl = "test/fanout";
             break;
         case RTB_CMD_PAIRS:
             idx = lo + k, tmpl = "test/%i";
@@ -1023,9 +1100,9 @@ static int build(rtb_worker_t *w)
     }
     for (uint32_t k = 0; k < npub && !r; k++) {
         rtb_client_t *c = &w->clients[ci++];
-        uint32_t idx = o->cmd == RTB_CMD_PUB                                 ? o->start + lo + k
-                       : o->cmd == RTB_CMD_FANIN || o->cmd == RTB_CMD_FANOUT ? k
-                                                                             : lo + k;
+        uint32_t idx = o->cmd == RTB_CMD_PUB      ? o->start + lo + k
+                       : o->cmd == RTB_CMD_FANOUT ? 0
+                                                  : lo + k;
         const char *tmpl = o->cmd == RTB_CMD_PUB      ? o->topic
                            : o->cmd == RTB_CMD_FANIN  ? "test/fanin/%i"
                            : o->cmd == RTB_CMD_FANOUT ? "test/fanout"
@@ -1071,7 +1148,8 @@ static void worker_free(rtb_worker_t *w)
     free(w->pubs);
 }
 
-int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit, void *ctx)
+int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, uint64_t *fb, rtb_emit_fn emit,
+                   void *ctx)
 {
     rtb_worker_t w;
     memset(&w, 0, sizeof(w));
@@ -1081,6 +1159,8 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn em
     w.ctx = ctx;
     w.go_fd = go_fd;
     w.topic_tmpl = "test/%i";
+    w.fb = rtb_fb_size(o) ? fb : NULL;
+    w.fb_words = fb_row_words(o);
     rtb_hist_init(&w.rep.e2e);
     rtb_hist_init(&w.rep.ack);
     rtb_hist_init(&w.rep.conn);

@@ -13,9 +13,12 @@
  *           publishes round robin to the topics test/s with s % P == j.
  * Scenarios run closed loop (each publisher keeps at most --window messages not yet
  * received) unless -I or --rate asks for a fixed rate. --procs splits the clients of
- * conn/sub/pub, the pairs of `pairs` and the publishers (with their subscribers) of
- * `seed` over forked processes; each child streams its reports through a pipe and the
- * parent adds them up, so the totals are exact.
+ * conn/sub/pub, the pairs of `pairs`, the publishers (with their subscribers) of
+ * `seed`, the publishers of `fanin` and the subscribers of `fanout` over forked
+ * processes (the lone fanin subscriber and fanout publisher live in process 0); each
+ * child streams its reports through a pipe and the parent adds them up, so the totals
+ * are exact. fanin and fanout close their loops across processes through a shared
+ * mapping of delivery counters (see rtb_fb_size).
  */
 #include "rtbench.h"
 
@@ -28,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -524,6 +528,16 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
     char *bufs = malloc(rec * o->procs);
     if (!bufs)
         return -ENOMEM;
+    /* Shared before the fork, so that every worker maps the same pages. */
+    size_t fbn = rtb_fb_size(o);
+    uint64_t *fb = NULL;
+    if (fbn) {
+        fb = mmap(NULL, fbn, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (fb == MAP_FAILED) {
+            free(bufs);
+            return -errno;
+        }
+    }
     fflush(NULL);
     for (uint32_t p = 0; p < o->procs; p++) {
         int pf[2], gf[2];
@@ -540,7 +554,7 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
             close(pf[0]);
             close(gf[1]);
             int wfd = pf[1];
-            int r = rtb_worker_run(o, p, gf[0], emit_pipe, &wfd);
+            int r = rtb_worker_run(o, p, gf[0], fb, emit_pipe, &wfd);
             _exit(r ? 1 : 0);
         }
         close(pf[1]);
@@ -623,6 +637,8 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
         }
     }
     free(bufs);
+    if (fb)
+        munmap(fb, fbn);
     return err;
 }
 
@@ -748,7 +764,7 @@ int main(int argc, char **argv)
     int r;
     uint64_t cpu_us;
     if (o.procs == 1) {
-        r = rtb_worker_run(&o, 0, -1, emit_direct, &a);
+        r = rtb_worker_run(&o, 0, -1, NULL, emit_direct, &a);
         cpu_us = rusage_us(RUSAGE_SELF);
     } else {
         r = run_procs(&o, &a);

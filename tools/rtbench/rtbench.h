@@ -116,9 +116,21 @@ typedef void (*rtb_emit_fn)(void *ctx, int kind, const rtb_report_t *r);
  * emits RTB_EMIT_READY once its clients are connected and starts publishing only when
  * a byte (or EOF) arrives on go_fd; the worker takes ownership of go_fd.
  */
-int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit, void *ctx);
+int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, uint64_t *fb, rtb_emit_fn emit,
+                   void *ctx);
 
-/* The number of independent groups a scenario splits into (the --procs ceiling). */
+/*
+ * Cross-process feedback for fanin and fanout with --procs, where a publisher and the
+ * subscribers that receive its messages live in different processes. The parent maps
+ * rtb_fb_size() bytes MAP_SHARED before forking and passes the same region to every
+ * worker (NULL when not needed). Each process owns one row, which only it writes: its
+ * expected and unique delivery counts, a flag set once its publishers are done, and
+ * per publisher the deliveries its subscribers saw. Readers sum the rows, so closed
+ * loops, the end of the run and the drain all see global counts.
+ */
+size_t rtb_fb_size(const rtb_opts_t *o);
+
+/* The number of units a scenario's clients split into (the --procs ceiling). */
 uint32_t rtb_groups(const rtb_opts_t *o);
 
 #endif
