@@ -73,7 +73,6 @@ void rt__external_enter(void);
 void rt__external_leave(void);
 
 /* ---- Message pool ---- */
-void rt__msg_pool_flush(void); /* a thread returns its cached envelopes before exiting */
 void rt__msg_pool_destroy(void);
 
 /* ---- Actor memory (slab.c) ---- */

@@ -241,7 +241,6 @@ static void *blocking_main(void *arg)
     pthread_mutex_unlock(&b->lock);
     rt__ebr_unregister(ebr);
     rt__tls.ebr = NULL;
-    rt__msg_pool_flush();
     rt_heap_thread_flush();
     return NULL;
 }
@@ -339,7 +338,6 @@ static void *sched_main(void *arg)
         now = last_poll = rt__ticks();
     }
     rt__ebr_leave(s->ebr);
-    rt__msg_pool_flush();
     rt_heap_thread_flush();
     return NULL;
 }

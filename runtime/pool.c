@@ -1,0 +1,210 @@
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "pool.h"
+
+#define RT_POOL_CACHE_HIGH 1024 /* objects a thread keeps per class before giving back */
+#define RT_POOL_BATCH 256       /* objects moved between a thread and the depot at once */
+
+typedef struct {
+    void *free[RT_POOL_CLASSES];
+    uint32_t count[RT_POOL_CLASSES];
+    uint64_t gen;
+    rt_pool_t *pool; /* for the thread-exit flush */
+} thread_cache_t;
+
+static _Thread_local thread_cache_t caches[RT_POOL_MAX_POOLS];
+static _Thread_local bool thread_registered;
+static pthread_key_t exit_key;
+static pthread_once_t exit_key_once = PTHREAD_ONCE_INIT;
+
+static inline void *link_of(void *o)
+{
+    return *(void **)o;
+}
+
+static inline void set_link(void *o, void *next)
+{
+    *(void **)o = next;
+}
+
+static inline void **batch_next(void *first)
+{
+    return (void **)first + 1;
+}
+
+static void release_list(rt_pool_t *p, void *o)
+{
+    while (o) {
+        void *next = link_of(o);
+        p->release(o);
+        o = next;
+    }
+}
+
+/* Moves a thread's lists to the depot, or lets go of them if the pool was reset since. */
+static void flush(thread_cache_t *c)
+{
+    rt_pool_t *p = c->pool;
+    if (!p)
+        return;
+    bool stale = c->gen != atomic_load(&p->gen);
+    if (!stale)
+        pthread_mutex_lock(&p->lock);
+    for (int k = 1; k < RT_POOL_CLASSES; k++) {
+        void *first = c->free[k];
+        c->free[k] = NULL;
+        c->count[k] = 0;
+        if (!first)
+            continue;
+        if (stale) {
+            /* Reset while this thread held them: malloc'd memory is still ours to free;
+               slab memory is unmapped and must not be touched. */
+            if (p->release)
+                release_list(p, first);
+        } else {
+            *batch_next(first) = p->depot[k];
+            p->depot[k] = first;
+            p->depot_batches[k]++;
+        }
+    }
+    if (!stale)
+        pthread_mutex_unlock(&p->lock);
+    c->gen = atomic_load(&p->gen);
+}
+
+static void thread_exit(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < RT_POOL_MAX_POOLS; i++)
+        flush(&caches[i]);
+}
+
+static void exit_key_create(void)
+{
+    pthread_key_create(&exit_key, thread_exit);
+}
+
+static thread_cache_t *cache_of(rt_pool_t *p)
+{
+    thread_cache_t *c = &caches[p->id];
+    if (RT_UNLIKELY(!thread_registered)) {
+        pthread_once(&exit_key_once, exit_key_create);
+        pthread_setspecific(exit_key, caches);
+        thread_registered = true;
+    }
+    if (RT_UNLIKELY(c->pool != p)) {
+        c->pool = p;
+        c->gen = atomic_load(&p->gen);
+    }
+    if (RT_UNLIKELY(c->gen != atomic_load_explicit(&p->gen, memory_order_relaxed)))
+        flush(c);
+    return c;
+}
+
+/* Fills an empty list: a batch from the depot, else freshly carved objects. */
+static void refill(rt_pool_t *p, thread_cache_t *c, int k)
+{
+    pthread_mutex_lock(&p->lock);
+    void *b = p->depot[k];
+    if (b) {
+        p->depot[k] = *batch_next(b);
+        p->depot_batches[k]--;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (b) {
+        uint32_t n = 0;
+        for (void *o = b; o; o = link_of(o))
+            n++;
+        c->free[k] = b;
+        c->count[k] = n;
+        return;
+    }
+    size_t size = (size_t)k * p->step;
+    for (int i = 0; i < RT_POOL_BATCH; i++) {
+        void *o = p->carve(p, size);
+        if (!o)
+            break;
+        set_link(o, c->free[k]);
+        c->free[k] = o;
+        c->count[k]++;
+    }
+}
+
+static void spill(rt_pool_t *p, thread_cache_t *c, int k)
+{
+    void *first = c->free[k], *last = first;
+    for (int i = 1; i < RT_POOL_BATCH; i++)
+        last = link_of(last);
+    c->free[k] = link_of(last);
+    c->count[k] -= RT_POOL_BATCH;
+    set_link(last, NULL);
+    pthread_mutex_lock(&p->lock);
+    bool keep = !p->release || !p->depot_max || p->depot_batches[k] < p->depot_max;
+    if (keep) {
+        *batch_next(first) = p->depot[k];
+        p->depot[k] = first;
+        p->depot_batches[k]++;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (!keep)
+        release_list(p, first);
+}
+
+void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls)
+{
+    size_t k = (size + p->step - 1) / p->step;
+    if (k >= RT_POOL_CLASSES) {
+        *cls = RT_POOL_TOO_BIG;
+        return malloc(size);
+    }
+    if (k == 0)
+        k = 1;
+    thread_cache_t *c = cache_of(p);
+    if (!c->free[k])
+        refill(p, c, (int)k);
+    void *o = c->free[k];
+    if (!o)
+        return NULL;
+    c->free[k] = link_of(o);
+    c->count[k]--;
+    *cls = (uint8_t)k;
+    atomic_fetch_add_explicit(&p->bytes_in_use, k * p->step, memory_order_relaxed);
+    return o;
+}
+
+void rt__pool_free(rt_pool_t *p, void *obj, uint8_t cls)
+{
+    if (cls == RT_POOL_TOO_BIG) {
+        free(obj);
+        return;
+    }
+    thread_cache_t *c = cache_of(p);
+    atomic_fetch_sub_explicit(&p->bytes_in_use, cls * p->step, memory_order_relaxed);
+    set_link(obj, c->free[cls]);
+    c->free[cls] = obj;
+    if (++c->count[cls] > RT_POOL_CACHE_HIGH)
+        spill(p, c, cls);
+}
+
+void rt__pool_reset(rt_pool_t *p)
+{
+    thread_cache_t *c = cache_of(p);
+    flush(c);
+    pthread_mutex_lock(&p->lock);
+    for (int k = 1; k < RT_POOL_CLASSES; k++) {
+        void *b = p->depot[k];
+        while (b) {
+            void *next_batch = *batch_next(b);
+            if (p->release)
+                release_list(p, b);
+            b = next_batch;
+        }
+        p->depot[k] = NULL;
+        p->depot_batches[k] = 0;
+    }
+    atomic_fetch_add(&p->gen, 1);
+    pthread_mutex_unlock(&p->lock);
+    c->gen = atomic_load(&p->gen);
+}

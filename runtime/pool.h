@@ -1,0 +1,53 @@
+/*
+** Size-class object pools with per-thread free lists and a shared depot
+** (Pony's pool, simplified): the hot path of an allocation or a free is a
+** list push or pop with no lock. Objects are often freed on another thread
+** than the one that allocated them, so lists drift: a thread whose list grows
+** past RT_POOL_CACHE_HIGH hands a batch to the depot, and a thread that runs
+** dry takes a batch from it before carving new memory.
+**
+** Two pools use this: message envelopes (malloc-backed; a depot past its cap
+** gives memory back to malloc) and actor structs (slab-backed; see slab.c).
+*/
+#ifndef RT_POOL_H
+#define RT_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RT_POOL_CLASSES 33     /* class c holds objects of c * step bytes, 1 <= c < 33 */
+#define RT_POOL_MAX_POOLS 4    /* pools in the process (each has a per-thread cache) */
+#define RT_POOL_TOO_BIG 0      /* class of objects past the largest class: plain malloc */
+
+typedef struct rt_pool_s rt_pool_t;
+
+struct rt_pool_s {
+    /* Set before first use, constant after. */
+    unsigned id;       /* which per-thread cache this pool uses, < RT_POOL_MAX_POOLS */
+    size_t step;       /* bytes between classes (a multiple of 16) */
+    unsigned depot_max;/* batches kept per class; 0 keeps everything */
+    /* Fresh memory for an object of size bytes, or NULL. */
+    void *(*carve)(rt_pool_t *p, size_t size);
+    /* Gives an object's memory back (past the depot cap, and at reset); NULL: never. */
+    void (*release)(void *obj);
+
+    pthread_mutex_t lock;
+    void *depot[RT_POOL_CLASSES];  /* batches, chained through word 1 of their first object */
+    unsigned depot_batches[RT_POOL_CLASSES];
+    atomic_uint_fast64_t gen;      /* bumped by reset: older per-thread lists are stale */
+    atomic_size_t bytes_in_use;
+};
+
+void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls);
+void rt__pool_free(rt_pool_t *p, void *obj, uint8_t cls);
+/*
+** Empties the depot and the calling thread's lists and makes every other
+** thread's lists stale (they are released, or dropped when release is NULL,
+** on that thread's next use). Only when no other thread uses the pool.
+*/
+void rt__pool_reset(rt_pool_t *p);
+
+#endif
