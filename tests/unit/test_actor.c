@@ -398,9 +398,77 @@ static void test_init_failure(void)
     CHECK(wait_alive(0, 1000));
 }
 
+/* One binary, many receivers: every actor holds the same bytes, none is copied. */
+enum { MSG_BIN = RT_MSG_USER + 100 };
+static atomic_long bins_held;
+static const uint8_t *_Atomic bin_seen[100];
+
+typedef struct {
+    void *held; /* heap handle keeping the binary */
+    int index;
+} binholder_state_t;
+
+static int binholder_init(rt_actor_t *self, void *state, void *arg)
+{
+    ((binholder_state_t *)state)->index = (int)(intptr_t)arg;
+    return 0;
+}
+
+static void binholder_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    binholder_state_t *st = state;
+    if (m->tag != MSG_BIN)
+        return;
+    st->held = rt_hold_bin(self, rt_msg_take_bin(m));
+    atomic_store(&bin_seen[st->index], rt_bin_data(rt_heap_bin(st->held)));
+    atomic_fetch_add(&bins_held, 1);
+}
+
+static const rt_actor_type_t binholder_type = {.name = "binholder",
+                                               .state_size = sizeof(binholder_state_t),
+                                               .init = binholder_init,
+                                               .handle = binholder_handle};
+
+static void test_shared_binaries(void)
+{
+    size_t count0, bytes0;
+    rt_bin_totals(&count0, &bytes0);
+    rt_bin_t *b = rt_bin_alloc(1 << 20);
+    memset(rt_bin_data(b), 'p', 1 << 20);
+    rt_pid_t pids[100];
+    atomic_store(&bins_held, 0);
+    for (int i = 0; i < 100; i++) {
+        rt_spawn(&binholder_type, (void *)(intptr_t)i, &pids[i]);
+        rt_msg_t *m = rt_msg_new(MSG_BIN, 0);
+        m->bin = rt_bin_retain(b);
+        rt_send_msg(pids[i], m);
+    }
+    CHECK(wait_at_least(&bins_held, 100, 5000));
+    size_t count1, bytes1;
+    rt_bin_totals(&count1, &bytes1);
+    CHECK_EQ(count1 - count0, 1);          /* one binary ... */
+    CHECK_EQ(bytes1 - bytes0, 1 << 20);    /* ... of 1 MB, whatever the number of holders */
+    CHECK_EQ(rt_bin_refs(b), 101);
+    int same = 0;
+    for (int i = 0; i < 100; i++)
+        same += atomic_load(&bin_seen[i]) == rt_bin_data(b);
+    CHECK_EQ(same, 100);
+    rt_actor_info_t info;
+    CHECK_EQ(rt_actor_info(pids[7], &info), 0);
+    CHECK_EQ(info.bin_bytes, 1 << 20); /* held bytes count toward the holder's GC trigger */
+    for (int i = 0; i < 100; i++)
+        rt_exit_signal(pids[i], RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+    CHECK_EQ(rt_bin_refs(b), 1); /* every holder's heap let go of it */
+    rt_bin_release(b);
+    rt_bin_totals(&count1, &bytes1);
+    CHECK_EQ(count1, count0);
+}
+
 int main(void)
 {
     test_start(2);
+    RUN(test_shared_binaries);
     RUN(test_spawn_send);
     RUN(test_dead_letters);
     RUN(test_registry);
