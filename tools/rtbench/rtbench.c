@@ -43,6 +43,7 @@
 #define RTB_DEFAULT_CLIENTS 200 /* -c for conn/sub/pub, as emqtt_bench */
 #define RTB_DEFAULT_INFLIGHT 32
 #define RTB_DEFAULT_WINDOW 10
+#define RTB_DEFAULT_COALESCE_US 500 /* closed loop: sleep of an iteration with few reads, us */
 #define RTB_DEFAULT_DRAIN_S 5.0
 #define RTB_DEFAULT_CONN_TIMEOUT_S 10.0
 #define RTB_DEFAULT_CONN_PARALLEL 64 /* Mosquitto listens with a backlog of 100 */
@@ -62,6 +63,7 @@ static const char *usage_text =
     "  -d duration s (60)  --procs N (1)  --inflight N (32)  --window N (10)\n"
     "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
     "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (64)\n"
+    "  --coalesce-us N (500; closed loop: quiet iterations sleep N us, 0 = never)\n"
     "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n";
 
 static void die_usage(const char *fmt, const char *arg)
@@ -173,6 +175,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     o->procs = 1;
     o->inflight = RTB_DEFAULT_INFLIGHT;
     o->window = RTB_DEFAULT_WINDOW;
+    o->coalesce_us = RTB_DEFAULT_COALESCE_US;
     o->drain_s = RTB_DEFAULT_DRAIN_S;
     o->conn_timeout_s = RTB_DEFAULT_CONN_TIMEOUT_S;
     o->conn_parallel = RTB_DEFAULT_CONN_PARALLEL;
@@ -270,6 +273,8 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             o->inflight = (uint32_t)parse_int(n, v, 1, 16384);
         else if (!strcmp(n, "--window"))
             o->window = (uint32_t)parse_int(n, v, 1, 1000000);
+        else if (!strcmp(n, "--coalesce-us"))
+            o->coalesce_us = (uint32_t)parse_int(n, v, 0, 100000);
         else if (!strcmp(n, "--rate"))
             o->rate = parse_num(n, v, 0.001, 1e8);
         else if (!strcmp(n, "--pubs"))

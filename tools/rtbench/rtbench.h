@@ -58,6 +58,7 @@ typedef struct rtb_opts_s {
     uint32_t procs;            /* --procs */
     uint32_t inflight;         /* --inflight: unacked QoS1/2 PUBLISH per publisher */
     uint32_t window;           /* --window: closed loop, messages not yet received */
+    uint32_t coalesce_us;      /* --coalesce-us: closed loop, pause of a quiet iteration */
     double rate;               /* --rate: open loop, messages/s over all publishers */
     uint32_t pubs;             /* --pubs (fanin, seed) */
     uint32_t subs;             /* --subs (fanout, seed) */
