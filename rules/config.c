@@ -1,0 +1,390 @@
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+#include "config.h"
+
+#define RT_CONF_INSTRUCTION_LIMIT 10000000 /* a config file that runs longer is a bug */
+
+typedef enum { K_INT, K_DOUBLE, K_BOOL, K_STRING, K_LISTENERS } kind_t;
+
+typedef struct setting_s {
+    const char *name;
+    kind_t kind;
+    size_t offset;
+    size_t size;              /* strings: buffer size */
+    double min, max;          /* numbers: accepted range */
+    const char *const *choices; /* strings: allowed values, or NULL */
+    const char *help;
+} setting_t;
+
+static const char *const log_levels[] = {"error", "warning", "info", "debug", NULL};
+
+#define OFF(f) offsetof(rt_conf_t, f)
+#define INT(f, lo, hi, h) {#f, K_INT, OFF(f), 0, lo, hi, NULL, h}
+#define BOOL(f, h) {#f, K_BOOL, OFF(f), 0, 0, 0, NULL, h}
+
+/* Every setting rtd knows, in one place: name, type, range and what it means. */
+static const setting_t settings[] = {
+    {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL, "\"host:port\" or a list of them"},
+    INT(max_connections, 1, 10000000, "connections at once"),
+    INT(max_packet_size, 64, 268435455, "bytes, both directions"),
+    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session"),
+    INT(max_queued_messages, 0, 100000000, "messages queued per session"),
+    INT(max_queued_bytes, 0, 1e12, "bytes queued per session"),
+    INT(max_topic_alias, 0, 65535, "inbound topic aliases per connection"),
+    INT(max_keepalive, 0, 65535, "seconds"),
+    INT(max_session_expiry, 0, 4294967295.0, "seconds"),
+    BOOL(queue_qos0, "queue QoS 0 messages for offline sessions"),
+    BOOL(allow_zero_length_clientid, "accept an empty client id (and assign one)"),
+    INT(schedulers, 0, 64, "scheduler threads; 0 = one per core"),
+    INT(blocking_threads, 1, 32, "threads for blocking actors (database sinks)"),
+    INT(batch, 1, 100000, "messages per actor turn"),
+    INT(min_heap, 1024, 1e12, "bytes before an actor's first collection"),
+    {"gc_factor", K_DOUBLE, OFF(gc_factor), 0, 1.01, 100, NULL, "next GC at factor x live"},
+    INT(max_heap, 0, 1e12, "bytes per actor heap; 0 = unlimited"),
+    {"data_dir", K_STRING, OFF(data_dir), sizeof(((rt_conf_t *)0)->data_dir), 0, 0, NULL,
+     "directory for persistent state"},
+    {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
+     "error, warning, info or debug"},
+};
+
+#define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+void rt_conf_defaults(rt_conf_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->nlisteners = 1;
+    snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "0.0.0.0");
+    c->listeners[0].port = 1883;
+    c->max_connections = 1000000;
+    c->max_packet_size = 1 << 20;
+    c->max_inflight = 32;
+    c->max_queued_messages = 1000;
+    c->max_queued_bytes = 16 << 20;
+    c->max_topic_alias = 64;
+    c->max_keepalive = 65535;
+    c->max_session_expiry = 7 * 24 * 3600;
+    c->queue_qos0 = false;
+    c->allow_zero_length_clientid = true;
+    c->schedulers = 0;
+    c->blocking_threads = 2;
+    c->batch = 100;
+    c->min_heap = 16 * 1024;
+    c->gc_factor = 2.0;
+    c->max_heap = 0;
+    snprintf(c->data_dir, sizeof(c->data_dir), "data");
+    snprintf(c->log_level, sizeof(c->log_level), "info");
+}
+
+static const setting_t *find_setting(const char *name)
+{
+    for (size_t i = 0; i < NSETTINGS; i++)
+        if (strcmp(settings[i].name, name) == 0)
+            return &settings[i];
+    return NULL;
+}
+
+/* Parses "host:port" or "[v6]:port" with a numeric host. */
+static bool parse_listener(const char *s, rt_listen_t *out)
+{
+    const char *colon;
+    size_t hostlen;
+    const char *host = s;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':')
+            return false;
+        host = s + 1;
+        hostlen = (size_t)(close - host);
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon)
+            return false;
+        hostlen = (size_t)(colon - s);
+    }
+    if (hostlen == 0 || hostlen >= sizeof(out->host))
+        return false;
+    memcpy(out->host, host, hostlen);
+    out->host[hostlen] = 0;
+    unsigned char buf[16];
+    if (inet_pton(AF_INET, out->host, buf) != 1 && inet_pton(AF_INET6, out->host, buf) != 1)
+        return false;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || port < 0 || port > 65535)
+        return false;
+    out->port = (int)port;
+    return true;
+}
+
+/* Checks and stores the value on top of the stack; on error writes the reason to why. */
+static bool apply(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
+{
+    char *field = (char *)c + s->offset;
+    switch (s->kind) {
+    case K_INT: {
+        int isnum;
+        lua_Number n = lua_tonumberx(L, -1, &isnum);
+        if (!isnum || lua_type(L, -1) != LUA_TNUMBER || n != floor(n)) {
+            snprintf(why, whylen, "%s must be a whole number (%s)", s->name, s->help);
+            return false;
+        }
+        if (n < s->min || n > s->max) {
+            snprintf(why, whylen, "%s must be between %.0f and %.0f (got %.0f)", s->name, s->min,
+                     s->max, n);
+            return false;
+        }
+        *(long *)(void *)field = (long)n;
+        return true;
+    }
+    case K_DOUBLE: {
+        if (lua_type(L, -1) != LUA_TNUMBER) {
+            snprintf(why, whylen, "%s must be a number (%s)", s->name, s->help);
+            return false;
+        }
+        double d = lua_tonumber(L, -1);
+        if (d < s->min || d > s->max) {
+            snprintf(why, whylen, "%s must be between %g and %g (got %g)", s->name, s->min, s->max,
+                     d);
+            return false;
+        }
+        *(double *)(void *)field = d;
+        return true;
+    }
+    case K_BOOL:
+        if (!lua_isboolean(L, -1)) {
+            snprintf(why, whylen, "%s must be true or false", s->name);
+            return false;
+        }
+        *(bool *)(void *)field = lua_toboolean(L, -1);
+        return true;
+    case K_STRING: {
+        size_t len;
+        const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+        if (!v || len >= s->size) {
+            snprintf(why, whylen, "%s must be a string of at most %zu bytes (%s)", s->name,
+                     s->size - 1, s->help);
+            return false;
+        }
+        if (s->choices) {
+            bool ok = false;
+            for (const char *const *ch = s->choices; *ch; ch++)
+                ok |= strcmp(*ch, v) == 0;
+            if (!ok) {
+                snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", s->name, s->help, v);
+                return false;
+            }
+        }
+        memcpy(field, v, len + 1);
+        return true;
+    }
+    case K_LISTENERS: {
+        rt_listen_t ls[RT_CONF_MAX_LISTENERS] = {0};
+        unsigned n = 0;
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            if (!parse_listener(lua_tostring(L, -1), &ls[0])) {
+                snprintf(why, whylen, "listeners: \"%s\" is not host:port with a numeric host",
+                         lua_tostring(L, -1));
+                return false;
+            }
+            n = 1;
+        } else if (lua_type(L, -1) == LUA_TTABLE) {
+            lua_Integer len = luaL_len(L, -1);
+            if (len < 1 || len > RT_CONF_MAX_LISTENERS) {
+                snprintf(why, whylen, "listeners: between 1 and %d are allowed",
+                         RT_CONF_MAX_LISTENERS);
+                return false;
+            }
+            for (lua_Integer i = 1; i <= len; i++) {
+                lua_geti(L, -1, i);
+                const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+                bool ok = v && parse_listener(v, &ls[n]);
+                if (!ok) {
+                    snprintf(why, whylen, "listeners[%lld]: %s%s%s", (long long)i,
+                             v ? "\"" : "not a string", v ? v : "",
+                             v ? "\" is not host:port with a numeric host" : "");
+                    lua_pop(L, 1);
+                    return false;
+                }
+                lua_pop(L, 1);
+                n++;
+            }
+        } else {
+            snprintf(why, whylen, "listeners must be \"host:port\" or a list of them");
+            return false;
+        }
+        memcpy(c->listeners, ls, n * sizeof(ls[0]));
+        c->nlisteners = n;
+        return true;
+    }
+    }
+    return false;
+}
+
+/*
+** The environment's __newindex: keeps each assignment in the values table
+** (upvalue 1) with its line (upvalue 2), and refuses a second assignment.
+*/
+static int on_assign(lua_State *L)
+{
+    lua_Debug ar;
+    int line = 0;
+    if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "l", &ar))
+        line = ar.currentline;
+    if (lua_type(L, 2) != LUA_TSTRING)
+        return luaL_error(L, "settings are named by plain words");
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL)
+        return luaL_error(L, "%s is set twice (first on line %d)", lua_tostring(L, 2),
+                          (int)lua_tointeger(L, -1));
+    lua_pop(L, 1);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    lua_rawset(L, lua_upvalueindex(1));
+    lua_pushvalue(L, 2);
+    lua_pushinteger(L, line);
+    lua_rawset(L, lua_upvalueindex(2));
+    return 0;
+}
+
+/* The environment's __index: earlier settings can be used; anything else is a typo. */
+static int on_read(lua_State *L)
+{
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) == LUA_TNIL)
+        return luaL_error(L, "%s is not defined here (the config has no functions or globals)",
+                          lua_tostring(L, 2));
+    return 1;
+}
+
+static void on_budget(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    luaL_error(L, "the config runs for too long");
+}
+
+/*
+** Runs the chunk on top of the stack in the sandbox, then applies every
+** setting it made. where names the source in messages ("etc/rtd.conf").
+*/
+static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool with_lines, char *err,
+                         size_t errlen)
+{
+    lua_newtable(L); /* values */
+    lua_newtable(L); /* lines */
+    int values = lua_absindex(L, -2), lines = lua_absindex(L, -1);
+    lua_newtable(L); /* environment */
+    lua_newtable(L); /* its metatable */
+    lua_pushvalue(L, values);
+    lua_pushvalue(L, lines);
+    lua_pushcclosure(L, on_assign, 2);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushvalue(L, values);
+    lua_pushcclosure(L, on_read, 1);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, -2);
+    /* Stack: chunk, values, lines, env. The chunk's first upvalue is _ENV. */
+    lua_setupvalue(L, values - 1, 1);
+    lua_pushvalue(L, values - 1);
+    lua_sethook(L, on_budget, LUA_MASKCOUNT, RT_CONF_INSTRUCTION_LIMIT);
+    if (lua_pcall(L, 0, 0, 0) != LUA_OK) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1));
+        return RT_EINVAL;
+    }
+    lua_sethook(L, NULL, 0, 0);
+    rt_conf_t next = *c;
+    lua_pushnil(L);
+    while (lua_next(L, values)) {
+        const char *name = lua_tostring(L, -2);
+        lua_pushvalue(L, -2);
+        lua_rawget(L, lines);
+        int line = (int)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        const setting_t *s = find_setting(name);
+        char why[RT_CONF_ERR_LEN / 2];
+        if (!s) {
+            snprintf(why, sizeof(why), "unknown setting %s", name);
+        } else if (apply(L, &next, s, why, sizeof(why))) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (with_lines && line > 0)
+            snprintf(err, errlen, "%s:%d: %s", where, line, why);
+        else
+            snprintf(err, errlen, "%s: %s", where, why);
+        return RT_EINVAL;
+    }
+    *c = next;
+    return 0;
+}
+
+int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return RT_ENOTFOUND;
+    }
+    fclose(f);
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        return RT_ENOMEM;
+    }
+    int rc;
+    /* Text only: a precompiled chunk could do what the sandbox forbids. */
+    if (luaL_loadfilex(L, path, "t") != LUA_OK) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1));
+        rc = RT_EINVAL;
+    } else {
+        rc = run_and_apply(L, c, path, true, err, errlen);
+    }
+    lua_close(L);
+    return rc;
+}
+
+int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen)
+{
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment) {
+        snprintf(err, errlen, "command line: \"%s\" is not key=value", assignment);
+        return RT_EINVAL;
+    }
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        snprintf(err, errlen, "command line: out of memory");
+        return RT_ENOMEM;
+    }
+    /* A value that is not a number, a boolean, a quoted string or a table is taken as a
+       string, so `-o log_level=debug` and `-o listeners=0.0.0.0:1883` need no quotes. */
+    const char *value = eq + 1;
+    char *num_end;
+    strtod(value, &num_end);
+    bool expression = (*value && !*num_end) || strcmp(value, "true") == 0 ||
+                      strcmp(value, "false") == 0 || strchr("{\"'", *value);
+    if (!expression && strstr(value, "]]")) {
+        snprintf(err, errlen, "command line: cannot read the value of \"%s\"", assignment);
+        lua_close(L);
+        return RT_EINVAL;
+    }
+    char chunk[1024];
+    snprintf(chunk, sizeof(chunk), expression ? "%.*s = %s" : "%.*s = [[%s]]",
+             (int)(eq - assignment), assignment, value);
+    int rc;
+    if (luaL_loadbufferx(L, chunk, strlen(chunk), "=command line", "t") != LUA_OK) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1));
+        rc = RT_EINVAL;
+    } else {
+        rc = run_and_apply(L, c, "command line", false, err, errlen);
+    }
+    lua_close(L);
+    return rc;
+}

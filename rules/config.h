@@ -1,0 +1,65 @@
+/*
+** rtd's configuration. The file (etc/rtd.conf) is Lua: a list of top-level
+** assignments such as `max_connections = 100000`. Lua gives operators comments,
+** arithmetic (`max_queued_bytes = 64 * 1024 * 1024`) and a familiar syntax;
+** the loader runs it in an empty environment (no library at all) with an
+** instruction budget, records the line of every assignment, and checks each
+** key against one schema table, so every error names the file, the line and
+** the reason. Command-line overrides use the same syntax and checks.
+*/
+#ifndef RT_CONFIG_H
+#define RT_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define RT_CONF_MAX_LISTENERS 16
+#define RT_CONF_ERR_LEN 512 /* bytes for an error message */
+
+typedef struct rt_listen_s {
+    char host[64]; /* numeric address; "0.0.0.0" or "::" for all */
+    int port;
+} rt_listen_t;
+
+typedef struct rt_conf_s {
+    /* Listeners: "host:port" strings; "[v6]:port" for IPv6. */
+    rt_listen_t listeners[RT_CONF_MAX_LISTENERS];
+    unsigned nlisteners;
+
+    /* Limits (MQTT). */
+    long max_connections;      /* connections at once */
+    long max_packet_size;      /* bytes, both directions */
+    long max_inflight;         /* QoS 1/2 messages in flight per session (receive maximum) */
+    long max_queued_messages;  /* per offline or slow session */
+    long max_queued_bytes;     /* per offline or slow session */
+    long max_topic_alias;      /* inbound topic aliases per connection (MQTT 5) */
+    long max_keepalive;        /* seconds; longer client keepalives are lowered (MQTT 5) */
+    long max_session_expiry;   /* seconds */
+    bool queue_qos0;           /* queue QoS 0 messages for offline sessions */
+    bool allow_zero_length_clientid;
+
+    /* Runtime. */
+    long schedulers;           /* 0: one per core */
+    long blocking_threads;
+    long batch;                /* messages per actor turn */
+    long min_heap;             /* bytes */
+    double gc_factor;
+    long max_heap;             /* bytes per actor; 0: unlimited */
+
+    /* Operations. */
+    char data_dir[256];
+    char log_level[16];        /* error, warning, info, debug */
+} rt_conf_t;
+
+void rt_conf_defaults(rt_conf_t *c);
+
+/*
+** Loads path over the values already in c (defaults, usually). Returns 0, or
+** an RT_E* code with err set to "path:line: reason".
+*/
+int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen);
+
+/* Applies one "key=value" override (Lua syntax for the value), as from `rtd -o`. */
+int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,166 @@
+/* rtd's config loader: defaults, the shipped file, every kind of error with file and line. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "common.h"
+#include "config.h"
+
+static char path[64];
+
+static void write_conf(const char *text)
+{
+    snprintf(path, sizeof(path), "/tmp/rt-test-config-%d.conf", (int)getpid());
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Loads text; returns the rc and leaves the error in err. */
+static int load(const char *text, rt_conf_t *c, char *err)
+{
+    rt_conf_defaults(c);
+    write_conf(text);
+    err[0] = 0;
+    return rt_conf_load(c, path, err, RT_CONF_ERR_LEN);
+}
+
+static bool err_is(const char *err, int line, const char *needle)
+{
+    char want[128];
+    snprintf(want, sizeof(want), "%s:%d: ", path, line);
+    bool ok = strncmp(err, want, strlen(want)) == 0 && strstr(err, needle);
+    if (!ok)
+        fprintf(stderr, "  unexpected error: %s (wanted line %d, \"%s\")\n", err, line, needle);
+    return ok;
+}
+
+static bool conf_equal(const rt_conf_t *a, const rt_conf_t *b)
+{
+    bool same = a->nlisteners == b->nlisteners;
+    for (unsigned i = 0; same && i < a->nlisteners; i++)
+        same = strcmp(a->listeners[i].host, b->listeners[i].host) == 0 &&
+               a->listeners[i].port == b->listeners[i].port;
+    return same && a->max_connections == b->max_connections &&
+           a->max_packet_size == b->max_packet_size && a->max_inflight == b->max_inflight &&
+           a->max_queued_messages == b->max_queued_messages &&
+           a->max_queued_bytes == b->max_queued_bytes && a->max_topic_alias == b->max_topic_alias &&
+           a->max_keepalive == b->max_keepalive && a->max_session_expiry == b->max_session_expiry &&
+           a->queue_qos0 == b->queue_qos0 &&
+           a->allow_zero_length_clientid == b->allow_zero_length_clientid &&
+           a->schedulers == b->schedulers && a->blocking_threads == b->blocking_threads &&
+           a->batch == b->batch && a->min_heap == b->min_heap && a->gc_factor == b->gc_factor &&
+           a->max_heap == b->max_heap && strcmp(a->data_dir, b->data_dir) == 0 &&
+           strcmp(a->log_level, b->log_level) == 0;
+}
+
+static void test_shipped_file(void)
+{
+    rt_conf_t c, d;
+    char err[RT_CONF_ERR_LEN] = "";
+    rt_conf_defaults(&d);
+    rt_conf_defaults(&c);
+    /* The example documents the defaults: loading it changes nothing. */
+    CHECK_EQ(rt_conf_load(&c, "etc/rtd.conf", err, sizeof(err)), 0);
+    if (err[0])
+        fprintf(stderr, "  %s\n", err);
+    CHECK(conf_equal(&c, &d));
+    CHECK_EQ(c.nlisteners, 1);
+    CHECK(strcmp(c.listeners[0].host, "0.0.0.0") == 0);
+    CHECK_EQ(c.listeners[0].port, 1883);
+}
+
+static void test_values(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN];
+    CHECK_EQ(load("listeners = { \"127.0.0.1:1883\", \"[::1]:8883\" }\n"
+                  "max_packet_size = 64 * 1024\n"
+                  "max_queued_bytes = max_packet_size * 10 -- earlier settings can be used\n"
+                  "queue_qos0 = true\n"
+                  "gc_factor = 1.5\n"
+                  "log_level = \"debug\"\n",
+                  &c, err),
+             0);
+    CHECK_EQ(c.nlisteners, 2);
+    CHECK(strcmp(c.listeners[1].host, "::1") == 0);
+    CHECK_EQ(c.listeners[1].port, 8883);
+    CHECK_EQ(c.max_packet_size, 65536);
+    CHECK_EQ(c.max_queued_bytes, 655360);
+    CHECK(c.queue_qos0);
+    CHECK(c.gc_factor == 1.5);
+    CHECK(strcmp(c.log_level, "debug") == 0);
+    CHECK_EQ(load("listeners = \"0.0.0.0:0\"\n", &c, err), 0); /* one string is fine too */
+    CHECK_EQ(c.nlisteners, 1);
+}
+
+static void test_errors(void)
+{
+    rt_conf_t c, d;
+    char err[RT_CONF_ERR_LEN];
+    rt_conf_defaults(&d);
+    CHECK_EQ(load("\n\nmax_conections = 10\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 3, "unknown setting max_conections"));
+    CHECK_EQ(load("max_connections = -5\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "between 1 and"));
+    CHECK_EQ(load("batch = 1.5\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "whole number"));
+    CHECK_EQ(load("queue_qos0 = 1\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "true or false"));
+    CHECK_EQ(load("log_level = \"loud\"\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "one of"));
+    CHECK_EQ(load("x = 1\nlisteners = { \"localhost:1883\" }\n", &c, err), RT_EINVAL);
+    CHECK(strstr(err, "localhost") != NULL); /* hosts must be numeric */
+    CHECK_EQ(load("listeners = \"1.2.3.4:99999\"\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "host:port"));
+    CHECK_EQ(load("batch = 10\nbatch = 20\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 2, "set twice (first on line 1)"));
+    CHECK_EQ(load("batch = = 3\n", &c, err), RT_EINVAL); /* syntax */
+    CHECK(err_is(err, 1, "unexpected symbol"));
+    CHECK_EQ(load("batch = os.time()\n", &c, err), RT_EINVAL); /* no libraries */
+    CHECK(err_is(err, 1, "os is not defined"));
+    CHECK_EQ(load("while true do end\n", &c, err), RT_EINVAL); /* bounded */
+    CHECK(strstr(err, "too long") != NULL);
+    CHECK_EQ(load("\x1bLua", &c, err), RT_EINVAL); /* no precompiled chunks */
+    /* A refused file changes nothing. */
+    load("batch = 7\nmax_connections = 0\n", &c, err);
+    CHECK(conf_equal(&c, &d));
+    char err2[RT_CONF_ERR_LEN];
+    CHECK_EQ(rt_conf_load(&c, "/nonexistent/rtd.conf", err2, sizeof(err2)), RT_ENOTFOUND);
+    CHECK(strstr(err2, "/nonexistent/rtd.conf: cannot open") != NULL);
+}
+
+static void test_overrides(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN];
+    rt_conf_defaults(&c);
+    CHECK_EQ(rt_conf_set(&c, "log_level=debug", err, sizeof(err)), 0);
+    CHECK(strcmp(c.log_level, "debug") == 0);
+    CHECK_EQ(rt_conf_set(&c, "listeners=127.0.0.1:1884", err, sizeof(err)), 0);
+    CHECK_EQ(c.listeners[0].port, 1884);
+    CHECK_EQ(rt_conf_set(&c, "schedulers=2", err, sizeof(err)), 0);
+    CHECK_EQ(c.schedulers, 2);
+    CHECK_EQ(rt_conf_set(&c, "gc_factor=1.5", err, sizeof(err)), 0);
+    CHECK(c.gc_factor == 1.5);
+    CHECK_EQ(rt_conf_set(&c, "queue_qos0=true", err, sizeof(err)), 0);
+    CHECK(c.queue_qos0);
+    CHECK_EQ(rt_conf_set(&c, "listeners={\"127.0.0.1:1\",\"127.0.0.2:2\"}", err, sizeof(err)), 0);
+    CHECK_EQ(c.nlisteners, 2);
+    CHECK_EQ(rt_conf_set(&c, "schedulers=lots", err, sizeof(err)), RT_EINVAL);
+    CHECK(strstr(err, "command line: schedulers must be a whole number") != NULL);
+    CHECK_EQ(rt_conf_set(&c, "nonsense", err, sizeof(err)), RT_EINVAL);
+    CHECK(strstr(err, "key=value") != NULL);
+    CHECK_EQ(c.schedulers, 2); /* unchanged by the refused ones */
+}
+
+int main(void)
+{
+    RUN(test_shipped_file);
+    RUN(test_values);
+    RUN(test_errors);
+    RUN(test_overrides);
+    unlink(path);
+    return CHECK_SUMMARY();
+}
