@@ -300,7 +300,10 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
         return RT_EINVAL;
     }
     lua_sethook(L, NULL, 0, 0);
+    /* Every setting is checked; the error reported is the first by line, whatever order
+       the table iterates in. */
     rt_conf_t next = *c;
+    int bad_line = -1;
     lua_pushnil(L);
     while (lua_next(L, values)) {
         const char *name = lua_tostring(L, -2);
@@ -310,18 +313,20 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
         lua_pop(L, 1);
         const setting_t *s = find_setting(name);
         char why[RT_CONF_ERR_LEN / 2];
-        if (!s) {
+        bool ok = s && apply(L, &next, s, why, sizeof(why));
+        if (!s)
             snprintf(why, sizeof(why), "unknown setting %s", name);
-        } else if (apply(L, &next, s, why, sizeof(why))) {
-            lua_pop(L, 1);
+        lua_pop(L, 1);
+        if (ok || (bad_line >= 0 && bad_line <= line))
             continue;
-        }
+        bad_line = line;
         if (with_lines && line > 0)
             snprintf(err, errlen, "%s:%d: %s", where, line, why);
         else
             snprintf(err, errlen, "%s: %s", where, why);
-        return RT_EINVAL;
     }
+    if (bad_line >= 0)
+        return RT_EINVAL;
     *c = next;
     return 0;
 }
