@@ -216,7 +216,8 @@ int rt_send_msg(rt_pid_t to, rt_msg_t *m)
         return RT_ENOMEM;
     bool ext = enter_any();
     rt_actor_t *cur = rt__tls.current;
-    m->from = cur ? cur->pid : 0;
+    if (cur)
+        m->from = cur->pid; /* outside actors (timers firing) the sender set at arming stays */
     rt_actor_t *a = rt__lookup(to);
     int rc = 0;
     if (RT_UNLIKELY(!a)) {

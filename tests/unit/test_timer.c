@@ -6,11 +6,12 @@
 enum { MSG_FIRE = RT_MSG_USER, MSG_ARM, MSG_ARM_MANY, MSG_ARM_CANCEL };
 
 static atomic_long fired;
-static atomic_long late_sum_ms, late_max_ms, early;
+static atomic_long late_sum_ms, late_max_ms, early, wrong_sender;
 
 typedef struct {
     uint64_t armed_ms;
     uint64_t delay_ms;
+    bool armed_by_self;
 } fire_t;
 
 static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
@@ -18,6 +19,8 @@ static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     switch (m->tag) {
     case MSG_FIRE: {
         fire_t *f = (fire_t *)(void *)m->data;
+        if (f->armed_by_self && m->from != rt_self(self))
+            atomic_fetch_add(&wrong_sender, 1); /* a timer's message comes from who armed it */
         long late = (long)(test_now_ms() - f->armed_ms) - (long)f->delay_ms;
         if (late < 0)
             atomic_fetch_add(&early, 1);
@@ -31,7 +34,7 @@ static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case MSG_ARM: {
         uint64_t delay = *(uint64_t *)(void *)m->data;
         rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
-        *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), delay};
+        *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), delay, true};
         rt_send_after(delay, rt_self(self), f, NULL);
         break;
     }
@@ -41,7 +44,7 @@ static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         for (long i = 0; i < n; i++) {
             uint64_t delay = 1 + (uint64_t)(rand_r(&seed) % 500);
             rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
-            *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), delay};
+            *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), delay, true};
             rt_send_after(delay, rt_self(self), f, NULL);
         }
         break;
@@ -51,7 +54,7 @@ static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         for (long i = 0; i < n; i++) {
             rt_ref_t ref;
             rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
-            *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), 50};
+            *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), 50, true};
             rt_send_after(50 + (uint64_t)(i % 100), rt_self(self), f, &ref);
             if (rt_cancel_timer(ref) != 0)
                 atomic_fetch_add(&early, 1000000);
@@ -84,6 +87,7 @@ static void test_accuracy(void)
     fprintf(stderr, "  accuracy: %d timers, mean lateness %.1f ms, max %ld ms\n", n,
             (double)atomic_load(&late_sum_ms) / n, atomic_load(&late_max_ms));
     CHECK_EQ(atomic_load(&early), 0); /* never before its time */
+    CHECK_EQ(atomic_load(&wrong_sender), 0);
     CHECK(atomic_load(&late_max_ms) <= 100); /* generous: shared machines */
     rt_exit_signal(p, RT_REASON_KILL);
     CHECK(wait_alive(0, 5000));
@@ -96,13 +100,13 @@ static void test_cancel(void)
     rt_spawn(&timer_type, NULL, &p);
     rt_ref_t ref;
     rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
-    *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), 30};
+    *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), 30, false};
     CHECK_EQ(rt_send_after(30, p, f, &ref), 0); /* from outside any actor */
     CHECK_EQ(rt_cancel_timer(ref), 0);
     CHECK_EQ(rt_cancel_timer(ref), RT_ENOTFOUND); /* only once */
     rt_ref_t ref2;
     rt_msg_t *g = rt_msg_new(MSG_FIRE, sizeof(fire_t));
-    *(fire_t *)(void *)g->data = (fire_t){test_now_ms(), 10};
+    *(fire_t *)(void *)g->data = (fire_t){test_now_ms(), 10, false};
     CHECK_EQ(rt_send_after(10, p, g, &ref2), 0);
     CHECK(wait_at_least(&fired, 1, 5000));
     test_sleep_ms(60);
