@@ -1,0 +1,189 @@
+/*
+** The broker's routing table: MQTT topic filters (with '+', '#' and
+** $share/{group}/ shared subscriptions) mapped to subscriber pids, matched
+** concurrently by publishing connections while others subscribe and
+** unsubscribe; and the retained-message store, which answers the reverse
+** question (which stored topics does a new filter match).
+**
+** Concurrency design (chosen by measurement, see tests/unit/test_topic_trie.c
+** "bench" mode): the subscription trie is split into RT_TRIE_SHARDS shards by
+** the hash of a filter's first level, plus one shard for filters whose first
+** level is a wildcard. Each shard has its own rwlock. A match read-locks at
+** most two shards (the topic's first-level shard and the wildcard shard) one
+** after the other, so a subscribe only ever waits for readers of its own shard
+** and nothing stops the whole table. Topics beginning with '$' never visit the
+** wildcard shard, which is exactly the MQTT 3.1.1/5.0 §4.7.2 rule.
+**
+** Strings are byte ranges (pointer and length), never NUL-terminated, as they
+** arrive in packets. UTF-8 well-formedness is the codec's job; these functions
+** check only the MQTT topic syntax.
+*/
+#ifndef RT_TOPIC_TRIE_H
+#define RT_TOPIC_TRIE_H
+
+#include "rt.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Number of first-level shards in the subscription trie (a power of two). */
+#define RT_TRIE_SHARDS 64
+
+/* Longest topic name or filter, bytes (MQTT's two-byte string length). */
+#define RT_TRIE_MAX_LEN 65535
+
+/* The largest subscription identifier MQTT 5 allows (a variable byte integer). */
+#define RT_TRIE_MAX_SUB_ID 268435455u
+
+/* One subscription's options, as SUBSCRIBE carries them. */
+typedef struct {
+    uint32_t sub_id;             /* subscription identifier 1..RT_TRIE_MAX_SUB_ID; 0 = none */
+    uint8_t qos;                 /* maximum QoS granted, 0..2 */
+    uint8_t no_local;            /* 1: not delivered to the publishing pid itself */
+    uint8_t retain_as_published; /* 1: keep the RETAIN flag on forwarded messages */
+    uint8_t retain_handling;     /* 0..2; stored for the caller, matching ignores it */
+} rt_trie_opts_t;
+
+/*
+** What the delivery callback receives, once per (subscriber, message) for all
+** the subscriber's ordinary (non-shared) subscriptions that match, aggregated
+** as MQTT 5 §3.3.4 requires: qos is the maximum across them, sub_ids holds
+** every nonzero subscription identifier among them (ascending, no
+** duplicates), retain_as_published is 1 if any of them asked for it. A shared
+** subscription group delivers separately (shared = 1) to the one member it
+** picked, with that member's own options, even if the same pid also has an
+** ordinary subscription (§4.8.2: each subscription gets its copy).
+** The pointers are valid only during the callback.
+*/
+typedef struct {
+    rt_pid_t pid;
+    uint8_t qos;
+    uint8_t retain_as_published;
+    uint8_t shared;
+    size_t n_sub_ids;
+    const uint32_t *sub_ids;
+} rt_trie_delivery_t;
+
+typedef void (*rt_trie_deliver_fn)(void *arg, const rt_trie_delivery_t *d);
+
+/*
+** Asked while choosing a shared-group member: nonzero if pid can take the
+** message. It runs with a shard read-locked, so it must be quick and must not
+** call into the trie. NULL means every member is alive.
+*/
+typedef int (*rt_trie_alive_fn)(void *arg, rt_pid_t pid);
+
+typedef struct rt_trie_s rt_trie_t;
+
+/*
+** Per-publisher scratch space reused across matches so the hot path does not
+** allocate once warm. One scratch per thread; the trie never keeps pointers to it.
+*/
+typedef struct {
+    struct rt_trie_hit_s *hits; /* ordinary subscription hits of the current match */
+    size_t nhits, caphits;
+    struct rt_trie_hit_s *shared; /* shared-group picks of the current match */
+    size_t nshared, capshared;
+    uint32_t *ids; /* aggregated subscription identifiers handed to the callback */
+    size_t capids;
+    struct rt_trie_frame_s *stack; /* explicit walk stack: no recursion on actor stacks */
+    size_t capstack;
+} rt_trie_scratch_t;
+
+typedef struct {
+    size_t subs;   /* ordinary subscriptions plus shared-group memberships */
+    size_t groups; /* shared subscription groups */
+    size_t nodes;  /* trie nodes, roots excluded */
+    size_t bytes;  /* every byte the trie has allocated, including itself */
+} rt_trie_stats_t;
+
+/* Syntax checks: 1 if valid. A filter may carry the $share/{group}/ prefix. */
+int rt_trie_valid_topic(const char *topic, size_t len);
+int rt_trie_valid_filter(const char *filter, size_t len);
+
+int rt_trie_new(rt_trie_t **out); /* 0 or RT_ENOMEM */
+void rt_trie_free(rt_trie_t *t);  /* no concurrent users may remain */
+
+/*
+** Adds or replaces pid's subscription to filter (options copied). *existed
+** (may be NULL) is set to 1 if pid already had this exact filter (its options
+** were replaced; MQTT 5 retain handling 1 needs to know), else 0.
+** RT_EINVAL for a bad filter or options (no_local on a shared subscription is
+** a protocol error in MQTT 5 §3.8.3.1), RT_ENOMEM leaves the trie unchanged.
+*/
+int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid,
+                      const rt_trie_opts_t *opts, int *existed);
+
+/* Removes it; *existed says whether it was there (UNSUBACK 0x11 otherwise). */
+int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid,
+                        int *existed);
+
+/*
+** Removes all of pid's subscriptions. The trie keeps no per-subscriber index
+** (that would cost memory per subscription twice): the caller passes the
+** filters it subscribed, which the connection or session actor keeps anyway
+** for session state. Filters pid does not hold are ignored; *removed (may be
+** NULL) counts those it did.
+*/
+int rt_trie_unsubscribe_all(rt_trie_t *t, rt_pid_t pid, const char *const *filters,
+                            const size_t *lens, size_t n, size_t *removed);
+
+void rt_trie_scratch_init(rt_trie_scratch_t *s);
+void rt_trie_scratch_destroy(rt_trie_scratch_t *s);
+
+/*
+** Matches topic against every filter and calls deliver once per aggregated
+** subscriber and once per shared group (see rt_trie_delivery_t). publisher is
+** the publishing pid for no_local (0: none). deliver runs after all locks are
+** released, so it may subscribe or send. Each group's round-robin cursor
+** advances once per message; members alive() rejects are skipped, and a group
+** with no live member delivers nothing. *ndelivered (may be NULL) counts calls.
+** RT_EINVAL for a bad topic, RT_ENOMEM if scratch could not grow (nothing delivered).
+*/
+int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publisher,
+                  rt_trie_alive_fn alive, rt_trie_deliver_fn deliver, void *arg,
+                  rt_trie_scratch_t *s, size_t *ndelivered);
+
+void rt_trie_stats(rt_trie_t *t, rt_trie_stats_t *st);
+
+/*
+** Retained messages: one per topic. Messages are opaque to the store; it owns
+** a reference from set until replaced, cleared or freed, then calls release.
+** Use rt_bin_t payloads with release = (rt_retained_release_fn)rt_bin_release,
+** or a struct carrying QoS, properties and expiry. One rwlock guards the store:
+** retained traffic (set on RETAIN publishes, matched on SUBSCRIBE) is far
+** rarer than routing.
+*/
+typedef void (*rt_retained_release_fn)(void *msg);
+typedef void (*rt_retained_fn)(void *arg, const char *topic, size_t len, void *msg);
+typedef struct rt_retained_s rt_retained_t;
+
+/* max_count / max_bytes: limits on messages and on their bytes (0 = unlimited). */
+int rt_retained_new(rt_retained_t **out, rt_retained_release_fn release, size_t max_count,
+                    size_t max_bytes);
+void rt_retained_free(rt_retained_t *r); /* releases every message */
+
+/*
+** Sets topic's retained message, replacing (and releasing) any previous one.
+** msg_bytes is what the limits count (payload plus whatever the caller
+** stores). msg == NULL clears the topic (what an empty retained payload
+** means). RT_ELIMIT if the limits would be exceeded: then msg is not taken
+** and the old message stays. RT_EINVAL for a bad topic.
+*/
+int rt_retained_set(rt_retained_t *r, const char *topic, size_t len, void *msg, size_t msg_bytes);
+
+/*
+** Calls fn for each retained message whose topic filter matches (a $share/
+** prefix is not accepted: retained messages are not sent for shared
+** subscriptions, §4.8.2). Filters starting with a wildcard do not match
+** topics starting with '$'. fn runs with the store read-locked: it must take
+** its own reference (e.g. rt_bin_retain) to keep msg, and must not call into
+** the store. *nfound (may be NULL) counts calls.
+*/
+int rt_retained_match(rt_retained_t *r, const char *filter, size_t len, rt_retained_fn fn,
+                      void *arg, size_t *nfound);
+
+/* Messages held, the sum of their msg_bytes, and all bytes the store allocated. */
+void rt_retained_stats(rt_retained_t *r, size_t *count, size_t *msg_bytes, size_t *mem_bytes);
+
+#endif
