@@ -300,8 +300,8 @@ static const struct {
     [MQTT_PROP_REQUEST_RESPONSE_INFO] = {K_BYTE, B(MQTT_CONNECT)},
     [MQTT_PROP_RESPONSE_INFO] = {K_STR, B(MQTT_CONNACK)},
     [MQTT_PROP_SERVER_REFERENCE] = {K_STR, B(MQTT_CONNACK) | B(MQTT_DISCONNECT)},
-    [MQTT_PROP_REASON_STRING] = {K_STR, B(MQTT_CONNACK) | ACKS | B(MQTT_SUBACK) |
-                                            B(MQTT_UNSUBACK) | B(MQTT_DISCONNECT) | B(MQTT_AUTH)},
+    [MQTT_PROP_REASON_STRING] = {K_STR, B(MQTT_CONNACK) | ACKS | B(MQTT_SUBACK) | B(MQTT_UNSUBACK) |
+                                            B(MQTT_DISCONNECT) | B(MQTT_AUTH)},
     [MQTT_PROP_RECEIVE_MAXIMUM] = {K_U16, B(MQTT_CONNECT) | B(MQTT_CONNACK)},
     [MQTT_PROP_TOPIC_ALIAS_MAXIMUM] = {K_U16, B(MQTT_CONNECT) | B(MQTT_CONNACK)},
     [MQTT_PROP_TOPIC_ALIAS] = {K_U16, B(MQTT_PUBLISH)},
@@ -323,16 +323,26 @@ static int prop_kind(uint8_t id)
 static mqtt_str_t *prop_str(mqtt_props_t *pr, uint8_t id)
 {
     switch (id) {
-    case MQTT_PROP_CONTENT_TYPE: return &pr->content_type;
-    case MQTT_PROP_RESPONSE_TOPIC: return &pr->response_topic;
-    case MQTT_PROP_CORRELATION_DATA: return &pr->correlation_data;
-    case MQTT_PROP_ASSIGNED_CLIENT_ID: return &pr->assigned_client_id;
-    case MQTT_PROP_AUTH_METHOD: return &pr->auth_method;
-    case MQTT_PROP_AUTH_DATA: return &pr->auth_data;
-    case MQTT_PROP_RESPONSE_INFO: return &pr->response_info;
-    case MQTT_PROP_SERVER_REFERENCE: return &pr->server_reference;
-    case MQTT_PROP_REASON_STRING: return &pr->reason_string;
-    default: return NULL;
+    case MQTT_PROP_CONTENT_TYPE:
+        return &pr->content_type;
+    case MQTT_PROP_RESPONSE_TOPIC:
+        return &pr->response_topic;
+    case MQTT_PROP_CORRELATION_DATA:
+        return &pr->correlation_data;
+    case MQTT_PROP_ASSIGNED_CLIENT_ID:
+        return &pr->assigned_client_id;
+    case MQTT_PROP_AUTH_METHOD:
+        return &pr->auth_method;
+    case MQTT_PROP_AUTH_DATA:
+        return &pr->auth_data;
+    case MQTT_PROP_RESPONSE_INFO:
+        return &pr->response_info;
+    case MQTT_PROP_SERVER_REFERENCE:
+        return &pr->server_reference;
+    case MQTT_PROP_REASON_STRING:
+        return &pr->reason_string;
+    default:
+        return NULL;
     }
 }
 
@@ -340,43 +350,62 @@ static mqtt_str_t *prop_str(mqtt_props_t *pr, uint8_t id)
 static uint8_t *prop_byte(mqtt_props_t *pr, uint8_t id)
 {
     switch (id) {
-    case MQTT_PROP_PAYLOAD_FORMAT: return &pr->payload_format;
-    case MQTT_PROP_REQUEST_PROBLEM_INFO: return &pr->request_problem_info;
-    case MQTT_PROP_REQUEST_RESPONSE_INFO: return &pr->request_response_info;
-    case MQTT_PROP_MAXIMUM_QOS: return &pr->maximum_qos;
-    case MQTT_PROP_RETAIN_AVAILABLE: return &pr->retain_available;
-    case MQTT_PROP_WILDCARD_SUB_AVAILABLE: return &pr->wildcard_sub_available;
-    case MQTT_PROP_SUB_ID_AVAILABLE: return &pr->sub_id_available;
-    case MQTT_PROP_SHARED_SUB_AVAILABLE: return &pr->shared_sub_available;
-    default: return NULL;
+    case MQTT_PROP_PAYLOAD_FORMAT:
+        return &pr->payload_format;
+    case MQTT_PROP_REQUEST_PROBLEM_INFO:
+        return &pr->request_problem_info;
+    case MQTT_PROP_REQUEST_RESPONSE_INFO:
+        return &pr->request_response_info;
+    case MQTT_PROP_MAXIMUM_QOS:
+        return &pr->maximum_qos;
+    case MQTT_PROP_RETAIN_AVAILABLE:
+        return &pr->retain_available;
+    case MQTT_PROP_WILDCARD_SUB_AVAILABLE:
+        return &pr->wildcard_sub_available;
+    case MQTT_PROP_SUB_ID_AVAILABLE:
+        return &pr->sub_id_available;
+    case MQTT_PROP_SHARED_SUB_AVAILABLE:
+        return &pr->shared_sub_available;
+    default:
+        return NULL;
     }
 }
 
 static uint16_t *prop_u16(mqtt_props_t *pr, uint8_t id)
 {
     switch (id) {
-    case MQTT_PROP_SERVER_KEEPALIVE: return &pr->server_keepalive;
-    case MQTT_PROP_RECEIVE_MAXIMUM: return &pr->receive_maximum;
-    case MQTT_PROP_TOPIC_ALIAS_MAXIMUM: return &pr->topic_alias_maximum;
-    case MQTT_PROP_TOPIC_ALIAS: return &pr->topic_alias;
-    default: return NULL;
+    case MQTT_PROP_SERVER_KEEPALIVE:
+        return &pr->server_keepalive;
+    case MQTT_PROP_RECEIVE_MAXIMUM:
+        return &pr->receive_maximum;
+    case MQTT_PROP_TOPIC_ALIAS_MAXIMUM:
+        return &pr->topic_alias_maximum;
+    case MQTT_PROP_TOPIC_ALIAS:
+        return &pr->topic_alias;
+    default:
+        return NULL;
     }
 }
 
 static uint32_t *prop_u32(mqtt_props_t *pr, uint8_t id)
 {
     switch (id) {
-    case MQTT_PROP_MESSAGE_EXPIRY: return &pr->message_expiry;
-    case MQTT_PROP_SESSION_EXPIRY: return &pr->session_expiry;
-    case MQTT_PROP_WILL_DELAY: return &pr->will_delay;
-    case MQTT_PROP_MAXIMUM_PACKET_SIZE: return &pr->maximum_packet_size;
-    default: return NULL;
+    case MQTT_PROP_MESSAGE_EXPIRY:
+        return &pr->message_expiry;
+    case MQTT_PROP_SESSION_EXPIRY:
+        return &pr->session_expiry;
+    case MQTT_PROP_WILL_DELAY:
+        return &pr->will_delay;
+    case MQTT_PROP_MAXIMUM_PACKET_SIZE:
+        return &pr->maximum_packet_size;
+    default:
+        return NULL;
     }
 }
 
 /*
-** Reads one property entry (identifier and value) without storing it; used to walk a block
-** that was validated before, and by the decoder itself. Sets *id and *val_start.
+** Steps over one property entry (identifier and value) without storing it, setting *id; used
+** to walk a property block for its repeatable entries. Bounded like every other read.
 */
 static int rd_prop_raw(rd_t *r, uint8_t *id)
 {
@@ -387,14 +416,21 @@ static int rd_prop_raw(rd_t *r, uint8_t *id)
     if (rd_u8(r, id))
         return EMAL;
     switch (prop_kind(*id)) {
-    case K_BYTE: return rd_u8(r, &b);
-    case K_U16: return rd_u16(r, &u16);
-    case K_U32: return rd_u32(r, &u32);
-    case K_VARINT: return rd_varint(r, &u32);
+    case K_BYTE:
+        return rd_u8(r, &b);
+    case K_U16:
+        return rd_u16(r, &u16);
+    case K_U32:
+        return rd_u32(r, &u32);
+    case K_VARINT:
+        return rd_varint(r, &u32);
     case K_STR:
-    case K_BIN: return rd_bin(r, &s);
-    case K_PAIR: return rd_bin(r, &s) || rd_bin(r, &s) ? EMAL : 0;
-    default: return EMAL;
+    case K_BIN:
+        return rd_bin(r, &s);
+    case K_PAIR:
+        return rd_bin(r, &s) || rd_bin(r, &s) ? EMAL : 0;
+    default:
+        return EMAL;
     }
 }
 
@@ -578,16 +614,24 @@ static int reason_ok(uint8_t type, uint8_t code)
     if (code == 0)
         return 1;
     switch (type) {
-    case MQTT_CONNACK: return IN_SET(code, RC_CONNACK);
+    case MQTT_CONNACK:
+        return IN_SET(code, RC_CONNACK);
     case MQTT_PUBACK:
-    case MQTT_PUBREC: return IN_SET(code, RC_PUBACK);
+    case MQTT_PUBREC:
+        return IN_SET(code, RC_PUBACK);
     case MQTT_PUBREL:
-    case MQTT_PUBCOMP: return IN_SET(code, RC_PUBREL);
-    case MQTT_SUBACK: return IN_SET(code, RC_SUBACK);
-    case MQTT_UNSUBACK: return IN_SET(code, RC_UNSUBACK);
-    case MQTT_DISCONNECT: return IN_SET(code, RC_DISCONNECT);
-    case MQTT_AUTH: return IN_SET(code, RC_AUTH);
-    default: return 0;
+    case MQTT_PUBCOMP:
+        return IN_SET(code, RC_PUBREL);
+    case MQTT_SUBACK:
+        return IN_SET(code, RC_SUBACK);
+    case MQTT_UNSUBACK:
+        return IN_SET(code, RC_UNSUBACK);
+    case MQTT_DISCONNECT:
+        return IN_SET(code, RC_DISCONNECT);
+    case MQTT_AUTH:
+        return IN_SET(code, RC_AUTH);
+    default:
+        return 0;
     }
 }
 
@@ -843,28 +887,43 @@ int mqtt_decode(const uint8_t *buf, size_t len, uint8_t version, mqtt_packet_t *
     ** and so is 15 before MQTT 5. */
     if (f.type == 0 || (f.type == MQTT_AUTH && version < MQTT_V5))
         return EMAL;
-    uint8_t want = f.type == MQTT_PUBREL || f.type == MQTT_SUBSCRIBE || f.type == MQTT_UNSUBSCRIBE
-                       ? 2
-                       : 0;
+    uint8_t want =
+        f.type == MQTT_PUBREL || f.type == MQTT_SUBSCRIBE || f.type == MQTT_UNSUBSCRIBE ? 2 : 0;
     if (f.type != MQTT_PUBLISH && pk->flags != want)
         return EMAL;
     rd_t r = {buf + f.header_len, buf + f.size};
     switch (f.type) {
-    case MQTT_CONNECT: rc = decode_connect(&r, pk); break;
-    case MQTT_CONNACK: rc = decode_connack(&r, pk); break;
-    case MQTT_PUBLISH: rc = decode_publish(&r, pk); break;
+    case MQTT_CONNECT:
+        rc = decode_connect(&r, pk);
+        break;
+    case MQTT_CONNACK:
+        rc = decode_connack(&r, pk);
+        break;
+    case MQTT_PUBLISH:
+        rc = decode_publish(&r, pk);
+        break;
     case MQTT_PUBACK:
     case MQTT_PUBREC:
     case MQTT_PUBREL:
-    case MQTT_PUBCOMP: rc = decode_ack(&r, pk); break;
+    case MQTT_PUBCOMP:
+        rc = decode_ack(&r, pk);
+        break;
     case MQTT_SUBSCRIBE:
-    case MQTT_UNSUBSCRIBE: rc = decode_subscribe(&r, pk); break;
+    case MQTT_UNSUBSCRIBE:
+        rc = decode_subscribe(&r, pk);
+        break;
     case MQTT_SUBACK:
-    case MQTT_UNSUBACK: rc = decode_suback(&r, pk); break;
+    case MQTT_UNSUBACK:
+        rc = decode_suback(&r, pk);
+        break;
     case MQTT_PINGREQ:
-    case MQTT_PINGRESP: rc = 0; break;
+    case MQTT_PINGRESP:
+        rc = 0;
+        break;
     case MQTT_DISCONNECT:
-    case MQTT_AUTH: rc = decode_reason_props(&r, pk); break;
+    case MQTT_AUTH:
+        rc = decode_reason_props(&r, pk);
+        break;
     }
     if (rc)
         return rc;
@@ -938,8 +997,8 @@ static void w_bin(wr_t *w, mqtt_str_t s)
 static void w_props_body(wr_t *w, const mqtt_props_t *pr, int ctx, int strip)
 {
     mqtt_props_t *m = (mqtt_props_t *)pr; /* the field lookups take non-const; only read */
-    uint64_t scalars = pr->present & ~(MQTT_PROP_BIT(MQTT_PROP_USER) |
-                                       MQTT_PROP_BIT(MQTT_PROP_SUB_ID));
+    uint64_t scalars =
+        pr->present & ~(MQTT_PROP_BIT(MQTT_PROP_USER) | MQTT_PROP_BIT(MQTT_PROP_SUB_ID));
     for (uint8_t id = 1; id < sizeof prop_info / sizeof prop_info[0]; id++) {
         if (!(scalars & MQTT_PROP_BIT(id)))
             continue;
@@ -951,11 +1010,19 @@ static void w_props_body(wr_t *w, const mqtt_props_t *pr, int ctx, int strip)
             continue;
         w_u8(w, id);
         switch (prop_kind(id)) {
-        case K_BYTE: w_u8(w, *prop_byte(m, id)); break;
-        case K_U16: w_u16(w, *prop_u16(m, id)); break;
-        case K_U32: w_u32(w, *prop_u32(m, id)); break;
+        case K_BYTE:
+            w_u8(w, *prop_byte(m, id));
+            break;
+        case K_U16:
+            w_u16(w, *prop_u16(m, id));
+            break;
+        case K_U32:
+            w_u32(w, *prop_u32(m, id));
+            break;
         case K_STR:
-        case K_BIN: w_bin(w, *prop_str(m, id)); break;
+        case K_BIN:
+            w_bin(w, *prop_str(m, id));
+            break;
         }
     }
     if (scalars & ~(MQTT_PROP_BIT(0x2B) - 1)) /* a bit beyond the last identifier */
@@ -1056,8 +1123,8 @@ static void w_body(wr_t *w, const mqtt_packet_t *pk, int strip)
         const uint8_t *name = (const uint8_t *)(pk->version == MQTT_V31 ? "MQIsdp" : "MQTT");
         w_bin(w, (mqtt_str_t){name, pk->version == MQTT_V31 ? 6u : 4u});
         w_u8(w, pk->version);
-        if (pk->connect.will_qos > 2 || (!pk->connect.will && (pk->connect.will_qos ||
-                                                               pk->connect.will_retain)))
+        if (pk->connect.will_qos > 2 ||
+            (!pk->connect.will && (pk->connect.will_qos || pk->connect.will_retain)))
             w->err = RT_EINVAL;
         if (!v5 && pk->connect.has_password && !pk->connect.has_username)
             w->err = RT_EINVAL;
@@ -1129,7 +1196,8 @@ static void w_body(wr_t *w, const mqtt_packet_t *pk, int strip)
         w_bytes(w, pk->codes.p, pk->codes.len);
         break;
     case MQTT_PINGREQ:
-    case MQTT_PINGRESP: break;
+    case MQTT_PINGRESP:
+        break;
     case MQTT_DISCONNECT:
     case MQTT_AUTH:
         if (v5)
@@ -1150,13 +1218,15 @@ static int strippable(const mqtt_packet_t *pk)
     case MQTT_SUBACK:
     case MQTT_UNSUBACK:
     case MQTT_DISCONNECT:
-    case MQTT_AUTH: return pk->version == MQTT_V5;
-    default: return 0;
+    case MQTT_AUTH:
+        return pk->version == MQTT_V5;
+    default:
+        return 0;
     }
 }
 
-int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size,
-                size_t *len, int *stripped)
+int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size, size_t *len,
+                int *stripped)
 {
     if (stripped)
         *stripped = 0;

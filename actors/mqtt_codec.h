@@ -194,11 +194,11 @@ typedef struct {
     mqtt_str_t response_info;
     mqtt_str_t server_reference;
     mqtt_str_t reason_string;
-    mqtt_str_t raw;                 /* decode: the property block, without its length */
-    const mqtt_user_prop_t *users;  /* encode only: extra user properties */
-    const uint32_t *sub_ids;        /* encode only: extra subscription identifiers */
-    uint16_t n_users;               /* entries in users */
-    uint16_t n_sub_ids;             /* entries in sub_ids */
+    mqtt_str_t raw;                /* decode: the property block, without its length */
+    const mqtt_user_prop_t *users; /* encode only: extra user properties */
+    const uint32_t *sub_ids;       /* encode only: extra subscription identifiers */
+    uint16_t n_users;              /* entries in users */
+    uint16_t n_sub_ids;            /* entries in sub_ids */
 } mqtt_props_t;
 
 /* Subscription options byte (3.8.3.1); v3 uses only the QoS bits. */
@@ -306,8 +306,8 @@ int mqtt_decode(const uint8_t *buf, size_t len, uint8_t version, mqtt_packet_t *
 ** (or is another packet type, which the sender must then discard, 3.1.2.11.4) the result is
 ** MQTT_ERR(0x95). RT_EINVAL for an unencodable packet or cap < *len.
 */
-int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size,
-                size_t *len, int *stripped);
+int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size, size_t *len,
+                int *stripped);
 
 /* Walk decoded repeatables; each returns 1 and advances *pos (start at 0), or 0 at the end. */
 int mqtt_props_user_next(const mqtt_props_t *pr, size_t *pos, mqtt_str_t *key, mqtt_str_t *val);

@@ -88,8 +88,7 @@ static void make_packet(uint8_t type, uint8_t version, mqtt_packet_t *pk)
                           MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM) |
                           MQTT_PROP_BIT(MQTT_PROP_REQUEST_RESPONSE_INFO) |
                           MQTT_PROP_BIT(MQTT_PROP_REQUEST_PROBLEM_INFO) |
-                          MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD) |
-                          MQTT_PROP_BIT(MQTT_PROP_AUTH_DATA);
+                          MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD) | MQTT_PROP_BIT(MQTT_PROP_AUTH_DATA);
             pr->session_expiry = 0xFFFFFFFF;
             pr->receive_maximum = 20;
             pr->maximum_packet_size = 65536;
@@ -99,12 +98,10 @@ static void make_packet(uint8_t type, uint8_t version, mqtt_packet_t *pk)
             pr->auth_method = S("SCRAM-SHA-1");
             pr->auth_data = S("\x01\x02");
             mqtt_props_t *w = &pk->connect.will_props;
-            w->present = MQTT_PROP_BIT(MQTT_PROP_WILL_DELAY) |
-                         MQTT_PROP_BIT(MQTT_PROP_PAYLOAD_FORMAT) |
-                         MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY) |
-                         MQTT_PROP_BIT(MQTT_PROP_CONTENT_TYPE) |
-                         MQTT_PROP_BIT(MQTT_PROP_RESPONSE_TOPIC) |
-                         MQTT_PROP_BIT(MQTT_PROP_CORRELATION_DATA);
+            w->present =
+                MQTT_PROP_BIT(MQTT_PROP_WILL_DELAY) | MQTT_PROP_BIT(MQTT_PROP_PAYLOAD_FORMAT) |
+                MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY) | MQTT_PROP_BIT(MQTT_PROP_CONTENT_TYPE) |
+                MQTT_PROP_BIT(MQTT_PROP_RESPONSE_TOPIC) | MQTT_PROP_BIT(MQTT_PROP_CORRELATION_DATA);
             w->will_delay = 5;
             w->payload_format = 1;
             w->message_expiry = 3600;
@@ -118,22 +115,19 @@ static void make_packet(uint8_t type, uint8_t version, mqtt_packet_t *pk)
     case MQTT_CONNACK:
         pk->connack.session_present = 1;
         if (v5) {
-            pr->present = MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY) |
-                          MQTT_PROP_BIT(MQTT_PROP_ASSIGNED_CLIENT_ID) |
-                          MQTT_PROP_BIT(MQTT_PROP_SERVER_KEEPALIVE) |
-                          MQTT_PROP_BIT(MQTT_PROP_RESPONSE_INFO) |
-                          MQTT_PROP_BIT(MQTT_PROP_SERVER_REFERENCE) |
-                          MQTT_PROP_BIT(MQTT_PROP_REASON_STRING) |
-                          MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM) |
-                          MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM) |
-                          MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_QOS) |
-                          MQTT_PROP_BIT(MQTT_PROP_RETAIN_AVAILABLE) |
-                          MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
-                          MQTT_PROP_BIT(MQTT_PROP_WILDCARD_SUB_AVAILABLE) |
-                          MQTT_PROP_BIT(MQTT_PROP_SUB_ID_AVAILABLE) |
-                          MQTT_PROP_BIT(MQTT_PROP_SHARED_SUB_AVAILABLE) |
-                          MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD) |
-                          MQTT_PROP_BIT(MQTT_PROP_AUTH_DATA);
+            pr->present =
+                MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY) |
+                MQTT_PROP_BIT(MQTT_PROP_ASSIGNED_CLIENT_ID) |
+                MQTT_PROP_BIT(MQTT_PROP_SERVER_KEEPALIVE) | MQTT_PROP_BIT(MQTT_PROP_RESPONSE_INFO) |
+                MQTT_PROP_BIT(MQTT_PROP_SERVER_REFERENCE) | MQTT_PROP_BIT(MQTT_PROP_REASON_STRING) |
+                MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM) |
+                MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM) |
+                MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_QOS) | MQTT_PROP_BIT(MQTT_PROP_RETAIN_AVAILABLE) |
+                MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
+                MQTT_PROP_BIT(MQTT_PROP_WILDCARD_SUB_AVAILABLE) |
+                MQTT_PROP_BIT(MQTT_PROP_SUB_ID_AVAILABLE) |
+                MQTT_PROP_BIT(MQTT_PROP_SHARED_SUB_AVAILABLE) |
+                MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD) | MQTT_PROP_BIT(MQTT_PROP_AUTH_DATA);
             pr->session_expiry = 7;
             pr->assigned_client_id = S("auto-1234");
             pr->server_keepalive = 30;
@@ -160,12 +154,10 @@ static void make_packet(uint8_t type, uint8_t version, mqtt_packet_t *pk)
         pk->publish.retain = 1;
         pk->packet_id = 0x1234;
         if (v5) {
-            pr->present = MQTT_PROP_BIT(MQTT_PROP_PAYLOAD_FORMAT) |
-                          MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY) |
-                          MQTT_PROP_BIT(MQTT_PROP_CONTENT_TYPE) |
-                          MQTT_PROP_BIT(MQTT_PROP_RESPONSE_TOPIC) |
-                          MQTT_PROP_BIT(MQTT_PROP_CORRELATION_DATA) |
-                          MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS);
+            pr->present =
+                MQTT_PROP_BIT(MQTT_PROP_PAYLOAD_FORMAT) | MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY) |
+                MQTT_PROP_BIT(MQTT_PROP_CONTENT_TYPE) | MQTT_PROP_BIT(MQTT_PROP_RESPONSE_TOPIC) |
+                MQTT_PROP_BIT(MQTT_PROP_CORRELATION_DATA) | MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS);
             pr->payload_format = 1;
             pr->message_expiry = 60;
             pr->content_type = S("text/plain");
@@ -256,8 +248,8 @@ static void test_spec_bytes(void)
     uint8_t out[256];
 
     /* 3.1.1 CONNECT, clean session, keepalive 60, client id "clid" (3.1.1 3.1.2.10). */
-    static const uint8_t c311[] = {0x10, 0x10, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60,
-                                   0,    4,    'c', 'l', 'i', 'd'};
+    static const uint8_t c311[] = {0x10, 0x10, 0,  4, 'M', 'Q', 'T', 'T', 4,
+                                   0x02, 0,    60, 0, 4,   'c', 'l', 'i', 'd'};
     CHECK_EQ(decode_bytes(c311, sizeof c311, 0), 0);
     CHECK_EQ(mqtt_decode(c311, sizeof c311, 0, &pk), 0);
     CHECK_EQ(pk.type, MQTT_CONNECT);
@@ -269,9 +261,8 @@ static void test_spec_bytes(void)
     CHECK(memcmp(out, c311, sizeof c311) == 0);
 
     /* MQTT 3.1 CONNECT: "MQIsdp", level 3, user name and password. */
-    static const uint8_t c31[] = {0x10, 0x18, 0,   6,   'M', 'Q', 'I', 's', 'd', 'p',
-                                  3,    0xC2, 0,   10,  0,   2,   'i', 'd', 0,   2,
-                                  'u',  'n',  0,   2,   'p', 'w'};
+    static const uint8_t c31[] = {0x10, 0x18, 0, 6,   'M', 'Q', 'I', 's', 'd', 'p', 3, 0xC2, 0,
+                                  10,   0,    2, 'i', 'd', 0,   2,   'u', 'n', 0,   2, 'p',  'w'};
     CHECK_EQ(mqtt_decode(c31, sizeof c31, 0, &pk), 0);
     CHECK_EQ(pk.version, MQTT_V31);
     CHECK(str_eq(pk.connect.username, "un") && str_eq(pk.connect.password, "pw"));
@@ -279,8 +270,8 @@ static void test_spec_bytes(void)
     CHECK(memcmp(out, c31, sizeof c31) == 0);
 
     /* v5 CONNECT with Session Expiry Interval 10 (3.1.2.11.2). */
-    static const uint8_t c5[] = {0x10, 0x15, 0, 4, 'M', 'Q', 'T', 'T', 5, 0x02, 0, 60,
-                                 5,    0x11, 0, 0, 0,   10,  0,   3,   'a', 'b', 'c'};
+    static const uint8_t c5[] = {0x10, 0x15, 0, 4, 'M', 'Q', 'T', 'T', 5,   0x02, 0,  60,
+                                 5,    0x11, 0, 0, 0,   10,  0,   3,   'a', 'b',  'c'};
     CHECK_EQ(mqtt_decode(c5, sizeof c5, 0, &pk), 0);
     CHECK_EQ(pk.version, MQTT_V5);
     CHECK_EQ(pk.props.session_expiry, 10);
@@ -376,9 +367,13 @@ static void test_spec_bytes(void)
 
     /* Remaining Length encodings from the table in 1.5.5 (2.2.3 in 3.1.1). */
     mqtt_frame_t f;
-    static const uint8_t rl[][5] = {{0x30, 0x7f}, {0x30, 0x80, 0x01}, {0x30, 0xff, 0x7f},
-                                    {0x30, 0x80, 0x80, 0x01}, {0x30, 0xff, 0xff, 0x7f},
-                                    {0x30, 0x80, 0x80, 0x80, 0x01}, {0x30, 0xff, 0xff, 0xff, 0x7f}};
+    static const uint8_t rl[][5] = {{0x30, 0x7f},
+                                    {0x30, 0x80, 0x01},
+                                    {0x30, 0xff, 0x7f},
+                                    {0x30, 0x80, 0x80, 0x01},
+                                    {0x30, 0xff, 0xff, 0x7f},
+                                    {0x30, 0x80, 0x80, 0x80, 0x01},
+                                    {0x30, 0xff, 0xff, 0xff, 0x7f}};
     static const uint32_t rlv[] = {127, 128, 16383, 16384, 2097151, 2097152, 268435455};
     static const uint8_t rlh[] = {2, 3, 3, 4, 4, 5, 5};
     for (int i = 0; i < 7; i++) {
@@ -397,81 +392,128 @@ static void test_roundtrip_all(void)
     uint8_t a[1024], b[1024];
     for (int vi = 0; vi < 3; vi++) {
         uint8_t ver = versions[vi];
-        for (uint8_t t = MQTT_CONNECT; t <= MQTT_AUTH; t++) {
-            if (t == MQTT_AUTH && ver != MQTT_V5)
-                continue;
-            mqtt_packet_t pk, dk;
-            make_packet(t, ver, &pk);
-            size_t n = encode(&pk, a, sizeof a);
-            CHECK(n > 0);
-            uint8_t *copy;
-            int rc = decode_copy(a, n, ver, &dk, &copy);
-            if (rc)
-                fprintf(stderr, "  decode type %d v%d: %d\n", t, ver, rc);
-            CHECK_EQ(rc, 0);
-            CHECK_EQ(dk.type, t);
-            CHECK_EQ(dk.version, ver);
-            CHECK_EQ(dk.size, n);
-            CHECK_EQ(dk.packet_id, pk.packet_id);
-            CHECK_EQ(dk.reason, pk.reason);
-            /* Scalars decode to what was encoded; repeatables counted. */
-            uint64_t rep = MQTT_PROP_BIT(MQTT_PROP_USER) | MQTT_PROP_BIT(MQTT_PROP_SUB_ID);
-            CHECK_EQ(dk.props.present & ~rep, pk.props.present & ~rep);
-            CHECK_EQ(dk.props.user_count, pk.props.n_users);
-            CHECK_EQ(dk.props.sub_id_count, pk.props.n_sub_ids);
-            if (t == MQTT_CONNECT) {
-                CHECK(str_eq(dk.connect.client_id, "client-1"));
-                CHECK(str_eq(dk.connect.will_topic, "will/t"));
-                CHECK(dk.connect.will_qos == 1 && dk.connect.will_retain && dk.connect.will);
-                CHECK(dk.connect.password.len == 3 && str_eq(dk.connect.username, "user"));
-                if (ver == MQTT_V5) {
-                    CHECK_EQ(dk.props.session_expiry, 0xFFFFFFFFu);
-                    CHECK_EQ(dk.connect.will_props.will_delay, 5);
-                    CHECK(str_eq(dk.connect.will_props.content_type, "text/plain"));
-                    CHECK_EQ(dk.connect.will_props.user_count, 1);
+        for (int minimal = 0; minimal < 2; minimal++)
+            for (uint8_t t = MQTT_CONNECT; t <= MQTT_AUTH; t++) {
+                if (t == MQTT_AUTH && ver != MQTT_V5)
+                    continue;
+                mqtt_packet_t pk, dk;
+                make_packet(t, ver, &pk);
+                if (minimal) {
+                    /* The shortest form of each packet: no properties, reason 0, no will. */
+                    memset(&pk.props, 0, sizeof pk.props);
+                    pk.reason = 0;
+                    if (t == MQTT_CONNECT) {
+                        memset(&pk.connect, 0, sizeof pk.connect);
+                        pk.connect.clean_start = 1; /* an empty client id needs it in 3.1.1 */
+                    }
+                    if (t == MQTT_CONNECT && ver == MQTT_V31)
+                        pk.connect.client_id = S("c");
                 }
-            }
-            if (t == MQTT_PUBLISH) {
-                CHECK(str_eq(dk.publish.topic, "sensors/1/temp"));
-                CHECK(str_eq(dk.publish.payload, "21.5"));
-                CHECK(dk.publish.qos == 2 && dk.publish.dup && dk.publish.retain);
-                if (ver == MQTT_V5) {
+                size_t n = encode(&pk, a, sizeof a);
+                CHECK(n > 0);
+                uint8_t *copy;
+                int rc = decode_copy(a, n, ver, &dk, &copy);
+                if (rc)
+                    fprintf(stderr, "  decode type %d v%d: %d\n", t, ver, rc);
+                CHECK_EQ(rc, 0);
+                CHECK_EQ(dk.type, t);
+                CHECK_EQ(dk.version, ver);
+                CHECK_EQ(dk.size, n);
+                CHECK_EQ(dk.packet_id, pk.packet_id);
+                CHECK_EQ(dk.reason, pk.reason);
+                /* Scalars decode to what was encoded; repeatables counted. */
+                uint64_t rep = MQTT_PROP_BIT(MQTT_PROP_USER) | MQTT_PROP_BIT(MQTT_PROP_SUB_ID);
+                CHECK_EQ(dk.props.present & ~rep, pk.props.present & ~rep);
+                CHECK_EQ(dk.props.user_count, pk.props.n_users);
+                CHECK_EQ(dk.props.sub_id_count, pk.props.n_sub_ids);
+                if (t == MQTT_CONNECT && !minimal) {
+                    CHECK(str_eq(dk.connect.client_id, "client-1"));
+                    CHECK(str_eq(dk.connect.will_topic, "will/t"));
+                    CHECK(dk.connect.will_qos == 1 && dk.connect.will_retain && dk.connect.will);
+                    CHECK(dk.connect.password.len == 3 && str_eq(dk.connect.username, "user"));
+                    if (ver == MQTT_V5) {
+                        CHECK_EQ(dk.props.session_expiry, 0xFFFFFFFFu);
+                        CHECK_EQ(dk.connect.will_props.will_delay, 5);
+                        CHECK(str_eq(dk.connect.will_props.content_type, "text/plain"));
+                        CHECK_EQ(dk.connect.will_props.user_count, 1);
+                    }
+                }
+                if (t == MQTT_PUBLISH && !minimal) {
+                    CHECK(str_eq(dk.publish.topic, "sensors/1/temp"));
+                    CHECK(str_eq(dk.publish.payload, "21.5"));
+                    CHECK(dk.publish.qos == 2 && dk.publish.dup && dk.publish.retain);
+                    if (ver == MQTT_V5) {
+                        size_t pos = 0;
+                        uint32_t id;
+                        for (int i = 0; i < 3; i++)
+                            CHECK(mqtt_props_sub_id_next(&dk.props, &pos, &id) && id == sub_ids[i]);
+                        CHECK(!mqtt_props_sub_id_next(&dk.props, &pos, &id));
+                        CHECK(str_eq(dk.props.correlation_data, "") == 0);
+                        CHECK_EQ(dk.props.topic_alias, 3);
+                    }
+                }
+                if (t == MQTT_CONNACK && ver == MQTT_V5 && !minimal) {
+                    CHECK(str_eq(dk.props.assigned_client_id, "auto-1234"));
+                    CHECK_EQ(dk.props.maximum_packet_size, 1 << 20);
+                    CHECK(dk.props.shared_sub_available == 1 && dk.props.sub_id_available == 0);
+                }
+                if (t == MQTT_SUBSCRIBE || t == MQTT_UNSUBSCRIBE) {
+                    CHECK_EQ(dk.sub.count, 3);
                     size_t pos = 0;
-                    uint32_t id;
-                    for (int i = 0; i < 3; i++)
-                        CHECK(mqtt_props_sub_id_next(&dk.props, &pos, &id) && id == sub_ids[i]);
-                    CHECK(!mqtt_props_sub_id_next(&dk.props, &pos, &id));
-                    CHECK(str_eq(dk.props.correlation_data, "") == 0);
-                    CHECK_EQ(dk.props.topic_alias, 3);
+                    mqtt_sub_t s;
+                    for (int i = 0; i < 3; i++) {
+                        const mqtt_sub_t *want = (ver == MQTT_V5 ? subs_v5 : subs) + i;
+                        CHECK(mqtt_sub_next(&dk, &pos, &s));
+                        CHECK(s.filter.len == want->filter.len &&
+                              memcmp(s.filter.p, want->filter.p, s.filter.len) == 0);
+                        CHECK_EQ(s.options, t == MQTT_SUBSCRIBE ? want->options : 0);
+                    }
+                    CHECK(!mqtt_sub_next(&dk, &pos, &s));
                 }
+                /* Re-encoding the decoded packet (pass-through of raw repeatables) is identical. */
+                size_t m = encode(&dk, b, sizeof b);
+                CHECK_EQ(m, n);
+                if (m != n || memcmp(a, b, n) != 0)
+                    fprintf(stderr, "  re-encode differs: type %d v%d min %d\n", t, ver, minimal);
+                CHECK(m == n && memcmp(a, b, n) == 0);
+                free(copy);
             }
-            if (t == MQTT_CONNACK && ver == MQTT_V5) {
-                CHECK(str_eq(dk.props.assigned_client_id, "auto-1234"));
-                CHECK_EQ(dk.props.maximum_packet_size, 1 << 20);
-                CHECK(dk.props.shared_sub_available == 1 && dk.props.sub_id_available == 0);
-            }
-            if (t == MQTT_SUBSCRIBE || t == MQTT_UNSUBSCRIBE) {
-                CHECK_EQ(dk.sub.count, 3);
-                size_t pos = 0;
-                mqtt_sub_t s;
-                for (int i = 0; i < 3; i++) {
-                    const mqtt_sub_t *want = (ver == MQTT_V5 ? subs_v5 : subs) + i;
-                    CHECK(mqtt_sub_next(&dk, &pos, &s));
-                    CHECK(s.filter.len == want->filter.len &&
-                          memcmp(s.filter.p, want->filter.p, s.filter.len) == 0);
-                    CHECK_EQ(s.options, t == MQTT_SUBSCRIBE ? want->options : 0);
-                }
-                CHECK(!mqtt_sub_next(&dk, &pos, &s));
-            }
-            /* Re-encoding the decoded packet (pass-through of raw repeatables) is identical. */
-            size_t m = encode(&dk, b, sizeof b);
-            CHECK_EQ(m, n);
-            if (m != n || memcmp(a, b, n) != 0)
-                fprintf(stderr, "  re-encode differs: type %d v%d\n", t, ver);
-            CHECK(m == n && memcmp(a, b, n) == 0);
-            free(copy);
-        }
     }
+}
+
+/*
+** The broker's forwarding path: a client's v5 PUBLISH is decoded, its Topic Alias dropped and
+** the subscriber's subscription identifiers added; user properties pass through unchanged
+** and in order (3.3.2.3.7), the payload is not touched.
+*/
+static void test_publish_passthrough(void)
+{
+    static const uint8_t in[] = {0x30, 0x16, 0, 1,   't',  0x10, 0x23, 0,   1, 0x26, 0,   1,
+                                 'a',  0,    1, 'b', 0x26, 0,    1,    'c', 0, 0,    'p', 'l'};
+    mqtt_packet_t pk, dk;
+    CHECK_EQ(mqtt_decode(in, sizeof in, MQTT_V5, &pk), 0);
+    CHECK(pk.props.user_count == 2 && pk.props.topic_alias == 1 &&
+          str_eq(pk.publish.payload, "pl"));
+    pk.props.present &= ~MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS);
+    uint32_t ids[] = {42, 7};
+    pk.props.sub_ids = ids;
+    pk.props.n_sub_ids = 2;
+    uint8_t out[64];
+    size_t n;
+    CHECK_EQ(mqtt_encode(&pk, out, sizeof out, 0, &n, NULL), 0);
+    CHECK_EQ(mqtt_decode(out, n, MQTT_V5, &dk), 0);
+    CHECK(!(dk.props.present & MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS)));
+    CHECK(dk.props.sub_id_count == 2 && dk.props.sub_id == 42);
+    size_t pos = 0;
+    mqtt_str_t k, v;
+    CHECK(mqtt_props_user_next(&dk.props, &pos, &k, &v) && str_eq(k, "a") && str_eq(v, "b"));
+    CHECK(mqtt_props_user_next(&dk.props, &pos, &k, &v) && str_eq(k, "c") && str_eq(v, ""));
+    CHECK(!mqtt_props_user_next(&dk.props, &pos, &k, &v));
+    CHECK(str_eq(dk.publish.topic, "t") && str_eq(dk.publish.payload, "pl"));
+    /* The same packet for a v3.1.1 subscriber carries no properties at all. */
+    pk.version = MQTT_V311;
+    CHECK_EQ(mqtt_encode(&pk, out, sizeof out, 0, &n, NULL), 0);
+    CHECK_EQ(n, 2 + 3 + 2);
 }
 
 /* ---------------------------------------------------------------- framing */
@@ -560,7 +602,12 @@ typedef struct {
 #define MAL MQTT_ERR(MQTT_RC_MALFORMED)
 #define PRO MQTT_ERR(MQTT_RC_PROTOCOL_ERROR)
 #define BAD(name, ver, exp, ...)                                                                   \
-    {name, ver, exp, sizeof((uint8_t[]){__VA_ARGS__}), {__VA_ARGS__}}
+    {                                                                                              \
+        name, ver, exp, sizeof((uint8_t[]){__VA_ARGS__}),                                          \
+        {                                                                                          \
+            __VA_ARGS__                                                                            \
+        }                                                                                          \
+    }
 
 static const bad_case_t bad_cases[] = {
     /* Fixed header (2.1.2, 2.1.3, 1.5.5). */
@@ -591,18 +638,18 @@ static const bad_case_t bad_cases[] = {
     BAD("PUBLISH topic overlong", 4, MAL, 0x30, 0x04, 0, 2, 0xc0, 0xaf),
     BAD("PUBLISH topic truncated UTF-8", 4, MAL, 0x30, 0x04, 0, 2, 'a', 0xe2),
     BAD("PUBLISH topic above U+10FFFF", 4, MAL, 0x30, 0x06, 0, 4, 0xf4, 0x90, 0x80, 0x80),
-    BAD("PUBLISH payload format 1 not UTF-8", 5, MQTT_ERR(0x99), 0x30, 0x07, 0, 1, 'a', 2, 0x01,
-        1, 0xff),
+    BAD("PUBLISH payload format 1 not UTF-8", 5, MQTT_ERR(0x99), 0x30, 0x07, 0, 1, 'a', 2, 0x01, 1,
+        0xff),
     BAD("PUBLISH topic alias 0", 5, PRO, 0x30, 0x07, 0, 1, 'a', 3, 0x23, 0, 0),
     BAD("PUBLISH sub id 0", 5, PRO, 0x30, 0x06, 0, 1, 'a', 2, 0x0b, 0),
     BAD("PUBLISH sub id 5-byte varint", 5, MAL, 0x30, 0x0a, 0, 1, 'a', 6, 0x0b, 0x80, 0x80, 0x80,
         0x80, 0x01),
     /* Properties (2.2.2). */
     BAD("unknown property", 5, MAL, 0x30, 0x06, 0, 1, 'a', 2, 0x7f, 0),
-    BAD("property not allowed (session expiry in PUBLISH)", 5, PRO, 0x30, 0x09, 0, 1, 'a', 5,
-        0x11, 0, 0, 0, 1),
-    BAD("duplicate message expiry", 5, PRO, 0x30, 0x0e, 0, 1, 'a', 10, 0x02, 0, 0, 0, 1, 0x02, 0,
-        0, 0, 1),
+    BAD("property not allowed (session expiry in PUBLISH)", 5, PRO, 0x30, 0x09, 0, 1, 'a', 5, 0x11,
+        0, 0, 0, 1),
+    BAD("duplicate message expiry", 5, PRO, 0x30, 0x0e, 0, 1, 'a', 10, 0x02, 0, 0, 0, 1, 0x02, 0, 0,
+        0, 1),
     BAD("payload format 2", 5, PRO, 0x30, 0x06, 0, 1, 'a', 2, 0x01, 2),
     BAD("property length overruns", 5, MAL, 0x30, 0x06, 0, 1, 'a', 9, 0x01, 0),
     BAD("property value truncated", 5, MAL, 0x30, 0x06, 0, 1, 'a', 2, 0x02, 0),
@@ -635,15 +682,15 @@ static const bad_case_t bad_cases[] = {
     BAD("SUBSCRIBE v3 reserved bits", 4, MAL, 0x82, 0x06, 0, 1, 0, 1, 'a', 0x04),
     BAD("SUBSCRIBE v5 reserved bits", 5, MAL, 0x82, 0x07, 0, 1, 0, 0, 1, 'a', 0x40),
     BAD("SUBSCRIBE retain handling 3", 5, PRO, 0x82, 0x07, 0, 1, 0, 0, 1, 'a', 0x30),
-    BAD("SUBSCRIBE no local on shared", 5, PRO, 0x82, 0x10, 0, 1, 0, 0, 10, '$', 's', 'h', 'a',
-        'r', 'e', '/', 'g', '/', 'a', 0x04),
+    BAD("SUBSCRIBE no local on shared", 5, PRO, 0x82, 0x10, 0, 1, 0, 0, 10, '$', 's', 'h', 'a', 'r',
+        'e', '/', 'g', '/', 'a', 0x04),
     BAD("SUBSCRIBE empty filter", 4, MQTT_ERR(0x8f), 0x82, 0x05, 0, 1, 0, 0, 0),
     BAD("SUBSCRIBE a/b#", 4, MQTT_ERR(0x8f), 0x82, 0x08, 0, 1, 0, 3, 'a', 'b', '#', 0),
     BAD("SUBSCRIBE #/a", 4, MQTT_ERR(0x8f), 0x82, 0x08, 0, 1, 0, 3, '#', '/', 'a', 0),
     BAD("SUBSCRIBE a+", 4, MQTT_ERR(0x8f), 0x82, 0x07, 0, 1, 0, 2, 'a', '+', 0),
     BAD("SUBSCRIBE +a", 4, MQTT_ERR(0x8f), 0x82, 0x07, 0, 1, 0, 2, '+', 'a', 0),
-    BAD("SUBSCRIBE $share/ no group", 4, MQTT_ERR(0x8f), 0x82, 0x0d, 0, 1, 0, 8, '$', 's', 'h',
-        'a', 'r', 'e', '/', '/', 0),
+    BAD("SUBSCRIBE $share/ no group", 4, MQTT_ERR(0x8f), 0x82, 0x0d, 0, 1, 0, 8, '$', 's', 'h', 'a',
+        'r', 'e', '/', '/', 0),
     BAD("SUBSCRIBE $share/g no filter", 4, MQTT_ERR(0x8f), 0x82, 0x0e, 0, 1, 0, 9, '$', 's', 'h',
         'a', 'r', 'e', '/', 'g', '/', 0),
     BAD("SUBSCRIBE $share/g+/a", 4, MQTT_ERR(0x8f), 0x82, 0x10, 0, 1, 0, 11, '$', 's', 'h', 'a',
@@ -651,12 +698,12 @@ static const bad_case_t bad_cases[] = {
     BAD("UNSUBSCRIBE no filters", 4, PRO, 0xa2, 0x02, 0, 1),
     BAD("UNSUBSCRIBE bad filter", 4, MQTT_ERR(0x8f), 0xa2, 0x06, 0, 1, 0, 2, 'a', '#'),
     /* CONNECT (3.1). */
-    BAD("CONNECT bad protocol name", 4, PRO, 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'X', 4, 2, 0, 0, 0,
-        1, 'a'),
+    BAD("CONNECT bad protocol name", 4, PRO, 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'X', 4, 2, 0, 0, 0, 1,
+        'a'),
     BAD("CONNECT level 6", 4, MQTT_ERR(0x84), 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 6, 2, 0, 0, 0,
         1, 'a'),
-    BAD("CONNECT MQIsdp level 4", 4, MQTT_ERR(0x84), 0x10, 0x0f, 0, 6, 'M', 'Q', 'I', 's', 'd',
-        'p', 4, 2, 0, 0, 0, 1, 'a'),
+    BAD("CONNECT MQIsdp level 4", 4, MQTT_ERR(0x84), 0x10, 0x0f, 0, 6, 'M', 'Q', 'I', 's', 'd', 'p',
+        4, 2, 0, 0, 0, 1, 'a'),
     BAD("CONNECT reserved flag", 4, MAL, 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 4, 3, 0, 0, 0, 1,
         'a'),
     BAD("CONNECT will QoS without will", 4, MAL, 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x0a, 0,
@@ -667,27 +714,27 @@ static const bad_case_t bad_cases[] = {
         'a', 0, 1, 't', 0, 0),
     BAD("CONNECT v3.1.1 password without user", 4, MAL, 0x10, 0x10, 0, 4, 'M', 'Q', 'T', 'T', 4,
         0x42, 0, 0, 0, 1, 'a', 0, 1, 'p'),
-    BAD("CONNECT v3.1.1 empty id without clean", 4, MQTT_ERR(0x85), 0x10, 0x0c, 0, 4, 'M', 'Q',
-        'T', 'T', 4, 0, 0, 0, 0, 0),
-    BAD("CONNECT v3.1 empty id", 3, MQTT_ERR(0x85), 0x10, 0x0e, 0, 6, 'M', 'Q', 'I', 's', 'd',
-        'p', 3, 2, 0, 0, 0, 0),
+    BAD("CONNECT v3.1.1 empty id without clean", 4, MQTT_ERR(0x85), 0x10, 0x0c, 0, 4, 'M', 'Q', 'T',
+        'T', 4, 0, 0, 0, 0, 0),
+    BAD("CONNECT v3.1 empty id", 3, MQTT_ERR(0x85), 0x10, 0x0e, 0, 6, 'M', 'Q', 'I', 's', 'd', 'p',
+        3, 2, 0, 0, 0, 0),
     BAD("CONNECT v3.1 24-char id", 3, MQTT_ERR(0x85), 0x10, 0x26, 0, 6, 'M', 'Q', 'I', 's', 'd',
         'p', 3, 2, 0, 0, 0, 24, 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a',
         'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a'),
     BAD("CONNECT will topic wildcard", 4, MQTT_ERR(0x90), 0x10, 0x12, 0, 4, 'M', 'Q', 'T', 'T', 4,
         0x06, 0, 0, 0, 1, 'a', 0, 1, '#', 0, 0),
-    BAD("CONNECT missing username", 4, MAL, 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x82, 0, 0,
-        0, 1, 'a'),
+    BAD("CONNECT missing username", 4, MAL, 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x82, 0, 0, 0,
+        1, 'a'),
     BAD("CONNECT trailing byte", 4, MAL, 0x10, 0x0e, 0, 4, 'M', 'Q', 'T', 'T', 4, 2, 0, 0, 0, 1,
         'a', 0),
-    BAD("CONNECT v5 will delay in CONNECT props", 5, PRO, 0x10, 0x13, 0, 4, 'M', 'Q', 'T', 'T',
-        5, 2, 0, 0, 5, 0x18, 0, 0, 0, 1, 0, 1, 'a'),
-    BAD("CONNECT v5 request problem info 2", 5, PRO, 0x10, 0x10, 0, 4, 'M', 'Q', 'T', 'T', 5, 2,
-        0, 0, 2, 0x17, 2, 0, 1, 'a'),
+    BAD("CONNECT v5 will delay in CONNECT props", 5, PRO, 0x10, 0x13, 0, 4, 'M', 'Q', 'T', 'T', 5,
+        2, 0, 0, 5, 0x18, 0, 0, 0, 1, 0, 1, 'a'),
+    BAD("CONNECT v5 request problem info 2", 5, PRO, 0x10, 0x10, 0, 4, 'M', 'Q', 'T', 'T', 5, 2, 0,
+        0, 2, 0x17, 2, 0, 1, 'a'),
     BAD("CONNECT v5 will payload not UTF-8", 5, MQTT_ERR(0x99), 0x10, 0x17, 0, 4, 'M', 'Q', 'T',
         'T', 5, 6, 0, 0, 0, 0, 1, 'a', 2, 0x01, 1, 0, 1, 't', 0, 1, 0xc3),
-    BAD("CONNECT v5 session expiry in will", 5, PRO, 0x10, 0x19, 0, 4, 'M', 'Q', 'T', 'T', 5, 6,
-        0, 0, 0, 0, 1, 'a', 5, 0x11, 0, 0, 0, 1, 0, 1, 't', 0, 0),
+    BAD("CONNECT v5 session expiry in will", 5, PRO, 0x10, 0x19, 0, 4, 'M', 'Q', 'T', 'T', 5, 6, 0,
+        0, 0, 0, 1, 'a', 5, 0x11, 0, 0, 0, 1, 0, 1, 't', 0, 0),
 };
 
 static void test_malformed(void)
@@ -699,8 +746,8 @@ static void test_malformed(void)
         int fr = mqtt_frame(c->bytes, c->len, 0, &f);
         int rc = decode_bytes(c->bytes, c->len, c->version);
         if (rc != c->expect || (fr == 0 && f.size != c->len))
-            fprintf(stderr, "  case '%s': got %d (frame %d size %u), want %d\n", c->name, rc,
-                    fr, f.size, c->expect);
+            fprintf(stderr, "  case '%s': got %d (frame %d size %u), want %d\n", c->name, rc, fr,
+                    f.size, c->expect);
         CHECK_EQ(rc, c->expect);
         CHECK(fr != 0 || f.size == c->len);
     }
@@ -905,6 +952,7 @@ int main(void)
 {
     RUN(test_spec_bytes);
     RUN(test_roundtrip_all);
+    RUN(test_publish_passthrough);
     RUN(test_partial_every_split);
     RUN(test_several_in_one_buffer);
     RUN(test_malformed);
