@@ -651,6 +651,8 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
             break;
     }
     add_relaxed(&a->reductions, n);
+    if (a->socks)
+        rt__sock_flush_turn(a);
     uint64_t end = rt__ticks();
     add_relaxed(&a->cpu_ticks, end - start);
     rt__tls.current = NULL;

@@ -290,6 +290,7 @@ void rt__sock_close_all(rt_actor_t *a);
 void rt__sock_register_pending(rt_actor_t *a); /* on the home thread, before a turn */
 bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m); /* false: drop the message */
 void rt__sock_after_event(rt_msg_t *m);
+void rt__sock_flush_turn(rt_actor_t *a); /* end of the owner's turn: send buffered output */
 void rt__sock_msg_dropped(rt_msg_t *m);
 
 #endif

@@ -176,9 +176,10 @@ int rt_cancel_timer(rt_ref_t ref);
 ** scheduler whose loop polls it (the least loaded one when it adopts its
 ** first socket); events arrive as RT_MSG_SOCKET messages and are handled in the
 ** owner's turn. Reads land in the scheduler's scratch buffer, so an idle
-** connection holds no read buffer. Writes go straight to the kernel; what it
-** does not take is buffered, and past RT_SOCK_HIGH_WATER the owner counts as
-** overloaded, which mutes the actors feeding it until the buffer drains.
+** connection holds no read buffer. Writes are buffered and sent once at the
+** end of the owner's turn (one system call for many packets); what the kernel
+** does not take stays buffered, and past RT_SOCK_HIGH_WATER the owner counts
+** as overloaded, which mutes the actors feeding it until the buffer drains.
 ** Every function here must be called by the owning actor.
 */
 #define RT_SOCK_READABLE 1u /* data, EOF or an error is waiting: call rt_sock_read */

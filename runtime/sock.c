@@ -25,6 +25,7 @@
 #include "internal.h"
 
 #define RT_EPOLL_BATCH 256      /* events taken per epoll_wait */
+#define RT_SOCK_FLUSH_AT (64 * 1024) /* buffered bytes that are sent at once, mid-turn */
 
 struct rt_sock_s {
     int fd;
@@ -35,6 +36,8 @@ struct rt_sock_s {
     uint8_t readable;      /* the last read did not reach EAGAIN */
     uint8_t paused;        /* the owner stopped reading (input backpressure) */
     uint8_t listening;
+    uint8_t blocked;       /* the kernel refused output; waiting for EPOLLOUT */
+    uint8_t broken;        /* a send failed for good; the next read reports it */
     rt_actor_t *owner;
     rt_sock_t *next;       /* the owner's list */
     unsigned char *obuf;   /* output the kernel has not taken; NULL when empty */
@@ -251,7 +254,7 @@ int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out)
 int rt_sock_read(rt_sock_t *s, const void **data, size_t *len)
 {
     rt_sched_t *sch = rt__tls.sched;
-    if (s->closed)
+    if (s->closed || s->broken)
         return RT_ECLOSED;
     if (!sch)
         return RT_EINVAL;
@@ -282,6 +285,7 @@ void rt_sock_pause_reading(rt_sock_t *s, bool paused)
         post_event(s);
 }
 
+/* Sends what is buffered; drained, the buffer is freed (an idle connection keeps none). */
 static int flush(rt_sock_t *s)
 {
     while (s->ooff < s->olen) {
@@ -292,11 +296,14 @@ static int flush(rt_sock_t *s)
         }
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            s->blocked = 1;
             return RT_EAGAIN;
+        }
+        s->broken = 1;
         return RT_ECLOSED;
     }
-    /* Drained: an idle connection keeps no output buffer. */
+    s->blocked = 0;
     free(s->obuf);
     s->obuf = NULL;
     s->olen = s->ooff = s->ocap = 0;
@@ -304,28 +311,15 @@ static int flush(rt_sock_t *s)
     return 0;
 }
 
+/*
+** Output is buffered and sent once at the end of the owner's turn (or as soon as
+** RT_SOCK_FLUSH_AT bytes wait), so an actor that writes a hundred packets in a
+** turn makes one system call, not a hundred.
+*/
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
 {
-    if (s->closed)
+    if (s->closed || s->broken)
         return RT_ECLOSED;
-    const unsigned char *p = data;
-    if (!s->olen) {
-        while (len) {
-            ssize_t n = send(s->fd, p, len, MSG_NOSIGNAL);
-            if (n > 0) {
-                p += n;
-                len -= (size_t)n;
-                continue;
-            }
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                break;
-            return RT_ECLOSED;
-        }
-        if (!len)
-            return 0;
-    }
     if (s->ooff && s->ooff == s->olen)
         s->olen = s->ooff = 0;
     if (s->olen + len > s->ocap) {
@@ -344,11 +338,25 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
         s->olen = live;
         s->ooff = 0;
     }
-    memcpy(s->obuf + s->olen, p, len);
+    memcpy(s->obuf + s->olen, data, len);
     s->olen += len;
+    if (s->olen - s->ooff >= RT_SOCK_FLUSH_AT && !s->blocked && flush(s) == RT_ECLOSED)
+        return RT_ECLOSED;
     if (s->olen - s->ooff > RT_SOCK_HIGH_WATER)
         rt__set_pressure(s->owner, true);
     return 0;
+}
+
+/* End of the owner's turn: send what its handlers wrote. */
+void rt__sock_flush_turn(rt_actor_t *a)
+{
+    for (rt_sock_t *s = a->socks; s; s = s->next) {
+        if (s->olen > s->ooff && !s->blocked && flush(s) == RT_ECLOSED) {
+            /* The owner learns of it from its next read. */
+            s->readable = 1;
+            post_event(s);
+        }
+    }
 }
 
 size_t rt_sock_pending(const rt_sock_t *s)
