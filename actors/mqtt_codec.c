@@ -509,6 +509,9 @@ static int rd_props(rd_t *r, int ctx, mqtt_props_t *pr)
             rc = rd_str(&q, &s);
             if (rc)
                 return rc;
+            /* A Response Topic is a Topic Name: no wildcards (3.3.2.3.5, 3.1.3.2.5). */
+            if (id == MQTT_PROP_RESPONSE_TOPIC && !mqtt_topic_name_valid(s.p, s.len))
+                return EPROTO;
             *prop_str(pr, id) = s;
             break;
         case K_BIN:
@@ -682,6 +685,11 @@ static int decode_connect(rd_t *r, mqtt_packet_t *pk)
         return EMAL;
     if (level == MQTT_V5 && (rc = rd_props(r, MQTT_CONNECT, &pk->props)))
         return rc;
+    /* Authentication Data needs an Authentication Method (3.1.2.11.10). */
+    uint64_t auth = pk->props.present &
+                    (MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD) | MQTT_PROP_BIT(MQTT_PROP_AUTH_DATA));
+    if (auth == MQTT_PROP_BIT(MQTT_PROP_AUTH_DATA))
+        return EPROTO;
     if ((rc = rd_str(r, &pk->connect.client_id)))
         return rc;
     /* Client Identifier: 1..23 characters in MQTT 3.1 (3.1 spec, CONNECT payload); in 3.1.1
@@ -859,15 +867,20 @@ static int decode_suback(rd_t *r, mqtt_packet_t *pk)
 ** (3.14.2.1, 3.15.2.1: Remaining Length 0 means reason 0x00, below 2 no properties). */
 static int decode_reason_props(rd_t *r, mqtt_packet_t *pk)
 {
-    if (pk->version < MQTT_V5 || rd_left(r) == 0)
-        return 0;
-    if (rd_u8(r, &pk->reason))
-        return EMAL;
-    if (!reason_ok(pk->type, pk->reason))
+    int rc = 0;
+    if (pk->version == MQTT_V5 && rd_left(r) > 0) {
+        if (rd_u8(r, &pk->reason))
+            return EMAL;
+        if (!reason_ok(pk->type, pk->reason))
+            return EPROTO;
+        if (rd_left(r) > 0)
+            rc = rd_props(r, pk->type, &pk->props);
+    }
+    /* AUTH must name its Authentication Method (3.15.2.2.2), so in practice the short form
+    ** of 3.15.2.1 is refused, as Mosquitto does. */
+    if (!rc && pk->type == MQTT_AUTH && !(pk->props.present & MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD)))
         return EPROTO;
-    if (rd_left(r) == 0)
-        return 0;
-    return rd_props(r, pk->type, &pk->props);
+    return rc;
 }
 
 int mqtt_decode(const uint8_t *buf, size_t len, uint8_t version, mqtt_packet_t *pk)

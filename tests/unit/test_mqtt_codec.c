@@ -352,8 +352,14 @@ static void test_spec_bytes(void)
     CHECK(pk.type == MQTT_DISCONNECT && pk.reason == 0);
     CHECK_EQ(encode(&pk, out, sizeof out), 2);
     CHECK(memcmp(out, disc, 2) == 0);
-    CHECK_EQ(mqtt_decode(auth, 2, MQTT_V5, &pk), 0);
-    CHECK_EQ(pk.type, MQTT_AUTH);
+    /* AUTH without an Authentication Method (3.15.2.2.2); with one, method "m". */
+    CHECK_EQ(mqtt_decode(auth, 2, MQTT_V5, &pk), MQTT_ERR(MQTT_RC_PROTOCOL_ERROR));
+    static const uint8_t auth_m[] = {0xf0, 6, 0x18, 4, 0x15, 0, 1, 'm'};
+    CHECK_EQ(mqtt_decode(auth_m, sizeof auth_m, MQTT_V5, &pk), 0);
+    CHECK(pk.type == MQTT_AUTH && pk.reason == MQTT_RC_CONTINUE_AUTH);
+    CHECK(str_eq(pk.props.auth_method, "m"));
+    CHECK_EQ(encode(&pk, out, sizeof out), sizeof auth_m);
+    CHECK(memcmp(out, auth_m, sizeof auth_m) == 0);
     /* v5 DISCONNECT 0x04 with user property ("a","b"). */
     static const uint8_t d5[] = {0xe0, 9, 0x04, 7, 0x26, 0, 1, 'a', 0, 1, 'b'};
     CHECK_EQ(mqtt_decode(d5, sizeof d5, MQTT_V5, &pk), 0);
@@ -402,6 +408,10 @@ static void test_roundtrip_all(void)
                     /* The shortest form of each packet: no properties, reason 0, no will. */
                     memset(&pk.props, 0, sizeof pk.props);
                     pk.reason = 0;
+                    if (t == MQTT_AUTH) { /* the one property AUTH cannot omit */
+                        pk.props.present = MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD);
+                        pk.props.auth_method = S("m");
+                    }
                     if (t == MQTT_CONNECT) {
                         memset(&pk.connect, 0, sizeof pk.connect);
                         pk.connect.clean_start = 1; /* an empty client id needs it in 3.1.1 */
@@ -666,6 +676,10 @@ static const bad_case_t bad_cases[] = {
     BAD("PUBCOMP bad reason", 5, PRO, 0x70, 0x03, 0, 1, 0x10),
     BAD("DISCONNECT bad reason", 5, PRO, 0xe0, 0x01, 0x01),
     BAD("AUTH bad reason", 5, PRO, 0xf0, 0x01, 0x80),
+    BAD("AUTH without method", 5, PRO, 0xf0, 0x02, 0x18, 0),
+    BAD("PUBLISH response topic wildcard", 5, PRO, 0x30, 0x09, 0, 1, 'a', 5, 0x08, 0, 2, 'r', '#'),
+    BAD("CONNECT v5 auth data without method", 5, PRO, 0x10, 0x12, 0, 4, 'M', 'Q', 'T', 'T', 5, 2,
+        0, 0, 4, 0x16, 0, 1, 'x', 0, 1, 'a'),
     BAD("CONNACK reserved flag", 4, MAL, 0x20, 0x02, 0x02, 0),
     BAD("CONNACK session present on refusal", 4, PRO, 0x20, 0x02, 0x01, 0x05),
     BAD("CONNACK v3 code 6", 4, PRO, 0x20, 0x02, 0, 6),
