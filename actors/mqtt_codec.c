@@ -439,12 +439,11 @@ static int rd_prop_raw(rd_t *r, uint8_t *id)
 ** Unknown identifiers and truncated values are malformed; a property not allowed in this
 ** packet, a repeated property other than User Property (and Subscription Identifier in
 ** PUBLISH, 3.3.2.3.8), and an out-of-range value are protocol errors (2.2.2.2 and the
-** property's own section).
+** property's own section). *pr must be zeroed by the caller (mqtt_decode does).
 */
 static int rd_props(rd_t *r, int ctx, mqtt_props_t *pr)
 {
     uint32_t len;
-    memset(pr, 0, sizeof *pr);
     if (rd_varint(r, &len))
         return EMAL;
     if (rd_left(r) < len)
@@ -889,7 +888,15 @@ int mqtt_decode(const uint8_t *buf, size_t len, uint8_t version, mqtt_packet_t *
     int rc = mqtt_frame(buf, len, 0, &f);
     if (rc)
         return rc;
-    memset(pk, 0, sizeof *pk);
+    /* Zero the common fields and only the union member this type uses: clearing the whole
+    ** struct (mostly CONNECT's will properties) costs more than the rest of a small decode. */
+    _Static_assert(sizeof pk->sub <= sizeof pk->publish && sizeof pk->codes <= sizeof pk->publish,
+                   "publish is the largest union member after connect");
+    memset(pk, 0, offsetof(mqtt_packet_t, connect));
+    if (f.type == MQTT_CONNECT)
+        memset(&pk->connect, 0, sizeof pk->connect);
+    else
+        memset(&pk->publish, 0, sizeof pk->publish);
     pk->type = f.type;
     pk->flags = buf[0] & 0x0F;
     pk->size = f.size;
@@ -1038,7 +1045,7 @@ static void w_props_body(wr_t *w, const mqtt_props_t *pr, int ctx, int strip)
             break;
         }
     }
-    if (scalars & ~(MQTT_PROP_BIT(0x2B) - 1)) /* a bit beyond the last identifier */
+    if (scalars & (~(MQTT_PROP_BIT(0x2B) - 1) | 1)) /* a bit for no identifier */
         w->err = RT_EINVAL;
     int sub_ok = ctx == MQTT_PUBLISH || ctx == MQTT_SUBSCRIBE;
     /* Repeatables from a decoded block first, in their original order. */
