@@ -43,18 +43,18 @@ typedef struct group_s {
 
 typedef struct tnode_s tnode_t;
 struct tnode_s {
-    tnode_t *hnext;         /* chain in the table's edge hash */
-    tnode_t *parent;        /* NULL only for the root */
-    tnode_t *kids;          /* first child; siblings via next/prev */
-    tnode_t *next, *prev;   /* sibling list under parent */
-    tnode_t *plus, *hash;   /* the '+' and '#' children, shortcut for matching */
-    sub_t *subs;            /* ordinary subscriptions at this filter */
+    tnode_t *hnext;       /* chain in the table's edge hash */
+    tnode_t *parent;      /* NULL only for the root */
+    tnode_t *kids;        /* first child; siblings via next/prev */
+    tnode_t *next, *prev; /* sibling list under parent */
+    tnode_t *plus, *hash; /* the '+' and '#' children, shortcut for matching */
+    sub_t *subs;          /* ordinary subscriptions at this filter */
     uint32_t nsubs, capsubs;
-    group_t *groups;        /* shared groups at this filter */
-    void *msg;              /* retained store: the message, NULL if none */
-    size_t msg_bytes;       /* retained store: what the limit counts for msg */
-    uint64_t hval;          /* hash of (parent, level), kept for rehashing */
-    uint32_t len;           /* level length */
+    group_t *groups;  /* shared groups at this filter */
+    void *msg;        /* retained store: the message, NULL if none */
+    size_t msg_bytes; /* retained store: what the limit counts for msg */
+    uint64_t hval;    /* hash of (parent, level), kept for rehashing */
+    uint32_t len;     /* level length */
     char level[];
 };
 
@@ -67,10 +67,47 @@ typedef struct {
     atomic_size_t *nodes;
 } ttable_t;
 
+/*
+** A reader-sharded lock ("big reader" lock): a reader takes only the slot of
+** its thread, so with several slots publishers on different threads never
+** write the same lock word (every match read-locks the shared wildcard
+** shard); a writer takes every slot in order. RT_TRIE_READ_SLOTS (default 1)
+** in topic_trie.h says when that pays.
+*/
 typedef struct {
     pthread_rwlock_t lock;
-    ttable_t t;
+} __attribute__((aligned(64))) slot_t;
+
+typedef struct {
+    slot_t slots[RT_TRIE_READ_SLOTS];
+    ttable_t t; /* guarded by all slots: readers hold one, writers all */
 } __attribute__((aligned(64))) shard_t;
+
+/* The calling thread's read slot, assigned round robin on first use. */
+static atomic_uint next_slot;
+static _Thread_local unsigned my_slot = UINT32_MAX;
+
+static pthread_rwlock_t *read_lock(shard_t *s)
+{
+    if (my_slot == UINT32_MAX)
+        my_slot =
+            atomic_fetch_add_explicit(&next_slot, 1, memory_order_relaxed) % RT_TRIE_READ_SLOTS;
+    pthread_rwlock_t *l = &s->slots[my_slot].lock;
+    pthread_rwlock_rdlock(l);
+    return l;
+}
+
+static void write_lock(shard_t *s)
+{
+    for (int i = 0; i < RT_TRIE_READ_SLOTS; i++)
+        pthread_rwlock_wrlock(&s->slots[i].lock);
+}
+
+static void write_unlock(shard_t *s)
+{
+    for (int i = RT_TRIE_READ_SLOTS - 1; i >= 0; i--)
+        pthread_rwlock_unlock(&s->slots[i].lock);
+}
 
 struct rt_trie_s {
     shard_t shards[RT_TRIE_SHARDS + 1]; /* the last one holds filters starting with + or # */
@@ -344,7 +381,8 @@ static tnode_t *tt_path(ttable_t *t, const char *f, size_t len, int create)
     const char *p = f, *end = f + len;
     for (;;) {
         const char *q = level_end(p, end);
-        tnode_t *c = create ? tt_child(t, x, p, (size_t)(q - p)) : tt_find(t, x, p, (size_t)(q - p));
+        tnode_t *c =
+            create ? tt_child(t, x, p, (size_t)(q - p)) : tt_find(t, x, p, (size_t)(q - p));
         if (!c) {
             if (create)
                 tt_prune(t, x); /* drop the nodes this call created */
@@ -413,22 +451,25 @@ int rt_trie_new(rt_trie_t **out)
         return RT_ENOMEM;
     memset(t, 0, sizeof(*t));
     atomic_init(&t->bytes, sizeof(*t));
+    pthread_rwlockattr_t a;
+    pthread_rwlockattr_init(&a);
+    /* glibc favours readers by default: a stream of publishes would starve SUBSCRIBE. */
+    pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     for (int i = 0; i <= RT_TRIE_SHARDS; i++) {
-        pthread_rwlockattr_t a;
-        pthread_rwlockattr_init(&a);
-        /* glibc favours readers by default: a stream of publishes would starve SUBSCRIBE. */
-        pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-        pthread_rwlock_init(&t->shards[i].lock, &a);
-        pthread_rwlockattr_destroy(&a);
+        for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
+            pthread_rwlock_init(&t->shards[i].slots[k].lock, &a);
         if (tt_init(&t->shards[i].t, &t->bytes, &t->nodes) != 0) {
             for (int j = 0; j <= i; j++)
-                pthread_rwlock_destroy(&t->shards[j].lock);
+                for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
+                    pthread_rwlock_destroy(&t->shards[j].slots[k].lock);
             for (int j = 0; j < i; j++)
                 free(t->shards[j].t.root);
             free(t);
+            pthread_rwlockattr_destroy(&a);
             return RT_ENOMEM;
         }
     }
+    pthread_rwlockattr_destroy(&a);
     *out = t;
     return 0;
 }
@@ -465,7 +506,8 @@ void rt_trie_free(rt_trie_t *t)
     for (int i = 0; i <= RT_TRIE_SHARDS; i++) {
         node_free_all(&t->shards[i].t, t->shards[i].t.root);
         free(t->shards[i].t.buckets);
-        pthread_rwlock_destroy(&t->shards[i].lock);
+        for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
+            pthread_rwlock_destroy(&t->shards[i].slots[k].lock);
     }
     free(t);
 }
@@ -499,7 +541,7 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
         return RT_EINVAL;
     shard_t *s = shard_for(t, pf, plen, 1);
     int rc = 0;
-    pthread_rwlock_wrlock(&s->lock);
+    write_lock(s);
     tnode_t *x = tt_path(&s->t, pf, plen, 1);
     if (!x) {
         rc = RT_ENOMEM;
@@ -552,12 +594,11 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
         tt_prune(&s->t, x);
     }
 out:
-    pthread_rwlock_unlock(&s->lock);
+    write_unlock(s);
     return rc;
 }
 
-int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid,
-                        int *existed)
+int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid, int *existed)
 {
     const char *g, *pf;
     size_t glen, plen;
@@ -566,7 +607,7 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
     if (!split_filter(filter, len, &g, &glen, &pf, &plen))
         return RT_EINVAL;
     shard_t *s = shard_for(t, pf, plen, 1);
-    pthread_rwlock_wrlock(&s->lock);
+    write_lock(s);
     tnode_t *x = tt_path(&s->t, pf, plen, 0);
     if (!x)
         goto out;
@@ -595,7 +636,7 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
         *existed = 1;
     tt_prune(&s->t, x);
 out:
-    pthread_rwlock_unlock(&s->lock);
+    write_unlock(s);
     return 0;
 }
 
@@ -744,17 +785,17 @@ int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publishe
     int nodes_hit = 0, rc;
 
     shard_t *sh = shard_for(t, topic, len, 0);
-    pthread_rwlock_rdlock(&sh->lock);
+    pthread_rwlock_t *l = read_lock(sh);
     rc = walk(s, &sh->t, topic, len, publisher, alive, arg, &nodes_hit);
-    pthread_rwlock_unlock(&sh->lock);
+    pthread_rwlock_unlock(l);
     if (rc != 0)
         return rc;
     /* §4.7.2: filters starting with a wildcard never match topics starting with '$'. */
     if (topic[0] != '$') {
         sh = &t->shards[WILD_SHARD];
-        pthread_rwlock_rdlock(&sh->lock);
+        l = read_lock(sh);
         rc = walk(s, &sh->t, topic, len, publisher, alive, arg, &nodes_hit);
-        pthread_rwlock_unlock(&sh->lock);
+        pthread_rwlock_unlock(l);
         if (rc != 0)
             return rc;
     }
@@ -936,8 +977,8 @@ static int emit_subtree(emit_t *e, const tnode_t *top)
 {
     const tnode_t *x = top;
     while (x) {
-        int skip = x->parent && !x->parent->parent && x->len && x->level[0] == '$' &&
-                   top->parent == NULL;
+        int skip =
+            x->parent && !x->parent->parent && x->len && x->level[0] == '$' && top->parent == NULL;
         if (!skip && emit(e, x) != 0)
             return RT_ENOMEM;
         if (!skip && x->kids) {

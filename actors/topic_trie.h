@@ -8,10 +8,11 @@
 ** Concurrency design (chosen by measurement, see tests/unit/test_topic_trie.c
 ** "bench" mode): the subscription trie is split into RT_TRIE_SHARDS shards by
 ** the hash of a filter's first level, plus one shard for filters whose first
-** level is a wildcard. Each shard has its own rwlock. A match read-locks at
-** most two shards (the topic's first-level shard and the wildcard shard) one
-** after the other, so a subscribe only ever waits for readers of its own shard
-** and nothing stops the whole table. Topics beginning with '$' never visit the
+** level is a wildcard. Each shard has its own reader-sharded rwlock (one
+** rwlock per read slot, RT_TRIE_READ_SLOTS). A match read-locks at most two
+** shards (the topic's first-level shard and the wildcard shard) one after the
+** other, so a subscribe only ever waits for readers of its own shard and
+** nothing stops the whole table. Topics beginning with '$' never visit the
 ** wildcard shard, which is exactly the MQTT 3.1.1/5.0 §4.7.2 rule.
 **
 ** Strings are byte ranges (pointer and length), never NUL-terminated, as they
@@ -28,6 +29,18 @@
 
 /* Number of first-level shards in the subscription trie (a power of two). */
 #define RT_TRIE_SHARDS 64
+
+/*
+** Read-lock slots per shard: a publishing thread read-locks only its own slot
+** (threads are spread over slots round robin); subscribe write-locks them all.
+** Default 1 (a plain rwlock per shard): on this 2-core machine 8 slots showed
+** no match-speed gain within noise and halved subscribe+unsubscribe throughput
+** (test_topic_trie bench, built with -DRT_TRIE_READ_SLOTS=1 and 8). Worth
+** re-measuring on machines with many scheduler threads.
+*/
+#ifndef RT_TRIE_READ_SLOTS
+#define RT_TRIE_READ_SLOTS 1
+#endif
 
 /* Longest topic name or filter, bytes (MQTT's two-byte string length). */
 #define RT_TRIE_MAX_LEN 65535
@@ -115,8 +128,7 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
                       const rt_trie_opts_t *opts, int *existed);
 
 /* Removes it; *existed says whether it was there (UNSUBACK 0x11 otherwise). */
-int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid,
-                        int *existed);
+int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid, int *existed);
 
 /*
 ** Removes all of pid's subscriptions. The trie keeps no per-subscriber index

@@ -125,10 +125,22 @@ static void test_syntax(void)
     CHECK(!rt_trie_valid_topic("a/+", 3));
     CHECK(!rt_trie_valid_topic("a/#", 3));
     CHECK(!rt_trie_valid_topic("a\0b", 3));
-    const char *good[] = {"#", "+", "a/#", "+/+", "/+", "a//b", "sport/+/player1", "+/tennis/#",
-                          "$share/g/a/b", "$share/g/#", "$SYS/#", "$share", "$sharex/g"};
-    const char *bad[] = {"", "$share/g", "a#", "a/#/b", "a+", "sport/tennis#", "a/b#", "+a", "$share/g/",
-                         "$share//a", "$share/g+/a", "$share/g#/a", "$share/g/a#"};
+    const char *good[] = {"#",
+                          "+",
+                          "a/#",
+                          "+/+",
+                          "/+",
+                          "a//b",
+                          "sport/+/player1",
+                          "+/tennis/#",
+                          "$share/g/a/b",
+                          "$share/g/#",
+                          "$SYS/#",
+                          "$share",
+                          "$sharex/g"};
+    const char *bad[] = {
+        "",   "$share/g",  "a#",        "a/#/b",       "a+",          "sport/tennis#", "a/b#",
+        "+a", "$share/g/", "$share//a", "$share/g+/a", "$share/g#/a", "$share/g/a#"};
     for (size_t i = 0; i < sizeof(good) / sizeof(*good); i++)
         CHECK(rt_trie_valid_filter(good[i], strlen(good[i])));
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
@@ -303,8 +315,16 @@ static void test_memory_baseline(void)
     rt_trie_stats_t base, st;
     rt_trie_stats(t, &base);
     CHECK_EQ(base.nodes, 0);
-    const char *filters[] = {"a/b/c", "a/+/c", "#", "a/#", "$share/g/a/b", "$share/h/+/#",
-                             "x//y", "/", "deep/1/2/3/4/5/6/7/8/9", "$SYS/+"};
+    const char *filters[] = {"a/b/c",
+                             "a/+/c",
+                             "#",
+                             "a/#",
+                             "$share/g/a/b",
+                             "$share/h/+/#",
+                             "x//y",
+                             "/",
+                             "deep/1/2/3/4/5/6/7/8/9",
+                             "$SYS/+"};
     size_t lens[10];
     for (int i = 0; i < 10; i++)
         lens[i] = strlen(filters[i]);
@@ -550,8 +570,8 @@ static void *churner(void *p)
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         /* Each churner owns its own pids, so its subscribe/unsubscribe pairs are its own. */
         rt_pid_t pid = 1 + (rt_pid_t)(a->id * CHURN_PIDS) + x % CHURN_PIDS;
-        const char *f = churn_filter((int)(x % 5), (int)((x >> 8) % STRESS_TOPICS), buf,
-                                     sizeof(buf));
+        const char *f =
+            churn_filter((int)(x % 5), (int)((x >> 8) % STRESS_TOPICS), buf, sizeof(buf));
         rt_trie_opts_t o = {.qos = 1, .sub_id = (uint32_t)(x % 100)};
         int ex;
         if (rt_trie_subscribe(a->t, f, strlen(f), pid, &o, &ex) != 0)
@@ -582,8 +602,8 @@ static void test_concurrency(void)
     pthread_t th[NM + NC];
     stress_arg_t args[NM + NC];
     for (int i = 0; i < NM + NC; i++) {
-        args[i] = (stress_arg_t){t, i < NM ? check_scale(200000) : check_scale(50000), i, &errors,
-                                 &stop};
+        args[i] =
+            (stress_arg_t){t, i < NM ? check_scale(200000) : check_scale(50000), i, &errors, &stop};
         pthread_create(&th[i], NULL, i < NM ? matcher : churner, &args[i]);
     }
     for (int i = 0; i < NM + NC; i++)
@@ -826,36 +846,41 @@ static void bench(void)
     rt_trie_stats(t, &st0);
     for (int k = 0; k < NSUBS; k++) {
         rt_trie_opts_t o = {.qos = 1};
-        rt_trie_subscribe(t, topics[k % NTOPICS], strlen(topics[k % NTOPICS]), (rt_pid_t)k + 1,
-                          &o, NULL);
+        rt_trie_subscribe(t, topics[k % NTOPICS], strlen(topics[k % NTOPICS]), (rt_pid_t)k + 1, &o,
+                          NULL);
     }
     rt_trie_stats(t, &st);
+    fprintf(stderr, "bench: %d shards, %d read slots per shard\n", RT_TRIE_SHARDS,
+            RT_TRIE_READ_SLOTS);
     fprintf(stderr, "bench exact: %zu subs, %zu nodes, %.1f bytes/sub (trie total %zu bytes)\n",
             st.subs, st.nodes, (double)(st.bytes - st0.bytes) / (double)st.subs, st.bytes);
     bench_run("exact", t, topics, NTOPICS, iters);
     rt_trie_free(t);
 
-    /* Wildcard-heavy: three quarters of the filters have '+' or '#', ~20 deliveries each. */
+    /*
+    ** Wildcard-heavy: three quarters of the 100k filters have '+' or '#' (10
+    ** per topic in four shapes), plus one "site/<s>/+/temp" per site and ten
+    ** "#"; every match walks both shards and several '+' branches and delivers
+    ** 21 times. Pids overlap so that aggregation (the sort) is exercised.
+    */
     rt_trie_new(&t);
-    for (int k = 0; k < NSUBS; k++) {
+    for (int k = 0; k < NSUBS + 110; k++) {
         int i = k % NTOPICS;
         char f[48];
-        switch (k % 4) {
-        case 0:
+        if (k >= NSUBS + 10)
+            snprintf(f, sizeof(f), "site/%d/+/temp", k - NSUBS - 10);
+        else if (k >= NSUBS)
+            snprintf(f, sizeof(f), "#");
+        else if (k % 4 == 0)
             snprintf(f, sizeof(f), "%s", topics[i]);
-            break;
-        case 1:
-            snprintf(f, sizeof(f), "site/%d/+/temp", i / 100);
-            break;
-        case 2:
-            snprintf(f, sizeof(f), "site/+/dev%d/#", i);
-            break;
-        default:
-            snprintf(f, sizeof(f), "+/+/dev%d/temp", i);
-            break;
-        }
+        else if (k % 4 == 1)
+            snprintf(f, sizeof(f), "site/+/dev%d/temp", i);
+        else if (k % 4 == 2)
+            snprintf(f, sizeof(f), "site/%d/dev%d/#", i / 100, i);
+        else
+            snprintf(f, sizeof(f), "+/+/dev%d/+", i);
         rt_trie_opts_t o = {.qos = (uint8_t)(k % 3), .sub_id = (uint32_t)k % 7};
-        rt_trie_subscribe(t, f, strlen(f), (rt_pid_t)(k % 50000) + 1, &o, NULL);
+        rt_trie_subscribe(t, f, strlen(f), (rt_pid_t)(k % 30011) + 1, &o, NULL);
     }
     rt_trie_stats(t, &st);
     fprintf(stderr, "bench wildcard: %zu subs, %zu nodes, %.1f bytes/sub\n", st.subs, st.nodes,
