@@ -304,7 +304,11 @@ int mqtt_decode(const uint8_t *buf, size_t len, uint8_t version, mqtt_packet_t *
 ** says so (CONNACK, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK, UNSUBACK, DISCONNECT, AUTH:
 ** 3.2.2.3.9, 3.4.2.2.2 etc.) and *stripped is set (if not NULL); if it is still too large
 ** (or is another packet type, which the sender must then discard, 3.1.2.11.4) the result is
-** MQTT_ERR(0x95). RT_EINVAL for an unencodable packet or cap < *len.
+** MQTT_ERR(0x95). RT_EINVAL for an unencodable packet or cap < *len. Properties are written
+** only for MQTT 5 and ignored otherwise, so one decoded PUBLISH can be sent to subscribers of
+** any version. Direction rules stay with the caller (e.g. no Reason String or User Property
+** beyond PUBLISH/CONNACK/DISCONNECT when the client set Request Problem Information to 0,
+** 3.1.2.11.7).
 */
 int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size, size_t *len,
                 int *stripped);

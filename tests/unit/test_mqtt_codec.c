@@ -260,6 +260,20 @@ static void test_spec_bytes(void)
     CHECK_EQ(encode(&pk, out, sizeof out), sizeof c311);
     CHECK(memcmp(out, c311, sizeof c311) == 0);
 
+    /* The 3.1.1 spec's CONNECT variable header example (3.1.2.10, Figure 3.6): flags 0xCE
+    ** (user name, password, will QoS 1, will, clean session), keepalive 10. */
+    static const uint8_t cex[] = {0x10, 0x1b, 0,   4, 'M', 'Q', 'T', 'T', 4,   0xCE,
+                                  0,    10,   0,   2, 'i', 'd', 0,   1,   't', 0,
+                                  2,    'w',  'm', 0, 1,   'u', 0,   1,   'p'};
+    CHECK_EQ(mqtt_decode(cex, sizeof cex, 0, &pk), 0);
+    CHECK(pk.connect.will && pk.connect.will_qos == 1 && !pk.connect.will_retain);
+    CHECK(pk.connect.clean_start && pk.connect.has_username && pk.connect.has_password);
+    CHECK_EQ(pk.connect.keepalive, 10);
+    CHECK(str_eq(pk.connect.will_topic, "t") && str_eq(pk.connect.will_payload, "wm"));
+    CHECK(str_eq(pk.connect.username, "u") && str_eq(pk.connect.password, "p"));
+    CHECK_EQ(encode(&pk, out, sizeof out), sizeof cex);
+    CHECK(memcmp(out, cex, sizeof cex) == 0);
+
     /* MQTT 3.1 CONNECT: "MQIsdp", level 3, user name and password. */
     static const uint8_t c31[] = {0x10, 0x18, 0, 6,   'M', 'Q', 'I', 's', 'd', 'p', 3, 0xC2, 0,
                                   10,   0,    2, 'i', 'd', 0,   2,   'u', 'n', 0,   2, 'p',  'w'};
