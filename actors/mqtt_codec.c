@@ -652,7 +652,9 @@ static int decode_connect(rd_t *r, mqtt_packet_t *pk)
     int rc;
     if (rd_bin(r, &name) || rd_u8(r, &level) || rd_u8(r, &fl))
         return EMAL;
-    /* Protocol Name and Level (3.1.2.1, 3.1.2.2; MQTT 3.1 uses "MQIsdp" with level 3). */
+    /* Protocol Name and Level (3.1.2.1, 3.1.2.2; MQTT 3.1 uses "MQIsdp" with level 3). The
+    ** level is recorded first so that a refusal can be answered in the client's format. */
+    pk->version = level;
     if (name.len == 4 && memcmp(name.p, "MQTT", 4) == 0) {
         if (level != MQTT_V311 && level != MQTT_V5)
             return MQTT_ERR(MQTT_RC_UNSUPPORTED_VERSION);
@@ -662,7 +664,6 @@ static int decode_connect(rd_t *r, mqtt_packet_t *pk)
     } else {
         return EPROTO;
     }
-    pk->version = level;
     /* Connect Flags (3.1.2.3): reserved bit 0 must be 0; without a will, will QoS and will
     ** retain must be 0 (3.1.2.5, 3.1.2.6); will QoS 3 is malformed (3.1.2.6). */
     if (fl & 0x01)

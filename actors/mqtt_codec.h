@@ -288,7 +288,10 @@ int mqtt_frame(const uint8_t *buf, size_t len, uint32_t max_size, mqtt_frame_t *
 /*
 ** Decodes the packet at buf[0..len) (extra bytes after it are ignored; pk->size tells how
 ** many were used) for a connection speaking `version`. For CONNECT `version` is ignored and
-** pk->version comes from the packet. Validates everything the spec makes checkable without
+** pk->version is the packet's protocol level, set even when the CONNECT is refused (after
+** its protocol name was read) so the CONNACK can be sent in a format the client reads: a
+** level that is not 3, 4 or 5 gets MQTT_ERR(0x84), answered by a v3 CONNACK with code 1. Validates
+*everything the spec makes checkable without
 ** session state: fixed-header flags, lengths, UTF-8, topic names and filters, property
 ** placement, duplicates and ranges, reason codes, packet ids. Left to the connection: topic
 ** alias range, receive maximum, subscription identifiers sent by a client in PUBLISH, and

@@ -798,6 +798,15 @@ static void test_malformed(void)
     CHECK_EQ(decode_bytes(e4, sizeof e4, 0), 0);
     static const uint8_t e5[] = {0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 5, 0, 0, 0, 0, 0, 0};
     CHECK_EQ(decode_bytes(e5, sizeof e5, 0), 0);
+    /* A refused CONNECT still tells which protocol level the client asked for. */
+    static const uint8_t c6[] = {0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 6, 2, 0, 0, 0, 1, 'a'};
+    mqtt_packet_t pk;
+    CHECK_EQ(mqtt_decode(c6, sizeof c6, 0, &pk), MQTT_ERR(MQTT_RC_UNSUPPORTED_VERSION));
+    CHECK_EQ(pk.version, 6);
+    static const uint8_t c5id[] = {0x10, 0x0e, 0, 6, 'M', 'Q', 'I', 's',
+                                   'd',  'p',  3, 2, 0,   0,   0,   0};
+    CHECK_EQ(mqtt_decode(c5id, sizeof c5id, 0, &pk), MQTT_ERR(MQTT_RC_CLIENT_ID_INVALID));
+    CHECK_EQ(pk.version, MQTT_V31);
     /* A bad version argument for a non-CONNECT packet. */
     static const uint8_t ping[] = {0xc0, 0};
     CHECK_EQ(decode_bytes(ping, 2, 7), RT_EINVAL);
