@@ -953,6 +953,17 @@ static void test_fuzz(void)
         int rc = decode_copy(m, n, seed_ver[s], &pk, &copy);
         if (rc == 0) {
             decoded++;
+            /* Every view the decoder hands out lies inside the input. */
+#define INSIDE(str) ((str).len == 0 || ((str).p >= copy && (str).p + (str).len <= copy + n))
+            CHECK(pk.size <= n && INSIDE(pk.props.raw));
+            if (pk.type == MQTT_PUBLISH)
+                CHECK(INSIDE(pk.publish.topic) && INSIDE(pk.publish.payload));
+            if (pk.type == MQTT_CONNECT)
+                CHECK(INSIDE(pk.connect.client_id) && INSIDE(pk.connect.will_payload) &&
+                      INSIDE(pk.connect.password) && INSIDE(pk.connect.will_props.raw));
+            if (pk.type == MQTT_SUBSCRIBE || pk.type == MQTT_UNSUBSCRIBE)
+                CHECK(INSIDE(pk.sub.raw));
+#undef INSIDE
             /* Whatever decodes must re-encode and decode again to the same shape. */
             size_t len;
             int erc = mqtt_encode(&pk, out, sizeof out, 0, &len, NULL);
