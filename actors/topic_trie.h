@@ -179,8 +179,9 @@ void rt_retained_free(rt_retained_t *r); /* releases every message */
 ** Sets topic's retained message, replacing (and releasing) any previous one.
 ** msg_bytes is what the limits count (payload plus whatever the caller
 ** stores). msg == NULL clears the topic (what an empty retained payload
-** means). RT_ELIMIT if the limits would be exceeded: then msg is not taken
-** and the old message stays. RT_EINVAL for a bad topic.
+** means). On any error (RT_ELIMIT if the limits would be exceeded,
+** RT_ENOMEM, RT_EINVAL for a bad topic) msg is not taken and the old
+** message stays.
 */
 int rt_retained_set(rt_retained_t *r, const char *topic, size_t len, void *msg, size_t msg_bytes);
 
