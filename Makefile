@@ -5,7 +5,8 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PYTEST = /usr/bin/python3 -m pytest
 
-.PHONY: deps build build-asan build-tsan run test test-unit test-asan test-tsan test-integration bench clean
+.PHONY: deps build build-asan build-tsan run test test-unit test-asan test-tsan test-integration \
+	test-integration-asan bench clean
 
 deps:
 	@./tools/install-deps.sh
@@ -41,7 +42,12 @@ test-integration: build
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q tests/integration; rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no integration tests collected"; exit 1; fi; exit $$rc
 
-test: test-unit test-asan test-tsan test-integration
+# The broker's end-to-end tests once more against the ASan+UBSan build (rtd must also exit
+# leak-free: the fixture checks its exit code).
+test-integration-asan: build-asan
+	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 $(PYTEST) -q tests/integration/test_rtd.py
+
+test: test-unit test-asan test-tsan test-integration test-integration-asan
 	@echo "all test suites passed"
 
 bench: build

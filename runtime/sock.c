@@ -393,6 +393,9 @@ void rt_sock_close(rt_sock_t *s)
             break;
         }
     }
+    /* Last words (a DISCONNECT written by a terminate callback) get one try. */
+    if (s->olen > s->ooff && !s->blocked && !s->broken)
+        flush(s);
     if (s->registered)
         epoll_ctl(rt__rt->sched[a->home].epfd, EPOLL_CTL_DEL, s->fd, NULL);
     close(s->fd);

@@ -1,0 +1,55 @@
+/*
+** The MQTT broker on the runtime: one listener actor per configured address,
+** one connection actor per socket. The topic trie is shared by all
+** connections (read concurrently by publishers); a client table maps client
+** ids to the connection actor that holds them, so a takeover is one swap.
+*/
+#ifndef RT_BROKER_H
+#define RT_BROKER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "config.h"
+#include "rt.h"
+#include "topic_trie.h"
+
+typedef struct rt_broker_stats_s {
+    atomic_uint_fast64_t connections;   /* connected now (CONNACK sent) */
+    atomic_uint_fast64_t sockets;       /* connection actors alive */
+    atomic_uint_fast64_t msgs_in;       /* PUBLISH received */
+    atomic_uint_fast64_t msgs_out;      /* PUBLISH sent */
+    atomic_uint_fast64_t bad_packets;   /* malformed or protocol errors */
+    atomic_uint_fast64_t refused;       /* connections refused at accept (limits) */
+} rt_broker_stats_t;
+
+typedef struct rt_broker_s {
+    rt_conf_t conf;
+    rt_trie_t *trie;
+    rt_broker_stats_t stats;
+    pthread_mutex_t clients_lock;
+    struct rt_client_entry_s **clients; /* client id -> pid (open hashing) */
+    size_t clients_cap, clients_len;
+} rt_broker_t;
+
+extern rt_broker_t *rt_broker;
+
+/* Creates the broker state and spawns its listeners; err names a listener that failed. */
+int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen);
+/* After rt_shutdown: frees the broker state. */
+void rt_broker_free(void);
+
+/*
+** Client ids. claim makes pid the holder of id and returns the previous holder
+** (0 if none), which the caller takes over; release drops the entry only if
+** pid still holds it, so a taken-over connection cannot remove its successor.
+*/
+rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid);
+void rt_broker_release_client(const char *id, rt_pid_t pid);
+
+extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
+extern const rt_actor_type_t rt_conn_type;     /* arg: the accepted fd, as intptr_t */
+
+#define RT_REASON_TAKEOVER (RT_REASON_USER + 1) /* a new connection took the client id */
+
+#endif

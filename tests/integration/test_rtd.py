@@ -1,0 +1,243 @@
+"""rtd, the broker, driven over sockets by real clients: mosquitto_pub/sub, paho-mqtt (3.1.1
+and 5) and raw sockets for malformed input. Each test starts its own rtd on a free loopback
+port and stops it by the PID it started.
+"""
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+import pytest
+
+from conftest import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("RT_BUILD_DIR", os.path.join(ROOT, "build", "release"))
+RTD = os.path.join(BUILD, "rtd")
+
+
+class Rtd:
+    def __init__(self, *overrides):
+        self.port = free_port()
+        args = [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
+                "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2"]
+        for o in overrides:
+            args += ["-o", o]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("rtd exited: " + self.proc.stdout.read())
+                time.sleep(0.02)
+        raise RuntimeError("rtd did not start listening")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode, self.proc.stdout.read()
+
+
+@pytest.fixture
+def rtd():
+    broker = Rtd()
+    yield broker
+    code, log = broker.stop()
+    assert code == 0, log
+
+
+def client(port, client_id="", protocol=mqtt.MQTTv311, clean=True):
+    if protocol == mqtt.MQTTv5:
+        c = mqtt.Client(client_id=client_id, protocol=protocol)
+    else:
+        c = mqtt.Client(client_id=client_id, protocol=protocol, clean_session=clean)
+    got = []
+    lock = threading.Lock()
+
+    def on_message(_c, _u, msg):
+        with lock:
+            got.append((msg.topic, msg.payload, msg.qos))
+
+    c.on_message = on_message
+    c.got = got
+    c.connect("127.0.0.1", port, keepalive=30)
+    c.loop_start()
+    return c
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def subscribe(c, topic, qos=0):
+    done = threading.Event()
+    c.on_subscribe = lambda *a: done.set()
+    c.subscribe(topic, qos)
+    assert done.wait(5)
+
+
+@pytest.mark.parametrize("protocol", [mqtt.MQTTv311, mqtt.MQTTv5])
+def test_pub_sub_wildcards_and_qos(rtd, protocol):
+    sub = client(rtd.port, "sub-1", protocol)
+    pub = client(rtd.port, "pub-1", protocol)
+    subscribe(sub, "sensors/+/temp", 1)
+    subscribe(sub, "all/#", 0)
+    pub.publish("sensors/a/temp", b"21", qos=1).wait_for_publish(5)
+    pub.publish("sensors/a/b/temp", b"no", qos=0)  # '+' is one level
+    pub.publish("all", b"parent", qos=1)           # 'all/#' matches its parent
+    pub.publish("all/x/y", b"deep", qos=2).wait_for_publish(5)
+    assert wait_for(lambda: len(sub.got) >= 3)
+    time.sleep(0.2)
+    assert sorted(sub.got) == sorted([("sensors/a/temp", b"21", 1), ("all", b"parent", 0),
+                                      ("all/x/y", b"deep", 0)])
+    for c in (sub, pub):
+        c.loop_stop()
+        c.disconnect()
+
+
+def test_dollar_topics_not_matched_by_root_wildcards(rtd):
+    sub = client(rtd.port, "sub-d")
+    subscribe(sub, "#")
+    subscribe(sub, "$SYS/x")
+    pub = client(rtd.port, "pub-d")
+    pub.publish("$SYS/x", b"sys", qos=1).wait_for_publish(5)
+    pub.publish("plain", b"p", qos=1).wait_for_publish(5)
+    assert wait_for(lambda: len(sub.got) >= 2)
+    time.sleep(0.2)
+    assert sorted(sub.got) == [("$SYS/x", b"sys", 0), ("plain", b"p", 0)]  # once each
+
+
+def test_mosquitto_clients_out_of_the_box(rtd):
+    out = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(rtd.port), "-t", "#",
+                            "-v", "-C", "2", "-W", "10"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    for v in ("mqttv311", "mqttv5"):
+        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(rtd.port), "-V", v,
+                        "-t", f"t/{v}", "-m", "hi", "-q", "1"], check=True, timeout=10)
+    stdout, _ = out.communicate(timeout=15)
+    assert stdout.splitlines() == ["t/mqttv311 hi", "t/mqttv5 hi"]
+
+
+def test_takeover_v5_reason(rtd):
+    first = mqtt.Client(client_id="same", protocol=mqtt.MQTTv5)
+    reasons = []
+    first.on_disconnect = lambda c, u, rc, *rest: reasons.append(rc)
+    first.connect("127.0.0.1", rtd.port)
+    first.loop_start()
+    assert wait_for(lambda: first.is_connected())
+    second = client(rtd.port, "same", mqtt.MQTTv5)
+    assert wait_for(lambda: reasons)
+    assert reasons[0] == 0x8E  # Session taken over
+    first.loop_stop()
+    second.loop_stop()
+
+
+def raw_connect(port, client_id=b"raw", keepalive=60, version=4):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    name = b"MQTT"
+    var = struct.pack("!H", len(name)) + name + bytes([version, 0x02]) + struct.pack("!H", keepalive)
+    if version == 5:
+        var += b"\x00"
+    payload = struct.pack("!H", len(client_id)) + client_id
+    body = var + payload
+    s.sendall(bytes([0x10, len(body)]) + body)
+    ack = s.recv(64)
+    assert ack[0] == 0x20
+    return s
+
+
+def closed_by_peer(s, timeout=5.0):
+    s.settimeout(timeout)
+    try:
+        while True:
+            data = s.recv(1024)
+            if not data:
+                return True
+    except (ConnectionResetError, socket.timeout):
+        return False
+
+
+def test_malformed_input_closes_only_that_client(rtd):
+    watcher = client(rtd.port, "watcher")
+    subscribe(watcher, "ok")
+    cases = [
+        bytes([0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]),  # remaining length of 5 bytes
+        bytes([0x82, 0x02, 0x00, 0x01]),              # SUBSCRIBE with no topic filter
+        bytes([0x32, 0x05, 0x00, 0x01, 0x61, 0x00, 0x00]),  # QoS 1 PUBLISH, packet id 0
+        bytes([0x30, 0x04, 0x00, 0x02, 0xC3, 0x28]),  # topic is not UTF-8
+        bytes([0x10, 0x00]),                          # a second CONNECT
+    ]
+    for bad in cases:
+        s = raw_connect(rtd.port)
+        s.sendall(bad)
+        assert closed_by_peer(s), bad
+        s.close()
+    # Garbage before any CONNECT.
+    s = socket.create_connection(("127.0.0.1", rtd.port), timeout=5)
+    s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    assert closed_by_peer(s)
+    s.close()
+    pub = client(rtd.port, "pub-ok")
+    pub.publish("ok", b"still here", qos=1).wait_for_publish(5)
+    assert wait_for(lambda: watcher.got == [("ok", b"still here", 0)])
+
+
+def test_keepalive_enforced(rtd):
+    s = raw_connect(rtd.port, b"sleepy", keepalive=1)
+    t0 = time.time()
+    assert closed_by_peer(s, timeout=5)
+    elapsed = time.time() - t0
+    assert 1.0 <= elapsed <= 3.5, elapsed  # 1.5 x keepalive, checked every keepalive/2
+
+
+def test_sigterm_sends_v5_disconnect_and_exits_cleanly():
+    broker = Rtd()
+    c = mqtt.Client(client_id="v5", protocol=mqtt.MQTTv5)
+    reasons = []
+    c.on_disconnect = lambda cl, u, rc, *rest: reasons.append(rc)
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    assert wait_for(lambda: c.is_connected())
+    code, log = broker.stop()
+    assert code == 0, log
+    assert wait_for(lambda: reasons)
+    assert reasons[0] == 0x8B  # Server shutting down
+    assert "clean shutdown" in log
+    c.loop_stop()
+
+
+def test_bad_config_refused_with_file_and_line(tmp_path):
+    conf = tmp_path / "bad.conf"
+    conf.write_text("listeners = { \"127.0.0.1:1\" }\nmax_connections = -1\n")
+    r = subprocess.run([RTD, "-c", str(conf)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2
+    assert f"{conf}:2: max_connections must be between" in r.stderr
+    r = subprocess.run([RTD, "-o", "batch=lots"], capture_output=True, text=True, timeout=10,
+                       cwd=ROOT)
+    assert r.returncode == 2 and "batch must be a whole number" in r.stderr
+
+
+def test_listener_in_use_is_reported(rtd):
+    r = subprocess.run([RTD, "-o", f"listeners=127.0.0.1:{rtd.port}"], capture_output=True,
+                       text=True, timeout=10, cwd=ROOT)
+    assert r.returncode == 1
+    assert "address already in use" in r.stderr
