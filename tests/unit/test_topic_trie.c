@@ -744,6 +744,77 @@ static void test_retained(void)
     CHECK_EQ(bins, bins0);
 }
 
+/* Setters replace and clear retained messages while readers reverse-match (run under TSan). */
+typedef struct {
+    rt_retained_t *r;
+    long iters;
+    int id;
+    atomic_long *errors;
+} rstress_t;
+
+static void rcount(void *arg, const char *topic, size_t len, void *msg)
+{
+    rt_bin_t *b = msg;
+    if (rt_bin_len(b) != len || memcmp(rt_bin_data(b), topic, len) != 0)
+        atomic_fetch_add((atomic_long *)arg, 1);
+}
+
+static void *rsetter(void *p)
+{
+    rstress_t *a = p;
+    char topic[32];
+    for (long i = 0; i < a->iters; i++) {
+        snprintf(topic, sizeof(topic), "r/%d/%ld", a->id, i % 50);
+        if (i % 3 == 2) {
+            rt_retained_set(a->r, topic, strlen(topic), NULL, 0);
+            continue;
+        }
+        rt_bin_t *b = rt_bin_new(topic, strlen(topic));
+        if (rt_retained_set(a->r, topic, strlen(topic), b, rt_bin_len(b)) != 0) {
+            rt_bin_release(b);
+            atomic_fetch_add(a->errors, 1);
+        }
+    }
+    return NULL;
+}
+
+static void *rreader(void *p)
+{
+    rstress_t *a = p;
+    static const char *filters[] = {"#", "r/+/#", "r/0/+", "+/1/7", "r/#"};
+    for (long i = 0; i < a->iters; i++) {
+        const char *f = filters[i % 5];
+        if (rt_retained_match(a->r, f, strlen(f), rcount, a->errors, NULL) != 0)
+            atomic_fetch_add(a->errors, 1);
+    }
+    return NULL;
+}
+
+static void test_retained_concurrency(void)
+{
+    size_t bins0, bb;
+    rt_bin_totals(&bins0, &bb);
+    rt_retained_t *r;
+    CHECK_EQ(rt_retained_new(&r, (rt_retained_release_fn)rt_bin_release, 0, 0), 0);
+    atomic_long errors = 0;
+    pthread_t th[4];
+    rstress_t a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (rstress_t){r, i < 2 ? check_scale(20000) : check_scale(2000), i, &errors};
+        pthread_create(&th[i], NULL, i < 2 ? rsetter : rreader, &a[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    CHECK_EQ(atomic_load(&errors), 0);
+    size_t count, mb, mem;
+    rt_retained_stats(r, &count, &mb, &mem);
+    CHECK(count <= 100);
+    rt_retained_free(r);
+    size_t bins;
+    rt_bin_totals(&bins, &bb);
+    CHECK_EQ(bins, bins0);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Benchmark: "test_topic_trie bench". */
 
@@ -857,6 +928,17 @@ static void bench(void)
     bench_run("exact", t, topics, NTOPICS, iters);
     rt_trie_free(t);
 
+    /* The per-subscription cost when every filter is its own (one subscriber per topic). */
+    rt_trie_new(&t);
+    for (int k = 0; k < NTOPICS; k++) {
+        rt_trie_opts_t o = {.qos = 1};
+        rt_trie_subscribe(t, topics[k], strlen(topics[k]), (rt_pid_t)k + 1, &o, NULL);
+    }
+    rt_trie_stats(t, &st);
+    fprintf(stderr, "bench one subscriber per topic: %zu subs, %.1f bytes/sub\n", st.subs,
+            (double)(st.bytes - st0.bytes) / (double)st.subs);
+    rt_trie_free(t);
+
     /*
     ** Wildcard-heavy: three quarters of the 100k filters have '+' or '#' (10
     ** per topic in four shapes), plus one "site/<s>/+/temp" per site and ten
@@ -906,6 +988,7 @@ int main(int argc, char **argv)
     RUN(test_random_vs_bruteforce);
     RUN(test_concurrency);
     RUN(test_retained);
+    RUN(test_retained_concurrency);
     rt_trie_scratch_destroy(&scratch);
     return CHECK_SUMMARY();
 }
