@@ -23,9 +23,9 @@ build-tsan: deps
 	@cmake -S . -B $(BUILD)/tsan -DCMAKE_BUILD_TYPE=Debug -DRT_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD)/tsan -j$(JOBS)
 
-# Until the broker lands, the main program is the runtime benchmark.
+# The broker on 0.0.0.0:1883 with etc/rtd.conf (try: mosquitto_sub -t '#' -v).
 run: build
-	@$(BUILD)/release/tests/bench/bench_runtime
+	@$(BUILD)/release/rtd -c etc/rtd.conf
 
 test-unit: build
 	@cd $(BUILD)/release && ctest --output-on-failure -j1
@@ -51,7 +51,7 @@ test: test-unit test-asan test-tsan test-integration test-integration-asan
 	@echo "all test suites passed"
 
 bench: build
-	@./tests/bench/run_runtime_bench.sh
+	@./tests/bench/run_runtime_bench.sh --quick
 
 clean:
 	rm -rf $(BUILD)
