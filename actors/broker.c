@@ -8,6 +8,13 @@
 
 rt_broker_t *rt_broker;
 
+static void retained_release(void *msg)
+{
+    retained_msg_t *r = msg;
+    rt_bin_release(r->bin);
+    free(r);
+}
+
 typedef struct rt_client_entry_s {
     struct rt_client_entry_s *next;
     rt_pid_t pid;
@@ -31,7 +38,9 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
     pthread_mutex_init(&b->clients_lock, NULL);
     b->clients_cap = 1024;
     b->clients = calloc(b->clients_cap, sizeof(*b->clients));
-    if (!b->clients || rt_trie_new(&b->trie)) {
+    if (!b->clients || rt_trie_new(&b->trie) ||
+        rt_retained_new(&b->retained, retained_release, 0, 0)) {
+        rt_trie_free(b->trie);
         free(b->clients);
         free(b);
         return RT_ENOMEM;
@@ -65,6 +74,7 @@ void rt_broker_free(void)
     }
     free(b->clients);
     rt_trie_free(b->trie);
+    rt_retained_free(b->retained);
     pthread_mutex_destroy(&b->clients_lock);
     free(b);
     rt_broker = NULL;

@@ -26,6 +26,7 @@ typedef struct rt_broker_stats_s {
 typedef struct rt_broker_s {
     rt_conf_t conf;
     rt_trie_t *trie;
+    rt_retained_t *retained;            /* retained_msg_t by topic */
     rt_broker_stats_t stats;
     pthread_mutex_t clients_lock;
     struct rt_client_entry_s **clients; /* client id -> pid (open hashing) */
@@ -33,6 +34,13 @@ typedef struct rt_broker_s {
 } rt_broker_t;
 
 extern rt_broker_t *rt_broker;
+
+/* A retained message: the routed binary (topic then payload) and how it was published. */
+typedef struct retained_msg_s {
+    rt_bin_t *bin;
+    uint16_t topic_len;
+    uint8_t qos;
+} retained_msg_t;
 
 /* Creates the broker state and spawns its listeners; err names a listener that failed. */
 int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen);

@@ -8,8 +8,9 @@
 **
 ** This first cut covers CONNECT (3.1, 3.1.1, 5.0), client id takeover,
 ** keepalive, PUBLISH in at QoS 0/1/2 and out at QoS 0/1, SUBSCRIBE and
-** UNSUBSCRIBE with wildcards, PINGREQ and DISCONNECT. Sessions, retained
-** messages, wills, QoS 2 out and outbound inflight tracking are not here yet.
+** UNSUBSCRIBE with wildcards, shared subscriptions and subscription
+** identifiers, retained messages, PINGREQ and DISCONNECT. Sessions, wills,
+** QoS 2 out and outbound inflight tracking are not here yet.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,10 +26,14 @@ enum {
     MSG_KEEPALIVE,
 };
 
+#define RT_CONN_MAX_SUB_IDS 8 /* subscription identifiers carried per delivery */
+
 typedef struct {
     uint16_t topic_len;
     uint8_t qos;
     uint8_t retain;
+    uint32_t n_sub_ids;
+    uint32_t sub_ids[]; /* MQTT 5: the matching subscriptions' identifiers */
 } deliver_t;
 
 #define RT_CONN_READS_PER_TURN 16 /* socket reads per turn before yielding */
@@ -74,6 +79,29 @@ static void send_packet(conn_t *c, mqtt_packet_t *pk)
         rt_sock_write(c->sock, buf, len);
     if (buf != stackbuf)
         free(buf);
+}
+
+/* Sends one PUBLISH of topic+payload held in bin (topic first, topic_len bytes). */
+static void send_publish(conn_t *c, rt_bin_t *bin, uint16_t topic_len, uint8_t qos,
+                         uint8_t retain_flag, const uint32_t *sub_ids, uint32_t n_sub_ids)
+{
+    const uint8_t *data = rt_bin_data(bin);
+    mqtt_packet_t pk = {.type = MQTT_PUBLISH};
+    pk.publish.topic = (mqtt_str_t){data, topic_len};
+    pk.publish.payload = (mqtt_str_t){data + topic_len, (uint32_t)(rt_bin_len(bin) - topic_len)};
+    pk.publish.qos = qos;
+    pk.publish.retain = retain_flag;
+    if (qos) {
+        if (++c->next_packet_id == 0)
+            c->next_packet_id = 1;
+        pk.packet_id = c->next_packet_id;
+    }
+    if (c->version == MQTT_V5 && n_sub_ids) {
+        pk.props.sub_ids = sub_ids;
+        pk.props.n_sub_ids = (uint16_t)n_sub_ids;
+    }
+    send_packet(c, &pk);
+    atomic_fetch_add_explicit(&rt_broker->stats.msgs_out, 1, memory_order_relaxed);
 }
 
 static const char *reason_text(uint8_t reason)
@@ -165,10 +193,8 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             ack.props.assigned_client_id = (mqtt_str_t){(const uint8_t *)assigned,
                                                          (uint32_t)strlen(assigned)};
         }
-        ack.props.present |= MQTT_PROP_BIT(MQTT_PROP_RETAIN_AVAILABLE) |
-                             MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
+        ack.props.present |= MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
                              MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
-        ack.props.retain_available = 0;
         ack.props.maximum_packet_size = (uint32_t)rt_broker->conf.max_packet_size;
         ack.props.topic_alias_maximum = 0;
     }
@@ -188,7 +214,8 @@ typedef struct {
 static void deliver_one(void *arg, const rt_trie_delivery_t *d)
 {
     route_t *r = arg;
-    rt_msg_t *m = rt_msg_new(MSG_DELIVER, sizeof(deliver_t));
+    size_t nids = d->n_sub_ids < RT_CONN_MAX_SUB_IDS ? d->n_sub_ids : RT_CONN_MAX_SUB_IDS;
+    rt_msg_t *m = rt_msg_new(MSG_DELIVER, sizeof(deliver_t) + nids * sizeof(uint32_t));
     if (!m)
         return;
     deliver_t *dd = (deliver_t *)(void *)m->data;
@@ -196,9 +223,36 @@ static void deliver_one(void *arg, const rt_trie_delivery_t *d)
     if (d->qos < dd->qos)
         dd->qos = d->qos;
     if (!d->retain_as_published)
-        dd->retain = 0;
+        dd->retain = 0; /* MQTT 3.3.1.3: retain is cleared on ordinary forwarding */
+    dd->n_sub_ids = (uint32_t)nids;
+    memcpy(dd->sub_ids, d->sub_ids, nids * sizeof(uint32_t));
     m->bin = rt_bin_retain(r->bin);
     rt_send_msg(d->pid, m);
+}
+
+/* Shared subscriptions skip members whose connection has gone. */
+static int member_alive(void *arg, rt_pid_t pid)
+{
+    (void)arg;
+    return rt_alive(pid);
+}
+
+/* A retained PUBLISH replaces the topic's retained message; an empty one clears it. */
+static void retain(rt_bin_t *bin, mqtt_str_t topic, uint32_t payload_len, uint8_t qos)
+{
+    if (!payload_len) {
+        rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, NULL, 0);
+        return;
+    }
+    retained_msg_t *r = malloc(sizeof(*r));
+    if (!r)
+        return;
+    *r = (retained_msg_t){.bin = rt_bin_retain(bin), .topic_len = (uint16_t)topic.len, .qos = qos};
+    if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, r,
+                        rt_bin_len(bin)) != 0) {
+        rt_bin_release(r->bin);
+        free(r);
+    }
 }
 
 static int qos2_find(conn_t *c, uint16_t id)
@@ -242,8 +296,10 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             memcpy(rt_bin_data(bin) + t.len, pk->publish.payload.p, pk->publish.payload.len);
         route_t r = {.bin = bin,
                      .d = {.topic_len = (uint16_t)t.len, .qos = qos, .retain = pk->publish.retain}};
-        rt_trie_match(rt_broker->trie, (const char *)t.p, t.len, rt_self(self), NULL, deliver_one,
-                      &r, &c->scratch, NULL);
+        rt_trie_match(rt_broker->trie, (const char *)t.p, t.len, rt_self(self), member_alive,
+                      deliver_one, &r, &c->scratch, NULL);
+        if (pk->publish.retain)
+            retain(bin, t, pk->publish.payload.len, qos);
         rt_bin_release(bin);
     }
     if (qos == 1) {
@@ -294,28 +350,58 @@ static void forget_filter(conn_t *c, const uint8_t *f, size_t len)
     }
 }
 
+typedef struct {
+    conn_t *c;
+    uint8_t qos;           /* granted */
+    uint32_t sub_id;
+} retained_send_t;
+
+/* Runs under the retained store's read lock: encode and queue at once, keep nothing. */
+static void send_retained(void *arg, const char *topic, size_t len, void *msg)
+{
+    retained_send_t *rs = arg;
+    const retained_msg_t *r = msg;
+    uint8_t qos = r->qos < rs->qos ? r->qos : rs->qos;
+    send_publish(rs->c, r->bin, r->topic_len, qos, 1, &rs->sub_id, rs->sub_id ? 1 : 0);
+}
+
 static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     uint8_t codes[256];
+    uint8_t send_retained_for[256];
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
     while (n < sizeof(codes) && mqtt_sub_next(pk, &pos, &s)) {
         /* Outbound QoS 2 is not implemented yet: grant at most 1 (the spec allows lower). */
         uint8_t qos = MQTT_SUB_QOS(s.options) > 1 ? 1 : MQTT_SUB_QOS(s.options);
+        uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s.options);
         rt_trie_opts_t o = {.qos = qos,
                             .no_local = (s.options & MQTT_SUB_NO_LOCAL) != 0,
                             .retain_as_published = (s.options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,
-                            .retain_handling = MQTT_SUB_RETAIN_HANDLING(s.options),
+                            .retain_handling = handling,
                             .sub_id = pk->props.sub_id};
+        int existed = 0;
         int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
-                                   rt_self(self), &o, NULL);
+                                   rt_self(self), &o, &existed);
         if (rc == 0)
             rc = remember_filter(c, s.filter.p, s.filter.len);
+        /* Retained messages on subscribe: always (0), for a new subscription only (1), never
+           (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
+        bool shared = s.filter.len > 7 && memcmp(s.filter.p, "$share/", 7) == 0;
+        send_retained_for[n] = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
         codes[n++] = rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     }
     mqtt_packet_t ack = {.type = MQTT_SUBACK, .packet_id = pk->packet_id};
     ack.codes = (mqtt_str_t){codes, (uint32_t)n};
     send_packet(c, &ack);
+    pos = 0;
+    for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++) {
+        if (!send_retained_for[i])
+            continue;
+        retained_send_t rs = {.c = c, .qos = codes[i], .sub_id = pk->props.sub_id};
+        rt_retained_match(rt_broker->retained, (const char *)s.filter.p, s.filter.len,
+                          send_retained, &rs, NULL);
+    }
     return 0;
 }
 
@@ -481,20 +567,7 @@ static void on_deliver(conn_t *c, rt_msg_t *m)
     if (!c->version || c->closing || !m->bin)
         return;
     const deliver_t *d = (const deliver_t *)(const void *)m->data;
-    const uint8_t *data = rt_bin_data(m->bin);
-    mqtt_packet_t pk = {.type = MQTT_PUBLISH};
-    pk.publish.topic = (mqtt_str_t){data, d->topic_len};
-    pk.publish.payload = (mqtt_str_t){data + d->topic_len,
-                                      (uint32_t)(rt_bin_len(m->bin) - d->topic_len)};
-    pk.publish.qos = d->qos;
-    pk.publish.retain = d->retain;
-    if (d->qos) {
-        if (++c->next_packet_id == 0)
-            c->next_packet_id = 1;
-        pk.packet_id = c->next_packet_id;
-    }
-    send_packet(c, &pk);
-    atomic_fetch_add_explicit(&rt_broker->stats.msgs_out, 1, memory_order_relaxed);
+    send_publish(c, m->bin, d->topic_len, d->qos, d->retain, d->sub_ids, d->n_sub_ids);
 }
 
 static int conn_init(rt_actor_t *self, void *state, void *arg)

@@ -790,6 +790,14 @@ int rt_spawn(const rt_actor_type_t *type, void *arg, rt_pid_t *out)
 
 /* ---- Identity, exits, links, monitors ---- */
 
+bool rt_alive(rt_pid_t pid)
+{
+    bool ext = enter_any();
+    bool alive = rt__lookup(pid) != NULL;
+    leave_any(ext);
+    return alive;
+}
+
 rt_actor_t *rt_current(void)
 {
     return rt__tls.current;

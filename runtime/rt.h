@@ -125,6 +125,9 @@ int rt_spawn(const rt_actor_type_t *type, void *arg, rt_pid_t *out);
 int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts,
                  rt_pid_t *out);
 
+/* Whether pid names a live actor right now (it may exit a moment later). */
+bool rt_alive(rt_pid_t pid);
+
 /* The actor running on this thread, or NULL outside any actor callback. */
 rt_actor_t *rt_current(void);
 rt_pid_t rt_self(const rt_actor_t *self);

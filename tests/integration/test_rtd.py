@@ -241,3 +241,98 @@ def test_listener_in_use_is_reported(rtd):
                        text=True, timeout=10, cwd=ROOT)
     assert r.returncode == 1
     assert "address already in use" in r.stderr
+
+
+def client_retained(port, client_id, protocol=mqtt.MQTTv311):
+    """A client that records the retain flag as well."""
+    c = mqtt.Client(client_id=client_id, protocol=protocol)
+    c.got = []
+    c.on_message = lambda _c, _u, m: c.got.append((m.topic, m.payload, m.retain))
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    return c
+
+
+def test_retained_set_replace_clear(rtd):
+    pub = client(rtd.port, "pub-r")
+    pub.publish("r/1", b"one", qos=1, retain=True).wait_for_publish(5)
+    pub.publish("r/2", b"two", qos=1, retain=True).wait_for_publish(5)
+    a = client_retained(rtd.port, "a")
+    subscribe(a, "r/+", 1)
+    assert wait_for(lambda: len(a.got) == 2)
+    assert sorted(a.got) == [("r/1", b"one", True), ("r/2", b"two", True)]
+    pub.publish("r/1", b"uno", qos=1, retain=True).wait_for_publish(5)
+    pub.publish("r/2", b"", qos=1, retain=True).wait_for_publish(5)  # clears r/2
+    # a is subscribed already: live messages arrive with retain cleared (3.3.1.3).
+    assert wait_for(lambda: len(a.got) == 4)
+    assert ("r/1", b"uno", False) in a.got
+    b = client_retained(rtd.port, "b")
+    subscribe(b, "r/#", 1)
+    assert wait_for(lambda: len(b.got) >= 1)
+    time.sleep(0.2)
+    assert b.got == [("r/1", b"uno", True)]
+    subscribe(b, "$share/g/r/#", 1)  # no retained messages for shared subscriptions
+    time.sleep(0.2)
+    assert b.got == [("r/1", b"uno", True)]
+
+
+def test_retain_handling_v5(rtd):
+    pub = client(rtd.port, "pub-rh")
+    pub.publish("rh/x", b"kept", qos=1, retain=True).wait_for_publish(5)
+    c = client_retained(rtd.port, "rh", mqtt.MQTTv5)
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+    done = threading.Event()
+    c.on_subscribe = lambda *a: done.set()
+    c.subscribe("rh/#", options=SubscribeOptions(qos=1, retainHandling=2))
+    assert done.wait(5)
+    time.sleep(0.2)
+    assert c.got == []  # 2: never send retained
+    done.clear()
+    c.subscribe("rh/+", options=SubscribeOptions(qos=1, retainHandling=1))
+    assert done.wait(5) and wait_for(lambda: len(c.got) == 1)  # 1: new subscription
+    done.clear()
+    c.subscribe("rh/+", options=SubscribeOptions(qos=1, retainHandling=1))
+    assert done.wait(5)
+    time.sleep(0.2)
+    assert len(c.got) == 1  # 1: not again for an existing subscription
+
+
+def test_shared_subscriptions_round_robin_and_failover(rtd):
+    m1 = client(rtd.port, "m1")
+    m2 = client(rtd.port, "m2")
+    plain = client(rtd.port, "plain")
+    subscribe(m1, "$share/g/jobs/#", 1)
+    subscribe(m2, "$share/g/jobs/#", 1)
+    subscribe(plain, "jobs/#", 1)
+    pub = client(rtd.port, "pub-s")
+    for i in range(10):
+        pub.publish(f"jobs/{i}", b"j", qos=1).wait_for_publish(5)
+    assert wait_for(lambda: len(plain.got) == 10 and len(m1.got) + len(m2.got) == 10)
+    assert len(m1.got) == 5 and len(m2.got) == 5  # round robin, each message once
+    m2.loop_stop()
+    m2.disconnect()
+    time.sleep(0.3)
+    for i in range(4):
+        pub.publish(f"jobs/x{i}", b"j", qos=1).wait_for_publish(5)
+    assert wait_for(lambda: len(m1.got) == 9)  # the member that left is skipped
+
+
+def test_subscription_identifiers_v5(rtd):
+    from paho.mqtt.properties import Properties
+    c = mqtt.Client(client_id="sid", protocol=mqtt.MQTTv5)
+    ids = []
+    c.on_message = lambda _c, _u, m: ids.append(getattr(m.properties, "SubscriptionIdentifier",
+                                                        None))
+    c.connect("127.0.0.1", rtd.port)
+    c.loop_start()
+    done = threading.Event()
+    c.on_subscribe = lambda *a: done.set()
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.SubscriptionIdentifier = 7
+    c.subscribe("sid/#", qos=1, properties=props)
+    assert done.wait(5)
+    pub = client(rtd.port, "pub-sid")
+    pub.publish("sid/a", b"x", qos=1).wait_for_publish(5)
+    assert wait_for(lambda: ids)
+    assert ids == [[7]]
+    c.loop_stop()
