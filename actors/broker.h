@@ -55,6 +55,12 @@ void rt_broker_free(void);
 rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid);
 void rt_broker_release_client(const char *id, rt_pid_t pid);
 
+#include "mqtt_codec.h"
+
+/* Routes a message to every matching subscriber (and the retained store if retain_flag). */
+int rt_broker_route(rt_pid_t publisher, mqtt_str_t topic, mqtt_str_t payload, uint8_t qos,
+                    uint8_t retain_flag, rt_trie_scratch_t *scratch);
+
 extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
 extern const rt_actor_type_t rt_conn_type;     /* arg: the accepted fd, as intptr_t */
 

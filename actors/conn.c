@@ -52,6 +52,11 @@ typedef struct {
     char **filters;        /* what this client subscribed, for cleanup */
     size_t *filter_lens;
     size_t nfilters, capfilters;
+    rt_bin_t *will;        /* will topic then payload, or NULL */
+    uint16_t will_topic_len;
+    uint8_t will_qos, will_retain;
+    uint8_t discard_will;  /* a normal DISCONNECT came (3.1.2.5) */
+    uint32_t will_delay;   /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
     uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL */
     size_t nqos2, capqos2;
     rt_trie_scratch_t scratch;
@@ -181,6 +186,23 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     rt_pid_t old = rt_broker_claim_client(c->client_id, rt_self(self));
     if (old)
         rt_exit_signal(old, RT_REASON_TAKEOVER);
+    if (pk->connect.will) {
+        mqtt_str_t wt = pk->connect.will_topic, wp = pk->connect.will_payload;
+        c->will = rt_bin_alloc(wt.len + wp.len);
+        if (!c->will)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        memcpy(rt_bin_data(c->will), wt.p, wt.len);
+        if (wp.len)
+            memcpy(rt_bin_data(c->will) + wt.len, wp.p, wp.len);
+        c->will_topic_len = (uint16_t)wt.len;
+        c->will_qos = pk->connect.will_qos;
+        c->will_retain = pk->connect.will_retain;
+        if (c->version == MQTT_V5) {
+            uint32_t expiry = pk->props.session_expiry;
+            uint32_t delay = pk->connect.will_props.will_delay;
+            c->will_delay = delay < expiry ? delay : expiry;
+        }
+    }
     c->keepalive = pk->connect.keepalive;
     if (c->version == MQTT_V5 && c->keepalive > rt_broker->conf.max_keepalive) {
         c->keepalive = (uint16_t)rt_broker->conf.max_keepalive;
@@ -255,6 +277,31 @@ static void retain(rt_bin_t *bin, mqtt_str_t topic, uint32_t payload_len, uint8_
     }
 }
 
+
+/*
+** Routes one message from publisher: every matching subscriber's connection
+** gets a DELIVER carrying the same binary (topic then payload), and a retained
+** message replaces the topic's retained one. Used for PUBLISH and for wills.
+*/
+int rt_broker_route(rt_pid_t publisher, mqtt_str_t topic, mqtt_str_t payload, uint8_t qos,
+                    uint8_t retain_flag, rt_trie_scratch_t *scratch)
+{
+    rt_bin_t *bin = rt_bin_alloc(topic.len + payload.len);
+    if (!bin)
+        return RT_ENOMEM;
+    memcpy(rt_bin_data(bin), topic.p, topic.len);
+    if (payload.len)
+        memcpy(rt_bin_data(bin) + topic.len, payload.p, payload.len);
+    route_t r = {.bin = bin, .d = {.topic_len = (uint16_t)topic.len, .qos = qos,
+                                   .retain = retain_flag}};
+    rt_trie_match(rt_broker->trie, (const char *)topic.p, topic.len, publisher, member_alive,
+                  deliver_one, &r, scratch, NULL);
+    if (retain_flag)
+        retain(bin, topic, payload.len, qos);
+    rt_bin_release(bin);
+    return 0;
+}
+
 static int qos2_find(conn_t *c, uint16_t id)
 {
     for (size_t i = 0; i < c->nqos2; i++)
@@ -286,22 +333,9 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             c->qos2_ids[c->nqos2++] = pk->packet_id;
         }
     }
-    if (route) {
-        mqtt_str_t t = pk->publish.topic;
-        rt_bin_t *bin = rt_bin_alloc(t.len + pk->publish.payload.len);
-        if (!bin)
-            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        memcpy(rt_bin_data(bin), t.p, t.len);
-        if (pk->publish.payload.len)
-            memcpy(rt_bin_data(bin) + t.len, pk->publish.payload.p, pk->publish.payload.len);
-        route_t r = {.bin = bin,
-                     .d = {.topic_len = (uint16_t)t.len, .qos = qos, .retain = pk->publish.retain}};
-        rt_trie_match(rt_broker->trie, (const char *)t.p, t.len, rt_self(self), member_alive,
-                      deliver_one, &r, &c->scratch, NULL);
-        if (pk->publish.retain)
-            retain(bin, t, pk->publish.payload.len, qos);
-        rt_bin_release(bin);
-    }
+    if (route && rt_broker_route(rt_self(self), pk->publish.topic, pk->publish.payload, qos,
+                                 pk->publish.retain, &c->scratch) != 0)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     if (qos == 1) {
         mqtt_packet_t ack = {.type = MQTT_PUBACK, .packet_id = pk->packet_id};
         send_packet(c, &ack);
@@ -459,6 +493,8 @@ static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         return 0;
     }
     case MQTT_DISCONNECT:
+        /* A normal DISCONNECT discards the will; v5 can ask for it with 0x04. */
+        c->discard_will = !(c->version == MQTT_V5 && pk->reason == MQTT_RC_DISCONNECT_WITH_WILL);
         close_conn(self, c, 0, RT_REASON_NORMAL);
         return 0;
     case MQTT_AUTH:
@@ -604,6 +640,83 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
 }
 
+/*
+** A delayed will (MQTT 5 will delay) outlives its connection in a small actor
+** that holds the client id: a reconnect with that id takes it over, which
+** cancels the will; otherwise it publishes when the delay ends.
+*/
+typedef struct {
+    rt_bin_t *bin;
+    char *client_id;
+    uint16_t topic_len;
+    uint8_t qos, retain;
+    uint32_t delay_s;
+} will_t;
+
+enum { MSG_WILL_DUE = RT_MSG_USER + 10 };
+
+static int will_init(rt_actor_t *self, void *state, void *arg)
+{
+    will_t *w = state;
+    *w = *(will_t *)arg;
+    rt_broker_claim_client(w->client_id, rt_self(self));
+    rt_send_after((uint64_t)w->delay_s * 1000, rt_self(self), rt_msg_new(MSG_WILL_DUE, 0), NULL);
+    return 0;
+}
+
+static void will_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    will_t *w = state;
+    if (m->tag != MSG_WILL_DUE)
+        return;
+    rt_trie_scratch_t scratch;
+    rt_trie_scratch_init(&scratch);
+    const uint8_t *d = rt_bin_data(w->bin);
+    rt_broker_route(rt_self(self), (mqtt_str_t){d, w->topic_len},
+                    (mqtt_str_t){d + w->topic_len, (uint32_t)(rt_bin_len(w->bin) - w->topic_len)},
+                    w->qos, w->retain, &scratch);
+    rt_trie_scratch_destroy(&scratch);
+    rt_log(RT_LOG_INFO, "client.will", "client=%s delayed=%us", w->client_id, w->delay_s);
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
+static void will_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    will_t *w = state;
+    rt_broker_release_client(w->client_id, rt_self(self));
+    rt_bin_release(w->bin);
+    free(w->client_id);
+}
+
+static const rt_actor_type_t will_type = {
+    .name = "mqtt_will",
+    .state_size = sizeof(will_t),
+    .init = will_init,
+    .handle = will_handle,
+    .terminate = will_terminate,
+};
+
+static void publish_will(rt_actor_t *self, conn_t *c, rt_reason_t reason)
+{
+    /* A takeover publishes at once: a delayed will would claim the id from the successor. */
+    if (c->will_delay && reason != RT_REASON_TAKEOVER && c->client_id) {
+        will_t w = {.bin = rt_bin_retain(c->will), .client_id = strdup(c->client_id),
+                    .topic_len = c->will_topic_len, .qos = c->will_qos,
+                    .retain = c->will_retain, .delay_s = c->will_delay};
+        rt_pid_t pid;
+        if (w.client_id && rt_spawn(&will_type, &w, &pid) == 0)
+            return;
+        rt_bin_release(w.bin);
+        free(w.client_id);
+    }
+    const uint8_t *d = rt_bin_data(c->will);
+    rt_broker_route(rt_self(self), (mqtt_str_t){d, c->will_topic_len},
+                    (mqtt_str_t){d + c->will_topic_len,
+                                 (uint32_t)(rt_bin_len(c->will) - c->will_topic_len)},
+                    c->will_qos, c->will_retain, &c->scratch);
+    rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
+}
+
 static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     conn_t *c = state;
@@ -612,6 +725,11 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
             send_disconnect(c, MQTT_RC_SESSION_TAKEN_OVER);
         else if (reason == RT_REASON_SHUTDOWN)
             send_disconnect(c, MQTT_RC_SERVER_SHUTTING_DOWN);
+    }
+    if (c->will) {
+        if (!c->discard_will && reason != RT_REASON_SHUTDOWN)
+            publish_will(self, c, reason);
+        rt_bin_release(c->will);
     }
     if (c->nfilters)
         rt_trie_unsubscribe_all(rt_broker->trie, rt_self(self), (const char *const *)c->filters,

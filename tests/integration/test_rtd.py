@@ -336,3 +336,60 @@ def test_subscription_identifiers_v5(rtd):
     assert wait_for(lambda: ids)
     assert ids == [[7]]
     c.loop_stop()
+
+
+def raw_connect_will(port, client_id, will_topic, will_payload, version=4, will_delay=None,
+                     session_expiry=None, will_qos=1):
+    """CONNECT with a will, over a raw socket so the test can drop it without DISCONNECT."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    flags = 0x02 | 0x04 | (will_qos << 3)
+    var = struct.pack("!H", 4) + b"MQTT" + bytes([version, flags]) + struct.pack("!H", 60)
+    will_props = b""
+    if version == 5:
+        props = b""
+        if session_expiry is not None:
+            props += b"\x11" + struct.pack("!I", session_expiry)
+        var += bytes([len(props)]) + props
+        if will_delay is not None:
+            will_props = b"\x18" + struct.pack("!I", will_delay)
+        will_props = bytes([len(will_props)]) + will_props
+    payload = (struct.pack("!H", len(client_id)) + client_id + will_props +
+               struct.pack("!H", len(will_topic)) + will_topic +
+               struct.pack("!H", len(will_payload)) + will_payload)
+    body = var + payload
+    s.sendall(bytes([0x10, len(body)]) + body)
+    ack = s.recv(64)
+    assert ack[0] == 0x20
+    return s
+
+
+def test_will_on_abrupt_close_not_on_disconnect(rtd):
+    watcher = client(rtd.port, "will-watch")
+    subscribe(watcher, "wills/#", 1)
+    s = raw_connect_will(rtd.port, b"w1", b"wills/w1", b"gone")
+    s.close()  # no DISCONNECT: the will goes out
+    assert wait_for(lambda: watcher.got == [("wills/w1", b"gone", 1)])
+    s = raw_connect_will(rtd.port, b"w2", b"wills/w2", b"never")
+    s.sendall(bytes([0xE0, 0x00]))  # normal DISCONNECT discards the will
+    s.close()
+    time.sleep(0.3)
+    assert watcher.got == [("wills/w1", b"gone", 1)]
+
+
+def test_will_delay_and_reconnect_cancels_it(rtd):
+    watcher = client(rtd.port, "wd-watch")
+    subscribe(watcher, "wd/#", 1)
+    s = raw_connect_will(rtd.port, b"wd1", b"wd/1", b"late", version=5, will_delay=1,
+                         session_expiry=60)
+    t0 = time.time()
+    s.close()
+    assert wait_for(lambda: watcher.got, timeout=5)
+    assert time.time() - t0 >= 0.9  # held back for the will delay
+    s = raw_connect_will(rtd.port, b"wd2", b"wd/2", b"cancelled", version=5, will_delay=1,
+                         session_expiry=60)
+    s.close()
+    time.sleep(0.2)
+    again = raw_connect(rtd.port, b"wd2", version=5)  # back within the delay: no will
+    time.sleep(1.5)
+    assert watcher.got == [("wd/1", b"late", 1)]
+    again.close()
