@@ -8,13 +8,6 @@
 
 rt_broker_t *rt_broker;
 
-static void retained_release(void *msg)
-{
-    retained_msg_t *r = msg;
-    rt_bin_release(r->bin);
-    free(r);
-}
-
 typedef struct rt_client_entry_s {
     struct rt_client_entry_s *next;
     rt_pid_t pid;
@@ -39,7 +32,7 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
     b->clients_cap = 1024;
     b->clients = calloc(b->clients_cap, sizeof(*b->clients));
     if (!b->clients || rt_trie_new(&b->trie) ||
-        rt_retained_new(&b->retained, retained_release, 0, 0)) {
+        rt_retained_new(&b->retained, (rt_retained_release_fn)rt_bin_release, 0, 0)) {
         rt_trie_free(b->trie);
         free(b->clients);
         free(b);

@@ -26,7 +26,7 @@ typedef struct rt_broker_stats_s {
 typedef struct rt_broker_s {
     rt_conf_t conf;
     rt_trie_t *trie;
-    rt_retained_t *retained;            /* retained_msg_t by topic */
+    rt_retained_t *retained;            /* canonical PUBLISH binaries by topic */
     rt_broker_stats_t stats;
     pthread_mutex_t clients_lock;
     struct rt_client_entry_s **clients; /* client id -> pid (open hashing) */
@@ -35,12 +35,7 @@ typedef struct rt_broker_s {
 
 extern rt_broker_t *rt_broker;
 
-/* A retained message: the routed binary (topic then payload) and how it was published. */
-typedef struct retained_msg_s {
-    rt_bin_t *bin;
-    uint16_t topic_len;
-    uint8_t qos;
-} retained_msg_t;
+
 
 /* Creates the broker state and spawns its listeners; err names a listener that failed. */
 int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen);
@@ -57,9 +52,15 @@ void rt_broker_release_client(const char *id, rt_pid_t pid);
 
 #include "mqtt_codec.h"
 
-/* Routes a message to every matching subscriber (and the retained store if retain_flag). */
-int rt_broker_route(rt_pid_t publisher, mqtt_str_t topic, mqtt_str_t payload, uint8_t qos,
-                    uint8_t retain_flag, rt_trie_scratch_t *scratch);
+/*
+** Messages travel in canonical form: one binary holding an MQTT 5 PUBLISH
+** (topic, properties, payload), made once per message and re-encoded by each
+** subscriber's connection for its version. canonical makes it from a decoded
+** PUBLISH (or a will); route delivers it to every matching subscriber and, if
+** it is retained, stores it.
+*/
+rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk);
+int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin, rt_trie_scratch_t *scratch);
 
 extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
 extern const rt_actor_type_t rt_conn_type;     /* arg: the accepted fd, as intptr_t */

@@ -22,14 +22,19 @@
 #include "mqtt_codec.h"
 
 enum {
-    MSG_DELIVER = RT_MSG_USER, /* data: deliver_t; bin: topic then payload */
+    MSG_DELIVER = RT_MSG_USER, /* data: deliver_t; bin: the canonical PUBLISH */
     MSG_KEEPALIVE,
 };
 
 #define RT_CONN_MAX_SUB_IDS 8 /* subscription identifiers carried per delivery */
 
+/*
+** A delivery. The binary holds the message once, in canonical form: an MQTT 5
+** PUBLISH (topic, properties, payload) that each subscriber's connection
+** decodes and re-encodes for its own version, QoS, packet id and
+** subscription identifiers, so v5 properties pass through to v5 subscribers.
+*/
 typedef struct {
-    uint16_t topic_len;
     uint8_t qos;
     uint8_t retain;
     uint32_t n_sub_ids;
@@ -52,11 +57,12 @@ typedef struct {
     char **filters;        /* what this client subscribed, for cleanup */
     size_t *filter_lens;
     size_t nfilters, capfilters;
-    rt_bin_t *will;        /* will topic then payload, or NULL */
-    uint16_t will_topic_len;
-    uint8_t will_qos, will_retain;
+    rt_bin_t *will;        /* the will as a canonical PUBLISH, or NULL */
     uint8_t discard_will;  /* a normal DISCONNECT came (3.1.2.5) */
     uint32_t will_delay;   /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
+    uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
+    char **aliases;        /* inbound topic aliases (MQTT 5), allocated on first use */
+    uint64_t dropped;      /* messages too large for the client's maximum packet size */
     uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL */
     size_t nqos2, capqos2;
     rt_trie_scratch_t scratch;
@@ -74,28 +80,32 @@ static void send_packet(conn_t *c, mqtt_packet_t *pk)
 {
     pk->version = c->version ? c->version : MQTT_V311;
     size_t len;
-    if (mqtt_encode(pk, NULL, 0, 0, &len, NULL) != 0)
+    if (mqtt_encode(pk, NULL, 0, c->peer_max_packet, &len, NULL) != 0) {
+        /* Over the client's Maximum Packet Size: discarded, as 3.1.2.11.4 says, and counted. */
+        c->dropped++;
         return;
+    }
     uint8_t stackbuf[512];
     uint8_t *buf = len <= sizeof(stackbuf) ? stackbuf : malloc(len);
     if (!buf)
         return;
-    if (mqtt_encode(pk, buf, len, 0, &len, NULL) == 0)
+    if (mqtt_encode(pk, buf, len, c->peer_max_packet, &len, NULL) == 0)
         rt_sock_write(c->sock, buf, len);
     if (buf != stackbuf)
         free(buf);
 }
 
-/* Sends one PUBLISH of topic+payload held in bin (topic first, topic_len bytes). */
-static void send_publish(conn_t *c, rt_bin_t *bin, uint16_t topic_len, uint8_t qos,
-                         uint8_t retain_flag, const uint32_t *sub_ids, uint32_t n_sub_ids)
+/* Sends one message from its canonical form, re-encoded for this client. */
+static void send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_flag,
+                         const uint32_t *sub_ids, uint32_t n_sub_ids)
 {
-    const uint8_t *data = rt_bin_data(bin);
-    mqtt_packet_t pk = {.type = MQTT_PUBLISH};
-    pk.publish.topic = (mqtt_str_t){data, topic_len};
-    pk.publish.payload = (mqtt_str_t){data + topic_len, (uint32_t)(rt_bin_len(bin) - topic_len)};
+    mqtt_packet_t pk;
+    if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
+        return;
     pk.publish.qos = qos;
     pk.publish.retain = retain_flag;
+    pk.publish.dup = 0;
+    pk.packet_id = 0;
     if (qos) {
         if (++c->next_packet_id == 0)
             c->next_packet_id = 1;
@@ -187,22 +197,23 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     if (old)
         rt_exit_signal(old, RT_REASON_TAKEOVER);
     if (pk->connect.will) {
-        mqtt_str_t wt = pk->connect.will_topic, wp = pk->connect.will_payload;
-        c->will = rt_bin_alloc(wt.len + wp.len);
+        mqtt_packet_t w = {.type = MQTT_PUBLISH, .version = pk->version};
+        w.publish.topic = pk->connect.will_topic;
+        w.publish.payload = pk->connect.will_payload;
+        w.publish.qos = pk->connect.will_qos;
+        w.publish.retain = pk->connect.will_retain;
+        w.props = pk->connect.will_props; /* the will's own properties travel with it */
+        c->will = rt_broker_canonical(&w);
         if (!c->will)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        memcpy(rt_bin_data(c->will), wt.p, wt.len);
-        if (wp.len)
-            memcpy(rt_bin_data(c->will) + wt.len, wp.p, wp.len);
-        c->will_topic_len = (uint16_t)wt.len;
-        c->will_qos = pk->connect.will_qos;
-        c->will_retain = pk->connect.will_retain;
         if (c->version == MQTT_V5) {
             uint32_t expiry = pk->props.session_expiry;
             uint32_t delay = pk->connect.will_props.will_delay;
             c->will_delay = delay < expiry ? delay : expiry;
         }
     }
+    if (c->version == MQTT_V5 && (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE)))
+        c->peer_max_packet = pk->props.maximum_packet_size;
     c->keepalive = pk->connect.keepalive;
     if (c->version == MQTT_V5 && c->keepalive > rt_broker->conf.max_keepalive) {
         c->keepalive = (uint16_t)rt_broker->conf.max_keepalive;
@@ -218,7 +229,7 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         ack.props.present |= MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
                              MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
         ack.props.maximum_packet_size = (uint32_t)rt_broker->conf.max_packet_size;
-        ack.props.topic_alias_maximum = 0;
+        ack.props.topic_alias_maximum = (uint16_t)rt_broker->conf.max_topic_alias;
     }
     send_packet(c, &ack);
     atomic_fetch_add(&rt_broker->stats.connections, 1);
@@ -230,7 +241,8 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 
 typedef struct {
     rt_bin_t *bin;
-    deliver_t d;
+    uint8_t qos;
+    uint8_t retain;
 } route_t;
 
 static void deliver_one(void *arg, const rt_trie_delivery_t *d)
@@ -241,11 +253,9 @@ static void deliver_one(void *arg, const rt_trie_delivery_t *d)
     if (!m)
         return;
     deliver_t *dd = (deliver_t *)(void *)m->data;
-    *dd = r->d;
-    if (d->qos < dd->qos)
-        dd->qos = d->qos;
-    if (!d->retain_as_published)
-        dd->retain = 0; /* MQTT 3.3.1.3: retain is cleared on ordinary forwarding */
+    dd->qos = d->qos < r->qos ? d->qos : r->qos;
+    /* MQTT 3.3.1.3: retain is cleared on ordinary forwarding unless asked to keep it. */
+    dd->retain = d->retain_as_published ? r->retain : 0;
     dd->n_sub_ids = (uint32_t)nids;
     memcpy(dd->sub_ids, d->sub_ids, nids * sizeof(uint32_t));
     m->bin = rt_bin_retain(r->bin);
@@ -259,46 +269,72 @@ static int member_alive(void *arg, rt_pid_t pid)
     return rt_alive(pid);
 }
 
-/* A retained PUBLISH replaces the topic's retained message; an empty one clears it. */
-static void retain(rt_bin_t *bin, mqtt_str_t topic, uint32_t payload_len, uint8_t qos)
+rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk)
 {
-    if (!payload_len) {
-        rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, NULL, 0);
-        return;
+    mqtt_packet_t c = *pk;
+    c.type = MQTT_PUBLISH;
+    if (pk->version != MQTT_V5)
+        memset(&c.props, 0, sizeof(c.props));
+    c.version = MQTT_V5;
+    c.packet_id = c.publish.qos ? 1 : 0; /* replaced per subscriber */
+    c.publish.dup = 0;
+    c.props.present &= ~(MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS) | MQTT_PROP_BIT(MQTT_PROP_WILL_DELAY));
+    size_t len;
+    if (mqtt_encode(&c, NULL, 0, 0, &len, NULL) != 0)
+        return NULL;
+    rt_bin_t *bin = rt_bin_alloc(len);
+    if (bin && mqtt_encode(&c, rt_bin_data(bin), len, 0, &len, NULL) != 0) {
+        rt_bin_release(bin);
+        bin = NULL;
     }
-    retained_msg_t *r = malloc(sizeof(*r));
-    if (!r)
-        return;
-    *r = (retained_msg_t){.bin = rt_bin_retain(bin), .topic_len = (uint16_t)topic.len, .qos = qos};
-    if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, r,
-                        rt_bin_len(bin)) != 0) {
-        rt_bin_release(r->bin);
-        free(r);
-    }
+    return bin;
 }
 
-
-/*
-** Routes one message from publisher: every matching subscriber's connection
-** gets a DELIVER carrying the same binary (topic then payload), and a retained
-** message replaces the topic's retained one. Used for PUBLISH and for wills.
-*/
-int rt_broker_route(rt_pid_t publisher, mqtt_str_t topic, mqtt_str_t payload, uint8_t qos,
-                    uint8_t retain_flag, rt_trie_scratch_t *scratch)
+int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin, rt_trie_scratch_t *scratch)
 {
-    rt_bin_t *bin = rt_bin_alloc(topic.len + payload.len);
-    if (!bin)
-        return RT_ENOMEM;
-    memcpy(rt_bin_data(bin), topic.p, topic.len);
-    if (payload.len)
-        memcpy(rt_bin_data(bin) + topic.len, payload.p, payload.len);
-    route_t r = {.bin = bin, .d = {.topic_len = (uint16_t)topic.len, .qos = qos,
-                                   .retain = retain_flag}};
+    mqtt_packet_t pk;
+    if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
+        return RT_EINVAL;
+    mqtt_str_t topic = pk.publish.topic;
+    route_t r = {.bin = bin, .qos = pk.publish.qos, .retain = pk.publish.retain};
     rt_trie_match(rt_broker->trie, (const char *)topic.p, topic.len, publisher, member_alive,
                   deliver_one, &r, scratch, NULL);
-    if (retain_flag)
-        retain(bin, topic, payload.len, qos);
-    rt_bin_release(bin);
+    if (pk.publish.retain) {
+        /* A retained PUBLISH replaces the topic's retained message; an empty one clears it. */
+        rt_bin_t *keep = pk.publish.payload.len ? rt_bin_retain(bin) : NULL;
+        if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, keep,
+                            keep ? rt_bin_len(keep) : 0) != 0 && keep)
+            rt_bin_release(keep);
+    }
+    return 0;
+}
+
+/* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
+static int resolve_alias(conn_t *c, mqtt_packet_t *pk)
+{
+    mqtt_str_t *topic = &pk->publish.topic;
+    if (!(pk->props.present & MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS)))
+        return topic->len ? 0 : MQTT_ERR(MQTT_RC_PROTOCOL_ERROR);
+    uint16_t alias = pk->props.topic_alias;
+    if (alias == 0 || alias > rt_broker->conf.max_topic_alias)
+        return MQTT_ERR(MQTT_RC_TOPIC_ALIAS_INVALID);
+    if (!c->aliases) {
+        c->aliases = calloc((size_t)rt_broker->conf.max_topic_alias, sizeof(char *));
+        if (!c->aliases)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    }
+    char **slot = &c->aliases[alias - 1];
+    if (topic->len) {
+        char *copy = strndup((const char *)topic->p, topic->len);
+        if (!copy)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        free(*slot);
+        *slot = copy;
+        return 0;
+    }
+    if (!*slot)
+        return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* an alias never set */
+    *topic = (mqtt_str_t){(const uint8_t *)*slot, (uint32_t)strlen(*slot)};
     return 0;
 }
 
@@ -313,6 +349,13 @@ static int qos2_find(conn_t *c, uint16_t id)
 static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     atomic_fetch_add(&rt_broker->stats.msgs_in, 1);
+    if (c->version == MQTT_V5) {
+        if (pk->props.sub_id_count)
+            return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* only servers send them (3.3.4) */
+        int rc = resolve_alias(c, pk);
+        if (rc)
+            return rc;
+    }
     uint8_t qos = pk->publish.qos;
     bool route = true;
     if (qos == 2) {
@@ -333,9 +376,13 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             c->qos2_ids[c->nqos2++] = pk->packet_id;
         }
     }
-    if (route && rt_broker_route(rt_self(self), pk->publish.topic, pk->publish.payload, qos,
-                                 pk->publish.retain, &c->scratch) != 0)
-        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    if (route) {
+        rt_bin_t *bin = rt_broker_canonical(pk);
+        if (!bin)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        rt_broker_route(rt_self(self), bin, &c->scratch);
+        rt_bin_release(bin);
+    }
     if (qos == 1) {
         mqtt_packet_t ack = {.type = MQTT_PUBACK, .packet_id = pk->packet_id};
         send_packet(c, &ack);
@@ -394,9 +441,12 @@ typedef struct {
 static void send_retained(void *arg, const char *topic, size_t len, void *msg)
 {
     retained_send_t *rs = arg;
-    const retained_msg_t *r = msg;
-    uint8_t qos = r->qos < rs->qos ? r->qos : rs->qos;
-    send_publish(rs->c, r->bin, r->topic_len, qos, 1, &rs->sub_id, rs->sub_id ? 1 : 0);
+    rt_bin_t *bin = msg;
+    mqtt_packet_t pk;
+    if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
+        return;
+    uint8_t qos = pk.publish.qos < rs->qos ? pk.publish.qos : rs->qos;
+    send_publish(rs->c, bin, qos, 1, &rs->sub_id, rs->sub_id ? 1 : 0);
 }
 
 static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
@@ -603,7 +653,7 @@ static void on_deliver(conn_t *c, rt_msg_t *m)
     if (!c->version || c->closing || !m->bin)
         return;
     const deliver_t *d = (const deliver_t *)(const void *)m->data;
-    send_publish(c, m->bin, d->topic_len, d->qos, d->retain, d->sub_ids, d->n_sub_ids);
+    send_publish(c, m->bin, d->qos, d->retain, d->sub_ids, d->n_sub_ids);
 }
 
 static int conn_init(rt_actor_t *self, void *state, void *arg)
@@ -646,10 +696,8 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 ** cancels the will; otherwise it publishes when the delay ends.
 */
 typedef struct {
-    rt_bin_t *bin;
+    rt_bin_t *bin; /* the will, canonical */
     char *client_id;
-    uint16_t topic_len;
-    uint8_t qos, retain;
     uint32_t delay_s;
 } will_t;
 
@@ -671,10 +719,7 @@ static void will_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         return;
     rt_trie_scratch_t scratch;
     rt_trie_scratch_init(&scratch);
-    const uint8_t *d = rt_bin_data(w->bin);
-    rt_broker_route(rt_self(self), (mqtt_str_t){d, w->topic_len},
-                    (mqtt_str_t){d + w->topic_len, (uint32_t)(rt_bin_len(w->bin) - w->topic_len)},
-                    w->qos, w->retain, &scratch);
+    rt_broker_route(rt_self(self), w->bin, &scratch);
     rt_trie_scratch_destroy(&scratch);
     rt_log(RT_LOG_INFO, "client.will", "client=%s delayed=%us", w->client_id, w->delay_s);
     rt_exit(self, RT_REASON_NORMAL);
@@ -701,19 +746,14 @@ static void publish_will(rt_actor_t *self, conn_t *c, rt_reason_t reason)
     /* A takeover publishes at once: a delayed will would claim the id from the successor. */
     if (c->will_delay && reason != RT_REASON_TAKEOVER && c->client_id) {
         will_t w = {.bin = rt_bin_retain(c->will), .client_id = strdup(c->client_id),
-                    .topic_len = c->will_topic_len, .qos = c->will_qos,
-                    .retain = c->will_retain, .delay_s = c->will_delay};
+                    .delay_s = c->will_delay};
         rt_pid_t pid;
         if (w.client_id && rt_spawn(&will_type, &w, &pid) == 0)
             return;
         rt_bin_release(w.bin);
         free(w.client_id);
     }
-    const uint8_t *d = rt_bin_data(c->will);
-    rt_broker_route(rt_self(self), (mqtt_str_t){d, c->will_topic_len},
-                    (mqtt_str_t){d + c->will_topic_len,
-                                 (uint32_t)(rt_bin_len(c->will) - c->will_topic_len)},
-                    c->will_qos, c->will_retain, &c->scratch);
+    rt_broker_route(rt_self(self), c->will, &c->scratch);
     rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
 }
 
@@ -740,6 +780,9 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     free(c->filter_lens);
     free(c->qos2_ids);
     free(c->partial);
+    for (long i = 0; c->aliases && i < rt_broker->conf.max_topic_alias; i++)
+        free(c->aliases[i]);
+    free(c->aliases);
     if (c->client_id) {
         rt_broker_release_client(c->client_id, rt_self(self));
         atomic_fetch_sub(&rt_broker->stats.connections, 1);

@@ -393,3 +393,76 @@ def test_will_delay_and_reconnect_cancels_it(rtd):
     time.sleep(1.5)
     assert watcher.got == [("wd/1", b"late", 1)]
     again.close()
+
+
+def test_v5_properties_pass_through(rtd):
+    from paho.mqtt.properties import Properties
+    got = []
+    sub = mqtt.Client(client_id="props-sub", protocol=mqtt.MQTTv5)
+    sub.on_message = lambda _c, _u, m: got.append(m)
+    sub.connect("127.0.0.1", rtd.port)
+    sub.loop_start()
+    subscribe(sub, "rr/#", 1)
+    v3 = client(rtd.port, "props-v3")
+    subscribe(v3, "rr/#", 1)
+    pub = client(rtd.port, "props-pub", mqtt.MQTTv5)
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = "rr/reply"
+    props.CorrelationData = b"\x01\x02"
+    props.ContentType = "text/plain"
+    props.PayloadFormatIndicator = 1
+    props.UserProperty = [("k", "v"), ("k", "w")]
+    pub.publish("rr/req", b"ping", qos=1, properties=props).wait_for_publish(5)
+    assert wait_for(lambda: got and v3.got)
+    p = got[0].properties
+    assert p.ResponseTopic == "rr/reply" and p.CorrelationData == b"\x01\x02"
+    assert p.ContentType == "text/plain" and p.PayloadFormatIndicator == 1
+    assert p.UserProperty == [("k", "v"), ("k", "w")]
+    assert v3.got == [("rr/req", b"ping", 1)]  # v3 subscribers get the message without them
+    sub.loop_stop()
+
+
+def v5_publish_raw(topic, payload, props=b"", qos=0, packet_id=None):
+    var = struct.pack("!H", len(topic)) + topic
+    if qos:
+        var += struct.pack("!H", packet_id)
+    var += bytes([len(props)]) + props
+    body = var + payload
+    return bytes([0x30 | (qos << 1), len(body)]) + body
+
+
+def test_v5_topic_aliases(rtd):
+    watcher = client(rtd.port, "alias-watch")
+    subscribe(watcher, "al/#")
+    s = raw_connect(rtd.port, b"aliaser", version=5)
+    s.sendall(v5_publish_raw(b"al/long/topic", b"one", b"\x23\x00\x01"))  # set alias 1
+    s.sendall(v5_publish_raw(b"", b"two", b"\x23\x00\x01"))              # use alias 1
+    assert wait_for(lambda: len(watcher.got) == 2)
+    assert watcher.got == [("al/long/topic", b"one", 0), ("al/long/topic", b"two", 0)]
+    s.sendall(v5_publish_raw(b"", b"x", b"\x23\x00\x02"))  # alias 2 was never set
+    assert closed_by_peer(s)
+    s = raw_connect(rtd.port, b"aliaser2", version=5)
+    s.sendall(v5_publish_raw(b"al/x", b"x", b"\x23\xff\xff"))  # above topic alias maximum
+    data = s.recv(64)
+    assert data[:1] == b"\xe0" and data[2] == 0x94  # DISCONNECT, Topic Alias invalid
+    s.close()
+
+
+def test_v5_client_maximum_packet_size(rtd):
+    s = socket.create_connection(("127.0.0.1", rtd.port), timeout=5)
+    props = b"\x27" + struct.pack("!I", 64)  # this client takes packets of 64 bytes at most
+    var = struct.pack("!H", 4) + b"MQTT" + bytes([5, 0x02]) + struct.pack("!H", 60)
+    var += bytes([len(props)]) + props
+    body = var + struct.pack("!H", 5) + b"small"
+    s.sendall(bytes([0x10, len(body)]) + body)
+    assert s.recv(64)[0] == 0x20
+    sub = bytes([0x82, 0x08]) + struct.pack("!H", 1) + b"\x00" + struct.pack("!H", 2) + b"mx" + b"\x00"
+    s.sendall(sub)
+    assert s.recv(64)[0] == 0x90
+    pub = client(rtd.port, "mx-pub")
+    pub.publish("mx", b"y" * 200, qos=1).wait_for_publish(5)  # too big for it: dropped
+    pub.publish("mx", b"fits", qos=1).wait_for_publish(5)
+    s.settimeout(2)
+    data = s.recv(256)
+    assert data[0] == 0x30 and data.endswith(b"fits")
+    s.close()
