@@ -7,10 +7,11 @@
 ** topic and payload in one shared binary, so a fan-out copies no payload.
 **
 ** This first cut covers CONNECT (3.1, 3.1.1, 5.0), client id takeover,
-** keepalive, PUBLISH in at QoS 0/1/2 and out at QoS 0/1, SUBSCRIBE and
+** keepalive, PUBLISH in and out at QoS 0/1/2, SUBSCRIBE and
 ** UNSUBSCRIBE with wildcards, shared subscriptions and subscription
-** identifiers, retained messages, PINGREQ and DISCONNECT. Sessions, wills,
-** QoS 2 out and outbound inflight tracking are not here yet.
+** identifiers, retained messages, wills, PINGREQ and DISCONNECT. Persistent
+** sessions (offline queues, retransmission of unacknowledged messages) are
+** not here yet.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -456,8 +457,7 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
     while (n < sizeof(codes) && mqtt_sub_next(pk, &pos, &s)) {
-        /* Outbound QoS 2 is not implemented yet: grant at most 1 (the spec allows lower). */
-        uint8_t qos = MQTT_SUB_QOS(s.options) > 1 ? 1 : MQTT_SUB_QOS(s.options);
+        uint8_t qos = MQTT_SUB_QOS(s.options);
         uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s.options);
         rt_trie_opts_t o = {.qos = qos,
                             .no_local = (s.options & MQTT_SUB_NO_LOCAL) != 0,
@@ -529,10 +529,16 @@ static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         send_packet(c, &comp);
         return 0;
     }
+    case MQTT_PUBREC: {
+        /* Outbound QoS 2, second step. Without sessions nothing is retransmitted, so no
+           state is kept: every PUBREC is answered. */
+        mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = pk->packet_id};
+        send_packet(c, &rel);
+        return 0;
+    }
     case MQTT_PUBACK:
-    case MQTT_PUBREC:
     case MQTT_PUBCOMP:
-        return 0; /* outbound QoS 1 is fire-and-forget until sessions track inflight */
+        return 0; /* inflight tracking comes with sessions */
     case MQTT_SUBSCRIBE:
         return handle_subscribe(self, c, pk);
     case MQTT_UNSUBSCRIBE:

@@ -28,8 +28,11 @@ class Rtd:
                 "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2"]
         for o in overrides:
             args += ["-o", o]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
+        # A file, not a pipe: a broker logging thousands of connections would fill a pipe
+        # nobody reads until the end, and block on it.
+        import tempfile
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
@@ -37,7 +40,7 @@ class Rtd:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError("rtd exited: " + self.proc.stdout.read())
+                    raise RuntimeError("rtd exited: " + self.read_log())
                 time.sleep(0.02)
         raise RuntimeError("rtd did not start listening")
 
@@ -49,7 +52,11 @@ class Rtd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        return self.proc.returncode, self.proc.stdout.read()
+        return self.proc.returncode, self.read_log()
+
+    def read_log(self):
+        self.log.seek(0)
+        return self.log.read()
 
 
 @pytest.fixture
@@ -109,6 +116,13 @@ def test_pub_sub_wildcards_and_qos(rtd, protocol):
     time.sleep(0.2)
     assert sorted(sub.got) == sorted([("sensors/a/temp", b"21", 1), ("all", b"parent", 0),
                                       ("all/x/y", b"deep", 0)])
+    subscribe(sub, "q2/#", 2)
+    for i in range(5):
+        pub.publish(f"q2/{i}", b"exactly-once", qos=2).wait_for_publish(5)
+    assert wait_for(lambda: len([g for g in sub.got if g[0].startswith("q2/")]) == 5)
+    time.sleep(0.2)
+    assert sorted(g for g in sub.got if g[0].startswith("q2/")) == \
+        [(f"q2/{i}", b"exactly-once", 2) for i in range(5)]
     for c in (sub, pub):
         c.loop_stop()
         c.disconnect()
@@ -132,7 +146,7 @@ def test_mosquitto_clients_out_of_the_box(rtd):
     time.sleep(0.3)
     for v in ("mqttv311", "mqttv5"):
         subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(rtd.port), "-V", v,
-                        "-t", f"t/{v}", "-m", "hi", "-q", "1"], check=True, timeout=10)
+                        "-t", f"t/{v}", "-m", "hi", "-q", "2"], check=True, timeout=10)
     stdout, _ = out.communicate(timeout=15)
     assert stdout.splitlines() == ["t/mqttv311 hi", "t/mqttv5 hi"]
 
@@ -466,3 +480,33 @@ def test_v5_client_maximum_packet_size(rtd):
     data = s.recv(256)
     assert data[0] == 0x30 and data.endswith(b"fits")
     s.close()
+
+
+RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
+
+
+def rtbench(*args):
+    import json
+    r = subprocess.run([RTBENCH, *args, "--json", "--quiet"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_five_thousand_connections(rtd):
+    res = rtbench("conn", "-p", str(rtd.port), "-c", "5000", "-i", "0", "-d", "3")
+    assert res["connected"] == 5000 and res["failed"] == 0 and res["lost"] == 0
+    watcher = client(rtd.port, "after-5000")
+    subscribe(watcher, "alive")
+    client(rtd.port, "pub-5000").publish("alive", b"yes", qos=1).wait_for_publish(5)
+    assert wait_for(lambda: watcher.got == [("alive", b"yes", 0)])
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_load_exact_counts(rtd, qos):
+    res = rtbench("pairs", "-p", str(rtd.port), "-c", "200", "-q", str(qos), "-d", "3")
+    assert res["sent"] > 0
+    assert res["received"] == res["sent"] == res["expected"]
+    assert res["missing"] == 0 and res["duplicates"] == 0 and res["out_of_order"] == 0
+    fan = rtbench("fanout", "-p", str(rtd.port), "-c", "100", "-q", str(qos), "-d", "2")
+    assert fan["missing"] == 0 and fan["duplicates"] == 0 and fan["received"] == fan["expected"]
