@@ -60,7 +60,7 @@ void rt_broker_release_client(const char *id, rt_pid_t pid);
 ** it is retained, stores it.
 */
 rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk);
-int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin, rt_trie_scratch_t *scratch);
+int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
 
 extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
 extern const rt_actor_type_t rt_conn_type;     /* arg: the accepted fd, as intptr_t */

@@ -66,7 +66,6 @@ typedef struct {
     uint64_t dropped;      /* messages too large for the client's maximum packet size */
     uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL */
     size_t nqos2, capqos2;
-    rt_trie_scratch_t scratch;
 } conn_t;
 
 static uint64_t now_ms(void)
@@ -291,8 +290,40 @@ rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk)
     return bin;
 }
 
-int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin, rt_trie_scratch_t *scratch)
+/*
+** Match scratch space, one per thread rather than one per connection: routing
+** runs inside a turn, so a thread uses one at a time, and an idle connection
+** should cost as little as possible. Freed when the thread exits.
+*/
+static _Thread_local rt_trie_scratch_t route_scratch;
+static _Thread_local bool route_scratch_ready;
+static pthread_key_t route_scratch_key;
+static pthread_once_t route_scratch_once = PTHREAD_ONCE_INIT;
+
+static void route_scratch_free(void *s)
 {
+    rt_trie_scratch_destroy(s);
+}
+
+static void route_scratch_key_create(void)
+{
+    pthread_key_create(&route_scratch_key, route_scratch_free);
+}
+
+static rt_trie_scratch_t *thread_scratch(void)
+{
+    if (!route_scratch_ready) {
+        pthread_once(&route_scratch_once, route_scratch_key_create);
+        rt_trie_scratch_init(&route_scratch);
+        pthread_setspecific(route_scratch_key, &route_scratch);
+        route_scratch_ready = true;
+    }
+    return &route_scratch;
+}
+
+int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
+{
+    rt_trie_scratch_t *scratch = thread_scratch();
     mqtt_packet_t pk;
     if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
         return RT_EINVAL;
@@ -381,7 +412,7 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_bin_t *bin = rt_broker_canonical(pk);
         if (!bin)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        rt_broker_route(rt_self(self), bin, &c->scratch);
+        rt_broker_route(rt_self(self), bin);
         rt_bin_release(bin);
     }
     if (qos == 1) {
@@ -668,7 +699,6 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     int rc = rt_sock_adopt(self, (int)(intptr_t)arg, &c->sock);
     if (rc)
         return rc;
-    rt_trie_scratch_init(&c->scratch);
     c->last_rx_ms = now_ms();
     atomic_fetch_add(&rt_broker->stats.sockets, 1);
     return 0;
@@ -723,10 +753,7 @@ static void will_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     will_t *w = state;
     if (m->tag != MSG_WILL_DUE)
         return;
-    rt_trie_scratch_t scratch;
-    rt_trie_scratch_init(&scratch);
-    rt_broker_route(rt_self(self), w->bin, &scratch);
-    rt_trie_scratch_destroy(&scratch);
+    rt_broker_route(rt_self(self), w->bin);
     rt_log(RT_LOG_INFO, "client.will", "client=%s delayed=%us", w->client_id, w->delay_s);
     rt_exit(self, RT_REASON_NORMAL);
 }
@@ -759,7 +786,7 @@ static void publish_will(rt_actor_t *self, conn_t *c, rt_reason_t reason)
         rt_bin_release(w.bin);
         free(w.client_id);
     }
-    rt_broker_route(rt_self(self), c->will, &c->scratch);
+    rt_broker_route(rt_self(self), c->will);
     rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
 }
 
@@ -796,7 +823,6 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
                rt_reason_name(reason));
         free(c->client_id);
     }
-    rt_trie_scratch_destroy(&c->scratch);
     atomic_fetch_sub(&rt_broker->stats.sockets, 1);
 }
 
