@@ -280,38 +280,48 @@ enum { K_NONE, K_BYTE, K_U16, K_U32, K_VARINT, K_STR, K_BIN, K_PAIR };
 #define PUB_WILL (B(CTX_WILL) | B(MQTT_PUBLISH))
 #define ACKS (B(MQTT_PUBACK) | B(MQTT_PUBREC) | B(MQTT_PUBREL) | B(MQTT_PUBCOMP))
 
+/* Each property's type, where it may appear and, for single-valued ones, its field. */
+#define F(field) offsetof(mqtt_props_t, field)
 static const struct {
     uint8_t kind;
     uint16_t where;
+    uint16_t field; /* offset in mqtt_props_t; 0 for the repeatable ones */
 } prop_info[0x2B] = {
-    [MQTT_PROP_PAYLOAD_FORMAT] = {K_BYTE, PUB_WILL},
-    [MQTT_PROP_MESSAGE_EXPIRY] = {K_U32, PUB_WILL},
-    [MQTT_PROP_CONTENT_TYPE] = {K_STR, PUB_WILL},
-    [MQTT_PROP_RESPONSE_TOPIC] = {K_STR, PUB_WILL},
-    [MQTT_PROP_CORRELATION_DATA] = {K_BIN, PUB_WILL},
+    [MQTT_PROP_PAYLOAD_FORMAT] = {K_BYTE, PUB_WILL, F(payload_format)},
+    [MQTT_PROP_MESSAGE_EXPIRY] = {K_U32, PUB_WILL, F(message_expiry)},
+    [MQTT_PROP_CONTENT_TYPE] = {K_STR, PUB_WILL, F(content_type)},
+    [MQTT_PROP_RESPONSE_TOPIC] = {K_STR, PUB_WILL, F(response_topic)},
+    [MQTT_PROP_CORRELATION_DATA] = {K_BIN, PUB_WILL, F(correlation_data)},
     [MQTT_PROP_SUB_ID] = {K_VARINT, B(MQTT_PUBLISH) | B(MQTT_SUBSCRIBE)},
-    [MQTT_PROP_SESSION_EXPIRY] = {K_U32, B(MQTT_CONNECT) | B(MQTT_CONNACK) | B(MQTT_DISCONNECT)},
-    [MQTT_PROP_ASSIGNED_CLIENT_ID] = {K_STR, B(MQTT_CONNACK)},
-    [MQTT_PROP_SERVER_KEEPALIVE] = {K_U16, B(MQTT_CONNACK)},
-    [MQTT_PROP_AUTH_METHOD] = {K_STR, B(MQTT_CONNECT) | B(MQTT_CONNACK) | B(MQTT_AUTH)},
-    [MQTT_PROP_AUTH_DATA] = {K_BIN, B(MQTT_CONNECT) | B(MQTT_CONNACK) | B(MQTT_AUTH)},
-    [MQTT_PROP_REQUEST_PROBLEM_INFO] = {K_BYTE, B(MQTT_CONNECT)},
-    [MQTT_PROP_WILL_DELAY] = {K_U32, B(CTX_WILL)},
-    [MQTT_PROP_REQUEST_RESPONSE_INFO] = {K_BYTE, B(MQTT_CONNECT)},
-    [MQTT_PROP_RESPONSE_INFO] = {K_STR, B(MQTT_CONNACK)},
-    [MQTT_PROP_SERVER_REFERENCE] = {K_STR, B(MQTT_CONNACK) | B(MQTT_DISCONNECT)},
-    [MQTT_PROP_REASON_STRING] = {K_STR, B(MQTT_CONNACK) | ACKS | B(MQTT_SUBACK) | B(MQTT_UNSUBACK) |
-                                            B(MQTT_DISCONNECT) | B(MQTT_AUTH)},
-    [MQTT_PROP_RECEIVE_MAXIMUM] = {K_U16, B(MQTT_CONNECT) | B(MQTT_CONNACK)},
-    [MQTT_PROP_TOPIC_ALIAS_MAXIMUM] = {K_U16, B(MQTT_CONNECT) | B(MQTT_CONNACK)},
-    [MQTT_PROP_TOPIC_ALIAS] = {K_U16, B(MQTT_PUBLISH)},
-    [MQTT_PROP_MAXIMUM_QOS] = {K_BYTE, B(MQTT_CONNACK)},
-    [MQTT_PROP_RETAIN_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK)},
+    [MQTT_PROP_SESSION_EXPIRY] = {K_U32, B(MQTT_CONNECT) | B(MQTT_CONNACK) | B(MQTT_DISCONNECT),
+                                  F(session_expiry)},
+    [MQTT_PROP_ASSIGNED_CLIENT_ID] = {K_STR, B(MQTT_CONNACK), F(assigned_client_id)},
+    [MQTT_PROP_SERVER_KEEPALIVE] = {K_U16, B(MQTT_CONNACK), F(server_keepalive)},
+    [MQTT_PROP_AUTH_METHOD] = {K_STR, B(MQTT_CONNECT) | B(MQTT_CONNACK) | B(MQTT_AUTH),
+                               F(auth_method)},
+    [MQTT_PROP_AUTH_DATA] = {K_BIN, B(MQTT_CONNECT) | B(MQTT_CONNACK) | B(MQTT_AUTH), F(auth_data)},
+    [MQTT_PROP_REQUEST_PROBLEM_INFO] = {K_BYTE, B(MQTT_CONNECT), F(request_problem_info)},
+    [MQTT_PROP_WILL_DELAY] = {K_U32, B(CTX_WILL), F(will_delay)},
+    [MQTT_PROP_REQUEST_RESPONSE_INFO] = {K_BYTE, B(MQTT_CONNECT), F(request_response_info)},
+    [MQTT_PROP_RESPONSE_INFO] = {K_STR, B(MQTT_CONNACK), F(response_info)},
+    [MQTT_PROP_SERVER_REFERENCE] = {K_STR, B(MQTT_CONNACK) | B(MQTT_DISCONNECT),
+                                    F(server_reference)},
+    [MQTT_PROP_REASON_STRING] = {K_STR,
+                                 B(MQTT_CONNACK) | ACKS | B(MQTT_SUBACK) | B(MQTT_UNSUBACK) |
+                                     B(MQTT_DISCONNECT) | B(MQTT_AUTH),
+                                 F(reason_string)},
+    [MQTT_PROP_RECEIVE_MAXIMUM] = {K_U16, B(MQTT_CONNECT) | B(MQTT_CONNACK), F(receive_maximum)},
+    [MQTT_PROP_TOPIC_ALIAS_MAXIMUM] = {K_U16, B(MQTT_CONNECT) | B(MQTT_CONNACK),
+                                       F(topic_alias_maximum)},
+    [MQTT_PROP_TOPIC_ALIAS] = {K_U16, B(MQTT_PUBLISH), F(topic_alias)},
+    [MQTT_PROP_MAXIMUM_QOS] = {K_BYTE, B(MQTT_CONNACK), F(maximum_qos)},
+    [MQTT_PROP_RETAIN_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK), F(retain_available)},
     [MQTT_PROP_USER] = {K_PAIR, 0xFFFF & ~(B(MQTT_PINGREQ) | B(MQTT_PINGRESP))},
-    [MQTT_PROP_MAXIMUM_PACKET_SIZE] = {K_U32, B(MQTT_CONNECT) | B(MQTT_CONNACK)},
-    [MQTT_PROP_WILDCARD_SUB_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK)},
-    [MQTT_PROP_SUB_ID_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK)},
-    [MQTT_PROP_SHARED_SUB_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK)},
+    [MQTT_PROP_MAXIMUM_PACKET_SIZE] = {K_U32, B(MQTT_CONNECT) | B(MQTT_CONNACK),
+                                       F(maximum_packet_size)},
+    [MQTT_PROP_WILDCARD_SUB_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK), F(wildcard_sub_available)},
+    [MQTT_PROP_SUB_ID_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK), F(sub_id_available)},
+    [MQTT_PROP_SHARED_SUB_AVAILABLE] = {K_BYTE, B(MQTT_CONNACK), F(shared_sub_available)},
 };
 
 static int prop_kind(uint8_t id)
@@ -319,89 +329,16 @@ static int prop_kind(uint8_t id)
     return id < sizeof prop_info / sizeof prop_info[0] ? prop_info[id].kind : K_NONE;
 }
 
-/* The field holding a string/binary property, or NULL. */
-static mqtt_str_t *prop_str(mqtt_props_t *pr, uint8_t id)
+/* The field of a single-valued property (the table's kind says its type). */
+static void *prop_field(mqtt_props_t *pr, uint8_t id)
 {
-    switch (id) {
-    case MQTT_PROP_CONTENT_TYPE:
-        return &pr->content_type;
-    case MQTT_PROP_RESPONSE_TOPIC:
-        return &pr->response_topic;
-    case MQTT_PROP_CORRELATION_DATA:
-        return &pr->correlation_data;
-    case MQTT_PROP_ASSIGNED_CLIENT_ID:
-        return &pr->assigned_client_id;
-    case MQTT_PROP_AUTH_METHOD:
-        return &pr->auth_method;
-    case MQTT_PROP_AUTH_DATA:
-        return &pr->auth_data;
-    case MQTT_PROP_RESPONSE_INFO:
-        return &pr->response_info;
-    case MQTT_PROP_SERVER_REFERENCE:
-        return &pr->server_reference;
-    case MQTT_PROP_REASON_STRING:
-        return &pr->reason_string;
-    default:
-        return NULL;
-    }
+    return (char *)pr + prop_info[id].field;
 }
 
-/* The field holding a one-byte property, or NULL. */
-static uint8_t *prop_byte(mqtt_props_t *pr, uint8_t id)
-{
-    switch (id) {
-    case MQTT_PROP_PAYLOAD_FORMAT:
-        return &pr->payload_format;
-    case MQTT_PROP_REQUEST_PROBLEM_INFO:
-        return &pr->request_problem_info;
-    case MQTT_PROP_REQUEST_RESPONSE_INFO:
-        return &pr->request_response_info;
-    case MQTT_PROP_MAXIMUM_QOS:
-        return &pr->maximum_qos;
-    case MQTT_PROP_RETAIN_AVAILABLE:
-        return &pr->retain_available;
-    case MQTT_PROP_WILDCARD_SUB_AVAILABLE:
-        return &pr->wildcard_sub_available;
-    case MQTT_PROP_SUB_ID_AVAILABLE:
-        return &pr->sub_id_available;
-    case MQTT_PROP_SHARED_SUB_AVAILABLE:
-        return &pr->shared_sub_available;
-    default:
-        return NULL;
-    }
-}
-
-static uint16_t *prop_u16(mqtt_props_t *pr, uint8_t id)
-{
-    switch (id) {
-    case MQTT_PROP_SERVER_KEEPALIVE:
-        return &pr->server_keepalive;
-    case MQTT_PROP_RECEIVE_MAXIMUM:
-        return &pr->receive_maximum;
-    case MQTT_PROP_TOPIC_ALIAS_MAXIMUM:
-        return &pr->topic_alias_maximum;
-    case MQTT_PROP_TOPIC_ALIAS:
-        return &pr->topic_alias;
-    default:
-        return NULL;
-    }
-}
-
-static uint32_t *prop_u32(mqtt_props_t *pr, uint8_t id)
-{
-    switch (id) {
-    case MQTT_PROP_MESSAGE_EXPIRY:
-        return &pr->message_expiry;
-    case MQTT_PROP_SESSION_EXPIRY:
-        return &pr->session_expiry;
-    case MQTT_PROP_WILL_DELAY:
-        return &pr->will_delay;
-    case MQTT_PROP_MAXIMUM_PACKET_SIZE:
-        return &pr->maximum_packet_size;
-    default:
-        return NULL;
-    }
-}
+#define prop_str(pr, id) ((mqtt_str_t *)prop_field((pr), (id)))
+#define prop_byte(pr, id) ((uint8_t *)prop_field((pr), (id)))
+#define prop_u16(pr, id) ((uint16_t *)prop_field((pr), (id)))
+#define prop_u32(pr, id) ((uint32_t *)prop_field((pr), (id)))
 
 /*
 ** Steps over one property entry (identifier and value) without storing it, setting *id; used
