@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <time.h>
 
 static int check_failures;
@@ -53,6 +54,23 @@ static int check_tests_failed;
 
 #define CHECK_SUMMARY()                                                                            \
     (printf("%d passed, %d failed\n", check_passes, check_failures), check_failures ? 1 : 0)
+
+/* A small deterministic generator (xorshift64), so randomized tests repeat exactly. */
+static uint64_t check_rng_state = 88172645463325252ull;
+static inline uint64_t rnd(void)
+{
+    check_rng_state ^= check_rng_state << 13;
+    check_rng_state ^= check_rng_state >> 7;
+    check_rng_state ^= check_rng_state << 17;
+    return check_rng_state;
+}
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 /* Stress sizes shrink under sanitizers, which are 5-20x slower; RT_STRESS_SCALE overrides. */
 static inline long check_scale(long n)

@@ -17,21 +17,6 @@
 #define ARENA (1024u * 1024u)
 
 /* A small deterministic generator so runs are repeatable. */
-static uint64_t rng_state = 88172645463325252ull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* Thread CPU time: separates a collection's own cost from time lost to preemption. */
 static double cpu_s(void)
@@ -301,7 +286,7 @@ static void test_foreign_pointers(void)
     sb[k++] = (uintptr_t)on_stack;
     sb[k++] = (uintptr_t)&k;
     sb[k++] = (uintptr_t)test_foreign_pointers;
-    sb[k++] = (uintptr_t)&rng_state;
+    sb[k++] = (uintptr_t)&check_rng_state;
     sb[k++] = ~(uintptr_t)0;
     sb[k++] = (uintptr_t)1 << 63;
     sb[k++] = (uintptr_t)sb & ~(uintptr_t)(ARENA - 1);                /* b's arena header */
