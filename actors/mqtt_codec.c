@@ -957,9 +957,9 @@ static void w_props_body(wr_t *w, const mqtt_props_t *pr, int ctx, int strip)
     mqtt_props_t *m = (mqtt_props_t *)pr; /* the field lookups take non-const; only read */
     uint64_t scalars =
         pr->present & ~(MQTT_PROP_BIT(MQTT_PROP_USER) | MQTT_PROP_BIT(MQTT_PROP_SUB_ID));
-    for (uint8_t id = 1; id < sizeof prop_info / sizeof prop_info[0]; id++) {
-        if (!(scalars & MQTT_PROP_BIT(id)))
-            continue;
+    /* Only the properties present, lowest identifier first (most packets carry none). */
+    for (uint64_t bits = scalars; bits; bits &= bits - 1) {
+        uint8_t id = (uint8_t)__builtin_ctzll(bits);
         if (prop_kind(id) == K_NONE || !(prop_info[id].where & B(ctx))) {
             w->err = RT_EINVAL;
             return;

@@ -258,12 +258,17 @@ int rt_sock_read(rt_sock_t *s, const void **data, size_t *len)
         return RT_ECLOSED;
     if (!sch)
         return RT_EINVAL;
-    /* Cleared before the read, so an event that lands after EAGAIN is never lost. */
+    /* A read shorter than the buffer emptied the socket: with edge-triggered epoll, data
+       that arrives later raises a new event, so the read that would only say EAGAIN is
+       skipped (it was half of all reads under load). */
+    if (!s->readable)
+        return RT_EAGAIN;
+    /* Cleared before the read, so an event that lands after it is never lost. */
     s->readable = 0;
     for (;;) {
         ssize_t n = read(s->fd, sch->scratch, RT_SCRATCH_BYTES);
         if (n > 0) {
-            s->readable = 1;
+            s->readable = (size_t)n == RT_SCRATCH_BYTES;
             *data = sch->scratch;
             *len = (size_t)n;
             return 0;
