@@ -168,9 +168,8 @@ static void arm_keepalive(rt_actor_t *self, conn_t *c)
 {
     if (!c->keepalive)
         return;
-    rt_msg_t *m = rt_msg_new(MSG_KEEPALIVE, 0);
     /* Checked at half the keepalive, closed past 1.5x (MQTT 3.1.2.10). */
-    rt_send_after((uint64_t)c->keepalive * 500, rt_self(self), m, NULL);
+    rt_send_after_tag((uint64_t)c->keepalive * 500, rt_self(self), MSG_KEEPALIVE, NULL);
 }
 
 static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
@@ -744,7 +743,7 @@ static int will_init(rt_actor_t *self, void *state, void *arg)
     will_t *w = state;
     *w = *(will_t *)arg;
     rt_broker_claim_client(w->client_id, rt_self(self));
-    rt_send_after((uint64_t)w->delay_s * 1000, rt_self(self), rt_msg_new(MSG_WILL_DUE, 0), NULL);
+    rt_send_after_tag((uint64_t)w->delay_s * 1000, rt_self(self), MSG_WILL_DUE, NULL);
     return 0;
 }
 

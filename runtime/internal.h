@@ -165,8 +165,10 @@ struct rt_actor_s {
 typedef struct rt_timer_node_s {
     uint64_t due_ns;
     rt_pid_t to;
-    rt_msg_t *msg;
-    uint32_t id;  /* timer id in the timer idpool */
+    rt_msg_t *msg;  /* NULL for a tag-only timer, whose message is made when it fires */
+    rt_pid_t from;  /* tag-only timers: the actor that armed it */
+    uint32_t tag;   /* tag-only timers */
+    uint32_t id;    /* timer id in the timer idpool */
     uint32_t gen;
 } rt_timer_node_t;
 

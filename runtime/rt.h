@@ -171,6 +171,12 @@ void rt_gc(rt_actor_t *self);
 /* ---- Timers ---- */
 /* Delivers m to pid after ms milliseconds. ref (optional) can cancel it. */
 int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref);
+/*
+** A timer whose message is only a tag (no data): the envelope is made when it
+** fires, so a pending one costs a heap entry and no envelope (one keepalive
+** timer per connection is the use).
+*/
+int rt_send_after_tag(uint64_t ms, rt_pid_t to, uint32_t tag, rt_ref_t *ref);
 /* Returns 0 if the timer was cancelled before firing, RT_ENOTFOUND otherwise. */
 int rt_cancel_timer(rt_ref_t ref);
 

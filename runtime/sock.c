@@ -27,6 +27,12 @@
 #define RT_EPOLL_BATCH 256      /* events taken per epoll_wait */
 #define RT_SOCK_FLUSH_AT (64 * 1024) /* buffered bytes that are sent at once, mid-turn */
 
+/* Buffered output, allocated only while there is some: idle sockets stay small. */
+typedef struct rt_sock_out_s {
+    size_t len, off, cap; /* data[off, len) is still to send */
+    unsigned char data[];
+} rt_sock_out_t;
+
 struct rt_sock_s {
     int fd;
     uint32_t revents;      /* events seen by the poller, not yet delivered */
@@ -40,8 +46,7 @@ struct rt_sock_s {
     uint8_t broken;        /* a send failed for good; the next read reports it */
     rt_actor_t *owner;
     rt_sock_t *next;       /* the owner's list */
-    unsigned char *obuf;   /* output the kernel has not taken; NULL when empty */
-    size_t olen, ooff, ocap;
+    struct rt_sock_out_s *out; /* output the kernel has not taken; NULL when empty */
 };
 
 static void on_epoll(uv_poll_t *h, int status, int events);
@@ -75,7 +80,7 @@ void rt__sock_sched_close(rt_sched_t *s)
 
 static void sock_free(rt_sock_t *s)
 {
-    free(s->obuf);
+    free(s->out);
     RT_POISON(s, sizeof(*s));
     free(s);
 }
@@ -110,7 +115,7 @@ static void on_epoll(uv_poll_t *h, int status, int events)
             s->revents |= RT_SOCK_READABLE;
             s->readable = 1;
         }
-        if ((e & EPOLLOUT) && s->olen)
+        if ((e & EPOLLOUT) && s->out)
             s->revents |= RT_SOCK_WRITABLE;
         if (s->revents && !(s->paused && !(s->revents & RT_SOCK_WRITABLE)))
             post_event(s);
@@ -293,10 +298,11 @@ void rt_sock_pause_reading(rt_sock_t *s, bool paused)
 /* Sends what is buffered; drained, the buffer is freed (an idle connection keeps none). */
 static int flush(rt_sock_t *s)
 {
-    while (s->ooff < s->olen) {
-        ssize_t n = send(s->fd, s->obuf + s->ooff, s->olen - s->ooff, MSG_NOSIGNAL);
+    rt_sock_out_t *o = s->out;
+    while (o && o->off < o->len) {
+        ssize_t n = send(s->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
         if (n > 0) {
-            s->ooff += (size_t)n;
+            o->off += (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -309,9 +315,8 @@ static int flush(rt_sock_t *s)
         return RT_ECLOSED;
     }
     s->blocked = 0;
-    free(s->obuf);
-    s->obuf = NULL;
-    s->olen = s->ooff = s->ocap = 0;
+    free(s->out);
+    s->out = NULL;
     rt__set_pressure(s->owner, false);
     return 0;
 }
@@ -325,29 +330,28 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
 {
     if (s->closed || s->broken)
         return RT_ECLOSED;
-    if (s->ooff && s->ooff == s->olen)
-        s->olen = s->ooff = 0;
-    if (s->olen + len > s->ocap) {
-        size_t live = s->olen - s->ooff;
-        size_t cap = s->ocap ? s->ocap : 4096;
+    rt_sock_out_t *o = s->out;
+    size_t live = o ? o->len - o->off : 0;
+    if (!o || o->len + len > o->cap) {
+        size_t cap = o && o->cap ? o->cap : 4096;
         while (cap < live + len)
             cap *= 2;
-        unsigned char *nb = malloc(cap);
-        if (!nb)
+        rt_sock_out_t *n = malloc(sizeof(*n) + cap);
+        if (!n)
             return RT_ENOMEM;
         if (live)
-            memcpy(nb, s->obuf + s->ooff, live);
-        free(s->obuf);
-        s->obuf = nb;
-        s->ocap = cap;
-        s->olen = live;
-        s->ooff = 0;
+            memcpy(n->data, o->data + o->off, live);
+        free(o);
+        n->len = live;
+        n->off = 0;
+        n->cap = cap;
+        s->out = o = n;
     }
-    memcpy(s->obuf + s->olen, data, len);
-    s->olen += len;
-    if (s->olen - s->ooff >= RT_SOCK_FLUSH_AT && !s->blocked && flush(s) == RT_ECLOSED)
+    memcpy(o->data + o->len, data, len);
+    o->len += len;
+    if (o->len - o->off >= RT_SOCK_FLUSH_AT && !s->blocked && flush(s) == RT_ECLOSED)
         return RT_ECLOSED;
-    if (s->olen - s->ooff > RT_SOCK_HIGH_WATER)
+    if (rt_sock_pending(s) > RT_SOCK_HIGH_WATER)
         rt__set_pressure(s->owner, true);
     return 0;
 }
@@ -356,7 +360,7 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
 void rt__sock_flush_turn(rt_actor_t *a)
 {
     for (rt_sock_t *s = a->socks; s; s = s->next) {
-        if (s->olen > s->ooff && !s->blocked && flush(s) == RT_ECLOSED) {
+        if (s->out && !s->blocked && flush(s) == RT_ECLOSED) {
             /* The owner learns of it from its next read. */
             s->readable = 1;
             post_event(s);
@@ -366,7 +370,7 @@ void rt__sock_flush_turn(rt_actor_t *a)
 
 size_t rt_sock_pending(const rt_sock_t *s)
 {
-    return s->olen - s->ooff;
+    return s->out ? s->out->len - s->out->off : 0;
 }
 
 int rt_sock_fd(const rt_sock_t *s)
@@ -399,16 +403,15 @@ void rt_sock_close(rt_sock_t *s)
         }
     }
     /* Last words (a DISCONNECT written by a terminate callback) get one try. */
-    if (s->olen > s->ooff && !s->blocked && !s->broken)
+    if (s->out && !s->blocked && !s->broken)
         flush(s);
     if (s->registered)
         epoll_ctl(rt__rt->sched[a->home].epfd, EPOLL_CTL_DEL, s->fd, NULL);
     close(s->fd);
     atomic_fetch_sub_explicit(&rt__rt->sched[a->home].sockets, 1, memory_order_relaxed);
     s->closed = 1;
-    free(s->obuf);
-    s->obuf = NULL;
-    s->olen = s->ooff = s->ocap = 0;
+    free(s->out);
+    s->out = NULL;
     if (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE)
         rt__set_pressure(a, false);
     /* A queued event still names this socket; whoever consumes it frees it. */
@@ -438,8 +441,8 @@ bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m)
     s->revents = 0;
     if (s->readable && !s->paused)
         events |= RT_SOCK_READABLE;
-    if ((events & RT_SOCK_WRITABLE) || s->olen) {
-        int rc = s->olen ? flush(s) : 0;
+    if ((events & RT_SOCK_WRITABLE) || s->out) {
+        int rc = s->out ? flush(s) : 0;
         if (rc == RT_ECLOSED)
             events |= RT_SOCK_READABLE; /* the read reports the closed peer */
         events = rc == 0 ? events | RT_SOCK_WRITABLE : events & ~RT_SOCK_WRITABLE;

@@ -182,7 +182,10 @@ void rt__timers_run(rt_sched_t *s)
         uint64_t expect = (uint64_t)n.gen << 2 | T_PENDING;
         if (atomic_compare_exchange_strong(&timer_state[n.id], &expect,
                                            (uint64_t)n.gen << 2 | T_FIRED)) {
-            rt_send_msg(n.to, n.msg);
+            rt_msg_t *m = n.msg;
+            if (!m && (m = rt_msg_new(n.tag, 0)) != NULL)
+                m->from = n.from;
+            rt_send_msg(n.to, m);
         } else {
             rt_msg_free(n.msg);
         }
@@ -193,21 +196,18 @@ void rt__timers_run(rt_sched_t *s)
     arm(s);
 }
 
-int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
+/* Arms a timer for node n (due, to, msg or tag filled in); ownership of n.msg passes here. */
+static int start_timer(rt_timer_node_t n, rt_ref_t *ref)
 {
     rt_runtime_t *rt = rt__rt;
-    if (!m)
-        return RT_ENOMEM;
     uint32_t id, gen;
     int rc = rt_idpool_alloc(&timer_ids, &id, &gen);
     if (rc) {
-        rt_msg_free(m);
+        rt_msg_free(n.msg);
         return rc;
     }
-    rt_actor_t *cur = rt__tls.current;
-    m->from = cur ? cur->pid : 0;
-    rt_timer_node_t n = {.due_ns = rt__now_ns() + ms * 1000000u, .to = to, .msg = m, .id = id,
-                         .gen = gen};
+    n.id = id;
+    n.gen = gen;
     atomic_store_explicit(&timer_state[id], (uint64_t)gen << 2 | T_PENDING, memory_order_release);
     atomic_fetch_add_explicit(&rt->timers_pending, 1, memory_order_relaxed);
     if (ref)
@@ -234,10 +234,29 @@ int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
         }
     }
     if (rc) {
-        rt_msg_free(m);
+        rt_msg_free(n.msg);
         release(&n);
     }
     return rc;
+}
+
+int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
+{
+    if (!m)
+        return RT_ENOMEM;
+    rt_actor_t *cur = rt__tls.current;
+    m->from = cur ? cur->pid : 0;
+    return start_timer((rt_timer_node_t){.due_ns = rt__now_ns() + ms * 1000000u, .to = to,
+                                         .msg = m},
+                       ref);
+}
+
+int rt_send_after_tag(uint64_t ms, rt_pid_t to, uint32_t tag, rt_ref_t *ref)
+{
+    rt_actor_t *cur = rt__tls.current;
+    return start_timer((rt_timer_node_t){.due_ns = rt__now_ns() + ms * 1000000u, .to = to,
+                                         .tag = tag, .from = cur ? cur->pid : 0},
+                       ref);
 }
 
 int rt_cancel_timer(rt_ref_t ref)

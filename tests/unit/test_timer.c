@@ -3,7 +3,9 @@
 
 #include "rt_test.h"
 
-enum { MSG_FIRE = RT_MSG_USER, MSG_ARM, MSG_ARM_MANY, MSG_ARM_CANCEL };
+enum { MSG_FIRE = RT_MSG_USER, MSG_ARM, MSG_ARM_MANY, MSG_ARM_CANCEL, MSG_ARM_TAG, MSG_TAGGED };
+
+static atomic_long tagged_fired, tagged_wrong;
 
 static atomic_long fired;
 static atomic_long late_sum_ms, late_max_ms, early, wrong_sender;
@@ -49,6 +51,19 @@ static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         }
         break;
     }
+    case MSG_ARM_TAG: {
+        rt_ref_t cancel_me;
+        rt_send_after_tag(20, rt_self(self), MSG_TAGGED, NULL);
+        rt_send_after_tag(20, rt_self(self), MSG_TAGGED, &cancel_me);
+        if (rt_cancel_timer(cancel_me) != 0)
+            atomic_fetch_add(&tagged_wrong, 1);
+        break;
+    }
+    case MSG_TAGGED:
+        if (m->len != 0 || m->from != rt_self(self))
+            atomic_fetch_add(&tagged_wrong, 1);
+        atomic_fetch_add(&tagged_fired, 1);
+        break;
     case MSG_ARM_CANCEL: {
         long n = *(long *)(void *)m->data;
         for (long i = 0; i < n; i++) {
@@ -175,6 +190,20 @@ static void test_timer_to_dead_actor(void)
     CHECK_EQ(after.timers_pending, 0);
 }
 
+/* A tag-only timer: no envelope while pending, the tag and sender when it fires. */
+static void test_tag_timer(void)
+{
+    rt_pid_t p;
+    rt_spawn(&timer_type, NULL, &p);
+    rt_send(p, MSG_ARM_TAG, NULL, 0);
+    CHECK(wait_at_least(&tagged_fired, 1, 5000));
+    test_sleep_ms(60);
+    CHECK_EQ(atomic_load(&tagged_fired), 1); /* the cancelled one never came */
+    CHECK_EQ(atomic_load(&tagged_wrong), 0);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
 int main(void)
 {
     test_start(2);
@@ -182,6 +211,7 @@ int main(void)
     RUN(test_cancel);
     RUN(test_hundred_thousand);
     RUN(test_timer_to_dead_actor);
+    RUN(test_tag_timer);
     rt_shutdown();
     return CHECK_SUMMARY();
 }
