@@ -192,6 +192,8 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     c->client_id = assigned[0] ? strdup(assigned) : strndup((const char *)id.p, id.len);
     if (!c->client_id)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    /* Counted from here, because terminate uncounts every connection that has a client id. */
+    atomic_fetch_add(&rt_broker->stats.connections, 1);
     rt_pid_t old = rt_broker_claim_client(c->client_id, rt_self(self));
     if (old)
         rt_exit_signal(old, RT_REASON_TAKEOVER);
@@ -231,7 +233,6 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         ack.props.topic_alias_maximum = (uint16_t)rt_broker->conf.max_topic_alias;
     }
     send_packet(c, &ack);
-    atomic_fetch_add(&rt_broker->stats.connections, 1);
     rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s", c->client_id,
            c->version, c->keepalive, old ? " takeover=1" : "");
     arm_keepalive(self, c);
