@@ -468,7 +468,11 @@ static int rd_props(rd_t *r, int ctx, mqtt_props_t *pr)
     return 0;
 }
 
-int mqtt_props_user_next(const mqtt_props_t *pr, size_t *pos, mqtt_str_t *key, mqtt_str_t *val)
+/*
+** Finds the next property with identifier want in the raw block from *pos; sets *value to
+** a reader over its value and *pos past it. 0 at the end (or on a damaged block).
+*/
+static int next_prop(const mqtt_props_t *pr, size_t *pos, uint8_t want, rd_t *value)
 {
     if (!pr->raw.p)
         return 0;
@@ -478,10 +482,8 @@ int mqtt_props_user_next(const mqtt_props_t *pr, size_t *pos, mqtt_str_t *key, m
         uint8_t id;
         if (rd_prop_raw(&r, &id))
             return 0;
-        if (id == MQTT_PROP_USER) {
-            rd_t e = {start + 1, r.p};
-            if (rd_bin(&e, key) || rd_bin(&e, val))
-                return 0;
+        if (id == want) {
+            *value = (rd_t){start + 1, r.p};
             *pos = (size_t)(r.p - pr->raw.p);
             return 1;
         }
@@ -490,26 +492,16 @@ int mqtt_props_user_next(const mqtt_props_t *pr, size_t *pos, mqtt_str_t *key, m
     return 0;
 }
 
+int mqtt_props_user_next(const mqtt_props_t *pr, size_t *pos, mqtt_str_t *key, mqtt_str_t *val)
+{
+    rd_t e;
+    return next_prop(pr, pos, MQTT_PROP_USER, &e) && !rd_bin(&e, key) && !rd_bin(&e, val);
+}
+
 int mqtt_props_sub_id_next(const mqtt_props_t *pr, size_t *pos, uint32_t *id_out)
 {
-    if (!pr->raw.p)
-        return 0;
-    rd_t r = {pr->raw.p + *pos, pr->raw.p + pr->raw.len};
-    while (r.p < r.end) {
-        const uint8_t *start = r.p;
-        uint8_t id;
-        if (rd_prop_raw(&r, &id))
-            return 0;
-        if (id == MQTT_PROP_SUB_ID) {
-            rd_t e = {start + 1, r.p};
-            if (rd_varint(&e, id_out))
-                return 0;
-            *pos = (size_t)(r.p - pr->raw.p);
-            return 1;
-        }
-    }
-    *pos = pr->raw.len;
-    return 0;
+    rd_t e;
+    return next_prop(pr, pos, MQTT_PROP_SUB_ID, &e) && !rd_varint(&e, id_out);
 }
 
 int mqtt_sub_next(const mqtt_packet_t *pk, size_t *pos, mqtt_sub_t *out)
