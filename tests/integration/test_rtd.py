@@ -151,16 +151,22 @@ def test_mosquitto_clients_out_of_the_box(rtd):
     assert stdout.splitlines() == ["t/mqttv311 hi", "t/mqttv5 hi"]
 
 
+def v5_client_watching_disconnect(port, client_id):
+    """A connected MQTT 5 client that records the reason of every disconnect it sees."""
+    c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv5)
+    c.reasons = []
+    c.on_disconnect = lambda cl, u, rc, *rest: c.reasons.append(rc)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    assert wait_for(lambda: c.is_connected())
+    return c
+
+
 def test_takeover_v5_reason(rtd):
-    first = mqtt.Client(client_id="same", protocol=mqtt.MQTTv5)
-    reasons = []
-    first.on_disconnect = lambda c, u, rc, *rest: reasons.append(rc)
-    first.connect("127.0.0.1", rtd.port)
-    first.loop_start()
-    assert wait_for(lambda: first.is_connected())
+    first = v5_client_watching_disconnect(rtd.port, "same")
     second = client(rtd.port, "same", mqtt.MQTTv5)
-    assert wait_for(lambda: reasons)
-    assert reasons[0] == 0x8E  # Session taken over
+    assert wait_for(lambda: first.reasons)
+    assert first.reasons[0] == 0x8E  # Session taken over
     first.loop_stop()
     second.loop_stop()
 
@@ -225,16 +231,11 @@ def test_keepalive_enforced(rtd):
 
 def test_sigterm_sends_v5_disconnect_and_exits_cleanly():
     broker = Rtd()
-    c = mqtt.Client(client_id="v5", protocol=mqtt.MQTTv5)
-    reasons = []
-    c.on_disconnect = lambda cl, u, rc, *rest: reasons.append(rc)
-    c.connect("127.0.0.1", broker.port)
-    c.loop_start()
-    assert wait_for(lambda: c.is_connected())
+    c = v5_client_watching_disconnect(broker.port, "v5")
     code, log = broker.stop()
     assert code == 0, log
-    assert wait_for(lambda: reasons)
-    assert reasons[0] == 0x8B  # Server shutting down
+    assert wait_for(lambda: c.reasons)
+    assert c.reasons[0] == 0x8B  # Server shutting down
     assert "clean shutdown" in log
     c.loop_stop()
 
