@@ -61,6 +61,13 @@ void rt_broker_release_client(const char *id, rt_pid_t pid);
 */
 rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk);
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
+/*
+** Publishes a message made inside the broker (republish sinks, $SYS): builds its
+** canonical form and routes it as if publisher (0: none) had sent it. RT_EINVAL for
+** an invalid topic name (a filter, bad UTF-8, empty) or qos > 2.
+*/
+int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
+                      size_t payload_len, uint8_t qos, uint8_t retain);
 
 extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
 extern const rt_actor_type_t rt_conn_type;     /* arg: the accepted fd, as intptr_t */

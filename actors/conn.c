@@ -341,6 +341,25 @@ int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
     return 0;
 }
 
+int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
+                      size_t payload_len, uint8_t qos, uint8_t retain)
+{
+    if (qos > 2 || topic_len == 0 || topic_len > 65535 ||
+        !mqtt_topic_name_valid((const uint8_t *)topic, topic_len) || payload_len > MQTT_MAX_PACKET)
+        return RT_EINVAL;
+    mqtt_packet_t pk = {.type = MQTT_PUBLISH, .version = MQTT_V5};
+    pk.publish.topic = (mqtt_str_t){(const uint8_t *)topic, (uint32_t)topic_len};
+    pk.publish.payload = (mqtt_str_t){payload, (uint32_t)payload_len};
+    pk.publish.qos = qos;
+    pk.publish.retain = retain;
+    rt_bin_t *bin = rt_broker_canonical(&pk);
+    if (!bin)
+        return RT_ENOMEM;
+    int rc = rt_broker_route(publisher, bin);
+    rt_bin_release(bin);
+    return rc;
+}
+
 /* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
 static int resolve_alias(conn_t *c, mqtt_packet_t *pk)
 {
