@@ -1,0 +1,86 @@
+/*
+** Sinks: where rule rows go. Each configured sink (the `sinks` table of
+** rtd.conf) is one actor: SQLite and MongoDB sinks run on the blocking pool
+** (RT_TYPE_BLOCKING), the republish sink on a scheduler. A sink batches rows by
+** count and time, writes them with the real driver, retries with exponential
+** backoff, and keeps a bounded in-memory queue that spills, in order, to an
+** on-disk queue (an SQLite file per sink in data_dir) while its database is down
+** or failing; the spill is replayed in order when the database comes back, and
+** at start if a previous run left one. Nothing accepted is dropped unless the
+** sink's byte limit (max_bytes: memory + spill) is reached; such rows are counted
+** as dropped and logged.
+**
+** Metrics invariant, at any quiescent moment:
+**   rows in = written + queued + inflight + spilled (still on disk) + dropped.
+*/
+#ifndef RT_SINK_H
+#define RT_SINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "rt.h"
+
+typedef struct rt_sink_s rt_sink_t; /* lives until rt_sinks_stop */
+
+/* The message a sink sends to ack_pid: data is rt_sink_committed_t. */
+#define RT_SINK_MSG_COMMITTED (RT_MSG_USER + 0x5100)
+
+typedef struct rt_sink_committed_s {
+    uint64_t token;  /* the ack_token given to rt_sink_submit */
+    int32_t status;  /* 0: committed; < 0 (RT_E*): definitively dropped */
+} rt_sink_committed_t;
+
+/*
+** Validates every sink in conf (errors name the config file, line and reason:
+** "etc/rtd.conf:42: sinks.archive: unknown key tabel") and spawns one actor per
+** enabled sink. Call after rt_init, before anything submits. Returns 0 or an
+** RT_E* code with err set; on error no sink is left running.
+*/
+int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen);
+/*
+** Stops every sink: each writes what it can within a short grace period; rows it
+** cannot write stay in (or go to) its spill file for the next start. Call before
+** rt_shutdown, from outside any actor.
+*/
+void rt_sinks_stop(void);
+/* The sink named name, or NULL if there is none (or it is disabled). Any thread. */
+rt_sink_t *rt_sink_find(const char *name);
+
+/*
+** Hands nrows rows to the sink: `rows` is a binary holding nrows BSON documents
+** back to back (reference transferred, also on error). opts: NULL or one BSON
+** document of per-rule options for this sink (reference transferred), e.g.
+** {table: "x"} for sqlite, {collection: "y"} for mongodb, {topic: "...",
+** payload: "...", qos: 1, retain: false} for republish. If ack_pid != 0 the sink
+** sends ack_pid one RT_SINK_MSG_COMMITTED message once all these rows are
+** durably committed to the database (status 0) or definitively dropped (status
+** < 0). Returns 0, RT_ELIMIT if the sink's byte limit is reached (rows dropped,
+** counted, logged; an ack, if asked for, still comes with RT_ELIMIT), or
+** RT_EINVAL if rows is not nrows well-formed BSON documents (rows dropped,
+** counted). Safe from any thread.
+*/
+int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
+                   rt_pid_t ack_pid, uint64_t ack_token);
+
+/* Metrics snapshot for rtctl and tests. */
+typedef struct rt_sink_info_s {
+    char name[64];
+    const char *type;  /* "sqlite", "mongodb", "republish" */
+    const char *state; /* "connected", "connecting", "disconnected" */
+    uint64_t queued;   /* rows in memory waiting for a batch */
+    uint64_t inflight; /* rows in the batch being written */
+    uint64_t written;  /* rows committed to the database (or published) */
+    uint64_t failed;   /* failed write attempts (batches) */
+    uint64_t retried;  /* rows written again after a failed attempt */
+    uint64_t spilled;  /* rows on disk in the spill queue now */
+    uint64_t dropped;  /* rows refused (byte limit, malformed) */
+    uint64_t batches;  /* successful write transactions / bulk operations */
+    char last_error[256];
+} rt_sink_info_t;
+
+/* Copies up to max sinks' metrics into out; returns how many sinks there are. */
+size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max);
+
+#endif
