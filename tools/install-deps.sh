@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
     build-essential cmake pkg-config git
-    libuv1-dev liblua5.4-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
+    libuv1-dev liblua5.4-dev libssl-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
     mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
     erlang-base gnuplot-nox valgrind procps
 )
