@@ -24,7 +24,7 @@ typedef struct mt_child {
 } mt_child_t;
 
 /* Starts bin --port port [--db db]; 0 with child filled in, -1 on failure (reason on stderr). */
-static int mt_spawn(const char *bin, int port, const char *db, mt_child_t *child)
+static inline int mt_spawn(const char *bin, int port, const char *db, mt_child_t *child)
 {
     int fds[2];
     char portarg[16], line[128];
@@ -70,7 +70,7 @@ static int mt_spawn(const char *bin, int port, const char *db, mt_child_t *child
 }
 
 /* Stops the child with sig and reaps it; returns its exit status, or -1 if it died by a signal. */
-static int mt_stop(mt_child_t *child, int sig)
+static inline int mt_stop(mt_child_t *child, int sig)
 {
     int status = 0;
     if (child->pid <= 0)
@@ -82,7 +82,7 @@ static int mt_stop(mt_child_t *child, int sig)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static void mt_sleep_ms(int ms)
+static inline void mt_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) && errno == EINTR)
