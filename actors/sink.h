@@ -40,8 +40,10 @@ typedef struct rt_sink_committed_s {
 */
 int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen);
 /*
-** Stops every sink: each writes what it can within a short grace period; rows it
-** cannot write stay in (or go to) its spill file for the next start. Call before
+** Stops every sink: each writes what it holds in memory if its database is up;
+** rows it cannot write stay in (or go to) its spill file for the next start. Later
+** submissions are refused with RT_ESHUTDOWN (counted as dropped); rt_sink_find
+** returns NULL. The rt_sink_t records stay valid until rt_sinks_free. Call before
 ** rt_shutdown, from outside any actor.
 */
 void rt_sinks_stop(void);
@@ -64,6 +66,9 @@ rt_sink_t *rt_sink_find(const char *name);
 int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
                    rt_pid_t ack_pid, uint64_t ack_token);
 
+/* After rt_shutdown: frees what rt_sinks_start made (rt_sink_t pointers die here). */
+void rt_sinks_free(void);
+
 /* Metrics snapshot for rtctl and tests. */
 typedef struct rt_sink_info_s {
     char name[64];
@@ -73,11 +78,14 @@ typedef struct rt_sink_info_s {
     uint64_t inflight; /* rows in the batch being written */
     uint64_t written;  /* rows committed to the database (or published) */
     uint64_t failed;   /* failed write attempts (batches) */
-    uint64_t retried;  /* rows written again after a failed attempt */
+    uint64_t retried;  /* rows written after waiting in the spill (replayed) */
     uint64_t spilled;  /* rows on disk in the spill queue now */
     uint64_t dropped;  /* rows refused (byte limit, malformed) */
     uint64_t batches;  /* successful write transactions / bulk operations */
     char last_error[256];
+    uint64_t in;        /* rows accepted (or refused: those count as dropped), plus recovered */
+    uint64_t recovered; /* rows found in a spill file left by an earlier run */
+    uint64_t bytes;     /* row bytes in memory, inflight and spill (max_bytes bounds it) */
 } rt_sink_info_t;
 
 /* Copies up to max sinks' metrics into out; returns how many sinks there are. */

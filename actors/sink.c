@@ -1,0 +1,987 @@
+/*
+** The sink actor, shared by every sink type: accepts rows (rt_sink_submit, any
+** thread), queues them in memory, cuts batches by count (batch) and time
+** (flush_ms), hands each batch to its driver, and on a transient failure
+** retries with exponential backoff while the rows wait, in order, in the spill
+** file. Order is kept by one rule: every row in the spill is older than every
+** row in memory, so the writer drains the spill before memory, and memory only
+** ever moves to the spill's tail.
+**
+** Durable acks: a submission's ack goes out when its last row is durable, either
+** committed to the database or committed to the spill file (synchronous=FULL),
+** whichever comes first. The spill is replayed at the next start, so a row there
+** survives a crash of rtd as surely as one in the database; acking only at the
+** database would turn a database outage into a publisher outage (PUBACKs stall,
+** inflight windows fill) while the spill exists precisely to ride one out.
+*/
+#include <bson/bson.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "log.h"
+#include "sink_impl.h"
+
+enum {
+    MSG_ROWS = RT_SINK_MSG_COMMITTED + 1, /* data: submit_t, bin: the rows */
+    MSG_FLUSH,                            /* flush_ms timer: write a partial batch */
+    MSG_RETRY,                            /* backoff timer: try the database again */
+    MSG_DRAIN,                            /* more batches are ready: write the next */
+    MSG_STOP,                             /* rt_sinks_stop */
+};
+
+typedef struct submit_s {
+    uint32_t nrows;
+    rt_bin_t *opts;
+    rt_pid_t ack_pid;
+    uint64_t ack_token;
+} submit_t;
+
+static rt_sink_t *g_sinks[RT_CONF_MAX_SECTIONS];
+static unsigned g_nsinks;
+static atomic_bool g_running;
+
+static const sink_driver_t *const drivers[] = {&rt_sink_sqlite_driver, &rt_sink_mongo_driver,
+                                               &rt_sink_republish_driver};
+
+static const char *const state_names[] = {"connected", "connecting", "disconnected"};
+
+void rt__sink_error(rt_sink_t *s, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&s->err_lock);
+    va_start(ap, fmt);
+    vsnprintf(s->last_error, sizeof(s->last_error), fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&s->err_lock);
+}
+
+static void set_state(rt_sink_t *s, sink_state_t st)
+{
+    int old = atomic_exchange(&s->state, (int)st);
+    if (old != (int)st)
+        rt_log(st == SINK_DISCONNECTED ? RT_LOG_WARNING : RT_LOG_INFO, "sink.state",
+               "sink=%s state=%s", s->name, state_names[st]);
+}
+
+const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key)
+{
+    for (unsigned i = 0; i < sec->nkeys; i++)
+        if (strcmp(sec->keys[i].key, key) == 0)
+            return &sec->keys[i];
+    return NULL;
+}
+
+const char *rt__sink_opt_str(const sink_row_t *r, const char *key, uint32_t *len)
+{
+    bson_t b;
+    bson_iter_t it;
+    if (!r->opts_len || !bson_init_static(&b, r->opts, r->opts_len))
+        return NULL;
+    if (!bson_iter_init_find(&it, &b, key) || !BSON_ITER_HOLDS_UTF8(&it))
+        return NULL;
+    return bson_iter_utf8(&it, len);
+}
+
+const char *rt__sink_text(const bson_iter_t *it, uint32_t *len, char **tmp, char *num)
+{
+    *tmp = NULL;
+    int n = -1;
+    switch (bson_iter_type(it)) {
+    case BSON_TYPE_UTF8:
+        return bson_iter_utf8(it, len);
+    case BSON_TYPE_SYMBOL:
+        return bson_iter_symbol(it, len);
+    case BSON_TYPE_CODE:
+        return bson_iter_code(it, len);
+    case BSON_TYPE_INT32:
+        n = snprintf(num, 64, "%d", (int)bson_iter_int32(it));
+        break;
+    case BSON_TYPE_INT64:
+        n = snprintf(num, 64, "%lld", (long long)bson_iter_int64(it));
+        break;
+    case BSON_TYPE_DATE_TIME:
+        n = snprintf(num, 64, "%lld", (long long)bson_iter_date_time(it));
+        break;
+    case BSON_TYPE_DOUBLE:
+        n = snprintf(num, 64, "%.17g", bson_iter_double(it));
+        break;
+    case BSON_TYPE_BOOL:
+        n = snprintf(num, 64, "%s", bson_iter_bool(it) ? "true" : "false");
+        break;
+    case BSON_TYPE_OID:
+        bson_oid_to_string(bson_iter_oid(it), num);
+        n = 24;
+        break;
+    case BSON_TYPE_DECIMAL128: {
+        bson_decimal128_t d;
+        bson_iter_decimal128(it, &d);
+        bson_decimal128_to_string(&d, num);
+        n = (int)strlen(num);
+        break;
+    }
+    case BSON_TYPE_NULL:
+    case BSON_TYPE_UNDEFINED:
+        *len = 0;
+        return "";
+    case BSON_TYPE_DOCUMENT:
+    case BSON_TYPE_ARRAY: {
+        const uint8_t *data;
+        uint32_t dl;
+        bson_t sub;
+        if (BSON_ITER_HOLDS_DOCUMENT(it))
+            bson_iter_document(it, &dl, &data);
+        else
+            bson_iter_array(it, &dl, &data);
+        size_t jl = 0;
+        if (bson_init_static(&sub, data, dl))
+            *tmp = BSON_ITER_HOLDS_DOCUMENT(it) ? bson_as_relaxed_extended_json(&sub, &jl)
+                                                : bson_array_as_json(&sub, &jl);
+        *len = *tmp ? (uint32_t)jl : 0;
+        return *tmp ? *tmp : "";
+    }
+    default: {
+        /* Binary, regex, timestamp and the rest: the value's extended JSON. */
+        bson_t one = BSON_INITIALIZER;
+        bson_append_iter(&one, "v", 1, it);
+        size_t jl = 0;
+        *tmp = bson_as_relaxed_extended_json(&one, &jl);
+        bson_destroy(&one);
+        *len = *tmp ? (uint32_t)jl : 0;
+        return *tmp ? *tmp : "";
+    }
+    }
+    *len = n > 0 ? (uint32_t)n : 0;
+    return num;
+}
+
+/* ---- Acks and the in-memory queue ---- */
+
+static void send_ack(rt_pid_t to, uint64_t token, int32_t status)
+{
+    if (!to)
+        return;
+    rt_sink_committed_t c = {.token = token, .status = status};
+    rt_send(to, RT_SINK_MSG_COMMITTED, &c, sizeof(c));
+}
+
+/* One row of entry e reached its final place (status 0: durable; < 0: dropped). */
+static void settle(rt_sink_t *s, sink_entry_t *e, int32_t status)
+{
+    if (status < 0 && e->status == 0)
+        e->status = status;
+    RT_ASSERT(e->pending > 0);
+    e->pending--;
+}
+
+/* Frees the entries at the head whose rows have all settled, acking each. */
+static void pop_settled(rt_sink_t *s)
+{
+    while (s->head && s->head->pending == 0) {
+        sink_entry_t *e = s->head;
+        s->head = e->next;
+        if (!s->head)
+            s->tail = NULL;
+        send_ack(e->ack_pid, e->ack_token, e->status);
+        rt_bin_release(e->rows);
+        rt_bin_release(e->opts);
+        free(e);
+    }
+}
+
+static uint32_t doc_len(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/*
+** Takes up to max of the oldest untaken rows of the memory queue into rows[].
+** They stay counted in mem_* until the caller commits to where they went.
+*/
+static size_t take_rows(rt_sink_t *s, sink_row_t *rows, size_t max)
+{
+    size_t n = 0;
+    for (sink_entry_t *e = s->head; e && n < max; e = e->next) {
+        uint32_t taken = e->taken, off = e->off;
+        const uint8_t *data = rt_bin_data(e->rows);
+        const uint8_t *opts = e->opts ? rt_bin_data(e->opts) : NULL;
+        uint32_t opts_len = e->opts ? (uint32_t)rt_bin_len(e->opts) : 0;
+        while (taken < e->nrows && n < max) {
+            uint32_t len = doc_len(data + off);
+            rows[n++] = (sink_row_t){.doc = data + off, .len = len, .opts = opts,
+                                     .opts_len = opts_len, .entry = e};
+            off += len;
+            taken++;
+        }
+    }
+    return n;
+}
+
+/* Marks rows[0..n) (just taken by take_rows) as gone from the memory queue. */
+static void consume_rows(rt_sink_t *s, const sink_row_t *rows, size_t n)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        rows[i].entry->taken++;
+        rows[i].entry->off += rows[i].len;
+        bytes += rows[i].len;
+    }
+    s->mem_rows -= n;
+    s->mem_bytes -= bytes;
+}
+
+static bool ensure_spill(rt_sink_t *s)
+{
+    if (s->spill_open)
+        return true;
+    char why[256];
+    if (rt__spill_open(&s->spill, s->spill_path, why, sizeof(why)) != 0) {
+        rt__sink_error(s, "spill: %s", why);
+        rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s %s", s->name, why);
+        return false;
+    }
+    s->spill_open = true;
+    return true;
+}
+
+/*
+** Moves the oldest memory rows to the spill's tail until at most keep_bytes stay
+** in memory. Rows that reach the spill are durable: their entries may be acked.
+** If the spill fails the rows stay in memory (the byte limit still bounds them).
+*/
+static void spill_memory(rt_sink_t *s, uint64_t keep_bytes)
+{
+    if (!s->drv->spills || s->mem_bytes <= keep_bytes || !ensure_spill(s))
+        return;
+    while (s->mem_rows > 0 && s->mem_bytes > keep_bytes) {
+        size_t n = take_rows(s, s->batch_rows, s->batch);
+        char why[256];
+        if (rt__spill_append(&s->spill, s->batch_rows, n, why, sizeof(why)) != 0) {
+            rt__sink_error(s, "spill: %s", why);
+            rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s rows=%zu %s", s->name, n, why);
+            return;
+        }
+        consume_rows(s, s->batch_rows, n);
+        for (size_t i = 0; i < n; i++)
+            settle(s, s->batch_rows[i].entry, 0);
+        atomic_fetch_sub(&s->queued, n);
+        atomic_fetch_add(&s->spilled, n);
+        pop_settled(s);
+    }
+}
+
+/* ---- Writing ---- */
+
+static void schedule_retry(rt_sink_t *s)
+{
+    if (s->retry_timer)
+        return;
+    s->retry_timer = true;
+    rt_send_after_tag(s->backoff, s->pid, MSG_RETRY, NULL);
+    s->backoff = s->backoff * 2 > s->backoff_max_ms ? s->backoff_max_ms : s->backoff * 2;
+}
+
+static void ensure_flush_timer(rt_sink_t *s)
+{
+    if (s->mem_rows == 0 || s->flush_timer)
+        return;
+    s->flush_timer = true;
+    rt_send_after_tag(s->flush_ms, s->pid, MSG_FLUSH, NULL);
+}
+
+/* Opens the driver if needed and writes the batch; < 0 on a transient failure. */
+static int drive(rt_sink_t *s, sink_row_t *rows, size_t n)
+{
+    if (!s->opened) {
+        if (s->drv->open) {
+            set_state(s, SINK_CONNECTING);
+            if (s->drv->open(s) != 0)
+                return RT_EAGAIN;
+        }
+        s->opened = true;
+    }
+    for (size_t i = 0; i < n; i++)
+        rows[i].status = 0;
+    int rc = s->drv->write(s, rows, n);
+    if (rc < 0) {
+        if (s->drv->close)
+            s->drv->close(s);
+        s->opened = false;
+    }
+    return rc;
+}
+
+/* After a driver returned 0: counts each row written or dropped, for good. */
+static void count_outcome(rt_sink_t *s, const sink_row_t *rows, size_t n, bool replay)
+{
+    uint64_t ok = 0, bad = 0, bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes += rows[i].len;
+        if (rows[i].status == 0) {
+            ok++;
+        } else {
+            bad++;
+            if (atomic_load(&s->dropped) == 0 || bad == 1)
+                rt_log(RT_LOG_ERROR, "sink.row_rejected", "sink=%s %s", s->name, s->last_error);
+        }
+        if (rows[i].entry)
+            settle(s, rows[i].entry, rows[i].status);
+    }
+    atomic_fetch_sub(&s->inflight, n);
+    atomic_fetch_add(&s->written, ok);
+    atomic_fetch_add(&s->dropped, bad);
+    atomic_fetch_add(&s->batches, 1);
+    if (replay)
+        atomic_fetch_add(&s->retried, ok);
+    atomic_fetch_sub(&s->bytes, bytes);
+    set_state(s, SINK_CONNECTED);
+    s->backoff = s->backoff_ms;
+    pop_settled(s);
+}
+
+static void on_failure(rt_sink_t *s, size_t n)
+{
+    atomic_fetch_add(&s->failed, 1);
+    set_state(s, SINK_DISCONNECTED);
+    pthread_mutex_lock(&s->err_lock);
+    rt_log(RT_LOG_WARNING, "sink.write_failed", "sink=%s rows=%zu retry_in_ms=%u %s", s->name, n,
+           s->backoff, s->last_error);
+    pthread_mutex_unlock(&s->err_lock);
+    schedule_retry(s);
+}
+
+/* Writes the oldest batch of the spill. Returns true if it was written. */
+static bool write_from_spill(rt_sink_t *s)
+{
+    uint8_t *buf = NULL;
+    int64_t last = 0;
+    uint64_t bytes = 0;
+    char why[256];
+    int n = rt__spill_peek(&s->spill, s->batch_rows, s->batch, &buf, &last, &bytes, why,
+                           sizeof(why));
+    if (n < 0) {
+        rt__sink_error(s, "spill: %s", why);
+        free(buf);
+        on_failure(s, 0);
+        return false;
+    }
+    atomic_fetch_sub(&s->spilled, (uint64_t)n);
+    atomic_fetch_add(&s->inflight, (uint64_t)n);
+    if (drive(s, s->batch_rows, (size_t)n) < 0) {
+        atomic_fetch_sub(&s->inflight, (uint64_t)n);
+        atomic_fetch_add(&s->spilled, (uint64_t)n);
+        free(buf);
+        on_failure(s, (size_t)n);
+        return false;
+    }
+    /* The rows are in the database now; if they cannot be removed from the spill they
+       would be written twice after a restart, so say so loudly. */
+    if (rt__spill_pop(&s->spill, last, (uint64_t)n, bytes, why, sizeof(why)) != 0)
+        rt_log(RT_LOG_ERROR, "sink.spill_failed",
+               "sink=%s rows=%d written but not removed from the spill (duplicates on replay): %s",
+               s->name, n, why);
+    count_outcome(s, s->batch_rows, (size_t)n, true);
+    free(buf);
+    return true;
+}
+
+/* Writes the oldest batch in memory (up to batch rows). Returns true if it was written. */
+static bool write_from_memory(rt_sink_t *s)
+{
+    size_t n = take_rows(s, s->batch_rows, s->batch);
+    if (n == 0)
+        return true;
+    consume_rows(s, s->batch_rows, n);
+    atomic_fetch_sub(&s->queued, n);
+    atomic_fetch_add(&s->inflight, n);
+    if (drive(s, s->batch_rows, n) == 0) {
+        count_outcome(s, s->batch_rows, n, false);
+        return true;
+    }
+    /* Put the batch back at the head of memory (it was a prefix of what was untaken),
+       then move all of memory behind the spill so the retry finds it in order. */
+    for (size_t i = n; i-- > 0;) {
+        s->batch_rows[i].entry->taken--;
+        s->batch_rows[i].entry->off -= s->batch_rows[i].len;
+        s->mem_bytes += s->batch_rows[i].len;
+    }
+    s->mem_rows += n;
+    atomic_fetch_sub(&s->inflight, n);
+    atomic_fetch_add(&s->queued, n);
+    on_failure(s, n);
+    return false;
+}
+
+static bool spill_pending(const rt_sink_t *s)
+{
+    return s->spill_open && s->spill.rows > 0;
+}
+
+/*
+** Does the next piece of work: one batch from the spill if it holds any, else one
+** from memory if a full batch is there (or any rows, when forced by the flush
+** timer). Asks for another turn (MSG_DRAIN) when more is ready, so submissions
+** interleave with a long replay. While waiting out a backoff, memory only spills.
+*/
+static void pump(rt_sink_t *s, bool force)
+{
+    if (s->retry_timer) {
+        if (force || s->mem_rows >= s->batch || s->mem_bytes > s->queue_bytes)
+            spill_memory(s, 0);
+        ensure_flush_timer(s);
+        return;
+    }
+    bool ok;
+    if (spill_pending(s))
+        ok = write_from_spill(s);
+    else if (s->mem_rows >= s->batch || (force && s->mem_rows > 0))
+        ok = write_from_memory(s);
+    else
+        ok = true;
+    if (!ok)
+        spill_memory(s, 0); /* behind the spill, in order, until the retry */
+    if (ok && !s->drain_sent && (spill_pending(s) || s->mem_rows >= s->batch)) {
+        s->drain_sent = true;
+        rt_send(s->pid, MSG_DRAIN, NULL, 0);
+    }
+    /* Memory past its bound goes to the spill even while the database keeps up slowly. */
+    if (s->mem_bytes > s->queue_bytes)
+        spill_memory(s, s->queue_bytes / 2);
+    ensure_flush_timer(s);
+}
+
+/* ---- The actor ---- */
+
+typedef struct sink_actor_s {
+    rt_sink_t *s;
+} sink_actor_t;
+
+static int sink_init(rt_actor_t *self, void *state, void *arg)
+{
+    sink_actor_t *st = state;
+    rt_sink_t *s = arg;
+    st->s = s;
+    s->pid = rt_self(self);
+    s->backoff = s->backoff_ms;
+    /* A spill left by an earlier run is replayed first: those rows were accepted then. */
+    struct stat sb;
+    if (s->drv->spills && stat(s->spill_path, &sb) == 0 && ensure_spill(s) && s->spill.rows > 0) {
+        atomic_fetch_add(&s->in, s->spill.rows);
+        atomic_fetch_add(&s->recovered, s->spill.rows);
+        atomic_fetch_add(&s->spilled, s->spill.rows);
+        atomic_fetch_add(&s->bytes, s->spill.bytes);
+        rt_log(RT_LOG_INFO, "sink.recovered", "sink=%s rows=%llu file=%s", s->name,
+               (unsigned long long)s->spill.rows, s->spill_path);
+        s->drain_sent = true;
+        rt_send(s->pid, MSG_DRAIN, NULL, 0);
+    }
+    return 0;
+}
+
+static void on_rows(rt_sink_t *s, rt_msg_t *m)
+{
+    submit_t sub;
+    memcpy(&sub, m->data, sizeof(sub));
+    sink_entry_t *e = calloc(1, sizeof(*e));
+    rt_bin_t *rows = rt_msg_take_bin(m);
+    if (!e) {
+        /* Out of memory: the rows cannot be kept; say so like any other drop. */
+        atomic_fetch_sub(&s->queued, sub.nrows);
+        atomic_fetch_add(&s->dropped, sub.nrows);
+        atomic_fetch_sub(&s->bytes, rt_bin_len(rows));
+        rt_log(RT_LOG_ERROR, "sink.dropped", "sink=%s rows=%u reason=out of memory", s->name,
+               sub.nrows);
+        send_ack(sub.ack_pid, sub.ack_token, RT_ENOMEM);
+        rt_bin_release(rows);
+        rt_bin_release(sub.opts);
+        return;
+    }
+    if (s->drv->admit) {
+        size_t before = rt_bin_len(rows);
+        rows = s->drv->admit(s, rows, sub.nrows);
+        atomic_fetch_add(&s->bytes, rt_bin_len(rows) - before);
+    }
+    e->rows = rows;
+    e->opts = sub.opts;
+    e->nrows = e->pending = sub.nrows;
+    e->ack_pid = sub.ack_pid;
+    e->ack_token = sub.ack_token;
+    if (s->tail)
+        s->tail->next = e;
+    else
+        s->head = e;
+    s->tail = e;
+    s->mem_rows += sub.nrows;
+    s->mem_bytes += rt_bin_len(rows);
+    pump(s, s->flush_ms == 0);
+}
+
+static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    rt_sink_t *s = ((sink_actor_t *)state)->s;
+    switch (m->tag) {
+    case MSG_ROWS:
+        on_rows(s, m);
+        break;
+    case MSG_FLUSH:
+        s->flush_timer = false;
+        pump(s, true);
+        break;
+    case MSG_RETRY:
+        s->retry_timer = false;
+        pump(s, true);
+        break;
+    case MSG_DRAIN:
+        s->drain_sent = false;
+        pump(s, false);
+        break;
+    case MSG_STOP:
+        rt_exit(self, RT_REASON_NORMAL);
+        break;
+    default:
+        break;
+    }
+}
+
+/*
+** Last words, whatever the reason: write what memory holds if the database is up,
+** spill the rest, close. Rows that could not even be spilled are lost: counted as
+** dropped and logged.
+*/
+static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    rt_sink_t *s = ((sink_actor_t *)state)->s;
+    if (s->drv->spills) {
+        bool up = !s->retry_timer && atomic_load(&s->state) == SINK_CONNECTED;
+        while (up && !spill_pending(s) && s->mem_rows > 0)
+            up = write_from_memory(s);
+        spill_memory(s, 0);
+    } else {
+        while (s->mem_rows > 0 && write_from_memory(s)) {
+        }
+    }
+    if (s->mem_rows > 0) {
+        rt_log(RT_LOG_ERROR, "sink.dropped", "sink=%s rows=%llu reason=stopped with rows "
+               "neither written nor spilled", s->name, (unsigned long long)s->mem_rows);
+        while (s->mem_rows > 0) {
+            size_t n = take_rows(s, s->batch_rows, s->batch);
+            consume_rows(s, s->batch_rows, n);
+            uint64_t bytes = 0;
+            for (size_t i = 0; i < n; i++) {
+                bytes += s->batch_rows[i].len;
+                settle(s, s->batch_rows[i].entry, RT_ESHUTDOWN);
+            }
+            atomic_fetch_sub(&s->queued, n);
+            atomic_fetch_add(&s->dropped, n);
+            atomic_fetch_sub(&s->bytes, bytes);
+        }
+        pop_settled(s);
+    }
+    if (s->opened && s->drv->close)
+        s->drv->close(s);
+    s->opened = false;
+    if (s->spill_open)
+        rt__spill_close(&s->spill);
+    s->spill_open = false;
+    set_state(s, SINK_DISCONNECTED);
+}
+
+static const char *sink_tag_name(uint32_t tag)
+{
+    switch (tag) {
+    case MSG_ROWS: return "rows";
+    case MSG_FLUSH: return "flush";
+    case MSG_RETRY: return "retry";
+    case MSG_DRAIN: return "drain";
+    case MSG_STOP: return "stop";
+    default: return "";
+    }
+}
+
+static const rt_actor_type_t sink_type = {
+    .name = "sink",
+    .state_size = sizeof(sink_actor_t),
+    .init = sink_init,
+    .handle = sink_handle,
+    .terminate = sink_terminate,
+    .tag_name = sink_tag_name,
+};
+
+static const rt_actor_type_t sink_blocking_type = {
+    .name = "sink",
+    .state_size = sizeof(sink_actor_t),
+    .init = sink_init,
+    .handle = sink_handle,
+    .terminate = sink_terminate,
+    .tag_name = sink_tag_name,
+    .flags = RT_TYPE_BLOCKING,
+};
+
+/* ---- Submission (any thread) ---- */
+
+/* Whether b holds exactly n BSON documents back to back (lengths and terminators). */
+static bool docs_wellformed(const uint8_t *p, size_t len, uint32_t n)
+{
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (len - off < 5)
+            return false;
+        uint32_t dl = doc_len(p + off);
+        if (dl < 5 || dl > len - off || p[off + dl - 1] != 0)
+            return false;
+        off += dl;
+    }
+    return off == len;
+}
+
+int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
+                   rt_pid_t ack_pid, uint64_t ack_token)
+{
+    if (!s || !rows) {
+        rt_bin_release(rows);
+        rt_bin_release(opts);
+        return RT_EINVAL;
+    }
+    size_t len = rt_bin_len(rows);
+    int rc = 0;
+    atomic_fetch_add(&s->submitting, 1);
+    if (atomic_load(&s->closing)) {
+        rc = RT_ESHUTDOWN;
+    } else if (nrows == 0 || !docs_wellformed(rt_bin_data(rows), len, nrows) ||
+               (opts && !docs_wellformed(rt_bin_data(opts), rt_bin_len(opts), 1))) {
+        rc = RT_EINVAL;
+    } else if (atomic_fetch_add(&s->bytes, len) + len > s->max_bytes) {
+        atomic_fetch_sub(&s->bytes, len);
+        rc = RT_ELIMIT;
+    } else {
+        atomic_fetch_add(&s->in, nrows);
+        atomic_fetch_add(&s->queued, nrows);
+        rt_msg_t *m = rt_msg_new(MSG_ROWS, sizeof(submit_t));
+        if (m) {
+            submit_t sub = {.nrows = nrows, .opts = opts, .ack_pid = ack_pid,
+                            .ack_token = ack_token};
+            memcpy(m->data, &sub, sizeof(sub));
+            m->bin = rows;
+            rows = NULL;
+            opts = NULL;
+            rc = rt_send_msg(s->pid, m);
+        } else {
+            rc = RT_ENOMEM;
+        }
+        if (rc != 0) {
+            /* The actor is gone (or no envelope): these rows were never taken in. */
+            atomic_fetch_sub(&s->in, nrows);
+            atomic_fetch_sub(&s->queued, nrows);
+            atomic_fetch_sub(&s->bytes, len);
+        }
+    }
+    atomic_fetch_sub(&s->submitting, 1);
+    if (rc == 0)
+        return 0;
+    /* Refused: counted in and dropped, so the books still balance. */
+    atomic_fetch_add(&s->in, nrows);
+    uint64_t before = atomic_fetch_add(&s->dropped, nrows);
+    if (before == 0 || before / 10000 != (before + nrows) / 10000)
+        rt_log(RT_LOG_WARNING, "sink.dropped", "sink=%s rows=%u dropped_total=%llu reason=%s",
+               s->name, nrows, (unsigned long long)(before + nrows),
+               rc == RT_ELIMIT ? "max_bytes reached" : rt_strerror(rc));
+    if (rc == RT_ELIMIT)
+        rt__sink_error(s, "max_bytes (%llu) reached: rows dropped",
+                       (unsigned long long)s->max_bytes);
+    send_ack(ack_pid, ack_token, rc);
+    rt_bin_release(rows);
+    rt_bin_release(opts);
+    return rc;
+}
+
+/* ---- Start, stop, lookup ---- */
+
+static const sink_key_t common_keys[] = {
+    {"type", SK_STRING, 0, 0, "sqlite, mongodb or republish"},
+    {"enabled", SK_BOOL, 0, 0, "false keeps the sink configured but not started"},
+    {"batch", SK_INT, 1, 100000, "rows per write"},
+    {"flush_ms", SK_INT, 0, 3600000, "ms before a partial batch is written"},
+    {"queue_bytes", SK_INT, 1024, 1e12, "bytes of rows kept in memory before spilling"},
+    {"max_bytes", SK_INT, 1024, 1e15, "bytes in memory and spill; beyond, rows are dropped"},
+    {"backoff_ms", SK_INT, 1, 60000, "first retry delay"},
+    {"backoff_max_ms", SK_INT, 1, 600000, "longest retry delay"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static const sink_key_t *find_key(const sink_key_t *keys, const char *name)
+{
+    for (; keys && keys->name; keys++) {
+        size_t n = strlen(keys->name);
+        if (keys->kind == SK_PREFIX ? strncmp(keys->name, name, n) == 0 && name[n]
+                                    : strcmp(keys->name, name) == 0)
+            return keys;
+    }
+    return NULL;
+}
+
+static int check_key(const rt_conf_kv_t *kv, const sink_key_t *k, char *why, size_t whylen)
+{
+    switch (k->kind) {
+    case SK_STRING:
+    case SK_PREFIX:
+        if (kv->type != RT_CONF_V_STRING) {
+            snprintf(why, whylen, "%s must be a string (%s)", kv->key, k->help);
+            return RT_EINVAL;
+        }
+        return 0;
+    case SK_BOOL:
+        if (kv->type != RT_CONF_V_BOOL) {
+            snprintf(why, whylen, "%s must be true or false", kv->key);
+            return RT_EINVAL;
+        }
+        return 0;
+    case SK_INT:
+        if (kv->type != RT_CONF_V_NUMBER || kv->num != (double)(long long)kv->num ||
+            kv->num < k->min || kv->num > k->max) {
+            snprintf(why, whylen, "%s must be a whole number from %.0f to %.0f (%s)", kv->key,
+                     k->min, k->max, k->help);
+            return RT_EINVAL;
+        }
+        return 0;
+    }
+    return RT_EINVAL;
+}
+
+static double num_or(const rt_conf_section_t *sec, const char *key, double dflt)
+{
+    const rt_conf_kv_t *kv = rt__sink_kv(sec, key);
+    return kv ? kv->num : dflt;
+}
+
+static void sink_free(rt_sink_t *s)
+{
+    if (s->drv && s->drv->free)
+        s->drv->free(s);
+    pthread_mutex_destroy(&s->err_lock);
+    free(s->batch_rows);
+    free(s);
+}
+
+/*
+** Checks one section and makes its sink (not started). Returns 0 with *out NULL
+** for a disabled sink.
+*/
+static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sink_t **out,
+                     char *why, size_t whylen)
+{
+    *out = NULL;
+    const rt_conf_kv_t *type = rt__sink_kv(sec, "type");
+    if (!type || type->type != RT_CONF_V_STRING) {
+        snprintf(why, whylen, "type is required (sqlite, mongodb or republish)");
+        return RT_EINVAL;
+    }
+    const sink_driver_t *drv = NULL;
+    for (size_t i = 0; i < sizeof(drivers) / sizeof(drivers[0]); i++)
+        if (strcmp(drivers[i]->type, type->str) == 0)
+            drv = drivers[i];
+    if (!drv) {
+        snprintf(why, whylen, "unknown type \"%s\" (sqlite, mongodb or republish)", type->str);
+        return RT_EINVAL;
+    }
+    for (unsigned i = 0; i < sec->nkeys; i++) {
+        const sink_key_t *k = find_key(common_keys, sec->keys[i].key);
+        if (!k)
+            k = find_key(drv->keys, sec->keys[i].key);
+        if (!k) {
+            int n = snprintf(why, whylen, "unknown key %s (%s sinks take:", sec->keys[i].key,
+                             drv->type);
+            for (const sink_key_t *kk = common_keys + 1; kk->name && n > 0 && (size_t)n < whylen;
+                 kk++)
+                n += snprintf(why + n, whylen - (size_t)n, " %s", kk->name);
+            for (const sink_key_t *kk = drv->keys; kk->name && n > 0 && (size_t)n < whylen; kk++)
+                n += snprintf(why + n, whylen - (size_t)n, " %s%s", kk->name,
+                              kk->kind == SK_PREFIX ? "*" : "");
+            if (n > 0 && (size_t)n < whylen)
+                snprintf(why + n, whylen - (size_t)n, ")");
+            return RT_EINVAL;
+        }
+        int rc = check_key(&sec->keys[i], k, why, whylen);
+        if (rc)
+            return rc;
+    }
+    const rt_conf_kv_t *en = rt__sink_kv(sec, "enabled");
+    if (en && !en->b)
+        return 0;
+    rt_sink_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(why, whylen, "out of memory");
+        return RT_ENOMEM;
+    }
+    pthread_mutex_init(&s->err_lock, NULL);
+    snprintf(s->name, sizeof(s->name), "%s", sec->name);
+    s->drv = drv;
+    s->batch = (uint32_t)num_or(sec, "batch", drv->batch_default);
+    s->flush_ms = (uint32_t)num_or(sec, "flush_ms", drv->flush_ms_default);
+    s->queue_bytes = (uint64_t)num_or(sec, "queue_bytes", RT_SINK_QUEUE_BYTES_DEFAULT);
+    s->max_bytes = (uint64_t)num_or(sec, "max_bytes", (double)RT_SINK_MAX_BYTES_DEFAULT);
+    s->backoff_ms = (uint32_t)num_or(sec, "backoff_ms", RT_SINK_BACKOFF_MS_DEFAULT);
+    s->backoff_max_ms = (uint32_t)num_or(sec, "backoff_max_ms", RT_SINK_BACKOFF_MAX_MS_DEFAULT);
+    if (s->backoff_max_ms < s->backoff_ms)
+        s->backoff_max_ms = s->backoff_ms;
+    atomic_store(&s->state, SINK_CONNECTING);
+    int n = snprintf(s->spill_path, sizeof(s->spill_path), "%s/spill-%s.db", conf->data_dir,
+                     s->name);
+    s->batch_rows = calloc(s->batch, sizeof(sink_row_t));
+    int rc = 0;
+    if (n < 0 || (size_t)n >= sizeof(s->spill_path)) {
+        snprintf(why, whylen, "data_dir is too long for the spill file");
+        rc = RT_EINVAL;
+    } else if (!s->batch_rows) {
+        snprintf(why, whylen, "out of memory");
+        rc = RT_ENOMEM;
+    } else {
+        rc = drv->configure(s, sec, why, whylen);
+    }
+    if (rc) {
+        s->drv = NULL; /* configure cleans up after itself on error */
+        sink_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+static void free_all(void)
+{
+    for (unsigned i = 0; i < g_nsinks; i++)
+        sink_free(g_sinks[i]);
+    g_nsinks = 0;
+}
+
+int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
+{
+    if (atomic_load(&g_running)) {
+        snprintf(err, errlen, "sinks are already running");
+        return RT_EEXIST;
+    }
+    free_all(); /* a previous, stopped set */
+    const rt_conf_sections_t *secs = &conf->sinks;
+    for (unsigned i = 0; i < secs->n; i++) {
+        char why[RT_CONF_ERR_LEN / 2];
+        rt_sink_t *s = NULL;
+        int rc = make_sink(conf, &secs->s[i], &s, why, sizeof(why));
+        if (rc) {
+            if (secs->line > 0)
+                snprintf(err, errlen, "%s:%d: sinks.%s: %s", secs->where, secs->line,
+                         secs->s[i].name, why);
+            else
+                snprintf(err, errlen, "%s: sinks.%s: %s", secs->where[0] ? secs->where : "config",
+                         secs->s[i].name, why);
+            free_all();
+            return rc;
+        }
+        if (s)
+            g_sinks[g_nsinks++] = s;
+    }
+    bool spills = false;
+    for (unsigned i = 0; i < g_nsinks; i++)
+        spills |= g_sinks[i]->drv->spills;
+    if (spills && mkdir(conf->data_dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "data_dir %s: cannot create: %s", conf->data_dir, strerror(errno));
+        free_all();
+        return RT_EINVAL;
+    }
+    for (unsigned i = 0; i < g_nsinks; i++) {
+        rt_sink_t *s = g_sinks[i];
+        char regname[80];
+        snprintf(regname, sizeof(regname), "sink:%s", s->name);
+        rt_spawn_opts_t o = {.name = regname};
+        int rc = rt_spawn_opt(s->drv->blocking ? &sink_blocking_type : &sink_type, s, &o, &s->pid);
+        if (rc) {
+            snprintf(err, errlen, "sinks.%s: cannot start: %s", s->name, rt_strerror(rc));
+            /* Stop the ones already running, then free them all. */
+            unsigned all = g_nsinks;
+            g_nsinks = i;
+            atomic_store(&g_running, true);
+            rt_sinks_stop();
+            g_nsinks = all;
+            free_all();
+            return rc;
+        }
+        rt_log(RT_LOG_INFO, "sink.started", "sink=%s type=%s batch=%u flush_ms=%u", s->name,
+               s->drv->type, s->batch, s->flush_ms);
+    }
+    atomic_store(&g_running, true);
+    return 0;
+}
+
+void rt_sinks_stop(void)
+{
+    if (!atomic_exchange(&g_running, false))
+        return;
+    for (unsigned i = 0; i < g_nsinks; i++) {
+        rt_sink_t *s = g_sinks[i];
+        atomic_store(&s->closing, true);
+        /* Submissions that passed the closing check before it was set finish sending
+           first, so STOP is the last message in the mailbox. */
+        while (atomic_load(&s->submitting) > 0)
+            sched_yield();
+        rt_send(s->pid, MSG_STOP, NULL, 0);
+    }
+    for (unsigned i = 0; i < g_nsinks; i++) {
+        rt_sink_t *s = g_sinks[i];
+        for (int waited = 0; rt_alive(s->pid) && waited < RT_SINK_STOP_WAIT_MS; waited++) {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+        rt_log(RT_LOG_INFO, "sink.stopped",
+               "sink=%s in=%llu written=%llu spilled=%llu dropped=%llu", s->name,
+               (unsigned long long)atomic_load(&s->in), (unsigned long long)atomic_load(&s->written),
+               (unsigned long long)atomic_load(&s->spilled),
+               (unsigned long long)atomic_load(&s->dropped));
+    }
+}
+
+void rt_sinks_free(void)
+{
+    if (atomic_load(&g_running))
+        return;
+    free_all();
+}
+
+rt_sink_t *rt_sink_find(const char *name)
+{
+    if (!atomic_load(&g_running) || !name)
+        return NULL;
+    for (unsigned i = 0; i < g_nsinks; i++)
+        if (strcmp(g_sinks[i]->name, name) == 0)
+            return g_sinks[i];
+    return NULL;
+}
+
+size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max)
+{
+    for (unsigned i = 0; i < g_nsinks && i < max; i++) {
+        rt_sink_t *s = g_sinks[i];
+        rt_sink_info_t *o = &out[i];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->name, sizeof(o->name), "%s", s->name);
+        o->type = s->drv->type;
+        o->state = state_names[atomic_load(&s->state)];
+        o->in = atomic_load(&s->in);
+        o->recovered = atomic_load(&s->recovered);
+        o->queued = atomic_load(&s->queued);
+        o->inflight = atomic_load(&s->inflight);
+        o->written = atomic_load(&s->written);
+        o->failed = atomic_load(&s->failed);
+        o->retried = atomic_load(&s->retried);
+        o->spilled = atomic_load(&s->spilled);
+        o->dropped = atomic_load(&s->dropped);
+        o->batches = atomic_load(&s->batches);
+        o->bytes = atomic_load(&s->bytes);
+        pthread_mutex_lock(&s->err_lock);
+        snprintf(o->last_error, sizeof(o->last_error), "%s", s->last_error);
+        pthread_mutex_unlock(&s->err_lock);
+    }
+    return g_nsinks;
+}

@@ -1,0 +1,174 @@
+/*
+** Inside the sinks: the sink record shared by the submitting threads and the
+** sink's actor, the driver interface each sink type implements (sink_sqlite.c,
+** sink_mongo.c, sink_republish.c), the on-disk spill queue (sink_spill.c) and
+** the config-key checks the drivers share. Only sink*.c include this.
+*/
+#ifndef RT_SINK_IMPL_H
+#define RT_SINK_IMPL_H
+
+#include <bson/bson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "sink.h"
+
+/* Tunables (every one can be set per sink in the config; these are the defaults). */
+#define RT_SINK_BATCH_DEFAULT 500                     /* rows per write transaction */
+#define RT_SINK_FLUSH_MS_DEFAULT 50                   /* ms before a partial batch is written */
+#define RT_SINK_QUEUE_BYTES_DEFAULT (8u << 20)        /* bytes of rows kept in memory */
+#define RT_SINK_MAX_BYTES_DEFAULT (256ull << 20)      /* bytes in memory + spill, then drop */
+#define RT_SINK_BACKOFF_MS_DEFAULT 100                /* first retry delay after a failure */
+#define RT_SINK_BACKOFF_MAX_MS_DEFAULT 3000           /* retry delay cap (doubling) */
+#define RT_SINK_STOP_WAIT_MS 10000                    /* rt_sinks_stop waits this long per sink */
+
+/* One row of a batch: a BSON document and the per-rule options it came with. */
+typedef struct sink_row_s {
+    const uint8_t *doc;
+    uint32_t len;
+    uint32_t opts_len;   /* 0: no options */
+    const uint8_t *opts;
+    int32_t status;      /* set by the driver: 0 written, < 0 rejected for good (with why) */
+    struct sink_entry_s *entry; /* the submission it belongs to; NULL if read from the spill */
+} sink_row_t;
+
+typedef struct sink_driver_s sink_driver_t;
+
+/* A config key a driver accepts. */
+typedef enum { SK_STRING, SK_INT, SK_BOOL, SK_PREFIX } sink_key_kind_t;
+typedef struct sink_key_s {
+    const char *name;   /* for SK_PREFIX: "columns." accepts columns.<anything> (strings) */
+    sink_key_kind_t kind;
+    double min, max;    /* SK_INT range */
+    const char *help;
+} sink_key_t;
+
+struct sink_driver_s {
+    const char *type;
+    bool blocking;                  /* runs on the blocking pool (database drivers) */
+    bool spills;                    /* has a spill queue (database drivers) */
+    int batch_default;
+    int flush_ms_default;
+    const sink_key_t *keys;         /* NULL-terminated; the common keys are always accepted */
+    /* Reads the sink's config (already checked against keys); no I/O. why: the reason. */
+    int (*configure)(rt_sink_t *s, const rt_conf_section_t *sec, char *why, size_t whylen);
+    /*
+    ** Optional: rewrites a submission's rows as they enter the sink's memory queue
+    ** (reference transferred; returns the binary to keep, the same one if unchanged).
+    */
+    rt_bin_t *(*admit)(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows);
+    /* Connects (or reconnects); 0 or an RT_E* code with s's last error set. */
+    int (*open)(rt_sink_t *s);
+    /*
+    ** Writes n rows in order as one unit. Returns 0 when every row is either committed
+    ** (status 0) or rejected for good (status < 0, with sink_error set: bad data that no
+    ** retry can fix); returns < 0 if nothing can be said to be committed (transient: the
+    ** whole batch is retried later, so drivers keep retries idempotent where they can).
+    */
+    int (*write)(rt_sink_t *s, sink_row_t *rows, size_t n);
+    void (*close)(rt_sink_t *s);    /* disconnects; open may be called again */
+    void (*free)(rt_sink_t *s);     /* frees what configure made */
+};
+
+extern const sink_driver_t rt_sink_sqlite_driver;
+extern const sink_driver_t rt_sink_mongo_driver;
+extern const sink_driver_t rt_sink_republish_driver;
+
+/* ---- The spill queue: rows in order in an SQLite file, (seq, row, opts). ---- */
+typedef struct sink_spill_s {
+    struct sqlite3 *db;
+    struct sqlite3_stmt *ins, *sel, *del;
+    uint64_t rows;      /* rows in the file */
+    uint64_t bytes;     /* their row bytes */
+    char path[512];
+} sink_spill_t;
+
+/* Opens (creating) path and counts what it holds. 0 or RT_E* with why set. */
+int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen);
+/* Appends n rows in one durable transaction; 0 or RT_E* (nothing appended). */
+int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *why, size_t whylen);
+/*
+** Reads up to max of the oldest rows into rows[] (their bytes in *buf, malloc'd, the
+** caller frees) and the seq of the last one into *last. Returns the count or RT_E*.
+*/
+int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf, int64_t *last,
+                   uint64_t *bytes, char *why, size_t whylen);
+/* Deletes every row up to seq last (which held n rows of bytes). */
+int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, char *why,
+                  size_t whylen);
+void rt__spill_close(sink_spill_t *sp);
+
+/* ---- The sink record ---- */
+typedef enum { SINK_CONNECTED = 0, SINK_CONNECTING, SINK_DISCONNECTED } sink_state_t;
+
+/* One rt_sink_submit call waiting in memory. */
+typedef struct sink_entry_s {
+    struct sink_entry_s *next;
+    rt_bin_t *rows;
+    rt_bin_t *opts;
+    uint32_t nrows;
+    uint32_t taken;     /* rows already moved to a batch or the spill */
+    uint32_t off;       /* byte offset of the first row not taken */
+    uint32_t pending;   /* rows not yet durable (database or spill): ack when 0 */
+    int32_t status;     /* first failure among its rows, or 0 */
+    rt_pid_t ack_pid;
+    uint64_t ack_token;
+} sink_entry_t;
+
+struct rt_sink_s {
+    char name[64];
+    const sink_driver_t *drv;
+    void *drv_state;                /* the driver's (configure makes it) */
+    char where[300];                /* "file:line: sinks.<name>" for messages */
+
+    /* Settings. */
+    uint32_t batch;
+    uint32_t flush_ms;
+    uint64_t queue_bytes;
+    uint64_t max_bytes;
+    uint32_t backoff_ms, backoff_max_ms;
+    char spill_path[512];
+
+    rt_pid_t pid;
+
+    /* Touched by submitting threads and read by rt_sinks_snapshot: atomics. */
+    _Alignas(RT_CACHE_LINE) atomic_uint_fast64_t in;
+    atomic_uint_fast64_t queued, inflight, written, failed, retried, spilled, dropped, batches;
+    atomic_uint_fast64_t recovered; /* rows found in the spill at start (part of in) */
+    atomic_uint_fast64_t bytes;     /* row bytes accepted and not yet written or dropped */
+    atomic_int state;               /* sink_state_t */
+    atomic_int submitting;          /* rt_sink_submit calls between their check and send */
+    atomic_bool closing;            /* rt_sinks_stop has begun: submissions are refused */
+    pthread_mutex_t err_lock;
+    char last_error[256];
+
+    /* Owned by the sink's actor alone. */
+    _Alignas(RT_CACHE_LINE) sink_entry_t *head, *tail; /* in-memory queue, oldest first */
+    uint64_t mem_rows, mem_bytes;   /* rows in the queue not yet taken */
+    sink_spill_t spill;
+    bool spill_open;
+    bool flush_timer, retry_timer;  /* a timer of that kind is pending */
+    bool drain_sent;                /* a drain message is in the mailbox */
+    bool opened;                    /* the driver is connected */
+    uint32_t backoff;               /* current retry delay, ms */
+    bool after_failure;             /* the next write is a retry */
+    sink_row_t *batch_rows;         /* batch buffer: batch entries */
+};
+
+/* Records why the last operation failed (any thread; shown by rtctl). */
+void rt__sink_error(rt_sink_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A per-row option or config string: the UTF-8 value of key in opts (NULL if absent). */
+const char *rt__sink_opt_str(const sink_row_t *r, const char *key, uint32_t *len);
+/*
+** The text form of the BSON value at it: strings as they are; numbers, booleans and
+** dates in decimal; object ids in hex; documents, arrays and anything else as JSON.
+** Returns a pointer into the document, into num (64 bytes), or into *tmp (allocated
+** with bson_malloc: the caller bson_free()s it; NULL when unused). Null is "".
+*/
+const char *rt__sink_text(const bson_iter_t *it, uint32_t *len, char **tmp, char *num);
+/* Config lookups in a checked section. */
+const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key);
+
+#endif

@@ -1,0 +1,228 @@
+/*
+** The republish sink driver: renders a topic and a payload from each row and
+** publishes them through the broker (rt_broker_publish), as if a client had.
+** Templates take ${field} from the row (dotted paths reach into nested
+** documents: ${meta.site}); a missing field renders as nothing. Strings render as
+** they are, binary as its raw bytes, other values as in rt__sink_text. Without a
+** payload template the payload is the whole row as JSON. A rule's options
+** (topic, payload, qos, retain) override the sink's. No database, no spill: the
+** actor runs on a scheduler.
+*/
+#include <bson/bson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "sink_impl.h"
+
+typedef struct rp_s {
+    char topic[RT_CONF_VALUE_LEN];
+    char payload[RT_CONF_VALUE_LEN];
+    bool has_payload;
+    int qos;
+    bool retain;
+    char *buf;      /* rendering scratch */
+    size_t cap;
+} rp_t;
+
+static const sink_key_t republish_keys[] = {
+    {"topic", SK_STRING, 0, 0, "topic template, e.g. \"out/${clientid}\""},
+    {"payload", SK_STRING, 0, 0, "payload template, e.g. \"${payload}\"; default: the row as JSON"},
+    {"qos", SK_INT, 0, 2, "0, 1 or 2"},
+    {"retain", SK_BOOL, 0, 0, "publish retained"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static void rp_free(rt_sink_t *s)
+{
+    rp_t *p = s->drv_state;
+    if (p)
+        free(p->buf);
+    free(p);
+    s->drv_state = NULL;
+}
+
+/* Whether every ${ in t is closed by a }. */
+static bool template_ok(const char *t, size_t len)
+{
+    for (const char *p = t; (p = memchr(p, '$', len - (size_t)(p - t))) != NULL; p++)
+        if (p + 1 < t + len && p[1] == '{' && !memchr(p, '}', len - (size_t)(p - t)))
+            return false;
+    return true;
+}
+
+static int rp_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, size_t whylen)
+{
+    const rt_conf_kv_t *topic = rt__sink_kv(sec, "topic");
+    if (!topic || !topic->str[0] || !template_ok(topic->str, strlen(topic->str))) {
+        snprintf(why, whylen, "topic is required: a template such as \"out/${clientid}\" "
+                 "(every ${ closed by })");
+        return RT_EINVAL;
+    }
+    const rt_conf_kv_t *payload = rt__sink_kv(sec, "payload");
+    if (payload && !template_ok(payload->str, strlen(payload->str))) {
+        snprintf(why, whylen, "payload: every ${ must be closed by }");
+        return RT_EINVAL;
+    }
+    rp_t *p = calloc(1, sizeof(*p));
+    if (!p) {
+        snprintf(why, whylen, "out of memory");
+        return RT_ENOMEM;
+    }
+    snprintf(p->topic, sizeof(p->topic), "%s", topic->str);
+    if (payload) {
+        p->has_payload = true;
+        snprintf(p->payload, sizeof(p->payload), "%s", payload->str);
+    }
+    const rt_conf_kv_t *kv = rt__sink_kv(sec, "qos");
+    p->qos = kv ? (int)kv->num : 0;
+    kv = rt__sink_kv(sec, "retain");
+    p->retain = kv && kv->b;
+    s->drv_state = p;
+    return 0;
+}
+
+static bool put(rp_t *p, size_t *len, const void *data, size_t n)
+{
+    if (*len + n + 1 > p->cap) {
+        size_t ncap = p->cap ? p->cap : 256;
+        while (ncap < *len + n + 1)
+            ncap *= 2;
+        char *nb = realloc(p->buf, ncap);
+        if (!nb)
+            return false;
+        p->buf = nb;
+        p->cap = ncap;
+    }
+    memcpy(p->buf + *len, data, n);
+    *len += n;
+    return true;
+}
+
+/* Renders template t (tlen bytes) for doc, appending to p->buf at *len. */
+static bool render(rp_t *p, size_t *len, const char *t, size_t tlen, const bson_t *doc)
+{
+    const char *end = t + tlen;
+    while (t < end) {
+        const char *open = memchr(t, '$', (size_t)(end - t));
+        if (!open || open + 1 >= end || open[1] != '{') {
+            const char *stop = open ? open + 1 : end;
+            if (!put(p, len, t, (size_t)(stop - t)))
+                return false;
+            t = stop;
+            continue;
+        }
+        if (!put(p, len, t, (size_t)(open - t)))
+            return false;
+        const char *close = memchr(open, '}', (size_t)(end - open));
+        if (!close)
+            return put(p, len, open, (size_t)(end - open));
+        char path[256];
+        size_t pl = (size_t)(close - open - 2);
+        t = close + 1;
+        if (pl == 0 || pl >= sizeof(path))
+            continue;
+        memcpy(path, open + 2, pl);
+        path[pl] = 0;
+        bson_iter_t it, found;
+        if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &found))
+            continue; /* a missing field renders as nothing */
+        if (BSON_ITER_HOLDS_BINARY(&found)) {
+            const uint8_t *data;
+            uint32_t dl;
+            bson_subtype_t sub;
+            bson_iter_binary(&found, &sub, &dl, &data);
+            if (!put(p, len, data, dl))
+                return false;
+            continue;
+        }
+        uint32_t vl;
+        char *tmp, num[64];
+        const char *v = rt__sink_text(&found, &vl, &tmp, num);
+        bool ok = put(p, len, v, vl);
+        bson_free(tmp);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+static int rp_write(rt_sink_t *s, sink_row_t *rows, size_t n)
+{
+    rp_t *p = s->drv_state;
+    if (!rt_broker) {
+        rt__sink_error(s, "the broker is not running");
+        return RT_EAGAIN;
+    }
+    for (size_t i = 0; i < n; i++) {
+        sink_row_t *r = &rows[i];
+        bson_t doc, opts;
+        bson_iter_t it;
+        if (!bson_init_static(&doc, r->doc, r->len) || !bson_iter_init(&it, &doc)) {
+            rt__sink_error(s, "row rejected: malformed BSON");
+            r->status = RT_EINVAL;
+            continue;
+        }
+        const char *topic = p->topic, *payload = p->has_payload ? p->payload : NULL;
+        uint32_t topic_len = (uint32_t)strlen(topic);
+        uint32_t payload_len = payload ? (uint32_t)strlen(payload) : 0;
+        int qos = p->qos;
+        bool retain = p->retain;
+        if (r->opts_len && bson_init_static(&opts, r->opts, r->opts_len)) {
+            const char *v;
+            if ((v = rt__sink_opt_str(r, "topic", &topic_len)))
+                topic = v;
+            else
+                topic_len = (uint32_t)strlen(topic);
+            if ((v = rt__sink_opt_str(r, "payload", &payload_len)))
+                payload = v;
+            else
+                payload_len = payload ? (uint32_t)strlen(payload) : 0;
+            if (bson_iter_init_find(&it, &opts, "qos") && BSON_ITER_HOLDS_NUMBER(&it))
+                qos = (int)bson_iter_as_int64(&it);
+            if (bson_iter_init_find(&it, &opts, "retain"))
+                retain = bson_iter_as_bool(&it);
+        }
+        size_t tl = 0, len = 0;
+        bool ok = render(p, &len, topic, topic_len, &doc);
+        tl = len;
+        if (ok && payload) {
+            ok = render(p, &len, payload, payload_len, &doc);
+        } else if (ok) {
+            size_t jl = 0;
+            char *json = bson_as_relaxed_extended_json(&doc, &jl);
+            ok = json && put(p, &len, json, jl);
+            bson_free(json);
+        }
+        if (!ok) {
+            rt__sink_error(s, "out of memory");
+            return RT_EAGAIN;
+        }
+        int rc = qos < 0 || qos > 2 ? RT_EINVAL
+                                    : rt_broker_publish(s->pid, p->buf, tl, p->buf + tl, len - tl,
+                                                        (uint8_t)qos, retain);
+        if (rc == RT_ENOMEM) {
+            rt__sink_error(s, "out of memory");
+            return RT_EAGAIN;
+        }
+        if (rc) {
+            rt__sink_error(s, "row rejected: cannot publish to \"%.*s\" (qos %d): %s", (int)tl,
+                           p->buf, qos, rt_strerror(rc));
+            r->status = rc;
+        }
+    }
+    return 0;
+}
+
+const sink_driver_t rt_sink_republish_driver = {
+    .type = "republish",
+    .blocking = false,
+    .spills = false,
+    .batch_default = 100,
+    .flush_ms_default = 0,
+    .keys = republish_keys,
+    .configure = rp_configure,
+    .write = rp_write,
+    .free = rp_free,
+};

@@ -1,0 +1,174 @@
+/*
+** The spill queue: an SQLite file per sink (data_dir/spill-<name>.db) with one
+** table, spill(seq INTEGER PRIMARY KEY, row BLOB, opts BLOB): the row as the
+** BSON document it was submitted as, its per-rule options, and seq giving the
+** order (rowid order: appends only ever go at the end). WAL mode with
+** synchronous=FULL, so an append that returned 0 survives a crash or power
+** loss; that is what lets a sink ack rows once they are here.
+*/
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sink_impl.h"
+
+static int fail(sink_spill_t *sp, const char *what, char *why, size_t whylen)
+{
+    snprintf(why, whylen, "%s: %s: %s", sp->path, what, sp->db ? sqlite3_errmsg(sp->db) : "");
+    return RT_EAGAIN;
+}
+
+int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
+{
+    memset(sp, 0, sizeof(*sp));
+    snprintf(sp->path, sizeof(sp->path), "%s", path);
+    if (sqlite3_open_v2(path, &sp->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+        SQLITE_OK) {
+        fail(sp, "open", why, whylen);
+        rt__spill_close(sp);
+        return RT_EAGAIN;
+    }
+    sqlite3_busy_timeout(sp->db, 1000);
+    sqlite3_stmt *count = NULL;
+    const char *what = "setup";
+    if (sqlite3_exec(sp->db,
+                     "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+                     "CREATE TABLE IF NOT EXISTS spill(seq INTEGER PRIMARY KEY, row BLOB NOT NULL,"
+                     " opts BLOB)",
+                     NULL, NULL, NULL) != SQLITE_OK ||
+        (what = "prepare",
+         sqlite3_prepare_v2(sp->db, "INSERT INTO spill(row, opts) VALUES (?, ?)", -1, &sp->ins,
+                            NULL) != SQLITE_OK ||
+             sqlite3_prepare_v2(sp->db, "SELECT seq, row, opts FROM spill ORDER BY seq LIMIT ?",
+                                -1, &sp->sel, NULL) != SQLITE_OK ||
+             sqlite3_prepare_v2(sp->db, "DELETE FROM spill WHERE seq <= ?", -1, &sp->del, NULL) !=
+                 SQLITE_OK ||
+             sqlite3_prepare_v2(sp->db, "SELECT count(*), coalesce(sum(length(row)), 0) FROM spill",
+                                -1, &count, NULL) != SQLITE_OK) ||
+        (what = "count", sqlite3_step(count) != SQLITE_ROW)) {
+        fail(sp, what, why, whylen);
+        sqlite3_finalize(count);
+        rt__spill_close(sp);
+        return RT_EAGAIN;
+    }
+    sp->rows = (uint64_t)sqlite3_column_int64(count, 0);
+    sp->bytes = (uint64_t)sqlite3_column_int64(count, 1);
+    sqlite3_finalize(count);
+    return 0;
+}
+
+int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *why, size_t whylen)
+{
+    if (sqlite3_exec(sp->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        return fail(sp, "begin", why, whylen);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        sqlite3_bind_blob(sp->ins, 1, rows[i].doc, (int)rows[i].len, SQLITE_STATIC);
+        if (rows[i].opts_len)
+            sqlite3_bind_blob(sp->ins, 2, rows[i].opts, (int)rows[i].opts_len, SQLITE_STATIC);
+        else
+            sqlite3_bind_null(sp->ins, 2);
+        int rc = sqlite3_step(sp->ins);
+        sqlite3_reset(sp->ins);
+        if (rc != SQLITE_DONE) {
+            fail(sp, "insert", why, whylen);
+            sqlite3_exec(sp->db, "ROLLBACK", NULL, NULL, NULL);
+            return RT_EAGAIN;
+        }
+        bytes += rows[i].len;
+    }
+    sqlite3_clear_bindings(sp->ins);
+    if (sqlite3_exec(sp->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        fail(sp, "commit", why, whylen);
+        sqlite3_exec(sp->db, "ROLLBACK", NULL, NULL, NULL);
+        return RT_EAGAIN;
+    }
+    sp->rows += n;
+    sp->bytes += bytes;
+    return 0;
+}
+
+int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf, int64_t *last,
+                   uint64_t *bytes, char *why, size_t whylen)
+{
+    *buf = NULL;
+    *bytes = 0;
+    /* Two passes over one statement would race nothing (one connection), but copying
+       each row as it comes is simpler: grow one buffer, then point rows into it. */
+    size_t cap = 0, used = 0, n = 0;
+    uint8_t *b = NULL;
+    size_t *offs = malloc(max * 2 * sizeof(size_t));
+    if (!offs) {
+        snprintf(why, whylen, "out of memory");
+        return RT_ENOMEM;
+    }
+    sqlite3_bind_int64(sp->sel, 1, (sqlite3_int64)max);
+    int rc;
+    while ((rc = sqlite3_step(sp->sel)) == SQLITE_ROW) {
+        int rl = sqlite3_column_bytes(sp->sel, 1), ol = sqlite3_column_bytes(sp->sel, 2);
+        size_t need = used + (size_t)rl + (size_t)ol;
+        if (need > cap) {
+            size_t ncap = cap ? cap * 2 : 64 * 1024;
+            while (ncap < need)
+                ncap *= 2;
+            uint8_t *nb = realloc(b, ncap);
+            if (!nb) {
+                rc = SQLITE_NOMEM;
+                break;
+            }
+            b = nb;
+            cap = ncap;
+        }
+        memcpy(b + used, sqlite3_column_blob(sp->sel, 1), (size_t)rl);
+        if (ol)
+            memcpy(b + used + rl, sqlite3_column_blob(sp->sel, 2), (size_t)ol);
+        offs[2 * n] = used;
+        offs[2 * n + 1] = used + (size_t)rl;
+        rows[n] = (sink_row_t){.len = (uint32_t)rl, .opts_len = (uint32_t)ol};
+        *last = sqlite3_column_int64(sp->sel, 0);
+        *bytes += (uint64_t)rl;
+        used = need;
+        n++;
+    }
+    sqlite3_reset(sp->sel);
+    if (rc != SQLITE_DONE) {
+        free(offs);
+        free(b);
+        return fail(sp, "read", why, whylen);
+    }
+    for (size_t i = 0; i < n; i++) {
+        rows[i].doc = b + offs[2 * i];
+        rows[i].opts = rows[i].opts_len ? b + offs[2 * i + 1] : NULL;
+    }
+    free(offs);
+    *buf = b;
+    return (int)n;
+}
+
+int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, char *why,
+                  size_t whylen)
+{
+    sqlite3_bind_int64(sp->del, 1, last);
+    int rc = sqlite3_step(sp->del);
+    sqlite3_reset(sp->del);
+    if (rc != SQLITE_DONE)
+        return fail(sp, "delete", why, whylen);
+    sp->rows -= n;
+    sp->bytes -= bytes;
+    /* An empty spill gives its pages back, so a long outage leaves no big file behind. */
+    if (sp->rows == 0)
+        sqlite3_exec(sp->db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL);
+    return 0;
+}
+
+void rt__spill_close(sink_spill_t *sp)
+{
+    sqlite3_finalize(sp->ins);
+    sqlite3_finalize(sp->sel);
+    sqlite3_finalize(sp->del);
+    if (sp->db)
+        sqlite3_close(sp->db);
+    sp->ins = sp->sel = sp->del = NULL;
+    sp->db = NULL;
+}

@@ -1,0 +1,624 @@
+/*
+** The SQLite sink driver: one connection in WAL mode, one transaction per batch.
+** A row's keys are its columns: a missing table is created from the declared
+** `columns` (if any) and the first row's keys, and a key the table lacks is
+** added with ALTER TABLE, in the batch's own transaction (so a failed batch
+** leaves no half-made schema). BSON types map to SQLite's: integers, booleans and
+** dates to INTEGER, doubles to REAL, binary to BLOB, strings and everything else
+** (documents and arrays as JSON) to TEXT. Inserts are prepared once per
+** (table, key list) and cached.
+*/
+#include <bson/bson.h>
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "sink_impl.h"
+
+#define SQ_TABLE_LEN 128      /* bytes in a table name */
+#define SQ_STMT_CACHE 32      /* prepared inserts kept */
+#define SQ_BUSY_MS_DEFAULT 200 /* how long a write waits for another connection's lock */
+
+typedef struct sq_table_s {
+    char name[SQ_TABLE_LEN];
+    unsigned ncols, cap;
+    char **cols;
+} sq_table_t;
+
+typedef struct sq_stmt_s {
+    char *sig;          /* table \0 key \0 key ... \0\0 */
+    size_t siglen;
+    sqlite3_stmt *st;
+    uint64_t used;      /* LRU clock */
+} sq_stmt_t;
+
+typedef struct sq_column_s {
+    char name[64];
+    char type[16];
+    long pos;   /* index in a listed schema ({"ts integer", ...}); 0 for name = "type" */
+} sq_column_t;
+
+typedef struct sq_s {
+    char file[512];
+    char table[SQ_TABLE_LEN];
+    bool sync_full;
+    int busy_ms;
+    sq_column_t *declared;  /* the `columns` schema, for tables this sink creates */
+    unsigned ndeclared;
+
+    sqlite3 *db;
+    sq_table_t *tables;
+    unsigned ntables;
+    sq_stmt_t cache[SQ_STMT_CACHE];
+    uint64_t clock;
+    char *sig;              /* scratch for building signatures */
+    size_t sigcap;
+    char *sql;              /* scratch for SQL text */
+    size_t sqlcap;
+} sq_t;
+
+static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json",
+                                        NULL};
+
+static const sink_key_t sqlite_keys[] = {
+    {"file", SK_STRING, 0, 0, "database file (default data_dir/<name>.db)"},
+    {"table", SK_STRING, 0, 0, "default table (a rule may name another)"},
+    {"synchronous", SK_STRING, 0, 0, "full or normal"},
+    {"busy_ms", SK_INT, 0, 60000, "ms a write waits for a lock held elsewhere"},
+    {"columns.", SK_PREFIX, 0, 0, "columns.<name> = \"integer|real|text|blob|numeric|json\""},
+    {NULL, 0, 0, 0, NULL},
+};
+
+/* ---- Scratch strings ---- */
+
+static bool grow(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return true;
+    size_t ncap = *cap ? *cap : 256;
+    while (ncap < need)
+        ncap *= 2;
+    char *nb = realloc(*buf, ncap);
+    if (!nb)
+        return false;
+    *buf = nb;
+    *cap = ncap;
+    return true;
+}
+
+/* Appends "name" (an SQL identifier, quotes doubled) to sq->sql at *len. */
+static bool put_ident(sq_t *q, size_t *len, const char *name, size_t nlen)
+{
+    if (!grow(&q->sql, &q->sqlcap, *len + 2 * nlen + 3))
+        return false;
+    char *p = q->sql + *len;
+    *p++ = '"';
+    for (size_t i = 0; i < nlen; i++) {
+        if (name[i] == '"')
+            *p++ = '"';
+        *p++ = name[i];
+    }
+    *p++ = '"';
+    *p = 0;
+    *len = (size_t)(p - q->sql);
+    return true;
+}
+
+static bool put_str(sq_t *q, size_t *len, const char *s)
+{
+    size_t n = strlen(s);
+    if (!grow(&q->sql, &q->sqlcap, *len + n + 1))
+        return false;
+    memcpy(q->sql + *len, s, n + 1);
+    *len += n;
+    return true;
+}
+
+/* ---- Configuration ---- */
+
+static void sq_free(rt_sink_t *s)
+{
+    sq_t *q = s->drv_state;
+    if (!q)
+        return;
+    free(q->declared);
+    free(q->sig);
+    free(q->sql);
+    free(q);
+    s->drv_state = NULL;
+}
+
+static bool known_type(const char *t)
+{
+    for (const char *const *k = sql_types; *k; k++)
+        if (strcasecmp(*k, t) == 0)
+            return true;
+    return false;
+}
+
+static int column_cmp(const void *a, const void *b)
+{
+    const sq_column_t *x = a, *y = b;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int sq_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, size_t whylen)
+{
+    sq_t *q = calloc(1, sizeof(*q));
+    if (!q) {
+        snprintf(why, whylen, "out of memory");
+        return RT_ENOMEM;
+    }
+    s->drv_state = q;
+    const rt_conf_kv_t *kv;
+    int rc = 0;
+    const rt_conf_kv_t *file = rt__sink_kv(sec, "file");
+    if (file && file->str[0])
+        snprintf(q->file, sizeof(q->file), "%s", file->str);
+    else
+        snprintf(q->file, sizeof(q->file), "%.*s/%s.db", (int)(strrchr(s->spill_path, '/') -
+                 s->spill_path), s->spill_path, s->name);
+    kv = rt__sink_kv(sec, "table");
+    if (kv && (!kv->str[0] || strlen(kv->str) >= SQ_TABLE_LEN)) {
+        snprintf(why, whylen, "table must be a name of 1 to %d bytes", SQ_TABLE_LEN - 1);
+        rc = RT_EINVAL;
+    } else {
+        memcpy(q->table, kv ? kv->str : "messages", strlen(kv ? kv->str : "messages") + 1);
+    }
+    kv = rt__sink_kv(sec, "synchronous");
+    q->sync_full = !kv || strcmp(kv->str, "full") == 0;
+    if (kv && strcmp(kv->str, "full") != 0 && strcmp(kv->str, "normal") != 0) {
+        snprintf(why, whylen, "synchronous must be \"full\" or \"normal\" (got \"%s\")", kv->str);
+        rc = RT_EINVAL;
+    }
+    kv = rt__sink_kv(sec, "busy_ms");
+    q->busy_ms = kv ? (int)kv->num : SQ_BUSY_MS_DEFAULT;
+    q->declared = calloc(sec->nkeys ? sec->nkeys : 1, sizeof(sq_column_t));
+    if (!q->declared && rc == 0) {
+        snprintf(why, whylen, "out of memory");
+        rc = RT_ENOMEM;
+    }
+    for (unsigned i = 0; rc == 0 && i < sec->nkeys; i++) {
+        if (strncmp(sec->keys[i].key, "columns.", 8) != 0)
+            continue;
+        const char *suffix = sec->keys[i].key + 8, *val = sec->keys[i].str;
+        sq_column_t *c = &q->declared[q->ndeclared];
+        /* columns = { ts = "integer" } or columns = { "ts integer", ... } */
+        bool array = suffix[strspn(suffix, "0123456789")] == 0;
+        int n = array ? sscanf(val, "%63s %15s", c->name, c->type)
+                      : (snprintf(c->name, sizeof(c->name), "%s", suffix),
+                         snprintf(c->type, sizeof(c->type), "%s", val), 2);
+        if (n != 2 || !known_type(c->type) || strlen(suffix) >= sizeof(c->name)) {
+            snprintf(why, whylen, "%s = \"%s\": a column is name = \"type\" or \"name type\" "
+                     "with type integer, real, text, blob, numeric or json", sec->keys[i].key, val);
+            rc = RT_EINVAL;
+        }
+        c->pos = array ? atol(suffix) : 0;
+        if (strcasecmp(c->type, "json") == 0)
+            snprintf(c->type, sizeof(c->type), "text");
+        q->ndeclared++;
+    }
+    /* Lua tables have no order: named columns go by name, listed ones by position. */
+    if (rc == 0)
+        qsort(q->declared, q->ndeclared, sizeof(sq_column_t), column_cmp);
+    if (rc)
+        sq_free(s);
+    return rc;
+}
+
+/* ---- Connection ---- */
+
+static void forget_schema(sq_t *q)
+{
+    for (unsigned i = 0; i < SQ_STMT_CACHE; i++) {
+        sqlite3_finalize(q->cache[i].st);
+        free(q->cache[i].sig);
+    }
+    memset(q->cache, 0, sizeof(q->cache));
+    for (unsigned i = 0; i < q->ntables; i++) {
+        for (unsigned j = 0; j < q->tables[i].ncols; j++)
+            free(q->tables[i].cols[j]);
+        free(q->tables[i].cols);
+    }
+    free(q->tables);
+    q->tables = NULL;
+    q->ntables = 0;
+}
+
+static void sq_close(rt_sink_t *s)
+{
+    sq_t *q = s->drv_state;
+    forget_schema(q);
+    if (q->db)
+        sqlite3_close(q->db);
+    q->db = NULL;
+}
+
+static int sq_open(rt_sink_t *s)
+{
+    sq_t *q = s->drv_state;
+    /* The database's directory is made if missing (one level, like data_dir). */
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s", q->file);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = 0;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            rt__sink_error(s, "%s: cannot create directory: %s", dir, strerror(errno));
+            return RT_EAGAIN;
+        }
+    }
+    if (sqlite3_open_v2(q->file, &q->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+        SQLITE_OK) {
+        rt__sink_error(s, "%s: open: %s", q->file, q->db ? sqlite3_errmsg(q->db) : "no memory");
+        sq_close(s);
+        return RT_EAGAIN;
+    }
+    sqlite3_busy_timeout(q->db, q->busy_ms);
+    char pragmas[128];
+    snprintf(pragmas, sizeof(pragmas), "PRAGMA journal_mode=WAL; PRAGMA synchronous=%s",
+             q->sync_full ? "FULL" : "NORMAL");
+    if (sqlite3_exec(q->db, pragmas, NULL, NULL, NULL) != SQLITE_OK) {
+        rt__sink_error(s, "%s: %s", q->file, sqlite3_errmsg(q->db));
+        sq_close(s);
+        return RT_EAGAIN;
+    }
+    return 0;
+}
+
+/* ---- Schema ---- */
+
+static const char *decl_type(bson_type_t t)
+{
+    switch (t) {
+    case BSON_TYPE_INT32:
+    case BSON_TYPE_INT64:
+    case BSON_TYPE_BOOL:
+    case BSON_TYPE_DATE_TIME:
+        return "INTEGER";
+    case BSON_TYPE_DOUBLE:
+        return "REAL";
+    case BSON_TYPE_BINARY:
+        return "BLOB";
+    case BSON_TYPE_NULL:
+    case BSON_TYPE_UNDEFINED:
+        return "";
+    default:
+        return "TEXT";
+    }
+}
+
+static bool has_col(const sq_table_t *t, const char *name)
+{
+    for (unsigned i = 0; i < t->ncols; i++)
+        if (strcasecmp(t->cols[i], name) == 0)
+            return true;
+    return false;
+}
+
+static bool add_col(sq_table_t *t, const char *name)
+{
+    if (t->ncols == t->cap) {
+        unsigned ncap = t->cap ? t->cap * 2 : 16;
+        char **nc = realloc(t->cols, ncap * sizeof(char *));
+        if (!nc)
+            return false;
+        t->cols = nc;
+        t->cap = ncap;
+    }
+    char *c = strdup(name);
+    if (!c)
+        return false;
+    t->cols[t->ncols++] = c;
+    return true;
+}
+
+static int exec_sql(rt_sink_t *s, sq_t *q)
+{
+    if (sqlite3_exec(q->db, q->sql, NULL, NULL, NULL) == SQLITE_OK)
+        return 0;
+    rt__sink_error(s, "%s: %s: %s", q->file, q->sql, sqlite3_errmsg(q->db));
+    return RT_EAGAIN;
+}
+
+/*
+** The table named name, with its columns read from the database, or created from
+** the declared columns and the keys of doc. NULL with the error set on failure.
+*/
+static sq_table_t *get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc)
+{
+    for (unsigned i = 0; i < q->ntables; i++)
+        if (strcmp(q->tables[i].name, name) == 0)
+            return &q->tables[i];
+    sq_table_t *nt = realloc(q->tables, (q->ntables + 1) * sizeof(*nt));
+    if (!nt) {
+        rt__sink_error(s, "out of memory");
+        return NULL;
+    }
+    q->tables = nt;
+    sq_table_t *t = &q->tables[q->ntables++];
+    memset(t, 0, sizeof(*t));
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    size_t len = 0;
+    if (!put_str(q, &len, "SELECT name FROM pragma_table_info(?)")) {
+        rt__sink_error(s, "out of memory");
+        return NULL;
+    }
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(q->db, q->sql, -1, &st, NULL) != SQLITE_OK) {
+        rt__sink_error(s, "%s: %s", q->file, sqlite3_errmsg(q->db));
+        return NULL;
+    }
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        if (!add_col(t, (const char *)sqlite3_column_text(st, 0)))
+            rc = SQLITE_NOMEM;
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+        rt__sink_error(s, "%s: columns of %s: %s", q->file, name, sqlite3_errstr(rc));
+        return NULL;
+    }
+    if (t->ncols > 0)
+        return t;
+    /* A new table: declared columns first, then the row's other keys. */
+    len = 0;
+    bool ok = put_str(q, &len, "CREATE TABLE ") && put_ident(q, &len, name, strlen(name)) &&
+              put_str(q, &len, " (");
+    for (unsigned i = 0; ok && i < q->ndeclared; i++)
+        ok = (i == 0 || put_str(q, &len, ", ")) &&
+             put_ident(q, &len, q->declared[i].name, strlen(q->declared[i].name)) &&
+             put_str(q, &len, " ") && put_str(q, &len, q->declared[i].type) &&
+             add_col(t, q->declared[i].name);
+    bson_iter_t it;
+    bson_iter_init(&it, doc);
+    while (ok && bson_iter_next(&it)) {
+        const char *k = bson_iter_key(&it);
+        if (has_col(t, k))
+            continue;
+        ok = (t->ncols == 0 || put_str(q, &len, ", ")) && put_ident(q, &len, k, strlen(k)) &&
+             put_str(q, &len, " ") && put_str(q, &len, decl_type(bson_iter_type(&it))) &&
+             add_col(t, k);
+    }
+    ok = ok && put_str(q, &len, ")");
+    if (!ok) {
+        rt__sink_error(s, "out of memory");
+        return NULL;
+    }
+    if (t->ncols == 0) {
+        rt__sink_error(s, "table %s: cannot be created from a row with no keys", name);
+        return NULL;
+    }
+    return exec_sql(s, q) == 0 ? t : NULL;
+}
+
+static int add_column(rt_sink_t *s, sq_t *q, sq_table_t *t, const char *key, bson_type_t type)
+{
+    size_t len = 0;
+    if (!put_str(q, &len, "ALTER TABLE ") || !put_ident(q, &len, t->name, strlen(t->name)) ||
+        !put_str(q, &len, " ADD COLUMN ") || !put_ident(q, &len, key, strlen(key)) ||
+        !put_str(q, &len, " ") || !put_str(q, &len, decl_type(type)) || !add_col(t, key)) {
+        rt__sink_error(s, "out of memory");
+        return RT_ENOMEM;
+    }
+    int rc = exec_sql(s, q);
+    if (rc)
+        free(t->cols[--t->ncols]);
+    return rc;
+}
+
+/* The cached insert for sig (table and keys), prepared on a miss. */
+static sqlite3_stmt *get_insert(rt_sink_t *s, sq_t *q, const char *sig, size_t siglen,
+                                const char *table, unsigned nkeys)
+{
+    sq_stmt_t *victim = &q->cache[0];
+    for (unsigned i = 0; i < SQ_STMT_CACHE; i++) {
+        sq_stmt_t *c = &q->cache[i];
+        if (c->st && c->siglen == siglen && memcmp(c->sig, sig, siglen) == 0) {
+            c->used = ++q->clock;
+            return c->st;
+        }
+        if (!c->st || c->used < victim->used)
+            victim = c;
+        if (!c->st)
+            break;
+    }
+    size_t len = 0;
+    bool ok = put_str(q, &len, "INSERT INTO ") && put_ident(q, &len, table, strlen(table)) &&
+              put_str(q, &len, " (");
+    const char *k = sig + strlen(table) + 1;
+    for (unsigned i = 0; ok && i < nkeys; i++, k += strlen(k) + 1)
+        ok = (i == 0 || put_str(q, &len, ", ")) && put_ident(q, &len, k, strlen(k));
+    ok = ok && put_str(q, &len, ") VALUES (");
+    for (unsigned i = 0; ok && i < nkeys; i++)
+        ok = put_str(q, &len, i == 0 ? "?" : ", ?");
+    ok = ok && put_str(q, &len, ")");
+    char *copy = ok ? malloc(siglen) : NULL;
+    if (!copy) {
+        rt__sink_error(s, "out of memory");
+        return NULL;
+    }
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(q->db, q->sql, -1, &st, NULL) != SQLITE_OK) {
+        rt__sink_error(s, "%s: %s: %s", q->file, q->sql, sqlite3_errmsg(q->db));
+        free(copy);
+        return NULL;
+    }
+    sqlite3_finalize(victim->st);
+    free(victim->sig);
+    memcpy(copy, sig, siglen);
+    *victim = (sq_stmt_t){.sig = copy, .siglen = siglen, .st = st, .used = ++q->clock};
+    return st;
+}
+
+/* ---- Writing ---- */
+
+static void bind_value(sqlite3_stmt *st, int col, const bson_iter_t *it)
+{
+    switch (bson_iter_type(it)) {
+    case BSON_TYPE_INT32:
+        sqlite3_bind_int64(st, col, bson_iter_int32(it));
+        return;
+    case BSON_TYPE_INT64:
+        sqlite3_bind_int64(st, col, bson_iter_int64(it));
+        return;
+    case BSON_TYPE_BOOL:
+        sqlite3_bind_int64(st, col, bson_iter_bool(it));
+        return;
+    case BSON_TYPE_DATE_TIME:
+        sqlite3_bind_int64(st, col, bson_iter_date_time(it));
+        return;
+    case BSON_TYPE_DOUBLE:
+        sqlite3_bind_double(st, col, bson_iter_double(it));
+        return;
+    case BSON_TYPE_NULL:
+    case BSON_TYPE_UNDEFINED:
+        sqlite3_bind_null(st, col);
+        return;
+    case BSON_TYPE_BINARY: {
+        const uint8_t *data;
+        uint32_t len;
+        bson_subtype_t sub;
+        bson_iter_binary(it, &sub, &len, &data);
+        sqlite3_bind_blob(st, col, data, (int)len, SQLITE_STATIC);
+        return;
+    }
+    default: {
+        uint32_t len;
+        char *tmp, num[64];
+        const char *text = rt__sink_text(it, &len, &tmp, num);
+        sqlite3_bind_text(st, col, text, (int)len, tmp ? bson_free : SQLITE_TRANSIENT);
+        return;
+    }
+    }
+}
+
+/* Errors that belong to one row's data: no retry can fix them. */
+static bool row_error(int rc)
+{
+    rc &= 0xff;
+    return rc == SQLITE_CONSTRAINT || rc == SQLITE_MISMATCH || rc == SQLITE_TOOBIG ||
+           rc == SQLITE_RANGE;
+}
+
+/*
+** Inserts one row. Returns 0, a row status < 0 with rows->status set (the row is
+** rejected, the batch goes on), or RT_EAGAIN for a failure of the database.
+*/
+static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
+{
+    bson_t doc;
+    bson_iter_t it;
+    uint32_t tlen = 0;
+    const char *table = rt__sink_opt_str(r, "table", &tlen);
+    if (!table) {
+        table = q->table;
+        tlen = (uint32_t)strlen(table);
+    }
+    if (tlen == 0 || tlen >= SQ_TABLE_LEN || memchr(table, 0, tlen)) {
+        rt__sink_error(s, "row rejected: table name must be 1 to %d bytes", SQ_TABLE_LEN - 1);
+        return r->status = RT_EINVAL;
+    }
+    if (!bson_init_static(&doc, r->doc, r->len) || !bson_validate(&doc, BSON_VALIDATE_UTF8, NULL)) {
+        rt__sink_error(s, "row rejected: malformed BSON");
+        return r->status = RT_EINVAL;
+    }
+    char tname[SQ_TABLE_LEN];
+    memcpy(tname, table, tlen);
+    tname[tlen] = 0;
+    sq_table_t *t = get_table(s, q, tname, &doc);
+    if (!t)
+        return RT_EAGAIN;
+    /* The signature: table, then each key once (case-insensitively, as SQLite sees
+       names); a key the table lacks becomes a column first. */
+    size_t siglen = tlen + 1;
+    unsigned nkeys = 0;
+    if (!grow(&q->sig, &q->sigcap, siglen + 1))
+        return RT_EAGAIN;
+    memcpy(q->sig, tname, siglen);
+    bson_iter_init(&it, &doc);
+    while (bson_iter_next(&it)) {
+        const char *k = bson_iter_key(&it);
+        size_t kl = strlen(k);
+        if (kl == 0) {
+            rt__sink_error(s, "row rejected: a key is empty");
+            return r->status = RT_EINVAL;
+        }
+        const char *p = q->sig + tlen + 1;
+        for (unsigned i = 0; i < nkeys; i++, p += strlen(p) + 1)
+            if (strcasecmp(p, k) == 0) {
+                rt__sink_error(s, "row rejected: key %s appears twice (SQLite columns ignore "
+                               "case)", k);
+                return r->status = RT_EINVAL;
+            }
+        if (!has_col(t, k) && add_column(s, q, t, k, bson_iter_type(&it)) != 0)
+            return RT_EAGAIN;
+        if (!grow(&q->sig, &q->sigcap, siglen + kl + 2))
+            return RT_EAGAIN;
+        memcpy(q->sig + siglen, k, kl + 1);
+        siglen += kl + 1;
+        nkeys++;
+    }
+    if (nkeys == 0) {
+        rt__sink_error(s, "row rejected: no keys");
+        return r->status = RT_EINVAL;
+    }
+    q->sig[siglen++] = 0;
+    sqlite3_stmt *st = get_insert(s, q, q->sig, siglen, tname, nkeys);
+    if (!st)
+        return RT_EAGAIN;
+    int col = 1;
+    bson_iter_init(&it, &doc);
+    while (bson_iter_next(&it))
+        bind_value(st, col++, &it);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc == SQLITE_DONE)
+        return 0;
+    rt__sink_error(s, "%s: insert into %s: %s", q->file, tname, sqlite3_errmsg(q->db));
+    if (row_error(rc))
+        return r->status = RT_EINVAL;
+    return RT_EAGAIN;
+}
+
+static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
+{
+    sq_t *q = s->drv_state;
+    if (sqlite3_exec(q->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        rt__sink_error(s, "%s: begin: %s", q->file, sqlite3_errmsg(q->db));
+        return RT_EAGAIN;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (insert_row(s, q, &rows[i]) == RT_EAGAIN) {
+            sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+            return RT_EAGAIN; /* drive() closes: the schema cache is rebuilt on reopen */
+        }
+    }
+    if (sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        rt__sink_error(s, "%s: commit: %s", q->file, sqlite3_errmsg(q->db));
+        sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+        return RT_EAGAIN;
+    }
+    return 0;
+}
+
+const sink_driver_t rt_sink_sqlite_driver = {
+    .type = "sqlite",
+    .blocking = true,
+    .spills = true,
+    .batch_default = RT_SINK_BATCH_DEFAULT,
+    .flush_ms_default = RT_SINK_FLUSH_MS_DEFAULT,
+    .keys = sqlite_keys,
+    .configure = sq_configure,
+    .open = sq_open,
+    .write = sq_write,
+    .close = sq_close,
+    .free = sq_free,
+};

@@ -1,0 +1,819 @@
+/*
+** Sinks: config checks, SQLite batching, schema creation and alteration, durable
+** acks, metrics arithmetic, the byte limit, spill and replay (database locked by
+** another connection; a spill left by an earlier run), and MongoDB against
+** rt_mongo_test (or RT_TEST_MONGO_URI) including an outage under load.
+*/
+#include <bson/bson.h>
+#include <errno.h>
+#include <mongoc/mongoc.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "rt_test.h"
+#include "sink.h"
+
+static char dir[128];
+static char dbfile[192];
+
+/* ---- Helpers ---- */
+
+static void clean_dir(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+    mkdir(dir, 0755);
+}
+
+/* A config with data_dir = dir and the given sinks table (Lua). */
+static void make_conf(rt_conf_t *c, const char *sinks)
+{
+    rt_conf_defaults(c);
+    snprintf(c->data_dir, sizeof(c->data_dir), "%s", dir);
+    char err[RT_CONF_ERR_LEN], a[1024];
+    snprintf(a, sizeof(a), "sinks=%s", sinks);
+    if (rt_conf_set(c, a, err, sizeof(err)) != 0) {
+        fprintf(stderr, "config: %s\n", err);
+        exit(2);
+    }
+}
+
+static int start(const char *sinks)
+{
+    rt_conf_t *c = malloc(sizeof(*c));
+    make_conf(c, sinks);
+    char err[RT_CONF_ERR_LEN];
+    int rc = rt_sinks_start(c, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "rt_sinks_start: %s\n", err);
+    free(c);
+    return rc;
+}
+
+static void stop_all(void)
+{
+    rt_sinks_stop();
+    rt_shutdown();
+    rt_sinks_free();
+}
+
+static rt_sink_info_t info(const char *name)
+{
+    rt_sink_info_t all[8], none = {0};
+    size_t n = rt_sinks_snapshot(all, 8);
+    for (size_t i = 0; i < n && i < 8; i++)
+        if (strcmp(all[i].name, name) == 0)
+            return all[i];
+    return none;
+}
+
+static bool books_balance(const rt_sink_info_t *i)
+{
+    bool ok = i->in == i->written + i->queued + i->inflight + i->spilled + i->dropped;
+    if (!ok)
+        fprintf(stderr, "  books: in %llu != written %llu + queued %llu + inflight %llu + "
+                "spilled %llu + dropped %llu\n", (unsigned long long)i->in,
+                (unsigned long long)i->written, (unsigned long long)i->queued,
+                (unsigned long long)i->inflight, (unsigned long long)i->spilled,
+                (unsigned long long)i->dropped);
+    return ok;
+}
+
+/* Waits until field of sink name reaches want. */
+#define WAIT_FOR(name, field, want, ms)                                                            \
+    ({                                                                                             \
+        uint64_t end_ = test_now_ms() + (ms);                                                      \
+        while (info(name).field < (uint64_t)(want) && test_now_ms() < end_)                        \
+            test_sleep_ms(2);                                                                      \
+        info(name).field >= (uint64_t)(want);                                                      \
+    })
+
+/* n rows {seq, sub, key, payload} as one binary, seq from first. */
+static rt_bin_t *make_rows(uint32_t first, uint32_t n, uint32_t sub, int payload_bytes)
+{
+    bson_t all = BSON_INITIALIZER; /* just a buffer: documents are appended raw */
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    char payload[4096];
+    memset(payload, 'x', sizeof(payload));
+    for (uint32_t i = 0; i < n; i++) {
+        bson_t row = BSON_INITIALIZER;
+        BSON_APPEND_INT64(&row, "seq", first + i);
+        BSON_APPEND_INT32(&row, "sub", (int32_t)sub);
+        char key[16];
+        snprintf(key, sizeof(key), "k%u", (first + i) % 7);
+        BSON_APPEND_UTF8(&row, "key", key);
+        bson_append_utf8(&row, "payload", -1, payload, payload_bytes);
+        if (len + row.len > cap) {
+            cap = (len + row.len) * 2;
+            buf = realloc(buf, cap);
+        }
+        memcpy(buf + len, bson_get_data(&row), row.len);
+        len += row.len;
+        bson_destroy(&row);
+    }
+    bson_destroy(&all);
+    rt_bin_t *b = rt_bin_new(buf, len);
+    free(buf);
+    return b;
+}
+
+static rt_bin_t *bin_of(const bson_t *doc)
+{
+    return rt_bin_new(bson_get_data(doc), doc->len);
+}
+
+static long long sql_int(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st;
+    long long v = -1;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        return -2;
+    if (sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static sqlite3 *open_db(const char *file)
+{
+    sqlite3 *db = NULL;
+    sqlite3_open(file, &db);
+    sqlite3_busy_timeout(db, 5000);
+    return db;
+}
+
+/* Whether table t of db holds seq 0..n-1 exactly once each, in insertion (rowid) order. */
+static bool in_order(sqlite3 *db, const char *table, long long n)
+{
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT seq FROM \"%s\" ORDER BY rowid", table);
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        return false;
+    long long want = 0;
+    bool ok = true;
+    while (sqlite3_step(st) == SQLITE_ROW)
+        if (sqlite3_column_int64(st, 0) != want++)
+            ok = false;
+    sqlite3_finalize(st);
+    if (want != n || !ok)
+        fprintf(stderr, "  %s: %lld rows, wanted %lld in order (order ok: %d)\n", table, want, n,
+                ok);
+    return ok && want == n;
+}
+
+/* ---- An actor that collects acks, checking each against the database ---- */
+
+static atomic_long acks, acks_bad, acks_early;
+static sqlite3 *ack_db;           /* if set, each ack's rows must already be there */
+static uint32_t ack_rows_per_sub;
+
+static void acker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    if (m->tag != RT_SINK_MSG_COMMITTED)
+        return;
+    rt_sink_committed_t c;
+    memcpy(&c, m->data, sizeof(c));
+    if (c.status != 0)
+        atomic_fetch_add(&acks_bad, 1);
+    if (ack_db && c.token % 25 == 0) {
+        char sql[96];
+        snprintf(sql, sizeof(sql), "SELECT count(*) FROM messages WHERE sub = %llu",
+                 (unsigned long long)c.token);
+        if (sql_int(ack_db, sql) != ack_rows_per_sub)
+            atomic_fetch_add(&acks_early, 1);
+    }
+    atomic_fetch_add(&acks, 1);
+}
+
+static const rt_actor_type_t acker_type = {
+    .name = "acker", .state_size = 8, .handle = acker_handle};
+
+static rt_pid_t start_acker(void)
+{
+    atomic_store(&acks, 0);
+    atomic_store(&acks_bad, 0);
+    atomic_store(&acks_early, 0);
+    rt_pid_t pid = 0;
+    rt_spawn(&acker_type, NULL, &pid);
+    return pid;
+}
+
+/* ---- Tests ---- */
+
+static void test_config_errors(void)
+{
+    char path[160], err[RT_CONF_ERR_LEN];
+    snprintf(path, sizeof(path), "%s/rtd.conf", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "log_level = \"info\"\n\nsinks = {\n  a = { type = \"sqlite\", tabel = \"x\" },\n}\n");
+    fclose(f);
+    rt_conf_t *c = malloc(sizeof(*c));
+    rt_conf_defaults(c);
+    CHECK_EQ(rt_conf_load(c, path, err, sizeof(err)), 0);
+    CHECK_EQ(c->sinks.n, 1);
+    CHECK_EQ(c->sinks.line, 5); /* Lua reports the line the assignment ends on */
+    test_start(1);
+    CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), RT_EINVAL);
+    char want[200];
+    snprintf(want, sizeof(want), "%s:5: sinks.a: unknown key tabel", path);
+    CHECK(strncmp(err, want, strlen(want)) == 0);
+    if (strncmp(err, want, strlen(want)) != 0)
+        fprintf(stderr, "  got: %s\n", err);
+    static const struct {
+        const char *sinks, *needle;
+    } bad[] = {
+        {"{a = {table = 'x'}}", "type is required"},
+        {"{a = {type = 'oracle'}}", "unknown type \"oracle\""},
+        {"{a = {type = 'sqlite', batch = 0}}", "batch must be a whole number from 1"},
+        {"{a = {type = 'sqlite', batch = 'many'}}", "batch must be a whole number"},
+        {"{a = {type = 'sqlite', enabled = 1}}", "enabled must be true or false"},
+        {"{a = {type = 'sqlite', columns = {ts = 'date'}}}", "columns.ts"},
+        {"{a = {type = 'sqlite', synchronous = 'off'}}", "synchronous must be"},
+        {"{a = {type = 'mongodb', uri = 'http://x'}}", "uri \"http://x\""},
+        {"{a = {type = 'mongodb', w = -1}}", "w must be a whole number"},
+        {"{a = {type = 'republish'}}", "topic is required"},
+        {"{a = {type = 'republish', topic = 'a/${x'}}", "topic is required"},
+        {"{a = {type = 'republish', topic = 'a', qos = 3}}", "qos must be"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        make_conf(c, bad[i].sinks);
+        err[0] = 0;
+        int rc = rt_sinks_start(c, err, sizeof(err));
+        bool ok = rc != 0 && strstr(err, bad[i].needle) && strstr(err, "sinks.a:");
+        CHECK(ok);
+        if (!ok)
+            fprintf(stderr, "  %s: rc %d, got \"%s\", wanted \"%s\"\n", bad[i].sinks, rc, err,
+                    bad[i].needle);
+    }
+    /* A disabled sink is checked but not started. */
+    make_conf(c, "{a = {type = 'sqlite', enabled = false}}");
+    CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), 0);
+    CHECK(rt_sink_find("a") == NULL);
+    rt_sinks_stop();
+    rt_sinks_free();
+    /* Shape errors are the config loader's, with the line. */
+    rt_conf_defaults(c);
+    CHECK(rt_conf_set(c, "sinks={a=5}", err, sizeof(err)) != 0 && strstr(err, "sinks"));
+    CHECK(rt_conf_set(c, "sinks={a={f=print}}", err, sizeof(err)) != 0);
+    rt_shutdown();
+    free(c);
+}
+
+static void test_sqlite_batches_and_acks(void)
+{
+    clean_dir();
+    test_start(2);
+    char sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ archive = { type = 'sqlite', file = '%s', batch = 500, flush_ms = 20 } }", dbfile);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find("archive");
+    CHECK(s != NULL);
+    CHECK(rt_sink_find("nope") == NULL);
+    ack_db = open_db(dbfile);
+    ack_rows_per_sub = 10;
+    rt_pid_t acker = start_acker();
+    const uint32_t subs = (uint32_t)check_scale(5000), per = 10, n = subs * per;
+    double t0 = now_s();
+    for (uint32_t i = 0; i < subs; i++)
+        CHECK_EQ(rt_sink_submit(s, make_rows(i * per, per, i, 16), per, NULL, acker, i), 0);
+    CHECK(WAIT_FOR("archive", written, n, 20000));
+    double dt = now_s() - t0;
+    CHECK(wait_at_least(&acks, subs, 5000));
+    CHECK_EQ(atomic_load(&acks_bad), 0);
+    CHECK_EQ(atomic_load(&acks_early), 0);
+    rt_sink_info_t i = info("archive");
+    CHECK_EQ(i.written, n);
+    CHECK_EQ(i.in, n);
+    CHECK(i.batches > 0 && i.batches < n / 50);
+    CHECK_EQ(i.dropped, 0);
+    CHECK_EQ(i.bytes, 0);
+    CHECK(strcmp(i.state, "connected") == 0);
+    CHECK(strcmp(i.type, "sqlite") == 0);
+    CHECK(books_balance(&i));
+    CHECK_EQ(sql_int(ack_db, "SELECT count(*) FROM messages"), n);
+    CHECK(in_order(ack_db, "messages", n));
+    CHECK_EQ(sql_int(ack_db, "SELECT count(*) FROM pragma_journal_mode WHERE journal_mode='wal'"),
+             1);
+    fprintf(stderr, "  sqlite: %u rows of ~60 bytes in %llu batches, %.0f rows/s\n", n,
+            (unsigned long long)i.batches, n / dt);
+    sqlite3_close(ack_db);
+    ack_db = NULL;
+    stop_all();
+}
+
+static void test_sqlite_columns(void)
+{
+    clean_dir();
+    test_start(2);
+    char sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ db = { type = 'sqlite', file = '%s', flush_ms = 1, "
+             "columns = { ts = 'integer', note = 'json' } } }", dbfile);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find("db");
+    rt_pid_t acker = start_acker();
+    bson_t r1 = BSON_INITIALIZER, r2 = BSON_INITIALIZER, r3 = BSON_INITIALIZER;
+    BSON_APPEND_INT32(&r1, "a", 1);
+    BSON_APPEND_UTF8(&r1, "b", "one");
+    BSON_APPEND_INT32(&r2, "a", 2);
+    BSON_APPEND_DOUBLE(&r2, "c", 2.5);
+    bson_t sub;
+    BSON_APPEND_DOCUMENT_BEGIN(&r2, "d", &sub);
+    BSON_APPEND_UTF8(&sub, "x", "y");
+    BSON_APPEND_INT32(&sub, "n", 3);
+    bson_append_document_end(&r2, &sub);
+    BSON_APPEND_BINARY(&r2, "e", BSON_SUBTYPE_BINARY, (const uint8_t *)"\x00\x01\x02", 3);
+    BSON_APPEND_BOOL(&r2, "f", true);
+    BSON_APPEND_NULL(&r2, "g");
+    BSON_APPEND_INT32(&r3, "z", 7); /* to another table, by the rule's options */
+    bson_t o3 = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&o3, "table", "other");
+    CHECK_EQ(rt_sink_submit(s, bin_of(&r1), 1, NULL, acker, 1), 0);
+    CHECK_EQ(rt_sink_submit(s, bin_of(&r2), 1, NULL, acker, 2), 0);
+    CHECK_EQ(rt_sink_submit(s, bin_of(&r3), 1, bin_of(&o3), acker, 3), 0);
+    CHECK(wait_at_least(&acks, 3, 5000));
+    CHECK_EQ(atomic_load(&acks_bad), 0);
+    sqlite3 *db = open_db(dbfile);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM messages"), 2);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM other WHERE z = 7"), 1);
+    /* Declared columns first (by name), then the first row's keys, then added ones. */
+    CHECK_EQ(sql_int(db, "SELECT cid FROM pragma_table_info('messages') WHERE name = 'note'"), 0);
+    CHECK_EQ(sql_int(db, "SELECT cid FROM pragma_table_info('messages') WHERE name = 'ts' AND "
+                         "upper(type) = 'INTEGER'"), 1);
+    CHECK_EQ(sql_int(db, "SELECT cid FROM pragma_table_info('messages') WHERE name = 'a'"), 2);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM pragma_table_info('messages')"), 9);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM pragma_table_info('messages') WHERE "
+                         "(name='c' AND type='REAL') OR (name='e' AND type='BLOB') OR "
+                         "(name='f' AND type='INTEGER') OR (name='b' AND type='TEXT')"),
+             4);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM messages WHERE a = 2 AND c = 2.5 AND "
+                         "json_extract(d, '$.x') = 'y' AND json_extract(d, '$.n') = 3 AND "
+                         "e = x'000102' AND f = 1 AND g IS NULL AND typeof(a) = 'integer'"),
+             1);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM messages WHERE a = 1 AND b = 'one' AND c IS NULL"),
+             1);
+    /* A row the database refuses for its data is dropped, counted, acked with an error,
+       and the rows around it are written. */
+    CHECK_EQ(sqlite3_exec(db, "CREATE TABLE strict_t (v INTEGER NOT NULL)", NULL, NULL, NULL),
+             SQLITE_OK);
+    bson_t bad = BSON_INITIALIZER, good = BSON_INITIALIZER, ob = BSON_INITIALIZER;
+    BSON_APPEND_NULL(&bad, "v");
+    BSON_APPEND_INT32(&good, "v", 5);
+    BSON_APPEND_UTF8(&ob, "table", "strict_t");
+    uint8_t two[256];
+    memcpy(two, bson_get_data(&bad), bad.len);
+    memcpy(two + bad.len, bson_get_data(&good), good.len);
+    CHECK_EQ(rt_sink_submit(s, rt_bin_new(two, bad.len + good.len), 2, bin_of(&ob), acker, 4), 0);
+    CHECK(wait_at_least(&acks, 4, 5000));
+    CHECK_EQ(atomic_load(&acks_bad), 1);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM strict_t WHERE v = 5"), 1);
+    rt_sink_info_t i = info("db");
+    CHECK_EQ(i.dropped, 1);
+    CHECK_EQ(i.written, 4);
+    CHECK(strstr(i.last_error, "NOT NULL") != NULL);
+    CHECK(books_balance(&i));
+    /* Malformed rows are refused at the door. */
+    CHECK_EQ(rt_sink_submit(s, rt_bin_new("\x05\x00\x00\x00\x00\x07", 6), 1, NULL, 0, 0),
+             RT_EINVAL);
+    CHECK_EQ(rt_sink_submit(s, bin_of(&good), 2, NULL, 0, 0), RT_EINVAL);
+    i = info("db");
+    CHECK_EQ(i.dropped, 4); /* 1 refused by the database, 1 + 2 refused at the door */
+    CHECK(books_balance(&i));
+    sqlite3_close(db);
+    bson_destroy(&r1);
+    bson_destroy(&r2);
+    bson_destroy(&r3);
+    bson_destroy(&o3);
+    bson_destroy(&bad);
+    bson_destroy(&good);
+    bson_destroy(&ob);
+    stop_all();
+}
+
+/* Holds an exclusive lock on the database from another connection. */
+static sqlite3 *lock_db(void)
+{
+    sqlite3 *db = open_db(dbfile);
+    sqlite3_exec(db, "PRAGMA journal_mode=WAL; CREATE TABLE IF NOT EXISTS messages (seq INTEGER)",
+                 NULL, NULL, NULL);
+    int rc = sqlite3_exec(db, "BEGIN EXCLUSIVE", NULL, NULL, NULL);
+    CHECK_EQ(rc, SQLITE_OK);
+    return db;
+}
+
+static void unlock_db(sqlite3 *db)
+{
+    CHECK_EQ(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+}
+
+static void test_sqlite_spill_and_replay(void)
+{
+    clean_dir();
+    test_start(2);
+    sqlite3 *lock = lock_db();
+    char sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ archive = { type = 'sqlite', file = '%s', batch = 100, flush_ms = 5, "
+             "busy_ms = 10, backoff_ms = 20, backoff_max_ms = 200 } }", dbfile);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find("archive");
+    rt_pid_t acker = start_acker();
+    const uint32_t n = (uint32_t)check_scale(3000);
+    for (uint32_t i = 0; i < n; i += 10)
+        CHECK_EQ(rt_sink_submit(s, make_rows(i, 10, i / 10, 8), 10, NULL, acker, i / 10), 0);
+    /* All of it lands in the spill and is acked there (durable), none in the database. */
+    CHECK(WAIT_FOR("archive", spilled, n, 10000));
+    CHECK(wait_at_least(&acks, n / 10, 5000));
+    rt_sink_info_t i = info("archive");
+    CHECK_EQ(i.written, 0);
+    CHECK(i.failed > 0);
+    CHECK(strcmp(i.state, "connected") != 0);
+    CHECK(strstr(i.last_error, "locked") != NULL);
+    CHECK(books_balance(&i));
+    char spill[256];
+    snprintf(spill, sizeof(spill), "%s/spill-archive.db", dir);
+    sqlite3 *sp = open_db(spill);
+    CHECK_EQ(sql_int(sp, "SELECT count(*) FROM spill"), n);
+    sqlite3_close(sp);
+    /* The database comes back: everything is replayed in order, nothing lost. */
+    unlock_db(lock);
+    CHECK(WAIT_FOR("archive", written, n, 15000));
+    i = info("archive");
+    CHECK_EQ(i.written, n);
+    CHECK_EQ(i.spilled, 0);
+    CHECK_EQ(i.retried, n);
+    CHECK_EQ(i.dropped, 0);
+    CHECK(strcmp(i.state, "connected") == 0);
+    CHECK(books_balance(&i));
+    sqlite3 *db = open_db(dbfile);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM messages"), n);
+    CHECK(in_order(db, "messages", n));
+    sqlite3_close(db);
+    CHECK_EQ(atomic_load(&acks_bad), 0);
+    stop_all();
+}
+
+static void test_sqlite_restart_replays_spill(void)
+{
+    clean_dir();
+    test_start(2);
+    sqlite3 *lock = lock_db();
+    char sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ archive = { type = 'sqlite', file = '%s', batch = 50, flush_ms = 5, "
+             "busy_ms = 10, backoff_ms = 20, backoff_max_ms = 100 } }", dbfile);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find("archive");
+    const uint32_t n = 1000;
+    for (uint32_t i = 0; i < n; i += 100)
+        CHECK_EQ(rt_sink_submit(s, make_rows(i, 100, i, 8), 100, NULL, 0, 0), 0);
+    /* Stopping with the database still locked: the rows stay in the spill file. */
+    stop_all();
+    CHECK_EQ(rt_sink_submit(s, make_rows(0, 1, 0, 8), 1, NULL, 0, 0), RT_ESHUTDOWN);
+    unlock_db(lock);
+    test_start(2);
+    CHECK_EQ(start(sinks), 0);
+    CHECK(WAIT_FOR("archive", written, n, 10000));
+    rt_sink_info_t i = info("archive");
+    CHECK_EQ(i.recovered, n);
+    CHECK_EQ(i.in, n);
+    CHECK_EQ(i.written, n);
+    CHECK_EQ(i.spilled, 0);
+    CHECK(books_balance(&i));
+    sqlite3 *db = open_db(dbfile);
+    CHECK(in_order(db, "messages", n));
+    sqlite3_close(db);
+    stop_all();
+}
+
+static void test_byte_limit(void)
+{
+    clean_dir();
+    test_start(2);
+    sqlite3 *lock = lock_db();
+    char sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ archive = { type = 'sqlite', file = '%s', batch = 10, flush_ms = 5, "
+             "busy_ms = 10, backoff_ms = 10, backoff_max_ms = 50, max_bytes = 20000 } }",
+             dbfile);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find("archive");
+    rt_pid_t acker = start_acker();
+    uint32_t ok = 0, refused = 0;
+    for (uint32_t i = 0; i < 100; i++) {
+        int rc = rt_sink_submit(s, make_rows(ok, 1, i, 300), 1, NULL, acker, i);
+        if (rc == 0)
+            ok++;
+        else if (rc == RT_ELIMIT)
+            refused++;
+    }
+    CHECK(ok > 10 && ok < 100);
+    CHECK_EQ(ok + refused, 100);
+    CHECK(wait_at_least(&acks, 100, 5000));
+    CHECK_EQ(atomic_load(&acks_bad), refused);
+    rt_sink_info_t i = info("archive");
+    CHECK_EQ(i.dropped, refused);
+    CHECK(i.bytes <= 20000);
+    CHECK(WAIT_FOR("archive", spilled, ok, 5000));
+    i = info("archive");
+    CHECK(books_balance(&i));
+    unlock_db(lock);
+    CHECK(WAIT_FOR("archive", written, ok, 10000));
+    i = info("archive");
+    CHECK_EQ(i.bytes, 0);
+    CHECK(books_balance(&i));
+    sqlite3 *db = open_db(dbfile);
+    CHECK(in_order(db, "messages", ok));
+    sqlite3_close(db);
+    stop_all();
+}
+
+/* ---- MongoDB ---- */
+
+static pid_t mongo_pid;
+static int mongo_port;
+
+/* Starts rt_mongo_test on db file; returns false if the binary is absent. */
+static bool mongo_start(const char *bin, const char *file, int port)
+{
+    int out[2];
+    if (pipe(out) != 0)
+        return false;
+    char portbuf[16];
+    snprintf(portbuf, sizeof(portbuf), "%d", port);
+    mongo_pid = fork();
+    if (mongo_pid == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl(bin, bin, "--port", portbuf, "--db", file, (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char line[128] = {0};
+    size_t len = 0;
+    while (len < sizeof(line) - 1 && read(out[0], line + len, 1) == 1 && line[len] != '\n')
+        len++;
+    close(out[0]);
+    line[len] = 0;
+    const char *colon = strrchr(line, ':');
+    if (strncmp(line, "listening 127.0.0.1:", 20) != 0 || !colon) {
+        fprintf(stderr, "  rt_mongo_test said \"%s\"\n", line);
+        return false;
+    }
+    mongo_port = atoi(colon + 1);
+    return true;
+}
+
+static void mongo_kill(void)
+{
+    if (mongo_pid > 0) {
+        kill(mongo_pid, SIGKILL);
+        waitpid(mongo_pid, NULL, 0);
+    }
+    mongo_pid = 0;
+}
+
+static bool mongo_cmd(const char *uri, const char *db, const bson_t *cmd, bson_t *reply)
+{
+    mongoc_client_t *c = mongoc_client_new(uri);
+    bson_error_t e;
+    bool ok = mongoc_client_command_simple(c, db, cmd, NULL, reply, &e);
+    if (!ok)
+        fprintf(stderr, "  mongo %s: %s\n", db, e.message);
+    mongoc_client_destroy(c);
+    return ok;
+}
+
+static long long mongo_count(const char *uri, const char *coll)
+{
+    mongoc_client_t *c = mongoc_client_new(uri);
+    mongoc_collection_t *col = mongoc_client_get_collection(c, "rt_sink_test", coll);
+    bson_t q = BSON_INITIALIZER;
+    bson_error_t e;
+    long long n = mongoc_collection_count_documents(col, &q, NULL, NULL, NULL, &e);
+    bson_destroy(&q);
+    mongoc_collection_destroy(col);
+    mongoc_client_destroy(c);
+    return n;
+}
+
+/* Whether coll holds seq 0..n-1 each exactly once, and per key in increasing _id order. */
+static bool mongo_all_in_order(const char *uri, const char *coll, long long n)
+{
+    mongoc_client_t *c = mongoc_client_new(uri);
+    mongoc_collection_t *col = mongoc_client_get_collection(c, "rt_sink_test", coll);
+    bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort;
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    BSON_APPEND_INT32(&sort, "_id", 1);
+    bson_append_document_end(&opts, &sort);
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(col, &q, &opts, NULL);
+    const bson_t *doc;
+    char *seen = calloc((size_t)n, 1);
+    long long last_per_key[7], count = 0, dups = 0, disorder = 0;
+    for (int k = 0; k < 7; k++)
+        last_per_key[k] = -1;
+    while (mongoc_cursor_next(cur, &doc)) {
+        bson_iter_t it;
+        if (!bson_iter_init_find(&it, doc, "seq"))
+            continue;
+        long long seq = bson_iter_as_int64(&it);
+        count++;
+        if (seq < 0 || seq >= n || seen[seq]++)
+            dups++;
+        else if (seq <= last_per_key[seq % 7])
+            disorder++;
+        else
+            last_per_key[seq % 7] = seq;
+    }
+    bson_error_t e;
+    bool err = mongoc_cursor_error(cur, &e);
+    mongoc_cursor_destroy(cur);
+    bson_destroy(&q);
+    bson_destroy(&opts);
+    mongoc_collection_destroy(col);
+    mongoc_client_destroy(c);
+    free(seen);
+    if (err || count != n || dups || disorder)
+        fprintf(stderr, "  %s: %lld docs (want %lld), %lld duplicates, %lld out of order%s\n",
+                coll, count, n, dups, disorder, err ? ", cursor error" : "");
+    return !err && count == n && !dups && !disorder;
+}
+
+static void fault(const char *uri, const char *kind, const char *arg, int v)
+{
+    bson_t cmd = BSON_INITIALIZER, reply;
+    BSON_APPEND_UTF8(&cmd, "rtFault", kind);
+    if (arg)
+        BSON_APPEND_INT32(&cmd, arg, v);
+    CHECK(mongo_cmd(uri, "admin", &cmd, &reply));
+    bson_destroy(&reply);
+    bson_destroy(&cmd);
+}
+
+static const char *mongo_binary(char *buf, size_t cap)
+{
+    const char *env = getenv("RT_MONGO_TEST_BIN");
+    if (env)
+        return access(env, X_OK) == 0 ? env : NULL;
+    char exe[256];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(buf, cap, "%s/tools/mongotest/rt_mongo_test", exe);
+    return access(buf, X_OK) == 0 ? buf : NULL;
+}
+
+static void test_mongo(void)
+{
+    const char *ext = getenv("RT_TEST_MONGO_URI");
+    char binbuf[300], uri[128], file[192];
+    const char *bin = ext ? NULL : mongo_binary(binbuf, sizeof(binbuf));
+    if (!ext && !bin) {
+        fprintf(stderr, "  SKIPPED: rt_mongo_test not built (tools/mongotest) and "
+                "RT_TEST_MONGO_URI not set\n");
+        return;
+    }
+    clean_dir();
+    snprintf(file, sizeof(file), "%s/mongo.db", dir);
+    if (ext) {
+        snprintf(uri, sizeof(uri), "%s", ext);
+    } else {
+        if (!mongo_start(bin, file, 0)) {
+            CHECK(!"rt_mongo_test did not start");
+            return;
+        }
+        snprintf(uri, sizeof(uri), "mongodb://127.0.0.1:%d", mongo_port);
+    }
+    mongoc_init();
+    /* Start from empty collections (a real server keeps them between runs). */
+    const char *colls[] = {"basic", "other", "outage"};
+    for (size_t k = 0; k < 3; k++) {
+        bson_t cmd = BSON_INITIALIZER, reply;
+        BSON_APPEND_UTF8(&cmd, "drop", colls[k]);
+        mongoc_client_t *c = mongoc_client_new(uri);
+        mongoc_client_command_simple(c, "rt_sink_test", &cmd, NULL, &reply, NULL);
+        mongoc_client_destroy(c);
+        bson_destroy(&reply);
+        bson_destroy(&cmd);
+    }
+    test_start(2);
+    char sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ mongo = { type = 'mongodb', uri = '%s', database = 'rt_sink_test', "
+             "collection = 'basic', batch = 200, flush_ms = 10, timeout_ms = 500, "
+             "backoff_ms = 20, backoff_max_ms = 300 } }", uri);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find("mongo");
+    rt_pid_t acker = start_acker();
+    const uint32_t n = 2000;
+    for (uint32_t i = 0; i < n; i += 20)
+        CHECK_EQ(rt_sink_submit(s, make_rows(i, 20, i / 20, 16), 20, NULL, acker, i / 20), 0);
+    CHECK(WAIT_FOR("mongo", written, n, 15000));
+    CHECK(wait_at_least(&acks, n / 20, 5000));
+    CHECK_EQ(atomic_load(&acks_bad), 0);
+    rt_sink_info_t i = info("mongo");
+    CHECK(i.batches < n / 20);
+    CHECK(strcmp(i.state, "connected") == 0);
+    CHECK(books_balance(&i));
+    CHECK(mongo_all_in_order(uri, "basic", n));
+    /* The rule's options pick the collection. */
+    bson_t r = BSON_INITIALIZER, o = BSON_INITIALIZER;
+    BSON_APPEND_INT64(&r, "seq", 0);
+    BSON_APPEND_UTF8(&o, "collection", "other");
+    CHECK_EQ(rt_sink_submit(s, bin_of(&r), 1, bin_of(&o), 0, 0), 0);
+    CHECK(WAIT_FOR("mongo", written, n + 1, 5000));
+    CHECK_EQ(mongo_count(uri, "other"), 1);
+    bson_destroy(&r);
+    bson_destroy(&o);
+    rt_sinks_stop();
+    rt_shutdown();
+    rt_sinks_free();
+    if (ext) {
+        fprintf(stderr, "  RT_TEST_MONGO_URI set: fault and outage parts skipped\n");
+        return;
+    }
+
+    /* Faults, then an outage under load: kill the server mid-stream, restart it on the
+       same file; every row arrives once, in order per key. */
+    test_start(2);
+    snprintf(sinks, sizeof(sinks),
+             "{ mongo = { type = 'mongodb', uri = '%s', database = 'rt_sink_test', "
+             "collection = 'outage', batch = 100, flush_ms = 5, timeout_ms = 300, "
+             "backoff_ms = 20, backoff_max_ms = 300 } }", uri);
+    CHECK_EQ(start(sinks), 0);
+    s = rt_sink_find("mongo");
+    fault(uri, "failWrites", "n", 3);
+    const uint32_t m = 6000;
+    uint32_t sent = 0;
+    for (; sent < m / 3; sent += 20)
+        CHECK_EQ(rt_sink_submit(s, make_rows(sent, 20, sent / 20, 16), 20, NULL, 0, 0), 0);
+    CHECK(WAIT_FOR("mongo", written, sent, 10000));
+    CHECK(info("mongo").failed >= 3);
+    int port = mongo_port;
+    for (; sent < 2 * m / 3; sent += 20) {
+        CHECK_EQ(rt_sink_submit(s, make_rows(sent, 20, sent / 20, 16), 20, NULL, 0, 0), 0);
+        if (sent == m / 2)
+            mongo_kill();
+        test_sleep_ms(sent % 200 == 0 ? 1 : 0);
+    }
+    if (mongo_pid)
+        mongo_kill();
+    for (; sent < m; sent += 20)
+        CHECK_EQ(rt_sink_submit(s, make_rows(sent, 20, sent / 20, 16), 20, NULL, 0, 0), 0);
+    CHECK(WAIT_FOR("mongo", spilled, 1, 5000));
+    i = info("mongo");
+    CHECK(strcmp(i.state, "connected") != 0);
+    CHECK(books_balance(&i));
+    CHECK(mongo_start(bin, file, port));
+    CHECK(WAIT_FOR("mongo", written, m, 20000));
+    i = info("mongo");
+    CHECK_EQ(i.written, m);
+    CHECK_EQ(i.spilled, 0);
+    CHECK_EQ(i.dropped, 0);
+    CHECK(i.retried > 0);
+    CHECK(books_balance(&i));
+    CHECK(mongo_all_in_order(uri, "outage", m));
+    rt_sinks_stop();
+    rt_shutdown();
+    rt_sinks_free();
+    mongo_kill();
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/rt-test-sink-%d", (int)getpid());
+    snprintf(dbfile, sizeof(dbfile), "%s/rt.db", dir);
+    clean_dir();
+    RUN(test_config_errors);
+    RUN(test_sqlite_batches_and_acks);
+    RUN(test_sqlite_columns);
+    RUN(test_sqlite_spill_and_replay);
+    RUN(test_sqlite_restart_replays_spill);
+    RUN(test_byte_limit);
+    RUN(test_mongo);
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+    return CHECK_SUMMARY();
+}
