@@ -1,0 +1,168 @@
+/*
+** Authentication for rtd: a password file, the login policy, and a slow-down
+** of failed logins per source address.
+**
+** The password file has Mosquitto's format, one `user:hash` line per user;
+** blank lines and lines starting with `#` are ignored. Two hashes are read:
+**   $7$ITERATIONS$SALT$HASH  PBKDF2-HMAC-SHA512 (what `rtd passwd` and
+**                            mosquitto_passwd write; 64-byte hash, base64)
+**   $6$SALT$HASH             SHA-512(password || salt), Mosquitto 1.6's default
+** `rtd passwd` writes $7$ with a 16-byte salt from getrandom and
+** RT_AUTH_PBKDF2_ITERATIONS rounds (mosquitto_passwd: 12 bytes, 101 rounds).
+**
+** Tables are immutable once loaded. The process-wide ones (the password table
+** here, the ACL in acl.h) are swapped by a reload while scheduler threads read
+** them (rcu.h): a reader never sees a freed table.
+*/
+#ifndef RT_AUTH_H
+#define RT_AUTH_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "config.h"
+
+#define RT_AUTH_PBKDF2_ITERATIONS 10000   /* rounds for new hashes; ~5 ms per check, see report */
+#define RT_AUTH_SALT_BYTES 16             /* salt for new hashes */
+#define RT_AUTH_MAX_ITERATIONS 10000000   /* a file asking for more is refused */
+#define RT_AUTH_ERR_LEN 512               /* bytes for an error message */
+
+/* Failed-login slow-down. */
+#define RT_AUTH_DELAY_BASE_MS 100         /* delay after one recent failure; doubles per failure */
+#define RT_AUTH_MAX_DELAY_MS_DEFAULT 5000 /* cap (setting auth_max_delay_ms) */
+#define RT_AUTH_FAIL_HALF_LIFE_MS 60000   /* a failure counts half after this long */
+#define RT_AUTH_FAIL_SLOTS 4096           /* addresses remembered (8-way sets), ~160 KB */
+
+typedef enum rt_auth_result_e {
+    RT_AUTH_OK = 0,
+    RT_AUTH_BAD_PASSWORD = 1,      /* known user, wrong password */
+    RT_AUTH_UNKNOWN_USER = 2,      /* not in the password file */
+    RT_AUTH_ANONYMOUS_REFUSED = 3, /* no username and allow_anonymous is false */
+} rt_auth_result_t;
+
+const char *rt_auth_result_name(int result);
+
+/* ---- Password tables ---- */
+typedef struct rt_auth_s rt_auth_t;
+
+/*
+** Loads a password file. Returns 0 with *out set (free with rt_auth_free), or
+** RT_ENOTFOUND (cannot open), RT_EINVAL (err is "path:line: reason" for the
+** first bad line), RT_ENOMEM.
+*/
+int rt_auth_load(const char *path, rt_auth_t **out, char *err, size_t errlen);
+void rt_auth_free(rt_auth_t *a);
+size_t rt_auth_users(const rt_auth_t *a);
+
+/*
+** Checks user's password (any bytes, MQTT passwords are binary) against a
+** table: RT_AUTH_OK, RT_AUTH_BAD_PASSWORD or RT_AUTH_UNKNOWN_USER. The hash
+** comparison is constant-time, and an unknown user costs one default-strength
+** hash too, so timing tells neither. Safe from any number of threads.
+*/
+int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen);
+
+/* PBKDF2-HMAC-SHA512 (exposed for tests): 0 or RT_EINVAL. */
+int rt_auth_pbkdf2_sha512(const uint8_t *pw, size_t pwlen, const uint8_t *salt, size_t saltlen,
+                          uint32_t iterations, uint8_t *out, size_t outlen);
+
+/*
+** A new "$7$..." hash of pw with a fresh random salt, NUL-terminated in out
+** (RT_AUTH_HASH_MAX bytes). 0, RT_EINVAL (out too small), or RT_EAGAIN when no
+** randomness is available.
+*/
+#define RT_AUTH_HASH_MAX 160
+int rt_auth_hash_password(const uint8_t *pw, size_t pwlen, uint32_t iterations, char *out,
+                          size_t outlen);
+
+/* ---- Source addresses and the failed-login slow-down ---- */
+/* An address: IPv4 as v4-mapped IPv6. */
+typedef struct rt_auth_addr_s {
+    uint8_t b[16];
+} rt_auth_addr_t;
+
+/* The peer of a connected socket: 0, or RT_EINVAL (not IP, not connected). */
+int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out);
+/* Numeric "1.2.3.4" or "2001:db8::1": 0 or RT_EINVAL. */
+int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out);
+
+/*
+** A bounded table of recent failures per address (IPv6 per /64, since one
+** host usually owns a whole /64). Each failure adds one to the address's
+** count, which halves every RT_AUTH_FAIL_HALF_LIFE_MS; with n = floor(count + 0.05)
+** the delay is 0 for n = 0, else RT_AUTH_DELAY_BASE_MS << (n - 1) capped at
+** max_delay_ms. A success forgets the address. The table has a fixed size:
+** a new address evicts the entry with the lowest count in its set, and the
+** sets are chosen by a keyed hash so a client cannot aim at one. Safe from any
+** number of threads; now_ms is a monotonic clock (tests pass their own).
+*/
+typedef struct rt_auth_limiter_s rt_auth_limiter_t;
+
+int rt_auth_limiter_new(uint32_t max_delay_ms, rt_auth_limiter_t **out);
+void rt_auth_limiter_free(rt_auth_limiter_t *l);
+/* Notes a failure and returns the delay for it (the count includes this failure). */
+uint32_t rt_auth_limiter_fail(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms);
+void rt_auth_limiter_succeed(rt_auth_limiter_t *l, const rt_auth_addr_t *a);
+uint32_t rt_auth_limiter_delay(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms);
+/* Addresses remembered, and entries given up for a newer address. */
+void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evictions);
+
+/* ---- The process-wide policy (what the connection actor calls) ---- */
+
+/*
+** Applies the settings allow_anonymous, password_file, acl_file and
+** auth_max_delay_ms: loads both files and only then swaps them in, so a bad
+** file leaves everything as it was (err: "path:line: reason"). Called at start
+** and again on SIGHUP. Returns 0 or an RT_E* code.
+*/
+int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen);
+
+/* Loads path ("" or NULL: no password file) and swaps it in. */
+int rt_auth_reload(const char *path, char *err, size_t errlen);
+
+/* Frees the process-wide tables (at exit, after rt_shutdown). */
+void rt_auth_shutdown(void);
+
+/*
+** Decides a CONNECT: user is NULL when the packet has no username, pw NULL
+** when it has no password. With no password file every username is accepted;
+** with one, the user must be in it with that password. A client with no
+** username is accepted only while allow_anonymous is true. On a refusal the
+** source address (addr, may be NULL) is noted and *delay_ms says how long to
+** hold the negative CONNACK; on success it is 0 and the address forgotten.
+** Counts every outcome (rt_auth_stats). Returns an rt_auth_result_t.
+*/
+int rt_auth_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw, size_t pwlen,
+                  uint32_t *delay_ms);
+
+typedef struct rt_auth_stats_s {
+    uint64_t successes;
+    uint64_t bad_password;
+    uint64_t unknown_user;
+    uint64_t anonymous_refused;
+    uint64_t users;            /* in the current password file */
+    uint64_t reloads;          /* successful rt_auth_configure/rt_auth_reload calls */
+    uint64_t delay_entries;    /* addresses in the slow-down table */
+    uint64_t delay_evictions;  /* addresses it had to forget for newer ones */
+} rt_auth_stats_t;
+
+void rt_auth_stats(rt_auth_stats_t *out);
+
+/*
+** `rtd passwd [-c] [-D] [-b] FILE USER [PASSWORD]`, as mosquitto_passwd: adds or
+** changes USER (prompting twice without echo unless -b), -D deletes, -c starts
+** a new file. The file is written whole to a temporary file (mode 0600) and
+** renamed over the old one. argv[0] is "passwd". Returns the exit status.
+*/
+int rt_auth_passwd_main(int argc, char **argv);
+
+/* ---- Internal, shared with acl.c ---- */
+/* Reads a whole file, NUL-terminated (free it); err says "path: reason". */
+int rt__auth_read_file(const char *path, char **out, size_t *outlen, char *err, size_t errlen);
+/* The next line of [*pos, end) without its newline and trailing blanks; false at the end. */
+bool rt__auth_next_line(const char **pos, const char *end, const char **line, size_t *len);
+
+#endif
