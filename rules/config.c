@@ -12,7 +12,7 @@
 
 #define RT_CONF_INSTRUCTION_LIMIT 10000000 /* a config file that runs longer is a bug */
 
-typedef enum { K_INT, K_DOUBLE, K_BOOL, K_STRING, K_LISTENERS } kind_t;
+typedef enum { K_INT, K_DOUBLE, K_BOOL, K_STRING, K_LISTENERS, K_SECTIONS } kind_t;
 
 typedef struct setting_s {
     const char *name;
@@ -58,6 +58,7 @@ static const setting_t settings[] = {
      "directory for persistent state"},
     {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
      "error, warning, info or debug"},
+    {"sinks", K_SECTIONS, OFF(sinks), 0, 0, 0, NULL, "name = { type = \"sqlite\", ... }"},
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -129,6 +130,127 @@ static bool parse_listener(const char *s, rt_listen_t *out)
     if (end == colon + 1 || *end || port < 0 || port > 65535)
         return false;
     out->port = (int)port;
+    return true;
+}
+
+/*
+** Flattens the table on top of the stack into sec's keys, prefixing nested keys
+** with prefix ("columns."). Keys are strings (or array indexes in nested tables).
+*/
+static bool flatten(lua_State *L, rt_conf_section_t *sec, const char *prefix, int depth, char *why,
+                    size_t whylen)
+{
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        char key[RT_CONF_KEY_LEN];
+        int n;
+        if (lua_type(L, -2) == LUA_TSTRING)
+            n = snprintf(key, sizeof(key), "%s%s", prefix, lua_tostring(L, -2));
+        else if (depth > 0 && lua_isinteger(L, -2))
+            n = snprintf(key, sizeof(key), "%s%lld", prefix, (long long)lua_tointeger(L, -2));
+        else
+            n = -1;
+        if (n < 0 || (size_t)n >= sizeof(key)) {
+            snprintf(why, whylen, "sinks.%s: keys must be names of at most %d bytes", sec->name,
+                     RT_CONF_KEY_LEN - 1);
+            lua_pop(L, 2);
+            return false;
+        }
+        int t = lua_type(L, -1);
+        if (t == LUA_TTABLE && depth < 2) {
+            char sub[RT_CONF_KEY_LEN + 1];
+            snprintf(sub, sizeof(sub), "%s.", key);
+            if (!flatten(L, sec, sub, depth + 1, why, whylen)) {
+                lua_pop(L, 2);
+                return false;
+            }
+            lua_pop(L, 1);
+            continue;
+        }
+        if (t != LUA_TSTRING && t != LUA_TNUMBER && t != LUA_TBOOLEAN) {
+            snprintf(why, whylen, "sinks.%s.%s must be a string, a number, a boolean or a table",
+                     sec->name, key);
+            lua_pop(L, 2);
+            return false;
+        }
+        if (sec->nkeys == RT_CONF_MAX_SECTION_KEYS) {
+            snprintf(why, whylen, "sinks.%s: at most %d keys", sec->name,
+                     RT_CONF_MAX_SECTION_KEYS);
+            lua_pop(L, 2);
+            return false;
+        }
+        rt_conf_kv_t *kv = &sec->keys[sec->nkeys++];
+        memcpy(kv->key, key, (size_t)n + 1);
+        size_t len = 0;
+        const char *v;
+        if (t == LUA_TBOOLEAN) {
+            kv->type = RT_CONF_V_BOOL;
+            kv->b = lua_toboolean(L, -1);
+            v = kv->b ? "true" : "false";
+            len = strlen(v);
+        } else {
+            kv->type = t == LUA_TNUMBER ? RT_CONF_V_NUMBER : RT_CONF_V_STRING;
+            kv->num = t == LUA_TNUMBER ? lua_tonumber(L, -1) : 0;
+            lua_pushvalue(L, -1); /* tolstring converts numbers in place: keep the key intact */
+            v = lua_tolstring(L, -1, &len);
+            lua_pop(L, 1);
+        }
+        if (len >= sizeof(kv->str)) {
+            snprintf(why, whylen, "sinks.%s.%s: at most %d bytes", sec->name, key,
+                     RT_CONF_VALUE_LEN - 1);
+            lua_pop(L, 2);
+            return false;
+        }
+        memcpy(kv->str, v, len);
+        kv->str[len] = 0;
+        lua_pop(L, 1);
+    }
+    return true;
+}
+
+static int section_cmp(const void *a, const void *b)
+{
+    return strcmp(((const rt_conf_section_t *)a)->name, ((const rt_conf_section_t *)b)->name);
+}
+
+/* A table of name = { key = value, ... } into out, sorted by name. */
+static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *out, char *why,
+                           size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be a table of name = { ... }", what);
+        return false;
+    }
+    out->n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        size_t len = 0;
+        const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
+        bool plain = name && len > 0 && len < sizeof(out->s[0].name);
+        for (size_t i = 0; plain && i < len; i++)
+            plain = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+                    (name[i] >= '0' && name[i] <= '9') || name[i] == '_' || name[i] == '-';
+        if (!plain || lua_type(L, -1) != LUA_TTABLE) {
+            snprintf(why, whylen, "%s: each entry must be name = { ... } with a plain name "
+                     "(letters, digits, _ and -)", what);
+            lua_pop(L, 2);
+            return false;
+        }
+        if (out->n == RT_CONF_MAX_SECTIONS) {
+            snprintf(why, whylen, "%s: at most %d entries", what, RT_CONF_MAX_SECTIONS);
+            lua_pop(L, 2);
+            return false;
+        }
+        rt_conf_section_t *sec = &out->s[out->n++];
+        memset(sec, 0, sizeof(*sec));
+        memcpy(sec->name, name, len + 1);
+        if (!flatten(L, sec, "", 0, why, whylen)) {
+            lua_pop(L, 2);
+            return false;
+        }
+        lua_pop(L, 1);
+    }
+    qsort(out->s, out->n, sizeof(out->s[0]), section_cmp);
     return true;
 }
 
@@ -232,6 +354,8 @@ static bool apply(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, siz
         c->nlisteners = n;
         return true;
     }
+    case K_SECTIONS:
+        return apply_sections(L, s->name, (rt_conf_sections_t *)(void *)field, why, whylen);
     }
     return false;
 }
@@ -321,6 +445,11 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
         const setting_t *s = find_setting(name);
         char why[RT_CONF_ERR_LEN / 2];
         bool ok = s && apply(L, &next, s, why, sizeof(why));
+        if (ok && s->kind == K_SECTIONS) {
+            rt_conf_sections_t *secs = (rt_conf_sections_t *)(void *)((char *)&next + s->offset);
+            snprintf(secs->where, sizeof(secs->where), "%s", where);
+            secs->line = with_lines ? line : 0;
+        }
         if (!s)
             snprintf(why, sizeof(why), "unknown setting %s", name);
         lua_pop(L, 1);

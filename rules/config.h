@@ -21,6 +21,40 @@ typedef struct rt_listen_s {
     int port;
 } rt_listen_t;
 
+/*
+** Named sections (the `sinks` table): name = { key = value, ... }. The loader only
+** checks the shape (string keys; string, number, boolean or nested-table values);
+** the module that owns the section checks its keys at start, naming where and line.
+** Nested tables are flattened with dots ("columns.topic"; arrays as "columns.1").
+*/
+#define RT_CONF_MAX_SECTIONS 8
+#define RT_CONF_MAX_SECTION_KEYS 24
+#define RT_CONF_KEY_LEN 48
+#define RT_CONF_VALUE_LEN 200
+
+typedef enum { RT_CONF_V_STRING, RT_CONF_V_NUMBER, RT_CONF_V_BOOL } rt_conf_vtype_t;
+
+typedef struct rt_conf_kv_s {
+    char key[RT_CONF_KEY_LEN];
+    rt_conf_vtype_t type;
+    double num;                 /* numbers */
+    bool b;                     /* booleans */
+    char str[RT_CONF_VALUE_LEN]; /* strings; numbers and booleans also as text, as written */
+} rt_conf_kv_t;
+
+typedef struct rt_conf_section_s {
+    char name[64];
+    unsigned nkeys;
+    rt_conf_kv_t keys[RT_CONF_MAX_SECTION_KEYS];
+} rt_conf_section_t;
+
+typedef struct rt_conf_sections_s {
+    char where[256]; /* file the table was set in, or "command line" */
+    int line;        /* line of the assignment; 0 if unknown */
+    unsigned n;      /* sections, sorted by name */
+    rt_conf_section_t s[RT_CONF_MAX_SECTIONS];
+} rt_conf_sections_t;
+
 typedef struct rt_conf_s {
     /* Listeners: "host:port" strings; "[v6]:port" for IPv6. */
     rt_listen_t listeners[RT_CONF_MAX_LISTENERS];
@@ -55,6 +89,9 @@ typedef struct rt_conf_s {
     /* Operations. */
     char data_dir[256];
     char log_level[16];        /* error, warning, info, debug */
+
+    /* Sinks (actors/sink.h checks each one's keys). */
+    rt_conf_sections_t sinks;
 } rt_conf_t;
 
 void rt_conf_defaults(rt_conf_t *c);
