@@ -22,6 +22,13 @@ static uint64_t hash_id(const char *s)
     return h;
 }
 
+void rt_broker_retained_release(void *msg)
+{
+    rt_retained_msg_t *r = msg;
+    rt_bin_release(r->bin);
+    free(r);
+}
+
 int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
 {
     rt_broker_t *b = calloc(1, sizeof(*b));
@@ -32,7 +39,7 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
     b->clients_cap = 1024;
     b->clients = calloc(b->clients_cap, sizeof(*b->clients));
     if (!b->clients || rt_trie_new(&b->trie) ||
-        rt_retained_new(&b->retained, (rt_retained_release_fn)rt_bin_release, 0, 0)) {
+        rt_retained_new(&b->retained, rt_broker_retained_release, 0, 0)) {
         rt_trie_free(b->trie);
         free(b->clients);
         free(b);
@@ -73,22 +80,53 @@ void rt_broker_free(void)
     rt_broker = NULL;
 }
 
+/* Finds id's entry in its bucket; call with clients_lock held. */
+static rt_client_entry_t *find_client(rt_broker_t *b, const char *id)
+{
+    rt_client_entry_t *e = b->clients[hash_id(id) & (b->clients_cap - 1)];
+    while (e && strcmp(e->id, id) != 0)
+        e = e->next;
+    return e;
+}
+
+/* Doubles the bucket array once entries outnumber buckets; a failed grow keeps the old one. */
+static void grow_clients(rt_broker_t *b)
+{
+    size_t cap = b->clients_cap * 2;
+    rt_client_entry_t **nb = calloc(cap, sizeof(*nb));
+    if (!nb)
+        return;
+    for (size_t i = 0; i < b->clients_cap; i++) {
+        rt_client_entry_t *e = b->clients[i];
+        while (e) {
+            rt_client_entry_t *next = e->next;
+            size_t k = hash_id(e->id) & (cap - 1);
+            e->next = nb[k];
+            nb[k] = e;
+            e = next;
+        }
+    }
+    free(b->clients);
+    b->clients = nb;
+    b->clients_cap = cap;
+}
+
 rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
 {
     rt_broker_t *b = rt_broker;
-    size_t bucket = hash_id(id) & (b->clients_cap - 1);
     rt_pid_t old = 0;
     pthread_mutex_lock(&b->clients_lock);
-    rt_client_entry_t *e = b->clients[bucket];
-    while (e && strcmp(e->id, id) != 0)
-        e = e->next;
+    rt_client_entry_t *e = find_client(b, id);
     if (e) {
         old = e->pid;
         e->pid = pid;
     } else {
+        if (b->clients_len >= b->clients_cap)
+            grow_clients(b);
         size_t len = strlen(id);
         e = malloc(sizeof(*e) + len + 1);
         if (e) {
+            size_t bucket = hash_id(id) & (b->clients_cap - 1);
             memcpy(e->id, id, len + 1);
             e->pid = pid;
             e->next = b->clients[bucket];
@@ -98,6 +136,16 @@ rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
     }
     pthread_mutex_unlock(&b->clients_lock);
     return old;
+}
+
+rt_pid_t rt_broker_lookup_client(const char *id)
+{
+    rt_broker_t *b = rt_broker;
+    pthread_mutex_lock(&b->clients_lock);
+    rt_client_entry_t *e = find_client(b, id);
+    rt_pid_t pid = e ? e->pid : 0;
+    pthread_mutex_unlock(&b->clients_lock);
+    return pid;
 }
 
 void rt_broker_release_client(const char *id, rt_pid_t pid)

@@ -21,6 +21,9 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t msgs_out;      /* PUBLISH sent */
     atomic_uint_fast64_t bad_packets;   /* malformed or protocol errors */
     atomic_uint_fast64_t refused;       /* connections refused at accept (limits) */
+    atomic_uint_fast64_t sessions;      /* sessions alive: connected plus offline */
+    atomic_uint_fast64_t msgs_dropped;  /* refused by a full session queue (or QoS 0 offline) */
+    atomic_uint_fast64_t msgs_expired;  /* message expiry interval ran out before sending */
 } rt_broker_stats_t;
 
 typedef struct rt_broker_s {
@@ -49,6 +52,8 @@ void rt_broker_free(void);
 */
 rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid);
 void rt_broker_release_client(const char *id, rt_pid_t pid);
+/* The actor holding id (a connection or an offline session), or 0. */
+rt_pid_t rt_broker_lookup_client(const char *id);
 
 #include "mqtt_codec.h"
 
@@ -60,6 +65,13 @@ void rt_broker_release_client(const char *id, rt_pid_t pid);
 ** it is retained, stores it.
 */
 rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk);
+
+/* What the retained store holds per topic: the message and when it expires (0: never). */
+typedef struct rt_retained_msg_s {
+    rt_bin_t *bin;
+    uint64_t expire_at_ms; /* CLOCK_MONOTONIC ms */
+} rt_retained_msg_t;
+void rt_broker_retained_release(void *msg);
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
 /*
 ** Publishes a message made inside the broker (republish sinks, $SYS): builds its

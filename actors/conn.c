@@ -1,33 +1,39 @@
 /*
-** The connection actor: one per MQTT client socket. It parses whatever bytes
-** arrived in the scheduler's scratch buffer and copies only a partial packet
-** into its own buffer, so an idle connection holds none. A PUBLISH is routed
-** by the publishing connection itself: it matches the shared topic trie and
-** sends each subscriber's connection actor a DELIVER message that carries
-** topic and payload in one shared binary, so a fan-out copies no payload.
+** The connection actor: one per MQTT client socket, and the client's session.
+** It parses whatever bytes arrived in the scheduler's scratch buffer and copies
+** only a partial packet into its own buffer, so an idle connection holds none.
+** A PUBLISH is routed by the publishing connection itself: it matches the
+** shared topic trie and sends each subscriber's actor a DELIVER message that
+** carries the message in one shared binary, so a fan-out copies no payload.
 **
-** This first cut covers CONNECT (3.1, 3.1.1, 5.0), client id takeover,
-** keepalive, PUBLISH in and out at QoS 0/1/2, SUBSCRIBE and
-** UNSUBSCRIBE with wildcards, shared subscriptions and subscription
-** identifiers, retained messages, wills, PINGREQ and DISCONNECT. Persistent
-** sessions (offline queues, retransmission of unacknowledged messages) are
-** not here yet.
+** Sessions. A session that outlives its connection (clean start 0 with a
+** session expiry, or a 3.1.1 clean session 0) stays in the same actor after
+** the socket closes: it keeps its subscriptions, queues what arrives (bounded
+** in messages and bytes) and ends when its expiry runs out. A reconnect hands
+** its socket to that actor (RESUME, the fd travels in the message) instead of
+** moving the session to the new connection: the subscriptions never change
+** owner, so no message routed in between can overtake another, and a resumed
+** session retransmits its unacknowledged messages (DUP) and then its queue in
+** order. A takeover with clean start 1 ends the old session instead.
 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "broker.h"
 #include "log.h"
 #include "mqtt_codec.h"
+#include "session.h"
 
 enum {
     MSG_DELIVER = RT_MSG_USER, /* data: deliver_t; bin: the canonical PUBLISH */
-    MSG_KEEPALIVE,
+    MSG_KEEPALIVE,             /* tag timer: check the keepalive */
+    MSG_RESUME,                /* fd: a new connection's socket; data: its bytes from CONNECT on */
+    MSG_SESSION_EXPIRED,       /* tag timer: an offline session may have run out */
+    MSG_WILL_DUE,              /* tag timer: a delayed will may be due */
 };
-
-#define RT_CONN_MAX_SUB_IDS 8 /* subscription identifiers carried per delivery */
 
 /*
 ** A delivery. The binary holds the message once, in canonical form: an MQTT 5
@@ -36,37 +42,56 @@ enum {
 ** subscription identifiers, so v5 properties pass through to v5 subscribers.
 */
 typedef struct {
+    uint64_t expire_at_ms; /* when the message expiry interval runs out; 0: never */
     uint8_t qos;
     uint8_t retain;
+    uint8_t shared;        /* through a shared subscription */
     uint32_t n_sub_ids;
-    uint32_t sub_ids[]; /* MQTT 5: the matching subscriptions' identifiers */
+    uint32_t sub_ids[];    /* MQTT 5: the matching subscriptions' identifiers */
 } deliver_t;
 
 #define RT_CONN_READS_PER_TURN 16 /* socket reads per turn before yielding */
 #define RT_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
+#define RT_SHARE_PREFIX "$share/"
+
+/* One of the client's subscriptions, kept for session end, shared-group moves and persistence. */
+typedef struct {
+    char *filter;
+    size_t len;
+    rt_trie_opts_t opts;
+} sub_entry_t;
 
 typedef struct {
-    rt_sock_t *sock;
+    rt_sock_t *sock;       /* NULL while an offline session waits for its client */
     uint8_t *partial;      /* bytes of an incomplete packet; NULL when none */
     size_t partial_len, partial_cap;
     uint8_t version;       /* 0 until CONNECT */
-    uint8_t closing;
+    uint8_t closing;       /* the connection is ending: read and deliver nothing more on it */
+    uint8_t resuming;      /* the CONNECT being handled continues this actor's session */
+    uint8_t connected;     /* counted in stats.connections */
+    uint8_t keepalive_armed; /* a keepalive timer is pending (one chain per actor) */
     uint16_t keepalive;    /* seconds, 0 = none */
     uint16_t next_packet_id;
+    uint16_t recv_max;     /* the client's Receive Maximum (MQTT 5), 65535 when absent */
+    uint32_t session_expiry; /* seconds the session outlives its connection; 0: ends with it */
     uint64_t last_rx_ms;
+    uint64_t expire_at_ms; /* offline: when the session ends */
+    uint64_t will_at_ms;   /* offline with a delayed will: when it is published */
     char *client_id;
-    char **filters;        /* what this client subscribed, for cleanup */
-    size_t *filter_lens;
-    size_t nfilters, capfilters;
+    sub_entry_t *subs;
+    size_t nsubs, capsubs;
+    rt_session_t *sess;    /* inflight and queued messages; NULL until the first one */
     rt_bin_t *will;        /* the will as a canonical PUBLISH, or NULL */
     uint8_t discard_will;  /* a normal DISCONNECT came (3.1.2.5) */
     uint32_t will_delay;   /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
     uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
     char **aliases;        /* inbound topic aliases (MQTT 5), allocated on first use */
-    uint64_t dropped;      /* messages too large for the client's maximum packet size */
-    uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL */
+    uint64_t dropped;      /* messages not delivered: too large for the client, or queue full */
+    uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
     size_t nqos2, capqos2;
 } conn_t;
+
+#define SENT_DISCARDED 1 /* send_publish: over the client's maximum packet size, dropped */
 
 static uint64_t now_ms(void)
 {
@@ -76,47 +101,63 @@ static uint64_t now_ms(void)
 }
 
 /* Encodes pk and queues it on the socket (sent at the end of the turn). */
-static void send_packet(conn_t *c, mqtt_packet_t *pk)
+static int send_packet(conn_t *c, mqtt_packet_t *pk)
 {
+    if (!c->sock)
+        return RT_ECLOSED;
     pk->version = c->version ? c->version : MQTT_V311;
     size_t len;
-    if (mqtt_encode(pk, NULL, 0, c->peer_max_packet, &len, NULL) != 0) {
-        /* Over the client's Maximum Packet Size: discarded, as 3.1.2.11.4 says, and counted. */
-        c->dropped++;
-        return;
-    }
+    if (mqtt_encode(pk, NULL, 0, c->peer_max_packet, &len, NULL) != 0)
+        return MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE);
     uint8_t stackbuf[512];
     uint8_t *buf = len <= sizeof(stackbuf) ? stackbuf : malloc(len);
     if (!buf)
-        return;
-    if (mqtt_encode(pk, buf, len, c->peer_max_packet, &len, NULL) == 0)
-        rt_sock_write(c->sock, buf, len);
+        return RT_ENOMEM;
+    int rc = mqtt_encode(pk, buf, len, c->peer_max_packet, &len, NULL);
+    if (rc == 0)
+        rc = rt_sock_write(c->sock, buf, len);
     if (buf != stackbuf)
         free(buf);
+    return rc;
 }
 
-/* Sends one message from its canonical form, re-encoded for this client. */
-static void send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_flag,
-                         const uint32_t *sub_ids, uint32_t n_sub_ids)
+/*
+** Sends one message from its canonical form, re-encoded for this client: its
+** QoS, packet id and DUP flag, the remaining message expiry (3.3.2.3.3) and
+** the subscription identifiers. Returns 0, or an error if it was not written;
+** a message over the client's Maximum Packet Size is discarded and counted
+** (3.1.2.11.4) and reported as SENT_DISCARDED, so it is neither retried nor
+** kept inflight.
+*/
+static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_flag,
+                        uint16_t packet_id, uint8_t dup, uint64_t expire_at_ms,
+                        const uint32_t *sub_ids, uint32_t n_sub_ids)
 {
     mqtt_packet_t pk;
     if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
-        return;
+        return RT_EINVAL;
     pk.publish.qos = qos;
     pk.publish.retain = retain_flag;
-    pk.publish.dup = 0;
-    pk.packet_id = 0;
-    if (qos) {
-        if (++c->next_packet_id == 0)
-            c->next_packet_id = 1;
-        pk.packet_id = c->next_packet_id;
+    pk.publish.dup = dup;
+    pk.packet_id = qos ? packet_id : 0;
+    if (expire_at_ms) {
+        uint64_t now = now_ms();
+        uint64_t left = expire_at_ms > now ? expire_at_ms - now : 0;
+        pk.props.message_expiry = (uint32_t)((left + 999) / 1000);
     }
     if (c->version == MQTT_V5 && n_sub_ids) {
         pk.props.sub_ids = sub_ids;
         pk.props.n_sub_ids = (uint16_t)n_sub_ids;
     }
-    send_packet(c, &pk);
-    atomic_fetch_add_explicit(&rt_broker->stats.msgs_out, 1, memory_order_relaxed);
+    int rc = send_packet(c, &pk);
+    if (rc == MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE)) {
+        c->dropped++;
+        atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
+        return SENT_DISCARDED;
+    }
+    if (rc == 0)
+        atomic_fetch_add_explicit(&rt_broker->stats.msgs_out, 1, memory_order_relaxed);
+    return rc;
 }
 
 static const char *reason_text(uint8_t reason)
@@ -144,14 +185,387 @@ static void send_disconnect(conn_t *c, uint8_t reason)
     send_packet(c, &pk);
 }
 
-/* Ends the connection: v5 clients are told why (reason 0 means no DISCONNECT). */
+
+/* The client's receive window for QoS 1 and 2 (MQTT 5 receive maximum, 4.9). */
+static uint32_t send_window(const conn_t *c)
+{
+    uint32_t w = c->recv_max < (uint32_t)rt_broker->conf.max_inflight ? c->recv_max
+                                                                      : (uint32_t)rt_broker->conf.max_inflight;
+    return w ? w : 1;
+}
+
+static rt_session_t *session(conn_t *c)
+{
+    if (!c->sess)
+        c->sess = calloc(1, sizeof(*c->sess));
+    return c->sess;
+}
+
+static uint16_t next_packet_id(conn_t *c)
+{
+    do {
+        if (++c->next_packet_id == 0)
+            c->next_packet_id = 1;
+    } while (c->sess && rt_qlist_find_id(&c->sess->inflight, c->next_packet_id));
+    return c->next_packet_id;
+}
+
+static void count_dropped(conn_t *c)
+{
+    c->dropped++;
+    atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
+}
+
+static bool expired(conn_t *c, uint64_t expire_at_ms)
+{
+    if (!expire_at_ms || now_ms() < expire_at_ms)
+        return false;
+    if (c->sess)
+        c->sess->expired++;
+    atomic_fetch_add_explicit(&rt_broker->stats.msgs_expired, 1, memory_order_relaxed);
+    return true;
+}
+
+/* Whether the client is connected and past CONNECT, so messages can go out now. */
+static bool online(const conn_t *c)
+{
+    return c->sock && c->version && !c->closing;
+}
+
+/*
+** Sends a queued message now. QoS 0 is done once written; QoS 1 and 2 take a
+** packet id and wait in the inflight list for their acknowledgement. Takes m.
+*/
+static void transmit(conn_t *c, rt_qmsg_t *m)
+{
+    if (m->qos == 0) {
+        send_publish(c, m->bin, 0, m->retain, 0, 0, m->expire_at_ms, m->sub_ids, m->n_sub_ids);
+        rt_qmsg_free(m);
+        return;
+    }
+    m->packet_id = next_packet_id(c);
+    m->state = RT_QMSG_WAIT_ACK;
+    int rc = send_publish(c, m->bin, m->qos, m->retain, m->packet_id, 0, m->expire_at_ms,
+                          m->sub_ids, m->n_sub_ids);
+    if (rc == SENT_DISCARDED) {
+        rt_qmsg_free(m);
+        return;
+    }
+    rt_qlist_push(&c->sess->inflight, m);
+}
+
+/* Moves queued messages out while the receive window has room (in order: QoS 0 waits too). */
+static void pump(conn_t *c)
+{
+    rt_session_t *s = c->sess;
+    if (!s || !online(c))
+        return;
+    uint32_t window = send_window(c);
+    while (s->queued.head) {
+        rt_qmsg_t *m = s->queued.head;
+        if (m->qos && s->inflight.n >= window)
+            break;
+        rt_qlist_pop(&s->queued);
+        if (expired(c, m->expire_at_ms))
+            rt_qmsg_free(m);
+        else
+            transmit(c, m);
+    }
+}
+
+/* Queues a message for later, within the session's limits; takes m. */
+static void enqueue(conn_t *c, rt_qmsg_t *m)
+{
+    rt_session_t *s = c->sess;
+    const rt_conf_t *conf = &rt_broker->conf;
+    if (s->queued.n >= (uint64_t)conf->max_queued_messages ||
+        s->queued.bytes + rt_qmsg_bytes(m) > (uint64_t)conf->max_queued_bytes) {
+        s->dropped++;
+        count_dropped(c);
+        rt_qmsg_free(m);
+        return;
+    }
+    rt_qlist_push(&s->queued, m);
+}
+
+/*
+** A message routed to this session. The common case (online, nothing queued,
+** QoS 0) is written at once with no allocation; everything else becomes a
+** session message: sent now if the window has room, else queued. Offline QoS 0
+** messages are queued only with queue_qos0 (otherwise dropped and counted).
+*/
+static void deliver(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
+{
+    if (expired(c, d->expire_at_ms))
+        return;
+    bool backlog = c->sess && c->sess->queued.n;
+    if (online(c) && !backlog && d->qos == 0) {
+        send_publish(c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
+        return;
+    }
+    if (!c->sock && d->qos == 0 && !rt_broker->conf.queue_qos0) {
+        count_dropped(c);
+        return;
+    }
+    rt_qmsg_t *m = session(c) ? rt_qmsg_new(bin, d->qos, d->retain, d->expire_at_ms, d->shared,
+                                            sub_ids, d->n_sub_ids)
+                              : NULL;
+    if (!m) {
+        count_dropped(c);
+        return;
+    }
+    if (online(c) && !backlog && c->sess->inflight.n < send_window(c))
+        transmit(c, m);
+    else
+        enqueue(c, m);
+}
+
+/* After CONNACK on a resumed session: unacknowledged messages again, in order, then the queue. */
+static void retransmit(conn_t *c)
+{
+    if (!c->sess)
+        return;
+    for (rt_qmsg_t *m = c->sess->inflight.head; m; m = m->next) {
+        if (m->state == RT_QMSG_WAIT_COMP) {
+            mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = m->packet_id};
+            send_packet(c, &rel);
+        } else {
+            send_publish(c, m->bin, m->qos, m->retain, m->packet_id, 1, m->expire_at_ms,
+                         m->sub_ids, m->n_sub_ids);
+        }
+    }
+    pump(c);
+}
+
+static void on_puback(conn_t *c, mqtt_packet_t *pk)
+{
+    rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
+    if (!m || m->state != RT_QMSG_WAIT_ACK || m->qos != 1)
+        return; /* unknown ids are ignored: a late ack of a message already settled */
+    rt_qmsg_free(rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
+    pump(c);
+}
+
+static void on_pubrec(conn_t *c, mqtt_packet_t *pk)
+{
+    rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
+    bool known = m && m->qos == 2;
+    if (known && pk->version == MQTT_V5 && pk->reason >= 0x80) {
+        /* The client refused it: the exchange ends here, with no PUBREL (4.3.3). */
+        rt_qmsg_free(rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
+        pump(c);
+        return;
+    }
+    if (known && m->state == RT_QMSG_WAIT_ACK) {
+        /* Delivered: only the packet id is needed from here on. */
+        c->sess->inflight.bytes -= rt_qmsg_bytes(m);
+        rt_bin_release(m->bin);
+        m->bin = NULL;
+        m->state = RT_QMSG_WAIT_COMP;
+    }
+    mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = pk->packet_id};
+    if (!known && c->version == MQTT_V5)
+        rel.reason = MQTT_RC_PACKET_ID_NOT_FOUND;
+    send_packet(c, &rel);
+}
+
+static void on_pubcomp(conn_t *c, mqtt_packet_t *pk)
+{
+    rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
+    if (!m || m->state != RT_QMSG_WAIT_COMP)
+        return;
+    rt_qmsg_free(rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
+    pump(c);
+}
+
+static bool is_shared(const char *f, size_t len)
+{
+    return len > sizeof(RT_SHARE_PREFIX) - 1 && memcmp(f, RT_SHARE_PREFIX, sizeof(RT_SHARE_PREFIX) - 1) == 0;
+}
+
+/* Shared subscriptions skip members whose connection has gone. */
+static int member_alive(void *arg, rt_pid_t pid)
+{
+    (void)arg;
+    return rt_alive(pid);
+}
+
+static void send_delivery(rt_pid_t to, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
+{
+    size_t n = d->n_sub_ids < RT_QMSG_MAX_SUB_IDS ? d->n_sub_ids : RT_QMSG_MAX_SUB_IDS;
+    rt_msg_t *m = rt_msg_new(MSG_DELIVER, sizeof(deliver_t) + n * sizeof(uint32_t));
+    if (!m)
+        return;
+    deliver_t *dd = (deliver_t *)(void *)m->data;
+    *dd = *d;
+    dd->n_sub_ids = (uint32_t)n;
+    memcpy(dd->sub_ids, sub_ids, n * sizeof(uint32_t));
+    m->bin = rt_bin_retain(bin);
+    rt_send_msg(to, m);
+}
+
+/*
+** A message that came through a shared subscription and that this member will
+** not acknowledge (it is leaving) goes to another member of its group
+** (MQTT 5 4.8.2 lets the server do so). The group is the member's shared
+** subscription whose filter matches the topic. Returns whether it moved.
+*/
+static bool hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
+{
+    mqtt_packet_t pk;
+    if (!m->bin || mqtt_decode(rt_bin_data(m->bin), rt_bin_len(m->bin), MQTT_V5, &pk) != 0)
+        return false;
+    const char *topic = (const char *)pk.publish.topic.p;
+    for (size_t i = 0; i < c->nsubs; i++) {
+        sub_entry_t *s = &c->subs[i];
+        if (!is_shared(s->filter, s->len) ||
+            !rt_topic_matches(s->filter, s->len, topic, pk.publish.topic.len))
+            continue;
+        rt_pid_t pid;
+        rt_trie_opts_t o;
+        if (rt_trie_share_pick(rt_broker->trie, s->filter, s->len, rt_self(self), member_alive,
+                               NULL, &pid, &o) != 0)
+            continue;
+        deliver_t d = {.expire_at_ms = m->expire_at_ms,
+                       .qos = m->qos < o.qos ? m->qos : o.qos,
+                       .retain = o.retain_as_published ? m->retain : 0,
+                       .shared = 1,
+                       .n_sub_ids = o.sub_id ? 1 : 0};
+        send_delivery(pid, m->bin, &d, &o.sub_id);
+        return true;
+    }
+    return false;
+}
+
+/* Moves every shared-subscription message not yet acknowledged out of list l. */
+static void hand_over_shared(rt_actor_t *self, conn_t *c, rt_qlist_t *l)
+{
+    rt_qlist_t keep = {0};
+    rt_qmsg_t *m;
+    while ((m = rt_qlist_pop(l)) != NULL) {
+        /* After PUBREC the client has the message: it is not handed on. */
+        if (m->shared && m->state != RT_QMSG_WAIT_COMP && hand_to_group(self, c, m))
+            rt_qmsg_free(m);
+        else
+            rt_qlist_push(&keep, m);
+    }
+    *l = keep;
+}
+
+/* A member leaving its shared groups: out of the groups, and its pending messages to the others. */
+static void leave_shared_groups(rt_actor_t *self, conn_t *c)
+{
+    bool any = false;
+    for (size_t i = 0; i < c->nsubs; i++) {
+        if (is_shared(c->subs[i].filter, c->subs[i].len)) {
+            rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                                NULL);
+            any = true;
+        }
+    }
+    if (any && c->sess) {
+        hand_over_shared(self, c, &c->sess->inflight);
+        hand_over_shared(self, c, &c->sess->queued);
+    }
+}
+
+static void rejoin_shared_groups(rt_actor_t *self, conn_t *c)
+{
+    for (size_t i = 0; i < c->nsubs; i++)
+        if (is_shared(c->subs[i].filter, c->subs[i].len))
+            rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                              &c->subs[i].opts, NULL);
+}
+
+static void count_connected(conn_t *c, bool on)
+{
+    if (c->connected == on)
+        return;
+    c->connected = on;
+    if (on)
+        atomic_fetch_add(&rt_broker->stats.connections, 1);
+    else
+        atomic_fetch_sub(&rt_broker->stats.connections, 1);
+}
+
+/* Closes the client's socket (flushing what is buffered, such as a DISCONNECT). */
+static void close_socket(conn_t *c)
+{
+    rt_sock_close(c->sock);
+    c->sock = NULL;
+    atomic_fetch_sub(&rt_broker->stats.sockets, 1);
+}
+
+static void publish_will(rt_actor_t *self, conn_t *c)
+{
+    if (!c->will)
+        return;
+    rt_broker_route(rt_self(self), c->will);
+    rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
+    rt_bin_release(c->will);
+    c->will = NULL;
+}
+
+static void drop_will(conn_t *c)
+{
+    rt_bin_release(c->will);
+    c->will = NULL;
+}
+
+/* Frees what belongs to one network connection, not to the session. */
+static void reset_connection_state(conn_t *c)
+{
+    free(c->partial);
+    c->partial = NULL;
+    c->partial_len = c->partial_cap = 0;
+    for (long i = 0; c->aliases && i < rt_broker->conf.max_topic_alias; i++)
+        free(c->aliases[i]);
+    free(c->aliases);
+    c->aliases = NULL;
+}
+
+/*
+** The socket is gone but the session lives on (session expiry > 0): the actor
+** stays, holding subscriptions and queueing, until the client resumes or the
+** expiry runs out. The will goes now, or after its delay if the client does
+** not come back first (MQTT 5 3.1.2.5).
+*/
+static void go_offline(rt_actor_t *self, conn_t *c)
+{
+    close_socket(c);
+    c->closing = 1;
+    reset_connection_state(c);
+    count_connected(c, false);
+    if (c->discard_will)
+        drop_will(c);
+    if (c->will && c->will_delay) {
+        c->will_at_ms = now_ms() + (uint64_t)c->will_delay * 1000;
+        rt_send_after_tag((uint64_t)c->will_delay * 1000, rt_self(self), MSG_WILL_DUE, NULL);
+    } else {
+        publish_will(self, c);
+    }
+    leave_shared_groups(self, c);
+    c->expire_at_ms = now_ms() + (uint64_t)c->session_expiry * 1000;
+    rt_send_after_tag((uint64_t)c->session_expiry * 1000, rt_self(self), MSG_SESSION_EXPIRED, NULL);
+    rt_log(RT_LOG_INFO, "client.disconnected", "client=%s session=kept expiry=%us", c->client_id,
+           c->session_expiry);
+}
+
+/*
+** Ends the connection: v5 clients are told why (reason 0 means no DISCONNECT).
+** A persistent session goes offline; otherwise the actor exits.
+*/
 static void close_conn(rt_actor_t *self, conn_t *c, uint8_t reason, rt_reason_t exit_reason)
 {
     if (c->closing)
         return;
-    c->closing = 1;
     if (c->version == MQTT_V5 && reason)
         send_disconnect(c, reason);
+    if (c->session_expiry && c->client_id && exit_reason == RT_REASON_NORMAL) {
+        go_offline(self, c);
+        return;
+    }
+    c->closing = 1;
     rt_exit(self, exit_reason);
 }
 
@@ -166,21 +580,84 @@ static void protocol_error(rt_actor_t *self, conn_t *c, int err)
 
 static void arm_keepalive(rt_actor_t *self, conn_t *c)
 {
-    if (!c->keepalive)
+    if (!c->keepalive || c->keepalive_armed)
         return;
+    c->keepalive_armed = 1;
     /* Checked at half the keepalive, closed past 1.5x (MQTT 3.1.2.10). */
     rt_send_after_tag((uint64_t)c->keepalive * 500, rt_self(self), MSG_KEEPALIVE, NULL);
 }
 
-static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+/* Session Expiry Interval from CONNECT (or DISCONNECT), within max_session_expiry. */
+static uint32_t clamp_expiry(uint64_t requested)
+{
+    uint64_t max = (uint64_t)rt_broker->conf.max_session_expiry;
+    return (uint32_t)(requested < max ? requested : max);
+}
+
+/*
+** clean start 0 for a client id another actor holds: that actor keeps the
+** session, so this connection hands it the socket and the bytes read from the
+** CONNECT on (it parses them as its own), then exits. Returns false (and keeps
+** the socket) when the holder is already gone: the session ended, start fresh.
+*/
+static bool hand_socket_to(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uint8_t *bytes,
+                           size_t len)
+{
+    if (!rt_alive(holder))
+        return false;
+    int fd = rt_sock_detach(c->sock);
+    c->sock = NULL;
+    atomic_fetch_sub(&rt_broker->stats.sockets, 1);
+    rt_msg_t *m = rt_msg_new_fd(MSG_RESUME, fd, len);
+    if (!m) {
+        close(fd);
+        c->closing = 1;
+        rt_exit(self, RT_REASON_NORMAL);
+        return true;
+    }
+    memcpy(m->data, bytes, len);
+    /* If the holder exits before it reads this, freeing the message closes the fd and the
+       client reconnects to a fresh session. */
+    rt_send_msg(holder, m);
+    c->closing = 1;
+    rt_exit(self, RT_REASON_NORMAL);
+    return true;
+}
+
+/* CONNACK properties that tell an MQTT 5 client how this server differs from the defaults. */
+static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, const char *assigned,
+                          bool expiry_clamped)
+{
+    mqtt_props_t *p = &ack->props;
+    if (assigned[0]) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_ASSIGNED_CLIENT_ID);
+        p->assigned_client_id = (mqtt_str_t){(const uint8_t *)assigned, (uint32_t)strlen(assigned)};
+    }
+    if (expiry_clamped) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY);
+        p->session_expiry = c->session_expiry;
+    }
+    if (pk->connect.keepalive != c->keepalive) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_SERVER_KEEPALIVE);
+        p->server_keepalive = c->keepalive;
+    }
+    p->present |= MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
+                  MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
+    p->maximum_packet_size = (uint32_t)rt_broker->conf.max_packet_size;
+    p->topic_alias_maximum = (uint16_t)rt_broker->conf.max_topic_alias;
+}
+
+static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const uint8_t *bytes,
+                          size_t len)
 {
     c->version = pk->version;
     mqtt_packet_t ack = {.type = MQTT_CONNACK};
     char assigned[40] = "";
     mqtt_str_t id = pk->connect.client_id;
+    bool clean = pk->connect.clean_start;
     if (id.len == 0) {
         bool allowed = rt_broker->conf.allow_zero_length_clientid &&
-                       (c->version == MQTT_V5 || (c->version == MQTT_V311 && pk->connect.clean_start));
+                       (c->version == MQTT_V5 || (c->version == MQTT_V311 && clean));
         if (!allowed) {
             ack.reason = c->version == MQTT_V5 ? MQTT_RC_CLIENT_ID_INVALID : 2;
             send_packet(c, &ack);
@@ -189,14 +666,33 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         }
         snprintf(assigned, sizeof(assigned), "rt-%016llx", (unsigned long long)rt_self(self));
     }
-    c->client_id = assigned[0] ? strdup(assigned) : strndup((const char *)id.p, id.len);
-    if (!c->client_id)
-        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-    /* Counted from here, because terminate uncounts every connection that has a client id. */
-    atomic_fetch_add(&rt_broker->stats.connections, 1);
-    rt_pid_t old = rt_broker_claim_client(c->client_id, rt_self(self));
-    if (old)
-        rt_exit_signal(old, RT_REASON_TAKEOVER);
+    bool resumed = c->resuming;
+    c->resuming = 0;
+    rt_pid_t old = 0;
+    if (!resumed) {
+        char *cid = assigned[0] ? strdup(assigned) : strndup((const char *)id.p, id.len);
+        if (!cid)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        if (!clean && !assigned[0]) {
+            rt_pid_t holder = rt_broker_lookup_client(cid);
+            if (holder && hand_socket_to(self, c, holder, bytes, len)) {
+                free(cid);
+                return 0;
+            }
+        }
+        c->client_id = cid;
+        atomic_fetch_add(&rt_broker->stats.sessions, 1);
+        old = rt_broker_claim_client(c->client_id, rt_self(self));
+        if (old)
+            rt_exit_signal(old, RT_REASON_TAKEOVER);
+    }
+    count_connected(c, true);
+    uint64_t expiry = 0;
+    if (c->version == MQTT_V5)
+        expiry = (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY)) ? pk->props.session_expiry : 0;
+    else if (!clean)
+        expiry = (uint64_t)rt_broker->conf.max_session_expiry; /* 3.1.1: until the client cleans it */
+    c->session_expiry = clamp_expiry(expiry);
     if (pk->connect.will) {
         mqtt_packet_t w = {.type = MQTT_PUBLISH, .version = pk->version};
         w.publish.topic = pk->connect.will_topic;
@@ -208,39 +704,36 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         if (!c->will)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
         if (c->version == MQTT_V5) {
-            uint32_t expiry = pk->props.session_expiry;
             uint32_t delay = pk->connect.will_props.will_delay;
-            c->will_delay = delay < expiry ? delay : expiry;
+            c->will_delay = delay < c->session_expiry ? delay : c->session_expiry;
         }
     }
-    if (c->version == MQTT_V5 && (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE)))
-        c->peer_max_packet = pk->props.maximum_packet_size;
-    c->keepalive = pk->connect.keepalive;
-    if (c->version == MQTT_V5 && c->keepalive > rt_broker->conf.max_keepalive) {
-        c->keepalive = (uint16_t)rt_broker->conf.max_keepalive;
-        ack.props.present |= MQTT_PROP_BIT(MQTT_PROP_SERVER_KEEPALIVE);
-        ack.props.server_keepalive = c->keepalive;
-    }
+    c->recv_max = 65535;
     if (c->version == MQTT_V5) {
-        if (assigned[0]) {
-            ack.props.present |= MQTT_PROP_BIT(MQTT_PROP_ASSIGNED_CLIENT_ID);
-            ack.props.assigned_client_id = (mqtt_str_t){(const uint8_t *)assigned,
-                                                         (uint32_t)strlen(assigned)};
-        }
-        ack.props.present |= MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
-                             MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
-        ack.props.maximum_packet_size = (uint32_t)rt_broker->conf.max_packet_size;
-        ack.props.topic_alias_maximum = (uint16_t)rt_broker->conf.max_topic_alias;
+        if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE))
+            c->peer_max_packet = pk->props.maximum_packet_size;
+        if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM))
+            c->recv_max = pk->props.receive_maximum;
     }
+    c->keepalive = pk->connect.keepalive;
+    if (c->version == MQTT_V5 && c->keepalive > rt_broker->conf.max_keepalive)
+        c->keepalive = (uint16_t)rt_broker->conf.max_keepalive;
+    /* A session is present only if clean start was 0 and one was kept (3.2.2.1.1). */
+    ack.connack.session_present = resumed && !clean;
+    if (c->version == MQTT_V5)
+        connack_props(c, pk, &ack, assigned, c->session_expiry < expiry);
     send_packet(c, &ack);
-    rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s", c->client_id,
-           c->version, c->keepalive, old ? " takeover=1" : "");
+    rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
+           c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
     arm_keepalive(self, c);
+    if (resumed)
+        retransmit(c);
     return 0;
 }
 
 typedef struct {
     rt_bin_t *bin;
+    uint64_t expire_at_ms;
     uint8_t qos;
     uint8_t retain;
 } route_t;
@@ -248,25 +741,13 @@ typedef struct {
 static void deliver_one(void *arg, const rt_trie_delivery_t *d)
 {
     route_t *r = arg;
-    size_t nids = d->n_sub_ids < RT_CONN_MAX_SUB_IDS ? d->n_sub_ids : RT_CONN_MAX_SUB_IDS;
-    rt_msg_t *m = rt_msg_new(MSG_DELIVER, sizeof(deliver_t) + nids * sizeof(uint32_t));
-    if (!m)
-        return;
-    deliver_t *dd = (deliver_t *)(void *)m->data;
-    dd->qos = d->qos < r->qos ? d->qos : r->qos;
-    /* MQTT 3.3.1.3: retain is cleared on ordinary forwarding unless asked to keep it. */
-    dd->retain = d->retain_as_published ? r->retain : 0;
-    dd->n_sub_ids = (uint32_t)nids;
-    memcpy(dd->sub_ids, d->sub_ids, nids * sizeof(uint32_t));
-    m->bin = rt_bin_retain(r->bin);
-    rt_send_msg(d->pid, m);
-}
-
-/* Shared subscriptions skip members whose connection has gone. */
-static int member_alive(void *arg, rt_pid_t pid)
-{
-    (void)arg;
-    return rt_alive(pid);
+    deliver_t dd = {.expire_at_ms = r->expire_at_ms,
+                    .qos = d->qos < r->qos ? d->qos : r->qos,
+                    /* MQTT 3.3.1.3: retain is cleared on forwarding unless asked to keep it. */
+                    .retain = d->retain_as_published ? r->retain : 0,
+                    .shared = d->shared,
+                    .n_sub_ids = (uint32_t)d->n_sub_ids};
+    send_delivery(d->pid, r->bin, &dd, d->sub_ids);
 }
 
 rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk)
@@ -329,14 +810,24 @@ int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
         return RT_EINVAL;
     mqtt_str_t topic = pk.publish.topic;
     route_t r = {.bin = bin, .qos = pk.publish.qos, .retain = pk.publish.retain};
+    /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
+    if ((pk.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY)) && pk.props.message_expiry)
+        r.expire_at_ms = now_ms() + (uint64_t)pk.props.message_expiry * 1000;
     rt_trie_match(rt_broker->trie, (const char *)topic.p, topic.len, publisher, member_alive,
                   deliver_one, &r, scratch, NULL);
     if (pk.publish.retain) {
         /* A retained PUBLISH replaces the topic's retained message; an empty one clears it. */
-        rt_bin_t *keep = pk.publish.payload.len ? rt_bin_retain(bin) : NULL;
+        rt_retained_msg_t *keep = NULL;
+        if (pk.publish.payload.len) {
+            keep = malloc(sizeof(*keep));
+            if (!keep)
+                return RT_ENOMEM;
+            keep->bin = rt_bin_retain(bin);
+            keep->expire_at_ms = r.expire_at_ms;
+        }
         if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, keep,
-                            keep ? rt_bin_len(keep) : 0) != 0 && keep)
-            rt_bin_release(keep);
+                            keep ? rt_bin_len(bin) : 0) != 0 && keep)
+            rt_broker_retained_release(keep);
     }
     return 0;
 }
@@ -444,39 +935,36 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     return 0;
 }
 
-static int remember_filter(conn_t *c, const uint8_t *f, size_t len)
+static int remember_sub(conn_t *c, const uint8_t *f, size_t len, const rt_trie_opts_t *o)
 {
-    for (size_t i = 0; i < c->nfilters; i++)
-        if (c->filter_lens[i] == len && memcmp(c->filters[i], f, len) == 0)
+    for (size_t i = 0; i < c->nsubs; i++) {
+        if (c->subs[i].len == len && memcmp(c->subs[i].filter, f, len) == 0) {
+            c->subs[i].opts = *o;
             return 0;
-    if (c->nfilters == c->capfilters) {
-        size_t cap = c->capfilters ? c->capfilters * 2 : 4;
-        char **nf = realloc(c->filters, cap * sizeof(*nf));
-        if (!nf)
+        }
+    }
+    if (c->nsubs == c->capsubs) {
+        size_t cap = c->capsubs ? c->capsubs * 2 : 2;
+        sub_entry_t *ns = realloc(c->subs, cap * sizeof(*ns));
+        if (!ns)
             return RT_ENOMEM;
-        c->filters = nf;
-        size_t *nl = realloc(c->filter_lens, cap * sizeof(*nl));
-        if (!nl)
-            return RT_ENOMEM;
-        c->filter_lens = nl;
-        c->capfilters = cap;
+        c->subs = ns;
+        c->capsubs = cap;
     }
     char *copy = malloc(len ? len : 1);
     if (!copy)
         return RT_ENOMEM;
     memcpy(copy, f, len);
-    c->filters[c->nfilters] = copy;
-    c->filter_lens[c->nfilters++] = len;
+    c->subs[c->nsubs++] = (sub_entry_t){.filter = copy, .len = len, .opts = *o};
     return 0;
 }
 
-static void forget_filter(conn_t *c, const uint8_t *f, size_t len)
+static void forget_sub(conn_t *c, const uint8_t *f, size_t len)
 {
-    for (size_t i = 0; i < c->nfilters; i++) {
-        if (c->filter_lens[i] == len && memcmp(c->filters[i], f, len) == 0) {
-            free(c->filters[i]);
-            c->filters[i] = c->filters[--c->nfilters];
-            c->filter_lens[i] = c->filter_lens[c->nfilters];
+    for (size_t i = 0; i < c->nsubs; i++) {
+        if (c->subs[i].len == len && memcmp(c->subs[i].filter, f, len) == 0) {
+            free(c->subs[i].filter);
+            c->subs[i] = c->subs[--c->nsubs];
             return;
         }
     }
@@ -488,16 +976,19 @@ typedef struct {
     uint32_t sub_id;
 } retained_send_t;
 
-/* Runs under the retained store's read lock: encode and queue at once, keep nothing. */
+/* Runs under the retained store's read lock: queue for sending at once, call nothing back. */
 static void send_retained(void *arg, const char *topic, size_t len, void *msg)
 {
     retained_send_t *rs = arg;
-    rt_bin_t *bin = msg;
+    rt_retained_msg_t *r = msg;
     mqtt_packet_t pk;
-    if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
+    if (mqtt_decode(rt_bin_data(r->bin), rt_bin_len(r->bin), MQTT_V5, &pk) != 0)
         return;
-    uint8_t qos = pk.publish.qos < rs->qos ? pk.publish.qos : rs->qos;
-    send_publish(rs->c, bin, qos, 1, &rs->sub_id, rs->sub_id ? 1 : 0);
+    deliver_t d = {.expire_at_ms = r->expire_at_ms,
+                   .qos = pk.publish.qos < rs->qos ? pk.publish.qos : rs->qos,
+                   .retain = 1,
+                   .n_sub_ids = rs->sub_id ? 1 : 0};
+    deliver(rs->c, r->bin, &d, &rs->sub_id);
 }
 
 static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
@@ -518,10 +1009,10 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
                                    rt_self(self), &o, &existed);
         if (rc == 0)
-            rc = remember_filter(c, s.filter.p, s.filter.len);
+            rc = remember_sub(c, s.filter.p, s.filter.len, &o);
         /* Retained messages on subscribe: always (0), for a new subscription only (1), never
            (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
-        bool shared = s.filter.len > 7 && memcmp(s.filter.p, "$share/", 7) == 0;
+        bool shared = is_shared((const char *)s.filter.p, s.filter.len);
         send_retained_for[n] = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
         codes[n++] = rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     }
@@ -548,7 +1039,7 @@ static int handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         int existed = 0;
         rt_trie_unsubscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
                             rt_self(self), &existed);
-        forget_filter(c, s.filter.p, s.filter.len);
+        forget_sub(c, s.filter.p, s.filter.len);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
     }
     mqtt_packet_t ack = {.type = MQTT_UNSUBACK, .packet_id = pk->packet_id};
@@ -557,15 +1048,27 @@ static int handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     return 0;
 }
 
+static int handle_disconnect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
+    if (c->version == MQTT_V5 && (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY))) {
+        /* A session that was to end with its connection cannot be made to outlive it (3.14.2.2.2). */
+        if (c->session_expiry == 0 && pk->props.session_expiry != 0)
+            return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR);
+        c->session_expiry = clamp_expiry(pk->props.session_expiry);
+        if (c->will_delay > c->session_expiry)
+            c->will_delay = c->session_expiry;
+    }
+    /* A normal DISCONNECT discards the will; v5 can ask for it with 0x04. */
+    c->discard_will = !(c->version == MQTT_V5 && pk->reason == MQTT_RC_DISCONNECT_WITH_WILL);
+    close_conn(self, c, 0, RT_REASON_NORMAL);
+    return 0;
+}
+
 static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
-    if (!c->version && pk->type != MQTT_CONNECT)
-        return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* the first packet must be CONNECT */
     switch (pk->type) {
     case MQTT_CONNECT:
-        if (c->version)
-            return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* a second CONNECT (3.1.0-2) */
-        return handle_connect(self, c, pk);
+        return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* a second CONNECT (3.1.0-2) */
     case MQTT_PUBLISH:
         return handle_publish(self, c, pk);
     case MQTT_PUBREL: {
@@ -579,16 +1082,15 @@ static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         send_packet(c, &comp);
         return 0;
     }
-    case MQTT_PUBREC: {
-        /* Outbound QoS 2, second step. Without sessions nothing is retransmitted, so no
-           state is kept: every PUBREC is answered. */
-        mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = pk->packet_id};
-        send_packet(c, &rel);
-        return 0;
-    }
     case MQTT_PUBACK:
+        on_puback(c, pk);
+        return 0;
+    case MQTT_PUBREC:
+        on_pubrec(c, pk);
+        return 0;
     case MQTT_PUBCOMP:
-        return 0; /* inflight tracking comes with sessions */
+        on_pubcomp(c, pk);
+        return 0;
     case MQTT_SUBSCRIBE:
         return handle_subscribe(self, c, pk);
     case MQTT_UNSUBSCRIBE:
@@ -599,10 +1101,7 @@ static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         return 0;
     }
     case MQTT_DISCONNECT:
-        /* A normal DISCONNECT discards the will; v5 can ask for it with 0x04. */
-        c->discard_will = !(c->version == MQTT_V5 && pk->reason == MQTT_RC_DISCONNECT_WITH_WILL);
-        close_conn(self, c, 0, RT_REASON_NORMAL);
-        return 0;
+        return handle_disconnect(self, c, pk);
     case MQTT_AUTH:
         close_conn(self, c, MQTT_RC_BAD_AUTH_METHOD, RT_REASON_NORMAL);
         return 0;
@@ -611,7 +1110,10 @@ static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     }
 }
 
-/* Parses every complete packet in buf; returns the bytes consumed, or -1 after an error. */
+/*
+** Parses every complete packet in buf; returns the bytes consumed, or -1 once
+** the connection is closing (after an error, a DISCONNECT or a handover).
+*/
 static long parse(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
 {
     size_t off = 0;
@@ -629,14 +1131,15 @@ static long parse(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
         if (rc == 0)
             rc = mqtt_decode(buf + off, f.size, c->version, &pk);
         if (rc == 0)
-            rc = handle_packet(self, c, &pk);
+            rc = c->version ? handle_packet(self, c, &pk)
+                            : handle_connect(self, c, &pk, buf + off, len - off);
         if (rc) {
             protocol_error(self, c, rc == RT_EAGAIN ? MQTT_ERR(MQTT_RC_MALFORMED) : rc);
             return -1;
         }
         off += f.size;
     }
-    return (long)off;
+    return c->closing ? -1 : (long)off;
 }
 
 static int keep_partial(conn_t *c, const uint8_t *p, size_t n)
@@ -668,6 +1171,24 @@ static void drop_partial(conn_t *c, size_t used)
     c->partial_len -= used;
 }
 
+/* Parses bytes that arrived (or were handed over); only an incomplete tail is kept. */
+static void feed(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t len)
+{
+    if (c->partial_len) {
+        if (keep_partial(c, p, len)) {
+            close_conn(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+            return;
+        }
+        long used = parse(self, c, c->partial, c->partial_len);
+        if (used >= 0)
+            drop_partial(c, (size_t)used);
+        return;
+    }
+    long used = parse(self, c, p, len);
+    if (used >= 0 && (size_t)used < len && keep_partial(c, p + used, len - (size_t)used))
+        close_conn(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+}
+
 static void on_readable(rt_actor_t *self, conn_t *c)
 {
     for (int i = 0; i < RT_CONN_READS_PER_TURN && !c->closing; i++) {
@@ -681,35 +1202,53 @@ static void on_readable(rt_actor_t *self, conn_t *c)
             return;
         }
         c->last_rx_ms = now_ms();
-        const uint8_t *p = data;
-        if (c->partial_len) {
-            if (keep_partial(c, p, len)) {
-                close_conn(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
-                return;
-            }
-            long used = parse(self, c, c->partial, c->partial_len);
-            if (used < 0)
-                return;
-            drop_partial(c, (size_t)used);
-        } else {
-            long used = parse(self, c, p, len);
-            if (used < 0)
-                return;
-            /* Only the incomplete tail is copied out of the scratch buffer. */
-            if ((size_t)used < len && keep_partial(c, p + used, len - (size_t)used)) {
-                close_conn(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
-                return;
-            }
-        }
+        feed(self, c, data, len);
     }
 }
 
-static void on_deliver(conn_t *c, rt_msg_t *m)
+/*
+** A reconnect with clean start 0 handed this session its socket. A connection
+** still open here is taken over (v5: DISCONNECT 0x8E); its will goes out unless
+** the session continues with a will delay (3.1.3.2.2) — which it does here.
+** Then the handed bytes (CONNECT and whatever followed) are parsed as ours.
+*/
+static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
 {
-    if (!c->version || c->closing || !m->bin)
+    if (c->sock && c->closing)
+        return; /* exiting already: the message's fd is closed with it */
+    int fd = rt_msg_take_fd(m);
+    if (c->sock) {
+        if (c->version == MQTT_V5)
+            send_disconnect(c, MQTT_RC_SESSION_TAKEN_OVER);
+        if (c->will && !c->will_delay)
+            publish_will(self, c);
+        close_socket(c);
+        reset_connection_state(c);
+        count_connected(c, false);
+        rt_log(RT_LOG_INFO, "client.disconnected", "client=%s reason=takeover session=kept",
+               c->client_id);
+    } else {
+        rejoin_shared_groups(self, c);
+    }
+    drop_will(c); /* back in time: a pending delayed will is cancelled */
+    if (rt_sock_adopt(self, fd, &c->sock) != 0) {
+        rt_log(RT_LOG_ERROR, "client.resume_failed", "client=%s", c->client_id);
+        close(fd);
+        c->closing = 1;
+        rt_exit(self, RT_REASON_NORMAL);
         return;
-    const deliver_t *d = (const deliver_t *)(const void *)m->data;
-    send_publish(c, m->bin, d->qos, d->retain, d->sub_ids, d->n_sub_ids);
+    }
+    atomic_fetch_add(&rt_broker->stats.sockets, 1);
+    c->version = 0;
+    c->closing = 0;
+    c->resuming = 1;
+    c->discard_will = 0;
+    c->will_delay = 0;
+    c->peer_max_packet = 0;
+    c->last_rx_ms = now_ms();
+    feed(self, c, m->data, m->len);
+    if (!c->closing)
+        on_readable(self, c);
 }
 
 static int conn_init(rt_actor_t *self, void *state, void *arg)
@@ -723,126 +1262,87 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     return 0;
 }
 
+static void on_keepalive(rt_actor_t *self, conn_t *c)
+{
+    c->keepalive_armed = 0;
+    if (!online(c) || !c->keepalive)
+        return;
+    if (now_ms() - c->last_rx_ms > (uint64_t)c->keepalive * 1500) {
+        rt_log(RT_LOG_INFO, "client.keepalive_timeout", "client=%s", c->client_id);
+        close_conn(self, c, MQTT_RC_KEEPALIVE_TIMEOUT, RT_REASON_NORMAL);
+        return;
+    }
+    arm_keepalive(self, c);
+}
+
 static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     conn_t *c = state;
     switch (m->tag) {
     case RT_MSG_SOCKET:
-        if (((rt_sock_event_t *)(void *)m->data)->events & RT_SOCK_READABLE)
+        if (c->sock && (((rt_sock_event_t *)(void *)m->data)->events & RT_SOCK_READABLE))
             on_readable(self, c);
         break;
     case MSG_DELIVER:
-        on_deliver(c, m);
+        if (m->bin)
+            deliver(c, m->bin, (const deliver_t *)(const void *)m->data,
+                    ((const deliver_t *)(const void *)m->data)->sub_ids);
         break;
     case MSG_KEEPALIVE:
-        if (now_ms() - c->last_rx_ms > (uint64_t)c->keepalive * 1500) {
-            rt_log(RT_LOG_INFO, "client.keepalive_timeout", "client=%s", c->client_id);
-            close_conn(self, c, MQTT_RC_KEEPALIVE_TIMEOUT, RT_REASON_NORMAL);
-        } else {
-            arm_keepalive(self, c);
+        on_keepalive(self, c);
+        break;
+    case MSG_RESUME:
+        on_resume(self, c, m);
+        break;
+    case MSG_SESSION_EXPIRED:
+        if (!c->sock && c->client_id && now_ms() >= c->expire_at_ms) {
+            rt_log(RT_LOG_INFO, "session.expired", "client=%s", c->client_id);
+            rt_exit(self, RT_REASON_NORMAL);
         }
         break;
+    case MSG_WILL_DUE:
+        if (!c->sock && c->will && now_ms() >= c->will_at_ms)
+            publish_will(self, c);
+        break;
     }
-}
-
-/*
-** A delayed will (MQTT 5 will delay) outlives its connection in a small actor
-** that holds the client id: a reconnect with that id takes it over, which
-** cancels the will; otherwise it publishes when the delay ends.
-*/
-typedef struct {
-    rt_bin_t *bin; /* the will, canonical */
-    char *client_id;
-    uint32_t delay_s;
-} will_t;
-
-enum { MSG_WILL_DUE = RT_MSG_USER + 10 };
-
-static int will_init(rt_actor_t *self, void *state, void *arg)
-{
-    will_t *w = state;
-    *w = *(will_t *)arg;
-    rt_broker_claim_client(w->client_id, rt_self(self));
-    rt_send_after_tag((uint64_t)w->delay_s * 1000, rt_self(self), MSG_WILL_DUE, NULL);
-    return 0;
-}
-
-static void will_handle(rt_actor_t *self, void *state, rt_msg_t *m)
-{
-    will_t *w = state;
-    if (m->tag != MSG_WILL_DUE)
-        return;
-    rt_broker_route(rt_self(self), w->bin);
-    rt_log(RT_LOG_INFO, "client.will", "client=%s delayed=%us", w->client_id, w->delay_s);
-    rt_exit(self, RT_REASON_NORMAL);
-}
-
-static void will_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
-{
-    will_t *w = state;
-    rt_broker_release_client(w->client_id, rt_self(self));
-    rt_bin_release(w->bin);
-    free(w->client_id);
-}
-
-static const rt_actor_type_t will_type = {
-    .name = "mqtt_will",
-    .state_size = sizeof(will_t),
-    .init = will_init,
-    .handle = will_handle,
-    .terminate = will_terminate,
-};
-
-static void publish_will(rt_actor_t *self, conn_t *c, rt_reason_t reason)
-{
-    /* A takeover publishes at once: a delayed will would claim the id from the successor. */
-    if (c->will_delay && reason != RT_REASON_TAKEOVER && c->client_id) {
-        will_t w = {.bin = rt_bin_retain(c->will), .client_id = strdup(c->client_id),
-                    .delay_s = c->will_delay};
-        rt_pid_t pid;
-        if (w.client_id && rt_spawn(&will_type, &w, &pid) == 0)
-            return;
-        rt_bin_release(w.bin);
-        free(w.client_id);
-    }
-    rt_broker_route(rt_self(self), c->will);
-    rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
 }
 
 static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     conn_t *c = state;
-    if (c->version == MQTT_V5 && !c->closing) {
+    if (c->sock && c->version == MQTT_V5 && !c->closing) {
         if (reason == RT_REASON_TAKEOVER)
             send_disconnect(c, MQTT_RC_SESSION_TAKEN_OVER);
         else if (reason == RT_REASON_SHUTDOWN)
             send_disconnect(c, MQTT_RC_SERVER_SHUTTING_DOWN);
     }
-    if (c->will) {
-        if (!c->discard_will && reason != RT_REASON_SHUTDOWN)
-            publish_will(self, c, reason);
-        rt_bin_release(c->will);
+    /* The session ends: its will goes now unless the client asked otherwise (3.1.2.5). */
+    if (!c->discard_will && reason != RT_REASON_SHUTDOWN)
+        publish_will(self, c);
+    drop_will(c);
+    if (c->sess) {
+        hand_over_shared(self, c, &c->sess->inflight);
+        hand_over_shared(self, c, &c->sess->queued);
     }
-    if (c->nfilters)
-        rt_trie_unsubscribe_all(rt_broker->trie, rt_self(self), (const char *const *)c->filters,
-                                c->filter_lens, c->nfilters, NULL);
-    for (size_t i = 0; i < c->nfilters; i++)
-        free(c->filters[i]);
-    free(c->filters);
-    free(c->filter_lens);
+    for (size_t i = 0; i < c->nsubs; i++)
+        rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                            NULL);
+    for (size_t i = 0; i < c->nsubs; i++)
+        free(c->subs[i].filter);
+    free(c->subs);
+    rt_session_free(c->sess);
     free(c->qos2_ids);
-    free(c->partial);
-    for (long i = 0; c->aliases && i < rt_broker->conf.max_topic_alias; i++)
-        free(c->aliases[i]);
-    free(c->aliases);
+    reset_connection_state(c);
+    if (c->sock)
+        atomic_fetch_sub(&rt_broker->stats.sockets, 1);
+    count_connected(c, false);
     if (c->client_id) {
         rt_broker_release_client(c->client_id, rt_self(self));
-        atomic_fetch_sub(&rt_broker->stats.connections, 1);
+        atomic_fetch_sub(&rt_broker->stats.sessions, 1);
         rt_log(RT_LOG_INFO, "client.disconnected", "client=%s reason=%s", c->client_id,
                rt_reason_name(reason));
         free(c->client_id);
     }
-    atomic_fetch_sub(&rt_broker->stats.sockets, 1);
 }
 
 static const char *conn_tag_name(uint32_t tag)
@@ -851,6 +1351,9 @@ static const char *conn_tag_name(uint32_t tag)
     case RT_MSG_SOCKET: return "socket";
     case MSG_DELIVER: return "deliver";
     case MSG_KEEPALIVE: return "keepalive";
+    case MSG_RESUME: return "resume";
+    case MSG_SESSION_EXPIRED: return "session_expired";
+    case MSG_WILL_DUE: return "will_due";
     }
     return NULL;
 }

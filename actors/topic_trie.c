@@ -654,6 +654,60 @@ int rt_trie_unsubscribe_all(rt_trie_t *t, rt_pid_t pid, const char *const *filte
     return 0;
 }
 
+int rt_trie_share_pick(rt_trie_t *t, const char *share_filter, size_t len, rt_pid_t exclude,
+                       rt_trie_alive_fn alive, void *arg, rt_pid_t *pid, rt_trie_opts_t *opts)
+{
+    const char *g, *pf;
+    size_t glen, plen;
+    if (!split_filter(share_filter, len, &g, &glen, &pf, &plen) || !g)
+        return RT_EINVAL;
+    shard_t *s = shard_for(t, pf, plen, 1);
+    pthread_rwlock_t *l = read_lock(s);
+    int rc = RT_ENOTFOUND;
+    tnode_t *x = tt_path(&s->t, pf, plen, 0);
+    group_t *gr = x ? group_find(x, g, glen) : NULL;
+    if (gr && gr->n) {
+        uint32_t n = gr->n, start = atomic_fetch_add_explicit(&gr->rr, 1, memory_order_relaxed);
+        for (uint32_t i = 0; i < n && rc; i++) {
+            const sub_t *m = &gr->members[(start + i) % n];
+            if (m->pid == exclude || (alive && !alive(arg, m->pid)))
+                continue;
+            *pid = m->pid;
+            *opts = m->o;
+            rc = 0;
+        }
+    }
+    pthread_rwlock_unlock(l);
+    return rc;
+}
+
+int rt_topic_matches(const char *filter, size_t flen, const char *topic, size_t tlen)
+{
+    const char *g, *f;
+    size_t glen, fl;
+    if (!split_filter(filter, flen, &g, &glen, &f, &fl) || !rt_trie_valid_topic(topic, tlen))
+        return 0;
+    if (topic[0] == '$' && (f[0] == '+' || f[0] == '#'))
+        return 0;
+    const char *fe = f + fl, *te = topic + tlen, *tp = topic;
+    for (;;) {
+        const char *fq = level_end(f, fe);
+        if (fq - f == 1 && *f == '#')
+            return 1;
+        const char *tq = level_end(tp, te);
+        if (!(fq - f == 1 && *f == '+') && (fq - f != tq - tp || memcmp(f, tp, (size_t)(fq - f))))
+            return 0;
+        if (fq == fe || tq == te) {
+            /* "a/#" also matches "a" (§4.7.1.2). */
+            if (fq == fe && tq == te)
+                return 1;
+            return tq == te && fe - fq == 2 && fq[1] == '#';
+        }
+        f = fq + 1;
+        tp = tq + 1;
+    }
+}
+
 void rt_trie_stats(rt_trie_t *t, rt_trie_stats_t *st)
 {
     st->subs = atomic_load_explicit(&t->subs, memory_order_relaxed);

@@ -159,6 +159,18 @@ int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publishe
 void rt_trie_stats(rt_trie_t *t, rt_trie_stats_t *st);
 
 /*
+** Picks the next live member of one shared group ($share/group/filter), as a
+** match would, but skipping exclude: for handing a message that member will not
+** acknowledge to another one. 0 with *pid and *opts set, or RT_ENOTFOUND when
+** the group has no other live member; RT_EINVAL for a filter that is not shared.
+*/
+int rt_trie_share_pick(rt_trie_t *t, const char *share_filter, size_t len, rt_pid_t exclude,
+                       rt_trie_alive_fn alive, void *arg, rt_pid_t *pid, rt_trie_opts_t *opts);
+
+/* Whether a topic name matches a filter (a $share/group/ prefix is ignored; §4.7.2 for '$'). */
+int rt_topic_matches(const char *filter, size_t flen, const char *topic, size_t tlen);
+
+/*
 ** Retained messages: one per topic. Messages are opaque to the store; it owns
 ** a reference from set until replaced, cleared or freed, then calls release.
 ** Use rt_bin_t payloads with release = (rt_retained_release_fn)rt_bin_release,

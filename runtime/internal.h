@@ -84,6 +84,7 @@ void rt__slab_destroy(void);
 /* Runtime-internal flags in rt_msg_t.flags. */
 #define RT_MSGF_LINKED 1u /* exit signal caused by a link */
 #define RT_MSGF_FORCE 2u  /* exit signal that cannot be trapped (shutdown) */
+#define RT_MSGF_FD 4u     /* reserved2 holds a file descriptor the message owns */
 
 /* Signal tags live below RT_MSG_USER too, and never reach handle(). */
 #define RT_SIG_WAKE 16    /* pushed into the mailbox to get signals looked at */

@@ -6,6 +6,7 @@
 */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "pool.h"
@@ -52,6 +53,8 @@ void rt_msg_free(rt_msg_t *m)
         return;
     if (m->bin)
         rt_bin_release(m->bin);
+    if (m->flags & RT_MSGF_FD)
+        close((int)m->reserved2);
     if (m->size_class != RT_POOL_TOO_BIG)
         RT_POISON(m->data, (size_t)m->size_class * RT_MSG_STEP - sizeof(rt_msg_t));
     rt__pool_free(&envelopes, m, m->size_class);
@@ -62,6 +65,24 @@ rt_bin_t *rt_msg_take_bin(rt_msg_t *m)
     rt_bin_t *b = m->bin;
     m->bin = NULL;
     return b;
+}
+
+rt_msg_t *rt_msg_new_fd(uint32_t tag, int fd, size_t len)
+{
+    rt_msg_t *m = rt_msg_new(tag, len);
+    if (!m)
+        return NULL;
+    m->flags = RT_MSGF_FD;
+    m->reserved2 = (uint32_t)fd;
+    return m;
+}
+
+int rt_msg_take_fd(rt_msg_t *m)
+{
+    if (!(m->flags & RT_MSGF_FD))
+        return -1;
+    m->flags &= (uint8_t)~RT_MSGF_FD;
+    return (int)m->reserved2;
 }
 
 void rt__msg_pool_destroy(void)

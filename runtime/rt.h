@@ -86,6 +86,15 @@ rt_msg_t *rt_msg_new(uint32_t tag, size_t len);
 void rt_msg_free(rt_msg_t *m);
 /* Takes the binary out of a received message; the caller owns that reference. */
 rt_bin_t *rt_msg_take_bin(rt_msg_t *m);
+/*
+** A message that carries a file descriptor (a socket handed from one actor to
+** another). The message owns fd until the receiver takes it: freeing a message
+** that still holds one (a dead letter, a receiver that exited first, or one that
+** did not take it) closes it, so a handed-over socket can never leak.
+*/
+rt_msg_t *rt_msg_new_fd(uint32_t tag, int fd, size_t len);
+/* Takes the descriptor out of a received message; -1 if it carries none. */
+int rt_msg_take_fd(rt_msg_t *m);
 
 /*
 ** Sends m to pid; ownership of m always passes to the runtime. Returns 0, or
@@ -219,6 +228,11 @@ void rt_sock_pause_reading(rt_sock_t *s, bool paused);
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len);
 size_t rt_sock_pending(const rt_sock_t *s); /* buffered output bytes */
 void rt_sock_close(rt_sock_t *s);
+/*
+** Gives up the socket without closing it and returns its fd (to hand to another
+** actor with rt_msg_new_fd); buffered output is discarded, and s is invalid after.
+*/
+int rt_sock_detach(rt_sock_t *s);
 int rt_sock_fd(const rt_sock_t *s);
 int rt_sock_local_port(const rt_sock_t *s);
 

@@ -391,10 +391,9 @@ int rt_sock_local_port(const rt_sock_t *s)
     return -1;
 }
 
-void rt_sock_close(rt_sock_t *s)
+/* Takes s out of its owner's list and the epoll set; the caller decides about the fd. */
+static void unlink_sock(rt_sock_t *s)
 {
-    if (s->closed)
-        return;
     rt_actor_t *a = s->owner;
     for (rt_sock_t **pp = &a->socks; *pp; pp = &(*pp)->next) {
         if (*pp == s) {
@@ -402,12 +401,8 @@ void rt_sock_close(rt_sock_t *s)
             break;
         }
     }
-    /* Last words (a DISCONNECT written by a terminate callback) get one try. */
-    if (s->out && !s->blocked && !s->broken)
-        flush(s);
     if (s->registered)
         epoll_ctl(rt__rt->sched[a->home].epfd, EPOLL_CTL_DEL, s->fd, NULL);
-    close(s->fd);
     atomic_fetch_sub_explicit(&rt__rt->sched[a->home].sockets, 1, memory_order_relaxed);
     s->closed = 1;
     free(s->out);
@@ -417,6 +412,27 @@ void rt_sock_close(rt_sock_t *s)
     /* A queued event still names this socket; whoever consumes it frees it. */
     if (!s->msg_pending)
         sock_free(s);
+}
+
+void rt_sock_close(rt_sock_t *s)
+{
+    if (s->closed)
+        return;
+    /* Last words (a DISCONNECT written by a terminate callback) get one try. */
+    if (s->out && !s->blocked && !s->broken)
+        flush(s);
+    int fd = s->fd;
+    unlink_sock(s);
+    close(fd);
+}
+
+int rt_sock_detach(rt_sock_t *s)
+{
+    if (s->closed)
+        return -1;
+    int fd = s->fd;
+    unlink_sock(s);
+    return fd;
 }
 
 void rt__sock_close_all(rt_actor_t *a)

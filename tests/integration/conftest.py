@@ -80,3 +80,96 @@ def mosquitto(tmp_path_factory):
     broker = Broker(str(tmp_path_factory.mktemp("mosquitto")))
     yield broker
     broker.stop()
+
+
+# ---- rtd, the broker under test ----
+
+import signal  # noqa: E402
+import threading  # noqa: E402
+
+import paho.mqtt.client as mqtt  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("RT_BUILD_DIR", os.path.join(ROOT, "build", "release"))
+RTD = os.path.join(BUILD, "rtd")
+
+
+class Rtd:
+    def __init__(self, *overrides):
+        self.port = free_port()
+        args = [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
+                "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2"]
+        for o in overrides:
+            args += ["-o", o]
+        # A file, not a pipe: a broker logging thousands of connections would fill a pipe
+        # nobody reads until the end, and block on it.
+        import tempfile
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("rtd exited: " + self.read_log())
+                time.sleep(0.02)
+        raise RuntimeError("rtd did not start listening")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode, self.read_log()
+
+    def read_log(self):
+        self.log.seek(0)
+        return self.log.read()
+
+
+@pytest.fixture
+def rtd():
+    broker = Rtd()
+    yield broker
+    code, log = broker.stop()
+    assert code == 0, log
+
+
+def client(port, client_id="", protocol=mqtt.MQTTv311, clean=True):
+    if protocol == mqtt.MQTTv5:
+        c = mqtt.Client(client_id=client_id, protocol=protocol)
+    else:
+        c = mqtt.Client(client_id=client_id, protocol=protocol, clean_session=clean)
+    got = []
+    lock = threading.Lock()
+
+    def on_message(_c, _u, msg):
+        with lock:
+            got.append((msg.topic, msg.payload, msg.qos))
+
+    c.on_message = on_message
+    c.got = got
+    c.connect("127.0.0.1", port, keepalive=30)
+    c.loop_start()
+    return c
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def subscribe(c, topic, qos=0):
+    done = threading.Event()
+    c.on_subscribe = lambda *a: done.set()
+    c.subscribe(topic, qos)
+    assert done.wait(5)

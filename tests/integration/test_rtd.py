@@ -15,91 +15,7 @@ from paho.mqtt.packettypes import PacketTypes
 import pytest
 
 from conftest import free_port
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("RT_BUILD_DIR", os.path.join(ROOT, "build", "release"))
-RTD = os.path.join(BUILD, "rtd")
-
-
-class Rtd:
-    def __init__(self, *overrides):
-        self.port = free_port()
-        args = [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
-                "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2"]
-        for o in overrides:
-            args += ["-o", o]
-        # A file, not a pipe: a broker logging thousands of connections would fill a pipe
-        # nobody reads until the end, and block on it.
-        import tempfile
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("rtd exited: " + self.read_log())
-                time.sleep(0.02)
-        raise RuntimeError("rtd did not start listening")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode, self.read_log()
-
-    def read_log(self):
-        self.log.seek(0)
-        return self.log.read()
-
-
-@pytest.fixture
-def rtd():
-    broker = Rtd()
-    yield broker
-    code, log = broker.stop()
-    assert code == 0, log
-
-
-def client(port, client_id="", protocol=mqtt.MQTTv311, clean=True):
-    if protocol == mqtt.MQTTv5:
-        c = mqtt.Client(client_id=client_id, protocol=protocol)
-    else:
-        c = mqtt.Client(client_id=client_id, protocol=protocol, clean_session=clean)
-    got = []
-    lock = threading.Lock()
-
-    def on_message(_c, _u, msg):
-        with lock:
-            got.append((msg.topic, msg.payload, msg.qos))
-
-    c.on_message = on_message
-    c.got = got
-    c.connect("127.0.0.1", port, keepalive=30)
-    c.loop_start()
-    return c
-
-
-def wait_for(cond, timeout=5.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
-
-
-def subscribe(c, topic, qos=0):
-    done = threading.Event()
-    c.on_subscribe = lambda *a: done.set()
-    c.subscribe(topic, qos)
-    assert done.wait(5)
+from conftest import BUILD, ROOT, RTD, Rtd, client, subscribe, wait_for
 
 
 @pytest.mark.parametrize("protocol", [mqtt.MQTTv311, mqtt.MQTTv5])
@@ -171,10 +87,11 @@ def test_takeover_v5_reason(rtd):
     second.loop_stop()
 
 
-def raw_connect(port, client_id=b"raw", keepalive=60, version=4):
+def raw_connect(port, client_id=b"raw", keepalive=60, version=4, clean=True):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     name = b"MQTT"
-    var = struct.pack("!H", len(name)) + name + bytes([version, 0x02]) + struct.pack("!H", keepalive)
+    flags = 0x02 if clean else 0x00
+    var = struct.pack("!H", len(name)) + name + bytes([version, flags]) + struct.pack("!H", keepalive)
     if version == 5:
         var += b"\x00"
     payload = struct.pack("!H", len(client_id)) + client_id
@@ -404,10 +321,19 @@ def test_will_delay_and_reconnect_cancels_it(rtd):
                          session_expiry=60)
     s.close()
     time.sleep(0.2)
-    again = raw_connect(rtd.port, b"wd2", version=5)  # back within the delay: no will
+    # Back within the delay, continuing the session: no will.
+    again = raw_connect(rtd.port, b"wd2", version=5, clean=False)
     time.sleep(1.5)
     assert watcher.got == [("wd/1", b"late", 1)]
     again.close()
+    # Back within the delay with clean start 1: the old session ends, so its will goes now.
+    s = raw_connect_will(rtd.port, b"wd3", b"wd/3", b"session over", version=5, will_delay=30,
+                         session_expiry=60)
+    s.close()
+    time.sleep(0.2)
+    fresh = raw_connect(rtd.port, b"wd3", version=5)
+    assert wait_for(lambda: ("wd/3", b"session over", 1) in watcher.got, timeout=3)
+    fresh.close()
 
 
 def test_v5_properties_pass_through(rtd):

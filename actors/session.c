@@ -1,0 +1,114 @@
+/*
+** Session message lists: singly linked FIFOs with a tail pointer. Lookups by
+** packet id scan the inflight list, which the receive window keeps short
+** (max_inflight, 32 by default): a scan of a few cache lines beats keeping an
+** index per session.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+rt_qmsg_t *rt_qmsg_new(rt_bin_t *bin, uint8_t qos, uint8_t retain, uint64_t expire_at_ms,
+                       uint8_t shared, const uint32_t *sub_ids, uint32_t n_sub_ids)
+{
+    if (n_sub_ids > RT_QMSG_MAX_SUB_IDS)
+        n_sub_ids = RT_QMSG_MAX_SUB_IDS;
+    rt_qmsg_t *m = malloc(sizeof(*m) + n_sub_ids * sizeof(uint32_t));
+    if (!m)
+        return NULL;
+    m->next = NULL;
+    m->bin = rt_bin_retain(bin);
+    m->expire_at_ms = expire_at_ms;
+    m->packet_id = 0;
+    m->qos = qos;
+    m->retain = retain;
+    m->state = RT_QMSG_QUEUED;
+    m->shared = shared;
+    m->n_sub_ids = (uint8_t)n_sub_ids;
+    if (n_sub_ids)
+        memcpy(m->sub_ids, sub_ids, n_sub_ids * sizeof(uint32_t));
+    return m;
+}
+
+void rt_qmsg_free(rt_qmsg_t *m)
+{
+    if (!m)
+        return;
+    rt_bin_release(m->bin);
+    free(m);
+}
+
+size_t rt_qmsg_bytes(const rt_qmsg_t *m)
+{
+    return m->bin ? rt_bin_len(m->bin) : 0;
+}
+
+void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m)
+{
+    m->next = NULL;
+    if (l->tail)
+        l->tail->next = m;
+    else
+        l->head = m;
+    l->tail = m;
+    l->n++;
+    l->bytes += rt_qmsg_bytes(m);
+}
+
+/* Unlinks m, whose predecessor is prev (NULL at the head). */
+static void unlink_after(rt_qlist_t *l, rt_qmsg_t *prev, rt_qmsg_t *m)
+{
+    if (prev)
+        prev->next = m->next;
+    else
+        l->head = m->next;
+    if (l->tail == m)
+        l->tail = prev;
+    m->next = NULL;
+    l->n--;
+    l->bytes -= rt_qmsg_bytes(m);
+}
+
+rt_qmsg_t *rt_qlist_pop(rt_qlist_t *l)
+{
+    rt_qmsg_t *m = l->head;
+    if (m)
+        unlink_after(l, NULL, m);
+    return m;
+}
+
+rt_qmsg_t *rt_qlist_find_id(const rt_qlist_t *l, uint16_t packet_id)
+{
+    for (rt_qmsg_t *m = l->head; m; m = m->next)
+        if (m->packet_id == packet_id)
+            return m;
+    return NULL;
+}
+
+rt_qmsg_t *rt_qlist_take_id(rt_qlist_t *l, uint16_t packet_id)
+{
+    for (rt_qmsg_t *prev = NULL, *m = l->head; m; prev = m, m = m->next) {
+        if (m->packet_id == packet_id) {
+            unlink_after(l, prev, m);
+            return m;
+        }
+    }
+    return NULL;
+}
+
+void rt_qlist_clear(rt_qlist_t *l)
+{
+    rt_qmsg_t *m;
+    while ((m = rt_qlist_pop(l)) != NULL)
+        rt_qmsg_free(m);
+}
+
+void rt_session_free(rt_session_t *s)
+{
+    if (!s)
+        return;
+    rt_qlist_clear(&s->inflight);
+    rt_qlist_clear(&s->queued);
+    free(s);
+}

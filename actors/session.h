@@ -1,0 +1,69 @@
+/*
+** The delivery state of an MQTT session: the messages sent to the client and
+** not yet acknowledged (inflight, in the order sent, so a resumed session
+** retransmits them in order) and the messages waiting for a slot in the
+** client's receive window or for the client to come back (queued, bounded in
+** messages and bytes). A connection actor allocates it on its first QoS 1/2
+** delivery or offline message, so an idle connection carries none.
+**
+** Owned by one connection actor and touched only in its turns: no locks.
+*/
+#ifndef RT_SESSION_H
+#define RT_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt.h"
+
+enum {
+    RT_QMSG_QUEUED = 0, /* not sent yet */
+    RT_QMSG_WAIT_ACK,   /* PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2) */
+    RT_QMSG_WAIT_COMP,  /* PUBREL sent; waiting for PUBCOMP (QoS 2) */
+};
+
+#define RT_QMSG_MAX_SUB_IDS 8 /* subscription identifiers kept per message */
+
+typedef struct rt_qmsg_s {
+    struct rt_qmsg_s *next;
+    rt_bin_t *bin;         /* the canonical PUBLISH; NULL once PUBREC came (only the id is left) */
+    uint64_t expire_at_ms; /* CLOCK_MONOTONIC ms when the message expires; 0: never */
+    uint16_t packet_id;    /* while inflight */
+    uint8_t qos;
+    uint8_t retain;
+    uint8_t state;         /* RT_QMSG_* */
+    uint8_t shared;        /* came through a shared subscription */
+    uint8_t n_sub_ids;
+    uint32_t sub_ids[];
+} rt_qmsg_t;
+
+typedef struct rt_qlist_s {
+    rt_qmsg_t *head, *tail;
+    uint32_t n;
+    size_t bytes; /* canonical bytes held by the list's messages */
+} rt_qlist_t;
+
+typedef struct rt_session_s {
+    rt_qlist_t inflight; /* sent, not acknowledged; oldest first */
+    rt_qlist_t queued;   /* not sent yet; oldest first */
+    uint64_t dropped;    /* messages refused because the queue was full */
+    uint64_t expired;    /* messages whose expiry interval ran out before they were sent */
+} rt_session_t;
+
+/* A message holding a new reference to bin; NULL on OOM. */
+rt_qmsg_t *rt_qmsg_new(rt_bin_t *bin, uint8_t qos, uint8_t retain, uint64_t expire_at_ms,
+                       uint8_t shared, const uint32_t *sub_ids, uint32_t n_sub_ids);
+void rt_qmsg_free(rt_qmsg_t *m);
+
+void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m);  /* at the tail */
+rt_qmsg_t *rt_qlist_pop(rt_qlist_t *l);           /* from the head; NULL when empty */
+/* Unlinks and returns the inflight message with packet_id, or NULL. */
+rt_qmsg_t *rt_qlist_take_id(rt_qlist_t *l, uint16_t packet_id);
+rt_qmsg_t *rt_qlist_find_id(const rt_qlist_t *l, uint16_t packet_id);
+void rt_qlist_clear(rt_qlist_t *l);               /* frees every message */
+/* The bytes a message counts against the queue limit. */
+size_t rt_qmsg_bytes(const rt_qmsg_t *m);
+
+void rt_session_free(rt_session_t *s); /* NULL is ignored */
+
+#endif
