@@ -72,6 +72,7 @@ typedef struct rt_retained_msg_s {
     uint64_t expire_at_ms; /* CLOCK_MONOTONIC ms */
 } rt_retained_msg_t;
 void rt_broker_retained_release(void *msg);
+/* route returns 1 if some subscriber got the message, 0 if none, or an RT_E* error. */
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
 /*
 ** Publishes a message made inside the broker (republish sinks, $SYS): builds its

@@ -358,9 +358,7 @@ static void on_pubrec(conn_t *c, mqtt_packet_t *pk)
     }
     if (known && m->state == RT_QMSG_WAIT_ACK) {
         /* Delivered: only the packet id is needed from here on. */
-        c->sess->inflight.bytes -= rt_qmsg_bytes(m);
-        rt_bin_release(m->bin);
-        m->bin = NULL;
+        rt_qlist_drop_payload(&c->sess->inflight, m);
         m->state = RT_QMSG_WAIT_COMP;
     }
     mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = pk->packet_id};
@@ -625,8 +623,10 @@ static bool hand_socket_to(rt_actor_t *self, conn_t *c, rt_pid_t holder, const u
 }
 
 /* CONNACK properties that tell an MQTT 5 client how this server differs from the defaults. */
+#define RT_RESPONSE_INFO_MAX (16 + 65536) /* "rt/response/" and a client id */
+
 static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, const char *assigned,
-                          bool expiry_clamped)
+                          bool expiry_clamped, char *response)
 {
     mqtt_props_t *p = &ack->props;
     if (assigned[0]) {
@@ -640,6 +640,12 @@ static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, cons
     if (pk->connect.keepalive != c->keepalive) {
         p->present |= MQTT_PROP_BIT(MQTT_PROP_SERVER_KEEPALIVE);
         p->server_keepalive = c->keepalive;
+    }
+    if (pk->props.request_response_info) {
+        /* Request/response (4.10): a topic prefix only this client id is told about. */
+        snprintf(response, RT_RESPONSE_INFO_MAX, "rt/response/%s", c->client_id);
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_RESPONSE_INFO);
+        p->response_info = (mqtt_str_t){(const uint8_t *)response, (uint32_t)strlen(response)};
     }
     p->present |= MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
                   MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
@@ -720,9 +726,14 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
         c->keepalive = (uint16_t)rt_broker->conf.max_keepalive;
     /* A session is present only if clean start was 0 and one was kept (3.2.2.1.1). */
     ack.connack.session_present = resumed && !clean;
-    if (c->version == MQTT_V5)
-        connack_props(c, pk, &ack, assigned, c->session_expiry < expiry);
+    char *response = NULL;
+    if (c->version == MQTT_V5) {
+        if (pk->props.request_response_info && !(response = malloc(RT_RESPONSE_INFO_MAX)))
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        connack_props(c, pk, &ack, assigned, c->session_expiry < expiry, response);
+    }
     send_packet(c, &ack);
+    free(response);
     rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
            c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
     arm_keepalive(self, c);
@@ -813,8 +824,9 @@ int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
     /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
     if ((pk.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY)) && pk.props.message_expiry)
         r.expire_at_ms = now_ms() + (uint64_t)pk.props.message_expiry * 1000;
+    size_t delivered = 0;
     rt_trie_match(rt_broker->trie, (const char *)topic.p, topic.len, publisher, member_alive,
-                  deliver_one, &r, scratch, NULL);
+                  deliver_one, &r, scratch, &delivered);
     if (pk.publish.retain) {
         /* A retained PUBLISH replaces the topic's retained message; an empty one clears it. */
         rt_retained_msg_t *keep = NULL;
@@ -829,7 +841,7 @@ int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
                             keep ? rt_bin_len(bin) : 0) != 0 && keep)
             rt_broker_retained_release(keep);
     }
-    return 0;
+    return delivered ? 1 : 0;
 }
 
 int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
@@ -848,7 +860,7 @@ int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, c
         return RT_ENOMEM;
     int rc = rt_broker_route(publisher, bin);
     rt_bin_release(bin);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 /* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
@@ -918,19 +930,19 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             c->qos2_ids[c->nqos2++] = pk->packet_id;
         }
     }
+    uint8_t reason = MQTT_RC_SUCCESS;
     if (route) {
         rt_bin_t *bin = rt_broker_canonical(pk);
         if (!bin)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        rt_broker_route(rt_self(self), bin);
+        if (rt_broker_route(rt_self(self), bin) == 0 && c->version == MQTT_V5)
+            reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
         rt_bin_release(bin);
     }
-    if (qos == 1) {
-        mqtt_packet_t ack = {.type = MQTT_PUBACK, .packet_id = pk->packet_id};
+    if (qos) {
+        mqtt_packet_t ack = {.type = qos == 1 ? MQTT_PUBACK : MQTT_PUBREC,
+                             .packet_id = pk->packet_id, .reason = reason};
         send_packet(c, &ack);
-    } else if (qos == 2) {
-        mqtt_packet_t rec = {.type = MQTT_PUBREC, .packet_id = pk->packet_id};
-        send_packet(c, &rec);
     }
     return 0;
 }

@@ -104,6 +104,13 @@ void rt_qlist_clear(rt_qlist_t *l)
         rt_qmsg_free(m);
 }
 
+void rt_qlist_drop_payload(rt_qlist_t *l, rt_qmsg_t *m)
+{
+    l->bytes -= rt_qmsg_bytes(m);
+    rt_bin_release(m->bin);
+    m->bin = NULL;
+}
+
 void rt_session_free(rt_session_t *s)
 {
     if (!s)

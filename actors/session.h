@@ -61,6 +61,8 @@ rt_qmsg_t *rt_qlist_pop(rt_qlist_t *l);           /* from the head; NULL when em
 rt_qmsg_t *rt_qlist_take_id(rt_qlist_t *l, uint16_t packet_id);
 rt_qmsg_t *rt_qlist_find_id(const rt_qlist_t *l, uint16_t packet_id);
 void rt_qlist_clear(rt_qlist_t *l);               /* frees every message */
+/* Releases m's binary (QoS 2 after PUBREC needs only its packet id); m stays in l. */
+void rt_qlist_drop_payload(rt_qlist_t *l, rt_qmsg_t *m);
 /* The bytes a message counts against the queue limit. */
 size_t rt_qmsg_bytes(const rt_qmsg_t *m);
 

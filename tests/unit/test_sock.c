@@ -3,7 +3,9 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "rt_test.h"
 
@@ -294,12 +296,120 @@ static void test_write_backpressure(void)
     CHECK(wait_alive(0, 5000));
 }
 
+/* ---- Handing a socket to another actor in a message ---- */
+enum { MSG_HAND = RT_MSG_USER + 10 };
+
+static int tcp_pair(int *a, int *b)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) || listen(l, 1) ||
+        getsockname(l, (struct sockaddr *)&sa, &sl))
+        return -1;
+    *a = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(*a, (struct sockaddr *)&sa, sizeof(sa)))
+        return -1;
+    *b = accept(l, NULL, NULL);
+    close(l);
+    return *b < 0 ? -1 : 0;
+}
+
+/* Whether the peer of fd closed: EOF within timeout_ms. */
+static bool peer_closed(int fd, int timeout_ms)
+{
+    struct pollfd pfd = {fd, POLLIN, 0};
+    char c;
+    return poll(&pfd, 1, timeout_ms) == 1 && recv(fd, &c, 1, 0) == 0;
+}
+
+typedef struct {
+    rt_sock_t *sock;
+} taker_t;
+
+static void hand(rt_pid_t to, int fd, char what, rt_pid_t next);
+
+/*
+** 't': takes the fd and greets through it. 'f': adopts it, then detaches it
+** again and hands it on to the pid that follows. Anything else: leaves it.
+*/
+static void taker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    taker_t *t = state;
+    if (m->tag != MSG_HAND || (m->data[0] != 't' && m->data[0] != 'f'))
+        return;
+    int fd = rt_msg_take_fd(m);
+    if (fd < 0 || rt_sock_adopt(self, fd, &t->sock) != 0)
+        return;
+    if (m->data[0] == 't') {
+        rt_sock_write(t->sock, "hi", 2);
+        return;
+    }
+    rt_pid_t next;
+    memcpy(&next, m->data + 1, sizeof(next));
+    hand(next, rt_sock_detach(t->sock), 't', 0);
+    t->sock = NULL;
+}
+
+static const rt_actor_type_t taker_type = {
+    .name = "taker", .state_size = sizeof(taker_t), .handle = taker_handle};
+
+static void hand(rt_pid_t to, int fd, char what, rt_pid_t next)
+{
+    rt_msg_t *m = rt_msg_new_fd(MSG_HAND, fd, 1 + sizeof(next));
+    m->data[0] = (unsigned char)what;
+    memcpy(m->data + 1, &next, sizeof(next));
+    rt_send_msg(to, m);
+}
+
+static void test_fd_in_message_never_leaks(void)
+{
+    rt_pid_t taker;
+    CHECK_EQ(rt_spawn(&taker_type, NULL, &taker), 0);
+    int a, b;
+    /* Taken: the receiver owns the socket and it stays open. */
+    CHECK_EQ(tcp_pair(&a, &b), 0);
+    hand(taker, a, 't', 0);
+    char buf[2] = {0};
+    struct pollfd pfd = {b, POLLIN, 0};
+    CHECK(poll(&pfd, 1, 5000) == 1 && recv(b, buf, 2, 0) == 2 && memcmp(buf, "hi", 2) == 0);
+    close(b);
+    /* Not taken: freeing the message closes it. */
+    CHECK_EQ(tcp_pair(&a, &b), 0);
+    hand(taker, a, 'n', 0);
+    CHECK(peer_closed(b, 5000));
+    close(b);
+    /* Sent to a dead actor: a dead letter, and the fd is closed with it. */
+    rt_exit_signal(taker, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+    CHECK_EQ(tcp_pair(&a, &b), 0);
+    hand(taker, a, 't', 0);
+    CHECK(peer_closed(b, 5000));
+    close(b);
+    /* Detached by one owner, adopted by the next: the fd still works, and the first
+       owner's exit does not close it. */
+    rt_pid_t first;
+    CHECK_EQ(tcp_pair(&a, &b), 0);
+    CHECK_EQ(rt_spawn(&taker_type, NULL, &taker), 0);
+    CHECK_EQ(rt_spawn(&taker_type, NULL, &first), 0);
+    hand(first, a, 'f', taker);
+    CHECK(poll(&pfd, 1, 5000) == 1 && recv(b, buf, 2, 0) == 2 && memcmp(buf, "hi", 2) == 0);
+    rt_exit_signal(first, RT_REASON_KILL);
+    CHECK(wait_alive(1, 5000));
+    CHECK(!peer_closed(b, 100));
+    rt_exit_signal(taker, RT_REASON_KILL);
+    CHECK(peer_closed(b, 5000)); /* the owner's exit closes an adopted socket */
+    close(b);
+    CHECK(wait_alive(0, 5000));
+}
+
 int main(void)
 {
     test_start(2);
     RUN(test_echo_many_clients);
     RUN(test_idle_conn_holds_nothing);
     RUN(test_write_backpressure);
+    RUN(test_fd_in_message_never_leaks);
     rt_shutdown();
     return CHECK_SUMMARY();
 }

@@ -569,6 +569,46 @@ static void *churner(void *p)
     return NULL;
 }
 
+/* The standalone matcher agrees with the brute-force one; share_pick skips the leaver. */
+static void test_topic_matches_and_share_pick(void)
+{
+    long rounds = check_scale(20000), mismatches = 0;
+    for (long r = 0; r < rounds; r++) {
+        char f[48], t[48];
+        rand_levels(f, 1);
+        rand_levels(t, 0);
+        if (rt_topic_matches(f, strlen(f), t, strlen(t)) != bf_match(f, t))
+            mismatches++;
+    }
+    CHECK_EQ(mismatches, 0);
+    CHECK(rt_topic_matches("$share/g/a/+", 12, "a/b", 3));
+    CHECK(!rt_topic_matches("a/+", 3, "a/+", 3)); /* not a topic name */
+
+    rt_trie_t *t;
+    CHECK_EQ(rt_trie_new(&t), 0);
+    for (rt_pid_t p = 1; p <= 3; p++)
+        CHECK_EQ(sub(t, "$share/g/s/+", p, ((rt_trie_opts_t){.qos = 1, .sub_id = (uint32_t)p})), 0);
+    int picked[4] = {0};
+    for (int i = 0; i < 6; i++) {
+        rt_pid_t pid = 0;
+        rt_trie_opts_t o;
+        CHECK_EQ(rt_trie_share_pick(t, "$share/g/s/+", 12, 1, NULL, NULL, &pid, &o), 0);
+        CHECK(pid == 2 || pid == 3);
+        CHECK_EQ(o.sub_id, (uint32_t)pid); /* the member's own options come back */
+        picked[pid]++;
+    }
+    CHECK(picked[2] >= 2 && picked[3] >= 2);
+    dead_pid = 2;
+    rt_pid_t pid = 0;
+    rt_trie_opts_t o;
+    CHECK_EQ(rt_trie_share_pick(t, "$share/g/s/+", 12, 3, alive_fn, NULL, &pid, &o), 0);
+    CHECK_EQ(pid, 1);
+    CHECK_EQ(rt_trie_share_pick(t, "$share/h/s/+", 12, 0, NULL, NULL, &pid, &o), RT_ENOTFOUND);
+    CHECK_EQ(rt_trie_share_pick(t, "s/+", 3, 0, NULL, NULL, &pid, &o), RT_EINVAL);
+    dead_pid = 0;
+    rt_trie_free(t);
+}
+
 static void test_concurrency(void)
 {
     rt_trie_t *t;
@@ -971,6 +1011,7 @@ int main(int argc, char **argv)
     RUN(test_shared);
     RUN(test_memory_baseline);
     RUN(test_random_vs_bruteforce);
+    RUN(test_topic_matches_and_share_pick);
     RUN(test_concurrency);
     RUN(test_retained);
     RUN(test_retained_concurrency);

@@ -1,0 +1,307 @@
+"""Sessions, the inflight window and message expiry, end to end against a real rtd: paho-mqtt
+for the ordinary client's view, a raw socket client (mqtt_raw) where a test has to hold back
+acknowledgements or drop a connection in the middle of an exchange.
+"""
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from conftest import Rtd, client, subscribe, wait_for
+from mqtt_raw import (P_MESSAGE_EXPIRY, P_RECEIVE_MAXIMUM, P_SESSION_EXPIRY, PUBCOMP, PUBLISH,
+                      PUBREC, PUBREL, PUBACK, DISCONNECT, Raw, prop_u16, prop_u32)
+
+
+@pytest.fixture
+def small_queue():
+    broker = Rtd("max_queued_messages=3")
+    yield broker
+    code, log = broker.stop()
+    assert code == 0, log
+
+
+def publish_all(port, topic, payloads, qos=1, props=None):
+    pub = Raw(port, "pub-" + topic.replace("/", "-"), version=5)
+    for i, p in enumerate(payloads):
+        pub.publish(topic, p, qos=qos, pid=i + 1, props=props or b"")
+    pub.disconnect()
+
+
+def drain(raw, timeout=0.5):
+    """Every PUBLISH that arrives until the connection is quiet, acknowledged at QoS 1."""
+    got = []
+    while True:
+        m = raw.next_publish(timeout)
+        if m is None:
+            return got
+        got.append(m)
+        if m["qos"] == 1:
+            raw.ack(PUBACK, m["pid"])
+
+
+def test_persistent_session_v311_keeps_subscription_and_queue(rtd):
+    connected = []
+    sub = mqtt.Client(client_id="ps1", protocol=mqtt.MQTTv311, clean_session=False)
+    sub.on_connect = lambda c, u, flags, rc: connected.append(flags["session present"])
+    got = []
+    sub.on_message = lambda c, u, m: got.append((m.payload, m.qos))
+    sub.connect("127.0.0.1", rtd.port)
+    sub.loop_start()
+    subscribe(sub, "ps/#", 1)
+    sub.disconnect()
+    sub.loop_stop()
+    publish_all(rtd.port, "ps/x", [b"%d" % i for i in range(20)], qos=1)
+    publish_all(rtd.port, "ps/x", [b"qos0"], qos=0)  # not queued: queue_qos0 is off
+    sub.reconnect()
+    sub.loop_start()
+    assert wait_for(lambda: len(got) >= 20)
+    time.sleep(0.3)
+    assert connected == [0, 1]
+    assert got == [(b"%d" % i, 1) for i in range(20)]
+    sub.disconnect()
+    sub.loop_stop()
+
+
+def test_session_expiry_ends_the_session(rtd):
+    short = Raw(rtd.port, "se-short", clean=False, props=prop_u32(P_SESSION_EXPIRY, 1))
+    short.subscribe("se/t", 1)
+    short.disconnect()
+    kept = Raw(rtd.port, "se-kept", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    kept.subscribe("se/t", 1)
+    kept.disconnect()
+    time.sleep(1.5)
+    publish_all(rtd.port, "se/t", [b"after"])
+    again = Raw(rtd.port, "se-short", clean=False, props=prop_u32(P_SESSION_EXPIRY, 1))
+    assert again.session_present == 0
+    assert again.next_publish(0.5) is None
+    again.disconnect()
+    back = Raw(rtd.port, "se-kept", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    assert back.session_present == 1
+    m = back.next_publish()
+    assert (m["topic"], m["payload"]) == ("se/t", b"after")
+    back.ack(PUBACK, m["pid"])
+    back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+
+
+def test_session_expiry_set_by_disconnect_and_refused_from_zero(rtd):
+    # CONNECT said 0: DISCONNECT may not make the session outlive its connection (3.14.2.2.2).
+    c = Raw(rtd.port, "dx", clean=True)
+    c.send(DISCONNECT << 4, bytes([0]) + bytes([5]) + prop_u32(P_SESSION_EXPIRY, 30))
+    p = c.read()
+    assert p is not None and p.type == DISCONNECT and p.body[0] == 0x82
+    # CONNECT said 60, DISCONNECT says 0: the session ends now.
+    c = Raw(rtd.port, "dz", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    c.subscribe("dz/t", 1)
+    c.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+    time.sleep(0.2)
+    again = Raw(rtd.port, "dz", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    assert again.session_present == 0
+    again.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+
+
+def test_unacknowledged_qos1_retransmitted_with_dup(rtd):
+    sub = Raw(rtd.port, "dup1", version=4, clean=False)
+    sub.subscribe("dup/t", 1)
+    publish_all(rtd.port, "dup/t", [b"a"])
+    first = sub.next_publish()
+    assert (first["payload"], first["dup"]) == (b"a", 0)
+    sub.close()  # no PUBACK
+    back = Raw(rtd.port, "dup1", version=4, clean=False)
+    assert back.session_present == 1
+    again = back.next_publish()
+    assert (again["payload"], again["pid"], again["dup"]) == (b"a", first["pid"], 1)
+    back.ack(PUBACK, again["pid"])
+    publish_all(rtd.port, "dup/t", [b"b"])
+    nxt = back.next_publish()
+    assert (nxt["payload"], nxt["dup"]) == (b"b", 0)
+    back.ack(PUBACK, nxt["pid"])
+    assert back.next_publish(0.3) is None  # acknowledged messages are not sent again
+    back.disconnect()
+    Raw(rtd.port, "dup1", version=4, clean=True).disconnect()
+
+
+def test_qos2_outbound_pubrel_retransmitted_and_no_duplicate(rtd):
+    sub = Raw(rtd.port, "q2s", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    sub.subscribe("q2/t", 2)
+    publish_all(rtd.port, "q2/t", [b"once"], qos=2)
+    m = sub.next_publish()
+    assert (m["payload"], m["qos"]) == (b"once", 2)
+    sub.ack(PUBREC, m["pid"])
+    rel = sub.expect(PUBREL)
+    assert rel.body[:2] == m["pid"].to_bytes(2, "big")
+    sub.close()  # no PUBCOMP
+    back = Raw(rtd.port, "q2s", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    assert back.session_present == 1
+    rel = back.expect(PUBREL)  # the exchange resumes where it stopped
+    assert rel.body[:2] == m["pid"].to_bytes(2, "big")
+    back.ack(PUBCOMP, m["pid"])
+    assert back.read(0.4) is None  # and the message itself is never sent twice
+    back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+
+
+def test_receive_maximum_limits_inflight(rtd):
+    sub = Raw(rtd.port, "rm", props=prop_u16(P_RECEIVE_MAXIMUM, 2))
+    sub.subscribe("rm/t", 1)
+    publish_all(rtd.port, "rm/t", [b"%d" % i for i in range(6)])
+    first = [sub.next_publish(), sub.next_publish()]
+    assert [m["payload"] for m in first] == [b"0", b"1"]
+    assert sub.next_publish(0.4) is None  # the window is full
+    sub.ack(PUBACK, first[0]["pid"])
+    third = sub.next_publish()
+    assert third["payload"] == b"2"
+    assert sub.next_publish(0.3) is None
+    sub.ack(PUBACK, first[1]["pid"])
+    sub.ack(PUBACK, third["pid"])
+    rest = drain(sub)
+    assert [m["payload"] for m in rest] == [b"3", b"4", b"5"]
+    sub.disconnect()
+
+
+def test_offline_queue_is_bounded_and_keeps_the_oldest(small_queue):
+    sub = Raw(small_queue.port, "bq", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    sub.subscribe("bq/t", 1)
+    sub.disconnect()
+    publish_all(small_queue.port, "bq/t", [b"%d" % i for i in range(10)])
+    back = Raw(small_queue.port, "bq", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    got = drain(back)
+    assert [m["payload"] for m in got] == [b"0", b"1", b"2"]
+    back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+
+
+def test_message_expiry_for_queued_and_retained(rtd):
+    sub = Raw(rtd.port, "mx", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    sub.subscribe("mx/t", 1)
+    sub.disconnect()
+    pub = Raw(rtd.port, "mx-pub")
+    pub.publish("mx/t", b"short", qos=1, pid=1, props=prop_u32(P_MESSAGE_EXPIRY, 1))
+    pub.publish("mx/t", b"long", qos=1, pid=2, props=prop_u32(P_MESSAGE_EXPIRY, 30))
+    pub.publish("mx/r1", b"gone", qos=1, pid=3, retain=True, props=prop_u32(P_MESSAGE_EXPIRY, 1))
+    pub.publish("mx/r2", b"kept", qos=1, pid=4, retain=True, props=prop_u32(P_MESSAGE_EXPIRY, 30))
+    pub.disconnect()
+    time.sleep(2.1)
+    back = Raw(rtd.port, "mx", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    got = drain(back)
+    assert [m["payload"] for m in got] == [b"long"]
+    assert 1 <= got[0]["props"][P_MESSAGE_EXPIRY] <= 28  # what is left is sent on
+    back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+    fresh = Raw(rtd.port, "mx-late")
+    fresh.subscribe("mx/+", 1)
+    got = drain(fresh)
+    assert [(m["topic"], m["payload"], m["retain"]) for m in got] == [("mx/r2", b"kept", 1)]
+    assert got[0]["props"][P_MESSAGE_EXPIRY] <= 28
+    fresh.disconnect()
+
+
+def test_shared_subscription_unacked_message_goes_to_other_member(rtd):
+    a = Raw(rtd.port, "sh-a")
+    b = Raw(rtd.port, "sh-b")
+    a.subscribe("$share/g/sh/t", 1)
+    b.subscribe("$share/g/sh/t", 1)
+    publish_all(rtd.port, "sh/t", [b"m1", b"m2"])
+    ma = a.next_publish()
+    mb = b.next_publish()
+    assert {ma["payload"], mb["payload"]} == {b"m1", b"m2"}  # round robin
+    b.ack(PUBACK, mb["pid"])
+    a.close()  # leaves without acknowledging
+    moved = b.next_publish()
+    assert moved is not None and moved["payload"] == ma["payload"]
+    b.ack(PUBACK, moved["pid"])
+    assert b.next_publish(0.3) is None
+    b.disconnect()
+
+
+def test_shared_member_offline_session_hands_over_and_gets_nothing_new(rtd):
+    a = Raw(rtd.port, "sho-a", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    b = Raw(rtd.port, "sho-b")
+    a.subscribe("$share/g/sho/t", 1)
+    b.subscribe("$share/g/sho/t", 1)
+    a.disconnect()  # its session stays, but an offline member takes no group messages
+    publish_all(rtd.port, "sho/t", [b"%d" % i for i in range(4)])
+    got = drain(b)
+    assert sorted(m["payload"] for m in got) == [b"0", b"1", b"2", b"3"]
+    back = Raw(rtd.port, "sho-a", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    assert back.session_present == 1
+    assert drain(back, 0.3) == []
+    publish_all(rtd.port, "sho/t", [b"x", b"y"])  # rejoined: the group is two again
+    got_a, got_b = drain(back), drain(b)
+    assert sorted(m["payload"] for m in got_a + got_b) == [b"x", b"y"]
+    assert len(got_a) == 1 and len(got_b) == 1
+    back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+    b.disconnect()
+
+
+def test_takeover_of_connected_persistent_session(rtd):
+    old = Raw(rtd.port, "tk", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    old.subscribe("tk/t", 1)
+    new = Raw(rtd.port, "tk", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
+    assert new.session_present == 1
+    p = old.read()
+    assert p is not None and p.type == DISCONNECT and p.body[0] == 0x8E
+    publish_all(rtd.port, "tk/t", [b"still"])
+    m = new.next_publish()
+    assert m["payload"] == b"still"
+    new.ack(PUBACK, m["pid"])
+    new.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
+
+
+def test_order_kept_across_reconnects_under_load(rtd):
+    total = 600
+    seen = []
+    lock = threading.Lock()
+    sub = mqtt.Client(client_id="ord", protocol=mqtt.MQTTv311, clean_session=False)
+
+    def on_message(_c, _u, m):
+        with lock:
+            seen.append(int(m.payload))
+
+    sub.on_message = on_message
+    sub.connect("127.0.0.1", rtd.port)
+    sub.loop_start()
+    subscribe(sub, "ord/t", 1)
+    pub = client(rtd.port, "ord-pub")
+
+    def produce():
+        for i in range(total):
+            pub.publish("ord/t", b"%d" % i, qos=1)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    for _ in range(3):
+        time.sleep(0.15)
+        sub.disconnect()
+        sub.loop_stop()
+        time.sleep(0.1)
+        sub.reconnect()
+        sub.loop_start()
+    t.join(30)
+    assert wait_for(lambda: len(set(seen)) >= total, timeout=15)
+    with lock:
+        first = []
+        known = set()
+        for v in seen:
+            if v not in known:
+                known.add(v)
+                first.append(v)
+    assert first == list(range(total))  # none lost, first deliveries in publish order
+    sub.disconnect()
+    sub.loop_stop()
+    pub.disconnect()
+
+
+def test_v5_ack_reason_codes_and_response_information(rtd):
+    c = Raw(rtd.port, "rr", props=bytes([0x19, 1]))  # Request Response Information
+    assert c.connack_props[0x1A] == b"rt/response/rr"
+    plain = Raw(rtd.port, "rr-plain")
+    assert 0x1A not in plain.connack_props  # only when asked for
+    plain.disconnect()
+    # PUBACK / PUBREC say 0x10 when nobody subscribes, 0 when someone got it (3.4.2.1).
+    c.send((PUBLISH << 4) | 2, b"\x00\x04none\x00\x01\x00x")
+    ack = c.expect(PUBACK)
+    assert ack.body[:3] == b"\x00\x01\x10"
+    c.subscribe("some", 0)
+    c.send((PUBLISH << 4) | 4, b"\x00\x04some\x00\x02\x00x")
+    rec = c.expect(PUBREC)
+    assert rec.body[:2] == b"\x00\x02" and rec.body[2:3] in (b"", b"\x00")
+    c.disconnect()
