@@ -849,16 +849,19 @@ static int stage_group(mt_docs_t *d, const bson_iter_t *stage, bson_t *reply)
             rc = -1;
             break;
         }
+        /* Constant sums need only the number of inputs, which d->n has even when counted. */
         sum_t s = {0};
         size_t off = 0;
-        while (docs_next(d, &off, &doc)) {
+        if (!strcmp(op, "$count"))
+            s.i = d->n;
+        else if (!path && BSON_ITER_HOLDS_DOUBLE(&acc))
+            s.d = bson_iter_double(&acc) * (double)d->n, s.is_double = true;
+        else if (!path)
+            s.i = bson_iter_as_int64(&acc) * d->n;
+        while (path && docs_next(d, &off, &doc)) {
             bson_iter_t di, v;
-            if (!strcmp(op, "$count"))
-                s.i++;
-            else if (!path)
-                sum_add(&s, &acc);
-            else if (bson_iter_init(&di, &doc) &&
-                     bson_iter_find_descendant(&di, bson_iter_utf8(&acc, NULL) + 1, &v))
+            if (bson_iter_init(&di, &doc) &&
+                bson_iter_find_descendant(&di, bson_iter_utf8(&acc, NULL) + 1, &v))
                 sum_add(&s, &v);
         }
         if (s.is_double)
@@ -995,6 +998,76 @@ done:
     return rc ? -1 : 0;
 }
 
+/* True if a $group stage sums only constants, so the number of inputs is all it needs. */
+static bool group_counts_only(const bson_iter_t *stage)
+{
+    bson_iter_t spec, acc;
+    if (!BSON_ITER_HOLDS_DOCUMENT(stage) || !bson_iter_recurse(stage, &spec))
+        return false;
+    while (bson_iter_next(&spec)) {
+        if (!strcmp(bson_iter_key(&spec), "_id"))
+            continue;
+        if (!BSON_ITER_HOLDS_DOCUMENT(&spec) || !bson_iter_recurse(&spec, &acc) ||
+            !bson_iter_next(&acc) || BSON_ITER_HOLDS_UTF8(&acc))
+            return false;
+    }
+    return true;
+}
+
+/*
+** count_documents sends [$match, $skip?, $limit?, $group {_id: 1, n: {$sum: 1}}];
+** such a pipeline (or one ending in $count) is answered from a counting scan,
+** without holding the documents. Returns 1 if it was (the result is in d), 0 if
+** the pipeline has another shape, or -1 after writing an error reply.
+*/
+static int count_pipeline(mt_state_t *st, mt_call_t *call, const char *coll, bson_iter_t stages,
+                          mt_docs_t *d, bson_t *reply)
+{
+    bson_iter_t it = stages, stage, last;
+    bson_t filter;
+    int64_t skip = 0, limit = 0;
+    int step = 0; /* stages must come in the order $match, $skip, $limit */
+    bool have_last = false;
+    char err[256];
+    bson_init_static(&filter, empty_doc, sizeof empty_doc);
+    while (bson_iter_next(&it)) {
+        if (have_last || !BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &stage) ||
+            !bson_iter_next(&stage))
+            return 0;
+        const char *op = bson_iter_key(&stage);
+        if (!strcmp(op, "$match") && step < 1 && BSON_ITER_HOLDS_DOCUMENT(&stage)) {
+            uint32_t len;
+            const uint8_t *data;
+            bson_iter_document(&stage, &len, &data);
+            bson_init_static(&filter, data, len);
+            step = 1;
+        } else if (!strcmp(op, "$skip") && step < 2 && BSON_ITER_HOLDS_NUMBER(&stage) &&
+                   (skip = bson_iter_as_int64(&stage)) >= 0) {
+            step = 2;
+        } else if (!strcmp(op, "$limit") && step < 3 && BSON_ITER_HOLDS_NUMBER(&stage) &&
+                   (limit = bson_iter_as_int64(&stage)) > 0) {
+            step = 3;
+        } else if (!strcmp(op, "$count") || (!strcmp(op, "$group") && group_counts_only(&stage))) {
+            last = stage;
+            have_last = true;
+        } else {
+            return 0;
+        }
+    }
+    if (!have_last || mt_filter_check(&filter, err, sizeof err))
+        return 0; /* the general path reports a bad filter */
+    int64_t n;
+    int rc = collect(st, call->db, coll, &filter, NULL, 1, skip, limit, NULL, &n);
+    if (rc) {
+        store_error(st, reply, rc);
+        return -1;
+    }
+    d->n = n;
+    rc = !strcmp(bson_iter_key(&last), "$count") ? stage_count(d, &last, reply)
+                                                  : stage_group(d, &last, reply);
+    return rc ? -1 : 1;
+}
+
 static void cmd_aggregate(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const char *name,
                           bson_t *reply)
 {
@@ -1007,7 +1080,13 @@ static void cmd_aggregate(mt_state_t *st, mt_call_t *call, const bson_t *cmd, co
         return;
     mt_docs_t docs = {0};
     bool loaded = false;
-    while (bson_iter_next(&stages)) {
+    int counted = count_pipeline(st, call, coll, stages, &docs, reply);
+    if (counted < 0) {
+        docs_free(&docs);
+        return;
+    }
+    loaded = counted > 0;
+    while (!counted && bson_iter_next(&stages)) {
         bson_iter_t stage;
         if (!BSON_ITER_HOLDS_DOCUMENT(&stages) || !bson_iter_recurse(&stages, &stage) ||
             !bson_iter_next(&stage)) {

@@ -186,6 +186,58 @@ static void test_find_and_getmore(void)
     coll_done(cl, c);
 }
 
+/* Runs a pipeline and returns its first document's field as an integer, or -1. */
+static int64_t aggregate_first(mongoc_collection_t *c, const char *pipeline_json, const char *field,
+                               int *ndocs)
+{
+    bson_error_t err;
+    const bson_t *doc;
+    bson_t *pipeline = bson_new_from_json((const uint8_t *)pipeline_json, -1, &err);
+    mongoc_cursor_t *cur = mongoc_collection_aggregate(c, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+    int64_t v = -1;
+    *ndocs = 0;
+    while (mongoc_cursor_next(cur, &doc))
+        if ((*ndocs)++ == 0)
+            v = reply_int(doc, field);
+    if (mongoc_cursor_error(cur, &err)) {
+        fprintf(stderr, "aggregate %s: %s\n", pipeline_json, err.message);
+        v = -1;
+    }
+    mongoc_cursor_destroy(cur);
+    bson_destroy(pipeline);
+    return v;
+}
+
+static void test_aggregate(void)
+{
+    mongoc_client_t *cl;
+    mongoc_collection_t *c = coll_fresh(&cl, "aggregate");
+    int n;
+    CHECK(insert_range(c, 0, 5000));
+    /* i = 3, 13, ..., 4993: 500 terms summing to 1249000. */
+    CHECK_EQ(aggregate_first(c,
+                             "[{\"$match\": {\"group\": 3}},"
+                             " {\"$group\": {\"_id\": null, \"total\": {\"$sum\": \"$i\"}}}]",
+                             "total", &n),
+             1249000);
+    CHECK_EQ(n, 1);
+    CHECK_EQ(aggregate_first(c,
+                             "[{\"$sort\": {\"i\": -1}}, {\"$skip\": 10}, {\"$limit\": 3},"
+                             " {\"$match\": {\"i\": {\"$lt\": 4989}}}]",
+                             "i", &n),
+             4988);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(aggregate_first(c, "[{\"$match\": {\"group\": 4}}, {\"$count\": \"k\"}]", "k", &n),
+             500);
+    CHECK_EQ(aggregate_first(c, "[{\"$match\": {\"group\": 99}}, {\"$count\": \"k\"}]", "k", &n),
+             -1);
+    CHECK_EQ(n, 0);
+    /* The whole collection through a cursor: first batch plus getMores. */
+    aggregate_first(c, "[{\"$match\": {}}]", "i", &n);
+    CHECK_EQ(n, 5000);
+    coll_done(cl, c);
+}
+
 static void test_delete(void)
 {
     mongoc_client_t *cl;
@@ -441,6 +493,7 @@ int main(int argc, char **argv)
 
     RUN(test_bulk_insert_and_count);
     RUN(test_find_and_getmore);
+    RUN(test_aggregate);
     RUN(test_delete);
     RUN(test_duplicate_key);
     RUN(test_drop);
