@@ -117,8 +117,8 @@ static int mg_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
         mg_free(s);
         return RT_EINVAL;
     }
-    snprintf(m->database, sizeof(m->database), "%s", db);
-    snprintf(m->collection, sizeof(m->collection), "%s", coll);
+    memcpy(m->database, db, strlen(db) + 1);         /* name_ok checked the lengths */
+    memcpy(m->collection, coll, strlen(coll) + 1);
     kv = rt__sink_kv(sec, "w");
     m->w = kv ? (int)kv->num : 1;
     kv = rt__sink_kv(sec, "journal");

@@ -191,10 +191,15 @@ static int sq_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
         sq_column_t *c = &q->declared[q->ndeclared];
         /* columns = { ts = "integer" } or columns = { "ts integer", ... } */
         bool array = suffix[strspn(suffix, "0123456789")] == 0;
-        int n = array ? sscanf(val, "%63s %15s", c->name, c->type)
-                      : (snprintf(c->name, sizeof(c->name), "%s", suffix),
-                         snprintf(c->type, sizeof(c->type), "%s", val), 2);
-        if (n != 2 || !known_type(c->type) || strlen(suffix) >= sizeof(c->name)) {
+        int n = 0;
+        if (array)
+            n = sscanf(val, "%63s %15s", c->name, c->type);
+        else if (strlen(suffix) < sizeof(c->name) && strlen(val) < sizeof(c->type)) {
+            memcpy(c->name, suffix, strlen(suffix) + 1);
+            memcpy(c->type, val, strlen(val) + 1);
+            n = 2;
+        }
+        if (n != 2 || !known_type(c->type)) {
             snprintf(why, whylen, "%s = \"%s\": a column is name = \"type\" or \"name type\" "
                      "with type integer, real, text, blob, numeric or json", sec->keys[i].key, val);
             rc = RT_EINVAL;

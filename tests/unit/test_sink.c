@@ -480,16 +480,24 @@ static void test_sqlite_restart_replays_spill(void)
     CHECK_EQ(start(sinks), 0);
     rt_sink_t *s = rt_sink_find("archive");
     const uint32_t n = 1000;
-    for (uint32_t i = 0; i < n; i += 100)
-        CHECK_EQ(rt_sink_submit(s, make_rows(i, 100, i, 8), 100, NULL, 0, 0), 0);
+    for (uint32_t k = 0; k < n; k += 100)
+        CHECK_EQ(rt_sink_submit(s, make_rows(k, 100, k, 8), 100, NULL, 0, 0), 0);
+    rt_sink_info_t i;
     /* Stopping with the database still locked: the rows stay in the spill file. */
-    stop_all();
+    rt_sinks_stop();
     CHECK_EQ(rt_sink_submit(s, make_rows(0, 1, 0, 8), 1, NULL, 0, 0), RT_ESHUTDOWN);
+    CHECK(rt_sink_find("archive") == NULL);
+    i = info("archive");
+    CHECK_EQ(i.spilled, n);
+    CHECK_EQ(i.dropped, 1);
+    CHECK(books_balance(&i));
+    rt_shutdown();
+    rt_sinks_free();
     unlock_db(lock);
     test_start(2);
     CHECK_EQ(start(sinks), 0);
     CHECK(WAIT_FOR("archive", written, n, 10000));
-    rt_sink_info_t i = info("archive");
+    i = info("archive");
     CHECK_EQ(i.recovered, n);
     CHECK_EQ(i.in, n);
     CHECK_EQ(i.written, n);
