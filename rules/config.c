@@ -54,6 +54,11 @@ static const setting_t settings[] = {
     INT(min_heap, 1024, 1e12, "bytes before an actor's first collection"),
     {"gc_factor", K_DOUBLE, OFF(gc_factor), 0, 1.01, 100, NULL, "next GC at factor x live"},
     INT(max_heap, 0, 1e12, "bytes per actor heap; 0 = unlimited"),
+    {"rules_dir", K_STRING, OFF(rules_dir), sizeof(((rt_conf_t *)0)->rules_dir), 0, 0, NULL,
+     "directory of rule files (*.lua)"},
+    INT(rule_workers, 1, 64, "rule worker actors (one Lua state each)"),
+    INT(rule_instructions, 1000, 1e9, "Lua instructions one rule call may run"),
+    INT(rule_memory, 1 << 20, 1e11, "bytes one rule worker's Lua state may hold"),
     {"data_dir", K_STRING, OFF(data_dir), sizeof(((rt_conf_t *)0)->data_dir), 0, 0, NULL,
      "directory for persistent state"},
     {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
@@ -87,6 +92,10 @@ void rt_conf_defaults(rt_conf_t *c)
     c->min_heap = 16 * 1024;
     c->gc_factor = 2.0;
     c->max_heap = 0;
+    snprintf(c->rules_dir, sizeof(c->rules_dir), "etc/rules");
+    c->rule_workers = 2;
+    c->rule_instructions = 1000000;
+    c->rule_memory = 64 << 20;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
     snprintf(c->log_level, sizeof(c->log_level), "info");
 }

@@ -86,6 +86,12 @@ typedef struct rt_conf_s {
     double gc_factor;
     long max_heap;             /* bytes per actor; 0: unlimited */
 
+    /* Rules (rules/rule_engine.h). */
+    char rules_dir[256];       /* directory of rule files (*.lua) */
+    long rule_workers;         /* rule worker actors, one Lua state each */
+    long rule_instructions;    /* Lua instructions one rule call may run */
+    long rule_memory;          /* bytes one worker's Lua state may hold */
+
     /* Operations. */
     char data_dir[256];
     char log_level[16];        /* error, warning, info, debug */

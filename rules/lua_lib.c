@@ -1,0 +1,146 @@
+#include <lauxlib.h>
+#include <lua.h>
+#include <string.h>
+#include <time.h>
+
+#include "lua_lib.h"
+
+int rt_topic_match(const char *f, size_t flen, const char *t, size_t tlen)
+{
+    size_t i = 0, j = 0;
+    if (tlen > 0 && t[0] == '$' && flen > 0 && (f[0] == '+' || f[0] == '#'))
+        return 0;
+    for (;;) {
+        /* At the start of a level in both. */
+        if (i < flen && f[i] == '#')
+            return i + 1 == flen;
+        if (i < flen && f[i] == '+') {
+            i++;
+            while (j < tlen && t[j] != '/')
+                j++;
+        } else {
+            while (i < flen && j < tlen && f[i] != '/' && t[j] != '/') {
+                if (f[i] != t[j])
+                    return 0;
+                i++, j++;
+            }
+            if (i < flen && f[i] != '/')
+                return 0;
+            if (j < tlen && t[j] != '/')
+                return 0;
+        }
+        if (i == flen && j == tlen)
+            return 1;
+        if (i == flen)
+            return 0;
+        /* f[i] == '/' here. */
+        if (j == tlen)
+            /* "a/#" matches "a": the filter's rest must be exactly "/#". */
+            return flen - i == 2 && f[i + 1] == '#';
+        i++, j++;
+    }
+}
+
+static int filter_valid(const char *f, size_t n)
+{
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (f[i] == '+' || f[i] == '#') {
+            if (i > 0 && f[i - 1] != '/')
+                return 0;
+            if (f[i] == '#' && i + 1 != n)
+                return 0;
+            if (f[i] == '+' && i + 1 < n && f[i + 1] != '/')
+                return 0;
+        }
+    }
+    return 1;
+}
+
+static int l_match(lua_State *L)
+{
+    size_t fl, tl;
+    const char *f = luaL_checklstring(L, 1, &fl);
+    const char *t = luaL_checklstring(L, 2, &tl);
+    if (!filter_valid(f, fl))
+        return luaL_error(L, "topic.match: \"%s\" is not a valid topic filter", f);
+    lua_pushboolean(L, rt_topic_match(f, fl, t, tl));
+    return 1;
+}
+
+static int l_split(lua_State *L)
+{
+    size_t n;
+    const char *t = luaL_checklstring(L, 1, &n);
+    lua_newtable(L);
+    lua_Integer k = 1;
+    size_t start = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n || t[i] == '/') {
+            lua_pushlstring(L, t + start, i - start);
+            lua_rawseti(L, -2, k++);
+            start = i + 1;
+        }
+    }
+    return 1;
+}
+
+int rt_lua_topic_open(lua_State *L)
+{
+    static const luaL_Reg fns[] = {{"match", l_match}, {"split", l_split}, {NULL, NULL}};
+    luaL_newlib(L, fns);
+    return 1;
+}
+
+static int l_now_ms(lua_State *L)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    lua_pushinteger(L, (lua_Integer)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    return 1;
+}
+
+static int l_format(lua_State *L)
+{
+    lua_Integer ms = luaL_checkinteger(L, 1);
+    size_t flen;
+    const char *fmt = luaL_optlstring(L, 2, RT_TIME_ISO8601, &flen);
+    if (flen >= RT_TIME_FMT_MAX)
+        return luaL_error(L, "time.format: format longer than %d bytes", RT_TIME_FMT_MAX - 1);
+    /* Floor division, so times before 1970 keep a non-negative millisecond part. */
+    time_t secs = (time_t)(ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000));
+    int millis = (int)(ms - (lua_Integer)secs * 1000);
+    char f2[RT_TIME_FMT_MAX * 2];
+    size_t k = 0;
+    for (size_t i = 0; i < flen; i++) {
+        if (fmt[i] == '%' && i + 1 < flen && fmt[i + 1] == 'L') {
+            k += (size_t)snprintf(f2 + k, sizeof(f2) - k, "%03d", millis);
+            i++;
+        } else if (fmt[i] == '%' && i + 1 < flen && fmt[i + 1] == '%') {
+            f2[k++] = '%';
+            f2[k++] = '%';
+            i++;
+        } else {
+            f2[k++] = fmt[i];
+        }
+    }
+    f2[k] = 0;
+    struct tm tm;
+    if (!gmtime_r(&secs, &tm))
+        return luaL_error(L, "time.format: %lld is out of range", (long long)ms);
+    char out[512];
+    size_t n = strftime(out, sizeof(out), f2, &tm);
+    if (n == 0 && k > 0)
+        return luaL_error(L, "time.format: the result would be longer than %d bytes",
+                          (int)sizeof(out) - 1);
+    lua_pushlstring(L, out, n);
+    return 1;
+}
+
+int rt_lua_time_open(lua_State *L)
+{
+    static const luaL_Reg fns[] = {{"now_ms", l_now_ms}, {"format", l_format}, {NULL, NULL}};
+    luaL_newlib(L, fns);
+    return 1;
+}

@@ -1,0 +1,170 @@
+/*
+** One sandboxed Lua 5.4 state holding a whole rule set (rule_engine.c makes one
+** per rule worker per rule-set version, plus short-lived ones to validate and
+** to test). Used by one thread at a time; nothing here locks.
+**
+** Memory. The state's lua_Alloc counts every byte it holds (rt_rule_vm_bytes,
+** shown per worker in the metrics) and refuses an allocation that would pass
+** the cap: the running rule then fails with "not enough memory" and is counted
+** as a memory failure. After one, a full collection runs; if the state still
+** holds more than half its cap, the failing rule's environment is rebuilt from
+** its file (it loses what it kept between calls), so a rule that hoards memory
+** cannot starve the others. These bytes come from malloc, not the worker's
+** actor heap: that heap is a mark-sweep GC over roots the actor traces, and
+** Lua's objects are managed by Lua's own collector.
+**
+** CPU. Every call (and every file's top level at load) runs under an
+** instruction-count hook: past the budget the rule fails ("instruction budget
+** exceeded", counted as a budget failure). Once tripped the hook keeps firing
+** every RT_RULE_HOOK_AFTER_BUDGET instructions, and the sandbox's pcall and
+** xpcall re-raise budget and memory errors, so a rule cannot catch its way out.
+**
+** Sandbox. Rule code sees only: assert error ipairs next pairs select tonumber
+** tostring type rawequal rawget rawlen getmetatable setmetatable rawset pcall
+** xpcall _VERSION, the string (without dump), table, math and utf8 libraries,
+** json, topic, time (lua_json.h, lua_lib.h) and the Lua library in lua/
+** (template). No io, os, require, package, debug, load, loadstring, dofile,
+** loadfile, collectgarbage, print or coroutine. Every library table is a
+** read-only proxy (writes raise an error; rawset refuses them; getmetatable
+** gives false), the string metatable is locked the same way, setmetatable
+** refuses __gc (a finalizer would run outside any budget, in another rule's
+** call), and each rule file runs in its own environment table whose reads fall
+** through to the shared read-only base, so rules cannot see or break each
+** other. _G in a rule is its own environment.
+*/
+#ifndef RT_RULE_VM_H
+#define RT_RULE_VM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mqtt_codec.h"
+
+/* Instructions between hook calls once a call's budget is spent (see above). */
+#define RT_RULE_HOOK_AFTER_BUDGET 1000
+#define RT_RULE_NAME_MAX 64   /* bytes of a rule name, NUL included */
+#define RT_RULE_MAX_FROM 64   /* entries in a rule's from */
+#define RT_RULE_MAX_TO 16     /* entries in a rule's to */
+#define RT_RULE_ROW_DEPTH 32  /* nesting of tables inside a row */
+
+/* The Lua library (the .lua files of lua/), embedded at build time by lua/embed.cmake. */
+typedef struct rt_lua_source_s {
+    const char *name; /* global it becomes: lua/NAME.lua returns the value of NAME */
+    const unsigned char *text;
+    size_t len;
+} rt_lua_source_t;
+extern const rt_lua_source_t rt_lua_sources[];
+extern const size_t rt_lua_nsources;
+
+/* The broker events a rule's from can name (index = rt_rule_event_kind_t - 1). */
+#define RT_RULE_EVENT_NAMES                                                                        \
+    "client.connected", "client.disconnected", "session.subscribed", "session.unsubscribed",       \
+        "message.delivered", "message.acked", "message.dropped"
+#define RT_RULE_NEVENTS 7
+/* 1..RT_RULE_NEVENTS for an event name, 0 otherwise. */
+int rt_rule_event_kind(const char *name);
+const char *rt_rule_event_name(int kind);
+
+/* What a rule's select sees: a message (event NULL) or a broker event. */
+typedef struct rt_rule_input_s {
+    const char *event;          /* NULL for a PUBLISH; the event name otherwise */
+    const char *topic;          /* may be NULL (events without a topic) */
+    size_t topic_len;
+    const uint8_t *payload;     /* NULL: no payload field */
+    size_t payload_len;
+    int qos;                    /* -1: none */
+    int retain;                 /* -1: none */
+    const char *clientid;       /* NULL: none */
+    const char *username;       /* NULL: none */
+    const char *peer;           /* NULL: none */
+    uint64_t ts_ms;
+    const mqtt_props_t *props;  /* user properties of a decoded PUBLISH; NULL: none */
+    int reason_code;            /* -1: none */
+    const char *reason;         /* NULL: none */
+    const char *from_clientid;  /* message.* events: the publisher; NULL: none */
+    const char *from_username;  /* message.* events; NULL: none */
+    int proto_ver;              /* client.connected; -1: none */
+    int keepalive;              /* client.connected; -1: none */
+    int clean_start;            /* client.connected; -1: none */
+} rt_rule_input_t;
+
+/* A rule file's declarations, as parsed at load. Strings are owned (malloc). */
+typedef struct rt_rule_to_s {
+    char *sink;
+    uint8_t *opts; /* one BSON document, or NULL */
+    size_t opts_len;
+} rt_rule_to_t;
+
+typedef struct rt_rule_spec_s {
+    char name[RT_RULE_NAME_MAX];
+    char *from[RT_RULE_MAX_FROM];
+    size_t nfrom;
+    rt_rule_to_t to[RT_RULE_MAX_TO];
+    size_t nto;
+    bool enabled;
+    bool durable;
+} rt_rule_spec_t;
+
+void rt_rule_spec_free(rt_rule_spec_t *s);
+
+/* A growable byte buffer from malloc; *acct (may be NULL) tracks its capacity. */
+typedef struct rt_rule_buf_s {
+    uint8_t *p;
+    size_t len, cap;
+    _Atomic size_t *acct;
+} rt_rule_buf_t;
+
+int rt_rule_buf_reserve(rt_rule_buf_t *b, size_t n); /* 0 or RT_ENOMEM */
+int rt_rule_buf_append(rt_rule_buf_t *b, const void *p, size_t n);
+void rt_rule_buf_free(rt_rule_buf_t *b);
+
+typedef enum {
+    RT_RULE_PASSED = 0,         /* produced one or more rows */
+    RT_RULE_FILTERED,           /* returned nil, false or an empty list */
+    RT_RULE_FAIL_EXCEPTION,     /* a Lua error, or rows that cannot be stored */
+    RT_RULE_FAIL_BUDGET,        /* ran past the instruction budget */
+    RT_RULE_FAIL_MEMORY,        /* the state hit its memory cap */
+} rt_rule_outcome_t;
+
+typedef struct rt_rule_vm_s rt_rule_vm_t;
+
+/* memory: bytes the state may hold; instructions: budget per call. */
+int rt_rule_vm_new(size_t memory, long instructions, rt_rule_vm_t **out);
+void rt_rule_vm_free(rt_rule_vm_t *vm);
+size_t rt_rule_vm_bytes(const rt_rule_vm_t *vm); /* any thread */
+uint32_t rt_rule_vm_nrules(const rt_rule_vm_t *vm);
+
+/*
+** Loads a rule file as the vm's next rule (index rt_rule_vm_nrules() before
+** the call) and fills spec. text must outlive the vm (a memory failure reloads
+** from it). Returns 0, or RT_EINVAL with err "path:line: reason" (the line
+** where Lua or the offending field says; "path: reason" if none is known).
+*/
+int rt_rule_vm_load(rt_rule_vm_t *vm, const char *path, const char *text, size_t len,
+                    rt_rule_spec_t *spec, char *err, size_t errlen);
+
+/*
+** Runs rule idx on in and appends the rows it makes to out, as BSON documents
+** back to back (*nrows of them). On a failure out is left as it was and err
+** says why. Metrics are the caller's.
+*/
+rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_input_t *in,
+                                 rt_rule_buf_t *out, uint32_t *nrows, char *err, size_t errlen);
+
+/*
+** The load-time dry run: runs rule idx on the sample its file declares
+** (`sample = { topic=, payload=, qos=, ... }`) or, failing that, on a made-up
+** message for its first from entry ({} as payload). Any failure is an error
+** naming the file and line.
+*/
+int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen);
+
+/*
+** The line of `field =` in a rule file's text (the first one at a word
+** boundary), or 0; for errors about fields that Lua itself cannot place.
+*/
+int rt_rule_field_line(const char *text, size_t len, const char *field);
+
+#endif

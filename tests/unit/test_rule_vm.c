@@ -1,0 +1,513 @@
+/*
+** One rule state (rules/rule_vm.c) and the libraries rules see: loading and its
+** errors, the msg table, rows as BSON, broken rules counted and isolated, the
+** sandbox, json (lua_json.c), topic and time (lua_lib.c), template (lua/).
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "rule_vm.h"
+#include "test_rule_util.h"
+
+#define MEM (8u << 20)
+#define BUDGET 200000
+
+static char err[600];
+
+/* A vm with one rule per text, loaded as t/r<i>.lua; NULL (and a CHECK) if one fails. */
+static rt_rule_vm_t *vm_with(const char *const *texts, size_t n)
+{
+    static char paths[16][32];
+    rt_rule_vm_t *vm;
+    if (rt_rule_vm_new(MEM, BUDGET, &vm))
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        rt_rule_spec_t spec;
+        snprintf(paths[i], sizeof(paths[i]), "t/r%zu.lua", i);
+        int rc = rt_rule_vm_load(vm, paths[i], texts[i], strlen(texts[i]), &spec, err, sizeof(err));
+        CHECK_EQ(rc, 0);
+        if (rc) {
+            fprintf(stderr, "  load: %s\n", err);
+            rt_rule_vm_free(vm);
+            return NULL;
+        }
+        rt_rule_spec_free(&spec);
+    }
+    return vm;
+}
+
+static rt_rule_input_t msg_in(const char *topic, const char *payload)
+{
+    rt_rule_input_t in = {.topic = topic, .topic_len = strlen(topic),
+                          .payload = (const uint8_t *)payload, .payload_len = strlen(payload),
+                          .qos = 1, .retain = 0, .clientid = "c1", .username = "u1",
+                          .peer = "10.0.0.1:5555", .ts_ms = 1700000000123ull, .reason_code = -1,
+                          .proto_ver = -1, .keepalive = -1, .clean_start = -1};
+    return in;
+}
+
+/*
+** Runs `code` as the body of a select(msg, ctx) and returns its outcome; a row
+** {v = "..."} puts v in out.
+*/
+static rt_rule_outcome_t eval(const char *code, char *out, size_t cap)
+{
+    char text[4096];
+    snprintf(text, sizeof(text),
+             "return { name = \"e\", from = \"#\", select = function(msg, ctx)\n%s\nend }\n", code);
+    const char *texts[] = {text};
+    rt_rule_vm_t *vm = vm_with(texts, 1);
+    if (!vm)
+        return RT_RULE_FAIL_EXCEPTION;
+    rt_rule_input_t in = msg_in("a/b", "{}");
+    rt_rule_buf_t rows = {0};
+    uint32_t n = 0;
+    err[0] = 0;
+    rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err));
+    if (out) {
+        out[0] = 0;
+        if (o == RT_RULE_PASSED)
+            row_str(rows.p, "v", out, cap);
+    }
+    rt_rule_buf_free(&rows);
+    rt_rule_vm_free(vm);
+    return o;
+}
+
+/* Evaluates an expression that must give a string equal to want. */
+static void expect(const char *expr, const char *want)
+{
+    char code[2048], got[1024];
+    snprintf(code, sizeof(code), "return { v = %s }", expr);
+    rt_rule_outcome_t o = eval(code, got, sizeof(got));
+    bool ok = o == RT_RULE_PASSED && strcmp(got, want) == 0;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  %s\n    gave \"%s\" (outcome %d: %s), wanted \"%s\"\n", expr, got, o,
+                err, want);
+}
+
+/* Runs code that must fail with an error containing needle. */
+static void expect_error(const char *code, const char *needle)
+{
+    rt_rule_outcome_t o = eval(code, NULL, 0);
+    bool ok = o == RT_RULE_FAIL_EXCEPTION && strstr(err, needle);
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  %s\n    outcome %d: \"%s\", wanted an error with \"%s\"\n", code, o, err,
+                needle);
+}
+
+static void test_json_round_trips(void)
+{
+    static const char *const docs[] = {
+        "{}", "[1,2,3]", "{\"a\":1}", "\"x\"", "true", "false", "0", "-12", "1.5",
+        "1.0", "-0.25", "1e+100", "9223372036854775807", "-9223372036854775808",
+        "[null,1,null]", "{\"a\":[1,{\"b\":[true,false,null]}]}", "\"\\u0000\\u001f\"",
+        "\"tab\\tnl\\nq\\\"bs\\\\\"", "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"",
+        "0.1", "123456789.123", "[[[[[[[[[[1]]]]]]]]]]",
+    };
+    for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
+        char lit[512], expr[600];
+        /* A Lua long string holds the JSON text as it is. */
+        snprintf(lit, sizeof(lit), "[==[%s]==]", docs[i]);
+        snprintf(expr, sizeof(expr), "json.encode(json.decode(%s))", lit);
+        expect(expr, docs[i]);
+    }
+    /* What decoding gives, as Lua sees it. */
+    expect("math.type(json.decode('1'))", "integer");
+    expect("math.type(json.decode('1.0'))", "float");
+    expect("math.type(json.decode('1e3'))", "float");
+    expect("math.type(json.decode('9223372036854775808'))", "float");
+    expect("tostring(json.decode('null') == json.null)", "true");
+    expect("json.decode('\"\\\\u00e9\\\\ud83d\\\\ude00\"')", "\xc3\xa9\xf0\x9f\x98\x80");
+    expect("json.decode(' {\"a\" : { \"b\" : [ 10 , 20 ] } } ').a.b[2] .. ''", "20");
+    expect("json.encode({[1]='a', [2]='b'})", "[\"a\",\"b\"]");
+    expect("json.encode({[1]='a', [3]='b'})", "{\"1\":\"a\",\"3\":\"b\"}");
+    expect("json.encode(1/3)", "0.3333333333333333");
+    expect("json.encode(2^53)", "9007199254740992.0");
+    expect("json.encode(json.null)", "null");
+    expect("json.encode(json.decode('[]'))", "{}"); /* an empty table is an empty object */
+    expect("json.encode('\\127<>/')", "\"\x7f<>/\"");
+}
+
+static void test_json_errors(void)
+{
+    static const char *const bad[] = {
+        "",           "{",          "[1,",      "[1 2]",      "{\"a\" 1}", "{1:2}",
+        "\"abc",      "\"\\x\"",    "tru",      "nul",        "01",        "1.",
+        ".5",         "-",          "1e",       "[1]x",       "\"\\ud800\"", "\"\\udc00\"",
+        "\"\\u12G4\"", "{\"a\":1,}", "[,]",     "\"\x01\"",   "\"\xff\"",  "NaN",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char code[256];
+        snprintf(code, sizeof(code), "json.decode([==[%s]==])", bad[i]);
+        expect_error(code, "json.decode: ");
+    }
+    expect_error("json.decode(string.rep('[', 1000) .. string.rep(']', 1000))", "nested too deeply");
+    expect_error("json.encode(0/0)", "NaN cannot be written");
+    expect_error("json.encode(1/0)", "inf cannot be written");
+    expect_error("json.encode({f = print or function() end})", "cannot encode a function");
+    expect_error("local t = {}; t.self = t; json.encode(t)", "nested too deeply (or a cycle)");
+    expect_error("json.encode({[true] = 1})", "object keys must be strings");
+    expect_error("json.encode({[1.5] = 1})", "object keys must be strings");
+    expect_error("json.encode('\\xff')", "not valid UTF-8");
+    expect_error("json.decode({})", "bad argument");
+    /* An error at a known place names the byte. */
+    expect_error("json.decode('[1, 2, x]')", "unexpected character at byte 8");
+    /* Protected calls catch them like any error. */
+    expect("tostring(pcall(json.decode, '{'))", "false");
+}
+
+static void test_topic_time_template(void)
+{
+    expect("tostring(topic.match('a/+/c', 'a/b/c'))", "true");
+    expect("tostring(topic.match('a/+/c', 'a/b/d'))", "false");
+    expect("tostring(topic.match('a/#', 'a'))", "true");
+    expect("tostring(topic.match('a/#', 'a/b/c'))", "true");
+    expect("tostring(topic.match('#', '$SYS/x'))", "false");
+    expect("tostring(topic.match('+/x', '$SYS/x'))", "false");
+    expect("tostring(topic.match('$SYS/#', '$SYS/x'))", "true");
+    expect("tostring(topic.match('a/+', 'a/'))", "true");
+    expect("tostring(topic.match('a/b', 'a/b/c'))", "false");
+    expect("tostring(topic.match('+', 'a/b'))", "false");
+    expect_error("topic.match('a/#/b', 'a')", "not a valid topic filter");
+    expect_error("topic.match('a+', 'a')", "not a valid topic filter");
+    expect("table.concat(topic.split('a//b/c'), '|')", "a||b|c");
+    expect("#topic.split('') .. ''", "1");
+    expect("time.format(0)", "1970-01-01T00:00:00.000Z");
+    expect("time.format(1700000000123)", "2023-11-14T22:13:20.123Z");
+    expect("time.format(1700000000123, '%Y/%m/%d %H:%M:%S.%L %%L')", "2023/11/14 22:13:20.123 %L");
+    expect("time.format(-1)", "1969-12-31T23:59:59.999Z");
+    expect("tostring(time.now_ms() > 1600000000000)", "true");
+    expect_error("time.format('x')", "bad argument");
+    expect("template('${a}/${b.c}/${b.d.1}/${n}/${t}', {a = 'x', b = {c = 5, d = {true}}, n = 1.5})",
+           "x/5/true/1.5/");
+    expect("template('$${a}-${a}', {a = 1})", "${a}-1");
+    expect("template('${o}', {o = {k = 'v'}})", "{\"k\":\"v\"}");
+    expect("template('${clientid}/${payload.t}', {clientid = msg.clientid, payload = {t = 2}})",
+           "c1/2");
+    expect_error("template(nil, {})", "the template must be a string");
+}
+
+static void test_msg_fields(void)
+{
+    /* A real decoded PUBLISH supplies the user properties. */
+    static const mqtt_user_prop_t users[] = {{{(const uint8_t *)"k1", 2}, {(const uint8_t *)"v1", 2}},
+                                             {{(const uint8_t *)"k2", 2}, {(const uint8_t *)"v2", 2}}};
+    rt_bin_t *b = make_publish("s/1", "\x00\xff", 2, 1, users, 2);
+    mqtt_packet_t pk;
+    CHECK_EQ(mqtt_decode(rt_bin_data(b), rt_bin_len(b), MQTT_V5, &pk), 0);
+    const char *texts[] = {
+        "return { name = 'f', from = 's/+', select = function(msg, ctx)\n"
+        "  return { topic = msg.topic, len = #msg.payload, payload = msg.payload,\n"
+        "    qos = msg.qos, retain = msg.retain, clientid = msg.clientid,\n"
+        "    username = msg.username, peer = msg.peer, ts = msg.timestamp,\n"
+        "    k1 = msg.props.k1, k2 = msg.props.k2, rule = ctx.rule,\n"
+        "    nested = { list = { 1, 2.5, 'three' }, empty = {} } }\n"
+        "end, to = {} }\n",
+    };
+    rt_rule_vm_t *vm = vm_with(texts, 1);
+    if (!vm) {
+        rt_bin_release(b);
+        return;
+    }
+    rt_rule_input_t in = msg_in("s/1", "");
+    in.payload = pk.publish.payload.p;
+    in.payload_len = pk.publish.payload.len;
+    in.props = &pk.props;
+    rt_rule_buf_t rows = {0};
+    uint32_t n = 0;
+    CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+    CHECK_EQ(n, 1);
+    char s[128];
+    CHECK(strcmp(row_str(rows.p, "topic", s, sizeof(s)), "s/1") == 0);
+    CHECK_EQ(row_int(rows.p, "len"), 2);
+    CHECK_EQ(row_int(rows.p, "qos"), 1);
+    CHECK(strcmp(row_str(rows.p, "clientid", s, sizeof(s)), "c1") == 0);
+    CHECK(strcmp(row_str(rows.p, "username", s, sizeof(s)), "u1") == 0);
+    CHECK(strcmp(row_str(rows.p, "peer", s, sizeof(s)), "10.0.0.1:5555") == 0);
+    CHECK_EQ(row_int(rows.p, "ts"), 1700000000123ll);
+    CHECK(strcmp(row_str(rows.p, "k1", s, sizeof(s)), "v1") == 0);
+    CHECK(strcmp(row_str(rows.p, "k2", s, sizeof(s)), "v2") == 0);
+    CHECK(strcmp(row_str(rows.p, "rule", s, sizeof(s)), "f") == 0);
+    /* Bytes that are not UTF-8 are stored as binary; tables as documents and arrays. */
+    bson_t doc;
+    bson_iter_t it, sub;
+    CHECK(bson_init_static(&doc, rows.p, rows.len));
+    CHECK(bson_iter_init_find(&it, &doc, "payload") && BSON_ITER_HOLDS_BINARY(&it));
+    CHECK(bson_iter_init_find(&it, &doc, "retain") && BSON_ITER_HOLDS_BOOL(&it));
+    CHECK(bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "nested.list.1", &sub) &&
+          BSON_ITER_HOLDS_DOUBLE(&sub) && bson_iter_double(&sub) == 2.5);
+    CHECK(bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "nested.list.2", &sub) &&
+          BSON_ITER_HOLDS_UTF8(&sub));
+    CHECK(bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "nested.list", &sub) &&
+          BSON_ITER_HOLDS_ARRAY(&sub));
+    CHECK(bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "nested.empty", &sub) &&
+          BSON_ITER_HOLDS_DOCUMENT(&sub));
+    rt_rule_buf_free(&rows);
+    rt_rule_vm_free(vm);
+    rt_bin_release(b);
+}
+
+static void test_rows(void)
+{
+    char v[64];
+    CHECK_EQ(eval("return nil", NULL, 0), RT_RULE_FILTERED);
+    CHECK_EQ(eval("return false", NULL, 0), RT_RULE_FILTERED);
+    CHECK_EQ(eval("return {}", NULL, 0), RT_RULE_FILTERED);
+    CHECK_EQ(eval("return { v = 'one' }", v, sizeof(v)), RT_RULE_PASSED);
+    CHECK(strcmp(v, "one") == 0);
+    /* A list of rows (EMQX's FOREACH): one row per element. */
+    const char *texts[] = {
+        "return { name = 'each', from = '#', select = function(msg)\n"
+        "  local rows = {}\n"
+        "  for i, x in ipairs(json.decode(msg.payload)) do rows[i] = { i = i, x = x } end\n"
+        "  return rows\n"
+        "end }\n",
+    };
+    rt_rule_vm_t *vm = vm_with(texts, 1);
+    if (vm) {
+        rt_rule_input_t in = msg_in("a", "[10, 20, 30]");
+        rt_rule_buf_t rows = {0};
+        uint32_t n = 0;
+        CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        CHECK_EQ(n, 3);
+        const uint8_t *p = rows.p;
+        for (int i = 1; i <= 3 && n == 3; i++, p = row_next(p)) {
+            CHECK_EQ(row_int(p, "i"), i);
+            CHECK_EQ(row_int(p, "x"), i * 10);
+        }
+        CHECK(p == rows.p + rows.len);
+        in = msg_in("a", "[]");
+        rows.len = 0;
+        CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_FILTERED);
+        CHECK_EQ(rows.len, 0);
+        rt_rule_buf_free(&rows);
+        rt_rule_vm_free(vm);
+    }
+    /* Rows that cannot be stored fail the rule, naming why. */
+    expect_error("return 'x'", "select must return nil, a row or a list of rows");
+    expect_error("return { f = function() end }", "cannot store a function");
+    expect_error("return { [true] = 1 }", "field names must be strings");
+    expect_error("return { { a = 1 }, { b = function() end } }", "row 2:");
+    expect_error("return { { a = 1 }, 5 }", "row 2: a row must be a table");
+    expect_error("local t = {}; t.t = t; return { t = t }", "nested too deeply");
+    expect_error("return { ['a\\0b'] = 1 }", "field name");
+}
+
+static void test_load_errors(void)
+{
+    struct {
+        const char *text;
+        const char *want; /* prefix "t/r0.lua:LINE:" or "t/r0.lua:" plus a fragment */
+        const char *fragment;
+    } cases[] = {
+        {"return {\n name = 'x',\n from = '#'\n select = function() end }", "t/r0.lua:4:",
+         "expected"},
+        {"local x = nil\nx.y = 1\nreturn {}", "t/r0.lua:2:", "attempt to index"},
+        {"return 5", "t/r0.lua:", "must return a table"},
+        {"return {\n from = '#',\n select = function() end }", "t/r0.lua:", "name must be"},
+        {"return {\n name = 'x',\n select = function() end }", "t/r0.lua:", "from is required"},
+        {"return {\n name = 'x',\n from = '#' }", "t/r0.lua:", "select must be a function"},
+        {"return {\n name = 'x',\n from = 'a/#/b',\n select = function() end }", "t/r0.lua:3:",
+         "neither a topic filter nor an event"},
+        {"return {\n name = 'x',\n from = { 'a', 'client.nope' },\n select = function() end }",
+         "t/r0.lua:3:", "client.nope"},
+        {"return {\n name = 'x',\n from = '$share/g/a',\n select = function() end }",
+         "t/r0.lua:3:", "shared subscriptions"},
+        {"return {\n name = 'x',\n from = '#',\n select = function() end,\n\n form = 1 }",
+         "t/r0.lua:6:", "unknown field \"form\""},
+        {"return {\n name = 'x',\n from = '#',\n select = function() end,\n to = { 5 } }",
+         "t/r0.lua:5:", "to: entries are sink names"},
+        {"return {\n name = 'x',\n from = '#',\n select = function() end,\n to = { 'a', 'a' } }",
+         "t/r0.lua:5:", "named twice"},
+        {"return {\n name = 'x',\n from = '#',\n select = function() end,\n to = { a = { f = "
+         "function() end } } }",
+         "t/r0.lua:5:", "to.a:"},
+        {"return {\n name = 'x',\n from = '#',\n select = function() end,\n enabled = 'yes' }",
+         "t/r0.lua:5:", "enabled must be true or false"},
+        {"return {\n name = 'bad name',\n from = '#',\n select = function() end }", "t/r0.lua:2:",
+         "name must be"},
+        {"while true do end", "t/r0.lua:1:", "instruction budget"},
+        {"local s = 'x' while true do s = s .. s end", "t/r0.lua:", "not enough memory"},
+        /* Bytecode is refused: only text loads. */
+        {"\x1bLua", "t/r0.lua", "binary"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        rt_rule_vm_t *vm;
+        rt_rule_spec_t spec;
+        if (rt_rule_vm_new(MEM, BUDGET, &vm))
+            continue;
+        err[0] = 0;
+        int rc = rt_rule_vm_load(vm, "t/r0.lua", cases[i].text, strlen(cases[i].text), &spec, err,
+                                 sizeof(err));
+        bool ok = rc == RT_EINVAL && strncmp(err, cases[i].want, strlen(cases[i].want)) == 0 &&
+                  strstr(err, cases[i].fragment);
+        CHECK(ok);
+        if (!ok)
+            fprintf(stderr, "  case %zu: rc %d, \"%s\"; wanted \"%s\" ... \"%s\"\n", i, rc, err,
+                    cases[i].want, cases[i].fragment);
+        CHECK_EQ(rt_rule_vm_nrules(vm), 0);
+        rt_rule_vm_free(vm);
+    }
+    /* A good file: the spec carries everything declared. */
+    const char *good = "return { name = 'g', from = { 'a/+', 'client.connected' },\n"
+                       "  select = function() end, durable = true, enabled = false,\n"
+                       "  to = { 'one', two = { collection = 'x', n = 2 }, three = true } }\n";
+    rt_rule_vm_t *vm;
+    rt_rule_spec_t spec;
+    if (rt_rule_vm_new(MEM, BUDGET, &vm) == 0) {
+        CHECK_EQ(rt_rule_vm_load(vm, "g.lua", good, strlen(good), &spec, err, sizeof(err)), 0);
+        CHECK(strcmp(spec.name, "g") == 0);
+        CHECK_EQ(spec.nfrom, 2);
+        CHECK_EQ(spec.nto, 3);
+        CHECK(spec.durable && !spec.enabled);
+        for (size_t i = 0; i < spec.nto; i++) {
+            if (strcmp(spec.to[i].sink, "two") == 0) {
+                char s[32];
+                CHECK(spec.to[i].opts != NULL);
+                CHECK(strcmp(row_str(spec.to[i].opts, "collection", s, sizeof(s)), "x") == 0);
+                CHECK_EQ(row_int(spec.to[i].opts, "n"), 2);
+            } else {
+                CHECK(spec.to[i].opts == NULL);
+            }
+        }
+        rt_rule_spec_free(&spec);
+        CHECK_EQ(rt_rule_vm_dry_run(vm, 0, err, sizeof(err)), 0);
+        rt_rule_vm_free(vm);
+    }
+    /* The dry run uses the file's sample, and fails with the file and line of the error. */
+    const char *dry = "return { name = 'd', from = 'a/#',\n"
+                      "  sample = { topic = 'a/b', payload = '{\"t\": 1}' },\n"
+                      "  select = function(msg)\n"
+                      "    return { t = json.decode(msg.payload).t + 1 } end }\n";
+    const char *dry_bad = "return { name = 'd', from = 'a/#',\n"
+                          "  select = function(msg)\n"
+                          "    return { t = json.decode(msg.payload).t + 1 } end }\n";
+    if (rt_rule_vm_new(MEM, BUDGET, &vm) == 0) {
+        CHECK_EQ(rt_rule_vm_load(vm, "d.lua", dry, strlen(dry), &spec, err, sizeof(err)), 0);
+        rt_rule_spec_free(&spec);
+        CHECK_EQ(rt_rule_vm_dry_run(vm, 0, err, sizeof(err)), 0);
+        CHECK_EQ(rt_rule_vm_load(vm, "e.lua", dry_bad, strlen(dry_bad), &spec, err, sizeof(err)),
+                 0);
+        rt_rule_spec_free(&spec);
+        CHECK_EQ(rt_rule_vm_dry_run(vm, 1, err, sizeof(err)), RT_EINVAL);
+        CHECK(strstr(err, "e.lua: dry run") && strstr(err, "e.lua:3:"));
+        rt_rule_vm_free(vm);
+    }
+}
+
+static void test_sandbox(void)
+{
+    static const char *const absent[] = {"io",       "os",      "require",  "package", "debug",
+                                         "load",     "loadstring", "dofile", "loadfile",
+                                         "collectgarbage", "print", "coroutine", "string.dump",
+                                         "module",   "newproxy", "setfenv", "getfenv"};
+    for (size_t i = 0; i < sizeof(absent) / sizeof(absent[0]); i++) {
+        char expr[128];
+        snprintf(expr, sizeof(expr), "tostring(%s)", absent[i]);
+        expect(expr, "nil");
+    }
+    expect_error("io.open('/etc/passwd')", "attempt to index a nil value (global 'io')");
+    expect_error("os.execute('true')", "attempt to index a nil value (global 'os')");
+    expect_error("require('os')", "attempt to call a nil value (global 'require')");
+    expect_error("load(string.dump(function() end))", "attempt to call a nil value");
+    expect_error("debug.getregistry()", "attempt to index a nil value");
+    /* Shared tables are read-only, rawset or not; the string metatable is hidden. */
+    expect_error("string.upper = nil", "read-only");
+    expect_error("json.encode = function() end", "read-only");
+    expect_error("math.pi = 3", "read-only");
+    expect_error("rawset(string, 'upper', 1)", "read-only");
+    expect_error("rawset(_G, 'x', 1); rawset(getmetatable(_G), 'x', 1)", "bad argument");
+    expect_error("setmetatable(string, {})", "read-only");
+    expect("tostring(getmetatable(''))", "false");
+    expect("tostring(getmetatable(string))", "false");
+    expect("tostring(getmetatable(_G))", "false");
+    expect_error("getmetatable('').__index = {}", "attempt to index a boolean value");
+    expect_error("setmetatable({}, { __gc = function() end })", "__gc metamethods are not allowed");
+    expect(" ('abc'):upper()", "ABC");
+    expect("string.format('%d-%s', 5, 'x')", "5-x");
+    /* _G is the rule's own environment: globals it makes stay its own. */
+    expect("(function() x = 1; return tostring(_G.x) .. tostring(rawget(_G, 'string')) end)()",
+           "1nil");
+    /* pcall cannot hide a spent budget or the memory cap. */
+    CHECK_EQ(eval("while true do pcall(function() while true do end end) end", NULL, 0),
+             RT_RULE_FAIL_BUDGET);
+    CHECK_EQ(eval("pcall(function() while true do pcall(error, 'x') end end) return { v = 'x' }",
+                  NULL, 0),
+             RT_RULE_FAIL_BUDGET);
+    CHECK_EQ(eval("local ok = xpcall(function() local s = 'x' while true do s = s .. s end end,"
+                  " function(e) return e end) return { v = tostring(ok) }",
+                  NULL, 0),
+             RT_RULE_FAIL_MEMORY);
+    CHECK_EQ(eval("local ok, e = pcall(error, 'mine') return { v = e }", NULL, 0), RT_RULE_PASSED);
+    /* A string error whose object has a __tostring is reported without running it. */
+    CHECK_EQ(eval("error(setmetatable({}, { __tostring = function() while true do end end }))",
+                  NULL, 0),
+             RT_RULE_FAIL_EXCEPTION);
+    CHECK(strstr(err, "not a string") != NULL);
+}
+
+static void test_broken_rules_isolated(void)
+{
+    const char *texts[] = {
+        "return { name = 'good', from = '#', select = function(msg)\n"
+        "  count = (count or 0) + 1\n"
+        "  return { n = count } end }\n",
+        "return { name = 'throws', from = '#', select = function(msg)\n"
+        "  error('boom') end }\n",
+        "return { name = 'loops', from = '#', select = function(msg)\n"
+        "  while true do end end }\n",
+        "return { name = 'bomb', from = '#', select = function(msg)\n"
+        "  local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 10000) .. i end end }\n",
+        "return { name = 'hoard', from = '#', select = function(msg)\n"
+        "  hoard = hoard or {} for i = 1, 5000 do hoard[#hoard + 1] = string.rep('y', 100) .. i end\n"
+        "  return { n = #hoard } end }\n",
+        "return { name = 'strbomb', from = '#', select = function(msg)\n"
+        "  return { s = string.rep('x', 1 << 30) } end }\n",
+    };
+    rt_rule_vm_t *vm = vm_with(texts, 6);
+    if (!vm)
+        return;
+    rt_rule_input_t in = msg_in("a", "x");
+    rt_rule_buf_t rows = {0};
+    uint32_t n;
+    int hoard_passed = 0, hoard_memory = 0;
+    for (int round = 1; round <= 25; round++) {
+        rows.len = 0;
+        CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        CHECK_EQ(row_int(rows.p, "n"), round); /* its own state survives the others' failures */
+        CHECK_EQ(rt_rule_vm_run(vm, 1, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_EXCEPTION);
+        CHECK(strstr(err, "t/r1.lua:2: boom") != NULL);
+        CHECK_EQ(rt_rule_vm_run(vm, 2, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_BUDGET);
+        CHECK(strstr(err, "instruction budget") != NULL);
+        CHECK_EQ(rt_rule_vm_run(vm, 3, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_MEMORY);
+        CHECK(strstr(err, "not enough memory") != NULL);
+        rt_rule_outcome_t o = rt_rule_vm_run(vm, 4, &in, &rows, &n, err, sizeof(err));
+        hoard_passed += o == RT_RULE_PASSED;
+        hoard_memory += o == RT_RULE_FAIL_MEMORY;
+        CHECK_EQ(rt_rule_vm_run(vm, 5, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_MEMORY);
+        CHECK(rt_rule_vm_bytes(vm) <= MEM);
+    }
+    /* The hoarder fills the state, fails, is rebuilt, and starts again. */
+    CHECK(hoard_memory >= 1);
+    CHECK(hoard_passed >= 2);
+    CHECK(rt_rule_vm_bytes(vm) > 0);
+    rt_rule_buf_free(&rows);
+    rt_rule_vm_free(vm);
+}
+
+int main(void)
+{
+    RUN(test_json_round_trips);
+    RUN(test_json_errors);
+    RUN(test_topic_time_template);
+    RUN(test_msg_fields);
+    RUN(test_rows);
+    RUN(test_load_errors);
+    RUN(test_sandbox);
+    RUN(test_broken_rules_isolated);
+    return CHECK_SUMMARY();
+}
