@@ -8,17 +8,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "broker.h"
 #include "config.h"
 #include "log.h"
+#include "sink.h"
 
 #define RTD_VERSION "0.1.0"
 
 static void usage(FILE *out)
 {
     fprintf(out, "usage: rtd [-c FILE] [-o name=value]... [--version]\n"
+                 "       rtd passwd [-c] [-D] [-b] FILE USER [PASSWORD]\n"
                  "  -c FILE          configuration file (default etc/rtd.conf)\n"
-                 "  -o name=value    override one setting of the file\n");
+                 "  -o name=value    override one setting of the file\n"
+                 "  passwd           add, change (-c: new file) or delete (-D) a user of a\n"
+                 "                   password file, like mosquitto_passwd\n");
 }
 
 int main(int argc, char **argv)
@@ -26,6 +31,8 @@ int main(int argc, char **argv)
     const char *conf_path = "etc/rtd.conf";
     const char *overrides[64];
     int noverrides = 0;
+    if (argc > 1 && strcmp(argv[1], "passwd") == 0)
+        return rt_auth_passwd_main(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
             conf_path = argv[++i];
@@ -59,6 +66,11 @@ int main(int argc, char **argv)
     rt_log_level_t level = RT_LOG_INFO;
     rt_log_parse_level(conf.log_level, &level);
     rt_log_open(NULL, level, false);
+    /* The password and ACL files, checked before anything starts. */
+    if (rt_auth_configure(&conf, err, sizeof(err)) != 0) {
+        fprintf(stderr, "rtd: %s\n", err);
+        return 2;
+    }
 
     /* Signals are taken by this thread alone: block them before any thread starts. */
     sigset_t sigs;
@@ -80,12 +92,25 @@ int main(int argc, char **argv)
     int r = rt_init(&rc);
     if (r) {
         rt_log(RT_LOG_ERROR, "runtime.failed", "%s", rt_strerror(r));
+        rt_auth_shutdown();
         return 1;
+    }
+    /* Sinks start before anything that makes rows (the rule engine); their keys are
+       checked here, so a bad sinks table is a config error (exit 2) like any other. */
+    r = rt_sinks_start(&conf, err, sizeof(err));
+    if (r != 0) {
+        fprintf(stderr, "rtd: %s\n", err);
+        rt_shutdown();
+        rt_sinks_free();
+        return r == RT_EINVAL ? 2 : 1;
     }
     if (rt_broker_start(&conf, err, sizeof(err)) != 0) {
         rt_log(RT_LOG_ERROR, "listener.failed", "%s", err);
+        rt_sinks_stop();
         rt_shutdown();
         rt_broker_free();
+        rt_sinks_free();
+        rt_auth_shutdown();
         return 1;
     }
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, conf_path);
@@ -94,14 +119,24 @@ int main(int argc, char **argv)
         if (sigwait(&sigs, &sig) != 0)
             continue;
         if (sig == SIGHUP) {
-            rt_log(RT_LOG_INFO, "rtd.sighup", "nothing to reload yet");
+            /* The password and ACL files again; a bad one leaves both as they were. */
+            if (rt_auth_configure(&conf, err, sizeof(err)) != 0)
+                rt_log(RT_LOG_ERROR, "rtd.reload_failed", "%s", err);
+            else
+                rt_log(RT_LOG_INFO, "rtd.reloaded", "password_file=%s acl_file=%s",
+                       conf.password_file[0] ? conf.password_file : "-",
+                       conf.acl_file[0] ? conf.acl_file : "-");
             continue;
         }
         rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
         break;
     }
+    /* Sinks write or spill what they hold before the runtime stops every actor. */
+    rt_sinks_stop();
     rt_shutdown();
     rt_broker_free();
+    rt_sinks_free();
+    rt_auth_shutdown();
     rt_log(RT_LOG_INFO, "rtd.stopped", "clean shutdown");
     return 0;
 }
