@@ -160,6 +160,14 @@ static const char *name_arg(const bson_iter_t *it, const char *what, bson_t *rep
     return s;
 }
 
+/* The collection of a getMore or killCursors, which may be a listCollections cursor's. */
+static const char *cursor_coll_name(const bson_iter_t *it, bson_t *reply)
+{
+    if (BSON_ITER_HOLDS_UTF8(it) && !strcmp(bson_iter_utf8(it, NULL), "$cmd.listCollections"))
+        return bson_iter_utf8(it, NULL);
+    return name_arg(it, "collection", reply);
+}
+
 /* The collection a command names in its first field. */
 static const char *coll_name(const bson_t *cmd, bson_t *reply)
 {
@@ -303,6 +311,28 @@ static int docs_filter(mt_docs_t *d, const bson_t *filter, int64_t skip, int64_t
     while (!rc && docs_next(d, &off, &doc))
         rc = query_cb(&q, 0, bson_get_data(&doc), doc.len);
     if (rc < 0) {
+        docs_free(&out);
+        return rc;
+    }
+    docs_free(d);
+    *d = out;
+    return 0;
+}
+
+/* Replaces each document of d by its projection. */
+static int project_docs(mt_docs_t *d, const bson_t *proj)
+{
+    mt_docs_t out = {0};
+    bson_t doc;
+    size_t off = 0;
+    int rc = 0;
+    while (!rc && docs_next(d, &off, &doc)) {
+        bson_t p = BSON_INITIALIZER;
+        mt_project(proj, &doc, &p);
+        rc = docs_add(&out, bson_get_data(&p), p.len);
+        bson_destroy(&p);
+    }
+    if (rc) {
         docs_free(&out);
         return rc;
     }
@@ -645,17 +675,19 @@ static void cmd_find(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const c
                      bson_t *reply)
 {
     const char *coll = coll_name(cmd, reply);
-    bson_t filter, sort;
+    bson_t filter, sort, proj;
     int64_t skip, limit, batch;
     int natural;
     char err[256];
     if (!coll || arg_doc(cmd, "filter", &filter, reply) < 0 ||
-        arg_doc(cmd, "sort", &sort, reply) < 0 || arg_int(cmd, "skip", 0, &skip, reply) < 0 ||
+        arg_doc(cmd, "sort", &sort, reply) < 0 || arg_doc(cmd, "projection", &proj, reply) < 0 ||
+        arg_int(cmd, "skip", 0, &skip, reply) < 0 ||
         arg_int(cmd, "limit", 0, &limit, reply) < 0 ||
         batch_size(cmd, MT_DEFAULT_BATCH, &batch, reply))
         return;
     bool single = arg_bool(cmd, "singleBatch", false);
-    if (mt_filter_check(&filter, err, sizeof err) || mt_sort_check(&sort, &natural, err, sizeof err)) {
+    if (mt_filter_check(&filter, err, sizeof err) || mt_sort_check(&sort, &natural, err, sizeof err) ||
+        mt_projection_check(&proj, err, sizeof err)) {
         err_reply(reply, E_BAD_VALUE, "BadValue", "%s", err);
         return;
     }
@@ -671,6 +703,8 @@ static void cmd_find(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const c
     snprintf(ns, sizeof ns, "%s.%s", call->db, coll);
     mt_docs_t docs = {0};
     int rc = collect(st, call->db, coll, &filter, &sort, natural, skip, limit, &docs, NULL);
+    if (!rc && !bson_empty(&proj))
+        rc = project_docs(&docs, &proj);
     if (rc) {
         docs_free(&docs);
         store_error(st, reply, rc);
@@ -695,7 +729,7 @@ static void cmd_getmore(mt_state_t *st, mt_call_t *call, const bson_t *cmd, cons
         err_reply(reply, E_FAILED_TO_PARSE, "FailedToParse", "BSON field 'collection' is missing");
         return;
     }
-    const char *coll = name_arg(&it, "collection", reply);
+    const char *coll = cursor_coll_name(&it, reply);
     if (!coll || batch_size(cmd, 0, &batch, reply))
         return;
     char ns[MT_NS_MAX];
@@ -724,7 +758,10 @@ static void cmd_killcursors(mt_state_t *st, mt_call_t *call, const bson_t *cmd, 
     bson_iter_t ids;
     bson_t killed, missing, empty;
     uint32_t nk = 0, nm = 0;
-    if (!coll_name(cmd, reply) || arg_array(cmd, "cursors", &ids, reply))
+    bson_iter_t first;
+    bson_iter_init(&first, cmd);
+    bson_iter_next(&first);
+    if (!cursor_coll_name(&first, reply) || arg_array(cmd, "cursors", &ids, reply))
         return;
     bson_init(&killed);
     bson_init(&missing);

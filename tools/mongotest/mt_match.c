@@ -491,6 +491,66 @@ int mt_sort_cmp(const bson_t *sort, const bson_t *a, const bson_t *b)
     return 0;
 }
 
+int mt_projection_check(const bson_t *proj, char *err, size_t errlen)
+{
+    bson_iter_t it;
+    int mode = -1; /* 1 inclusion, 0 exclusion, -1 not yet known */
+    if (!bson_iter_init(&it, proj)) {
+        snprintf(err, errlen, "projection is not a valid document");
+        return RT_EINVAL;
+    }
+    while (bson_iter_next(&it)) {
+        const char *key = bson_iter_key(&it);
+        if (key[0] == '$' || strchr(key, '.') ||
+            (!BSON_ITER_HOLDS_NUMBER(&it) && !BSON_ITER_HOLDS_BOOL(&it))) {
+            snprintf(err, errlen,
+                     "rt_mongo_test projects only top-level fields with 1 or 0 (field '%s')", key);
+            return RT_EINVAL;
+        }
+        if (!strcmp(key, "_id"))
+            continue;
+        int incl = bson_iter_as_bool(&it);
+        if (mode >= 0 && mode != incl) {
+            snprintf(err, errlen, "Cannot do %s on field %s in %s projection",
+                     incl ? "inclusion" : "exclusion", key, incl ? "exclusion" : "inclusion");
+            return RT_EINVAL;
+        }
+        mode = incl;
+    }
+    return 0;
+}
+
+void mt_project(const bson_t *proj, const bson_t *doc, bson_t *out)
+{
+    bson_iter_t it, spec;
+    bool inclusive = false, others = false, show_id = true;
+    bson_iter_init(&it, proj);
+    while (bson_iter_next(&it)) {
+        if (!strcmp(bson_iter_key(&it), "_id")) {
+            show_id = bson_iter_as_bool(&it);
+        } else {
+            others = true;
+            inclusive = bson_iter_as_bool(&it);
+        }
+    }
+    /* {_id: 1} alone keeps only _id; {_id: 0} alone keeps all the rest. */
+    if (!others)
+        inclusive = show_id;
+    bson_iter_init(&it, doc);
+    while (bson_iter_next(&it)) {
+        const char *key = bson_iter_key(&it);
+        bool keep;
+        if (!strcmp(key, "_id"))
+            keep = show_id;
+        else if (bson_iter_init_find(&spec, proj, key))
+            keep = bson_iter_as_bool(&spec);
+        else
+            keep = !inclusive;
+        if (keep)
+            bson_append_iter(out, key, -1, &it);
+    }
+}
+
 int mt_id_key(const bson_iter_t *id, uint8_t key[MT_KEY_MAX], size_t *len)
 {
     bson_type_t t = bson_iter_type(id);

@@ -43,6 +43,15 @@ int mt_sort_check(const bson_t *sort, int *natural, char *err, size_t errlen);
 int mt_sort_cmp(const bson_t *sort, const bson_t *a, const bson_t *b);
 
 /*
+** Checks a projection: top-level fields only, each 1/true (inclusion) or
+** 0/false (exclusion), not mixed except for _id. Returns 0 or RT_EINVAL.
+*/
+int mt_projection_check(const bson_t *proj, char *err, size_t errlen);
+
+/* Appends the fields of doc that a checked, non-empty projection keeps to out, in order. */
+void mt_project(const bson_t *proj, const bson_t *doc, bson_t *out);
+
+/*
 ** Writes the canonical storage key of an _id value to key: numbers that are
 ** equal (1, 1.0, int64 1) get the same key, every other type its own BSON
 ** encoding. Returns 0, or RT_EINVAL if the key would exceed MT_KEY_MAX.

@@ -183,6 +183,14 @@ static void test_find_and_getmore(void)
     }
     mongoc_cursor_destroy(cur);
     bson_destroy(opts);
+
+    /* A projection keeps only the fields asked for. */
+    opts = BCON_NEW("projection", "{", "_id", BCON_INT32(0), "i", BCON_INT32(1), "}", "limit",
+                    BCON_INT64(1));
+    cur = mongoc_collection_find_with_opts(c, &empty, opts, NULL);
+    CHECK(mongoc_cursor_next(cur, &doc) && bson_count_keys(doc) == 1 && reply_int(doc, "i") == 0);
+    mongoc_cursor_destroy(cur);
+    bson_destroy(opts);
     coll_done(cl, c);
 }
 
