@@ -64,31 +64,32 @@ typedef struct {
 typedef struct {
     rt_sock_t *sock;       /* NULL while an offline session waits for its client */
     uint8_t *partial;      /* bytes of an incomplete packet; NULL when none */
-    size_t partial_len, partial_cap;
-    uint8_t version;       /* 0 until CONNECT */
-    uint8_t closing;       /* the connection is ending: read and deliver nothing more on it */
-    uint8_t resuming;      /* the CONNECT being handled continues this actor's session */
-    uint8_t connected;     /* counted in stats.connections */
-    uint8_t keepalive_armed; /* a keepalive timer is pending (one chain per actor) */
-    uint16_t keepalive;    /* seconds, 0 = none */
-    uint16_t next_packet_id;
-    uint16_t recv_max;     /* the client's Receive Maximum (MQTT 5), 65535 when absent */
-    uint32_t session_expiry; /* seconds the session outlives its connection; 0: ends with it */
+    char *client_id;
+    sub_entry_t *subs;
+    rt_session_t *sess;    /* inflight and queued messages; NULL until the first one */
+    rt_bin_t *will;        /* the will as a canonical PUBLISH, or NULL */
+    char **aliases;        /* inbound topic aliases (MQTT 5), allocated on first use */
+    uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
     uint64_t last_rx_ms;
     uint64_t expire_at_ms; /* offline: when the session ends */
     uint64_t will_at_ms;   /* offline with a delayed will: when it is published */
-    char *client_id;
-    sub_entry_t *subs;
-    size_t nsubs, capsubs;
-    rt_session_t *sess;    /* inflight and queued messages; NULL until the first one */
-    rt_bin_t *will;        /* the will as a canonical PUBLISH, or NULL */
-    uint8_t discard_will;  /* a normal DISCONNECT came (3.1.2.5) */
+    uint32_t partial_len, partial_cap; /* a packet is at most max_packet_size */
+    uint32_t nsubs, capsubs;
+    uint32_t nqos2, capqos2;
+    uint32_t session_expiry; /* seconds the session outlives its connection; 0: ends with it */
     uint32_t will_delay;   /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
     uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
-    char **aliases;        /* inbound topic aliases (MQTT 5), allocated on first use */
-    uint64_t dropped;      /* messages not delivered: too large for the client, or queue full */
-    uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
-    size_t nqos2, capqos2;
+    uint32_t dropped;      /* messages not delivered: too large for the client, or queue full */
+    uint16_t keepalive;    /* seconds, 0 = none */
+    uint16_t next_packet_id;
+    uint16_t recv_max;     /* the client's Receive Maximum (MQTT 5), 65535 when absent */
+    uint8_t version;       /* 0 until CONNECT */
+    /* Flags as bits: this struct is most of an idle connection's memory. */
+    uint8_t closing : 1;   /* the connection is ending: read and deliver nothing more on it */
+    uint8_t resuming : 1;  /* the CONNECT being handled continues this actor's session */
+    uint8_t connected : 1; /* counted in stats.connections */
+    uint8_t keepalive_armed : 1; /* a keepalive timer is pending (one chain per actor) */
+    uint8_t discard_will : 1; /* a normal DISCONNECT came (3.1.2.5) */
 } conn_t;
 
 #define SENT_DISCARDED 1 /* send_publish: over the client's maximum packet size, dropped */
