@@ -673,6 +673,13 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
         }
         snprintf(assigned, sizeof(assigned), "rt-%016llx", (unsigned long long)rt_self(self));
     }
+    if (c->version == MQTT_V5 && (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD))) {
+        /* Enhanced authentication is not configured: refuse the method (4.12). */
+        ack.reason = MQTT_RC_BAD_AUTH_METHOD;
+        send_packet(c, &ack);
+        close_conn(self, c, 0, RT_REASON_NORMAL);
+        return 0;
+    }
     bool resumed = c->resuming;
     c->resuming = 0;
     rt_pid_t old = 0;

@@ -305,3 +305,11 @@ def test_v5_ack_reason_codes_and_response_information(rtd):
     rec = c.expect(PUBREC)
     assert rec.body[:2] == b"\x00\x02" and rec.body[2:3] in (b"", b"\x00")
     c.disconnect()
+
+
+def test_enhanced_auth_method_refused(rtd):
+    method = b"SCRAM-SHA-1"
+    c = Raw(rtd.port, "am", props=bytes([0x15]) + len(method).to_bytes(2, "big") + method)
+    assert c.connack_code == 0x8C  # bad authentication method: none is configured
+    with pytest.raises(ConnectionError):
+        c.read(2)  # and the connection is closed
