@@ -349,8 +349,8 @@ static void on_failure(rt_sink_t *s, size_t n)
     atomic_fetch_add(&s->failed, 1);
     set_state(s, SINK_DISCONNECTED);
     pthread_mutex_lock(&s->err_lock);
-    rt_log(RT_LOG_WARNING, "sink.write_failed", "sink=%s rows=%zu retry_in_ms=%u %s", s->name, n,
-           s->backoff, s->last_error);
+    rt_log(RT_LOG_WARNING, n ? "sink.write_failed" : "sink.connect_failed",
+           "sink=%s rows=%zu retry_in_ms=%u %s", s->name, n, s->backoff, s->last_error);
     pthread_mutex_unlock(&s->err_lock);
     schedule_retry(s);
 }
@@ -417,6 +417,24 @@ static bool write_from_memory(rt_sink_t *s)
     return false;
 }
 
+/*
+** Connects when there is nothing to write, so the state shows the truth while idle
+** (and a database file exists from the start); a failure retries with backoff.
+*/
+static void try_connect(rt_sink_t *s)
+{
+    if (s->opened || !s->drv->open)
+        return;
+    set_state(s, SINK_CONNECTING);
+    if (s->drv->open(s) == 0) {
+        s->opened = true;
+        s->backoff = s->backoff_ms;
+        set_state(s, SINK_CONNECTED);
+        return;
+    }
+    on_failure(s, 0);
+}
+
 static bool spill_pending(const rt_sink_t *s)
 {
     return s->spill_open && s->spill.rows > 0;
@@ -442,7 +460,7 @@ static void pump(rt_sink_t *s, bool force)
     else if (s->mem_rows >= s->batch || (force && s->mem_rows > 0))
         ok = write_from_memory(s);
     else
-        ok = true;
+        try_connect(s), ok = true;
     if (!ok)
         spill_memory(s, 0); /* behind the spill, in order, until the retry */
     if (ok && !s->drain_sent && (spill_pending(s) || s->mem_rows >= s->batch)) {
@@ -477,9 +495,10 @@ static int sink_init(rt_actor_t *self, void *state, void *arg)
         atomic_fetch_add(&s->bytes, s->spill.bytes);
         rt_log(RT_LOG_INFO, "sink.recovered", "sink=%s rows=%llu file=%s", s->name,
                (unsigned long long)s->spill.rows, s->spill_path);
-        s->drain_sent = true;
-        rt_send(s->pid, MSG_DRAIN, NULL, 0);
     }
+    /* The first turn connects (and replays what the spill holds). */
+    s->drain_sent = true;
+    rt_send(s->pid, MSG_DRAIN, NULL, 0);
     return 0;
 }
 
@@ -588,7 +607,7 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (s->spill_open)
         rt__spill_close(&s->spill);
     s->spill_open = false;
-    set_state(s, SINK_DISCONNECTED);
+    atomic_store(&s->state, SINK_DISCONNECTED); /* stopped: not worth a warning */
 }
 
 static const char *sink_tag_name(uint32_t tag)

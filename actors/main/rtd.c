@@ -12,6 +12,7 @@
 #include "broker.h"
 #include "config.h"
 #include "log.h"
+#include "sink.h"
 
 #define RTD_VERSION "0.1.0"
 
@@ -94,10 +95,21 @@ int main(int argc, char **argv)
         rt_auth_shutdown();
         return 1;
     }
+    /* Sinks start before anything that makes rows (the rule engine); their keys are
+       checked here, so a bad sinks table is a config error (exit 2) like any other. */
+    r = rt_sinks_start(&conf, err, sizeof(err));
+    if (r != 0) {
+        fprintf(stderr, "rtd: %s\n", err);
+        rt_shutdown();
+        rt_sinks_free();
+        return r == RT_EINVAL ? 2 : 1;
+    }
     if (rt_broker_start(&conf, err, sizeof(err)) != 0) {
         rt_log(RT_LOG_ERROR, "listener.failed", "%s", err);
+        rt_sinks_stop();
         rt_shutdown();
         rt_broker_free();
+        rt_sinks_free();
         rt_auth_shutdown();
         return 1;
     }
@@ -119,8 +131,11 @@ int main(int argc, char **argv)
         rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
         break;
     }
+    /* Sinks write or spill what they hold before the runtime stops every actor. */
+    rt_sinks_stop();
     rt_shutdown();
     rt_broker_free();
+    rt_sinks_free();
     rt_auth_shutdown();
     rt_log(RT_LOG_INFO, "rtd.stopped", "clean shutdown");
     return 0;
