@@ -90,6 +90,7 @@ struct rt_rule_vm_s {
     long instructions;    /* budget per call */
     bool budget_hit;      /* the hook fired during the current call */
     bool oom;             /* the allocator refused something during the current call */
+    bool row_error;       /* the last failure was in the rows select returned, not in Lua */
     rule_file_t *files;   /* per rule */
     uint32_t nrules, capfiles;
     int rules_ref;        /* registry: i -> the table the rule file returned */
@@ -1084,11 +1085,13 @@ rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_i
         lua_sethook(L, NULL, 0, 0);
     }
     rt_rule_outcome_t r;
+    vm->row_error = false;
     if (status != LUA_OK) {
         r = classify(vm, status);
         snprintf(err, errlen, "%s", error_text(L));
     } else {
         r = collect_rows(vm, lua_gettop(L), out, nrows, err, errlen);
+        vm->row_error = r != RT_RULE_PASSED && r != RT_RULE_FILTERED;
     }
     lua_settop(L, 0);
     if (r == RT_RULE_FAIL_MEMORY)
@@ -1119,6 +1122,7 @@ int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen)
     const char *from = lua_tostring(L, -1); /* 3 or 4 */
     lua_getfield(L, 2, "sample");
     int sample = lua_type(L, -1) == LUA_TTABLE ? lua_gettop(L) : 0;
+    bool sample_given = sample != 0;
 
     rt_rule_input_t in = {.qos = 1, .retain = 0, .clientid = "sample-client",
                           .username = "sample-user", .peer = "127.0.0.1:50000",
@@ -1181,7 +1185,11 @@ int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen)
     char why[400];
     rt_rule_outcome_t r = rt_rule_vm_run(vm, idx, &in, &out, &nrows, why, sizeof(why));
     rt_rule_buf_free(&out);
-    if (r == RT_RULE_PASSED || r == RT_RULE_FILTERED)
+    /* A made-up message may not fit what the rule expects (a missing JSON field): a Lua
+       error on it is the rule's business. Runaways, memory bombs and rows that cannot be
+       stored are not; with the file's own sample every failure counts. */
+    if (r == RT_RULE_PASSED || r == RT_RULE_FILTERED ||
+        (!sample_given && r == RT_RULE_FAIL_EXCEPTION && !vm->row_error))
         return 0;
     snprintf(err, errlen, "%s: dry run on a sample %s failed: %s", f->path,
              ev ? "event" : "message", why);

@@ -155,9 +155,12 @@ rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_i
 
 /*
 ** The load-time dry run: runs rule idx on the sample its file declares
-** (`sample = { topic=, payload=, qos=, ... }`) or, failing that, on a made-up
-** message for its first from entry ({} as payload). Any failure is an error
-** naming the file and line.
+** (`sample = { topic=, payload=, qos=, clientid=, username= }`), where any
+** failure is an error, or else on a made-up message (or event) for its first
+** from entry with {} as payload, where a Lua error is accepted (the made-up
+** message may lack what the rule expects) but running past the budget, the
+** memory cap and rows that cannot be stored are errors. Errors name the file
+** and line.
 */
 int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen);
 

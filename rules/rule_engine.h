@@ -1,0 +1,186 @@
+/*
+** The rule engine: Lua rules that pick MQTT messages and broker events, reshape
+** them into rows and hand the rows to sinks (actors/sink.h).
+**
+** A rule is a file in rules_dir (etc/rules/NAME.lua) that returns a table:
+**
+**   return {
+**     name = "archive",                     -- unique; A-Z a-z 0-9 _ - . (63 max)
+**     from = { "sensors/#", "client.connected" },  -- topic filters and/or events
+**     select = function(msg, ctx)           -- nil: filtered out; a row (table);
+**       return { topic = msg.topic, payload = msg.payload }  -- or a list of rows
+**     end,
+**     to = { "archive", mongo = { collection = "x" } },  -- sinks, with per-sink options
+**     enabled = true,                       -- default true
+**     durable = false,                      -- publisher's ack waits for the rows' commit
+**     description = "...",                  -- optional
+**     sample = { topic = "sensors/1", payload = "{}" },  -- optional, for the dry run
+**   }
+**
+** msg: topic, payload (bytes), qos, retain, clientid, username (if any), peer
+** ("ip:port"), timestamp (ms), props (MQTT 5 user properties, name -> value).
+** An event: event (its name), clientid, username, peer, timestamp, plus what
+** fits: client.connected proto_ver, keepalive, clean_start;
+** client.disconnected reason_code, reason; session.subscribed topic (the
+** filter), qos; session.unsubscribed topic; message.delivered / acked /
+** dropped topic, payload, qos, retain, props, from_clientid, from_username
+** (dropped also reason). ctx: a table per rule ({rule = name}) kept between
+** calls. The sandbox, budgets and library are described in rule_vm.h.
+**
+** Execution: rt_rules_workers rule worker actors, each with one Lua state per
+** rule-set version holding every rule; a message goes to the worker picked by a
+** hash of its client id, so one client's messages stay in order. A worker
+** batches rows per sink (and per-sink options) over its turn and submits each
+** batch once. Rules are found through a topic trie (one lookup whatever the
+** number of rules) and a per-event list.
+**
+** Metrics per rule (carried over reload by name): matched = passed + filtered
+** + failed, failed = exception + budget + memory; rows out; the last error.
+**
+** Threads: rt_rules_publish and rt_rules_event are called by connection actors
+** on any scheduler; the admin calls (reload, test, enable, snapshot) from any
+** thread, outside or inside actors; start and stop from the main thread.
+*/
+#ifndef RT_RULE_ENGINE_H
+#define RT_RULE_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "rt.h"
+#include "rule_vm.h"
+
+/* Message a durable publish's ack_pid receives: data is rt_rules_durable_t. */
+#define RT_RULES_MSG_DURABLE (RT_MSG_USER + 0x5200)
+
+typedef struct rt_rules_durable_s {
+    uint64_t token;  /* the ack_token given to rt_rules_publish */
+    int32_t status;  /* 0: every row committed; < 0: a row was dropped (RT_E* from the sink)
+                        or a durable rule failed on the message (RT_EINVAL) */
+} rt_rules_durable_t;
+
+/* Tunables (defaults; rtd.conf sets rule_workers, rule_instructions, rule_memory). */
+#define RT_RULES_BATCH_ROWS 1000           /* rows per sink batch before it is submitted */
+#define RT_RULES_BATCH_BYTES (1u << 20)    /* bytes per sink batch before it is submitted */
+#define RT_RULES_MAX_FILES 10000           /* rule files in rules_dir */
+#define RT_RULES_MAX_FILE_BYTES (1u << 20) /* bytes of one rule file */
+#define RT_RULES_STOP_WAIT_MS 2000         /* rt_rules_stop waits this long for workers */
+
+/*
+** Loads and validates every *.lua in conf->rules_dir (a missing directory is an
+** empty rule set), then spawns the workers. Call after rt_init and
+** rt_sinks_start, outside any actor. Returns 0 or RT_E* with err naming the file
+** and line.
+*/
+int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen);
+/*
+** Stops accepting messages, lets the workers finish what they hold (their last
+** rows are submitted) and frees everything. Call before rt_sinks_stop and
+** rt_shutdown, outside any actor. Safe to call when not started.
+*/
+void rt_rules_stop(void);
+
+typedef struct rt_rule_origin_s {
+    const char *clientid;
+    const char *username; /* may be NULL */
+    const char *peer;     /* "ip:port"; may be NULL */
+    uint64_t ts_ms;       /* wall clock, ms since the epoch */
+} rt_rule_origin_t;
+
+/*
+** For every PUBLISH the broker accepts. canonical is the message as an MQTT 5
+** PUBLISH (the engine takes its own reference; the caller keeps its own).
+** Returns 0 when no enabled rule matches (one trie lookup, no allocation), 1
+** when handed to a worker, 2 when a matching rule is durable and ack_pid != 0:
+** ack_pid then later receives exactly one RT_RULES_MSG_DURABLE with ack_token,
+** once every row made from this message is committed (or at once if none was
+** made). RT_E* (< 0) if the message could not be handed over (no memory; the
+** engine is stopped): nothing will be sent.
+*/
+int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ack_pid,
+                     uint64_t ack_token);
+
+typedef enum {
+    RT_RULE_EV_CLIENT_CONNECTED = 1,
+    RT_RULE_EV_CLIENT_DISCONNECTED,
+    RT_RULE_EV_SESSION_SUBSCRIBED,
+    RT_RULE_EV_SESSION_UNSUBSCRIBED,
+    RT_RULE_EV_MESSAGE_DELIVERED,
+    RT_RULE_EV_MESSAGE_ACKED,
+    RT_RULE_EV_MESSAGE_DROPPED,
+} rt_rule_event_kind_t;
+
+/*
+** A broker event. The origin is the client the event is about (for message.*
+** the receiving client). Fields that do not fit the kind are ignored.
+*/
+typedef struct rt_rule_event_s {
+    rt_rule_event_kind_t kind;
+    const char *topic;         /* session.(un)subscribed: the filter */
+    int qos;                   /* session.subscribed: granted QoS (-1: none) */
+    int reason_code;           /* client.disconnected, message.dropped: MQTT reason code (-1) */
+    const char *reason;        /* client.disconnected, message.dropped: short text, or NULL */
+    int proto_ver;             /* client.connected: 3, 4 or 5 (-1: none) */
+    int keepalive;             /* client.connected: seconds (-1: none) */
+    int clean_start;           /* client.connected: 0 or 1 (-1: none) */
+    rt_bin_t *canonical;       /* message.*: the message (borrowed; the engine retains it) */
+    const char *from_clientid; /* message.*: the publisher, or NULL */
+    const char *from_username; /* message.*: or NULL */
+} rt_rule_event_t;
+
+/* Returns 0 when no enabled rule takes this event (no allocation), 1 when handed over. */
+int rt_rules_event(const rt_rule_origin_t *o, const rt_rule_event_t *e);
+
+/*
+** Loads and validates the whole rule set again (syntax, fields, sinks exist, a
+** dry run of every rule) and swaps it in atomically; messages in flight finish
+** on the version that took them; metrics carry over by rule name; a file's
+** `enabled` applies. On error nothing changes and err names the file and line.
+*/
+int rt_rules_reload(char *err, size_t errlen);
+
+/*
+** Runs rule `name` of the current set on one sample message (client id
+** "rt_rules_test") in a fresh state and returns the rows it would produce as a
+** JSON array of documents (MongoDB relaxed extended JSON, which shows exactly
+** what the sinks would store: binaries as $binary, and so on) in *json_out
+** (free() it). Writes nothing and counts nothing. RT_ENOTFOUND for no such
+** rule; RT_EINVAL with err when the rule fails.
+*/
+int rt_rules_test(const char *name, const char *topic, const void *payload, size_t len, int qos,
+                  char **json_out, char *err, size_t errlen);
+
+/* Enables or disables a rule of the current set; RT_ENOTFOUND if there is none. */
+int rt_rules_enable(const char *name, bool on);
+
+typedef struct rt_rule_info_s {
+    char name[RT_RULE_NAME_MAX];
+    uint64_t version;           /* the rule-set version (1 at start, +1 per reload) */
+    bool enabled;
+    bool durable;
+    char from[256];             /* entries joined by ", " (cut if longer) */
+    char to[256];
+    uint64_t matched, passed, filtered, failed;
+    uint64_t failed_exception, failed_budget, failed_memory;
+    uint64_t rows_out;
+    char last_error[256];
+} rt_rule_info_t;
+
+/* Copies up to max rules' metrics (file name order) into out; returns how many rules there are. */
+size_t rt_rules_snapshot(rt_rule_info_t *out, size_t max);
+
+typedef struct rt_rules_worker_info_s {
+    rt_pid_t pid;
+    uint64_t messages;   /* messages and events handled */
+    uint64_t batches;    /* sink submissions */
+    uint64_t lua_bytes;  /* bytes held by its Lua state for the current version */
+    uint64_t c_bytes;    /* bytes of its row buffers and durable-ack tables */
+    uint64_t pending_durable; /* messages waiting for their rows' commit */
+} rt_rules_worker_info_t;
+
+/* Copies up to max workers' counters; returns the number of workers. */
+size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max);
+
+#endif

@@ -1,0 +1,1 @@
+return { name = "same", from = "a", select = function() end }

@@ -1,0 +1,2 @@
+return {
+    name = "same", from = "b", select = function() end }

@@ -1,0 +1,5 @@
+return {
+    name = "nosel",
+    from = "a/b",
+    to = {},
+}

@@ -1,0 +1,1 @@
+return { name = "ok", from = "#", select = function(msg) return nil end }
