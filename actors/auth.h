@@ -9,6 +9,9 @@
 **   $6$SALT$HASH             SHA-512(password || salt), Mosquitto 1.6's default
 ** `rtd passwd` writes $7$ with a 16-byte salt from getrandom and
 ** RT_AUTH_PBKDF2_ITERATIONS rounds (mosquitto_passwd: 12 bytes, 101 rounds).
+** rtd reads both; Mosquitto 2.0 reads only 12-byte salts, so a Mosquitto
+** broker refuses the users `rtd passwd` writes (set RT_AUTH_SALT_BYTES to 12
+** if one file must serve both brokers).
 **
 ** Tables are immutable once loaded. The process-wide ones (the password table
 ** here, the ACL in acl.h) are swapped by a reload while scheduler threads read
