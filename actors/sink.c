@@ -194,11 +194,6 @@ static void pop_settled(rt_sink_t *s)
     }
 }
 
-static uint32_t doc_len(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /*
 ** Takes up to max of the oldest untaken rows of the memory queue into rows[].
 ** They stay counted in mem_* until the caller commits to where they went.
@@ -212,7 +207,7 @@ static size_t take_rows(rt_sink_t *s, sink_row_t *rows, size_t max)
         const uint8_t *opts = e->opts ? rt_bin_data(e->opts) : NULL;
         uint32_t opts_len = e->opts ? (uint32_t)rt_bin_len(e->opts) : 0;
         while (taken < e->nrows && n < max) {
-            uint32_t len = doc_len(data + off);
+            uint32_t len = rt__sink_doc_len(data + off);
             rows[n++] = (sink_row_t){.doc = data + off, .len = len, .opts = opts,
                                      .opts_len = opts_len, .entry = e};
             off += len;
@@ -423,8 +418,13 @@ static bool write_from_memory(rt_sink_t *s)
 */
 static void try_connect(rt_sink_t *s)
 {
-    if (s->opened || !s->drv->open)
+    if (s->opened)
         return;
+    if (!s->drv->open) { /* nothing to connect to (republish) */
+        s->opened = true;
+        set_state(s, SINK_CONNECTED);
+        return;
+    }
     set_state(s, SINK_CONNECTING);
     if (s->drv->open(s) == 0) {
         s->opened = true;
@@ -622,24 +622,15 @@ static const char *sink_tag_name(uint32_t tag)
     }
 }
 
-static const rt_actor_type_t sink_type = {
-    .name = "sink",
-    .state_size = sizeof(sink_actor_t),
-    .init = sink_init,
-    .handle = sink_handle,
-    .terminate = sink_terminate,
-    .tag_name = sink_tag_name,
-};
-
-static const rt_actor_type_t sink_blocking_type = {
-    .name = "sink",
-    .state_size = sizeof(sink_actor_t),
-    .init = sink_init,
-    .handle = sink_handle,
-    .terminate = sink_terminate,
-    .tag_name = sink_tag_name,
-    .flags = RT_TYPE_BLOCKING,
-};
+/* Database sinks run on the blocking pool, the republish sink on a scheduler. */
+#define SINK_TYPE(flags_)                                                                          \
+    {                                                                                              \
+        .name = "sink", .state_size = sizeof(sink_actor_t), .init = sink_init,                     \
+        .handle = sink_handle, .terminate = sink_terminate, .tag_name = sink_tag_name,             \
+        .flags = (flags_),                                                                         \
+    }
+static const rt_actor_type_t sink_type = SINK_TYPE(0);
+static const rt_actor_type_t sink_blocking_type = SINK_TYPE(RT_TYPE_BLOCKING);
 
 /* ---- Submission (any thread) ---- */
 
@@ -650,7 +641,7 @@ static bool docs_wellformed(const uint8_t *p, size_t len, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         if (len - off < 5)
             return false;
-        uint32_t dl = doc_len(p + off);
+        uint32_t dl = rt__sink_doc_len(p + off);
         if (dl < 5 || dl > len - off || p[off + dl - 1] != 0)
             return false;
         off += dl;

@@ -168,6 +168,12 @@ const char *rt__sink_opt_str(const sink_row_t *r, const char *key, uint32_t *len
 ** with bson_malloc: the caller bson_free()s it; NULL when unused). Null is "".
 */
 const char *rt__sink_text(const bson_iter_t *it, uint32_t *len, char **tmp, char *num);
+/* The length of the BSON document at p (its little-endian int32 prefix). */
+static inline uint32_t rt__sink_doc_len(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 /* Config lookups in a checked section. */
 const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key);
 

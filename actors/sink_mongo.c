@@ -137,8 +137,7 @@ static rt_bin_t *mg_admit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows)
     size_t len = rt_bin_len(rows), off = 0, missing = 0;
     for (uint32_t i = 0; i < nrows; i++) {
         bson_t doc;
-        uint32_t dl = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 |
-                      (uint32_t)p[off + 3] << 24;
+        uint32_t dl = rt__sink_doc_len(p + off);
         if (bson_init_static(&doc, p + off, dl) && !bson_has_field(&doc, "_id"))
             missing++;
         off += dl;
@@ -154,8 +153,7 @@ static rt_bin_t *mg_admit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows)
     off = 0;
     for (uint32_t i = 0; i < nrows; i++) {
         bson_t doc;
-        uint32_t dl = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 |
-                      (uint32_t)p[off + 3] << 24;
+        uint32_t dl = rt__sink_doc_len(p + off);
         bool has = !bson_init_static(&doc, p + off, dl) || bson_has_field(&doc, "_id");
         if (has) {
             memcpy(q + qoff, p + off, dl);

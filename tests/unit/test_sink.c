@@ -18,6 +18,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "broker.h"
 #include "config.h"
 #include "rt_test.h"
 #include "sink.h"
@@ -88,6 +94,20 @@ static bool books_balance(const rt_sink_info_t *i)
                 (unsigned long long)i->inflight, (unsigned long long)i->spilled,
                 (unsigned long long)i->dropped);
     return ok;
+}
+
+/*
+** Starts a runtime with one SQLite sink "archive" on dbfile (extra: more keys, Lua) in
+** a fresh directory unless keep_dir; sinks gets the table used, for a restart.
+*/
+static rt_sink_t *start_archive(const char *extra, bool keep_dir, char *sinks, size_t cap)
+{
+    if (!keep_dir)
+        clean_dir();
+    test_start(2);
+    snprintf(sinks, cap, "{ archive = { type = 'sqlite', file = '%s', %s } }", dbfile, extra);
+    CHECK_EQ(start(sinks), 0);
+    return rt_sink_find("archive");
 }
 
 /* Waits until field of sink name reaches want. */
@@ -274,13 +294,8 @@ static void test_config_errors(void)
 
 static void test_sqlite_batches_and_acks(void)
 {
-    clean_dir();
-    test_start(2);
     char sinks[512];
-    snprintf(sinks, sizeof(sinks),
-             "{ archive = { type = 'sqlite', file = '%s', batch = 500, flush_ms = 20 } }", dbfile);
-    CHECK_EQ(start(sinks), 0);
-    rt_sink_t *s = rt_sink_find("archive");
+    rt_sink_t *s = start_archive("batch = 500, flush_ms = 20", false, sinks, sizeof(sinks));
     CHECK(s != NULL);
     CHECK(rt_sink_find("nope") == NULL);
     ack_db = open_db(dbfile);
@@ -423,15 +438,10 @@ static void unlock_db(sqlite3 *db)
 
 static void test_sqlite_spill_and_replay(void)
 {
-    clean_dir();
-    test_start(2);
-    sqlite3 *lock = lock_db();
     char sinks[512];
-    snprintf(sinks, sizeof(sinks),
-             "{ archive = { type = 'sqlite', file = '%s', batch = 100, flush_ms = 5, "
-             "busy_ms = 10, backoff_ms = 20, backoff_max_ms = 200 } }", dbfile);
-    CHECK_EQ(start(sinks), 0);
-    rt_sink_t *s = rt_sink_find("archive");
+    rt_sink_t *s = start_archive("batch = 100, flush_ms = 5, busy_ms = 10, backoff_ms = 20, "
+                                 "backoff_max_ms = 200", false, sinks, sizeof(sinks));
+    sqlite3 *lock = lock_db();
     rt_pid_t acker = start_acker();
     const uint32_t n = (uint32_t)check_scale(3000);
     for (uint32_t i = 0; i < n; i += 10)
@@ -470,15 +480,11 @@ static void test_sqlite_spill_and_replay(void)
 
 static void test_sqlite_restart_replays_spill(void)
 {
-    clean_dir();
-    test_start(2);
-    sqlite3 *lock = lock_db();
     char sinks[512];
-    snprintf(sinks, sizeof(sinks),
-             "{ archive = { type = 'sqlite', file = '%s', batch = 50, flush_ms = 5, "
-             "busy_ms = 10, backoff_ms = 20, backoff_max_ms = 100 } }", dbfile);
-    CHECK_EQ(start(sinks), 0);
-    rt_sink_t *s = rt_sink_find("archive");
+    const char *keys = "batch = 50, flush_ms = 5, busy_ms = 10, backoff_ms = 20, "
+                       "backoff_max_ms = 100";
+    rt_sink_t *s = start_archive(keys, false, sinks, sizeof(sinks));
+    sqlite3 *lock = lock_db();
     const uint32_t n = 1000;
     for (uint32_t k = 0; k < n; k += 100)
         CHECK_EQ(rt_sink_submit(s, make_rows(k, 100, k, 8), 100, NULL, 0, 0), 0);
@@ -494,8 +500,7 @@ static void test_sqlite_restart_replays_spill(void)
     rt_shutdown();
     rt_sinks_free();
     unlock_db(lock);
-    test_start(2);
-    CHECK_EQ(start(sinks), 0);
+    start_archive(keys, true, sinks, sizeof(sinks));
     CHECK(WAIT_FOR("archive", written, n, 10000));
     i = info("archive");
     CHECK_EQ(i.recovered, n);
@@ -511,16 +516,11 @@ static void test_sqlite_restart_replays_spill(void)
 
 static void test_byte_limit(void)
 {
-    clean_dir();
-    test_start(2);
-    sqlite3 *lock = lock_db();
     char sinks[512];
-    snprintf(sinks, sizeof(sinks),
-             "{ archive = { type = 'sqlite', file = '%s', batch = 10, flush_ms = 5, "
-             "busy_ms = 10, backoff_ms = 10, backoff_max_ms = 50, max_bytes = 20000 } }",
-             dbfile);
-    CHECK_EQ(start(sinks), 0);
-    rt_sink_t *s = rt_sink_find("archive");
+    rt_sink_t *s = start_archive("batch = 10, flush_ms = 5, busy_ms = 10, backoff_ms = 10, "
+                                 "backoff_max_ms = 50, max_bytes = 20000", false, sinks,
+                                 sizeof(sinks));
+    sqlite3 *lock = lock_db();
     rt_pid_t acker = start_acker();
     uint32_t ok = 0, refused = 0;
     for (uint32_t i = 0; i < 100; i++) {
@@ -549,6 +549,176 @@ static void test_byte_limit(void)
     CHECK(in_order(db, "messages", ok));
     sqlite3_close(db);
     stop_all();
+}
+
+/* ---- Republish: through a real broker to a raw MQTT 3.1.1 subscriber ---- */
+
+static bool read_full(int fd, uint8_t *buf, size_t n, int timeout_ms)
+{
+    size_t got = 0;
+    while (got < n) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, timeout_ms) <= 0)
+            return false;
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r <= 0)
+            return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+/* Reads one packet: its first byte and body (up to cap). */
+static int read_packet(int fd, uint8_t *body, size_t cap, size_t *len)
+{
+    uint8_t h;
+    if (!read_full(fd, &h, 1, 3000))
+        return -1;
+    size_t rl = 0, mul = 1;
+    uint8_t b;
+    do {
+        if (!read_full(fd, &b, 1, 3000))
+            return -1;
+        rl += (b & 127) * mul;
+        mul *= 128;
+    } while (b & 128);
+    if (rl > cap || !read_full(fd, body, rl, 3000))
+        return -1;
+    *len = rl;
+    return h;
+}
+
+/* Connects to port and subscribes to filter at QoS 0; returns the socket or -1. */
+static int mqtt_subscriber(int port, const char *filter)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    static const uint8_t conn[] = {0x10, 15, 0, 4, 'M', 'Q', 'T', 'T', 4, 2, 0, 60, 0, 3, 's', 'u',
+                                   'b'};
+    uint8_t sub[128], body[64];
+    size_t fl = strlen(filter), len;
+    size_t n = 0;
+    sub[n++] = 0x82;
+    sub[n++] = (uint8_t)(2 + 2 + fl + 1);
+    sub[n++] = 0;
+    sub[n++] = 1;
+    sub[n++] = 0;
+    sub[n++] = (uint8_t)fl;
+    memcpy(sub + n, filter, fl);
+    n += fl;
+    sub[n++] = 0;
+    if (write(fd, conn, sizeof(conn)) != (ssize_t)sizeof(conn) ||
+        read_packet(fd, body, sizeof(body), &len) != 0x20 || body[1] != 0 ||
+        write(fd, sub, n) != (ssize_t)n || read_packet(fd, body, sizeof(body), &len) != 0x90) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Reads one PUBLISH; topic and payload as strings. */
+static bool next_publish(int fd, char *topic, size_t tcap, char *payload, size_t pcap)
+{
+    uint8_t body[4096];
+    size_t len;
+    int h = read_packet(fd, body, sizeof(body), &len);
+    if ((h & 0xf0) != 0x30 || len < 2)
+        return false;
+    size_t tl = (size_t)body[0] << 8 | body[1];
+    size_t off = 2 + tl + ((h & 6) ? 2 : 0);
+    if (tl >= tcap || off > len || len - off >= pcap)
+        return false;
+    memcpy(topic, body + 2, tl);
+    topic[tl] = 0;
+    memcpy(payload, body + off, len - off);
+    payload[len - off] = 0;
+    return true;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof(a);
+    bind(fd, (struct sockaddr *)&a, sizeof(a));
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void test_republish(void)
+{
+    clean_dir();
+    test_start(2);
+    rt_conf_t *c = malloc(sizeof(*c));
+    int port = free_port();
+    char err[RT_CONF_ERR_LEN], sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ rp = { type = 'republish', topic = 'out/${key}/${meta.site}', "
+             "payload = '${payload} from ${key} (${missing})' }, "
+             "rpjson = { type = 'republish', topic = 'json/${key}' } }");
+    make_conf(c, sinks);
+    c->nlisteners = 1;
+    snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "127.0.0.1");
+    c->listeners[0].port = port;
+    CHECK_EQ(rt_broker_start(c, err, sizeof(err)), 0);
+    CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), 0);
+    free(c);
+    int fd = mqtt_subscriber(port, "#");
+    CHECK(fd >= 0);
+    if (fd < 0) {
+        stop_all();
+        rt_broker_free();
+        return;
+    }
+    rt_pid_t acker = start_acker();
+    bson_t r = BSON_INITIALIZER, meta;
+    BSON_APPEND_UTF8(&r, "key", "k1");
+    BSON_APPEND_BINARY(&r, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *)"hello", 5);
+    BSON_APPEND_DOCUMENT_BEGIN(&r, "meta", &meta);
+    BSON_APPEND_UTF8(&meta, "site", "s1");
+    bson_append_document_end(&r, &meta);
+    CHECK_EQ(rt_sink_submit(rt_sink_find("rp"), bin_of(&r), 1, NULL, acker, 1), 0);
+    char topic[256], payload[1024];
+    CHECK(next_publish(fd, topic, sizeof(topic), payload, sizeof(payload)));
+    CHECK(strcmp(topic, "out/k1/s1") == 0);
+    CHECK(strcmp(payload, "hello from k1 ()") == 0);
+    /* No payload template: the row as JSON. */
+    CHECK_EQ(rt_sink_submit(rt_sink_find("rpjson"), bin_of(&r), 1, NULL, acker, 2), 0);
+    CHECK(next_publish(fd, topic, sizeof(topic), payload, sizeof(payload)));
+    CHECK(strcmp(topic, "json/k1") == 0);
+    CHECK(strstr(payload, "\"site\" : \"s1\"") != NULL);
+    /* The rule's options win; a topic that renders invalid is dropped and counted. */
+    bson_t o = BSON_INITIALIZER, bad = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&o, "topic", "alt/${key}");
+    BSON_APPEND_UTF8(&o, "payload", "v=${meta}");
+    CHECK_EQ(rt_sink_submit(rt_sink_find("rp"), bin_of(&r), 1, bin_of(&o), acker, 3), 0);
+    CHECK(next_publish(fd, topic, sizeof(topic), payload, sizeof(payload)));
+    CHECK(strcmp(topic, "alt/k1") == 0);
+    CHECK(strstr(payload, "v={") == payload && strstr(payload, "s1"));
+    BSON_APPEND_UTF8(&bad, "key", "+");
+    CHECK_EQ(rt_sink_submit(rt_sink_find("rpjson"), bin_of(&bad), 1, NULL, acker, 4), 0);
+    CHECK(wait_at_least(&acks, 4, 3000));
+    CHECK_EQ(atomic_load(&acks_bad), 1);
+    rt_sink_info_t i = info("rp"), j = info("rpjson");
+    CHECK_EQ(i.written, 2);
+    CHECK_EQ(j.written, 1);
+    CHECK_EQ(j.dropped, 1);
+    CHECK(strstr(j.last_error, "json/+") != NULL);
+    CHECK(strcmp(i.state, "connected") == 0 && strcmp(i.type, "republish") == 0);
+    CHECK(books_balance(&i) && books_balance(&j));
+    close(fd);
+    bson_destroy(&r);
+    bson_destroy(&o);
+    bson_destroy(&bad);
+    stop_all();
+    rt_broker_free();
 }
 
 /* ---- MongoDB ---- */
@@ -818,6 +988,7 @@ int main(void)
     RUN(test_sqlite_spill_and_replay);
     RUN(test_sqlite_restart_replays_spill);
     RUN(test_byte_limit);
+    RUN(test_republish);
     RUN(test_mongo);
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
