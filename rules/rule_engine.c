@@ -65,6 +65,7 @@ typedef struct rule_s {
     char from[256], to[256]; /* for the snapshot */
     uint32_t targets[RT_RULE_MAX_TO];
     uint32_t ntargets;
+    char missing_sink[RT_RULE_NAME_MAX]; /* a disabled rule's sink that is not running */
     metrics_t *m;
 } rule_t;
 
@@ -296,6 +297,13 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
     for (size_t i = 0; i < spec->nto; i++) {
         tos[i] = spec->to[i].sink;
         rt_sink_t *sink = rt_sink_find(spec->to[i].sink);
+        if (!sink && !spec->enabled) {
+            /* A disabled rule may name a sink that is not running (disabled in rtd.conf);
+               it cannot be enabled until a reload finds the sink. */
+            if (!r->missing_sink[0])
+                snprintf(r->missing_sink, sizeof(r->missing_sink), "%s", spec->to[i].sink);
+            continue;
+        }
         if (!sink) {
             int line = rt_rule_field_line(r->text, r->len, "to");
             snprintf(err, errlen, "%s:%d: to: no sink named \"%s\" (sinks are configured in "
@@ -1216,11 +1224,14 @@ int rt_rules_enable(const char *name, bool on)
 {
     rule_set_t *s = current();
     rule_t *r = s ? find_rule(s, name) : NULL;
-    if (r)
+    int rc = r ? 0 : RT_ENOTFOUND;
+    if (r && on && r->missing_sink[0])
+        rc = RT_EINVAL;
+    else if (r)
         atomic_store(&r->enabled, on);
     if (s)
         set_release(s);
-    return r ? 0 : RT_ENOTFOUND;
+    return rc;
 }
 
 size_t rt_rules_snapshot(rt_rule_info_t *out, size_t max)

@@ -152,7 +152,12 @@ int rt_rules_reload(char *err, size_t errlen);
 int rt_rules_test(const char *name, const char *topic, const void *payload, size_t len, int qos,
                   char **json_out, char *err, size_t errlen);
 
-/* Enables or disables a rule of the current set; RT_ENOTFOUND if there is none. */
+/*
+** Enables or disables a rule of the current set; RT_ENOTFOUND if there is none,
+** RT_EINVAL to enable a rule whose file disables it and names a sink that is not
+** running (such a rule loads, as examples for disabled sinks do; a real error
+** for an enabled rule).
+*/
 int rt_rules_enable(const char *name, bool on);
 
 typedef struct rt_rule_info_s {

@@ -12,6 +12,7 @@
 #include "broker.h"
 #include "config.h"
 #include "log.h"
+#include "rule_engine.h"
 #include "sink.h"
 
 #define RTD_VERSION "0.1.0"
@@ -104,8 +105,21 @@ int main(int argc, char **argv)
         rt_sinks_free();
         return r == RT_EINVAL ? 2 : 1;
     }
+    /* The rule engine feeds the sinks and is fed by connections: between the two. */
+    r = rt_rules_start(&conf, err, sizeof(err));
+    if (r != 0) {
+        fprintf(stderr, "rtd: %s\n", err);
+        rt_sinks_stop();
+        rt_shutdown();
+        rt_sinks_free();
+        rt_auth_shutdown();
+        return r == RT_EINVAL ? 2 : 1;
+    }
+    rt_log(RT_LOG_INFO, "rules.started", "rules=%zu rules_dir=%s", rt_rules_snapshot(NULL, 0),
+           conf.rules_dir);
     if (rt_broker_start(&conf, err, sizeof(err)) != 0) {
         rt_log(RT_LOG_ERROR, "listener.failed", "%s", err);
+        rt_rules_stop();
         rt_sinks_stop();
         rt_shutdown();
         rt_broker_free();
@@ -126,12 +140,19 @@ int main(int argc, char **argv)
                 rt_log(RT_LOG_INFO, "rtd.reloaded", "password_file=%s acl_file=%s",
                        conf.password_file[0] ? conf.password_file : "-",
                        conf.acl_file[0] ? conf.acl_file : "-");
+            /* The rules too; a bad rule file leaves the running set as it is. */
+            if (rt_rules_reload(err, sizeof(err)) != 0)
+                rt_log(RT_LOG_ERROR, "rules.reload_failed", "%s", err);
+            else
+                rt_log(RT_LOG_INFO, "rules.reloaded", "rules_dir=%s", conf.rules_dir);
             continue;
         }
         rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
         break;
     }
-    /* Sinks write or spill what they hold before the runtime stops every actor. */
+    /* Rule workers hand over their last rows, then sinks write or spill what they hold,
+       before the runtime stops every actor. */
+    rt_rules_stop();
     rt_sinks_stop();
     rt_shutdown();
     rt_broker_free();

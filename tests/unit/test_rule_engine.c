@@ -49,7 +49,8 @@ static void clean_rules(void)
 ** Starts the runtime, a SQLite sink "store" (file in dir) and the rule engine
 ** on rules_dir. Returns rt_rules_start's code (err has the reason).
 */
-static int start(const char *rules_dir, long workers, long instructions, long memory)
+static int start_sink(const char *sink, const char *rules_dir, long workers, long instructions,
+                      long memory)
 {
     test_start(2);
     rt_conf_t *c = malloc(sizeof(*c));
@@ -57,8 +58,8 @@ static int start(const char *rules_dir, long workers, long instructions, long me
     snprintf(c->data_dir, sizeof(c->data_dir), "%s", dir);
     char a[512];
     snprintf(a, sizeof(a),
-             "sinks={store={type=\"sqlite\",file=\"%s/rt.db\",table=\"rows\",synchronous=\"normal\"}}",
-             dir);
+             "sinks={%s={type=\"sqlite\",file=\"%s/rt.db\",table=\"rows\",synchronous=\"normal\"}}",
+             sink, dir);
     if (rt_conf_set(c, a, err, sizeof(err)) || rt_sinks_start(c, err, sizeof(err))) {
         fprintf(stderr, "sinks: %s\n", err);
         exit(2);
@@ -71,6 +72,11 @@ static int start(const char *rules_dir, long workers, long instructions, long me
     int rc = rt_rules_start(c, err, sizeof(err));
     free(c);
     return rc;
+}
+
+static int start(const char *rules_dir, long workers, long instructions, long memory)
+{
+    return start_sink("store", rules_dir, workers, instructions, memory);
 }
 
 static void stop(void)
@@ -171,13 +177,17 @@ static void test_load(void)
 {
     CHECK_EQ(start("tests/rules/good", 2, 100000, 8 << 20), 0);
     rt_rule_info_t all[8];
-    CHECK_EQ(rt_rules_snapshot(all, 8), 4);
+    CHECK_EQ(rt_rules_snapshot(all, 8), 5);
     CHECK(strcmp(all[0].name, "temps") == 0 && strcmp(all[3].name, "events") == 0);
     CHECK_EQ(all[0].version, 1);
     CHECK(all[0].enabled && !all[2].enabled);
     CHECK(strcmp(all[0].from, "sensors/+/temp") == 0);
     CHECK(strcmp(all[0].to, "store") == 0);
     CHECK(strncmp(all[3].from, "client.connected, client.disconnected", 37) == 0);
+    /* A disabled rule may name a sink that is not running, but cannot be enabled. */
+    CHECK(strcmp(all[4].name, "mongo_off") == 0 && !all[4].enabled);
+    CHECK_EQ(rt_rules_enable("mongo_off", true), RT_EINVAL);
+    CHECK(!info("mongo_off").enabled);
     rt_rules_worker_info_t w[4];
     CHECK_EQ(rt_rules_workers(w, 4), 2);
     CHECK(w[0].lua_bytes > 10000 && w[1].lua_bytes > 10000);
@@ -557,6 +567,42 @@ static void test_rules_test(void)
     stop();
 }
 
+/* The shipped examples load against the shipped sink names and do what they say. */
+static void test_examples(void)
+{
+    sh("rm -f %s/rt.db*", dir);
+    CHECK_EQ(start_sink("archive", "etc/rules", 2, 1000000, 64 << 20), 0);
+    if (err[0])
+        fprintf(stderr, "  %s\n", err);
+    CHECK(info("archive").enabled && !info("mongo_sensors").enabled &&
+          !info("republish_alerts").enabled);
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(publish_from("c9", "any/topic", "\x01\x02 payload", 0, 0), 1);
+    CHECK_EQ(publish_from("c9", "$SYS/x", "p", 0, 0), 0);
+    CHECK(wait_written("archive", 10));
+    CHECK_EQ(sql_int("SELECT count(*) FROM rows WHERE topic = 'any/topic' AND clientid = 'c9' "
+                     "AND qos = 1 AND retain = 0 AND ts = 42"),
+             10);
+    char *json = NULL;
+    CHECK_EQ(rt_rules_test("mongo_sensors", "sensors/s7/data", "{\"temp\": 20.5, \"tags\": [\"a\"]}",
+                           29, 0, &json, err, sizeof(err)),
+             0);
+    CHECK(json && strstr(json, "\"sensor\" : \"s7\"") && strstr(json, "\"temp\" : 20.5") &&
+          strstr(json, "\"tags\" : [ \"a\" ]"));
+    free(json);
+    CHECK_EQ(rt_rules_test("mongo_sensors", "sensors/s7/data", "garbage", 7, 0, &json, err,
+                           sizeof(err)),
+             0);
+    CHECK(json && strcmp(json, "[]") == 0);
+    free(json);
+    CHECK_EQ(rt_rules_test("republish_alerts", "sensors/s1/temp", "{\"temp\": 31.5}", 14, 0, &json,
+                           err, sizeof(err)),
+             0);
+    CHECK(json && strstr(json, "\"temp\" : 31.5") && strstr(json, "\"sensor\" : \"s1\""));
+    free(json);
+    stop();
+}
+
 static void test_bench(void)
 {
     clean_rules();
@@ -599,6 +645,7 @@ int main(void)
     RUN(test_reload);
     RUN(test_durable);
     RUN(test_rules_test);
+    RUN(test_examples);
     RUN(test_bench);
     sh("rm -rf %s", dir);
     return CHECK_SUMMARY();
