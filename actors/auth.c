@@ -32,6 +32,7 @@
 #define RT_AUTH_MAX_NAME 65535              /* MQTT strings are at most this long */
 #define HASH_BYTES 64                       /* SHA-512 */
 #define MAX_SALT 64
+#define CACHE_TAG_BYTES 32                  /* HMAC-SHA256 */
 
 /* ---- Shared with acl.c: whole-file reads and line iteration ---- */
 
@@ -166,6 +167,10 @@ typedef struct entry_s {
     uint32_t iterations; /* $7$ only */
     uint8_t salt[MAX_SALT];
     uint8_t hash[HASH_BYTES];
+    /* The last password that verified, as a keyed tag (see remember()); any thread
+       reads and writes these, the table being otherwise immutable. */
+    atomic_uint_fast64_t tag_seq;                  /* seqlock: odd while written, 0 empty */
+    atomic_uint_fast64_t tag[CACHE_TAG_BYTES / 8]; /* HMAC-SHA256(process key, salt||pw) */
 } entry_t;
 
 struct rt_auth_s {
@@ -390,6 +395,70 @@ int rt_auth_load(const char *path, rt_auth_t **out, char *err, size_t errlen)
     return 0;
 }
 
+/*
+** A successful login is remembered per user as a tag keyed by a random
+** per-process key, so the next login with the same password (a reconnect)
+** costs one HMAC instead of the full PBKDF2. A wrong password never matches a
+** tag and always pays the full cost. The tag lives only in memory and only
+** for the table's life (a reload or a changed password starts empty); reading
+** it takes a memory dump, which would show passwords in flight anyway.
+*/
+static uint8_t process_key[32];
+static pthread_once_t process_key_once = PTHREAD_ONCE_INIT;
+static bool process_key_ok;
+
+static void make_process_key(void)
+{
+    process_key_ok = getrandom(process_key, sizeof(process_key), 0) == sizeof(process_key);
+}
+
+static bool tag_of(const entry_t *e, const uint8_t *pw, size_t pwlen, uint64_t out[4])
+{
+    pthread_once(&process_key_once, make_process_key);
+    if (!process_key_ok)
+        return false;
+    uint8_t msg_salt[1 + MAX_SALT];
+    msg_salt[0] = e->saltlen;
+    memcpy(msg_salt + 1, e->salt, e->saltlen);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    EVP_PKEY *key = EVP_PKEY_new_raw_private_key(EVP_PKEY_HMAC, NULL, process_key,
+                                                 sizeof(process_key));
+    size_t len = CACHE_TAG_BYTES;
+    bool ok = ctx && key && EVP_DigestSignInit(ctx, NULL, EVP_sha256(), NULL, key) == 1 &&
+              EVP_DigestSignUpdate(ctx, msg_salt, 1u + e->saltlen) == 1 &&
+              EVP_DigestSignUpdate(ctx, pw, pwlen) == 1 &&
+              EVP_DigestSignFinal(ctx, (uint8_t *)out, &len) == 1 && len == CACHE_TAG_BYTES;
+    EVP_MD_CTX_free(ctx);
+    EVP_PKEY_free(key);
+    return ok;
+}
+
+/* Whether the entry's remembered tag is t (a torn or missing one is a miss). */
+static bool remembered(entry_t *e, const uint64_t t[4])
+{
+    uint_fast64_t s = atomic_load_explicit(&e->tag_seq, memory_order_acquire);
+    if (s == 0 || (s & 1))
+        return false;
+    uint64_t got[4];
+    for (int i = 0; i < 4; i++)
+        got[i] = atomic_load_explicit(&e->tag[i], memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&e->tag_seq, memory_order_relaxed) != s)
+        return false;
+    return CRYPTO_memcmp(got, t, CACHE_TAG_BYTES) == 0;
+}
+
+static void remember(entry_t *e, const uint64_t t[4])
+{
+    uint_fast64_t s = atomic_load_explicit(&e->tag_seq, memory_order_relaxed);
+    if ((s & 1) || !atomic_compare_exchange_strong(&e->tag_seq, &s, s + 1))
+        return; /* another thread is writing one: let it */
+    atomic_thread_fence(memory_order_release);
+    for (int i = 0; i < 4; i++)
+        atomic_store_explicit(&e->tag[i], t[i], memory_order_relaxed);
+    atomic_store_explicit(&e->tag_seq, s + 2, memory_order_release);
+}
+
 int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen)
 {
     /* An unknown user costs one default-strength hash, so timing does not tell. */
@@ -397,14 +466,23 @@ int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_
                                   .iterations = RT_AUTH_PBKDF2_ITERATIONS,
                                   .saltlen = RT_AUTH_SALT_BYTES};
     size_t n = strlen(user);
-    const entry_t *e = n > 0 && n <= RT_AUTH_MAX_NAME ? find_bucket(a, user, n) : NULL;
+    /* The table is immutable but for each entry's remembered tag (atomics). */
+    entry_t *e = n > 0 && n <= RT_AUTH_MAX_NAME ? find_bucket(a, user, n) : NULL;
     bool known = e && e->user;
+    uint64_t t[4];
+    bool tagged = known && tag_of(e, pw, pwlen, t);
+    if (tagged && remembered(e, t))
+        return RT_AUTH_OK;
     uint8_t got[HASH_BYTES];
     if (compute(known ? e : &decoy, pw, pwlen, got) != 0)
         return RT_AUTH_BAD_PASSWORD;
     if (!known)
         return RT_AUTH_UNKNOWN_USER;
-    return CRYPTO_memcmp(got, e->hash, HASH_BYTES) == 0 ? RT_AUTH_OK : RT_AUTH_BAD_PASSWORD;
+    if (CRYPTO_memcmp(got, e->hash, HASH_BYTES) != 0)
+        return RT_AUTH_BAD_PASSWORD;
+    if (tagged)
+        remember(e, t);
+    return RT_AUTH_OK;
 }
 
 const char *rt_auth_result_name(int result)
