@@ -2,7 +2,8 @@
 ** The republish sink driver: renders a topic and a payload from each row and
 ** publishes them through the broker (rt_broker_publish), as if a client had.
 ** Templates take ${field} from the row (dotted paths reach into nested
-** documents: ${meta.site}); a missing field renders as nothing. Strings render as
+** documents: ${meta.site}, or into a field holding JSON text: ${payload.sensor}); a
+** missing field renders as nothing. Strings render as
 ** they are, binary as its raw bytes, other values as in rt__sink_text. Without a
 ** payload template the payload is the whole row as JSON. A rule's options
 ** (topic, payload, qos, retain) override the sink's. No database, no spill: the
@@ -100,6 +101,9 @@ static bool put(rp_t *p, size_t *len, const void *data, size_t n)
     return true;
 }
 
+static bool find_in_json(const bson_t *doc, const char *path, bson_t *json, bson_iter_t *found);
+static bool render_value(rp_t *p, size_t *len, const bson_iter_t *found);
+
 /* Renders template t (tlen bytes) for doc, appending to p->buf at *len. */
 static bool render(rp_t *p, size_t *len, const char *t, size_t tlen, const bson_t *doc)
 {
@@ -126,26 +130,69 @@ static bool render(rp_t *p, size_t *len, const char *t, size_t tlen, const bson_
         memcpy(path, open + 2, pl);
         path[pl] = 0;
         bson_iter_t it, found;
-        if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &found))
+        bson_t json = BSON_INITIALIZER;
+        bool have = bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &found);
+        if (!have)
+            have = find_in_json(doc, path, &json, &found);
+        if (!have) {
+            bson_destroy(&json);
             continue; /* a missing field renders as nothing */
-        if (BSON_ITER_HOLDS_BINARY(&found)) {
-            const uint8_t *data;
-            uint32_t dl;
-            bson_subtype_t sub;
-            bson_iter_binary(&found, &sub, &dl, &data);
-            if (!put(p, len, data, dl))
-                return false;
-            continue;
         }
-        uint32_t vl;
-        char *tmp, num[64];
-        const char *v = rt__sink_text(&found, &vl, &tmp, num);
-        bool ok = put(p, len, v, vl);
-        bson_free(tmp);
+        bool ok = render_value(p, len, &found);
+        bson_destroy(&json);
         if (!ok)
             return false;
     }
     return true;
+}
+
+/*
+** ${payload.sensor} where payload holds JSON text (a string or binary field): parses
+** the field into json and finds the rest of the path there.
+*/
+static bool find_in_json(const bson_t *doc, const char *path, bson_t *json, bson_iter_t *found)
+{
+    const char *dot = strchr(path, '.');
+    char head[256];
+    if (!dot || (size_t)(dot - path) >= sizeof(head))
+        return false;
+    memcpy(head, path, (size_t)(dot - path));
+    head[dot - path] = 0;
+    bson_iter_t it;
+    const uint8_t *text = NULL;
+    uint32_t tl = 0;
+    if (!bson_iter_init_find(&it, doc, head))
+        return false;
+    if (BSON_ITER_HOLDS_UTF8(&it)) {
+        text = (const uint8_t *)bson_iter_utf8(&it, &tl);
+    } else if (BSON_ITER_HOLDS_BINARY(&it)) {
+        bson_subtype_t sub;
+        bson_iter_binary(&it, &sub, &tl, &text);
+    }
+    bson_destroy(json);
+    if (!text || !bson_init_from_json(json, (const char *)text, tl, NULL)) {
+        bson_init(json);
+        return false;
+    }
+    return bson_iter_init(&it, json) && bson_iter_find_descendant(&it, dot + 1, found);
+}
+
+/* Appends the text of one value: binary as its bytes, the rest as rt__sink_text. */
+static bool render_value(rp_t *p, size_t *len, const bson_iter_t *found)
+{
+    if (BSON_ITER_HOLDS_BINARY(found)) {
+        const uint8_t *data;
+        uint32_t dl;
+        bson_subtype_t sub;
+        bson_iter_binary(found, &sub, &dl, &data);
+        return put(p, len, data, dl);
+    }
+    uint32_t vl;
+    char *tmp, num[64];
+    const char *v = rt__sink_text(found, &vl, &tmp, num);
+    bool ok = put(p, len, v, vl);
+    bson_free(tmp);
+    return ok;
 }
 
 static int rp_write(rt_sink_t *s, sink_row_t *rows, size_t n)

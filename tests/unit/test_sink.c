@@ -702,12 +702,25 @@ static void test_republish(void)
     CHECK(next_publish(fd, topic, sizeof(topic), payload, sizeof(payload)));
     CHECK(strcmp(topic, "alt/k1") == 0);
     CHECK(strstr(payload, "v={") == payload && strstr(payload, "s1"));
+    /* ${payload.x} reaches into a payload of JSON text. */
+    bson_t js = BSON_INITIALIZER, oj = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&js, "key", "k2");
+    const char *json = "{\"sensor\": {\"t\": 21.5}}";
+    BSON_APPEND_BINARY(&js, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *)json,
+                       (uint32_t)strlen(json));
+    BSON_APPEND_UTF8(&oj, "payload", "t=${payload.sensor.t}");
+    CHECK_EQ(rt_sink_submit(rt_sink_find("rp"), bin_of(&js), 1, bin_of(&oj), acker, 5), 0);
+    CHECK(next_publish(fd, topic, sizeof(topic), payload, sizeof(payload)));
+    CHECK(strcmp(topic, "out/k2/") == 0);
+    CHECK(strcmp(payload, "t=21.5") == 0);
+    bson_destroy(&js);
+    bson_destroy(&oj);
     BSON_APPEND_UTF8(&bad, "key", "+");
     CHECK_EQ(rt_sink_submit(rt_sink_find("rpjson"), bin_of(&bad), 1, NULL, acker, 4), 0);
-    CHECK(wait_at_least(&acks, 4, 3000));
+    CHECK(wait_at_least(&acks, 5, 3000));
     CHECK_EQ(atomic_load(&acks_bad), 1);
     rt_sink_info_t i = info("rp"), j = info("rpjson");
-    CHECK_EQ(i.written, 2);
+    CHECK_EQ(i.written, 3);
     CHECK_EQ(j.written, 1);
     CHECK_EQ(j.dropped, 1);
     CHECK(strstr(j.last_error, "json/+") != NULL);
@@ -947,6 +960,25 @@ static void test_mongo(void)
         CHECK_EQ(rt_sink_submit(s, make_rows(sent, 20, sent / 20, 16), 20, NULL, 0, 0), 0);
     CHECK(WAIT_FOR("mongo", written, sent, 10000));
     CHECK(info("mongo").failed >= 3);
+    /* A server that stalls past the socket timeout, then one that refuses connections:
+       rows wait in the spill and arrive once it recovers. */
+    static const struct {
+        const char *kind;
+        int ms;
+    } faults[] = {{"stall", 1000}, {"refuse", 600}};
+    for (size_t f = 0; f < 2; f++) {
+        uint64_t failed = info("mongo").failed;
+        fault(uri, faults[f].kind, "ms", faults[f].ms);
+        uint32_t end = sent + 200;
+        for (; sent < end; sent += 20)
+            CHECK_EQ(rt_sink_submit(s, make_rows(sent, 20, sent / 20, 16), 20, NULL, 0, 0), 0);
+        CHECK(WAIT_FOR("mongo", failed, failed + 1, 5000));
+        if (f == 0)
+            fault(uri, "clear", NULL, 0);
+        CHECK(WAIT_FOR("mongo", written, sent, 10000));
+        rt_sink_info_t fi = info("mongo");
+        CHECK(books_balance(&fi));
+    }
     int port = mongo_port;
     for (; sent < 2 * m / 3; sent += 20) {
         CHECK_EQ(rt_sink_submit(s, make_rows(sent, 20, sent / 20, 16), 20, NULL, 0, 0), 0);
