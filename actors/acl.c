@@ -18,7 +18,7 @@
 #define SUBST_CLIENT 2u /* ... %c */
 
 typedef struct rule_s {
-    char *topic;    /* owned, NUL-terminated: the filter as written */
+    char *topic; /* owned, NUL-terminated: the filter as written */
     size_t len;
     uint8_t access; /* RT_ACL_READ | RT_ACL_WRITE; 0 for a deny rule */
     uint8_t subst;  /* SUBST_* bits; patterns only */
@@ -184,18 +184,10 @@ static bool overlaps(const rule_t *r, const char *f, size_t fn, const subst_t *s
     }
 }
 
-static uint64_t name_hash(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-    return h;
-}
-
 static user_t *find_user(const rt_acl_t *acl, const char *name, size_t n)
 {
     size_t mask = acl->ucap - 1;
-    for (size_t i = name_hash(name, n) & mask;; i = (i + 1) & mask) {
+    for (size_t i = rt__auth_name_hash(name, n) & mask;; i = (i + 1) & mask) {
         user_t *u = &acl->users[i];
         if (!u->name || (strncmp(u->name, name, n) == 0 && u->name[n] == 0))
             return u;
@@ -254,8 +246,8 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
         const rule_t *r = &acl->patterns.v[i];
         if (((r->subst & SUBST_USER) && !user) || ((r->subst & SUBST_CLIENT) && !clientid))
             continue; /* about a name this client does not have */
-        bool usable = (!(r->subst & SUBST_USER) || user_ok) &&
-                      (!(r->subst & SUBST_CLIENT) || client_ok);
+        bool usable =
+            (!(r->subst & SUBST_USER) || user_ok) && (!(r->subst & SUBST_CLIENT) || client_ok);
         if (!usable) {
             if (r->access == 0)
                 return RT_ACL_DENY;
@@ -408,8 +400,7 @@ static const char *parse_line(rt_acl_t *acl, rules_t **section, const char *s, s
         else if (word_is(s + w, wend - w, "deny"))
             r.access = 0;
         else {
-            snprintf(reason, reasonlen,
-                     "unknown access \"%.*s\" (read, write, readwrite or deny)",
+            snprintf(reason, reasonlen, "unknown access \"%.*s\" (read, write, readwrite or deny)",
                      (int)(wend - w > 32 ? 32 : wend - w), s + w);
             return reason;
         }
@@ -487,7 +478,7 @@ int rt_acl_permit(const char *user, const char *clientid, const char *topic, siz
     rt_rcu_leave();
     if (r == RT_ACL_ALLOW)
         return r;
-    atomic_uint_fast64_t *c = access == RT_ACL_WRITE ? &denied.publish
+    atomic_uint_fast64_t *c = access == RT_ACL_WRITE       ? &denied.publish
                               : access == RT_ACL_SUBSCRIBE ? &denied.subscribe
                                                            : &denied.read;
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);

@@ -45,7 +45,7 @@
 #define RT_ACL_WRITE 2u     /* publish to a topic name */
 #define RT_ACL_SUBSCRIBE 4u /* subscribe with a topic filter (needs read) */
 
-#define RT_ACL_DENY 0  /* rt_acl_check results */
+#define RT_ACL_DENY 0 /* rt_acl_check results */
 #define RT_ACL_ALLOW 1
 
 typedef struct rt_acl_s rt_acl_t;

@@ -32,7 +32,7 @@
 #define RT_AUTH_MAX_NAME 65535              /* MQTT strings are at most this long */
 #define HASH_BYTES 64                       /* SHA-512 */
 #define MAX_SALT 64
-#define CACHE_TAG_BYTES 32                  /* HMAC-SHA256 */
+#define CACHE_TAG_BYTES 32 /* HMAC-SHA256 */
 
 /* ---- Shared with acl.c: whole-file reads and line iteration ---- */
 
@@ -87,8 +87,8 @@ bool rt__auth_next_line(const char **pos, const char *end, const char **line, si
     const char *stop = nl ? nl : end;
     *line = *pos;
     *len = (size_t)(stop - *pos);
-    while (*len > 0 && ((*line)[*len - 1] == '\r' || (*line)[*len - 1] == ' ' ||
-                        (*line)[*len - 1] == '\t'))
+    while (*len > 0 &&
+           ((*line)[*len - 1] == '\r' || (*line)[*len - 1] == ' ' || (*line)[*len - 1] == '\t'))
         (*len)--;
     *pos = nl ? nl + 1 : end;
     return true;
@@ -160,9 +160,9 @@ int rt_auth_pbkdf2_sha512(const uint8_t *pw, size_t pwlen, const uint8_t *salt, 
 typedef enum { HASH_SHA512 = 6, HASH_PBKDF2 = 7 } hash_kind_t;
 
 typedef struct entry_s {
-    char *user;          /* owned; NULL marks a free bucket */
-    uint32_t line;       /* where it was defined, for duplicate errors */
-    uint8_t kind;        /* hash_kind_t */
+    char *user;    /* owned; NULL marks a free bucket */
+    uint32_t line; /* where it was defined, for duplicate errors */
+    uint8_t kind;  /* hash_kind_t */
     uint8_t saltlen;
     uint32_t iterations; /* $7$ only */
     uint8_t salt[MAX_SALT];
@@ -231,8 +231,7 @@ static bool parse_hash(const char *s, size_t n, entry_t *e, char *why, size_t wh
         return false;
     }
     e->saltlen = (uint8_t)saltlen;
-    if (b64_decode(dollar + 1, (size_t)(end - dollar - 1), e->hash, HASH_BYTES + 1) !=
-        HASH_BYTES) {
+    if (b64_decode(dollar + 1, (size_t)(end - dollar - 1), e->hash, HASH_BYTES + 1) != HASH_BYTES) {
         snprintf(why, whylen, "the hash is not base64 of %d bytes", HASH_BYTES);
         return false;
     }
@@ -259,9 +258,9 @@ int rt_auth_hash_password(const uint8_t *pw, size_t pwlen, uint32_t iterations, 
 
 /* ---- Tables ---- */
 
-static uint64_t name_hash(const char *s, size_t n)
+uint64_t rt__auth_name_hash(const char *s, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    uint64_t h = 1469598103934665603ull; /* FNV-1a: the files are the operator's, not a client's */
     for (size_t i = 0; i < n; i++)
         h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
     return h;
@@ -271,7 +270,7 @@ static uint64_t name_hash(const char *s, size_t n)
 static entry_t *find_bucket(const rt_auth_t *a, const char *user, size_t n)
 {
     size_t mask = a->cap - 1;
-    for (size_t i = name_hash(user, n) & mask;; i = (i + 1) & mask) {
+    for (size_t i = rt__auth_name_hash(user, n) & mask;; i = (i + 1) & mask) {
         entry_t *e = &a->buckets[i];
         if (!e->user || (strncmp(e->user, user, n) == 0 && e->user[n] == 0))
             return e;
@@ -421,8 +420,8 @@ static bool tag_of(const entry_t *e, const uint8_t *pw, size_t pwlen, uint64_t o
     msg_salt[0] = e->saltlen;
     memcpy(msg_salt + 1, e->salt, e->saltlen);
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    EVP_PKEY *key = EVP_PKEY_new_raw_private_key(EVP_PKEY_HMAC, NULL, process_key,
-                                                 sizeof(process_key));
+    EVP_PKEY *key =
+        EVP_PKEY_new_raw_private_key(EVP_PKEY_HMAC, NULL, process_key, sizeof(process_key));
     size_t len = CACHE_TAG_BYTES;
     bool ok = ctx && key && EVP_DigestSignInit(ctx, NULL, EVP_sha256(), NULL, key) == 1 &&
               EVP_DigestSignUpdate(ctx, msg_salt, 1u + e->saltlen) == 1 &&
@@ -488,10 +487,14 @@ int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_
 const char *rt_auth_result_name(int result)
 {
     switch (result) {
-    case RT_AUTH_OK: return "ok";
-    case RT_AUTH_BAD_PASSWORD: return "bad_password";
-    case RT_AUTH_UNKNOWN_USER: return "unknown_user";
-    case RT_AUTH_ANONYMOUS_REFUSED: return "anonymous_refused";
+    case RT_AUTH_OK:
+        return "ok";
+    case RT_AUTH_BAD_PASSWORD:
+        return "bad_password";
+    case RT_AUTH_UNKNOWN_USER:
+        return "unknown_user";
+    case RT_AUTH_ANONYMOUS_REFUSED:
+        return "anonymous_refused";
     }
     return "unknown";
 }
@@ -535,8 +538,8 @@ int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out)
 #define SETS (RT_AUTH_FAIL_SLOTS / WAYS)
 
 typedef struct fail_s {
-    uint8_t key[16];   /* the address, IPv6 cut to its /64 */
-    float count;       /* decayed failures at stamp_ms; 0 marks a free entry */
+    uint8_t key[16]; /* the address, IPv6 cut to its /64 */
+    float count;     /* decayed failures at stamp_ms; 0 marks a free entry */
     uint64_t stamp_ms;
 } fail_t;
 
@@ -623,21 +626,28 @@ static uint32_t delay_for(float count, uint32_t max)
     return RT_AUTH_DELAY_BASE_MS << (n - 1);
 }
 
-static fail_t *find_fail(fail_set_t *s, const uint8_t key[16])
+/*
+** Locks the set of address a (its key in key) and returns it with *f set to
+** a's entry, or NULL when the table does not hold a. Unlock s->lock after.
+*/
+static fail_set_t *lock_set(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint8_t key[16],
+                            fail_t **f)
 {
-    for (int i = 0; i < WAYS; i++)
+    limiter_key(a, key);
+    fail_set_t *s = limiter_set(l, key);
+    pthread_mutex_lock(&s->lock);
+    *f = NULL;
+    for (int i = 0; i < WAYS && !*f; i++)
         if (s->e[i].count != 0 && memcmp(s->e[i].key, key, 16) == 0)
-            return &s->e[i];
-    return NULL;
+            *f = &s->e[i];
+    return s;
 }
 
 uint32_t rt_auth_limiter_fail(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms)
 {
     uint8_t key[16];
-    limiter_key(a, key);
-    fail_set_t *s = limiter_set(l, key);
-    pthread_mutex_lock(&s->lock);
-    fail_t *f = find_fail(s, key);
+    fail_t *f;
+    fail_set_t *s = lock_set(l, a, key, &f);
     if (!f) {
         /* A free entry, else the one with the fewest recent failures. */
         f = &s->e[0];
@@ -662,10 +672,8 @@ uint32_t rt_auth_limiter_fail(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uin
 void rt_auth_limiter_succeed(rt_auth_limiter_t *l, const rt_auth_addr_t *a)
 {
     uint8_t key[16];
-    limiter_key(a, key);
-    fail_set_t *s = limiter_set(l, key);
-    pthread_mutex_lock(&s->lock);
-    fail_t *f = find_fail(s, key);
+    fail_t *f;
+    fail_set_t *s = lock_set(l, a, key, &f);
     if (f) {
         f->count = 0;
         atomic_fetch_sub(&l->entries, 1);
@@ -676,10 +684,8 @@ void rt_auth_limiter_succeed(rt_auth_limiter_t *l, const rt_auth_addr_t *a)
 uint32_t rt_auth_limiter_delay(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms)
 {
     uint8_t key[16];
-    limiter_key(a, key);
-    fail_set_t *s = limiter_set(l, key);
-    pthread_mutex_lock(&s->lock);
-    fail_t *f = find_fail(s, key);
+    fail_t *f;
+    fail_set_t *s = lock_set(l, a, key, &f);
     uint32_t d = f ? delay_for(decayed(f, now_ms), atomic_load(&l->max_delay_ms)) : 0;
     pthread_mutex_unlock(&s->lock);
     return d;
@@ -693,7 +699,7 @@ void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evic
 
 /* ---- The process-wide policy ---- */
 
-static rt_rcu_t current;                 /* rt_auth_t *, NULL: no password file */
+static rt_rcu_t current; /* rt_auth_t *, NULL: no password file */
 static atomic_bool allow_anonymous = true;
 static _Atomic(rt_auth_limiter_t *) limiter;
 static pthread_mutex_t configure_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -973,7 +979,7 @@ int rt_auth_passwd_main(int argc, char **argv)
         }
     }
     int rest = argc - i;
-    if ((delete && (create || batch || rest != 2)) || (!delete && rest != (batch ? 3 : 2)))
+    if ((delete &&(create || batch || rest != 2)) || (!delete &&rest != (batch ? 3 : 2)))
         return passwd_usage();
     const char *path = argv[i], *user = argv[i + 1];
     const char *why = bad_user_name(user);
@@ -1005,11 +1011,11 @@ int rt_auth_passwd_main(int argc, char **argv)
     if (!delete) {
         char *pw = batch ? strdup(argv[i + 2]) : read_password("Password: ");
         char *again = batch || !pw ? NULL : read_password("Reenter password: ");
-        const char *bad = !pw || (!batch && !again) ? "no password was given"
+        const char *bad = !pw || (!batch && !again)          ? "no password was given"
                           : !batch && strcmp(pw, again) != 0 ? "the passwords do not match"
-                          : !*pw                              ? "the password is empty"
-                          : strlen(pw) > RT_AUTH_MAX_NAME     ? "the password is over 65535 bytes"
-                                                              : NULL;
+                          : !*pw                             ? "the password is empty"
+                          : strlen(pw) > RT_AUTH_MAX_NAME    ? "the password is over 65535 bytes"
+                                                             : NULL;
         char hash[RT_AUTH_HASH_MAX];
         int rc = bad ? 0
                      : rt_auth_hash_password((const uint8_t *)pw, strlen(pw),
@@ -1032,15 +1038,15 @@ int rt_auth_passwd_main(int argc, char **argv)
     }
     bool found = false;
     size_t len = 0;
-    char *next = (entry || delete) ? rewrite(old ? old : "", oldlen, user, entry, &len, &found)
-                                   : NULL;
+    char *next =
+        (entry || delete) ? rewrite(old ? old : "", oldlen, user, entry, &len, &found) : NULL;
     free(old);
     free(entry);
     if (!next) {
         fprintf(stderr, "rtd passwd: out of memory\n");
         return 1;
     }
-    if (delete && !found) {
+    if (delete &&!found) {
         fprintf(stderr, "rtd passwd: %s: no user %s\n", path, user);
         free(next);
         return 1;

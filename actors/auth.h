@@ -28,10 +28,10 @@
 #include "common.h"
 #include "config.h"
 
-#define RT_AUTH_PBKDF2_ITERATIONS 10000   /* rounds for new hashes: 3-7 ms per check here */
-#define RT_AUTH_SALT_BYTES 16             /* salt for new hashes */
-#define RT_AUTH_MAX_ITERATIONS 10000000   /* a file asking for more is refused */
-#define RT_AUTH_ERR_LEN 512               /* bytes for an error message */
+#define RT_AUTH_PBKDF2_ITERATIONS 10000 /* rounds for new hashes: 3-7 ms per check here */
+#define RT_AUTH_SALT_BYTES 16           /* salt for new hashes */
+#define RT_AUTH_MAX_ITERATIONS 10000000 /* a file asking for more is refused */
+#define RT_AUTH_ERR_LEN 512             /* bytes for an error message */
 
 /* Failed-login slow-down. */
 #define RT_AUTH_DELAY_BASE_MS 100         /* delay after one recent failure; doubles per failure */
@@ -149,10 +149,10 @@ typedef struct rt_auth_stats_s {
     uint64_t bad_password;
     uint64_t unknown_user;
     uint64_t anonymous_refused;
-    uint64_t users;            /* in the current password file */
-    uint64_t reloads;          /* successful rt_auth_configure/rt_auth_reload calls */
-    uint64_t delay_entries;    /* addresses in the slow-down table */
-    uint64_t delay_evictions;  /* addresses it had to forget for newer ones */
+    uint64_t users;           /* in the current password file */
+    uint64_t reloads;         /* successful rt_auth_configure/rt_auth_reload calls */
+    uint64_t delay_entries;   /* addresses in the slow-down table */
+    uint64_t delay_evictions; /* addresses it had to forget for newer ones */
 } rt_auth_stats_t;
 
 void rt_auth_stats(rt_auth_stats_t *out);
@@ -170,5 +170,7 @@ int rt_auth_passwd_main(int argc, char **argv);
 int rt__auth_read_file(const char *path, char **out, size_t *outlen, char *err, size_t errlen);
 /* The next line of [*pos, end) without its newline and trailing blanks; false at the end. */
 bool rt__auth_next_line(const char **pos, const char *end, const char **line, size_t *len);
+/* The hash of a user name in the password and ACL tables. */
+uint64_t rt__auth_name_hash(const char *s, size_t n);
 
 #endif

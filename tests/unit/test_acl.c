@@ -13,20 +13,7 @@
 
 #include "acl.h"
 #include "check.h"
-
-static char dir[64];
-
-static const char *put(const char *name, const char *text)
-{
-    static char paths[4][128];
-    static int k;
-    char *p = paths[k++ & 3];
-    snprintf(p, 128, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
+#include "tmpdir.h"
 
 static rt_acl_t *acl;
 
@@ -41,34 +28,33 @@ static int chk(const char *user, const char *client, const char *topic, unsigned
 #define ALLOW(u, c, t, a) CHECK_EQ(chk(u, c, t, a), RT_ACL_ALLOW)
 #define DENY(u, c, t, a) CHECK_EQ(chk(u, c, t, a), RT_ACL_DENY)
 
-static const char *const file =
-    "# Anonymous clients.\n"
-    "topic read public/#\n"
-    "  topic write public/anon/+\n"
-    "\n"
-    "user alice\n"
-    "topic readwrite alice/#\n"
-    "topic read shared/+/status\n"
-    "topic deny alice/secret/#\n"
-    "topic $SYS/broker/#\n"
-    "\n"
-    "user bob smith\n"
-    "topic write bob/x\n"
-    "user root\n"
-    "topic read #\n"
-    "topic write cmd/#\n"
-    "\n"
-    "pattern read devices/%c/#\n"
-    "pattern write users/%u/out\n"
-    "pattern deny users/%u/locked\n"
-    "pattern readwrite home/%u-%c/x\n";
+static const char *const file = "# Anonymous clients.\n"
+                                "topic read public/#\n"
+                                "  topic write public/anon/+\n"
+                                "\n"
+                                "user alice\n"
+                                "topic readwrite alice/#\n"
+                                "topic read shared/+/status\n"
+                                "topic deny alice/secret/#\n"
+                                "topic $SYS/broker/#\n"
+                                "\n"
+                                "user bob smith\n"
+                                "topic write bob/x\n"
+                                "user root\n"
+                                "topic read #\n"
+                                "topic write cmd/#\n"
+                                "\n"
+                                "pattern read devices/%c/#\n"
+                                "pattern write users/%u/out\n"
+                                "pattern deny users/%u/locked\n"
+                                "pattern readwrite home/%u-%c/x\n";
 
 static void load(const char *text)
 {
     char err[512];
     rt_acl_free(acl);
     acl = NULL;
-    CHECK_EQ(rt_acl_load(put("t.acl", text), &acl, err, sizeof(err)), 0);
+    CHECK_EQ(rt_acl_load(tmpdir_put("t.acl", text), &acl, err, sizeof(err)), 0);
     if (!acl)
         fprintf(stderr, "  %s\n", err);
 }
@@ -253,7 +239,7 @@ static void test_malformed(void)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char text[256], want[160], err[512] = "";
         snprintf(text, sizeof(text), "# c\ntopic read ok\n\n%s\ntopic read later\n", bad[i].line);
-        const char *path = put("bad.acl", text);
+        const char *path = tmpdir_put("bad.acl", text);
         rt_acl_t *a = NULL;
         CHECK_EQ(rt_acl_load(path, &a, err, sizeof(err)), RT_EINVAL);
         CHECK(a == NULL);
@@ -269,7 +255,7 @@ static void test_malformed(void)
     /* An empty file denies everything; the access word may be left out. */
     load("");
     DENY(NULL, "c", "a", R);
-    CHECK_EQ(rt_acl_load(put("abc.acl", "topic a b c\n"), &a, err, sizeof(err)), RT_EINVAL);
+    CHECK_EQ(rt_acl_load(tmpdir_put("abc.acl", "topic a b c\n"), &a, err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "abc.acl:1: unknown access \"a\"") != NULL);
     load("topic #\n");
     ALLOW(NULL, "c", "x", W);
@@ -314,8 +300,9 @@ static void *checker(void *p)
 static void test_reload_under_checks(void)
 {
     char p1[128], p2[128], err[512];
-    snprintf(p1, sizeof(p1), "%s", put("one.acl", "user u\ntopic write a/#\n"));
-    snprintf(p2, sizeof(p2), "%s", put("two.acl", "user u\ntopic deny a/#\ntopic write #\n"));
+    snprintf(p1, sizeof(p1), "%s", tmpdir_put("one.acl", "user u\ntopic write a/#\n"));
+    snprintf(p2, sizeof(p2), "%s",
+             tmpdir_put("two.acl", "user u\ntopic deny a/#\ntopic write #\n"));
     CHECK_EQ(rt_acl_reload(p1, err, sizeof(err)), 0);
     CHECK_EQ(rt_acl_permit("u", "c", "a/b", 3, RT_ACL_WRITE), RT_ACL_ALLOW);
     CHECK_EQ(rt_acl_reload(p2, err, sizeof(err)), 0);
@@ -328,7 +315,7 @@ static void test_reload_under_checks(void)
     long swaps = check_scale(3000);
     for (long i = 0; i < swaps; i++)
         CHECK_EQ(rt_acl_reload(i % 3 == 2 ? "" : i % 3 ? p2 : p1, err, sizeof(err)), 0);
-    CHECK_EQ(rt_acl_reload(put("bad.acl", "nonsense\n"), err, sizeof(err)), RT_EINVAL);
+    CHECK_EQ(rt_acl_reload(tmpdir_put("bad.acl", "nonsense\n"), err, sizeof(err)), RT_EINVAL);
     atomic_store(&stop, true);
     for (int i = 0; i < THREADS; i++) {
         void *r;
@@ -358,8 +345,7 @@ static void test_check_cost(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/rt_test_acl.XXXXXX");
-    if (!mkdtemp(dir))
+    if (tmpdir_make("rt_test_acl") != 0)
         return 1;
     RUN(test_anonymous_section);
     RUN(test_user_sections);
@@ -372,9 +358,6 @@ int main(void)
     RUN(test_reload_under_checks);
     RUN(test_check_cost);
     rt_acl_free(acl);
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    tmpdir_remove();
     return CHECK_SUMMARY();
 }

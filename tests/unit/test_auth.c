@@ -12,23 +12,9 @@
 #include "acl.h"
 #include "auth.h"
 #include "check.h"
+#include "tmpdir.h"
 #include "config.h"
 #include "rcu.h"
-
-static char dir[64];
-
-/* Writes text to dir/name and returns the path (static buffer rotation of 4). */
-static const char *put(const char *name, const char *text)
-{
-    static char paths[4][128];
-    static int k;
-    char *p = paths[k++ & 3];
-    snprintf(p, 128, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
 
 static const uint8_t *u8(const char *s)
 {
@@ -89,7 +75,7 @@ static void test_round_trip(void)
     snprintf(text, sizeof(text), "# users\n\nalice:%s\nbob:%s\r\nbin:%s\n", h1, h2, h3);
     rt_auth_t *a = NULL;
     char err[RT_AUTH_ERR_LEN];
-    CHECK_EQ(rt_auth_load(put("rt.pw", text), &a, err, sizeof(err)), 0);
+    CHECK_EQ(rt_auth_load(tmpdir_put("rt.pw", text), &a, err, sizeof(err)), 0);
     if (!a)
         return;
     CHECK_EQ(rt_auth_users(a), 3);
@@ -108,14 +94,15 @@ static void test_round_trip(void)
 /* Lines made by mosquitto_passwd 2.0.11 ($7$, 101 rounds) and -H sha512 ($6$). */
 static void test_mosquitto_lines(void)
 {
-    const char *text =
-        "alice:$7$101$ohRixXecVWcf6OX+$mLvJLNehbDabQwvAgPmUqDkor/svNjxC/bOMLPrQFanzPS35AalK+WU677VN9"
-        "NCPS40L3kK2SUVYd/Vtl6Sodw==\n"
-        "bob:$6$5tyOSHB7DdkqYmMh$h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv389Bnhr1SMai9Bi"
-        "EYMTECbHCICqOA20D6g==\n";
+    const char *text = "alice:$7$101$ohRixXecVWcf6OX+$mLvJLNehbDabQwvAgPmUqDkor/svNjxC/"
+                       "bOMLPrQFanzPS35AalK+WU677VN9"
+                       "NCPS40L3kK2SUVYd/Vtl6Sodw==\n"
+                       "bob:$6$5tyOSHB7DdkqYmMh$"
+                       "h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv389Bnhr1SMai9Bi"
+                       "EYMTECbHCICqOA20D6g==\n";
     rt_auth_t *a = NULL;
     char err[RT_AUTH_ERR_LEN];
-    CHECK_EQ(rt_auth_load(put("mosq.pw", text), &a, err, sizeof(err)), 0);
+    CHECK_EQ(rt_auth_load(tmpdir_put("mosq.pw", text), &a, err, sizeof(err)), 0);
     if (!a)
         return;
     CHECK_EQ(rt_auth_check(a, "alice", u8("secret"), 6), RT_AUTH_OK);
@@ -130,7 +117,7 @@ static void test_mosquitto_lines(void)
         return;
     }
     char cmd[512], path[128];
-    snprintf(path, sizeof(path), "%s/live.pw", dir);
+    snprintf(path, sizeof(path), "%s/live.pw", tmpdir_path);
     snprintf(cmd, sizeof(cmd),
              "mosquitto_passwd -c -b %s dave 'p@ss w:rd$7$' && "
              "mosquitto_passwd -b %s erin 'Ünïcode' && "
@@ -151,8 +138,9 @@ static void test_mosquitto_lines(void)
 /* Each bad file fails with "path:line: reason" naming the expected line. */
 static void test_malformed(void)
 {
-    const char *good = "ok:$6$5tyOSHB7DdkqYmMh$h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv389B"
-                       "nhr1SMai9BiEYMTECbHCICqOA20D6g==\n";
+    const char *good =
+        "ok:$6$5tyOSHB7DdkqYmMh$h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv389B"
+        "nhr1SMai9BiEYMTECbHCICqOA20D6g==\n";
     static const struct {
         const char *line;
         const char *reason;
@@ -174,7 +162,7 @@ static void test_malformed(void)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char text[512], want[256], err[RT_AUTH_ERR_LEN] = "";
         snprintf(text, sizeof(text), "# comment\n%s\n%s\n", good, bad[i].line);
-        const char *path = put("bad.pw", text);
+        const char *path = tmpdir_put("bad.pw", text);
         rt_auth_t *a = NULL;
         CHECK_EQ(rt_auth_load(path, &a, err, sizeof(err)), RT_EINVAL);
         CHECK(a == NULL);
@@ -190,7 +178,7 @@ static void test_malformed(void)
     CHECK(strstr(err, "/nonexistent/rt.pw: cannot open") != NULL);
     /* A file with a NUL byte in the middle of a line. */
     char path[128];
-    snprintf(path, sizeof(path), "%s/nul.pw", dir);
+    snprintf(path, sizeof(path), "%s/nul.pw", tmpdir_path);
     FILE *f = fopen(path, "wb");
     fwrite("a:b\0c\n", 1, 6, f);
     fclose(f);
@@ -230,10 +218,10 @@ static void test_reload_under_readers(void)
     CHECK_EQ(rt_auth_hash_password(u8("two"), 3, 1, h_two, sizeof(h_two)), 0);
     char p1[128], p2[128], p3[128];
     snprintf(line, sizeof(line), "u:%s\n", h_one);
-    snprintf(p1, sizeof(p1), "%s", put("one.pw", line));
+    snprintf(p1, sizeof(p1), "%s", tmpdir_put("one.pw", line));
     snprintf(line, sizeof(line), "u:%s\n", h_two);
-    snprintf(p2, sizeof(p2), "%s", put("two.pw", line));
-    snprintf(p3, sizeof(p3), "%s", put("empty.pw", "# nobody\n"));
+    snprintf(p2, sizeof(p2), "%s", tmpdir_put("two.pw", line));
+    snprintf(p3, sizeof(p3), "%s", tmpdir_put("empty.pw", "# nobody\n"));
     char err[RT_AUTH_ERR_LEN];
     CHECK_EQ(rt_auth_reload(p1, err, sizeof(err)), 0);
 
@@ -250,7 +238,7 @@ static void test_reload_under_readers(void)
     for (long i = 0; i < swaps; i++)
         CHECK_EQ(rt_auth_reload(paths[i % 3], err, sizeof(err)), 0);
     /* A bad file leaves the table in force. */
-    CHECK_EQ(rt_auth_reload(put("broken.pw", "u:nothash\n"), err, sizeof(err)), RT_EINVAL);
+    CHECK_EQ(rt_auth_reload(tmpdir_put("broken.pw", "u:nothash\n"), err, sizeof(err)), RT_EINVAL);
     atomic_store(&stop, true);
     long logins = 0, odd = 0;
     for (int i = 0; i < THREADS; i++) {
@@ -416,7 +404,7 @@ static void test_login_policy(void)
     CHECK_EQ(delay, 0);
     CHECK_EQ(rt_auth_login(&addr, NULL, NULL, 0, &delay), RT_AUTH_OK);
 
-    snprintf(conf.password_file, sizeof(conf.password_file), "%s", put("policy.pw", line));
+    snprintf(conf.password_file, sizeof(conf.password_file), "%s", tmpdir_put("policy.pw", line));
     conf.allow_anonymous = false;
     conf.auth_max_delay_ms = 300;
     CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
@@ -440,16 +428,17 @@ static void test_login_policy(void)
     CHECK_EQ(s1.users, 1);
 
     /* A bad ACL file refuses the whole configuration; the old one stays. */
-    snprintf(conf.acl_file, sizeof(conf.acl_file), "%s", put("bad.acl", "topic read a\nbogus\n"));
-    snprintf(conf.password_file, sizeof(conf.password_file), "%s", put("none.pw", ""));
+    snprintf(conf.acl_file, sizeof(conf.acl_file), "%s",
+             tmpdir_put("bad.acl", "topic read a\nbogus\n"));
+    snprintf(conf.password_file, sizeof(conf.password_file), "%s", tmpdir_put("none.pw", ""));
     CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "bad.acl:2: unknown keyword") != NULL);
     CHECK_EQ(rt_auth_login(&addr, "alice", u8("pw"), 2, &delay), RT_AUTH_OK);
 
     /* With an ACL: only what it allows. */
     snprintf(conf.acl_file, sizeof(conf.acl_file), "%s",
-             put("ok.acl", "user alice\ntopic write a/#\n"));
-    snprintf(conf.password_file, sizeof(conf.password_file), "%s", put("policy.pw", line));
+             tmpdir_put("ok.acl", "user alice\ntopic write a/#\n"));
+    snprintf(conf.password_file, sizeof(conf.password_file), "%s", tmpdir_put("policy.pw", line));
     CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
     rt_acl_stats_t as0, as1;
     rt_acl_stats(&as0);
@@ -471,7 +460,7 @@ static void test_check_cost(void)
     CHECK_EQ(rt_auth_hash_password(u8("pw"), 2, RT_AUTH_PBKDF2_ITERATIONS, h, sizeof(h)), 0);
     snprintf(line, sizeof(line), "u:%s\n", h);
     rt_auth_t *a = NULL;
-    CHECK_EQ(rt_auth_load(put("cost.pw", line), &a, err, sizeof(err)), 0);
+    CHECK_EQ(rt_auth_load(tmpdir_put("cost.pw", line), &a, err, sizeof(err)), 0);
     if (!a)
         return;
     int n = (int)check_scale(50);
@@ -504,7 +493,7 @@ static void test_check_cost(void)
     /* A changed password (a new table) forgets the old one. */
     CHECK_EQ(rt_auth_hash_password(u8("new"), 3, 1000, h, sizeof(h)), 0);
     snprintf(line, sizeof(line), "u:%s\n", h);
-    CHECK_EQ(rt_auth_load(put("cost.pw", line), &a, err, sizeof(err)), 0);
+    CHECK_EQ(rt_auth_load(tmpdir_put("cost.pw", line), &a, err, sizeof(err)), 0);
     if (!a)
         return;
     CHECK_EQ(rt_auth_check(a, "u", u8("pw"), 2), RT_AUTH_BAD_PASSWORD);
@@ -514,8 +503,7 @@ static void test_check_cost(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/rt_test_auth.XXXXXX");
-    if (!mkdtemp(dir))
+    if (tmpdir_make("rt_test_auth") != 0)
         return 1;
     RUN(test_pbkdf2_vectors);
     RUN(test_round_trip);
@@ -527,9 +515,6 @@ int main(void)
     RUN(test_fail_table_bounded);
     RUN(test_login_policy);
     RUN(test_check_cost);
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    tmpdir_remove();
     return CHECK_SUMMARY();
 }
