@@ -551,6 +551,57 @@ static void test_byte_limit(void)
     stop_all();
 }
 
+/*
+** Throughput of the SQLite sink for small rows ({seq, v, s}, ~40 bytes), only when
+** RT_SINK_BENCH=N is set: N rows submitted 100 at a time (binaries made beforehand),
+** timed from the first submit to the last commit.
+*/
+static void bench_sqlite(void)
+{
+    const char *env = getenv("RT_SINK_BENCH");
+    if (!env)
+        return;
+    uint32_t n = (uint32_t)atol(env) / 100 * 100;
+    static const char *const variants[] = {"batch = 500, synchronous = 'full'",
+                                           "batch = 500, synchronous = 'normal'",
+                                           "batch = 2000, synchronous = 'full'",
+                                           "batch = 2000, synchronous = 'normal'"};
+    rt_bin_t **bins = malloc(n / 100 * sizeof(*bins));
+    for (size_t v = 0; v < 4; v++) {
+        for (uint32_t i = 0; i < n; i += 100) {
+            bson_t all = BSON_INITIALIZER;
+            uint8_t buf[100 * 64];
+            size_t len = 0;
+            for (uint32_t k = 0; k < 100; k++) {
+                bson_t row = BSON_INITIALIZER;
+                BSON_APPEND_INT64(&row, "seq", i + k);
+                BSON_APPEND_DOUBLE(&row, "v", (i + k) * 0.5);
+                BSON_APPEND_UTF8(&row, "s", "abc");
+                memcpy(buf + len, bson_get_data(&row), row.len);
+                len += row.len;
+                bson_destroy(&row);
+            }
+            bson_destroy(&all);
+            bins[i / 100] = rt_bin_new(buf, len);
+        }
+        char sinks[512], extra[128];
+        snprintf(extra, sizeof(extra), "%s, flush_ms = 20, queue_bytes = 1e9", variants[v]);
+        rt_sink_t *s = start_archive(extra, false, sinks, sizeof(sinks));
+        double t0 = now_s();
+        for (uint32_t i = 0; i < n; i += 100)
+            rt_sink_submit(s, bins[i / 100], 100, NULL, 0, 0);
+        double t1 = now_s();
+        CHECK(WAIT_FOR("archive", written, n, 60000));
+        double dt = now_s() - t0;
+        rt_sink_info_t i = info("archive");
+        fprintf(stderr, "  bench %-36s %u rows in %.2f s (submit %.2f s): %.0f rows/s, "
+                "%llu batches\n", variants[v], n, dt, t1 - t0, n / dt,
+                (unsigned long long)i.batches);
+        stop_all();
+    }
+    free(bins);
+}
+
 /* ---- Republish: through a real broker to a raw MQTT 3.1.1 subscriber ---- */
 
 static bool read_full(int fd, uint8_t *buf, size_t n, int timeout_ms)
@@ -1022,6 +1073,8 @@ int main(void)
     RUN(test_byte_limit);
     RUN(test_republish);
     RUN(test_mongo);
+    if (getenv("RT_SINK_BENCH"))
+        RUN(bench_sqlite);
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)
