@@ -140,13 +140,27 @@ static void enc_string(enc_t *e, const char *s, size_t n)
         }
         o[k++] = '\\';
         switch (c) {
-        case '"': o[k++] = '"'; break;
-        case '\\': o[k++] = '\\'; break;
-        case '\n': o[k++] = 'n'; break;
-        case '\r': o[k++] = 'r'; break;
-        case '\t': o[k++] = 't'; break;
-        case '\b': o[k++] = 'b'; break;
-        case '\f': o[k++] = 'f'; break;
+        case '"':
+            o[k++] = '"';
+            break;
+        case '\\':
+            o[k++] = '\\';
+            break;
+        case '\n':
+            o[k++] = 'n';
+            break;
+        case '\r':
+            o[k++] = 'r';
+            break;
+        case '\t':
+            o[k++] = 't';
+            break;
+        case '\b':
+            o[k++] = 'b';
+            break;
+        case '\f':
+            o[k++] = 'f';
+            break;
         default:
             o[k++] = 'u';
             o[k++] = '0';
@@ -269,7 +283,8 @@ static void enc_value(enc_t *e, int idx, int depth)
         } else {
             double d = lua_tonumber(L, idx);
             if (!isfinite(d))
-                luaL_error(L, "json.encode: %s cannot be written in JSON", isnan(d) ? "NaN" : "inf");
+                luaL_error(L, "json.encode: %s cannot be written in JSON",
+                           isnan(d) ? "NaN" : "inf");
             n = format_double(d, num, sizeof(num));
         }
         rt_lua_buf_add(L, e->b, num, (size_t)n);
@@ -406,14 +421,30 @@ static void dec_string(dec_t *d)
         d->p = p;
         p++;
         switch (*p++) {
-        case '"': o[k++] = '"'; break;
-        case '\\': o[k++] = '\\'; break;
-        case '/': o[k++] = '/'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'n': o[k++] = '\n'; break;
-        case 'r': o[k++] = '\r'; break;
-        case 't': o[k++] = '\t'; break;
+        case '"':
+            o[k++] = '"';
+            break;
+        case '\\':
+            o[k++] = '\\';
+            break;
+        case '/':
+            o[k++] = '/';
+            break;
+        case 'b':
+            o[k++] = '\b';
+            break;
+        case 'f':
+            o[k++] = '\f';
+            break;
+        case 'n':
+            o[k++] = '\n';
+            break;
+        case 'r':
+            o[k++] = '\r';
+            break;
+        case 't':
+            o[k++] = '\t';
+            break;
         case 'u': {
             if (q - p < 4)
                 dec_error(d, "bad \\u escape");

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include <bson/bson.h>
 #include <dirent.h>
 #include <errno.h>
@@ -96,20 +97,19 @@ typedef struct worker_stats_s {
 
 static struct {
     atomic_bool running;
-    pthread_rwlock_t lock;   /* guards cur against reload; publishers read-lock it */
-    rule_set_t *cur;         /* current set (one reference), or NULL */
-    pthread_mutex_t admin;   /* serialises start, reload, stop */
+    pthread_rwlock_t lock; /* guards cur and workers; publishers read-lock it (writers
+                              preferred, so a reload is not starved by traffic) */
+    rule_set_t *cur;       /* current set (one reference), or NULL */
+    pthread_mutex_t admin; /* serialises start, reload, stop */
     pthread_mutex_t sets_lock;
-    rule_set_t *sets;        /* every set still alive */
+    rule_set_t *sets; /* every set still alive */
     uint64_t version;
     unsigned nworkers;
     worker_stats_t *workers;
     size_t memory;
     long instructions;
     char dir[256];
-} E = {.lock = PTHREAD_RWLOCK_INITIALIZER,
-       .admin = PTHREAD_MUTEX_INITIALIZER,
-       .sets_lock = PTHREAD_MUTEX_INITIALIZER};
+} E = {.admin = PTHREAD_MUTEX_INITIALIZER, .sets_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void set_free(rule_set_t *s)
 {
@@ -306,8 +306,9 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
         }
         if (!sink) {
             int line = rt_rule_field_line(r->text, r->len, "to");
-            snprintf(err, errlen, "%s:%d: to: no sink named \"%s\" (sinks are configured in "
-                                  "the sinks table of rtd.conf)",
+            snprintf(err, errlen,
+                     "%s:%d: to: no sink named \"%s\" (sinks are configured in "
+                     "the sinks table of rtd.conf)",
                      r->path, line, spec->to[i].sink);
             return RT_EINVAL;
         }
@@ -335,11 +336,10 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
             continue;
         }
         rt_trie_opts_t o = {0};
-        int rc = rt_trie_subscribe(s->trie, spec->from[i], strlen(spec->from[i]),
-                                   (rt_pid_t)idx + 1, &o, NULL);
+        int rc = rt_trie_subscribe(s->trie, spec->from[i], strlen(spec->from[i]), (rt_pid_t)idx + 1,
+                                   &o, NULL);
         if (rc) {
-            snprintf(err, errlen, "%s: from: \"%s\": %s", r->path, spec->from[i],
-                     rt_strerror(rc));
+            snprintf(err, errlen, "%s: from: \"%s\": %s", r->path, spec->from[i], rt_strerror(rc));
             return rc;
         }
     }
@@ -351,8 +351,7 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
 ** checks and dry-runs each rule, then one state per worker loads them all.
 ** prev (may be NULL) lends its metrics by name.
 */
-static int build_set(const char *dir, rule_set_t *prev, rule_set_t **out, char *err,
-                     size_t errlen)
+static int build_set(const char *dir, rule_set_t *prev, rule_set_t **out, char *err, size_t errlen)
 {
     char **names = NULL;
     size_t nnames = 0;
@@ -531,16 +530,16 @@ static bool peek_topic(const uint8_t *p, size_t n, const char **topic, size_t *l
 }
 
 typedef struct work_s {
-    rule_set_t *set;   /* a reference, released by the worker */
-    rt_pid_t ack_pid;  /* durable acknowledgement to, or 0 */
+    rule_set_t *set;  /* a reference, released by the worker */
+    rt_pid_t ack_pid; /* durable acknowledgement to, or 0 */
     uint64_t ack_token;
     uint64_t ts_ms;
     int32_t reason_code;
-    int16_t event;     /* 0: a PUBLISH; else rt_rule_event_kind_t */
+    int16_t event; /* 0: a PUBLISH; else rt_rule_event_kind_t */
     int8_t qos, proto_ver, clean_start;
     int32_t keepalive;
     uint32_t nrules;
-    uint32_t slen[7];  /* strings after the rule indices; UINT32_MAX: NULL */
+    uint32_t slen[7]; /* strings after the rule indices; UINT32_MAX: NULL */
     uint32_t rules[];
 } work_t;
 
@@ -557,12 +556,18 @@ static uint32_t fnv1a(const char *s)
 /*
 ** Sends the matched rules (tls->idx, set retained by the caller) and the
 ** strings to the client's worker. The message owns one reference to set.
+** Called with E.lock read-held, so rt_rules_stop (which write-locks it) knows
+** that no hand-over is under way once it holds the lock.
 */
 static int hand_over(match_tls_t *t, const rt_rule_origin_t *o, const rt_rule_event_t *e,
                      rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token)
 {
-    const char *strs[7] = {o->clientid, o->username, o->peer, e ? e->topic : NULL,
-                           e ? e->reason : NULL, e ? e->from_clientid : NULL,
+    const char *strs[7] = {o->clientid,
+                           o->username,
+                           o->peer,
+                           e ? e->topic : NULL,
+                           e ? e->reason : NULL,
+                           e ? e->from_clientid : NULL,
                            e ? e->from_username : NULL};
     size_t size = sizeof(work_t) + t->n * sizeof(uint32_t);
     uint32_t lens[7];
@@ -636,12 +641,12 @@ int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ac
         pthread_rwlock_unlock(&E.lock);
         return rc ? rc : t->oom ? RT_ENOMEM : 0;
     }
-    set_retain(s);
-    pthread_rwlock_unlock(&E.lock);
     bool durable = false;
     for (size_t i = 0; i < t->n && ack_pid; i++)
         durable |= s->rules[t->idx[i]].durable;
+    set_retain(s);
     rc = hand_over(t, o, NULL, canonical, durable ? ack_pid : 0, ack_token);
+    pthread_rwlock_unlock(&E.lock);
     if (rc)
         return rc;
     return durable ? 2 : 1;
@@ -663,9 +668,9 @@ int rt_rules_event(const rt_rule_origin_t *o, const rt_rule_event_t *e)
         return t->oom ? RT_ENOMEM : 0;
     }
     set_retain(s);
-    pthread_rwlock_unlock(&E.lock);
     bool with_msg = e->kind >= RT_RULE_EV_MESSAGE_DELIVERED && e->canonical;
     int rc = hand_over(t, o, e, with_msg ? e->canonical : NULL, 0, 0);
+    pthread_rwlock_unlock(&E.lock);
     return rc ? rc : 1;
 }
 
@@ -674,7 +679,7 @@ int rt_rules_event(const rt_rule_origin_t *o, const rt_rule_event_t *e)
 typedef struct batch_s {
     rt_rule_buf_t rows; /* BSON documents back to back */
     uint32_t nrows;
-    uint32_t *durs;     /* durable entries with rows in this batch */
+    uint32_t *durs; /* durable entries with rows in this batch */
     uint32_t ndurs, capdurs;
 } batch_t;
 
@@ -698,8 +703,8 @@ typedef struct worker_s {
     unsigned index;
     rt_pid_t self;
     worker_stats_t *st;
-    rule_set_t *set;    /* the set the batches belong to (a reference), or NULL */
-    batch_t *batches;   /* one per target of set */
+    rule_set_t *set;  /* the set the batches belong to (a reference), or NULL */
+    batch_t *batches; /* one per target of set */
     uint32_t nbatches;
     bool flush_pending; /* a TAG_FLUSH is on its way */
     rt_rule_buf_t stage;
@@ -843,8 +848,7 @@ static void free_batches(worker_t *w)
                                   memory_order_relaxed);
     }
     free(w->batches);
-    atomic_fetch_sub_explicit(&w->st->c_bytes, w->nbatches * sizeof(batch_t),
-                              memory_order_relaxed);
+    atomic_fetch_sub_explicit(&w->st->c_bytes, w->nbatches * sizeof(batch_t), memory_order_relaxed);
     w->batches = NULL;
     w->nbatches = 0;
 }
@@ -872,8 +876,7 @@ static bool switch_set(worker_t *w, rule_set_t *s)
 
 static void record_failure(rule_t *r, rt_rule_outcome_t o, const char *err)
 {
-    atomic_fetch_add_explicit(&r->m->failed[o - RT_RULE_FAIL_EXCEPTION], 1,
-                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->m->failed[o - RT_RULE_FAIL_EXCEPTION], 1, memory_order_relaxed);
     pthread_mutex_lock(&r->m->lock);
     size_t n = strnlen(err, sizeof(r->m->last_error) - 1);
     memcpy(r->m->last_error, err, n); /* cut to fit */
@@ -1072,10 +1075,14 @@ static void worker_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 static const char *worker_tag_name(uint32_t tag)
 {
     switch (tag) {
-    case TAG_WORK: return "rule_work";
-    case TAG_FLUSH: return "rule_flush";
-    case TAG_STOP: return "rule_stop";
-    case RT_SINK_MSG_COMMITTED: return "sink_committed";
+    case TAG_WORK:
+        return "rule_work";
+    case TAG_FLUSH:
+        return "rule_flush";
+    case TAG_STOP:
+        return "rule_stop";
+    case RT_SINK_MSG_COMMITTED:
+        return "sink_committed";
     }
     return "";
 }
@@ -1132,8 +1139,20 @@ static void stop_locked(void)
     }
 }
 
+static pthread_once_t lock_once = PTHREAD_ONCE_INIT;
+
+static void lock_init(void)
+{
+    pthread_rwlockattr_t a;
+    pthread_rwlockattr_init(&a);
+    pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&E.lock, &a);
+    pthread_rwlockattr_destroy(&a);
+}
+
 int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen)
 {
+    pthread_once(&lock_once, lock_init);
     pthread_mutex_lock(&E.admin);
     int rc = 0;
     if (atomic_load(&E.running)) {
@@ -1178,6 +1197,7 @@ out:
 
 void rt_rules_stop(void)
 {
+    pthread_once(&lock_once, lock_init);
     pthread_mutex_lock(&E.admin);
     if (E.workers)
         stop_locked();
@@ -1341,9 +1361,17 @@ int rt_rules_test(const char *name, const char *topic, const void *payload, size
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         rt_rule_input_t in = {
-            .topic = topic, .topic_len = strlen(topic), .payload = payload,
-            .payload_len = len, .qos = qos, .retain = 0, .clientid = "rt_rules_test",
-            .peer = "127.0.0.1:0", .reason_code = -1, .proto_ver = -1, .keepalive = -1,
+            .topic = topic,
+            .topic_len = strlen(topic),
+            .payload = payload,
+            .payload_len = len,
+            .qos = qos,
+            .retain = 0,
+            .clientid = "rt_rules_test",
+            .peer = "127.0.0.1:0",
+            .reason_code = -1,
+            .proto_ver = -1,
+            .keepalive = -1,
             .clean_start = -1,
             .ts_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000,
         };

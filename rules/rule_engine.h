@@ -56,9 +56,9 @@
 #define RT_RULES_MSG_DURABLE (RT_MSG_USER + 0x5200)
 
 typedef struct rt_rules_durable_s {
-    uint64_t token;  /* the ack_token given to rt_rules_publish */
-    int32_t status;  /* 0: every row committed; < 0: a row was dropped (RT_E* from the sink)
-                        or a durable rule failed on the message (RT_EINVAL) */
+    uint64_t token; /* the ack_token given to rt_rules_publish */
+    int32_t status; /* 0: every row committed; < 0: a row was dropped (RT_E* from the sink)
+                       or a durable rule failed on the message (RT_EINVAL) */
 } rt_rules_durable_t;
 
 /* Tunables (defaults; rtd.conf sets rule_workers, rule_instructions, rule_memory). */
@@ -162,10 +162,10 @@ int rt_rules_enable(const char *name, bool on);
 
 typedef struct rt_rule_info_s {
     char name[RT_RULE_NAME_MAX];
-    uint64_t version;           /* the rule-set version (1 at start, +1 per reload) */
+    uint64_t version; /* the rule-set version (1 at start, +1 per reload) */
     bool enabled;
     bool durable;
-    char from[256];             /* entries joined by ", " (cut if longer) */
+    char from[256]; /* entries joined by ", " (cut if longer) */
     char to[256];
     uint64_t matched, passed, filtered, failed;
     uint64_t failed_exception, failed_budget, failed_memory;
@@ -178,10 +178,10 @@ size_t rt_rules_snapshot(rt_rule_info_t *out, size_t max);
 
 typedef struct rt_rules_worker_info_s {
     rt_pid_t pid;
-    uint64_t messages;   /* messages and events handled */
-    uint64_t batches;    /* sink submissions */
-    uint64_t lua_bytes;  /* bytes held by its Lua state for the current version */
-    uint64_t c_bytes;    /* bytes of its row buffers and durable-ack tables */
+    uint64_t messages;        /* messages and events handled */
+    uint64_t batches;         /* sink submissions */
+    uint64_t lua_bytes;       /* bytes held by its Lua state for the current version */
+    uint64_t c_bytes;         /* bytes of its row buffers and durable-ack tables */
     uint64_t pending_durable; /* messages waiting for their rows' commit */
 } rt_rules_worker_info_t;
 

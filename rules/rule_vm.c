@@ -93,11 +93,11 @@ struct rt_rule_vm_s {
     bool row_error;       /* the last failure was in the rows select returned, not in Lua */
     rule_file_t *files;   /* per rule */
     uint32_t nrules, capfiles;
-    int rules_ref;        /* registry: i -> the table the rule file returned */
-    int selects_ref;      /* registry: i -> select function (false once the rule is lost) */
-    int ctxs_ref;         /* registry: i -> the rule's ctx table */
-    int base_ref;         /* registry: the read-only base environment */
-    bson_t *row;          /* reused for every row */
+    int rules_ref;   /* registry: i -> the table the rule file returned */
+    int selects_ref; /* registry: i -> select function (false once the rule is lost) */
+    int ctxs_ref;    /* registry: i -> the rule's ctx table */
+    int base_ref;    /* registry: the read-only base environment */
+    bson_t *row;     /* reused for every row */
 };
 
 #define VM(L) (*(rt_rule_vm_t **)lua_getextraspace(L))
@@ -232,7 +232,7 @@ static int sb_readonly(lua_State *L)
 */
 static void freeze(lua_State *L, int frozen)
 {
-    lua_newtable(L);      /* proxy */
+    lua_newtable(L); /* proxy */
     lua_createtable(L, 0, 3);
     lua_pushvalue(L, -3); /* the original */
     lua_setfield(L, -2, "__index");
@@ -281,9 +281,9 @@ static int build_base(lua_State *L)
     lua_newtable(L); /* 1: the frozen set */
     lua_newtable(L); /* 2: hidden: what the base proxy reads through to */
     int frozen = 1, hidden = 2;
-    static const char *const keep[] = {"assert", "error",   "ipairs",   "next",         "pairs",
-                                       "select", "tonumber", "tostring", "type",         "rawequal",
-                                       "rawget", "rawlen",  "getmetatable", "_VERSION", NULL};
+    static const char *const keep[] = {"assert", "error",    "ipairs",       "next",     "pairs",
+                                       "select", "tonumber", "tostring",     "type",     "rawequal",
+                                       "rawget", "rawlen",   "getmetatable", "_VERSION", NULL};
     for (const char *const *k = keep; *k; k++) {
         lua_getglobal(L, *k);
         lua_setfield(L, hidden, *k);
@@ -516,8 +516,7 @@ static bool bson_table(lua_State *L, int idx, bson_t *doc, bool array, int depth
             klen = (size_t)snprintf(num, sizeof(num), "%lld", (long long)lua_tointeger(L, -2));
             key = num;
         } else {
-            snprintf(err, errlen, "field names must be strings (got a %s)",
-                     luaL_typename(L, -2));
+            snprintf(err, errlen, "field names must be strings (got a %s)", luaL_typename(L, -2));
             lua_pop(L, 2);
             return false;
         }
@@ -681,8 +680,8 @@ static int add_to(lua_State *L, const rule_file_t *f, rt_rule_spec_t *spec, cons
 static int parse_spec(lua_State *L, const rule_file_t *f, rt_rule_spec_t *spec, char *err,
                       size_t errlen)
 {
-    static const char *const known[] = {"name",    "from",   "to",          "select",
-                                        "enabled", "durable", "description", "sample", NULL};
+    static const char *const known[] = {"name",    "from",        "to",     "select", "enabled",
+                                        "durable", "description", "sample", NULL};
     int t = lua_gettop(L);
     if (lua_type(L, t) != LUA_TTABLE)
         return field_error(f, NULL, err, errlen,
@@ -813,8 +812,7 @@ static const char *error_text(lua_State *L)
 ** Runs rule file idx's chunk in a fresh environment and stores the rule's
 ** table, select and ctx at idx. On error, err has the reason; returns nonzero.
 */
-static int load_file(rt_rule_vm_t *vm, uint32_t idx, rt_rule_spec_t *spec, char *err,
-                     size_t errlen)
+static int load_file(rt_rule_vm_t *vm, uint32_t idx, rt_rule_spec_t *spec, char *err, size_t errlen)
 {
     lua_State *L = vm->L;
     const rule_file_t *f = &vm->files[idx];
@@ -1068,8 +1066,9 @@ rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_i
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->selects_ref);
     if (lua_rawgeti(L, 1, (lua_Integer)idx + 1) != LUA_TFUNCTION) {
         lua_settop(L, 0);
-        snprintf(err, errlen, "the rule's state was lost after a memory failure and could not "
-                              "be rebuilt; reload the rules");
+        snprintf(err, errlen,
+                 "the rule's state was lost after a memory failure and could not "
+                 "be rebuilt; reload the rules");
         return RT_RULE_FAIL_MEMORY;
     }
     /* Building msg can hit the memory cap too, so it runs protected, inside the budget. */
@@ -1124,9 +1123,14 @@ int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen)
     int sample = lua_type(L, -1) == LUA_TTABLE ? lua_gettop(L) : 0;
     bool sample_given = sample != 0;
 
-    rt_rule_input_t in = {.qos = 1, .retain = 0, .clientid = "sample-client",
-                          .username = "sample-user", .peer = "127.0.0.1:50000",
-                          .reason_code = -1, .proto_ver = -1, .keepalive = -1,
+    rt_rule_input_t in = {.qos = 1,
+                          .retain = 0,
+                          .clientid = "sample-client",
+                          .username = "sample-user",
+                          .peer = "127.0.0.1:50000",
+                          .reason_code = -1,
+                          .proto_ver = -1,
+                          .keepalive = -1,
                           .clean_start = -1};
     in.ts_ms = 1700000000000ull;
     char topic[512];

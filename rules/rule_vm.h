@@ -44,10 +44,10 @@
 
 /* Instructions between hook calls once a call's budget is spent (see above). */
 #define RT_RULE_HOOK_AFTER_BUDGET 1000
-#define RT_RULE_NAME_MAX 64   /* bytes of a rule name, NUL included */
-#define RT_RULE_MAX_FROM 64   /* entries in a rule's from */
-#define RT_RULE_MAX_TO 16     /* entries in a rule's to */
-#define RT_RULE_ROW_DEPTH 32  /* nesting of tables inside a row */
+#define RT_RULE_NAME_MAX 64  /* bytes of a rule name, NUL included */
+#define RT_RULE_MAX_FROM 64  /* entries in a rule's from */
+#define RT_RULE_MAX_TO 16    /* entries in a rule's to */
+#define RT_RULE_ROW_DEPTH 32 /* nesting of tables inside a row */
 
 /* The Lua library (the .lua files of lua/), embedded at build time by lua/embed.cmake. */
 typedef struct rt_lua_source_s {
@@ -69,25 +69,25 @@ const char *rt_rule_event_name(int kind);
 
 /* What a rule's select sees: a message (event NULL) or a broker event. */
 typedef struct rt_rule_input_s {
-    const char *event;          /* NULL for a PUBLISH; the event name otherwise */
-    const char *topic;          /* may be NULL (events without a topic) */
+    const char *event; /* NULL for a PUBLISH; the event name otherwise */
+    const char *topic; /* may be NULL (events without a topic) */
     size_t topic_len;
-    const uint8_t *payload;     /* NULL: no payload field */
+    const uint8_t *payload; /* NULL: no payload field */
     size_t payload_len;
-    int qos;                    /* -1: none */
-    int retain;                 /* -1: none */
-    const char *clientid;       /* NULL: none */
-    const char *username;       /* NULL: none */
-    const char *peer;           /* NULL: none */
+    int qos;              /* -1: none */
+    int retain;           /* -1: none */
+    const char *clientid; /* NULL: none */
+    const char *username; /* NULL: none */
+    const char *peer;     /* NULL: none */
     uint64_t ts_ms;
-    const mqtt_props_t *props;  /* user properties of a decoded PUBLISH; NULL: none */
-    int reason_code;            /* -1: none */
-    const char *reason;         /* NULL: none */
-    const char *from_clientid;  /* message.* events: the publisher; NULL: none */
-    const char *from_username;  /* message.* events; NULL: none */
-    int proto_ver;              /* client.connected; -1: none */
-    int keepalive;              /* client.connected; -1: none */
-    int clean_start;            /* client.connected; -1: none */
+    const mqtt_props_t *props; /* user properties of a decoded PUBLISH; NULL: none */
+    int reason_code;           /* -1: none */
+    const char *reason;        /* NULL: none */
+    const char *from_clientid; /* message.* events: the publisher; NULL: none */
+    const char *from_username; /* message.* events; NULL: none */
+    int proto_ver;             /* client.connected; -1: none */
+    int keepalive;             /* client.connected; -1: none */
+    int clean_start;           /* client.connected; -1: none */
 } rt_rule_input_t;
 
 /* A rule file's declarations, as parsed at load. Strings are owned (malloc). */
@@ -121,11 +121,11 @@ int rt_rule_buf_append(rt_rule_buf_t *b, const void *p, size_t n);
 void rt_rule_buf_free(rt_rule_buf_t *b);
 
 typedef enum {
-    RT_RULE_PASSED = 0,         /* produced one or more rows */
-    RT_RULE_FILTERED,           /* returned nil, false or an empty list */
-    RT_RULE_FAIL_EXCEPTION,     /* a Lua error, or rows that cannot be stored */
-    RT_RULE_FAIL_BUDGET,        /* ran past the instruction budget */
-    RT_RULE_FAIL_MEMORY,        /* the state hit its memory cap */
+    RT_RULE_PASSED = 0,     /* produced one or more rows */
+    RT_RULE_FILTERED,       /* returned nil, false or an empty list */
+    RT_RULE_FAIL_EXCEPTION, /* a Lua error, or rows that cannot be stored */
+    RT_RULE_FAIL_BUDGET,    /* ran past the instruction budget */
+    RT_RULE_FAIL_MEMORY,    /* the state hit its memory cap */
 } rt_rule_outcome_t;
 
 typedef struct rt_rule_vm_s rt_rule_vm_t;

@@ -39,11 +39,20 @@ static rt_rule_vm_t *vm_with(const char *const *texts, size_t n)
 
 static rt_rule_input_t msg_in(const char *topic, const char *payload)
 {
-    rt_rule_input_t in = {.topic = topic, .topic_len = strlen(topic),
-                          .payload = (const uint8_t *)payload, .payload_len = strlen(payload),
-                          .qos = 1, .retain = 0, .clientid = "c1", .username = "u1",
-                          .peer = "10.0.0.1:5555", .ts_ms = 1700000000123ull, .reason_code = -1,
-                          .proto_ver = -1, .keepalive = -1, .clean_start = -1};
+    rt_rule_input_t in = {.topic = topic,
+                          .topic_len = strlen(topic),
+                          .payload = (const uint8_t *)payload,
+                          .payload_len = strlen(payload),
+                          .qos = 1,
+                          .retain = 0,
+                          .clientid = "c1",
+                          .username = "u1",
+                          .peer = "10.0.0.1:5555",
+                          .ts_ms = 1700000000123ull,
+                          .reason_code = -1,
+                          .proto_ver = -1,
+                          .keepalive = -1,
+                          .clean_start = -1};
     return in;
 }
 
@@ -102,11 +111,28 @@ static void expect_error(const char *code, const char *needle)
 static void test_json_round_trips(void)
 {
     static const char *const docs[] = {
-        "{}", "[1,2,3]", "{\"a\":1}", "\"x\"", "true", "false", "0", "-12", "1.5",
-        "1.0", "-0.25", "1e+100", "9223372036854775807", "-9223372036854775808",
-        "[null,1,null]", "{\"a\":[1,{\"b\":[true,false,null]}]}", "\"\\u0000\\u001f\"",
-        "\"tab\\tnl\\nq\\\"bs\\\\\"", "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"",
-        "0.1", "123456789.123", "[[[[[[[[[[1]]]]]]]]]]",
+        "{}",
+        "[1,2,3]",
+        "{\"a\":1}",
+        "\"x\"",
+        "true",
+        "false",
+        "0",
+        "-12",
+        "1.5",
+        "1.0",
+        "-0.25",
+        "1e+100",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "[null,1,null]",
+        "{\"a\":[1,{\"b\":[true,false,null]}]}",
+        "\"\\u0000\\u001f\"",
+        "\"tab\\tnl\\nq\\\"bs\\\\\"",
+        "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"",
+        "0.1",
+        "123456789.123",
+        "[[[[[[[[[[1]]]]]]]]]]",
     };
     for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
         char lit[512], expr[600];
@@ -135,17 +161,18 @@ static void test_json_round_trips(void)
 static void test_json_errors(void)
 {
     static const char *const bad[] = {
-        "",           "{",          "[1,",      "[1 2]",      "{\"a\" 1}", "{1:2}",
-        "\"abc",      "\"\\x\"",    "tru",      "nul",        "01",        "1.",
-        ".5",         "-",          "1e",       "[1]x",       "\"\\ud800\"", "\"\\udc00\"",
-        "\"\\u12G4\"", "{\"a\":1,}", "[,]",     "\"\x01\"",   "\"\xff\"",  "NaN",
+        "",         "{",        "[1,",         "[1 2]",       "{\"a\" 1}",   "{1:2}",      "\"abc",
+        "\"\\x\"",  "tru",      "nul",         "01",          "1.",          ".5",         "-",
+        "1e",       "[1]x",     "\"\\ud800\"", "\"\\udc00\"", "\"\\u12G4\"", "{\"a\":1,}", "[,]",
+        "\"\x01\"", "\"\xff\"", "NaN",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char code[256];
         snprintf(code, sizeof(code), "json.decode([==[%s]==])", bad[i]);
         expect_error(code, "json.decode: ");
     }
-    expect_error("json.decode(string.rep('[', 1000) .. string.rep(']', 1000))", "nested too deeply");
+    expect_error("json.decode(string.rep('[', 1000) .. string.rep(']', 1000))",
+                 "nested too deeply");
     expect_error("json.encode(0/0)", "NaN cannot be written");
     expect_error("json.encode(1/0)", "inf cannot be written");
     expect_error("json.encode({f = print or function() end})", "cannot encode a function");
@@ -182,8 +209,9 @@ static void test_topic_time_template(void)
     expect("time.format(-1)", "1969-12-31T23:59:59.999Z");
     expect("tostring(time.now_ms() > 1600000000000)", "true");
     expect_error("time.format('x')", "bad argument");
-    expect("template('${a}/${b.c}/${b.d.1}/${n}/${t}', {a = 'x', b = {c = 5, d = {true}}, n = 1.5})",
-           "x/5/true/1.5/");
+    expect(
+        "template('${a}/${b.c}/${b.d.1}/${n}/${t}', {a = 'x', b = {c = 5, d = {true}}, n = 1.5})",
+        "x/5/true/1.5/");
     expect("template('$${a}-${a}', {a = 1})", "${a}-1");
     expect("template('${o}', {o = {k = 'v'}})", "{\"k\":\"v\"}");
     expect("template('${clientid}/${payload.t}', {clientid = msg.clientid, payload = {t = 2}})",
@@ -194,8 +222,9 @@ static void test_topic_time_template(void)
 static void test_msg_fields(void)
 {
     /* A real decoded PUBLISH supplies the user properties. */
-    static const mqtt_user_prop_t users[] = {{{(const uint8_t *)"k1", 2}, {(const uint8_t *)"v1", 2}},
-                                             {{(const uint8_t *)"k2", 2}, {(const uint8_t *)"v2", 2}}};
+    static const mqtt_user_prop_t users[] = {
+        {{(const uint8_t *)"k1", 2}, {(const uint8_t *)"v1", 2}},
+        {{(const uint8_t *)"k2", 2}, {(const uint8_t *)"v2", 2}}};
     rt_bin_t *b = make_publish("s/1", "\x00\xff", 2, 1, users, 2);
     mqtt_packet_t pk;
     CHECK_EQ(mqtt_decode(rt_bin_data(b), rt_bin_len(b), MQTT_V5, &pk), 0);
@@ -304,15 +333,15 @@ static void test_load_errors(void)
         const char *want; /* prefix "t/r0.lua:LINE:" or "t/r0.lua:" plus a fragment */
         const char *fragment;
     } cases[] = {
-        {"return {\n name = 'x',\n from = '#'\n select = function() end }", "t/r0.lua:4:",
-         "expected"},
+        {"return {\n name = 'x',\n from = '#'\n select = function() end }",
+         "t/r0.lua:4:", "expected"},
         {"local x = nil\nx.y = 1\nreturn {}", "t/r0.lua:2:", "attempt to index"},
         {"return 5", "t/r0.lua:", "must return a table"},
         {"return {\n from = '#',\n select = function() end }", "t/r0.lua:", "name must be"},
         {"return {\n name = 'x',\n select = function() end }", "t/r0.lua:", "from is required"},
         {"return {\n name = 'x',\n from = '#' }", "t/r0.lua:", "select must be a function"},
-        {"return {\n name = 'x',\n from = 'a/#/b',\n select = function() end }", "t/r0.lua:3:",
-         "neither a topic filter nor an event"},
+        {"return {\n name = 'x',\n from = 'a/#/b',\n select = function() end }",
+         "t/r0.lua:3:", "neither a topic filter nor an event"},
         {"return {\n name = 'x',\n from = { 'a', 'client.nope' },\n select = function() end }",
          "t/r0.lua:3:", "client.nope"},
         {"return {\n name = 'x',\n from = '$share/g/a',\n select = function() end }",
@@ -328,8 +357,8 @@ static void test_load_errors(void)
          "t/r0.lua:5:", "to.a:"},
         {"return {\n name = 'x',\n from = '#',\n select = function() end,\n enabled = 'yes' }",
          "t/r0.lua:5:", "enabled must be true or false"},
-        {"return {\n name = 'bad name',\n from = '#',\n select = function() end }", "t/r0.lua:2:",
-         "name must be"},
+        {"return {\n name = 'bad name',\n from = '#',\n select = function() end }",
+         "t/r0.lua:2:", "name must be"},
         {"while true do end", "t/r0.lua:1:", "instruction budget"},
         {"local s = 'x' while true do s = s .. s end", "t/r0.lua:", "not enough memory"},
         /* Bytecode is refused: only text loads. */
@@ -428,10 +457,10 @@ static void test_load_errors(void)
 
 static void test_sandbox(void)
 {
-    static const char *const absent[] = {"io",       "os",      "require",  "package", "debug",
-                                         "load",     "loadstring", "dofile", "loadfile",
-                                         "collectgarbage", "print", "coroutine", "string.dump",
-                                         "module",   "newproxy", "setfenv", "getfenv"};
+    static const char *const absent[] = {
+        "io",          "os",     "require",  "package",        "debug",  "load",
+        "loadstring",  "dofile", "loadfile", "collectgarbage", "print",  "coroutine",
+        "string.dump", "module", "newproxy", "setfenv",        "getfenv"};
     for (size_t i = 0; i < sizeof(absent) / sizeof(absent[0]); i++) {
         char expr[128];
         snprintf(expr, sizeof(expr), "tostring(%s)", absent[i]);
@@ -471,9 +500,9 @@ static void test_sandbox(void)
              RT_RULE_FAIL_MEMORY);
     CHECK_EQ(eval("local ok, e = pcall(error, 'mine') return { v = e }", NULL, 0), RT_RULE_PASSED);
     /* A string error whose object has a __tostring is reported without running it. */
-    CHECK_EQ(eval("error(setmetatable({}, { __tostring = function() while true do end end }))",
-                  NULL, 0),
-             RT_RULE_FAIL_EXCEPTION);
+    CHECK_EQ(
+        eval("error(setmetatable({}, { __tostring = function() while true do end end }))", NULL, 0),
+        RT_RULE_FAIL_EXCEPTION);
     CHECK(strstr(err, "not a string") != NULL);
 }
 
@@ -490,7 +519,8 @@ static void test_broken_rules_isolated(void)
         "return { name = 'bomb', from = '#', select = function(msg)\n"
         "  local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 10000) .. i end end }\n",
         "return { name = 'hoard', from = '#', select = function(msg)\n"
-        "  hoard = hoard or {} for i = 1, 5000 do hoard[#hoard + 1] = string.rep('y', 100) .. i end\n"
+        "  hoard = hoard or {} for i = 1, 5000 do hoard[#hoard + 1] = string.rep('y', 100) .. i "
+        "end\n"
         "  return { n = #hoard } end }\n",
         "return { name = 'strbomb', from = '#', select = function(msg)\n"
         "  return { s = string.rep('x', 1 << 30) } end }\n",
