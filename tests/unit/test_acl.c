@@ -4,6 +4,7 @@
 ** malformed files, and the reload swap under concurrent checks.
 */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -285,14 +286,18 @@ static void test_malformed(void)
 
 /* ---- The process-wide ACL swapped under concurrent checks ---- */
 
+static atomic_bool checkers_stop;
+static atomic_long checkers_running; /* checkers that have made a check */
+
 static void *checker(void *p)
 {
-    atomic_bool *stop = p;
+    (void)p;
     long checks = 0, bad = 0;
-    while (!atomic_load(stop)) {
+    while (!atomic_load(&checkers_stop)) {
         int r = rt_acl_permit("u", "c", "a/b", 3, RT_ACL_WRITE);
         bad += r != RT_ACL_ALLOW && r != RT_ACL_DENY;
-        checks++;
+        if (checks++ == 0)
+            atomic_fetch_add(&checkers_running, 1);
     }
     return (void *)(bad ? -1 : checks);
 }
@@ -308,15 +313,16 @@ static void test_reload_under_checks(void)
     CHECK_EQ(rt_acl_reload(p2, err, sizeof(err)), 0);
     CHECK_EQ(rt_acl_permit("u", "c", "a/b", 3, RT_ACL_WRITE), RT_ACL_DENY);
     enum { THREADS = 3 };
-    atomic_bool stop = false;
     pthread_t t[THREADS];
     for (int i = 0; i < THREADS; i++)
-        pthread_create(&t[i], NULL, checker, &stop);
+        pthread_create(&t[i], NULL, checker, NULL);
+    while (atomic_load(&checkers_running) < THREADS) /* every checker is busy first */
+        sched_yield();
     long swaps = check_scale(3000);
     for (long i = 0; i < swaps; i++)
         CHECK_EQ(rt_acl_reload(i % 3 == 2 ? "" : i % 3 ? p2 : p1, err, sizeof(err)), 0);
     CHECK_EQ(rt_acl_reload(tmpdir_put("bad.acl", "nonsense\n"), err, sizeof(err)), RT_EINVAL);
-    atomic_store(&stop, true);
+    atomic_store(&checkers_stop, true);
     for (int i = 0; i < THREADS; i++) {
         void *r;
         pthread_join(t[i], &r);

@@ -3,10 +3,12 @@
 ** reload swap under concurrent readers.
 */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "acl.h"
@@ -190,6 +192,7 @@ static void test_malformed(void)
 
 typedef struct reader_arg_s {
     atomic_bool *stop;
+    atomic_long *running; /* readers that have made a login */
     long logins, odd;
 } reader_arg_t;
 
@@ -205,6 +208,8 @@ static void *reader(void *p)
         /* Each call sees one whole table (ASan would catch a freed one). */
         r->odd += a != RT_AUTH_OK && a != RT_AUTH_BAD_PASSWORD && a != RT_AUTH_UNKNOWN_USER;
         r->odd += b != RT_AUTH_OK && b != RT_AUTH_BAD_PASSWORD && b != RT_AUTH_UNKNOWN_USER;
+        if (r->logins == 0)
+            atomic_fetch_add(r->running, 1);
         r->logins += 2;
     }
     return NULL;
@@ -227,12 +232,15 @@ static void test_reload_under_readers(void)
 
     enum { THREADS = 2 };
     atomic_bool stop = false;
+    atomic_long running = 0;
     pthread_t t[THREADS];
     reader_arg_t args[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        args[i] = (reader_arg_t){.stop = &stop};
+        args[i] = (reader_arg_t){.stop = &stop, .running = &running};
         pthread_create(&t[i], NULL, reader, &args[i]);
     }
+    while (atomic_load(&running) < THREADS) /* every reader is busy before the swaps */
+        sched_yield();
     long swaps = check_scale(300);
     const char *paths[3] = {p1, p2, p3};
     for (long i = 0; i < swaps; i++)
@@ -304,6 +312,68 @@ static void test_rcu_swap(void)
     rt_rcu_enter(&box_ptr);
     rt_rcu_leave();
     rt_rcu_leave();
+}
+
+/*
+** A swap waits for every reader inside a section, those with a slot of their
+** own and those past RT_RCU_SLOTS that share the overflow counter.
+*/
+typedef struct holder_s {
+    pthread_barrier_t *in, *out;
+} holder_t;
+
+static rt_rcu_t held_ptr;
+static atomic_bool swap_done;
+
+static void *holder(void *p)
+{
+    holder_t *h = p;
+    rt_rcu_enter(&held_ptr);
+    pthread_barrier_wait(h->in);
+    pthread_barrier_wait(h->out);
+    rt_rcu_leave();
+    return NULL;
+}
+
+static void *swapper(void *p)
+{
+    (void)p;
+    rt_rcu_swap(&held_ptr, NULL);
+    atomic_store(&swap_done, true);
+    return NULL;
+}
+
+static void test_rcu_swap_waits_for_every_reader(void)
+{
+    enum { THREADS = RT_RCU_SLOTS + 8 };
+    pthread_barrier_t in, out;
+    pthread_barrier_init(&in, NULL, THREADS + 1);
+    pthread_barrier_init(&out, NULL, THREADS + 1);
+    holder_t h = {&in, &out};
+    pthread_t *t = calloc(THREADS, sizeof(*t));
+    int started = 0;
+    for (; started < THREADS; started++)
+        if (pthread_create(&t[started], NULL, holder, &h) != 0)
+            break;
+    CHECK_EQ(started, THREADS);
+    if (started != THREADS)
+        abort();               /* the barriers would never open */
+    pthread_barrier_wait(&in); /* every holder is inside a section */
+    static int x;
+    atomic_store(&held_ptr.ptr, &x);
+    pthread_t s;
+    pthread_create(&s, NULL, swapper, NULL);
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    CHECK(!atomic_load(&swap_done));
+    pthread_barrier_wait(&out); /* holders leave */
+    pthread_join(s, NULL);
+    CHECK(atomic_load(&swap_done));
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    free(t);
+    pthread_barrier_destroy(&in);
+    pthread_barrier_destroy(&out);
 }
 
 /* ---- The slow-down ---- */
@@ -510,6 +580,7 @@ int main(void)
     RUN(test_mosquitto_lines);
     RUN(test_malformed);
     RUN(test_rcu_swap);
+    RUN(test_rcu_swap_waits_for_every_reader);
     RUN(test_reload_under_readers);
     RUN(test_fail_delay);
     RUN(test_fail_table_bounded);
