@@ -80,6 +80,7 @@ typedef struct rule_set_s {
     uint32_t nevents[RT_RULE_NEVENTS];
     target_t *targets;
     uint32_t ntargets;
+    uint32_t wants;     /* bit 0: some rule reads topics; bit k: some rule reads event k */
     rt_rule_vm_t **vms; /* one per worker */
     unsigned nvms;
     struct rule_set_s *next, *prev; /* every live set, for the final cleanup */
@@ -97,6 +98,7 @@ typedef struct worker_stats_s {
 
 static struct {
     atomic_bool running;
+    atomic_uint wants; /* the current set's wants: lets publish skip the lock when no rule cares */
     pthread_rwlock_t lock; /* guards cur and workers; publishers read-lock it (writers
                               preferred, so a reload is not starved by traffic) */
     rule_set_t *cur;       /* current set (one reference), or NULL */
@@ -333,8 +335,10 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
                 return RT_ENOMEM;
             s->events[ev - 1] = l;
             l[s->nevents[ev - 1]++] = idx;
+            s->wants |= 1u << ev;
             continue;
         }
+        s->wants |= 1u;
         rt_trie_opts_t o = {0};
         int rc = rt_trie_subscribe(s->trie, spec->from[i], strlen(spec->from[i]), (rt_pid_t)idx + 1,
                                    &o, NULL);
@@ -441,6 +445,7 @@ static void install(rule_set_t *s)
     pthread_rwlock_wrlock(&E.lock);
     rule_set_t *old = E.cur;
     E.cur = s;
+    atomic_store(&E.wants, s->wants);
     pthread_rwlock_unlock(&E.lock);
     set_release(old);
 }
@@ -629,6 +634,8 @@ int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ac
 {
     const char *topic;
     size_t tlen;
+    if (!(atomic_load_explicit(&E.wants, memory_order_relaxed) & 1u))
+        return 0;
     if (!peek_topic(rt_bin_data(canonical), rt_bin_len(canonical), &topic, &tlen))
         return RT_EINVAL;
     rule_set_t *s = lock_current();
@@ -656,6 +663,9 @@ int rt_rules_event(const rt_rule_origin_t *o, const rt_rule_event_t *e)
 {
     if (e->kind < 1 || e->kind > RT_RULE_NEVENTS)
         return RT_EINVAL;
+    /* Called for every delivery and ack: without a rule for this kind, touch nothing shared. */
+    if (!(atomic_load_explicit(&E.wants, memory_order_relaxed) & (1u << e->kind)))
+        return 0;
     rule_set_t *s = lock_current();
     if (!s)
         return 0;
@@ -1105,6 +1115,7 @@ static void stop_locked(void)
     pthread_rwlock_wrlock(&E.lock);
     rule_set_t *cur = E.cur;
     E.cur = NULL;
+    atomic_store(&E.wants, 0);
     pthread_rwlock_unlock(&E.lock);
     bool all_gone = true;
     for (unsigned i = 0; i < E.nworkers; i++)
@@ -1305,6 +1316,29 @@ size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max)
     size_t n = E.nworkers;
     set_release(s);
     return n;
+}
+
+int rt_rules_stats(rt_rules_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    rule_set_t *s = current();
+    if (!s)
+        return RT_ESHUTDOWN;
+    out->version = s->version;
+    out->rules = s->nrules;
+    out->workers = s->nvms;
+    rt_trie_stats_t ts;
+    rt_trie_stats(s->trie, &ts);
+    out->index_bytes = ts.bytes + sizeof(*s) + s->nrules * sizeof(rule_t) +
+                       s->ntargets * sizeof(target_t) + s->nvms * sizeof(*s->vms);
+    for (int k = 0; k < RT_RULE_NEVENTS; k++)
+        out->index_bytes += s->nevents[k] * sizeof(uint32_t);
+    for (uint32_t i = 0; i < s->nrules; i++)
+        out->text_bytes += s->rules[i].len + 1 + strlen(s->rules[i].path) + 1;
+    for (unsigned i = 0; i < s->nvms; i++)
+        out->lua_bytes += rt_rule_vm_bytes(s->vms[i]);
+    set_release(s);
+    return 0;
 }
 
 /* Renders the BSON documents in rows as a JSON array (relaxed extended JSON). */

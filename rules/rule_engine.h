@@ -188,4 +188,17 @@ typedef struct rt_rules_worker_info_s {
 /* Copies up to max workers' counters; returns the number of workers. */
 size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max);
 
+/* The current rule set's size and memory (its Lua states, index and file texts). */
+typedef struct rt_rules_stats_s {
+    uint64_t version;
+    uint32_t rules;
+    uint32_t workers;
+    uint64_t lua_bytes;   /* every Lua state of the set (one per worker) */
+    uint64_t index_bytes; /* topic trie, event lists, rule and target tables */
+    uint64_t text_bytes;  /* rule files kept to rebuild a rule after a memory failure */
+} rt_rules_stats_t;
+
+/* 0, or RT_ESHUTDOWN when the engine is not running. */
+int rt_rules_stats(rt_rules_stats_t *out);
+
 #endif

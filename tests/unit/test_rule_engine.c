@@ -343,6 +343,10 @@ static void test_events(void)
     rt_rule_event_t nonsense = {.kind = 99};
     CHECK_EQ(rt_rules_event(&o, &nonsense), RT_EINVAL);
     stop();
+    /* A set without event rules: events cost one atomic load. */
+    CHECK_EQ(start("tests/rules/none-here", 1, 100000, 8 << 20), 0);
+    CHECK_EQ(rt_rules_event(&o, &evs[0]), 0);
+    stop();
 }
 
 static void test_broken_rules_isolated(void)
@@ -428,6 +432,13 @@ static void test_index_1000_rules(void)
         CHECK_EQ(rt_rules_publish(&o, b, 0, 0), 0);
     double dt = now_s() - t0;
     rt_bin_release(b);
+    rt_rules_stats_t st;
+    CHECK_EQ(rt_rules_stats(&st), 0);
+    CHECK_EQ(st.rules, 1000);
+    CHECK(st.index_bytes > 1000 * sizeof(rt_rule_info_t) / 8 && st.lua_bytes > 1000 * 500);
+    printf("rules: 1000 rules: Lua %llu bytes, index %llu bytes, texts %llu bytes\n",
+           (unsigned long long)st.lua_bytes, (unsigned long long)st.index_bytes,
+           (unsigned long long)st.text_bytes);
     printf("rules: 1000 rules loaded in %.0f ms (3 states); a miss costs %.0f ns\n", t_load * 1e3,
            dt / (double)misses * 1e9);
     stop();
