@@ -24,6 +24,16 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t sessions;      /* sessions alive: connected plus offline */
     atomic_uint_fast64_t msgs_dropped;  /* refused by a full session queue (or QoS 0 offline) */
     atomic_uint_fast64_t msgs_expired;  /* message expiry interval ran out before sending */
+    /* Listener (broker.c): every refused connection counts in refused and in one reason. */
+    atomic_uint_fast64_t accepted;           /* sockets accepted and handed to a connection */
+    atomic_uint_fast64_t refused_max_conns;  /* max_connections reached */
+    atomic_uint_fast64_t refused_per_ip;     /* max_connections_per_ip reached for the address */
+    atomic_uint_fast64_t refused_rate;       /* max_connection_rate: the listener's bucket empty */
+    atomic_uint_fast64_t refused_error;      /* the connection actor could not start */
+    /* For the connection actor (conn.c); $SYS publishes them once they move from 0. */
+    atomic_uint_fast64_t bytes_in;           /* bytes read from client sockets */
+    atomic_uint_fast64_t bytes_out;          /* bytes written (or buffered) to client sockets */
+    atomic_uint_fast64_t connects;           /* CONNECTs accepted (CONNACK 0), ever */
 } rt_broker_stats_t;
 
 typedef struct rt_broker_s {

@@ -35,6 +35,8 @@ static const char *const log_levels[] = {"error", "warning", "info", "debug", NU
 static const setting_t settings[] = {
     {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL, "\"host:port\" or a list of them"},
     INT(max_connections, 1, 10000000, "connections at once"),
+    INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
+    INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
     INT(max_packet_size, 64, 268435455, "bytes, both directions"),
     INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session"),
     INT(max_queued_messages, 0, 100000000, "messages queued per session"),
@@ -59,6 +61,7 @@ static const setting_t settings[] = {
     INT(rule_workers, 1, 64, "rule worker actors (one Lua state each)"),
     INT(rule_instructions, 1000, 1e9, "Lua instructions one rule call may run"),
     INT(rule_memory, 1 << 20, 1e11, "bytes one rule worker's Lua state may hold"),
+    INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
     {"data_dir", K_STRING, OFF(data_dir), sizeof(((rt_conf_t *)0)->data_dir), 0, 0, NULL,
      "directory for persistent state"},
     {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
@@ -75,6 +78,8 @@ void rt_conf_defaults(rt_conf_t *c)
     snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "0.0.0.0");
     c->listeners[0].port = 1883;
     c->max_connections = 1000000;
+    c->max_connections_per_ip = 0;
+    c->max_connection_rate = 0;
     c->max_packet_size = 1 << 20;
     c->max_inflight = 32;
     c->max_queued_messages = 1000;
@@ -96,6 +101,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->rule_workers = 2;
     c->rule_instructions = 1000000;
     c->rule_memory = 64 << 20;
+    c->sys_interval = 10;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
     snprintf(c->log_level, sizeof(c->log_level), "info");
 }

@@ -62,6 +62,8 @@ typedef struct rt_conf_s {
 
     /* Limits (MQTT). */
     long max_connections;      /* connections at once */
+    long max_connections_per_ip; /* connections at once from one address; 0: unlimited */
+    long max_connection_rate;  /* new connections per second per listener; 0: unlimited */
     long max_packet_size;      /* bytes, both directions */
     long max_inflight;         /* QoS 1/2 messages in flight per session (receive maximum) */
     long max_queued_messages;  /* per offline or slow session */
@@ -93,6 +95,7 @@ typedef struct rt_conf_s {
     long rule_memory;          /* bytes one worker's Lua state may hold */
 
     /* Operations. */
+    long sys_interval;         /* seconds between $SYS updates; 0: no $SYS tree */
     char data_dir[256];
     char log_level[16];        /* error, warning, info, debug */
 

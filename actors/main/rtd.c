@@ -14,6 +14,7 @@
 #include "log.h"
 #include "rule_engine.h"
 #include "sink.h"
+#include "sys.h"
 
 #define RTD_VERSION "0.1.0"
 
@@ -127,6 +128,9 @@ int main(int argc, char **argv)
         rt_auth_shutdown();
         return 1;
     }
+    /* $SYS/broker/...: stopped by rt_shutdown with every other actor. */
+    if ((r = rt_sys_start(&conf, RTD_VERSION)) != 0)
+        rt_log(RT_LOG_ERROR, "sys.failed", "no $SYS tree: %s", rt_strerror(r));
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, conf_path);
     for (;;) {
         int sig = 0;

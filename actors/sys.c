@@ -1,0 +1,239 @@
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "broker.h"
+#include "sys.h"
+
+#define SYS_PREFIX "$SYS/broker/"
+#define SYS_PAYLOAD_MAX 48 /* bytes of one value ("18446744073709551615 seconds" fits) */
+#define SYS_SLOTS 64       /* topics the tree can hold; sys_tick asserts it is enough */
+#define MSG_SYS_TICK (RT_MSG_USER + 1)
+
+/*
+** Counters with a load average (Mosquitto's $SYS/broker/load/<name>/1min|5min|15min:
+** the per-minute rate over each interval, decayed exponentially with a time
+** constant of 1, 5 and 15 minutes). Counters marked gated are kept by the
+** connection actor, which may not maintain them yet: such a counter is
+** published only once it has moved from 0, so a subscriber never reads a 0
+** that only means "not counted".
+*/
+enum { C_MSGS_IN, C_MSGS_OUT, C_BYTES_IN, C_BYTES_OUT, C_CONNECTS, C_ACCEPTED, NCOUNTERS };
+
+typedef struct {
+    const char *total; /* topic of the running total, or NULL */
+    const char *load;  /* load/<load>/... */
+    bool gated;
+} counter_t;
+
+static const counter_t counters[NCOUNTERS] = {
+    [C_MSGS_IN] = {"messages/received", "messages/received", false},
+    [C_MSGS_OUT] = {"messages/sent", "messages/sent", false},
+    [C_BYTES_IN] = {"bytes/received", "bytes/received", true},
+    [C_BYTES_OUT] = {"bytes/sent", "bytes/sent", true},
+    [C_CONNECTS] = {NULL, "connections", true},
+    [C_ACCEPTED] = {"connections/accepted", "sockets", false},
+};
+
+static const double load_minutes[3] = {1, 5, 15};
+static const char *const load_names[3] = {"1min", "5min", "15min"};
+
+typedef struct {
+    const char *version;
+    uint64_t interval_ms;
+    uint64_t start_ms;    /* CLOCK_MONOTONIC when the actor started */
+    uint64_t last_ms;     /* the previous tick */
+    uint64_t max_connected;
+    uint64_t max_heap;
+    uint64_t prev[NCOUNTERS];  /* counter values at the previous tick */
+    double load[NCOUNTERS][3]; /* decayed messages (or bytes, connections) per minute */
+    bool live[NCOUNTERS];      /* a gated counter has moved from 0 */
+    bool ticked;               /* prev and last_ms hold a previous tick */
+    unsigned slot;             /* put()'s cursor through last[] during a tick */
+    char last[SYS_SLOTS][SYS_PAYLOAD_MAX]; /* payload last published per topic; "" none */
+} sys_t;
+
+typedef struct {
+    const char *version;
+    long interval_s;
+} sys_arg_t;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/*
+** Publishes payload (NULL: skip) under $SYS/broker/suffix if it differs from what
+** this topic last carried. Each tick calls put for the same topics in the same
+** order, so the call's position names the topic's slot.
+*/
+static void put(sys_t *s, const char *suffix, const char *payload)
+{
+    unsigned slot = s->slot++;
+    RT_ASSERT(slot < SYS_SLOTS);
+    if (!payload || strcmp(s->last[slot], payload) == 0)
+        return;
+    char topic[128];
+    int n = snprintf(topic, sizeof(topic), SYS_PREFIX "%s", suffix);
+    RT_ASSERT(n > 0 && (size_t)n < sizeof(topic));
+    if (rt_broker_publish(0, topic, (size_t)n, payload, strlen(payload), 0, 1) == 0)
+        snprintf(s->last[slot], sizeof(s->last[slot]), "%s", payload);
+}
+
+static void put_u64(sys_t *s, const char *suffix, uint64_t v, bool shown)
+{
+    char buf[SYS_PAYLOAD_MAX];
+    snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
+    put(s, suffix, shown ? buf : NULL);
+}
+
+static uint64_t load_stat(atomic_uint_fast64_t *v)
+{
+    return (uint64_t)atomic_load_explicit(v, memory_order_relaxed);
+}
+
+/*
+** Bytes the broker holds that are accounted somewhere: actor structs and
+** states, heap chunks handed to actors, shared binaries (messages), the topic
+** trie and the retained store. Memory connection actors malloc themselves
+** (subscription lists, partial packets) and large heap objects are not counted.
+*/
+static uint64_t heap_bytes(void)
+{
+    rt_stats_t rs;
+    rt_stats(&rs);
+    size_t mapped, chunks, bins, retained;
+    rt_heap_pool_stats(&mapped, &chunks);
+    rt_bin_totals(NULL, &bins);
+    rt_trie_stats_t ts;
+    rt_trie_stats(rt_broker->trie, &ts);
+    rt_retained_stats(rt_broker->retained, NULL, NULL, &retained);
+    return (uint64_t)rs.actor_bytes_in_use + chunks + bins + ts.bytes + retained;
+}
+
+/* Folds the interval's rates into the load averages and publishes them. */
+static void put_loads(sys_t *s, const uint64_t now[NCOUNTERS], double dt_s)
+{
+    char buf[SYS_PAYLOAD_MAX];
+    char suffix[96];
+    for (int c = 0; c < NCOUNTERS; c++) {
+        double per_min = dt_s > 0 ? (double)(now[c] - s->prev[c]) * 60.0 / dt_s : 0;
+        for (int k = 0; k < 3; k++) {
+            double decay = exp(-dt_s / (60.0 * load_minutes[k]));
+            s->load[c][k] = per_min + decay * (s->load[c][k] - per_min);
+            snprintf(buf, sizeof(buf), "%.2f", s->load[c][k]);
+            snprintf(suffix, sizeof(suffix), "load/%s/%s", counters[c].load, load_names[k]);
+            put(s, suffix, s->live[c] && s->ticked ? buf : NULL);
+        }
+    }
+}
+
+static void sys_tick(sys_t *s)
+{
+    rt_broker_stats_t *st = &rt_broker->stats;
+    uint64_t now_ms = mono_ms();
+    s->slot = 0;
+
+    char buf[SYS_PAYLOAD_MAX];
+    snprintf(buf, sizeof(buf), "rtd version %s", s->version);
+    put(s, "version", buf);
+    snprintf(buf, sizeof(buf), "%llu seconds", (unsigned long long)((now_ms - s->start_ms) / 1000));
+    put(s, "uptime", buf);
+
+    uint64_t connected = load_stat(&st->connections);
+    uint64_t sessions = load_stat(&st->sessions);
+    if (connected > s->max_connected)
+        s->max_connected = connected;
+    put_u64(s, "clients/connected", connected, true);
+    /* Read apart, the two may disagree for a moment while a client connects. */
+    put_u64(s, "clients/disconnected", sessions > connected ? sessions - connected : 0, true);
+    put_u64(s, "clients/maximum", s->max_connected, true);
+    put_u64(s, "clients/total", sessions, true);
+
+    uint64_t now[NCOUNTERS] = {
+        [C_MSGS_IN] = load_stat(&st->msgs_in),     [C_MSGS_OUT] = load_stat(&st->msgs_out),
+        [C_BYTES_IN] = load_stat(&st->bytes_in),   [C_BYTES_OUT] = load_stat(&st->bytes_out),
+        [C_CONNECTS] = load_stat(&st->connects),   [C_ACCEPTED] = load_stat(&st->accepted),
+    };
+    for (int c = 0; c < NCOUNTERS; c++) {
+        s->live[c] |= !counters[c].gated || now[c] != 0;
+        if (counters[c].total)
+            put_u64(s, counters[c].total, now[c], s->live[c]);
+    }
+    put_u64(s, "messages/dropped", load_stat(&st->msgs_dropped), true);
+    put_u64(s, "messages/expired", load_stat(&st->msgs_expired), true);
+    put_u64(s, "bad_packets", load_stat(&st->bad_packets), true);
+
+    rt_trie_stats_t ts;
+    rt_trie_stats(rt_broker->trie, &ts);
+    size_t retained;
+    rt_retained_stats(rt_broker->retained, &retained, NULL, NULL);
+    put_u64(s, "subscriptions/count", ts.subs, true);
+    put_u64(s, "shared_subscriptions/count", ts.groups, true);
+    put_u64(s, "retained messages/count", retained, true);
+
+    uint64_t heap = heap_bytes();
+    if (heap > s->max_heap)
+        s->max_heap = heap;
+    put_u64(s, "heap/current", heap, true);
+    put_u64(s, "heap/maximum", s->max_heap, true);
+
+    put_u64(s, "connections/sockets", load_stat(&st->sockets), true);
+    put_u64(s, "connections/refused/total", load_stat(&st->refused), true);
+    put_u64(s, "connections/refused/max_connections", load_stat(&st->refused_max_conns), true);
+    put_u64(s, "connections/refused/per_ip", load_stat(&st->refused_per_ip), true);
+    put_u64(s, "connections/refused/rate", load_stat(&st->refused_rate), true);
+    put_u64(s, "connections/refused/error", load_stat(&st->refused_error), true);
+
+    put_loads(s, now, s->ticked ? (double)(now_ms - s->last_ms) / 1000.0 : 0);
+    memcpy(s->prev, now, sizeof(now));
+    s->last_ms = now_ms;
+    s->ticked = true;
+}
+
+static int sys_init(rt_actor_t *self, void *state, void *arg)
+{
+    sys_t *s = state;
+    const sys_arg_t *a = arg;
+    s->version = a->version;
+    s->interval_ms = (uint64_t)a->interval_s * 1000;
+    s->start_ms = mono_ms();
+    /* The tree appears at once; the loads start after the first interval. */
+    return rt_send(rt_self(self), MSG_SYS_TICK, NULL, 0);
+}
+
+static void sys_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    sys_t *s = state;
+    if (m->tag != MSG_SYS_TICK)
+        return;
+    sys_tick(s);
+    rt_send_after_tag(s->interval_ms, rt_self(self), MSG_SYS_TICK, NULL);
+}
+
+static const char *sys_tag_name(uint32_t tag)
+{
+    return tag == MSG_SYS_TICK ? "tick" : NULL;
+}
+
+static const rt_actor_type_t sys_type = {
+    .name = "sys",
+    .state_size = sizeof(sys_t),
+    .init = sys_init,
+    .handle = sys_handle,
+    .tag_name = sys_tag_name,
+};
+
+int rt_sys_start(const rt_conf_t *conf, const char *version)
+{
+    if (conf->sys_interval <= 0)
+        return 0;
+    sys_arg_t arg = {version, conf->sys_interval};
+    rt_spawn_opts_t opts = {.name = RT_SYS_NAME};
+    rt_pid_t pid;
+    return rt_spawn_opt(&sys_type, &arg, &opts, &pid);
+}

@@ -1,0 +1,28 @@
+/*
+** The $SYS tree: one actor that publishes the broker's counters as retained
+** messages under $SYS/broker/ every sys_interval seconds, with Mosquitto's
+** topic names, so `mosquitto_sub -t '$SYS/#' -v` and dashboards made for
+** Mosquitto read them. A topic is published when its value changes (the first
+** time always), like Mosquitto. Subscribers to `#` or `+/...` never see them
+** (MQTT 4.7.2: wildcards at the first level do not match topics starting with $).
+**
+** The actor reads only atomics and the trie's and retained store's counters
+** (rt_retained_stats takes the store's read lock for three loads); it holds no
+** lock of its own and blocks nothing.
+*/
+#ifndef RT_SYS_H
+#define RT_SYS_H
+
+#include "config.h"
+#include "rt.h"
+
+#define RT_SYS_NAME "sys" /* the actor's registered name */
+
+/*
+** Starts the $SYS actor if conf->sys_interval > 0 (0 with nothing started
+** otherwise). version (a static string) is published as "rtd version <version>".
+** Call after rt_broker_start; rt_shutdown stops the actor like any other.
+*/
+int rt_sys_start(const rt_conf_t *conf, const char *version);
+
+#endif
