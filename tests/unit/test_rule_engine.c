@@ -397,6 +397,39 @@ static void test_broken_rules_isolated(void)
     stop();
 }
 
+/* One client's messages reach its worker, and its rules, in the order they were published. */
+static void test_order_per_client(void)
+{
+    clean_rules();
+    write_rule("order.lua", "local last = {}\n"
+                            "return { name = 'order', from = 'o/#', to = {},\n"
+                            "  select = function(msg)\n"
+                            "    local n, prev = tonumber(msg.payload), last[msg.clientid] or 0\n"
+                            "    if n ~= prev + 1 then error(msg.clientid .. ': ' .. prev .. "
+                            "' then ' .. tostring(n)) end\n"
+                            "    last[msg.clientid] = n\n"
+                            "  end }\n");
+    CHECK_EQ(start(rules, 2, 100000, 8 << 20), 0);
+    long n = check_scale(3000);
+    static const char *const clients[] = {"a", "b", "c", "d", "e"};
+    for (long i = 1; i <= n; i++) {
+        char p[24];
+        snprintf(p, sizeof(p), "%ld", i);
+        for (int c = 0; c < 5; c++)
+            CHECK_EQ(publish_from(clients[c], "o/x", p, 0, 0), 1);
+    }
+    CHECK(wait_matched("order", 5 * (uint64_t)n));
+    rt_rule_info_t r = info("order");
+    CHECK_EQ(r.filtered, 5 * n);
+    CHECK_EQ(r.failed, 0);
+    if (r.failed)
+        fprintf(stderr, "  %s\n", r.last_error);
+    rt_rules_worker_info_t w[2];
+    CHECK_EQ(rt_rules_workers(w, 2), 2);
+    CHECK(w[0].messages > 0 && w[1].messages > 0); /* five clients spread over both workers */
+    stop();
+}
+
 static void test_index_1000_rules(void)
 {
     clean_rules();
@@ -716,6 +749,7 @@ int main(void)
     RUN(test_filter_reshape_rows);
     RUN(test_events);
     RUN(test_broken_rules_isolated);
+    RUN(test_order_per_client);
     RUN(test_index_1000_rules);
     RUN(test_reload);
     RUN(test_durable);

@@ -488,6 +488,28 @@ static void test_sandbox(void)
     /* _G is the rule's own environment: globals it makes stay its own. */
     expect("(function() x = 1; return tostring(_G.x) .. tostring(rawget(_G, 'string')) end)()",
            "1nil");
+    /* Rules in one state cannot see each other's globals, nor change what others see. */
+    const char *texts[] = {
+        "return { name = 'a', from = '#', select = function(msg)\n"
+        "  shared = 'from a'; _G.also = 1; json = nil; string = nil\n"
+        "  return { v = tostring(shared) } end }\n",
+        "return { name = 'b', from = '#', select = function(msg)\n"
+        "  return { v = tostring(shared) .. tostring(also) .. type(json) .. type(string) } end }\n",
+    };
+    rt_rule_vm_t *vm = vm_with(texts, 2);
+    if (vm) {
+        rt_rule_input_t in = msg_in("a", "x");
+        rt_rule_buf_t rows = {0};
+        uint32_t n;
+        char v[64];
+        CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        CHECK(strcmp(row_str(rows.p, "v", v, sizeof(v)), "from a") == 0);
+        rows.len = 0;
+        CHECK_EQ(rt_rule_vm_run(vm, 1, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        CHECK(strcmp(row_str(rows.p, "v", v, sizeof(v)), "nilniltabletable") == 0);
+        rt_rule_buf_free(&rows);
+        rt_rule_vm_free(vm);
+    }
     /* pcall cannot hide a spent budget or the memory cap. */
     CHECK_EQ(eval("while true do pcall(function() while true do end end) end", NULL, 0),
              RT_RULE_FAIL_BUDGET);
