@@ -1,0 +1,146 @@
+"""The $SYS/broker tree end to end: a real rtd publishing every second (sys_interval=1), read
+by a paho subscriber; every value is checked against what the test itself did (clients it
+connected, messages it published, subscriptions and retained messages it made).
+
+Run: RT_BUILD_DIR=$PWD/build/release /usr/bin/python3 -m pytest -q tests/integration/test_sys.py
+"""
+import socket
+import subprocess
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from conftest import RTD, Rtd, client, subscribe, wait_for
+from sys_tree import SysTree
+
+
+@pytest.fixture
+def sys1():
+    broker = Rtd("sys_interval=1")
+    yield broker
+    code, log = broker.stop()
+    assert code == 0, log
+
+
+def publish_all(c, topic, payloads, retain=False):
+    for p in payloads:
+        c.publish(topic, p, qos=1, retain=retain).wait_for_publish()
+
+
+def test_version_and_uptime(sys1):
+    tree = SysTree(sys1.port)
+    out = subprocess.run([RTD, "--version"], capture_output=True, text=True).stdout.split()
+    assert wait_for(lambda: tree.get("version") is not None)
+    assert tree.get("version") == "rtd version " + out[1]
+    assert tree.get("uptime").endswith(" seconds")
+    first = tree.num("uptime")
+    assert wait_for(lambda: tree.num("uptime") >= first + 2, 4), tree.get("uptime")
+    # Published on change only: the version came once (the retained copy), the uptime each tick.
+    assert tree.count("version") == 1
+    assert tree.count("uptime") >= 3
+    tree.close()
+
+
+def test_clients_messages_and_subscriptions(sys1):
+    tree = SysTree(sys1.port)
+    hash_sub = client(sys1.port, "hash")
+    subscribe(hash_sub, "#")
+    n = 3
+    clients = [client(sys1.port, f"c{i}") for i in range(n)]
+    for i, c in enumerate(clients):
+        subscribe(c, f"t/{i}/a")
+        subscribe(c, "t/+/b")
+    assert tree.wait("clients/connected", n + 2), tree.get("clients/connected")
+    assert tree.wait("clients/total", n + 2), tree.get("clients/total")
+    assert tree.wait("subscriptions/count", 2 * n + 2), tree.get("subscriptions/count")
+    assert tree.num("clients/disconnected") == 0
+
+    publish_all(clients[0], "t/x/b", [b"m%d" % i for i in range(7)])
+    assert tree.wait("messages/received", 7), tree.get("messages/received")
+    # Each message went to the n clients on t/+/b and to '#'. The watcher's own $SYS
+    # messages count too: messages/sent of one tick includes every $SYS message sent
+    # before that tick began (the tick's first message is its uptime).
+    assert wait_for(lambda: len(hash_sub.got) == 7)
+    assert all(len(c.got) == 7 for c in clients)
+    want = 7 * (n + 1)
+    time.sleep(1.2)
+    msgs = tree.messages()
+    last = max(i for i, (name, _) in enumerate(msgs) if name == "messages/sent")
+    tick_start = max(i for i, (name, _) in enumerate(msgs[:last]) if name == "uptime")
+    assert int(msgs[last][1]) == want + tick_start
+
+    # '#' does not match topics starting with '$' (MQTT 4.7.2): it got only the t/x/b ones.
+    assert {t for t, _, _ in hash_sub.got} == {"t/x/b"}
+
+    # The rates: a burst after a quiet start shows most in the 1 minute average.
+    assert wait_for(lambda: tree.get("load/messages/received/1min") is not None)
+    l1, l5, l15 = (float(tree.get(f"load/messages/received/{m}")) for m in ("1min", "5min", "15min"))
+    assert l1 > l5 > l15 > 0
+
+    for c in clients:
+        c.disconnect()
+        c.loop_stop()
+    assert tree.wait("clients/connected", 2), tree.get("clients/connected")
+    assert tree.wait("subscriptions/count", 2), tree.get("subscriptions/count")
+    assert tree.num("clients/maximum") == n + 2
+
+    # A persistent session that went offline: disconnected, still counted in total.
+    p = mqtt.Client(client_id="persistent", protocol=mqtt.MQTTv311, clean_session=False)
+    p.connect("127.0.0.1", sys1.port)
+    p.loop_start()
+    subscribe(p, "p/#", 1)
+    assert tree.wait("clients/connected", 3), tree.get("clients/connected")
+    p.disconnect()
+    p.loop_stop()
+    assert tree.wait("clients/disconnected", 1), tree.get("clients/disconnected")
+    assert tree.wait("clients/connected", 2), tree.get("clients/connected")
+    assert tree.num("clients/total") == 3
+    assert tree.num("subscriptions/count") == 3  # the offline session keeps p/#
+    assert tree.num("clients/maximum") == n + 2
+    hash_sub.disconnect()
+    tree.close()
+
+
+def test_retained_count_and_heap(sys1):
+    tree = SysTree(sys1.port)
+    pub = client(sys1.port, "retainer")
+    assert wait_for(lambda: tree.num("heap/current") is not None)
+    time.sleep(1.2)
+    heap_before = tree.num("heap/current")
+    big = b"x" * 200_000
+    publish_all(pub, "keep/1", [b"one"], retain=True)
+    publish_all(pub, "keep/2", [big], retain=True)
+    # Every $SYS topic is retained too, so the store holds them plus the test's two.
+    assert wait_for(lambda: tree.num("retained messages/count") == len(tree.names()) + 2), \
+        (tree.get("retained messages/count"), len(tree.names()))
+    assert wait_for(lambda: tree.num("heap/current") >= heap_before + len(big)), \
+        (heap_before, tree.get("heap/current"))
+    assert tree.num("heap/maximum") >= tree.num("heap/current")
+    publish_all(pub, "keep/1", [b""], retain=True)  # an empty retained message clears it
+    assert wait_for(lambda: tree.num("retained messages/count") == len(tree.names()) + 1)
+    pub.disconnect()
+    tree.close()
+
+
+def test_bad_packets_counted(sys1):
+    tree = SysTree(sys1.port)
+    assert tree.wait("bad_packets", 0)
+    with socket.create_connection(("127.0.0.1", sys1.port), timeout=5) as s:
+        s.sendall(b"\x00\x00")  # packet type 0 is reserved (MQTT 2.1.2)
+        assert s.recv(16) == b""  # closed without a CONNACK
+    assert tree.wait("bad_packets", 1), tree.get("bad_packets")
+    tree.close()
+
+
+def test_sys_interval_zero_publishes_nothing():
+    broker = Rtd("sys_interval=0")
+    try:
+        c = client(broker.port, "watcher")
+        subscribe(c, "$SYS/#")
+        time.sleep(1.5)
+        assert c.got == []
+        c.disconnect()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log
