@@ -23,6 +23,7 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "sink_impl.h"
@@ -320,9 +321,11 @@ static void count_outcome(rt_sink_t *s, const sink_row_t *rows, size_t n, bool r
         if (rows[i].status == 0) {
             ok++;
         } else {
-            bad++;
-            if (atomic_load(&s->dropped) == 0 || bad == 1)
+            if (bad++ == 0) {
+                pthread_mutex_lock(&s->err_lock);
                 rt_log(RT_LOG_ERROR, "sink.row_rejected", "sink=%s %s", s->name, s->last_error);
+                pthread_mutex_unlock(&s->err_lock);
+            }
         }
         if (rows[i].entry)
             settle(s, rows[i].entry, rows[i].status);
@@ -604,8 +607,12 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (s->opened && s->drv->close)
         s->drv->close(s);
     s->opened = false;
-    if (s->spill_open)
+    if (s->spill_open) {
+        bool empty = s->spill.rows == 0;
         rt__spill_close(&s->spill);
+        if (empty) /* nothing to replay: leave no file behind */
+            unlink(s->spill_path);
+    }
     s->spill_open = false;
     atomic_store(&s->state, SINK_DISCONNECTED); /* stopped: not worth a warning */
 }

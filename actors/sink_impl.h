@@ -120,7 +120,6 @@ struct rt_sink_s {
     char name[64];
     const sink_driver_t *drv;
     void *drv_state;                /* the driver's (configure makes it) */
-    char where[300];                /* "file:line: sinks.<name>" for messages */
 
     /* Settings. */
     uint32_t batch;
