@@ -231,10 +231,12 @@ static bool parse_hash(const char *s, size_t n, entry_t *e, char *why, size_t wh
         return false;
     }
     e->saltlen = (uint8_t)saltlen;
-    if (b64_decode(dollar + 1, (size_t)(end - dollar - 1), e->hash, HASH_BYTES + 1) != HASH_BYTES) {
+    uint8_t hash[HASH_BYTES + 1]; /* room for one byte too many, to tell it */
+    if (b64_decode(dollar + 1, (size_t)(end - dollar - 1), hash, sizeof(hash)) != HASH_BYTES) {
         snprintf(why, whylen, "the hash is not base64 of %d bytes", HASH_BYTES);
         return false;
     }
+    memcpy(e->hash, hash, HASH_BYTES);
     return true;
 }
 

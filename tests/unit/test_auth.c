@@ -157,6 +157,12 @@ static void test_malformed(void)
         {"x:$7$101$!!!!$AAAA", "salt is not base64"},
         {"x:$7$101$ohRixXecVWcf6OX+$AAAA", "hash is not base64 of 64"},
         {"x:$5$abc$def", "not a $7$"},
+        {"x:$6$5tyOSHB7DdkqYmMh$h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv389Bnhr1SMa"
+         "i9BiEYMTECbHCICqOA20D6gA=",
+         "hash is not base64 of 64"}, /* 65 bytes */
+        {"x:$6$5tyOSHB7DdkqYmMh$h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv389Bnhr1SMa"
+         "i9BiEYMTECbHCICqOA20D",
+         "hash is not base64 of 64"}, /* 63 bytes */
         {"ok:$6$5tyOSHB7DdkqYmMh$h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv389Bnhr1SMa"
          "i9BiEYMTECbHCICqOA20D6g==",
          "listed twice (first on line 2)"},
