@@ -826,9 +826,6 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
         if (rc)
             return rc;
     }
-    const rt_conf_kv_t *en = rt__sink_kv(sec, "enabled");
-    if (en && !en->b)
-        return 0;
     rt_sink_t *s = calloc(1, sizeof(*s));
     if (!s) {
         snprintf(why, whylen, "out of memory");
@@ -859,8 +856,12 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
     } else {
         rc = drv->configure(s, sec, why, whylen);
     }
-    if (rc) {
+    if (rc)
         s->drv = NULL; /* configure cleans up after itself on error */
+    /* A disabled sink is checked like the others (a bad uri is an error now, not the
+       day someone enables it), then set aside. */
+    const rt_conf_kv_t *en = rt__sink_kv(sec, "enabled");
+    if (rc || (en && !en->b)) {
         sink_free(s);
         return rc;
     }

@@ -263,6 +263,7 @@ static void test_config_errors(void)
         {"{a = {type = 'sqlite', columns = {ts = 'date'}}}", "columns.ts"},
         {"{a = {type = 'sqlite', synchronous = 'off'}}", "synchronous must be"},
         {"{a = {type = 'mongodb', uri = 'http://x'}}", "uri \"http://x\""},
+        {"{a = {type = 'mongodb', enabled = false, uri = 'x'}}", "uri \"x\""},
         {"{a = {type = 'mongodb', w = -1}}", "w must be a whole number"},
         {"{a = {type = 'republish'}}", "topic is required"},
         {"{a = {type = 'republish', topic = 'a/${x'}}", "topic is required"},
