@@ -284,6 +284,41 @@ static void test_malformed(void)
     load(file);
 }
 
+/* Random files of ACL-ish words and characters: loaded or refused with a line, never a crash. */
+static void test_random_files(void)
+{
+    static const char *const words[] = {
+        "topic", "pattern", "user", "read", "write", "readwrite", "deny", "#",     "+",   "/", "a",
+        "%u",    "%c",      "$SYS", " ",    "\t",    "\n",        "\r\n", "x/+/y", "a/#", "#c"};
+    const size_t nwords = sizeof(words) / sizeof(words[0]);
+    long files = check_scale(3000), loaded = 0;
+    for (long f = 0; f < files; f++) {
+        char text[512] = "";
+        size_t len = 0;
+        for (int w = (int)(rnd() % 40); w > 0; w--) {
+            const char *word = words[rnd() % nwords];
+            size_t n = strlen(word);
+            if (len + n + 1 >= sizeof(text))
+                break;
+            memcpy(text + len, word, n + 1);
+            len += n;
+        }
+        char err[512] = "";
+        rt_acl_t *a = NULL;
+        int rc = rt_acl_load(tmpdir_put("fuzz.acl", text), &a, err, sizeof(err));
+        CHECK(rc == 0 || (rc == RT_EINVAL && strstr(err, "fuzz.acl:")));
+        if (a) {
+            loaded++;
+            static const char *const topics[] = {"a", "a/b", "#", "+/+", "$SYS/x", "x/q/y"};
+            for (int t = 0; t < 6; t++)
+                for (unsigned acc = 1; acc <= 4; acc <<= 1)
+                    rt_acl_check(a, rnd() & 1 ? "a" : NULL, "c", topics[t], strlen(topics[t]), acc);
+        }
+        rt_acl_free(a);
+    }
+    CHECK(loaded > 0);
+}
+
 /* ---- The process-wide ACL swapped under concurrent checks ---- */
 
 static atomic_bool checkers_stop;
@@ -361,6 +396,7 @@ int main(void)
     RUN(test_patterns);
     RUN(test_injection);
     RUN(test_malformed);
+    RUN(test_random_files);
     RUN(test_reload_under_checks);
     RUN(test_check_cost);
     rt_acl_free(acl);

@@ -194,6 +194,49 @@ static void test_malformed(void)
     CHECK(strstr(err, ":1: ") != NULL);
 }
 
+/* Random files of password-file pieces: loaded or refused with a line, never a crash. */
+static void test_random_files(void)
+{
+    static const char *const pieces[] = {"u",
+                                         ":",
+                                         "$",
+                                         "7",
+                                         "6",
+                                         "101",
+                                         "$7$",
+                                         "$6$",
+                                         "#",
+                                         "\n",
+                                         "\r",
+                                         " ",
+                                         "=",
+                                         "A",
+                                         "ohRixXecVWcf6OX+",
+                                         "h6gbTxczxVlPb6mDd9TDioKKxHBcDAkWKvG5CUEeaUPa3pahfVRv"
+                                         "389Bnhr1SMai9BiEYMTECbHCICqOA20D6g=="};
+    const size_t n = sizeof(pieces) / sizeof(pieces[0]);
+    long files = check_scale(3000), loaded = 0;
+    for (long f = 0; f < files; f++) {
+        char text[1024] = "";
+        size_t len = 0;
+        for (int w = (int)(rnd() % 30); w > 0; w--) {
+            const char *p = pieces[rnd() % n];
+            size_t pl = strlen(p);
+            if (len + pl + 1 >= sizeof(text))
+                break;
+            memcpy(text + len, p, pl + 1);
+            len += pl;
+        }
+        char err[RT_AUTH_ERR_LEN] = "";
+        rt_auth_t *a = NULL;
+        int rc = rt_auth_load(tmpdir_put("fuzz.pw", text), &a, err, sizeof(err));
+        CHECK(rc == 0 || (rc == RT_EINVAL && strstr(err, "fuzz.pw:")));
+        loaded += a != NULL;
+        rt_auth_free(a);
+    }
+    CHECK(loaded > 0);
+}
+
 /* ---- Reload under concurrent readers ---- */
 
 typedef struct reader_arg_s {
@@ -585,6 +628,7 @@ int main(void)
     RUN(test_round_trip);
     RUN(test_mosquitto_lines);
     RUN(test_malformed);
+    RUN(test_random_files);
     RUN(test_rcu_swap);
     RUN(test_rcu_swap_waits_for_every_reader);
     RUN(test_reload_under_readers);
