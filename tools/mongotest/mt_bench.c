@@ -63,8 +63,8 @@ int main(int argc, char **argv)
     bson_t **set = calloc((size_t)batch, sizeof *set);
     for (long i = 0; i < batch; i++) {
         set[i] = BCON_NEW("topic", BCON_UTF8("site/1/sensor/42/temp"), "ts",
-                          BCON_DATE_TIME(1700000000000 + i), "value", BCON_DOUBLE(21.5 + i),
-                          "qos", BCON_INT32(1));
+                          BCON_DATE_TIME(1700000000000 + i), "value", BCON_DOUBLE(21.5 + i), "qos",
+                          BCON_INT32(1));
     }
     double t0 = now_sec();
     long done = 0;
@@ -80,8 +80,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "rt_mongo_bench: insert failed: %s\n", err.message);
         rc = 1;
     } else {
-        int64_t n = mongoc_collection_count_documents(c, &(bson_t)BSON_INITIALIZER, NULL, NULL,
-                                                      NULL, &err);
+        int64_t n =
+            mongoc_collection_count_documents(c, &(bson_t)BSON_INITIALIZER, NULL, NULL, NULL, &err);
         printf("%ld documents in batches of %ld: %.3f s, %.0f documents/s (count %lld)\n", done,
                batch, secs, done / secs, (long long)n);
         rc = n == done ? 0 : 1;

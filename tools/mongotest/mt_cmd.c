@@ -216,8 +216,8 @@ typedef struct query {
     int64_t limit; /* 0 = no limit */
     int64_t skipped;
     int64_t count;
-    mt_docs_t *out;   /* matched documents, if not NULL */
-    int64_t *seqs;    /* matched row numbers, if collect_seqs */
+    mt_docs_t *out; /* matched documents, if not NULL */
+    int64_t *seqs;  /* matched row numbers, if collect_seqs */
     size_t seqs_cap;
     bool collect_seqs;
 } query_t;
@@ -555,8 +555,9 @@ static int insert_one(mt_state_t *st, mt_coll_t *c, const char *ns, const bson_t
             bson_append_iter(&idoc, "_id", 3, &id);
             char *json = bson_as_relaxed_extended_json(&idoc, NULL);
             *code = E_DUPLICATE_KEY;
-            snprintf(msg, msglen, "E11000 duplicate key error collection: %s index: _id_ dup key: %s",
-                     ns, json ? json : "{}");
+            snprintf(msg, msglen,
+                     "E11000 duplicate key error collection: %s index: _id_ dup key: %s", ns,
+                     json ? json : "{}");
             bson_free(json);
             bson_destroy(&idoc);
             rc = 0;
@@ -681,12 +682,12 @@ static void cmd_find(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const c
     char err[256];
     if (!coll || arg_doc(cmd, "filter", &filter, reply) < 0 ||
         arg_doc(cmd, "sort", &sort, reply) < 0 || arg_doc(cmd, "projection", &proj, reply) < 0 ||
-        arg_int(cmd, "skip", 0, &skip, reply) < 0 ||
-        arg_int(cmd, "limit", 0, &limit, reply) < 0 ||
+        arg_int(cmd, "skip", 0, &skip, reply) < 0 || arg_int(cmd, "limit", 0, &limit, reply) < 0 ||
         batch_size(cmd, MT_DEFAULT_BATCH, &batch, reply))
         return;
     bool single = arg_bool(cmd, "singleBatch", false);
-    if (mt_filter_check(&filter, err, sizeof err) || mt_sort_check(&sort, &natural, err, sizeof err) ||
+    if (mt_filter_check(&filter, err, sizeof err) ||
+        mt_sort_check(&sort, &natural, err, sizeof err) ||
         mt_projection_check(&proj, err, sizeof err)) {
         err_reply(reply, E_BAD_VALUE, "BadValue", "%s", err);
         return;
@@ -812,8 +813,8 @@ static void cmd_count(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const 
         err_reply(reply, E_BAD_VALUE, "BadValue", "skip must be non-negative");
         return;
     }
-    int rc = collect(st, call->db, coll, &filter, NULL, 1, skip, limit < 0 ? -limit : limit,
-                     NULL, &n);
+    int rc =
+        collect(st, call->db, coll, &filter, NULL, 1, skip, limit < 0 ? -limit : limit, NULL, &n);
     if (rc) {
         store_error(st, reply, rc);
         return;
@@ -959,8 +960,8 @@ static int stage_int(const bson_iter_t *stage, int64_t min, int64_t *out, bson_t
 ** Runs one stage over d; the first stage also loads the collection. Returns 0,
 ** or -1 after writing an error reply (no RT_E* code is -1).
 */
-static int run_stage(mt_state_t *st, mt_call_t *call, const char *coll, mt_docs_t *d,
-                     bool *loaded, const bson_iter_t *stage, bson_t *reply)
+static int run_stage(mt_state_t *st, mt_call_t *call, const char *coll, mt_docs_t *d, bool *loaded,
+                     const bson_iter_t *stage, bson_t *reply)
 {
     const char *op = bson_iter_key(stage);
     bson_t arg;
@@ -1101,7 +1102,7 @@ static int count_pipeline(mt_state_t *st, mt_call_t *call, const char *coll, bso
     }
     d->n = n;
     rc = !strcmp(bson_iter_key(&last), "$count") ? stage_count(d, &last, reply)
-                                                  : stage_group(d, &last, reply);
+                                                 : stage_group(d, &last, reply);
     return rc ? -1 : 1;
 }
 
@@ -1113,7 +1114,8 @@ static void cmd_aggregate(mt_state_t *st, mt_call_t *call, const bson_t *cmd, co
     bson_t opts;
     int64_t batch;
     if (!coll || arg_array(cmd, "pipeline", &stages, reply) ||
-        arg_doc(cmd, "cursor", &opts, reply) < 0 || batch_size(&opts, MT_DEFAULT_BATCH, &batch, reply))
+        arg_doc(cmd, "cursor", &opts, reply) < 0 ||
+        batch_size(&opts, MT_DEFAULT_BATCH, &batch, reply))
         return;
     mt_docs_t docs = {0};
     bool loaded = false;
@@ -1127,8 +1129,9 @@ static void cmd_aggregate(mt_state_t *st, mt_call_t *call, const bson_t *cmd, co
         bson_iter_t stage;
         if (!BSON_ITER_HOLDS_DOCUMENT(&stages) || !bson_iter_recurse(&stages, &stage) ||
             !bson_iter_next(&stage)) {
-            err_reply(reply, E_TYPE_MISMATCH, "TypeMismatch", "each pipeline stage must be a"
-                                                              " document with one field");
+            err_reply(reply, E_TYPE_MISMATCH, "TypeMismatch",
+                      "each pipeline stage must be a"
+                      " document with one field");
             docs_free(&docs);
             return;
         }
@@ -1153,8 +1156,8 @@ static void cmd_aggregate(mt_state_t *st, mt_call_t *call, const bson_t *cmd, co
 }
 
 /* Runs one delete statement {q, limit} inside the command's transaction. */
-static int delete_one(mt_state_t *st, mt_coll_t *c, const bson_iter_t *stmt, int64_t *n,
-                      int *code, char *msg, size_t msglen)
+static int delete_one(mt_state_t *st, mt_coll_t *c, const bson_iter_t *stmt, int64_t *n, int *code,
+                      char *msg, size_t msglen)
 {
     bson_iter_t it;
     bson_t s, q;
@@ -1289,8 +1292,8 @@ static int add_name(void *ctx, const char *name)
     return BSON_APPEND_UTF8(arr, key, name) ? 0 : RT_ENOMEM;
 }
 
-static void cmd_dropdatabase(mt_state_t *st, mt_call_t *call, const bson_t *cmd,
-                             const char *name, bson_t *reply)
+static void cmd_dropdatabase(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const char *name,
+                             bson_t *reply)
 {
     bson_t names = BSON_INITIALIZER;
     bson_iter_t it;
@@ -1348,8 +1351,8 @@ static void cmd_create(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const
 ** Secondary indexes change no query result here (every query scans), so they
 ** are accepted without being built; a unique one would change results and is refused.
 */
-static void cmd_createindexes(mt_state_t *st, mt_call_t *call, const bson_t *cmd,
-                              const char *name, bson_t *reply)
+static void cmd_createindexes(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const char *name,
+                              bson_t *reply)
 {
     const char *coll = coll_name(cmd, reply);
     bson_iter_t idx, it;

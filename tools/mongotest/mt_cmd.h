@@ -12,12 +12,12 @@
 
 #include "mt_store.h"
 
-#define MT_WIRE_VERSION 13          /* maxWireVersion: MongoDB 5.0 */
-#define MT_MAX_WRITE_BATCH 100000   /* maxWriteBatchSize */
-#define MT_SESSION_TIMEOUT_MIN 30   /* logicalSessionTimeoutMinutes */
-#define MT_DEFAULT_BATCH 101        /* documents in a first batch when batchSize is not given */
-#define MT_CURSORS_MAX 1024         /* open cursors; beyond it the least recently used is closed */
-#define MT_FAIL_WRITES_CODE 1       /* error code of injected insert failures (InternalError) */
+#define MT_WIRE_VERSION 13        /* maxWireVersion: MongoDB 5.0 */
+#define MT_MAX_WRITE_BATCH 100000 /* maxWriteBatchSize */
+#define MT_SESSION_TIMEOUT_MIN 30 /* logicalSessionTimeoutMinutes */
+#define MT_DEFAULT_BATCH 101      /* documents in a first batch when batchSize is not given */
+#define MT_CURSORS_MAX 1024       /* open cursors; beyond it the least recently used is closed */
+#define MT_FAIL_WRITES_CODE 1     /* error code of injected insert failures (InternalError) */
 
 typedef struct mt_cursor mt_cursor_t;
 
@@ -28,10 +28,10 @@ typedef struct mt_state {
     int64_t next_cursor_id;
 
     /* Faults, set by rtFault. */
-    int64_t fail_writes;   /* insert commands still to fail */
-    int32_t fail_code;     /* error code they fail with */
-    int64_t stall_ms;      /* delay of every reply; 0 = none */
-    int64_t refuse_until;  /* mt_now_ms() before which connections are closed at once */
+    int64_t fail_writes;  /* insert commands still to fail */
+    int32_t fail_code;    /* error code they fail with */
+    int64_t stall_ms;     /* delay of every reply; 0 = none */
+    int64_t refuse_until; /* mt_now_ms() before which connections are closed at once */
 
     /* Counters, reported by rtStats. */
     int64_t conns_current;

@@ -36,7 +36,8 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        if (i + 1 >= argc || (strcmp(arg, "--host") && strcmp(arg, "--port") && strcmp(arg, "--db"))) {
+        if (i + 1 >= argc ||
+            (strcmp(arg, "--host") && strcmp(arg, "--port") && strcmp(arg, "--db"))) {
             fprintf(stderr, "rt_mongo_test: unknown or incomplete option '%s'\n", arg);
             usage(stderr);
             return 2;

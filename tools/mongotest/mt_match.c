@@ -16,28 +16,45 @@
 static int type_class(bson_type_t t)
 {
     switch (t) {
-    case BSON_TYPE_MINKEY: return 1;
+    case BSON_TYPE_MINKEY:
+        return 1;
     case BSON_TYPE_UNDEFINED:
-    case BSON_TYPE_NULL: return 2;
+    case BSON_TYPE_NULL:
+        return 2;
     case BSON_TYPE_INT32:
     case BSON_TYPE_INT64:
     case BSON_TYPE_DOUBLE:
-    case BSON_TYPE_DECIMAL128: return 3;
+    case BSON_TYPE_DECIMAL128:
+        return 3;
     case BSON_TYPE_SYMBOL:
-    case BSON_TYPE_UTF8: return 4;
-    case BSON_TYPE_DOCUMENT: return 5;
-    case BSON_TYPE_ARRAY: return 6;
-    case BSON_TYPE_BINARY: return 7;
-    case BSON_TYPE_OID: return 8;
-    case BSON_TYPE_BOOL: return 9;
-    case BSON_TYPE_DATE_TIME: return 10;
-    case BSON_TYPE_TIMESTAMP: return 11;
-    case BSON_TYPE_REGEX: return 12;
-    case BSON_TYPE_DBPOINTER: return 13;
-    case BSON_TYPE_CODE: return 14;
-    case BSON_TYPE_CODEWSCOPE: return 15;
-    case BSON_TYPE_MAXKEY: return 100;
-    default: return 50;
+    case BSON_TYPE_UTF8:
+        return 4;
+    case BSON_TYPE_DOCUMENT:
+        return 5;
+    case BSON_TYPE_ARRAY:
+        return 6;
+    case BSON_TYPE_BINARY:
+        return 7;
+    case BSON_TYPE_OID:
+        return 8;
+    case BSON_TYPE_BOOL:
+        return 9;
+    case BSON_TYPE_DATE_TIME:
+        return 10;
+    case BSON_TYPE_TIMESTAMP:
+        return 11;
+    case BSON_TYPE_REGEX:
+        return 12;
+    case BSON_TYPE_DBPOINTER:
+        return 13;
+    case BSON_TYPE_CODE:
+        return 14;
+    case BSON_TYPE_CODEWSCOPE:
+        return 15;
+    case BSON_TYPE_MAXKEY:
+        return 100;
+    default:
+        return 50;
     }
 }
 
@@ -50,9 +67,12 @@ static bool is_intlike(bson_type_t t)
 static long double num_value(const bson_iter_t *it)
 {
     switch (bson_iter_type(it)) {
-    case BSON_TYPE_INT32: return bson_iter_int32(it);
-    case BSON_TYPE_INT64: return bson_iter_int64(it);
-    case BSON_TYPE_DOUBLE: return bson_iter_double(it);
+    case BSON_TYPE_INT32:
+        return bson_iter_int32(it);
+    case BSON_TYPE_INT64:
+        return bson_iter_int64(it);
+    case BSON_TYPE_DOUBLE:
+        return bson_iter_double(it);
     case BSON_TYPE_DECIMAL128: {
         bson_decimal128_t d;
         char s[BSON_DECIMAL128_STRING];
@@ -60,7 +80,8 @@ static long double num_value(const bson_iter_t *it)
         bson_decimal128_to_string(&d, s);
         return strtold(s, NULL);
     }
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -117,7 +138,8 @@ int mt_value_cmp(const bson_iter_t *a, const bson_iter_t *b)
     case BSON_TYPE_INT32:
     case BSON_TYPE_INT64:
     case BSON_TYPE_DOUBLE:
-    case BSON_TYPE_DECIMAL128: return num_cmp(a, b);
+    case BSON_TYPE_DECIMAL128:
+        return num_cmp(a, b);
     case BSON_TYPE_UTF8:
     case BSON_TYPE_SYMBOL: {
         uint32_t la = 0, lb = 0;
@@ -126,7 +148,8 @@ int mt_value_cmp(const bson_iter_t *a, const bson_iter_t *b)
         return bytes_cmp(sa, la, sb, lb);
     }
     case BSON_TYPE_DOCUMENT:
-    case BSON_TYPE_ARRAY: return doc_cmp(a, b);
+    case BSON_TYPE_ARRAY:
+        return doc_cmp(a, b);
     case BSON_TYPE_BINARY: {
         bson_subtype_t sa, sb;
         uint32_t la, lb;
@@ -139,8 +162,10 @@ int mt_value_cmp(const bson_iter_t *a, const bson_iter_t *b)
             return sa < sb ? -1 : 1;
         return la ? memcmp(da, db, la) : 0;
     }
-    case BSON_TYPE_OID: return bson_oid_compare(bson_iter_oid(a), bson_iter_oid(b));
-    case BSON_TYPE_BOOL: return (int)bson_iter_bool(a) - (int)bson_iter_bool(b);
+    case BSON_TYPE_OID:
+        return bson_oid_compare(bson_iter_oid(a), bson_iter_oid(b));
+    case BSON_TYPE_BOOL:
+        return (int)bson_iter_bool(a) - (int)bson_iter_bool(b);
     case BSON_TYPE_DATE_TIME: {
         int64_t x = bson_iter_date_time(a), y = bson_iter_date_time(b);
         return (x > y) - (x < y);
@@ -161,7 +186,8 @@ int mt_value_cmp(const bson_iter_t *a, const bson_iter_t *b)
     case BSON_TYPE_MINKEY:
     case BSON_TYPE_MAXKEY:
     case BSON_TYPE_NULL:
-    case BSON_TYPE_UNDEFINED: return 0;
+    case BSON_TYPE_UNDEFINED:
+        return 0;
     default: {
         /* Rare types (code, dbpointer): their encodings compare as bytes. */
         bson_value_t va, vb;
@@ -181,7 +207,7 @@ int mt_value_cmp(const bson_iter_t *a, const bson_iter_t *b)
 }
 
 /* Operators a field condition may use, in the order mt_filter_match tests them. */
-static const char *const field_ops[] = {"$eq",  "$ne", "$gt",  "$gte",   "$lt",
+static const char *const field_ops[] = {"$eq",  "$ne", "$gt",  "$gte",    "$lt",
                                         "$lte", "$in", "$nin", "$exists", NULL};
 
 static bool is_field_op(const char *key)
@@ -599,12 +625,14 @@ bool mt_filter_id_key(const bson_t *filter, uint8_t key[MT_KEY_MAX], size_t *len
     case BSON_TYPE_INT64:
     case BSON_TYPE_DATE_TIME:
     case BSON_TYPE_BINARY:
-    case BSON_TYPE_BOOL: break;
+    case BSON_TYPE_BOOL:
+        break;
     case BSON_TYPE_DOUBLE:
         if (isnan(bson_iter_double(&id)))
             return false;
         break;
-    default: return false;
+    default:
+        return false;
     }
     return mt_id_key(&id, key, len) == 0;
 }

@@ -8,8 +8,8 @@
 
 #include "mt_cmd.h"
 
-#define MT_CONNS_MAX 1024          /* open connections; more are closed on accept */
-#define MT_OUT_HIGH (4 << 20)      /* unsent reply bytes above which a connection is not read */
+#define MT_CONNS_MAX 1024     /* open connections; more are closed on accept */
+#define MT_OUT_HIGH (4 << 20) /* unsent reply bytes above which a connection is not read */
 
 /* Binds and listens on host:port (port 0 picks one); host must be in 127.0.0.0/8. */
 int mt_listen(const char *host, int port, int *fd, int *bound_port);

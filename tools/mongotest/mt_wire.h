@@ -16,10 +16,10 @@
 #define MT_OP_MSG 2013
 
 #define MT_HEADER_LEN 16
-#define MT_MAX_BSON 16777216       /* maxBsonObjectSize, as a MongoDB server reports it */
-#define MT_MAX_MESSAGE 48000000    /* maxMessageSizeBytes; a longer message ends the connection */
-#define MT_BSON_DEPTH 100          /* documents nested deeper are refused, bounding recursion */
-#define MT_DB_NAME_MAX 64          /* longest database name, as in MongoDB */
+#define MT_MAX_BSON 16777216    /* maxBsonObjectSize, as a MongoDB server reports it */
+#define MT_MAX_MESSAGE 48000000 /* maxMessageSizeBytes; a longer message ends the connection */
+#define MT_BSON_DEPTH 100       /* documents nested deeper are refused, bounding recursion */
+#define MT_DB_NAME_MAX 64       /* longest database name, as in MongoDB */
 
 /* A growable byte buffer; bytes before off were already consumed. */
 typedef struct mt_buf {

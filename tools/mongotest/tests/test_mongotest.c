@@ -159,8 +159,7 @@ static void test_find_and_getmore(void)
     CHECK_EQ(v[2], 12);
     CHECK_EQ(find_all(c, "{\"i\": {\"$lte\": 2}}", "{\"sort\": {\"i\": -1}}", v, 600), 3);
     CHECK_EQ(v[0], 2);
-    CHECK_EQ(find_all(c, "{\"i\": {\"$lt\": 200}}", "{\"limit\": 150, \"batchSize\": 20}", v,
-                      600),
+    CHECK_EQ(find_all(c, "{\"i\": {\"$lt\": 200}}", "{\"limit\": 150, \"batchSize\": 20}", v, 600),
              150);
     CHECK_EQ(v[149], 149);
     /* Everything, with the default batch sizes: the driver's usual first batch plus getMore. */
@@ -437,8 +436,7 @@ static void test_fault_refuse(void)
     /* Past the window the driver reconnects by itself (heartbeat 500 ms). */
     bool ok = false;
     while (!ok && now_s() - t0 < 8)
-        ok = mongoc_collection_insert_one(c, d, NULL, NULL, &err) ||
-             (mt_sleep_ms(100), false);
+        ok = mongoc_collection_insert_one(c, d, NULL, NULL, &err) || (mt_sleep_ms(100), false);
     CHECK(ok);
     CHECK(now_s() - t0 >= 0.9);
     CHECK(rt_stat("connectionsRefused") > refused0);

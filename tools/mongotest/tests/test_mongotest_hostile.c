@@ -285,8 +285,8 @@ static void test_legacy_op_query(void)
 static void test_mutations(void)
 {
     static uint8_t base[512], buf[512];
-    bson_t *ping = BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"), "x", "{",
-                            "y", "[", BCON_INT32(1), "]", "}");
+    bson_t *ping = BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"), "x", "{", "y", "[",
+                            BCON_INT32(1), "]", "}");
     size_t len = build_msg(base, sizeof base, 0, ping, NULL, NULL, 0);
     int rounds = (int)check_scale(300);
     for (int r = 0; r < rounds; r++) {

@@ -149,9 +149,9 @@ static void test_order(void)
             sorted &= cmp_json(order[i], order[j]) == (i < j ? -1 : i > j);
     CHECK(sorted);
     CHECK_EQ(cmp_json("{\"v\": {\"$numberDouble\": \"NaN\"}}", "{\"v\": -1e308}"), -1);
-    CHECK_EQ(cmp_json("{\"v\": {\"$numberLong\": \"9007199254740993\"}}",
-                      "{\"v\": 9007199254740992.0}"),
-             1);
+    CHECK_EQ(
+        cmp_json("{\"v\": {\"$numberLong\": \"9007199254740993\"}}", "{\"v\": 9007199254740992.0}"),
+        1);
 }
 
 static void test_sort(void)
@@ -213,7 +213,8 @@ static void test_id_key(void)
 
     uint8_t key[MT_KEY_MAX];
     size_t len;
-    bson_t *f = J("{\"_id\": 7}"), *g = J("{\"_id\": {\"$gt\": 7}}"), *h = J("{\"_id\": 7, \"x\": 1}");
+    bson_t *f = J("{\"_id\": 7}"), *g = J("{\"_id\": {\"$gt\": 7}}"),
+           *h = J("{\"_id\": 7, \"x\": 1}");
     CHECK(mt_filter_id_key(f, key, &len));
     CHECK(!mt_filter_id_key(g, key, &len));
     CHECK(!mt_filter_id_key(h, key, &len));
