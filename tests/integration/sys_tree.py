@@ -1,14 +1,22 @@
 """Reads rtd's $SYS/broker tree through a real subscriber (paho), for tests that check the
 broker's counters: the latest value of each topic and how many times it was published.
 """
-from conftest import client, subscribe, wait_for
+import paho.mqtt.client as mqtt
+
+from conftest import subscribe, wait_for
 
 PREFIX = "$SYS/broker/"
 
 
 class SysTree:
-    def __init__(self, port, client_id="sys-watcher"):
-        self.client = client(port, client_id)
+    def __init__(self, port, client_id="sys-watcher", source=""):
+        """source: the local address to connect from ("": 127.0.0.1)."""
+        self.client = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv311)
+        self.client.got = []
+        self.client.on_message = lambda _c, _u, m: self.client.got.append(
+            (m.topic, m.payload, m.qos))
+        self.client.connect("127.0.0.1", port, keepalive=30, bind_address=source)
+        self.client.loop_start()
         subscribe(self.client, "$SYS/#")
 
     def messages(self):
