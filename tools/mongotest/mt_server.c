@@ -15,7 +15,8 @@
 #include "common.h"
 #include "mt_wire.h"
 
-#define MT_READ_CHUNK 65536
+#define MT_READ_CHUNK 65536     /* bytes asked of each recv */
+#define MT_READ_BATCH (1 << 20) /* bytes read from one connection before handling them */
 
 typedef struct mt_conn {
     struct mt_conn *next;
@@ -224,8 +225,12 @@ static int conn_read(server_t *sv, mt_conn_t *c)
         ssize_t n = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len, 0);
         if (n > 0) {
             c->in.len += (size_t)n;
-            /* Stop at a whole message or two so one client cannot monopolise the loop. */
-            if (c->in.len - c->in.off >= 2 * MT_READ_CHUNK && (size_t)n < MT_READ_CHUNK)
+            /*
+            ** Handle what has come before reading on, so a client that sends
+            ** without pause neither monopolises the loop nor grows the buffer
+            ** beyond one message plus MT_READ_BATCH.
+            */
+            if (c->in.len - c->in.off >= MT_READ_BATCH)
                 break;
             continue;
         }

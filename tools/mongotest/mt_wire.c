@@ -231,8 +231,10 @@ static int parse_query(const uint8_t *msg, const mt_header_t *h, mt_request_t *r
     if (!nul)
         return bad(err, errlen, "OP_QUERY namespace not terminated");
     const char *ns = (const char *)p;
-    p = nul + 1 + 8; /* numberToSkip, numberToReturn */
-    if (end - p < 5 || get32(p) < 5 || get32(p) > end - p)
+    if (end - (nul + 1) < 8 + 5)
+        return bad(err, errlen, "OP_QUERY query document truncated");
+    p = nul + 1 + 8; /* past numberToSkip and numberToReturn */
+    if (get32(p) < 5 || get32(p) > end - p)
         return bad(err, errlen, "OP_QUERY query document truncated");
     bson_t query;
     if (!mt_bson_check(p, (size_t)get32(p), &query))
