@@ -40,6 +40,7 @@ struct rt_acl_s {
     user_t *users;    /* open addressing, linear probing; cap a power of two */
     size_t ucap, un;
     size_t nrules;
+    size_t bytes; /* allocated for this ACL, set once loaded */
 };
 
 /* ---- Matching ---- */
@@ -428,6 +429,24 @@ static const char *parse_line(rt_acl_t *acl, rules_t **section, const char *s, s
     return NULL;
 }
 
+static size_t rules_bytes(const rules_t *rs)
+{
+    size_t n = rs->cap * sizeof(rule_t);
+    for (size_t i = 0; i < rs->n; i++)
+        n += rs->v[i].len + 1;
+    return n;
+}
+
+static size_t acl_bytes(const rt_acl_t *acl)
+{
+    size_t n = sizeof(*acl) + rules_bytes(&acl->anon) + rules_bytes(&acl->patterns) +
+               acl->ucap * sizeof(user_t);
+    for (size_t i = 0; i < acl->ucap; i++)
+        if (acl->users[i].name)
+            n += strlen(acl->users[i].name) + 1 + rules_bytes(&acl->users[i].rules);
+    return n;
+}
+
 int rt_acl_load(const char *path, rt_acl_t **out, char *err, size_t errlen)
 {
     char *buf;
@@ -458,6 +477,7 @@ int rt_acl_load(const char *path, rt_acl_t **out, char *err, size_t errlen)
         }
     }
     free(buf);
+    acl->bytes = acl_bytes(acl);
     *out = acl;
     return 0;
 }
@@ -509,5 +529,6 @@ void rt_acl_stats(rt_acl_stats_t *out)
     out->denied_read = atomic_load(&denied.read);
     const rt_acl_t *acl = rt_rcu_enter(&current);
     out->rules = acl ? acl->nrules : 0;
+    out->bytes = acl ? acl->bytes : 0;
     rt_rcu_leave();
 }

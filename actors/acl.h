@@ -88,6 +88,7 @@ typedef struct rt_acl_stats_s {
     uint64_t denied_subscribe; /* RT_ACL_SUBSCRIBE refusals */
     uint64_t denied_read;      /* RT_ACL_READ refusals (deliveries withheld) */
     uint64_t rules;            /* in the current ACL file, 0 without one */
+    uint64_t bytes;            /* held by the current ACL */
 } rt_acl_stats_t;
 
 void rt_acl_stats(rt_acl_stats_t *out);

@@ -176,6 +176,7 @@ typedef struct entry_s {
 struct rt_auth_s {
     entry_t *buckets; /* open addressing, linear probing; cap is a power of two */
     size_t cap, n;
+    size_t bytes; /* allocated for this table, names included */
 };
 
 /* Computes the hash of pw with e's salt and parameters into out. */
@@ -349,6 +350,7 @@ int rt_auth_load(const char *path, rt_auth_t **out, char *err, size_t errlen)
         return RT_ENOMEM;
     }
     a->cap = cap;
+    a->bytes = sizeof(*a) + cap * sizeof(entry_t);
     const char *pos = buf, *end = buf + len, *line;
     size_t linelen;
     uint32_t lineno = 0;
@@ -386,6 +388,7 @@ int rt_auth_load(const char *path, rt_auth_t **out, char *err, size_t errlen)
         }
         *e = tmp;
         a->n++;
+        a->bytes += userlen + 1;
     }
     free(buf);
     if (rc) {
@@ -815,10 +818,13 @@ void rt_auth_stats(rt_auth_stats_t *out)
     out->unknown_user = atomic_load(&counters.unknown_user);
     out->anonymous_refused = atomic_load(&counters.anonymous_refused);
     out->reloads = atomic_load(&counters.reloads);
-    out->users = rt_auth_users(rt_rcu_enter(&current));
+    const rt_auth_t *a = rt_rcu_enter(&current);
+    out->users = rt_auth_users(a);
+    out->bytes = a ? a->bytes : 0;
     rt_rcu_leave();
     rt_auth_limiter_t *l = atomic_load(&limiter);
     if (l) {
+        out->bytes += sizeof(*l);
         size_t entries;
         rt_auth_limiter_usage(l, &entries, &out->delay_evictions);
         out->delay_entries = entries;

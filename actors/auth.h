@@ -153,6 +153,7 @@ typedef struct rt_auth_stats_s {
     uint64_t reloads;         /* successful rt_auth_configure/rt_auth_reload calls */
     uint64_t delay_entries;   /* addresses in the slow-down table */
     uint64_t delay_evictions; /* addresses it had to forget for newer ones */
+    uint64_t bytes;           /* held by the password table and the slow-down table */
 } rt_auth_stats_t;
 
 void rt_auth_stats(rt_auth_stats_t *out);

@@ -545,6 +545,7 @@ static void test_login_policy(void)
     CHECK_EQ(s1.unknown_user - s0.unknown_user, 1);
     CHECK_EQ(s1.anonymous_refused - s0.anonymous_refused, 2);
     CHECK_EQ(s1.users, 1);
+    CHECK(s1.bytes > sizeof(rt_auth_stats_t)); /* the tables are counted */
 
     /* A bad ACL file refuses the whole configuration; the old one stays. */
     snprintf(conf.acl_file, sizeof(conf.acl_file), "%s",
@@ -568,6 +569,7 @@ static void test_login_policy(void)
     CHECK_EQ(as1.denied_publish - as0.denied_publish, 1);
     CHECK_EQ(as1.denied_subscribe - as0.denied_subscribe, 1);
     CHECK_EQ(as1.rules, 1);
+    CHECK(as1.bytes > 0);
     rt_auth_shutdown();
     CHECK_EQ(rt_acl_permit("alice", "c1", "b", 1, RT_ACL_WRITE), RT_ACL_ALLOW);
 }
