@@ -524,7 +524,10 @@ static void dec_number(dec_t *d)
             return;
         }
     }
-    lua_pushnumber(d->L, strtod(tmp, NULL));
+    double v = strtod(tmp, NULL);
+    if (!isfinite(v))
+        dec_error(d, "number out of range");
+    lua_pushnumber(d->L, v);
 }
 
 static void dec_value(dec_t *d, int depth);

@@ -181,10 +181,85 @@ static void test_json_errors(void)
     expect_error("json.encode({[1.5] = 1})", "object keys must be strings");
     expect_error("json.encode('\\xff')", "not valid UTF-8");
     expect_error("json.decode({})", "bad argument");
+    expect_error("json.decode('1e999')", "number out of range");
     /* An error at a known place names the byte. */
     expect_error("json.decode('[1, 2, x]')", "unexpected character at byte 8");
     /* Protected calls catch them like any error. */
     expect("tostring(pcall(json.decode, '{'))", "false");
+}
+
+/*
+** Random documents made of JSON's pieces: decoding never crashes and either fails
+** with a json.decode error or gives a value that survives encode -> decode intact.
+*/
+static void test_json_fuzz(void)
+{
+    static const char *const pieces[] = {
+        "{",           "}",
+        "[",           "]",
+        ",",           ":",
+        "\"a\"",       "\"b\"",
+        "\"\\u00e9\"", "\"\\ud83d\\ude00\"",
+        "1",           "-2.5e3",
+        "0.125",       "9223372036854775807",
+        "true",        "false",
+        "null",        " ",
+        "\"\\n\"",     "\"\\\\\"",
+        "\"x",         "\\",
+        "\xc3\xa9",    "\xff",
+        "1e999",       "-0",
+        "1e308",
+    };
+    const char *text[] = {
+        "local function same(a, b)\n"
+        "  if type(a) ~= type(b) then return false end\n"
+        "  if type(a) ~= 'table' then return a == b or (a ~= a and b ~= b) end\n"
+        "  for k, v in pairs(a) do if not same(v, b[k]) then return false end end\n"
+        "  for k in pairs(b) do if a[k] == nil then return false end end\n"
+        "  return true\n"
+        "end\n"
+        "return { name = 'fuzz', from = '#', select = function(msg)\n"
+        "  local ok, v = pcall(json.decode, msg.payload)\n"
+        "  if not ok then\n"
+        "    assert(v:find('json.decode: ', 1, true), v)\n"
+        "    return nil\n"
+        "  end\n"
+        "  local e = json.encode(v)\n"
+        "  assert(same(json.decode(e), v), e)\n"
+        "  return { ok = true }\n"
+        "end }\n",
+    };
+    rt_rule_vm_t *vm = vm_with(text, 1);
+    if (!vm)
+        return;
+    long decoded = 0, refused = 0, n = check_scale(20000);
+    char doc[512];
+    rt_rule_buf_t rows = {0};
+    for (long i = 0; i < n; i++) {
+        size_t len = 0, parts = 1 + rnd() % 24;
+        for (size_t k = 0; k < parts; k++) {
+            const char *p = pieces[rnd() % (sizeof(pieces) / sizeof(pieces[0]))];
+            size_t pl = strlen(p);
+            if (len + pl >= sizeof(doc))
+                break;
+            memcpy(doc + len, p, pl);
+            len += pl;
+        }
+        doc[len] = 0;
+        rt_rule_input_t in = msg_in("f", doc);
+        uint32_t nrows;
+        rows.len = 0;
+        rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, &in, &rows, &nrows, err, sizeof(err));
+        decoded += o == RT_RULE_PASSED;
+        refused += o == RT_RULE_FILTERED;
+        if (o != RT_RULE_PASSED && o != RT_RULE_FILTERED) {
+            CHECK(false);
+            fprintf(stderr, "  %s: %s\n", doc, err);
+        }
+    }
+    CHECK(decoded > 0 && refused > 0);
+    rt_rule_buf_free(&rows);
+    rt_rule_vm_free(vm);
 }
 
 static void test_topic_time_template(void)
@@ -582,6 +657,7 @@ int main(void)
 {
     RUN(test_json_round_trips);
     RUN(test_json_errors);
+    RUN(test_json_fuzz);
     RUN(test_topic_time_template);
     RUN(test_msg_fields);
     RUN(test_rows);
