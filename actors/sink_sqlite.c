@@ -59,6 +59,7 @@ typedef struct sq_s {
     size_t sigcap;
     char *sql;              /* scratch for SQL text */
     size_t sqlcap;
+    int last;               /* SQLite's code for the last statement that failed */
 } sq_t;
 
 static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json",
@@ -326,39 +327,49 @@ static bool add_col(sq_table_t *t, const char *name)
 
 static int exec_sql(rt_sink_t *s, sq_t *q)
 {
-    if (sqlite3_exec(q->db, q->sql, NULL, NULL, NULL) == SQLITE_OK)
+    if ((q->last = sqlite3_exec(q->db, q->sql, NULL, NULL, NULL)) == SQLITE_OK)
         return 0;
-    rt__sink_error(s, "%s: %s: %s", q->file, q->sql, sqlite3_errmsg(q->db));
+    rt__sink_error(s, "%s: %s (in %.100s)", q->file, sqlite3_errmsg(q->db), q->sql);
     return RT_EAGAIN;
 }
 
+/* Forgets the last table of the cache (its load or creation failed). */
+static void forget_last_table(sq_t *q)
+{
+    sq_table_t *t = &q->tables[--q->ntables];
+    for (unsigned j = 0; j < t->ncols; j++)
+        free(t->cols[j]);
+    free(t->cols);
+}
+
 /*
-** The table named name, with its columns read from the database, or created from
-** the declared columns and the keys of doc. NULL with the error set on failure.
+** The table named name in *out, with its columns read from the database, or created
+** from the declared columns and the keys of doc. Returns 0, RT_EINVAL if the row
+** cannot make the table, or RT_EAGAIN (see q->last); the error is set on failure.
 */
-static sq_table_t *get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc)
+static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
+                     sq_table_t **out)
 {
     for (unsigned i = 0; i < q->ntables; i++)
-        if (strcmp(q->tables[i].name, name) == 0)
-            return &q->tables[i];
+        if (strcmp(q->tables[i].name, name) == 0) {
+            *out = &q->tables[i];
+            return 0;
+        }
     sq_table_t *nt = realloc(q->tables, (q->ntables + 1) * sizeof(*nt));
     if (!nt) {
         rt__sink_error(s, "out of memory");
-        return NULL;
+        return RT_EAGAIN;
     }
     q->tables = nt;
     sq_table_t *t = &q->tables[q->ntables++];
     memset(t, 0, sizeof(*t));
     snprintf(t->name, sizeof(t->name), "%s", name);
-    size_t len = 0;
-    if (!put_str(q, &len, "SELECT name FROM pragma_table_info(?)")) {
-        rt__sink_error(s, "out of memory");
-        return NULL;
-    }
     sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(q->db, q->sql, -1, &st, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db, "SELECT name FROM pragma_table_info(?)", -1, &st, NULL) !=
+        SQLITE_OK) {
         rt__sink_error(s, "%s: %s", q->file, sqlite3_errmsg(q->db));
-        return NULL;
+        forget_last_table(q);
+        return RT_EAGAIN;
     }
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
     int rc;
@@ -368,12 +379,15 @@ static sq_table_t *get_table(rt_sink_t *s, sq_t *q, const char *name, const bson
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE) {
         rt__sink_error(s, "%s: columns of %s: %s", q->file, name, sqlite3_errstr(rc));
-        return NULL;
+        forget_last_table(q);
+        return RT_EAGAIN;
     }
-    if (t->ncols > 0)
-        return t;
+    if (t->ncols > 0) {
+        *out = t;
+        return 0;
+    }
     /* A new table: declared columns first, then the row's other keys. */
-    len = 0;
+    size_t len = 0;
     bool ok = put_str(q, &len, "CREATE TABLE ") && put_ident(q, &len, name, strlen(name)) &&
               put_str(q, &len, " (");
     for (unsigned i = 0; ok && i < q->ndeclared; i++)
@@ -392,15 +406,22 @@ static sq_table_t *get_table(rt_sink_t *s, sq_t *q, const char *name, const bson
              add_col(t, k);
     }
     ok = ok && put_str(q, &len, ")");
+    rc = 0;
     if (!ok) {
         rt__sink_error(s, "out of memory");
-        return NULL;
+        rc = RT_EAGAIN;
+    } else if (t->ncols == 0) {
+        rt__sink_error(s, "row rejected: table %s cannot be made from a row with no keys", name);
+        rc = RT_EINVAL;
+    } else {
+        rc = exec_sql(s, q);
     }
-    if (t->ncols == 0) {
-        rt__sink_error(s, "table %s: cannot be created from a row with no keys", name);
-        return NULL;
+    if (rc) {
+        forget_last_table(q);
+        return rc;
     }
-    return exec_sql(s, q) == 0 ? t : NULL;
+    *out = t;
+    return 0;
 }
 
 static int add_column(rt_sink_t *s, sq_t *q, sq_table_t *t, const char *key, bson_type_t type)
@@ -450,8 +471,8 @@ static sqlite3_stmt *get_insert(rt_sink_t *s, sq_t *q, const char *sig, size_t s
         return NULL;
     }
     sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(q->db, q->sql, -1, &st, NULL) != SQLITE_OK) {
-        rt__sink_error(s, "%s: %s: %s", q->file, q->sql, sqlite3_errmsg(q->db));
+    if ((q->last = sqlite3_prepare_v2(q->db, q->sql, -1, &st, NULL)) != SQLITE_OK) {
+        rt__sink_error(s, "%s: %s (in %.100s)", q->file, sqlite3_errmsg(q->db), q->sql);
         free(copy);
         return NULL;
     }
@@ -513,10 +534,10 @@ static bool row_error(int rc)
 }
 
 /*
-** Inserts one row. Returns 0, a row status < 0 with rows->status set (the row is
-** rejected, the batch goes on), or RT_EAGAIN for a failure of the database.
+** Inserts one row. Returns 0, RT_EINVAL when the row itself is at fault (it is
+** rejected, the batch goes on), or RT_EAGAIN when a statement failed (q->last).
 */
-static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
+static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
 {
     bson_t doc;
     bson_iter_t it;
@@ -528,18 +549,19 @@ static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
     }
     if (tlen == 0 || tlen >= SQ_TABLE_LEN || memchr(table, 0, tlen)) {
         rt__sink_error(s, "row rejected: table name must be 1 to %d bytes", SQ_TABLE_LEN - 1);
-        return r->status = RT_EINVAL;
+        return RT_EINVAL;
     }
     if (!bson_init_static(&doc, r->doc, r->len) || !bson_validate(&doc, BSON_VALIDATE_UTF8, NULL)) {
         rt__sink_error(s, "row rejected: malformed BSON");
-        return r->status = RT_EINVAL;
+        return RT_EINVAL;
     }
     char tname[SQ_TABLE_LEN];
     memcpy(tname, table, tlen);
     tname[tlen] = 0;
-    sq_table_t *t = get_table(s, q, tname, &doc);
-    if (!t)
-        return RT_EAGAIN;
+    sq_table_t *t = NULL;
+    int rc = get_table(s, q, tname, &doc, &t);
+    if (rc)
+        return rc;
     /* The signature: table, then each key once (case-insensitively, as SQLite sees
        names); a key the table lacks becomes a column first. */
     size_t siglen = tlen + 1;
@@ -553,14 +575,14 @@ static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
         size_t kl = strlen(k);
         if (kl == 0) {
             rt__sink_error(s, "row rejected: a key is empty");
-            return r->status = RT_EINVAL;
+            return RT_EINVAL;
         }
         const char *p = q->sig + tlen + 1;
         for (unsigned i = 0; i < nkeys; i++, p += strlen(p) + 1)
             if (strcasecmp(p, k) == 0) {
                 rt__sink_error(s, "row rejected: key %s appears twice (SQLite columns ignore "
                                "case)", k);
-                return r->status = RT_EINVAL;
+                return RT_EINVAL;
             }
         if (!has_col(t, k) && add_column(s, q, t, k, bson_iter_type(&it)) != 0)
             return RT_EAGAIN;
@@ -572,7 +594,7 @@ static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
     }
     if (nkeys == 0) {
         rt__sink_error(s, "row rejected: no keys");
-        return r->status = RT_EINVAL;
+        return RT_EINVAL;
     }
     q->sig[siglen++] = 0;
     sqlite3_stmt *st = get_insert(s, q, q->sig, siglen, tname, nkeys);
@@ -582,15 +604,45 @@ static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
     bson_iter_init(&it, &doc);
     while (bson_iter_next(&it))
         bind_value(st, col++, &it);
-    int rc = sqlite3_step(st);
+    q->last = sqlite3_step(st);
+    if (q->last != SQLITE_DONE)
+        rt__sink_error(s, "%s: insert into %s: %s", q->file, tname, sqlite3_errmsg(q->db));
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
-    if (rc == SQLITE_DONE)
+    if (q->last == SQLITE_DONE)
         return 0;
-    rt__sink_error(s, "%s: insert into %s: %s", q->file, tname, sqlite3_errmsg(q->db));
-    if (row_error(rc))
-        return r->status = RT_EINVAL;
-    return RT_EAGAIN;
+    return row_error(q->last) ? RT_EINVAL : RT_EAGAIN;
+}
+
+/*
+** Inserts one row; returns 0, or the row's status (< 0, set in r) when the row is
+** rejected, or RT_EAGAIN when the database is in trouble (busy, locked, I/O, full,
+** read-only). A plain SQL error is first blamed on a stale cache (a table changed by
+** another connection): the schema is read again and the row tried once more; a
+** second one is the row's doing (too many columns, a name SQLite refuses), so one
+** such row cannot hold up every row behind it.
+*/
+static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
+{
+    for (int attempt = 0;; attempt++) {
+        q->last = SQLITE_OK;
+        int rc = insert_once(s, q, r);
+        if (rc == 0)
+            return 0;
+        if (rc == RT_EINVAL)
+            return r->status = RT_EINVAL;
+        if ((q->last & 0xff) != SQLITE_ERROR)
+            return RT_EAGAIN;
+        if (attempt == 1) {
+            char why[sizeof(s->last_error)];
+            pthread_mutex_lock(&s->err_lock);
+            memcpy(why, s->last_error, sizeof(why));
+            pthread_mutex_unlock(&s->err_lock);
+            rt__sink_error(s, "row rejected: %.*s", (int)sizeof(why) - 16, why);
+            return r->status = RT_EINVAL;
+        }
+        forget_schema(q);
+    }
 }
 
 static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
