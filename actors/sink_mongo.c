@@ -205,6 +205,10 @@ static int mg_open(rt_sink_t *s)
     return 0;
 }
 
+/*
+** The collection of row r (the rule's option, else the sink's), in buf if it is the
+** option; NULL when the option is not a name MongoDB takes.
+*/
 static const char *row_collection(const mg_t *m, const sink_row_t *r, char *buf, size_t cap)
 {
     uint32_t len;
@@ -212,7 +216,7 @@ static const char *row_collection(const mg_t *m, const sink_row_t *r, char *buf,
     if (!c)
         return m->collection;
     snprintf(buf, cap, "%.*s", (int)len, c);
-    return buf;
+    return len < cap && strlen(buf) == len && name_ok(buf, cap) ? buf : NULL;
 }
 
 /*
@@ -294,8 +298,16 @@ static int mg_write(rt_sink_t *s, sink_row_t *rows, size_t n)
         /* The run of rows bound for the same collection, in order. */
         char name[128], other[128];
         const char *coll_name = row_collection(m, &rows[i], name, sizeof(name));
+        if (!coll_name) {
+            /* No retry would make this a valid name: the row alone is rejected. */
+            rt__sink_error(s, "row rejected: collection \"%s\" is not a valid name", name);
+            rows[i++].status = RT_EINVAL;
+            continue;
+        }
         size_t j = i + 1;
-        while (j < n && strcmp(row_collection(m, &rows[j], other, sizeof(other)), coll_name) == 0)
+        const char *next;
+        while (j < n && (next = row_collection(m, &rows[j], other, sizeof(other))) &&
+               strcmp(next, coll_name) == 0)
             j++;
         mongoc_collection_t *coll = mongoc_client_get_collection(c, m->database, coll_name);
         while (i < j) {

@@ -1015,6 +1015,19 @@ static void test_mongo(void)
     CHECK_EQ(rt_sink_submit(s, bin_of(&r), 1, bin_of(&o), 0, 0), 0);
     CHECK(WAIT_FOR("mongo", written, n + 1, 5000));
     CHECK_EQ(mongo_count(uri, "other"), 1);
+    /* A collection name MongoDB cannot take rejects that row alone. */
+    bson_t ob = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&ob, "collection", "bad$name");
+    CHECK_EQ(rt_sink_submit(s, bin_of(&r), 1, bin_of(&ob), acker, 1000), 0);
+    CHECK_EQ(rt_sink_submit(s, bin_of(&r), 1, bin_of(&o), acker, 1001), 0);
+    CHECK(wait_at_least(&acks, n / 20 + 2, 5000));
+    CHECK_EQ(atomic_load(&acks_bad), 1);
+    CHECK_EQ(mongo_count(uri, "other"), 2);
+    i = info("mongo");
+    CHECK_EQ(i.dropped, 1);
+    CHECK(strstr(i.last_error, "bad$name") != NULL);
+    CHECK(books_balance(&i));
+    bson_destroy(&ob);
     bson_destroy(&r);
     bson_destroy(&o);
     rt_sinks_stop();
