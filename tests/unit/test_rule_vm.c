@@ -559,6 +559,12 @@ static void test_sandbox(void)
     expect_error("getmetatable('').__index = {}", "attempt to index a boolean value");
     expect_error("setmetatable({}, { __gc = function() end })", "__gc metamethods are not allowed");
     expect(" ('abc'):upper()", "ABC");
+    expect(
+        "tostring(select(2, xpcall(function(a) return a * 2 end, function(e) return e end, 21)))",
+        "42");
+    expect("select(2, xpcall(function() error('x', 0) end, function(e) return 'h:' .. e end))",
+           "h:x");
+    expect("tostring(select('#', pcall(function() return 1, 2, 3 end)))", "4");
     expect("string.format('%d-%s', 5, 'x')", "5-x");
     /* _G is the rule's own environment: globals it makes stay its own. */
     expect("(function() x = 1; return tostring(_G.x) .. tostring(rawget(_G, 'string')) end)()",
