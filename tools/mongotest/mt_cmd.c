@@ -117,13 +117,10 @@ static int arg_int(const bson_t *cmd, const char *name, int64_t def, int64_t *ou
     *out = def;
     if (!bson_iter_init_find(&it, cmd, name) || BSON_ITER_HOLDS_NULL(&it))
         return 0;
-    if (!BSON_ITER_HOLDS_INT32(&it) && !BSON_ITER_HOLDS_INT64(&it) &&
-        !(BSON_ITER_HOLDS_DOUBLE(&it) && bson_iter_double(&it) > -9.2e18 &&
-          bson_iter_double(&it) < 9.2e18)) {
+    if (!mt_iter_int64(&it, out)) {
         err_reply(reply, E_TYPE_MISMATCH, "TypeMismatch", "'%s' must be a number", name);
         return -1;
     }
-    *out = bson_iter_as_int64(&it);
     return 1;
 }
 
@@ -280,6 +277,8 @@ static int sort_docs(mt_docs_t *d, const bson_t *spec, int64_t skip, int64_t lim
     sort_item_t *items = d->n ? malloc((size_t)d->n * sizeof *items) : NULL;
     if (d->n && !items)
         return RT_ENOMEM;
+    if (!d->n)
+        return 0;
     size_t off = 0;
     for (int64_t i = 0; i < d->n; i++) {
         items[i] = (sort_item_t){d->buf.p + off, (size_t)i};
@@ -287,7 +286,7 @@ static int sort_docs(mt_docs_t *d, const bson_t *spec, int64_t skip, int64_t lim
     }
     qsort_r(items, (size_t)d->n, sizeof *items, sort_item_cmp, (void *)spec);
     int rc = 0;
-    for (int64_t i = skip; i < d->n && (!limit || i < skip + limit) && !rc; i++)
+    for (int64_t i = skip; i < d->n && (!limit || i - skip < limit) && !rc; i++)
         rc = docs_add(&out, items[i].p, doc_len(items[i].p));
     free(items);
     if (rc) {
@@ -660,6 +659,12 @@ static void cmd_insert(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const
     bson_destroy(&errs);
 }
 
+/* A negative limit counts like its absolute value; INT64_MIN has none, and means no limit. */
+static int64_t abs_limit(int64_t limit)
+{
+    return limit >= 0 ? limit : limit == INT64_MIN ? 0 : -limit;
+}
+
 /* Reads the batchSize of a command (or of its cursor option): -1 after an error reply. */
 static int batch_size(const bson_t *opts, int64_t def, int64_t *out, bson_t *reply)
 {
@@ -697,7 +702,7 @@ static void cmd_find(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const c
         return;
     }
     if (limit < 0) { /* a negative limit is the legacy way to ask for a single batch */
-        limit = -limit;
+        limit = abs_limit(limit);
         single = true;
     }
     char ns[MT_NS_MAX];
@@ -769,7 +774,8 @@ static void cmd_killcursors(mt_state_t *st, mt_call_t *call, const bson_t *cmd, 
     while (bson_iter_next(&ids)) {
         char buf[16];
         const char *key;
-        int64_t id = BSON_ITER_HOLDS_NUMBER(&ids) ? bson_iter_as_int64(&ids) : 0;
+        int64_t id = 0;
+        mt_iter_int64(&ids, &id);
         mt_cursor_t *c = cursor_find(st, id);
         if (c)
             cursor_close(st, c);
@@ -813,8 +819,7 @@ static void cmd_count(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const 
         err_reply(reply, E_BAD_VALUE, "BadValue", "skip must be non-negative");
         return;
     }
-    int rc =
-        collect(st, call->db, coll, &filter, NULL, 1, skip, limit < 0 ? -limit : limit, NULL, &n);
+    int rc = collect(st, call->db, coll, &filter, NULL, 1, skip, abs_limit(limit), NULL, &n);
     if (rc) {
         store_error(st, reply, rc);
         return;
@@ -838,7 +843,14 @@ static void sum_add(sum_t *s, const bson_iter_t *v)
         s->is_double = true;
         s->d += bson_iter_as_double(v);
     } else if (BSON_ITER_HOLDS_INT32(v) || BSON_ITER_HOLDS_INT64(v)) {
-        s->i += bson_iter_as_int64(v);
+        int64_t x = bson_iter_as_int64(v), sum;
+        /* Past int64 the sum goes on as a double, as MongoDB's does. */
+        if (__builtin_add_overflow(s->i, x, &sum)) {
+            s->d = (double)s->i + (double)x;
+            s->is_double = true;
+        } else {
+            s->i = sum;
+        }
     }
 }
 
@@ -894,8 +906,8 @@ static int stage_group(mt_docs_t *d, const bson_iter_t *stage, bson_t *reply)
             s.i = d->n;
         else if (!path && BSON_ITER_HOLDS_DOUBLE(&acc))
             s.d = bson_iter_double(&acc) * (double)d->n, s.is_double = true;
-        else if (!path)
-            s.i = bson_iter_as_int64(&acc) * d->n;
+        else if (!path && __builtin_mul_overflow(bson_iter_as_int64(&acc), d->n, &s.i))
+            s.d = (double)bson_iter_as_int64(&acc) * (double)d->n, s.is_double = true;
         while (path && docs_next(d, &off, &doc)) {
             bson_iter_t di, v;
             if (bson_iter_init(&di, &doc) &&
@@ -948,7 +960,7 @@ static int stage_count(mt_docs_t *d, const bson_iter_t *stage, bson_t *reply)
 /* A stage argument that must be a non-negative (positive for $limit) integer. */
 static int stage_int(const bson_iter_t *stage, int64_t min, int64_t *out, bson_t *reply)
 {
-    if (!BSON_ITER_HOLDS_NUMBER(stage) || (*out = bson_iter_as_int64(stage)) < min) {
+    if (!mt_iter_int64(stage, out) || *out < min) {
         err_reply(reply, E_BAD_VALUE, "BadValue", "%s needs an integer >= %lld",
                   bson_iter_key(stage), (long long)min);
         return -1;
@@ -1079,11 +1091,10 @@ static int count_pipeline(mt_state_t *st, mt_call_t *call, const char *coll, bso
             bson_iter_document(&stage, &len, &data);
             bson_init_static(&filter, data, len);
             step = 1;
-        } else if (!strcmp(op, "$skip") && step < 2 && BSON_ITER_HOLDS_NUMBER(&stage) &&
-                   (skip = bson_iter_as_int64(&stage)) >= 0) {
+        } else if (!strcmp(op, "$skip") && step < 2 && mt_iter_int64(&stage, &skip) && skip >= 0) {
             step = 2;
-        } else if (!strcmp(op, "$limit") && step < 3 && BSON_ITER_HOLDS_NUMBER(&stage) &&
-                   (limit = bson_iter_as_int64(&stage)) > 0) {
+        } else if (!strcmp(op, "$limit") && step < 3 && mt_iter_int64(&stage, &limit) &&
+                   limit > 0) {
             step = 3;
         } else if (!strcmp(op, "$count") || (!strcmp(op, "$group") && group_counts_only(&stage))) {
             last = stage;
@@ -1177,8 +1188,8 @@ static int delete_one(mt_state_t *st, mt_coll_t *c, const bson_iter_t *stmt, int
     bson_iter_document(&it, &len, &data);
     bson_init_static(&q, data, len);
     int64_t limit = -1;
-    if (bson_iter_init_find(&it, &s, "limit") && BSON_ITER_HOLDS_NUMBER(&it))
-        limit = bson_iter_as_int64(&it);
+    if (bson_iter_init_find(&it, &s, "limit") && !mt_iter_int64(&it, &limit))
+        limit = -1;
     if (limit != 0 && limit != 1) {
         snprintf(msg, msglen, "the limit field in delete objects must be 0 or 1");
         return 0;

@@ -128,6 +128,21 @@ static int doc_cmp(const bson_iter_t *a, const bson_iter_t *b)
     }
 }
 
+bool mt_iter_int64(const bson_iter_t *it, int64_t *out)
+{
+    if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it)) {
+        *out = bson_iter_as_int64(it);
+        return true;
+    }
+    if (!BSON_ITER_HOLDS_DOUBLE(it))
+        return false;
+    double d = bson_iter_double(it);
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+        return false;
+    *out = (int64_t)d;
+    return true;
+}
+
 int mt_value_cmp(const bson_iter_t *a, const bson_iter_t *b)
 {
     bson_type_t ta = bson_iter_type(a), tb = bson_iter_type(b);
@@ -470,8 +485,8 @@ int mt_sort_check(const bson_t *sort, int *natural, char *err, size_t errlen)
     }
     while (bson_iter_next(&it)) {
         const char *key = bson_iter_key(&it);
-        int64_t dir = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
-        if (dir != 1 && dir != -1) {
+        int64_t dir;
+        if (!mt_iter_int64(&it, &dir) || (dir != 1 && dir != -1)) {
             snprintf(err, errlen, "sort direction for '%s' must be 1 or -1", key);
             return RT_EINVAL;
         }

@@ -15,6 +15,12 @@
 #define MT_KEY_MAX 1024
 
 /*
+** Reads an int32, int64 or a double in int64 range (truncated) into *out; false
+** for anything else, so no user value reaches an undefined float conversion.
+*/
+bool mt_iter_int64(const bson_iter_t *it, int64_t *out);
+
+/*
 ** Compares two values in MongoDB's cross-type order (MinKey < null < numbers <
 ** strings < objects < arrays < binary < ObjectId < bool < date < timestamp <
 ** regex < MaxKey); numbers compare by value whatever their BSON type.

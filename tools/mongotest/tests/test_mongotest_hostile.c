@@ -94,10 +94,11 @@ static size_t build_msg(uint8_t *buf, size_t cap, uint32_t flags, const bson_t *
     return len;
 }
 
-/* Reads one OP_MSG reply and copies its body into reply; false on close or timeout. */
+/* Reads one OP_MSG reply and copies its body into reply ({} on close or timeout: false). */
 static bool recv_reply(int fd, bson_t *reply)
 {
     uint8_t head[16];
+    bson_init(reply);
     if (recv(fd, head, 16, MSG_WAITALL) != 16)
         return false;
     uint32_t len = get32(head);
@@ -107,8 +108,10 @@ static bool recv_reply(int fd, bson_t *reply)
     bool ok = rest && recv(fd, rest, len - 16, MSG_WAITALL) == (ssize_t)(len - 16);
     bson_t body;
     ok = ok && rest[4] == 0 && bson_init_static(&body, rest + 5, len - 21);
-    if (ok)
+    if (ok) {
+        bson_destroy(reply);
         bson_copy_to(&body, reply);
+    }
     free(rest);
     return ok;
 }
@@ -281,16 +284,41 @@ static void test_legacy_op_query(void)
     expect_hangup("OP_QUERY namespace without its end", m, 40);
 }
 
-/* Valid pings with a few random bytes changed: replies or hangups, never a crash. */
+/*
+** Valid requests (ping, an insert with a document sequence, find, aggregate,
+** delete) with a few random bytes changed: each gets a reply or a hangup,
+** never a crash. Mutations that leave valid BSON reach the command handlers
+** with fields of the wrong type, which is the point.
+*/
 static void test_mutations(void)
 {
-    static uint8_t base[512], buf[512];
-    bson_t *ping = BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"), "x", "{", "y", "[",
-                            BCON_INT32(1), "]", "}");
-    size_t len = build_msg(base, sizeof base, 0, ping, NULL, NULL, 0);
-    int rounds = (int)check_scale(300);
+    static uint8_t base[5][1024], buf[1024];
+    size_t lens[5];
+    bson_t *d1 = BCON_NEW("_id", BCON_INT32(1), "v", "[", BCON_DOUBLE(1.5), "]");
+    bson_t *d2 = BCON_NEW("s", BCON_UTF8("x"), "n", "{", "m", BCON_INT64(7), "}");
+    const bson_t *docs[2] = {d1, d2};
+    bson_t *cmds[5] = {
+        BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"), "x", "{", "y", "[",
+                 BCON_INT32(1), "]", "}"),
+        BCON_NEW("insert", BCON_UTF8("mut"), "ordered", BCON_BOOL(false), "$db", BCON_UTF8("t")),
+        BCON_NEW("find", BCON_UTF8("mut"), "filter", "{", "n.m", "{", "$in", "[", BCON_INT32(7),
+                 BCON_UTF8("a"), "]", "}", "}", "sort", "{", "s", BCON_INT32(-1), "}", "projection",
+                 "{", "s", BCON_INT32(1), "}", "batchSize", BCON_INT32(1), "$db", BCON_UTF8("t")),
+        BCON_NEW("aggregate", BCON_UTF8("mut"), "pipeline", "[", "{", "$match", "{", "s",
+                 BCON_UTF8("x"), "}", "}", "{", "$group", "{", "_id", BCON_INT32(1), "n", "{",
+                 "$sum", BCON_INT32(1), "}", "}", "}", "]", "cursor", "{", "}", "$db",
+                 BCON_UTF8("t")),
+        BCON_NEW("delete", BCON_UTF8("mut"), "deletes", "[", "{", "q", "{", "_id", "{", "$gte",
+                 BCON_INT32(0), "}", "}", "limit", BCON_INT32(1), "}", "]", "$db", BCON_UTF8("t")),
+    };
+    for (int i = 0; i < 5; i++)
+        lens[i] =
+            build_msg(base[i], sizeof base[i], 0, cmds[i], i == 1 ? "documents" : NULL, docs, 2);
+    int rounds = (int)check_scale(1000);
     for (int r = 0; r < rounds; r++) {
-        memcpy(buf, base, len);
+        int which = (int)(rnd() % 5);
+        size_t len = lens[which];
+        memcpy(buf, base[which], len);
         for (int k = 0; k < 1 + (int)(rnd() % 3); k++)
             buf[rnd() % len] = (uint8_t)rnd();
         int fd = connect_server();
@@ -301,7 +329,10 @@ static void test_mutations(void)
         closed_by_server(fd);
         close(fd);
     }
-    bson_destroy(ping);
+    for (int i = 0; i < 5; i++)
+        bson_destroy(cmds[i]);
+    bson_destroy(d1);
+    bson_destroy(d2);
     CHECK(ping_ok());
     CHECK(waitpid(child.pid, NULL, WNOHANG) == 0); /* still running */
 }
