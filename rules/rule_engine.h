@@ -27,7 +27,16 @@
 ** (dropped also reason). ctx: a table per rule ({rule = name}) kept between
 ** calls. The sandbox, budgets and library are described in rule_vm.h.
 **
-** Execution: rt_rules_workers rule worker actors, each with one Lua state per
+** What select returns: nil or false (filtered out), a row, or a list of rows
+** (a table whose keys are 1..n and whose first element is a table; {} is an
+** empty list: filtered). A row becomes one BSON document: keys are strings
+** (integer keys are written as strings); integers are int64, floats double,
+** booleans bool, strings UTF-8 strings or, when not valid UTF-8, binary;
+** json.null is null; a table is an array if its keys are exactly 1..n, else a
+** document ({} is an empty document). Anything else (functions, cycles, keys
+** of other types) fails the rule with the field named.
+**
+** Execution: rule_workers (rtd.conf) worker actors, each with one Lua state per
 ** rule-set version holding every rule; a message goes to the worker picked by a
 ** hash of its client id, so one client's messages stay in order. A worker
 ** batches rows per sink (and per-sink options) over its turn and submits each
