@@ -6,9 +6,11 @@
 ** backoff, and keeps a bounded in-memory queue that spills, in order, to an
 ** on-disk queue (an SQLite file per sink in data_dir) while its database is down
 ** or failing; the spill is replayed in order when the database comes back, and
-** at start if a previous run left one. Nothing accepted is dropped unless the
-** sink's byte limit (max_bytes: memory + spill) is reached; such rows are counted
-** as dropped and logged.
+** at start if a previous run left one. A row is dropped only when the sink's byte
+** limit (max_bytes: memory + spill) is reached at submission, or when the database
+** refuses that row itself for good (a constraint, a name it cannot take: retrying
+** would hold up every row behind it); dropped rows are counted and logged.
+** See docs/SINKS.md for the config keys and the spill format.
 **
 ** Metrics invariant, at any quiescent moment:
 **   rows in = written + queued + inflight + spilled (still on disk) + dropped.
@@ -57,11 +59,14 @@ rt_sink_t *rt_sink_find(const char *name);
 ** {table: "x"} for sqlite, {collection: "y"} for mongodb, {topic: "...",
 ** payload: "...", qos: 1, retain: false} for republish. If ack_pid != 0 the sink
 ** sends ack_pid one RT_SINK_MSG_COMMITTED message once all these rows are
-** durably committed to the database (status 0) or definitively dropped (status
-** < 0). Returns 0, RT_ELIMIT if the sink's byte limit is reached (rows dropped,
-** counted, logged; an ack, if asked for, still comes with RT_ELIMIT), or
-** RT_EINVAL if rows is not nrows well-formed BSON documents (rows dropped,
-** counted). Safe from any thread.
+** durable (status 0): committed to the database, or to the sink's spill file
+** (fsynced, replayed at the next start) while the database is down, whichever
+** comes first; a republish row counts once published. Status < 0: at least one
+** row was dropped for good (the first such code). Returns 0; RT_ELIMIT if the
+** sink's byte limit is reached; RT_EINVAL if rows is not nrows well-formed BSON
+** documents; RT_ESHUTDOWN after rt_sinks_stop. On an error the rows are dropped,
+** counted (in and dropped) and logged, and the ack, if asked for, still comes,
+** with that code. Safe from any thread.
 */
 int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
                    rt_pid_t ack_pid, uint64_t ack_token);
