@@ -9,6 +9,7 @@
 ** Usage: test_mongotest_hostile PATH_TO_rt_mongo_test
 */
 #include <arpa/inet.h>
+#include <math.h>
 #include <bson/bson.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -337,6 +338,128 @@ static void test_mutations(void)
     CHECK(waitpid(child.pid, NULL, WNOHANG) == 0); /* still running */
 }
 
+/* Appends value number k of a set covering every BSON type and awkward numbers; false past it. */
+static bool odd_value(bson_t *doc, const char *key, int k)
+{
+    bson_oid_t oid;
+    bson_t sub;
+    bson_oid_init_from_string(&oid, "0123456789abcdef01234567");
+    switch (k) {
+    case 0:
+        return BSON_APPEND_UTF8(doc, key, "x");
+    case 1:
+        return BSON_APPEND_INT32(doc, key, -1);
+    case 2:
+        return BSON_APPEND_INT32(doc, key, 5);
+    case 3:
+        return BSON_APPEND_INT64(doc, key, INT64_MIN);
+    case 4:
+        return BSON_APPEND_DOUBLE(doc, key, NAN);
+    case 5:
+        return BSON_APPEND_DOUBLE(doc, key, 1e300);
+    case 6:
+        return BSON_APPEND_DOUBLE(doc, key, -0.0);
+    case 7:
+        return BSON_APPEND_BOOL(doc, key, true);
+    case 8:
+        return BSON_APPEND_NULL(doc, key);
+    case 9:
+        return BSON_APPEND_DOCUMENT_BEGIN(doc, key, &sub) && bson_append_document_end(doc, &sub);
+    case 10:
+        BSON_APPEND_DOCUMENT_BEGIN(doc, key, &sub);
+        BSON_APPEND_INT32(&sub, "$gt", 1);
+        return bson_append_document_end(doc, &sub);
+    case 11:
+        BSON_APPEND_ARRAY_BEGIN(doc, key, &sub);
+        return bson_append_array_end(doc, &sub);
+    case 12:
+        BSON_APPEND_ARRAY_BEGIN(doc, key, &sub);
+        BSON_APPEND_INT32(&sub, "0", 1);
+        BSON_APPEND_UTF8(&sub, "1", "$a");
+        return bson_append_array_end(doc, &sub);
+    case 13: {
+        bson_t el;
+        BSON_APPEND_ARRAY_BEGIN(doc, key, &sub);
+        BSON_APPEND_DOCUMENT_BEGIN(&sub, "0", &el);
+        BSON_APPEND_INT32(&el, "$nosuch", 1);
+        bson_append_document_end(&sub, &el);
+        return bson_append_array_end(doc, &sub);
+    }
+    case 14:
+        return BSON_APPEND_OID(doc, key, &oid);
+    case 15:
+        return BSON_APPEND_DATE_TIME(doc, key, -1);
+    case 16:
+        return BSON_APPEND_REGEX(doc, key, "a.*", "i");
+    case 17:
+        return BSON_APPEND_BINARY(doc, key, BSON_SUBTYPE_BINARY, (const uint8_t *)"ab", 2);
+    case 18:
+        return BSON_APPEND_MINKEY(doc, key);
+    case 19:
+        return BSON_APPEND_UTF8(doc, key, "");
+    default:
+        return false;
+    }
+}
+
+/*
+** Every command with each of its arguments (and its first field) replaced by
+** values of every type: each request gets a reply with ok 0 or 1.
+*/
+static void test_type_confusion(void)
+{
+    static const char *const cmds[][8] = {
+        {"insert", "documents", "ordered"},
+        {"find", "filter", "sort", "projection", "skip", "limit", "batchSize", "singleBatch"},
+        {"getMore", "collection", "batchSize"},
+        {"killCursors", "cursors"},
+        {"count", "query", "skip", "limit"},
+        {"aggregate", "pipeline", "cursor"},
+        {"delete", "deletes", "ordered"},
+        {"drop"},
+        {"create"},
+        {"createIndexes", "indexes"},
+        {"listCollections", "filter", "cursor", "nameOnly"},
+        {"listDatabases", "filter"},
+        {"rtFault", "n", "code"},
+        {"hello", "helloOk"},
+    };
+    int fd = connect_server(), replies = 0, sent = 0;
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+        for (int arg = 0; arg < 8 && cmds[c][arg]; arg++) {
+            for (int k = 0; k < 32; k++) {
+                bson_t cmd = BSON_INITIALIZER;
+                /* arg 0 confuses the first field; otherwise it is a plain collection name. */
+                bool more =
+                    arg ? BSON_APPEND_UTF8(&cmd, cmds[c][0], "tc") : odd_value(&cmd, cmds[c][0], k);
+                if (!more) {
+                    bson_destroy(&cmd);
+                    break;
+                }
+                if (arg && !odd_value(&cmd, cmds[c][arg], k)) {
+                    bson_destroy(&cmd);
+                    break;
+                }
+                if (!strcmp(cmds[c][0], "rtFault") && arg)
+                    bson_append_utf8(&cmd, "rtFault", -1, "failWrites", -1);
+                if (!strcmp(cmds[c][0], "getMore") && arg)
+                    BSON_APPEND_INT64(&cmd, "getMore", 12345);
+                sent++;
+                int ok = command(fd, &cmd, NULL);
+                replies += ok == 0 || ok == 1;
+                bson_destroy(&cmd);
+            }
+        }
+    }
+    CHECK(sent > 300);
+    CHECK_EQ(replies, sent);
+    bson_t *clear = BCON_NEW("rtFault", BCON_UTF8("clear"));
+    CHECK_EQ(command(fd, clear, NULL), 1);
+    bson_destroy(clear);
+    close(fd);
+    CHECK(ping_ok());
+}
+
 /* moreToCome writes get no reply; checksums are accepted; sequences carry documents. */
 static void test_op_msg_features(void)
 {
@@ -385,6 +508,7 @@ int main(int argc, char **argv)
     RUN(test_deep_nesting);
     RUN(test_legacy_op_query);
     RUN(test_mutations);
+    RUN(test_type_confusion);
     RUN(test_op_msg_features);
     CHECK_EQ(mt_stop(&child, SIGTERM), 0);
     return CHECK_SUMMARY();
