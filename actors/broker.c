@@ -194,8 +194,10 @@ void rt_broker_release_client(const char *id, rt_pid_t pid)
 #define RT_LISTEN_ACCEPTS_PER_TURN 64 /* accepts per turn; the runtime posts another event */
 #define RT_LISTEN_LOG_MS 1000         /* at most one refusal line per listener per this */
 #define RT_PEER_SWEEP_MS 100          /* an address at its limit is re-checked at most this often */
+#define RT_LISTEN_RETRY_MS 100        /* pause after accept fails (no descriptors left) */
 
-#define MSG_LISTENER_LOG (RT_MSG_USER + 1) /* the refusal log may write its next line */
+#define MSG_LISTENER_LOG (RT_MSG_USER + 1)    /* the refusal log may write its next line */
+#define MSG_LISTENER_RESUME (RT_MSG_USER + 2) /* accept again after a failure */
 
 /* Why a connection was refused; indexes listener_t.unlogged. */
 enum { REFUSE_NONE, REFUSE_MAX, REFUSE_PER_IP, REFUSE_RATE, REFUSE_ERROR, REFUSE_REASONS };
@@ -224,11 +226,11 @@ typedef struct {
 */
 static struct {
     pthread_mutex_t lock;
-    unsigned users;       /* listeners using the table */
+    unsigned users; /* listeners using the table */
     peer_addr_t **buckets;
-    size_t cap, len;      /* buckets (a power of 2), addresses */
+    size_t cap, len; /* buckets (a power of 2), addresses */
     peer_fd_t *fds;
-    size_t nfds;          /* entries in fds */
+    size_t nfds; /* entries in fds */
 } peers = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t mono_ms(void)
@@ -397,12 +399,13 @@ static void peers_unuse(void)
 typedef struct {
     rt_sock_t *sock;
     const rt_listen_t *where;
-    int port;                 /* the bound port (where->port may be 0) */
-    double tokens;            /* max_connection_rate bucket: connections that may start now */
-    uint64_t refill_ms;       /* when tokens was last brought up to date */
+    int port;           /* the bound port (where->port may be 0) */
+    double tokens;      /* max_connection_rate bucket: connections that may start now */
+    uint64_t refill_ms; /* when tokens was last brought up to date */
     uint32_t unlogged[REFUSE_REASONS]; /* refusals since the last log line */
-    rt_auth_addr_t last_refused; /* address of the last per-address refusal */
-    bool log_armed;           /* a log line was written less than RT_LISTEN_LOG_MS ago */
+    rt_auth_addr_t last_refused;       /* address of the last per-address refusal */
+    bool log_armed;                    /* a log line was written less than RT_LISTEN_LOG_MS ago */
+    uint64_t error_logged_ms;          /* when an accept failure was last logged */
 } listener_t;
 
 /* Takes a token from the listener's bucket; false when max_connection_rate is spent. */
@@ -511,9 +514,10 @@ static void refuse(rt_actor_t *self, listener_t *l, int fd, int why, const rt_au
 {
     close(fd);
     rt_broker_stats_t *st = &rt_broker->stats;
-    atomic_uint_fast64_t *reason[REFUSE_REASONS] = {
-        [REFUSE_MAX] = &st->refused_max_conns, [REFUSE_PER_IP] = &st->refused_per_ip,
-        [REFUSE_RATE] = &st->refused_rate, [REFUSE_ERROR] = &st->refused_error};
+    atomic_uint_fast64_t *reason[REFUSE_REASONS] = {[REFUSE_MAX] = &st->refused_max_conns,
+                                                    [REFUSE_PER_IP] = &st->refused_per_ip,
+                                                    [REFUSE_RATE] = &st->refused_rate,
+                                                    [REFUSE_ERROR] = &st->refused_error};
     atomic_fetch_add_explicit(&st->refused, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(reason[why], 1, memory_order_relaxed);
     l->unlogged[why]++;
@@ -547,8 +551,17 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
         if (rc == RT_EAGAIN)
             return;
         if (rc) {
-            rt_log(RT_LOG_WARNING, "listener.accept", "%s:%d: %s", l->where->host, l->port,
-                   rt_strerror(rc));
+            /* Out of descriptors, most likely: the connection waits in the backlog. Retrying at
+               once would spin (the socket stays readable), so accepting pauses for a moment. */
+            uint64_t now = mono_ms();
+            if (now - l->error_logged_ms >= RT_LISTEN_LOG_MS) {
+                rt_log(RT_LOG_WARNING, "listener.accept", "%s:%d: %s (accepting again in %d ms)",
+                       l->where->host, l->port, rt_strerror(rc), RT_LISTEN_RETRY_MS);
+                l->error_logged_ms = now;
+            }
+            rt_sock_pause_reading(l->sock, true);
+            if (rt_send_after_tag(RT_LISTEN_RETRY_MS, rt_self(self), MSG_LISTENER_RESUME, NULL))
+                rt_sock_pause_reading(l->sock, false);
             return;
         }
         rt_auth_addr_t addr;
@@ -578,6 +591,9 @@ static void listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         l->log_armed = false;
         log_refusals(self, l);
         break;
+    case MSG_LISTENER_RESUME:
+        rt_sock_pause_reading(l->sock, false);
+        break;
     }
 }
 
@@ -594,8 +610,12 @@ static void listener_terminate(rt_actor_t *self, void *state, rt_reason_t reason
 static const char *listener_tag_name(uint32_t tag)
 {
     switch (tag) {
-    case RT_MSG_SOCKET: return "accept";
-    case MSG_LISTENER_LOG: return "refusal_log";
+    case RT_MSG_SOCKET:
+        return "accept";
+    case MSG_LISTENER_LOG:
+        return "refusal_log";
+    case MSG_LISTENER_RESUME:
+        return "resume_accept";
     }
     return NULL;
 }

@@ -42,15 +42,15 @@ static const char *const load_names[3] = {"1min", "5min", "15min"};
 typedef struct {
     const char *version;
     uint64_t interval_ms;
-    uint64_t start_ms;    /* CLOCK_MONOTONIC when the actor started */
-    uint64_t last_ms;     /* the previous tick */
+    uint64_t start_ms; /* CLOCK_MONOTONIC when the actor started */
+    uint64_t last_ms;  /* the previous tick */
     uint64_t max_connected;
     uint64_t max_heap;
-    uint64_t prev[NCOUNTERS];  /* counter values at the previous tick */
-    double load[NCOUNTERS][3]; /* decayed messages (or bytes, connections) per minute */
-    bool live[NCOUNTERS];      /* a gated counter has moved from 0 */
-    bool ticked;               /* prev and last_ms hold a previous tick */
-    unsigned slot;             /* put()'s cursor through last[] during a tick */
+    uint64_t prev[NCOUNTERS];              /* counter values at the previous tick */
+    double load[NCOUNTERS][3];             /* decayed messages (or bytes, connections) per minute */
+    bool live[NCOUNTERS];                  /* a gated counter has moved from 0 */
+    bool ticked;                           /* prev and last_ms hold a previous tick */
+    unsigned slot;                         /* put()'s cursor through last[] during a tick */
     char last[SYS_SLOTS][SYS_PAYLOAD_MAX]; /* payload last published per topic; "" none */
 } sys_t;
 
@@ -155,9 +155,9 @@ static void sys_tick(sys_t *s)
     put_u64(s, "clients/total", sessions, true);
 
     uint64_t now[NCOUNTERS] = {
-        [C_MSGS_IN] = load_stat(&st->msgs_in),     [C_MSGS_OUT] = load_stat(&st->msgs_out),
-        [C_BYTES_IN] = load_stat(&st->bytes_in),   [C_BYTES_OUT] = load_stat(&st->bytes_out),
-        [C_CONNECTS] = load_stat(&st->connects),   [C_ACCEPTED] = load_stat(&st->accepted),
+        [C_MSGS_IN] = load_stat(&st->msgs_in),   [C_MSGS_OUT] = load_stat(&st->msgs_out),
+        [C_BYTES_IN] = load_stat(&st->bytes_in), [C_BYTES_OUT] = load_stat(&st->bytes_out),
+        [C_CONNECTS] = load_stat(&st->connects), [C_ACCEPTED] = load_stat(&st->accepted),
     };
     for (int c = 0; c < NCOUNTERS; c++) {
         s->live[c] |= !counters[c].gated || now[c] != 0;
