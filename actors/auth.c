@@ -835,11 +835,15 @@ void rt_auth_stats(rt_auth_stats_t *out)
 
 static int passwd_usage(void)
 {
-    fprintf(stderr, "usage: rtd passwd [-c] [-b] FILE USER [PASSWORD]\n"
-                    "       rtd passwd -D FILE USER\n"
-                    "  -c  create a new file (replaces an existing one)\n"
-                    "  -b  take the password from the command line instead of prompting\n"
-                    "  -D  delete USER\n");
+    fprintf(stderr,
+            "usage: rtd passwd [-c] [-b] [-I ROUNDS] FILE USER [PASSWORD]\n"
+            "       rtd passwd -D FILE USER\n"
+            "  -c         create a new file (replaces an existing one)\n"
+            "  -b         take the password from the command line instead of prompting\n"
+            "  -D         delete USER\n"
+            "  -I ROUNDS  PBKDF2 rounds for the new hash (default %u; each login that is\n"
+            "             not a repeat of the last good one costs this many)\n",
+            RT_AUTH_PBKDF2_ITERATIONS);
     return 2;
 }
 
@@ -970,16 +974,28 @@ static char *rewrite(const char *old, size_t oldlen, const char *user, const cha
 
 int rt_auth_passwd_main(int argc, char **argv)
 {
-    bool create = false, batch = false, delete = false;
+    bool create = false, batch = false, del = false;
+    uint32_t iterations = RT_AUTH_PBKDF2_ITERATIONS;
     int i = 1;
     for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
+        if (strcmp(argv[i], "-I") == 0 && i + 1 < argc) {
+            char *end;
+            unsigned long n = strtoul(argv[++i], &end, 10);
+            if (*end || end == argv[i] || n < 1 || n > RT_AUTH_MAX_ITERATIONS) {
+                fprintf(stderr, "rtd passwd: -I takes a count of rounds from 1 to %u\n",
+                        RT_AUTH_MAX_ITERATIONS);
+                return 2;
+            }
+            iterations = (uint32_t)n;
+            continue;
+        }
         for (const char *f = argv[i] + 1; *f; f++) {
             if (*f == 'c')
                 create = true;
             else if (*f == 'b')
                 batch = true;
             else if (*f == 'D')
-                delete = true;
+                del = true;
             else {
                 fprintf(stderr, "rtd passwd: unknown option -%c\n", *f);
                 return passwd_usage();
@@ -987,7 +1003,7 @@ int rt_auth_passwd_main(int argc, char **argv)
         }
     }
     int rest = argc - i;
-    if ((delete &&(create || batch || rest != 2)) || (!delete &&rest != (batch ? 3 : 2)))
+    if ((del && (create || batch || rest != 2)) || (!del && rest != (batch ? 3 : 2)))
         return passwd_usage();
     const char *path = argv[i], *user = argv[i + 1];
     const char *why = bad_user_name(user);
@@ -1005,7 +1021,7 @@ int rt_auth_passwd_main(int argc, char **argv)
         int rc = rt_auth_load(path, &check, err, sizeof(err));
         if (rc) {
             fprintf(stderr, "rtd passwd: %s%s\n", err,
-                    rc == RT_ENOTFOUND && !delete ? " (use -c to create it)" : "");
+                    rc == RT_ENOTFOUND && !del ? " (use -c to create it)" : "");
             return 1;
         }
         rt_auth_free(check);
@@ -1016,7 +1032,7 @@ int rt_auth_passwd_main(int argc, char **argv)
     }
 
     char *entry = NULL;
-    if (!delete) {
+    if (!del) {
         char *pw = batch ? strdup(argv[i + 2]) : read_password("Password: ");
         char *again = batch || !pw ? NULL : read_password("Reenter password: ");
         const char *bad = !pw || (!batch && !again)          ? "no password was given"
@@ -1026,8 +1042,8 @@ int rt_auth_passwd_main(int argc, char **argv)
                                                              : NULL;
         char hash[RT_AUTH_HASH_MAX];
         int rc = bad ? 0
-                     : rt_auth_hash_password((const uint8_t *)pw, strlen(pw),
-                                             RT_AUTH_PBKDF2_ITERATIONS, hash, sizeof(hash));
+                     : rt_auth_hash_password((const uint8_t *)pw, strlen(pw), iterations, hash,
+                                             sizeof(hash));
         if (pw)
             OPENSSL_cleanse(pw, strlen(pw));
         if (again)
@@ -1046,15 +1062,14 @@ int rt_auth_passwd_main(int argc, char **argv)
     }
     bool found = false;
     size_t len = 0;
-    char *next =
-        (entry || delete) ? rewrite(old ? old : "", oldlen, user, entry, &len, &found) : NULL;
+    char *next = (entry || del) ? rewrite(old ? old : "", oldlen, user, entry, &len, &found) : NULL;
     free(old);
     free(entry);
     if (!next) {
         fprintf(stderr, "rtd passwd: out of memory\n");
         return 1;
     }
-    if (delete &&!found) {
+    if (del && !found) {
         fprintf(stderr, "rtd passwd: %s: no user %s\n", path, user);
         free(next);
         return 1;

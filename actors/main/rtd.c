@@ -21,7 +21,7 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: rtd [-c FILE] [-o name=value]... [--version]\n"
-                 "       rtd passwd [-c] [-D] [-b] FILE USER [PASSWORD]\n"
+                 "       rtd passwd [-c] [-D] [-b] [-I ROUNDS] FILE USER [PASSWORD]\n"
                  "  -c FILE          configuration file (default etc/rtd.conf)\n"
                  "  -o name=value    override one setting of the file\n"
                  "  passwd           add, change (-c: new file) or delete (-D) a user of a\n"

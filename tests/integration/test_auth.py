@@ -56,6 +56,11 @@ def test_create_add_change_delete(tmp_path):
     r = passwd("-D", pw, "alice")
     assert r.returncode == 1 and "no user alice" in r.stderr
 
+    # -I sets the rounds of the new hash.
+    assert passwd("-I", "1000", "-b", pw, "dave", "d").returncode == 0
+    assert users(pw)["dave"].startswith("dave:$7$1000$")
+    assert passwd("-I", "0", "-b", pw, "dave", "d").returncode == 2
+
     # -c replaces an existing file.
     assert passwd("-c", "-b", pw, "carol", "c").returncode == 0
     assert list(users(pw)) == ["carol"]

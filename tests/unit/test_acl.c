@@ -291,7 +291,7 @@ static void test_random_files(void)
         "topic", "pattern", "user", "read", "write", "readwrite", "deny", "#",     "+",   "/", "a",
         "%u",    "%c",      "$SYS", " ",    "\t",    "\n",        "\r\n", "x/+/y", "a/#", "#c"};
     const size_t nwords = sizeof(words) / sizeof(words[0]);
-    long files = check_scale(3000), loaded = 0;
+    long files = check_scale(1000), loaded = 0;
     for (long f = 0; f < files; f++) {
         char text[512] = "";
         size_t len = 0;
@@ -353,7 +353,7 @@ static void test_reload_under_checks(void)
         pthread_create(&t[i], NULL, checker, NULL);
     while (atomic_load(&checkers_running) < THREADS) /* every checker is busy first */
         sched_yield();
-    long swaps = check_scale(3000);
+    long swaps = check_scale(1000);
     for (long i = 0; i < swaps; i++)
         CHECK_EQ(rt_acl_reload(i % 3 == 2 ? "" : i % 3 ? p2 : p1, err, sizeof(err)), 0);
     CHECK_EQ(rt_acl_reload(tmpdir_put("bad.acl", "nonsense\n"), err, sizeof(err)), RT_EINVAL);
