@@ -247,7 +247,78 @@ static void freeze(lua_State *L, int frozen)
     lua_rawset(L, frozen);
 }
 
-/* Copies library `name` from the real globals into hidden (at idx), minus `except`, frozen. */
+/* Calls the library function in upvalue 1 with every argument; returns what it returns. */
+static int call_original(lua_State *L)
+{
+    int n = lua_gettop(L);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, n, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/*
+** Library functions whose C loops run a count the caller picks, without
+** allocating: the instruction hook never sees them and the memory cap does not
+** stop them. string.rep of an empty string loops n times for nothing;
+** table.move loops e - f + 1 times; table.insert(t, pos, v) and
+** table.remove(t, pos) shift #t - pos elements, and #t may come from __len.
+*/
+static int sb_rep(lua_State *L)
+{
+    size_t l, lsep = 0;
+    luaL_checklstring(L, 1, &l);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    luaL_optlstring(L, 3, "", &lsep);
+    if (n <= 0 || l + lsep == 0) {
+        lua_pushliteral(L, "");
+        return 1;
+    }
+    return call_original(L);
+}
+
+static void check_span(lua_State *L, lua_Integer from, lua_Integer to, const char *fn)
+{
+    if (to > from && (lua_Unsigned)to - (lua_Unsigned)from >= RT_RULE_TABLE_OP_MAX)
+        luaL_error(L, "%s: more than %d elements in one call", fn, RT_RULE_TABLE_OP_MAX);
+}
+
+static int sb_move(lua_State *L)
+{
+    check_span(L, luaL_checkinteger(L, 2), luaL_checkinteger(L, 3), "table.move");
+    return call_original(L);
+}
+
+static int sb_insert(lua_State *L)
+{
+    if (lua_gettop(L) == 3)
+        check_span(L, luaL_checkinteger(L, 2), luaL_len(L, 1), "table.insert");
+    return call_original(L);
+}
+
+static int sb_remove(lua_State *L)
+{
+    if (lua_gettop(L) >= 2 && !lua_isnil(L, 2))
+        check_span(L, luaL_checkinteger(L, 2), luaL_len(L, 1), "table.remove");
+    return call_original(L);
+}
+
+typedef struct {
+    const char *lib, *name;
+    lua_CFunction fn;
+} guard_t;
+
+static const guard_t guards[] = {
+    {LUA_STRLIBNAME, "rep", sb_rep},
+    {LUA_TABLIBNAME, "move", sb_move},
+    {LUA_TABLIBNAME, "insert", sb_insert},
+    {LUA_TABLIBNAME, "remove", sb_remove},
+};
+
+/*
+** Copies library `name` from the real globals into hidden (at idx), minus
+** `except`, with the guards above in place of the originals, frozen.
+*/
 static void copy_lib(lua_State *L, int hidden, int frozen, const char *name, const char *except)
 {
     lua_getglobal(L, name);
@@ -261,6 +332,13 @@ static void copy_lib(lua_State *L, int hidden, int frozen, const char *name, con
         lua_pushvalue(L, -2);
         lua_insert(L, -2);
         lua_rawset(L, -4);
+    }
+    for (size_t i = 0; i < sizeof(guards) / sizeof(guards[0]); i++) {
+        if (strcmp(guards[i].lib, name) != 0)
+            continue;
+        lua_getfield(L, -1, guards[i].name);
+        lua_pushcclosure(L, guards[i].fn, 1);
+        lua_setfield(L, -2, guards[i].name);
     }
     freeze(L, frozen);
     lua_setfield(L, hidden, name);

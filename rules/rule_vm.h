@@ -26,7 +26,9 @@
 ** (template). No io, os, require, package, debug, load, loadstring, dofile,
 ** loadfile, collectgarbage, print or coroutine. Every library table is a
 ** read-only proxy (writes raise an error; rawset refuses them; getmetatable
-** gives false), the string metatable is locked the same way, setmetatable
+** gives false), the string metatable is locked the same way, string.rep,
+** table.move, table.insert and table.remove are guarded against C loops that
+** neither the hook nor the memory cap would stop, setmetatable
 ** refuses __gc (a finalizer would run outside any budget, in another rule's
 ** call), and each rule file runs in its own environment table whose reads fall
 ** through to the shared read-only base, so rules cannot see or break each
@@ -48,6 +50,8 @@
 #define RT_RULE_MAX_FROM 64  /* entries in a rule's from */
 #define RT_RULE_MAX_TO 16    /* entries in a rule's to */
 #define RT_RULE_ROW_DEPTH 32 /* nesting of tables inside a row */
+/* Elements table.move / insert / remove may touch in one call (their C loops are unhooked). */
+#define RT_RULE_TABLE_OP_MAX (1 << 20)
 
 /* The Lua library (the .lua files of lua/), embedded at build time by lua/embed.cmake. */
 typedef struct rt_lua_source_s {

@@ -591,6 +591,18 @@ static void test_sandbox(void)
         rt_rule_buf_free(&rows);
         rt_rule_vm_free(vm);
     }
+    /* C loops that neither the hook nor the memory cap would stop are refused. */
+    expect("'[' .. string.rep('', 1e15) .. string.rep('', 1e15, '') .. ('x'):rep(3, ',') .. ']'",
+           "[x,x,x]");
+    expect_error("local t = {} table.move(t, 1, 1e15, 2)", "table.move: more than");
+    expect_error("table.insert(setmetatable({}, { __len = function() return 1e15 end }), 1, 'x')",
+                 "table.insert: more than");
+    expect_error("table.remove(setmetatable({}, { __len = function() return 1e15 end }), 1)",
+                 "table.remove: more than");
+    expect("(function() local t = { 1, 2, 3 } table.insert(t, 1, 0) table.remove(t, 2)\n"
+           "  table.insert(t, 9) local u = table.move(t, 1, 4, 1, {}) return table.concat(t) .. "
+           "'/' .. tostring(table.remove(t)) .. '/' .. #u end)()",
+           "0239/9/4");
     /* pcall cannot hide a spent budget or the memory cap. */
     CHECK_EQ(eval("while true do pcall(function() while true do end end) end", NULL, 0),
              RT_RULE_FAIL_BUDGET);
