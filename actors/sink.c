@@ -571,17 +571,25 @@ static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 }
 
 /*
-** Last words, whatever the reason: write what memory holds if the database is up,
-** spill the rest, close. Rows that could not even be spilled are lost: counted as
-** dropped and logged.
+** Last words, whatever the reason: if the database is up, write what the spill and
+** memory hold (in that order, for up to RT_SINK_STOP_FLUSH_MS), spill the rest,
+** close. Rows that could not even be spilled are lost: counted as dropped, logged.
 */
 static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     rt_sink_t *s = ((sink_actor_t *)state)->s;
     if (s->drv->spills) {
+        /* In order: the spill first, then memory, for a bounded time. */
         bool up = !s->retry_timer && atomic_load(&s->state) == SINK_CONNECTED;
-        while (up && !spill_pending(s) && s->mem_rows > 0)
-            up = write_from_memory(s);
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        while (up && (spill_pending(s) || s->mem_rows > 0)) {
+            up = spill_pending(s) ? write_from_spill(s) : write_from_memory(s);
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >
+                RT_SINK_STOP_FLUSH_MS)
+                break;
+        }
         spill_memory(s, 0);
     } else {
         while (s->mem_rows > 0 && write_from_memory(s)) {

@@ -22,6 +22,7 @@
 #define RT_SINK_BACKOFF_MS_DEFAULT 100                /* first retry delay after a failure */
 #define RT_SINK_BACKOFF_MAX_MS_DEFAULT 3000           /* retry delay cap (doubling) */
 #define RT_SINK_STOP_WAIT_MS 10000                    /* rt_sinks_stop waits this long per sink */
+#define RT_SINK_STOP_FLUSH_MS 2000                    /* a stopping sink writes for this long */
 
 /* One row of a batch: a BSON document and the per-rule options it came with. */
 typedef struct sink_row_s {

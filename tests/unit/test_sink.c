@@ -632,6 +632,37 @@ static void bench_sqlite(void)
     free(bins);
 }
 
+/*
+** The memory bound: with batches that never fill and a flush that never comes, rows
+** past queue_bytes go to the spill even though the database is up, and reach the
+** database from there, in order.
+*/
+static void test_queue_bytes_bound(void)
+{
+    char sinks[512];
+    rt_sink_t *s = start_archive("batch = 100000, flush_ms = 3600000, queue_bytes = 2048",
+                                 false, sinks, sizeof(sinks));
+    const uint32_t n = 200;
+    for (uint32_t k = 0; k < n; k += 10)
+        CHECK_EQ(rt_sink_submit(s, make_rows(k, 10, k, 100), 10, NULL, 0, 0), 0);
+    CHECK(WAIT_FOR("archive", retried, n - 30, 5000));
+    rt_sink_info_t i = info("archive");
+    CHECK(i.written >= n - 30 && i.written == i.retried);
+    CHECK_EQ(i.failed, 0);
+    /* What stays in memory: the bound plus the submission that crossed it (~150 B a row). */
+    CHECK(i.queued * 150 <= 2048 + 10 * 150);
+    CHECK(books_balance(&i));
+    rt_sinks_stop(); /* the rest is written at stop: the database is up */
+    i = info("archive");
+    CHECK_EQ(i.written, n);
+    CHECK(books_balance(&i));
+    sqlite3 *db = open_db(dbfile);
+    CHECK(in_order(db, "messages", n));
+    sqlite3_close(db);
+    rt_shutdown();
+    rt_sinks_free();
+}
+
 /* ---- Republish: through a real broker to a raw MQTT 3.1.1 subscriber ---- */
 
 static bool read_full(int fd, uint8_t *buf, size_t n, int timeout_ms)
@@ -1114,6 +1145,7 @@ int main(void)
     RUN(test_sqlite_spill_and_replay);
     RUN(test_sqlite_restart_replays_spill);
     RUN(test_byte_limit);
+    RUN(test_queue_bytes_bound);
     RUN(test_republish);
     RUN(test_mongo);
     if (getenv("RT_SINK_BENCH"))
