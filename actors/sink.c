@@ -209,8 +209,8 @@ static size_t take_rows(rt_sink_t *s, sink_row_t *rows, size_t max)
         uint32_t opts_len = e->opts ? (uint32_t)rt_bin_len(e->opts) : 0;
         while (taken < e->nrows && n < max) {
             uint32_t len = rt__sink_doc_len(data + off);
-            rows[n++] = (sink_row_t){.doc = data + off, .len = len, .opts = opts,
-                                     .opts_len = opts_len, .entry = e};
+            rows[n++] = (sink_row_t){
+                .doc = data + off, .len = len, .opts = opts, .opts_len = opts_len, .entry = e};
             off += len;
             taken++;
         }
@@ -360,8 +360,8 @@ static bool write_from_spill(rt_sink_t *s)
     int64_t last = 0;
     uint64_t bytes = 0;
     char why[256];
-    int n = rt__spill_peek(&s->spill, s->batch_rows, s->batch, &buf, &last, &bytes, why,
-                           sizeof(why));
+    int n =
+        rt__spill_peek(&s->spill, s->batch_rows, s->batch, &buf, &last, &bytes, why, sizeof(why));
     if (n < 0) {
         rt__sink_error(s, "spill: %s", why);
         free(buf);
@@ -596,8 +596,9 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         }
     }
     if (s->mem_rows > 0) {
-        rt_log(RT_LOG_ERROR, "sink.dropped", "sink=%s rows=%llu reason=stopped with rows "
-               "neither written nor spilled", s->name, (unsigned long long)s->mem_rows);
+        rt_log(RT_LOG_ERROR, "sink.dropped",
+               "sink=%s rows=%llu reason=stopped with rows neither written nor spilled", s->name,
+               (unsigned long long)s->mem_rows);
         while (s->mem_rows > 0) {
             size_t n = take_rows(s, s->batch_rows, s->batch);
             consume_rows(s, s->batch_rows, n);
@@ -628,12 +629,18 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 static const char *sink_tag_name(uint32_t tag)
 {
     switch (tag) {
-    case MSG_ROWS: return "rows";
-    case MSG_FLUSH: return "flush";
-    case MSG_RETRY: return "retry";
-    case MSG_DRAIN: return "drain";
-    case MSG_STOP: return "stop";
-    default: return "";
+    case MSG_ROWS:
+        return "rows";
+    case MSG_FLUSH:
+        return "flush";
+    case MSG_RETRY:
+        return "retry";
+    case MSG_DRAIN:
+        return "drain";
+    case MSG_STOP:
+        return "stop";
+    default:
+        return "";
     }
 }
 
@@ -664,8 +671,8 @@ static bool docs_wellformed(const uint8_t *p, size_t len, uint32_t n)
     return off == len;
 }
 
-int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
-                   rt_pid_t ack_pid, uint64_t ack_token)
+int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts, rt_pid_t ack_pid,
+                   uint64_t ack_token)
 {
     if (!s || !rows) {
         rt_bin_release(rows);
@@ -688,8 +695,8 @@ int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
         atomic_fetch_add(&s->queued, nrows);
         rt_msg_t *m = rt_msg_new(MSG_ROWS, sizeof(submit_t));
         if (m) {
-            submit_t sub = {.nrows = nrows, .opts = opts, .ack_pid = ack_pid,
-                            .ack_token = ack_token};
+            submit_t sub = {
+                .nrows = nrows, .opts = opts, .ack_pid = ack_pid, .ack_token = ack_token};
             memcpy(m->data, &sub, sizeof(sub));
             m->bin = rows;
             rows = NULL;
@@ -851,8 +858,8 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
     if (s->backoff_max_ms < s->backoff_ms)
         s->backoff_max_ms = s->backoff_ms;
     atomic_store(&s->state, SINK_CONNECTING);
-    int n = snprintf(s->spill_path, sizeof(s->spill_path), "%s/spill-%s.db", conf->data_dir,
-                     s->name);
+    int n =
+        snprintf(s->spill_path, sizeof(s->spill_path), "%s/spill-%s.db", conf->data_dir, s->name);
     s->batch_rows = calloc(s->batch, sizeof(sink_row_t));
     int rc = 0;
     if (n < 0 || (size_t)n >= sizeof(s->spill_path)) {
@@ -962,7 +969,8 @@ void rt_sinks_stop(void)
         }
         rt_log(RT_LOG_INFO, "sink.stopped",
                "sink=%s in=%llu written=%llu spilled=%llu dropped=%llu", s->name,
-               (unsigned long long)atomic_load(&s->in), (unsigned long long)atomic_load(&s->written),
+               (unsigned long long)atomic_load(&s->in),
+               (unsigned long long)atomic_load(&s->written),
                (unsigned long long)atomic_load(&s->spilled),
                (unsigned long long)atomic_load(&s->dropped));
     }

@@ -30,8 +30,8 @@ typedef struct rt_sink_s rt_sink_t; /* lives until rt_sinks_stop */
 #define RT_SINK_MSG_COMMITTED (RT_MSG_USER + 0x5100)
 
 typedef struct rt_sink_committed_s {
-    uint64_t token;  /* the ack_token given to rt_sink_submit */
-    int32_t status;  /* 0: committed; < 0 (RT_E*): definitively dropped */
+    uint64_t token; /* the ack_token given to rt_sink_submit */
+    int32_t status; /* 0: committed; < 0 (RT_E*): definitively dropped */
 } rt_sink_committed_t;
 
 /*
@@ -68,8 +68,8 @@ rt_sink_t *rt_sink_find(const char *name);
 ** counted (in and dropped) and logged, and the ack, if asked for, still comes,
 ** with that code. Safe from any thread.
 */
-int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
-                   rt_pid_t ack_pid, uint64_t ack_token);
+int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts, rt_pid_t ack_pid,
+                   uint64_t ack_token);
 
 /* After rt_shutdown: frees what rt_sinks_start made (rt_sink_t pointers die here). */
 void rt_sinks_free(void);

@@ -15,22 +15,22 @@
 #include "sink.h"
 
 /* Tunables (every one can be set per sink in the config; these are the defaults). */
-#define RT_SINK_BATCH_DEFAULT 500                     /* rows per write transaction */
-#define RT_SINK_FLUSH_MS_DEFAULT 50                   /* ms before a partial batch is written */
-#define RT_SINK_QUEUE_BYTES_DEFAULT (8u << 20)        /* bytes of rows kept in memory */
-#define RT_SINK_MAX_BYTES_DEFAULT (256ull << 20)      /* bytes in memory + spill, then drop */
-#define RT_SINK_BACKOFF_MS_DEFAULT 100                /* first retry delay after a failure */
-#define RT_SINK_BACKOFF_MAX_MS_DEFAULT 3000           /* retry delay cap (doubling) */
-#define RT_SINK_STOP_WAIT_MS 10000                    /* rt_sinks_stop waits this long per sink */
-#define RT_SINK_STOP_FLUSH_MS 2000                    /* a stopping sink writes for this long */
+#define RT_SINK_BATCH_DEFAULT 500                /* rows per write transaction */
+#define RT_SINK_FLUSH_MS_DEFAULT 50              /* ms before a partial batch is written */
+#define RT_SINK_QUEUE_BYTES_DEFAULT (8u << 20)   /* bytes of rows kept in memory */
+#define RT_SINK_MAX_BYTES_DEFAULT (256ull << 20) /* bytes in memory + spill, then drop */
+#define RT_SINK_BACKOFF_MS_DEFAULT 100           /* first retry delay after a failure */
+#define RT_SINK_BACKOFF_MAX_MS_DEFAULT 3000      /* retry delay cap (doubling) */
+#define RT_SINK_STOP_WAIT_MS 10000               /* rt_sinks_stop waits this long per sink */
+#define RT_SINK_STOP_FLUSH_MS 2000               /* a stopping sink writes for this long */
 
 /* One row of a batch: a BSON document and the per-rule options it came with. */
 typedef struct sink_row_s {
     const uint8_t *doc;
     uint32_t len;
-    uint32_t opts_len;   /* 0: no options */
+    uint32_t opts_len; /* 0: no options */
     const uint8_t *opts;
-    int32_t status;      /* set by the driver: 0 written, < 0 rejected for good (with why) */
+    int32_t status;             /* set by the driver: 0 written, < 0 rejected for good (with why) */
     struct sink_entry_s *entry; /* the submission it belongs to; NULL if read from the spill */
 } sink_row_t;
 
@@ -39,19 +39,19 @@ typedef struct sink_driver_s sink_driver_t;
 /* A config key a driver accepts. */
 typedef enum { SK_STRING, SK_INT, SK_BOOL, SK_PREFIX } sink_key_kind_t;
 typedef struct sink_key_s {
-    const char *name;   /* for SK_PREFIX: "columns." accepts columns.<anything> (strings) */
+    const char *name; /* for SK_PREFIX: "columns." accepts columns.<anything> (strings) */
     sink_key_kind_t kind;
-    double min, max;    /* SK_INT range */
+    double min, max; /* SK_INT range */
     const char *help;
 } sink_key_t;
 
 struct sink_driver_s {
     const char *type;
-    bool blocking;                  /* runs on the blocking pool (database drivers) */
-    bool spills;                    /* has a spill queue (database drivers) */
+    bool blocking; /* runs on the blocking pool (database drivers) */
+    bool spills;   /* has a spill queue (database drivers) */
     int batch_default;
     int flush_ms_default;
-    const sink_key_t *keys;         /* NULL-terminated; the common keys are always accepted */
+    const sink_key_t *keys; /* NULL-terminated; the common keys are always accepted */
     /* Reads the sink's config (already checked against keys); no I/O. why: the reason. */
     int (*configure)(rt_sink_t *s, const rt_conf_section_t *sec, char *why, size_t whylen);
     /*
@@ -68,8 +68,8 @@ struct sink_driver_s {
     ** whole batch is retried later, so drivers keep retries idempotent where they can).
     */
     int (*write)(rt_sink_t *s, sink_row_t *rows, size_t n);
-    void (*close)(rt_sink_t *s);    /* disconnects; open may be called again */
-    void (*free)(rt_sink_t *s);     /* frees what configure made */
+    void (*close)(rt_sink_t *s); /* disconnects; open may be called again */
+    void (*free)(rt_sink_t *s);  /* frees what configure made */
 };
 
 extern const sink_driver_t rt_sink_sqlite_driver;
@@ -80,8 +80,8 @@ extern const sink_driver_t rt_sink_republish_driver;
 typedef struct sink_spill_s {
     struct sqlite3 *db;
     struct sqlite3_stmt *ins, *sel, *del;
-    uint64_t rows;      /* rows in the file */
-    uint64_t bytes;     /* their row bytes */
+    uint64_t rows;  /* rows in the file */
+    uint64_t bytes; /* their row bytes */
     char path[512];
 } sink_spill_t;
 
@@ -109,10 +109,10 @@ typedef struct sink_entry_s {
     rt_bin_t *rows;
     rt_bin_t *opts;
     uint32_t nrows;
-    uint32_t taken;     /* rows already moved to a batch or the spill */
-    uint32_t off;       /* byte offset of the first row not taken */
-    uint32_t pending;   /* rows not yet durable (database or spill): ack when 0 */
-    int32_t status;     /* first failure among its rows, or 0 */
+    uint32_t taken;   /* rows already moved to a batch or the spill */
+    uint32_t off;     /* byte offset of the first row not taken */
+    uint32_t pending; /* rows not yet durable (database or spill): ack when 0 */
+    int32_t status;   /* first failure among its rows, or 0 */
     rt_pid_t ack_pid;
     uint64_t ack_token;
 } sink_entry_t;
@@ -120,7 +120,7 @@ typedef struct sink_entry_s {
 struct rt_sink_s {
     char name[64];
     const sink_driver_t *drv;
-    void *drv_state;                /* the driver's (configure makes it) */
+    void *drv_state; /* the driver's (configure makes it) */
 
     /* Settings. */
     uint32_t batch;
@@ -145,15 +145,15 @@ struct rt_sink_s {
 
     /* Owned by the sink's actor alone. */
     _Alignas(RT_CACHE_LINE) sink_entry_t *head, *tail; /* in-memory queue, oldest first */
-    uint64_t mem_rows, mem_bytes;   /* rows in the queue not yet taken */
+    uint64_t mem_rows, mem_bytes;                      /* rows in the queue not yet taken */
     sink_spill_t spill;
     bool spill_open;
-    bool flush_timer, retry_timer;  /* a timer of that kind is pending */
-    bool drain_sent;                /* a drain message is in the mailbox */
-    bool opened;                    /* the driver is connected */
-    uint32_t backoff;               /* current retry delay, ms */
-    bool after_failure;             /* the next write is a retry */
-    sink_row_t *batch_rows;         /* batch buffer: batch entries */
+    bool flush_timer, retry_timer; /* a timer of that kind is pending */
+    bool drain_sent;               /* a drain message is in the mailbox */
+    bool opened;                   /* the driver is connected */
+    uint32_t backoff;              /* current retry delay, ms */
+    bool after_failure;            /* the next write is a retry */
+    sink_row_t *batch_rows;        /* batch buffer: batch entries */
 };
 
 /* Records why the last operation failed (any thread; shown by rtctl). */

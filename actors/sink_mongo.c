@@ -49,8 +49,8 @@ static void on_mongoc_log(mongoc_log_level_t level, const char *domain, const ch
                           void *ud)
 {
     (void)ud;
-    rt_log(level <= MONGOC_LOG_LEVEL_WARNING ? RT_LOG_DEBUG : RT_LOG_DEBUG, "sink.mongoc",
-           "%s: %s", domain, message);
+    rt_log(level <= MONGOC_LOG_LEVEL_WARNING ? RT_LOG_DEBUG : RT_LOG_DEBUG, "sink.mongoc", "%s: %s",
+           domain, message);
 }
 
 static void mongoc_setup(void)
@@ -108,16 +108,18 @@ static int mg_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
     if (!mongoc_uri_has_option(m->uri, MONGOC_URI_SOCKETTIMEOUTMS))
         mongoc_uri_set_option_as_int32(m->uri, MONGOC_URI_SOCKETTIMEOUTMS, timeout);
     kv = rt__sink_kv(sec, "database");
-    const char *db = kv ? kv->str : (mongoc_uri_get_database(m->uri) ? mongoc_uri_get_database(m->uri) : "rt");
+    const char *db =
+        kv ? kv->str : (mongoc_uri_get_database(m->uri) ? mongoc_uri_get_database(m->uri) : "rt");
     kv = rt__sink_kv(sec, "collection");
     const char *coll = kv ? kv->str : "messages";
     if (!name_ok(db, sizeof(m->database)) || !name_ok(coll, sizeof(m->collection))) {
-        snprintf(why, whylen, "database and collection must be names of 1 to 127 bytes without "
+        snprintf(why, whylen,
+                 "database and collection must be names of 1 to 127 bytes without "
                  "$, quotes, slashes or spaces");
         mg_free(s);
         return RT_EINVAL;
     }
-    memcpy(m->database, db, strlen(db) + 1);         /* name_ok checked the lengths */
+    memcpy(m->database, db, strlen(db) + 1); /* name_ok checked the lengths */
     memcpy(m->collection, coll, strlen(coll) + 1);
     kv = rt__sink_kv(sec, "w");
     m->w = kv ? (int)kv->num : 1;
@@ -282,8 +284,8 @@ static int bulk(rt_sink_t *s, mg_t *m, mongoc_collection_t *coll, sink_row_t *ro
         }
     }
     if (settled < 0)
-        rt__sink_error(s, "insert into %s.%s: %s", m->database,
-                       mongoc_collection_get_name(coll), error.message);
+        rt__sink_error(s, "insert into %s.%s: %s", m->database, mongoc_collection_get_name(coll),
+                       error.message);
     bson_destroy(&reply);
     return settled;
 }

@@ -23,7 +23,7 @@ typedef struct rp_s {
     bool has_payload;
     int qos;
     bool retain;
-    char *buf;      /* rendering scratch */
+    char *buf; /* rendering scratch */
     size_t cap;
 } rp_t;
 
@@ -57,7 +57,8 @@ static int rp_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
 {
     const rt_conf_kv_t *topic = rt__sink_kv(sec, "topic");
     if (!topic || !topic->str[0] || !template_ok(topic->str, strlen(topic->str))) {
-        snprintf(why, whylen, "topic is required: a template such as \"out/${clientid}\" "
+        snprintf(why, whylen,
+                 "topic is required: a template such as \"out/${clientid}\" "
                  "(every ${ closed by })");
         return RT_EINVAL;
     }

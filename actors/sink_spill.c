@@ -40,8 +40,8 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
         (what = "prepare",
          sqlite3_prepare_v2(sp->db, "INSERT INTO spill(row, opts) VALUES (?, ?)", -1, &sp->ins,
                             NULL) != SQLITE_OK ||
-             sqlite3_prepare_v2(sp->db, "SELECT seq, row, opts FROM spill ORDER BY seq LIMIT ?",
-                                -1, &sp->sel, NULL) != SQLITE_OK ||
+             sqlite3_prepare_v2(sp->db, "SELECT seq, row, opts FROM spill ORDER BY seq LIMIT ?", -1,
+                                &sp->sel, NULL) != SQLITE_OK ||
              sqlite3_prepare_v2(sp->db, "DELETE FROM spill WHERE seq <= ?", -1, &sp->del, NULL) !=
                  SQLITE_OK ||
              sqlite3_prepare_v2(sp->db, "SELECT count(*), coalesce(sum(length(row)), 0) FROM spill",

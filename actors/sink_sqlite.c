@@ -19,8 +19,8 @@
 
 #include "sink_impl.h"
 
-#define SQ_TABLE_LEN 128      /* bytes in a table name */
-#define SQ_STMT_CACHE 32      /* prepared inserts kept */
+#define SQ_TABLE_LEN 128       /* bytes in a table name */
+#define SQ_STMT_CACHE 32       /* prepared inserts kept */
 #define SQ_BUSY_MS_DEFAULT 200 /* how long a write waits for another connection's lock */
 
 typedef struct sq_table_s {
@@ -30,16 +30,16 @@ typedef struct sq_table_s {
 } sq_table_t;
 
 typedef struct sq_stmt_s {
-    char *sig;          /* table \0 key \0 key ... \0\0 */
+    char *sig; /* table \0 key \0 key ... \0\0 */
     size_t siglen;
     sqlite3_stmt *st;
-    uint64_t used;      /* LRU clock */
+    uint64_t used; /* LRU clock */
 } sq_stmt_t;
 
 typedef struct sq_column_s {
     char name[64];
     char type[16];
-    long pos;   /* index in a listed schema ({"ts integer", ...}); 0 for name = "type" */
+    long pos; /* index in a listed schema ({"ts integer", ...}); 0 for name = "type" */
 } sq_column_t;
 
 typedef struct sq_s {
@@ -47,7 +47,7 @@ typedef struct sq_s {
     char table[SQ_TABLE_LEN];
     bool sync_full;
     int busy_ms;
-    sq_column_t *declared;  /* the `columns` schema, for tables this sink creates */
+    sq_column_t *declared; /* the `columns` schema, for tables this sink creates */
     unsigned ndeclared;
 
     sqlite3 *db;
@@ -55,15 +55,14 @@ typedef struct sq_s {
     unsigned ntables;
     sq_stmt_t cache[SQ_STMT_CACHE];
     uint64_t clock;
-    char *sig;              /* scratch for building signatures */
+    char *sig; /* scratch for building signatures */
     size_t sigcap;
-    char *sql;              /* scratch for SQL text */
+    char *sql; /* scratch for SQL text */
     size_t sqlcap;
-    int last;               /* SQLite's code for the last statement that failed */
+    int last; /* SQLite's code for the last statement that failed */
 } sq_t;
 
-static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json",
-                                        NULL};
+static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json", NULL};
 
 static const sink_key_t sqlite_keys[] = {
     {"file", SK_STRING, 0, 0, "database file (default data_dir/<name>.db)"},
@@ -163,8 +162,8 @@ static int sq_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
     if (file && file->str[0])
         snprintf(q->file, sizeof(q->file), "%s", file->str);
     else
-        snprintf(q->file, sizeof(q->file), "%.*s/%s.db", (int)(strrchr(s->spill_path, '/') -
-                 s->spill_path), s->spill_path, s->name);
+        snprintf(q->file, sizeof(q->file), "%.*s/%s.db",
+                 (int)(strrchr(s->spill_path, '/') - s->spill_path), s->spill_path, s->name);
     kv = rt__sink_kv(sec, "table");
     if (kv && (!kv->str[0] || strlen(kv->str) >= SQ_TABLE_LEN)) {
         snprintf(why, whylen, "table must be a name of 1 to %d bytes", SQ_TABLE_LEN - 1);
@@ -201,8 +200,10 @@ static int sq_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
             n = 2;
         }
         if (n != 2 || !known_type(c->type)) {
-            snprintf(why, whylen, "%s = \"%s\": a column is name = \"type\" or \"name type\" "
-                     "with type integer, real, text, blob, numeric or json", sec->keys[i].key, val);
+            snprintf(why, whylen,
+                     "%s = \"%s\": a column is name = \"type\" or \"name type\" "
+                     "with type integer, real, text, blob, numeric or json",
+                     sec->keys[i].key, val);
             rc = RT_EINVAL;
         }
         c->pos = array ? atol(suffix) : 0;
@@ -347,8 +348,7 @@ static void forget_last_table(sq_t *q)
 ** from the declared columns and the keys of doc. Returns 0, RT_EINVAL if the row
 ** cannot make the table, or RT_EAGAIN (see q->last); the error is set on failure.
 */
-static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
-                     sq_table_t **out)
+static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc, sq_table_t **out)
 {
     for (unsigned i = 0; i < q->ntables; i++)
         if (strcmp(q->tables[i].name, name) == 0) {
@@ -580,8 +580,10 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
         const char *p = q->sig + tlen + 1;
         for (unsigned i = 0; i < nkeys; i++, p += strlen(p) + 1)
             if (strcasecmp(p, k) == 0) {
-                rt__sink_error(s, "row rejected: key %s appears twice (SQLite columns ignore "
-                               "case)", k);
+                rt__sink_error(s,
+                               "row rejected: key %s appears twice (SQLite columns ignore "
+                               "case)",
+                               k);
                 return RT_EINVAL;
             }
         if (!has_col(t, k) && add_column(s, q, t, k, bson_iter_type(&it)) != 0)

@@ -88,11 +88,12 @@ static bool books_balance(const rt_sink_info_t *i)
 {
     bool ok = i->in == i->written + i->queued + i->inflight + i->spilled + i->dropped;
     if (!ok)
-        fprintf(stderr, "  books: in %llu != written %llu + queued %llu + inflight %llu + "
-                "spilled %llu + dropped %llu\n", (unsigned long long)i->in,
-                (unsigned long long)i->written, (unsigned long long)i->queued,
-                (unsigned long long)i->inflight, (unsigned long long)i->spilled,
-                (unsigned long long)i->dropped);
+        fprintf(stderr,
+                "  books: in %llu != written %llu + queued %llu + inflight %llu + "
+                "spilled %llu + dropped %llu\n",
+                (unsigned long long)i->in, (unsigned long long)i->written,
+                (unsigned long long)i->queued, (unsigned long long)i->inflight,
+                (unsigned long long)i->spilled, (unsigned long long)i->dropped);
     return ok;
 }
 
@@ -197,7 +198,7 @@ static bool in_order(sqlite3 *db, const char *table, long long n)
 /* ---- An actor that collects acks, checking each against the database ---- */
 
 static atomic_long acks, acks_bad, acks_early;
-static sqlite3 *ack_db;           /* if set, each ack's rows must already be there */
+static sqlite3 *ack_db; /* if set, each ack's rows must already be there */
 static uint32_t ack_rows_per_sub;
 
 static void acker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
@@ -238,7 +239,8 @@ static void test_config_errors(void)
     char path[160], err[RT_CONF_ERR_LEN];
     snprintf(path, sizeof(path), "%s/rtd.conf", dir);
     FILE *f = fopen(path, "w");
-    fprintf(f, "log_level = \"info\"\n\nsinks = {\n  a = { type = \"sqlite\", tabel = \"x\" },\n}\n");
+    fprintf(f,
+            "log_level = \"info\"\n\nsinks = {\n  a = { type = \"sqlite\", tabel = \"x\" },\n}\n");
     fclose(f);
     rt_conf_t *c = malloc(sizeof(*c));
     rt_conf_defaults(c);
@@ -338,7 +340,8 @@ static void test_sqlite_columns(void)
     char sinks[512];
     snprintf(sinks, sizeof(sinks),
              "{ db = { type = 'sqlite', file = '%s', flush_ms = 1, "
-             "columns = { ts = 'integer', note = 'json' } } }", dbfile);
+             "columns = { ts = 'integer', note = 'json' } } }",
+             dbfile);
     CHECK_EQ(start(sinks), 0);
     rt_sink_t *s = rt_sink_find("db");
     rt_pid_t acker = start_acker();
@@ -369,7 +372,8 @@ static void test_sqlite_columns(void)
     /* Declared columns first (by name), then the first row's keys, then added ones. */
     CHECK_EQ(sql_int(db, "SELECT cid FROM pragma_table_info('messages') WHERE name = 'note'"), 0);
     CHECK_EQ(sql_int(db, "SELECT cid FROM pragma_table_info('messages') WHERE name = 'ts' AND "
-                         "upper(type) = 'INTEGER'"), 1);
+                         "upper(type) = 'INTEGER'"),
+             1);
     CHECK_EQ(sql_int(db, "SELECT cid FROM pragma_table_info('messages') WHERE name = 'a'"), 2);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM pragma_table_info('messages')"), 9);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM pragma_table_info('messages') WHERE "
@@ -418,8 +422,7 @@ static void test_sqlite_columns(void)
     uint8_t *pair = malloc(wide.len + good.len);
     memcpy(pair, bson_get_data(&wide), wide.len);
     memcpy(pair + wide.len, bson_get_data(&good), good.len);
-    CHECK_EQ(rt_sink_submit(s, rt_bin_new(pair, wide.len + good.len), 2, bin_of(&ow), acker, 6),
-             0);
+    CHECK_EQ(rt_sink_submit(s, rt_bin_new(pair, wide.len + good.len), 2, bin_of(&ow), acker, 6), 0);
     free(pair);
     CHECK(wait_at_least(&acks, 6, 5000));
     CHECK_EQ(atomic_load(&acks_bad), 2);
@@ -470,7 +473,8 @@ static void test_sqlite_spill_and_replay(void)
 {
     char sinks[512];
     rt_sink_t *s = start_archive("batch = 100, flush_ms = 5, busy_ms = 10, backoff_ms = 20, "
-                                 "backoff_max_ms = 200", false, sinks, sizeof(sinks));
+                                 "backoff_max_ms = 200",
+                                 false, sinks, sizeof(sinks));
     sqlite3 *lock = lock_db();
     rt_pid_t acker = start_acker();
     const uint32_t n = (uint32_t)check_scale(3000);
@@ -548,8 +552,8 @@ static void test_byte_limit(void)
 {
     char sinks[512];
     rt_sink_t *s = start_archive("batch = 10, flush_ms = 5, busy_ms = 10, backoff_ms = 10, "
-                                 "backoff_max_ms = 50, max_bytes = 20000", false, sinks,
-                                 sizeof(sinks));
+                                 "backoff_max_ms = 50, max_bytes = 20000",
+                                 false, sinks, sizeof(sinks));
     sqlite3 *lock = lock_db();
     rt_pid_t acker = start_acker();
     uint32_t ok = 0, refused = 0;
@@ -592,10 +596,9 @@ static void bench_sqlite(void)
     if (!env)
         return;
     uint32_t n = (uint32_t)atol(env) / 100 * 100;
-    static const char *const variants[] = {"batch = 500, synchronous = 'full'",
-                                           "batch = 500, synchronous = 'normal'",
-                                           "batch = 2000, synchronous = 'full'",
-                                           "batch = 2000, synchronous = 'normal'"};
+    static const char *const variants[] = {
+        "batch = 500, synchronous = 'full'", "batch = 500, synchronous = 'normal'",
+        "batch = 2000, synchronous = 'full'", "batch = 2000, synchronous = 'normal'"};
     rt_bin_t **bins = malloc(n / 100 * sizeof(*bins));
     for (size_t v = 0; v < 4; v++) {
         for (uint32_t i = 0; i < n; i += 100) {
@@ -624,9 +627,10 @@ static void bench_sqlite(void)
         CHECK(WAIT_FOR("archive", written, n, 60000));
         double dt = now_s() - t0;
         rt_sink_info_t i = info("archive");
-        fprintf(stderr, "  bench %-36s %u rows in %.2f s (submit %.2f s): %.0f rows/s, "
-                "%llu batches\n", variants[v], n, dt, t1 - t0, n / dt,
-                (unsigned long long)i.batches);
+        fprintf(stderr,
+                "  bench %-36s %u rows in %.2f s (submit %.2f s): %.0f rows/s, "
+                "%llu batches\n",
+                variants[v], n, dt, t1 - t0, n / dt, (unsigned long long)i.batches);
         stop_all();
     }
     free(bins);
@@ -640,8 +644,8 @@ static void bench_sqlite(void)
 static void test_queue_bytes_bound(void)
 {
     char sinks[512];
-    rt_sink_t *s = start_archive("batch = 100000, flush_ms = 3600000, queue_bytes = 2048",
-                                 false, sinks, sizeof(sinks));
+    rt_sink_t *s = start_archive("batch = 100000, flush_ms = 3600000, queue_bytes = 2048", false,
+                                 sinks, sizeof(sinks));
     const uint32_t n = 200;
     for (uint32_t k = 0; k < n; k += 10)
         CHECK_EQ(rt_sink_submit(s, make_rows(k, 10, k, 100), 10, NULL, 0, 0), 0);
@@ -710,8 +714,8 @@ static int mqtt_subscriber(int port, const char *filter)
         close(fd);
         return -1;
     }
-    static const uint8_t conn[] = {0x10, 15, 0, 4, 'M', 'Q', 'T', 'T', 4, 2, 0, 60, 0, 3, 's', 'u',
-                                   'b'};
+    static const uint8_t conn[] = {0x10, 15, 0,  4, 'M', 'Q', 'T', 'T', 4,
+                                   2,    0,  60, 0, 3,   's', 'u', 'b'};
     uint8_t sub[128], body[64];
     size_t fl = strlen(filter), len;
     size_t n = 0;
@@ -953,8 +957,8 @@ static bool mongo_all_in_order(const char *uri, const char *coll, long long n)
     mongoc_client_destroy(c);
     free(seen);
     if (err || count != n || dups || disorder)
-        fprintf(stderr, "  %s: %lld docs (want %lld), %lld duplicates, %lld out of order%s\n",
-                coll, count, n, dups, disorder, err ? ", cursor error" : "");
+        fprintf(stderr, "  %s: %lld docs (want %lld), %lld duplicates, %lld out of order%s\n", coll,
+                count, n, dups, disorder, err ? ", cursor error" : "");
     return !err && count == n && !dups && !disorder;
 }
 
@@ -993,7 +997,7 @@ static void test_mongo(void)
     const char *bin = ext ? NULL : mongo_binary(binbuf, sizeof(binbuf));
     if (!ext && !bin) {
         fprintf(stderr, "  SKIPPED: rt_mongo_test not built (tools/mongotest) and "
-                "RT_TEST_MONGO_URI not set\n");
+                        "RT_TEST_MONGO_URI not set\n");
         return;
     }
     clean_dir();
@@ -1024,7 +1028,8 @@ static void test_mongo(void)
     snprintf(sinks, sizeof(sinks),
              "{ mongo = { type = 'mongodb', uri = '%s', database = 'rt_sink_test', "
              "collection = 'basic', batch = 200, flush_ms = 10, timeout_ms = 500, "
-             "backoff_ms = 20, backoff_max_ms = 300 } }", uri);
+             "backoff_ms = 20, backoff_max_ms = 300 } }",
+             uri);
     CHECK_EQ(start(sinks), 0);
     rt_sink_t *s = rt_sink_find("mongo");
     rt_pid_t acker = start_acker();
@@ -1075,7 +1080,8 @@ static void test_mongo(void)
     snprintf(sinks, sizeof(sinks),
              "{ mongo = { type = 'mongodb', uri = '%s', database = 'rt_sink_test', "
              "collection = 'outage', batch = 100, flush_ms = 5, timeout_ms = 300, "
-             "backoff_ms = 20, backoff_max_ms = 300 } }", uri);
+             "backoff_ms = 20, backoff_max_ms = 300 } }",
+             uri);
     CHECK_EQ(start(sinks), 0);
     s = rt_sink_find("mongo");
     fault(uri, "failWrites", "n", 3);
