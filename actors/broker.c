@@ -9,6 +9,7 @@
 #include "auth.h"
 #include "broker.h"
 #include "log.h"
+#include "store.h"
 
 rt_broker_t *rt_broker;
 
@@ -50,6 +51,9 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
         return RT_ENOMEM;
     }
     rt_broker = b;
+    int restored = rt_broker_restore(err, errlen);
+    if (restored)
+        return restored;
     for (unsigned i = 0; i < conf->nlisteners; i++) {
         rt_pid_t pid;
         int rc = rt_spawn(&rt_listener_type, (void *)&rt_broker->conf.listeners[i], &pid);
@@ -79,6 +83,7 @@ void rt_broker_free(void)
     free(b->clients);
     rt_trie_free(b->trie);
     rt_retained_free(b->retained);
+    rt_store_close();
     pthread_mutex_destroy(&b->clients_lock);
     free(b);
     rt_broker = NULL;

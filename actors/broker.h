@@ -52,7 +52,13 @@ extern rt_broker_t *rt_broker;
 
 /* Creates the broker state and spawns its listeners; err names a listener that failed. */
 int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen);
-/* After rt_shutdown: frees the broker state. */
+/*
+** With persistence on: opens data_dir/state.db and brings back retained
+** messages and persistent sessions (offline until their clients return).
+** rt_broker_start calls it before any listener opens.
+*/
+int rt_broker_restore(char *err, size_t errlen);
+/* After rt_shutdown: frees the broker state (and closes the store). */
 void rt_broker_free(void);
 
 /*

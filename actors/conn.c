@@ -26,6 +26,7 @@
 #include "log.h"
 #include "mqtt_codec.h"
 #include "session.h"
+#include "store.h"
 
 enum {
     MSG_DELIVER = RT_MSG_USER, /* data: deliver_t; bin: the canonical PUBLISH */
@@ -33,7 +34,11 @@ enum {
     MSG_RESUME,                /* fd: a new connection's socket; data: its bytes from CONNECT on */
     MSG_SESSION_EXPIRED,       /* tag timer: an offline session may have run out */
     MSG_WILL_DUE,              /* tag timer: a delayed will may be due */
+    MSG_ACK_CHECK,             /* tag timer: acknowledgements waiting too long for the store */
+    MSG_RESTORED,              /* first turn of a session loaded from the store */
 };
+
+#define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
 
 /*
 ** A delivery. The binary holds the message once, in canonical form: an MQTT 5
@@ -43,6 +48,8 @@ enum {
 */
 typedef struct {
     uint64_t expire_at_ms; /* when the message expiry interval runs out; 0: never */
+    rt_pid_t ack_pid;      /* the publisher waiting for this copy to be stored; 0: none */
+    uint64_t ack_token;
     uint8_t qos;
     uint8_t retain;
     uint8_t shared;        /* through a shared subscription */
@@ -52,6 +59,7 @@ typedef struct {
 
 #define RT_CONN_READS_PER_TURN 16 /* socket reads per turn before yielding */
 #define RT_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
+#define RT_CONN_QOS0_BACKLOG (RT_SOCK_HIGH_WATER / 2) /* unsent bytes past which QoS 0 is dropped */
 #define RT_SHARE_PREFIX "$share/"
 
 /* One of the client's subscriptions, kept for session end, shared-group moves and persistence. */
@@ -90,6 +98,7 @@ typedef struct {
     uint8_t connected : 1; /* counted in stats.connections */
     uint8_t keepalive_armed : 1; /* a keepalive timer is pending (one chain per actor) */
     uint8_t discard_will : 1; /* a normal DISCONNECT came (3.1.2.5) */
+    uint8_t stored : 1;    /* the store has (or had) this session: its end must be written */
 } conn_t;
 
 #define SENT_DISCARDED 1 /* send_publish: over the client's maximum packet size, dropped */
@@ -202,6 +211,40 @@ static rt_session_t *session(conn_t *c)
     return c->sess;
 }
 
+/* A session the store keeps: it outlives its connection and persistence is on. */
+static bool durable(const conn_t *c)
+{
+    return c->session_expiry && c->client_id && rt_store_enabled();
+}
+
+static void answer_store_ack(rt_pid_t pid, uint64_t token)
+{
+    if (!pid)
+        return;
+    rt_store_committed_t done = {.token = token};
+    rt_send(pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
+}
+
+/* Saves a message that joined a persistent session; the publisher's ack waits for it. */
+static void store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token)
+{
+    m->seq = ++c->sess->next_seq;
+    rt_stored_msg_t st = {.seq = m->seq, .bin = m->bin, .expire_at_ms = m->expire_at_ms,
+                          .qos = m->qos, .retain = m->retain, .state = m->state,
+                          .shared = m->shared, .packet_id = m->packet_id,
+                          .n_sub_ids = m->n_sub_ids};
+    memcpy(st.sub_ids, m->sub_ids, m->n_sub_ids * sizeof(uint32_t));
+    rt_store_msg_add(c->client_id, &st, ack_pid, token);
+}
+
+/* Every session message ends here: its stored row (if any) goes with it. */
+static void release_msg(conn_t *c, rt_qmsg_t *m)
+{
+    if (m->seq && c->client_id)
+        rt_store_msg_del(c->client_id, m->seq);
+    rt_qmsg_free(m);
+}
+
 static uint16_t next_packet_id(conn_t *c)
 {
     do {
@@ -213,7 +256,9 @@ static uint16_t next_packet_id(conn_t *c)
 
 static void count_dropped(conn_t *c)
 {
-    c->dropped++;
+    if (c->dropped++ == 0)
+        rt_log(RT_LOG_WARNING, "client.dropping", "client=%s (slow consumer or full queue)",
+               c->client_id ? c->client_id : "-");
     atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
 }
 
@@ -241,7 +286,7 @@ static void transmit(conn_t *c, rt_qmsg_t *m)
 {
     if (m->qos == 0) {
         send_publish(c, m->bin, 0, m->retain, 0, 0, m->expire_at_ms, m->sub_ids, m->n_sub_ids);
-        rt_qmsg_free(m);
+        release_msg(c, m);
         return;
     }
     m->packet_id = next_packet_id(c);
@@ -249,9 +294,13 @@ static void transmit(conn_t *c, rt_qmsg_t *m)
     int rc = send_publish(c, m->bin, m->qos, m->retain, m->packet_id, 0, m->expire_at_ms,
                           m->sub_ids, m->n_sub_ids);
     if (rc == SENT_DISCARDED) {
-        rt_qmsg_free(m);
+        release_msg(c, m);
         return;
     }
+    /* QoS 2 must resume with the same packet id after a restart, or the client could take
+       a resend for a new message; a QoS 1 resend under a new id is only a duplicate. */
+    if (m->seq && m->qos == 2)
+        rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_ACK, m->packet_id);
     rt_qlist_push(&c->sess->inflight, m);
 }
 
@@ -268,57 +317,77 @@ static void pump(conn_t *c)
             break;
         rt_qlist_pop(&s->queued);
         if (expired(c, m->expire_at_ms))
-            rt_qmsg_free(m);
+            release_msg(c, m);
         else
             transmit(c, m);
     }
 }
 
-/* Queues a message for later, within the session's limits; takes m. */
-static void enqueue(conn_t *c, rt_qmsg_t *m)
+/*
+** Decides a delivery's fate: sent at once (QoS 0, online, nothing queued), dropped, or
+** returned as a session message to keep (NULL for the first two).
+*/
+static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
 {
-    rt_session_t *s = c->sess;
-    const rt_conf_t *conf = &rt_broker->conf;
-    if (s->queued.n >= (uint64_t)conf->max_queued_messages ||
-        s->queued.bytes + rt_qmsg_bytes(m) > (uint64_t)conf->max_queued_bytes) {
-        s->dropped++;
-        count_dropped(c);
-        rt_qmsg_free(m);
-        return;
+    bool backlog = c->sess && c->sess->queued.n;
+    if (online(c) && !backlog && d->qos == 0) {
+        /* A client that stops reading: QoS 0 is dropped once its socket is backed up, before
+           the runtime's pressure mark would mute the publishers everyone else shares. */
+        if (rt_sock_pending(c->sock) >= RT_CONN_QOS0_BACKLOG)
+            count_dropped(c);
+        else
+            send_publish(c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
+        return NULL;
     }
-    rt_qlist_push(&s->queued, m);
+    if (!c->sock && d->qos == 0 && !rt_broker->conf.queue_qos0) {
+        count_dropped(c);
+        return NULL;
+    }
+    rt_qmsg_t *m = session(c) ? rt_qmsg_new(bin, d->qos, d->retain, d->expire_at_ms, d->shared,
+                                            sub_ids, d->n_sub_ids)
+                              : NULL;
+    if (!m)
+        count_dropped(c);
+    return m;
+}
+
+/* Whether m would overflow the session's queue (max_queued_messages / max_queued_bytes). */
+static bool queue_full(const conn_t *c, const rt_qmsg_t *m)
+{
+    const rt_conf_t *conf = &rt_broker->conf;
+    const rt_qlist_t *q = &c->sess->queued;
+    return q->n >= (uint64_t)conf->max_queued_messages ||
+           q->bytes + rt_qmsg_bytes(m) > (uint64_t)conf->max_queued_bytes;
 }
 
 /*
 ** A message routed to this session. The common case (online, nothing queued,
 ** QoS 0) is written at once with no allocation; everything else becomes a
-** session message: sent now if the window has room, else queued. Offline QoS 0
-** messages are queued only with queue_qos0 (otherwise dropped and counted).
+** session message: sent now if the window has room, else queued within the
+** session's limits (a full queue drops the newest, counted). Offline QoS 0
+** messages are queued only with queue_qos0. A persistent session stores what
+** it keeps, and the publisher's acknowledgement waits for that.
 */
 static void deliver(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
 {
-    if (expired(c, d->expire_at_ms))
-        return;
-    bool backlog = c->sess && c->sess->queued.n;
-    if (online(c) && !backlog && d->qos == 0) {
-        send_publish(c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
-        return;
-    }
-    if (!c->sock && d->qos == 0 && !rt_broker->conf.queue_qos0) {
+    rt_qmsg_t *m = expired(c, d->expire_at_ms) ? NULL : admit(c, bin, d, sub_ids);
+    bool now = m && online(c) && !c->sess->queued.n && c->sess->inflight.n < send_window(c);
+    if (m && !now && queue_full(c, m)) {
+        c->sess->dropped++;
         count_dropped(c);
-        return;
+        rt_qmsg_free(m);
+        m = NULL;
     }
-    rt_qmsg_t *m = session(c) ? rt_qmsg_new(bin, d->qos, d->retain, d->expire_at_ms, d->shared,
-                                            sub_ids, d->n_sub_ids)
-                              : NULL;
-    if (!m) {
-        count_dropped(c);
+    if (m && durable(c))
+        store_msg(c, m, d->ack_pid, d->ack_token);
+    else
+        answer_store_ack(d->ack_pid, d->ack_token); /* nothing stored: nothing to wait for */
+    if (!m)
         return;
-    }
-    if (online(c) && !backlog && c->sess->inflight.n < send_window(c))
+    if (now)
         transmit(c, m);
     else
-        enqueue(c, m);
+        rt_qlist_push(&c->sess->queued, m);
 }
 
 /* After CONNACK on a resumed session: unacknowledged messages again, in order, then the queue. */
@@ -343,7 +412,7 @@ static void on_puback(conn_t *c, mqtt_packet_t *pk)
     rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
     if (!m || m->state != RT_QMSG_WAIT_ACK || m->qos != 1)
         return; /* unknown ids are ignored: a late ack of a message already settled */
-    rt_qmsg_free(rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
+    release_msg(c, rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
     pump(c);
 }
 
@@ -353,7 +422,7 @@ static void on_pubrec(conn_t *c, mqtt_packet_t *pk)
     bool known = m && m->qos == 2;
     if (known && pk->version == MQTT_V5 && pk->reason >= 0x80) {
         /* The client refused it: the exchange ends here, with no PUBREL (4.3.3). */
-        rt_qmsg_free(rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
+        release_msg(c, rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
         pump(c);
         return;
     }
@@ -361,6 +430,8 @@ static void on_pubrec(conn_t *c, mqtt_packet_t *pk)
         /* Delivered: only the packet id is needed from here on. */
         rt_qlist_drop_payload(&c->sess->inflight, m);
         m->state = RT_QMSG_WAIT_COMP;
+        if (m->seq)
+            rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_COMP, m->packet_id);
     }
     mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = pk->packet_id};
     if (!known && c->version == MQTT_V5)
@@ -373,7 +444,7 @@ static void on_pubcomp(conn_t *c, mqtt_packet_t *pk)
     rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
     if (!m || m->state != RT_QMSG_WAIT_COMP)
         return;
-    rt_qmsg_free(rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
+    release_msg(c, rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
     pump(c);
 }
 
@@ -444,7 +515,7 @@ static void hand_over_shared(rt_actor_t *self, conn_t *c, rt_qlist_t *l)
     while ((m = rt_qlist_pop(l)) != NULL) {
         /* After PUBREC the client has the message: it is not handed on. */
         if (m->shared && m->state != RT_QMSG_WAIT_COMP && hand_to_group(self, c, m))
-            rt_qmsg_free(m);
+            release_msg(c, m);
         else
             rt_qlist_push(&keep, m);
     }
@@ -474,6 +545,32 @@ static void rejoin_shared_groups(rt_actor_t *self, conn_t *c)
         if (is_shared(c->subs[i].filter, c->subs[i].len))
             rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
                               &c->subs[i].opts, NULL);
+}
+
+/* Writes the whole session: it has just become persistent (or was never stored). */
+static void persist_all(conn_t *c)
+{
+    c->stored = 1;
+    for (size_t i = 0; i < c->nsubs; i++)
+        rt_store_sub(c->client_id, c->subs[i].filter, c->subs[i].len, &c->subs[i].opts);
+    if (!c->sess)
+        return;
+    rt_qlist_t *lists[2] = {&c->sess->inflight, &c->sess->queued};
+    for (int l = 0; l < 2; l++)
+        for (rt_qmsg_t *m = lists[l]->head; m; m = m->next)
+            if (!m->seq && m->bin)
+                store_msg(c, m, 0, 0);
+}
+
+/* Subscriptions carry whether the session is persistent: publishers ask such ones for a
+   durable ack. Re-subscribing updates that in the trie. */
+static void resubscribe_all(rt_actor_t *self, conn_t *c)
+{
+    for (size_t i = 0; i < c->nsubs; i++) {
+        c->subs[i].opts.persistent = durable(c);
+        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                          &c->subs[i].opts, NULL);
+    }
 }
 
 static void count_connected(conn_t *c, bool on)
@@ -521,6 +618,8 @@ static void reset_connection_state(conn_t *c)
         free(c->aliases[i]);
     free(c->aliases);
     c->aliases = NULL;
+    if (c->sess)
+        c->sess->nacks = 0; /* acks for a connection that is gone: the client resends */
 }
 
 /*
@@ -546,6 +645,8 @@ static void go_offline(rt_actor_t *self, conn_t *c)
     leave_shared_groups(self, c);
     c->expire_at_ms = now_ms() + (uint64_t)c->session_expiry * 1000;
     rt_send_after_tag((uint64_t)c->session_expiry * 1000, rt_self(self), MSG_SESSION_EXPIRED, NULL);
+    if (c->stored)
+        rt_store_session(c->client_id, c->session_expiry, false, false);
     rt_log(RT_LOG_INFO, "client.disconnected", "client=%s session=kept expiry=%us", c->client_id,
            c->session_expiry);
 }
@@ -706,7 +807,15 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
         expiry = (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY)) ? pk->props.session_expiry : 0;
     else if (!clean)
         expiry = (uint64_t)rt_broker->conf.max_session_expiry; /* 3.1.1: until the client cleans it */
+    bool was_durable = resumed && durable(c);
     c->session_expiry = clamp_expiry(expiry);
+    if (rt_store_enabled() && (durable(c) || c->stored)) {
+        rt_store_session(c->client_id, c->session_expiry, true, !resumed);
+        if (durable(c) && !was_durable)
+            persist_all(c);
+    }
+    if (durable(c) != was_durable && c->nsubs)
+        resubscribe_all(self, c);
     if (pk->connect.will) {
         mqtt_packet_t w = {.type = MQTT_PUBLISH, .version = pk->version};
         w.publish.topic = pk->connect.will_topic;
@@ -753,6 +862,9 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
 typedef struct {
     rt_bin_t *bin;
     uint64_t expire_at_ms;
+    rt_pid_t ack_pid;  /* the publisher, when its acknowledgement waits for the store */
+    uint64_t ack_token;
+    uint32_t nacks;    /* commits it waits for */
     uint8_t qos;
     uint8_t retain;
 } route_t;
@@ -766,6 +878,11 @@ static void deliver_one(void *arg, const rt_trie_delivery_t *d)
                     .retain = d->retain_as_published ? r->retain : 0,
                     .shared = d->shared,
                     .n_sub_ids = (uint32_t)d->n_sub_ids};
+    if (d->persistent && dd.qos && r->ack_pid) {
+        dd.ack_pid = r->ack_pid;
+        dd.ack_token = r->ack_token;
+        r->nacks++;
+    }
     send_delivery(d->pid, r->bin, &dd, d->sub_ids);
 }
 
@@ -821,14 +938,21 @@ static rt_trie_scratch_t *thread_scratch(void)
     return &route_scratch;
 }
 
-int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
+/*
+** Routes bin. With ack_pid set, copies that persistent sessions keep (and a
+** retained message) are stored first, and *nacks tells how many commits
+** ack_pid will be told of (RT_STORE_MSG_COMMITTED with ack_token).
+*/
+static int route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
+                 uint32_t *nacks)
 {
     rt_trie_scratch_t *scratch = thread_scratch();
     mqtt_packet_t pk;
     if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
         return RT_EINVAL;
     mqtt_str_t topic = pk.publish.topic;
-    route_t r = {.bin = bin, .qos = pk.publish.qos, .retain = pk.publish.retain};
+    route_t r = {.bin = bin, .qos = pk.publish.qos, .retain = pk.publish.retain,
+                 .ack_pid = ack_pid, .ack_token = ack_token};
     /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
     if ((pk.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY)) && pk.props.message_expiry)
         r.expire_at_ms = now_ms() + (uint64_t)pk.props.message_expiry * 1000;
@@ -838,6 +962,13 @@ int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
     if (pk.publish.retain) {
         /* A retained PUBLISH replaces the topic's retained message; an empty one clears it. */
         rt_retained_msg_t *keep = NULL;
+        /* $SYS values are remade every interval: not worth a disk write. */
+        if (rt_store_enabled() && !(topic.len >= 5 && memcmp(topic.p, "$SYS/", 5) == 0)) {
+            rt_store_retain((const char *)topic.p, topic.len, pk.publish.payload.len ? bin : NULL,
+                            r.expire_at_ms, ack_pid, ack_token);
+            if (ack_pid)
+                r.nacks++;
+        }
         if (pk.publish.payload.len) {
             keep = malloc(sizeof(*keep));
             if (!keep)
@@ -849,7 +980,14 @@ int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
                             keep ? rt_bin_len(bin) : 0) != 0 && keep)
             rt_broker_retained_release(keep);
     }
+    if (nacks)
+        *nacks = r.nacks;
     return delivered ? 1 : 0;
+}
+
+int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
+{
+    return route(publisher, bin, 0, 0, NULL);
 }
 
 int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
@@ -908,6 +1046,95 @@ static int qos2_find(conn_t *c, uint16_t id)
     return -1;
 }
 
+/* Sends the acknowledgements at the head of the line whose commits have all come. */
+static void flush_acks(conn_t *c)
+{
+    rt_session_t *s = c->sess;
+    uint32_t i = 0;
+    for (; i < s->nacks && s->acks[i].remaining == 0; i++) {
+        mqtt_packet_t ack = {.type = s->acks[i].type, .packet_id = s->acks[i].packet_id,
+                             .reason = s->acks[i].reason};
+        send_packet(c, &ack);
+    }
+    if (i) {
+        memmove(s->acks, s->acks + i, (s->nacks - i) * sizeof(*s->acks));
+        s->nacks -= i;
+    }
+}
+
+/*
+** PUBACK or PUBREC for an incoming PUBLISH, once `waits` store commits have
+** come; behind any earlier one still waiting, so acks keep their order (4.6).
+*/
+static void acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint16_t packet_id,
+                        uint8_t reason, uint64_t token, uint32_t waits)
+{
+    rt_session_t *s = c->sess;
+    mqtt_packet_t ack = {.type = type, .packet_id = packet_id, .reason = reason};
+    if (!s || (waits == 0 && s->nacks == 0)) {
+        send_packet(c, &ack);
+        return;
+    }
+    if (s->nacks == s->capacks) {
+        uint32_t cap = s->capacks ? s->capacks * 2 : 8;
+        rt_pending_ack_t *n = realloc(s->acks, cap * sizeof(*n));
+        if (!n) {
+            send_packet(c, &ack); /* out of memory: early rather than never */
+            return;
+        }
+        s->acks = n;
+        s->capacks = cap;
+    }
+    s->acks[s->nacks++] = (rt_pending_ack_t){.token = token, .since_ms = now_ms(),
+                                             .remaining = waits, .packet_id = packet_id,
+                                             .type = type, .reason = reason};
+    flush_acks(c);
+    if (s->nacks && !s->ack_timer) {
+        s->ack_timer = 1;
+        rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), MSG_ACK_CHECK, NULL);
+    }
+}
+
+static void on_store_committed(conn_t *c, const rt_store_committed_t *done)
+{
+    if (!c->sess)
+        return;
+    for (uint32_t i = 0; i < c->sess->nacks; i++) {
+        if (c->sess->acks[i].token == done->token) {
+            if (c->sess->acks[i].remaining)
+                c->sess->acks[i].remaining--;
+            break;
+        }
+    }
+    flush_acks(c);
+}
+
+/*
+** A copy whose subscriber exited before storing it is never confirmed: past
+** RT_ACK_WAIT_MAX_MS the acknowledgement goes anyway, logged, rather than
+** stalling the publisher for good.
+*/
+static void on_ack_check(rt_actor_t *self, conn_t *c)
+{
+    rt_session_t *s = c->sess;
+    if (!s)
+        return;
+    s->ack_timer = 0;
+    uint64_t now = now_ms();
+    for (uint32_t i = 0; i < s->nacks; i++) {
+        if (s->acks[i].remaining && now - s->acks[i].since_ms >= RT_ACK_WAIT_MAX_MS) {
+            rt_log(RT_LOG_WARNING, "store.ack_timeout", "client=%s packet_id=%u",
+                   c->client_id ? c->client_id : "-", s->acks[i].packet_id);
+            s->acks[i].remaining = 0;
+        }
+    }
+    flush_acks(c);
+    if (s->nacks) {
+        s->ack_timer = 1;
+        rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), MSG_ACK_CHECK, NULL);
+    }
+}
+
 static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     atomic_fetch_add(&rt_broker->stats.msgs_in, 1);
@@ -919,11 +1146,11 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             return rc;
     }
     uint8_t qos = pk->publish.qos;
-    bool route = true;
+    bool forward = true;
     if (qos == 2) {
         /* Exactly once: delivered on the first PUBLISH, a resend before PUBREL is not. */
         if (qos2_find(c, pk->packet_id) >= 0) {
-            route = false;
+            forward = false;
         } else {
             if (c->nqos2 >= RT_QOS2_PENDING_MAX)
                 return MQTT_ERR(MQTT_RC_RECEIVE_MAX_EXCEEDED);
@@ -939,19 +1166,27 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         }
     }
     uint8_t reason = MQTT_RC_SUCCESS;
-    if (route) {
+    /* With persistence, the acknowledgement waits for what the message left on disk. */
+    bool track = qos && rt_store_enabled() && session(c);
+    uint64_t token = track ? ++c->sess->next_token : 0;
+    uint32_t waits = 0;
+    if (forward) {
         rt_bin_t *bin = rt_broker_canonical(pk);
         if (!bin)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        if (rt_broker_route(rt_self(self), bin) == 0 && c->version == MQTT_V5)
+        if (route(rt_self(self), bin, track ? rt_self(self) : 0, token, &waits) == 0 &&
+            c->version == MQTT_V5)
             reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
         rt_bin_release(bin);
+        if (qos == 2 && durable(c)) {
+            /* After a restart a resend of this id must still be recognised (exactly once). */
+            rt_store_qos2_in(c->client_id, pk->packet_id, true, rt_self(self), token);
+            waits++;
+        }
     }
-    if (qos) {
-        mqtt_packet_t ack = {.type = qos == 1 ? MQTT_PUBACK : MQTT_PUBREC,
-                             .packet_id = pk->packet_id, .reason = reason};
-        send_packet(c, &ack);
-    }
+    if (qos)
+        acknowledge(self, c, qos == 1 ? MQTT_PUBACK : MQTT_PUBREC, pk->packet_id, reason, token,
+                    waits);
     return 0;
 }
 
@@ -1024,12 +1259,15 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
                             .no_local = (s.options & MQTT_SUB_NO_LOCAL) != 0,
                             .retain_as_published = (s.options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,
                             .retain_handling = handling,
+                            .persistent = durable(c),
                             .sub_id = pk->props.sub_id};
         int existed = 0;
         int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
                                    rt_self(self), &o, &existed);
         if (rc == 0)
             rc = remember_sub(c, s.filter.p, s.filter.len, &o);
+        if (rc == 0 && durable(c))
+            rt_store_sub(c->client_id, (const char *)s.filter.p, s.filter.len, &o);
         /* Retained messages on subscribe: always (0), for a new subscription only (1), never
            (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
         bool shared = is_shared((const char *)s.filter.p, s.filter.len);
@@ -1060,6 +1298,8 @@ static int handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_trie_unsubscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
                             rt_self(self), &existed);
         forget_sub(c, s.filter.p, s.filter.len);
+        if (c->stored)
+            rt_store_unsub(c->client_id, (const char *)s.filter.p, s.filter.len);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
     }
     mqtt_packet_t ack = {.type = MQTT_UNSUBACK, .packet_id = pk->packet_id};
@@ -1077,6 +1317,8 @@ static int handle_disconnect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         c->session_expiry = clamp_expiry(pk->props.session_expiry);
         if (c->will_delay > c->session_expiry)
             c->will_delay = c->session_expiry;
+        if (c->stored)
+            rt_store_session(c->client_id, c->session_expiry, true, false);
     }
     /* A normal DISCONNECT discards the will; v5 can ask for it with 0x04. */
     c->discard_will = !(c->version == MQTT_V5 && pk->reason == MQTT_RC_DISCONNECT_WITH_WILL);
@@ -1093,8 +1335,11 @@ static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         return handle_publish(self, c, pk);
     case MQTT_PUBREL: {
         int i = qos2_find(c, pk->packet_id);
-        if (i >= 0)
+        if (i >= 0) {
             c->qos2_ids[i] = c->qos2_ids[--c->nqos2];
+            if (c->stored)
+                rt_store_qos2_in(c->client_id, pk->packet_id, false, 0, 0);
+        }
         mqtt_packet_t comp = {.type = MQTT_PUBCOMP, .packet_id = pk->packet_id,
                               .reason = i >= 0 ? 0 : MQTT_RC_PACKET_ID_NOT_FOUND};
         if (c->version != MQTT_V5)
@@ -1324,6 +1569,17 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         if (!c->sock && c->will && now_ms() >= c->will_at_ms)
             publish_will(self, c);
         break;
+    case RT_STORE_MSG_COMMITTED:
+        if (m->len >= sizeof(rt_store_committed_t))
+            on_store_committed(c, (const rt_store_committed_t *)(const void *)m->data);
+        break;
+    case MSG_ACK_CHECK:
+        on_ack_check(self, c);
+        break;
+    case MSG_RESTORED:
+        /* From its own turn, so the store learns the session's new owner (epoch). */
+        rt_store_session(c->client_id, c->session_expiry, false, false);
+        break;
     }
 }
 
@@ -1356,6 +1612,9 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (c->sock)
         atomic_fetch_sub(&rt_broker->stats.sockets, 1);
     count_connected(c, false);
+    /* The session ends, unless the broker is only stopping: then it is kept for the restart. */
+    if (c->stored && reason != RT_REASON_SHUTDOWN)
+        rt_store_session_end(c->client_id);
     if (c->client_id) {
         rt_broker_release_client(c->client_id, rt_self(self));
         atomic_fetch_sub(&rt_broker->stats.sessions, 1);
@@ -1374,6 +1633,9 @@ static const char *conn_tag_name(uint32_t tag)
     case MSG_RESUME: return "resume";
     case MSG_SESSION_EXPIRED: return "session_expired";
     case MSG_WILL_DUE: return "will_due";
+    case RT_STORE_MSG_COMMITTED: return "store_committed";
+    case MSG_ACK_CHECK: return "ack_check";
+    case MSG_RESTORED: return "restored";
     }
     return NULL;
 }
@@ -1386,3 +1648,100 @@ const rt_actor_type_t rt_conn_type = {
     .terminate = conn_terminate,
     .tag_name = conn_tag_name,
 };
+
+/* ---- Sessions loaded from the store at start ---- */
+
+/*
+** A persistent session as the last run left it, offline until its client
+** resumes it: subscriptions (shared ones rejoin on resume), queued and
+** inflight messages in their order, inbound QoS 2 ids, and what remains of
+** its expiry.
+*/
+static int restored_init(rt_actor_t *self, void *state, void *arg)
+{
+    conn_t *c = state;
+    const rt_stored_session_t *ss = arg;
+    c->client_id = strdup(ss->client_id);
+    if (!c->client_id)
+        return RT_ENOMEM;
+    c->closing = 1;
+    c->stored = 1;
+    c->session_expiry = ss->expiry_left_s;
+    for (size_t i = 0; i < ss->nsubs; i++) {
+        rt_trie_opts_t o = ss->subs[i].opts;
+        o.persistent = 1;
+        if (remember_sub(c, (const uint8_t *)ss->subs[i].filter, ss->subs[i].len, &o) == 0 &&
+            !is_shared(ss->subs[i].filter, ss->subs[i].len))
+            rt_trie_subscribe(rt_broker->trie, ss->subs[i].filter, ss->subs[i].len, rt_self(self),
+                              &o, NULL);
+    }
+    for (size_t i = 0; i < ss->nmsgs && session(c); i++) {
+        const rt_stored_msg_t *sm = &ss->msgs[i];
+        rt_qmsg_t *m = rt_qmsg_new(sm->bin, sm->qos, sm->retain, sm->expire_at_ms, sm->shared,
+                                   sm->sub_ids, sm->n_sub_ids);
+        if (!m)
+            break;
+        m->seq = sm->seq;
+        m->state = sm->state;
+        m->packet_id = sm->packet_id;
+        if (c->sess->next_seq < m->seq)
+            c->sess->next_seq = m->seq;
+        rt_qlist_t *l = m->state == RT_QMSG_QUEUED ? &c->sess->queued : &c->sess->inflight;
+        rt_qlist_push(l, m);
+        if (m->state == RT_QMSG_WAIT_COMP)
+            rt_qlist_drop_payload(l, m);
+    }
+    for (size_t i = 0; i < ss->nqos2_in; i++) {
+        uint16_t *n = realloc(c->qos2_ids, (c->nqos2 + 1) * sizeof(*n));
+        if (!n)
+            break;
+        c->qos2_ids = n;
+        c->qos2_ids[c->nqos2++] = ss->qos2_in[i];
+        c->capqos2 = c->nqos2;
+    }
+    rt_broker_claim_client(c->client_id, rt_self(self));
+    atomic_fetch_add(&rt_broker->stats.sessions, 1);
+    c->expire_at_ms = now_ms() + (uint64_t)c->session_expiry * 1000;
+    rt_send_after_tag((uint64_t)c->session_expiry * 1000, rt_self(self), MSG_SESSION_EXPIRED, NULL);
+    rt_send(rt_self(self), MSG_RESTORED, NULL, 0);
+    return 0;
+}
+
+static const rt_actor_type_t restored_type = {
+    .name = "mqtt_conn",
+    .state_size = sizeof(conn_t),
+    .init = restored_init,
+    .handle = conn_handle,
+    .terminate = conn_terminate,
+    .tag_name = conn_tag_name,
+};
+
+static void restore_retained(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms,
+                             void *arg)
+{
+    rt_retained_msg_t *r = malloc(sizeof(*r));
+    if (!r) {
+        rt_bin_release(bin);
+        return;
+    }
+    *r = (rt_retained_msg_t){.bin = bin, .expire_at_ms = expire_at_ms};
+    if (rt_retained_set(rt_broker->retained, topic, len, r, rt_bin_len(bin)) != 0)
+        rt_broker_retained_release(r);
+}
+
+static void restore_session(const rt_stored_session_t *ss, void *arg)
+{
+    rt_pid_t pid;
+    if (rt_spawn(&restored_type, (void *)ss, &pid) != 0)
+        rt_log(RT_LOG_ERROR, "store.restore_failed", "client=%s", ss->client_id);
+}
+
+int rt_broker_restore(char *err, size_t errlen)
+{
+    if (!rt_broker->conf.persistence)
+        return 0;
+    int rc = rt_store_open(rt_broker->conf.data_dir, err, errlen);
+    if (rc == 0)
+        rc = rt_store_load(restore_retained, restore_session, NULL, err, errlen);
+    return rc;
+}

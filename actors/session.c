@@ -20,6 +20,7 @@ rt_qmsg_t *rt_qmsg_new(rt_bin_t *bin, uint8_t qos, uint8_t retain, uint64_t expi
     m->next = NULL;
     m->bin = rt_bin_retain(bin);
     m->expire_at_ms = expire_at_ms;
+    m->seq = 0;
     m->packet_id = 0;
     m->qos = qos;
     m->retain = retain;
@@ -117,5 +118,6 @@ void rt_session_free(rt_session_t *s)
         return;
     rt_qlist_clear(&s->inflight);
     rt_qlist_clear(&s->queued);
+    free(s->acks);
     free(s);
 }

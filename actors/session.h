@@ -28,6 +28,7 @@ typedef struct rt_qmsg_s {
     struct rt_qmsg_s *next;
     rt_bin_t *bin;         /* the canonical PUBLISH; NULL once PUBREC came (only the id is left) */
     uint64_t expire_at_ms; /* CLOCK_MONOTONIC ms when the message expires; 0: never */
+    uint64_t seq;          /* its row in the store (persistent sessions); 0: not stored */
     uint16_t packet_id;    /* while inflight */
     uint8_t qos;
     uint8_t retain;
@@ -43,11 +44,31 @@ typedef struct rt_qlist_s {
     size_t bytes; /* canonical bytes held by the list's messages */
 } rt_qlist_t;
 
+/*
+** An acknowledgement to this session's client (PUBACK or PUBREC) that waits for
+** the store to commit what the message changed (queued copies for persistent
+** sessions, a retained message, the inbound QoS 2 id): "acknowledged" then
+** means "on disk". Acks leave in the order the PUBLISHes came (4.6).
+*/
+typedef struct {
+    uint64_t token;     /* the store answers with it */
+    uint64_t since_ms;
+    uint32_t remaining; /* commits still to come */
+    uint16_t packet_id;
+    uint8_t type;       /* MQTT_PUBACK or MQTT_PUBREC */
+    uint8_t reason;
+} rt_pending_ack_t;
+
 typedef struct rt_session_s {
     rt_qlist_t inflight; /* sent, not acknowledged; oldest first */
     rt_qlist_t queued;   /* not sent yet; oldest first */
     uint64_t dropped;    /* messages refused because the queue was full */
     uint64_t expired;    /* messages whose expiry interval ran out before they were sent */
+    uint64_t next_seq;   /* store rows of this session's messages */
+    uint64_t next_token; /* tokens of durable acknowledgements */
+    rt_pending_ack_t *acks; /* waiting acknowledgements, oldest first */
+    uint32_t nacks, capacks;
+    uint8_t ack_timer;   /* a check of stuck acknowledgements is pending */
 } rt_session_t;
 
 /* A message holding a new reference to bin; NULL on OOM. */

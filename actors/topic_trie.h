@@ -54,7 +54,8 @@ typedef struct {
     uint8_t qos;                 /* maximum QoS granted, 0..2 */
     uint8_t no_local;            /* 1: not delivered to the publishing pid itself */
     uint8_t retain_as_published; /* 1: keep the RETAIN flag on forwarded messages */
-    uint8_t retain_handling;     /* 0..2; stored for the caller, matching ignores it */
+    uint8_t retain_handling : 2; /* 0..2; stored for the caller, matching ignores it */
+    uint8_t persistent : 1;      /* the subscriber's session is stored (deliveries ask for a durable ack) */
 } rt_trie_opts_t;
 
 /*
@@ -73,6 +74,7 @@ typedef struct {
     uint8_t qos;
     uint8_t retain_as_published;
     uint8_t shared;
+    uint8_t persistent; /* any of the subscriptions is persistent */
     size_t n_sub_ids;
     const uint32_t *sub_ids;
 } rt_trie_delivery_t;

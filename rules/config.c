@@ -45,6 +45,7 @@ static const setting_t settings[] = {
     INT(max_keepalive, 0, 65535, "seconds"),
     INT(max_session_expiry, 0, 4294967295.0, "seconds"),
     BOOL(queue_qos0, "queue QoS 0 messages for offline sessions"),
+    BOOL(persistence, "keep retained messages and persistent sessions in data_dir/state.db"),
     BOOL(allow_zero_length_clientid, "accept an empty client id (and assign one)"),
     BOOL(allow_anonymous, "accept a CONNECT without a user name"),
     STR(password_file, "user:hash lines (rtd passwd); \"\" = none"),
@@ -88,6 +89,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->max_keepalive = 65535;
     c->max_session_expiry = 7 * 24 * 3600;
     c->queue_qos0 = false;
+    c->persistence = false;
     c->allow_zero_length_clientid = true;
     c->allow_anonymous = true;
     c->auth_max_delay_ms = 5000; /* RT_AUTH_MAX_DELAY_MS_DEFAULT */

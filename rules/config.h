@@ -72,6 +72,7 @@ typedef struct rt_conf_s {
     long max_keepalive;        /* seconds; longer client keepalives are lowered (MQTT 5) */
     long max_session_expiry;   /* seconds */
     bool queue_qos0;           /* queue QoS 0 messages for offline sessions */
+    bool persistence;          /* retained messages and persistent sessions survive restarts */
     bool allow_zero_length_clientid;
 
     /* Authentication and authorization (actors/auth.h, actors/acl.h). */

@@ -643,6 +643,11 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
         n++;
         deliver(a, m);
         rt_msg_free(m);
+        /* It adopted a socket away from the socket's home scheduler: the turn ends here so
+           the actor moves home, where its next turn registers the socket (the wake-up it
+           sent itself must not be consumed on this thread). */
+        if (RT_UNLIKELY(a->socks_unregistered))
+            break;
         if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
             process_signals(a);
         heap_check(a);

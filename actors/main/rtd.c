@@ -14,6 +14,7 @@
 #include "log.h"
 #include "rule_engine.h"
 #include "sink.h"
+#include "store.h"
 #include "sys.h"
 
 #define RTD_VERSION "0.1.0"
@@ -155,9 +156,10 @@ int main(int argc, char **argv)
         break;
     }
     /* Rule workers hand over their last rows, then sinks write or spill what they hold,
-       before the runtime stops every actor. */
+       before the runtime stops every actor; what sessions changed is on disk first. */
     rt_rules_stop();
     rt_sinks_stop();
+    rt_store_sync();
     rt_shutdown();
     rt_broker_free();
     rt_sinks_free();

@@ -81,9 +81,9 @@ cleanup() {
 trap cleanup EXIT
 
 if ((QUICK)); then
-    DUR=3; IDLE=2000; FANIN=20; FANOUT=100; PAIRS=100
+    DUR=3; IDLE=2000; FANIN=20; FANOUT=100; PAIRS=100; SEED=2000
 else
-    DUR=10; IDLE=19000; FANIN=100; FANOUT=1000; PAIRS=1000
+    DUR=10; IDLE=19000; FANIN=100; FANOUT=1000; PAIRS=1000; SEED=19000
 fi
 
 # Spreading clients over source addresses keeps the kernel's ephemeral-port search short
@@ -99,6 +99,9 @@ for qos in 0 1; do
         CASES+=("pairs-$PAIRS-q$qos-${size}B|pairs -c $PAIRS -q $qos -s $size -d $DUR --ifaddr $IFADDR")
     done
 done
+# The emqttd seed shape, open loop: SEED subscribers on test/%i, 40 publishers, 4,000 QoS 1
+# msg/s in total; what it measures is latency at a fixed rate, not peak throughput.
+CASES+=("seed-$SEED-q1|seed --subs $SEED -q 1 -d $((DUR * 2)) --procs 2 --ifaddr $IFADDR")
 
 free_port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

@@ -95,10 +95,19 @@ RTD = os.path.join(BUILD, "rtd")
 
 
 class Rtd:
-    def __init__(self, *overrides):
-        self.port = free_port()
+    """A real rtd on a free loopback port, with its own data directory (state.db, sinks)
+    unless data_dir names one to share with an earlier instance (restart tests)."""
+
+    def __init__(self, *overrides, data_dir=None, port=None):
+        import tempfile
+        self.port = port or free_port()
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="rtd-data-")
+            data_dir = self._tmp.name
+        self.data_dir = data_dir
         args = [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
-                "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2"]
+                "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2",
+                "-o", f'data_dir="{data_dir}"']
         for o in overrides:
             args += ["-o", o]
         # A file, not a pipe: a broker logging thousands of connections would fill a pipe
@@ -126,6 +135,11 @@ class Rtd:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode, self.read_log()
+
+    def kill9(self):
+        """SIGKILL, as a crash: nothing gets to flush or say goodbye."""
+        self.proc.kill()
+        self.proc.wait()
 
     def read_log(self):
         self.log.seek(0)

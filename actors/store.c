@@ -1,0 +1,757 @@
+/*
+** The store actor and its SQLite schema. Every change names the session it
+** belongs to by client id and epoch (the pid of the actor that owns the
+** session): a change from an actor whose session has since been replaced (a
+** takeover with clean start, racing with the old actor's last changes) finds
+** no session row with its epoch and is ignored, so it can never leak into the
+** successor's state.
+*/
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "log.h"
+#include "store.h"
+
+#define RT_STORE_APP_ID 0x72744D51 /* "rtMQ": PRAGMA application_id of our files */
+#define RT_STORE_SCHEMA 1          /* PRAGMA user_version */
+#define RT_STORE_MAX_TX 5000       /* changes in one transaction before a commit regardless */
+#define RT_STORE_MAX_SUB_IDS 8
+
+enum {
+    OP_SESSION = RT_MSG_USER + 0x5301,
+    OP_SESSION_END,
+    OP_SUB,
+    OP_UNSUB,
+    OP_MSG_ADD,
+    OP_MSG_STATE,
+    OP_MSG_DEL,
+    OP_QOS2_ADD,
+    OP_QOS2_DEL,
+    OP_RETAIN,
+    OP_FLUSH,
+    OP_SYNC, /* data: a sync_t *; commits and signals it */
+};
+
+/* One change; key1 is the client id (or the retained topic), key2 a filter. */
+typedef struct {
+    rt_pid_t epoch;   /* the sending actor: owner of the session */
+    rt_pid_t ack_pid; /* answered with RT_STORE_MSG_COMMITTED after the commit; 0: none */
+    uint64_t token;
+    uint64_t seq;
+    int64_t expire_wall_ms; /* 0: never */
+    uint32_t value;         /* session expiry, subscription id */
+    uint16_t packet_id;
+    uint8_t qos, retain, state, shared, flags;
+    uint8_t n_sub_ids;
+    uint32_t sub_ids[RT_STORE_MAX_SUB_IDS];
+    uint32_t len1, len2;
+    char text[]; /* key1 then key2 */
+} op_t;
+
+typedef struct {
+    rt_pid_t pid;
+    uint64_t token;
+} ack_t;
+
+enum {
+    ST_SESSION_UPSERT,
+    ST_SESSION_CLEAR_SUBS,
+    ST_SESSION_CLEAR_MSGS,
+    ST_SESSION_CLEAR_QOS2,
+    ST_SESSION_DELETE,
+    ST_SUB,
+    ST_UNSUB,
+    ST_MSG_ADD,
+    ST_MSG_STATE,
+    ST_MSG_DEL,
+    ST_QOS2_ADD,
+    ST_QOS2_DEL,
+    ST_RETAIN_SET,
+    ST_RETAIN_DEL,
+    ST_COUNT
+};
+
+/* ?E is the epoch: a change applies only while its sender owns the session. */
+#define OWNED " AND EXISTS (SELECT 1 FROM sessions WHERE client_id = ?1 AND epoch = ?9)"
+
+static const char *const sql[ST_COUNT] = {
+    [ST_SESSION_UPSERT] = "INSERT INTO sessions(client_id, epoch, expiry, offline_since) "
+                          "VALUES (?1, ?9, ?2, ?3) ON CONFLICT(client_id) DO UPDATE SET "
+                          "epoch = ?9, expiry = ?2, offline_since = ?3",
+    [ST_SESSION_CLEAR_SUBS] = "DELETE FROM subs WHERE client_id = ?1",
+    [ST_SESSION_CLEAR_MSGS] = "DELETE FROM msgs WHERE client_id = ?1",
+    [ST_SESSION_CLEAR_QOS2] = "DELETE FROM qos2_in WHERE client_id = ?1",
+    [ST_SESSION_DELETE] = "DELETE FROM sessions WHERE client_id = ?1 AND epoch = ?9",
+    [ST_SUB] = "INSERT OR REPLACE INTO subs(client_id, filter, qos, flags, sub_id) "
+               "SELECT ?1, ?2, ?3, ?4, ?5 WHERE 1" OWNED,
+    [ST_UNSUB] = "DELETE FROM subs WHERE client_id = ?1 AND filter = ?2" OWNED,
+    [ST_MSG_ADD] = "INSERT OR REPLACE INTO msgs(client_id, seq, msg, qos, retain, state, "
+                   "packet_id, shared, expire_at, sub_ids) "
+                   "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?10, ?11 WHERE 1" OWNED,
+    [ST_MSG_STATE] = "UPDATE msgs SET state = ?3, packet_id = ?4 WHERE client_id = ?1 AND "
+                     "seq = ?2" OWNED,
+    [ST_MSG_DEL] = "DELETE FROM msgs WHERE client_id = ?1 AND seq = ?2" OWNED,
+    [ST_QOS2_ADD] = "INSERT OR IGNORE INTO qos2_in(client_id, packet_id) SELECT ?1, ?2 WHERE 1" OWNED,
+    [ST_QOS2_DEL] = "DELETE FROM qos2_in WHERE client_id = ?1 AND packet_id = ?2" OWNED,
+    [ST_RETAIN_SET] = "INSERT OR REPLACE INTO retained(topic, msg, expire_at) VALUES (?1, ?2, ?3)",
+    [ST_RETAIN_DEL] = "DELETE FROM retained WHERE topic = ?1",
+};
+
+static const char schema[] =
+    "CREATE TABLE IF NOT EXISTS retained(topic BLOB PRIMARY KEY, msg BLOB NOT NULL, "
+    "  expire_at INTEGER NOT NULL) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS sessions(client_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL, "
+    "  expiry INTEGER NOT NULL, offline_since INTEGER NOT NULL) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS subs(client_id TEXT, filter BLOB, qos INTEGER, flags INTEGER, "
+    "  sub_id INTEGER, PRIMARY KEY(client_id, filter)) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS msgs(client_id TEXT, seq INTEGER, msg BLOB, qos INTEGER, "
+    "  retain INTEGER, state INTEGER, packet_id INTEGER, shared INTEGER, expire_at INTEGER, "
+    "  sub_ids BLOB, PRIMARY KEY(client_id, seq)) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS qos2_in(client_id TEXT, packet_id INTEGER, "
+    "  PRIMARY KEY(client_id, packet_id)) WITHOUT ROWID;";
+
+typedef struct {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_COUNT];
+    rt_pid_t pid;
+    _Atomic uint64_t changes, commits, failures;
+} store_t;
+
+static store_t store;
+
+typedef struct {
+    bool in_tx;
+    bool flush_sent;
+    uint32_t tx_changes;
+    ack_t *acks;
+    size_t nacks, capacks;
+} actor_state_t;
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Expiry instants cross restarts as wall-clock time; in memory they are monotonic. */
+static int64_t mono_to_wall(uint64_t mono)
+{
+    return mono ? (int64_t)mono - mono_ms() + wall_ms() : 0;
+}
+
+static uint64_t wall_to_mono(int64_t wall)
+{
+    if (!wall)
+        return 0;
+    int64_t m = wall - wall_ms() + mono_ms();
+    return m > 0 ? (uint64_t)m : 1; /* already past: expires at once, but is not "never" */
+}
+
+bool rt_store_enabled(void)
+{
+    return store.pid != 0;
+}
+
+/* ---- The actor ---- */
+
+static void exec(sqlite3 *db, const char *what)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(db, what, NULL, NULL, &msg) != SQLITE_OK) {
+        store.failures++;
+        rt_log(RT_LOG_ERROR, "store.error", "%s: %s", what, msg ? msg : "?");
+    }
+    sqlite3_free(msg);
+}
+
+static void commit(actor_state_t *a)
+{
+    if (a->in_tx) {
+        exec(store.db, "COMMIT");
+        store.commits++;
+        a->in_tx = false;
+    }
+    a->tx_changes = 0;
+    for (size_t i = 0; i < a->nacks; i++) {
+        rt_store_committed_t c = {.token = a->acks[i].token};
+        rt_send(a->acks[i].pid, RT_STORE_MSG_COMMITTED, &c, sizeof(c));
+    }
+    a->nacks = 0;
+}
+
+static void bind_key(sqlite3_stmt *s, int idx, const char *p, uint32_t len, bool blob)
+{
+    if (blob)
+        sqlite3_bind_blob(s, idx, p, (int)len, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_text(s, idx, p, (int)len, SQLITE_TRANSIENT);
+}
+
+/* Runs one prepared statement with the common parameters of op bound. */
+static void run(int which, const op_t *op, rt_bin_t *bin)
+{
+    sqlite3_stmt *s = store.st[which];
+    bool topic_key = which == ST_RETAIN_SET || which == ST_RETAIN_DEL;
+    bind_key(s, 1, op->text, op->len1, topic_key);
+    if (sqlite3_bind_parameter_count(s) >= 9)
+        sqlite3_bind_int64(s, 9, (sqlite3_int64)op->epoch);
+    switch (which) {
+    case ST_SESSION_UPSERT:
+        sqlite3_bind_int64(s, 2, op->value);
+        sqlite3_bind_int64(s, 3, op->flags ? 0 : wall_ms());
+        break;
+    case ST_SUB:
+        sqlite3_bind_blob(s, 2, op->text + op->len1, (int)op->len2, SQLITE_TRANSIENT);
+        sqlite3_bind_int(s, 3, op->qos);
+        sqlite3_bind_int(s, 4, op->flags);
+        sqlite3_bind_int64(s, 5, op->value);
+        break;
+    case ST_UNSUB:
+        sqlite3_bind_blob(s, 2, op->text + op->len1, (int)op->len2, SQLITE_TRANSIENT);
+        break;
+    case ST_MSG_ADD:
+        sqlite3_bind_int64(s, 2, (sqlite3_int64)op->seq);
+        sqlite3_bind_blob(s, 3, rt_bin_data(bin), (int)rt_bin_len(bin), SQLITE_STATIC);
+        sqlite3_bind_int(s, 4, op->qos);
+        sqlite3_bind_int(s, 5, op->retain);
+        sqlite3_bind_int(s, 6, op->state);
+        sqlite3_bind_int(s, 7, op->packet_id);
+        sqlite3_bind_int(s, 8, op->shared);
+        sqlite3_bind_int64(s, 10, op->expire_wall_ms);
+        sqlite3_bind_blob(s, 11, op->sub_ids, (int)(op->n_sub_ids * sizeof(uint32_t)),
+                          SQLITE_TRANSIENT);
+        break;
+    case ST_MSG_STATE:
+        sqlite3_bind_int64(s, 2, (sqlite3_int64)op->seq);
+        sqlite3_bind_int(s, 3, op->state);
+        sqlite3_bind_int(s, 4, op->packet_id);
+        break;
+    case ST_MSG_DEL:
+        sqlite3_bind_int64(s, 2, (sqlite3_int64)op->seq);
+        break;
+    case ST_QOS2_ADD:
+    case ST_QOS2_DEL:
+        sqlite3_bind_int(s, 2, op->packet_id);
+        break;
+    case ST_RETAIN_SET:
+        sqlite3_bind_blob(s, 2, rt_bin_data(bin), (int)rt_bin_len(bin), SQLITE_STATIC);
+        sqlite3_bind_int64(s, 3, op->expire_wall_ms);
+        break;
+    }
+    int rc = sqlite3_step(s);
+    if (rc != SQLITE_DONE) {
+        store.failures++;
+        rt_log(RT_LOG_ERROR, "store.error", "%s", sqlite3_errmsg(store.db));
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+}
+
+static void apply(const op_t *op, uint32_t tag, rt_bin_t *bin)
+{
+    switch (tag) {
+    case OP_SESSION:
+        if (op->retain) { /* fresh: a new session under this id keeps nothing of the old one */
+            run(ST_SESSION_CLEAR_SUBS, op, NULL);
+            run(ST_SESSION_CLEAR_MSGS, op, NULL);
+            run(ST_SESSION_CLEAR_QOS2, op, NULL);
+        }
+        run(ST_SESSION_UPSERT, op, NULL);
+        break;
+    case OP_SESSION_END:
+        /* Only the owner ends it; its rows go only if it still owned it. */
+        run(ST_SESSION_DELETE, op, NULL);
+        if (sqlite3_changes(store.db)) {
+            run(ST_SESSION_CLEAR_SUBS, op, NULL);
+            run(ST_SESSION_CLEAR_MSGS, op, NULL);
+            run(ST_SESSION_CLEAR_QOS2, op, NULL);
+        }
+        break;
+    case OP_SUB: run(ST_SUB, op, NULL); break;
+    case OP_UNSUB: run(ST_UNSUB, op, NULL); break;
+    case OP_MSG_ADD: run(ST_MSG_ADD, op, bin); break;
+    case OP_MSG_STATE: run(ST_MSG_STATE, op, NULL); break;
+    case OP_MSG_DEL: run(ST_MSG_DEL, op, NULL); break;
+    case OP_QOS2_ADD: run(ST_QOS2_ADD, op, NULL); break;
+    case OP_QOS2_DEL: run(ST_QOS2_DEL, op, NULL); break;
+    case OP_RETAIN: run(bin ? ST_RETAIN_SET : ST_RETAIN_DEL, op, bin); break;
+    }
+    store.changes++;
+}
+
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool done;
+} sync_t;
+
+static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    actor_state_t *a = state;
+    if (m->tag == OP_FLUSH) {
+        a->flush_sent = false;
+        commit(a);
+        return;
+    }
+    if (m->tag == OP_SYNC) {
+        commit(a);
+        sync_t *sy;
+        memcpy(&sy, m->data, sizeof(sy));
+        pthread_mutex_lock(&sy->lock);
+        sy->done = true;
+        pthread_cond_signal(&sy->cond);
+        pthread_mutex_unlock(&sy->lock);
+        return;
+    }
+    if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
+        return;
+    const op_t *op = (const op_t *)(const void *)m->data;
+    if (!a->in_tx) {
+        exec(store.db, "BEGIN");
+        a->in_tx = true;
+    }
+    apply(op, m->tag, m->bin);
+    if (op->ack_pid) {
+        if (a->nacks == a->capacks) {
+            size_t cap = a->capacks ? a->capacks * 2 : 64;
+            ack_t *n = realloc(a->acks, cap * sizeof(*n));
+            if (n) {
+                a->acks = n;
+                a->capacks = cap;
+            }
+        }
+        if (a->nacks < a->capacks)
+            a->acks[a->nacks++] = (ack_t){op->ack_pid, op->token};
+        else /* no memory to remember it: answer now rather than never */
+            rt_send(op->ack_pid, RT_STORE_MSG_COMMITTED, &op->token, sizeof(op->token));
+    }
+    /* Group commit: FLUSH queues behind everything already waiting, so the commit it
+       triggers covers all of it. */
+    if (++a->tx_changes >= RT_STORE_MAX_TX) {
+        commit(a);
+    } else if (!a->flush_sent) {
+        a->flush_sent = true;
+        rt_send(rt_self(self), OP_FLUSH, NULL, 0);
+    }
+}
+
+static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    actor_state_t *a = state;
+    commit(a);
+    free(a->acks);
+}
+
+static const rt_actor_type_t store_type = {
+    .name = "store",
+    .state_size = sizeof(actor_state_t),
+    .handle = store_handle,
+    .terminate = store_terminate,
+    .flags = RT_TYPE_BLOCKING,
+};
+
+/* ---- Sending changes ---- */
+
+static void send_op(uint32_t tag, op_t *op, const char *k1, size_t l1, const char *k2, size_t l2,
+                    rt_bin_t *bin)
+{
+    if (!store.pid)
+        return;
+    rt_msg_t *m = rt_msg_new(tag, sizeof(op_t) + l1 + l2);
+    if (!m) {
+        store.failures++;
+        return;
+    }
+    op_t *o = (op_t *)(void *)m->data;
+    *o = *op;
+    o->epoch = rt_current() ? rt_self(rt_current()) : 0;
+    o->len1 = (uint32_t)l1;
+    o->len2 = (uint32_t)l2;
+    memcpy(o->text, k1, l1);
+    if (l2)
+        memcpy(o->text + l1, k2, l2);
+    m->bin = bin ? rt_bin_retain(bin) : NULL;
+    if (rt_send_msg(store.pid, m) != 0 && op->ack_pid) {
+        rt_store_committed_t c = {.token = op->token};
+        rt_send(op->ack_pid, RT_STORE_MSG_COMMITTED, &c, sizeof(c));
+    }
+}
+
+void rt_store_session(const char *client_id, uint32_t expiry_s, bool online, bool fresh)
+{
+    op_t op = {.value = expiry_s, .flags = online, .retain = fresh};
+    send_op(OP_SESSION, &op, client_id, strlen(client_id), NULL, 0, NULL);
+}
+
+void rt_store_session_end(const char *client_id)
+{
+    op_t op = {0};
+    send_op(OP_SESSION_END, &op, client_id, strlen(client_id), NULL, 0, NULL);
+}
+
+void rt_store_sub(const char *client_id, const char *filter, size_t len, const rt_trie_opts_t *o)
+{
+    op_t op = {.qos = o->qos, .value = o->sub_id,
+               .flags = (uint8_t)(o->no_local | o->retain_as_published << 1 |
+                                  o->retain_handling << 2)};
+    send_op(OP_SUB, &op, client_id, strlen(client_id), filter, len, NULL);
+}
+
+void rt_store_unsub(const char *client_id, const char *filter, size_t len)
+{
+    op_t op = {0};
+    send_op(OP_UNSUB, &op, client_id, strlen(client_id), filter, len, NULL);
+}
+
+void rt_store_msg_add(const char *client_id, const rt_stored_msg_t *m, rt_pid_t ack_pid,
+                      uint64_t token)
+{
+    op_t op = {.ack_pid = ack_pid, .token = token, .seq = m->seq,
+               .expire_wall_ms = mono_to_wall(m->expire_at_ms), .packet_id = m->packet_id,
+               .qos = m->qos, .retain = m->retain, .state = m->state, .shared = m->shared};
+    op.n_sub_ids = (uint8_t)(m->n_sub_ids < RT_STORE_MAX_SUB_IDS ? m->n_sub_ids
+                                                                 : RT_STORE_MAX_SUB_IDS);
+    memcpy(op.sub_ids, m->sub_ids, op.n_sub_ids * sizeof(uint32_t));
+    send_op(OP_MSG_ADD, &op, client_id, strlen(client_id), NULL, 0, m->bin);
+}
+
+void rt_store_msg_state(const char *client_id, uint64_t seq, uint8_t state, uint16_t packet_id)
+{
+    op_t op = {.seq = seq, .state = state, .packet_id = packet_id};
+    send_op(OP_MSG_STATE, &op, client_id, strlen(client_id), NULL, 0, NULL);
+}
+
+void rt_store_msg_del(const char *client_id, uint64_t seq)
+{
+    op_t op = {.seq = seq};
+    send_op(OP_MSG_DEL, &op, client_id, strlen(client_id), NULL, 0, NULL);
+}
+
+void rt_store_qos2_in(const char *client_id, uint16_t packet_id, bool add, rt_pid_t ack_pid,
+                      uint64_t token)
+{
+    op_t op = {.packet_id = packet_id, .ack_pid = ack_pid, .token = token};
+    send_op(add ? OP_QOS2_ADD : OP_QOS2_DEL, &op, client_id, strlen(client_id), NULL, 0, NULL);
+}
+
+void rt_store_retain(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms,
+                     rt_pid_t ack_pid, uint64_t token)
+{
+    op_t op = {.ack_pid = ack_pid, .token = token, .expire_wall_ms = mono_to_wall(expire_at_ms)};
+    send_op(OP_RETAIN, &op, topic, len, NULL, 0, bin);
+}
+
+void rt_store_stats(rt_store_stats_t *out)
+{
+    out->changes = store.changes;
+    out->commits = store.commits;
+    out->failures = store.failures;
+}
+
+/* ---- Opening and loading ---- */
+
+static int fail(char *err, size_t errlen, const char *path, const char *why)
+{
+    snprintf(err, errlen, "%s: %s", path, why);
+    if (store.db)
+        sqlite3_close(store.db);
+    store.db = NULL;
+    return RT_EINVAL;
+}
+
+static int64_t pragma_int(const char *q)
+{
+    sqlite3_stmt *s;
+    int64_t v = -1;
+    if (sqlite3_prepare_v2(store.db, q, -1, &s, NULL) != SQLITE_OK)
+        return -1;
+    if (sqlite3_step(s) == SQLITE_ROW)
+        v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return v;
+}
+
+/*
+** Refuses anything that is not our own healthy file: not a database, another
+** application's, a newer schema, or damaged. A new empty file is initialised.
+*/
+static int check_file(const char *path, char *err, size_t errlen)
+{
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(store.db, "PRAGMA quick_check", -1, &s, NULL) != SQLITE_OK)
+        return fail(err, errlen, path, "not an SQLite database (left untouched)");
+    int rc = sqlite3_step(s);
+    bool ok = rc == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(s, 0), "ok") == 0;
+    char why[300];
+    if (!ok)
+        snprintf(why, sizeof(why), "damaged database (quick_check: %s); left untouched",
+                 rc == SQLITE_ROW ? (const char *)sqlite3_column_text(s, 0)
+                                  : sqlite3_errmsg(store.db));
+    sqlite3_finalize(s);
+    if (!ok)
+        return fail(err, errlen, path, why);
+    int64_t app = pragma_int("PRAGMA application_id");
+    int64_t version = pragma_int("PRAGMA user_version");
+    int64_t tables = pragma_int("SELECT count(*) FROM sqlite_master");
+    if (app == 0 && version == 0 && tables == 0) {
+        char init[sizeof(schema) + 128];
+        snprintf(init, sizeof(init), "PRAGMA application_id = %d; PRAGMA user_version = %d; %s",
+                 RT_STORE_APP_ID, RT_STORE_SCHEMA, schema);
+        if (sqlite3_exec(store.db, init, NULL, NULL, NULL) != SQLITE_OK)
+            return fail(err, errlen, path, sqlite3_errmsg(store.db));
+        return 0;
+    }
+    if (app != RT_STORE_APP_ID) {
+        snprintf(why, sizeof(why),
+                 "not an rtd state file (application_id %lld, %lld tables); left untouched",
+                 (long long)app, (long long)tables);
+        return fail(err, errlen, path, why);
+    }
+    if (version != RT_STORE_SCHEMA) {
+        snprintf(why, sizeof(why), "schema version %lld, this rtd reads %d; left untouched",
+                 (long long)version, RT_STORE_SCHEMA);
+        return fail(err, errlen, path, why);
+    }
+    return 0;
+}
+
+int rt_store_open(const char *dir, char *err, size_t errlen)
+{
+    char path[512];
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "%s: cannot create the data directory: %s", dir, strerror(errno));
+        return RT_EINVAL;
+    }
+    snprintf(path, sizeof(path), "%s/%s", dir, RT_STORE_FILE);
+    if (sqlite3_open_v2(path, &store.db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+        SQLITE_OK)
+        return fail(err, errlen, path, store.db ? sqlite3_errmsg(store.db) : "cannot open");
+    int rc = check_file(path, err, errlen);
+    if (rc)
+        return rc;
+    if (sqlite3_exec(store.db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", NULL,
+                     NULL, NULL) != SQLITE_OK)
+        return fail(err, errlen, path, sqlite3_errmsg(store.db));
+    for (int i = 0; i < ST_COUNT; i++)
+        if (sqlite3_prepare_v3(store.db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &store.st[i],
+                               NULL) != SQLITE_OK)
+            return fail(err, errlen, path, sqlite3_errmsg(store.db));
+    rt_pid_t pid;
+    rc = rt_spawn(&store_type, NULL, &pid);
+    if (rc)
+        return fail(err, errlen, path, "cannot start the store actor");
+    store.pid = pid;
+    return 0;
+}
+
+int rt_store_sync(void)
+{
+    if (!store.pid)
+        return 0;
+    sync_t sy = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    sync_t *p = &sy;
+    int rc = rt_send(store.pid, OP_SYNC, &p, sizeof(p));
+    pthread_mutex_lock(&sy.lock);
+    while (rc == 0 && !sy.done)
+        pthread_cond_wait(&sy.cond, &sy.lock);
+    pthread_mutex_unlock(&sy.lock);
+    return rc;
+}
+
+void rt_store_close(void)
+{
+    for (int i = 0; i < ST_COUNT; i++) {
+        sqlite3_finalize(store.st[i]);
+        store.st[i] = NULL;
+    }
+    if (store.db)
+        sqlite3_close(store.db);
+    store.db = NULL;
+    store.pid = 0;
+}
+
+static int load_retained(void (*fn)(const char *, size_t, rt_bin_t *, uint64_t, void *), void *arg)
+{
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(store.db, "SELECT topic, msg, expire_at FROM retained", -1, &s, NULL))
+        return RT_EINVAL;
+    int64_t now = wall_ms();
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int64_t exp = sqlite3_column_int64(s, 2);
+        if (exp && exp <= now)
+            continue; /* expired while the broker was down */
+        rt_bin_t *bin = rt_bin_new(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1));
+        if (!bin)
+            break;
+        fn(sqlite3_column_blob(s, 0), (size_t)sqlite3_column_bytes(s, 0), bin, wall_to_mono(exp),
+           arg);
+    }
+    sqlite3_finalize(s);
+    return 0;
+}
+
+static void load_subs(rt_stored_session_t *ss, sqlite3_stmt *q)
+{
+    sqlite3_bind_text(q, 1, ss->client_id, -1, SQLITE_STATIC);
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        rt_stored_sub_t *n = realloc(ss->subs, (ss->nsubs + 1) * sizeof(*n));
+        if (!n)
+            break;
+        ss->subs = n;
+        rt_stored_sub_t *sub = &ss->subs[ss->nsubs];
+        size_t len = (size_t)sqlite3_column_bytes(q, 0);
+        sub->filter = malloc(len + 1);
+        if (!sub->filter)
+            break;
+        memcpy(sub->filter, sqlite3_column_blob(q, 0), len);
+        sub->filter[len] = 0;
+        sub->len = len;
+        int flags = sqlite3_column_int(q, 2);
+        sub->opts = (rt_trie_opts_t){.qos = (uint8_t)sqlite3_column_int(q, 1),
+                                     .no_local = flags & 1,
+                                     .retain_as_published = (flags >> 1) & 1,
+                                     .retain_handling = (flags >> 2) & 3,
+                                     .sub_id = (uint32_t)sqlite3_column_int64(q, 3)};
+        ss->nsubs++;
+    }
+    sqlite3_reset(q);
+}
+
+static void load_msgs(rt_stored_session_t *ss, sqlite3_stmt *q)
+{
+    sqlite3_bind_text(q, 1, ss->client_id, -1, SQLITE_STATIC);
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        rt_stored_msg_t *n = realloc(ss->msgs, (ss->nmsgs + 1) * sizeof(*n));
+        if (!n)
+            break;
+        ss->msgs = n;
+        rt_stored_msg_t *m = &ss->msgs[ss->nmsgs];
+        memset(m, 0, sizeof(*m));
+        m->seq = (uint64_t)sqlite3_column_int64(q, 0);
+        m->bin = rt_bin_new(sqlite3_column_blob(q, 1), (size_t)sqlite3_column_bytes(q, 1));
+        if (!m->bin)
+            break;
+        m->qos = (uint8_t)sqlite3_column_int(q, 2);
+        m->retain = (uint8_t)sqlite3_column_int(q, 3);
+        m->state = (uint8_t)sqlite3_column_int(q, 4);
+        m->packet_id = (uint16_t)sqlite3_column_int(q, 5);
+        m->shared = (uint8_t)sqlite3_column_int(q, 6);
+        m->expire_at_ms = wall_to_mono(sqlite3_column_int64(q, 7));
+        size_t idbytes = (size_t)sqlite3_column_bytes(q, 8);
+        m->n_sub_ids = (uint32_t)(idbytes / sizeof(uint32_t));
+        if (m->n_sub_ids > RT_STORE_MAX_SUB_IDS)
+            m->n_sub_ids = RT_STORE_MAX_SUB_IDS;
+        if (m->n_sub_ids)
+            memcpy(m->sub_ids, sqlite3_column_blob(q, 8), m->n_sub_ids * sizeof(uint32_t));
+        ss->nmsgs++;
+    }
+    sqlite3_reset(q);
+}
+
+static void load_qos2(rt_stored_session_t *ss, sqlite3_stmt *q)
+{
+    sqlite3_bind_text(q, 1, ss->client_id, -1, SQLITE_STATIC);
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        uint16_t *n = realloc(ss->qos2_in, (ss->nqos2_in + 1) * sizeof(*n));
+        if (!n)
+            break;
+        ss->qos2_in = n;
+        ss->qos2_in[ss->nqos2_in++] = (uint16_t)sqlite3_column_int(q, 0);
+    }
+    sqlite3_reset(q);
+}
+
+static void free_loaded(rt_stored_session_t *ss)
+{
+    for (size_t i = 0; i < ss->nsubs; i++)
+        free(ss->subs[i].filter);
+    free(ss->subs);
+    for (size_t i = 0; i < ss->nmsgs; i++)
+        rt_bin_release(ss->msgs[i].bin);
+    free(ss->msgs);
+    free(ss->qos2_in);
+}
+
+/* Sessions whose expiry ran out while the broker was down, and everything they held. */
+static void delete_expired(int64_t now)
+{
+    static const char *const tables[] = {"subs", "msgs", "qos2_in", "sessions"};
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
+        char q[256];
+        snprintf(q, sizeof(q),
+                 "DELETE FROM %s WHERE client_id IN (SELECT client_id FROM sessions WHERE "
+                 "offline_since > 0 AND (%lld - offline_since) / 1000 >= expiry)",
+                 tables[i], (long long)now);
+        exec(store.db, q);
+    }
+}
+
+int rt_store_load(void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
+                                      uint64_t expire_at_ms, void *arg),
+                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg,
+                  char *err, size_t errlen)
+{
+    if (!store.db)
+        return 0;
+    if (load_retained(on_retained, arg)) {
+        snprintf(err, errlen, "loading retained messages: %s", sqlite3_errmsg(store.db));
+        return RT_EINVAL;
+    }
+    sqlite3_stmt *sessions, *subs, *msgs, *qos2;
+    int rc = 0;
+    rc |= sqlite3_prepare_v2(store.db, "SELECT client_id, expiry, offline_since FROM sessions",
+                             -1, &sessions, NULL);
+    rc |= sqlite3_prepare_v2(store.db, "SELECT filter, qos, flags, sub_id FROM subs WHERE "
+                             "client_id = ?1", -1, &subs, NULL);
+    rc |= sqlite3_prepare_v2(store.db, "SELECT seq, msg, qos, retain, state, packet_id, shared, "
+                             "expire_at, sub_ids FROM msgs WHERE client_id = ?1 ORDER BY seq",
+                             -1, &msgs, NULL);
+    rc |= sqlite3_prepare_v2(store.db, "SELECT packet_id FROM qos2_in WHERE client_id = ?1",
+                             -1, &qos2, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "loading sessions: %s", sqlite3_errmsg(store.db));
+        return RT_EINVAL;
+    }
+    int64_t now = wall_ms();
+    size_t nsessions = 0, nexpired = 0;
+    while (sqlite3_step(sessions) == SQLITE_ROW) {
+        rt_stored_session_t ss = {.client_id = (const char *)sqlite3_column_text(sessions, 0)};
+        int64_t expiry = sqlite3_column_int64(sessions, 1);
+        int64_t since = sqlite3_column_int64(sessions, 2);
+        /* A session online when the broker stopped counts as disconnected from now. */
+        int64_t gone_s = since ? (now - since) / 1000 : 0;
+        if (gone_s >= expiry) {
+            nexpired++;
+            continue; /* its rows go when a client with that id next starts a session */
+        }
+        ss.expiry_left_s = (uint32_t)(expiry - gone_s);
+        load_subs(&ss, subs);
+        load_msgs(&ss, msgs);
+        load_qos2(&ss, qos2);
+        on_session(&ss, arg);
+        free_loaded(&ss);
+        nsessions++;
+    }
+    sqlite3_finalize(sessions);
+    if (nexpired)
+        delete_expired(now);
+    sqlite3_finalize(subs);
+    sqlite3_finalize(msgs);
+    sqlite3_finalize(qos2);
+    rt_log(RT_LOG_INFO, "store.loaded", "sessions=%zu expired=%zu", nsessions, nexpired);
+    return 0;
+}

@@ -1,0 +1,110 @@
+/*
+** The broker's durable state in SQLite (WAL) under data_dir: retained
+** messages and persistent sessions (subscriptions, queued and inflight
+** messages, inbound QoS 2 packet ids), so they survive a restart, kill -9
+** included.
+**
+** One store actor on the blocking pool applies the changes connections send
+** it, in order per sender, inside one open transaction, and commits when the
+** changes that were waiting have all been applied (a self-sent FLUSH marks the
+** end of what was queued): group commit, so a busy broker pays one commit for
+** many changes. A change sent with an ack pid is answered with
+** RT_STORE_MSG_COMMITTED once committed; a publisher's PUBACK/PUBREC waits for
+** that, which is what makes "acknowledged" mean "on disk". WAL with
+** synchronous=NORMAL survives a killed process (not a power cut).
+**
+** The file carries an application id and a schema version: a file that is
+** not SQLite, belongs to something else, or fails quick_check is refused with
+** a clear error and never touched.
+*/
+#ifndef RT_STORE_H
+#define RT_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt.h"
+#include "topic_trie.h"
+
+#define RT_STORE_FILE "state.db"
+#define RT_STORE_MSG_COMMITTED (RT_MSG_USER + 0x5300) /* data: rt_store_committed_t */
+
+typedef struct {
+    uint64_t token;
+} rt_store_committed_t;
+
+/* One stored message of a session (queued, or inflight with its state). */
+typedef struct {
+    uint64_t seq;          /* order within the session */
+    rt_bin_t *bin;         /* canonical PUBLISH (reference owned by the loader's caller) */
+    uint64_t expire_at_ms; /* CLOCK_MONOTONIC, converted from the stored wall clock; 0: never */
+    uint8_t qos, retain, state, shared;
+    uint16_t packet_id;
+    uint32_t n_sub_ids;
+    uint32_t sub_ids[8];
+} rt_stored_msg_t;
+
+typedef struct {
+    char *filter;
+    size_t len;
+    rt_trie_opts_t opts;
+} rt_stored_sub_t;
+
+typedef struct {
+    const char *client_id;
+    uint32_t expiry_left_s;   /* what remains of the session expiry, counted from its disconnect */
+    rt_stored_sub_t *subs;
+    size_t nsubs;
+    rt_stored_msg_t *msgs;    /* by seq */
+    size_t nmsgs;
+    uint16_t *qos2_in;        /* inbound QoS 2 ids awaiting PUBREL */
+    size_t nqos2_in;
+} rt_stored_session_t;
+
+/* Opens (creating if needed) dir/state.db and starts the store actor; err says why not. */
+int rt_store_open(const char *dir, char *err, size_t errlen);
+/*
+** From outside the runtime (rtd's main thread) before rt_shutdown: waits until
+** every change sent so far is committed, so a clean stop loses nothing.
+*/
+int rt_store_sync(void);
+/* After rt_shutdown: closes the database. */
+void rt_store_close(void);
+bool rt_store_enabled(void);
+
+/*
+** Loads what the last run left: retained messages are passed to on_retained
+** (topic, bin with a reference for the callee, monotonic expiry) and each
+** session to on_session (valid during the call). Runs before listeners open.
+*/
+int rt_store_load(void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
+                                      uint64_t expire_at_ms, void *arg),
+                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg,
+                  char *err, size_t errlen);
+
+/* Changes. Each is one message to the store actor; ack_pid 0 asks for no answer. */
+/* fresh: a new session under this id (the old one's rows go); online: its client is connected. */
+void rt_store_session(const char *client_id, uint32_t expiry_s, bool online, bool fresh);
+void rt_store_session_end(const char *client_id);
+void rt_store_sub(const char *client_id, const char *filter, size_t len, const rt_trie_opts_t *o);
+void rt_store_unsub(const char *client_id, const char *filter, size_t len);
+void rt_store_msg_add(const char *client_id, const rt_stored_msg_t *m, rt_pid_t ack_pid,
+                      uint64_t token);
+void rt_store_msg_state(const char *client_id, uint64_t seq, uint8_t state, uint16_t packet_id);
+void rt_store_msg_del(const char *client_id, uint64_t seq);
+void rt_store_qos2_in(const char *client_id, uint16_t packet_id, bool add, rt_pid_t ack_pid,
+                      uint64_t token);
+/* bin NULL clears the topic. */
+void rt_store_retain(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms,
+                     rt_pid_t ack_pid, uint64_t token);
+
+/* Counters for $SYS and rtctl. */
+typedef struct {
+    uint64_t changes;  /* applied */
+    uint64_t commits;
+    uint64_t failures; /* changes SQLite refused (logged) */
+} rt_store_stats_t;
+void rt_store_stats(rt_store_stats_t *out);
+
+#endif
