@@ -176,7 +176,9 @@ typedef struct entry_s {
 struct rt_auth_s {
     entry_t *buckets; /* open addressing, linear probing; cap is a power of two */
     size_t cap, n;
-    size_t bytes; /* allocated for this table, names included */
+    size_t bytes;              /* allocated for this table, names included */
+    uint8_t decoy_kind;        /* hash an unknown user costs: the first user's kind ... */
+    uint32_t decoy_iterations; /* ... and rounds, so timing does not tell who exists */
 };
 
 /* Computes the hash of pw with e's salt and parameters into out. */
@@ -350,6 +352,8 @@ int rt_auth_load(const char *path, rt_auth_t **out, char *err, size_t errlen)
         return RT_ENOMEM;
     }
     a->cap = cap;
+    a->decoy_kind = HASH_PBKDF2;
+    a->decoy_iterations = RT_AUTH_PBKDF2_ITERATIONS;
     a->bytes = sizeof(*a) + cap * sizeof(entry_t);
     const char *pos = buf, *end = buf + len, *line;
     size_t linelen;
@@ -385,6 +389,10 @@ int rt_auth_load(const char *path, rt_auth_t **out, char *err, size_t errlen)
             snprintf(err, errlen, "%s: out of memory", path);
             rc = RT_ENOMEM;
             continue;
+        }
+        if (a->n == 0) {
+            a->decoy_kind = tmp.kind;
+            a->decoy_iterations = tmp.iterations;
         }
         *e = tmp;
         a->n++;
@@ -465,10 +473,9 @@ static void remember(entry_t *e, const uint64_t t[4])
 
 int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen)
 {
-    /* An unknown user costs one default-strength hash, so timing does not tell. */
-    static const entry_t decoy = {.kind = HASH_PBKDF2,
-                                  .iterations = RT_AUTH_PBKDF2_ITERATIONS,
-                                  .saltlen = RT_AUTH_SALT_BYTES};
+    /* An unknown user costs a hash like a known one's, so timing does not tell. */
+    const entry_t decoy = {
+        .kind = a->decoy_kind, .iterations = a->decoy_iterations, .saltlen = RT_AUTH_SALT_BYTES};
     size_t n = strlen(user);
     /* The table is immutable but for each entry's remembered tag (atomics). */
     entry_t *e = n > 0 && n <= RT_AUTH_MAX_NAME ? find_bucket(a, user, n) : NULL;

@@ -63,8 +63,9 @@ size_t rt_auth_users(const rt_auth_t *a);
 /*
 ** Checks user's password (any bytes, MQTT passwords are binary) against a
 ** table: RT_AUTH_OK, RT_AUTH_BAD_PASSWORD or RT_AUTH_UNKNOWN_USER. The hash
-** comparison is constant-time, and an unknown user costs one default-strength
-** hash too, so timing tells neither. The last password that verified for a
+** comparison is constant-time, and an unknown user costs a hash of the same
+** kind and rounds as the file's first user, so timing tells neither. The last password that
+*verified for a
 ** user is remembered (a keyed HMAC tag, in memory, for this table's life), so
 ** a reconnect with it costs microseconds instead of a full PBKDF2; a wrong
 ** password always pays the full cost. Safe from any number of threads.

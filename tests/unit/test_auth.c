@@ -23,6 +23,14 @@ static const uint8_t *u8(const char *s)
     return (const uint8_t *)s;
 }
 
+/* CPU time of this thread: what a check costs a scheduler, whatever else the machine runs. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static void hex(const uint8_t *b, size_t n, char *out)
 {
     for (size_t i = 0; i < n; i++)
@@ -111,6 +119,16 @@ static void test_mosquitto_lines(void)
     CHECK_EQ(rt_auth_check(a, "alice", u8("secreT"), 6), RT_AUTH_BAD_PASSWORD);
     CHECK_EQ(rt_auth_check(a, "bob", u8("hunter2"), 7), RT_AUTH_OK);
     CHECK_EQ(rt_auth_check(a, "bob", u8("hunter3"), 7), RT_AUTH_BAD_PASSWORD);
+    /* An unknown user costs what alice's 101 rounds cost, not the default 10,000 (100x). */
+    double t0 = cpu_s();
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(rt_auth_check(a, "alice", u8("x"), 1), RT_AUTH_BAD_PASSWORD);
+    double known = cpu_s() - t0;
+    t0 = cpu_s();
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(rt_auth_check(a, "nobody", u8("x"), 1), RT_AUTH_UNKNOWN_USER);
+    double unknown = cpu_s() - t0;
+    CHECK(unknown < known * 5 + 1e-3);
     rt_auth_free(a);
 
     /* And a file the installed mosquitto_passwd makes now, with an odd password. */
@@ -572,14 +590,6 @@ static void test_login_policy(void)
     CHECK(as1.bytes > 0);
     rt_auth_shutdown();
     CHECK_EQ(rt_acl_permit("alice", "c1", "b", 1, RT_ACL_WRITE), RT_ACL_ALLOW);
-}
-
-/* CPU time of this thread: what a check costs a scheduler, whatever else the machine runs. */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 /* The cost of one check at the default strength, printed for the record. */
