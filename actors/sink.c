@@ -884,6 +884,48 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
     return 0;
 }
 
+/* Whether line (one line of Lua) starts with `word =` (or `["word"] =`), after blanks. */
+static bool assigns(const char *line, const char *word)
+{
+    line += strspn(line, " \t");
+    size_t n = strlen(word);
+    if (strncmp(line, "[\"", 2) == 0 && strncmp(line + 2, word, n) == 0 && line[n + 2] == '"' &&
+        line[n + 3] == ']')
+        line += n + 4;
+    else if (strncmp(line, word, n) == 0)
+        line += n;
+    else
+        return false;
+    line += strspn(line, " \t");
+    return line[0] == '=' && line[1] != '=';
+}
+
+/*
+** Lua reports the line an assignment ends on; for a sink's error the line of its own
+** `name = {` inside the `sinks` table is more use. Looks for it in path between the
+** `sinks =` line and end; falls back to end.
+*/
+static int entry_line(const char *path, int end, const char *name)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return end;
+    char line[512];
+    int no = 0, found = 0;
+    bool in_sinks = false;
+    while (no < end && fgets(line, sizeof(line), f)) {
+        no++;
+        if (assigns(line, "sinks")) {
+            in_sinks = true;
+            found = 0;
+        } else if (in_sinks && !found && assigns(line, name)) {
+            found = no;
+        }
+    }
+    fclose(f);
+    return found ? found : end;
+}
+
 static void free_all(void)
 {
     for (unsigned i = 0; i < g_nsinks; i++)
@@ -905,8 +947,9 @@ int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
         int rc = make_sink(conf, &secs->s[i], &s, why, sizeof(why));
         if (rc) {
             if (secs->line > 0)
-                snprintf(err, errlen, "%s:%d: sinks.%s: %s", secs->where, secs->line,
-                         secs->s[i].name, why);
+                snprintf(err, errlen, "%s:%d: sinks.%s: %s", secs->where,
+                         entry_line(secs->where, secs->line, secs->s[i].name), secs->s[i].name,
+                         why);
             else
                 snprintf(err, errlen, "%s: sinks.%s: %s", secs->where[0] ? secs->where : "config",
                          secs->s[i].name, why);

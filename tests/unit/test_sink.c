@@ -250,7 +250,7 @@ static void test_config_errors(void)
     test_start(1);
     CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), RT_EINVAL);
     char want[200];
-    snprintf(want, sizeof(want), "%s:5: sinks.a: unknown key tabel", path);
+    snprintf(want, sizeof(want), "%s:4: sinks.a: unknown key tabel", path);
     CHECK(strncmp(err, want, strlen(want)) == 0);
     if (strncmp(err, want, strlen(want)) != 0)
         fprintf(stderr, "  got: %s\n", err);
