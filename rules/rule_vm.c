@@ -9,6 +9,7 @@
 #include "common.h"
 #include "lua_json.h"
 #include "lua_lib.h"
+#include "lua_pattern.h"
 #include "rule_vm.h"
 
 static const char *const event_names[] = {RT_RULE_EVENT_NAMES};
@@ -91,6 +92,7 @@ struct rt_rule_vm_s {
     bool budget_hit;      /* the hook fired during the current call */
     bool oom;             /* the allocator refused something during the current call */
     bool row_error;       /* the last failure was in the rows select returned, not in Lua */
+    size_t steps;         /* string-pattern steps charged during the current call */
     rule_file_t *files;   /* per rule */
     uint32_t nrules, capfiles;
     int rules_ref;   /* registry: i -> the table the rule file returned */
@@ -136,6 +138,18 @@ static void vm_hook(lua_State *L, lua_Debug *ar)
     lua_pushfstring(L, "instruction budget of %d exceeded", (int)vm->instructions);
     lua_concat(L, 2);
     lua_error(L);
+}
+
+/* Charges string-pattern work (lua_pattern.h) to the call's instruction budget. */
+static void vm_charge(lua_State *L, size_t steps)
+{
+    rt_rule_vm_t *vm = VM(L);
+    vm->steps += steps;
+    if (vm->steps / RT_RULE_STEPS_PER_INSTRUCTION <= (size_t)vm->instructions)
+        return;
+    vm->budget_hit = true;
+    lua_sethook(L, vm_hook, LUA_MASKCOUNT, RT_RULE_HOOK_AFTER_BUDGET);
+    luaL_error(L, "instruction budget of %d exceeded (in a string pattern)", (int)vm->instructions);
 }
 
 static bool is_oom_message(lua_State *L, int idx)
@@ -340,6 +354,8 @@ static void copy_lib(lua_State *L, int hidden, int frozen, const char *name, con
         lua_pushcclosure(L, guards[i].fn, 1);
         lua_setfield(L, -2, guards[i].name);
     }
+    if (strcmp(name, LUA_STRLIBNAME) == 0)
+        rt_lua_pattern_install(L, -1, vm_charge);
     freeze(L, frozen);
     lua_setfield(L, hidden, name);
     lua_pop(L, 1);
@@ -898,6 +914,7 @@ static int load_file(rt_rule_vm_t *vm, uint32_t idx, rt_rule_spec_t *spec, char 
     char chunk[300];
     snprintf(chunk, sizeof(chunk), "@%s", f->path);
     vm->budget_hit = vm->oom = false;
+    vm->steps = 0;
     if (luaL_loadbufferx(L, f->text, f->len, chunk, "t") != LUA_OK) {
         load_error(L, f, err, errlen);
         lua_settop(L, top);
@@ -1141,6 +1158,7 @@ rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_i
     *nrows = 0;
     lua_settop(L, 0);
     vm->budget_hit = vm->oom = false;
+    vm->steps = 0;
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->selects_ref);
     if (lua_rawgeti(L, 1, (lua_Integer)idx + 1) != LUA_TFUNCTION) {
         lua_settop(L, 0);

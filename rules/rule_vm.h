@@ -26,7 +26,8 @@
 ** (template). No io, os, require, package, debug, load, loadstring, dofile,
 ** loadfile, collectgarbage, print or coroutine. Every library table is a
 ** read-only proxy (writes raise an error; rawset refuses them; getmetatable
-** gives false), the string metatable is locked the same way, string.rep,
+** gives false), the string metatable is locked the same way, string.find,
+** match, gmatch and gsub are budgeted versions (lua_pattern.h), string.rep,
 ** table.move, table.insert and table.remove are guarded against C loops that
 ** neither the hook nor the memory cap would stop, setmetatable
 ** refuses __gc (a finalizer would run outside any budget, in another rule's
@@ -50,6 +51,8 @@
 #define RT_RULE_MAX_FROM 64  /* entries in a rule's from */
 #define RT_RULE_MAX_TO 16    /* entries in a rule's to */
 #define RT_RULE_ROW_DEPTH 32 /* nesting of tables inside a row */
+/* String-pattern steps (lua_pattern.h) that cost one instruction of the budget. */
+#define RT_RULE_STEPS_PER_INSTRUCTION 4
 /* Elements table.move / insert / remove may touch in one call (their C loops are unhooked). */
 #define RT_RULE_TABLE_OP_MAX (1 << 20)
 
