@@ -539,6 +539,33 @@ static void dec_literal(dec_t *d, const char *lit, size_t n)
     d->p += n;
 }
 
+/* After an opening bracket: consumes the closing one and returns true if the container is empty. */
+static bool dec_empty(dec_t *d, char close)
+{
+    skip_ws(d);
+    if (d->p < d->end && *d->p == close) {
+        d->p++;
+        return true;
+    }
+    return false;
+}
+
+/* After an element: true if a ',' announces another, false at the closing bracket. */
+static bool dec_more(dec_t *d, char close)
+{
+    skip_ws(d);
+    if (d->p < d->end && *d->p == ',') {
+        d->p++;
+        return true;
+    }
+    if (d->p < d->end && *d->p == close) {
+        d->p++;
+        return false;
+    }
+    dec_error(d, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+    return false;
+}
+
 static void dec_value(dec_t *d, int depth)
 {
     lua_State *L = d->L;
@@ -552,12 +579,9 @@ static void dec_value(dec_t *d, int depth)
     case '{':
         d->p++;
         lua_newtable(L);
-        skip_ws(d);
-        if (d->p < d->end && *d->p == '}') {
-            d->p++;
+        if (dec_empty(d, '}'))
             return;
-        }
-        for (;;) {
+        do {
             skip_ws(d);
             if (d->p >= d->end || *d->p != '"')
                 dec_error(d, "expected a string key");
@@ -568,40 +592,19 @@ static void dec_value(dec_t *d, int depth)
             d->p++;
             dec_value(d, depth + 1);
             lua_rawset(L, -3);
-            skip_ws(d);
-            if (d->p < d->end && *d->p == ',') {
-                d->p++;
-                continue;
-            }
-            if (d->p < d->end && *d->p == '}') {
-                d->p++;
-                return;
-            }
-            dec_error(d, "expected ',' or '}'");
-        }
+        } while (dec_more(d, '}'));
+        return;
     case '[': {
         d->p++;
         lua_newtable(L);
-        skip_ws(d);
-        if (d->p < d->end && *d->p == ']') {
-            d->p++;
+        if (dec_empty(d, ']'))
             return;
-        }
         lua_Integer i = 1;
-        for (;;) {
+        do {
             dec_value(d, depth + 1);
             lua_rawseti(L, -2, i++);
-            skip_ws(d);
-            if (d->p < d->end && *d->p == ',') {
-                d->p++;
-                continue;
-            }
-            if (d->p < d->end && *d->p == ']') {
-                d->p++;
-                return;
-            }
-            dec_error(d, "expected ',' or ']'");
-        }
+        } while (dec_more(d, ']'));
+        return;
     }
     case '"':
         dec_string(d);

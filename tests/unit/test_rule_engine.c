@@ -267,60 +267,21 @@ static void test_events(void)
         {{(const uint8_t *)"k", 1}, {(const uint8_t *)"v", 1}}};
     rt_bin_t *m = make_publish("m/1", "hello", 5, 1, users, 1);
     rt_rule_origin_t o = {"c1", NULL, "1.2.3.4:5", 42};
-    rt_rule_event_t evs[] = {
-        {.kind = RT_RULE_EV_CLIENT_CONNECTED,
-         .qos = -1,
-         .reason_code = -1,
-         .proto_ver = 5,
-         .keepalive = 30,
-         .clean_start = 1},
-        {.kind = RT_RULE_EV_CLIENT_DISCONNECTED,
-         .qos = -1,
-         .reason_code = 0x8E,
-         .reason = "takeover",
-         .proto_ver = -1,
-         .keepalive = -1,
-         .clean_start = -1},
-        {.kind = RT_RULE_EV_SESSION_SUBSCRIBED,
-         .topic = "s/#",
-         .qos = 1,
-         .reason_code = -1,
-         .proto_ver = -1,
-         .keepalive = -1,
-         .clean_start = -1},
-        {.kind = RT_RULE_EV_SESSION_UNSUBSCRIBED,
-         .topic = "s/#",
-         .qos = -1,
-         .reason_code = -1,
-         .proto_ver = -1,
-         .keepalive = -1,
-         .clean_start = -1},
-        {.kind = RT_RULE_EV_MESSAGE_DELIVERED,
-         .qos = -1,
-         .reason_code = -1,
-         .proto_ver = -1,
-         .keepalive = -1,
-         .clean_start = -1,
-         .canonical = m,
-         .from_clientid = "pub"},
-        {.kind = RT_RULE_EV_MESSAGE_ACKED,
-         .qos = -1,
-         .reason_code = -1,
-         .proto_ver = -1,
-         .keepalive = -1,
-         .clean_start = -1,
-         .canonical = m,
-         .from_clientid = "pub"},
-        {.kind = RT_RULE_EV_MESSAGE_DROPPED,
-         .qos = -1,
-         .reason_code = 0x97,
-         .reason = "queue_full",
-         .proto_ver = -1,
-         .keepalive = -1,
-         .clean_start = -1,
-         .canonical = m,
-         .from_clientid = "pub"},
-    };
+    rt_rule_event_t evs[7];
+    for (int k = 0; k < 7; k++)
+        evs[k] = (rt_rule_event_t){.kind = (rt_rule_event_kind_t)(k + 1),
+                                   .qos = -1,
+                                   .reason_code = -1,
+                                   .proto_ver = -1,
+                                   .keepalive = -1,
+                                   .clean_start = -1};
+    evs[0].proto_ver = 5, evs[0].keepalive = 30, evs[0].clean_start = 1;
+    evs[1].reason_code = 0x8E, evs[1].reason = "takeover";
+    evs[2].topic = "s/#", evs[2].qos = 1;
+    evs[3].topic = "s/#";
+    for (int k = 4; k < 7; k++)
+        evs[k].canonical = m, evs[k].from_clientid = "pub";
+    evs[6].reason_code = 0x97, evs[6].reason = "queue_full";
     for (size_t i = 0; i < 7; i++)
         CHECK_EQ(rt_rules_event(&o, &evs[i]), 1);
     rt_bin_release(m);
