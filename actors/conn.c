@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "acl.h"
+#include "auth.h"
 #include "broker.h"
 #include "log.h"
 #include "mqtt_codec.h"
@@ -36,6 +38,7 @@ enum {
     MSG_WILL_DUE,              /* tag timer: a delayed will may be due */
     MSG_ACK_CHECK,             /* tag timer: acknowledgements waiting too long for the store */
     MSG_RESTORED,              /* first turn of a session loaded from the store */
+    MSG_AUTH_REFUSED,          /* tag timer: the held-back negative CONNACK is due */
 };
 
 #define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
@@ -73,6 +76,7 @@ typedef struct {
     rt_sock_t *sock;       /* NULL while an offline session waits for its client */
     uint8_t *partial;      /* bytes of an incomplete packet; NULL when none */
     char *client_id;
+    char *username;        /* from CONNECT, for the ACL; NULL when anonymous */
     sub_entry_t *subs;
     rt_session_t *sess;    /* inflight and queued messages; NULL until the first one */
     rt_bin_t *will;        /* the will as a canonical PUBLISH, or NULL */
@@ -92,6 +96,7 @@ typedef struct {
     uint16_t next_packet_id;
     uint16_t recv_max;     /* the client's Receive Maximum (MQTT 5), 65535 when absent */
     uint8_t version;       /* 0 until CONNECT */
+    uint8_t refusal;       /* CONNACK code held back while a failed login waits out its delay */
     /* Flags as bits: this struct is most of an idle connection's memory. */
     uint8_t closing : 1;   /* the connection is ending: read and deliver nothing more on it */
     uint8_t resuming : 1;  /* the CONNECT being handled continues this actor's session */
@@ -126,6 +131,8 @@ static int send_packet(conn_t *c, mqtt_packet_t *pk)
     int rc = mqtt_encode(pk, buf, len, c->peer_max_packet, &len, NULL);
     if (rc == 0)
         rc = rt_sock_write(c->sock, buf, len);
+    if (rc == 0)
+        atomic_fetch_add_explicit(&rt_broker->stats.bytes_out, len, memory_order_relaxed);
     if (buf != stackbuf)
         free(buf);
     return rc;
@@ -596,7 +603,11 @@ static void publish_will(rt_actor_t *self, conn_t *c)
 {
     if (!c->will)
         return;
-    rt_broker_route(rt_self(self), c->will);
+    mqtt_packet_t w;
+    if (mqtt_decode(rt_bin_data(c->will), rt_bin_len(c->will), MQTT_V5, &w) == 0 &&
+        rt_acl_permit(c->username, c->client_id, (const char *)w.publish.topic.p,
+                      w.publish.topic.len, RT_ACL_WRITE))
+        rt_broker_route(rt_self(self), c->will);
     rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
     rt_bin_release(c->will);
     c->will = NULL;
@@ -724,6 +735,54 @@ static bool hand_socket_to(rt_actor_t *self, conn_t *c, rt_pid_t holder, const u
     return true;
 }
 
+/*
+** The password file and allow_anonymous decide; a refused client gets its
+** negative CONNACK only after the delay the failed-login table asks for (so
+** guessing costs time per source address), and reads nothing meanwhile.
+*/
+static bool authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
+    rt_auth_addr_t addr;
+    bool have_addr = rt_auth_addr_from_fd(rt_sock_fd(c->sock), &addr) == 0;
+    char *user = pk->connect.has_username
+                     ? strndup((const char *)pk->connect.username.p, pk->connect.username.len)
+                     : NULL;
+    if (pk->connect.has_username && !user)
+        return false;
+    uint32_t delay_ms = 0;
+    int rc = rt_auth_login(have_addr ? &addr : NULL, user,
+                           pk->connect.has_password ? pk->connect.password.p : NULL,
+                           pk->connect.password.len, &delay_ms);
+    if (rc == RT_AUTH_OK) {
+        c->username = user;
+        return true;
+    }
+    rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u", user ? user : "-",
+           rc == RT_AUTH_BAD_PASSWORD ? "bad_password"
+           : rc == RT_AUTH_UNKNOWN_USER ? "unknown_user" : "anonymous_refused",
+           delay_ms);
+    free(user);
+    bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED;
+    if (c->version == MQTT_V5)
+        c->refusal = anonymous ? MQTT_RC_NOT_AUTHORIZED : MQTT_RC_BAD_CREDENTIALS;
+    else
+        c->refusal = anonymous ? 5 : 4;
+    c->closing = 1;
+    rt_sock_pause_reading(c->sock, true);
+    if (delay_ms)
+        rt_send_after_tag(delay_ms, rt_self(self), MSG_AUTH_REFUSED, NULL);
+    else
+        rt_send(rt_self(self), MSG_AUTH_REFUSED, NULL, 0);
+    return false;
+}
+
+static void send_refusal(rt_actor_t *self, conn_t *c)
+{
+    mqtt_packet_t ack = {.type = MQTT_CONNACK, .reason = c->refusal};
+    send_packet(c, &ack);
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
 /* CONNACK properties that tell an MQTT 5 client how this server differs from the defaults. */
 #define RT_RESPONSE_INFO_MAX (16 + 65536) /* "rt/response/" and a client id */
 
@@ -783,6 +842,14 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
     }
     bool resumed = c->resuming;
     c->resuming = 0;
+    /* A resumed session's CONNECT was checked by the connection that handed it over. */
+    if (!resumed && !authenticate(self, c, pk))
+        return 0;
+    if (pk->connect.has_username && !c->username) {
+        c->username = strndup((const char *)pk->connect.username.p, pk->connect.username.len);
+        if (!c->username)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    }
     rt_pid_t old = 0;
     if (!resumed) {
         char *cid = assigned[0] ? strdup(assigned) : strndup((const char *)id.p, id.len);
@@ -851,6 +918,7 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
     }
     send_packet(c, &ack);
     free(response);
+    atomic_fetch_add_explicit(&rt_broker->stats.connects, 1, memory_order_relaxed);
     rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
            c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
     arm_keepalive(self, c);
@@ -1146,6 +1214,17 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             return rc;
     }
     uint8_t qos = pk->publish.qos;
+    if (!rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
+                       pk->publish.topic.len, RT_ACL_WRITE)) {
+        /* Denied: v5 learns why; v3 has no way to say it, so the message is dropped quietly. */
+        if (qos) {
+            mqtt_packet_t ack = {.type = qos == 1 ? MQTT_PUBACK : MQTT_PUBREC,
+                                 .packet_id = pk->packet_id,
+                                 .reason = c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 0};
+            send_packet(c, &ack);
+        }
+        return 0;
+    }
     bool forward = true;
     if (qos == 2) {
         /* Exactly once: delivered on the first PUBLISH, a resend before PUBREL is not. */
@@ -1262,6 +1341,12 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
                             .persistent = durable(c),
                             .sub_id = pk->props.sub_id};
         int existed = 0;
+        if (!rt_acl_permit(c->username, c->client_id, (const char *)s.filter.p, s.filter.len,
+                           RT_ACL_SUBSCRIBE)) {
+            send_retained_for[n] = 0;
+            codes[n++] = c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 0x80;
+            continue;
+        }
         int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
                                    rt_self(self), &o, &existed);
         if (rc == 0)
@@ -1467,6 +1552,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
             return;
         }
         c->last_rx_ms = now_ms();
+        atomic_fetch_add_explicit(&rt_broker->stats.bytes_in, len, memory_order_relaxed);
         feed(self, c, data, len);
     }
 }
@@ -1496,6 +1582,8 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
         rejoin_shared_groups(self, c);
     }
     drop_will(c); /* back in time: a pending delayed will is cancelled */
+    free(c->username); /* the new CONNECT names its own user */
+    c->username = NULL;
     if (rt_sock_adopt(self, fd, &c->sock) != 0) {
         rt_log(RT_LOG_ERROR, "client.resume_failed", "client=%s", c->client_id);
         close(fd);
@@ -1576,6 +1664,9 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case MSG_ACK_CHECK:
         on_ack_check(self, c);
         break;
+    case MSG_AUTH_REFUSED:
+        send_refusal(self, c);
+        break;
     case MSG_RESTORED:
         /* From its own turn, so the store learns the session's new owner (epoch). */
         rt_store_session(c->client_id, c->session_expiry, false, false);
@@ -1608,6 +1699,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     free(c->subs);
     rt_session_free(c->sess);
     free(c->qos2_ids);
+    free(c->username);
     reset_connection_state(c);
     if (c->sock)
         atomic_fetch_sub(&rt_broker->stats.sockets, 1);
@@ -1636,6 +1728,7 @@ static const char *conn_tag_name(uint32_t tag)
     case RT_STORE_MSG_COMMITTED: return "store_committed";
     case MSG_ACK_CHECK: return "ack_check";
     case MSG_RESTORED: return "restored";
+    case MSG_AUTH_REFUSED: return "auth_refused";
     }
     return NULL;
 }

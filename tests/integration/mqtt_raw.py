@@ -93,9 +93,10 @@ class Packet:
 
 class Raw:
     def __init__(self, port, client_id, version=5, clean=True, keepalive=60, props=b"",
-                 username=None, password=None, host="127.0.0.1"):
+                 username=None, password=None, host="127.0.0.1", bind=None):
         self.version = version
-        self.sock = socket.create_connection((host, port), timeout=5)
+        self.sock = socket.create_connection((host, port), timeout=5,
+                                             source_address=(bind, 0) if bind else None)
         self.buf = b""
         flags = (0x02 if clean else 0) | (0x80 if username is not None else 0) | \
                 (0x40 if password is not None else 0)

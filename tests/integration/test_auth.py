@@ -10,6 +10,7 @@ import re
 import signal
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -165,3 +166,92 @@ def test_sighup_reloads_and_keeps_old_tables_on_error(tmp_path):
     finally:
         code, log = broker.stop()
     assert code == 0, log
+
+
+# ---- The broker enforcing them (conn.c) ----
+
+from mqtt_raw import PUBACK, SUBACK, Raw  # noqa: E402
+
+
+@pytest.fixture
+def secured(tmp_path):
+    pw = tmp_path / "rtd.pw"
+    assert passwd("-c", "-b", str(pw), "alice", "secret").returncode == 0
+    assert passwd("-b", str(pw), "bob", "hunter2").returncode == 0
+    acl = tmp_path / "rtd.acl"
+    acl.write_text("user alice\ntopic readwrite alice/#\ntopic read shared/#\n"
+                   "user bob\ntopic write shared/news\n"
+                   "pattern readwrite clients/%c/#\npattern read users/%u/inbox\n")
+    broker = Rtd(f'password_file="{pw}"', f'acl_file="{acl}"', "allow_anonymous=false")
+    broker.pw = pw
+    yield broker
+    code, log = broker.stop()
+    assert code == 0, log
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_logins_accepted_and_refused_per_spec(secured, version):
+    ok = Raw(secured.port, "a1", version=version, username="alice", password="secret")
+    assert ok.connack_code == 0
+    ok.disconnect()
+    bad = Raw(secured.port, "a2", version=version, username="alice", password="nope")
+    assert bad.connack_code == (0x86 if version == 5 else 4)
+    unknown = Raw(secured.port, "a3", version=version, username="mallory", password="x")
+    assert unknown.connack_code == (0x86 if version == 5 else 4)
+    anon = Raw(secured.port, "a4", version=version)
+    assert anon.connack_code == (0x87 if version == 5 else 5)
+    log = secured.read_log()
+    assert "client.auth_failed user=alice reason=bad_password" in log
+    assert "reason=anonymous_refused" in log
+
+
+def test_failed_logins_are_slowed_per_address(secured):
+    delays = []
+    for i in range(4):
+        t0 = time.time()
+        r = Raw(secured.port, f"g{i}", username="alice", password="wrong")
+        delays.append(time.time() - t0)
+        assert r.connack_code == 0x86
+    # 100 ms, doubling: the fourth refusal waits about 800 ms.
+    assert delays[3] > 0.5 and delays[3] > 3 * delays[0]
+    # Another source address is not slowed down by the first one's failures.
+    t0 = time.time()
+    other = Raw(secured.port, "g-other", username="alice", password="wrong", bind="127.0.0.2")
+    assert other.connack_code == 0x86 and time.time() - t0 < 0.5
+    good = Raw(secured.port, "g-ok", username="alice", password="secret")
+    assert good.connack_code == 0
+
+
+def test_acl_publish_and_subscribe(secured):
+    alice = Raw(secured.port, "alice-1", username="alice", password="secret")
+    bob = Raw(secured.port, "bob-1", username="bob", password="hunter2", version=4)
+    codes = alice.subscribe("alice/#", 1).body[3:]
+    assert codes == b"\x01"
+    assert alice.subscribe("#", 1).body[3:] == b"\x87"          # not covered by any read rule
+    assert alice.subscribe("shared/+", 0).body[3:] == b"\x00"
+    assert alice.subscribe("users/alice/inbox", 0).body[3:] == b"\x00"  # %u
+    assert alice.subscribe("users/bob/inbox", 0).body[3:] == b"\x87"
+    assert bob.subscribe("alice/#", 0).body[2:] == b"\x80"      # v3 failure code
+    # Publish: allowed lands, denied is refused with 0x87 (v5) and never delivered.
+    alice.publish("alice/x", b"mine", qos=1, pid=1)
+    m = alice.next_publish()
+    assert (m["topic"], m["payload"]) == ("alice/x", b"mine")
+    alice.ack(PUBACK, m["pid"])
+    alice.send((3 << 4) | 2, b"\x00\x05other\x00\x02\x00x")
+    ack = alice.expect(PUBACK)
+    assert ack.body[2:3] == b"\x87"
+    bob.publish("shared/news", b"hello", qos=1, pid=3)            # bob may write here
+    assert alice.next_publish()["payload"] == b"hello"
+    bob.publish("alice/x", b"intrude", qos=1, pid=4)              # v3: acked, dropped
+    assert alice.next_publish(0.5) is None
+    alice.publish("clients/alice-1/state", b"ok", qos=0)          # %c
+    alice.disconnect()
+    bob.disconnect()
+
+
+def test_sighup_picks_up_a_new_user(secured):
+    assert Raw(secured.port, "c1", username="carol", password="pw").connack_code == 0x86
+    assert passwd("-b", str(secured.pw), "carol", "pw").returncode == 0
+    secured.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: "rtd.reloaded" in secured.read_log())
+    assert Raw(secured.port, "c2", username="carol", password="pw").connack_code == 0
