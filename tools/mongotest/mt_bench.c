@@ -10,6 +10,24 @@
 
 #include "tests/mt_spawn.h"
 
+/* CPU seconds (user + system) used so far by process pid, or -1 if unreadable. */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    /* Fields 14 and 15 (utime, stime) follow the parenthesised command name. */
+    const char *p = strrchr(buf, ')');
+    unsigned long long ut, st;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 static double now_sec(void)
 {
     struct timespec ts;
@@ -66,6 +84,7 @@ int main(int argc, char **argv)
                           BCON_DATE_TIME(1700000000000 + i), "value", BCON_DOUBLE(21.5 + i), "qos",
                           BCON_INT32(1));
     }
+    double cpu0 = server ? cpu_seconds(child.pid) : -1;
     double t0 = now_sec();
     long done = 0;
     bool ok = true;
@@ -75,6 +94,7 @@ int main(int argc, char **argv)
         done += ok ? n : 0;
     }
     double secs = now_sec() - t0;
+    double cpu = server ? cpu_seconds(child.pid) - cpu0 : -1;
     int rc = 0;
     if (!ok) {
         fprintf(stderr, "rt_mongo_bench: insert failed: %s\n", err.message);
@@ -84,6 +104,9 @@ int main(int argc, char **argv)
             mongoc_collection_count_documents(c, &(bson_t)BSON_INITIALIZER, NULL, NULL, NULL, &err);
         printf("%ld documents in batches of %ld: %.3f s, %.0f documents/s (count %lld)\n", done,
                batch, secs, done / secs, (long long)n);
+        /* The server's own CPU time tells its capacity apart from the client's and the load. */
+        if (cpu > 0)
+            printf("server CPU %.3f s: %.0f documents per server CPU second\n", cpu, done / cpu);
         rc = n == done ? 0 : 1;
     }
     for (long i = 0; i < batch; i++)
