@@ -236,7 +236,19 @@ static bool ensure_spill(rt_sink_t *s)
     if (s->spill_open)
         return true;
     char why[256];
-    if (rt__spill_open(&s->spill, s->spill_path, why, sizeof(why)) != 0) {
+    int rc = rt__spill_open(&s->spill, s->spill_path, why, sizeof(why));
+    if (rc == RT_EINVAL) {
+        /* A file that is not a spill cannot be replayed; it is set aside, not deleted (it
+           may be worth a look), and a fresh spill takes its place. */
+        char aside[sizeof(s->spill_path) + 32];
+        snprintf(aside, sizeof(aside), "%s.bad-%lld", s->spill_path, (long long)time(NULL));
+        if (rename(s->spill_path, aside) == 0) {
+            rt_log(RT_LOG_ERROR, "sink.spill_set_aside", "sink=%s moved=%s reason=%s", s->name,
+                   aside, why);
+            rc = rt__spill_open(&s->spill, s->spill_path, why, sizeof(why));
+        }
+    }
+    if (rc != 0) {
         rt__sink_error(s, "spill: %s", why);
         rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s %s", s->name, why);
         return false;

@@ -85,7 +85,10 @@ typedef struct sink_spill_s {
     char path[512];
 } sink_spill_t;
 
-/* Opens (creating) path and counts what it holds. 0 or RT_E* with why set. */
+/*
+** Opens (creating) path and counts what it holds. 0, or RT_EINVAL if the file is not
+** a spill (not a database, damaged, another schema), or RT_EAGAIN; why is set.
+*/
 int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen);
 /* Appends n rows in one durable transaction; 0 or RT_E* (nothing appended). */
 int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *why, size_t whylen);

@@ -48,9 +48,12 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
                                 -1, &count, NULL) != SQLITE_OK) ||
         (what = "count", sqlite3_step(count) != SQLITE_ROW)) {
         fail(sp, what, why, whylen);
+        /* Not a database, a damaged one, or one without our table's shape. */
+        int ec = sqlite3_errcode(sp->db) & 0xff;
         sqlite3_finalize(count);
         rt__spill_close(sp);
-        return RT_EAGAIN;
+        return ec == SQLITE_NOTADB || ec == SQLITE_CORRUPT || ec == SQLITE_ERROR ? RT_EINVAL
+                                                                                 : RT_EAGAIN;
     }
     sp->rows = (uint64_t)sqlite3_column_int64(count, 0);
     sp->bytes = (uint64_t)sqlite3_column_int64(count, 1);

@@ -548,6 +548,28 @@ static void test_sqlite_restart_replays_spill(void)
     stop_all();
 }
 
+/* A spill file that is not one (garbage left behind) is set aside; the sink works on. */
+static void test_foreign_spill_set_aside(void)
+{
+    clean_dir();
+    char spill[256], sinks[512];
+    snprintf(spill, sizeof(spill), "%s/spill-archive.db", dir);
+    FILE *f = fopen(spill, "w");
+    for (int k = 0; k < 200; k++)
+        fputs("this is not an SQLite database\n", f);
+    fclose(f);
+    rt_sink_t *s = start_archive("flush_ms = 5", true, sinks, sizeof(sinks));
+    CHECK_EQ(rt_sink_submit(s, make_rows(0, 10, 0, 8), 10, NULL, 0, 0), 0);
+    CHECK(WAIT_FOR("archive", written, 10, 5000));
+    rt_sink_info_t i = info("archive");
+    CHECK_EQ(i.recovered, 0);
+    CHECK(books_balance(&i));
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "ls %s/spill-archive.db.bad-* >/dev/null 2>&1", dir);
+    CHECK_EQ(system(cmd), 0);
+    stop_all();
+}
+
 static void test_byte_limit(void)
 {
     char sinks[512];
@@ -1150,6 +1172,7 @@ int main(void)
     RUN(test_sqlite_columns);
     RUN(test_sqlite_spill_and_replay);
     RUN(test_sqlite_restart_replays_spill);
+    RUN(test_foreign_spill_set_aside);
     RUN(test_byte_limit);
     RUN(test_queue_bytes_bound);
     RUN(test_republish);
