@@ -608,57 +608,6 @@ static void test_byte_limit(void)
 }
 
 /*
-** Throughput of the SQLite sink for small rows ({seq, v, s}, ~40 bytes), only when
-** RT_SINK_BENCH=N is set: N rows submitted 100 at a time (binaries made beforehand),
-** timed from the first submit to the last commit.
-*/
-static void bench_sqlite(void)
-{
-    const char *env = getenv("RT_SINK_BENCH");
-    if (!env)
-        return;
-    uint32_t n = (uint32_t)atol(env) / 100 * 100;
-    static const char *const variants[] = {
-        "batch = 500, synchronous = 'full'", "batch = 500, synchronous = 'normal'",
-        "batch = 2000, synchronous = 'full'", "batch = 2000, synchronous = 'normal'"};
-    rt_bin_t **bins = malloc(n / 100 * sizeof(*bins));
-    for (size_t v = 0; v < 4; v++) {
-        for (uint32_t i = 0; i < n; i += 100) {
-            bson_t all = BSON_INITIALIZER;
-            uint8_t buf[100 * 64];
-            size_t len = 0;
-            for (uint32_t k = 0; k < 100; k++) {
-                bson_t row = BSON_INITIALIZER;
-                BSON_APPEND_INT64(&row, "seq", i + k);
-                BSON_APPEND_DOUBLE(&row, "v", (i + k) * 0.5);
-                BSON_APPEND_UTF8(&row, "s", "abc");
-                memcpy(buf + len, bson_get_data(&row), row.len);
-                len += row.len;
-                bson_destroy(&row);
-            }
-            bson_destroy(&all);
-            bins[i / 100] = rt_bin_new(buf, len);
-        }
-        char sinks[512], extra[128];
-        snprintf(extra, sizeof(extra), "%s, flush_ms = 20, queue_bytes = 1e9", variants[v]);
-        rt_sink_t *s = start_archive(extra, false, sinks, sizeof(sinks));
-        double t0 = now_s();
-        for (uint32_t i = 0; i < n; i += 100)
-            rt_sink_submit(s, bins[i / 100], 100, NULL, 0, 0);
-        double t1 = now_s();
-        CHECK(WAIT_FOR("archive", written, n, 60000));
-        double dt = now_s() - t0;
-        rt_sink_info_t i = info("archive");
-        fprintf(stderr,
-                "  bench %-36s %u rows in %.2f s (submit %.2f s): %.0f rows/s, "
-                "%llu batches\n",
-                variants[v], n, dt, t1 - t0, n / dt, (unsigned long long)i.batches);
-        stop_all();
-    }
-    free(bins);
-}
-
-/*
 ** The memory bound: with batches that never fill and a flush that never comes, rows
 ** past queue_bytes go to the spill even though the database is up, and reach the
 ** database from there, in order.
@@ -1162,6 +1111,87 @@ static void test_mongo(void)
     mongo_kill();
 }
 
+/* ---- Throughput (only with RT_SINK_BENCH=N) ---- */
+
+/* N small rows ({seq, v, s}, ~40 bytes) as binaries of 100 rows each. */
+static rt_bin_t **small_rows(uint32_t n)
+{
+    rt_bin_t **bins = malloc(n / 100 * sizeof(*bins));
+    for (uint32_t i = 0; i < n; i += 100) {
+        uint8_t buf[100 * 64];
+        size_t len = 0;
+        for (uint32_t k = 0; k < 100; k++) {
+            bson_t row = BSON_INITIALIZER;
+            BSON_APPEND_INT64(&row, "seq", i + k);
+            BSON_APPEND_DOUBLE(&row, "v", (i + k) * 0.5);
+            BSON_APPEND_UTF8(&row, "s", "abc");
+            memcpy(buf + len, bson_get_data(&row), row.len);
+            len += row.len;
+            bson_destroy(&row);
+        }
+        bins[i / 100] = rt_bin_new(buf, len);
+    }
+    return bins;
+}
+
+/* Starts sinks (one named name), submits n small rows 100 at a time, times the commits. */
+static void bench_one(const char *label, const char *sinks, const char *name, uint32_t n)
+{
+    rt_bin_t **bins = small_rows(n);
+    test_start(2);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find(name);
+    double t0 = now_s();
+    for (uint32_t i = 0; i < n; i += 100)
+        rt_sink_submit(s, bins[i / 100], 100, NULL, 0, 0);
+    CHECK(WAIT_FOR(name, written, n, 60000));
+    double dt = now_s() - t0;
+    rt_sink_info_t i = info(name);
+    fprintf(stderr, "  bench %-40s %u rows in %.2f s: %.0f rows/s, %llu batches\n", label, n, dt,
+            n / dt, (unsigned long long)i.batches);
+    stop_all();
+    free(bins);
+}
+
+/*
+** Throughput for small rows, submitted 100 at a time (binaries made beforehand),
+** timed from the first submission to the last commit: SQLite with batch 500 and 2000,
+** synchronous full and normal; MongoDB (rt_mongo_test) with batch 500 and 2000.
+*/
+static void bench_sinks(void)
+{
+    uint32_t n = (uint32_t)atol(getenv("RT_SINK_BENCH")) / 100 * 100;
+    static const char *const variants[] = {
+        "batch = 500, synchronous = 'full'", "batch = 500, synchronous = 'normal'",
+        "batch = 2000, synchronous = 'full'", "batch = 2000, synchronous = 'normal'"};
+    char sinks[512], label[96];
+    for (size_t v = 0; v < 4; v++) {
+        clean_dir();
+        snprintf(sinks, sizeof(sinks),
+                 "{ archive = { type = 'sqlite', file = '%s', %s, "
+                 "flush_ms = 20, queue_bytes = 1e9 } }",
+                 dbfile, variants[v]);
+        snprintf(label, sizeof(label), "sqlite %s", variants[v]);
+        bench_one(label, sinks, "archive", n);
+    }
+    char binbuf[300], file[192];
+    const char *bin = mongo_binary(binbuf, sizeof(binbuf));
+    for (int batch = 500; bin && batch <= 2000; batch *= 4) {
+        clean_dir();
+        snprintf(file, sizeof(file), "%s/mongo.db", dir);
+        if (!mongo_start(bin, file, 0))
+            break;
+        snprintf(sinks, sizeof(sinks),
+                 "{ mongo = { type = 'mongodb', uri = "
+                 "'mongodb://127.0.0.1:%d', database = 'bench', batch = %d, flush_ms = 20, "
+                 "queue_bytes = 1e9 } }",
+                 mongo_port, batch);
+        snprintf(label, sizeof(label), "mongodb (rt_mongo_test) batch = %d", batch);
+        bench_one(label, sinks, "mongo", n);
+        mongo_kill();
+    }
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/rt-test-sink-%d", (int)getpid());
@@ -1178,7 +1208,7 @@ int main(void)
     RUN(test_republish);
     RUN(test_mongo);
     if (getenv("RT_SINK_BENCH"))
-        RUN(bench_sqlite);
+        RUN(bench_sinks);
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)
