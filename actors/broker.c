@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -188,9 +188,9 @@ void rt_broker_release_client(const char *id, rt_pid_t pid)
 **
 ** Per-address counting needs to know when a socket ends without any call from
 ** the connection actor: the table records each counted socket by fd number and
-** socket inode. A socket keeps its fd and inode while it lives (also when a
-** session hands it to another actor), and the kernel reuses neither while it is
-** open, so an entry whose fd no longer names that inode is a closed connection.
+** socket cookie (SO_COOKIE, unique for the kernel's lifetime). A socket keeps its
+** fd while it lives (also when a session hands it to another actor), so an entry
+** whose fd no longer names that cookie is a closed connection.
 ** Entries are checked lazily: an fd number returned by accept proves its old
 ** entry closed, and an address at its limit has its entries checked (at most
 ** every RT_PEER_SWEEP_MS) before a connection from it is refused.
@@ -218,7 +218,7 @@ typedef struct peer_addr_s {
 
 /* One counted socket, indexed by fd number. */
 typedef struct {
-    uint64_t ino;      /* the socket's inode, which names it while it is open */
+    uint64_t cookie;   /* the socket's SO_COOKIE, which names it and no other, ever */
     peer_addr_t *peer; /* NULL: no socket counted under this fd */
     int prev, next;    /* peer's other fds; -1 ends the list */
 } peer_fd_t;
@@ -245,13 +245,19 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The inode of the socket fd names now, or 0 if fd is closed or not a socket. */
-static uint64_t sock_ino(int fd)
+/*
+** The cookie of the socket fd names now (SO_COOKIE: 64 bits the kernel gives each
+** socket and never gives again), or 0 if fd is closed or not a socket. Another
+** thread may be closing fd meanwhile: the kernel answers for the socket before
+** or after, never for a half-closed one.
+*/
+static uint64_t sock_cookie(int fd)
 {
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode))
+    uint64_t cookie = 0;
+    socklen_t len = sizeof(cookie);
+    if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) != 0 || len != sizeof(cookie))
         return 0;
-    return (uint64_t)st.st_ino;
+    return cookie;
 }
 
 static size_t peer_bucket(const rt_auth_addr_t *a, size_t cap)
@@ -335,8 +341,8 @@ static void peer_forget(int fd)
         peer_remove(p);
 }
 
-/* Counts the socket fd (inode ino) for p; RT_ENOMEM if the fd table cannot grow. */
-static int peer_count(peer_addr_t *p, int fd, uint64_t ino)
+/* Counts the socket fd (SO_COOKIE cookie) for p; RT_ENOMEM if the fd table cannot grow. */
+static int peer_count(peer_addr_t *p, int fd, uint64_t cookie)
 {
     if ((size_t)fd >= peers.nfds) {
         size_t n = peers.nfds ? peers.nfds * 2 : 1024;
@@ -350,7 +356,7 @@ static int peer_count(peer_addr_t *p, int fd, uint64_t ino)
         peers.nfds = n;
     }
     peer_fd_t *e = &peers.fds[fd];
-    *e = (peer_fd_t){.ino = ino, .peer = p, .prev = -1, .next = p->head};
+    *e = (peer_fd_t){.cookie = cookie, .peer = p, .prev = -1, .next = p->head};
     if (p->head >= 0)
         peers.fds[p->head].prev = fd;
     p->head = fd;
@@ -364,7 +370,7 @@ static bool peer_sweep(peer_addr_t *p, uint64_t now)
     p->swept_ms = now;
     for (int fd = p->head; fd >= 0;) {
         int next = peers.fds[fd].next;
-        if (sock_ino(fd) != peers.fds[fd].ino) {
+        if (sock_cookie(fd) != peers.fds[fd].cookie) {
             bool last = p->count == 1;
             peer_forget(fd); /* frees p with its last entry */
             if (last)
@@ -442,11 +448,11 @@ static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
     if (conf->max_connections_per_ip <= 0)
         return take_token(l) ? REFUSE_NONE : REFUSE_RATE;
     bool known = rt_auth_addr_from_fd(fd, addr) == 0;
-    uint64_t ino = sock_ino(fd);
+    uint64_t cookie = sock_cookie(fd);
     int why = REFUSE_NONE;
     pthread_mutex_lock(&peers.lock);
     peer_forget(fd); /* accept returned this number: the socket once under it has closed */
-    peer_addr_t *p = known && ino ? peer_find(addr) : NULL;
+    peer_addr_t *p = known && cookie ? peer_find(addr) : NULL;
     if (p && p->count >= (uint64_t)conf->max_connections_per_ip) {
         uint64_t now = mono_ms();
         if (now - p->swept_ms >= RT_PEER_SWEEP_MS && !peer_sweep(p, now))
@@ -456,10 +462,10 @@ static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
     }
     if (why == REFUSE_NONE && !take_token(l))
         why = REFUSE_RATE;
-    if (why == REFUSE_NONE && known && ino) {
+    if (why == REFUSE_NONE && known && cookie) {
         if (!p)
             p = peer_add(addr);
-        if (!p || peer_count(p, fd, ino) != 0) {
+        if (!p || peer_count(p, fd, cookie) != 0) {
             if (p && p->count == 0)
                 peer_remove(p);
             why = REFUSE_ERROR;
