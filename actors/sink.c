@@ -189,9 +189,7 @@ static void pop_settled(rt_sink_t *s)
         if (!s->head)
             s->tail = NULL;
         send_ack(e->ack_pid, e->ack_token, e->status);
-        rt_bin_release(e->rows);
-        rt_bin_release(e->opts);
-        free(e);
+        /* Unreachable now: the next collection frees it and releases its binaries. */
     }
 }
 
@@ -517,17 +515,37 @@ static int sink_init(rt_actor_t *self, void *state, void *arg)
     return 0;
 }
 
-static void on_rows(rt_sink_t *s, rt_msg_t *m)
+/*
+** A submission becomes an entry in the actor's own heap, its binaries held through
+** handles there, so rtctl shows the queue as the sink actor's heap and binary bytes;
+** sink_trace keeps the queued entries alive.
+*/
+static void on_rows(rt_actor_t *self, rt_sink_t *s, rt_msg_t *m)
 {
     submit_t sub;
     memcpy(&sub, m->data, sizeof(sub));
-    sink_entry_t *e = calloc(1, sizeof(*e));
     rt_bin_t *rows = rt_msg_take_bin(m);
+    if (s->drv->admit) {
+        size_t before = rt_bin_len(rows);
+        rows = s->drv->admit(s, rows, sub.nrows);
+        atomic_fetch_add(&s->bytes, rt_bin_len(rows) - before);
+    }
+    size_t len = rt_bin_len(rows);
+    sink_entry_t *e = rt_alloc(self, sizeof(*e), RT_OBJ_LEAF);
+    if (e) {
+        e->rows = rows;
+        e->opts = sub.opts;
+        e->rows_h = rt_hold_bin(self, rows); /* releases rows if it fails */
+        e->opts_h = sub.opts ? rt_hold_bin(self, sub.opts) : NULL;
+        rows = sub.opts = NULL;
+        if (!e->rows_h || (e->opts && !e->opts_h))
+            e = NULL; /* what was held is the collector's now */
+    }
     if (!e) {
         /* Out of memory: the rows cannot be kept; say so like any other drop. */
         atomic_fetch_sub(&s->queued, sub.nrows);
         atomic_fetch_add(&s->dropped, sub.nrows);
-        atomic_fetch_sub(&s->bytes, rt_bin_len(rows));
+        atomic_fetch_sub(&s->bytes, len);
         rt_log(RT_LOG_ERROR, "sink.dropped", "sink=%s rows=%u reason=out of memory", s->name,
                sub.nrows);
         send_ack(sub.ack_pid, sub.ack_token, RT_ENOMEM);
@@ -535,13 +553,6 @@ static void on_rows(rt_sink_t *s, rt_msg_t *m)
         rt_bin_release(sub.opts);
         return;
     }
-    if (s->drv->admit) {
-        size_t before = rt_bin_len(rows);
-        rows = s->drv->admit(s, rows, sub.nrows);
-        atomic_fetch_add(&s->bytes, rt_bin_len(rows) - before);
-    }
-    e->rows = rows;
-    e->opts = sub.opts;
     e->nrows = e->pending = sub.nrows;
     e->ack_pid = sub.ack_pid;
     e->ack_token = sub.ack_token;
@@ -551,7 +562,7 @@ static void on_rows(rt_sink_t *s, rt_msg_t *m)
         s->head = e;
     s->tail = e;
     s->mem_rows += sub.nrows;
-    s->mem_bytes += rt_bin_len(rows);
+    s->mem_bytes += len;
     pump(s, s->flush_ms == 0);
 }
 
@@ -560,7 +571,7 @@ static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     rt_sink_t *s = ((sink_actor_t *)state)->s;
     switch (m->tag) {
     case MSG_ROWS:
-        on_rows(s, m);
+        on_rows(self, s, m);
         break;
     case MSG_FLUSH:
         s->flush_timer = false;
@@ -656,12 +667,22 @@ static const char *sink_tag_name(uint32_t tag)
     }
 }
 
+/* The heap's roots: the queued entries and the handles holding their binaries. */
+static void sink_trace(void *state, rt_gc_t *gc)
+{
+    for (sink_entry_t *e = ((sink_actor_t *)state)->s->head; e; e = e->next) {
+        rt_gc_mark(gc, e);
+        rt_gc_mark(gc, e->rows_h);
+        rt_gc_mark(gc, e->opts_h);
+    }
+}
+
 /* Database sinks run on the blocking pool, the republish sink on a scheduler. */
 #define SINK_TYPE(flags_)                                                                          \
     {                                                                                              \
         .name = "sink", .state_size = sizeof(sink_actor_t), .init = sink_init,                     \
-        .handle = sink_handle, .terminate = sink_terminate, .tag_name = sink_tag_name,             \
-        .flags = (flags_),                                                                         \
+        .handle = sink_handle, .trace = sink_trace, .terminate = sink_terminate,                   \
+        .tag_name = sink_tag_name, .flags = (flags_),                                              \
     }
 static const rt_actor_type_t sink_type = SINK_TYPE(0);
 static const rt_actor_type_t sink_blocking_type = SINK_TYPE(RT_TYPE_BLOCKING);

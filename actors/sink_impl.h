@@ -106,11 +106,13 @@ void rt__spill_close(sink_spill_t *sp);
 /* ---- The sink record ---- */
 typedef enum { SINK_CONNECTED = 0, SINK_CONNECTING, SINK_DISCONNECTED } sink_state_t;
 
-/* One rt_sink_submit call waiting in memory. */
+/* One rt_sink_submit call waiting in memory (an object of the sink actor's heap). */
 typedef struct sink_entry_s {
     struct sink_entry_s *next;
-    rt_bin_t *rows;
-    rt_bin_t *opts;
+    rt_bin_t *rows; /* kept alive by rows_h */
+    rt_bin_t *opts; /* kept alive by opts_h; NULL: none */
+    void *rows_h;   /* heap handles owning one reference each (rt_hold_bin) */
+    void *opts_h;
     uint32_t nrows;
     uint32_t taken;   /* rows already moved to a batch or the spill */
     uint32_t off;     /* byte offset of the first row not taken */

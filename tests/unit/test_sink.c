@@ -626,6 +626,10 @@ static void test_queue_bytes_bound(void)
     CHECK_EQ(i.failed, 0);
     /* What stays in memory: the bound plus the submission that crossed it (~150 B a row). */
     CHECK(i.queued * 150 <= 2048 + 10 * 150);
+    /* The queue lives in the sink actor's heap: its binaries show there (for rtctl). */
+    rt_actor_info_t ai;
+    CHECK_EQ(rt_actor_info(rt_whereis("sink:archive"), &ai), 0);
+    CHECK(i.queued > 0 && ai.bin_bytes >= i.queued * 100);
     CHECK(books_balance(&i));
     rt_sinks_stop(); /* the rest is written at stop: the database is up */
     i = info("archive");
