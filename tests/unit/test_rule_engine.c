@@ -577,6 +577,20 @@ static void test_durable(void)
     stop();
 }
 
+/* Stopping hands every row already taken to the sinks, which write it before they stop. */
+static void test_stop_flushes(void)
+{
+    sh("rm -f %s/rt.db*", dir);
+    CHECK_EQ(start_sink("archive", "etc/rules", 2, 1000000, 64 << 20), 0);
+    long n = check_scale(20000);
+    for (long i = 0; i < n; i++)
+        CHECK_EQ(publish_from(i % 2 ? "s1" : "s2", "stop/x", "p", 0, 0), 1);
+    rt_rules_stop();
+    CHECK_EQ(publish("stop/x", "late"), 0); /* stopped: nothing is taken */
+    stop();
+    CHECK_EQ(sql_int("SELECT count(*) FROM rows WHERE topic = 'stop/x'"), n);
+}
+
 static void test_rules_test(void)
 {
     CHECK_EQ(start("tests/rules/good", 1, 100000, 8 << 20), 0);
@@ -714,6 +728,7 @@ int main(void)
     RUN(test_index_1000_rules);
     RUN(test_reload);
     RUN(test_durable);
+    RUN(test_stop_flushes);
     RUN(test_rules_test);
     RUN(test_examples);
     RUN(test_bench);
