@@ -25,7 +25,10 @@
 ** filter), qos; session.unsubscribed topic; message.delivered / acked /
 ** dropped topic, payload, qos, retain, props, from_clientid, from_username
 ** (dropped also reason). ctx: a table per rule ({rule = name}) kept between
-** calls. The sandbox, budgets and library are described in rule_vm.h.
+** calls. Each worker has its own Lua state, so what a rule keeps between calls
+** (ctx, its file's locals and globals) exists once per worker: a client's
+** messages always reach the same one, but counts across clients are split.
+** The sandbox, budgets and library are described in rule_vm.h.
 **
 ** What select returns: nil or false (filtered out), a row, or a list of rows
 ** (a table whose keys are 1..n and whose first element is a table; {} is an
