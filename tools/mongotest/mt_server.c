@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ typedef struct server {
     int ep;
     int listen_fd;
     int stop_fd;
+    int spare_fd; /* held open so that out of descriptors, a waiting client can still be shut out */
     mt_conn_t *conns;
     mt_conn_t *dead; /* closed this loop turn; freed after its events, which may name them */
     int32_t next_request_id;
@@ -255,6 +257,21 @@ static void do_accept(server_t *sv)
 {
     for (;;) {
         int fd = accept4(sv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE) && sv->spare_fd >= 0) {
+            /*
+            ** Left pending, the connection would keep the listener readable and
+            ** spin the loop; so free a descriptor, take it and close it (libuv's
+            ** trick).
+            */
+            close(sv->spare_fd);
+            fd = accept4(sv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd >= 0)
+                close(fd);
+            sv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            sv->st->conns_refused++;
+            if (fd >= 0)
+                continue;
+        }
         if (fd < 0)
             return;
         sv->st->conns_total++;
@@ -314,6 +331,7 @@ static int release_held(server_t *sv)
 int mt_server_run(mt_state_t *st, int listen_fd, int stop_fd)
 {
     server_t sv = {.st = st, .listen_fd = listen_fd, .stop_fd = stop_fd};
+    sv.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     struct epoll_event e = {.events = EPOLLIN}, evs[64];
     int rc = 0;
     sv.ep = epoll_create1(EPOLL_CLOEXEC);
@@ -352,6 +370,8 @@ int mt_server_run(mt_state_t *st, int listen_fd, int stop_fd)
     while (sv.conns)
         conn_close(&sv, sv.conns);
     free_dead(&sv);
+    if (sv.spare_fd >= 0)
+        close(sv.spare_fd);
     close(sv.ep);
     return rc;
 }
