@@ -346,6 +346,52 @@ static void test_unknown_command(void)
     mongoc_client_pool_push(pool, cl);
 }
 
+static int64_t rt_stat(const char *field);
+
+/* create, listDatabases, killCursors (a cursor dropped early) and dropDatabase. */
+static void test_database_commands(void)
+{
+    mongoc_client_t *cl = mongoc_client_pool_pop(pool);
+    mongoc_database_t *db = mongoc_client_get_database(cl, "rt_mongotest_extra");
+    bson_error_t err;
+    mongoc_database_drop(db, NULL);
+    mongoc_collection_t *c = mongoc_database_create_collection(db, "made", NULL, &err);
+    CHECK(c != NULL);
+    CHECK(!mongoc_database_create_collection(db, "made", NULL, &err));
+    CHECK_EQ(err.code, 48); /* NamespaceExists */
+
+    char **names = mongoc_client_get_database_names_with_opts(cl, NULL, &err);
+    bool found = false;
+    for (int i = 0; names && names[i]; i++)
+        found |= !strcmp(names[i], "rt_mongotest_extra");
+    CHECK(found);
+    bson_strfreev(names);
+
+    /* A cursor given up before its end is killed on the server. */
+    CHECK(c && insert_range(c, 0, 300));
+    int64_t open0 = server_bin ? rt_stat("cursorsOpen") : 0;
+    bson_t empty = BSON_INITIALIZER;
+    bson_t *opts = BCON_NEW("batchSize", BCON_INT32(10));
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, &empty, opts, NULL);
+    const bson_t *doc;
+    CHECK(mongoc_cursor_next(cur, &doc));
+    if (server_bin)
+        CHECK_EQ(rt_stat("cursorsOpen"), open0 + 1);
+    mongoc_cursor_destroy(cur);
+    if (server_bin)
+        CHECK_EQ(rt_stat("cursorsOpen"), open0);
+    bson_destroy(opts);
+
+    CHECK(mongoc_database_drop(db, &err));
+    names = mongoc_database_get_collection_names_with_opts(db, NULL, &err);
+    CHECK(names && !names[0]);
+    bson_strfreev(names);
+    if (c)
+        mongoc_collection_destroy(c);
+    mongoc_database_destroy(db);
+    mongoc_client_pool_push(pool, cl);
+}
+
 /* The fault tests use their own single client, which refuse leaves connected. */
 static mongoc_client_t *ctl;
 
@@ -534,10 +580,13 @@ int main(int argc, char **argv)
     RUN(test_duplicate_key);
     RUN(test_drop);
     RUN(test_unknown_command);
-
     if (server_bin) {
         ctl = mongoc_client_new(uri_str);
         mongoc_client_set_error_api(ctl, MONGOC_ERROR_API_VERSION_2);
+    }
+    RUN(test_database_commands);
+
+    if (server_bin) {
         RUN(test_fault_fail_writes);
         RUN(test_fault_stall);
         RUN(test_fault_refuse);
