@@ -104,7 +104,10 @@ static bool conn_blocked(const mt_conn_t *c)
     return c->hold_until || c->out.len - c->out.off > MT_OUT_HIGH;
 }
 
-/* Reads while the connection can take requests; writes while replies wait and are not held. */
+/*
+** Reads while the connection can take requests; writes while replies wait and
+** are not held. Returns 0, or RT_ECLOSED if c had to be closed.
+*/
 static int conn_update(server_t *sv, mt_conn_t *c)
 {
     uint32_t ev = 0;
@@ -116,7 +119,11 @@ static int conn_update(server_t *sv, mt_conn_t *c)
         return 0;
     struct epoll_event e = {.events = ev, .data.ptr = c};
     c->events = ev;
-    return epoll_ctl(sv->ep, EPOLL_CTL_MOD, c->fd, &e) ? -errno : 0;
+    if (!epoll_ctl(sv->ep, EPOLL_CTL_MOD, c->fd, &e))
+        return 0;
+    /* A connection the loop cannot watch would hang its client: drop it. */
+    conn_close(sv, c);
+    return RT_ECLOSED;
 }
 
 /* Sends what is due; RT_ECLOSED (connection freed) if the peer is gone. */
