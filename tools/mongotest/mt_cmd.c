@@ -462,13 +462,18 @@ static void cursor_reply(mt_state_t *st, bson_t *reply, const char *ns, mt_docs_
     int64_t id = 0;
     BSON_APPEND_DOCUMENT_BEGIN(reply, "cursor", &cur);
     append_batch(&cur, "firstBatch", docs, batch);
-    if (!single && docs->buf.off < docs->buf.len)
+    bool more = !single && docs->buf.off < docs->buf.len;
+    if (more)
         id = cursor_open(st, ns, docs);
     BSON_APPEND_INT64(&cur, "id", id);
     BSON_APPEND_UTF8(&cur, "ns", ns);
     bson_append_document_end(reply, &cur);
     docs_free(docs);
-    ok_reply(reply);
+    /* Without its cursor the client would take the first batch for the whole result. */
+    if (more && !id)
+        store_error(st, reply, RT_ENOMEM);
+    else
+        ok_reply(reply);
 }
 
 static void cmd_hello(mt_state_t *st, mt_call_t *call, const bson_t *cmd, const char *name,
