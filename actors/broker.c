@@ -30,6 +30,8 @@ static uint64_t hash_id(const char *s)
 void rt_broker_retained_release(void *msg)
 {
     rt_retained_msg_t *r = msg;
+    if (!r)
+        return;
     rt_bin_release(r->bin);
     free(r);
 }
@@ -44,7 +46,8 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
     b->clients_cap = 1024;
     b->clients = calloc(b->clients_cap, sizeof(*b->clients));
     if (!b->clients || rt_trie_new(&b->trie) ||
-        rt_retained_new(&b->retained, rt_broker_retained_release, 0, 0)) {
+        rt_retained_new(&b->retained, rt_broker_retained_release,
+                        (size_t)conf->max_retained_messages, (size_t)conf->max_retained_bytes)) {
         rt_trie_free(b->trie);
         free(b->clients);
         free(b);

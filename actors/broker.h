@@ -24,6 +24,9 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t sessions;      /* sessions alive: connected plus offline */
     atomic_uint_fast64_t msgs_dropped;  /* refused by a full session queue (or QoS 0 offline) */
     atomic_uint_fast64_t msgs_expired;  /* message expiry interval ran out before sending */
+    atomic_uint_fast64_t topic_limit_hits;   /* topics or filters past max_topic_levels/length */
+    atomic_uint_fast64_t subs_limit_hits;    /* SUBSCRIBEs refused by max_subscriptions */
+    atomic_uint_fast64_t retained_limit_hits; /* retained messages refused by the store's limits */
     /* Listener (broker.c): every refused connection counts in refused and in one reason. */
     atomic_uint_fast64_t accepted;           /* sockets accepted and handed to a connection */
     atomic_uint_fast64_t refused_max_conns;  /* max_connections reached */

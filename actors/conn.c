@@ -39,6 +39,7 @@ enum {
     MSG_ACK_CHECK,             /* tag timer: acknowledgements waiting too long for the store */
     MSG_RESTORED,              /* first turn of a session loaded from the store */
     MSG_AUTH_REFUSED,          /* tag timer: the held-back negative CONNACK is due */
+    MSG_PARSE_MORE,            /* complete packets wait in the partial buffer (budget ran out) */
 };
 
 #define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
@@ -61,6 +62,16 @@ typedef struct {
 } deliver_t;
 
 #define RT_CONN_READS_PER_TURN 16 /* socket reads per turn before yielding */
+/*
+** Deliveries one socket event may make before the connection yields: a
+** publisher with a buffer full of PUBLISHes to thousands of subscribers would
+** otherwise queue millions of envelopes in one turn (and keep them as memory),
+** before muting or shedding could act.
+*/
+#define RT_CONN_ROUTE_BUDGET 8192
+
+/* Deliveries made while handling the current socket event (one actor per thread at a time). */
+static _Thread_local uint32_t routed_this_event;
 #define RT_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
 #define RT_CONN_QOS0_BACKLOG (RT_SOCK_HIGH_WATER / 2) /* unsent bytes past which QoS 0 is dropped */
 #define RT_SHARE_PREFIX "$share/"
@@ -104,6 +115,8 @@ typedef struct {
     uint8_t keepalive_armed : 1; /* a keepalive timer is pending (one chain per actor) */
     uint8_t discard_will : 1; /* a normal DISCONNECT came (3.1.2.5) */
     uint8_t stored : 1;    /* the store has (or had) this session: its end must be written */
+    uint8_t shedding : 1;  /* its client stopped reading: publishers drop QoS 0 for it (rt_shed) */
+    uint8_t parse_pending : 1; /* MSG_PARSE_MORE is queued; socket reading is paused meanwhile */
 } conn_t;
 
 #define SENT_DISCARDED 1 /* send_publish: over the client's maximum packet size, dropped */
@@ -340,9 +353,15 @@ static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint
     if (online(c) && !backlog && d->qos == 0) {
         /* A client that stops reading: QoS 0 is dropped once its socket is backed up, before
            the runtime's pressure mark would mute the publishers everyone else shares. */
-        if (rt_sock_pending(c->sock) >= RT_CONN_QOS0_BACKLOG)
+        if (rt_sock_pending(c->sock) >= RT_CONN_QOS0_BACKLOG) {
             count_dropped(c);
-        else
+            /* Until the socket drains, publishers drop QoS 0 for us at the source: a
+               mailbox of messages that would only be dropped here is memory for nothing. */
+            if (!c->shedding) {
+                c->shedding = 1;
+                rt_shed(rt_current(), true);
+            }
+        } else
             send_publish(c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
         return NULL;
     }
@@ -467,6 +486,7 @@ static int member_alive(void *arg, rt_pid_t pid)
     return rt_alive(pid);
 }
 
+/* QoS 0 copies are optional: a subscriber that is shedding (rt_shed) refuses them. */
 static void send_delivery(rt_pid_t to, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
 {
     size_t n = d->n_sub_ids < RT_QMSG_MAX_SUB_IDS ? d->n_sub_ids : RT_QMSG_MAX_SUB_IDS;
@@ -478,6 +498,11 @@ static void send_delivery(rt_pid_t to, rt_bin_t *bin, const deliver_t *d, const 
     dd->n_sub_ids = (uint32_t)n;
     memcpy(dd->sub_ids, sub_ids, n * sizeof(uint32_t));
     m->bin = rt_bin_retain(bin);
+    if (d->qos == 0 && !d->ack_pid) {
+        if (rt_send_optional(to, m) == RT_ELIMIT)
+            atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
+        return;
+    }
     rt_send_msg(to, m);
 }
 
@@ -1007,6 +1032,36 @@ static rt_trie_scratch_t *thread_scratch(void)
 }
 
 /*
+** A retained PUBLISH replaces the topic's retained message; an empty one clears
+** it. What the store accepted in memory is written to disk too ($SYS values,
+** remade every interval, are not worth a disk write). Returns whether the
+** publisher's acknowledgement waits for that write.
+*/
+static bool keep_retained(const mqtt_packet_t *pk, rt_bin_t *bin, const route_t *r)
+{
+    mqtt_str_t topic = pk->publish.topic;
+    rt_retained_msg_t *keep = NULL;
+    if (pk->publish.payload.len) {
+        keep = malloc(sizeof(*keep));
+        if (!keep)
+            return false;
+        keep->bin = rt_bin_retain(bin);
+        keep->expire_at_ms = r->expire_at_ms;
+    }
+    if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, keep,
+                        keep ? rt_bin_len(bin) : 0) != 0) {
+        atomic_fetch_add(&rt_broker->stats.retained_limit_hits, 1);
+        rt_broker_retained_release(keep);
+        return false;
+    }
+    if (!rt_store_enabled() || (topic.len >= 5 && memcmp(topic.p, "$SYS/", 5) == 0))
+        return false;
+    rt_store_retain((const char *)topic.p, topic.len, keep ? bin : NULL, r->expire_at_ms,
+                    r->ack_pid, r->ack_token);
+    return r->ack_pid != 0;
+}
+
+/*
 ** Routes bin. With ack_pid set, copies that persistent sessions keep (and a
 ** retained message) are stored first, and *nacks tells how many commits
 ** ack_pid will be told of (RT_STORE_MSG_COMMITTED with ack_token).
@@ -1027,35 +1082,17 @@ static int route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t a
     size_t delivered = 0;
     rt_trie_match(rt_broker->trie, (const char *)topic.p, topic.len, publisher, member_alive,
                   deliver_one, &r, scratch, &delivered);
-    if (pk.publish.retain) {
-        /* A retained PUBLISH replaces the topic's retained message; an empty one clears it. */
-        rt_retained_msg_t *keep = NULL;
-        /* $SYS values are remade every interval: not worth a disk write. */
-        if (rt_store_enabled() && !(topic.len >= 5 && memcmp(topic.p, "$SYS/", 5) == 0)) {
-            rt_store_retain((const char *)topic.p, topic.len, pk.publish.payload.len ? bin : NULL,
-                            r.expire_at_ms, ack_pid, ack_token);
-            if (ack_pid)
-                r.nacks++;
-        }
-        if (pk.publish.payload.len) {
-            keep = malloc(sizeof(*keep));
-            if (!keep)
-                return RT_ENOMEM;
-            keep->bin = rt_bin_retain(bin);
-            keep->expire_at_ms = r.expire_at_ms;
-        }
-        if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, keep,
-                            keep ? rt_bin_len(bin) : 0) != 0 && keep)
-            rt_broker_retained_release(keep);
-    }
+    if (pk.publish.retain && keep_retained(&pk, bin, &r))
+        r.nacks++;
     if (nacks)
         *nacks = r.nacks;
-    return delivered ? 1 : 0;
+    return (int)(delivered < INT32_MAX ? delivered : INT32_MAX);
 }
 
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
 {
-    return route(publisher, bin, 0, 0, NULL);
+    int n = route(publisher, bin, 0, 0, NULL);
+    return n < 0 ? n : n > 0;
 }
 
 int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
@@ -1203,6 +1240,30 @@ static void on_ack_check(rt_actor_t *self, conn_t *c)
     }
 }
 
+/* max_topic_length and max_topic_levels, for topic names and filters alike. */
+static bool topic_within_limits(const uint8_t *t, size_t len)
+{
+    const rt_conf_t *conf = &rt_broker->conf;
+    if (len > (size_t)conf->max_topic_length)
+        return false;
+    long levels = 1;
+    for (const uint8_t *p = t; (p = memchr(p, '/', len - (size_t)(p - t))) != NULL; p++)
+        if (++levels > conf->max_topic_levels)
+            return false;
+    return true;
+}
+
+/* A PUBLISH the broker will not route: v5 learns why (reason), v3 gets its ack and no more. */
+static void refuse_publish(conn_t *c, mqtt_packet_t *pk, uint8_t reason)
+{
+    if (!pk->publish.qos)
+        return;
+    mqtt_packet_t ack = {.type = pk->publish.qos == 1 ? MQTT_PUBACK : MQTT_PUBREC,
+                         .packet_id = pk->packet_id,
+                         .reason = c->version == MQTT_V5 ? reason : 0};
+    send_packet(c, &ack);
+}
+
 static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     atomic_fetch_add(&rt_broker->stats.msgs_in, 1);
@@ -1214,15 +1275,14 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             return rc;
     }
     uint8_t qos = pk->publish.qos;
+    if (!topic_within_limits(pk->publish.topic.p, pk->publish.topic.len)) {
+        atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
+        refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
+        return 0;
+    }
     if (!rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
                        pk->publish.topic.len, RT_ACL_WRITE)) {
-        /* Denied: v5 learns why; v3 has no way to say it, so the message is dropped quietly. */
-        if (qos) {
-            mqtt_packet_t ack = {.type = qos == 1 ? MQTT_PUBACK : MQTT_PUBREC,
-                                 .packet_id = pk->packet_id,
-                                 .reason = c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 0};
-            send_packet(c, &ack);
-        }
+        refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
         return 0;
     }
     bool forward = true;
@@ -1253,9 +1313,10 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_bin_t *bin = rt_broker_canonical(pk);
         if (!bin)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        if (route(rt_self(self), bin, track ? rt_self(self) : 0, token, &waits) == 0 &&
-            c->version == MQTT_V5)
+        int n = route(rt_self(self), bin, track ? rt_self(self) : 0, token, &waits);
+        if (n == 0 && c->version == MQTT_V5)
             reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
+        routed_this_event += n > 0 ? (uint32_t)n : 1;
         rt_bin_release(bin);
         if (qos == 2 && durable(c)) {
             /* After a restart a resend of this id must still be recognised (exactly once). */
@@ -1325,6 +1386,30 @@ static void send_retained(void *arg, const char *topic, size_t len, void *msg)
     deliver(rs->c, r->bin, &d, &rs->sub_id);
 }
 
+/* Why a filter may not be subscribed (a v5 reason code), or 0 if it may. */
+static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s)
+{
+    if (!topic_within_limits(s->filter.p, s->filter.len)) {
+        atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
+        return MQTT_RC_TOPIC_FILTER_INVALID;
+    }
+    long max = rt_broker->conf.max_subscriptions;
+    if (max && c->nsubs >= (size_t)max) {
+        bool known = false;
+        for (size_t i = 0; i < c->nsubs && !known; i++)
+            known = c->subs[i].len == s->filter.len &&
+                    memcmp(c->subs[i].filter, s->filter.p, s->filter.len) == 0;
+        if (!known) {
+            atomic_fetch_add(&rt_broker->stats.subs_limit_hits, 1);
+            return MQTT_RC_QUOTA_EXCEEDED;
+        }
+    }
+    if (!rt_acl_permit(c->username, c->client_id, (const char *)s->filter.p, s->filter.len,
+                       RT_ACL_SUBSCRIBE))
+        return MQTT_RC_NOT_AUTHORIZED;
+    return 0;
+}
+
 static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     uint8_t codes[256];
@@ -1341,10 +1426,10 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
                             .persistent = durable(c),
                             .sub_id = pk->props.sub_id};
         int existed = 0;
-        if (!rt_acl_permit(c->username, c->client_id, (const char *)s.filter.p, s.filter.len,
-                           RT_ACL_SUBSCRIBE)) {
+        uint8_t refused = subscribe_refusal(c, &s);
+        if (refused) {
             send_retained_for[n] = 0;
-            codes[n++] = c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 0x80;
+            codes[n++] = c->version == MQTT_V5 ? refused : 0x80;
             continue;
         }
         int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
@@ -1467,7 +1552,7 @@ static int handle_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 static long parse(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
 {
     size_t off = 0;
-    while (off < len && !c->closing) {
+    while (off < len && !c->closing && routed_this_event < RT_CONN_ROUTE_BUDGET) {
         /* Anything but CONNECT first is refused at its first byte, before it is complete. */
         if (!c->version && buf[off] != (MQTT_CONNECT << 4)) {
             protocol_error(self, c, MQTT_ERR(MQTT_RC_PROTOCOL_ERROR));
@@ -1539,8 +1624,38 @@ static void feed(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t len)
         close_conn(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
 }
 
+/* The route budget ran out: the rest of what was read is parsed in a later turn. */
+static void yield_parsing(rt_actor_t *self, conn_t *c)
+{
+    c->parse_pending = 1;
+    rt_sock_pause_reading(c->sock, true);
+    rt_send(rt_self(self), MSG_PARSE_MORE, NULL, 0);
+}
+
+static void on_readable(rt_actor_t *self, conn_t *c);
+
+static void on_parse_more(rt_actor_t *self, conn_t *c)
+{
+    c->parse_pending = 0;
+    if (!c->sock || c->closing)
+        return;
+    rt_sock_pause_reading(c->sock, false);
+    routed_this_event = 0;
+    long used = parse(self, c, c->partial, c->partial_len);
+    if (used < 0)
+        return;
+    drop_partial(c, (size_t)used);
+    if (routed_this_event >= RT_CONN_ROUTE_BUDGET)
+        yield_parsing(self, c);
+    else
+        on_readable(self, c);
+}
+
 static void on_readable(rt_actor_t *self, conn_t *c)
 {
+    routed_this_event = 0;
+    if (c->parse_pending)
+        return; /* buffered packets go first */
     for (int i = 0; i < RT_CONN_READS_PER_TURN && !c->closing; i++) {
         const void *data;
         size_t len;
@@ -1554,6 +1669,10 @@ static void on_readable(rt_actor_t *self, conn_t *c)
         c->last_rx_ms = now_ms();
         atomic_fetch_add_explicit(&rt_broker->stats.bytes_in, len, memory_order_relaxed);
         feed(self, c, data, len);
+        if (!c->closing && routed_this_event >= RT_CONN_ROUTE_BUDGET) {
+            yield_parsing(self, c);
+            return;
+        }
     }
 }
 
@@ -1632,10 +1751,16 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     conn_t *c = state;
     switch (m->tag) {
-    case RT_MSG_SOCKET:
-        if (c->sock && (((rt_sock_event_t *)(void *)m->data)->events & RT_SOCK_READABLE))
+    case RT_MSG_SOCKET: {
+        uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
+        if (c->shedding && (events & RT_SOCK_WRITABLE)) {
+            c->shedding = 0; /* the client caught up */
+            rt_shed(self, false);
+        }
+        if (c->sock && (events & RT_SOCK_READABLE))
             on_readable(self, c);
         break;
+    }
     case MSG_DELIVER:
         if (m->bin)
             deliver(c, m->bin, (const deliver_t *)(const void *)m->data,
@@ -1666,6 +1791,9 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case MSG_AUTH_REFUSED:
         send_refusal(self, c);
+        break;
+    case MSG_PARSE_MORE:
+        on_parse_more(self, c);
         break;
     case MSG_RESTORED:
         /* From its own turn, so the store learns the session's new owner (epoch). */
@@ -1729,6 +1857,7 @@ static const char *conn_tag_name(uint32_t tag)
     case MSG_ACK_CHECK: return "ack_check";
     case MSG_RESTORED: return "restored";
     case MSG_AUTH_REFUSED: return "auth_refused";
+    case MSG_PARSE_MORE: return "parse_more";
     }
     return NULL;
 }

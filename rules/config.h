@@ -69,6 +69,11 @@ typedef struct rt_conf_s {
     long max_queued_messages;  /* per offline or slow session */
     long max_queued_bytes;     /* per offline or slow session */
     long max_topic_alias;      /* inbound topic aliases per connection (MQTT 5) */
+    long max_topic_levels;     /* levels in a topic name or filter */
+    long max_topic_length;     /* bytes in a topic name or filter */
+    long max_subscriptions;    /* per client; 0 = unlimited */
+    long max_retained_messages; /* 0 = unlimited */
+    long max_retained_bytes;   /* 0 = unlimited */
     long max_keepalive;        /* seconds; longer client keepalives are lowered (MQTT 5) */
     long max_session_expiry;   /* seconds */
     bool queue_qos0;           /* queue QoS 0 messages for offline sessions */

@@ -232,6 +232,31 @@ int rt_send_msg(rt_pid_t to, rt_msg_t *m)
     return rc;
 }
 
+int rt_send_optional(rt_pid_t to, rt_msg_t *m)
+{
+    if (!m)
+        return RT_ENOMEM;
+    bool ext = enter_any();
+    rt_actor_t *a = rt__lookup(to);
+    int rc = RT_ELIMIT;
+    if (a && (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_SHEDDING)) {
+        atomic_fetch_add_explicit(&a->shed, 1, memory_order_relaxed);
+        rt_msg_free(m);
+    } else {
+        rc = -1; /* sent below, outside this region */
+    }
+    leave_any(ext);
+    return rc == -1 ? rt_send_msg(to, m) : rc;
+}
+
+void rt_shed(rt_actor_t *self, bool on)
+{
+    if (on)
+        atomic_fetch_or_explicit(&self->sync_flags, RT_AF_SHEDDING, memory_order_relaxed);
+    else
+        atomic_fetch_and_explicit(&self->sync_flags, ~RT_AF_SHEDDING, memory_order_relaxed);
+}
+
 int rt_send(rt_pid_t to, uint32_t tag, const void *data, size_t len)
 {
     rt_msg_t *m = rt_msg_new(tag, len);

@@ -117,6 +117,7 @@ typedef struct rt_rel_s {
 #define RT_AF_OVERLOADED 1u /* exhausted its batch with messages left */
 #define RT_AF_PRESSURE 2u   /* its socket cannot take more output */
 #define RT_AF_DEAD 4u       /* exited; sends are dead letters */
+#define RT_AF_SHEDDING 8u   /* refuses optional messages (rt_shed) */
 
 struct rt_actor_s {
     /* Touched by senders on any thread. */
@@ -124,6 +125,7 @@ struct rt_actor_s {
     rt_msg_t *_Atomic sigs;       /* signal stack (LIFO, reversed on take) */
     atomic_uint_fast64_t sent;    /* messages pushed; mailbox length = sent - received */
     atomic_uint sync_flags;       /* RT_AF_* */
+    atomic_uint_fast64_t shed;    /* optional messages refused while shedding */
     rt_spinlock_t mute_lock;      /* guards muted */
     rt_actor_t *muted;            /* senders parked until this actor drains */
 

@@ -102,6 +102,16 @@ int rt_msg_take_fd(rt_msg_t *m);
 ** Messages from one sender to one receiver arrive in the order sent.
 */
 int rt_send_msg(rt_pid_t to, rt_msg_t *m);
+/*
+** Load shedding. An actor that knows it cannot use more of some kind of
+** message (a connection whose client stopped reading, for QoS 0 traffic)
+** turns shedding on; senders of such messages use rt_send_optional, which
+** drops the message at the source (RT_ELIMIT, counted on the receiver as
+** `shed`) instead of queueing it: the receiver's mailbox stays short and the
+** sender is not muted on its account. Other sends are unaffected.
+*/
+void rt_shed(rt_actor_t *self, bool on);
+int rt_send_optional(rt_pid_t to, rt_msg_t *m);
 /* Copies len bytes of data into a new message and sends it. */
 int rt_send(rt_pid_t to, uint32_t tag, const void *data, size_t len);
 
@@ -300,6 +310,7 @@ typedef struct rt_actor_info_s {
     uint64_t mailbox_len;
     uint64_t heap_bytes;
     uint64_t bin_bytes;
+    uint64_t shed;       /* optional messages refused while it was shedding */
     uint32_t gc_count;
     uint32_t gc_last_pause_us;
     uint32_t gc_max_pause_us;
