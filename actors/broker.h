@@ -33,7 +33,7 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t refused_per_ip;     /* max_connections_per_ip reached for the address */
     atomic_uint_fast64_t refused_rate;       /* max_connection_rate: the listener's bucket empty */
     atomic_uint_fast64_t refused_error;      /* the connection actor could not start */
-    /* For the connection actor (conn.c); $SYS publishes them once they move from 0. */
+    /* Kept by the connection actor (conn.c), read by $SYS (sys.c). */
     atomic_uint_fast64_t bytes_in;           /* bytes read from client sockets */
     atomic_uint_fast64_t bytes_out;          /* bytes written (or buffered) to client sockets */
     atomic_uint_fast64_t connects;           /* CONNECTs accepted (CONNACK 0), ever */

@@ -14,26 +14,22 @@
 /*
 ** Counters with a load average (Mosquitto's $SYS/broker/load/<name>/1min|5min|15min:
 ** the per-minute rate over each interval, decayed exponentially with a time
-** constant of 1, 5 and 15 minutes). Counters marked gated are kept by the
-** connection actor, which may not maintain them yet: such a counter is
-** published only once it has moved from 0, so a subscriber never reads a 0
-** that only means "not counted".
+** constant of 1, 5 and 15 minutes).
 */
 enum { C_MSGS_IN, C_MSGS_OUT, C_BYTES_IN, C_BYTES_OUT, C_CONNECTS, C_ACCEPTED, NCOUNTERS };
 
 typedef struct {
     const char *total; /* topic of the running total, or NULL */
     const char *load;  /* load/<load>/... */
-    bool gated;
 } counter_t;
 
 static const counter_t counters[NCOUNTERS] = {
-    [C_MSGS_IN] = {"messages/received", "messages/received", false},
-    [C_MSGS_OUT] = {"messages/sent", "messages/sent", false},
-    [C_BYTES_IN] = {"bytes/received", "bytes/received", true},
-    [C_BYTES_OUT] = {"bytes/sent", "bytes/sent", true},
-    [C_CONNECTS] = {NULL, "connections", true},
-    [C_ACCEPTED] = {"connections/accepted", "sockets", false},
+    [C_MSGS_IN] = {"messages/received", "messages/received"},
+    [C_MSGS_OUT] = {"messages/sent", "messages/sent"},
+    [C_BYTES_IN] = {"bytes/received", "bytes/received"},
+    [C_BYTES_OUT] = {"bytes/sent", "bytes/sent"},
+    [C_CONNECTS] = {NULL, "connections"},
+    [C_ACCEPTED] = {"connections/accepted", "sockets"},
 };
 
 static const double load_minutes[3] = {1, 5, 15};
@@ -48,7 +44,6 @@ typedef struct {
     uint64_t max_heap;
     uint64_t prev[NCOUNTERS];              /* counter values at the previous tick */
     double load[NCOUNTERS][3];             /* decayed messages (or bytes, connections) per minute */
-    bool live[NCOUNTERS];                  /* a gated counter has moved from 0 */
     bool ticked;                           /* prev and last_ms hold a previous tick */
     unsigned slot;                         /* put()'s cursor through last[] during a tick */
     char last[SYS_SLOTS][SYS_PAYLOAD_MAX]; /* payload last published per topic; "" none */
@@ -84,11 +79,11 @@ static void put(sys_t *s, const char *suffix, const char *payload)
         snprintf(s->last[slot], sizeof(s->last[slot]), "%s", payload);
 }
 
-static void put_u64(sys_t *s, const char *suffix, uint64_t v, bool shown)
+static void put_u64(sys_t *s, const char *suffix, uint64_t v)
 {
     char buf[SYS_PAYLOAD_MAX];
     snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
-    put(s, suffix, shown ? buf : NULL);
+    put(s, suffix, buf);
 }
 
 static uint64_t load_stat(atomic_uint_fast64_t *v)
@@ -127,7 +122,7 @@ static void put_loads(sys_t *s, const uint64_t now[NCOUNTERS], double dt_s)
             s->load[c][k] = per_min + decay * (s->load[c][k] - per_min);
             snprintf(buf, sizeof(buf), "%.2f", s->load[c][k]);
             snprintf(suffix, sizeof(suffix), "load/%s/%s", counters[c].load, load_names[k]);
-            put(s, suffix, s->live[c] && s->ticked ? buf : NULL);
+            put(s, suffix, s->ticked ? buf : NULL);
         }
     }
 }
@@ -148,46 +143,44 @@ static void sys_tick(sys_t *s)
     uint64_t sessions = load_stat(&st->sessions);
     if (connected > s->max_connected)
         s->max_connected = connected;
-    put_u64(s, "clients/connected", connected, true);
+    put_u64(s, "clients/connected", connected);
     /* Read apart, the two may disagree for a moment while a client connects. */
-    put_u64(s, "clients/disconnected", sessions > connected ? sessions - connected : 0, true);
-    put_u64(s, "clients/maximum", s->max_connected, true);
-    put_u64(s, "clients/total", sessions, true);
+    put_u64(s, "clients/disconnected", sessions > connected ? sessions - connected : 0);
+    put_u64(s, "clients/maximum", s->max_connected);
+    put_u64(s, "clients/total", sessions);
 
     uint64_t now[NCOUNTERS] = {
         [C_MSGS_IN] = load_stat(&st->msgs_in),   [C_MSGS_OUT] = load_stat(&st->msgs_out),
         [C_BYTES_IN] = load_stat(&st->bytes_in), [C_BYTES_OUT] = load_stat(&st->bytes_out),
         [C_CONNECTS] = load_stat(&st->connects), [C_ACCEPTED] = load_stat(&st->accepted),
     };
-    for (int c = 0; c < NCOUNTERS; c++) {
-        s->live[c] |= !counters[c].gated || now[c] != 0;
+    for (int c = 0; c < NCOUNTERS; c++)
         if (counters[c].total)
-            put_u64(s, counters[c].total, now[c], s->live[c]);
-    }
-    put_u64(s, "messages/dropped", load_stat(&st->msgs_dropped), true);
-    put_u64(s, "messages/expired", load_stat(&st->msgs_expired), true);
-    put_u64(s, "bad_packets", load_stat(&st->bad_packets), true);
+            put_u64(s, counters[c].total, now[c]);
+    put_u64(s, "messages/dropped", load_stat(&st->msgs_dropped));
+    put_u64(s, "messages/expired", load_stat(&st->msgs_expired));
+    put_u64(s, "bad_packets", load_stat(&st->bad_packets));
 
     rt_trie_stats_t ts;
     rt_trie_stats(rt_broker->trie, &ts);
     size_t retained;
     rt_retained_stats(rt_broker->retained, &retained, NULL, NULL);
-    put_u64(s, "subscriptions/count", ts.subs, true);
-    put_u64(s, "shared_subscriptions/count", ts.groups, true);
-    put_u64(s, "retained messages/count", retained, true);
+    put_u64(s, "subscriptions/count", ts.subs);
+    put_u64(s, "shared_subscriptions/count", ts.groups);
+    put_u64(s, "retained messages/count", retained);
 
     uint64_t heap = heap_bytes();
     if (heap > s->max_heap)
         s->max_heap = heap;
-    put_u64(s, "heap/current", heap, true);
-    put_u64(s, "heap/maximum", s->max_heap, true);
+    put_u64(s, "heap/current", heap);
+    put_u64(s, "heap/maximum", s->max_heap);
 
-    put_u64(s, "connections/sockets", load_stat(&st->sockets), true);
-    put_u64(s, "connections/refused/total", load_stat(&st->refused), true);
-    put_u64(s, "connections/refused/max_connections", load_stat(&st->refused_max_conns), true);
-    put_u64(s, "connections/refused/per_ip", load_stat(&st->refused_per_ip), true);
-    put_u64(s, "connections/refused/rate", load_stat(&st->refused_rate), true);
-    put_u64(s, "connections/refused/error", load_stat(&st->refused_error), true);
+    put_u64(s, "connections/sockets", load_stat(&st->sockets));
+    put_u64(s, "connections/refused/total", load_stat(&st->refused));
+    put_u64(s, "connections/refused/max_connections", load_stat(&st->refused_max_conns));
+    put_u64(s, "connections/refused/per_ip", load_stat(&st->refused_per_ip));
+    put_u64(s, "connections/refused/rate", load_stat(&st->refused_rate));
+    put_u64(s, "connections/refused/error", load_stat(&st->refused_error));
 
     put_loads(s, now, s->ticked ? (double)(now_ms - s->last_ms) / 1000.0 : 0);
     memcpy(s->prev, now, sizeof(now));

@@ -12,7 +12,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from conftest import RTD, Rtd, client, subscribe, wait_for
-from sys_tree import SysTree
+from mqtt_raw import CONNECT, DISCONNECT, PUBLISH, mqtt_str, u16, varint
+from sys_tree import PREFIX, SysTree
 
 
 @pytest.fixture
@@ -120,6 +121,45 @@ def test_retained_count_and_heap(sys1):
     publish_all(pub, "keep/1", [b""], retain=True)  # an empty retained message clears it
     assert wait_for(lambda: tree.num("retained messages/count") == len(tree.names()) + 1)
     pub.disconnect()
+    tree.close()
+
+
+def publish_size(name, value):
+    """Bytes of a QoS 0 MQTT 3.1.1 PUBLISH of $SYS/broker/<name> carrying value."""
+    remaining = 2 + len(PREFIX + name) + len(value.encode())
+    return 1 + len(varint(remaining)) + remaining
+
+
+def test_bytes_and_connections(sys1):
+    # The watcher is the only client: every byte sent is its CONNACK, SUBACK and $SYS messages.
+    tree = SysTree(sys1.port)
+    assert wait_for(lambda: tree.get("bytes/sent") is not None)
+    time.sleep(1.2)
+    msgs = tree.messages()
+    last = max(i for i, (name, _) in enumerate(msgs) if name == "bytes/sent")
+    tick_start = max(i for i, (name, _) in enumerate(msgs[:last]) if name == "uptime")
+    connack, suback = 4, 5
+    assert int(msgs[last][1]) == connack + suback + sum(publish_size(n, v)
+                                                        for n, v in msgs[:tick_start])
+
+    # bytes/received grows by exactly what a raw client writes (the watcher stays quiet).
+    before = tree.num("bytes/received")
+    assert before > 0
+    with socket.create_connection(("127.0.0.1", sys1.port), timeout=5) as s:
+        connect = mqtt_str("MQTT") + bytes([4, 0x02]) + u16(60) + mqtt_str("raw-bytes")
+        publish = mqtt_str("b/x") + b"0123456789"
+        wire = (bytes([CONNECT << 4]) + varint(len(connect)) + connect +
+                bytes([PUBLISH << 4]) + varint(len(publish)) + publish + bytes([DISCONNECT << 4, 0]))
+        s.sendall(wire)
+        assert s.recv(4) == b"\x20\x02\x00\x00"
+        assert s.recv(16) == b""  # closed after the DISCONNECT
+    assert tree.wait("bytes/received", before + len(wire)), (before, len(wire),
+                                                             tree.get("bytes/received"))
+    assert tree.wait("messages/received", 1)
+    # Two CONNECTs (the watcher's and the raw client's) show in the connection rate.
+    assert wait_for(lambda: float(tree.get("load/connections/1min") or 0) > 0, 3)
+    # Accepted sockets: Rtd's start-up probe, the watcher and the raw client.
+    assert tree.wait("connections/accepted", 3), tree.get("connections/accepted")
     tree.close()
 
 
