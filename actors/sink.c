@@ -265,7 +265,11 @@ static void spill_memory(rt_sink_t *s, uint64_t keep_bytes)
     if (!s->drv->spills || s->mem_bytes <= keep_bytes || !ensure_spill(s))
         return;
     while (s->mem_rows > 0 && s->mem_bytes > keep_bytes) {
-        size_t n = take_rows(s, s->batch_rows, s->batch);
+        size_t n = take_rows(s, s->batch_rows, s->batch), k = 0;
+        /* Only the oldest rows that bring memory down to keep_bytes go. */
+        for (uint64_t left = s->mem_bytes; k < n && left > keep_bytes; k++)
+            left -= s->batch_rows[k].len;
+        n = k;
         char why[256];
         if (rt__spill_append(&s->spill, s->batch_rows, n, why, sizeof(why)) != 0) {
             rt__sink_error(s, "spill: %s", why);

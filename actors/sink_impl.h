@@ -80,8 +80,9 @@ extern const sink_driver_t rt_sink_republish_driver;
 typedef struct sink_spill_s {
     struct sqlite3 *db;
     struct sqlite3_stmt *ins, *sel, *del;
-    uint64_t rows;  /* rows in the file */
+    uint64_t rows;  /* rows waiting in the file */
     uint64_t bytes; /* their row bytes */
+    int64_t done;   /* rows up to this seq are written (deleted, or to be: see pop) */
     char path[512];
 } sink_spill_t;
 
@@ -98,7 +99,11 @@ int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *w
 */
 int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf, int64_t *last,
                    uint64_t *bytes, char *why, size_t whylen);
-/* Deletes every row up to seq last (which held n rows of bytes). */
+/*
+** Marks every row up to seq last (n rows of bytes) written: peek skips them from now
+** on, and they are deleted; if the delete fails (an error is returned) the next pop
+** deletes them too, and a restart before that would replay them (at least once).
+*/
 int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, char *why,
                   size_t whylen);
 void rt__spill_close(sink_spill_t *sp);

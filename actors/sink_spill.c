@@ -40,8 +40,9 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
         (what = "prepare",
          sqlite3_prepare_v2(sp->db, "INSERT INTO spill(row, opts) VALUES (?, ?)", -1, &sp->ins,
                             NULL) != SQLITE_OK ||
-             sqlite3_prepare_v2(sp->db, "SELECT seq, row, opts FROM spill ORDER BY seq LIMIT ?", -1,
-                                &sp->sel, NULL) != SQLITE_OK ||
+             sqlite3_prepare_v2(
+                 sp->db, "SELECT seq, row, opts FROM spill WHERE seq > ? ORDER BY seq LIMIT ?", -1,
+                 &sp->sel, NULL) != SQLITE_OK ||
              sqlite3_prepare_v2(sp->db, "DELETE FROM spill WHERE seq <= ?", -1, &sp->del, NULL) !=
                  SQLITE_OK ||
              sqlite3_prepare_v2(sp->db, "SELECT count(*), coalesce(sum(length(row)), 0) FROM spill",
@@ -106,7 +107,8 @@ int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf
         snprintf(why, whylen, "out of memory");
         return RT_ENOMEM;
     }
-    sqlite3_bind_int64(sp->sel, 1, (sqlite3_int64)max);
+    sqlite3_bind_int64(sp->sel, 1, sp->done);
+    sqlite3_bind_int64(sp->sel, 2, (sqlite3_int64)max);
     int rc;
     while ((rc = sqlite3_step(sp->sel)) == SQLITE_ROW) {
         int rl = sqlite3_column_bytes(sp->sel, 1), ol = sqlite3_column_bytes(sp->sel, 2);
@@ -152,16 +154,22 @@ int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf
 int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, char *why,
                   size_t whylen)
 {
+    /* Written rows are gone from the queue at once (peek starts after done), whether or
+       not the delete below works; one that fails is retried by the next pop. */
+    sp->done = last;
+    sp->rows -= n;
+    sp->bytes -= bytes;
     sqlite3_bind_int64(sp->del, 1, last);
     int rc = sqlite3_step(sp->del);
     sqlite3_reset(sp->del);
     if (rc != SQLITE_DONE)
         return fail(sp, "delete", why, whylen);
-    sp->rows -= n;
-    sp->bytes -= bytes;
-    /* An empty spill gives its pages back, so a long outage leaves no big file behind. */
-    if (sp->rows == 0)
+    /* Empty now: the next append takes seq 1 again (rowids restart in an empty table),
+       and the file gives its pages back, so a long outage leaves no big file behind. */
+    if (sp->rows == 0) {
+        sp->done = 0;
         sqlite3_exec(sp->db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL);
+    }
     return 0;
 }
 
