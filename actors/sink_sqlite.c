@@ -659,6 +659,13 @@ static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
             sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
             return RT_EAGAIN; /* drive() closes: the schema cache is rebuilt on reopen */
         }
+        /* A table declared ON CONFLICT ROLLBACK ends the whole transaction on a rejected
+           row; going on would commit the rest row by row, then retry them all. */
+        if (rows[i].status < 0 && sqlite3_get_autocommit(q->db)) {
+            rt__sink_error(s, "%s: a rejected row rolled the batch back (ON CONFLICT ROLLBACK)",
+                           q->file);
+            return RT_EAGAIN;
+        }
     }
     if (sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
         rt__sink_error(s, "%s: commit: %s", q->file, sqlite3_errmsg(q->db));
