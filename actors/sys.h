@@ -6,6 +6,19 @@
 ** time always), like Mosquitto. Subscribers to `#` or `+/...` never see them
 ** (MQTT 4.7.2: wildcards at the first level do not match topics starting with $).
 **
+** Topics (all under $SYS/broker/):
+**   version, uptime ("N seconds")
+**   clients/connected, clients/disconnected (persistent sessions offline),
+**   clients/maximum (peak of connected, as sampled each interval), clients/total (sessions)
+**   messages/received, messages/sent (PUBLISH packets), messages/dropped, messages/expired
+**   bytes/received, bytes/sent, bad_packets
+**   subscriptions/count, shared_subscriptions/count, retained messages/count
+**   heap/current, heap/maximum (bytes the runtime accounts: see heap_bytes in sys.c)
+**   connections/accepted, connections/sockets (open now),
+**   connections/refused/total|max_connections|per_ip|rate|error (the listener's limits)
+**   load/{messages/received,messages/sent,bytes/received,bytes/sent,connections,sockets}/
+**       {1min,5min,15min}: per-minute rates, decayed as Mosquitto does
+**
 ** The actor reads only atomics and the trie's and retained store's counters
 ** (rt_retained_stats takes the store's read lock for three loads); it holds no
 ** lock of its own and blocks nothing.
