@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include "broker.h"
 #include "log.h"
 #include "mqtt_codec.h"
+#include "rule_engine.h"
 #include "session.h"
 #include "store.h"
 
@@ -83,11 +86,13 @@ typedef struct {
     rt_trie_opts_t opts;
 } sub_entry_t;
 
-typedef struct {
+typedef struct conn_s conn_t;
+struct conn_s {
     rt_sock_t *sock;       /* NULL while an offline session waits for its client */
     uint8_t *partial;      /* bytes of an incomplete packet; NULL when none */
     char *client_id;
     char *username;        /* from CONNECT, for the ACL; NULL when anonymous */
+    char *peer;            /* "ip:port" for rules, made on first use (publishers pay, not idlers) */
     sub_entry_t *subs;
     rt_session_t *sess;    /* inflight and queued messages; NULL until the first one */
     rt_bin_t *will;        /* the will as a canonical PUBLISH, or NULL */
@@ -117,15 +122,86 @@ typedef struct {
     uint8_t stored : 1;    /* the store has (or had) this session: its end must be written */
     uint8_t shedding : 1;  /* its client stopped reading: publishers drop QoS 0 for it (rt_shed) */
     uint8_t parse_pending : 1; /* MSG_PARSE_MORE is queued; socket reading is paused meanwhile */
-} conn_t;
+};
+
+/* Most of an idle connection's memory: with the actor header it must stay in a 384-byte slab. */
+_Static_assert(sizeof(conn_t) <= 160, "conn_t outgrew its slab class");
 
 #define SENT_DISCARDED 1 /* send_publish: over the client's maximum packet size, dropped */
+
+static void count_dropped(conn_t *c, rt_bin_t *bin, const char *why);
 
 static uint64_t now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The client's address as rules see it; computed once, while the socket is there. */
+static const char *peer_text(conn_t *c)
+{
+    if (c->peer || !c->sock)
+        return c->peer;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    char host[INET6_ADDRSTRLEN] = "?", buf[INET6_ADDRSTRLEN + 8];
+    int port = 0;
+    if (getpeername(rt_sock_fd(c->sock), (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+            port = ntohs(a->sin6_port);
+        } else if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+            port = ntohs(a->sin_port);
+        }
+    }
+    snprintf(buf, sizeof(buf), "%s:%d", host, port);
+    c->peer = strdup(buf);
+    return c->peer;
+}
+
+static rt_rule_origin_t origin_of(conn_t *c)
+{
+    return (rt_rule_origin_t){.clientid = c->client_id ? c->client_id : "",
+                              .username = c->username,
+                              .peer = peer_text(c),
+                              .ts_ms = wall_ms()};
+}
+
+/* A broker event for rules: the fields that do not apply stay -1 / NULL. */
+static void rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, int qos,
+                       int reason_code, const char *reason, rt_bin_t *canonical)
+{
+    rt_rule_origin_t o = origin_of(c);
+    rt_rule_event_t e = {.kind = kind, .topic = topic, .qos = qos, .reason_code = reason_code,
+                         .reason = reason, .proto_ver = -1, .keepalive = -1, .clean_start = -1,
+                         .canonical = canonical};
+    rt_rules_event(&o, &e);
+}
+
+/* session.subscribed / unsubscribed: rules get the filter as a C string. */
+static void filter_event(conn_t *c, rt_rule_event_kind_t kind, const uint8_t *f, size_t len,
+                         int qos)
+{
+    char small[256];
+    char *copy = len < sizeof(small) ? small : malloc(len + 1);
+    if (!copy)
+        return;
+    memcpy(copy, f, len);
+    copy[len] = 0;
+    rule_event(c, kind, copy, qos, -1, NULL, NULL);
+    if (copy != small)
+        free(copy);
 }
 
 /* Encodes pk and queues it on the socket (sent at the end of the turn). */
@@ -181,12 +257,13 @@ static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_fl
     }
     int rc = send_packet(c, &pk);
     if (rc == MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE)) {
-        c->dropped++;
-        atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
+        count_dropped(c, bin, "too_large");
         return SENT_DISCARDED;
     }
-    if (rc == 0)
+    if (rc == 0) {
         atomic_fetch_add_explicit(&rt_broker->stats.msgs_out, 1, memory_order_relaxed);
+        rule_event(c, RT_RULE_EV_MESSAGE_DELIVERED, NULL, qos, -1, NULL, bin);
+    }
     return rc;
 }
 
@@ -274,8 +351,9 @@ static uint16_t next_packet_id(conn_t *c)
     return c->next_packet_id;
 }
 
-static void count_dropped(conn_t *c)
+static void count_dropped(conn_t *c, rt_bin_t *bin, const char *why)
 {
+    rule_event(c, RT_RULE_EV_MESSAGE_DROPPED, NULL, -1, -1, why, bin);
     if (c->dropped++ == 0)
         rt_log(RT_LOG_WARNING, "client.dropping", "client=%s (slow consumer or full queue)",
                c->client_id ? c->client_id : "-");
@@ -354,7 +432,7 @@ static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint
         /* A client that stops reading: QoS 0 is dropped once its socket is backed up, before
            the runtime's pressure mark would mute the publishers everyone else shares. */
         if (rt_sock_pending(c->sock) >= RT_CONN_QOS0_BACKLOG) {
-            count_dropped(c);
+            count_dropped(c, bin, "slow_consumer");
             /* Until the socket drains, publishers drop QoS 0 for us at the source: a
                mailbox of messages that would only be dropped here is memory for nothing. */
             if (!c->shedding) {
@@ -366,14 +444,14 @@ static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint
         return NULL;
     }
     if (!c->sock && d->qos == 0 && !rt_broker->conf.queue_qos0) {
-        count_dropped(c);
+        count_dropped(c, bin, "offline_qos0");
         return NULL;
     }
     rt_qmsg_t *m = session(c) ? rt_qmsg_new(bin, d->qos, d->retain, d->expire_at_ms, d->shared,
                                             sub_ids, d->n_sub_ids)
                               : NULL;
     if (!m)
-        count_dropped(c);
+        count_dropped(c, bin, "no_memory");
     return m;
 }
 
@@ -400,7 +478,7 @@ static void deliver(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t
     bool now = m && online(c) && !c->sess->queued.n && c->sess->inflight.n < send_window(c);
     if (m && !now && queue_full(c, m)) {
         c->sess->dropped++;
-        count_dropped(c);
+        count_dropped(c, m->bin, "queue_full");
         rt_qmsg_free(m);
         m = NULL;
     }
@@ -438,6 +516,7 @@ static void on_puback(conn_t *c, mqtt_packet_t *pk)
     rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
     if (!m || m->state != RT_QMSG_WAIT_ACK || m->qos != 1)
         return; /* unknown ids are ignored: a late ack of a message already settled */
+    rule_event(c, RT_RULE_EV_MESSAGE_ACKED, NULL, 1, -1, NULL, m->bin);
     release_msg(c, rt_qlist_take_id(&c->sess->inflight, pk->packet_id));
     pump(c);
 }
@@ -454,6 +533,7 @@ static void on_pubrec(conn_t *c, mqtt_packet_t *pk)
     }
     if (known && m->state == RT_QMSG_WAIT_ACK) {
         /* Delivered: only the packet id is needed from here on. */
+        rule_event(c, RT_RULE_EV_MESSAGE_ACKED, NULL, 2, -1, NULL, m->bin);
         rt_qlist_drop_payload(&c->sess->inflight, m);
         m->state = RT_QMSG_WAIT_COMP;
         if (m->seq)
@@ -631,8 +711,11 @@ static void publish_will(rt_actor_t *self, conn_t *c)
     mqtt_packet_t w;
     if (mqtt_decode(rt_bin_data(c->will), rt_bin_len(c->will), MQTT_V5, &w) == 0 &&
         rt_acl_permit(c->username, c->client_id, (const char *)w.publish.topic.p,
-                      w.publish.topic.len, RT_ACL_WRITE))
+                      w.publish.topic.len, RT_ACL_WRITE)) {
         rt_broker_route(rt_self(self), c->will);
+        rt_rule_origin_t o = origin_of(c);
+        rt_rules_publish(&o, c->will, 0, 0);
+    }
     rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
     rt_bin_release(c->will);
     c->will = NULL;
@@ -685,6 +768,7 @@ static void go_offline(rt_actor_t *self, conn_t *c)
         rt_store_session(c->client_id, c->session_expiry, false, false);
     rt_log(RT_LOG_INFO, "client.disconnected", "client=%s session=kept expiry=%us", c->client_id,
            c->session_expiry);
+    rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, -1, "offline", NULL);
 }
 
 /*
@@ -944,6 +1028,11 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
     send_packet(c, &ack);
     free(response);
     atomic_fetch_add_explicit(&rt_broker->stats.connects, 1, memory_order_relaxed);
+    rt_rule_origin_t o = origin_of(c);
+    rt_rule_event_t ev = {.kind = RT_RULE_EV_CLIENT_CONNECTED, .qos = -1, .reason_code = -1,
+                          .proto_ver = c->version, .keepalive = c->keepalive,
+                          .clean_start = clean};
+    rt_rules_event(&o, &ev);
     rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
            c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
     arm_keepalive(self, c);
@@ -1200,16 +1289,24 @@ static void acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint16_t pack
     }
 }
 
-static void on_store_committed(conn_t *c, const rt_store_committed_t *done)
+/*
+** One of the commits an acknowledgement waits for came (the store's, or the
+** rule engine's for a durable rule). A failed one turns a v5 ack negative:
+** quota exceeded when a sink's byte limit dropped a row, unspecified otherwise.
+*/
+static void on_commit(conn_t *c, uint64_t token, int32_t status)
 {
     if (!c->sess)
         return;
     for (uint32_t i = 0; i < c->sess->nacks; i++) {
-        if (c->sess->acks[i].token == done->token) {
-            if (c->sess->acks[i].remaining)
-                c->sess->acks[i].remaining--;
-            break;
-        }
+        rt_pending_ack_t *a = &c->sess->acks[i];
+        if (a->token != token)
+            continue;
+        if (a->remaining)
+            a->remaining--;
+        if (status < 0 && c->version == MQTT_V5)
+            a->reason = status == RT_ELIMIT ? MQTT_RC_QUOTA_EXCEEDED : MQTT_RC_UNSPECIFIED;
+        break;
     }
     flush_acks(c);
 }
@@ -1306,7 +1403,7 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     }
     uint8_t reason = MQTT_RC_SUCCESS;
     /* With persistence, the acknowledgement waits for what the message left on disk. */
-    bool track = qos && rt_store_enabled() && session(c);
+    bool track = qos && session(c);
     uint64_t token = track ? ++c->sess->next_token : 0;
     uint32_t waits = 0;
     if (forward) {
@@ -1317,6 +1414,9 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         if (n == 0 && c->version == MQTT_V5)
             reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
         routed_this_event += n > 0 ? (uint32_t)n : 1;
+        rt_rule_origin_t o = origin_of(c);
+        if (rt_rules_publish(&o, bin, track ? rt_self(self) : 0, token) == 2)
+            waits++; /* a durable rule: the ack waits for its rows to be committed */
         rt_bin_release(bin);
         if (qos == 2 && durable(c)) {
             /* After a restart a resend of this id must still be recognised (exactly once). */
@@ -1438,6 +1538,8 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
             rc = remember_sub(c, s.filter.p, s.filter.len, &o);
         if (rc == 0 && durable(c))
             rt_store_sub(c->client_id, (const char *)s.filter.p, s.filter.len, &o);
+        if (rc == 0)
+            filter_event(c, RT_RULE_EV_SESSION_SUBSCRIBED, s.filter.p, s.filter.len, qos);
         /* Retained messages on subscribe: always (0), for a new subscription only (1), never
            (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
         bool shared = is_shared((const char *)s.filter.p, s.filter.len);
@@ -1470,6 +1572,8 @@ static int handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         forget_sub(c, s.filter.p, s.filter.len);
         if (c->stored)
             rt_store_unsub(c->client_id, (const char *)s.filter.p, s.filter.len);
+        if (existed)
+            filter_event(c, RT_RULE_EV_SESSION_UNSUBSCRIBED, s.filter.p, s.filter.len, -1);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
     }
     mqtt_packet_t ack = {.type = MQTT_UNSUBACK, .packet_id = pk->packet_id};
@@ -1784,7 +1888,13 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case RT_STORE_MSG_COMMITTED:
         if (m->len >= sizeof(rt_store_committed_t))
-            on_store_committed(c, (const rt_store_committed_t *)(const void *)m->data);
+            on_commit(c, ((const rt_store_committed_t *)(const void *)m->data)->token, 0);
+        break;
+    case RT_RULES_MSG_DURABLE:
+        if (m->len >= sizeof(rt_rules_durable_t)) {
+            const rt_rules_durable_t *d = (const rt_rules_durable_t *)(const void *)m->data;
+            on_commit(c, d->token, d->status);
+        }
         break;
     case MSG_ACK_CHECK:
         on_ack_check(self, c);
@@ -1828,6 +1938,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     rt_session_free(c->sess);
     free(c->qos2_ids);
     free(c->username);
+    free(c->peer);
     reset_connection_state(c);
     if (c->sock)
         atomic_fetch_sub(&rt_broker->stats.sockets, 1);
@@ -1835,6 +1946,8 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     /* The session ends, unless the broker is only stopping: then it is kept for the restart. */
     if (c->stored && reason != RT_REASON_SHUTDOWN)
         rt_store_session_end(c->client_id);
+    if (c->client_id && c->connected)
+        rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, -1, rt_reason_name(reason), NULL);
     if (c->client_id) {
         rt_broker_release_client(c->client_id, rt_self(self));
         atomic_fetch_sub(&rt_broker->stats.sessions, 1);
@@ -1854,6 +1967,7 @@ static const char *conn_tag_name(uint32_t tag)
     case MSG_SESSION_EXPIRED: return "session_expired";
     case MSG_WILL_DUE: return "will_due";
     case RT_STORE_MSG_COMMITTED: return "store_committed";
+    case RT_RULES_MSG_DURABLE: return "rules_durable";
     case MSG_ACK_CHECK: return "ack_check";
     case MSG_RESTORED: return "restored";
     case MSG_AUTH_REFUSED: return "auth_refused";
