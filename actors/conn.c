@@ -1377,8 +1377,10 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
         return 0;
     }
-    if (!rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
-                       pk->publish.topic.len, RT_ACL_WRITE)) {
+    /* $SYS belongs to the broker (as in Mosquitto): a client cannot fake its values. */
+    bool sys = pk->publish.topic.len >= 4 && memcmp(pk->publish.topic.p, "$SYS", 4) == 0;
+    if (sys || !rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
+                              pk->publish.topic.len, RT_ACL_WRITE)) {
         refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
         return 0;
     }

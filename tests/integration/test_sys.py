@@ -173,8 +173,6 @@ def test_bad_packets_counted(sys1):
     tree.close()
 
 
-@pytest.mark.xfail(strict=True, reason="conn.c still routes a client's PUBLISH to $SYS/...; "
-                   "the tree publishes on change, so a retained fake stays until the value moves")
 def test_clients_cannot_publish_to_sys(sys1):
     tree = SysTree(sys1.port)
     assert wait_for(lambda: tree.get("version") is not None)
