@@ -1008,7 +1008,9 @@ int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
         rt_sink_t *s = g_sinks[i];
         char regname[80];
         snprintf(regname, sizeof(regname), "sink:%s", s->name);
-        rt_spawn_opts_t o = {.name = regname};
+        /* The queue is bounded by queue_bytes and max_bytes, not by the runtime's default
+           per-actor limit: a sink killed for its heap would lose what it holds. */
+        rt_spawn_opts_t o = {.name = regname, .max_heap = (size_t)1 << 62};
         int rc = rt_spawn_opt(s->drv->blocking ? &sink_blocking_type : &sink_type, s, &o, &s->pid);
         if (rc) {
             snprintf(err, errlen, "sinks.%s: cannot start: %s", s->name, rt_strerror(rc));

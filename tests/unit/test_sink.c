@@ -646,6 +646,40 @@ static void test_queue_bytes_bound(void)
     rt_sinks_free();
 }
 
+/* A runtime-wide max_heap smaller than a sink's queue does not kill the sink. */
+static void test_runtime_max_heap_spares_sinks(void)
+{
+    clean_dir();
+    rt_config_t cfg;
+    rt_config_defaults(&cfg);
+    cfg.schedulers = 2;
+    cfg.max_heap = 32 * 1024;
+    CHECK_EQ(rt_init(&cfg), 0);
+    char sinks[512];
+    snprintf(sinks, sizeof(sinks),
+             "{ archive = { type = 'sqlite', file = '%s', batch = 100000, flush_ms = 3600000, "
+             "queue_bytes = 1048576 } }",
+             dbfile);
+    CHECK_EQ(start(sinks), 0);
+    rt_sink_t *s = rt_sink_find("archive");
+    const uint32_t n = 2000; /* ~300 KB, held in memory */
+    for (uint32_t k = 0; k < n; k += 100)
+        CHECK_EQ(rt_sink_submit(s, make_rows(k, 100, k, 100), 100, NULL, 0, 0), 0);
+    rt_actor_info_t ai;
+    uint64_t end = test_now_ms() + 5000;
+    while (rt_actor_info(rt_whereis("sink:archive"), &ai) == 0 && ai.mailbox_len > 0 &&
+           test_now_ms() < end)
+        test_sleep_ms(2);
+    CHECK(rt_alive(rt_whereis("sink:archive")));
+    CHECK(ai.bin_bytes > cfg.max_heap);
+    rt_sinks_stop();
+    rt_sink_info_t i = info("archive");
+    CHECK_EQ(i.written, n);
+    CHECK(books_balance(&i));
+    rt_shutdown();
+    rt_sinks_free();
+}
+
 /* ---- Republish: through a real broker to a raw MQTT 3.1.1 subscriber ---- */
 
 static bool read_full(int fd, uint8_t *buf, size_t n, int timeout_ms)
@@ -1213,6 +1247,7 @@ int main(void)
     RUN(test_foreign_spill_set_aside);
     RUN(test_byte_limit);
     RUN(test_queue_bytes_bound);
+    RUN(test_runtime_max_heap_spares_sinks);
     RUN(test_republish);
     RUN(test_mongo);
     if (getenv("RT_SINK_BENCH"))
