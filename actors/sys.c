@@ -8,7 +8,7 @@
 
 #define SYS_PREFIX "$SYS/broker/"
 #define SYS_PAYLOAD_MAX 48 /* bytes of one value ("18446744073709551615 seconds" fits) */
-#define SYS_SLOTS 64       /* topics the tree can hold (43 now); put() asserts it */
+#define SYS_SLOTS 64       /* topics the tree can hold (46 now); put() asserts it */
 #define MSG_SYS_TICK (RT_MSG_USER + 1)
 
 /*
@@ -160,6 +160,10 @@ static void sys_tick(sys_t *s)
     put_u64(s, "messages/dropped", load_stat(&st->msgs_dropped));
     put_u64(s, "messages/expired", load_stat(&st->msgs_expired));
     put_u64(s, "bad_packets", load_stat(&st->bad_packets));
+    /* Limits the connection actors enforce: how often each refused something. */
+    put_u64(s, "limits/topic", load_stat(&st->topic_limit_hits));
+    put_u64(s, "limits/subscriptions", load_stat(&st->subs_limit_hits));
+    put_u64(s, "limits/retained", load_stat(&st->retained_limit_hits));
 
     rt_trie_stats_t ts;
     rt_trie_stats(rt_broker->trie, &ts);

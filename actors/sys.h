@@ -11,7 +11,7 @@
 **   clients/connected, clients/disconnected (persistent sessions offline),
 **   clients/maximum (peak of connected, as sampled each interval), clients/total (sessions)
 **   messages/received, messages/sent (PUBLISH packets), messages/dropped, messages/expired
-**   bytes/received, bytes/sent, bad_packets
+**   bytes/received, bytes/sent, bad_packets, limits/topic|subscriptions|retained
 **   subscriptions/count, shared_subscriptions/count, retained messages/count
 **   heap/current, heap/maximum (bytes the runtime accounts: see heap_bytes in sys.c)
 **   connections/accepted, connections/sockets (open now),

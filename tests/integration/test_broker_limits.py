@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from conftest import BUILD, Rtd
+from conftest import BUILD, Rtd, wait_for
+from sys_tree import SysTree
 from mqtt_raw import PUBACK, Raw, mqtt_str, u16, varint
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
@@ -133,3 +134,27 @@ def test_memory_flat_with_1000_subscribers_that_stopped_reading():
         for s in socks:
             s.close()
         stop(broker)
+
+
+def test_limit_hits_counted_in_sys():
+    broker = start("max_topic_levels=2", "max_subscriptions=1", "max_retained_messages=60",
+                   "sys_interval=1")
+    try:
+        tree = SysTree(broker.port)
+        assert tree.wait("limits/topic", 0)
+        c = Raw(broker.port, "lim", version=4)
+        c.subscribe("a/b/c", 0)                       # too deep: 1
+        c.publish("x/y/z", b"no", qos=1, pid=1)       # too deep: 2
+        c.subscribe("ok", 0)                          # the one allowed subscription
+        c.subscribe("ok2", 0)                         # over max_subscriptions: 1
+        for i in range(70):                           # $SYS holds ~50 of the 60 retained
+            c.publish(f"r/{i}", b"v", qos=1, pid=2 + i, retain=True)
+        assert tree.wait("limits/topic", 2), tree.get("limits/topic")
+        assert tree.wait("limits/subscriptions", 1), tree.get("limits/subscriptions")
+        # ~50 $SYS topics hold most of the 60 places: most of the 70 are refused, counted.
+        assert wait_for(lambda: (tree.num("limits/retained") or 0) >= 10)
+        c.disconnect()
+        tree.close()
+    finally:
+        stop(broker)
+
