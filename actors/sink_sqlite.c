@@ -65,7 +65,7 @@ typedef struct sq_s {
 static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json", NULL};
 
 static const sink_key_t sqlite_keys[] = {
-    {"file", SK_STRING, 0, 0, "database file (default data_dir/<name>.db)"},
+    {"file", SK_STRING, 0, 0, "database file, relative to data_dir (default <name>.db)"},
     {"table", SK_STRING, 0, 0, "default table (a rule may name another)"},
     {"synchronous", SK_STRING, 0, 0, "full or normal"},
     {"busy_ms", SK_INT, 0, 60000, "ms a write waits for a lock held elsewhere"},
@@ -158,12 +158,16 @@ static int sq_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
     s->drv_state = q;
     const rt_conf_kv_t *kv;
     int rc = 0;
+    /* A relative file lives in data_dir (the spill file's directory), like everything else
+       rtd writes, so one data_dir per broker keeps brokers and tests apart. */
     const rt_conf_kv_t *file = rt__sink_kv(sec, "file");
-    if (file && file->str[0])
+    int dirlen = (int)(strrchr(s->spill_path, '/') - s->spill_path);
+    if (file && file->str[0] == '/')
         snprintf(q->file, sizeof(q->file), "%s", file->str);
+    else if (file && file->str[0])
+        snprintf(q->file, sizeof(q->file), "%.*s/%s", dirlen, s->spill_path, file->str);
     else
-        snprintf(q->file, sizeof(q->file), "%.*s/%s.db",
-                 (int)(strrchr(s->spill_path, '/') - s->spill_path), s->spill_path, s->name);
+        snprintf(q->file, sizeof(q->file), "%.*s/%s.db", dirlen, s->spill_path, s->name);
     kv = rt__sink_kv(sec, "table");
     if (kv && (!kv->str[0] || strlen(kv->str) >= SQ_TABLE_LEN)) {
         snprintf(why, whylen, "table must be a name of 1 to %d bytes", SQ_TABLE_LEN - 1);

@@ -101,8 +101,9 @@ def silent_subscriber(port, i):
     return s
 
 
-def test_memory_flat_with_1000_subscribers_that_stopped_reading():
-    broker = start("log_level=warning")
+def test_memory_flat_with_1000_subscribers_that_stopped_reading(tmp_path):
+    # Rules off: the example archive rule would add the sink's queue to what is measured.
+    broker = start("log_level=warning", f'rules_dir="{tmp_path}"')
     socks = []
     try:
         for i in range(1000):
@@ -127,7 +128,7 @@ def test_memory_flat_with_1000_subscribers_that_stopped_reading():
         # Measured here: +150 to +170 MB, reached in the first seconds.
         assert peak - base < 256 * 1024, (base, samples)
         early, late = samples[:len(samples) // 2], samples[len(samples) // 2:]
-        assert max(late) - max(early) < 32 * 1024, samples  # flat: no creeping growth
+        assert max(late) - max(early) < 16 * 1024, samples  # flat: no creeping growth
         log = broker.read_log()
         assert log.count("client.dropping") >= 900  # every silent one was noticed and counted
     finally:
