@@ -43,6 +43,7 @@ enum {
     MSG_RESTORED,              /* first turn of a session loaded from the store */
     MSG_AUTH_REFUSED,          /* tag timer: the held-back negative CONNACK is due */
     MSG_PARSE_MORE,            /* complete packets wait in the partial buffer (budget ran out) */
+    MSG_SLOW_CHECK,            /* tag timer: is the client still not reading? */
 };
 
 #define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
@@ -77,11 +78,19 @@ typedef struct {
 static _Thread_local uint32_t routed_this_event;
 #define RT_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
 /*
-** Unsent bytes past which QoS 0 to a client is dropped: just under the runtime's
-** pressure mark, so a client that stops reading never mutes the publishers that
-** everyone else shares (QoS 1/2 stay bounded by the receive window and queue).
+** Slow consumers. A client whose socket backs up past the runtime's pressure
+** mark first gets backpressure (its publishers are muted), which is lossless
+** for a reader that is only behind for a moment (a burst from many
+** publishers). If it is still backed up RT_CONN_SLOW_MS later it is a slow
+** consumer: it sheds QoS 0 (dropped and counted, at the publishers' end too)
+** and stops applying pressure, so it cannot hold everyone else back; its QoS
+** 1/2 stay bounded by its receive window and queue. It recovers when its
+** socket drains. Until the verdict, at most RT_CONN_MAX_BACKLOG waits unsent:
+** enough for a burst from a hundred publishers, and the memory bound per client.
 */
-#define RT_CONN_QOS0_BACKLOG (RT_SOCK_HIGH_WATER - 4096)
+#define RT_CONN_SLOW_MS 1000
+#define RT_CONN_MAX_BACKLOG (1u << 20) /* unsent bytes past which QoS 0 is dropped regardless */
+#define RT_CONN_SLOW_HIGH_WATER (4u << 20) /* pressure mark while shedding: window traffic only */
 #define RT_SHARE_PREFIX "$share/"
 
 /* One of the client's subscriptions, kept for session end, shared-group moves and persistence. */
@@ -127,6 +136,7 @@ struct conn_s {
     uint8_t stored : 1;    /* the store has (or had) this session: its end must be written */
     uint8_t shedding : 1;  /* its client stopped reading: publishers drop QoS 0 for it (rt_shed) */
     uint8_t parse_pending : 1; /* MSG_PARSE_MORE is queued; socket reading is paused meanwhile */
+    uint8_t slow_check : 1; /* MSG_SLOW_CHECK is pending */
 };
 
 /* Most of an idle connection's memory: with the actor header it must stay in a 384-byte slab. */
@@ -381,6 +391,8 @@ static bool online(const conn_t *c)
     return c->sock && c->version && !c->closing;
 }
 
+static void watch_backlog(conn_t *c);
+
 /*
 ** Sends a queued message now. QoS 0 is done once written; QoS 1 and 2 take a
 ** packet id and wait in the inflight list for their acknowledgement. Takes m.
@@ -405,6 +417,7 @@ static void transmit(conn_t *c, rt_qmsg_t *m)
     if (m->seq && m->qos == 2)
         rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_ACK, m->packet_id);
     rt_qlist_push(&c->sess->inflight, m);
+    watch_backlog(c);
 }
 
 /* Moves queued messages out while the receive window has room (in order: QoS 0 waits too). */
@@ -426,6 +439,29 @@ static void pump(conn_t *c)
     }
 }
 
+/* Past the pressure mark: a check in RT_CONN_SLOW_MS says whether it is a slow consumer. */
+static void watch_backlog(conn_t *c)
+{
+    if (c->slow_check || c->shedding || rt_sock_pending(c->sock) <= RT_SOCK_HIGH_WATER)
+        return;
+    c->slow_check = 1;
+    rt_send_after_tag(RT_CONN_SLOW_MS, rt_self(rt_current()), MSG_SLOW_CHECK, NULL);
+}
+
+static void on_slow_check(rt_actor_t *self, conn_t *c)
+{
+    c->slow_check = 0;
+    if (!online(c) || c->shedding || rt_sock_pending(c->sock) <= RT_SOCK_HIGH_WATER)
+        return;
+    /* Publishers drop QoS 0 for it at the source from now on: a mailbox of messages that
+       would only be dropped here is memory for nothing. */
+    c->shedding = 1;
+    rt_shed(self, true);
+    rt_sock_set_high_water(c->sock, RT_CONN_SLOW_HIGH_WATER);
+    rt_log(RT_LOG_WARNING, "client.slow", "client=%s unsent=%zu: shedding QoS 0 until it reads",
+           c->client_id ? c->client_id : "-", rt_sock_pending(c->sock));
+}
+
 /*
 ** Decides a delivery's fate: sent at once (QoS 0, online, nothing queued), dropped, or
 ** returned as a session message to keep (NULL for the first two).
@@ -434,18 +470,11 @@ static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint
 {
     bool backlog = c->sess && c->sess->queued.n;
     if (online(c) && !backlog && d->qos == 0) {
-        /* A client that stops reading: QoS 0 is dropped once its socket is backed up, before
-           the runtime's pressure mark would mute the publishers everyone else shares. */
-        if (rt_sock_pending(c->sock) >= RT_CONN_QOS0_BACKLOG) {
+        if (c->shedding || rt_sock_pending(c->sock) >= RT_CONN_MAX_BACKLOG)
             count_dropped(c, bin, "slow_consumer");
-            /* Until the socket drains, publishers drop QoS 0 for us at the source: a
-               mailbox of messages that would only be dropped here is memory for nothing. */
-            if (!c->shedding) {
-                c->shedding = 1;
-                rt_shed(rt_current(), true);
-            }
-        } else
+        else
             send_publish(c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
+        watch_backlog(c);
         return NULL;
     }
     if (!c->sock && d->qos == 0 && !rt_broker->conf.queue_qos0) {
@@ -1864,9 +1893,12 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     switch (m->tag) {
     case RT_MSG_SOCKET: {
         uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
-        if (c->shedding && (events & RT_SOCK_WRITABLE)) {
+        if (c->shedding && (events & RT_SOCK_WRITABLE) && c->sock) {
             c->shedding = 0; /* the client caught up */
             rt_shed(self, false);
+            rt_sock_set_high_water(c->sock, 0);
+            rt_log(RT_LOG_INFO, "client.caught_up", "client=%s dropped=%u", c->client_id,
+                   c->dropped);
         }
         if (c->sock && (events & RT_SOCK_READABLE))
             on_readable(self, c);
@@ -1911,6 +1943,9 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case MSG_PARSE_MORE:
         on_parse_more(self, c);
+        break;
+    case MSG_SLOW_CHECK:
+        on_slow_check(self, c);
         break;
     case MSG_RESTORED:
         /* From its own turn, so the store learns the session's new owner (epoch). */
@@ -1980,6 +2015,7 @@ static const char *conn_tag_name(uint32_t tag)
     case MSG_RESTORED: return "restored";
     case MSG_AUTH_REFUSED: return "auth_refused";
     case MSG_PARSE_MORE: return "parse_more";
+    case MSG_SLOW_CHECK: return "slow_check";
     }
     return NULL;
 }

@@ -237,6 +237,13 @@ void rt_sock_pause_reading(rt_sock_t *s, bool paused);
 /* Sends or buffers all len bytes; RT_ECLOSED if the peer is gone. */
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len);
 size_t rt_sock_pending(const rt_sock_t *s); /* buffered output bytes */
+/*
+** Buffered bytes past which the owner counts as under pressure (0: the default
+** RT_SOCK_HIGH_WATER). Raising it lifts pressure at once: for an owner that has
+** decided its peer is slow and will drop what it cannot send, instead of muting
+** the actors feeding it.
+*/
+void rt_sock_set_high_water(rt_sock_t *s, size_t bytes);
 void rt_sock_close(rt_sock_t *s);
 /*
 ** Gives up the socket without closing it and returns its fd (to hand to another

@@ -44,6 +44,7 @@ struct rt_sock_s {
     uint8_t listening;
     uint8_t blocked;       /* the kernel refused output; waiting for EPOLLOUT */
     uint8_t broken;        /* a send failed for good; the next read reports it */
+    uint32_t high_water;   /* pending bytes that mean pressure; 0: RT_SOCK_HIGH_WATER */
     rt_actor_t *owner;
     rt_sock_t *next;       /* the owner's list */
     struct rt_sock_out_s *out; /* output the kernel has not taken; NULL when empty */
@@ -351,12 +352,20 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
     o->len += len;
     if (o->len - o->off >= RT_SOCK_FLUSH_AT && !s->blocked && flush(s) == RT_ECLOSED)
         return RT_ECLOSED;
-    if (rt_sock_pending(s) > RT_SOCK_HIGH_WATER)
+    if (rt_sock_pending(s) > (s->high_water ? s->high_water : RT_SOCK_HIGH_WATER))
         rt__set_pressure(s->owner, true);
     return 0;
 }
 
 /* End of the owner's turn: send what its handlers wrote. */
+void rt_sock_set_high_water(rt_sock_t *s, size_t bytes)
+{
+    s->high_water = bytes > UINT32_MAX ? UINT32_MAX : (uint32_t)bytes;
+    if (rt_sock_pending(s) <= (s->high_water ? s->high_water : RT_SOCK_HIGH_WATER) &&
+        (atomic_load_explicit(&s->owner->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE))
+        rt__set_pressure(s->owner, false);
+}
+
 void rt__sock_flush_turn(rt_actor_t *a)
 {
     for (rt_sock_t *s = a->socks; s; s = s->next) {
