@@ -136,6 +136,15 @@ class Rtd:
                 self.proc.wait()
         return self.proc.returncode, self.read_log()
 
+    def wait_offline(self, client_id, timeout=5.0):
+        """Waits until the broker has handled client_id's disconnect and kept its session:
+        until then, messages published meanwhile still go out on the closing socket."""
+        mark = f"client.disconnected client={client_id} session=kept"
+        deadline = time.time() + timeout
+        while mark not in self.read_log():
+            assert time.time() < deadline, self.read_log()[-2000:]
+            time.sleep(0.01)
+
     def kill9(self):
         """SIGKILL, as a crash: nothing gets to flush or say goodbye."""
         self.proc.kill()

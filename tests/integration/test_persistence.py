@@ -49,6 +49,7 @@ def test_retained_and_sessions_survive_restart(crash):
         sub.subscribe("p/#", 1)
         sub.subscribe("p2/#", 2)
         sub.disconnect()
+        broker.wait_offline("keep")
         pub = Raw(broker.port, "p-pub")
         pub.publish("p/r", b"retained", qos=1, retain=True, pid=1)
         for i in range(5):
@@ -157,6 +158,7 @@ def test_session_expiry_runs_while_the_broker_is_down():
     short = Raw(broker.port, "brief", clean=False, props=prop_u32(P_SESSION_EXPIRY, 1))
     short.subscribe("b/t", 1)
     short.disconnect()
+    broker.wait_offline("brief")  # its expiry counts from here, which the store must know
     code, log = broker.stop()
     assert code == 0, log
     time.sleep(1.5)
