@@ -1967,6 +1967,9 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (!c->discard_will && reason != RT_REASON_SHUTDOWN)
         publish_will(self, c);
     drop_will(c);
+    /* While the client still counts as connected and its username and peer are there. */
+    if (c->client_id && c->connected)
+        rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, -1, rt_reason_name(reason), NULL);
     if (c->sess) {
         hand_over_shared(self, c, &c->sess->inflight);
         hand_over_shared(self, c, &c->sess->queued);
@@ -1989,8 +1992,6 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     /* The session ends, unless the broker is only stopping: then it is kept for the restart. */
     if (c->stored && reason != RT_REASON_SHUTDOWN)
         rt_store_session_end(c->client_id);
-    if (c->client_id && c->connected)
-        rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, -1, rt_reason_name(reason), NULL);
     if (c->client_id) {
         rt_broker_release_client(c->client_id, rt_self(self));
         atomic_fetch_sub(&rt_broker->stats.sessions, 1);

@@ -884,12 +884,25 @@ static int parse_spec(lua_State *L, const rule_file_t *f, rt_rule_spec_t *spec, 
 }
 
 /* Writes the load error on top of the stack, prefixed with the path unless Lua put it there. */
+/*
+** The load error as "path:line: reason". Lua shortens a source name longer than LUA_IDSIZE
+** to "...<its tail>"; the whole path is put back in its place.
+*/
 static void load_error(lua_State *L, const rule_file_t *f, char *err, size_t errlen)
 {
     const char *e = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "error (not a string)";
     size_t pl = strlen(f->path);
+    const char *rest = NULL;
     if (strncmp(e, f->path, pl) == 0 && e[pl] == ':')
-        snprintf(err, errlen, "%s", e);
+        rest = e + pl;
+    else if (strncmp(e, "...", 3) == 0)
+        for (const char *c = e + 3; *c && !rest; c++) {
+            size_t k = (size_t)(c - (e + 3));
+            if (*c == ':' && k <= pl && memcmp(f->path + pl - k, e + 3, k) == 0)
+                rest = c;
+        }
+    if (rest)
+        snprintf(err, errlen, "%s%s", f->path, rest);
     else
         snprintf(err, errlen, "%s: %s", f->path, e);
 }
