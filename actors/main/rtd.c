@@ -19,6 +19,29 @@
 
 #define RTD_VERSION "0.1.0"
 
+/* One line per rule with its counters, as sinks log theirs at stop. */
+static void log_rules(void)
+{
+    size_t n = rt_rules_snapshot(NULL, 0);
+    rt_rule_info_t *info = n ? calloc(n, sizeof(*info)) : NULL;
+    if (!info)
+        return;
+    size_t got = rt_rules_snapshot(info, n); /* a reload may have changed the count */
+    n = got < n ? got : n;
+    for (size_t i = 0; i < n; i++) {
+        const rt_rule_info_t *r = &info[i];
+        rt_log(RT_LOG_INFO, "rule.stopped",
+               "rule=%s matched=%llu passed=%llu filtered=%llu exception=%llu budget=%llu "
+               "memory=%llu rows=%llu%s%s",
+               r->name, (unsigned long long)r->matched, (unsigned long long)r->passed,
+               (unsigned long long)r->filtered, (unsigned long long)r->failed_exception,
+               (unsigned long long)r->failed_budget, (unsigned long long)r->failed_memory,
+               (unsigned long long)r->rows_out, r->last_error[0] ? " last_error=" : "",
+               r->last_error);
+    }
+    free(info);
+}
+
 static void usage(FILE *out)
 {
     fprintf(out, "usage: rtd [-c FILE] [-o name=value]... [--version]\n"
@@ -157,6 +180,7 @@ int main(int argc, char **argv)
     }
     /* Rule workers hand over their last rows, then sinks write or spill what they hold,
        before the runtime stops every actor; what sessions changed is on disk first. */
+    log_rules();
     rt_rules_stop();
     rt_sinks_stop();
     rt_store_sync();
