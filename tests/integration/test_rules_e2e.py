@@ -5,7 +5,6 @@ test_sinks.py covers the archive sink's count, order, spill and replay with the 
 """
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import threading
@@ -15,7 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 import mqtt_raw
-from conftest import BUILD, ROOT, RTD, Rtd, free_port, wait_for
+from conftest import BUILD, ROOT, Broker, RTD, Rtd, free_port, wait_for
 from mongo_wire import Mongo
 
 MONGO_TEST = os.path.join(BUILD, "tools", "mongotest", "rt_mongo_test")
@@ -336,7 +335,8 @@ def test_broken_rules_isolated(tmp_path):
 def run_rtd_expect_exit(tmp_path, rules, sinks, timeout=10):
     """Runs rtd that must refuse to start; returns (exit code, stderr)."""
     proc = subprocess.run(
-        [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"), "-o", f"listeners=127.0.0.1:{free_port()}",
+        [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
+         "-o", f"listeners=127.0.0.1:{free_port()}",
          "-o", f'data_dir="{tmp_path}"', "-o", f'rules_dir="{rules}"', "-o", "sinks={%s}" % sinks],
         capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stderr
@@ -358,13 +358,15 @@ def escapes(marker):
         "io_open": f'io.open("{marker}", "w"):write("x")',
         "os_execute": f'os.execute("touch {marker}")',
         "require": f'require("os").execute("touch {marker}")',
-        "load_bytecode": f'load("\\27LuaT\\0\\25\\147\\13\\10\\26\\10")()',
+        "load_bytecode": 'load("\\27LuaT\\0\\25\\147\\13\\10\\26\\10")()',
         "load_text": f'load("os.execute(\'touch {marker}\')")()',
         "dump": 'local f = string.dump(function() end)',
         "debug": 'debug.sethook(function() end, "", 1)',
         "rawget_io": f'rawget(_G, "io").open("{marker}", "w")',
-        "string_meta": f'getmetatable("").__index.execute = 1',
+        "string_meta": 'getmetatable("").__index.execute = 1',
         "dofile": f'dofile("{marker}")',
+        "patch_json": 'json.decode = function() return {} end',
+        "patch_string": 'string.rep = nil',
     }
 
 
@@ -384,17 +386,20 @@ def test_sandbox_escapes_fail_at_run(tmp_path):
         assert poll_count(db, "good", 5) == 5
         assert query(db, "SELECT escaped FROM bad") is None, query(db, "SELECT escaped FROM bad")
     finally:
-        stop_ok(rtd)
+        log = stop_ok(rtd)
     assert not os.path.exists(marker)
+    for name in files:
+        assert f"rule.stopped rule={name} matched=5 passed=0 filtered=0 exception=5 budget=0 " \
+            "memory=0 rows=0 last_error=" in log, log
 
 
 @pytest.mark.parametrize("name", sorted(escapes("m")))
 def test_sandbox_escape_at_load_refuses_start(tmp_path, name):
     marker = str(tmp_path / "escaped")
     code_text = escapes(marker)[name]
-    rules = write_rules(tmp_path, **{name: '%s\nreturn { name = "%s", from = "x/#", to = { "db" },\n'
-                                     '  select = function(msg) return nil end }\n'
-                                     % (code_text, name)})
+    text = ('%s\nreturn { name = "%s", from = "x/#", to = { "db" },\n'
+            '  select = function(msg) return nil end }\n' % (code_text, name))
+    rules = write_rules(tmp_path, **{name: text})
     code, err = run_rtd_expect_exit(tmp_path, rules, sqlite_sink(str(tmp_path / "x.db")))
     assert code == 2, err
     assert os.path.join(rules, f"{name}.lua") + ":1:" in err, err
@@ -418,14 +423,7 @@ class MongoServer:
         self.proc.kill()
         self.proc.wait(timeout=5)
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+    stop = Broker.stop  # SIGTERM, then SIGKILL after 5 s: the same as for Mosquitto
 
 
 MONGO_RULE = '''
