@@ -127,6 +127,8 @@ struct conn_s {
     uint16_t recv_max;     /* the client's Receive Maximum (MQTT 5), 65535 when absent */
     uint8_t version;       /* 0 until CONNECT */
     uint8_t refusal;       /* CONNACK code held back while a failed login waits out its delay */
+    uint8_t disc_rc;       /* 1 + the reason code the connection ended with (DISCONNECT from
+                              either side, or the server's reason to close); 0: none yet */
     /* Flags as bits: this struct is most of an idle connection's memory. */
     uint8_t closing : 1;   /* the connection is ending: read and deliver nothing more on it */
     uint8_t resuming : 1;  /* the CONNECT being handled continues this actor's session */
@@ -202,6 +204,12 @@ static void rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, 
                          .reason = reason, .proto_ver = -1, .keepalive = -1, .clean_start = -1,
                          .canonical = canonical};
     rt_rules_event(&o, &e);
+}
+
+/* client.disconnected: the MQTT reason code the connection ended with, or -1 (none). */
+static int disc_reason_code(const conn_t *c)
+{
+    return c->disc_rc ? c->disc_rc - 1 : -1;
 }
 
 /* session.subscribed / unsubscribed: rules get the filter as a C string. */
@@ -802,7 +810,7 @@ static void go_offline(rt_actor_t *self, conn_t *c)
         rt_store_session(c->client_id, c->session_expiry, false, false);
     rt_log(RT_LOG_INFO, "client.disconnected", "client=%s session=kept expiry=%us", c->client_id,
            c->session_expiry);
-    rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, -1, "offline", NULL);
+    rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c), "offline", NULL);
 }
 
 /*
@@ -813,6 +821,8 @@ static void close_conn(rt_actor_t *self, conn_t *c, uint8_t reason, rt_reason_t 
 {
     if (c->closing)
         return;
+    if (!c->disc_rc && reason)
+        c->disc_rc = (uint8_t)(1 + reason);
     if (c->version == MQTT_V5 && reason)
         send_disconnect(c, reason);
     if (c->session_expiry && c->client_id && exit_reason == RT_REASON_NORMAL) {
@@ -1632,6 +1642,7 @@ static int handle_disconnect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     }
     /* A normal DISCONNECT discards the will; v5 can ask for it with 0x04. */
     c->discard_will = !(c->version == MQTT_V5 && pk->reason == MQTT_RC_DISCONNECT_WITH_WILL);
+    c->disc_rc = (uint8_t)(1 + (c->version == MQTT_V5 ? pk->reason : 0));
     close_conn(self, c, 0, RT_REASON_NORMAL);
     return 0;
 }
@@ -1855,6 +1866,7 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     c->closing = 0;
     c->resuming = 1;
     c->discard_will = 0;
+    c->disc_rc = 0;
     c->will_delay = 0;
     c->peer_max_packet = 0;
     c->last_rx_ms = now_ms();
@@ -1969,7 +1981,8 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     drop_will(c);
     /* While the client still counts as connected and its username and peer are there. */
     if (c->client_id && c->connected)
-        rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, -1, rt_reason_name(reason), NULL);
+        rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c),
+                   rt_reason_name(reason), NULL);
     if (c->sess) {
         hand_over_shared(self, c, &c->sess->inflight);
         hand_over_shared(self, c, &c->sess->queued);
