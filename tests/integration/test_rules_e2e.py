@@ -180,7 +180,8 @@ return {
         return { event = e.event, clientid = e.clientid, topic = e.topic, qos = e.qos,
                  reason = e.reason, reason_code = e.reason_code, proto_ver = e.proto_ver,
                  keepalive = e.keepalive, clean_start = e.clean_start,
-                 from_clientid = e.from_clientid, payload = e.payload, peer = e.peer }
+                 from_clientid = e.from_clientid, payload = e.payload, peer = e.peer,
+                 username = e.username, retain = e.retain, at = e.timestamp }
     end,
     to = { db = { table = "events" } },
 }
@@ -192,7 +193,8 @@ def test_every_event_kind_lands_as_a_row(tmp_path):
     rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db))
     try:
         # The subscriber takes packets of at most 64 bytes: a bigger message is dropped.
-        sub = mqtt_raw.Raw(rtd.port, "sub1", version=5, keepalive=30,
+        t0 = now_ms()
+        sub = mqtt_raw.Raw(rtd.port, "sub1", version=5, keepalive=30, username="alice",
                            props=mqtt_raw.prop_u32(0x27, 64))
         sub.subscribe("ev/#", qos=1)
         pub = mqtt_raw.Raw(rtd.port, "pub1", version=4, keepalive=20)
@@ -209,14 +211,19 @@ def test_every_event_kind_lands_as_a_row(tmp_path):
         # DISCONNECT with reason 0x04 (send the will): the rule sees that code.
         mqtt_raw.Raw(rtd.port, "bye", version=5).disconnect(reason=4)
         n = poll_count(db, "events", 11)
+        t1 = now_ms()
         assert n == 11, "\n".join(map(str, query(db, "SELECT * FROM events")))
         rows = query(db, "SELECT event, clientid, topic, qos, reason, proto_ver, keepalive, "
-                         "clean_start, payload, reason_code, peer FROM events ORDER BY rowid")
+                         "clean_start, payload, reason_code, peer, username, retain, at "
+                         "FROM events ORDER BY rowid")
     finally:
         stop_ok(rtd)
     by = {}
     for r in rows:
         assert r[10].startswith("127.0.0.1:"), r
+        assert r[11] == ("alice" if r[1] == "sub1" else None), r
+        assert r[12] == (0 if r[0].startswith("message.") else None), r
+        assert t0 <= r[13] <= t1, r
         by.setdefault((r[1], r[0]), []).append(r[:10])
     assert sorted(by) == sorted([("sub1", e) for e in EVENTS] +
                                 [(c, e) for c in ("pub1", "bye")
