@@ -663,3 +663,29 @@ def test_republish_reshaped_without_loop(tmp_path):
         assert sub.read(0.3) is None  # and nothing more came
     finally:
         stop_ok(rtd)
+
+
+def test_durable_failure_reaches_the_v5_publisher(tmp_path):
+    """A durable rule that fails on a message, or a row its sink refuses (over max_bytes),
+    gives the MQTT 5 publisher a PUBACK with an error reason rather than a silent success."""
+    db = str(tmp_path / "durfail.db")
+    rules = write_rules(tmp_path, durable=DURABLE_RULE.replace(
+        "select = function(msg)",
+        'select = function(msg)\n        if msg.payload == "bad" then error("refused") end\n'
+        '        if msg.payload == "big" then return { seq = -1, pad = string.rep("x", 8192) } end'))
+    rtd = start(tmp_path, rules, sqlite_sink(db).replace("}", ",max_bytes=4096}"))
+    try:
+        pub = mqtt_raw.Raw(rtd.port, "v5pub", version=5)
+        codes = []
+        for pid, payload in enumerate([b"1", b"bad", b"2", b"big", b"3"], start=1):
+            pub.send((mqtt_raw.PUBLISH << 4) | 2, mqtt_raw.mqtt_str("dur/x") +
+                     mqtt_raw.u16(pid) + mqtt_raw.varint(0) + payload)
+            ack = pub.expect(mqtt_raw.PUBACK)
+            assert ack.body[:2] == mqtt_raw.u16(pid)
+            codes.append(ack.body[2] if len(ack.body) > 2 else 0)
+        pub.disconnect()
+        # 0x10: no subscriber (still a success); 0x80: unspecified error; 0x97: quota exceeded.
+        assert codes == [0x10, 0x80, 0x10, 0x97, 0x10]
+        assert query(db, "SELECT seq FROM acked ORDER BY rowid") == [(1,), (2,), (3,)]
+    finally:
+        stop_ok(rtd)
