@@ -544,6 +544,10 @@ def test_mongo_sink_exactly_once_through_an_outage(tmp_path):
         assert seqs == list(range(per)), (k, seqs[:20])
         assert all(d["topic"] == f"m/mc{k}/seq" for d in docs if d["client"] == f"mc{k}")
     assert f"sink.stopped sink=mongo in={total} written={total} spilled=0 dropped=0" in log, log
+    if server:  # the sink saw the outage and came back
+        assert "sink.state sink=mongo state=disconnected" in log, log
+        assert log.rindex("sink.state sink=mongo state=connected") > \
+            log.index("sink.state sink=mongo state=disconnected"), log
 
 
 # ---- 6. durable acknowledgement across a crash ----
