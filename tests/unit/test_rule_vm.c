@@ -456,6 +456,18 @@ static void test_load_errors(void)
         CHECK_EQ(rt_rule_vm_nrules(vm), 0);
         rt_rule_vm_free(vm);
     }
+    /* A path longer than Lua's LUA_IDSIZE still comes back whole, before its line. */
+    const char *longp = "/a/very/long/rules/directory/that/lua/would/shorten/to/its/tail/r1.lua";
+    rt_rule_vm_t *lvm;
+    rt_rule_spec_t lspec;
+    if (rt_rule_vm_new(MEM, BUDGET, &lvm) == 0) {
+        const char *bad = "return {\n name = 'x',\n from = '#'\n select = 1 }";
+        CHECK_EQ(rt_rule_vm_load(lvm, longp, bad, strlen(bad), &lspec, err, sizeof(err)),
+                 RT_EINVAL);
+        CHECK(strncmp(err, longp, strlen(longp)) == 0 &&
+              strncmp(err + strlen(longp), ":4:", 3) == 0);
+        rt_rule_vm_free(lvm);
+    }
     /* A good file: the spec carries everything declared. */
     const char *good = "return { name = 'g', from = { 'a/+', 'client.connected' },\n"
                        "  select = function() end, durable = true, enabled = false,\n"
