@@ -1845,6 +1845,8 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
             publish_will(self, c);
         close_socket(c);
         reset_connection_state(c);
+        rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, MQTT_RC_SESSION_TAKEN_OVER,
+                   "takeover", NULL);
         count_connected(c, false);
         rt_log(RT_LOG_INFO, "client.disconnected", "client=%s reason=takeover session=kept",
                c->client_id);
@@ -1854,6 +1856,8 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     drop_will(c); /* back in time: a pending delayed will is cancelled */
     free(c->username); /* the new CONNECT names its own user */
     c->username = NULL;
+    free(c->peer); /* and comes from its own address */
+    c->peer = NULL;
     if (rt_sock_adopt(self, fd, &c->sock) != 0) {
         rt_log(RT_LOG_ERROR, "client.resume_failed", "client=%s", c->client_id);
         close(fd);
@@ -1966,9 +1970,19 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
 }
 
+/* The runtime names only its own reasons; RT_REASON_TAKEOVER would read "user". */
+static const char *exit_reason_name(rt_reason_t reason)
+{
+    return reason == RT_REASON_TAKEOVER ? "takeover" : rt_reason_name(reason);
+}
+
 static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     conn_t *c = state;
+    if (!c->disc_rc && reason == RT_REASON_TAKEOVER)
+        c->disc_rc = 1 + MQTT_RC_SESSION_TAKEN_OVER;
+    else if (!c->disc_rc && reason == RT_REASON_SHUTDOWN)
+        c->disc_rc = 1 + MQTT_RC_SERVER_SHUTTING_DOWN;
     if (c->sock && c->version == MQTT_V5 && !c->closing) {
         if (reason == RT_REASON_TAKEOVER)
             send_disconnect(c, MQTT_RC_SESSION_TAKEN_OVER);
@@ -1982,7 +1996,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     /* While the client still counts as connected and its username and peer are there. */
     if (c->client_id && c->connected)
         rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c),
-                   rt_reason_name(reason), NULL);
+                   exit_reason_name(reason), NULL);
     if (c->sess) {
         hand_over_shared(self, c, &c->sess->inflight);
         hand_over_shared(self, c, &c->sess->queued);
@@ -2009,7 +2023,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         rt_broker_release_client(c->client_id, rt_self(self));
         atomic_fetch_sub(&rt_broker->stats.sessions, 1);
         rt_log(RT_LOG_INFO, "client.disconnected", "client=%s reason=%s", c->client_id,
-               rt_reason_name(reason));
+               exit_reason_name(reason));
         free(c->client_id);
     }
 }

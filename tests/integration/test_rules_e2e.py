@@ -250,6 +250,33 @@ def test_every_event_kind_lands_as_a_row(tmp_path):
             ("client.disconnected", who, N, N, "normal", N, N, N, N, code)
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["session_kept", "clean_start"])
+def test_takeover_events_and_peers(tmp_path, kept):
+    """A second connection with the same client id (from another address) takes over: the rules
+    see the first one disconnect (takeover, 0x8E) and the second connect, each with its own
+    peer. With a kept session the same actor goes on with a new socket."""
+    db = str(tmp_path / "tk.db")
+    rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db))
+    props = mqtt_raw.prop_u32(mqtt_raw.P_SESSION_EXPIRY, 60 if kept else 0)
+    try:
+        a = mqtt_raw.Raw(rtd.port, "tk", version=5, clean=not kept, props=props)
+        b = mqtt_raw.Raw(rtd.port, "tk", version=5, clean=not kept, props=props,
+                         bind="127.0.0.2")
+        assert b.session_present == (1 if kept else 0)
+        a.close()
+        b.disconnect(props=mqtt_raw.prop_u32(mqtt_raw.P_SESSION_EXPIRY, 0))
+        assert poll_count(db, "events", 4) == 4
+        rows = query(db, "SELECT event, reason, reason_code, substr(peer, 1, 10) FROM events "
+                         "WHERE clientid = 'tk' ORDER BY rowid")
+    finally:
+        stop_ok(rtd)
+    assert sorted(rows, key=lambda r: (r[3], r[0] != "client.connected")) == [
+        ("client.connected", None, None, "127.0.0.1:"),
+        ("client.disconnected", "takeover", 0x8E, "127.0.0.1:"),
+        ("client.connected", None, None, "127.0.0.2:"),
+        ("client.disconnected", "normal", 0, "127.0.0.2:")]
+
+
 @pytest.mark.xfail(strict=True, reason="documented in etc/rules/README.md but never set: "
                    "actors/conn.c passes no from_clientid (the canonical message does not carry "
                    "the publisher's id)")
