@@ -14,6 +14,16 @@ import pytest
 MOSQUITTO = "/usr/sbin/mosquitto"
 
 
+@pytest.fixture(autouse=True)
+def watchdog():
+    """A test that hangs (a deadlock in a client library, a broker that stopped answering)
+    ends the run with every thread's traceback after 300 s instead of stalling CI."""
+    import faulthandler
+    faulthandler.dump_traceback_later(300, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
 def free_port():
     """Returns a TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
