@@ -539,7 +539,9 @@ static bool bson_value(lua_State *L, int idx, bson_t *doc, const char *key, int 
             snprintf(err, errlen, "field \"%s\": string too long", key);
             return false;
         }
-        if (rt_utf8_valid(s, n))
+        /* Text is UTF-8 without NUL: BSON readers (bson_validate in the sinks, MongoDB)
+           refuse a string holding a NUL, so such bytes go as binary, like non-UTF-8. */
+        if (rt_utf8_valid(s, n) && !memchr(s, 0, n))
             return bson_append_utf8(doc, key, klen, s, (int)n);
         return bson_append_binary(doc, key, klen, BSON_SUBTYPE_BINARY, (const uint8_t *)s,
                                   (uint32_t)n);

@@ -6,8 +6,8 @@ return {
     description = "every message into the archive sink",
     from = "#",                        -- '#' does not match $SYS/... topics (MQTT's rule)
     select = function(msg)
-        -- One row: a table of column = value. Payload bytes that are not UTF-8 are
-        -- stored as a BLOB, the others as TEXT.
+        -- One row: a table of column = value. Payload bytes that are not UTF-8 (or hold
+        -- a NUL) are stored as a BLOB, the others as TEXT.
         return {
             ts = msg.timestamp,        -- ms since the epoch, when the broker took it
             topic = msg.topic,

@@ -363,6 +363,9 @@ static void test_rows(void)
     CHECK_EQ(eval("return {}", NULL, 0), RT_RULE_FILTERED);
     CHECK_EQ(eval("return { v = 'one' }", v, sizeof(v)), RT_RULE_PASSED);
     CHECK(strcmp(v, "one") == 0);
+    /* UTF-8 holding a NUL is binary, not text (bson_validate in the sinks refuses it). */
+    CHECK_EQ(eval("return { v = 'a\\0b' }", v, sizeof(v)), RT_RULE_PASSED);
+    CHECK(strcmp(v, "") == 0);
     /* A list of rows (EMQX's FOREACH): one row per element. */
     const char *texts[] = {
         "return { name = 'each', from = '#', select = function(msg)\n"
