@@ -19,7 +19,10 @@
 
 #define RTD_VERSION "0.1.0"
 
-/* One line per rule with its counters, as sinks log theirs at stop. */
+/*
+** One line per rule and per rule worker with their counters at stop, as sinks log
+** theirs: a run can check published == passed == written from the log alone.
+*/
 static void log_rules(void)
 {
     size_t n = rt_rules_snapshot(NULL, 0);
@@ -40,6 +43,11 @@ static void log_rules(void)
                r->last_error);
     }
     free(info);
+    rt_rules_worker_info_t wi[64];
+    n = rt_rules_workers(wi, 64);
+    for (size_t i = 0; i < n && i < 64; i++)
+        rt_log(RT_LOG_INFO, "rule.worker", "worker=%zu messages=%llu batches=%llu", i,
+               (unsigned long long)wi[i].messages, (unsigned long long)wi[i].batches);
 }
 
 static void usage(FILE *out)
