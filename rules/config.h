@@ -27,6 +27,13 @@ typedef struct rt_listen_s {
 ** the module that owns the section checks its keys at start, naming where and line.
 ** Nested tables are flattened with dots ("columns.topic"; arrays as "columns.1").
 */
+/*
+** ms a rule worker holds a partial sink batch before submitting it (rule_flush_ms).
+** Each submission is a message, a wake-up and a queue entry at the sink; flushing
+** at the end of every turn made ~1.6 rows per submission at 40k msg/s. The sink
+** waits up to its flush_ms (50) for a full batch anyway, so 2 ms adds little.
+*/
+#define RT_CONF_RULE_FLUSH_MS 2
 #define RT_CONF_MAX_SECTIONS 8
 #define RT_CONF_MAX_SECTION_KEYS 24
 #define RT_CONF_KEY_LEN 48
@@ -98,6 +105,7 @@ typedef struct rt_conf_s {
     char rules_dir[256];       /* directory of rule files (*.lua) */
     long rule_workers;         /* rule worker actors, one Lua state each */
     long rule_instructions;    /* Lua instructions one rule call may run */
+    long rule_flush_ms;        /* ms a worker holds a partial sink batch; 0 = one per turn */
     long rule_memory;          /* bytes one worker's Lua state may hold */
 
     /* Operations. */

@@ -16,7 +16,7 @@
 
 /* Worker message tags. */
 #define TAG_WORK (RT_MSG_USER + 0x5210)  /* a message or event to run rules on: work_t */
-#define TAG_FLUSH (RT_MSG_USER + 0x5211) /* end of a turn's worth of work: submit batches */
+#define TAG_FLUSH (RT_MSG_USER + 0x5211) /* submit batches (end of a turn, or flush_ms after the first row) */
 #define TAG_STOP (RT_MSG_USER + 0x5212)  /* submit what is buffered and exit */
 
 #define NONE UINT32_MAX
@@ -110,6 +110,7 @@ static struct {
     worker_stats_t *workers;
     size_t memory;
     long instructions;
+    uint64_t flush_ms; /* rule_flush_ms: how long a partial batch waits; 0 = end of turn */
     char dir[256];
 } E = {.admin = PTHREAD_MUTEX_INITIALIZER, .sets_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -1008,8 +1009,12 @@ static void run_work(worker_t *w, rt_msg_t *m)
     bool buffered = false;
     for (uint32_t t = 0; t < w->nbatches && !buffered; t++)
         buffered = w->batches[t].nrows > 0;
-    /* The flush message queues behind what is already in the mailbox: one submit per turn. */
-    if (buffered && !w->flush_pending && rt_send(w->self, TAG_FLUSH, NULL, 0) == 0)
+    /* With flush_ms 0 the flush message queues behind what is already in the mailbox:
+       one submit per turn. Otherwise a timer: rows gather for flush_ms (or until a batch
+       is full) so the sink gets a few large submissions, not one per message. */
+    if (buffered && !w->flush_pending &&
+        (E.flush_ms ? rt_send_after_tag(E.flush_ms, w->self, TAG_FLUSH, NULL)
+                    : rt_send(w->self, TAG_FLUSH, NULL, 0)) == 0)
         w->flush_pending = true;
 }
 
@@ -1174,6 +1179,7 @@ int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen)
     E.nworkers = (unsigned)(conf->rule_workers > 0 ? conf->rule_workers : 1);
     E.memory = (size_t)conf->rule_memory;
     E.instructions = conf->rule_instructions;
+    E.flush_ms = conf->rule_flush_ms > 0 ? (uint64_t)conf->rule_flush_ms : 0;
     snprintf(E.dir, sizeof(E.dir), "%s", conf->rules_dir);
     E.version = 0;
     /* Cache-line aligned: each worker's counters sit on their own line. */

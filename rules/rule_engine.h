@@ -34,7 +34,7 @@
 ** (a table whose keys are 1..n and whose first element is a table; {} is an
 ** empty list: filtered). A row becomes one BSON document: keys are strings
 ** (integer keys are written as strings); integers are int64, floats double,
-** booleans bool, strings UTF-8 strings or, when not valid UTF-8, binary;
+** booleans bool, strings UTF-8 strings or, when not valid UTF-8 or holding a NUL, binary;
 ** json.null is null; a table is an array if its keys are exactly 1..n, else a
 ** document ({} is an empty document). Anything else (functions, cycles, keys
 ** of other types) fails the rule with the field named.
@@ -76,7 +76,8 @@ typedef struct rt_rules_durable_s {
                        or a durable rule failed on the message (RT_EINVAL) */
 } rt_rules_durable_t;
 
-/* Tunables (defaults; rtd.conf sets rule_workers, rule_instructions, rule_memory). */
+/* Tunables (defaults; rtd.conf sets rule_workers, rule_instructions, rule_memory,
+   rule_flush_ms: its default, RT_CONF_RULE_FLUSH_MS, is in config.h). */
 #define RT_RULES_BATCH_ROWS 1000           /* rows per sink batch before it is submitted */
 #define RT_RULES_BATCH_BYTES (1u << 20)    /* bytes per sink batch before it is submitted */
 #define RT_RULES_MAX_FILES 10000           /* rule files in rules_dir */
