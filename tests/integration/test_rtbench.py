@@ -170,6 +170,24 @@ def test_topic_expansion_pub(mosquitto):
         assert pub == int(topic.split("/")[1]) and seq in (0, 1) and ts > 0
 
 
+def test_raw_payload_pub(mosquitto):
+    got = []
+    subscribed = threading.Event()
+    c = paho_client(mosquitto.port, lambda client, userdata, msg: got.append(msg.payload))
+    c.on_subscribe = lambda *a: subscribed.set()
+    c.subscribe("raw/#", qos=1)
+    assert subscribed.wait(5)
+    s, _ = run("pub", "-p", mosquitto.port, "-c", 2, "-t", "raw/%i", "-L", 3, "-I", 5, "-q", 1,
+               "-s", 10)
+    assert s["sent"] == 6 and s["acked"] == 6
+    deadline = time.monotonic() + 5
+    while len(got) < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    c.loop_stop()
+    c.disconnect()
+    assert got == [b"x" * 10] * 6
+
+
 def test_topic_expansion_sub(mosquitto):
     """rtbench sub subscribes to sx/%i; a paho publisher sends rtbench-shaped payloads."""
     sub = start("sub", "-p", mosquitto.port, "-c", 2, "-n", 3, "-t", "sx/%i", "-q", 1,
@@ -222,7 +240,8 @@ def test_refused_connection_counted(mosquitto):
 @pytest.mark.parametrize("args,needle", [
     (["pub", "-q", "3", "-t", "x"], "-q"),
     (["pub", "-t", "x", "-c", "abc"], "-c"),
-    (["pub", "-t", "x", "-s", "8"], "-s"),
+    (["pub", "-t", "x", "-s", "0"], "-s"),
+    (["pairs", "-s", "8"], "-s"),
     (["pub", "-t", "x", "-V", "6"], "-V"),
     (["pub", "-t", "x", "--frobnicate"], "--frobnicate"),
     (["pub", "-t", "x", "-p"], "-p"),

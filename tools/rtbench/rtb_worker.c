@@ -793,7 +793,8 @@ static void try_send(rtb_client_t *c)
             c->pid_n = (c->pid_n + 1) % (65535u / w->slot_cap * w->slot_cap);
         }
         if (send_or_fail(c, rtb_mqtt_publish(&c->out, o->version, o->qos, pid, topic, (size_t)tlen,
-                                             head, sizeof(head), o->size)))
+                                             head, o->size < RTB_HDR_SIZE ? 0 : sizeof(head),
+                                             o->size)))
             return;
     }
 }

@@ -59,6 +59,7 @@ static const char *usage_text =
     "  -I ms between publishes per client (pub: 1000; scenarios: closed loop)\n"
     "  -t topic, %i = client sequence number, %c = client id (sub, pub)\n"
     "  -q qos 0|1|2 (0)  -s payload bytes incl. 16-byte header (256)  -L msgs per client\n"
+    "  (pub: -s 1-15 = raw 'x' bytes, no header: acks are counted, no sequence checks)\n"
     "  -k keepalive s (300)  -C clean true|false (true)  -V 3|4|5 (5)  -u user  -P pass\n"
     "  -d duration s (60)  --procs N (1)  --inflight N (32)  --window N (10)\n"
     "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
@@ -247,7 +248,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         else if (!strcmp(n, "-q"))
             o->qos = (int)parse_int(n, v, 0, 2);
         else if (!strcmp(n, "-s"))
-            o->size = (uint32_t)parse_int(n, v, RTB_HDR_SIZE, RTB_MAX_PAYLOAD);
+            o->size = (uint32_t)parse_int(n, v, 1, RTB_MAX_PAYLOAD);
         else if (!strcmp(n, "-L"))
             o->limit = (uint64_t)parse_int(n, v, 1, 1e9);
         else if (!strcmp(n, "-k"))
@@ -327,6 +328,9 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             die_usage("seed needs at least as many subscribers as publishers%s", "");
         break;
     }
+    /* Below the header size the payload is raw filler: nothing to check on receipt. */
+    if (o->size < RTB_HDR_SIZE && o->cmd != RTB_CMD_PUB)
+        die_usage("-s below 16 (raw payload, no header) is for pub only%s", "");
     if (o->cmd >= RTB_CMD_FANIN && o->topic)
         die_usage("scenarios use fixed topics; -t is for sub and pub (got '%s')", o->topic);
     if (o->pub_interval_ms < 0)
