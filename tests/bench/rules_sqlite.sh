@@ -4,7 +4,7 @@
 # build), runs rtbench pub, waits for the rows to stop growing, stops rtd and prints:
 #   label, rows in data_dir/rt.db, rtd CPU (utime+stime, centiseconds) over the publish
 #   window and until the rows settled, load average, rtbench's sent/acked/rate, and the
-#   shutdown lines rule.counters (matched, passed) and sink.stopped (in, written, dropped).
+#   shutdown lines rule.stopped (matched, passed) and sink.stopped (in, written, dropped).
 # usage: tests/bench/rules_sqlite.sh LABEL PORT RATE SECONDS [rtd -o settings...]
 #   env: C clients (40), S payload bytes (10: raw, no rtbench header), BD build dir,
 #        OUT directory for logs (/tmp/rules-sqlite), CONF config file (etc/rtd.conf). Rules off: -o 'rules_dir="/empty/dir"'.
@@ -41,4 +41,4 @@ c2=$(cpu)
 kill $RP; wait $RP 2>/dev/null
 echo "label=$L rows=$n cpu_pub_cs=$((c1 - c0)) cpu_total_cs=$((c2 - c0)) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 grep -o '"sent":[0-9]*\|"acked":[0-9]*\|"pub_rate":[0-9.]*' "$OUT/$L.json" | tr '\n' ' '; echo
-grep -E "rule.counters rule=archive|rule.worker|sink.stopped sink=archive" "$OUT/$L.log" | cut -d' ' -f3-
+grep -E "rule.stopped rule=archive|rule.worker|sink.stopped sink=archive" "$OUT/$L.log" | cut -d' ' -f3-
