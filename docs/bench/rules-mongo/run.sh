@@ -4,7 +4,7 @@
 set -u
 cd "$(dirname "$0")/../../.."
 BD=${BD:-build/release}
-rm -f /tmp/mb/mongo.db*
+mkdir -p /tmp/mb && rm -f /tmp/mb/mongo.db*
 $BD/tools/mongotest/rt_mongo_test --port 0 --db /tmp/mb/mongo.db > /tmp/mb/mongo.out 2>&1 &
 MP=$!
 for _ in $(seq 1 50); do grep -q listening /tmp/mb/mongo.out && break; sleep 0.1; done
