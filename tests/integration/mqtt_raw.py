@@ -179,6 +179,22 @@ class Raw:
         assert p.type == PUBLISH, p
         return self.publish_fields(p)
 
+    def drain(self, timeout=0.5):
+        """Every PUBLISH that arrives until the connection is quiet for timeout, each
+        acknowledged as its QoS asks (QoS 2 through PUBCOMP)."""
+        got = []
+        while True:
+            m = self.next_publish(timeout)
+            if m is None:
+                return got
+            got.append(m)
+            if m["qos"] == 1:
+                self.ack(PUBACK, m["pid"])
+            elif m["qos"] == 2:
+                self.ack(PUBREC, m["pid"])
+                self.expect(PUBREL)
+                self.ack(PUBCOMP, m["pid"])
+
     def subscribe(self, topic_filter, qos=0, pid=1, props=b""):
         body = u16(pid)
         if self.version == 5:

@@ -170,7 +170,7 @@ def test_sighup_reloads_and_keeps_old_tables_on_error(tmp_path):
 
 # ---- The broker enforcing them (conn.c) ----
 
-from mqtt_raw import PUBACK, SUBACK, Raw  # noqa: E402
+from mqtt_raw import PUBACK, Raw  # noqa: E402
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import time
 
-import pytest
 
 from conftest import BUILD, Rtd, wait_for
 from sys_tree import SysTree

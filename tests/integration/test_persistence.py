@@ -26,21 +26,6 @@ def restart(broker, crash):
     return Rtd(data_dir=broker.data_dir, port=broker.port)
 
 
-def drain(raw, timeout=0.5):
-    got = []
-    while True:
-        m = raw.next_publish(timeout)
-        if m is None:
-            return got
-        got.append(m)
-        if m["qos"] == 1:
-            raw.ack(PUBACK, m["pid"])
-        elif m["qos"] == 2:
-            raw.ack(PUBREC, m["pid"])
-            raw.expect(PUBREL)
-            raw.ack(PUBCOMP, m["pid"])
-
-
 @pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "kill9"])
 def test_retained_and_sessions_survive_restart(crash):
     broker = Rtd()
@@ -59,16 +44,16 @@ def test_retained_and_sessions_survive_restart(crash):
         broker = restart(broker, crash)
         back = Raw(broker.port, "keep", clean=False, props=EXPIRY)
         assert back.session_present == 1
-        got = drain(back)
+        got = back.drain()
         assert [(m["topic"], m["payload"]) for m in got] == \
             [("p/r", b"retained")] + [("p/q", b"%d" % i) for i in range(5)] + [("p2/x", b"two")]
         # The subscription itself came back too: new messages still arrive.
         Raw(broker.port, "p-pub2").publish("p/new", b"after", qos=1)
-        assert [m["payload"] for m in drain(back)] == [b"after"]
+        assert [m["payload"] for m in back.drain()] == [b"after"]
         back.disconnect()
         fresh = Raw(broker.port, "other")
         fresh.subscribe("p/+", 1)
-        assert [(m["topic"], m["payload"], m["retain"]) for m in drain(fresh)] == \
+        assert [(m["topic"], m["payload"], m["retain"]) for m in fresh.drain()] == \
             [("p/r", b"retained", 1)]
         fresh.disconnect()
     finally:
@@ -110,7 +95,7 @@ def test_kill9_under_qos1_load_loses_nothing_acknowledged():
     assert len(acked) >= 300
     back = Raw(broker.port, "k9", clean=False, props=EXPIRY)
     assert back.session_present == 1
-    got = [int(m["payload"]) for m in drain(back, 1.0)]
+    got = [int(m["payload"]) for m in back.drain(1.0)]
     missing = set(acked) - set(got)
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
     assert got == sorted(got)  # in order

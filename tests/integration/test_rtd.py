@@ -3,7 +3,6 @@ and 5) and raw sockets for malformed input. Each test starts its own rtd on a fr
 port and stops it by the PID it started.
 """
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -14,7 +13,6 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 import pytest
 
-from conftest import free_port
 from conftest import BUILD, ROOT, RTD, Rtd, client, subscribe, wait_for
 
 

@@ -28,18 +28,6 @@ def publish_all(port, topic, payloads, qos=1, props=None):
     pub.disconnect()
 
 
-def drain(raw, timeout=0.5):
-    """Every PUBLISH that arrives until the connection is quiet, acknowledged at QoS 1."""
-    got = []
-    while True:
-        m = raw.next_publish(timeout)
-        if m is None:
-            return got
-        got.append(m)
-        if m["qos"] == 1:
-            raw.ack(PUBACK, m["pid"])
-
-
 def test_persistent_session_v311_keeps_subscription_and_queue(rtd):
     connected = []
     sub = mqtt.Client(client_id="ps1", protocol=mqtt.MQTTv311, clean_session=False)
@@ -153,7 +141,7 @@ def test_receive_maximum_limits_inflight(rtd):
     assert sub.next_publish(0.3) is None
     sub.ack(PUBACK, first[1]["pid"])
     sub.ack(PUBACK, third["pid"])
-    rest = drain(sub)
+    rest = sub.drain()
     assert [m["payload"] for m in rest] == [b"3", b"4", b"5"]
     sub.disconnect()
 
@@ -165,7 +153,7 @@ def test_offline_queue_is_bounded_and_keeps_the_oldest(small_queue):
     small_queue.wait_offline("bq")
     publish_all(small_queue.port, "bq/t", [b"%d" % i for i in range(10)])
     back = Raw(small_queue.port, "bq", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
-    got = drain(back)
+    got = back.drain()
     assert [m["payload"] for m in got] == [b"0", b"1", b"2"]
     back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
 
@@ -183,13 +171,13 @@ def test_message_expiry_for_queued_and_retained(rtd):
     pub.disconnect()
     time.sleep(2.1)
     back = Raw(rtd.port, "mx", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
-    got = drain(back)
+    got = back.drain()
     assert [m["payload"] for m in got] == [b"long"]
     assert 1 <= got[0]["props"][P_MESSAGE_EXPIRY] <= 28  # what is left is sent on
     back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))
     fresh = Raw(rtd.port, "mx-late")
     fresh.subscribe("mx/+", 1)
-    got = drain(fresh)
+    got = fresh.drain()
     assert [(m["topic"], m["payload"], m["retain"]) for m in got] == [("mx/r2", b"kept", 1)]
     assert got[0]["props"][P_MESSAGE_EXPIRY] <= 28
     fresh.disconnect()
@@ -220,13 +208,13 @@ def test_shared_member_offline_session_hands_over_and_gets_nothing_new(rtd):
     b.subscribe("$share/g/sho/t", 1)
     a.disconnect()  # its session stays, but an offline member takes no group messages
     publish_all(rtd.port, "sho/t", [b"%d" % i for i in range(4)])
-    got = drain(b)
+    got = b.drain()
     assert sorted(m["payload"] for m in got) == [b"0", b"1", b"2", b"3"]
     back = Raw(rtd.port, "sho-a", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
     assert back.session_present == 1
-    assert drain(back, 0.3) == []
+    assert back.drain(0.3) == []
     publish_all(rtd.port, "sho/t", [b"x", b"y"])  # rejoined: the group is two again
-    got_a, got_b = drain(back), drain(b)
+    got_a, got_b = back.drain(), b.drain()
     assert sorted(m["payload"] for m in got_a + got_b) == [b"x", b"y"]
     assert len(got_a) == 1 and len(got_b) == 1
     back.disconnect(props=prop_u32(P_SESSION_EXPIRY, 0))

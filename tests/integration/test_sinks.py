@@ -7,7 +7,6 @@ the next rtd after a restart, and a bad sinks table refused at start (exit 2).
 import os
 import sqlite3
 import subprocess
-import time
 
 import paho.mqtt.client as mqtt
 import pytest
