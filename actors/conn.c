@@ -162,16 +162,16 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The client's address as rules see it; computed once, while the socket is there. */
-static const char *peer_text(conn_t *c)
+#define RT_PEER_TEXT_MAX (INET6_ADDRSTRLEN + 8) /* "ip:port" */
+
+/* "ip:port" of the socket's peer into buf ("?:0" if unknown). */
+static void format_peer(int fd, char *buf, size_t len)
 {
-    if (c->peer || !c->sock)
-        return c->peer;
     struct sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    char host[INET6_ADDRSTRLEN] = "?", buf[INET6_ADDRSTRLEN + 8];
+    socklen_t sl = sizeof(ss);
+    char host[INET6_ADDRSTRLEN] = "?";
     int port = 0;
-    if (getpeername(rt_sock_fd(c->sock), (struct sockaddr *)&ss, &len) == 0) {
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
         if (ss.ss_family == AF_INET6) {
             struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
             inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
@@ -182,7 +182,16 @@ static const char *peer_text(conn_t *c)
             port = ntohs(a->sin_port);
         }
     }
-    snprintf(buf, sizeof(buf), "%s:%d", host, port);
+    snprintf(buf, len, "%s:%d", host, port);
+}
+
+/* The client's address as rules see it for messages; kept once a client publishes. */
+static const char *peer_text(conn_t *c)
+{
+    if (c->peer || !c->sock)
+        return c->peer;
+    char buf[RT_PEER_TEXT_MAX];
+    format_peer(rt_sock_fd(c->sock), buf, sizeof(buf));
     c->peer = strdup(buf);
     return c->peer;
 }
@@ -195,10 +204,15 @@ static rt_rule_origin_t origin_of(conn_t *c)
                               .ts_ms = wall_ms()};
 }
 
+
 /* A broker event for rules: the fields that do not apply stay -1 / NULL. */
 static void rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, int qos,
                        int reason_code, const char *reason, rt_bin_t *canonical)
 {
+    /* Most events have no rule: then no origin is built (the peer text would cost every
+       connection its bytes, and every delivery a look at them). */
+    if (!rt_rules_wants_event(kind))
+        return;
     rt_rule_origin_t o = origin_of(c);
     rt_rule_event_t e = {.kind = kind, .topic = topic, .qos = qos, .reason_code = reason_code,
                          .reason = reason, .proto_ver = -1, .keepalive = -1, .clean_start = -1,
@@ -1072,11 +1086,13 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
     send_packet(c, &ack);
     free(response);
     atomic_fetch_add_explicit(&rt_broker->stats.connects, 1, memory_order_relaxed);
-    rt_rule_origin_t o = origin_of(c);
-    rt_rule_event_t ev = {.kind = RT_RULE_EV_CLIENT_CONNECTED, .qos = -1, .reason_code = -1,
-                          .proto_ver = c->version, .keepalive = c->keepalive,
-                          .clean_start = clean};
-    rt_rules_event(&o, &ev);
+    if (rt_rules_wants_event(RT_RULE_EV_CLIENT_CONNECTED)) {
+        rt_rule_origin_t o = origin_of(c);
+        rt_rule_event_t ev = {.kind = RT_RULE_EV_CLIENT_CONNECTED, .qos = -1, .reason_code = -1,
+                              .proto_ver = c->version, .keepalive = c->keepalive,
+                              .clean_start = clean};
+        rt_rules_event(&o, &ev);
+    }
     rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
            c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
     arm_keepalive(self, c);

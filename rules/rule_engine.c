@@ -660,6 +660,12 @@ int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ac
     return durable ? 2 : 1;
 }
 
+bool rt_rules_wants_event(rt_rule_event_kind_t kind)
+{
+    return kind >= 1 && kind <= RT_RULE_NEVENTS &&
+           (atomic_load_explicit(&E.wants, memory_order_relaxed) & (1u << kind));
+}
+
 int rt_rules_event(const rt_rule_origin_t *o, const rt_rule_event_t *e)
 {
     if (e->kind < 1 || e->kind > RT_RULE_NEVENTS)

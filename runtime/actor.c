@@ -240,7 +240,7 @@ int rt_send_optional(rt_pid_t to, rt_msg_t *m)
     rt_actor_t *a = rt__lookup(to);
     int rc = RT_ELIMIT;
     if (a && (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_SHEDDING)) {
-        atomic_fetch_add_explicit(&a->shed, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&rt__rt->shed, 1, memory_order_relaxed);
         rt_msg_free(m);
     } else {
         rc = -1; /* sent below, outside this region */

@@ -125,7 +125,6 @@ struct rt_actor_s {
     rt_msg_t *_Atomic sigs;       /* signal stack (LIFO, reversed on take) */
     atomic_uint_fast64_t sent;    /* messages pushed; mailbox length = sent - received */
     atomic_uint sync_flags;       /* RT_AF_* */
-    atomic_uint_fast64_t shed;    /* optional messages refused while shedding */
     rt_spinlock_t mute_lock;      /* guards muted */
     rt_actor_t *muted;            /* senders parked until this actor drains */
 
@@ -245,6 +244,7 @@ typedef struct rt_runtime_s {
     atomic_bool stopping;
 
     atomic_uint_fast64_t spawned, exited, alive, dead_letters;
+    atomic_uint_fast64_t shed; /* optional messages refused by shedding receivers */
     atomic_uint_fast64_t heap_limit_kills, next_ref, timers_pending;
 
     pthread_mutex_t idle_lock;    /* rt_wait_idle */

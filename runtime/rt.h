@@ -106,8 +106,8 @@ int rt_send_msg(rt_pid_t to, rt_msg_t *m);
 ** Load shedding. An actor that knows it cannot use more of some kind of
 ** message (a connection whose client stopped reading, for QoS 0 traffic)
 ** turns shedding on; senders of such messages use rt_send_optional, which
-** drops the message at the source (RT_ELIMIT, counted on the receiver as
-** `shed`) instead of queueing it: the receiver's mailbox stays short and the
+** drops the message at the source (RT_ELIMIT, counted in rt_stats as `shed`;
+** not per actor, which would cost every actor 8 bytes) instead of queueing it: the receiver's mailbox stays short and the
 ** sender is not muted on its account. Other sends are unaffected.
 */
 void rt_shed(rt_actor_t *self, bool on);
@@ -286,6 +286,7 @@ typedef struct rt_stats_s {
     uint64_t exited;
     uint64_t alive;
     uint64_t dead_letters;
+    uint64_t shed;         /* optional messages dropped at the source (rt_send_optional) */
     uint64_t turns; /* actor turns run by schedulers */
     uint64_t heap_limit_kills;
     uint64_t timers_pending;
@@ -317,7 +318,6 @@ typedef struct rt_actor_info_s {
     uint64_t mailbox_len;
     uint64_t heap_bytes;
     uint64_t bin_bytes;
-    uint64_t shed;       /* optional messages refused while it was shedding */
     uint32_t gc_count;
     uint32_t gc_last_pause_us;
     uint32_t gc_max_pause_us;

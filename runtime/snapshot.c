@@ -30,7 +30,6 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
         rt_heap_stats(heap, &hs);
     out->heap_bytes = hs.heap_bytes;
     out->bin_bytes = hs.bin_bytes;
-    out->shed = atomic_load_explicit(&a->shed, memory_order_relaxed);
     out->gc_count = hs.gc_count;
     out->gc_last_pause_us = hs.last_pause_us;
     out->gc_max_pause_us = hs.max_pause_us;
