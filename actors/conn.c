@@ -1492,13 +1492,21 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     return 0;
 }
 
+/* The client's subscription with this filter, or -1. */
+static long find_sub(const conn_t *c, const uint8_t *f, size_t len)
+{
+    for (size_t i = 0; i < c->nsubs; i++)
+        if (c->subs[i].len == len && memcmp(c->subs[i].filter, f, len) == 0)
+            return (long)i;
+    return -1;
+}
+
 static int remember_sub(conn_t *c, const uint8_t *f, size_t len, const rt_trie_opts_t *o)
 {
-    for (size_t i = 0; i < c->nsubs; i++) {
-        if (c->subs[i].len == len && memcmp(c->subs[i].filter, f, len) == 0) {
-            c->subs[i].opts = *o;
-            return 0;
-        }
+    long at = find_sub(c, f, len);
+    if (at >= 0) {
+        c->subs[at].opts = *o;
+        return 0;
     }
     if (c->nsubs == c->capsubs) {
         size_t cap = c->capsubs ? c->capsubs * 2 : 2;
@@ -1518,13 +1526,11 @@ static int remember_sub(conn_t *c, const uint8_t *f, size_t len, const rt_trie_o
 
 static void forget_sub(conn_t *c, const uint8_t *f, size_t len)
 {
-    for (size_t i = 0; i < c->nsubs; i++) {
-        if (c->subs[i].len == len && memcmp(c->subs[i].filter, f, len) == 0) {
-            free(c->subs[i].filter);
-            c->subs[i] = c->subs[--c->nsubs];
-            return;
-        }
-    }
+    long at = find_sub(c, f, len);
+    if (at < 0)
+        return;
+    free(c->subs[at].filter);
+    c->subs[at] = c->subs[--c->nsubs];
 }
 
 typedef struct {
@@ -1557,11 +1563,7 @@ static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s)
     }
     long max = rt_broker->conf.max_subscriptions;
     if (max && c->nsubs >= (size_t)max) {
-        bool known = false;
-        for (size_t i = 0; i < c->nsubs && !known; i++)
-            known = c->subs[i].len == s->filter.len &&
-                    memcmp(c->subs[i].filter, s->filter.p, s->filter.len) == 0;
-        if (!known) {
+        if (find_sub(c, s->filter.p, s->filter.len) < 0) { /* changing one is not a new one */
             atomic_fetch_add(&rt_broker->stats.subs_limit_hits, 1);
             return MQTT_RC_QUOTA_EXCEEDED;
         }
@@ -2017,11 +2019,11 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         hand_over_shared(self, c, &c->sess->inflight);
         hand_over_shared(self, c, &c->sess->queued);
     }
-    for (size_t i = 0; i < c->nsubs; i++)
+    for (size_t i = 0; i < c->nsubs; i++) {
         rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
                             NULL);
-    for (size_t i = 0; i < c->nsubs; i++)
         free(c->subs[i].filter);
+    }
     free(c->subs);
     reset_connection_state(c); /* before the session goes: it clears the session's acks */
     rt_session_free(c->sess);
