@@ -71,6 +71,8 @@ static const setting_t settings[] = {
     INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
     {"data_dir", K_STRING, OFF(data_dir), sizeof(((rt_conf_t *)0)->data_dir), 0, 0, NULL,
      "directory for persistent state"},
+    {"admin_socket", K_STRING, OFF(admin_socket), sizeof(((rt_conf_t *)0)->admin_socket), 0, 0,
+     NULL, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"},
     {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
      "error, warning, info or debug"},
     {"sinks", K_SECTIONS, OFF(sinks), 0, 0, 0, NULL, "name = { type = \"sqlite\", ... }"},
@@ -126,6 +128,49 @@ static const setting_t *find_setting(const char *name)
         if (strcmp(settings[i].name, name) == 0)
             return &settings[i];
     return NULL;
+}
+
+void rt_conf_each(const rt_conf_t *c,
+                  void (*fn)(const char *key, const char *value, const char *help, void *ud),
+                  void *ud)
+{
+    char value[RT_CONF_VALUE_LEN * 2];
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        const setting_t *s = &settings[i];
+        const char *field = (const char *)c + s->offset;
+        size_t used = 0;
+        switch (s->kind) {
+        case K_INT:
+            snprintf(value, sizeof(value), "%ld", *(const long *)field);
+            break;
+        case K_DOUBLE:
+            snprintf(value, sizeof(value), "%g", *(const double *)field);
+            break;
+        case K_BOOL:
+            snprintf(value, sizeof(value), "%s", *(const bool *)field ? "true" : "false");
+            break;
+        case K_STRING:
+            snprintf(value, sizeof(value), "%s", field);
+            break;
+        case K_LISTENERS:
+            value[0] = 0;
+            for (unsigned l = 0; l < c->nlisteners && used < sizeof(value); l++) {
+                const rt_listen_t *li = &c->listeners[l];
+                bool v6 = strchr(li->host, ':') != NULL;
+                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s%s%s:%d",
+                                         l ? ", " : "", v6 ? "[" : "", li->host, v6 ? "]" : "",
+                                         li->port);
+            }
+            break;
+        case K_SECTIONS:
+            value[0] = 0;
+            for (unsigned n = 0; n < c->sinks.n && used < sizeof(value); n++)
+                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s",
+                                         n ? ", " : "", c->sinks.s[n].name);
+            break;
+        }
+        fn(s->name, value, s->help, ud);
+    }
 }
 
 /* Parses "host:port" or "[v6]:port" with a numeric host. */

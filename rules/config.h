@@ -112,6 +112,7 @@ typedef struct rt_conf_s {
     long sys_interval;         /* seconds between $SYS updates; 0: no $SYS tree */
     char data_dir[256];
     char log_level[16];        /* error, warning, info, debug */
+    char admin_socket[256];    /* rtctl's unix socket; "" = data_dir/rtd.sock */
 
     /* Sinks (actors/sink.h checks each one's keys). */
     rt_conf_sections_t sinks;
@@ -124,6 +125,14 @@ void rt_conf_defaults(rt_conf_t *c);
 ** an RT_E* code with err set to "path:line: reason".
 */
 int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen);
+
+/*
+** Calls fn for every setting in the table's order with its current value as
+** text (listeners joined by ", ", sinks by name) and its one-line help.
+*/
+void rt_conf_each(const rt_conf_t *c,
+                  void (*fn)(const char *key, const char *value, const char *help, void *ud),
+                  void *ud);
 
 /* Applies one "key=value" override (Lua syntax for the value), as from `rtd -o`. */
 int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen);

@@ -546,6 +546,12 @@ static rt_heap_t *heap_of(rt_actor_t *a)
     return h;
 }
 
+static void collect(rt_actor_t *a, rt_heap_t *h)
+{
+    rt_heap_collect(h, trace_actor, a);
+    atomic_fetch_add_explicit(&rt__rt->gcs, 1, memory_order_relaxed);
+}
+
 /* Between messages: collect when due, and enforce max_heap (BEAM's max_heap_size). */
 static void heap_check(rt_actor_t *a)
 {
@@ -554,7 +560,7 @@ static void heap_check(rt_actor_t *a)
         return;
     bool collected = false;
     if (rt_heap_should_collect(h)) {
-        rt_heap_collect(h, trace_actor, a);
+        collect(a, h);
         collected = true;
     }
     if (!a->max_heap)
@@ -564,7 +570,7 @@ static void heap_check(rt_actor_t *a)
     if (st.heap_bytes + st.bin_bytes <= a->max_heap)
         return;
     if (!collected) {
-        rt_heap_collect(h, trace_actor, a);
+        collect(a, h);
         rt_heap_stats(h, &st);
     }
     if (st.heap_bytes + st.bin_bytes > a->max_heap)
@@ -591,7 +597,7 @@ void rt_gc(rt_actor_t *self)
 {
     rt_heap_t *h = atomic_load_explicit(&self->heap, memory_order_relaxed);
     if (h)
-        rt_heap_collect(h, trace_actor, self);
+        collect(self, h);
 }
 
 void rt_consume(rt_actor_t *self, uint32_t n)

@@ -245,6 +245,7 @@ typedef struct rt_runtime_s {
 
     atomic_uint_fast64_t spawned, exited, alive, dead_letters;
     atomic_uint_fast64_t shed; /* optional messages refused by shedding receivers */
+    atomic_uint_fast64_t gcs;  /* heap collections, all actors (rtctl top's GCs per second) */
     atomic_uint_fast64_t heap_limit_kills, next_ref, timers_pending;
 
     pthread_mutex_t idle_lock;    /* rt_wait_idle */

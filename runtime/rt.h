@@ -223,6 +223,11 @@ typedef struct rt_sock_event_s {
 int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out);
 /* Accepts one pending connection: 0 with *fd set, RT_EAGAIN when none is waiting. */
 int rt_sock_accept(rt_sock_t *listener, int *fd);
+/*
+** Takes ownership of a socket that is already bound and listening (a unix
+** socket whose path and mode the caller set up, say); accept with rt_sock_accept.
+*/
+int rt_sock_adopt_listener(rt_actor_t *self, int fd, rt_sock_t **out);
 /* Takes ownership of a connected socket fd (non-blocking and TCP_NODELAY are set). */
 int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out);
 /*
@@ -288,6 +293,7 @@ typedef struct rt_stats_s {
     uint64_t dead_letters;
     uint64_t shed;         /* optional messages dropped at the source (rt_send_optional) */
     uint64_t turns; /* actor turns run by schedulers */
+    uint64_t gcs;   /* heap collections in all actors */
     uint64_t heap_limit_kills;
     uint64_t timers_pending;
     unsigned schedulers;
@@ -316,6 +322,7 @@ typedef struct rt_actor_info_s {
     rt_actor_status_t status;
     uint64_t reductions;
     uint64_t mailbox_len;
+    uint64_t state_bytes; /* the actor struct and its state (slab memory) */
     uint64_t heap_bytes;
     uint64_t bin_bytes;
     uint32_t gc_count;

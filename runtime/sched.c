@@ -535,6 +535,7 @@ void rt_stats(rt_stats_t *out)
     out->alive = atomic_load(&rt->alive);
     out->dead_letters = atomic_load(&rt->dead_letters);
     out->shed = atomic_load(&rt->shed);
+    out->gcs = atomic_load(&rt->gcs);
     out->heap_limit_kills = atomic_load(&rt->heap_limit_kills);
     out->timers_pending = atomic_load(&rt->timers_pending);
     out->schedulers = rt->nsched;

@@ -247,6 +247,14 @@ int rt_sock_accept(rt_sock_t *l, int *fd)
     }
 }
 
+int rt_sock_adopt_listener(rt_actor_t *self, int fd, rt_sock_t **out)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return RT_EINVAL;
+    return attach(self, fd, true, out);
+}
+
 int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out)
 {
     int fl = fcntl(fd, F_GETFL);

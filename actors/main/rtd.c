@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "auth.h"
 #include "broker.h"
 #include "config.h"
@@ -163,24 +164,28 @@ int main(int argc, char **argv)
     /* $SYS/broker/...: stopped by rt_shutdown with every other actor. */
     if ((r = rt_sys_start(&conf, RTD_VERSION)) != 0)
         rt_log(RT_LOG_ERROR, "sys.failed", "no $SYS tree: %s", rt_strerror(r));
+    /* The admin socket last: what rtctl reads is all running by then. */
+    if (rt_admin_start(&conf, RTD_VERSION, err, sizeof(err)) != 0) {
+        rt_log(RT_LOG_ERROR, "admin.failed", "%s", err);
+        rt_rules_stop();
+        rt_sinks_stop();
+        rt_store_sync();
+        rt_shutdown();
+        rt_broker_free();
+        rt_sinks_free();
+        rt_auth_shutdown();
+        return 1;
+    }
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, conf_path);
     for (;;) {
         int sig = 0;
         if (sigwait(&sigs, &sig) != 0)
             continue;
         if (sig == SIGHUP) {
-            /* The password and ACL files again; a bad one leaves both as they were. */
-            if (rt_auth_configure(&conf, err, sizeof(err)) != 0)
-                rt_log(RT_LOG_ERROR, "rtd.reload_failed", "%s", err);
-            else
-                rt_log(RT_LOG_INFO, "rtd.reloaded", "password_file=%s acl_file=%s",
-                       conf.password_file[0] ? conf.password_file : "-",
-                       conf.acl_file[0] ? conf.acl_file : "-");
-            /* The rules too; a bad rule file leaves the running set as it is. */
-            if (rt_rules_reload(err, sizeof(err)) != 0)
-                rt_log(RT_LOG_ERROR, "rules.reload_failed", "%s", err);
-            else
-                rt_log(RT_LOG_INFO, "rules.reloaded", "rules_dir=%s", conf.rules_dir);
+            /* What `rtctl auth reload` and `rtctl rules reload` do; a bad file leaves the
+               running one in force (logged by the reload). */
+            rt_admin_reload_auth(err, sizeof(err));
+            rt_admin_reload_rules(err, sizeof(err));
             continue;
         }
         rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
@@ -188,6 +193,7 @@ int main(int argc, char **argv)
     }
     /* Rule workers hand over their last rows, then sinks write or spill what they hold,
        before the runtime stops every actor; what sessions changed is on disk first. */
+    rt_admin_stop();
     log_rules();
     rt_rules_stop();
     rt_sinks_stop();

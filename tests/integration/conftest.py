@@ -129,7 +129,10 @@ class Rtd:
         while time.time() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
+                # The admin socket opens last, once everything it reports on runs.
+                if os.path.exists(os.path.join(data_dir, "rtd.sock")):
+                    return
+                time.sleep(0.01)
             except OSError:
                 if self.proc.poll() is not None:
                     raise RuntimeError("rtd exited: " + self.read_log())

@@ -1,0 +1,47 @@
+/*
+** The admin socket (docs/ADMIN.md): a unix stream socket, mode 0600, where
+** rtctl sends one command line and reads a status line ("CODE LENGTH") and a
+** body. A listener actor accepts; each client gets its own actor, so `rtctl top`
+** holding a connection never delays another command; commands that block
+** (loading rule files, reading password files) run on one actor of the blocking
+** pool. Everything is read through the runtime's snapshot API and the
+** broker's, rules' and sinks' counters: nothing stops the world.
+*/
+#ifndef RT_ADMIN_H
+#define RT_ADMIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config.h"
+
+#define RT_ADMIN_LINE_MAX (64 * 1024) /* bytes in one request line */
+#define RT_ADMIN_ARGS_MAX 64          /* words in one request */
+
+/*
+** Binds the socket (conf->admin_socket, or data_dir/rtd.sock) and starts the
+** admin actors. Refuses (RT_EEXIST) when another process answers on the path;
+** replaces a stale socket file left by a crash; never removes anything that is
+** not a socket. conf must outlive the admin actors (rtd's lives in main).
+*/
+int rt_admin_start(const rt_conf_t *conf, const char *version, char *err, size_t errlen);
+/* Closes the socket and removes its file (rt_shutdown would too; this is for tests). */
+void rt_admin_stop(void);
+
+/*
+** Reloads what SIGHUP reloads: the password and ACL files, then the rules.
+** Serialised with `rtctl auth reload` / `rtctl rules reload`. Returns 0, or the
+** first error with err naming what failed (a bad file leaves the old one running).
+*/
+int rt_admin_reload_auth(char *err, size_t errlen);
+int rt_admin_reload_rules(char *err, size_t errlen);
+
+/*
+** Splits a request line in place into words (docs/ADMIN.md quoting). Words
+** may hold NUL bytes (\x00), so each comes with its length; each is also
+** NUL-terminated. Returns 0, or RT_EINVAL with err set.
+*/
+int rt_admin_split(char *line, size_t len, char **argv, size_t *arglen, int max, int *argc,
+                   char *err, size_t errlen);
+
+#endif

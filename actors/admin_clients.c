@@ -1,0 +1,323 @@
+/*
+** Commands answered by the connection actors themselves: `clients list|show`,
+** `subscriptions` and `topics`. A session's state lives only in its actor, so
+** the admin connection asks each one (rt_client_query, Erlang's
+** sys:get_state done by message) and builds the answer from the replies as
+** they come, or from those that came within RT_ADMIN_GATHER_MS. Asking
+** 20,000 clients is 20,000 small messages; nobody stops.
+** `clients kick` needs no answer and is done at once.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "admin_impl.h"
+#include "broker.h"
+
+#define CLIENTS_LIMIT_DEFAULT 10000
+#define CLIENTS_LIMIT_MAX 10000000
+
+typedef enum { G_LIST, G_SHOW, G_SUBS, G_TOPICS } gather_kind_t;
+
+typedef struct {
+    char *filter; /* "$share/group/filter" for shared subscriptions */
+    uint64_t subscribers;
+} topic_t;
+
+struct rt_admin_gather_s {
+    gather_kind_t kind;
+    uint64_t cookie;
+    size_t asked, answered;
+    rt_doc_t *rows;       /* the answer's array (list, subs), or the one client (show) */
+    topic_t *topics;      /* G_TOPICS: every subscription's filter, counted at the end */
+    size_t ntopics, captopics;
+    bool oom;
+    char who[RT_CLIENT_TEXT_MAX]; /* G_SHOW: the client id asked for */
+};
+
+typedef struct {
+    rt_pid_t *pids;
+    size_t n, cap, limit;
+    bool oom;
+} pids_t;
+
+static void collect_pid(const char *id, rt_pid_t pid, void *ud)
+{
+    (void)id;
+    pids_t *p = ud;
+    if (p->n == p->limit || p->oom)
+        return;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        rt_pid_t *np = realloc(p->pids, cap * sizeof(*np));
+        if (!np) {
+            p->oom = true;
+            return;
+        }
+        p->pids = np;
+        p->cap = cap;
+    }
+    p->pids[p->n++] = pid;
+}
+
+static uint64_t next_cookie(void)
+{
+    static _Atomic uint64_t cookie = 1;
+    return cookie++;
+}
+
+/* Starts a gather over pids; 0 with c->code 0 (pending), or an answer set now. */
+static int start(rt_admin_cmd_t *c, gather_kind_t kind, const rt_pid_t *pids, size_t n)
+{
+    struct rt_admin_gather_s *g = calloc(1, sizeof(*g));
+    if (!g || !(g->rows = kind == G_SHOW ? rt_doc_object() : rt_doc_array())) {
+        free(g);
+        return rt__admin_fail(c, 500, "out of memory");
+    }
+    g->kind = kind;
+    g->cookie = next_cookie();
+    c->gather = g;
+    for (size_t i = 0; i < n; i++)
+        if (rt_client_query(pids[i], rt_self(c->self), g->cookie, kind != G_LIST) == 0)
+            g->asked++;
+    if (!g->asked) { /* every actor went away meanwhile: answer now */
+        rt__admin_gather_finish(c);
+        return c->code;
+    }
+    c->code = 0;
+    return 0;
+}
+
+static int ask_all(rt_admin_cmd_t *c, gather_kind_t kind)
+{
+    long limit;
+    if (rt__admin_opt_long(c, "limit", CLIENTS_LIMIT_DEFAULT, 1, CLIENTS_LIMIT_MAX, &limit))
+        return c->code;
+    if (!rt_broker)
+        return rt__admin_fail(c, 503, "the broker is not running");
+    pids_t p = {.limit = (size_t)limit};
+    rt_broker_clients_each(collect_pid, &p);
+    int rc = p.oom ? rt__admin_fail(c, 500, "out of memory") : start(c, kind, p.pids, p.n);
+    free(p.pids);
+    return rc;
+}
+
+static int ask_one(rt_admin_cmd_t *c, gather_kind_t kind, const char *usage)
+{
+    if (c->argc < 3)
+        return rt__admin_fail(c, 400, "usage: %s", usage);
+    if (!rt_broker)
+        return rt__admin_fail(c, 503, "the broker is not running");
+    rt_pid_t pid = rt_broker_lookup_client(c->argv[2]);
+    if (!pid)
+        return rt__admin_fail(c, 404, "no client \"%s\" (connected or with a session)",
+                              c->argv[2]);
+    int rc = start(c, kind, &pid, 1);
+    if (c->gather)
+        snprintf(c->gather->who, sizeof(c->gather->who), "%s", c->argv[2]);
+    return rc;
+}
+
+int rt__admin_clients_list(rt_admin_cmd_t *c) { return ask_all(c, G_LIST); }
+int rt__admin_subscriptions(rt_admin_cmd_t *c)
+{
+    if (c->argc >= 2 && strcmp(c->argv[1], "show") == 0)
+        return ask_one(c, G_SUBS, "subscriptions show CLIENT_ID");
+    return ask_all(c, G_SUBS);
+}
+int rt__admin_topics(rt_admin_cmd_t *c) { return ask_all(c, G_TOPICS); }
+
+int rt__admin_clients_show(rt_admin_cmd_t *c)
+{
+    return ask_one(c, G_SHOW, "clients show CLIENT_ID");
+}
+
+int rt__admin_clients_kick(rt_admin_cmd_t *c)
+{
+    if (c->argc < 3)
+        return rt__admin_fail(c, 400, "usage: clients kick CLIENT_ID");
+    rt_pid_t pid = rt_broker ? rt_broker_lookup_client(c->argv[2]) : 0;
+    if (!pid || rt_client_kick(pid) != 0)
+        return rt__admin_fail(c, 404, "no client \"%s\" (connected or with a session)",
+                              c->argv[2]);
+    if (!c->json) {
+        rt_buf_printf(&c->text, "client %s kicked\n", c->argv[2]);
+        return 200;
+    }
+    if (!(c->doc = rt_doc_object()))
+        return rt__admin_fail(c, 500, "out of memory");
+    rt_doc_add_str(c->doc, "client_id", c->argv[2]);
+    rt_doc_add_bool(c->doc, "kicked", true);
+    return 200;
+}
+
+static void iso_ms(uint64_t unix_ms, char *out, size_t n)
+{
+    time_t t = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+static const char *version_name(uint8_t v)
+{
+    return v == 5 ? "5.0" : v == 4 ? "3.1.1" : v == 3 ? "3.1" : "-";
+}
+
+static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
+{
+    char pid[32], when[32] = "-";
+    rt_doc_add_str(o, "client_id", ci->client_id);
+    rt_doc_add_str(o, "username", ci->has_username ? ci->username : "");
+    rt_doc_add_str(o, "peer", ci->peer);
+    rt_doc_add_str(o, "state", ci->connected ? "connected" : "offline");
+    rt_doc_add_str(o, "protocol", version_name(ci->version));
+    if (ci->connected_at_ms)
+        iso_ms(ci->connected_at_ms, when, sizeof(when));
+    rt_doc_add_str(o, "connected_at", when);
+    rt_doc_add_u64(o, "keepalive", ci->keepalive);
+    rt_doc_add_u64(o, "subscriptions", ci->subscriptions);
+    rt_doc_add_u64(o, "inflight", ci->inflight);
+    rt_doc_add_u64(o, "queued", ci->queued);
+    rt_doc_add_u64(o, "dropped", ci->dropped);
+    if (!full)
+        return;
+    rt__admin_pid_text(ci->pid, pid, sizeof(pid));
+    rt_doc_add_str(o, "pid", pid);
+    rt_doc_add_bool(o, "clean_start", ci->clean_start);
+    rt_doc_add_u64(o, "session_expiry_s", ci->session_expiry);
+    rt_doc_add_u64(o, "expires_in_s", ci->expires_in_ms / 1000);
+    rt_doc_add_u64(o, "inflight_window", ci->inflight_window);
+    rt_doc_add_u64(o, "queued_bytes", ci->queued_bytes);
+    rt_doc_add_u64(o, "mailbox", ci->mailbox_len);
+}
+
+/* "$share/group/filter" for a shared subscription, the filter alone otherwise. */
+static void full_filter(const rt_client_sub_t *s, char *out, size_t n)
+{
+    if (s->group)
+        snprintf(out, n, "$share/%.*s/%.*s", (int)s->group_len, s->group, (int)s->filter_len,
+                 s->filter);
+    else
+        snprintf(out, n, "%.*s", (int)s->filter_len, s->filter);
+}
+
+static void sub_doc(rt_doc_t *o, const rt_client_info_t *ci, const rt_client_sub_t *s,
+                    const char *filter)
+{
+    if (ci)
+        rt_doc_add_str(o, "client_id", ci->client_id);
+    rt_doc_add_str(o, "topic", filter);
+    rt_doc_add_u64(o, "qos", s->qos);
+    rt_doc_add_bool(o, "no_local", s->no_local);
+    rt_doc_add_bool(o, "retain_as_published", s->retain_as_published);
+    rt_doc_add_u64(o, "retain_handling", s->retain_handling);
+    rt_doc_add_u64(o, "subscription_id", s->sub_id);
+}
+
+static void add_topic(struct rt_admin_gather_s *g, const char *filter)
+{
+    if (g->ntopics == g->captopics) {
+        size_t cap = g->captopics ? g->captopics * 2 : 256;
+        topic_t *t = realloc(g->topics, cap * sizeof(*t));
+        if (!t) {
+            g->oom = true;
+            return;
+        }
+        g->topics = t;
+        g->captopics = cap;
+    }
+    if (!(g->topics[g->ntopics].filter = strdup(filter))) {
+        g->oom = true;
+        return;
+    }
+    g->topics[g->ntopics++].subscribers = 1;
+}
+
+bool rt__admin_gather_reply(rt_admin_cmd_t *c, rt_msg_t *m)
+{
+    struct rt_admin_gather_s *g = c->gather;
+    const rt_client_info_t *ci = rt_client_info_of(m);
+    if (!g || !ci || ci->cookie != g->cookie)
+        return false;
+    g->answered++;
+    char filter[RT_CLIENT_TEXT_MAX * 2];
+    rt_client_sub_t s;
+    size_t pos = 0;
+    switch (g->kind) {
+    case G_LIST:
+        client_doc(rt_doc_add_object(g->rows, NULL), ci, false);
+        break;
+    case G_SHOW: {
+        client_doc(g->rows, ci, true);
+        rt_doc_t *subs = rt_doc_add_array(g->rows, "subscription_list");
+        while (rt_client_info_subs_next(m, &pos, &s)) {
+            full_filter(&s, filter, sizeof(filter));
+            sub_doc(rt_doc_add_object(subs, NULL), NULL, &s, filter);
+        }
+        break;
+    }
+    case G_SUBS:
+        while (rt_client_info_subs_next(m, &pos, &s)) {
+            full_filter(&s, filter, sizeof(filter));
+            sub_doc(rt_doc_add_object(g->rows, NULL), ci, &s, filter);
+        }
+        break;
+    case G_TOPICS:
+        while (rt_client_info_subs_next(m, &pos, &s)) {
+            full_filter(&s, filter, sizeof(filter));
+            add_topic(g, filter);
+        }
+        break;
+    }
+    return g->answered == g->asked;
+}
+
+static int cmp_topic(const void *a, const void *b)
+{
+    return strcmp(((const topic_t *)a)->filter, ((const topic_t *)b)->filter);
+}
+
+void rt__admin_gather_finish(rt_admin_cmd_t *c)
+{
+    struct rt_admin_gather_s *g = c->gather;
+    c->code = 200;
+    if (g->kind == G_SHOW && !g->answered) {
+        rt__admin_fail(c, 504, "client \"%s\" did not answer within %d ms", g->who,
+                       RT_ADMIN_GATHER_MS);
+        return;
+    }
+    if (g->kind == G_TOPICS) {
+        /* Filters sorted, runs of the same one counted: a subscriber count per topic. */
+        qsort(g->topics, g->ntopics, sizeof(topic_t), cmp_topic);
+        for (size_t i = 0; i < g->ntopics;) {
+            size_t j = i + 1;
+            while (j < g->ntopics && strcmp(g->topics[j].filter, g->topics[i].filter) == 0)
+                j++;
+            rt_doc_t *o = rt_doc_add_object(g->rows, NULL);
+            rt_doc_add_str(o, "topic", g->topics[i].filter);
+            rt_doc_add_u64(o, "subscribers", j - i);
+            i = j;
+        }
+    }
+    if (g->oom) {
+        rt__admin_fail(c, 500, "out of memory");
+        return;
+    }
+    c->doc = g->rows;
+    g->rows = NULL;
+}
+
+void rt__admin_gather_free(rt_admin_cmd_t *c)
+{
+    struct rt_admin_gather_s *g = c->gather;
+    if (!g)
+        return;
+    rt_doc_free(g->rows);
+    for (size_t i = 0; i < g->ntopics; i++)
+        free(g->topics[i].filter);
+    free(g->topics);
+    free(g);
+    c->gather = NULL;
+}

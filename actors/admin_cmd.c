@@ -1,0 +1,571 @@
+/*
+** The admin socket's commands (docs/ADMIN.md), except those that ask
+** connection actors (admin_clients.c) and sample actors (admin_top.c). Each
+** builds a doc that admin.c renders as text or JSON.
+*/
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "admin_impl.h"
+#include "broker.h"
+#include "log.h"
+#include "rule_engine.h"
+#include "sink.h"
+#include "topic_trie.h"
+
+#define RULES_MAX 1024
+#define SINKS_MAX 64
+
+static void iso_time(uint64_t unix_ms, char *out, size_t n)
+{
+    time_t t = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void uptime_text(uint64_t ms, char *out, size_t n)
+{
+    uint64_t s = ms / 1000;
+    if (s >= 86400)
+        snprintf(out, n, "%llud %02lluh %02llum %02llus", (unsigned long long)(s / 86400),
+                 (unsigned long long)(s / 3600 % 24), (unsigned long long)(s / 60 % 60),
+                 (unsigned long long)(s % 60));
+    else
+        snprintf(out, n, "%02lluh %02llum %02llus", (unsigned long long)(s / 3600),
+                 (unsigned long long)(s / 60 % 60), (unsigned long long)(s % 60));
+}
+
+/* The positional word at i (after the command's words), or NULL. */
+static const char *arg(const rt_admin_cmd_t *c, int i) { return i < c->argc ? c->argv[i] : NULL; }
+
+static int need_object(rt_admin_cmd_t *c)
+{
+    c->doc = rt_doc_object();
+    return c->doc ? 0 : rt__admin_fail(c, 500, "out of memory");
+}
+
+/* ---- help, status, broker ---- */
+
+static int cmd_help(rt_admin_cmd_t *c)
+{
+    if (c->json) {
+        if (!(c->doc = rt_doc_array()))
+            return rt__admin_fail(c, 500, "out of memory");
+        for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
+            if (k->usage)
+                rt_doc_add_str(c->doc, NULL, k->usage);
+        return 200;
+    }
+    rt_buf_printf(&c->text, "rtctl commands (each takes --json):\n");
+    for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
+        if (k->usage)
+            rt_buf_printf(&c->text, "  %s\n", k->usage);
+    rt_buf_printf(&c->text, "A word alone (clients, subscriptions, actors, rules, sinks, log) "
+                            "lists.\n");
+    return 200;
+}
+
+static int cmd_status(rt_admin_cmd_t *c)
+{
+    char up[64];
+    uptime_text(rt__admin_uptime_ms(), up, sizeof(up));
+    if (!c->json) {
+        rt_buf_printf(&c->text, "rtd %s is running (pid %d, up %s)\n", rt__admin_version(),
+                      (int)getpid(), up);
+        return 200;
+    }
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_str(c->doc, "status", "running");
+    rt_doc_add_str(c->doc, "version", rt__admin_version());
+    rt_doc_add_i64(c->doc, "pid", getpid());
+    rt_doc_add_u64(c->doc, "uptime_s", rt__admin_uptime_ms() / 1000);
+    return 200;
+}
+
+static int cmd_broker(rt_admin_cmd_t *c)
+{
+    if (need_object(c))
+        return c->code;
+    char up[64], now[32], started[32];
+    uint64_t uptime = rt__admin_uptime_ms(), wall = wall_ms();
+    uptime_text(uptime, up, sizeof(up));
+    iso_time(wall, now, sizeof(now));
+    iso_time(wall - uptime, started, sizeof(started));
+    rt_doc_add_str(c->doc, "sysdescr", "rtd: an MQTT 3.1/3.1.1/5.0 broker on Erlang-style C actors");
+    rt_doc_add_str(c->doc, "version", rt__admin_version());
+    rt_doc_add_str(c->doc, "uptime", up);
+    rt_doc_add_u64(c->doc, "uptime_s", uptime / 1000);
+    rt_doc_add_str(c->doc, "started_at", started);
+    rt_doc_add_str(c->doc, "datetime", now);
+    rt_doc_add_i64(c->doc, "pid", getpid());
+    return 200;
+}
+
+/* ---- vm ---- */
+
+/* Resident set size from /proc: what the kernel says this process holds. */
+static uint64_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%llu %llu", &size, &resident) != 2)
+            resident = 0;
+        fclose(f);
+    }
+    return resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static uint64_t open_files(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    uint64_t n = 0;
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n > 0 ? n - 1 : 0; /* the directory's own descriptor */
+}
+
+void rt__admin_memory(rt_admin_mem_t *m, uint64_t heap_bytes, uint64_t bin_bytes)
+{
+    memset(m, 0, sizeof(*m));
+    rt_stats_t rs;
+    rt_stats(&rs);
+    size_t pool_mapped, pool_chunks, bins_count, bins_bytes;
+    rt_heap_pool_stats(&pool_mapped, &pool_chunks);
+    rt_bin_totals(&bins_count, &bins_bytes);
+    rt_rules_stats_t rules = {0};
+    rt_rules_stats(&rules);
+    rt_sink_info_t sinks[SINKS_MAX];
+    size_t nsinks = rt_sinks_snapshot(sinks, SINKS_MAX);
+    for (size_t i = 0; i < nsinks && i < SINKS_MAX; i++)
+        m->sink_queues += sinks[i].bytes;
+    if (rt_broker) {
+        rt_trie_stats_t ts = {0};
+        size_t count = 0, msgs = 0, mem = 0;
+        rt_trie_stats(rt_broker->trie, &ts);
+        rt_retained_stats(rt_broker->retained, &count, &msgs, &mem);
+        m->topic_trie = ts.bytes;
+        m->retained = msgs + mem;
+    }
+    m->rss = rss_bytes();
+    m->actors = rs.actor_bytes_in_use;
+    m->actors_mapped = rs.actor_bytes_mapped;
+    m->heaps = heap_bytes;
+    m->heap_chunks_mapped = pool_mapped;
+    m->binaries = bins_bytes;
+    m->binaries_count = bins_count;
+    m->binaries_held = bin_bytes;
+    m->lua = rules.lua_bytes;
+    m->rules_index = rules.index_bytes + rules.text_bytes;
+}
+
+void rt__admin_memory_doc(rt_doc_t *parent, const rt_admin_mem_t *m)
+{
+    rt_doc_t *o = rt_doc_add_object(parent, "memory");
+    rt_doc_add_u64(o, "rss", m->rss);
+    rt_doc_add_u64(o, "actors", m->actors);
+    rt_doc_add_u64(o, "actors_mapped", m->actors_mapped);
+    rt_doc_add_u64(o, "actor_heaps", m->heaps);
+    rt_doc_add_u64(o, "heap_chunks_mapped", m->heap_chunks_mapped);
+    rt_doc_add_u64(o, "binaries", m->binaries);
+    rt_doc_add_u64(o, "binaries_count", m->binaries_count);
+    rt_doc_add_u64(o, "binaries_held", m->binaries_held);
+    rt_doc_add_u64(o, "lua_states", m->lua);
+    rt_doc_add_u64(o, "rules_index", m->rules_index);
+    rt_doc_add_u64(o, "sink_queues", m->sink_queues);
+    rt_doc_add_u64(o, "topic_trie", m->topic_trie);
+    rt_doc_add_u64(o, "retained", m->retained);
+}
+
+typedef struct {
+    uint64_t heap, bin, mailbox, actors;
+} actor_totals_t;
+
+static void add_actor(const rt_actor_info_t *info, void *ud)
+{
+    actor_totals_t *t = ud;
+    t->heap += info->heap_bytes;
+    t->bin += info->bin_bytes;
+    t->mailbox += info->mailbox_len;
+    t->actors++;
+}
+
+static int cmd_vm(rt_admin_cmd_t *c)
+{
+    if (need_object(c))
+        return c->code;
+    actor_totals_t t = {0};
+    rt_snapshot_actors(add_actor, &t);
+    rt_admin_mem_t mem;
+    rt__admin_memory(&mem, t.heap, t.bin);
+    rt__admin_memory_doc(c->doc, &mem);
+
+    rt_sched_info_t info[256];
+    size_t n = rt_snapshot_schedulers(info, 256);
+    double util[256];
+    size_t nutil = rt__admin_sched_util(util, 256);
+    rt_doc_t *scheds = rt_doc_add_array(c->doc, "schedulers");
+    for (size_t i = 0; i < n; i++) {
+        rt_doc_t *s = rt_doc_add_object(scheds, NULL);
+        rt_doc_add_u64(s, "id", info[i].index);
+        rt_doc_add_str(s, "kind", info[i].blocking_pool ? "blocking" : "scheduler");
+        rt_doc_add_double(s, "utilisation", i < nutil ? util[i] : 0, 3);
+        rt_doc_add_double(s, "utilisation_since_start",
+                          info[i].wall_ns ? (double)info[i].busy_ns / (double)info[i].wall_ns : 0,
+                          3);
+        rt_doc_add_u64(s, "run_queue", info[i].run_queue);
+        rt_doc_add_u64(s, "turns", info[i].turns);
+        rt_doc_add_u64(s, "steals", info[i].steals);
+    }
+    rt_stats_t rs;
+    rt_stats(&rs);
+    rt_doc_t *a = rt_doc_add_object(c->doc, "actors");
+    rt_doc_add_u64(a, "count", rs.alive);
+    rt_doc_add_u64(a, "limit", rs.max_actors);
+    rt_doc_add_u64(a, "mailboxes", t.mailbox);
+    rt_doc_add_u64(a, "spawned", rs.spawned);
+    rt_doc_add_u64(a, "exited", rs.exited);
+    rt_doc_add_u64(a, "dead_letters", rs.dead_letters);
+    rt_doc_add_u64(a, "shed", rs.shed);
+    rt_doc_add_u64(a, "heap_limit_kills", rs.heap_limit_kills);
+    rt_doc_add_u64(a, "gcs", rs.gcs);
+    rt_doc_add_u64(a, "timers_pending", rs.timers_pending);
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rt_doc_t *f = rt_doc_add_object(c->doc, "files");
+    rt_doc_add_u64(f, "used", open_files());
+    rt_doc_add_u64(f, "limit", rl.rlim_cur == RLIM_INFINITY ? 0 : (uint64_t)rl.rlim_cur);
+    return 200;
+}
+
+/* ---- rules ---- */
+
+static rt_rule_info_t *rules_snapshot(rt_admin_cmd_t *c, size_t *n)
+{
+    rt_rule_info_t *rules = malloc(RULES_MAX * sizeof(*rules));
+    if (!rules) {
+        rt__admin_fail(c, 500, "out of memory");
+        return NULL;
+    }
+    *n = rt_rules_snapshot(rules, RULES_MAX);
+    if (*n > RULES_MAX)
+        *n = RULES_MAX;
+    return rules;
+}
+
+static void rule_doc(rt_doc_t *o, const rt_rule_info_t *r, bool full)
+{
+    rt_doc_add_str(o, "name", r->name);
+    rt_doc_add_str(o, "enabled", r->enabled ? "yes" : "no");
+    rt_doc_add_u64(o, "version", r->version);
+    rt_doc_add_str(o, "from", r->from);
+    rt_doc_add_str(o, "to", r->to);
+    if (full)
+        rt_doc_add_bool(o, "durable", r->durable);
+    rt_doc_add_u64(o, "matched", r->matched);
+    rt_doc_add_u64(o, "passed", r->passed);
+    rt_doc_add_u64(o, "filtered", r->filtered);
+    rt_doc_add_u64(o, "failed", r->failed);
+    if (!full)
+        return;
+    rt_doc_add_u64(o, "failed_exception", r->failed_exception);
+    rt_doc_add_u64(o, "failed_budget", r->failed_budget);
+    rt_doc_add_u64(o, "failed_memory", r->failed_memory);
+    rt_doc_add_u64(o, "rows_out", r->rows_out);
+    rt_doc_add_str(o, "last_error", r->last_error);
+}
+
+static const rt_rule_info_t *find_rule(rt_admin_cmd_t *c, const rt_rule_info_t *rules, size_t n,
+                                       const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(rules[i].name, name) == 0)
+            return &rules[i];
+    rt__admin_fail(c, 404, "no rule named \"%s\" (rtctl rules list)", name);
+    return NULL;
+}
+
+/* `rules list`, `rules metrics [NAME]` and `rules show NAME`. */
+static int rules_table(rt_admin_cmd_t *c, bool metrics_only)
+{
+    rt_rules_stats_t st;
+    if (rt_rules_stats(&st) != 0)
+        return rt__admin_fail(c, 503, "the rule engine is not running");
+    size_t n;
+    rt_rule_info_t *rules = rules_snapshot(c, &n);
+    if (!rules)
+        return c->code;
+    const char *name = arg(c, 2);
+    const rt_rule_info_t *one = name ? find_rule(c, rules, n, name) : NULL;
+    if (name && !one) {
+        free(rules);
+        return c->code;
+    }
+    if (one && !metrics_only) {
+        c->doc = rt_doc_object();
+        rule_doc(c->doc, one, true);
+    } else {
+        c->doc = rt_doc_array();
+        for (size_t i = 0; i < n; i++) {
+            if (one && one != &rules[i])
+                continue;
+            rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
+            if (!metrics_only) {
+                rule_doc(o, &rules[i], false);
+                continue;
+            }
+            rt_doc_add_str(o, "name", rules[i].name);
+            rt_doc_add_u64(o, "matched", rules[i].matched);
+            rt_doc_add_u64(o, "passed", rules[i].passed);
+            rt_doc_add_u64(o, "filtered", rules[i].filtered);
+            rt_doc_add_u64(o, "failed", rules[i].failed);
+            rt_doc_add_u64(o, "exception", rules[i].failed_exception);
+            rt_doc_add_u64(o, "budget", rules[i].failed_budget);
+            rt_doc_add_u64(o, "memory", rules[i].failed_memory);
+            rt_doc_add_u64(o, "rows_out", rules[i].rows_out);
+        }
+    }
+    free(rules);
+    return 200;
+}
+
+static int cmd_rules_list(rt_admin_cmd_t *c) { return rules_table(c, false); }
+static int cmd_rules_metrics(rt_admin_cmd_t *c) { return rules_table(c, true); }
+
+static int cmd_rules_show(rt_admin_cmd_t *c)
+{
+    if (!arg(c, 2))
+        return rt__admin_fail(c, 400, "usage: rules show NAME");
+    return rules_table(c, false);
+}
+
+static int cmd_rules_reload(rt_admin_cmd_t *c)
+{
+    char err[RT_ADMIN_ERR_MAX];
+    if (rt_admin_reload_rules(err, sizeof(err)) != 0)
+        return rt__admin_fail(c, 409, "rules not reloaded, the running set is unchanged: %s", err);
+    rt_rules_stats_t st = {0};
+    rt_rules_stats(&st);
+    if (!c->json) {
+        rt_buf_printf(&c->text, "rules reloaded: version %llu, %u rule%s\n",
+                      (unsigned long long)st.version, st.rules, st.rules == 1 ? "" : "s");
+        return 200;
+    }
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_bool(c->doc, "reloaded", true);
+    rt_doc_add_u64(c->doc, "version", st.version);
+    rt_doc_add_u64(c->doc, "rules", st.rules);
+    return 200;
+}
+
+static int rules_switch(rt_admin_cmd_t *c, bool on)
+{
+    const char *name = arg(c, 2);
+    if (!name)
+        return rt__admin_fail(c, 400, "usage: rules %s NAME", on ? "enable" : "disable");
+    int rc = rt_rules_enable(name, on);
+    if (rc == RT_ENOTFOUND)
+        return rt__admin_fail(c, 404, "no rule named \"%s\" (rtctl rules list)", name);
+    if (rc == RT_EINVAL)
+        return rt__admin_fail(c, 409, "rule \"%s\" names a sink that is not running", name);
+    if (rc)
+        return rt__admin_fail(c, 503, "the rule engine is not running");
+    rt_log(RT_LOG_INFO, on ? "rules.enabled" : "rules.disabled", "rule=%s", name);
+    if (!c->json) {
+        rt_buf_printf(&c->text, "rule %s %s\n", name, on ? "enabled" : "disabled");
+        return 200;
+    }
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_str(c->doc, "rule", name);
+    rt_doc_add_bool(c->doc, "enabled", on);
+    return 200;
+}
+
+static int cmd_rules_enable(rt_admin_cmd_t *c) { return rules_switch(c, true); }
+static int cmd_rules_disable(rt_admin_cmd_t *c) { return rules_switch(c, false); }
+
+static int cmd_rules_test(rt_admin_cmd_t *c)
+{
+    const char *name = arg(c, 2);
+    size_t topic_len = 0, payload_len = 0;
+    const char *topic = rt__admin_opt(c, "topic", &topic_len);
+    const char *payload = rt__admin_opt(c, "payload", &payload_len);
+    long qos;
+    if (!name || !topic)
+        return rt__admin_fail(c, 400,
+                              "usage: rules test NAME --topic T [--payload P] [--qos 0|1|2]");
+    if (rt__admin_opt_long(c, "qos", 0, 0, 2, &qos))
+        return c->code;
+    if (!payload)
+        payload = "";
+    char *json = NULL;
+    char err[RT_ADMIN_ERR_MAX];
+    int rc = rt_rules_test(name, topic, payload, payload_len, (int)qos, &json, err, sizeof(err));
+    if (rc == RT_ENOTFOUND)
+        return rt__admin_fail(c, 404, "no rule named \"%s\" (rtctl rules list)", name);
+    if (rc == RT_ESHUTDOWN)
+        return rt__admin_fail(c, 503, "the rule engine is not running");
+    if (rc)
+        return rt__admin_fail(c, 409, "rule %s failed on this message: %s", name, err);
+    if (need_object(c)) {
+        free(json);
+        return c->code;
+    }
+    rt_doc_add_str(c->doc, "rule", name);
+    rt_doc_add_str(c->doc, "topic", topic);
+    rt_doc_add_json(c->doc, "rows", json);
+    free(json);
+    return 200;
+}
+
+/* ---- sinks ---- */
+
+static void sink_doc(rt_doc_t *o, const rt_sink_info_t *s, bool full)
+{
+    rt_doc_add_str(o, "name", s->name);
+    rt_doc_add_str(o, "type", s->type);
+    rt_doc_add_str(o, "state", s->state);
+    rt_doc_add_u64(o, "in", s->in);
+    rt_doc_add_u64(o, "written", s->written);
+    rt_doc_add_u64(o, "queued", s->queued);
+    rt_doc_add_u64(o, "inflight", s->inflight);
+    rt_doc_add_u64(o, "spilled", s->spilled);
+    rt_doc_add_u64(o, "dropped", s->dropped);
+    rt_doc_add_u64(o, "failed", s->failed);
+    if (!full)
+        return;
+    rt_doc_add_u64(o, "retried", s->retried);
+    rt_doc_add_u64(o, "recovered", s->recovered);
+    rt_doc_add_u64(o, "batches", s->batches);
+    rt_doc_add_u64(o, "bytes", s->bytes);
+    rt_doc_add_str(o, "last_error", s->last_error);
+}
+
+static int sinks_cmd(rt_admin_cmd_t *c, const char *name)
+{
+    rt_sink_info_t sinks[SINKS_MAX];
+    size_t n = rt_sinks_snapshot(sinks, SINKS_MAX);
+    if (n > SINKS_MAX)
+        n = SINKS_MAX;
+    if (name) {
+        for (size_t i = 0; i < n; i++) {
+            if (strcmp(sinks[i].name, name) != 0)
+                continue;
+            if (need_object(c))
+                return c->code;
+            sink_doc(c->doc, &sinks[i], true);
+            return 200;
+        }
+        return rt__admin_fail(c, 404, "no sink named \"%s\" (rtctl sinks list)", name);
+    }
+    if (!(c->doc = rt_doc_array()))
+        return rt__admin_fail(c, 500, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        sink_doc(rt_doc_add_object(c->doc, NULL), &sinks[i], false);
+    return 200;
+}
+
+static int cmd_sinks_list(rt_admin_cmd_t *c) { return sinks_cmd(c, NULL); }
+
+static int cmd_sinks_show(rt_admin_cmd_t *c)
+{
+    if (!arg(c, 2))
+        return rt__admin_fail(c, 400, "usage: sinks show NAME");
+    return sinks_cmd(c, arg(c, 2));
+}
+
+/* ---- log, auth ---- */
+
+static int cmd_log_level(rt_admin_cmd_t *c)
+{
+    const char *name = arg(c, 2);
+    rt_log_level_t level;
+    if (name) {
+        if (rt_log_parse_level(name, &level) != 0)
+            return rt__admin_fail(c, 400, "log level must be error, warning, info or debug");
+        rt_log_level_t old = rt_log_get_level();
+        rt_log_set_level(level);
+        rt_log(RT_LOG_WARNING, "log.level", "%s -> %s (rtctl)", rt_log_level_name(old), name);
+    }
+    if (!c->json) {
+        rt_buf_printf(&c->text, "log level %s\n", rt_log_level_name(rt_log_get_level()));
+        return 200;
+    }
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_str(c->doc, "level", rt_log_level_name(rt_log_get_level()));
+    return 200;
+}
+
+static int cmd_auth_reload(rt_admin_cmd_t *c)
+{
+    char err[RT_ADMIN_ERR_MAX];
+    if (rt_admin_reload_auth(err, sizeof(err)) != 0)
+        return rt__admin_fail(c, 409, "not reloaded, the old files stay in force: %s", err);
+    const rt_conf_t *conf = rt__admin_conf();
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_bool(c->doc, "reloaded", true);
+    rt_doc_add_str(c->doc, "password_file", conf->password_file);
+    rt_doc_add_str(c->doc, "acl_file", conf->acl_file);
+    return 200;
+}
+
+const rt_admin_command_t rt__admin_commands[] = {
+    {"help", NULL, cmd_help, 0, "help"},
+    {"status", NULL, cmd_status, 0, "status"},
+    {"broker", NULL, cmd_broker, 0, "broker"},
+    {"vm", NULL, cmd_vm, 0, "vm"},
+    {"clients", "list", rt__admin_clients_list, RT_ADMIN_GATHER, "clients list [--limit N]"},
+    {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL},
+    {"clients", "show", rt__admin_clients_show, RT_ADMIN_GATHER, "clients show CLIENT_ID"},
+    {"clients", "kick", rt__admin_clients_kick, 0, "clients kick CLIENT_ID"},
+    {"subscriptions", "list", rt__admin_subscriptions, RT_ADMIN_GATHER,
+     "subscriptions list [--limit N]"},
+    {"subscriptions", NULL, rt__admin_subscriptions, RT_ADMIN_GATHER, NULL},
+    {"subscriptions", "show", rt__admin_subscriptions, RT_ADMIN_GATHER,
+     "subscriptions show CLIENT_ID"},
+    {"topics", NULL, rt__admin_topics, RT_ADMIN_GATHER, "topics [--limit N]"},
+    {"actors", NULL, rt__admin_actors_list, 0, NULL},
+    {"actors", "list", rt__admin_actors_list, 0, "actors list [--limit N] [--sort KEY]"},
+    {"actors", "info", rt__admin_actors_info, 0, "actors info PID"},
+    {"rules", NULL, cmd_rules_list, 0, NULL},
+    {"rules", "list", cmd_rules_list, 0, "rules list"},
+    {"rules", "show", cmd_rules_show, 0, "rules show NAME"},
+    {"rules", "metrics", cmd_rules_metrics, 0, "rules metrics [NAME]"},
+    {"rules", "reload", cmd_rules_reload, RT_ADMIN_BLOCKING, "rules reload"},
+    {"rules", "enable", cmd_rules_enable, 0, "rules enable NAME"},
+    {"rules", "disable", cmd_rules_disable, 0, "rules disable NAME"},
+    {"rules", "test", cmd_rules_test, RT_ADMIN_BLOCKING,
+     "rules test NAME --topic T [--payload P] [--qos Q]"},
+    {"sinks", NULL, cmd_sinks_list, 0, NULL},
+    {"sinks", "list", cmd_sinks_list, 0, "sinks list"},
+    {"sinks", "show", cmd_sinks_show, 0, "sinks show NAME"},
+    {"log", NULL, cmd_log_level, 0, NULL},
+    {"log", "level", cmd_log_level, 0, "log level [error|warning|info|debug]"},
+    {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING, "auth reload"},
+    {"top", NULL, rt__admin_top, 0,
+     "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total] "
+     "[--width W] [--height H]"},
+    {NULL, NULL, NULL, 0, NULL},
+};

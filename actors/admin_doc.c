@@ -1,0 +1,453 @@
+#include "admin_doc.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+typedef enum { D_OBJECT, D_ARRAY, D_STR, D_U64, D_I64, D_DOUBLE, D_BOOL, D_NULL, D_JSON } kind_t;
+
+struct rt_doc_s {
+    kind_t kind;
+    char *key;           /* member name inside an object, NULL in an array or at the root */
+    rt_doc_t *next;      /* next sibling */
+    rt_doc_t *first, *last; /* children of an object or array */
+    rt_doc_t *root;      /* where an allocation failure is recorded */
+    bool oom;            /* root only */
+    int decimals;
+    union {
+        char *str; /* D_STR, D_JSON */
+        uint64_t u;
+        int64_t i;
+        double d;
+        bool b;
+    } v;
+};
+
+/* ---- buffer ---- */
+
+void rt_buf_free(rt_buf_t *b)
+{
+    free(b->data);
+    memset(b, 0, sizeof(*b));
+}
+
+static bool buf_reserve(rt_buf_t *b, size_t more)
+{
+    if (b->oom)
+        return false;
+    if (b->len + more + 1 <= b->cap)
+        return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more + 1)
+        cap *= 2;
+    char *p = realloc(b->data, cap);
+    if (!p) {
+        b->oom = true;
+        return false;
+    }
+    b->data = p;
+    b->cap = cap;
+    return true;
+}
+
+void rt_buf_add(rt_buf_t *b, const void *p, size_t n)
+{
+    if (!buf_reserve(b, n))
+        return;
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = 0;
+}
+
+void rt_buf_printf(rt_buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char small[256];
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof(small)) {
+        rt_buf_add(b, small, (size_t)n);
+        return;
+    }
+    if (!buf_reserve(b, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* Length of the valid UTF-8 sequence at p (at most n bytes), 0 if there is none. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    size_t len = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
+                 : (p[0] & 0xf8) == 0xf0                 ? 4
+                                                         : 0;
+    if (!len || len > n || (len == 2 && p[0] < 0xc2))
+        return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    return len;
+}
+
+void rt_buf_json_str(rt_buf_t *b, const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    rt_buf_add(b, "\"", 1);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = p[i];
+        if (c == '"' || c == '\\') {
+            rt_buf_printf(b, "\\%c", c);
+            i++;
+        } else if (c == '\n') {
+            rt_buf_add(b, "\\n", 2);
+            i++;
+        } else if (c < 0x20 || c == 0x7f) {
+            rt_buf_printf(b, "\\u%04x", c);
+            i++;
+        } else {
+            size_t len = utf8_len(p + i, n - i);
+            if (len)
+                rt_buf_add(b, p + i, len);
+            else
+                rt_buf_add(b, "\\ufffd", 6);
+            i += len ? len : 1;
+        }
+    }
+    rt_buf_add(b, "\"", 1);
+}
+
+/* ---- tree ---- */
+
+static rt_doc_t *node_new(kind_t kind)
+{
+    rt_doc_t *d = calloc(1, sizeof(*d));
+    if (d) {
+        d->kind = kind;
+        d->root = d;
+    }
+    return d;
+}
+
+rt_doc_t *rt_doc_object(void) { return node_new(D_OBJECT); }
+rt_doc_t *rt_doc_array(void) { return node_new(D_ARRAY); }
+
+void rt_doc_free(rt_doc_t *d)
+{
+    while (d) {
+        rt_doc_t *next = d->next;
+        rt_doc_free(d->first);
+        free(d->key);
+        if (d->kind == D_STR || d->kind == D_JSON)
+            free(d->v.str);
+        free(d);
+        d = next;
+    }
+}
+
+static rt_doc_t *add(rt_doc_t *parent, const char *key, kind_t kind)
+{
+    if (!parent || parent->root->oom)
+        return NULL;
+    rt_doc_t *d = node_new(kind);
+    if (d && parent->kind == D_OBJECT && !(d->key = strdup(key ? key : ""))) {
+        free(d);
+        d = NULL;
+    }
+    if (!d) {
+        parent->root->oom = true;
+        return NULL;
+    }
+    d->root = parent->root;
+    if (parent->last)
+        parent->last->next = d;
+    else
+        parent->first = d;
+    parent->last = d;
+    return d;
+}
+
+rt_doc_t *rt_doc_add_object(rt_doc_t *parent, const char *key) { return add(parent, key, D_OBJECT); }
+rt_doc_t *rt_doc_add_array(rt_doc_t *parent, const char *key) { return add(parent, key, D_ARRAY); }
+
+static void add_text(rt_doc_t *parent, const char *key, kind_t kind, const char *v, size_t n)
+{
+    rt_doc_t *d = add(parent, key, kind);
+    if (!d)
+        return;
+    if (!(d->v.str = malloc(n + 1))) {
+        d->kind = D_NULL;
+        d->root->oom = true;
+        return;
+    }
+    memcpy(d->v.str, v, n);
+    d->v.str[n] = 0;
+}
+
+void rt_doc_add_strn(rt_doc_t *parent, const char *key, const char *v, size_t n)
+{
+    add_text(parent, key, D_STR, v, n);
+}
+
+void rt_doc_add_str(rt_doc_t *parent, const char *key, const char *v)
+{
+    add_text(parent, key, D_STR, v ? v : "", v ? strlen(v) : 0);
+}
+
+void rt_doc_add_json(rt_doc_t *parent, const char *key, const char *json)
+{
+    add_text(parent, key, D_JSON, json, strlen(json));
+}
+
+void rt_doc_add_u64(rt_doc_t *parent, const char *key, uint64_t v)
+{
+    rt_doc_t *d = add(parent, key, D_U64);
+    if (d)
+        d->v.u = v;
+}
+
+void rt_doc_add_i64(rt_doc_t *parent, const char *key, int64_t v)
+{
+    rt_doc_t *d = add(parent, key, D_I64);
+    if (d)
+        d->v.i = v;
+}
+
+void rt_doc_add_double(rt_doc_t *parent, const char *key, double v, int decimals)
+{
+    rt_doc_t *d = add(parent, key, D_DOUBLE);
+    if (d) {
+        d->v.d = v;
+        d->decimals = decimals;
+    }
+}
+
+void rt_doc_add_bool(rt_doc_t *parent, const char *key, bool v)
+{
+    rt_doc_t *d = add(parent, key, D_BOOL);
+    if (d)
+        d->v.b = v;
+}
+
+void rt_doc_add_null(rt_doc_t *parent, const char *key) { add(parent, key, D_NULL); }
+
+/* ---- JSON ---- */
+
+static bool is_scalar(const rt_doc_t *d) { return d->kind != D_OBJECT && d->kind != D_ARRAY; }
+
+/* A scalar's text, as both renderings show numbers (JSON has no NaN: null). */
+static void scalar(const rt_doc_t *d, rt_buf_t *out, bool json)
+{
+    switch (d->kind) {
+    case D_STR:
+        if (json)
+            rt_buf_json_str(out, d->v.str, strlen(d->v.str));
+        else
+            rt_buf_printf(out, "%s", d->v.str);
+        break;
+    case D_JSON:
+        rt_buf_printf(out, "%s", d->v.str);
+        break;
+    case D_U64:
+        rt_buf_printf(out, "%llu", (unsigned long long)d->v.u);
+        break;
+    case D_I64:
+        rt_buf_printf(out, "%lld", (long long)d->v.i);
+        break;
+    case D_DOUBLE:
+        if (d->v.d != d->v.d)
+            rt_buf_printf(out, json ? "null" : "-");
+        else
+            rt_buf_printf(out, "%.*f", d->decimals, d->v.d);
+        break;
+    case D_BOOL:
+        rt_buf_printf(out, "%s", d->v.b ? "true" : "false");
+        break;
+    case D_NULL:
+        rt_buf_printf(out, json ? "null" : "-");
+        break;
+    default:
+        break;
+    }
+}
+
+static void json(const rt_doc_t *d, rt_buf_t *out)
+{
+    if (is_scalar(d)) {
+        scalar(d, out, true);
+        return;
+    }
+    bool obj = d->kind == D_OBJECT;
+    rt_buf_add(out, obj ? "{" : "[", 1);
+    for (const rt_doc_t *c = d->first; c; c = c->next) {
+        if (obj) {
+            rt_buf_json_str(out, c->key, strlen(c->key));
+            rt_buf_add(out, ":", 1);
+        }
+        json(c, out);
+        if (c->next)
+            rt_buf_add(out, ",", 1);
+    }
+    rt_buf_add(out, obj ? "}" : "]", 1);
+}
+
+int rt_doc_render_json(const rt_doc_t *d, rt_buf_t *out)
+{
+    if (!d || d->root->oom)
+        return RT_ENOMEM;
+    json(d, out);
+    rt_buf_add(out, "\n", 1);
+    return out->oom ? RT_ENOMEM : 0;
+}
+
+/* ---- text ---- */
+
+static void indent(rt_buf_t *out, int n)
+{
+    rt_buf_printf(out, "%*s", n, "");
+}
+
+/* An array of scalars, or a flat value, as one line of text. */
+static bool is_line(const rt_doc_t *d)
+{
+    if (is_scalar(d))
+        return true;
+    if (d->kind == D_OBJECT)
+        return false;
+    for (const rt_doc_t *c = d->first; c; c = c->next)
+        if (!is_scalar(c))
+            return false;
+    return true;
+}
+
+static void line_value(const rt_doc_t *d, rt_buf_t *out)
+{
+    if (is_scalar(d)) {
+        scalar(d, out, false);
+        return;
+    }
+    if (!d->first)
+        rt_buf_printf(out, "-");
+    for (const rt_doc_t *c = d->first; c; c = c->next) {
+        scalar(c, out, false);
+        if (c->next)
+            rt_buf_printf(out, ", ");
+    }
+}
+
+static bool is_flat_object(const rt_doc_t *d)
+{
+    if (d->kind != D_OBJECT)
+        return false;
+    for (const rt_doc_t *c = d->first; c; c = c->next)
+        if (!is_line(c))
+            return false;
+    return true;
+}
+
+static size_t cell_width(const rt_doc_t *d)
+{
+    rt_buf_t b = {0};
+    line_value(d, &b);
+    size_t w = b.len;
+    rt_buf_free(&b);
+    return w;
+}
+
+#define TEXT_MAX_COLUMNS 32 /* a table wider than this is shown as records */
+
+static void text(const rt_doc_t *d, rt_buf_t *out, int depth);
+
+/* An array of flat objects as a table: the first row's keys are the columns. */
+static bool table(const rt_doc_t *d, rt_buf_t *out, int depth)
+{
+    size_t ncols = 0;
+    for (const rt_doc_t *c = d->first->first; c; c = c->next)
+        ncols++;
+    if (!ncols || ncols > TEXT_MAX_COLUMNS)
+        return false;
+    for (const rt_doc_t *row = d->first; row; row = row->next)
+        if (!is_flat_object(row))
+            return false;
+    size_t width[TEXT_MAX_COLUMNS];
+    size_t i = 0;
+    for (const rt_doc_t *c = d->first->first; c; c = c->next, i++)
+        width[i] = strlen(c->key);
+    for (const rt_doc_t *row = d->first; row; row = row->next) {
+        i = 0;
+        for (const rt_doc_t *c = row->first; c && i < ncols; c = c->next, i++) {
+            size_t w = cell_width(c);
+            if (w > width[i])
+                width[i] = w;
+        }
+    }
+    indent(out, depth);
+    i = 0;
+    for (const rt_doc_t *c = d->first->first; c; c = c->next, i++)
+        rt_buf_printf(out, "%-*s%s", c->next ? (int)width[i] : 0, c->key, c->next ? "  " : "\n");
+    for (const rt_doc_t *row = d->first; row; row = row->next) {
+        indent(out, depth);
+        i = 0;
+        for (const rt_doc_t *c = row->first; c && i < ncols; c = c->next, i++) {
+            size_t start = out->len;
+            line_value(c, out);
+            if (c->next && i + 1 < ncols)
+                rt_buf_printf(out, "%*s  ", (int)(width[i] - (out->len - start)), "");
+        }
+        rt_buf_printf(out, "\n");
+    }
+    return true;
+}
+
+static void text(const rt_doc_t *d, rt_buf_t *out, int depth)
+{
+    if (is_line(d)) {
+        indent(out, depth);
+        line_value(d, out);
+        rt_buf_printf(out, "\n");
+        return;
+    }
+    if (d->kind == D_ARRAY) {
+        if (table(d, out, depth))
+            return;
+        for (const rt_doc_t *c = d->first; c; c = c->next) {
+            text(c, out, depth);
+            if (c->next)
+                rt_buf_printf(out, "\n");
+        }
+        return;
+    }
+    size_t keyw = 0;
+    for (const rt_doc_t *c = d->first; c; c = c->next)
+        if (is_line(c) && strlen(c->key) > keyw)
+            keyw = strlen(c->key);
+    for (const rt_doc_t *c = d->first; c; c = c->next) {
+        indent(out, depth);
+        if (is_line(c)) {
+            rt_buf_printf(out, "%-*s  ", (int)keyw, c->key);
+            line_value(c, out);
+            rt_buf_printf(out, "\n");
+        } else {
+            rt_buf_printf(out, "%s:\n", c->key);
+            text(c, out, depth + 2);
+        }
+    }
+}
+
+int rt_doc_render_text(const rt_doc_t *d, rt_buf_t *out)
+{
+    if (!d || d->root->oom)
+        return RT_ENOMEM;
+    if (d->kind == D_ARRAY && !d->first)
+        rt_buf_printf(out, "(none)\n");
+    else
+        text(d, out, 0);
+    return out->oom ? RT_ENOMEM : 0;
+}

@@ -1,0 +1,64 @@
+/*
+** Answers of the admin socket as a small value tree (objects, arrays,
+** numbers, strings), built once per command and rendered either as JSON (for
+** scripts) or as aligned text (for people). One tree for both means the text
+** and the JSON of a command can never disagree.
+**
+** Text rendering: an object is "key  value" lines with the keys padded to one
+** width; a nested object or array is a "key:" line and its body indented; an
+** array of flat objects is a table with a header row; an array of scalars is
+** one line of comma-separated values.
+**
+** Nodes are malloc'd (the admin actors are a handful, their answers are
+** short-lived and built in one turn). An allocation failure is remembered in
+** the root, every later add is a no-op, and rendering returns RT_ENOMEM.
+*/
+#ifndef RT_ADMIN_DOC_H
+#define RT_ADMIN_DOC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A growable byte buffer; `oom` is set (and the text left short) when growth fails. */
+typedef struct rt_buf_s {
+    char *data; /* NUL-terminated when len > 0 */
+    size_t len, cap;
+    bool oom;
+} rt_buf_t;
+
+void rt_buf_free(rt_buf_t *b);
+void rt_buf_add(rt_buf_t *b, const void *p, size_t n);
+void rt_buf_printf(rt_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends s as a JSON string literal (quotes included); bytes that are not UTF-8 become \uFFFD. */
+void rt_buf_json_str(rt_buf_t *b, const char *s, size_t n);
+
+typedef struct rt_doc_s rt_doc_t;
+
+rt_doc_t *rt_doc_object(void);
+rt_doc_t *rt_doc_array(void);
+void rt_doc_free(rt_doc_t *d);
+
+/*
+** Adders: key names the member in an object and is ignored in an array. They
+** return the new node for containers (NULL after an allocation failure, which
+** the other adders accept as their parent).
+*/
+rt_doc_t *rt_doc_add_object(rt_doc_t *parent, const char *key);
+rt_doc_t *rt_doc_add_array(rt_doc_t *parent, const char *key);
+void rt_doc_add_str(rt_doc_t *parent, const char *key, const char *v);
+void rt_doc_add_strn(rt_doc_t *parent, const char *key, const char *v, size_t n);
+void rt_doc_add_u64(rt_doc_t *parent, const char *key, uint64_t v);
+void rt_doc_add_i64(rt_doc_t *parent, const char *key, int64_t v);
+/* decimals: digits after the point in both renderings. */
+void rt_doc_add_double(rt_doc_t *parent, const char *key, double v, int decimals);
+void rt_doc_add_bool(rt_doc_t *parent, const char *key, bool v);
+void rt_doc_add_null(rt_doc_t *parent, const char *key);
+/* A value that is JSON text already (shown as it is in text mode too). */
+void rt_doc_add_json(rt_doc_t *parent, const char *key, const char *json);
+
+/* Render the tree; 0, or RT_ENOMEM if building or rendering ran out of memory. */
+int rt_doc_render_json(const rt_doc_t *d, rt_buf_t *out);
+int rt_doc_render_text(const rt_doc_t *d, rt_buf_t *out);
+
+#endif

@@ -1,0 +1,113 @@
+/* Internals shared by the admin socket's files (admin.c, admin_cmd.c, admin_top.c). */
+#ifndef RT_ADMIN_IMPL_H
+#define RT_ADMIN_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "admin.h"
+#include "admin_doc.h"
+#include "rt.h"
+
+#define RT_ADMIN_OPTS_MAX 16
+#define RT_ADMIN_ERR_MAX 1024
+
+typedef struct rt_admin_top_s rt_admin_top_t;
+
+/* One request being answered. */
+typedef struct rt_admin_cmd_s {
+    int argc;                 /* positional words (the command's own words first) */
+    char *argv[RT_ADMIN_ARGS_MAX];
+    size_t arglen[RT_ADMIN_ARGS_MAX];
+    int nopts;                /* "--name value" pairs, "--" and "-n" style alike */
+    const char *opt_name[RT_ADMIN_OPTS_MAX];
+    const char *opt_value[RT_ADMIN_OPTS_MAX];
+    size_t opt_len[RT_ADMIN_OPTS_MAX];
+    bool json;                /* --json: the body is JSON */
+    rt_actor_t *self;         /* the actor answering */
+    rt_admin_top_t **top;     /* the connection's previous top sample; NULL in the worker */
+    /* The answer: a code, and a body as a tree, as text, or an error message. */
+    int code;
+    rt_doc_t *doc;
+    rt_buf_t text;
+    char error[RT_ADMIN_ERR_MAX];
+    struct rt_admin_gather_s *gather; /* a gathering command's state (admin_clients.c) */
+} rt_admin_cmd_t;
+
+/* Command flags. */
+#define RT_ADMIN_BLOCKING 1u /* runs on the admin worker (blocking pool): file I/O, Lua loading */
+#define RT_ADMIN_GATHER 2u   /* asks connection actors; answered when they have replied */
+
+typedef struct rt_admin_command_s {
+    const char *word, *sub; /* "rules", "reload"; sub NULL: the word alone */
+    int (*run)(rt_admin_cmd_t *c);
+    unsigned flags;
+    const char *usage; /* for help; NULL: an alias (a word alone that lists) */
+} rt_admin_command_t;
+
+extern const rt_admin_command_t rt__admin_commands[];
+
+/* The command a request names, or NULL. */
+const rt_admin_command_t *rt__admin_find(const rt_admin_cmd_t *c);
+
+/* Sets the error answer; returns code for `return rt__admin_fail(c, 404, ...)`. */
+int rt__admin_fail(rt_admin_cmd_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The value of option name (without dashes), or NULL; *len gets its length. */
+const char *rt__admin_opt(const rt_admin_cmd_t *c, const char *name, size_t *len);
+/* A whole-number option within [lo, hi]: 0 with *out (def when absent), or 400 set. */
+int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, long hi, long *out);
+/* Fills the answer's body into out (status line not included). */
+void rt__admin_render(rt_admin_cmd_t *c, rt_buf_t *out);
+
+/* Process facts the commands share. */
+const rt_conf_t *rt__admin_conf(void);
+const char *rt__admin_version(void);
+uint64_t rt__admin_uptime_ms(void);
+void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n); /* "<slot.gen>" */
+int rt__admin_parse_pid(const char *s, rt_pid_t *out);
+/* Per-scheduler utilisation over the last second, from the listener's 1 s tick. */
+size_t rt__admin_sched_util(double *util, size_t max);
+
+/*
+** admin_clients.c: commands that ask connection actors (clients, subscriptions,
+** topics). Their run() sends the questions and sets c->code to 0; each later
+** message goes to gather_reply until it returns true or RT_ADMIN_GATHER_MS
+** pass; then gather_finish builds the answer from what came.
+*/
+#define RT_ADMIN_GATHER_MS 3000
+bool rt__admin_gather_reply(rt_admin_cmd_t *c, rt_msg_t *m);
+void rt__admin_gather_finish(rt_admin_cmd_t *c);
+void rt__admin_gather_free(rt_admin_cmd_t *c);
+int rt__admin_clients_list(rt_admin_cmd_t *c);
+int rt__admin_clients_show(rt_admin_cmd_t *c);
+int rt__admin_clients_kick(rt_admin_cmd_t *c);
+int rt__admin_subscriptions(rt_admin_cmd_t *c);
+int rt__admin_topics(rt_admin_cmd_t *c);
+
+/* admin_top.c */
+int rt__admin_top(rt_admin_cmd_t *c);
+int rt__admin_actors_list(rt_admin_cmd_t *c);
+int rt__admin_actors_info(rt_admin_cmd_t *c);
+void rt__admin_top_free(rt_admin_top_t *t);
+/* Memory by kind, as the `vm` command and the top node panel show it (bytes). */
+typedef struct rt_admin_mem_s {
+    uint64_t rss;           /* what the kernel says the process holds */
+    uint64_t actors;        /* actor structs and states */
+    uint64_t actors_mapped; /* slab memory held for them */
+    uint64_t heaps;         /* actor heaps: live objects (sum over actors) */
+    uint64_t heap_chunks_mapped;
+    uint64_t binaries;      /* shared binaries (each counted once) */
+    uint64_t binaries_count;
+    uint64_t binaries_held; /* binary bytes referenced by actors (a shared one per holder) */
+    uint64_t lua;           /* rule workers' Lua states */
+    uint64_t rules_index;   /* the rule set's index and kept texts */
+    uint64_t sink_queues;   /* rows in sink memory, inflight and spill */
+    uint64_t topic_trie;
+    uint64_t retained;
+} rt_admin_mem_t;
+
+void rt__admin_memory(rt_admin_mem_t *m, uint64_t heap_bytes, uint64_t bin_bytes);
+void rt__admin_memory_doc(rt_doc_t *parent, const rt_admin_mem_t *m);
+
+#endif

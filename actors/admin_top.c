@@ -1,0 +1,519 @@
+/*
+** `top`, `actors list` and `actors info`: one walk over every actor
+** (rt_snapshot_actors: no stop, O(actors), bounded memory), the top N kept in a
+** small heap by the sort key, and per-interval figures from the previous
+** sample of the same admin connection (a pid -> counters table). rtctl renders
+** nothing: `top` returns the screen as text sized to the terminal, or JSON.
+*/
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "admin_impl.h"
+#include "broker.h"
+
+#define TOP_ROWS_MAX 10000     /* -n, --limit */
+#define TOP_SCHED_MAX 64
+#define TOP_WIDTH_DEFAULT 132
+#define TOP_HEIGHT_DEFAULT 40
+
+typedef enum {
+    SORT_REDS,       /* reductions over the interval */
+    SORT_REDS_TOTAL,
+    SORT_MEMORY,     /* heap + binaries */
+    SORT_MAILBOX,
+    SORT_CPU,        /* CPU time over the interval */
+    SORT_CPU_TOTAL,
+} sort_t;
+
+static const char *const sort_names[] = {"reductions", "reductions_total", "memory",
+                                         "mailbox",    "cpu",              "cpu_total"};
+static const char *const sort_titles[] = {"reductions per interval", "reductions (total)",
+                                          "memory (state + heap + binaries)", "mailbox length",
+                                          "CPU per interval", "CPU time (total)"};
+
+typedef struct {
+    rt_pid_t pid; /* 0: free slot */
+    uint64_t reds, cpu_ns;
+} prev_t;
+
+struct rt_admin_top_s {
+    prev_t *slots;  /* open addressing on pid; load kept <= 1/2 */
+    size_t cap;
+    uint64_t at_ns; /* CLOCK_MONOTONIC of the sample */
+    uint64_t msgs_in, msgs_out, gcs;
+    size_t nsched;
+    uint64_t busy[TOP_SCHED_MAX], wall[TOP_SCHED_MAX];
+};
+
+typedef struct {
+    rt_actor_info_t info;
+    uint64_t dreds, dcpu_ns;
+    uint64_t key;
+} row_t;
+
+typedef struct {
+    sort_t sort;
+    const rt_admin_top_t *prev; /* NULL: per-interval figures are since the actor started */
+    rt_admin_top_t *next;       /* the table being built for the next call; NULL: none */
+    size_t next_count;          /* entries in next */
+    row_t *rows;                /* min-heap on key, at most limit */
+    size_t nrows, limit;
+    uint64_t actors, heap, bin, mailbox;
+    uint64_t by_status[RT_STATUS_EXITING + 1];
+    bool oom;
+} sample_t;
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static size_t slot_of(rt_pid_t pid, size_t cap)
+{
+    uint64_t h = pid * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 32) & (cap - 1);
+}
+
+static const prev_t *prev_find(const rt_admin_top_t *t, rt_pid_t pid)
+{
+    if (!t || !t->cap)
+        return NULL;
+    for (size_t i = slot_of(pid, t->cap);; i = (i + 1) & (t->cap - 1)) {
+        if (t->slots[i].pid == pid)
+            return &t->slots[i];
+        if (!t->slots[i].pid)
+            return NULL;
+    }
+}
+
+static bool prev_put(rt_admin_top_t *t, rt_pid_t pid, uint64_t reds, uint64_t cpu_ns, size_t *n)
+{
+    if ((*n + 1) * 2 > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 1024;
+        prev_t *slots = calloc(cap, sizeof(*slots));
+        if (!slots)
+            return false;
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->slots[i].pid)
+                continue;
+            size_t j = slot_of(t->slots[i].pid, cap);
+            while (slots[j].pid)
+                j = (j + 1) & (cap - 1);
+            slots[j] = t->slots[i];
+        }
+        free(t->slots);
+        t->slots = slots;
+        t->cap = cap;
+    }
+    size_t j = slot_of(pid, t->cap);
+    while (t->slots[j].pid && t->slots[j].pid != pid)
+        j = (j + 1) & (t->cap - 1);
+    if (!t->slots[j].pid)
+        (*n)++;
+    t->slots[j] = (prev_t){pid, reds, cpu_ns};
+    return true;
+}
+
+void rt__admin_top_free(rt_admin_top_t *t)
+{
+    if (t)
+        free(t->slots);
+    free(t);
+}
+
+static uint64_t key_of(sort_t sort, const row_t *r)
+{
+    switch (sort) {
+    case SORT_REDS:
+        return r->dreds;
+    case SORT_REDS_TOTAL:
+        return r->info.reductions;
+    case SORT_MEMORY:
+        return r->info.state_bytes + r->info.heap_bytes + r->info.bin_bytes;
+    case SORT_MAILBOX:
+        return r->info.mailbox_len;
+    case SORT_CPU:
+        return r->dcpu_ns;
+    case SORT_CPU_TOTAL:
+        return r->info.cpu_ns;
+    }
+    return 0;
+}
+
+static void sift_down(row_t *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l].key < h[m].key)
+            m = l;
+        if (r < n && h[r].key < h[m].key)
+            m = r;
+        if (m == i)
+            return;
+        row_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void sift_up(row_t *h, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (h[p].key <= h[i].key)
+            return;
+        row_t t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+static void visit(const rt_actor_info_t *info, void *ud)
+{
+    sample_t *s = ud;
+    s->actors++;
+    s->heap += info->heap_bytes;
+    s->bin += info->bin_bytes;
+    s->mailbox += info->mailbox_len;
+    if ((unsigned)info->status <= RT_STATUS_EXITING)
+        s->by_status[info->status]++;
+    row_t r = {.info = *info};
+    const prev_t *p = prev_find(s->prev, info->pid);
+    r.dreds = p && info->reductions >= p->reds ? info->reductions - p->reds : info->reductions;
+    r.dcpu_ns = p && info->cpu_ns >= p->cpu_ns ? info->cpu_ns - p->cpu_ns : info->cpu_ns;
+    r.key = key_of(s->sort, &r);
+    if (s->next && !prev_put(s->next, info->pid, info->reductions, info->cpu_ns, &s->next_count))
+        s->oom = true;
+    if (s->nrows < s->limit) {
+        s->rows[s->nrows] = r;
+        sift_up(s->rows, s->nrows++);
+    } else if (s->limit && r.key > s->rows[0].key) {
+        s->rows[0] = r;
+        sift_down(s->rows, s->nrows, 0);
+    }
+}
+
+static int cmp_rows(const void *a, const void *b)
+{
+    const row_t *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key > y->key ? -1 : 1;
+    return x->info.pid < y->info.pid ? -1 : x->info.pid > y->info.pid;
+}
+
+static int parse_sort(rt_admin_cmd_t *c, sort_t def, sort_t *out)
+{
+    const char *v = rt__admin_opt(c, "sort", NULL);
+    *out = def;
+    if (!v)
+        return 0;
+    for (size_t i = 0; i < sizeof(sort_names) / sizeof(sort_names[0]); i++)
+        if (strcmp(v, sort_names[i]) == 0) {
+            *out = (sort_t)i;
+            return 0;
+        }
+    return rt__admin_fail(c, 400,
+                          "--sort must be reductions, reductions_total, memory, mailbox, cpu "
+                          "or cpu_total");
+}
+
+/* Walks every actor; the rows come back sorted, best first. */
+static int sample(rt_admin_cmd_t *c, sample_t *s)
+{
+    s->rows = malloc((s->limit ? s->limit : 1) * sizeof(row_t));
+    if (!s->rows)
+        return rt__admin_fail(c, 500, "out of memory");
+    rt_snapshot_actors(visit, s);
+    if (s->oom)
+        return rt__admin_fail(c, 500, "out of memory");
+    qsort(s->rows, s->nrows, sizeof(row_t), cmp_rows);
+    return 0;
+}
+
+static void row_doc(rt_doc_t *o, const row_t *r, double interval_s, bool full)
+{
+    char pid[32];
+    rt__admin_pid_text(r->info.pid, pid, sizeof(pid));
+    rt_doc_add_str(o, "pid", pid);
+    rt_doc_add_str(o, "type", r->info.type);
+    rt_doc_add_str(o, "name", r->info.name);
+    rt_doc_add_str(o, "state", rt_status_name(r->info.status));
+    rt_doc_add_u64(o, "reductions", r->info.reductions);
+    if (interval_s > 0)
+        rt_doc_add_u64(o, "reductions_delta", r->dreds);
+    rt_doc_add_u64(o, "mailbox", r->info.mailbox_len);
+    rt_doc_add_u64(o, "state_bytes", r->info.state_bytes);
+    rt_doc_add_u64(o, "heap_bytes", r->info.heap_bytes);
+    rt_doc_add_u64(o, "bin_bytes", r->info.bin_bytes);
+    rt_doc_add_u64(o, "gcs", r->info.gc_count);
+    if (interval_s > 0)
+        rt_doc_add_double(o, "cpu_pct", (double)r->dcpu_ns / 1e7 / interval_s, 1);
+    rt_doc_add_u64(o, "cpu_us", r->info.cpu_ns / 1000);
+    rt_doc_add_str(o, "handler", r->info.current_handler ? r->info.current_handler : "");
+    if (!full)
+        return;
+    rt_doc_add_u64(o, "gc_last_pause_us", r->info.gc_last_pause_us);
+    rt_doc_add_u64(o, "gc_max_pause_us", r->info.gc_max_pause_us);
+    rt_doc_add_i64(o, "scheduler", r->info.scheduler);
+}
+
+/* ---- actors list / info ---- */
+
+int rt__admin_actors_list(rt_admin_cmd_t *c)
+{
+    long limit;
+    sample_t s = {0};
+    if (rt__admin_opt_long(c, "limit", 100, 0, TOP_ROWS_MAX, &limit) ||
+        parse_sort(c, SORT_REDS_TOTAL, &s.sort))
+        return c->code;
+    /* No previous sample here: per-interval keys mean the totals. */
+    if (s.sort == SORT_REDS)
+        s.sort = SORT_REDS_TOTAL;
+    if (s.sort == SORT_CPU)
+        s.sort = SORT_CPU_TOTAL;
+    s.limit = (size_t)limit;
+    if (sample(c, &s)) {
+        free(s.rows);
+        return c->code;
+    }
+    c->doc = rt_doc_array();
+    for (size_t i = 0; i < s.nrows; i++)
+        row_doc(rt_doc_add_object(c->doc, NULL), &s.rows[i], 0, false);
+    free(s.rows);
+    return 200;
+}
+
+int rt__admin_actors_info(rt_admin_cmd_t *c)
+{
+    rt_pid_t pid;
+    if (c->argc < 3 || rt__admin_parse_pid(c->argv[2], &pid) != 0)
+        return rt__admin_fail(c, 400, "usage: actors info PID (as <slot.gen> or a number)");
+    row_t r = {0};
+    if (rt_actor_info(pid, &r.info) != 0)
+        return rt__admin_fail(c, 404, "no actor %s", c->argv[2]);
+    if (!(c->doc = rt_doc_object()))
+        return rt__admin_fail(c, 500, "out of memory");
+    row_doc(c->doc, &r, 0, true);
+    rt_doc_add_u64(c->doc, "pid_number", pid);
+    return 200;
+}
+
+/* ---- top ---- */
+
+/* 1234 -> "1234", 12345678 -> "11.8M": fits a narrow column. */
+static const char *human(uint64_t v, char *buf, size_t n)
+{
+    const char *units = "KMGTP";
+    if (v < 10000) {
+        snprintf(buf, n, "%llu", (unsigned long long)v);
+        return buf;
+    }
+    double d = (double)v;
+    int u = -1;
+    while (d >= 1024 && u < 4) {
+        d /= 1024;
+        u++;
+    }
+    snprintf(buf, n, d < 100 ? "%.1f%c" : "%.0f%c", d, units[u]);
+    return buf;
+}
+
+/* Appends one line cut to width columns (bytes: every field is ASCII). */
+static void put_line(rt_buf_t *out, int width, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void put_line(rt_buf_t *out, int width, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    size_t len = (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1;
+    if (len > (size_t)width)
+        len = (size_t)width;
+    rt_buf_add(out, line, len);
+    rt_buf_add(out, "\n", 1);
+}
+
+typedef struct {
+    double interval_s;
+    double util[TOP_SCHED_MAX];
+    bool blocking[TOP_SCHED_MAX];
+    uint64_t run_queue[TOP_SCHED_MAX];
+    size_t nsched;
+    double in_per_s, out_per_s, gcs_per_s;
+    rt_admin_mem_t mem;
+    uint64_t connections, sessions;
+} node_t;
+
+static void node_panel(node_t *n, const rt_admin_top_t *prev, rt_admin_top_t *next,
+                       const sample_t *s)
+{
+    uint64_t now = mono_ns();
+    n->interval_s = prev ? (double)(now - prev->at_ns) / 1e9 : (double)rt__admin_uptime_ms() / 1e3;
+    if (n->interval_s <= 0)
+        n->interval_s = 1e-3;
+    rt_sched_info_t info[TOP_SCHED_MAX];
+    n->nsched = rt_snapshot_schedulers(info, TOP_SCHED_MAX);
+    for (size_t i = 0; i < n->nsched; i++) {
+        bool same = prev && i < prev->nsched;
+        uint64_t db = info[i].busy_ns - (same ? prev->busy[i] : 0);
+        uint64_t dw = info[i].wall_ns - (same ? prev->wall[i] : 0);
+        n->util[i] = dw ? (double)db / (double)dw : 0;
+        n->blocking[i] = info[i].blocking_pool;
+        n->run_queue[i] = info[i].run_queue;
+        next->busy[i] = info[i].busy_ns;
+        next->wall[i] = info[i].wall_ns;
+    }
+    next->nsched = n->nsched;
+    rt_stats_t rs;
+    rt_stats(&rs);
+    next->gcs = rs.gcs;
+    if (rt_broker) {
+        next->msgs_in = atomic_load(&rt_broker->stats.msgs_in);
+        next->msgs_out = atomic_load(&rt_broker->stats.msgs_out);
+        n->connections = atomic_load(&rt_broker->stats.connections);
+        n->sessions = atomic_load(&rt_broker->stats.sessions);
+    }
+    uint64_t p_in = prev ? prev->msgs_in : 0, p_out = prev ? prev->msgs_out : 0;
+    uint64_t p_gcs = prev ? prev->gcs : 0;
+    n->in_per_s = (double)(next->msgs_in - p_in) / n->interval_s;
+    n->out_per_s = (double)(next->msgs_out - p_out) / n->interval_s;
+    n->gcs_per_s = (double)(next->gcs - p_gcs) / n->interval_s;
+    next->at_ns = now;
+    rt__admin_memory(&n->mem, s->heap, s->bin);
+}
+
+static void top_json(rt_admin_cmd_t *c, const node_t *n, const sample_t *s)
+{
+    rt_stats_t rs;
+    rt_stats(&rs);
+    c->doc = rt_doc_object();
+    rt_doc_t *node = rt_doc_add_object(c->doc, "node");
+    rt_doc_add_str(node, "version", rt__admin_version());
+    rt_doc_add_u64(node, "uptime_s", rt__admin_uptime_ms() / 1000);
+    rt_doc_add_double(node, "interval_s", n->interval_s, 3);
+    rt_doc_add_u64(node, "actors", s->actors);
+    rt_doc_add_u64(node, "actors_limit", rs.max_actors);
+    rt_doc_add_u64(node, "connections", n->connections);
+    rt_doc_add_u64(node, "sessions", n->sessions);
+    rt_doc_add_u64(node, "mailboxes", s->mailbox);
+    rt_doc_t *sched = rt_doc_add_array(node, "schedulers");
+    for (size_t i = 0; i < n->nsched; i++) {
+        rt_doc_t *o = rt_doc_add_object(sched, NULL);
+        rt_doc_add_u64(o, "id", i);
+        rt_doc_add_str(o, "kind", n->blocking[i] ? "blocking" : "scheduler");
+        rt_doc_add_double(o, "utilisation", n->util[i], 3);
+        rt_doc_add_u64(o, "run_queue", n->run_queue[i]);
+    }
+    rt_doc_add_double(node, "messages_in_per_s", n->in_per_s, 1);
+    rt_doc_add_double(node, "messages_out_per_s", n->out_per_s, 1);
+    rt_doc_add_double(node, "gcs_per_s", n->gcs_per_s, 1);
+    rt__admin_memory_doc(node, &n->mem);
+    rt_doc_add_str(c->doc, "sort", sort_names[s->sort]);
+    rt_doc_t *rows = rt_doc_add_array(c->doc, "actors");
+    for (size_t i = 0; i < s->nrows; i++)
+        row_doc(rt_doc_add_object(rows, NULL), &s->rows[i], n->interval_s, false);
+}
+
+static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int width, int height)
+{
+    rt_buf_t *o = &c->text;
+    char hb[8][16];
+    rt_stats_t rs;
+    rt_stats(&rs);
+    uint64_t up = rt__admin_uptime_ms() / 1000;
+    put_line(o, width,
+             "rtd %s  up %lluh%02llum%02llus  actors %llu/%llu  connections %llu  sessions %llu  "
+             "interval %.2fs",
+             rt__admin_version(), (unsigned long long)(up / 3600),
+             (unsigned long long)(up / 60 % 60), (unsigned long long)(up % 60),
+             (unsigned long long)s->actors, (unsigned long long)rs.max_actors,
+             (unsigned long long)n->connections, (unsigned long long)n->sessions, n->interval_s);
+    char sched[512];
+    size_t used = 0;
+    for (size_t i = 0; i < n->nsched && used < sizeof(sched); i++)
+        used += (size_t)snprintf(sched + used, sizeof(sched) - used, " %s%zu %5.1f%% rq %llu",
+                                 n->blocking[i] ? "blk" : "s", i, n->util[i] * 100,
+                                 (unsigned long long)n->run_queue[i]);
+    put_line(o, width, "schedulers%s", sched);
+    const rt_admin_mem_t *m = &n->mem;
+    put_line(o, width, "memory  rss %s  heaps %s  binaries %s  actors %s  lua %s  sinks %s  "
+                       "trie %s  retained %s",
+             human(m->rss, hb[0], 16), human(m->heaps, hb[1], 16), human(m->binaries, hb[2], 16),
+             human(m->actors, hb[3], 16), human(m->lua, hb[4], 16),
+             human(m->sink_queues, hb[5], 16), human(m->topic_trie, hb[6], 16),
+             human(m->retained, hb[7], 16));
+    put_line(o, width,
+             "messages/s  in %.0f  out %.0f   gcs/s %.0f   mailboxes %llu   runnable %llu  "
+             "muted %llu",
+             n->in_per_s, n->out_per_s, n->gcs_per_s, (unsigned long long)s->mailbox,
+             (unsigned long long)s->by_status[RT_STATUS_RUNNABLE],
+             (unsigned long long)s->by_status[RT_STATUS_MUTED]);
+    put_line(o, width, "sort: %s   keys: r R m b c C sort  q quit", sort_titles[s->sort]);
+    put_line(o, width, "%-16s %-22s %-8s %12s %10s %7s %8s %8s %7s %6s %s", "PID", "TYPE/NAME",
+             "STATE", "REDS", "+REDS", "MBOX", "MEMORY", "BIN", "GCS", "CPU%", "HANDLER");
+    int room = height - 6;
+    for (size_t i = 0; i < s->nrows && (int)i < room; i++) {
+        const row_t *r = &s->rows[i];
+        char pid[32], type[64];
+        rt__admin_pid_text(r->info.pid, pid, sizeof(pid));
+        snprintf(type, sizeof(type), "%s%s%s", r->info.type, r->info.name[0] ? "/" : "",
+                 r->info.name);
+        put_line(o, width, "%-16s %-22.22s %-8s %12llu %10llu %7llu %8s %8s %7u %6.1f %s", pid,
+                 type, rt_status_name(r->info.status), (unsigned long long)r->info.reductions,
+                 (unsigned long long)r->dreds, (unsigned long long)r->info.mailbox_len,
+                 human(r->info.state_bytes + r->info.heap_bytes, hb[0], 16),
+                 human(r->info.bin_bytes, hb[1], 16),
+                 r->info.gc_count, (double)r->dcpu_ns / 1e7 / n->interval_s,
+                 r->info.current_handler ? r->info.current_handler : "");
+    }
+}
+
+int rt__admin_top(rt_admin_cmd_t *c)
+{
+    long rows, width, height;
+    sample_t s = {0};
+    if (rt__admin_opt_long(c, "n", 0, 0, TOP_ROWS_MAX, &rows) ||
+        rt__admin_opt_long(c, "width", TOP_WIDTH_DEFAULT, 20, 1000, &width) ||
+        rt__admin_opt_long(c, "height", TOP_HEIGHT_DEFAULT, 8, 1000, &height) ||
+        parse_sort(c, SORT_REDS, &s.sort))
+        return c->code;
+    if (!rows) /* as many as the screen holds */
+        rows = height - 6;
+    s.limit = (size_t)rows;
+    rt_admin_top_t *prev = c->top ? *c->top : NULL;
+    s.prev = prev;
+    s.next = calloc(1, sizeof(rt_admin_top_t));
+    if (!s.next)
+        return rt__admin_fail(c, 500, "out of memory");
+    if (sample(c, &s)) {
+        free(s.rows);
+        rt__admin_top_free(s.next);
+        return c->code;
+    }
+    node_t n = {0};
+    node_panel(&n, prev, s.next, &s);
+    if (c->json)
+        top_json(c, &n, &s);
+    else
+        top_text(c, &n, &s, (int)width, (int)height);
+    free(s.rows);
+    if (c->top) {
+        rt__admin_top_free(*c->top);
+        *c->top = s.next;
+    } else {
+        rt__admin_top_free(s.next);
+    }
+    return 200;
+}
