@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "auth.h"
 #include "broker.h"
@@ -177,10 +178,17 @@ int main(int argc, char **argv)
                        conf.password_file[0] ? conf.password_file : "-",
                        conf.acl_file[0] ? conf.acl_file : "-");
             /* The rules too; a bad rule file leaves the running set as it is. */
-            if (rt_rules_reload(err, sizeof(err)) != 0)
-                rt_log(RT_LOG_ERROR, "rules.reload_failed", "%s", err);
-            else
-                rt_log(RT_LOG_INFO, "rules.reloaded", "rules_dir=%s", conf.rules_dir);
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            int rr = rt_rules_reload(err, sizeof(err));
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+            rt_rules_stats_t st;
+            if (rr != 0)
+                rt_log(RT_LOG_ERROR, "rules.reload_failed", "ms=%.1f %s", ms, err);
+            else if (rt_rules_stats(&st) == 0)
+                rt_log(RT_LOG_INFO, "rules.reloaded", "version=%llu rules=%u ms=%.1f rules_dir=%s",
+                       (unsigned long long)st.version, st.rules, ms, conf.rules_dir);
             continue;
         }
         rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
