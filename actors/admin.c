@@ -115,15 +115,18 @@ int rt_admin_reload_auth(char *err, size_t errlen)
 int rt_admin_reload_rules(char *err, size_t errlen)
 {
     pthread_mutex_lock(&A.reload_lock);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = rt_rules_reload(err, errlen);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_mutex_unlock(&A.reload_lock);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
     rt_rules_stats_t st = {0};
-    rt_rules_stats(&st);
     if (rc)
-        rt_log(RT_LOG_ERROR, "rules.reload_failed", "%s", err);
-    else
-        rt_log(RT_LOG_INFO, "rules.reloaded", "version=%llu rules=%u rules_dir=%s",
-               (unsigned long long)st.version, st.rules, A.conf->rules_dir);
+        rt_log(RT_LOG_ERROR, "rules.reload_failed", "ms=%.1f %s", ms, err);
+    else if (rt_rules_stats(&st) == 0)
+        rt_log(RT_LOG_INFO, "rules.reloaded", "version=%llu rules=%u ms=%.1f rules_dir=%s",
+               (unsigned long long)st.version, st.rules, ms, A.conf->rules_dir);
     return rc;
 }
 

@@ -29,6 +29,12 @@ typedef struct metrics_s {
     atomic_uint_fast64_t failed[3]; /* exception, budget, memory */
     pthread_mutex_t lock;           /* guards last_error */
     char last_error[256];
+    /* The operator's word on enabled (rt_rules_enable), kept over reloads by name: -1 none,
+       else 0 or 1. Written with the engine's lock read-held, applied by install() with it
+       write-held, so an enable and a reload never miss each other. */
+    atomic_int override;
+    bool file_enabled; /* the file's enabled in the last installed set (admin lock) */
+    bool installed;    /* a set holding this rule has been installed (admin lock) */
 } metrics_t;
 
 static metrics_t *metrics_new(void)
@@ -37,6 +43,7 @@ static metrics_t *metrics_new(void)
     if (!m)
         return NULL;
     atomic_init(&m->refs, 1);
+    atomic_init(&m->override, -1);
     pthread_mutex_init(&m->lock, NULL);
     return m;
 }
@@ -62,6 +69,7 @@ typedef struct rule_s {
     char *path, *text; /* the file, owned (the vms read it) */
     size_t len;
     atomic_bool enabled;
+    bool file_enabled; /* what the file says; enabled may differ by the operator's word */
     bool durable;
     char from[256], to[256]; /* for the snapshot */
     uint32_t targets[RT_RULE_MAX_TO];
@@ -294,6 +302,7 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
         }
     snprintf(r->name, sizeof(r->name), "%s", spec->name);
     atomic_init(&r->enabled, spec->enabled);
+    r->file_enabled = spec->enabled;
     r->durable = spec->durable;
     join(r->from, sizeof(r->from), (const char *const *)spec->from, spec->nfrom);
     const char *tos[RT_RULE_MAX_TO];
@@ -344,7 +353,8 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
         int rc = rt_trie_subscribe(s->trie, spec->from[i], strlen(spec->from[i]), (rt_pid_t)idx + 1,
                                    &o, NULL);
         if (rc) {
-            snprintf(err, errlen, "%s: from: \"%s\": %s", r->path, spec->from[i], rt_strerror(rc));
+            snprintf(err, errlen, "%s:%d: from: \"%s\": %s", r->path,
+                     rt_rule_field_line(r->text, r->len, "from"), spec->from[i], rt_strerror(rc));
             return rc;
         }
     }
@@ -433,6 +443,29 @@ fail:
     return rc ? rc : RT_EINVAL;
 }
 
+/*
+** An operator's enable or disable (rt_rules_enable) outlives a reload that leaves the rule's
+** file saying what it said before; when the file's own enabled changes, the file's new word
+** wins and the operator's is dropped (someone edited the rule on purpose). A rule that
+** cannot be enabled (a missing sink) stays disabled. Called with E.lock write-held.
+*/
+static void apply_overrides(rule_set_t *s)
+{
+    for (uint32_t i = 0; i < s->nrules; i++) {
+        rule_t *r = &s->rules[i];
+        metrics_t *m = r->m;
+        int ov = atomic_load(&m->override);
+        if ((m->installed && m->file_enabled != r->file_enabled) ||
+            (ov == 1 && r->missing_sink[0]))
+            ov = -1;
+        atomic_store(&m->override, ov);
+        m->file_enabled = r->file_enabled;
+        m->installed = true;
+        if (ov >= 0)
+            atomic_store(&r->enabled, ov == 1);
+    }
+}
+
 /* Makes s the current set (the engine's reference passes to it) and retires the old one. */
 static void install(rule_set_t *s)
 {
@@ -444,6 +477,7 @@ static void install(rule_set_t *s)
     E.sets = s;
     pthread_mutex_unlock(&E.sets_lock);
     pthread_rwlock_wrlock(&E.lock);
+    apply_overrides(s);
     rule_set_t *old = E.cur;
     E.cur = s;
     atomic_store(&E.wants, s->wants);
@@ -1265,15 +1299,19 @@ static rule_t *find_rule(rule_set_t *s, const char *name)
 
 int rt_rules_enable(const char *name, bool on)
 {
-    rule_set_t *s = current();
+    /* The read lock is held throughout, so a reload installs either before (this finds the
+       new set) or after (apply_overrides sees the override). */
+    rule_set_t *s = lock_current();
     rule_t *r = s ? find_rule(s, name) : NULL;
     int rc = r ? 0 : RT_ENOTFOUND;
-    if (r && on && r->missing_sink[0])
+    if (r && on && r->missing_sink[0]) {
         rc = RT_EINVAL;
-    else if (r)
+    } else if (r) {
+        atomic_store(&r->m->override, on == r->file_enabled ? -1 : (int)on);
         atomic_store(&r->enabled, on);
+    }
     if (s)
-        set_release(s);
+        pthread_rwlock_unlock(&E.lock);
     return rc;
 }
 
@@ -1289,6 +1327,7 @@ size_t rt_rules_snapshot(rt_rule_info_t *out, size_t max)
         snprintf(o->name, sizeof(o->name), "%s", r->name);
         o->version = s->version;
         o->enabled = atomic_load(&r->enabled);
+        o->overridden = o->enabled != r->file_enabled;
         o->durable = r->durable;
         snprintf(o->from, sizeof(o->from), "%s", r->from);
         snprintf(o->to, sizeof(o->to), "%s", r->to);

@@ -155,8 +155,15 @@ int rt_rules_event(const rt_rule_origin_t *o, const rt_rule_event_t *e);
 /*
 ** Loads and validates the whole rule set again (syntax, fields, sinks exist, a
 ** dry run of every rule) and swaps it in atomically; messages in flight finish
-** on the version that took them; metrics carry over by rule name; a file's
-** `enabled` applies. On error nothing changes and err names the file and line.
+** on the version that took them (rows a worker still batches for the old set
+** are submitted to the sinks first, and durable acks still pending are sent
+** when their rows commit, whatever the version); metrics carry over by rule
+** name. enabled: a rule the operator switched with rt_rules_enable keeps that
+** state while its file's `enabled` stays as it was at the last load; a file
+** whose `enabled` changed wins (see rt_rules_enable). On error nothing changes
+** and err is "path:line: reason" for every kind of failure (syntax, a bad or
+** missing field, an unknown sink, a failed dry run); "path: reason" only when
+** the file cannot be read.
 */
 int rt_rules_reload(char *err, size_t errlen);
 
@@ -175,7 +182,11 @@ int rt_rules_test(const char *name, const char *topic, const void *payload, size
 ** Enables or disables a rule of the current set; RT_ENOTFOUND if there is none,
 ** RT_EINVAL to enable a rule whose file disables it and names a sink that is not
 ** running (such a rule loads, as examples for disabled sinks do; a real error
-** for an enabled rule).
+** for an enabled rule). The switch is the operator's word over the file's: it
+** lasts across reloads until the rule's file changes its own `enabled` (then
+** the file wins) or rtd restarts (the files are the configuration; nothing is
+** written to them), as an EMQX operator who disables a misbehaving rule expects
+** it to stay off when someone reloads to deploy another rule.
 */
 int rt_rules_enable(const char *name, bool on);
 
@@ -184,7 +195,8 @@ typedef struct rt_rule_info_s {
     uint64_t version; /* the rule-set version (1 at start, +1 per reload) */
     bool enabled;
     bool durable;
-    char from[256]; /* entries joined by ", " (cut if longer) */
+    bool overridden; /* enabled differs from the file's, by rt_rules_enable */
+    char from[256];  /* entries joined by ", " (cut if longer) */
     char to[256];
     uint64_t matched, passed, filtered, failed;
     uint64_t failed_exception, failed_budget, failed_memory;

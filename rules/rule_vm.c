@@ -92,6 +92,8 @@ struct rt_rule_vm_s {
     bool budget_hit;      /* the hook fired during the current call */
     bool oom;             /* the allocator refused something during the current call */
     bool row_error;       /* the last failure was in the rows select returned, not in Lua */
+    const char *line_of;  /* dry run: the rule file whose failing line to note, or NULL */
+    int err_line;         /* dry run: that line (0: none known) */
     size_t steps;         /* string-pattern steps charged during the current call */
     rule_file_t *files;   /* per rule */
     uint32_t nrules, capfiles;
@@ -675,15 +677,36 @@ int rt_rule_field_line(const char *text, size_t len, const char *field)
     return 0;
 }
 
-/* Writes "path:line: " (or "path: ") and the reason. */
+/*
+** The line of the file's last `return` that starts a line (the rule table's own, in a file
+** written the usual way), or 1: where an error about a field the table lacks points.
+*/
+static int return_line(const char *text, size_t len)
+{
+    int line = 1, found = 1;
+    for (size_t i = 0; i < len; i++) {
+        bool start = i == 0 || text[i - 1] == '\n';
+        if (start && i + 6 <= len && memcmp(text + i, "return", 6) == 0 &&
+            (i + 6 == len || !(text[i + 6] == '_' || (text[i + 6] >= 'a' && text[i + 6] <= 'z') ||
+                               (text[i + 6] >= 'A' && text[i + 6] <= 'Z') ||
+                               (text[i + 6] >= '0' && text[i + 6] <= '9'))))
+            found = line;
+        if (text[i] == '\n')
+            line++;
+    }
+    return found;
+}
+
+/* Writes "path:line: " and the reason; the line of `field =`, or of the table's return. */
 static int field_error(const rule_file_t *f, const char *field, char *err, size_t errlen,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static int field_error(const rule_file_t *f, const char *field, char *err, size_t errlen,
                        const char *fmt, ...)
 {
     int line = field ? rt_rule_field_line(f->text, f->len, field) : 0;
-    int n = line ? snprintf(err, errlen, "%s:%d: ", f->path, line)
-                 : snprintf(err, errlen, "%s: ", f->path);
+    if (!line)
+        line = return_line(f->text, f->len);
+    int n = snprintf(err, errlen, "%s:%d: ", f->path, line);
     if (n < 0 || (size_t)n >= errlen)
         return RT_EINVAL;
     va_list ap;
@@ -885,24 +908,31 @@ static int parse_spec(lua_State *L, const rule_file_t *f, rt_rule_spec_t *spec, 
     return 0;
 }
 
-/* Writes the load error on top of the stack, prefixed with the path unless Lua put it there. */
 /*
-** The load error as "path:line: reason". Lua shortens a source name longer than LUA_IDSIZE
-** to "...<its tail>"; the whole path is put back in its place.
+** Where a Lua message that starts with path ends: at the ':' after it, or NULL when it does not
+** start with path. Lua shortens a source name longer than LUA_IDSIZE to "...<its tail>"; that
+** counts as the path too.
 */
+static const char *after_path(const char *e, const char *path)
+{
+    size_t pl = strlen(path);
+    if (strncmp(e, path, pl) == 0 && e[pl] == ':')
+        return e + pl;
+    if (strncmp(e, "...", 3) != 0)
+        return NULL;
+    for (const char *c = e + 3; *c; c++) {
+        size_t k = (size_t)(c - (e + 3));
+        if (*c == ':' && k <= pl && memcmp(path + pl - k, e + 3, k) == 0)
+            return c;
+    }
+    return NULL;
+}
+
+/* The load error on top of the stack as "path:line: reason", with the whole path. */
 static void load_error(lua_State *L, const rule_file_t *f, char *err, size_t errlen)
 {
     const char *e = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "error (not a string)";
-    size_t pl = strlen(f->path);
-    const char *rest = NULL;
-    if (strncmp(e, f->path, pl) == 0 && e[pl] == ':')
-        rest = e + pl;
-    else if (strncmp(e, "...", 3) == 0)
-        for (const char *c = e + 3; *c && !rest; c++) {
-            size_t k = (size_t)(c - (e + 3));
-            if (*c == ':' && k <= pl && memcmp(f->path + pl - k, e + 3, k) == 0)
-                rest = c;
-        }
+    const char *rest = after_path(e, f->path);
     if (rest)
         snprintf(err, errlen, "%s%s", f->path, rest);
     else
@@ -1166,6 +1196,24 @@ static rt_rule_outcome_t collect_rows(rt_rule_vm_t *vm, int idx, rt_rule_buf_t *
     return RT_RULE_PASSED;
 }
 
+/*
+** The dry run's message handler: notes the line the innermost frame of the rule's own file
+** was running when the error was raised (a C function such as json.decode gives its message
+** no position) and leaves the error as it was. C, so it runs no budgeted instructions.
+*/
+static int note_line(lua_State *L)
+{
+    rt_rule_vm_t *vm = VM(L);
+    lua_Debug ar;
+    for (int level = 0; vm->line_of && lua_getstack(L, level, &ar); level++)
+        if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0 && ar.source[0] == '@' &&
+            strcmp(ar.source + 1, vm->line_of) == 0) {
+            vm->err_line = ar.currentline;
+            break;
+        }
+    return 1;
+}
+
 rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_input_t *in,
                                  rt_rule_buf_t *out, uint32_t *nrows, char *err, size_t errlen)
 {
@@ -1190,8 +1238,14 @@ rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_i
         lua_rawgeti(L, LUA_REGISTRYINDEX, vm->ctxs_ref);
         lua_rawgeti(L, -1, (lua_Integer)idx + 1);
         lua_remove(L, -2);
+        int msgh = 0;
+        if (vm->line_of) {
+            lua_pushcfunction(L, note_line); /* below select and its two arguments */
+            lua_insert(L, -4);
+            msgh = lua_gettop(L) - 3;
+        }
         lua_sethook(L, vm_hook, LUA_MASKCOUNT, (int)vm->instructions);
-        status = lua_pcall(L, 2, 1, 0);
+        status = lua_pcall(L, 2, 1, msgh);
         lua_sethook(L, NULL, 0, 0);
     }
     rt_rule_outcome_t r;
@@ -1298,7 +1352,10 @@ int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen)
     rt_rule_buf_t out = {0};
     uint32_t nrows;
     char why[400];
+    vm->line_of = f->path;
+    vm->err_line = 0;
     rt_rule_outcome_t r = rt_rule_vm_run(vm, idx, &in, &out, &nrows, why, sizeof(why));
+    vm->line_of = NULL;
     rt_rule_buf_free(&out);
     /* A made-up message may not fit what the rule expects (a missing JSON field): a Lua
        error on it is the rule's business. Runaways, memory bombs and rows that cannot be
@@ -1306,7 +1363,21 @@ int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen)
     if (r == RT_RULE_PASSED || r == RT_RULE_FILTERED ||
         (!sample_given && r == RT_RULE_FAIL_EXCEPTION && !vm->row_error))
         return 0;
-    snprintf(err, errlen, "%s: dry run on a sample %s failed: %s", f->path,
-             ev ? "event" : "message", why);
+    /* "path:line: ...": the position Lua gave the message if it is in this file, else the
+       line the rule's code was running, else its select (rows that cannot be stored). */
+    const char *reason = why;
+    int line = 0;
+    const char *rest = after_path(why, f->path);
+    if (rest && rest[1] >= '0' && rest[1] <= '9') {
+        char *end;
+        line = (int)strtol(rest + 1, &end, 10);
+        reason = *end == ':' ? end + 1 + (end[1] == ' ') : why;
+    }
+    if (!line)
+        line = vm->err_line;
+    if (!line)
+        line = rt_rule_field_line(f->text, f->len, "select");
+    snprintf(err, errlen, "%s:%d: dry run on %s %s failed: %s", f->path, line,
+             sample_given ? "its sample" : "a made-up", ev ? "event" : "message", reason);
     return RT_EINVAL;
 }

@@ -21,6 +21,7 @@
 static char dir[128];   /* per-run scratch: data and rules */
 static char rules[160]; /* rules written by the tests */
 static char err[RT_CONF_ERR_LEN];
+static long flush_ms = -1; /* rule_flush_ms for the next start; -1: the default */
 
 static void sh(const char *fmt, const char *arg)
 {
@@ -68,6 +69,8 @@ static int start_sink(const char *sink, const char *rules_dir, long workers, lon
     c->rule_workers = workers;
     c->rule_instructions = instructions;
     c->rule_memory = memory;
+    if (flush_ms >= 0)
+        c->rule_flush_ms = flush_ms;
     err[0] = 0;
     int rc = rt_rules_start(c, err, sizeof(err));
     free(c);
@@ -499,8 +502,135 @@ static void test_reload(void)
     stop();
 }
 
-/* The stand-in for a connection: counts RT_RULES_MSG_DURABLE acks. */
+/* Every kind of bad reload names the file and line, and leaves the running set alone. */
+static void test_reload_errors(void)
+{
+    clean_rules();
+    write_rule("a.lua", "return { name = 'a', from = 'r/#', to = {},\n"
+                        "  select = function(msg) return { v = 1 } end }\n");
+    CHECK_EQ(start(rules, 2, 100000, 8 << 20), 0);
+    struct {
+        const char *text;
+        const char *want; /* after rules_dir */
+    } cases[] = {
+        /* syntax */
+        {"return { name = 'a', from = 'r/#', to = {},\n  select = function(msg)\n"
+         "    return { v = 2 ] end }\n",
+         "/a.lua:3: "},
+        /* a runtime error in the dry run on the file's sample */
+        {"return { name = 'a', from = 'r/#', to = {},\n"
+         "  sample = { topic = 'r/1', payload = 'x' },\n"
+         "  select = function(msg)\n"
+         "    return { v = msg.nope.x } end }\n",
+         "/a.lua:4: dry run on its sample message failed: attempt to index a nil value"},
+        /* the same from a C function (no position in its message) */
+        {"return { name = 'a', from = 'r/#', to = {},\n"
+         "  sample = { topic = 'r/1', payload = 'x' },\n"
+         "  select = function(msg)\n"
+         "    local d = json.decode(msg.payload)\n"
+         "    return d end }\n",
+         "/a.lua:4: dry run on its sample message failed: json.decode:"},
+        /* an unknown sink */
+        {"return { name = 'a', from = 'r/#',\n  to = { 'gone' },\n"
+         "  select = function(msg) return { v = 2 } end }\n",
+         "/a.lua:2: to: no sink named \"gone\""},
+        /* bad fields: a wrong type, an unknown one, a missing one */
+        {"return { name = 'a', from = 'r/#', to = {},\n  enabled = 'yes',\n"
+         "  select = function(msg) return { v = 2 } end }\n",
+         "/a.lua:2: enabled must be true or false"},
+        {"return { name = 'a', from = 'r/#', to = {},\n  selcet = function(msg) end }\n",
+         "/a.lua:2: unknown field \"selcet\""},
+        {"local x = 1\n\nreturn { name = 'a', from = 'r/#', to = {} }\n",
+         "/a.lua:3: select must be a function"},
+        {"return { name = 'a', from = 'r/#/x', to = {},\n"
+         "  select = function(msg) return { v = 2 } end }\n",
+         "/a.lua:1: from: \"r/#/x\" is neither a topic filter nor an event"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        write_rule("a.lua", cases[i].text);
+        err[0] = 0;
+        CHECK_EQ(rt_rules_reload(err, sizeof(err)), RT_EINVAL);
+        char want[512];
+        snprintf(want, sizeof(want), "%s%s", rules, cases[i].want);
+        bool ok = strncmp(err, want, strlen(want)) == 0;
+        CHECK(ok);
+        if (!ok)
+            fprintf(stderr, "  case %zu: \"%s\"; wanted \"%s\"\n", i, err, want);
+        /* The old set runs on: same version, same code, counting on. */
+        CHECK_EQ(info("a").version, 1);
+        CHECK_EQ(publish("r/1", "x"), 1);
+        CHECK(wait_matched("a", i + 1));
+        CHECK_EQ(info("a").passed, i + 1);
+    }
+    char *json = NULL;
+    CHECK_EQ(rt_rules_test("a", "r/1", "x", 1, 0, &json, err, sizeof(err)), 0);
+    CHECK(json && strstr(json, "\"v\" : 1"));
+    free(json);
+    stop();
+}
+
+/*
+** enabled across reloads: the operator's switch stays while the file's enabled stays as it
+** was; a file that changes its enabled wins; a restart takes the files.
+*/
+static void test_reload_enabled(void)
+{
+    clean_rules();
+    write_rule("a.lua", "return { name = 'a', from = 'r/#', to = {},\n"
+                        "  select = function(msg) return { v = 1 } end }\n");
+    write_rule("b.lua", "return { name = 'b', from = 'r/#', to = {}, enabled = false,\n"
+                        "  select = function(msg) return { v = 1 } end }\n");
+    CHECK_EQ(start(rules, 1, 100000, 8 << 20), 0);
+    CHECK(info("a").enabled && !info("a").overridden && !info("b").enabled);
+    CHECK_EQ(rt_rules_enable("a", false), 0);
+    CHECK_EQ(rt_rules_enable("b", true), 0);
+    CHECK(!info("a").enabled && info("a").overridden && info("b").enabled && info("b").overridden);
+    /* An unrelated change (b's description) and a reload: both switches stay. */
+    write_rule("b.lua", "return { name = 'b', from = 'r/#', to = {}, enabled = false,\n"
+                        "  description = 'edited',\n"
+                        "  select = function(msg) return { v = 2 } end }\n");
+    CHECK_EQ(rt_rules_reload(err, sizeof(err)), 0);
+    CHECK_EQ(info("a").version, 2);
+    CHECK(!info("a").enabled && info("a").overridden && info("b").enabled);
+    CHECK_EQ(publish("r/1", "x"), 1);
+    CHECK(wait_matched("b", 1));
+    CHECK_EQ(info("a").matched, 0);
+    /* a's file now says enabled = false, then true again: the file's new word wins. */
+    write_rule("a.lua", "return { name = 'a', from = 'r/#', to = {}, enabled = false,\n"
+                        "  select = function(msg) return { v = 1 } end }\n");
+    CHECK_EQ(rt_rules_reload(err, sizeof(err)), 0);
+    CHECK(!info("a").enabled && !info("a").overridden);
+    write_rule("a.lua", "return { name = 'a', from = 'r/#', to = {}, enabled = true,\n"
+                        "  select = function(msg) return { v = 1 } end }\n");
+    CHECK_EQ(rt_rules_reload(err, sizeof(err)), 0);
+    CHECK(info("a").enabled && !info("a").overridden && info("b").enabled);
+    /* Switching b back to what its file says ends the override: a reload keeps the file's. */
+    CHECK_EQ(rt_rules_enable("b", false), 0);
+    CHECK(!info("b").overridden);
+    CHECK_EQ(rt_rules_reload(err, sizeof(err)), 0);
+    CHECK(!info("b").enabled);
+    /* A failed reload changes nothing, the switches included. */
+    CHECK_EQ(rt_rules_enable("b", true), 0);
+    write_rule("c.lua", "return { name = 'c' ");
+    CHECK_EQ(rt_rules_reload(err, sizeof(err)), RT_EINVAL);
+    CHECK(info("b").enabled && info("b").overridden && info("a").version == 5);
+    sh("rm -f %s/c.lua", rules);
+    /* A restart takes the files as they are. */
+    stop();
+    CHECK_EQ(start(rules, 1, 100000, 8 << 20), 0);
+    CHECK(info("a").enabled && !info("b").enabled);
+    stop();
+}
+
+/*
+** A swap while a worker holds rows for rule_flush_ms and durable acks wait on the sink: the
+** old version's rows are submitted, every ack comes once, and each message is in the table
+** once, written by one version.
+*/
 static atomic_long acks, acks_ok, acks_failed, ack_tokens;
+static void test_reload_in_flight(void);
+
+/* The stand-in for a connection: counts RT_RULES_MSG_DURABLE acks. */
 static atomic_int last_ack_status;
 
 static void ack_handle(rt_actor_t *self, void *state, rt_msg_t *m)
@@ -516,6 +646,62 @@ static void ack_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 }
 
 static const rt_actor_type_t ack_type = {.name = "test_ack", .handle = ack_handle};
+
+static void versioned_rule(int v)
+{
+    char text[512];
+    snprintf(text, sizeof(text),
+             "return { name = 'd', from = 'd/#', durable = true,\n"
+             "  to = { store = { table = 'inflight' } },\n"
+             "  select = function(msg) return { p = msg.payload, v = %d } end }\n",
+             v);
+    write_rule("d.lua", text);
+}
+
+static void test_reload_in_flight(void)
+{
+    clean_rules();
+    sh("rm -f %s/rt.db*", dir);
+    versioned_rule(1);
+    flush_ms = 300; /* rows wait in the worker well past the swap */
+    CHECK_EQ(start(rules, 2, 100000, 8 << 20), 0);
+    flush_ms = -1;
+    atomic_store(&acks, 0);
+    atomic_store(&acks_ok, 0);
+    rt_pid_t ack;
+    CHECK_EQ(rt_spawn(&ack_type, NULL, &ack), 0);
+    long n = 200, versions = 4;
+    for (long v = 1; v <= versions; v++) {
+        for (long i = 0; i < n; i++) {
+            char c[16], p[32];
+            snprintf(c, sizeof(c), "c%ld", i % 5);
+            snprintf(p, sizeof(p), "m%ld", (v - 1) * n + i);
+            CHECK_EQ(publish_from(c, "d/x", p, ack, (uint64_t)i), 2);
+        }
+        /* The rows of this version's messages are still batched (or not yet run). */
+        rt_rules_worker_info_t w[2];
+        rt_rules_workers(w, 2);
+        if (v == 1)
+            CHECK(w[0].pending_durable + w[1].pending_durable > 0 || atomic_load(&acks) < n);
+        if (v < versions) {
+            versioned_rule((int)v + 1);
+            CHECK_EQ(rt_rules_reload(err, sizeof(err)), 0);
+        }
+    }
+    CHECK(wait_at_least(&acks, n * versions, 10000));
+    CHECK_EQ(atomic_load(&acks_ok), n * versions);
+    for (long v = 1; v <= versions; v++) {
+        char q[128];
+        snprintf(q, sizeof(q), "SELECT count(*) FROM inflight WHERE v = %ld", v);
+        CHECK_EQ(sql_int(q), n);
+    }
+    CHECK_EQ(sql_int("SELECT count(DISTINCT p) FROM inflight"), n * versions);
+    CHECK_EQ(info("d").passed, n * versions);
+    CHECK_EQ(info("d").version, versions);
+    test_sleep_ms(50);
+    CHECK_EQ(atomic_load(&acks), n * versions); /* once each */
+    stop();
+}
 
 static void test_durable(void)
 {
@@ -727,6 +913,9 @@ int main(void)
     RUN(test_order_per_client);
     RUN(test_index_1000_rules);
     RUN(test_reload);
+    RUN(test_reload_errors);
+    RUN(test_reload_enabled);
+    RUN(test_reload_in_flight);
     RUN(test_durable);
     RUN(test_stop_flushes);
     RUN(test_rules_test);
