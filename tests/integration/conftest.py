@@ -196,6 +196,22 @@ def rtd():
     assert code == 0, log
 
 
+@pytest.fixture
+def stopper():
+    """stopper(broker) stops that Rtd when the test ends; it must exit 0."""
+    brokers = []
+    yield brokers.append
+    for b in brokers:
+        code, log = b.stop()
+        assert code == 0, log
+
+
+@pytest.fixture(scope="module")
+def rtctl_built():
+    if not os.access(RTCTL, os.X_OK):
+        pytest.fail(f"{RTCTL} not built; run make build or set RT_BUILD_DIR")
+
+
 def client(port, client_id="", protocol=mqtt.MQTTv311, clean=True):
     if protocol == mqtt.MQTTv5:
         c = mqtt.Client(client_id=client_id, protocol=protocol)

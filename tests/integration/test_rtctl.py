@@ -15,22 +15,10 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import RTCTL, Rtd, client, rtctl, subscribe, wait_for
+from conftest import Rtd, client, rtctl, subscribe, wait_for
 
 
-@pytest.fixture(scope="module", autouse=True)
-def binary():
-    if not os.access(RTCTL, os.X_OK):
-        pytest.fail(f"{RTCTL} not built; run make build or set RT_BUILD_DIR")
-
-
-@pytest.fixture
-def stopper():
-    brokers = []
-    yield brokers.append
-    for b in brokers:
-        code, log = b.stop()
-        assert code == 0, log
+pytestmark = pytest.mark.usefixtures("rtctl_built")
 
 
 # ---- error cases ----
