@@ -102,6 +102,17 @@ import paho.mqtt.client as mqtt  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("RT_BUILD_DIR", os.path.join(ROOT, "build", "release"))
 RTD = os.path.join(BUILD, "rtd")
+RTCTL = os.path.join(BUILD, "rtctl")
+
+
+def rtctl(*args, socket_path=None, json=False, timeout=60, **popen):
+    """Runs rtctl (against socket_path when given, with --json when asked): (exit code,
+    stdout, stderr)."""
+    argv = [RTCTL] + (["-s", socket_path] if socket_path else []) + [str(a) for a in args]
+    if json:
+        argv.append("--json")
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **popen)
+    return p.returncode, p.stdout, p.stderr
 
 
 class Rtd:
@@ -115,6 +126,7 @@ class Rtd:
             self._tmp = tempfile.TemporaryDirectory(prefix="rtd-data-")
             data_dir = self._tmp.name
         self.data_dir = data_dir
+        self.admin_socket = os.path.join(data_dir, "rtd.sock")  # admin_socket's default
         args = [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
                 "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2",
                 "-o", f'data_dir="{data_dir}"']
@@ -167,6 +179,17 @@ class Rtd:
         self.log.seek(0)
         return self.log.read()
 
+    def ctl(self, *args, json=False, timeout=60):
+        """rtctl against this rtd's admin socket: (exit code, stdout, stderr)."""
+        return rtctl(*args, socket_path=self.admin_socket, json=json, timeout=timeout)
+
+    def ctl_json(self, *args, timeout=60):
+        """rtctl ... --json that must succeed: the parsed body."""
+        import json as json_
+        code, out, err = self.ctl(*args, json=True, timeout=timeout)
+        assert code == 0, (args, code, out, err)
+        return json_.loads(out)
+
 
 @pytest.fixture
 def rtd():
@@ -174,6 +197,22 @@ def rtd():
     yield broker
     code, log = broker.stop()
     assert code == 0, log
+
+
+@pytest.fixture
+def stopper():
+    """stopper(broker) stops that Rtd when the test ends; it must exit 0."""
+    brokers = []
+    yield brokers.append
+    for b in brokers:
+        code, log = b.stop()
+        assert code == 0, log
+
+
+@pytest.fixture(scope="module")
+def rtctl_built():
+    if not os.access(RTCTL, os.X_OK):
+        pytest.fail(f"{RTCTL} not built; run make build or set RT_BUILD_DIR")
 
 
 def client(port, client_id="", protocol=mqtt.MQTTv311, clean=True):

@@ -12,7 +12,6 @@ import socket
 import time
 
 import paho.mqtt.client as mqtt
-import pytest
 
 from conftest import Rtd, subscribe, wait_for
 from mqtt_raw import CONNECT, mqtt_str, u16, varint
@@ -69,15 +68,6 @@ def check_refusal_log(broker, refused, first_refusal):
     assert wait_for(lambda: logged_refusals(broker)[1] == refused, 3), logged_refusals(broker)
     lines, _ = logged_refusals(broker)
     assert len(lines) <= 1 + math.ceil(time.monotonic() - first_refusal), lines
-
-
-@pytest.fixture
-def stopper():
-    brokers = []
-    yield brokers.append
-    for b in brokers:
-        code, log = b.stop()
-        assert code == 0, log
 
 
 def healthy(port, source):
