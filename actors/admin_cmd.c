@@ -115,6 +115,83 @@ static int cmd_broker(rt_admin_cmd_t *c)
     return 200;
 }
 
+/* ---- broker stats, metrics ---- */
+
+static void count_doc(rt_doc_t *parent, const char *key, const rt_count_t *n)
+{
+    rt_doc_t *o = rt_doc_add_object(parent, key);
+    rt_doc_add_u64(o, "count", n->count);
+    rt_doc_add_u64(o, "max", n->max);
+}
+
+static int cmd_broker_stats(rt_admin_cmd_t *c)
+{
+    if (!rt_broker)
+        return rt__admin_fail(c, 503, "the broker is not running");
+    rt_broker_counts_t n;
+    rt_broker_counts(&n);
+    if (!c->json) {
+        /* emqttd_ctl's shape: one "name/count" and "name/max" per line. */
+        static const char *const names[] = {"connections", "sessions", "topics", "subscriptions",
+                                            "retained", "retained_bytes"};
+        const rt_count_t *v[] = {&n.connections,   &n.sessions, &n.topics,
+                                 &n.subscriptions, &n.retained, &n.retained_bytes};
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+            rt_buf_printf(&c->text, "%s/count%*s: %llu\n", names[i], (int)(15 - strlen(names[i])),
+                          "", (unsigned long long)v[i]->count);
+            rt_buf_printf(&c->text, "%s/max%*s: %llu\n", names[i], (int)(17 - strlen(names[i])),
+                          "", (unsigned long long)v[i]->max);
+        }
+        return 200;
+    }
+    if (need_object(c))
+        return c->code;
+    count_doc(c->doc, "connections", &n.connections);
+    count_doc(c->doc, "sessions", &n.sessions);
+    count_doc(c->doc, "topics", &n.topics);
+    count_doc(c->doc, "subscriptions", &n.subscriptions);
+    count_doc(c->doc, "retained", &n.retained);
+    count_doc(c->doc, "retained_bytes", &n.retained_bytes);
+    rt_doc_add_u64(c->doc, "shared_groups", n.shared_groups);
+    return 200;
+}
+
+static int cmd_broker_metrics(rt_admin_cmd_t *c)
+{
+    if (!rt_broker)
+        return rt__admin_fail(c, 503, "the broker is not running");
+    rt_broker_metrics_t m;
+    rt_broker_metrics(&m);
+    if (need_object(c))
+        return c->code;
+    rt_doc_t *in = rt_doc_add_object(c->doc, "packets_in");
+    rt_doc_t *out = rt_doc_add_object(c->doc, "packets_out");
+    uint64_t total_in = 0, total_out = 0;
+    for (unsigned t = 1; t < RT_MQTT_PACKET_TYPES; t++) {
+        total_in += m.packets_in[t];
+        total_out += m.packets_out[t];
+    }
+    rt_doc_add_u64(in, "total", total_in);
+    rt_doc_add_u64(out, "total", total_out);
+    for (unsigned t = 1; t < RT_MQTT_PACKET_TYPES; t++) {
+        char name[32];
+        snprintf(name, sizeof(name), "%s", rt_mqtt_packet_name(t));
+        for (char *p = name; *p; p++)
+            *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+        rt_doc_add_u64(in, name, m.packets_in[t]);
+        rt_doc_add_u64(out, name, m.packets_out[t]);
+    }
+    rt_doc_t *bytes = rt_doc_add_object(c->doc, "bytes");
+    rt_doc_add_u64(bytes, "in", m.bytes_in);
+    rt_doc_add_u64(bytes, "out", m.bytes_out);
+    rt_doc_t *msgs = rt_doc_add_object(c->doc, "messages");
+    rt_doc_add_u64(msgs, "in", m.msgs_in);
+    rt_doc_add_u64(msgs, "out", m.msgs_out);
+    rt_doc_add_u64(msgs, "dropped", m.msgs_dropped);
+    rt_doc_add_u64(msgs, "expired", m.msgs_expired);
+    return 200;
+}
+
 /* ---- vm ---- */
 
 /* Resident set size from /proc: what the kernel says this process holds. */
@@ -274,7 +351,7 @@ static rt_rule_info_t *rules_snapshot(rt_admin_cmd_t *c, size_t *n)
 static void rule_doc(rt_doc_t *o, const rt_rule_info_t *r, bool full)
 {
     rt_doc_add_str(o, "name", r->name);
-    rt_doc_add_str(o, "enabled", r->enabled ? "yes" : "no");
+    rt_doc_add_str(o, "state", r->enabled ? "enabled" : "disabled");
     rt_doc_add_u64(o, "version", r->version);
     rt_doc_add_str(o, "from", r->from);
     rt_doc_add_str(o, "to", r->to);
@@ -535,6 +612,8 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"help", NULL, cmd_help, 0, "help"},
     {"status", NULL, cmd_status, 0, "status"},
     {"broker", NULL, cmd_broker, 0, "broker"},
+    {"broker", "stats", cmd_broker_stats, 0, "broker stats"},
+    {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics"},
     {"vm", NULL, cmd_vm, 0, "vm"},
     {"clients", "list", rt__admin_clients_list, RT_ADMIN_GATHER, "clients list [--limit N]"},
     {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL},

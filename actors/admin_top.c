@@ -14,7 +14,7 @@
 #include "admin_impl.h"
 #include "broker.h"
 
-#define TOP_ROWS_MAX 10000     /* -n, --limit */
+#define TOP_ROWS_MAX 1000000   /* -n, --limit */
 #define TOP_SCHED_MAX 64
 #define TOP_WIDTH_DEFAULT 132
 #define TOP_HEIGHT_DEFAULT 40
@@ -249,6 +249,7 @@ static void row_doc(rt_doc_t *o, const row_t *r, double interval_s, bool full)
     if (interval_s > 0)
         rt_doc_add_u64(o, "reductions_delta", r->dreds);
     rt_doc_add_u64(o, "mailbox", r->info.mailbox_len);
+    rt_doc_add_u64(o, "memory", r->info.state_bytes + r->info.heap_bytes + r->info.bin_bytes);
     rt_doc_add_u64(o, "state_bytes", r->info.state_bytes);
     rt_doc_add_u64(o, "heap_bytes", r->info.heap_bytes);
     rt_doc_add_u64(o, "bin_bytes", r->info.bin_bytes);
@@ -380,8 +381,10 @@ static void node_panel(node_t *n, const rt_admin_top_t *prev, rt_admin_top_t *ne
     rt_stats(&rs);
     next->gcs = rs.gcs;
     if (rt_broker) {
-        next->msgs_in = atomic_load(&rt_broker->stats.msgs_in);
-        next->msgs_out = atomic_load(&rt_broker->stats.msgs_out);
+        rt_broker_metrics_t bm;
+        rt_broker_metrics(&bm);
+        next->msgs_in = bm.msgs_in;
+        next->msgs_out = bm.msgs_out;
         n->connections = atomic_load(&rt_broker->stats.connections);
         n->sessions = atomic_load(&rt_broker->stats.sessions);
     }
