@@ -42,10 +42,12 @@ test-integration: build
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q tests/integration; rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no integration tests collected"; exit 1; fi; exit $$rc
 
-# The broker's end-to-end tests once more against the ASan+UBSan build (rtd must also exit
-# leak-free: the fixture checks its exit code).
+# The broker's and the admin socket's end-to-end tests once more against the ASan+UBSan build
+# (rtd must also exit leak-free: the fixture checks its exit code).
 test-integration-asan: build-asan
-	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 $(PYTEST) -q tests/integration/test_rtd.py
+	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 $(PYTEST) -q \
+		tests/integration/test_rtd.py tests/integration/test_admin_socket.py \
+		tests/integration/test_rtctl.py
 
 test: test-unit test-asan test-tsan test-integration test-integration-asan
 	@echo "all test suites passed"
