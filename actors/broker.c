@@ -13,6 +13,95 @@
 
 rt_broker_t *rt_broker;
 
+/* ---- Metrics (see broker.h): one block per thread, summed on read ---- */
+
+static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+static rt_metrics_block_t *metrics_all;  /* every block made, for the lifetime of the process */
+static rt_metrics_block_t *metrics_free; /* blocks waiting for a thread (theirs ended) */
+static pthread_key_t metrics_key;
+static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
+_Thread_local rt_metrics_block_t *rt__metrics_mine;
+
+/* A thread ends: its block, counts and all, waits for the next thread that counts. */
+static void metrics_thread_end(void *block)
+{
+    rt_metrics_block_t *b = block;
+    pthread_mutex_lock(&metrics_lock);
+    b->next_free = metrics_free;
+    metrics_free = b;
+    pthread_mutex_unlock(&metrics_lock);
+}
+
+static void metrics_key_create(void)
+{
+    pthread_key_create(&metrics_key, metrics_thread_end);
+}
+
+rt_metrics_block_t *rt__metrics_attach(void)
+{
+    pthread_once(&metrics_once, metrics_key_create);
+    pthread_mutex_lock(&metrics_lock);
+    rt_metrics_block_t *b = metrics_free;
+    if (b) {
+        metrics_free = b->next_free;
+    } else if ((b = calloc(1, sizeof(*b))) != NULL) {
+        b->next = metrics_all;
+        metrics_all = b;
+    }
+    pthread_mutex_unlock(&metrics_lock);
+    if (b) {
+        pthread_setspecific(metrics_key, b);
+        rt__metrics_mine = b;
+    }
+    return b;
+}
+
+/* Sums metric which over every block. */
+static uint64_t metric_sum(unsigned which)
+{
+    uint64_t sum = 0;
+    for (rt_metrics_block_t *b = metrics_all; b; b = b->next)
+        sum += atomic_load_explicit(&b->v[which], memory_order_relaxed);
+    return sum;
+}
+
+/* Counts start again with each broker (tests start several in one process); no thread
+   counts while it starts. */
+static void metrics_reset(void)
+{
+    pthread_mutex_lock(&metrics_lock);
+    for (rt_metrics_block_t *b = metrics_all; b; b = b->next)
+        for (unsigned i = 0; i < RT_METRICS; i++)
+            atomic_store_explicit(&b->v[i], 0, memory_order_relaxed);
+    pthread_mutex_unlock(&metrics_lock);
+}
+
+void rt_broker_metrics(rt_broker_metrics_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&metrics_lock);
+    for (unsigned t = 1; t < RT_MQTT_PACKET_TYPES; t++) {
+        out->packets_in[t] = metric_sum(RT_METRIC_PKT_IN + t);
+        out->packets_out[t] = metric_sum(RT_METRIC_PKT_OUT + t);
+    }
+    out->bytes_in = metric_sum(RT_METRIC_BYTES_IN);
+    out->bytes_out = metric_sum(RT_METRIC_BYTES_OUT);
+    out->msgs_in = metric_sum(RT_METRIC_MSGS_IN);
+    out->msgs_out = metric_sum(RT_METRIC_MSGS_OUT);
+    pthread_mutex_unlock(&metrics_lock);
+    out->msgs_dropped = atomic_load_explicit(&rt_broker->stats.msgs_dropped, memory_order_relaxed);
+    out->msgs_expired = atomic_load_explicit(&rt_broker->stats.msgs_expired, memory_order_relaxed);
+}
+
+const char *rt_mqtt_packet_name(unsigned type)
+{
+    static const char *const names[RT_MQTT_PACKET_TYPES] = {
+        NULL,      "CONNECT", "CONNACK",     "PUBLISH",   "PUBACK",   "PUBREC",
+        "PUBREL",  "PUBCOMP", "SUBSCRIBE",   "SUBACK",    "UNSUBSCRIBE", "UNSUBACK",
+        "PINGREQ", "PINGRESP", "DISCONNECT", "AUTH"};
+    return type < RT_MQTT_PACKET_TYPES ? names[type] : NULL;
+}
+
 typedef struct rt_client_entry_s {
     struct rt_client_entry_s *next;
     rt_pid_t pid;
@@ -54,6 +143,7 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
         return RT_ENOMEM;
     }
     rt_broker = b;
+    metrics_reset();
     int restored = rt_broker_restore(err, errlen);
     if (restored)
         return restored;
@@ -90,6 +180,27 @@ void rt_broker_free(void)
     pthread_mutex_destroy(&b->clients_lock);
     free(b);
     rt_broker = NULL;
+}
+
+void rt_broker_counts(rt_broker_counts_t *out)
+{
+    rt_broker_stats_t *st = &rt_broker->stats;
+    rt_trie_stats_t ts;
+    rt_trie_stats(rt_broker->trie, &ts);
+    size_t retained, bytes, retained_max, bytes_max;
+    rt_retained_stats(rt_broker->retained, &retained, &bytes, NULL);
+    rt_retained_peaks(rt_broker->retained, &retained_max, &bytes_max);
+    *out = (rt_broker_counts_t){
+        .connections = {atomic_load_explicit(&st->connections, memory_order_relaxed),
+                        atomic_load_explicit(&st->connections_max, memory_order_relaxed)},
+        .sessions = {atomic_load_explicit(&st->sessions, memory_order_relaxed),
+                     atomic_load_explicit(&st->sessions_max, memory_order_relaxed)},
+        .topics = {ts.filters, ts.filters_max},
+        .subscriptions = {ts.subs, ts.subs_max},
+        .retained = {retained, retained_max},
+        .retained_bytes = {bytes, bytes_max},
+        .shared_groups = ts.groups,
+    };
 }
 
 /* Finds id's entry in its bucket; call with clients_lock held. */
@@ -177,6 +288,18 @@ void rt_broker_release_client(const char *id, rt_pid_t pid)
         }
     }
     pthread_mutex_unlock(&b->clients_lock);
+}
+
+size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud), void *ud)
+{
+    rt_broker_t *b = rt_broker;
+    size_t n = 0;
+    pthread_mutex_lock(&b->clients_lock);
+    for (size_t i = 0; i < b->clients_cap; i++)
+        for (rt_client_entry_t *e = b->clients[i]; e; e = e->next, n++)
+            fn(e->id, e->pid, ud);
+    pthread_mutex_unlock(&b->clients_lock);
+    return n;
 }
 
 /* ---- Listener ----

@@ -17,8 +17,6 @@
 typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t connections;   /* connected now (CONNACK sent) */
     atomic_uint_fast64_t sockets;       /* connection actors alive */
-    atomic_uint_fast64_t msgs_in;       /* PUBLISH received */
-    atomic_uint_fast64_t msgs_out;      /* PUBLISH sent */
     atomic_uint_fast64_t bad_packets;   /* malformed or protocol errors */
     atomic_uint_fast64_t refused;       /* connections refused at accept (limits) */
     atomic_uint_fast64_t sessions;      /* sessions alive: connected plus offline */
@@ -33,10 +31,12 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t refused_per_ip;     /* max_connections_per_ip reached for the address */
     atomic_uint_fast64_t refused_rate;       /* max_connection_rate: the listener's bucket empty */
     atomic_uint_fast64_t refused_error;      /* the connection actor could not start */
-    /* Kept by the connection actor (conn.c), read by $SYS (sys.c). */
-    atomic_uint_fast64_t bytes_in;           /* bytes read from client sockets */
-    atomic_uint_fast64_t bytes_out;          /* bytes written (or buffered) to client sockets */
+    /* Kept by the connection actor (conn.c), read by $SYS (sys.c). Bytes and messages
+       in and out count at every packet: they are per-thread metrics (rt_broker_metrics). */
     atomic_uint_fast64_t connects;           /* CONNECTs accepted (CONNACK 0), ever */
+    /* High-water marks since start, raised where the counts rise (rt_atomic_raise). */
+    _Atomic uint64_t connections_max;
+    _Atomic uint64_t sessions_max;
 } rt_broker_stats_t;
 
 typedef struct rt_broker_s {
@@ -52,6 +52,77 @@ typedef struct rt_broker_s {
 extern rt_broker_t *rt_broker;
 
 
+
+/* A count and its high-water mark since the broker started. */
+typedef struct rt_count_s {
+    uint64_t count;
+    uint64_t max;
+} rt_count_t;
+
+/* What the broker holds now (emqttd's `broker stats`); each read on its own, not one snapshot. */
+typedef struct rt_broker_counts_s {
+    rt_count_t connections;   /* clients connected (CONNACK sent) */
+    rt_count_t sessions;      /* sessions alive: connected plus offline */
+    rt_count_t topics;        /* distinct subscribed filters; each $share group counts as one */
+    rt_count_t subscriptions; /* ordinary subscriptions plus shared-group memberships */
+    rt_count_t retained;      /* retained messages */
+    rt_count_t retained_bytes; /* what max_retained_bytes counts of them */
+    uint64_t shared_groups;   /* shared subscription groups */
+} rt_broker_counts_t;
+
+/* Reads atomics and the trie's counters, and takes the retained store's read lock once. */
+void rt_broker_counts(rt_broker_counts_t *out);
+
+/*
+** Traffic counters, kept per thread because every packet counts: each scheduler
+** adds to its own block, so no counter's cache line moves between cores at
+** packet rate; rt_broker_metrics sums the blocks. A thread's block outlives it
+** (the next thread takes it over), so nothing counted is lost.
+*/
+#define RT_MQTT_PACKET_TYPES 16 /* MQTT packet types are 1 (CONNECT) .. 15 (AUTH) */
+
+enum {
+    RT_METRIC_PKT_IN = 0,                              /* + packet type */
+    RT_METRIC_PKT_OUT = RT_METRIC_PKT_IN + RT_MQTT_PACKET_TYPES, /* + packet type */
+    RT_METRIC_BYTES_IN = RT_METRIC_PKT_OUT + RT_MQTT_PACKET_TYPES, /* read from client sockets */
+    RT_METRIC_BYTES_OUT, /* written (or buffered) to client sockets */
+    RT_METRIC_MSGS_IN,   /* PUBLISH received */
+    RT_METRIC_MSGS_OUT,  /* PUBLISH sent */
+    RT_METRICS
+};
+
+typedef struct rt_metrics_block_s {
+    struct rt_metrics_block_s *next;      /* every block (metrics_all); never unlinked */
+    struct rt_metrics_block_s *next_free; /* blocks whose thread ended */
+    _Atomic uint64_t v[RT_METRICS];       /* written by the owning thread only */
+} rt_metrics_block_t;
+
+extern _Thread_local rt_metrics_block_t *rt__metrics_mine;
+rt_metrics_block_t *rt__metrics_attach(void); /* the calling thread's block; NULL on OOM */
+
+/* Adds n to metric which (RT_METRIC_*) for the calling thread: no locked instruction. */
+static inline void rt__metric_add(unsigned which, uint64_t n)
+{
+    rt_metrics_block_t *b = rt__metrics_mine;
+    if (RT_UNLIKELY(!b) && !(b = rt__metrics_attach()))
+        return;
+    atomic_store_explicit(&b->v[which],
+                          atomic_load_explicit(&b->v[which], memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+typedef struct rt_broker_metrics_s {
+    uint64_t packets_in[RT_MQTT_PACKET_TYPES];  /* by type: [1] CONNECT .. [15] AUTH; [0] none */
+    uint64_t packets_out[RT_MQTT_PACKET_TYPES];
+    uint64_t bytes_in, bytes_out;
+    uint64_t msgs_in, msgs_out;         /* PUBLISH packets received, sent */
+    uint64_t msgs_dropped, msgs_expired; /* as in rt_broker_stats_t */
+} rt_broker_metrics_t;
+
+/* Totals since the broker started (each counter exact, the set not one instant). */
+void rt_broker_metrics(rt_broker_metrics_t *out);
+/* "CONNECT" .. "AUTH" for packet types 1..15; NULL otherwise. */
+const char *rt_mqtt_packet_name(unsigned type);
 
 /* Creates the broker state and spawns its listeners; err names a listener that failed. */
 int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen);
@@ -105,5 +176,107 @@ extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
 extern const rt_actor_type_t rt_conn_type;     /* arg: the accepted fd, as intptr_t */
 
 #define RT_REASON_TAKEOVER (RT_REASON_USER + 1) /* a new connection took the client id */
+#define RT_REASON_KICKED (RT_REASON_USER + 2)   /* rt_client_kick: an administrator ended it */
+
+/* ---- Administration: clients ----
+** Message tags that cross modules take a block of 0x100 above RT_MSG_USER, so they
+** can never meet an actor's private tags (those count up from RT_MSG_USER and stay
+** below RT_MSG_USER + 0x5000): 0x5100 sinks, 0x5200 rules, 0x5300 store, 0x5400 the
+** broker's client messages. An actor that asks rt_client_query receives
+** RT_MSG_CLIENT_INFO whatever its own tags are.
+*/
+#define RT_BROKER_MSG_BASE (RT_MSG_USER + 0x5400)
+#define RT_MSG_CLIENT_INFO (RT_BROKER_MSG_BASE + 0) /* data: rt_client_info_t, then its subs */
+
+/*
+** Calls fn for each entry of the client table: every client id with the actor
+** holding it (a connection, or an offline session). fn runs with the table
+** locked, which holds up every CONNECT meanwhile: it must be quick, must not
+** block, and must not call rt_broker_claim/release/lookup_client (the lock is
+** not recursive). Copying id and pid out is the intended use (id is valid only
+** during the call); ask the actors afterwards. Returns the entries visited.
+*/
+size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud), void *ud);
+
+#define RT_CLIENT_TEXT_MAX 256 /* bytes kept of a client id or user name, NUL included */
+#define RT_CLIENT_PEER_MAX 64  /* "ip:port", NUL included */
+#define RT_CLIENT_INFO_SUBS_MAX (1u << 20) /* bytes of subscription entries one reply carries */
+
+/*
+** What a connection actor answers to rt_client_query. Counts are the actor's
+** own at the moment it read the query. Strings are NUL-terminated and cut at
+** the array size (client_id_len tells a cut id from a whole one).
+*/
+typedef struct rt_client_info_s {
+    uint64_t cookie;          /* the caller's, from rt_client_query */
+    rt_pid_t pid;             /* the connection (or offline session) actor */
+    uint64_t connected_at_ms; /* unix ms of the CONNECT; 0 while offline */
+    uint64_t expires_in_ms;   /* offline: ms until the session ends; 0 while connected */
+    uint64_t queued_bytes;    /* bytes of the queued messages (max_queued_bytes counts them) */
+    uint64_t dropped;         /* messages not delivered: queue full, too large, slow consumer */
+    uint64_t mailbox_len;     /* messages waiting in the actor's mailbox behind the query */
+    uint32_t session_expiry;  /* seconds the session outlives its connection */
+    uint32_t subscriptions;   /* the client's subscriptions */
+    uint32_t subs_included;   /* entries that follow: fewer than subscriptions if cut (or none
+                                 asked); see rt_client_info_subs_next */
+    uint32_t inflight;        /* QoS 1/2 messages sent and not acknowledged */
+    uint32_t inflight_window; /* how many may be: min(client's receive maximum, max_inflight) */
+    uint32_t queued;          /* messages waiting to be sent */
+    uint16_t keepalive;       /* seconds, as granted */
+    uint16_t client_id_len;   /* the id's full length */
+    uint8_t version;          /* 3 (3.1), 4 (3.1.1) or 5; 0 before CONNECT */
+    uint8_t connected;        /* 1: connected; 0: an offline session */
+    uint8_t clean_start;      /* of its last CONNECT */
+    uint8_t has_username;
+    char client_id[RT_CLIENT_TEXT_MAX];
+    char username[RT_CLIENT_TEXT_MAX];
+    char peer[RT_CLIENT_PEER_MAX]; /* "" while offline */
+} rt_client_info_t;
+
+/*
+** The reply's layout: the message data is an rt_client_info_t, then
+** subs_included entries packed one after another with no padding:
+**   uint32 sub_id | uint16 filter_len | uint8 qos | uint8 flags | filter bytes | NUL
+** (host byte order; flags bit 0 no_local, bit 1 retain_as_published, bits 2-3
+** retain_handling). The filter is as subscribed, "$share/group/..." included.
+** Read them with rt_client_info_subs_next rather than by hand.
+*/
+typedef struct rt_client_sub_s {
+    const char *filter;  /* the topic filter without any $share/group/ prefix */
+    size_t filter_len;
+    const char *group;   /* a shared subscription's group, NULL otherwise (not NUL-ended) */
+    size_t group_len;
+    uint32_t sub_id;     /* subscription identifier (MQTT 5); 0: none */
+    uint8_t qos;
+    uint8_t no_local;
+    uint8_t retain_as_published;
+    uint8_t retain_handling;
+} rt_client_sub_t;
+
+/*
+** Asks the connection (or offline session) actor conn to send reply_to one
+** RT_MSG_CLIENT_INFO message carrying cookie, with its subscriptions if
+** with_subs. 0 once asked, RT_ENOPROC if conn is gone. An actor that exits
+** before reading the query never answers: wait with a timeout (or monitor conn).
+*/
+int rt_client_query(rt_pid_t conn, rt_pid_t reply_to, uint64_t cookie, bool with_subs);
+/* The info in an RT_MSG_CLIENT_INFO message, or NULL if m is not a whole one. */
+const rt_client_info_t *rt_client_info_of(const rt_msg_t *m);
+/*
+** Iterates the subscriptions of a reply: start with *pos = 0; each call fills
+** *out (pointing into m, valid while m is) and returns true, or false at the end
+** or at a malformed entry.
+*/
+bool rt_client_info_subs_next(const rt_msg_t *m, size_t *pos, rt_client_sub_t *out);
+
+/*
+** Administrative disconnect: a connected client is sent DISCONNECT 0x98
+** (Administrative action; MQTT 5 clients only, older ones just see the socket
+** close) and its session ends whatever its expiry: subscriptions removed, the
+** will published as for any close by the server, the stored session deleted.
+** An offline session is ended the same way. Logged as "client.kicked".
+** 0 once asked, RT_ENOPROC if conn is gone.
+*/
+int rt_client_kick(rt_pid_t conn);
 
 #endif

@@ -44,7 +44,16 @@ enum {
     MSG_AUTH_REFUSED,          /* tag timer: the held-back negative CONNACK is due */
     MSG_PARSE_MORE,            /* complete packets wait in the partial buffer (budget ran out) */
     MSG_SLOW_CHECK,            /* tag timer: is the client still not reading? */
+    /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
+    MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: query_t; answer RT_MSG_CLIENT_INFO */
+    MSG_KICK,                              /* end the connection and the session */
 };
+
+typedef struct {
+    rt_pid_t reply_to;
+    uint64_t cookie;
+    bool with_subs;
+} query_t;
 
 #define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
 
@@ -113,7 +122,12 @@ struct conn_s {
     char **aliases;        /* inbound topic aliases (MQTT 5), allocated on first use */
     uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
     uint64_t last_rx_ms;
-    uint64_t expire_at_ms; /* offline: when the session ends */
+    /* One word for two times that never both matter: the session's end exists only offline,
+       the CONNECT's time only while connected (this struct is an idle connection's memory). */
+    union {
+        uint64_t expire_at_ms;    /* offline: when the session ends (monotonic ms) */
+        uint64_t connected_at_ms; /* connected: when its CONNECT was accepted (unix ms) */
+    };
     uint64_t will_at_ms;   /* offline with a delayed will: when it is published */
     uint32_t partial_len, partial_cap; /* a packet is at most max_packet_size */
     uint32_t nsubs, capsubs;
@@ -139,6 +153,7 @@ struct conn_s {
     uint8_t shedding : 1;  /* its client stopped reading: publishers drop QoS 0 for it (rt_shed) */
     uint8_t parse_pending : 1; /* MSG_PARSE_MORE is queued; socket reading is paused meanwhile */
     uint8_t slow_check : 1; /* MSG_SLOW_CHECK is pending */
+    uint8_t clean_start : 1; /* of the last CONNECT (for administrators) */
 };
 
 /* Most of an idle connection's memory: with the actor header it must stay in a 384-byte slab. */
@@ -257,8 +272,10 @@ static int send_packet(conn_t *c, mqtt_packet_t *pk)
     int rc = mqtt_encode(pk, buf, len, c->peer_max_packet, &len, NULL);
     if (rc == 0)
         rc = rt_sock_write(c->sock, buf, len);
-    if (rc == 0)
-        atomic_fetch_add_explicit(&rt_broker->stats.bytes_out, len, memory_order_relaxed);
+    if (rc == 0) {
+        rt__metric_add(RT_METRIC_BYTES_OUT, len);
+        rt__metric_add(RT_METRIC_PKT_OUT + pk->type, 1);
+    }
     if (buf != stackbuf)
         free(buf);
     return rc;
@@ -298,7 +315,7 @@ static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_fl
         return SENT_DISCARDED;
     }
     if (rc == 0) {
-        atomic_fetch_add_explicit(&rt_broker->stats.msgs_out, 1, memory_order_relaxed);
+        rt__metric_add(RT_METRIC_MSGS_OUT, 1);
         rule_event(c, RT_RULE_EV_MESSAGE_DELIVERED, NULL, qos, -1, NULL, bin);
     }
     return rc;
@@ -314,6 +331,7 @@ static const char *reason_text(uint8_t reason)
     case MQTT_RC_SERVER_SHUTTING_DOWN: return "server shutting down";
     case MQTT_RC_PACKET_TOO_LARGE: return "packet too large";
     case MQTT_RC_BAD_AUTH_METHOD: return "bad authentication method";
+    case MQTT_RC_ADMIN_ACTION: return "administrative action";
     default: return "disconnected by the server";
     }
 }
@@ -741,13 +759,21 @@ static void resubscribe_all(rt_actor_t *self, conn_t *c)
     }
 }
 
+/* A session begins (it ends in conn_terminate). */
+static void count_session(void)
+{
+    rt_atomic_raise(&rt_broker->stats.sessions_max,
+                    atomic_fetch_add(&rt_broker->stats.sessions, 1) + 1);
+}
+
 static void count_connected(conn_t *c, bool on)
 {
     if (c->connected == on)
         return;
     c->connected = on;
     if (on)
-        atomic_fetch_add(&rt_broker->stats.connections, 1);
+        rt_atomic_raise(&rt_broker->stats.connections_max,
+                        atomic_fetch_add(&rt_broker->stats.connections, 1) + 1);
     else
         atomic_fetch_sub(&rt_broker->stats.connections, 1);
 }
@@ -1030,12 +1056,14 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
             }
         }
         c->client_id = cid;
-        atomic_fetch_add(&rt_broker->stats.sessions, 1);
+        count_session();
         old = rt_broker_claim_client(c->client_id, rt_self(self));
         if (old)
             rt_exit_signal(old, RT_REASON_TAKEOVER);
     }
     count_connected(c, true);
+    c->connected_at_ms = wall_ms();
+    c->clean_start = clean;
     uint64_t expiry = 0;
     if (c->version == MQTT_V5)
         expiry = (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY)) ? pk->props.session_expiry : 0;
@@ -1423,7 +1451,7 @@ static void refuse_publish(conn_t *c, mqtt_packet_t *pk, uint8_t reason)
 
 static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
-    atomic_fetch_add(&rt_broker->stats.msgs_in, 1);
+    rt__metric_add(RT_METRIC_MSGS_IN, 1);
     if (c->version == MQTT_V5) {
         if (pk->props.sub_id_count)
             return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* only servers send them (3.3.4) */
@@ -1731,6 +1759,8 @@ static long parse(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
         int rc = mqtt_frame(buf + off, len - off, (uint32_t)rt_broker->conf.max_packet_size, &f);
         if (rc == RT_EAGAIN)
             break;
+        if (rc == 0)
+            rt__metric_add(RT_METRIC_PKT_IN + (buf[off] >> 4), 1);
         mqtt_packet_t pk;
         if (rc == 0)
             rc = mqtt_decode(buf + off, f.size, c->version, &pk);
@@ -1836,7 +1866,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
             return;
         }
         c->last_rx_ms = now_ms();
-        atomic_fetch_add_explicit(&rt_broker->stats.bytes_in, len, memory_order_relaxed);
+        rt__metric_add(RT_METRIC_BYTES_IN, len);
         feed(self, c, data, len);
         if (!c->closing && routed_this_event >= RT_CONN_ROUTE_BUDGET) {
             yield_parsing(self, c);
@@ -1921,6 +1951,163 @@ static void on_keepalive(rt_actor_t *self, conn_t *c)
     arm_keepalive(self, c);
 }
 
+/* ---- Administration (broker.h): queries and kicks ---- */
+
+#define SUB_ENTRY_HEAD 8 /* uint32 sub_id, uint16 filter_len, uint8 qos, uint8 flags */
+#define SUB_FLAG_NO_LOCAL 1u
+#define SUB_FLAG_RAP 2u
+#define SUB_RH_SHIFT 2
+
+static size_t sub_entry_size(const sub_entry_t *e)
+{
+    return SUB_ENTRY_HEAD + e->len + 1;
+}
+
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, "%s", src ? src : "");
+}
+
+static void fill_info(rt_actor_t *self, const conn_t *c, rt_client_info_t *ci)
+{
+    ci->pid = rt_self(self);
+    ci->version = c->version;
+    ci->connected = c->connected;
+    ci->clean_start = c->clean_start;
+    ci->keepalive = c->keepalive;
+    ci->session_expiry = c->session_expiry;
+    if (c->connected) {
+        ci->connected_at_ms = c->connected_at_ms;
+    } else if (!c->sock && c->client_id) {
+        uint64_t now = now_ms();
+        ci->expires_in_ms = c->expire_at_ms > now ? c->expire_at_ms - now : 0;
+    }
+    ci->subscriptions = c->nsubs;
+    ci->inflight_window = send_window(c);
+    if (c->sess) {
+        ci->inflight = c->sess->inflight.n;
+        ci->queued = c->sess->queued.n;
+        ci->queued_bytes = c->sess->queued.bytes;
+    }
+    ci->dropped = c->dropped;
+    rt_actor_info_t ai;
+    if (rt_actor_info(rt_self(self), &ai) == 0)
+        ci->mailbox_len = ai.mailbox_len;
+    ci->has_username = c->username != NULL;
+    size_t idlen = c->client_id ? strlen(c->client_id) : 0;
+    ci->client_id_len = (uint16_t)(idlen < UINT16_MAX ? idlen : UINT16_MAX);
+    copy_text(ci->client_id, sizeof(ci->client_id), c->client_id);
+    copy_text(ci->username, sizeof(ci->username), c->username);
+    /* Formatted here, not through peer_text: that would keep the text for the connection's
+       lifetime, and one look by an administrator should not cost the client memory. */
+    if (c->sock && c->connected)
+        format_peer(rt_sock_fd(c->sock), ci->peer, sizeof(ci->peer));
+}
+
+/* Answers with the counters and, if asked, the subscriptions (layout in broker.h). */
+static void on_query(rt_actor_t *self, conn_t *c, const query_t *q)
+{
+    size_t nsubs = 0, bytes = 0;
+    while (q->with_subs && nsubs < c->nsubs &&
+           bytes + sub_entry_size(&c->subs[nsubs]) <= RT_CLIENT_INFO_SUBS_MAX)
+        bytes += sub_entry_size(&c->subs[nsubs++]);
+    rt_msg_t *m = rt_msg_new(RT_MSG_CLIENT_INFO, sizeof(rt_client_info_t) + bytes);
+    if (!m)
+        return; /* the asker times out, as if this actor had gone */
+    rt_client_info_t *ci = (rt_client_info_t *)(void *)m->data;
+    memset(ci, 0, sizeof(*ci));
+    ci->cookie = q->cookie;
+    fill_info(self, c, ci);
+    ci->subs_included = (uint32_t)nsubs;
+    uint8_t *p = m->data + sizeof(*ci);
+    for (size_t i = 0; i < nsubs; i++) {
+        const sub_entry_t *e = &c->subs[i];
+        uint16_t flen = (uint16_t)e->len;
+        uint8_t flags = (uint8_t)((e->opts.no_local ? SUB_FLAG_NO_LOCAL : 0) |
+                                  (e->opts.retain_as_published ? SUB_FLAG_RAP : 0) |
+                                  (e->opts.retain_handling << SUB_RH_SHIFT));
+        memcpy(p, &e->opts.sub_id, 4);
+        memcpy(p + 4, &flen, 2);
+        p[6] = e->opts.qos;
+        p[7] = flags;
+        memcpy(p + SUB_ENTRY_HEAD, e->filter, e->len);
+        p[SUB_ENTRY_HEAD + e->len] = 0;
+        p += sub_entry_size(e);
+    }
+    rt_send_msg(q->reply_to, m);
+}
+
+/*
+** The session ends here whatever its expiry: the exit runs conn_terminate, which
+** publishes the will, removes the subscriptions and deletes the stored session,
+** as for any session that ends (a non-normal reason keeps close_conn from
+** taking the session offline).
+*/
+static void on_kick(rt_actor_t *self, conn_t *c)
+{
+    rt_log(RT_LOG_INFO, "client.kicked", "client=%s state=%s", c->client_id ? c->client_id : "-",
+           c->connected ? "connected" : c->sock ? "connecting" : "offline");
+    if (c->sock && !c->closing) {
+        close_conn(self, c, MQTT_RC_ADMIN_ACTION, RT_REASON_KICKED);
+        return;
+    }
+    c->closing = 1;
+    rt_exit(self, RT_REASON_KICKED);
+}
+
+int rt_client_query(rt_pid_t conn, rt_pid_t reply_to, uint64_t cookie, bool with_subs)
+{
+    query_t q = {.reply_to = reply_to, .cookie = cookie, .with_subs = with_subs};
+    return rt_send(conn, MSG_QUERY, &q, sizeof(q));
+}
+
+int rt_client_kick(rt_pid_t conn)
+{
+    return rt_send(conn, MSG_KICK, NULL, 0);
+}
+
+const rt_client_info_t *rt_client_info_of(const rt_msg_t *m)
+{
+    if (!m || m->tag != RT_MSG_CLIENT_INFO || m->len < sizeof(rt_client_info_t))
+        return NULL;
+    return (const rt_client_info_t *)(const void *)m->data;
+}
+
+bool rt_client_info_subs_next(const rt_msg_t *m, size_t *pos, rt_client_sub_t *out)
+{
+    if (!rt_client_info_of(m))
+        return false;
+    size_t off = sizeof(rt_client_info_t) + *pos;
+    if (off + SUB_ENTRY_HEAD > m->len)
+        return false;
+    const uint8_t *p = m->data + off;
+    uint16_t flen;
+    memcpy(&flen, p + 4, 2);
+    if (off + SUB_ENTRY_HEAD + flen + 1 > m->len || p[SUB_ENTRY_HEAD + flen] != 0)
+        return false;
+    memset(out, 0, sizeof(*out));
+    memcpy(&out->sub_id, p, 4);
+    out->qos = p[6];
+    out->no_local = (p[7] & SUB_FLAG_NO_LOCAL) != 0;
+    out->retain_as_published = (p[7] & SUB_FLAG_RAP) != 0;
+    out->retain_handling = (uint8_t)((p[7] >> SUB_RH_SHIFT) & 3);
+    const char *f = (const char *)p + SUB_ENTRY_HEAD;
+    out->filter = f;
+    out->filter_len = flen;
+    if (is_shared(f, flen)) {
+        const char *g = f + sizeof(RT_SHARE_PREFIX) - 1;
+        const char *slash = memchr(g, '/', (size_t)(f + flen - g));
+        if (!slash)
+            return false;
+        out->group = g;
+        out->group_len = (size_t)(slash - g);
+        out->filter = slash + 1;
+        out->filter_len = (size_t)(f + flen - out->filter);
+    }
+    *pos += SUB_ENTRY_HEAD + flen + 1u;
+    return true;
+}
+
 static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     conn_t *c = state;
@@ -1985,12 +2172,21 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         /* From its own turn, so the store learns the session's new owner (epoch). */
         rt_store_session(c->client_id, c->session_expiry, false, false);
         break;
+    case MSG_QUERY:
+        if (m->len >= sizeof(query_t))
+            on_query(self, c, (const query_t *)(const void *)m->data);
+        break;
+    case MSG_KICK:
+        on_kick(self, c);
+        break;
     }
 }
 
 /* The runtime names only its own reasons; RT_REASON_TAKEOVER would read "user". */
 static const char *exit_reason_name(rt_reason_t reason)
 {
+    if (reason == RT_REASON_KICKED)
+        return "kicked";
     return reason == RT_REASON_TAKEOVER ? "takeover" : rt_reason_name(reason);
 }
 
@@ -2062,6 +2258,8 @@ static const char *conn_tag_name(uint32_t tag)
     case MSG_AUTH_REFUSED: return "auth_refused";
     case MSG_PARSE_MORE: return "parse_more";
     case MSG_SLOW_CHECK: return "slow_check";
+    case MSG_QUERY: return "client_query";
+    case MSG_KICK: return "client_kick";
     }
     return NULL;
 }
@@ -2126,7 +2324,7 @@ static int restored_init(rt_actor_t *self, void *state, void *arg)
         c->capqos2 = c->nqos2;
     }
     rt_broker_claim_client(c->client_id, rt_self(self));
-    atomic_fetch_add(&rt_broker->stats.sessions, 1);
+    count_session();
     c->expire_at_ms = now_ms() + (uint64_t)c->session_expiry * 1000;
     rt_send_after_tag((uint64_t)c->session_expiry * 1000, rt_self(self), MSG_SESSION_EXPIRED, NULL);
     rt_send(rt_self(self), MSG_RESTORED, NULL, 0);

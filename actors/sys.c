@@ -40,7 +40,6 @@ typedef struct {
     uint64_t interval_ms;
     uint64_t start_ms; /* CLOCK_MONOTONIC when the actor started */
     uint64_t last_ms;  /* the previous tick */
-    uint64_t max_connected;
     uint64_t max_heap;
     uint64_t prev[NCOUNTERS];              /* counter values at the previous tick */
     double load[NCOUNTERS][3];             /* decayed messages (or bytes, connections) per minute */
@@ -139,39 +138,36 @@ static void sys_tick(sys_t *s)
     snprintf(buf, sizeof(buf), "%llu seconds", (unsigned long long)((now_ms - s->start_ms) / 1000));
     put(s, "uptime", buf);
 
-    uint64_t connected = load_stat(&st->connections);
-    uint64_t sessions = load_stat(&st->sessions);
-    if (connected > s->max_connected)
-        s->max_connected = connected;
+    rt_broker_counts_t bc;
+    rt_broker_counts(&bc);
+    uint64_t connected = bc.connections.count, sessions = bc.sessions.count;
     put_u64(s, "clients/connected", connected);
     /* Read apart, the two may disagree for a moment while a client connects. */
     put_u64(s, "clients/disconnected", sessions > connected ? sessions - connected : 0);
-    put_u64(s, "clients/maximum", s->max_connected);
+    put_u64(s, "clients/maximum", bc.connections.max);
     put_u64(s, "clients/total", sessions);
 
+    rt_broker_metrics_t bm;
+    rt_broker_metrics(&bm);
     uint64_t now[NCOUNTERS] = {
-        [C_MSGS_IN] = load_stat(&st->msgs_in),   [C_MSGS_OUT] = load_stat(&st->msgs_out),
-        [C_BYTES_IN] = load_stat(&st->bytes_in), [C_BYTES_OUT] = load_stat(&st->bytes_out),
+        [C_MSGS_IN] = bm.msgs_in,                [C_MSGS_OUT] = bm.msgs_out,
+        [C_BYTES_IN] = bm.bytes_in,              [C_BYTES_OUT] = bm.bytes_out,
         [C_CONNECTS] = load_stat(&st->connects), [C_ACCEPTED] = load_stat(&st->accepted),
     };
     for (int c = 0; c < NCOUNTERS; c++)
         if (counters[c].total)
             put_u64(s, counters[c].total, now[c]);
-    put_u64(s, "messages/dropped", load_stat(&st->msgs_dropped));
-    put_u64(s, "messages/expired", load_stat(&st->msgs_expired));
+    put_u64(s, "messages/dropped", bm.msgs_dropped);
+    put_u64(s, "messages/expired", bm.msgs_expired);
     put_u64(s, "bad_packets", load_stat(&st->bad_packets));
     /* Limits the connection actors enforce: how often each refused something. */
     put_u64(s, "limits/topic", load_stat(&st->topic_limit_hits));
     put_u64(s, "limits/subscriptions", load_stat(&st->subs_limit_hits));
     put_u64(s, "limits/retained", load_stat(&st->retained_limit_hits));
 
-    rt_trie_stats_t ts;
-    rt_trie_stats(rt_broker->trie, &ts);
-    size_t retained;
-    rt_retained_stats(rt_broker->retained, &retained, NULL, NULL);
-    put_u64(s, "subscriptions/count", ts.subs);
-    put_u64(s, "shared_subscriptions/count", ts.groups);
-    put_u64(s, "retained messages/count", retained);
+    put_u64(s, "subscriptions/count", bc.subscriptions.count);
+    put_u64(s, "shared_subscriptions/count", bc.shared_groups);
+    put_u64(s, "retained messages/count", bc.retained.count);
 
     uint64_t heap = heap_bytes();
     if (heap > s->max_heap)

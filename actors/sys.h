@@ -9,7 +9,7 @@
 ** Topics (all under $SYS/broker/):
 **   version, uptime ("N seconds")
 **   clients/connected, clients/disconnected (persistent sessions offline),
-**   clients/maximum (peak of connected, as sampled each interval), clients/total (sessions)
+**   clients/maximum (peak of connected since start), clients/total (sessions)
 **   messages/received, messages/sent (PUBLISH packets), messages/dropped, messages/expired
 **   bytes/received, bytes/sent, bad_packets, limits/topic|subscriptions|retained
 **   subscriptions/count, shared_subscriptions/count, retained messages/count

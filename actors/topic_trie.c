@@ -115,6 +115,8 @@ struct rt_trie_s {
     atomic_size_t nodes;
     atomic_size_t subs;
     atomic_size_t groups;
+    atomic_size_t filters; /* see rt_trie_stats_t */
+    _Atomic uint64_t subs_max, filters_max;
 };
 
 #define WILD_SHARD RT_TRIE_SHARDS
@@ -521,6 +523,17 @@ static shard_t *shard_for(rt_trie_t *t, const char *f, size_t len, int is_filter
     return &t->shards[hash_bytes(0xcbf29ce484222325ull, f, (size_t)(q - f)) & (RT_TRIE_SHARDS - 1)];
 }
 
+/* One more subscription; new_filter when it is its filter's (or group's) first. */
+static void count_sub(rt_trie_t *t, bool new_filter)
+{
+    size_t subs = atomic_fetch_add_explicit(&t->subs, 1, memory_order_relaxed) + 1;
+    rt_atomic_raise(&t->subs_max, subs);
+    if (new_filter) {
+        size_t f = atomic_fetch_add_explicit(&t->filters, 1, memory_order_relaxed) + 1;
+        rt_atomic_raise(&t->filters_max, f);
+    }
+}
+
 static group_t *group_find(tnode_t *x, const char *g, size_t glen)
 {
     for (group_t *gr = x->groups; gr; gr = gr->next)
@@ -557,7 +570,7 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
         }
         rc = subs_add(&t->bytes, &x->subs, &x->nsubs, &x->capsubs, pid, o);
         if (rc == 0)
-            atomic_fetch_add_explicit(&t->subs, 1, memory_order_relaxed);
+            count_sub(t, x->nsubs == 1);
         else
             tt_prune(&s->t, x);
         goto out;
@@ -586,7 +599,7 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
     }
     rc = subs_add(&t->bytes, &gr->members, &gr->n, &gr->cap, pid, o);
     if (rc == 0) {
-        atomic_fetch_add_explicit(&t->subs, 1, memory_order_relaxed);
+        count_sub(t, gr->n == 1);
     } else if (gr->n == 0) {
         x->groups = gr->next; /* it was just created at the head */
         cfree(&t->bytes, gr, sizeof(*gr) + glen);
@@ -616,6 +629,8 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
         if (!e)
             goto out;
         subs_del(&t->bytes, &x->subs, &x->nsubs, &x->capsubs, e);
+        if (x->nsubs == 0)
+            atomic_fetch_sub_explicit(&t->filters, 1, memory_order_relaxed);
     } else {
         group_t *gr = group_find(x, g, glen);
         sub_t *e = gr ? subs_find(gr->members, gr->n, pid) : NULL;
@@ -629,6 +644,7 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
             *pp = gr->next;
             cfree(&t->bytes, gr, sizeof(*gr) + gr->namelen);
             atomic_fetch_sub_explicit(&t->groups, 1, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&t->filters, 1, memory_order_relaxed);
         }
     }
     atomic_fetch_sub_explicit(&t->subs, 1, memory_order_relaxed);
@@ -712,6 +728,9 @@ void rt_trie_stats(rt_trie_t *t, rt_trie_stats_t *st)
 {
     st->subs = atomic_load_explicit(&t->subs, memory_order_relaxed);
     st->groups = atomic_load_explicit(&t->groups, memory_order_relaxed);
+    st->filters = atomic_load_explicit(&t->filters, memory_order_relaxed);
+    st->subs_max = atomic_load_explicit(&t->subs_max, memory_order_relaxed);
+    st->filters_max = atomic_load_explicit(&t->filters_max, memory_order_relaxed);
     st->nodes = atomic_load_explicit(&t->nodes, memory_order_relaxed);
     st->bytes = atomic_load_explicit(&t->bytes, memory_order_relaxed);
 }
@@ -905,8 +924,9 @@ struct rt_retained_s {
     pthread_rwlock_t lock;
     ttable_t t;
     rt_retained_release_fn release;
-    size_t max_count, max_bytes; /* limits, 0 = none */
+    size_t max_count, max_bytes; /* limits, 0 = none; guarded by lock */
     size_t count, msg_bytes;     /* guarded by lock */
+    size_t count_max, msg_bytes_max; /* their high-water marks; guarded by lock */
     atomic_size_t bytes;         /* allocation counter (atomic only to share ttable code) */
     atomic_size_t nodes;
 };
@@ -979,6 +999,10 @@ int rt_retained_set(rt_retained_t *r, const char *topic, size_t len, void *msg, 
     x->msg_bytes = msg ? msg_bytes : 0;
     r->count = count;
     r->msg_bytes = bytes;
+    if (count > r->count_max)
+        r->count_max = count;
+    if (bytes > r->msg_bytes_max)
+        r->msg_bytes_max = bytes;
     if (!msg)
         tt_prune(&r->t, x);
 out:
@@ -1115,5 +1139,21 @@ void rt_retained_stats(rt_retained_t *r, size_t *count, size_t *msg_bytes, size_
         *msg_bytes = r->msg_bytes;
     if (mem_bytes)
         *mem_bytes = atomic_load_explicit(&r->bytes, memory_order_relaxed);
+    pthread_rwlock_unlock(&r->lock);
+}
+
+void rt_retained_peaks(rt_retained_t *r, size_t *count_max, size_t *msg_bytes_max)
+{
+    pthread_rwlock_rdlock(&r->lock);
+    *count_max = r->count_max;
+    *msg_bytes_max = r->msg_bytes_max;
+    pthread_rwlock_unlock(&r->lock);
+}
+
+void rt_retained_set_limits(rt_retained_t *r, size_t max_count, size_t max_bytes)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    r->max_count = max_count;
+    r->max_bytes = max_bytes;
     pthread_rwlock_unlock(&r->lock);
 }

@@ -108,6 +108,9 @@ typedef struct {
 typedef struct {
     size_t subs;   /* ordinary subscriptions plus shared-group memberships */
     size_t groups; /* shared subscription groups */
+    size_t filters; /* distinct subscribed filters: "a/b" once however many subscribe it,
+                       each "$share/group/a/b" once (every group is a filter of its own) */
+    size_t subs_max, filters_max; /* high-water marks since the trie was made */
     size_t nodes;  /* trie nodes, roots excluded */
     size_t bytes;  /* every byte the trie has allocated, including itself */
 } rt_trie_stats_t;
@@ -212,5 +215,12 @@ int rt_retained_match(rt_retained_t *r, const char *filter, size_t len, rt_retai
 
 /* Messages held, the sum of their msg_bytes, and all bytes the store allocated. */
 void rt_retained_stats(rt_retained_t *r, size_t *count, size_t *msg_bytes, size_t *mem_bytes);
+/* The most messages and msg_bytes the store has held at once since it was made. */
+void rt_retained_peaks(rt_retained_t *r, size_t *count_max, size_t *msg_bytes_max);
+/*
+** New limits (0 = unlimited) for the next rt_retained_set; messages already held
+** stay even if they are over them.
+*/
+void rt_retained_set_limits(rt_retained_t *r, size_t max_count, size_t max_bytes);
 
 #endif

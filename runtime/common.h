@@ -6,6 +6,7 @@
 #ifndef RT_COMMON_H
 #define RT_COMMON_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,19 @@ const char *rt_strerror(int code);
 
 #define RT_LIKELY(x) __builtin_expect(!!(x), 1)
 #define RT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/*
+** Raises a high-water mark shared by threads to at least v. Cheap where counts
+** rise: one relaxed load while v is under the mark, a CAS only for a new peak.
+*/
+static inline void rt_atomic_raise(_Atomic uint64_t *max, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(max, memory_order_relaxed);
+    while (cur < v &&
+           !atomic_compare_exchange_weak_explicit(max, &cur, v, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
 
 #define RT_CONTAINER_OF(ptr, type, field) ((type *)((char *)(ptr)-offsetof(type, field)))
 

@@ -27,6 +27,7 @@
 #include "config.h"
 #include "rt_test.h"
 #include "sink.h"
+#include "test_mqtt.h"
 
 static char dir[128];
 static char dbfile[192];
@@ -682,51 +683,12 @@ static void test_runtime_max_heap_spares_sinks(void)
 
 /* ---- Republish: through a real broker to a raw MQTT 3.1.1 subscriber ---- */
 
-static bool read_full(int fd, uint8_t *buf, size_t n, int timeout_ms)
-{
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, timeout_ms) <= 0)
-            return false;
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r <= 0)
-            return false;
-        got += (size_t)r;
-    }
-    return true;
-}
-
-/* Reads one packet: its first byte and body (up to cap). */
-static int read_packet(int fd, uint8_t *body, size_t cap, size_t *len)
-{
-    uint8_t h;
-    if (!read_full(fd, &h, 1, 3000))
-        return -1;
-    size_t rl = 0, mul = 1;
-    uint8_t b;
-    do {
-        if (!read_full(fd, &b, 1, 3000))
-            return -1;
-        rl += (b & 127) * mul;
-        mul *= 128;
-    } while (b & 128);
-    if (rl > cap || !read_full(fd, body, rl, 3000))
-        return -1;
-    *len = rl;
-    return h;
-}
-
 /* Connects to port and subscribes to filter at QoS 0; returns the socket or -1. */
 static int mqtt_subscriber(int port, const char *filter)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
+    int fd = tcp_connect(port);
+    if (fd < 0)
         return -1;
-    }
     static const uint8_t conn[] = {0x10, 15, 0,  4, 'M', 'Q', 'T', 'T', 4,
                                    2,    0,  60, 0, 3,   's', 'u', 'b'};
     uint8_t sub[128], body[64];
@@ -767,18 +729,6 @@ static bool next_publish(int fd, char *topic, size_t tcap, char *payload, size_t
     memcpy(payload, body + off, len - off);
     payload[len - off] = 0;
     return true;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t al = sizeof(a);
-    bind(fd, (struct sockaddr *)&a, sizeof(a));
-    getsockname(fd, (struct sockaddr *)&a, &al);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 static void test_republish(void)

@@ -996,6 +996,63 @@ static void bench(void)
     rt_trie_free(t);
 }
 
+/* Distinct filters and the high-water marks of filters and subscriptions. */
+static void test_filter_counts(void)
+{
+    rt_trie_t *t;
+    CHECK_EQ(rt_trie_new(&t), 0);
+    CHECK_EQ(sub(t, "a/b", 1, qos(0)), 0);
+    CHECK_EQ(sub(t, "a/b", 2, qos(1)), 0);           /* same filter: still one */
+    CHECK_EQ(sub(t, "a/b", 2, qos(2)), 1);           /* replaced: nothing new */
+    CHECK_EQ(sub(t, "$share/g/a/b", 3, qos(0)), 0);  /* a group is a filter of its own */
+    CHECK_EQ(sub(t, "$share/g/a/b", 4, qos(0)), 0);
+    CHECK_EQ(sub(t, "$share/h/a/b", 3, qos(0)), 0);
+    CHECK_EQ(sub(t, "+/b", 1, qos(0)), 0);
+    rt_trie_stats_t st;
+    rt_trie_stats(t, &st);
+    CHECK_EQ(st.filters, 4);
+    CHECK_EQ(st.subs, 6);
+    CHECK(st.filters_max == 4 && st.subs_max == 6);
+    CHECK_EQ(unsub(t, "a/b", 1), 1);
+    rt_trie_stats(t, &st);
+    CHECK_EQ(st.filters, 4); /* pid 2 still holds a/b */
+    CHECK_EQ(unsub(t, "a/b", 2), 1);
+    CHECK_EQ(unsub(t, "$share/g/a/b", 3), 1);
+    CHECK_EQ(unsub(t, "$share/g/a/b", 4), 1);
+    rt_trie_stats(t, &st);
+    CHECK(st.filters == 2 && st.subs == 2 && st.groups == 1);
+    CHECK(st.filters_max == 4 && st.subs_max == 6); /* peaks stay */
+    CHECK_EQ(unsub(t, "+/b", 1), 1);
+    CHECK_EQ(unsub(t, "$share/h/a/b", 3), 1);
+    rt_trie_stats(t, &st);
+    CHECK(st.filters == 0 && st.subs == 0 && st.groups == 0);
+    rt_trie_free(t);
+}
+
+/* Retained peaks, and limits changed on a live store (what is held stays). */
+static void test_retained_peaks_and_limits(void)
+{
+    rt_retained_t *r;
+    CHECK_EQ(rt_retained_new(&r, (rt_retained_release_fn)rt_bin_release, 0, 0), 0);
+    CHECK_EQ(rset(r, "p/1"), 0);
+    CHECK_EQ(rset(r, "p/22"), 0);
+    CHECK_EQ(rt_retained_set(r, "p/1", 3, NULL, 0), 0); /* cleared */
+    size_t count, mb, cmax, bmax;
+    rt_retained_stats(r, &count, &mb, NULL);
+    rt_retained_peaks(r, &cmax, &bmax);
+    CHECK(count == 1 && mb == 4 && cmax == 2 && bmax == 7);
+    rt_retained_set_limits(r, 1, 0);
+    CHECK_EQ(rset(r, "p/3"), RT_ELIMIT);
+    CHECK_EQ(rset(r, "p/22"), 0); /* a replacement does not add one */
+    rt_retained_set_limits(r, 0, 5);
+    CHECK_EQ(rset(r, "p/333"), RT_ELIMIT); /* 4 + 5 bytes > 5 */
+    rt_retained_set_limits(r, 0, 0);
+    CHECK_EQ(rset(r, "p/333"), 0);
+    rt_retained_peaks(r, &cmax, &bmax);
+    CHECK(cmax == 2 && bmax == 9);
+    rt_retained_free(r);
+}
+
 int main(int argc, char **argv)
 {
     rt_trie_scratch_init(&scratch);
@@ -1015,6 +1072,8 @@ int main(int argc, char **argv)
     RUN(test_concurrency);
     RUN(test_retained);
     RUN(test_retained_concurrency);
+    RUN(test_filter_counts);
+    RUN(test_retained_peaks_and_limits);
     rt_trie_scratch_destroy(&scratch);
     return CHECK_SUMMARY();
 }

@@ -1,0 +1,588 @@
+/*
+** The broker's administration API (broker.h) against a broker started in this
+** process, driven by real MQTT clients over loopback sockets: the client table
+** walk, client queries (counters and subscriptions), kicks of connected and
+** offline sessions (DISCONNECT 0x98, the will, the stored session deleted),
+** broker counts with their peaks, packet metrics, listeners and live limits.
+*/
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "config.h"
+#include "rt_test.h"
+#include "store.h"
+#include "test_mqtt.h"
+
+static int port;
+static char data_dir[128];
+
+/* ---- A small MQTT client ---- */
+
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+} buf_t;
+
+static void put(buf_t *b, const void *d, size_t n)
+{
+    if (n == 0)
+        return;
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+
+static void put8(buf_t *b, uint8_t v)
+{
+    put(b, &v, 1);
+}
+
+static void put16(buf_t *b, uint16_t v)
+{
+    uint8_t x[2] = {(uint8_t)(v >> 8), (uint8_t)v};
+    put(b, x, 2);
+}
+
+static void put32(buf_t *b, uint32_t v)
+{
+    uint8_t x[4] = {(uint8_t)(v >> 24), (uint8_t)(v >> 16), (uint8_t)(v >> 8), (uint8_t)v};
+    put(b, x, 4);
+}
+
+static void put_str(buf_t *b, const char *s)
+{
+    put16(b, (uint16_t)strlen(s));
+    put(b, s, strlen(s));
+}
+
+static void put_varint(buf_t *b, size_t v)
+{
+    do {
+        uint8_t d = v % 128;
+        v /= 128;
+        put8(b, (uint8_t)(d | (v ? 128 : 0)));
+    } while (v);
+}
+
+/* Sends type byte + body as one packet. */
+static bool send_pkt(int fd, uint8_t first, const buf_t *body)
+{
+    buf_t b = {0};
+    put8(&b, first);
+    put_varint(&b, body->n);
+    put(&b, body->p, body->n);
+    bool ok = write(fd, b.p, b.n) == (ssize_t)b.n;
+    free(b.p);
+    return ok;
+}
+
+/* Whether the broker closed the socket (EOF within the timeout, after any packets). */
+static bool closed_by_peer(int fd)
+{
+    uint8_t buf[256];
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 3000) <= 0)
+            return false;
+        ssize_t r = read(fd, buf, sizeof(buf));
+        if (r <= 0)
+            return true;
+    }
+}
+
+typedef struct {
+    const char *id;
+    uint8_t version; /* 4 or 5 */
+    bool clean;
+    uint16_t keepalive;
+    const char *username;
+    const char *will_topic; /* NULL: no will */
+    uint32_t expiry;        /* v5 session expiry; 0: none */
+} connect_t;
+
+/* Connects and waits for a successful CONNACK; returns the socket or -1. */
+static int mqtt_connect(const connect_t *c)
+{
+    int fd = tcp_connect(port);
+    if (fd < 0)
+        return -1;
+    buf_t b = {0};
+    put_str(&b, "MQTT");
+    put8(&b, c->version);
+    put8(&b, (uint8_t)((c->clean ? 2 : 0) | (c->will_topic ? 4 : 0) | (c->username ? 0x80 : 0)));
+    put16(&b, c->keepalive);
+    if (c->version == 5) {
+        buf_t props = {0};
+        if (c->expiry) {
+            put8(&props, 0x11);
+            put32(&props, c->expiry);
+        }
+        put_varint(&b, props.n);
+        put(&b, props.p, props.n);
+        free(props.p);
+    }
+    put_str(&b, c->id);
+    if (c->will_topic) {
+        if (c->version == 5)
+            put8(&b, 0); /* no will properties */
+        put_str(&b, c->will_topic);
+        put_str(&b, "gone");
+    }
+    if (c->username)
+        put_str(&b, c->username);
+    bool ok = send_pkt(fd, 0x10, &b);
+    free(b.p);
+    uint8_t body[256];
+    size_t len;
+    if (!ok || read_packet(fd, body, sizeof(body), &len) != 0x20 || len < 2 || body[1] != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* SUBSCRIBE to one filter with options (and a subscription id on v5); true on SUBACK. */
+static bool mqtt_subscribe(int fd, uint8_t version, const char *filter, uint8_t options,
+                           uint32_t sub_id)
+{
+    static uint16_t packet_id = 1;
+    buf_t b = {0};
+    put16(&b, packet_id++);
+    if (version == 5) {
+        buf_t props = {0};
+        if (sub_id) {
+            put8(&props, 0x0B);
+            put_varint(&props, sub_id);
+        }
+        put_varint(&b, props.n);
+        put(&b, props.p, props.n);
+        free(props.p);
+    }
+    put_str(&b, filter);
+    put8(&b, options);
+    bool ok = send_pkt(fd, 0x82, &b);
+    free(b.p);
+    uint8_t body[64];
+    size_t len;
+    return ok && read_packet(fd, body, sizeof(body), &len) == 0x90 && body[len - 1] < 0x80;
+}
+
+/* PUBLISH at QoS 0 or 1 (packet id 1); a QoS 1 publish waits for its PUBACK. */
+static bool mqtt_publish(int fd, uint8_t version, const char *topic, const char *payload,
+                         uint8_t qos, bool retain)
+{
+    buf_t b = {0};
+    put_str(&b, topic);
+    if (qos)
+        put16(&b, 1);
+    if (version == 5)
+        put8(&b, 0);
+    put(&b, payload, strlen(payload));
+    bool ok = send_pkt(fd, (uint8_t)(0x30 | qos << 1 | (retain ? 1 : 0)), &b);
+    free(b.p);
+    uint8_t body[64];
+    size_t len;
+    return ok && (!qos || read_packet(fd, body, sizeof(body), &len) == 0x40);
+}
+
+static bool mqtt_disconnect(int fd)
+{
+    buf_t b = {0};
+    bool ok = send_pkt(fd, 0xE0, &b);
+    free(b.p);
+    return ok;
+}
+
+/* Waits (bounded) until cond holds; evaluates to it (cond must have no side effects). */
+#define EVENTUALLY(cond)                                                                           \
+    ({                                                                                             \
+        uint64_t end_ = test_now_ms() + 3000;                                                      \
+        while (!(cond) && test_now_ms() < end_)                                                    \
+            test_sleep_ms(2);                                                                      \
+        (cond);                                                                                    \
+    })
+
+/* ---- Broker in this process ---- */
+
+/* A runtime and a broker on 127.0.0.1:port; overrides are rtd -o style ("key=value"). */
+static void start_broker(bool persistence, const char *const *overrides)
+{
+    test_start(2);
+    rt_conf_t *c = malloc(sizeof(*c));
+    char err[RT_CONF_ERR_LEN];
+    rt_conf_defaults(c);
+    c->sys_interval = 0;
+    c->persistence = persistence;
+    snprintf(c->data_dir, sizeof(c->data_dir), "%s", data_dir);
+    c->nlisteners = 1;
+    snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "127.0.0.1");
+    c->listeners[0].port = port;
+    for (; overrides && *overrides; overrides++)
+        CHECK_EQ(rt_conf_set(c, *overrides, err, sizeof(err)), 0);
+    int rc = rt_broker_start(c, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "rt_broker_start: %s\n", err);
+        exit(2);
+    }
+    free(c);
+}
+
+static void stop_broker(void)
+{
+    rt_store_sync();
+    rt_shutdown();
+    rt_broker_free();
+}
+
+/* ---- Asking a connection actor ---- */
+
+/* The last RT_MSG_CLIENT_INFO the asker received, copied whole (envelope and data). */
+static rt_msg_t *_Atomic answer;
+
+static void asker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    if (m->tag != RT_MSG_CLIENT_INFO)
+        return;
+    rt_msg_t *copy = malloc(sizeof(*m) + m->len);
+    memcpy(copy, m, sizeof(*m) + m->len);
+    free(atomic_exchange(&answer, copy));
+}
+
+static const rt_actor_type_t asker_type = {.name = "asker", .handle = asker_handle};
+
+static rt_pid_t asker;
+
+/* Asks pid and waits for its answer; NULL on timeout. The caller frees it. */
+static rt_msg_t *ask(rt_pid_t pid, uint64_t cookie, bool with_subs)
+{
+    free(atomic_exchange(&answer, NULL));
+    if (rt_client_query(pid, asker, cookie, with_subs) != 0)
+        return NULL;
+    uint64_t end = test_now_ms() + 3000;
+    rt_msg_t *m;
+    while (!(m = atomic_exchange(&answer, NULL)) && test_now_ms() < end)
+        test_sleep_ms(1);
+    return m;
+}
+
+typedef struct {
+    char ids[8][64];
+    rt_pid_t pids[8];
+    size_t n;
+} seen_t;
+
+static void collect(const char *id, rt_pid_t pid, void *ud)
+{
+    seen_t *s = ud;
+    if (s->n < 8) {
+        snprintf(s->ids[s->n], sizeof(s->ids[0]), "%s", id);
+        s->pids[s->n++] = pid;
+    }
+}
+
+static rt_pid_t seen_pid(const seen_t *s, const char *id)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->ids[i], id) == 0)
+            return s->pids[i];
+    return 0;
+}
+
+static void test_clients_each_and_query(void)
+{
+    start_broker(false, NULL);
+    CHECK_EQ(rt_spawn(&asker_type, NULL, &asker), 0);
+    uint64_t before = (uint64_t)time(NULL) * 1000;
+    int alice = mqtt_connect(&(connect_t){.id = "alice", .version = 5, .clean = true,
+                                          .keepalive = 60, .username = "al"});
+    int bob = mqtt_connect(&(connect_t){.id = "bob", .version = 4, .clean = false,
+                                        .keepalive = 30});
+    CHECK(alice >= 0 && bob >= 0);
+    CHECK(mqtt_subscribe(alice, 5, "a/b", 1 | 4 /* no_local */, 7));
+    CHECK(mqtt_subscribe(alice, 5, "$share/g1/x/+", 2 | 8 /* retain as published */, 0));
+    CHECK(mqtt_subscribe(bob, 4, "c/#", 0, 0));
+
+    seen_t seen = {0};
+    CHECK_EQ(rt_broker_clients_each(collect, &seen), 2);
+    rt_pid_t pa = seen_pid(&seen, "alice"), pb = seen_pid(&seen, "bob");
+    CHECK(pa && pb && pa == rt_broker_lookup_client("alice"));
+
+    rt_msg_t *m = ask(pa, 42, true);
+    const rt_client_info_t *ci = rt_client_info_of(m);
+    CHECK(ci != NULL);
+    if (ci) {
+        CHECK_EQ(ci->cookie, 42);
+        CHECK_EQ(ci->pid, pa);
+        CHECK(strcmp(ci->client_id, "alice") == 0 && ci->client_id_len == 5);
+        CHECK(ci->has_username && strcmp(ci->username, "al") == 0);
+        CHECK(strncmp(ci->peer, "127.0.0.1:", 10) == 0);
+        CHECK_EQ(ci->version, 5);
+        CHECK_EQ(ci->connected, 1);
+        CHECK_EQ(ci->clean_start, 1);
+        CHECK_EQ(ci->keepalive, 60);
+        CHECK(ci->connected_at_ms >= before && ci->connected_at_ms <= before + 5000);
+        CHECK_EQ(ci->expires_in_ms, 0);
+        CHECK_EQ(ci->subscriptions, 2);
+        CHECK_EQ(ci->subs_included, 2);
+        CHECK_EQ(ci->inflight, 0);
+        CHECK_EQ(ci->inflight_window, 32); /* max_inflight: the client set no receive maximum */
+        CHECK_EQ(ci->queued, 0);
+        size_t pos = 0, n = 0;
+        rt_client_sub_t s;
+        bool plain = false, shared = false;
+        while (rt_client_info_subs_next(m, &pos, &s)) {
+            n++;
+            if (!s.group && s.filter_len == 3 && memcmp(s.filter, "a/b", 3) == 0)
+                plain = s.qos == 1 && s.no_local && !s.retain_as_published && s.sub_id == 7;
+            if (s.group && s.group_len == 2 && memcmp(s.group, "g1", 2) == 0)
+                shared = s.filter_len == 3 && memcmp(s.filter, "x/+", 3) == 0 && s.qos == 2 &&
+                         s.retain_as_published && !s.no_local && s.sub_id == 0;
+        }
+        CHECK_EQ(n, 2);
+        CHECK(plain && shared);
+    }
+    free(m);
+
+    /* Without subscriptions: the counts, no entries. */
+    m = ask(pb, 43, false);
+    ci = rt_client_info_of(m);
+    CHECK(ci && ci->cookie == 43 && ci->version == 4 && ci->clean_start == 0);
+    CHECK(ci && ci->subscriptions == 1 && ci->subs_included == 0);
+    size_t pos = 0;
+    rt_client_sub_t s;
+    CHECK(!rt_client_info_subs_next(m, &pos, &s));
+    free(m);
+
+    /* bob's session outlives its connection: offline, with its expiry running. */
+    CHECK(mqtt_disconnect(bob));
+    close(bob);
+    CHECK(EVENTUALLY(atomic_load(&rt_broker->stats.connections) == 1));
+    m = ask(pb, 44, true);
+    ci = rt_client_info_of(m);
+    CHECK(ci && ci->connected == 0 && ci->connected_at_ms == 0 && ci->peer[0] == 0);
+    CHECK(ci && ci->expires_in_ms > 0 && ci->session_expiry > 0 && ci->subs_included == 1);
+    free(m);
+
+    /* A message that is not an answer is refused by the reader. */
+    rt_msg_t *other = rt_msg_new(RT_MSG_USER, sizeof(rt_client_info_t));
+    CHECK(rt_client_info_of(other) == NULL);
+    rt_msg_free(other);
+
+    close(alice);
+    CHECK(rt_client_query(0, asker, 1, false) != 0);
+    stop_broker();
+    free(atomic_exchange(&answer, NULL));
+}
+
+/* Kicks: v5 hears 0x98, the will goes, the session ends; offline sessions end too. */
+static void test_kick(void)
+{
+    start_broker(false, NULL);
+    int watcher = mqtt_connect(&(connect_t){.id = "watcher", .version = 4, .clean = true});
+    CHECK(watcher >= 0 && mqtt_subscribe(watcher, 4, "will/#", 0, 0));
+    int v5 = mqtt_connect(&(connect_t){.id = "k5", .version = 5, .clean = false, .expiry = 3600,
+                                       .will_topic = "will/k5"});
+    int v3 = mqtt_connect(&(connect_t){.id = "k3", .version = 4, .clean = true});
+    int off = mqtt_connect(&(connect_t){.id = "koff", .version = 4, .clean = false});
+    CHECK(v5 >= 0 && v3 >= 0 && off >= 0);
+    CHECK(mqtt_subscribe(v5, 5, "k/5", 1, 0));
+    CHECK(mqtt_subscribe(off, 4, "k/off", 1, 0));
+    CHECK(mqtt_disconnect(off));
+    close(off);
+    rt_trie_stats_t ts;
+    rt_trie_stats(rt_broker->trie, &ts);
+    CHECK_EQ(ts.subs, 3);
+
+    /* A v5 client with a persistent session: DISCONNECT 0x98, then the socket closes. */
+    CHECK_EQ(rt_client_kick(rt_broker_lookup_client("k5")), 0);
+    uint8_t body[256];
+    size_t len;
+    CHECK_EQ(read_packet(v5, body, sizeof(body), &len), 0xE0);
+    CHECK(len >= 1 && body[0] == 0x98);
+    CHECK(closed_by_peer(v5));
+    close(v5);
+    /* Its will was published as for any close by the server. */
+    CHECK_EQ(read_packet(watcher, body, sizeof(body), &len), 0x30);
+    CHECK(len > 9 && memcmp(body + 2, "will/k5", 7) == 0);
+    /* The session is gone, not kept offline: no table entry, no subscription. */
+    CHECK(EVENTUALLY(rt_broker_lookup_client("k5") == 0));
+
+    /* 3.1.1 has no server DISCONNECT: the socket just closes. */
+    CHECK_EQ(rt_client_kick(rt_broker_lookup_client("k3")), 0);
+    CHECK(closed_by_peer(v3));
+    close(v3);
+    CHECK(EVENTUALLY(rt_broker_lookup_client("k3") == 0));
+
+    /* An offline session ends at once. */
+    rt_pid_t koff = rt_broker_lookup_client("koff");
+    CHECK(koff != 0);
+    CHECK_EQ(rt_client_kick(koff), 0);
+    CHECK(EVENTUALLY(rt_broker_lookup_client("koff") == 0 && !rt_alive(koff)));
+    rt_trie_stats(rt_broker->trie, &ts);
+    CHECK_EQ(ts.subs, 1); /* the watcher's */
+    CHECK(EVENTUALLY(atomic_load(&rt_broker->stats.sessions) == 1));
+    CHECK_EQ(rt_client_kick(koff), RT_ENOPROC);
+    close(watcher);
+    stop_broker();
+}
+
+/* With persistence, a kicked session is deleted from the store: a restart does not bring it. */
+static void test_kick_persistent(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", data_dir);
+    CHECK_EQ(system(cmd), 0);
+    mkdir(data_dir, 0755);
+    start_broker(true, NULL);
+    int keep = mqtt_connect(&(connect_t){.id = "keep", .version = 5, .expiry = 3600});
+    int gone = mqtt_connect(&(connect_t){.id = "gone", .version = 5, .expiry = 3600});
+    int gone_off = mqtt_connect(&(connect_t){.id = "gone_off", .version = 5, .expiry = 3600});
+    CHECK(keep >= 0 && gone >= 0 && gone_off >= 0);
+    CHECK(mqtt_subscribe(keep, 5, "p/keep", 1, 0) && mqtt_subscribe(gone, 5, "p/gone", 1, 0));
+    CHECK(mqtt_disconnect(keep) && mqtt_disconnect(gone_off));
+    close(keep);
+    close(gone_off);
+    CHECK(EVENTUALLY(atomic_load(&rt_broker->stats.connections) == 1));
+    /* One kicked while connected (close_conn would otherwise keep it offline), one offline. */
+    CHECK_EQ(rt_client_kick(rt_broker_lookup_client("gone")), 0);
+    CHECK_EQ(rt_client_kick(rt_broker_lookup_client("gone_off")), 0);
+    CHECK(closed_by_peer(gone));
+    close(gone);
+    CHECK(EVENTUALLY(rt_broker_lookup_client("gone") == 0 &&
+                     rt_broker_lookup_client("gone_off") == 0));
+    stop_broker();
+
+    start_broker(true, NULL);
+    CHECK(EVENTUALLY(rt_broker_lookup_client("keep") != 0));
+    CHECK_EQ(rt_broker_lookup_client("gone"), 0);
+    CHECK_EQ(rt_broker_lookup_client("gone_off"), 0);
+    stop_broker();
+    CHECK_EQ(system(cmd), 0);
+}
+
+/* Counts and their peaks: the peak stays when the count falls. */
+static void test_counts(void)
+{
+    start_broker(false, NULL);
+    rt_broker_counts_t bc;
+    rt_broker_counts(&bc);
+    CHECK(bc.connections.count == 0 && bc.connections.max == 0 && bc.topics.count == 0);
+    int a = mqtt_connect(&(connect_t){.id = "ca", .version = 5, .clean = true});
+    int b = mqtt_connect(&(connect_t){.id = "cb", .version = 4, .clean = false});
+    int c = mqtt_connect(&(connect_t){.id = "cc", .version = 4, .clean = true});
+    CHECK(a >= 0 && b >= 0 && c >= 0);
+    CHECK(mqtt_subscribe(a, 5, "t/1", 0, 0) && mqtt_subscribe(b, 4, "t/1", 1, 0));
+    CHECK(mqtt_subscribe(c, 4, "$share/g/t/1", 0, 0) && mqtt_subscribe(c, 4, "t/2", 0, 0));
+    CHECK(mqtt_publish(a, 5, "r/1", "12345", 1, true));
+    CHECK(mqtt_publish(a, 5, "r/2", "123", 1, true));
+    rt_broker_counts(&bc);
+    CHECK(bc.connections.count == 3 && bc.connections.max == 3);
+    CHECK(bc.sessions.count == 3 && bc.sessions.max == 3);
+    CHECK(bc.topics.count == 3 && bc.topics.max == 3); /* t/1, $share/g/t/1, t/2 */
+    CHECK(bc.subscriptions.count == 4 && bc.subscriptions.max == 4);
+    CHECK_EQ(bc.shared_groups, 1);
+    CHECK(bc.retained.count == 2 && bc.retained.max == 2);
+    uint64_t two = bc.retained_bytes.count;
+    CHECK(two > 8); /* the canonical PUBLISH binaries: payloads and headers */
+
+    /* c ends (its subscriptions go), b goes offline (its session stays), r/1 is cleared. */
+    CHECK(mqtt_publish(a, 5, "r/1", "", 1, true));
+    close(c);
+    CHECK(mqtt_disconnect(b));
+    close(b);
+    CHECK(EVENTUALLY(atomic_load(&rt_broker->stats.sessions) == 2 &&
+                     atomic_load(&rt_broker->stats.connections) == 1));
+    rt_broker_counts(&bc);
+    CHECK(bc.connections.count == 1 && bc.connections.max == 3);
+    CHECK(bc.sessions.count == 2 && bc.sessions.max == 3);
+    CHECK(bc.topics.count == 1 && bc.topics.max == 3);
+    CHECK(bc.subscriptions.count == 2 && bc.subscriptions.max == 4);
+    CHECK(bc.retained.count == 1 && bc.retained.max == 2);
+    CHECK(bc.retained_bytes.count < two && bc.retained_bytes.max == two);
+    close(a);
+    stop_broker();
+}
+
+/* Packet counters by type, in and out, and the byte and message totals. */
+static void test_metrics(void)
+{
+    start_broker(false, NULL);
+    rt_broker_metrics_t m;
+    rt_broker_metrics(&m);
+    CHECK(m.packets_in[1] == 0 && m.bytes_in == 0 && m.msgs_out == 0);
+    int a = mqtt_connect(&(connect_t){.id = "ma", .version = 5, .clean = true});
+    int b = mqtt_connect(&(connect_t){.id = "mb", .version = 4, .clean = true});
+    CHECK(a >= 0 && b >= 0);
+    CHECK(mqtt_subscribe(b, 4, "m/#", 1, 0));
+    CHECK(mqtt_publish(a, 5, "m/x", "hello", 1, false));
+    uint8_t body[256];
+    size_t len;
+    CHECK_EQ(read_packet(b, body, sizeof(body), &len), 0x32); /* PUBLISH QoS 1 */
+    buf_t ack = {0};
+    put(&ack, body + 2 + 3, 2); /* its packet id, after the topic "m/x" */
+    CHECK(send_pkt(b, 0x40, &ack));
+    free(ack.p);
+    buf_t none = {0};
+    CHECK(send_pkt(a, 0xC0, &none)); /* PINGREQ */
+    CHECK_EQ(read_packet(a, body, sizeof(body), &len), 0xD0);
+    CHECK(mqtt_disconnect(a));
+    CHECK(closed_by_peer(a));
+    CHECK(EVENTUALLY((rt_broker_metrics(&m), m.packets_in[4] == 1 && m.packets_in[14] == 1)));
+    CHECK_EQ(m.packets_in[1], 2);  /* CONNECT */
+    CHECK_EQ(m.packets_out[2], 2); /* CONNACK */
+    CHECK_EQ(m.packets_in[8], 1);  /* SUBSCRIBE */
+    CHECK_EQ(m.packets_out[9], 1); /* SUBACK */
+    CHECK_EQ(m.packets_in[3], 1);  /* PUBLISH */
+    CHECK_EQ(m.packets_out[3], 1);
+    CHECK_EQ(m.packets_out[4], 1); /* PUBACK to the publisher (and one in from b) */
+    CHECK_EQ(m.packets_in[12], 1); /* PINGREQ */
+    CHECK_EQ(m.packets_out[13], 1);
+    CHECK(m.msgs_in == 1 && m.msgs_out == 1);
+    uint64_t in = 0, out = 0;
+    for (int t = 1; t < RT_MQTT_PACKET_TYPES; t++)
+        in += m.packets_in[t], out += m.packets_out[t];
+    CHECK_EQ(in, 7);  /* 2 CONNECT, SUBSCRIBE, PUBLISH, PUBACK, PINGREQ, DISCONNECT */
+    CHECK_EQ(out, 6); /* 2 CONNACK, SUBACK, PUBLISH, PUBACK, PINGRESP */
+    CHECK(m.bytes_in > 40 && m.bytes_out > 20);
+    CHECK(strcmp(rt_mqtt_packet_name(1), "CONNECT") == 0);
+    CHECK(strcmp(rt_mqtt_packet_name(15), "AUTH") == 0);
+    CHECK(rt_mqtt_packet_name(0) == NULL && rt_mqtt_packet_name(16) == NULL);
+    close(a);
+    close(b);
+    stop_broker();
+
+    /* A new broker starts from zero; the blocks of the old threads are taken over. */
+    start_broker(false, NULL);
+    rt_broker_metrics(&m);
+    CHECK(m.packets_in[1] == 0 && m.bytes_out == 0);
+    a = mqtt_connect(&(connect_t){.id = "ma", .version = 4, .clean = true});
+    CHECK(a >= 0);
+    rt_broker_metrics(&m);
+    CHECK(m.packets_in[1] == 1 && m.packets_out[2] == 1);
+    close(a);
+    stop_broker();
+}
+
+int main(void)
+{
+    snprintf(data_dir, sizeof(data_dir), "/tmp/rt_test_broker.%d", (int)getpid());
+    port = free_port();
+    RUN(test_clients_each_and_query);
+    RUN(test_kick);
+    RUN(test_kick_persistent);
+    RUN(test_counts);
+    RUN(test_metrics);
+    return CHECK_SUMMARY();
+}
