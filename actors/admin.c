@@ -21,6 +21,7 @@
 #include "acl.h"
 #include "admin_impl.h"
 #include "auth.h"
+#include "broker.h"
 #include "log.h"
 #include "rule_engine.h"
 
@@ -42,7 +43,7 @@ typedef struct {
 /* ---- process-wide facts ---- */
 
 static struct {
-    const rt_conf_t *conf;
+    rt_conf_t *conf;         /* rtd's settings; `config set` changes them (conf_lock) */
     const char *version;
     char path[PATH_MAX];     /* the socket file */
     dev_t dev;               /* its inode, so a stop never removes another rtd's socket */
@@ -50,10 +51,13 @@ static struct {
     uint64_t started_ms;     /* CLOCK_MONOTONIC */
     rt_pid_t listener, worker;
     pthread_mutex_t reload_lock; /* one reload at a time: SIGHUP, rtctl, or both */
+    pthread_mutex_t conf_lock;   /* conf's text: `config show` reads it while `config set` writes */
     pthread_mutex_t util_lock;
     size_t nutil;
     double util[RT_ADMIN_SCHED_MAX];
-} A = {.reload_lock = PTHREAD_MUTEX_INITIALIZER, .util_lock = PTHREAD_MUTEX_INITIALIZER};
+} A = {.reload_lock = PTHREAD_MUTEX_INITIALIZER,
+       .conf_lock = PTHREAD_MUTEX_INITIALIZER,
+       .util_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t mono_ms(void)
 {
@@ -101,7 +105,9 @@ size_t rt__admin_sched_util(double *util, size_t max)
 int rt_admin_reload_auth(char *err, size_t errlen)
 {
     pthread_mutex_lock(&A.reload_lock);
+    pthread_mutex_lock(&A.conf_lock);
     int rc = rt_auth_configure(A.conf, err, errlen);
+    pthread_mutex_unlock(&A.conf_lock);
     pthread_mutex_unlock(&A.reload_lock);
     if (rc)
         rt_log(RT_LOG_ERROR, "rtd.reload_failed", "%s", err);
@@ -128,6 +134,75 @@ int rt_admin_reload_rules(char *err, size_t errlen)
         rt_log(RT_LOG_INFO, "rules.reloaded", "version=%llu rules=%u ms=%.1f rules_dir=%s",
                (unsigned long long)st.version, st.rules, ms, A.conf->rules_dir);
     return rc;
+}
+
+void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const char *help,
+                                    void *ud),
+                         void *ud)
+{
+    pthread_mutex_lock(&A.conf_lock);
+    rt_conf_each(A.conf, fn, ud);
+    pthread_mutex_unlock(&A.conf_lock);
+}
+
+/* The settings that can change while rtd runs, besides the broker's (rt_broker_set_limit). */
+static bool auth_setting(const char *key)
+{
+    return strcmp(key, "password_file") == 0 || strcmp(key, "acl_file") == 0;
+}
+
+bool rt__admin_conf_live(const char *key)
+{
+    return strcmp(key, "log_level") == 0 || auth_setting(key) || rt_broker_limit_live(key);
+}
+
+int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen)
+{
+    char assignment[RT_ADMIN_LINE_MAX];
+    snprintf(assignment, sizeof(assignment), "%s=%s", key, value);
+    /* Checked on a copy first: the config loader knows every setting's type and range. */
+    rt_conf_t *scratch = malloc(sizeof(*scratch));
+    if (!scratch) {
+        snprintf(err, errlen, "out of memory");
+        return 500;
+    }
+    pthread_mutex_lock(&A.conf_lock);
+    *scratch = *A.conf;
+    pthread_mutex_unlock(&A.conf_lock);
+    int rc = rt_conf_set(scratch, assignment, err, errlen);
+    if (rc) {
+        free(scratch);
+        return strstr(err, "unknown setting") ? 404 : 400;
+    }
+    int code = 200;
+    pthread_mutex_lock(&A.reload_lock);
+    if (strcmp(key, "log_level") == 0) {
+        rt_log_level_t level;
+        rt_log_parse_level(scratch->log_level, &level);
+        rt_log_set_level(level);
+    } else if (auth_setting(key)) {
+        /* The files are read before anything changes: a bad one leaves both as they were. */
+        if (rt_auth_configure(scratch, err, errlen) != 0)
+            code = 409;
+    } else if (rt_broker_limit_live(key)) {
+        if (rt_broker_set_limit(key, value, err, errlen) != 0)
+            code = 400;
+    } else {
+        snprintf(err, errlen,
+                 "%s cannot change while rtd runs: set it in the config file (or rtd -o) and "
+                 "restart rtd",
+                 key);
+        code = 409;
+    }
+    if (code == 200) {
+        pthread_mutex_lock(&A.conf_lock);
+        *A.conf = *scratch;
+        pthread_mutex_unlock(&A.conf_lock);
+        rt_log(RT_LOG_WARNING, "config.set", "%s (rtctl)", assignment);
+    }
+    pthread_mutex_unlock(&A.reload_lock);
+    free(scratch);
+    return code;
 }
 
 /* ---- request parsing ---- */
@@ -807,7 +882,7 @@ static int bind_socket(const char *path, int *out, char *err, size_t errlen)
     return 0;
 }
 
-int rt_admin_start(const rt_conf_t *conf, const char *version, char *err, size_t errlen)
+int rt_admin_start(rt_conf_t *conf, const char *version, char *err, size_t errlen)
 {
     A.conf = conf;
     A.version = version;

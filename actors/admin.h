@@ -22,9 +22,10 @@
 ** Binds the socket (conf->admin_socket, or data_dir/rtd.sock) and starts the
 ** admin actors. Refuses (RT_EEXIST) when another process answers on the path;
 ** replaces a stale socket file left by a crash; never removes anything that is
-** not a socket. conf must outlive the admin actors (rtd's lives in main).
+** not a socket. conf must outlive the admin actors (rtd's lives in main);
+** `rtctl config set` changes it (under a lock of its own).
 */
-int rt_admin_start(const rt_conf_t *conf, const char *version, char *err, size_t errlen);
+int rt_admin_start(rt_conf_t *conf, const char *version, char *err, size_t errlen);
 /* Closes the socket and removes its file (rt_shutdown would too; this is for tests). */
 void rt_admin_stop(void);
 

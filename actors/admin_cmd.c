@@ -578,11 +578,11 @@ static int cmd_log_level(rt_admin_cmd_t *c)
     const char *name = arg(c, 2);
     rt_log_level_t level;
     if (name) {
+        char err[RT_ADMIN_ERR_MAX];
         if (rt_log_parse_level(name, &level) != 0)
             return rt__admin_fail(c, 400, "log level must be error, warning, info or debug");
-        rt_log_level_t old = rt_log_get_level();
-        rt_log_set_level(level);
-        rt_log(RT_LOG_WARNING, "log.level", "%s -> %s (rtctl)", rt_log_level_name(old), name);
+        if (rt__admin_conf_set("log_level", name, err, sizeof(err)) != 200)
+            return rt__admin_fail(c, 500, "%s", err);
     }
     if (!c->json) {
         rt_buf_printf(&c->text, "log level %s\n", rt_log_level_name(rt_log_get_level()));
@@ -605,6 +605,45 @@ static int cmd_auth_reload(rt_admin_cmd_t *c)
     rt_doc_add_bool(c->doc, "reloaded", true);
     rt_doc_add_str(c->doc, "password_file", conf->password_file);
     rt_doc_add_str(c->doc, "acl_file", conf->acl_file);
+    return 200;
+}
+
+/* ---- config ---- */
+
+static void add_setting(const char *key, const char *value, const char *help, void *ud)
+{
+    rt_doc_t *o = rt_doc_add_object(ud, NULL);
+    rt_doc_add_str(o, "setting", key);
+    rt_doc_add_str(o, "value", value);
+    rt_doc_add_str(o, "changes", rt__admin_conf_live(key) ? "live" : "restart");
+    rt_doc_add_str(o, "about", help);
+}
+
+static int cmd_config_show(rt_admin_cmd_t *c)
+{
+    if (!(c->doc = rt_doc_array()))
+        return rt__admin_fail(c, 500, "out of memory");
+    rt__admin_conf_each(add_setting, c->doc);
+    return 200;
+}
+
+static int cmd_config_set(rt_admin_cmd_t *c)
+{
+    if (c->argc != 4)
+        return rt__admin_fail(c, 400, "usage: config set SETTING VALUE");
+    char err[RT_ADMIN_ERR_MAX];
+    int code = rt__admin_conf_set(c->argv[2], c->argv[3], err, sizeof(err));
+    if (code != 200)
+        return rt__admin_fail(c, code, "%s", err);
+    if (!c->json) {
+        rt_buf_printf(&c->text, "%s = %s (in force now)\n", c->argv[2], c->argv[3]);
+        return 200;
+    }
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_str(c->doc, "setting", c->argv[2]);
+    rt_doc_add_str(c->doc, "value", c->argv[3]);
+    rt_doc_add_bool(c->doc, "applied", true);
     return 200;
 }
 
@@ -640,8 +679,11 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"sinks", NULL, cmd_sinks_list, 0, NULL},
     {"sinks", "list", cmd_sinks_list, 0, "sinks list"},
     {"sinks", "show", cmd_sinks_show, 0, "sinks show NAME"},
-    {"log", NULL, cmd_log_level, 0, NULL},
-    {"log", "level", cmd_log_level, 0, "log level [error|warning|info|debug]"},
+    {"log", NULL, cmd_log_level, RT_ADMIN_BLOCKING, NULL},
+    {"log", "level", cmd_log_level, RT_ADMIN_BLOCKING, "log level [error|warning|info|debug]"},
+    {"config", "show", cmd_config_show, 0, "config show"},
+    {"config", NULL, cmd_config_show, 0, NULL},
+    {"config", "set", cmd_config_set, RT_ADMIN_BLOCKING, "config set SETTING VALUE"},
     {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING, "auth reload"},
     {"top", NULL, rt__admin_top, 0,
      "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total] "

@@ -62,6 +62,14 @@ void rt__admin_render(rt_admin_cmd_t *c, rt_buf_t *out);
 
 /* Process facts the commands share. */
 const rt_conf_t *rt__admin_conf(void);
+/* Every setting with its value as text, under the lock `config set` takes. */
+void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const char *help,
+                                    void *ud),
+                         void *ud);
+/* Whether key can change while rtd runs (log level, auth files, the broker's live limits). */
+bool rt__admin_conf_live(const char *key);
+/* Changes a setting now: 200, or 400 (bad value), 404 (unknown), 409 (needs a restart). */
+int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen);
 const char *rt__admin_version(void);
 uint64_t rt__admin_uptime_ms(void);
 void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n); /* "<slot.gen>" */

@@ -1,7 +1,6 @@
 """The admin socket's wire protocol (docs/ADMIN.md), spoken directly: for tests of the server
 itself, where rtctl would hide what went over the socket."""
 import json
-import os
 import socket
 
 
@@ -65,4 +64,4 @@ class Admin:
 
 
 def admin_path(rtd):
-    return os.path.join(rtd.data_dir, "rtd.sock")
+    return rtd.admin_socket

@@ -126,7 +126,14 @@ class Rtd:
             self._tmp = tempfile.TemporaryDirectory(prefix="rtd-data-")
             data_dir = self._tmp.name
         self.data_dir = data_dir
-        self.admin_socket = os.path.join(data_dir, "rtd.sock")  # admin_socket's default
+        # An override wins, as in rtd: the last data_dir= or admin_socket= given.
+        settings = {"data_dir": data_dir, "admin_socket": ""}
+        for o in overrides:
+            key, _, value = o.partition("=")
+            if key in settings:
+                settings[key] = value.strip("\"'")
+        self.admin_socket = settings["admin_socket"] or os.path.join(settings["data_dir"],
+                                                                     "rtd.sock")
         args = [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
                 "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2",
                 "-o", f'data_dir="{data_dir}"']
@@ -142,7 +149,7 @@ class Rtd:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 # The admin socket opens last, once everything it reports on runs.
-                if os.path.exists(os.path.join(data_dir, "rtd.sock")):
+                if os.path.exists(self.admin_socket):
                     return
                 time.sleep(0.01)
             except OSError:
