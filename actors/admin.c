@@ -151,9 +151,22 @@ static bool auth_setting(const char *key)
     return strcmp(key, "password_file") == 0 || strcmp(key, "acl_file") == 0;
 }
 
+#define LIMITS_MAX 64
+
+/* Whether the broker can change key live; false for settings it does not own. */
+static bool broker_live(const char *key)
+{
+    rt_limit_info_t limits[LIMITS_MAX];
+    size_t n = rt_broker ? rt_broker_limits(limits, LIMITS_MAX) : 0;
+    for (size_t i = 0; i < n && i < LIMITS_MAX; i++)
+        if (strcmp(limits[i].key, key) == 0)
+            return limits[i].live;
+    return false;
+}
+
 bool rt__admin_conf_live(const char *key)
 {
-    return strcmp(key, "log_level") == 0 || auth_setting(key) || rt_broker_limit_live(key);
+    return strcmp(key, "log_level") == 0 || auth_setting(key) || broker_live(key);
 }
 
 int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen)
@@ -184,9 +197,9 @@ int rt__admin_conf_set(const char *key, const char *value, char *err, size_t err
         /* The files are read before anything changes: a bad one leaves both as they were. */
         if (rt_auth_configure(scratch, err, errlen) != 0)
             code = 409;
-    } else if (rt_broker_limit_live(key)) {
-        if (rt_broker_set_limit(key, value, err, errlen) != 0)
-            code = 400;
+    } else if (broker_live(key)) {
+        rc = rt_broker_set_limit(key, value, err, errlen);
+        code = rc == 0 ? 200 : rc == RT_EBUSY ? 409 : rc == RT_ENOTFOUND ? 404 : 400;
     } else {
         snprintf(err, errlen,
                  "%s cannot change while rtd runs: set it in the config file (or rtd -o) and "

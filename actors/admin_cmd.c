@@ -192,6 +192,39 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
     return 200;
 }
 
+/* ---- listeners ---- */
+
+#define LISTENERS_MAX 32
+
+static int cmd_listeners(rt_admin_cmd_t *c)
+{
+    if (!rt_broker)
+        return rt__admin_fail(c, 503, "the broker is not running");
+    rt_listener_info_t ls[LISTENERS_MAX];
+    size_t n = rt_broker_listeners(ls, LISTENERS_MAX);
+    if (!(c->doc = rt_doc_array()))
+        return rt__admin_fail(c, 500, "out of memory");
+    for (size_t i = 0; i < n && i < LISTENERS_MAX; i++) {
+        rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
+        bool v6 = strchr(ls[i].address, ':') != NULL;
+        char where[96];
+        snprintf(where, sizeof(where), "%s%s%s:%d", v6 ? "[" : "", ls[i].address, v6 ? "]" : "",
+                 ls[i].port);
+        rt_doc_add_str(o, "listener", where);
+        rt_doc_add_str(o, "protocol", ls[i].protocol);
+        rt_doc_add_str(o, "state", ls[i].running ? "running" : "stopped");
+        rt_doc_add_u64(o, "connections", ls[i].connections);
+        rt_doc_add_i64(o, "max_connections", ls[i].max_connections);
+        rt_doc_add_u64(o, "accepted", ls[i].accepted);
+        rt_doc_add_u64(o, "refused", ls[i].refused);
+        rt_doc_add_u64(o, "refused_max_conns", ls[i].refused_max_connections);
+        rt_doc_add_u64(o, "refused_per_ip", ls[i].refused_per_ip);
+        rt_doc_add_u64(o, "refused_rate", ls[i].refused_rate);
+        rt_doc_add_u64(o, "refused_error", ls[i].refused_error);
+    }
+    return 200;
+}
+
 /* ---- vm ---- */
 
 /* Resident set size from /proc: what the kernel says this process holds. */
@@ -653,6 +686,7 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"broker", NULL, cmd_broker, 0, "broker"},
     {"broker", "stats", cmd_broker_stats, 0, "broker stats"},
     {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics"},
+    {"listeners", NULL, cmd_listeners, 0, "listeners"},
     {"vm", NULL, cmd_vm, 0, "vm"},
     {"clients", "list", rt__admin_clients_list, RT_ADMIN_GATHER, "clients list [--limit N]"},
     {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL},
