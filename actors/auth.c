@@ -778,6 +778,16 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
     return 0;
 }
 
+void rt_auth_set_allow_anonymous(bool allow)
+{
+    atomic_store(&allow_anonymous, allow);
+}
+
+bool rt_auth_allow_anonymous(void)
+{
+    return atomic_load(&allow_anonymous);
+}
+
 void rt_auth_shutdown(void)
 {
     rt_auth_free(rt_rcu_swap(&current, NULL));

@@ -127,6 +127,13 @@ void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evic
 */
 int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen);
 
+/*
+** allow_anonymous from the next CONNECT on (an administrator's live change);
+** rt_auth_configure (SIGHUP) sets it from the configuration again.
+*/
+void rt_auth_set_allow_anonymous(bool allow);
+bool rt_auth_allow_anonymous(void);
+
 /* Loads path ("" or NULL: no password file) and swaps it in. */
 int rt_auth_reload(const char *path, char *err, size_t errlen);
 

@@ -125,6 +125,166 @@ void rt_broker_retained_release(void *msg)
     free(r);
 }
 
+/* ---- Live limits ---- */
+
+#define NOT_LIVE SIZE_MAX
+
+typedef struct {
+    const char *key;
+    size_t live;         /* offset in rt_broker_live_t; NOT_LIVE: kept elsewhere or fixed */
+    size_t conf;         /* offset in rt_conf_t */
+    bool is_bool;        /* the rt_conf_t field is a bool (else a long) */
+    long (*get)(void);   /* a limit another module keeps: its value, */
+    void (*set)(long v); /* and how to change it (or, with live, what else to tell) */
+    const char *affects;
+} limit_t;
+
+#define CONF_IS_BOOL(k) _Generic(((rt_conf_t *)0)->k, bool: true, default: false)
+#define LIVE(k, then, what)                                                                        \
+    {#k, offsetof(rt_broker_live_t, k), offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, then, what}
+#define ELSEWHERE(k, get, set, what)                                                               \
+    {#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), get, set, what}
+#define FIXED(k, why) {#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, NULL, why}
+
+static void retained_limits_changed(long v)
+{
+    (void)v;
+    rt_retained_set_limits(rt_broker->retained, (size_t)RT_LIVE(max_retained_messages),
+                           (size_t)RT_LIVE(max_retained_bytes));
+}
+
+static long anonymous_get(void)
+{
+    return rt_auth_allow_anonymous();
+}
+
+static void anonymous_set(long v)
+{
+    rt_auth_set_allow_anonymous(v != 0);
+}
+
+/*
+** Each limit with what a change applies to. The rule: a change is taken at the
+** next place the limit is checked, and nothing already admitted is undone
+** (open connections stay open, longer queues are not cut, held retained
+** messages stay); what a connection was told at CONNECT holds for its life.
+*/
+static const limit_t limits[] = {
+    LIVE(max_connections, NULL, "new connections; open ones stay"),
+    LIVE(max_connections_per_ip, NULL,
+         "new connections; only those accepted while it is on count against it"),
+    LIVE(max_connection_rate, NULL, "new connections; each listener refills at the new rate"),
+    LIVE(max_packet_size, NULL,
+         "connections from now on; open ones keep theirs (MQTT 5 clients were told it)"),
+    LIVE(max_inflight, NULL, "every session from its next send"),
+    LIVE(max_queued_messages, NULL, "the next message queued; longer queues are not cut"),
+    LIVE(max_queued_bytes, NULL, "the next message queued; longer queues are not cut"),
+    LIVE(max_topic_levels, NULL, "the next PUBLISH or SUBSCRIBE"),
+    LIVE(max_topic_length, NULL, "the next PUBLISH or SUBSCRIBE"),
+    LIVE(max_subscriptions, NULL, "the next SUBSCRIBE; clients over it keep theirs"),
+    LIVE(max_retained_messages, retained_limits_changed,
+         "the next retained message; those held stay"),
+    LIVE(max_retained_bytes, retained_limits_changed,
+         "the next retained message; those held stay"),
+    LIVE(max_keepalive, NULL, "CONNECTs from now on"),
+    LIVE(max_session_expiry, NULL, "CONNECTs and DISCONNECTs from now on"),
+    LIVE(queue_qos0, NULL, "the next QoS 0 message for an offline session"),
+    LIVE(allow_zero_length_clientid, NULL, "CONNECTs from now on"),
+    ELSEWHERE(allow_anonymous, anonymous_get, anonymous_set,
+              "CONNECTs from now on; a reload (SIGHUP) sets it from the file again"),
+    FIXED(max_topic_alias, "needs a restart: each connection sizes its alias table by it"),
+    FIXED(persistence, "needs a restart: the store opens at start"),
+};
+
+#define NLIMITS (sizeof(limits) / sizeof(limits[0]))
+
+static _Atomic long *live_field(const limit_t *l)
+{
+    return (_Atomic long *)(void *)((char *)&rt_broker->live + l->live);
+}
+
+static long conf_value(const rt_conf_t *c, const limit_t *l)
+{
+    const char *f = (const char *)c + l->conf;
+    return l->is_bool ? *(const bool *)(const void *)f : *(const long *)(const void *)f;
+}
+
+static void live_init(rt_broker_t *b)
+{
+    for (size_t i = 0; i < NLIMITS; i++)
+        if (limits[i].live != NOT_LIVE)
+            atomic_init((_Atomic long *)(void *)((char *)&b->live + limits[i].live),
+                        conf_value(&b->conf, &limits[i]));
+}
+
+static long limit_value(const limit_t *l)
+{
+    if (l->get)
+        return l->get();
+    if (l->live != NOT_LIVE)
+        return atomic_load_explicit(live_field(l), memory_order_relaxed);
+    return conf_value(&rt_broker->conf, l);
+}
+
+static bool limit_is_live(const limit_t *l)
+{
+    return l->live != NOT_LIVE || l->set;
+}
+
+size_t rt_broker_limits(rt_limit_info_t *out, size_t max)
+{
+    for (size_t i = 0; i < NLIMITS && i < max; i++) {
+        const limit_t *l = &limits[i];
+        out[i] = (rt_limit_info_t){.key = l->key, .live = limit_is_live(l), .affects = l->affects};
+        long v = limit_value(l);
+        if (l->is_bool)
+            snprintf(out[i].value, sizeof(out[i].value), "%s", v ? "true" : "false");
+        else
+            snprintf(out[i].value, sizeof(out[i].value), "%ld", v);
+    }
+    return NLIMITS;
+}
+
+int rt_broker_set_limit(const char *key, const char *value, char *err, size_t errlen)
+{
+    const limit_t *l = NULL;
+    for (size_t i = 0; i < NLIMITS && !l; i++)
+        if (strcmp(limits[i].key, key) == 0)
+            l = &limits[i];
+    if (!l && !rt_conf_known(key)) {
+        snprintf(err, errlen, "unknown setting %s", key);
+        return RT_ENOTFOUND;
+    }
+    if (!l || !limit_is_live(l)) {
+        snprintf(err, errlen, "%s needs a restart", key);
+        return RT_EBUSY;
+    }
+    /* The config loader checks the value (syntax, type, range) on a copy of the settings. */
+    rt_conf_t *copy = malloc(sizeof(*copy));
+    char *assignment = malloc(strlen(key) + strlen(value) + 2);
+    if (!copy || !assignment) {
+        free(copy);
+        free(assignment);
+        snprintf(err, errlen, "out of memory");
+        return RT_ENOMEM;
+    }
+    *copy = rt_broker->conf;
+    snprintf(assignment, strlen(key) + strlen(value) + 2, "%s=%s", key, value);
+    int rc = rt_conf_set_from(copy, "rtctl", assignment, err, errlen);
+    long v = rc == 0 ? conf_value(copy, l) : 0;
+    free(copy);
+    free(assignment);
+    if (rc)
+        return rc;
+    long old = limit_value(l);
+    if (l->live != NOT_LIVE)
+        atomic_store_explicit(live_field(l), v, memory_order_relaxed);
+    if (l->set)
+        l->set(v);
+    rt_log(RT_LOG_INFO, "config.set", "%s=%s (was %ld)", key, value, old);
+    return 0;
+}
+
 int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
 {
     rt_broker_t *b = calloc(1, sizeof(*b));
@@ -143,6 +303,7 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
         return RT_ENOMEM;
     }
     rt_broker = b;
+    live_init(b);
     metrics_reset();
     int restored = rt_broker_restore(err, errlen);
     if (restored)
@@ -330,8 +491,15 @@ size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud)
 #define MSG_LISTENER_LOG (RT_MSG_USER + 1)    /* the refusal log may write its next line */
 #define MSG_LISTENER_RESUME (RT_MSG_USER + 2) /* accept again after a failure */
 
-/* Why a connection was refused; indexes listener_t.unlogged. */
-enum { REFUSE_NONE, REFUSE_MAX, REFUSE_PER_IP, REFUSE_RATE, REFUSE_ERROR, REFUSE_REASONS };
+/* Why a connection was refused; indexes listener_t.unlogged and rt_listener_stats_t.refused. */
+enum {
+    REFUSE_NONE = RT_REFUSED_ALL,
+    REFUSE_MAX = RT_REFUSED_MAX_CONNS,
+    REFUSE_PER_IP = RT_REFUSED_PER_IP,
+    REFUSE_RATE = RT_REFUSED_RATE,
+    REFUSE_ERROR = RT_REFUSED_ERROR,
+    REFUSE_REASONS
+};
 
 /* One address with open sockets; freed when its count drops to 0. */
 typedef struct peer_addr_s {
@@ -536,6 +704,8 @@ static void peers_unuse(void)
 typedef struct {
     rt_sock_t *sock;
     const rt_listen_t *where;
+    unsigned index;     /* in conf.listeners */
+    rt_listener_stats_t *stats;
     int port;           /* the bound port (where->port may be 0) */
     double tokens;      /* max_connection_rate bucket: connections that may start now */
     uint64_t refill_ms; /* when tokens was last brought up to date */
@@ -548,7 +718,7 @@ typedef struct {
 /* Takes a token from the listener's bucket; false when max_connection_rate is spent. */
 static bool take_token(listener_t *l)
 {
-    long rate = rt_broker->conf.max_connection_rate;
+    long rate = RT_LIVE(max_connection_rate);
     if (rate <= 0)
         return true;
     uint64_t now = mono_ms();
@@ -568,10 +738,10 @@ static bool take_token(listener_t *l)
 */
 static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
 {
-    const rt_conf_t *conf = &rt_broker->conf;
-    if ((long)atomic_load(&rt_broker->stats.sockets) >= conf->max_connections)
+    if ((long)atomic_load(&rt_broker->stats.sockets) >= RT_LIVE(max_connections))
         return REFUSE_MAX;
-    if (conf->max_connections_per_ip <= 0)
+    long per_ip = RT_LIVE(max_connections_per_ip);
+    if (per_ip <= 0)
         return take_token(l) ? REFUSE_NONE : REFUSE_RATE;
     bool known = rt_auth_addr_from_fd(fd, addr) == 0;
     uint64_t cookie = sock_cookie(fd);
@@ -579,11 +749,11 @@ static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
     pthread_mutex_lock(&peers.lock);
     peer_forget(fd); /* accept returned this number: the socket once under it has closed */
     peer_addr_t *p = known && cookie ? peer_find(addr) : NULL;
-    if (p && p->count >= (uint64_t)conf->max_connections_per_ip) {
+    if (p && p->count >= (uint64_t)per_ip) {
         uint64_t now = mono_ms();
         if (now - p->swept_ms >= RT_PEER_SWEEP_MS && !peer_sweep(p, now))
             p = NULL;
-        if (p && p->count >= (uint64_t)conf->max_connections_per_ip)
+        if (p && p->count >= (uint64_t)per_ip)
             why = REFUSE_PER_IP;
     }
     if (why == REFUSE_NONE && !take_token(l))
@@ -601,11 +771,12 @@ static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
     return why;
 }
 
-/* Undoes admit's count for a socket that did not become a connection. */
+/*
+** Undoes admit's count for a socket that did not become a connection. Not
+** skipped when max_connections_per_ip is 0 now: it may have been on at admit.
+*/
 static void unadmit(int fd)
 {
-    if (rt_broker->conf.max_connections_per_ip <= 0)
-        return;
     pthread_mutex_lock(&peers.lock);
     peer_forget(fd);
     pthread_mutex_unlock(&peers.lock);
@@ -657,6 +828,8 @@ static void refuse(rt_actor_t *self, listener_t *l, int fd, int why, const rt_au
                                                     [REFUSE_ERROR] = &st->refused_error};
     atomic_fetch_add_explicit(&st->refused, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(reason[why], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->stats->refused[RT_REFUSED_ALL], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->stats->refused[why], 1, memory_order_relaxed);
     l->unlogged[why]++;
     if (why == REFUSE_PER_IP)
         l->last_refused = *addr;
@@ -668,14 +841,19 @@ static int listener_init(rt_actor_t *self, void *state, void *arg)
 {
     listener_t *l = state;
     l->where = arg;
+    l->index = (unsigned)(l->where - rt_broker->conf.listeners);
+    l->stats = &rt_broker->listener_stats[l->index];
     int rc = rt_tcp_listen(self, l->where->host, l->where->port, RT_LISTEN_BACKLOG, &l->sock);
     if (rc)
         return rc;
     l->port = rt_sock_local_port(l->sock);
-    l->tokens = (double)rt_broker->conf.max_connection_rate;
+    atomic_store(&l->stats->port, l->port);
+    atomic_store(&l->stats->running, true);
+    l->tokens = (double)RT_LIVE(max_connection_rate);
     l->refill_ms = mono_ms();
-    if (rt_broker->conf.max_connections_per_ip > 0)
-        peers_use();
+    /* Also with no per-address limit: it may be switched on live (the table stays empty,
+       unallocated, until then). */
+    peers_use();
     rt_log(RT_LOG_INFO, "listener.started", "%s:%d", l->where->host, l->port);
     return 0;
 }
@@ -708,12 +886,14 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
             continue;
         }
         rt_pid_t pid;
-        if (rt_spawn(&rt_conn_type, (void *)(intptr_t)fd, &pid) != 0) {
+        rt_conn_arg_t arg = {.fd = fd, .listener = l->index};
+        if (rt_spawn(&rt_conn_type, &arg, &pid) != 0) {
             unadmit(fd);
             refuse(self, l, fd, REFUSE_ERROR, &addr);
             continue;
         }
         atomic_fetch_add_explicit(&rt_broker->stats.accepted, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&l->stats->accepted, 1, memory_order_relaxed);
     }
 }
 
@@ -739,9 +919,9 @@ static void listener_terminate(rt_actor_t *self, void *state, rt_reason_t reason
     (void)self;
     (void)reason;
     listener_t *l = state;
+    atomic_store(&l->stats->running, false);
     log_refusals(NULL, l); /* the last counts; no timer for an actor that is ending */
-    if (rt_broker->conf.max_connections_per_ip > 0)
-        peers_unuse();
+    peers_unuse();
 }
 
 static const char *listener_tag_name(uint32_t tag)
@@ -765,3 +945,39 @@ const rt_actor_type_t rt_listener_type = {
     .terminate = listener_terminate,
     .tag_name = listener_tag_name,
 };
+
+void rt__broker_count_socket(unsigned listener, int delta)
+{
+    rt_broker_t *b = rt_broker;
+    RT_ASSERT(listener < RT_CONF_MAX_LISTENERS);
+    if (delta > 0) {
+        atomic_fetch_add(&b->stats.sockets, 1);
+        atomic_fetch_add(&b->listener_stats[listener].connections, 1);
+    } else {
+        atomic_fetch_sub(&b->stats.sockets, 1);
+        atomic_fetch_sub(&b->listener_stats[listener].connections, 1);
+    }
+}
+
+size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
+{
+    const rt_conf_t *conf = &rt_broker->conf;
+    for (unsigned i = 0; i < conf->nlisteners && i < max; i++) {
+        rt_listener_stats_t *st = &rt_broker->listener_stats[i];
+        rt_listener_info_t *o = &out[i];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->address, sizeof(o->address), "%s", conf->listeners[i].host);
+        o->port = atomic_load(&st->port);
+        o->protocol = "mqtt/tcp";
+        o->running = atomic_load(&st->running);
+        o->connections = atomic_load(&st->connections);
+        o->accepted = atomic_load(&st->accepted);
+        o->refused = atomic_load(&st->refused[RT_REFUSED_ALL]);
+        o->refused_max_connections = atomic_load(&st->refused[RT_REFUSED_MAX_CONNS]);
+        o->refused_per_ip = atomic_load(&st->refused[RT_REFUSED_PER_IP]);
+        o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
+        o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
+        o->max_connections = RT_LIVE(max_connections);
+    }
+    return conf->nlisteners;
+}

@@ -39,8 +39,50 @@ typedef struct rt_broker_stats_s {
     _Atomic uint64_t sessions_max;
 } rt_broker_stats_t;
 
+/* Per listener (index as in conf.listeners); written by its listener and by connections. */
+typedef struct rt_listener_stats_s {
+    _Atomic int port;                     /* bound port; 0 until the listener is up */
+    atomic_bool running;
+    atomic_uint_fast64_t connections;     /* sockets open now that came in through it */
+    atomic_uint_fast64_t accepted;
+    atomic_uint_fast64_t refused[5];      /* by reason: RT_REFUSED_* */
+} rt_listener_stats_t;
+
+/* Why the listener refused a connection (index of rt_listener_stats_t.refused). */
+enum { RT_REFUSED_ALL, RT_REFUSED_MAX_CONNS, RT_REFUSED_PER_IP, RT_REFUSED_RATE, RT_REFUSED_ERROR };
+
+/*
+** The limits that can change while the broker runs (rt_broker_set_limit), as
+** atomics: readers on every scheduler load them relaxed where they used to read
+** conf, and take a new value at their next look. No reader needs two of them to
+** agree with each other. Booleans are 0 or 1.
+*/
+typedef struct rt_broker_live_s {
+    _Atomic long max_connections;
+    _Atomic long max_connections_per_ip;
+    _Atomic long max_connection_rate;
+    _Atomic long max_packet_size;
+    _Atomic long max_inflight;
+    _Atomic long max_queued_messages;
+    _Atomic long max_queued_bytes;
+    _Atomic long max_topic_levels;
+    _Atomic long max_topic_length;
+    _Atomic long max_subscriptions;
+    _Atomic long max_retained_messages;
+    _Atomic long max_retained_bytes;
+    _Atomic long max_keepalive;
+    _Atomic long max_session_expiry;
+    _Atomic long queue_qos0;
+    _Atomic long allow_zero_length_clientid;
+} rt_broker_live_t;
+
+/* The current value of a live limit (a field of rt_broker_live_t). */
+#define RT_LIVE(field) atomic_load_explicit(&rt_broker->live.field, memory_order_relaxed)
+
 typedef struct rt_broker_s {
-    rt_conf_t conf;
+    rt_conf_t conf;          /* as started; the live limits' current values are in live */
+    rt_broker_live_t live;
+    rt_listener_stats_t listener_stats[RT_CONF_MAX_LISTENERS];
     rt_trie_t *trie;
     rt_retained_t *retained;            /* canonical PUBLISH binaries by topic */
     rt_broker_stats_t stats;
@@ -124,6 +166,25 @@ void rt_broker_metrics(rt_broker_metrics_t *out);
 /* "CONNECT" .. "AUTH" for packet types 1..15; NULL otherwise. */
 const char *rt_mqtt_packet_name(unsigned type);
 
+/*
+** Changes a limit while the broker runs. value is written as in rtd.conf (the
+** config loader parses and range-checks it). Returns 0; RT_ENOTFOUND for a key
+** that is no setting; RT_EBUSY for a setting that cannot change live (err: "KEY
+** needs a restart"); RT_EINVAL for a bad value (err says why). Logged at info.
+** What each limit affects is in rt_broker_limits' `affects` text.
+*/
+int rt_broker_set_limit(const char *key, const char *value, char *err, size_t errlen);
+
+typedef struct rt_limit_info_s {
+    const char *key;
+    char value[32];      /* as rtd.conf would write it */
+    bool live;           /* rt_broker_set_limit can change it */
+    const char *affects; /* what a change applies to (or why it needs a restart) */
+} rt_limit_info_t;
+
+/* Fills up to max limits; returns how many there are. */
+size_t rt_broker_limits(rt_limit_info_t *out, size_t max);
+
 /* Creates the broker state and spawns its listeners; err names a listener that failed. */
 int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen);
 /*
@@ -173,7 +234,31 @@ int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, c
                       size_t payload_len, uint8_t qos, uint8_t retain);
 
 extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
-extern const rt_actor_type_t rt_conn_type;     /* arg: the accepted fd, as intptr_t */
+extern const rt_actor_type_t rt_conn_type;     /* arg: const rt_conn_arg_t * */
+
+/* A connection actor's start: its socket and the listener that accepted it. */
+typedef struct rt_conn_arg_s {
+    int fd;
+    unsigned listener; /* index in conf.listeners */
+} rt_conn_arg_t;
+
+typedef struct rt_listener_info_s {
+    char address[64];        /* as configured ("0.0.0.0", "::1") */
+    int port;                /* bound (the kernel's pick when configured as 0); 0: not up */
+    const char *protocol;    /* "mqtt/tcp" */
+    bool running;
+    uint64_t connections;    /* sockets open now that came in through it */
+    uint64_t accepted;       /* ever */
+    uint64_t refused;        /* ever, all reasons; then by reason: */
+    uint64_t refused_max_connections, refused_per_ip, refused_rate, refused_error;
+    long max_connections;    /* broker-wide: it counts every listener's sockets together */
+} rt_listener_info_t;
+
+/* Fills up to max listeners in configuration order; returns how many there are. */
+size_t rt_broker_listeners(rt_listener_info_t *out, size_t max);
+
+/* Counts a client socket opening (+1) or closing (-1), broker-wide and on its listener. */
+void rt__broker_count_socket(unsigned listener, int delta);
 
 #define RT_REASON_TAKEOVER (RT_REASON_USER + 1) /* a new connection took the client id */
 #define RT_REASON_KICKED (RT_REASON_USER + 2)   /* rt_client_kick: an administrator ended it */

@@ -36,7 +36,8 @@
 enum {
     MSG_DELIVER = RT_MSG_USER, /* data: deliver_t; bin: the canonical PUBLISH */
     MSG_KEEPALIVE,             /* tag timer: check the keepalive */
-    MSG_RESUME,                /* fd: a new connection's socket; data: its bytes from CONNECT on */
+    MSG_RESUME,                /* fd: a new connection's socket; data: its listener (one byte),
+                                  then its bytes from CONNECT on */
     MSG_SESSION_EXPIRED,       /* tag timer: an offline session may have run out */
     MSG_WILL_DUE,              /* tag timer: a delayed will may be due */
     MSG_ACK_CHECK,             /* tag timer: acknowledgements waiting too long for the store */
@@ -136,6 +137,8 @@ struct conn_s {
     uint32_t will_delay;   /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
     uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
     uint32_t dropped;      /* messages not delivered: too large for the client, or queue full */
+    uint32_t max_packet;   /* max_packet_size when the socket came: what CONNACK tells, kept
+                              for the connection's life though the limit may change */
     uint16_t keepalive;    /* seconds, 0 = none */
     uint16_t next_packet_id;
     uint16_t recv_max;     /* the client's Receive Maximum (MQTT 5), 65535 when absent */
@@ -154,6 +157,7 @@ struct conn_s {
     uint8_t parse_pending : 1; /* MSG_PARSE_MORE is queued; socket reading is paused meanwhile */
     uint8_t slow_check : 1; /* MSG_SLOW_CHECK is pending */
     uint8_t clean_start : 1; /* of the last CONNECT (for administrators) */
+    uint8_t listener : 4;  /* the socket's listener (conf.listeners index, < 16) */
 };
 
 /* Most of an idle connection's memory: with the actor header it must stay in a 384-byte slab. */
@@ -351,8 +355,8 @@ static void send_disconnect(conn_t *c, uint8_t reason)
 /* The client's receive window for QoS 1 and 2 (MQTT 5 receive maximum, 4.9). */
 static uint32_t send_window(const conn_t *c)
 {
-    uint32_t w = c->recv_max < (uint32_t)rt_broker->conf.max_inflight ? c->recv_max
-                                                                      : (uint32_t)rt_broker->conf.max_inflight;
+    uint32_t max = (uint32_t)RT_LIVE(max_inflight);
+    uint32_t w = c->recv_max < max ? c->recv_max : max;
     return w ? w : 1;
 }
 
@@ -517,7 +521,7 @@ static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint
         watch_backlog(c);
         return NULL;
     }
-    if (!c->sock && d->qos == 0 && !rt_broker->conf.queue_qos0) {
+    if (!c->sock && d->qos == 0 && !RT_LIVE(queue_qos0)) {
         count_dropped(c, bin, "offline_qos0");
         return NULL;
     }
@@ -532,10 +536,9 @@ static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint
 /* Whether m would overflow the session's queue (max_queued_messages / max_queued_bytes). */
 static bool queue_full(const conn_t *c, const rt_qmsg_t *m)
 {
-    const rt_conf_t *conf = &rt_broker->conf;
     const rt_qlist_t *q = &c->sess->queued;
-    return q->n >= (uint64_t)conf->max_queued_messages ||
-           q->bytes + rt_qmsg_bytes(m) > (uint64_t)conf->max_queued_bytes;
+    return q->n >= (uint64_t)RT_LIVE(max_queued_messages) ||
+           q->bytes + rt_qmsg_bytes(m) > (uint64_t)RT_LIVE(max_queued_bytes);
 }
 
 /*
@@ -778,12 +781,14 @@ static void count_connected(conn_t *c, bool on)
         atomic_fetch_sub(&rt_broker->stats.connections, 1);
 }
 
+_Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
+
 /* Closes the client's socket (flushing what is buffered, such as a DISCONNECT). */
 static void close_socket(conn_t *c)
 {
     rt_sock_close(c->sock);
     c->sock = NULL;
-    atomic_fetch_sub(&rt_broker->stats.sockets, 1);
+    rt__broker_count_socket(c->listener, -1);
 }
 
 static void publish_will(rt_actor_t *self, conn_t *c)
@@ -894,7 +899,7 @@ static void arm_keepalive(rt_actor_t *self, conn_t *c)
 /* Session Expiry Interval from CONNECT (or DISCONNECT), within max_session_expiry. */
 static uint32_t clamp_expiry(uint64_t requested)
 {
-    uint64_t max = (uint64_t)rt_broker->conf.max_session_expiry;
+    uint64_t max = (uint64_t)RT_LIVE(max_session_expiry);
     return (uint32_t)(requested < max ? requested : max);
 }
 
@@ -911,15 +916,16 @@ static bool hand_socket_to(rt_actor_t *self, conn_t *c, rt_pid_t holder, const u
         return false;
     int fd = rt_sock_detach(c->sock);
     c->sock = NULL;
-    atomic_fetch_sub(&rt_broker->stats.sockets, 1);
-    rt_msg_t *m = rt_msg_new_fd(MSG_RESUME, fd, len);
+    rt__broker_count_socket(c->listener, -1);
+    rt_msg_t *m = rt_msg_new_fd(MSG_RESUME, fd, 1 + len);
     if (!m) {
         close(fd);
         c->closing = 1;
         rt_exit(self, RT_REASON_NORMAL);
         return true;
     }
-    memcpy(m->data, bytes, len);
+    m->data[0] = c->listener;
+    memcpy(m->data + 1, bytes, len);
     /* If the holder exits before it reads this, freeing the message closes the fd and the
        client reconnects to a fresh session. */
     rt_send_msg(holder, m);
@@ -1003,7 +1009,7 @@ static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, cons
     }
     p->present |= MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
                   MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
-    p->maximum_packet_size = (uint32_t)rt_broker->conf.max_packet_size;
+    p->maximum_packet_size = c->max_packet;
     p->topic_alias_maximum = (uint16_t)rt_broker->conf.max_topic_alias;
 }
 
@@ -1016,7 +1022,7 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
     mqtt_str_t id = pk->connect.client_id;
     bool clean = pk->connect.clean_start;
     if (id.len == 0) {
-        bool allowed = rt_broker->conf.allow_zero_length_clientid &&
+        bool allowed = RT_LIVE(allow_zero_length_clientid) &&
                        (c->version == MQTT_V5 || (c->version == MQTT_V311 && clean));
         if (!allowed) {
             ack.reason = c->version == MQTT_V5 ? MQTT_RC_CLIENT_ID_INVALID : 2;
@@ -1068,7 +1074,7 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
     if (c->version == MQTT_V5)
         expiry = (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY)) ? pk->props.session_expiry : 0;
     else if (!clean)
-        expiry = (uint64_t)rt_broker->conf.max_session_expiry; /* 3.1.1: until the client cleans it */
+        expiry = (uint64_t)RT_LIVE(max_session_expiry); /* 3.1.1: until the client cleans it */
     bool was_durable = resumed && durable(c);
     c->session_expiry = clamp_expiry(expiry);
     if (rt_store_enabled() && (durable(c) || c->stored)) {
@@ -1101,8 +1107,9 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
             c->recv_max = pk->props.receive_maximum;
     }
     c->keepalive = pk->connect.keepalive;
-    if (c->version == MQTT_V5 && c->keepalive > rt_broker->conf.max_keepalive)
-        c->keepalive = (uint16_t)rt_broker->conf.max_keepalive;
+    long max_keepalive = RT_LIVE(max_keepalive);
+    if (c->version == MQTT_V5 && c->keepalive > max_keepalive)
+        c->keepalive = (uint16_t)max_keepalive;
     /* A session is present only if clean start was 0 and one was kept (3.2.2.1.1). */
     ack.connack.session_present = resumed && !clean;
     char *response = NULL;
@@ -1428,12 +1435,11 @@ static void on_ack_check(rt_actor_t *self, conn_t *c)
 /* max_topic_length and max_topic_levels, for topic names and filters alike. */
 static bool topic_within_limits(const uint8_t *t, size_t len)
 {
-    const rt_conf_t *conf = &rt_broker->conf;
-    if (len > (size_t)conf->max_topic_length)
+    if (len > (size_t)RT_LIVE(max_topic_length))
         return false;
-    long levels = 1;
+    long levels = 1, max_levels = RT_LIVE(max_topic_levels);
     for (const uint8_t *p = t; (p = memchr(p, '/', len - (size_t)(p - t))) != NULL; p++)
-        if (++levels > conf->max_topic_levels)
+        if (++levels > max_levels)
             return false;
     return true;
 }
@@ -1589,7 +1595,7 @@ static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s)
         atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
         return MQTT_RC_TOPIC_FILTER_INVALID;
     }
-    long max = rt_broker->conf.max_subscriptions;
+    long max = RT_LIVE(max_subscriptions);
     if (max && c->nsubs >= (size_t)max) {
         if (find_sub(c, s->filter.p, s->filter.len) < 0) { /* changing one is not a new one */
             atomic_fetch_add(&rt_broker->stats.subs_limit_hits, 1);
@@ -1756,7 +1762,7 @@ static long parse(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
             return -1;
         }
         mqtt_frame_t f;
-        int rc = mqtt_frame(buf + off, len - off, (uint32_t)rt_broker->conf.max_packet_size, &f);
+        int rc = mqtt_frame(buf + off, len - off, c->max_packet, &f);
         if (rc == RT_EAGAIN)
             break;
         if (rc == 0)
@@ -1913,7 +1919,9 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
         rt_exit(self, RT_REASON_NORMAL);
         return;
     }
-    atomic_fetch_add(&rt_broker->stats.sockets, 1);
+    c->listener = m->data[0] & 15;
+    rt__broker_count_socket(c->listener, +1);
+    c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
     c->version = 0;
     c->closing = 0;
     c->resuming = 1;
@@ -1922,7 +1930,7 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     c->will_delay = 0;
     c->peer_max_packet = 0;
     c->last_rx_ms = now_ms();
-    feed(self, c, m->data, m->len);
+    feed(self, c, m->data + 1, m->len - 1);
     if (!c->closing)
         on_readable(self, c);
 }
@@ -1930,11 +1938,14 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
 static int conn_init(rt_actor_t *self, void *state, void *arg)
 {
     conn_t *c = state;
-    int rc = rt_sock_adopt(self, (int)(intptr_t)arg, &c->sock);
+    const rt_conn_arg_t *a = arg;
+    int rc = rt_sock_adopt(self, a->fd, &c->sock);
     if (rc)
         return rc;
     c->last_rx_ms = now_ms();
-    atomic_fetch_add(&rt_broker->stats.sockets, 1);
+    c->listener = a->listener & 15;
+    rt__broker_count_socket(c->listener, +1);
+    c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
     return 0;
 }
 
@@ -2134,7 +2145,8 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         on_keepalive(self, c);
         break;
     case MSG_RESUME:
-        on_resume(self, c, m);
+        if (m->len >= 1)
+            on_resume(self, c, m);
         break;
     case MSG_SESSION_EXPIRED:
         if (!c->sock && c->client_id && now_ms() >= c->expire_at_ms) {
@@ -2228,7 +2240,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     free(c->username);
     free(c->peer);
     if (c->sock)
-        atomic_fetch_sub(&rt_broker->stats.sockets, 1);
+        rt__broker_count_socket(c->listener, -1);
     count_connected(c, false);
     /* The session ends, unless the broker is only stopping: then it is kept for the restart. */
     if (c->stored && reason != RT_REASON_SHUTDOWN)

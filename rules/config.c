@@ -566,16 +566,27 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
     return rc;
 }
 
+bool rt_conf_known(const char *key)
+{
+    return find_setting(key) != NULL;
+}
+
 int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen)
+{
+    return rt_conf_set_from(c, "command line", assignment, err, errlen);
+}
+
+int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, char *err,
+                     size_t errlen)
 {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) {
-        snprintf(err, errlen, "command line: \"%s\" is not key=value", assignment);
+        snprintf(err, errlen, "%s: \"%s\" is not key=value", where, assignment);
         return RT_EINVAL;
     }
     lua_State *L = luaL_newstate();
     if (!L) {
-        snprintf(err, errlen, "command line: out of memory");
+        snprintf(err, errlen, "%s: out of memory", where);
         return RT_ENOMEM;
     }
     /* A value that is not a number, a boolean, a quoted string or a table is taken as a
@@ -586,7 +597,7 @@ int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen)
     bool expression = (*value && !*num_end) || strcmp(value, "true") == 0 ||
                       strcmp(value, "false") == 0 || strchr("{\"'", *value);
     if (!expression && strstr(value, "]]")) {
-        snprintf(err, errlen, "command line: cannot read the value of \"%s\"", assignment);
+        snprintf(err, errlen, "%s: cannot read the value of \"%s\"", where, assignment);
         lua_close(L);
         return RT_EINVAL;
     }
@@ -594,11 +605,13 @@ int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen)
     snprintf(chunk, sizeof(chunk), expression ? "%.*s = %s" : "%.*s = [[%s]]",
              (int)(eq - assignment), assignment, value);
     int rc;
-    if (luaL_loadbufferx(L, chunk, strlen(chunk), "=command line", "t") != LUA_OK) {
+    char name[64];
+    snprintf(name, sizeof(name), "=%s", where);
+    if (luaL_loadbufferx(L, chunk, strlen(chunk), name, "t") != LUA_OK) {
         snprintf(err, errlen, "%s", lua_tostring(L, -1));
         rc = RT_EINVAL;
     } else {
-        rc = run_and_apply(L, c, "command line", false, err, errlen);
+        rc = run_and_apply(L, c, where, false, err, errlen);
     }
     lua_close(L);
     return rc;

@@ -136,5 +136,10 @@ void rt_conf_each(const rt_conf_t *c,
 
 /* Applies one "key=value" override (Lua syntax for the value), as from `rtd -o`. */
 int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen);
+/* The same, with errors naming where the assignment came from ("rtctl") instead. */
+int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, char *err,
+                     size_t errlen);
+/* Whether key names a setting of the schema. */
+bool rt_conf_known(const char *key);
 
 #endif

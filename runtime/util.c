@@ -25,6 +25,7 @@ const char *rt_strerror(int code)
     case RT_ESHUTDOWN: return "runtime shutting down";
     case RT_ECLOSED: return "socket closed";
     case RT_ENOTFOUND: return "not found";
+    case RT_EBUSY: return "needs a restart";
     default: return "unknown error";
     }
 }

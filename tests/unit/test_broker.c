@@ -575,6 +575,181 @@ static void test_metrics(void)
     stop_broker();
 }
 
+static rt_listener_info_t listener0(void)
+{
+    rt_listener_info_t li[2];
+    memset(li, 0, sizeof(li));
+    CHECK_EQ(rt_broker_listeners(li, 2), 1);
+    return li[0];
+}
+
+/* Listener counters, across a session handover, and max_connections changed live. */
+static void test_listeners(void)
+{
+    start_broker(false, NULL);
+    rt_listener_info_t li = listener0();
+    CHECK(strcmp(li.address, "127.0.0.1") == 0 && li.port == port);
+    CHECK(strcmp(li.protocol, "mqtt/tcp") == 0 && li.running);
+    CHECK(li.connections == 0 && li.accepted == 0 && li.max_connections == 1000000);
+    int a = mqtt_connect(&(connect_t){.id = "la", .version = 4, .clean = true});
+    int r = mqtt_connect(&(connect_t){.id = "lr", .version = 4, .clean = false});
+    CHECK(a >= 0 && r >= 0);
+    /* lr comes back: its new socket is handed to the session's actor (counted once). */
+    CHECK(mqtt_disconnect(r));
+    close(r);
+    CHECK(EVENTUALLY(listener0().connections == 1));
+    r = mqtt_connect(&(connect_t){.id = "lr", .version = 4, .clean = false});
+    CHECK(r >= 0);
+    li = listener0();
+    CHECK(li.connections == 2 && li.accepted == 3);
+
+    char err[256];
+    CHECK_EQ(rt_broker_set_limit("max_connections", "2", err, sizeof(err)), 0);
+    int refused = tcp_connect(port);
+    CHECK(refused >= 0 && closed_by_peer(refused));
+    close(refused);
+    li = listener0();
+    CHECK(li.max_connections == 2 && li.refused == 1 && li.refused_max_connections == 1);
+    CHECK(li.refused_per_ip == 0 && li.refused_rate == 0 && li.refused_error == 0);
+    CHECK_EQ(atomic_load(&rt_broker->stats.refused_max_conns), 1);
+    close(a);
+    close(r);
+    CHECK(EVENTUALLY(listener0().connections == 0));
+    CHECK_EQ(rt_broker_set_limit("max_connections_per_ip", "1", err, sizeof(err)), 0);
+    a = mqtt_connect(&(connect_t){.id = "la", .version = 4, .clean = true});
+    refused = tcp_connect(port);
+    CHECK(a >= 0 && refused >= 0 && closed_by_peer(refused));
+    close(refused);
+    CHECK_EQ(listener0().refused_per_ip, 1);
+    close(a);
+    stop_broker();
+}
+
+static const rt_limit_info_t *find_limit(const rt_limit_info_t *all, size_t n, const char *key)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(all[i].key, key) == 0)
+            return &all[i];
+    return NULL;
+}
+
+/* Settings that cannot change, and values the config loader refuses. */
+static void test_limits_refused(void)
+{
+    start_broker(false, NULL);
+    rt_limit_info_t all[64];
+    size_t n = rt_broker_limits(all, 64);
+    CHECK(n >= 18 && n < 64);
+    const rt_limit_info_t *l = find_limit(all, n, "max_inflight");
+    CHECK(l && l->live && strcmp(l->value, "32") == 0 && l->affects);
+    l = find_limit(all, n, "queue_qos0");
+    CHECK(l && l->live && strcmp(l->value, "false") == 0);
+    l = find_limit(all, n, "max_topic_alias");
+    CHECK(l && !l->live && strcmp(l->value, "64") == 0 && strstr(l->affects, "restart"));
+    CHECK(find_limit(all, n, "allow_anonymous") && find_limit(all, n, "allow_anonymous")->live);
+    CHECK_EQ(rt_broker_limits(all, 2), n); /* the count, whatever fits */
+
+    char err[256] = "";
+    CHECK_EQ(rt_broker_set_limit("no_such_key", "1", err, sizeof(err)), RT_ENOTFOUND);
+    CHECK(strstr(err, "no_such_key") != NULL);
+    CHECK_EQ(rt_broker_set_limit("schedulers", "4", err, sizeof(err)), RT_EBUSY);
+    CHECK(strcmp(err, "schedulers needs a restart") == 0);
+    CHECK_EQ(rt_broker_set_limit("max_topic_alias", "8", err, sizeof(err)), RT_EBUSY);
+    CHECK_EQ(rt_broker_set_limit("max_inflight", "0", err, sizeof(err)), RT_EINVAL);
+    CHECK(strstr(err, "rtctl") && strstr(err, "between 1 and 65535"));
+    CHECK_EQ(rt_broker_set_limit("max_inflight", "many", err, sizeof(err)), RT_EINVAL);
+    CHECK_EQ(rt_broker_set_limit("queue_qos0", "1", err, sizeof(err)), RT_EINVAL);
+    n = rt_broker_limits(all, 64);
+    CHECK(strcmp(find_limit(all, n, "max_inflight")->value, "32") == 0); /* unchanged */
+    CHECK_EQ(rt_broker_set_limit("max_queued_bytes", "64 * 1024", err, sizeof(err)), RT_EINVAL);
+    stop_broker();
+}
+
+/* Limits changed live take effect at the next check; what was admitted stays. */
+static void test_limits_live(void)
+{
+    start_broker(false, NULL);
+    CHECK_EQ(rt_spawn(&asker_type, NULL, &asker), 0);
+    char err[256];
+    int a = mqtt_connect(&(connect_t){.id = "va", .version = 5, .clean = true});
+    CHECK(a >= 0);
+
+    /* max_inflight: the window of a session that already exists. */
+    CHECK_EQ(rt_broker_set_limit("max_inflight", "3", err, sizeof(err)), 0);
+    rt_msg_t *m = ask(rt_broker_lookup_client("va"), 1, false);
+    CHECK(m && rt_client_info_of(m)->inflight_window == 3);
+    free(m);
+    rt_limit_info_t all[64];
+    size_t n = rt_broker_limits(all, 64);
+    CHECK(strcmp(find_limit(all, n, "max_inflight")->value, "3") == 0);
+
+    /* max_subscriptions and max_topic_levels: the next SUBSCRIBE. */
+    CHECK(mqtt_subscribe(a, 5, "s/1", 0, 0));
+    CHECK_EQ(rt_broker_set_limit("max_subscriptions", "1", err, sizeof(err)), 0);
+    CHECK(!mqtt_subscribe(a, 5, "s/2", 0, 0));
+    CHECK(mqtt_subscribe(a, 5, "s/1", 1, 0)); /* changing one it has is not a new one */
+    CHECK_EQ(rt_broker_set_limit("max_subscriptions", "0", err, sizeof(err)), 0);
+    CHECK_EQ(rt_broker_set_limit("max_topic_levels", "2", err, sizeof(err)), 0);
+    CHECK(!mqtt_subscribe(a, 5, "s/2/3", 0, 0));
+    CHECK(mqtt_subscribe(a, 5, "s/2", 0, 0));
+
+    /* max_queued_messages: an offline session keeps one, drops the rest. */
+    int q = mqtt_connect(&(connect_t){.id = "vq", .version = 4, .clean = false});
+    CHECK(q >= 0 && mqtt_subscribe(q, 4, "q/1", 1, 0));
+    CHECK(mqtt_disconnect(q));
+    close(q);
+    CHECK(EVENTUALLY(atomic_load(&rt_broker->stats.connections) == 1));
+    CHECK_EQ(rt_broker_set_limit("max_queued_messages", "1", err, sizeof(err)), 0);
+    for (int i = 0; i < 3; i++)
+        CHECK(mqtt_publish(a, 5, "q/1", "x", 1, false));
+    m = ask(rt_broker_lookup_client("vq"), 2, false);
+    CHECK(m && rt_client_info_of(m)->queued == 1 && rt_client_info_of(m)->dropped == 2);
+    free(m);
+
+    /* max_retained_messages: the store takes no second one; the first stays. */
+    CHECK_EQ(rt_broker_set_limit("max_retained_messages", "1", err, sizeof(err)), 0);
+    CHECK(mqtt_publish(a, 5, "r/1", "one", 1, true));
+    CHECK(mqtt_publish(a, 5, "r/2", "two", 1, true));
+    rt_broker_counts_t bc;
+    rt_broker_counts(&bc);
+    CHECK_EQ(bc.retained.count, 1);
+
+    /* max_packet_size: new connections only; an open one keeps the size it was told. */
+    char big[200];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = 0;
+    CHECK_EQ(rt_broker_set_limit("max_packet_size", "100", err, sizeof(err)), 0);
+    CHECK(mqtt_publish(a, 5, "p/1", big, 1, false));
+    int small = mqtt_connect(&(connect_t){.id = "vs", .version = 4, .clean = true});
+    CHECK(small >= 0);
+    CHECK(!mqtt_publish(small, 4, "p/1", big, 1, false));
+    CHECK(closed_by_peer(small));
+    close(small);
+
+    /* allow_anonymous (kept by auth) and allow_zero_length_clientid. */
+    CHECK_EQ(rt_broker_set_limit("allow_anonymous", "false", err, sizeof(err)), 0);
+    CHECK(mqtt_connect(&(connect_t){.id = "vn", .version = 4, .clean = true}) < 0);
+    n = rt_broker_limits(all, 64);
+    CHECK(strcmp(find_limit(all, n, "allow_anonymous")->value, "false") == 0);
+    CHECK_EQ(rt_broker_set_limit("allow_anonymous", "true", err, sizeof(err)), 0);
+    CHECK_EQ(rt_broker_set_limit("allow_zero_length_clientid", "false", err, sizeof(err)), 0);
+    CHECK(mqtt_connect(&(connect_t){.id = "", .version = 5, .clean = true}) < 0);
+    int v = mqtt_connect(&(connect_t){.id = "vn", .version = 4, .clean = true});
+    CHECK(v >= 0);
+    close(v);
+
+    /* max_keepalive: MQTT 5 CONNECTs from now on are lowered to it. */
+    CHECK_EQ(rt_broker_set_limit("max_keepalive", "10", err, sizeof(err)), 0);
+    int k = mqtt_connect(&(connect_t){.id = "vk", .version = 5, .clean = true, .keepalive = 60});
+    m = ask(rt_broker_lookup_client("vk"), 3, false);
+    CHECK(m && rt_client_info_of(m)->keepalive == 10);
+    free(m);
+    close(k);
+    close(a);
+    stop_broker();
+    free(atomic_exchange(&answer, NULL));
+}
+
 int main(void)
 {
     snprintf(data_dir, sizeof(data_dir), "/tmp/rt_test_broker.%d", (int)getpid());
@@ -584,5 +759,8 @@ int main(void)
     RUN(test_kick_persistent);
     RUN(test_counts);
     RUN(test_metrics);
+    RUN(test_listeners);
+    RUN(test_limits_refused);
+    RUN(test_limits_live);
     return CHECK_SUMMARY();
 }
