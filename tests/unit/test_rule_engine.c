@@ -562,6 +562,14 @@ static void test_reload_errors(void)
         CHECK(wait_matched("a", i + 1));
         CHECK_EQ(info("a").passed, i + 1);
     }
+    /* A directory gone for a moment (mid-deploy) does not empty the set. */
+    char moved[200];
+    snprintf(moved, sizeof(moved), "%s.moved", rules);
+    CHECK_EQ(rename(rules, moved), 0);
+    CHECK_EQ(rt_rules_reload(err, sizeof(err)), RT_EINVAL);
+    CHECK(err_has("cannot open"));
+    CHECK_EQ(rename(moved, rules), 0);
+    CHECK_EQ(info("a").version, 1);
     char *json = NULL;
     CHECK_EQ(rt_rules_test("a", "r/1", "x", 1, 0, &json, err, sizeof(err)), 0);
     CHECK(json && strstr(json, "\"v\" : 1"));
