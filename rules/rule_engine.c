@@ -199,14 +199,19 @@ static int read_file(const char *path, char **text, size_t *len, char *err, size
     return 0;
 }
 
-/* The sorted *.lua names of dir (none if dir does not exist). */
-static int list_rules(const char *dir, char ***names, size_t *n, char *err, size_t errlen)
+/*
+** The sorted *.lua names of dir; none if dir does not exist and missing_ok (at start), an error
+** if not (on a reload: a directory that is gone for a moment, mid-deploy, must not silently
+** empty the rule set; an empty directory does that on purpose).
+*/
+static int list_rules(const char *dir, bool missing_ok, char ***names, size_t *n, char *err,
+                      size_t errlen)
 {
     *names = NULL;
     *n = 0;
     DIR *d = opendir(dir);
     if (!d) {
-        if (errno == ENOENT)
+        if (errno == ENOENT && missing_ok)
             return 0;
         snprintf(err, errlen, "%s: cannot open: %s", dir, strerror(errno));
         return RT_EINVAL;
@@ -364,7 +369,8 @@ static int adopt_spec(rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rule_se
 /*
 ** Loads every rule file of dir into a new set: a validation state parses,
 ** checks and dry-runs each rule, then one state per worker loads them all.
-** prev (may be NULL) lends its metrics by name.
+** prev (NULL at start, the current set on a reload) lends its metrics by name;
+** only at start may dir be missing.
 */
 static int build_set(const char *dir, rule_set_t *prev, rule_set_t **out, char *err, size_t errlen)
 {
@@ -373,7 +379,7 @@ static int build_set(const char *dir, rule_set_t *prev, rule_set_t **out, char *
     rt_rule_vm_t *check = NULL;
     rt_rule_spec_t spec;
     memset(&spec, 0, sizeof(spec));
-    int rc = list_rules(dir, &names, &nnames, err, errlen);
+    int rc = list_rules(dir, prev == NULL, &names, &nnames, err, errlen);
     rule_set_t *s = calloc(1, sizeof(*s));
     if (!s && !rc) {
         snprintf(err, errlen, "out of memory");

@@ -183,8 +183,18 @@ class Rtd:
         self.proc.wait()
 
     def read_log(self):
-        self.log.seek(0)
-        return self.log.read()
+        # pread, not seek and read: rtd writes through the same open file (its stdout), so
+        # moving the shared offset while it runs would have its next lines overwrite old ones.
+        fd = self.log.fileno()
+        size = os.fstat(fd).st_size
+        chunks, off = [], 0
+        while off < size:
+            b = os.pread(fd, size - off, off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
+        return b"".join(chunks).decode(errors="replace")
 
     def ctl(self, *args, json=False, timeout=60):
         """rtctl against this rtd's admin socket: (exit code, stdout, stderr)."""

@@ -562,6 +562,14 @@ static void test_reload_errors(void)
         CHECK(wait_matched("a", i + 1));
         CHECK_EQ(info("a").passed, i + 1);
     }
+    /* A directory gone for a moment (mid-deploy) does not empty the set. */
+    char moved[200];
+    snprintf(moved, sizeof(moved), "%s.moved", rules);
+    CHECK_EQ(rename(rules, moved), 0);
+    CHECK_EQ(rt_rules_reload(err, sizeof(err)), RT_EINVAL);
+    CHECK(err_has("cannot open"));
+    CHECK_EQ(rename(moved, rules), 0);
+    CHECK_EQ(info("a").version, 1);
     char *json = NULL;
     CHECK_EQ(rt_rules_test("a", "r/1", "x", 1, 0, &json, err, sizeof(err)), 0);
     CHECK(json && strstr(json, "\"v\" : 1"));
@@ -647,6 +655,18 @@ static void ack_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 
 static const rt_actor_type_t ack_type = {.name = "test_ack", .handle = ack_handle};
 
+/* A fresh stand-in connection, with the counters zeroed. */
+static rt_pid_t ack_actor(void)
+{
+    atomic_store(&acks, 0);
+    atomic_store(&acks_ok, 0);
+    atomic_store(&acks_failed, 0);
+    atomic_store(&ack_tokens, 0);
+    rt_pid_t ack = 0;
+    CHECK_EQ(rt_spawn(&ack_type, NULL, &ack), 0);
+    return ack;
+}
+
 static void versioned_rule(int v)
 {
     char text[512];
@@ -666,10 +686,7 @@ static void test_reload_in_flight(void)
     flush_ms = 300; /* rows wait in the worker well past the swap */
     CHECK_EQ(start(rules, 2, 100000, 8 << 20), 0);
     flush_ms = -1;
-    atomic_store(&acks, 0);
-    atomic_store(&acks_ok, 0);
-    rt_pid_t ack;
-    CHECK_EQ(rt_spawn(&ack_type, NULL, &ack), 0);
+    rt_pid_t ack = ack_actor();
     long n = 200, versions = 4;
     for (long v = 1; v <= versions; v++) {
         for (long i = 0; i < n; i++) {
@@ -722,12 +739,7 @@ static void test_durable(void)
                         "  select = function(msg) return { p = msg.payload } end }\n");
     sh("rm -f %s/rt.db*", dir);
     CHECK_EQ(start(rules, 2, 100000, 8 << 20), 0);
-    atomic_store(&acks, 0);
-    atomic_store(&acks_ok, 0);
-    atomic_store(&acks_failed, 0);
-    atomic_store(&ack_tokens, 0);
-    rt_pid_t ack;
-    CHECK_EQ(rt_spawn(&ack_type, NULL, &ack), 0);
+    rt_pid_t ack = ack_actor();
     long n = 50, tokens = 0;
     for (long i = 1; i <= n; i++) {
         char c[16], p[16];
