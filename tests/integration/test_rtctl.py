@@ -247,6 +247,12 @@ def test_permission_denied(broker):
     mode = "0600" if os.getuid() == 0 else "0000"
     assert err == (f"rtctl: permission denied on {path} (the admin socket is mode {mode}, "
                    f"owned by UID {os.getuid()}: run rtctl as that user)\n")
+    if os.getuid() == 0:
+        os.chmod(broker.data_dir, 0o700)  # now nobody cannot even see the socket's mode
+        code, out, err = rtctl("status", socket_path=path, user=65534)
+        assert (code, out) == (2, "")
+        assert err == (f"rtctl: permission denied on {path} (its directory is closed to UID "
+                       "65534: run rtctl as the user rtd runs as)\n")
     assert ok(broker, "status")
 
 
