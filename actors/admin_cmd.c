@@ -207,8 +207,8 @@ static int cmd_listeners(rt_admin_cmd_t *c)
     for (size_t i = 0; i < n && i < LISTENERS_MAX; i++) {
         rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
         bool v6 = strchr(ls[i].address, ':') != NULL;
-        char where[96];
-        snprintf(where, sizeof(where), "%s%s%s:%d", v6 ? "[" : "", ls[i].address, v6 ? "]" : "",
+        char where[128];
+        snprintf(where, sizeof(where), "%s%.64s%s:%d", v6 ? "[" : "", ls[i].address, v6 ? "]" : "",
                  ls[i].port);
         rt_doc_add_str(o, "listener", where);
         rt_doc_add_str(o, "protocol", ls[i].protocol);

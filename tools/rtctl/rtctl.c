@@ -24,7 +24,8 @@
 
 static const char *usage_text =
     "usage: rtctl [-s|--socket PATH] [--json] [--timeout S] COMMAND [ARGS...]\n"
-    "       rtctl top [-d|--delay S] [-n N] [--sort KEY] [--once] [--count K] [--json]\n"
+    "       rtctl top [-d|--delay S] [-n N] [--sort KEY] [--once [--width W] [--height H]]\n"
+    "                 [--count K] [--json]\n"
     "Sends COMMAND to rtd's admin socket and prints the reply (docs/ADMIN.md).\n"
     "  -s, --socket PATH  the admin socket (default: $RTCTL_SOCKET, else data/rtd.sock)\n"
     "  --json             ask for a JSON reply\n"

@@ -49,6 +49,7 @@ typedef struct top_s {
     long rows;   /* -n; 0 = as many as the screen holds */
     int width;   /* the terminal, columns */
     int height;  /* the terminal, rows */
+    long batch_width, batch_height; /* --width/--height for --once; 0: the terminal's */
     char *frame; /* the last frame rtd rendered (owned), NULL before the first */
     size_t frame_len;
     char error[512]; /* the last error reply's first line, "" after a good frame */
@@ -276,6 +277,10 @@ static int top_once(top_t *t)
     }
     if (t->rows > 0)
         height = (int)(t->rows + TOP_HEADER_SLACK);
+    if (t->batch_width)
+        width = (int)t->batch_width;
+    if (t->batch_height)
+        height = (int)t->batch_height;
     int code = 0;
     int r = top_request(t, 0, t->rows, width, height, &code);
     if (r)
@@ -493,6 +498,9 @@ int rtctl_top_main(const char *path, double timeout_s, int json, int argc, char 
             i++;
         } else if (strcmp(a, "-n") == 0) {
             t.rows = parse_count(a, v ? v : "");
+            i++;
+        } else if (strcmp(a, "--width") == 0 || strcmp(a, "--height") == 0) {
+            *(a[2] == 'w' ? &t.batch_width : &t.batch_height) = parse_count(a, v ? v : "");
             i++;
         } else if (strcmp(a, "--count") == 0) {
             count = parse_count(a, v ? v : "");
