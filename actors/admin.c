@@ -323,7 +323,8 @@ static int parse_request(rt_admin_cmd_t *c, char *line, size_t len)
             c->json = true;
         } else if (!options_end && strcmp(w, "--") == 0) {
             options_end = true;
-        } else if (!options_end && w[0] == '-' && w[1] && lens[i] == strlen(w)) {
+        } else if (!options_end && w[0] == '-' && w[1] && !(w[1] >= '0' && w[1] <= '9') &&
+                   lens[i] == strlen(w)) { /* "-5" is a value, not an option */
             if (i + 1 == n)
                 return rt__admin_fail(c, 400, "option %s needs a value", w);
             if (c->nopts == RT_ADMIN_OPTS_MAX)
