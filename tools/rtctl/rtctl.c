@@ -512,8 +512,10 @@ int main(int argc, char **argv)
         words[nwords - 1] = "--json";
 
     rtctl_conn_t c;
-    if (rtctl_conn_open(&c, path, timeout_s) < 0)
+    if (rtctl_conn_open(&c, path, timeout_s) < 0) {
+        free(words);
         return RTCTL_EXIT_USAGE;
+    }
     int code = 0;
     int r = rtctl_request(&c, words, nwords, &code);
     free(words);
