@@ -153,20 +153,36 @@ static bool auth_setting(const char *key)
 
 #define LIMITS_MAX 64
 
-/* Whether the broker can change key live; false for settings it does not own. */
-static bool broker_live(const char *key)
+/*
+** Whether the broker can change key live (false for settings it does not own),
+** and what a change applies to (*affects, static text, when the broker owns it).
+*/
+static bool broker_live_affects(const char *key, const char **affects)
 {
     rt_limit_info_t limits[LIMITS_MAX];
     size_t n = rt_broker ? rt_broker_limits(limits, LIMITS_MAX) : 0;
     for (size_t i = 0; i < n && i < LIMITS_MAX; i++)
-        if (strcmp(limits[i].key, key) == 0)
+        if (strcmp(limits[i].key, key) == 0) {
+            *affects = limits[i].affects;
             return limits[i].live;
+        }
     return false;
 }
 
-bool rt__admin_conf_live(const char *key)
+static bool broker_live(const char *key)
 {
-    return strcmp(key, "log_level") == 0 || auth_setting(key) || broker_live(key);
+    const char *affects;
+    return broker_live_affects(key, &affects);
+}
+
+bool rt__admin_conf_live(const char *key, const char **applies)
+{
+    *applies = "";
+    if (strcmp(key, "log_level") == 0)
+        return (*applies = "at once"), true;
+    if (auth_setting(key))
+        return (*applies = "CONNECTs from now on; a bad file changes nothing"), true;
+    return broker_live_affects(key, applies);
 }
 
 int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen)

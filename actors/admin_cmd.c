@@ -648,8 +648,10 @@ static void add_setting(const char *key, const char *value, const char *help, vo
     rt_doc_t *o = rt_doc_add_object(ud, NULL);
     rt_doc_add_str(o, "setting", key);
     rt_doc_add_str(o, "value", value);
-    rt_doc_add_str(o, "changes", rt__admin_conf_live(key) ? "live" : "restart");
+    const char *applies;
+    rt_doc_add_str(o, "changes", rt__admin_conf_live(key, &applies) ? "live" : "restart");
     rt_doc_add_str(o, "about", help);
+    rt_doc_add_str(o, "a_change_applies_to", applies);
 }
 
 static int cmd_config_show(rt_admin_cmd_t *c)

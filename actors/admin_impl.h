@@ -66,8 +66,11 @@ const rt_conf_t *rt__admin_conf(void);
 void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const char *help,
                                     void *ud),
                          void *ud);
-/* Whether key can change while rtd runs (log level, auth files, the broker's live limits). */
-bool rt__admin_conf_live(const char *key);
+/*
+** Whether key can change while rtd runs (log level, auth files, the broker's live
+** limits); *applies says what a change applies to ("" when nothing is known).
+*/
+bool rt__admin_conf_live(const char *key, const char **applies);
 /* Changes a setting now: 200, or 400 (bad value), 404 (unknown), 409 (needs a restart). */
 int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen);
 const char *rt__admin_version(void);
