@@ -9,12 +9,22 @@
 
 typedef enum { D_OBJECT, D_ARRAY, D_STR, D_U64, D_I64, D_DOUBLE, D_BOOL, D_NULL, D_JSON } kind_t;
 
+#define ARENA_CHUNK (64 * 1024) /* bytes per arena chunk; bigger strings get their own */
+
+/* A tree's memory: nodes and strings bump-allocated from chunks, all freed with the root. */
+typedef struct chunk_s {
+    struct chunk_s *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+} chunk_t;
+
 struct rt_doc_s {
     kind_t kind;
     char *key;           /* member name inside an object, NULL in an array or at the root */
     rt_doc_t *next;      /* next sibling */
     rt_doc_t *first, *last; /* children of an object or array */
-    rt_doc_t *root;      /* where an allocation failure is recorded */
+    rt_doc_t *root;      /* holds the arena and the allocation-failure flag */
+    chunk_t *arena;      /* root only */
     bool oom;            /* root only */
     int decimals;
     union {
@@ -25,6 +35,45 @@ struct rt_doc_s {
         bool b;
     } v;
 };
+
+/* n bytes from root's arena (16-byte aligned), or NULL with oom set. */
+static void *arena_alloc(rt_doc_t *root, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    chunk_t *c = root->arena;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > ARENA_CHUNK / 4 ? n : ARENA_CHUNK - sizeof(chunk_t);
+        chunk_t *fresh = malloc(sizeof(chunk_t) + cap);
+        if (!fresh) {
+            root->oom = true;
+            return NULL;
+        }
+        fresh->used = 0;
+        fresh->cap = cap;
+        if (c && cap != ARENA_CHUNK - sizeof(chunk_t)) {
+            /* A big one goes behind the current chunk, which keeps serving small ones. */
+            fresh->next = c->next;
+            c->next = fresh;
+            c = fresh;
+        } else {
+            fresh->next = c;
+            root->arena = c = fresh;
+        }
+    }
+    void *p = c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+static char *arena_strndup(rt_doc_t *root, const char *s, size_t n)
+{
+    char *p = arena_alloc(root, n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = 0;
+    }
+    return p;
+}
 
 /* ---- buffer ---- */
 
@@ -126,7 +175,7 @@ void rt_buf_json_str(rt_buf_t *b, const char *s, size_t n)
 
 /* ---- tree ---- */
 
-static rt_doc_t *node_new(kind_t kind)
+static rt_doc_t *root_new(kind_t kind)
 {
     rt_doc_t *d = calloc(1, sizeof(*d));
     if (d) {
@@ -136,36 +185,34 @@ static rt_doc_t *node_new(kind_t kind)
     return d;
 }
 
-rt_doc_t *rt_doc_object(void) { return node_new(D_OBJECT); }
-rt_doc_t *rt_doc_array(void) { return node_new(D_ARRAY); }
+rt_doc_t *rt_doc_object(void) { return root_new(D_OBJECT); }
+rt_doc_t *rt_doc_array(void) { return root_new(D_ARRAY); }
 
 void rt_doc_free(rt_doc_t *d)
 {
-    while (d) {
-        rt_doc_t *next = d->next;
-        rt_doc_free(d->first);
-        free(d->key);
-        if (d->kind == D_STR || d->kind == D_JSON)
-            free(d->v.str);
-        free(d);
-        d = next;
+    if (!d)
+        return;
+    for (chunk_t *c = d->arena, *next; c; c = next) {
+        next = c->next;
+        free(c);
     }
+    free(d);
 }
 
 static rt_doc_t *add(rt_doc_t *parent, const char *key, kind_t kind)
 {
     if (!parent || parent->root->oom)
         return NULL;
-    rt_doc_t *d = node_new(kind);
-    if (d && parent->kind == D_OBJECT && !(d->key = strdup(key ? key : ""))) {
-        free(d);
-        d = NULL;
-    }
-    if (!d) {
-        parent->root->oom = true;
+    rt_doc_t *root = parent->root;
+    rt_doc_t *d = arena_alloc(root, sizeof(*d));
+    if (!d)
         return NULL;
-    }
-    d->root = parent->root;
+    memset(d, 0, sizeof(*d));
+    d->kind = kind;
+    d->root = root;
+    if (parent->kind == D_OBJECT && !(d->key = arena_strndup(root, key ? key : "",
+                                                             key ? strlen(key) : 0)))
+        return NULL;
     if (parent->last)
         parent->last->next = d;
     else
@@ -180,15 +227,8 @@ rt_doc_t *rt_doc_add_array(rt_doc_t *parent, const char *key) { return add(paren
 static void add_text(rt_doc_t *parent, const char *key, kind_t kind, const char *v, size_t n)
 {
     rt_doc_t *d = add(parent, key, kind);
-    if (!d)
-        return;
-    if (!(d->v.str = malloc(n + 1))) {
+    if (d && !(d->v.str = arena_strndup(d->root, v, n)))
         d->kind = D_NULL;
-        d->root->oom = true;
-        return;
-    }
-    memcpy(d->v.str, v, n);
-    d->v.str[n] = 0;
 }
 
 void rt_doc_add_strn(rt_doc_t *parent, const char *key, const char *v, size_t n)
@@ -354,6 +394,18 @@ static bool is_flat_object(const rt_doc_t *d)
 
 static size_t cell_width(const rt_doc_t *d)
 {
+    char num[64];
+    switch (d->kind) {
+    case D_STR:
+    case D_JSON:
+        return strlen(d->v.str);
+    case D_U64:
+        return (size_t)snprintf(num, sizeof(num), "%llu", (unsigned long long)d->v.u);
+    case D_I64:
+        return (size_t)snprintf(num, sizeof(num), "%lld", (long long)d->v.i);
+    default:
+        break;
+    }
     rt_buf_t b = {0};
     line_value(d, &b);
     size_t w = b.len;
