@@ -231,16 +231,21 @@ static bool limit_is_live(const limit_t *l)
     return l->live != NOT_LIVE || l->set;
 }
 
+/* v as rtd.conf writes it. */
+static void format_limit(const limit_t *l, long v, char *buf, size_t len)
+{
+    if (l->is_bool)
+        snprintf(buf, len, "%s", v ? "true" : "false");
+    else
+        snprintf(buf, len, "%ld", v);
+}
+
 size_t rt_broker_limits(rt_limit_info_t *out, size_t max)
 {
     for (size_t i = 0; i < NLIMITS && i < max; i++) {
         const limit_t *l = &limits[i];
         out[i] = (rt_limit_info_t){.key = l->key, .live = limit_is_live(l), .affects = l->affects};
-        long v = limit_value(l);
-        if (l->is_bool)
-            snprintf(out[i].value, sizeof(out[i].value), "%s", v ? "true" : "false");
-        else
-            snprintf(out[i].value, sizeof(out[i].value), "%ld", v);
+        format_limit(l, limit_value(l), out[i].value, sizeof(out[i].value));
     }
     return NLIMITS;
 }
@@ -276,12 +281,14 @@ int rt_broker_set_limit(const char *key, const char *value, char *err, size_t er
     free(assignment);
     if (rc)
         return rc;
-    long old = limit_value(l);
+    char was[32], now[32];
+    format_limit(l, limit_value(l), was, sizeof(was));
+    format_limit(l, v, now, sizeof(now));
     if (l->live != NOT_LIVE)
         atomic_store_explicit(live_field(l), v, memory_order_relaxed);
     if (l->set)
         l->set(v);
-    rt_log(RT_LOG_INFO, "config.set", "%s=%s (was %ld)", key, value, old);
+    rt_log(RT_LOG_INFO, "config.set", "%s=%s was=%s", key, now, was);
     return 0;
 }
 
@@ -820,7 +827,6 @@ static void log_refusals(rt_actor_t *self, listener_t *l)
 */
 static void refuse(rt_actor_t *self, listener_t *l, int fd, int why, const rt_auth_addr_t *addr)
 {
-    close(fd);
     rt_broker_stats_t *st = &rt_broker->stats;
     atomic_uint_fast64_t *reason[REFUSE_REASONS] = {[REFUSE_MAX] = &st->refused_max_conns,
                                                     [REFUSE_PER_IP] = &st->refused_per_ip,
@@ -830,6 +836,7 @@ static void refuse(rt_actor_t *self, listener_t *l, int fd, int why, const rt_au
     atomic_fetch_add_explicit(reason[why], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->stats->refused[RT_REFUSED_ALL], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->stats->refused[why], 1, memory_order_relaxed);
+    close(fd); /* after counting: a client that sees the close finds it counted */
     l->unlogged[why]++;
     if (why == REFUSE_PER_IP)
         l->last_refused = *addr;

@@ -112,7 +112,7 @@ typedef struct rt_broker_counts_s {
     uint64_t shared_groups;   /* shared subscription groups */
 } rt_broker_counts_t;
 
-/* Reads atomics and the trie's counters, and takes the retained store's read lock once. */
+/* Reads atomics and the trie's counters, and takes the retained store's read lock briefly. */
 void rt_broker_counts(rt_broker_counts_t *out);
 
 /*
