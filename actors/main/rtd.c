@@ -61,6 +61,22 @@ static void usage(FILE *out)
                  "                   password file, like mosquitto_passwd\n");
 }
 
+/*
+** Once everything runs: rule workers hand over their last rows, then sinks write
+** or spill what they hold, before the runtime stops every actor; what sessions
+** changed is on disk first.
+*/
+static void stop_all(void)
+{
+    rt_rules_stop();
+    rt_sinks_stop();
+    rt_store_sync();
+    rt_shutdown();
+    rt_broker_free();
+    rt_sinks_free();
+    rt_auth_shutdown();
+}
+
 int main(int argc, char **argv)
 {
     const char *conf_path = "etc/rtd.conf";
@@ -167,13 +183,7 @@ int main(int argc, char **argv)
     /* The admin socket last: what rtctl reads is all running by then. */
     if (rt_admin_start(&conf, RTD_VERSION, err, sizeof(err)) != 0) {
         rt_log(RT_LOG_ERROR, "admin.failed", "%s", err);
-        rt_rules_stop();
-        rt_sinks_stop();
-        rt_store_sync();
-        rt_shutdown();
-        rt_broker_free();
-        rt_sinks_free();
-        rt_auth_shutdown();
+        stop_all();
         return 1;
     }
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, conf_path);
@@ -191,17 +201,9 @@ int main(int argc, char **argv)
         rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
         break;
     }
-    /* Rule workers hand over their last rows, then sinks write or spill what they hold,
-       before the runtime stops every actor; what sessions changed is on disk first. */
     rt_admin_stop();
     log_rules();
-    rt_rules_stop();
-    rt_sinks_stop();
-    rt_store_sync();
-    rt_shutdown();
-    rt_broker_free();
-    rt_sinks_free();
-    rt_auth_shutdown();
+    stop_all();
     rt_log(RT_LOG_INFO, "rtd.stopped", "clean shutdown");
     return 0;
 }
