@@ -467,9 +467,55 @@ static void run_command(rt_admin_cmd_t *c, const rt_admin_command_t *k)
 
 /* ---- the worker (blocking pool) ---- */
 
+/*
+** The worker keeps each admin connection's previous `top` sample, so sampling
+** 20,000 actors (and rendering them) happens on the blocking pool, never on a
+** scheduler: a connection only forwards the request. A sample whose connection
+** has gone is dropped at the next job.
+*/
+typedef struct {
+    rt_pid_t conn;
+    rt_admin_top_t *top;
+} worker_top_t;
+
+typedef struct {
+    worker_top_t *tops;
+    size_t ntops, captops;
+} worker_t;
+
+/* The previous sample's slot for conn (a new empty one if none), or NULL on OOM. */
+static rt_admin_top_t **worker_top(worker_t *w, rt_pid_t conn)
+{
+    size_t keep = 0;
+    rt_admin_top_t **found = NULL;
+    for (size_t i = 0; i < w->ntops; i++) {
+        if (w->tops[i].conn != conn && !rt_alive(w->tops[i].conn)) {
+            rt__admin_top_free(w->tops[i].top);
+            continue;
+        }
+        w->tops[keep++] = w->tops[i];
+    }
+    w->ntops = keep;
+    for (size_t i = 0; i < w->ntops && !found; i++)
+        if (w->tops[i].conn == conn)
+            found = &w->tops[i].top;
+    if (found)
+        return found;
+    if (w->ntops == w->captops) {
+        size_t cap = w->captops ? w->captops * 2 : 8;
+        worker_top_t *t = realloc(w->tops, cap * sizeof(*t));
+        if (!t)
+            return NULL;
+        w->tops = t;
+        w->captops = cap;
+    }
+    w->tops[w->ntops] = (worker_top_t){conn, NULL};
+    return &w->tops[w->ntops++].top;
+}
+
 static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
-    (void)state;
+    worker_t *w = state;
     if (m->tag != MSG_JOB || m->len < sizeof(uint64_t))
         return;
     uint64_t cookie;
@@ -479,6 +525,7 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     int code = 500;
     if (c) {
         c->self = self;
+        c->top = worker_top(w, m->from);
         if (parse_request(c, (char *)m->data + sizeof(cookie), m->len - sizeof(cookie)) == 0) {
             const rt_admin_command_t *k = rt__admin_find(c);
             if (k)
@@ -501,12 +548,23 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     rt_buf_free(&body);
 }
 
+static void worker_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)self;
+    (void)reason;
+    worker_t *w = state;
+    for (size_t i = 0; i < w->ntops; i++)
+        rt__admin_top_free(w->tops[i].top);
+    free(w->tops);
+}
+
 static const char *worker_tag_name(uint32_t tag) { return tag == MSG_JOB ? "job" : ""; }
 
 static const rt_actor_type_t worker_type = {
     .name = "admin_worker",
-    .state_size = sizeof(int),
+    .state_size = sizeof(worker_t),
     .handle = worker_handle,
+    .terminate = worker_terminate,
     .tag_name = worker_tag_name,
     .flags = RT_TYPE_BLOCKING,
 };
@@ -519,7 +577,6 @@ typedef struct {
     uint64_t cookie;        /* of the request waiting for an answer; 0: none */
     rt_admin_cmd_t *waiting; /* a gathering request (admin_clients.c), or NULL */
     rt_ref_t timer;
-    rt_admin_top_t *top;    /* the previous `top` sample (per connection: its own interval) */
 } conn_t;
 
 static void respond(conn_t *k, int code, const char *body, size_t len)
@@ -578,7 +635,6 @@ static void process(rt_actor_t *self, conn_t *k)
             respond(k, 500, "out of memory\n", 14);
         } else {
             c->self = self;
-            c->top = &k->top;
             /* The worker re-parses its own copy, so keep the raw line before splitting. */
             char *raw = malloc(linelen + 1);
             if (raw)
@@ -696,7 +752,6 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (k->waiting)
         cmd_free(k->waiting);
     rt_buf_free(&k->in);
-    rt__admin_top_free(k->top);
 }
 
 static const char *conn_tag_name(uint32_t tag)

@@ -25,7 +25,8 @@ typedef struct rt_admin_cmd_s {
     size_t opt_len[RT_ADMIN_OPTS_MAX];
     bool json;                /* --json: the body is JSON */
     rt_actor_t *self;         /* the actor answering */
-    rt_admin_top_t **top;     /* the connection's previous top sample; NULL in the worker */
+    rt_admin_top_t **top;     /* the asking connection's previous top sample (kept by the
+                                 worker, where `top` runs); NULL on a connection actor */
     /* The answer: a code, and a body as a tree, as text, or an error message. */
     int code;
     rt_doc_t *doc;
