@@ -385,6 +385,8 @@ static void rule_doc(rt_doc_t *o, const rt_rule_info_t *r, bool full)
 {
     rt_doc_add_str(o, "name", r->name);
     rt_doc_add_str(o, "state", r->enabled ? "enabled" : "disabled");
+    if (full) /* rtctl: set by `rules enable/disable`, kept over reloads (rt_rules_enable) */
+        rt_doc_add_str(o, "state_set_by", r->overridden ? "rtctl" : "file");
     rt_doc_add_u64(o, "version", r->version);
     rt_doc_add_str(o, "from", r->from);
     rt_doc_add_str(o, "to", r->to);

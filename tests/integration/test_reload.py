@@ -11,8 +11,11 @@ had the extra rule, written by that same version.
 Bad reloads (a syntax error, an unknown sink, a runtime error in the dry run, a bad field) are
 refused with the file and line while the old set keeps handling messages in its own shape.
 
-Reloads are triggered with SIGHUP and read from rtd's log (`rules.reloaded version=N rules=K
-ms=T`, `rules.reload_failed ms=T path:line: reason`) until `rtctl rules reload` exists.
+Reloads alternate between `rtctl rules reload --json` (its reply checked: {"reloaded": true,
+"version": N, "rules": K}, or exit 1 with {"error": "rules not reloaded, the running set is
+unchanged: path:line: reason"}) and SIGHUP, whose outcome is read from rtd's log
+(`rules.reloaded version=N rules=K ms=T`, `rules.reload_failed ms=T path:line: reason`); both
+must do the same, and the log line (with the time rt_rules_reload took) comes with each.
 """
 import json
 import os
@@ -28,7 +31,7 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import BUILD, Rtd
+from conftest import BUILD, Rtd, rtctl_built  # noqa: F401 (a fixture)
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
 
@@ -99,9 +102,12 @@ RELOADED = re.compile(r"rules\.reloaded version=(\d+) rules=(\d+) ms=([\d.]+)")
 FAILED = re.compile(r"rules\.reload_failed ms=([\d.]+) (.*)")
 
 
+REFUSED = "rules not reloaded, the running set is unchanged: "
+
+
 class Reloader:
     """Reloads the rule set the way an operator does and reports the outcome: (True, version,
-    ms) or (False, error, ms). SIGHUP for now; `rtctl rules reload` once it exists."""
+    ms) or (False, "path:line: reason", ms), ms being what rtd logged for rt_rules_reload."""
 
     def __init__(self, rtd):
         self.rtd = rtd
@@ -118,9 +124,8 @@ class Reloader:
                 out.append((False, m.group(2), float(m.group(1))))
         return out
 
-    def reload(self, timeout=10.0):
-        before = len(self.outcomes())
-        self.rtd.proc.send_signal(signal.SIGHUP)
+    def logged(self, before, timeout=10.0):
+        """The one outcome logged after the first `before` ones."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = self.outcomes()
@@ -129,6 +134,26 @@ class Reloader:
                 return got[-1]
             time.sleep(0.005)
         raise AssertionError("no reload outcome in the log: " + self.rtd.read_log()[-2000:])
+
+    def sighup(self):
+        before = len(self.outcomes())
+        self.rtd.proc.send_signal(signal.SIGHUP)
+        return self.logged(before)
+
+    def rtctl(self):
+        before = len(self.outcomes())
+        code, out, err = self.rtd.ctl("rules", "reload", json=True, timeout=30)
+        ok, what, ms = self.logged(before)  # logged before the reply is sent
+        if code == 0:
+            body = json.loads(out)
+            assert body["reloaded"] is True and body["rules"] >= 1, body
+            assert ok and body["version"] == what, (body, what)
+            return True, body["version"], ms
+        assert code == 1, (code, out, err)  # rtctl: a 4xx reply
+        e = json.loads(err)["error"]
+        assert e.startswith(REFUSED), e
+        assert not ok and e[len(REFUSED):] == what, (e, what)
+        return False, what, ms
 
 
 def rule_metrics(log):
@@ -219,7 +244,7 @@ def percentile(xs, q):
 
 # ---- the tests ----
 
-def test_reload_under_load(tmp_path):
+def test_reload_under_load(tmp_path, rtctl_built):
     """30 s of 10,000 msg/s QoS 1 into a durable rule while the rule set changes every second:
     0 lost, 0 duplicated, each message handled by exactly one installed version, metrics carried
     by name, ~30 reloads and none failed."""
@@ -250,7 +275,7 @@ def test_reload_under_load(tmp_path):
             n += 1
             write_version(rules, n)
             swaps.append(time.monotonic())
-            ok, version, ms = r.reload()
+            ok, version, ms = r.rtctl() if n % 2 else r.sighup()
             assert ok, version
             # The engine's version moves on by one per reload: it is the files' number.
             assert version == n, (version, n, r.outcomes())
@@ -259,6 +284,7 @@ def test_reload_under_load(tmp_path):
         out, errout = bench.communicate(timeout=60)
         bench = None
         probe.finish()
+        live = {m["name"]: m for m in rtd.ctl_json("rules", "metrics")}
     finally:
         if bench is not None:
             bench.kill()
@@ -316,6 +342,7 @@ def test_reload_under_load(tmp_path):
     # run of versions since it last came back (a removed rule's metrics go with it).
     m = rule_metrics(log)
     assert m["main"]["matched"] == m["main"]["passed"] == m["main"]["rows"] == total, m
+    assert live["main"]["passed"] == live["main"]["rows_out"] == total, live
     last = max(installed)
     if installed[last][1]:
         run = []
@@ -324,9 +351,9 @@ def test_reload_under_load(tmp_path):
                 break
             run.append(n)
         want = sum(by_version.get(n, 0) for n in run)
-        assert m["extra"]["passed"] == want, (m["extra"], run)
+        assert m["extra"]["passed"] == live["extra"]["passed"] == want, (m["extra"], run)
     else:
-        assert "extra" not in m
+        assert "extra" not in m and "extra" not in live
     assert re.search(r"sink\.stopped sink=db in=\d+ written=\d+ spilled=0 dropped=0", log)
 
     # Figures (pytest -s shows them).
@@ -385,10 +412,10 @@ BAD = {
 }
 
 
-def test_bad_reloads_keep_the_old_set(tmp_path):
-    """Each bad rule set is refused naming file:line; the running set (version 1, field `ver`)
-    keeps handling messages in its shape and its metrics keep counting; a good set then
-    swaps in."""
+def test_bad_reloads_keep_the_old_set(tmp_path, rtctl_built):
+    """Each bad rule set is refused naming file:line, by rtctl and by SIGHUP alike; the running
+    set (version 1, field `ver`) keeps handling messages in its shape and its metrics keep
+    counting; good sets then swap in by either way, the version counting on."""
     rtd, rules, db = start(tmp_path)
     r = Reloader(rtd)
     seq = 0
@@ -399,29 +426,70 @@ def test_bad_reloads_keep_the_old_set(tmp_path):
             write_version(rules, 1)
             path = os.path.join(rules, name)
             put(path, text)
-            ok, e, _ = r.reload()
+            ok, e, _ = r.rtctl()
             assert not ok, kind
             assert e.startswith(f"{path}:{line}: ") and why in e, (kind, e)
-            # The old set runs on: messages flow, in version 1's shape.
+            assert r.sighup() == (False, e, r.outcomes()[-1][2]), kind  # the same refusal
+            # The old set runs on: messages flow, in version 1's shape, counted.
             publish_some(rtd.port, seq, 20)
             got = rows_by_seq(db, seq, 20)
             assert got == {s: (None, 1) for s in range(seq, seq + 20)}, (kind, got)
             seq += 20
+            main = rtd.ctl_json("rules", "show", "main")
+            assert main["version"] == 1 and main["passed"] == seq, (kind, main)
             if name != "main.lua":
                 os.unlink(path)
-        # Fixed: version 2 (field v, no extra) swaps in.
-        write_version(rules, 2)
-        ok, version, _ = r.reload()
-        assert ok and version == 2
-        publish_some(rtd.port, seq, 20)
-        assert rows_by_seq(db, seq, 20) == {s: (2, None) for s in range(seq, seq + 20)}
-        seq += 20
+        # Fixed: version 2 (field v) by rtctl, then version 3 (field ver) by SIGHUP.
+        for n, how in ((2, r.rtctl), (3, r.sighup)):
+            write_version(rules, n)
+            ok, version, _ = how()
+            assert ok and version == n, (n, version)
+            publish_some(rtd.port, seq, 20)
+            field_v = shape(n)[0] == "v"
+            want = (n, None) if field_v else (None, n)
+            assert rows_by_seq(db, seq, 20) == {s: want for s in range(seq, seq + 20)}
+            seq += 20
+        main = rtd.ctl_json("rules", "show", "main")
+        assert main["version"] == 3 and main["passed"] == main["rows_out"] == seq, main
     finally:
         code, log = rtd.stop()
     assert code == 0, log[-3000:]
     assert query(db, "SELECT count(*) FROM msgs")[0][0] == seq
-    assert [o[0] for o in Reloader(rtd).outcomes()] == [False] * len(BAD) + [True]
-    # main's counters span the refused reloads and the good one.
+    assert [o[0] for o in Reloader(rtd).outcomes()] == [False] * 2 * len(BAD) + [True] * 2
+    # main's counters span the refused reloads and the good ones.
     m = rule_metrics(log)
     assert m["main"]["passed"] == m["main"]["rows"] == seq, m
     assert "other" not in m
+
+
+def test_disable_survives_reload(tmp_path, rtctl_built):
+    """`rtctl rules disable` outlasts a reload that leaves the rule's file saying what it said;
+    a file that changes its own `enabled` wins."""
+    rtd, rules, db = start(tmp_path)
+    r = Reloader(rtd)
+    try:
+        assert rtd.ctl("rules", "disable", "main")[0] == 0
+        write_version(rules, 3)  # new code, same enabled (none: true)
+        assert r.rtctl()[:2] == (True, 2)
+        main = rtd.ctl_json("rules", "show", "main")
+        assert main["state"] == "disabled" and main["state_set_by"] == "rtctl", main
+        publish_some(rtd.port, 0, 5, topic="rl/off")  # PUBACKs come: no rule takes them
+        assert query(db, "SELECT count(*) FROM sqlite_master WHERE name = 'msgs'")[0][0] == 0
+        assert r.sighup()[:2] == (True, 3)
+        assert rtd.ctl_json("rules", "show", "main")["state"] == "disabled"
+        # The file now says enabled = false, then true: the file's word wins.
+        text = open(os.path.join(rules, "main.lua")).read()
+        put(os.path.join(rules, "main.lua"), text.replace('durable = true,',
+                                                          'durable = true, enabled = false,'))
+        assert r.rtctl()[0]
+        main = rtd.ctl_json("rules", "show", "main")
+        assert main["state"] == "disabled" and main["state_set_by"] == "file", main
+        put(os.path.join(rules, "main.lua"), text.replace('durable = true,',
+                                                          'durable = true, enabled = true,'))
+        assert r.rtctl()[0]
+        assert rtd.ctl_json("rules", "show", "main")["state"] == "enabled"
+        publish_some(rtd.port, 5, 5)
+        assert rows_by_seq(db, 5, 5) == {s: (None, 3) for s in range(5, 10)}
+    finally:
+        code, log = rtd.stop()
+    assert code == 0, log[-3000:]
