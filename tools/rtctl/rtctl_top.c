@@ -46,11 +46,11 @@ typedef struct top_s {
     rtctl_conn_t conn;
     const char *sort; /* rtd's KEY; points into sort_keys or argv */
     double delay_s;
-    long rows;   /* -n; 0 = as many as the screen holds */
-    int width;   /* the terminal, columns */
-    int height;  /* the terminal, rows */
+    long rows;                      /* -n; 0 = as many as the screen holds */
+    int width;                      /* the terminal, columns */
+    int height;                     /* the terminal, rows */
     long batch_width, batch_height; /* --width/--height for --once; 0: the terminal's */
-    char *frame; /* the last frame rtd rendered (owned), NULL before the first */
+    char *frame;                    /* the last frame rtd rendered (owned), NULL before the first */
     size_t frame_len;
     char error[512]; /* the last error reply's first line, "" after a good frame */
 } top_t;
@@ -362,8 +362,7 @@ static void top_draw(top_t *t)
     if (t->error[0])
         snprintf(line, sizeof(line), "rtctl: %s", t->error);
     else
-        snprintf(line, sizeof(line), "sort: %s | r R m b c C sort, q quit | every %gs", t->sort,
-                 t->delay_s);
+        snprintf(line, sizeof(line), "sort: %s | every %gs | q quit", t->sort, t->delay_s);
     buf_str(&b, "\033[7m");
     add_clipped(&b, line, strlen(line), t->width);
     buf_str(&b, "\033[0m");
