@@ -189,6 +189,25 @@ def test_live_screen_keys_resize_quit(broker, terminal):
     assert t.mode() == t.cooked
 
 
+def test_live_tiny_terminal_and_server_errors(broker, terminal):
+    """A terminal smaller than the smallest screen rtd renders (20x8) gets rtd's smallest,
+    clipped; an error reply shows in the bottom line and the view keeps running."""
+    t = terminal(broker.admin_socket, "-d", "0.3", rows=6, cols=15)
+    t.until(lambda t: len(t.frames()) >= 2)
+    lines = t.frame_lines(-2)  # complete: a later frame began
+    assert lines[0].startswith("rtd 0.1.0") and lines[-1] == "sort: reduction"
+    assert len(lines) == 6 and all(len(line) <= 15 for line in lines), lines
+    t.key(b"q")
+    assert t.proc.wait(5) == 0
+
+    t = terminal(broker.admin_socket, "-d", "0.3", "-n", "1000001")
+    error = "rtctl: rtd says 400: -n must be a whole number from 0 to 1000000"
+    t.until(lambda t: len(t.frames()) >= 3 and t.frame_lines()[-1] == error)
+    assert t.proc.poll() is None
+    t.key(b"q")
+    assert t.proc.wait(5) == 0 and t.mode() == t.cooked
+
+
 def test_live_ctrl_c_and_sigterm_restore(broker, terminal):
     t = terminal(broker.admin_socket)
     t.until(lambda t: complete(t, lambda ls: actor_rows(ls)))

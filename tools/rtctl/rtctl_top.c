@@ -32,6 +32,8 @@
 #define TOP_FALLBACK_ROWS 24
 #define TOP_HEADER_SLACK 64   /* --once -n N asks for N + this many rows: room for the panel */
 #define TOP_MAX_ROWS 10000000 /* -n, --count bound */
+#define TOP_MIN_WIDTH 20      /* rtd's narrowest screen: a smaller terminal is clipped */
+#define TOP_MIN_HEIGHT 8      /* rtd's shortest screen, rows */
 
 static const struct {
     char key;
@@ -370,12 +372,14 @@ static void top_draw(top_t *t)
     free(b.p);
 }
 
-/* Asks rtd for a frame of the terminal's size less rtctl's own line and draws it. */
+/* Asks rtd for a frame of the terminal's size less rtctl's own line (at least the smallest
+ * screen rtd renders; top_draw clips it to a smaller terminal) and draws it. */
 static void top_refresh(top_t *t)
 {
     int code = 0;
-    int height = t->height > 2 ? t->height - 1 : 1;
-    int r = top_request(t, 0, t->rows, t->width, height, &code);
+    int width = t->width < TOP_MIN_WIDTH ? TOP_MIN_WIDTH : t->width;
+    int height = t->height - 1 < TOP_MIN_HEIGHT ? TOP_MIN_HEIGHT : t->height - 1;
+    int r = top_request(t, 0, t->rows, width, height, &code);
     if (r)
         top_fail(t, r);
     if (code >= 200 && code < 300) {
