@@ -4,9 +4,10 @@
  * rtd renders the screen: over one connection kept open, rtctl asks for
  * `top -n N --sort KEY --width W --height H` every --delay seconds (rtd keeps the previous
  * sample of the connection for the per-interval figures) and prints the body in the
- * terminal's alternate screen. rtctl adds one line of its own at the bottom: the active
- * sort and the keys, or the last error rtd returned. Batch modes (--once, --json, or stdout
- * not a terminal) print samples without any screen handling.
+ * terminal's alternate screen. rtctl adds one line of its own at the bottom: the sort it
+ * asked for and the refresh delay, or the last error rtd returned (the view keeps running).
+ * Batch modes (--once, --json, or stdout not a terminal) print samples without any screen
+ * handling.
  *
  * The terminal is restored on every way out: q, Ctrl-C, SIGINT/SIGTERM/SIGHUP, a lost
  * connection, and exit() from anywhere (atexit).
@@ -343,7 +344,7 @@ static void add_clipped(buf_t *b, const char *s, size_t n, int width)
 }
 
 /* Clears the screen and draws the last frame in height - 1 rows, then rtctl's own line:
- * the error rtd returned, or the sort and the keys. */
+ * the error rtd returned, or the sort and the delay. */
 static void top_draw(top_t *t)
 {
     buf_t b = {0};
