@@ -148,8 +148,9 @@ class Rtd:
         while time.time() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                # The admin socket opens last, once everything it reports on runs.
-                if os.path.exists(self.admin_socket):
+                # The admin socket opens last, once everything it reports on runs. It must
+                # answer: a file alone may be left behind by a crashed rtd.
+                if self.admin_listening():
                     return
                 time.sleep(0.01)
             except OSError:
@@ -157,6 +158,24 @@ class Rtd:
                     raise RuntimeError("rtd exited: " + self.read_log())
                 time.sleep(0.02)
         raise RuntimeError("rtd did not start listening")
+
+    def admin_listening(self):
+        """Whether something accepts connections on the admin socket. A path longer than
+        sun_path is reached through its directory, as rtd and rtctl do."""
+        d, name = os.path.split(self.admin_socket)
+        try:
+            dirfd = os.open(d or ".", os.O_PATH | os.O_DIRECTORY)
+        except OSError:
+            return False
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(f"/proc/self/fd/{dirfd}/{name}")
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+            os.close(dirfd)
 
     def stop(self):
         if self.proc.poll() is None:

@@ -4,9 +4,10 @@
  * rtd renders the screen: over one connection kept open, rtctl asks for
  * `top -n N --sort KEY --width W --height H` every --delay seconds (rtd keeps the previous
  * sample of the connection for the per-interval figures) and prints the body in the
- * terminal's alternate screen. rtctl adds one line of its own at the bottom: the active
- * sort and the keys, or the last error rtd returned. Batch modes (--once, --json, or stdout
- * not a terminal) print samples without any screen handling.
+ * terminal's alternate screen. rtctl adds one line of its own at the bottom: the sort it
+ * asked for and the refresh delay, or the last error rtd returned (the view keeps running).
+ * Batch modes (--once, --json, or stdout not a terminal) print samples without any screen
+ * handling.
  *
  * The terminal is restored on every way out: q, Ctrl-C, SIGINT/SIGTERM/SIGHUP, a lost
  * connection, and exit() from anywhere (atexit).
@@ -32,6 +33,8 @@
 #define TOP_FALLBACK_ROWS 24
 #define TOP_HEADER_SLACK 64   /* --once -n N asks for N + this many rows: room for the panel */
 #define TOP_MAX_ROWS 10000000 /* -n, --count bound */
+#define TOP_MIN_WIDTH 20      /* rtd's narrowest screen: a smaller terminal is clipped */
+#define TOP_MIN_HEIGHT 8      /* rtd's shortest screen, rows */
 
 static const struct {
     char key;
@@ -46,11 +49,11 @@ typedef struct top_s {
     rtctl_conn_t conn;
     const char *sort; /* rtd's KEY; points into sort_keys or argv */
     double delay_s;
-    long rows;   /* -n; 0 = as many as the screen holds */
-    int width;   /* the terminal, columns */
-    int height;  /* the terminal, rows */
+    long rows;                      /* -n; 0 = as many as the screen holds */
+    int width;                      /* the terminal, columns */
+    int height;                     /* the terminal, rows */
     long batch_width, batch_height; /* --width/--height for --once; 0: the terminal's */
-    char *frame; /* the last frame rtd rendered (owned), NULL before the first */
+    char *frame;                    /* the last frame rtd rendered (owned), NULL before the first */
     size_t frame_len;
     char error[512]; /* the last error reply's first line, "" after a good frame */
 } top_t;
@@ -341,7 +344,7 @@ static void add_clipped(buf_t *b, const char *s, size_t n, int width)
 }
 
 /* Clears the screen and draws the last frame in height - 1 rows, then rtctl's own line:
- * the error rtd returned, or the sort and the keys. */
+ * the error rtd returned, or the sort and the delay. */
 static void top_draw(top_t *t)
 {
     buf_t b = {0};
@@ -362,8 +365,7 @@ static void top_draw(top_t *t)
     if (t->error[0])
         snprintf(line, sizeof(line), "rtctl: %s", t->error);
     else
-        snprintf(line, sizeof(line), "sort: %s | r R m b c C sort, q quit | every %gs", t->sort,
-                 t->delay_s);
+        snprintf(line, sizeof(line), "sort: %s | every %gs | q quit", t->sort, t->delay_s);
     buf_str(&b, "\033[7m");
     add_clipped(&b, line, strlen(line), t->width);
     buf_str(&b, "\033[0m");
@@ -371,12 +373,14 @@ static void top_draw(top_t *t)
     free(b.p);
 }
 
-/* Asks rtd for a frame of the terminal's size less rtctl's own line and draws it. */
+/* Asks rtd for a frame of the terminal's size less rtctl's own line (at least the smallest
+ * screen rtd renders; top_draw clips it to a smaller terminal) and draws it. */
 static void top_refresh(top_t *t)
 {
     int code = 0;
-    int height = t->height > 2 ? t->height - 1 : 1;
-    int r = top_request(t, 0, t->rows, t->width, height, &code);
+    int width = t->width < TOP_MIN_WIDTH ? TOP_MIN_WIDTH : t->width;
+    int height = t->height - 1 < TOP_MIN_HEIGHT ? TOP_MIN_HEIGHT : t->height - 1;
+    int r = top_request(t, 0, t->rows, width, height, &code);
     if (r)
         top_fail(t, r);
     if (code >= 200 && code < 300) {
