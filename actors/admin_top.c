@@ -326,26 +326,6 @@ static const char *human(uint64_t v, char *buf, size_t n)
     return buf;
 }
 
-/* Appends one line cut to width columns (bytes: every field is ASCII). */
-static void put_line(rt_buf_t *out, int width, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void put_line(rt_buf_t *out, int width, const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    size_t len = (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1;
-    if (len > (size_t)width)
-        len = (size_t)width;
-    rt_buf_add(out, line, len);
-    rt_buf_add(out, "\n", 1);
-}
-
 typedef struct {
     double interval_s;
     double util[TOP_SCHED_MAX];
@@ -429,57 +409,176 @@ static void top_json(rt_admin_cmd_t *c, const node_t *n, const sample_t *s)
         row_doc(rt_doc_add_object(rows, NULL), &s->rows[i], n->interval_s, false);
 }
 
+/*
+** The node panel as "label value" fields that wrap to the next line instead of
+** being cut, so a narrow terminal loses no figure (up to `max_lines` lines).
+*/
+typedef struct {
+    rt_buf_t *out;
+    int width, col, lines, max_lines;
+} fields_t;
+
+static void field(fields_t *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void field(fields_t *f, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if (n > f->width)
+        n = f->width;
+    if (f->col && f->col + 2 + n > f->width) {
+        rt_buf_add(f->out, "\n", 1);
+        f->col = 0;
+        f->lines++;
+    }
+    if (f->lines >= f->max_lines)
+        return;
+    if (f->col) {
+        rt_buf_add(f->out, "  ", 2);
+        f->col += 2;
+    }
+    rt_buf_add(f->out, text, (size_t)n);
+    f->col += n;
+}
+
+/* Ends the current group of fields: what follows starts a line of its own. */
+static void fields_break(fields_t *f)
+{
+    if (f->col && f->lines < f->max_lines) {
+        rt_buf_add(f->out, "\n", 1);
+        f->lines++;
+    }
+    f->col = 0;
+}
+
+enum { C_PID, C_TYPE, C_STATE, C_REDS, C_DREDS, C_MBOX, C_MEM, C_BIN, C_GCS, C_CPU, C_HANDLER, NCOLS };
+
+static const struct {
+    const char *title;
+    int width; /* the handler takes what is left, at least its title */
+    bool left;
+} columns[NCOLS] = {
+    {"PID", 15, true},  {"TYPE/NAME", 22, true}, {"STATE", 8, true}, {"REDS", 12, false},
+    {"+REDS", 10, false}, {"MBOX", 7, false},    {"MEMORY", 8, false}, {"BIN", 8, false},
+    {"GCS", 7, false},  {"CPU%", 6, false},      {"HANDLER", 7, true},
+};
+
+/*
+** Which columns a screen of `width` shows: the pid, the type and the sort's
+** own column first, then the others by how much an operator looks at them;
+** shown in their usual order.
+*/
+static void pick_columns(sort_t sort, int width, bool shown[NCOLS])
+{
+    static const int by_sort[] = {[SORT_REDS] = C_DREDS, [SORT_REDS_TOTAL] = C_REDS,
+                                  [SORT_MEMORY] = C_MEM,   [SORT_MAILBOX] = C_MBOX,
+                                  [SORT_CPU] = C_CPU,      [SORT_CPU_TOTAL] = C_CPU};
+    int order[] = {C_PID, by_sort[sort], C_TYPE, C_CPU,   C_DREDS, C_MBOX,
+                   C_MEM, C_REDS,        C_STATE, C_BIN, C_GCS,   C_HANDLER};
+    int used = 0;
+    memset(shown, 0, NCOLS * sizeof(bool));
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+        int k = order[i];
+        if (shown[k])
+            continue;
+        int need = columns[k].width + (used ? 1 : 0);
+        if (used + need > width)
+            continue;
+        shown[k] = true;
+        used += need;
+    }
+}
+
+static void put_row(rt_buf_t *o, int width, const bool shown[NCOLS], char cells[NCOLS][64])
+{
+    char line[1024];
+    size_t len = 0;
+    for (int k = 0; k < NCOLS && len < sizeof(line); k++) {
+        if (!shown[k])
+            continue;
+        int w = k == C_HANDLER ? 0 : columns[k].width;
+        len += (size_t)snprintf(line + len, sizeof(line) - len, "%s%*.*s", len ? " " : "",
+                                columns[k].left ? -w : w, k == C_HANDLER ? 63 : w, cells[k]);
+    }
+    if (len >= sizeof(line))
+        len = sizeof(line) - 1;
+    while (len && line[len - 1] == ' ')
+        len--;
+    rt_buf_add(o, line, len > (size_t)width ? (size_t)width : len);
+    rt_buf_add(o, "\n", 1);
+}
+
+#define TOP_PANEL_LINES_MAX 8
+
 static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int width, int height)
 {
     rt_buf_t *o = &c->text;
-    char hb[8][16];
+    char h[8][16];
     rt_stats_t rs;
     rt_stats(&rs);
     uint64_t up = rt__admin_uptime_ms() / 1000;
-    put_line(o, width,
-             "rtd %s  up %lluh%02llum%02llus  actors %llu/%llu  connections %llu  sessions %llu  "
-             "interval %.2fs",
-             rt__admin_version(), (unsigned long long)(up / 3600),
-             (unsigned long long)(up / 60 % 60), (unsigned long long)(up % 60),
-             (unsigned long long)s->actors, (unsigned long long)rs.max_actors,
-             (unsigned long long)n->connections, (unsigned long long)n->sessions, n->interval_s);
-    char sched[512];
-    size_t used = 0;
-    for (size_t i = 0; i < n->nsched && used < sizeof(sched); i++)
-        used += (size_t)snprintf(sched + used, sizeof(sched) - used, " %s%zu %5.1f%% rq %llu",
-                                 n->blocking[i] ? "blk" : "s", i, n->util[i] * 100,
-                                 (unsigned long long)n->run_queue[i]);
-    put_line(o, width, "schedulers%s", sched);
+    fields_t f = {o, width, 0, 0, height - 3 < TOP_PANEL_LINES_MAX ? height - 3
+                                                                   : TOP_PANEL_LINES_MAX};
+    field(&f, "rtd %s", rt__admin_version());
+    field(&f, "up %lluh%02llum%02llus", (unsigned long long)(up / 3600),
+          (unsigned long long)(up / 60 % 60), (unsigned long long)(up % 60));
+    field(&f, "actors %llu/%llu", (unsigned long long)s->actors, (unsigned long long)rs.max_actors);
+    field(&f, "connections %llu", (unsigned long long)n->connections);
+    field(&f, "sessions %llu", (unsigned long long)n->sessions);
+    field(&f, "interval %.2fs", n->interval_s);
+    fields_break(&f);
+    for (size_t i = 0; i < n->nsched; i++)
+        field(&f, "%s%zu %5.1f%% rq %llu", n->blocking[i] ? "blk" : "sched", i, n->util[i] * 100,
+              (unsigned long long)n->run_queue[i]);
+    fields_break(&f);
     const rt_admin_mem_t *m = &n->mem;
-    put_line(o, width, "memory  rss %s  heaps %s  binaries %s  actors %s  lua %s  sinks %s  "
-                       "trie %s  retained %s",
-             human(m->rss, hb[0], 16), human(m->heaps, hb[1], 16), human(m->binaries, hb[2], 16),
-             human(m->actors, hb[3], 16), human(m->lua, hb[4], 16),
-             human(m->sink_queues, hb[5], 16), human(m->topic_trie, hb[6], 16),
-             human(m->retained, hb[7], 16));
-    put_line(o, width,
-             "messages/s  in %.0f  out %.0f   gcs/s %.0f   mailboxes %llu   runnable %llu  "
-             "muted %llu",
-             n->in_per_s, n->out_per_s, n->gcs_per_s, (unsigned long long)s->mailbox,
-             (unsigned long long)s->by_status[RT_STATUS_RUNNABLE],
-             (unsigned long long)s->by_status[RT_STATUS_MUTED]);
-    put_line(o, width, "sort: %s   keys: r R m b c C sort  q quit", sort_titles[s->sort]);
-    put_line(o, width, "%-16s %-22s %-8s %12s %10s %7s %8s %8s %7s %6s %s", "PID", "TYPE/NAME",
-             "STATE", "REDS", "+REDS", "MBOX", "MEMORY", "BIN", "GCS", "CPU%", "HANDLER");
-    int room = height - 6;
+    field(&f, "memory rss %s", human(m->rss, h[0], 16));
+    field(&f, "heaps %s", human(m->heaps, h[1], 16));
+    field(&f, "binaries %s", human(m->binaries, h[2], 16));
+    field(&f, "actors %s", human(m->actors, h[3], 16));
+    field(&f, "lua %s", human(m->lua, h[4], 16));
+    field(&f, "sinks %s", human(m->sink_queues, h[5], 16));
+    field(&f, "trie %s", human(m->topic_trie, h[6], 16));
+    field(&f, "retained %s", human(m->retained, h[7], 16));
+    fields_break(&f);
+    field(&f, "msgs/s in %.0f", n->in_per_s);
+    field(&f, "out %.0f", n->out_per_s);
+    field(&f, "gcs/s %.0f", n->gcs_per_s);
+    field(&f, "mailboxes %llu", (unsigned long long)s->mailbox);
+    field(&f, "runnable %llu", (unsigned long long)s->by_status[RT_STATUS_RUNNABLE]);
+    field(&f, "muted %llu", (unsigned long long)s->by_status[RT_STATUS_MUTED]);
+    fields_break(&f);
+    field(&f, "sort: %s", sort_titles[s->sort]);
+    field(&f, "keys: r R m b c C sort, q quits");
+    fields_break(&f);
+
+    bool shown[NCOLS];
+    pick_columns(s->sort, width, shown);
+    char cells[NCOLS][64];
+    for (int k = 0; k < NCOLS; k++)
+        snprintf(cells[k], sizeof(cells[k]), "%s", columns[k].title);
+    put_row(o, width, shown, cells);
+    int room = height - f.lines - 1;
     for (size_t i = 0; i < s->nrows && (int)i < room; i++) {
         const row_t *r = &s->rows[i];
-        char pid[32], type[64];
-        rt__admin_pid_text(r->info.pid, pid, sizeof(pid));
-        snprintf(type, sizeof(type), "%s%s%s", r->info.type, r->info.name[0] ? "/" : "",
+        rt__admin_pid_text(r->info.pid, cells[C_PID], sizeof(cells[C_PID]));
+        snprintf(cells[C_TYPE], 64, "%s%s%s", r->info.type, r->info.name[0] ? "/" : "",
                  r->info.name);
-        put_line(o, width, "%-16s %-22.22s %-8s %12llu %10llu %7llu %8s %8s %7u %6.1f %s", pid,
-                 type, rt_status_name(r->info.status), (unsigned long long)r->info.reductions,
-                 (unsigned long long)r->dreds, (unsigned long long)r->info.mailbox_len,
-                 human(r->info.state_bytes + r->info.heap_bytes, hb[0], 16),
-                 human(r->info.bin_bytes, hb[1], 16),
-                 r->info.gc_count, (double)r->dcpu_ns / 1e7 / n->interval_s,
-                 r->info.current_handler ? r->info.current_handler : "");
+        snprintf(cells[C_STATE], 64, "%s", rt_status_name(r->info.status));
+        snprintf(cells[C_REDS], 64, "%llu", (unsigned long long)r->info.reductions);
+        snprintf(cells[C_DREDS], 64, "%llu", (unsigned long long)r->dreds);
+        snprintf(cells[C_MBOX], 64, "%llu", (unsigned long long)r->info.mailbox_len);
+        human(r->info.state_bytes + r->info.heap_bytes, cells[C_MEM], 64);
+        human(r->info.bin_bytes, cells[C_BIN], 64);
+        snprintf(cells[C_GCS], 64, "%u", r->info.gc_count);
+        snprintf(cells[C_CPU], 64, "%.1f", (double)r->dcpu_ns / 1e7 / n->interval_s);
+        snprintf(cells[C_HANDLER], 64, "%s", r->info.current_handler ? r->info.current_handler : "");
+        put_row(o, width, shown, cells);
     }
 }
 
@@ -493,7 +592,7 @@ int rt__admin_top(rt_admin_cmd_t *c)
         parse_sort(c, SORT_REDS, &s.sort))
         return c->code;
     if (!rows) /* as many as the screen holds */
-        rows = height - 6;
+        rows = height;
     s.limit = (size_t)rows;
     rt_admin_top_t *prev = c->top ? *c->top : NULL;
     s.prev = prev;

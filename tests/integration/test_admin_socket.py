@@ -147,3 +147,18 @@ def test_binary_words_reach_the_command(rtd):
     row = doc["rows"][0]
     assert row["topic"] == "t/1"
     assert "$binary" in row["payload"]  # bytes that are not UTF-8 are kept as bytes
+
+
+@pytest.mark.parametrize("width", [132, 80, 50, 30])
+def test_a_narrow_screen_keeps_the_sorted_column(rtd, width):
+    a = Admin(admin_path(rtd))
+    for sort, column in [("reductions", "+REDS"), ("memory", "MEMORY"), ("mailbox", "MBOX"),
+                         ("cpu", "CPU%")]:
+        code, screen = a.ask("top", "--sort", sort, "--width", str(width), "--height", "24")
+        assert code == 200
+        lines = screen.splitlines()
+        assert len(lines) <= 24 and all(len(line) <= width for line in lines), screen
+        header = next(line for line in lines if line.startswith("PID"))
+        assert column in header.split(), (sort, header)
+        # No figure of the panel is cut in the middle: each wraps whole to the next line.
+        assert all(not line.endswith((".", "/")) for line in lines), screen
