@@ -656,20 +656,6 @@ out:
     return 0;
 }
 
-int rt_trie_unsubscribe_all(rt_trie_t *t, rt_pid_t pid, const char *const *filters,
-                            const size_t *lens, size_t n, size_t *removed)
-{
-    size_t count = 0;
-    for (size_t i = 0; i < n; i++) {
-        int ex = 0;
-        if (rt_trie_unsubscribe(t, filters[i], lens[i], pid, &ex) == 0 && ex)
-            count++;
-    }
-    if (removed)
-        *removed = count;
-    return 0;
-}
-
 int rt_trie_share_pick(rt_trie_t *t, const char *share_filter, size_t len, rt_pid_t exclude,
                        rt_trie_alive_fn alive, void *arg, rt_pid_t *pid, rt_trie_opts_t *opts)
 {

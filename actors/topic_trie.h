@@ -135,16 +135,6 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
 /* Removes it; *existed says whether it was there (UNSUBACK 0x11 otherwise). */
 int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid, int *existed);
 
-/*
-** Removes all of pid's subscriptions. The trie keeps no per-subscriber index
-** (that would cost memory per subscription twice): the caller passes the
-** filters it subscribed, which the connection or session actor keeps anyway
-** for session state. Filters pid does not hold are ignored; *removed (may be
-** NULL) counts those it did.
-*/
-int rt_trie_unsubscribe_all(rt_trie_t *t, rt_pid_t pid, const char *const *filters,
-                            const size_t *lens, size_t n, size_t *removed);
-
 void rt_trie_scratch_init(rt_trie_scratch_t *s);
 void rt_trie_scratch_destroy(rt_trie_scratch_t *s);
 
