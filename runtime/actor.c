@@ -463,7 +463,6 @@ static void reclaim_actor(rt_retired_t *r)
     if (dead)
         atomic_fetch_add_explicit(&rt__rt->dead_letters, dead, memory_order_relaxed);
     free(atomic_load_explicit(&a->heap, memory_order_relaxed));
-    atomic_store_explicit(&rt__rt->slots[(uint32_t)a->pid].actor, NULL, memory_order_release);
     rt_idpool_free(&rt__rt->ids, (uint32_t)a->pid);
     uint8_t slab_class = a->slab_class;
     RT_POISON(a, sizeof(*a));
@@ -517,6 +516,14 @@ static void actor_exit(rt_actor_t *a)
         pthread_cond_broadcast(&rt->idle_cond);
         pthread_mutex_unlock(&rt->idle_lock);
     }
+    /*
+     * Unlinked before it is retired, as EBR requires: a thread that still found it in the
+     * pid table did so inside a region that the grace period waits for. (Unlinking at
+     * reclaim time let a snapshot or a lookup that had just read the slot touch the
+     * struct while it was being freed; TSan caught `rtctl vm` doing it.) The slot index
+     * itself is reused only after reclaim, so the pid cannot name another actor meanwhile.
+     */
+    atomic_store_explicit(&rt->slots[(uint32_t)a->pid].actor, NULL, memory_order_release);
     a->retired.reclaim = reclaim_actor;
     rt__ebr_retire(rt__tls.ebr, &a->retired);
 }

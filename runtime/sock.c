@@ -162,7 +162,9 @@ static void pin(rt_actor_t *a)
             best_n = n;
         }
     }
-    a->home = (int16_t)best;
+    /* Atomic only for rtctl's snapshot, which reads it from other threads at any time;
+       schedulers read it when the actor is made runnable, which the turn happens-before. */
+    __atomic_store_n(&a->home, (int16_t)best, __ATOMIC_RELAXED);
 }
 
 static int attach(rt_actor_t *self, int fd, bool listening, rt_sock_t **out)
