@@ -181,6 +181,20 @@ void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin);
 /* Counts n extra work units (reductions) for this actor, for fairness and introspection. */
 void rt_consume(rt_actor_t *self, uint32_t n);
 /*
+** Ends the calling actor's turn once the current message is handled, however
+** much of its batch is left: with messages still waiting it stays runnable and
+** goes to the back of its run queue, so the actors queued there, and the
+** scheduler's sockets and timers, get their turn first (BEAM swaps a process
+** out when its reductions run out). Nothing is lost or reordered: the next turn
+** resumes with the next message. A turn that yields with messages waiting
+** counts as a full one for overload (see rt_send_msg's muting): the actor is
+** not keeping up. An actor whose messages can be costly (a user script, say)
+** calls it when rt_turn_us passes its own budget. Call from handle only.
+*/
+void rt_yield(rt_actor_t *self);
+/* Microseconds the calling actor's current turn has run so far (from handle). */
+uint64_t rt_turn_us(const rt_actor_t *self);
+/*
 ** Forces a collection now (tests, or after dropping a large structure). The
 ** only roots are the actor's state: objects reachable only from the calling
 ** handler's local variables are freed, so call it with none held there.

@@ -376,6 +376,75 @@ def test_broken_rules_isolated(tmp_path):
         f"filtered=0 exception=0 budget=0 memory=0 rows={total}\n" in log, log
 
 
+# A rule that never returns on real traffic: every call burns its whole instruction budget
+# (rule_instructions, 1M by default: a few ms). The dry run ("{}") passes, so it loads.
+RUNAWAY_RULE = '''
+return {
+    name = "runaway",
+    from = "slow/#",
+    select = function(msg)
+        if msg.payload ~= "{}" then while true do end end
+        return nil
+    end,
+    to = { db = { table = "never" } },
+}
+'''
+
+
+def rule_worker_of(client_id, workers):
+    """The rule worker a client's messages go to (rule_engine.c: fnv1a(clientid) % workers)."""
+    h = 2166136261
+    for b in client_id.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h % workers
+
+
+def test_runaway_rule_does_not_stall_other_clients(tmp_path):
+    """A flood through a rule that burns its budget on every message keeps both rule workers
+    (rule_workers = 2, as many as schedulers) busy for seconds. A worker ends its turn once it
+    has run RT_RULE_TURN_US, so an unrelated client, whose topic no rule takes, still gets its
+    PUBACKs on time from whichever scheduler it lives on (a whole 100-message turn of such a
+    rule took ~0.5 s, and the PUBACK waited behind it)."""
+    db = str(tmp_path / "rw.db")
+    rtd = start(tmp_path, write_rules(tmp_path, runaway=RUNAWAY_RULE), sqlite_sink(db),
+                extra=["rule_workers=2"])
+    per_worker, window = 600, 1.5  # ~600 x 2.5 ms = 1.5 s of Lua per worker, past the window
+    lat = []
+    try:
+        ids = {}
+        for k in range(100):
+            ids.setdefault(rule_worker_of(f"flood{k}", 2), f"flood{k}")
+        floods = [mqtt_raw.Raw(rtd.port, cid, version=4) for cid in sorted(ids.values())]
+        probe = mqtt_raw.Raw(rtd.port, "probe", version=4)
+        for f in floods:
+            for i in range(per_worker):
+                f.publish(f"slow/{i}", b"%d" % i, qos=0)
+        deadline = time.monotonic() + window
+        pid = 0
+        while time.monotonic() < deadline:
+            pid = pid % 65535 + 1
+            t = time.monotonic()
+            probe.publish("fast/x", b"ping", qos=1, pid=pid)  # waits for the PUBACK (5 s)
+            lat.append(time.monotonic() - t)
+            time.sleep(0.002)
+        total = per_worker * len(floods)
+        # The flood outlasted the window: every probe competed with busy workers.
+        runaway = rtd.ctl_json("rules", "show", "runaway")
+        print(f"runaway rule: {runaway['matched']} of {total} messages run in the window")
+        assert runaway["matched"] < total, runaway
+        assert wait_for(lambda: rtd.ctl_json("rules", "show", "runaway")["matched"] == total,
+                        60), rtd.ctl_json("rules", "show", "runaway")
+        for f in floods + [probe]:
+            f.disconnect()
+    finally:
+        stop_ok(rtd)
+    lat.sort()
+    p99, worst = lat[int(len(lat) * 0.99)], lat[-1]
+    print(f"runaway rule: {len(lat)} PUBACKs, median {lat[len(lat) // 2] * 1000:.1f} ms, "
+          f"p99 {p99 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
+    assert p99 < 0.2, (p99, worst)
+    assert len(lat) >= 50, lat
+
 def run_rtd_expect_exit(tmp_path, rules, sinks, timeout=10):
     """Runs rtd that must refuse to start; returns (exit code, stderr)."""
     proc = subprocess.run(
