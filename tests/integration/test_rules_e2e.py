@@ -180,7 +180,8 @@ return {
         return { event = e.event, clientid = e.clientid, topic = e.topic, qos = e.qos,
                  reason = e.reason, reason_code = e.reason_code, proto_ver = e.proto_ver,
                  keepalive = e.keepalive, clean_start = e.clean_start,
-                 from_clientid = e.from_clientid, payload = e.payload, peer = e.peer,
+                 from_clientid = e.from_clientid, from_username = e.from_username,
+                 payload = e.payload, peer = e.peer,
                  username = e.username, retain = e.retain, at = e.timestamp }
     end,
     to = { db = { table = "events" } },
@@ -277,25 +278,37 @@ def test_takeover_events_and_peers(tmp_path, kept):
         ("client.disconnected", "normal", 0, "127.0.0.2:")]
 
 
-@pytest.mark.xfail(strict=True, reason="documented in etc/rules/README.md but never set: "
-                   "actors/conn.c passes no from_clientid (the canonical message does not carry "
-                   "the publisher's id)")
 def test_event_from_clientid(tmp_path):
+    """message.delivered / acked / dropped name the publisher (from_clientid, from_username),
+    which rides with the message outside the PUBLISH: the subscriber sees no trace of it."""
     db = str(tmp_path / "ev.db")
     rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db))
     try:
-        sub = mqtt_raw.Raw(rtd.port, "sub1", version=5)
-        sub.subscribe("ev/#", qos=0)
-        pub = mqtt_raw.Raw(rtd.port, "pub1", version=5)
-        pub.publish("ev/a", b"hello", qos=0)
-        assert sub.next_publish()["payload"] == b"hello"
+        # The subscriber takes packets of at most 64 bytes: a bigger message is dropped.
+        sub = mqtt_raw.Raw(rtd.port, "sub1", version=5, props=mqtt_raw.prop_u32(0x27, 64))
+        sub.subscribe("ev/#", qos=1)
+        pub = mqtt_raw.Raw(rtd.port, "pub1", version=5, username="bob")
+        pub.publish("ev/a", b"hello", qos=1)
+        p = sub.next_publish()
+        assert (p["payload"], p["props"]) == (b"hello", {}), p
+        sub.ack(mqtt_raw.PUBACK, p["pid"])
+        pub.publish("ev/big", b"x" * 200, qos=0)
+        anon = mqtt_raw.Raw(rtd.port, "anon", version=4)
+        anon.publish("ev/b", b"hi", qos=0)
+        p = sub.next_publish()
+        assert (p["payload"], p["props"]) == (b"hi", {}), p
         pub.disconnect()
+        anon.disconnect()
         sub.disconnect()
-        assert poll_count(db, "events", 6) == 6
-        assert query(db, "SELECT from_clientid FROM events WHERE event = 'message.delivered'") \
-            == [("pub1",)]
+        assert poll_count(db, "events", 11) == 11
+        rows = query(db, "SELECT event, topic, from_clientid, from_username FROM events "
+                         "WHERE event LIKE 'message.%' ORDER BY event, topic")
     finally:
         stop_ok(rtd)
+    assert rows == [("message.acked", "ev/a", "pub1", "bob"),
+                    ("message.delivered", "ev/a", "pub1", "bob"),
+                    ("message.delivered", "ev/b", "anon", None),
+                    ("message.dropped", "ev/big", "pub1", "bob")], rows
 
 
 # ---- 3. broken rules are isolated ----
