@@ -6,9 +6,10 @@
 ** (slot + generation), so a message to a dead actor is detected, counted as a
 ** dead letter and dropped, never a dangling pointer. One scheduler thread per
 ** core runs actors whose mailboxes are non-empty, a budget of messages per
-** turn; actors that own a socket stay on the loop that polls it, the others may
-** be stolen by an idle scheduler. Actors of a type marked RT_TYPE_BLOCKING run
-** on a separate small thread pool, so blocking drivers never stall a scheduler.
+** turn (an actor may end its turn sooner: rt_yield); actors that own a socket
+** stay on the loop that polls it, the others may be stolen by an idle
+** scheduler. Actors of a type marked RT_TYPE_BLOCKING run on a separate small
+** thread pool, so blocking drivers never stall a scheduler.
 **
 ** There is one runtime per process: rt_init() starts it, rt_shutdown() stops
 ** every actor and returns every byte. Functions that act on "the current
@@ -187,9 +188,10 @@ void rt_consume(rt_actor_t *self, uint32_t n);
 ** scheduler's sockets and timers, get their turn first (BEAM swaps a process
 ** out when its reductions run out). Nothing is lost or reordered: the next turn
 ** resumes with the next message. A turn that yields with messages waiting
-** counts as a full one for overload (see rt_send_msg's muting): the actor is
-** not keeping up. An actor whose messages can be costly (a user script, say)
-** calls it when rt_turn_us passes its own budget. Call from handle only.
+** counts as one that used its whole batch: turn after turn, the actor is
+** overloaded and the actors sending to it are muted, as when its batch runs
+** out. An actor whose messages can be costly (a user script, say) calls it
+** when rt_turn_us passes its own budget. Call from handle only.
 */
 void rt_yield(rt_actor_t *self);
 /* Microseconds the calling actor's current turn has run so far (from handle). */
