@@ -214,8 +214,20 @@ rt_pid_t rt_broker_lookup_client(const char *id);
 ** subscriber's connection for its version. canonical makes it from a decoded
 ** PUBLISH (or a will); route delivers it to every matching subscriber and, if
 ** it is retained, stores it.
+**
+** The publisher's client id and username (either may be NULL) ride in the
+** binary's tail, outside the PUBLISH, so rules can name the publisher in
+** message.* events: nothing reaches a subscriber, each message pays the bytes
+** once whatever its fan-out, and a delivery carries nothing more.
 */
-rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk);
+rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk, const char *from_clientid,
+                              const char *from_username);
+/*
+** The publisher canonical recorded: NULLs when none did (the broker's own
+** messages; messages restored from the store, which keeps the PUBLISH only).
+** The strings live as long as the binary.
+*/
+void rt_broker_canonical_from(rt_bin_t *bin, const char **clientid, const char **username);
 
 /* What the retained store holds per topic: the message and when it expires (0: never). */
 typedef struct rt_retained_msg_s {

@@ -236,6 +236,8 @@ static void rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, 
     rt_rule_event_t e = {.kind = kind, .topic = topic, .qos = qos, .reason_code = reason_code,
                          .reason = reason, .proto_ver = -1, .keepalive = -1, .clean_start = -1,
                          .canonical = canonical};
+    if (canonical)
+        rt_broker_canonical_from(canonical, &e.from_clientid, &e.from_username);
     rt_rules_event(&o, &e);
 }
 
@@ -1091,7 +1093,7 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
         w.publish.qos = pk->connect.will_qos;
         w.publish.retain = pk->connect.will_retain;
         w.props = pk->connect.will_props; /* the will's own properties travel with it */
-        c->will = rt_broker_canonical(&w);
+        c->will = rt_broker_canonical(&w, c->client_id, c->username);
         if (!c->will)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
         if (c->version == MQTT_V5) {
@@ -1163,7 +1165,8 @@ static void deliver_one(void *arg, const rt_trie_delivery_t *d)
     send_delivery(d->pid, r->bin, &dd, d->sub_ids);
 }
 
-rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk)
+rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk, const char *from_clientid,
+                              const char *from_username)
 {
     mqtt_packet_t c = *pk;
     c.type = MQTT_PUBLISH;
@@ -1176,12 +1179,34 @@ rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk)
     size_t len;
     if (mqtt_encode(&c, NULL, 0, 0, &len, NULL) != 0)
         return NULL;
-    rt_bin_t *bin = rt_bin_alloc(len);
+    /* The tail: "clientid\0" then "username\0" when there is one (MQTT strings hold no NUL). */
+    size_t idn = from_clientid ? strlen(from_clientid) + 1 : 0;
+    size_t usern = idn && from_username ? strlen(from_username) + 1 : 0;
+    rt_bin_t *bin = rt_bin_alloc_tail(len, idn + usern);
     if (bin && mqtt_encode(&c, rt_bin_data(bin), len, 0, &len, NULL) != 0) {
         rt_bin_release(bin);
-        bin = NULL;
+        return NULL;
+    }
+    if (bin && idn) {
+        uint8_t *tail = rt_bin_data(bin) + rt_bin_len(bin);
+        memcpy(tail, from_clientid, idn);
+        if (usern)
+            memcpy(tail + idn, from_username, usern);
     }
     return bin;
+}
+
+void rt_broker_canonical_from(rt_bin_t *bin, const char **clientid, const char **username)
+{
+    size_t n;
+    const char *tail = (const char *)rt_bin_tail(bin, &n);
+    *clientid = *username = NULL;
+    if (!n)
+        return;
+    *clientid = tail;
+    size_t idn = strlen(tail) + 1;
+    if (idn < n)
+        *username = tail + idn;
 }
 
 /*
@@ -1290,7 +1315,7 @@ int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, c
     pk.publish.payload = (mqtt_str_t){payload, (uint32_t)payload_len};
     pk.publish.qos = qos;
     pk.publish.retain = retain;
-    rt_bin_t *bin = rt_broker_canonical(&pk);
+    rt_bin_t *bin = rt_broker_canonical(&pk, NULL, NULL); /* the broker's own: no client */
     if (!bin)
         return RT_ENOMEM;
     int rc = rt_broker_route(publisher, bin);
@@ -1503,7 +1528,7 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     uint64_t token = track ? ++c->sess->next_token : 0;
     uint32_t waits = 0;
     if (forward) {
-        rt_bin_t *bin = rt_broker_canonical(pk);
+        rt_bin_t *bin = rt_broker_canonical(pk, c->client_id, c->username);
         if (!bin)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
         int n = route(rt_self(self), bin, track ? rt_self(self) : 0, token, &waits);

@@ -67,6 +67,7 @@ static const setting_t settings[] = {
     INT(rule_workers, 1, 64, "rule worker actors (one Lua state each)"),
     INT(rule_instructions, 1000, 1e9, "Lua instructions one rule call may run"),
     INT(rule_flush_ms, 0, 1000, "ms a rule worker holds a partial sink batch; 0 = per turn"),
+    INT(rule_turn_us, 100, 1e6, "microseconds of rules a worker runs before it yields a turn"),
     INT(rule_memory, 1 << 20, 1e11, "bytes one rule worker's Lua state may hold"),
     INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
     {"data_dir", K_STRING, OFF(data_dir), sizeof(((rt_conf_t *)0)->data_dir), 0, 0, NULL,
@@ -117,6 +118,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->rule_instructions = 1000000;
     c->rule_memory = 64 << 20;
     c->rule_flush_ms = RT_CONF_RULE_FLUSH_MS;
+    c->rule_turn_us = RT_CONF_RULE_TURN_US;
     c->sys_interval = 10;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
     snprintf(c->log_level, sizeof(c->log_level), "info");

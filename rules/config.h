@@ -34,6 +34,14 @@ typedef struct rt_listen_s {
 ** waits up to its flush_ms (50) for a full batch anyway, so 2 ms adds little.
 */
 #define RT_CONF_RULE_FLUSH_MS 2
+/*
+** Microseconds of rule runs after which a worker ends its turn (rule_turn_us),
+** so the other actors on its scheduler run: a rule that burns its whole instruction
+** budget takes a few ms a message, and a 100-message turn of it held every
+** connection on that scheduler (their PUBACKs) for ~0.5 s. A typical rule call
+** takes microseconds, so a healthy worker seldom ends a turn early.
+*/
+#define RT_CONF_RULE_TURN_US 2000
 #define RT_CONF_MAX_SECTIONS 8
 #define RT_CONF_MAX_SECTION_KEYS 24
 #define RT_CONF_KEY_LEN 48
@@ -106,6 +114,7 @@ typedef struct rt_conf_s {
     long rule_workers;         /* rule worker actors, one Lua state each */
     long rule_instructions;    /* Lua instructions one rule call may run */
     long rule_flush_ms;        /* ms a worker holds a partial sink batch; 0 = one per turn */
+    long rule_turn_us;         /* microseconds of rules a worker runs before it yields a turn */
     long rule_memory;          /* bytes one worker's Lua state may hold */
 
     /* Operations. */

@@ -119,6 +119,7 @@ static struct {
     size_t memory;
     long instructions;
     uint64_t flush_ms; /* rule_flush_ms: how long a partial batch waits; 0 = end of turn */
+    uint64_t turn_us;  /* rule_turn_us: a worker's turn ends once it has run this long */
     char dir[256];
 } E = {.admin = PTHREAD_MUTEX_INITIALIZER, .sets_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -1103,6 +1104,14 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         rt_exit(self, RT_REASON_NORMAL);
         break;
     }
+    /*
+    ** Past its time the worker lets the other actors on its scheduler run (a rule
+    ** that burns its instruction budget takes ms a call). Nothing here depends on
+    ** where a turn ends: rows wait for TAG_FLUSH (a message or a timer), durable
+    ** acks for the sink's commit, and both stay queued in order across turns.
+    */
+    if (rt_turn_us(self) >= E.turn_us)
+        rt_yield(self);
 }
 
 static void worker_trace(void *state, rt_gc_t *gc)
@@ -1226,6 +1235,7 @@ int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen)
     E.memory = (size_t)conf->rule_memory;
     E.instructions = conf->rule_instructions;
     E.flush_ms = conf->rule_flush_ms > 0 ? (uint64_t)conf->rule_flush_ms : 0;
+    E.turn_us = conf->rule_turn_us > 0 ? (uint64_t)conf->rule_turn_us : RT_CONF_RULE_TURN_US;
     snprintf(E.dir, sizeof(E.dir), "%s", conf->rules_dir);
     E.version = 0;
     /* Cache-line aligned: each worker's counters sit on their own line. */

@@ -43,8 +43,11 @@
 ** rule-set version holding every rule; a message goes to the worker picked by a
 ** hash of its client id, so one client's messages stay in order. A worker
 ** batches rows per sink (and per-sink options) over its turn and submits each
-** batch once. Rules are found through a topic trie (one lookup whatever the
-** number of rules) and a per-event list.
+** batch once. A worker's turn ends early once it has run rules for
+** rule_turn_us (rt_yield), so a rule that burns its budget on every message
+** delays the connections sharing its scheduler by a few ms, not a whole batch.
+** Rules are found through a topic trie (one lookup whatever the number of
+** rules) and a per-event list.
 **
 ** Metrics per rule (carried over reload by name): matched = passed + filtered
 ** + failed, failed = exception + budget + memory; rows out; the last error.
@@ -77,7 +80,8 @@ typedef struct rt_rules_durable_s {
 } rt_rules_durable_t;
 
 /* Tunables (defaults; rtd.conf sets rule_workers, rule_instructions, rule_memory,
-   rule_flush_ms: its default, RT_CONF_RULE_FLUSH_MS, is in config.h). */
+   rule_flush_ms and rule_turn_us: their defaults, RT_CONF_RULE_FLUSH_MS and
+   RT_CONF_RULE_TURN_US, are in config.h). */
 #define RT_RULES_BATCH_ROWS 1000           /* rows per sink batch before it is submitted */
 #define RT_RULES_BATCH_BYTES (1u << 20)    /* bytes per sink batch before it is submitted */
 #define RT_RULES_MAX_FILES 10000           /* rule files in rules_dir */

@@ -614,6 +614,19 @@ void rt_consume(rt_actor_t *self, uint32_t n)
                           memory_order_relaxed);
 }
 
+void rt_yield(rt_actor_t *self)
+{
+    RT_ASSERT(self == rt__tls.current);
+    self->yielded = 1;
+}
+
+uint64_t rt_turn_us(const rt_actor_t *self)
+{
+    RT_ASSERT(self == rt__tls.current);
+    (void)self;
+    return rt__ticks_to_ns(rt__ticks() - rt__tls.turn_start) / 1000;
+}
+
 /* ---- Turns ---- */
 
 static void deliver(rt_actor_t *a, rt_msg_t *m)
@@ -662,6 +675,7 @@ static bool park_muted(rt_actor_t *a)
 uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
 {
     rt__tls.current = a;
+    rt__tls.turn_start = start;
     atomic_store_explicit(&a->status, RT_STATUS_RUNNING, memory_order_relaxed);
     unsigned n = 0;
     if (RT_UNLIKELY(a->socks_unregistered))
@@ -689,10 +703,13 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
         if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
             process_signals(a);
         heap_check(a);
-        /* Sent to an overloaded actor: stop here rather than after the batch. */
-        if (a->mute_target)
+        /* Sent to an overloaded actor, or asked to yield: stop here rather than after the
+           batch. */
+        if (a->mute_target || a->yielded)
             break;
     }
+    bool yielded = a->yielded;
+    a->yielded = 0;
     add_relaxed(&a->reductions, n);
     if (a->socks)
         rt__sock_flush_turn(a);
@@ -705,11 +722,12 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
         return end;
     }
 
-    /* Overloaded: the batch ran out with messages left, turn after turn. It ends as soon as
-       a turn leaves the mailbox empty, however full that turn was. */
+    /* Overloaded: the batch (or the actor's own budget, when it yielded) ran out with
+       messages left, turn after turn. It ends as soon as a turn leaves the mailbox empty,
+       however full that turn was. */
     rt_msg_t *stub = stub_of(a);
     bool drained = a->mbox_tail == stub && !msg_next(stub);
-    if (n >= batch && !drained) {
+    if ((n >= batch || yielded) && !drained) {
         if (a->overload_turns < RT_OVERLOAD_TURNS && ++a->overload_turns == RT_OVERLOAD_TURNS)
             atomic_fetch_or_explicit(&a->sync_flags, RT_AF_OVERLOADED, memory_order_release);
     } else {

@@ -181,7 +181,7 @@ _Static_assert(sizeof(large_t) % 16 == 0, "large objects must stay 16-byte align
 
 struct rt_bin_s {
     atomic_uint refs;
-    uint32_t pad;
+    uint32_t tail_len; /* bytes after data[len] (rt_bin_alloc_tail); in the header's padding */
     size_t len;
     uint8_t data[]; /* 16-byte aligned: the header is 16 bytes and malloc aligns to 16 */
 };
@@ -736,19 +736,30 @@ void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
 static atomic_size_t bin_live_count;
 static atomic_size_t bin_live_bytes;
 
-rt_bin_t *rt_bin_alloc(size_t len)
+/* Every byte a binary holds past its header: what the totals and a holder's heap count. */
+static size_t bin_bytes(const rt_bin_t *b)
 {
-    if (len > SIZE_MAX - sizeof(rt_bin_t))
+    return b->len + b->tail_len;
+}
+
+rt_bin_t *rt_bin_alloc_tail(size_t len, size_t tail_len)
+{
+    if (tail_len > UINT32_MAX || len > SIZE_MAX - sizeof(rt_bin_t) - tail_len)
         return NULL;
-    rt_bin_t *b = malloc(sizeof(rt_bin_t) + len);
+    rt_bin_t *b = malloc(sizeof(rt_bin_t) + len + tail_len);
     if (!b)
         return NULL;
     atomic_init(&b->refs, 1);
-    b->pad = 0;
+    b->tail_len = (uint32_t)tail_len;
     b->len = len;
     atomic_fetch_add_explicit(&bin_live_count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&bin_live_bytes, len, memory_order_relaxed);
+    atomic_fetch_add_explicit(&bin_live_bytes, len + tail_len, memory_order_relaxed);
     return b;
+}
+
+rt_bin_t *rt_bin_alloc(size_t len)
+{
+    return rt_bin_alloc_tail(len, 0);
 }
 
 rt_bin_t *rt_bin_new(const void *data, size_t len)
@@ -773,8 +784,8 @@ void rt_bin_release(rt_bin_t *b)
     if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
         return;
     atomic_fetch_sub_explicit(&bin_live_count, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&bin_live_bytes, b->len, memory_order_relaxed);
-    RT_POISON(b, sizeof *b + b->len);
+    atomic_fetch_sub_explicit(&bin_live_bytes, bin_bytes(b), memory_order_relaxed);
+    RT_POISON(b, sizeof *b + bin_bytes(b));
     free(b);
 }
 
@@ -786,6 +797,12 @@ uint8_t *rt_bin_data(rt_bin_t *b)
 size_t rt_bin_len(const rt_bin_t *b)
 {
     return b->len;
+}
+
+const uint8_t *rt_bin_tail(const rt_bin_t *b, size_t *tail_len)
+{
+    *tail_len = b->tail_len;
+    return b->data + b->len;
 }
 
 uint32_t rt_bin_refs(const rt_bin_t *b)
@@ -812,7 +829,7 @@ void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin)
     *p = bin;
     chunk_t *c = chunk_of(p);
     c->bin |= (uint64_t)1 << slot_of(c->cls, (uintptr_t)p);
-    RT_HEAP_ADD(h->bin_bytes, bin->len);
+    RT_HEAP_ADD(h->bin_bytes, bin_bytes(bin));
     return p;
 }
 
@@ -829,7 +846,7 @@ static void release_bins(rt_heap_t *h, chunk_t *c, uint64_t bits)
         unsigned i = (unsigned)__builtin_ctzll(bits);
         bits &= bits - 1;
         rt_bin_t *b = *(rt_bin_t **)(base + i * class_size[c->cls]);
-        RT_HEAP_SUB(h->bin_bytes, b->len);
+        RT_HEAP_SUB(h->bin_bytes, bin_bytes(b));
         rt_bin_release(b);
     }
 }

@@ -171,6 +171,17 @@ void rt_bin_release(rt_bin_t *b);                   /* NULL is ignored */
 uint8_t *rt_bin_data(rt_bin_t *b);
 size_t rt_bin_len(const rt_bin_t *b);
 uint32_t rt_bin_refs(const rt_bin_t *b);
+/*
+** A binary with a tail: len bytes of data (all that rt_bin_data and rt_bin_len
+** show) followed by tail_len bytes about them, filled with the data before the
+** binary is shared (at rt_bin_data(b) + len). The tail travels with every
+** reference at no cost to the holders (its length sits in the header's
+** padding) and counts in rt_bin_totals and heap bin_bytes like the data. Copies
+** of the data alone (rt_bin_new) do not carry it. NULL on OOM or a tail of 4 GiB.
+*/
+rt_bin_t *rt_bin_alloc_tail(size_t len, size_t tail_len);
+/* The tail and its length (0 for a binary made without one). */
+const uint8_t *rt_bin_tail(const rt_bin_t *b, size_t *tail_len);
 
 /* Process-wide count and bytes of live binaries (for accounting and leak tests). */
 void rt_bin_totals(size_t *count, size_t *bytes);

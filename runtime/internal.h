@@ -64,6 +64,7 @@ typedef struct rt_tls_s {
     bool blocking_thread;   /* a blocking-pool thread */
     rt_ebr_thread_t *ebr;   /* NULL for threads outside the runtime */
     rt_actor_t *current;    /* actor in a callback, or NULL */
+    uint64_t turn_start;    /* ticks when the current actor's turn began (rt_turn_us) */
 } rt_tls_t;
 
 extern _Thread_local rt_tls_t rt__tls;
@@ -153,6 +154,7 @@ struct rt_actor_s {
     char *_Atomic name;           /* registered name (registry lock) */
     rt_sock_t *socks;             /* sockets this actor owns */
     uint8_t socks_unregistered;   /* adopted off the home thread; epoll waits for a turn there */
+    uint8_t yielded;              /* rt_yield was called: the turn ends after this message */
     size_t max_heap;
     rt_retired_t retired;
     /* Created by the first allocation: an actor that never allocates (most idle ones)

@@ -6,9 +6,10 @@
 ** (slot + generation), so a message to a dead actor is detected, counted as a
 ** dead letter and dropped, never a dangling pointer. One scheduler thread per
 ** core runs actors whose mailboxes are non-empty, a budget of messages per
-** turn; actors that own a socket stay on the loop that polls it, the others may
-** be stolen by an idle scheduler. Actors of a type marked RT_TYPE_BLOCKING run
-** on a separate small thread pool, so blocking drivers never stall a scheduler.
+** turn (an actor may end its turn sooner: rt_yield); actors that own a socket
+** stay on the loop that polls it, the others may be stolen by an idle
+** scheduler. Actors of a type marked RT_TYPE_BLOCKING run on a separate small
+** thread pool, so blocking drivers never stall a scheduler.
 **
 ** There is one runtime per process: rt_init() starts it, rt_shutdown() stops
 ** every actor and returns every byte. Functions that act on "the current
@@ -180,6 +181,21 @@ void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind);
 void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin);
 /* Counts n extra work units (reductions) for this actor, for fairness and introspection. */
 void rt_consume(rt_actor_t *self, uint32_t n);
+/*
+** Ends the calling actor's turn once the current message is handled, however
+** much of its batch is left: with messages still waiting it stays runnable and
+** goes to the back of its run queue, so the actors queued there, and the
+** scheduler's sockets and timers, get their turn first (BEAM swaps a process
+** out when its reductions run out). Nothing is lost or reordered: the next turn
+** resumes with the next message. A turn that yields with messages waiting
+** counts as one that used its whole batch: turn after turn, the actor is
+** overloaded and the actors sending to it are muted, as when its batch runs
+** out. An actor whose messages can be costly (a user script, say) calls it
+** when rt_turn_us passes its own budget. Call from handle only.
+*/
+void rt_yield(rt_actor_t *self);
+/* Microseconds the calling actor's current turn has run so far (from handle). */
+uint64_t rt_turn_us(const rt_actor_t *self);
 /*
 ** Forces a collection now (tests, or after dropping a large structure). The
 ** only roots are the actor's state: objects reachable only from the calling

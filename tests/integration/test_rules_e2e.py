@@ -180,7 +180,8 @@ return {
         return { event = e.event, clientid = e.clientid, topic = e.topic, qos = e.qos,
                  reason = e.reason, reason_code = e.reason_code, proto_ver = e.proto_ver,
                  keepalive = e.keepalive, clean_start = e.clean_start,
-                 from_clientid = e.from_clientid, payload = e.payload, peer = e.peer,
+                 from_clientid = e.from_clientid, from_username = e.from_username,
+                 payload = e.payload, peer = e.peer,
                  username = e.username, retain = e.retain, at = e.timestamp }
     end,
     to = { db = { table = "events" } },
@@ -277,25 +278,37 @@ def test_takeover_events_and_peers(tmp_path, kept):
         ("client.disconnected", "normal", 0, "127.0.0.2:")]
 
 
-@pytest.mark.xfail(strict=True, reason="documented in etc/rules/README.md but never set: "
-                   "actors/conn.c passes no from_clientid (the canonical message does not carry "
-                   "the publisher's id)")
 def test_event_from_clientid(tmp_path):
+    """message.delivered / acked / dropped name the publisher (from_clientid, from_username),
+    which rides with the message outside the PUBLISH: the subscriber sees no trace of it."""
     db = str(tmp_path / "ev.db")
     rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db))
     try:
-        sub = mqtt_raw.Raw(rtd.port, "sub1", version=5)
-        sub.subscribe("ev/#", qos=0)
-        pub = mqtt_raw.Raw(rtd.port, "pub1", version=5)
-        pub.publish("ev/a", b"hello", qos=0)
-        assert sub.next_publish()["payload"] == b"hello"
+        # The subscriber takes packets of at most 64 bytes: a bigger message is dropped.
+        sub = mqtt_raw.Raw(rtd.port, "sub1", version=5, props=mqtt_raw.prop_u32(0x27, 64))
+        sub.subscribe("ev/#", qos=1)
+        pub = mqtt_raw.Raw(rtd.port, "pub1", version=5, username="bob")
+        pub.publish("ev/a", b"hello", qos=1)
+        p = sub.next_publish()
+        assert (p["payload"], p["props"]) == (b"hello", {}), p
+        sub.ack(mqtt_raw.PUBACK, p["pid"])
+        pub.publish("ev/big", b"x" * 200, qos=0)
+        anon = mqtt_raw.Raw(rtd.port, "anon", version=4)
+        anon.publish("ev/b", b"hi", qos=0)
+        p = sub.next_publish()
+        assert (p["payload"], p["props"]) == (b"hi", {}), p
         pub.disconnect()
+        anon.disconnect()
         sub.disconnect()
-        assert poll_count(db, "events", 6) == 6
-        assert query(db, "SELECT from_clientid FROM events WHERE event = 'message.delivered'") \
-            == [("pub1",)]
+        assert poll_count(db, "events", 11) == 11
+        rows = query(db, "SELECT event, topic, from_clientid, from_username FROM events "
+                         "WHERE event LIKE 'message.%' ORDER BY event, topic")
     finally:
         stop_ok(rtd)
+    assert rows == [("message.acked", "ev/a", "pub1", "bob"),
+                    ("message.delivered", "ev/a", "pub1", "bob"),
+                    ("message.delivered", "ev/b", "anon", None),
+                    ("message.dropped", "ev/big", "pub1", "bob")], rows
 
 
 # ---- 3. broken rules are isolated ----
@@ -375,6 +388,75 @@ def test_broken_rules_isolated(tmp_path):
     assert f"rule.stopped rule=good matched={total} passed={total} " \
         f"filtered=0 exception=0 budget=0 memory=0 rows={total}\n" in log, log
 
+
+# A rule that never returns on real traffic: every call burns its whole instruction budget
+# (rule_instructions, 1M by default: a few ms). The dry run ("{}") passes, so it loads.
+RUNAWAY_RULE = '''
+return {
+    name = "runaway",
+    from = "slow/#",
+    select = function(msg)
+        if msg.payload ~= "{}" then while true do end end
+        return nil
+    end,
+    to = { db = { table = "never" } },
+}
+'''
+
+
+def rule_worker_of(client_id, workers):
+    """The rule worker a client's messages go to (rule_engine.c: fnv1a(clientid) % workers)."""
+    h = 2166136261
+    for b in client_id.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h % workers
+
+
+def test_runaway_rule_does_not_stall_other_clients(tmp_path):
+    """A flood through a rule that burns its budget on every message keeps both rule workers
+    (rule_workers = 2, as many as schedulers) busy for seconds. A worker ends its turn once it
+    has run RT_RULE_TURN_US, so an unrelated client, whose topic no rule takes, still gets its
+    PUBACKs on time from whichever scheduler it lives on (a whole 100-message turn of such a
+    rule took ~0.5 s, and the PUBACK waited behind it)."""
+    db = str(tmp_path / "rw.db")
+    rtd = start(tmp_path, write_rules(tmp_path, runaway=RUNAWAY_RULE), sqlite_sink(db),
+                extra=["rule_workers=2"])
+    per_worker, window = 600, 1.5  # ~600 x 2.5 ms = 1.5 s of Lua per worker, past the window
+    lat = []
+    try:
+        ids = {}
+        for k in range(100):
+            ids.setdefault(rule_worker_of(f"flood{k}", 2), f"flood{k}")
+        floods = [mqtt_raw.Raw(rtd.port, cid, version=4) for cid in sorted(ids.values())]
+        probe = mqtt_raw.Raw(rtd.port, "probe", version=4)
+        for f in floods:
+            for i in range(per_worker):
+                f.publish(f"slow/{i}", b"%d" % i, qos=0)
+        deadline = time.monotonic() + window
+        pid = 0
+        while time.monotonic() < deadline:
+            pid = pid % 65535 + 1
+            t = time.monotonic()
+            probe.publish("fast/x", b"ping", qos=1, pid=pid)  # waits for the PUBACK (5 s)
+            lat.append(time.monotonic() - t)
+            time.sleep(0.002)
+        total = per_worker * len(floods)
+        # The flood outlasted the window: every probe competed with busy workers.
+        runaway = rtd.ctl_json("rules", "show", "runaway")
+        print(f"runaway rule: {runaway['matched']} of {total} messages run in the window")
+        assert runaway["matched"] < total, runaway
+        assert wait_for(lambda: rtd.ctl_json("rules", "show", "runaway")["matched"] == total,
+                        60), rtd.ctl_json("rules", "show", "runaway")
+        for f in floods + [probe]:
+            f.disconnect()
+    finally:
+        stop_ok(rtd)
+    lat.sort()
+    p99, worst = lat[int(len(lat) * 0.99)], lat[-1]
+    print(f"runaway rule: {len(lat)} PUBACKs, median {lat[len(lat) // 2] * 1000:.1f} ms, "
+          f"p99 {p99 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
+    assert p99 < 0.2, (p99, worst)
+    assert len(lat) >= 50, lat
 
 def run_rtd_expect_exit(tmp_path, rules, sinks, timeout=10):
     """Runs rtd that must refuse to start; returns (exit code, stderr)."""

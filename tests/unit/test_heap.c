@@ -404,6 +404,42 @@ static void test_binaries(void)
     CHECK_EQ(bytes, bytes0);
 }
 
+/* A tail rides after the data: invisible to rt_bin_len, counted wherever bytes are. */
+static void test_binary_tail(void)
+{
+    size_t count0, bytes0, count, bytes, n;
+    rt_bin_totals(&count0, &bytes0);
+    rt_bin_t *b = rt_bin_alloc_tail(5, 4);
+    CHECK(b != NULL);
+    memcpy(rt_bin_data(b), "hello", 5);
+    memcpy(rt_bin_data(b) + 5, "pub", 4);
+    CHECK_EQ(rt_bin_len(b), 5);
+    CHECK_EQ((uintptr_t)rt_bin_data(b) % 16, 0);
+    CHECK(memcmp(rt_bin_tail(b, &n), "pub", 4) == 0);
+    CHECK_EQ(n, 4);
+    rt_bin_totals(&count, &bytes);
+    CHECK_EQ(count, count0 + 1);
+    CHECK_EQ(bytes, bytes0 + 9);
+    rt_heap_t h;
+    rt_heap_init(&h);
+    rt_heap_hold_bin(&h, rt_bin_retain(b));
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    CHECK_EQ(st.bin_bytes, 9);
+    rt_heap_destroy(&h);
+    rt_bin_release(b);
+    rt_bin_totals(&count, &bytes);
+    CHECK_EQ(count, count0);
+    CHECK_EQ(bytes, bytes0);
+
+    /* Made without one: an empty tail, and a copy of the data alone carries none. */
+    b = rt_bin_new("hello", 5);
+    rt_bin_tail(b, &n);
+    CHECK_EQ(n, 0);
+    rt_bin_release(b);
+    CHECK(rt_bin_alloc_tail(1, (size_t)UINT32_MAX + 1) == NULL);
+}
+
 static void test_large(void)
 {
     rt_heap_t h;
@@ -1017,6 +1053,7 @@ int main(int argc, char **argv)
     RUN_IF(test_leaf_not_scanned);
     RUN_IF(test_foreign_pointers);
     RUN_IF(test_binaries);
+    RUN_IF(test_binary_tail);
     RUN_IF(test_large);
     RUN_IF(test_free);
     RUN_IF(test_configure);

@@ -1,4 +1,5 @@
-/* Schedulers: rings, migration under concurrent senders, backpressure, blocking pool, idling. */
+/* Schedulers: rings, migration under concurrent senders, backpressure, blocking pool, idling,
+   rt_yield. */
 #include <pthread.h>
 #include <sys/resource.h>
 
@@ -278,6 +279,119 @@ static void test_idle_uses_no_cpu(void)
     CHECK(wait_alive(0, 10000));
 }
 
+/* ---- rt_yield: a yielding actor lets the others on its scheduler run between its messages ---- */
+enum { YIELD_N = 50 }; /* < RT_BATCH_DEFAULT: without yielding, one turn takes them all */
+
+typedef struct {
+    rt_pid_t other;
+    bool yield;
+    long next; /* sequence number expected next */
+} yielder_state_t;
+
+static atomic_long y_handled; /* messages the yielder handled */
+static atomic_long y_out_of_order;
+static atomic_long o_handled;     /* pings the other actor handled */
+static atomic_long o_interleaved; /* pings handled before the yielder's next message */
+static atomic_long y_turn_ok;     /* rt_turn_us counted a 2 ms busy wait */
+
+static void yielder_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    yielder_state_t *st = state;
+    if (m->tag == MSG_GO) {
+        memcpy(&st->other, m->data, sizeof(st->other));
+        memcpy(&st->yield, m->data + sizeof(st->other), sizeof(st->yield));
+        return;
+    }
+    long seq;
+    memcpy(&seq, m->data, sizeof(seq));
+    if (seq != st->next++)
+        atomic_fetch_add(&y_out_of_order, 1);
+    if (seq == 0) {
+        uint64_t t0 = test_now_ms();
+        while (test_now_ms() < t0 + 3)
+            ;
+        if (rt_turn_us(self) >= 2000)
+            atomic_fetch_add(&y_turn_ok, 1);
+    }
+    long done = atomic_fetch_add(&y_handled, 1) + 1;
+    rt_send(st->other, MSG_WORK, &done, sizeof(done));
+    if (st->yield)
+        rt_yield(self);
+}
+
+static const rt_actor_type_t yielder_type = {
+    .name = "yielder", .state_size = sizeof(yielder_state_t), .handle = yielder_handle};
+
+/* Counts a ping as interleaved when the yielder has not moved on since it sent it. */
+static void other_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    long done;
+    memcpy(&done, m->data, sizeof(done));
+    if (atomic_load(&y_handled) == done)
+        atomic_fetch_add(&o_interleaved, 1);
+    atomic_fetch_add(&o_handled, 1);
+}
+
+static const rt_actor_type_t other_type = {
+    .name = "other", .state_size = 8, .handle = other_handle};
+
+/* Sends the yielder its whole batch from inside a turn, so all of it is queued before it runs. */
+static void starter_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    rt_pid_t y;
+    memcpy(&y, m->data, sizeof(y));
+    rt_send(y, MSG_GO, m->data + sizeof(y), m->len - sizeof(y));
+    for (long i = 0; i < YIELD_N; i++)
+        rt_send(y, MSG_SEQ, &i, sizeof(i));
+}
+
+static const rt_actor_type_t starter_type = {
+    .name = "starter", .state_size = 8, .handle = starter_handle};
+
+/*
+** One scheduler, so "the same scheduler" is certain and the order is exact. The
+** yielder gets YIELD_N messages at once and pings the other actor from each: a
+** yielding one lets the other run after every message; one that does not runs
+** all YIELD_N in one turn (the control, which shows the check can fail).
+*/
+static void run_yield(bool yield)
+{
+    atomic_store(&y_handled, 0);
+    atomic_store(&y_out_of_order, 0);
+    atomic_store(&o_handled, 0);
+    atomic_store(&o_interleaved, 0);
+    atomic_store(&y_turn_ok, 0);
+    rt_pid_t y, o, s;
+    CHECK_EQ(rt_spawn(&yielder_type, NULL, &y), 0);
+    CHECK_EQ(rt_spawn(&other_type, NULL, &o), 0);
+    CHECK_EQ(rt_spawn(&starter_type, NULL, &s), 0);
+    unsigned char go[2 * sizeof(rt_pid_t) + sizeof(bool)];
+    memcpy(go, &y, sizeof(y));
+    memcpy(go + sizeof(y), &o, sizeof(o));
+    memcpy(go + 2 * sizeof(y), &yield, sizeof(yield));
+    rt_send(s, MSG_GO, go, sizeof(go));
+    CHECK(wait_at_least(&o_handled, YIELD_N, 10000));
+    CHECK_EQ(atomic_load(&y_handled), YIELD_N);
+    CHECK_EQ(atomic_load(&y_out_of_order), 0);
+    CHECK_EQ(atomic_load(&y_turn_ok), 1);
+    fprintf(stderr, "  %s: the other actor ran between %ld of %d messages\n",
+            yield ? "rt_yield" : "no yield", atomic_load(&o_interleaved), YIELD_N);
+    if (yield)
+        CHECK_EQ(atomic_load(&o_interleaved), YIELD_N);
+    else
+        CHECK_EQ(atomic_load(&o_interleaved), 1); /* only the last ping, after the batch */
+    rt_exit_signal(y, RT_REASON_KILL);
+    rt_exit_signal(o, RT_REASON_KILL);
+    rt_exit_signal(s, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
+static void test_yield(void)
+{
+    run_yield(true);
+    run_yield(false);
+}
+
 int main(void)
 {
     test_start(2);
@@ -287,6 +401,9 @@ int main(void)
     RUN(test_backpressure);
     RUN(test_blocking_pool);
     RUN(test_idle_uses_no_cpu);
+    rt_shutdown();
+    test_start(1);
+    RUN(test_yield);
     rt_shutdown();
     return CHECK_SUMMARY();
 }
