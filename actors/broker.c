@@ -315,6 +315,12 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
     int restored = rt_broker_restore(err, errlen);
     if (restored)
         return restored;
+    /* Before the listeners: the first CONNECT may need a full password hash. */
+    int vrc = rt_auth_verifier_start();
+    if (vrc && vrc != RT_EEXIST) { /* EEXIST: one runs already, from an earlier start */
+        snprintf(err, errlen, "cannot start the login verifier: %s", rt_strerror(vrc));
+        return vrc;
+    }
     for (unsigned i = 0; i < conf->nlisteners; i++) {
         rt_pid_t pid;
         int rc = rt_spawn(&rt_listener_type, (void *)&rt_broker->conf.listeners[i], &pid);
