@@ -476,6 +476,46 @@ size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud)
     return n;
 }
 
+typedef struct {
+    rt_pid_t *pids;
+    size_t n, cap, limit;
+    bool oom;
+} pids_t;
+
+static void collect_pid(const char *id, rt_pid_t pid, void *ud)
+{
+    (void)id;
+    pids_t *p = ud;
+    if (p->n == p->limit || p->oom)
+        return;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        rt_pid_t *np = realloc(p->pids, cap * sizeof(*np));
+        if (!np) {
+            p->oom = true;
+            return;
+        }
+        p->pids = np;
+        p->cap = cap;
+    }
+    p->pids[p->n++] = pid;
+}
+
+int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n)
+{
+    pids_t p = {.limit = limit ? limit : SIZE_MAX};
+    rt_broker_clients_each(collect_pid, &p);
+    if (p.oom) {
+        free(p.pids);
+        *pids = NULL;
+        *n = 0;
+        return RT_ENOMEM;
+    }
+    *pids = p.pids;
+    *n = p.n;
+    return 0;
+}
+
 /* ---- Listener ----
 ** Limits are applied at accept, before a connection costs an actor:
 **   max_connections         sockets open in the broker (stats.sockets);

@@ -284,11 +284,19 @@ void rt__broker_count_socket(unsigned listener, int delta);
 size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud), void *ud);
 
 /*
+** The pids of the client table's actors, at most limit of them (0: all), copied
+** out under the lock so the caller can message them afterwards without holding
+** up CONNECTs. Returns 0 with *pids (the caller frees it; NULL when none) and
+** *n, or RT_ENOMEM.
+*/
+int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n);
+
+/*
 ** Asks every client actor (connections and offline sessions) to check its
 ** subscriptions against the current ACL and end those it no longer allows
 ** (logged as client.acl_revoked). Call after the ACL was replaced; the checks
 ** run in the actors' own turns, shortly after. *asked (may be NULL) is set to
-** the actors asked. Returns 0, or RT_ENOMEM when some could not be asked.
+** the actors asked. Returns 0, or RT_ENOMEM (then none was asked).
 */
 int rt_broker_recheck_acl(size_t *asked);
 

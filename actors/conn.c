@@ -2152,46 +2152,24 @@ static void on_acl_recheck(rt_actor_t *self, conn_t *c)
     }
 }
 
-typedef struct {
-    rt_pid_t *pids;
-    size_t n, cap;
-    bool oom;
-} pid_list_t;
-
-static void collect_pid(const char *id, rt_pid_t pid, void *ud)
-{
-    (void)id;
-    pid_list_t *l = ud;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 256;
-        rt_pid_t *np = realloc(l->pids, cap * sizeof(*np));
-        if (!np) {
-            l->oom = true;
-            return;
-        }
-        l->pids = np;
-        l->cap = cap;
-    }
-    l->pids[l->n++] = pid;
-}
-
 int rt_broker_recheck_acl(size_t *asked)
 {
     if (asked)
         *asked = 0;
     if (!rt_broker)
         return 0; /* no broker, no clients */
-    pid_list_t l = {0};
-    /* The pids are copied out first: sending under the client table's lock would hold up
-       every CONNECT for as long. */
-    rt_broker_clients_each(collect_pid, &l);
+    rt_pid_t *pids;
+    size_t n;
+    int rc = rt_broker_client_pids(0, &pids, &n);
+    if (rc)
+        return rc;
     size_t sent = 0;
-    for (size_t i = 0; i < l.n; i++)
-        sent += rt_send(l.pids[i], MSG_ACL_RECHECK, NULL, 0) == 0;
-    free(l.pids);
+    for (size_t i = 0; i < n; i++)
+        sent += rt_send(pids[i], MSG_ACL_RECHECK, NULL, 0) == 0;
+    free(pids);
     if (asked)
         *asked = sent;
-    return l.oom ? RT_ENOMEM : 0;
+    return 0;
 }
 
 int rt_client_query(rt_pid_t conn, rt_pid_t reply_to, uint64_t cookie, bool with_subs)
