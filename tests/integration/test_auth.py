@@ -342,9 +342,7 @@ def test_login_burst_is_verified_off_the_schedulers(slow_hashes):
     for s in socks:
         s.close()
     assert pings, "no ping completed"
-    # The hashes took a while (one verifier, one at a time) ...
-    assert elapsed > 3 * hash_s, (elapsed, hash_s)
-    # ... and no scheduler was held up for one of them (a hash on a scheduler thread would
+    # No scheduler was held up for one of them (a hash on a scheduler thread would
     # keep the watcher's ping waiting for all of it).
     assert max(pings) < hash_s / 2, (max(pings), hash_s, elapsed)
     log = slow_hashes.read_log()
