@@ -946,9 +946,12 @@ int rt_auth_login_async(uint32_t reply_tag, const rt_auth_addr_t *addr, const ch
     rt_msg_t *m = rt_msg_new(RT_AUTH_MSG_VERIFY, sizeof(verify_req_t) + userlen + 1 + pwlen);
     if (!m)
         return RT_ENOMEM;
-    verify_req_t q = {.reply_tag = reply_tag, .userlen = (uint32_t)userlen,
-                      .pwlen = pw ? (uint32_t)pwlen : 0, .has_addr = addr != NULL,
-                      .has_user = user != NULL, .has_pw = pw != NULL};
+    verify_req_t q = {.reply_tag = reply_tag,
+                      .userlen = (uint32_t)userlen,
+                      .pwlen = pw ? (uint32_t)pwlen : 0,
+                      .has_addr = addr != NULL,
+                      .has_user = user != NULL,
+                      .has_pw = pw != NULL};
     if (addr)
         q.addr = *addr;
     memcpy(m->data, &q, sizeof(q));

@@ -173,7 +173,7 @@ int rt_auth_login_quick(const rt_auth_addr_t *addr, const char *user, const uint
 ** answer at most.
 */
 #define RT_AUTH_VERIFIER_NAME "auth_verifier"
-#define RT_AUTH_MSG_VERIFY (RT_MSG_USER + 0x5500) /* the verifier's request (cross-module block) */
+#define RT_AUTH_MSG_VERIFY (RT_MSG_USER + 0x5500) /* the verifier's request (broker.h blocks) */
 
 /* The answer: data of the reply_tag message the asker chose. */
 typedef struct rt_auth_verdict_s {

@@ -159,7 +159,7 @@ struct conn_s {
     uint8_t parse_pending : 1; /* MSG_PARSE_MORE is queued; socket reading is paused meanwhile */
     uint8_t slow_check : 1; /* MSG_SLOW_CHECK is pending */
     uint8_t clean_start : 1; /* of the last CONNECT (for administrators) */
-    uint8_t verifying : 1; /* the verifier is deciding the CONNECT at the front of partial */
+    uint8_t verifying : 1;   /* the verifier is deciding the CONNECT at the front of partial */
     uint8_t listener : 4;  /* the socket's listener (conf.listeners index, < 16) */
 };
 
@@ -983,8 +983,7 @@ static bool authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         return false;
     }
     if (rc == RT_AUTH_PENDING) /* no verifier (it is not running): decide here after all */
-        rc = rt_auth_login(have_addr ? &addr : NULL, user, pw, pk->connect.password.len,
-                           &delay_ms);
+        rc = rt_auth_login(have_addr ? &addr : NULL, user, pw, pk->connect.password.len, &delay_ms);
     if (rc == RT_AUTH_OK) {
         c->username = user;
         return true;
