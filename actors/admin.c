@@ -102,11 +102,27 @@ size_t rt__admin_sched_util(double *util, size_t max)
     return n;
 }
 
+/*
+** After an ACL was loaded from conf: the subscriptions made under the old one
+** are checked against it too (conn.c), not only the next SUBSCRIBE. Without an
+** ACL file everything is allowed, so there is nothing to take back.
+*/
+static void recheck_subscriptions(const rt_conf_t *conf)
+{
+    if (!conf->acl_file[0])
+        return;
+    size_t asked = 0;
+    if (rt_broker_recheck_acl(&asked) != 0)
+        rt_log(RT_LOG_WARNING, "acl.recheck_incomplete", "asked=%zu (out of memory)", asked);
+}
+
 int rt_admin_reload_auth(char *err, size_t errlen)
 {
     pthread_mutex_lock(&A.reload_lock);
     pthread_mutex_lock(&A.conf_lock);
     int rc = rt_auth_configure(A.conf, err, errlen);
+    if (rc == 0)
+        recheck_subscriptions(A.conf);
     pthread_mutex_unlock(&A.conf_lock);
     pthread_mutex_unlock(&A.reload_lock);
     if (rc)
@@ -213,6 +229,8 @@ int rt__admin_conf_set(const char *key, const char *value, char *err, size_t err
         /* The files are read before anything changes: a bad one leaves both as they were. */
         if (rt_auth_configure(scratch, err, errlen) != 0)
             code = 409;
+        else
+            recheck_subscriptions(scratch);
     } else if (broker_live(key)) {
         rc = rt_broker_set_limit(key, value, err, errlen);
         code = rc == 0 ? 200 : rc == RT_EBUSY ? 409 : rc == RT_ENOTFOUND ? 404 : 400;

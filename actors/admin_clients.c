@@ -36,31 +36,6 @@ struct rt_admin_gather_s {
     char who[RT_CLIENT_TEXT_MAX]; /* G_SHOW: the client id asked for */
 };
 
-typedef struct {
-    rt_pid_t *pids;
-    size_t n, cap, limit;
-    bool oom;
-} pids_t;
-
-static void collect_pid(const char *id, rt_pid_t pid, void *ud)
-{
-    (void)id;
-    pids_t *p = ud;
-    if (p->n == p->limit || p->oom)
-        return;
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 256;
-        rt_pid_t *np = realloc(p->pids, cap * sizeof(*np));
-        if (!np) {
-            p->oom = true;
-            return;
-        }
-        p->pids = np;
-        p->cap = cap;
-    }
-    p->pids[p->n++] = pid;
-}
-
 static uint64_t next_cookie(void)
 {
     static _Atomic uint64_t cookie = 1;
@@ -96,10 +71,12 @@ static int ask_all(rt_admin_cmd_t *c, gather_kind_t kind)
         return c->code;
     if (!rt_broker)
         return rt__admin_fail(c, 503, "the broker is not running");
-    pids_t p = {.limit = (size_t)limit};
-    rt_broker_clients_each(collect_pid, &p);
-    int rc = p.oom ? rt__admin_fail(c, 500, "out of memory") : start(c, kind, p.pids, p.n);
-    free(p.pids);
+    rt_pid_t *pids;
+    size_t n;
+    int rc = rt_broker_client_pids((size_t)limit, &pids, &n) != 0
+                 ? rt__admin_fail(c, 500, "out of memory")
+                 : start(c, kind, pids, n);
+    free(pids);
     return rc;
 }
 

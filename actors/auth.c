@@ -27,6 +27,7 @@
 #include "auth.h"
 #include "common.h"
 #include "rcu.h"
+#include "rt.h"
 
 #define RT_AUTH_MAX_FILE_BYTES (256u << 20) /* a password or ACL file larger is refused */
 #define RT_AUTH_MAX_NAME 65535              /* MQTT strings are at most this long */
@@ -471,7 +472,12 @@ static void remember(entry_t *e, const uint64_t t[4])
     atomic_store_explicit(&e->tag_seq, s + 2, memory_order_release);
 }
 
-int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen)
+/*
+** rt_auth_check, but with may_hash false a decision that needs a full hash
+** (no remembered tag matched) is not made: RT_AUTH_PENDING instead.
+*/
+static int check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen,
+                 bool may_hash)
 {
     /* An unknown user costs a hash like a known one's, so timing does not tell. */
     const entry_t decoy = {
@@ -484,6 +490,8 @@ int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_
     bool tagged = known && tag_of(e, pw, pwlen, t);
     if (tagged && remembered(e, t))
         return RT_AUTH_OK;
+    if (!may_hash)
+        return RT_AUTH_PENDING;
     uint8_t got[HASH_BYTES];
     if (compute(known ? e : &decoy, pw, pwlen, got) != 0)
         return RT_AUTH_BAD_PASSWORD;
@@ -494,6 +502,11 @@ int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_
     if (tagged)
         remember(e, t);
     return RT_AUTH_OK;
+}
+
+int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen)
+{
+    return check(a, user, pw, pwlen, true);
 }
 
 const char *rt_auth_result_name(int result)
@@ -507,6 +520,8 @@ const char *rt_auth_result_name(int result)
         return "unknown_user";
     case RT_AUTH_ANONYMOUS_REFUSED:
         return "anonymous_refused";
+    case RT_AUTH_PENDING:
+        return "pending";
     }
     return "unknown";
 }
@@ -795,9 +810,11 @@ void rt_auth_shutdown(void)
     rt_auth_limiter_free(atomic_exchange(&limiter, NULL));
 }
 
-int rt_auth_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw, size_t pwlen,
-                  uint32_t *delay_ms)
+/* rt_auth_login and rt_auth_login_quick: may_hash false leaves a full hash undone. */
+static int login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw, size_t pwlen,
+                 bool may_hash, uint32_t *delay_ms)
 {
+    *delay_ms = 0;
     int result = RT_AUTH_OK;
     if (!user) {
         if (!atomic_load(&allow_anonymous))
@@ -805,18 +822,19 @@ int rt_auth_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *p
     } else {
         const rt_auth_t *a = rt_rcu_enter(&current);
         if (a) {
-            result = rt_auth_check(a, user, pw, pw ? pwlen : 0);
+            result = check(a, user, pw, pw ? pwlen : 0, may_hash);
             if (result == RT_AUTH_OK && !pw)
                 result = RT_AUTH_BAD_PASSWORD; /* a listed user must give a password */
         }
         rt_rcu_leave();
     }
+    if (result == RT_AUTH_PENDING)
+        return result; /* undecided: neither counted nor noted against the address */
     atomic_uint_fast64_t *counter = result == RT_AUTH_OK             ? &counters.successes
                                     : result == RT_AUTH_BAD_PASSWORD ? &counters.bad_password
                                     : result == RT_AUTH_UNKNOWN_USER ? &counters.unknown_user
                                                                      : &counters.anonymous_refused;
     atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
-    *delay_ms = 0;
     rt_auth_limiter_t *l = atomic_load(&limiter);
     if (!addr || !l)
         return result;
@@ -825,6 +843,18 @@ int rt_auth_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *p
     else
         *delay_ms = rt_auth_limiter_fail(l, addr, monotonic_ms());
     return result;
+}
+
+int rt_auth_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw, size_t pwlen,
+                  uint32_t *delay_ms)
+{
+    return login(addr, user, pw, pwlen, true, delay_ms);
+}
+
+int rt_auth_login_quick(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw,
+                        size_t pwlen, uint32_t *delay_ms)
+{
+    return login(addr, user, pw, pwlen, false, delay_ms);
 }
 
 void rt_auth_stats(rt_auth_stats_t *out)
@@ -846,6 +876,92 @@ void rt_auth_stats(rt_auth_stats_t *out)
         rt_auth_limiter_usage(l, &entries, &out->delay_evictions);
         out->delay_entries = entries;
     }
+}
+
+/* ---- The verifier: full hashes on the blocking pool ---- */
+
+/*
+** A request: the connection that asked is m->from. The user name and password
+** follow the header; the message owns the only copy of the password and the
+** verifier wipes it once decided.
+*/
+typedef struct {
+    rt_auth_addr_t addr;
+    uint32_t reply_tag;
+    uint32_t userlen; /* bytes of the user name, NUL not counted */
+    uint32_t pwlen;
+    uint8_t has_addr, has_user, has_pw;
+    /* user name (NUL-terminated), then the password */
+} verify_req_t;
+
+static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag != RT_AUTH_MSG_VERIFY || m->len < sizeof(verify_req_t))
+        return;
+    verify_req_t q;
+    memcpy(&q, m->data, sizeof(q));
+    uint8_t *body = m->data + sizeof(q);
+    if (m->len < sizeof(q) + (size_t)q.userlen + 1 + q.pwlen || body[q.userlen] != 0) {
+        OPENSSL_cleanse(m->data, m->len);
+        return;
+    }
+    rt_auth_verdict_t v = {0};
+    v.result = login(q.has_addr ? &q.addr : NULL, q.has_user ? (const char *)body : NULL,
+                     q.has_pw ? body + q.userlen + 1 : NULL, q.pwlen, true, &v.delay_ms);
+    OPENSSL_cleanse(m->data, m->len);
+    /* A connection that ended meanwhile makes this a dead letter, which is all it costs. */
+    rt_send(m->from, q.reply_tag, &v, sizeof(v));
+    rt_consume(self, 100); /* one hash is worth many ordinary messages in rtctl top */
+}
+
+static const char *verifier_tag_name(uint32_t tag)
+{
+    return tag == RT_AUTH_MSG_VERIFY ? "verify" : "";
+}
+
+static const rt_actor_type_t verifier_type = {
+    .name = "auth_verifier",
+    .handle = verifier_handle,
+    .tag_name = verifier_tag_name,
+    .flags = RT_TYPE_BLOCKING,
+};
+
+int rt_auth_verifier_start(void)
+{
+    rt_spawn_opts_t opts = {.name = RT_AUTH_VERIFIER_NAME};
+    rt_pid_t pid;
+    return rt_spawn_opt(&verifier_type, NULL, &opts, &pid);
+}
+
+int rt_auth_login_async(uint32_t reply_tag, const rt_auth_addr_t *addr, const char *user,
+                        const uint8_t *pw, size_t pwlen)
+{
+    rt_pid_t verifier = rt_whereis(RT_AUTH_VERIFIER_NAME);
+    if (!verifier)
+        return RT_ENOPROC;
+    size_t userlen = user ? strlen(user) : 0;
+    if (userlen > RT_AUTH_MAX_NAME || pwlen > UINT16_MAX)
+        return RT_EINVAL; /* MQTT strings and binary data are shorter */
+    rt_msg_t *m = rt_msg_new(RT_AUTH_MSG_VERIFY, sizeof(verify_req_t) + userlen + 1 + pwlen);
+    if (!m)
+        return RT_ENOMEM;
+    verify_req_t q = {.reply_tag = reply_tag,
+                      .userlen = (uint32_t)userlen,
+                      .pwlen = pw ? (uint32_t)pwlen : 0,
+                      .has_addr = addr != NULL,
+                      .has_user = user != NULL,
+                      .has_pw = pw != NULL};
+    if (addr)
+        q.addr = *addr;
+    memcpy(m->data, &q, sizeof(q));
+    uint8_t *body = m->data + sizeof(q);
+    if (userlen)
+        memcpy(body, user, userlen);
+    body[userlen] = 0;
+    if (pw && pwlen)
+        memcpy(body + userlen + 1, pw, pwlen);
+    return rt_send_msg(verifier, m);
 }
 
 /* ---- rtd passwd ---- */

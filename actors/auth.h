@@ -27,6 +27,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "rt.h"
 
 #define RT_AUTH_PBKDF2_ITERATIONS 10000 /* rounds for new hashes: 5-8 ms CPU per full check */
 #define RT_AUTH_SALT_BYTES 16           /* salt for new hashes */
@@ -44,6 +45,7 @@ typedef enum rt_auth_result_e {
     RT_AUTH_BAD_PASSWORD = 1,      /* known user, wrong password */
     RT_AUTH_UNKNOWN_USER = 2,      /* not in the password file */
     RT_AUTH_ANONYMOUS_REFUSED = 3, /* no username and allow_anonymous is false */
+    RT_AUTH_PENDING = 4,           /* rt_auth_login_quick: only a full hash can decide */
 } rt_auth_result_t;
 
 const char *rt_auth_result_name(int result);
@@ -151,6 +153,45 @@ void rt_auth_shutdown(void);
 */
 int rt_auth_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw, size_t pwlen,
                   uint32_t *delay_ms);
+
+/*
+** rt_auth_login without the expensive part: decides at once when it can (no
+** password file, anonymous, or the password a user last logged in with,
+** remembered), else returns RT_AUTH_PENDING having counted and noted nothing.
+** Costs microseconds, so a scheduler thread may call it.
+*/
+int rt_auth_login_quick(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw,
+                        size_t pwlen, uint32_t *delay_ms);
+
+/*
+** The verifier: one RT_TYPE_BLOCKING actor, registered as RT_AUTH_VERIFIER_NAME,
+** that runs rt_auth_login for logins rt_auth_login_quick could not decide, so a
+** PBKDF2 (milliseconds each, and a password guesser's every try) never runs on
+** a scheduler thread. One, not a pool: a burst of logins then takes at most one
+** core (of the blocking pool's threads) and queues in its mailbox, in arrival
+** order; the queue is bounded by the connections open, each waiting for one
+** answer at most.
+*/
+#define RT_AUTH_VERIFIER_NAME "auth_verifier"
+#define RT_AUTH_MSG_VERIFY (RT_MSG_USER + 0x5500) /* the verifier's request (broker.h blocks) */
+
+/* The answer: data of the reply_tag message the asker chose. */
+typedef struct rt_auth_verdict_s {
+    int32_t result;    /* an rt_auth_result_t, never RT_AUTH_PENDING */
+    uint32_t delay_ms; /* as rt_auth_login's */
+} rt_auth_verdict_t;
+
+/* Spawns the verifier (the broker does, at start): 0 or an rt_spawn error. */
+int rt_auth_verifier_start(void);
+
+/*
+** From an actor: asks the verifier to decide a login (arguments as
+** rt_auth_login; user and pw are copied). The calling actor later receives a
+** message tagged reply_tag with an rt_auth_verdict_t. Returns 0, RT_ENOPROC
+** when no verifier runs (decide in place then), RT_EINVAL or RT_ENOMEM.
+*/
+int rt_auth_login_async(uint32_t reply_tag, const rt_auth_addr_t *addr, const char *user,
+                        const uint8_t *pw, size_t pwlen);
 
 typedef struct rt_auth_stats_s {
     uint64_t successes;

@@ -315,6 +315,12 @@ int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen)
     int restored = rt_broker_restore(err, errlen);
     if (restored)
         return restored;
+    /* Before the listeners: the first CONNECT may need a full password hash. */
+    int vrc = rt_auth_verifier_start();
+    if (vrc && vrc != RT_EEXIST) { /* EEXIST: one runs already, from an earlier start */
+        snprintf(err, errlen, "cannot start the login verifier: %s", rt_strerror(vrc));
+        return vrc;
+    }
     for (unsigned i = 0; i < conf->nlisteners; i++) {
         rt_pid_t pid;
         int rc = rt_spawn(&rt_listener_type, (void *)&rt_broker->conf.listeners[i], &pid);
@@ -468,6 +474,46 @@ size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud)
             fn(e->id, e->pid, ud);
     pthread_mutex_unlock(&b->clients_lock);
     return n;
+}
+
+typedef struct {
+    rt_pid_t *pids;
+    size_t n, cap, limit;
+    bool oom;
+} pids_t;
+
+static void collect_pid(const char *id, rt_pid_t pid, void *ud)
+{
+    (void)id;
+    pids_t *p = ud;
+    if (p->n == p->limit || p->oom)
+        return;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        rt_pid_t *np = realloc(p->pids, cap * sizeof(*np));
+        if (!np) {
+            p->oom = true;
+            return;
+        }
+        p->pids = np;
+        p->cap = cap;
+    }
+    p->pids[p->n++] = pid;
+}
+
+int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n)
+{
+    pids_t p = {.limit = limit ? limit : SIZE_MAX};
+    rt_broker_clients_each(collect_pid, &p);
+    if (p.oom) {
+        free(p.pids);
+        *pids = NULL;
+        *n = 0;
+        return RT_ENOMEM;
+    }
+    *pids = p.pids;
+    *n = p.n;
+    return 0;
 }
 
 /* ---- Listener ----

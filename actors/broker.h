@@ -279,8 +279,8 @@ void rt__broker_count_socket(unsigned listener, int delta);
 ** Message tags that cross modules take a block of 0x100 above RT_MSG_USER, so they
 ** can never meet an actor's private tags (those count up from RT_MSG_USER and stay
 ** below RT_MSG_USER + 0x5000): 0x5100 sinks, 0x5200 rules, 0x5300 store, 0x5400 the
-** broker's client messages. An actor that asks rt_client_query receives
-** RT_MSG_CLIENT_INFO whatever its own tags are.
+** broker's client messages, 0x5500 the login verifier (auth.h). An actor that asks
+** rt_client_query receives RT_MSG_CLIENT_INFO whatever its own tags are.
 */
 #define RT_BROKER_MSG_BASE (RT_MSG_USER + 0x5400)
 #define RT_MSG_CLIENT_INFO (RT_BROKER_MSG_BASE + 0) /* data: rt_client_info_t, then its subs */
@@ -294,6 +294,23 @@ void rt__broker_count_socket(unsigned listener, int delta);
 ** during the call); ask the actors afterwards. Returns the entries visited.
 */
 size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud), void *ud);
+
+/*
+** The pids of the client table's actors, at most limit of them (0: all), copied
+** out under the lock so the caller can message them afterwards without holding
+** up CONNECTs. Returns 0 with *pids (the caller frees it; NULL when none) and
+** *n, or RT_ENOMEM.
+*/
+int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n);
+
+/*
+** Asks every client actor (connections and offline sessions) to check its
+** subscriptions against the current ACL and end those it no longer allows
+** (logged as client.acl_revoked). Call after the ACL was replaced; the checks
+** run in the actors' own turns, shortly after. *asked (may be NULL) is set to
+** the actors asked. Returns 0, or RT_ENOMEM (then none was asked).
+*/
+int rt_broker_recheck_acl(size_t *asked);
 
 #define RT_CLIENT_TEXT_MAX 256 /* bytes kept of a client id or user name, NUL included */
 #define RT_CLIENT_PEER_MAX 64  /* "ip:port", NUL included */

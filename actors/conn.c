@@ -45,9 +45,11 @@ enum {
     MSG_AUTH_REFUSED,          /* tag timer: the held-back negative CONNACK is due */
     MSG_PARSE_MORE,            /* complete packets wait in the partial buffer (budget ran out) */
     MSG_SLOW_CHECK,            /* tag timer: is the client still not reading? */
+    MSG_LOGIN_VERDICT,         /* data: rt_auth_verdict_t, the verifier's answer (auth.h) */
     /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
     MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: query_t; answer RT_MSG_CLIENT_INFO */
     MSG_KICK,                              /* end the connection and the session */
+    MSG_ACL_RECHECK,                       /* the ACL changed: drop what it no longer allows */
 };
 
 typedef struct {
@@ -157,6 +159,7 @@ struct conn_s {
     uint8_t parse_pending : 1; /* MSG_PARSE_MORE is queued; socket reading is paused meanwhile */
     uint8_t slow_check : 1; /* MSG_SLOW_CHECK is pending */
     uint8_t clean_start : 1; /* of the last CONNECT (for administrators) */
+    uint8_t verifying : 1;   /* the verifier is deciding the CONNECT at the front of partial */
     uint8_t listener : 4;  /* the socket's listener (conf.listeners index, < 16) */
 };
 
@@ -937,9 +940,20 @@ static bool hand_socket_to(rt_actor_t *self, conn_t *c, rt_pid_t holder, const u
 }
 
 /*
-** The password file and allow_anonymous decide; a refused client gets its
-** negative CONNACK only after the delay the failed-login table asks for (so
-** guessing costs time per source address), and reads nothing meanwhile.
+** The verifier's answer for the CONNECT being parsed again (on_login_verdict):
+** set only around that parse, and one actor runs on a thread at a time.
+*/
+static _Thread_local const rt_auth_verdict_t *verdict_now;
+
+/*
+** The password file and allow_anonymous decide. A decision that needs a full
+** hash (a user's first login, or any wrong password) goes to the verifier
+** (auth.h) instead of costing this scheduler milliseconds: the connection then
+** reads nothing (the CONNECT and whatever followed it wait in the partial
+** buffer, and version is 0 again) until the answer comes, and the CONNECT is
+** parsed again with it. A refused client gets its negative CONNACK only after
+** the delay the failed-login table asks for (so guessing costs time per source
+** address), and reads nothing meanwhile.
 */
 static bool authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
@@ -950,10 +964,28 @@ static bool authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
                      : NULL;
     if (pk->connect.has_username && !user)
         return false;
+    const uint8_t *pw = pk->connect.has_password ? pk->connect.password.p : NULL;
     uint32_t delay_ms = 0;
-    int rc = rt_auth_login(have_addr ? &addr : NULL, user,
-                           pk->connect.has_password ? pk->connect.password.p : NULL,
-                           pk->connect.password.len, &delay_ms);
+    int rc;
+    const rt_auth_verdict_t *v = verdict_now;
+    verdict_now = NULL;
+    if (v) {
+        rc = v->result;
+        delay_ms = v->delay_ms;
+    } else {
+        rc = rt_auth_login_quick(have_addr ? &addr : NULL, user, pw, pk->connect.password.len,
+                                 &delay_ms);
+    }
+    if (rc == RT_AUTH_PENDING && rt_auth_login_async(MSG_LOGIN_VERDICT, have_addr ? &addr : NULL,
+                                                     user, pw, pk->connect.password.len) == 0) {
+        free(user);
+        c->verifying = 1;
+        c->version = 0;
+        rt_sock_pause_reading(c->sock, true);
+        return false;
+    }
+    if (rc == RT_AUTH_PENDING) /* no verifier (it is not running): decide here after all */
+        rc = rt_auth_login(have_addr ? &addr : NULL, user, pw, pk->connect.password.len, &delay_ms);
     if (rc == RT_AUTH_OK) {
         c->username = user;
         return true;
@@ -1683,20 +1715,30 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     return 0;
 }
 
+/*
+** Ends one subscription everywhere it is kept: the trie (no more deliveries),
+** the store and the client's list; rules hear of it. f may be the list's own
+** copy (it is forgotten last). Returns whether the trie had it.
+*/
+static bool drop_sub(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len)
+{
+    int existed = 0;
+    rt_trie_unsubscribe(rt_broker->trie, (const char *)f, len, rt_self(self), &existed);
+    if (c->stored)
+        rt_store_unsub(c->client_id, (const char *)f, len);
+    if (existed)
+        filter_event(c, RT_RULE_EV_SESSION_UNSUBSCRIBED, f, len, -1);
+    forget_sub(c, f, len);
+    return existed;
+}
+
 static int handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     uint8_t codes[256];
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
     while (n < sizeof(codes) && mqtt_sub_next(pk, &pos, &s)) {
-        int existed = 0;
-        rt_trie_unsubscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
-                            rt_self(self), &existed);
-        forget_sub(c, s.filter.p, s.filter.len);
-        if (c->stored)
-            rt_store_unsub(c->client_id, (const char *)s.filter.p, s.filter.len);
-        if (existed)
-            filter_event(c, RT_RULE_EV_SESSION_UNSUBSCRIBED, s.filter.p, s.filter.len, -1);
+        bool existed = drop_sub(self, c, s.filter.p, s.filter.len);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
     }
     mqtt_packet_t ack = {.type = MQTT_UNSUBACK, .packet_id = pk->packet_id};
@@ -1802,6 +1844,8 @@ static long parse(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
             protocol_error(self, c, rc == RT_EAGAIN ? MQTT_ERR(MQTT_RC_MALFORMED) : rc);
             return -1;
         }
+        if (c->verifying)
+            break; /* the CONNECT stays unconsumed: it is parsed again with the verdict */
         off += f.size;
     }
     return c->closing ? -1 : (long)off;
@@ -1881,6 +1925,20 @@ static void on_parse_more(rt_actor_t *self, conn_t *c)
         on_readable(self, c);
 }
 
+/*
+** The verifier decided this connection's CONNECT: parse it again (authenticate
+** takes the verdict), then whatever the client sent after it, then read on.
+*/
+static void on_login_verdict(rt_actor_t *self, conn_t *c, const rt_auth_verdict_t *v)
+{
+    if (!c->verifying)
+        return;
+    c->verifying = 0;
+    verdict_now = v;
+    on_parse_more(self, c);
+    verdict_now = NULL;
+}
+
 static void on_readable(rt_actor_t *self, conn_t *c)
 {
     routed_this_event = 0;
@@ -1899,6 +1957,8 @@ static void on_readable(rt_actor_t *self, conn_t *c)
         c->last_rx_ms = now_ms();
         rt__metric_add(RT_METRIC_BYTES_IN, len);
         feed(self, c, data, len);
+        if (c->verifying)
+            return; /* reading paused until the verdict: what came after CONNECT waits */
         if (!c->closing && routed_this_event >= RT_CONN_ROUTE_BUDGET) {
             yield_parsing(self, c);
             return;
@@ -2091,6 +2151,51 @@ static void on_kick(rt_actor_t *self, conn_t *c)
     rt_exit(self, RT_REASON_KICKED);
 }
 
+/*
+** The ACL was replaced (a reload, or acl_file set): subscriptions it no longer
+** allows end here, as if the client had unsubscribed, without telling the
+** client (MQTT has no server-side UNSUBSCRIBE). Checked once per reload, not
+** on every delivery, which keeps the delivery path free of ACL lookups. What
+** was queued for the session before stays queued. A session restored from the
+** store whose client has not come back (version 0) is skipped: which user it
+** logged in as is not kept, and its client's next SUBSCRIBE is checked anyway.
+*/
+static void on_acl_recheck(rt_actor_t *self, conn_t *c)
+{
+    if (!c->version || !c->client_id)
+        return;
+    for (size_t i = 0; i < c->nsubs;) {
+        sub_entry_t *e = &c->subs[i];
+        if (rt_acl_permit(c->username, c->client_id, e->filter, e->len, RT_ACL_SUBSCRIBE)) {
+            i++;
+            continue;
+        }
+        rt_log(RT_LOG_INFO, "client.acl_revoked", "client=%s filter=%.*s", c->client_id,
+               (int)e->len, e->filter);
+        drop_sub(self, c, (const uint8_t *)e->filter, e->len); /* moves the last entry to i */
+    }
+}
+
+int rt_broker_recheck_acl(size_t *asked)
+{
+    if (asked)
+        *asked = 0;
+    if (!rt_broker)
+        return 0; /* no broker, no clients */
+    rt_pid_t *pids;
+    size_t n;
+    int rc = rt_broker_client_pids(0, &pids, &n);
+    if (rc)
+        return rc;
+    size_t sent = 0;
+    for (size_t i = 0; i < n; i++)
+        sent += rt_send(pids[i], MSG_ACL_RECHECK, NULL, 0) == 0;
+    free(pids);
+    if (asked)
+        *asked = sent;
+    return 0;
+}
+
 int rt_client_query(rt_pid_t conn, rt_pid_t reply_to, uint64_t cookie, bool with_subs)
 {
     query_t q = {.reply_to = reply_to, .cookie = cookie, .with_subs = with_subs};
@@ -2202,6 +2307,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case MSG_PARSE_MORE:
         on_parse_more(self, c);
         break;
+    case MSG_LOGIN_VERDICT:
+        if (m->len >= sizeof(rt_auth_verdict_t))
+            on_login_verdict(self, c, (const rt_auth_verdict_t *)(const void *)m->data);
+        break;
     case MSG_SLOW_CHECK:
         on_slow_check(self, c);
         break;
@@ -2215,6 +2324,9 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case MSG_KICK:
         on_kick(self, c);
+        break;
+    case MSG_ACL_RECHECK:
+        on_acl_recheck(self, c);
         break;
     }
 }
@@ -2293,6 +2405,8 @@ static const char *conn_tag_name(uint32_t tag)
     case MSG_ACK_CHECK: return "ack_check";
     case MSG_RESTORED: return "restored";
     case MSG_AUTH_REFUSED: return "auth_refused";
+    case MSG_ACL_RECHECK: return "acl_recheck";
+    case MSG_LOGIN_VERDICT: return "login_verdict";
     case MSG_PARSE_MORE: return "parse_more";
     case MSG_SLOW_CHECK: return "slow_check";
     case MSG_QUERY: return "client_query";

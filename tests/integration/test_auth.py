@@ -255,3 +255,250 @@ def test_sighup_picks_up_a_new_user(secured):
     secured.proc.send_signal(signal.SIGHUP)
     assert wait_for(lambda: "rtd.reloaded" in secured.read_log())
     assert Raw(secured.port, "c2", username="carol", password="pw").connack_code == 0
+
+
+# ---- Full password hashes run on the verifier, off the schedulers (auth.h) ----
+
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+from mqtt_raw import CONNACK, SUBACK, mqtt_str, u16, varint  # noqa: E402
+
+SLOW_ROUNDS = "300000"  # ~0.1-0.3 s a hash: a burst of them would stall a scheduler for seconds
+
+
+def connect_packet(client_id, username=None, password=None):
+    """An MQTT 5 CONNECT (clean start), as bytes, for clients that pipeline after it."""
+    flags = 0x02 | (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
+    body = mqtt_str("MQTT") + bytes([5, flags]) + u16(60) + varint(0) + mqtt_str(client_id)
+    if username is not None:
+        body += mqtt_str(username)
+    if password is not None:
+        body += mqtt_str(password)
+    return bytes([0x10]) + varint(len(body)) + body
+
+
+def slow_hash_seconds(broker):
+    """What one slow hash costs here: a wrong password for u9, from an address of its own."""
+    t0 = time.time()
+    assert Raw(broker.port, "probe", username="u9", password="no",
+               bind="127.0.0.99").connack_code == 0x86
+    return time.time() - t0 - 0.1  # less the 100 ms refusal delay
+
+
+@pytest.fixture
+def slow_hashes(tmp_path):
+    """Users whose first login costs a slow PBKDF2: u0..u9 (password pw-N), and w, a cheap one."""
+    pw = tmp_path / "slow.pw"
+    assert passwd("-c", "-I", "1000", "-b", str(pw), "w", "w").returncode == 0
+    for i in range(10):
+        assert passwd("-I", SLOW_ROUNDS, "-b", str(pw), f"u{i}", f"pw-{i}").returncode == 0
+    broker = Rtd(f'password_file="{pw}"', "allow_anonymous=false")
+    yield broker
+    code, log = broker.stop()
+    assert code == 0, log
+
+
+def test_login_burst_is_verified_off_the_schedulers(slow_hashes):
+    """Ten first logins at once (six right, two wrong passwords, two unknown users): each gets
+    its answer, and a connected client's PINGREQs are answered promptly all the while."""
+    watcher = Raw(slow_hashes.port, "watcher", username="w", password="w")
+    assert watcher.connack_code == 0
+    hash_s = slow_hash_seconds(slow_hashes)
+    cases = [(f"u{i}", f"pw-{i}", 0) for i in range(6)]
+    cases += [("u6", "wrong", 0x86), ("u7", "wrong", 0x86), ("nobody1", "x", 0x86),
+              ("nobody2", "x", 0x86)]
+    socks = []
+    for i, (user, password, _) in enumerate(cases):
+        s = socket.create_connection(("127.0.0.1", slow_hashes.port), timeout=30,
+                                     source_address=(f"127.0.0.{10 + i}", 0))
+        socks.append(s)
+    t0 = time.time()
+    for i, (user, password, _) in enumerate(cases):
+        socks[i].sendall(connect_packet(f"burst-{i}", user, password))
+    done = threading.Event()
+    pings = []
+
+    def ping_loop():
+        while not done.is_set() and len(pings) < 2000:
+            p0 = time.time()
+            watcher.send(0xC0, b"")
+            assert watcher.read(10).type == 13  # PINGRESP
+            pings.append(time.time() - p0)
+            time.sleep(0.005)
+
+    pinger = threading.Thread(target=ping_loop)
+    pinger.start()
+    try:
+        for i, (user, _, want) in enumerate(cases):
+            head = socks[i].recv(2)
+            assert head[0] >> 4 == CONNACK, (user, head)
+            body = socks[i].recv(head[1])
+            assert body[1] == want, (user, body)
+    finally:
+        done.set()
+        pinger.join()
+    elapsed = time.time() - t0
+    for s in socks:
+        s.close()
+    assert pings, "no ping completed"
+    # No scheduler was held up for one of them (a hash on a scheduler thread would
+    # keep the watcher's ping waiting for all of it).
+    assert max(pings) < hash_s / 2, (max(pings), hash_s, elapsed)
+    log = slow_hashes.read_log()
+    assert "client.auth_failed user=u6 reason=bad_password delay_ms=100" in log
+    assert "client.auth_failed user=nobody1 reason=unknown_user delay_ms=100" in log
+    # A reconnect with a password that verified is remembered: decided at once, in place.
+    t0 = time.time()
+    assert Raw(slow_hashes.port, "again", username="u0", password="pw-0").connack_code == 0
+    assert time.time() - t0 < hash_s / 2
+    watcher.disconnect()
+
+
+def read_packet(s):
+    """(type, body) of the next packet on a plain socket."""
+    head = s.recv(1)
+    assert head, "closed by the broker"
+    n, shift = 0, 0
+    while True:
+        b = s.recv(1)[0]
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    body = b""
+    while len(body) < n:
+        chunk = s.recv(n - len(body))
+        assert chunk
+        body += chunk
+    return head[0] >> 4, body
+
+
+def test_packets_after_a_verified_connect_wait_for_it(slow_hashes):
+    """A client that sends SUBSCRIBE right behind its CONNECT, in one write, gets CONNACK first
+    and then SUBACK; a refused one gets only its CONNACK, and nothing it sent after is run."""
+    subscribe = bytes([0x82]) + varint(2 + 1 + 2 + 3 + 1) + u16(7) + varint(0) + \
+        mqtt_str("a/b") + b"\x01"
+    s = socket.create_connection(("127.0.0.1", slow_hashes.port), timeout=30)
+    s.sendall(connect_packet("piped", "u1", "pw-1") + subscribe)
+    ptype, body = read_packet(s)
+    assert (ptype, body[1]) == (CONNACK, 0)
+    ptype, body = read_packet(s)
+    assert ptype == SUBACK and body[:2] == u16(7) and body[-1:] == b"\x01", body
+    s.close()
+
+    s = socket.create_connection(("127.0.0.1", slow_hashes.port), timeout=30,
+                                 source_address=("127.0.0.77", 0))
+    s.sendall(connect_packet("piped-bad", "u2", "wrong") + subscribe)
+    ptype, body = read_packet(s)
+    assert (ptype, body[1]) == (CONNACK, 0x86)
+    assert s.recv(100) == b""  # closed, no SUBACK
+    s.close()
+    assert "client=piped-bad" not in slow_hashes.read_log().replace("client.auth_failed", "")
+
+
+def test_client_gone_while_its_login_is_verified(slow_hashes):
+    """Clients that close their socket before the verdict leave nothing behind: no connection,
+    no socket, no session once the verdicts came."""
+    for i in range(5):
+        s = socket.create_connection(("127.0.0.1", slow_hashes.port), timeout=30)
+        s.sendall(connect_packet(f"gone-{i}", f"u{3 + i}", f"pw-{3 + i}"))
+        s.close()
+    assert wait_for(lambda: all(f"client.disconnected client=gone-{i}" in slow_hashes.read_log()
+                                for i in range(5)), timeout=30), slow_hashes.read_log()[-3000:]
+
+    def idle():
+        st = slow_hashes.ctl_json("broker", "stats")
+        open_sockets = sum(x["connections"] for x in slow_hashes.ctl_json("listeners"))
+        return st["connections"]["count"] == 0 and st["sessions"]["count"] == 0 and \
+            open_sockets == 0
+    assert wait_for(idle, timeout=10), (slow_hashes.ctl_json("broker", "stats"),
+                                        slow_hashes.ctl_json("listeners"))
+
+
+# ---- Subscriptions re-checked when the ACL changes (conn.c on_acl_recheck) ----
+
+@pytest.mark.parametrize("how", ["sighup", "rtctl", "config_set"])
+def test_acl_reload_revokes_subscriptions(tmp_path, how):
+    """bob may read a/# until the ACL changes; after the reload (SIGHUP, `rtctl auth reload`, or
+    `rtctl config set acl_file`) his subscription is gone and a/x reaches only alice, who may
+    still read it. His other subscription, still allowed, keeps working."""
+    acl = tmp_path / "rtd.acl"
+    acl.write_text("user alice\ntopic readwrite a/#\n"
+                   "user bob\ntopic read a/#\ntopic read b/#\n")
+    new_acl = tmp_path / ("new.acl" if how == "config_set" else "rtd.acl")
+    broker = Rtd(f'acl_file="{acl}"')
+    try:
+        alice = Raw(broker.port, "alice-r", username="alice")
+        bob = Raw(broker.port, "bob-r", username="bob")
+        bob3 = Raw(broker.port, "bob-r3", username="bob", version=4)
+        assert alice.subscribe("a/#", 1).body[3:] == b"\x01"
+        assert bob.subscribe("a/#", 1).body[3:] == b"\x01"
+        assert bob.subscribe("b/#", 0, pid=2).body[3:] == b"\x00"
+        assert bob3.subscribe("a/+", 1).body[2:] == b"\x01"
+        alice.publish("a/x", b"before", qos=1, pid=1)
+        assert bob.next_publish()["payload"] == b"before"
+        assert bob3.next_publish()["payload"] == b"before"
+        alice.drain()
+
+        new_acl.write_text("user alice\ntopic readwrite a/#\ntopic write b/#\n"
+                           "user bob\ntopic read b/#\n")
+        if how == "sighup":
+            broker.proc.send_signal(signal.SIGHUP)
+        elif how == "rtctl":
+            code, out, err = broker.ctl("auth", "reload")
+            assert code == 0, (out, err)
+        else:
+            code, out, err = broker.ctl("config", "set", "acl_file", str(new_acl))
+            assert code == 0, (out, err)
+        for client, f in (("bob-r", "a/#"), ("bob-r3", "a/+")):
+            assert wait_for(lambda: f"client.acl_revoked client={client} filter={f}"
+                            in broker.read_log()), broker.read_log()[-2000:]
+        assert "client.acl_revoked client=alice-r" not in broker.read_log()
+
+        alice.publish("a/x", b"after", qos=1, pid=2)
+        m = alice.next_publish()
+        assert m["payload"] == b"after"     # still allowed: still delivered
+        alice.ack(PUBACK, m["pid"])
+        assert bob.next_publish(0.5) is None
+        assert bob3.next_publish(0.5) is None
+        alice.publish("b/y", b"still", qos=0)
+        assert bob.next_publish()["payload"] == b"still"
+        # Subscribing again is refused under the new ACL.
+        assert bob.subscribe("a/#", 1, pid=3).body[3:] == b"\x87"
+        for c in (alice, bob, bob3):
+            c.disconnect()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log
+
+
+def test_acl_reload_revokes_offline_session_subscriptions(tmp_path):
+    """A session kept while its client is away is re-checked too: what it queues from then on
+    excludes the revoked filter."""
+    acl = tmp_path / "rtd.acl"
+    acl.write_text("user alice\ntopic readwrite a/#\nuser bob\ntopic read a/#\n")
+    broker = Rtd(f'acl_file="{acl}"')
+    try:
+        bob = Raw(broker.port, "bob-off", username="bob", clean=False,
+                  props=bytes([0x11]) + (300).to_bytes(4, "big"))
+        assert bob.subscribe("a/#", 1).body[3:] == b"\x01"
+        bob.disconnect()
+        broker.wait_offline("bob-off")
+        acl.write_text("user alice\ntopic readwrite a/#\nuser bob\ntopic read b/#\n")
+        assert broker.ctl("auth", "reload")[0] == 0
+        assert wait_for(lambda: "client.acl_revoked client=bob-off filter=a/#"
+                        in broker.read_log()), broker.read_log()[-2000:]
+        alice = Raw(broker.port, "alice-off", username="alice")
+        assert alice.subscribe("a/#", 0).body[3:] == b"\x00"
+        alice.publish("a/x", b"while away", qos=0)
+        assert alice.next_publish()["payload"] == b"while away"  # routed by now
+        bob = Raw(broker.port, "bob-off", username="bob", clean=False,
+                  props=bytes([0x11]) + (300).to_bytes(4, "big"))
+        assert bob.session_present
+        assert bob.next_publish(0.5) is None
+        bob.disconnect()
+        alice.disconnect()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log

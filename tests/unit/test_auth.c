@@ -592,6 +592,53 @@ static void test_login_policy(void)
     CHECK_EQ(rt_acl_permit("alice", "c1", "b", 1, RT_ACL_WRITE), RT_ACL_ALLOW);
 }
 
+/*
+** rt_auth_login_quick decides only what costs no full hash and leaves the rest
+** (RT_AUTH_PENDING) uncounted and unnoted, for the verifier's rt_auth_login.
+*/
+static void test_login_quick(void)
+{
+    char h[RT_AUTH_HASH_MAX], line[256], err[RT_AUTH_ERR_LEN];
+    CHECK_EQ(rt_auth_hash_password(u8("pw"), 2, 1000, h, sizeof(h)), 0);
+    snprintf(line, sizeof(line), "alice:%s\n", h);
+    rt_conf_t conf;
+    rt_conf_defaults(&conf);
+    rt_auth_addr_t addr;
+    rt_auth_addr_parse("203.0.113.9", &addr);
+    uint32_t delay = 99;
+
+    /* No password file: decided at once. */
+    CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
+    CHECK_EQ(rt_auth_login_quick(&addr, "anyone", u8("x"), 1, &delay), RT_AUTH_OK);
+    CHECK_EQ(delay, 0);
+
+    snprintf(conf.password_file, sizeof(conf.password_file), "%s", tmpdir_put("quick.pw", line));
+    conf.allow_anonymous = false;
+    CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
+    rt_auth_stats_t s0, s1;
+    rt_auth_stats(&s0);
+    CHECK_EQ(rt_auth_login_quick(&addr, NULL, NULL, 0, &delay), RT_AUTH_ANONYMOUS_REFUSED);
+    CHECK_EQ(delay, 100);
+    /* A first login, a wrong password and an unknown user all need the hash. */
+    CHECK_EQ(rt_auth_login_quick(&addr, "alice", u8("pw"), 2, &delay), RT_AUTH_PENDING);
+    CHECK_EQ(delay, 0);
+    CHECK_EQ(rt_auth_login_quick(&addr, "alice", u8("no"), 2, &delay), RT_AUTH_PENDING);
+    CHECK_EQ(rt_auth_login_quick(&addr, "mallory", u8("pw"), 2, &delay), RT_AUTH_PENDING);
+    rt_auth_stats(&s1);
+    CHECK_EQ(s1.anonymous_refused - s0.anonymous_refused, 1);
+    CHECK_EQ(s1.successes + s1.bad_password + s1.unknown_user,
+             s0.successes + s0.bad_password + s0.unknown_user); /* pending counts nothing */
+    /* Undecided logins noted no failure: the next delay is the second one's. */
+    CHECK_EQ(rt_auth_login(&addr, "alice", u8("no"), 2, &delay), RT_AUTH_BAD_PASSWORD);
+    CHECK_EQ(delay, 200);
+    /* Once verified in full, the same password is remembered and decided at once. */
+    CHECK_EQ(rt_auth_login(&addr, "alice", u8("pw"), 2, &delay), RT_AUTH_OK);
+    CHECK_EQ(rt_auth_login_quick(&addr, "alice", u8("pw"), 2, &delay), RT_AUTH_OK);
+    CHECK_EQ(rt_auth_login_quick(&addr, "alice", u8("no"), 2, &delay), RT_AUTH_PENDING);
+    CHECK_EQ(rt_auth_login_quick(&addr, "alice", NULL, 0, &delay), RT_AUTH_PENDING);
+    rt_auth_shutdown();
+}
+
 /* The cost of one check at the default strength, printed for the record. */
 static void test_check_cost(void)
 {
@@ -655,6 +702,7 @@ int main(void)
     RUN(test_reload_under_readers);
     RUN(test_fail_delay);
     RUN(test_fail_table_bounded);
+    RUN(test_login_quick);
     RUN(test_login_policy);
     RUN(test_check_cost);
     tmpdir_remove();
