@@ -39,6 +39,9 @@ def test_persistent_session_v311_keeps_subscription_and_queue(rtd):
     subscribe(sub, "ps/#", 1)
     sub.disconnect()
     sub.loop_stop()
+    # Until rtd has handled the DISCONNECT the session is still online, and the QoS 0
+    # message below would go out on the closing socket instead of being left out.
+    rtd.wait_offline("ps1")
     publish_all(rtd.port, "ps/x", [b"%d" % i for i in range(20)], qos=1)
     publish_all(rtd.port, "ps/x", [b"qos0"], qos=0)  # not queued: queue_qos0 is off
     sub.reconnect()
