@@ -35,8 +35,8 @@ test-asan: build-asan
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j1
 
 test-tsan: build-tsan
-	@cd $(BUILD)/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-		ctest --output-on-failure -j1
+	@cd $(BUILD)/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
+		suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -j1
 
 test-integration: build
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q tests/integration; rc=$$?; \
@@ -52,7 +52,8 @@ test-integration-asan: build-asan
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid.
 test-integration-tsan: build-tsan
-	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan TSAN_OPTIONS="halt_on_error=1" $(PYTEST) -q \
+	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan \
+		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
 		tests/integration/test_admin_socket.py
 
 test: test-unit test-asan test-tsan test-integration test-integration-asan test-integration-tsan
