@@ -7,8 +7,11 @@ Run: RT_BUILD_DIR=$PWD/build/release /usr/bin/python3 -m pytest -q tests/integra
 """
 import json
 import os
+import shutil
 import socket
 import stat
+import subprocess
+import tempfile
 import threading
 import time
 
@@ -16,7 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from admin_wire import Admin
-from conftest import Rtd, client, rtctl, subscribe, wait_for
+from conftest import RTCTL, Rtd, client, rtctl, subscribe, wait_for
 
 
 pytestmark = pytest.mark.usefixtures("rtctl_built")
@@ -232,6 +235,19 @@ def test_long_socket_path(tmp_path):
     assert code == 0, log
 
 
+def rtctl_as_nobody(*args, socket_path):
+    """rtctl run as UID 65534 from a copy nobody can execute: the build tree may sit in a
+    directory only its owner can enter (a CI checkout under a 0700 temp directory)."""
+    with tempfile.TemporaryDirectory(prefix="rtctl-nobody-") as d:
+        os.chmod(d, 0o755)
+        exe = os.path.join(d, "rtctl")
+        shutil.copy(RTCTL, exe)
+        os.chmod(exe, 0o755)
+        p = subprocess.run([exe, "-s", socket_path, *args], capture_output=True, text=True,
+                           timeout=60, user=65534)
+        return p.returncode, p.stdout, p.stderr
+
+
 def test_permission_denied(broker):
     """The admin socket is 0600: another user's connect is refused with EACCES and rtctl
     names the owner. As root, rtctl runs as nobody (65534); otherwise the owner closes the
@@ -240,7 +256,7 @@ def test_permission_denied(broker):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     if os.getuid() == 0:
         os.chmod(broker.data_dir, 0o755)  # nobody may reach the socket, not open it
-        code, out, err = rtctl("status", socket_path=path, user=65534)
+        code, out, err = rtctl_as_nobody("status", socket_path=path)
     else:
         os.chmod(path, 0)
         try:
@@ -253,7 +269,7 @@ def test_permission_denied(broker):
                    f"owned by UID {os.getuid()}: run rtctl as that user)\n")
     if os.getuid() == 0:
         os.chmod(broker.data_dir, 0o700)  # now nobody cannot even see the socket's mode
-        code, out, err = rtctl("status", socket_path=path, user=65534)
+        code, out, err = rtctl_as_nobody("status", socket_path=path)
         assert (code, out) == (2, "")
         assert err == (f"rtctl: permission denied on {path} (its directory is closed to UID "
                        "65534: run rtctl as the user rtd runs as)\n")
