@@ -43,7 +43,12 @@ def test_persistent_session_v311_keeps_subscription_and_queue(rtd):
     # message below would go out on the closing socket instead of being left out.
     rtd.wait_offline("ps1")
     publish_all(rtd.port, "ps/x", [b"%d" % i for i in range(20)], qos=1)
-    publish_all(rtd.port, "ps/x", [b"qos0"], qos=0)  # not queued: queue_qos0 is off
+    pub = Raw(rtd.port, "pub-qos0", version=5)
+    pub.publish("ps/x", b"qos0", qos=0)  # not queued: queue_qos0 is off
+    # A QoS 0 PUBLISH has no ack: without this the broker could route it after the
+    # reconnect below. The PUBACK of a later PUBLISH on the same connection says it was.
+    pub.publish("unsubscribed/mark", b"", qos=1, pid=1)
+    pub.disconnect()
     sub.reconnect()
     sub.loop_start()
     assert wait_for(lambda: len(got) >= 20)
