@@ -157,7 +157,10 @@ class Rtd:
                 if self.proc.poll() is not None:
                     raise RuntimeError("rtd exited: " + self.read_log())
                 time.sleep(0.02)
-        raise RuntimeError("rtd did not start listening")
+        # Nobody would stop an rtd whose constructor failed: this test started it, so it ends it.
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError("rtd did not start listening: " + self.read_log()[-2000:])
 
     def admin_listening(self):
         """Whether something accepts connections on the admin socket. A path longer than
