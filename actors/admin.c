@@ -1016,7 +1016,8 @@ void rt_admin_stop(void)
 {
     if (A.listener)
         rt_exit_signal(A.listener, RT_REASON_SHUTDOWN);
+    /* The pids stay as they are: connection actors still read A.worker until they exit,
+       and a request sent to the dead worker is a counted dead letter, answered 503. */
     if (A.worker)
         rt_exit_signal(A.worker, RT_REASON_SHUTDOWN);
-    A.listener = A.worker = 0;
 }
