@@ -183,7 +183,9 @@ static void mute_check(rt_actor_t *target)
     rt_actor_t *cur = rt__tls.current;
     if (!cur || cur == target || cur->mute_target)
         return;
-    unsigned tf = atomic_load_explicit(&target->sync_flags, memory_order_relaxed);
+    /* seq_cst, against the owner's seq_cst raising of pressure: a message whose send did
+       not see the pressure was pushed before it was raised (rt.h's bound counts on it). */
+    unsigned tf = atomic_load_explicit(&target->sync_flags, memory_order_seq_cst);
     if (!(tf & (RT_AF_OVERLOADED | RT_AF_PRESSURE)))
         return;
     unsigned cf = atomic_load_explicit(&cur->sync_flags, memory_order_relaxed);
@@ -424,12 +426,59 @@ static void unmute_waiters(rt_actor_t *a, unsigned clear)
     }
 }
 
+/* Owner only: no other thread raises or lifts an actor's pressure. */
+static bool under_pressure(const rt_actor_t *a)
+{
+    return atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE;
+}
+
 void rt__set_pressure(rt_actor_t *a, bool on)
 {
+    if (on == under_pressure(a))
+        return;
     if (on)
-        atomic_fetch_or_explicit(&a->sync_flags, RT_AF_PRESSURE, memory_order_release);
-    else if (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE)
+        atomic_fetch_or_explicit(&a->sync_flags, RT_AF_PRESSURE, memory_order_seq_cst);
+    else
         unmute_waiters(a, RT_AF_PRESSURE);
+}
+
+/*
+** Under socket pressure the owner handles its socket events and its own
+** messages (its timers among them), and holds back every other message, in
+** order, until the pressure lifts: what its feeders queued before being muted
+** waits in memory it was already taking, instead of growing the socket's
+** buffer (rt.h states the bound). Exits and monitors' DOWNs wait with the rest,
+** so they still arrive after what their sender sent before them.
+*/
+static bool held_back(const rt_actor_t *a, const rt_msg_t *m)
+{
+    return m->tag != RT_MSG_SOCKET && m->from != a->pid && under_pressure(a);
+}
+
+static void hold(rt_actor_t *a, rt_msg_t *m)
+{
+    rt_msg_t *last = a->held;
+    atomic_store_explicit(&m->next, last ? msg_next(last) : m, memory_order_relaxed);
+    if (last)
+        atomic_store_explicit(&last->next, m, memory_order_relaxed);
+    a->held = m;
+}
+
+static rt_msg_t *unhold(rt_actor_t *a)
+{
+    rt_msg_t *last = a->held;
+    rt_msg_t *first = msg_next(last);
+    if (first == last)
+        a->held = NULL;
+    else
+        atomic_store_explicit(&last->next, msg_next(first), memory_order_relaxed);
+    return first;
+}
+
+/* Held messages that may run now: the pressure that held them back has lifted. */
+static bool held_ready(const rt_actor_t *a)
+{
+    return a->held && !under_pressure(a);
 }
 
 /*
@@ -481,6 +530,13 @@ static void actor_exit(rt_actor_t *a)
         rt__tls.current = NULL;
     }
     rt__sock_close_all(a);
+    uint64_t held = 0;
+    while (a->held) {
+        rt_msg_free(unhold(a));
+        held++;
+    }
+    if (held)
+        atomic_fetch_add_explicit(&rt->dead_letters, held, memory_order_relaxed);
     /* Released before links hear of the exit, so a restarted child can take the name. */
     rt__registry_remove_actor(a);
     atomic_fetch_or_explicit(&a->sync_flags, RT_AF_DEAD, memory_order_seq_cst);
@@ -683,15 +739,21 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
     if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
         process_signals(a);
     while (!a->exiting && n < batch) {
-        rt_msg_t *m = mbox_pop(a);
+        bool was_held = held_ready(a);
+        rt_msg_t *m = was_held ? unhold(a) : mbox_pop(a);
         if (!m)
             break;
-        add_relaxed(&a->received, 1);
         if (m->tag == RT_SIG_WAKE) {
+            add_relaxed(&a->received, 1);
             rt_msg_free(m);
             process_signals(a);
             continue;
         }
+        if (!was_held && held_back(a, m)) {
+            hold(a, m); /* still counted in the mailbox: received only when handled */
+            continue;
+        }
+        add_relaxed(&a->received, 1);
         n++;
         deliver(a, m);
         rt_msg_free(m);
@@ -726,7 +788,7 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
        messages left, turn after turn. It ends as soon as a turn leaves the mailbox empty,
        however full that turn was. */
     rt_msg_t *stub = stub_of(a);
-    bool drained = a->mbox_tail == stub && !msg_next(stub);
+    bool drained = a->mbox_tail == stub && !msg_next(stub) && !held_ready(a);
     if ((n >= batch || yielded) && !drained) {
         if (a->overload_turns < RT_OVERLOAD_TURNS && ++a->overload_turns == RT_OVERLOAD_TURNS)
             atomic_fetch_or_explicit(&a->sync_flags, RT_AF_OVERLOADED, memory_order_release);
@@ -738,7 +800,9 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
 
     if (a->mute_target && park_muted(a))
         return end;
-    if (mbox_markempty(a)) {
+    /* Held messages wait for a socket event (which lifts the pressure) unless it lifted
+       already, at the turn's flush: then they need a turn of their own. */
+    if (!held_ready(a) && mbox_markempty(a)) {
         atomic_store_explicit(&a->status, RT_STATUS_WAITING, memory_order_relaxed);
         return end;
     }

@@ -153,6 +153,8 @@ struct rt_actor_s {
     rt_rel_t *rels;               /* links and monitors (runtime memory) */
     char *_Atomic name;           /* registered name (registry lock) */
     rt_sock_t *socks;             /* sockets this actor owns */
+    rt_msg_t *held;               /* the last of the messages held back under socket pressure
+                                     (a ring through next: held->next is the oldest); NULL: none */
     uint8_t socks_unregistered;   /* adopted off the home thread; epoll waits for a turn there */
     uint8_t yielded;              /* rt_yield was called: the turn ends after this message */
     size_t max_heap;

@@ -222,13 +222,32 @@ int rt_cancel_timer(rt_ref_t ref);
 ** owner's turn. Reads land in the scheduler's scratch buffer, so an idle
 ** connection holds no read buffer. Writes are buffered and sent once at the
 ** end of the owner's turn (one system call for many packets); what the kernel
-** does not take stays buffered, and past RT_SOCK_HIGH_WATER the owner counts
-** as overloaded, which mutes the actors feeding it until the buffer drains.
+** does not take stays buffered.
+**
+** Output backpressure. Once a write leaves more than the socket's mark
+** (RT_SOCK_HIGH_WATER, or rt_sock_set_high_water) buffered, the owner is under
+** pressure until that buffer drains completely (or the mark is raised above
+** it). Meanwhile:
+**  - the owner handles only its socket events and the messages it sent itself
+**    (its timers included); every other message, exits and DOWNs too, waits in
+**    its mailbox, in order, and is handled once the pressure lifts;
+**  - an actor that sends to it is parked (RT_STATUS_MUTED) at the end of the
+**    callback in which it sent, and runs again when the pressure lifts; an
+**    actor under pressure itself is not parked, so no cycle of parked actors
+**    can form. Only sends from outside any actor are never parked.
+** The guarantee, independent of timing: a socket's buffer passes its mark by at
+** most what the one handler call that crossed it wrote, plus what the owner's
+** socket-event and self-sent handlers write under pressure (nothing, for an
+** owner that only writes what it is fed). Each actor feeding the owner adds to
+** its mailbox at most the messages of one more callback (one message, for a
+** feeder that sends one per callback) after the crossing. What the feeders
+** queued before the crossing stays in the mailbox, not in the socket buffer.
+** With several sockets the owner is under pressure while any one of them is.
 ** Every function here must be called by the owning actor.
 */
 #define RT_SOCK_READABLE 1u /* data, EOF or an error is waiting: call rt_sock_read */
 #define RT_SOCK_WRITABLE 2u /* buffered output drained completely */
-#define RT_SOCK_HIGH_WATER (64 * 1024) /* buffered output bytes that mute feeders */
+#define RT_SOCK_HIGH_WATER (64 * 1024) /* default mark: buffered output bytes past which feeders wait */
 
 typedef struct rt_sock_event_s {
     rt_sock_t *sock;

@@ -306,6 +306,20 @@ void rt_sock_pause_reading(rt_sock_t *s, bool paused)
         post_event(s);
 }
 
+static size_t high_water(const rt_sock_t *s)
+{
+    return s->high_water ? s->high_water : RT_SOCK_HIGH_WATER;
+}
+
+/* An owner is under pressure while any of its sockets holds more than its mark. */
+static void update_pressure(rt_actor_t *a)
+{
+    bool over = false;
+    for (rt_sock_t *s = a->socks; s && !over; s = s->next)
+        over = rt_sock_pending(s) > high_water(s);
+    rt__set_pressure(a, over);
+}
+
 /* Sends what is buffered; drained, the buffer is freed (an idle connection keeps none). */
 static int flush(rt_sock_t *s)
 {
@@ -328,7 +342,7 @@ static int flush(rt_sock_t *s)
     s->blocked = 0;
     free(s->out);
     s->out = NULL;
-    rt__set_pressure(s->owner, false);
+    update_pressure(s->owner);
     return 0;
 }
 
@@ -362,20 +376,18 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
     o->len += len;
     if (o->len - o->off >= RT_SOCK_FLUSH_AT && !s->blocked && flush(s) == RT_ECLOSED)
         return RT_ECLOSED;
-    if (rt_sock_pending(s) > (s->high_water ? s->high_water : RT_SOCK_HIGH_WATER))
+    if (rt_sock_pending(s) > high_water(s))
         rt__set_pressure(s->owner, true);
     return 0;
 }
 
-/* End of the owner's turn: send what its handlers wrote. */
 void rt_sock_set_high_water(rt_sock_t *s, size_t bytes)
 {
     s->high_water = bytes > UINT32_MAX ? UINT32_MAX : (uint32_t)bytes;
-    if (rt_sock_pending(s) <= (s->high_water ? s->high_water : RT_SOCK_HIGH_WATER) &&
-        (atomic_load_explicit(&s->owner->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE))
-        rt__set_pressure(s->owner, false);
+    update_pressure(s->owner);
 }
 
+/* End of the owner's turn: send what its handlers wrote. */
 void rt__sock_flush_turn(rt_actor_t *a)
 {
     for (rt_sock_t *s = a->socks; s; s = s->next) {
@@ -426,8 +438,7 @@ static void unlink_sock(rt_sock_t *s)
     s->closed = 1;
     free(s->out);
     s->out = NULL;
-    if (atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE)
-        rt__set_pressure(a, false);
+    update_pressure(a);
     /* A queued event still names this socket; whoever consumes it frees it. */
     if (!s->msg_pending)
         sock_free(s);

@@ -15,11 +15,11 @@ static atomic_int listen_port;
 static atomic_long conns_accepted;
 static atomic_long conns_closed;
 static atomic_long bytes_echoed;
-static atomic_long max_pending;
 
 /* ---- Echo connection ---- */
 typedef struct {
     rt_sock_t *sock;
+    bool small_sndbuf; /* the backpressure test's connection */
 } conn_state_t;
 
 static int conn_init(rt_actor_t *self, void *state, void *arg)
@@ -28,16 +28,13 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     return rt_sock_adopt(self, (int)(intptr_t)arg, &st->sock);
 }
 
+static void on_push(conn_state_t *st, rt_msg_t *m);
+
 static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     conn_state_t *st = state;
     if (m->tag == MSG_PUSH) {
-        /* Server push, for the backpressure test: write whatever we are fed. */
-        rt_sock_write(st->sock, m->data, m->len);
-        long p = (long)rt_sock_pending(st->sock);
-        long mx = atomic_load(&max_pending);
-        while (p > mx && !atomic_compare_exchange_weak(&max_pending, &mx, p))
-            ;
+        on_push(st, m);
         return;
     }
     if (m->tag != RT_MSG_SOCKET)
@@ -106,9 +103,12 @@ static const rt_actor_type_t listener_type = {
     .name = "listener", .state_size = sizeof(listener_state_t), .init = listener_init,
     .handle = listener_handle};
 
-static int connect_local(void)
+/* rcvbuf > 0 shrinks the client's receive buffer first, as a window must be set before connect. */
+static int connect_local_rcvbuf(int rcvbuf)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atomic_load(&listen_port))};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
@@ -116,6 +116,11 @@ static int connect_local(void)
         return -1;
     }
     return fd;
+}
+
+static int connect_local(void)
+{
+    return connect_local_rcvbuf(0);
 }
 
 /* Writes and reads concurrently so neither side's buffer can deadlock the exchange. */
@@ -219,78 +224,154 @@ static void test_idle_conn_holds_nothing(void)
     CHECK(wait_alive(0, 5000));
 }
 
-/* A peer that does not read: the writer's output buffer stops at the high-water mark
-   because the actor feeding it gets muted; nothing is lost once the peer reads. */
+/*
+** A peer that does not read, fed by FEEDERS actors in 16 KiB messages. rt.h's
+** bound: the owner handles no message from a feeder while its output is past
+** the mark, so the buffer never passes mark + one message; and a feeder sends at
+** most one message after the owner crossed the mark before it is parked.
+** The kernel's share is made smaller than the mark (8 KiB send buffer, 4 KiB
+** receive buffer), so once the mark is passed nothing can drain it until the
+** peer reads: there is exactly one crossing to count from.
+*/
+enum { FEEDERS = 2, CHUNK = 16384 };
+
+static atomic_long feeder_sent[FEEDERS];     /* counted before each send */
+static atomic_long sent_at_crossing[FEEDERS];
+static atomic_long crossings;
+static atomic_long pushes_over_mark; /* pushes handled while the buffer was past the mark */
+static atomic_long max_pending;
+static atomic_bool stop_feeding;
+static atomic_long feeders_stopped;
+
+static void on_push(conn_state_t *st, rt_msg_t *m)
+{
+    if (!st->small_sndbuf) {
+        int sndbuf = 8192;
+        setsockopt(rt_sock_fd(st->sock), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+        st->small_sndbuf = true;
+    }
+    long before = (long)rt_sock_pending(st->sock);
+    if (before > RT_SOCK_HIGH_WATER)
+        atomic_fetch_add(&pushes_over_mark, 1);
+    rt_sock_write(st->sock, m->data, m->len);
+    long after = (long)rt_sock_pending(st->sock);
+    if (before <= RT_SOCK_HIGH_WATER && after > RT_SOCK_HIGH_WATER) {
+        for (int i = 0; i < FEEDERS; i++)
+            atomic_store(&sent_at_crossing[i], atomic_load(&feeder_sent[i]));
+        atomic_fetch_add(&crossings, 1);
+    }
+    long mx = atomic_load(&max_pending);
+    while (after > mx && !atomic_compare_exchange_weak(&max_pending, &mx, after))
+        ;
+}
+
 typedef struct {
     rt_pid_t conn;
-    long chunks;
-    long sent;
+    int index;
+    bool stopped;
 } feeder_state_t;
 
-static atomic_long feeder_sent;
-
+/* Sends one chunk per message it handles, and a message to itself for the next one. */
 static void feeder_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     feeder_state_t *st = state;
     if (m->tag == MSG_FEED && m->len == sizeof(long) * 2) {
         st->conn = (rt_pid_t)((long *)(void *)m->data)[0];
-        st->chunks = ((long *)(void *)m->data)[1];
+        st->index = (int)((long *)(void *)m->data)[1];
     }
-    if (st->sent >= st->chunks)
+    if (st->stopped)
         return;
-    rt_msg_t *c = rt_msg_new(MSG_PUSH, 16384);
-    memset(c->data, 'x', 16384);
+    if (atomic_load(&stop_feeding)) {
+        st->stopped = true;
+        atomic_fetch_add(&feeders_stopped, 1);
+        return;
+    }
+    rt_msg_t *c = rt_msg_new(MSG_PUSH, CHUNK);
+    memset(c->data, 'x', CHUNK);
+    atomic_fetch_add(&feeder_sent[st->index], 1);
     rt_send_msg(st->conn, c);
-    st->sent++;
-    atomic_fetch_add(&feeder_sent, 1);
     rt_send(rt_self(self), MSG_FEED, NULL, 0);
 }
 
 static const rt_actor_type_t feeder_type = {
     .name = "feeder", .state_size = sizeof(feeder_state_t), .handle = feeder_handle};
 
+static bool muted(rt_pid_t pid)
+{
+    rt_actor_info_t info;
+    return rt_actor_info(pid, &info) == 0 && info.status == RT_STATUS_MUTED;
+}
+
+static long total_sent(void)
+{
+    long n = 0;
+    for (int i = 0; i < FEEDERS; i++)
+        n += atomic_load(&feeder_sent[i]);
+    return n;
+}
+
 static void test_write_backpressure(void)
 {
     rt_pid_t l = start_listener();
     long before = atomic_load(&conns_accepted);
-    int fd = connect_local();
+    int fd = connect_local_rcvbuf(4096);
+    CHECK(fd >= 0);
     CHECK(wait_at_least(&conns_accepted, before + 1, 5000));
     rt_pid_t conn = (rt_pid_t)atomic_load(&last_conn_pid);
     atomic_store(&max_pending, 0);
-    atomic_store(&feeder_sent, 0);
-    long chunks = 10000; /* 160 MB in all: far more than the kernel buffers hold */
-    rt_pid_t f;
-    rt_spawn(&feeder_type, NULL, &f);
-    long go[2] = {(long)conn, chunks};
-    rt_send(f, MSG_FEED, go, sizeof(go));
-    test_sleep_ms(300); /* the peer reads nothing meanwhile */
-    long sent_while_blocked = atomic_load(&feeder_sent);
-    long pending_while_blocked = atomic_load(&max_pending);
+    atomic_store(&crossings, 0);
+    atomic_store(&pushes_over_mark, 0);
+    atomic_store(&stop_feeding, false);
+    atomic_store(&feeders_stopped, 0);
+    rt_pid_t f[FEEDERS];
+    for (int i = 0; i < FEEDERS; i++) {
+        atomic_store(&feeder_sent[i], 0);
+        CHECK_EQ(rt_spawn(&feeder_type, NULL, &f[i]), 0);
+        long go[2] = {(long)conn, i};
+        rt_send(f[i], MSG_FEED, go, sizeof(go));
+    }
+    /* The peer reads nothing until the mark is passed and every feeder is parked. */
+    uint64_t end = test_now_ms() + 60000;
+    bool all_muted = false;
+    while (!all_muted && test_now_ms() < end) {
+        all_muted = atomic_load(&crossings) > 0;
+        for (int i = 0; i < FEEDERS && all_muted; i++)
+            all_muted = muted(f[i]);
+        if (!all_muted)
+            test_sleep_ms(1);
+    }
+    CHECK(all_muted);
     rt_actor_info_t info;
     CHECK_EQ(rt_actor_info(conn, &info), 0);
-    fprintf(stderr, "  blocked peer: feeder sent %ld chunks, writer buffer peaked at %ld KB, "
-                    "writer mailbox %llu\n",
-            sent_while_blocked, pending_while_blocked / 1024,
-            (unsigned long long)info.mailbox_len);
-    /* Muting stops the feeder; what it queued before that still drains into the buffer. */
-    CHECK(sent_while_blocked < chunks / 3);
-    CHECK(pending_while_blocked < 8 * 1024 * 1024);
-    /* Now read everything: all 32 MB arrive. */
-    long total = 0, want = chunks * 16384;
+    fprintf(stderr, "  blocked peer: feeders sent %ld + %ld chunks (%ld + %ld when the mark "
+                    "was passed), writer buffer peaked at %ld bytes, writer mailbox %llu\n",
+            atomic_load(&feeder_sent[0]), atomic_load(&feeder_sent[1]),
+            atomic_load(&sent_at_crossing[0]), atomic_load(&sent_at_crossing[1]),
+            atomic_load(&max_pending), (unsigned long long)info.mailbox_len);
+    CHECK_EQ(atomic_load(&crossings), 1);
+    CHECK_EQ(atomic_load(&pushes_over_mark), 0);
+    CHECK(atomic_load(&max_pending) <= RT_SOCK_HIGH_WATER + CHUNK);
+    for (int i = 0; i < FEEDERS; i++)
+        CHECK(atomic_load(&feeder_sent[i]) <= atomic_load(&sent_at_crossing[i]) + 1);
+    /* What waited in the mailbox is all delivered once the peer reads; nothing is lost. */
+    atomic_store(&stop_feeding, true);
+    long total = 0;
     char buf[65536];
-    uint64_t end = test_now_ms() + 30000;
-    while (total < want && test_now_ms() < end) {
+    while (test_now_ms() < end &&
+           (atomic_load(&feeders_stopped) < FEEDERS || total < total_sent() * CHUNK)) {
         struct pollfd pfd = {fd, POLLIN, 0};
-        if (poll(&pfd, 1, 200) <= 0)
+        if (poll(&pfd, 1, 10) <= 0)
             continue;
         ssize_t r = recv(fd, buf, sizeof(buf), 0);
         if (r <= 0)
             break;
         total += r;
     }
-    CHECK_EQ(total, want);
+    CHECK_EQ(atomic_load(&feeders_stopped), FEEDERS);
+    CHECK_EQ(total, total_sent() * CHUNK);
     close(fd);
-    rt_exit_signal(f, RT_REASON_KILL);
+    for (int i = 0; i < FEEDERS; i++)
+        rt_exit_signal(f[i], RT_REASON_KILL);
     CHECK(wait_alive(1, 5000));
     rt_exit_signal(l, RT_REASON_KILL);
     CHECK(wait_alive(0, 5000));
