@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import RTD, ROOT, Rtd
+from conftest import RTD, ROOT, Rtd, wait_for
 from mqtt_raw import (P_SESSION_EXPIRY, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, Raw,
                       prop_u32)
 
@@ -117,7 +117,20 @@ def test_qos2_exactly_once_across_kill9():
     assert (m["payload"], m["qos"]) == (b"once", 2)
     sub.ack(PUBREC, m["pid"])
     sub.expect(PUBREL)
-    time.sleep(0.2)  # let the store commit the PUBREC state
+
+    def committed():  # both QoS 2 states are in the state file, as a crash would find them
+        db = sqlite3.connect(f"file:{os.path.join(broker.data_dir, 'state.db')}?mode=ro", uri=True)
+        try:
+            inbound = db.execute("SELECT 1 FROM qos2_in WHERE client_id = 'x2-pub' AND "
+                                 "packet_id = 7").fetchone()
+            outbound = db.execute("SELECT state FROM msgs WHERE client_id = 'x2-sub'").fetchone()
+            return inbound is not None and outbound == (2,)  # RT_QMSG_WAIT_COMP
+        except sqlite3.OperationalError:  # locked by a commit in progress: look again
+            return False
+        finally:
+            db.close()
+
+    assert wait_for(committed)
     broker = restart(broker, crash=True)
     pub = Raw(broker.port, "x2-pub", clean=False, props=EXPIRY)
     assert pub.session_present == 1

@@ -3,6 +3,7 @@ and 5) and raw sockets for malformed input. Each test starts its own rtd on a fr
 port and stops it by the PID it started.
 """
 import os
+import queue
 import socket
 import struct
 import subprocess
@@ -56,13 +57,34 @@ def test_dollar_topics_not_matched_by_root_wildcards(rtd):
 
 def test_mosquitto_clients_out_of_the_box(rtd):
     out = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(rtd.port), "-t", "#",
-                            "-v", "-C", "2", "-W", "10"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+                            "-v", "-W", "30"], stdout=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.rstrip("\n")) for line in out.stdout],
+                     daemon=True).start()
+
+    def pub(topic, version="mqttv311"):
+        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(rtd.port), "-V", version,
+                        "-t", topic, "-m", "hi", "-q", "2"], check=True, timeout=10)
+
+    # Its subscription is in place once it prints a probe: until then they go to nobody.
+    deadline = time.time() + 10
+    while True:
+        pub("probe/up")
+        try:
+            lines.get(timeout=0.2)
+            break
+        except queue.Empty:
+            assert time.time() < deadline
     for v in ("mqttv311", "mqttv5"):
-        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(rtd.port), "-V", v,
-                        "-t", f"t/{v}", "-m", "hi", "-q", "2"], check=True, timeout=10)
-    stdout, _ = out.communicate(timeout=15)
-    assert stdout.splitlines() == ["t/mqttv311 hi", "t/mqttv5 hi"]
+        pub(f"t/{v}", v)
+    got = []
+    while len(got) < 2:
+        line = lines.get(timeout=10)
+        if not line.startswith("probe/"):
+            got.append(line)
+    out.terminate()
+    out.wait(timeout=10)
+    assert got == ["t/mqttv311 hi", "t/mqttv5 hi"]
 
 
 def v5_client_watching_disconnect(port, client_id):
