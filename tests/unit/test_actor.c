@@ -183,6 +183,24 @@ static void test_registry(void)
     CHECK(wait_alive(0, 5000));
 }
 
+/*
+** Once a message sent after gone's exit has been handled by to, everything that exit
+** sent to to has been seen: its links' signals and monitors' DOWNs go out before its pid
+** stops being alive, and an actor takes its signals before its next message.
+*/
+static bool exit_settled(rt_pid_t gone, rt_pid_t to, probe_t *p)
+{
+    uint64_t end = test_now_ms() + 5000;
+    while (rt_alive(gone)) {
+        if (test_now_ms() > end)
+            return false;
+        test_sleep_ms(1);
+    }
+    long before = atomic_load(&p->received);
+    rt_send(to, MSG_PING, NULL, 0);
+    return wait_at_least(&p->received, before + 1, 5000);
+}
+
 static void test_links(void)
 {
     /* An abnormal exit takes a linked, non-trapping actor down with the same reason. */
@@ -205,7 +223,7 @@ static void test_links(void)
     CHECK(wait_at_least(&c.received, 1, 5000));
     send_reason(pd, RT_REASON_NORMAL);
     CHECK(wait_at_least(&d.terminated, 1, 5000));
-    test_sleep_ms(20);
+    CHECK(exit_settled(pd, pc, &c));
     CHECK_EQ(atomic_load(&c.terminated), 0);
 
     /* A trapping actor gets the exit as a message and lives on. */
@@ -265,7 +283,7 @@ static void test_monitors(void)
     CHECK(wait_at_least(&w.received, before + 2, 5000));
     send_reason(py, RT_REASON_USER);
     CHECK(wait_at_least(&y.terminated, 1, 5000));
-    test_sleep_ms(20);
+    CHECK(exit_settled(py, pw, &w));
     CHECK_EQ(atomic_load(&w.downs_seen), 2);
     rt_exit_signal(pw, RT_REASON_KILL);
     CHECK(wait_alive(0, 5000));

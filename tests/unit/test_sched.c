@@ -213,11 +213,13 @@ static void test_backpressure(void)
 }
 
 /* ---- Blocking actors never stall schedulers ---- */
+static atomic_long sleepers_started;
 static atomic_long sleepers_done;
 static atomic_long quick_done;
 
 static void sleeper_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
+    atomic_fetch_add(&sleepers_started, 1);
     test_sleep_ms(1000);
     atomic_fetch_add(&sleepers_done, 1);
 }
@@ -234,6 +236,7 @@ static const rt_actor_type_t quick_type = {.name = "quick", .state_size = 8, .ha
 
 static void test_blocking_pool(void)
 {
+    atomic_store(&sleepers_started, 0);
     atomic_store(&sleepers_done, 0);
     atomic_store(&quick_done, 0);
     rt_pid_t s1, s2, q;
@@ -242,13 +245,11 @@ static void test_blocking_pool(void)
     rt_spawn(&quick_type, NULL, &q);
     rt_send(s1, MSG_SLEEP, NULL, 0);
     rt_send(s2, MSG_SLEEP, NULL, 0);
-    test_sleep_ms(20);
+    CHECK(wait_at_least(&sleepers_started, 2, 5000)); /* both blocking threads are taken */
     for (int i = 0; i < 100; i++)
         rt_send(q, MSG_WORK, NULL, 0);
     CHECK(wait_at_least(&quick_done, 100, 5000));
     CHECK_EQ(atomic_load(&sleepers_done), 0); /* schedulers ran while both sleepers blocked */
-    atomic_long two = 2;
-    (void)two;
     CHECK(wait_at_least(&sleepers_done, 2, 5000));
     rt_exit_signal(s1, RT_REASON_KILL);
     rt_exit_signal(s2, RT_REASON_KILL);
