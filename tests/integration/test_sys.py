@@ -65,7 +65,15 @@ def test_clients_messages_and_subscriptions(sys1):
     assert wait_for(lambda: len(hash_sub.got) == 7)
     assert all(len(c.got) == 7 for c in clients)
     want = 7 * (n + 1)
-    time.sleep(1.2)
+    # A tick that began after every copy was received counts them all: wait for its
+    # messages/sent (a tick starts with uptime), however late the tick runs.
+    mark = len(tree.messages())
+
+    def tick_after_mark():
+        names = [name for name, _ in tree.messages()[mark:]]
+        return "uptime" in names and "messages/sent" in names[names.index("uptime"):]
+
+    assert wait_for(tick_after_mark, timeout=10)
     msgs = tree.messages()
     last = max(i for i, (name, _) in enumerate(msgs) if name == "messages/sent")
     tick_start = max(i for i, (name, _) in enumerate(msgs[:last]) if name == "uptime")
