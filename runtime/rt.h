@@ -247,7 +247,7 @@ int rt_cancel_timer(rt_ref_t ref);
 */
 #define RT_SOCK_READABLE 1u /* data, EOF or an error is waiting: call rt_sock_read */
 #define RT_SOCK_WRITABLE 2u /* buffered output drained completely */
-#define RT_SOCK_HIGH_WATER (64 * 1024) /* default mark: buffered output bytes past which feeders wait */
+#define RT_SOCK_HIGH_WATER (64 * 1024) /* default mark: buffered bytes past which feeders wait */
 
 typedef struct rt_sock_event_s {
     rt_sock_t *sock;

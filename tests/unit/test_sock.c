@@ -235,7 +235,7 @@ static void test_idle_conn_holds_nothing(void)
 */
 enum { FEEDERS = 2, CHUNK = 16384 };
 
-static atomic_long feeder_sent[FEEDERS];     /* counted before each send */
+static atomic_long feeder_sent[FEEDERS]; /* counted before each send */
 static atomic_long sent_at_crossing[FEEDERS];
 static atomic_long crossings;
 static atomic_long pushes_over_mark; /* pushes handled while the buffer was past the mark */
@@ -343,8 +343,9 @@ static void test_write_backpressure(void)
     CHECK(all_muted);
     rt_actor_info_t info;
     CHECK_EQ(rt_actor_info(conn, &info), 0);
-    fprintf(stderr, "  blocked peer: feeders sent %ld + %ld chunks (%ld + %ld when the mark "
-                    "was passed), writer buffer peaked at %ld bytes, writer mailbox %llu\n",
+    fprintf(stderr,
+            "  blocked peer: feeders sent %ld + %ld chunks (%ld + %ld when the mark "
+            "was passed), writer buffer peaked at %ld bytes, writer mailbox %llu\n",
             atomic_load(&feeder_sent[0]), atomic_load(&feeder_sent[1]),
             atomic_load(&sent_at_crossing[0]), atomic_load(&sent_at_crossing[1]),
             atomic_load(&max_pending), (unsigned long long)info.mailbox_len);
