@@ -84,8 +84,8 @@ typedef struct rt_conf_s {
     long max_queued_messages;  /* per offline or slow session */
     long max_queued_bytes;     /* per offline or slow session */
     long max_topic_alias;      /* inbound topic aliases per connection (MQTT 5) */
-    long max_topic_levels;     /* levels in a topic name or filter */
-    long max_topic_length;     /* bytes in a topic name or filter */
+    long max_topic_levels;     /* levels in a topic name or filter; 0 = unlimited */
+    long max_topic_length;     /* bytes in a topic name or filter; 0 = unlimited */
     long max_subscriptions;    /* per client; 0 = unlimited */
     long max_retained_messages; /* 0 = unlimited */
     long max_retained_bytes;   /* 0 = unlimited */
