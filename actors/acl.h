@@ -76,10 +76,11 @@ void rt_acl_free(rt_acl_t *acl);
 
 /*
 ** Decides one request against a table (see above): RT_ACL_ALLOW or
-** RT_ACL_DENY, or for RT_ACL_SUBSCRIBE also RT_ACL_FILTERED. user is NULL for an anonymous client; clientid is the client's
-** id (NUL-terminated); topic[0..len) is a topic name for READ and WRITE and a
-** filter for SUBSCRIBE. access is exactly one of RT_ACL_*. No allocation; safe
-** from any number of threads.
+** RT_ACL_DENY, and for RT_ACL_SUBSCRIBE also RT_ACL_FILTERED. user is NULL
+** for an anonymous client; clientid is the client's id (NUL-terminated);
+** topic[0..len) is a topic name for READ and WRITE and a filter for
+** SUBSCRIBE. access is exactly one of RT_ACL_*. No allocation; safe from any
+** number of threads.
 */
 int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, const char *topic,
                  size_t len, unsigned access);

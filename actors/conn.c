@@ -976,8 +976,8 @@ static void log_bad_packet(conn_t *c, mqtt_str_t connect_id, uint8_t reason)
         idlen = (int)connect_id.len;
     }
     const char *peer = peer_text(c);
-    rt_log(RT_LOG_INFO, "client.bad_packet", "client=%.*s peer=%s reason=0x%02x",
-           id ? idlen : 1, id ? id : "-", peer ? peer : "-", reason);
+    rt_log(RT_LOG_INFO, "client.bad_packet", "client=%.*s peer=%s reason=0x%02x", id ? idlen : 1,
+           id ? id : "-", peer ? peer : "-", reason);
 }
 
 static void protocol_error(rt_actor_t *self, conn_t *c, int err)
@@ -1269,8 +1269,8 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
         if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM))
             c->recv_max = pk->props.receive_maximum;
         long most = rt_broker->conf.max_topic_alias;
-        uint16_t out = pk->props.topic_alias_maximum < most ? pk->props.topic_alias_maximum
-                                                            : (uint16_t)most;
+        uint16_t out =
+            pk->props.topic_alias_maximum < most ? pk->props.topic_alias_maximum : (uint16_t)most;
         if (out && aliases(c) && !c->aliases->out)
             rt_alias_out_new(out, &c->aliases->out); /* none if it fails: topics go in full */
         c->rx_max = (uint16_t)RT_LIVE(max_inflight);
@@ -1790,8 +1790,8 @@ static void forget_sub(conn_t *c, const uint8_t *f, size_t len)
 
 typedef struct {
     conn_t *c;
-    uint8_t qos;           /* granted */
-    uint8_t acl_check;     /* the subscription's (acl.h) */
+    uint8_t qos;       /* granted */
+    uint8_t acl_check; /* the subscription's (acl.h) */
     uint32_t sub_id;
 } retained_send_t;
 
@@ -1904,7 +1904,9 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++) {
         if (!(then[i] & THEN_RETAINED))
             continue;
-        retained_send_t rs = {.c = c, .qos = codes[i], .acl_check = (then[i] & THEN_ACL_CHECK) != 0,
+        retained_send_t rs = {.c = c,
+                              .qos = codes[i],
+                              .acl_check = (then[i] & THEN_ACL_CHECK) != 0,
                               .sub_id = pk->props.sub_id};
         rt_retained_match(rt_broker->retained, (const char *)s.filter.p, s.filter.len,
                           send_retained, &rs, NULL);

@@ -56,8 +56,7 @@ void rt_alias_out_free(rt_alias_out_t *a)
     free(a);
 }
 
-static uint32_t find_slot(const rt_alias_out_t *a, uint32_t hash, const uint8_t *topic,
-                          size_t len)
+static uint32_t find_slot(const rt_alias_out_t *a, uint32_t hash, const uint8_t *topic, size_t len)
 {
     uint32_t mask = a->nslots - 1;
     uint32_t i = hash & mask;
@@ -69,8 +68,7 @@ static uint32_t find_slot(const rt_alias_out_t *a, uint32_t hash, const uint8_t 
     return i;
 }
 
-uint16_t rt_alias_out_lookup(const rt_alias_out_t *a, const uint8_t *topic, size_t len,
-                             bool *fresh)
+uint16_t rt_alias_out_lookup(const rt_alias_out_t *a, const uint8_t *topic, size_t len, bool *fresh)
 {
     *fresh = false;
     if (a->nslots) {

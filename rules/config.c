@@ -38,7 +38,7 @@ static const setting_t settings[] = {
     INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
     INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
     INT(max_packet_size, 64, 268435455, "bytes, both directions"),
-    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session"),
+    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session, each way"),
     INT(max_queued_messages, 0, 100000000, "messages queued per session"),
     INT(max_queued_bytes, 0, 1e12, "bytes queued per session"),
     INT(max_topic_alias, 0, 65535, "inbound topic aliases per connection"),
