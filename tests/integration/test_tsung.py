@@ -3,8 +3,9 @@ subscribers and QoS 1 publishers. Tsung's MQTT client sends SUBSCRIBE and UNSUBS
 fixed-header flags 0000, which rtd tolerates from level-3 clients only (and counts); before it
 did, every subscriber was dropped. Every message published must reach every subscriber.
 
-Loopback only and bounded: Tsung's Erlang nodes use 127.0.0.1 and a private epmd on a free
-loopback port (stopped by its PID), its web GUI is off, and the whole run has a timeout.
+Loopback only and bounded: Tsung's Erlang nodes use 127.0.0.1 (their distribution port is
+bound there) and a private epmd on a free loopback port (stopped by its PID), its web GUI is
+off, and the whole run has a timeout.
 """
 import datetime
 import os
@@ -88,7 +89,9 @@ def test_tsung_mqtt_subscribers_and_qos1_publishers(tmp_path):
         xml.write_text(scenario(broker.port))
         epmd_port = free_port()
         epmd = subprocess.Popen(["epmd", "-address", "127.0.0.1", "-port", str(epmd_port)])
-        env = dict(os.environ, ERL_EPMD_PORT=str(epmd_port), HOME=str(tmp_path))
+        # The Erlang distribution port listens on loopback only, like the epmd.
+        env = dict(os.environ, ERL_EPMD_PORT=str(epmd_port), HOME=str(tmp_path),
+                   ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}")
         before = broker.ctl_json("broker", "metrics")
         tsung = subprocess.Popen([TSUNG, "-n", "-I", "127.0.0.1", "-w", "0", "-f", str(xml),
                                   "-l", str(tmp_path / "log"), "start"],
