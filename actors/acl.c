@@ -201,20 +201,45 @@ static bool safe_value(const char *v, size_t n)
     return v && n > 0 && !memchr(v, '/', n) && !memchr(v, '+', n) && !memchr(v, '#', n);
 }
 
-/*
-** Applies one rule: returns true when it denies the request; sets *allowed
-** when it grants it.
-*/
+/* What the rules that matter said about one request so far. */
+typedef struct tally_s {
+    bool allowed;  /* a rule with the access asked for matches (covers, for SUBSCRIBE) */
+    bool readable; /* SUBSCRIBE: a read rule overlaps the filter */
+    bool shadowed; /* SUBSCRIBE: a deny rule overlaps the filter without covering it */
+} tally_t;
+
+/* Applies one rule to the tally; returns true when it denies the request outright. */
 static bool apply(const rule_t *r, const char *t, size_t tn, unsigned access, const subst_t *s,
-                  bool *allowed)
+                  tally_t *v)
 {
-    bool sub = access == RT_ACL_SUBSCRIBE;
-    if (r->access == 0)
-        return sub ? overlaps(r, t, tn, s) : matches(r, t, tn, s);
-    unsigned need = sub ? RT_ACL_READ : access;
-    if (!*allowed && (r->access & need))
-        *allowed = sub ? covers(r, t, tn, s) : matches(r, t, tn, s);
+    if (access != RT_ACL_SUBSCRIBE) {
+        if (r->access == 0)
+            return matches(r, t, tn, s);
+        if (!v->allowed && (r->access & access))
+            v->allowed = matches(r, t, tn, s);
+        return false;
+    }
+    if (r->access == 0) {
+        if (covers(r, t, tn, s))
+            return true;
+        v->shadowed = v->shadowed || overlaps(r, t, tn, s);
+        return false;
+    }
+    if (!(r->access & RT_ACL_READ) || v->allowed)
+        return false;
+    v->allowed = covers(r, t, tn, s);
+    v->readable = v->readable || v->allowed || overlaps(r, t, tn, s);
     return false;
+}
+
+/* The verdict of a tally no rule denied outright. */
+static int verdict(const tally_t *v, unsigned access)
+{
+    if (access != RT_ACL_SUBSCRIBE)
+        return v->allowed ? RT_ACL_ALLOW : RT_ACL_DENY;
+    if (v->allowed && !v->shadowed)
+        return RT_ACL_ALLOW;
+    return v->readable ? RT_ACL_FILTERED : RT_ACL_DENY;
 }
 
 int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, const char *topic,
@@ -231,7 +256,7 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
     }
     if (len == 0)
         return RT_ACL_DENY;
-    bool allowed = false;
+    tally_t v = {0};
     size_t ulen = user ? strlen(user) : 0;
     const rules_t *own = &acl->anon;
     if (user) {
@@ -239,7 +264,7 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
         own = u && u->name ? &u->rules : NULL;
     }
     for (size_t i = 0; own && i < own->n; i++)
-        if (apply(&own->v[i], topic, len, access, NULL, &allowed))
+        if (apply(&own->v[i], topic, len, access, NULL, &v))
             return RT_ACL_DENY;
     subst_t s = {user, clientid, ulen, clientid ? strlen(clientid) : 0};
     bool user_ok = safe_value(s.user, s.ulen), client_ok = safe_value(s.client, s.clen);
@@ -254,10 +279,10 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
                 return RT_ACL_DENY;
             continue;
         }
-        if (apply(r, topic, len, access, r->subst ? &s : NULL, &allowed))
+        if (apply(r, topic, len, access, r->subst ? &s : NULL, &v))
             return RT_ACL_DENY;
     }
-    return allowed ? RT_ACL_ALLOW : RT_ACL_DENY;
+    return verdict(&v, access);
 }
 
 /* ---- Loading ---- */
@@ -496,13 +521,20 @@ int rt_acl_permit(const char *user, const char *clientid, const char *topic, siz
     const rt_acl_t *acl = rt_rcu_enter(&current);
     int r = acl ? rt_acl_check(acl, user, clientid, topic, len, access) : RT_ACL_ALLOW;
     rt_rcu_leave();
-    if (r == RT_ACL_ALLOW)
+    if (r != RT_ACL_DENY)
         return r;
     atomic_uint_fast64_t *c = access == RT_ACL_WRITE       ? &denied.publish
                               : access == RT_ACL_SUBSCRIBE ? &denied.subscribe
                                                            : &denied.read;
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
     return r;
+}
+
+bool rt_acl_active(void)
+{
+    bool on = rt_rcu_enter(&current) != NULL;
+    rt_rcu_leave();
+    return on;
 }
 
 void rt_acl_install(rt_acl_t *acl)

@@ -24,11 +24,25 @@
 ** "Matches" depends on the request:
 **   RT_ACL_WRITE      PUBLISH: the topic name matches the rule's filter;
 **   RT_ACL_READ       delivery of a message: its topic name matches the filter;
-**   RT_ACL_SUBSCRIBE  SUBSCRIBE with a filter, checked against read rules:
-**                     allowed when a read rule's filter covers every topic the
-**                     subscription can match (rule a/# covers a/b/+ and a, not
-**                     # or b/#), and denied when a deny rule's filter could match
-**                     one of them; a "$share/GROUP/" prefix is taken off first.
+**   RT_ACL_SUBSCRIBE  SUBSCRIBE with a filter (a "$share/GROUP/" prefix taken
+**                     off first), checked against read and deny rules. A filter
+**                     "covers" another when it matches every topic the other
+**                     can match (a/# covers a/b/+ and a, not # or b/#), and
+**                     "overlaps" it when some topic matches both. Then:
+**                     - denied when a deny rule covers the filter (nothing it
+**                       could deliver may be read), or when no read rule
+**                       overlaps it (nothing it could deliver is allowed);
+**                     - RT_ACL_ALLOW when a read rule covers it and no deny
+**                       rule overlaps it: every topic it matches is readable;
+**                     - else RT_ACL_FILTERED: granted, and each message it
+**                       matches is delivered only if RT_ACL_READ allows its
+**                       topic. With `topic readwrite #` and `topic deny
+**                       test/nosubscribe`, SUBSCRIBE # and +/+ are granted
+**                       and test/nosubscribe is withheld from them, as in
+**                       Mosquitto (whose interoperability suite subscribes to
+**                       # to clean up); SUBSCRIBE test/nosubscribe is denied.
+**                     Coverage is decided one rule at a time: two deny rules
+**                     that together cover a filter make it FILTERED, not denied.
 ** As in MQTT, a filter starting with a wildcard matches no topic starting with
 ** '$': rule # gives no $SYS topic, rule $SYS/# does.
 */
@@ -36,6 +50,7 @@
 #define RT_ACL_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,6 +62,7 @@
 
 #define RT_ACL_DENY 0 /* rt_acl_check results */
 #define RT_ACL_ALLOW 1
+#define RT_ACL_FILTERED 2 /* RT_ACL_SUBSCRIBE only: granted, each delivery checked for read */
 
 typedef struct rt_acl_s rt_acl_t;
 
@@ -60,10 +76,11 @@ void rt_acl_free(rt_acl_t *acl);
 
 /*
 ** Decides one request against a table (see above): RT_ACL_ALLOW or
-** RT_ACL_DENY. user is NULL for an anonymous client; clientid is the client's
-** id (NUL-terminated); topic[0..len) is a topic name for READ and WRITE and a
-** filter for SUBSCRIBE. access is exactly one of RT_ACL_*. No allocation; safe
-** from any number of threads.
+** RT_ACL_DENY, and for RT_ACL_SUBSCRIBE also RT_ACL_FILTERED. user is NULL
+** for an anonymous client; clientid is the client's id (NUL-terminated);
+** topic[0..len) is a topic name for READ and WRITE and a filter for
+** SUBSCRIBE. access is exactly one of RT_ACL_*. No allocation; safe from any
+** number of threads.
 */
 int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, const char *topic,
                  size_t len, unsigned access);
@@ -76,6 +93,9 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
 */
 int rt_acl_permit(const char *user, const char *clientid, const char *topic, size_t len,
                   unsigned access);
+
+/* Whether an ACL file is in force (without one every request is allowed). */
+bool rt_acl_active(void);
 
 /* Loads path ("" or NULL: no ACL, allow all) and swaps it in. */
 int rt_acl_reload(const char *path, char *err, size_t errlen);

@@ -189,6 +189,10 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
     rt_doc_add_u64(msgs, "out", m.msgs_out);
     rt_doc_add_u64(msgs, "dropped", m.msgs_dropped);
     rt_doc_add_u64(msgs, "expired", m.msgs_expired);
+    /* Packets the spec would refuse that rtd accepts from clients known to send them. */
+    rt_doc_t *tolerated = rt_doc_add_object(c->doc, "tolerated");
+    rt_doc_add_u64(tolerated, "v31_subscribe_flags",
+                   atomic_load_explicit(&rt_broker->stats.v31_sub_flags, memory_order_relaxed));
     return 200;
 }
 

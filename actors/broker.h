@@ -18,6 +18,7 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t connections;   /* connected now (CONNACK sent) */
     atomic_uint_fast64_t sockets;       /* connection actors alive */
     atomic_uint_fast64_t bad_packets;   /* malformed or protocol errors */
+    atomic_uint_fast64_t v31_sub_flags; /* MQTT 3.1 (UN)SUBSCRIBEs with flags 0000, accepted */
     atomic_uint_fast64_t refused;       /* connections refused at accept (limits) */
     atomic_uint_fast64_t sessions;      /* sessions alive: connected plus offline */
     atomic_uint_fast64_t msgs_dropped;  /* refused by a full session queue (or QoS 0 offline) */

@@ -32,6 +32,7 @@
 #include "rule_engine.h"
 #include "session.h"
 #include "store.h"
+#include "topic_alias.h"
 
 enum {
     MSG_DELIVER = RT_MSG_USER, /* data: deliver_t; bin: the canonical PUBLISH */
@@ -73,6 +74,7 @@ typedef struct {
     uint8_t qos;
     uint8_t retain;
     uint8_t shared;        /* through a shared subscription */
+    uint8_t acl_check;     /* through a subscription the ACL granted in part: check the topic */
     uint32_t n_sub_ids;
     uint32_t sub_ids[];    /* MQTT 5: the matching subscriptions' identifiers */
 } deliver_t;
@@ -112,6 +114,12 @@ typedef struct {
     rt_trie_opts_t opts;
 } sub_entry_t;
 
+/* A connection's topic aliases in both directions (MQTT 5 3.3.2.3.4). */
+typedef struct {
+    char **in;           /* the client's: alias - 1 -> topic, max_topic_alias of them, or NULL */
+    rt_alias_out_t *out; /* ours: NULL when the client's Topic Alias Maximum allows none */
+} conn_aliases_t;
+
 typedef struct conn_s conn_t;
 struct conn_s {
     rt_sock_t *sock;       /* NULL while an offline session waits for its client */
@@ -122,7 +130,8 @@ struct conn_s {
     sub_entry_t *subs;
     rt_session_t *sess;    /* inflight and queued messages; NULL until the first one */
     rt_bin_t *will;        /* the will as a canonical PUBLISH, or NULL */
-    char **aliases;        /* inbound topic aliases (MQTT 5), allocated on first use */
+    conn_aliases_t *aliases; /* topic aliases (MQTT 5): made at CONNECT if the client allows
+                                some, else on its first alias; NULL for none */
     uint16_t *qos2_ids;    /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
     uint64_t last_rx_ms;
     /* One word for two times that never both matter: the session's end exists only offline,
@@ -144,8 +153,11 @@ struct conn_s {
     uint16_t keepalive;    /* seconds, 0 = none */
     uint16_t next_packet_id;
     uint16_t recv_max;     /* the client's Receive Maximum (MQTT 5), 65535 when absent */
+    union {
+        uint16_t rx_max;   /* connected (MQTT 5): the Receive Maximum its CONNACK told */
+        uint8_t refusal;   /* CONNACK code held back while a failed login waits out its delay */
+    };
     uint8_t version;       /* 0 until CONNECT */
-    uint8_t refusal;       /* CONNACK code held back while a failed login waits out its delay */
     uint8_t disc_rc;       /* 1 + the reason code the connection ended with (DISCONNECT from
                               either side, or the server's reason to close); 0: none yet */
     /* Flags as bits: this struct is most of an idle connection's memory. */
@@ -291,6 +303,29 @@ static int send_packet(conn_t *c, mqtt_packet_t *pk)
 }
 
 /*
+** The topic alias to send topic with (3.3.2.3.4), 0 for none: one the client already has, or
+** a fresh one (*fresh) while its Topic Alias Maximum leaves room, made known to the client by
+** this send. An alias costs three bytes (identifier and value), so shorter topics go as they are.
+*/
+#define RT_ALIAS_PROPERTY_BYTES 3
+
+static uint16_t out_alias(conn_t *c, mqtt_str_t topic, bool *fresh)
+{
+    *fresh = false;
+    if (!c->aliases || !c->aliases->out || topic.len <= RT_ALIAS_PROPERTY_BYTES)
+        return 0;
+    return rt_alias_out_lookup(c->aliases->out, topic.p, topic.len, fresh);
+}
+
+/* The connection's alias tables, made on first use; NULL when out of memory. */
+static conn_aliases_t *aliases(conn_t *c)
+{
+    if (!c->aliases)
+        c->aliases = calloc(1, sizeof(*c->aliases));
+    return c->aliases;
+}
+
+/*
 ** Sends one message from its canonical form, re-encoded for this client: its
 ** QoS, packet id and DUP flag, the remaining message expiry (3.3.2.3.3) and
 ** the subscription identifiers. Returns 0, or an error if it was not written;
@@ -318,7 +353,18 @@ static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_fl
         pk.props.sub_ids = sub_ids;
         pk.props.n_sub_ids = (uint16_t)n_sub_ids;
     }
+    mqtt_str_t topic = pk.publish.topic;
+    bool fresh_alias = false;
+    uint16_t alias = out_alias(c, topic, &fresh_alias);
+    if (alias) {
+        pk.props.present |= MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS);
+        pk.props.topic_alias = alias;
+        if (!fresh_alias)
+            pk.publish.topic = (mqtt_str_t){NULL, 0}; /* the client knows it by its alias */
+    }
     int rc = send_packet(c, &pk);
+    if (rc == 0 && fresh_alias)
+        rt_alias_out_commit(c->aliases->out, alias, topic.p, topic.len); /* unused if it fails */
     if (rc == MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE)) {
         count_dropped(c, bin, "too_large");
         return SENT_DISCARDED;
@@ -339,6 +385,7 @@ static const char *reason_text(uint8_t reason)
     case MQTT_RC_SESSION_TAKEN_OVER: return "session taken over";
     case MQTT_RC_SERVER_SHUTTING_DOWN: return "server shutting down";
     case MQTT_RC_PACKET_TOO_LARGE: return "packet too large";
+    case MQTT_RC_RECEIVE_MAX_EXCEEDED: return "receive maximum exceeded";
     case MQTT_RC_BAD_AUTH_METHOD: return "bad authentication method";
     case MQTT_RC_ADMIN_ACTION: return "administrative action";
     default: return "disconnected by the server";
@@ -538,6 +585,22 @@ static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint
     return m;
 }
 
+/*
+** A message matched by a subscription the ACL granted in part (acl.h): whether this client
+** may read its topic. A session whose user is not known yet (restored from the store, or
+** between a resuming socket and its CONNECT) takes none while an ACL is in force.
+*/
+static bool acl_readable(conn_t *c, rt_bin_t *bin)
+{
+    if (!c->version)
+        return !rt_acl_active();
+    mqtt_packet_t pk;
+    if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
+        return false;
+    return rt_acl_permit(c->username, c->client_id, (const char *)pk.publish.topic.p,
+                         pk.publish.topic.len, RT_ACL_READ) != RT_ACL_DENY;
+}
+
 /* Whether m would overflow the session's queue (max_queued_messages / max_queued_bytes). */
 static bool queue_full(const conn_t *c, const rt_qmsg_t *m)
 {
@@ -556,6 +619,10 @@ static bool queue_full(const conn_t *c, const rt_qmsg_t *m)
 */
 static void deliver(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
 {
+    if (d->acl_check && !acl_readable(c, bin)) {
+        answer_store_ack(d->ack_pid, d->ack_token);
+        return;
+    }
     rt_qmsg_t *m = expired(c, d->expire_at_ms) ? NULL : admit(c, bin, d, sub_ids);
     bool now = m && online(c) && !c->sess->queued.n && c->sess->inflight.n < send_window(c);
     if (m && !now && queue_full(c, m)) {
@@ -694,6 +761,7 @@ static bool hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
                        .qos = m->qos < o.qos ? m->qos : o.qos,
                        .retain = o.retain_as_published ? m->retain : 0,
                        .shared = 1,
+                       .acl_check = o.acl_check,
                        .n_sub_ids = o.sub_id ? 1 : 0};
         send_delivery(pid, m->bin, &d, &o.sub_id);
         return true;
@@ -825,10 +893,15 @@ static void reset_connection_state(conn_t *c)
     free(c->partial);
     c->partial = NULL;
     c->partial_len = c->partial_cap = 0;
-    for (long i = 0; c->aliases && i < rt_broker->conf.max_topic_alias; i++)
-        free(c->aliases[i]);
-    free(c->aliases);
-    c->aliases = NULL;
+    /* Aliases last as long as the network connection (3.3.2.3.4). */
+    if (c->aliases) {
+        for (long i = 0; c->aliases->in && i < rt_broker->conf.max_topic_alias; i++)
+            free(c->aliases->in[i]);
+        free(c->aliases->in);
+        rt_alias_out_free(c->aliases->out);
+        free(c->aliases);
+        c->aliases = NULL;
+    }
     if (c->sess)
         c->sess->nacks = 0; /* acks for a connection that is gone: the client resends */
 }
@@ -883,13 +956,65 @@ static void close_conn(rt_actor_t *self, conn_t *c, uint8_t reason, rt_reason_t 
     rt_exit(self, exit_reason);
 }
 
-static void protocol_error(rt_actor_t *self, conn_t *c, int err)
+static uint8_t error_reason(int err)
+{
+    return MQTT_IS_REASON_ERR(err) ? MQTT_ERR_REASON(err) : MQTT_RC_PROTOCOL_ERROR;
+}
+
+/*
+** Counts and logs a packet that ends the connection. The client is named by its id once it
+** has one, or by the id its refused CONNECT carried (when that was read as valid UTF-8), and
+** always by its address, so even a client that never got as far as an id can be found.
+*/
+static void log_bad_packet(conn_t *c, mqtt_str_t connect_id, uint8_t reason)
 {
     atomic_fetch_add(&rt_broker->stats.bad_packets, 1);
-    uint8_t reason = MQTT_IS_REASON_ERR(err) ? MQTT_ERR_REASON(err) : MQTT_RC_PROTOCOL_ERROR;
-    rt_log(RT_LOG_INFO, "client.bad_packet", "client=%s reason=0x%02x",
-           c->client_id ? c->client_id : "-", reason);
+    const char *id = c->client_id;
+    int idlen = id ? (int)strlen(id) : 0;
+    if (!id && connect_id.len && mqtt_utf8_valid(connect_id.p, connect_id.len)) {
+        id = (const char *)connect_id.p;
+        idlen = (int)connect_id.len;
+    }
+    const char *peer = peer_text(c);
+    rt_log(RT_LOG_INFO, "client.bad_packet", "client=%.*s peer=%s reason=0x%02x", id ? idlen : 1,
+           id ? id : "-", peer ? peer : "-", reason);
+}
+
+static void protocol_error(rt_actor_t *self, conn_t *c, int err)
+{
+    uint8_t reason = error_reason(err);
+    log_bad_packet(c, (mqtt_str_t){0}, reason);
     close_conn(self, c, reason, RT_REASON_NORMAL);
+}
+
+/*
+** A CONNECT the decoder refused. Where the spec gives the reason a CONNACK code, the client
+** gets it before the close: unacceptable protocol version for a level (or name and level)
+** rtd does not speak [MQTT-3.1.2-2], identifier rejected for an empty 3.1.1 client id without
+** clean session [MQTT-3.1.3-8] or a 3.1 id past 23 characters. An MQTT 5 client gets the
+** reason code itself, which the spec allows for any refused CONNECT (3.2.2.2, 4.13.1). The
+** CONNACK has the format of the level asked for, and a level rtd does not know is answered
+** as 3.1.1, which is what clients of every version read there (3.1.2.2). A CONNECT whose
+** protocol name and level could not be read gets no CONNACK.
+*/
+static void refuse_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk, int err)
+{
+    uint8_t reason = error_reason(err);
+    log_bad_packet(c, pk->connect.client_id, reason);
+    mqtt_packet_t ack = {.type = MQTT_CONNACK};
+    if (reason == MQTT_RC_UNSUPPORTED_VERSION) {
+        c->version = MQTT_V311;
+        ack.reason = mqtt_v3_connack_code(reason);
+    } else if (pk->version == MQTT_V5) {
+        c->version = MQTT_V5;
+        ack.reason = reason;
+    } else if (pk->version == MQTT_V31 || pk->version == MQTT_V311) {
+        c->version = pk->version;
+        ack.reason = mqtt_v3_connack_code(reason);
+    }
+    if (ack.reason)
+        send_packet(c, &ack);
+    close_conn(self, c, 0, RT_REASON_NORMAL);
 }
 
 static void arm_keepalive(rt_actor_t *self, conn_t *c)
@@ -1043,6 +1168,10 @@ static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, cons
     }
     p->present |= MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) |
                   MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
+    if (c->rx_max < 65535) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM);
+        p->receive_maximum = c->rx_max;
+    }
     p->maximum_packet_size = c->max_packet;
     p->topic_alias_maximum = (uint16_t)rt_broker->conf.max_topic_alias;
 }
@@ -1139,6 +1268,12 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
             c->peer_max_packet = pk->props.maximum_packet_size;
         if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM))
             c->recv_max = pk->props.receive_maximum;
+        long most = rt_broker->conf.max_topic_alias;
+        uint16_t out =
+            pk->props.topic_alias_maximum < most ? pk->props.topic_alias_maximum : (uint16_t)most;
+        if (out && aliases(c) && !c->aliases->out)
+            rt_alias_out_new(out, &c->aliases->out); /* none if it fails: topics go in full */
+        c->rx_max = (uint16_t)RT_LIVE(max_inflight);
     }
     c->keepalive = pk->connect.keepalive;
     long max_keepalive = RT_LIVE(max_keepalive);
@@ -1188,6 +1323,7 @@ static void deliver_one(void *arg, const rt_trie_delivery_t *d)
                     /* MQTT 3.3.1.3: retain is cleared on forwarding unless asked to keep it. */
                     .retain = d->retain_as_published ? r->retain : 0,
                     .shared = d->shared,
+                    .acl_check = d->acl_check,
                     .n_sub_ids = (uint32_t)d->n_sub_ids};
     if (d->persistent && dd.qos && r->ack_pid) {
         dd.ack_pid = r->ack_pid;
@@ -1364,12 +1500,12 @@ static int resolve_alias(conn_t *c, mqtt_packet_t *pk)
     uint16_t alias = pk->props.topic_alias;
     if (alias == 0 || alias > rt_broker->conf.max_topic_alias)
         return MQTT_ERR(MQTT_RC_TOPIC_ALIAS_INVALID);
-    if (!c->aliases) {
-        c->aliases = calloc((size_t)rt_broker->conf.max_topic_alias, sizeof(char *));
-        if (!c->aliases)
-            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-    }
-    char **slot = &c->aliases[alias - 1];
+    conn_aliases_t *a = aliases(c);
+    if (a && !a->in)
+        a->in = calloc((size_t)rt_broker->conf.max_topic_alias, sizeof(char *));
+    if (!a || !a->in)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    char **slot = &a->in[alias - 1];
     if (topic->len) {
         char *copy = strndup((const char *)topic->p, topic->len);
         if (!copy)
@@ -1384,7 +1520,7 @@ static int resolve_alias(conn_t *c, mqtt_packet_t *pk)
     return 0;
 }
 
-static int qos2_find(conn_t *c, uint16_t id)
+static int qos2_find(const conn_t *c, uint16_t id)
 {
     for (size_t i = 0; i < c->nqos2; i++)
         if (c->qos2_ids[i] == id)
@@ -1489,12 +1625,15 @@ static void on_ack_check(rt_actor_t *self, conn_t *c)
     }
 }
 
-/* max_topic_length and max_topic_levels, for topic names and filters alike. */
+/* max_topic_length and max_topic_levels (0: no limit), for topic names and filters alike. */
 static bool topic_within_limits(const uint8_t *t, size_t len)
 {
-    if (len > (size_t)RT_LIVE(max_topic_length))
+    long max_len = RT_LIVE(max_topic_length);
+    if (max_len && len > (size_t)max_len)
         return false;
     long levels = 1, max_levels = RT_LIVE(max_topic_levels);
+    if (!max_levels)
+        return true;
     for (const uint8_t *p = t; (p = memchr(p, '/', len - (size_t)(p - t))) != NULL; p++)
         if (++levels > max_levels)
             return false;
@@ -1512,9 +1651,34 @@ static void refuse_publish(conn_t *c, mqtt_packet_t *pk, uint8_t reason)
     send_packet(c, &ack);
 }
 
+/*
+** The client's QoS 1 and 2 PUBLISHes not yet acknowledged to it, which its Receive Maximum
+** counts (4.9): PUBACKs waiting for the store, and QoS 2 ids until PUBREL (PUBCOMP goes at
+** once then). A PUBREC waiting for the store is for an id among the QoS 2 ones.
+*/
+static uint32_t inbound_unacked(const conn_t *c)
+{
+    uint32_t n = c->nqos2;
+    for (uint32_t i = 0; c->sess && i < c->sess->nacks; i++)
+        n += c->sess->acks[i].type == MQTT_PUBACK;
+    return n;
+}
+
+/* A QoS 1 or 2 PUBLISH past the Receive Maximum rtd gave the client (3.3.4, 4.9). */
+static bool over_receive_maximum(const conn_t *c, const mqtt_packet_t *pk)
+{
+    if (c->version != MQTT_V5 || !pk->publish.qos)
+        return false;
+    if (pk->publish.qos == 2 && qos2_find(c, pk->packet_id) >= 0)
+        return false; /* a resend of one already counted */
+    return inbound_unacked(c) >= c->rx_max;
+}
+
 static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     rt__metric_add(RT_METRIC_MSGS_IN, 1);
+    if (over_receive_maximum(c, pk))
+        return MQTT_ERR(MQTT_RC_RECEIVE_MAX_EXCEEDED);
     if (c->version == MQTT_V5) {
         if (pk->props.sub_id_count)
             return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* only servers send them (3.3.4) */
@@ -1626,7 +1790,8 @@ static void forget_sub(conn_t *c, const uint8_t *f, size_t len)
 
 typedef struct {
     conn_t *c;
-    uint8_t qos;           /* granted */
+    uint8_t qos;       /* granted */
+    uint8_t acl_check; /* the subscription's (acl.h) */
     uint32_t sub_id;
 } retained_send_t;
 
@@ -1641,12 +1806,16 @@ static void send_retained(void *arg, const char *topic, size_t len, void *msg)
     deliver_t d = {.expire_at_ms = r->expire_at_ms,
                    .qos = pk.publish.qos < rs->qos ? pk.publish.qos : rs->qos,
                    .retain = 1,
+                   .acl_check = rs->acl_check,
                    .n_sub_ids = rs->sub_id ? 1 : 0};
     deliver(rs->c, r->bin, &d, &rs->sub_id);
 }
 
-/* Why a filter may not be subscribed (a v5 reason code), or 0 if it may. */
-static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s)
+/*
+** Why a filter may not be subscribed (a v5 reason code), or 0 if it may; *acl_check is set
+** when the ACL grants it only in part (each delivery is then checked, acl.h).
+*/
+static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s, bool *acl_check)
 {
     if (!topic_within_limits(s->filter.p, s->filter.len)) {
         atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
@@ -1659,31 +1828,57 @@ static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s)
             return MQTT_RC_QUOTA_EXCEEDED;
         }
     }
-    if (!rt_acl_permit(c->username, c->client_id, (const char *)s->filter.p, s->filter.len,
-                       RT_ACL_SUBSCRIBE))
-        return MQTT_RC_NOT_AUTHORIZED;
-    return 0;
+    int acl = rt_acl_permit(c->username, c->client_id, (const char *)s->filter.p, s->filter.len,
+                            RT_ACL_SUBSCRIBE);
+    *acl_check = acl == RT_ACL_FILTERED;
+    return acl == RT_ACL_DENY ? MQTT_RC_NOT_AUTHORIZED : 0;
+}
+
+/*
+** Room for one byte per filter of a (UN)SUBSCRIBE, times `per`: the packet's own count, which
+** max_packet_size bounds (a filter takes at least three bytes). Small packets use `small`.
+*/
+static uint8_t *per_filter_bytes(const mqtt_packet_t *pk, size_t per, uint8_t *small,
+                                 size_t small_len)
+{
+    size_t need = (size_t)pk->sub.count * per;
+    return need <= small_len ? small : malloc(need);
+}
+
+/* An MQTT 3.1 client's (UN)SUBSCRIBE with fixed-header flags 0000, accepted (mqtt_codec.h). */
+static void count_v31_sub_flags(const mqtt_packet_t *pk)
+{
+    if (pk->version == MQTT_V31 && pk->flags == 0)
+        atomic_fetch_add_explicit(&rt_broker->stats.v31_sub_flags, 1, memory_order_relaxed);
 }
 
 static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
-    uint8_t codes[256];
-    uint8_t send_retained_for[256];
+    count_v31_sub_flags(pk);
+    uint8_t small[512];
+    uint8_t *codes = per_filter_bytes(pk, 2, small, sizeof(small));
+    if (!codes)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    /* What each granted filter does after the SUBACK: a byte of THEN_* bits. */
+    enum { THEN_RETAINED = 1, THEN_ACL_CHECK = 2 };
+    uint8_t *then = codes + pk->sub.count;
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
-    while (n < sizeof(codes) && mqtt_sub_next(pk, &pos, &s)) {
+    while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
         uint8_t qos = MQTT_SUB_QOS(s.options);
         uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s.options);
+        bool acl_check = false;
+        uint8_t refused = subscribe_refusal(c, &s, &acl_check);
         rt_trie_opts_t o = {.qos = qos,
                             .no_local = (s.options & MQTT_SUB_NO_LOCAL) != 0,
                             .retain_as_published = (s.options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,
                             .retain_handling = handling,
                             .persistent = durable(c),
+                            .acl_check = acl_check,
                             .sub_id = pk->props.sub_id};
         int existed = 0;
-        uint8_t refused = subscribe_refusal(c, &s);
         if (refused) {
-            send_retained_for[n] = 0;
+            then[n] = 0;
             codes[n++] = c->version == MQTT_V5 ? refused : 0x80;
             continue;
         }
@@ -1698,7 +1893,8 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         /* Retained messages on subscribe: always (0), for a new subscription only (1), never
            (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
         bool shared = is_shared((const char *)s.filter.p, s.filter.len);
-        send_retained_for[n] = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
+        bool retained = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
+        then[n] = (retained ? THEN_RETAINED : 0) | (acl_check ? THEN_ACL_CHECK : 0);
         codes[n++] = rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     }
     mqtt_packet_t ack = {.type = MQTT_SUBACK, .packet_id = pk->packet_id};
@@ -1706,12 +1902,17 @@ static int handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     send_packet(c, &ack);
     pos = 0;
     for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++) {
-        if (!send_retained_for[i])
+        if (!(then[i] & THEN_RETAINED))
             continue;
-        retained_send_t rs = {.c = c, .qos = codes[i], .sub_id = pk->props.sub_id};
+        retained_send_t rs = {.c = c,
+                              .qos = codes[i],
+                              .acl_check = (then[i] & THEN_ACL_CHECK) != 0,
+                              .sub_id = pk->props.sub_id};
         rt_retained_match(rt_broker->retained, (const char *)s.filter.p, s.filter.len,
                           send_retained, &rs, NULL);
     }
+    if (codes != small)
+        free(codes);
     return 0;
 }
 
@@ -1734,16 +1935,22 @@ static bool drop_sub(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len)
 
 static int handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
-    uint8_t codes[256];
+    count_v31_sub_flags(pk);
+    uint8_t small[256];
+    uint8_t *codes = per_filter_bytes(pk, 1, small, sizeof(small));
+    if (!codes)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
-    while (n < sizeof(codes) && mqtt_sub_next(pk, &pos, &s)) {
+    while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
         bool existed = drop_sub(self, c, s.filter.p, s.filter.len);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
     }
     mqtt_packet_t ack = {.type = MQTT_UNSUBACK, .packet_id = pk->packet_id};
     ack.codes = (mqtt_str_t){codes, (uint32_t)n};
     send_packet(c, &ack);
+    if (codes != small)
+        free(codes);
     return 0;
 }
 
@@ -1835,8 +2042,11 @@ static long parse(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
         if (rc == 0)
             rt__metric_add(RT_METRIC_PKT_IN + (buf[off] >> 4), 1);
         mqtt_packet_t pk;
-        if (rc == 0)
-            rc = mqtt_decode(buf + off, f.size, c->version, &pk);
+        if (rc == 0 && (rc = mqtt_decode(buf + off, f.size, c->version, &pk)) != 0 &&
+            !c->version) {
+            refuse_connect(self, c, &pk, rc);
+            return -1;
+        }
         if (rc == 0)
             rc = c->version ? handle_packet(self, c, &pk)
                             : handle_connect(self, c, &pk, buf + off, len - off);
@@ -2154,8 +2364,9 @@ static void on_kick(rt_actor_t *self, conn_t *c)
 /*
 ** The ACL was replaced (a reload, or acl_file set): subscriptions it no longer
 ** allows end here, as if the client had unsubscribed, without telling the
-** client (MQTT has no server-side UNSUBSCRIBE). Checked once per reload, not
-** on every delivery, which keeps the delivery path free of ACL lookups. What
+** client (MQTT has no server-side UNSUBSCRIBE), and the others learn whether
+** their deliveries must be checked now (acl.h). Checked once per reload, so a
+** subscription the ACL allows whole takes no ACL lookup per delivery. What
 ** was queued for the session before stays queued. A session restored from the
 ** store whose client has not come back (version 0) is skipped: which user it
 ** logged in as is not kept, and its client's next SUBSCRIBE is checked anyway.
@@ -2166,13 +2377,24 @@ static void on_acl_recheck(rt_actor_t *self, conn_t *c)
         return;
     for (size_t i = 0; i < c->nsubs;) {
         sub_entry_t *e = &c->subs[i];
-        if (rt_acl_permit(c->username, c->client_id, e->filter, e->len, RT_ACL_SUBSCRIBE)) {
-            i++;
+        int acl = rt_acl_permit(c->username, c->client_id, e->filter, e->len, RT_ACL_SUBSCRIBE);
+        if (acl == RT_ACL_DENY) {
+            rt_log(RT_LOG_INFO, "client.acl_revoked", "client=%s filter=%.*s", c->client_id,
+                   (int)e->len, e->filter);
+            drop_sub(self, c, (const uint8_t *)e->filter, e->len); /* moves the last entry to i */
             continue;
         }
-        rt_log(RT_LOG_INFO, "client.acl_revoked", "client=%s filter=%.*s", c->client_id,
-               (int)e->len, e->filter);
-        drop_sub(self, c, (const uint8_t *)e->filter, e->len); /* moves the last entry to i */
+        bool check = acl == RT_ACL_FILTERED;
+        if (e->opts.acl_check != check) {
+            e->opts.acl_check = check;
+            /* An offline member is out of its shared groups; it rejoins with these options. */
+            if (c->sock || !is_shared(e->filter, e->len))
+                rt_trie_subscribe(rt_broker->trie, e->filter, e->len, rt_self(self), &e->opts,
+                                  NULL);
+            if (c->stored)
+                rt_store_sub(c->client_id, e->filter, e->len, &e->opts);
+        }
+        i++;
     }
 }
 

@@ -7,6 +7,7 @@
 */
 #include "mqtt_codec.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #define EMAL MQTT_ERR(MQTT_RC_MALFORMED)
@@ -837,9 +838,12 @@ int mqtt_decode(const uint8_t *buf, size_t len, uint8_t version, mqtt_packet_t *
     ** and so is 15 before MQTT 5. */
     if (f.type == 0 || (f.type == MQTT_AUTH && version < MQTT_V5))
         return EMAL;
-    uint8_t want =
-        f.type == MQTT_PUBREL || f.type == MQTT_SUBSCRIBE || f.type == MQTT_UNSUBSCRIBE ? 2 : 0;
-    if (f.type != MQTT_PUBLISH && pk->flags != want)
+    bool sub = f.type == MQTT_SUBSCRIBE || f.type == MQTT_UNSUBSCRIBE;
+    uint8_t want = f.type == MQTT_PUBREL || sub ? 2 : 0;
+    /* MQTT 3.1 clients (Tsung 1.7 among them) send (UN)SUBSCRIBE with flags 0000: the 3.1
+    ** text gives those bits as QoS 1 without requiring them, and Mosquitto accepts both. */
+    bool v31_sub_flags = sub && version == MQTT_V31 && pk->flags == 0;
+    if (f.type != MQTT_PUBLISH && pk->flags != want && !v31_sub_flags)
         return EMAL;
     rd_t r = {buf + f.header_len, buf + f.size};
     switch (f.type) {

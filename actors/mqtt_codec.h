@@ -290,9 +290,10 @@ int mqtt_frame(const uint8_t *buf, size_t len, uint32_t max_size, mqtt_frame_t *
 ** many were used) for a connection speaking `version`. For CONNECT `version` is ignored and
 ** pk->version is the packet's protocol level, set even when the CONNECT is refused (after
 ** its protocol name was read) so the CONNACK can be sent in a format the client reads: a
-** level that is not 3, 4 or 5 gets MQTT_ERR(0x84), answered by a v3 CONNACK with code 1. Validates
-*everything the spec makes checkable without
-** session state: fixed-header flags, lengths, UTF-8, topic names and filters, property
+** level that is not 3, 4 or 5 gets MQTT_ERR(0x84), answered by a v3 CONNACK with code 1.
+** Validates everything the spec makes checkable without session state: fixed-header flags
+** (an MQTT 3.1 SUBSCRIBE or UNSUBSCRIBE may carry 0000 instead of 0010, as older 3.1 clients
+** send; pk->flags says which came), lengths, UTF-8, topic names and filters, property
 ** placement, duplicates and ranges, reason codes, packet ids. Left to the connection: topic
 ** alias range, receive maximum, subscription identifiers sent by a client in PUBLISH, and
 ** authentication. Never allocates, never reads outside buf[0..len). Returns 0, RT_EAGAIN,

@@ -160,6 +160,7 @@ static void sys_tick(sys_t *s)
     put_u64(s, "messages/dropped", bm.msgs_dropped);
     put_u64(s, "messages/expired", bm.msgs_expired);
     put_u64(s, "bad_packets", load_stat(&st->bad_packets));
+    put_u64(s, "tolerated/v31_subscribe_flags", load_stat(&st->v31_sub_flags));
     /* Limits the connection actors enforce: how often each refused something. */
     put_u64(s, "limits/topic", load_stat(&st->topic_limit_hits));
     put_u64(s, "limits/subscriptions", load_stat(&st->subs_limit_hits));

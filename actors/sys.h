@@ -12,6 +12,7 @@
 **   clients/maximum (peak of connected since start), clients/total (sessions)
 **   messages/received, messages/sent (PUBLISH packets), messages/dropped, messages/expired
 **   bytes/received, bytes/sent, bad_packets, limits/topic|subscriptions|retained
+**   tolerated/v31_subscribe_flags (MQTT 3.1 (UN)SUBSCRIBEs with flags 0000, accepted)
 **   subscriptions/count, shared_subscriptions/count, retained messages/count
 **   heap/current, heap/maximum (bytes the runtime accounts: see heap_bytes in sys.c)
 **   connections/accepted, connections/sockets (open now),

@@ -877,6 +877,7 @@ int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publishe
                 d.qos = o->qos;
             d.retain_as_published |= o->retain_as_published;
             d.persistent |= o->persistent;
+            d.acl_check |= o->acl_check;
             /* Sorted by id within a pid, so duplicates are adjacent. */
             if (o->sub_id && (nid == 0 || s->ids[nid - 1] != o->sub_id))
                 s->ids[nid++] = o->sub_id;
@@ -893,6 +894,7 @@ int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publishe
                                 .retain_as_published = h->o.retain_as_published,
                                 .shared = 1,
                                 .persistent = h->o.persistent,
+                                .acl_check = h->o.acl_check,
                                 .n_sub_ids = h->o.sub_id ? 1 : 0,
                                 .sub_ids = &h->o.sub_id};
         deliver(arg, &d);

@@ -56,6 +56,7 @@ typedef struct {
     uint8_t retain_as_published; /* 1: keep the RETAIN flag on forwarded messages */
     uint8_t retain_handling : 2; /* 0..2; stored for the caller, matching ignores it */
     uint8_t persistent : 1;      /* the subscriber's session is stored (deliveries ask for a durable ack) */
+    uint8_t acl_check : 1;       /* the ACL granted it in part: each delivery is checked (acl.h) */
 } rt_trie_opts_t;
 
 /*
@@ -75,6 +76,7 @@ typedef struct {
     uint8_t retain_as_published;
     uint8_t shared;
     uint8_t persistent; /* any of the subscriptions is persistent */
+    uint8_t acl_check;  /* any of them has acl_check */
     size_t n_sub_ids;
     const uint32_t *sub_ids;
 } rt_trie_delivery_t;

@@ -38,12 +38,12 @@ static const setting_t settings[] = {
     INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
     INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
     INT(max_packet_size, 64, 268435455, "bytes, both directions"),
-    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session"),
+    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session, each way"),
     INT(max_queued_messages, 0, 100000000, "messages queued per session"),
     INT(max_queued_bytes, 0, 1e12, "bytes queued per session"),
     INT(max_topic_alias, 0, 65535, "inbound topic aliases per connection"),
-    INT(max_topic_levels, 1, 65535, "levels in a topic name or filter"),
-    INT(max_topic_length, 1, 65535, "bytes in a topic name or filter"),
+    INT(max_topic_levels, 0, 65535, "levels in a topic name or filter; 0 = unlimited"),
+    INT(max_topic_length, 0, 65535, "bytes in a topic name or filter; 0 = unlimited"),
     INT(max_subscriptions, 0, 10000000, "subscriptions per client; 0 = unlimited"),
     INT(max_retained_messages, 0, 1e9, "retained messages in all; 0 = unlimited"),
     INT(max_retained_bytes, 0, 1e12, "bytes of retained messages in all; 0 = unlimited"),
@@ -95,8 +95,8 @@ void rt_conf_defaults(rt_conf_t *c)
     c->max_queued_messages = 1000;
     c->max_queued_bytes = 16 << 20;
     c->max_topic_alias = 64;
-    c->max_topic_levels = 128;
-    c->max_topic_length = 65535;
+    c->max_topic_levels = 0;
+    c->max_topic_length = 0;
     c->max_subscriptions = 0;
     c->max_retained_messages = 0;
     c->max_retained_bytes = 0;

@@ -80,12 +80,13 @@ typedef struct rt_conf_s {
     long max_connections_per_ip; /* connections at once from one address; 0: unlimited */
     long max_connection_rate;  /* new connections per second per listener; 0: unlimited */
     long max_packet_size;      /* bytes, both directions */
-    long max_inflight;         /* QoS 1/2 messages in flight per session (receive maximum) */
+    long max_inflight;         /* QoS 1/2 messages in flight per session, each way (the
+                                  Receive Maximum MQTT 5 clients are told) */
     long max_queued_messages;  /* per offline or slow session */
     long max_queued_bytes;     /* per offline or slow session */
     long max_topic_alias;      /* inbound topic aliases per connection (MQTT 5) */
-    long max_topic_levels;     /* levels in a topic name or filter */
-    long max_topic_length;     /* bytes in a topic name or filter */
+    long max_topic_levels;     /* levels in a topic name or filter; 0 = unlimited */
+    long max_topic_length;     /* bytes in a topic name or filter; 0 = unlimited */
     long max_subscriptions;    /* per client; 0 = unlimited */
     long max_retained_messages; /* 0 = unlimited */
     long max_retained_bytes;   /* 0 = unlimited */

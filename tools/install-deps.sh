@@ -8,6 +8,7 @@ packages=(
     libuv1-dev liblua5.4-dev libssl-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
     mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
     erlang-base gnuplot-nox valgrind procps
+    tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
 )
 
 missing=()

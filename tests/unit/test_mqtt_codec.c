@@ -640,6 +640,9 @@ static const bad_case_t bad_cases[] = {
     BAD("PINGREQ flags", 4, MAL, 0xc1, 0x00),
     BAD("PUBREL flags 0", 4, MAL, 0x60, 0x02, 0, 1),
     BAD("SUBSCRIBE flags 0", 4, MAL, 0x80, 0x06, 0, 1, 0, 1, 'a', 0),
+    BAD("SUBSCRIBE v5 flags 0", 5, MAL, 0x80, 0x07, 0, 1, 0, 0, 1, 'a', 0),
+    BAD("SUBSCRIBE v3.1 flags 1", 3, MAL, 0x81, 0x06, 0, 1, 0, 1, 'a', 0),
+    BAD("UNSUBSCRIBE v3.1.1 flags 0", 4, MAL, 0xa0, 0x05, 0, 1, 0, 1, 'a'),
     BAD("UNSUBSCRIBE flags 3", 4, MAL, 0xa3, 0x05, 0, 1, 0, 1, 'a'),
     BAD("PUBACK flags", 4, MAL, 0x41, 0x02, 0, 1),
     BAD("remaining length 5 bytes", 4, MAL, 0x30, 0x80, 0x80, 0x80, 0x80, 0x01),
@@ -730,6 +733,8 @@ static const bad_case_t bad_cases[] = {
         'a'),
     BAD("CONNECT level 6", 4, MQTT_ERR(0x84), 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 6, 2, 0, 0, 0,
         1, 'a'),
+    BAD("CONNECT MQTT level 3", 4, MQTT_ERR(0x84), 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 3, 2, 0, 0,
+        0, 1, 'a'),
     BAD("CONNECT MQIsdp level 4", 4, MQTT_ERR(0x84), 0x10, 0x0f, 0, 6, 'M', 'Q', 'I', 's', 'd', 'p',
         4, 2, 0, 0, 0, 1, 'a'),
     BAD("CONNECT reserved flag", 4, MAL, 0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 4, 3, 0, 0, 0, 1,
@@ -803,6 +808,12 @@ static void test_malformed(void)
     mqtt_packet_t pk;
     CHECK_EQ(mqtt_decode(c6, sizeof c6, 0, &pk), MQTT_ERR(MQTT_RC_UNSUPPORTED_VERSION));
     CHECK_EQ(pk.version, 6);
+    static const uint8_t mqtt3[] = {0x10, 0x0d, 0, 4, 'M', 'Q', 'T', 'T', 3, 2, 0, 0, 0, 1, 'a'};
+    CHECK_EQ(mqtt_decode(mqtt3, sizeof mqtt3, 0, &pk), MQTT_ERR(MQTT_RC_UNSUPPORTED_VERSION));
+    CHECK_EQ(pk.version, MQTT_V31);
+    static const uint8_t e4keep[] = {0x10, 0x0c, 0, 4, 'M', 'Q', 'T', 'T', 4, 0, 0, 0, 0, 0};
+    CHECK_EQ(mqtt_decode(e4keep, sizeof e4keep, 0, &pk), MQTT_ERR(MQTT_RC_CLIENT_ID_INVALID));
+    CHECK_EQ(pk.version, MQTT_V311);
     static const uint8_t c5id[] = {0x10, 0x0e, 0, 6, 'M', 'Q', 'I', 's',
                                    'd',  'p',  3, 2, 0,   0,   0,   0};
     CHECK_EQ(mqtt_decode(c5id, sizeof c5id, 0, &pk), MQTT_ERR(MQTT_RC_CLIENT_ID_INVALID));
@@ -810,6 +821,37 @@ static void test_malformed(void)
     /* A bad version argument for a non-CONNECT packet. */
     static const uint8_t ping[] = {0xc0, 0};
     CHECK_EQ(decode_bytes(ping, 2, 7), RT_EINVAL);
+}
+
+/*
+** MQTT 3.1 clients such as Tsung 1.7 send SUBSCRIBE and UNSUBSCRIBE with fixed-header flags
+** 0000: accepted from level 3 only, with the flags reported so the connection can count them.
+*/
+static void test_v31_subscribe_flags(void)
+{
+    static const uint8_t sub0[] = {0x80, 0x08, 0, 7, 0, 3, 'a', '/', 'b', 1};
+    static const uint8_t unsub0[] = {0xa0, 0x07, 0, 8, 0, 3, 'a', '/', 'b'};
+    static const uint8_t sub2[] = {0x82, 0x08, 0, 7, 0, 3, 'a', '/', 'b', 1};
+    mqtt_packet_t pk;
+    CHECK_EQ(mqtt_decode(sub0, sizeof sub0, MQTT_V31, &pk), 0);
+    CHECK_EQ(pk.type, MQTT_SUBSCRIBE);
+    CHECK_EQ(pk.flags, 0);
+    CHECK_EQ(pk.packet_id, 7);
+    CHECK_EQ(pk.sub.count, 1);
+    size_t pos = 0;
+    mqtt_sub_t s;
+    CHECK(mqtt_sub_next(&pk, &pos, &s));
+    CHECK(s.filter.len == 3 && memcmp(s.filter.p, "a/b", 3) == 0);
+    CHECK_EQ(MQTT_SUB_QOS(s.options), 1);
+    CHECK_EQ(mqtt_decode(unsub0, sizeof unsub0, MQTT_V31, &pk), 0);
+    CHECK_EQ(pk.type, MQTT_UNSUBSCRIBE);
+    CHECK_EQ(pk.flags, 0);
+    CHECK_EQ(pk.sub.count, 1);
+    /* The spec's flags stay valid at level 3, and flags 0000 stay malformed above it. */
+    CHECK_EQ(mqtt_decode(sub2, sizeof sub2, MQTT_V31, &pk), 0);
+    CHECK_EQ(pk.flags, 2);
+    CHECK_EQ(mqtt_decode(sub0, sizeof sub0, MQTT_V311, &pk), MAL);
+    CHECK_EQ(mqtt_decode(unsub0, sizeof unsub0, MQTT_V311, &pk), MAL);
 }
 
 /* ---------------------------------------------------------------- encoder contracts */
@@ -1004,6 +1046,7 @@ int main(void)
     RUN(test_partial_every_split);
     RUN(test_several_in_one_buffer);
     RUN(test_malformed);
+    RUN(test_v31_subscribe_flags);
     RUN(test_encode_errors);
     RUN(test_max_packet_size);
     RUN(test_fuzz);

@@ -1,0 +1,129 @@
+/*
+** Outbound topic aliases: the topics in alias order, and an open-addressing index over them
+** by hash (kept at most half full, so a probe always ends at a free slot). Both grow by
+** doubling up to the table's maximum, so a client that allows 65535 aliases but gets few
+** topics costs only what it uses.
+*/
+#include "topic_alias.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char *topic; /* owned copy */
+    uint32_t len;
+    uint32_t hash;
+} entry_t;
+
+struct rt_alias_out_s {
+    entry_t *entries; /* alias i + 1 is entries[i] */
+    uint16_t *slots;  /* 1 + an index into entries; 0: free */
+    uint32_t nslots;  /* a power of two, at least twice cap */
+    uint16_t n, cap, max;
+};
+
+/* FNV-1a. Topics come from publishers, so they can make collisions: that costs probes in a
+   table of at most 2 x max slots, never more memory. */
+static uint32_t topic_hash(const uint8_t *t, size_t len)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ t[i]) * 16777619u;
+    return h;
+}
+
+int rt_alias_out_new(uint16_t max, rt_alias_out_t **out)
+{
+    *out = NULL;
+    if (max == 0)
+        return RT_EINVAL;
+    rt_alias_out_t *a = calloc(1, sizeof(*a));
+    if (!a)
+        return RT_ENOMEM;
+    a->max = max;
+    *out = a;
+    return 0;
+}
+
+void rt_alias_out_free(rt_alias_out_t *a)
+{
+    if (!a)
+        return;
+    for (uint16_t i = 0; i < a->n; i++)
+        free(a->entries[i].topic);
+    free(a->entries);
+    free(a->slots);
+    free(a);
+}
+
+static uint32_t find_slot(const rt_alias_out_t *a, uint32_t hash, const uint8_t *topic, size_t len)
+{
+    uint32_t mask = a->nslots - 1;
+    uint32_t i = hash & mask;
+    for (; a->slots[i]; i = (i + 1) & mask) {
+        const entry_t *e = &a->entries[a->slots[i] - 1];
+        if (e->hash == hash && e->len == len && memcmp(e->topic, topic, len) == 0)
+            break;
+    }
+    return i;
+}
+
+uint16_t rt_alias_out_lookup(const rt_alias_out_t *a, const uint8_t *topic, size_t len, bool *fresh)
+{
+    *fresh = false;
+    if (a->nslots) {
+        uint32_t i = find_slot(a, topic_hash(topic, len), topic, len);
+        if (a->slots[i])
+            return a->slots[i];
+    }
+    if (a->n == a->max)
+        return 0;
+    *fresh = true;
+    return (uint16_t)(a->n + 1);
+}
+
+/* Room for one more entry: entries and slots doubled (slots rebuilt) when full. */
+static int grow(rt_alias_out_t *a)
+{
+    if (a->n < a->cap)
+        return 0;
+    uint32_t cap = a->cap ? 2u * a->cap : 8u;
+    if (cap > a->max)
+        cap = a->max;
+    uint32_t nslots = 16;
+    while (nslots < 2 * cap)
+        nslots *= 2;
+    entry_t *entries = realloc(a->entries, cap * sizeof(*entries));
+    if (!entries)
+        return RT_ENOMEM;
+    a->entries = entries;
+    uint16_t *slots = calloc(nslots, sizeof(*slots));
+    if (!slots)
+        return RT_ENOMEM;
+    free(a->slots);
+    a->slots = slots;
+    a->nslots = nslots;
+    a->cap = (uint16_t)cap;
+    for (uint16_t k = 0; k < a->n; k++) {
+        const entry_t *e = &a->entries[k];
+        a->slots[find_slot(a, e->hash, (const uint8_t *)e->topic, e->len)] = (uint16_t)(k + 1);
+    }
+    return 0;
+}
+
+int rt_alias_out_commit(rt_alias_out_t *a, uint16_t alias, const uint8_t *topic, size_t len)
+{
+    RT_ASSERT(alias == a->n + 1 && a->n < a->max && len <= 65535);
+    int rc = grow(a);
+    if (rc)
+        return rc;
+    char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return RT_ENOMEM;
+    memcpy(copy, topic, len);
+    uint32_t hash = topic_hash(topic, len);
+    a->entries[a->n] = (entry_t){.topic = copy, .len = (uint32_t)len, .hash = hash};
+    a->slots[find_slot(a, hash, topic, len)] = alias;
+    a->n++;
+    return 0;
+}
