@@ -8,6 +8,7 @@ packages=(
     libuv1-dev liblua5.4-dev libssl-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
     mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
     erlang-base gnuplot-nox valgrind procps
+    clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
 )
 
 missing=()
