@@ -604,8 +604,14 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         return RT_EINVAL;
     }
     char chunk[1024];
-    snprintf(chunk, sizeof(chunk), expression ? "%.*s = %s" : "%.*s = [[%s]]",
-             (int)(eq - assignment), assignment, value);
+    int n = snprintf(chunk, sizeof(chunk), expression ? "%.*s = %s" : "%.*s = [[%s]]",
+                     (int)(eq - assignment), assignment, value);
+    if (n < 0 || (size_t)n >= sizeof(chunk)) { /* cut short, it could mean something else */
+        snprintf(err, errlen, "%s: the assignment to \"%.*s\" is too long", where,
+                 (int)(eq - assignment > 64 ? 64 : eq - assignment), assignment);
+        lua_close(L);
+        return RT_EINVAL;
+    }
     int rc;
     char name[64];
     snprintf(name, sizeof(name), "=%s", where);
