@@ -10,19 +10,26 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+static char fuzz_path[64];
+
+static void fuzz_file_remove(void)
+{
+    unlink(fuzz_path);
+}
+
 static inline const char *fuzz_file(const uint8_t *data, size_t size)
 {
-    static char path[64];
     static int fd = -1;
     if (fd < 0) {
-        snprintf(path, sizeof path, "/tmp/rt-fuzz-XXXXXX");
-        fd = mkstemp(path);
+        snprintf(fuzz_path, sizeof fuzz_path, "/tmp/rt-fuzz-XXXXXX");
+        fd = mkstemp(fuzz_path);
         if (fd < 0)
             abort();
+        atexit(fuzz_file_remove);
     }
     if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size)
         abort();
-    return path;
+    return fuzz_path;
 }
 
 #endif
