@@ -154,6 +154,11 @@ static void test_overrides(void)
     CHECK(strstr(err, "command line: schedulers must be a whole number") != NULL);
     CHECK_EQ(rt_conf_set(&c, "nonsense", err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "key=value") != NULL);
+    /* A number too long for the chunk would have been cut to another number. */
+    char longnum[1100] = "schedulers=";
+    memset(longnum + 11, '1', sizeof(longnum) - 12);
+    CHECK_EQ(rt_conf_set(&c, longnum, err, sizeof(err)), RT_EINVAL);
+    CHECK(strstr(err, "command line: the assignment to \"schedulers\" is too long") != NULL);
     CHECK_EQ(c.schedulers, 2); /* unchanged by the refused ones */
 }
 
