@@ -1,6 +1,7 @@
 /*
 ** For targets whose parser reads a file by path (config, password and ACL files): the input
-** is written to one scratch file per process, truncated each time.
+** is written to an in-memory file (memfd: no disk I/O per run, nothing left behind), named
+** by its /proc/self/fd path.
 */
 #ifndef RT_FUZZ_FILE_H
 #define RT_FUZZ_FILE_H
@@ -8,28 +9,22 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
-
-static char fuzz_path[64];
-
-static void fuzz_file_remove(void)
-{
-    unlink(fuzz_path);
-}
 
 static inline const char *fuzz_file(const uint8_t *data, size_t size)
 {
+    static char path[64];
     static int fd = -1;
     if (fd < 0) {
-        snprintf(fuzz_path, sizeof fuzz_path, "/tmp/rt-fuzz-XXXXXX");
-        fd = mkstemp(fuzz_path);
+        fd = memfd_create("rt-fuzz", 0);
         if (fd < 0)
             abort();
-        atexit(fuzz_file_remove);
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     }
     if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size)
         abort();
-    return fuzz_path;
+    return path;
 }
 
 #endif
