@@ -9,8 +9,8 @@
 #include "acl.h"
 #include "fuzz_file.h"
 
-static const char *const topics[] = {"a/b", "a", "$SYS/x", "alice/c1/t", "a/+/#", "#", "+/b",
-                                     "$share/g/a/#", ""};
+static const char *const topics[] = {
+    "a/b", "a", "$SYS/x", "alice/c1/t", "a/+/#", "#", "+/b", "$share/g/a/#", ""};
 static const char *const users[] = {NULL, "alice", "a+b", "bob smith"};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

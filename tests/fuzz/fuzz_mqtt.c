@@ -78,8 +78,7 @@ static uint64_t reencode(const mqtt_packet_t *pk)
     if (mqtt_encode(pk, enc, sizeof enc, 0, &got, NULL) != 0 || got != len)
         abort();
     mqtt_packet_t back;
-    if (mqtt_decode(enc, len, pk->version, &back) != 0 || back.type != pk->type ||
-        back.size != len)
+    if (mqtt_decode(enc, len, pk->version, &back) != 0 || back.type != pk->type || back.size != len)
         abort();
     if (mqtt_encode(&back, enc2, sizeof enc2, 0, &len2, NULL) != 0 || len2 != len ||
         memcmp(enc, enc2, len) != 0)

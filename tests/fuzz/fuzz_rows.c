@@ -89,9 +89,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         setup();
     if (runs++ % RESTART_EVERY == 0)
         restart_database();
-    rt_rule_input_t in = {.topic = "t", .topic_len = 1, .payload = data, .payload_len = size,
-                          .qos = 0, .retain = 0, .clientid = "c", .reason_code = -1,
-                          .proto_ver = -1, .keepalive = -1, .clean_start = -1};
+    rt_rule_input_t in = {.topic = "t",
+                          .topic_len = 1,
+                          .payload = data,
+                          .payload_len = size,
+                          .qos = 0,
+                          .retain = 0,
+                          .clientid = "c",
+                          .reason_code = -1,
+                          .proto_ver = -1,
+                          .keepalive = -1,
+                          .clean_start = -1};
     rt_rule_buf_t out = {0};
     uint32_t nrows = 0;
     char err[512];
@@ -105,7 +113,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t off = 0;
     for (uint32_t i = 0; i < nrows; i++) {
         bson_t doc;
-        if (out.len - off < 5 || !bson_init_static(&doc, out.p + off, rt__sink_doc_len(out.p + off)))
+        if (out.len - off < 5 ||
+            !bson_init_static(&doc, out.p + off, rt__sink_doc_len(out.p + off)))
             abort();
         rows[i].doc = out.p + off;
         rows[i].len = doc.len;
