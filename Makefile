@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 PYTEST = /usr/bin/python3 -m pytest
 
 .PHONY: deps build build-asan build-tsan run test test-unit test-asan test-tsan test-integration \
-	test-integration-asan test-integration-tsan bench clean
+	test-integration-asan test-integration-tsan build-fuzz test-fuzz bench clean
 
 deps:
 	@./tools/install-deps.sh
@@ -22,6 +22,11 @@ build-asan: deps
 build-tsan: deps
 	@cmake -S . -B $(BUILD)/tsan -DCMAKE_BUILD_TYPE=Debug -DRT_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD)/tsan -j$(JOBS)
+
+# libFuzzer targets (tests/fuzz): clang, ASan+UBSan, in their own build directory.
+build-fuzz: deps
+	@cmake -S . -B $(BUILD)/fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DRT_FUZZ=ON >/dev/null
+	@cmake --build $(BUILD)/fuzz -j$(JOBS) --target fuzz
 
 # The broker on 0.0.0.0:1883 with etc/rtd.conf (try: mosquitto_sub -t '#' -v).
 run: build
@@ -56,7 +61,13 @@ test-integration-tsan: build-tsan
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
 		tests/integration/test_admin_socket.py
 
-test: test-unit test-asan test-tsan test-integration test-integration-asan test-integration-tsan
+# Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
+# and the inputs that once crashed it); any crash fails.
+FUZZ_SECONDS ?= 20
+test-fuzz: build-fuzz
+	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS)
+
+test: test-unit test-asan test-tsan test-integration test-integration-asan test-integration-tsan test-fuzz
 	@echo "all test suites passed"
 
 bench: build

@@ -335,7 +335,7 @@ int rt_admin_split(char *line, size_t len, char **argv, size_t *arglen, int max,
 ** Splits a request into c: positional words, "--name value" options and --json.
 ** Returns 0 or 400 with the error set.
 */
-static int parse_request(rt_admin_cmd_t *c, char *line, size_t len)
+int rt__admin_parse_request(rt_admin_cmd_t *c, char *line, size_t len)
 {
     char *words[RT_ADMIN_ARGS_MAX];
     size_t lens[RT_ADMIN_ARGS_MAX];
@@ -534,7 +534,7 @@ static rt_admin_top_t **worker_top(worker_t *w, rt_pid_t conn)
 static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     worker_t *w = state;
-    if (m->tag != MSG_JOB || m->len < sizeof(uint64_t))
+    if (m->tag != MSG_JOB || m->len < sizeof(uint64_t) + 1)
         return;
     uint64_t cookie;
     memcpy(&cookie, m->data, sizeof(cookie));
@@ -544,7 +544,8 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (c) {
         c->self = self;
         c->top = worker_top(w, m->from);
-        if (parse_request(c, (char *)m->data + sizeof(cookie), m->len - sizeof(cookie)) == 0) {
+        if (rt__admin_parse_request(c, (char *)m->data + sizeof(cookie),
+                                    m->len - sizeof(cookie) - 1) == 0) {
             const rt_admin_command_t *k = rt__admin_find(c);
             if (k)
                 run_command(c, k);
@@ -658,15 +659,18 @@ static void process(rt_actor_t *self, conn_t *k)
             if (raw)
                 memcpy(raw, k->in.data, linelen);
             const rt_admin_command_t *cmd = NULL;
-            if (parse_request(c, k->in.data, linelen) == 0 && !(cmd = rt__admin_find(c)))
+            if (rt__admin_parse_request(c, k->in.data, linelen) == 0 &&
+                !(cmd = rt__admin_find(c)))
                 rt__admin_fail(c, 400, "unknown command \"%s%s%s\"; try: help", c->argv[0],
                                c->argc > 1 ? " " : "", c->argc > 1 ? c->argv[1] : "");
             if (cmd && (cmd->flags & RT_ADMIN_BLOCKING)) {
                 uint64_t cookie = next_cookie++;
-                rt_msg_t *m = raw ? rt_msg_new(MSG_JOB, sizeof(cookie) + linelen) : NULL;
+                /* One byte more than the line: splitting ends the last word there. */
+                rt_msg_t *m = raw ? rt_msg_new(MSG_JOB, sizeof(cookie) + linelen + 1) : NULL;
                 if (m) {
                     memcpy(m->data, &cookie, sizeof(cookie));
                     memcpy(m->data + sizeof(cookie), raw, linelen);
+                    m->data[sizeof(cookie) + linelen] = 0;
                     if (rt_send_msg(A.worker, m) == 0)
                         k->cookie = cookie;
                 }

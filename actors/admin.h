@@ -40,7 +40,8 @@ int rt_admin_reload_rules(char *err, size_t errlen);
 /*
 ** Splits a request line in place into words (docs/ADMIN.md quoting). Words
 ** may hold NUL bytes (\x00), so each comes with its length; each is also
-** NUL-terminated. Returns 0, or RT_EINVAL with err set.
+** NUL-terminated, which may write line[len]: the line needs len + 1 bytes.
+** Returns 0, or RT_EINVAL with err set.
 */
 int rt_admin_split(char *line, size_t len, char **argv, size_t *arglen, int max, int *argc,
                    char *err, size_t errlen);

@@ -48,6 +48,8 @@ typedef struct rt_admin_command_s {
 
 extern const rt_admin_command_t rt__admin_commands[];
 
+/* Splits a request line in place into c's words and options: 0, or 400 with the error set. */
+int rt__admin_parse_request(rt_admin_cmd_t *c, char *line, size_t len);
 /* The command a request names, or NULL. */
 const rt_admin_command_t *rt__admin_find(const rt_admin_cmd_t *c);
 

@@ -11,6 +11,37 @@
 #include "config.h"
 
 #define RT_CONF_INSTRUCTION_LIMIT 10000000 /* a config file that runs longer is a bug */
+#define RT_CONF_MEMORY_LIMIT (64u << 20)     /* and so is one that builds more (s = s .. s) */
+
+/* What the config's Lua state holds, and how much its chunk may make it hold. */
+typedef struct conf_mem_s {
+    size_t used, limit;
+} conf_mem_t;
+
+/* Lua's allocator with that limit: a runaway config gets "not enough memory". */
+static void *conf_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    conf_mem_t *m = ud;
+    if (!ptr)
+        osize = 0; /* then osize is the kind of object */
+    if (nsize == 0) {
+        free(ptr);
+        m->used -= osize;
+        return NULL;
+    }
+    if (nsize > osize && nsize - osize > m->limit - m->used)
+        return NULL;
+    void *p = realloc(ptr, nsize);
+    if (p)
+        m->used = m->used - osize + nsize;
+    return p;
+}
+
+static lua_State *new_state(conf_mem_t *m)
+{
+    *m = (conf_mem_t){0, RT_CONF_MEMORY_LIMIT};
+    return lua_newstate(conf_alloc, m);
+}
 
 typedef enum { K_INT, K_DOUBLE, K_BOOL, K_STRING, K_LISTENERS, K_SECTIONS } kind_t;
 
@@ -507,6 +538,10 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
         return RT_EINVAL;
     }
     lua_sethook(L, NULL, 0, 0);
+    /* The limit is for the chunk: reading back what it made must not fail outside a pcall. */
+    conf_mem_t *mem;
+    lua_getallocf(L, (void **)&mem);
+    mem->limit = SIZE_MAX;
     /* Every setting is checked; the error reported is the first by line, whatever order
        the table iterates in. */
     rt_conf_t next = *c;
@@ -551,7 +586,8 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         return RT_ENOTFOUND;
     }
     fclose(f);
-    lua_State *L = luaL_newstate();
+    conf_mem_t mem;
+    lua_State *L = new_state(&mem);
     if (!L) {
         snprintf(err, errlen, "%s: out of memory", path);
         return RT_ENOMEM;
@@ -586,7 +622,8 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         snprintf(err, errlen, "%s: \"%s\" is not key=value", where, assignment);
         return RT_EINVAL;
     }
-    lua_State *L = luaL_newstate();
+    conf_mem_t mem;
+    lua_State *L = new_state(&mem);
     if (!L) {
         snprintf(err, errlen, "%s: out of memory", where);
         return RT_ENOMEM;
@@ -604,8 +641,14 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         return RT_EINVAL;
     }
     char chunk[1024];
-    snprintf(chunk, sizeof(chunk), expression ? "%.*s = %s" : "%.*s = [[%s]]",
-             (int)(eq - assignment), assignment, value);
+    int n = snprintf(chunk, sizeof(chunk), expression ? "%.*s = %s" : "%.*s = [[%s]]",
+                     (int)(eq - assignment), assignment, value);
+    if (n < 0 || (size_t)n >= sizeof(chunk)) { /* cut short, it could mean something else */
+        snprintf(err, errlen, "%s: the assignment to \"%.*s\" is too long", where,
+                 (int)(eq - assignment > 64 ? 64 : eq - assignment), assignment);
+        lua_close(L);
+        return RT_EINVAL;
+    }
     int rc;
     char name[64];
     snprintf(name, sizeof(name), "=%s", where);

@@ -9,6 +9,7 @@ packages=(
     mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
     erlang-base gnuplot-nox valgrind procps
     tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
+    clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
 )
 
 missing=()

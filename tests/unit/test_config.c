@@ -110,6 +110,10 @@ static void test_errors(void)
     CHECK(err_is(err, 1, "true or false"));
     CHECK_EQ(load("log_level = \"loud\"\n", &c, err), RT_EINVAL);
     CHECK(err_is(err, 1, "one of"));
+    /* Found by tests/fuzz: doubling a string 40 times asked for 8 GB. */
+    CHECK_EQ(load("local s = \"xxxxxxxx\"\nfor i = 1, 40 do s = s .. s end\n", &c, err),
+             RT_EINVAL);
+    CHECK(strstr(err, "not enough memory") != NULL);
     CHECK_EQ(load("listeners = { \"localhost:1883\" }\n", &c, err), RT_EINVAL);
     CHECK(err_is(err, 1, "localhost")); /* hosts must be numeric */
     CHECK_EQ(load("a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n", &c, err), RT_EINVAL);
@@ -154,6 +158,11 @@ static void test_overrides(void)
     CHECK(strstr(err, "command line: schedulers must be a whole number") != NULL);
     CHECK_EQ(rt_conf_set(&c, "nonsense", err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "key=value") != NULL);
+    /* A number too long for the chunk would have been cut to another number. */
+    char longnum[1100] = "schedulers=";
+    memset(longnum + 11, '1', sizeof(longnum) - 12);
+    CHECK_EQ(rt_conf_set(&c, longnum, err, sizeof(err)), RT_EINVAL);
+    CHECK(strstr(err, "command line: the assignment to \"schedulers\" is too long") != NULL);
     CHECK_EQ(c.schedulers, 2); /* unchanged by the refused ones */
 }
 
