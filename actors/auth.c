@@ -728,6 +728,13 @@ void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evic
 
 static rt_rcu_t current; /* rt_auth_t *, NULL: no password file */
 static atomic_bool allow_anonymous = true;
+
+/* anonymous_from, as configured: read by every CONNECT without a user name. */
+typedef struct {
+    unsigned n;
+    rt_conf_net_t nets[RT_CONF_MAX_NETS];
+} anonymous_nets_t;
+static rt_rcu_t anonymous_from; /* anonymous_nets_t *; NULL (never configured): loopback */
 static _Atomic(rt_auth_limiter_t *) limiter;
 static pthread_mutex_t configure_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -778,12 +785,20 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
         else
             atomic_store(&limiter, l);
     }
+    anonymous_nets_t *nets = rc ? NULL : malloc(sizeof(*nets));
+    if (rc == 0 && !nets) {
+        snprintf(err, errlen, "auth: out of memory");
+        rc = RT_ENOMEM;
+    }
     if (rc) {
         rt_auth_free(users);
         rt_acl_free(acl);
         pthread_mutex_unlock(&configure_lock);
         return rc;
     }
+    nets->n = conf->nanonymous_from;
+    memcpy(nets->nets, conf->anonymous_from, sizeof(nets->nets));
+    free(rt_rcu_swap(&anonymous_from, nets));
     atomic_store(&l->max_delay_ms, (uint32_t)conf->auth_max_delay_ms);
     atomic_store(&allow_anonymous, conf->allow_anonymous);
     rt_auth_free(rt_rcu_swap(&current, users));
@@ -806,8 +821,21 @@ bool rt_auth_allow_anonymous(void)
 void rt_auth_shutdown(void)
 {
     rt_auth_free(rt_rcu_swap(&current, NULL));
+    free(rt_rcu_swap(&anonymous_from, NULL));
     rt_acl_install(NULL);
     rt_auth_limiter_free(atomic_exchange(&limiter, NULL));
+}
+
+/* Whether an anonymous client may come from addr (NULL: not an IP peer, refused). */
+static bool anonymous_allowed_from(const rt_auth_addr_t *addr)
+{
+    if (!addr)
+        return false;
+    const anonymous_nets_t *nets = rt_rcu_enter(&anonymous_from);
+    bool ok = nets ? rt_conf_net_match(nets->nets, nets->n, addr->b)
+              : rt_conf_net_match(rt_conf_loopback, RT_CONF_NLOOPBACK, addr->b);
+    rt_rcu_leave();
+    return ok;
 }
 
 /* rt_auth_login and rt_auth_login_quick: may_hash false leaves a full hash undone. */
@@ -817,7 +845,7 @@ static int login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw
     *delay_ms = 0;
     int result = RT_AUTH_OK;
     if (!user) {
-        if (!atomic_load(&allow_anonymous))
+        if (!atomic_load(&allow_anonymous) || !anonymous_allowed_from(addr))
             result = RT_AUTH_ANONYMOUS_REFUSED;
     } else {
         const rt_auth_t *a = rt_rcu_enter(&current);

@@ -44,7 +44,7 @@ typedef enum rt_auth_result_e {
     RT_AUTH_OK = 0,
     RT_AUTH_BAD_PASSWORD = 1,      /* known user, wrong password */
     RT_AUTH_UNKNOWN_USER = 2,      /* not in the password file */
-    RT_AUTH_ANONYMOUS_REFUSED = 3, /* no username and allow_anonymous is false */
+    RT_AUTH_ANONYMOUS_REFUSED = 3, /* no username: allow_anonymous false, or not from anonymous_from */
     RT_AUTH_PENDING = 4,           /* rt_auth_login_quick: only a full hash can decide */
 } rt_auth_result_t;
 
@@ -122,7 +122,7 @@ void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evic
 /* ---- The process-wide policy (what the connection actor calls) ---- */
 
 /*
-** Applies the settings allow_anonymous, password_file, acl_file and
+** Applies the settings allow_anonymous, anonymous_from, password_file, acl_file and
 ** auth_max_delay_ms: loads both files and only then swaps them in, so a bad
 ** file leaves everything as it was (err: "path:line: reason"). Called at start
 ** and again on SIGHUP. Returns 0 or an RT_E* code.
@@ -146,7 +146,9 @@ void rt_auth_shutdown(void);
 ** Decides a CONNECT: user is NULL when the packet has no username, pw NULL
 ** when it has no password. With no password file every username is accepted;
 ** with one, the user must be in it with that password. A client with no
-** username is accepted only while allow_anonymous is true. On a refusal the
+** username is accepted only while allow_anonymous is true, and only from an
+** address in anonymous_from (addr NULL: refused; loopback until rt_auth_configure
+** sets the list). On a refusal the
 ** source address (addr, may be NULL) is noted and *delay_ms says how long to
 ** hold the negative CONNACK; on success it is 0 and the address forgotten.
 ** Counts every outcome (rt_auth_stats). Returns an rt_auth_result_t.

@@ -999,7 +999,7 @@ int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
     bool spills = false;
     for (unsigned i = 0; i < g_nsinks; i++)
         spills |= g_sinks[i]->drv->spills;
-    if (spills && mkdir(conf->data_dir, 0755) != 0 && errno != EEXIST) {
+    if (spills && mkdir(conf->data_dir, 0700) != 0 && errno != EEXIST) {
         snprintf(err, errlen, "data_dir %s: cannot create: %s", conf->data_dir, strerror(errno));
         free_all();
         return RT_EINVAL;

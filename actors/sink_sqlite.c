@@ -254,13 +254,13 @@ static void sq_close(rt_sink_t *s)
 static int sq_open(rt_sink_t *s)
 {
     sq_t *q = s->drv_state;
-    /* The database's directory is made if missing (one level, like data_dir). */
+    /* The database's directory is made if missing (one level, 0700 like data_dir). */
     char dir[512];
     snprintf(dir, sizeof(dir), "%s", q->file);
     char *slash = strrchr(dir, '/');
     if (slash && slash != dir) {
         *slash = 0;
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
             rt__sink_error(s, "%s: cannot create directory: %s", dir, strerror(errno));
             return RT_EAGAIN;
         }

@@ -1,4 +1,5 @@
 #include <arpa/inet.h>
+#include <limits.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <lauxlib.h>
@@ -6,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "config.h"
@@ -43,7 +45,8 @@ static lua_State *new_state(conf_mem_t *m)
     return lua_newstate(conf_alloc, m);
 }
 
-typedef enum { K_INT, K_DOUBLE, K_BOOL, K_STRING, K_LISTENERS, K_SECTIONS } kind_t;
+/* K_PATH: a K_STRING naming a file or directory, made absolute at load (config.h). */
+typedef enum { K_INT, K_DOUBLE, K_BOOL, K_STRING, K_PATH, K_LISTENERS, K_NETS, K_SECTIONS } kind_t;
 
 typedef struct setting_s {
     const char *name;
@@ -60,7 +63,7 @@ static const char *const log_levels[] = {"error", "warning", "info", "debug", NU
 #define OFF(f) offsetof(rt_conf_t, f)
 #define INT(f, lo, hi, h) {#f, K_INT, OFF(f), 0, lo, hi, NULL, h}
 #define BOOL(f, h) {#f, K_BOOL, OFF(f), 0, 0, 0, NULL, h}
-#define STR(f, h) {#f, K_STRING, OFF(f), sizeof(((rt_conf_t *)0)->f), 0, 0, NULL, h}
+#define PATH(f, h) {#f, K_PATH, OFF(f), sizeof(((rt_conf_t *)0)->f), 0, 0, NULL, h}
 
 /* Every setting rtd knows, in one place: name, type, range and what it means. */
 static const setting_t settings[] = {
@@ -83,9 +86,11 @@ static const setting_t settings[] = {
     BOOL(queue_qos0, "queue QoS 0 messages for offline sessions"),
     BOOL(persistence, "keep retained messages and persistent sessions in data_dir/state.db"),
     BOOL(allow_zero_length_clientid, "accept an empty client id (and assign one)"),
-    BOOL(allow_anonymous, "accept a CONNECT without a user name"),
-    STR(password_file, "user:hash lines (rtd passwd); \"\" = none"),
-    STR(acl_file, "Mosquitto-format ACL; \"\" = allow every topic"),
+    BOOL(allow_anonymous, "accept a CONNECT without a user name (from anonymous_from)"),
+    {"anonymous_from", K_NETS, OFF(anonymous_from), 0, 0, 0, NULL,
+     "addresses anonymous clients may come from: \"a.b.c.d/n\", \"v6/n\" or a list"},
+    PATH(password_file, "user:hash lines (rtd passwd); \"\" = none"),
+    PATH(acl_file, "Mosquitto-format ACL; \"\" = allow every topic"),
     INT(auth_max_delay_ms, 0, 60000, "milliseconds; cap of the delay before a refused CONNACK"),
     INT(schedulers, 0, 64, "scheduler threads; 0 = one per core"),
     INT(blocking_threads, 1, 32, "threads for blocking actors (database sinks)"),
@@ -93,24 +98,26 @@ static const setting_t settings[] = {
     INT(min_heap, 1024, 1e12, "bytes before an actor's first collection"),
     {"gc_factor", K_DOUBLE, OFF(gc_factor), 0, 1.01, 100, NULL, "next GC at factor x live"},
     INT(max_heap, 0, 1e12, "bytes per actor heap; 0 = unlimited"),
-    {"rules_dir", K_STRING, OFF(rules_dir), sizeof(((rt_conf_t *)0)->rules_dir), 0, 0, NULL,
-     "directory of rule files (*.lua)"},
+    PATH(rules_dir, "directory of rule files (*.lua)"),
     INT(rule_workers, 1, 64, "rule worker actors (one Lua state each)"),
     INT(rule_instructions, 1000, 1e9, "Lua instructions one rule call may run"),
     INT(rule_flush_ms, 0, 1000, "ms a rule worker holds a partial sink batch; 0 = per turn"),
     INT(rule_turn_us, 100, 1e6, "microseconds of rules a worker runs before it yields a turn"),
     INT(rule_memory, 1 << 20, 1e11, "bytes one rule worker's Lua state may hold"),
     INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
-    {"data_dir", K_STRING, OFF(data_dir), sizeof(((rt_conf_t *)0)->data_dir), 0, 0, NULL,
-     "directory for persistent state"},
-    {"admin_socket", K_STRING, OFF(admin_socket), sizeof(((rt_conf_t *)0)->admin_socket), 0, 0,
-     NULL, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"},
+    PATH(data_dir, "directory for persistent state (mode 0700, its files 0600)"),
+    PATH(admin_socket, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"),
     {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
      "error, warning, info or debug"},
     {"sinks", K_SECTIONS, OFF(sinks), 0, 0, 0, NULL, "name = { type = \"sqlite\", ... }"},
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+const rt_conf_net_t rt_conf_loopback[RT_CONF_NLOOPBACK] = {
+    {.addr = {[10] = 0xff, [11] = 0xff, [12] = 127}, .bits = 96 + 8}, /* 127.0.0.0/8 */
+    {.addr = {[15] = 1}, .bits = 128},                                /* ::1 */
+};
 
 void rt_conf_defaults(rt_conf_t *c)
 {
@@ -137,6 +144,10 @@ void rt_conf_defaults(rt_conf_t *c)
     c->persistence = false;
     c->allow_zero_length_clientid = true;
     c->allow_anonymous = true;
+    /* Loopback only: an rtd on a public address takes no anonymous client from outside
+       unless the operator says so (Mosquitto 2 does the same). */
+    c->nanonymous_from = RT_CONF_NLOOPBACK;
+    memcpy(c->anonymous_from, rt_conf_loopback, sizeof(rt_conf_loopback));
     c->auth_max_delay_ms = 5000; /* RT_AUTH_MAX_DELAY_MS_DEFAULT */
     c->schedulers = 0;
     c->blocking_threads = 2;
@@ -144,7 +155,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->min_heap = 16 * 1024;
     c->gc_factor = 2.0;
     c->max_heap = 0;
-    snprintf(c->rules_dir, sizeof(c->rules_dir), "etc/rules");
+    snprintf(c->rules_dir, sizeof(c->rules_dir), "rules");
     c->rule_workers = 2;
     c->rule_instructions = 1000000;
     c->rule_memory = 64 << 20;
@@ -161,6 +172,63 @@ static const setting_t *find_setting(const char *name)
         if (strcmp(settings[i].name, name) == 0)
             return &settings[i];
     return NULL;
+}
+
+static const unsigned char v4_mapped[12] = {[10] = 0xff, [11] = 0xff};
+
+/* "a.b.c.d/n" (IPv4 as v4-mapped IPv6) or "v6/n"; no "/n": one address. */
+static bool parse_net(const char *s, rt_conf_net_t *out)
+{
+    char host[64];
+    const char *slash = strchr(s, '/');
+    size_t hostlen = slash ? (size_t)(slash - s) : strlen(s);
+    if (hostlen == 0 || hostlen >= sizeof(host))
+        return false;
+    memcpy(host, s, hostlen);
+    host[hostlen] = 0;
+    memset(out, 0, sizeof(*out));
+    unsigned width;
+    if (inet_pton(AF_INET, host, out->addr + 12) == 1) {
+        memcpy(out->addr, v4_mapped, sizeof(v4_mapped));
+        width = 32;
+    } else if (inet_pton(AF_INET6, host, out->addr) == 1) {
+        width = 128;
+    } else {
+        return false;
+    }
+    long bits = width;
+    if (slash) {
+        char *end;
+        bits = strtol(slash + 1, &end, 10);
+        if (end == slash + 1 || *end || bits < 0 || bits > (long)width)
+            return false;
+    }
+    out->bits = 128 - width + (unsigned)bits;
+    /* Host bits cleared, so "127.0.0.1/8" means 127.0.0.0/8 as it reads. */
+    for (unsigned i = out->bits; i < 128; i++)
+        out->addr[i / 8] &= (unsigned char)~(0x80u >> (i % 8));
+    return true;
+}
+
+static void format_net(const rt_conf_net_t *n, char *buf, size_t len)
+{
+    char text[INET6_ADDRSTRLEN];
+    bool v4 = n->bits >= 96 && memcmp(n->addr, v4_mapped, sizeof(v4_mapped)) == 0;
+    inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? n->addr + 12 : n->addr, text, sizeof(text));
+    snprintf(buf, len, "%s/%u", text, v4 ? n->bits - 96 : n->bits);
+}
+
+bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned char addr[16])
+{
+    for (unsigned k = 0; k < n; k++) {
+        unsigned bits = nets[k].bits, whole = bits / 8;
+        if (memcmp(nets[k].addr, addr, whole) != 0)
+            continue;
+        unsigned char mask = (unsigned char)(0xff00u >> (bits % 8));
+        if (bits % 8 == 0 || (addr[whole] & mask) == nets[k].addr[whole])
+            return true;
+    }
+    return false;
 }
 
 void rt_conf_each(const rt_conf_t *c,
@@ -183,7 +251,17 @@ void rt_conf_each(const rt_conf_t *c,
             snprintf(value, sizeof(value), "%s", *(const bool *)field ? "true" : "false");
             break;
         case K_STRING:
+        case K_PATH:
             snprintf(value, sizeof(value), "%s", field);
+            break;
+        case K_NETS:
+            value[0] = 0;
+            for (unsigned n = 0; n < c->nanonymous_from && used < sizeof(value); n++) {
+                char text[64];
+                format_net(&c->anonymous_from[n], text, sizeof(text));
+                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s",
+                                         n ? ", " : "", text);
+            }
             break;
         case K_LISTENERS:
             value[0] = 0;
@@ -402,7 +480,8 @@ static bool apply(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, siz
         }
         *(bool *)(void *)field = lua_toboolean(L, -1);
         return true;
-    case K_STRING: {
+    case K_STRING:
+    case K_PATH: {
         size_t len;
         const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
         if (!v || len >= s->size) {
@@ -459,6 +538,38 @@ static bool apply(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, siz
         }
         memcpy(c->listeners, ls, n * sizeof(ls[0]));
         c->nlisteners = n;
+        return true;
+    }
+    case K_NETS: {
+        rt_conf_net_t nets[RT_CONF_MAX_NETS];
+        unsigned n = 0;
+        bool one = lua_type(L, -1) == LUA_TSTRING;
+        if (!one && lua_type(L, -1) != LUA_TTABLE) {
+            snprintf(why, whylen, "%s must be \"address/bits\" or a list of them", s->name);
+            return false;
+        }
+        lua_Integer len = one ? 1 : luaL_len(L, -1);
+        if (len > RT_CONF_MAX_NETS) {
+            snprintf(why, whylen, "%s: at most %d networks", s->name, RT_CONF_MAX_NETS);
+            return false;
+        }
+        for (lua_Integer i = 1; i <= len; i++) {
+            if (!one)
+                lua_geti(L, -1, i);
+            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            bool ok = v && parse_net(v, &nets[n]);
+            if (!ok)
+                snprintf(why, whylen, "%s[%lld]: %s%s%s", s->name, (long long)i,
+                         v ? "\"" : "not a string", v ? v : "",
+                         v ? "\" is not a numeric address with an optional /bits" : "");
+            if (!one)
+                lua_pop(L, 1);
+            if (!ok)
+                return false;
+            n++;
+        }
+        memcpy(c->anonymous_from, nets, n * sizeof(nets[0]));
+        c->nanonymous_from = n;
         return true;
     }
     case K_SECTIONS:
@@ -578,6 +689,56 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
     return 0;
 }
 
+/*
+** Drops "." and "x/.." from an absolute path in place, as the kernel would read it
+** without symlinks, so the paths logged at start read plainly ("/srv/rt/data", not
+** "/srv/rt/etc/../data").
+*/
+static void normalize(char *path)
+{
+    char *out = path; /* writes never pass the reads */
+    const char *in = path;
+    while (*in) {
+        while (*in == '/')
+            in++;
+        const char *end = in + strcspn(in, "/");
+        size_t len = (size_t)(end - in);
+        if (len == 1 && in[0] == '.') {
+            /* nothing */
+        } else if (len == 2 && in[0] == '.' && in[1] == '.') {
+            while (out > path && *--out != '/')
+                ;
+        } else if (len) {
+            *out++ = '/';
+            memmove(out, in, len);
+            out += len;
+        }
+        in = end;
+    }
+    if (out == path)
+        *out++ = '/';
+    *out = 0;
+}
+
+/* Makes the path setting s of c absolute against the directory base; "" stays "". */
+static int resolve(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
+                   char *err, size_t errlen)
+{
+    char *field = (char *)c + s->offset;
+    if (!field[0] || field[0] == '/')
+        return 0;
+    char joined[2 * PATH_MAX];
+    int n = snprintf(joined, sizeof(joined), "%s/%s", base, field);
+    if (n < 0 || (size_t)n >= s->size) {
+        snprintf(err, errlen, "%s: %s \"%s\" in %s is longer than %zu bytes", where, s->name,
+                 field, base, s->size - 1);
+        return RT_EINVAL;
+    }
+    normalize(joined);
+    memcpy(field, joined, strlen(joined) + 1);
+    return 0;
+}
+
 int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "r");
@@ -601,6 +762,19 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         rc = run_and_apply(L, c, path, true, err, errlen);
     }
     lua_close(L);
+    if (rc)
+        return rc;
+    /* The file's directory, absolute: relative paths in the file are the file's. */
+    char dir[PATH_MAX], base[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+    if (!realpath(dir, base)) {
+        snprintf(err, errlen, "%s: cannot resolve its directory: %s", path, strerror(errno));
+        return RT_EINVAL;
+    }
+    for (size_t i = 0; i < NSETTINGS && rc == 0; i++)
+        if (settings[i].kind == K_PATH)
+            rc = resolve(c, &settings[i], base, path, err, errlen);
     return rc;
 }
 
@@ -659,5 +833,21 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         rc = run_and_apply(L, c, where, false, err, errlen);
     }
     lua_close(L);
+    char key[64], cwd[PATH_MAX];
+    const char *k = assignment, *kend = eq;
+    while (k < kend && (*k == ' ' || *k == '\t'))
+        k++;
+    while (kend > k && (kend[-1] == ' ' || kend[-1] == '\t'))
+        kend--;
+    snprintf(key, sizeof(key), "%.*s", (int)(kend - k), k);
+    const setting_t *s = find_setting(key);
+    if (rc == 0 && s && s->kind == K_PATH) {
+        if (!getcwd(cwd, sizeof(cwd))) {
+            snprintf(err, errlen, "%s: %s: cannot read the current directory: %s", where, key,
+                     strerror(errno));
+            return RT_EINVAL;
+        }
+        rc = resolve(c, s, cwd, where, err, errlen);
+    }
     return rc;
 }

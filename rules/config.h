@@ -16,6 +16,20 @@
 #define RT_CONF_MAX_LISTENERS 16
 #define RT_CONF_ERR_LEN 512 /* bytes for an error message */
 
+/*
+** An address range of anonymous_from: IPv4 as v4-mapped IPv6 (::ffff:a.b.c.d), so
+** one comparison covers both families; bits counts from the top of the 128.
+*/
+#define RT_CONF_MAX_NETS 16
+typedef struct rt_conf_net_s {
+    unsigned char addr[16];
+    unsigned bits;
+} rt_conf_net_t;
+
+/* 127.0.0.0/8 and ::1: anonymous_from's default. */
+#define RT_CONF_NLOOPBACK 2
+extern const rt_conf_net_t rt_conf_loopback[RT_CONF_NLOOPBACK];
+
 typedef struct rt_listen_s {
     char host[64]; /* numeric address; "0.0.0.0" or "::" for all */
     int port;
@@ -97,7 +111,9 @@ typedef struct rt_conf_s {
     bool allow_zero_length_clientid;
 
     /* Authentication and authorization (actors/auth.h, actors/acl.h). */
-    bool allow_anonymous;      /* accept a CONNECT without a user name */
+    bool allow_anonymous;      /* accept a CONNECT without a user name, */
+    rt_conf_net_t anonymous_from[RT_CONF_MAX_NETS]; /* from these addresses only */
+    unsigned nanonymous_from;
     char password_file[256];   /* user:hash lines; "" = no passwords checked */
     char acl_file[256];        /* Mosquitto ACL format; "" = every topic allowed */
     long auth_max_delay_ms;    /* cap of the delay before a refused CONNACK */
@@ -132,7 +148,10 @@ void rt_conf_defaults(rt_conf_t *c);
 
 /*
 ** Loads path over the values already in c (defaults, usually). Returns 0, or
-** an RT_E* code with err set to "path:line: reason".
+** an RT_E* code with err set to "path:line: reason". Relative paths (rules_dir,
+** data_dir, password_file, acl_file, admin_socket), the defaults included, are
+** made absolute against the file's directory, so the same file means the same
+** files whatever directory rtd starts in (systemd starts it in /).
 */
 int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen);
 
@@ -144,11 +163,17 @@ void rt_conf_each(const rt_conf_t *c,
                   void (*fn)(const char *key, const char *value, const char *help, void *ud),
                   void *ud);
 
-/* Applies one "key=value" override (Lua syntax for the value), as from `rtd -o`. */
+/*
+** Applies one "key=value" override (Lua syntax for the value), as from `rtd -o`.
+** A relative path given so is made absolute against the current directory, as a
+** shell user expects of a flag.
+*/
 int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen);
 /* The same, with errors naming where the assignment came from ("rtctl") instead. */
 int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, char *err,
                      size_t errlen);
+/* Whether addr (16 bytes, IPv4 v4-mapped) is in one of the n networks. */
+bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned char addr[16]);
 /* Whether key names a setting of the schema. */
 bool rt_conf_known(const char *key);
 

@@ -3,10 +3,12 @@
 ** overrides, starts the runtime and the listeners, and runs until SIGTERM or
 ** SIGINT, then shuts down cleanly (MQTT 5 clients get DISCONNECT 0x8B).
 */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "admin.h"
 #include "auth.h"
@@ -49,6 +51,98 @@ static void log_rules(void)
     for (size_t i = 0; i < n && i < 64; i++)
         rt_log(RT_LOG_INFO, "rule.worker", "worker=%zu messages=%llu batches=%llu", i,
                (unsigned long long)wi[i].messages, (unsigned long long)wi[i].batches);
+}
+
+/* Why `stat(path, st) == 0 && S_ISDIR` failed; st is zeroed before the call. */
+static const char *describe_stat_failure(const struct stat *st)
+{
+    return st->st_mode ? "not a directory" : strerror(errno);
+}
+
+/*
+** data_dir holds stored payloads (state.db, sink databases, spills) and the admin
+** socket: made 0700 if missing, and refused if group or others may write it (they
+** could swap the files under rtd). One readable by them is made 0700, as an older
+** rtd left it 0755. Its files are 0600 through the umask rtd runs with.
+*/
+static int prepare_data_dir(const char *dir, char *err, size_t errlen)
+{
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "data_dir %s: cannot create: %s", dir, strerror(errno));
+        return 1;
+    }
+    struct stat st = {0};
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "data_dir %s: %s", dir, describe_stat_failure(&st));
+        return 1;
+    }
+    unsigned mode = (unsigned)st.st_mode & 07777;
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(err, errlen,
+                 "data_dir %s is writable by %s (mode %04o): others could replace the databases; "
+                 "chmod 0700 it or name another",
+                 dir, st.st_mode & S_IWOTH ? "every user" : "its group", mode);
+        return 1;
+    }
+    if (st.st_mode & 077) {
+        if (chmod(dir, 0700) != 0) {
+            snprintf(err, errlen, "data_dir %s is readable by others (mode %04o) and cannot be "
+                     "made 0700: %s", dir, mode, strerror(errno));
+            return 1;
+        }
+        rt_log(RT_LOG_WARNING, "data_dir.mode", "data_dir=%s was=%04o now=0700", dir, mode);
+    }
+    return 0;
+}
+
+/* rules_dir must exist at start: a mistyped one would run with no rules at all. */
+static int check_rules_dir(const char *dir, char *err, size_t errlen)
+{
+    struct stat st = {0};
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "rules_dir %s: %s", dir, describe_stat_failure(&st));
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    const char *key;
+    char value[RT_CONF_VALUE_LEN * 2];
+} conf_value_t;
+
+static void pick_value(const char *key, const char *value, const char *help, void *ud)
+{
+    (void)help;
+    conf_value_t *v = ud;
+    if (strcmp(key, v->key) == 0)
+        snprintf(v->value, sizeof(v->value), "%s", value);
+}
+
+/*
+** What is open to whom, one line per listener: where it listens, who may connect
+** without a user name, and which user names are accepted.
+*/
+static void log_access(const rt_conf_t *c)
+{
+    conf_value_t from = {.key = "anonymous_from"};
+    rt_conf_each(c, pick_value, &from);
+    char anonymous[sizeof(from.value) + 8];
+    if (c->allow_anonymous && c->nanonymous_from)
+        snprintf(anonymous, sizeof(anonymous), "from %s", from.value);
+    else
+        snprintf(anonymous, sizeof(anonymous), "nobody");
+    char users[300];
+    if (c->password_file[0])
+        snprintf(users, sizeof(users), "users in %s", c->password_file);
+    else
+        snprintf(users, sizeof(users), "any user name, no password checked");
+    for (unsigned i = 0; i < c->nlisteners; i++) {
+        const rt_listen_t *l = &c->listeners[i];
+        bool v6 = strchr(l->host, ':') != NULL;
+        rt_log(RT_LOG_INFO, "listener.access", "listener=%s%s%s:%d anonymous=\"%s\" users=\"%s\"",
+               v6 ? "[" : "", l->host, v6 ? "]" : "", l->port, anonymous, users);
+    }
 }
 
 static void usage(FILE *out)
@@ -117,6 +211,19 @@ int main(int argc, char **argv)
     rt_log_level_t level = RT_LOG_INFO;
     rt_log_parse_level(conf.log_level, &level);
     rt_log_open(NULL, level, false);
+    /* Everything rtd creates (databases, their -wal and -shm, spills) is its own alone. */
+    umask(077);
+    if (check_rules_dir(conf.rules_dir, err, sizeof(err)) ||
+        prepare_data_dir(conf.data_dir, err, sizeof(err))) {
+        fprintf(stderr, "rtd: %s\n", err);
+        return 2;
+    }
+    rt_log(RT_LOG_INFO, "config.paths",
+           "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
+           conf_path, conf.rules_dir, conf.data_dir, conf.password_file[0] ? conf.password_file : "-",
+           conf.acl_file[0] ? conf.acl_file : "-",
+           conf.admin_socket[0] ? conf.admin_socket : conf.data_dir,
+           conf.admin_socket[0] ? "" : "/rtd.sock");
     /* The password and ACL files, checked before anything starts. */
     if (rt_auth_configure(&conf, err, sizeof(err)) != 0) {
         fprintf(stderr, "rtd: %s\n", err);
@@ -186,6 +293,7 @@ int main(int argc, char **argv)
         stop_all();
         return 1;
     }
+    log_access(&conf);
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, conf_path);
     for (;;) {
         int sig = 0;

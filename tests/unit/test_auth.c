@@ -535,10 +535,19 @@ static void test_login_policy(void)
     rt_auth_addr_t addr;
     rt_auth_addr_parse("203.0.113.5", &addr);
 
-    /* No password file: every user name and anonymous clients are accepted. */
+    /* No password file: every user name is accepted, and anonymous clients from
+       anonymous_from only (loopback by default; the whole Internet when it says so). */
     CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
     CHECK_EQ(rt_auth_login(&addr, "anyone", u8("x"), 1, &delay), RT_AUTH_OK);
     CHECK_EQ(delay, 0);
+    rt_auth_addr_t local, remote;
+    rt_auth_addr_parse("127.0.0.2", &local);
+    rt_auth_addr_parse("198.51.100.7", &remote);
+    CHECK_EQ(rt_auth_login(&local, NULL, NULL, 0, &delay), RT_AUTH_OK);
+    CHECK_EQ(rt_auth_login(&remote, NULL, NULL, 0, &delay), RT_AUTH_ANONYMOUS_REFUSED);
+    CHECK_EQ(delay, 100);
+    CHECK_EQ(rt_conf_set(&conf, "anonymous_from={'0.0.0.0/0', '::/0'}", err, sizeof(err)), 0);
+    CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
     CHECK_EQ(rt_auth_login(&addr, NULL, NULL, 0, &delay), RT_AUTH_OK);
 
     snprintf(conf.password_file, sizeof(conf.password_file), "%s", tmpdir_put("policy.pw", line));
@@ -558,10 +567,10 @@ static void test_login_policy(void)
     CHECK_EQ(delay, 0); /* no address, no delay */
     CHECK_EQ(rt_auth_login(&addr, "alice", u8("pw"), 2, &delay), RT_AUTH_OK);
     rt_auth_stats(&s1);
-    CHECK_EQ(s1.successes - s0.successes, 4);
+    CHECK_EQ(s1.successes - s0.successes, 5);
     CHECK_EQ(s1.bad_password - s0.bad_password, 2);
     CHECK_EQ(s1.unknown_user - s0.unknown_user, 1);
-    CHECK_EQ(s1.anonymous_refused - s0.anonymous_refused, 2);
+    CHECK_EQ(s1.anonymous_refused - s0.anonymous_refused, 3);
     CHECK_EQ(s1.users, 1);
     CHECK(s1.bytes > sizeof(rt_auth_stats_t)); /* the tables are counted */
 

@@ -61,11 +61,21 @@ static void test_shipped_file(void)
     char err[RT_CONF_ERR_LEN] = "";
     rt_conf_defaults(&d);
     rt_conf_defaults(&c);
-    /* The example documents the defaults: loading it changes nothing. */
+    /* The example documents the defaults: loading it changes nothing but the paths, which
+       are made absolute against etc/ (and data_dir is the checkout's data/). */
     CHECK_EQ(rt_conf_load(&c, "etc/rtd.conf", err, sizeof(err)), 0);
     if (err[0])
         fprintf(stderr, "  %s\n", err);
+    char cwd[512], want[600];
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    snprintf(want, sizeof(want), "%s/etc/rules", cwd);
+    CHECK(strcmp(c.rules_dir, want) == 0);
+    snprintf(want, sizeof(want), "%s/data", cwd);
+    CHECK(strcmp(c.data_dir, want) == 0);
+    memcpy(d.data_dir, c.data_dir, sizeof(d.data_dir));
     CHECK(conf_equal(&c, &d));
+    CHECK_EQ(c.allow_anonymous, true);
+    CHECK_EQ(c.nanonymous_from, RT_CONF_NLOOPBACK);
     CHECK_EQ(c.nlisteners, 1);
     CHECK(strcmp(c.listeners[0].host, "0.0.0.0") == 0);
     CHECK_EQ(c.listeners[0].port, 1883);
@@ -166,12 +176,82 @@ static void test_overrides(void)
     CHECK_EQ(c.schedulers, 2); /* unchanged by the refused ones */
 }
 
+/* Relative paths: the file's directory for the file's values and defaults, cwd for -o. */
+static void test_paths(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN], want[600], cwd[512];
+    CHECK_EQ(load("rules_dir = \"r/./x/../rules\"\n"
+                  "password_file = \"/etc/abs.pw\"\n"
+                  "acl_file = \"../acl\"\n",
+                  &c, err),
+             0);
+    CHECK(strcmp(c.rules_dir, "/tmp/r/rules") == 0);
+    CHECK(strcmp(c.data_dir, "/tmp/data") == 0); /* the default, next to the file too */
+    CHECK(strcmp(c.password_file, "/etc/abs.pw") == 0);
+    CHECK(strcmp(c.acl_file, "/acl") == 0);
+    CHECK(c.admin_socket[0] == 0); /* "" stays "": data_dir/rtd.sock */
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    CHECK_EQ(rt_conf_set(&c, "data_dir=here", err, sizeof(err)), 0);
+    snprintf(want, sizeof(want), "%s/here", cwd);
+    CHECK(strcmp(c.data_dir, want) == 0);
+    CHECK_EQ(rt_conf_set(&c, "admin_socket='s/rtd.sock'", err, sizeof(err)), 0);
+    snprintf(want, sizeof(want), "%s/s/rtd.sock", cwd);
+    CHECK(strcmp(c.admin_socket, want) == 0);
+    char longer[300];
+    memset(longer, 'a', 252); /* fits as written; not once "/tmp/" is put before it */
+    snprintf(longer + 252, sizeof(longer) - 252, "\"\n");
+    char text[320];
+    snprintf(text, sizeof(text), "data_dir = \"%s", longer);
+    CHECK_EQ(load(text, &c, err), RT_EINVAL);
+    CHECK(strstr(err, "data_dir") && strstr(err, "longer than 255 bytes"));
+}
+
+static void test_anonymous_from(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN];
+    const unsigned char v4_10_1_2_3[16] = {[10] = 0xff, [11] = 0xff, 10, 1, 2, 3};
+    const unsigned char v4_10_2_0_1[16] = {[10] = 0xff, [11] = 0xff, 10, 2, 0, 1};
+    const unsigned char v4_127_9[16] = {[10] = 0xff, [11] = 0xff, 127, 0, 0, 9};
+    const unsigned char v6_loop[16] = {[15] = 1};
+    const unsigned char v6_doc[16] = {0x20, 0x01, 0x0d, 0xb8, [15] = 7};
+    rt_conf_defaults(&c);
+    CHECK(rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_127_9));
+    CHECK(rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v6_loop));
+    CHECK(!rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_10_1_2_3));
+    CHECK(!rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v6_doc));
+
+    CHECK_EQ(load("anonymous_from = { \"10.1.0.0/15\", \"2001:db8::/32\" }\n", &c, err), 0);
+    CHECK(rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_10_1_2_3));
+    CHECK(!rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_10_2_0_1));
+    CHECK(rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v6_doc));
+    CHECK(!rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_127_9));
+    CHECK_EQ(rt_conf_set(&c, "anonymous_from=127.0.0.9", err, sizeof(err)), 0);
+    CHECK_EQ(c.nanonymous_from, 1);
+    CHECK(rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_127_9));
+    CHECK_EQ(rt_conf_set(&c, "anonymous_from={'0.0.0.0/0', '::/0'}", err, sizeof(err)), 0);
+    CHECK(rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_10_2_0_1));
+    CHECK(rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v6_doc));
+    CHECK_EQ(rt_conf_set(&c, "anonymous_from={}", err, sizeof(err)), 0);
+    CHECK(!rt_conf_net_match(c.anonymous_from, c.nanonymous_from, v4_127_9));
+
+    CHECK_EQ(load("\nanonymous_from = { \"127.0.0.0/33\" }\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 2, "anonymous_from[1]: \"127.0.0.0/33\" is not a numeric address"));
+    CHECK_EQ(load("anonymous_from = { \"::1\", \"localhost\" }\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "anonymous_from[2]: \"localhost\""));
+    CHECK_EQ(load("anonymous_from = true\n", &c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "anonymous_from must be"));
+}
+
 int main(void)
 {
     RUN(test_shipped_file);
     RUN(test_values);
     RUN(test_errors);
     RUN(test_overrides);
+    RUN(test_paths);
+    RUN(test_anonymous_from);
     unlink(path);
     return CHECK_SUMMARY();
 }
