@@ -33,7 +33,15 @@ enum {
     MSG_JOB,                 /* worker: data is a request line; reply MSG_JOB_DONE */
     MSG_JOB_DONE,            /* connection: data is job_done_t and the body */
     MSG_GATHER_TIMEOUT,      /* connection: stop waiting for connection actors */
+    MSG_DRAIN_CHECK,         /* connection: are its held replies sent yet? */
 };
+
+/*
+** ms between looks at a held connection's unsent replies. RT_SOCK_WRITABLE says
+** when they drain after a send the kernel refused; output the end-of-turn flush
+** sends whole gives no event, and this catches it.
+*/
+#define RT_ADMIN_DRAIN_CHECK_MS 50
 
 typedef struct {
     uint64_t cookie;
@@ -596,6 +604,8 @@ typedef struct {
     uint64_t cookie;        /* of the request waiting for an answer; 0: none */
     rt_admin_cmd_t *waiting; /* a gathering request (admin_clients.c), or NULL */
     rt_ref_t timer;
+    bool held;              /* unsent replies passed RT_ADMIN_OUT_MAX: not reading */
+    bool checking;          /* a MSG_DRAIN_CHECK is on its way */
 } conn_t;
 
 static void respond(conn_t *k, int code, const char *body, size_t len)
@@ -634,10 +644,28 @@ static void finish_gather(rt_actor_t *self, conn_t *k)
     process(self, k);
 }
 
-/* Answers complete request lines until one has to wait (worker, gathering). */
+/*
+** Whether the client's unsent replies are past RT_ADMIN_OUT_MAX: if so its socket stops
+** being read (its requests wait in the kernel, then in the client) until they drain.
+*/
+static bool hold_output(rt_actor_t *self, conn_t *k)
+{
+    if (rt_sock_pending(k->sock) <= RT_ADMIN_OUT_MAX)
+        return false;
+    if (!k->held) {
+        k->held = true;
+        rt_sock_pause_reading(k->sock, true);
+    }
+    if (!k->checking)
+        k->checking =
+            rt_send_after_tag(RT_ADMIN_DRAIN_CHECK_MS, rt_self(self), MSG_DRAIN_CHECK, NULL) == 0;
+    return true;
+}
+
+/* Answers complete request lines until one has to wait (worker, gathering, unsent replies). */
 static void process(rt_actor_t *self, conn_t *k)
 {
-    while (!k->cookie && k->sock) {
+    while (!k->cookie && k->sock && !hold_output(self, k)) {
         char *nl = k->in.len ? memchr(k->in.data, '\n', k->in.len) : NULL;
         if (!nl) {
             if (k->in.len > RT_ADMIN_LINE_MAX) {
@@ -730,16 +758,32 @@ static void on_readable(rt_actor_t *self, conn_t *k)
     process(self, k);
 }
 
+/* The held replies drained: answer what is buffered, then read again. */
+static void resume(rt_actor_t *self, conn_t *k)
+{
+    k->held = false;
+    process(self, k);
+    if (!k->held)
+        rt_sock_pause_reading(k->sock, false);
+}
+
 static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     conn_t *k = state;
     switch (m->tag) {
     case RT_MSG_SOCKET: {
         const rt_sock_event_t *ev = (const rt_sock_event_t *)m->data;
+        if ((ev->events & RT_SOCK_WRITABLE) && k->held)
+            resume(self, k);
         if (ev->events & RT_SOCK_READABLE)
             on_readable(self, k);
         break;
     }
+    case MSG_DRAIN_CHECK:
+        k->checking = false;
+        if (k->held)
+            resume(self, k); /* still over the cap: process holds it again, and checks again */
+        break;
     case MSG_JOB_DONE: {
         job_done_t d;
         if (m->len < sizeof(d))
@@ -785,6 +829,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "job_done";
     case MSG_GATHER_TIMEOUT:
         return "gather_timeout";
+    case MSG_DRAIN_CHECK:
+        return "drain_check";
     default:
         return "gather_reply";
     }

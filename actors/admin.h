@@ -17,6 +17,12 @@
 
 #define RT_ADMIN_LINE_MAX (64 * 1024) /* bytes in one request line */
 #define RT_ADMIN_ARGS_MAX 64          /* words in one request */
+/*
+** Unsent reply bytes past which a client's further requests wait, unread, until
+** its replies drain: a client that pipelines requests and never reads holds at
+** most this plus one reply in rtd (the rest stays in the kernel, then in the client).
+*/
+#define RT_ADMIN_OUT_MAX (256 * 1024)
 
 /*
 ** Binds the socket (conf->admin_socket, or data_dir/rtd.sock) and starts the

@@ -104,6 +104,9 @@ static const setting_t settings[] = {
     INT(rule_flush_ms, 0, 1000, "ms a rule worker holds a partial sink batch; 0 = per turn"),
     INT(rule_turn_us, 100, 1e6, "microseconds of rules a worker runs before it yields a turn"),
     INT(rule_memory, 1 << 20, 1e11, "bytes one rule worker's Lua state may hold"),
+    INT(rule_call_ms, 1, 60000, "wall-clock ms one rule call may run"),
+    INT(rule_output_rows, 1, 1e7, "rows one rule call may return"),
+    INT(rule_output_bytes, 1024, 1e11, "BSON bytes of the rows one rule call may return"),
     INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
     PATH(data_dir, "directory for persistent state (mode 0700, its files 0600)"),
     PATH(admin_socket, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"),
@@ -161,6 +164,9 @@ void rt_conf_defaults(rt_conf_t *c)
     c->rule_memory = 64 << 20;
     c->rule_flush_ms = RT_CONF_RULE_FLUSH_MS;
     c->rule_turn_us = RT_CONF_RULE_TURN_US;
+    c->rule_call_ms = RT_CONF_RULE_CALL_MS;
+    c->rule_output_rows = RT_CONF_RULE_OUTPUT_ROWS;
+    c->rule_output_bytes = RT_CONF_RULE_OUTPUT_BYTES;
     c->sys_interval = 10;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
     snprintf(c->log_level, sizeof(c->log_level), "info");

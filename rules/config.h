@@ -56,6 +56,21 @@ typedef struct rt_listen_s {
 ** takes microseconds, so a healthy worker seldom ends a turn early.
 */
 #define RT_CONF_RULE_TURN_US 2000
+/*
+** Wall-clock ms one rule call may run (rule_call_ms), whatever it calls: the
+** instruction budget does not see time spent inside C library functions. A
+** call of the whole default budget takes a few ms; 250 leaves room for a
+** loaded or sanitised build and still frees the worker's scheduler quickly.
+*/
+#define RT_CONF_RULE_CALL_MS 250
+/* Rows one rule call may return (rule_output_rows). */
+#define RT_CONF_RULE_OUTPUT_ROWS 10000
+/*
+** BSON bytes the rows of one rule call may make (rule_output_bytes); they also
+** count against rule_memory (rules/rule_vm.h). A row may repeat one table many
+** times, so its BSON can dwarf what the Lua state holds.
+*/
+#define RT_CONF_RULE_OUTPUT_BYTES (16 << 20)
 #define RT_CONF_MAX_SECTIONS 8
 #define RT_CONF_MAX_SECTION_KEYS 24
 #define RT_CONF_KEY_LEN 48
@@ -133,6 +148,9 @@ typedef struct rt_conf_s {
     long rule_flush_ms;        /* ms a worker holds a partial sink batch; 0 = one per turn */
     long rule_turn_us;         /* microseconds of rules a worker runs before it yields a turn */
     long rule_memory;          /* bytes one worker's Lua state may hold */
+    long rule_call_ms;         /* wall-clock ms one rule call may run */
+    long rule_output_rows;     /* rows one rule call may return */
+    long rule_output_bytes;    /* BSON bytes of the rows one rule call may return */
 
     /* Operations. */
     long sys_interval;         /* seconds between $SYS updates; 0: no $SYS tree */

@@ -118,10 +118,22 @@ static struct {
     worker_stats_t *workers;
     size_t memory;
     long instructions;
+    long call_ms;        /* rule_call_ms */
+    long output_rows;    /* rule_output_rows */
+    size_t output_bytes; /* rule_output_bytes */
     uint64_t flush_ms; /* rule_flush_ms: how long a partial batch waits; 0 = end of turn */
     uint64_t turn_us;  /* rule_turn_us: a worker's turn ends once it has run this long */
     char dir[256];
 } E = {.admin = PTHREAD_MUTEX_INITIALIZER, .sets_lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* A rule state with the configured limits. */
+static int new_vm(rt_rule_vm_t **out)
+{
+    int rc = rt_rule_vm_new(E.memory, E.instructions, out);
+    if (rc == 0)
+        rt_rule_vm_set_limits(*out, E.call_ms, E.output_rows, E.output_bytes);
+    return rc;
+}
 
 static void set_free(rule_set_t *s)
 {
@@ -392,7 +404,7 @@ static int build_set(const char *dir, rule_set_t *prev, rule_set_t **out, char *
     s->rules = calloc(nnames ? nnames : 1, sizeof(rule_t));
     s->vms = calloc(E.nworkers, sizeof(*s->vms));
     if (!s->rules || !s->vms || rt_trie_new(&s->trie) ||
-        rt_rule_vm_new(E.memory, E.instructions, &check)) {
+        new_vm(&check)) {
         snprintf(err, errlen, "out of memory");
         rc = RT_ENOMEM;
         goto fail;
@@ -422,7 +434,7 @@ static int build_set(const char *dir, rule_set_t *prev, rule_set_t **out, char *
     rt_rule_vm_free(check);
     check = NULL;
     for (unsigned w = 0; w < E.nworkers; w++) {
-        if ((rc = rt_rule_vm_new(E.memory, E.instructions, &s->vms[w]))) {
+        if ((rc = new_vm(&s->vms[w]))) {
             snprintf(err, errlen, "out of memory for a rule state");
             goto fail;
         }
@@ -1234,6 +1246,9 @@ int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen)
     E.nworkers = (unsigned)(conf->rule_workers > 0 ? conf->rule_workers : 1);
     E.memory = (size_t)conf->rule_memory;
     E.instructions = conf->rule_instructions;
+    E.call_ms = conf->rule_call_ms;
+    E.output_rows = conf->rule_output_rows;
+    E.output_bytes = (size_t)conf->rule_output_bytes;
     E.flush_ms = conf->rule_flush_ms > 0 ? (uint64_t)conf->rule_flush_ms : 0;
     E.turn_us = conf->rule_turn_us > 0 ? (uint64_t)conf->rule_turn_us : RT_CONF_RULE_TURN_US;
     snprintf(E.dir, sizeof(E.dir), "%s", conf->rules_dir);
@@ -1451,7 +1466,7 @@ int rt_rules_test(const char *name, const char *topic, const void *payload, size
     }
     rt_rule_vm_t *vm;
     rt_rule_spec_t spec;
-    int rc = rt_rule_vm_new(E.memory, E.instructions, &vm);
+    int rc = new_vm(&vm);
     if (rc) {
         set_release(s);
         snprintf(err, errlen, "out of memory");

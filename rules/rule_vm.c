@@ -5,8 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "common.h"
+#include "config.h"
 #include "lua_json.h"
 #include "lua_lib.h"
 #include "lua_pattern.h"
@@ -89,7 +92,16 @@ struct rt_rule_vm_s {
     _Atomic size_t bytes; /* held by L; written by the owning thread only, read by any */
     size_t cap;           /* memory cap, bytes */
     long instructions;    /* budget per call */
-    bool budget_hit;      /* the hook fired during the current call */
+    long used;            /* budget spent by the current call: instructions and calls */
+    uint32_t ticks;       /* calls and growing allocations since the clock was last read */
+    bool armed;           /* a budgeted call is running: the deadline applies */
+    uint64_t deadline_ns; /* CLOCK_MONOTONIC time the current call must end by */
+    long call_ms;         /* wall-clock limit of a call */
+    size_t max_rows;      /* rows one call may return */
+    size_t max_bytes;     /* BSON bytes one call's rows may make */
+    size_t out_left;      /* BSON bytes the rows being converted may still take */
+    bool budget_hit;      /* the budget or the deadline ran out during the current call */
+    bool timed_out;       /* it was the deadline */
     bool oom;             /* the allocator refused something during the current call */
     bool row_error;       /* the last failure was in the rows select returned, not in Lua */
     const char *line_of;  /* dry run: the rule file whose failing line to note, or NULL */
@@ -101,10 +113,30 @@ struct rt_rule_vm_s {
     int selects_ref; /* registry: i -> select function (false once the rule is lost) */
     int ctxs_ref;    /* registry: i -> the rule's ctx table */
     int base_ref;    /* registry: the read-only base environment */
+    int frozen_ref;  /* registry: the set of read-only proxies (weak keys) */
     bson_t *row;     /* reused for every row */
 };
 
 #define VM(L) (*(rt_rule_vm_t **)lua_getextraspace(L))
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether the current call's deadline has passed; reads the clock every RT_RULE_CLOCK_EVERY. */
+static bool past_deadline(rt_rule_vm_t *vm)
+{
+    if (++vm->ticks < RT_RULE_CLOCK_EVERY)
+        return false;
+    vm->ticks = 0;
+    if (monotonic_ns() < vm->deadline_ns)
+        return false;
+    vm->timed_out = vm->budget_hit = true;
+    return true;
+}
 
 static void *vm_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
@@ -120,6 +152,10 @@ static void *vm_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         vm->oom = true;
         return NULL;
     }
+    /* A C loop that only allocates runs no hook: the clock is read here too. Once the call is
+       out of time nothing grows, or Lua's emergency collection would retry and succeed. */
+    if (nsize > old && vm->armed && (vm->timed_out || past_deadline(vm)))
+        return NULL;
     void *p = realloc(ptr, nsize);
     if (!p) {
         vm->oom = true;
@@ -129,16 +165,59 @@ static void *vm_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     return p;
 }
 
+static void vm_hook(lua_State *L, lua_Debug *ar);
+static int note_line(lua_State *L);
+
+/* Starts a budgeted call: its budget, its deadline and the hook. */
+static void arm(rt_rule_vm_t *vm)
+{
+    vm->used = 0;
+    vm->ticks = 0;
+    vm->budget_hit = vm->timed_out = false;
+    vm->deadline_ns = monotonic_ns() + (uint64_t)vm->call_ms * 1000000u;
+    vm->armed = true;
+    int slice = vm->instructions < RT_RULE_HOOK_SLICE ? (int)vm->instructions : RT_RULE_HOOK_SLICE;
+    lua_sethook(vm->L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, slice);
+}
+
+static void disarm(rt_rule_vm_t *vm)
+{
+    lua_sethook(vm->L, NULL, 0, 0);
+    vm->armed = false;
+}
+
 static void vm_hook(lua_State *L, lua_Debug *ar)
 {
-    (void)ar;
     rt_rule_vm_t *vm = VM(L);
-    vm->budget_hit = true;
-    lua_sethook(L, vm_hook, LUA_MASKCOUNT, RT_RULE_HOOK_AFTER_BUDGET);
-    /* Level 0 is the Lua function the hook interrupted: name its file and line. */
-    luaL_where(L, 0);
-    lua_pushfstring(L, "instruction budget of %d exceeded", (int)vm->instructions);
+    if (!vm->budget_hit) {
+        if (ar->event == LUA_HOOKCOUNT) {
+            vm->used +=
+                vm->instructions < RT_RULE_HOOK_SLICE ? vm->instructions : RT_RULE_HOOK_SLICE;
+            vm->ticks = RT_RULE_CLOCK_EVERY; /* a slice of instructions is worth a look */
+        } else {
+            vm->used += RT_RULE_CALL_COST;
+        }
+        if (vm->used < vm->instructions && !past_deadline(vm))
+            return;
+        vm->budget_hit = true;
+        lua_sethook(L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, RT_RULE_HOOK_AFTER_BUDGET);
+    } else if (ar->event != LUA_HOOKCOUNT && lua_getinfo(L, "f", ar)) {
+        /* The dry run's message handler is called for the very error raised here. */
+        bool handler = lua_tocfunction(L, -1) == note_line;
+        lua_pop(L, 1);
+        if (handler)
+            return;
+    }
+    /* The message is made with the allocator's deadline off: it must not fail for time. */
+    vm->armed = false;
+    /* Level 0 is the Lua function the hook interrupted; at a call, level 1 is the caller. */
+    luaL_where(L, ar->event == LUA_HOOKCOUNT ? 0 : 1);
+    if (vm->timed_out)
+        lua_pushfstring(L, "time limit of %d ms exceeded", (int)vm->call_ms);
+    else
+        lua_pushfstring(L, "instruction budget of %d exceeded", (int)vm->instructions);
     lua_concat(L, 2);
+    vm->armed = true;
     lua_error(L);
 }
 
@@ -150,7 +229,7 @@ static void vm_charge(lua_State *L, size_t steps)
     if (vm->steps / RT_RULE_STEPS_PER_INSTRUCTION <= (size_t)vm->instructions)
         return;
     vm->budget_hit = true;
-    lua_sethook(L, vm_hook, LUA_MASKCOUNT, RT_RULE_HOOK_AFTER_BUDGET);
+    lua_sethook(L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, RT_RULE_HOOK_AFTER_BUDGET);
     luaL_error(L, "instruction budget of %d exceeded (in a string pattern)", (int)vm->instructions);
 }
 
@@ -319,16 +398,95 @@ static int sb_remove(lua_State *L)
     return call_original(L);
 }
 
+/*
+** table.concat(t, sep, i, j) and table.unpack(t, i, j) loop over i..j, and table.sort over
+** 1..#t, in C; each element may come from __index (a C function such as rawlen runs no
+** instruction) and #t from __len.
+*/
+static int sb_concat(lua_State *L)
+{
+    lua_Integer i = luaL_optinteger(L, 3, 1);
+    check_span(L, i, lua_isnoneornil(L, 4) ? luaL_len(L, 1) : luaL_checkinteger(L, 4),
+               "table.concat");
+    return call_original(L);
+}
+
+static int sb_unpack(lua_State *L)
+{
+    lua_Integer i = luaL_optinteger(L, 2, 1);
+    check_span(L, i, lua_isnoneornil(L, 3) ? luaL_len(L, 1) : luaL_checkinteger(L, 3),
+               "table.unpack");
+    return call_original(L);
+}
+
+static int sb_sort(lua_State *L)
+{
+    check_span(L, 1, luaL_len(L, 1), "table.sort");
+    return call_original(L);
+}
+
+/* The type name, or __tostring's result: luaL_tolstring would print an address. */
+static const char *safe_tostring(lua_State *L, int idx)
+{
+    switch (lua_type(L, idx)) {
+    case LUA_TTABLE:
+    case LUA_TFUNCTION:
+    case LUA_TUSERDATA:
+    case LUA_TLIGHTUSERDATA:
+    case LUA_TTHREAD:
+        if (luaL_getmetafield(L, idx, "__tostring") == LUA_TNIL)
+            return lua_pushstring(L, luaL_typename(L, idx));
+        lua_pop(L, 1);
+    }
+    return luaL_tolstring(L, idx, NULL);
+}
+
+static int sb_tostring(lua_State *L)
+{
+    luaL_checkany(L, 1);
+    safe_tostring(L, 1);
+    return 1;
+}
+
+/*
+** string.format without addresses: %p is refused, and every argument %s would print through
+** luaL_tolstring is converted here first. The directives are walked as lstrlib.c does.
+*/
+static int sb_format(lua_State *L)
+{
+    size_t n;
+    const char *f = luaL_checklstring(L, 1, &n);
+    int arg = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (f[i] != '%')
+            continue;
+        if (++i < n && f[i] == '%')
+            continue;
+        while (i < n && strchr("-+ #0123456789.", f[i]))
+            i++;
+        if (i == n)
+            break; /* the original reports the invalid conversion */
+        arg++;
+        if (f[i] == 'p')
+            return luaL_error(L, "string.format: %%p is not available in rules");
+        if (f[i] == 's' && arg <= lua_gettop(L)) {
+            safe_tostring(L, arg);
+            lua_replace(L, arg);
+        }
+    }
+    return call_original(L);
+}
+
 typedef struct {
     const char *lib, *name;
     lua_CFunction fn;
 } guard_t;
 
 static const guard_t guards[] = {
-    {LUA_STRLIBNAME, "rep", sb_rep},
-    {LUA_TABLIBNAME, "move", sb_move},
-    {LUA_TABLIBNAME, "insert", sb_insert},
-    {LUA_TABLIBNAME, "remove", sb_remove},
+    {LUA_STRLIBNAME, "rep", sb_rep},       {LUA_TABLIBNAME, "move", sb_move},
+    {LUA_TABLIBNAME, "insert", sb_insert}, {LUA_TABLIBNAME, "remove", sb_remove},
+    {LUA_TABLIBNAME, "concat", sb_concat}, {LUA_TABLIBNAME, "unpack", sb_unpack},
+    {LUA_TABLIBNAME, "sort", sb_sort},     {LUA_STRLIBNAME, "format", sb_format},
 };
 
 /*
@@ -374,16 +532,22 @@ static int build_base(lua_State *L)
     luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
     lua_settop(L, 0);
 
-    lua_newtable(L); /* 1: the frozen set */
+    lua_newtable(L); /* 1: the frozen set; weak, as a rule's own math goes with its rule */
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
     lua_newtable(L); /* 2: hidden: what the base proxy reads through to */
     int frozen = 1, hidden = 2;
-    static const char *const keep[] = {"assert", "error",    "ipairs",       "next",     "pairs",
-                                       "select", "tonumber", "tostring",     "type",     "rawequal",
-                                       "rawget", "rawlen",   "getmetatable", "_VERSION", NULL};
+    static const char *const keep[] = {"assert", "error",        "ipairs",   "next",     "pairs",
+                                       "select", "tonumber",     "type",     "rawequal", "rawget",
+                                       "rawlen", "getmetatable", "_VERSION", NULL};
     for (const char *const *k = keep; *k; k++) {
         lua_getglobal(L, *k);
         lua_setfield(L, hidden, *k);
     }
+    lua_pushcfunction(L, sb_tostring);
+    lua_setfield(L, hidden, "tostring");
     lua_pushcfunction(L, sb_pcall);
     lua_setfield(L, hidden, "pcall");
     lua_pushcfunction(L, sb_xpcall);
@@ -430,9 +594,9 @@ static int build_base(lua_State *L)
         lua_setfield(L, -2, "__index");
         lua_setmetatable(L, -2);
         lua_setupvalue(L, -2, 1);
-        lua_sethook(L, vm_hook, LUA_MASKCOUNT, (int)vm->instructions);
+        arm(vm);
         lua_call(L, 0, 1);
-        lua_sethook(L, NULL, 0, 0);
+        disarm(vm);
         if (lua_type(L, -1) == LUA_TTABLE)
             freeze(L, frozen);
         lua_setfield(L, hidden, src->name);
@@ -447,7 +611,8 @@ static int build_base(lua_State *L)
     vm->selects_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_newtable(L);
     vm->ctxs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    /* The frozen set stays reachable through the closures' upvalues. */
+    lua_pushvalue(L, frozen);
+    vm->frozen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 0);
     return 0;
 }
@@ -459,6 +624,8 @@ int rt_rule_vm_new(size_t memory, long instructions, rt_rule_vm_t **out)
         return RT_ENOMEM;
     vm->cap = memory;
     vm->instructions = instructions > 0 ? instructions : 1;
+    rt_rule_vm_set_limits(vm, RT_CONF_RULE_CALL_MS, RT_CONF_RULE_OUTPUT_ROWS,
+                          RT_CONF_RULE_OUTPUT_BYTES);
     vm->row = bson_new();
     vm->L = lua_newstate(vm_alloc, vm);
     if (!vm->L || !vm->row) {
@@ -487,6 +654,13 @@ void rt_rule_vm_free(rt_rule_vm_t *vm)
         bson_destroy(vm->row);
     free(vm->files);
     free(vm);
+}
+
+void rt_rule_vm_set_limits(rt_rule_vm_t *vm, long call_ms, long output_rows, size_t output_bytes)
+{
+    vm->call_ms = call_ms > 0 ? call_ms : 1;
+    vm->max_rows = output_rows > 0 ? (size_t)output_rows : 1;
+    vm->max_bytes = output_bytes;
 }
 
 size_t rt_rule_vm_bytes(const rt_rule_vm_t *vm)
@@ -522,11 +696,32 @@ static lua_Integer array_len(lua_State *L, int idx)
 static bool bson_table(lua_State *L, int idx, bson_t *doc, bool array, int depth, char *err,
                        size_t errlen);
 
+/*
+** Takes n bytes of what the rows may still make (a little more than the BSON they become:
+** a value's type, key and fixed part are charged as klen + 16). False with err set once
+** they would pass it; out_left is then 0.
+*/
+static bool take_out(lua_State *L, size_t n, char *err, size_t errlen)
+{
+    rt_rule_vm_t *vm = VM(L);
+    if (n < vm->out_left) {
+        vm->out_left -= n;
+        return true;
+    }
+    vm->out_left = 0;
+    snprintf(err, errlen,
+             "rows larger than rule_output_bytes (%zu) or than what rule_memory has left",
+             vm->max_bytes);
+    return false;
+}
+
 /* Appends the value at idx under key; false with err set if it cannot be stored. */
 static bool bson_value(lua_State *L, int idx, bson_t *doc, const char *key, int klen, int depth,
                        char *err, size_t errlen)
 {
     idx = lua_absindex(L, idx);
+    if (!take_out(L, (size_t)klen + 16, err, errlen))
+        return false;
     switch (lua_type(L, idx)) {
     case LUA_TNUMBER:
         if (lua_isinteger(L, idx))
@@ -541,6 +736,8 @@ static bool bson_value(lua_State *L, int idx, bson_t *doc, const char *key, int 
             snprintf(err, errlen, "field \"%s\": string too long", key);
             return false;
         }
+        if (!take_out(L, n, err, errlen))
+            return false;
         /* Text is UTF-8 without NUL: BSON readers (bson_validate in the sinks, MongoDB)
            refuse a string holding a NUL, so such bytes go as binary, like non-UTF-8. */
         if (rt_utf8_valid(s, n) && !memchr(s, 0, n))
@@ -784,6 +981,7 @@ static int add_to(lua_State *L, const rule_file_t *f, rt_rule_spec_t *spec, cons
         return 0;
     rt_rule_vm_t *vm = VM(L);
     char why[256] = "";
+    vm->out_left = vm->max_bytes;
     bson_reinit(vm->row);
     if (!bson_table(L, opts_idx, vm->row, false, 0, why, sizeof(why)))
         return field_error(f, "to", err, errlen, "to.%s: %s", sink, why[0] ? why : "too large");
@@ -947,6 +1145,43 @@ static const char *error_text(lua_State *L)
     return lua_type(L, -1) == LUA_TNIL ? "error (nil)" : "error (not a string)";
 }
 
+/* Fresh math library functions, their generator seeded from the kernel; under lua_pcall. */
+static int fresh_math(lua_State *L)
+{
+    /* Not luaL_requiref: that would give back the one already loaded. */
+    lua_pushcfunction(L, luaopen_math);
+    lua_call(L, 0, 1);
+    uint64_t seed[2];
+    if (getrandom(seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
+        return luaL_error(L, "no random seed for math.random");
+    lua_getfield(L, -1, "randomseed");
+    lua_pushinteger(L, (lua_Integer)seed[0]);
+    lua_pushinteger(L, (lua_Integer)seed[1]);
+    lua_call(L, 2, 0);
+    return 1;
+}
+
+/*
+** Gives the environment on top of the stack its own read-only math table, so no rule can seed
+** or read another's random sequence (luaopen_math seeds from the time and the state's address,
+** which every rule of a state shares). Returns a lua_pcall status; on error its message is on
+** top instead.
+*/
+static int own_math(lua_State *L)
+{
+    rt_rule_vm_t *vm = VM(L);
+    lua_pushcfunction(L, fresh_math);
+    int status = lua_pcall(L, 0, 1, 0);
+    if (status != LUA_OK)
+        return status;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->frozen_ref);
+    lua_insert(L, -2);
+    freeze(L, lua_absindex(L, -2));
+    lua_setfield(L, -3, "math");
+    lua_pop(L, 1);
+    return LUA_OK;
+}
+
 /*
 ** Runs rule file idx's chunk in a fresh environment and stores the rule's
 ** table, select and ctx at idx. On error, err has the reason; returns nonzero.
@@ -975,10 +1210,16 @@ static int load_file(rt_rule_vm_t *vm, uint32_t idx, rt_rule_spec_t *spec, char 
     lua_setmetatable(L, -2);
     lua_pushvalue(L, -1);
     lua_setfield(L, -2, "_G");
+    int status = own_math(L);
+    if (status != LUA_OK) {
+        load_error(L, f, err, errlen);
+        lua_settop(L, top);
+        return RT_ENOMEM;
+    }
     lua_setupvalue(L, -2, 1);
-    lua_sethook(L, vm_hook, LUA_MASKCOUNT, (int)vm->instructions);
-    int status = lua_pcall(L, 0, 1, 0);
-    lua_sethook(L, NULL, 0, 0);
+    arm(vm);
+    status = lua_pcall(L, 0, 1, 0);
+    disarm(vm);
     if (status != LUA_OK) {
         load_error(L, f, err, errlen);
         lua_settop(L, top);
@@ -1161,6 +1402,10 @@ static rt_rule_outcome_t collect_rows(rt_rule_vm_t *vm, int idx, rt_rule_buf_t *
         return RT_RULE_FAIL_EXCEPTION;
     }
     size_t mark = out->len;
+    /* The rows' BSON counts against the memory cap, next to what the state holds. */
+    size_t held = rt_rule_vm_bytes(vm);
+    size_t room = held < vm->cap ? vm->cap - held : 0;
+    vm->out_left = room < vm->max_bytes ? room : vm->max_bytes;
     lua_Integer n = array_len(L, idx);
     bool list = false;
     if (n > 0) {
@@ -1177,10 +1422,15 @@ static rt_rule_outcome_t collect_rows(rt_rule_vm_t *vm, int idx, rt_rule_buf_t *
     if (!list) {
         if (!row_to_bson(vm, idx, out, why, sizeof(why))) {
             snprintf(err, errlen, "row: %s", why);
-            return RT_RULE_FAIL_EXCEPTION;
+            return vm->out_left ? RT_RULE_FAIL_EXCEPTION : RT_RULE_FAIL_MEMORY;
         }
         *nrows = 1;
         return RT_RULE_PASSED;
+    }
+    if ((size_t)n > vm->max_rows) {
+        snprintf(err, errlen, "select returned %lld rows, more than the %zu of rule_output_rows",
+                 (long long)n, vm->max_rows);
+        return RT_RULE_FAIL_MEMORY;
     }
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, idx, i);
@@ -1189,7 +1439,7 @@ static rt_rule_outcome_t collect_rows(rt_rule_vm_t *vm, int idx, rt_rule_buf_t *
         if (!ok) {
             out->len = mark;
             snprintf(err, errlen, "row %lld: %s", (long long)i, why);
-            return RT_RULE_FAIL_EXCEPTION;
+            return vm->out_left ? RT_RULE_FAIL_EXCEPTION : RT_RULE_FAIL_MEMORY;
         }
     }
     *nrows = (uint32_t)n;
@@ -1220,7 +1470,7 @@ rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_i
     lua_State *L = vm->L;
     *nrows = 0;
     lua_settop(L, 0);
-    vm->budget_hit = vm->oom = false;
+    vm->budget_hit = vm->timed_out = vm->oom = false;
     vm->steps = 0;
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->selects_ref);
     if (lua_rawgeti(L, 1, (lua_Integer)idx + 1) != LUA_TFUNCTION) {
@@ -1244,15 +1494,20 @@ rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_i
             lua_insert(L, -4);
             msgh = lua_gettop(L) - 3;
         }
-        lua_sethook(L, vm_hook, LUA_MASKCOUNT, (int)vm->instructions);
+        arm(vm);
         status = lua_pcall(L, 2, 1, msgh);
-        lua_sethook(L, NULL, 0, 0);
+        disarm(vm);
     }
     rt_rule_outcome_t r;
     vm->row_error = false;
     if (status != LUA_OK) {
         r = classify(vm, status);
-        snprintf(err, errlen, "%s", error_text(L));
+        /* Out of time in the allocator: Lua's message says memory. */
+        if (vm->timed_out && is_oom_message(L, -1))
+            snprintf(err, errlen, "time limit of %d ms exceeded (in a C function)",
+                     (int)vm->call_ms);
+        else
+            snprintf(err, errlen, "%s", error_text(L));
     } else {
         r = collect_rows(vm, lua_gettop(L), out, nrows, err, errlen);
         vm->row_error = r != RT_RULE_PASSED && r != RT_RULE_FILTERED;

@@ -13,11 +13,23 @@
 ** actor heap: that heap is a mark-sweep GC over roots the actor traces, and
 ** Lua's objects are managed by Lua's own collector.
 **
-** CPU. Every call (and every file's top level at load) runs under an
-** instruction-count hook: past the budget the rule fails ("instruction budget
-** exceeded", counted as a budget failure). Once tripped the hook keeps firing
-** every RT_RULE_HOOK_AFTER_BUDGET instructions, and the sandbox's pcall and
-** xpcall re-raise budget and memory errors, so a rule cannot catch its way out.
+** CPU. Every call (and every file's top level at load) runs under a hook on
+** instruction counts and on function calls: the budget is charged
+** RT_RULE_HOOK_SLICE at a time for instructions and RT_RULE_CALL_COST for each
+** call, Lua or C (a C library function's loop runs no instruction, but every
+** metamethod or comparator it calls is a call). Past the budget the rule
+** fails ("instruction budget exceeded", counted as a budget failure). The call
+** also has a wall-clock deadline (rt_rule_vm_set_limits), checked from the
+** hook and from the allocator, so time spent inside C counts too; past it the
+** call fails the same way ("time limit exceeded"). Once tripped the hook keeps
+** firing every RT_RULE_HOOK_AFTER_BUDGET instructions and at every call, the
+** allocator refuses to grow anything, and the sandbox's pcall and xpcall
+** re-raise budget and memory errors, so a rule cannot catch its way out.
+**
+** Output. The rows of one call are bounded in count and in BSON bytes
+** (rt_rule_vm_set_limits); the bytes also count against the memory cap, less
+** what the state holds. A call past either fails as a memory failure, so one
+** small table repeated in a long list cannot make rows the cap never saw.
 **
 ** Sandbox. Rule code sees only: assert error ipairs next pairs select tonumber
 ** tostring type rawequal rawget rawlen getmetatable setmetatable rawset pcall
@@ -28,12 +40,18 @@
 ** read-only proxy (writes raise an error; rawset refuses them; getmetatable
 ** gives false), the string metatable is locked the same way, string.find,
 ** match, gmatch and gsub are budgeted versions (lua_pattern.h), string.rep,
-** table.move, table.insert and table.remove are guarded against C loops that
-** neither the hook nor the memory cap would stop, setmetatable
+** table.move, table.insert, table.remove, table.concat, table.unpack and
+** table.sort are guarded against C loops that neither the hook nor the memory
+** cap would stop (at most RT_RULE_TABLE_OP_MAX elements a call), setmetatable
 ** refuses __gc (a finalizer would run outside any budget, in another rule's
 ** call), and each rule file runs in its own environment table whose reads fall
 ** through to the shared read-only base, so rules cannot see or break each
-** other. _G in a rule is its own environment.
+** other. _G in a rule is its own environment. Each rule has its own math
+** table whose random generator is seeded from the kernel, so one rule's
+** math.randomseed says nothing about another's math.random. No value prints
+** as an address: tostring (and string.format's %s) of a table, function,
+** userdata or thread without __tostring gives its type name, and
+** string.format refuses %p.
 */
 #ifndef RT_RULE_VM_H
 #define RT_RULE_VM_H
@@ -47,6 +65,15 @@
 
 /* Instructions between hook calls once a call's budget is spent (see above). */
 #define RT_RULE_HOOK_AFTER_BUDGET 1000
+/* Instructions between hook calls while the budget lasts: a call overshoots it by less. */
+#define RT_RULE_HOOK_SLICE 1000
+/*
+** Budget charged per function call. A call into C costs about as much time as
+** ten VM instructions, and a C loop calling a C function runs no instruction.
+*/
+#define RT_RULE_CALL_COST 10
+/* Calls (and growing allocations) between two looks at the clock. */
+#define RT_RULE_CLOCK_EVERY 32
 #define RT_RULE_NAME_MAX 64  /* bytes of a rule name, NUL included */
 #define RT_RULE_MAX_FROM 64  /* entries in a rule's from */
 #define RT_RULE_MAX_TO 16    /* entries in a rule's to */
@@ -140,6 +167,11 @@ typedef struct rt_rule_vm_s rt_rule_vm_t;
 /* memory: bytes the state may hold; instructions: budget per call. */
 int rt_rule_vm_new(size_t memory, long instructions, rt_rule_vm_t **out);
 void rt_rule_vm_free(rt_rule_vm_t *vm);
+/*
+** What one call may spend besides the budget and the cap: wall-clock ms, rows
+** and BSON bytes of rows. A new vm has the rtd.conf defaults (rules/config.h).
+*/
+void rt_rule_vm_set_limits(rt_rule_vm_t *vm, long call_ms, long output_rows, size_t output_bytes);
 size_t rt_rule_vm_bytes(const rt_rule_vm_t *vm); /* any thread */
 uint32_t rt_rule_vm_nrules(const rt_rule_vm_t *vm);
 

@@ -173,3 +173,60 @@ def test_a_narrow_screen_keeps_the_sorted_column(rtd, width):
         assert column in header.split(), (sort, header)
         # No figure of the panel is cut in the middle: each wraps whole to the next line.
         assert all(not line.endswith((".", "/")) for line in lines), screen
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_replies_a_client_never_reads_are_bounded(rtd):
+    """Clients pipeline many requests and never read. rtd answers one while its unsent
+    replies are at most RT_ADMIN_OUT_MAX (actors/admin.h), then stops reading that client, so
+    it holds at most that plus one reply per client; the rest waits in the kernel and in the
+    client. Unbounded, these replies would take clients x n x reply bytes."""
+    out_max = 256 * 1024
+    code, reply = Admin(admin_path(rtd)).ask("help")
+    assert code == 200
+    reply_len = len(reply) + 16  # the status line too
+    clients, n = 20, 5000
+    assert clients * n * reply_len > 4 * clients * (out_max + reply_len)  # the test can tell
+    base = rss_bytes(rtd.proc.pid)
+    stuck = []
+    for _ in range(clients):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(admin_path(rtd))
+        s.sendall(b"help\n" * n)  # 25 KB: the kernel takes it all
+        stuck.append(s)
+    # Wait until rtd has stopped answering: RSS steady for a while.
+    last, steady, deadline = -1, 0, time.monotonic() + 30
+    while steady < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = rss_bytes(rtd.proc.pid)
+        steady = steady + 1 if abs(now - last) < 64 * 1024 else 0
+        last = now
+    grown = rss_bytes(rtd.proc.pid) - base
+    # What the held replies may take, plus 16 MB for the allocator's and the kernel's slack.
+    bound = clients * (out_max + reply_len) + (16 << 20)
+    print(f"held replies: rss grew {grown / 1e6:.1f} MB (bound {bound / 1e6:.1f} MB, "
+          f"unbounded {clients * n * reply_len / 1e6:.0f} MB)")
+    assert grown < bound, (grown, bound)
+    # Other clients are answered meanwhile.
+    t = time.monotonic()
+    code, doc = Admin(admin_path(rtd)).ask("status", as_json=True)
+    assert code == 200 and doc["status"] == "running"
+    assert time.monotonic() - t < 5
+    # A held client that reads again gets every reply, in full.
+    a = Admin.__new__(Admin)
+    a.sock, a.buf = stuck[0], b""
+    a.sock.settimeout(30)
+    for _ in range(n):
+        code, body = a.read_response()
+        assert code == 200 and body.decode() == reply
+    for s in stuck:
+        s.close()
+    code, doc = Admin(admin_path(rtd)).ask("status", as_json=True)
+    assert code == 200

@@ -458,6 +458,111 @@ def test_runaway_rule_does_not_stall_other_clients(tmp_path):
     assert p99 < 0.2, (p99, worst)
     assert len(lat) >= 50, lat
 
+# A C loop that runs no Lua instruction: each t[i] of table.concat calls table.concat (C)
+# through __index. 30 spans of 1e6 took ~5 s in one call before calls were charged to the
+# budget; now the call ends after rule_instructions / RT_RULE_CALL_COST calls, or at
+# rule_call_ms, whichever comes first, as a budget failure.
+C_LOOP_RULE = '''
+return {
+    name = "cloop",
+    from = "hold/#",
+    select = function(msg)
+        if msg.payload == "{}" then return nil end
+        local t = setmetatable({}, { __index = table.concat })
+        for k = 1, 30 do table.concat(t, "", 1, 1000000) end
+        return { x = 1 }
+    end,
+    to = { db = { table = "never" } },
+}
+'''
+
+
+def test_c_loop_rule_is_bounded_in_time(tmp_path):
+    """Both rule workers run the C-loop rule while probes on several connections (so on both
+    schedulers) publish at QoS 1. A probe's PUBACK can wait behind at most the rule call in
+    progress on each worker sharing its scheduler (a worker ends its turn between calls once
+    past rule_turn_us), so the worst wait is 2 x rule_call_ms plus ordinary latency; before,
+    one call held its scheduler for seconds and the probe's 5 s wait for its PUBACK ran out.
+    Every call is counted as budget."""
+    db = str(tmp_path / "cl.db")
+    call_ms = 100
+    rtd = start(tmp_path, write_rules(tmp_path, cloop=C_LOOP_RULE), sqlite_sink(db),
+                extra=["rule_workers=2", f"rule_call_ms={call_ms}"])
+    per_worker = 5
+    lat = []
+    try:
+        ids = {}
+        for k in range(100):
+            ids.setdefault(rule_worker_of(f"hold{k}", 2), f"hold{k}")
+        floods = [mqtt_raw.Raw(rtd.port, cid, version=4) for cid in sorted(ids.values())]
+        probes = [mqtt_raw.Raw(rtd.port, f"probe{k}", version=4) for k in range(6)]
+        for f in floods:
+            for i in range(per_worker):
+                f.publish(f"hold/{i}", b"%d" % i, qos=0)
+        total = per_worker * len(floods)
+        pid = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for p in probes:
+                pid = pid % 65535 + 1
+                t = time.monotonic()
+                p.publish("fast/x", b"ping", qos=1, pid=pid)  # waits for the PUBACK (5 s)
+                lat.append(time.monotonic() - t)
+            if rtd.ctl_json("rules", "show", "cloop")["matched"] == total:
+                break
+            time.sleep(0.002)
+        show = rtd.ctl_json("rules", "show", "cloop")
+        assert show["matched"] == total, show
+        assert show["failed_budget"] == total and show["passed"] == 0, show
+        assert "exceeded" in show["last_error"], show
+        for f in floods + probes:
+            f.disconnect()
+    finally:
+        stop_ok(rtd)
+    assert query(db, "SELECT count(*) FROM never") is None
+    worst = max(lat)
+    print(f"C-loop rule: {len(lat)} PUBACKs, median {sorted(lat)[len(lat) // 2] * 1000:.1f} ms, "
+          f"max {worst * 1000:.1f} ms")
+    assert worst < 2 * call_ms / 1000 + 0.5, lat
+
+
+# One message whose select returns 200,000 references to one 1 KB row: 205 MB of BSON that the
+# Lua state never held. It is refused (rule_output_rows) and counted as a memory failure.
+WIDE_RULE = '''
+return {
+    name = "wide",
+    from = "wide/#",
+    select = function(msg)
+        if msg.payload == "{}" then return nil end
+        local row, rows = { s = string.rep("x", 1000) }, {}
+        for i = 1, tonumber(msg.payload) do rows[i] = row end
+        return rows
+    end,
+    to = { db = { table = "wide" } },
+}
+'''
+
+
+def test_rule_output_is_bounded(tmp_path):
+    db = str(tmp_path / "wide.db")
+    rtd = start(tmp_path, write_rules(tmp_path, wide=WIDE_RULE), sqlite_sink(db),
+                extra=["rule_instructions=10000000", "rule_output_rows=1000",
+                       "rule_output_bytes=500000"])
+    try:
+        c = paho_client(rtd.port, "w")
+        # Too many rows; then few enough rows but too many bytes; then within both.
+        publish_qos1(c, [("wide/a", "200000"), ("wide/b", "1000"), ("wide/c", "3")])
+        assert wait_for(lambda: rtd.ctl_json("rules", "show", "wide")["matched"] == 3, 20)
+        show = rtd.ctl_json("rules", "show", "wide")
+        assert show["failed_memory"] == 2 and show["passed"] == 1, show
+        assert "rows larger than rule_output_bytes" in show["last_error"], show
+        assert poll_count(db, "wide", 3) == 3
+        c.loop_stop()
+        c.disconnect()
+    finally:
+        stop_ok(rtd)
+
+
 def run_rtd_expect_exit(tmp_path, rules, sinks, timeout=10):
     """Runs rtd that must refuse to start; returns (exit code, stderr)."""
     proc = subprocess.run(

@@ -711,6 +711,176 @@ static void test_broken_rules_isolated(void)
     rt_rule_vm_free(vm);
 }
 
+/*
+** C library loops that run no Lua instruction and need no memory: every C function they call
+** is charged to the budget, so each shape ends as a budget failure. Before, each passed (and
+** at a larger N held the caller for seconds).
+*/
+static void test_c_loops_budgeted(void)
+{
+    static const char *const shapes[] = {
+        "local t = setmetatable({}, { __index = table.concat })\n"
+        "return { v = table.concat(t, '', 1, 1000000) }",
+        "local t = setmetatable({}, { __index = rawlen })\n"
+        "return { v = table.concat(t, '', 1, 1000000) }",
+        "local t = setmetatable({}, { __index = json.encode })\n"
+        "return { v = table.concat(t, '', 1, 1000000) }",
+        "local t = setmetatable({}, { __index = rawlen })\n"
+        "return { v = tostring(select('#', table.unpack(t, 1, 300000))) }",
+        "local t = table.pack(string.byte(string.rep('x', 30000), 1, -1))\n"
+        "table.sort(t, math.ult) return { v = 'sorted' }",
+    };
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        rt_rule_outcome_t o = eval(shapes[i], NULL, 0);
+        CHECK_EQ(o, RT_RULE_FAIL_BUDGET);
+        if (o != RT_RULE_FAIL_BUDGET)
+            fprintf(stderr, "  shape %zu: outcome %d: %s\n", i, o, err);
+        else
+            CHECK(strstr(err, "instruction budget of 200000 exceeded") != NULL);
+    }
+    /* Spans past RT_RULE_TABLE_OP_MAX are refused before the loop starts. */
+    expect_error("table.concat(setmetatable({}, { __index = rawlen }), '', 1, 3e7)",
+                 "table.concat: more than");
+    expect_error("table.unpack({}, 1, 3e7)", "table.unpack: more than");
+    expect_error("table.sort(setmetatable({}, { __len = function() return 3e7 end }))",
+                 "table.sort: more than");
+    expect("(function() local t = { 'c', 'a', 'b' } table.sort(t)\n"
+           "  return table.concat(t, ',') .. '/' .. table.concat(t, '', 2) .. '/' ..\n"
+           "    select('#', table.unpack(t)) end)()",
+           "a,b,c/bc/3");
+}
+
+/*
+** The wall-clock limit, with a budget too large to matter: a C-called comparator loop ends
+** by time (each sort of 30,000 charges ~450,000 calls, so the budget needs hundreds of sorts), and
+** so does a plain Lua loop.
+*/
+static void test_time_limit(void)
+{
+    static const char *const bodies[] = {
+        "local t = table.pack(string.byte(string.rep('x', 30000), 1, -1))\n"
+        "for k = 1, 1e9 do table.sort(t, math.ult) end",
+        "while true do end",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        char text[1024];
+        snprintf(text, sizeof(text),
+                 "return { name = 't', from = '#', select = function(msg)\n%s\nend }\n", bodies[i]);
+        rt_rule_vm_t *vm;
+        if (rt_rule_vm_new(MEM, 1000000000, &vm))
+            continue;
+        rt_rule_vm_set_limits(vm, 20, 100, 1 << 20);
+        rt_rule_spec_t spec;
+        CHECK_EQ(rt_rule_vm_load(vm, "t/t.lua", text, strlen(text), &spec, err, sizeof(err)), 0);
+        rt_rule_spec_free(&spec);
+        rt_rule_input_t in = msg_in("a", "x");
+        rt_rule_buf_t rows = {0};
+        uint32_t n;
+        CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_BUDGET);
+        CHECK(strstr(err, "time limit of 20 ms exceeded") != NULL);
+        rt_rule_buf_free(&rows);
+        rt_rule_vm_free(vm);
+    }
+}
+
+/* Many references to one row make BSON the memory cap never saw: rows and bytes are bounded. */
+static void test_output_bounded(void)
+{
+    /* 20,000 rows > RT_CONF_RULE_OUTPUT_ROWS. */
+    CHECK_EQ(eval("local row = { s = string.rep('x', 1000) } local rows = {}\n"
+                  "for i = 1, 20000 do rows[i] = row end return rows",
+                  NULL, 0),
+             RT_RULE_FAIL_MEMORY);
+    CHECK(strstr(err, "rule_output_rows") != NULL);
+    /* 5,000 rows of 2 KB: 10 MB of BSON, more than the 8 MB cap has room for. */
+    CHECK_EQ(eval("local row = { s = string.rep('x', 2000) } local rows = {}\n"
+                  "for i = 1, 5000 do rows[i] = row end return rows",
+                  NULL, 0),
+             RT_RULE_FAIL_MEMORY);
+    CHECK(strstr(err, "rows larger than rule_output_bytes") != NULL);
+    /* One row holding one 100 KB string 200 times: 20 MB. */
+    CHECK_EQ(eval("local s = string.rep('x', 100000) local r = {}\n"
+                  "for i = 1, 200 do r['k' .. i] = s end return r",
+                  NULL, 0),
+             RT_RULE_FAIL_MEMORY);
+    CHECK(strstr(err, "rows larger than") != NULL);
+    /* The limits set on a vm hold exactly: 3 rows of ~1 KB pass, 4 rows or 4 KB do not. */
+    const char *texts[] = {
+        "return { name = 'n', from = '#', select = function(msg)\n"
+        "  local rows = {} for i = 1, tonumber(msg.payload) do\n"
+        "    rows[i] = { s = string.rep('y', 1000) } end return rows end }\n",
+    };
+    rt_rule_vm_t *vm = vm_with(texts, 1);
+    if (!vm)
+        return;
+    rt_rule_vm_set_limits(vm, 1000, 3, 3500);
+    rt_rule_buf_t rows = {0};
+    uint32_t n;
+    rt_rule_input_t in = msg_in("a", "3");
+    CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+    CHECK_EQ(n, 3);
+    CHECK(rows.len <= 3500);
+    rows.len = 0;
+    in = msg_in("a", "4");
+    CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_MEMORY);
+    CHECK_EQ(rows.len, 0);
+    rt_rule_vm_set_limits(vm, 1000, 4, 3500);
+    CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_MEMORY);
+    CHECK(strstr(err, "rows larger than rule_output_bytes (3500)") != NULL);
+    CHECK_EQ(rows.len, 0);
+    rt_rule_buf_free(&rows);
+    rt_rule_vm_free(vm);
+}
+
+/* Rules share no random generator, and nothing prints a heap address. */
+static void test_rules_share_nothing(void)
+{
+    const char *texts[] = {
+        "return { name = 'seeds', from = '#', select = function(msg)\n"
+        "  math.randomseed(42) return { v = tostring(math.random(1 << 40)) } end }\n",
+        "return { name = 'draws', from = '#', select = function(msg)\n"
+        "  return { v = tostring(math.random(1 << 40)) } end }\n",
+        "return { name = 'predicts', from = '#', select = function(msg)\n"
+        "  math.randomseed(42) math.random(1 << 40)\n"
+        "  return { v = tostring(math.random(1 << 40)) } end }\n",
+    };
+    rt_rule_vm_t *vm = vm_with(texts, 3);
+    if (vm) {
+        rt_rule_input_t in = msg_in("a", "x");
+        rt_rule_buf_t rows = {0};
+        uint32_t n;
+        char first[32], drawn[32], predicted[32];
+        CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        row_str(rows.p, "v", first, sizeof(first));
+        rows.len = 0;
+        CHECK_EQ(rt_rule_vm_run(vm, 1, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        row_str(rows.p, "v", drawn, sizeof(drawn));
+        rows.len = 0;
+        CHECK_EQ(rt_rule_vm_run(vm, 2, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        row_str(rows.p, "v", predicted, sizeof(predicted));
+        /* With one shared generator, draws gave seed 42's second number. */
+        CHECK(strcmp(drawn, predicted) != 0);
+        CHECK(strcmp(first, predicted) != 0);
+        rows.len = 0;
+        CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
+        CHECK(strcmp(row_str(rows.p, "v", drawn, sizeof(drawn)), first) == 0);
+        rt_rule_buf_free(&rows);
+        rt_rule_vm_free(vm);
+    }
+    expect("math.type(math.random(10)) .. tostring(math.random(1, 1))", "integer1");
+    expect_error("math.random = nil", "read-only");
+    expect("tostring({}) .. ' ' .. tostring(print) .. tostring(function() end) .. ' ' ..\n"
+           "  tostring(setmetatable({}, { __name = 'My' }))",
+           "table nilfunction table");
+    expect("tostring(setmetatable({}, { __tostring = function() return 'mine' end }))", "mine");
+    expect("string.format('%s|%5s|%s|%d', {}, true, string.upper, 7)", "table| true|function|7");
+    expect("('%s%%p'):format(setmetatable({}, { __tostring = function() return 'x' end }))", "x%p");
+    expect_error("return { v = string.format('%p', {}) }", "%p is not available");
+    expect_error("return { v = ('%-5p'):format('s') }", "%p is not available");
+    expect("select(2, pcall(error, {})) == nil and 'x' or tostring(select(2, pcall(error, {})))",
+           "table");
+}
+
 int main(void)
 {
     RUN(test_json_round_trips);
@@ -722,5 +892,9 @@ int main(void)
     RUN(test_load_errors);
     RUN(test_sandbox);
     RUN(test_broken_rules_isolated);
+    RUN(test_c_loops_budgeted);
+    RUN(test_time_limit);
+    RUN(test_output_bounded);
+    RUN(test_rules_share_nothing);
     return CHECK_SUMMARY();
 }
