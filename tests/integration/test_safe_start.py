@@ -119,6 +119,18 @@ def stop(proc, log):
     return open(log.name).read()
 
 
+def publish_one(port, topic, payload, retain=False):
+    """One QoS 1 message, acknowledged (so rtd has taken it) before this returns."""
+    c = mqtt.Client(client_id="", protocol=mqtt.MQTTv311)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    info = c.publish(topic, payload, qos=1, retain=retain)
+    info.wait_for_publish(10)
+    assert info.is_published()
+    c.loop_stop()
+    c.disconnect()
+
+
 def rows(db):
     try:
         with sqlite3.connect(db) as c:
@@ -137,12 +149,7 @@ def test_shipped_config_from_another_directory_loads_its_rules(tmp_path):
         assert f"rules_dir={ROOT}/etc/rules " in text, text
         assert "rules.started rules=0" not in text, text
         assert f"config.paths config={CONF} rules_dir={ROOT}/etc/rules data_dir={data} " in text
-        c = mqtt.Client(client_id="p", protocol=mqtt.MQTTv311)
-        c.connect("127.0.0.1", port)
-        c.loop_start()
-        c.publish("paths/1", "x", qos=1).wait_for_publish(10)
-        c.loop_stop()
-        c.disconnect()
+        publish_one(port, "paths/1", "x")
         # The shipped archive rule writes every message into data_dir/rt.db.
         assert wait_for(lambda: rows(data / "rt.db") == 1, 10), open(log.name).read()
     finally:
@@ -171,12 +178,7 @@ def test_relative_paths_are_the_config_files(tmp_path):
                 f"admin_socket={tmp_path}/etc/ctl.sock" in text), text
         assert "rules.started rules=1" in text, text
         assert stat.S_ISSOCK(os.lstat(tmp_path / "etc" / "ctl.sock").st_mode)
-        c = mqtt.Client(client_id="p", protocol=mqtt.MQTTv311)
-        c.connect("127.0.0.1", port)
-        c.loop_start()
-        c.publish("rel/1", "x", qos=1).wait_for_publish(10)
-        c.loop_stop()
-        c.disconnect()
+        publish_one(port, "rel/1", "x")
         assert wait_for(lambda: rows(tmp_path / "state" / "out.db") == 1, 10), \
             open(log.name).read()
     finally:
@@ -217,12 +219,7 @@ def test_data_dir_and_its_files_are_private(tmp_path):
     finally:
         os.umask(old)
     try:
-        c = mqtt.Client(client_id="m", protocol=mqtt.MQTTv311)
-        c.connect("127.0.0.1", broker.port)
-        c.loop_start()
-        c.publish("private/1", "secret payload", qos=1, retain=True).wait_for_publish(10)
-        c.loop_stop()
-        c.disconnect()
+        publish_one(broker.port, "private/1", "secret payload", retain=True)
         assert wait_for(lambda: rows(data / "rt.db") == 1, 10), broker.read_log()
         names = set(os.listdir(data))
         # Both databases in WAL mode, open: each with its -wal and -shm.
@@ -242,12 +239,7 @@ def test_data_dir_and_its_files_are_private(tmp_path):
     finally:
         os.umask(old)
     try:
-        c = mqtt.Client(client_id="s", protocol=mqtt.MQTTv311)
-        c.connect("127.0.0.1", broker.port)
-        c.loop_start()
-        c.publish("private/2", "spilled payload", qos=1).wait_for_publish(10)
-        c.loop_stop()
-        c.disconnect()
+        publish_one(broker.port, "private/2", "spilled payload")
         spill = data / "spill-archive.db"
         assert wait_for(lambda: spill.exists(), 10), broker.read_log()
         for name in os.listdir(data):
