@@ -833,7 +833,7 @@ static bool anonymous_allowed_from(const rt_auth_addr_t *addr)
         return false;
     const anonymous_nets_t *nets = rt_rcu_enter(&anonymous_from);
     bool ok = nets ? rt_conf_net_match(nets->nets, nets->n, addr->b)
-              : rt_conf_net_match(rt_conf_loopback, RT_CONF_NLOOPBACK, addr->b);
+                   : rt_conf_net_match(rt_conf_loopback, RT_CONF_NLOOPBACK, addr->b);
     rt_rcu_leave();
     return ok;
 }

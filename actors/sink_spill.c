@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "sink_impl.h"
+#include "store.h"
 
 static int fail(sink_spill_t *sp, const char *what, char *why, size_t whylen)
 {
@@ -23,6 +24,7 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
 {
     memset(sp, 0, sizeof(*sp));
     snprintf(sp->path, sizeof(sp->path), "%s", path);
+    rt_store_create_private(path);
     if (sqlite3_open_v2(path, &sp->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         fail(sp, "open", why, whylen);

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "sink_impl.h"
+#include "store.h"
 
 #define SQ_TABLE_LEN 128       /* bytes in a table name */
 #define SQ_STMT_CACHE 32       /* prepared inserts kept */
@@ -265,6 +266,7 @@ static int sq_open(rt_sink_t *s)
             return RT_EAGAIN;
         }
     }
+    rt_store_create_private(q->file);
     if (sqlite3_open_v2(q->file, &q->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         rt__sink_error(s, "%s: open: %s", q->file, q->db ? sqlite3_errmsg(q->db) : "no memory");

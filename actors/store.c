@@ -7,6 +7,7 @@
 ** successor's state.
 */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "store.h"
@@ -529,6 +531,15 @@ static int check_file(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+int rt_store_create_private(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return errno;
+    close(fd);
+    return 0;
+}
+
 int rt_store_open(const char *dir, char *err, size_t errlen)
 {
     char path[512];
@@ -537,6 +548,7 @@ int rt_store_open(const char *dir, char *err, size_t errlen)
         return RT_EINVAL;
     }
     snprintf(path, sizeof(path), "%s/%s", dir, RT_STORE_FILE);
+    rt_store_create_private(path);
     if (sqlite3_open_v2(path, &store.db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK)
         return fail(err, errlen, path, store.db ? sqlite3_errmsg(store.db) : "cannot open");

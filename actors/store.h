@@ -28,6 +28,14 @@
 #include "topic_trie.h"
 
 #define RT_STORE_FILE "state.db"
+
+/*
+** Creates path with mode 0600 unless it exists, before SQLite opens it: the
+** databases under data_dir hold payloads, and SQLite gives a database's -wal and
+** -shm files the database's own mode. 0, or an errno (the caller's open reports it).
+** rtd's umask (077) makes the same true of anything else it creates.
+*/
+int rt_store_create_private(const char *path);
 #define RT_STORE_MSG_COMMITTED (RT_MSG_USER + 0x5300) /* data: rt_store_committed_t */
 
 typedef struct {

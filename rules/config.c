@@ -265,8 +265,8 @@ void rt_conf_each(const rt_conf_t *c,
             for (unsigned n = 0; n < c->nanonymous_from && used < sizeof(value); n++) {
                 char text[64];
                 format_net(&c->anonymous_from[n], text, sizeof(text));
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s",
-                                         n ? ", " : "", text);
+                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
+                                         text);
             }
             break;
         case K_LISTENERS:
@@ -727,8 +727,8 @@ static void normalize(char *path)
 }
 
 /* Makes the path setting s of c absolute against the directory base; "" stays "". */
-static int resolve(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
-                   char *err, size_t errlen)
+static int resolve(rt_conf_t *c, const setting_t *s, const char *base, const char *where, char *err,
+                   size_t errlen)
 {
     char *field = (char *)c + s->offset;
     if (!field[0] || field[0] == '/')
@@ -736,8 +736,8 @@ static int resolve(rt_conf_t *c, const setting_t *s, const char *base, const cha
     char joined[2 * PATH_MAX];
     int n = snprintf(joined, sizeof(joined), "%s/%s", base, field);
     if (n < 0 || (size_t)n >= s->size) {
-        snprintf(err, errlen, "%s: %s \"%s\" in %s is longer than %zu bytes", where, s->name,
-                 field, base, s->size - 1);
+        snprintf(err, errlen, "%s: %s \"%s\" in %s is longer than %zu bytes", where, s->name, field,
+                 base, s->size - 1);
         return RT_EINVAL;
     }
     normalize(joined);

@@ -86,8 +86,10 @@ static int prepare_data_dir(const char *dir, char *err, size_t errlen)
     }
     if (st.st_mode & 077) {
         if (chmod(dir, 0700) != 0) {
-            snprintf(err, errlen, "data_dir %s is readable by others (mode %04o) and cannot be "
-                     "made 0700: %s", dir, mode, strerror(errno));
+            snprintf(err, errlen,
+                     "data_dir %s is readable by others (mode %04o) and cannot be "
+                     "made 0700: %s",
+                     dir, mode, strerror(errno));
             return 1;
         }
         rt_log(RT_LOG_WARNING, "data_dir.mode", "data_dir=%s was=%04o now=0700", dir, mode);
@@ -220,8 +222,8 @@ int main(int argc, char **argv)
     }
     rt_log(RT_LOG_INFO, "config.paths",
            "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
-           conf_path, conf.rules_dir, conf.data_dir, conf.password_file[0] ? conf.password_file : "-",
-           conf.acl_file[0] ? conf.acl_file : "-",
+           conf_path, conf.rules_dir, conf.data_dir,
+           conf.password_file[0] ? conf.password_file : "-", conf.acl_file[0] ? conf.acl_file : "-",
            conf.admin_socket[0] ? conf.admin_socket : conf.data_dir,
            conf.admin_socket[0] ? "" : "/rtd.sock");
     /* The password and ACL files, checked before anything starts. */

@@ -7,7 +7,7 @@
 #   shutdown lines rule.stopped (matched, passed) and sink.stopped (in, written, dropped).
 # usage: tests/bench/rules_sqlite.sh LABEL PORT RATE SECONDS [rtd -o settings...]
 #   env: C clients (40), S payload bytes (10: raw, no rtbench header), BD build dir,
-#        OUT directory for logs (/tmp/rules-sqlite), CONF config file (etc/rtd.conf). Rules off: -o 'rules_dir="/empty/dir"'.
+#        OUT directory for logs (/tmp/rules-sqlite), CONF config file (etc/rtd.conf). Rules off: -o 'rules_dir="/tmp/empty-rules"' (an empty directory; rtd refuses a missing one).
 # Only 127.0.0.1; every run is bounded by SECONDS + 40 s.
 set -u
 L=$1; P=$2; R=$3; D=$4; shift 4

@@ -492,6 +492,8 @@ static void test_sqlite_spill_and_replay(void)
     CHECK(books_balance(&i));
     char spill[256];
     snprintf(spill, sizeof(spill), "%s/spill-archive.db", dir);
+    struct stat st;
+    CHECK(stat(spill, &st) == 0 && (st.st_mode & 0777) == 0600); /* its rows are payloads */
     sqlite3 *sp = open_db(spill);
     CHECK_EQ(sql_int(sp, "SELECT count(*) FROM spill"), n);
     sqlite3_close(sp);
@@ -1188,6 +1190,7 @@ int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/rt-test-sink-%d", (int)getpid());
     snprintf(dbfile, sizeof(dbfile), "%s/rt.db", dir);
+    umask(022); /* a shell's: a file found 0600 was made so by the sink, not by the umask */
     clean_dir();
     RUN(test_config_errors);
     RUN(test_sqlite_batches_and_acks);
