@@ -154,6 +154,31 @@ def test_receive_maximum_limits_inflight(rtd):
     sub.disconnect()
 
 
+def test_inflight_bytes_are_bounded_by_max_queued_bytes():
+    # max_inflight (1024) allows far more than this; the bytes bound is what stops the
+    # window: ~1,010-byte messages with 2,500 bytes allowed leave 3 unacknowledged.
+    broker = Rtd("max_queued_bytes=2500")
+    try:
+        sub = Raw(broker.port, "ib")
+        sub.subscribe("ib/t", 1)
+        publish_all(broker.port, "ib/t", [b"%d" % i + b"." * 999 for i in range(5)])
+        first = [sub.next_publish() for _ in range(3)]
+        assert [m["payload"][:1] for m in first] == [b"0", b"1", b"2"]
+        assert sub.next_publish(0.4) is None  # the window is full by bytes
+        sub.ack(PUBACK, first[0]["pid"])
+        fourth = sub.next_publish()
+        assert fourth["payload"][:1] == b"3"
+        assert sub.next_publish(0.3) is None
+        for m in first[1:] + [fourth]:
+            sub.ack(PUBACK, m["pid"])
+        rest = sub.drain()
+        assert [m["payload"][:1] for m in rest] == [b"4"]
+        sub.disconnect()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log
+
+
 def test_offline_queue_is_bounded_and_keeps_the_oldest(small_queue):
     sub = Raw(small_queue.port, "bq", clean=False, props=prop_u32(P_SESSION_EXPIRY, 60))
     sub.subscribe("bq/t", 1)
