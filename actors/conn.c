@@ -412,6 +412,17 @@ static uint32_t send_window(const conn_t *c)
     return w ? w : 1;
 }
 
+/*
+** Whether the receive window is full. Beyond its count, the window holds at most
+** max_queued_bytes (one message always fits): a client that stops acknowledging
+** pins no more in flight than in its queue, whatever max_inflight allows.
+*/
+static bool window_full(const conn_t *c)
+{
+    const rt_qlist_t *f = &c->sess->inflight;
+    return f->n >= send_window(c) || (f->n && f->bytes >= (uint64_t)RT_LIVE(max_queued_bytes));
+}
+
 static rt_session_t *session(conn_t *c)
 {
     if (!c->sess)
@@ -453,12 +464,32 @@ static void release_msg(conn_t *c, rt_qmsg_t *m)
     rt_qmsg_free(m);
 }
 
+/*
+** Ids are handed out in sequence and the inflight list keeps sending order, so
+** its ids run from its head's up to the last one handed out: the next id can
+** only be taken if it wrapped around to the head. Checking that instead of
+** scanning the list keeps a send O(1) with a window of a thousand. Once an id
+** wraps to the head (the oldest message outlived 65535 sends), the ids that
+** follow it in the ring may be taken too: the list is scanned until it empties.
+*/
+static bool packet_id_taken(rt_session_t *s, uint16_t id)
+{
+    if (!s || !s->inflight.head)
+        return false;
+    if (!s->ids_unordered && id != s->inflight.head->packet_id)
+        return false;
+    s->ids_unordered = 1;
+    return rt_qlist_find_id(&s->inflight, id) != NULL;
+}
+
 static uint16_t next_packet_id(conn_t *c)
 {
+    if (c->sess && !c->sess->inflight.head)
+        c->sess->ids_unordered = 0;
     do {
         if (++c->next_packet_id == 0)
             c->next_packet_id = 1;
-    } while (c->sess && rt_qlist_find_id(&c->sess->inflight, c->next_packet_id));
+    } while (packet_id_taken(c->sess, c->next_packet_id));
     return c->next_packet_id;
 }
 
@@ -522,10 +553,9 @@ static void pump(conn_t *c)
     rt_session_t *s = c->sess;
     if (!s || !online(c))
         return;
-    uint32_t window = send_window(c);
     while (s->queued.head) {
         rt_qmsg_t *m = s->queued.head;
-        if (m->qos && s->inflight.n >= window)
+        if (m->qos && window_full(c))
             break;
         rt_qlist_pop(&s->queued);
         if (expired(c, m->expire_at_ms))
@@ -624,7 +654,7 @@ static void deliver(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t
         return;
     }
     rt_qmsg_t *m = expired(c, d->expire_at_ms) ? NULL : admit(c, bin, d, sub_ids);
-    bool now = m && online(c) && !c->sess->queued.n && c->sess->inflight.n < send_window(c);
+    bool now = m && online(c) && !c->sess->queued.n && !window_full(c);
     if (m && !now && queue_full(c, m)) {
         c->sess->dropped++;
         count_dropped(c, m->bin, "queue_full");
@@ -2684,6 +2714,8 @@ static int restored_init(rt_actor_t *self, void *state, void *arg)
         if (c->sess->next_seq < m->seq)
             c->sess->next_seq = m->seq;
         rt_qlist_t *l = m->state == RT_QMSG_QUEUED ? &c->sess->queued : &c->sess->inflight;
+        if (l == &c->sess->inflight)
+            c->sess->ids_unordered = 1;
         rt_qlist_push(l, m);
         if (m->state == RT_QMSG_WAIT_COMP)
             rt_qlist_drop_payload(l, m);

@@ -1,8 +1,8 @@
 /*
 ** Session message lists: singly linked FIFOs with a tail pointer. Lookups by
-** packet id scan the inflight list, which the receive window keeps short
-** (max_inflight, 32 by default): a scan of a few cache lines beats keeping an
-** index per session.
+** packet id scan the inflight list from its head: clients acknowledge in the
+** order of sending (4.6), so the id sought is almost always the oldest, and a
+** scan beats keeping an index per session.
 */
 #include <stdlib.h>
 #include <string.h>

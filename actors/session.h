@@ -69,6 +69,10 @@ typedef struct rt_session_s {
     rt_pending_ack_t *acks; /* waiting acknowledgements, oldest first */
     uint32_t nacks, capacks;
     uint8_t ack_timer;   /* a check of stuck acknowledgements is pending */
+    /* The inflight list's ids may not run in order from its head (a session restored
+       from the store, or ids that wrapped to the head), so a new id is checked against
+       all of them until the list empties. */
+    uint8_t ids_unordered;
 } rt_session_t;
 
 /* A message holding a new reference to bin; NULL on OOM. */

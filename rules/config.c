@@ -132,7 +132,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->max_connections_per_ip = 0;
     c->max_connection_rate = 0;
     c->max_packet_size = 1 << 20;
-    c->max_inflight = 32;
+    c->max_inflight = 1024;
     c->max_queued_messages = 1000;
     c->max_queued_bytes = 16 << 20;
     c->max_topic_alias = 64;

@@ -99,6 +99,14 @@ for qos in 0 1; do
         CASES+=("pairs-$PAIRS-q$qos-${size}B|pairs -c $PAIRS -q $qos -s $size -d $DUR --ifaddr $IFADDR")
     done
 done
+# Fan-in at QoS 1/2 with a small publisher window over two processes: the subscriber acks
+# once per read, so what this measures is whether the broker's outbound window covers
+# everything the publishers keep in flight (100 x 5) between two of its reads.
+for qos in 1 2; do
+    for size in 16 1024; do
+        CASES+=("fanin-$FANIN-w5-q$qos-${size}B|fanin -c $FANIN -q $qos -s $size --window 5 --procs 2 -d $DUR --ifaddr $IFADDR")
+    done
+done
 # The emqttd seed shape, open loop: SEED subscribers on test/%i, 40 publishers, 4,000 QoS 1
 # msg/s in total; what it measures is latency at a fixed rate, not peak throughput.
 CASES+=("seed-$SEED-q1|seed --subs $SEED -q 1 -d $((DUR * 2)) --procs 2 --ifaddr $IFADDR")

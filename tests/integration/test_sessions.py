@@ -2,6 +2,7 @@
 for the ordinary client's view, a raw socket client (mqtt_raw) where a test has to hold back
 acknowledgements or drop a connection in the middle of an exchange.
 """
+import struct
 import threading
 import time
 
@@ -10,7 +11,8 @@ import pytest
 
 from conftest import Rtd, client, subscribe, wait_for
 from mqtt_raw import (P_MESSAGE_EXPIRY, P_RECEIVE_MAXIMUM, P_SESSION_EXPIRY, PUBCOMP, PUBLISH,
-                      PUBREC, PUBREL, PUBACK, DISCONNECT, Raw, prop_u16, prop_u32)
+                      PUBREC, PUBREL, PUBACK, DISCONNECT, Raw, mqtt_str, prop_u16, prop_u32,
+                      varint)
 
 
 @pytest.fixture
@@ -152,6 +154,66 @@ def test_receive_maximum_limits_inflight(rtd):
     sub.ack(PUBACK, third["pid"])
     rest = sub.drain()
     assert [m["payload"] for m in rest] == [b"3", b"4", b"5"]
+    sub.disconnect()
+
+
+def test_inflight_bytes_are_bounded_by_max_queued_bytes():
+    # max_inflight (1024) allows far more than this; the bytes bound is what stops the
+    # window: ~1,010-byte messages with 2,500 bytes allowed leave 3 unacknowledged.
+    broker = Rtd("max_queued_bytes=2500")
+    try:
+        sub = Raw(broker.port, "ib")
+        sub.subscribe("ib/t", 1)
+        publish_all(broker.port, "ib/t", [b"%d" % i + b"." * 999 for i in range(5)])
+        first = [sub.next_publish() for _ in range(3)]
+        assert [m["payload"][:1] for m in first] == [b"0", b"1", b"2"]
+        assert sub.next_publish(0.4) is None  # the window is full by bytes
+        sub.ack(PUBACK, first[0]["pid"])
+        fourth = sub.next_publish()
+        assert fourth["payload"][:1] == b"3"
+        assert sub.next_publish(0.3) is None
+        for m in first[1:] + [fourth]:
+            sub.ack(PUBACK, m["pid"])
+        rest = sub.drain()
+        assert [m["payload"][:1] for m in rest] == [b"4"]
+        sub.disconnect()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log
+
+
+def test_packet_ids_wrap_around_an_unacknowledged_message(rtd):
+    # The first message (id 1) stays unacknowledged while 65,538 more pass through; when
+    # the ids wrap, 1 is still taken and must be skipped, and so must nothing else.
+    total = 65540
+    sub = Raw(rtd.port, "wrap")
+    sub.subscribe("wrap/t", 1)
+    pub = Raw(rtd.port, "wrap-pub")
+    held, ids, seqs = None, [], []
+    batch = 500
+    for start in range(0, total, batch):
+        n = min(batch, total - start)
+        blob = b""
+        for i in range(start, start + n):
+            body = mqtt_str("wrap/t") + struct.pack("!H", i % 65535 + 1) + b"\0" + b"%d" % i
+            blob += bytes([(PUBLISH << 4) | 2]) + varint(len(body)) + body
+        pub.sock.sendall(blob)
+        for _ in range(n):
+            m = sub.next_publish()
+            assert m is not None, f"stalled after {len(seqs)} messages"
+            seqs.append(int(m["payload"]))
+            if held is None:
+                held = m["pid"]
+            else:
+                ids.append(m["pid"])
+                sub.ack(PUBACK, m["pid"])
+        for _ in range(n):
+            pub.expect(PUBACK)
+    assert seqs == list(range(total))
+    assert held not in ids
+    assert len(ids) == total - 1 and len(set(ids[:65534])) == 65534  # every other id in use
+    sub.ack(PUBACK, held)
+    pub.disconnect()
     sub.disconnect()
 
 

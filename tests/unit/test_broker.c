@@ -337,7 +337,7 @@ static void test_clients_each_and_query(void)
         CHECK_EQ(ci->subscriptions, 2);
         CHECK_EQ(ci->subs_included, 2);
         CHECK_EQ(ci->inflight, 0);
-        CHECK_EQ(ci->inflight_window, 32); /* max_inflight: the client set no receive maximum */
+        CHECK_EQ(ci->inflight_window, 1024); /* max_inflight: the client set no receive maximum */
         CHECK_EQ(ci->queued, 0);
         size_t pos = 0, n = 0;
         rt_client_sub_t s;
@@ -645,7 +645,7 @@ static void test_limits_refused(void)
     size_t n = rt_broker_limits(all, 64);
     CHECK(n >= 18 && n < 64);
     const rt_limit_info_t *l = find_limit(all, n, "max_inflight");
-    CHECK(l && l->live && strcmp(l->value, "32") == 0 && l->affects);
+    CHECK(l && l->live && strcmp(l->value, "1024") == 0 && l->affects);
     l = find_limit(all, n, "queue_qos0");
     CHECK(l && l->live && strcmp(l->value, "false") == 0);
     l = find_limit(all, n, "max_topic_alias");
@@ -664,7 +664,7 @@ static void test_limits_refused(void)
     CHECK_EQ(rt_broker_set_limit("max_inflight", "many", err, sizeof(err)), RT_EINVAL);
     CHECK_EQ(rt_broker_set_limit("queue_qos0", "1", err, sizeof(err)), RT_EINVAL);
     n = rt_broker_limits(all, 64);
-    CHECK(strcmp(find_limit(all, n, "max_inflight")->value, "32") == 0); /* unchanged */
+    CHECK(strcmp(find_limit(all, n, "max_inflight")->value, "1024") == 0); /* unchanged */
     CHECK_EQ(rt_broker_set_limit("max_queued_bytes", "64 * 1024", err, sizeof(err)), RT_EINVAL);
     stop_broker();
 }
