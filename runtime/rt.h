@@ -240,8 +240,11 @@ int rt_cancel_timer(rt_ref_t ref);
 ** socket-event and self-sent handlers write under pressure (nothing, for an
 ** owner that only writes what it is fed). Each actor feeding the owner adds to
 ** its mailbox at most the messages of one more callback (one message, for a
-** feeder that sends one per callback) after the crossing. What the feeders
-** queued before the crossing stays in the mailbox, not in the socket buffer.
+** feeder that sends one per callback) after the crossing; a sender waits for
+** one actor at a time, so one whose callback was parked by another actor it
+** sent to first adds one callback's worth each time that one lets it go, until
+** this pressure lifts. What the feeders queued before the crossing stays in the
+** mailbox, not in the socket buffer.
 ** With several sockets the owner is under pressure while any one of them is.
 ** Every function here must be called by the owning actor.
 */
