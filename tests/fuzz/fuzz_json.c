@@ -30,9 +30,22 @@ static int call(const char *fn, int idx)
 
 static int equal(int a, int b, int depth);
 
-/* Every key of table a is in table b with an equal value. */
-static int contained(int a, int b, int depth)
+static size_t count(int t)
 {
+    size_t n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pop(L, 1);
+        n++;
+    }
+    return n;
+}
+
+/* Tables a and b have as many keys, and each key of a is in b with an equal value. */
+static int same_table(int a, int b, int depth)
+{
+    if (count(a) != count(b))
+        return 0;
     lua_pushnil(L);
     while (lua_next(L, a)) {
         lua_pushvalue(L, -2);
@@ -60,7 +73,7 @@ static int equal(int a, int b, int depth)
         return 0;
     if (lua_type(L, a) != LUA_TTABLE)
         return lua_rawequal(L, a, b);
-    return contained(a, b, depth) && contained(b, a, depth);
+    return same_table(a, b, depth);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
