@@ -58,11 +58,12 @@ typedef struct rt_listen_s {
 #define RT_CONF_RULE_TURN_US 2000
 /*
 ** Wall-clock ms one rule call may run (rule_call_ms), whatever it calls: the
-** instruction budget does not see time spent inside C library functions. A
-** call of the whole default budget takes a few ms; 250 leaves room for a
-** loaded or sanitised build and still frees the worker's scheduler quickly.
+** backstop for time the budget does not see (inside C library functions, or
+** a state near its memory cap collecting). A call of the whole default budget
+** takes a few ms on an idle core, but wall time stretches with load: a rule
+** filling an 8 MB cap took 100-480 ms on a box running 6 builds at once.
 */
-#define RT_CONF_RULE_CALL_MS 250
+#define RT_CONF_RULE_CALL_MS 1000
 /* Rows one rule call may return (rule_output_rows). */
 #define RT_CONF_RULE_OUTPUT_ROWS 10000
 /*

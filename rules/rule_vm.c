@@ -190,13 +190,11 @@ static void vm_hook(lua_State *L, lua_Debug *ar)
 {
     rt_rule_vm_t *vm = VM(L);
     if (!vm->budget_hit) {
-        if (ar->event == LUA_HOOKCOUNT) {
+        if (ar->event == LUA_HOOKCOUNT)
             vm->used +=
                 vm->instructions < RT_RULE_HOOK_SLICE ? vm->instructions : RT_RULE_HOOK_SLICE;
-            vm->ticks = RT_RULE_CLOCK_EVERY; /* a slice of instructions is worth a look */
-        } else {
+        else
             vm->used += RT_RULE_CALL_COST;
-        }
         if (vm->used < vm->instructions && !past_deadline(vm))
             return;
         vm->budget_hit = true;

@@ -72,7 +72,7 @@
 ** ten VM instructions, and a C loop calling a C function runs no instruction.
 */
 #define RT_RULE_CALL_COST 10
-/* Calls (and growing allocations) between two looks at the clock. */
+/* Hook events (calls, instruction slices) and growing allocations between looks at the clock. */
 #define RT_RULE_CLOCK_EVERY 32
 #define RT_RULE_NAME_MAX 64  /* bytes of a rule name, NUL included */
 #define RT_RULE_MAX_FROM 64  /* entries in a rule's from */

@@ -351,8 +351,10 @@ def test_broken_rules_isolated(tmp_path):
     # Files load in name order and a worker runs a message's rules in that order: once the
     # good rule's rows are all written, every bad rule has run on every message.
     rules = write_rules(tmp_path, zz_good=GOOD_RULE, **files)
+    # The outcomes follow from instructions and bytes; a loaded box must not turn a memory
+    # bomb into a time limit (test_c_loop_rule_is_bounded_in_time tests the clock).
     rtd = start(tmp_path, rules, sqlite_sink(db),
-                extra=["rule_memory=8388608", "rule_instructions=200000"])
+                extra=["rule_memory=8388608", "rule_instructions=200000", "rule_call_ms=60000"])
     try:
         n, clients = 30, 3
         cs = [paho_client(rtd.port, f"c{k}") for k in range(clients)]

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "config.h"
 #include "rule_vm.h"
 #include "test_rule_util.h"
 
@@ -22,6 +23,8 @@ static rt_rule_vm_t *vm_with(const char *const *texts, size_t n)
     rt_rule_vm_t *vm;
     if (rt_rule_vm_new(MEM, BUDGET, &vm))
         return NULL;
+    /* Outcomes here follow from instructions and bytes; test_time_limit tests the clock. */
+    rt_rule_vm_set_limits(vm, 600000, RT_CONF_RULE_OUTPUT_ROWS, RT_CONF_RULE_OUTPUT_BYTES);
     for (size_t i = 0; i < n; i++) {
         rt_rule_spec_t spec;
         snprintf(paths[i], sizeof(paths[i]), "t/r%zu.lua", i);
