@@ -33,15 +33,7 @@ enum {
     MSG_JOB,                 /* worker: data is a request line; reply MSG_JOB_DONE */
     MSG_JOB_DONE,            /* connection: data is job_done_t and the body */
     MSG_GATHER_TIMEOUT,      /* connection: stop waiting for connection actors */
-    MSG_DRAIN_CHECK,         /* connection: are its held replies sent yet? */
 };
-
-/*
-** ms between looks at a held connection's unsent replies. RT_SOCK_WRITABLE says
-** when they drain after a send the kernel refused; output the end-of-turn flush
-** sends whole gives no event, and this catches it.
-*/
-#define RT_ADMIN_DRAIN_CHECK_MS 50
 
 typedef struct {
     uint64_t cookie;
@@ -605,7 +597,6 @@ typedef struct {
     rt_admin_cmd_t *waiting; /* a gathering request (admin_clients.c), or NULL */
     rt_ref_t timer;
     bool held;              /* unsent replies passed RT_ADMIN_OUT_MAX: not reading */
-    bool checking;          /* a MSG_DRAIN_CHECK is on its way */
 } conn_t;
 
 static void respond(conn_t *k, int code, const char *body, size_t len)
@@ -647,8 +638,11 @@ static void finish_gather(rt_actor_t *self, conn_t *k)
 /*
 ** Whether the client's unsent replies are past RT_ADMIN_OUT_MAX: if so its socket stops
 ** being read (its requests wait in the kernel, then in the client) until they drain.
+** Output past the cap (which is at least RT_SOCK_FLUSH_AT) means the kernel refused a
+** send, so an RT_SOCK_WRITABLE event will say when it drains.
 */
-static bool hold_output(rt_actor_t *self, conn_t *k)
+_Static_assert(RT_ADMIN_OUT_MAX >= RT_SOCK_FLUSH_AT, "held output must mean a blocked socket");
+static bool hold_output(conn_t *k)
 {
     if (rt_sock_pending(k->sock) <= RT_ADMIN_OUT_MAX)
         return false;
@@ -656,16 +650,13 @@ static bool hold_output(rt_actor_t *self, conn_t *k)
         k->held = true;
         rt_sock_pause_reading(k->sock, true);
     }
-    if (!k->checking)
-        k->checking =
-            rt_send_after_tag(RT_ADMIN_DRAIN_CHECK_MS, rt_self(self), MSG_DRAIN_CHECK, NULL) == 0;
     return true;
 }
 
 /* Answers complete request lines until one has to wait (worker, gathering, unsent replies). */
 static void process(rt_actor_t *self, conn_t *k)
 {
-    while (!k->cookie && k->sock && !hold_output(self, k)) {
+    while (!k->cookie && k->sock && !hold_output(k)) {
         char *nl = k->in.len ? memchr(k->in.data, '\n', k->in.len) : NULL;
         if (!nl) {
             if (k->in.len > RT_ADMIN_LINE_MAX) {
@@ -779,11 +770,6 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             on_readable(self, k);
         break;
     }
-    case MSG_DRAIN_CHECK:
-        k->checking = false;
-        if (k->held)
-            resume(self, k); /* still over the cap: process holds it again, and checks again */
-        break;
     case MSG_JOB_DONE: {
         job_done_t d;
         if (m->len < sizeof(d))
@@ -829,8 +815,6 @@ static const char *conn_tag_name(uint32_t tag)
         return "job_done";
     case MSG_GATHER_TIMEOUT:
         return "gather_timeout";
-    case MSG_DRAIN_CHECK:
-        return "drain_check";
     default:
         return "gather_reply";
     }

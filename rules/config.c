@@ -39,10 +39,21 @@ static void *conf_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     return p;
 }
 
+/* An error outside a protected call is a bug in the loader: say what it was before Lua aborts. */
+static int conf_panic(lua_State *L)
+{
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "rtd: config loader: unprotected Lua error: %s\n", msg ? msg : "?");
+    return 0;
+}
+
 static lua_State *new_state(conf_mem_t *m)
 {
     *m = (conf_mem_t){0, RT_CONF_MEMORY_LIMIT};
-    return lua_newstate(conf_alloc, m);
+    lua_State *L = lua_newstate(conf_alloc, m);
+    if (L)
+        lua_atpanic(L, conf_panic);
+    return L;
 }
 
 /* K_PATH: a K_STRING naming a file or directory, made absolute at load (config.h). */

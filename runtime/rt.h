@@ -277,7 +277,13 @@ int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out);
 */
 int rt_sock_read(rt_sock_t *s, const void **data, size_t *len);
 void rt_sock_pause_reading(rt_sock_t *s, bool paused);
-/* Sends or buffers all len bytes; RT_ECLOSED if the peer is gone. */
+/*
+** Sends or buffers all len bytes; RT_ECLOSED if the peer is gone. Output is sent at
+** the end of the owner's turn, or at once when RT_SOCK_FLUSH_AT bytes wait: so after
+** a write either fewer than RT_SOCK_FLUSH_AT bytes are buffered or the kernel refused
+** a send, and an RT_SOCK_WRITABLE event will say when it takes more.
+*/
+#define RT_SOCK_FLUSH_AT (64 * 1024) /* buffered bytes that are sent at once, mid-turn */
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len);
 size_t rt_sock_pending(const rt_sock_t *s); /* buffered output bytes */
 /*

@@ -25,7 +25,6 @@
 #include "internal.h"
 
 #define RT_EPOLL_BATCH 256      /* events taken per epoll_wait */
-#define RT_SOCK_FLUSH_AT (64 * 1024) /* buffered bytes that are sent at once, mid-turn */
 
 /* Buffered output, allocated only while there is some: idle sockets stay small. */
 typedef struct rt_sock_out_s {
