@@ -183,11 +183,19 @@ def rss_bytes(pid):
     raise AssertionError("no VmRSS")
 
 
-def test_replies_a_client_never_reads_are_bounded(rtd):
+def test_replies_a_client_never_reads_are_bounded(stopper):
     """Clients pipeline many requests and never read. rtd answers one while its unsent
     replies are at most RT_ADMIN_OUT_MAX (actors/admin.h), then stops reading that client, so
     it holds at most that plus one reply per client; the rest waits in the kernel and in the
-    client. Unbounded, these replies would take clients x n x reply bytes."""
+    client. Unbounded, these replies would take clients x n x reply bytes. RSS is the
+    measure, so it is bounded only where glibc's allocator serves rtd: a sanitizer's keeps
+    freed memory in quarantine and adds shadow memory (ASan 130 MB, TSan 33 MB here).
+    There the test checks what rtd does for the held clients and the others."""
+    rtd = Rtd()
+    stopper(rtd)
+    with open(f"/proc/{rtd.proc.pid}/maps") as f:
+        maps = f.read()
+    sanitized = "libasan" in maps or "libtsan" in maps
     out_max = 256 * 1024
     code, reply = Admin(admin_path(rtd)).ask("help")
     assert code == 200
@@ -213,7 +221,7 @@ def test_replies_a_client_never_reads_are_bounded(rtd):
     bound = clients * (out_max + reply_len) + (16 << 20)
     print(f"held replies: rss grew {grown / 1e6:.1f} MB (bound {bound / 1e6:.1f} MB, "
           f"unbounded {clients * n * reply_len / 1e6:.0f} MB)")
-    assert grown < bound, (grown, bound)
+    assert sanitized or grown < bound, (grown, bound)
     # Other clients are answered meanwhile.
     t = time.monotonic()
     code, doc = Admin(admin_path(rtd)).ask("status", as_json=True)
