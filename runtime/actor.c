@@ -734,8 +734,6 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
     rt__tls.turn_start = start;
     atomic_store_explicit(&a->status, RT_STATUS_RUNNING, memory_order_relaxed);
     unsigned n = 0;
-    if (RT_UNLIKELY(a->socks_unregistered))
-        rt__sock_register_pending(a);
     if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
         process_signals(a);
     while (!a->exiting && n < batch) {
@@ -757,11 +755,6 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
         n++;
         deliver(a, m);
         rt_msg_free(m);
-        /* It adopted a socket away from the socket's home scheduler: the turn ends here so
-           the actor moves home, where its next turn registers the socket (the wake-up it
-           sent itself must not be consumed on this thread). */
-        if (RT_UNLIKELY(a->socks_unregistered))
-            break;
         if (atomic_load_explicit(&a->sigs, memory_order_relaxed))
             process_signals(a);
         heap_check(a);
@@ -862,7 +855,7 @@ int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *
     }
     a->pid = (rt_pid_t)gen << 32 | idx;
     a->type = type;
-    a->home = -1;
+    a->last_sched = -1;
     a->max_heap = opts->max_heap ? opts->max_heap : rt->cfg.max_heap;
     /* Born "scheduled", so messages sent during init cannot start it elsewhere. */
     atomic_store_explicit(&a->mbox_head, stub_of(a), memory_order_relaxed);

@@ -7,7 +7,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <uv.h>
+#include <sys/epoll.h>
 
 #include "idpool.h"
 #include "rt.h"
@@ -141,7 +141,7 @@ struct rt_actor_s {
     const rt_actor_type_t *type;  /* immutable */
     rt_actor_t *runq_next;        /* run queue or mute list link */
     rt_actor_t *mute_target;      /* set during a turn that sent to an overloaded actor */
-    int16_t home;                 /* pinned scheduler, -1 if free to move */
+    int16_t last_sched;           /* scheduler of its latest turn, -1: none yet (snapshots) */
     uint8_t trap_exit;
     uint8_t exiting;
     uint8_t init_done;
@@ -155,7 +155,6 @@ struct rt_actor_s {
     rt_sock_t *socks;             /* sockets this actor owns */
     rt_msg_t *held;               /* the last of the messages held back under socket pressure
                                      (a ring through next: held->next is the oldest); NULL: none */
-    uint8_t socks_unregistered;   /* adopted off the home thread; epoll waits for a turn there */
     uint8_t yielded;              /* rt_yield was called: the turn ends after this message */
     size_t max_heap;
     rt_retired_t retired;
@@ -166,7 +165,7 @@ struct rt_actor_s {
 };
 
 /* ---- Schedulers ---- */
-#define RT_SCRATCH_BYTES (64 * 1024) /* per-loop socket read buffer */
+#define RT_SCRATCH_BYTES (64 * 1024) /* per-scheduler socket read buffer */
 
 typedef struct rt_timer_node_s {
     uint64_t due_ns;
@@ -190,29 +189,28 @@ typedef struct rt_timer_handoff_s {
     rt_timer_node_t node;
 } rt_timer_handoff_t;
 
+/* What a scheduler is doing about its next piece of work (rt_sched_t.sleeping). */
+#define RT_SLEEP_AWAKE 0 /* running, or about to look at its queues again */
+#define RT_SLEEP_DEEP 1  /* parked on its own wake_fd: woken by a write there */
+#define RT_SLEEP_POLL 2  /* the poller, parked on the socket set: woken by rt->kick_fd */
+
 struct rt_sched_s {
     unsigned index;
-    uv_loop_t loop;
-    uv_async_t doorbell;
-    uv_timer_t tick;              /* drives the timer heap */
-    uv_timer_t reclaim;           /* wakes an idle scheduler to free what it retired */
-    uv_poll_t epoll_watch;        /* the socket epoll set, nested in the loop */
-    int epfd;
+    int wake_fd;                  /* eventfd: the doorbell of a deep sleep */
     pthread_t thread;
     rt_ebr_thread_t *ebr;
     rt_actor_t *runnext;          /* owner only: the actor this thread just woke */
     unsigned runnext_streak;
-    unsigned char *scratch;       /* per-loop read buffer */
+    unsigned char *scratch;       /* socket read buffer of the actors running here */
     rt_timer_heap_t timers;       /* owner only */
-    uint64_t timer_due_ns;        /* when tick is armed for, 0 if not */
+    uint64_t timer_due_ns;        /* owner only: the earliest timer in the heap, 0 if none */
 
     _Alignas(RT_CACHE_LINE) rt_spinlock_t qlock;
     rt_actor_t *qhead, *qtail;    /* qlock */
     atomic_size_t qlen;
-    atomic_bool sleeping;
+    atomic_int sleeping;          /* RT_SLEEP_*: set by the owner, taken back by a waker */
     atomic_bool stopping;
     rt_timer_handoff_t *_Atomic timer_inbox; /* timers handed over by other threads */
-    atomic_uint sockets;          /* sockets homed here, for balancing */
 
     _Alignas(RT_CACHE_LINE) atomic_uint_fast64_t busy_ticks;
     atomic_uint_fast64_t turns;
@@ -244,8 +242,17 @@ typedef struct rt_runtime_s {
     unsigned nsched;
     rt_sched_t *sched;
     rt_blocking_pool_t blocking;
-    atomic_uint rr;               /* round robin for external wake-ups and sockets */
+    atomic_uint rr;               /* round robin for external wake-ups */
     atomic_bool stopping;
+
+    /* Sockets: one edge-triggered epoll set for all of them. At most one idle scheduler,
+       the poller, sleeps on it; busy schedulers look at it between turns while nobody
+       sleeps there. Events carry fds, looked up in by_fd (see sock.c). */
+    int epfd;
+    int kick_fd;                  /* eventfd in epfd (level-triggered): wakes the poller */
+    rt_sock_t *_Atomic *by_fd;    /* mmap'd, by_fd_len entries, touched lazily */
+    size_t by_fd_len;             /* the hard limit on descriptors at start */
+    _Alignas(RT_CACHE_LINE) atomic_bool poller_taken;
 
     atomic_uint_fast64_t spawned, exited, alive, dead_letters;
     atomic_uint_fast64_t shed; /* optional messages refused by shedding receivers */
@@ -282,22 +289,27 @@ void rt__registry_remove_actor(rt_actor_t *a);
 void rt__set_pressure(rt_actor_t *a, bool on);
 
 /* Schedulers (sched.c) */
-void rt__sched_push(rt_sched_t *s, rt_actor_t *a, bool local_wake);
+void rt__sched_wake(rt_sched_t *s); /* s may be asleep with work for it: ring its bell */
 void rt__blocking_push(rt_actor_t *a);
 
 /* Timers (timer.c) */
 void rt__timers_init(rt_sched_t *s);
 void rt__timers_destroy(rt_sched_t *s);
-void rt__timers_run(rt_sched_t *s);  /* fire what is due, adopt handed-over timers, re-arm */
-void rt__sched_on_tick(uv_timer_t *h);
+void rt__timers_run(rt_sched_t *s);  /* fire what is due, adopt handed-over timers */
 int rt__timers_slots_init(void);
 void rt__timers_slots_destroy(void);
 
 /* Sockets (sock.c) */
-int rt__sock_sched_init(rt_sched_t *s);
-void rt__sock_sched_close(rt_sched_t *s);
+int rt__sock_init(rt_runtime_t *rt);     /* the runtime's epoll set, with kick_fd in it */
+void rt__sock_destroy(rt_runtime_t *rt);
+#define RT_SOCK_BATCH 256                /* events taken per epoll_wait */
+/* Waits up to timeout_ms (0: only looks) for socket events; any thread, any region. */
+int rt__sock_wait(struct epoll_event *evs, int timeout_ms);
+/* Posts what rt__sock_wait returned to the sockets' owners, which then run next on
+   this thread; the kick is cleared only by the poller. The caller is a scheduler
+   inside its EBR region. */
+void rt__sock_dispatch(const struct epoll_event *evs, int n, bool poller);
 void rt__sock_close_all(rt_actor_t *a);
-void rt__sock_register_pending(rt_actor_t *a); /* on the home thread, before a turn */
 bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m); /* false: drop the message */
 void rt__sock_after_event(rt_msg_t *m);
 void rt__sock_flush_turn(rt_actor_t *a); /* end of the owner's turn: send buffered output */

@@ -6,9 +6,9 @@
 ** (slot + generation), so a message to a dead actor is detected, counted as a
 ** dead letter and dropped, never a dangling pointer. One scheduler thread per
 ** core runs actors whose mailboxes are non-empty, a budget of messages per
-** turn (an actor may end its turn sooner: rt_yield); actors that own a socket
-** stay on the loop that polls it, the others may be stolen by an idle
-** scheduler. Actors of a type marked RT_TYPE_BLOCKING run on a separate small
+** turn (an actor may end its turn sooner: rt_yield); an actor runs where it
+** was woken, and an idle scheduler steals from a busy one's queue. Actors of
+** a type marked RT_TYPE_BLOCKING run on a separate small
 ** thread pool, so blocking drivers never stall a scheduler.
 **
 ** There is one runtime per process: rt_init() starts it, rt_shutdown() stops
@@ -216,10 +216,10 @@ int rt_send_after_tag(uint64_t ms, rt_pid_t to, uint32_t tag, rt_ref_t *ref);
 int rt_cancel_timer(rt_ref_t ref);
 
 /* ---- Sockets ----
-** TCP sockets owned by actors. An actor that owns a socket is pinned to the
-** scheduler whose loop polls it (the least loaded one when it adopts its
-** first socket); events arrive as RT_MSG_SOCKET messages and are handled in the
-** owner's turn. Reads land in the scheduler's scratch buffer, so an idle
+** TCP sockets owned by actors, all in one epoll set that whichever scheduler
+** is idle (or between turns) polls; events arrive as RT_MSG_SOCKET messages
+** and are handled in the owner's turn, on the scheduler that took the event
+** (owners are not pinned). Reads land in the scheduler's scratch buffer, so an idle
 ** connection holds no read buffer. Writes are buffered and sent once at the
 ** end of the owner's turn (one system call for many packets); what the kernel
 ** does not take stays buffered.

@@ -38,7 +38,7 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
     out->current_tag = atomic_load_explicit(&a->current_tag, memory_order_relaxed);
     const char *hn = a->type->tag_name ? a->type->tag_name(out->current_tag) : NULL;
     out->current_handler = hn ? hn : "";
-    out->scheduler = __atomic_load_n(&a->home, __ATOMIC_RELAXED); /* set by its owner (pin) */
+    out->scheduler = __atomic_load_n(&a->last_sched, __ATOMIC_RELAXED); /* set at each turn */
 }
 
 size_t rt_snapshot_actors(void (*fn)(const rt_actor_info_t *info, void *ud), void *ud)

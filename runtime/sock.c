@@ -1,13 +1,24 @@
 /*
-** Actor-owned TCP sockets. Each scheduler has its own edge-triggered epoll
-** set, nested into its libuv loop through one uv_poll_t, so a connection costs
-** an fd and this small struct rather than a 250-byte uv_tcp_t.
+** Actor-owned TCP sockets, all in one edge-triggered epoll set, so a
+** connection costs an fd and this small struct rather than a 250-byte
+** uv_tcp_t. Whichever scheduler polls the set (the poller when it wakes, or a
+** busy scheduler between turns: see sched.c) posts each event to the socket's
+** owner, which then runs on that scheduler: an owner is not pinned to a thread.
 **
-** Threading: the poller and the owner's turns both run on the home scheduler's
-** thread, so socket fields need no atomics. The one exception is an actor that
-** adopts a socket while running elsewhere (its init on the spawning thread):
-** the socket is then registered with epoll at the start of its first turn on
-** the home thread, which the runtime schedules by waking the actor.
+** Threading: a socket's fields belong to its owner's turn, except the atomics
+** below, which pollers on other threads touch too. Pollers set revents and
+** readable, read paused, blocked and closed, and claim msg_pending before
+** they post; only the claimant of msg_pending may post, and whoever finds it
+** closed while holding it frees the struct (sock_drop_claim).
+**
+** Events carry the fd, not a pointer: the poller sleeps in epoll_wait outside
+** its EBR region (a sleeping thread must not hold back reclamation), so a
+** pointer it got there could name a socket freed before it woke. It enters
+** its region first and then looks the fd up in rt->by_fd, which a close
+** clears before the socket is retired; a registered socket is freed through
+** EBR, after every poller that could have looked it up has moved on. An event
+** for a closed fd that was reused reaches the new socket as a spurious one
+** (its read then says EAGAIN).
 */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -16,15 +27,16 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "internal.h"
-
-#define RT_EPOLL_BATCH 256      /* events taken per epoll_wait */
 
 /* Buffered output, allocated only while there is some: idle sockets stay small. */
 typedef struct rt_sock_out_s {
@@ -34,138 +46,184 @@ typedef struct rt_sock_out_s {
 
 struct rt_sock_s {
     int fd;
-    uint32_t revents;      /* events seen by the poller, not yet delivered */
-    uint8_t msg_pending;   /* an RT_MSG_SOCKET for this socket is in the mailbox */
-    uint8_t closed;
-    uint8_t registered;    /* in the home scheduler's epoll set */
-    uint8_t readable;      /* the last read did not reach EAGAIN */
-    uint8_t paused;        /* the owner stopped reading (input backpressure) */
+    uint32_t high_water;       /* pending bytes that mean pressure; 0: RT_SOCK_HIGH_WATER */
+    /* Shared with pollers. */
+    _Atomic uint32_t revents;  /* events seen by a poller, not yet delivered */
+    atomic_uchar readable;     /* data may wait: set by pollers, cleared by the read */
+    atomic_uchar paused;       /* the owner stopped reading (input backpressure) */
+    atomic_uchar blocked;      /* output waits for the kernel: an EPOLLOUT is news */
+    atomic_uchar msg_pending;  /* claimed: an RT_MSG_SOCKET for it is (being) posted */
+    atomic_uchar closed;
+    /* Owner only. */
+    uint8_t registered;        /* in the epoll set */
     uint8_t listening;
-    uint8_t blocked;       /* the kernel refused output; waiting for EPOLLOUT */
-    uint8_t broken;        /* a send failed for good; the next read reports it */
-    uint32_t high_water;   /* pending bytes that mean pressure; 0: RT_SOCK_HIGH_WATER */
+    uint8_t broken;            /* a send failed for good; the next read reports it */
     rt_actor_t *owner;
-    rt_sock_t *next;       /* the owner's list */
-    struct rt_sock_out_s *out; /* output the kernel has not taken; NULL when empty */
+    union {
+        struct {
+            rt_sock_t *next;           /* the owner's list */
+            struct rt_sock_out_s *out; /* output the kernel has not taken; NULL when empty */
+        };
+        rt_retired_t retired;          /* once closed and unlinked */
+    };
 };
 
-static void on_epoll(uv_poll_t *h, int status, int events);
+#define LOAD(field) atomic_load_explicit(&(field), memory_order_relaxed)
 
-int rt__sock_sched_init(rt_sched_t *s)
+int rt__sock_init(rt_runtime_t *rt)
 {
-    s->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (s->epfd < 0)
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_max == RLIM_INFINITY)
+        rl.rlim_max = 1u << 20;
+    rt->by_fd_len = (size_t)rl.rlim_max;
+    void *table = mmap(NULL, rt->by_fd_len * sizeof(*rt->by_fd), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    rt->by_fd = table == MAP_FAILED ? NULL : table;
+    rt->epfd = epoll_create1(EPOLL_CLOEXEC);
+    rt->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!rt->by_fd || rt->epfd < 0 || rt->kick_fd < 0)
         return RT_ENOMEM;
-    if (uv_poll_init(&s->loop, &s->epoll_watch, s->epfd))
-        return RT_ENOMEM;
-    s->epoll_watch.data = s;
-    uv_poll_start(&s->epoll_watch, UV_READABLE, on_epoll);
-    return 0;
+    struct epoll_event kick = {.events = EPOLLIN, .data.fd = rt->kick_fd};
+    return epoll_ctl(rt->epfd, EPOLL_CTL_ADD, rt->kick_fd, &kick) < 0 ? RT_ENOMEM : 0;
 }
 
-static void noop_close(uv_handle_t *h)
+void rt__sock_destroy(rt_runtime_t *rt)
 {
-    (void)h;
+    if (rt->epfd >= 0)
+        close(rt->epfd);
+    if (rt->kick_fd >= 0)
+        close(rt->kick_fd);
+    if (rt->by_fd)
+        munmap((void *)rt->by_fd, rt->by_fd_len * sizeof(*rt->by_fd));
+    rt->epfd = rt->kick_fd = -1;
+    rt->by_fd = NULL;
 }
 
-void rt__sock_sched_close(rt_sched_t *s)
+static void sock_reclaim(rt_retired_t *r)
 {
-    if (s->epfd >= 0) {
-        uv_poll_stop(&s->epoll_watch);
-        uv_close((uv_handle_t *)&s->epoll_watch, noop_close);
-        close(s->epfd);
-        s->epfd = -1;
-    }
-}
-
-static void sock_free(rt_sock_t *s)
-{
-    free(s->out);
+    rt_sock_t *s = RT_CONTAINER_OF(r, rt_sock_t, retired);
     RT_POISON(s, sizeof(*s));
     free(s);
+}
+
+/* Frees a closed, unlinked socket once no poller can still be looking at it. */
+static void sock_free(rt_sock_t *s)
+{
+    if (s->registered && rt__tls.ebr) {
+        s->retired.reclaim = sock_reclaim;
+        rt__ebr_retire(rt__tls.ebr, &s->retired);
+        return;
+    }
+    /* Never in the set, or the runtime is stopping (no poller runs). */
+    sock_reclaim(&s->retired);
+}
+
+/* The owner is dead or the post failed: gives the claim back, or frees a closed socket. */
+static void sock_drop_claim(rt_sock_t *s)
+{
+    atomic_store(&s->msg_pending, 0);
+    if (atomic_load(&s->closed) && !atomic_exchange(&s->msg_pending, 1))
+        sock_free(s);
 }
 
 /* Posts one RT_MSG_SOCKET to the owner unless one is already waiting. */
 static void post_event(rt_sock_t *s)
 {
-    if (s->msg_pending || s->closed)
+    if (atomic_load(&s->closed) || atomic_exchange(&s->msg_pending, 1))
         return;
     rt_msg_t *m = rt_msg_new(RT_MSG_SOCKET, sizeof(rt_sock_event_t));
-    if (!m)
+    if (!m) {
+        sock_drop_claim(s);
         return;
+    }
     rt_sock_event_t *ev = (rt_sock_event_t *)(void *)m->data;
     ev->sock = s;
     ev->events = 0;
-    s->msg_pending = 1;
     if (rt_send_msg(s->owner->pid, m) != 0)
-        s->msg_pending = 0; /* the owner is exiting; its exit closes the socket */
+        sock_drop_claim(s); /* the owner is exiting; its exit closes the socket */
 }
 
-static void on_epoll(uv_poll_t *h, int status, int events)
+/* Whether what pollers saw is worth a message to the owner. */
+static bool has_news(rt_sock_t *s)
 {
-    rt_sched_t *sch = h->data;
-    if (!(atomic_load_explicit(&sch->ebr->local, memory_order_relaxed) & 1))
-        rt__ebr_enter(sch->ebr);
-    struct epoll_event evs[RT_EPOLL_BATCH];
-    int n = epoll_wait(sch->epfd, evs, RT_EPOLL_BATCH, 0);
+    uint32_t ev = atomic_load(&s->revents);
+    if (ev & RT_SOCK_WRITABLE)
+        return true;
+    return (ev || atomic_load(&s->readable)) && !LOAD(s->paused);
+}
+
+/*
+** The owner is done with its event message: gives the claim back and posts
+** again if a poller saw something meanwhile (it could not post while the
+** claim was held, so without this look its event would be lost).
+*/
+static void sock_end_claim(rt_sock_t *s)
+{
+    if (LOAD(s->closed)) {
+        sock_free(s); /* closed while the claim was held: the claim's holder frees */
+        return;
+    }
+    atomic_store(&s->msg_pending, 0);
+    if (has_news(s))
+        post_event(s);
+}
+
+int rt__sock_wait(struct epoll_event *evs, int timeout_ms)
+{
+    int n = epoll_wait(rt__rt->epfd, evs, RT_SOCK_BATCH, timeout_ms);
+    return n < 0 ? 0 : n;
+}
+
+void rt__sock_dispatch(const struct epoll_event *evs, int n, bool poller)
+{
+    rt_runtime_t *rt = rt__rt;
     for (int i = 0; i < n; i++) {
-        rt_sock_t *s = evs[i].data.ptr;
-        uint32_t e = evs[i].events;
-        if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-            s->revents |= RT_SOCK_READABLE;
-            s->readable = 1;
+        int fd = evs[i].data.fd;
+        if (fd == rt->kick_fd) {
+            uint64_t rung;
+            if (poller)
+                (void)!read(fd, &rung, sizeof(rung));
+            continue;
         }
-        if ((e & EPOLLOUT) && s->out)
-            s->revents |= RT_SOCK_WRITABLE;
-        if (s->revents && !(s->paused && !(s->revents & RT_SOCK_WRITABLE)))
-            post_event(s);
+        rt_sock_t *s = atomic_load_explicit(&rt->by_fd[fd], memory_order_acquire);
+        uint32_t e = evs[i].events, add = 0;
+        if (!s || atomic_load(&s->closed))
+            continue;
+        if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+            atomic_store(&s->readable, 1);
+            add |= RT_SOCK_READABLE;
+        }
+        if ((e & EPOLLOUT) && atomic_load(&s->blocked))
+            add |= RT_SOCK_WRITABLE;
+        if (!add)
+            continue;
+        uint32_t now = atomic_fetch_or(&s->revents, add) | add;
+        if (LOAD(s->paused) && !(now & RT_SOCK_WRITABLE))
+            continue;
+        post_event(s);
     }
 }
 
 static int epoll_add(rt_sock_t *s)
 {
-    rt_sched_t *home = &rt__rt->sched[s->owner->home];
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = s};
-    if (epoll_ctl(home->epfd, EPOLL_CTL_ADD, s->fd, &ev) < 0)
+    rt_runtime_t *rt = rt__rt;
+    if (s->fd < 0 || (size_t)s->fd >= rt->by_fd_len)
+        return RT_ELIMIT;
+    atomic_store_explicit(&rt->by_fd[s->fd], s, memory_order_release);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.fd = s->fd};
+    if (epoll_ctl(rt->epfd, EPOLL_CTL_ADD, s->fd, &ev) < 0) {
+        atomic_store_explicit(&rt->by_fd[s->fd], NULL, memory_order_relaxed);
         return RT_EINVAL;
+    }
     s->registered = 1;
     return 0;
 }
 
-void rt__sock_register_pending(rt_actor_t *a)
-{
-    a->socks_unregistered = 0;
-    for (rt_sock_t *s = a->socks; s; s = s->next) {
-        if (!s->registered && !s->closed && epoll_add(s) == 0) {
-            /* Data may have arrived before the registration: look once. */
-            s->readable = 1;
-            s->revents |= RT_SOCK_READABLE;
-            post_event(s);
-        }
-    }
-}
-
-/* Picks the home of an actor's first socket: the scheduler with the fewest sockets. */
-static void pin(rt_actor_t *a)
-{
-    rt_runtime_t *rt = rt__rt;
-    if (a->home >= 0)
-        return;
-    unsigned best = 0, best_n = UINT32_MAX;
-    unsigned start = atomic_fetch_add_explicit(&rt->rr, 1, memory_order_relaxed);
-    for (unsigned k = 0; k < rt->nsched; k++) {
-        unsigned i = (start + k) % rt->nsched;
-        unsigned n = atomic_load_explicit(&rt->sched[i].sockets, memory_order_relaxed);
-        if (n < best_n) {
-            best = i;
-            best_n = n;
-        }
-    }
-    /* Atomic only for rtctl's snapshot, which reads it from other threads at any time;
-       schedulers read it when the actor is made runnable, which the turn happens-before. */
-    __atomic_store_n(&a->home, (int16_t)best, __ATOMIC_RELAXED);
-}
-
+/*
+** Registration is at once, from whatever thread the owner runs on (its init
+** included): an event posted before init returns waits in the mailbox, since
+** an actor is born scheduled and runs only after its init.
+*/
 static int attach(rt_actor_t *self, int fd, bool listening, rt_sock_t **out)
 {
     if (self->type->flags & RT_TYPE_BLOCKING)
@@ -176,26 +234,13 @@ static int attach(rt_actor_t *self, int fd, bool listening, rt_sock_t **out)
     s->fd = fd;
     s->owner = self;
     s->listening = listening;
-    pin(self);
-    atomic_fetch_add_explicit(&rt__rt->sched[self->home].sockets, 1, memory_order_relaxed);
+    int rc = epoll_add(s);
+    if (rc) {
+        free(s);
+        return rc;
+    }
     s->next = self->socks;
     self->socks = s;
-    rt_sched_t *me = rt__tls.sched;
-    if (me && me->index == (unsigned)self->home) {
-        int rc = epoll_add(s);
-        if (rc) {
-            self->socks = s->next;
-            atomic_fetch_sub_explicit(&rt__rt->sched[self->home].sockets, 1, memory_order_relaxed);
-            free(s);
-            return rc;
-        }
-    } else if (!self->socks_unregistered) {
-        /* A wake-up gets the actor a turn on its home thread, which registers the socket. */
-        self->socks_unregistered = 1;
-        rt_msg_t *m = rt_msg_new(RT_SIG_WAKE, 0);
-        if (m)
-            rt_send_msg(self->pid, m);
-    }
     *out = s;
     return 0;
 }
@@ -229,7 +274,7 @@ int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_
 
 int rt_sock_accept(rt_sock_t *l, int *fd)
 {
-    if (l->closed || !l->listening)
+    if (LOAD(l->closed) || !l->listening)
         return RT_ECLOSED;
     for (;;) {
         int c = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -240,7 +285,7 @@ int rt_sock_accept(rt_sock_t *l, int *fd)
         if (errno == EINTR || errno == ECONNABORTED)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            l->readable = 0;
+            atomic_store(&l->readable, 0);
             return RT_EAGAIN;
         }
         /* EMFILE and friends: report, and let the owner retry on a later event. */
@@ -269,21 +314,21 @@ int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out)
 int rt_sock_read(rt_sock_t *s, const void **data, size_t *len)
 {
     rt_sched_t *sch = rt__tls.sched;
-    if (s->closed || s->broken)
+    if (LOAD(s->closed) || s->broken)
         return RT_ECLOSED;
     if (!sch)
         return RT_EINVAL;
     /* A read shorter than the buffer emptied the socket: with edge-triggered epoll, data
        that arrives later raises a new event, so the read that would only say EAGAIN is
-       skipped (it was half of all reads under load). */
-    if (!s->readable)
+       skipped (it was half of all reads under load). Cleared before the read, so an
+       event that lands after it is never lost. */
+    if (!atomic_exchange(&s->readable, 0))
         return RT_EAGAIN;
-    /* Cleared before the read, so an event that lands after it is never lost. */
-    s->readable = 0;
     for (;;) {
         ssize_t n = read(s->fd, sch->scratch, RT_SCRATCH_BYTES);
         if (n > 0) {
-            s->readable = (size_t)n == RT_SCRATCH_BYTES;
+            if ((size_t)n == RT_SCRATCH_BYTES)
+                atomic_store(&s->readable, 1);
             *data = sch->scratch;
             *len = (size_t)n;
             return 0;
@@ -300,8 +345,8 @@ int rt_sock_read(rt_sock_t *s, const void **data, size_t *len)
 
 void rt_sock_pause_reading(rt_sock_t *s, bool paused)
 {
-    s->paused = paused;
-    if (!paused && s->readable)
+    atomic_store(&s->paused, paused);
+    if (!paused && atomic_load(&s->readable))
         post_event(s);
 }
 
@@ -323,6 +368,9 @@ static void update_pressure(rt_actor_t *a)
 static int flush(rt_sock_t *s)
 {
     rt_sock_out_t *o = s->out;
+    /* Set before the send, so a poller that sees the EPOLLOUT following a refusal sees it
+       too (set after, that edge could come in between and be the last one). */
+    atomic_store(&s->blocked, 1);
     while (o && o->off < o->len) {
         ssize_t n = send(s->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
         if (n > 0) {
@@ -331,14 +379,12 @@ static int flush(rt_sock_t *s)
         }
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            s->blocked = 1;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return RT_EAGAIN;
-        }
         s->broken = 1;
         return RT_ECLOSED;
     }
-    s->blocked = 0;
+    atomic_store_explicit(&s->blocked, 0, memory_order_relaxed);
     free(s->out);
     s->out = NULL;
     update_pressure(s->owner);
@@ -352,7 +398,7 @@ static int flush(rt_sock_t *s)
 */
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
 {
-    if (s->closed || s->broken)
+    if (LOAD(s->closed) || s->broken)
         return RT_ECLOSED;
     rt_sock_out_t *o = s->out;
     size_t live = o ? o->len - o->off : 0;
@@ -373,7 +419,7 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
     }
     memcpy(o->data + o->len, data, len);
     o->len += len;
-    if (o->len - o->off >= RT_SOCK_FLUSH_AT && !s->blocked && flush(s) == RT_ECLOSED)
+    if (o->len - o->off >= RT_SOCK_FLUSH_AT && !LOAD(s->blocked) && flush(s) == RT_ECLOSED)
         return RT_ECLOSED;
     if (rt_sock_pending(s) > high_water(s))
         rt__set_pressure(s->owner, true);
@@ -390,9 +436,9 @@ void rt_sock_set_high_water(rt_sock_t *s, size_t bytes)
 void rt__sock_flush_turn(rt_actor_t *a)
 {
     for (rt_sock_t *s = a->socks; s; s = s->next) {
-        if (s->out && !s->blocked && flush(s) == RT_ECLOSED) {
+        if (s->out && !LOAD(s->blocked) && flush(s) == RT_ECLOSED) {
             /* The owner learns of it from its next read. */
-            s->readable = 1;
+            atomic_store(&s->readable, 1);
             post_event(s);
         }
     }
@@ -431,24 +477,26 @@ static void unlink_sock(rt_sock_t *s)
             break;
         }
     }
-    if (s->registered)
-        epoll_ctl(rt__rt->sched[a->home].epfd, EPOLL_CTL_DEL, s->fd, NULL);
-    atomic_fetch_sub_explicit(&rt__rt->sched[a->home].sockets, 1, memory_order_relaxed);
-    s->closed = 1;
+    if (s->registered) {
+        epoll_ctl(rt__rt->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+        atomic_store_explicit(&rt__rt->by_fd[s->fd], NULL, memory_order_release);
+    }
     free(s->out);
     s->out = NULL;
     update_pressure(a);
-    /* A queued event still names this socket; whoever consumes it frees it. */
-    if (!s->msg_pending)
+    atomic_store(&s->closed, 1);
+    /* The claim is taken for good: no poller posts from now on. If an event message
+       held it, that message still names this socket, and whoever consumes it frees it. */
+    if (!atomic_exchange(&s->msg_pending, 1))
         sock_free(s);
 }
 
 void rt_sock_close(rt_sock_t *s)
 {
-    if (s->closed)
+    if (LOAD(s->closed))
         return;
     /* Last words (a DISCONNECT written by a terminate callback) get one try. */
-    if (s->out && !s->blocked && !s->broken)
+    if (s->out && !LOAD(s->blocked) && !s->broken)
         flush(s);
     int fd = s->fd;
     unlink_sock(s);
@@ -457,7 +505,7 @@ void rt_sock_close(rt_sock_t *s)
 
 int rt_sock_detach(rt_sock_t *s)
 {
-    if (s->closed)
+    if (LOAD(s->closed))
         return -1;
     int fd = s->fd;
     unlink_sock(s);
@@ -471,20 +519,20 @@ void rt__sock_close_all(rt_actor_t *a)
 }
 
 /*
-** Before the handler. msg_pending stays set while the handler runs, so a close
-** inside it leaves the struct to rt__sock_after_event.
+** Before the handler. The claim (msg_pending) stays with the message while the
+** handler runs, so a close inside it leaves the struct to rt__sock_after_event.
 */
 bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m)
 {
+    (void)a;
     rt_sock_event_t *ev = (rt_sock_event_t *)(void *)m->data;
     rt_sock_t *s = ev->sock;
-    if (s->closed) {
+    if (LOAD(s->closed)) {
         sock_free(s);
         return false;
     }
-    uint32_t events = s->revents;
-    s->revents = 0;
-    if (s->readable && !s->paused)
+    uint32_t events = atomic_exchange(&s->revents, 0);
+    if (atomic_load(&s->readable) && !LOAD(s->paused))
         events |= RT_SOCK_READABLE;
     if ((events & RT_SOCK_WRITABLE) || s->out) {
         int rc = s->out ? flush(s) : 0;
@@ -494,7 +542,7 @@ bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m)
     }
     ev->events = events;
     if (!events)
-        s->msg_pending = 0;
+        sock_end_claim(s);
     return events != 0;
 }
 
@@ -502,19 +550,11 @@ bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m)
 void rt__sock_after_event(rt_msg_t *m)
 {
     rt_sock_event_t *ev = (rt_sock_event_t *)(void *)m->data;
-    rt_sock_t *s = ev->sock;
-    s->msg_pending = 0;
-    if (s->closed)
-        sock_free(s);
-    else if (s->readable && !s->paused)
-        post_event(s);
+    sock_end_claim(ev->sock);
 }
 
 void rt__sock_msg_dropped(rt_msg_t *m)
 {
     rt_sock_event_t *ev = (rt_sock_event_t *)(void *)m->data;
-    rt_sock_t *s = ev->sock;
-    s->msg_pending = 0;
-    if (s->closed)
-        sock_free(s);
+    sock_drop_claim(ev->sock);
 }

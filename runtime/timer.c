@@ -1,8 +1,8 @@
 /*
 ** Timers: send_after and cancel, cheap enough for one keepalive timer per
 ** connection. Each scheduler keeps its timers in a binary min-heap of plain
-** structs and drives it with a single uv_timer armed for the earliest one, so
-** 100,000 timers cost 100,000 heap entries, not 100,000 libuv handles.
+** structs, and its sleeps end by the earliest one (timer_due_ns), so 100,000
+** timers cost 100,000 heap entries and no kernel object.
 **
 ** A timer reference is (generation << 32 | id). The per-id state word
 ** (generation << 2 | state) decides, with one CAS, whether the firing
@@ -146,18 +146,10 @@ static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
     return 0;
 }
 
+/* Tells the scheduler's sleep when the earliest timer is due. */
 static void arm(rt_sched_t *s)
 {
-    if (!s->timers.len)
-        return;
-    uint64_t due = s->timers.nodes[0].due_ns;
-    if (s->timer_due_ns && s->timer_due_ns <= due)
-        return;
-    uint64_t now = rt__now_ns();
-    uint64_t ms = due > now ? (due - now + 999999) / 1000000 : 0;
-    uv_update_time(&s->loop);
-    uv_timer_start(&s->tick, rt__sched_on_tick, ms, 0);
-    s->timer_due_ns = due;
+    s->timer_due_ns = s->timers.len ? s->timers.nodes[0].due_ns : 0;
 }
 
 void rt__timers_run(rt_sched_t *s)
@@ -191,8 +183,6 @@ void rt__timers_run(rt_sched_t *s)
         }
         release(&n);
     }
-    if (s->timer_due_ns && (!th->len || th->nodes[0].due_ns != s->timer_due_ns))
-        s->timer_due_ns = 0;
     arm(s);
 }
 
@@ -230,7 +220,7 @@ static int start_timer(rt_timer_node_t n, rt_ref_t *ref)
             do {
                 h->next = head;
             } while (!atomic_compare_exchange_weak(&s->timer_inbox, &head, h));
-            uv_async_send(&s->doorbell);
+            rt__sched_wake(s);
         }
     }
     if (rc) {

@@ -165,6 +165,28 @@ stop_broker() {
     BROKER_PID=''
 }
 
+# Prints "cpu_seconds seconds": the broker's CPU over the steady part of the run phase (its
+# first and last STEADY_MARGIN_S cut off: no connects, no ramp, no drain), interpolated
+# between the sampler's readings; "0 0" when the run was too short or not timed.
+STEADY_MARGIN_S=2
+steady_cpu() {
+    awk -v t0="$1" -v t1="$2" -v hz="$3" -v m="$STEADY_MARGIN_S" '
+        function at(t,    i) {
+            for (i = 2; i <= n; i++)
+                if (ts[i] >= t)
+                    return cpu[i - 1] + (cpu[i] - cpu[i - 1]) * (t - ts[i - 1]) / (ts[i] - ts[i - 1])
+            return -1
+        }
+        { n++; ts[n] = $1; cpu[n] = $3 }
+        END {
+            a = t0 + m; b = t1 - m
+            if (t0 <= 0 || b - a < 2 || n < 2 || ts[1] > a) { print "0 0"; exit }
+            ca = at(a); cb = at(b)
+            if (ca < 0 || cb < 0) { print "0 0"; exit }
+            printf "%.3f %.3f\n", (cb - ca) / hz, b - a
+        }' "$WORK/samples"
+}
+
 # Runs one case against the running broker and appends a row to $RESULTS.
 run_case() {
     local label=$1 round=$2 name=$3 args=$4
@@ -173,7 +195,7 @@ run_case() {
     (
         # Bounded: the sampler dies with the case (killed below) or after CASE_TIMEOUT_S.
         for ((n = 0; n < CASE_TIMEOUT_S * 4; n++)); do
-            proc_sample "$BROKER_PID"
+            echo "$EPOCHREALTIME $(proc_sample "$BROKER_PID")"
             sleep 0.25
         done
     ) >"$WORK/samples" &
@@ -189,15 +211,19 @@ run_case() {
     SAMPLER_PID=''
     local cpu1
     read -r _ cpu1 <<<"$(proc_sample "$BROKER_PID")"
-    rss_max=$(awk 'BEGIN {m = 0} {if ($1 > m) m = $1} END {print m}' "$WORK/samples")
-    local hz
+    rss_max=$(awk 'BEGIN {m = 0} {if ($2 > m) m = $2} END {print m}' "$WORK/samples")
+    local hz steady
     hz=$(getconf CLK_TCK)
     [[ -s "$WORK/out.json" ]] || return 0
+    steady=$(steady_cpu "$(jq -r '.run_start_unix // 0' "$WORK/out.json")" \
+        "$(jq -r '.run_end_unix // 0' "$WORK/out.json")" "$hz")
     line=$(jq -r --arg b "$label" --arg r "$round" --arg n "$name" \
         --arg base "$base" --arg rss "$rss_max" --arg cpu "$(((cpu1 - cpu0)))" --arg hz "$hz" \
+        --arg steady_cpu "${steady% *}" --arg steady_s "${steady#* }" \
         '[$b, $r, $n, .connected, .failed, .connect_rate, .sent, .received, .expected // 0,
           .missing, .duplicates, .recv_rate, .e2e.p50_ms, .e2e.p99_ms, .cpu_seconds,
-          $base, $rss, (($cpu | tonumber) / ($hz | tonumber))] | @tsv' "$WORK/out.json")
+          $base, $rss, (($cpu | tonumber) / ($hz | tonumber)), $steady_cpu, $steady_s] | @tsv' \
+        "$WORK/out.json")
     echo "$line" >>"$RESULTS"
     echo "$line" | awk -F'\t' '{printf "  %-4s r%s %-24s conn=%s fail=%s recv=%s recv/s=%.0f missing=%s p99=%.2fms broker_cpu=%.2fs rtbench_cpu=%.2fs rss_max=%sKB\n", $1, $2, $3, $4, $5, $8, $12, $10, $14, $18, $15, $17}'
 }
@@ -229,10 +255,12 @@ import os, statistics, subprocess, sys, time
 results, out, quick, rounds, a_cmd, b_cmd = sys.argv[1:7]
 cols = ["broker", "round", "case", "connected", "failed", "connect_rate", "sent", "received",
         "expected", "missing", "dups", "recv_rate", "p50", "p99", "rtb_cpu", "rss_base",
-        "rss_max", "broker_cpu"]
+        "rss_max", "broker_cpu", "steady_cpu", "steady_s"]
 rows = []
 for line in open(results):
     f = line.rstrip("\n").split("\t")
+    if len(f) == len(cols) - 2:
+        f += ["0", "0"]  # rows written before the steady window was measured
     if len(f) != len(cols):
         continue
     r = dict(zip(cols, f))
@@ -253,6 +281,11 @@ def med(case, broker, fn):
 
 def per_m(cpu, n):
     return cpu / (n / 1e6) if n else None
+
+def steady_per_m(r):
+    # Broker CPU over the steady window per million messages delivered at the run's rate.
+    n = r["recv_rate"] * r["steady_s"]
+    return r["steady_cpu"] / (n / 1e6) if r["steady_s"] and n else None
 
 def fmt(v, d=1):
     return "-" if v is None else f"{v:,.{d}f}"
@@ -279,10 +312,13 @@ for c in idle:
 md.append("")
 md.append("## Load cases (closed loop)\n")
 md.append("Broker CPU is utime+stime of the broker process over the whole case (connect, run, "
-          "drain, disconnect), from /proc/PID/stat; per million delivered messages.\n")
-hdr = "| case | broker | delivered /s | missing | dups | e2e p50 ms | e2e p99 ms | broker CPU s/M | rtbench CPU s/M | broker RSS max KB |"
+          "drain, disconnect), from /proc/PID/stat; per million delivered messages. Steady CPU "
+          "is the same over the run phase less its first and last 2 s (no connects, no drain), "
+          "per million messages at the delivered rate: the figure for open-loop cases such as "
+          "seed, whose connects would otherwise dominate.\n")
+hdr = "| case | broker | delivered /s | missing | dups | e2e p50 ms | e2e p99 ms | broker CPU s/M | steady CPU s/M | rtbench CPU s/M | broker RSS max KB |"
 md.append(hdr)
-md.append("|---|---|---|---|---|---|---|---|---|---|")
+md.append("|---|---|---|---|---|---|---|---|---|---|---|")
 load = [c for c in cases if not c.startswith("idle")]
 for c in load:
     for b in brokers:
@@ -290,21 +326,23 @@ for c in load:
                   f"{fmt(med(c,b,lambda r:r['missing']),0)} | {fmt(med(c,b,lambda r:r['dups']),0)} | "
                   f"{fmt(med(c,b,lambda r:r['p50']),2)} | {fmt(med(c,b,lambda r:r['p99']),2)} | "
                   f"{fmt(med(c,b,lambda r:per_m(r['broker_cpu'], r['received'])),2)} | "
+                  f"{fmt(med(c,b,steady_per_m),2)} | "
                   f"{fmt(med(c,b,lambda r:per_m(r['rtb_cpu'], r['received'])),2)} | "
                   f"{fmt(med(c,b,lambda r:r['rss_max']),0)} |")
 if len(brokers) == 2:
     md.append("\n## Ratios B/A\n")
-    md.append("| case | delivered /s | broker CPU s/M | e2e p99 | RSS max / bytes per conn |")
-    md.append("|---|---|---|---|---|")
+    md.append("| case | delivered /s | broker CPU s/M | steady CPU s/M | e2e p99 | RSS max / bytes per conn |")
+    md.append("|---|---|---|---|---|---|")
     for c in cases:
         def ratio(fn):
             a, b = med(c, "A", fn), med(c, "B", fn)
             return f"{b / a:.2f}" if a and b is not None else "-"
         if c.startswith("idle"):
-            md.append(f"| {c} | - | - | - | {ratio(lambda r: (r['rss_max'] - r['rss_base']) / r['connected'] if r['connected'] else None)} |")
+            md.append(f"| {c} | - | - | - | - | {ratio(lambda r: (r['rss_max'] - r['rss_base']) / r['connected'] if r['connected'] else None)} |")
         else:
             md.append(f"| {c} | {ratio(lambda r: r['recv_rate'])} | "
                       f"{ratio(lambda r: per_m(r['broker_cpu'], r['received']))} | "
+                      f"{ratio(steady_per_m)} | "
                       f"{ratio(lambda r: r['p99'])} | {ratio(lambda r: r['rss_max'])} |")
 md.append("\n![delivered per second](compare-throughput.png)\n")
 md.append("![broker CPU per million](compare-cpu.png)\n")

@@ -719,6 +719,16 @@ static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
         print_lat("e2e", &m->e2e, 1, 0);
         print_lat("ack", &m->ack, 1, 0);
         print_lat("connack", &m->conn, 1, 0);
+        /* The run phase on the wall clock, so a sampler of the broker can cut its CPU to
+         * the steady part (no connects, no drain); the workers time it on CLOCK_MONOTONIC. */
+        struct timespec mono, wall;
+        clock_gettime(CLOCK_MONOTONIC, &mono);
+        clock_gettime(CLOCK_REALTIME, &wall);
+        double wall_minus_mono = ((double)wall.tv_sec + (double)wall.tv_nsec / 1e9) -
+                                 ((double)mono.tv_sec + (double)mono.tv_nsec / 1e9);
+        printf("\"run_start_unix\":%.6f,\"run_end_unix\":%.6f,",
+               s->t_run_start ? (double)s->t_run_start / 1e9 + wall_minus_mono : 0,
+               s->t_run_end ? (double)s->t_run_end / 1e9 + wall_minus_mono : 0);
         printf("\"cpu_seconds\":%.3f,\"cpu_seconds_per_million\":%.3f}\n", cpu_s, cpu_per_m);
         return;
     }
