@@ -375,7 +375,7 @@ typedef struct rt_actor_info_s {
     uint64_t cpu_ns;
     uint32_t current_tag;
     const char *current_handler; /* tag name, or "" */
-    int scheduler;               /* pinned scheduler, -1 if free to move */
+    int scheduler;               /* scheduler of its latest turn, -1 if it has not run */
 } rt_actor_info_t;
 
 typedef struct rt_sched_info_s {

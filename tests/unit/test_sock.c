@@ -217,7 +217,7 @@ static void test_idle_conn_holds_nothing(void)
         rt_actor_info((rt_pid_t)atomic_load(&last_conn_pid), &info);
     }
     CHECK_EQ(info.mailbox_len, 0);
-    CHECK(info.scheduler >= 0); /* pinned to its loop */
+    CHECK(info.scheduler >= 0); /* it ran: the scheduler of its latest turn */
     close(fd);
     CHECK(wait_alive(1, 5000));
     rt_exit_signal(l, RT_REASON_KILL);
@@ -463,8 +463,8 @@ static void test_fd_in_message_never_leaks(void)
     struct pollfd pfd = {b, POLLIN, 0};
     CHECK(poll(&pfd, 1, 5000) == 1 && recv(b, buf, 2, 0) == 2 && memcmp(buf, "hi", 2) == 0);
     close(b);
-    /* An actor not yet pinned to a scheduler takes a socket in a later turn, many times over:
-       reads must work (it has to move to the socket's home to register it first). */
+    /* An actor that takes a socket in a later turn, many times over: reads must work (the
+       socket is registered from whatever scheduler that turn runs on). */
     for (int i = 0; i < 50; i++) {
         rt_pid_t fresh;
         CHECK_EQ(rt_spawn(&taker_type, NULL, &fresh), 0);
