@@ -224,6 +224,15 @@ static void place(rt_actor_t *a, bool woken)
     }
     rt_sched_t *me = rt__tls.sched;
     rt_sched_t *target = me;
+    /* Where it ran last, if that scheduler is awake: under load an actor stays on one
+       core with its state in that core's cache, and connections stay spread as they
+       were (waking everything where the event was taken cost up to 30% more CPU per
+       message at saturation). A sleeping one is not woken for it: at light load the
+       actor runs here, so a message crosses no thread. */
+    int16_t last = __atomic_load_n(&a->last_sched, __ATOMIC_RELAXED);
+    if (woken && me && last >= 0 && (unsigned)last != me->index &&
+        atomic_load_explicit(&rt->sched[last].sleeping, memory_order_relaxed) == RT_SLEEP_AWAKE)
+        target = &rt->sched[last];
     if (!target)
         target = &rt->sched[atomic_fetch_add_explicit(&rt->rr, 1, memory_order_relaxed) %
                             rt->nsched];
