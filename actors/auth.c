@@ -266,10 +266,7 @@ int rt_auth_hash_password(const uint8_t *pw, size_t pwlen, uint32_t iterations, 
 
 uint64_t rt__auth_name_hash(const char *s, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a: the files are the operator's, not a client's */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-    return h;
+    return rt_hash(s, n);
 }
 
 /* The bucket holding user, or the free bucket where it would go. */

@@ -108,12 +108,10 @@ typedef struct rt_client_entry_s {
     char id[];
 } rt_client_entry_t;
 
+/* Client ids are the client's choice: the keyed hash keeps their collisions unplannable. */
 static uint64_t hash_id(const char *s)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    while (*s)
-        h = (h ^ (unsigned char)*s++) * 1099511628211ull;
-    return h;
+    return rt_hash(s, strlen(s));
 }
 
 void rt_broker_retained_release(void *msg)
@@ -609,10 +607,7 @@ static uint64_t sock_cookie(int fd)
 
 static size_t peer_bucket(const rt_auth_addr_t *a, size_t cap)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < sizeof(a->b); i++)
-        h = (h ^ a->b[i]) * 1099511628211ull;
-    return (size_t)h & (cap - 1);
+    return (size_t)rt_hash(a->b, sizeof(a->b)) & (cap - 1);
 }
 
 static peer_addr_t *peer_find(const rt_auth_addr_t *a)

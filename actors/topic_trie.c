@@ -243,17 +243,11 @@ int rt_trie_valid_filter(const char *filter, size_t len)
 /* ------------------------------------------------------------------------------------------ */
 /* The node table. */
 
-static uint64_t hash_bytes(uint64_t h, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull; /* FNV-1a step */
-    return h ^ (h >> 31);
-}
-
+/* Levels are the publishers' and subscribers' choice: the keyed hash (with the parent as
+   tweak) keeps their collisions unplannable. */
 static uint64_t edge_hash(const tnode_t *parent, const char *lvl, size_t n)
 {
-    uint64_t h = ((uint64_t)(uintptr_t)parent * 0x9e3779b97f4a7c15ull) ^ 0xcbf29ce484222325ull;
-    return hash_bytes(h, lvl, n);
+    return rt_hash_with((uint64_t)(uintptr_t)parent, lvl, n);
 }
 
 static tnode_t *node_alloc(ttable_t *t, tnode_t *parent, const char *lvl, size_t n)
@@ -520,7 +514,7 @@ static shard_t *shard_for(rt_trie_t *t, const char *f, size_t len, int is_filter
     const char *q = level_end(f, f + len);
     if (is_filter && q - f == 1 && (f[0] == '+' || f[0] == '#'))
         return &t->shards[WILD_SHARD];
-    return &t->shards[hash_bytes(0xcbf29ce484222325ull, f, (size_t)(q - f)) & (RT_TRIE_SHARDS - 1)];
+    return &t->shards[rt_hash(f, (size_t)(q - f)) & (RT_TRIE_SHARDS - 1)];
 }
 
 /* One more subscription; new_filter when it is its filter's (or group's) first. */

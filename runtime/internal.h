@@ -299,6 +299,9 @@ void rt__timers_run(rt_sched_t *s);  /* fire what is due, adopt handed-over time
 int rt__timers_slots_init(void);
 void rt__timers_slots_destroy(void);
 
+/* Hashing (hash.c): SipHash-2-4 under a given key, for the reference test vectors. */
+uint64_t rt__siphash24(uint64_t k0, uint64_t k1, const void *data, size_t len);
+
 /* Sockets (sock.c) */
 int rt__sock_init(rt_runtime_t *rt);     /* the runtime's epoll set, with kick_fd in it */
 void rt__sock_destroy(rt_runtime_t *rt);

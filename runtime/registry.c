@@ -20,10 +20,7 @@ typedef struct rt_reg_entry_s {
 
 static uint64_t hash_name(const char *s)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    while (*s)
-        h = (h ^ (unsigned char)*s++) * 1099511628211ull;
-    return h;
+    return rt_hash(s, strlen(s));
 }
 
 void rt__registry_init(rt_runtime_t *rt)

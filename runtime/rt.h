@@ -302,6 +302,16 @@ int rt_sock_detach(rt_sock_t *s);
 int rt_sock_fd(const rt_sock_t *s);
 int rt_sock_local_port(const rt_sock_t *s);
 
+/* ---- Hashing ----
+** One keyed hash (SipHash-1-3, keyed from getrandom on first use) for every
+** table, above all those whose keys a client chooses: their collisions cannot
+** be planned. Values change from run to run; never store them. tweak is mixed
+** into the key (a parent node's address, say), so equal bytes under different
+** tweaks land apart.
+*/
+uint64_t rt_hash(const void *data, size_t len);
+uint64_t rt_hash_with(uint64_t tweak, const void *data, size_t len);
+
 /* ---- Runtime ---- */
 #define RT_SCHEDULERS_DEFAULT 0        /* 0: one per online core */
 #define RT_BLOCKING_THREADS_DEFAULT 2  /* threads running RT_TYPE_BLOCKING actors */

@@ -34,8 +34,8 @@
 
 rt_runtime_t *rt__rt;
 
-#define RT_POLL_NS 100000   /* a busy scheduler looks at sockets and timers this often */
-#define RT_RUNNEXT_MAX 64   /* runnext picks in a row before the queue gets a turn */
+#define RT_POLL_NS 100000 /* a busy scheduler looks at sockets and timers this often */
+#define RT_RUNNEXT_MAX 64 /* runnext picks in a row before the queue gets a turn */
 /*
 ** When a scheduler calls a sleeping peer to steal from its queue. A wake-up
 ** costs both threads more than a few short turns do, and at light load the
@@ -46,7 +46,7 @@ rt_runtime_t *rt__rt;
 ** msg/s over 19,000 connections, calling one after 50 us of work cost 0.15
 ** wake-ups per message and 20% more CPU than after 300 us, which called none.
 */
-#define RT_THIEF_QUEUE 16       /* queued actors that call a sleeping peer at once */
+#define RT_THIEF_QUEUE 16        /* queued actors that call a sleeping peer at once */
 #define RT_THIEF_AFTER_NS 300000 /* busy this long with actors queued: call one */
 
 /* ---- Run queues ---- */
@@ -234,8 +234,8 @@ static void place(rt_actor_t *a, bool woken)
         atomic_load_explicit(&rt->sched[last].sleeping, memory_order_relaxed) == RT_SLEEP_AWAKE)
         target = &rt->sched[last];
     if (!target)
-        target = &rt->sched[atomic_fetch_add_explicit(&rt->rr, 1, memory_order_relaxed) %
-                            rt->nsched];
+        target =
+            &rt->sched[atomic_fetch_add_explicit(&rt->rr, 1, memory_order_relaxed) % rt->nsched];
     if (target == me && woken)
         push_next(me, a);
     else

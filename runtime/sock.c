@@ -46,25 +46,25 @@ typedef struct rt_sock_out_s {
 
 struct rt_sock_s {
     int fd;
-    uint32_t high_water;       /* pending bytes that mean pressure; 0: RT_SOCK_HIGH_WATER */
+    uint32_t high_water; /* pending bytes that mean pressure; 0: RT_SOCK_HIGH_WATER */
     /* Shared with pollers. */
-    _Atomic uint32_t revents;  /* events seen by a poller, not yet delivered */
-    atomic_uchar readable;     /* data may wait: set by pollers, cleared by the read */
-    atomic_uchar paused;       /* the owner stopped reading (input backpressure) */
-    atomic_uchar blocked;      /* output waits for the kernel: an EPOLLOUT is news */
-    atomic_uchar msg_pending;  /* claimed: an RT_MSG_SOCKET for it is (being) posted */
+    _Atomic uint32_t revents; /* events seen by a poller, not yet delivered */
+    atomic_uchar readable;    /* data may wait: set by pollers, cleared by the read */
+    atomic_uchar paused;      /* the owner stopped reading (input backpressure) */
+    atomic_uchar blocked;     /* output waits for the kernel: an EPOLLOUT is news */
+    atomic_uchar msg_pending; /* claimed: an RT_MSG_SOCKET for it is (being) posted */
     atomic_uchar closed;
     /* Owner only. */
-    uint8_t registered;        /* in the epoll set */
+    uint8_t registered; /* in the epoll set */
     uint8_t listening;
-    uint8_t broken;            /* a send failed for good; the next read reports it */
+    uint8_t broken; /* a send failed for good; the next read reports it */
     rt_actor_t *owner;
     union {
         struct {
             rt_sock_t *next;           /* the owner's list */
             struct rt_sock_out_s *out; /* output the kernel has not taken; NULL when empty */
         };
-        rt_retired_t retired;          /* once closed and unlinked */
+        rt_retired_t retired; /* once closed and unlinked */
     };
 };
 
@@ -247,7 +247,8 @@ static int attach(rt_actor_t *self, int fd, bool listening, rt_sock_t **out)
 
 int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     char portstr[16];
