@@ -10,8 +10,8 @@
 **
 ** Sleep (Go's netpoller, in small): a scheduler with nothing to run or steal
 ** becomes the poller if nobody is, and sleeps in epoll_wait on the socket set
-** (whose kick_fd wakes it for other work); otherwise it
-** sleeps on its own eventfd (a deep sleep). A socket event wakes the poller,
+** (whose kick_fd wakes it for other work); otherwise it sleeps on its own
+** eventfd (a deep sleep). A socket event wakes the poller,
 ** whose thread then runs the socket's owner, and what that owner sends runs
 ** next on the same thread. So at light load one thread carries a message from
 ** the publisher's socket to the subscriber's with no cross-thread wake-up:
@@ -344,28 +344,25 @@ static void park(rt_sched_t *s)
     rt_runtime_t *rt = rt__rt;
     bool poller = !atomic_exchange_explicit(&rt->poller_taken, true, memory_order_acq_rel);
     int timeout = sleep_timeout_ms(s);
+    struct epoll_event evs[RT_SOCK_BATCH];
+    int n = 0;
     atomic_store_explicit(&s->sleeping, poller ? RT_SLEEP_POLL : RT_SLEEP_DEEP,
                           memory_order_seq_cst);
     if (!has_work(s)) {
-        if (poller) {
-            struct epoll_event evs[RT_SOCK_BATCH];
-            int n = rt__sock_wait(evs, timeout);
-            atomic_store_explicit(&s->sleeping, RT_SLEEP_AWAKE, memory_order_seq_cst);
-            ensure_active(s);
-            rt__sock_dispatch(evs, n, true);
-            atomic_store_explicit(&rt->poller_taken, false, memory_order_release);
-            return;
-        }
         struct pollfd p = {.fd = s->wake_fd, .events = POLLIN};
-        if (poll(&p, 1, timeout) > 0)
+        if (poller)
+            n = rt__sock_wait(evs, timeout);
+        else if (poll(&p, 1, timeout) > 0)
             bell_clear(s->wake_fd);
     }
     /* A waker may have rung already (its bell is then left for the next sleep, which
        returns at once: harmless). */
     atomic_store_explicit(&s->sleeping, RT_SLEEP_AWAKE, memory_order_seq_cst);
     ensure_active(s);
-    if (poller)
+    if (poller) {
+        rt__sock_dispatch(evs, n, true);
         atomic_store_explicit(&rt->poller_taken, false, memory_order_release);
+    }
 }
 
 static void *sched_main(void *arg)
