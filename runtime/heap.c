@@ -34,6 +34,7 @@
 */
 #define _GNU_SOURCE
 #include "heap.h"
+#include "rt.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1244,16 +1245,9 @@ bool rt_heap_should_collect(const rt_heap_t *h)
     return foot > t - (t >> RT_HEAP_HEADROOM_SHIFT) && 2 * v >= t + h->live;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = rt_mono_ns();
     rt_gc_t *gc = &tgc;
     RT_ASSERT(!gc->heap); /* collections do not nest */
     if (RT_UNLIKELY(!tcache.armed))
@@ -1275,7 +1269,7 @@ void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx)
     double t = cfg_gc_factor * (double)(h->live + h->bin_bytes);
     RT_HEAP_SET(h->next_gc, t > (double)cfg_min_heap ? (size_t)t : cfg_min_heap);
     RT_HEAP_ADD(h->gc_count, 1);
-    uint64_t us = (now_ns() - t0) / 1000;
+    uint64_t us = (rt_mono_ns() - t0) / 1000;
     RT_HEAP_SET(h->last_pause_us, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us);
     if (h->last_pause_us > h->max_pause_us)
         RT_HEAP_SET(h->max_pause_us, h->last_pause_us);

@@ -27,7 +27,6 @@ static inline void rt__spin_unlock(rt_spinlock_t *l)
 uint64_t rt__ticks(void);
 uint64_t rt__ticks_to_ns(uint64_t ticks);
 uint64_t rt__ns_to_ticks(uint64_t ns);
-uint64_t rt__now_ns(void); /* CLOCK_MONOTONIC */
 
 /* ---- Epoch-based reclamation ----
 ** Actor structs are read by senders on other threads after a pid lookup, so

@@ -312,6 +312,32 @@ int rt_sock_local_port(const rt_sock_t *s);
 uint64_t rt_hash(const void *data, size_t len);
 uint64_t rt_hash_with(uint64_t tweak, const void *data, size_t len);
 
+/* ---- Clocks ---- */
+uint64_t rt_mono_ns(void); /* CLOCK_MONOTONIC: intervals, deadlines, timers */
+uint64_t rt_mono_ms(void);
+uint64_t rt_wall_ms(void); /* CLOCK_REALTIME, unix ms: what logs, records and clients see */
+
+/* ---- Growable arrays and byte buffers ----
+** rt_grow makes room for need elements of elem bytes in *arr (a T **), doubling its
+** capacity *cap from at least min; on RT_ENOMEM the array is unchanged. Callers that a
+** remote party can make grow check their own bound before asking.
+*/
+int rt_grow(void *arr, size_t *cap, size_t need, size_t elem, size_t min);
+/*
+** A growable byte buffer that is always NUL-terminated (text and binary alike). A
+** failed growth sets oom, which sticks: later appends do nothing, so a writer checks
+** once at the end instead of after every piece.
+*/
+typedef struct rt_buf_s {
+    char *data; /* NUL-terminated when len > 0 */
+    size_t len, cap;
+    bool oom;
+} rt_buf_t;
+bool rt_buf_reserve(rt_buf_t *b, size_t more); /* room for len + more bytes (and the NUL) */
+void rt_buf_add(rt_buf_t *b, const void *p, size_t n);
+void rt_buf_printf(rt_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void rt_buf_free(rt_buf_t *b); /* and empties it for reuse */
+
 /* ---- Runtime ---- */
 #define RT_SCHEDULERS_DEFAULT 0        /* 0: one per online core */
 #define RT_BLOCKING_THREADS_DEFAULT 2  /* threads running RT_TYPE_BLOCKING actors */

@@ -318,7 +318,7 @@ static int sleep_timeout_ms(const rt_sched_t *s)
 {
     int64_t ms = -1;
     if (s->timer_due_ns) {
-        uint64_t now = rt__now_ns();
+        uint64_t now = rt_mono_ns();
         /* Rounded up: a timer never fires early. */
         ms = s->timer_due_ns > now ? (int64_t)((s->timer_due_ns - now + 999999) / 1000000) : 0;
     }
@@ -432,7 +432,7 @@ static int sched_init(rt_sched_t *s, unsigned index)
     if (s->wake_fd < 0 || !s->scratch || !s->ebr)
         return RT_ENOMEM;
     rt__timers_init(s);
-    s->started_ns = rt__now_ns();
+    s->started_ns = rt_mono_ns();
     return 0;
 }
 
@@ -513,7 +513,7 @@ int rt_init(const rt_config_t *cfg_in)
     pthread_cond_init(&b->cond, NULL);
     b->nthreads = cfg.blocking_threads;
     b->threads = calloc(b->nthreads ? b->nthreads : 1, sizeof(pthread_t));
-    b->started_ns = rt__now_ns();
+    b->started_ns = rt_mono_ns();
     for (unsigned i = 0; i < rt->nsched; i++)
         pthread_create(&rt->sched[i].thread, NULL, sched_main, &rt->sched[i]);
     for (unsigned i = 0; i < b->nthreads; i++)

@@ -85,7 +85,7 @@ size_t rt_snapshot_schedulers(rt_sched_info_t *out, size_t max)
     rt_runtime_t *rt = rt__rt;
     if (!rt)
         return 0;
-    uint64_t now = rt__now_ns();
+    uint64_t now = rt_mono_ns();
     size_t n = 0;
     for (unsigned i = 0; i < rt->nsched && n < max; i++, n++) {
         rt_sched_t *s = &rt->sched[i];

@@ -23,11 +23,6 @@ typedef struct sup_state_s {
     bool giving_up;
 } sup_state_t;
 
-static uint64_t now_ms(void)
-{
-    return rt__now_ns() / 1000000u;
-}
-
 static int start_child(rt_actor_t *self, sup_state_t *st, size_t i)
 {
     rt_spawn_opts_t o = {.link = true, .name = st->children[i].name};
@@ -54,7 +49,7 @@ static void give_up(rt_actor_t *self, sup_state_t *st)
 static bool allow_restart(sup_state_t *st)
 {
     unsigned ring = st->spec.intensity + 1;
-    uint64_t now = now_ms();
+    uint64_t now = rt_mono_ms();
     st->restarts[st->ring_pos] = now;
     st->ring_pos = (st->ring_pos + 1) % ring;
     if (st->nrestarts < ring)

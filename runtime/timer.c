@@ -165,7 +165,7 @@ void rt__timers_run(rt_sched_t *s)
         h = next;
     }
     rt_timer_heap_t *th = &s->timers;
-    uint64_t now = th->len ? rt__now_ns() : 0;
+    uint64_t now = th->len ? rt_mono_ns() : 0;
     while (th->len && th->nodes[0].due_ns <= now) {
         rt_timer_node_t n = th->nodes[0];
         th->nodes[0] = th->nodes[--th->len];
@@ -236,7 +236,7 @@ int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
         return RT_ENOMEM;
     rt_actor_t *cur = rt__tls.current;
     m->from = cur ? cur->pid : 0;
-    return start_timer((rt_timer_node_t){.due_ns = rt__now_ns() + ms * 1000000u, .to = to,
+    return start_timer((rt_timer_node_t){.due_ns = rt_mono_ns() + ms * 1000000u, .to = to,
                                          .msg = m},
                        ref);
 }
@@ -244,7 +244,7 @@ int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
 int rt_send_after_tag(uint64_t ms, rt_pid_t to, uint32_t tag, rt_ref_t *ref)
 {
     rt_actor_t *cur = rt__tls.current;
-    return start_timer((rt_timer_node_t){.due_ns = rt__now_ns() + ms * 1000000u, .to = to,
+    return start_timer((rt_timer_node_t){.due_ns = rt_mono_ns() + ms * 1000000u, .to = to,
                                          .tag = tag, .from = cur ? cur->pid : 0},
                        ref);
 }

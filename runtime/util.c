@@ -1,6 +1,6 @@
 /*
-** Small shared services: error names, exit reason names, the spinlock and the
-** cycle clock used for per-turn CPU accounting.
+** Small shared services: error names, exit reason names, the spinlock, the clocks
+** (rt.h) and the cycle clock used for per-turn CPU accounting.
 */
 #include <sched.h>
 #include <time.h>
@@ -77,11 +77,23 @@ void rt__spin_lock(rt_spinlock_t *l)
     }
 }
 
-uint64_t rt__now_ns(void)
+uint64_t rt_mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t rt_mono_ms(void)
+{
+    return rt_mono_ns() / 1000000u;
+}
+
+uint64_t rt_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 #if RT_HAVE_TSC
@@ -89,10 +101,10 @@ static double ns_per_tick;
 
 static void calibrate(void)
 {
-    uint64_t n0 = rt__now_ns(), t0 = __rdtsc();
+    uint64_t n0 = rt_mono_ns(), t0 = __rdtsc();
     struct timespec d = {0, 2000000};
     nanosleep(&d, NULL);
-    uint64_t n1 = rt__now_ns(), t1 = __rdtsc();
+    uint64_t n1 = rt_mono_ns(), t1 = __rdtsc();
     ns_per_tick = t1 > t0 ? (double)(n1 - n0) / (double)(t1 - t0) : 1.0;
 }
 
@@ -117,7 +129,7 @@ uint64_t rt__ns_to_ticks(uint64_t ns)
 #else
 uint64_t rt__ticks(void)
 {
-    return rt__now_ns();
+    return rt_mono_ns();
 }
 
 uint64_t rt__ticks_to_ns(uint64_t ticks)

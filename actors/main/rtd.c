@@ -12,7 +12,7 @@
 
 #include "admin.h"
 #include "auth.h"
-#include "broker.h"
+#include "conn.h"
 #include "config.h"
 #include "log.h"
 #include "rule_engine.h"
@@ -276,7 +276,7 @@ int main(int argc, char **argv)
     }
     rt_log(RT_LOG_INFO, "rules.started", "rules=%zu rules_dir=%s", rt_rules_snapshot(NULL, 0),
            conf.rules_dir);
-    if (rt_broker_start(&conf, err, sizeof(err)) != 0) {
+    if (rt_mqtt_start(&conf, err, sizeof(err)) != 0) {
         rt_log(RT_LOG_ERROR, "listener.failed", "%s", err);
         rt_rules_stop();
         rt_sinks_stop();

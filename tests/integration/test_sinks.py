@@ -14,21 +14,6 @@ import pytest
 from conftest import RTD, ROOT, Rtd, wait_for
 
 
-def broker_feeds_rules():
-    """Whether the broker hands PUBLISHes to the rule engine (actors/conn.c)."""
-    for name in ("conn.c", "broker.c"):
-        with open(os.path.join(ROOT, "actors", name)) as f:
-            if "rt_rules_publish" in f.read():
-                return True
-    return False
-
-
-# Until the connection actor calls rt_rules_publish no row can reach a sink over MQTT; the
-# sinks themselves are covered by tests/unit/test_sink.c meanwhile.
-needs_rules = pytest.mark.skipif(not broker_feeds_rules(),
-                                 reason="actors/conn.c does not call rt_rules_publish yet")
-
-
 def sinks_override(db, extra=""):
     return ('sinks={archive={type="sqlite",file="%s",batch=100,flush_ms=10,busy_ms=20,'
             'backoff_ms=20,backoff_max_ms=200%s}}' % (db, extra))
@@ -69,7 +54,6 @@ def start(tmp_path, *extra):
                sinks_override(os.path.join(tmp_path, "rt.db")), *extra)
 
 
-@needs_rules
 def test_archive_exact_count_and_order(tmp_path):
     db = os.path.join(tmp_path, "rt.db")
     rtd = start(tmp_path)
@@ -92,7 +76,6 @@ def test_archive_exact_count_and_order(tmp_path):
     assert "sink.stopped sink=archive in=2000 written=2000 spilled=0 dropped=0" in log, log
 
 
-@needs_rules
 def test_durable_puback_after_commit(tmp_path):
     rules = tmp_path / "rules"
     rules.mkdir()
@@ -118,7 +101,6 @@ def test_durable_puback_after_commit(tmp_path):
     assert code == 0, log
 
 
-@needs_rules
 def test_spill_while_locked_then_replay_after_restart(tmp_path):
     db = os.path.join(tmp_path, "rt.db")
     spill = os.path.join(tmp_path, "spill-archive.db")

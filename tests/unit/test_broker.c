@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "broker.h"
+#include "conn.h"
 #include "config.h"
 #include "rt_test.h"
 #include "store.h"
@@ -231,7 +231,7 @@ static void start_broker(bool persistence, const char *const *overrides)
     c->listeners[0].port = port;
     for (; overrides && *overrides; overrides++)
         CHECK_EQ(rt_conf_set(c, *overrides, err, sizeof(err)), 0);
-    int rc = rt_broker_start(c, err, sizeof(err));
+    int rc = rt_mqtt_start(c, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "rt_broker_start: %s\n", err);
         exit(2);

@@ -23,7 +23,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include "broker.h"
+#include "conn.h"
 #include "config.h"
 #include "rt_test.h"
 #include "sink.h"
@@ -748,7 +748,7 @@ static void test_republish(void)
     c->nlisteners = 1;
     snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "127.0.0.1");
     c->listeners[0].port = port;
-    CHECK_EQ(rt_broker_start(c, err, sizeof(err)), 0);
+    CHECK_EQ(rt_mqtt_start(c, err, sizeof(err)), 0);
     CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), 0);
     free(c);
     int fd = mqtt_subscriber(port, "#");

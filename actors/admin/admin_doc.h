@@ -22,16 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A growable byte buffer; `oom` is set (and the text left short) when growth fails. */
-typedef struct rt_buf_s {
-    char *data; /* NUL-terminated when len > 0 */
-    size_t len, cap;
-    bool oom;
-} rt_buf_t;
+#include "rt.h"
 
-void rt_buf_free(rt_buf_t *b);
-void rt_buf_add(rt_buf_t *b, const void *p, size_t n);
-void rt_buf_printf(rt_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s as a JSON string literal (quotes included); bytes that are not UTF-8 become \uFFFD. */
 void rt_buf_json_str(rt_buf_t *b, const char *s, size_t n);
 

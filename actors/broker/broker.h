@@ -1,8 +1,8 @@
 /*
-** The MQTT broker on the runtime: one listener actor per configured address,
-** one connection actor per socket. The topic trie is shared by all
-** connections (read concurrently by publishers); a client table maps client
-** ids to the connection actor that holds them, so a takeover is one swap.
+** The broker's shared state: the topic trie (read concurrently by publishers), the
+** retained store, the client table (client id -> the actor that holds it, so a
+** takeover is one swap), counters and metrics, and the limits an administrator can
+** change while rtd runs. Connections (conn.h) and routing (route.h) build on it.
 */
 #ifndef RT_BROKER_H
 #define RT_BROKER_H
@@ -186,14 +186,8 @@ typedef struct rt_limit_info_s {
 /* Fills up to max limits; returns how many there are. */
 size_t rt_broker_limits(rt_limit_info_t *out, size_t max);
 
-/* Creates the broker state and spawns its listeners; err names a listener that failed. */
-int rt_broker_start(const rt_conf_t *conf, char *err, size_t errlen);
-/*
-** With persistence on: opens data_dir/state.db and brings back retained
-** messages and persistent sessions (offline until their clients return).
-** rt_broker_start calls it before any listener opens.
-*/
-int rt_broker_restore(char *err, size_t errlen);
+/* Creates the broker's shared state (client table, trie, retained store); RT_ENOMEM. */
+int rt_broker_init(const rt_conf_t *conf);
 /* After rt_shutdown: frees the broker state (and closes the store). */
 void rt_broker_free(void);
 
@@ -207,54 +201,12 @@ void rt_broker_release_client(const char *id, rt_pid_t pid);
 /* The actor holding id (a connection or an offline session), or 0. */
 rt_pid_t rt_broker_lookup_client(const char *id);
 
-#include "mqtt_codec.h"
-
-/*
-** Messages travel in canonical form: one binary holding an MQTT 5 PUBLISH
-** (topic, properties, payload), made once per message and re-encoded by each
-** subscriber's connection for its version. canonical makes it from a decoded
-** PUBLISH (or a will); route delivers it to every matching subscriber and, if
-** it is retained, stores it.
-**
-** The publisher's client id and username (either may be NULL) ride in the
-** binary's tail, outside the PUBLISH, so rules can name the publisher in
-** message.* events: nothing reaches a subscriber, each message pays the bytes
-** once whatever its fan-out, and a delivery carries nothing more.
-*/
-rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk, const char *from_clientid,
-                              const char *from_username);
-/*
-** The publisher canonical recorded: NULLs when none did (the broker's own
-** messages; messages restored from the store, which keeps the PUBLISH only).
-** The strings live as long as the binary.
-*/
-void rt_broker_canonical_from(rt_bin_t *bin, const char **clientid, const char **username);
-
 /* What the retained store holds per topic: the message and when it expires (0: never). */
 typedef struct rt_retained_msg_s {
     rt_bin_t *bin;
     uint64_t expire_at_ms; /* CLOCK_MONOTONIC ms */
 } rt_retained_msg_t;
 void rt_broker_retained_release(void *msg);
-/* route returns 1 if some subscriber got the message, 0 if none, or an RT_E* error. */
-int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
-/*
-** Publishes a message made inside the broker (republish sinks, $SYS): builds its
-** canonical form and routes it as if publisher (0: none) had sent it. RT_EINVAL for
-** an invalid topic name (a filter, bad UTF-8, empty) or qos > 2.
-*/
-int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
-                      size_t payload_len, uint8_t qos, uint8_t retain);
-
-extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
-extern const rt_actor_type_t rt_conn_type;     /* arg: const rt_conn_arg_t * */
-
-/* A connection actor's start: its socket and the listener that accepted it. */
-typedef struct rt_conn_arg_s {
-    int fd;
-    unsigned listener; /* index in conf.listeners */
-} rt_conn_arg_t;
-
 typedef struct rt_listener_info_s {
     char address[64];        /* as configured ("0.0.0.0", "::1") */
     int port;                /* bound (the kernel's pick when configured as 0); 0: not up */
@@ -303,15 +255,6 @@ size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud)
 ** *n, or RT_ENOMEM.
 */
 int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n);
-
-/*
-** Asks every client actor (connections and offline sessions) to check its
-** subscriptions against the current ACL and end those it no longer allows
-** (logged as client.acl_revoked). Call after the ACL was replaced; the checks
-** run in the actors' own turns, shortly after. *asked (may be NULL) is set to
-** the actors asked. Returns 0, or RT_ENOMEM (then none was asked).
-*/
-int rt_broker_recheck_acl(size_t *asked);
 
 #define RT_CLIENT_TEXT_MAX 256 /* bytes kept of a client id or user name, NUL included */
 #define RT_CLIENT_PEER_MAX 64  /* "ip:port", NUL included */
@@ -367,31 +310,5 @@ typedef struct rt_client_sub_s {
     uint8_t retain_as_published;
     uint8_t retain_handling;
 } rt_client_sub_t;
-
-/*
-** Asks the connection (or offline session) actor conn to send reply_to one
-** RT_MSG_CLIENT_INFO message carrying cookie, with its subscriptions if
-** with_subs. 0 once asked, RT_ENOPROC if conn is gone. An actor that exits
-** before reading the query never answers: wait with a timeout (or monitor conn).
-*/
-int rt_client_query(rt_pid_t conn, rt_pid_t reply_to, uint64_t cookie, bool with_subs);
-/* The info in an RT_MSG_CLIENT_INFO message, or NULL if m is not a whole one. */
-const rt_client_info_t *rt_client_info_of(const rt_msg_t *m);
-/*
-** Iterates the subscriptions of a reply: start with *pos = 0; each call fills
-** *out (pointing into m, valid while m is) and returns true, or false at the end
-** or at a malformed entry.
-*/
-bool rt_client_info_subs_next(const rt_msg_t *m, size_t *pos, rt_client_sub_t *out);
-
-/*
-** Administrative disconnect: a connected client is sent DISCONNECT 0x98
-** (Administrative action; MQTT 5 clients only, older ones just see the socket
-** close) and its session ends whatever its expiry: subscriptions removed, the
-** will published as for any close by the server, the stored session deleted.
-** An offline session is ended the same way. Logged as "client.kicked".
-** 0 once asked, RT_ENOPROC if conn is gone.
-*/
-int rt_client_kick(rt_pid_t conn);
 
 #endif

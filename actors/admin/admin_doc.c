@@ -75,63 +75,6 @@ static char *arena_strndup(rt_doc_t *root, const char *s, size_t n)
     return p;
 }
 
-/* ---- buffer ---- */
-
-void rt_buf_free(rt_buf_t *b)
-{
-    free(b->data);
-    memset(b, 0, sizeof(*b));
-}
-
-static bool buf_reserve(rt_buf_t *b, size_t more)
-{
-    if (b->oom)
-        return false;
-    if (b->len + more + 1 <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + more + 1)
-        cap *= 2;
-    char *p = realloc(b->data, cap);
-    if (!p) {
-        b->oom = true;
-        return false;
-    }
-    b->data = p;
-    b->cap = cap;
-    return true;
-}
-
-void rt_buf_add(rt_buf_t *b, const void *p, size_t n)
-{
-    if (!buf_reserve(b, n))
-        return;
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-void rt_buf_printf(rt_buf_t *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char small[256];
-    int n = vsnprintf(small, sizeof(small), fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n < sizeof(small)) {
-        rt_buf_add(b, small, (size_t)n);
-        return;
-    }
-    if (!buf_reserve(b, (size_t)n))
-        return;
-    va_start(ap, fmt);
-    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
 /* Length of the valid UTF-8 sequence at p (at most n bytes), 0 if there is none. */
 static size_t utf8_len(const unsigned char *p, size_t n)
 {

@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "admin_impl.h"
-#include "broker.h"
+#include "conn.h"
 
 #define TOP_ROWS_MAX 1000000   /* -n, --limit */
 #define TOP_SCHED_MAX 64

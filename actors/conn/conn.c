@@ -26,17 +26,17 @@
 
 #include "acl.h"
 #include "auth.h"
-#include "broker.h"
+#include "conn.h"
 #include "log.h"
 #include "mqtt_codec.h"
 #include "rule_engine.h"
 #include "session.h"
 #include "store.h"
 #include "topic_alias.h"
+#include "route.h"
 
 enum {
-    MSG_DELIVER = RT_MSG_USER, /* data: deliver_t; bin: the canonical PUBLISH */
-    MSG_KEEPALIVE,             /* tag timer: check the keepalive */
+    MSG_KEEPALIVE = RT_MSG_USER, /* tag timer: check the keepalive */
     MSG_RESUME,                /* fd: a new connection's socket; data: its listener (one byte),
                                   then its bytes from CONNECT on */
     MSG_SESSION_EXPIRED,       /* tag timer: an offline session may have run out */
@@ -60,24 +60,6 @@ typedef struct {
 } query_t;
 
 #define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
-
-/*
-** A delivery. The binary holds the message once, in canonical form: an MQTT 5
-** PUBLISH (topic, properties, payload) that each subscriber's connection
-** decodes and re-encodes for its own version, QoS, packet id and
-** subscription identifiers, so v5 properties pass through to v5 subscribers.
-*/
-typedef struct {
-    uint64_t expire_at_ms; /* when the message expiry interval runs out; 0: never */
-    rt_pid_t ack_pid;      /* the publisher waiting for this copy to be stored; 0: none */
-    uint64_t ack_token;
-    uint8_t qos;
-    uint8_t retain;
-    uint8_t shared;        /* through a shared subscription */
-    uint8_t acl_check;     /* through a subscription the ACL granted in part: check the topic */
-    uint32_t n_sub_ids;
-    uint32_t sub_ids[];    /* MQTT 5: the matching subscriptions' identifiers */
-} deliver_t;
 
 #define RT_CONN_READS_PER_TURN 16 /* socket reads per turn before yielding */
 /*
@@ -251,8 +233,12 @@ static void rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, 
     rt_rule_event_t e = {.kind = kind, .topic = topic, .qos = qos, .reason_code = reason_code,
                          .reason = reason, .proto_ver = -1, .keepalive = -1, .clean_start = -1,
                          .canonical = canonical};
-    if (canonical)
-        rt_broker_canonical_from(canonical, &e.from_clientid, &e.from_username);
+    if (canonical) {
+        rt_message_t msg;
+        rt_message_view(canonical, &msg);
+        e.from_clientid = msg.clientid;
+        e.from_username = msg.username;
+    }
     rt_rules_event(&o, &e);
 }
 
@@ -592,7 +578,7 @@ static void on_slow_check(rt_actor_t *self, conn_t *c)
 ** Decides a delivery's fate: sent at once (QoS 0, online, nothing queued), dropped, or
 ** returned as a session message to keep (NULL for the first two).
 */
-static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
+static rt_qmsg_t *admit(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
 {
     bool backlog = c->sess && c->sess->queued.n;
     if (online(c) && !backlog && d->qos == 0) {
@@ -647,7 +633,7 @@ static bool queue_full(const conn_t *c, const rt_qmsg_t *m)
 ** messages are queued only with queue_qos0. A persistent session stores what
 ** it keeps, and the publisher's acknowledgement waits for that.
 */
-static void deliver(conn_t *c, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
+static void deliver(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
 {
     if (d->acl_check && !acl_readable(c, bin)) {
         answer_store_ack(d->ack_pid, d->ack_token);
@@ -738,33 +724,6 @@ static bool is_shared(const char *f, size_t len)
     return len > sizeof(RT_SHARE_PREFIX) - 1 && memcmp(f, RT_SHARE_PREFIX, sizeof(RT_SHARE_PREFIX) - 1) == 0;
 }
 
-/* Shared subscriptions skip members whose connection has gone. */
-static int member_alive(void *arg, rt_pid_t pid)
-{
-    (void)arg;
-    return rt_alive(pid);
-}
-
-/* QoS 0 copies are optional: a subscriber that is shedding (rt_shed) refuses them. */
-static void send_delivery(rt_pid_t to, rt_bin_t *bin, const deliver_t *d, const uint32_t *sub_ids)
-{
-    size_t n = d->n_sub_ids < RT_QMSG_MAX_SUB_IDS ? d->n_sub_ids : RT_QMSG_MAX_SUB_IDS;
-    rt_msg_t *m = rt_msg_new(MSG_DELIVER, sizeof(deliver_t) + n * sizeof(uint32_t));
-    if (!m)
-        return;
-    deliver_t *dd = (deliver_t *)(void *)m->data;
-    *dd = *d;
-    dd->n_sub_ids = (uint32_t)n;
-    memcpy(dd->sub_ids, sub_ids, n * sizeof(uint32_t));
-    m->bin = rt_bin_retain(bin);
-    if (d->qos == 0 && !d->ack_pid) {
-        if (rt_send_optional(to, m) == RT_ELIMIT)
-            atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
-        return;
-    }
-    rt_send_msg(to, m);
-}
-
 /*
 ** A message that came through a shared subscription and that this member will
 ** not acknowledge (it is leaving) goes to another member of its group
@@ -784,16 +743,16 @@ static bool hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
             continue;
         rt_pid_t pid;
         rt_trie_opts_t o;
-        if (rt_trie_share_pick(rt_broker->trie, s->filter, s->len, rt_self(self), member_alive,
+        if (rt_trie_share_pick(rt_broker->trie, s->filter, s->len, rt_self(self), rt_route_member_alive,
                                NULL, &pid, &o) != 0)
             continue;
-        deliver_t d = {.expire_at_ms = m->expire_at_ms,
+        rt_delivery_t d = {.expire_at_ms = m->expire_at_ms,
                        .qos = m->qos < o.qos ? m->qos : o.qos,
                        .retain = o.retain_as_published ? m->retain : 0,
                        .shared = 1,
                        .acl_check = o.acl_check,
                        .n_sub_ids = o.sub_id ? 1 : 0};
-        send_delivery(pid, m->bin, &d, &o.sub_id);
+        rt_route_send(pid, m->bin, &d, &o.sub_id);
         return true;
     }
     return false;
@@ -1284,7 +1243,7 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
         w.publish.qos = pk->connect.will_qos;
         w.publish.retain = pk->connect.will_retain;
         w.props = pk->connect.will_props; /* the will's own properties travel with it */
-        c->will = rt_broker_canonical(&w, c->client_id, c->username);
+        c->will = rt_message_new(&w, c->client_id, c->username);
         if (!c->will)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
         if (c->version == MQTT_V5) {
@@ -1333,192 +1292,6 @@ static int handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const 
     if (resumed)
         retransmit(c);
     return 0;
-}
-
-typedef struct {
-    rt_bin_t *bin;
-    uint64_t expire_at_ms;
-    rt_pid_t ack_pid;  /* the publisher, when its acknowledgement waits for the store */
-    uint64_t ack_token;
-    uint32_t nacks;    /* commits it waits for */
-    uint8_t qos;
-    uint8_t retain;
-} route_t;
-
-static void deliver_one(void *arg, const rt_trie_delivery_t *d)
-{
-    route_t *r = arg;
-    deliver_t dd = {.expire_at_ms = r->expire_at_ms,
-                    .qos = d->qos < r->qos ? d->qos : r->qos,
-                    /* MQTT 3.3.1.3: retain is cleared on forwarding unless asked to keep it. */
-                    .retain = d->retain_as_published ? r->retain : 0,
-                    .shared = d->shared,
-                    .acl_check = d->acl_check,
-                    .n_sub_ids = (uint32_t)d->n_sub_ids};
-    if (d->persistent && dd.qos && r->ack_pid) {
-        dd.ack_pid = r->ack_pid;
-        dd.ack_token = r->ack_token;
-        r->nacks++;
-    }
-    send_delivery(d->pid, r->bin, &dd, d->sub_ids);
-}
-
-rt_bin_t *rt_broker_canonical(const mqtt_packet_t *pk, const char *from_clientid,
-                              const char *from_username)
-{
-    mqtt_packet_t c = *pk;
-    c.type = MQTT_PUBLISH;
-    if (pk->version != MQTT_V5)
-        memset(&c.props, 0, sizeof(c.props));
-    c.version = MQTT_V5;
-    c.packet_id = c.publish.qos ? 1 : 0; /* replaced per subscriber */
-    c.publish.dup = 0;
-    c.props.present &= ~(MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS) | MQTT_PROP_BIT(MQTT_PROP_WILL_DELAY));
-    size_t len;
-    if (mqtt_encode(&c, NULL, 0, 0, &len, NULL) != 0)
-        return NULL;
-    /* The tail: "clientid\0" then "username\0" when there is one (MQTT strings hold no NUL). */
-    size_t idn = from_clientid ? strlen(from_clientid) + 1 : 0;
-    size_t usern = idn && from_username ? strlen(from_username) + 1 : 0;
-    rt_bin_t *bin = rt_bin_alloc_tail(len, idn + usern);
-    if (bin && mqtt_encode(&c, rt_bin_data(bin), len, 0, &len, NULL) != 0) {
-        rt_bin_release(bin);
-        return NULL;
-    }
-    if (bin && idn) {
-        uint8_t *tail = rt_bin_data(bin) + rt_bin_len(bin);
-        memcpy(tail, from_clientid, idn);
-        if (usern)
-            memcpy(tail + idn, from_username, usern);
-    }
-    return bin;
-}
-
-void rt_broker_canonical_from(rt_bin_t *bin, const char **clientid, const char **username)
-{
-    size_t n;
-    const char *tail = (const char *)rt_bin_tail(bin, &n);
-    *clientid = *username = NULL;
-    if (!n)
-        return;
-    *clientid = tail;
-    size_t idn = strlen(tail) + 1;
-    if (idn < n)
-        *username = tail + idn;
-}
-
-/*
-** Match scratch space, one per thread rather than one per connection: routing
-** runs inside a turn, so a thread uses one at a time, and an idle connection
-** should cost as little as possible. Freed when the thread exits.
-*/
-static _Thread_local rt_trie_scratch_t route_scratch;
-static _Thread_local bool route_scratch_ready;
-static pthread_key_t route_scratch_key;
-static pthread_once_t route_scratch_once = PTHREAD_ONCE_INIT;
-
-static void route_scratch_free(void *s)
-{
-    rt_trie_scratch_destroy(s);
-}
-
-static void route_scratch_key_create(void)
-{
-    pthread_key_create(&route_scratch_key, route_scratch_free);
-}
-
-static rt_trie_scratch_t *thread_scratch(void)
-{
-    if (!route_scratch_ready) {
-        pthread_once(&route_scratch_once, route_scratch_key_create);
-        rt_trie_scratch_init(&route_scratch);
-        pthread_setspecific(route_scratch_key, &route_scratch);
-        route_scratch_ready = true;
-    }
-    return &route_scratch;
-}
-
-/*
-** A retained PUBLISH replaces the topic's retained message; an empty one clears
-** it. What the store accepted in memory is written to disk too ($SYS values,
-** remade every interval, are not worth a disk write). Returns whether the
-** publisher's acknowledgement waits for that write.
-*/
-static bool keep_retained(const mqtt_packet_t *pk, rt_bin_t *bin, const route_t *r)
-{
-    mqtt_str_t topic = pk->publish.topic;
-    rt_retained_msg_t *keep = NULL;
-    if (pk->publish.payload.len) {
-        keep = malloc(sizeof(*keep));
-        if (!keep)
-            return false;
-        keep->bin = rt_bin_retain(bin);
-        keep->expire_at_ms = r->expire_at_ms;
-    }
-    if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, keep,
-                        keep ? rt_bin_len(bin) : 0) != 0) {
-        atomic_fetch_add(&rt_broker->stats.retained_limit_hits, 1);
-        rt_broker_retained_release(keep);
-        return false;
-    }
-    if (!rt_store_enabled() || (topic.len >= 5 && memcmp(topic.p, "$SYS/", 5) == 0))
-        return false;
-    rt_store_retain((const char *)topic.p, topic.len, keep ? bin : NULL, r->expire_at_ms,
-                    r->ack_pid, r->ack_token);
-    return r->ack_pid != 0;
-}
-
-/*
-** Routes bin. With ack_pid set, copies that persistent sessions keep (and a
-** retained message) are stored first, and *nacks tells how many commits
-** ack_pid will be told of (RT_STORE_MSG_COMMITTED with ack_token).
-*/
-static int route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
-                 uint32_t *nacks)
-{
-    rt_trie_scratch_t *scratch = thread_scratch();
-    mqtt_packet_t pk;
-    if (mqtt_decode(rt_bin_data(bin), rt_bin_len(bin), MQTT_V5, &pk) != 0)
-        return RT_EINVAL;
-    mqtt_str_t topic = pk.publish.topic;
-    route_t r = {.bin = bin, .qos = pk.publish.qos, .retain = pk.publish.retain,
-                 .ack_pid = ack_pid, .ack_token = ack_token};
-    /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
-    if ((pk.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY)) && pk.props.message_expiry)
-        r.expire_at_ms = now_ms() + (uint64_t)pk.props.message_expiry * 1000;
-    size_t delivered = 0;
-    rt_trie_match(rt_broker->trie, (const char *)topic.p, topic.len, publisher, member_alive,
-                  deliver_one, &r, scratch, &delivered);
-    if (pk.publish.retain && keep_retained(&pk, bin, &r))
-        r.nacks++;
-    if (nacks)
-        *nacks = r.nacks;
-    return (int)(delivered < INT32_MAX ? delivered : INT32_MAX);
-}
-
-int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
-{
-    int n = route(publisher, bin, 0, 0, NULL);
-    return n < 0 ? n : n > 0;
-}
-
-int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
-                      size_t payload_len, uint8_t qos, uint8_t retain)
-{
-    if (qos > 2 || topic_len == 0 || topic_len > 65535 ||
-        !mqtt_topic_name_valid((const uint8_t *)topic, topic_len) || payload_len > MQTT_MAX_PACKET)
-        return RT_EINVAL;
-    mqtt_packet_t pk = {.type = MQTT_PUBLISH, .version = MQTT_V5};
-    pk.publish.topic = (mqtt_str_t){(const uint8_t *)topic, (uint32_t)topic_len};
-    pk.publish.payload = (mqtt_str_t){payload, (uint32_t)payload_len};
-    pk.publish.qos = qos;
-    pk.publish.retain = retain;
-    rt_bin_t *bin = rt_broker_canonical(&pk, NULL, NULL); /* the broker's own: no client */
-    if (!bin)
-        return RT_ENOMEM;
-    int rc = rt_broker_route(publisher, bin);
-    rt_bin_release(bin);
-    return rc < 0 ? rc : 0;
 }
 
 /* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
@@ -1754,10 +1527,10 @@ static int handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     uint64_t token = track ? ++c->sess->next_token : 0;
     uint32_t waits = 0;
     if (forward) {
-        rt_bin_t *bin = rt_broker_canonical(pk, c->client_id, c->username);
+        rt_bin_t *bin = rt_message_new(pk, c->client_id, c->username);
         if (!bin)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        int n = route(rt_self(self), bin, track ? rt_self(self) : 0, token, &waits);
+        int n = rt_route(rt_self(self), bin, track ? rt_self(self) : 0, token, &waits);
         if (n == 0 && c->version == MQTT_V5)
             reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
         routed_this_event += n > 0 ? (uint32_t)n : 1;
@@ -1833,7 +1606,7 @@ static void send_retained(void *arg, const char *topic, size_t len, void *msg)
     mqtt_packet_t pk;
     if (mqtt_decode(rt_bin_data(r->bin), rt_bin_len(r->bin), MQTT_V5, &pk) != 0)
         return;
-    deliver_t d = {.expire_at_ms = r->expire_at_ms,
+    rt_delivery_t d = {.expire_at_ms = r->expire_at_ms,
                    .qos = pk.publish.qos < rs->qos ? pk.publish.qos : rs->qos,
                    .retain = 1,
                    .acl_check = rs->acl_check,
@@ -2518,10 +2291,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             on_readable(self, c);
         break;
     }
-    case MSG_DELIVER:
+    case RT_MSG_DELIVER:
         if (m->bin)
-            deliver(c, m->bin, (const deliver_t *)(const void *)m->data,
-                    ((const deliver_t *)(const void *)m->data)->sub_ids);
+            deliver(c, m->bin, (const rt_delivery_t *)(const void *)m->data,
+                    ((const rt_delivery_t *)(const void *)m->data)->sub_ids);
         break;
     case MSG_KEEPALIVE:
         on_keepalive(self, c);
@@ -2647,7 +2420,7 @@ static const char *conn_tag_name(uint32_t tag)
 {
     switch (tag) {
     case RT_MSG_SOCKET: return "socket";
-    case MSG_DELIVER: return "deliver";
+    case RT_MSG_DELIVER: return "deliver";
     case MSG_KEEPALIVE: return "keepalive";
     case MSG_RESUME: return "resume";
     case MSG_SESSION_EXPIRED: return "session_expired";
@@ -2765,12 +2538,12 @@ static void restore_session(const rt_stored_session_t *ss, void *arg)
         rt_log(RT_LOG_ERROR, "store.restore_failed", "client=%s", ss->client_id);
 }
 
-int rt_broker_restore(char *err, size_t errlen)
+int rt_sessions_restore(char *err, size_t errlen)
 {
     if (!rt_broker->conf.persistence)
         return 0;
     int rc = rt_store_open(rt_broker->conf.data_dir, err, errlen);
     if (rc == 0)
-        rc = rt_store_load(restore_retained, restore_session, NULL, err, errlen);
+        rc = rt_store_load(rt_message_parse, restore_retained, restore_session, NULL, err, errlen);
     return rc;
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "route.h"
 #include "sink_impl.h"
 
 typedef struct rp_s {

@@ -3,7 +3,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "broker.h"
+#include "route.h"
 #include "sys.h"
 
 #define SYS_PREFIX "$SYS/broker/"

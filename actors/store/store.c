@@ -596,6 +596,17 @@ void rt_store_close(void)
     store.pid = 0;
 }
 
+/* How a stored PUBLISH becomes a message again (rt_store_load's make_bin), while loading. */
+static rt_bin_t *(*make_bin)(const void *packet, size_t len);
+
+static rt_bin_t *load_packet(sqlite3_stmt *s, int col)
+{
+    rt_bin_t *bin = make_bin(sqlite3_column_blob(s, col), (size_t)sqlite3_column_bytes(s, col));
+    if (!bin)
+        rt_log(RT_LOG_ERROR, "store.bad_message", "a stored message could not be read: skipped");
+    return bin;
+}
+
 static int load_retained(void (*fn)(const char *, size_t, rt_bin_t *, uint64_t, void *), void *arg)
 {
     sqlite3_stmt *s;
@@ -606,9 +617,9 @@ static int load_retained(void (*fn)(const char *, size_t, rt_bin_t *, uint64_t, 
         int64_t exp = sqlite3_column_int64(s, 2);
         if (exp && exp <= now)
             continue; /* expired while the broker was down */
-        rt_bin_t *bin = rt_bin_new(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1));
+        rt_bin_t *bin = load_packet(s, 1);
         if (!bin)
-            break;
+            continue;
         fn(sqlite3_column_blob(s, 0), (size_t)sqlite3_column_bytes(s, 0), bin, wall_to_mono(exp),
            arg);
     }
@@ -655,9 +666,9 @@ static void load_msgs(rt_stored_session_t *ss, sqlite3_stmt *q)
         rt_stored_msg_t *m = &ss->msgs[ss->nmsgs];
         memset(m, 0, sizeof(*m));
         m->seq = (uint64_t)sqlite3_column_int64(q, 0);
-        m->bin = rt_bin_new(sqlite3_column_blob(q, 1), (size_t)sqlite3_column_bytes(q, 1));
+        m->bin = load_packet(q, 1);
         if (!m->bin)
-            break;
+            continue;
         m->qos = (uint8_t)sqlite3_column_int(q, 2);
         m->retain = (uint8_t)sqlite3_column_int(q, 3);
         m->state = (uint8_t)sqlite3_column_int(q, 4);
@@ -713,13 +724,15 @@ static void delete_expired(int64_t now)
     }
 }
 
-int rt_store_load(void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
+int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
+                  void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
                                       uint64_t expire_at_ms, void *arg),
                   void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg,
                   char *err, size_t errlen)
 {
     if (!store.db)
         return 0;
+    make_bin = packet_to_bin;
     if (load_retained(on_retained, arg)) {
         snprintf(err, errlen, "loading retained messages: %s", sqlite3_errmsg(store.db));
         return RT_EINVAL;

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "admin_impl.h"
-#include "broker.h"
+#include "conn.h"
 
 #define CLIENTS_LIMIT_DEFAULT 10000
 #define CLIENTS_LIMIT_MAX 10000000

@@ -82,11 +82,14 @@ void rt_store_close(void);
 bool rt_store_enabled(void);
 
 /*
-** Loads what the last run left: retained messages are passed to on_retained
+** Loads what the last run left. Each stored PUBLISH becomes a binary through
+** packet_to_bin (the broker's canonical form; NULL: unreadable, skipped and logged).
+** Retained messages are passed to on_retained
 ** (topic, bin with a reference for the callee, monotonic expiry) and each
 ** session to on_session (valid during the call). Runs before listeners open.
 */
-int rt_store_load(void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
+int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
+                  void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
                                       uint64_t expire_at_ms, void *arg),
                   void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg,
                   char *err, size_t errlen);

@@ -21,7 +21,7 @@
 #include "acl.h"
 #include "admin_impl.h"
 #include "auth.h"
-#include "broker.h"
+#include "conn.h"
 #include "log.h"
 #include "rule_engine.h"
 

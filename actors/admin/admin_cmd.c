@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "admin_impl.h"
-#include "broker.h"
+#include "conn.h"
 #include "log.h"
 #include "rule_engine.h"
 #include "sink.h"

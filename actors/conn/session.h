@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "route.h"
 #include "rt.h"
 
 enum {
@@ -22,7 +23,7 @@ enum {
     RT_QMSG_WAIT_COMP,  /* PUBREL sent; waiting for PUBCOMP (QoS 2) */
 };
 
-#define RT_QMSG_MAX_SUB_IDS 8 /* subscription identifiers kept per message */
+#define RT_QMSG_MAX_SUB_IDS RT_DELIVERY_MAX_SUB_IDS
 
 typedef struct rt_qmsg_s {
     struct rt_qmsg_s *next;

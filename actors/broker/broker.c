@@ -1,0 +1,532 @@
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "broker.h"
+#include "log.h"
+#include "store.h"
+
+rt_broker_t *rt_broker;
+
+/* ---- Metrics (see broker.h): one block per thread, summed on read ---- */
+
+static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+static rt_metrics_block_t *metrics_all;  /* every block made, for the lifetime of the process */
+static rt_metrics_block_t *metrics_free; /* blocks waiting for a thread (theirs ended) */
+static pthread_key_t metrics_key;
+static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
+_Thread_local rt_metrics_block_t *rt__metrics_mine;
+
+/* A thread ends: its block, counts and all, waits for the next thread that counts. */
+static void metrics_thread_end(void *block)
+{
+    rt_metrics_block_t *b = block;
+    pthread_mutex_lock(&metrics_lock);
+    b->next_free = metrics_free;
+    metrics_free = b;
+    pthread_mutex_unlock(&metrics_lock);
+}
+
+static void metrics_key_create(void)
+{
+    pthread_key_create(&metrics_key, metrics_thread_end);
+}
+
+rt_metrics_block_t *rt__metrics_attach(void)
+{
+    pthread_once(&metrics_once, metrics_key_create);
+    pthread_mutex_lock(&metrics_lock);
+    rt_metrics_block_t *b = metrics_free;
+    if (b) {
+        metrics_free = b->next_free;
+    } else if ((b = calloc(1, sizeof(*b))) != NULL) {
+        b->next = metrics_all;
+        metrics_all = b;
+    }
+    pthread_mutex_unlock(&metrics_lock);
+    if (b) {
+        pthread_setspecific(metrics_key, b);
+        rt__metrics_mine = b;
+    }
+    return b;
+}
+
+/* Sums metric which over every block. */
+static uint64_t metric_sum(unsigned which)
+{
+    uint64_t sum = 0;
+    for (rt_metrics_block_t *b = metrics_all; b; b = b->next)
+        sum += atomic_load_explicit(&b->v[which], memory_order_relaxed);
+    return sum;
+}
+
+/* Counts start again with each broker (tests start several in one process); no thread
+   counts while it starts. */
+static void metrics_reset(void)
+{
+    pthread_mutex_lock(&metrics_lock);
+    for (rt_metrics_block_t *b = metrics_all; b; b = b->next)
+        for (unsigned i = 0; i < RT_METRICS; i++)
+            atomic_store_explicit(&b->v[i], 0, memory_order_relaxed);
+    pthread_mutex_unlock(&metrics_lock);
+}
+
+void rt_broker_metrics(rt_broker_metrics_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&metrics_lock);
+    for (unsigned t = 1; t < RT_MQTT_PACKET_TYPES; t++) {
+        out->packets_in[t] = metric_sum(RT_METRIC_PKT_IN + t);
+        out->packets_out[t] = metric_sum(RT_METRIC_PKT_OUT + t);
+    }
+    out->bytes_in = metric_sum(RT_METRIC_BYTES_IN);
+    out->bytes_out = metric_sum(RT_METRIC_BYTES_OUT);
+    out->msgs_in = metric_sum(RT_METRIC_MSGS_IN);
+    out->msgs_out = metric_sum(RT_METRIC_MSGS_OUT);
+    pthread_mutex_unlock(&metrics_lock);
+    out->msgs_dropped = atomic_load_explicit(&rt_broker->stats.msgs_dropped, memory_order_relaxed);
+    out->msgs_expired = atomic_load_explicit(&rt_broker->stats.msgs_expired, memory_order_relaxed);
+}
+
+const char *rt_mqtt_packet_name(unsigned type)
+{
+    static const char *const names[RT_MQTT_PACKET_TYPES] = {
+        NULL,      "CONNECT", "CONNACK",     "PUBLISH",   "PUBACK",   "PUBREC",
+        "PUBREL",  "PUBCOMP", "SUBSCRIBE",   "SUBACK",    "UNSUBSCRIBE", "UNSUBACK",
+        "PINGREQ", "PINGRESP", "DISCONNECT", "AUTH"};
+    return type < RT_MQTT_PACKET_TYPES ? names[type] : NULL;
+}
+
+typedef struct rt_client_entry_s {
+    struct rt_client_entry_s *next;
+    rt_pid_t pid;
+    char id[];
+} rt_client_entry_t;
+
+/* Client ids are the client's choice: the keyed hash keeps their collisions unplannable. */
+static uint64_t hash_id(const char *s)
+{
+    return rt_hash(s, strlen(s));
+}
+
+void rt_broker_retained_release(void *msg)
+{
+    rt_retained_msg_t *r = msg;
+    if (!r)
+        return;
+    rt_bin_release(r->bin);
+    free(r);
+}
+
+/* ---- Live limits ---- */
+
+#define NOT_LIVE SIZE_MAX
+
+typedef struct {
+    const char *key;
+    size_t live;         /* offset in rt_broker_live_t; NOT_LIVE: kept elsewhere or fixed */
+    size_t conf;         /* offset in rt_conf_t */
+    bool is_bool;        /* the rt_conf_t field is a bool (else a long) */
+    long (*get)(void);   /* a limit another module keeps: its value, */
+    void (*set)(long v); /* and how to change it (or, with live, what else to tell) */
+    const char *affects;
+} limit_t;
+
+#define CONF_IS_BOOL(k) _Generic(((rt_conf_t *)0)->k, bool: true, default: false)
+#define LIVE(k, then, what)                                                                        \
+    {#k, offsetof(rt_broker_live_t, k), offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, then, what}
+#define ELSEWHERE(k, get, set, what)                                                               \
+    {#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), get, set, what}
+#define FIXED(k, why) {#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, NULL, why}
+
+static void retained_limits_changed(long v)
+{
+    (void)v;
+    rt_retained_set_limits(rt_broker->retained, (size_t)RT_LIVE(max_retained_messages),
+                           (size_t)RT_LIVE(max_retained_bytes));
+}
+
+static long anonymous_get(void)
+{
+    return rt_auth_allow_anonymous();
+}
+
+static void anonymous_set(long v)
+{
+    rt_auth_set_allow_anonymous(v != 0);
+}
+
+/*
+** Each limit with what a change applies to. The rule: a change is taken at the
+** next place the limit is checked, and nothing already admitted is undone
+** (open connections stay open, longer queues are not cut, held retained
+** messages stay); what a connection was told at CONNECT holds for its life.
+*/
+static const limit_t limits[] = {
+    LIVE(max_connections, NULL, "new connections; open ones stay"),
+    LIVE(max_connections_per_ip, NULL,
+         "new connections; only those accepted while it is on count against it"),
+    LIVE(max_connection_rate, NULL, "new connections; each listener refills at the new rate"),
+    LIVE(max_packet_size, NULL,
+         "connections from now on; open ones keep theirs (MQTT 5 clients were told it)"),
+    LIVE(max_inflight, NULL, "every session from its next send"),
+    LIVE(max_queued_messages, NULL, "the next message queued; longer queues are not cut"),
+    LIVE(max_queued_bytes, NULL, "the next message queued; longer queues are not cut"),
+    LIVE(max_topic_levels, NULL, "the next PUBLISH or SUBSCRIBE"),
+    LIVE(max_topic_length, NULL, "the next PUBLISH or SUBSCRIBE"),
+    LIVE(max_subscriptions, NULL, "the next SUBSCRIBE; clients over it keep theirs"),
+    LIVE(max_retained_messages, retained_limits_changed,
+         "the next retained message; those held stay"),
+    LIVE(max_retained_bytes, retained_limits_changed,
+         "the next retained message; those held stay"),
+    LIVE(max_keepalive, NULL, "CONNECTs from now on"),
+    LIVE(max_session_expiry, NULL, "CONNECTs and DISCONNECTs from now on"),
+    LIVE(queue_qos0, NULL, "the next QoS 0 message for an offline session"),
+    LIVE(allow_zero_length_clientid, NULL, "CONNECTs from now on"),
+    ELSEWHERE(allow_anonymous, anonymous_get, anonymous_set,
+              "CONNECTs from now on; a reload (SIGHUP) sets it from the file again"),
+    FIXED(max_topic_alias, "needs a restart: each connection sizes its alias table by it"),
+    FIXED(persistence, "needs a restart: the store opens at start"),
+};
+
+#define NLIMITS (sizeof(limits) / sizeof(limits[0]))
+
+static _Atomic long *live_field(const limit_t *l)
+{
+    return (_Atomic long *)(void *)((char *)&rt_broker->live + l->live);
+}
+
+static long conf_value(const rt_conf_t *c, const limit_t *l)
+{
+    const char *f = (const char *)c + l->conf;
+    return l->is_bool ? *(const bool *)(const void *)f : *(const long *)(const void *)f;
+}
+
+static void live_init(rt_broker_t *b)
+{
+    for (size_t i = 0; i < NLIMITS; i++)
+        if (limits[i].live != NOT_LIVE)
+            atomic_init((_Atomic long *)(void *)((char *)&b->live + limits[i].live),
+                        conf_value(&b->conf, &limits[i]));
+}
+
+static long limit_value(const limit_t *l)
+{
+    if (l->get)
+        return l->get();
+    if (l->live != NOT_LIVE)
+        return atomic_load_explicit(live_field(l), memory_order_relaxed);
+    return conf_value(&rt_broker->conf, l);
+}
+
+static bool limit_is_live(const limit_t *l)
+{
+    return l->live != NOT_LIVE || l->set;
+}
+
+/* v as rtd.conf writes it. */
+static void format_limit(const limit_t *l, long v, char *buf, size_t len)
+{
+    if (l->is_bool)
+        snprintf(buf, len, "%s", v ? "true" : "false");
+    else
+        snprintf(buf, len, "%ld", v);
+}
+
+size_t rt_broker_limits(rt_limit_info_t *out, size_t max)
+{
+    for (size_t i = 0; i < NLIMITS && i < max; i++) {
+        const limit_t *l = &limits[i];
+        out[i] = (rt_limit_info_t){.key = l->key, .live = limit_is_live(l), .affects = l->affects};
+        format_limit(l, limit_value(l), out[i].value, sizeof(out[i].value));
+    }
+    return NLIMITS;
+}
+
+int rt_broker_set_limit(const char *key, const char *value, char *err, size_t errlen)
+{
+    const limit_t *l = NULL;
+    for (size_t i = 0; i < NLIMITS && !l; i++)
+        if (strcmp(limits[i].key, key) == 0)
+            l = &limits[i];
+    if (!l && !rt_conf_known(key)) {
+        snprintf(err, errlen, "unknown setting %s", key);
+        return RT_ENOTFOUND;
+    }
+    if (!l || !limit_is_live(l)) {
+        snprintf(err, errlen, "%s needs a restart", key);
+        return RT_EBUSY;
+    }
+    /* The config loader checks the value (syntax, type, range) on a copy of the settings. */
+    rt_conf_t *copy = malloc(sizeof(*copy));
+    char *assignment = malloc(strlen(key) + strlen(value) + 2);
+    if (!copy || !assignment) {
+        free(copy);
+        free(assignment);
+        snprintf(err, errlen, "out of memory");
+        return RT_ENOMEM;
+    }
+    *copy = rt_broker->conf;
+    snprintf(assignment, strlen(key) + strlen(value) + 2, "%s=%s", key, value);
+    int rc = rt_conf_set_from(copy, "rtctl", assignment, err, errlen);
+    long v = rc == 0 ? conf_value(copy, l) : 0;
+    free(copy);
+    free(assignment);
+    if (rc)
+        return rc;
+    char was[32], now[32];
+    format_limit(l, limit_value(l), was, sizeof(was));
+    format_limit(l, v, now, sizeof(now));
+    if (l->live != NOT_LIVE)
+        atomic_store_explicit(live_field(l), v, memory_order_relaxed);
+    if (l->set)
+        l->set(v);
+    rt_log(RT_LOG_INFO, "config.set", "%s=%s was=%s", key, now, was);
+    return 0;
+}
+
+int rt_broker_init(const rt_conf_t *conf)
+{
+    rt_broker_t *b = calloc(1, sizeof(*b));
+    if (!b)
+        return RT_ENOMEM;
+    b->conf = *conf;
+    pthread_mutex_init(&b->clients_lock, NULL);
+    b->clients_cap = 1024;
+    b->clients = calloc(b->clients_cap, sizeof(*b->clients));
+    if (!b->clients || rt_trie_new(&b->trie) ||
+        rt_retained_new(&b->retained, rt_broker_retained_release,
+                        (size_t)conf->max_retained_messages, (size_t)conf->max_retained_bytes)) {
+        rt_trie_free(b->trie);
+        free(b->clients);
+        free(b);
+        return RT_ENOMEM;
+    }
+    rt_broker = b;
+    live_init(b);
+    metrics_reset();
+    return 0;
+}
+
+void rt_broker_free(void)
+{
+    rt_broker_t *b = rt_broker;
+    if (!b)
+        return;
+    for (size_t i = 0; i < b->clients_cap; i++) {
+        rt_client_entry_t *e = b->clients[i];
+        while (e) {
+            rt_client_entry_t *next = e->next;
+            free(e);
+            e = next;
+        }
+    }
+    free(b->clients);
+    rt_trie_free(b->trie);
+    rt_retained_free(b->retained);
+    rt_store_close();
+    pthread_mutex_destroy(&b->clients_lock);
+    free(b);
+    rt_broker = NULL;
+}
+
+void rt_broker_counts(rt_broker_counts_t *out)
+{
+    rt_broker_stats_t *st = &rt_broker->stats;
+    rt_trie_stats_t ts;
+    rt_trie_stats(rt_broker->trie, &ts);
+    size_t retained, bytes, retained_max, bytes_max;
+    rt_retained_stats(rt_broker->retained, &retained, &bytes, NULL);
+    rt_retained_peaks(rt_broker->retained, &retained_max, &bytes_max);
+    *out = (rt_broker_counts_t){
+        .connections = {atomic_load_explicit(&st->connections, memory_order_relaxed),
+                        atomic_load_explicit(&st->connections_max, memory_order_relaxed)},
+        .sessions = {atomic_load_explicit(&st->sessions, memory_order_relaxed),
+                     atomic_load_explicit(&st->sessions_max, memory_order_relaxed)},
+        .topics = {ts.filters, ts.filters_max},
+        .subscriptions = {ts.subs, ts.subs_max},
+        .retained = {retained, retained_max},
+        .retained_bytes = {bytes, bytes_max},
+        .shared_groups = ts.groups,
+    };
+}
+
+/* Finds id's entry in its bucket; call with clients_lock held. */
+static rt_client_entry_t *find_client(rt_broker_t *b, const char *id)
+{
+    rt_client_entry_t *e = b->clients[hash_id(id) & (b->clients_cap - 1)];
+    while (e && strcmp(e->id, id) != 0)
+        e = e->next;
+    return e;
+}
+
+/* Doubles the bucket array once entries outnumber buckets; a failed grow keeps the old one. */
+static void grow_clients(rt_broker_t *b)
+{
+    size_t cap = b->clients_cap * 2;
+    rt_client_entry_t **nb = calloc(cap, sizeof(*nb));
+    if (!nb)
+        return;
+    for (size_t i = 0; i < b->clients_cap; i++) {
+        rt_client_entry_t *e = b->clients[i];
+        while (e) {
+            rt_client_entry_t *next = e->next;
+            size_t k = hash_id(e->id) & (cap - 1);
+            e->next = nb[k];
+            nb[k] = e;
+            e = next;
+        }
+    }
+    free(b->clients);
+    b->clients = nb;
+    b->clients_cap = cap;
+}
+
+rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
+{
+    rt_broker_t *b = rt_broker;
+    rt_pid_t old = 0;
+    pthread_mutex_lock(&b->clients_lock);
+    rt_client_entry_t *e = find_client(b, id);
+    if (e) {
+        old = e->pid;
+        e->pid = pid;
+    } else {
+        if (b->clients_len >= b->clients_cap)
+            grow_clients(b);
+        size_t len = strlen(id);
+        e = malloc(sizeof(*e) + len + 1);
+        if (e) {
+            size_t bucket = hash_id(id) & (b->clients_cap - 1);
+            memcpy(e->id, id, len + 1);
+            e->pid = pid;
+            e->next = b->clients[bucket];
+            b->clients[bucket] = e;
+            b->clients_len++;
+        }
+    }
+    pthread_mutex_unlock(&b->clients_lock);
+    return old;
+}
+
+rt_pid_t rt_broker_lookup_client(const char *id)
+{
+    rt_broker_t *b = rt_broker;
+    pthread_mutex_lock(&b->clients_lock);
+    rt_client_entry_t *e = find_client(b, id);
+    rt_pid_t pid = e ? e->pid : 0;
+    pthread_mutex_unlock(&b->clients_lock);
+    return pid;
+}
+
+void rt_broker_release_client(const char *id, rt_pid_t pid)
+{
+    rt_broker_t *b = rt_broker;
+    size_t bucket = hash_id(id) & (b->clients_cap - 1);
+    pthread_mutex_lock(&b->clients_lock);
+    for (rt_client_entry_t **pp = &b->clients[bucket]; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->id, id) == 0) {
+            rt_client_entry_t *e = *pp;
+            if (e->pid == pid) {
+                *pp = e->next;
+                free(e);
+                b->clients_len--;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&b->clients_lock);
+}
+
+size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud), void *ud)
+{
+    rt_broker_t *b = rt_broker;
+    size_t n = 0;
+    pthread_mutex_lock(&b->clients_lock);
+    for (size_t i = 0; i < b->clients_cap; i++)
+        for (rt_client_entry_t *e = b->clients[i]; e; e = e->next, n++)
+            fn(e->id, e->pid, ud);
+    pthread_mutex_unlock(&b->clients_lock);
+    return n;
+}
+
+typedef struct {
+    rt_pid_t *pids;
+    size_t n, cap, limit;
+    bool oom;
+} pids_t;
+
+static void collect_pid(const char *id, rt_pid_t pid, void *ud)
+{
+    (void)id;
+    pids_t *p = ud;
+    if (p->n == p->limit || p->oom)
+        return;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        rt_pid_t *np = realloc(p->pids, cap * sizeof(*np));
+        if (!np) {
+            p->oom = true;
+            return;
+        }
+        p->pids = np;
+        p->cap = cap;
+    }
+    p->pids[p->n++] = pid;
+}
+
+int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n)
+{
+    pids_t p = {.limit = limit ? limit : SIZE_MAX};
+    rt_broker_clients_each(collect_pid, &p);
+    if (p.oom) {
+        free(p.pids);
+        *pids = NULL;
+        *n = 0;
+        return RT_ENOMEM;
+    }
+    *pids = p.pids;
+    *n = p.n;
+    return 0;
+}
+
+void rt__broker_count_socket(unsigned listener, int delta)
+{
+    rt_broker_t *b = rt_broker;
+    RT_ASSERT(listener < RT_CONF_MAX_LISTENERS);
+    if (delta > 0) {
+        atomic_fetch_add(&b->stats.sockets, 1);
+        atomic_fetch_add(&b->listener_stats[listener].connections, 1);
+    } else {
+        atomic_fetch_sub(&b->stats.sockets, 1);
+        atomic_fetch_sub(&b->listener_stats[listener].connections, 1);
+    }
+}
+
+size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
+{
+    const rt_conf_t *conf = &rt_broker->conf;
+    for (unsigned i = 0; i < conf->nlisteners && i < max; i++) {
+        rt_listener_stats_t *st = &rt_broker->listener_stats[i];
+        rt_listener_info_t *o = &out[i];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->address, sizeof(o->address), "%s", conf->listeners[i].host);
+        o->port = atomic_load(&st->port);
+        o->protocol = "mqtt/tcp";
+        o->running = atomic_load(&st->running);
+        o->connections = atomic_load(&st->connections);
+        o->accepted = atomic_load(&st->accepted);
+        o->refused = atomic_load(&st->refused[RT_REFUSED_ALL]);
+        o->refused_max_connections = atomic_load(&st->refused[RT_REFUSED_MAX_CONNS]);
+        o->refused_per_ip = atomic_load(&st->refused[RT_REFUSED_PER_IP]);
+        o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
+        o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
+        o->max_connections = RT_LIVE(max_connections);
+    }
+    return conf->nlisteners;
+}

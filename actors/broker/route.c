@@ -1,0 +1,173 @@
+/*
+** Routing (route.h): the trie match, one delivery message per matching subscriber, the
+** retained store, and the broker's own publishes.
+*/
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "route.h"
+#include "store.h"
+
+/* A message on its way through rt_trie_match's callback. */
+typedef struct {
+    rt_bin_t *bin;
+    uint64_t expire_at_ms;
+    rt_pid_t ack_pid; /* the publisher, when its acknowledgement waits for the store */
+    uint64_t ack_token;
+    uint32_t nacks; /* commits it waits for */
+    uint8_t qos;
+    uint8_t retain;
+} route_t;
+
+void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
+{
+    size_t n = d->n_sub_ids < RT_DELIVERY_MAX_SUB_IDS ? d->n_sub_ids : RT_DELIVERY_MAX_SUB_IDS;
+    rt_msg_t *m = rt_msg_new(RT_MSG_DELIVER, sizeof(rt_delivery_t) + n * sizeof(uint32_t));
+    if (!m)
+        return;
+    rt_delivery_t *dd = (rt_delivery_t *)(void *)m->data;
+    *dd = *d;
+    dd->n_sub_ids = (uint32_t)n;
+    memcpy(dd->sub_ids, sub_ids, n * sizeof(uint32_t));
+    m->bin = rt_bin_retain(bin);
+    if (d->qos == 0 && !d->ack_pid) {
+        if (rt_send_optional(to, m) == RT_ELIMIT)
+            atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
+        return;
+    }
+    rt_send_msg(to, m);
+}
+
+static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
+{
+    route_t *r = arg;
+    rt_delivery_t dd = {.expire_at_ms = r->expire_at_ms,
+                        .qos = d->qos < r->qos ? d->qos : r->qos,
+                        /* MQTT 3.3.1.3: retain is cleared on forwarding unless asked to keep it. */
+                        .retain = d->retain_as_published ? r->retain : 0,
+                        .shared = d->shared,
+                        .acl_check = d->acl_check,
+                        .n_sub_ids = (uint32_t)d->n_sub_ids};
+    if (d->persistent && dd.qos && r->ack_pid) {
+        dd.ack_pid = r->ack_pid;
+        dd.ack_token = r->ack_token;
+        r->nacks++;
+    }
+    rt_route_send(d->pid, r->bin, &dd, d->sub_ids);
+}
+
+int rt_route_member_alive(void *arg, rt_pid_t pid)
+{
+    (void)arg;
+    return rt_alive(pid);
+}
+
+/*
+** Match scratch space, one per thread rather than one per connection: routing
+** runs inside a turn, so a thread uses one at a time, and an idle connection
+** should cost as little as possible. Freed when the thread exits.
+*/
+static _Thread_local rt_trie_scratch_t route_scratch;
+static _Thread_local bool route_scratch_ready;
+static pthread_key_t route_scratch_key;
+static pthread_once_t route_scratch_once = PTHREAD_ONCE_INIT;
+
+static void route_scratch_free(void *s)
+{
+    rt_trie_scratch_destroy(s);
+}
+
+static void route_scratch_key_create(void)
+{
+    pthread_key_create(&route_scratch_key, route_scratch_free);
+}
+
+static rt_trie_scratch_t *thread_scratch(void)
+{
+    if (!route_scratch_ready) {
+        pthread_once(&route_scratch_once, route_scratch_key_create);
+        rt_trie_scratch_init(&route_scratch);
+        pthread_setspecific(route_scratch_key, &route_scratch);
+        route_scratch_ready = true;
+    }
+    return &route_scratch;
+}
+
+/*
+** A retained PUBLISH replaces the topic's retained message; an empty one clears
+** it. What the store accepted in memory is written to disk too ($SYS values,
+** remade every interval, are not worth a disk write). Returns whether the
+** publisher's acknowledgement waits for that write.
+*/
+static bool keep_retained(const rt_message_t *msg, const route_t *r)
+{
+    mqtt_str_t topic = msg->topic;
+    rt_retained_msg_t *keep = NULL;
+    if (msg->payload.len) {
+        keep = malloc(sizeof(*keep));
+        if (!keep)
+            return false;
+        keep->bin = rt_bin_retain(r->bin);
+        keep->expire_at_ms = r->expire_at_ms;
+    }
+    if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, keep,
+                        keep ? rt_bin_len(r->bin) : 0) != 0) {
+        atomic_fetch_add(&rt_broker->stats.retained_limit_hits, 1);
+        rt_broker_retained_release(keep);
+        return false;
+    }
+    if (!rt_store_enabled() || (topic.len >= 5 && memcmp(topic.p, "$SYS/", 5) == 0))
+        return false;
+    rt_store_retain((const char *)topic.p, topic.len, keep ? r->bin : NULL, r->expire_at_ms,
+                    r->ack_pid, r->ack_token);
+    return r->ack_pid != 0;
+}
+
+int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
+             uint32_t *nacks)
+{
+    rt_message_t msg;
+    rt_message_view(bin, &msg);
+    route_t r = {.bin = bin,
+                 .qos = msg.qos,
+                 .retain = msg.retain,
+                 .ack_pid = ack_pid,
+                 .ack_token = ack_token};
+    /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
+    if (msg.has_expiry && msg.expiry)
+        r.expire_at_ms = rt_mono_ms() + (uint64_t)msg.expiry * 1000;
+    size_t delivered = 0;
+    rt_trie_match(rt_broker->trie, (const char *)msg.topic.p, msg.topic.len, publisher,
+                  rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);
+    if (msg.retain && keep_retained(&msg, &r))
+        r.nacks++;
+    if (nacks)
+        *nacks = r.nacks;
+    return (int)(delivered < INT32_MAX ? delivered : INT32_MAX);
+}
+
+int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
+{
+    int n = rt_route(publisher, bin, 0, 0, NULL);
+    return n < 0 ? n : n > 0;
+}
+
+int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
+                      size_t payload_len, uint8_t qos, uint8_t retain)
+{
+    if (qos > 2 || topic_len == 0 || topic_len > 65535 ||
+        !mqtt_topic_name_valid((const uint8_t *)topic, topic_len) || payload_len > MQTT_MAX_PACKET)
+        return RT_EINVAL;
+    mqtt_packet_t pk = {.type = MQTT_PUBLISH, .version = MQTT_V5};
+    pk.publish.topic = (mqtt_str_t){(const uint8_t *)topic, (uint32_t)topic_len};
+    pk.publish.payload = (mqtt_str_t){payload, (uint32_t)payload_len};
+    pk.publish.qos = qos;
+    pk.publish.retain = retain;
+    rt_bin_t *bin = rt_message_new(&pk, NULL, NULL); /* the broker's own: no client */
+    if (!bin)
+        return RT_ENOMEM;
+    int rc = rt_broker_route(publisher, bin);
+    rt_bin_release(bin);
+    return rc < 0 ? rc : 0;
+}

@@ -1,0 +1,57 @@
+/*
+** Routing: a canonical message (message.h) to every subscriber whose filter matches
+** its topic, and into the retained store. The publishing connection routes its own
+** PUBLISH inside its turn: it matches the shared topic trie and sends each subscriber's
+** actor an RT_MSG_DELIVER carrying the one shared binary, so a fan-out copies no payload.
+*/
+#ifndef RT_ROUTE_H
+#define RT_ROUTE_H
+
+#include "broker.h"
+#include "message.h"
+
+/* To a subscriber's actor: data is an rt_delivery_t, bin the canonical message. */
+#define RT_MSG_DELIVER (RT_BROKER_MSG_BASE + 1)
+
+/* Subscription identifiers one delivery carries (and a session keeps per message). */
+#define RT_DELIVERY_MAX_SUB_IDS 8
+
+/* How one subscriber gets one message (the options of the subscription it matched). */
+typedef struct rt_delivery_s {
+    uint64_t expire_at_ms; /* when the message expiry interval runs out (monotonic); 0: never */
+    rt_pid_t ack_pid;      /* the publisher waiting for this copy to be stored; 0: none */
+    uint64_t ack_token;
+    uint8_t qos;
+    uint8_t retain;
+    uint8_t shared;    /* through a shared subscription */
+    uint8_t acl_check; /* through a subscription the ACL granted in part: check the topic */
+    uint32_t n_sub_ids;
+    uint32_t sub_ids[]; /* MQTT 5: the matching subscriptions' identifiers */
+} rt_delivery_t;
+
+/* Sends one delivery (at most RT_DELIVERY_MAX_SUB_IDS identifiers); QoS 0 copies without an
+   ack are optional: a subscriber that is shedding (rt_shed) refuses them, counted. */
+void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids);
+
+/* Shared subscriptions skip members whose connection has gone (rt_trie_match's alive). */
+int rt_route_member_alive(void *arg, rt_pid_t pid);
+
+/*
+** Routes bin from publisher (0: the broker itself). With ack_pid set, copies that
+** persistent sessions keep (and a retained message) are stored first, and *nacks (if
+** not NULL) tells how many commits ack_pid will be told of (RT_STORE_MSG_COMMITTED with
+** ack_token). Returns how many subscribers got it, or an RT_E* error.
+*/
+int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
+             uint32_t *nacks);
+/* 1 if some subscriber got the message, 0 if none, or an RT_E* error. */
+int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
+/*
+** Publishes a message made inside the broker (republish sinks, $SYS): builds its
+** canonical form and routes it as if publisher (0: none) had sent it. RT_EINVAL for
+** an invalid topic name (a filter, bad UTF-8, empty) or qos > 2.
+*/
+int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
+                      size_t payload_len, uint8_t qos, uint8_t retain);
+
+#endif

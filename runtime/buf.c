@@ -1,0 +1,82 @@
+/*
+** Growable arrays and byte buffers (rt.h): one doubling policy instead of one per module.
+*/
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+int rt_grow(void *arr, size_t *cap, size_t need, size_t elem, size_t min)
+{
+    if (need <= *cap)
+        return 0;
+    size_t ncap = *cap > min ? *cap : min;
+    while (ncap < need)
+        ncap = ncap > SIZE_MAX / 2 ? need : ncap * 2;
+    if (ncap > SIZE_MAX / elem)
+        return RT_ENOMEM;
+    void **p = arr;
+    void *n = realloc(*p, ncap * elem);
+    if (!n)
+        return RT_ENOMEM;
+    *p = n;
+    *cap = ncap;
+    return 0;
+}
+
+void rt_buf_free(rt_buf_t *b)
+{
+    free(b->data);
+    memset(b, 0, sizeof(*b));
+}
+
+bool rt_buf_reserve(rt_buf_t *b, size_t more)
+{
+    if (b->oom)
+        return false;
+    if (b->len + more + 1 <= b->cap)
+        return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more + 1)
+        cap *= 2;
+    char *p = realloc(b->data, cap);
+    if (!p) {
+        b->oom = true;
+        return false;
+    }
+    b->data = p;
+    b->cap = cap;
+    return true;
+}
+
+void rt_buf_add(rt_buf_t *b, const void *p, size_t n)
+{
+    if (!rt_buf_reserve(b, n))
+        return;
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = 0;
+}
+
+void rt_buf_printf(rt_buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char small[256];
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof(small)) {
+        rt_buf_add(b, small, (size_t)n);
+        return;
+    }
+    if (!rt_buf_reserve(b, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
