@@ -330,10 +330,16 @@ static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_fl
     pk.publish.retain = retain_flag;
     pk.publish.dup = dup;
     pk.packet_id = qos ? packet_id : 0;
+    rt_message_t msg;
+    rt_message_view(bin, &msg);
     if (expire_at_ms) {
         uint64_t now = now_ms();
         uint64_t left = expire_at_ms > now ? expire_at_ms - now : 0;
         pk.props.message_expiry = (uint32_t)((left + 999) / 1000);
+        pk.props.present |= MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY);
+    } else if (msg.has_expiry) {
+        pk.props.message_expiry = msg.expiry;
+        pk.props.present |= MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY);
     }
     if (c->version == MQTT_V5 && n_sub_ids) {
         pk.props.sub_ids = sub_ids;
