@@ -1,3 +1,4 @@
+/* JSON for rules (lua_json.h): json.encode, json.decode and json.null, in C. */
 #include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>

@@ -1,9 +1,11 @@
+/* The topic and time libraries of rules (lua_lib.h). */
 #include <lauxlib.h>
 #include <lua.h>
 #include <string.h>
 #include <time.h>
 
 #include "lua_lib.h"
+#include "rt.h"
 
 int rt_topic_match(const char *f, size_t flen, const char *t, size_t tlen)
 {
@@ -95,9 +97,7 @@ int rt_lua_topic_open(lua_State *L)
 
 static int l_now_ms(lua_State *L)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    lua_pushinteger(L, (lua_Integer)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    lua_pushinteger(L, (lua_Integer)rt_wall_ms());
     return 1;
 }
 

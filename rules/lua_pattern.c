@@ -1,3 +1,4 @@
+/* Lua 5.4's string patterns with a step budget, for rules (lua_pattern.h). */
 #include <ctype.h>
 #include <lauxlib.h>
 #include <lua.h>

@@ -46,8 +46,9 @@
 ** batch once. A worker's turn ends early once it has run rules for
 ** rule_turn_us (rt_yield), so a rule that burns its budget on every message
 ** delays the connections sharing its scheduler by a few ms, not a whole batch.
-** Rules are found through a topic trie (one lookup whatever the number of
-** rules) and a per-event list.
+** Rules are found through the rule set's own topic index (rule_index.h: one
+** walk of the topic's levels whatever the number of rules) and a per-event
+** list.
 **
 ** Metrics per rule (carried over reload by name): matched = passed + filtered
 ** + failed, failed = exception + budget + memory; rows out; the last error.
@@ -58,6 +59,22 @@
 ** rt_rules_reload and rt_rules_test build Lua states (a reload of 1,000 rules
 ** takes a few hundred ms): call them from a blocking actor (RT_TYPE_BLOCKING) or
 ** a plain thread, not from an actor on a scheduler.
+**
+** What rules/ reads of the broker, and all it includes from outside itself:
+** the runtime (rt.h, common.h), settings (config.h), the canonical message
+** (message.h: a message's topic, properties, payload, QoS, retain and publisher
+** are read through rt_message_view, never parsed again; the codec's types come
+** with it, and of the codec rules call only mqtt_props_user_next to walk user
+** properties and mqtt_topic_filter_valid to check a rule's filters) and the sink
+** interface (sink.h: rt_sink_find, rt_sink_submit and the commit message).
+** Nothing from the connection, the admin socket or the broker's routing (no
+** topic trie) is included; those layers call in through this header.
+**
+** Files: rule_set.c (loading a rule set), rule_index.c (its topic index),
+** rule_handover.c (rt_rules_publish and rt_rules_event), rule_worker.c (the
+** worker actor), rule_engine.c (start, stop, reload), rule_admin.c (enable,
+** metrics, test); rule_internal.h is what they share. The Lua side is
+** rule_vm.h.
 */
 #ifndef RT_RULE_ENGINE_H
 #define RT_RULE_ENGINE_H
@@ -110,9 +127,9 @@ typedef struct rt_rule_origin_s {
 } rt_rule_origin_t;
 
 /*
-** For every PUBLISH the broker accepts. canonical is the message as an MQTT 5
-** PUBLISH (the engine takes its own reference; the caller keeps its own).
-** Returns 0 when no enabled rule matches (one trie lookup, no allocation), 1
+** For every PUBLISH the broker accepts. canonical is its canonical binary (message.h:
+** rt_message_new; the engine takes its own reference, the caller keeps its own).
+** Returns 0 when no enabled rule matches (one index lookup, no allocation), 1
 ** when handed to a worker, 2 when a matching rule is durable and ack_pid != 0:
 ** ack_pid then later receives exactly one RT_RULES_MSG_DURABLE with ack_token,
 ** once every row made from this message is committed (or at once if none was
@@ -229,7 +246,7 @@ typedef struct rt_rules_stats_s {
     uint32_t rules;
     uint32_t workers;
     uint64_t lua_bytes;   /* every Lua state of the set (one per worker) */
-    uint64_t index_bytes; /* topic trie, event lists, rule and target tables */
+    uint64_t index_bytes; /* topic index, event lists, rule and target tables */
     uint64_t text_bytes;  /* rule files kept to rebuild a rule after a memory failure */
 } rt_rules_stats_t;
 

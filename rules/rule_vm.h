@@ -1,7 +1,10 @@
 /*
-** One sandboxed Lua 5.4 state holding a whole rule set (rule_engine.c makes one
+** One sandboxed Lua 5.4 state holding a whole rule set (rule_set.c makes one
 ** per rule worker per rule-set version, plus short-lived ones to validate and
-** to test). Used by one thread at a time; nothing here locks.
+** to test). Used by one thread at a time and never re-entered; nothing here
+** locks (debug builds check both). The state and its budget are rule_vm.c, the
+** sandbox rule_sandbox.c, rows rule_rows.c, loading rule_load.c and the dry run
+** rule_dry_run.c.
 **
 ** Memory. The state's lua_Alloc counts every byte it holds (rt_rule_vm_bytes,
 ** shown per worker in the metrics) and refuses an allocation that would pass
@@ -56,12 +59,12 @@
 #ifndef RT_RULE_VM_H
 #define RT_RULE_VM_H
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mqtt_codec.h"
+#include "message.h"
+#include "rt.h"
 
 /* Instructions between hook calls once a call's budget is spent (see above). */
 #define RT_RULE_HOOK_AFTER_BUDGET 1000
@@ -114,7 +117,8 @@ typedef struct rt_rule_input_s {
     const char *username; /* NULL: none */
     const char *peer;     /* NULL: none */
     uint64_t ts_ms;
-    const mqtt_props_t *props; /* user properties of a decoded PUBLISH; NULL: none */
+    mqtt_str_t props;          /* a message's MQTT 5 property block (rt_message_t.props),
+                                  read for its user properties; empty: none */
     int reason_code;           /* -1: none */
     const char *reason;        /* NULL: none */
     const char *from_clientid; /* message.* events: the publisher; NULL: none */
@@ -142,17 +146,6 @@ typedef struct rt_rule_spec_s {
 } rt_rule_spec_t;
 
 void rt_rule_spec_free(rt_rule_spec_t *s);
-
-/* A growable byte buffer from malloc; *acct (may be NULL) tracks its capacity. */
-typedef struct rt_rule_buf_s {
-    uint8_t *p;
-    size_t len, cap;
-    _Atomic size_t *acct;
-} rt_rule_buf_t;
-
-int rt_rule_buf_reserve(rt_rule_buf_t *b, size_t n); /* 0 or RT_ENOMEM */
-int rt_rule_buf_append(rt_rule_buf_t *b, const void *p, size_t n);
-void rt_rule_buf_free(rt_rule_buf_t *b);
 
 typedef enum {
     RT_RULE_PASSED = 0,     /* produced one or more rows */
@@ -186,11 +179,12 @@ int rt_rule_vm_load(rt_rule_vm_t *vm, const char *path, const char *text, size_t
 
 /*
 ** Runs rule idx on in and appends the rows it makes to out, as BSON documents
-** back to back (*nrows of them). On a failure out is left as it was and err
-** says why. Metrics are the caller's.
+** back to back (*nrows of them). On a failure out is left as it was (without
+** oom, which it must not have on entry either) and err says why. Metrics are
+** the caller's.
 */
 rt_rule_outcome_t rt_rule_vm_run(rt_rule_vm_t *vm, uint32_t idx, const rt_rule_input_t *in,
-                                 rt_rule_buf_t *out, uint32_t *nrows, char *err, size_t errlen);
+                                 rt_buf_t *out, uint32_t *nrows, char *err, size_t errlen);
 
 /*
 ** The load-time dry run: runs rule idx on the sample its file declares

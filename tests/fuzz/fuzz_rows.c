@@ -100,23 +100,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                           .proto_ver = -1,
                           .keepalive = -1,
                           .clean_start = -1};
-    rt_rule_buf_t out = {0};
+    rt_buf_t out = {0};
     uint32_t nrows = 0;
     char err[512];
     rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, &in, &out, &nrows, err, sizeof err);
     if (o != RT_RULE_PASSED || nrows == 0) {
-        rt_rule_buf_free(&out);
+        rt_buf_free(&out);
         return 0;
     }
     /* Rows are BSON that libbson reads back, each with its length. */
+    const uint8_t *docs = (const uint8_t *)out.data;
     sink_row_t *rows = calloc(nrows, sizeof *rows);
     size_t off = 0;
     for (uint32_t i = 0; i < nrows; i++) {
         bson_t doc;
-        if (out.len - off < 5 ||
-            !bson_init_static(&doc, out.p + off, rt__sink_doc_len(out.p + off)))
+        if (out.len - off < 5 || !bson_init_static(&doc, docs + off, rt__sink_doc_len(docs + off)))
             abort();
-        rows[i].doc = out.p + off;
+        rows[i].doc = docs + off;
         rows[i].len = doc.len;
         off += doc.len;
     }
@@ -129,7 +129,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         restart_database();
 
     rt_bin_t *bin = rt_bin_alloc(out.len);
-    memcpy(rt_bin_data(bin), out.p, out.len);
+    memcpy(rt_bin_data(bin), out.data, out.len);
     bin = rt_sink_mongo_driver.admit(NULL, bin, nrows);
     const uint8_t *p = rt_bin_data(bin);
     off = 0;
@@ -144,6 +144,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     rt_bin_release(bin);
     free(rows);
-    rt_rule_buf_free(&out);
+    rt_buf_free(&out);
     return 0;
 }

@@ -406,12 +406,33 @@ return {
 '''
 
 
-def rule_worker_of(client_id, workers):
-    """The rule worker a client's messages go to (rule_engine.c: fnv1a(clientid) % workers)."""
-    h = 2166136261
-    for b in client_id.encode():
-        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
-    return h % workers
+# Each rule worker loads the rules into a Lua state of its own, so a number drawn as the file
+# loads names the worker running it: how a test learns which worker takes a client's
+# messages (chosen by a keyed hash of the client id, so different on every run).
+WHOAMI_RULE = '''
+local worker = math.random(1, 1 << 40)
+return {
+    name = "whoami",
+    from = "whoami/#",
+    select = function(msg) return { client = msg.clientid, worker = worker } end,
+    to = { db = { table = "whoami" } },
+}
+'''
+
+
+def one_client_per_worker(rtd, db, prefix, workers):
+    """A client id for each rule worker, found through whoami.lua (which rtd must load)."""
+    ids = [f"{prefix}{k}" for k in range(32)]
+    for cid in ids:
+        c = mqtt_raw.Raw(rtd.port, cid, version=4)
+        c.publish("whoami/x", b"?", qos=1)
+        c.disconnect()
+    assert poll_count(db, "whoami", len(ids)) == len(ids)
+    first = {}
+    for client, worker in query(db, "SELECT client, worker FROM whoami ORDER BY client"):
+        first.setdefault(worker, client)
+    assert len(first) == workers, first
+    return sorted(first.values())
 
 
 def test_runaway_rule_does_not_stall_other_clients(tmp_path):
@@ -421,15 +442,13 @@ def test_runaway_rule_does_not_stall_other_clients(tmp_path):
     PUBACKs on time from whichever scheduler it lives on (a whole 100-message turn of such a
     rule took ~0.5 s, and the PUBACK waited behind it)."""
     db = str(tmp_path / "rw.db")
-    rtd = start(tmp_path, write_rules(tmp_path, runaway=RUNAWAY_RULE), sqlite_sink(db),
-                extra=["rule_workers=2"])
+    rtd = start(tmp_path, write_rules(tmp_path, runaway=RUNAWAY_RULE, whoami=WHOAMI_RULE),
+                sqlite_sink(db), extra=["rule_workers=2"])
     per_worker, window = 600, 1.5  # ~600 x 2.5 ms = 1.5 s of Lua per worker, past the window
     lat = []
     try:
-        ids = {}
-        for k in range(100):
-            ids.setdefault(rule_worker_of(f"flood{k}", 2), f"flood{k}")
-        floods = [mqtt_raw.Raw(rtd.port, cid, version=4) for cid in sorted(ids.values())]
+        floods = [mqtt_raw.Raw(rtd.port, cid, version=4)
+                  for cid in one_client_per_worker(rtd, db, "flood", 2)]
         probe = mqtt_raw.Raw(rtd.port, "probe", version=4)
         for f in floods:
             for i in range(per_worker):
@@ -488,15 +507,13 @@ def test_c_loop_rule_is_bounded_in_time(tmp_path):
     Every call is counted as budget."""
     db = str(tmp_path / "cl.db")
     call_ms = 100
-    rtd = start(tmp_path, write_rules(tmp_path, cloop=C_LOOP_RULE), sqlite_sink(db),
-                extra=["rule_workers=2", f"rule_call_ms={call_ms}"])
+    rtd = start(tmp_path, write_rules(tmp_path, cloop=C_LOOP_RULE, whoami=WHOAMI_RULE),
+                sqlite_sink(db), extra=["rule_workers=2", f"rule_call_ms={call_ms}"])
     per_worker = 5
     lat = []
     try:
-        ids = {}
-        for k in range(100):
-            ids.setdefault(rule_worker_of(f"hold{k}", 2), f"hold{k}")
-        floods = [mqtt_raw.Raw(rtd.port, cid, version=4) for cid in sorted(ids.values())]
+        floods = [mqtt_raw.Raw(rtd.port, cid, version=4)
+                  for cid in one_client_per_worker(rtd, db, "hold", 2)]
         probes = [mqtt_raw.Raw(rtd.port, f"probe{k}", version=4) for k in range(6)]
         for f in floods:
             for i in range(per_worker):

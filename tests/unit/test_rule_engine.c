@@ -1,5 +1,5 @@
 /*
-** The rule engine (rules/rule_engine.c) on a running runtime with real SQLite
+** The rule engine (rules/rule_engine.h) on a running runtime with real SQLite
 ** sinks: loading and its errors, filtering and reshaping into 0..N rows, every
 ** event kind, broken rules counted and isolated, the topic index with 1,000
 ** rules, hot reload, durable acknowledgement, rt_rules_test, and a throughput
@@ -423,7 +423,7 @@ static void test_index_1000_rules(void)
     for (int i = 0; i < 1000; i++)
         total += all[i].matched;
     CHECK_EQ(total, 2);
-    /* A miss costs one trie lookup whatever the number of rules. */
+    /* A miss costs one index lookup whatever the number of rules. */
     rt_bin_t *b = make_publish("dev/nomatch/a", "x", 1, 1, NULL, 0);
     rt_rule_origin_t o = {"c1", NULL, NULL, 0};
     long misses = check_scale(200000);

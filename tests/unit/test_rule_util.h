@@ -5,10 +5,10 @@
 #include <bson/bson.h>
 #include <string.h>
 
-#include "mqtt_codec.h"
+#include "message.h"
 #include "rt.h"
 
-/* Encodes an MQTT 5 PUBLISH (the broker's canonical form) with optional user properties. */
+/* The canonical message (message.h) of a PUBLISH with optional user properties. */
 static inline rt_bin_t *make_publish(const char *topic, const void *payload, size_t len, int qos,
                                      const mqtt_user_prop_t *users, uint16_t nusers)
 {
@@ -22,15 +22,13 @@ static inline rt_bin_t *make_publish(const char *topic, const void *payload, siz
     pk.publish.qos = (uint8_t)qos;
     pk.props.users = users;
     pk.props.n_users = nusers;
-    size_t n = 0;
-    if (mqtt_encode(&pk, NULL, 0, 0, &n, NULL))
-        return NULL;
-    rt_bin_t *b = rt_bin_alloc(n);
-    if (b && mqtt_encode(&pk, rt_bin_data(b), n, 0, &n, NULL)) {
-        rt_bin_release(b);
-        return NULL;
-    }
-    return b;
+    return rt_message_new(&pk, NULL, NULL);
+}
+
+/* The first row of a rule's output (BSON documents back to back). */
+static inline const uint8_t *rows_data(const rt_buf_t *rows)
+{
+    return (const uint8_t *)rows->data;
 }
 
 /* The string field key of the BSON document at p, copied into out ("" if absent). */

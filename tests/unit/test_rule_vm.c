@@ -73,16 +73,16 @@ static rt_rule_outcome_t eval(const char *code, char *out, size_t cap)
     if (!vm)
         return RT_RULE_FAIL_EXCEPTION;
     rt_rule_input_t in = msg_in("a/b", "{}");
-    rt_rule_buf_t rows = {0};
+    rt_buf_t rows = {0};
     uint32_t n = 0;
     err[0] = 0;
     rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err));
     if (out) {
         out[0] = 0;
         if (o == RT_RULE_PASSED)
-            row_str(rows.p, "v", out, cap);
+            row_str(rows_data(&rows), "v", out, cap);
     }
-    rt_rule_buf_free(&rows);
+    rt_buf_free(&rows);
     rt_rule_vm_free(vm);
     return o;
 }
@@ -237,7 +237,7 @@ static void test_json_fuzz(void)
         return;
     long decoded = 0, refused = 0, n = check_scale(20000);
     char doc[512];
-    rt_rule_buf_t rows = {0};
+    rt_buf_t rows = {0};
     for (long i = 0; i < n; i++) {
         size_t len = 0, parts = 1 + rnd() % 24;
         for (size_t k = 0; k < parts; k++) {
@@ -261,7 +261,7 @@ static void test_json_fuzz(void)
         }
     }
     CHECK(decoded > 0 && refused > 0);
-    rt_rule_buf_free(&rows);
+    rt_buf_free(&rows);
     rt_rule_vm_free(vm);
 }
 
@@ -299,13 +299,13 @@ static void test_topic_time_template(void)
 
 static void test_msg_fields(void)
 {
-    /* A real decoded PUBLISH supplies the user properties. */
+    /* A canonical message's property block supplies the user properties. */
     static const mqtt_user_prop_t users[] = {
         {{(const uint8_t *)"k1", 2}, {(const uint8_t *)"v1", 2}},
         {{(const uint8_t *)"k2", 2}, {(const uint8_t *)"v2", 2}}};
     rt_bin_t *b = make_publish("s/1", "\x00\xff", 2, 1, users, 2);
-    mqtt_packet_t pk;
-    CHECK_EQ(mqtt_decode(rt_bin_data(b), rt_bin_len(b), MQTT_V5, &pk), 0);
+    rt_message_t m;
+    rt_message_view(b, &m);
     const char *texts[] = {
         "return { name = 'f', from = 's/+', select = function(msg, ctx)\n"
         "  return { topic = msg.topic, len = #msg.payload, payload = msg.payload,\n"
@@ -321,28 +321,28 @@ static void test_msg_fields(void)
         return;
     }
     rt_rule_input_t in = msg_in("s/1", "");
-    in.payload = pk.publish.payload.p;
-    in.payload_len = pk.publish.payload.len;
-    in.props = &pk.props;
-    rt_rule_buf_t rows = {0};
+    in.payload = m.payload.p;
+    in.payload_len = m.payload.len;
+    in.props = m.props;
+    rt_buf_t rows = {0};
     uint32_t n = 0;
     CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
     CHECK_EQ(n, 1);
     char s[128];
-    CHECK(strcmp(row_str(rows.p, "topic", s, sizeof(s)), "s/1") == 0);
-    CHECK_EQ(row_int(rows.p, "len"), 2);
-    CHECK_EQ(row_int(rows.p, "qos"), 1);
-    CHECK(strcmp(row_str(rows.p, "clientid", s, sizeof(s)), "c1") == 0);
-    CHECK(strcmp(row_str(rows.p, "username", s, sizeof(s)), "u1") == 0);
-    CHECK(strcmp(row_str(rows.p, "peer", s, sizeof(s)), "10.0.0.1:5555") == 0);
-    CHECK_EQ(row_int(rows.p, "ts"), 1700000000123ll);
-    CHECK(strcmp(row_str(rows.p, "k1", s, sizeof(s)), "v1") == 0);
-    CHECK(strcmp(row_str(rows.p, "k2", s, sizeof(s)), "v2") == 0);
-    CHECK(strcmp(row_str(rows.p, "rule", s, sizeof(s)), "f") == 0);
+    CHECK(strcmp(row_str(rows_data(&rows), "topic", s, sizeof(s)), "s/1") == 0);
+    CHECK_EQ(row_int(rows_data(&rows), "len"), 2);
+    CHECK_EQ(row_int(rows_data(&rows), "qos"), 1);
+    CHECK(strcmp(row_str(rows_data(&rows), "clientid", s, sizeof(s)), "c1") == 0);
+    CHECK(strcmp(row_str(rows_data(&rows), "username", s, sizeof(s)), "u1") == 0);
+    CHECK(strcmp(row_str(rows_data(&rows), "peer", s, sizeof(s)), "10.0.0.1:5555") == 0);
+    CHECK_EQ(row_int(rows_data(&rows), "ts"), 1700000000123ll);
+    CHECK(strcmp(row_str(rows_data(&rows), "k1", s, sizeof(s)), "v1") == 0);
+    CHECK(strcmp(row_str(rows_data(&rows), "k2", s, sizeof(s)), "v2") == 0);
+    CHECK(strcmp(row_str(rows_data(&rows), "rule", s, sizeof(s)), "f") == 0);
     /* Bytes that are not UTF-8 are stored as binary; tables as documents and arrays. */
     bson_t doc;
     bson_iter_t it, sub;
-    CHECK(bson_init_static(&doc, rows.p, rows.len));
+    CHECK(bson_init_static(&doc, rows_data(&rows), rows.len));
     CHECK(bson_iter_init_find(&it, &doc, "payload") && BSON_ITER_HOLDS_BINARY(&it));
     CHECK(bson_iter_init_find(&it, &doc, "retain") && BSON_ITER_HOLDS_BOOL(&it));
     CHECK(bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "nested.list.1", &sub) &&
@@ -353,7 +353,7 @@ static void test_msg_fields(void)
           BSON_ITER_HOLDS_ARRAY(&sub));
     CHECK(bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "nested.empty", &sub) &&
           BSON_ITER_HOLDS_DOCUMENT(&sub));
-    rt_rule_buf_free(&rows);
+    rt_buf_free(&rows);
     rt_rule_vm_free(vm);
     rt_bin_release(b);
 }
@@ -380,21 +380,21 @@ static void test_rows(void)
     rt_rule_vm_t *vm = vm_with(texts, 1);
     if (vm) {
         rt_rule_input_t in = msg_in("a", "[10, 20, 30]");
-        rt_rule_buf_t rows = {0};
+        rt_buf_t rows = {0};
         uint32_t n = 0;
         CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
         CHECK_EQ(n, 3);
-        const uint8_t *p = rows.p;
+        const uint8_t *p = rows_data(&rows);
         for (int i = 1; i <= 3 && n == 3; i++, p = row_next(p)) {
             CHECK_EQ(row_int(p, "i"), i);
             CHECK_EQ(row_int(p, "x"), i * 10);
         }
-        CHECK(p == rows.p + rows.len);
+        CHECK(p == rows_data(&rows) + rows.len);
         in = msg_in("a", "[]");
         rows.len = 0;
         CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_FILTERED);
         CHECK_EQ(rows.len, 0);
-        rt_rule_buf_free(&rows);
+        rt_buf_free(&rows);
         rt_rule_vm_free(vm);
     }
     /* Rows that cannot be stored fail the rule, naming why. */
@@ -623,15 +623,15 @@ static void test_sandbox(void)
     rt_rule_vm_t *vm = vm_with(texts, 2);
     if (vm) {
         rt_rule_input_t in = msg_in("a", "x");
-        rt_rule_buf_t rows = {0};
+        rt_buf_t rows = {0};
         uint32_t n;
         char v[64];
         CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
-        CHECK(strcmp(row_str(rows.p, "v", v, sizeof(v)), "from a") == 0);
+        CHECK(strcmp(row_str(rows_data(&rows), "v", v, sizeof(v)), "from a") == 0);
         rows.len = 0;
         CHECK_EQ(rt_rule_vm_run(vm, 1, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
-        CHECK(strcmp(row_str(rows.p, "v", v, sizeof(v)), "nilniltabletable") == 0);
-        rt_rule_buf_free(&rows);
+        CHECK(strcmp(row_str(rows_data(&rows), "v", v, sizeof(v)), "nilniltabletable") == 0);
+        rt_buf_free(&rows);
         rt_rule_vm_free(vm);
     }
     /* C loops that neither the hook nor the memory cap would stop are refused. */
@@ -687,13 +687,14 @@ static void test_broken_rules_isolated(void)
     if (!vm)
         return;
     rt_rule_input_t in = msg_in("a", "x");
-    rt_rule_buf_t rows = {0};
+    rt_buf_t rows = {0};
     uint32_t n;
     int hoard_passed = 0, hoard_memory = 0;
     for (int round = 1; round <= 25; round++) {
         rows.len = 0;
         CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
-        CHECK_EQ(row_int(rows.p, "n"), round); /* its own state survives the others' failures */
+        CHECK_EQ(row_int(rows_data(&rows), "n"),
+                 round); /* its own state survives the others' failures */
         CHECK_EQ(rt_rule_vm_run(vm, 1, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_EXCEPTION);
         CHECK(strstr(err, "t/r1.lua:2: boom") != NULL);
         CHECK_EQ(rt_rule_vm_run(vm, 2, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_BUDGET);
@@ -710,7 +711,7 @@ static void test_broken_rules_isolated(void)
     CHECK(hoard_memory >= 1);
     CHECK(hoard_passed >= 2);
     CHECK(rt_rule_vm_bytes(vm) > 0);
-    rt_rule_buf_free(&rows);
+    rt_buf_free(&rows);
     rt_rule_vm_free(vm);
 }
 
@@ -777,11 +778,11 @@ static void test_time_limit(void)
         CHECK_EQ(rt_rule_vm_load(vm, "t/t.lua", text, strlen(text), &spec, err, sizeof(err)), 0);
         rt_rule_spec_free(&spec);
         rt_rule_input_t in = msg_in("a", "x");
-        rt_rule_buf_t rows = {0};
+        rt_buf_t rows = {0};
         uint32_t n;
         CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_BUDGET);
         CHECK(strstr(err, "time limit of 20 ms exceeded") != NULL);
-        rt_rule_buf_free(&rows);
+        rt_buf_free(&rows);
         rt_rule_vm_free(vm);
     }
 }
@@ -817,7 +818,7 @@ static void test_output_bounded(void)
     if (!vm)
         return;
     rt_rule_vm_set_limits(vm, 1000, 3, 3500);
-    rt_rule_buf_t rows = {0};
+    rt_buf_t rows = {0};
     uint32_t n;
     rt_rule_input_t in = msg_in("a", "3");
     CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
@@ -831,7 +832,7 @@ static void test_output_bounded(void)
     CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_FAIL_MEMORY);
     CHECK(strstr(err, "rows larger than rule_output_bytes (3500)") != NULL);
     CHECK_EQ(rows.len, 0);
-    rt_rule_buf_free(&rows);
+    rt_buf_free(&rows);
     rt_rule_vm_free(vm);
 }
 
@@ -850,24 +851,24 @@ static void test_rules_share_nothing(void)
     rt_rule_vm_t *vm = vm_with(texts, 3);
     if (vm) {
         rt_rule_input_t in = msg_in("a", "x");
-        rt_rule_buf_t rows = {0};
+        rt_buf_t rows = {0};
         uint32_t n;
         char first[32], drawn[32], predicted[32];
         CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
-        row_str(rows.p, "v", first, sizeof(first));
+        row_str(rows_data(&rows), "v", first, sizeof(first));
         rows.len = 0;
         CHECK_EQ(rt_rule_vm_run(vm, 1, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
-        row_str(rows.p, "v", drawn, sizeof(drawn));
+        row_str(rows_data(&rows), "v", drawn, sizeof(drawn));
         rows.len = 0;
         CHECK_EQ(rt_rule_vm_run(vm, 2, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
-        row_str(rows.p, "v", predicted, sizeof(predicted));
+        row_str(rows_data(&rows), "v", predicted, sizeof(predicted));
         /* With one shared generator, draws gave seed 42's second number. */
         CHECK(strcmp(drawn, predicted) != 0);
         CHECK(strcmp(first, predicted) != 0);
         rows.len = 0;
         CHECK_EQ(rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err)), RT_RULE_PASSED);
-        CHECK(strcmp(row_str(rows.p, "v", drawn, sizeof(drawn)), first) == 0);
-        rt_rule_buf_free(&rows);
+        CHECK(strcmp(row_str(rows_data(&rows), "v", drawn, sizeof(drawn)), first) == 0);
+        rt_buf_free(&rows);
         rt_rule_vm_free(vm);
     }
     expect("math.type(math.random(10)) .. tostring(math.random(1, 1))", "integer1");
