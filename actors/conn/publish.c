@@ -159,9 +159,7 @@ void rt__conn_on_commit(conn_t *c, uint64_t token, int32_t status)
 void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c)
 {
     rt_session_t *s = c->sess;
-    RT_ASSERT(s && s->ack_timer);
-    if (!s)
-        return;
+    RT_ASSERT(s && s->ack_timer); /* only a session holding acks arms the check */
     s->ack_timer = 0;
     uint64_t now = rt_mono_ms();
     for (uint32_t i = 0; i < s->nacks; i++) {
