@@ -1,17 +1,7 @@
-#include <arpa/inet.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include "auth.h"
-#include "conn.h"
-#include "log.h"
-
 /*
-** The listener actors, one per configured address, and admission at accept.
-** Limits are applied at accept, before a connection costs an actor:
+** The listener actors, one per configured address: each accepts sockets and starts
+** a connection actor (conn.c) for every one it admits. Admission limits apply at
+** accept, before a connection costs an actor:
 **   max_connections         sockets open in the broker (stats.sockets);
 **   max_connections_per_ip  sockets open from one address, all listeners together;
 **   max_connection_rate     new connections a second per listener: a token bucket
@@ -29,6 +19,18 @@
 ** entry closed, and an address at its limit has its entries checked (at most
 ** every RT_PEER_SWEEP_MS) before a connection from it is refused.
 */
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "conn.h"
+#include "log.h"
+
 #define RT_LISTEN_BACKLOG 4096        /* pending connections the kernel queues */
 #define RT_LISTEN_ACCEPTS_PER_TURN 64 /* accepts per turn; the runtime posts another event */
 #define RT_LISTEN_LOG_MS 1000         /* at most one refusal line per listener per this */
@@ -72,12 +74,33 @@ typedef struct {
 */
 static struct {
     pthread_mutex_t lock;
+    pthread_t holder; /* the thread holding lock, while held is set */
+    bool held;
     unsigned users; /* listeners using the table */
     peer_addr_t **buckets;
     size_t cap, len; /* buckets (a power of 2), addresses */
     peer_fd_t *fds;
     size_t nfds; /* entries in fds */
 } peers = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void peers_lock(void)
+{
+    pthread_mutex_lock(&peers.lock);
+    peers.holder = pthread_self();
+    peers.held = true;
+}
+
+static void peers_unlock(void)
+{
+    peers.held = false;
+    pthread_mutex_unlock(&peers.lock);
+}
+
+/* Whether this thread holds the table's lock, which every peer_* function needs. */
+static inline bool peers_locked(void)
+{
+    return peers.held && pthread_equal(peers.holder, pthread_self());
+}
 
 /*
 ** The cookie of the socket fd names now (SO_COOKIE: 64 bits the kernel gives each
@@ -101,6 +124,7 @@ static size_t peer_bucket(const rt_auth_addr_t *a, size_t cap)
 
 static peer_addr_t *peer_find(const rt_auth_addr_t *a)
 {
+    RT_ASSERT(peers_locked());
     if (!peers.cap)
         return NULL;
     peer_addr_t *p = peers.buckets[peer_bucket(a, peers.cap)];
@@ -112,6 +136,7 @@ static peer_addr_t *peer_find(const rt_auth_addr_t *a)
 /* Adds a for counting (doubling the buckets first when full); NULL on OOM. */
 static peer_addr_t *peer_add(const rt_auth_addr_t *a)
 {
+    RT_ASSERT(peers_locked());
     if (peers.len >= peers.cap) {
         size_t cap = peers.cap ? peers.cap * 2 : 256;
         peer_addr_t **nb = calloc(cap, sizeof(*nb));
@@ -143,6 +168,7 @@ static peer_addr_t *peer_add(const rt_auth_addr_t *a)
 
 static void peer_remove(peer_addr_t *p)
 {
+    RT_ASSERT(peers_locked());
     for (peer_addr_t **pp = &peers.buckets[peer_bucket(&p->addr, peers.cap)]; *pp;
          pp = &(*pp)->next) {
         if (*pp == p) {
@@ -157,6 +183,7 @@ static void peer_remove(peer_addr_t *p)
 /* Stops counting whatever socket was recorded under fd (its connection has ended). */
 static void peer_forget(int fd)
 {
+    RT_ASSERT(peers_locked());
     if (fd < 0 || (size_t)fd >= peers.nfds || !peers.fds[fd].peer)
         return;
     peer_fd_t *e = &peers.fds[fd];
@@ -175,6 +202,7 @@ static void peer_forget(int fd)
 /* Counts the socket fd (SO_COOKIE cookie) for p; RT_ENOMEM if the fd table cannot grow. */
 static int peer_count(peer_addr_t *p, int fd, uint64_t cookie)
 {
+    RT_ASSERT(peers_locked());
     if ((size_t)fd >= peers.nfds) {
         size_t n = peers.nfds ? peers.nfds * 2 : 1024;
         while (n <= (size_t)fd)
@@ -198,6 +226,7 @@ static int peer_count(peer_addr_t *p, int fd, uint64_t cookie)
 /* Drops p's entries whose sockets have closed; p is freed if none is left (returns false). */
 static bool peer_sweep(peer_addr_t *p, uint64_t now)
 {
+    RT_ASSERT(peers_locked());
     p->swept_ms = now;
     for (int fd = p->head; fd >= 0;) {
         int next = peers.fds[fd].next;
@@ -214,14 +243,14 @@ static bool peer_sweep(peer_addr_t *p, uint64_t now)
 
 static void peers_use(void)
 {
-    pthread_mutex_lock(&peers.lock);
+    peers_lock();
     peers.users++;
-    pthread_mutex_unlock(&peers.lock);
+    peers_unlock();
 }
 
 static void peers_unuse(void)
 {
-    pthread_mutex_lock(&peers.lock);
+    peers_lock();
     if (--peers.users == 0) {
         for (size_t i = 0; i < peers.cap; i++) {
             for (peer_addr_t *p = peers.buckets[i], *next; p; p = next) {
@@ -235,13 +264,13 @@ static void peers_unuse(void)
         peers.fds = NULL;
         peers.cap = peers.len = peers.nfds = 0;
     }
-    pthread_mutex_unlock(&peers.lock);
+    peers_unlock();
 }
 
 typedef struct {
     rt_sock_t *sock;
     const rt_listen_t *where;
-    unsigned index;     /* in conf.listeners */
+    unsigned index; /* in conf.listeners */
     rt_listener_stats_t *stats;
     int port;           /* the bound port (where->port may be 0) */
     double tokens;      /* max_connection_rate bucket: connections that may start now */
@@ -253,7 +282,7 @@ typedef struct {
 } listener_t;
 
 /* Takes a token from the listener's bucket; false when max_connection_rate is spent. */
-static bool take_token(listener_t *l)
+static bool rate_take_token(listener_t *l)
 {
     long rate = RT_LIVE(max_connection_rate);
     if (rate <= 0)
@@ -273,17 +302,17 @@ static bool take_token(listener_t *l)
 ** Decides whether the socket fd just accepted may start a connection and, with
 ** a per-address limit, counts it for its address. Returns REFUSE_NONE or why not.
 */
-static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
+static int admit_socket(listener_t *l, int fd, rt_auth_addr_t *addr)
 {
     if ((long)atomic_load(&rt_broker->stats.sockets) >= RT_LIVE(max_connections))
         return REFUSE_MAX;
     long per_ip = RT_LIVE(max_connections_per_ip);
     if (per_ip <= 0)
-        return take_token(l) ? REFUSE_NONE : REFUSE_RATE;
+        return rate_take_token(l) ? REFUSE_NONE : REFUSE_RATE;
     bool known = rt_auth_addr_from_fd(fd, addr) == 0;
     uint64_t cookie = sock_cookie(fd);
     int why = REFUSE_NONE;
-    pthread_mutex_lock(&peers.lock);
+    peers_lock();
     peer_forget(fd); /* accept returned this number: the socket once under it has closed */
     peer_addr_t *p = known && cookie ? peer_find(addr) : NULL;
     if (p && p->count >= (uint64_t)per_ip) {
@@ -293,7 +322,7 @@ static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
         if (p && p->count >= (uint64_t)per_ip)
             why = REFUSE_PER_IP;
     }
-    if (why == REFUSE_NONE && !take_token(l))
+    if (why == REFUSE_NONE && !rate_take_token(l))
         why = REFUSE_RATE;
     if (why == REFUSE_NONE && known && cookie) {
         if (!p)
@@ -304,19 +333,19 @@ static int admit(listener_t *l, int fd, rt_auth_addr_t *addr)
             why = REFUSE_ERROR;
         }
     }
-    pthread_mutex_unlock(&peers.lock);
+    peers_unlock();
     return why;
 }
 
 /*
-** Undoes admit's count for a socket that did not become a connection. Not
-** skipped when max_connections_per_ip is 0 now: it may have been on at admit.
+** Undoes admit_socket's count for a socket that did not become a connection. Not
+** skipped when max_connections_per_ip is 0 now: it may have been on at admission.
 */
-static void unadmit(int fd)
+static void unadmit_socket(int fd)
 {
-    pthread_mutex_lock(&peers.lock);
+    peers_lock();
     peer_forget(fd);
-    pthread_mutex_unlock(&peers.lock);
+    peers_unlock();
 }
 
 static void format_addr(const rt_auth_addr_t *a, char *out, size_t len)
@@ -355,7 +384,8 @@ static void log_refusals(rt_actor_t *self, listener_t *l)
 ** Closes a refused socket and counts it. The first refusal after a quiet second
 ** is logged at once; later ones are summed into one line a second.
 */
-static void refuse(rt_actor_t *self, listener_t *l, int fd, int why, const rt_auth_addr_t *addr)
+static void refuse_socket(rt_actor_t *self, listener_t *l, int fd, int why,
+                          const rt_auth_addr_t *addr)
 {
     rt_broker_stats_t *st = &rt_broker->stats;
     atomic_uint_fast64_t *reason[REFUSE_REASONS] = {[REFUSE_MAX] = &st->refused_max_conns,
@@ -417,16 +447,16 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
             return;
         }
         rt_auth_addr_t addr;
-        int why = admit(l, fd, &addr);
+        int why = admit_socket(l, fd, &addr);
         if (why != REFUSE_NONE) {
-            refuse(self, l, fd, why, &addr);
+            refuse_socket(self, l, fd, why, &addr);
             continue;
         }
         rt_pid_t pid;
         rt_conn_arg_t arg = {.fd = fd, .listener = l->index};
         if (rt_spawn(&rt_conn_type, &arg, &pid) != 0) {
-            unadmit(fd);
-            refuse(self, l, fd, REFUSE_ERROR, &addr);
+            unadmit_socket(fd);
+            refuse_socket(self, l, fd, REFUSE_ERROR, &addr);
             continue;
         }
         atomic_fetch_add_explicit(&rt_broker->stats.accepted, 1, memory_order_relaxed);
@@ -482,34 +512,3 @@ const rt_actor_type_t rt_listener_type = {
     .terminate = listener_terminate,
     .tag_name = listener_tag_name,
 };
-
-
-int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen)
-{
-    int rc = rt_broker_init(conf);
-    if (rc) {
-        snprintf(err, errlen, "cannot make the broker's state: %s", rt_strerror(rc));
-        return rc;
-    }
-    int restored = rt_sessions_restore(err, errlen);
-    if (restored)
-        return restored;
-    /* Before the listeners: the first CONNECT may need a full password hash. */
-    int vrc = rt_auth_verifier_start();
-    if (vrc && vrc != RT_EEXIST) { /* EEXIST: one runs already, from an earlier start */
-        snprintf(err, errlen, "cannot start the login verifier: %s", rt_strerror(vrc));
-        return vrc;
-    }
-    for (unsigned i = 0; i < conf->nlisteners; i++) {
-        rt_pid_t pid;
-        rc = rt_spawn(&rt_listener_type, (void *)&rt_broker->conf.listeners[i], &pid);
-        if (rc) {
-            snprintf(err, errlen, "cannot listen on %s:%d: %s", conf->listeners[i].host,
-                     conf->listeners[i].port,
-                     rc == RT_EEXIST ? "address already in use" : rt_strerror(rc));
-            return rc;
-        }
-    }
-    return 0;
-}
-

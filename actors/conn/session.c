@@ -45,8 +45,16 @@ size_t rt_qmsg_bytes(const rt_qmsg_t *m)
     return m->bin ? rt_bin_len(m->bin) : 0;
 }
 
+/* The list's ends and counts agree: empty means no head, no tail, no bytes. */
+static inline bool qlist_consistent(const rt_qlist_t *l)
+{
+    return (l->n == 0) == (l->head == NULL) && (l->head == NULL) == (l->tail == NULL) &&
+           (l->n || l->bytes == 0) && (!l->tail || !l->tail->next);
+}
+
 void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m)
 {
+    RT_ASSERT(qlist_consistent(l) && m != l->tail);
     m->next = NULL;
     if (l->tail)
         l->tail->next = m;
@@ -60,6 +68,8 @@ void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m)
 /* Unlinks m, whose predecessor is prev (NULL at the head). */
 static void unlink_after(rt_qlist_t *l, rt_qmsg_t *prev, rt_qmsg_t *m)
 {
+    RT_ASSERT(qlist_consistent(l) && l->n && l->bytes >= rt_qmsg_bytes(m));
+    RT_ASSERT(prev ? prev->next == m : l->head == m);
     if (prev)
         prev->next = m->next;
     else
@@ -107,6 +117,7 @@ void rt_qlist_clear(rt_qlist_t *l)
 
 void rt_qlist_drop_payload(rt_qlist_t *l, rt_qmsg_t *m)
 {
+    RT_ASSERT(l->n && l->bytes >= rt_qmsg_bytes(m));
     l->bytes -= rt_qmsg_bytes(m);
     rt_bin_release(m->bin);
     m->bin = NULL;

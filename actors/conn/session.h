@@ -33,8 +33,8 @@ typedef struct rt_qmsg_s {
     uint16_t packet_id;    /* while inflight */
     uint8_t qos;
     uint8_t retain;
-    uint8_t state;         /* RT_QMSG_* */
-    uint8_t shared;        /* came through a shared subscription */
+    uint8_t state;  /* RT_QMSG_* */
+    uint8_t shared; /* came through a shared subscription */
     uint8_t n_sub_ids;
     uint32_t sub_ids[];
 } rt_qmsg_t;
@@ -52,24 +52,24 @@ typedef struct rt_qlist_s {
 ** means "on disk". Acks leave in the order the PUBLISHes came (4.6).
 */
 typedef struct {
-    uint64_t token;     /* the store answers with it */
+    uint64_t token; /* the store answers with it */
     uint64_t since_ms;
     uint32_t remaining; /* commits still to come */
     uint16_t packet_id;
-    uint8_t type;       /* MQTT_PUBACK or MQTT_PUBREC */
+    uint8_t type; /* MQTT_PUBACK or MQTT_PUBREC */
     uint8_t reason;
 } rt_pending_ack_t;
 
 typedef struct rt_session_s {
-    rt_qlist_t inflight; /* sent, not acknowledged; oldest first */
-    rt_qlist_t queued;   /* not sent yet; oldest first */
-    uint64_t dropped;    /* messages refused because the queue was full */
-    uint64_t expired;    /* messages whose expiry interval ran out before they were sent */
-    uint64_t next_seq;   /* store rows of this session's messages */
-    uint64_t next_token; /* tokens of durable acknowledgements */
+    rt_qlist_t inflight;    /* sent, not acknowledged; oldest first */
+    rt_qlist_t queued;      /* not sent yet; oldest first */
+    uint64_t dropped;       /* messages refused because the queue was full */
+    uint64_t expired;       /* messages whose expiry interval ran out before they were sent */
+    uint64_t next_seq;      /* store rows of this session's messages */
+    uint64_t next_token;    /* tokens of durable acknowledgements */
     rt_pending_ack_t *acks; /* waiting acknowledgements, oldest first */
     uint32_t nacks, capacks;
-    uint8_t ack_timer;   /* a check of stuck acknowledgements is pending */
+    uint8_t ack_timer; /* a check of stuck acknowledgements is pending */
     /* The inflight list's ids may not run in order from its head (a session restored
        from the store, or ids that wrapped to the head), so a new id is checked against
        all of them until the list empties. */
@@ -81,12 +81,12 @@ rt_qmsg_t *rt_qmsg_new(rt_bin_t *bin, uint8_t qos, uint8_t retain, uint64_t expi
                        uint8_t shared, const uint32_t *sub_ids, uint32_t n_sub_ids);
 void rt_qmsg_free(rt_qmsg_t *m);
 
-void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m);  /* at the tail */
-rt_qmsg_t *rt_qlist_pop(rt_qlist_t *l);           /* from the head; NULL when empty */
+void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m); /* at the tail */
+rt_qmsg_t *rt_qlist_pop(rt_qlist_t *l);          /* from the head; NULL when empty */
 /* Unlinks and returns the inflight message with packet_id, or NULL. */
 rt_qmsg_t *rt_qlist_take_id(rt_qlist_t *l, uint16_t packet_id);
 rt_qmsg_t *rt_qlist_find_id(const rt_qlist_t *l, uint16_t packet_id);
-void rt_qlist_clear(rt_qlist_t *l);               /* frees every message */
+void rt_qlist_clear(rt_qlist_t *l); /* frees every message */
 /* Releases m's binary (QoS 2 after PUBREC needs only its packet id); m stays in l. */
 void rt_qlist_drop_payload(rt_qlist_t *l, rt_qmsg_t *m);
 /* The bytes a message counts against the queue limit. */

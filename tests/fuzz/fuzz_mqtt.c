@@ -1,5 +1,5 @@
 /*
-** The MQTT decoder on a byte stream, as a connection reads it (actors/conn.c parse()).
+** The MQTT decoder on a byte stream, as a connection reads it (actors/conn/conn.c parse_packets()).
 **
 ** Input: byte 0 picks the protocol level the stream starts in (3, 4 or 5; a CONNECT that
 ** decodes switches to its own level, as a connection does), byte 1 seeds the chunk sizes,

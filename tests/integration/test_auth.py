@@ -168,7 +168,7 @@ def test_sighup_reloads_and_keeps_old_tables_on_error(tmp_path):
     assert code == 0, log
 
 
-# ---- The broker enforcing them (conn.c) ----
+# ---- The broker enforcing them (actors/conn) ----
 
 from mqtt_raw import PUBACK, Raw  # noqa: E402
 
@@ -418,7 +418,7 @@ def test_client_gone_while_its_login_is_verified(slow_hashes):
                                         slow_hashes.ctl_json("listeners"))
 
 
-# ---- Subscriptions re-checked when the ACL changes (conn.c on_acl_recheck) ----
+# ---- Subscriptions re-checked when the ACL changes (conn/client_admin.c) ----
 
 @pytest.mark.parametrize("how", ["sighup", "rtctl", "config_set"])
 def test_acl_reload_revokes_subscriptions(tmp_path, how):

@@ -1,0 +1,252 @@
+/*
+** Inside the connection actor: its state (conn_t), its message tags, and the functions
+** its files call in one another. Each file has one job:
+**   conn.c         the actor: start, socket reading and parsing, packet dispatch,
+**                  keepalive, the end of a connection (offline session or exit)
+**   connect.c      CONNECT: login, client id claim (takeover or resume), will, CONNACK
+**   publish.c      PUBLISH from the client: checks, routing, exactly-once ids, acks that
+**                  wait for the store (durable acks)
+**   subscribe.c    SUBSCRIBE and UNSUBSCRIBE, the subscription list, shared-group membership
+**   delivery.c     messages to the client: the session's window, queue and inflight list
+**   client_admin.c administrators' queries, kicks and ACL rechecks
+**   start.c        MQTT at start: sessions and retained messages the store kept
+**   listener.c     the listeners and admission at accept
+**
+** All of it runs in the connection actor's own turns (one actor per thread at a time),
+** so conn_t has no locks; what other threads read goes through the broker's atomics.
+*/
+#ifndef RT_CONN_IMPL_H
+#define RT_CONN_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "auth.h"
+#include "conn.h"
+#include "mqtt_codec.h"
+#include "route.h"
+#include "rule_engine.h"
+#include "session.h"
+#include "topic_alias.h"
+
+enum {
+    RT_CONN_MSG_KEEPALIVE = RT_MSG_USER, /* tag timer: check the keepalive */
+    RT_CONN_MSG_RESUME,          /* fd: a new connection's socket; data: its listener (one byte),
+                                    then its bytes from CONNECT on */
+    RT_CONN_MSG_SESSION_EXPIRED, /* tag timer: an offline session may have run out */
+    RT_CONN_MSG_WILL_DUE,        /* tag timer: a delayed will may be due */
+    RT_CONN_MSG_ACK_CHECK,       /* tag timer: acknowledgements waiting too long for the store */
+    RT_CONN_MSG_RESTORED,        /* first turn of a session loaded from the store */
+    RT_CONN_MSG_AUTH_REFUSED,    /* tag timer: the held-back negative CONNACK is due */
+    RT_CONN_MSG_PARSE_MORE,      /* complete packets wait in the partial buffer (budget ran out) */
+    RT_CONN_MSG_SLOW_CHECK,      /* tag timer: is the client still not reading? */
+    RT_CONN_MSG_LOGIN_VERDICT,   /* data: rt_auth_verdict_t, the verifier's answer (auth.h) */
+    /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
+    RT_CONN_MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: what to answer with */
+    RT_CONN_MSG_KICK,                              /* end the connection and the session */
+    RT_CONN_MSG_ACL_RECHECK,                       /* the ACL changed: drop what it forbids */
+};
+
+#define RT_SHARE_PREFIX "$share/"
+
+/* One of the client's subscriptions, kept for session end, shared-group moves and persistence. */
+typedef struct {
+    char *filter;
+    size_t len;
+    rt_trie_opts_t opts;
+} sub_entry_t;
+
+/* A connection's topic aliases in both directions (MQTT 5 3.3.2.3.4). */
+typedef struct {
+    char **in;           /* the client's: alias - 1 -> topic, max_topic_alias of them, or NULL */
+    rt_alias_out_t *out; /* ours: NULL when the client's Topic Alias Maximum allows none */
+} conn_aliases_t;
+
+typedef struct conn_s conn_t;
+struct conn_s {
+    rt_sock_t *sock;  /* NULL while an offline session waits for its client */
+    uint8_t *partial; /* bytes of an incomplete packet; NULL when none */
+    char *client_id;
+    char *username; /* from CONNECT, for the ACL; NULL when anonymous */
+    char *peer;     /* "ip:port" for rules, made on first use (publishers pay, not idlers) */
+    sub_entry_t *subs;
+    rt_session_t *sess;      /* inflight and queued messages; NULL until the first one */
+    rt_bin_t *will;          /* the will as a canonical PUBLISH, or NULL */
+    conn_aliases_t *aliases; /* topic aliases (MQTT 5): made at CONNECT if the client allows
+                                some, else on its first alias; NULL for none */
+    uint16_t *qos2_ids;      /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
+    uint64_t last_rx_ms;
+    /* One word for two times that never both matter: the session's end exists only offline,
+       the CONNECT's time only while connected (this struct is an idle connection's memory). */
+    union {
+        uint64_t expire_at_ms;    /* offline: when the session ends (monotonic ms) */
+        uint64_t connected_at_ms; /* connected: when its CONNECT was accepted (unix ms) */
+    };
+    uint64_t will_at_ms;               /* offline with a delayed will: when it is published */
+    uint32_t partial_len, partial_cap; /* a packet is at most max_packet_size */
+    uint32_t nsubs, capsubs;
+    uint32_t nqos2, capqos2;  /* nqos2 <= RT_CONN_QOS2_PENDING_MAX */
+    uint32_t session_expiry;  /* seconds the session outlives its connection; 0: ends with it */
+    uint32_t will_delay;      /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
+    uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
+    uint32_t dropped;         /* messages not delivered: too large for the client, or queue full */
+    uint32_t max_packet;      /* max_packet_size when the socket came: what CONNACK tells, kept
+                                 for the connection's life though the limit may change */
+    uint16_t keepalive;       /* seconds, 0 = none */
+    uint16_t next_packet_id;
+    uint16_t recv_max; /* the client's Receive Maximum (MQTT 5), 65535 when absent */
+    union {
+        uint16_t rx_max; /* connected (MQTT 5): the Receive Maximum its CONNACK told */
+        uint8_t refusal; /* CONNACK code held back while a failed login waits out its delay */
+    };
+    uint8_t version; /* 0 until CONNECT */
+    uint8_t disc_rc; /* 1 + the reason code the connection ended with (DISCONNECT from
+                        either side, or the server's reason to close); 0: none yet */
+    /* Flags as bits: this struct is most of an idle connection's memory. */
+    uint8_t closing : 1;         /* the connection is ending: read and deliver nothing more on it */
+    uint8_t resuming : 1;        /* the CONNECT being handled continues this actor's session */
+    uint8_t connected : 1;       /* counted in stats.connections */
+    uint8_t keepalive_armed : 1; /* a keepalive timer is pending (one chain per actor) */
+    uint8_t discard_will : 1;    /* a normal DISCONNECT came (3.1.2.5) */
+    uint8_t stored : 1;          /* the store has (or had) this session: its end must be written */
+    uint8_t shedding : 1; /* its client stopped reading: publishers drop QoS 0 for it (rt_shed) */
+    uint8_t parse_pending : 1; /* RT_CONN_MSG_PARSE_MORE is queued; socket reading is paused */
+    uint8_t slow_check : 1;    /* RT_CONN_MSG_SLOW_CHECK is pending */
+    uint8_t clean_start : 1;   /* of the last CONNECT (for administrators) */
+    uint8_t verifying : 1;     /* the verifier is deciding the CONNECT at the front of partial */
+    uint8_t listener : 4;      /* the socket's listener (conf.listeners index, < 16) */
+};
+
+/* Most of an idle connection's memory: with the actor header it must stay in a 384-byte slab. */
+_Static_assert(sizeof(conn_t) <= 160, "conn_t outgrew its slab class");
+_Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
+
+#define RT_CONN_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
+
+/*
+** rt_grow for conn_t's arrays, whose counts and capacities are uint32_t to keep an idle
+** connection small: RT_ENOMEM also when need is past what a uint32_t capacity can double to.
+*/
+static inline int rt__conn_grow(void *arr, uint32_t *cap, size_t need, size_t elem, size_t min)
+{
+    if (need > UINT32_MAX / 2)
+        return RT_ENOMEM;
+    size_t n = *cap;
+    int rc = rt_grow(arr, &n, need, elem, min);
+    RT_ASSERT(n <= UINT32_MAX);
+    *cap = (uint32_t)n;
+    return rc;
+}
+
+/*
+** Deliveries made while handling the current socket event (one actor per thread at a time):
+** publish.c counts them, conn.c yields once they reach its budget.
+*/
+extern _Thread_local uint32_t rt__conn_routed_this_event;
+
+/* ---- conn.c: the actor ---- */
+extern const rt_actor_type_t rt__conn_restored_type; /* arg: const rt_stored_session_t * */
+/* Encodes pk for the client's version and queues it on the socket (sent at the end of the
+   turn). MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE) past the client's Maximum Packet Size. */
+int rt__conn_send_packet(conn_t *c, mqtt_packet_t *pk);
+/* Queues an encoded packet of this type on the socket and counts it. */
+int rt__conn_write_packet(conn_t *c, uint8_t type, const uint8_t *buf, size_t len);
+/* A broker event for rules: the fields that do not apply stay -1 / NULL. */
+void rt__conn_rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, int qos,
+                         int reason_code, const char *reason, rt_bin_t *canonical);
+/* The client as rules see it (for a message it publishes or an event about it). */
+rt_rule_origin_t rt__conn_rule_origin(conn_t *c);
+/* "ip:port" of the socket's peer into buf ("?:0" if unknown). */
+void rt__conn_format_peer(int fd, char *buf, size_t len);
+/* The connection's alias tables, made on first use; NULL when out of memory. */
+conn_aliases_t *rt__conn_aliases_get_or_make(conn_t *c);
+/* Counts the client in stats.connections (on) or out of it; no change if it already is. */
+void rt__conn_count_connected(conn_t *c, bool on);
+/*
+** Ends the connection: v5 clients are told why (reason 0 means no DISCONNECT). A persistent
+** session goes offline; otherwise the actor exits.
+*/
+void rt__conn_close(rt_actor_t *self, conn_t *c, uint8_t reason, rt_reason_t exit_reason);
+/* Starts the keepalive check if the client has a keepalive and none is pending. */
+void rt__conn_arm_keepalive(rt_actor_t *self, conn_t *c);
+/* Offline: the session ends in session_expiry seconds unless its client comes back. */
+void rt__conn_arm_session_expiry(rt_actor_t *self, conn_t *c);
+/* Parses what waits in the partial buffer, then reads the socket on (RT_CONN_MSG_PARSE_MORE). */
+void rt__conn_parse_more(rt_actor_t *self, conn_t *c);
+/* The MQTT reason code an error from the codec or a handler stands for. */
+uint8_t rt__conn_error_reason(int err);
+/* Counts and logs a packet that ends the connection (connect_id: the refused CONNECT's). */
+void rt__conn_log_bad_packet(conn_t *c, mqtt_str_t connect_id, uint8_t reason);
+
+/* ---- connect.c: CONNECT ---- */
+/* Handles the CONNECT pk; bytes[0..len) are what was read from it on (for a hand-over). */
+int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const uint8_t *bytes,
+                            size_t len);
+void rt__conn_on_login_verdict(rt_actor_t *self, conn_t *c, const rt_auth_verdict_t *v);
+/* The negative CONNACK a failed login held back; then the actor exits. */
+void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c);
+/* A session begins (it ends in the actor's terminate). */
+void rt__conn_count_session(void);
+/* A Session Expiry Interval from CONNECT (or DISCONNECT), within max_session_expiry. */
+uint32_t rt__conn_clamp_session_expiry(uint64_t requested);
+
+/* ---- publish.c: PUBLISH from the client ---- */
+int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+/* PUBREL: the exactly-once exchange of an inbound QoS 2 message ends (PUBCOMP). */
+void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk);
+/* Remembers an inbound QoS 2 id until its PUBREL; RT_ENOMEM, or RT_ELIMIT past the bound. */
+int rt__conn_qos2_add(conn_t *c, uint16_t packet_id);
+/* One commit a held acknowledgement waits for came (status < 0: it failed). */
+void rt__conn_on_commit(conn_t *c, uint64_t token, int32_t status);
+void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c);
+/* max_topic_length and max_topic_levels (0: no limit), for topic names and filters alike. */
+bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);
+
+/* ---- subscribe.c: subscriptions ---- */
+int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+/* Adds (or updates) a subscription in the client's list; RT_ENOMEM. */
+int rt__conn_sub_remember(conn_t *c, const uint8_t *f, size_t len, const rt_trie_opts_t *o);
+/*
+** Ends one subscription everywhere it is kept: the trie (no more deliveries), the store and
+** the client's list; rules hear of it. f may be the list's own copy (it is forgotten last).
+** Returns whether the trie had it.
+*/
+bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len);
+/* The session ends: every subscription leaves the trie and the list is freed. */
+void rt__conn_subs_free(rt_actor_t *self, conn_t *c);
+bool rt__conn_filter_is_shared(const char *f, size_t len);
+/* A member going offline leaves its shared groups; its pending messages go to the others. */
+void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c);
+void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c);
+
+/* ---- delivery.c: messages to the client ---- */
+/* A message routed to this session (RT_MSG_DELIVER, or a retained one on subscribe). */
+void rt__conn_deliver(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids);
+/* After CONNACK on a resumed session: unacknowledged messages again, in order, then the queue. */
+void rt__conn_retransmit(conn_t *c);
+/* PUBACK, PUBREC or PUBCOMP for a message the broker sent. */
+void rt__conn_on_delivery_ack(conn_t *c, const mqtt_packet_t *pk);
+void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c);
+/* Whether the client is connected and past CONNECT, so messages can go out now. */
+bool rt__conn_online(const conn_t *c);
+/* The client's receive window for QoS 1 and 2 (MQTT 5 receive maximum, 4.9). */
+uint32_t rt__conn_send_window(const conn_t *c);
+/* The session's message state, made on first use; NULL when out of memory. */
+rt_session_t *rt__conn_session_get_or_make(conn_t *c);
+/* A session the store keeps: it outlives its connection and persistence is on. */
+bool rt__conn_session_is_durable(const conn_t *c);
+/* Saves a message that joined a persistent session; the publisher's ack waits for it. */
+void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token);
+/* Moves every shared-subscription message not yet acknowledged to the groups' other members. */
+void rt__conn_hand_over_shared(rt_actor_t *self, conn_t *c);
+
+/* ---- client_admin.c: administrators ---- */
+void rt__conn_on_query(rt_actor_t *self, conn_t *c, const rt_msg_t *m);
+void rt__conn_on_kick(rt_actor_t *self, conn_t *c);
+void rt__conn_on_acl_recheck(rt_actor_t *self, conn_t *c);
+
+/* ---- start.c: sessions restored from the store ---- */
+int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg);
+
+#endif

@@ -1,0 +1,361 @@
+/*
+** CONNECT, the start of every connection: the login (password file and anonymous
+** access, the verifier for full hashes, a held-back refusal), the claim of a client
+** id (a takeover, or a hand-over of the socket to the actor holding the client's
+** session), the session's expiry and persistence, the will, and the CONNACK.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conn_impl.h"
+#include "log.h"
+#include "store.h"
+
+void rt__conn_count_session(void)
+{
+    rt_atomic_raise(&rt_broker->stats.sessions_max,
+                    atomic_fetch_add(&rt_broker->stats.sessions, 1) + 1);
+}
+
+uint32_t rt__conn_clamp_session_expiry(uint64_t requested)
+{
+    uint64_t max = (uint64_t)RT_LIVE(max_session_expiry);
+    return (uint32_t)(requested < max ? requested : max);
+}
+
+/*
+** clean start 0 for a client id another actor holds: that actor keeps the
+** session, so this connection hands it the socket and the bytes read from the
+** CONNECT on (it parses them as its own), then exits. Returns false (and keeps
+** the socket) when the holder is already gone: the session ended, start fresh.
+*/
+static bool hand_socket_to_holder(rt_actor_t *self, conn_t *c, rt_pid_t holder,
+                                  const uint8_t *bytes, size_t len)
+{
+    RT_ASSERT(c->sock && !c->resuming);
+    if (!rt_alive(holder))
+        return false;
+    int fd = rt_sock_detach(c->sock);
+    c->sock = NULL;
+    rt__broker_count_socket(c->listener, -1);
+    rt_msg_t *m = rt_msg_new_fd(RT_CONN_MSG_RESUME, fd, 1 + len);
+    if (!m) {
+        close(fd);
+        c->closing = 1;
+        rt_exit(self, RT_REASON_NORMAL);
+        return true;
+    }
+    m->data[0] = c->listener;
+    memcpy(m->data + 1, bytes, len);
+    /* If the holder exits before it reads this, freeing the message closes the fd and the
+       client reconnects to a fresh session. */
+    rt_send_msg(holder, m);
+    c->closing = 1;
+    rt_exit(self, RT_REASON_NORMAL);
+    return true;
+}
+
+/*
+** The verifier's answer for the CONNECT being parsed again (rt__conn_on_login_verdict):
+** set only around that parse, and one actor runs on a thread at a time.
+*/
+static _Thread_local const rt_auth_verdict_t *login_verdict_now;
+
+/*
+** The password file and allow_anonymous decide. A decision that needs a full
+** hash (a user's first login, or any wrong password) goes to the verifier
+** (auth.h) instead of costing this scheduler milliseconds: the connection then
+** reads nothing (the CONNECT and whatever followed it wait in the partial
+** buffer, and version is 0 again) until the answer comes, and the CONNECT is
+** parsed again with it. A refused client gets its negative CONNACK only after
+** the delay the failed-login table asks for (so guessing costs time per source
+** address), and reads nothing meanwhile.
+*/
+static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
+    rt_auth_addr_t addr;
+    bool have_addr = rt_auth_addr_from_fd(rt_sock_fd(c->sock), &addr) == 0;
+    char *user = pk->connect.has_username
+                     ? strndup((const char *)pk->connect.username.p, pk->connect.username.len)
+                     : NULL;
+    if (pk->connect.has_username && !user)
+        return false;
+    const uint8_t *pw = pk->connect.has_password ? pk->connect.password.p : NULL;
+    uint32_t delay_ms = 0;
+    int rc;
+    const rt_auth_verdict_t *v = login_verdict_now;
+    login_verdict_now = NULL;
+    if (v) {
+        rc = v->result;
+        delay_ms = v->delay_ms;
+    } else {
+        rc = rt_auth_login_quick(have_addr ? &addr : NULL, user, pw, pk->connect.password.len,
+                                 &delay_ms);
+    }
+    if (rc == RT_AUTH_PENDING &&
+        rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, have_addr ? &addr : NULL, user, pw,
+                            pk->connect.password.len) == 0) {
+        free(user);
+        c->verifying = 1;
+        c->version = 0;
+        rt_sock_pause_reading(c->sock, true);
+        return false;
+    }
+    if (rc == RT_AUTH_PENDING) /* no verifier (it is not running): decide here after all */
+        rc = rt_auth_login(have_addr ? &addr : NULL, user, pw, pk->connect.password.len, &delay_ms);
+    if (rc == RT_AUTH_OK) {
+        c->username = user;
+        return true;
+    }
+    rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u", user ? user : "-",
+           rc == RT_AUTH_BAD_PASSWORD   ? "bad_password"
+           : rc == RT_AUTH_UNKNOWN_USER ? "unknown_user"
+                                        : "anonymous_refused",
+           delay_ms);
+    free(user);
+    bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED;
+    if (c->version == MQTT_V5)
+        c->refusal = anonymous ? MQTT_RC_NOT_AUTHORIZED : MQTT_RC_BAD_CREDENTIALS;
+    else
+        c->refusal = anonymous ? 5 : 4;
+    c->closing = 1;
+    rt_sock_pause_reading(c->sock, true);
+    if (delay_ms)
+        rt_send_after_tag(delay_ms, rt_self(self), RT_CONN_MSG_AUTH_REFUSED, NULL);
+    else
+        rt_send(rt_self(self), RT_CONN_MSG_AUTH_REFUSED, NULL, 0);
+    return false;
+}
+
+/*
+** The verifier decided this connection's CONNECT: parse it again (connect_authenticate
+** takes the verdict), then whatever the client sent after it, then read on.
+*/
+void rt__conn_on_login_verdict(rt_actor_t *self, conn_t *c, const rt_auth_verdict_t *v)
+{
+    if (!c->verifying)
+        return;
+    RT_ASSERT(!login_verdict_now && !c->version);
+    c->verifying = 0;
+    login_verdict_now = v;
+    rt__conn_parse_more(self, c);
+    login_verdict_now = NULL;
+}
+
+void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c)
+{
+    RT_ASSERT(c->closing && c->refusal);
+    mqtt_packet_t ack = {.type = MQTT_CONNACK, .reason = c->refusal};
+    rt__conn_send_packet(c, &ack);
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
+/* CONNACK properties that tell an MQTT 5 client how this server differs from the defaults. */
+#define RT_RESPONSE_INFO_MAX (16 + 65536) /* "rt/response/" and a client id */
+
+static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, const char *assigned,
+                          bool expiry_clamped, char *response)
+{
+    mqtt_props_t *p = &ack->props;
+    if (assigned[0]) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_ASSIGNED_CLIENT_ID);
+        p->assigned_client_id = (mqtt_str_t){(const uint8_t *)assigned, (uint32_t)strlen(assigned)};
+    }
+    if (expiry_clamped) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY);
+        p->session_expiry = c->session_expiry;
+    }
+    if (pk->connect.keepalive != c->keepalive) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_SERVER_KEEPALIVE);
+        p->server_keepalive = c->keepalive;
+    }
+    if (pk->props.request_response_info) {
+        /* Request/response (4.10): a topic prefix only this client id is told about. */
+        snprintf(response, RT_RESPONSE_INFO_MAX, "rt/response/%s", c->client_id);
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_RESPONSE_INFO);
+        p->response_info = (mqtt_str_t){(const uint8_t *)response, (uint32_t)strlen(response)};
+    }
+    p->present |=
+        MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE) | MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS_MAXIMUM);
+    if (c->rx_max < 65535) {
+        p->present |= MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM);
+        p->receive_maximum = c->rx_max;
+    }
+    p->maximum_packet_size = c->max_packet;
+    p->topic_alias_maximum = (uint16_t)rt_broker->conf.max_topic_alias;
+}
+
+/* Writes the whole session: it has just become persistent (or was never stored). */
+static void session_persist_all(conn_t *c)
+{
+    c->stored = 1;
+    for (size_t i = 0; i < c->nsubs; i++)
+        rt_store_sub(c->client_id, c->subs[i].filter, c->subs[i].len, &c->subs[i].opts);
+    if (!c->sess)
+        return;
+    rt_qlist_t *lists[2] = {&c->sess->inflight, &c->sess->queued};
+    for (int l = 0; l < 2; l++)
+        for (rt_qmsg_t *m = lists[l]->head; m; m = m->next)
+            if (!m->seq && m->bin)
+                rt__conn_store_msg(c, m, 0, 0);
+}
+
+/* Subscriptions carry whether the session is persistent: publishers ask such ones for a
+   durable ack. Re-subscribing updates that in the trie. */
+static void subs_resubscribe_all(rt_actor_t *self, conn_t *c)
+{
+    for (size_t i = 0; i < c->nsubs; i++) {
+        c->subs[i].opts.persistent = rt__conn_session_is_durable(c);
+        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                          &c->subs[i].opts, NULL);
+    }
+}
+
+/* The CONNECT's will as a canonical message, and its delay within the session's expiry. */
+static int will_from_connect(conn_t *c, const mqtt_packet_t *pk)
+{
+    mqtt_packet_t w = {.type = MQTT_PUBLISH, .version = pk->version};
+    w.publish.topic = pk->connect.will_topic;
+    w.publish.payload = pk->connect.will_payload;
+    w.publish.qos = pk->connect.will_qos;
+    w.publish.retain = pk->connect.will_retain;
+    w.props = pk->connect.will_props; /* the will's own properties travel with it */
+    RT_ASSERT(!c->will);
+    c->will = rt_message_new(&w, c->client_id, c->username);
+    if (!c->will)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    if (c->version == MQTT_V5) {
+        uint32_t delay = pk->connect.will_props.will_delay;
+        c->will_delay = delay < c->session_expiry ? delay : c->session_expiry;
+    }
+    return 0;
+}
+
+int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const uint8_t *bytes,
+                            size_t len)
+{
+    RT_ASSERT(!c->version && c->sock && !c->closing);
+    c->version = pk->version;
+    mqtt_packet_t ack = {.type = MQTT_CONNACK};
+    char assigned[40] = "";
+    mqtt_str_t id = pk->connect.client_id;
+    bool clean = pk->connect.clean_start;
+    if (id.len == 0) {
+        bool allowed = RT_LIVE(allow_zero_length_clientid) &&
+                       (c->version == MQTT_V5 || (c->version == MQTT_V311 && clean));
+        if (!allowed) {
+            ack.reason = c->version == MQTT_V5 ? MQTT_RC_CLIENT_ID_INVALID : 2;
+            rt__conn_send_packet(c, &ack);
+            rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+            return 0;
+        }
+        snprintf(assigned, sizeof(assigned), "rt-%016llx", (unsigned long long)rt_self(self));
+    }
+    if (c->version == MQTT_V5 && (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD))) {
+        /* Enhanced authentication is not configured: refuse the method (4.12). */
+        ack.reason = MQTT_RC_BAD_AUTH_METHOD;
+        rt__conn_send_packet(c, &ack);
+        rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+        return 0;
+    }
+    bool resumed = c->resuming;
+    c->resuming = 0;
+    /* A resumed session's CONNECT was checked by the connection that handed it over. */
+    if (!resumed && !connect_authenticate(self, c, pk))
+        return 0;
+    if (pk->connect.has_username && !c->username) {
+        c->username = strndup((const char *)pk->connect.username.p, pk->connect.username.len);
+        if (!c->username)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    }
+    rt_pid_t old = 0;
+    if (!resumed) {
+        RT_ASSERT(!c->client_id);
+        char *cid = assigned[0] ? strdup(assigned) : strndup((const char *)id.p, id.len);
+        if (!cid)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        if (!clean && !assigned[0]) {
+            rt_pid_t holder = rt_broker_lookup_client(cid);
+            if (holder && hand_socket_to_holder(self, c, holder, bytes, len)) {
+                free(cid);
+                return 0;
+            }
+        }
+        c->client_id = cid;
+        rt__conn_count_session();
+        old = rt_broker_claim_client(c->client_id, rt_self(self));
+        if (old)
+            rt_exit_signal(old, RT_REASON_TAKEOVER);
+    }
+    rt__conn_count_connected(c, true);
+    c->connected_at_ms = rt_wall_ms();
+    c->clean_start = clean;
+    uint64_t expiry = 0;
+    if (c->version == MQTT_V5)
+        expiry = (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY))
+                     ? pk->props.session_expiry
+                     : 0;
+    else if (!clean)
+        expiry = (uint64_t)RT_LIVE(max_session_expiry); /* 3.1.1: until the client cleans it */
+    bool was_durable = resumed && rt__conn_session_is_durable(c);
+    c->session_expiry = rt__conn_clamp_session_expiry(expiry);
+    bool durable = rt__conn_session_is_durable(c);
+    if (rt_store_enabled() && (durable || c->stored)) {
+        rt_store_session(c->client_id, c->session_expiry, true, !resumed);
+        if (durable && !was_durable)
+            session_persist_all(c);
+    }
+    if (durable != was_durable && c->nsubs)
+        subs_resubscribe_all(self, c);
+    if (pk->connect.will) {
+        int rc = will_from_connect(c, pk);
+        if (rc)
+            return rc;
+    }
+    c->recv_max = 65535;
+    if (c->version == MQTT_V5) {
+        if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE))
+            c->peer_max_packet = pk->props.maximum_packet_size;
+        if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM))
+            c->recv_max = pk->props.receive_maximum;
+        long most = rt_broker->conf.max_topic_alias;
+        uint16_t out =
+            pk->props.topic_alias_maximum < most ? pk->props.topic_alias_maximum : (uint16_t)most;
+        if (out && rt__conn_aliases_get_or_make(c) && !c->aliases->out)
+            rt_alias_out_new(out, &c->aliases->out); /* none if it fails: topics go in full */
+        c->rx_max = (uint16_t)RT_LIVE(max_inflight);
+    }
+    c->keepalive = pk->connect.keepalive;
+    long max_keepalive = RT_LIVE(max_keepalive);
+    if (c->version == MQTT_V5 && c->keepalive > max_keepalive)
+        c->keepalive = (uint16_t)max_keepalive;
+    /* A session is present only if clean start was 0 and one was kept (3.2.2.1.1). */
+    ack.connack.session_present = resumed && !clean;
+    char *response = NULL;
+    if (c->version == MQTT_V5) {
+        if (pk->props.request_response_info && !(response = malloc(RT_RESPONSE_INFO_MAX)))
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        connack_props(c, pk, &ack, assigned, c->session_expiry < expiry, response);
+    }
+    rt__conn_send_packet(c, &ack);
+    free(response);
+    atomic_fetch_add_explicit(&rt_broker->stats.connects, 1, memory_order_relaxed);
+    if (rt_rules_wants_event(RT_RULE_EV_CLIENT_CONNECTED)) {
+        rt_rule_origin_t o = rt__conn_rule_origin(c);
+        rt_rule_event_t ev = {.kind = RT_RULE_EV_CLIENT_CONNECTED,
+                              .qos = -1,
+                              .reason_code = -1,
+                              .proto_ver = c->version,
+                              .keepalive = c->keepalive,
+                              .clean_start = clean};
+        rt_rules_event(&o, &ev);
+    }
+    rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
+           c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
+    rt__conn_arm_keepalive(self, c);
+    if (resumed)
+        rt__conn_retransmit(c);
+    return 0;
+}

@@ -1,0 +1,530 @@
+/*
+** Messages to the client: each routed message's fate (sent at once, queued in the
+** session, or dropped and counted), the receive window and packet ids of QoS 1 and 2,
+** the client's acknowledgements, retransmission on resume, the slow-consumer verdict,
+** and the hand-over of shared-subscription messages a leaving member will not
+** acknowledge. A subscriber's PUBLISH is written from the canonical message's parts
+** (message.h): nothing routed is parsed again here.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "acl.h"
+#include "conn_impl.h"
+#include "log.h"
+#include "store.h"
+
+/*
+** Slow consumers. A client whose socket backs up past the runtime's pressure
+** mark first gets backpressure (its publishers are muted), which is lossless
+** for a reader that is only behind for a moment (a burst from many
+** publishers). If it is still backed up RT_CONN_SLOW_MS later it is a slow
+** consumer: it sheds QoS 0 (dropped and counted, at the publishers' end too)
+** and stops applying pressure, so it cannot hold everyone else back; its QoS
+** 1/2 stay bounded by its receive window and queue. It recovers when its
+** socket drains. Until the verdict, at most RT_CONN_MAX_BACKLOG waits unsent:
+** enough for a burst from a hundred publishers, and the memory bound per client.
+*/
+#define RT_CONN_SLOW_MS 1000
+#define RT_CONN_MAX_BACKLOG (1u << 20)     /* unsent bytes past which QoS 0 is dropped regardless */
+#define RT_CONN_SLOW_HIGH_WATER (4u << 20) /* pressure mark while shedding: window traffic only */
+
+#define SENT_DISCARDED 1 /* send_publish: over the client's maximum packet size, dropped */
+
+/* Packet ids run 1..65535, so a session has at most that many messages in flight. */
+#define RT_CONN_PACKET_IDS 65535
+
+bool rt__conn_online(const conn_t *c)
+{
+    return c->sock && c->version && !c->closing;
+}
+
+rt_session_t *rt__conn_session_get_or_make(conn_t *c)
+{
+    if (!c->sess)
+        c->sess = calloc(1, sizeof(*c->sess));
+    return c->sess;
+}
+
+bool rt__conn_session_is_durable(const conn_t *c)
+{
+    return c->session_expiry && c->client_id && rt_store_enabled();
+}
+
+static void count_dropped(conn_t *c, rt_bin_t *bin, const char *why)
+{
+    rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_DROPPED, NULL, -1, -1, why, bin);
+    if (c->dropped++ == 0)
+        rt_log(RT_LOG_WARNING, "client.dropping", "client=%s (slow consumer or full queue)",
+               c->client_id ? c->client_id : "-");
+    atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
+}
+
+/*
+** The topic alias to send topic with (3.3.2.3.4), 0 for none: one the client already has, or
+** a fresh one (*fresh) while its Topic Alias Maximum leaves room, made known to the client by
+** this send. An alias costs three bytes (identifier and value), so shorter topics go as they are.
+*/
+#define RT_ALIAS_PROPERTY_BYTES 3
+
+static uint16_t out_alias_pick(conn_t *c, mqtt_str_t topic, bool *fresh)
+{
+    *fresh = false;
+    if (!c->aliases || !c->aliases->out || topic.len <= RT_ALIAS_PROPERTY_BYTES)
+        return 0;
+    return rt_alias_out_lookup(c->aliases->out, topic.p, topic.len, fresh);
+}
+
+/*
+** Sends one message from its canonical form, written for this client: its
+** QoS, packet id and DUP flag, the remaining message expiry (3.3.2.3.3),
+** the topic alias and the subscription identifiers. Returns 0, or an error
+** if it was not written; a message over the client's Maximum Packet Size is
+** discarded and counted (3.1.2.11.4) and reported as SENT_DISCARDED, so it
+** is neither retried nor kept inflight.
+*/
+static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_flag,
+                        uint16_t packet_id, uint8_t dup, uint64_t expire_at_ms,
+                        const uint32_t *sub_ids, uint32_t n_sub_ids)
+{
+    RT_ASSERT(c->sock && c->version && bin);
+    RT_ASSERT(qos == 0 || packet_id != 0);
+    rt_message_t m;
+    rt_message_view(bin, &m);
+    rt_message_out_t o = {.version = c->version,
+                          .qos = qos,
+                          .retain = retain_flag,
+                          .dup = dup,
+                          .packet_id = qos ? packet_id : 0,
+                          .sub_ids = sub_ids,
+                          .n_sub_ids = n_sub_ids};
+    if (expire_at_ms) {
+        uint64_t now = rt_mono_ms();
+        uint64_t left = expire_at_ms > now ? expire_at_ms - now : 0;
+        o.expiry_left = (uint32_t)((left + 999) / 1000);
+        o.has_expiry_left = true;
+    } else if (m.has_expiry) {
+        o.expiry_left = m.expiry;
+        o.has_expiry_left = true;
+    }
+    bool fresh_alias = false;
+    o.topic_alias = out_alias_pick(c, m.topic, &fresh_alias);
+    o.alias_only = o.topic_alias && !fresh_alias;
+    size_t len = rt_message_encode(&m, &o, NULL, 0);
+    if (len == SIZE_MAX || (c->peer_max_packet && len > c->peer_max_packet)) {
+        count_dropped(c, bin, "too_large");
+        return SENT_DISCARDED;
+    }
+    uint8_t stackbuf[512];
+    uint8_t *buf = len <= sizeof(stackbuf) ? stackbuf : malloc(len);
+    if (!buf)
+        return RT_ENOMEM;
+    size_t wrote = rt_message_encode(&m, &o, buf, len);
+    RT_ASSERT(wrote == len);
+    (void)wrote;
+    int rc = rt__conn_write_packet(c, MQTT_PUBLISH, buf, len);
+    if (buf != stackbuf)
+        free(buf);
+    if (rc)
+        return rc;
+    if (fresh_alias) /* unused if it fails: the topic goes in full next time */
+        rt_alias_out_commit(c->aliases->out, o.topic_alias, m.topic.p, m.topic.len);
+    rt__metric_add(RT_METRIC_MSGS_OUT, 1);
+    rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_DELIVERED, NULL, qos, -1, NULL, bin);
+    return 0;
+}
+
+uint32_t rt__conn_send_window(const conn_t *c)
+{
+    uint32_t max = (uint32_t)RT_LIVE(max_inflight);
+    uint32_t w = c->recv_max < max ? c->recv_max : max;
+    return w ? w : 1;
+}
+
+/*
+** Whether the receive window is full. Beyond its count, the window holds at most
+** max_queued_bytes (one message always fits): a client that stops acknowledging
+** pins no more in flight than in its queue, whatever max_inflight allows.
+*/
+static bool send_window_full(const conn_t *c)
+{
+    const rt_qlist_t *f = &c->sess->inflight;
+    RT_ASSERT(f->n <= RT_CONN_PACKET_IDS);
+    return f->n >= rt__conn_send_window(c) ||
+           (f->n && f->bytes >= (uint64_t)RT_LIVE(max_queued_bytes));
+}
+
+static void answer_store_ack(rt_pid_t pid, uint64_t token)
+{
+    if (!pid)
+        return;
+    rt_store_committed_t done = {.token = token};
+    rt_send(pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
+}
+
+void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token)
+{
+    RT_ASSERT(c->sess && m->bin && !m->seq && c->client_id);
+    m->seq = ++c->sess->next_seq;
+    rt_stored_msg_t st = {.seq = m->seq,
+                          .bin = m->bin,
+                          .expire_at_ms = m->expire_at_ms,
+                          .qos = m->qos,
+                          .retain = m->retain,
+                          .state = m->state,
+                          .shared = m->shared,
+                          .packet_id = m->packet_id,
+                          .n_sub_ids = m->n_sub_ids};
+    memcpy(st.sub_ids, m->sub_ids, m->n_sub_ids * sizeof(uint32_t));
+    rt_store_msg_add(c->client_id, &st, ack_pid, token);
+}
+
+/* Every session message ends here: its stored row (if any) goes with it. Takes m. */
+static void session_release_msg(conn_t *c, rt_qmsg_t *m)
+{
+    RT_ASSERT(m && !m->next);
+    if (m->seq && c->client_id)
+        rt_store_msg_del(c->client_id, m->seq);
+    rt_qmsg_free(m);
+}
+
+/*
+** Ids are handed out in sequence and the inflight list keeps sending order, so
+** its ids run from its head's up to the last one handed out: the next id can
+** only be taken if it wrapped around to the head. Checking that instead of
+** scanning the list keeps a send O(1) with a window of a thousand. Once an id
+** wraps to the head (the oldest message outlived 65535 sends), the ids that
+** follow it in the ring may be taken too: the list is scanned until it empties.
+*/
+static bool packet_id_taken(rt_session_t *s, uint16_t id)
+{
+    if (!s || !s->inflight.head)
+        return false;
+    if (!s->ids_unordered && id != s->inflight.head->packet_id) {
+        RT_ASSERT(!rt_qlist_find_id(&s->inflight, id)); /* what the shortcut relies on */
+        return false;
+    }
+    s->ids_unordered = 1;
+    return rt_qlist_find_id(&s->inflight, id) != NULL;
+}
+
+static uint16_t session_next_packet_id(conn_t *c)
+{
+    /* A free id exists, so the search ends. */
+    RT_ASSERT(!c->sess || c->sess->inflight.n < RT_CONN_PACKET_IDS);
+    if (c->sess && !c->sess->inflight.head)
+        c->sess->ids_unordered = 0;
+    do {
+        if (++c->next_packet_id == 0)
+            c->next_packet_id = 1;
+    } while (packet_id_taken(c->sess, c->next_packet_id));
+    return c->next_packet_id;
+}
+
+/* Whether a message's expiry interval ran out (counted as expired if so). */
+static bool message_expired(conn_t *c, uint64_t expire_at_ms)
+{
+    if (!expire_at_ms || rt_mono_ms() < expire_at_ms)
+        return false;
+    if (c->sess)
+        c->sess->expired++;
+    atomic_fetch_add_explicit(&rt_broker->stats.msgs_expired, 1, memory_order_relaxed);
+    return true;
+}
+
+/* Past the pressure mark: a check in RT_CONN_SLOW_MS says whether it is a slow consumer. */
+static void watch_backlog(conn_t *c)
+{
+    if (c->slow_check || c->shedding || rt_sock_pending(c->sock) <= RT_SOCK_HIGH_WATER)
+        return;
+    c->slow_check = 1;
+    rt_send_after_tag(RT_CONN_SLOW_MS, rt_self(rt_current()), RT_CONN_MSG_SLOW_CHECK, NULL);
+}
+
+void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c)
+{
+    RT_ASSERT(c->slow_check);
+    c->slow_check = 0;
+    if (!rt__conn_online(c) || c->shedding || rt_sock_pending(c->sock) <= RT_SOCK_HIGH_WATER)
+        return;
+    /* Publishers drop QoS 0 for it at the source from now on: a mailbox of messages that
+       would only be dropped here is memory for nothing. */
+    c->shedding = 1;
+    rt_shed(self, true);
+    rt_sock_set_high_water(c->sock, RT_CONN_SLOW_HIGH_WATER);
+    rt_log(RT_LOG_WARNING, "client.slow", "client=%s unsent=%zu: shedding QoS 0 until it reads",
+           c->client_id ? c->client_id : "-", rt_sock_pending(c->sock));
+}
+
+/*
+** Sends a queued message now. QoS 0 is done once written; QoS 1 and 2 take a
+** packet id and wait in the inflight list for their acknowledgement. Takes m.
+*/
+static void delivery_transmit(conn_t *c, rt_qmsg_t *m)
+{
+    RT_ASSERT(rt__conn_online(c) && m->bin && m->state == RT_QMSG_QUEUED && !m->next);
+    if (m->qos == 0) {
+        send_publish(c, m->bin, 0, m->retain, 0, 0, m->expire_at_ms, m->sub_ids, m->n_sub_ids);
+        session_release_msg(c, m);
+        return;
+    }
+    m->packet_id = session_next_packet_id(c);
+    m->state = RT_QMSG_WAIT_ACK;
+    int rc = send_publish(c, m->bin, m->qos, m->retain, m->packet_id, 0, m->expire_at_ms,
+                          m->sub_ids, m->n_sub_ids);
+    if (rc == SENT_DISCARDED) {
+        session_release_msg(c, m);
+        return;
+    }
+    /* QoS 2 must resume with the same packet id after a restart, or the client could take
+       a resend for a new message; a QoS 1 resend under a new id is only a duplicate. */
+    if (m->seq && m->qos == 2)
+        rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_ACK, m->packet_id);
+    rt_qlist_push(&c->sess->inflight, m);
+    watch_backlog(c);
+}
+
+/* Moves queued messages out while the receive window has room (in order: QoS 0 waits too). */
+static void queue_pump(conn_t *c)
+{
+    rt_session_t *s = c->sess;
+    if (!s || !rt__conn_online(c))
+        return;
+    while (s->queued.head) {
+        rt_qmsg_t *m = s->queued.head;
+        if (m->qos && send_window_full(c))
+            break;
+        rt_qlist_pop(&s->queued);
+        if (message_expired(c, m->expire_at_ms))
+            session_release_msg(c, m);
+        else
+            delivery_transmit(c, m);
+    }
+}
+
+/*
+** Decides a delivery's fate: sent at once (QoS 0, online, nothing queued), dropped, or
+** returned as a session message to keep (NULL for the first two).
+*/
+static rt_qmsg_t *delivery_admit(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+                                 const uint32_t *sub_ids)
+{
+    bool backlog = c->sess && c->sess->queued.n;
+    if (rt__conn_online(c) && !backlog && d->qos == 0) {
+        if (c->shedding || rt_sock_pending(c->sock) >= RT_CONN_MAX_BACKLOG)
+            count_dropped(c, bin, "slow_consumer");
+        else
+            send_publish(c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
+        watch_backlog(c);
+        return NULL;
+    }
+    if (!c->sock && d->qos == 0 && !RT_LIVE(queue_qos0)) {
+        count_dropped(c, bin, "offline_qos0");
+        return NULL;
+    }
+    rt_qmsg_t *m =
+        rt__conn_session_get_or_make(c)
+            ? rt_qmsg_new(bin, d->qos, d->retain, d->expire_at_ms, d->shared, sub_ids, d->n_sub_ids)
+            : NULL;
+    if (!m)
+        count_dropped(c, bin, "no_memory");
+    return m;
+}
+
+/*
+** A message matched by a subscription the ACL granted in part (acl.h): whether this client
+** may read its topic. A session whose user is not known yet (restored from the store, or
+** between a resuming socket and its CONNECT) takes none while an ACL is in force.
+*/
+static bool acl_readable(conn_t *c, rt_bin_t *bin)
+{
+    if (!c->version)
+        return !rt_acl_active();
+    rt_message_t m;
+    rt_message_view(bin, &m);
+    return rt_acl_permit(c->username, c->client_id, (const char *)m.topic.p, m.topic.len,
+                         RT_ACL_READ) != RT_ACL_DENY;
+}
+
+/* Whether m would overflow the session's queue (max_queued_messages / max_queued_bytes). */
+static bool session_queue_full(const conn_t *c, const rt_qmsg_t *m)
+{
+    const rt_qlist_t *q = &c->sess->queued;
+    return q->n >= (uint64_t)RT_LIVE(max_queued_messages) ||
+           q->bytes + rt_qmsg_bytes(m) > (uint64_t)RT_LIVE(max_queued_bytes);
+}
+
+/*
+** The common case (online, nothing queued, QoS 0) is written at once with no allocation;
+** everything else becomes a session message: sent now if the window has room, else queued
+** within the session's limits (a full queue drops the newest, counted). Offline QoS 0
+** messages are queued only with queue_qos0. A persistent session stores what it keeps, and
+** the publisher's acknowledgement waits for that.
+*/
+void rt__conn_deliver(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
+{
+    RT_ASSERT(d->qos <= 2 && d->n_sub_ids <= RT_DELIVERY_MAX_SUB_IDS);
+    if (d->acl_check && !acl_readable(c, bin)) {
+        answer_store_ack(d->ack_pid, d->ack_token);
+        return;
+    }
+    rt_qmsg_t *m = message_expired(c, d->expire_at_ms) ? NULL : delivery_admit(c, bin, d, sub_ids);
+    bool now = m && rt__conn_online(c) && !c->sess->queued.n && !send_window_full(c);
+    if (m && !now && session_queue_full(c, m)) {
+        c->sess->dropped++;
+        count_dropped(c, m->bin, "queue_full");
+        rt_qmsg_free(m);
+        m = NULL;
+    }
+    if (m && rt__conn_session_is_durable(c))
+        rt__conn_store_msg(c, m, d->ack_pid, d->ack_token);
+    else
+        answer_store_ack(d->ack_pid, d->ack_token); /* nothing stored: nothing to wait for */
+    if (!m)
+        return;
+    if (now)
+        delivery_transmit(c, m);
+    else
+        rt_qlist_push(&c->sess->queued, m);
+}
+
+void rt__conn_retransmit(conn_t *c)
+{
+    if (!c->sess)
+        return;
+    for (rt_qmsg_t *m = c->sess->inflight.head; m; m = m->next) {
+        if (m->state == RT_QMSG_WAIT_COMP) {
+            RT_ASSERT(!m->bin); /* the client has the message: only its id is left */
+            mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = m->packet_id};
+            rt__conn_send_packet(c, &rel);
+        } else {
+            RT_ASSERT(m->state == RT_QMSG_WAIT_ACK && m->bin);
+            send_publish(c, m->bin, m->qos, m->retain, m->packet_id, 1, m->expire_at_ms, m->sub_ids,
+                         m->n_sub_ids);
+        }
+    }
+    queue_pump(c);
+}
+
+/* Takes the inflight message m (found by its id) out of the session and ends it. */
+static void inflight_settle(conn_t *c, rt_qmsg_t *m)
+{
+    rt_qmsg_t *taken = rt_qlist_take_id(&c->sess->inflight, m->packet_id);
+    RT_ASSERT(taken == m); /* ids are unique in the inflight list */
+    session_release_msg(c, taken);
+    queue_pump(c);
+}
+
+static void on_puback(conn_t *c, const mqtt_packet_t *pk)
+{
+    rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
+    if (!m || m->state != RT_QMSG_WAIT_ACK || m->qos != 1)
+        return; /* unknown ids are ignored: a late ack of a message already settled */
+    rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_ACKED, NULL, 1, -1, NULL, m->bin);
+    inflight_settle(c, m);
+}
+
+static void on_pubrec(conn_t *c, const mqtt_packet_t *pk)
+{
+    rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
+    bool known = m && m->qos == 2;
+    if (known && pk->version == MQTT_V5 && pk->reason >= 0x80) {
+        /* The client refused it: the exchange ends here, with no PUBREL (4.3.3). */
+        inflight_settle(c, m);
+        return;
+    }
+    if (known && m->state == RT_QMSG_WAIT_ACK) {
+        /* Delivered: only the packet id is needed from here on. */
+        RT_ASSERT(m->bin);
+        rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_ACKED, NULL, 2, -1, NULL, m->bin);
+        rt_qlist_drop_payload(&c->sess->inflight, m);
+        m->state = RT_QMSG_WAIT_COMP;
+        if (m->seq)
+            rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_COMP, m->packet_id);
+    }
+    mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = pk->packet_id};
+    if (!known && c->version == MQTT_V5)
+        rel.reason = MQTT_RC_PACKET_ID_NOT_FOUND;
+    rt__conn_send_packet(c, &rel);
+}
+
+static void on_pubcomp(conn_t *c, const mqtt_packet_t *pk)
+{
+    rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
+    if (!m || m->state != RT_QMSG_WAIT_COMP)
+        return;
+    inflight_settle(c, m);
+}
+
+void rt__conn_on_delivery_ack(conn_t *c, const mqtt_packet_t *pk)
+{
+    switch (pk->type) {
+    case MQTT_PUBACK:
+        on_puback(c, pk);
+        break;
+    case MQTT_PUBREC:
+        on_pubrec(c, pk);
+        break;
+    default:
+        RT_ASSERT(pk->type == MQTT_PUBCOMP);
+        on_pubcomp(c, pk);
+        break;
+    }
+}
+
+/*
+** A message that came through a shared subscription and that this member will
+** not acknowledge (it is leaving) goes to another member of its group
+** (MQTT 5 4.8.2 lets the server do so). The group is the member's shared
+** subscription whose filter matches the topic. Returns whether it moved.
+*/
+static bool shared_hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
+{
+    if (!m->bin)
+        return false;
+    rt_message_t msg;
+    rt_message_view(m->bin, &msg);
+    for (size_t i = 0; i < c->nsubs; i++) {
+        sub_entry_t *s = &c->subs[i];
+        if (!rt__conn_filter_is_shared(s->filter, s->len) ||
+            !rt_topic_matches(s->filter, s->len, (const char *)msg.topic.p, msg.topic.len))
+            continue;
+        rt_pid_t pid;
+        rt_trie_opts_t o;
+        if (rt_trie_share_pick(rt_broker->trie, s->filter, s->len, rt_self(self),
+                               rt_route_member_alive, NULL, &pid, &o) != 0)
+            continue;
+        rt_delivery_t d = {.expire_at_ms = m->expire_at_ms,
+                           .qos = m->qos < o.qos ? m->qos : o.qos,
+                           .retain = o.retain_as_published ? m->retain : 0,
+                           .shared = 1,
+                           .acl_check = o.acl_check,
+                           .n_sub_ids = o.sub_id ? 1 : 0};
+        rt_route_send(pid, m->bin, &d, &o.sub_id);
+        return true;
+    }
+    return false;
+}
+
+/* Moves every shared-subscription message not yet acknowledged out of list l. */
+static void shared_hand_over_list(rt_actor_t *self, conn_t *c, rt_qlist_t *l)
+{
+    rt_qlist_t keep = {0};
+    rt_qmsg_t *m;
+    while ((m = rt_qlist_pop(l)) != NULL) {
+        /* After PUBREC the client has the message: it is not handed on. */
+        if (m->shared && m->state != RT_QMSG_WAIT_COMP && shared_hand_to_group(self, c, m))
+            session_release_msg(c, m);
+        else
+            rt_qlist_push(&keep, m);
+    }
+    *l = keep;
+}
+
+void rt__conn_hand_over_shared(rt_actor_t *self, conn_t *c)
+{
+    if (!c->sess)
+        return;
+    shared_hand_over_list(self, c, &c->sess->inflight);
+    shared_hand_over_list(self, c, &c->sess->queued);
+}

@@ -1,0 +1,301 @@
+/*
+** PUBLISH from the client: the checks before a message is routed (Receive Maximum,
+** topic alias, topic limits, $SYS, the ACL), routing it once as a canonical message,
+** exactly-once for QoS 2 (the ids between PUBREC and PUBREL), and its acknowledgement,
+** which waits for the store to commit what the message changed on disk (durable acks).
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "acl.h"
+#include "conn_impl.h"
+#include "log.h"
+#include "store.h"
+
+#define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
+
+/* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
+static int resolve_alias(conn_t *c, mqtt_packet_t *pk)
+{
+    mqtt_str_t *topic = &pk->publish.topic;
+    if (!(pk->props.present & MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS)))
+        return topic->len ? 0 : MQTT_ERR(MQTT_RC_PROTOCOL_ERROR);
+    uint16_t alias = pk->props.topic_alias;
+    if (alias == 0 || alias > rt_broker->conf.max_topic_alias)
+        return MQTT_ERR(MQTT_RC_TOPIC_ALIAS_INVALID);
+    conn_aliases_t *a = rt__conn_aliases_get_or_make(c);
+    if (a && !a->in)
+        a->in = calloc((size_t)rt_broker->conf.max_topic_alias, sizeof(char *));
+    if (!a || !a->in)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    char **slot = &a->in[alias - 1];
+    if (topic->len) {
+        char *copy = strndup((const char *)topic->p, topic->len);
+        if (!copy)
+            return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        free(*slot);
+        *slot = copy;
+        return 0;
+    }
+    if (!*slot)
+        return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* an alias never set */
+    *topic = (mqtt_str_t){(const uint8_t *)*slot, (uint32_t)strlen(*slot)};
+    return 0;
+}
+
+static int qos2_find(const conn_t *c, uint16_t id)
+{
+    RT_ASSERT(c->nqos2 <= c->capqos2 && c->nqos2 <= RT_CONN_QOS2_PENDING_MAX);
+    for (size_t i = 0; i < c->nqos2; i++)
+        if (c->qos2_ids[i] == id)
+            return (int)i;
+    return -1;
+}
+
+int rt__conn_qos2_add(conn_t *c, uint16_t packet_id)
+{
+    RT_ASSERT(qos2_find(c, packet_id) < 0);
+    if (c->nqos2 >= RT_CONN_QOS2_PENDING_MAX)
+        return RT_ELIMIT;
+    if (rt__conn_grow(&c->qos2_ids, &c->capqos2, (size_t)c->nqos2 + 1, sizeof(*c->qos2_ids), 8))
+        return RT_ENOMEM;
+    c->qos2_ids[c->nqos2++] = packet_id;
+    return 0;
+}
+
+void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk)
+{
+    int i = qos2_find(c, pk->packet_id);
+    if (i >= 0) {
+        c->qos2_ids[i] = c->qos2_ids[--c->nqos2];
+        if (c->stored)
+            rt_store_qos2_in(c->client_id, pk->packet_id, false, 0, 0);
+    }
+    mqtt_packet_t comp = {.type = MQTT_PUBCOMP,
+                          .packet_id = pk->packet_id,
+                          .reason = i >= 0 ? 0 : MQTT_RC_PACKET_ID_NOT_FOUND};
+    if (c->version != MQTT_V5)
+        comp.reason = 0;
+    rt__conn_send_packet(c, &comp);
+}
+
+/* Sends the acknowledgements at the head of the line whose commits have all come. */
+static void pending_acks_flush(conn_t *c)
+{
+    rt_session_t *s = c->sess;
+    RT_ASSERT(s && s->nacks <= s->capacks);
+    uint32_t i = 0;
+    for (; i < s->nacks && s->acks[i].remaining == 0; i++) {
+        mqtt_packet_t ack = {.type = s->acks[i].type,
+                             .packet_id = s->acks[i].packet_id,
+                             .reason = s->acks[i].reason};
+        rt__conn_send_packet(c, &ack);
+    }
+    if (i) {
+        memmove(s->acks, s->acks + i, (s->nacks - i) * sizeof(*s->acks));
+        s->nacks -= i;
+    }
+}
+
+/*
+** PUBACK or PUBREC for an incoming PUBLISH, once `waits` store commits have
+** come; behind any earlier one still waiting, so acks keep their order (4.6).
+*/
+static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint16_t packet_id,
+                                uint8_t reason, uint64_t token, uint32_t waits)
+{
+    RT_ASSERT(type == MQTT_PUBACK || type == MQTT_PUBREC);
+    rt_session_t *s = c->sess;
+    mqtt_packet_t ack = {.type = type, .packet_id = packet_id, .reason = reason};
+    if (!s || (waits == 0 && s->nacks == 0)) {
+        rt__conn_send_packet(c, &ack);
+        return;
+    }
+    RT_ASSERT(token); /* a session that holds acks gave this PUBLISH a token */
+    if (rt__conn_grow(&s->acks, &s->capacks, (size_t)s->nacks + 1, sizeof(*s->acks), 8)) {
+        rt__conn_send_packet(c, &ack); /* out of memory: early rather than never */
+        return;
+    }
+    s->acks[s->nacks++] = (rt_pending_ack_t){.token = token,
+                                             .since_ms = rt_mono_ms(),
+                                             .remaining = waits,
+                                             .packet_id = packet_id,
+                                             .type = type,
+                                             .reason = reason};
+    pending_acks_flush(c);
+    if (s->nacks && !s->ack_timer) {
+        s->ack_timer = 1;
+        rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);
+    }
+}
+
+/*
+** The commit came from the store, or from the rule engine for a durable rule. A failed one
+** turns a v5 ack negative: quota exceeded when a sink's byte limit dropped a row,
+** unspecified otherwise.
+*/
+void rt__conn_on_commit(conn_t *c, uint64_t token, int32_t status)
+{
+    if (!c->sess)
+        return;
+    for (uint32_t i = 0; i < c->sess->nacks; i++) {
+        rt_pending_ack_t *a = &c->sess->acks[i];
+        if (a->token != token)
+            continue;
+        if (a->remaining) /* 0 when RT_ACK_WAIT_MAX_MS gave up on it */
+            a->remaining--;
+        if (status < 0 && c->version == MQTT_V5)
+            a->reason = status == RT_ELIMIT ? MQTT_RC_QUOTA_EXCEEDED : MQTT_RC_UNSPECIFIED;
+        break;
+    }
+    pending_acks_flush(c);
+}
+
+/*
+** A copy whose subscriber exited before storing it is never confirmed: past
+** RT_ACK_WAIT_MAX_MS the acknowledgement goes anyway, logged, rather than
+** stalling the publisher for good.
+*/
+void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c)
+{
+    rt_session_t *s = c->sess;
+    RT_ASSERT(s && s->ack_timer); /* only a session holding acks arms the check */
+    s->ack_timer = 0;
+    uint64_t now = rt_mono_ms();
+    for (uint32_t i = 0; i < s->nacks; i++) {
+        if (s->acks[i].remaining && now - s->acks[i].since_ms >= RT_ACK_WAIT_MAX_MS) {
+            rt_log(RT_LOG_WARNING, "store.ack_timeout", "client=%s packet_id=%u",
+                   c->client_id ? c->client_id : "-", s->acks[i].packet_id);
+            s->acks[i].remaining = 0;
+        }
+    }
+    pending_acks_flush(c);
+    if (s->nacks) {
+        s->ack_timer = 1;
+        rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);
+    }
+}
+
+bool rt__conn_topic_within_limits(const uint8_t *t, size_t len)
+{
+    long max_len = RT_LIVE(max_topic_length);
+    if (max_len && len > (size_t)max_len)
+        return false;
+    long levels = 1, max_levels = RT_LIVE(max_topic_levels);
+    if (!max_levels)
+        return true;
+    for (const uint8_t *p = t; (p = memchr(p, '/', len - (size_t)(p - t))) != NULL; p++)
+        if (++levels > max_levels)
+            return false;
+    return true;
+}
+
+/* A PUBLISH the broker will not route: v5 learns why (reason), v3 gets its ack and no more. */
+static void refuse_publish(conn_t *c, mqtt_packet_t *pk, uint8_t reason)
+{
+    if (!pk->publish.qos)
+        return;
+    mqtt_packet_t ack = {.type = pk->publish.qos == 1 ? MQTT_PUBACK : MQTT_PUBREC,
+                         .packet_id = pk->packet_id,
+                         .reason = c->version == MQTT_V5 ? reason : 0};
+    rt__conn_send_packet(c, &ack);
+}
+
+/*
+** The client's QoS 1 and 2 PUBLISHes not yet acknowledged to it, which its Receive Maximum
+** counts (4.9): PUBACKs waiting for the store, and QoS 2 ids until PUBREL (PUBCOMP goes at
+** once then). A PUBREC waiting for the store is for an id among the QoS 2 ones.
+*/
+static uint32_t inbound_unacked(const conn_t *c)
+{
+    uint32_t n = c->nqos2;
+    for (uint32_t i = 0; c->sess && i < c->sess->nacks; i++)
+        n += c->sess->acks[i].type == MQTT_PUBACK;
+    return n;
+}
+
+/* A QoS 1 or 2 PUBLISH past the Receive Maximum rtd gave the client (3.3.4, 4.9). */
+static bool over_receive_maximum(const conn_t *c, const mqtt_packet_t *pk)
+{
+    if (c->version != MQTT_V5 || !pk->publish.qos)
+        return false;
+    if (pk->publish.qos == 2 && qos2_find(c, pk->packet_id) >= 0)
+        return false; /* a resend of one already counted */
+    return inbound_unacked(c) >= c->rx_max;
+}
+
+/*
+** Routes the message once, as a canonical binary, to its subscribers and the rules; sets
+** *waits to the commits its acknowledgement must wait for (with track: the publisher waits)
+** and *reason to what a v5 acknowledgement says. Returns 0, or an error that ends the
+** connection.
+*/
+static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool track,
+                           uint64_t token, uint32_t *waits, uint8_t *reason)
+{
+    rt_bin_t *bin = rt_message_new(pk, c->client_id, c->username);
+    if (!bin)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    int n = rt_route(rt_self(self), bin, track ? rt_self(self) : 0, token, waits);
+    if (n == 0 && c->version == MQTT_V5)
+        *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
+    rt__conn_routed_this_event += n > 0 ? (uint32_t)n : 1;
+    rt_rule_origin_t o = rt__conn_rule_origin(c);
+    if (rt_rules_publish(&o, bin, track ? rt_self(self) : 0, token) == 2)
+        (*waits)++; /* a durable rule: the ack waits for its rows to be committed */
+    rt_bin_release(bin);
+    if (pk->publish.qos == 2 && rt__conn_session_is_durable(c)) {
+        /* After a restart a resend of this id must still be recognised (exactly once). */
+        rt_store_qos2_in(c->client_id, pk->packet_id, true, rt_self(self), token);
+        (*waits)++;
+    }
+    return 0;
+}
+
+int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
+    rt__metric_add(RT_METRIC_MSGS_IN, 1);
+    if (over_receive_maximum(c, pk))
+        return MQTT_ERR(MQTT_RC_RECEIVE_MAX_EXCEEDED);
+    if (c->version == MQTT_V5) {
+        if (pk->props.sub_id_count)
+            return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* only servers send them (3.3.4) */
+        int rc = resolve_alias(c, pk);
+        if (rc)
+            return rc;
+    }
+    uint8_t qos = pk->publish.qos;
+    if (!rt__conn_topic_within_limits(pk->publish.topic.p, pk->publish.topic.len)) {
+        atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
+        refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
+        return 0;
+    }
+    /* $SYS belongs to the broker (as in Mosquitto): a client cannot fake its values. */
+    bool sys = pk->publish.topic.len >= 4 && memcmp(pk->publish.topic.p, "$SYS", 4) == 0;
+    if (sys || !rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
+                              pk->publish.topic.len, RT_ACL_WRITE)) {
+        refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
+        return 0;
+    }
+    /* Exactly once: delivered on the first PUBLISH, a resend before PUBREL is not. */
+    bool forward = qos < 2 || qos2_find(c, pk->packet_id) < 0;
+    if (qos == 2 && forward) {
+        int rc = rt__conn_qos2_add(c, pk->packet_id);
+        if (rc)
+            return MQTT_ERR(rc == RT_ELIMIT ? MQTT_RC_RECEIVE_MAX_EXCEEDED : MQTT_RC_UNSPECIFIED);
+    }
+    uint8_t reason = MQTT_RC_SUCCESS;
+    /* With persistence, the acknowledgement waits for what the message left on disk. */
+    bool track = qos && rt__conn_session_get_or_make(c);
+    uint64_t token = track ? ++c->sess->next_token : 0;
+    uint32_t waits = 0;
+    if (forward) {
+        int rc = route_published(self, c, pk, track, token, &waits, &reason);
+        if (rc)
+            return rc;
+    }
+    if (qos)
+        inbound_acknowledge(self, c, qos == 1 ? MQTT_PUBACK : MQTT_PUBREC, pk->packet_id, reason,
+                            token, waits);
+    return 0;
+}

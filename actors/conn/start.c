@@ -1,0 +1,131 @@
+/*
+** MQTT at start: the broker's state, then what the store kept from the last run
+** (retained messages, and each persistent session as a connection actor with no
+** socket, offline until its client resumes it), then the login verifier and the
+** listeners.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn_impl.h"
+#include "log.h"
+#include "store.h"
+
+/* The session's messages in their order: queued ones, and inflight ones as they were sent. */
+static void restore_messages(conn_t *c, const rt_stored_session_t *ss)
+{
+    for (size_t i = 0; i < ss->nmsgs && rt__conn_session_get_or_make(c); i++) {
+        const rt_stored_msg_t *sm = &ss->msgs[i];
+        rt_qmsg_t *m = rt_qmsg_new(sm->bin, sm->qos, sm->retain, sm->expire_at_ms, sm->shared,
+                                   sm->sub_ids, sm->n_sub_ids);
+        if (!m)
+            break;
+        m->seq = sm->seq;
+        m->state = sm->state;
+        m->packet_id = sm->packet_id;
+        if (c->sess->next_seq < m->seq)
+            c->sess->next_seq = m->seq;
+        rt_qlist_t *l = m->state == RT_QMSG_QUEUED ? &c->sess->queued : &c->sess->inflight;
+        if (l == &c->sess->inflight)
+            c->sess->ids_unordered = 1;
+        rt_qlist_push(l, m);
+        if (m->state == RT_QMSG_WAIT_COMP)
+            rt_qlist_drop_payload(l, m);
+    }
+}
+
+/*
+** A persistent session as the last run left it, offline until its client
+** resumes it: subscriptions (shared ones rejoin on resume), queued and
+** inflight messages in their order, inbound QoS 2 ids, and what remains of
+** its expiry.
+*/
+int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg)
+{
+    conn_t *c = state;
+    const rt_stored_session_t *ss = arg;
+    c->client_id = strdup(ss->client_id);
+    if (!c->client_id)
+        return RT_ENOMEM;
+    c->closing = 1;
+    c->stored = 1;
+    c->session_expiry = ss->expiry_left_s;
+    for (size_t i = 0; i < ss->nsubs; i++) {
+        const rt_stored_sub_t *sub = &ss->subs[i];
+        rt_trie_opts_t o = sub->opts;
+        o.persistent = 1;
+        if (rt__conn_sub_remember(c, (const uint8_t *)sub->filter, sub->len, &o) != 0 ||
+            rt__conn_filter_is_shared(sub->filter, sub->len))
+            continue;
+        rt_trie_subscribe(rt_broker->trie, sub->filter, sub->len, rt_self(self), &o, NULL);
+    }
+    restore_messages(c, ss);
+    for (size_t i = 0; i < ss->nqos2_in; i++)
+        if (rt__conn_qos2_add(c, ss->qos2_in[i]) != 0)
+            break;
+    rt_broker_claim_client(c->client_id, rt_self(self));
+    rt__conn_count_session();
+    rt__conn_arm_session_expiry(self, c);
+    rt_send(rt_self(self), RT_CONN_MSG_RESTORED, NULL, 0);
+    return 0;
+}
+
+static void restore_retained(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms,
+                             void *arg)
+{
+    rt_retained_msg_t *r = malloc(sizeof(*r));
+    if (!r) {
+        rt_bin_release(bin);
+        return;
+    }
+    *r = (rt_retained_msg_t){.bin = bin, .expire_at_ms = expire_at_ms};
+    if (rt_retained_set(rt_broker->retained, topic, len, r, rt_bin_len(bin)) != 0)
+        rt_broker_retained_release(r);
+}
+
+static void restore_session(const rt_stored_session_t *ss, void *arg)
+{
+    rt_pid_t pid;
+    if (rt_spawn(&rt__conn_restored_type, (void *)ss, &pid) != 0)
+        rt_log(RT_LOG_ERROR, "store.restore_failed", "client=%s", ss->client_id);
+}
+
+int rt_sessions_restore(char *err, size_t errlen)
+{
+    if (!rt_broker->conf.persistence)
+        return 0;
+    int rc = rt_store_open(rt_broker->conf.data_dir, err, errlen);
+    if (rc == 0)
+        rc = rt_store_load(rt_message_parse, restore_retained, restore_session, NULL, err, errlen);
+    return rc;
+}
+
+int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen)
+{
+    int rc = rt_broker_init(conf);
+    if (rc) {
+        snprintf(err, errlen, "cannot make the broker's state: %s", rt_strerror(rc));
+        return rc;
+    }
+    int restored = rt_sessions_restore(err, errlen);
+    if (restored)
+        return restored;
+    /* Before the listeners: the first CONNECT may need a full password hash. */
+    int vrc = rt_auth_verifier_start();
+    if (vrc && vrc != RT_EEXIST) { /* EEXIST: one runs already, from an earlier start */
+        snprintf(err, errlen, "cannot start the login verifier: %s", rt_strerror(vrc));
+        return vrc;
+    }
+    for (unsigned i = 0; i < conf->nlisteners; i++) {
+        rt_pid_t pid;
+        rc = rt_spawn(&rt_listener_type, (void *)&rt_broker->conf.listeners[i], &pid);
+        if (rc) {
+            snprintf(err, errlen, "cannot listen on %s:%d: %s", conf->listeners[i].host,
+                     conf->listeners[i].port,
+                     rc == RT_EEXIST ? "address already in use" : rt_strerror(rc));
+            return rc;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,264 @@
+/*
+** The client's subscriptions: SUBSCRIBE and UNSUBSCRIBE, the list the actor keeps of
+** them (for the session's end, persistence, administrators and shared groups), the
+** retained messages a new subscription gets, and the shared groups an offline session
+** leaves and rejoins.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "acl.h"
+#include "conn_impl.h"
+#include "store.h"
+
+bool rt__conn_filter_is_shared(const char *f, size_t len)
+{
+    return len > sizeof(RT_SHARE_PREFIX) - 1 &&
+           memcmp(f, RT_SHARE_PREFIX, sizeof(RT_SHARE_PREFIX) - 1) == 0;
+}
+
+/* session.subscribed / unsubscribed: rules get the filter as a C string. */
+static void subscription_rule_event(conn_t *c, rt_rule_event_kind_t kind, const uint8_t *f,
+                                    size_t len, int qos)
+{
+    char small[256];
+    char *copy = len < sizeof(small) ? small : malloc(len + 1);
+    if (!copy)
+        return;
+    memcpy(copy, f, len);
+    copy[len] = 0;
+    rt__conn_rule_event(c, kind, copy, qos, -1, NULL, NULL);
+    if (copy != small)
+        free(copy);
+}
+
+/* The client's subscription with this filter, or -1. */
+static long sub_find(const conn_t *c, const uint8_t *f, size_t len)
+{
+    RT_ASSERT(c->nsubs <= c->capsubs);
+    for (size_t i = 0; i < c->nsubs; i++)
+        if (c->subs[i].len == len && memcmp(c->subs[i].filter, f, len) == 0)
+            return (long)i;
+    return -1;
+}
+
+int rt__conn_sub_remember(conn_t *c, const uint8_t *f, size_t len, const rt_trie_opts_t *o)
+{
+    long at = sub_find(c, f, len);
+    if (at >= 0) {
+        c->subs[at].opts = *o;
+        return 0;
+    }
+    if (rt__conn_grow(&c->subs, &c->capsubs, (size_t)c->nsubs + 1, sizeof(*c->subs), 2))
+        return RT_ENOMEM;
+    char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return RT_ENOMEM;
+    memcpy(copy, f, len);
+    c->subs[c->nsubs++] = (sub_entry_t){.filter = copy, .len = len, .opts = *o};
+    return 0;
+}
+
+static void sub_forget(conn_t *c, const uint8_t *f, size_t len)
+{
+    long at = sub_find(c, f, len);
+    if (at < 0)
+        return;
+    free(c->subs[at].filter);
+    c->subs[at] = c->subs[--c->nsubs];
+}
+
+bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len)
+{
+    int existed = 0;
+    rt_trie_unsubscribe(rt_broker->trie, (const char *)f, len, rt_self(self), &existed);
+    if (c->stored)
+        rt_store_unsub(c->client_id, (const char *)f, len);
+    if (existed)
+        subscription_rule_event(c, RT_RULE_EV_SESSION_UNSUBSCRIBED, f, len, -1);
+    sub_forget(c, f, len);
+    return existed;
+}
+
+void rt__conn_subs_free(rt_actor_t *self, conn_t *c)
+{
+    for (size_t i = 0; i < c->nsubs; i++) {
+        rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                            NULL);
+        free(c->subs[i].filter);
+    }
+    free(c->subs);
+    c->subs = NULL;
+    c->nsubs = c->capsubs = 0;
+}
+
+void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c)
+{
+    bool any = false;
+    for (size_t i = 0; i < c->nsubs; i++) {
+        if (rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len)) {
+            rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                                NULL);
+            any = true;
+        }
+    }
+    if (any)
+        rt__conn_hand_over_shared(self, c);
+}
+
+void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c)
+{
+    for (size_t i = 0; i < c->nsubs; i++)
+        if (rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len))
+            rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
+                              &c->subs[i].opts, NULL);
+}
+
+typedef struct {
+    conn_t *c;
+    uint8_t qos;       /* granted */
+    uint8_t acl_check; /* the subscription's (acl.h) */
+    uint32_t sub_id;
+} retained_send_t;
+
+/* Runs under the retained store's read lock: queue for sending at once, call nothing back. */
+static void retained_deliver(void *arg, const char *topic, size_t len, void *msg)
+{
+    retained_send_t *rs = arg;
+    rt_retained_msg_t *r = msg;
+    rt_message_t m;
+    rt_message_view(r->bin, &m);
+    rt_delivery_t d = {.expire_at_ms = r->expire_at_ms,
+                       .qos = m.qos < rs->qos ? m.qos : rs->qos,
+                       .retain = 1,
+                       .acl_check = rs->acl_check,
+                       .n_sub_ids = rs->sub_id ? 1 : 0};
+    rt__conn_deliver(rs->c, r->bin, &d, &rs->sub_id);
+}
+
+/*
+** Why a filter may not be subscribed (a v5 reason code), or 0 if it may; *acl_check is set
+** when the ACL grants it only in part (each delivery is then checked, acl.h).
+*/
+static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s, bool *acl_check)
+{
+    if (!rt__conn_topic_within_limits(s->filter.p, s->filter.len)) {
+        atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
+        return MQTT_RC_TOPIC_FILTER_INVALID;
+    }
+    long max = RT_LIVE(max_subscriptions);
+    if (max && c->nsubs >= (size_t)max) {
+        if (sub_find(c, s->filter.p, s->filter.len) < 0) { /* changing one is not a new one */
+            atomic_fetch_add(&rt_broker->stats.subs_limit_hits, 1);
+            return MQTT_RC_QUOTA_EXCEEDED;
+        }
+    }
+    int acl = rt_acl_permit(c->username, c->client_id, (const char *)s->filter.p, s->filter.len,
+                            RT_ACL_SUBSCRIBE);
+    *acl_check = acl == RT_ACL_FILTERED;
+    return acl == RT_ACL_DENY ? MQTT_RC_NOT_AUTHORIZED : 0;
+}
+
+/*
+** Room for one byte per filter of a (UN)SUBSCRIBE, times `per`: the packet's own count, which
+** max_packet_size bounds (a filter takes at least three bytes). Small packets use `small`.
+*/
+static uint8_t *per_filter_bytes(const mqtt_packet_t *pk, size_t per, uint8_t *small,
+                                 size_t small_len)
+{
+    size_t need = (size_t)pk->sub.count * per;
+    return need <= small_len ? small : malloc(need);
+}
+
+/* An MQTT 3.1 client's (UN)SUBSCRIBE with fixed-header flags 0000, accepted (mqtt_codec.h). */
+static void count_v31_sub_flags(const mqtt_packet_t *pk)
+{
+    if (pk->version == MQTT_V31 && pk->flags == 0)
+        atomic_fetch_add_explicit(&rt_broker->stats.v31_sub_flags, 1, memory_order_relaxed);
+}
+
+int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
+    count_v31_sub_flags(pk);
+    uint8_t small[512];
+    uint8_t *codes = per_filter_bytes(pk, 2, small, sizeof(small));
+    if (!codes)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    /* What each granted filter does after the SUBACK: a byte of THEN_* bits. */
+    enum { THEN_RETAINED = 1, THEN_ACL_CHECK = 2 };
+    uint8_t *then = codes + pk->sub.count;
+    size_t n = 0, pos = 0;
+    mqtt_sub_t s;
+    while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
+        uint8_t qos = MQTT_SUB_QOS(s.options);
+        uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s.options);
+        bool acl_check = false;
+        uint8_t refused = subscribe_refusal(c, &s, &acl_check);
+        rt_trie_opts_t o = {.qos = qos,
+                            .no_local = (s.options & MQTT_SUB_NO_LOCAL) != 0,
+                            .retain_as_published = (s.options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,
+                            .retain_handling = handling,
+                            .persistent = rt__conn_session_is_durable(c),
+                            .acl_check = acl_check,
+                            .sub_id = pk->props.sub_id};
+        int existed = 0;
+        if (refused) {
+            then[n] = 0;
+            codes[n++] = c->version == MQTT_V5 ? refused : 0x80;
+            continue;
+        }
+        int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
+                                   rt_self(self), &o, &existed);
+        if (rc == 0)
+            rc = rt__conn_sub_remember(c, s.filter.p, s.filter.len, &o);
+        if (rc == 0 && rt__conn_session_is_durable(c))
+            rt_store_sub(c->client_id, (const char *)s.filter.p, s.filter.len, &o);
+        if (rc == 0)
+            subscription_rule_event(c, RT_RULE_EV_SESSION_SUBSCRIBED, s.filter.p, s.filter.len,
+                                    qos);
+        /* Retained messages on subscribe: always (0), for a new subscription only (1), never
+           (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
+        bool shared = rt__conn_filter_is_shared((const char *)s.filter.p, s.filter.len);
+        bool retained = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
+        then[n] = (retained ? THEN_RETAINED : 0) | (acl_check ? THEN_ACL_CHECK : 0);
+        codes[n++] = rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
+    }
+    mqtt_packet_t ack = {.type = MQTT_SUBACK, .packet_id = pk->packet_id};
+    ack.codes = (mqtt_str_t){codes, (uint32_t)n};
+    rt__conn_send_packet(c, &ack);
+    pos = 0;
+    for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++) {
+        if (!(then[i] & THEN_RETAINED))
+            continue;
+        retained_send_t rs = {.c = c,
+                              .qos = codes[i],
+                              .acl_check = (then[i] & THEN_ACL_CHECK) != 0,
+                              .sub_id = pk->props.sub_id};
+        rt_retained_match(rt_broker->retained, (const char *)s.filter.p, s.filter.len,
+                          retained_deliver, &rs, NULL);
+    }
+    if (codes != small)
+        free(codes);
+    return 0;
+}
+
+int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
+    count_v31_sub_flags(pk);
+    uint8_t small[256];
+    uint8_t *codes = per_filter_bytes(pk, 1, small, sizeof(small));
+    if (!codes)
+        return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    size_t n = 0, pos = 0;
+    mqtt_sub_t s;
+    while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
+        bool existed = rt__conn_sub_drop(self, c, s.filter.p, s.filter.len);
+        codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
+    }
+    mqtt_packet_t ack = {.type = MQTT_UNSUBACK, .packet_id = pk->packet_id};
+    ack.codes = (mqtt_str_t){codes, (uint32_t)n};
+    rt__conn_send_packet(c, &ack);
+    if (codes != small)
+        free(codes);
+    return 0;
+}
