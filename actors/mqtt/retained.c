@@ -21,6 +21,7 @@ struct rt_retained_s {
 
 static void read_lock(rt_retained_t *r)
 {
+    rt__tt_lock_free();
     pthread_rwlock_rdlock(&r->lock);
     rt__tt_read_begin(&r->t);
 }
@@ -33,6 +34,7 @@ static void read_unlock(rt_retained_t *r)
 
 static void write_lock(rt_retained_t *r)
 {
+    rt__tt_lock_free();
     pthread_rwlock_wrlock(&r->lock);
     rt__tt_write_begin(&r->t);
 }

@@ -9,6 +9,10 @@
 /* Hash buckets a table starts with once it gets its first node. */
 #define TT_MIN_BUCKETS 16
 
+#ifndef NDEBUG
+_Thread_local int rt__tt_locks_held;
+#endif
+
 /* ---- Counted allocation ---- */
 
 void *rt__topic_alloc(atomic_size_t *ctr, size_t n)

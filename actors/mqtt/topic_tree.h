@@ -109,35 +109,49 @@ tnode_t *rt__tt_path(ttable_t *t, const char *f, size_t len, int create);
 void rt__tt_prune(ttable_t *t, tnode_t *x);
 
 /*
-** The owner calls these right after taking its lock and right before releasing it, so that
-** debug builds can check every use of the table against the lock (no-ops under NDEBUG).
+** Debug builds check every use of a table against its owner's lock: the owner calls
+** rt__tt_lock_free() before taking the lock, the *_begin right after and the *_end right
+** before releasing it (all no-ops under NDEBUG). A thread holds one table lock at a time,
+** so a callback run under one (rt_trie_alive_fn, rt_retained_fn) that calls back into the
+** trie or the store fails an assert instead of deadlocking.
 */
 #ifndef NDEBUG
+extern _Thread_local int rt__tt_locks_held; /* by this thread */
+static inline void rt__tt_lock_free(void)
+{
+    RT_ASSERT(rt__tt_locks_held == 0);
+}
 static inline void rt__tt_read_begin(ttable_t *t)
 {
+    rt__tt_locks_held++;
     atomic_fetch_add_explicit(&t->readers, 1, memory_order_relaxed);
 }
 static inline void rt__tt_read_end(ttable_t *t)
 {
-    RT_ASSERT(atomic_load_explicit(&t->readers, memory_order_relaxed) > 0);
+    RT_ASSERT(rt__tt_locks_held == 1 &&
+              atomic_load_explicit(&t->readers, memory_order_relaxed) > 0);
     atomic_fetch_sub_explicit(&t->readers, 1, memory_order_relaxed);
+    rt__tt_locks_held--;
 }
 static inline void rt__tt_write_begin(ttable_t *t)
 {
     RT_ASSERT(!atomic_load_explicit(&t->writer, memory_order_relaxed) &&
               atomic_load_explicit(&t->readers, memory_order_relaxed) == 0);
+    rt__tt_locks_held++;
     atomic_store_explicit(&t->writer, true, memory_order_relaxed);
 }
 static inline void rt__tt_write_end(ttable_t *t)
 {
-    RT_ASSERT(atomic_load_explicit(&t->writer, memory_order_relaxed));
+    RT_ASSERT(rt__tt_locks_held == 1 && atomic_load_explicit(&t->writer, memory_order_relaxed));
     atomic_store_explicit(&t->writer, false, memory_order_relaxed);
+    rt__tt_locks_held--;
 }
 #define RT__TT_READABLE(t)                                                                         \
     (atomic_load_explicit(&(t)->writer, memory_order_relaxed) ||                                   \
      atomic_load_explicit(&(t)->readers, memory_order_relaxed) > 0)
 #define RT__TT_WRITABLE(t) atomic_load_explicit(&(t)->writer, memory_order_relaxed)
 #else
+#define rt__tt_lock_free() ((void)0)
 #define rt__tt_read_begin(t) ((void)(t))
 #define rt__tt_read_end(t) ((void)(t))
 #define rt__tt_write_begin(t) ((void)(t))

@@ -36,6 +36,7 @@ static pthread_rwlock_t *read_lock(shard_t *s)
         my_slot =
             atomic_fetch_add_explicit(&next_slot, 1, memory_order_relaxed) % RT_TRIE_READ_SLOTS;
     pthread_rwlock_t *l = &s->slots[my_slot].lock;
+    rt__tt_lock_free();
     pthread_rwlock_rdlock(l);
     rt__tt_read_begin(&s->t);
     return l;
@@ -50,6 +51,7 @@ static void read_unlock(shard_t *s, pthread_rwlock_t *l)
 
 static void write_lock(shard_t *s)
 {
+    rt__tt_lock_free();
     for (int i = 0; i < RT_TRIE_READ_SLOTS; i++)
         pthread_rwlock_wrlock(&s->slots[i].lock);
     rt__tt_write_begin(&s->t);
