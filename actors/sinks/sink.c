@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -152,7 +151,8 @@ static bool ensure_spill(rt_sink_t *s)
         /* A file that is not a spill cannot be replayed; it is set aside, not deleted (it
            may be worth a look), and a fresh spill takes its place. */
         char aside[sizeof(s->spill_path) + 32];
-        snprintf(aside, sizeof(aside), "%s.bad-%lld", s->spill_path, (long long)time(NULL));
+        snprintf(aside, sizeof(aside), "%s.bad-%lld", s->spill_path,
+                 (long long)(rt_wall_ms() / 1000));
         if (rename(s->spill_path, aside) == 0) {
             rt_log(RT_LOG_ERROR, "sink.spill_set_aside", "sink=%s moved=%s reason=%s", s->name,
                    aside, why);

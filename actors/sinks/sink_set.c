@@ -285,6 +285,7 @@ int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
 
 void rt_sinks_stop(void)
 {
+    RT_ASSERT(!rt_current()); /* it waits for the sink actors to exit */
     if (!atomic_exchange(&g_running, false))
         return;
     for (unsigned i = 0; i < g_nsinks; i++)

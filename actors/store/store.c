@@ -585,6 +585,7 @@ int rt_store_open(const char *dir, char *err, size_t errlen)
 
 int rt_store_sync(void)
 {
+    RT_ASSERT(!rt_current()); /* an actor waiting here could hold up the store's own turn */
     if (!store.pid)
         return 0;
     sync_t sy = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
