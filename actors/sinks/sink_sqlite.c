@@ -77,7 +77,7 @@ static const sink_key_t sqlite_keys[] = {
 /* ---- Scratch strings ---- */
 
 /* A scratch buffer emptied for its next use; a growth that failed before is forgotten. */
-static rt_buf_t *scratch(rt_buf_t *b)
+static rt_buf_t *reuse_scratch(rt_buf_t *b)
 {
     if (b->oom)
         rt_buf_free(b);
@@ -371,7 +371,7 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
         return 0;
     }
     /* A new table: declared columns first, then the row's other keys. */
-    rt_buf_t *sql = scratch(&q->sql);
+    rt_buf_t *sql = reuse_scratch(&q->sql);
     add_str(sql, "CREATE TABLE ");
     add_ident(sql, name);
     add_str(sql, " (");
@@ -417,7 +417,7 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
 
 static int add_column(rt_sink_t *s, sq_t *q, sq_table_t *t, const char *key, bson_type_t type)
 {
-    rt_buf_t *sql = scratch(&q->sql);
+    rt_buf_t *sql = reuse_scratch(&q->sql);
     add_str(sql, "ALTER TABLE ");
     add_ident(sql, t->name);
     add_str(sql, " ADD COLUMN ");
@@ -449,7 +449,7 @@ static sqlite3_stmt *get_insert(rt_sink_t *s, sq_t *q, const char *sig, size_t s
         if (!c->st)
             break;
     }
-    rt_buf_t *sql = scratch(&q->sql);
+    rt_buf_t *sql = reuse_scratch(&q->sql);
     add_str(sql, "INSERT INTO ");
     add_ident(sql, table);
     add_str(sql, " (");
@@ -562,7 +562,7 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
         return rc;
     /* The signature: table, then each key once (case-insensitively, as SQLite sees
        names); a key the table lacks becomes a column first. */
-    rt_buf_t *sig = scratch(&q->sig);
+    rt_buf_t *sig = reuse_scratch(&q->sig);
     rt_buf_add(sig, tname, tlen + 1);
     if (sig->oom)
         return RT_EAGAIN;
