@@ -260,25 +260,27 @@ static void run_statement(int which, const op_t *op, rt_bin_t *bin)
     sqlite3_clear_bindings(s);
 }
 
+/* Deletes what the session under op's client id holds: subscriptions and messages. */
+static void clear_session(const op_t *op)
+{
+    run_statement(ST_SESSION_CLEAR_SUBS, op, NULL);
+    run_statement(ST_SESSION_CLEAR_MSGS, op, NULL);
+    run_statement(ST_SESSION_CLEAR_QOS2, op, NULL);
+}
+
 static void apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
 {
     switch (tag) {
     case OP_SESSION:
-        if (op->retain) { /* fresh: a new session under this id keeps nothing of the old one */
-            run_statement(ST_SESSION_CLEAR_SUBS, op, NULL);
-            run_statement(ST_SESSION_CLEAR_MSGS, op, NULL);
-            run_statement(ST_SESSION_CLEAR_QOS2, op, NULL);
-        }
+        if (op->retain) /* fresh: a new session under this id keeps nothing of the old one */
+            clear_session(op);
         run_statement(ST_SESSION_UPSERT, op, NULL);
         break;
     case OP_SESSION_END:
         /* Only the owner ends it; its rows go only if it still owned it. */
         run_statement(ST_SESSION_DELETE, op, NULL);
-        if (sqlite3_changes(store.db)) {
-            run_statement(ST_SESSION_CLEAR_SUBS, op, NULL);
-            run_statement(ST_SESSION_CLEAR_MSGS, op, NULL);
-            run_statement(ST_SESSION_CLEAR_QOS2, op, NULL);
-        }
+        if (sqlite3_changes(store.db))
+            clear_session(op);
         break;
     case OP_SUB:
         run_statement(ST_SUB, op, NULL);
