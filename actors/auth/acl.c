@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "acl.h"
-#include "auth.h"
+#include "auth_impl.h"
 #include "common.h"
 #include "rcu.h"
 
@@ -57,7 +57,7 @@ typedef struct cursor_s {
     bool done;
 } cursor_t;
 
-static cursor_t cursor(const char *s, size_t n)
+static cursor_t level_cursor(const char *s, size_t n)
 {
     return (cursor_t){s, s + n, false};
 }
@@ -78,13 +78,13 @@ static bool next_level(cursor_t *c, const char **lvl, size_t *n)
     return true;
 }
 
-static bool is(const char *l, size_t n, char wild)
+static bool level_is(const char *l, size_t n, char wild)
 {
     return n == 1 && l[0] == wild;
 }
 
 /* A literal level starting with '$', which first-level wildcards do not match. */
-static bool dollar(const char *l, size_t n)
+static bool level_is_dollar(const char *l, size_t n)
 {
     return n > 0 && l[0] == '$';
 }
@@ -111,21 +111,21 @@ static bool level_eq(const char *r, size_t rn, const char *t, size_t tn, const s
 }
 
 /* The topic name t matches the rule's filter. */
-static bool matches(const rule_t *r, const char *t, size_t tn, const subst_t *s)
+static bool rule_matches(const rule_t *r, const char *t, size_t tn, const subst_t *s)
 {
-    cursor_t rc = cursor(r->topic, r->len), tc = cursor(t, tn);
+    cursor_t rc = level_cursor(r->topic, r->len), tc = level_cursor(t, tn);
     const char *rl = NULL, *tl = NULL;
     size_t rln = 0, tln = 0;
     for (bool first = true;; first = false) {
         bool has_r = next_level(&rc, &rl, &rln), has_t = next_level(&tc, &tl, &tln);
         if (!has_r)
             return !has_t;
-        if (is(rl, rln, '#'))
-            return !(first && has_t && dollar(tl, tln));
+        if (level_is(rl, rln, '#'))
+            return !(first && has_t && level_is_dollar(tl, tln));
         if (!has_t)
             return false;
-        if (is(rl, rln, '+')) {
-            if (first && dollar(tl, tln))
+        if (level_is(rl, rln, '+')) {
+            if (first && level_is_dollar(tl, tln))
                 return false;
             continue;
         }
@@ -135,48 +135,48 @@ static bool matches(const rule_t *r, const char *t, size_t tn, const subst_t *s)
 }
 
 /* Every topic the filter f matches is matched by the rule's filter. */
-static bool covers(const rule_t *r, const char *f, size_t fn, const subst_t *s)
+static bool rule_covers(const rule_t *r, const char *f, size_t fn, const subst_t *s)
 {
-    cursor_t rc = cursor(r->topic, r->len), fc = cursor(f, fn);
+    cursor_t rc = level_cursor(r->topic, r->len), fc = level_cursor(f, fn);
     const char *rl = NULL, *fl = NULL;
     size_t rln = 0, fln = 0;
     for (bool first = true;; first = false) {
         bool has_r = next_level(&rc, &rl, &rln), has_f = next_level(&fc, &fl, &fln);
         if (!has_r)
             return !has_f;
-        if (is(rl, rln, '#'))
-            return !(first && has_f && dollar(fl, fln));
-        if (!has_f || is(fl, fln, '#'))
+        if (level_is(rl, rln, '#'))
+            return !(first && has_f && level_is_dollar(fl, fln));
+        if (!has_f || level_is(fl, fln, '#'))
             return false;
-        if (is(rl, rln, '+')) {
-            if (first && dollar(fl, fln))
+        if (level_is(rl, rln, '+')) {
+            if (first && level_is_dollar(fl, fln))
                 return false;
             continue;
         }
-        if (is(fl, fln, '+') || !level_eq(rl, rln, fl, fln, s))
+        if (level_is(fl, fln, '+') || !level_eq(rl, rln, fl, fln, s))
             return false;
     }
 }
 
 /* Some topic is matched both by the rule's filter and by the filter f. */
-static bool overlaps(const rule_t *r, const char *f, size_t fn, const subst_t *s)
+static bool rule_overlaps(const rule_t *r, const char *f, size_t fn, const subst_t *s)
 {
-    cursor_t rc = cursor(r->topic, r->len), fc = cursor(f, fn);
+    cursor_t rc = level_cursor(r->topic, r->len), fc = level_cursor(f, fn);
     const char *rl = NULL, *fl = NULL;
     size_t rln = 0, fln = 0;
     for (bool first = true;; first = false) {
         bool has_r = next_level(&rc, &rl, &rln), has_f = next_level(&fc, &fl, &fln);
         if (!has_r && !has_f)
             return true;
-        if (has_r && is(rl, rln, '#'))
-            return !(first && has_f && dollar(fl, fln));
-        if (has_f && is(fl, fln, '#'))
-            return !(first && has_r && dollar(rl, rln));
+        if (has_r && level_is(rl, rln, '#'))
+            return !(first && has_f && level_is_dollar(fl, fln));
+        if (has_f && level_is(fl, fln, '#'))
+            return !(first && has_r && level_is_dollar(rl, rln));
         if (!has_r || !has_f)
             return false;
-        bool rw = is(rl, rln, '+'), fw = is(fl, fln, '+');
+        bool rw = level_is(rl, rln, '+'), fw = level_is(fl, fln, '+');
         if (rw || fw) {
-            if (first && ((rw && dollar(fl, fln)) || (fw && dollar(rl, rln))))
+            if (first && ((rw && level_is_dollar(fl, fln)) || (fw && level_is_dollar(rl, rln))))
                 return false;
             continue;
         }
@@ -185,10 +185,13 @@ static bool overlaps(const rule_t *r, const char *f, size_t fn, const subst_t *s
     }
 }
 
+/* The bucket of user name[0..n), or the free one where it would go (the table is kept at
+   most half full, so there is one). */
 static user_t *find_user(const rt_acl_t *acl, const char *name, size_t n)
 {
+    RT_ASSERT(acl->un < acl->ucap);
     size_t mask = acl->ucap - 1;
-    for (size_t i = rt__auth_name_hash(name, n) & mask;; i = (i + 1) & mask) {
+    for (size_t i = rt_hash(name, n) & mask;; i = (i + 1) & mask) {
         user_t *u = &acl->users[i];
         if (!u->name || (strncmp(u->name, name, n) == 0 && u->name[n] == 0))
             return u;
@@ -209,31 +212,31 @@ typedef struct tally_s {
 } tally_t;
 
 /* Applies one rule to the tally; returns true when it denies the request outright. */
-static bool apply(const rule_t *r, const char *t, size_t tn, unsigned access, const subst_t *s,
-                  tally_t *v)
+static bool apply_rule(const rule_t *r, const char *t, size_t tn, unsigned access, const subst_t *s,
+                       tally_t *v)
 {
     if (access != RT_ACL_SUBSCRIBE) {
         if (r->access == 0)
-            return matches(r, t, tn, s);
+            return rule_matches(r, t, tn, s);
         if (!v->allowed && (r->access & access))
-            v->allowed = matches(r, t, tn, s);
+            v->allowed = rule_matches(r, t, tn, s);
         return false;
     }
     if (r->access == 0) {
-        if (covers(r, t, tn, s))
+        if (rule_covers(r, t, tn, s))
             return true;
-        v->shadowed = v->shadowed || overlaps(r, t, tn, s);
+        v->shadowed = v->shadowed || rule_overlaps(r, t, tn, s);
         return false;
     }
     if (!(r->access & RT_ACL_READ) || v->allowed)
         return false;
-    v->allowed = covers(r, t, tn, s);
-    v->readable = v->readable || v->allowed || overlaps(r, t, tn, s);
+    v->allowed = rule_covers(r, t, tn, s);
+    v->readable = v->readable || v->allowed || rule_overlaps(r, t, tn, s);
     return false;
 }
 
 /* The verdict of a tally no rule denied outright. */
-static int verdict(const tally_t *v, unsigned access)
+static int tally_verdict(const tally_t *v, unsigned access)
 {
     if (access != RT_ACL_SUBSCRIBE)
         return v->allowed ? RT_ACL_ALLOW : RT_ACL_DENY;
@@ -264,7 +267,7 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
         own = u && u->name ? &u->rules : NULL;
     }
     for (size_t i = 0; own && i < own->n; i++)
-        if (apply(&own->v[i], topic, len, access, NULL, &v))
+        if (apply_rule(&own->v[i], topic, len, access, NULL, &v))
             return RT_ACL_DENY;
     subst_t s = {user, clientid, ulen, clientid ? strlen(clientid) : 0};
     bool user_ok = safe_value(s.user, s.ulen), client_ok = safe_value(s.client, s.clen);
@@ -279,10 +282,10 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
                 return RT_ACL_DENY;
             continue;
         }
-        if (apply(r, topic, len, access, r->subst ? &s : NULL, &v))
+        if (apply_rule(r, topic, len, access, r->subst ? &s : NULL, &v))
             return RT_ACL_DENY;
     }
-    return verdict(&v, access);
+    return tally_verdict(&v, access);
 }
 
 /* ---- Loading ---- */
@@ -315,11 +318,11 @@ static const char *bad_filter(const char *f, size_t n)
         return "the topic is empty";
     if (n > 65535)
         return "the topic is longer than 65535 bytes";
-    cursor_t c = cursor(f, n);
+    cursor_t c = level_cursor(f, n);
     const char *l;
     size_t ln;
     while (next_level(&c, &l, &ln)) {
-        if (is(l, ln, '#') && !c.done)
+        if (level_is(l, ln, '#') && !c.done)
             return "'#' must be the last level of a topic";
         if ((memchr(l, '#', ln) || memchr(l, '+', ln)) && ln != 1)
             return "'+' and '#' must stand alone as a level";
@@ -329,14 +332,8 @@ static const char *bad_filter(const char *f, size_t n)
 
 static bool push_rule(rules_t *rs, const rule_t *r)
 {
-    if (rs->n == rs->cap) {
-        size_t cap = rs->cap ? rs->cap * 2 : 4;
-        rule_t *v = realloc(rs->v, cap * sizeof(*v));
-        if (!v)
-            return false;
-        rs->v = v;
-        rs->cap = cap;
-    }
+    if (rt_grow(&rs->v, &rs->cap, rs->n + 1, sizeof(*rs->v), 4) != 0)
+        return false;
     rs->v[rs->n++] = *r;
     return true;
 }
@@ -509,7 +506,7 @@ int rt_acl_load(const char *path, rt_acl_t **out, char *err, size_t errlen)
 
 /* ---- The process-wide ACL ---- */
 
-static rt_rcu_t current; /* rt_acl_t *, NULL: allow all */
+static rt_rcu_t current_acl; /* rt_acl_t *, NULL: allow all */
 
 static struct {
     atomic_uint_fast64_t publish, subscribe, read;
@@ -518,7 +515,7 @@ static struct {
 int rt_acl_permit(const char *user, const char *clientid, const char *topic, size_t len,
                   unsigned access)
 {
-    const rt_acl_t *acl = rt_rcu_enter(&current);
+    const rt_acl_t *acl = rt_rcu_enter(&current_acl);
     int r = acl ? rt_acl_check(acl, user, clientid, topic, len, access) : RT_ACL_ALLOW;
     rt_rcu_leave();
     if (r != RT_ACL_DENY)
@@ -532,14 +529,14 @@ int rt_acl_permit(const char *user, const char *clientid, const char *topic, siz
 
 bool rt_acl_active(void)
 {
-    bool on = rt_rcu_enter(&current) != NULL;
+    bool on = rt_rcu_enter(&current_acl) != NULL;
     rt_rcu_leave();
     return on;
 }
 
 void rt_acl_install(rt_acl_t *acl)
 {
-    rt_acl_free(rt_rcu_swap(&current, acl));
+    rt_acl_free(rt_rcu_swap(&current_acl, acl));
 }
 
 int rt_acl_reload(const char *path, char *err, size_t errlen)
@@ -559,7 +556,7 @@ void rt_acl_stats(rt_acl_stats_t *out)
     out->denied_publish = atomic_load(&denied.publish);
     out->denied_subscribe = atomic_load(&denied.subscribe);
     out->denied_read = atomic_load(&denied.read);
-    const rt_acl_t *acl = rt_rcu_enter(&current);
+    const rt_acl_t *acl = rt_rcu_enter(&current_acl);
     out->rules = acl ? acl->nrules : 0;
     out->bytes = acl ? acl->bytes : 0;
     rt_rcu_leave();

@@ -16,6 +16,10 @@
 ** Tables are immutable once loaded. The process-wide ones (the password table
 ** here, the ACL in acl.h) are swapped by a reload while scheduler threads read
 ** them (rcu.h): a reader never sees a freed table.
+**
+** The files: password_table.c (tables and hashes), limiter.c (addresses and the
+** slow-down), auth.c (the process-wide policy), verifier.c (full hashes off the
+** schedulers), passwd.c (`rtd passwd`), auth_file.c (reading the files), acl.c.
 */
 #ifndef RT_AUTH_H
 #define RT_AUTH_H
@@ -42,10 +46,11 @@
 
 typedef enum rt_auth_result_e {
     RT_AUTH_OK = 0,
-    RT_AUTH_BAD_PASSWORD = 1,      /* known user, wrong password */
-    RT_AUTH_UNKNOWN_USER = 2,      /* not in the password file */
-    RT_AUTH_ANONYMOUS_REFUSED = 3, /* no username: allow_anonymous false, or not from anonymous_from */
-    RT_AUTH_PENDING = 4,           /* rt_auth_login_quick: only a full hash can decide */
+    RT_AUTH_BAD_PASSWORD = 1, /* known user, wrong password */
+    RT_AUTH_UNKNOWN_USER = 2, /* not in the password file */
+    RT_AUTH_ANONYMOUS_REFUSED =
+        3,               /* no username: allow_anonymous false, or not from anonymous_from */
+    RT_AUTH_PENDING = 4, /* rt_auth_login_quick: only a full hash can decide */
 } rt_auth_result_t;
 
 const char *rt_auth_result_name(int result);
@@ -66,11 +71,11 @@ size_t rt_auth_users(const rt_auth_t *a);
 ** Checks user's password (any bytes, MQTT passwords are binary) against a
 ** table: RT_AUTH_OK, RT_AUTH_BAD_PASSWORD or RT_AUTH_UNKNOWN_USER. The hash
 ** comparison is constant-time, and an unknown user costs a hash of the same
-** kind and rounds as the file's first user, so timing tells neither. The last password that
-*verified for a
-** user is remembered (a keyed HMAC tag, in memory, for this table's life), so
-** a reconnect with it costs microseconds instead of a full PBKDF2; a wrong
-** password always pays the full cost. Safe from any number of threads.
+** kind and rounds as the file's first user, so timing tells neither. The last
+** password that verified for a user is remembered (a keyed HMAC tag, in memory,
+** for this table's life), so a reconnect with it costs microseconds instead of a
+** full PBKDF2; a wrong password always pays the full cost. Safe from any number
+** of threads.
 */
 int rt_auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen);
 
@@ -216,13 +221,5 @@ void rt_auth_stats(rt_auth_stats_t *out);
 ** renamed over the old one. argv[0] is "passwd". Returns the exit status.
 */
 int rt_auth_passwd_main(int argc, char **argv);
-
-/* ---- Internal, shared with acl.c ---- */
-/* Reads a whole file, NUL-terminated (free it); err says "path: reason". */
-int rt__auth_read_file(const char *path, char **out, size_t *outlen, char *err, size_t errlen);
-/* The next line of [*pos, end) without its newline and trailing blanks; false at the end. */
-bool rt__auth_next_line(const char **pos, const char *end, const char **line, size_t *len);
-/* The hash of a user name in the password and ACL tables. */
-uint64_t rt__auth_name_hash(const char *s, size_t n);
 
 #endif

@@ -1,3 +1,8 @@
+/*
+** The rtd.conf loader: runs the file's Lua in an empty, budgeted state, records where each
+** key was assigned, and checks every value against the one table of settings (names, kinds,
+** ranges, help) into an rt_conf_t; overrides go through the same checks (config.h).
+*/
 #include <arpa/inet.h>
 #include <limits.h>
 #include <errno.h>
@@ -13,7 +18,7 @@
 #include "config.h"
 
 #define RT_CONF_INSTRUCTION_LIMIT 10000000 /* a config file that runs longer is a bug */
-#define RT_CONF_MEMORY_LIMIT (64u << 20)     /* and so is one that builds more (s = s .. s) */
+#define RT_CONF_MEMORY_LIMIT (64u << 20)   /* and so is one that builds more (s = s .. s) */
 
 /* What the config's Lua state holds, and how much its chunk may make it hold. */
 typedef struct conf_mem_s {
@@ -63,8 +68,8 @@ typedef struct setting_s {
     const char *name;
     kind_t kind;
     size_t offset;
-    size_t size;              /* strings: buffer size */
-    double min, max;          /* numbers: accepted range */
+    size_t size;                /* strings: buffer size */
+    double min, max;            /* numbers: accepted range */
     const char *const *choices; /* strings: allowed values, or NULL */
     const char *help;
 } setting_t;
@@ -72,9 +77,18 @@ typedef struct setting_s {
 static const char *const log_levels[] = {"error", "warning", "info", "debug", NULL};
 
 #define OFF(f) offsetof(rt_conf_t, f)
-#define INT(f, lo, hi, h) {#f, K_INT, OFF(f), 0, lo, hi, NULL, h}
-#define BOOL(f, h) {#f, K_BOOL, OFF(f), 0, 0, 0, NULL, h}
-#define PATH(f, h) {#f, K_PATH, OFF(f), sizeof(((rt_conf_t *)0)->f), 0, 0, NULL, h}
+#define INT(f, lo, hi, h)                                                                          \
+    {                                                                                              \
+#f, K_INT, OFF(f), 0, lo, hi, NULL, h                                                      \
+    }
+#define BOOL(f, h)                                                                                 \
+    {                                                                                              \
+#f, K_BOOL, OFF(f), 0, 0, 0, NULL, h                                                       \
+    }
+#define PATH(f, h)                                                                                 \
+    {                                                                                              \
+#f, K_PATH, OFF(f), sizeof(((rt_conf_t *)0)->f), 0, 0, NULL, h                             \
+    }
 
 /* Every setting rtd knows, in one place: name, type, range and what it means. */
 static const setting_t settings[] = {
@@ -293,8 +307,8 @@ void rt_conf_each(const rt_conf_t *c,
         case K_SECTIONS:
             value[0] = 0;
             for (unsigned n = 0; n < c->sinks.n && used < sizeof(value); n++)
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s",
-                                         n ? ", " : "", c->sinks.s[n].name);
+                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
+                                         c->sinks.s[n].name);
             break;
         }
         fn(s->name, value, s->help, ud);
@@ -339,8 +353,8 @@ static bool parse_listener(const char *s, rt_listen_t *out)
 ** Flattens the table on top of the stack into sec's keys, prefixing nested keys
 ** with prefix ("columns."). Keys are strings (or array indexes in nested tables).
 */
-static bool flatten(lua_State *L, rt_conf_section_t *sec, const char *prefix, int depth, char *why,
-                    size_t whylen)
+static bool flatten_section(lua_State *L, rt_conf_section_t *sec, const char *prefix, int depth,
+                            char *why, size_t whylen)
 {
     lua_pushnil(L);
     while (lua_next(L, -2)) {
@@ -362,7 +376,7 @@ static bool flatten(lua_State *L, rt_conf_section_t *sec, const char *prefix, in
         if (t == LUA_TTABLE && depth < 2) {
             char sub[RT_CONF_KEY_LEN + 1];
             snprintf(sub, sizeof(sub), "%s.", key);
-            if (!flatten(L, sec, sub, depth + 1, why, whylen)) {
+            if (!flatten_section(L, sec, sub, depth + 1, why, whylen)) {
                 lua_pop(L, 2);
                 return false;
             }
@@ -376,8 +390,7 @@ static bool flatten(lua_State *L, rt_conf_section_t *sec, const char *prefix, in
             return false;
         }
         if (sec->nkeys == RT_CONF_MAX_SECTION_KEYS) {
-            snprintf(why, whylen, "sinks.%s: at most %d keys", sec->name,
-                     RT_CONF_MAX_SECTION_KEYS);
+            snprintf(why, whylen, "sinks.%s: at most %d keys", sec->name, RT_CONF_MAX_SECTION_KEYS);
             lua_pop(L, 2);
             return false;
         }
@@ -433,8 +446,10 @@ static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *o
             plain = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
                     (name[i] >= '0' && name[i] <= '9') || name[i] == '_' || name[i] == '-';
         if (!plain || lua_type(L, -1) != LUA_TTABLE) {
-            snprintf(why, whylen, "%s: each entry must be name = { ... } with a plain name "
-                     "(letters, digits, _ and -)", what);
+            snprintf(why, whylen,
+                     "%s: each entry must be name = { ... } with a plain name "
+                     "(letters, digits, _ and -)",
+                     what);
             lua_pop(L, 2);
             return false;
         }
@@ -446,7 +461,7 @@ static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *o
         rt_conf_section_t *sec = &out->s[out->n++];
         memset(sec, 0, sizeof(*sec));
         memcpy(sec->name, name, len + 1);
-        if (!flatten(L, sec, "", 0, why, whylen)) {
+        if (!flatten_section(L, sec, "", 0, why, whylen)) {
             lua_pop(L, 2);
             return false;
         }
@@ -457,7 +472,7 @@ static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *o
 }
 
 /* Checks and stores the value on top of the stack; on error writes the reason to why. */
-static bool apply(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
+static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
 {
     char *field = (char *)c + s->offset;
     switch (s->kind) {
@@ -683,7 +698,7 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
         lua_pop(L, 1);
         const setting_t *s = find_setting(name);
         char why[RT_CONF_ERR_LEN / 2];
-        bool ok = s && apply(L, &next, s, why, sizeof(why));
+        bool ok = s && apply_setting(L, &next, s, why, sizeof(why));
         if (ok && s->kind == K_SECTIONS) {
             rt_conf_sections_t *secs = (rt_conf_sections_t *)(void *)((char *)&next + s->offset);
             snprintf(secs->where, sizeof(secs->where), "%s", where);
@@ -711,7 +726,7 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
 ** without symlinks, so the paths logged at start read plainly ("/srv/rt/data", not
 ** "/srv/rt/etc/../data").
 */
-static void normalize(char *path)
+static void normalize_path(char *path)
 {
     char *out = path; /* writes never pass the reads */
     const char *in = path;
@@ -738,8 +753,8 @@ static void normalize(char *path)
 }
 
 /* Makes the path setting s of c absolute against the directory base; "" stays "". */
-static int resolve(rt_conf_t *c, const setting_t *s, const char *base, const char *where, char *err,
-                   size_t errlen)
+static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
+                        char *err, size_t errlen)
 {
     char *field = (char *)c + s->offset;
     if (!field[0] || field[0] == '/')
@@ -751,7 +766,7 @@ static int resolve(rt_conf_t *c, const setting_t *s, const char *base, const cha
                  base, s->size - 1);
         return RT_EINVAL;
     }
-    normalize(joined);
+    normalize_path(joined);
     memcpy(field, joined, strlen(joined) + 1);
     return 0;
 }
@@ -791,7 +806,7 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
     }
     for (size_t i = 0; i < NSETTINGS && rc == 0; i++)
         if (settings[i].kind == K_PATH)
-            rc = resolve(c, &settings[i], base, path, err, errlen);
+            rc = resolve_path(c, &settings[i], base, path, err, errlen);
     return rc;
 }
 
@@ -864,7 +879,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
                      strerror(errno));
             return RT_EINVAL;
         }
-        rc = resolve(c, s, cwd, where, err, errlen);
+        rc = resolve_path(c, s, cwd, where, err, errlen);
     }
     return rc;
 }

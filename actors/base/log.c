@@ -1,15 +1,19 @@
+/*
+** The log's one writer: formats each line (text or JSON, UTC timestamp with milliseconds)
+** in a local buffer and writes it with a single write(2) (log.h).
+*/
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common.h"
 #include "log.h"
+#include "rt.h"
 
 static atomic_int current_level = RT_LOG_INFO;
 static atomic_int log_fd = STDERR_FILENO;
@@ -100,19 +104,19 @@ void rt_log(rt_log_level_t level, const char *event, const char *fmt, ...)
     if (n >= (int)sizeof(msg))
         memcpy(msg + sizeof(msg) - 4, "...", 4);
 
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
+    uint64_t now_ms = rt_wall_ms();
+    time_t now_s = (time_t)(now_ms / 1000);
     struct tm tm;
-    gmtime_r(&tv.tv_sec, &tm);
+    gmtime_r(&now_s, &tm);
     char ts[32];
     size_t tl = strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(ts + tl, sizeof(ts) - tl, ".%03dZ", (int)(tv.tv_usec / 1000) % 1000);
+    snprintf(ts + tl, sizeof(ts) - tl, ".%03dZ", (int)(now_ms % 1000));
 
     char line[RT_LOG_LINE_MAX + 256];
     size_t at;
     if (atomic_load_explicit(&as_json, memory_order_relaxed)) {
-        at = (size_t)snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"event\":\"", ts,
-                              rt_log_level_name(level));
+        at = (size_t)snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"event\":\"",
+                              ts, rt_log_level_name(level));
         at = json_escape(line, at, sizeof(line) - 16, event);
         at += (size_t)snprintf(line + at, sizeof(line) - at, "\",\"msg\":\"");
         at = json_escape(line, at, sizeof(line) - 8, msg);

@@ -20,6 +20,8 @@
 ** (strings, payload, raw property block, subscription list) points into the buffer given to
 ** mqtt_decode() and is valid exactly as long as those bytes are unchanged. Copy what must
 ** outlive the buffer. Encoders only read the packet and write into the caller's buffer.
+**
+** Decoding is mqtt_decode.c, encoding mqtt_encode.c, MQTT 5 property blocks mqtt_props.c.
 */
 #ifndef RT_MQTT_CODEC_H
 #define RT_MQTT_CODEC_H

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rt.h"
+
 typedef struct {
     char *topic; /* owned copy */
     uint32_t len;
@@ -20,16 +22,16 @@ struct rt_alias_out_s {
     uint16_t *slots;  /* 1 + an index into entries; 0: free */
     uint32_t nslots;  /* a power of two, at least twice cap */
     uint16_t n, cap, max;
+#ifndef NDEBUG
+    rt_actor_t *owner; /* debug: the actor that made it, the only one that may touch it */
+#endif
 };
 
-/* FNV-1a. Topics come from publishers, so they can make collisions: that costs probes in a
-   table of at most 2 x max slots, never more memory. */
+/* Topics come from publishers: the keyed hash keeps them from planning collisions (which
+   would cost probes in a table of at most 2 x max slots, never more memory). */
 static uint32_t topic_hash(const uint8_t *t, size_t len)
 {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ t[i]) * 16777619u;
-    return h;
+    return (uint32_t)rt_hash(t, len);
 }
 
 int rt_alias_out_new(uint16_t max, rt_alias_out_t **out)
@@ -41,6 +43,9 @@ int rt_alias_out_new(uint16_t max, rt_alias_out_t **out)
     if (!a)
         return RT_ENOMEM;
     a->max = max;
+#ifndef NDEBUG
+    a->owner = rt_current();
+#endif
     *out = a;
     return 0;
 }
@@ -49,6 +54,7 @@ void rt_alias_out_free(rt_alias_out_t *a)
 {
     if (!a)
         return;
+    RT_ASSERT(a->owner == rt_current());
     for (uint16_t i = 0; i < a->n; i++)
         free(a->entries[i].topic);
     free(a->entries);
@@ -70,6 +76,7 @@ static uint32_t find_slot(const rt_alias_out_t *a, uint32_t hash, const uint8_t 
 
 uint16_t rt_alias_out_lookup(const rt_alias_out_t *a, const uint8_t *topic, size_t len, bool *fresh)
 {
+    RT_ASSERT(a->owner == rt_current());
     *fresh = false;
     if (a->nslots) {
         uint32_t i = find_slot(a, topic_hash(topic, len), topic, len);
@@ -83,7 +90,7 @@ uint16_t rt_alias_out_lookup(const rt_alias_out_t *a, const uint8_t *topic, size
 }
 
 /* Room for one more entry: entries and slots doubled (slots rebuilt) when full. */
-static int grow(rt_alias_out_t *a)
+static int make_room(rt_alias_out_t *a)
 {
     if (a->n < a->cap)
         return 0;
@@ -113,8 +120,9 @@ static int grow(rt_alias_out_t *a)
 
 int rt_alias_out_commit(rt_alias_out_t *a, uint16_t alias, const uint8_t *topic, size_t len)
 {
+    RT_ASSERT(a->owner == rt_current());
     RT_ASSERT(alias == a->n + 1 && a->n < a->max && len <= 65535);
-    int rc = grow(a);
+    int rc = make_room(a);
     if (rc)
         return rc;
     char *copy = malloc(len ? len : 1);

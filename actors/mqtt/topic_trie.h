@@ -18,6 +18,9 @@
 ** Strings are byte ranges (pointer and length), never NUL-terminated, as they
 ** arrive in packets. UTF-8 well-formedness is the codec's job; these functions
 ** check only the MQTT topic syntax.
+**
+** Both structures are level trees (topic_tree.h); the subscription trie is
+** topic_trie.c, the retained store retained.c.
 */
 #ifndef RT_TOPIC_TRIE_H
 #define RT_TOPIC_TRIE_H
@@ -55,7 +58,7 @@ typedef struct {
     uint8_t no_local;            /* 1: not delivered to the publishing pid itself */
     uint8_t retain_as_published; /* 1: keep the RETAIN flag on forwarded messages */
     uint8_t retain_handling : 2; /* 0..2; stored for the caller, matching ignores it */
-    uint8_t persistent : 1;      /* the subscriber's session is stored (deliveries ask for a durable ack) */
+    uint8_t persistent : 1;      /* the session is stored: deliveries ask for a durable ack */
     uint8_t acl_check : 1;       /* the ACL granted it in part: each delivery is checked (acl.h) */
 } rt_trie_opts_t;
 
@@ -108,13 +111,13 @@ typedef struct {
 } rt_trie_scratch_t;
 
 typedef struct {
-    size_t subs;   /* ordinary subscriptions plus shared-group memberships */
-    size_t groups; /* shared subscription groups */
+    size_t subs;    /* ordinary subscriptions plus shared-group memberships */
+    size_t groups;  /* shared subscription groups */
     size_t filters; /* distinct subscribed filters: "a/b" once however many subscribe it,
                        each "$share/group/a/b" once (every group is a filter of its own) */
     size_t subs_max, filters_max; /* high-water marks since the trie was made */
-    size_t nodes;  /* trie nodes, roots excluded */
-    size_t bytes;  /* every byte the trie has allocated, including itself */
+    size_t nodes;                 /* trie nodes, roots excluded */
+    size_t bytes;                 /* every byte the trie has allocated, including itself */
 } rt_trie_stats_t;
 
 /* Syntax checks: 1 if valid. A filter may carry the $share/{group}/ prefix. */

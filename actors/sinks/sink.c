@@ -15,14 +15,12 @@
 ** inflight windows fill) while the spill exists precisely to ride one out.
 */
 #include <bson/bson.h>
-#include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -43,12 +41,11 @@ typedef struct submit_s {
     uint64_t ack_token;
 } submit_t;
 
-static rt_sink_t *g_sinks[RT_CONF_MAX_SECTIONS];
-static unsigned g_nsinks;
-static atomic_bool g_running;
-
-static const sink_driver_t *const drivers[] = {&rt_sink_sqlite_driver, &rt_sink_mongo_driver,
-                                               &rt_sink_republish_driver};
+/*
+** The queue, the spill and the batch buffer are the sink actor's alone (sink_impl.h):
+** debug builds check that whatever touches them runs in its turn.
+*/
+#define SINK_IN_ACTOR(s) (rt_current() && rt_self(rt_current()) == (s)->pid)
 
 static const char *const state_names[] = {"connected", "connecting", "disconnected"};
 
@@ -62,103 +59,17 @@ void rt__sink_error(rt_sink_t *s, const char *fmt, ...)
     pthread_mutex_unlock(&s->err_lock);
 }
 
+const char *rt__sink_state_name(int state)
+{
+    return state_names[state];
+}
+
 static void set_state(rt_sink_t *s, sink_state_t st)
 {
     int old = atomic_exchange(&s->state, (int)st);
     if (old != (int)st)
         rt_log(st == SINK_DISCONNECTED ? RT_LOG_WARNING : RT_LOG_INFO, "sink.state",
                "sink=%s state=%s", s->name, state_names[st]);
-}
-
-const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key)
-{
-    for (unsigned i = 0; i < sec->nkeys; i++)
-        if (strcmp(sec->keys[i].key, key) == 0)
-            return &sec->keys[i];
-    return NULL;
-}
-
-const char *rt__sink_opt_str(const sink_row_t *r, const char *key, uint32_t *len)
-{
-    bson_t b;
-    bson_iter_t it;
-    if (!r->opts_len || !bson_init_static(&b, r->opts, r->opts_len))
-        return NULL;
-    if (!bson_iter_init_find(&it, &b, key) || !BSON_ITER_HOLDS_UTF8(&it))
-        return NULL;
-    return bson_iter_utf8(&it, len);
-}
-
-const char *rt__sink_text(const bson_iter_t *it, uint32_t *len, char **tmp, char *num)
-{
-    *tmp = NULL;
-    int n = -1;
-    switch (bson_iter_type(it)) {
-    case BSON_TYPE_UTF8:
-        return bson_iter_utf8(it, len);
-    case BSON_TYPE_SYMBOL:
-        return bson_iter_symbol(it, len);
-    case BSON_TYPE_CODE:
-        return bson_iter_code(it, len);
-    case BSON_TYPE_INT32:
-        n = snprintf(num, 64, "%d", (int)bson_iter_int32(it));
-        break;
-    case BSON_TYPE_INT64:
-        n = snprintf(num, 64, "%lld", (long long)bson_iter_int64(it));
-        break;
-    case BSON_TYPE_DATE_TIME:
-        n = snprintf(num, 64, "%lld", (long long)bson_iter_date_time(it));
-        break;
-    case BSON_TYPE_DOUBLE:
-        n = snprintf(num, 64, "%.17g", bson_iter_double(it));
-        break;
-    case BSON_TYPE_BOOL:
-        n = snprintf(num, 64, "%s", bson_iter_bool(it) ? "true" : "false");
-        break;
-    case BSON_TYPE_OID:
-        bson_oid_to_string(bson_iter_oid(it), num);
-        n = 24;
-        break;
-    case BSON_TYPE_DECIMAL128: {
-        bson_decimal128_t d;
-        bson_iter_decimal128(it, &d);
-        bson_decimal128_to_string(&d, num);
-        n = (int)strlen(num);
-        break;
-    }
-    case BSON_TYPE_NULL:
-    case BSON_TYPE_UNDEFINED:
-        *len = 0;
-        return "";
-    case BSON_TYPE_DOCUMENT:
-    case BSON_TYPE_ARRAY: {
-        const uint8_t *data;
-        uint32_t dl;
-        bson_t sub;
-        if (BSON_ITER_HOLDS_DOCUMENT(it))
-            bson_iter_document(it, &dl, &data);
-        else
-            bson_iter_array(it, &dl, &data);
-        size_t jl = 0;
-        if (bson_init_static(&sub, data, dl))
-            *tmp = BSON_ITER_HOLDS_DOCUMENT(it) ? bson_as_relaxed_extended_json(&sub, &jl)
-                                                : bson_array_as_json(&sub, &jl);
-        *len = *tmp ? (uint32_t)jl : 0;
-        return *tmp ? *tmp : "";
-    }
-    default: {
-        /* Binary, regex, timestamp and the rest: the value's extended JSON. */
-        bson_t one = BSON_INITIALIZER;
-        bson_append_iter(&one, "v", 1, it);
-        size_t jl = 0;
-        *tmp = bson_as_relaxed_extended_json(&one, &jl);
-        bson_destroy(&one);
-        *len = *tmp ? (uint32_t)jl : 0;
-        return *tmp ? *tmp : "";
-    }
-    }
-    *len = n > 0 ? (uint32_t)n : 0;
-    return num;
 }
 
 /* ---- Acks and the in-memory queue ---- */
@@ -172,7 +83,7 @@ static void send_ack(rt_pid_t to, uint64_t token, int32_t status)
 }
 
 /* One row of entry e reached its final place (status 0: durable; < 0: dropped). */
-static void settle(rt_sink_t *s, sink_entry_t *e, int32_t status)
+static void settle_row(rt_sink_t *s, sink_entry_t *e, int32_t status)
 {
     if (status < 0 && e->status == 0)
         e->status = status;
@@ -199,6 +110,7 @@ static void pop_settled(rt_sink_t *s)
 */
 static size_t take_rows(rt_sink_t *s, sink_row_t *rows, size_t max)
 {
+    RT_ASSERT(SINK_IN_ACTOR(s) && max <= s->batch);
     size_t n = 0;
     for (sink_entry_t *e = s->head; e && n < max; e = e->next) {
         uint32_t taken = e->taken, off = e->off;
@@ -239,7 +151,8 @@ static bool ensure_spill(rt_sink_t *s)
         /* A file that is not a spill cannot be replayed; it is set aside, not deleted (it
            may be worth a look), and a fresh spill takes its place. */
         char aside[sizeof(s->spill_path) + 32];
-        snprintf(aside, sizeof(aside), "%s.bad-%lld", s->spill_path, (long long)time(NULL));
+        snprintf(aside, sizeof(aside), "%s.bad-%lld", s->spill_path,
+                 (long long)(rt_wall_ms() / 1000));
         if (rename(s->spill_path, aside) == 0) {
             rt_log(RT_LOG_ERROR, "sink.spill_set_aside", "sink=%s moved=%s reason=%s", s->name,
                    aside, why);
@@ -262,6 +175,7 @@ static bool ensure_spill(rt_sink_t *s)
 */
 static void spill_memory(rt_sink_t *s, uint64_t keep_bytes)
 {
+    RT_ASSERT(SINK_IN_ACTOR(s));
     if (!s->drv->spills || s->mem_bytes <= keep_bytes || !ensure_spill(s))
         return;
     while (s->mem_rows > 0 && s->mem_bytes > keep_bytes) {
@@ -278,7 +192,7 @@ static void spill_memory(rt_sink_t *s, uint64_t keep_bytes)
         }
         consume_rows(s, s->batch_rows, n);
         for (size_t i = 0; i < n; i++)
-            settle(s, s->batch_rows[i].entry, 0);
+            settle_row(s, s->batch_rows[i].entry, 0);
         atomic_fetch_sub(&s->queued, n);
         atomic_fetch_add(&s->spilled, n);
         pop_settled(s);
@@ -305,7 +219,7 @@ static void ensure_flush_timer(rt_sink_t *s)
 }
 
 /* Opens the driver if needed and writes the batch; < 0 on a transient failure. */
-static int drive(rt_sink_t *s, sink_row_t *rows, size_t n)
+static int write_batch(rt_sink_t *s, sink_row_t *rows, size_t n)
 {
     if (!s->opened) {
         if (s->drv->open) {
@@ -342,7 +256,7 @@ static void count_outcome(rt_sink_t *s, const sink_row_t *rows, size_t n, bool r
             }
         }
         if (rows[i].entry)
-            settle(s, rows[i].entry, rows[i].status);
+            settle_row(s, rows[i].entry, rows[i].status);
     }
     atomic_fetch_sub(&s->inflight, n);
     atomic_fetch_add(&s->written, ok);
@@ -370,6 +284,7 @@ static void on_failure(rt_sink_t *s, size_t n)
 /* Writes the oldest batch of the spill. Returns true if it was written. */
 static bool write_from_spill(rt_sink_t *s)
 {
+    RT_ASSERT(SINK_IN_ACTOR(s) && s->spill_open);
     uint8_t *buf = NULL;
     int64_t last = 0;
     uint64_t bytes = 0;
@@ -384,7 +299,7 @@ static bool write_from_spill(rt_sink_t *s)
     }
     atomic_fetch_sub(&s->spilled, (uint64_t)n);
     atomic_fetch_add(&s->inflight, (uint64_t)n);
-    if (drive(s, s->batch_rows, (size_t)n) < 0) {
+    if (write_batch(s, s->batch_rows, (size_t)n) < 0) {
         atomic_fetch_sub(&s->inflight, (uint64_t)n);
         atomic_fetch_add(&s->spilled, (uint64_t)n);
         free(buf);
@@ -411,7 +326,7 @@ static bool write_from_memory(rt_sink_t *s)
     consume_rows(s, s->batch_rows, n);
     atomic_fetch_sub(&s->queued, n);
     atomic_fetch_add(&s->inflight, n);
-    if (drive(s, s->batch_rows, n) == 0) {
+    if (write_batch(s, s->batch_rows, n) == 0) {
         count_outcome(s, s->batch_rows, n, false);
         return true;
     }
@@ -463,8 +378,9 @@ static bool spill_pending(const rt_sink_t *s)
 ** timer). Asks for another turn (MSG_DRAIN) when more is ready, so submissions
 ** interleave with a long replay. While waiting out a backoff, memory only spills.
 */
-static void pump(rt_sink_t *s, bool force)
+static void pump_sink(rt_sink_t *s, bool force)
 {
+    RT_ASSERT(SINK_IN_ACTOR(s));
     if (s->retry_timer) {
         if (force || s->mem_rows >= s->batch || s->mem_bytes > s->queue_bytes)
             spill_memory(s, 0);
@@ -567,7 +483,7 @@ static void on_rows(rt_actor_t *self, rt_sink_t *s, rt_msg_t *m)
     s->tail = e;
     s->mem_rows += sub.nrows;
     s->mem_bytes += len;
-    pump(s, s->flush_ms == 0);
+    pump_sink(s, s->flush_ms == 0);
 }
 
 static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
@@ -579,15 +495,15 @@ static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case MSG_FLUSH:
         s->flush_timer = false;
-        pump(s, true);
+        pump_sink(s, true);
         break;
     case MSG_RETRY:
         s->retry_timer = false;
-        pump(s, true);
+        pump_sink(s, true);
         break;
     case MSG_DRAIN:
         s->drain_sent = false;
-        pump(s, false);
+        pump_sink(s, false);
         break;
     case MSG_STOP:
         rt_exit(self, RT_REASON_NORMAL);
@@ -608,13 +524,10 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (s->drv->spills) {
         /* In order: the spill first, then memory, for a bounded time. */
         bool up = !s->retry_timer && atomic_load(&s->state) == SINK_CONNECTED;
-        struct timespec t0, t;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        uint64_t t0 = rt_mono_ms();
         while (up && (spill_pending(s) || s->mem_rows > 0)) {
             up = spill_pending(s) ? write_from_spill(s) : write_from_memory(s);
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >
-                RT_SINK_STOP_FLUSH_MS)
+            if (rt_mono_ms() - t0 > RT_SINK_STOP_FLUSH_MS)
                 break;
         }
         spill_memory(s, 0);
@@ -632,7 +545,7 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
             uint64_t bytes = 0;
             for (size_t i = 0; i < n; i++) {
                 bytes += s->batch_rows[i].len;
-                settle(s, s->batch_rows[i].entry, RT_ESHUTDOWN);
+                settle_row(s, s->batch_rows[i].entry, RT_ESHUTDOWN);
             }
             atomic_fetch_sub(&s->queued, n);
             atomic_fetch_add(&s->dropped, n);
@@ -690,6 +603,26 @@ static void sink_trace(void *state, rt_gc_t *gc)
     }
 static const rt_actor_type_t sink_type = SINK_TYPE(0);
 static const rt_actor_type_t sink_blocking_type = SINK_TYPE(RT_TYPE_BLOCKING);
+
+int rt__sink_spawn(rt_sink_t *s)
+{
+    char regname[80];
+    snprintf(regname, sizeof(regname), "sink:%s", s->name);
+    /* The queue is bounded by queue_bytes and max_bytes, not by the runtime's default
+       per-actor limit: a sink killed for its heap would lose what it holds. */
+    rt_spawn_opts_t o = {.name = regname, .max_heap = (size_t)1 << 62};
+    return rt_spawn_opt(s->drv->blocking ? &sink_blocking_type : &sink_type, s, &o, &s->pid);
+}
+
+void rt__sink_stop(rt_sink_t *s)
+{
+    atomic_store(&s->closing, true);
+    /* Submissions that passed the closing check before it was set finish sending first,
+       so STOP is the last message in the mailbox. */
+    while (atomic_load(&s->submitting) > 0)
+        sched_yield();
+    rt_send(s->pid, MSG_STOP, NULL, 0);
+}
 
 /* ---- Submission (any thread) ---- */
 
@@ -766,338 +699,4 @@ int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
     rt_bin_release(rows);
     rt_bin_release(opts);
     return rc;
-}
-
-/* ---- Start, stop, lookup ---- */
-
-static const sink_key_t common_keys[] = {
-    {"type", SK_STRING, 0, 0, "sqlite, mongodb or republish"},
-    {"enabled", SK_BOOL, 0, 0, "false keeps the sink configured but not started"},
-    {"batch", SK_INT, 1, 100000, "rows per write"},
-    {"flush_ms", SK_INT, 0, 3600000, "ms before a partial batch is written"},
-    {"queue_bytes", SK_INT, 1024, 1e12, "bytes of rows kept in memory before spilling"},
-    {"max_bytes", SK_INT, 1024, 1e15, "bytes in memory and spill; beyond, rows are dropped"},
-    {"backoff_ms", SK_INT, 1, 60000, "first retry delay"},
-    {"backoff_max_ms", SK_INT, 1, 600000, "longest retry delay"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static const sink_key_t *find_key(const sink_key_t *keys, const char *name)
-{
-    for (; keys && keys->name; keys++) {
-        size_t n = strlen(keys->name);
-        if (keys->kind == SK_PREFIX ? strncmp(keys->name, name, n) == 0 && name[n]
-                                    : strcmp(keys->name, name) == 0)
-            return keys;
-    }
-    return NULL;
-}
-
-static int check_key(const rt_conf_kv_t *kv, const sink_key_t *k, char *why, size_t whylen)
-{
-    switch (k->kind) {
-    case SK_STRING:
-    case SK_PREFIX:
-        if (kv->type != RT_CONF_V_STRING) {
-            snprintf(why, whylen, "%s must be a string (%s)", kv->key, k->help);
-            return RT_EINVAL;
-        }
-        return 0;
-    case SK_BOOL:
-        if (kv->type != RT_CONF_V_BOOL) {
-            snprintf(why, whylen, "%s must be true or false", kv->key);
-            return RT_EINVAL;
-        }
-        return 0;
-    case SK_INT:
-        if (kv->type != RT_CONF_V_NUMBER || kv->num != (double)(long long)kv->num ||
-            kv->num < k->min || kv->num > k->max) {
-            snprintf(why, whylen, "%s must be a whole number from %.0f to %.0f (%s)", kv->key,
-                     k->min, k->max, k->help);
-            return RT_EINVAL;
-        }
-        return 0;
-    }
-    return RT_EINVAL;
-}
-
-static double num_or(const rt_conf_section_t *sec, const char *key, double dflt)
-{
-    const rt_conf_kv_t *kv = rt__sink_kv(sec, key);
-    return kv ? kv->num : dflt;
-}
-
-static void sink_free(rt_sink_t *s)
-{
-    if (s->drv && s->drv->free)
-        s->drv->free(s);
-    pthread_mutex_destroy(&s->err_lock);
-    free(s->batch_rows);
-    free(s);
-}
-
-/*
-** Checks one section and makes its sink (not started). Returns 0 with *out NULL
-** for a disabled sink.
-*/
-static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sink_t **out,
-                     char *why, size_t whylen)
-{
-    *out = NULL;
-    const rt_conf_kv_t *type = rt__sink_kv(sec, "type");
-    if (!type || type->type != RT_CONF_V_STRING) {
-        snprintf(why, whylen, "type is required (sqlite, mongodb or republish)");
-        return RT_EINVAL;
-    }
-    const sink_driver_t *drv = NULL;
-    for (size_t i = 0; i < sizeof(drivers) / sizeof(drivers[0]); i++)
-        if (strcmp(drivers[i]->type, type->str) == 0)
-            drv = drivers[i];
-    if (!drv) {
-        snprintf(why, whylen, "unknown type \"%s\" (sqlite, mongodb or republish)", type->str);
-        return RT_EINVAL;
-    }
-    for (unsigned i = 0; i < sec->nkeys; i++) {
-        const sink_key_t *k = find_key(common_keys, sec->keys[i].key);
-        if (!k)
-            k = find_key(drv->keys, sec->keys[i].key);
-        if (!k) {
-            int n = snprintf(why, whylen, "unknown key %s (%s sinks take:", sec->keys[i].key,
-                             drv->type);
-            for (const sink_key_t *kk = common_keys + 1; kk->name && n > 0 && (size_t)n < whylen;
-                 kk++)
-                n += snprintf(why + n, whylen - (size_t)n, " %s", kk->name);
-            for (const sink_key_t *kk = drv->keys; kk->name && n > 0 && (size_t)n < whylen; kk++)
-                n += snprintf(why + n, whylen - (size_t)n, " %s%s", kk->name,
-                              kk->kind == SK_PREFIX ? "*" : "");
-            if (n > 0 && (size_t)n < whylen)
-                snprintf(why + n, whylen - (size_t)n, ")");
-            return RT_EINVAL;
-        }
-        int rc = check_key(&sec->keys[i], k, why, whylen);
-        if (rc)
-            return rc;
-    }
-    rt_sink_t *s = calloc(1, sizeof(*s));
-    if (!s) {
-        snprintf(why, whylen, "out of memory");
-        return RT_ENOMEM;
-    }
-    pthread_mutex_init(&s->err_lock, NULL);
-    snprintf(s->name, sizeof(s->name), "%s", sec->name);
-    s->drv = drv;
-    s->batch = (uint32_t)num_or(sec, "batch", drv->batch_default);
-    s->flush_ms = (uint32_t)num_or(sec, "flush_ms", drv->flush_ms_default);
-    s->queue_bytes = (uint64_t)num_or(sec, "queue_bytes", RT_SINK_QUEUE_BYTES_DEFAULT);
-    s->max_bytes = (uint64_t)num_or(sec, "max_bytes", (double)RT_SINK_MAX_BYTES_DEFAULT);
-    s->backoff_ms = (uint32_t)num_or(sec, "backoff_ms", RT_SINK_BACKOFF_MS_DEFAULT);
-    s->backoff_max_ms = (uint32_t)num_or(sec, "backoff_max_ms", RT_SINK_BACKOFF_MAX_MS_DEFAULT);
-    if (s->backoff_max_ms < s->backoff_ms)
-        s->backoff_max_ms = s->backoff_ms;
-    atomic_store(&s->state, SINK_CONNECTING);
-    int n =
-        snprintf(s->spill_path, sizeof(s->spill_path), "%s/spill-%s.db", conf->data_dir, s->name);
-    s->batch_rows = calloc(s->batch, sizeof(sink_row_t));
-    int rc = 0;
-    if (n < 0 || (size_t)n >= sizeof(s->spill_path)) {
-        snprintf(why, whylen, "data_dir is too long for the spill file");
-        rc = RT_EINVAL;
-    } else if (!s->batch_rows) {
-        snprintf(why, whylen, "out of memory");
-        rc = RT_ENOMEM;
-    } else {
-        rc = drv->configure(s, sec, why, whylen);
-    }
-    if (rc)
-        s->drv = NULL; /* configure cleans up after itself on error */
-    /* A disabled sink is checked like the others (a bad uri is an error now, not the
-       day someone enables it), then set aside. */
-    const rt_conf_kv_t *en = rt__sink_kv(sec, "enabled");
-    if (rc || (en && !en->b)) {
-        sink_free(s);
-        return rc;
-    }
-    *out = s;
-    return 0;
-}
-
-/* Whether line (one line of Lua) starts with `word =` (or `["word"] =`), after blanks. */
-static bool assigns(const char *line, const char *word)
-{
-    line += strspn(line, " \t");
-    size_t n = strlen(word);
-    if (strncmp(line, "[\"", 2) == 0 && strncmp(line + 2, word, n) == 0 && line[n + 2] == '"' &&
-        line[n + 3] == ']')
-        line += n + 4;
-    else if (strncmp(line, word, n) == 0)
-        line += n;
-    else
-        return false;
-    line += strspn(line, " \t");
-    return line[0] == '=' && line[1] != '=';
-}
-
-/*
-** Lua reports the line an assignment ends on; for a sink's error the line of its own
-** `name = {` inside the `sinks` table is more use. Looks for it in path between the
-** `sinks =` line and end; falls back to end.
-*/
-static int entry_line(const char *path, int end, const char *name)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return end;
-    char line[512];
-    int no = 0, found = 0;
-    bool in_sinks = false;
-    while (no < end && fgets(line, sizeof(line), f)) {
-        no++;
-        if (assigns(line, "sinks")) {
-            in_sinks = true;
-            found = 0;
-        } else if (in_sinks && !found && assigns(line, name)) {
-            found = no;
-        }
-    }
-    fclose(f);
-    return found ? found : end;
-}
-
-static void free_all(void)
-{
-    for (unsigned i = 0; i < g_nsinks; i++)
-        sink_free(g_sinks[i]);
-    g_nsinks = 0;
-}
-
-int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
-{
-    if (atomic_load(&g_running)) {
-        snprintf(err, errlen, "sinks are already running");
-        return RT_EEXIST;
-    }
-    free_all(); /* a previous, stopped set */
-    const rt_conf_sections_t *secs = &conf->sinks;
-    for (unsigned i = 0; i < secs->n; i++) {
-        char why[RT_CONF_ERR_LEN / 2];
-        rt_sink_t *s = NULL;
-        int rc = make_sink(conf, &secs->s[i], &s, why, sizeof(why));
-        if (rc) {
-            if (secs->line > 0)
-                snprintf(err, errlen, "%s:%d: sinks.%s: %s", secs->where,
-                         entry_line(secs->where, secs->line, secs->s[i].name), secs->s[i].name,
-                         why);
-            else
-                snprintf(err, errlen, "%s: sinks.%s: %s", secs->where[0] ? secs->where : "config",
-                         secs->s[i].name, why);
-            free_all();
-            return rc;
-        }
-        if (s)
-            g_sinks[g_nsinks++] = s;
-    }
-    bool spills = false;
-    for (unsigned i = 0; i < g_nsinks; i++)
-        spills |= g_sinks[i]->drv->spills;
-    if (spills && mkdir(conf->data_dir, 0700) != 0 && errno != EEXIST) {
-        snprintf(err, errlen, "data_dir %s: cannot create: %s", conf->data_dir, strerror(errno));
-        free_all();
-        return RT_EINVAL;
-    }
-    for (unsigned i = 0; i < g_nsinks; i++) {
-        rt_sink_t *s = g_sinks[i];
-        char regname[80];
-        snprintf(regname, sizeof(regname), "sink:%s", s->name);
-        /* The queue is bounded by queue_bytes and max_bytes, not by the runtime's default
-           per-actor limit: a sink killed for its heap would lose what it holds. */
-        rt_spawn_opts_t o = {.name = regname, .max_heap = (size_t)1 << 62};
-        int rc = rt_spawn_opt(s->drv->blocking ? &sink_blocking_type : &sink_type, s, &o, &s->pid);
-        if (rc) {
-            snprintf(err, errlen, "sinks.%s: cannot start: %s", s->name, rt_strerror(rc));
-            /* Stop the ones already running, then free them all. */
-            unsigned all = g_nsinks;
-            g_nsinks = i;
-            atomic_store(&g_running, true);
-            rt_sinks_stop();
-            g_nsinks = all;
-            free_all();
-            return rc;
-        }
-        rt_log(RT_LOG_INFO, "sink.started", "sink=%s type=%s batch=%u flush_ms=%u", s->name,
-               s->drv->type, s->batch, s->flush_ms);
-    }
-    atomic_store(&g_running, true);
-    return 0;
-}
-
-void rt_sinks_stop(void)
-{
-    if (!atomic_exchange(&g_running, false))
-        return;
-    for (unsigned i = 0; i < g_nsinks; i++) {
-        rt_sink_t *s = g_sinks[i];
-        atomic_store(&s->closing, true);
-        /* Submissions that passed the closing check before it was set finish sending
-           first, so STOP is the last message in the mailbox. */
-        while (atomic_load(&s->submitting) > 0)
-            sched_yield();
-        rt_send(s->pid, MSG_STOP, NULL, 0);
-    }
-    for (unsigned i = 0; i < g_nsinks; i++) {
-        rt_sink_t *s = g_sinks[i];
-        for (int waited = 0; rt_alive(s->pid) && waited < RT_SINK_STOP_WAIT_MS; waited++) {
-            struct timespec ms = {0, 1000000};
-            nanosleep(&ms, NULL);
-        }
-        rt_log(RT_LOG_INFO, "sink.stopped",
-               "sink=%s in=%llu written=%llu spilled=%llu dropped=%llu", s->name,
-               (unsigned long long)atomic_load(&s->in),
-               (unsigned long long)atomic_load(&s->written),
-               (unsigned long long)atomic_load(&s->spilled),
-               (unsigned long long)atomic_load(&s->dropped));
-    }
-}
-
-void rt_sinks_free(void)
-{
-    if (atomic_load(&g_running))
-        return;
-    free_all();
-}
-
-rt_sink_t *rt_sink_find(const char *name)
-{
-    if (!atomic_load(&g_running) || !name)
-        return NULL;
-    for (unsigned i = 0; i < g_nsinks; i++)
-        if (strcmp(g_sinks[i]->name, name) == 0)
-            return g_sinks[i];
-    return NULL;
-}
-
-size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max)
-{
-    for (unsigned i = 0; i < g_nsinks && i < max; i++) {
-        rt_sink_t *s = g_sinks[i];
-        rt_sink_info_t *o = &out[i];
-        memset(o, 0, sizeof(*o));
-        snprintf(o->name, sizeof(o->name), "%s", s->name);
-        o->type = s->drv->type;
-        o->state = state_names[atomic_load(&s->state)];
-        o->in = atomic_load(&s->in);
-        o->recovered = atomic_load(&s->recovered);
-        o->queued = atomic_load(&s->queued);
-        o->inflight = atomic_load(&s->inflight);
-        o->written = atomic_load(&s->written);
-        o->failed = atomic_load(&s->failed);
-        o->retried = atomic_load(&s->retried);
-        o->spilled = atomic_load(&s->spilled);
-        o->dropped = atomic_load(&s->dropped);
-        o->batches = atomic_load(&s->batches);
-        o->bytes = atomic_load(&s->bytes);
-        pthread_mutex_lock(&s->err_lock);
-        snprintf(o->last_error, sizeof(o->last_error), "%s", s->last_error);
-        pthread_mutex_unlock(&s->err_lock);
-    }
-    return g_nsinks;
 }

@@ -1,8 +1,10 @@
 /*
 ** Inside the sinks: the sink record shared by the submitting threads and the
-** sink's actor, the driver interface each sink type implements (sink_sqlite.c,
-** sink_mongo.c, sink_republish.c), the on-disk spill queue (sink_spill.c) and
-** the config-key checks the drivers share. Only sink*.c include this.
+** sink's actor (sink.c), the driver interface each sink type implements
+** (sink_sqlite.c, sink_mongo.c, sink_republish.c), the on-disk spill queue
+** (sink_spill.c), what drivers read out of rows (sink_rows.c) and the config
+** lookups they share with the set of sinks (sink_set.c). Only sink*.c include
+** this.
 */
 #ifndef RT_SINK_IMPL_H
 #define RT_SINK_IMPL_H
@@ -168,6 +170,14 @@ struct rt_sink_s {
 
 /* Records why the last operation failed (any thread; shown by rtctl). */
 void rt__sink_error(rt_sink_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "connected", "connecting" or "disconnected" for a sink_state_t. */
+const char *rt__sink_state_name(int state);
+
+/* ---- The sink actor (sink.c), for the set of sinks (sink_set.c) ---- */
+/* Starts s's actor, registered as "sink:<name>": 0 or an rt_spawn error. */
+int rt__sink_spawn(rt_sink_t *s);
+/* Refuses submissions to s from now on and asks its actor to stop after what it was sent. */
+void rt__sink_stop(rt_sink_t *s);
 
 /* A per-row option or config string: the UTF-8 value of key in opts (NULL if absent). */
 const char *rt__sink_opt_str(const sink_row_t *r, const char *key, uint32_t *len);

@@ -225,7 +225,7 @@ static const char *row_collection(const mg_t *m, const sink_row_t *r, char *buf,
 ** One ordered bulk insert of rows[0..n) into coll. Returns how many rows are
 ** settled (written, or rejected with status set), or RT_EAGAIN with none known.
 */
-static int bulk(rt_sink_t *s, mg_t *m, mongoc_collection_t *coll, sink_row_t *rows, size_t n)
+static int bulk_insert(rt_sink_t *s, mg_t *m, mongoc_collection_t *coll, sink_row_t *rows, size_t n)
 {
     bson_t opts = BSON_INITIALIZER;
     BSON_APPEND_BOOL(&opts, "ordered", true);
@@ -313,7 +313,7 @@ static int mg_write(rt_sink_t *s, sink_row_t *rows, size_t n)
             j++;
         mongoc_collection_t *coll = mongoc_client_get_collection(c, m->database, coll_name);
         while (i < j) {
-            int done = bulk(s, m, coll, rows + i, j - i);
+            int done = bulk_insert(s, m, coll, rows + i, j - i);
             if (done < 0) {
                 rc = RT_EAGAIN;
                 break;

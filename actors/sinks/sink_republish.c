@@ -23,8 +23,7 @@ typedef struct rp_s {
     bool has_payload;
     int qos;
     bool retain;
-    char *buf; /* rendering scratch */
-    size_t cap;
+    rt_buf_t out; /* rendering scratch: the topic, then the payload */
 } rp_t;
 
 static const sink_key_t republish_keys[] = {
@@ -39,7 +38,7 @@ static void rp_free(rt_sink_t *s)
 {
     rp_t *p = s->drv_state;
     if (p)
-        free(p->buf);
+        rt_buf_free(&p->out);
     free(p);
     s->drv_state = NULL;
 }
@@ -85,44 +84,27 @@ static int rp_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
     return 0;
 }
 
-static bool put(rp_t *p, size_t *len, const void *data, size_t n)
-{
-    if (*len + n + 1 > p->cap) {
-        size_t ncap = p->cap ? p->cap : 256;
-        while (ncap < *len + n + 1)
-            ncap *= 2;
-        char *nb = realloc(p->buf, ncap);
-        if (!nb)
-            return false;
-        p->buf = nb;
-        p->cap = ncap;
-    }
-    memcpy(p->buf + *len, data, n);
-    *len += n;
-    return true;
-}
-
 static bool find_in_json(const bson_t *doc, const char *path, bson_t *json, bson_iter_t *found);
-static bool render_value(rp_t *p, size_t *len, const bson_iter_t *found);
+static void render_value(rt_buf_t *out, const bson_iter_t *found);
 
-/* Renders template t (tlen bytes) for doc, appending to p->buf at *len. */
-static bool render(rp_t *p, size_t *len, const char *t, size_t tlen, const bson_t *doc)
+/* Renders template t (tlen bytes) for doc, appending to out (check out->oom after). */
+static void render_template(rt_buf_t *out, const char *t, size_t tlen, const bson_t *doc)
 {
     const char *end = t + tlen;
     while (t < end) {
         const char *open = memchr(t, '$', (size_t)(end - t));
         if (!open || open + 1 >= end || open[1] != '{') {
             const char *stop = open ? open + 1 : end;
-            if (!put(p, len, t, (size_t)(stop - t)))
-                return false;
+            rt_buf_add(out, t, (size_t)(stop - t));
             t = stop;
             continue;
         }
-        if (!put(p, len, t, (size_t)(open - t)))
-            return false;
+        rt_buf_add(out, t, (size_t)(open - t));
         const char *close = memchr(open, '}', (size_t)(end - open));
-        if (!close)
-            return put(p, len, open, (size_t)(end - open));
+        if (!close) {
+            rt_buf_add(out, open, (size_t)(end - open));
+            return;
+        }
         char path[256];
         size_t pl = (size_t)(close - open - 2);
         t = close + 1;
@@ -139,12 +121,9 @@ static bool render(rp_t *p, size_t *len, const char *t, size_t tlen, const bson_
             bson_destroy(&json);
             continue; /* a missing field renders as nothing */
         }
-        bool ok = render_value(p, len, &found);
+        render_value(out, &found);
         bson_destroy(&json);
-        if (!ok)
-            return false;
     }
-    return true;
 }
 
 /*
@@ -179,21 +158,21 @@ static bool find_in_json(const bson_t *doc, const char *path, bson_t *json, bson
 }
 
 /* Appends the text of one value: binary as its bytes, the rest as rt__sink_text. */
-static bool render_value(rp_t *p, size_t *len, const bson_iter_t *found)
+static void render_value(rt_buf_t *out, const bson_iter_t *found)
 {
     if (BSON_ITER_HOLDS_BINARY(found)) {
         const uint8_t *data;
         uint32_t dl;
         bson_subtype_t sub;
         bson_iter_binary(found, &sub, &dl, &data);
-        return put(p, len, data, dl);
+        rt_buf_add(out, data, dl);
+        return;
     }
     uint32_t vl;
     char *tmp, num[64];
     const char *v = rt__sink_text(found, &vl, &tmp, num);
-    bool ok = put(p, len, v, vl);
+    rt_buf_add(out, v, vl);
     bson_free(tmp);
-    return ok;
 }
 
 static int rp_write(rt_sink_t *s, sink_row_t *rows, size_t n)
@@ -232,31 +211,37 @@ static int rp_write(rt_sink_t *s, sink_row_t *rows, size_t n)
             if (bson_iter_init_find(&it, &opts, "retain"))
                 retain = bson_iter_as_bool(&it);
         }
-        size_t tl = 0, len = 0;
-        bool ok = render(p, &len, topic, topic_len, &doc);
-        tl = len;
-        if (ok && payload) {
-            ok = render(p, &len, payload, payload_len, &doc);
-        } else if (ok) {
+        rt_buf_t *out = &p->out;
+        out->len = 0; /* the buffer is reused from row to row */
+        render_template(out, topic, topic_len, &doc);
+        size_t tl = out->len;
+        bool ok = true;
+        if (payload) {
+            render_template(out, payload, payload_len, &doc);
+        } else {
             size_t jl = 0;
             char *json = bson_as_relaxed_extended_json(&doc, &jl);
-            ok = json && put(p, &len, json, jl);
+            ok = json != NULL;
+            if (json)
+                rt_buf_add(out, json, jl);
             bson_free(json);
         }
-        if (!ok) {
+        /* Also room for the NUL, which an empty rendering has not made: data is not NULL. */
+        if (!ok || !rt_buf_reserve(out, 0)) {
+            rt_buf_free(out); /* and clears oom for the next row */
             rt__sink_error(s, "out of memory");
             return RT_EAGAIN;
         }
         int rc = qos < 0 || qos > 2 ? RT_EINVAL
-                                    : rt_broker_publish(s->pid, p->buf, tl, p->buf + tl, len - tl,
-                                                        (uint8_t)qos, retain);
+                                    : rt_broker_publish(s->pid, out->data, tl, out->data + tl,
+                                                        out->len - tl, (uint8_t)qos, retain);
         if (rc == RT_ENOMEM) {
             rt__sink_error(s, "out of memory");
             return RT_EAGAIN;
         }
         if (rc) {
             rt__sink_error(s, "row rejected: cannot publish to \"%.*s\" (qos %d): %s", (int)tl,
-                           p->buf, qos, rt_strerror(rc));
+                           out->data, qos, rt_strerror(rc));
             r->status = rc;
         }
     }

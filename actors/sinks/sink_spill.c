@@ -14,7 +14,7 @@
 #include "sink_impl.h"
 #include "store.h"
 
-static int fail(sink_spill_t *sp, const char *what, char *why, size_t whylen)
+static int spill_failed(sink_spill_t *sp, const char *what, char *why, size_t whylen)
 {
     snprintf(why, whylen, "%s: %s: %s", sp->path, what, sp->db ? sqlite3_errmsg(sp->db) : "");
     return RT_EAGAIN;
@@ -27,7 +27,7 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
     rt_store_create_private(path);
     if (sqlite3_open_v2(path, &sp->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
-        fail(sp, "open", why, whylen);
+        spill_failed(sp, "open", why, whylen);
         rt__spill_close(sp);
         return RT_EAGAIN;
     }
@@ -50,7 +50,7 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
              sqlite3_prepare_v2(sp->db, "SELECT count(*), coalesce(sum(length(row)), 0) FROM spill",
                                 -1, &count, NULL) != SQLITE_OK) ||
         (what = "count", sqlite3_step(count) != SQLITE_ROW)) {
-        fail(sp, what, why, whylen);
+        spill_failed(sp, what, why, whylen);
         /* Not a database, a damaged one, or one without our table's shape. */
         int ec = sqlite3_errcode(sp->db) & 0xff;
         sqlite3_finalize(count);
@@ -67,7 +67,7 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
 int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *why, size_t whylen)
 {
     if (sqlite3_exec(sp->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        return fail(sp, "begin", why, whylen);
+        return spill_failed(sp, "begin", why, whylen);
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         sqlite3_bind_blob(sp->ins, 1, rows[i].doc, (int)rows[i].len, SQLITE_STATIC);
@@ -78,7 +78,7 @@ int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *w
         int rc = sqlite3_step(sp->ins);
         sqlite3_reset(sp->ins);
         if (rc != SQLITE_DONE) {
-            fail(sp, "insert", why, whylen);
+            spill_failed(sp, "insert", why, whylen);
             sqlite3_exec(sp->db, "ROLLBACK", NULL, NULL, NULL);
             return RT_EAGAIN;
         }
@@ -86,7 +86,7 @@ int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *w
     }
     sqlite3_clear_bindings(sp->ins);
     if (sqlite3_exec(sp->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
-        fail(sp, "commit", why, whylen);
+        spill_failed(sp, "commit", why, whylen);
         sqlite3_exec(sp->db, "ROLLBACK", NULL, NULL, NULL);
         return RT_EAGAIN;
     }
@@ -102,8 +102,8 @@ int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf
     *bytes = 0;
     /* Two passes over one statement would race nothing (one connection), but copying
        each row as it comes is simpler: grow one buffer, then point rows into it. */
-    size_t cap = 0, used = 0, n = 0;
-    uint8_t *b = NULL;
+    size_t n = 0;
+    rt_buf_t b = {0};
     size_t *offs = malloc(max * 2 * sizeof(size_t));
     if (!offs) {
         snprintf(why, whylen, "out of memory");
@@ -113,43 +113,34 @@ int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf
     sqlite3_bind_int64(sp->sel, 2, (sqlite3_int64)max);
     int rc;
     while ((rc = sqlite3_step(sp->sel)) == SQLITE_ROW) {
+        RT_ASSERT(n < max); /* the LIMIT */
         int rl = sqlite3_column_bytes(sp->sel, 1), ol = sqlite3_column_bytes(sp->sel, 2);
-        size_t need = used + (size_t)rl + (size_t)ol;
-        if (need > cap) {
-            size_t ncap = cap ? cap * 2 : 64 * 1024;
-            while (ncap < need)
-                ncap *= 2;
-            uint8_t *nb = realloc(b, ncap);
-            if (!nb) {
-                rc = SQLITE_NOMEM;
-                break;
-            }
-            b = nb;
-            cap = ncap;
+        offs[2 * n] = b.len;
+        rt_buf_add(&b, sqlite3_column_blob(sp->sel, 1), (size_t)rl);
+        offs[2 * n + 1] = b.len;
+        if (ol) /* no options: SQLite gives NULL, which memcpy must not see */
+            rt_buf_add(&b, sqlite3_column_blob(sp->sel, 2), (size_t)ol);
+        if (b.oom) {
+            rc = SQLITE_NOMEM;
+            break;
         }
-        memcpy(b + used, sqlite3_column_blob(sp->sel, 1), (size_t)rl);
-        if (ol)
-            memcpy(b + used + rl, sqlite3_column_blob(sp->sel, 2), (size_t)ol);
-        offs[2 * n] = used;
-        offs[2 * n + 1] = used + (size_t)rl;
         rows[n] = (sink_row_t){.len = (uint32_t)rl, .opts_len = (uint32_t)ol};
         *last = sqlite3_column_int64(sp->sel, 0);
         *bytes += (uint64_t)rl;
-        used = need;
         n++;
     }
     sqlite3_reset(sp->sel);
     if (rc != SQLITE_DONE) {
         free(offs);
-        free(b);
-        return fail(sp, "read", why, whylen);
+        rt_buf_free(&b);
+        return spill_failed(sp, "read", why, whylen);
     }
     for (size_t i = 0; i < n; i++) {
-        rows[i].doc = b + offs[2 * i];
-        rows[i].opts = rows[i].opts_len ? b + offs[2 * i + 1] : NULL;
+        rows[i].doc = (const uint8_t *)b.data + offs[2 * i];
+        rows[i].opts = rows[i].opts_len ? (const uint8_t *)b.data + offs[2 * i + 1] : NULL;
     }
     free(offs);
-    *buf = b;
+    *buf = (uint8_t *)b.data;
     return (int)n;
 }
 
@@ -165,7 +156,7 @@ int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, ch
     int rc = sqlite3_step(sp->del);
     sqlite3_reset(sp->del);
     if (rc != SQLITE_DONE)
-        return fail(sp, "delete", why, whylen);
+        return spill_failed(sp, "delete", why, whylen);
     /* Empty now: the next append takes seq 1 again (rowids restart in an empty table),
        and the file gives its pages back, so a long outage leaves no big file behind. */
     if (sp->rows == 0) {

@@ -26,7 +26,8 @@
 
 typedef struct sq_table_s {
     char name[SQ_TABLE_LEN];
-    unsigned ncols, cap;
+    unsigned ncols;
+    size_t cap;
     char **cols;
 } sq_table_t;
 
@@ -54,13 +55,12 @@ typedef struct sq_s {
     sqlite3 *db;
     sq_table_t *tables;
     unsigned ntables;
+    size_t tables_cap;
     sq_stmt_t cache[SQ_STMT_CACHE];
     uint64_t clock;
-    char *sig; /* scratch for building signatures */
-    size_t sigcap;
-    char *sql; /* scratch for SQL text */
-    size_t sqlcap;
-    int last; /* SQLite's code for the last statement that failed */
+    rt_buf_t sig; /* scratch for building signatures */
+    rt_buf_t sql; /* scratch for SQL text */
+    int last;     /* SQLite's code for the last statement that failed */
 } sq_t;
 
 static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json", NULL};
@@ -76,47 +76,30 @@ static const sink_key_t sqlite_keys[] = {
 
 /* ---- Scratch strings ---- */
 
-static bool grow(char **buf, size_t *cap, size_t need)
+/* A scratch buffer emptied for its next use; a growth that failed before is forgotten. */
+static rt_buf_t *reuse_scratch(rt_buf_t *b)
 {
-    if (need <= *cap)
-        return true;
-    size_t ncap = *cap ? *cap : 256;
-    while (ncap < need)
-        ncap *= 2;
-    char *nb = realloc(*buf, ncap);
-    if (!nb)
-        return false;
-    *buf = nb;
-    *cap = ncap;
-    return true;
+    if (b->oom)
+        rt_buf_free(b);
+    b->len = 0;
+    return b;
 }
 
-/* Appends "name" (an SQL identifier, quotes doubled) to sq->sql at *len. */
-static bool put_ident(sq_t *q, size_t *len, const char *name, size_t nlen)
+static void add_str(rt_buf_t *b, const char *s)
 {
-    if (!grow(&q->sql, &q->sqlcap, *len + 2 * nlen + 3))
-        return false;
-    char *p = q->sql + *len;
-    *p++ = '"';
-    for (size_t i = 0; i < nlen; i++) {
-        if (name[i] == '"')
-            *p++ = '"';
-        *p++ = name[i];
+    rt_buf_add(b, s, strlen(s));
+}
+
+/* Appends "name", an SQL identifier (quotes doubled). */
+static void add_ident(rt_buf_t *b, const char *name)
+{
+    rt_buf_add(b, "\"", 1);
+    for (const char *p = name; *p; p++) {
+        if (*p == '"')
+            rt_buf_add(b, "\"", 1);
+        rt_buf_add(b, p, 1);
     }
-    *p++ = '"';
-    *p = 0;
-    *len = (size_t)(p - q->sql);
-    return true;
-}
-
-static bool put_str(sq_t *q, size_t *len, const char *s)
-{
-    size_t n = strlen(s);
-    if (!grow(&q->sql, &q->sqlcap, *len + n + 1))
-        return false;
-    memcpy(q->sql + *len, s, n + 1);
-    *len += n;
-    return true;
+    rt_buf_add(b, "\"", 1);
 }
 
 /* ---- Configuration ---- */
@@ -127,8 +110,8 @@ static void sq_free(rt_sink_t *s)
     if (!q)
         return;
     free(q->declared);
-    free(q->sig);
-    free(q->sql);
+    rt_buf_free(&q->sig);
+    rt_buf_free(&q->sql);
     free(q);
     s->drv_state = NULL;
 }
@@ -241,6 +224,7 @@ static void forget_schema(sq_t *q)
     free(q->tables);
     q->tables = NULL;
     q->ntables = 0;
+    q->tables_cap = 0;
 }
 
 static void sq_close(rt_sink_t *s)
@@ -317,14 +301,8 @@ static bool has_col(const sq_table_t *t, const char *name)
 
 static bool add_col(sq_table_t *t, const char *name)
 {
-    if (t->ncols == t->cap) {
-        unsigned ncap = t->cap ? t->cap * 2 : 16;
-        char **nc = realloc(t->cols, ncap * sizeof(char *));
-        if (!nc)
-            return false;
-        t->cols = nc;
-        t->cap = ncap;
-    }
+    if (rt_grow(&t->cols, &t->cap, t->ncols + 1, sizeof(*t->cols), 16) != 0)
+        return false;
     char *c = strdup(name);
     if (!c)
         return false;
@@ -332,11 +310,13 @@ static bool add_col(sq_table_t *t, const char *name)
     return true;
 }
 
+/* Runs the statement built in q->sql (which did not run out of memory). */
 static int exec_sql(rt_sink_t *s, sq_t *q)
 {
-    if ((q->last = sqlite3_exec(q->db, q->sql, NULL, NULL, NULL)) == SQLITE_OK)
+    RT_ASSERT(!q->sql.oom && q->sql.data);
+    if ((q->last = sqlite3_exec(q->db, q->sql.data, NULL, NULL, NULL)) == SQLITE_OK)
         return 0;
-    rt__sink_error(s, "%s: %s (in %.100s)", q->file, sqlite3_errmsg(q->db), q->sql);
+    rt__sink_error(s, "%s: %s (in %.100s)", q->file, sqlite3_errmsg(q->db), q->sql.data);
     return RT_EAGAIN;
 }
 
@@ -361,12 +341,10 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
             *out = &q->tables[i];
             return 0;
         }
-    sq_table_t *nt = realloc(q->tables, (q->ntables + 1) * sizeof(*nt));
-    if (!nt) {
+    if (rt_grow(&q->tables, &q->tables_cap, q->ntables + 1, sizeof(*q->tables), 4) != 0) {
         rt__sink_error(s, "out of memory");
         return RT_EAGAIN;
     }
-    q->tables = nt;
     sq_table_t *t = &q->tables[q->ntables++];
     memset(t, 0, sizeof(*t));
     snprintf(t->name, sizeof(t->name), "%s", name);
@@ -393,25 +371,32 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
         return 0;
     }
     /* A new table: declared columns first, then the row's other keys. */
-    size_t len = 0;
-    bool ok = put_str(q, &len, "CREATE TABLE ") && put_ident(q, &len, name, strlen(name)) &&
-              put_str(q, &len, " (");
-    for (unsigned i = 0; ok && i < q->ndeclared; i++)
-        ok = (i == 0 || put_str(q, &len, ", ")) &&
-             put_ident(q, &len, q->declared[i].name, strlen(q->declared[i].name)) &&
-             put_str(q, &len, " ") && put_str(q, &len, q->declared[i].type) &&
-             add_col(t, q->declared[i].name);
+    rt_buf_t *sql = reuse_scratch(&q->sql);
+    add_str(sql, "CREATE TABLE ");
+    add_ident(sql, name);
+    add_str(sql, " (");
+    bool ok = true;
+    for (unsigned i = 0; ok && i < q->ndeclared; i++) {
+        if (i > 0)
+            add_str(sql, ", ");
+        add_ident(sql, q->declared[i].name);
+        rt_buf_printf(sql, " %s", q->declared[i].type);
+        ok = add_col(t, q->declared[i].name);
+    }
     bson_iter_t it;
     bson_iter_init(&it, doc);
     while (ok && bson_iter_next(&it)) {
         const char *k = bson_iter_key(&it);
         if (has_col(t, k))
             continue;
-        ok = (t->ncols == 0 || put_str(q, &len, ", ")) && put_ident(q, &len, k, strlen(k)) &&
-             put_str(q, &len, " ") && put_str(q, &len, decl_type(bson_iter_type(&it))) &&
-             add_col(t, k);
+        if (t->ncols > 0)
+            add_str(sql, ", ");
+        add_ident(sql, k);
+        rt_buf_printf(sql, " %s", decl_type(bson_iter_type(&it)));
+        ok = add_col(t, k);
     }
-    ok = ok && put_str(q, &len, ")");
+    add_str(sql, ")");
+    ok = ok && !sql->oom;
     rc = 0;
     if (!ok) {
         rt__sink_error(s, "out of memory");
@@ -432,10 +417,13 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
 
 static int add_column(rt_sink_t *s, sq_t *q, sq_table_t *t, const char *key, bson_type_t type)
 {
-    size_t len = 0;
-    if (!put_str(q, &len, "ALTER TABLE ") || !put_ident(q, &len, t->name, strlen(t->name)) ||
-        !put_str(q, &len, " ADD COLUMN ") || !put_ident(q, &len, key, strlen(key)) ||
-        !put_str(q, &len, " ") || !put_str(q, &len, decl_type(type)) || !add_col(t, key)) {
+    rt_buf_t *sql = reuse_scratch(&q->sql);
+    add_str(sql, "ALTER TABLE ");
+    add_ident(sql, t->name);
+    add_str(sql, " ADD COLUMN ");
+    add_ident(sql, key);
+    rt_buf_printf(sql, " %s", decl_type(type));
+    if (sql->oom || !add_col(t, key)) {
         rt__sink_error(s, "out of memory");
         return RT_ENOMEM;
     }
@@ -461,24 +449,28 @@ static sqlite3_stmt *get_insert(rt_sink_t *s, sq_t *q, const char *sig, size_t s
         if (!c->st)
             break;
     }
-    size_t len = 0;
-    bool ok = put_str(q, &len, "INSERT INTO ") && put_ident(q, &len, table, strlen(table)) &&
-              put_str(q, &len, " (");
+    rt_buf_t *sql = reuse_scratch(&q->sql);
+    add_str(sql, "INSERT INTO ");
+    add_ident(sql, table);
+    add_str(sql, " (");
     const char *k = sig + strlen(table) + 1;
-    for (unsigned i = 0; ok && i < nkeys; i++, k += strlen(k) + 1)
-        ok = (i == 0 || put_str(q, &len, ", ")) && put_ident(q, &len, k, strlen(k));
-    ok = ok && put_str(q, &len, ") VALUES (");
-    for (unsigned i = 0; ok && i < nkeys; i++)
-        ok = put_str(q, &len, i == 0 ? "?" : ", ?");
-    ok = ok && put_str(q, &len, ")");
-    char *copy = ok ? malloc(siglen) : NULL;
+    for (unsigned i = 0; i < nkeys; i++, k += strlen(k) + 1) {
+        if (i > 0)
+            add_str(sql, ", ");
+        add_ident(sql, k);
+    }
+    add_str(sql, ") VALUES (");
+    for (unsigned i = 0; i < nkeys; i++)
+        add_str(sql, i == 0 ? "?" : ", ?");
+    add_str(sql, ")");
+    char *copy = sql->oom ? NULL : malloc(siglen);
     if (!copy) {
         rt__sink_error(s, "out of memory");
         return NULL;
     }
     sqlite3_stmt *st = NULL;
-    if ((q->last = sqlite3_prepare_v2(q->db, q->sql, -1, &st, NULL)) != SQLITE_OK) {
-        rt__sink_error(s, "%s: %s (in %.100s)", q->file, sqlite3_errmsg(q->db), q->sql);
+    if ((q->last = sqlite3_prepare_v2(q->db, sql->data, -1, &st, NULL)) != SQLITE_OK) {
+        rt__sink_error(s, "%s: %s (in %.100s)", q->file, sqlite3_errmsg(q->db), sql->data);
         free(copy);
         return NULL;
     }
@@ -570,11 +562,11 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
         return rc;
     /* The signature: table, then each key once (case-insensitively, as SQLite sees
        names); a key the table lacks becomes a column first. */
-    size_t siglen = tlen + 1;
-    unsigned nkeys = 0;
-    if (!grow(&q->sig, &q->sigcap, siglen + 1))
+    rt_buf_t *sig = reuse_scratch(&q->sig);
+    rt_buf_add(sig, tname, tlen + 1);
+    if (sig->oom)
         return RT_EAGAIN;
-    memcpy(q->sig, tname, siglen);
+    unsigned nkeys = 0;
     bson_iter_init(&it, &doc);
     while (bson_iter_next(&it)) {
         const char *k = bson_iter_key(&it);
@@ -583,7 +575,7 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
             rt__sink_error(s, "row rejected: a key is empty");
             return RT_EINVAL;
         }
-        const char *p = q->sig + tlen + 1;
+        const char *p = sig->data + tlen + 1;
         for (unsigned i = 0; i < nkeys; i++, p += strlen(p) + 1)
             if (strcasecmp(p, k) == 0) {
                 rt__sink_error(s,
@@ -594,18 +586,19 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
             }
         if (!has_col(t, k) && add_column(s, q, t, k, bson_iter_type(&it)) != 0)
             return RT_EAGAIN;
-        if (!grow(&q->sig, &q->sigcap, siglen + kl + 2))
+        rt_buf_add(sig, k, kl + 1);
+        if (sig->oom)
             return RT_EAGAIN;
-        memcpy(q->sig + siglen, k, kl + 1);
-        siglen += kl + 1;
         nkeys++;
     }
     if (nkeys == 0) {
         rt__sink_error(s, "row rejected: no keys");
         return RT_EINVAL;
     }
-    q->sig[siglen++] = 0;
-    sqlite3_stmt *st = get_insert(s, q, q->sig, siglen, tname, nkeys);
+    rt_buf_add(sig, "", 1);
+    if (sig->oom)
+        return RT_EAGAIN;
+    sqlite3_stmt *st = get_insert(s, q, sig->data, sig->len, tname, nkeys);
     if (!st)
         return RT_EAGAIN;
     int col = 1;

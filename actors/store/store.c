@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -99,7 +98,8 @@ static const char *const sql[ST_COUNT] = {
     [ST_MSG_STATE] = "UPDATE msgs SET state = ?3, packet_id = ?4 WHERE client_id = ?1 AND "
                      "seq = ?2" OWNED,
     [ST_MSG_DEL] = "DELETE FROM msgs WHERE client_id = ?1 AND seq = ?2" OWNED,
-    [ST_QOS2_ADD] = "INSERT OR IGNORE INTO qos2_in(client_id, packet_id) SELECT ?1, ?2 WHERE 1" OWNED,
+    [ST_QOS2_ADD] =
+        "INSERT OR IGNORE INTO qos2_in(client_id, packet_id) SELECT ?1, ?2 WHERE 1" OWNED,
     [ST_QOS2_DEL] = "DELETE FROM qos2_in WHERE client_id = ?1 AND packet_id = ?2" OWNED,
     [ST_RETAIN_SET] = "INSERT OR REPLACE INTO retained(topic, msg, expire_at) VALUES (?1, ?2, ?3)",
     [ST_RETAIN_DEL] = "DELETE FROM retained WHERE topic = ?1",
@@ -135,31 +135,23 @@ typedef struct {
     size_t nacks, capacks;
 } actor_state_t;
 
+/* Stored rows hold wall-clock ms as SQLite integers. */
 static int64_t wall_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)rt_wall_ms();
 }
 
 /* Expiry instants cross restarts as wall-clock time; in memory they are monotonic. */
 static int64_t mono_to_wall(uint64_t mono)
 {
-    return mono ? (int64_t)mono - mono_ms() + wall_ms() : 0;
+    return mono ? (int64_t)mono - (int64_t)rt_mono_ms() + wall_ms() : 0;
 }
 
 static uint64_t wall_to_mono(int64_t wall)
 {
     if (!wall)
         return 0;
-    int64_t m = wall - wall_ms() + mono_ms();
+    int64_t m = wall - wall_ms() + (int64_t)rt_mono_ms();
     return m > 0 ? (uint64_t)m : 1; /* already past: expires at once, but is not "never" */
 }
 
@@ -170,7 +162,7 @@ bool rt_store_enabled(void)
 
 /* ---- The actor ---- */
 
-static void exec(sqlite3 *db, const char *what)
+static void exec_logged(sqlite3 *db, const char *what)
 {
     char *msg = NULL;
     if (sqlite3_exec(db, what, NULL, NULL, &msg) != SQLITE_OK) {
@@ -180,10 +172,14 @@ static void exec(sqlite3 *db, const char *what)
     sqlite3_free(msg);
 }
 
-static void commit(actor_state_t *a)
+/* The statements and the open transaction belong to the store actor's turns alone. */
+#define RT_STORE_IN_ACTOR() (rt_current() && rt_self(rt_current()) == store.pid)
+
+static void commit_tx(actor_state_t *a)
 {
+    RT_ASSERT(RT_STORE_IN_ACTOR());
     if (a->in_tx) {
-        exec(store.db, "COMMIT");
+        exec_logged(store.db, "COMMIT");
         store.commits++;
         a->in_tx = false;
     }
@@ -204,8 +200,9 @@ static void bind_key(sqlite3_stmt *s, int idx, const char *p, uint32_t len, bool
 }
 
 /* Runs one prepared statement with the common parameters of op bound. */
-static void run(int which, const op_t *op, rt_bin_t *bin)
+static void run_statement(int which, const op_t *op, rt_bin_t *bin)
 {
+    RT_ASSERT(RT_STORE_IN_ACTOR());
     sqlite3_stmt *s = store.st[which];
     bool topic_key = which == ST_RETAIN_SET || which == ST_RETAIN_DEL;
     bind_key(s, 1, op->text, op->len1, topic_key);
@@ -263,34 +260,52 @@ static void run(int which, const op_t *op, rt_bin_t *bin)
     sqlite3_clear_bindings(s);
 }
 
-static void apply(const op_t *op, uint32_t tag, rt_bin_t *bin)
+/* Deletes what the session under op's client id holds: subscriptions and messages. */
+static void clear_session(const op_t *op)
+{
+    run_statement(ST_SESSION_CLEAR_SUBS, op, NULL);
+    run_statement(ST_SESSION_CLEAR_MSGS, op, NULL);
+    run_statement(ST_SESSION_CLEAR_QOS2, op, NULL);
+}
+
+static void apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
 {
     switch (tag) {
     case OP_SESSION:
-        if (op->retain) { /* fresh: a new session under this id keeps nothing of the old one */
-            run(ST_SESSION_CLEAR_SUBS, op, NULL);
-            run(ST_SESSION_CLEAR_MSGS, op, NULL);
-            run(ST_SESSION_CLEAR_QOS2, op, NULL);
-        }
-        run(ST_SESSION_UPSERT, op, NULL);
+        if (op->retain) /* fresh: a new session under this id keeps nothing of the old one */
+            clear_session(op);
+        run_statement(ST_SESSION_UPSERT, op, NULL);
         break;
     case OP_SESSION_END:
         /* Only the owner ends it; its rows go only if it still owned it. */
-        run(ST_SESSION_DELETE, op, NULL);
-        if (sqlite3_changes(store.db)) {
-            run(ST_SESSION_CLEAR_SUBS, op, NULL);
-            run(ST_SESSION_CLEAR_MSGS, op, NULL);
-            run(ST_SESSION_CLEAR_QOS2, op, NULL);
-        }
+        run_statement(ST_SESSION_DELETE, op, NULL);
+        if (sqlite3_changes(store.db))
+            clear_session(op);
         break;
-    case OP_SUB: run(ST_SUB, op, NULL); break;
-    case OP_UNSUB: run(ST_UNSUB, op, NULL); break;
-    case OP_MSG_ADD: run(ST_MSG_ADD, op, bin); break;
-    case OP_MSG_STATE: run(ST_MSG_STATE, op, NULL); break;
-    case OP_MSG_DEL: run(ST_MSG_DEL, op, NULL); break;
-    case OP_QOS2_ADD: run(ST_QOS2_ADD, op, NULL); break;
-    case OP_QOS2_DEL: run(ST_QOS2_DEL, op, NULL); break;
-    case OP_RETAIN: run(bin ? ST_RETAIN_SET : ST_RETAIN_DEL, op, bin); break;
+    case OP_SUB:
+        run_statement(ST_SUB, op, NULL);
+        break;
+    case OP_UNSUB:
+        run_statement(ST_UNSUB, op, NULL);
+        break;
+    case OP_MSG_ADD:
+        run_statement(ST_MSG_ADD, op, bin);
+        break;
+    case OP_MSG_STATE:
+        run_statement(ST_MSG_STATE, op, NULL);
+        break;
+    case OP_MSG_DEL:
+        run_statement(ST_MSG_DEL, op, NULL);
+        break;
+    case OP_QOS2_ADD:
+        run_statement(ST_QOS2_ADD, op, NULL);
+        break;
+    case OP_QOS2_DEL:
+        run_statement(ST_QOS2_DEL, op, NULL);
+        break;
+    case OP_RETAIN:
+        run_statement(bin ? ST_RETAIN_SET : ST_RETAIN_DEL, op, bin);
+        break;
     }
     store.changes++;
 }
@@ -306,11 +321,11 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     actor_state_t *a = state;
     if (m->tag == OP_FLUSH) {
         a->flush_sent = false;
-        commit(a);
+        commit_tx(a);
         return;
     }
     if (m->tag == OP_SYNC) {
-        commit(a);
+        commit_tx(a);
         sync_t *sy;
         memcpy(&sy, m->data, sizeof(sy));
         pthread_mutex_lock(&sy->lock);
@@ -322,21 +337,14 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
         return;
     const op_t *op = (const op_t *)(const void *)m->data;
+    RT_ASSERT(m->len == sizeof(op_t) + op->len1 + op->len2); /* as send_op made it */
     if (!a->in_tx) {
-        exec(store.db, "BEGIN");
+        exec_logged(store.db, "BEGIN");
         a->in_tx = true;
     }
-    apply(op, m->tag, m->bin);
+    apply_op(op, m->tag, m->bin);
     if (op->ack_pid) {
-        if (a->nacks == a->capacks) {
-            size_t cap = a->capacks ? a->capacks * 2 : 64;
-            ack_t *n = realloc(a->acks, cap * sizeof(*n));
-            if (n) {
-                a->acks = n;
-                a->capacks = cap;
-            }
-        }
-        if (a->nacks < a->capacks)
+        if (rt_grow(&a->acks, &a->capacks, a->nacks + 1, sizeof(ack_t), 64) == 0)
             a->acks[a->nacks++] = (ack_t){op->ack_pid, op->token};
         else /* no memory to remember it: answer now rather than never */
             rt_send(op->ack_pid, RT_STORE_MSG_COMMITTED, &op->token, sizeof(op->token));
@@ -344,7 +352,7 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     /* Group commit: FLUSH queues behind everything already waiting, so the commit it
        triggers covers all of it. */
     if (++a->tx_changes >= RT_STORE_MAX_TX) {
-        commit(a);
+        commit_tx(a);
     } else if (!a->flush_sent) {
         a->flush_sent = true;
         rt_send(rt_self(self), OP_FLUSH, NULL, 0);
@@ -354,7 +362,7 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     actor_state_t *a = state;
-    commit(a);
+    commit_tx(a);
     free(a->acks);
 }
 
@@ -407,7 +415,8 @@ void rt_store_session_end(const char *client_id)
 
 void rt_store_sub(const char *client_id, const char *filter, size_t len, const rt_trie_opts_t *o)
 {
-    op_t op = {.qos = o->qos, .value = o->sub_id,
+    op_t op = {.qos = o->qos,
+               .value = o->sub_id,
                .flags = (uint8_t)(o->no_local | o->retain_as_published << 1 |
                                   o->retain_handling << 2 | o->acl_check << 4)};
     send_op(OP_SUB, &op, client_id, strlen(client_id), filter, len, NULL);
@@ -422,11 +431,17 @@ void rt_store_unsub(const char *client_id, const char *filter, size_t len)
 void rt_store_msg_add(const char *client_id, const rt_stored_msg_t *m, rt_pid_t ack_pid,
                       uint64_t token)
 {
-    op_t op = {.ack_pid = ack_pid, .token = token, .seq = m->seq,
-               .expire_wall_ms = mono_to_wall(m->expire_at_ms), .packet_id = m->packet_id,
-               .qos = m->qos, .retain = m->retain, .state = m->state, .shared = m->shared};
-    op.n_sub_ids = (uint8_t)(m->n_sub_ids < RT_STORE_MAX_SUB_IDS ? m->n_sub_ids
-                                                                 : RT_STORE_MAX_SUB_IDS);
+    op_t op = {.ack_pid = ack_pid,
+               .token = token,
+               .seq = m->seq,
+               .expire_wall_ms = mono_to_wall(m->expire_at_ms),
+               .packet_id = m->packet_id,
+               .qos = m->qos,
+               .retain = m->retain,
+               .state = m->state,
+               .shared = m->shared};
+    op.n_sub_ids =
+        (uint8_t)(m->n_sub_ids < RT_STORE_MAX_SUB_IDS ? m->n_sub_ids : RT_STORE_MAX_SUB_IDS);
     memcpy(op.sub_ids, m->sub_ids, op.n_sub_ids * sizeof(uint32_t));
     send_op(OP_MSG_ADD, &op, client_id, strlen(client_id), NULL, 0, m->bin);
 }
@@ -466,7 +481,7 @@ void rt_store_stats(rt_store_stats_t *out)
 
 /* ---- Opening and loading ---- */
 
-static int fail(char *err, size_t errlen, const char *path, const char *why)
+static int open_failed(char *err, size_t errlen, const char *path, const char *why)
 {
     snprintf(err, errlen, "%s: %s", path, why);
     if (store.db)
@@ -495,7 +510,7 @@ static int check_file(const char *path, char *err, size_t errlen)
 {
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(store.db, "PRAGMA quick_check", -1, &s, NULL) != SQLITE_OK)
-        return fail(err, errlen, path, "not an SQLite database (left untouched)");
+        return open_failed(err, errlen, path, "not an SQLite database (left untouched)");
     int rc = sqlite3_step(s);
     bool ok = rc == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(s, 0), "ok") == 0;
     char why[300];
@@ -505,7 +520,7 @@ static int check_file(const char *path, char *err, size_t errlen)
                                   : sqlite3_errmsg(store.db));
     sqlite3_finalize(s);
     if (!ok)
-        return fail(err, errlen, path, why);
+        return open_failed(err, errlen, path, why);
     int64_t app = pragma_int("PRAGMA application_id");
     int64_t version = pragma_int("PRAGMA user_version");
     int64_t tables = pragma_int("SELECT count(*) FROM sqlite_master");
@@ -514,19 +529,19 @@ static int check_file(const char *path, char *err, size_t errlen)
         snprintf(init, sizeof(init), "PRAGMA application_id = %d; PRAGMA user_version = %d; %s",
                  RT_STORE_APP_ID, RT_STORE_SCHEMA, schema);
         if (sqlite3_exec(store.db, init, NULL, NULL, NULL) != SQLITE_OK)
-            return fail(err, errlen, path, sqlite3_errmsg(store.db));
+            return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
         return 0;
     }
     if (app != RT_STORE_APP_ID) {
         snprintf(why, sizeof(why),
                  "not an rtd state file (application_id %lld, %lld tables); left untouched",
                  (long long)app, (long long)tables);
-        return fail(err, errlen, path, why);
+        return open_failed(err, errlen, path, why);
     }
     if (version != RT_STORE_SCHEMA) {
         snprintf(why, sizeof(why), "schema version %lld, this rtd reads %d; left untouched",
                  (long long)version, RT_STORE_SCHEMA);
-        return fail(err, errlen, path, why);
+        return open_failed(err, errlen, path, why);
     }
     return 0;
 }
@@ -551,27 +566,28 @@ int rt_store_open(const char *dir, char *err, size_t errlen)
     rt_store_create_private(path);
     if (sqlite3_open_v2(path, &store.db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK)
-        return fail(err, errlen, path, store.db ? sqlite3_errmsg(store.db) : "cannot open");
+        return open_failed(err, errlen, path, store.db ? sqlite3_errmsg(store.db) : "cannot open");
     int rc = check_file(path, err, errlen);
     if (rc)
         return rc;
     if (sqlite3_exec(store.db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", NULL,
                      NULL, NULL) != SQLITE_OK)
-        return fail(err, errlen, path, sqlite3_errmsg(store.db));
+        return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
     for (int i = 0; i < ST_COUNT; i++)
         if (sqlite3_prepare_v3(store.db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &store.st[i],
                                NULL) != SQLITE_OK)
-            return fail(err, errlen, path, sqlite3_errmsg(store.db));
+            return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
     rt_pid_t pid;
     rc = rt_spawn(&store_type, NULL, &pid);
     if (rc)
-        return fail(err, errlen, path, "cannot start the store actor");
+        return open_failed(err, errlen, path, "cannot start the store actor");
     store.pid = pid;
     return 0;
 }
 
 int rt_store_sync(void)
 {
+    RT_ASSERT(!rt_current()); /* an actor waiting here could hold up the store's own turn */
     if (!store.pid)
         return 0;
     sync_t sy = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
@@ -629,12 +645,11 @@ static int load_retained(void (*fn)(const char *, size_t, rt_bin_t *, uint64_t, 
 
 static void load_subs(rt_stored_session_t *ss, sqlite3_stmt *q)
 {
+    size_t cap = 0;
     sqlite3_bind_text(q, 1, ss->client_id, -1, SQLITE_STATIC);
     while (sqlite3_step(q) == SQLITE_ROW) {
-        rt_stored_sub_t *n = realloc(ss->subs, (ss->nsubs + 1) * sizeof(*n));
-        if (!n)
+        if (rt_grow(&ss->subs, &cap, ss->nsubs + 1, sizeof(*ss->subs), 8) != 0)
             break;
-        ss->subs = n;
         rt_stored_sub_t *sub = &ss->subs[ss->nsubs];
         size_t len = (size_t)sqlite3_column_bytes(q, 0);
         sub->filter = malloc(len + 1);
@@ -657,12 +672,11 @@ static void load_subs(rt_stored_session_t *ss, sqlite3_stmt *q)
 
 static void load_msgs(rt_stored_session_t *ss, sqlite3_stmt *q)
 {
+    size_t cap = 0;
     sqlite3_bind_text(q, 1, ss->client_id, -1, SQLITE_STATIC);
     while (sqlite3_step(q) == SQLITE_ROW) {
-        rt_stored_msg_t *n = realloc(ss->msgs, (ss->nmsgs + 1) * sizeof(*n));
-        if (!n)
+        if (rt_grow(&ss->msgs, &cap, ss->nmsgs + 1, sizeof(*ss->msgs), 8) != 0)
             break;
-        ss->msgs = n;
         rt_stored_msg_t *m = &ss->msgs[ss->nmsgs];
         memset(m, 0, sizeof(*m));
         m->seq = (uint64_t)sqlite3_column_int64(q, 0);
@@ -688,12 +702,11 @@ static void load_msgs(rt_stored_session_t *ss, sqlite3_stmt *q)
 
 static void load_qos2(rt_stored_session_t *ss, sqlite3_stmt *q)
 {
+    size_t cap = 0;
     sqlite3_bind_text(q, 1, ss->client_id, -1, SQLITE_STATIC);
     while (sqlite3_step(q) == SQLITE_ROW) {
-        uint16_t *n = realloc(ss->qos2_in, (ss->nqos2_in + 1) * sizeof(*n));
-        if (!n)
+        if (rt_grow(&ss->qos2_in, &cap, ss->nqos2_in + 1, sizeof(*ss->qos2_in), 8) != 0)
             break;
-        ss->qos2_in = n;
         ss->qos2_in[ss->nqos2_in++] = (uint16_t)sqlite3_column_int(q, 0);
     }
     sqlite3_reset(q);
@@ -720,15 +733,15 @@ static void delete_expired(int64_t now)
                  "DELETE FROM %s WHERE client_id IN (SELECT client_id FROM sessions WHERE "
                  "offline_since > 0 AND (%lld - offline_since) / 1000 >= expiry)",
                  tables[i], (long long)now);
-        exec(store.db, q);
+        exec_logged(store.db, q);
     }
 }
 
 int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
                   void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
                                       uint64_t expire_at_ms, void *arg),
-                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg,
-                  char *err, size_t errlen)
+                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg, char *err,
+                  size_t errlen)
 {
     if (!store.db)
         return 0;
@@ -739,15 +752,18 @@ int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
     }
     sqlite3_stmt *sessions, *subs, *msgs, *qos2;
     int rc = 0;
-    rc |= sqlite3_prepare_v2(store.db, "SELECT client_id, expiry, offline_since FROM sessions",
-                             -1, &sessions, NULL);
-    rc |= sqlite3_prepare_v2(store.db, "SELECT filter, qos, flags, sub_id FROM subs WHERE "
-                             "client_id = ?1", -1, &subs, NULL);
-    rc |= sqlite3_prepare_v2(store.db, "SELECT seq, msg, qos, retain, state, packet_id, shared, "
+    rc |= sqlite3_prepare_v2(store.db, "SELECT client_id, expiry, offline_since FROM sessions", -1,
+                             &sessions, NULL);
+    rc |= sqlite3_prepare_v2(store.db,
+                             "SELECT filter, qos, flags, sub_id FROM subs WHERE "
+                             "client_id = ?1",
+                             -1, &subs, NULL);
+    rc |= sqlite3_prepare_v2(store.db,
+                             "SELECT seq, msg, qos, retain, state, packet_id, shared, "
                              "expire_at, sub_ids FROM msgs WHERE client_id = ?1 ORDER BY seq",
                              -1, &msgs, NULL);
-    rc |= sqlite3_prepare_v2(store.db, "SELECT packet_id FROM qos2_in WHERE client_id = ?1",
-                             -1, &qos2, NULL);
+    rc |= sqlite3_prepare_v2(store.db, "SELECT packet_id FROM qos2_in WHERE client_id = ?1", -1,
+                             &qos2, NULL);
     if (rc != SQLITE_OK) {
         snprintf(err, errlen, "loading sessions: %s", sqlite3_errmsg(store.db));
         return RT_EINVAL;

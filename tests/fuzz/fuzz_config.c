@@ -1,5 +1,5 @@
 /*
-** The config loader (rules/config.c) on the text of a config file, over the defaults; then
+** The config loader (actors/base/config.c) on the text of a config file, over the defaults; then
 ** the file's first line once more as an `rtd -o` / `rtctl config set` assignment. Every
 ** error must come back as a message, and a loaded config must list (rt_conf_each).
 */

@@ -1,4 +1,5 @@
-/* The password file parser (actors/auth.c): a table or a "path:line: reason" error. */
+/* The password file parser (actors/auth/password_table.c): a table or a "path:line: reason"
+   error. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

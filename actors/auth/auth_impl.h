@@ -1,0 +1,43 @@
+/*
+** Inside auth, shared by its files: reading the password and ACL files, the password-file
+** line format, and the password table's check and size. Only the .c files of actors/auth include
+** this.
+*/
+#ifndef RT_AUTH_IMPL_H
+#define RT_AUTH_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "auth.h"
+
+#define RT_AUTH_MAX_FILE_BYTES (256u << 20) /* a password or ACL file this large is refused */
+#define RT_AUTH_MAX_NAME 65535              /* MQTT strings are at most this long */
+
+/* Reads a whole file, NUL-terminated (free it); err says "path: reason". */
+int rt__auth_read_file(const char *path, char **out, size_t *outlen, char *err, size_t errlen);
+/* The next line of [*pos, end) without its newline and trailing blanks; false at the end. */
+bool rt__auth_next_line(const char **pos, const char *end, const char **line, size_t *len);
+
+/*
+** Splits a password-file line into user (line[0..*userlen)) and hash. Returns false for
+** lines that hold no user (blank, comment); sets *why for a malformed one.
+*/
+bool rt__auth_split_line(const char *line, size_t len, size_t *userlen, const char **hash,
+                         size_t *hashlen, const char **why);
+
+/*
+** rt_auth_check, but with may_hash false a decision that needs a full hash (no remembered
+** password matched) is not made: RT_AUTH_PENDING instead.
+*/
+int rt__auth_check(const rt_auth_t *a, const char *user, const uint8_t *pw, size_t pwlen,
+                   bool may_hash);
+/* Bytes the table holds, names included. */
+size_t rt__auth_table_bytes(const rt_auth_t *a);
+/* Bytes the slow-down table holds. */
+size_t rt__auth_limiter_bytes(const rt_auth_limiter_t *l);
+/* The cap on delays from now on (auth_max_delay_ms changed). */
+void rt__auth_limiter_set_max_delay(rt_auth_limiter_t *l, uint32_t max_delay_ms);
+
+#endif

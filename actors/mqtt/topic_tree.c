@@ -1,0 +1,293 @@
+/*
+** The level tree shared by the subscription trie and the retained store: topic syntax and
+** the node table (topic_tree.h says how it is laid out and who may touch it).
+*/
+#include "topic_tree.h"
+
+#include <stdlib.h>
+
+/* Hash buckets a table starts with once it gets its first node. */
+#define TT_MIN_BUCKETS 16
+
+#ifndef NDEBUG
+_Thread_local int rt__tt_locks_held;
+#endif
+
+/* ---- Counted allocation ---- */
+
+void *rt__topic_alloc(atomic_size_t *ctr, size_t n)
+{
+    void *p = malloc(n);
+    if (p)
+        atomic_fetch_add_explicit(ctr, n, memory_order_relaxed);
+    return p;
+}
+
+void rt__topic_free(atomic_size_t *ctr, void *p, size_t n)
+{
+    if (!p)
+        return;
+    atomic_fetch_sub_explicit(ctr, n, memory_order_relaxed);
+    free(p);
+}
+
+void *rt__topic_realloc(atomic_size_t *ctr, void *p, size_t oldn, size_t newn, size_t elem)
+{
+    void *q = realloc(p, newn * elem);
+    if (!q)
+        return NULL;
+    atomic_fetch_add_explicit(ctr, newn * elem, memory_order_relaxed);
+    atomic_fetch_sub_explicit(ctr, oldn * elem, memory_order_relaxed);
+    return q;
+}
+
+/* ---- Syntax ---- */
+
+int rt_trie_valid_topic(const char *topic, size_t len)
+{
+    if (!topic || len == 0 || len > RT_TRIE_MAX_LEN)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (topic[i] == '+' || topic[i] == '#' || topic[i] == '\0')
+            return 0;
+    return 1;
+}
+
+/* A filter without the $share prefix: '+' and '#' fill their level, '#' only last. */
+static int valid_plain_filter(const char *f, size_t len)
+{
+    if (len == 0 || len > RT_TRIE_MAX_LEN)
+        return 0;
+    const char *p = f, *end = f + len;
+    for (;;) {
+        const char *q = rt__topic_level_end(p, end);
+        for (const char *c = p; c < q; c++) {
+            if (*c == '\0')
+                return 0;
+            if ((*c == '+' || *c == '#') && q - p != 1)
+                return 0;
+            if (*c == '#' && q != end)
+                return 0;
+        }
+        if (q == end)
+            return 1;
+        p = q + 1;
+    }
+}
+
+#define SHARE_PREFIX "$share/"
+#define SHARE_PREFIX_LEN 7
+
+int rt__topic_split_filter(const char *f, size_t len, const char **g, size_t *glen, const char **pf,
+                           size_t *plen)
+{
+    *g = NULL;
+    *glen = 0;
+    *pf = f;
+    *plen = len;
+    if (!f || len > RT_TRIE_MAX_LEN)
+        return 0;
+    if (len < SHARE_PREFIX_LEN || memcmp(f, SHARE_PREFIX, SHARE_PREFIX_LEN) != 0)
+        return valid_plain_filter(f, len);
+    const char *p = f + SHARE_PREFIX_LEN, *end = f + len;
+    const char *q = memchr(p, '/', (size_t)(end - p));
+    if (!q || q == p)
+        return 0;
+    for (const char *c = p; c < q; c++)
+        if (*c == '+' || *c == '#' || *c == '\0')
+            return 0;
+    *g = p;
+    *glen = (size_t)(q - p);
+    *pf = q + 1;
+    *plen = (size_t)(end - (q + 1));
+    return valid_plain_filter(*pf, *plen);
+}
+
+int rt_trie_valid_filter(const char *filter, size_t len)
+{
+    const char *g, *pf;
+    size_t gl, pl;
+    return rt__topic_split_filter(filter, len, &g, &gl, &pf, &pl);
+}
+
+/* ---- The node table ---- */
+
+/* Levels are the publishers' and subscribers' choice: the keyed hash (with the parent as
+   tweak) keeps their collisions unplannable. */
+static uint64_t edge_hash(const tnode_t *parent, const char *lvl, size_t n)
+{
+    return rt_hash_with((uint64_t)(uintptr_t)parent, lvl, n);
+}
+
+static tnode_t *node_alloc(ttable_t *t, tnode_t *parent, const char *lvl, size_t n)
+{
+    tnode_t *x = rt__topic_alloc(t->bytes, sizeof(*x) + n);
+    if (!x)
+        return NULL;
+    memset(x, 0, sizeof(*x));
+    memcpy(x->level, lvl, n);
+    x->len = (uint32_t)n;
+    x->parent = parent;
+    return x;
+}
+
+int rt__tt_init(ttable_t *t, atomic_size_t *bytes, atomic_size_t *nodes)
+{
+    memset(t, 0, sizeof(*t));
+    t->bytes = bytes;
+    t->nodes = nodes;
+    t->root = node_alloc(t, NULL, "", 0);
+    return t->root ? 0 : RT_ENOMEM;
+}
+
+tnode_t *rt__tt_find(const ttable_t *t, const tnode_t *parent, const char *lvl, size_t n)
+{
+    RT_ASSERT(RT__TT_READABLE(t));
+    if (!t->buckets)
+        return NULL;
+    uint64_t h = edge_hash(parent, lvl, n);
+    for (tnode_t *x = t->buckets[h & (t->nbuckets - 1)]; x; x = x->hnext)
+        if (x->hval == h && x->parent == parent && x->len == n && memcmp(x->level, lvl, n) == 0)
+            return x;
+    return NULL;
+}
+
+/* Resizes the bucket array to nb (a power of two, or 0 to free it). */
+static int rehash(ttable_t *t, size_t nb)
+{
+    RT_ASSERT((nb & (nb - 1)) == 0);
+    tnode_t **nbk = NULL;
+    if (nb) {
+        nbk = rt__topic_alloc(t->bytes, nb * sizeof(*nbk));
+        if (!nbk)
+            return RT_ENOMEM;
+        memset(nbk, 0, nb * sizeof(*nbk));
+    }
+    for (size_t i = 0; i < t->nbuckets; i++) {
+        tnode_t *x = t->buckets[i];
+        while (x) {
+            tnode_t *nx = x->hnext;
+            x->hnext = nbk[x->hval & (nb - 1)];
+            nbk[x->hval & (nb - 1)] = x;
+            x = nx;
+        }
+    }
+    rt__topic_free(t->bytes, t->buckets, t->nbuckets * sizeof(*t->buckets));
+    t->buckets = nbk;
+    t->nbuckets = nb;
+    return 0;
+}
+
+/* Finds or creates parent's child lvl. */
+static tnode_t *find_or_add_child(ttable_t *t, tnode_t *parent, const char *lvl, size_t n)
+{
+    tnode_t *x = rt__tt_find(t, parent, lvl, n);
+    if (x)
+        return x;
+    if (t->count + 1 > t->nbuckets &&
+        rehash(t, t->nbuckets ? t->nbuckets * 2 : TT_MIN_BUCKETS) != 0 && !t->buckets)
+        return NULL; /* a failed growth is fine (longer chains) unless there is no table */
+    x = node_alloc(t, parent, lvl, n);
+    if (!x)
+        return NULL;
+    x->hval = edge_hash(parent, lvl, n);
+    x->hnext = t->buckets[x->hval & (t->nbuckets - 1)];
+    t->buckets[x->hval & (t->nbuckets - 1)] = x;
+    t->count++;
+    atomic_fetch_add_explicit(t->nodes, 1, memory_order_relaxed);
+    x->next = parent->kids;
+    if (parent->kids)
+        parent->kids->prev = x;
+    parent->kids = x;
+    if (n == 1 && lvl[0] == '+')
+        parent->plus = x;
+    if (n == 1 && lvl[0] == '#')
+        parent->hash = x;
+    return x;
+}
+
+static int node_empty(const tnode_t *x)
+{
+    return !x->kids && x->nsubs == 0 && !x->groups && !x->msg;
+}
+
+void rt__tt_prune(ttable_t *t, tnode_t *x)
+{
+    RT_ASSERT(RT__TT_WRITABLE(t));
+    while (x && x->parent && node_empty(x)) {
+        /* The subscription arrays are freed when they empty: an empty node holds none. */
+        RT_ASSERT(!x->subs && x->capsubs == 0);
+        tnode_t *parent = x->parent;
+        tnode_t **pp = &t->buckets[x->hval & (t->nbuckets - 1)];
+        while (*pp != x)
+            pp = &(*pp)->hnext;
+        *pp = x->hnext;
+        t->count--;
+        atomic_fetch_sub_explicit(t->nodes, 1, memory_order_relaxed);
+        if (x->prev)
+            x->prev->next = x->next;
+        else
+            parent->kids = x->next;
+        if (x->next)
+            x->next->prev = x->prev;
+        if (parent->plus == x)
+            parent->plus = NULL;
+        if (parent->hash == x)
+            parent->hash = NULL;
+        rt__topic_free(t->bytes, x, sizeof(*x) + x->len);
+        x = parent;
+    }
+    /* Give the buckets back when the table empties, so memory returns to baseline. */
+    if (t->count == 0 && t->buckets)
+        rehash(t, 0);
+}
+
+tnode_t *rt__tt_path(ttable_t *t, const char *f, size_t len, int create)
+{
+    RT_ASSERT(create ? RT__TT_WRITABLE(t) : RT__TT_READABLE(t));
+    tnode_t *x = t->root;
+    const char *p = f, *end = f + len;
+    for (;;) {
+        const char *q = rt__topic_level_end(p, end);
+        tnode_t *c = create ? find_or_add_child(t, x, p, (size_t)(q - p))
+                            : rt__tt_find(t, x, p, (size_t)(q - p));
+        if (!c) {
+            if (create)
+                rt__tt_prune(t, x); /* drop the nodes this call created */
+            return NULL;
+        }
+        x = c;
+        if (q == end)
+            return x;
+        p = q + 1;
+    }
+}
+
+void rt__tt_destroy(ttable_t *t)
+{
+    /* Iterative post-order: the tree can be deeper than a thread stack allows recursion. */
+    tnode_t *x = t->root;
+    while (x) {
+        if (x->kids) {
+            x = x->kids;
+            continue;
+        }
+        tnode_t *parent = x->parent;
+        if (parent) {
+            parent->kids = x->next;
+            if (x->next)
+                x->next->prev = NULL;
+        }
+        for (trie_group_t *g = x->groups, *ng; g; g = ng) {
+            ng = g->next;
+            free(g->members);
+            free(g);
+        }
+        free(x->subs);
+        free(x);
+        x = parent;
+    }
+    free(t->buckets);
+    t->root = NULL;
+    t->buckets = NULL;
+}

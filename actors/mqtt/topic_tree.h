@@ -1,0 +1,161 @@
+/*
+** Topics as trees of levels: what the subscription trie (topic_trie.c) and the retained store
+** (retained.c) are both built from. Topic syntax (levels, filters, the $share/ prefix) and a
+** node table: a node stores only its own level; its children are found through a per-table
+** hash keyed by (parent pointer, level bytes), so a node with 20,000 children ("test/%i")
+** costs one hash probe per lookup and no per-node child array. Children are also linked in a
+** sibling list so the retained store can enumerate them for '+' and '#'. Empty nodes (no
+** children, subscriptions, groups or message) are freed at once, so an emptied table returns
+** to its baseline memory. Only topic_*.c and retained.c include this.
+**
+** Every byte a table allocates is counted in its owner's counter (rt_trie_stats,
+** rt_retained_stats). A table is guarded by its owner's lock: readers may find, only a
+** writer may change it. Debug builds record who holds it and check that.
+*/
+#ifndef RT_TOPIC_TREE_H
+#define RT_TOPIC_TREE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "common.h"
+#include "topic_trie.h"
+
+/* One subscription, ordinary or group member: 16 bytes, kept in arrays. */
+typedef struct rt_trie_hit_s {
+    rt_pid_t pid;
+    rt_trie_opts_t o;
+} trie_sub_t;
+
+/* A shared subscription group ($share/name/filter) at its filter's node. */
+typedef struct trie_group_s {
+    struct trie_group_s *next; /* next group at the same node */
+    atomic_uint rr;            /* round-robin cursor: advanced by readers, hence atomic */
+    uint32_t n, cap;           /* members */
+    trie_sub_t *members;
+    uint32_t namelen;
+    char name[];
+} trie_group_t;
+
+typedef struct tnode_s tnode_t;
+struct tnode_s {
+    tnode_t *hnext;       /* chain in the table's edge hash */
+    tnode_t *parent;      /* NULL only for the root */
+    tnode_t *kids;        /* first child; siblings via next/prev */
+    tnode_t *next, *prev; /* sibling list under parent */
+    tnode_t *plus, *hash; /* the '+' and '#' children, shortcut for matching */
+    trie_sub_t *subs;     /* subscription trie: ordinary subscriptions at this filter */
+    uint32_t nsubs, capsubs;
+    trie_group_t *groups; /* subscription trie: shared groups at this filter */
+    void *msg;            /* retained store: the message, NULL if none */
+    size_t msg_bytes;     /* retained store: what the limit counts for msg */
+    uint64_t hval;        /* hash of (parent, level), kept for rehashing */
+    uint32_t len;         /* level length */
+    char level[];
+};
+
+/* The node tree and its edge hash; the owner's lock guards all of it. */
+typedef struct {
+    tnode_t *root;
+    tnode_t **buckets; /* NULL while the table has no nodes */
+    size_t nbuckets, count;
+    atomic_size_t *bytes; /* owner's byte counter; writers of other shards update it too */
+    atomic_size_t *nodes;
+#ifndef NDEBUG
+    atomic_int readers; /* debug: threads holding the owner's lock to read */
+    atomic_bool writer; /* debug: a thread holds it to write */
+#endif
+} ttable_t;
+
+/* A walk position: node, the next level starting at p, or done (all levels consumed). */
+typedef struct rt_trie_frame_s {
+    tnode_t *node;
+    const char *p;
+    int done;
+} tt_frame_t;
+
+/* ---- Topic syntax ---- */
+
+/* The end of the level starting at p: the next '/' or end. */
+static inline const char *rt__topic_level_end(const char *p, const char *end)
+{
+    const char *q = memchr(p, '/', (size_t)(end - p));
+    return q ? q : end;
+}
+
+/*
+** Splits a filter into group (glen 0 if not shared) and the plain filter. Returns 0 if the
+** syntax is wrong: an empty group or one with '+', '#' (the '/' ends it), or an empty or
+** invalid filter after it.
+*/
+int rt__topic_split_filter(const char *f, size_t len, const char **g, size_t *glen, const char **pf,
+                           size_t *plen);
+
+/* ---- Counted allocation: every byte shows in the owner's counter ---- */
+void *rt__topic_alloc(atomic_size_t *ctr, size_t n);
+void rt__topic_free(atomic_size_t *ctr, void *p, size_t n);
+/* Grows or shrinks an array from oldn to newn elements; NULL (p unchanged) on failure. */
+void *rt__topic_realloc(atomic_size_t *ctr, void *p, size_t oldn, size_t newn, size_t elem);
+
+/* ---- The node table ---- */
+int rt__tt_init(ttable_t *t, atomic_size_t *bytes, atomic_size_t *nodes); /* 0 or RT_ENOMEM */
+/* Frees every node (subscriptions and groups included, messages not) and the buckets. */
+void rt__tt_destroy(ttable_t *t);
+tnode_t *rt__tt_find(const ttable_t *t, const tnode_t *parent, const char *lvl, size_t n);
+/* The node of a plain filter or topic; with create, made (NULL on RT_ENOMEM) if missing. */
+tnode_t *rt__tt_path(ttable_t *t, const char *f, size_t len, int create);
+/* Frees x and then each ancestor that became empty, stopping at the root. */
+void rt__tt_prune(ttable_t *t, tnode_t *x);
+
+/*
+** Debug builds check every use of a table against its owner's lock: the owner calls
+** rt__tt_lock_free() before taking the lock, the *_begin right after and the *_end right
+** before releasing it (all no-ops under NDEBUG). A thread holds one table lock at a time,
+** so a callback run under one (rt_trie_alive_fn, rt_retained_fn) that calls back into the
+** trie or the store fails an assert instead of deadlocking.
+*/
+#ifndef NDEBUG
+extern _Thread_local int rt__tt_locks_held; /* by this thread */
+static inline void rt__tt_lock_free(void)
+{
+    RT_ASSERT(rt__tt_locks_held == 0);
+}
+static inline void rt__tt_read_begin(ttable_t *t)
+{
+    rt__tt_locks_held++;
+    atomic_fetch_add_explicit(&t->readers, 1, memory_order_relaxed);
+}
+static inline void rt__tt_read_end(ttable_t *t)
+{
+    RT_ASSERT(rt__tt_locks_held == 1 &&
+              atomic_load_explicit(&t->readers, memory_order_relaxed) > 0);
+    atomic_fetch_sub_explicit(&t->readers, 1, memory_order_relaxed);
+    rt__tt_locks_held--;
+}
+static inline void rt__tt_write_begin(ttable_t *t)
+{
+    RT_ASSERT(!atomic_load_explicit(&t->writer, memory_order_relaxed) &&
+              atomic_load_explicit(&t->readers, memory_order_relaxed) == 0);
+    rt__tt_locks_held++;
+    atomic_store_explicit(&t->writer, true, memory_order_relaxed);
+}
+static inline void rt__tt_write_end(ttable_t *t)
+{
+    RT_ASSERT(rt__tt_locks_held == 1 && atomic_load_explicit(&t->writer, memory_order_relaxed));
+    atomic_store_explicit(&t->writer, false, memory_order_relaxed);
+    rt__tt_locks_held--;
+}
+#define RT__TT_READABLE(t)                                                                         \
+    (atomic_load_explicit(&(t)->writer, memory_order_relaxed) ||                                   \
+     atomic_load_explicit(&(t)->readers, memory_order_relaxed) > 0)
+#define RT__TT_WRITABLE(t) atomic_load_explicit(&(t)->writer, memory_order_relaxed)
+#else
+#define rt__tt_lock_free() ((void)0)
+#define rt__tt_read_begin(t) ((void)(t))
+#define rt__tt_read_end(t) ((void)(t))
+#define rt__tt_write_begin(t) ((void)(t))
+#define rt__tt_write_end(t) ((void)(t))
+#endif
+
+#endif

@@ -1,0 +1,350 @@
+/*
+** The configured sinks as a set: each `sinks` section checked against its driver's keys
+** and made into a sink record, their actors started and stopped together, and lookup by
+** name and metrics for whoever asks (any thread).
+*/
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "log.h"
+#include "sink_impl.h"
+
+static rt_sink_t *g_sinks[RT_CONF_MAX_SECTIONS];
+static unsigned g_nsinks;
+static atomic_bool g_running;
+
+static const sink_driver_t *const drivers[] = {&rt_sink_sqlite_driver, &rt_sink_mongo_driver,
+                                               &rt_sink_republish_driver};
+
+const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key)
+{
+    for (unsigned i = 0; i < sec->nkeys; i++)
+        if (strcmp(sec->keys[i].key, key) == 0)
+            return &sec->keys[i];
+    return NULL;
+}
+
+static const sink_key_t common_keys[] = {
+    {"type", SK_STRING, 0, 0, "sqlite, mongodb or republish"},
+    {"enabled", SK_BOOL, 0, 0, "false keeps the sink configured but not started"},
+    {"batch", SK_INT, 1, 100000, "rows per write"},
+    {"flush_ms", SK_INT, 0, 3600000, "ms before a partial batch is written"},
+    {"queue_bytes", SK_INT, 1024, 1e12, "bytes of rows kept in memory before spilling"},
+    {"max_bytes", SK_INT, 1024, 1e15, "bytes in memory and spill; beyond, rows are dropped"},
+    {"backoff_ms", SK_INT, 1, 60000, "first retry delay"},
+    {"backoff_max_ms", SK_INT, 1, 600000, "longest retry delay"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static const sink_key_t *find_key(const sink_key_t *keys, const char *name)
+{
+    for (; keys && keys->name; keys++) {
+        size_t n = strlen(keys->name);
+        if (keys->kind == SK_PREFIX ? strncmp(keys->name, name, n) == 0 && name[n]
+                                    : strcmp(keys->name, name) == 0)
+            return keys;
+    }
+    return NULL;
+}
+
+static int check_key(const rt_conf_kv_t *kv, const sink_key_t *k, char *why, size_t whylen)
+{
+    switch (k->kind) {
+    case SK_STRING:
+    case SK_PREFIX:
+        if (kv->type != RT_CONF_V_STRING) {
+            snprintf(why, whylen, "%s must be a string (%s)", kv->key, k->help);
+            return RT_EINVAL;
+        }
+        return 0;
+    case SK_BOOL:
+        if (kv->type != RT_CONF_V_BOOL) {
+            snprintf(why, whylen, "%s must be true or false", kv->key);
+            return RT_EINVAL;
+        }
+        return 0;
+    case SK_INT:
+        if (kv->type != RT_CONF_V_NUMBER || kv->num != (double)(long long)kv->num ||
+            kv->num < k->min || kv->num > k->max) {
+            snprintf(why, whylen, "%s must be a whole number from %.0f to %.0f (%s)", kv->key,
+                     k->min, k->max, k->help);
+            return RT_EINVAL;
+        }
+        return 0;
+    }
+    return RT_EINVAL;
+}
+
+static double num_or(const rt_conf_section_t *sec, const char *key, double dflt)
+{
+    const rt_conf_kv_t *kv = rt__sink_kv(sec, key);
+    return kv ? kv->num : dflt;
+}
+
+static void sink_free(rt_sink_t *s)
+{
+    if (s->drv && s->drv->free)
+        s->drv->free(s);
+    pthread_mutex_destroy(&s->err_lock);
+    free(s->batch_rows);
+    free(s);
+}
+
+/*
+** Checks one section and makes its sink (not started). Returns 0 with *out NULL
+** for a disabled sink.
+*/
+static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sink_t **out,
+                     char *why, size_t whylen)
+{
+    *out = NULL;
+    const rt_conf_kv_t *type = rt__sink_kv(sec, "type");
+    if (!type || type->type != RT_CONF_V_STRING) {
+        snprintf(why, whylen, "type is required (sqlite, mongodb or republish)");
+        return RT_EINVAL;
+    }
+    const sink_driver_t *drv = NULL;
+    for (size_t i = 0; i < sizeof(drivers) / sizeof(drivers[0]); i++)
+        if (strcmp(drivers[i]->type, type->str) == 0)
+            drv = drivers[i];
+    if (!drv) {
+        snprintf(why, whylen, "unknown type \"%s\" (sqlite, mongodb or republish)", type->str);
+        return RT_EINVAL;
+    }
+    for (unsigned i = 0; i < sec->nkeys; i++) {
+        const sink_key_t *k = find_key(common_keys, sec->keys[i].key);
+        if (!k)
+            k = find_key(drv->keys, sec->keys[i].key);
+        if (!k) {
+            int n = snprintf(why, whylen, "unknown key %s (%s sinks take:", sec->keys[i].key,
+                             drv->type);
+            for (const sink_key_t *kk = common_keys + 1; kk->name && n > 0 && (size_t)n < whylen;
+                 kk++)
+                n += snprintf(why + n, whylen - (size_t)n, " %s", kk->name);
+            for (const sink_key_t *kk = drv->keys; kk->name && n > 0 && (size_t)n < whylen; kk++)
+                n += snprintf(why + n, whylen - (size_t)n, " %s%s", kk->name,
+                              kk->kind == SK_PREFIX ? "*" : "");
+            if (n > 0 && (size_t)n < whylen)
+                snprintf(why + n, whylen - (size_t)n, ")");
+            return RT_EINVAL;
+        }
+        int rc = check_key(&sec->keys[i], k, why, whylen);
+        if (rc)
+            return rc;
+    }
+    rt_sink_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(why, whylen, "out of memory");
+        return RT_ENOMEM;
+    }
+    pthread_mutex_init(&s->err_lock, NULL);
+    snprintf(s->name, sizeof(s->name), "%s", sec->name);
+    s->drv = drv;
+    s->batch = (uint32_t)num_or(sec, "batch", drv->batch_default);
+    s->flush_ms = (uint32_t)num_or(sec, "flush_ms", drv->flush_ms_default);
+    s->queue_bytes = (uint64_t)num_or(sec, "queue_bytes", RT_SINK_QUEUE_BYTES_DEFAULT);
+    s->max_bytes = (uint64_t)num_or(sec, "max_bytes", (double)RT_SINK_MAX_BYTES_DEFAULT);
+    s->backoff_ms = (uint32_t)num_or(sec, "backoff_ms", RT_SINK_BACKOFF_MS_DEFAULT);
+    s->backoff_max_ms = (uint32_t)num_or(sec, "backoff_max_ms", RT_SINK_BACKOFF_MAX_MS_DEFAULT);
+    if (s->backoff_max_ms < s->backoff_ms)
+        s->backoff_max_ms = s->backoff_ms;
+    atomic_store(&s->state, SINK_CONNECTING);
+    int n =
+        snprintf(s->spill_path, sizeof(s->spill_path), "%s/spill-%s.db", conf->data_dir, s->name);
+    s->batch_rows = calloc(s->batch, sizeof(sink_row_t));
+    int rc = 0;
+    if (n < 0 || (size_t)n >= sizeof(s->spill_path)) {
+        snprintf(why, whylen, "data_dir is too long for the spill file");
+        rc = RT_EINVAL;
+    } else if (!s->batch_rows) {
+        snprintf(why, whylen, "out of memory");
+        rc = RT_ENOMEM;
+    } else {
+        rc = drv->configure(s, sec, why, whylen);
+    }
+    if (rc)
+        s->drv = NULL; /* configure cleans up after itself on error */
+    /* A disabled sink is checked like the others (a bad uri is an error now, not the
+       day someone enables it), then set aside. */
+    const rt_conf_kv_t *en = rt__sink_kv(sec, "enabled");
+    if (rc || (en && !en->b)) {
+        sink_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+/* Whether line (one line of Lua) starts with `word =` (or `["word"] =`), after blanks. */
+static bool assigns(const char *line, const char *word)
+{
+    line += strspn(line, " \t");
+    size_t n = strlen(word);
+    if (strncmp(line, "[\"", 2) == 0 && strncmp(line + 2, word, n) == 0 && line[n + 2] == '"' &&
+        line[n + 3] == ']')
+        line += n + 4;
+    else if (strncmp(line, word, n) == 0)
+        line += n;
+    else
+        return false;
+    line += strspn(line, " \t");
+    return line[0] == '=' && line[1] != '=';
+}
+
+/*
+** Lua reports the line an assignment ends on; for a sink's error the line of its own
+** `name = {` inside the `sinks` table is more use. Looks for it in path between the
+** `sinks =` line and end; falls back to end.
+*/
+static int entry_line(const char *path, int end, const char *name)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return end;
+    char line[512];
+    int no = 0, found = 0;
+    bool in_sinks = false;
+    while (no < end && fgets(line, sizeof(line), f)) {
+        no++;
+        if (assigns(line, "sinks")) {
+            in_sinks = true;
+            found = 0;
+        } else if (in_sinks && !found && assigns(line, name)) {
+            found = no;
+        }
+    }
+    fclose(f);
+    return found ? found : end;
+}
+
+static void free_all(void)
+{
+    for (unsigned i = 0; i < g_nsinks; i++)
+        sink_free(g_sinks[i]);
+    g_nsinks = 0;
+}
+
+int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
+{
+    if (atomic_load(&g_running)) {
+        snprintf(err, errlen, "sinks are already running");
+        return RT_EEXIST;
+    }
+    free_all(); /* a previous, stopped set */
+    const rt_conf_sections_t *secs = &conf->sinks;
+    for (unsigned i = 0; i < secs->n; i++) {
+        char why[RT_CONF_ERR_LEN / 2];
+        rt_sink_t *s = NULL;
+        int rc = make_sink(conf, &secs->s[i], &s, why, sizeof(why));
+        if (rc) {
+            if (secs->line > 0)
+                snprintf(err, errlen, "%s:%d: sinks.%s: %s", secs->where,
+                         entry_line(secs->where, secs->line, secs->s[i].name), secs->s[i].name,
+                         why);
+            else
+                snprintf(err, errlen, "%s: sinks.%s: %s", secs->where[0] ? secs->where : "config",
+                         secs->s[i].name, why);
+            free_all();
+            return rc;
+        }
+        if (s)
+            g_sinks[g_nsinks++] = s;
+    }
+    bool spills = false;
+    for (unsigned i = 0; i < g_nsinks; i++)
+        spills |= g_sinks[i]->drv->spills;
+    if (spills && mkdir(conf->data_dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "data_dir %s: cannot create: %s", conf->data_dir, strerror(errno));
+        free_all();
+        return RT_EINVAL;
+    }
+    for (unsigned i = 0; i < g_nsinks; i++) {
+        rt_sink_t *s = g_sinks[i];
+        int rc = rt__sink_spawn(s);
+        if (rc) {
+            snprintf(err, errlen, "sinks.%s: cannot start: %s", s->name, rt_strerror(rc));
+            /* Stop the ones already running, then free them all. */
+            unsigned all = g_nsinks;
+            g_nsinks = i;
+            atomic_store(&g_running, true);
+            rt_sinks_stop();
+            g_nsinks = all;
+            free_all();
+            return rc;
+        }
+        rt_log(RT_LOG_INFO, "sink.started", "sink=%s type=%s batch=%u flush_ms=%u", s->name,
+               s->drv->type, s->batch, s->flush_ms);
+    }
+    atomic_store(&g_running, true);
+    return 0;
+}
+
+void rt_sinks_stop(void)
+{
+    RT_ASSERT(!rt_current()); /* it waits for the sink actors to exit */
+    if (!atomic_exchange(&g_running, false))
+        return;
+    for (unsigned i = 0; i < g_nsinks; i++)
+        rt__sink_stop(g_sinks[i]);
+    for (unsigned i = 0; i < g_nsinks; i++) {
+        rt_sink_t *s = g_sinks[i];
+        for (int waited = 0; rt_alive(s->pid) && waited < RT_SINK_STOP_WAIT_MS; waited++) {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+        rt_log(RT_LOG_INFO, "sink.stopped",
+               "sink=%s in=%llu written=%llu spilled=%llu dropped=%llu", s->name,
+               (unsigned long long)atomic_load(&s->in),
+               (unsigned long long)atomic_load(&s->written),
+               (unsigned long long)atomic_load(&s->spilled),
+               (unsigned long long)atomic_load(&s->dropped));
+    }
+}
+
+void rt_sinks_free(void)
+{
+    if (atomic_load(&g_running))
+        return;
+    free_all();
+}
+
+rt_sink_t *rt_sink_find(const char *name)
+{
+    if (!atomic_load(&g_running) || !name)
+        return NULL;
+    for (unsigned i = 0; i < g_nsinks; i++)
+        if (strcmp(g_sinks[i]->name, name) == 0)
+            return g_sinks[i];
+    return NULL;
+}
+
+size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max)
+{
+    for (unsigned i = 0; i < g_nsinks && i < max; i++) {
+        rt_sink_t *s = g_sinks[i];
+        rt_sink_info_t *o = &out[i];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->name, sizeof(o->name), "%s", s->name);
+        o->type = s->drv->type;
+        o->state = rt__sink_state_name(atomic_load(&s->state));
+        o->in = atomic_load(&s->in);
+        o->recovered = atomic_load(&s->recovered);
+        o->queued = atomic_load(&s->queued);
+        o->inflight = atomic_load(&s->inflight);
+        o->written = atomic_load(&s->written);
+        o->failed = atomic_load(&s->failed);
+        o->retried = atomic_load(&s->retried);
+        o->spilled = atomic_load(&s->spilled);
+        o->dropped = atomic_load(&s->dropped);
+        o->batches = atomic_load(&s->batches);
+        o->bytes = atomic_load(&s->bytes);
+        pthread_mutex_lock(&s->err_lock);
+        snprintf(o->last_error, sizeof(o->last_error), "%s", s->last_error);
+        pthread_mutex_unlock(&s->err_lock);
+    }
+    return g_nsinks;
+}
