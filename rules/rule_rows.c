@@ -178,15 +178,6 @@ static bool row_to_bson(rt_rule_vm_t *vm, int idx, rt_buf_t *out, char *err, siz
     return true;
 }
 
-/* Takes out back to its first len bytes, fit for use again: a failed call leaves no rows. */
-static void rows_cut(rt_buf_t *out, size_t len)
-{
-    out->len = len;
-    out->oom = false;
-    if (out->data)
-        out->data[len] = 0;
-}
-
 rt_rule_outcome_t rt__rule_rows_collect(rt_rule_vm_t *vm, int idx, rt_buf_t *out, uint32_t *nrows,
                                         char *err, size_t errlen)
 {
@@ -219,7 +210,7 @@ rt_rule_outcome_t rt__rule_rows_collect(rt_rule_vm_t *vm, int idx, rt_buf_t *out
     char why[200];
     if (!list) {
         if (!row_to_bson(vm, idx, out, why, sizeof(why))) {
-            rows_cut(out, mark);
+            rt_buf_truncate(out, mark);
             snprintf(err, errlen, "row: %s", why);
             return vm->out_left ? RT_RULE_FAIL_EXCEPTION : RT_RULE_FAIL_MEMORY;
         }
@@ -236,7 +227,7 @@ rt_rule_outcome_t rt__rule_rows_collect(rt_rule_vm_t *vm, int idx, rt_buf_t *out
         bool ok = row_to_bson(vm, lua_gettop(L), out, why, sizeof(why));
         lua_pop(L, 1);
         if (!ok) {
-            rows_cut(out, mark);
+            rt_buf_truncate(out, mark);
             snprintf(err, errlen, "row %lld: %s", (long long)i, why);
             return vm->out_left ? RT_RULE_FAIL_EXCEPTION : RT_RULE_FAIL_MEMORY;
         }

@@ -82,12 +82,12 @@ static bool grow_counted(worker_t *w, void *arr, size_t *cap, size_t need, size_
 */
 static bool append_counted(worker_t *w, rt_buf_t *b, const void *p, size_t n)
 {
-    size_t before = b->cap;
+    size_t before = b->cap, at = b->len;
     rt_buf_add(b, p, n);
     count_bytes(w, before, b->cap);
     if (!b->oom)
         return true;
-    b->oom = false;
+    rt_buf_truncate(b, at);
     return false;
 }
 
@@ -195,7 +195,7 @@ static void flush_batch(worker_t *w, uint32_t t)
     }
     rt_bin_t *rows = rt_bin_new(b->rows.data, b->rows.len);
     uint32_t nrows = b->nrows;
-    b->rows.len = 0;
+    rt_buf_truncate(&b->rows, 0);
     b->nrows = 0;
     int rc = RT_ENOMEM;
     if (rows) {
@@ -355,7 +355,7 @@ static void run_work(worker_t *w, rt_msg_t *m)
         rt_rule_t *r = &s->rules[wk->rules[i]];
         uint32_t nrows = 0;
         size_t staged = w->stage.cap;
-        w->stage.len = 0;
+        rt_buf_truncate(&w->stage, 0);
         rt_rule_outcome_t o =
             rt_rule_vm_run(vm, wk->rules[i], &in, &w->stage, &nrows, w->err, sizeof(w->err));
         count_bytes(w, staged, w->stage.cap);

@@ -32,6 +32,15 @@ void rt_buf_free(rt_buf_t *b)
     memset(b, 0, sizeof(*b));
 }
 
+void rt_buf_truncate(rt_buf_t *b, size_t len)
+{
+    RT_ASSERT(len <= b->len);
+    b->len = len;
+    b->oom = false;
+    if (b->data)
+        b->data[len] = 0;
+}
+
 bool rt_buf_reserve(rt_buf_t *b, size_t more)
 {
     if (b->oom)

@@ -336,6 +336,8 @@ typedef struct rt_buf_s {
 bool rt_buf_reserve(rt_buf_t *b, size_t more); /* room for len + more bytes (and the NUL) */
 void rt_buf_add(rt_buf_t *b, const void *p, size_t n);
 void rt_buf_printf(rt_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Cuts b back to its first len bytes (len <= b->len) and clears oom: what failed came after. */
+void rt_buf_truncate(rt_buf_t *b, size_t len);
 void rt_buf_free(rt_buf_t *b); /* and empties it for reuse */
 
 /* ---- Runtime ---- */

@@ -212,7 +212,7 @@ static int rp_write(rt_sink_t *s, sink_row_t *rows, size_t n)
                 retain = bson_iter_as_bool(&it);
         }
         rt_buf_t *out = &p->out;
-        out->len = 0; /* the buffer is reused from row to row */
+        rt_buf_truncate(out, 0); /* the buffer is reused from row to row */
         render_template(out, topic, topic_len, &doc);
         size_t tl = out->len;
         bool ok = true;

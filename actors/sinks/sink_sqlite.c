@@ -80,8 +80,9 @@ static const sink_key_t sqlite_keys[] = {
 static rt_buf_t *reuse_scratch(rt_buf_t *b)
 {
     if (b->oom)
-        rt_buf_free(b);
-    b->len = 0;
+        rt_buf_free(b); /* the memory a failed growth got back is not kept either */
+    else
+        rt_buf_truncate(b, 0);
     return b;
 }
 
