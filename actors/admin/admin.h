@@ -32,7 +32,11 @@
 ** `rtctl config set` changes it (under a lock of its own).
 */
 int rt_admin_start(rt_conf_t *conf, const char *version, char *err, size_t errlen);
-/* Closes the socket and removes its file (rt_shutdown would too; this is for tests). */
+/*
+** Stops answering: the listener (and with it every admin connection) and the
+** worker end, and the socket file goes. rtd stops it first, so no command runs
+** against a broker half stopped; rt_shutdown would end the actors too.
+*/
 void rt_admin_stop(void);
 
 /*

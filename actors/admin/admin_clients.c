@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "admin_impl.h"
 #include "conn.h"
@@ -29,8 +28,8 @@ struct rt_admin_gather_s {
     gather_kind_t kind;
     uint64_t cookie;
     size_t asked, answered;
-    rt_doc_t *rows;       /* the answer's array (list, subs), or the one client (show) */
-    topic_t *topics;      /* G_TOPICS: every subscription's filter, counted at the end */
+    rt_doc_t *rows;  /* the answer's array (list, subs), or the one client (show) */
+    topic_t *topics; /* G_TOPICS: every subscription's filter, counted at the end */
     size_t ntopics, captopics;
     bool oom;
     char who[RT_CLIENT_TEXT_MAX]; /* G_SHOW: the client id asked for */
@@ -43,7 +42,7 @@ static uint64_t next_cookie(void)
 }
 
 /* Starts a gather over pids; 0 with c->code 0 (pending), or an answer set now. */
-static int start(rt_admin_cmd_t *c, gather_kind_t kind, const rt_pid_t *pids, size_t n)
+static int gather_start(rt_admin_cmd_t *c, gather_kind_t kind, const rt_pid_t *pids, size_t n)
 {
     struct rt_admin_gather_s *g = calloc(1, sizeof(*g));
     if (!g || !(g->rows = kind == G_SHOW ? rt_doc_object() : rt_doc_array())) {
@@ -75,7 +74,7 @@ static int ask_all(rt_admin_cmd_t *c, gather_kind_t kind)
     size_t n;
     int rc = rt_broker_client_pids((size_t)limit, &pids, &n) != 0
                  ? rt__admin_fail(c, 500, "out of memory")
-                 : start(c, kind, pids, n);
+                 : gather_start(c, kind, pids, n);
     free(pids);
     return rc;
 }
@@ -88,22 +87,27 @@ static int ask_one(rt_admin_cmd_t *c, gather_kind_t kind, const char *usage)
         return rt__admin_fail(c, 503, "the broker is not running");
     rt_pid_t pid = rt_broker_lookup_client(c->argv[2]);
     if (!pid)
-        return rt__admin_fail(c, 404, "no client \"%s\" (connected or with a session)",
-                              c->argv[2]);
-    int rc = start(c, kind, &pid, 1);
+        return rt__admin_fail(c, 404, "no client \"%s\" (connected or with a session)", c->argv[2]);
+    int rc = gather_start(c, kind, &pid, 1);
     if (c->gather)
         snprintf(c->gather->who, sizeof(c->gather->who), "%s", c->argv[2]);
     return rc;
 }
 
-int rt__admin_clients_list(rt_admin_cmd_t *c) { return ask_all(c, G_LIST); }
+int rt__admin_clients_list(rt_admin_cmd_t *c)
+{
+    return ask_all(c, G_LIST);
+}
 int rt__admin_subscriptions(rt_admin_cmd_t *c)
 {
     if (c->argc >= 2 && strcmp(c->argv[1], "show") == 0)
         return ask_one(c, G_SUBS, "subscriptions show CLIENT_ID");
     return ask_all(c, G_SUBS);
 }
-int rt__admin_topics(rt_admin_cmd_t *c) { return ask_all(c, G_TOPICS); }
+int rt__admin_topics(rt_admin_cmd_t *c)
+{
+    return ask_all(c, G_TOPICS);
+}
 
 int rt__admin_clients_show(rt_admin_cmd_t *c)
 {
@@ -116,8 +120,7 @@ int rt__admin_clients_kick(rt_admin_cmd_t *c)
         return rt__admin_fail(c, 400, "usage: clients kick CLIENT_ID");
     rt_pid_t pid = rt_broker ? rt_broker_lookup_client(c->argv[2]) : 0;
     if (!pid || rt_client_kick(pid) != 0)
-        return rt__admin_fail(c, 404, "no client \"%s\" (connected or with a session)",
-                              c->argv[2]);
+        return rt__admin_fail(c, 404, "no client \"%s\" (connected or with a session)", c->argv[2]);
     if (!c->json) {
         rt_buf_printf(&c->text, "client %s kicked\n", c->argv[2]);
         return 200;
@@ -127,14 +130,6 @@ int rt__admin_clients_kick(rt_admin_cmd_t *c)
     rt_doc_add_str(c->doc, "client_id", c->argv[2]);
     rt_doc_add_bool(c->doc, "kicked", true);
     return 200;
-}
-
-static void iso_ms(uint64_t unix_ms, char *out, size_t n)
-{
-    time_t t = (time_t)(unix_ms / 1000);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
 static const char *version_name(uint8_t v)
@@ -151,7 +146,7 @@ static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
     rt_doc_add_str(o, "state", ci->connected ? "connected" : "offline");
     rt_doc_add_str(o, "protocol", version_name(ci->version));
     if (ci->connected_at_ms)
-        iso_ms(ci->connected_at_ms, when, sizeof(when));
+        rt__admin_iso_time(ci->connected_at_ms, when, sizeof(when));
     rt_doc_add_str(o, "connected_at", when);
     rt_doc_add_u64(o, "keepalive", ci->keepalive);
     rt_doc_add_u64(o, "subscriptions", ci->subscriptions);
@@ -195,17 +190,8 @@ static void sub_doc(rt_doc_t *o, const rt_client_info_t *ci, const rt_client_sub
 
 static void add_topic(struct rt_admin_gather_s *g, const char *filter)
 {
-    if (g->ntopics == g->captopics) {
-        size_t cap = g->captopics ? g->captopics * 2 : 256;
-        topic_t *t = realloc(g->topics, cap * sizeof(*t));
-        if (!t) {
-            g->oom = true;
-            return;
-        }
-        g->topics = t;
-        g->captopics = cap;
-    }
-    if (!(g->topics[g->ntopics].filter = strdup(filter))) {
+    if (rt_grow(&g->topics, &g->captopics, g->ntopics + 1, sizeof(*g->topics), 256) != 0 ||
+        !(g->topics[g->ntopics].filter = strdup(filter))) {
         g->oom = true;
         return;
     }

@@ -1,14 +1,13 @@
 /*
 ** The admin socket's commands (docs/ADMIN.md), except those that ask
 ** connection actors (admin_clients.c) and sample actors (admin_top.c). Each
-** builds a doc that admin.c renders as text or JSON.
+** builds a doc that admin_request.c renders as text or JSON.
 */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "admin_impl.h"
@@ -20,21 +19,6 @@
 
 #define RULES_MAX 1024
 #define SINKS_MAX 64
-
-static void iso_time(uint64_t unix_ms, char *out, size_t n)
-{
-    time_t t = (time_t)(unix_ms / 1000);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void uptime_text(uint64_t ms, char *out, size_t n)
 {
@@ -49,7 +33,10 @@ static void uptime_text(uint64_t ms, char *out, size_t n)
 }
 
 /* The positional word at i (after the command's words), or NULL. */
-static const char *arg(const rt_admin_cmd_t *c, int i) { return i < c->argc ? c->argv[i] : NULL; }
+static const char *word_at(const rt_admin_cmd_t *c, int i)
+{
+    return i < c->argc ? c->argv[i] : NULL;
+}
 
 static int need_object(rt_admin_cmd_t *c)
 {
@@ -101,11 +88,12 @@ static int cmd_broker(rt_admin_cmd_t *c)
     if (need_object(c))
         return c->code;
     char up[64], now[32], started[32];
-    uint64_t uptime = rt__admin_uptime_ms(), wall = wall_ms();
+    uint64_t uptime = rt__admin_uptime_ms(), wall = rt_wall_ms();
     uptime_text(uptime, up, sizeof(up));
-    iso_time(wall, now, sizeof(now));
-    iso_time(wall - uptime, started, sizeof(started));
-    rt_doc_add_str(c->doc, "sysdescr", "rtd: an MQTT 3.1/3.1.1/5.0 broker on Erlang-style C actors");
+    rt__admin_iso_time(wall, now, sizeof(now));
+    rt__admin_iso_time(wall - uptime, started, sizeof(started));
+    rt_doc_add_str(c->doc, "sysdescr",
+                   "rtd: an MQTT 3.1/3.1.1/5.0 broker on Erlang-style C actors");
     rt_doc_add_str(c->doc, "version", rt__admin_version());
     rt_doc_add_str(c->doc, "uptime", up);
     rt_doc_add_u64(c->doc, "uptime_s", uptime / 1000);
@@ -132,15 +120,15 @@ static int cmd_broker_stats(rt_admin_cmd_t *c)
     rt_broker_counts(&n);
     if (!c->json) {
         /* emqttd_ctl's shape: one "name/count" and "name/max" per line. */
-        static const char *const names[] = {"connections", "sessions", "topics", "subscriptions",
-                                            "retained", "retained_bytes"};
+        static const char *const names[] = {"connections",   "sessions", "topics",
+                                            "subscriptions", "retained", "retained_bytes"};
         const rt_count_t *v[] = {&n.connections,   &n.sessions, &n.topics,
                                  &n.subscriptions, &n.retained, &n.retained_bytes};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
             rt_buf_printf(&c->text, "%s/count%*s: %llu\n", names[i], (int)(15 - strlen(names[i])),
                           "", (unsigned long long)v[i]->count);
-            rt_buf_printf(&c->text, "%s/max%*s: %llu\n", names[i], (int)(17 - strlen(names[i])),
-                          "", (unsigned long long)v[i]->max);
+            rt_buf_printf(&c->text, "%s/max%*s: %llu\n", names[i], (int)(17 - strlen(names[i])), "",
+                          (unsigned long long)v[i]->max);
         }
         return 200;
     }
@@ -429,7 +417,7 @@ static int rules_table(rt_admin_cmd_t *c, bool metrics_only)
     rt_rule_info_t *rules = rules_snapshot(c, &n);
     if (!rules)
         return c->code;
-    const char *name = arg(c, 2);
+    const char *name = word_at(c, 2);
     const rt_rule_info_t *one = name ? find_rule(c, rules, n, name) : NULL;
     if (name && !one) {
         free(rules);
@@ -463,12 +451,18 @@ static int rules_table(rt_admin_cmd_t *c, bool metrics_only)
     return 200;
 }
 
-static int cmd_rules_list(rt_admin_cmd_t *c) { return rules_table(c, false); }
-static int cmd_rules_metrics(rt_admin_cmd_t *c) { return rules_table(c, true); }
+static int cmd_rules_list(rt_admin_cmd_t *c)
+{
+    return rules_table(c, false);
+}
+static int cmd_rules_metrics(rt_admin_cmd_t *c)
+{
+    return rules_table(c, true);
+}
 
 static int cmd_rules_show(rt_admin_cmd_t *c)
 {
-    if (!arg(c, 2))
+    if (!word_at(c, 2))
         return rt__admin_fail(c, 400, "usage: rules show NAME");
     return rules_table(c, false);
 }
@@ -495,7 +489,7 @@ static int cmd_rules_reload(rt_admin_cmd_t *c)
 
 static int rules_switch(rt_admin_cmd_t *c, bool on)
 {
-    const char *name = arg(c, 2);
+    const char *name = word_at(c, 2);
     if (!name)
         return rt__admin_fail(c, 400, "usage: rules %s NAME", on ? "enable" : "disable");
     int rc = rt_rules_enable(name, on);
@@ -517,12 +511,18 @@ static int rules_switch(rt_admin_cmd_t *c, bool on)
     return 200;
 }
 
-static int cmd_rules_enable(rt_admin_cmd_t *c) { return rules_switch(c, true); }
-static int cmd_rules_disable(rt_admin_cmd_t *c) { return rules_switch(c, false); }
+static int cmd_rules_enable(rt_admin_cmd_t *c)
+{
+    return rules_switch(c, true);
+}
+static int cmd_rules_disable(rt_admin_cmd_t *c)
+{
+    return rules_switch(c, false);
+}
 
 static int cmd_rules_test(rt_admin_cmd_t *c)
 {
-    const char *name = arg(c, 2);
+    const char *name = word_at(c, 2);
     size_t topic_len = 0, payload_len = 0;
     const char *topic = rt__admin_opt(c, "topic", &topic_len);
     const char *payload = rt__admin_opt(c, "payload", &payload_len);
@@ -601,20 +601,23 @@ static int sinks_cmd(rt_admin_cmd_t *c, const char *name)
     return 200;
 }
 
-static int cmd_sinks_list(rt_admin_cmd_t *c) { return sinks_cmd(c, NULL); }
+static int cmd_sinks_list(rt_admin_cmd_t *c)
+{
+    return sinks_cmd(c, NULL);
+}
 
 static int cmd_sinks_show(rt_admin_cmd_t *c)
 {
-    if (!arg(c, 2))
+    if (!word_at(c, 2))
         return rt__admin_fail(c, 400, "usage: sinks show NAME");
-    return sinks_cmd(c, arg(c, 2));
+    return sinks_cmd(c, word_at(c, 2));
 }
 
 /* ---- log, auth ---- */
 
 static int cmd_log_level(rt_admin_cmd_t *c)
 {
-    const char *name = arg(c, 2);
+    const char *name = word_at(c, 2);
     rt_log_level_t level;
     if (name) {
         char err[RT_ADMIN_ERR_MAX];
@@ -707,7 +710,8 @@ const rt_admin_command_t rt__admin_commands[] = {
      "subscriptions show CLIENT_ID"},
     {"topics", NULL, rt__admin_topics, RT_ADMIN_GATHER, "topics [--limit N]"},
     {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL},
-    {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING, "actors list [--limit N] [--sort KEY]"},
+    {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
+     "actors list [--limit N] [--sort KEY]"},
     {"actors", "info", rt__admin_actors_info, 0, "actors info PID"},
     {"rules", NULL, cmd_rules_list, 0, NULL},
     {"rules", "list", cmd_rules_list, 0, "rules list"},

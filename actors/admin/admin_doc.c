@@ -1,3 +1,7 @@
+/*
+** The admin socket's answer trees (admin_doc.h): built in an arena per answer and
+** rendered as JSON or as aligned text.
+*/
 #include "admin_doc.h"
 
 #include <stdarg.h>
@@ -20,12 +24,12 @@ typedef struct chunk_s {
 
 struct rt_doc_s {
     kind_t kind;
-    char *key;           /* member name inside an object, NULL in an array or at the root */
-    rt_doc_t *next;      /* next sibling */
+    char *key;              /* member name inside an object, NULL in an array or at the root */
+    rt_doc_t *next;         /* next sibling */
     rt_doc_t *first, *last; /* children of an object or array */
-    rt_doc_t *root;      /* holds the arena and the allocation-failure flag */
-    chunk_t *arena;      /* root only */
-    bool oom;            /* root only */
+    rt_doc_t *root;         /* holds the arena and the allocation-failure flag */
+    chunk_t *arena;         /* root only */
+    bool oom;               /* root only */
     int decimals;
     union {
         char *str; /* D_STR, D_JSON */
@@ -78,9 +82,11 @@ static char *arena_strndup(rt_doc_t *root, const char *s, size_t n)
 /* Length of the valid UTF-8 sequence at p (at most n bytes), 0 if there is none. */
 static size_t utf8_len(const unsigned char *p, size_t n)
 {
-    size_t len = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
-                 : (p[0] & 0xf8) == 0xf0                 ? 4
-                                                         : 0;
+    size_t len = p[0] < 0x80             ? 1
+                 : (p[0] & 0xe0) == 0xc0 ? 2
+                 : (p[0] & 0xf0) == 0xe0 ? 3
+                 : (p[0] & 0xf8) == 0xf0 ? 4
+                                         : 0;
     if (!len || len > n || (len == 2 && p[0] < 0xc2))
         return 0;
     for (size_t i = 1; i < len; i++)
@@ -128,8 +134,15 @@ static rt_doc_t *root_new(kind_t kind)
     return d;
 }
 
-rt_doc_t *rt_doc_object(void) { return root_new(D_OBJECT); }
-rt_doc_t *rt_doc_array(void) { return root_new(D_ARRAY); }
+rt_doc_t *rt_doc_object(void)
+{
+    return root_new(D_OBJECT);
+}
+
+rt_doc_t *rt_doc_array(void)
+{
+    return root_new(D_ARRAY);
+}
 
 void rt_doc_free(rt_doc_t *d)
 {
@@ -153,8 +166,8 @@ static rt_doc_t *add(rt_doc_t *parent, const char *key, kind_t kind)
     memset(d, 0, sizeof(*d));
     d->kind = kind;
     d->root = root;
-    if (parent->kind == D_OBJECT && !(d->key = arena_strndup(root, key ? key : "",
-                                                             key ? strlen(key) : 0)))
+    if (parent->kind == D_OBJECT &&
+        !(d->key = arena_strndup(root, key ? key : "", key ? strlen(key) : 0)))
         return NULL;
     if (parent->last)
         parent->last->next = d;
@@ -164,8 +177,14 @@ static rt_doc_t *add(rt_doc_t *parent, const char *key, kind_t kind)
     return d;
 }
 
-rt_doc_t *rt_doc_add_object(rt_doc_t *parent, const char *key) { return add(parent, key, D_OBJECT); }
-rt_doc_t *rt_doc_add_array(rt_doc_t *parent, const char *key) { return add(parent, key, D_ARRAY); }
+rt_doc_t *rt_doc_add_object(rt_doc_t *parent, const char *key)
+{
+    return add(parent, key, D_OBJECT);
+}
+rt_doc_t *rt_doc_add_array(rt_doc_t *parent, const char *key)
+{
+    return add(parent, key, D_ARRAY);
+}
 
 static void add_text(rt_doc_t *parent, const char *key, kind_t kind, const char *v, size_t n)
 {
@@ -219,11 +238,17 @@ void rt_doc_add_bool(rt_doc_t *parent, const char *key, bool v)
         d->v.b = v;
 }
 
-void rt_doc_add_null(rt_doc_t *parent, const char *key) { add(parent, key, D_NULL); }
+void rt_doc_add_null(rt_doc_t *parent, const char *key)
+{
+    add(parent, key, D_NULL);
+}
 
 /* ---- JSON ---- */
 
-static bool is_scalar(const rt_doc_t *d) { return d->kind != D_OBJECT && d->kind != D_ARRAY; }
+static bool is_scalar(const rt_doc_t *d)
+{
+    return d->kind != D_OBJECT && d->kind != D_ARRAY;
+}
 
 /* A scalar's text, as both renderings show numbers (JSON has no NaN: null). */
 static void scalar(const rt_doc_t *d, rt_buf_t *out, bool json)

@@ -1,4 +1,9 @@
-/* Internals shared by the admin socket's files (admin.c, admin_cmd.c, admin_top.c). */
+/*
+** Internals shared by the admin socket's files: admin.c (the socket and its
+** listener), admin_conn.c (one rtctl client), admin_worker.c (blocking commands),
+** admin_request.c (parsing, running, rendering), admin_live.c (changes to a running
+** rtd), and the commands: admin_cmd.c, admin_clients.c, admin_top.c.
+*/
 #ifndef RT_ADMIN_IMPL_H
 #define RT_ADMIN_IMPL_H
 
@@ -16,17 +21,17 @@ typedef struct rt_admin_top_s rt_admin_top_t;
 
 /* One request being answered. */
 typedef struct rt_admin_cmd_s {
-    int argc;                 /* positional words (the command's own words first) */
+    int argc; /* positional words (the command's own words first) */
     char *argv[RT_ADMIN_ARGS_MAX];
     size_t arglen[RT_ADMIN_ARGS_MAX];
-    int nopts;                /* "--name value" pairs, "--" and "-n" style alike */
+    int nopts; /* "--name value" pairs, "--" and "-n" style alike */
     const char *opt_name[RT_ADMIN_OPTS_MAX];
     const char *opt_value[RT_ADMIN_OPTS_MAX];
     size_t opt_len[RT_ADMIN_OPTS_MAX];
-    bool json;                /* --json: the body is JSON */
-    rt_actor_t *self;         /* the actor answering */
-    rt_admin_top_t **top;     /* the asking connection's previous top sample (kept by the
-                                 worker, where `top` runs); NULL on a connection actor */
+    bool json;            /* --json: the body is JSON */
+    rt_actor_t *self;     /* the actor answering */
+    rt_admin_top_t **top; /* the asking connection's previous top sample (kept by the
+                             worker, where `top` runs); NULL on a connection actor */
     /* The answer: a code, and a body as a tree, as text, or an error message. */
     int code;
     rt_doc_t *doc;
@@ -48,10 +53,24 @@ typedef struct rt_admin_command_s {
 
 extern const rt_admin_command_t rt__admin_commands[];
 
-/* Splits a request line in place into c's words and options: 0, or 400 with the error set. */
-int rt__admin_parse_request(rt_admin_cmd_t *c, char *line, size_t len);
-/* The command a request names, or NULL. */
-const rt_admin_command_t *rt__admin_find(const rt_admin_cmd_t *c);
+/* ---- admin_request.c ---- */
+
+/* A request answered by the actor self (c->self); NULL on OOM. */
+rt_admin_cmd_t *rt__admin_cmd_new(rt_actor_t *self);
+void rt__admin_cmd_free(rt_admin_cmd_t *c);
+/*
+** Splits a request line in place into c's words and options and finds the
+** command it names: the command, or NULL with c's answer set to the error (400).
+*/
+const rt_admin_command_t *rt__admin_parse(rt_admin_cmd_t *c, char *line, size_t len);
+/*
+** Runs k for c here and now: on the worker if k is RT_ADMIN_BLOCKING, on the asking
+** connection otherwise. c->code is then the answer's, or 0 for a gathering command
+** still waiting for replies.
+*/
+void rt__admin_run(rt_admin_cmd_t *c, const rt_admin_command_t *k);
+/* Fills the answer's body into out (status line not included). */
+void rt__admin_render(rt_admin_cmd_t *c, rt_buf_t *out);
 
 /* Sets the error answer; returns code for `return rt__admin_fail(c, 404, ...)`. */
 int rt__admin_fail(rt_admin_cmd_t *c, int code, const char *fmt, ...)
@@ -60,14 +79,50 @@ int rt__admin_fail(rt_admin_cmd_t *c, int code, const char *fmt, ...)
 const char *rt__admin_opt(const rt_admin_cmd_t *c, const char *name, size_t *len);
 /* A whole-number option within [lo, hi]: 0 with *out (def when absent), or 400 set. */
 int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, long hi, long *out);
-/* Fills the answer's body into out (status line not included). */
-void rt__admin_render(rt_admin_cmd_t *c, rt_buf_t *out);
+void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n); /* "<slot.gen>" */
+int rt__admin_parse_pid(const char *s, rt_pid_t *out);
+void rt__admin_iso_time(uint64_t unix_ms, char *out, size_t n); /* "2024-05-01T12:00:00Z" */
 
-/* Process facts the commands share. */
+/* ---- admin.c ---- */
+
+const char *rt__admin_version(void);
+uint64_t rt__admin_uptime_ms(void);
+/* Per-scheduler utilisation over the last second, from the listener's 1 s tick. */
+size_t rt__admin_sched_util(double *util, size_t max);
+
+/* ---- admin_conn.c ---- */
+
+extern const rt_actor_type_t rt__admin_conn_type; /* arg: the accepted socket's fd */
+
+/* ---- admin_worker.c ---- */
+
+/* Message tags between a connection and the worker. */
+#define RT_ADMIN_MSG_JOB (RT_MSG_USER + 1)      /* data: cookie, then the request line, NUL */
+#define RT_ADMIN_MSG_JOB_DONE (RT_MSG_USER + 2) /* data: rt_admin_job_done_t, then the body */
+
+typedef struct rt_admin_job_done_s {
+    uint64_t cookie; /* the connection's, from rt__admin_worker_ask */
+    int code;
+} rt_admin_job_done_t;
+
+int rt__admin_worker_start(void);
+void rt__admin_worker_stop(void);
+/*
+** From a connection actor: hands the worker a request line (copied), answered to
+** the caller with RT_ADMIN_MSG_JOB_DONE carrying cookie. 0, or RT_ENOMEM or
+** RT_ENOPROC (no worker runs).
+*/
+int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len);
+/* Whether self is the worker. */
+bool rt__admin_on_worker(const rt_actor_t *self);
+
+/* ---- admin_live.c ---- */
+
+/* conf is rtd's: the commands read it and `config set` changes it. */
+void rt__admin_live_init(rt_conf_t *conf);
 const rt_conf_t *rt__admin_conf(void);
 /* Every setting with its value as text, under the lock `config set` takes. */
-void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const char *help,
-                                    void *ud),
+void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const char *help, void *ud),
                          void *ud);
 /*
 ** Whether key can change while rtd runs (log level, auth files, the broker's live
@@ -76,15 +131,9 @@ void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const ch
 bool rt__admin_conf_live(const char *key, const char **applies);
 /* Changes a setting now: 200, or 400 (bad value), 404 (unknown), 409 (needs a restart). */
 int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen);
-const char *rt__admin_version(void);
-uint64_t rt__admin_uptime_ms(void);
-void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n); /* "<slot.gen>" */
-int rt__admin_parse_pid(const char *s, rt_pid_t *out);
-/* Per-scheduler utilisation over the last second, from the listener's 1 s tick. */
-size_t rt__admin_sched_util(double *util, size_t max);
 
-/*
-** admin_clients.c: commands that ask connection actors (clients, subscriptions,
+/* ---- admin_clients.c ----
+** Commands that ask connection actors (clients, subscriptions,
 ** topics). Their run() sends the questions and sets c->code to 0; each later
 ** message goes to gather_reply until it returns true or RT_ADMIN_GATHER_MS
 ** pass; then gather_finish builds the answer from what came.
@@ -99,7 +148,7 @@ int rt__admin_clients_kick(rt_admin_cmd_t *c);
 int rt__admin_subscriptions(rt_admin_cmd_t *c);
 int rt__admin_topics(rt_admin_cmd_t *c);
 
-/* admin_top.c */
+/* ---- admin_top.c ---- */
 int rt__admin_top(rt_admin_cmd_t *c);
 int rt__admin_actors_list(rt_admin_cmd_t *c);
 int rt__admin_actors_info(rt_admin_cmd_t *c);
@@ -111,7 +160,7 @@ typedef struct rt_admin_mem_s {
     uint64_t actors_mapped; /* slab memory held for them */
     uint64_t heaps;         /* actor heaps: live objects (sum over actors) */
     uint64_t heap_chunks_mapped;
-    uint64_t binaries;      /* shared binaries (each counted once) */
+    uint64_t binaries; /* shared binaries (each counted once) */
     uint64_t binaries_count;
     uint64_t binaries_held; /* binary bytes referenced by actors (a shared one per holder) */
     uint64_t lua;           /* rule workers' Lua states */

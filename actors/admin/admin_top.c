@@ -9,30 +9,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "admin_impl.h"
 #include "conn.h"
 
-#define TOP_ROWS_MAX 1000000   /* -n, --limit */
+#define TOP_ROWS_MAX 1000000 /* -n, --limit */
 #define TOP_SCHED_MAX 64
 #define TOP_WIDTH_DEFAULT 132
 #define TOP_HEIGHT_DEFAULT 40
 
 typedef enum {
-    SORT_REDS,       /* reductions over the interval */
+    SORT_REDS, /* reductions over the interval */
     SORT_REDS_TOTAL,
-    SORT_MEMORY,     /* heap + binaries */
+    SORT_MEMORY, /* heap + binaries */
     SORT_MAILBOX,
-    SORT_CPU,        /* CPU time over the interval */
+    SORT_CPU, /* CPU time over the interval */
     SORT_CPU_TOTAL,
 } sort_t;
 
-static const char *const sort_names[] = {"reductions", "reductions_total", "memory",
-                                         "mailbox",    "cpu",              "cpu_total"};
-static const char *const sort_titles[] = {"reductions per interval", "reductions (total)",
-                                          "memory (state + heap + binaries)", "mailbox length",
-                                          "CPU per interval", "CPU time (total)"};
+static const char *const sort_names[] = {"reductions", "reductions_total", "memory", "mailbox",
+                                         "cpu",        "cpu_total"};
+static const char *const sort_titles[] = {
+    "reductions per interval", "reductions (total)", "memory (state + heap + binaries)",
+    "mailbox length",          "CPU per interval",   "CPU time (total)"};
 
 typedef struct {
     rt_pid_t pid; /* 0: free slot */
@@ -40,7 +39,7 @@ typedef struct {
 } prev_t;
 
 struct rt_admin_top_s {
-    prev_t *slots;  /* open addressing on pid; load kept <= 1/2 */
+    prev_t *slots; /* open addressing on pid; load kept <= 1/2 */
     size_t cap;
     uint64_t at_ns; /* CLOCK_MONOTONIC of the sample */
     uint64_t msgs_in, msgs_out, gcs;
@@ -65,13 +64,6 @@ typedef struct {
     uint64_t by_status[RT_STATUS_EXITING + 1];
     bool oom;
 } sample_t;
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static size_t slot_of(rt_pid_t pid, size_t cap)
 {
@@ -175,7 +167,7 @@ static void sift_up(row_t *h, size_t i)
     }
 }
 
-static void visit(const rt_actor_info_t *info, void *ud)
+static void sample_actor(const rt_actor_info_t *info, void *ud)
 {
     sample_t *s = ud;
     s->actors++;
@@ -225,12 +217,12 @@ static int parse_sort(rt_admin_cmd_t *c, sort_t def, sort_t *out)
 }
 
 /* Walks every actor; the rows come back sorted, best first. */
-static int sample(rt_admin_cmd_t *c, sample_t *s)
+static int sample_actors(rt_admin_cmd_t *c, sample_t *s)
 {
     s->rows = malloc((s->limit ? s->limit : 1) * sizeof(row_t));
     if (!s->rows)
         return rt__admin_fail(c, 500, "out of memory");
-    rt_snapshot_actors(visit, s);
+    rt_snapshot_actors(sample_actor, s);
     if (s->oom)
         return rt__admin_fail(c, 500, "out of memory");
     qsort(s->rows, s->nrows, sizeof(row_t), cmp_rows);
@@ -280,7 +272,7 @@ int rt__admin_actors_list(rt_admin_cmd_t *c)
     if (s.sort == SORT_CPU)
         s.sort = SORT_CPU_TOTAL;
     s.limit = (size_t)limit;
-    if (sample(c, &s)) {
+    if (sample_actors(c, &s)) {
         free(s.rows);
         return c->code;
     }
@@ -309,7 +301,7 @@ int rt__admin_actors_info(rt_admin_cmd_t *c)
 /* ---- top ---- */
 
 /* 1234 -> "1234", 12345678 -> "11.8M": fits a narrow column. */
-static const char *human(uint64_t v, char *buf, size_t n)
+static const char *human_size(uint64_t v, char *buf, size_t n)
 {
     const char *units = "KMGTP";
     if (v < 10000) {
@@ -340,7 +332,7 @@ typedef struct {
 static void node_panel(node_t *n, const rt_admin_top_t *prev, rt_admin_top_t *next,
                        const sample_t *s)
 {
-    uint64_t now = mono_ns();
+    uint64_t now = rt_mono_ns();
     n->interval_s = prev ? (double)(now - prev->at_ns) / 1e9 : (double)rt__admin_uptime_ms() / 1e3;
     if (n->interval_s <= 0)
         n->interval_s = 1e-3;
@@ -416,11 +408,11 @@ static void top_json(rt_admin_cmd_t *c, const node_t *n, const sample_t *s)
 typedef struct {
     rt_buf_t *out;
     int width, col, lines, max_lines;
-} fields_t;
+} panel_t;
 
-static void field(fields_t *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void panel_field(panel_t *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static void field(fields_t *f, const char *fmt, ...)
+static void panel_field(panel_t *f, const char *fmt, ...)
 {
     char text[256];
     va_list ap;
@@ -447,7 +439,7 @@ static void field(fields_t *f, const char *fmt, ...)
 }
 
 /* Ends the current group of fields: what follows starts a line of its own. */
-static void fields_break(fields_t *f)
+static void panel_break(panel_t *f)
 {
     if (f->col && f->lines < f->max_lines) {
         rt_buf_add(f->out, "\n", 1);
@@ -456,16 +448,29 @@ static void fields_break(fields_t *f)
     f->col = 0;
 }
 
-enum { C_PID, C_TYPE, C_STATE, C_REDS, C_DREDS, C_MBOX, C_MEM, C_BIN, C_GCS, C_CPU, C_HANDLER, NCOLS };
+enum {
+    C_PID,
+    C_TYPE,
+    C_STATE,
+    C_REDS,
+    C_DREDS,
+    C_MBOX,
+    C_MEM,
+    C_BIN,
+    C_GCS,
+    C_CPU,
+    C_HANDLER,
+    NCOLS
+};
 
 static const struct {
     const char *title;
     int width; /* the handler takes what is left, at least its title */
     bool left;
 } columns[NCOLS] = {
-    {"PID", 15, true},  {"TYPE/NAME", 22, true}, {"STATE", 8, true}, {"REDS", 12, false},
-    {"+REDS", 10, false}, {"MBOX", 7, false},    {"MEMORY", 8, false}, {"BIN", 8, false},
-    {"GCS", 7, false},  {"CPU%", 6, false},      {"HANDLER", 7, true},
+    {"PID", 15, true},    {"TYPE/NAME", 22, true}, {"STATE", 8, true},   {"REDS", 12, false},
+    {"+REDS", 10, false}, {"MBOX", 7, false},      {"MEMORY", 8, false}, {"BIN", 8, false},
+    {"GCS", 7, false},    {"CPU%", 6, false},      {"HANDLER", 7, true},
 };
 
 /*
@@ -475,10 +480,10 @@ static const struct {
 */
 static void pick_columns(sort_t sort, int width, bool shown[NCOLS])
 {
-    static const int by_sort[] = {[SORT_REDS] = C_DREDS, [SORT_REDS_TOTAL] = C_REDS,
-                                  [SORT_MEMORY] = C_MEM,   [SORT_MAILBOX] = C_MBOX,
-                                  [SORT_CPU] = C_CPU,      [SORT_CPU_TOTAL] = C_CPU};
-    int order[] = {C_PID, by_sort[sort], C_TYPE, C_CPU,   C_DREDS, C_MBOX,
+    static const int by_sort[] = {
+        [SORT_REDS] = C_DREDS,   [SORT_REDS_TOTAL] = C_REDS, [SORT_MEMORY] = C_MEM,
+        [SORT_MAILBOX] = C_MBOX, [SORT_CPU] = C_CPU,         [SORT_CPU_TOTAL] = C_CPU};
+    int order[] = {C_PID, by_sort[sort], C_TYPE,  C_CPU, C_DREDS, C_MBOX,
                    C_MEM, C_REDS,        C_STATE, C_BIN, C_GCS,   C_HANDLER};
     int used = 0;
     memset(shown, 0, NCOLS * sizeof(bool));
@@ -522,40 +527,41 @@ static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int 
     rt_stats_t rs;
     rt_stats(&rs);
     uint64_t up = rt__admin_uptime_ms() / 1000;
-    fields_t f = {o, width, 0, 0, height - 3 < TOP_PANEL_LINES_MAX ? height - 3
-                                                                   : TOP_PANEL_LINES_MAX};
-    field(&f, "rtd %s", rt__admin_version());
-    field(&f, "up %lluh%02llum%02llus", (unsigned long long)(up / 3600),
-          (unsigned long long)(up / 60 % 60), (unsigned long long)(up % 60));
-    field(&f, "actors %llu/%llu", (unsigned long long)s->actors, (unsigned long long)rs.max_actors);
-    field(&f, "connections %llu", (unsigned long long)n->connections);
-    field(&f, "sessions %llu", (unsigned long long)n->sessions);
-    field(&f, "interval %.2fs", n->interval_s);
-    fields_break(&f);
+    panel_t f = {o, width, 0, 0,
+                 height - 3 < TOP_PANEL_LINES_MAX ? height - 3 : TOP_PANEL_LINES_MAX};
+    panel_field(&f, "rtd %s", rt__admin_version());
+    panel_field(&f, "up %lluh%02llum%02llus", (unsigned long long)(up / 3600),
+                (unsigned long long)(up / 60 % 60), (unsigned long long)(up % 60));
+    panel_field(&f, "actors %llu/%llu", (unsigned long long)s->actors,
+                (unsigned long long)rs.max_actors);
+    panel_field(&f, "connections %llu", (unsigned long long)n->connections);
+    panel_field(&f, "sessions %llu", (unsigned long long)n->sessions);
+    panel_field(&f, "interval %.2fs", n->interval_s);
+    panel_break(&f);
     for (size_t i = 0; i < n->nsched; i++)
-        field(&f, "%s%zu %5.1f%% rq %llu", n->blocking[i] ? "blk" : "sched", i, n->util[i] * 100,
-              (unsigned long long)n->run_queue[i]);
-    fields_break(&f);
+        panel_field(&f, "%s%zu %5.1f%% rq %llu", n->blocking[i] ? "blk" : "sched", i,
+                    n->util[i] * 100, (unsigned long long)n->run_queue[i]);
+    panel_break(&f);
     const rt_admin_mem_t *m = &n->mem;
-    field(&f, "memory rss %s", human(m->rss, h[0], 16));
-    field(&f, "heaps %s", human(m->heaps, h[1], 16));
-    field(&f, "binaries %s", human(m->binaries, h[2], 16));
-    field(&f, "actors %s", human(m->actors, h[3], 16));
-    field(&f, "lua %s", human(m->lua, h[4], 16));
-    field(&f, "sinks %s", human(m->sink_queues, h[5], 16));
-    field(&f, "trie %s", human(m->topic_trie, h[6], 16));
-    field(&f, "retained %s", human(m->retained, h[7], 16));
-    fields_break(&f);
-    field(&f, "msgs/s in %.0f", n->in_per_s);
-    field(&f, "out %.0f", n->out_per_s);
-    field(&f, "gcs/s %.0f", n->gcs_per_s);
-    field(&f, "mailboxes %llu", (unsigned long long)s->mailbox);
-    field(&f, "runnable %llu", (unsigned long long)s->by_status[RT_STATUS_RUNNABLE]);
-    field(&f, "muted %llu", (unsigned long long)s->by_status[RT_STATUS_MUTED]);
-    fields_break(&f);
-    field(&f, "sort: %s", sort_titles[s->sort]);
-    field(&f, "keys: r R m b c C sort, q quits");
-    fields_break(&f);
+    panel_field(&f, "memory rss %s", human_size(m->rss, h[0], 16));
+    panel_field(&f, "heaps %s", human_size(m->heaps, h[1], 16));
+    panel_field(&f, "binaries %s", human_size(m->binaries, h[2], 16));
+    panel_field(&f, "actors %s", human_size(m->actors, h[3], 16));
+    panel_field(&f, "lua %s", human_size(m->lua, h[4], 16));
+    panel_field(&f, "sinks %s", human_size(m->sink_queues, h[5], 16));
+    panel_field(&f, "trie %s", human_size(m->topic_trie, h[6], 16));
+    panel_field(&f, "retained %s", human_size(m->retained, h[7], 16));
+    panel_break(&f);
+    panel_field(&f, "msgs/s in %.0f", n->in_per_s);
+    panel_field(&f, "out %.0f", n->out_per_s);
+    panel_field(&f, "gcs/s %.0f", n->gcs_per_s);
+    panel_field(&f, "mailboxes %llu", (unsigned long long)s->mailbox);
+    panel_field(&f, "runnable %llu", (unsigned long long)s->by_status[RT_STATUS_RUNNABLE]);
+    panel_field(&f, "muted %llu", (unsigned long long)s->by_status[RT_STATUS_MUTED]);
+    panel_break(&f);
+    panel_field(&f, "sort: %s", sort_titles[s->sort]);
+    panel_field(&f, "keys: r R m b c C sort, q quits");
+    panel_break(&f);
 
     bool shown[NCOLS];
     pick_columns(s->sort, width, shown);
@@ -573,11 +579,12 @@ static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int 
         snprintf(cells[C_REDS], 64, "%llu", (unsigned long long)r->info.reductions);
         snprintf(cells[C_DREDS], 64, "%llu", (unsigned long long)r->dreds);
         snprintf(cells[C_MBOX], 64, "%llu", (unsigned long long)r->info.mailbox_len);
-        human(r->info.state_bytes + r->info.heap_bytes, cells[C_MEM], 64);
-        human(r->info.bin_bytes, cells[C_BIN], 64);
+        human_size(r->info.state_bytes + r->info.heap_bytes, cells[C_MEM], 64);
+        human_size(r->info.bin_bytes, cells[C_BIN], 64);
         snprintf(cells[C_GCS], 64, "%u", r->info.gc_count);
         snprintf(cells[C_CPU], 64, "%.1f", (double)r->dcpu_ns / 1e7 / n->interval_s);
-        snprintf(cells[C_HANDLER], 64, "%s", r->info.current_handler ? r->info.current_handler : "");
+        snprintf(cells[C_HANDLER], 64, "%s",
+                 r->info.current_handler ? r->info.current_handler : "");
         put_row(o, width, shown, cells);
     }
 }
@@ -599,7 +606,7 @@ int rt__admin_top(rt_admin_cmd_t *c)
     s.next = calloc(1, sizeof(rt_admin_top_t));
     if (!s.next)
         return rt__admin_fail(c, 500, "out of memory");
-    if (sample(c, &s)) {
+    if (sample_actors(c, &s)) {
         free(s.rows);
         rt__admin_top_free(s.next);
         return c->code;

@@ -1,19 +1,326 @@
-#include <arpa/inet.h>
+/*
+** The broker's shared state (broker.h): made at start and freed after the
+** runtime stops; the client table that maps client ids to their actors; the
+** per-thread traffic metrics; the limits an administrator changes live.
+*/
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "auth.h"
 #include "broker.h"
 #include "log.h"
-#include "store.h"
 
 rt_broker_t *rt_broker;
 
-/* ---- Metrics (see broker.h): one block per thread, summed on read ---- */
+#define CLIENTS_CAP_MIN 1024 /* the client table's first bucket count (a power of 2) */
+
+typedef struct rt_client_entry_s {
+    struct rt_client_entry_s *next;
+    rt_pid_t pid;
+    char id[];
+} rt_client_entry_t;
+
+static void live_init(rt_broker_t *b);
+static void metrics_reset(void);
+
+/* Whether no actor runs that could reach the broker's state. */
+static inline bool no_actor_alive(void)
+{
+    rt_stats_t st;
+    rt_stats(&st);
+    return st.alive == 0;
+}
+
+/* ---- State ---- */
+
+int rt_broker_init(const rt_conf_t *conf)
+{
+    /* One broker at a time: no connection counts while metrics_reset clears the blocks. */
+    RT_ASSERT(!rt_broker);
+    rt_broker_t *b = calloc(1, sizeof(*b));
+    if (!b)
+        return RT_ENOMEM;
+    b->conf = *conf;
+    pthread_mutex_init(&b->clients_lock, NULL);
+    b->clients_cap = CLIENTS_CAP_MIN;
+    b->clients = calloc(b->clients_cap, sizeof(*b->clients));
+    if (!b->clients || rt_trie_new(&b->trie) ||
+        rt_retained_new(&b->retained, rt_broker_retained_release,
+                        (size_t)conf->max_retained_messages, (size_t)conf->max_retained_bytes)) {
+        rt_trie_free(b->trie);
+        free(b->clients);
+        free(b);
+        return RT_ENOMEM;
+    }
+    rt_broker = b;
+    live_init(b);
+    metrics_reset();
+    return 0;
+}
+
+void rt_broker_free(void)
+{
+    rt_broker_t *b = rt_broker;
+    if (!b)
+        return;
+    RT_ASSERT(no_actor_alive());
+    for (size_t i = 0; i < b->clients_cap; i++) {
+        rt_client_entry_t *e = b->clients[i];
+        while (e) {
+            rt_client_entry_t *next = e->next;
+            free(e);
+            e = next;
+        }
+    }
+    free(b->clients);
+    rt_trie_free(b->trie);
+    rt_retained_free(b->retained);
+    pthread_mutex_destroy(&b->clients_lock);
+    free(b);
+    rt_broker = NULL;
+}
+
+void rt_broker_retained_release(void *msg)
+{
+    rt_retained_msg_t *r = msg;
+    if (!r)
+        return;
+    rt_bin_release(r->bin);
+    free(r);
+}
+
+/* ---- Counts ---- */
+
+void rt_broker_counts(rt_broker_counts_t *out)
+{
+    rt_broker_stats_t *st = &rt_broker->stats;
+    rt_trie_stats_t ts;
+    rt_trie_stats(rt_broker->trie, &ts);
+    size_t retained, bytes, retained_max, bytes_max;
+    rt_retained_stats(rt_broker->retained, &retained, &bytes, NULL);
+    rt_retained_peaks(rt_broker->retained, &retained_max, &bytes_max);
+    *out = (rt_broker_counts_t){
+        .connections = {atomic_load_explicit(&st->connections, memory_order_relaxed),
+                        atomic_load_explicit(&st->connections_max, memory_order_relaxed)},
+        .sessions = {atomic_load_explicit(&st->sessions, memory_order_relaxed),
+                     atomic_load_explicit(&st->sessions_max, memory_order_relaxed)},
+        .topics = {ts.filters, ts.filters_max},
+        .subscriptions = {ts.subs, ts.subs_max},
+        .retained = {retained, retained_max},
+        .retained_bytes = {bytes, bytes_max},
+        .shared_groups = ts.groups,
+    };
+}
+
+void rt__broker_count_socket(unsigned listener, int delta)
+{
+    rt_broker_t *b = rt_broker;
+    RT_ASSERT(listener < RT_CONF_MAX_LISTENERS);
+    if (delta > 0) {
+        atomic_fetch_add(&b->stats.sockets, 1);
+        atomic_fetch_add(&b->listener_stats[listener].connections, 1);
+    } else {
+        atomic_fetch_sub(&b->stats.sockets, 1);
+        atomic_fetch_sub(&b->listener_stats[listener].connections, 1);
+    }
+}
+
+size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
+{
+    const rt_conf_t *conf = &rt_broker->conf;
+    for (unsigned i = 0; i < conf->nlisteners && i < max; i++) {
+        rt_listener_stats_t *st = &rt_broker->listener_stats[i];
+        rt_listener_info_t *o = &out[i];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->address, sizeof(o->address), "%s", conf->listeners[i].host);
+        o->port = atomic_load(&st->port);
+        o->protocol = "mqtt/tcp";
+        o->running = atomic_load(&st->running);
+        o->connections = atomic_load(&st->connections);
+        o->accepted = atomic_load(&st->accepted);
+        o->refused = atomic_load(&st->refused[RT_REFUSED_ALL]);
+        o->refused_max_connections = atomic_load(&st->refused[RT_REFUSED_MAX_CONNS]);
+        o->refused_per_ip = atomic_load(&st->refused[RT_REFUSED_PER_IP]);
+        o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
+        o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
+        o->max_connections = RT_LIVE(max_connections);
+    }
+    return conf->nlisteners;
+}
+
+/* ---- Client table ---- */
+
+/*
+** clients_lock, with its holder noted in debug builds: the table's helpers check
+** that their caller holds it, and its entry points that theirs does not (an fn of
+** rt_broker_clients_each calling one would deadlock on the non-recursive lock).
+*/
+#ifndef NDEBUG
+static _Thread_local char this_thread; /* its address names the calling thread */
+#define CLIENTS_HELD(b)                                                                            \
+    (atomic_load_explicit(&(b)->clients_holder, memory_order_relaxed) == &this_thread)
+#endif
+
+static void clients_lock(rt_broker_t *b)
+{
+    RT_ASSERT(!CLIENTS_HELD(b));
+    pthread_mutex_lock(&b->clients_lock);
+#ifndef NDEBUG
+    atomic_store_explicit(&b->clients_holder, &this_thread, memory_order_relaxed);
+#endif
+}
+
+static void clients_unlock(rt_broker_t *b)
+{
+    RT_ASSERT(CLIENTS_HELD(b));
+#ifndef NDEBUG
+    atomic_store_explicit(&b->clients_holder, NULL, memory_order_relaxed);
+#endif
+    pthread_mutex_unlock(&b->clients_lock);
+}
+
+/* Client ids are the client's choice: the keyed hash keeps their collisions unplannable. */
+static size_t client_bucket(const char *id, size_t cap)
+{
+    return (size_t)rt_hash(id, strlen(id)) & (cap - 1);
+}
+
+static rt_client_entry_t *find_client(rt_broker_t *b, const char *id)
+{
+    RT_ASSERT(CLIENTS_HELD(b));
+    rt_client_entry_t *e = b->clients[client_bucket(id, b->clients_cap)];
+    while (e && strcmp(e->id, id) != 0)
+        e = e->next;
+    return e;
+}
+
+/* Doubles the bucket array once entries outnumber buckets; a failed grow keeps the old one. */
+static void grow_clients(rt_broker_t *b)
+{
+    RT_ASSERT(CLIENTS_HELD(b));
+    size_t cap = b->clients_cap * 2;
+    rt_client_entry_t **nb = calloc(cap, sizeof(*nb));
+    if (!nb)
+        return;
+    for (size_t i = 0; i < b->clients_cap; i++) {
+        rt_client_entry_t *e = b->clients[i];
+        while (e) {
+            rt_client_entry_t *next = e->next;
+            size_t k = client_bucket(e->id, cap);
+            e->next = nb[k];
+            nb[k] = e;
+            e = next;
+        }
+    }
+    free(b->clients);
+    b->clients = nb;
+    b->clients_cap = cap;
+}
+
+rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
+{
+    rt_broker_t *b = rt_broker;
+    rt_pid_t old = 0;
+    clients_lock(b);
+    rt_client_entry_t *e = find_client(b, id);
+    if (e) {
+        old = e->pid;
+        e->pid = pid;
+    } else {
+        if (b->clients_len >= b->clients_cap)
+            grow_clients(b);
+        size_t len = strlen(id);
+        e = malloc(sizeof(*e) + len + 1);
+        if (e) {
+            size_t bucket = client_bucket(id, b->clients_cap);
+            memcpy(e->id, id, len + 1);
+            e->pid = pid;
+            e->next = b->clients[bucket];
+            b->clients[bucket] = e;
+            b->clients_len++;
+        }
+    }
+    clients_unlock(b);
+    return old;
+}
+
+rt_pid_t rt_broker_lookup_client(const char *id)
+{
+    rt_broker_t *b = rt_broker;
+    clients_lock(b);
+    rt_client_entry_t *e = find_client(b, id);
+    rt_pid_t pid = e ? e->pid : 0;
+    clients_unlock(b);
+    return pid;
+}
+
+void rt_broker_release_client(const char *id, rt_pid_t pid)
+{
+    rt_broker_t *b = rt_broker;
+    clients_lock(b);
+    for (rt_client_entry_t **pp = &b->clients[client_bucket(id, b->clients_cap)]; *pp;
+         pp = &(*pp)->next) {
+        if (strcmp((*pp)->id, id) == 0) {
+            rt_client_entry_t *e = *pp;
+            if (e->pid == pid) {
+                *pp = e->next;
+                free(e);
+                b->clients_len--;
+            }
+            break;
+        }
+    }
+    clients_unlock(b);
+}
+
+size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud), void *ud)
+{
+    rt_broker_t *b = rt_broker;
+    size_t n = 0;
+    clients_lock(b);
+    for (size_t i = 0; i < b->clients_cap; i++)
+        for (rt_client_entry_t *e = b->clients[i]; e; e = e->next, n++)
+            fn(e->id, e->pid, ud);
+    clients_unlock(b);
+    return n;
+}
+
+typedef struct {
+    rt_pid_t *pids;
+    size_t n, cap, limit;
+    bool oom;
+} pids_t;
+
+static void collect_pid(const char *id, rt_pid_t pid, void *ud)
+{
+    (void)id;
+    pids_t *p = ud;
+    if (p->n == p->limit || p->oom)
+        return;
+    if (rt_grow(&p->pids, &p->cap, p->n + 1, sizeof(*p->pids), 256) != 0) {
+        p->oom = true;
+        return;
+    }
+    p->pids[p->n++] = pid;
+}
+
+int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n)
+{
+    pids_t p = {.limit = limit ? limit : SIZE_MAX};
+    rt_broker_clients_each(collect_pid, &p);
+    if (p.oom) {
+        free(p.pids);
+        *pids = NULL;
+        *n = 0;
+        return RT_ENOMEM;
+    }
+    *pids = p.pids;
+    *n = p.n;
+    return 0;
+}
+
+/* ---- Metrics: one block per thread, summed on read ---- */
 
 static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 static rt_metrics_block_t *metrics_all;  /* every block made, for the lifetime of the process */
@@ -96,31 +403,10 @@ void rt_broker_metrics(rt_broker_metrics_t *out)
 const char *rt_mqtt_packet_name(unsigned type)
 {
     static const char *const names[RT_MQTT_PACKET_TYPES] = {
-        NULL,      "CONNECT", "CONNACK",     "PUBLISH",   "PUBACK",   "PUBREC",
-        "PUBREL",  "PUBCOMP", "SUBSCRIBE",   "SUBACK",    "UNSUBSCRIBE", "UNSUBACK",
+        NULL,      "CONNECT",  "CONNACK",    "PUBLISH", "PUBACK",      "PUBREC",
+        "PUBREL",  "PUBCOMP",  "SUBSCRIBE",  "SUBACK",  "UNSUBSCRIBE", "UNSUBACK",
         "PINGREQ", "PINGRESP", "DISCONNECT", "AUTH"};
     return type < RT_MQTT_PACKET_TYPES ? names[type] : NULL;
-}
-
-typedef struct rt_client_entry_s {
-    struct rt_client_entry_s *next;
-    rt_pid_t pid;
-    char id[];
-} rt_client_entry_t;
-
-/* Client ids are the client's choice: the keyed hash keeps their collisions unplannable. */
-static uint64_t hash_id(const char *s)
-{
-    return rt_hash(s, strlen(s));
-}
-
-void rt_broker_retained_release(void *msg)
-{
-    rt_retained_msg_t *r = msg;
-    if (!r)
-        return;
-    rt_bin_release(r->bin);
-    free(r);
 }
 
 /* ---- Live limits ---- */
@@ -137,12 +423,20 @@ typedef struct {
     const char *affects;
 } limit_t;
 
-#define CONF_IS_BOOL(k) _Generic(((rt_conf_t *)0)->k, bool: true, default: false)
+#define CONF_IS_BOOL(k) _Generic(((rt_conf_t *)0)->k, bool : true, default : false)
 #define LIVE(k, then, what)                                                                        \
-    {#k, offsetof(rt_broker_live_t, k), offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, then, what}
+    {                                                                                              \
+#k, offsetof(rt_broker_live_t, k), offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, then,    \
+            what                                                                                   \
+    }
 #define ELSEWHERE(k, get, set, what)                                                               \
-    {#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), get, set, what}
-#define FIXED(k, why) {#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, NULL, why}
+    {                                                                                              \
+#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), get, set, what                      \
+    }
+#define FIXED(k, why)                                                                              \
+    {                                                                                              \
+#k, NOT_LIVE, offsetof(rt_conf_t, k), CONF_IS_BOOL(k), NULL, NULL, why                     \
+    }
 
 static void retained_limits_changed(long v)
 {
@@ -182,8 +476,7 @@ static const limit_t limits[] = {
     LIVE(max_subscriptions, NULL, "the next SUBSCRIBE; clients over it keep theirs"),
     LIVE(max_retained_messages, retained_limits_changed,
          "the next retained message; those held stay"),
-    LIVE(max_retained_bytes, retained_limits_changed,
-         "the next retained message; those held stay"),
+    LIVE(max_retained_bytes, retained_limits_changed, "the next retained message; those held stay"),
     LIVE(max_keepalive, NULL, "CONNECTs from now on"),
     LIVE(max_session_expiry, NULL, "CONNECTs and DISCONNECTs from now on"),
     LIVE(queue_qos0, NULL, "the next QoS 0 message for an offline session"),
@@ -201,7 +494,7 @@ static _Atomic long *live_field(const limit_t *l)
     return (_Atomic long *)(void *)((char *)&rt_broker->live + l->live);
 }
 
-static long conf_value(const rt_conf_t *c, const limit_t *l)
+static long conf_setting(const rt_conf_t *c, const limit_t *l)
 {
     const char *f = (const char *)c + l->conf;
     return l->is_bool ? *(const bool *)(const void *)f : *(const long *)(const void *)f;
@@ -212,7 +505,7 @@ static void live_init(rt_broker_t *b)
     for (size_t i = 0; i < NLIMITS; i++)
         if (limits[i].live != NOT_LIVE)
             atomic_init((_Atomic long *)(void *)((char *)&b->live + limits[i].live),
-                        conf_value(&b->conf, &limits[i]));
+                        conf_setting(&b->conf, &limits[i]));
 }
 
 static long limit_value(const limit_t *l)
@@ -221,7 +514,7 @@ static long limit_value(const limit_t *l)
         return l->get();
     if (l->live != NOT_LIVE)
         return atomic_load_explicit(live_field(l), memory_order_relaxed);
-    return conf_value(&rt_broker->conf, l);
+    return conf_setting(&rt_broker->conf, l);
 }
 
 static bool limit_is_live(const limit_t *l)
@@ -274,7 +567,7 @@ int rt_broker_set_limit(const char *key, const char *value, char *err, size_t er
     *copy = rt_broker->conf;
     snprintf(assignment, strlen(key) + strlen(value) + 2, "%s=%s", key, value);
     int rc = rt_conf_set_from(copy, "rtctl", assignment, err, errlen);
-    long v = rc == 0 ? conf_value(copy, l) : 0;
+    long v = rc == 0 ? conf_setting(copy, l) : 0;
     free(copy);
     free(assignment);
     if (rc)
@@ -288,245 +581,4 @@ int rt_broker_set_limit(const char *key, const char *value, char *err, size_t er
         l->set(v);
     rt_log(RT_LOG_INFO, "config.set", "%s=%s was=%s", key, now, was);
     return 0;
-}
-
-int rt_broker_init(const rt_conf_t *conf)
-{
-    rt_broker_t *b = calloc(1, sizeof(*b));
-    if (!b)
-        return RT_ENOMEM;
-    b->conf = *conf;
-    pthread_mutex_init(&b->clients_lock, NULL);
-    b->clients_cap = 1024;
-    b->clients = calloc(b->clients_cap, sizeof(*b->clients));
-    if (!b->clients || rt_trie_new(&b->trie) ||
-        rt_retained_new(&b->retained, rt_broker_retained_release,
-                        (size_t)conf->max_retained_messages, (size_t)conf->max_retained_bytes)) {
-        rt_trie_free(b->trie);
-        free(b->clients);
-        free(b);
-        return RT_ENOMEM;
-    }
-    rt_broker = b;
-    live_init(b);
-    metrics_reset();
-    return 0;
-}
-
-void rt_broker_free(void)
-{
-    rt_broker_t *b = rt_broker;
-    if (!b)
-        return;
-    for (size_t i = 0; i < b->clients_cap; i++) {
-        rt_client_entry_t *e = b->clients[i];
-        while (e) {
-            rt_client_entry_t *next = e->next;
-            free(e);
-            e = next;
-        }
-    }
-    free(b->clients);
-    rt_trie_free(b->trie);
-    rt_retained_free(b->retained);
-    rt_store_close();
-    pthread_mutex_destroy(&b->clients_lock);
-    free(b);
-    rt_broker = NULL;
-}
-
-void rt_broker_counts(rt_broker_counts_t *out)
-{
-    rt_broker_stats_t *st = &rt_broker->stats;
-    rt_trie_stats_t ts;
-    rt_trie_stats(rt_broker->trie, &ts);
-    size_t retained, bytes, retained_max, bytes_max;
-    rt_retained_stats(rt_broker->retained, &retained, &bytes, NULL);
-    rt_retained_peaks(rt_broker->retained, &retained_max, &bytes_max);
-    *out = (rt_broker_counts_t){
-        .connections = {atomic_load_explicit(&st->connections, memory_order_relaxed),
-                        atomic_load_explicit(&st->connections_max, memory_order_relaxed)},
-        .sessions = {atomic_load_explicit(&st->sessions, memory_order_relaxed),
-                     atomic_load_explicit(&st->sessions_max, memory_order_relaxed)},
-        .topics = {ts.filters, ts.filters_max},
-        .subscriptions = {ts.subs, ts.subs_max},
-        .retained = {retained, retained_max},
-        .retained_bytes = {bytes, bytes_max},
-        .shared_groups = ts.groups,
-    };
-}
-
-/* Finds id's entry in its bucket; call with clients_lock held. */
-static rt_client_entry_t *find_client(rt_broker_t *b, const char *id)
-{
-    rt_client_entry_t *e = b->clients[hash_id(id) & (b->clients_cap - 1)];
-    while (e && strcmp(e->id, id) != 0)
-        e = e->next;
-    return e;
-}
-
-/* Doubles the bucket array once entries outnumber buckets; a failed grow keeps the old one. */
-static void grow_clients(rt_broker_t *b)
-{
-    size_t cap = b->clients_cap * 2;
-    rt_client_entry_t **nb = calloc(cap, sizeof(*nb));
-    if (!nb)
-        return;
-    for (size_t i = 0; i < b->clients_cap; i++) {
-        rt_client_entry_t *e = b->clients[i];
-        while (e) {
-            rt_client_entry_t *next = e->next;
-            size_t k = hash_id(e->id) & (cap - 1);
-            e->next = nb[k];
-            nb[k] = e;
-            e = next;
-        }
-    }
-    free(b->clients);
-    b->clients = nb;
-    b->clients_cap = cap;
-}
-
-rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
-{
-    rt_broker_t *b = rt_broker;
-    rt_pid_t old = 0;
-    pthread_mutex_lock(&b->clients_lock);
-    rt_client_entry_t *e = find_client(b, id);
-    if (e) {
-        old = e->pid;
-        e->pid = pid;
-    } else {
-        if (b->clients_len >= b->clients_cap)
-            grow_clients(b);
-        size_t len = strlen(id);
-        e = malloc(sizeof(*e) + len + 1);
-        if (e) {
-            size_t bucket = hash_id(id) & (b->clients_cap - 1);
-            memcpy(e->id, id, len + 1);
-            e->pid = pid;
-            e->next = b->clients[bucket];
-            b->clients[bucket] = e;
-            b->clients_len++;
-        }
-    }
-    pthread_mutex_unlock(&b->clients_lock);
-    return old;
-}
-
-rt_pid_t rt_broker_lookup_client(const char *id)
-{
-    rt_broker_t *b = rt_broker;
-    pthread_mutex_lock(&b->clients_lock);
-    rt_client_entry_t *e = find_client(b, id);
-    rt_pid_t pid = e ? e->pid : 0;
-    pthread_mutex_unlock(&b->clients_lock);
-    return pid;
-}
-
-void rt_broker_release_client(const char *id, rt_pid_t pid)
-{
-    rt_broker_t *b = rt_broker;
-    size_t bucket = hash_id(id) & (b->clients_cap - 1);
-    pthread_mutex_lock(&b->clients_lock);
-    for (rt_client_entry_t **pp = &b->clients[bucket]; *pp; pp = &(*pp)->next) {
-        if (strcmp((*pp)->id, id) == 0) {
-            rt_client_entry_t *e = *pp;
-            if (e->pid == pid) {
-                *pp = e->next;
-                free(e);
-                b->clients_len--;
-            }
-            break;
-        }
-    }
-    pthread_mutex_unlock(&b->clients_lock);
-}
-
-size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud), void *ud)
-{
-    rt_broker_t *b = rt_broker;
-    size_t n = 0;
-    pthread_mutex_lock(&b->clients_lock);
-    for (size_t i = 0; i < b->clients_cap; i++)
-        for (rt_client_entry_t *e = b->clients[i]; e; e = e->next, n++)
-            fn(e->id, e->pid, ud);
-    pthread_mutex_unlock(&b->clients_lock);
-    return n;
-}
-
-typedef struct {
-    rt_pid_t *pids;
-    size_t n, cap, limit;
-    bool oom;
-} pids_t;
-
-static void collect_pid(const char *id, rt_pid_t pid, void *ud)
-{
-    (void)id;
-    pids_t *p = ud;
-    if (p->n == p->limit || p->oom)
-        return;
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 256;
-        rt_pid_t *np = realloc(p->pids, cap * sizeof(*np));
-        if (!np) {
-            p->oom = true;
-            return;
-        }
-        p->pids = np;
-        p->cap = cap;
-    }
-    p->pids[p->n++] = pid;
-}
-
-int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n)
-{
-    pids_t p = {.limit = limit ? limit : SIZE_MAX};
-    rt_broker_clients_each(collect_pid, &p);
-    if (p.oom) {
-        free(p.pids);
-        *pids = NULL;
-        *n = 0;
-        return RT_ENOMEM;
-    }
-    *pids = p.pids;
-    *n = p.n;
-    return 0;
-}
-
-void rt__broker_count_socket(unsigned listener, int delta)
-{
-    rt_broker_t *b = rt_broker;
-    RT_ASSERT(listener < RT_CONF_MAX_LISTENERS);
-    if (delta > 0) {
-        atomic_fetch_add(&b->stats.sockets, 1);
-        atomic_fetch_add(&b->listener_stats[listener].connections, 1);
-    } else {
-        atomic_fetch_sub(&b->stats.sockets, 1);
-        atomic_fetch_sub(&b->listener_stats[listener].connections, 1);
-    }
-}
-
-size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
-{
-    const rt_conf_t *conf = &rt_broker->conf;
-    for (unsigned i = 0; i < conf->nlisteners && i < max; i++) {
-        rt_listener_stats_t *st = &rt_broker->listener_stats[i];
-        rt_listener_info_t *o = &out[i];
-        memset(o, 0, sizeof(*o));
-        snprintf(o->address, sizeof(o->address), "%s", conf->listeners[i].host);
-        o->port = atomic_load(&st->port);
-        o->protocol = "mqtt/tcp";
-        o->running = atomic_load(&st->running);
-        o->connections = atomic_load(&st->connections);
-        o->accepted = atomic_load(&st->accepted);
-        o->refused = atomic_load(&st->refused[RT_REFUSED_ALL]);
-        o->refused_max_connections = atomic_load(&st->refused[RT_REFUSED_MAX_CONNS]);
-        o->refused_per_ip = atomic_load(&st->refused[RT_REFUSED_PER_IP]);
-        o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
-        o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
-        o->max_connections = RT_LIVE(max_connections);
-    }
-    return conf->nlisteners;
 }

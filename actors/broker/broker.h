@@ -15,26 +15,26 @@
 #include "topic_trie.h"
 
 typedef struct rt_broker_stats_s {
-    atomic_uint_fast64_t connections;   /* connected now (CONNACK sent) */
-    atomic_uint_fast64_t sockets;       /* connection actors alive */
-    atomic_uint_fast64_t bad_packets;   /* malformed or protocol errors */
-    atomic_uint_fast64_t v31_sub_flags; /* MQTT 3.1 (UN)SUBSCRIBEs with flags 0000, accepted */
-    atomic_uint_fast64_t refused;       /* connections refused at accept (limits) */
-    atomic_uint_fast64_t sessions;      /* sessions alive: connected plus offline */
-    atomic_uint_fast64_t msgs_dropped;  /* refused by a full session queue (or QoS 0 offline) */
-    atomic_uint_fast64_t msgs_expired;  /* message expiry interval ran out before sending */
-    atomic_uint_fast64_t topic_limit_hits;   /* topics or filters past max_topic_levels/length */
-    atomic_uint_fast64_t subs_limit_hits;    /* SUBSCRIBEs refused by max_subscriptions */
+    atomic_uint_fast64_t connections;      /* connected now (CONNACK sent) */
+    atomic_uint_fast64_t sockets;          /* connection actors alive */
+    atomic_uint_fast64_t bad_packets;      /* malformed or protocol errors */
+    atomic_uint_fast64_t v31_sub_flags;    /* MQTT 3.1 (UN)SUBSCRIBEs with flags 0000, accepted */
+    atomic_uint_fast64_t refused;          /* connections refused at accept (limits) */
+    atomic_uint_fast64_t sessions;         /* sessions alive: connected plus offline */
+    atomic_uint_fast64_t msgs_dropped;     /* refused by a full session queue (or QoS 0 offline) */
+    atomic_uint_fast64_t msgs_expired;     /* message expiry interval ran out before sending */
+    atomic_uint_fast64_t topic_limit_hits; /* topics or filters past max_topic_levels/length */
+    atomic_uint_fast64_t subs_limit_hits;  /* SUBSCRIBEs refused by max_subscriptions */
     atomic_uint_fast64_t retained_limit_hits; /* retained messages refused by the store's limits */
-    /* Listener (broker.c): every refused connection counts in refused and in one reason. */
-    atomic_uint_fast64_t accepted;           /* sockets accepted and handed to a connection */
-    atomic_uint_fast64_t refused_max_conns;  /* max_connections reached */
-    atomic_uint_fast64_t refused_per_ip;     /* max_connections_per_ip reached for the address */
-    atomic_uint_fast64_t refused_rate;       /* max_connection_rate: the listener's bucket empty */
-    atomic_uint_fast64_t refused_error;      /* the connection actor could not start */
+    /* Listener (conn/listener.c): every refused connection counts in refused and in one reason. */
+    atomic_uint_fast64_t accepted;          /* sockets accepted and handed to a connection */
+    atomic_uint_fast64_t refused_max_conns; /* max_connections reached */
+    atomic_uint_fast64_t refused_per_ip;    /* max_connections_per_ip reached for the address */
+    atomic_uint_fast64_t refused_rate;      /* max_connection_rate: the listener's bucket empty */
+    atomic_uint_fast64_t refused_error;     /* the connection actor could not start */
     /* Kept by the connection actor (conn.c), read by $SYS (sys.c). Bytes and messages
        in and out count at every packet: they are per-thread metrics (rt_broker_metrics). */
-    atomic_uint_fast64_t connects;           /* CONNECTs accepted (CONNACK 0), ever */
+    atomic_uint_fast64_t connects; /* CONNECTs accepted (CONNACK 0), ever */
     /* High-water marks since start, raised where the counts rise (rt_atomic_raise). */
     _Atomic uint64_t connections_max;
     _Atomic uint64_t sessions_max;
@@ -42,11 +42,11 @@ typedef struct rt_broker_stats_s {
 
 /* Per listener (index as in conf.listeners); written by its listener and by connections. */
 typedef struct rt_listener_stats_s {
-    _Atomic int port;                     /* bound port; 0 until the listener is up */
+    _Atomic int port; /* bound port; 0 until the listener is up */
     atomic_bool running;
-    atomic_uint_fast64_t connections;     /* sockets open now that came in through it */
+    atomic_uint_fast64_t connections; /* sockets open now that came in through it */
     atomic_uint_fast64_t accepted;
-    atomic_uint_fast64_t refused[5];      /* by reason: RT_REFUSED_* */
+    atomic_uint_fast64_t refused[5]; /* by reason: RT_REFUSED_* */
 } rt_listener_stats_t;
 
 /* Why the listener refused a connection (index of rt_listener_stats_t.refused). */
@@ -81,20 +81,21 @@ typedef struct rt_broker_live_s {
 #define RT_LIVE(field) atomic_load_explicit(&rt_broker->live.field, memory_order_relaxed)
 
 typedef struct rt_broker_s {
-    rt_conf_t conf;          /* as started; the live limits' current values are in live */
+    rt_conf_t conf; /* as started; the live limits' current values are in live */
     rt_broker_live_t live;
     rt_listener_stats_t listener_stats[RT_CONF_MAX_LISTENERS];
     rt_trie_t *trie;
-    rt_retained_t *retained;            /* canonical PUBLISH binaries by topic */
+    rt_retained_t *retained; /* canonical PUBLISH binaries by topic */
     rt_broker_stats_t stats;
-    pthread_mutex_t clients_lock;
+    pthread_mutex_t clients_lock;       /* guards clients, clients_cap and clients_len */
     struct rt_client_entry_s **clients; /* client id -> pid (open hashing) */
     size_t clients_cap, clients_len;
+#ifndef NDEBUG
+    _Atomic(const void *) clients_holder; /* names the thread holding clients_lock; NULL: none */
+#endif
 } rt_broker_t;
 
 extern rt_broker_t *rt_broker;
-
-
 
 /* A count and its high-water mark since the broker started. */
 typedef struct rt_count_s {
@@ -104,13 +105,13 @@ typedef struct rt_count_s {
 
 /* What the broker holds now (emqttd's `broker stats`); each read on its own, not one snapshot. */
 typedef struct rt_broker_counts_s {
-    rt_count_t connections;   /* clients connected (CONNACK sent) */
-    rt_count_t sessions;      /* sessions alive: connected plus offline */
-    rt_count_t topics;        /* distinct subscribed filters; each $share group counts as one */
-    rt_count_t subscriptions; /* ordinary subscriptions plus shared-group memberships */
-    rt_count_t retained;      /* retained messages */
+    rt_count_t connections;    /* clients connected (CONNACK sent) */
+    rt_count_t sessions;       /* sessions alive: connected plus offline */
+    rt_count_t topics;         /* distinct subscribed filters; each $share group counts as one */
+    rt_count_t subscriptions;  /* ordinary subscriptions plus shared-group memberships */
+    rt_count_t retained;       /* retained messages */
     rt_count_t retained_bytes; /* what max_retained_bytes counts of them */
-    uint64_t shared_groups;   /* shared subscription groups */
+    uint64_t shared_groups;    /* shared subscription groups */
 } rt_broker_counts_t;
 
 /* Reads atomics and the trie's counters, and takes the retained store's read lock briefly. */
@@ -125,8 +126,8 @@ void rt_broker_counts(rt_broker_counts_t *out);
 #define RT_MQTT_PACKET_TYPES 16 /* MQTT packet types are 1 (CONNECT) .. 15 (AUTH) */
 
 enum {
-    RT_METRIC_PKT_IN = 0,                              /* + packet type */
-    RT_METRIC_PKT_OUT = RT_METRIC_PKT_IN + RT_MQTT_PACKET_TYPES, /* + packet type */
+    RT_METRIC_PKT_IN = 0,                                          /* + packet type */
+    RT_METRIC_PKT_OUT = RT_METRIC_PKT_IN + RT_MQTT_PACKET_TYPES,   /* + packet type */
     RT_METRIC_BYTES_IN = RT_METRIC_PKT_OUT + RT_MQTT_PACKET_TYPES, /* read from client sockets */
     RT_METRIC_BYTES_OUT, /* written (or buffered) to client sockets */
     RT_METRIC_MSGS_IN,   /* PUBLISH received */
@@ -155,10 +156,10 @@ static inline void rt__metric_add(unsigned which, uint64_t n)
 }
 
 typedef struct rt_broker_metrics_s {
-    uint64_t packets_in[RT_MQTT_PACKET_TYPES];  /* by type: [1] CONNECT .. [15] AUTH; [0] none */
+    uint64_t packets_in[RT_MQTT_PACKET_TYPES]; /* by type: [1] CONNECT .. [15] AUTH; [0] none */
     uint64_t packets_out[RT_MQTT_PACKET_TYPES];
     uint64_t bytes_in, bytes_out;
-    uint64_t msgs_in, msgs_out;         /* PUBLISH packets received, sent */
+    uint64_t msgs_in, msgs_out;          /* PUBLISH packets received, sent */
     uint64_t msgs_dropped, msgs_expired; /* as in rt_broker_stats_t */
 } rt_broker_metrics_t;
 
@@ -188,7 +189,7 @@ size_t rt_broker_limits(rt_limit_info_t *out, size_t max);
 
 /* Creates the broker's shared state (client table, trie, retained store); RT_ENOMEM. */
 int rt_broker_init(const rt_conf_t *conf);
-/* After rt_shutdown: frees the broker state (and closes the store). */
+/* Once no actor runs (after rt_shutdown): frees the broker's state. The store is not its. */
 void rt_broker_free(void);
 
 /*
@@ -208,15 +209,15 @@ typedef struct rt_retained_msg_s {
 } rt_retained_msg_t;
 void rt_broker_retained_release(void *msg);
 typedef struct rt_listener_info_s {
-    char address[64];        /* as configured ("0.0.0.0", "::1") */
-    int port;                /* bound (the kernel's pick when configured as 0); 0: not up */
-    const char *protocol;    /* "mqtt/tcp" */
+    char address[64];     /* as configured ("0.0.0.0", "::1") */
+    int port;             /* bound (the kernel's pick when configured as 0); 0: not up */
+    const char *protocol; /* "mqtt/tcp" */
     bool running;
-    uint64_t connections;    /* sockets open now that came in through it */
-    uint64_t accepted;       /* ever */
-    uint64_t refused;        /* ever, all reasons; then by reason: */
+    uint64_t connections; /* sockets open now that came in through it */
+    uint64_t accepted;    /* ever */
+    uint64_t refused;     /* ever, all reasons; then by reason: */
     uint64_t refused_max_connections, refused_per_ip, refused_rate, refused_error;
-    long max_connections;    /* broker-wide: it counts every listener's sockets together */
+    long max_connections; /* broker-wide: it counts every listener's sockets together */
 } rt_listener_info_t;
 
 /* Fills up to max listeners in configuration order; returns how many there are. */
@@ -300,11 +301,11 @@ typedef struct rt_client_info_s {
 ** Read them with rt_client_info_subs_next rather than by hand.
 */
 typedef struct rt_client_sub_s {
-    const char *filter;  /* the topic filter without any $share/group/ prefix */
+    const char *filter; /* the topic filter without any $share/group/ prefix */
     size_t filter_len;
-    const char *group;   /* a shared subscription's group, NULL otherwise (not NUL-ended) */
+    const char *group; /* a shared subscription's group, NULL otherwise (not NUL-ended) */
     size_t group_len;
-    uint32_t sub_id;     /* subscription identifier (MQTT 5); 0: none */
+    uint32_t sub_id; /* subscription identifier (MQTT 5); 0: none */
     uint8_t qos;
     uint8_t no_local;
     uint8_t retain_as_published;

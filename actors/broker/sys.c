@@ -1,14 +1,17 @@
+/*
+** The $SYS actor (sys.h): each tick it reads the broker's counters and publishes
+** those that changed as retained messages under $SYS/broker/.
+*/
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "route.h"
 #include "sys.h"
 
 #define SYS_PREFIX "$SYS/broker/"
 #define SYS_PAYLOAD_MAX 48 /* bytes of one value ("18446744073709551615 seconds" fits) */
-#define SYS_SLOTS 64       /* topics the tree can hold (46 now); put() asserts it */
+#define SYS_SLOTS 64       /* topics the tree can hold (46 now); publish_changed() asserts it */
 #define MSG_SYS_TICK (RT_MSG_USER + 1)
 
 /*
@@ -41,10 +44,10 @@ typedef struct {
     uint64_t start_ms; /* CLOCK_MONOTONIC when the actor started */
     uint64_t last_ms;  /* the previous tick */
     uint64_t max_heap;
-    uint64_t prev[NCOUNTERS];              /* counter values at the previous tick */
-    double load[NCOUNTERS][3];             /* decayed messages (or bytes, connections) per minute */
-    bool ticked;                           /* prev and last_ms hold a previous tick */
-    unsigned slot;                         /* put()'s cursor through last[] during a tick */
+    uint64_t prev[NCOUNTERS];  /* counter values at the previous tick */
+    double load[NCOUNTERS][3]; /* decayed messages (or bytes, connections) per minute */
+    bool ticked;               /* prev and last_ms hold a previous tick */
+    unsigned slot;             /* publish_changed()'s cursor through last[] during a tick */
     char last[SYS_SLOTS][SYS_PAYLOAD_MAX]; /* payload last published per topic; "" none */
 } sys_t;
 
@@ -53,19 +56,12 @@ typedef struct {
     long interval_s;
 } sys_arg_t;
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /*
 ** Publishes payload (NULL: skip) under $SYS/broker/suffix if it differs from what
-** this topic last carried. Each tick calls put for the same topics in the same
+** this topic last carried. Each tick calls it for the same topics in the same
 ** order, so the call's position names the topic's slot.
 */
-static void put(sys_t *s, const char *suffix, const char *payload)
+static void publish_changed(sys_t *s, const char *suffix, const char *payload)
 {
     unsigned slot = s->slot++;
     RT_ASSERT(slot < SYS_SLOTS); /* a topic added without raising SYS_SLOTS */
@@ -78,14 +74,14 @@ static void put(sys_t *s, const char *suffix, const char *payload)
         snprintf(s->last[slot], sizeof(s->last[slot]), "%s", payload);
 }
 
-static void put_u64(sys_t *s, const char *suffix, uint64_t v)
+static void publish_changed_u64(sys_t *s, const char *suffix, uint64_t v)
 {
     char buf[SYS_PAYLOAD_MAX];
     snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
-    put(s, suffix, buf);
+    publish_changed(s, suffix, buf);
 }
 
-static uint64_t load_stat(atomic_uint_fast64_t *v)
+static uint64_t stat_value(atomic_uint_fast64_t *v)
 {
     return (uint64_t)atomic_load_explicit(v, memory_order_relaxed);
 }
@@ -110,7 +106,7 @@ static uint64_t heap_bytes(void)
 }
 
 /* Folds the interval's rates into the load averages and publishes them. */
-static void put_loads(sys_t *s, const uint64_t now[NCOUNTERS], double dt_s)
+static void publish_loads(sys_t *s, const uint64_t now[NCOUNTERS], double dt_s)
 {
     char buf[SYS_PAYLOAD_MAX];
     char suffix[96];
@@ -121,7 +117,7 @@ static void put_loads(sys_t *s, const uint64_t now[NCOUNTERS], double dt_s)
             s->load[c][k] = per_min + decay * (s->load[c][k] - per_min);
             snprintf(buf, sizeof(buf), "%.2f", s->load[c][k]);
             snprintf(suffix, sizeof(suffix), "load/%s/%s", counters[c].load, load_names[k]);
-            put(s, suffix, s->ticked ? buf : NULL);
+            publish_changed(s, suffix, s->ticked ? buf : NULL);
         }
     }
 }
@@ -129,61 +125,65 @@ static void put_loads(sys_t *s, const uint64_t now[NCOUNTERS], double dt_s)
 static void sys_tick(sys_t *s)
 {
     rt_broker_stats_t *st = &rt_broker->stats;
-    uint64_t now_ms = mono_ms();
+    uint64_t now_ms = rt_mono_ms();
     s->slot = 0;
 
     char buf[SYS_PAYLOAD_MAX];
     snprintf(buf, sizeof(buf), "rtd version %s", s->version);
-    put(s, "version", buf);
+    publish_changed(s, "version", buf);
     snprintf(buf, sizeof(buf), "%llu seconds", (unsigned long long)((now_ms - s->start_ms) / 1000));
-    put(s, "uptime", buf);
+    publish_changed(s, "uptime", buf);
 
     rt_broker_counts_t bc;
     rt_broker_counts(&bc);
     uint64_t connected = bc.connections.count, sessions = bc.sessions.count;
-    put_u64(s, "clients/connected", connected);
+    publish_changed_u64(s, "clients/connected", connected);
     /* Read apart, the two may disagree for a moment while a client connects. */
-    put_u64(s, "clients/disconnected", sessions > connected ? sessions - connected : 0);
-    put_u64(s, "clients/maximum", bc.connections.max);
-    put_u64(s, "clients/total", sessions);
+    publish_changed_u64(s, "clients/disconnected", sessions > connected ? sessions - connected : 0);
+    publish_changed_u64(s, "clients/maximum", bc.connections.max);
+    publish_changed_u64(s, "clients/total", sessions);
 
     rt_broker_metrics_t bm;
     rt_broker_metrics(&bm);
     uint64_t now[NCOUNTERS] = {
-        [C_MSGS_IN] = bm.msgs_in,                [C_MSGS_OUT] = bm.msgs_out,
-        [C_BYTES_IN] = bm.bytes_in,              [C_BYTES_OUT] = bm.bytes_out,
-        [C_CONNECTS] = load_stat(&st->connects), [C_ACCEPTED] = load_stat(&st->accepted),
+        [C_MSGS_IN] = bm.msgs_in,
+        [C_MSGS_OUT] = bm.msgs_out,
+        [C_BYTES_IN] = bm.bytes_in,
+        [C_BYTES_OUT] = bm.bytes_out,
+        [C_CONNECTS] = stat_value(&st->connects),
+        [C_ACCEPTED] = stat_value(&st->accepted),
     };
     for (int c = 0; c < NCOUNTERS; c++)
         if (counters[c].total)
-            put_u64(s, counters[c].total, now[c]);
-    put_u64(s, "messages/dropped", bm.msgs_dropped);
-    put_u64(s, "messages/expired", bm.msgs_expired);
-    put_u64(s, "bad_packets", load_stat(&st->bad_packets));
-    put_u64(s, "tolerated/v31_subscribe_flags", load_stat(&st->v31_sub_flags));
+            publish_changed_u64(s, counters[c].total, now[c]);
+    publish_changed_u64(s, "messages/dropped", bm.msgs_dropped);
+    publish_changed_u64(s, "messages/expired", bm.msgs_expired);
+    publish_changed_u64(s, "bad_packets", stat_value(&st->bad_packets));
+    publish_changed_u64(s, "tolerated/v31_subscribe_flags", stat_value(&st->v31_sub_flags));
     /* Limits the connection actors enforce: how often each refused something. */
-    put_u64(s, "limits/topic", load_stat(&st->topic_limit_hits));
-    put_u64(s, "limits/subscriptions", load_stat(&st->subs_limit_hits));
-    put_u64(s, "limits/retained", load_stat(&st->retained_limit_hits));
+    publish_changed_u64(s, "limits/topic", stat_value(&st->topic_limit_hits));
+    publish_changed_u64(s, "limits/subscriptions", stat_value(&st->subs_limit_hits));
+    publish_changed_u64(s, "limits/retained", stat_value(&st->retained_limit_hits));
 
-    put_u64(s, "subscriptions/count", bc.subscriptions.count);
-    put_u64(s, "shared_subscriptions/count", bc.shared_groups);
-    put_u64(s, "retained messages/count", bc.retained.count);
+    publish_changed_u64(s, "subscriptions/count", bc.subscriptions.count);
+    publish_changed_u64(s, "shared_subscriptions/count", bc.shared_groups);
+    publish_changed_u64(s, "retained messages/count", bc.retained.count);
 
     uint64_t heap = heap_bytes();
     if (heap > s->max_heap)
         s->max_heap = heap;
-    put_u64(s, "heap/current", heap);
-    put_u64(s, "heap/maximum", s->max_heap);
+    publish_changed_u64(s, "heap/current", heap);
+    publish_changed_u64(s, "heap/maximum", s->max_heap);
 
-    put_u64(s, "connections/sockets", load_stat(&st->sockets));
-    put_u64(s, "connections/refused/total", load_stat(&st->refused));
-    put_u64(s, "connections/refused/max_connections", load_stat(&st->refused_max_conns));
-    put_u64(s, "connections/refused/per_ip", load_stat(&st->refused_per_ip));
-    put_u64(s, "connections/refused/rate", load_stat(&st->refused_rate));
-    put_u64(s, "connections/refused/error", load_stat(&st->refused_error));
+    publish_changed_u64(s, "connections/sockets", stat_value(&st->sockets));
+    publish_changed_u64(s, "connections/refused/total", stat_value(&st->refused));
+    publish_changed_u64(s, "connections/refused/max_connections",
+                        stat_value(&st->refused_max_conns));
+    publish_changed_u64(s, "connections/refused/per_ip", stat_value(&st->refused_per_ip));
+    publish_changed_u64(s, "connections/refused/rate", stat_value(&st->refused_rate));
+    publish_changed_u64(s, "connections/refused/error", stat_value(&st->refused_error));
 
-    put_loads(s, now, s->ticked ? (double)(now_ms - s->last_ms) / 1000.0 : 0);
+    publish_loads(s, now, s->ticked ? (double)(now_ms - s->last_ms) / 1000.0 : 0);
     memcpy(s->prev, now, sizeof(now));
     s->last_ms = now_ms;
     s->ticked = true;
@@ -195,7 +195,7 @@ static int sys_init(rt_actor_t *self, void *state, void *arg)
     const sys_arg_t *a = arg;
     s->version = a->version;
     s->interval_ms = (uint64_t)a->interval_s * 1000;
-    s->start_ms = mono_ms();
+    s->start_ms = rt_mono_ms();
     /* The tree appears at once; the loads start after the first interval. */
     return rt_send(rt_self(self), MSG_SYS_TICK, NULL, 0);
 }
@@ -224,6 +224,7 @@ static const rt_actor_type_t sys_type = {
 
 int rt_sys_start(const rt_conf_t *conf, const char *version)
 {
+    RT_ASSERT(rt_broker); /* its ticks read the broker's state */
     if (conf->sys_interval <= 0)
         return 0;
     sys_arg_t arg = {version, conf->sys_interval};

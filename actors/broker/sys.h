@@ -35,7 +35,7 @@
 /*
 ** Starts the $SYS actor if conf->sys_interval > 0 (0 with nothing started
 ** otherwise). version (a static string) is published as "rtd version <version>".
-** Call after rt_broker_start; rt_shutdown stops the actor like any other.
+** Call after rt_broker_init; rt_shutdown stops the actor like any other.
 */
 int rt_sys_start(const rt_conf_t *conf, const char *version);
 

@@ -1,7 +1,8 @@
 /*
 ** rtd: the MQTT broker daemon. Reads etc/rtd.conf (or -c FILE), applies -o
-** overrides, starts the runtime and the listeners, and runs until SIGTERM or
-** SIGINT, then shuts down cleanly (MQTT 5 clients get DISCONNECT 0x8B).
+** overrides, starts the broker as a list of stages, and runs until SIGTERM or
+** SIGINT; then, as when a stage fails to start, the started stages stop in
+** reverse order (MQTT 5 clients get DISCONNECT 0x8B).
 */
 #include <errno.h>
 #include <signal.h>
@@ -157,32 +158,258 @@ static void usage(FILE *out)
                  "                   password file, like mosquitto_passwd\n");
 }
 
-/*
-** Once everything runs: rule workers hand over their last rows, then sinks write
-** or spill what they hold, before the runtime stops every actor; what sessions
-** changed is on disk first.
-*/
-static void stop_all(void)
+/* What the stages share. */
+typedef struct {
+    const char *conf_path;
+    rt_conf_t conf;   /* the admin socket keeps a pointer to it */
+    sigset_t signals; /* the ones main waits for, blocked in every thread */
+    char err[RT_CONF_ERR_LEN];
+} rtd_t;
+
+/* A wrong setting or file: said on stderr, exit status 2. */
+static int config_error(const rtd_t *d)
 {
-    rt_rules_stop();
-    rt_sinks_stop();
+    fprintf(stderr, "rtd: %s\n", d->err);
+    return 2;
+}
+
+/* A stage that checks its own settings as it starts: RT_EINVAL is a wrong one. */
+static int stage_error(const rtd_t *d, int rc)
+{
+    fprintf(stderr, "rtd: %s\n", d->err);
+    return rc == RT_EINVAL ? 2 : 1;
+}
+
+/* The MQTT stages fail alike: logged, exit status 1. */
+static int mqtt_error(const rtd_t *d)
+{
+    rt_log(RT_LOG_ERROR, "listener.failed", "%s", d->err);
+    return 1;
+}
+
+static int start_dirs(rtd_t *d)
+{
+    const rt_conf_t *c = &d->conf;
+    if (check_rules_dir(c->rules_dir, d->err, sizeof(d->err)) ||
+        prepare_data_dir(c->data_dir, d->err, sizeof(d->err)))
+        return config_error(d);
+    rt_log(RT_LOG_INFO, "config.paths",
+           "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
+           d->conf_path, c->rules_dir, c->data_dir, c->password_file[0] ? c->password_file : "-",
+           c->acl_file[0] ? c->acl_file : "-", c->admin_socket[0] ? c->admin_socket : c->data_dir,
+           c->admin_socket[0] ? "" : "/rtd.sock");
+    return 0;
+}
+
+static int start_auth(rtd_t *d)
+{
+    return rt_auth_configure(&d->conf, d->err, sizeof(d->err)) ? config_error(d) : 0;
+}
+
+static int start_runtime(rtd_t *d)
+{
+    /* Signals are taken by main's thread alone: blocked before any thread starts. */
+    sigemptyset(&d->signals);
+    sigaddset(&d->signals, SIGTERM);
+    sigaddset(&d->signals, SIGINT);
+    sigaddset(&d->signals, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &d->signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rt_config_t rc;
+    rt_config_defaults(&rc);
+    rc.schedulers = (unsigned)d->conf.schedulers;
+    rc.blocking_threads = (unsigned)d->conf.blocking_threads;
+    rc.batch = (unsigned)d->conf.batch;
+    rc.min_heap = (size_t)d->conf.min_heap;
+    rc.gc_factor = d->conf.gc_factor;
+    rc.max_heap = (size_t)d->conf.max_heap;
+    int r = rt_init(&rc);
+    if (r) {
+        rt_log(RT_LOG_ERROR, "runtime.failed", "%s", rt_strerror(r));
+        return 1;
+    }
+    return 0;
+}
+
+/*
+** Every stage started later has stopped by now, but for the connections, which
+** end with the runtime: the store commits what it was sent (rows that a
+** republish sink published at its stop included), then every actor ends.
+*/
+static void stop_runtime(void)
+{
     rt_store_sync();
     rt_shutdown();
-    rt_broker_free();
-    rt_sinks_free();
-    rt_auth_shutdown();
+}
+
+/* Sinks start before anything that makes rows (the rule engine). */
+static int start_sinks(rtd_t *d)
+{
+    int r = rt_sinks_start(&d->conf, d->err, sizeof(d->err));
+    return r ? stage_error(d, r) : 0;
+}
+
+/* The rule engine feeds the sinks and is fed by connections: between the two. */
+static int start_rules(rtd_t *d)
+{
+    int r = rt_rules_start(&d->conf, d->err, sizeof(d->err));
+    if (r)
+        return stage_error(d, r);
+    rt_log(RT_LOG_INFO, "rules.started", "rules=%zu rules_dir=%s", rt_rules_snapshot(NULL, 0),
+           d->conf.rules_dir);
+    return 0;
+}
+
+/* Rule workers hand their last rows to the sinks, which stop next. */
+static void stop_rules(void)
+{
+    log_rules();
+    rt_rules_stop();
+}
+
+static int start_broker(rtd_t *d)
+{
+    int r = rt_broker_init(&d->conf);
+    if (r) {
+        snprintf(d->err, sizeof(d->err), "cannot make the broker's state: %s", rt_strerror(r));
+        return mqtt_error(d);
+    }
+    return 0;
+}
+
+/* What the store kept (persistence on): retained messages, and sessions offline until
+   their clients return. */
+static int start_sessions(rtd_t *d)
+{
+    return rt_sessions_restore(d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
+}
+
+/* Before the listeners: the first CONNECT may need a full password hash. */
+static int start_verifier(rtd_t *d)
+{
+    int r = rt_auth_verifier_start();
+    if (r) {
+        snprintf(d->err, sizeof(d->err), "cannot start the login verifier: %s", rt_strerror(r));
+        return mqtt_error(d);
+    }
+    return 0;
+}
+
+static int start_listeners(rtd_t *d)
+{
+    for (unsigned i = 0; i < rt_broker->conf.nlisteners; i++) {
+        const rt_listen_t *l = &rt_broker->conf.listeners[i];
+        rt_pid_t pid;
+        int r = rt_spawn(&rt_listener_type, (void *)l, &pid);
+        if (r) {
+            snprintf(d->err, sizeof(d->err), "cannot listen on %s:%d: %s", l->host, l->port,
+                     r == RT_EEXIST ? "address already in use" : rt_strerror(r));
+            return mqtt_error(d);
+        }
+    }
+    return 0;
+}
+
+/* $SYS/broker/...: the broker serves without it. */
+static int start_sys(rtd_t *d)
+{
+    int r = rt_sys_start(&d->conf, RTD_VERSION);
+    if (r)
+        rt_log(RT_LOG_ERROR, "sys.failed", "no $SYS tree: %s", rt_strerror(r));
+    return 0;
+}
+
+/* The admin socket last: what rtctl reads is all running by then. */
+static int start_admin(rtd_t *d)
+{
+    if (rt_admin_start(&d->conf, RTD_VERSION, d->err, sizeof(d->err)) == 0)
+        return 0;
+    rt_log(RT_LOG_ERROR, "admin.failed", "%s", d->err);
+    return 1;
+}
+
+/*
+** One stage of rtd's start. start returns 0, or rtd's exit status once it has
+** said why it failed (2: a wrong setting or file, 1: anything else); a start that
+** fails undoes itself, unless undoing needs the runtime stopped first: then
+** `partial` has the failed stage unwound with the started ones. stop runs while
+** the runtime still runs and hands on what the stage holds; free runs once no
+** actor is left to reach what it frees. Either may be NULL: the actors a stage
+** spawned end with the runtime.
+*/
+typedef struct {
+    int (*start)(rtd_t *d);
+    void (*stop)(void);
+    void (*free)(void);
+    bool partial;
+} stage_t;
+
+/* In the order rtd starts them. */
+static const stage_t stages[] = {
+    /* rules_dir exists, data_dir is private */
+    {.start = start_dirs},
+    /* the password and ACL files */
+    {.start = start_auth, .free = rt_auth_shutdown},
+    {.start = start_runtime, .stop = stop_runtime},
+    /* they write or spill what they hold at stop */
+    {.start = start_sinks, .stop = rt_sinks_stop, .free = rt_sinks_free},
+    {.start = start_rules, .stop = stop_rules},
+    /* MQTT: the trie, the retained store and the client table, */
+    {.start = start_broker, .free = rt_broker_free},
+    /* then what the store kept (a load that fails has it open and actors running), */
+    {.start = start_sessions, .free = rt_store_close, .partial = true},
+    /* the login verifier and the listeners */
+    {.start = start_verifier},
+    {.start = start_listeners},
+    {.start = start_sys},
+    {.start = start_admin, .stop = rt_admin_stop},
+};
+
+#define NSTAGES (sizeof(stages) / sizeof(stages[0]))
+
+/*
+** Stops the first n stages in reverse order, in two passes: every stop (so the
+** runtime's, which ends every actor, comes after those of the stages started
+** after it), then every free.
+*/
+static void unwind(size_t n)
+{
+    for (size_t i = n; i-- > 0;)
+        if (stages[i].stop)
+            stages[i].stop();
+    for (size_t i = n; i-- > 0;)
+        if (stages[i].free)
+            stages[i].free();
+}
+
+/* SIGHUP reloads; SIGTERM or SIGINT returns. */
+static void serve(rtd_t *d)
+{
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&d->signals, &sig) != 0)
+            continue;
+        if (sig != SIGHUP) {
+            rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
+            return;
+        }
+        /* What `rtctl auth reload` and `rtctl rules reload` do; a bad file leaves the
+           running one in force (logged by the reload). */
+        rt_admin_reload_auth(d->err, sizeof(d->err));
+        rt_admin_reload_rules(d->err, sizeof(d->err));
+    }
 }
 
 int main(int argc, char **argv)
 {
-    const char *conf_path = "etc/rtd.conf";
+    static rtd_t d = {.conf_path = "etc/rtd.conf"};
     const char *overrides[64];
     int noverrides = 0;
     if (argc > 1 && strcmp(argv[1], "passwd") == 0)
         return rt_auth_passwd_main(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
-            conf_path = argv[++i];
+            d.conf_path = argv[++i];
         } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc && noverrides < 64) {
             overrides[noverrides++] = argv[++i];
         } else if (strcmp(argv[i], "--version") == 0) {
@@ -197,123 +424,29 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    rt_conf_t conf;
-    char err[RT_CONF_ERR_LEN];
-    rt_conf_defaults(&conf);
-    if (rt_conf_load(&conf, conf_path, err, sizeof(err)) != 0) {
-        fprintf(stderr, "rtd: %s\n", err);
-        return 2;
-    }
-    for (int i = 0; i < noverrides; i++) {
-        if (rt_conf_set(&conf, overrides[i], err, sizeof(err)) != 0) {
-            fprintf(stderr, "rtd: %s\n", err);
-            return 2;
-        }
-    }
+    rt_conf_defaults(&d.conf);
+    if (rt_conf_load(&d.conf, d.conf_path, d.err, sizeof(d.err)) != 0)
+        return config_error(&d);
+    for (int i = 0; i < noverrides; i++)
+        if (rt_conf_set(&d.conf, overrides[i], d.err, sizeof(d.err)) != 0)
+            return config_error(&d);
     rt_log_level_t level = RT_LOG_INFO;
-    rt_log_parse_level(conf.log_level, &level);
+    rt_log_parse_level(d.conf.log_level, &level);
     rt_log_open(NULL, level, false);
     /* Everything rtd creates (databases, their -wal and -shm, spills) is its own alone. */
     umask(077);
-    if (check_rules_dir(conf.rules_dir, err, sizeof(err)) ||
-        prepare_data_dir(conf.data_dir, err, sizeof(err))) {
-        fprintf(stderr, "rtd: %s\n", err);
-        return 2;
+    size_t started = 0;
+    int status = 0;
+    while (started < NSTAGES && (status = stages[started].start(&d)) == 0)
+        started++;
+    if (status) {
+        unwind(started + stages[started].partial);
+        return status;
     }
-    rt_log(RT_LOG_INFO, "config.paths",
-           "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
-           conf_path, conf.rules_dir, conf.data_dir,
-           conf.password_file[0] ? conf.password_file : "-", conf.acl_file[0] ? conf.acl_file : "-",
-           conf.admin_socket[0] ? conf.admin_socket : conf.data_dir,
-           conf.admin_socket[0] ? "" : "/rtd.sock");
-    /* The password and ACL files, checked before anything starts. */
-    if (rt_auth_configure(&conf, err, sizeof(err)) != 0) {
-        fprintf(stderr, "rtd: %s\n", err);
-        return 2;
-    }
-
-    /* Signals are taken by this thread alone: block them before any thread starts. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    rt_config_t rc;
-    rt_config_defaults(&rc);
-    rc.schedulers = (unsigned)conf.schedulers;
-    rc.blocking_threads = (unsigned)conf.blocking_threads;
-    rc.batch = (unsigned)conf.batch;
-    rc.min_heap = (size_t)conf.min_heap;
-    rc.gc_factor = conf.gc_factor;
-    rc.max_heap = (size_t)conf.max_heap;
-    int r = rt_init(&rc);
-    if (r) {
-        rt_log(RT_LOG_ERROR, "runtime.failed", "%s", rt_strerror(r));
-        rt_auth_shutdown();
-        return 1;
-    }
-    /* Sinks start before anything that makes rows (the rule engine); their keys are
-       checked here, so a bad sinks table is a config error (exit 2) like any other. */
-    r = rt_sinks_start(&conf, err, sizeof(err));
-    if (r != 0) {
-        fprintf(stderr, "rtd: %s\n", err);
-        rt_shutdown();
-        rt_sinks_free();
-        return r == RT_EINVAL ? 2 : 1;
-    }
-    /* The rule engine feeds the sinks and is fed by connections: between the two. */
-    r = rt_rules_start(&conf, err, sizeof(err));
-    if (r != 0) {
-        fprintf(stderr, "rtd: %s\n", err);
-        rt_sinks_stop();
-        rt_shutdown();
-        rt_sinks_free();
-        rt_auth_shutdown();
-        return r == RT_EINVAL ? 2 : 1;
-    }
-    rt_log(RT_LOG_INFO, "rules.started", "rules=%zu rules_dir=%s", rt_rules_snapshot(NULL, 0),
-           conf.rules_dir);
-    if (rt_mqtt_start(&conf, err, sizeof(err)) != 0) {
-        rt_log(RT_LOG_ERROR, "listener.failed", "%s", err);
-        rt_rules_stop();
-        rt_sinks_stop();
-        rt_shutdown();
-        rt_broker_free();
-        rt_sinks_free();
-        rt_auth_shutdown();
-        return 1;
-    }
-    /* $SYS/broker/...: stopped by rt_shutdown with every other actor. */
-    if ((r = rt_sys_start(&conf, RTD_VERSION)) != 0)
-        rt_log(RT_LOG_ERROR, "sys.failed", "no $SYS tree: %s", rt_strerror(r));
-    /* The admin socket last: what rtctl reads is all running by then. */
-    if (rt_admin_start(&conf, RTD_VERSION, err, sizeof(err)) != 0) {
-        rt_log(RT_LOG_ERROR, "admin.failed", "%s", err);
-        stop_all();
-        return 1;
-    }
-    log_access(&conf);
-    rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, conf_path);
-    for (;;) {
-        int sig = 0;
-        if (sigwait(&sigs, &sig) != 0)
-            continue;
-        if (sig == SIGHUP) {
-            /* What `rtctl auth reload` and `rtctl rules reload` do; a bad file leaves the
-               running one in force (logged by the reload). */
-            rt_admin_reload_auth(err, sizeof(err));
-            rt_admin_reload_rules(err, sizeof(err));
-            continue;
-        }
-        rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
-        break;
-    }
-    rt_admin_stop();
-    log_rules();
-    stop_all();
+    log_access(&d.conf);
+    rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, d.conf_path);
+    serve(&d);
+    unwind(NSTAGES);
     rt_log(RT_LOG_INFO, "rtd.stopped", "clean shutdown");
     return 0;
 }

@@ -244,6 +244,7 @@ static void stop_broker(void)
     rt_store_sync();
     rt_shutdown();
     rt_broker_free();
+    rt_store_close();
 }
 
 /* ---- Asking a connection actor ---- */

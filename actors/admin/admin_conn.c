@@ -1,0 +1,247 @@
+/*
+** One rtctl client of the admin socket: an actor that reads its request lines
+** and answers them in order, each here, through the worker, or from the replies
+** of connection actors, and stops reading while its unsent answers pile up.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "admin_impl.h"
+
+#define MSG_GATHER_TIMEOUT (RT_ADMIN_MSG_JOB_DONE + 1) /* stop waiting for connection actors */
+
+typedef struct {
+    rt_sock_t *sock;
+    rt_buf_t in;             /* bytes read and not yet answered */
+    uint64_t cookie;         /* of the request waiting for an answer; 0: none */
+    rt_admin_cmd_t *waiting; /* a gathering request (admin_clients.c), or NULL */
+    rt_ref_t timer;
+    bool held; /* unsent replies passed RT_ADMIN_OUT_MAX: not reading */
+} admin_conn_t;
+
+static void respond(admin_conn_t *k, int code, const char *body, size_t len)
+{
+    char head[48];
+    int n = snprintf(head, sizeof(head), "%d %zu\n", code, len);
+    rt_sock_write(k->sock, head, (size_t)n);
+    if (len)
+        rt_sock_write(k->sock, body, len);
+}
+
+static void respond_cmd(admin_conn_t *k, rt_admin_cmd_t *c)
+{
+    rt_buf_t body = {0};
+    rt__admin_render(c, &body);
+    if (body.oom)
+        respond(k, 500, "out of memory\n", 14);
+    else
+        respond(k, c->code, body.data, body.len);
+    rt_buf_free(&body);
+}
+
+static void answer_lines(rt_actor_t *self, admin_conn_t *k);
+
+static void finish_gather(rt_actor_t *self, admin_conn_t *k)
+{
+    if (k->timer) {
+        rt_cancel_timer(k->timer);
+        k->timer = 0;
+    }
+    rt__admin_gather_finish(k->waiting);
+    respond_cmd(k, k->waiting);
+    rt__admin_cmd_free(k->waiting);
+    k->waiting = NULL;
+    k->cookie = 0;
+    answer_lines(self, k);
+}
+
+/*
+** Whether the client's unsent replies are past RT_ADMIN_OUT_MAX: if so its socket stops
+** being read (its requests wait in the kernel, then in the client) until they drain.
+** Output past the cap (which is at least RT_SOCK_FLUSH_AT) means the kernel refused a
+** send, so an RT_SOCK_WRITABLE event will say when it drains.
+*/
+_Static_assert(RT_ADMIN_OUT_MAX >= RT_SOCK_FLUSH_AT, "held output must mean a blocked socket");
+static bool hold_output(admin_conn_t *k)
+{
+    if (rt_sock_pending(k->sock) <= RT_ADMIN_OUT_MAX)
+        return false;
+    if (!k->held) {
+        k->held = true;
+        rt_sock_pause_reading(k->sock, true);
+    }
+    return true;
+}
+
+/*
+** Answers one request line (split in place): here and now, or later for a
+** command that waits (the worker's answer, or the connection actors' replies).
+*/
+static void answer_line(rt_actor_t *self, admin_conn_t *k, char *line, size_t len)
+{
+    static _Atomic uint64_t next_cookie = 1;
+    rt_admin_cmd_t *c = rt__admin_cmd_new(self);
+    if (!c) {
+        respond(k, 500, "out of memory\n", 14);
+        return;
+    }
+    /* The worker splits its own copy: keep the line whole for it. */
+    char *raw = malloc(len);
+    if (raw)
+        memcpy(raw, line, len);
+    const rt_admin_command_t *cmd = rt__admin_parse(c, line, len);
+    if (cmd && (cmd->flags & RT_ADMIN_BLOCKING)) {
+        uint64_t cookie = next_cookie++;
+        if (raw && rt__admin_worker_ask(cookie, raw, len) == 0)
+            k->cookie = cookie;
+        else
+            rt__admin_fail(c, 503, "the admin worker is not running");
+    } else if (cmd) {
+        rt__admin_run(c, cmd);
+        if (c->code == 0) { /* gathering: answered by finish_gather */
+            k->waiting = c;
+            k->cookie = next_cookie++;
+            rt_send_after_tag(RT_ADMIN_GATHER_MS, rt_self(self), MSG_GATHER_TIMEOUT, &k->timer);
+            c = NULL;
+        }
+    }
+    free(raw);
+    if (c && !k->cookie)
+        respond_cmd(k, c);
+    if (c)
+        rt__admin_cmd_free(c);
+}
+
+/* Answers complete request lines until one has to wait (worker, gathering, unsent replies). */
+static void answer_lines(rt_actor_t *self, admin_conn_t *k)
+{
+    while (!k->cookie && k->sock && !hold_output(k)) {
+        char *nl = k->in.len ? memchr(k->in.data, '\n', k->in.len) : NULL;
+        if (!nl) {
+            if (k->in.len > RT_ADMIN_LINE_MAX) {
+                respond(k, 400, "request line too long\n", 22);
+                rt_exit(self, RT_REASON_NORMAL);
+            }
+            return;
+        }
+        size_t linelen = (size_t)(nl - k->in.data);
+        answer_line(self, k, k->in.data, linelen);
+        memmove(k->in.data, k->in.data + linelen + 1, k->in.len - linelen - 1);
+        k->in.len -= linelen + 1;
+    }
+}
+
+static int admin_conn_init(rt_actor_t *self, void *state, void *arg)
+{
+    admin_conn_t *k = state;
+    int fd = (int)(intptr_t)arg;
+    if (rt_sock_adopt(self, fd, &k->sock) != 0) {
+        close(fd);
+        return RT_EINVAL;
+    }
+    return 0;
+}
+
+static void on_readable(rt_actor_t *self, admin_conn_t *k)
+{
+    for (int reads = 0; reads < 16; reads++) {
+        const void *data;
+        size_t len;
+        int rc = rt_sock_read(k->sock, &data, &len);
+        if (rc == RT_EAGAIN)
+            break;
+        if (rc != 0) {
+            rt_exit(self, RT_REASON_NORMAL);
+            return;
+        }
+        rt_buf_add(&k->in, data, len);
+        if (k->in.oom || k->in.len > 2 * RT_ADMIN_LINE_MAX) {
+            respond(k, 400, "request line too long\n", 22);
+            rt_exit(self, RT_REASON_NORMAL);
+            return;
+        }
+    }
+    answer_lines(self, k);
+}
+
+/* The held replies drained: answer what is buffered, then read again. */
+static void resume(rt_actor_t *self, admin_conn_t *k)
+{
+    k->held = false;
+    answer_lines(self, k);
+    if (!k->held)
+        rt_sock_pause_reading(k->sock, false);
+}
+
+static void admin_conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    admin_conn_t *k = state;
+    switch (m->tag) {
+    case RT_MSG_SOCKET: {
+        const rt_sock_event_t *ev = (const rt_sock_event_t *)m->data;
+        if ((ev->events & RT_SOCK_WRITABLE) && k->held)
+            resume(self, k);
+        if (ev->events & RT_SOCK_READABLE)
+            on_readable(self, k);
+        break;
+    }
+    case RT_ADMIN_MSG_JOB_DONE: {
+        rt_admin_job_done_t a;
+        if (m->len < sizeof(a))
+            break;
+        memcpy(&a, m->data, sizeof(a));
+        if (a.cookie != k->cookie)
+            break;
+        respond(k, a.code, (const char *)m->data + sizeof(a), m->len - sizeof(a));
+        k->cookie = 0;
+        answer_lines(self, k);
+        break;
+    }
+    case MSG_GATHER_TIMEOUT:
+        k->timer = 0;
+        if (k->waiting)
+            finish_gather(self, k);
+        break;
+    default:
+        if (k->waiting && rt__admin_gather_reply(k->waiting, m))
+            finish_gather(self, k);
+        break;
+    }
+}
+
+static void admin_conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)self;
+    (void)reason;
+    admin_conn_t *k = state;
+    if (k->timer)
+        rt_cancel_timer(k->timer);
+    if (k->waiting)
+        rt__admin_cmd_free(k->waiting);
+    rt_buf_free(&k->in);
+}
+
+static const char *admin_conn_tag_name(uint32_t tag)
+{
+    switch (tag) {
+    case RT_MSG_SOCKET:
+        return "socket";
+    case RT_ADMIN_MSG_JOB_DONE:
+        return "job_done";
+    case MSG_GATHER_TIMEOUT:
+        return "gather_timeout";
+    default:
+        return "gather_reply";
+    }
+}
+
+const rt_actor_type_t rt__admin_conn_type = {
+    .name = "admin_conn",
+    .state_size = sizeof(admin_conn_t),
+    .init = admin_conn_init,
+    .handle = admin_conn_handle,
+    .terminate = admin_conn_terminate,
+    .tag_name = admin_conn_tag_name,
+};
