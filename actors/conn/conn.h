@@ -26,6 +26,8 @@ typedef struct rt_conn_arg_s {
 int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen);
 /* The restore step of rt_mqtt_start: opens data_dir/state.db and loads it. */
 int rt_sessions_restore(char *err, size_t errlen);
+/* Its last step: one listener actor per configured address (rtd runs the steps as stages). */
+int rt_listeners_start(char *err, size_t errlen);
 
 /*
 ** Asks every client actor (connections and offline sessions) to check its

@@ -117,12 +117,17 @@ int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen)
         snprintf(err, errlen, "cannot start the login verifier: %s", rt_strerror(vrc));
         return vrc;
     }
-    for (unsigned i = 0; i < conf->nlisteners; i++) {
+    return rt_listeners_start(err, errlen);
+}
+
+int rt_listeners_start(char *err, size_t errlen)
+{
+    for (unsigned i = 0; i < rt_broker->conf.nlisteners; i++) {
+        const rt_listen_t *l = &rt_broker->conf.listeners[i];
         rt_pid_t pid;
-        rc = rt_spawn(&rt_listener_type, (void *)&rt_broker->conf.listeners[i], &pid);
+        int rc = rt_spawn(&rt_listener_type, (void *)l, &pid);
         if (rc) {
-            snprintf(err, errlen, "cannot listen on %s:%d: %s", conf->listeners[i].host,
-                     conf->listeners[i].port,
+            snprintf(err, errlen, "cannot listen on %s:%d: %s", l->host, l->port,
                      rc == RT_EEXIST ? "address already in use" : rt_strerror(rc));
             return rc;
         }

@@ -297,17 +297,7 @@ static int start_verifier(rtd_t *d)
 
 static int start_listeners(rtd_t *d)
 {
-    for (unsigned i = 0; i < rt_broker->conf.nlisteners; i++) {
-        const rt_listen_t *l = &rt_broker->conf.listeners[i];
-        rt_pid_t pid;
-        int r = rt_spawn(&rt_listener_type, (void *)l, &pid);
-        if (r) {
-            snprintf(d->err, sizeof(d->err), "cannot listen on %s:%d: %s", l->host, l->port,
-                     r == RT_EEXIST ? "address already in use" : rt_strerror(r));
-            return mqtt_error(d);
-        }
-    }
-    return 0;
+    return rt_listeners_start(d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
 }
 
 /* $SYS/broker/...: the broker serves without it. */
