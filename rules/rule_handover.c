@@ -19,8 +19,6 @@ typedef struct match_scratch_s {
 
 static _Thread_local match_scratch_t scratch;
 static _Thread_local bool scratch_ready;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 
 static void scratch_free(void *p)
 {
@@ -30,17 +28,12 @@ static void scratch_free(void *p)
     memset(t, 0, sizeof(*t));
 }
 
-static void scratch_key_create(void)
-{
-    pthread_key_create(&scratch_key, scratch_free);
-}
-
 /* This thread's scratch, emptied; freed when the thread exits. */
 static match_scratch_t *thread_scratch(void)
 {
     if (!scratch_ready) {
-        pthread_once(&scratch_once, scratch_key_create);
-        pthread_setspecific(scratch_key, &scratch);
+        /* Without the hook a thread's scratch leaks at its exit; matching works either way. */
+        (void)rt_thread_at_exit(scratch_free, &scratch);
         scratch_ready = true;
     }
     scratch.n = 0;

@@ -61,9 +61,9 @@ static rt_msg_t *mbox_pop(rt_actor_t *a)
         a->mbox_tail = next;
         return tail;
     }
-    rt_msg_t *head = (rt_msg_t *)((uintptr_t)atomic_load_explicit(&a->mbox_head,
-                                                                  memory_order_acquire) &
-                                  ~EMPTY_BIT);
+    rt_msg_t *head =
+        (rt_msg_t *)((uintptr_t)atomic_load_explicit(&a->mbox_head, memory_order_acquire) &
+                     ~EMPTY_BIT);
     if (tail != head)
         return NULL;
     /* tail is the last node: put the stub behind it so tail can be detached. */
@@ -151,14 +151,10 @@ static int rel_find(rt_actor_t *a, uint32_t kind, rt_pid_t pid, rt_ref_t ref)
 
 static int rel_add(rt_actor_t *a, uint32_t kind, rt_pid_t pid, rt_ref_t ref)
 {
-    if (a->nrels == a->caprels) {
-        uint32_t cap = a->caprels ? a->caprels * 2 : 4;
-        rt_rel_t *n = realloc(a->rels, cap * sizeof(*n));
-        if (!n)
-            return RT_ENOMEM;
-        a->rels = n;
-        a->caprels = cap;
-    }
+    size_t cap = a->caprels; /* uint32_t in the actor: links and monitors are few */
+    if (a->nrels == UINT32_MAX || rt_grow(&a->rels, &cap, a->nrels + 1, sizeof(*a->rels), 4))
+        return RT_ENOMEM;
+    a->caprels = (uint32_t)(cap < UINT32_MAX ? cap : UINT32_MAX);
     a->rels[a->nrels++] = (rt_rel_t){.pid = pid, .ref = ref, .kind = kind};
     return 0;
 }
@@ -196,8 +192,8 @@ static void mute_check(rt_actor_t *target)
     cur->mute_target = target;
 }
 
-#define RT_MAILBOX_HIGH 1000  /* queued messages that count as overload, turns aside */
-#define RT_MAILBOX_CHECK 63    /* look at the length every 64 sends: it costs a cache miss */
+#define RT_MAILBOX_HIGH 1000 /* queued messages that count as overload, turns aside */
+#define RT_MAILBOX_CHECK 63  /* look at the length every 64 sends: it costs a cache miss */
 
 static void deliver_to(rt_actor_t *a, rt_msg_t *m)
 {
@@ -410,8 +406,8 @@ static void process_signals(rt_actor_t *a)
 static void unmute_waiters(rt_actor_t *a, unsigned clear)
 {
     rt__spin_lock(&a->mute_lock);
-    unsigned left = atomic_fetch_and_explicit(&a->sync_flags, ~clear, memory_order_release) &
-                    ~clear;
+    unsigned left =
+        atomic_fetch_and_explicit(&a->sync_flags, ~clear, memory_order_release) & ~clear;
     rt_actor_t *w = NULL;
     if (!(left & (RT_AF_OVERLOADED | RT_AF_PRESSURE)) || (left & RT_AF_DEAD)) {
         w = a->muted;
@@ -826,8 +822,7 @@ static void discard_spawn(rt_actor_t *a, rt_actor_t *parent)
     actor_exit(a);
 }
 
-int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts,
-                 rt_pid_t *out)
+int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
 {
     rt_runtime_t *rt = rt__rt;
     static const rt_spawn_opts_t no_opts;
@@ -868,8 +863,8 @@ int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *
 
     if (opts->name && (rc = rt_register(a, opts->name)) != 0)
         goto fail;
-    if (opts->link &&
-        ((rc = rel_add(parent, RT_REL_LINK, a->pid, 0)) || (rc = rel_add(a, RT_REL_LINK, parent->pid, 0))))
+    if (opts->link && ((rc = rel_add(parent, RT_REL_LINK, a->pid, 0)) ||
+                       (rc = rel_add(a, RT_REL_LINK, parent->pid, 0))))
         goto fail;
     if (opts->monitor) {
         rt_ref_t ref = new_ref();

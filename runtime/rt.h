@@ -312,6 +312,14 @@ int rt_sock_local_port(const rt_sock_t *s);
 uint64_t rt_hash(const void *data, size_t len);
 uint64_t rt_hash_with(uint64_t tweak, const void *data, size_t len);
 
+/* ---- Per-thread state ----
+** Runs fini(obj) when the calling thread exits: for a _Thread_local object that owns
+** memory (scratch space kept per thread rather than per actor, so an idle actor costs
+** nothing). Register once per thread and object, on its first use there; RT_ENOMEM if
+** it could not be registered (then fini will not run).
+*/
+int rt_thread_at_exit(void (*fini)(void *obj), void *obj);
+
 /* ---- Clocks ---- */
 uint64_t rt_mono_ns(void); /* CLOCK_MONOTONIC: intervals, deadlines, timers */
 uint64_t rt_mono_ms(void);

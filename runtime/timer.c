@@ -133,14 +133,8 @@ static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
 {
     if (h->len >= h->compact_at)
         compact(h);
-    if (h->len == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        rt_timer_node_t *nodes = realloc(h->nodes, cap * sizeof(*nodes));
-        if (!nodes)
-            return RT_ENOMEM;
-        h->nodes = nodes;
-        h->cap = cap;
-    }
+    if (rt_grow(&h->nodes, &h->cap, h->len + 1, sizeof(*h->nodes), 64))
+        return RT_ENOMEM;
     h->nodes[h->len] = *n;
     sift_up(h, h->len++);
     return 0;
@@ -236,16 +230,17 @@ int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
         return RT_ENOMEM;
     rt_actor_t *cur = rt__tls.current;
     m->from = cur ? cur->pid : 0;
-    return start_timer((rt_timer_node_t){.due_ns = rt_mono_ns() + ms * 1000000u, .to = to,
-                                         .msg = m},
-                       ref);
+    return start_timer(
+        (rt_timer_node_t){.due_ns = rt_mono_ns() + ms * 1000000u, .to = to, .msg = m}, ref);
 }
 
 int rt_send_after_tag(uint64_t ms, rt_pid_t to, uint32_t tag, rt_ref_t *ref)
 {
     rt_actor_t *cur = rt__tls.current;
-    return start_timer((rt_timer_node_t){.due_ns = rt_mono_ns() + ms * 1000000u, .to = to,
-                                         .tag = tag, .from = cur ? cur->pid : 0},
+    return start_timer((rt_timer_node_t){.due_ns = rt_mono_ns() + ms * 1000000u,
+                                         .to = to,
+                                         .tag = tag,
+                                         .from = cur ? cur->pid : 0},
                        ref);
 }
 
@@ -255,8 +250,7 @@ int rt_cancel_timer(rt_ref_t ref)
     if (id == 0 || id >= RT_TIMERS_MAX)
         return RT_ENOTFOUND;
     uint64_t expect = (uint64_t)gen << 2 | T_PENDING;
-    if (atomic_compare_exchange_strong(&timer_state[id], &expect,
-                                       (uint64_t)gen << 2 | T_CANCELLED))
+    if (atomic_compare_exchange_strong(&timer_state[id], &expect, (uint64_t)gen << 2 | T_CANCELLED))
         return 0;
     return RT_ENOTFOUND;
 }

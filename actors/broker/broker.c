@@ -325,8 +325,6 @@ int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n)
 static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 static rt_metrics_block_t *metrics_all;  /* every block made, for the lifetime of the process */
 static rt_metrics_block_t *metrics_free; /* blocks waiting for a thread (theirs ended) */
-static pthread_key_t metrics_key;
-static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
 _Thread_local rt_metrics_block_t *rt__metrics_mine;
 
 /* A thread ends: its block, counts and all, waits for the next thread that counts. */
@@ -339,14 +337,8 @@ static void metrics_thread_end(void *block)
     pthread_mutex_unlock(&metrics_lock);
 }
 
-static void metrics_key_create(void)
-{
-    pthread_key_create(&metrics_key, metrics_thread_end);
-}
-
 rt_metrics_block_t *rt__metrics_attach(void)
 {
-    pthread_once(&metrics_once, metrics_key_create);
     pthread_mutex_lock(&metrics_lock);
     rt_metrics_block_t *b = metrics_free;
     if (b) {
@@ -356,10 +348,11 @@ rt_metrics_block_t *rt__metrics_attach(void)
         metrics_all = b;
     }
     pthread_mutex_unlock(&metrics_lock);
-    if (b) {
-        pthread_setspecific(metrics_key, b);
-        rt__metrics_mine = b;
+    if (b && rt_thread_at_exit(metrics_thread_end, b) != 0) {
+        metrics_thread_end(b); /* a block no exit would give back is not taken */
+        b = NULL;
     }
+    rt__metrics_mine = b;
     return b;
 }
 

@@ -2,7 +2,6 @@
 ** Routing (route.h): the trie match, one delivery message per matching subscriber, the
 ** retained store, and the broker's own publishes.
 */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,25 +69,18 @@ int rt_route_member_alive(void *arg, rt_pid_t pid)
 */
 static _Thread_local rt_trie_scratch_t route_scratch;
 static _Thread_local bool route_scratch_ready;
-static pthread_key_t route_scratch_key;
-static pthread_once_t route_scratch_once = PTHREAD_ONCE_INIT;
 
 static void route_scratch_free(void *s)
 {
     rt_trie_scratch_destroy(s);
 }
 
-static void route_scratch_key_create(void)
-{
-    pthread_key_create(&route_scratch_key, route_scratch_free);
-}
-
 static rt_trie_scratch_t *thread_scratch(void)
 {
     if (!route_scratch_ready) {
-        pthread_once(&route_scratch_once, route_scratch_key_create);
         rt_trie_scratch_init(&route_scratch);
-        pthread_setspecific(route_scratch_key, &route_scratch);
+        /* Without the hook a thread's scratch leaks at its exit; matching works either way. */
+        (void)rt_thread_at_exit(route_scratch_free, &route_scratch);
         route_scratch_ready = true;
     }
     return &route_scratch;

@@ -160,28 +160,24 @@ static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s, bool *acl_check
 }
 
 /*
-** Room for one byte per filter of a (UN)SUBSCRIBE, times `per`: the packet's own count, which
-** max_packet_size bounds (a filter takes at least three bytes). Small packets use `small`.
+** Starts the reply to a (UN)SUBSCRIBE: room for `per` bytes per filter (the packet's own
+** count, which max_packet_size bounds: a filter takes at least three bytes; small packets
+** use `small`), after counting an MQTT 3.1 client's flags 0000, which are accepted
+** (mqtt_codec.h).
 */
-static uint8_t *per_filter_bytes(const mqtt_packet_t *pk, size_t per, uint8_t *small,
-                                 size_t small_len)
+static uint8_t *sub_reply_room(const mqtt_packet_t *pk, size_t per, uint8_t *small,
+                               size_t small_len)
 {
+    if (pk->version == MQTT_V31 && pk->flags == 0)
+        atomic_fetch_add_explicit(&rt_broker->stats.v31_sub_flags, 1, memory_order_relaxed);
     size_t need = (size_t)pk->sub.count * per;
     return need <= small_len ? small : malloc(need);
 }
 
-/* An MQTT 3.1 client's (UN)SUBSCRIBE with fixed-header flags 0000, accepted (mqtt_codec.h). */
-static void count_v31_sub_flags(const mqtt_packet_t *pk)
-{
-    if (pk->version == MQTT_V31 && pk->flags == 0)
-        atomic_fetch_add_explicit(&rt_broker->stats.v31_sub_flags, 1, memory_order_relaxed);
-}
-
 int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
-    count_v31_sub_flags(pk);
     uint8_t small[512];
-    uint8_t *codes = per_filter_bytes(pk, 2, small, sizeof(small));
+    uint8_t *codes = sub_reply_room(pk, 2, small, sizeof(small));
     if (!codes)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     /* What each granted filter does after the SUBACK: a byte of THEN_* bits. */
@@ -244,9 +240,8 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 
 int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
-    count_v31_sub_flags(pk);
     uint8_t small[256];
-    uint8_t *codes = per_filter_bytes(pk, 1, small, sizeof(small));
+    uint8_t *codes = sub_reply_room(pk, 1, small, sizeof(small));
     if (!codes)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     size_t n = 0, pos = 0;
