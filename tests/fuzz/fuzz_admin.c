@@ -1,5 +1,5 @@
 /*
-** The admin socket's request lines (actors/admin.c): the input is what a client sends, cut
+** The admin socket's request lines (actors/admin/admin_request.c): the input is what a client sends, cut
 ** into lines at '\n' as the connection actor does; each line is split into words and options
 ** and looked up in the command table, and a refused one has its error rendered (text or JSON).
 ** Each line sits in a buffer of exactly its length, so a read past it is an ASan report.
@@ -35,13 +35,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(line, data, len);
         line[len] = '\n';
         rt_admin_cmd_t *c = calloc(1, sizeof(*c));
-        if (rt__admin_parse_request(c, line, len) == 0) {
+        if (rt__admin_parse(c, line, len)) {
             check_words(c, line, len);
             if (c->argc < 1 || c->argc > RT_ADMIN_ARGS_MAX || c->nopts > RT_ADMIN_OPTS_MAX)
                 abort();
-            (void)rt__admin_find(c);
             (void)rt__admin_opt(c, "n", NULL);
-        } else {
+        } else { /* a malformed line or an unknown command */
             if (c->code != 400 || !memchr(c->error, 0, sizeof(c->error)))
                 abort();
             rt_buf_t out = {0};
