@@ -1,3 +1,7 @@
+/*
+** The id allocator (idpool.h): its arrays are reserved once and touched only as ids are
+** first handed out, so a capacity of millions costs nothing until used.
+*/
 #include <sys/mman.h>
 
 #include "common.h"

@@ -1,3 +1,7 @@
+/*
+** Size-class object pools (pool.h): per-thread free lists over a shared depot, and the
+** flush of a thread's lists to the depot when the thread exits.
+*/
 #include <stdlib.h>
 #include <string.h>
 
