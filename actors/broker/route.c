@@ -58,6 +58,7 @@ static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
 
 int rt_route_member_alive(void *arg, rt_pid_t pid)
 {
+    RT_ASSERT(rt_topic_locks_held() == 1); /* the trie calls it under its lock: no calls back */
     (void)arg;
     return rt_alive(pid);
 }

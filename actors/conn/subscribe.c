@@ -124,6 +124,7 @@ typedef struct {
 /* Runs under the retained store's read lock: queue for sending at once, call nothing back. */
 static void retained_deliver(void *arg, const char *topic, size_t len, void *msg)
 {
+    RT_ASSERT(rt_topic_locks_held() == 1);
     retained_send_t *rs = arg;
     rt_retained_msg_t *r = msg;
     rt_message_t m;

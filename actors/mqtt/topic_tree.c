@@ -13,6 +13,15 @@
 _Thread_local int rt__tt_locks_held;
 #endif
 
+int rt_topic_locks_held(void)
+{
+#ifndef NDEBUG
+    return rt__tt_locks_held;
+#else
+    return 0;
+#endif
+}
+
 /* ---- Counted allocation ---- */
 
 void *rt__topic_alloc(atomic_size_t *ctr, size_t n)

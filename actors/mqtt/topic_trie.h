@@ -182,6 +182,12 @@ typedef void (*rt_retained_release_fn)(void *msg);
 typedef void (*rt_retained_fn)(void *arg, const char *topic, size_t len, void *msg);
 typedef struct rt_retained_s rt_retained_t;
 
+/*
+** Topic-table locks (the trie's or the retained store's) the calling thread holds, for
+** callbacks that run under one to assert it; debug builds only (always 0 under NDEBUG).
+*/
+int rt_topic_locks_held(void);
+
 /* max_count / max_bytes: limits on messages and on their bytes (0 = unlimited). */
 int rt_retained_new(rt_retained_t **out, rt_retained_release_fn release, size_t max_count,
                     size_t max_bytes);
