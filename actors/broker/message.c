@@ -18,42 +18,21 @@ typedef struct {
     uint8_t has_clientid, has_username;
 } message_index_t;
 
-static size_t varint_size(size_t v)
-{
-    return v < 128 ? 1 : v < 16384 ? 2 : v < 2097152 ? 3 : 4;
-}
-
-static uint8_t *put_varint(uint8_t *w, size_t v)
-{
-    do {
-        uint8_t b = v & 127;
-        v >>= 7;
-        *w++ = v ? (uint8_t)(b | 128) : b;
-    } while (v);
-    return w;
-}
-
-/* Reads a variable byte integer the encoder wrote (so well formed) at p[*i]. */
-static uint32_t take_varint(const uint8_t *p, size_t *i)
-{
-    uint32_t v = 0;
-    for (unsigned shift = 0;; shift += 7) {
-        uint8_t b = p[(*i)++];
-        v |= (uint32_t)(b & 127) << shift;
-        if (!(b & 128))
-            return v;
-    }
-}
-
+/* Finds the parts of a PUBLISH the encoder has just written (so well formed). */
 static void index_packet(const uint8_t *p, size_t len, uint8_t qos, message_index_t *x)
 {
-    size_t i = 1;
-    take_varint(p, &i);
+    uint32_t remaining;
+    size_t used;
+    int rc = mqtt_varint_get(p + 1, len - 1, &remaining, &used);
+    RT_ASSERT(rc == 0);
+    size_t i = 1 + used;
     x->topic_len = (uint16_t)(p[i] << 8 | p[i + 1]);
     x->topic_off = (uint32_t)(i + 2);
     i = x->topic_off + x->topic_len + (qos ? 2 : 0);
-    x->props_len = take_varint(p, &i);
-    x->props_off = (uint32_t)i;
+    rc = mqtt_varint_get(p + i, len - i, &x->props_len, &used);
+    RT_ASSERT(rc == 0);
+    (void)rc;
+    x->props_off = (uint32_t)(i + used);
     x->payload_off = x->props_off + x->props_len;
     x->payload_len = (uint32_t)(len - x->payload_off);
     RT_ASSERT(x->payload_off <= len);
@@ -139,18 +118,18 @@ size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8
     if (v5) {
         props = m->props.len + (o->has_expiry_left ? 5 : 0) + (o->topic_alias ? 3 : 0);
         for (uint32_t i = 0; i < o->n_sub_ids; i++)
-            props += 1 + varint_size(o->sub_ids[i]);
+            props += 1 + mqtt_varint_size((uint32_t)o->sub_ids[i]);
     }
-    size_t remaining =
-        2 + topic_len + (o->qos ? 2 : 0) + (v5 ? varint_size(props) + props : 0) + m->payload.len;
+    size_t remaining = 2 + topic_len + (o->qos ? 2 : 0) +
+                       (v5 ? mqtt_varint_size((uint32_t)props) + props : 0) + m->payload.len;
     if (remaining > MQTT_MAX_REMAINING)
         return SIZE_MAX;
-    size_t total = 1 + varint_size(remaining) + remaining;
+    size_t total = 1 + mqtt_varint_size((uint32_t)remaining) + remaining;
     if (total > cap)
         return total;
     uint8_t *w = buf;
     *w++ = (uint8_t)(MQTT_PUBLISH << 4 | (o->dup && o->qos) << 3 | o->qos << 1 | !!o->retain);
-    w = put_varint(w, remaining);
+    w = mqtt_varint_put(w, (uint32_t)remaining);
     *w++ = (uint8_t)(topic_len >> 8);
     *w++ = (uint8_t)topic_len;
     memcpy(w, m->topic.p, topic_len);
@@ -160,7 +139,7 @@ size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8
         *w++ = (uint8_t)o->packet_id;
     }
     if (v5) {
-        w = put_varint(w, props);
+        w = mqtt_varint_put(w, (uint32_t)props);
         if (o->has_expiry_left) {
             *w++ = MQTT_PROP_MESSAGE_EXPIRY;
             for (int shift = 24; shift >= 0; shift -= 8)
@@ -173,7 +152,7 @@ size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8
         }
         for (uint32_t i = 0; i < o->n_sub_ids; i++) {
             *w++ = MQTT_PROP_SUB_ID;
-            w = put_varint(w, o->sub_ids[i]);
+            w = mqtt_varint_put(w, (uint32_t)o->sub_ids[i]);
         }
         if (m->props.len)
             memcpy(w, m->props.p, m->props.len);

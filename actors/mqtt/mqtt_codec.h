@@ -336,4 +336,13 @@ int mqtt_topic_filter_valid(const uint8_t *s, size_t n);
 */
 uint8_t mqtt_v3_connack_code(uint8_t reason);
 
+/*
+** Variable Byte Integers (1.5.5) for code that writes packets from parts (broker/message.c):
+** the size of v's encoding, writing it (v <= MQTT_MAX_REMAINING; returns the byte after it),
+** and reading one (0, RT_EAGAIN if p[0..n) ends inside it, or MQTT_ERR(0x81)).
+*/
+size_t mqtt_varint_size(uint32_t v);
+uint8_t *mqtt_varint_put(uint8_t *p, uint32_t v);
+int mqtt_varint_get(const uint8_t *p, size_t n, uint32_t *v, size_t *used);
+
 #endif

@@ -5,9 +5,22 @@
 */
 #include "mqtt_impl.h"
 
-static size_t varint_len(uint32_t v)
+size_t mqtt_varint_size(uint32_t v)
 {
     return v < 128 ? 1 : v < 16384 ? 2 : v < 2097152 ? 3 : 4;
+}
+
+uint8_t *mqtt_varint_put(uint8_t *p, uint32_t v)
+{
+    RT_ASSERT(v <= MQTT_MAX_REMAINING);
+    wr_t w = {.p = p, .cap = 4};
+    w_varint(&w, v);
+    return p + w.n;
+}
+
+int mqtt_varint_get(const uint8_t *p, size_t n, uint32_t *v, size_t *used)
+{
+    return varint_decode(p, n, v, used);
 }
 
 static void w_sublist(wr_t *w, const mqtt_packet_t *pk)
@@ -170,7 +183,7 @@ int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_
             return c.err;
         if (c.n > MQTT_MAX_REMAINING)
             return MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE);
-        size_t total = 1 + varint_len((uint32_t)c.n) + c.n;
+        size_t total = 1 + mqtt_varint_size((uint32_t)c.n) + c.n;
         if (max_size && total > max_size) {
             if (!strip && strippable(pk))
                 continue;
