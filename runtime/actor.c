@@ -626,13 +626,13 @@ static void heap_check(rt_actor_t *a)
         return;
     rt_heap_stats_t st;
     rt_heap_stats(h, &st);
-    if (st.heap_bytes + st.bin_bytes <= a->max_heap)
+    if (st.heap_bytes + st.bin_bytes + st.ext_bytes <= a->max_heap)
         return;
     if (!collected) {
         collect(a, h);
         rt_heap_stats(h, &st);
     }
-    if (st.heap_bytes + st.bin_bytes > a->max_heap)
+    if (st.heap_bytes + st.bin_bytes + st.ext_bytes > a->max_heap)
         begin_exit(a, RT_REASON_HEAP_LIMIT);
 }
 
@@ -640,6 +640,47 @@ void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind)
 {
     rt_heap_t *h = heap_of(self);
     return h ? rt_heap_alloc(h, size, kind) : NULL;
+}
+
+void rt_free(rt_actor_t *self, void *p)
+{
+    if (p)
+        rt_heap_free(atomic_load_explicit(&self->heap, memory_order_relaxed), p);
+}
+
+void *rt_realloc(rt_actor_t *self, void *p, size_t size, rt_obj_kind_t kind)
+{
+    if (!p)
+        return rt_alloc(self, size, kind);
+    rt_heap_t *h = atomic_load_explicit(&self->heap, memory_order_relaxed);
+    size_t old = rt_heap_obj_size(h, p);
+    if (size <= old && size > old / 2) {
+        memset((char *)p + size, 0, old - size);
+        return p;
+    }
+    void *n = rt_heap_alloc(h, size, kind);
+    if (!n)
+        return NULL;
+    memcpy(n, p, size < old ? size : old);
+    rt_heap_free(h, p);
+    return n;
+}
+
+char *rt_strndup(rt_actor_t *self, const void *s, size_t n)
+{
+    if (n == SIZE_MAX)
+        return NULL;
+    char *d = rt_alloc(self, n + 1, RT_OBJ_LEAF);
+    if (d && n)
+        memcpy(d, s, n);
+    return d;
+}
+
+void rt_charge(rt_actor_t *self, ptrdiff_t delta)
+{
+    rt_heap_t *h = heap_of(self);
+    if (h)
+        rt_heap_charge(h, delta);
 }
 
 void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin)

@@ -8,17 +8,39 @@
 
 #include "rt.h"
 
+/* The capacity rt_grow and rt_grow_on double to; 0 when need * elem does not fit. */
+static size_t grown_cap(size_t cap, size_t need, size_t elem, size_t min)
+{
+    size_t ncap = cap > min ? cap : min;
+    if (!ncap)
+        ncap = 1;
+    while (ncap < need)
+        ncap = ncap > SIZE_MAX / 2 ? need : ncap * 2;
+    return ncap > SIZE_MAX / elem ? 0 : ncap;
+}
+
 int rt_grow(void *arr, size_t *cap, size_t need, size_t elem, size_t min)
 {
     if (need <= *cap)
         return 0;
-    size_t ncap = *cap > min ? *cap : min;
-    while (ncap < need)
-        ncap = ncap > SIZE_MAX / 2 ? need : ncap * 2;
-    if (ncap > SIZE_MAX / elem)
-        return RT_ENOMEM;
+    size_t ncap = grown_cap(*cap, need, elem, min);
     void **p = arr;
-    void *n = realloc(*p, ncap * elem);
+    void *n = ncap ? realloc(*p, ncap * elem) : NULL;
+    if (!n)
+        return RT_ENOMEM;
+    *p = n;
+    *cap = ncap;
+    return 0;
+}
+
+int rt_grow_on(rt_actor_t *self, void *arr, size_t *cap, size_t need, size_t elem, size_t min,
+               rt_obj_kind_t kind)
+{
+    if (need <= *cap)
+        return 0;
+    size_t ncap = grown_cap(*cap, need, elem, min);
+    void **p = arr;
+    void *n = ncap ? rt_realloc(self, *p, ncap * elem, kind) : NULL;
     if (!n)
         return RT_ENOMEM;
     *p = n;

@@ -105,7 +105,7 @@
 #define RT_HEAP_NCLASSES 10
 #define RT_HEAP_MAX_SMALL 1024
 
-_Static_assert(sizeof(rt_heap_t) <= 160, "rt_heap_t is embedded in every actor");
+_Static_assert(sizeof(rt_heap_t) <= 176, "rt_heap_t is made for every actor that allocates");
 _Static_assert(RT_HEAP_NCLASSES == sizeof(((rt_heap_t *)0)->avail) / sizeof(void *),
                "one avail list per size class");
 _Static_assert(_Alignof(max_align_t) >= 16, "calloc must return 16-byte aligned memory");
@@ -910,6 +910,22 @@ void rt_heap_free(rt_heap_t *h, void *p)
     }
 }
 
+size_t rt_heap_obj_size(const rt_heap_t *h, const void *p)
+{
+    (void)h;
+    if (!arena_map_has(p))
+        return ((const large_t *)p - 1)->size;
+    const chunk_t *c = chunk_of(p);
+    RT_ASSERT(atomic_load_explicit(&c->owner, memory_order_relaxed) == h);
+    return class_size[c->cls];
+}
+
+void rt_heap_charge(rt_heap_t *h, ptrdiff_t delta)
+{
+    RT_ASSERT(delta >= 0 || (size_t)-delta <= h->ext_bytes);
+    RT_HEAP_SET(h->ext_bytes, h->ext_bytes + (size_t)delta);
+}
+
 /* Empties one chunk list, dropping the binaries its objects hold. */
 static void destroy_chunks(rt_heap_t *h, void **head)
 {
@@ -939,6 +955,7 @@ void rt_heap_destroy(rt_heap_t *h)
     RT_HEAP_SET(h->gc_count, 0);
     RT_HEAP_SET(h->last_pause_us, 0);
     RT_HEAP_SET(h->max_pause_us, 0);
+    RT_HEAP_SET(h->ext_bytes, 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1281,6 +1298,7 @@ void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out)
     out->used_bytes = RT_HEAP_GET(h->used);
     out->live_bytes = RT_HEAP_GET(h->live);
     out->bin_bytes = RT_HEAP_GET(h->bin_bytes);
+    out->ext_bytes = RT_HEAP_GET(h->ext_bytes);
     size_t next = RT_HEAP_GET(h->next_gc);
     out->next_gc = next ? next : cfg_min_heap;
     out->gc_count = RT_HEAP_GET(h->gc_count);

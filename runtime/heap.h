@@ -75,6 +75,7 @@ typedef struct rt_heap_s {
     size_t next_gc;         /* trigger set by the last collection; 0 = min_heap */
     size_t live;            /* used after the last collection */
     size_t large_bytes;     /* bytes of large objects owned, headers included */
+    size_t ext_bytes;       /* memory held outside the heap on the owner's behalf (rt_heap_charge) */
     uint32_t chunks;        /* chunks owned */
     uint32_t large_count;   /* number of large objects */
     uint32_t gc_count;      /* collections so far */
@@ -87,6 +88,7 @@ typedef struct rt_heap_stats_s {
     size_t used_bytes; /* allocated object bytes, live or not yet swept */
     size_t live_bytes; /* used after the last collection */
     size_t bin_bytes;  /* bytes of binaries held */
+    size_t ext_bytes;  /* bytes charged from outside the heap (rt_heap_charge) */
     size_t next_gc;    /* trigger for the next collection */
     uint32_t gc_count;
     uint32_t last_pause_us;
@@ -118,6 +120,17 @@ void rt_heap_free(rt_heap_t *h, void *p);
 */
 void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin);
 rt_bin_t *rt_heap_bin(const void *handle);
+
+/* Bytes usable at p (an object of h): its slot's size class or its large size. */
+size_t rt_heap_obj_size(const rt_heap_t *h, const void *p);
+
+/*
+** Counts memory held outside the heap for its owner (a library's allocations: a
+** Lua state, a database connection) as the heap's own: in ext_bytes, the actor's
+** memory and its max_heap, never in the GC trigger (collection cannot free it).
+** delta < 0 gives back what was charged.
+*/
+void rt_heap_charge(rt_heap_t *h, ptrdiff_t delta);
 
 bool rt_heap_should_collect(const rt_heap_t *h);
 

@@ -177,6 +177,24 @@ rt_pid_t rt_whereis(const char *name);
 
 /* Allocates from the actor's own heap (zeroed, 16-byte aligned); NULL on failure. */
 void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind);
+/* Frees an object of the actor's heap now (rt_heap_free); NULL is ignored. */
+void rt_free(rt_actor_t *self, void *p);
+/*
+** Resizes an object of the actor's heap (p NULL allocates): its contents up to the
+** smaller size are kept, the rest is zeroed. NULL on failure, with p unchanged.
+*/
+void *rt_realloc(rt_actor_t *self, void *p, size_t size, rt_obj_kind_t kind);
+/* A NUL-terminated copy of the n bytes at s, on the actor's heap (leaf); NULL on failure. */
+char *rt_strndup(rt_actor_t *self, const void *s, size_t n);
+/* rt_grow for an array on the actor's heap (objects of kind): see rt_grow. */
+int rt_grow_on(rt_actor_t *self, void *arr, size_t *cap, size_t need, size_t elem, size_t min,
+               rt_obj_kind_t kind);
+/*
+** Counts memory the actor holds outside its heap (what a library it drives
+** allocates: a Lua state, a database handle) as its own, in its memory figures
+** and against its max_heap; collection never frees it. delta < 0 gives it back.
+*/
+void rt_charge(rt_actor_t *self, ptrdiff_t delta);
 /* Keeps a binary (reference transferred) in the actor's heap; see rt_heap_hold_bin. */
 void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin);
 /* Counts n extra work units (reductions) for this actor, for fairness and introspection. */
@@ -415,6 +433,7 @@ typedef struct rt_actor_info_s {
     uint64_t state_bytes; /* the actor struct and its state (slab memory) */
     uint64_t heap_bytes;
     uint64_t bin_bytes;
+    uint64_t ext_bytes;   /* memory held outside the heap on its behalf (rt_charge) */
     uint32_t gc_count;
     uint32_t gc_last_pause_us;
     uint32_t gc_max_pause_us;

@@ -31,6 +31,7 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
     out->state_bytes = sizeof(rt_actor_t) + a->type->state_size;
     out->heap_bytes = hs.heap_bytes;
     out->bin_bytes = hs.bin_bytes;
+    out->ext_bytes = hs.ext_bytes;
     out->gc_count = hs.gc_count;
     out->gc_last_pause_us = hs.last_pause_us;
     out->gc_max_pause_us = hs.max_pause_us;

@@ -92,6 +92,8 @@ IFADDR=127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4
 # name|rtbench arguments. Load cases run closed loop (rtbench's default for scenarios).
 # The idle case needs two processes: one may hold at most 20,000 descriptors here.
 CASES=("idle-$IDLE|conn -c $IDLE -i 0 --procs 2 -d 5 --ifaddr $IFADDR")
+# The emqttd seed's shape at rest: every client holds one QoS 1 subscription on test/%i.
+CASES+=("idle-sub-$IDLE|sub -c $IDLE -i 0 -t test/%i -q 1 --procs 2 -d 5 --ifaddr $IFADDR")
 for qos in 0 1; do
     for size in 16 1024; do
         CASES+=("fanin-$FANIN-q$qos-${size}B|fanin -c $FANIN -q $qos -s $size -d $DUR --ifaddr $IFADDR")
