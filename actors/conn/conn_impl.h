@@ -59,12 +59,48 @@ enum {
 
 #define RT_SHARE_PREFIX "$share/"
 
-/* One of the client's subscriptions, kept for session end, shared-group moves and persistence. */
+/*
+** One of the client's subscriptions, kept for session end, shared-group moves and persistence.
+** Its options are rt_trie_opts_t packed (rt__conn_sub_opts), so that an entry is 16 bytes: a
+** client with one subscription then keeps its list, its client id and its filter in the
+** heap's smallest objects.
+*/
 typedef struct {
-    char *filter; /* heap (leaf); the list of them is RT_OBJ_SCAN */
-    size_t len;
-    rt_trie_opts_t opts;
+    char *filter;    /* heap (leaf), NUL-terminated; the list of them is RT_OBJ_SCAN */
+    uint32_t sub_id; /* the options, as rt_trie_opts_t names them */
+    uint16_t len;    /* a filter is at most RT_TRIE_MAX_LEN bytes */
+    uint8_t qos : 2;
+    uint8_t no_local : 1;
+    uint8_t retain_as_published : 1;
+    uint8_t retain_handling : 2;
+    uint8_t persistent : 1;
+    uint8_t acl_check : 1;
 } sub_entry_t;
+
+_Static_assert(sizeof(sub_entry_t) == 16, "a subscription entry is one smallest heap object");
+_Static_assert(RT_TRIE_MAX_LEN <= UINT16_MAX, "sub_entry_t.len is 16 bits");
+
+static inline rt_trie_opts_t rt__conn_sub_opts(const sub_entry_t *e)
+{
+    return (rt_trie_opts_t){.sub_id = e->sub_id,
+                            .qos = e->qos,
+                            .no_local = e->no_local,
+                            .retain_as_published = e->retain_as_published,
+                            .retain_handling = e->retain_handling,
+                            .persistent = e->persistent,
+                            .acl_check = e->acl_check};
+}
+
+static inline void rt__conn_sub_set_opts(sub_entry_t *e, const rt_trie_opts_t *o)
+{
+    e->sub_id = o->sub_id;
+    e->qos = o->qos & 3;
+    e->no_local = o->no_local != 0;
+    e->retain_as_published = o->retain_as_published != 0;
+    e->retain_handling = o->retain_handling;
+    e->persistent = o->persistent;
+    e->acl_check = o->acl_check;
+}
 
 /* A connection's topic aliases in both directions (MQTT 5 3.3.2.3.4); RT_OBJ_SCAN. */
 typedef struct {

@@ -191,8 +191,10 @@ static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, cons
 static void session_persist_all(conn_t *c)
 {
     c->stored = 1;
-    for (size_t i = 0; i < c->nsubs; i++)
-        rt_store_sub(c->client_id, c->subs[i].filter, c->subs[i].len, &c->subs[i].opts);
+    for (size_t i = 0; i < c->nsubs; i++) {
+        rt_trie_opts_t o = rt__conn_sub_opts(&c->subs[i]);
+        rt_store_sub(c->client_id, c->subs[i].filter, c->subs[i].len, &o);
+    }
     if (!c->sess)
         return;
     rt_qlist_t *lists[2] = {&c->sess->inflight, &c->sess->queued};
@@ -207,9 +209,10 @@ static void session_persist_all(conn_t *c)
 static void subs_resubscribe_all(rt_actor_t *self, conn_t *c)
 {
     for (size_t i = 0; i < c->nsubs; i++) {
-        c->subs[i].opts.persistent = rt__conn_session_is_durable(c);
-        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
-                          &c->subs[i].opts, NULL);
+        c->subs[i].persistent = rt__conn_session_is_durable(c);
+        rt_trie_opts_t o = rt__conn_sub_opts(&c->subs[i]);
+        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self), &o,
+                          NULL);
     }
 }
 

@@ -52,16 +52,20 @@ int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t 
 {
     long at = sub_find(c, f, len);
     if (at >= 0) {
-        c->subs[at].opts = *o;
+        rt__conn_sub_set_opts(&c->subs[at], o);
         return 0;
     }
+    if (len > RT_TRIE_MAX_LEN)
+        return RT_EINVAL;
     if (rt__conn_grow(self, &c->subs, &c->capsubs, (size_t)c->nsubs + 1, sizeof(*c->subs), 1,
                       RT_OBJ_SCAN))
         return RT_ENOMEM;
     char *copy = rt_strndup(self, f, len);
     if (!copy)
         return RT_ENOMEM;
-    c->subs[c->nsubs++] = (sub_entry_t){.filter = copy, .len = len, .opts = *o};
+    sub_entry_t *e = &c->subs[c->nsubs++];
+    *e = (sub_entry_t){.filter = copy, .len = (uint16_t)len};
+    rt__conn_sub_set_opts(e, o);
     return 0;
 }
 
@@ -111,10 +115,13 @@ void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c)
 
 void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c)
 {
-    for (size_t i = 0; i < c->nsubs; i++)
-        if (rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len))
-            rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
-                              &c->subs[i].opts, NULL);
+    for (size_t i = 0; i < c->nsubs; i++) {
+        if (!rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len))
+            continue;
+        rt_trie_opts_t o = rt__conn_sub_opts(&c->subs[i]);
+        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self), &o,
+                          NULL);
+    }
 }
 
 typedef struct {
