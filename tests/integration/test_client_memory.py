@@ -88,16 +88,18 @@ def test_offline_queue_is_the_sessions_memory(quiet):
     mid = vm_memory(b)
     assert mid["binaries_held"] - before["binaries_held"] >= QUEUED * PAYLOAD
 
-    # Once the session ends its heap goes whole with the binaries it held. Nothing else here
-    # holds a message, so the binaries return exactly; other heaps (the admin actors that
-    # answer rtctl) may keep up to a heap's slack of empty chunks more than before.
+    # Once the session ends its heap goes whole with the binaries it held, and its actor
+    # struct is freed. Nothing else here holds a message, so the binaries fall back to what
+    # they were; actor structs too (or below: an admin connection alive at the first sample
+    # may be gone); other heaps (the admin actors that answer rtctl) may keep up to a heap's
+    # slack of empty chunks more than before.
     assert b.ctl("clients", "kick", "mem-sub")[0] == 0
 
     def returned():
         now = vm_memory(b)
-        return (now["binaries"] == before["binaries"] and
-                now["binaries_held"] == before["binaries_held"] and
-                now["actors"] == before["actors"] and
+        return (now["binaries"] <= before["binaries"] and
+                now["binaries_held"] <= before["binaries_held"] and
+                now["actors"] <= before["actors"] and
                 now["actor_heaps"] <= before["actor_heaps"] + HEAP_SLACK)
     assert wait_for(returned, 10), (before, vm_memory(b))
 
