@@ -155,6 +155,9 @@ struct rt_actor_s {
     rt_msg_t *held;               /* the last of the messages held back under socket pressure
                                      (a ring through next: held->next is the oldest); NULL: none */
     uint8_t yielded;              /* rt_yield was called: the turn ends after this message */
+    /* The inline heap (rt_actor_type_t.heap_inline), one bit per 16-byte granule: the
+       granules in use, those that begin an object, and those of RT_OBJ_SCAN objects. */
+    uint16_t inline_used, inline_start, inline_scan;
     size_t max_heap;
     rt_retired_t retired;
     /* Created by the first allocation: an actor that never allocates (most idle ones)
@@ -162,6 +165,12 @@ struct rt_actor_s {
     rt_heap_t *_Atomic heap;
     _Alignas(16) unsigned char state[];
 };
+
+/* Where an actor's inline heap begins, counted from its state (16-byte aligned). */
+static inline size_t rt__inline_offset(const rt_actor_type_t *t)
+{
+    return (t->state_size + 15) & ~(size_t)15;
+}
 
 /* ---- Schedulers ---- */
 #define RT_SCRATCH_BYTES (64 * 1024) /* per-scheduler socket read buffer */
