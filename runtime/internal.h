@@ -80,6 +80,12 @@ void *rt__slab_alloc(size_t size, uint8_t *cls);
 void rt__slab_free(void *p, uint8_t cls);
 void rt__slab_stats(size_t *mapped, size_t *in_use);
 void rt__slab_destroy(void);
+/* Bytes of slab pages held but not in use: what a trim could give back at best. */
+size_t rt__slab_idle_bytes(void);
+/* Moves the calling thread's cached free actor structs to the shared depot. */
+void rt__slab_flush_thread(void);
+/* Gives the pages holding no live actor back to the OS; returns the bytes given back. */
+size_t rt__slab_trim(void);
 
 /* Runtime-internal flags in rt_msg_t.flags. */
 #define RT_MSGF_LINKED 1u /* exit signal caused by a link */
@@ -212,6 +218,10 @@ struct rt_sched_s {
     unsigned char *scratch;       /* socket read buffer of the actors running here */
     rt_timer_heap_t timers;       /* owner only */
     uint64_t timer_due_ns;        /* owner only: the earliest timer in the heap, 0 if none */
+    uint64_t trim_after_ms;       /* owner only: no memory trim before this (sched.c idle_trim) */
+    uint64_t trim_backoff_ms;     /* owner only: the wait after a trim that gave nothing back */
+    uint64_t trim_exited;         /* owner only: actors exited when it last looked */
+    uint8_t trim_own;             /* owner only: its own timers and caches are yet to trim */
 
     _Alignas(RT_CACHE_LINE) rt_spinlock_t qlock;
     rt_actor_t *qhead, *qtail;    /* qlock */
@@ -303,6 +313,7 @@ void rt__blocking_push(rt_actor_t *a);
 /* Timers (timer.c) */
 void rt__timers_init(rt_sched_t *s);
 void rt__timers_destroy(rt_sched_t *s);
+void rt__timers_trim(rt_sched_t *s); /* drop cancelled timers and the room they took */
 void rt__timers_run(rt_sched_t *s);  /* fire what is due, adopt handed-over timers */
 int rt__timers_slots_init(void);
 void rt__timers_slots_destroy(void);

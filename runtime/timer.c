@@ -129,6 +129,8 @@ static void compact(rt_timer_heap_t *h)
     h->compact_at = kept * 2 > RT_TIMER_MIN_COMPACT ? kept * 2 : RT_TIMER_MIN_COMPACT;
 }
 
+static void arm(rt_sched_t *s);
+
 static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
 {
     if (h->len >= h->compact_at)
@@ -138,6 +140,31 @@ static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
     h->nodes[h->len] = *n;
     sift_up(h, h->len++);
     return 0;
+}
+
+void rt__timers_trim(rt_sched_t *s)
+{
+    rt_timer_heap_t *h = &s->timers;
+    /* A timer whose actor has exited would only make a dead letter when it fires (a
+       keepalive, minutes away): it is dropped now, with the room it takes. */
+    for (size_t i = 0; i < h->len; i++) {
+        rt_timer_node_t *n = &h->nodes[i];
+        uint64_t expect = (uint64_t)n->gen << 2 | T_PENDING;
+        if (!rt__lookup(n->to))
+            atomic_compare_exchange_strong(&timer_state[n->id], &expect,
+                                           (uint64_t)n->gen << 2 | T_FIRED);
+    }
+    compact(h);
+    /* Cancelled timers of actors that left are gone; so is the room they took. */
+    size_t want = h->len * 2 > 64 ? h->len * 2 : 64;
+    if (h->cap > 2 * want) {
+        rt_timer_node_t *n = realloc(h->nodes, want * sizeof(*n));
+        if (n) {
+            h->nodes = n;
+            h->cap = want;
+        }
+    }
+    arm(s);
 }
 
 /* Tells the scheduler's sleep when the earliest timer is due. */
