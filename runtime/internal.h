@@ -74,6 +74,8 @@ void rt__external_leave(void);
 
 /* ---- Message pool ---- */
 void rt__msg_pool_destroy(void);
+/* Gives the calling thread's cached envelopes and every one in the depot back to malloc. */
+void rt__msg_trim(void);
 
 /* ---- Actor memory (slab.c) ---- */
 void *rt__slab_alloc(size_t size, uint8_t *cls);

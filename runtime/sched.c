@@ -320,7 +320,7 @@ static void ensure_active(rt_sched_t *s)
 ** for 100,000 free actors); one that gave nothing back (free actors spread over pages
 ** that live ones still use) doubles the wait before the next, up to RT_TRIM_MAX_WAIT_MS.
 */
-#define RT_TRIM_MIN_BYTES (4u << 20)
+#define RT_TRIM_MIN_BYTES (2u << 20) /* one slab page */
 #define RT_TRIM_QUIET_MS 200
 #define RT_TRIM_WAIT_MS 1000
 #define RT_TRIM_MAX_WAIT_MS 64000
@@ -348,6 +348,7 @@ static void idle_trim(rt_sched_t *s)
         rt__timers_trim(s);
         rt__slab_flush_thread();
         rt_heap_thread_flush();
+        rt__msg_trim();
     }
     if (rt__slab_idle_bytes() < RT_TRIM_MIN_BYTES) {
         s->trim_backoff_ms = 0; /* nothing to wait for: sleep as long as the timers allow */

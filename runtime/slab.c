@@ -190,27 +190,32 @@ size_t rt__slab_trim(void)
             for (void *o = lists[k]; o; o = *(void **)o)
                 free_bytes[page_of(sorted, n, o)] += (uint32_t)(k * RT_SLAB_STEP);
         for (uint32_t page = 0; page < next_fresh; page++) {
-            if (!carved[page] || free_bytes[page] != carved[page]) {
-                free_bytes[page] = 0; /* from here on: nonzero marks a page given back */
-                continue;
-            }
-            if (bump_end && page == bump_page)
-                bump = bump_end = NULL; /* the page being carved: the next carve moves on */
-            madvise(page_addr(page), RT_SLAB_PAGE, MADV_DONTNEED);
-            carved[page] = 0;
-            released[nreleased++] = page;
-            given_back += RT_SLAB_PAGE;
+            if (!carved[page] || free_bytes[page] != carved[page])
+                free_bytes[page] = 0; /* from here on: nonzero marks a page to give back */
+            else
+                given_back += RT_SLAB_PAGE;
         }
         if (given_back) {
+            /* Off the lists first: the lists run through the objects, and a page given
+               back reads as zeros. */
             for (int k = 1; k < RT_POOL_CLASSES; k++) {
                 void **link = &lists[k];
                 while (*link) {
                     void *o = *link;
                     if (free_bytes[page_of(sorted, n, o)])
-                        *link = *(void **)o; /* its page is gone: the object with it */
+                        *link = *(void **)o;
                     else
                         link = (void **)o;
                 }
+            }
+            for (uint32_t page = 0; page < next_fresh; page++) {
+                if (!free_bytes[page])
+                    continue;
+                if (bump_end && page == bump_page)
+                    bump = bump_end = NULL; /* the page being carved: the next carve moves on */
+                madvise(page_addr(page), RT_SLAB_PAGE, MADV_DONTNEED);
+                carved[page] = 0;
+                released[nreleased++] = page;
             }
             atomic_fetch_add(&bytes_released, given_back);
         }
