@@ -183,15 +183,18 @@ static inline size_t rt__inline_offset(const rt_actor_type_t *t)
 /* ---- Schedulers ---- */
 #define RT_SCRATCH_BYTES (64 * 1024) /* per-scheduler socket read buffer */
 
+/* 32 bytes, by value in the scheduler's heap: one per connection's keepalive. */
 typedef struct rt_timer_node_s {
     uint64_t due_ns;
     rt_pid_t to;
-    rt_msg_t *msg;  /* NULL for a tag-only timer, whose message is made when it fires */
-    rt_pid_t from;  /* tag-only timers: the actor that armed it */
-    uint32_t tag;   /* tag-only timers */
-    uint32_t id;    /* timer id in the timer idpool */
-    uint32_t gen;
+    union {
+        rt_msg_t *msg; /* tag == 0: the message to send */
+        rt_pid_t from; /* tag-only: the actor that armed it (the message is made at firing) */
+    };
+    uint32_t tag; /* 0 for a timer with a message */
+    uint32_t id;  /* timer id in the timer idpool; its generation is in the timer's state */
 } rt_timer_node_t;
+_Static_assert(sizeof(rt_timer_node_t) == 32, "a timer node is most of what a keepalive costs");
 
 typedef struct rt_timer_heap_s {
     rt_timer_node_t *nodes; /* binary min-heap on due_ns, by value */
