@@ -12,6 +12,7 @@
 #include "common.h"
 #include "heap.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -768,6 +769,29 @@ static void bench(void)
     fprintf(stderr, "bench exact: %zu subs, %zu nodes, %.1f bytes/sub (trie total %zu bytes)\n",
             st.subs, st.nodes, (double)(st.bytes - st0.bytes) / (double)st.subs, st.bytes);
     bench_run("exact", t, topics, NTOPICS, iters);
+    rt_trie_free(t);
+
+    /*
+    ** The emqttd seed's shape: one subscriber on each of 19,000 "test/<i>", all leaves of one
+    ** node in one shard. Bytes per subscription are what malloc handed out (chunk rounding
+    ** included), the figure an RSS comparison sees.
+    */
+    enum { NSEED = 19000 };
+    static char seed[NSEED][48];
+    for (int i = 0; i < NSEED; i++)
+        snprintf(seed[i], sizeof(seed[i]), "test/%d", i);
+    size_t heap0 = mallinfo2().uordblks;
+    rt_trie_new(&t);
+    rt_trie_stats(t, &st0);
+    for (int k = 0; k < NSEED; k++) {
+        rt_trie_opts_t o = {.qos = 1};
+        rt_trie_subscribe(t, seed[k], strlen(seed[k]), (rt_pid_t)k + 1, &o, NULL);
+    }
+    rt_trie_stats(t, &st);
+    fprintf(stderr, "bench seed: %zu subs, %.1f bytes/sub counted, %.1f malloc'd\n", st.subs,
+            (double)(st.bytes - st0.bytes) / (double)st.subs,
+            (double)(mallinfo2().uordblks - heap0 - st0.bytes) / (double)st.subs);
+    bench_run("seed", t, seed, NSEED, iters);
     rt_trie_free(t);
 
     /* The per-subscription cost when every filter is its own (one subscriber per topic). */
