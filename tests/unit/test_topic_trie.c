@@ -666,10 +666,18 @@ typedef struct {
     char (*topics)[48];
     long ntopics, iters;
     int id;
-    double ns;
+    double ns, cpu_ns; /* per match: wall clock, and the thread's CPU time */
     long deliveries;
     atomic_int *stop;
 } bench_arg_t;
+
+/* This thread's CPU seconds: alone-on-the-trie figures that other processes' load spares. */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static void count_cb(void *arg, const rt_trie_delivery_t *d)
 {
@@ -683,13 +691,14 @@ static void *bench_matcher(void *p)
     rt_trie_scratch_init(&s);
     uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(a->id + 3);
     long dl = 0;
-    double t0 = now_s();
+    double t0 = now_s(), c0 = thread_cpu_s();
     for (long i = 0; i < a->iters; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         const char *tp = a->topics[x % (uint64_t)a->ntopics];
         rt_trie_match(a->t, tp, strlen(tp), 0, NULL, count_cb, &dl, &s, NULL);
     }
     a->ns = (now_s() - t0) * 1e9 / (double)a->iters;
+    a->cpu_ns = (thread_cpu_s() - c0) * 1e9 / (double)a->iters;
     a->deliveries = dl;
     rt_trie_scratch_destroy(&s);
     return NULL;
@@ -713,13 +722,25 @@ static void *bench_churner(void *p)
 
 static void bench_run(const char *name, rt_trie_t *t, char (*topics)[48], long ntopics, long iters)
 {
+    /* Subscribe+unsubscribe alone: a second subscriber on each filter, then gone again. */
+    char f[48];
+    rt_trie_opts_t o = {.qos = 1};
+    long pairs = iters / 4;
+    double c0 = thread_cpu_s();
+    for (long n = 0; n < pairs; n++) {
+        snprintf(f, sizeof(f), "%s", topics[n % ntopics]);
+        rt_trie_subscribe(t, f, strlen(f), 5000000 + (rt_pid_t)(n % 1000), &o, NULL);
+        rt_trie_unsubscribe(t, f, strlen(f), 5000000 + (rt_pid_t)(n % 1000), NULL);
+    }
+    fprintf(stderr, "bench %-9s sub+unsub alone: %.0f ns/pair (thread CPU)\n", name,
+            (thread_cpu_s() - c0) * 1e9 / (double)pairs);
     for (int threads = 1; threads <= 2; threads++) {
         for (int churn = 0; churn <= 1; churn++) {
             pthread_t th[3];
             bench_arg_t a[3];
             atomic_int stop = 0;
             for (int i = 0; i < threads + churn; i++) {
-                a[i] = (bench_arg_t){t, topics, ntopics, iters, i, 0, 0, &stop};
+                a[i] = (bench_arg_t){t, topics, ntopics, iters, i, 0, 0, 0, &stop};
                 pthread_create(&th[i], NULL, i < threads ? bench_matcher : bench_churner, &a[i]);
             }
             for (int i = 0; i < threads; i++)
@@ -727,16 +748,17 @@ static void bench_run(const char *name, rt_trie_t *t, char (*topics)[48], long n
             atomic_store(&stop, 1);
             if (churn)
                 pthread_join(th[threads], NULL);
-            double ns = 0;
+            double ns = 0, cpu_ns = 0;
             long dl = 0;
             for (int i = 0; i < threads; i++) {
                 ns += a[i].ns / threads;
+                cpu_ns += a[i].cpu_ns / threads;
                 dl += a[i].deliveries;
             }
             fprintf(stderr,
-                    "bench %-9s %d matcher thread(s)%s: %7.0f ns/match per thread, %.1f "
-                    "deliveries/match%s",
-                    name, threads, churn ? " + 1 sub/unsub thread" : "", ns,
+                    "bench %-9s %d matcher thread(s)%s: %7.0f ns/match per thread (%.0f CPU), "
+                    "%.1f deliveries/match%s",
+                    name, threads, churn ? " + 1 sub/unsub thread" : "", ns, cpu_ns,
                     (double)dl / (double)(iters * threads), churn ? "" : "\n");
             if (churn)
                 fprintf(stderr, ", %.0f sub+unsub pairs/s\n",
