@@ -17,7 +17,7 @@ typedef struct {
     size_t msg_bytes; /* what the limits count for msg */
 } rnode_t;
 
-_Static_assert(offsetof(rnode_t, l) == sizeof(tnode_t), "tt_links() finds the links there");
+_Static_assert(offsetof(rnode_t, l) == sizeof(tnode_t), "rt__tt_links() finds the links there");
 
 static inline rnode_t *rnode(const tnode_t *x)
 {
@@ -155,7 +155,7 @@ static int topic_of(const ttable_t *t, const tnode_t *x, char **buf, size_t *cap
     size_t pos = n;
     for (const tnode_t *y = x; y->parent; y = y->parent) {
         pos -= y->len;
-        memcpy(*buf + pos, tt_level(t, y), y->len);
+        memcpy(*buf + pos, rt__tt_level(t, y), y->len);
         if (y->parent->parent)
             (*buf)[--pos] = '/';
     }
@@ -192,17 +192,17 @@ static int emit_subtree(retained_emit_t *e, const tnode_t *top)
 {
     const tnode_t *x = top;
     while (x) {
-        int skip = x->parent && !x->parent->parent && x->len && tt_level(e->t, x)[0] == '$' &&
+        int skip = x->parent && !x->parent->parent && x->len && rt__tt_level(e->t, x)[0] == '$' &&
                    top->parent == NULL;
         if (!skip && emit_node(e, x) != 0)
             return RT_ENOMEM;
-        if (!skip && tt_links(x)->kids) {
-            x = tt_links(x)->kids;
+        if (!skip && rt__tt_links(x)->kids) {
+            x = rt__tt_links(x)->kids;
             continue;
         }
-        while (x != top && !tt_links(x)->next)
+        while (x != top && !rt__tt_links(x)->next)
             x = x->parent;
-        x = x == top ? NULL : tt_links(x)->next;
+        x = x == top ? NULL : rt__tt_links(x)->next;
     }
     return 0;
 }
@@ -240,8 +240,8 @@ int rt_retained_match(rt_retained_t *r, const char *filter, size_t len, rt_retai
         if (q - f.p == 1 && f.p[0] == '#') {
             rc = emit_subtree(&e, f.node);
         } else if (q - f.p == 1 && f.p[0] == '+') {
-            for (tnode_t *c = tt_links(f.node)->kids; c && rc == 0; c = tt_links(c)->next) {
-                if (at_root && c->len && tt_level(&r->t, c)[0] == '$')
+            for (tnode_t *c = rt__tt_links(f.node)->kids; c && rc == 0; c = rt__tt_links(c)->next) {
+                if (at_root && c->len && rt__tt_level(&r->t, c)[0] == '$')
                     continue;
                 if (rt_grow(&st, &cap, sp + 1, sizeof(*st), 16) != 0)
                     rc = RT_ENOMEM;

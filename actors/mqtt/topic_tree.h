@@ -74,13 +74,13 @@ typedef struct {
 } ttable_t;
 
 /* A node's level bytes (len of them, not NUL-terminated). */
-static inline char *tt_level(const ttable_t *t, const tnode_t *x)
+static inline char *rt__tt_level(const ttable_t *t, const tnode_t *x)
 {
     return (char *)x + t->node_size;
 }
 
 /* The sibling links of a node in a table whose kind has them. */
-static inline tt_links_t *tt_links(const tnode_t *x)
+static inline tt_links_t *rt__tt_links(const tnode_t *x)
 {
     return (tt_links_t *)(x + 1);
 }
@@ -122,12 +122,12 @@ int rt__tt_init(ttable_t *t, const tt_kind_t *kind, atomic_size_t *bytes,
    then frees the nodes and the buckets. */
 void rt__tt_destroy(ttable_t *t, void (*release)(tnode_t *x, void *arg), void *arg);
 tnode_t *rt__tt_find(const ttable_t *t, const tnode_t *parent, const char *lvl, size_t n);
-/* x's '+' or '#' child (bit TT_PLUS or TT_HASH), or NULL; no lookup when it has none. */
+/* parent's '+' or '#' child (bit TT_PLUS or TT_HASH), which its wild says it has. */
+tnode_t *rt__tt_wild_find(const ttable_t *t, const tnode_t *parent, unsigned bit);
+/* x's '+' or '#' child, or NULL: matching asks at every level, mostly of nodes without. */
 static inline tnode_t *rt__tt_wild(const ttable_t *t, const tnode_t *x, unsigned bit)
 {
-    if (!(x->wild & bit))
-        return NULL;
-    return rt__tt_find(t, x, bit == TT_PLUS ? "+" : "#", 1);
+    return (x->wild & bit) ? rt__tt_wild_find(t, x, bit) : NULL;
 }
 /* The node of a plain filter or topic; with create, made (NULL on RT_ENOMEM) if missing. */
 tnode_t *rt__tt_path(ttable_t *t, const char *f, size_t len, int create);
