@@ -293,6 +293,60 @@ static void test_shared(void)
     rt_trie_free(t);
 }
 
+/* How many deliveries "n/x" gets, and whether pid got an ordinary or a shared one. */
+static long got(rt_trie_t *t, rt_pid_t pid, int shared)
+{
+    long n = match(t, "n/x");
+    return find_rec(pid, shared) ? n : -n;
+}
+
+/*
+** One filter through every form its node takes: one subscription kept in the node, then
+** a group beside it, two and more subscriptions, the group gone, back to one and to none
+** (and '+' and '#' children coming and going under the same parent). Each step matches
+** as it should, and the bytes return to the baseline.
+*/
+static void test_node_forms(void)
+{
+    rt_trie_t *t;
+    CHECK_EQ(rt_trie_new(&t), 0);
+    rt_trie_stats_t base, st;
+    rt_trie_stats(t, &base);
+    CHECK_EQ(sub(t, "n/x", 1, qos(1)), 0);
+    CHECK_EQ(got(t, 1, 0), 1);
+    CHECK_EQ(sub(t, "$share/g/n/x", 2, qos(0)), 0); /* a group beside the one in the node */
+    CHECK_EQ(got(t, 2, 1), 2);
+    CHECK_EQ(got(t, 1, 0), 2);
+    CHECK_EQ(unsub(t, "n/x", 1), 1); /* the group alone */
+    CHECK_EQ(got(t, 2, 1), 1);
+    for (rt_pid_t p = 10; p < 20; p++) /* an array that grows */
+        CHECK_EQ(sub(t, "n/x", p, qos(1)), 0);
+    CHECK_EQ(got(t, 15, 0), 11);
+    CHECK_EQ(unsub(t, "$share/g/n/x", 2), 1);
+    CHECK_EQ(got(t, 19, 0), 10);
+    for (rt_pid_t p = 10; p < 19; p++) /* and shrinks back to the one in the node */
+        CHECK_EQ(unsub(t, "n/x", p), 1);
+    CHECK_EQ(got(t, 19, 0), 1);
+    CHECK_EQ(sub(t, "n/+", 3, qos(0)), 0);
+    CHECK_EQ(sub(t, "n/#", 4, qos(0)), 0);
+    CHECK_EQ(got(t, 3, 0), 3);
+    CHECK_EQ(got(t, 4, 0), 3);
+    CHECK_EQ(unsub(t, "n/+", 3), 1);
+    CHECK_EQ(got(t, 4, 0), 2);
+    CHECK_EQ(got(t, 3, 0), -2);
+    CHECK_EQ(unsub(t, "n/#", 4), 1);
+    CHECK_EQ(got(t, 19, 0), 1);
+    CHECK_EQ(sub(t, "n/+", 5, qos(0)), 0); /* a '+' child made again after its removal */
+    CHECK_EQ(got(t, 5, 0), 2);
+    CHECK_EQ(unsub(t, "n/+", 5), 1);
+    CHECK_EQ(unsub(t, "n/x", 19), 1);
+    CHECK_EQ(match(t, "n/x"), 0);
+    rt_trie_stats(t, &st);
+    CHECK(st.nodes == 0 && st.subs == 0 && st.groups == 0 && st.filters == 0);
+    CHECK_EQ(st.bytes, base.bytes);
+    rt_trie_free(t);
+}
+
 static void test_memory_baseline(void)
 {
     rt_trie_t *t;
@@ -905,6 +959,7 @@ int main(int argc, char **argv)
     RUN(test_dollar);
     RUN(test_overlap);
     RUN(test_shared);
+    RUN(test_node_forms);
     RUN(test_memory_baseline);
     RUN(test_random_vs_bruteforce);
     RUN(test_topic_matches_and_share_pick);
