@@ -582,6 +582,75 @@ static void actor_exit(rt_actor_t *a)
 
 /* ---- Heap ---- */
 
+/*
+** The inline heap: at most 16 granules of 16 bytes after the state, found first-fit
+** from three bitmaps in the actor. An object's extent is its start granule and the
+** used granules after it up to the next start.
+*/
+#define INLINE_GRANULE 16
+
+static inline char *inline_base(rt_actor_t *a)
+{
+    return (char *)a->state + rt__inline_offset(a->type);
+}
+
+static inline bool in_inline(rt_actor_t *a, const void *p)
+{
+    const char *b = inline_base(a);
+    return (const char *)p >= b && (const char *)p < b + a->type->heap_inline;
+}
+
+static void *inline_alloc(rt_actor_t *a, size_t size, rt_obj_kind_t kind)
+{
+    size_t n = size ? (size + INLINE_GRANULE - 1) / INLINE_GRANULE : 1;
+    unsigned total = a->type->heap_inline / INLINE_GRANULE;
+    if (n > total)
+        return NULL;
+    /* Bit i of run is set when granules i .. i + n - 1 are all free. */
+    uint32_t run = ~(uint32_t)a->inline_used & ((1u << total) - 1);
+    for (size_t k = 1; k < n && run; k++)
+        run &= run >> 1;
+    if (!run)
+        return NULL;
+    unsigned i = (unsigned)__builtin_ctz(run);
+    uint16_t mask = (uint16_t)(((1u << n) - 1) << i);
+    a->inline_used |= mask;
+    a->inline_start |= (uint16_t)(1u << i);
+    if (kind == RT_OBJ_SCAN)
+        a->inline_scan |= mask;
+    char *p = inline_base(a) + (size_t)i * INLINE_GRANULE;
+    memset(p, 0, n * INLINE_GRANULE);
+    return p;
+}
+
+/* Granules of the inline object starting at granule i. */
+static unsigned inline_extent(const rt_actor_t *a, unsigned i)
+{
+    unsigned total = a->type->heap_inline / INLINE_GRANULE, n = 1;
+    while (i + n < total && (a->inline_used >> (i + n) & 1) && !(a->inline_start >> (i + n) & 1))
+        n++;
+    return n;
+}
+
+static unsigned inline_index(rt_actor_t *a, const void *p)
+{
+    size_t off = (size_t)((const char *)p - inline_base(a));
+    RT_ASSERT(off % INLINE_GRANULE == 0);
+    unsigned i = (unsigned)(off / INLINE_GRANULE);
+    RT_ASSERT(a->inline_start >> i & 1);
+    return i;
+}
+
+static void inline_free(rt_actor_t *a, void *p)
+{
+    unsigned i = inline_index(a, p);
+    uint16_t mask = (uint16_t)(((1u << inline_extent(a, i)) - 1) << i);
+    RT_POISON(p, (size_t)inline_extent(a, i) * INLINE_GRANULE);
+    a->inline_used &= (uint16_t)~mask;
+    a->inline_scan &= (uint16_t)~mask;
+    a->inline_start &= (uint16_t) ~(1u << i);
+}
+
 static void trace_actor(void *ctx, rt_gc_t *gc)
 {
     rt_actor_t *a = ctx;
@@ -589,6 +658,9 @@ static void trace_actor(void *ctx, rt_gc_t *gc)
         a->type->trace(a->state, gc);
     else
         rt_gc_scan(gc, a->state, a->type->state_size);
+    for (uint32_t scan = a->inline_scan; scan; scan &= scan - 1)
+        rt_gc_scan(gc, inline_base(a) + (size_t)__builtin_ctz(scan) * INLINE_GRANULE,
+                   INLINE_GRANULE);
 }
 
 /* The actor's heap, created on first use; NULL only when memory is exhausted. */
@@ -638,13 +710,22 @@ static void heap_check(rt_actor_t *a)
 
 void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind)
 {
+    if (size <= self->type->heap_inline) {
+        void *p = inline_alloc(self, size, kind);
+        if (p)
+            return p;
+    }
     rt_heap_t *h = heap_of(self);
     return h ? rt_heap_alloc(h, size, kind) : NULL;
 }
 
 void rt_free(rt_actor_t *self, void *p)
 {
-    if (p)
+    if (!p)
+        return;
+    if (in_inline(self, p))
+        inline_free(self, p);
+    else
         rt_heap_free(atomic_load_explicit(&self->heap, memory_order_relaxed), p);
 }
 
@@ -652,17 +733,18 @@ void *rt_realloc(rt_actor_t *self, void *p, size_t size, rt_obj_kind_t kind)
 {
     if (!p)
         return rt_alloc(self, size, kind);
-    rt_heap_t *h = atomic_load_explicit(&self->heap, memory_order_relaxed);
-    size_t old = rt_heap_obj_size(h, p);
+    size_t old = in_inline(self, p)
+                     ? (size_t)inline_extent(self, inline_index(self, p)) * INLINE_GRANULE
+                     : rt_heap_obj_size(atomic_load_explicit(&self->heap, memory_order_relaxed), p);
     if (size <= old && size > old / 2) {
         memset((char *)p + size, 0, old - size);
         return p;
     }
-    void *n = rt_heap_alloc(h, size, kind);
+    void *n = rt_alloc(self, size, kind);
     if (!n)
         return NULL;
     memcpy(n, p, size < old ? size : old);
-    rt_heap_free(h, p);
+    rt_free(self, p);
     return n;
 }
 
@@ -877,11 +959,14 @@ int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *
     if ((opts->link || opts->monitor) && !parent)
         return RT_EINVAL;
 
+    if (type->heap_inline % 16 || type->heap_inline > RT_HEAP_INLINE_MAX)
+        return RT_EINVAL;
     uint8_t slab_class;
-    rt_actor_t *a = rt__slab_alloc(sizeof(rt_actor_t) + type->state_size, &slab_class);
+    size_t size = sizeof(rt_actor_t) + rt__inline_offset(type) + type->heap_inline;
+    rt_actor_t *a = rt__slab_alloc(size, &slab_class);
     if (!a)
         return RT_ENOMEM;
-    memset(a, 0, sizeof(rt_actor_t) + type->state_size);
+    memset(a, 0, size);
     a->slab_class = slab_class;
     uint32_t idx, gen;
     int rc = rt_idpool_alloc(&rt->ids, &idx, &gen);

@@ -74,12 +74,20 @@ void rt__external_leave(void);
 
 /* ---- Message pool ---- */
 void rt__msg_pool_destroy(void);
+/* Gives the calling thread's cached envelopes and every one in the depot back to malloc. */
+void rt__msg_trim(void);
 
 /* ---- Actor memory (slab.c) ---- */
 void *rt__slab_alloc(size_t size, uint8_t *cls);
 void rt__slab_free(void *p, uint8_t cls);
 void rt__slab_stats(size_t *mapped, size_t *in_use);
 void rt__slab_destroy(void);
+/* Bytes of slab pages held but not in use: what a trim could give back at best. */
+size_t rt__slab_idle_bytes(void);
+/* Moves the calling thread's cached free actor structs to the shared depot. */
+void rt__slab_flush_thread(void);
+/* Gives the pages holding no live actor back to the OS; returns the bytes given back. */
+size_t rt__slab_trim(void);
 
 /* Runtime-internal flags in rt_msg_t.flags. */
 #define RT_MSGF_LINKED 1u /* exit signal caused by a link */
@@ -155,6 +163,9 @@ struct rt_actor_s {
     rt_msg_t *held;               /* the last of the messages held back under socket pressure
                                      (a ring through next: held->next is the oldest); NULL: none */
     uint8_t yielded;              /* rt_yield was called: the turn ends after this message */
+    /* The inline heap (rt_actor_type_t.heap_inline), one bit per 16-byte granule: the
+       granules in use, those that begin an object, and those of RT_OBJ_SCAN objects. */
+    uint16_t inline_used, inline_start, inline_scan;
     size_t max_heap;
     rt_retired_t retired;
     /* Created by the first allocation: an actor that never allocates (most idle ones)
@@ -163,18 +174,27 @@ struct rt_actor_s {
     _Alignas(16) unsigned char state[];
 };
 
+/* Where an actor's inline heap begins, counted from its state (16-byte aligned). */
+static inline size_t rt__inline_offset(const rt_actor_type_t *t)
+{
+    return (t->state_size + 15) & ~(size_t)15;
+}
+
 /* ---- Schedulers ---- */
 #define RT_SCRATCH_BYTES (64 * 1024) /* per-scheduler socket read buffer */
 
+/* 32 bytes, by value in the scheduler's heap: one per connection's keepalive. */
 typedef struct rt_timer_node_s {
     uint64_t due_ns;
     rt_pid_t to;
-    rt_msg_t *msg;  /* NULL for a tag-only timer, whose message is made when it fires */
-    rt_pid_t from;  /* tag-only timers: the actor that armed it */
-    uint32_t tag;   /* tag-only timers */
-    uint32_t id;    /* timer id in the timer idpool */
-    uint32_t gen;
+    union {
+        rt_msg_t *msg; /* tag == 0: the message to send */
+        rt_pid_t from; /* tag-only: the actor that armed it (the message is made at firing) */
+    };
+    uint32_t tag; /* 0 for a timer with a message */
+    uint32_t id;  /* timer id in the timer idpool; its generation is in the timer's state */
 } rt_timer_node_t;
+_Static_assert(sizeof(rt_timer_node_t) == 32, "a timer node is most of what a keepalive costs");
 
 typedef struct rt_timer_heap_s {
     rt_timer_node_t *nodes; /* binary min-heap on due_ns, by value */
@@ -203,6 +223,10 @@ struct rt_sched_s {
     unsigned char *scratch;       /* socket read buffer of the actors running here */
     rt_timer_heap_t timers;       /* owner only */
     uint64_t timer_due_ns;        /* owner only: the earliest timer in the heap, 0 if none */
+    uint64_t trim_after_ms;       /* owner only: no memory trim before this (sched.c idle_trim) */
+    uint64_t trim_backoff_ms;     /* owner only: the wait after a trim that gave nothing back */
+    uint64_t trim_exited;         /* owner only: actors exited when it last looked */
+    uint8_t trim_own;             /* owner only: its own timers and caches are yet to trim */
 
     _Alignas(RT_CACHE_LINE) rt_spinlock_t qlock;
     rt_actor_t *qhead, *qtail;    /* qlock */
@@ -294,6 +318,7 @@ void rt__blocking_push(rt_actor_t *a);
 /* Timers (timer.c) */
 void rt__timers_init(rt_sched_t *s);
 void rt__timers_destroy(rt_sched_t *s);
+void rt__timers_trim(rt_sched_t *s); /* drop cancelled timers and the room they took */
 void rt__timers_run(rt_sched_t *s);  /* fire what is due, adopt handed-over timers */
 int rt__timers_slots_init(void);
 void rt__timers_slots_destroy(void);

@@ -89,3 +89,16 @@ void rt__msg_pool_destroy(void)
 {
     rt__pool_reset(&envelopes);
 }
+
+void rt__msg_trim(void)
+{
+    rt__pool_flush_thread(&envelopes);
+    for (int k = 1; k < RT_POOL_CLASSES; k++) {
+        void *o = rt__pool_take_depot(&envelopes, k);
+        while (o) {
+            void *next = *(void **)o;
+            free(o);
+            o = next;
+        }
+    }
+}

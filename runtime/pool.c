@@ -192,6 +192,45 @@ void rt__pool_free(rt_pool_t *p, void *obj, uint8_t cls)
         spill(p, c, cls);
 }
 
+void rt__pool_flush_thread(rt_pool_t *p)
+{
+    flush(cache_of(p));
+}
+
+void *rt__pool_take_depot(rt_pool_t *p, int k)
+{
+    pthread_mutex_lock(&p->lock);
+    void *b = p->depot[k], *list = NULL;
+    p->depot[k] = NULL;
+    p->depot_batches[k] = 0;
+    pthread_mutex_unlock(&p->lock);
+    while (b) {
+        void *next_batch = *batch_next(b), *last = b;
+        while (link_of(last))
+            last = link_of(last);
+        set_link(last, list);
+        list = b;
+        b = next_batch;
+    }
+    return list;
+}
+
+void rt__pool_give_depot(rt_pool_t *p, int k, void *list)
+{
+    while (list) {
+        void *first = list, *last = list;
+        for (int i = 1; i < RT_POOL_BATCH && link_of(last); i++)
+            last = link_of(last);
+        list = link_of(last);
+        set_link(last, NULL);
+        pthread_mutex_lock(&p->lock);
+        *batch_next(first) = p->depot[k];
+        p->depot[k] = first;
+        p->depot_batches[k]++;
+        pthread_mutex_unlock(&p->lock);
+    }
+}
+
 void rt__pool_reset(rt_pool_t *p)
 {
     thread_cache_t *c = cache_of(p);

@@ -49,5 +49,14 @@ void rt__pool_free(rt_pool_t *p, void *obj, uint8_t cls);
 ** on that thread's next use). Only when no other thread uses the pool.
 */
 void rt__pool_reset(rt_pool_t *p);
+/* Moves the calling thread's lists to the depot (a thread going idle). */
+void rt__pool_flush_thread(rt_pool_t *p);
+/*
+** Takes every object the depot holds of class k as one list (linked through word 0)
+** and gives a list back, re-batched: for a pass that drops objects whose memory goes
+** back to the OS (slab.c).
+*/
+void *rt__pool_take_depot(rt_pool_t *p, int k);
+void rt__pool_give_depot(rt_pool_t *p, int k, void *list);
 
 #endif

@@ -132,7 +132,17 @@ typedef struct rt_actor_type_s {
     /* Names a message tag for introspection ("current handler"); optional. */
     const char *(*tag_name)(uint32_t tag);
     uint32_t flags;
+    /*
+    ** Bytes after the state (a multiple of 16, at most RT_HEAP_INLINE_MAX) where the
+    ** actor's first small objects live, so that one holding a few (a client id, one
+    ** subscription) pays for no heap and no chunk: a heap's smallest growth step is a
+    ** 1 KiB chunk per size class. Objects there are roots of every collection and
+    ** stay until rt_free or the actor's exit; what does not fit goes to the heap.
+    */
+    uint16_t heap_inline;
 } rt_actor_type_t;
+
+#define RT_HEAP_INLINE_MAX 256
 
 typedef struct rt_spawn_opts_s {
     bool link;             /* link the new actor to the calling actor */

@@ -23,6 +23,7 @@
 */
 #include <errno.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,6 +311,59 @@ static void ensure_active(rt_sched_t *s)
         rt__ebr_enter(s->ebr);
 }
 
+/*
+** Memory back to the OS. When a burst of actors has gone (connections that left), an
+** idle scheduler gives back the slab pages, heap chunks and malloc memory they held.
+** It waits until no actor has exited for RT_TRIM_QUIET_MS (the burst is over and its
+** actors reclaimed: a page is given back only when every actor on it is free) and at
+** least RT_TRIM_MIN_BYTES sit idle in the slab. A trim walks the free lists (a few ms
+** for 100,000 free actors); one that gave nothing back (free actors spread over pages
+** that live ones still use) doubles the wait before the next, up to RT_TRIM_MAX_WAIT_MS.
+*/
+#define RT_TRIM_MIN_BYTES (2u << 20) /* one slab page */
+#define RT_TRIM_QUIET_MS 200
+#define RT_TRIM_WAIT_MS 1000
+#define RT_TRIM_MAX_WAIT_MS 64000
+
+static void idle_trim(rt_sched_t *s)
+{
+    if (s->ebr->limbo_head)
+        return;
+    uint64_t now = rt_mono_ms();
+    uint64_t exited = atomic_load_explicit(&rt__rt->exited, memory_order_relaxed);
+    if (exited != s->trim_exited) {
+        s->trim_exited = exited;
+        s->trim_after_ms = now + RT_TRIM_QUIET_MS;
+        s->trim_backoff_ms = 0;
+        s->trim_own = 1;
+        return;
+    }
+    if (now < s->trim_after_ms)
+        return;
+    if (s->trim_own) {
+        /* What this scheduler alone holds: its timers, and the free actors and heap
+           chunks in its caches, which go to the shared pools so that a trim sees them
+           all (one actor left in a cache keeps its whole page). */
+        s->trim_own = 0;
+        rt__timers_trim(s);
+        rt__slab_flush_thread();
+        rt_heap_thread_flush();
+        rt__msg_trim();
+    }
+    if (rt__slab_idle_bytes() < RT_TRIM_MIN_BYTES) {
+        s->trim_backoff_ms = 0; /* nothing to wait for: sleep as long as the timers allow */
+        return;
+    }
+    size_t given_back = rt__slab_trim();
+    rt_heap_pool_trim();
+    malloc_trim(0);
+    if (given_back || !s->trim_backoff_ms)
+        s->trim_backoff_ms = RT_TRIM_WAIT_MS;
+    else if (s->trim_backoff_ms < RT_TRIM_MAX_WAIT_MS)
+        s->trim_backoff_ms *= 2;
+    s->trim_after_ms = now + s->trim_backoff_ms;
+}
+
 /* An idle scheduler with retired actors wakes now and then until they are freed. */
 #define RT_RECLAIM_RETRY_MS 2
 
@@ -324,6 +378,13 @@ static int sleep_timeout_ms(const rt_sched_t *s)
     }
     if (s->ebr->limbo_head && (ms < 0 || ms > RT_RECLAIM_RETRY_MS))
         ms = RT_RECLAIM_RETRY_MS;
+    if (s->trim_own || s->trim_backoff_ms) {
+        /* A trim is due (idle_trim): wake for it. */
+        uint64_t now = rt_mono_ms();
+        int64_t t = s->trim_after_ms > now ? (int64_t)(s->trim_after_ms - now) : 0;
+        if (ms < 0 || ms > t)
+            ms = t;
+    }
     return ms > INT_MAX ? INT_MAX : (int)ms;
 }
 
@@ -413,6 +474,7 @@ static void *sched_main(void *arg)
             now = last_poll = rt__ticks();
             continue;
         }
+        idle_trim(s); /* in the EBR region: it looks actors up */
         rt__ebr_leave(s->ebr);
         park(s);
         now = last_poll = busy_since = rt__ticks();

@@ -28,7 +28,7 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
     rt_heap_t *heap = atomic_load_explicit(&a->heap, memory_order_acquire);
     if (heap)
         rt_heap_stats(heap, &hs);
-    out->state_bytes = sizeof(rt_actor_t) + a->type->state_size;
+    out->state_bytes = sizeof(rt_actor_t) + rt__inline_offset(a->type) + a->type->heap_inline;
     out->heap_bytes = hs.heap_bytes;
     out->bin_bytes = hs.bin_bytes;
     out->ext_bytes = hs.ext_bytes;

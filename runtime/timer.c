@@ -48,10 +48,32 @@ void rt__timers_init(rt_sched_t *s)
     atomic_store(&s->timer_inbox, NULL);
 }
 
+/* A node's message, if it carries one (a tag-only timer's is made when it fires). */
+static inline rt_msg_t *node_msg(const rt_timer_node_t *n)
+{
+    return n->tag ? NULL : n->msg;
+}
+
+/*
+** A node in a heap owns its id until release: nobody else changes its state but a
+** cancel, from pending to cancelled with the same generation. So the generation is
+** read back from the state rather than kept in every node.
+*/
+static inline uint64_t state_as(const rt_timer_node_t *n, unsigned st)
+{
+    return (atomic_load_explicit(&timer_state[n->id], memory_order_relaxed) & ~(uint64_t)3) | st;
+}
+
+/* Pending to fired; false when it was cancelled. */
+static bool claim(const rt_timer_node_t *n)
+{
+    uint64_t expect = state_as(n, T_PENDING);
+    return atomic_compare_exchange_strong(&timer_state[n->id], &expect, state_as(n, T_FIRED));
+}
+
 static void release(rt_timer_node_t *n)
 {
-    atomic_store_explicit(&timer_state[n->id], (uint64_t)n->gen << 2 | T_FREE,
-                          memory_order_release);
+    atomic_store_explicit(&timer_state[n->id], state_as(n, T_FREE), memory_order_release);
     rt_idpool_free(&timer_ids, n->id);
     atomic_fetch_sub_explicit(&rt__rt->timers_pending, 1, memory_order_relaxed);
 }
@@ -61,13 +83,13 @@ void rt__timers_destroy(rt_sched_t *s)
     rt_timer_handoff_t *h = atomic_exchange(&s->timer_inbox, NULL);
     while (h) {
         rt_timer_handoff_t *next = h->next;
-        rt_msg_free(h->node.msg);
+        rt_msg_free(node_msg(&h->node));
         release(&h->node);
         free(h);
         h = next;
     }
     for (size_t i = 0; i < s->timers.len; i++) {
-        rt_msg_free(s->timers.nodes[i].msg);
+        rt_msg_free(node_msg(&s->timers.nodes[i]));
         release(&s->timers.nodes[i]);
     }
     free(s->timers.nodes);
@@ -106,8 +128,7 @@ static void sift_down(rt_timer_heap_t *h, size_t i)
 
 static bool is_pending(const rt_timer_node_t *n)
 {
-    return atomic_load_explicit(&timer_state[n->id], memory_order_acquire) ==
-           ((uint64_t)n->gen << 2 | T_PENDING);
+    return (atomic_load_explicit(&timer_state[n->id], memory_order_acquire) & 3) == T_PENDING;
 }
 
 /* Drops cancelled timers; rebuilding the heap bottom-up is O(n). */
@@ -119,7 +140,7 @@ static void compact(rt_timer_heap_t *h)
         if (is_pending(n)) {
             h->nodes[kept++] = *n;
         } else {
-            rt_msg_free(n->msg);
+            rt_msg_free(node_msg(n));
             release(n);
         }
     }
@@ -128,6 +149,8 @@ static void compact(rt_timer_heap_t *h)
         sift_down(h, i);
     h->compact_at = kept * 2 > RT_TIMER_MIN_COMPACT ? kept * 2 : RT_TIMER_MIN_COMPACT;
 }
+
+static void arm(rt_sched_t *s);
 
 static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
 {
@@ -138,6 +161,28 @@ static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
     h->nodes[h->len] = *n;
     sift_up(h, h->len++);
     return 0;
+}
+
+void rt__timers_trim(rt_sched_t *s)
+{
+    rt_timer_heap_t *h = &s->timers;
+    /* A timer whose actor has exited would only make a dead letter when it fires (a
+       keepalive, minutes away): it is dropped now, with the room it takes. */
+    for (size_t i = 0; i < h->len; i++) {
+        if (!rt__lookup(h->nodes[i].to))
+            claim(&h->nodes[i]);
+    }
+    compact(h);
+    /* Cancelled timers of actors that left are gone; so is the room they took. */
+    size_t want = h->len * 2 > 64 ? h->len * 2 : 64;
+    if (h->cap > 2 * want) {
+        rt_timer_node_t *n = realloc(h->nodes, want * sizeof(*n));
+        if (n) {
+            h->nodes = n;
+            h->cap = want;
+        }
+    }
+    arm(s);
 }
 
 /* Tells the scheduler's sleep when the earliest timer is due. */
@@ -152,7 +197,7 @@ void rt__timers_run(rt_sched_t *s)
     while (h) {
         rt_timer_handoff_t *next = h->next;
         if (heap_insert(&s->timers, &h->node)) {
-            rt_msg_free(h->node.msg);
+            rt_msg_free(node_msg(&h->node));
             release(&h->node);
         }
         free(h);
@@ -165,15 +210,13 @@ void rt__timers_run(rt_sched_t *s)
         th->nodes[0] = th->nodes[--th->len];
         if (th->len)
             sift_down(th, 0);
-        uint64_t expect = (uint64_t)n.gen << 2 | T_PENDING;
-        if (atomic_compare_exchange_strong(&timer_state[n.id], &expect,
-                                           (uint64_t)n.gen << 2 | T_FIRED)) {
-            rt_msg_t *m = n.msg;
+        if (claim(&n)) {
+            rt_msg_t *m = node_msg(&n);
             if (!m && (m = rt_msg_new(n.tag, 0)) != NULL)
                 m->from = n.from;
             rt_send_msg(n.to, m);
         } else {
-            rt_msg_free(n.msg);
+            rt_msg_free(node_msg(&n));
         }
         release(&n);
     }
@@ -187,11 +230,10 @@ static int start_timer(rt_timer_node_t n, rt_ref_t *ref)
     uint32_t id, gen;
     int rc = rt_idpool_alloc(&timer_ids, &id, &gen);
     if (rc) {
-        rt_msg_free(n.msg);
+        rt_msg_free(node_msg(&n));
         return rc;
     }
     n.id = id;
-    n.gen = gen;
     atomic_store_explicit(&timer_state[id], (uint64_t)gen << 2 | T_PENDING, memory_order_release);
     atomic_fetch_add_explicit(&rt->timers_pending, 1, memory_order_relaxed);
     if (ref)
@@ -218,7 +260,7 @@ static int start_timer(rt_timer_node_t n, rt_ref_t *ref)
         }
     }
     if (rc) {
-        rt_msg_free(n.msg);
+        rt_msg_free(node_msg(&n));
         release(&n);
     }
     return rc;
@@ -236,6 +278,8 @@ int rt_send_after(uint64_t ms, rt_pid_t to, rt_msg_t *m, rt_ref_t *ref)
 
 int rt_send_after_tag(uint64_t ms, rt_pid_t to, uint32_t tag, rt_ref_t *ref)
 {
+    if (!tag)
+        return RT_EINVAL; /* no message has tag 0, and a node tells its kind by it */
     rt_actor_t *cur = rt__tls.current;
     return start_timer((rt_timer_node_t){.due_ns = rt_mono_ns() + ms * 1000000u,
                                          .to = to,

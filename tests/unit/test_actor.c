@@ -1,8 +1,15 @@
 /* Actors: spawn, send, exit, dead letters, registry, links, monitors, trap_exit, heap limits. */
 #include "rt_test.h"
 
-enum { MSG_ADD = RT_MSG_USER, MSG_EXIT_WITH, MSG_LINK_TO, MSG_MONITOR, MSG_DEMONITOR, MSG_ALLOC,
-       MSG_PING };
+enum {
+    MSG_ADD = RT_MSG_USER,
+    MSG_EXIT_WITH,
+    MSG_LINK_TO,
+    MSG_MONITOR,
+    MSG_DEMONITOR,
+    MSG_ALLOC,
+    MSG_PING
+};
 
 /* A general-purpose probe: counts what it receives into shared counters. */
 typedef struct {
@@ -464,8 +471,8 @@ static void test_shared_binaries(void)
     CHECK(wait_at_least(&bins_held, 100, 5000));
     size_t count1, bytes1;
     rt_bin_totals(&count1, &bytes1);
-    CHECK_EQ(count1 - count0, 1);          /* one binary ... */
-    CHECK_EQ(bytes1 - bytes0, 1 << 20);    /* ... of 1 MB, whatever the number of holders */
+    CHECK_EQ(count1 - count0, 1);       /* one binary ... */
+    CHECK_EQ(bytes1 - bytes0, 1 << 20); /* ... of 1 MB, whatever the number of holders */
     CHECK_EQ(rt_bin_refs(b), 101);
     int same = 0;
     for (int i = 0; i < 100; i++)
@@ -483,6 +490,97 @@ static void test_shared_binaries(void)
     CHECK_EQ(count1, count0);
 }
 
+/*
+** The inline heap and the heap API around it, exercised from inside an actor (the API
+** acts on the calling actor): first-fit in 16-byte granules, reuse after rt_free,
+** growth that moves from the inline region to the heap, inline objects as GC roots.
+*/
+typedef struct {
+    char pad[40]; /* an odd state size: the inline region starts at the next 16 bytes */
+    void *root;   /* a heap object reachable only through an inline RT_OBJ_SCAN object */
+} inline_state_t;
+
+static atomic_long inline_done;
+
+static bool in_region(void *state, const void *p)
+{
+    const char *base = (const char *)state + 48;
+    return (const char *)p >= base && (const char *)p < base + 64;
+}
+
+static int inline_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)arg;
+    char *a = rt_alloc(self, 20, RT_OBJ_LEAF); /* 2 granules */
+    CHECK(in_region(state, a));
+    CHECK_EQ((uintptr_t)a % 16, 0);
+    char *b = rt_alloc(self, 40, RT_OBJ_LEAF); /* 3 granules: only 2 left, so the heap */
+    CHECK(b && !in_region(state, b));
+    char *c = rt_strndup(self, "abc", 3);
+    CHECK(in_region(state, c) && c == a + 32 && strcmp(c, "abc") == 0);
+    rt_free(self, a);
+    char *d = rt_alloc(self, 32, RT_OBJ_LEAF); /* first fit: where a was */
+    CHECK(d == a);
+    rt_free(self, d);
+    /* Grows in place while it fits its granules, then moves out, keeping its contents. */
+    c = rt_realloc(self, c, 16, RT_OBJ_LEAF);
+    CHECK(in_region(state, c) && strcmp(c, "abc") == 0);
+    c = rt_realloc(self, c, 100, RT_OBJ_LEAF);
+    CHECK(c && !in_region(state, c) && strcmp(c, "abc") == 0 && c[99] == 0);
+    uint32_t *arr = NULL;
+    size_t cap = 0;
+    for (uint32_t i = 0; i < 100; i++) {
+        CHECK_EQ(rt_grow_on(self, &arr, &cap, i + 1, sizeof(*arr), 4, RT_OBJ_LEAF), 0);
+        arr[i] = i;
+    }
+    CHECK(cap >= 100 && arr[0] == 0 && arr[99] == 99);
+    void **holder = rt_alloc(self, 16, RT_OBJ_SCAN);
+    CHECK(in_region(state, holder));
+    holder[0] = rt_alloc(self, 200, RT_OBJ_LEAF);
+    memset(holder[0], 'r', 200);
+    ((inline_state_t *)state)->root = holder;
+    rt_gc(self);
+    CHECK(((char *)holder[0])[199] == 'r'); /* kept: the inline object is a root */
+    rt_charge(self, 5000);
+    atomic_store(&inline_done, 1);
+    return 0;
+}
+
+static void inline_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)state;
+    (void)m;
+    rt_charge(self, -5000);
+    atomic_store(&inline_done, 2);
+}
+
+static void test_inline_heap(void)
+{
+    static const rt_actor_type_t inline_type = {.name = "inline",
+                                                .state_size = 40,
+                                                .init = inline_init,
+                                                .handle = inline_handle,
+                                                .heap_inline = 64};
+    static const rt_actor_type_t bad_type = {
+        .name = "bad", .handle = inline_handle, .heap_inline = 24};
+    CHECK_EQ(rt_spawn(&bad_type, NULL, NULL), RT_EINVAL); /* not a multiple of 16 */
+    atomic_store(&inline_done, 0);
+    rt_pid_t pid;
+    CHECK_EQ(rt_spawn(&inline_type, NULL, &pid), 0);
+    CHECK_EQ(atomic_load(&inline_done), 1);
+    rt_actor_info_t info;
+    CHECK_EQ(rt_actor_info(pid, &info), 0);
+    CHECK_EQ(info.ext_bytes, 5000);
+    CHECK(info.state_bytes >= 48 + 64); /* the inline region is part of the actor's block */
+    CHECK(info.heap_bytes > 0);
+    rt_send(pid, RT_MSG_USER, NULL, 0);
+    CHECK(wait_at_least(&inline_done, 2, 5000));
+    CHECK_EQ(rt_actor_info(pid, &info), 0);
+    CHECK_EQ(info.ext_bytes, 0);
+    rt_exit_signal(pid, RT_REASON_KILL);
+    CHECK(wait_alive(0, 5000));
+}
+
 int main(void)
 {
     test_start(2);
@@ -496,6 +594,7 @@ int main(void)
     RUN(test_link_cascade);
     RUN(test_spawn_options);
     RUN(test_init_failure);
+    RUN(test_inline_heap);
     rt_shutdown();
     return CHECK_SUMMARY();
 }
