@@ -20,8 +20,10 @@
 ** go of: its roots are conn_t's pointers (conn.c names them in the type's trace), and
 ** what they lead to is found through RT_OBJ_SCAN objects (the subscription list, the
 ** session and its message records, the alias tables); strings and byte buffers are
-** RT_OBJ_LEAF. Nothing outside the heap (the trie, the store, the client table, a
-** message) keeps a pointer into it: they get copies. When the actor exits its heap goes
+** RT_OBJ_LEAF. Nothing outside the heap (the trie, the store, a message) keeps a pointer
+** into it: they get copies. The one exception is the client table, which keeps client_id
+** itself (broker.h): conn_t holds that string too, never changes or frees it, and terminate
+** releases the table's entry before the heap goes. When the actor exits its heap goes
 ** whole, releasing the binaries it holds, so terminate only unhooks the shared tables.
 ** Scratch space for one handler call (an encode buffer) may stay on the stack or malloc.
 */
