@@ -166,6 +166,9 @@ int rt_spawn(const rt_actor_type_t *type, void *arg, rt_pid_t *out);
 int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts,
                  rt_pid_t *out);
 
+/* "<slot.generation>", the way rtd's log and rtctl show pid (rtctl reads it back). */
+void rt_pid_text(rt_pid_t pid, char *out, size_t n);
+
 /* Whether pid names a live actor right now (it may exit a moment later). */
 bool rt_alive(rt_pid_t pid);
 

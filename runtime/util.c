@@ -4,6 +4,7 @@
 */
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -112,6 +113,11 @@ int rt_reason_parse(const char *word, rt_reason_t *out)
     if (rc == 0)
         *out = RT_REASON_WORDS + i;
     return rc;
+}
+
+void rt_pid_text(rt_pid_t pid, char *out, size_t n)
+{
+    snprintf(out, n, "<%u.%u>", (unsigned)(uint32_t)pid, (unsigned)(pid >> 32));
 }
 
 const char *rt_status_name(rt_actor_status_t s)

@@ -105,8 +105,8 @@ typedef struct rt_admin_job_done_s {
     int code;
 } rt_admin_job_done_t;
 
-int rt__admin_worker_start(void);
-void rt__admin_worker_stop(void);
+/* Starts the worker as a permanent child of the supervisor group. */
+int rt__admin_worker_start(rt_pid_t group);
 /*
 ** From a connection actor: hands the worker a request line (copied), answered to
 ** the caller with RT_ADMIN_MSG_JOB_DONE carrying cookie. 0, or RT_ENOMEM or
