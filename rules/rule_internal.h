@@ -28,7 +28,7 @@
 #define RT_RULES_TAG_FRESH (RT_MSG_USER + 0x5213)    /* a restarted worker's first: a new state */
 
 #define RT_RULES_NONE UINT32_MAX /* no index: no durable entry, no flight slot, no target */
-#define RT_RULES_GROUP "rules_sup"/* the workers' supervisor (group.h) */
+#define RT_RULES_GROUP "rules_sup" /* the workers' supervisor (group.h) */
 
 /* A rule's metrics, shared by the versions of the rule with one name. */
 typedef struct rt_rule_metrics_s {

@@ -35,8 +35,8 @@ static struct {
     ino_t ino;
     uint64_t started_ms; /* CLOCK_MONOTONIC */
     rt_pid_t sup;        /* the supervisor the admin group runs under (0: none) */
-    char err[PATH_MAX + 256];  /* why the listener's last start failed */
-    bool restarting;           /* the listener started once: its next start is a restart */
+    char err[PATH_MAX + 256]; /* why the listener's last start failed */
+    bool restarting;          /* the listener started once: its next start is a restart */
     pthread_mutex_t util_lock;
     size_t nutil;
     double util[RT_ADMIN_SCHED_MAX];
@@ -168,7 +168,10 @@ static void admin_listener_terminate(rt_actor_t *self, void *state, rt_reason_t 
 
 static const char *admin_listener_tag_name(uint32_t tag)
 {
-    return tag == MSG_TICK ? "tick" : tag == RT_MSG_SOCKET ? "accept" : tag == RT_MSG_EXIT ? "exit" : "";
+    return tag == MSG_TICK        ? "tick"
+           : tag == RT_MSG_SOCKET ? "accept"
+           : tag == RT_MSG_EXIT   ? "exit"
+                                  : "";
 }
 
 static const rt_actor_type_t admin_listener_type = {

@@ -33,8 +33,10 @@ int rt_group_start(rt_pid_t sup, const char *name, rt_restart_t restart, rt_pid_
 void rt_group_stop(rt_pid_t sup, const char *name)
 {
     rt_pid_t group = rt_whereis(name);
-    if (!group || rt_supervisor_terminate_child(sup, group) != 0)
+    if (!group)
         return;
+    /* If sup is gone, it stopped the group already, or does so now. */
+    rt_supervisor_terminate_child(sup, group);
     if (rt_wait_exit(group, RT_GROUP_SHUTDOWN_MS) != 0)
         rt_log(RT_LOG_ERROR, "supervisor.stop_timeout", "supervisor=%s still running after %d ms",
                name, RT_GROUP_SHUTDOWN_MS);
@@ -48,6 +50,10 @@ void rt_group_log_event(const rt_sup_event_t *e, void *ud)
     rt_pid_text(e->old_pid, old, sizeof(old));
     const char *sup = e->sup_name[0] ? e->sup_name : "-";
     const char *why = rt_reason_name(e->reason);
+    /* An orderly end (rtd stopping, a temporary child done) is no news. */
+    rt_log_level_t ended = e->reason == RT_REASON_NORMAL || e->reason == RT_REASON_SHUTDOWN
+                               ? RT_LOG_DEBUG
+                               : RT_LOG_WARNING;
     switch (e->kind) {
     case RT_SUP_RESTARTED:
         rt_log(RT_LOG_WARNING, "supervisor.restart",
@@ -55,8 +61,8 @@ void rt_group_log_event(const rt_sup_event_t *e, void *ud)
                old, pid, (unsigned long long)e->restarts);
         break;
     case RT_SUP_EXITED:
-        rt_log(RT_LOG_INFO, "supervisor.child_exited", "supervisor=%s child=%s reason=%s pid=%s",
-               sup, e->child, why, old);
+        rt_log(ended, "supervisor.child_exited", "supervisor=%s child=%s reason=%s pid=%s", sup,
+               e->child, why, old);
         break;
     case RT_SUP_START_FAILED:
         rt_log(RT_LOG_ERROR, "supervisor.start_failed",
@@ -70,8 +76,7 @@ void rt_group_log_event(const rt_sup_event_t *e, void *ud)
                sup, e->child, why, old, e->intensity, e->period_ms);
         break;
     case RT_SUP_STOPPED:
-        rt_log(e->reason == RT_REASON_SHUTDOWN ? RT_LOG_INFO : RT_LOG_WARNING,
-               "supervisor.stopped", "supervisor=%s reason=%s", sup, why);
+        rt_log(ended, "supervisor.stopped", "supervisor=%s reason=%s", sup, why);
         break;
     }
 }

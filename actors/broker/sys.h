@@ -30,8 +30,8 @@
 #include "config.h"
 #include "rt.h"
 
-#define RT_SYS_NAME "sys"       /* the actor's registered name */
-#define RT_SYS_GROUP "sys_sup"  /* its supervisor's (group.h) */
+#define RT_SYS_NAME "sys"      /* the actor's registered name */
+#define RT_SYS_GROUP "sys_sup" /* its supervisor's (group.h) */
 
 /*
 ** Starts the $SYS actor if conf->sys_interval > 0 (0 with nothing started

@@ -180,7 +180,7 @@ typedef struct {
 } rtd_t;
 
 #define RTD_TOP_NAME "rtd_sup"
-#define RTD_EXIT_GAVE_UP 3 /* the exit status when the tree gave up */
+#define RTD_EXIT_GAVE_UP 3         /* the exit status when the tree gave up */
 #define RTD_SIGNAL_GAVE_UP SIGUSR1 /* what the top supervisor sends main when it goes */
 
 /*

@@ -124,8 +124,8 @@ typedef struct {
     sqlite3_stmt *st[ST_COUNT];
     _Atomic rt_pid_t pid; /* the store actor's current incarnation (each start sets it) */
     _Atomic uint64_t changes, commits, failures;
-    _Atomic uint64_t lost;   /* changes sent to a store actor that died before applying them */
-    uint64_t lost_logged;    /* lost as of the last restart's log line (the actor's) */
+    _Atomic uint64_t lost; /* changes sent to a store actor that died before applying them */
+    uint64_t lost_logged;  /* lost as of the last restart's log line (the actor's) */
 } store_t;
 
 static store_t store;

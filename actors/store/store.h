@@ -44,7 +44,7 @@ typedef struct {
 } rt_store_committed_t;
 
 #define RT_STORE_GROUP "store_sup" /* the store actor's supervisor (group.h) */
-#define RT_STORE_NAME "store"  /* ... and the actor's registered name */
+#define RT_STORE_NAME "store"      /* ... and the actor's registered name */
 
 /* One stored message of a session (queued, or inflight with its state). */
 typedef struct {
