@@ -116,7 +116,7 @@ typedef struct rt_rules_durable_s {
 /*
 ** Loads and validates every *.lua in conf->rules_dir (a missing directory is an
 ** empty rule set), then starts the workers, permanent children of the group
-** supervisor "rules" (group.h) under sup (0: of nobody). A worker that dies is
+** supervisor "rules_sup" (group.h) under sup (0: of nobody). A worker that dies is
 ** started again with a fresh Lua state of the current rule set; a durable
 ** publish it had not finished is answered RT_ENOPROC, and a batch a dead sink
 ** never took is submitted again. Call after rt_init and rt_sinks_start, outside

@@ -554,6 +554,8 @@ static void worker_trace(void *state, rt_gc_t *gc)
 static void worker_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     worker_t *w = state;
+    /* Rows made are not thrown away, however the worker ends (a no-op after its stop). */
+    flush_all(w);
     /* Every promised ack is sent, even now: the publisher must not wait forever. Its rows
        may yet be committed; RT_ENOPROC says that nobody will confirm it. */
     for (uint32_t i = 0; i < w->ndurs; i++)

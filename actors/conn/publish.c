@@ -63,14 +63,21 @@ int rt__conn_qos2_add(conn_t *c, uint16_t packet_id)
     return 0;
 }
 
+/* Ends the exactly-once record of an inbound QoS 2 id; false if there was none. */
+static bool qos2_forget(conn_t *c, uint16_t packet_id)
+{
+    int i = qos2_find(c, packet_id);
+    if (i < 0)
+        return false;
+    c->qos2_ids[i] = c->qos2_ids[--c->nqos2];
+    if (c->stored)
+        rt_store_qos2_in(c->client_id, packet_id, false, 0, 0);
+    return true;
+}
+
 void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk)
 {
-    int i = qos2_find(c, pk->packet_id);
-    if (i >= 0) {
-        c->qos2_ids[i] = c->qos2_ids[--c->nqos2];
-        if (c->stored)
-            rt_store_qos2_in(c->client_id, pk->packet_id, false, 0, 0);
-    }
+    int i = qos2_forget(c, pk->packet_id) ? 0 : -1;
     mqtt_packet_t comp = {.type = MQTT_PUBCOMP,
                           .packet_id = pk->packet_id,
                           .reason = i >= 0 ? 0 : MQTT_RC_PACKET_ID_NOT_FOUND};
@@ -158,6 +165,10 @@ void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t sta
             a->remaining--;
         if (status < 0 && c->version == MQTT_V5)
             a->reason = status == RT_ELIMIT ? MQTT_RC_QUOTA_EXCEEDED : MQTT_RC_UNSPECIFIED;
+        /* A QoS 2 PUBLISH sent again after a lost commit must be routed again, not taken
+           for a duplicate (a v5 PUBREC of 0x80 frees the id anyway: 4.3.3). */
+        if (status == RT_ENOPROC && !a->lost && a->type == MQTT_PUBREC)
+            qos2_forget(c, a->packet_id);
         a->lost |= status == RT_ENOPROC;
         break;
     }

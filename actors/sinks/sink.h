@@ -37,7 +37,7 @@ typedef struct rt_sink_committed_s {
 /*
 ** Validates every sink in conf (errors name the config file, line and reason:
 ** "etc/rtd.conf:42: sinks.archive: unknown key tabel") and starts one actor per
-** enabled sink, each a permanent child of the group supervisor "sinks" (group.h),
+** enabled sink, each a permanent child of the group supervisor "sinks_sup" (group.h),
 ** itself a child of sup (0: of nobody). A sink's actor that dies is started again
 ** and replays its spill, where the one before left what it held. Call after
 ** rt_init, from outside any actor, before anything submits. Returns 0 or an RT_E*
