@@ -323,12 +323,23 @@ typedef struct {
     bool done;
 } sync_t;
 
-static void signal_sync(sync_t *sy)
+/* Wakes the rt_store_sync whose request m is. */
+static void answer_sync(const rt_msg_t *m)
 {
+    sync_t *sy;
+    memcpy(&sy, m->data, sizeof(sy));
     pthread_mutex_lock(&sy->lock);
     sy->done = true;
     pthread_cond_signal(&sy->cond);
     pthread_mutex_unlock(&sy->lock);
+}
+
+/* The change m carries, or NULL if m is not one. */
+static const op_t *op_of(const rt_msg_t *m)
+{
+    if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
+        return NULL;
+    return (const op_t *)(const void *)m->data;
 }
 
 static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
@@ -341,14 +352,12 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
     if (m->tag == OP_SYNC) {
         commit_tx(a);
-        sync_t *sy;
-        memcpy(&sy, m->data, sizeof(sy));
-        signal_sync(sy);
+        answer_sync(m);
         return;
     }
-    if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
+    const op_t *op = op_of(m);
+    if (!op)
         return;
-    const op_t *op = (const op_t *)(const void *)m->data;
     RT_ASSERT(m->len == sizeof(op_t) + op->len1 + op->len2); /* as send_op made it */
     if (!a->in_tx) {
         exec_logged(store.db, "BEGIN");
@@ -402,14 +411,12 @@ static void store_dead_letter(void *state, rt_msg_t *m)
 {
     (void)state;
     if (m->tag == OP_SYNC) {
-        sync_t *sy;
-        memcpy(&sy, m->data, sizeof(sy));
-        signal_sync(sy);
+        answer_sync(m);
         return;
     }
-    if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
+    const op_t *op = op_of(m);
+    if (!op)
         return;
-    const op_t *op = (const op_t *)(const void *)m->data;
     atomic_fetch_add(&store.lost, 1);
     if (op->ack_pid)
         answer(op->ack_pid, op->token, RT_ENOPROC);
