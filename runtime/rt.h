@@ -150,6 +150,7 @@ typedef struct rt_actor_type_s {
     ** terminate, outside any actor callback, on any thread, possibly concurrently with a
     ** new incarnation of the actor; state is the dead actor's state as terminate left it,
     ** to read only. It may send and take the message's binary, never keep the envelope.
+    ** Not called once rt_shutdown has begun: nobody waits for an answer then.
     */
     void (*dead_letter)(void *state, rt_msg_t *msg);
     uint32_t flags;

@@ -110,12 +110,12 @@ class Publisher(threading.Thread):
         inflight, seq, free = {}, 0, list(range(1, WINDOW + 1))
         deadline = time.time() + LOAD_SECONDS
         while (not self.stop.is_set() or inflight) and time.time() < deadline:
-            while free and not self.stop.is_set():
-                pid = free.pop()
-                inflight[pid] = f"{self.name}-{seq}"
-                seq += 1
-                self.send(conn, pid, inflight[pid])
             try:
+                while free and not self.stop.is_set():
+                    pid = free.pop()
+                    inflight[pid] = f"{self.name}-{seq}"
+                    seq += 1
+                    self.send(conn, pid, inflight[pid])
                 p = conn.read(timeout=0.5)
             except (ConnectionError, OSError):
                 # What was not acknowledged goes again on the new connection, DUP set.
