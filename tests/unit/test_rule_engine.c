@@ -61,7 +61,7 @@ static int start_sink(const char *sink, const char *rules_dir, long workers, lon
     snprintf(a, sizeof(a),
              "sinks={%s={type=\"sqlite\",file=\"%s/rt.db\",table=\"rows\",synchronous=\"normal\"}}",
              sink, dir);
-    if (rt_conf_set(c, a, err, sizeof(err)) || rt_sinks_start(c, err, sizeof(err))) {
+    if (rt_conf_set(c, a, err, sizeof(err)) || rt_sinks_start(c, 0, err, sizeof(err))) {
         fprintf(stderr, "sinks: %s\n", err);
         exit(2);
     }
@@ -75,7 +75,7 @@ static int start_sink(const char *sink, const char *rules_dir, long workers, lon
     if (flush_ms >= 0)
         c->rule_flush_ms = flush_ms;
     err[0] = 0;
-    int rc = rt_rules_start(c, err, sizeof(err));
+    int rc = rt_rules_start(c, 0, err, sizeof(err));
     free(c);
     return rc;
 }
