@@ -868,6 +868,7 @@ const rt_actor_type_t rt_conn_type = {
     .trace = conn_trace,
     .terminate = conn_terminate,
     .tag_name = conn_tag_name,
+    .heap_inline = RT_CONN_HEAP_INLINE,
 };
 
 const rt_actor_type_t rt__conn_restored_type = {
@@ -878,4 +879,5 @@ const rt_actor_type_t rt__conn_restored_type = {
     .trace = conn_trace,
     .terminate = conn_terminate,
     .tag_name = conn_tag_name,
+    .heap_inline = RT_CONN_HEAP_INLINE,
 };

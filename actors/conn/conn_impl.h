@@ -166,8 +166,19 @@ struct conn_s {
     uint8_t listener : 4;      /* the socket's listener (conf.listeners index, < 16) */
 };
 
-/* Most of an idle connection's memory: with the actor header it must stay in a 384-byte slab. */
+/*
+** Most of an idle connection's memory: with the actor header (224 bytes) and the inline heap
+** it must stay in a 448-byte slab.
+*/
 _Static_assert(sizeof(conn_t) <= 160, "conn_t outgrew its slab class");
+
+/*
+** The connection's first small objects live in the actor itself (rt_actor_type_t.heap_inline),
+** so an idle client needs no heap: its id and, with one subscription, the list entry and the
+** filter's copy are 16 bytes each below 16 characters, and the fourth granule takes a longer
+** id. 64 bytes fill the 448-byte slab class that 48 would take anyway.
+*/
+#define RT_CONN_HEAP_INLINE 64
 _Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
 
 #define RT_CONN_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
