@@ -815,7 +815,6 @@ static void conn_trace(void *state, rt_gc_t *gc)
     rt_gc_mark(gc, c->sess);
     rt_gc_mark(gc, c->will);
     rt_gc_mark(gc, c->aliases);
-    rt_gc_mark(gc, c->qos2_ids);
 }
 
 static const char *conn_tag_name(uint32_t tag)

@@ -123,7 +123,6 @@ struct conn_s {
     void *will;              /* heap handle of the will as a canonical PUBLISH, or NULL */
     conn_aliases_t *aliases; /* topic aliases (MQTT 5): made at CONNECT if the client allows
                                 some, else on its first alias; NULL for none */
-    uint16_t *qos2_ids;      /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
     uint64_t last_rx_ms;
     /* One word for two times that never both matter: the session's end exists only offline,
        the CONNECT's time only while connected (this struct is an idle connection's memory). */
@@ -134,7 +133,6 @@ struct conn_s {
     uint64_t will_at_ms;               /* offline with a delayed will: when it is published */
     uint32_t partial_len, partial_cap; /* a packet is at most max_packet_size */
     uint32_t nsubs, capsubs;
-    uint32_t nqos2, capqos2;  /* nqos2 <= RT_CONN_QOS2_PENDING_MAX */
     uint32_t session_expiry;  /* seconds the session outlives its connection; 0: ends with it */
     uint32_t will_delay;      /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
     uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
@@ -167,18 +165,17 @@ struct conn_s {
 };
 
 /*
-** Most of an idle connection's memory: with the actor header (224 bytes) and the inline heap
-** it must stay in a 448-byte slab.
+** An idle connection's memory is its actor: the actor header (224 bytes), conn_t and the
+** inline heap must stay in a 416-byte slab.
 */
-_Static_assert(sizeof(conn_t) <= 160, "conn_t outgrew its slab class");
+_Static_assert(sizeof(conn_t) <= 144, "conn_t outgrew its slab class");
 
 /*
 ** The connection's first small objects live in the actor itself (rt_actor_type_t.heap_inline),
 ** so an idle client needs no heap: its id and, with one subscription, the list entry and the
-** filter's copy are 16 bytes each below 16 characters, and the fourth granule takes a longer
-** id. 64 bytes fill the 448-byte slab class that 48 would take anyway.
+** filter's copy, 16 bytes each for an id and a filter below 16 characters.
 */
-#define RT_CONN_HEAP_INLINE 64
+#define RT_CONN_HEAP_INLINE 48
 _Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
 
 #define RT_CONN_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */

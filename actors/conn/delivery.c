@@ -222,12 +222,10 @@ static uint16_t session_next_packet_id(conn_t *c)
 }
 
 /* Whether a message's expiry interval ran out (counted as expired if so). */
-static bool message_expired(conn_t *c, uint64_t expire_at_ms)
+static bool message_expired(uint64_t expire_at_ms)
 {
     if (!expire_at_ms || rt_mono_ms() < expire_at_ms)
         return false;
-    if (c->sess)
-        c->sess->expired++;
     atomic_fetch_add_explicit(&rt_broker->stats.msgs_expired, 1, memory_order_relaxed);
     return true;
 }
@@ -296,7 +294,7 @@ static void queue_pump(rt_actor_t *self, conn_t *c)
         if (m->qos && send_window_full(c))
             break;
         rt_qlist_pop(&s->queued);
-        if (message_expired(c, m->expire_at_ms))
+        if (message_expired(m->expire_at_ms))
             session_release_msg(self, c, m);
         else
             delivery_transmit(self, c, m);
@@ -371,10 +369,9 @@ void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_deliv
         return;
     }
     rt_qmsg_t *m =
-        message_expired(c, d->expire_at_ms) ? NULL : delivery_admit(self, c, bin, d, sub_ids);
+        message_expired(d->expire_at_ms) ? NULL : delivery_admit(self, c, bin, d, sub_ids);
     bool now = m && rt__conn_online(c) && !c->sess->queued.n && !send_window_full(c);
     if (m && !now && session_queue_full(c, m)) {
-        c->sess->dropped++;
         count_dropped(self, c, rt_qmsg_bin(m), "queue_full");
         rt_qmsg_free(self, m);
         m = NULL;

@@ -45,9 +45,12 @@ static int resolve_alias(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 
 static int qos2_find(const conn_t *c, uint16_t id)
 {
-    RT_ASSERT(c->nqos2 <= c->capqos2 && c->nqos2 <= RT_CONN_QOS2_PENDING_MAX);
-    for (size_t i = 0; i < c->nqos2; i++)
-        if (c->qos2_ids[i] == id)
+    const rt_session_t *s = c->sess;
+    if (!s)
+        return -1;
+    RT_ASSERT(s->nqos2 <= s->capqos2 && s->nqos2 <= RT_CONN_QOS2_PENDING_MAX);
+    for (size_t i = 0; i < s->nqos2; i++)
+        if (s->qos2_ids[i] == id)
             return (int)i;
     return -1;
 }
@@ -55,12 +58,15 @@ static int qos2_find(const conn_t *c, uint16_t id)
 int rt__conn_qos2_add(rt_actor_t *self, conn_t *c, uint16_t packet_id)
 {
     RT_ASSERT(qos2_find(c, packet_id) < 0);
-    if (c->nqos2 >= RT_CONN_QOS2_PENDING_MAX)
+    rt_session_t *s = rt__conn_session_get_or_make(self, c);
+    if (!s)
+        return RT_ENOMEM;
+    if (s->nqos2 >= RT_CONN_QOS2_PENDING_MAX)
         return RT_ELIMIT;
-    if (rt__conn_grow(self, &c->qos2_ids, &c->capqos2, (size_t)c->nqos2 + 1, sizeof(*c->qos2_ids),
+    if (rt__conn_grow(self, &s->qos2_ids, &s->capqos2, (size_t)s->nqos2 + 1, sizeof(*s->qos2_ids),
                       8, RT_OBJ_LEAF))
         return RT_ENOMEM;
-    c->qos2_ids[c->nqos2++] = packet_id;
+    s->qos2_ids[s->nqos2++] = packet_id;
     return 0;
 }
 
@@ -70,7 +76,7 @@ static bool qos2_forget(conn_t *c, uint16_t packet_id)
     int i = qos2_find(c, packet_id);
     if (i < 0)
         return false;
-    c->qos2_ids[i] = c->qos2_ids[--c->nqos2];
+    c->sess->qos2_ids[i] = c->sess->qos2_ids[--c->sess->nqos2];
     if (c->stored)
         rt_store_qos2_in(c->client_id, packet_id, false, 0, 0);
     return true;
@@ -234,7 +240,7 @@ static void refuse_publish(conn_t *c, mqtt_packet_t *pk, uint8_t reason)
 */
 static uint32_t inbound_unacked(const conn_t *c)
 {
-    uint32_t n = c->nqos2;
+    uint32_t n = c->sess ? c->sess->nqos2 : 0;
     for (uint32_t i = 0; c->sess && i < c->sess->nacks; i++)
         n += c->sess->acks[i].type == MQTT_PUBACK;
     return n;

@@ -71,13 +71,13 @@ typedef struct {
 typedef struct rt_session_s {
     rt_qlist_t inflight;    /* sent, not acknowledged; oldest first */
     rt_qlist_t queued;      /* not sent yet; oldest first */
-    uint64_t dropped;       /* messages refused because the queue was full */
-    uint64_t expired;       /* messages whose expiry interval ran out before they were sent */
     uint64_t next_seq;      /* store rows of this session's messages */
     uint64_t next_token;    /* tokens of durable acknowledgements */
     rt_pending_ack_t *acks; /* waiting acknowledgements, oldest first */
+    uint16_t *qos2_ids;     /* inbound QoS 2 ids between PUBREC and PUBREL (exactly once) */
     uint32_t nacks, capacks;
-    uint8_t ack_timer; /* a check of stuck acknowledgements is pending */
+    uint32_t nqos2, capqos2; /* nqos2 <= RT_CONN_QOS2_PENDING_MAX */
+    uint8_t ack_timer;       /* a check of stuck acknowledgements is pending */
     /* The inflight list's ids may not run in order from its head (a session restored
        from the store, or ids that wrapped to the head), so a new id is checked against
        all of them until the list empties. */

@@ -25,7 +25,7 @@ SUB_HEAP_MIN = 16 + 16
 # 1 KiB per size class, of which there are ten.
 HEAP_SLACK = 10 * 1024
 # A connection's first objects live in its actor (RT_CONN_HEAP_INLINE), not on its heap.
-INLINE = 64
+INLINE = 48
 
 
 @pytest.fixture
