@@ -157,6 +157,12 @@ void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out);
 void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes);
 
 /*
+** For rtctl vm: bytes of the pool's arenas in memory (chunks never handed out, and the
+** pages trimming gave back, are not), and the arena map's reservation and pages in memory.
+*/
+void rt_heap_pool_resident(size_t *arenas, size_t *map_mapped, size_t *map_resident);
+
+/*
 ** Returns the calling thread's cached chunks to the pool, then every fully free
 ** arena to the OS, and the pages of free chunks in the other arenas (used at
 ** shutdown, by rtctl and by tests). Other threads' caches stay where they are
