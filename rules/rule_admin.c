@@ -83,6 +83,17 @@ size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max)
     return n;
 }
 
+void rt_rules_lua_memory(uint64_t *all, uint64_t *in_workers)
+{
+    *in_workers = 0;
+    rt_rule_set_t *s = rt__rules_current();
+    /* The workers' counters stay while a set is current (stop frees them after). */
+    for (unsigned i = 0; s && i < rt__rules.nworkers; i++)
+        *in_workers += atomic_load(&rt__rules.workers[i].lua_bytes);
+    rt__rule_set_release(s);
+    *all = rt_rule_vm_total_bytes();
+}
+
 int rt_rules_stats(rt_rules_stats_t *out)
 {
     memset(out, 0, sizeof(*out));

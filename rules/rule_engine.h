@@ -253,6 +253,13 @@ typedef struct rt_rules_worker_info_s {
 /* Copies up to max workers' counters; returns the number of workers. */
 size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max);
 
+/*
+** Lua memory in the whole process: every state alive (*all), and of it what the rule
+** workers hold and are charged for (*in_workers, part of their ext_bytes); the rest is
+** in states being loaded, validated or tested, or old versions not yet freed.
+*/
+void rt_rules_lua_memory(uint64_t *all, uint64_t *in_workers);
+
 /* The current rule set's size and memory (its Lua states, index and file texts). */
 typedef struct rt_rules_stats_s {
     uint64_t version;

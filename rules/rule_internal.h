@@ -92,6 +92,7 @@ typedef struct rt_rule_worker_stats_s {
     atomic_uint_fast64_t messages, batches, pending_durable;
     _Atomic size_t c_bytes;
     char name[24]; /* "rule_worker:<i>", its registered name (its supervisor keeps it) */
+    _Atomic size_t lua_bytes; /* of the state it holds, as last charged to it */
 } rt_rule_worker_stats_t;
 
 /* The strings of a hand-over, in this order after the rule indices. */
