@@ -168,7 +168,7 @@ void rt_rule_vm_free(rt_rule_vm_t *vm);
 */
 void rt_rule_vm_set_limits(rt_rule_vm_t *vm, long call_ms, long output_rows, size_t output_bytes);
 size_t rt_rule_vm_bytes(const rt_rule_vm_t *vm); /* any thread */
-size_t rt_rule_vm_total_bytes(void);               /* every state alive; any thread */
+size_t rt_rule_vm_total_bytes(void);             /* every state alive; any thread */
 uint32_t rt_rule_vm_nrules(const rt_rule_vm_t *vm);
 
 /*
