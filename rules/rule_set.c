@@ -138,7 +138,9 @@ static int read_rule_file(const char *path, char **text, size_t *len, char *err,
         return RT_EINVAL;
     }
     buf[n] = 0;
-    *text = buf;
+    /* The text is kept with the set: not in a block sized for the largest file allowed. */
+    char *fit = realloc(buf, n + 1);
+    *text = fit ? fit : buf;
     *len = n;
     return 0;
 }

@@ -85,6 +85,7 @@ typedef struct rt_heap_s {
 
 typedef struct rt_heap_stats_s {
     size_t heap_bytes; /* chunks + large objects owned (what the heap costs) */
+    size_t large_bytes; /* of heap_bytes: large objects, headers included (from malloc) */
     size_t used_bytes; /* allocated object bytes, live or not yet swept */
     size_t live_bytes; /* used after the last collection */
     size_t bin_bytes;  /* bytes of binaries held */

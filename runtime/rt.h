@@ -488,6 +488,7 @@ typedef struct rt_actor_info_s {
     uint64_t mailbox_len;
     uint64_t state_bytes; /* the actor struct and its state (slab memory) */
     uint64_t heap_bytes;  /* chunks and large objects owned, and the heap's own header */
+    uint64_t heap_malloc_bytes; /* of heap_bytes: what comes from malloc (all but chunks) */
     uint64_t bin_bytes;
     uint64_t ext_bytes;   /* memory held outside the heap on its behalf (rt_charge) */
     uint32_t gc_count;

@@ -31,6 +31,7 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
     out->state_bytes = sizeof(rt_actor_t) + rt__inline_offset(a->type) + a->type->heap_inline;
     /* The header is malloc'd by the first allocation: the actor's too. */
     out->heap_bytes = hs.heap_bytes + (heap ? sizeof(*heap) : 0);
+    out->heap_malloc_bytes = hs.large_bytes + (heap ? sizeof(*heap) : 0);
     out->bin_bytes = hs.bin_bytes;
     out->ext_bytes = hs.ext_bytes;
     out->gc_count = hs.gc_count;

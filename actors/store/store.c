@@ -889,5 +889,7 @@ int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
     int64_t mark = rt_sqlite_lib.thread_bytes();
     int rc = load_all(on_retained, on_session, arg, err, errlen);
     rt_meter_add(&store.mem, &rt_sqlite_lib, mark);
+    /* A turn now, so the store is charged for it without waiting for the first change. */
+    rt_send(store.pid, OP_FLUSH, NULL, 0);
     return rc;
 }
