@@ -91,7 +91,7 @@ void rt_rules_lua_memory(uint64_t *all, uint64_t *in_workers)
     for (unsigned i = 0; s && i < rt__rules.nworkers; i++)
         *in_workers += atomic_load(&rt__rules.workers[i].lua_bytes);
     rt__rule_set_release(s);
-    *all = rt_rule_vm_total_bytes();
+    *all = rt__rule_sets_lua_bytes();
 }
 
 int rt_rules_stats(rt_rules_stats_t *out)

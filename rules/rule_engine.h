@@ -254,9 +254,10 @@ typedef struct rt_rules_worker_info_s {
 size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max);
 
 /*
-** Lua memory in the whole process: every state alive (*all), and of it what the rule
-** workers hold and are charged for (*in_workers, part of their ext_bytes); the rest is
-** in states being loaded, validated or tested, or old versions not yet freed.
+** Lua memory: every state of every rule set alive (*all), and of it what the rule workers
+** hold and are charged for (*in_workers, part of their ext_bytes); the rest is in sets no
+** worker has taken yet, or old ones messages still hold. (The short-lived states that load,
+** validate and test rules are in neither.)
 */
 void rt_rules_lua_memory(uint64_t *all, uint64_t *in_workers);
 

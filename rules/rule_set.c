@@ -89,6 +89,17 @@ void rt__rule_set_release(rt_rule_set_t *s)
     set_free(s);
 }
 
+size_t rt__rule_sets_lua_bytes(void)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&sets_lock);
+    for (rt_rule_set_t *s = sets; s; s = s->next)
+        for (unsigned i = 0; i < s->nvms; i++)
+            n += rt_rule_vm_bytes(s->vms[i]);
+    pthread_mutex_unlock(&sets_lock);
+    return n;
+}
+
 void rt__rule_set_free_all(void)
 {
     pthread_mutex_lock(&sets_lock);

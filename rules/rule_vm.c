@@ -3,7 +3,6 @@
 ** deadline of a call (the hook), and running a rule on a message or event.
 */
 #include <lualib.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,34 +170,11 @@ bool rt__rule_vm_must_propagate(lua_State *L, int status)
     return vm->budget_hit || status == LUA_ERRMEM || (vm->oom && rt__rule_vm_oom_message(L, -1));
 }
 
-/*
-** Every state alive, so that the Lua memory no rule worker is charged for (states being
-** loaded, validated or tested, and old versions messages still hold) is counted too.
-*/
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static rt_rule_vm_t *live;
-
-size_t rt_rule_vm_total_bytes(void)
-{
-    size_t n = 0;
-    pthread_mutex_lock(&live_lock);
-    for (rt_rule_vm_t *vm = live; vm; vm = vm->live_next)
-        n += rt_rule_vm_bytes(vm);
-    pthread_mutex_unlock(&live_lock);
-    return n;
-}
-
 int rt_rule_vm_new(size_t memory, long instructions, rt_rule_vm_t **out)
 {
     rt_rule_vm_t *vm = calloc(1, sizeof(*vm));
     if (!vm)
         return RT_ENOMEM;
-    pthread_mutex_lock(&live_lock);
-    vm->live_next = live;
-    if (live)
-        live->live_prev = vm;
-    live = vm;
-    pthread_mutex_unlock(&live_lock);
     vm->cap = memory;
     vm->instructions = instructions > 0 ? instructions : 1;
     rt_rule_vm_set_limits(vm, RT_CONF_RULE_CALL_MS, RT_CONF_RULE_OUTPUT_ROWS,
@@ -230,14 +206,6 @@ void rt_rule_vm_free(rt_rule_vm_t *vm)
     if (vm->row)
         bson_destroy(vm->row);
     free(vm->files);
-    pthread_mutex_lock(&live_lock);
-    if (vm->live_prev)
-        vm->live_prev->live_next = vm->live_next;
-    else
-        live = vm->live_next;
-    if (vm->live_next)
-        vm->live_next->live_prev = vm->live_prev;
-    pthread_mutex_unlock(&live_lock);
     free(vm);
 }
 

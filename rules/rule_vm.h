@@ -16,7 +16,7 @@
 ** actor heap: that heap is a mark-sweep GC over roots the actor traces, and
 ** Lua's objects are managed by Lua's own collector, reachable from Lua's
 ** internals alone. The rule worker holding a state is charged for them
-** (rule_worker.c); rt_rule_vm_total_bytes counts every state alive.
+** (rule_worker.c).
 **
 ** CPU. Every call (and every file's top level at load) runs under a hook on
 ** instruction counts and on function calls: the budget is charged
@@ -168,7 +168,6 @@ void rt_rule_vm_free(rt_rule_vm_t *vm);
 */
 void rt_rule_vm_set_limits(rt_rule_vm_t *vm, long call_ms, long output_rows, size_t output_bytes);
 size_t rt_rule_vm_bytes(const rt_rule_vm_t *vm); /* any thread */
-size_t rt_rule_vm_total_bytes(void);             /* every state alive; any thread */
 uint32_t rt_rule_vm_nrules(const rt_rule_vm_t *vm);
 
 /*

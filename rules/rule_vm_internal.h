@@ -52,7 +52,6 @@ struct rt_rule_vm_s {
     int base_ref;    /* registry: the read-only base environment */
     int frozen_ref;  /* registry: the set of read-only proxies (weak keys) */
     bson_t *row;     /* reused for every row */
-    struct rt_rule_vm_s *live_prev, *live_next; /* every state alive (rt_rule_vm_total_bytes) */
 };
 
 #define RT_RULE_VM(L) (*(rt_rule_vm_t **)lua_getextraspace(L))
