@@ -53,10 +53,20 @@ def rules_dir(tmp_path):
 
 
 def start(tmp_path, *extra):
+    """rtd with the archive rule and the hoard, whose outcomes follow from bytes alone: its
+    instruction budget and time limit are out of reach, under a sanitizer too."""
     data = tmp_path / "data"
     data.mkdir()
-    return Rtd(f'rules_dir="{rules_dir(tmp_path)}"', f"rule_memory={RULE_MEMORY}", *extra,
-               data_dir=str(data))
+    return Rtd(f'rules_dir="{rules_dir(tmp_path)}"', f"rule_memory={RULE_MEMORY}",
+               "rule_instructions=100000000", "rule_call_ms=60000", *extra, data_dir=str(data))
+
+
+def sanitized(pid):
+    """A sanitizer's allocator serves rtd: mallinfo2 knows nothing of it, and it keeps freed
+    memory in quarantine and adds shadow memory, so RSS cannot be told apart there."""
+    with open(f"/proc/{pid}/maps") as f:
+        maps = f.read()
+    return "libasan" in maps or "libtsan" in maps
 
 
 def status(pid, field):
@@ -138,7 +148,7 @@ def test_kinds_add_up_to_rss(tmp_path, stopper):
           f"({100.0 * (rss - total) / rss:+.1f}%), tolerance {tol} ({100.0 * tol / rss:.1f}%)")
     for k in mk["kinds"]:
         print(f"  {k['kind']:28} {k['bytes']:>12} {k['share']:6.1f}%")
-    assert abs(rss - total) <= tol
+    assert sanitized(pid) or abs(rss - total) <= tol
 
     # The long-lived actors report their memory: the sink and the store what SQLite holds for
     # them (nearly all SQLite holds), the rule workers their Lua states.
