@@ -174,7 +174,8 @@ rt_rule_set_t *rt__rule_set_retain(rt_rule_set_t *s);
 void rt__rule_set_release(rt_rule_set_t *s); /* NULL is fine */
 /* Frees every set still alive; only once no worker is left to read one. */
 void rt__rule_set_free_all(void);
-/* Bytes held by the Lua states of every set alive (any thread). */
+/* Bytes held by the Lua states of every set alive; called with the engine's lock held (a
+   restarted worker replaces its state in the current set under it). */
 size_t rt__rule_sets_lua_bytes(void);
 rt_rule_t *rt__rule_set_find(rt_rule_set_t *s, const char *name);
 /* A Lua state with rtd.conf's limits. */

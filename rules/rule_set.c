@@ -91,6 +91,7 @@ void rt__rule_set_release(rt_rule_set_t *s)
 
 size_t rt__rule_sets_lua_bytes(void)
 {
+    RT_ASSERT(rt__rules_holds_read() || rt__rules_holds_write());
     size_t n = 0;
     pthread_mutex_lock(&sets_lock);
     for (rt_rule_set_t *s = sets; s; s = s->next)

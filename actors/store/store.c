@@ -890,6 +890,6 @@ int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
     int rc = load_all(on_retained, on_session, arg, err, errlen);
     rt_meter_add(&store.mem, &rt_sqlite_lib, mark);
     /* A turn now, so the store is charged for it without waiting for the first change. */
-    rt_send(store.pid, OP_FLUSH, NULL, 0);
+    rt_send(atomic_load(&store.pid), OP_FLUSH, NULL, 0);
     return rc;
 }

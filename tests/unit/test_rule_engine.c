@@ -22,6 +22,7 @@ static char dir[128];   /* per-run scratch: data and rules */
 static char rules[160]; /* rules written by the tests */
 static char err[RT_CONF_ERR_LEN];
 static long flush_ms = -1; /* rule_flush_ms for the next start; -1: the default */
+static size_t max_heap;    /* the runtime's per-actor limit for the next start; 0: none */
 
 static void sh(const char *fmt, const char *arg)
 {
@@ -53,7 +54,12 @@ static void clean_rules(void)
 static int start_sink(const char *sink, const char *rules_dir, long workers, long instructions,
                       long memory)
 {
-    test_start(2);
+    rt_config_t cfg;
+    rt_config_defaults(&cfg);
+    cfg.schedulers = 2;
+    cfg.max_heap = max_heap;
+    if (rt_init(&cfg) != 0)
+        exit(2);
     rt_conf_t *c = malloc(sizeof(*c));
     rt_conf_defaults(c);
     snprintf(c->data_dir, sizeof(c->data_dir), "%s", dir);
@@ -394,6 +400,7 @@ static bool below(uint64_t ext, uint64_t ref)
 ** table makes the worker's ext_bytes grow by at least the table's string bytes, and the
 ** state's memory cap still stops a rule that passes it; the collection and rebuild that
 ** follow (the hoard is more than half the cap) give the memory back, and the charge drops.
+** The runtime's per-actor limit, far under the hoard, kills no worker for it.
 */
 static void test_worker_memory(void)
 {
@@ -414,7 +421,9 @@ static void test_worker_memory(void)
              ENTRIES, ENTRY);
     write_rule("hoard.lua", text);
     sh("rm -f %s/rt.db*", dir);
+    max_heap = 1 << 20; /* an actor limit far under the hoard: the state's cap is what counts */
     CHECK_EQ(start(rules, 1, 100000000, CAP), 0);
+    max_heap = 0;
     rt_rules_worker_info_t w;
     CHECK_EQ(rt_rules_workers(&w, 1), 1);
     CHECK_EQ(publish("h/1", "noop"), 1); /* the worker takes the set (and its state) */
@@ -437,6 +446,10 @@ static void test_worker_memory(void)
     CHECK_EQ(info("hoard").failed_memory, 1);
     CHECK(worker_ext(w.pid, below, ext1 - (uint64_t)ENTRIES * ENTRY) <
           ext1 - (uint64_t)ENTRIES * ENTRY);
+    rt_stats_t rs;
+    rt_stats(&rs);
+    CHECK_EQ(rs.heap_limit_kills, 0);
+    CHECK(rt_alive(w.pid));
     stop();
 }
 
