@@ -61,7 +61,7 @@ size_t rt_rules_snapshot(rt_rule_info_t *out, size_t max)
     return n;
 }
 
-/* Both read the workers' Lua states, which a restarted worker replaces under the write lock. */
+/* These read the workers' Lua states, which a restarted worker replaces under the write lock. */
 size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max)
 {
     rt_rule_set_t *s = rt__rules_lock_current();
@@ -81,6 +81,18 @@ size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max)
     size_t n = rt__rules.nworkers;
     rt__rules_unlock();
     return n;
+}
+
+void rt_rules_lua_memory(uint64_t *all, uint64_t *in_workers)
+{
+    *all = *in_workers = 0;
+    /* The workers' counters stay while a set is current (stop frees them after). */
+    if (!rt__rules_lock_current())
+        return;
+    for (unsigned i = 0; i < rt__rules.nworkers; i++)
+        *in_workers += atomic_load(&rt__rules.workers[i].lua_bytes);
+    *all = rt__rule_sets_lua_bytes();
+    rt__rules_unlock();
 }
 
 int rt_rules_stats(rt_rules_stats_t *out)

@@ -222,10 +222,14 @@ int rt_rules_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
     for (unsigned i = 0; rc == 0 && i < rt__rules.nworkers; i++) {
         char *name = rt__rules.workers[i].name;
         snprintf(name, sizeof(rt__rules.workers[i].name), "rule_worker:%u", i);
+        /* A worker is charged for its Lua state, which rule_memory bounds (a rule past it
+           fails, the worker goes on): the runtime's default per-actor limit must not kill
+           it for what that cap allows. */
         rt_child_spec_t c = {.name = name,
                              .type = &rt__rule_worker_type,
                              .arg = (void *)(uintptr_t)i,
                              .restart = RT_PERMANENT,
+                             .max_heap = (size_t)1 << 62,
                              .shutdown_ms = RT_RULES_STOP_WAIT_MS};
         rc = rt_supervisor_start_child(group, &c, NULL);
     }

@@ -253,6 +253,14 @@ typedef struct rt_rules_worker_info_s {
 /* Copies up to max workers' counters; returns the number of workers. */
 size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max);
 
+/*
+** Lua memory: every state of every rule set alive (*all), and of it what the rule workers
+** hold and are charged for (*in_workers, part of their ext_bytes); the rest is in sets no
+** worker has taken yet, or old ones messages still hold. (The short-lived states that load,
+** validate and test rules are in neither.)
+*/
+void rt_rules_lua_memory(uint64_t *all, uint64_t *in_workers);
+
 /* The current rule set's size and memory (its Lua states, index and file texts). */
 typedef struct rt_rules_stats_s {
     uint64_t version;

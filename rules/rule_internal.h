@@ -92,6 +92,7 @@ typedef struct rt_rule_worker_stats_s {
     atomic_uint_fast64_t messages, batches, pending_durable;
     _Atomic size_t c_bytes;
     char name[24]; /* "rule_worker:<i>", its registered name (its supervisor keeps it) */
+    _Atomic size_t lua_bytes; /* of the state it holds, as last charged to it */
 } rt_rule_worker_stats_t;
 
 /* The strings of a hand-over, in this order after the rule indices. */
@@ -173,6 +174,9 @@ rt_rule_set_t *rt__rule_set_retain(rt_rule_set_t *s);
 void rt__rule_set_release(rt_rule_set_t *s); /* NULL is fine */
 /* Frees every set still alive; only once no worker is left to read one. */
 void rt__rule_set_free_all(void);
+/* Bytes held by the Lua states of every set alive; called with the engine's lock held (a
+   restarted worker replaces its state in the current set under it). */
+size_t rt__rule_sets_lua_bytes(void);
 rt_rule_t *rt__rule_set_find(rt_rule_set_t *s, const char *name);
 /* A Lua state with rtd.conf's limits. */
 int rt__rule_vm_configured(rt_rule_vm_t **out);

@@ -89,6 +89,18 @@ void rt__rule_set_release(rt_rule_set_t *s)
     set_free(s);
 }
 
+size_t rt__rule_sets_lua_bytes(void)
+{
+    RT_ASSERT(rt__rules_holds_read() || rt__rules_holds_write());
+    size_t n = 0;
+    pthread_mutex_lock(&sets_lock);
+    for (rt_rule_set_t *s = sets; s; s = s->next)
+        for (unsigned i = 0; i < s->nvms; i++)
+            n += rt_rule_vm_bytes(s->vms[i]);
+    pthread_mutex_unlock(&sets_lock);
+    return n;
+}
+
 void rt__rule_set_free_all(void)
 {
     pthread_mutex_lock(&sets_lock);
@@ -138,7 +150,9 @@ static int read_rule_file(const char *path, char **text, size_t *len, char *err,
         return RT_EINVAL;
     }
     buf[n] = 0;
-    *text = buf;
+    /* The text is kept with the set: not in a block sized for the largest file allowed. */
+    char *fit = realloc(buf, n + 1);
+    *text = fit ? fit : buf;
     *len = n;
     return 0;
 }

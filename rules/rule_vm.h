@@ -14,7 +14,9 @@
 ** its file (it loses what it kept between calls), so a rule that hoards memory
 ** cannot starve the others. These bytes come from malloc, not the worker's
 ** actor heap: that heap is a mark-sweep GC over roots the actor traces, and
-** Lua's objects are managed by Lua's own collector.
+** Lua's objects are managed by Lua's own collector, reachable from Lua's
+** internals alone. The rule worker holding a state is charged for them
+** (rule_worker.c).
 **
 ** CPU. Every call (and every file's top level at load) runs under a hook on
 ** instruction counts and on function calls: the budget is charged

@@ -70,6 +70,7 @@ typedef struct worker_s {
     flight_t *flights; /* flight slots: in use, or chained from flight_free */
     uint32_t nflights, flight_free;
     size_t cap_flights;
+    size_t charged; /* bytes rt_charge'd to the actor: c_bytes and its Lua state (settle) */
     char err[512];
 } worker_t;
 
@@ -472,6 +473,25 @@ static void fresh_state(worker_t *w)
     rt__rule_set_release(s);
 }
 
+/*
+** What the worker holds outside its heap is charged to it, so it shows as the worker's
+** ext_bytes and counts toward its max_heap: its row buffers and durable-ack tables
+** (c_bytes) and the Lua state of the set it holds. The state's memory also changes outside
+** the worker's turns: it is made while the set loads, before any worker holds it, and
+** freed by lua_close wherever the set's last reference goes. So the charge follows what
+** the worker holds, settled at the end of each message in its own turn; the engine counts
+** the states no worker holds (rt_rules_lua_memory).
+*/
+static void settle(rt_actor_t *self, worker_t *w)
+{
+    size_t lua = w->set ? rt_rule_vm_bytes(w->set->vms[w->index]) : 0;
+    size_t now = atomic_load_explicit(&w->st->c_bytes, memory_order_relaxed) + lua;
+    if (now != w->charged)
+        rt_charge(self, (ptrdiff_t)now - (ptrdiff_t)w->charged);
+    w->charged = now;
+    atomic_store_explicit(&w->st->lua_bytes, lua, memory_order_relaxed);
+}
+
 static int worker_init(rt_actor_t *self, void *state, void *arg)
 {
     worker_t *w = state;
@@ -540,13 +560,14 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     ** where a turn ends: rows wait for the flush (a message or a timer), durable
     ** acks for the sink's commit, and both stay queued in order across turns.
     */
+    settle(self, w);
     if (rt_turn_us(self) >= rt__rules.turn_us)
         rt_yield(self);
 }
 
 static void worker_trace(void *state, rt_gc_t *gc)
 {
-    /* Everything the worker holds comes from malloc (counted in c_bytes), not its heap. */
+    /* Everything the worker holds comes from malloc (charged: settle), not its heap. */
     (void)state;
     (void)gc;
 }
@@ -579,6 +600,7 @@ static void worker_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     rt_buf_free(&w->stage);
     rt__rule_set_release(w->set);
     atomic_store(&w->st->c_bytes, 0);
+    atomic_store(&w->st->lua_bytes, 0);
     w->set = NULL;
 }
 

@@ -34,7 +34,7 @@
 */
 #define _GNU_SOURCE
 #include "heap.h"
-#include "rt.h"
+#include "internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -465,6 +465,41 @@ void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes)
         *mapped_bytes = mapped;
     if (in_use_bytes)
         *in_use_bytes = in_use;
+}
+
+/*
+** The map says where the arenas are: only its pages in memory can hold a set bit, and
+** mincore tells those apart, so the walk reads a few pages, not 16 MiB. An arena
+** unmapped meanwhile counts as not in memory (mincore fails on it, and faults nothing).
+*/
+void rt_heap_pool_resident(size_t *arenas, size_t *map_mapped, size_t *map_resident)
+{
+    enum { RUN = 4096 };
+    *arenas = *map_mapped = *map_resident = 0;
+    uint64_t *map = atomic_load_explicit(&arena_map, memory_order_acquire);
+    if (!map)
+        return;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), words = page / sizeof(uint64_t);
+    size_t pages = RT_HEAP_MAP_WORDS / words;
+    unsigned char vec[RUN];
+    *map_mapped = RT_HEAP_MAP_WORDS * sizeof(uint64_t);
+    for (size_t p0 = 0; p0 < pages; p0 += RUN) {
+        size_t n = pages - p0 < RUN ? pages - p0 : RUN;
+        if (mincore(map + p0 * words, n * page, vec) != 0)
+            return;
+        for (size_t i = 0; i < n; i++) {
+            if (!(vec[i] & 1))
+                continue;
+            *map_resident += page;
+            for (size_t w = (p0 + i) * words; w < (p0 + i + 1) * words; w++)
+                for (uint64_t bits = __atomic_load_n(&map[w], __ATOMIC_RELAXED); bits;
+                     bits &= bits - 1) {
+                    uintptr_t a = (uintptr_t)(w * 64 + (size_t)__builtin_ctzll(bits))
+                                  << RT_HEAP_ARENA_SHIFT;
+                    *arenas += rt__resident((void *)a, RT_HEAP_ARENA_SIZE);
+                }
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------ */

@@ -85,6 +85,7 @@ typedef struct rt_heap_s {
 
 typedef struct rt_heap_stats_s {
     size_t heap_bytes; /* chunks + large objects owned (what the heap costs) */
+    size_t large_bytes; /* of heap_bytes: large objects, headers included (from malloc) */
     size_t used_bytes; /* allocated object bytes, live or not yet swept */
     size_t live_bytes; /* used after the last collection */
     size_t bin_bytes;  /* bytes of binaries held */
@@ -155,6 +156,12 @@ void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out);
 ** handed out of it (owned by heaps or sitting in per-thread caches), for rtctl vm.
 */
 void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes);
+
+/*
+** For rtctl vm: bytes of the pool's arenas in memory (chunks never handed out, and the
+** pages trimming gave back, are not), and the arena map's reservation and pages in memory.
+*/
+void rt_heap_pool_resident(size_t *arenas, size_t *map_mapped, size_t *map_resident);
 
 /*
 ** Returns the calling thread's cached chunks to the pool, then every fully free

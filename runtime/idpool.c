@@ -4,8 +4,7 @@
 */
 #include <sys/mman.h>
 
-#include "common.h"
-#include "idpool.h"
+#include "internal.h"
 
 static void *reserve(size_t bytes)
 {
@@ -73,4 +72,11 @@ void rt_idpool_free(rt_idpool_t *p, uint32_t id)
                                                   memory_order_acquire))
             return;
     }
+}
+
+void rt_idpool_mem(const rt_idpool_t *p, size_t *mapped, size_t *resident)
+{
+    size_t bytes = (size_t)p->capacity * sizeof(atomic_uint);
+    *mapped = p->next ? 2 * bytes : 0;
+    *resident = p->next ? rt__resident(p->next, bytes) + rt__resident(p->gen, bytes) : 0;
 }

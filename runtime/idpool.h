@@ -8,6 +8,7 @@
 #define RT_IDPOOL_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct rt_idpool_s {
@@ -23,5 +24,7 @@ void rt_idpool_destroy(rt_idpool_t *p);
 /* Returns 0 and the id with its new generation, or RT_ELIMIT when all are in use. */
 int rt_idpool_alloc(rt_idpool_t *p, uint32_t *id, uint32_t *gen);
 void rt_idpool_free(rt_idpool_t *p, uint32_t id);
+/* Bytes its arrays reserve, and of those the pages in memory. */
+void rt_idpool_mem(const rt_idpool_t *p, size_t *mapped, size_t *resident);
 
 #endif

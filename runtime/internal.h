@@ -76,11 +76,18 @@ void rt__external_leave(void);
 void rt__msg_pool_destroy(void);
 /* Gives the calling thread's cached envelopes and every one in the depot back to malloc. */
 void rt__msg_trim(void);
+/* Bytes of envelopes handed out, and malloc'd for the pool in all (handed out or free). */
+void rt__msg_pool_stats(size_t *in_use, size_t *held);
+
+/* ---- Memory accounting ---- */
+/* Bytes of the pages of [p, p + len) in memory (mincore); p page-aligned. 0 on error. */
+size_t rt__resident(const void *p, size_t len);
 
 /* ---- Actor memory (slab.c) ---- */
 void *rt__slab_alloc(size_t size, uint8_t *cls);
 void rt__slab_free(void *p, uint8_t cls);
 void rt__slab_stats(size_t *mapped, size_t *in_use);
+size_t rt__slab_resident(void); /* bytes of its regions in memory */
 void rt__slab_destroy(void);
 /* Bytes of slab pages held but not in use: what a trim could give back at best. */
 size_t rt__slab_idle_bytes(void);
@@ -275,6 +282,7 @@ typedef struct rt_runtime_s {
     int kick_fd;                  /* eventfd in epfd (level-triggered): wakes the poller */
     rt_sock_t *_Atomic *by_fd;    /* mmap'd, by_fd_len entries, touched lazily */
     size_t by_fd_len;             /* the hard limit on descriptors at start */
+    atomic_size_t sock_bytes;     /* socket structs and output buffers (malloc), for rtctl vm */
     _Alignas(RT_CACHE_LINE) atomic_bool poller_taken;
 
     atomic_uint_fast64_t spawned, exited, alive, dead_letters;
@@ -331,6 +339,8 @@ void rt__timers_trim(rt_sched_t *s); /* drop cancelled timers and the room they 
 void rt__timers_run(rt_sched_t *s);  /* fire what is due, adopt handed-over timers */
 int rt__timers_slots_init(void);
 void rt__timers_slots_destroy(void);
+/* The timer id and state tables: reserved, and touched as timers are made. */
+void rt__timers_slots_mem(size_t *mapped, size_t *resident);
 
 /* Hashing (hash.c): SipHash-2-4 under a given key, for the reference test vectors. */
 uint64_t rt__siphash24(uint64_t k0, uint64_t k1, const void *data, size_t len);

@@ -85,6 +85,12 @@ int rt_msg_take_fd(rt_msg_t *m)
     return (int)m->reserved2;
 }
 
+void rt__msg_pool_stats(size_t *in_use, size_t *held)
+{
+    *in_use = atomic_load_explicit(&envelopes.bytes_in_use, memory_order_relaxed);
+    *held = atomic_load_explicit(&envelopes.bytes_held, memory_order_relaxed);
+}
+
 void rt__msg_pool_destroy(void)
 {
     rt__pool_reset(&envelopes);
@@ -98,6 +104,8 @@ void rt__msg_trim(void)
         while (o) {
             void *next = *(void **)o;
             free(o);
+            atomic_fetch_sub_explicit(&envelopes.bytes_held, (size_t)k * RT_MSG_STEP,
+                                      memory_order_relaxed);
             o = next;
         }
     }

@@ -38,11 +38,13 @@ static inline void **batch_next(void *first)
     return (void **)first + 1;
 }
 
-static void release_list(rt_pool_t *p, void *o)
+/* Releases the objects of class k on list o. */
+static void release_list(rt_pool_t *p, void *o, int k)
 {
     while (o) {
         void *next = link_of(o);
         p->release(o);
+        atomic_fetch_sub_explicit(&p->bytes_held, (size_t)k * p->step, memory_order_relaxed);
         o = next;
     }
 }
@@ -66,7 +68,7 @@ static void flush(thread_cache_t *c)
             /* Reset while this thread held them: malloc'd memory is still ours to free;
                slab memory is unmapped and must not be touched. */
             if (p->release)
-                release_list(p, first);
+                release_list(p, first, k);
         } else {
             *batch_next(first) = p->depot[k];
             p->depot[k] = first;
@@ -130,6 +132,7 @@ static void refill(rt_pool_t *p, thread_cache_t *c, int k)
         void *o = p->carve(p, size);
         if (!o)
             break;
+        atomic_fetch_add_explicit(&p->bytes_held, size, memory_order_relaxed);
         set_link(o, c->free[k]);
         c->free[k] = o;
         c->count[k]++;
@@ -153,7 +156,7 @@ static void spill(rt_pool_t *p, thread_cache_t *c, int k)
     }
     pthread_mutex_unlock(&p->lock);
     if (!keep)
-        release_list(p, first);
+        release_list(p, first, k);
 }
 
 void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls)
@@ -241,7 +244,7 @@ void rt__pool_reset(rt_pool_t *p)
         while (b) {
             void *next_batch = *batch_next(b);
             if (p->release)
-                release_list(p, b);
+                release_list(p, b, k);
             b = next_batch;
         }
         p->depot[k] = NULL;

@@ -39,6 +39,7 @@ struct rt_pool_s {
     unsigned depot_batches[RT_POOL_CLASSES];
     atomic_uint_fast64_t gen;      /* bumped by reset: older per-thread lists are stale */
     atomic_size_t bytes_in_use;
+    atomic_size_t bytes_held; /* carved and not released: in use or on a free list */
 };
 
 void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls);

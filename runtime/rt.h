@@ -449,6 +449,25 @@ typedef struct rt_stats_s {
 
 void rt_stats(rt_stats_t *out);
 
+/*
+** The runtime's own memory, in bytes, for rtctl vm. What it maps itself is given as mapped
+** and resident (mincore): a reserved table or a region costs RSS only for the pages that
+** were touched and not given back. The rest comes from malloc.
+*/
+typedef struct rt_mem_stats_s {
+    size_t slab_mapped, slab_resident, slab_in_use; /* actor structs and states */
+    size_t chunks_mapped, chunks_resident;          /* the heap chunk pool's arenas */
+    size_t chunks_in_use;    /* chunks handed to heaps and to threads' chunk caches */
+    size_t tables_mapped;    /* pid, timer and fd tables, the heap's arena map: reserved */
+    size_t tables_resident;  /* ... and touched */
+    size_t envelopes_in_use; /* message envelopes (malloc) handed out: queued or in hand */
+    size_t envelopes_free;   /* ... and kept free in the pools */
+    size_t sockets;          /* socket structs and their buffered output (malloc) */
+    size_t schedulers;       /* the runtime's and the schedulers' structs and read buffers */
+} rt_mem_stats_t;
+
+void rt_mem_stats(rt_mem_stats_t *out);
+
 /* ---- Introspection (rtctl top is built on it) ---- */
 typedef enum rt_actor_status_e {
     RT_STATUS_WAITING = 0, /* mailbox empty */
@@ -468,7 +487,8 @@ typedef struct rt_actor_info_s {
     uint64_t reductions;
     uint64_t mailbox_len;
     uint64_t state_bytes; /* the actor struct and its state (slab memory) */
-    uint64_t heap_bytes;
+    uint64_t heap_bytes;  /* chunks and large objects owned, and the heap's own header */
+    uint64_t heap_malloc_bytes; /* of heap_bytes: what comes from malloc (all but chunks) */
     uint64_t bin_bytes;
     uint64_t ext_bytes;   /* memory held outside the heap on its behalf (rt_charge) */
     uint32_t gc_count;

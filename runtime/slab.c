@@ -228,6 +228,17 @@ size_t rt__slab_trim(void)
     return given_back;
 }
 
+/* Regions are advised for huge pages: a touched one may be in memory 2 MiB at a time. */
+size_t rt__slab_resident(void)
+{
+    size_t in = 0;
+    pthread_mutex_lock(&region_lock);
+    for (unsigned i = 0; i < nregions; i++)
+        in += rt__resident(regions[i], RT_SLAB_REGION);
+    pthread_mutex_unlock(&region_lock);
+    return in;
+}
+
 /* Shutdown only, when no other runtime thread is left: unmaps everything. */
 void rt__slab_destroy(void)
 {

@@ -29,7 +29,9 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
     if (heap)
         rt_heap_stats(heap, &hs);
     out->state_bytes = sizeof(rt_actor_t) + rt__inline_offset(a->type) + a->type->heap_inline;
-    out->heap_bytes = hs.heap_bytes;
+    /* The header is malloc'd by the first allocation: the actor's too. */
+    out->heap_bytes = hs.heap_bytes + (heap ? sizeof(*heap) : 0);
+    out->heap_malloc_bytes = hs.large_bytes + (heap ? sizeof(*heap) : 0);
     out->bin_bytes = hs.bin_bytes;
     out->ext_bytes = hs.ext_bytes;
     out->gc_count = hs.gc_count;
@@ -114,4 +116,30 @@ size_t rt_snapshot_schedulers(rt_sched_info_t *out, size_t max)
         };
     }
     return n;
+}
+
+void rt_mem_stats(rt_mem_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    rt_runtime_t *rt = rt__rt;
+    if (!rt)
+        return;
+    rt__slab_stats(&out->slab_mapped, &out->slab_in_use);
+    out->slab_resident = rt__slab_resident();
+    rt_heap_pool_stats(&out->chunks_mapped, &out->chunks_in_use);
+    size_t map_mapped, map_resident, ids_mapped, ids_resident, t_mapped, t_resident;
+    rt_heap_pool_resident(&out->chunks_resident, &map_mapped, &map_resident);
+    rt_idpool_mem(&rt->ids, &ids_mapped, &ids_resident);
+    rt__timers_slots_mem(&t_mapped, &t_resident);
+    size_t slots = (size_t)rt->cfg.max_actors * sizeof(rt_slot_t);
+    size_t by_fd = rt->by_fd_len * sizeof(*rt->by_fd);
+    out->tables_mapped = map_mapped + ids_mapped + t_mapped + slots + by_fd;
+    out->tables_resident = map_resident + ids_resident + t_resident +
+                           rt__resident(rt->slots, slots) +
+                           (rt->by_fd ? rt__resident((void *)rt->by_fd, by_fd) : 0);
+    size_t held;
+    rt__msg_pool_stats(&out->envelopes_in_use, &held);
+    out->envelopes_free = held > out->envelopes_in_use ? held - out->envelopes_in_use : 0;
+    out->sockets = atomic_load_explicit(&rt->sock_bytes, memory_order_relaxed);
+    out->schedulers = sizeof(*rt) + rt->nsched * (sizeof(rt_sched_t) + RT_SCRATCH_BYTES);
 }

@@ -104,6 +104,16 @@ static void sock_reclaim(rt_retired_t *r)
     rt_sock_t *s = RT_CONTAINER_OF(r, rt_sock_t, retired);
     RT_POISON(s, sizeof(*s));
     free(s);
+    atomic_fetch_sub_explicit(&rt__rt->sock_bytes, sizeof(*s), memory_order_relaxed);
+}
+
+/* Frees an output buffer (NULL is ignored), taking it off the sockets' byte count. */
+static void out_free(rt_sock_out_t *o)
+{
+    if (!o)
+        return;
+    atomic_fetch_sub_explicit(&rt__rt->sock_bytes, sizeof(*o) + o->cap, memory_order_relaxed);
+    free(o);
 }
 
 /* Frees a closed, unlinked socket once no poller can still be looking at it. */
@@ -231,12 +241,13 @@ static int attach(rt_actor_t *self, int fd, bool listening, rt_sock_t **out)
     rt_sock_t *s = calloc(1, sizeof(*s));
     if (!s)
         return RT_ENOMEM;
+    atomic_fetch_add_explicit(&rt__rt->sock_bytes, sizeof(*s), memory_order_relaxed);
     s->fd = fd;
     s->owner = self;
     s->listening = listening;
     int rc = epoll_add(s);
     if (rc) {
-        free(s);
+        sock_reclaim(&s->retired);
         return rc;
     }
     s->next = self->socks;
@@ -386,7 +397,7 @@ static int flush(rt_sock_t *s)
         return RT_ECLOSED;
     }
     atomic_store_explicit(&s->blocked, 0, memory_order_relaxed);
-    free(s->out);
+    out_free(s->out);
     s->out = NULL;
     update_pressure(s->owner);
     return 0;
@@ -410,9 +421,10 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
         rt_sock_out_t *n = malloc(sizeof(*n) + cap);
         if (!n)
             return RT_ENOMEM;
+        atomic_fetch_add_explicit(&rt__rt->sock_bytes, sizeof(*n) + cap, memory_order_relaxed);
         if (live)
             memcpy(n->data, o->data + o->off, live);
-        free(o);
+        out_free(o);
         n->len = live;
         n->off = 0;
         n->cap = cap;
@@ -482,7 +494,7 @@ static void unlink_sock(rt_sock_t *s)
         epoll_ctl(rt__rt->epfd, EPOLL_CTL_DEL, s->fd, NULL);
         atomic_store_explicit(&rt__rt->by_fd[s->fd], NULL, memory_order_release);
     }
-    free(s->out);
+    out_free(s->out);
     s->out = NULL;
     update_pressure(a);
     atomic_store(&s->closed, 1);

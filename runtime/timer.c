@@ -12,6 +12,7 @@
 */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -25,20 +26,37 @@
 static rt_idpool_t timer_ids;
 static atomic_uint_fast64_t *timer_state; /* by id: gen << 2 | state */
 
+/*
+** The state table is reserved like the id pool's arrays and touched as ids are first
+** used: from calloc, malloc would count all 32 MiB as its own while a few pages are in
+** memory, and rtctl vm reads malloc's figures.
+*/
 int rt__timers_slots_init(void)
 {
     int rc = rt_idpool_init(&timer_ids, RT_TIMERS_MAX);
     if (rc)
         return rc;
-    timer_state = calloc(RT_TIMERS_MAX, sizeof(*timer_state));
+    void *p = mmap(NULL, RT_TIMERS_MAX * sizeof(*timer_state), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    timer_state = p == MAP_FAILED ? NULL : p;
     return timer_state ? 0 : RT_ENOMEM;
 }
 
 void rt__timers_slots_destroy(void)
 {
     rt_idpool_destroy(&timer_ids);
-    free(timer_state);
+    if (timer_state)
+        munmap(timer_state, RT_TIMERS_MAX * sizeof(*timer_state));
     timer_state = NULL;
+}
+
+void rt__timers_slots_mem(size_t *mapped, size_t *resident)
+{
+    rt_idpool_mem(&timer_ids, mapped, resident);
+    if (!timer_state)
+        return;
+    *mapped += RT_TIMERS_MAX * sizeof(*timer_state);
+    *resident += rt__resident(timer_state, RT_TIMERS_MAX * sizeof(*timer_state));
 }
 
 void rt__timers_init(rt_sched_t *s)

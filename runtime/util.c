@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -256,4 +258,24 @@ int rt_thread_at_exit(void (*fini)(void *obj), void *obj)
     *h = (exit_hook_t){.next = pthread_getspecific(exit_hooks_key), .fini = fini, .obj = obj};
     pthread_setspecific(exit_hooks_key, h);
     return 0;
+}
+
+/*
+** Reserved tables and mapped regions cost RSS only for the pages that were touched and
+** not given back, which is what the kernel's page tables say; the vector is asked for
+** a bounded run of pages at a time, so a reservation of gigabytes needs no allocation.
+*/
+size_t rt__resident(const void *p, size_t len)
+{
+    enum { RUN = 4096 };
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (len + page - 1) / page, in = 0;
+    unsigned char vec[RUN];
+    for (size_t done = 0; done < pages; done += RUN) {
+        size_t n = pages - done < RUN ? pages - done : RUN;
+        if (mincore((char *)p + done * page, n * page, vec) != 0)
+            return 0;
+        for (size_t i = 0; i < n; i++)
+            in += vec[i] & 1;
+    }
+    return in * page;
 }

@@ -15,7 +15,6 @@
 #include "log.h"
 #include "rule_engine.h"
 #include "sink.h"
-#include "topic_trie.h"
 
 #define RULES_MAX 1024
 #define SINKS_MAX 64
@@ -219,19 +218,6 @@ static int cmd_listeners(rt_admin_cmd_t *c)
 
 /* ---- vm ---- */
 
-/* Resident set size from /proc: what the kernel says this process holds. */
-static uint64_t rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long long size = 0, resident = 0;
-    if (f) {
-        if (fscanf(f, "%llu %llu", &size, &resident) != 2)
-            resident = 0;
-        fclose(f);
-    }
-    return resident * (uint64_t)sysconf(_SC_PAGESIZE);
-}
-
 static uint64_t open_files(void)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -243,58 +229,6 @@ static uint64_t open_files(void)
             n++;
     closedir(d);
     return n > 0 ? n - 1 : 0; /* the directory's own descriptor */
-}
-
-void rt__admin_memory(rt_admin_mem_t *m, uint64_t heap_bytes, uint64_t bin_bytes)
-{
-    memset(m, 0, sizeof(*m));
-    rt_stats_t rs;
-    rt_stats(&rs);
-    size_t pool_mapped, pool_chunks, bins_count, bins_bytes;
-    rt_heap_pool_stats(&pool_mapped, &pool_chunks);
-    rt_bin_totals(&bins_count, &bins_bytes);
-    rt_rules_stats_t rules = {0};
-    rt_rules_stats(&rules);
-    rt_sink_info_t sinks[SINKS_MAX];
-    size_t nsinks = rt_sinks_snapshot(sinks, SINKS_MAX);
-    for (size_t i = 0; i < nsinks && i < SINKS_MAX; i++)
-        m->sink_queues += sinks[i].bytes;
-    if (rt_broker) {
-        rt_trie_stats_t ts = {0};
-        size_t count = 0, msgs = 0, mem = 0;
-        rt_trie_stats(rt_broker->trie, &ts);
-        rt_retained_stats(rt_broker->retained, &count, &msgs, &mem);
-        m->topic_trie = ts.bytes;
-        m->retained = msgs + mem;
-    }
-    m->rss = rss_bytes();
-    m->actors = rs.actor_bytes_in_use;
-    m->actors_mapped = rs.actor_bytes_mapped;
-    m->heaps = heap_bytes;
-    m->heap_chunks_mapped = pool_mapped;
-    m->binaries = bins_bytes;
-    m->binaries_count = bins_count;
-    m->binaries_held = bin_bytes;
-    m->lua = rules.lua_bytes;
-    m->rules_index = rules.index_bytes + rules.text_bytes;
-}
-
-void rt__admin_memory_doc(rt_doc_t *parent, const rt_admin_mem_t *m)
-{
-    rt_doc_t *o = rt_doc_add_object(parent, "memory");
-    rt_doc_add_u64(o, "rss", m->rss);
-    rt_doc_add_u64(o, "actors", m->actors);
-    rt_doc_add_u64(o, "actors_mapped", m->actors_mapped);
-    rt_doc_add_u64(o, "actor_heaps", m->heaps);
-    rt_doc_add_u64(o, "heap_chunks_mapped", m->heap_chunks_mapped);
-    rt_doc_add_u64(o, "binaries", m->binaries);
-    rt_doc_add_u64(o, "binaries_count", m->binaries_count);
-    rt_doc_add_u64(o, "binaries_held", m->binaries_held);
-    rt_doc_add_u64(o, "lua_states", m->lua);
-    rt_doc_add_u64(o, "rules_index", m->rules_index);
-    rt_doc_add_u64(o, "sink_queues", m->sink_queues);
-    rt_doc_add_u64(o, "topic_trie", m->topic_trie);
-    rt_doc_add_u64(o, "retained", m->retained);
 }
 
 typedef struct {
@@ -319,6 +253,7 @@ static int cmd_vm(rt_admin_cmd_t *c)
     rt_admin_mem_t mem;
     rt__admin_memory(&mem, t.heap, t.bin);
     rt__admin_memory_doc(c->doc, &mem);
+    rt__admin_memory_kinds(c->doc);
 
     rt_sched_info_t info[256];
     size_t n = rt_snapshot_schedulers(info, 256);

@@ -12,9 +12,15 @@
 
 #define MSG_GATHER_TIMEOUT (RT_ADMIN_MSG_JOB_DONE + 1) /* stop waiting for connection actors */
 
+/*
+** What a connection holds between messages is on its heap, kept by the (conservative) scan
+** of this state: the bytes read and not yet answered, and a gathering request. An answer
+** is made and written within one message, into the socket's buffer.
+*/
 typedef struct {
     rt_sock_t *sock;
-    rt_buf_t in;             /* bytes read and not yet answered */
+    char *in; /* bytes read and not yet answered (NUL after them) */
+    size_t inlen, incap;
     uint64_t cookie;         /* of the request waiting for an answer; 0: none */
     rt_admin_cmd_t *waiting; /* a gathering request (admin_clients.c), or NULL */
     rt_ref_t timer;
@@ -118,18 +124,18 @@ static void answer_line(rt_actor_t *self, admin_conn_t *k, char *line, size_t le
 static void answer_lines(rt_actor_t *self, admin_conn_t *k)
 {
     while (!k->cookie && k->sock && !hold_output(k)) {
-        char *nl = k->in.len ? memchr(k->in.data, '\n', k->in.len) : NULL;
+        char *nl = k->inlen ? memchr(k->in, '\n', k->inlen) : NULL;
         if (!nl) {
-            if (k->in.len > RT_ADMIN_LINE_MAX) {
+            if (k->inlen > RT_ADMIN_LINE_MAX) {
                 respond(k, 400, "request line too long\n", 22);
                 rt_exit(self, RT_REASON_NORMAL);
             }
             return;
         }
-        size_t linelen = (size_t)(nl - k->in.data);
-        answer_line(self, k, k->in.data, linelen);
-        memmove(k->in.data, k->in.data + linelen + 1, k->in.len - linelen - 1);
-        k->in.len -= linelen + 1;
+        size_t linelen = (size_t)(nl - k->in);
+        answer_line(self, k, k->in, linelen);
+        memmove(k->in, k->in + linelen + 1, k->inlen - linelen); /* and the NUL */
+        k->inlen -= linelen + 1;
     }
 }
 
@@ -156,12 +162,15 @@ static void on_readable(rt_actor_t *self, admin_conn_t *k)
             rt_exit(self, RT_REASON_NORMAL);
             return;
         }
-        rt_buf_add(&k->in, data, len);
-        if (k->in.oom || k->in.len > 2 * RT_ADMIN_LINE_MAX) {
+        if (k->inlen + len > 2 * RT_ADMIN_LINE_MAX ||
+            rt_grow_on(self, &k->in, &k->incap, k->inlen + len + 1, 1, 256, RT_OBJ_LEAF)) {
             respond(k, 400, "request line too long\n", 22);
             rt_exit(self, RT_REASON_NORMAL);
             return;
         }
+        memcpy(k->in + k->inlen, data, len);
+        k->inlen += len;
+        k->in[k->inlen] = 0;
     }
     answer_lines(self, k);
 }
@@ -220,7 +229,6 @@ static void admin_conn_terminate(rt_actor_t *self, void *state, rt_reason_t reas
         rt_cancel_timer(k->timer);
     if (k->waiting)
         rt__admin_cmd_free(k->waiting);
-    rt_buf_free(&k->in);
 }
 
 static const char *admin_conn_tag_name(uint32_t tag)

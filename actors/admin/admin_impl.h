@@ -55,7 +55,7 @@ extern const rt_admin_command_t rt__admin_commands[];
 
 /* ---- admin_request.c ---- */
 
-/* A request answered by the actor self (c->self); NULL on OOM. */
+/* A request answered by the actor self (c->self), on its heap; NULL on OOM. Free it there. */
 rt_admin_cmd_t *rt__admin_cmd_new(rt_actor_t *self);
 void rt__admin_cmd_free(rt_admin_cmd_t *c);
 /*
@@ -180,7 +180,10 @@ typedef struct rt_admin_mem_s {
     uint64_t retained;
 } rt_admin_mem_t;
 
+/* ---- admin_mem.c ---- */
 void rt__admin_memory(rt_admin_mem_t *m, uint64_t heap_bytes, uint64_t bin_bytes);
 void rt__admin_memory_doc(rt_doc_t *parent, const rt_admin_mem_t *m);
+/* Adds "memory_by_kind": RSS told apart by kind, down to the unexplained remainder. */
+void rt__admin_memory_kinds(rt_doc_t *parent);
 
 #endif

@@ -182,9 +182,10 @@ const rt_admin_command_t *rt__admin_parse(rt_admin_cmd_t *c, char *line, size_t 
     return k;
 }
 
+/* Scanned: a gathering request may keep objects of its actor's heap until it is answered. */
 rt_admin_cmd_t *rt__admin_cmd_new(rt_actor_t *self)
 {
-    rt_admin_cmd_t *c = calloc(1, sizeof(*c));
+    rt_admin_cmd_t *c = rt_alloc(self, sizeof(*c), RT_OBJ_SCAN);
     if (c)
         c->self = self;
     return c;
@@ -195,7 +196,7 @@ void rt__admin_cmd_free(rt_admin_cmd_t *c)
     rt__admin_gather_free(c);
     rt_doc_free(c->doc);
     rt_buf_free(&c->text);
-    free(c);
+    rt_free(c->self, c);
 }
 
 void rt__admin_run(rt_admin_cmd_t *c, const rt_admin_command_t *k)

@@ -20,7 +20,7 @@ typedef struct {
 } worker_top_t;
 
 typedef struct {
-    worker_top_t *tops;
+    worker_top_t *tops; /* on the worker's heap, kept by the scan of this state */
     size_t ntops, captops;
 } worker_t;
 
@@ -32,7 +32,7 @@ typedef struct {
 static _Atomic rt_pid_t worker_pid;
 
 /* The previous sample's slot for conn (a new empty one if none), or NULL on OOM. */
-static rt_admin_top_t **worker_top(worker_t *w, rt_pid_t conn)
+static rt_admin_top_t **worker_top(rt_actor_t *self, worker_t *w, rt_pid_t conn)
 {
     size_t keep = 0;
     rt_admin_top_t **found = NULL;
@@ -49,7 +49,7 @@ static rt_admin_top_t **worker_top(worker_t *w, rt_pid_t conn)
             found = &w->tops[i].top;
     if (found)
         return found;
-    if (rt_grow(&w->tops, &w->captops, w->ntops + 1, sizeof(*w->tops), 8) != 0)
+    if (rt_grow_on(self, &w->tops, &w->captops, w->ntops + 1, sizeof(*w->tops), 8, RT_OBJ_LEAF))
         return NULL;
     w->tops[w->ntops] = (worker_top_t){conn, NULL};
     return &w->tops[w->ntops++].top;
@@ -66,7 +66,7 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     rt_buf_t body = {0};
     int code = 500;
     if (c) {
-        c->top = worker_top(w, m->from);
+        c->top = worker_top(self, w, m->from);
         const rt_admin_command_t *k =
             rt__admin_parse(c, (char *)m->data + sizeof(cookie), m->len - sizeof(cookie) - 1);
         if (k)
@@ -118,7 +118,6 @@ static void worker_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     worker_t *w = state;
     for (size_t i = 0; i < w->ntops; i++)
         rt__admin_top_free(w->tops[i].top);
-    free(w->tops);
 }
 
 static const char *worker_tag_name(uint32_t tag)

@@ -23,8 +23,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bson_mem.h"
 #include "log.h"
 #include "sink_impl.h"
+#include "sqlite_mem.h"
 
 enum {
     MSG_ROWS = RT_SINK_MSG_COMMITTED + 1, /* data: submit_t, bin: the rows */
@@ -407,9 +409,34 @@ static void pump_sink(rt_sink_t *s, bool force)
 
 /* ---- The actor ---- */
 
+/*
+** The actor's memory outside its heap is charged to it: what SQLite (the database, the spill)
+** and libbson (mongo-c-driver) allocate in its turns, measured around each callback
+** (meter.h), and what it holds itself, the batch buffer and the driver's own (settled at
+** the end of each callback). The queue is on its heap (on_rows).
+*/
 typedef struct sink_actor_s {
     rt_sink_t *s;
+    rt_meter_t sqlite, bson;
+    size_t own; /* charged for the batch buffer and the driver's held() */
 } sink_actor_t;
+
+static void mem_begin(sink_actor_t *st)
+{
+    rt_meter_begin(&st->sqlite, &rt_sqlite_lib);
+    rt_meter_begin(&st->bson, &rt_bson_lib);
+}
+
+static void mem_end(rt_actor_t *self, sink_actor_t *st)
+{
+    rt_meter_end(&st->sqlite, &rt_sqlite_lib, self);
+    rt_meter_end(&st->bson, &rt_bson_lib, self);
+    rt_sink_t *s = st->s;
+    size_t own = s->batch * sizeof(sink_row_t) + (s->drv->held ? s->drv->held(s) : 0);
+    if (own != st->own)
+        rt_charge(self, (ptrdiff_t)own - (ptrdiff_t)st->own);
+    st->own = own;
+}
 
 /*
 ** Each start of the actor: the first replays a spill left by an earlier run; a restart
@@ -421,6 +448,7 @@ static int sink_init(rt_actor_t *self, void *state, void *arg)
     sink_actor_t *st = state;
     rt_sink_t *s = arg;
     st->s = s;
+    mem_begin(st);
     RT_ASSERT(!s->head && s->mem_rows == 0 && !s->spill_open);
     s->flush_timer = s->retry_timer = s->opened = false;
     s->backoff = s->backoff_ms;
@@ -443,6 +471,7 @@ static int sink_init(rt_actor_t *self, void *state, void *arg)
     s->drain_sent = true;
     rt_send(rt_self(self), MSG_DRAIN, NULL, 0);
     atomic_store(&s->pid, rt_self(self));
+    mem_end(self, st);
     return 0;
 }
 
@@ -500,6 +529,7 @@ static void on_rows(rt_actor_t *self, rt_sink_t *s, rt_msg_t *m)
 static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     rt_sink_t *s = ((sink_actor_t *)state)->s;
+    mem_begin(state);
     switch (m->tag) {
     case MSG_ROWS:
         on_rows(self, s, m);
@@ -527,6 +557,7 @@ static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     default:
         break;
     }
+    mem_end(self, state);
 }
 
 /*
@@ -537,6 +568,7 @@ static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     rt_sink_t *s = ((sink_actor_t *)state)->s;
+    mem_begin(state);
     if (s->drv->spills) {
         /* In order: the spill first, then memory, for a bounded time. */
         bool up = !s->retry_timer && atomic_load(&s->state) == SINK_CONNECTED;
@@ -580,6 +612,10 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     }
     s->spill_open = false;
     atomic_store(&s->state, SINK_DISCONNECTED); /* stopped: not worth a warning */
+    sink_actor_t *st = state;
+    mem_end(self, st);
+    rt_meter_release(&st->sqlite, &rt_sqlite_lib, self);
+    rt_meter_release(&st->bson, &rt_bson_lib, self);
 }
 
 static const char *sink_tag_name(uint32_t tag)

@@ -72,6 +72,11 @@ struct sink_driver_s {
     int (*write)(rt_sink_t *s, sink_row_t *rows, size_t n);
     void (*close)(rt_sink_t *s); /* disconnects; open may be called again */
     void (*free)(rt_sink_t *s);  /* frees what configure made */
+    /*
+    ** Bytes the driver holds itself (what configure made, its caches and scratch; not what
+    ** SQLite or libbson hold, which sink.c measures): charged to the sink's actor.
+    */
+    size_t (*held)(const rt_sink_t *s);
 };
 
 extern const sink_driver_t rt_sink_sqlite_driver;

@@ -326,6 +326,12 @@ static int mg_write(rt_sink_t *s, sink_row_t *rows, size_t n)
     return rc;
 }
 
+/* The settings; what the URI, write concern and client pool hold is libbson's (metered). */
+static size_t mg_held(const rt_sink_t *s)
+{
+    return sizeof(mg_t);
+}
+
 const sink_driver_t rt_sink_mongo_driver = {
     .type = "mongodb",
     .blocking = true,
@@ -338,4 +344,5 @@ const sink_driver_t rt_sink_mongo_driver = {
     .open = mg_open,
     .write = mg_write,
     .free = mg_free,
+    .held = mg_held,
 };

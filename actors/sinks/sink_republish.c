@@ -249,6 +249,12 @@ static int rp_write(rt_sink_t *s, sink_row_t *rows, size_t n)
     return 0;
 }
 
+static size_t rp_held(const rt_sink_t *s)
+{
+    const rp_t *p = s->drv_state;
+    return sizeof(*p) + p->out.cap;
+}
+
 const sink_driver_t rt_sink_republish_driver = {
     .type = "republish",
     .blocking = false,
@@ -259,4 +265,5 @@ const sink_driver_t rt_sink_republish_driver = {
     .configure = rp_configure,
     .write = rp_write,
     .free = rp_free,
+    .held = rp_held,
 };

@@ -11,6 +11,7 @@
 
 #include "group.h"
 #include "log.h"
+#include "bson_mem.h"
 #include "sink_impl.h"
 
 static rt_sink_t *g_sinks[RT_CONF_MAX_SECTIONS];
@@ -238,6 +239,7 @@ int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
         return RT_EEXIST;
     }
     free_all(); /* a previous, stopped set */
+    rt_bson_mem_init(); /* before the drivers make anything */
     const rt_conf_sections_t *secs = &conf->sinks;
     for (unsigned i = 0; i < secs->n; i++) {
         char why[RT_CONF_ERR_LEN / 2];

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "sink_impl.h"
+#include "sqlite_mem.h"
 #include "store.h"
 
 static int spill_failed(sink_spill_t *sp, const char *what, char *why, size_t whylen)
@@ -25,6 +26,7 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
     memset(sp, 0, sizeof(*sp));
     snprintf(sp->path, sizeof(sp->path), "%s", path);
     rt_store_create_private(path);
+    rt_sqlite_mem_init();
     if (sqlite3_open_v2(path, &sp->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         spill_failed(sp, "open", why, whylen);

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "sink_impl.h"
+#include "sqlite_mem.h"
 #include "store.h"
 
 #define SQ_TABLE_LEN 128       /* bytes in a table name */
@@ -252,6 +253,7 @@ static int sq_open(rt_sink_t *s)
         }
     }
     rt_store_create_private(q->file);
+    rt_sqlite_mem_init();
     if (sqlite3_open_v2(q->file, &q->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         rt__sink_error(s, "%s: open: %s", q->file, q->db ? sqlite3_errmsg(q->db) : "no memory");
@@ -675,6 +677,23 @@ static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
     return 0;
 }
 
+/* The driver's own memory: its settings, the schema it knows, its statement cache's keys
+   and its scratch (the statements themselves are SQLite's). */
+static size_t sq_held(const rt_sink_t *s)
+{
+    const sq_t *q = s->drv_state;
+    size_t n = sizeof(*q) + q->ndeclared * sizeof(sq_column_t) + q->sig.cap + q->sql.cap +
+               q->tables_cap * sizeof(sq_table_t);
+    for (unsigned i = 0; i < q->ntables; i++) {
+        n += q->tables[i].cap * sizeof(char *);
+        for (unsigned j = 0; j < q->tables[i].ncols; j++)
+            n += strlen(q->tables[i].cols[j]) + 1;
+    }
+    for (unsigned i = 0; i < SQ_STMT_CACHE; i++)
+        n += q->cache[i].st ? q->cache[i].siglen : 0;
+    return n;
+}
+
 const sink_driver_t rt_sink_sqlite_driver = {
     .type = "sqlite",
     .blocking = true,
@@ -687,4 +706,5 @@ const sink_driver_t rt_sink_sqlite_driver = {
     .write = sq_write,
     .close = sq_close,
     .free = sq_free,
+    .held = sq_held,
 };

@@ -18,6 +18,7 @@
 
 #include "group.h"
 #include "log.h"
+#include "sqlite_mem.h"
 #include "store.h"
 
 #define RT_STORE_APP_ID 0x72744D51 /* "rtMQ": PRAGMA application_id of our files */
@@ -126,6 +127,9 @@ typedef struct {
     _Atomic uint64_t changes, commits, failures;
     _Atomic uint64_t lost; /* changes sent to a store actor that died before applying them */
     uint64_t lost_logged;  /* lost as of the last restart's log line (the actor's) */
+    /* What SQLite holds for db, charged to the store actor: measured in its turns, and
+       while db is opened and loaded at start, outside it. */
+    rt_meter_t mem;
 } store_t;
 
 static store_t store;
@@ -134,7 +138,7 @@ typedef struct {
     bool in_tx;
     bool flush_sent;
     uint32_t tx_changes;
-    ack_t *acks;
+    ack_t *acks; /* on the actor's heap (kept by the scan of this state) */
     size_t nacks, capacks;
 } actor_state_t;
 
@@ -342,9 +346,8 @@ static const op_t *op_of(const rt_msg_t *m)
     return (const op_t *)(const void *)m->data;
 }
 
-static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+static void apply_msg(rt_actor_t *self, actor_state_t *a, rt_msg_t *m)
 {
-    actor_state_t *a = state;
     if (m->tag == OP_FLUSH) {
         a->flush_sent = false;
         commit_tx(a);
@@ -365,7 +368,8 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
     apply_op(op, m->tag, m->bin);
     if (op->ack_pid) {
-        if (rt_grow(&a->acks, &a->capacks, a->nacks + 1, sizeof(ack_t), 64) == 0)
+        if (rt_grow_on(self, &a->acks, &a->capacks, a->nacks + 1, sizeof(ack_t), 64, RT_OBJ_LEAF) ==
+            0)
             a->acks[a->nacks++] = (ack_t){op->ack_pid, op->token};
         else /* no memory to remember it: answer now rather than never */
             answer(op->ack_pid, op->token, 0);
@@ -378,6 +382,13 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         a->flush_sent = true;
         rt_send(rt_self(self), OP_FLUSH, NULL, 0);
     }
+}
+
+static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    rt_meter_begin(&store.mem, &rt_sqlite_lib);
+    apply_msg(self, state, m);
+    rt_meter_end(&store.mem, &rt_sqlite_lib, self);
 }
 
 /*
@@ -402,8 +413,10 @@ static int store_init(rt_actor_t *self, void *state, void *arg)
 static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     actor_state_t *a = state;
+    rt_meter_begin(&store.mem, &rt_sqlite_lib);
     commit_tx(a);
-    free(a->acks);
+    rt_meter_end(&store.mem, &rt_sqlite_lib, self);
+    rt_meter_release(&store.mem, &rt_sqlite_lib, self);
 }
 
 /* A change the store never applied: counted lost, and whoever waits for it told so. */
@@ -626,6 +639,8 @@ int rt_store_open(const char *dir, rt_pid_t sup, char *err, size_t errlen)
     }
     snprintf(path, sizeof(path), "%s/%s", dir, RT_STORE_FILE);
     rt_store_create_private(path);
+    rt_sqlite_mem_init();
+    int64_t mark = rt_sqlite_lib.thread_bytes();
     if (sqlite3_open_v2(path, &store.db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK)
         return open_failed(err, errlen, path, store.db ? sqlite3_errmsg(store.db) : "cannot open");
@@ -639,6 +654,7 @@ int rt_store_open(const char *dir, rt_pid_t sup, char *err, size_t errlen)
         if (sqlite3_prepare_v3(store.db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &store.st[i],
                                NULL) != SQLITE_OK)
             return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
+    rt_meter_add(&store.mem, &rt_sqlite_lib, mark); /* charged in the actor's first turn */
     rt_pid_t group;
     rt_child_spec_t c = {.name = RT_STORE_NAME, .type = &store_type, .restart = RT_PERMANENT};
     if (rt_group_start(sup, RT_STORE_GROUP, RT_PERMANENT, &group) ||
@@ -665,12 +681,14 @@ int rt_store_sync(void)
 
 void rt_store_close(void)
 {
+    int64_t mark = rt_sqlite_lib.thread_bytes();
     for (int i = 0; i < ST_COUNT; i++) {
         sqlite3_finalize(store.st[i]);
         store.st[i] = NULL;
     }
     if (store.db)
         sqlite3_close(store.db);
+    rt_meter_add(&store.mem, &rt_sqlite_lib, mark);
     store.db = NULL;
     atomic_store(&store.pid, 0);
 }
@@ -800,15 +818,11 @@ static void delete_expired(int64_t now)
     }
 }
 
-int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
-                  void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
-                                      uint64_t expire_at_ms, void *arg),
-                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg, char *err,
-                  size_t errlen)
+static int load_all(void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
+                                        uint64_t expire_at_ms, void *arg),
+                    void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg,
+                    char *err, size_t errlen)
 {
-    if (!store.db)
-        return 0;
-    make_bin = packet_to_bin;
     if (load_retained(on_retained, arg)) {
         snprintf(err, errlen, "loading retained messages: %s", sqlite3_errmsg(store.db));
         return RT_EINVAL;
@@ -859,4 +873,23 @@ int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
     sqlite3_finalize(qos2);
     rt_log(RT_LOG_INFO, "store.loaded", "sessions=%zu expired=%zu", nsessions, nexpired);
     return 0;
+}
+
+int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
+                  void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
+                                      uint64_t expire_at_ms, void *arg),
+                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg, char *err,
+                  size_t errlen)
+{
+    if (!store.db)
+        return 0;
+    make_bin = packet_to_bin;
+    /* Reading the whole file fills the page cache: the store actor's from its next turn.
+       Restored sessions already write to it meanwhile: this window is not the actor's. */
+    int64_t mark = rt_sqlite_lib.thread_bytes();
+    int rc = load_all(on_retained, on_session, arg, err, errlen);
+    rt_meter_add(&store.mem, &rt_sqlite_lib, mark);
+    /* A turn now, so the store is charged for it without waiting for the first change. */
+    rt_send(atomic_load(&store.pid), OP_FLUSH, NULL, 0);
+    return rc;
 }

@@ -22,6 +22,7 @@ static char dir[128];   /* per-run scratch: data and rules */
 static char rules[160]; /* rules written by the tests */
 static char err[RT_CONF_ERR_LEN];
 static long flush_ms = -1; /* rule_flush_ms for the next start; -1: the default */
+static size_t max_heap;    /* the runtime's per-actor limit for the next start; 0: none */
 
 static void sh(const char *fmt, const char *arg)
 {
@@ -53,7 +54,12 @@ static void clean_rules(void)
 static int start_sink(const char *sink, const char *rules_dir, long workers, long instructions,
                       long memory)
 {
-    test_start(2);
+    rt_config_t cfg;
+    rt_config_defaults(&cfg);
+    cfg.schedulers = 2;
+    cfg.max_heap = max_heap;
+    if (rt_init(&cfg) != 0)
+        exit(2);
     rt_conf_t *c = malloc(sizeof(*c));
     rt_conf_defaults(c);
     snprintf(c->data_dir, sizeof(c->data_dir), "%s", dir);
@@ -366,6 +372,84 @@ static void test_broken_rules_isolated(void)
     CHECK_EQ(t.matched, t.passed + t.filtered + t.failed);
     CHECK(wait_written("store", (uint64_t)n));
     CHECK_EQ(sql_int("SELECT count(*) FROM good WHERE p = 'p'"), n);
+    stop();
+}
+
+/* The worker's charged memory (ext_bytes), polled until want says yes or 10 s pass. */
+static uint64_t worker_ext(rt_pid_t pid, bool (*want)(uint64_t ext, uint64_t ref), uint64_t ref)
+{
+    rt_actor_info_t a = {0};
+    uint64_t end = test_now_ms() + 10000;
+    while (rt_actor_info(pid, &a) == 0 && !want(a.ext_bytes, ref) && test_now_ms() < end)
+        test_sleep_ms(2);
+    return a.ext_bytes;
+}
+
+static bool at_least(uint64_t ext, uint64_t ref)
+{
+    return ext >= ref;
+}
+
+static bool below(uint64_t ext, uint64_t ref)
+{
+    return ext < ref;
+}
+
+/*
+** A worker is charged for the Lua state it runs (and its buffers): a rule that keeps a big
+** table makes the worker's ext_bytes grow by at least the table's string bytes, and the
+** state's memory cap still stops a rule that passes it; the collection and rebuild that
+** follow (the hoard is more than half the cap) give the memory back, and the charge drops.
+** The runtime's per-actor limit, far under the hoard, kills no worker for it.
+*/
+static void test_worker_memory(void)
+{
+    enum { ENTRIES = 12000, ENTRY = 1000, CAP = 20 << 20 };
+    _Static_assert((size_t)ENTRIES * ENTRY > CAP / 2 && (size_t)ENTRIES * ENTRY < CAP * 3 / 4,
+                   "the hoard fits under the cap but holds more than half of it");
+    clean_rules();
+    char text[800];
+    snprintf(text, sizeof(text),
+             "local keep = {}\n"
+             "return { name = 'hoard', from = 'h/#', to = { 'store' },\n"
+             "  select = function(msg)\n"
+             "    if msg.payload == 'grow' then\n"
+             "      for i = 1, %d do keep[i] = string.rep('x', %d) .. i end\n"
+             "    elseif msg.payload == 'bomb' then\n"
+             "      local t = {} for i = 1, 1e9 do t[i] = string.rep('y', 1000) .. i end\n"
+             "    end end }\n",
+             ENTRIES, ENTRY);
+    write_rule("hoard.lua", text);
+    sh("rm -f %s/rt.db*", dir);
+    max_heap = 1 << 20; /* an actor limit far under the hoard: the state's cap is what counts */
+    CHECK_EQ(start(rules, 1, 100000000, CAP), 0);
+    max_heap = 0;
+    rt_rules_worker_info_t w;
+    CHECK_EQ(rt_rules_workers(&w, 1), 1);
+    CHECK_EQ(publish("h/1", "noop"), 1); /* the worker takes the set (and its state) */
+    CHECK(wait_matched("hoard", 1));
+    uint64_t ext0 = worker_ext(w.pid, at_least, 1);
+    CHECK(ext0 > 0);
+
+    CHECK_EQ(publish("h/1", "grow"), 1);
+    CHECK(wait_matched("hoard", 2));
+    uint64_t ext1 = worker_ext(w.pid, at_least, ext0 + (uint64_t)ENTRIES * ENTRY);
+    CHECK(ext1 >= ext0 + (uint64_t)ENTRIES * ENTRY);
+    CHECK_EQ(rt_rules_workers(&w, 1), 1);
+    CHECK(w.lua_bytes >= (uint64_t)ENTRIES * ENTRY && w.lua_bytes + w.c_bytes == ext1);
+    uint64_t all, in_workers;
+    rt_rules_lua_memory(&all, &in_workers);
+    CHECK(in_workers == w.lua_bytes && all >= in_workers);
+
+    CHECK_EQ(publish("h/1", "bomb"), 1);
+    CHECK(wait_matched("hoard", 3));
+    CHECK_EQ(info("hoard").failed_memory, 1);
+    CHECK(worker_ext(w.pid, below, ext1 - (uint64_t)ENTRIES * ENTRY) <
+          ext1 - (uint64_t)ENTRIES * ENTRY);
+    rt_stats_t rs;
+    rt_stats(&rs);
+    CHECK_EQ(rs.heap_limit_kills, 0);
+    CHECK(rt_alive(w.pid));
     stop();
 }
 
@@ -935,6 +1019,7 @@ int main(void)
     RUN(test_filter_reshape_rows);
     RUN(test_events);
     RUN(test_broken_rules_isolated);
+    RUN(test_worker_memory);
     RUN(test_order_per_client);
     RUN(test_index_1000_rules);
     RUN(test_reload);

@@ -26,7 +26,9 @@
 #include "conn.h"
 #include "config.h"
 #include "rt_test.h"
+#include "bson_mem.h"
 #include "sink.h"
+#include "sqlite_mem.h"
 #include "test_mqtt.h"
 
 static char dir[128];
@@ -683,6 +685,45 @@ static void test_runtime_max_heap_spares_sinks(void)
     rt_sinks_free();
 }
 
+/*
+** A SQLite sink's actor is charged for what SQLite holds for it (its database and spill
+** connections, their page caches and statements) and for its batch buffer: with no other
+** connection in the process, what SQLite holds beyond what it held before the sink started
+** is exactly what actors are charged for, since every allocation for the sink happens in
+** its actor's turns. When the sink stops, the charge goes with it.
+*/
+static void test_sink_memory(void)
+{
+    clean_dir();
+    size_t used0, charged0, used, charged;
+    rt_sqlite_mem_stats(&used0, &charged0);
+    CHECK_EQ(charged0, 0);
+    char sinks[512];
+    rt_sink_t *s = start_archive("batch = 200, flush_ms = 5", true, sinks, sizeof(sinks));
+    const uint32_t n = 4000;
+    for (uint32_t k = 0; k < n; k += 100)
+        CHECK_EQ(rt_sink_submit(s, make_rows(k, 100, k, 200), 100, NULL, 0, 0), 0);
+    CHECK(WAIT_FOR("archive", written, n, 20000));
+    rt_actor_info_t ai;
+    /* The last write is charged when its turn ends, a moment after `written` moves. */
+    uint64_t end = test_now_ms() + 5000;
+    do {
+        test_sleep_ms(5);
+        rt_sqlite_mem_stats(&used, &charged);
+        CHECK_EQ(rt_actor_info(rt_whereis("sink:archive"), &ai), 0);
+    } while (charged != used - used0 && test_now_ms() < end);
+    fprintf(stderr, "  sqlite sink: SQLite holds %zu bytes for it, actor ext_bytes %llu\n",
+            used - used0, (unsigned long long)ai.ext_bytes);
+    CHECK(used > used0 && charged == used - used0);
+    CHECK(ai.ext_bytes >= charged + 200 * sizeof(void *)); /* and its batch buffer */
+    rt_sinks_stop();
+    rt_sqlite_mem_stats(&used, &charged);
+    CHECK_EQ(charged, 0);
+    CHECK(used <= used0 + (used0 >> 4)); /* the connections are closed */
+    rt_shutdown();
+    rt_sinks_free();
+}
+
 /* ---- Republish: through a real broker to a raw MQTT 3.1.1 subscriber ---- */
 
 /* Connects to port and subscribes to filter at QoS 0; returns the socket or -1. */
@@ -1009,6 +1050,13 @@ static void test_mongo(void)
     CHECK(strcmp(i.state, "connected") == 0);
     CHECK(books_balance(&i));
     CHECK(mongo_all_in_order(uri, "basic", n));
+    /* What mongo-c-driver allocated in the sink's turns (a client, its buffers) is charged
+       to the sink's actor (only actor here that drives it). */
+    rt_actor_info_t ai;
+    size_t bused, bcharged;
+    rt_bson_mem_stats(&bused, &bcharged);
+    CHECK_EQ(rt_actor_info(rt_whereis("sink:mongo"), &ai), 0);
+    CHECK(bcharged > 0 && bcharged <= bused && ai.ext_bytes >= bcharged);
     /* The rule's options pick the collection. */
     bson_t r = BSON_INITIALIZER, o = BSON_INITIALIZER;
     BSON_APPEND_INT64(&r, "seq", 0);
@@ -1191,6 +1239,7 @@ int main(void)
     snprintf(dir, sizeof(dir), "/tmp/rt-test-sink-%d", (int)getpid());
     snprintf(dbfile, sizeof(dbfile), "%s/rt.db", dir);
     umask(022); /* a shell's: a file found 0600 was made so by the sink, not by the umask */
+    rt_sqlite_mem_init(); /* as rtd's first SQLite user does; this test opens databases too */
     clean_dir();
     RUN(test_config_errors);
     RUN(test_sqlite_batches_and_acks);
@@ -1201,6 +1250,7 @@ int main(void)
     RUN(test_byte_limit);
     RUN(test_queue_bytes_bound);
     RUN(test_runtime_max_heap_spares_sinks);
+    RUN(test_sink_memory);
     RUN(test_republish);
     RUN(test_mongo);
     if (getenv("RT_SINK_BENCH"))

@@ -150,9 +150,50 @@ static void test_many_actors(void)
     free(pids);
 }
 
+/*
+** The runtime's own memory: what it maps is resident only where touched, and what it
+** holds grows with what it is given (actor structs, pid slots, queued envelopes).
+*/
+static void test_mem_stats(void)
+{
+    rt_mem_stats_t m0, m1;
+    rt_mem_stats(&m0);
+    CHECK(m0.slab_resident <= m0.slab_mapped && m0.tables_resident <= m0.tables_mapped);
+    CHECK(m0.tables_resident < m0.tables_mapped / 100); /* reserved, barely touched */
+    CHECK(m0.chunks_resident <= m0.chunks_mapped && m0.schedulers > 0);
+
+    enum { N = 4000, QUEUED = 200, LEN = 200 };
+    rt_pid_t *pids = calloc(N, sizeof(rt_pid_t));
+    for (long i = 0; i < N; i++)
+        CHECK_EQ(rt_spawn(&busy_type, NULL, &pids[i]), 0);
+    atomic_store(&worked, 0);
+    rt_send(pids[0], MSG_HOLD, NULL, 0);
+    rt_send(pids[1], MSG_BLOCK, NULL, 0);
+    char payload[LEN] = {0};
+    for (int i = 0; i < QUEUED; i++)
+        rt_send(pids[1], MSG_WORK, payload, sizeof(payload));
+    CHECK(wait_at_least(&worked, 1, 5000));
+    rt_mem_stats(&m1);
+    rt_actor_info_t info;
+    CHECK_EQ(rt_actor_info(pids[2], &info), 0);
+    CHECK(m1.slab_in_use >= m0.slab_in_use + N * info.state_bytes);
+    /* Every struct in use was written, so its pages are in memory. */
+    CHECK(m1.slab_resident >= m1.slab_in_use && m1.slab_resident <= m1.slab_mapped);
+    CHECK(m1.tables_resident > m0.tables_resident);
+    CHECK(m1.chunks_resident > 0 && m1.chunks_resident <= m1.chunks_mapped);
+    /* The blocked actor's mailbox holds QUEUED envelopes of LEN bytes each. */
+    CHECK(m1.envelopes_in_use >= QUEUED * (sizeof(rt_msg_t) + LEN));
+    CHECK(wait_at_least(&worked, 2 + QUEUED, 5000));
+    for (long i = 0; i < N; i++)
+        rt_exit_signal(pids[i], RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+    free(pids);
+}
+
 int main(void)
 {
     test_start(2);
+    RUN(test_mem_stats); /* first: no exited actor waits for reclamation, no pid slot is used */
     RUN(test_actor_fields);
     RUN(test_many_actors);
     rt_shutdown();
