@@ -61,15 +61,16 @@ size_t rt_rules_snapshot(rt_rule_info_t *out, size_t max)
     return n;
 }
 
+/* Both read the workers' Lua states, which a restarted worker replaces under the write lock. */
 size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max)
 {
-    rt_rule_set_t *s = rt__rules_current();
+    rt_rule_set_t *s = rt__rules_lock_current();
     if (!s)
         return 0;
     for (unsigned i = 0; i < rt__rules.nworkers && i < max; i++) {
         rt_rule_worker_stats_t *st = &rt__rules.workers[i];
         out[i] = (rt_rules_worker_info_t){
-            .pid = st->pid,
+            .pid = atomic_load(&st->pid),
             .messages = atomic_load(&st->messages),
             .batches = atomic_load(&st->batches),
             .lua_bytes = i < s->nvms ? rt_rule_vm_bytes(s->vms[i]) : 0,
@@ -78,14 +79,14 @@ size_t rt_rules_workers(rt_rules_worker_info_t *out, size_t max)
         };
     }
     size_t n = rt__rules.nworkers;
-    rt__rule_set_release(s);
+    rt__rules_unlock();
     return n;
 }
 
 int rt_rules_stats(rt_rules_stats_t *out)
 {
     memset(out, 0, sizeof(*out));
-    rt_rule_set_t *s = rt__rules_current();
+    rt_rule_set_t *s = rt__rules_lock_current();
     if (!s)
         return RT_ESHUTDOWN;
     out->version = s->version;
@@ -99,7 +100,7 @@ int rt_rules_stats(rt_rules_stats_t *out)
         out->text_bytes += s->rules[i].len + 1 + strlen(s->rules[i].path) + 1;
     for (unsigned i = 0; i < s->nvms; i++)
         out->lua_bytes += rt_rule_vm_bytes(s->vms[i]);
-    rt__rule_set_release(s);
+    rt__rules_unlock();
     return 0;
 }
 

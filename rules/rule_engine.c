@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "group.h"
 #include "rule_internal.h"
 
 rt_rules_engine_t rt__rules = {.admin = PTHREAD_MUTEX_INITIALIZER};
@@ -149,7 +149,11 @@ static void install_set(rt_rule_set_t *s)
     rt__rule_set_release(old);
 }
 
-/* Stops the workers and, once they are gone, frees every set and their counters. */
+/*
+** Stops the workers and, once they are gone, frees every set and their counters. Each
+** worker hears its supervisor's stop after what was handed to it, and submits its
+** last rows before it goes.
+*/
 static void stop_workers(void)
 {
     RT_ASSERT(rt__rules_holds_admin());
@@ -159,16 +163,10 @@ static void stop_workers(void)
     rt__rules.cur = NULL;
     atomic_store(&rt__rules.wants, 0);
     rt__rules_unlock();
+    rt_group_stop(rt__rules.sup, RT_RULES_GROUP);
     bool all_gone = true;
     for (unsigned i = 0; i < rt__rules.nworkers; i++)
-        if (rt__rules.workers[i].pid)
-            rt_send(rt__rules.workers[i].pid, RT_RULES_TAG_STOP, NULL, 0);
-    for (unsigned i = 0; i < rt__rules.nworkers; i++) {
-        struct timespec ts = {0, 1000000};
-        for (int k = 0; k < RT_RULES_STOP_WAIT_MS && rt_alive(rt__rules.workers[i].pid); k++)
-            nanosleep(&ts, NULL);
-        all_gone &= !rt_alive(rt__rules.workers[i].pid);
-    }
+        all_gone &= !rt_alive(atomic_load(&rt__rules.workers[i].pid));
     rt__rule_set_release(cur);
     /*
     ** What is left is held by messages that never reached a worker (sent as it
@@ -183,7 +181,7 @@ static void stop_workers(void)
     rt__rules.nworkers = 0;
 }
 
-int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen)
+int rt_rules_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
 {
     rt__rules_admin_lock();
     int rc = 0;
@@ -218,14 +216,24 @@ int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen)
         rt__rules.workers = NULL;
         goto out;
     }
-    for (unsigned i = 0; i < rt__rules.nworkers; i++) {
-        if ((rc = rt_spawn(&rt__rule_worker_type, (void *)(uintptr_t)i,
-                           &rt__rules.workers[i].pid))) {
-            snprintf(err, errlen, "cannot start rule worker: %s", rt_strerror(rc));
-            rt__rule_set_release(s);
-            stop_workers();
-            goto out;
-        }
+    rt__rules.sup = sup;
+    rt_pid_t group = 0;
+    rc = rt_group_start(sup, RT_RULES_GROUP, RT_PERMANENT, &group);
+    for (unsigned i = 0; rc == 0 && i < rt__rules.nworkers; i++) {
+        char *name = rt__rules.workers[i].name;
+        snprintf(name, sizeof(rt__rules.workers[i].name), "rule_worker:%u", i);
+        rt_child_spec_t c = {.name = name,
+                             .type = &rt__rule_worker_type,
+                             .arg = (void *)(uintptr_t)i,
+                             .restart = RT_PERMANENT,
+                             .shutdown_ms = RT_RULES_STOP_WAIT_MS};
+        rc = rt_supervisor_start_child(group, &c, NULL);
+    }
+    if (rc) {
+        snprintf(err, errlen, "cannot start rule worker: %s", rt_strerror(rc));
+        rt__rule_set_release(s);
+        stop_workers();
+        goto out;
     }
     install_set(s);
     atomic_store(&rt__rules.running, true);

@@ -103,15 +103,26 @@ typedef struct rt_rules_durable_s {
 #define RT_RULES_BATCH_BYTES (1u << 20)    /* bytes per sink batch before it is submitted */
 #define RT_RULES_MAX_FILES 10000           /* rule files in rules_dir */
 #define RT_RULES_MAX_FILE_BYTES (1u << 20) /* bytes of one rule file */
-#define RT_RULES_STOP_WAIT_MS 2000         /* rt_rules_stop waits this long for workers */
+#define RT_RULES_STOP_WAIT_MS 2000         /* a stopping worker's time, then it is killed */
+/*
+** A batch whose sink died before taking it is submitted again every RT_RULES_RESUBMIT_MS
+** until the sink's next incarnation takes it (its supervisor restarts it within
+** milliseconds), for up to RT_RULES_RESUBMIT_MAX_MS: a sink not back by then is not
+** coming (its supervisor gave up, and rtd is stopping), and the rows fail.
+*/
+#define RT_RULES_RESUBMIT_MS 10
+#define RT_RULES_RESUBMIT_MAX_MS 10000
 
 /*
 ** Loads and validates every *.lua in conf->rules_dir (a missing directory is an
-** empty rule set), then spawns the workers. Call after rt_init and
-** rt_sinks_start, outside any actor. Returns 0 or RT_E* with err naming the file
-** and line.
+** empty rule set), then starts the workers, permanent children of the group
+** supervisor "rules_sup" (group.h) under sup (0: of nobody). A worker that dies is
+** started again with a fresh Lua state of the current rule set; a durable
+** publish it had not finished is answered RT_ENOPROC, and a batch a dead sink
+** never took is submitted again. Call after rt_init and rt_sinks_start, outside
+** any actor. Returns 0 or RT_E* with err naming the file and line.
 */
-int rt_rules_start(const rt_conf_t *conf, char *err, size_t errlen);
+int rt_rules_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
 /*
 ** Stops accepting messages, lets the workers finish what they hold (their last
 ** rows are submitted) and frees everything. Call before rt_sinks_stop and
@@ -133,8 +144,10 @@ typedef struct rt_rule_origin_s {
 ** when handed to a worker, 2 when a matching rule is durable and ack_pid != 0:
 ** ack_pid then later receives exactly one RT_RULES_MSG_DURABLE with ack_token,
 ** once every row made from this message is committed (or at once if none was
-** made). RT_E* (< 0) if the message could not be handed over (no memory; the
-** engine is stopped): nothing will be sent.
+** made); if the message could not be handed over, that answer comes at once, with
+** the code (RT_ENOPROC: the client's worker is being restarted). RT_E* (< 0) if a
+** message for no durable rule could not be handed over (no memory; the worker is
+** being restarted): nothing will be sent.
 */
 int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ack_pid,
                      uint64_t ack_token);

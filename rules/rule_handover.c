@@ -110,11 +110,17 @@ static int hand_over(match_scratch_t *t, rt_rule_set_t *set, const rt_rule_origi
         m->bin = rt_bin_retain(bin);
     /* One client, one worker: its messages stay in order. */
     const char *id = o->clientid ? o->clientid : "";
-    rt_pid_t to = rt__rules.workers[rt_hash(id, strlen(id)) % rt__rules.nworkers].pid;
+    rt_pid_t to = atomic_load(&rt__rules.workers[rt_hash(id, strlen(id)) % rt__rules.nworkers].pid);
     int rc = rt_send_msg(to, m);
     if (rc)
         rt__rule_set_release(set); /* the runtime freed the message: nobody else will */
     return rc;
+}
+
+void rt__rules_ack_durable(rt_pid_t pid, uint64_t token, int32_t status)
+{
+    rt_rules_durable_t ack = {token, status};
+    rt_send(pid, RT_RULES_MSG_DURABLE, &ack, sizeof(ack));
 }
 
 int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ack_pid,
@@ -140,8 +146,13 @@ int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ac
         durable |= s->rules[t->rules[i]].durable;
     rc = hand_over(t, rt__rule_set_retain(s), o, NULL, canonical, durable ? ack_pid : 0, ack_token);
     rt__rules_unlock();
-    if (rc)
+    if (rc && durable) {
+        /* The publisher was promised an answer: it is that its rows will not be made (the
+           worker is being restarted, or no memory). */
+        rt__rules_ack_durable(ack_pid, ack_token, rc);
+    } else if (rc) {
         return rc;
+    }
     return durable ? 2 : 1;
 }
 

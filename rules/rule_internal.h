@@ -24,9 +24,11 @@
 /* Worker message tags. */
 #define RT_RULES_TAG_WORK (RT_MSG_USER + 0x5210)  /* a message or event to run: rt_rule_work_t */
 #define RT_RULES_TAG_FLUSH (RT_MSG_USER + 0x5211) /* submit batches (end of a turn or timer) */
-#define RT_RULES_TAG_STOP (RT_MSG_USER + 0x5212)  /* submit what is buffered and exit */
+#define RT_RULES_TAG_RESUBMIT (RT_MSG_USER + 0x5212) /* submit again what a dead sink lost */
+#define RT_RULES_TAG_FRESH (RT_MSG_USER + 0x5213)    /* a restarted worker's first: a new state */
 
 #define RT_RULES_NONE UINT32_MAX /* no index: no durable entry, no flight slot, no target */
+#define RT_RULES_GROUP "rules_sup" /* the workers' supervisor (group.h) */
 
 /* A rule's metrics, shared by the versions of the rule with one name. */
 typedef struct rt_rule_metrics_s {
@@ -86,9 +88,10 @@ typedef struct rt_rule_set_s {
 
 /* A worker's counters, read by the admin from any thread; each on its own cache line. */
 typedef struct rt_rule_worker_stats_s {
-    _Alignas(RT_CACHE_LINE) rt_pid_t pid;
+    _Alignas(RT_CACHE_LINE) _Atomic rt_pid_t pid; /* its current incarnation (each start sets) */
     atomic_uint_fast64_t messages, batches, pending_durable;
     _Atomic size_t c_bytes;
+    char name[24]; /* "rule_worker:<i>", its registered name (its supervisor keeps it) */
 } rt_rule_worker_stats_t;
 
 /* The strings of a hand-over, in this order after the rule indices. */
@@ -129,6 +132,7 @@ typedef struct rt_rules_engine_s {
     uint64_t version;
     unsigned nworkers;
     rt_rule_worker_stats_t *workers;
+    rt_pid_t sup; /* the supervisor the workers' group runs under (0: none) */
     size_t memory;
     long instructions;
     long call_ms;        /* rule_call_ms */
@@ -172,6 +176,11 @@ void rt__rule_set_free_all(void);
 rt_rule_t *rt__rule_set_find(rt_rule_set_t *s, const char *name);
 /* A Lua state with rtd.conf's limits. */
 int rt__rule_vm_configured(rt_rule_vm_t **out);
+/* A fresh Lua state holding every rule of s (from the texts kept in s): 0 or RT_E*, err set. */
+int rt__rule_set_vm(const rt_rule_set_t *s, rt_rule_vm_t **out, char *err, size_t errlen);
+
+/* rule_handover.c: answers a durable publish (RT_RULES_MSG_DURABLE). */
+void rt__rules_ack_durable(rt_pid_t pid, uint64_t token, int32_t status);
 
 /* rule_worker.c */
 extern const rt_actor_type_t rt__rule_worker_type; /* arg: the worker's index */

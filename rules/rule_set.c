@@ -308,6 +308,29 @@ static int adopt_spec(rt_rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rt_r
     return index_rule(s, idx, spec, err, errlen);
 }
 
+int rt__rule_set_vm(const rt_rule_set_t *s, rt_rule_vm_t **out, char *err, size_t errlen)
+{
+    rt_rule_vm_t *vm;
+    if (rt__rule_vm_configured(&vm)) {
+        snprintf(err, errlen, "out of memory for a rule state");
+        return RT_ENOMEM;
+    }
+    for (uint32_t i = 0; i < s->nrules; i++) {
+        rt_rule_spec_t spec;
+        memset(&spec, 0, sizeof(spec));
+        int rc = rt_rule_vm_load(vm, s->rules[i].path, s->rules[i].text, s->rules[i].len, &spec,
+                                 err, errlen);
+        rt_rule_spec_free(&spec);
+        if (rc) {
+            rt_rule_vm_free(vm);
+            return rc;
+        }
+    }
+    RT_ASSERT(rt_rule_vm_nrules(vm) == s->nrules);
+    *out = vm;
+    return 0;
+}
+
 /*
 ** Loads every rule file of dir into a new set: a validation state parses,
 ** checks and dry-runs each rule, then one state per worker loads them all.
@@ -366,19 +389,9 @@ int rt__rule_set_build(const char *dir, rt_rule_set_t *prev, rt_rule_set_t **out
     rt_rule_vm_free(check);
     check = NULL;
     for (unsigned w = 0; w < rt__rules.nworkers; w++) {
-        if ((rc = rt__rule_vm_configured(&s->vms[w]))) {
-            snprintf(err, errlen, "out of memory for a rule state");
+        if ((rc = rt__rule_set_vm(s, &s->vms[w], err, errlen)))
             goto fail;
-        }
         s->nvms = w + 1;
-        for (uint32_t i = 0; i < s->nrules; i++) {
-            rc = rt_rule_vm_load(s->vms[w], s->rules[i].path, s->rules[i].text, s->rules[i].len,
-                                 &spec, err, errlen);
-            rt_rule_spec_free(&spec);
-            if (rc)
-                goto fail;
-        }
-        RT_ASSERT(rt_rule_vm_nrules(s->vms[w]) == s->nrules);
     }
     for (size_t i = 0; i < nnames; i++)
         free(names[i]);

@@ -4,9 +4,17 @@
 ** their rows are committed.
 **
 ** Durable acks: a publish that waits for its rows gets an entry (dur_t) holding one count
-** while its rules run and one per batch its rows went into; a submitted batch's entries
-** move to a flight slot (flight_t) that the sink's commit (or refusal) resolves. The
-** publisher's ack goes when the count drops to zero, with the first failure seen.
+** while its rules run and one per batch its rows went into; a submitted batch becomes a
+** flight slot (flight_t), with those entries, that the sink's commit (or refusal)
+** resolves. The publisher's ack goes when the count drops to zero, with the first
+** failure seen.
+**
+** Restarts: a flight keeps its rows until the sink answers, so a batch that a dying sink
+** never took (it answers RT_ENOPROC) is submitted again to its next incarnation; rows
+** that arrive that way may follow rows submitted meanwhile, so order within a topic can
+** break once, at a sink's restart, and nothing is lost or written twice. A worker that
+** dies answers its durable publishers RT_ENOPROC (those whose hand-over it never ran
+** too, from its mailbox); the next one starts with a fresh Lua state.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +39,19 @@ typedef struct dur_s {
 } dur_t;
 
 typedef struct flight_s {
-    uint32_t gen; /* in the submit's token, so a late ack for a reused slot is ignored */
+    uint32_t gen; /* in the submit's token, so a late ack (an earlier try, a reused slot) is
+                     ignored */
     bool used;
+    bool parked; /* its sink died before taking it: submitted again at RT_RULES_TAG_RESUBMIT */
     uint32_t *durs;
     uint32_t ndurs;
     size_t capdurs;
     uint32_t next_free;
+    uint32_t nrows;
+    rt_sink_t *sink;
+    rt_bin_t *rows;     /* the worker's own references, until the sink answers */
+    rt_bin_t *opts;     /* NULL: none */
+    uint64_t parked_ms; /* when the sink first failed to take it; 0: it has not */
 } flight_t;
 
 typedef struct worker_s {
@@ -47,6 +62,7 @@ typedef struct worker_s {
     batch_t *batches;   /* one per target of set */
     uint32_t nbatches;
     bool flush_pending;       /* a RT_RULES_TAG_FLUSH is on its way */
+    bool resubmit_pending;    /* a RT_RULES_TAG_RESUBMIT is on its way */
     rt_buf_t stage;           /* the rows of the rule that just ran */
     dur_t *durs;              /* durable entries: in use, or chained from dur_free */
     uint32_t ndurs, dur_free; /* entries ever used; the first free one (or NONE) */
@@ -97,16 +113,10 @@ static void free_counted(worker_t *w, rt_buf_t *b)
     rt_buf_free(b);
 }
 
-static void ack_durable(rt_pid_t pid, uint64_t token, int32_t status)
-{
-    rt_rules_durable_t ack = {token, status};
-    rt_send(pid, RT_RULES_MSG_DURABLE, &ack, sizeof(ack));
-}
-
 static void dur_done(worker_t *w, uint32_t d)
 {
     dur_t *e = &w->durs[d];
-    ack_durable(e->pid, e->token, e->status);
+    rt__rules_ack_durable(e->pid, e->token, e->status);
     e->pid = 0;
     e->next_free = w->dur_free;
     w->dur_free = d;
@@ -162,14 +172,64 @@ static void flight_resolve(worker_t *w, uint32_t slot, int32_t status)
     RT_ASSERT(f->used);
     for (uint32_t i = 0; i < f->ndurs; i++)
         dur_put(w, f->durs[i], status);
+    rt_bin_release(f->rows);
+    rt_bin_release(f->opts);
+    f->rows = f->opts = NULL;
     f->ndurs = 0;
-    f->used = false;
+    f->used = f->parked = false;
+    f->parked_ms = 0;
     f->gen++;
     f->next_free = w->flight_free;
     w->flight_free = slot;
 }
 
-/* Submits target t's batch. Its durable entries wait on the sink's ack. */
+/* The flight's sink did not take it (its actor died): it waits for the next incarnation. */
+static void park_flight(worker_t *w, uint32_t slot)
+{
+    flight_t *f = &w->flights[slot];
+    f->parked = true;
+    if (!f->parked_ms)
+        f->parked_ms = rt_mono_ms();
+    if (!w->resubmit_pending &&
+        rt_send_after_tag(RT_RULES_RESUBMIT_MS, w->self, RT_RULES_TAG_RESUBMIT, NULL) == 0)
+        w->resubmit_pending = true;
+    if (!w->resubmit_pending) /* no timer (no memory): it would wait for good */
+        flight_resolve(w, slot, RT_ENOMEM);
+}
+
+/* Hands the flight's rows to its sink (again); its durable entries wait on the answer. */
+static void submit_flight(worker_t *w, uint32_t slot)
+{
+    flight_t *f = &w->flights[slot];
+    f->gen++; /* an answer to an earlier try is not this one's */
+    int rc = rt_sink_submit(f->sink, rt_bin_retain(f->rows), f->nrows,
+                            f->opts ? rt_bin_retain(f->opts) : NULL, w->self,
+                            (uint64_t)f->gen << 32 | slot);
+    atomic_fetch_add_explicit(&w->st->batches, 1, memory_order_relaxed);
+    if (rc == RT_ENOPROC)
+        park_flight(w, slot);
+    else if (rc) /* refused: the rows are gone; the refusal's ack finds gen moved on */
+        flight_resolve(w, slot, rc);
+}
+
+/* The flights parked by a sink's restart go again, or fail once they waited too long. */
+static void resubmit_parked(worker_t *w)
+{
+    w->resubmit_pending = false;
+    uint64_t now = rt_mono_ms();
+    for (uint32_t i = 0; i < w->nflights; i++) {
+        flight_t *f = &w->flights[i];
+        if (!f->used || !f->parked)
+            continue;
+        f->parked = false;
+        if (now - f->parked_ms >= RT_RULES_RESUBMIT_MAX_MS)
+            flight_resolve(w, i, RT_ENOPROC);
+        else
+            submit_flight(w, i);
+    }
+}
+
+/* Submits target t's batch as a flight that holds its rows and durable entries. */
 static void flush_batch(worker_t *w, uint32_t t)
 {
     RT_ASSERT(t < w->nbatches && w->nbatches == w->set->ntargets);
@@ -177,36 +237,34 @@ static void flush_batch(worker_t *w, uint32_t t)
     if (b->nrows == 0)
         return;
     rt_rule_target_t *tg = &w->set->targets[t];
-    uint32_t slot = RT_RULES_NONE;
-    if (b->ndurs) {
-        slot = flight_new(w);
-        if (slot != RT_RULES_NONE) {
-            /* The batch's list moves to the flight; the flight's (empty) one comes back. */
-            flight_t *f = &w->flights[slot];
-            uint32_t *tmp = f->durs;
-            size_t tc = f->capdurs;
-            f->durs = b->durs, f->capdurs = b->capdurs, f->ndurs = b->ndurs;
-            b->durs = tmp, b->capdurs = tc;
-        } else {
-            for (uint32_t i = 0; i < b->ndurs; i++)
-                dur_put(w, b->durs[i], RT_ENOMEM);
-        }
-        b->ndurs = 0;
-    }
     rt_bin_t *rows = rt_bin_new(b->rows.data, b->rows.len);
     uint32_t nrows = b->nrows;
     rt_buf_truncate(&b->rows, 0);
     b->nrows = 0;
-    int rc = RT_ENOMEM;
-    if (rows) {
-        uint64_t token = slot == RT_RULES_NONE ? 0 : (uint64_t)w->flights[slot].gen << 32 | slot;
-        rc = rt_sink_submit(tg->sink, rows, nrows, tg->opts ? rt_bin_retain(tg->opts) : NULL,
-                            slot == RT_RULES_NONE ? 0 : w->self, token);
-        atomic_fetch_add_explicit(&w->st->batches, 1, memory_order_relaxed);
+    uint32_t slot = rows ? flight_new(w) : RT_RULES_NONE;
+    if (slot == RT_RULES_NONE) {
+        /* No memory to keep it: the rows go unwatched, if at all, and whoever waits fails. */
+        for (uint32_t i = 0; i < b->ndurs; i++)
+            dur_put(w, b->durs[i], RT_ENOMEM);
+        b->ndurs = 0;
+        if (rows) {
+            rt_sink_submit(tg->sink, rows, nrows, tg->opts ? rt_bin_retain(tg->opts) : NULL, 0, 0);
+            atomic_fetch_add_explicit(&w->st->batches, 1, memory_order_relaxed);
+        }
+        return;
     }
-    /* On any refusal the rows are gone; a late ack for the token finds the slot reused. */
-    if (rc && slot != RT_RULES_NONE)
-        flight_resolve(w, slot, rc);
+    /* The batch's list moves to the flight; the flight's (empty) one comes back. */
+    flight_t *f = &w->flights[slot];
+    uint32_t *tmp = f->durs;
+    size_t tc = f->capdurs;
+    f->durs = b->durs, f->capdurs = b->capdurs, f->ndurs = b->ndurs;
+    b->durs = tmp, b->capdurs = tc;
+    b->ndurs = 0;
+    f->sink = tg->sink;
+    f->rows = rows;
+    f->nrows = nrows;
+    f->opts = tg->opts ? rt_bin_retain(tg->opts) : NULL;
+    submit_flight(w, slot);
 }
 
 static void flush_all(worker_t *w)
@@ -341,7 +399,7 @@ static void run_work(worker_t *w, rt_msg_t *m)
         for (uint32_t i = 0; i < wk->nrules; i++)
             record_failure(&s->rules[wk->rules[i]], RT_RULE_FAIL_MEMORY, "out of memory");
         if (wk->ack_pid)
-            ack_durable(wk->ack_pid, wk->ack_token, RT_ENOMEM);
+            rt__rules_ack_durable(wk->ack_pid, wk->ack_token, RT_ENOMEM);
         rt__rule_set_release(s);
         return;
     }
@@ -380,7 +438,7 @@ static void run_work(worker_t *w, rt_msg_t *m)
     if (d != RT_RULES_NONE)
         dur_put(w, d, 0);
     else if (early)
-        ack_durable(wk->ack_pid, wk->ack_token, early);
+        rt__rules_ack_durable(wk->ack_pid, wk->ack_token, early);
     rt__rule_set_release(s);
     bool buffered = false;
     for (uint32_t t = 0; t < w->nbatches && !buffered; t++)
@@ -395,6 +453,25 @@ static void run_work(worker_t *w, rt_msg_t *m)
         w->flush_pending = true;
 }
 
+/*
+** A restarted worker's Lua state for the current set is a new one, whatever its
+** predecessor left in the old (what rules kept between calls, a state near its cap).
+** The swap is written under the engine's lock: the admin reads a state's size.
+*/
+static void fresh_state(worker_t *w)
+{
+    rt_rule_set_t *s = rt__rules_current();
+    rt_rule_vm_t *vm;
+    if (s && rt__rule_set_vm(s, &vm, w->err, sizeof(w->err)) == 0) {
+        rt__rules_lock_write();
+        rt_rule_vm_t *old = s->vms[w->index];
+        s->vms[w->index] = vm;
+        rt__rules_unlock();
+        rt_rule_vm_free(old);
+    }
+    rt__rule_set_release(s);
+}
+
 static int worker_init(rt_actor_t *self, void *state, void *arg)
 {
     worker_t *w = state;
@@ -404,6 +481,13 @@ static int worker_init(rt_actor_t *self, void *state, void *arg)
     w->self = rt_self(self);
     w->st = &rt__rules.workers[w->index];
     w->dur_free = w->flight_free = RT_RULES_NONE;
+    /* Its supervisor's stop comes as a message, after the hand-overs sent before it. */
+    rt_trap_exit(self, true);
+    /* A restart's first message builds the new state: sent before the pid is published,
+       so no hand-over comes first. */
+    if (atomic_load(&w->st->pid))
+        rt_send(w->self, RT_RULES_TAG_FRESH, NULL, 0);
+    atomic_store(&w->st->pid, w->self);
     return 0;
 }
 
@@ -424,15 +508,31 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             break;
         memcpy(&c, m->data, sizeof(c));
         uint32_t slot = (uint32_t)c.token;
-        if (slot < w->nflights && w->flights[slot].used &&
-            w->flights[slot].gen == (uint32_t)(c.token >> 32))
+        if (slot >= w->nflights || !w->flights[slot].used ||
+            w->flights[slot].gen != (uint32_t)(c.token >> 32))
+            break;
+        if (c.status == RT_ENOPROC)
+            park_flight(w, slot);
+        else
             flight_resolve(w, slot, c.status);
         break;
     }
-    case RT_RULES_TAG_STOP:
-        flush_all(w);
-        rt_exit(self, RT_REASON_NORMAL);
+    case RT_RULES_TAG_RESUBMIT:
+        resubmit_parked(w);
         break;
+    case RT_RULES_TAG_FRESH:
+        fresh_state(w);
+        break;
+    case RT_MSG_EXIT: {
+        /* Its supervisor's stop, or exit/2 from anyone: what is buffered goes to the sinks,
+           then the worker goes, as an actor that does not trap exits would. */
+        const rt_exit_msg_t *e = (const rt_exit_msg_t *)(const void *)m->data;
+        if (e->reason != RT_REASON_NORMAL) {
+            flush_all(w);
+            rt_exit(self, e->reason);
+        }
+        break;
+    }
     }
     /*
     ** Past its time the worker lets the other actors on its scheduler run (a rule
@@ -454,22 +554,47 @@ static void worker_trace(void *state, rt_gc_t *gc)
 static void worker_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     worker_t *w = state;
-    /* Every promised ack is sent, even now: the publisher must not wait forever. */
+    /* Rows made are not thrown away, however the worker ends (a no-op after its stop). */
+    flush_all(w);
+    /* Every promised ack is sent, even now: the publisher must not wait forever. Its rows
+       may yet be committed; RT_ENOPROC says that nobody will confirm it. */
     for (uint32_t i = 0; i < w->ndurs; i++)
         if (w->durs[i].pid) {
-            w->durs[i].status = RT_ESHUTDOWN;
+            w->durs[i].status = RT_ENOPROC;
             w->durs[i].remaining = 1;
-            dur_put(w, i, RT_ESHUTDOWN);
+            dur_put(w, i, RT_ENOPROC);
         }
     free_batches(w);
-    for (uint32_t i = 0; i < w->nflights; i++)
-        free(w->flights[i].durs);
+    for (uint32_t i = 0; i < w->nflights; i++) {
+        flight_t *f = &w->flights[i];
+        /* A parked batch is in no sink yet: one last try, unwatched. */
+        if (f->used && f->parked)
+            rt_sink_submit(f->sink, f->rows, f->nrows, f->opts, 0, 0);
+        else if (f->used)
+            rt_bin_release(f->rows), rt_bin_release(f->opts);
+        free(f->durs);
+    }
     free(w->flights);
     free(w->durs);
     rt_buf_free(&w->stage);
     rt__rule_set_release(w->set);
     atomic_store(&w->st->c_bytes, 0);
     w->set = NULL;
+}
+
+/*
+** A hand-over the worker never ran: a durable publisher hears RT_ENOPROC rather than
+** nothing. Its set reference stays (a set is freed only by rt_rules_stop, which this may
+** run after); so a dead worker's lost hand-overs keep their set until the engine stops.
+*/
+static void worker_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag != RT_RULES_TAG_WORK || m->len < sizeof(rt_rule_work_t))
+        return;
+    const rt_rule_work_t *wk = (const rt_rule_work_t *)(const void *)m->data;
+    if (wk->ack_pid)
+        rt__rules_ack_durable(wk->ack_pid, wk->ack_token, RT_ENOPROC);
 }
 
 static const char *worker_tag_name(uint32_t tag)
@@ -479,10 +604,14 @@ static const char *worker_tag_name(uint32_t tag)
         return "rule_work";
     case RT_RULES_TAG_FLUSH:
         return "rule_flush";
-    case RT_RULES_TAG_STOP:
-        return "rule_stop";
+    case RT_RULES_TAG_RESUBMIT:
+        return "rule_resubmit";
+    case RT_RULES_TAG_FRESH:
+        return "rule_fresh_state";
     case RT_SINK_MSG_COMMITTED:
         return "sink_committed";
+    case RT_MSG_EXIT:
+        return "exit";
     }
     return "";
 }
@@ -495,4 +624,5 @@ const rt_actor_type_t rt__rule_worker_type = {
     .trace = worker_trace,
     .terminate = worker_terminate,
     .tag_name = worker_tag_name,
+    .dead_letter = worker_dead_letter,
 };

@@ -495,6 +495,37 @@ static bool held_ready(const rt_actor_t *a)
 }
 
 /*
+** A message a will never handle: a user message goes to its type's dead_letter
+** (unless the runtime is stopping: nobody waits for answers then), then it is
+** freed. Returns 1 for a dead letter, 0 for a wake-up marker.
+*/
+static uint64_t drop_unhandled(rt_actor_t *a, rt_msg_t *m)
+{
+    if (m->tag == RT_SIG_WAKE) {
+        rt_msg_free(m);
+        return 0;
+    }
+    if (m->tag == RT_MSG_SOCKET)
+        rt__sock_msg_dropped(m);
+    else if (m->tag >= RT_MSG_USER && a->type->dead_letter &&
+             !atomic_load_explicit(&rt__rt->stopping, memory_order_relaxed))
+        a->type->dead_letter(a->state, m);
+    rt_msg_free(m);
+    return 1;
+}
+
+/* Owner only, once a is dead: what is in its mailbox now. */
+static void drain_mailbox(rt_actor_t *a)
+{
+    uint64_t dead = 0;
+    rt_msg_t *m;
+    while ((m = mbox_pop(a)) != NULL)
+        dead += drop_unhandled(a, m);
+    if (dead)
+        atomic_fetch_add_explicit(&rt__rt->dead_letters, dead, memory_order_relaxed);
+}
+
+/*
 ** Runs after the thread has left every other reference to a: drains what was
 ** sent to it between its exit and the end of the grace period. A link or a
 ** monitor that raced with the exit is answered with noproc, as in Erlang.
@@ -513,17 +544,7 @@ static void reclaim_actor(rt_retired_t *r)
         rt_msg_free(s);
         s = next;
     }
-    uint64_t dead = 0;
-    rt_msg_t *m;
-    while ((m = mbox_pop(a)) != NULL) {
-        if (m->tag != RT_SIG_WAKE)
-            dead++;
-        if (m->tag == RT_MSG_SOCKET)
-            rt__sock_msg_dropped(m);
-        rt_msg_free(m);
-    }
-    if (dead)
-        atomic_fetch_add_explicit(&rt__rt->dead_letters, dead, memory_order_relaxed);
+    drain_mailbox(a);
     free(atomic_load_explicit(&a->heap, memory_order_relaxed));
     rt_idpool_free(&rt__rt->ids, (uint32_t)a->pid);
     uint8_t slab_class = a->slab_class;
@@ -544,10 +565,8 @@ static void actor_exit(rt_actor_t *a)
     }
     rt__sock_close_all(a);
     uint64_t held = 0;
-    while (a->held) {
-        rt_msg_free(unhold(a));
-        held++;
-    }
+    while (a->held)
+        held += drop_unhandled(a, unhold(a));
     if (held)
         atomic_fetch_add_explicit(&rt->dead_letters, held, memory_order_relaxed);
     /* Released before links hear of the exit, so a restarted child can take the name. */
@@ -556,6 +575,10 @@ static void actor_exit(rt_actor_t *a)
     /* Signals that arrived before DEAD was visible still count (a link made just now must
        hear about this exit); later ones are answered by reclaim_actor. */
     process_signals(a);
+    /* The mailbox's lost messages are reported before links hear of the exit, so a
+       supervisor restarts the actor after its senders were told; what a sender pushes
+       from here on (it found the actor before DEAD) is reported by reclaim_actor. */
+    drain_mailbox(a);
     for (uint32_t i = 0; i < a->nrels; i++) {
         rt_rel_t *r = &a->rels[i];
         switch (r->kind) {
@@ -1062,6 +1085,32 @@ bool rt_alive(rt_pid_t pid)
     bool alive = rt__lookup(pid) != NULL;
     leave_any(ext);
     return alive;
+}
+
+bool rt__is_type(rt_pid_t pid, const rt_actor_type_t *type)
+{
+    bool ext = enter_any();
+    rt_actor_t *a = rt__lookup(pid);
+    bool is = a && a->type == type;
+    leave_any(ext);
+    return is;
+}
+
+int rt__pin_state(rt_pid_t pid, const rt_actor_type_t *type, void **state, bool *external)
+{
+    *external = enter_any();
+    rt_actor_t *a = rt__lookup(pid);
+    if (a && a->type == type) {
+        *state = a->state;
+        return 0;
+    }
+    leave_any(*external);
+    return a ? RT_EINVAL : RT_ENOPROC;
+}
+
+void rt__unpin_state(bool external)
+{
+    leave_any(external);
 }
 
 rt_actor_t *rt_current(void)

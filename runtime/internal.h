@@ -300,6 +300,15 @@ int rt__slots_init(rt_runtime_t *rt);
 void rt__slots_destroy(rt_runtime_t *rt);
 /* Returns the live actor for pid, or NULL; caller must be inside an EBR region. */
 rt_actor_t *rt__lookup(rt_pid_t pid);
+/* Whether pid is a live actor of type (any thread). */
+bool rt__is_type(rt_pid_t pid, const rt_actor_type_t *type);
+/*
+** Keeps a live actor of type allocated (an EBR region) and gives its state, for reading
+** under a lock of the state's own: 0, then rt__unpin_state(*external) when done;
+** RT_ENOPROC (no such actor) or RT_EINVAL (another type), with nothing to undo.
+*/
+int rt__pin_state(rt_pid_t pid, const rt_actor_type_t *type, void **state, bool *external);
+void rt__unpin_state(bool external);
 
 /* Actors (actor.c) */
 void rt__schedule(rt_actor_t *a);                 /* its mailbox just became non-empty */

@@ -42,7 +42,19 @@ typedef int32_t rt_reason_t;
 #define RT_REASON_ERROR 7      /* the actor reported an error */
 #define RT_REASON_USER 100
 
+/* The reason's name: "normal", "killed", ..., a word given to rt_reason_parse, else "user". */
 const char *rt_reason_name(rt_reason_t reason);
+/*
+** The reason a word names, for exit reasons typed by people (rtctl's exit signals):
+** the names above (normal, kill, shutdown, ...), or any other word of 1 to
+** RT_REASON_WORD_MAX - 1 letters, digits and underscores, starting with a letter, which
+** becomes a reason of its own that rt_reason_name gives back (the same word, the same
+** reason). 0; RT_EINVAL for a malformed word; RT_ELIMIT once RT_REASON_WORDS_MAX words
+** are taken. Any thread.
+*/
+#define RT_REASON_WORD_MAX 32  /* bytes of a word, NUL included */
+#define RT_REASON_WORDS_MAX 64 /* distinct words a process may turn into reasons */
+int rt_reason_parse(const char *word, rt_reason_t *out);
 
 /* ---- Messages ---- */
 /* Tags below RT_MSG_USER are the runtime's; user tags start at RT_MSG_USER. */
@@ -141,6 +153,16 @@ typedef struct rt_actor_type_s {
     void (*terminate)(rt_actor_t *self, void *state, rt_reason_t reason);
     /* Names a message tag for introspection ("current handler"); optional. */
     const char *(*tag_name)(uint32_t tag);
+    /*
+    ** Optional: called once for each user message (tag >= RT_MSG_USER) the actor never
+    ** handled, those left in its mailbox when it exited and those sent as it exited, so
+    ** that whoever waits for an answer to one can be told it is lost. It runs after
+    ** terminate, outside any actor callback, on any thread, possibly concurrently with a
+    ** new incarnation of the actor; state is the dead actor's state as terminate left it,
+    ** to read only. It may send and take the message's binary, never keep the envelope.
+    ** Not called once rt_shutdown has begun: nobody waits for an answer then.
+    */
+    void (*dead_letter)(void *state, rt_msg_t *msg);
     uint32_t flags;
     /*
     ** Bytes after the state (a multiple of 16, at most RT_HEAP_INLINE_MAX) where the
@@ -164,6 +186,9 @@ typedef struct rt_spawn_opts_s {
 int rt_spawn(const rt_actor_type_t *type, void *arg, rt_pid_t *out);
 int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts,
                  rt_pid_t *out);
+
+/* "<slot.generation>", the way rtd's log and rtctl show pid (rtctl reads it back). */
+void rt_pid_text(rt_pid_t pid, char *out, size_t n);
 
 /* Whether pid names a live actor right now (it may exit a moment later). */
 bool rt_alive(rt_pid_t pid);
@@ -415,6 +440,8 @@ void rt_shutdown(void);
 
 /* Waits until no actor is alive, up to timeout_ms; returns 0 or RT_EAGAIN. */
 int rt_wait_idle(uint64_t timeout_ms);
+/* From outside any actor: waits until pid has exited, up to timeout_ms; 0 or RT_EAGAIN. */
+int rt_wait_exit(rt_pid_t pid, uint64_t timeout_ms);
 
 typedef struct rt_stats_s {
     uint64_t spawned;
@@ -485,32 +512,119 @@ size_t rt_snapshot_actors(void (*fn)(const rt_actor_info_t *info, void *ud), voi
 size_t rt_snapshot_schedulers(rt_sched_info_t *out, size_t max);
 int rt_actor_info(rt_pid_t pid, rt_actor_info_t *out);
 
-/* ---- Supervisors (Erlang OTP supervisor semantics, restart one_for_one/one_for_all) ---- */
+/* ---- Supervisors (Erlang OTP supervisor semantics, restart one_for_one/one_for_all) ----
+**
+** A supervisor traps exits, starts its children in order (linked) and restarts
+** them by strategy: permanent always, transient after an abnormal exit (not
+** normal or shutdown), temporary never. More than intensity restarts within
+** period_ms and it gives up: it stops every child and exits with
+** RT_REASON_SHUTDOWN, so its own supervisor restarts it or, past its intensity
+** in turn, gives up too (OTP's escalation). A supervisor whose parent (or anyone:
+** exit/2) sends it an exit signal other than normal stops its children in
+** reverse start order, one at a time: exit(child, shutdown), and kill once the
+** child's shutdown_ms pass without its exit; then it exits with that reason.
+*/
 typedef enum { RT_PERMANENT, RT_TRANSIENT, RT_TEMPORARY } rt_restart_t;
 typedef enum { RT_ONE_FOR_ONE, RT_ONE_FOR_ALL } rt_strategy_t;
 
+#define RT_SUP_SHUTDOWN_MS_DEFAULT 5000 /* ms a stopped child has to exit (OTP: workers) */
+
+/*
+** A child's start function (OTP's start_link), for a child that needs more than a
+** spawn (a socket bound again, a state rebuilt): it starts the actor with
+** rt_spawn_opt(type, its arg, opts, out). opts links the child to the supervisor and
+** carries the child's name and max_heap. Runs in the supervisor's turn.
+*/
+typedef int (*rt_child_start_t)(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out);
+
+/* Names and args are kept by pointer: they must outlive the supervisor. */
 typedef struct rt_child_spec_s {
-    const char *name; /* the child is registered under this name (optional), so
-                         rt_whereis finds its current incarnation */
-    const rt_actor_type_t *type;
+    const char *name;            /* the child is registered under this name (optional), so
+                                    rt_whereis finds its current incarnation */
+    const rt_actor_type_t *type; /* spawned with arg ... */
+    rt_child_start_t start;      /* ... or started by this, with arg, when set */
     void *arg;
     rt_restart_t restart;
+    size_t max_heap;      /* bytes; 0: the runtime's default */
+    uint32_t shutdown_ms; /* how long a stop waits for its exit before killing it;
+                             0: RT_SUP_SHUTDOWN_MS_DEFAULT */
 } rt_child_spec_t;
+
+typedef enum {
+    RT_SUP_RESTARTED,    /* a child exited and runs again (pid: the new incarnation) */
+    RT_SUP_EXITED,       /* a child exited and stays down: temporary, transient after a
+                            normal exit, or stopped by rt_supervisor_terminate_child */
+    RT_SUP_START_FAILED, /* a restart's start failed (error): the supervisor gives up */
+    RT_SUP_GAVE_UP,      /* a restart past the intensity: the supervisor gives up */
+    RT_SUP_STOPPED,      /* the supervisor itself is exiting, for reason */
+} rt_sup_event_kind_t;
+
+/* What a supervisor reports to its spec's on_event (strings valid during the call). */
+typedef struct rt_sup_event_s {
+    rt_sup_event_kind_t kind;
+    rt_pid_t sup;
+    const char *sup_name; /* the supervisor's registered name, or "" */
+    const char *child;    /* the child's name, or "" (RT_SUP_STOPPED: "") */
+    rt_pid_t old_pid;     /* the child that exited */
+    rt_pid_t pid;         /* RT_SUP_RESTARTED: its new incarnation */
+    rt_reason_t reason;   /* why the child exited (RT_SUP_STOPPED: why the supervisor does) */
+    uint64_t restarts;    /* the child's restarts so far, this one included */
+    int error;            /* RT_SUP_START_FAILED: the start's code */
+    unsigned intensity;   /* the supervisor's limits, for a message that states them */
+    unsigned period_ms;
+} rt_sup_event_t;
 
 typedef struct rt_sup_spec_s {
     rt_strategy_t strategy;
-    unsigned intensity;  /* restarts allowed ... */
-    unsigned period_ms;  /* ... within this window, else the supervisor gives up */
-    size_t nchildren;
+    unsigned intensity;              /* restarts allowed ... */
+    unsigned period_ms;              /* ... within this window, else the supervisor gives up */
+    size_t nchildren;                /* may be 0: children come with rt_supervisor_start_child */
     const rt_child_spec_t *children; /* copied by the supervisor */
+    /* Optional, called in the supervisor's turn (say, to log restarts); must not block. */
+    void (*on_event)(const rt_sup_event_t *e, void *ud);
+    void *ud;
 } rt_sup_spec_t;
 
-/*
-** A supervisor traps exits, starts its children in order (linked) and restarts
-** them by strategy: permanent always, transient after an abnormal exit,
-** temporary never. More than intensity restarts within period_ms and the
-** supervisor terminates all children and exits with RT_REASON_SHUTDOWN.
-*/
 extern const rt_actor_type_t rt_supervisor_type; /* arg: const rt_sup_spec_t * */
+
+/*
+** OTP's supervisor:start_child: adds a child after the others and starts it; *out (may
+** be NULL) gets its pid. sup 0 starts it on its own, supervised by nobody (tests,
+** tools). From outside any actor: it waits for the supervisor's answer. 0; RT_ENOPROC
+** if sup is not a running supervisor; the child's start error (it is not added).
+*/
+int rt_supervisor_start_child(rt_pid_t sup, const rt_child_spec_t *spec, rt_pid_t *out);
+/*
+** OTP's supervisor:terminate_child: stops child as a stopping supervisor would (exit
+** shutdown, kill after its shutdown_ms) and keeps it down. sup 0: a child of nobody,
+** sent exit(shutdown). Returns once asked; rt_wait_exit waits for the exit.
+** RT_ENOPROC if sup is not running.
+*/
+int rt_supervisor_terminate_child(rt_pid_t sup, rt_pid_t child);
+
+typedef struct rt_sup_child_info_s {
+    char name[48]; /* as in its spec, or "" */
+    rt_pid_t pid;  /* 0: not running */
+    rt_restart_t restart;
+    bool supervisor; /* a supervisor itself: rt_supervisor_info answers for it */
+    uint64_t restarts;
+    rt_reason_t last_reason; /* why it last exited, when last_exit_ms != 0 */
+    uint64_t last_exit_ms;   /* wall clock (rt_wall_ms) of its last exit; 0: never */
+} rt_sup_child_info_t;
+
+typedef struct rt_sup_info_s {
+    rt_strategy_t strategy;
+    unsigned intensity, period_ms;
+    uint64_t restarts; /* all its children's */
+    size_t nchildren;  /* may be more than the max asked for */
+} rt_sup_info_t;
+
+/*
+** A supervisor's settings and up to max of its children in start order, each copied
+** consistently (any thread; the supervisor is not stopped). 0; RT_ENOPROC if sup is
+** not alive; RT_EINVAL if it is not a supervisor.
+*/
+int rt_supervisor_info(rt_pid_t sup, rt_sup_info_t *info, rt_sup_child_info_t *children,
+                       size_t max);
 
 #endif

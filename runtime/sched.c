@@ -606,6 +606,19 @@ int rt_wait_idle(uint64_t timeout_ms)
     return rc;
 }
 
+int rt_wait_exit(rt_pid_t pid, uint64_t timeout_ms)
+{
+    RT_ASSERT(!rt_current()); /* an actor waiting here would hold up its scheduler */
+    /* Exits are not announced to outsiders: poll, at 1 ms, which is rtd's stop pace. */
+    for (uint64_t waited = 0; rt_alive(pid); waited++) {
+        if (waited >= timeout_ms)
+            return RT_EAGAIN;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return 0;
+}
+
 void rt_shutdown(void)
 {
     rt_runtime_t *rt = rt__rt;

@@ -4,7 +4,9 @@
 */
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "internal.h"
@@ -44,28 +46,78 @@ const char *rt_strerror(int code)
     }
 }
 
+/* The built-in reasons' names, indexed by reason. */
+static const char *const reason_names[] = {
+    [RT_REASON_NORMAL] = "normal",         [RT_REASON_KILL] = "kill",
+    [RT_REASON_KILLED] = "killed",         [RT_REASON_SHUTDOWN] = "shutdown",
+    [RT_REASON_HEAP_LIMIT] = "heap_limit", [RT_REASON_NOPROC] = "noproc",
+    [RT_REASON_INIT] = "init_failed",      [RT_REASON_ERROR] = "error",
+};
+#define NREASON_NAMES (sizeof(reason_names) / sizeof(reason_names[0]))
+
+/*
+** Words made into reasons (rt_reason_parse): word i is the reason RT_REASON_WORDS + i.
+** Entries are written once, under the lock, before nwords publishes them, so a reader
+** needs only nwords. The range sits far above what programs number from RT_REASON_USER.
+*/
+#define RT_REASON_WORDS (1 << 24)
+static char words[RT_REASON_WORDS_MAX][RT_REASON_WORD_MAX];
+static atomic_int nwords;
+static rt_spinlock_t words_lock;
+
 const char *rt_reason_name(rt_reason_t reason)
 {
-    switch (reason) {
-    case RT_REASON_NORMAL:
-        return "normal";
-    case RT_REASON_KILL:
-        return "kill";
-    case RT_REASON_KILLED:
-        return "killed";
-    case RT_REASON_SHUTDOWN:
-        return "shutdown";
-    case RT_REASON_HEAP_LIMIT:
-        return "heap_limit";
-    case RT_REASON_NOPROC:
-        return "noproc";
-    case RT_REASON_INIT:
-        return "init_failed";
-    case RT_REASON_ERROR:
-        return "error";
-    default:
-        return reason >= RT_REASON_USER ? "user" : "unknown";
+    if (reason >= 0 && (size_t)reason < NREASON_NAMES)
+        return reason_names[reason];
+    int i = reason - RT_REASON_WORDS;
+    if (i >= 0 && i < atomic_load_explicit(&nwords, memory_order_acquire))
+        return words[i];
+    return reason >= RT_REASON_USER ? "user" : "unknown";
+}
+
+static bool word_ok(const char *w, size_t n)
+{
+    if (n == 0 || n >= RT_REASON_WORD_MAX ||
+        !((w[0] >= 'a' && w[0] <= 'z') || (w[0] >= 'A' && w[0] <= 'Z')))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((w[i] >= 'a' && w[i] <= 'z') || (w[i] >= 'A' && w[i] <= 'Z') ||
+              (w[i] >= '0' && w[i] <= '9') || w[i] == '_'))
+            return false;
+    return true;
+}
+
+int rt_reason_parse(const char *word, rt_reason_t *out)
+{
+    size_t n = word ? strnlen(word, RT_REASON_WORD_MAX) : 0;
+    if (!word_ok(word, n))
+        return RT_EINVAL;
+    for (size_t r = 0; r < NREASON_NAMES; r++) {
+        if (strcmp(reason_names[r], word) == 0) {
+            *out = (rt_reason_t)r;
+            return 0;
+        }
     }
+    rt__spin_lock(&words_lock);
+    int k = atomic_load_explicit(&nwords, memory_order_relaxed), i = 0;
+    while (i < k && strcmp(words[i], word) != 0)
+        i++;
+    int rc = 0;
+    if (i == k && k == RT_REASON_WORDS_MAX) {
+        rc = RT_ELIMIT;
+    } else if (i == k) {
+        memcpy(words[k], word, n + 1);
+        atomic_store_explicit(&nwords, k + 1, memory_order_release);
+    }
+    rt__spin_unlock(&words_lock);
+    if (rc == 0)
+        *out = RT_REASON_WORDS + i;
+    return rc;
+}
+
+void rt_pid_text(rt_pid_t pid, char *out, size_t n)
+{
+    snprintf(out, n, "<%u.%u>", (unsigned)(uint32_t)pid, (unsigned)(pid >> 32));
 }
 
 const char *rt_status_name(rt_actor_status_t s)

@@ -2,7 +2,9 @@
 ** The admin socket's listening side: the socket file (private, and never taken
 ** from another live rtd) and the listener actor that accepts rtctl's connections
 ** on it, one admin_conn actor each, linked so that they end with it. The
-** listener's tick also samples scheduler utilisation for `vm`.
+** listener's tick also samples scheduler utilisation for `vm`. The listener and
+** the worker are the children of the group supervisor RT_ADMIN_GROUP; each start
+** of the listener binds the socket file again.
 */
 #define _GNU_SOURCE /* O_PATH */
 #include <errno.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "admin_impl.h"
+#include "group.h"
 #include "log.h"
 
 #define RT_ADMIN_SAMPLE_MS 1000 /* the listener's tick: scheduler utilisation for `vm` */
@@ -31,7 +34,9 @@ static struct {
     dev_t dev;           /* its inode, so a stop never removes another rtd's socket */
     ino_t ino;
     uint64_t started_ms; /* CLOCK_MONOTONIC */
-    rt_pid_t listener;
+    rt_pid_t sup;        /* the supervisor the admin group runs under (0: none) */
+    char err[PATH_MAX + 256]; /* why the listener's last start failed */
+    bool restarting;          /* the listener started once: its next start is a restart */
     pthread_mutex_t util_lock;
     size_t nutil;
     double util[RT_ADMIN_SCHED_MAX];
@@ -60,6 +65,8 @@ size_t rt__admin_sched_util(double *util, size_t max)
 
 typedef struct {
     rt_sock_t *sock;
+    rt_pid_t *conns; /* its connections, to tell their exits from exit signals */
+    size_t nconns, capconns;
     uint64_t prev_busy[RT_ADMIN_SCHED_MAX], prev_wall[RT_ADMIN_SCHED_MAX];
 } admin_listener_t;
 
@@ -97,12 +104,32 @@ static int admin_listener_init(rt_actor_t *self, void *state, void *arg)
     return 0;
 }
 
+/*
+** A connection's exit (normal or not) leaves the listener running; an exit signal from
+** anyone else (its supervisor's stop, exit/2) ends it as if it did not trap exits.
+*/
+static void on_exit_signal(rt_actor_t *self, admin_listener_t *l, const rt_exit_msg_t *e)
+{
+    for (size_t i = 0; i < l->nconns; i++) {
+        if (l->conns[i] == e->from) {
+            l->conns[i] = l->conns[--l->nconns];
+            return;
+        }
+    }
+    if (e->reason != RT_REASON_NORMAL)
+        rt_exit(self, e->reason);
+}
+
 static void admin_listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     admin_listener_t *l = state;
     if (m->tag == MSG_TICK) {
         sample_schedulers(l);
         rt_send_after_tag(RT_ADMIN_SAMPLE_MS, rt_self(self), MSG_TICK, NULL);
+        return;
+    }
+    if (m->tag == RT_MSG_EXIT) {
+        on_exit_signal(self, l, (const rt_exit_msg_t *)(const void *)m->data);
         return;
     }
     if (m->tag != RT_MSG_SOCKET)
@@ -118,16 +145,22 @@ static void admin_listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         }
         rt_pid_t pid;
         rt_spawn_opts_t opts = {.link = true};
-        if (rt_spawn_opt(&rt__admin_conn_type, (void *)(intptr_t)fd, &opts, &pid) != 0)
+        if (rt_grow(&l->conns, &l->capconns, l->nconns + 1, sizeof(*l->conns), 8) != 0 ||
+            rt_spawn_opt(&rt__admin_conn_type, (void *)(intptr_t)fd, &opts, &pid) != 0) {
+            close(fd);
             rt_log(RT_LOG_WARNING, "admin.refused", "cannot start an admin connection");
+            continue;
+        }
+        l->conns[l->nconns++] = pid;
     }
 }
 
 static void admin_listener_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     (void)self;
-    (void)state;
     (void)reason;
+    admin_listener_t *l = state;
+    free(l->conns);
     struct stat st;
     if (lstat(A.path, &st) == 0 && st.st_dev == A.dev && st.st_ino == A.ino)
         unlink(A.path);
@@ -135,7 +168,10 @@ static void admin_listener_terminate(rt_actor_t *self, void *state, rt_reason_t 
 
 static const char *admin_listener_tag_name(uint32_t tag)
 {
-    return tag == MSG_TICK ? "tick" : tag == RT_MSG_SOCKET ? "accept" : "";
+    return tag == MSG_TICK        ? "tick"
+           : tag == RT_MSG_SOCKET ? "accept"
+           : tag == RT_MSG_EXIT   ? "exit"
+                                  : "";
 }
 
 static const rt_actor_type_t admin_listener_type = {
@@ -246,27 +282,52 @@ static int bind_socket(const char *path, int *out, char *err, size_t errlen)
     return 0;
 }
 
-int rt_admin_start(rt_conf_t *conf, const char *version, char *err, size_t errlen)
+/* The listener's start (each restart too): the socket file is bound again, then adopted. */
+static int admin_listener_start(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
+{
+    (void)arg;
+    int fd;
+    int rc = bind_socket(A.path, &fd, A.err, sizeof(A.err));
+    if (rc == 0 && (rc = rt_spawn_opt(&admin_listener_type, (void *)(intptr_t)fd, opts, out))) {
+        snprintf(A.err, sizeof(A.err), "admin socket %s: cannot start its listener: %s", A.path,
+                 rt_strerror(rc));
+        close(fd);
+        unlink(A.path);
+    }
+    if (rc && A.restarting) /* the first start's error goes to rt_admin_start's caller */
+        rt_log(RT_LOG_ERROR, "admin.failed", "%s", A.err);
+    A.restarting = rc == 0;
+    return rc;
+}
+
+int rt_admin_start(rt_conf_t *conf, const char *version, rt_pid_t sup, char *err, size_t errlen)
 {
     rt__admin_live_init(conf);
     A.version = version;
     A.started_ms = rt_mono_ms();
+    A.sup = sup;
     if (conf->admin_socket[0])
         snprintf(A.path, sizeof(A.path), "%s", conf->admin_socket);
     else
         snprintf(A.path, sizeof(A.path), "%s/rtd.sock", conf->data_dir);
-    int fd;
-    int rc = bind_socket(A.path, &fd, err, errlen);
-    if (rc)
-        return rc;
-    rc = rt__admin_worker_start();
-    if (rc == 0 && (rc = rt_spawn(&admin_listener_type, (void *)(intptr_t)fd, &A.listener)) != 0)
-        rt__admin_worker_stop();
+    /* The worker before the listener: a connection hands it commands at once. */
+    rt_child_spec_t listener = {
+        .name = "admin", .start = admin_listener_start, .restart = RT_PERMANENT};
+    rt_pid_t group;
+    A.err[0] = 0;
+    A.restarting = false;
+    int rc = rt_group_start(sup, RT_ADMIN_GROUP, RT_PERMANENT, &group);
+    if (rc == 0)
+        rc = rt__admin_worker_start(group);
+    if (rc == 0)
+        rc = rt_supervisor_start_child(group, &listener, NULL);
     if (rc) {
-        snprintf(err, errlen, "admin socket %s: cannot start its actors: %s", A.path,
-                 rt_strerror(rc));
-        close(fd);
-        unlink(A.path);
+        if (A.err[0])
+            snprintf(err, errlen, "%s", A.err);
+        else
+            snprintf(err, errlen, "admin socket %s: cannot start its actors: %s", A.path,
+                     rt_strerror(rc));
+        rt_group_stop(sup, RT_ADMIN_GROUP);
         return rc;
     }
     rt_log(RT_LOG_INFO, "admin.started", "socket=%s", A.path);
@@ -275,7 +336,5 @@ int rt_admin_start(rt_conf_t *conf, const char *version, char *err, size_t errle
 
 void rt_admin_stop(void)
 {
-    if (A.listener)
-        rt_exit_signal(A.listener, RT_REASON_SHUTDOWN);
-    rt__admin_worker_stop();
+    rt_group_stop(A.sup, RT_ADMIN_GROUP);
 }

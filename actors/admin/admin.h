@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "rt.h"
 
 #define RT_ADMIN_LINE_MAX (64 * 1024) /* bytes in one request line */
 #define RT_ADMIN_ARGS_MAX 64          /* words in one request */
@@ -24,18 +25,23 @@
 */
 #define RT_ADMIN_OUT_MAX (256 * 1024)
 
+#define RT_ADMIN_GROUP "admin_sup" /* the admin actors' supervisor (group.h) */
+
 /*
 ** Binds the socket (conf->admin_socket, or data_dir/rtd.sock) and starts the
-** admin actors. Refuses (RT_EEXIST) when another process answers on the path;
+** admin actors, the listener and the worker, permanent children of the group
+** supervisor RT_ADMIN_GROUP under sup (0: of nobody); a restarted listener binds
+** the socket again. Refuses (RT_EEXIST) when another process answers on the path;
 ** replaces a stale socket file left by a crash; never removes anything that is
 ** not a socket. conf must outlive the admin actors (rtd's lives in main);
-** `rtctl config set` changes it (under a lock of its own).
+** `rtctl config set` changes it (under a lock of its own). From outside any actor.
 */
-int rt_admin_start(rt_conf_t *conf, const char *version, char *err, size_t errlen);
+int rt_admin_start(rt_conf_t *conf, const char *version, rt_pid_t sup, char *err, size_t errlen);
 /*
 ** Stops answering: the listener (and with it every admin connection) and the
 ** worker end, and the socket file goes. rtd stops it first, so no command runs
-** against a broker half stopped; rt_shutdown would end the actors too.
+** against a broker half stopped; rt_shutdown would end the actors too. From
+** outside any actor: it waits for them.
 */
 void rt_admin_stop(void);
 

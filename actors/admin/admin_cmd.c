@@ -713,6 +713,8 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
      "actors list [--limit N] [--sort KEY]"},
     {"actors", "info", rt__admin_actors_info, 0, "actors info PID"},
+    {"actors", "kill", rt__admin_actors_kill, RT_ADMIN_BLOCKING, "actors kill PID [REASON]"},
+    {"tree", NULL, rt__admin_tree, RT_ADMIN_BLOCKING, "tree"},
     {"rules", NULL, cmd_rules_list, 0, NULL},
     {"rules", "list", cmd_rules_list, 0, "rules list"},
     {"rules", "show", cmd_rules_show, 0, "rules show NAME"},

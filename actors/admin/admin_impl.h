@@ -2,7 +2,7 @@
 ** Internals shared by the admin socket's files: admin.c (the socket and its
 ** listener), admin_conn.c (one rtctl client), admin_worker.c (blocking commands),
 ** admin_request.c (parsing, running, rendering), admin_live.c (changes to a running
-** rtd), and the commands: admin_cmd.c, admin_clients.c, admin_top.c.
+** rtd), and the commands: admin_cmd.c, admin_clients.c, admin_top.c, admin_tree.c.
 */
 #ifndef RT_ADMIN_IMPL_H
 #define RT_ADMIN_IMPL_H
@@ -105,8 +105,8 @@ typedef struct rt_admin_job_done_s {
     int code;
 } rt_admin_job_done_t;
 
-int rt__admin_worker_start(void);
-void rt__admin_worker_stop(void);
+/* Starts the worker as a permanent child of the supervisor group. */
+int rt__admin_worker_start(rt_pid_t group);
 /*
 ** From a connection actor: hands the worker a request line (copied), answered to
 ** the caller with RT_ADMIN_MSG_JOB_DONE carrying cookie. 0, or RT_ENOMEM or
@@ -147,6 +147,10 @@ int rt__admin_clients_show(rt_admin_cmd_t *c);
 int rt__admin_clients_kick(rt_admin_cmd_t *c);
 int rt__admin_subscriptions(rt_admin_cmd_t *c);
 int rt__admin_topics(rt_admin_cmd_t *c);
+
+/* ---- admin_tree.c: the supervision tree, exit signals (on the worker) ---- */
+int rt__admin_tree(rt_admin_cmd_t *c);
+int rt__admin_actors_kill(rt_admin_cmd_t *c);
 
 /* ---- admin_top.c ---- */
 int rt__admin_top(rt_admin_cmd_t *c);

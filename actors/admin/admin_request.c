@@ -268,7 +268,7 @@ int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, l
 
 void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n)
 {
-    snprintf(out, n, "<%u.%u>", (unsigned)(uint32_t)pid, (unsigned)(pid >> 32));
+    rt_pid_text(pid, out, n);
 }
 
 int rt__admin_parse_pid(const char *s, rt_pid_t *out)

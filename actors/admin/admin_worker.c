@@ -25,11 +25,11 @@ typedef struct {
 } worker_t;
 
 /*
-** Written by rt__admin_worker_start before the listener (and so any connection)
-** starts; it stays after the worker exits: a request sent then is a counted dead
-** letter, and its connection answers 503.
+** Written by each start of the worker, the first before the listener (and so any
+** connection) starts. A request sent while it is dead is refused, and its connection
+** answers 503; one it never got to is answered 503 by worker_dead_letter.
 */
-static rt_pid_t worker_pid;
+static _Atomic rt_pid_t worker_pid;
 
 /* The previous sample's slot for conn (a new empty one if none), or NULL on OOM. */
 static rt_admin_top_t **worker_top(worker_t *w, rt_pid_t conn)
@@ -86,6 +86,31 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     rt_buf_free(&body);
 }
 
+static int worker_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)state;
+    (void)arg;
+    atomic_store(&worker_pid, rt_self(self));
+    return 0;
+}
+
+/* A job the worker died before running: its connection gets an answer, not silence. */
+static void worker_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag != RT_ADMIN_MSG_JOB || m->len < sizeof(uint64_t))
+        return;
+    static const char why[] = "the admin worker stopped before running the command\n";
+    rt_msg_t *r = rt_msg_new(RT_ADMIN_MSG_JOB_DONE, sizeof(rt_admin_job_done_t) + sizeof(why) - 1);
+    if (!r)
+        return;
+    rt_admin_job_done_t a = {.code = 503};
+    memcpy(&a.cookie, m->data, sizeof(a.cookie));
+    memcpy(r->data, &a, sizeof(a));
+    memcpy(r->data + sizeof(a), why, sizeof(why) - 1);
+    rt_send_msg(m->from, r);
+}
+
 static void worker_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     (void)self;
@@ -104,21 +129,18 @@ static const char *worker_tag_name(uint32_t tag)
 static const rt_actor_type_t worker_type = {
     .name = "admin_worker",
     .state_size = sizeof(worker_t),
+    .init = worker_init,
     .handle = worker_handle,
     .terminate = worker_terminate,
     .tag_name = worker_tag_name,
+    .dead_letter = worker_dead_letter,
     .flags = RT_TYPE_BLOCKING,
 };
 
-int rt__admin_worker_start(void)
+int rt__admin_worker_start(rt_pid_t group)
 {
-    return rt_spawn(&worker_type, NULL, &worker_pid);
-}
-
-void rt__admin_worker_stop(void)
-{
-    if (worker_pid)
-        rt_exit_signal(worker_pid, RT_REASON_SHUTDOWN);
+    rt_child_spec_t c = {.name = "admin_worker", .type = &worker_type, .restart = RT_PERMANENT};
+    return rt_supervisor_start_child(group, &c, NULL);
 }
 
 int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len)
@@ -130,10 +152,10 @@ int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len)
     memcpy(m->data, &cookie, sizeof(cookie));
     memcpy(m->data + sizeof(cookie), line, len);
     m->data[sizeof(cookie) + len] = 0;
-    return rt_send_msg(worker_pid, m);
+    return rt_send_msg(atomic_load(&worker_pid), m);
 }
 
 bool rt__admin_on_worker(const rt_actor_t *self)
 {
-    return self && rt_self(self) == worker_pid;
+    return self && rt_self(self) == atomic_load(&worker_pid);
 }

@@ -182,14 +182,22 @@ int rt_auth_login_quick(const rt_auth_addr_t *addr, const char *user, const uint
 #define RT_AUTH_VERIFIER_NAME "auth_verifier"
 #define RT_AUTH_MSG_VERIFY (RT_MSG_USER + 0x5500) /* the verifier's request (broker.h blocks) */
 
-/* The answer: data of the reply_tag message the asker chose. */
+/*
+** The answer: data of the reply_tag message the asker chose. RT_AUTH_PENDING means the
+** verifier died before deciding: ask again (a restarted one, or decide in place).
+*/
 typedef struct rt_auth_verdict_s {
-    int32_t result;    /* an rt_auth_result_t, never RT_AUTH_PENDING */
+    int32_t result;    /* an rt_auth_result_t */
     uint32_t delay_ms; /* as rt_auth_login's */
 } rt_auth_verdict_t;
 
-/* Spawns the verifier (the broker does, at start): 0 or an rt_spawn error. */
-int rt_auth_verifier_start(void);
+#define RT_AUTH_GROUP "auth_sup" /* the verifier's supervisor (group.h) */
+
+/*
+** Starts the verifier (the broker does, at start), the permanent child of the group
+** supervisor RT_AUTH_GROUP under sup (0: of nobody): 0 or an rt_spawn error.
+*/
+int rt_auth_verifier_start(rt_pid_t sup);
 
 /*
 ** From an actor: asks the verifier to decide a login (arguments as

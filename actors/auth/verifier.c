@@ -8,6 +8,7 @@
 #include <openssl/crypto.h>
 
 #include "auth_impl.h"
+#include "group.h"
 
 /*
 ** A request: the connection that asked is m->from. The user name and password
@@ -44,6 +45,19 @@ static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     rt_consume(self, 100); /* one hash is worth many ordinary messages in rtctl top */
 }
 
+/* A request the verifier died before deciding: the connection asks again. */
+static void verifier_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag != RT_AUTH_MSG_VERIFY || m->len < sizeof(verify_req_t))
+        return;
+    verify_req_t q;
+    memcpy(&q, m->data, sizeof(q));
+    OPENSSL_cleanse(m->data, m->len);
+    rt_auth_verdict_t v = {.result = RT_AUTH_PENDING};
+    rt_send(m->from, q.reply_tag, &v, sizeof(v));
+}
+
 static const char *verifier_tag_name(uint32_t tag)
 {
     return tag == RT_AUTH_MSG_VERIFY ? "verify" : "";
@@ -53,14 +67,17 @@ static const rt_actor_type_t verifier_type = {
     .name = "auth_verifier",
     .handle = verifier_handle,
     .tag_name = verifier_tag_name,
+    .dead_letter = verifier_dead_letter,
     .flags = RT_TYPE_BLOCKING,
 };
 
-int rt_auth_verifier_start(void)
+int rt_auth_verifier_start(rt_pid_t sup)
 {
-    rt_spawn_opts_t opts = {.name = RT_AUTH_VERIFIER_NAME};
-    rt_pid_t pid;
-    return rt_spawn_opt(&verifier_type, NULL, &opts, &pid);
+    rt_pid_t group;
+    rt_child_spec_t c = {
+        .name = RT_AUTH_VERIFIER_NAME, .type = &verifier_type, .restart = RT_PERMANENT};
+    int rc = rt_group_start(sup, RT_AUTH_GROUP, RT_PERMANENT, &group);
+    return rc ? rc : rt_supervisor_start_child(group, &c, NULL);
 }
 
 int rt_auth_login_async(uint32_t reply_tag, const rt_auth_addr_t *addr, const char *user,

@@ -140,6 +140,8 @@ static const setting_t settings[] = {
     INT(rule_output_rows, 1, 1e7, "rows one rule call may return"),
     INT(rule_output_bytes, 1024, 1e11, "BSON bytes of the rows one rule call may return"),
     INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
+    INT(restart_intensity, 0, 1000, "restarts a supervisor allows within restart_period"),
+    INT(restart_period, 1, 3600, "seconds; a supervisor past its intensity in it gives up"),
     PATH(data_dir, "directory for persistent state (mode 0700, its files 0600)"),
     PATH(admin_socket, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"),
     {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
@@ -202,6 +204,8 @@ void rt_conf_defaults(rt_conf_t *c)
     c->rule_output_rows = RT_CONF_RULE_OUTPUT_ROWS;
     c->rule_output_bytes = RT_CONF_RULE_OUTPUT_BYTES;
     c->sys_interval = 10;
+    c->restart_intensity = RT_CONF_RESTART_INTENSITY;
+    c->restart_period = RT_CONF_RESTART_PERIOD;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
     snprintf(c->log_level, sizeof(c->log_level), "info");
 }

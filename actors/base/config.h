@@ -72,6 +72,17 @@ typedef struct rt_listen_s {
 ** times, so its BSON can dwarf what the Lua state holds.
 */
 #define RT_CONF_RULE_OUTPUT_BYTES (16 << 20)
+/*
+** The restart intensity of every group supervisor (restart_intensity restarts within
+** restart_period seconds; actors/base/group.h). Five in ten seconds is more than
+** one-off failures explain (an operator's kill, a heap limit hit by one burst, a
+** sink killed mid-replay), and fewer than a crash loop makes: a restart takes
+** milliseconds, so a child that dies as it starts passes five within a second and
+** rtd stops (exit 3, for systemd to start it clean) instead of spinning. Ten
+** seconds still catches a loop paced by a backoff of a few seconds.
+*/
+#define RT_CONF_RESTART_INTENSITY 5
+#define RT_CONF_RESTART_PERIOD 10
 #define RT_CONF_MAX_SECTIONS 8
 #define RT_CONF_MAX_SECTION_KEYS 24
 #define RT_CONF_KEY_LEN 48
@@ -159,6 +170,8 @@ typedef struct rt_conf_s {
 
     /* Operations. */
     long sys_interval;         /* seconds between $SYS updates; 0: no $SYS tree */
+    long restart_intensity;    /* restarts a group supervisor allows (actors/base/group.h) */
+    long restart_period;       /* ... within this many seconds */
     char data_dir[256];
     char log_level[16];        /* error, warning, info, debug */
     char admin_socket[256];    /* rtctl's unix socket; "" = data_dir/rtd.sock */

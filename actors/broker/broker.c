@@ -13,13 +13,16 @@
 
 rt_broker_t *rt_broker;
 
-#define CLIENTS_CAP_MIN 1024 /* the client table's first bucket count (a power of 2) */
+#define CLIENTS_CAP_MIN 1024 /* the client table's first slot count (a power of 2) */
 
-typedef struct rt_client_entry_s {
-    struct rt_client_entry_s *next;
+/*
+** One client table slot: 16 bytes and no allocation per client. The id is the holder's
+** own string (broker.h says for how long it must stay), so the table copies nothing.
+*/
+typedef struct rt_client_slot_s {
+    const char *id; /* NULL: the slot is free */
     rt_pid_t pid;
-    char id[];
-} rt_client_entry_t;
+} rt_client_slot_t;
 
 static void live_init(rt_broker_t *b);
 static void metrics_reset(void);
@@ -65,14 +68,6 @@ void rt_broker_free(void)
     if (!b)
         return;
     RT_ASSERT(no_actor_alive());
-    for (size_t i = 0; i < b->clients_cap; i++) {
-        rt_client_entry_t *e = b->clients[i];
-        while (e) {
-            rt_client_entry_t *next = e->next;
-            free(e);
-            e = next;
-        }
-    }
     free(b->clients);
     rt_trie_free(b->trie);
     rt_retained_free(b->retained);
@@ -181,41 +176,62 @@ static void clients_unlock(rt_broker_t *b)
 }
 
 /* Client ids are the client's choice: the keyed hash keeps their collisions unplannable. */
-static size_t client_bucket(const char *id, size_t cap)
+static size_t client_home(const char *id, size_t cap)
 {
     return (size_t)rt_hash(id, strlen(id)) & (cap - 1);
 }
 
-static rt_client_entry_t *find_client(rt_broker_t *b, const char *id)
+/* The slot holding id, or the free slot where it would go (the table is never full). */
+static rt_client_slot_t *find_slot(rt_broker_t *b, const char *id)
 {
     RT_ASSERT(CLIENTS_HELD(b));
-    rt_client_entry_t *e = b->clients[client_bucket(id, b->clients_cap)];
-    while (e && strcmp(e->id, id) != 0)
-        e = e->next;
-    return e;
+    size_t mask = b->clients_cap - 1;
+    for (size_t i = client_home(id, b->clients_cap);; i = (i + 1) & mask) {
+        rt_client_slot_t *s = &b->clients[i];
+        if (!s->id || strcmp(s->id, id) == 0)
+            return s;
+    }
 }
 
-/* Doubles the bucket array once entries outnumber buckets; a failed grow keeps the old one. */
+/* Doubles the slots once they are three quarters full; a failed grow keeps the old ones. */
 static void grow_clients(rt_broker_t *b)
 {
     RT_ASSERT(CLIENTS_HELD(b));
-    size_t cap = b->clients_cap * 2;
-    rt_client_entry_t **nb = calloc(cap, sizeof(*nb));
-    if (!nb)
+    size_t cap = b->clients_cap * 2, mask = cap - 1;
+    rt_client_slot_t *ns = calloc(cap, sizeof(*ns));
+    if (!ns)
         return;
     for (size_t i = 0; i < b->clients_cap; i++) {
-        rt_client_entry_t *e = b->clients[i];
-        while (e) {
-            rt_client_entry_t *next = e->next;
-            size_t k = client_bucket(e->id, cap);
-            e->next = nb[k];
-            nb[k] = e;
-            e = next;
-        }
+        const rt_client_slot_t *s = &b->clients[i];
+        if (!s->id)
+            continue;
+        size_t k = client_home(s->id, cap);
+        while (ns[k].id)
+            k = (k + 1) & mask;
+        ns[k] = *s;
     }
     free(b->clients);
-    b->clients = nb;
+    b->clients = ns;
     b->clients_cap = cap;
+}
+
+/*
+** Empties slot i, then moves later entries of its probe run back into the hole where
+** their probe from home would otherwise stop short of them (no tombstones).
+*/
+static void delete_slot(rt_broker_t *b, size_t i)
+{
+    RT_ASSERT(CLIENTS_HELD(b));
+    size_t mask = b->clients_cap - 1;
+    for (size_t j = (i + 1) & mask; b->clients[j].id; j = (j + 1) & mask) {
+        size_t home = client_home(b->clients[j].id, b->clients_cap);
+        /* j's entry may fill the hole at i unless its home lies cyclically in (i, j]. */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            b->clients[i] = b->clients[j];
+            i = j;
+        }
+    }
+    b->clients[i] = (rt_client_slot_t){NULL, 0};
 }
 
 rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
@@ -223,23 +239,15 @@ rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
     rt_broker_t *b = rt_broker;
     rt_pid_t old = 0;
     clients_lock(b);
-    rt_client_entry_t *e = find_client(b, id);
-    if (e) {
-        old = e->pid;
-        e->pid = pid;
-    } else {
-        if (b->clients_len >= b->clients_cap)
-            grow_clients(b);
-        size_t len = strlen(id);
-        e = malloc(sizeof(*e) + len + 1);
-        if (e) {
-            size_t bucket = client_bucket(id, b->clients_cap);
-            memcpy(e->id, id, len + 1);
-            e->pid = pid;
-            e->next = b->clients[bucket];
-            b->clients[bucket] = e;
-            b->clients_len++;
-        }
+    if ((b->clients_len + 1) * 4 > b->clients_cap * 3)
+        grow_clients(b);
+    rt_client_slot_t *s = find_slot(b, id);
+    if (s->id) {
+        old = s->pid;
+        *s = (rt_client_slot_t){id, pid};             /* the old holder may free its string now */
+    } else if (b->clients_len + 1 < b->clients_cap) { /* a free slot must stay to end probes */
+        *s = (rt_client_slot_t){id, pid};
+        b->clients_len++;
     }
     clients_unlock(b);
     return old;
@@ -249,8 +257,7 @@ rt_pid_t rt_broker_lookup_client(const char *id)
 {
     rt_broker_t *b = rt_broker;
     clients_lock(b);
-    rt_client_entry_t *e = find_client(b, id);
-    rt_pid_t pid = e ? e->pid : 0;
+    rt_pid_t pid = find_slot(b, id)->pid;
     clients_unlock(b);
     return pid;
 }
@@ -259,17 +266,10 @@ void rt_broker_release_client(const char *id, rt_pid_t pid)
 {
     rt_broker_t *b = rt_broker;
     clients_lock(b);
-    for (rt_client_entry_t **pp = &b->clients[client_bucket(id, b->clients_cap)]; *pp;
-         pp = &(*pp)->next) {
-        if (strcmp((*pp)->id, id) == 0) {
-            rt_client_entry_t *e = *pp;
-            if (e->pid == pid) {
-                *pp = e->next;
-                free(e);
-                b->clients_len--;
-            }
-            break;
-        }
+    rt_client_slot_t *s = find_slot(b, id);
+    if (s->id && s->pid == pid) {
+        delete_slot(b, (size_t)(s - b->clients));
+        b->clients_len--;
     }
     clients_unlock(b);
 }
@@ -279,9 +279,12 @@ size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud)
     rt_broker_t *b = rt_broker;
     size_t n = 0;
     clients_lock(b);
-    for (size_t i = 0; i < b->clients_cap; i++)
-        for (rt_client_entry_t *e = b->clients[i]; e; e = e->next, n++)
-            fn(e->id, e->pid, ud);
+    for (size_t i = 0; i < b->clients_cap; i++) {
+        if (b->clients[i].id) {
+            fn(b->clients[i].id, b->clients[i].pid, ud);
+            n++;
+        }
+    }
     clients_unlock(b);
     return n;
 }

@@ -88,8 +88,8 @@ typedef struct rt_broker_s {
     rt_trie_t *trie;
     rt_retained_t *retained; /* canonical PUBLISH binaries by topic */
     rt_broker_stats_t stats;
-    pthread_mutex_t clients_lock;       /* guards clients, clients_cap and clients_len */
-    struct rt_client_entry_s **clients; /* client id -> pid (open hashing) */
+    pthread_mutex_t clients_lock;     /* guards clients, clients_cap and clients_len */
+    struct rt_client_slot_s *clients; /* client id -> pid (open addressing, linear probing) */
     size_t clients_cap, clients_len;
 #ifndef NDEBUG
     _Atomic(const void *) clients_holder; /* names the thread holding clients_lock; NULL: none */
@@ -197,6 +197,9 @@ void rt_broker_free(void);
 ** Client ids. claim makes pid the holder of id and returns the previous holder
 ** (0 if none), which the caller takes over; release drops the entry only if
 ** pid still holds it, so a taken-over connection cannot remove its successor.
+** The table keeps the claimer's id string, not a copy (an idle connection's memory):
+** the caller keeps it unchanged at the same address until it has called release with
+** it, or until a later claim of the same id (a takeover) has replaced its entry.
 */
 rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid);
 void rt_broker_release_client(const char *id, rt_pid_t pid);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "group.h"
 #include "route.h"
 #include "sys.h"
 
@@ -51,10 +52,14 @@ typedef struct {
     char last[SYS_SLOTS][SYS_PAYLOAD_MAX]; /* payload last published per topic; "" none */
 } sys_t;
 
+/* What each start of the actor reads: kept for restarts, so uptime counts from the first. */
 typedef struct {
     const char *version;
     long interval_s;
+    uint64_t start_ms; /* CLOCK_MONOTONIC when rt_sys_start ran */
 } sys_arg_t;
+
+static sys_arg_t sys_arg;
 
 /*
 ** Publishes payload (NULL: skip) under $SYS/broker/suffix if it differs from what
@@ -195,7 +200,7 @@ static int sys_init(rt_actor_t *self, void *state, void *arg)
     const sys_arg_t *a = arg;
     s->version = a->version;
     s->interval_ms = (uint64_t)a->interval_s * 1000;
-    s->start_ms = rt_mono_ms();
+    s->start_ms = a->start_ms;
     /* The tree appears at once; the loads start after the first interval. */
     return rt_send(rt_self(self), MSG_SYS_TICK, NULL, 0);
 }
@@ -222,13 +227,15 @@ static const rt_actor_type_t sys_type = {
     .tag_name = sys_tag_name,
 };
 
-int rt_sys_start(const rt_conf_t *conf, const char *version)
+int rt_sys_start(const rt_conf_t *conf, const char *version, rt_pid_t sup)
 {
     RT_ASSERT(rt_broker); /* its ticks read the broker's state */
     if (conf->sys_interval <= 0)
         return 0;
-    sys_arg_t arg = {version, conf->sys_interval};
-    rt_spawn_opts_t opts = {.name = RT_SYS_NAME};
-    rt_pid_t pid;
-    return rt_spawn_opt(&sys_type, &arg, &opts, &pid);
+    sys_arg = (sys_arg_t){version, conf->sys_interval, rt_mono_ms()};
+    rt_child_spec_t c = {
+        .name = RT_SYS_NAME, .type = &sys_type, .arg = &sys_arg, .restart = RT_PERMANENT};
+    rt_pid_t group;
+    int rc = rt_group_start(sup, RT_SYS_GROUP, RT_TEMPORARY, &group);
+    return rc ? rc : rt_supervisor_start_child(group, &c, NULL);
 }

@@ -30,13 +30,17 @@
 #include "config.h"
 #include "rt.h"
 
-#define RT_SYS_NAME "sys" /* the actor's registered name */
+#define RT_SYS_NAME "sys"      /* the actor's registered name */
+#define RT_SYS_GROUP "sys_sup" /* its supervisor's (group.h) */
 
 /*
 ** Starts the $SYS actor if conf->sys_interval > 0 (0 with nothing started
 ** otherwise). version (a static string) is published as "rtd version <version>".
-** Call after rt_broker_init; rt_shutdown stops the actor like any other.
+** The actor is the permanent child of the group supervisor RT_SYS_GROUP, a temporary
+** child of sup (0: of nobody): the broker serves without $SYS, so a $SYS that keeps
+** dying is given up on alone. Call after rt_broker_init; rt_shutdown stops the actor
+** like any other.
 */
-int rt_sys_start(const rt_conf_t *conf, const char *version);
+int rt_sys_start(const rt_conf_t *conf, const char *version, rt_pid_t sup);
 
 #endif

@@ -719,13 +719,15 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             publish_will(self, c);
         break;
     case RT_STORE_MSG_COMMITTED:
-        if (m->len >= sizeof(rt_store_committed_t))
-            rt__conn_on_commit(c, ((const rt_store_committed_t *)(const void *)m->data)->token, 0);
+        if (m->len >= sizeof(rt_store_committed_t)) {
+            const rt_store_committed_t *d = (const rt_store_committed_t *)(const void *)m->data;
+            rt__conn_on_commit(self, c, d->token, d->status);
+        }
         break;
     case RT_RULES_MSG_DURABLE:
         if (m->len >= sizeof(rt_rules_durable_t)) {
             const rt_rules_durable_t *d = (const rt_rules_durable_t *)(const void *)m->data;
-            rt__conn_on_commit(c, d->token, d->status);
+            rt__conn_on_commit(self, c, d->token, d->status);
         }
         break;
     case RT_CONN_MSG_ACK_CHECK:

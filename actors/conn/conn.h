@@ -21,13 +21,23 @@ typedef struct rt_conn_arg_s {
 /*
 ** Brings MQTT up: the broker's state, the persistent sessions and retained messages
 ** the store kept (with persistence on; offline until their clients return), the login
-** verifier, then one listener per configured address. err names what failed.
+** verifier, then one listener per configured address, each group supervised on its
+** own (tests; rtd starts the steps under its tree). err names what failed.
 */
 int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen);
-/* The restore step of rt_mqtt_start: opens data_dir/state.db and loads it. */
-int rt_sessions_restore(char *err, size_t errlen);
-/* Its last step: one listener actor per configured address (rtd runs the steps as stages). */
-int rt_listeners_start(char *err, size_t errlen);
+/*
+** The restore step of rt_mqtt_start: opens data_dir/state.db (its store actor under
+** sup: rt_store_open) and loads it.
+*/
+int rt_sessions_restore(rt_pid_t sup, char *err, size_t errlen);
+/*
+** Its last step (rtd runs the steps as stages): one listener actor per configured
+** address, permanent children of the group supervisor RT_LISTENERS_GROUP (group.h)
+** under sup (0: of nobody). A listener that dies listens again when restarted; the
+** connections it accepted carry on.
+*/
+#define RT_LISTENERS_GROUP "listeners_sup"
+int rt_listeners_start(rt_pid_t sup, char *err, size_t errlen);
 
 /*
 ** Asks every client actor (connections and offline sessions) to check its

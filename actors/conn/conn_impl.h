@@ -200,7 +200,7 @@ void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk);
 /* Remembers an inbound QoS 2 id until its PUBREL; RT_ENOMEM, or RT_ELIMIT past the bound. */
 int rt__conn_qos2_add(conn_t *c, uint16_t packet_id);
 /* One commit a held acknowledgement waits for came (status < 0: it failed). */
-void rt__conn_on_commit(conn_t *c, uint64_t token, int32_t status);
+void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t status);
 void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c);
 /* max_topic_length and max_topic_levels (0: no limit), for topic names and filters alike. */
 bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);

@@ -63,14 +63,21 @@ int rt__conn_qos2_add(conn_t *c, uint16_t packet_id)
     return 0;
 }
 
+/* Ends the exactly-once record of an inbound QoS 2 id; false if there was none. */
+static bool qos2_forget(conn_t *c, uint16_t packet_id)
+{
+    int i = qos2_find(c, packet_id);
+    if (i < 0)
+        return false;
+    c->qos2_ids[i] = c->qos2_ids[--c->nqos2];
+    if (c->stored)
+        rt_store_qos2_in(c->client_id, packet_id, false, 0, 0);
+    return true;
+}
+
 void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk)
 {
-    int i = qos2_find(c, pk->packet_id);
-    if (i >= 0) {
-        c->qos2_ids[i] = c->qos2_ids[--c->nqos2];
-        if (c->stored)
-            rt_store_qos2_in(c->client_id, pk->packet_id, false, 0, 0);
-    }
+    int i = qos2_forget(c, pk->packet_id) ? 0 : -1;
     mqtt_packet_t comp = {.type = MQTT_PUBCOMP,
                           .packet_id = pk->packet_id,
                           .reason = i >= 0 ? 0 : MQTT_RC_PACKET_ID_NOT_FOUND};
@@ -79,13 +86,25 @@ void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk)
     rt__conn_send_packet(c, &comp);
 }
 
-/* Sends the acknowledgements at the head of the line whose commits have all come. */
-static void pending_acks_flush(conn_t *c)
+/*
+** Sends the acknowledgements at the head of the line whose commits have all come. One
+** whose commit was lost (the store or a rule worker died first) cannot say so to an
+** MQTT 3 client: the connection closes instead, unacknowledged from there on, and the
+** client sends those PUBLISHes again when it reconnects (4.4).
+*/
+static void pending_acks_flush(rt_actor_t *self, conn_t *c)
 {
     rt_session_t *s = c->sess;
     RT_ASSERT(s && s->nacks <= s->capacks);
     uint32_t i = 0;
     for (; i < s->nacks && s->acks[i].remaining == 0; i++) {
+        if (s->acks[i].lost && c->version != MQTT_V5) {
+            rt_log(RT_LOG_WARNING, "client.commit_lost", "client=%s packet_id=%u: closing",
+                   c->client_id ? c->client_id : "-", s->acks[i].packet_id);
+            s->nacks = 0;
+            rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+            return;
+        }
         mqtt_packet_t ack = {.type = s->acks[i].type,
                              .packet_id = s->acks[i].packet_id,
                              .reason = s->acks[i].reason};
@@ -122,7 +141,7 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
                                              .packet_id = packet_id,
                                              .type = type,
                                              .reason = reason};
-    pending_acks_flush(c);
+    pending_acks_flush(self, c);
     if (s->nacks && !s->ack_timer) {
         s->ack_timer = 1;
         rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);
@@ -134,7 +153,7 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
 ** turns a v5 ack negative: quota exceeded when a sink's byte limit dropped a row,
 ** unspecified otherwise.
 */
-void rt__conn_on_commit(conn_t *c, uint64_t token, int32_t status)
+void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t status)
 {
     if (!c->sess)
         return;
@@ -146,9 +165,14 @@ void rt__conn_on_commit(conn_t *c, uint64_t token, int32_t status)
             a->remaining--;
         if (status < 0 && c->version == MQTT_V5)
             a->reason = status == RT_ELIMIT ? MQTT_RC_QUOTA_EXCEEDED : MQTT_RC_UNSPECIFIED;
+        /* A QoS 2 PUBLISH sent again after a lost commit must be routed again, not taken
+           for a duplicate (a v5 PUBREC of 0x80 frees the id anyway: 4.3.3). */
+        if (status == RT_ENOPROC && !a->lost && a->type == MQTT_PUBREC)
+            qos2_forget(c, a->packet_id);
+        a->lost |= status == RT_ENOPROC;
         break;
     }
-    pending_acks_flush(c);
+    pending_acks_flush(self, c);
 }
 
 /*
@@ -169,7 +193,7 @@ void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c)
             s->acks[i].remaining = 0;
         }
     }
-    pending_acks_flush(c);
+    pending_acks_flush(self, c);
     if (s->nacks) {
         s->ack_timer = 1;
         rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);

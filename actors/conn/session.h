@@ -58,6 +58,7 @@ typedef struct {
     uint16_t packet_id;
     uint8_t type; /* MQTT_PUBACK or MQTT_PUBREC */
     uint8_t reason;
+    uint8_t lost; /* a commit it waited for was lost (RT_ENOPROC): it must not go out as is */
 } rt_pending_ack_t;
 
 typedef struct rt_session_s {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "conn_impl.h"
+#include "group.h"
 #include "log.h"
 #include "store.h"
 
@@ -91,11 +92,11 @@ static void restore_session(const rt_stored_session_t *ss, void *arg)
         rt_log(RT_LOG_ERROR, "store.restore_failed", "client=%s", ss->client_id);
 }
 
-int rt_sessions_restore(char *err, size_t errlen)
+int rt_sessions_restore(rt_pid_t sup, char *err, size_t errlen)
 {
     if (!rt_broker->conf.persistence)
         return 0;
-    int rc = rt_store_open(rt_broker->conf.data_dir, err, errlen);
+    int rc = rt_store_open(rt_broker->conf.data_dir, sup, err, errlen);
     if (rc == 0)
         rc = rt_store_load(rt_message_parse, restore_retained, restore_session, NULL, err, errlen);
     return rc;
@@ -108,25 +109,37 @@ int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen)
         snprintf(err, errlen, "cannot make the broker's state: %s", rt_strerror(rc));
         return rc;
     }
-    int restored = rt_sessions_restore(err, errlen);
+    int restored = rt_sessions_restore(0, err, errlen);
     if (restored)
         return restored;
     /* Before the listeners: the first CONNECT may need a full password hash. */
-    int vrc = rt_auth_verifier_start();
+    int vrc = rt_auth_verifier_start(0);
     if (vrc && vrc != RT_EEXIST) { /* EEXIST: one runs already, from an earlier start */
         snprintf(err, errlen, "cannot start the login verifier: %s", rt_strerror(vrc));
         return vrc;
     }
-    return rt_listeners_start(err, errlen);
+    return rt_listeners_start(0, err, errlen);
 }
 
-int rt_listeners_start(char *err, size_t errlen)
+/* "listener:<host>:<port>": the listeners' registered names (their supervisor keeps them). */
+static char listener_names[RT_CONF_MAX_LISTENERS][sizeof(((rt_listen_t *)0)->host) + 24];
+
+int rt_listeners_start(rt_pid_t sup, char *err, size_t errlen)
 {
+    rt_pid_t group;
+    int rc = rt_group_start(sup, RT_LISTENERS_GROUP, RT_PERMANENT, &group);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the listeners' supervisor: %s", rt_strerror(rc));
+        return rc;
+    }
     for (unsigned i = 0; i < rt_broker->conf.nlisteners; i++) {
         const rt_listen_t *l = &rt_broker->conf.listeners[i];
-        rt_pid_t pid;
-        int rc = rt_spawn(&rt_listener_type, (void *)l, &pid);
-        if (rc) {
+        snprintf(listener_names[i], sizeof(listener_names[i]), "listener:%s:%d", l->host, l->port);
+        rt_child_spec_t c = {.name = listener_names[i],
+                             .type = &rt_listener_type,
+                             .arg = (void *)l,
+                             .restart = RT_PERMANENT};
+        if ((rc = rt_supervisor_start_child(group, &c, NULL))) {
             snprintf(err, errlen, "cannot listen on %s:%d: %s", l->host, l->port,
                      rc == RT_EEXIST ? "address already in use" : rt_strerror(rc));
             return rc;

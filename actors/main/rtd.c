@@ -3,9 +3,20 @@
 ** overrides, starts the broker as a list of stages, and runs until SIGTERM or
 ** SIGINT; then, as when a stage fails to start, the started stages stop in
 ** reverse order (MQTT 5 clients get DISCONNECT 0x8B).
+**
+** The actors the stages start are a supervision tree, as an OTP application's:
+** each stage's long-lived actors are the children of one group supervisor
+** (group.h), and the groups are the children of rtd's top supervisor, which
+** allows no restarts. A group that gives up (more restarts than
+** restart_intensity in restart_period) therefore takes rtd down, as an
+** application's top supervisor takes its node: logged as rtd.failed, the stages
+** stop as at SIGTERM, and rtd exits with status 3, for systemd to start it clean.
+** $SYS alone is a temporary group: the broker serves without it.
 */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +26,7 @@
 #include "auth.h"
 #include "conn.h"
 #include "config.h"
+#include "group.h"
 #include "log.h"
 #include "rule_engine.h"
 #include "sink.h"
@@ -163,8 +175,40 @@ typedef struct {
     const char *conf_path;
     rt_conf_t conf;   /* the admin socket keeps a pointer to it */
     sigset_t signals; /* the ones main waits for, blocked in every thread */
+    rt_pid_t top;     /* the top supervisor: every stage's group runs under it */
     char err[RT_CONF_ERR_LEN];
 } rtd_t;
+
+#define RTD_TOP_NAME "rtd_sup"
+#define RTD_EXIT_GAVE_UP 3         /* the exit status when the tree gave up */
+#define RTD_SIGNAL_GAVE_UP SIGUSR1 /* what the top supervisor sends main when it goes */
+
+/*
+** The top supervisor's end, told to main: set once by the top's last event (from its
+** turn), read by main after the signal.
+*/
+static struct {
+    pthread_t main;
+    atomic_bool stopping; /* main is stopping rtd: the tree's end is expected */
+    atomic_bool gave_up;
+} node;
+
+/* The top supervisor logs like the groups; its own end, unless rtd is stopping, ends rtd. */
+static void top_event(const rt_sup_event_t *e, void *ud)
+{
+    rt_group_log_event(e, ud);
+    if (e->kind != RT_SUP_STOPPED || atomic_load(&node.stopping) ||
+        atomic_exchange(&node.gave_up, true))
+        return;
+    rt_log(RT_LOG_ERROR, "rtd.failed",
+           "supervisor=%s reason=%s: the supervision tree gave up; stopping (exit status %d)",
+           e->sup_name, rt_reason_name(e->reason), RTD_EXIT_GAVE_UP);
+    pthread_kill(node.main, RTD_SIGNAL_GAVE_UP);
+}
+
+/* No restarts: its children are the groups, and one that gave up is not started again. */
+static const rt_sup_spec_t top_spec = {
+    .strategy = RT_ONE_FOR_ONE, .intensity = 0, .period_ms = 1000, .on_event = top_event};
 
 /* A wrong setting or file: said on stderr, exit status 2. */
 static int config_error(const rtd_t *d)
@@ -213,7 +257,9 @@ static int start_runtime(rtd_t *d)
     sigaddset(&d->signals, SIGTERM);
     sigaddset(&d->signals, SIGINT);
     sigaddset(&d->signals, SIGHUP);
+    sigaddset(&d->signals, RTD_SIGNAL_GAVE_UP);
     pthread_sigmask(SIG_BLOCK, &d->signals, NULL);
+    node.main = pthread_self();
     signal(SIGPIPE, SIG_IGN);
     rt_config_t rc;
     rt_config_defaults(&rc);
@@ -226,6 +272,14 @@ static int start_runtime(rtd_t *d)
     int r = rt_init(&rc);
     if (r) {
         rt_log(RT_LOG_ERROR, "runtime.failed", "%s", rt_strerror(r));
+        return 1;
+    }
+    rt_groups_configure(&d->conf);
+    rt_spawn_opts_t top = {.name = RTD_TOP_NAME};
+    if ((r = rt_spawn_opt(&rt_supervisor_type, (void *)&top_spec, &top, &d->top))) {
+        rt_log(RT_LOG_ERROR, "runtime.failed", "cannot start the top supervisor: %s",
+               rt_strerror(r));
+        rt_shutdown();
         return 1;
     }
     return 0;
@@ -245,14 +299,14 @@ static void stop_runtime(void)
 /* Sinks start before anything that makes rows (the rule engine). */
 static int start_sinks(rtd_t *d)
 {
-    int r = rt_sinks_start(&d->conf, d->err, sizeof(d->err));
+    int r = rt_sinks_start(&d->conf, d->top, d->err, sizeof(d->err));
     return r ? stage_error(d, r) : 0;
 }
 
 /* The rule engine feeds the sinks and is fed by connections: between the two. */
 static int start_rules(rtd_t *d)
 {
-    int r = rt_rules_start(&d->conf, d->err, sizeof(d->err));
+    int r = rt_rules_start(&d->conf, d->top, d->err, sizeof(d->err));
     if (r)
         return stage_error(d, r);
     rt_log(RT_LOG_INFO, "rules.started", "rules=%zu rules_dir=%s", rt_rules_snapshot(NULL, 0),
@@ -281,13 +335,13 @@ static int start_broker(rtd_t *d)
    their clients return. */
 static int start_sessions(rtd_t *d)
 {
-    return rt_sessions_restore(d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
+    return rt_sessions_restore(d->top, d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
 }
 
 /* Before the listeners: the first CONNECT may need a full password hash. */
 static int start_verifier(rtd_t *d)
 {
-    int r = rt_auth_verifier_start();
+    int r = rt_auth_verifier_start(d->top);
     if (r) {
         snprintf(d->err, sizeof(d->err), "cannot start the login verifier: %s", rt_strerror(r));
         return mqtt_error(d);
@@ -297,13 +351,13 @@ static int start_verifier(rtd_t *d)
 
 static int start_listeners(rtd_t *d)
 {
-    return rt_listeners_start(d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
+    return rt_listeners_start(d->top, d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
 }
 
 /* $SYS/broker/...: the broker serves without it. */
 static int start_sys(rtd_t *d)
 {
-    int r = rt_sys_start(&d->conf, RTD_VERSION);
+    int r = rt_sys_start(&d->conf, RTD_VERSION, d->top);
     if (r)
         rt_log(RT_LOG_ERROR, "sys.failed", "no $SYS tree: %s", rt_strerror(r));
     return 0;
@@ -312,7 +366,7 @@ static int start_sys(rtd_t *d)
 /* The admin socket last: what rtctl reads is all running by then. */
 static int start_admin(rtd_t *d)
 {
-    if (rt_admin_start(&d->conf, RTD_VERSION, d->err, sizeof(d->err)) == 0)
+    if (rt_admin_start(&d->conf, RTD_VERSION, d->top, d->err, sizeof(d->err)) == 0)
         return 0;
     rt_log(RT_LOG_ERROR, "admin.failed", "%s", d->err);
     return 1;
@@ -372,13 +426,15 @@ static void unwind(size_t n)
             stages[i].free();
 }
 
-/* SIGHUP reloads; SIGTERM or SIGINT returns. */
+/* SIGHUP reloads; SIGTERM or SIGINT returns, as does the end of the tree. */
 static void serve(rtd_t *d)
 {
     for (;;) {
         int sig = 0;
         if (sigwait(&d->signals, &sig) != 0)
             continue;
+        if (sig == RTD_SIGNAL_GAVE_UP)
+            return;
         if (sig != SIGHUP) {
             rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
             return;
@@ -430,13 +486,20 @@ int main(int argc, char **argv)
     while (started < NSTAGES && (status = stages[started].start(&d)) == 0)
         started++;
     if (status) {
+        atomic_store(&node.stopping, true);
         unwind(started + stages[started].partial);
         return status;
     }
     log_access(&d.conf);
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, d.conf_path);
     serve(&d);
+    atomic_store(&node.stopping, true);
+    bool gave_up = atomic_load(&node.gave_up);
     unwind(NSTAGES);
+    if (gave_up) {
+        rt_log(RT_LOG_ERROR, "rtd.stopped", "the supervision tree gave up (rtctl tree, log)");
+        return RTD_EXIT_GAVE_UP;
+    }
     rt_log(RT_LOG_INFO, "rtd.stopped", "clean shutdown");
     return 0;
 }

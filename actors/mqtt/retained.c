@@ -6,7 +6,31 @@
 #include "topic_tree.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
+
+/* A retained-store node: its children in a sibling list ('+' and '#' filters walk them). */
+typedef struct {
+    tnode_t n;
+    tt_links_t l;
+    void *msg;        /* the message, NULL if none */
+    size_t msg_bytes; /* what the limits count for msg */
+} rnode_t;
+
+_Static_assert(offsetof(rnode_t, l) == sizeof(tnode_t), "rt__tt_links() finds the links there");
+
+static inline rnode_t *rnode(const tnode_t *x)
+{
+    return (rnode_t *)x;
+}
+
+static bool rnode_holds(const tnode_t *x)
+{
+    return rnode(x)->msg != NULL;
+}
+
+static const tt_kind_t retained_kind = {
+    .node_size = sizeof(rnode_t), .links = true, .holds = rnode_holds};
 
 struct rt_retained_s {
     pthread_rwlock_t lock;
@@ -52,7 +76,7 @@ int rt_retained_new(rt_retained_t **out, rt_retained_release_fn release, size_t 
     if (!r)
         return RT_ENOMEM;
     atomic_init(&r->bytes, sizeof(*r));
-    if (rt__tt_init(&r->t, &r->bytes, &r->nodes) != 0) {
+    if (rt__tt_init(&r->t, &retained_kind, &r->bytes, &r->nodes) != 0) {
         free(r);
         return RT_ENOMEM;
     }
@@ -64,26 +88,19 @@ int rt_retained_new(rt_retained_t **out, rt_retained_release_fn release, size_t 
     return 0;
 }
 
+/* rt__tt_destroy's release: a node's message. */
+static void release_msg(tnode_t *x, void *arg)
+{
+    rt_retained_t *r = arg;
+    if (rnode(x)->msg && r->release)
+        r->release(rnode(x)->msg);
+}
+
 void rt_retained_free(rt_retained_t *r)
 {
     if (!r)
         return;
-    /* Release messages first: rt__tt_destroy does not know about them. */
-    tnode_t *x = r->t.root;
-    while (x) { /* pre-order over the sibling lists without a stack */
-        if (x->msg && r->release)
-            r->release(x->msg);
-        x->msg = NULL;
-        if (x->kids) {
-            x = x->kids;
-            continue;
-        }
-        while (x && !x->next)
-            x = x->parent;
-        if (x)
-            x = x->next;
-    }
-    rt__tt_destroy(&r->t);
+    rt__tt_destroy(&r->t, release_msg, r);
     pthread_rwlock_destroy(&r->lock);
     free(r);
 }
@@ -95,15 +112,16 @@ int rt_retained_set(rt_retained_t *r, const char *topic, size_t len, void *msg, 
     int rc = 0;
     void *old = NULL;
     write_lock(r);
-    tnode_t *x = rt__tt_path(&r->t, topic, len, msg != NULL);
-    if (!x) {
+    tnode_t *n = rt__tt_path(&r->t, topic, len, msg != NULL);
+    if (!n) {
         rc = msg ? RT_ENOMEM : 0; /* clearing a topic with nothing retained is a no-op */
         goto out;
     }
+    rnode_t *x = rnode(n);
     size_t count = r->count + (msg && !x->msg) - (!msg && x->msg);
     size_t bytes = r->msg_bytes - (x->msg ? x->msg_bytes : 0) + (msg ? msg_bytes : 0);
     if (msg && ((r->max_count && count > r->max_count) || (r->max_bytes && bytes > r->max_bytes))) {
-        rt__tt_prune(&r->t, x); /* undo a node created just now */
+        rt__tt_prune(&r->t, n); /* undo a node created just now */
         rc = RT_ELIMIT;
         goto out;
     }
@@ -117,7 +135,7 @@ int rt_retained_set(rt_retained_t *r, const char *topic, size_t len, void *msg, 
     if (bytes > r->msg_bytes_max)
         r->msg_bytes_max = bytes;
     if (!msg)
-        rt__tt_prune(&r->t, x);
+        rt__tt_prune(&r->t, n);
 out:
     write_unlock(r);
     /* Released outside the lock: a release callback may be arbitrarily slow. */
@@ -127,7 +145,7 @@ out:
 }
 
 /* Builds x's full topic into *buf by following parents. */
-static int topic_of(const tnode_t *x, char **buf, size_t *cap, size_t *len)
+static int topic_of(const ttable_t *t, const tnode_t *x, char **buf, size_t *cap, size_t *len)
 {
     size_t n = 0;
     for (const tnode_t *y = x; y->parent; y = y->parent)
@@ -137,7 +155,7 @@ static int topic_of(const tnode_t *x, char **buf, size_t *cap, size_t *len)
     size_t pos = n;
     for (const tnode_t *y = x; y->parent; y = y->parent) {
         pos -= y->len;
-        memcpy(*buf + pos, y->level, y->len);
+        memcpy(*buf + pos, rt__tt_level(t, y), y->len);
         if (y->parent->parent)
             (*buf)[--pos] = '/';
     }
@@ -147,6 +165,7 @@ static int topic_of(const tnode_t *x, char **buf, size_t *cap, size_t *len)
 
 /* One reverse match in progress: the callback, and the buffer topics are rebuilt in. */
 typedef struct {
+    const ttable_t *t;
     char *buf;
     size_t cap;
     rt_retained_fn fn;
@@ -158,11 +177,12 @@ typedef struct {
 static int emit_node(retained_emit_t *e, const tnode_t *x)
 {
     size_t len;
-    if (!x->msg)
+    void *msg = rnode(x)->msg;
+    if (!msg)
         return 0;
-    if (topic_of(x, &e->buf, &e->cap, &len) != 0)
+    if (topic_of(e->t, x, &e->buf, &e->cap, &len) != 0)
         return RT_ENOMEM;
-    e->fn(e->arg, e->buf, len, x->msg);
+    e->fn(e->arg, e->buf, len, msg);
     e->found++;
     return 0;
 }
@@ -172,17 +192,17 @@ static int emit_subtree(retained_emit_t *e, const tnode_t *top)
 {
     const tnode_t *x = top;
     while (x) {
-        int skip =
-            x->parent && !x->parent->parent && x->len && x->level[0] == '$' && top->parent == NULL;
+        int skip = x->parent && !x->parent->parent && x->len && rt__tt_level(e->t, x)[0] == '$' &&
+                   top->parent == NULL;
         if (!skip && emit_node(e, x) != 0)
             return RT_ENOMEM;
-        if (!skip && x->kids) {
-            x = x->kids;
+        if (!skip && rt__tt_links(x)->kids) {
+            x = rt__tt_links(x)->kids;
             continue;
         }
-        while (x != top && !x->next)
+        while (x != top && !rt__tt_links(x)->next)
             x = x->parent;
-        x = x == top ? NULL : x->next;
+        x = x == top ? NULL : rt__tt_links(x)->next;
     }
     return 0;
 }
@@ -196,7 +216,7 @@ int rt_retained_match(rt_retained_t *r, const char *filter, size_t len, rt_retai
         *nfound = 0;
     if (!rt__topic_split_filter(filter, len, &g, &glen, &pf, &plen) || g)
         return RT_EINVAL;
-    retained_emit_t e = {.fn = fn, .arg = arg};
+    retained_emit_t e = {.t = &r->t, .fn = fn, .arg = arg};
     tt_frame_t *st = NULL;
     size_t cap = 0, sp = 0;
     const char *end = filter + len;
@@ -220,8 +240,8 @@ int rt_retained_match(rt_retained_t *r, const char *filter, size_t len, rt_retai
         if (q - f.p == 1 && f.p[0] == '#') {
             rc = emit_subtree(&e, f.node);
         } else if (q - f.p == 1 && f.p[0] == '+') {
-            for (tnode_t *c = f.node->kids; c && rc == 0; c = c->next) {
-                if (at_root && c->len && c->level[0] == '$')
+            for (tnode_t *c = rt__tt_links(f.node)->kids; c && rc == 0; c = rt__tt_links(c)->next) {
+                if (at_root && c->len && rt__tt_level(&r->t, c)[0] == '$')
                     continue;
                 if (rt_grow(&st, &cap, sp + 1, sizeof(*st), 16) != 0)
                     rc = RT_ENOMEM;

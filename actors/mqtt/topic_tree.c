@@ -8,6 +8,13 @@
 
 /* Hash buckets a table starts with once it gets its first node. */
 #define TT_MIN_BUCKETS 16
+/*
+** Nodes per bucket before the bucket array doubles: 2 keeps chains at 1 to 2 nodes and
+** costs 4 to 8 bytes of buckets per node.
+*/
+#define TT_MAX_LOAD 2
+
+_Static_assert(RT_TRIE_MAX_LEN <= UINT16_MAX, "tnode_t.len is 16 bits");
 
 #ifndef NDEBUG
 _Thread_local int rt__tt_locks_held;
@@ -56,10 +63,11 @@ int rt_trie_valid_topic(const char *topic, size_t len)
 {
     if (!topic || len == 0 || len > RT_TRIE_MAX_LEN)
         return 0;
+    /* Every PUBLISH comes through here: no early exit, so the compiler can vectorize. */
+    unsigned bad = 0;
     for (size_t i = 0; i < len; i++)
-        if (topic[i] == '+' || topic[i] == '#' || topic[i] == '\0')
-            return 0;
-    return 1;
+        bad |= (topic[i] == '+') | (topic[i] == '#') | (topic[i] == '\0');
+    return !bad;
 }
 
 /* A filter without the $share prefix: '+' and '#' fill their level, '#' only last. */
@@ -121,28 +129,47 @@ int rt_trie_valid_filter(const char *filter, size_t len)
 
 /* ---- The node table ---- */
 
-/* Levels are the publishers' and subscribers' choice: the keyed hash (with the parent as
-   tweak) keeps their collisions unplannable. */
-static uint64_t edge_hash(const tnode_t *parent, const char *lvl, size_t n)
+/*
+** Levels are the publishers' and subscribers' choice: the keyed hash (with the parent as
+** tweak) keeps their collisions unplannable. A '+' or '#' edge has only its parent to vary,
+** and the allocator chooses that, not a client: a multiplicative mix of the pointer does,
+** and costs a match a few instructions per wildcard child where SipHash costs ~60.
+*/
+static uint32_t wild_hash(const tnode_t *parent, char c)
 {
-    return rt_hash_with((uint64_t)(uintptr_t)parent, lvl, n);
+    return (uint32_t)(((uint64_t)(uintptr_t)parent ^ (uint8_t)c) * 0x9e3779b97f4a7c15ull >> 32);
+}
+
+static uint32_t edge_hash(const tnode_t *parent, const char *lvl, size_t n)
+{
+    if (n == 1 && (lvl[0] == '+' || lvl[0] == '#'))
+        return wild_hash(parent, lvl[0]);
+    return (uint32_t)rt_hash_with((uint64_t)(uintptr_t)parent, lvl, n);
+}
+
+static size_t node_bytes(const ttable_t *t, const tnode_t *x)
+{
+    return t->node_size + x->len;
 }
 
 static tnode_t *node_alloc(ttable_t *t, tnode_t *parent, const char *lvl, size_t n)
 {
-    tnode_t *x = rt__topic_alloc(t->bytes, sizeof(*x) + n);
+    tnode_t *x = rt__topic_alloc(t->bytes, t->node_size + n);
     if (!x)
         return NULL;
-    memset(x, 0, sizeof(*x));
-    memcpy(x->level, lvl, n);
-    x->len = (uint32_t)n;
+    memset(x, 0, t->node_size);
+    x->len = (uint16_t)n;
     x->parent = parent;
+    memcpy(rt__tt_level(t, x), lvl, n);
     return x;
 }
 
-int rt__tt_init(ttable_t *t, atomic_size_t *bytes, atomic_size_t *nodes)
+int rt__tt_init(ttable_t *t, const tt_kind_t *kind, atomic_size_t *bytes, atomic_size_t *nodes)
 {
+    RT_ASSERT(kind->node_size >= sizeof(tnode_t) + (kind->links ? sizeof(tt_links_t) : 0));
     memset(t, 0, sizeof(*t));
+    t->kind = kind;
+    t->node_size = kind->node_size;
     t->bytes = bytes;
     t->nodes = nodes;
     t->root = node_alloc(t, NULL, "", 0);
@@ -154,10 +181,22 @@ tnode_t *rt__tt_find(const ttable_t *t, const tnode_t *parent, const char *lvl, 
     RT_ASSERT(RT__TT_READABLE(t));
     if (!t->buckets)
         return NULL;
-    uint64_t h = edge_hash(parent, lvl, n);
+    uint32_t h = edge_hash(parent, lvl, n);
     for (tnode_t *x = t->buckets[h & (t->nbuckets - 1)]; x; x = x->hnext)
-        if (x->hval == h && x->parent == parent && x->len == n && memcmp(x->level, lvl, n) == 0)
+        if (x->hval == h && x->parent == parent && x->len == n &&
+            memcmp(rt__tt_level(t, x), lvl, n) == 0)
             return x;
+    return NULL;
+}
+
+tnode_t *rt__tt_wild_find(const ttable_t *t, const tnode_t *parent, unsigned bit)
+{
+    RT_ASSERT(RT__TT_READABLE(t) && (parent->wild & bit));
+    char c = bit == TT_PLUS ? '+' : '#';
+    for (tnode_t *x = t->buckets[wild_hash(parent, c) & (t->nbuckets - 1)]; x; x = x->hnext)
+        if (x->parent == parent && x->len == 1 && rt__tt_level(t, x)[0] == c)
+            return x;
+    RT_ASSERT(!"a wild bit without its child");
     return NULL;
 }
 
@@ -187,13 +226,21 @@ static int rehash(ttable_t *t, size_t nb)
     return 0;
 }
 
+/* The wildcard bit a level stands for in its parent's wild, or 0. */
+static unsigned wild_bit(const char *lvl, size_t n)
+{
+    if (n != 1)
+        return 0;
+    return lvl[0] == '+' ? TT_PLUS : lvl[0] == '#' ? TT_HASH : 0;
+}
+
 /* Finds or creates parent's child lvl. */
 static tnode_t *find_or_add_child(ttable_t *t, tnode_t *parent, const char *lvl, size_t n)
 {
     tnode_t *x = rt__tt_find(t, parent, lvl, n);
     if (x)
         return x;
-    if (t->count + 1 > t->nbuckets &&
+    if (t->count + 1 > t->nbuckets * TT_MAX_LOAD &&
         rehash(t, t->nbuckets ? t->nbuckets * 2 : TT_MIN_BUCKETS) != 0 && !t->buckets)
         return NULL; /* a failed growth is fine (longer chains) unless there is no table */
     x = node_alloc(t, parent, lvl, n);
@@ -204,28 +251,22 @@ static tnode_t *find_or_add_child(ttable_t *t, tnode_t *parent, const char *lvl,
     t->buckets[x->hval & (t->nbuckets - 1)] = x;
     t->count++;
     atomic_fetch_add_explicit(t->nodes, 1, memory_order_relaxed);
-    x->next = parent->kids;
-    if (parent->kids)
-        parent->kids->prev = x;
-    parent->kids = x;
-    if (n == 1 && lvl[0] == '+')
-        parent->plus = x;
-    if (n == 1 && lvl[0] == '#')
-        parent->hash = x;
+    parent->nkids++;
+    parent->wild |= (uint8_t)wild_bit(lvl, n);
+    if (t->kind->links) {
+        tt_links_t *pl = rt__tt_links(parent), *xl = rt__tt_links(x);
+        xl->next = pl->kids;
+        if (pl->kids)
+            rt__tt_links(pl->kids)->prev = x;
+        pl->kids = x;
+    }
     return x;
-}
-
-static int node_empty(const tnode_t *x)
-{
-    return !x->kids && x->nsubs == 0 && !x->groups && !x->msg;
 }
 
 void rt__tt_prune(ttable_t *t, tnode_t *x)
 {
     RT_ASSERT(RT__TT_WRITABLE(t));
-    while (x && x->parent && node_empty(x)) {
-        /* The subscription arrays are freed when they empty: an empty node holds none. */
-        RT_ASSERT(!x->subs && x->capsubs == 0);
+    while (x && x->parent && x->nkids == 0 && !t->kind->holds(x)) {
         tnode_t *parent = x->parent;
         tnode_t **pp = &t->buckets[x->hval & (t->nbuckets - 1)];
         while (*pp != x)
@@ -233,17 +274,18 @@ void rt__tt_prune(ttable_t *t, tnode_t *x)
         *pp = x->hnext;
         t->count--;
         atomic_fetch_sub_explicit(t->nodes, 1, memory_order_relaxed);
-        if (x->prev)
-            x->prev->next = x->next;
-        else
-            parent->kids = x->next;
-        if (x->next)
-            x->next->prev = x->prev;
-        if (parent->plus == x)
-            parent->plus = NULL;
-        if (parent->hash == x)
-            parent->hash = NULL;
-        rt__topic_free(t->bytes, x, sizeof(*x) + x->len);
+        parent->nkids--;
+        parent->wild &= (uint8_t)~wild_bit(rt__tt_level(t, x), x->len);
+        if (t->kind->links) {
+            tt_links_t *xl = rt__tt_links(x);
+            if (xl->prev)
+                rt__tt_links(xl->prev)->next = xl->next;
+            else
+                rt__tt_links(parent)->kids = xl->next;
+            if (xl->next)
+                rt__tt_links(xl->next)->prev = xl->prev;
+        }
+        rt__topic_free(t->bytes, x, node_bytes(t, x));
         x = parent;
     }
     /* Give the buckets back when the table empties, so memory returns to baseline. */
@@ -272,31 +314,23 @@ tnode_t *rt__tt_path(ttable_t *t, const char *f, size_t len, int create)
     }
 }
 
-void rt__tt_destroy(ttable_t *t)
+void rt__tt_destroy(ttable_t *t, void (*release)(tnode_t *x, void *arg), void *arg)
 {
-    /* Iterative post-order: the tree can be deeper than a thread stack allows recursion. */
-    tnode_t *x = t->root;
-    while (x) {
-        if (x->kids) {
-            x = x->kids;
-            continue;
+    /* Every node but the root is in exactly one bucket: no tree walk, no recursion. */
+    for (size_t i = 0; i < t->nbuckets; i++) {
+        for (tnode_t *x = t->buckets[i], *nx; x; x = nx) {
+            nx = x->hnext;
+            release(x, arg);
+            free(x);
         }
-        tnode_t *parent = x->parent;
-        if (parent) {
-            parent->kids = x->next;
-            if (x->next)
-                x->next->prev = NULL;
-        }
-        for (trie_group_t *g = x->groups, *ng; g; g = ng) {
-            ng = g->next;
-            free(g->members);
-            free(g);
-        }
-        free(x->subs);
-        free(x);
-        x = parent;
+    }
+    if (t->root) {
+        release(t->root, arg);
+        free(t->root);
     }
     free(t->buckets);
     t->root = NULL;
     t->buckets = NULL;
+    t->nbuckets = 0;
+    t->count = 0;
 }

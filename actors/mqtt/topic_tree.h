@@ -3,10 +3,16 @@
 ** (retained.c) are both built from. Topic syntax (levels, filters, the $share/ prefix) and a
 ** node table: a node stores only its own level; its children are found through a per-table
 ** hash keyed by (parent pointer, level bytes), so a node with 20,000 children ("test/%i")
-** costs one hash probe per lookup and no per-node child array. Children are also linked in a
-** sibling list so the retained store can enumerate them for '+' and '#'. Empty nodes (no
-** children, subscriptions, groups or message) are freed at once, so an emptied table returns
-** to its baseline memory. Only topic_*.c and retained.c include this.
+** costs one hash probe per lookup and no per-node child array; its '+' and '#' children are
+** looked up the same way, once a bit says they exist. Empty nodes (no children, nothing of
+** their owner's) are freed at once, so an emptied table returns to its baseline memory.
+** Only topic_*.c and retained.c include this.
+**
+** Each owner lays out its own nodes (tt_kind_t): a tnode_t first, then the owner's fields,
+** then the level's bytes. A node is most of what one subscription costs, so the table keeps
+** only what lookups and pruning need; sibling lists (for enumerating children) are kept
+** only by owners that ask for them: the retained store walks children for '+' and '#'
+** filters, the trie never does.
 **
 ** Every byte a table allocates is counted in its owner's counter (rt_trie_stats,
 ** rt_retained_stats). A table is guarded by its owner's lock: readers may find, only a
@@ -22,44 +28,43 @@
 #include "common.h"
 #include "topic_trie.h"
 
-/* One subscription, ordinary or group member: 16 bytes, kept in arrays. */
-typedef struct rt_trie_hit_s {
-    rt_pid_t pid;
-    rt_trie_opts_t o;
-} trie_sub_t;
+/* tnode_t.wild: which wildcard children a node has. */
+#define TT_PLUS 1u
+#define TT_HASH 2u
 
-/* A shared subscription group ($share/name/filter) at its filter's node. */
-typedef struct trie_group_s {
-    struct trie_group_s *next; /* next group at the same node */
-    atomic_uint rr;            /* round-robin cursor: advanced by readers, hence atomic */
-    uint32_t n, cap;           /* members */
-    trie_sub_t *members;
-    uint32_t namelen;
-    char name[];
-} trie_group_t;
-
+/* The table's part of a node: 32 bytes, at the start of every owner's node. */
 typedef struct tnode_s tnode_t;
 struct tnode_s {
-    tnode_t *hnext;       /* chain in the table's edge hash */
-    tnode_t *parent;      /* NULL only for the root */
-    tnode_t *kids;        /* first child; siblings via next/prev */
-    tnode_t *next, *prev; /* sibling list under parent */
-    tnode_t *plus, *hash; /* the '+' and '#' children, shortcut for matching */
-    trie_sub_t *subs;     /* subscription trie: ordinary subscriptions at this filter */
-    uint32_t nsubs, capsubs;
-    trie_group_t *groups; /* subscription trie: shared groups at this filter */
-    void *msg;            /* retained store: the message, NULL if none */
-    size_t msg_bytes;     /* retained store: what the limit counts for msg */
-    uint64_t hval;        /* hash of (parent, level), kept for rehashing */
-    uint32_t len;         /* level length */
-    char level[];
+    tnode_t *hnext;  /* chain in the table's edge hash */
+    tnode_t *parent; /* NULL only for the root */
+    uint32_t hval;   /* the edge hash's low 32 bits: the bucket (kept for rehashing) */
+    uint32_t nkids;  /* children */
+    uint16_t len;    /* level length (levels are at most RT_TRIE_MAX_LEN bytes) */
+    uint8_t wild;    /* TT_PLUS, TT_HASH */
+    uint8_t flags;   /* the owner's */
+    uint32_t aux;    /* the owner's */
 };
+
+/* Sibling links, right after the tnode_t in the nodes of tables whose kind has links. */
+typedef struct {
+    tnode_t *kids;        /* first child */
+    tnode_t *next, *prev; /* siblings under the parent */
+} tt_links_t;
+
+/* What an owner's nodes look like, and what the table asks the owner about them. */
+typedef struct {
+    uint32_t node_size;              /* the owner's node struct, tnode_t first; the level follows */
+    bool links;                      /* nodes keep sibling lists (tt_links_t after the tnode_t) */
+    bool (*holds)(const tnode_t *x); /* x holds something of the owner's: it must not be pruned */
+} tt_kind_t;
 
 /* The node tree and its edge hash; the owner's lock guards all of it. */
 typedef struct {
     tnode_t *root;
     tnode_t **buckets; /* NULL while the table has no nodes */
     size_t nbuckets, count;
+    const tt_kind_t *kind;
+    uint32_t node_size;   /* kind->node_size, where a node's level starts */
     atomic_size_t *bytes; /* owner's byte counter; writers of other shards update it too */
     atomic_size_t *nodes;
 #ifndef NDEBUG
@@ -67,6 +72,18 @@ typedef struct {
     atomic_bool writer; /* debug: a thread holds it to write */
 #endif
 } ttable_t;
+
+/* A node's level bytes (len of them, not NUL-terminated). */
+static inline char *rt__tt_level(const ttable_t *t, const tnode_t *x)
+{
+    return (char *)x + t->node_size;
+}
+
+/* The sibling links of a node in a table whose kind has them. */
+static inline tt_links_t *rt__tt_links(const tnode_t *x)
+{
+    return (tt_links_t *)(x + 1);
+}
 
 /* A walk position: node, the next level starting at p, or done (all levels consumed). */
 typedef struct rt_trie_frame_s {
@@ -99,10 +116,19 @@ void rt__topic_free(atomic_size_t *ctr, void *p, size_t n);
 void *rt__topic_realloc(atomic_size_t *ctr, void *p, size_t oldn, size_t newn, size_t elem);
 
 /* ---- The node table ---- */
-int rt__tt_init(ttable_t *t, atomic_size_t *bytes, atomic_size_t *nodes); /* 0 or RT_ENOMEM */
-/* Frees every node (subscriptions and groups included, messages not) and the buckets. */
-void rt__tt_destroy(ttable_t *t);
+int rt__tt_init(ttable_t *t, const tt_kind_t *kind, atomic_size_t *bytes,
+                atomic_size_t *nodes); /* 0 or RT_ENOMEM */
+/* Calls release(x, arg) on every node, root included (it must free what x holds, not x),
+   then frees the nodes and the buckets. */
+void rt__tt_destroy(ttable_t *t, void (*release)(tnode_t *x, void *arg), void *arg);
 tnode_t *rt__tt_find(const ttable_t *t, const tnode_t *parent, const char *lvl, size_t n);
+/* parent's '+' or '#' child (bit TT_PLUS or TT_HASH), which its wild says it has. */
+tnode_t *rt__tt_wild_find(const ttable_t *t, const tnode_t *parent, unsigned bit);
+/* x's '+' or '#' child, or NULL: matching asks at every level, mostly of nodes without. */
+static inline tnode_t *rt__tt_wild(const ttable_t *t, const tnode_t *x, unsigned bit)
+{
+    return (x->wild & bit) ? rt__tt_wild_find(t, x, bit) : NULL;
+}
 /* The node of a plain filter or topic; with create, made (NULL on RT_ENOMEM) if missing. */
 tnode_t *rt__tt_path(ttable_t *t, const char *f, size_t len, int create);
 /* Frees x and then each ancestor that became empty, stopping at the root. */

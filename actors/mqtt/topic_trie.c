@@ -77,7 +77,111 @@ struct rt_trie_s {
 #define WILD_SHARD RT_TRIE_SHARDS
 
 /* ------------------------------------------------------------------------------------------ */
-/* Subscription arrays. */
+/* Subscriptions and nodes. */
+
+/* One subscription, ordinary or group member: 16 bytes. */
+typedef struct rt_trie_hit_s {
+    rt_pid_t pid;
+    rt_trie_opts_t o;
+} trie_sub_t;
+
+/* A shared subscription group ($share/name/filter) at its filter's node. */
+typedef struct trie_group_s {
+    struct trie_group_s *next; /* next group at the same node */
+    atomic_uint rr;            /* round-robin cursor: advanced by readers, hence atomic */
+    uint32_t n, cap;           /* members */
+    trie_sub_t *members;
+    uint32_t namelen;
+    char name[];
+} trie_group_t;
+
+/* A node's subscriptions once it has more than one, or any group. */
+typedef struct {
+    trie_group_t *groups; /* shared groups at this filter */
+    uint32_t cap;         /* of subs */
+    trie_sub_t subs[];    /* node.n.aux of them */
+} trie_ext_t;
+
+/* trie_node_t.n.flags: the node's subscriptions and groups are in ext. */
+#define TN_EXT 1u
+
+/*
+** A trie node: 48 bytes before its level. Most filters have one subscriber and no group
+** ("test/%i"), so that one is kept in the node itself; ext exists exactly while the node
+** has two or more ordinary subscriptions or any group.
+*/
+typedef struct {
+    tnode_t n; /* n.aux: ordinary subscriptions at this filter */
+    union {
+        trie_sub_t one;  /* without TN_EXT, when n.aux is 1 */
+        trie_ext_t *ext; /* with TN_EXT */
+    };
+} trie_node_t;
+
+static bool trie_node_holds(const tnode_t *x)
+{
+    return x->aux || (x->flags & TN_EXT);
+}
+
+static const tt_kind_t trie_kind = {.node_size = sizeof(trie_node_t), .holds = trie_node_holds};
+
+static inline trie_node_t *tnode(tnode_t *x)
+{
+    return (trie_node_t *)x;
+}
+
+static inline trie_sub_t *node_subs(trie_node_t *x)
+{
+    return (x->n.flags & TN_EXT) ? x->ext->subs : &x->one;
+}
+
+static inline trie_group_t *node_groups(const trie_node_t *x)
+{
+    return (x->n.flags & TN_EXT) ? x->ext->groups : NULL;
+}
+
+static size_t ext_bytes(uint32_t cap)
+{
+    return sizeof(trie_ext_t) + (size_t)cap * sizeof(trie_sub_t);
+}
+
+/* Resizes (or with no ext yet, makes) x's ext for cap subscriptions; RT_ENOMEM changes nothing. */
+static int ext_resize(atomic_size_t *ctr, trie_node_t *x, uint32_t cap)
+{
+    if (x->n.flags & TN_EXT) {
+        trie_ext_t *e = rt__topic_realloc(ctr, x->ext, ext_bytes(x->ext->cap), ext_bytes(cap), 1);
+        if (!e)
+            return RT_ENOMEM;
+        e->cap = cap;
+        x->ext = e;
+        return 0;
+    }
+    RT_ASSERT(cap >= x->n.aux);
+    trie_ext_t *e = rt__topic_alloc(ctr, ext_bytes(cap));
+    if (!e)
+        return RT_ENOMEM;
+    e->groups = NULL;
+    e->cap = cap;
+    if (x->n.aux)
+        e->subs[0] = x->one;
+    x->ext = e;
+    x->n.flags |= TN_EXT;
+    return 0;
+}
+
+/* Back to the inline form once the ext holds no group and at most one subscription. */
+static void ext_drop_if_unneeded(atomic_size_t *ctr, trie_node_t *x)
+{
+    if (!(x->n.flags & TN_EXT) || x->ext->groups || x->n.aux > 1)
+        return;
+    trie_ext_t *e = x->ext;
+    if (x->n.aux)
+        x->one = e->subs[0];
+    else
+        memset(&x->one, 0, sizeof(x->one));
+    x->n.flags &= (uint8_t)~TN_EXT;
+    rt__topic_free(ctr, e, ext_bytes(e->cap));
+}
 
 static trie_sub_t *subs_find(trie_sub_t *a, uint32_t n, rt_pid_t pid)
 {
@@ -87,39 +191,86 @@ static trie_sub_t *subs_find(trie_sub_t *a, uint32_t n, rt_pid_t pid)
     return NULL;
 }
 
-/* Appends to a doubling array; RT_ENOMEM leaves it unchanged. */
-static int subs_add(atomic_size_t *ctr, trie_sub_t **a, uint32_t *n, uint32_t *cap, rt_pid_t pid,
-                    const rt_trie_opts_t *o)
+/* Adds an ordinary subscription to x (which has none for pid); RT_ENOMEM leaves x unchanged. */
+static int node_sub_add(atomic_size_t *ctr, trie_node_t *x, rt_pid_t pid, const rt_trie_opts_t *o)
 {
-    if (*n == *cap) {
-        uint32_t nc = *cap ? *cap * 2 : 2;
-        trie_sub_t *na = rt__topic_realloc(ctr, *a, *cap, nc, sizeof(trie_sub_t));
-        if (!na)
-            return RT_ENOMEM;
-        *a = na;
-        *cap = nc;
+    uint32_t n = x->n.aux;
+    if (n == 0 && !(x->n.flags & TN_EXT)) {
+        x->one = (trie_sub_t){pid, *o};
+        x->n.aux = 1;
+        return 0;
     }
-    (*a)[*n].pid = pid;
-    (*a)[*n].o = *o;
-    (*n)++;
+    uint32_t cap = (x->n.flags & TN_EXT) ? x->ext->cap : 1;
+    if (n == cap) {
+        if (n > UINT32_MAX / 2 || ext_resize(ctr, x, n < 2 ? 2 : n * 2) != 0)
+            return RT_ENOMEM;
+    }
+    x->ext->subs[n] = (trie_sub_t){pid, *o};
+    x->n.aux = n + 1;
     return 0;
 }
 
-/* Removes an element by moving the last into its place; shrinks at a quarter full. */
-static void subs_del(atomic_size_t *ctr, trie_sub_t **a, uint32_t *n, uint32_t *cap, trie_sub_t *e)
+/* Removes e (one of x's ordinary subscriptions): the last takes its place; shrinks at a
+   quarter full. */
+static void node_sub_del(atomic_size_t *ctr, trie_node_t *x, trie_sub_t *e)
 {
-    *e = (*a)[--(*n)];
-    if (*n == 0) {
-        rt__topic_free(ctr, *a, *cap * sizeof(trie_sub_t));
-        *a = NULL;
-        *cap = 0;
-    } else if (*n * 4 <= *cap && *cap > 2) {
-        trie_sub_t *na = rt__topic_realloc(ctr, *a, *cap, *cap / 2, sizeof(trie_sub_t));
+    uint32_t n = --x->n.aux;
+    if (!(x->n.flags & TN_EXT)) {
+        RT_ASSERT(e == &x->one && n == 0);
+        memset(&x->one, 0, sizeof(x->one));
+        return;
+    }
+    *e = x->ext->subs[n];
+    ext_drop_if_unneeded(ctr, x);
+    if ((x->n.flags & TN_EXT) && n * 4 <= x->ext->cap && x->ext->cap > 2)
+        ext_resize(ctr, x, x->ext->cap / 2); /* a failed shrink just keeps the bigger array */
+}
+
+/* Appends to a group's doubling member array; RT_ENOMEM leaves it unchanged. */
+static int members_add(atomic_size_t *ctr, trie_group_t *g, rt_pid_t pid, const rt_trie_opts_t *o)
+{
+    if (g->n == g->cap) {
+        uint32_t nc = g->cap ? g->cap * 2 : 2;
+        trie_sub_t *na = rt__topic_realloc(ctr, g->members, g->cap, nc, sizeof(trie_sub_t));
+        if (!na)
+            return RT_ENOMEM;
+        g->members = na;
+        g->cap = nc;
+    }
+    g->members[g->n++] = (trie_sub_t){pid, *o};
+    return 0;
+}
+
+/* Removes a member by moving the last into its place; shrinks at a quarter full. */
+static void members_del(atomic_size_t *ctr, trie_group_t *g, trie_sub_t *e)
+{
+    *e = g->members[--g->n];
+    if (g->n == 0) {
+        rt__topic_free(ctr, g->members, g->cap * sizeof(trie_sub_t));
+        g->members = NULL;
+        g->cap = 0;
+    } else if (g->n * 4 <= g->cap && g->cap > 2) {
+        trie_sub_t *na = rt__topic_realloc(ctr, g->members, g->cap, g->cap / 2, sizeof(trie_sub_t));
         if (na) { /* a failed shrink just keeps the bigger array */
-            *a = na;
-            *cap /= 2;
+            g->members = na;
+            g->cap /= 2;
         }
     }
+}
+
+/* rt__tt_destroy's release: what a node holds besides itself. */
+static void node_release(tnode_t *n, void *arg)
+{
+    (void)arg;
+    trie_node_t *x = tnode(n);
+    if (!(x->n.flags & TN_EXT))
+        return;
+    for (trie_group_t *g = x->ext->groups, *ng; g; g = ng) {
+        ng = g->next;
+        free(g->members);
+        free(g);
+    }
+    free(x->ext);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -139,12 +290,12 @@ int rt_trie_new(rt_trie_t **out)
     for (int i = 0; i <= RT_TRIE_SHARDS; i++) {
         for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
             pthread_rwlock_init(&t->shards[i].slots[k].lock, &a);
-        if (rt__tt_init(&t->shards[i].t, &t->bytes, &t->nodes) != 0) {
+        if (rt__tt_init(&t->shards[i].t, &trie_kind, &t->bytes, &t->nodes) != 0) {
             for (int j = 0; j <= i; j++)
                 for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
                     pthread_rwlock_destroy(&t->shards[j].slots[k].lock);
             for (int j = 0; j < i; j++)
-                rt__tt_destroy(&t->shards[j].t);
+                rt__tt_destroy(&t->shards[j].t, node_release, NULL);
             free(t);
             pthread_rwlockattr_destroy(&a);
             return RT_ENOMEM;
@@ -160,7 +311,7 @@ void rt_trie_free(rt_trie_t *t)
     if (!t)
         return;
     for (int i = 0; i <= RT_TRIE_SHARDS; i++) {
-        rt__tt_destroy(&t->shards[i].t);
+        rt__tt_destroy(&t->shards[i].t, node_release, NULL);
         for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
             pthread_rwlock_destroy(&t->shards[i].slots[k].lock);
     }
@@ -187,9 +338,9 @@ static void count_sub(rt_trie_t *t, bool new_filter)
     }
 }
 
-static trie_group_t *group_find(tnode_t *x, const char *g, size_t glen)
+static trie_group_t *group_find(const trie_node_t *x, const char *g, size_t glen)
 {
-    for (trie_group_t *gr = x->groups; gr; gr = gr->next)
+    for (trie_group_t *gr = node_groups(x); gr; gr = gr->next)
         if (gr->namelen == glen && memcmp(gr->name, g, glen) == 0)
             return gr;
     return NULL;
@@ -209,39 +360,47 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
     shard_t *s = shard_for(t, pf, plen, 1);
     int rc = 0;
     write_lock(s);
-    tnode_t *x = rt__tt_path(&s->t, pf, plen, 1);
-    if (!x) {
+    tnode_t *n = rt__tt_path(&s->t, pf, plen, 1);
+    if (!n) {
         rc = RT_ENOMEM;
         goto out;
     }
+    trie_node_t *x = tnode(n);
     if (!g) {
-        trie_sub_t *e = subs_find(x->subs, x->nsubs, pid);
+        trie_sub_t *e = subs_find(node_subs(x), x->n.aux, pid);
         if (e) {
             e->o = *o;
             if (existed)
                 *existed = 1;
             goto out;
         }
-        rc = subs_add(&t->bytes, &x->subs, &x->nsubs, &x->capsubs, pid, o);
+        rc = node_sub_add(&t->bytes, x, pid, o);
         if (rc == 0)
-            count_sub(t, x->nsubs == 1);
+            count_sub(t, x->n.aux == 1);
         else
-            rt__tt_prune(&s->t, x);
+            rt__tt_prune(&s->t, n);
         goto out;
     }
     trie_group_t *gr = group_find(x, g, glen);
     if (!gr) {
+        /* The group goes at the head of the ext's list, which a node without one gets now. */
+        if (!(x->n.flags & TN_EXT) && ext_resize(&t->bytes, x, x->n.aux) != 0) {
+            rt__tt_prune(&s->t, n);
+            rc = RT_ENOMEM;
+            goto out;
+        }
         gr = rt__topic_alloc(&t->bytes, sizeof(*gr) + glen);
         if (!gr) {
-            rt__tt_prune(&s->t, x);
+            ext_drop_if_unneeded(&t->bytes, x);
+            rt__tt_prune(&s->t, n);
             rc = RT_ENOMEM;
             goto out;
         }
         memset(gr, 0, sizeof(*gr));
         memcpy(gr->name, g, glen);
         gr->namelen = (uint32_t)glen;
-        gr->next = x->groups;
-        x->groups = gr;
+        gr->next = x->ext->groups;
+        x->ext->groups = gr;
         atomic_fetch_add_explicit(&t->groups, 1, memory_order_relaxed);
     }
     trie_sub_t *e = subs_find(gr->members, gr->n, pid);
@@ -251,14 +410,15 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
             *existed = 1;
         goto out;
     }
-    rc = subs_add(&t->bytes, &gr->members, &gr->n, &gr->cap, pid, o);
+    rc = members_add(&t->bytes, gr, pid, o);
     if (rc == 0) {
         count_sub(t, gr->n == 1);
     } else if (gr->n == 0) {
-        x->groups = gr->next; /* it was just created at the head */
+        x->ext->groups = gr->next; /* it was just created at the head */
         rt__topic_free(&t->bytes, gr, sizeof(*gr) + glen);
         atomic_fetch_sub_explicit(&t->groups, 1, memory_order_relaxed);
-        rt__tt_prune(&s->t, x);
+        ext_drop_if_unneeded(&t->bytes, x);
+        rt__tt_prune(&s->t, n);
     }
 out:
     write_unlock(s);
@@ -275,36 +435,38 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
         return RT_EINVAL;
     shard_t *s = shard_for(t, pf, plen, 1);
     write_lock(s);
-    tnode_t *x = rt__tt_path(&s->t, pf, plen, 0);
-    if (!x)
+    tnode_t *n = rt__tt_path(&s->t, pf, plen, 0);
+    if (!n)
         goto out;
+    trie_node_t *x = tnode(n);
     if (!g) {
-        trie_sub_t *e = subs_find(x->subs, x->nsubs, pid);
+        trie_sub_t *e = subs_find(node_subs(x), x->n.aux, pid);
         if (!e)
             goto out;
-        subs_del(&t->bytes, &x->subs, &x->nsubs, &x->capsubs, e);
-        if (x->nsubs == 0)
+        node_sub_del(&t->bytes, x, e);
+        if (x->n.aux == 0)
             atomic_fetch_sub_explicit(&t->filters, 1, memory_order_relaxed);
     } else {
         trie_group_t *gr = group_find(x, g, glen);
         trie_sub_t *e = gr ? subs_find(gr->members, gr->n, pid) : NULL;
         if (!e)
             goto out;
-        subs_del(&t->bytes, &gr->members, &gr->n, &gr->cap, e);
+        members_del(&t->bytes, gr, e);
         if (gr->n == 0) {
-            trie_group_t **pp = &x->groups;
+            trie_group_t **pp = &x->ext->groups;
             while (*pp != gr)
                 pp = &(*pp)->next;
             *pp = gr->next;
             rt__topic_free(&t->bytes, gr, sizeof(*gr) + gr->namelen);
             atomic_fetch_sub_explicit(&t->groups, 1, memory_order_relaxed);
             atomic_fetch_sub_explicit(&t->filters, 1, memory_order_relaxed);
+            ext_drop_if_unneeded(&t->bytes, x);
         }
     }
     atomic_fetch_sub_explicit(&t->subs, 1, memory_order_relaxed);
     if (existed)
         *existed = 1;
-    rt__tt_prune(&s->t, x);
+    rt__tt_prune(&s->t, n);
 out:
     write_unlock(s);
     return 0;
@@ -321,7 +483,7 @@ int rt_trie_share_pick(rt_trie_t *t, const char *share_filter, size_t len, rt_pi
     pthread_rwlock_t *l = read_lock(s);
     int rc = RT_ENOTFOUND;
     tnode_t *x = rt__tt_path(&s->t, pf, plen, 0);
-    trie_group_t *gr = x ? group_find(x, g, glen) : NULL;
+    trie_group_t *gr = x ? group_find(tnode(x), g, glen) : NULL;
     if (gr && gr->n) {
         uint32_t n = gr->n, start = atomic_fetch_add_explicit(&gr->rr, 1, memory_order_relaxed);
         for (uint32_t i = 0; i < n && rc; i++) {
@@ -394,25 +556,28 @@ void rt_trie_scratch_destroy(rt_trie_scratch_t *s)
 }
 
 /* Collects one matching node's subscriptions and group picks; counts nodes that had hits. */
-static int collect_node(rt_trie_scratch_t *s, tnode_t *x, rt_pid_t publisher,
+static int collect_node(rt_trie_scratch_t *s, tnode_t *n, rt_pid_t publisher,
                         rt_trie_alive_fn alive, void *arg, int *nodes_hit)
 {
-    if (x->nsubs) {
-        if (rt_grow(&s->hits, &s->caphits, s->nhits + x->nsubs, sizeof(trie_sub_t), 16) != 0)
+    trie_node_t *x = tnode(n);
+    uint32_t nsubs = x->n.aux;
+    if (nsubs) {
+        if (rt_grow(&s->hits, &s->caphits, s->nhits + nsubs, sizeof(trie_sub_t), 16) != 0)
             return RT_ENOMEM;
+        const trie_sub_t *subs = node_subs(x);
         size_t before = s->nhits;
-        for (uint32_t i = 0; i < x->nsubs; i++) {
-            if (x->subs[i].o.no_local && x->subs[i].pid == publisher)
+        for (uint32_t i = 0; i < nsubs; i++) {
+            if (subs[i].o.no_local && subs[i].pid == publisher)
                 continue;
-            s->hits[s->nhits++] = x->subs[i];
+            s->hits[s->nhits++] = subs[i];
         }
         if (s->nhits > before)
             (*nodes_hit)++;
     }
-    for (trie_group_t *g = x->groups; g; g = g->next) {
-        uint32_t n = g->n, start = atomic_fetch_add_explicit(&g->rr, 1, memory_order_relaxed);
-        for (uint32_t i = 0; i < n; i++) {
-            trie_sub_t *m = &g->members[(start + i) % n];
+    for (trie_group_t *g = node_groups(x); g; g = g->next) {
+        uint32_t gn = g->n, start = atomic_fetch_add_explicit(&g->rr, 1, memory_order_relaxed);
+        for (uint32_t i = 0; i < gn; i++) {
+            trie_sub_t *m = &g->members[(start + i) % gn];
             if (alive && !alive(arg, m->pid))
                 continue;
             if (rt_grow(&s->shared, &s->capshared, s->nshared + 1, sizeof(trie_sub_t), 16) != 0)
@@ -435,26 +600,27 @@ static int match_shard(rt_trie_scratch_t *s, const ttable_t *t, const char *topi
     s->stack[sp++] = (tt_frame_t){t->root, topic, 0};
     while (sp) {
         tt_frame_t f = s->stack[--sp];
+        tnode_t *hash = rt__tt_wild(t, f.node, TT_HASH);
         if (f.done) {
             /* All levels consumed: this node's filter matches, and so does "<it>/#". */
             if (collect_node(s, f.node, publisher, alive, arg, nodes_hit) != 0)
                 return RT_ENOMEM;
-            if (f.node->hash &&
-                collect_node(s, f.node->hash, publisher, alive, arg, nodes_hit) != 0)
+            if (hash && collect_node(s, hash, publisher, alive, arg, nodes_hit) != 0)
                 return RT_ENOMEM;
             continue;
         }
-        if (!f.node->kids)
+        if (!f.node->nkids)
             continue;
         const char *q = rt__topic_level_end(f.p, end);
         int done = q == end;
         const char *np = done ? end : q + 1;
-        if (f.node->hash && collect_node(s, f.node->hash, publisher, alive, arg, nodes_hit) != 0)
+        if (hash && collect_node(s, hash, publisher, alive, arg, nodes_hit) != 0)
             return RT_ENOMEM;
         if (rt_grow(&s->stack, &s->capstack, sp + 2, sizeof(tt_frame_t), 16) != 0)
             return RT_ENOMEM;
-        if (f.node->plus)
-            s->stack[sp++] = (tt_frame_t){f.node->plus, np, done};
+        tnode_t *plus = rt__tt_wild(t, f.node, TT_PLUS);
+        if (plus)
+            s->stack[sp++] = (tt_frame_t){plus, np, done};
         tnode_t *c = rt__tt_find(t, f.node, f.p, (size_t)(q - f.p));
         if (c)
             s->stack[sp++] = (tt_frame_t){c, np, done};

@@ -31,7 +31,6 @@ enum {
     MSG_FLUSH,                            /* flush_ms timer: write a partial batch */
     MSG_RETRY,                            /* backoff timer: try the database again */
     MSG_DRAIN,                            /* more batches are ready: write the next */
-    MSG_STOP,                             /* rt_sinks_stop */
 };
 
 typedef struct submit_s {
@@ -45,7 +44,7 @@ typedef struct submit_s {
 ** The queue, the spill and the batch buffer are the sink actor's alone (sink_impl.h):
 ** debug builds check that whatever touches them runs in its turn.
 */
-#define SINK_IN_ACTOR(s) (rt_current() && rt_self(rt_current()) == (s)->pid)
+#define SINK_IN_ACTOR(s) (rt_current() && rt_self(rt_current()) == atomic_load(&(s)->pid))
 
 static const char *const state_names[] = {"connected", "connecting", "disconnected"};
 
@@ -206,7 +205,7 @@ static void schedule_retry(rt_sink_t *s)
     if (s->retry_timer)
         return;
     s->retry_timer = true;
-    rt_send_after_tag(s->backoff, s->pid, MSG_RETRY, NULL);
+    rt_send_after_tag(s->backoff, atomic_load(&s->pid), MSG_RETRY, NULL);
     s->backoff = s->backoff * 2 > s->backoff_max_ms ? s->backoff_max_ms : s->backoff * 2;
 }
 
@@ -215,7 +214,7 @@ static void ensure_flush_timer(rt_sink_t *s)
     if (s->mem_rows == 0 || s->flush_timer)
         return;
     s->flush_timer = true;
-    rt_send_after_tag(s->flush_ms, s->pid, MSG_FLUSH, NULL);
+    rt_send_after_tag(s->flush_ms, atomic_load(&s->pid), MSG_FLUSH, NULL);
 }
 
 /* Opens the driver if needed and writes the batch; < 0 on a transient failure. */
@@ -398,7 +397,7 @@ static void pump_sink(rt_sink_t *s, bool force)
         spill_memory(s, 0); /* behind the spill, in order, until the retry */
     if (ok && !s->drain_sent && (spill_pending(s) || s->mem_rows >= s->batch)) {
         s->drain_sent = true;
-        rt_send(s->pid, MSG_DRAIN, NULL, 0);
+        rt_send(atomic_load(&s->pid), MSG_DRAIN, NULL, 0);
     }
     /* Memory past its bound goes to the spill even while the database keeps up slowly. */
     if (s->mem_bytes > s->queue_bytes)
@@ -412,16 +411,25 @@ typedef struct sink_actor_s {
     rt_sink_t *s;
 } sink_actor_t;
 
+/*
+** Each start of the actor: the first replays a spill left by an earlier run; a restart
+** takes over from the incarnation before, whose terminate left every row it held either
+** written or in the spill (its timers died with it), and replays that spill.
+*/
 static int sink_init(rt_actor_t *self, void *state, void *arg)
 {
     sink_actor_t *st = state;
     rt_sink_t *s = arg;
     st->s = s;
-    s->pid = rt_self(self);
+    RT_ASSERT(!s->head && s->mem_rows == 0 && !s->spill_open);
+    s->flush_timer = s->retry_timer = s->opened = false;
     s->backoff = s->backoff_ms;
-    /* A spill left by an earlier run is replayed first: those rows were accepted then. */
+    /* Exit signals from its supervisor come as messages, after what was sent before. */
+    rt_trap_exit(self, true);
     struct stat sb;
-    if (s->drv->spills && stat(s->spill_path, &sb) == 0 && ensure_spill(s) && s->spill.rows > 0) {
+    if (s->drv->spills && stat(s->spill_path, &sb) == 0 && ensure_spill(s) && s->spill.rows > 0 &&
+        s->starts == 0) {
+        /* Those rows were accepted by the earlier run. */
         atomic_fetch_add(&s->in, s->spill.rows);
         atomic_fetch_add(&s->recovered, s->spill.rows);
         atomic_fetch_add(&s->spilled, s->spill.rows);
@@ -429,9 +437,12 @@ static int sink_init(rt_actor_t *self, void *state, void *arg)
         rt_log(RT_LOG_INFO, "sink.recovered", "sink=%s rows=%llu file=%s", s->name,
                (unsigned long long)s->spill.rows, s->spill_path);
     }
-    /* The first turn connects (and replays what the spill holds). */
+    s->starts++;
+    /* The first turn connects (and replays what the spill holds). Sent before the pid is
+       published, so it comes before anything submitted to this incarnation. */
     s->drain_sent = true;
-    rt_send(s->pid, MSG_DRAIN, NULL, 0);
+    rt_send(rt_self(self), MSG_DRAIN, NULL, 0);
+    atomic_store(&s->pid, rt_self(self));
     return 0;
 }
 
@@ -505,9 +516,14 @@ static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         s->drain_sent = false;
         pump_sink(s, false);
         break;
-    case MSG_STOP:
-        rt_exit(self, RT_REASON_NORMAL);
+    case RT_MSG_EXIT: {
+        /* Its supervisor's stop, or exit/2 from anyone: as an actor that does not trap
+           exits would take it, once what came before it is handled. */
+        const rt_exit_msg_t *e = (const rt_exit_msg_t *)(const void *)m->data;
+        if (e->reason != RT_REASON_NORMAL)
+            rt_exit(self, e->reason);
         break;
+    }
     default:
         break;
     }
@@ -577,8 +593,8 @@ static const char *sink_tag_name(uint32_t tag)
         return "retry";
     case MSG_DRAIN:
         return "drain";
-    case MSG_STOP:
-        return "stop";
+    case RT_MSG_EXIT:
+        return "exit";
     default:
         return "";
     }
@@ -594,34 +610,55 @@ static void sink_trace(void *state, rt_gc_t *gc)
     }
 }
 
+/*
+** Rows the actor never took (in its mailbox when it died) were counted in at submission:
+** they are taken back out, and the submitter hears RT_ENOPROC, which means "submit
+** them again" (to the next incarnation), so a sink's restart loses none of them.
+*/
+static void sink_dead_letter(void *state, rt_msg_t *m)
+{
+    rt_sink_t *s = ((sink_actor_t *)state)->s;
+    if (m->tag != MSG_ROWS)
+        return;
+    submit_t sub;
+    memcpy(&sub, m->data, sizeof(sub));
+    atomic_fetch_sub(&s->in, sub.nrows);
+    atomic_fetch_sub(&s->queued, sub.nrows);
+    atomic_fetch_sub(&s->bytes, m->bin ? rt_bin_len(m->bin) : 0);
+    rt_bin_release(sub.opts);
+    send_ack(sub.ack_pid, sub.ack_token, RT_ENOPROC);
+}
+
 /* Database sinks run on the blocking pool, the republish sink on a scheduler. */
 #define SINK_TYPE(flags_)                                                                          \
     {                                                                                              \
         .name = "sink", .state_size = sizeof(sink_actor_t), .init = sink_init,                     \
         .handle = sink_handle, .trace = sink_trace, .terminate = sink_terminate,                   \
-        .tag_name = sink_tag_name, .flags = (flags_),                                              \
+        .tag_name = sink_tag_name, .dead_letter = sink_dead_letter, .flags = (flags_),             \
     }
 static const rt_actor_type_t sink_type = SINK_TYPE(0);
 static const rt_actor_type_t sink_blocking_type = SINK_TYPE(RT_TYPE_BLOCKING);
 
-int rt__sink_spawn(rt_sink_t *s)
+int rt__sink_start(rt_pid_t group, rt_sink_t *s)
 {
-    char regname[80];
-    snprintf(regname, sizeof(regname), "sink:%s", s->name);
+    snprintf(s->regname, sizeof(s->regname), "sink:%s", s->name);
     /* The queue is bounded by queue_bytes and max_bytes, not by the runtime's default
        per-actor limit: a sink killed for its heap would lose what it holds. */
-    rt_spawn_opts_t o = {.name = regname, .max_heap = (size_t)1 << 62};
-    return rt_spawn_opt(s->drv->blocking ? &sink_blocking_type : &sink_type, s, &o, &s->pid);
+    rt_child_spec_t c = {.name = s->regname,
+                         .type = s->drv->blocking ? &sink_blocking_type : &sink_type,
+                         .arg = s,
+                         .restart = RT_PERMANENT,
+                         .max_heap = (size_t)1 << 62,
+                         .shutdown_ms = RT_SINK_STOP_WAIT_MS};
+    return rt_supervisor_start_child(group, &c, NULL);
 }
 
-void rt__sink_stop(rt_sink_t *s)
+void rt__sink_close(rt_sink_t *s)
 {
     atomic_store(&s->closing, true);
-    /* Submissions that passed the closing check before it was set finish sending first,
-       so STOP is the last message in the mailbox. */
+    /* Submissions that passed the closing check before it was set finish sending first. */
     while (atomic_load(&s->submitting) > 0)
         sched_yield();
-    rt_send(s->pid, MSG_STOP, NULL, 0);
 }
 
 /* ---- Submission (any thread) ---- */
@@ -670,8 +707,9 @@ int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
             memcpy(m->data, &sub, sizeof(sub));
             m->bin = rows;
             rows = NULL;
-            opts = NULL;
-            rc = rt_send_msg(s->pid, m);
+            rc = rt_send_msg(atomic_load(&s->pid), m);
+            if (rc == 0)
+                opts = NULL; /* the message holds it; a refused one was freed without it */
         } else {
             rc = RT_ENOMEM;
         }
@@ -685,6 +723,10 @@ int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
     atomic_fetch_sub(&s->submitting, 1);
     if (rc == 0)
         return 0;
+    if (rc == RT_ENOPROC) { /* its actor is being restarted: nothing taken, nothing counted */
+        rt_bin_release(opts);
+        return rc;
+    }
     /* Refused: counted in and dropped, so the books still balance. */
     atomic_fetch_add(&s->in, nrows);
     uint64_t before = atomic_fetch_add(&s->dropped, nrows);

@@ -36,11 +36,14 @@ typedef struct rt_sink_committed_s {
 
 /*
 ** Validates every sink in conf (errors name the config file, line and reason:
-** "etc/rtd.conf:42: sinks.archive: unknown key tabel") and spawns one actor per
-** enabled sink. Call after rt_init, before anything submits. Returns 0 or an
-** RT_E* code with err set; on error no sink is left running.
+** "etc/rtd.conf:42: sinks.archive: unknown key tabel") and starts one actor per
+** enabled sink, each a permanent child of the group supervisor "sinks_sup" (group.h),
+** itself a child of sup (0: of nobody). A sink's actor that dies is started again
+** and replays its spill, where the one before left what it held. Call after
+** rt_init, from outside any actor, before anything submits. Returns 0 or an RT_E*
+** code with err set; on error no sink is left running.
 */
-int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen);
+int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
 /*
 ** Stops every sink: each writes what it holds in memory if its database is up;
 ** rows it cannot write stay in (or go to) its spill file for the next start. Later
@@ -62,11 +65,15 @@ rt_sink_t *rt_sink_find(const char *name);
 ** durable (status 0): committed to the database, or to the sink's spill file
 ** (fsynced, replayed at the next start) while the database is down, whichever
 ** comes first; a republish row counts once published. Status < 0: at least one
-** row was dropped for good (the first such code). Returns 0; RT_ELIMIT if the
-** sink's byte limit is reached; RT_EINVAL if rows is not nrows well-formed BSON
-** documents; RT_ESHUTDOWN after rt_sinks_stop. On an error the rows are dropped,
-** counted (in and dropped) and logged, and the ack, if asked for, still comes,
-** with that code. Safe from any thread.
+** row was dropped for good (the first such code), except RT_ENOPROC: the sink's
+** actor died before it took these rows (they are not counted): submit them again.
+** Returns 0; RT_ELIMIT if the sink's byte limit is reached; RT_EINVAL if rows is
+** not nrows well-formed BSON documents; RT_ESHUTDOWN after rt_sinks_stop. On an
+** error the rows are dropped, counted (in and dropped) and logged, and the ack, if
+** asked for, still comes, with that code. RT_ENOPROC alone is different: the sink's
+** actor is being restarted, nothing was taken or counted and no ack comes; a caller
+** that keeps a reference of its own to rows and opts submits them again. Safe from
+** any thread.
 */
 int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts, rt_pid_t ack_pid,
                    uint64_t ack_token);

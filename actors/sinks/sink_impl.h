@@ -141,8 +141,9 @@ struct rt_sink_s {
     uint64_t max_bytes;
     uint32_t backoff_ms, backoff_max_ms;
     char spill_path[512];
+    char regname[80]; /* "sink:<name>", its actor's registered name */
 
-    rt_pid_t pid;
+    _Atomic rt_pid_t pid; /* its actor's current incarnation (set by each start) */
 
     /* Touched by submitting threads and read by rt_sinks_snapshot: atomics. */
     _Alignas(RT_CACHE_LINE) atomic_uint_fast64_t in;
@@ -166,6 +167,7 @@ struct rt_sink_s {
     uint32_t backoff;              /* current retry delay, ms */
     bool after_failure;            /* the next write is a retry */
     sink_row_t *batch_rows;        /* batch buffer: batch entries */
+    uint32_t starts;               /* incarnations of its actor so far */
 };
 
 /* Records why the last operation failed (any thread; shown by rtctl). */
@@ -174,10 +176,17 @@ void rt__sink_error(rt_sink_t *s, const char *fmt, ...) __attribute__((format(pr
 const char *rt__sink_state_name(int state);
 
 /* ---- The sink actor (sink.c), for the set of sinks (sink_set.c) ---- */
-/* Starts s's actor, registered as "sink:<name>": 0 or an rt_spawn error. */
-int rt__sink_spawn(rt_sink_t *s);
-/* Refuses submissions to s from now on and asks its actor to stop after what it was sent. */
-void rt__sink_stop(rt_sink_t *s);
+/*
+** Starts s's actor as a permanent child of the supervisor group, registered as
+** "sink:<name>": 0 or its start error. A restarted actor replays s's spill, where the
+** last one left what it held.
+*/
+int rt__sink_start(rt_pid_t group, rt_sink_t *s);
+/*
+** Refuses submissions to s from now on; returns once none is under way, so that a stop
+** of its actor (exit shutdown: handled after what is in its mailbox) comes last.
+*/
+void rt__sink_close(rt_sink_t *s);
 
 /* A per-row option or config string: the UTF-8 value of key in opts (NULL if absent). */
 const char *rt__sink_opt_str(const sink_row_t *r, const char *key, uint32_t *len);

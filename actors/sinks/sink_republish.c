@@ -232,9 +232,10 @@ static int rp_write(rt_sink_t *s, sink_row_t *rows, size_t n)
             rt__sink_error(s, "out of memory");
             return RT_EAGAIN;
         }
-        int rc = qos < 0 || qos > 2 ? RT_EINVAL
-                                    : rt_broker_publish(s->pid, out->data, tl, out->data + tl,
-                                                        out->len - tl, (uint8_t)qos, retain);
+        int rc = qos < 0 || qos > 2
+                     ? RT_EINVAL
+                     : rt_broker_publish(atomic_load(&s->pid), out->data, tl, out->data + tl,
+                                         out->len - tl, (uint8_t)qos, retain);
         if (rc == RT_ENOMEM) {
             rt__sink_error(s, "out of memory");
             return RT_EAGAIN;

@@ -8,14 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
+#include "group.h"
 #include "log.h"
 #include "sink_impl.h"
 
 static rt_sink_t *g_sinks[RT_CONF_MAX_SECTIONS];
 static unsigned g_nsinks;
 static atomic_bool g_running;
+static rt_pid_t g_sup; /* the supervisor the sinks' group runs under (0: none) */
+
+#define RT_SINKS_GROUP "sinks_sup"
 
 static const sink_driver_t *const drivers[] = {&rt_sink_sqlite_driver, &rt_sink_mongo_driver,
                                                &rt_sink_republish_driver};
@@ -228,7 +231,7 @@ static void free_all(void)
     g_nsinks = 0;
 }
 
-int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
+int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
 {
     if (atomic_load(&g_running)) {
         snprintf(err, errlen, "sinks are already running");
@@ -262,10 +265,17 @@ int rt_sinks_start(const rt_conf_t *conf, char *err, size_t errlen)
         free_all();
         return RT_EINVAL;
     }
+    g_sup = sup;
+    rt_pid_t group;
+    int rc = rt_group_start(sup, RT_SINKS_GROUP, RT_PERMANENT, &group);
+    if (rc) {
+        snprintf(err, errlen, "sinks: cannot start their supervisor: %s", rt_strerror(rc));
+        free_all();
+        return rc;
+    }
     for (unsigned i = 0; i < g_nsinks; i++) {
         rt_sink_t *s = g_sinks[i];
-        int rc = rt__sink_spawn(s);
-        if (rc) {
+        if ((rc = rt__sink_start(group, s))) {
             snprintf(err, errlen, "sinks.%s: cannot start: %s", s->name, rt_strerror(rc));
             /* Stop the ones already running, then free them all. */
             unsigned all = g_nsinks;
@@ -289,13 +299,11 @@ void rt_sinks_stop(void)
     if (!atomic_exchange(&g_running, false))
         return;
     for (unsigned i = 0; i < g_nsinks; i++)
-        rt__sink_stop(g_sinks[i]);
+        rt__sink_close(g_sinks[i]);
+    /* Each sink handles what it was sent, then writes or spills what it holds. */
+    rt_group_stop(g_sup, RT_SINKS_GROUP);
     for (unsigned i = 0; i < g_nsinks; i++) {
         rt_sink_t *s = g_sinks[i];
-        for (int waited = 0; rt_alive(s->pid) && waited < RT_SINK_STOP_WAIT_MS; waited++) {
-            struct timespec ms = {0, 1000000};
-            nanosleep(&ms, NULL);
-        }
         rt_log(RT_LOG_INFO, "sink.stopped",
                "sink=%s in=%llu written=%llu spilled=%llu dropped=%llu", s->name,
                (unsigned long long)atomic_load(&s->in),

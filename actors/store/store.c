@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "group.h"
 #include "log.h"
 #include "store.h"
 
@@ -121,8 +122,10 @@ static const char schema[] =
 typedef struct {
     sqlite3 *db;
     sqlite3_stmt *st[ST_COUNT];
-    rt_pid_t pid;
+    _Atomic rt_pid_t pid; /* the store actor's current incarnation (each start sets it) */
     _Atomic uint64_t changes, commits, failures;
+    _Atomic uint64_t lost; /* changes sent to a store actor that died before applying them */
+    uint64_t lost_logged;  /* lost as of the last restart's log line (the actor's) */
 } store_t;
 
 static store_t store;
@@ -157,7 +160,7 @@ static uint64_t wall_to_mono(int64_t wall)
 
 bool rt_store_enabled(void)
 {
-    return store.pid != 0;
+    return atomic_load(&store.pid) != 0;
 }
 
 /* ---- The actor ---- */
@@ -172,8 +175,14 @@ static void exec_logged(sqlite3 *db, const char *what)
     sqlite3_free(msg);
 }
 
+static void answer(rt_pid_t pid, uint64_t token, int32_t status)
+{
+    rt_store_committed_t c = {.token = token, .status = status};
+    rt_send(pid, RT_STORE_MSG_COMMITTED, &c, sizeof(c));
+}
+
 /* The statements and the open transaction belong to the store actor's turns alone. */
-#define RT_STORE_IN_ACTOR() (rt_current() && rt_self(rt_current()) == store.pid)
+#define RT_STORE_IN_ACTOR() (rt_current() && rt_self(rt_current()) == atomic_load(&store.pid))
 
 static void commit_tx(actor_state_t *a)
 {
@@ -184,10 +193,8 @@ static void commit_tx(actor_state_t *a)
         a->in_tx = false;
     }
     a->tx_changes = 0;
-    for (size_t i = 0; i < a->nacks; i++) {
-        rt_store_committed_t c = {.token = a->acks[i].token};
-        rt_send(a->acks[i].pid, RT_STORE_MSG_COMMITTED, &c, sizeof(c));
-    }
+    for (size_t i = 0; i < a->nacks; i++)
+        answer(a->acks[i].pid, a->acks[i].token, 0);
     a->nacks = 0;
 }
 
@@ -316,6 +323,25 @@ typedef struct {
     bool done;
 } sync_t;
 
+/* Wakes the rt_store_sync whose request m is. */
+static void answer_sync(const rt_msg_t *m)
+{
+    sync_t *sy;
+    memcpy(&sy, m->data, sizeof(sy));
+    pthread_mutex_lock(&sy->lock);
+    sy->done = true;
+    pthread_cond_signal(&sy->cond);
+    pthread_mutex_unlock(&sy->lock);
+}
+
+/* The change m carries, or NULL if m is not one. */
+static const op_t *op_of(const rt_msg_t *m)
+{
+    if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
+        return NULL;
+    return (const op_t *)(const void *)m->data;
+}
+
 static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     actor_state_t *a = state;
@@ -326,17 +352,12 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
     if (m->tag == OP_SYNC) {
         commit_tx(a);
-        sync_t *sy;
-        memcpy(&sy, m->data, sizeof(sy));
-        pthread_mutex_lock(&sy->lock);
-        sy->done = true;
-        pthread_cond_signal(&sy->cond);
-        pthread_mutex_unlock(&sy->lock);
+        answer_sync(m);
         return;
     }
-    if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
+    const op_t *op = op_of(m);
+    if (!op)
         return;
-    const op_t *op = (const op_t *)(const void *)m->data;
     RT_ASSERT(m->len == sizeof(op_t) + op->len1 + op->len2); /* as send_op made it */
     if (!a->in_tx) {
         exec_logged(store.db, "BEGIN");
@@ -347,7 +368,7 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         if (rt_grow(&a->acks, &a->capacks, a->nacks + 1, sizeof(ack_t), 64) == 0)
             a->acks[a->nacks++] = (ack_t){op->ack_pid, op->token};
         else /* no memory to remember it: answer now rather than never */
-            rt_send(op->ack_pid, RT_STORE_MSG_COMMITTED, &op->token, sizeof(op->token));
+            answer(op->ack_pid, op->token, 0);
     }
     /* Group commit: FLUSH queues behind everything already waiting, so the commit it
        triggers covers all of it. */
@@ -359,6 +380,25 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
 }
 
+/*
+** Each start of the store actor publishes its pid. A restart says how many changes the
+** one before lost (sent, never applied): each that a publisher waited for was answered
+** RT_ENOPROC, so no acknowledgement rests on them.
+*/
+static int store_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)state;
+    (void)arg;
+    uint64_t lost = atomic_load(&store.lost);
+    if (atomic_load(&store.pid))
+        rt_log(RT_LOG_WARNING, "store.restarted", "lost_changes=%llu",
+               (unsigned long long)(lost - store.lost_logged));
+    store.lost_logged = lost;
+    atomic_store(&store.pid, rt_self(self));
+    return 0;
+}
+
+/* What was applied is committed and answered, whatever ends the actor. */
 static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 {
     actor_state_t *a = state;
@@ -366,11 +406,29 @@ static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     free(a->acks);
 }
 
+/* A change the store never applied: counted lost, and whoever waits for it told so. */
+static void store_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag == OP_SYNC) {
+        answer_sync(m);
+        return;
+    }
+    const op_t *op = op_of(m);
+    if (!op)
+        return;
+    atomic_fetch_add(&store.lost, 1);
+    if (op->ack_pid)
+        answer(op->ack_pid, op->token, RT_ENOPROC);
+}
+
 static const rt_actor_type_t store_type = {
     .name = "store",
     .state_size = sizeof(actor_state_t),
+    .init = store_init,
     .handle = store_handle,
     .terminate = store_terminate,
+    .dead_letter = store_dead_letter,
     .flags = RT_TYPE_BLOCKING,
 };
 
@@ -379,7 +437,8 @@ static const rt_actor_type_t store_type = {
 static void send_op(uint32_t tag, op_t *op, const char *k1, size_t l1, const char *k2, size_t l2,
                     rt_bin_t *bin)
 {
-    if (!store.pid)
+    rt_pid_t pid = atomic_load(&store.pid);
+    if (!pid)
         return;
     rt_msg_t *m = rt_msg_new(tag, sizeof(op_t) + l1 + l2);
     if (!m) {
@@ -395,9 +454,11 @@ static void send_op(uint32_t tag, op_t *op, const char *k1, size_t l1, const cha
     if (l2)
         memcpy(o->text + l1, k2, l2);
     m->bin = bin ? rt_bin_retain(bin) : NULL;
-    if (rt_send_msg(store.pid, m) != 0 && op->ack_pid) {
-        rt_store_committed_t c = {.token = op->token};
-        rt_send(op->ack_pid, RT_STORE_MSG_COMMITTED, &c, sizeof(c));
+    /* The store actor is being restarted: the change is lost, and said to be. */
+    if (rt_send_msg(pid, m) != 0) {
+        atomic_fetch_add(&store.lost, 1);
+        if (op->ack_pid)
+            answer(op->ack_pid, op->token, RT_ENOPROC);
     }
 }
 
@@ -477,6 +538,7 @@ void rt_store_stats(rt_store_stats_t *out)
     out->changes = store.changes;
     out->commits = store.commits;
     out->failures = store.failures;
+    out->lost = store.lost;
 }
 
 /* ---- Opening and loading ---- */
@@ -555,7 +617,7 @@ int rt_store_create_private(const char *path)
     return 0;
 }
 
-int rt_store_open(const char *dir, char *err, size_t errlen)
+int rt_store_open(const char *dir, rt_pid_t sup, char *err, size_t errlen)
 {
     char path[512];
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
@@ -577,22 +639,23 @@ int rt_store_open(const char *dir, char *err, size_t errlen)
         if (sqlite3_prepare_v3(store.db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &store.st[i],
                                NULL) != SQLITE_OK)
             return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
-    rt_pid_t pid;
-    rc = rt_spawn(&store_type, NULL, &pid);
-    if (rc)
+    rt_pid_t group;
+    rt_child_spec_t c = {.name = RT_STORE_NAME, .type = &store_type, .restart = RT_PERMANENT};
+    if (rt_group_start(sup, RT_STORE_GROUP, RT_PERMANENT, &group) ||
+        rt_supervisor_start_child(group, &c, NULL))
         return open_failed(err, errlen, path, "cannot start the store actor");
-    store.pid = pid;
     return 0;
 }
 
 int rt_store_sync(void)
 {
     RT_ASSERT(!rt_current()); /* an actor waiting here could hold up the store's own turn */
-    if (!store.pid)
+    rt_pid_t pid = atomic_load(&store.pid);
+    if (!pid)
         return 0;
     sync_t sy = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     sync_t *p = &sy;
-    int rc = rt_send(store.pid, OP_SYNC, &p, sizeof(p));
+    int rc = rt_send(pid, OP_SYNC, &p, sizeof(p));
     pthread_mutex_lock(&sy.lock);
     while (rc == 0 && !sy.done)
         pthread_cond_wait(&sy.cond, &sy.lock);
@@ -609,7 +672,7 @@ void rt_store_close(void)
     if (store.db)
         sqlite3_close(store.db);
     store.db = NULL;
-    store.pid = 0;
+    atomic_store(&store.pid, 0);
 }
 
 /* How a stored PUBLISH becomes a message again (rt_store_load's make_bin), while loading. */

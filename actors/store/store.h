@@ -40,7 +40,11 @@ int rt_store_create_private(const char *path);
 
 typedef struct {
     uint64_t token;
+    int32_t status; /* 0: committed; RT_ENOPROC: lost, the store actor died before applying it */
 } rt_store_committed_t;
+
+#define RT_STORE_GROUP "store_sup" /* the store actor's supervisor (group.h) */
+#define RT_STORE_NAME "store"      /* ... and the actor's registered name */
 
 /* One stored message of a session (queued, or inflight with its state). */
 typedef struct {
@@ -70,8 +74,14 @@ typedef struct {
     size_t nqos2_in;
 } rt_stored_session_t;
 
-/* Opens (creating if needed) dir/state.db and starts the store actor; err says why not. */
-int rt_store_open(const char *dir, char *err, size_t errlen);
+/*
+** Opens (creating if needed) dir/state.db and starts the store actor, the permanent
+** child of the group supervisor RT_STORE_GROUP (group.h) under sup (0: of nobody);
+** err says why not. A store actor that dies commits and answers what it applied; the
+** changes still queued to it are lost, and those sent with an ack pid are answered
+** RT_ENOPROC, as are changes sent before the next one runs. The database stays open.
+*/
+int rt_store_open(const char *dir, rt_pid_t sup, char *err, size_t errlen);
 /*
 ** From outside the runtime (rtd's main thread) before rt_shutdown: waits until
 ** every change sent so far is committed, so a clean stop loses nothing.
@@ -115,6 +125,7 @@ typedef struct {
     uint64_t changes;  /* applied */
     uint64_t commits;
     uint64_t failures; /* changes SQLite refused (logged) */
+    uint64_t lost;     /* changes sent to a store actor that died before applying them */
 } rt_store_stats_t;
 void rt_store_stats(rt_store_stats_t *out);
 

@@ -1,4 +1,5 @@
-/* Actors: spawn, send, exit, dead letters, registry, links, monitors, trap_exit, heap limits. */
+/* Actors: spawn, send, exit, dead letters (and their hook), registry, links, monitors, trap_exit,
+   heap limits. */
 #include "rt_test.h"
 
 enum {
@@ -423,6 +424,59 @@ static void test_init_failure(void)
     CHECK(wait_alive(0, 1000));
 }
 
+/*
+** Messages an actor never handled go to its type's dead_letter, with its state: the
+** nine left in the mailbox by an actor that exits on the first of ten, with their
+** binaries. A send after the exit is refused, so its sender knows at once.
+*/
+enum { MSG_LETTER = RT_MSG_USER + 50 };
+static atomic_long letters_handled, letters_dead;
+
+static int letters_init(rt_actor_t *self, void *state, void *arg)
+{
+    *(int *)state = 42;
+    for (int i = 0; i < 10; i++) {
+        rt_msg_t *m = rt_msg_new(MSG_LETTER, sizeof(int));
+        memcpy(m->data, &i, sizeof(i));
+        m->bin = rt_bin_new("payload", 7);
+        rt_send_msg(rt_self(self), m);
+    }
+    return 0;
+}
+
+static void letters_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    atomic_fetch_add(&letters_handled, 1);
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
+/* Counts only what it was meant to get; the main thread checks the count. */
+static void letters_dead_letter(void *state, rt_msg_t *m)
+{
+    bool whole = *(int *)state == 42 && m->tag == MSG_LETTER && m->bin && rt_bin_len(m->bin) == 7;
+    rt_bin_release(rt_msg_take_bin(m));
+    if (whole)
+        atomic_fetch_add(&letters_dead, 1);
+}
+
+static const rt_actor_type_t letters_type = {.name = "letters",
+                                             .state_size = sizeof(int),
+                                             .init = letters_init,
+                                             .handle = letters_handle,
+                                             .dead_letter = letters_dead_letter};
+
+static void test_dead_letter_hook(void)
+{
+    atomic_store(&letters_handled, 0);
+    atomic_store(&letters_dead, 0);
+    rt_pid_t pid;
+    CHECK_EQ(rt_spawn(&letters_type, NULL, &pid), 0);
+    CHECK(wait_alive(0, 5000));
+    CHECK_EQ(atomic_load(&letters_handled), 1);
+    CHECK_EQ(atomic_load(&letters_dead), 9);
+    CHECK_EQ(rt_send(pid, MSG_LETTER, NULL, 0), RT_ENOPROC); /* refused: the sender knows */
+}
+
 /* One binary, many receivers: every actor holds the same bytes, none is copied. */
 enum { MSG_BIN = RT_MSG_USER + 100 };
 static atomic_long bins_held;
@@ -595,6 +649,7 @@ int main(void)
     RUN(test_spawn_options);
     RUN(test_init_failure);
     RUN(test_inline_heap);
+    RUN(test_dead_letter_hook);
     rt_shutdown();
     return CHECK_SUMMARY();
 }

@@ -306,10 +306,10 @@ static void test_clients_each_and_query(void)
     start_broker(false, NULL);
     CHECK_EQ(rt_spawn(&asker_type, NULL, &asker), 0);
     uint64_t before = (uint64_t)time(NULL) * 1000;
-    int alice = mqtt_connect(&(connect_t){.id = "alice", .version = 5, .clean = true,
-                                          .keepalive = 60, .username = "al"});
-    int bob = mqtt_connect(&(connect_t){.id = "bob", .version = 4, .clean = false,
-                                        .keepalive = 30});
+    int alice = mqtt_connect(&(connect_t){
+        .id = "alice", .version = 5, .clean = true, .keepalive = 60, .username = "al"});
+    int bob =
+        mqtt_connect(&(connect_t){.id = "bob", .version = 4, .clean = false, .keepalive = 30});
     CHECK(alice >= 0 && bob >= 0);
     CHECK(mqtt_subscribe(alice, 5, "a/b", 1 | 4 /* no_local */, 7));
     CHECK(mqtt_subscribe(alice, 5, "$share/g1/x/+", 2 | 8 /* retain as published */, 0));
@@ -393,8 +393,8 @@ static void test_kick(void)
     start_broker(false, NULL);
     int watcher = mqtt_connect(&(connect_t){.id = "watcher", .version = 4, .clean = true});
     CHECK(watcher >= 0 && mqtt_subscribe(watcher, 4, "will/#", 0, 0));
-    int v5 = mqtt_connect(&(connect_t){.id = "k5", .version = 5, .clean = false, .expiry = 3600,
-                                       .will_topic = "will/k5"});
+    int v5 = mqtt_connect(&(connect_t){
+        .id = "k5", .version = 5, .clean = false, .expiry = 3600, .will_topic = "will/k5"});
     int v3 = mqtt_connect(&(connect_t){.id = "k3", .version = 4, .clean = true});
     int off = mqtt_connect(&(connect_t){.id = "koff", .version = 4, .clean = false});
     CHECK(v5 >= 0 && v3 >= 0 && off >= 0);
@@ -755,10 +755,70 @@ static void test_limits_live(void)
     free(atomic_exchange(&answer, NULL));
 }
 
+static void count_each(const char *id, rt_pid_t pid, void *ud)
+{
+    (void)id;
+    (void)pid;
+    (*(size_t *)ud)++;
+}
+
+/*
+** The client table on its own, past several growths: claims, takeovers (the entry takes the
+** new holder's string, so the old one may be freed), releases in a scattered order (the
+** deletions shift probe runs back) and lookups of everything after each step.
+*/
+static void test_client_table(void)
+{
+    start_broker(false, NULL);
+    enum { N = 5000, TAKEN = 300 };
+    static char ids[N][16], again[TAKEN][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "ct%d", i);
+        CHECK_EQ(rt_broker_claim_client(ids[i], 1000 + (rt_pid_t)i), 0);
+    }
+    for (int i = 0; i < TAKEN; i++) {
+        snprintf(again[i], sizeof(again[i]), "ct%d", i);
+        CHECK_EQ(rt_broker_claim_client(again[i], 9000 + (rt_pid_t)i), 1000 + (rt_pid_t)i);
+        rt_broker_release_client(ids[i], 1000 + (rt_pid_t)i); /* the old holder: no effect */
+        memset(ids[i], 'x', sizeof(ids[i]) - 1);              /* ... and it frees its id */
+    }
+    size_t n = 0;
+    CHECK_EQ(rt_broker_clients_each(count_each, &n), N);
+    long wrong = 0;
+    for (int i = 0; i < N; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "ct%d", i);
+        wrong += rt_broker_lookup_client(id) != (i < TAKEN ? 9000 : 1000) + (rt_pid_t)i;
+    }
+    CHECK_EQ(wrong, 0);
+    /* Release every other id in a stride that scatters them over the table. */
+    for (int k = 0; k < N; k++) {
+        int i = (int)(((long)k * 7919) % N);
+        if (i % 2 == 0)
+            rt_broker_release_client(i < TAKEN ? again[i] : ids[i],
+                                     (i < TAKEN ? 9000 : 1000) + (rt_pid_t)i);
+    }
+    for (int i = 0; i < N; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "ct%d", i);
+        rt_pid_t want = i % 2 ? (i < TAKEN ? 9000 : 1000) + (rt_pid_t)i : 0;
+        wrong += rt_broker_lookup_client(id) != want;
+    }
+    CHECK_EQ(wrong, 0);
+    for (int i = 1; i < N; i += 2)
+        rt_broker_release_client(i < TAKEN ? again[i] : ids[i],
+                                 (i < TAKEN ? 9000 : 1000) + (rt_pid_t)i);
+    n = 0;
+    CHECK_EQ(rt_broker_clients_each(count_each, &n), 0);
+    CHECK_EQ(rt_broker_lookup_client("ct1"), 0);
+    stop_broker();
+}
+
 int main(void)
 {
     snprintf(data_dir, sizeof(data_dir), "/tmp/rt_test_broker.%d", (int)getpid());
     port = free_port();
+    RUN(test_client_table);
     RUN(test_clients_each_and_query);
     RUN(test_kick);
     RUN(test_kick_persistent);

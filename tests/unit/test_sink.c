@@ -61,7 +61,7 @@ static int start(const char *sinks)
     rt_conf_t *c = malloc(sizeof(*c));
     make_conf(c, sinks);
     char err[RT_CONF_ERR_LEN];
-    int rc = rt_sinks_start(c, err, sizeof(err));
+    int rc = rt_sinks_start(c, 0, err, sizeof(err));
     if (rc)
         fprintf(stderr, "rt_sinks_start: %s\n", err);
     free(c);
@@ -249,7 +249,7 @@ static void test_config_errors(void)
     CHECK_EQ(c->sinks.n, 1);
     CHECK_EQ(c->sinks.line, 5); /* Lua reports the line the assignment ends on */
     test_start(1);
-    CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), RT_EINVAL);
+    CHECK_EQ(rt_sinks_start(c, 0, err, sizeof(err)), RT_EINVAL);
     char want[200];
     snprintf(want, sizeof(want), "%s:4: sinks.a: unknown key tabel", path);
     CHECK(strncmp(err, want, strlen(want)) == 0);
@@ -275,7 +275,7 @@ static void test_config_errors(void)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         make_conf(c, bad[i].sinks);
         err[0] = 0;
-        int rc = rt_sinks_start(c, err, sizeof(err));
+        int rc = rt_sinks_start(c, 0, err, sizeof(err));
         bool ok = rc != 0 && strstr(err, bad[i].needle) && strstr(err, "sinks.a:");
         CHECK(ok);
         if (!ok)
@@ -284,7 +284,7 @@ static void test_config_errors(void)
     }
     /* A disabled sink is checked but not started. */
     make_conf(c, "{a = {type = 'sqlite', enabled = false}}");
-    CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), 0);
+    CHECK_EQ(rt_sinks_start(c, 0, err, sizeof(err)), 0);
     CHECK(rt_sink_find("a") == NULL);
     rt_sinks_stop();
     rt_sinks_free();
@@ -749,7 +749,7 @@ static void test_republish(void)
     snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "127.0.0.1");
     c->listeners[0].port = port;
     CHECK_EQ(rt_mqtt_start(c, err, sizeof(err)), 0);
-    CHECK_EQ(rt_sinks_start(c, err, sizeof(err)), 0);
+    CHECK_EQ(rt_sinks_start(c, 0, err, sizeof(err)), 0);
     free(c);
     int fd = mqtt_subscriber(port, "#");
     CHECK(fd >= 0);

@@ -12,6 +12,7 @@
 #include "common.h"
 #include "heap.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -289,6 +290,60 @@ static void test_shared(void)
     rt_trie_stats(t, &st);
     CHECK_EQ(st.groups, 3);
     CHECK_EQ(st.subs, 5);
+    rt_trie_free(t);
+}
+
+/* How many deliveries "n/x" gets, and whether pid got an ordinary or a shared one. */
+static long got(rt_trie_t *t, rt_pid_t pid, int shared)
+{
+    long n = match(t, "n/x");
+    return find_rec(pid, shared) ? n : -n;
+}
+
+/*
+** One filter through every form its node takes: one subscription kept in the node, then
+** a group beside it, two and more subscriptions, the group gone, back to one and to none
+** (and '+' and '#' children coming and going under the same parent). Each step matches
+** as it should, and the bytes return to the baseline.
+*/
+static void test_node_forms(void)
+{
+    rt_trie_t *t;
+    CHECK_EQ(rt_trie_new(&t), 0);
+    rt_trie_stats_t base, st;
+    rt_trie_stats(t, &base);
+    CHECK_EQ(sub(t, "n/x", 1, qos(1)), 0);
+    CHECK_EQ(got(t, 1, 0), 1);
+    CHECK_EQ(sub(t, "$share/g/n/x", 2, qos(0)), 0); /* a group beside the one in the node */
+    CHECK_EQ(got(t, 2, 1), 2);
+    CHECK_EQ(got(t, 1, 0), 2);
+    CHECK_EQ(unsub(t, "n/x", 1), 1); /* the group alone */
+    CHECK_EQ(got(t, 2, 1), 1);
+    for (rt_pid_t p = 10; p < 20; p++) /* an array that grows */
+        CHECK_EQ(sub(t, "n/x", p, qos(1)), 0);
+    CHECK_EQ(got(t, 15, 0), 11);
+    CHECK_EQ(unsub(t, "$share/g/n/x", 2), 1);
+    CHECK_EQ(got(t, 19, 0), 10);
+    for (rt_pid_t p = 10; p < 19; p++) /* and shrinks back to the one in the node */
+        CHECK_EQ(unsub(t, "n/x", p), 1);
+    CHECK_EQ(got(t, 19, 0), 1);
+    CHECK_EQ(sub(t, "n/+", 3, qos(0)), 0);
+    CHECK_EQ(sub(t, "n/#", 4, qos(0)), 0);
+    CHECK_EQ(got(t, 3, 0), 3);
+    CHECK_EQ(got(t, 4, 0), 3);
+    CHECK_EQ(unsub(t, "n/+", 3), 1);
+    CHECK_EQ(got(t, 4, 0), 2);
+    CHECK_EQ(got(t, 3, 0), -2);
+    CHECK_EQ(unsub(t, "n/#", 4), 1);
+    CHECK_EQ(got(t, 19, 0), 1);
+    CHECK_EQ(sub(t, "n/+", 5, qos(0)), 0); /* a '+' child made again after its removal */
+    CHECK_EQ(got(t, 5, 0), 2);
+    CHECK_EQ(unsub(t, "n/+", 5), 1);
+    CHECK_EQ(unsub(t, "n/x", 19), 1);
+    CHECK_EQ(match(t, "n/x"), 0);
+    rt_trie_stats(t, &st);
+    CHECK(st.nodes == 0 && st.subs == 0 && st.groups == 0 && st.filters == 0);
+    CHECK_EQ(st.bytes, base.bytes);
     rt_trie_free(t);
 }
 
@@ -665,10 +720,18 @@ typedef struct {
     char (*topics)[48];
     long ntopics, iters;
     int id;
-    double ns;
+    double ns, cpu_ns; /* per match: wall clock, and the thread's CPU time */
     long deliveries;
     atomic_int *stop;
 } bench_arg_t;
+
+/* This thread's CPU seconds: alone-on-the-trie figures that other processes' load spares. */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static void count_cb(void *arg, const rt_trie_delivery_t *d)
 {
@@ -682,13 +745,14 @@ static void *bench_matcher(void *p)
     rt_trie_scratch_init(&s);
     uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(a->id + 3);
     long dl = 0;
-    double t0 = now_s();
+    double t0 = now_s(), c0 = thread_cpu_s();
     for (long i = 0; i < a->iters; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         const char *tp = a->topics[x % (uint64_t)a->ntopics];
         rt_trie_match(a->t, tp, strlen(tp), 0, NULL, count_cb, &dl, &s, NULL);
     }
     a->ns = (now_s() - t0) * 1e9 / (double)a->iters;
+    a->cpu_ns = (thread_cpu_s() - c0) * 1e9 / (double)a->iters;
     a->deliveries = dl;
     rt_trie_scratch_destroy(&s);
     return NULL;
@@ -712,13 +776,25 @@ static void *bench_churner(void *p)
 
 static void bench_run(const char *name, rt_trie_t *t, char (*topics)[48], long ntopics, long iters)
 {
+    /* Subscribe+unsubscribe alone: a second subscriber on each filter, then gone again. */
+    char f[48];
+    rt_trie_opts_t o = {.qos = 1};
+    long pairs = iters / 4;
+    double c0 = thread_cpu_s();
+    for (long n = 0; n < pairs; n++) {
+        snprintf(f, sizeof(f), "%s", topics[n % ntopics]);
+        rt_trie_subscribe(t, f, strlen(f), 5000000 + (rt_pid_t)(n % 1000), &o, NULL);
+        rt_trie_unsubscribe(t, f, strlen(f), 5000000 + (rt_pid_t)(n % 1000), NULL);
+    }
+    fprintf(stderr, "bench %-9s sub+unsub alone: %.0f ns/pair (thread CPU)\n", name,
+            (thread_cpu_s() - c0) * 1e9 / (double)pairs);
     for (int threads = 1; threads <= 2; threads++) {
         for (int churn = 0; churn <= 1; churn++) {
             pthread_t th[3];
             bench_arg_t a[3];
             atomic_int stop = 0;
             for (int i = 0; i < threads + churn; i++) {
-                a[i] = (bench_arg_t){t, topics, ntopics, iters, i, 0, 0, &stop};
+                a[i] = (bench_arg_t){t, topics, ntopics, iters, i, 0, 0, 0, &stop};
                 pthread_create(&th[i], NULL, i < threads ? bench_matcher : bench_churner, &a[i]);
             }
             for (int i = 0; i < threads; i++)
@@ -726,16 +802,17 @@ static void bench_run(const char *name, rt_trie_t *t, char (*topics)[48], long n
             atomic_store(&stop, 1);
             if (churn)
                 pthread_join(th[threads], NULL);
-            double ns = 0;
+            double ns = 0, cpu_ns = 0;
             long dl = 0;
             for (int i = 0; i < threads; i++) {
                 ns += a[i].ns / threads;
+                cpu_ns += a[i].cpu_ns / threads;
                 dl += a[i].deliveries;
             }
             fprintf(stderr,
-                    "bench %-9s %d matcher thread(s)%s: %7.0f ns/match per thread, %.1f "
-                    "deliveries/match%s",
-                    name, threads, churn ? " + 1 sub/unsub thread" : "", ns,
+                    "bench %-9s %d matcher thread(s)%s: %7.0f ns/match per thread (%.0f CPU), "
+                    "%.1f deliveries/match%s",
+                    name, threads, churn ? " + 1 sub/unsub thread" : "", ns, cpu_ns,
                     (double)dl / (double)(iters * threads), churn ? "" : "\n");
             if (churn)
                 fprintf(stderr, ", %.0f sub+unsub pairs/s\n",
@@ -768,6 +845,29 @@ static void bench(void)
     fprintf(stderr, "bench exact: %zu subs, %zu nodes, %.1f bytes/sub (trie total %zu bytes)\n",
             st.subs, st.nodes, (double)(st.bytes - st0.bytes) / (double)st.subs, st.bytes);
     bench_run("exact", t, topics, NTOPICS, iters);
+    rt_trie_free(t);
+
+    /*
+    ** The emqttd seed's shape: one subscriber on each of 19,000 "test/<i>", all leaves of one
+    ** node in one shard. Bytes per subscription are what malloc handed out (chunk rounding
+    ** included), the figure an RSS comparison sees.
+    */
+    enum { NSEED = 19000 };
+    static char seed[NSEED][48];
+    for (int i = 0; i < NSEED; i++)
+        snprintf(seed[i], sizeof(seed[i]), "test/%d", i);
+    size_t heap0 = mallinfo2().uordblks;
+    rt_trie_new(&t);
+    rt_trie_stats(t, &st0);
+    for (int k = 0; k < NSEED; k++) {
+        rt_trie_opts_t o = {.qos = 1};
+        rt_trie_subscribe(t, seed[k], strlen(seed[k]), (rt_pid_t)k + 1, &o, NULL);
+    }
+    rt_trie_stats(t, &st);
+    fprintf(stderr, "bench seed: %zu subs, %.1f bytes/sub counted, %.1f malloc'd\n", st.subs,
+            (double)(st.bytes - st0.bytes) / (double)st.subs,
+            (double)(mallinfo2().uordblks - heap0 - st0.bytes) / (double)st.subs);
+    bench_run("seed", t, seed, NSEED, iters);
     rt_trie_free(t);
 
     /* The per-subscription cost when every filter is its own (one subscriber per topic). */
@@ -859,6 +959,7 @@ int main(int argc, char **argv)
     RUN(test_dollar);
     RUN(test_overlap);
     RUN(test_shared);
+    RUN(test_node_forms);
     RUN(test_memory_baseline);
     RUN(test_random_vs_bruteforce);
     RUN(test_topic_matches_and_share_pick);
