@@ -900,9 +900,17 @@ void rt_heap_free(rt_heap_t *h, void *p)
     RT_HEAP_SUB(h->used, class_size[cls]);
     slot_free(p, class_size[cls]);
     if (c->full) {
+        /* c becomes the current chunk; the one it replaces goes if it is empty, so that at
+           most one empty chunk per class stays (freeing a whole queue one object at a time
+           would otherwise keep every chunk it emptied until a collection). */
+        chunk_t *prev = h->avail[cls];
         list_remove(&h->full, c);
         list_push(&h->avail[cls], c);
         c->full = 0;
+        if (prev && !prev->alloc) {
+            list_remove(&h->avail[cls], prev);
+            heap_drop_chunk(h, prev);
+        }
     } else if (!c->alloc && h->avail[cls] != c) {
         /* Keep the current chunk even when empty so alloc/free pairs do not churn the pool. */
         list_remove(&h->avail[cls], c);

@@ -137,6 +137,24 @@ static const char *version_name(uint8_t v)
     return v == 5 ? "5.0" : v == 4 ? "3.1.1" : v == 3 ? "3.1" : "-";
 }
 
+/*
+** What the client's actor holds, read when its answer is handled (an actor that exited since
+** shows 0): the session's queue and inflight messages are in its binaries, its subscriptions
+** and the rest of its state in its heap.
+*/
+static void memory_doc(rt_doc_t *o, rt_pid_t pid, bool full)
+{
+    rt_actor_info_t ai = {0};
+    (void)rt_actor_info(pid, &ai);
+    rt_doc_add_u64(o, "memory", rt__admin_actor_memory(&ai));
+    if (!full)
+        return;
+    rt_doc_add_u64(o, "state_bytes", ai.state_bytes);
+    rt_doc_add_u64(o, "heap_bytes", ai.heap_bytes);
+    rt_doc_add_u64(o, "bin_bytes", ai.bin_bytes);
+    rt_doc_add_u64(o, "ext_bytes", ai.ext_bytes);
+}
+
 static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
 {
     char pid[32], when[32] = "-";
@@ -153,6 +171,7 @@ static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
     rt_doc_add_u64(o, "inflight", ci->inflight);
     rt_doc_add_u64(o, "queued", ci->queued);
     rt_doc_add_u64(o, "dropped", ci->dropped);
+    memory_doc(o, ci->pid, full);
     if (!full)
         return;
     rt__admin_pid_text(ci->pid, pid, sizeof(pid));

@@ -157,6 +157,12 @@ int rt__admin_top(rt_admin_cmd_t *c);
 int rt__admin_actors_list(rt_admin_cmd_t *c);
 int rt__admin_actors_info(rt_admin_cmd_t *c);
 void rt__admin_top_free(rt_admin_top_t *t);
+/*
+** All an actor holds (bytes): its struct and state, its heap, the binaries its heap holds
+** and what is held outside the heap on its behalf (rt_charge). A connection's queue is in
+** its binaries.
+*/
+uint64_t rt__admin_actor_memory(const rt_actor_info_t *i);
 /* Memory by kind, as the `vm` command and the top node panel show it (bytes). */
 typedef struct rt_admin_mem_s {
     uint64_t rss;           /* what the kernel says the process holds */

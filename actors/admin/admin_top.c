@@ -21,7 +21,7 @@
 typedef enum {
     SORT_REDS, /* reductions over the interval */
     SORT_REDS_TOTAL,
-    SORT_MEMORY, /* heap + binaries */
+    SORT_MEMORY, /* rt__admin_actor_memory */
     SORT_MAILBOX,
     SORT_CPU, /* CPU time over the interval */
     SORT_CPU_TOTAL,
@@ -30,7 +30,7 @@ typedef enum {
 static const char *const sort_names[] = {"reductions", "reductions_total", "memory", "mailbox",
                                          "cpu",        "cpu_total"};
 static const char *const sort_titles[] = {
-    "reductions per interval", "reductions (total)", "memory (state + heap + binaries)",
+    "reductions per interval", "reductions (total)", "memory (state + heap + binaries + ext)",
     "mailbox length",          "CPU per interval",   "CPU time (total)"};
 
 typedef struct {
@@ -118,6 +118,11 @@ void rt__admin_top_free(rt_admin_top_t *t)
     free(t);
 }
 
+uint64_t rt__admin_actor_memory(const rt_actor_info_t *i)
+{
+    return i->state_bytes + i->heap_bytes + i->bin_bytes + i->ext_bytes;
+}
+
 static uint64_t key_of(sort_t sort, const row_t *r)
 {
     switch (sort) {
@@ -126,7 +131,7 @@ static uint64_t key_of(sort_t sort, const row_t *r)
     case SORT_REDS_TOTAL:
         return r->info.reductions;
     case SORT_MEMORY:
-        return r->info.state_bytes + r->info.heap_bytes + r->info.bin_bytes;
+        return rt__admin_actor_memory(&r->info);
     case SORT_MAILBOX:
         return r->info.mailbox_len;
     case SORT_CPU:
@@ -241,10 +246,11 @@ static void row_doc(rt_doc_t *o, const row_t *r, double interval_s, bool full)
     if (interval_s > 0)
         rt_doc_add_u64(o, "reductions_delta", r->dreds);
     rt_doc_add_u64(o, "mailbox", r->info.mailbox_len);
-    rt_doc_add_u64(o, "memory", r->info.state_bytes + r->info.heap_bytes + r->info.bin_bytes);
+    rt_doc_add_u64(o, "memory", rt__admin_actor_memory(&r->info));
     rt_doc_add_u64(o, "state_bytes", r->info.state_bytes);
     rt_doc_add_u64(o, "heap_bytes", r->info.heap_bytes);
     rt_doc_add_u64(o, "bin_bytes", r->info.bin_bytes);
+    rt_doc_add_u64(o, "ext_bytes", r->info.ext_bytes);
     rt_doc_add_u64(o, "gcs", r->info.gc_count);
     if (interval_s > 0)
         rt_doc_add_double(o, "cpu_pct", (double)r->dcpu_ns / 1e7 / interval_s, 1);
@@ -579,7 +585,8 @@ static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int 
         snprintf(cells[C_REDS], 64, "%llu", (unsigned long long)r->info.reductions);
         snprintf(cells[C_DREDS], 64, "%llu", (unsigned long long)r->dreds);
         snprintf(cells[C_MBOX], 64, "%llu", (unsigned long long)r->info.mailbox_len);
-        human_size(r->info.state_bytes + r->info.heap_bytes, cells[C_MEM], 64);
+        /* MEMORY is what the actor holds besides binaries, shown in BIN. */
+        human_size(rt__admin_actor_memory(&r->info) - r->info.bin_bytes, cells[C_MEM], 64);
         human_size(r->info.bin_bytes, cells[C_BIN], 64);
         snprintf(cells[C_GCS], 64, "%u", r->info.gc_count);
         snprintf(cells[C_CPU], 64, "%.1f", (double)r->dcpu_ns / 1e7 / n->interval_s);

@@ -92,12 +92,12 @@ void rt__conn_on_query(rt_actor_t *self, conn_t *c, const rt_msg_t *msg)
     for (size_t i = 0; i < nsubs; i++) {
         const sub_entry_t *e = &c->subs[i];
         uint16_t flen = (uint16_t)e->len;
-        uint8_t flags = (uint8_t)((e->opts.no_local ? SUB_FLAG_NO_LOCAL : 0) |
-                                  (e->opts.retain_as_published ? SUB_FLAG_RAP : 0) |
-                                  (e->opts.retain_handling << SUB_RH_SHIFT));
-        memcpy(p, &e->opts.sub_id, 4);
+        uint8_t flags = (uint8_t)((e->no_local ? SUB_FLAG_NO_LOCAL : 0) |
+                                  (e->retain_as_published ? SUB_FLAG_RAP : 0) |
+                                  (e->retain_handling << SUB_RH_SHIFT));
+        memcpy(p, &e->sub_id, 4);
         memcpy(p + 4, &flen, 2);
-        p[6] = e->opts.qos;
+        p[6] = e->qos;
         p[7] = flags;
         memcpy(p + SUB_ENTRY_HEAD, e->filter, e->len);
         p[SUB_ENTRY_HEAD + e->len] = 0;
@@ -151,14 +151,14 @@ void rt__conn_on_acl_recheck(rt_actor_t *self, conn_t *c)
             continue;
         }
         bool check = acl == RT_ACL_FILTERED;
-        if (e->opts.acl_check != check) {
-            e->opts.acl_check = check;
+        if (e->acl_check != check) {
+            e->acl_check = check;
+            rt_trie_opts_t o = rt__conn_sub_opts(e);
             /* An offline member is out of its shared groups; it rejoins with these options. */
             if (c->sock || !rt__conn_filter_is_shared(e->filter, e->len))
-                rt_trie_subscribe(rt_broker->trie, e->filter, e->len, rt_self(self), &e->opts,
-                                  NULL);
+                rt_trie_subscribe(rt_broker->trie, e->filter, e->len, rt_self(self), &o, NULL);
             if (c->stored)
-                rt_store_sub(c->client_id, e->filter, e->len, &e->opts);
+                rt_store_sub(c->client_id, e->filter, e->len, &o);
         }
         i++;
     }

@@ -62,32 +62,32 @@ void rt__conn_format_peer(int fd, char *buf, size_t len)
 }
 
 /* The client's address as rules see it for messages; kept once a client publishes. */
-static const char *peer_text(conn_t *c)
+static const char *peer_text(rt_actor_t *self, conn_t *c)
 {
     if (c->peer || !c->sock)
         return c->peer;
     char buf[RT_PEER_TEXT_MAX];
     rt__conn_format_peer(rt_sock_fd(c->sock), buf, sizeof(buf));
-    c->peer = strdup(buf);
+    c->peer = rt_strndup(self, buf, strlen(buf));
     return c->peer;
 }
 
-rt_rule_origin_t rt__conn_rule_origin(conn_t *c)
+rt_rule_origin_t rt__conn_rule_origin(rt_actor_t *self, conn_t *c)
 {
     return (rt_rule_origin_t){.clientid = c->client_id ? c->client_id : "",
                               .username = c->username,
-                              .peer = peer_text(c),
+                              .peer = peer_text(self, c),
                               .ts_ms = rt_wall_ms()};
 }
 
-void rt__conn_rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, int qos,
-                         int reason_code, const char *reason, rt_bin_t *canonical)
+void rt__conn_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind, const char *topic,
+                         int qos, int reason_code, const char *reason, rt_bin_t *canonical)
 {
     /* Most events have no rule: then no origin is built (the peer text would cost every
        connection its bytes, and every delivery a look at them). */
     if (!rt_rules_wants_event(kind))
         return;
-    rt_rule_origin_t o = rt__conn_rule_origin(c);
+    rt_rule_origin_t o = rt__conn_rule_origin(self, c);
     rt_rule_event_t e = {.kind = kind,
                          .topic = topic,
                          .qos = qos,
@@ -181,23 +181,27 @@ static void send_disconnect(conn_t *c, uint8_t reason)
     rt__conn_send_packet(c, &pk);
 }
 
-conn_aliases_t *rt__conn_aliases_get_or_make(conn_t *c)
+conn_aliases_t *rt__conn_aliases_get_or_make(rt_actor_t *self, conn_t *c)
 {
     if (!c->aliases)
-        c->aliases = calloc(1, sizeof(*c->aliases));
+        c->aliases = rt_alloc(self, sizeof(*c->aliases), RT_OBJ_SCAN);
     return c->aliases;
 }
 
-/* Aliases last as long as the network connection (3.3.2.3.4). */
-static void aliases_free(conn_t *c)
+/*
+** Aliases last as long as the network connection (3.3.2.3.4). Freed at once rather than left
+** to a collection: an offline session may allocate nothing more for a long time, and would
+** show (and hold) a connection's worth of topics it can no longer use.
+*/
+static void aliases_free(rt_actor_t *self, conn_t *c)
 {
     if (!c->aliases)
         return;
     for (long i = 0; c->aliases->in && i < rt_broker->conf.max_topic_alias; i++)
-        free(c->aliases->in[i]);
-    free(c->aliases->in);
+        rt_free(self, c->aliases->in[i]);
+    rt_free(self, c->aliases->in);
     rt_alias_out_free(c->aliases->out);
-    free(c->aliases);
+    rt_free(self, c->aliases);
     c->aliases = NULL;
 }
 
@@ -222,36 +226,38 @@ static void close_socket(conn_t *c)
     rt__broker_count_socket(c->listener, -1);
 }
 
+/* Released at once: a will can be as big as any message, and an offline session may wait
+   long for the collection that would find it. */
+static void drop_will(rt_actor_t *self, conn_t *c)
+{
+    rt_free(self, c->will);
+    c->will = NULL;
+}
+
 static void publish_will(rt_actor_t *self, conn_t *c)
 {
     if (!c->will)
         return;
+    rt_bin_t *will = rt_heap_bin(c->will);
     rt_message_t w;
-    rt_message_view(c->will, &w);
+    rt_message_view(will, &w);
     if (rt_acl_permit(c->username, c->client_id, (const char *)w.topic.p, w.topic.len,
                       RT_ACL_WRITE)) {
-        rt_broker_route(rt_self(self), c->will);
-        rt_rule_origin_t o = rt__conn_rule_origin(c);
-        rt_rules_publish(&o, c->will, 0, 0);
+        rt_broker_route(rt_self(self), will);
+        rt_rule_origin_t o = rt__conn_rule_origin(self, c);
+        rt_rules_publish(&o, will, 0, 0);
     }
     rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
-    rt_bin_release(c->will);
-    c->will = NULL;
-}
-
-static void drop_will(conn_t *c)
-{
-    rt_bin_release(c->will);
-    c->will = NULL;
+    drop_will(self, c);
 }
 
 /* Frees what belongs to one network connection, not to the session. */
-static void reset_connection_state(conn_t *c)
+static void reset_connection_state(rt_actor_t *self, conn_t *c)
 {
-    free(c->partial);
+    rt_free(self, c->partial);
     c->partial = NULL;
     c->partial_len = c->partial_cap = 0;
-    aliases_free(c);
+    aliases_free(self, c);
     if (c->sess)
         c->sess->nacks = 0; /* acks for a connection that is gone: the client resends */
 }
@@ -275,10 +281,10 @@ static void go_offline(rt_actor_t *self, conn_t *c)
     RT_ASSERT(c->client_id && c->session_expiry);
     close_socket(c);
     c->closing = 1;
-    reset_connection_state(c);
+    reset_connection_state(self, c);
     rt__conn_count_connected(c, false);
     if (c->discard_will)
-        drop_will(c);
+        drop_will(self, c);
     if (c->will && c->will_delay) {
         c->will_at_ms = rt_mono_ms() + (uint64_t)c->will_delay * 1000;
         rt_send_after_tag((uint64_t)c->will_delay * 1000, rt_self(self), RT_CONN_MSG_WILL_DUE,
@@ -292,8 +298,8 @@ static void go_offline(rt_actor_t *self, conn_t *c)
         rt_store_session(c->client_id, c->session_expiry, false, false);
     rt_log(RT_LOG_INFO, "client.disconnected", "client=%s session=kept expiry=%us", c->client_id,
            c->session_expiry);
-    rt__conn_rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c), "offline",
-                        NULL);
+    rt__conn_rule_event(self, c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c),
+                        "offline", NULL);
 }
 
 void rt__conn_close(rt_actor_t *self, conn_t *c, uint8_t reason, rt_reason_t exit_reason)
@@ -322,7 +328,7 @@ uint8_t rt__conn_error_reason(int err)
 ** (when that was read as valid UTF-8), and always by its address, so even a client that
 ** never got as far as an id can be found.
 */
-void rt__conn_log_bad_packet(conn_t *c, mqtt_str_t connect_id, uint8_t reason)
+void rt__conn_log_bad_packet(rt_actor_t *self, conn_t *c, mqtt_str_t connect_id, uint8_t reason)
 {
     atomic_fetch_add(&rt_broker->stats.bad_packets, 1);
     const char *id = c->client_id;
@@ -331,7 +337,7 @@ void rt__conn_log_bad_packet(conn_t *c, mqtt_str_t connect_id, uint8_t reason)
         id = (const char *)connect_id.p;
         idlen = (int)connect_id.len;
     }
-    const char *peer = peer_text(c);
+    const char *peer = peer_text(self, c);
     rt_log(RT_LOG_INFO, "client.bad_packet", "client=%.*s peer=%s reason=0x%02x", id ? idlen : 1,
            id ? id : "-", peer ? peer : "-", reason);
 }
@@ -339,7 +345,7 @@ void rt__conn_log_bad_packet(conn_t *c, mqtt_str_t connect_id, uint8_t reason)
 static void close_on_protocol_error(rt_actor_t *self, conn_t *c, int err)
 {
     uint8_t reason = rt__conn_error_reason(err);
-    rt__conn_log_bad_packet(c, (mqtt_str_t){0}, reason);
+    rt__conn_log_bad_packet(self, c, (mqtt_str_t){0}, reason);
     rt__conn_close(self, c, reason, RT_REASON_NORMAL);
 }
 
@@ -418,7 +424,7 @@ static int dispatch_packet_to(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     case MQTT_PUBACK:
     case MQTT_PUBREC:
     case MQTT_PUBCOMP:
-        rt__conn_on_delivery_ack(c, pk);
+        rt__conn_on_delivery_ack(self, c, pk);
         return 0;
     case MQTT_SUBSCRIBE:
         return rt__conn_handle_subscribe(self, c, pk);
@@ -453,7 +459,7 @@ static void refuse_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk,
 {
     RT_ASSERT(!c->version);
     uint8_t reason = rt__conn_error_reason(err);
-    rt__conn_log_bad_packet(c, pk->connect.client_id, reason);
+    rt__conn_log_bad_packet(self, c, pk->connect.client_id, reason);
     mqtt_packet_t ack = {.type = MQTT_CONNACK};
     if (reason == MQTT_RC_UNSUPPORTED_VERSION) {
         c->version = MQTT_V311;
@@ -509,22 +515,26 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
     return c->closing ? -1 : (long)off;
 }
 
-static int partial_append(conn_t *c, const uint8_t *p, size_t n)
+static int partial_append(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
 {
     RT_ASSERT(c->partial_len <= c->partial_cap);
-    if (rt__conn_grow(&c->partial, &c->partial_cap, (size_t)c->partial_len + n, 1, 256))
+    if (rt__conn_grow(self, &c->partial, &c->partial_cap, (size_t)c->partial_len + n, 1, 256,
+                      RT_OBJ_LEAF))
         return RT_ENOMEM;
     memcpy(c->partial + c->partial_len, p, n);
     c->partial_len += (uint32_t)n;
     return 0;
 }
 
-/* Drops the partial buffer's first used bytes (parsed), freeing it once empty. */
-static void partial_consume(conn_t *c, size_t used)
+/*
+** Drops the partial buffer's first used bytes (parsed), freeing it once empty: at once, since
+** it may be as big as a packet, and a connection that goes quiet may not collect for long.
+*/
+static void partial_consume(rt_actor_t *self, conn_t *c, size_t used)
 {
     RT_ASSERT(used <= c->partial_len);
     if (used == c->partial_len) {
-        free(c->partial);
+        rt_free(self, c->partial);
         c->partial = NULL;
         c->partial_len = c->partial_cap = 0;
         return;
@@ -537,17 +547,17 @@ static void partial_consume(conn_t *c, size_t used)
 static void parse_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t len)
 {
     if (c->partial_len) {
-        if (partial_append(c, p, len)) {
+        if (partial_append(self, c, p, len)) {
             rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
             return;
         }
         long used = parse_packets(self, c, c->partial, c->partial_len);
         if (used >= 0)
-            partial_consume(c, (size_t)used);
+            partial_consume(self, c, (size_t)used);
         return;
     }
     long used = parse_packets(self, c, p, len);
-    if (used >= 0 && (size_t)used < len && partial_append(c, p + used, len - (size_t)used))
+    if (used >= 0 && (size_t)used < len && partial_append(self, c, p + used, len - (size_t)used))
         rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
 }
 
@@ -597,7 +607,7 @@ void rt__conn_parse_more(rt_actor_t *self, conn_t *c)
     long used = parse_packets(self, c, c->partial, c->partial_len);
     if (used < 0)
         return;
-    partial_consume(c, (size_t)used);
+    partial_consume(self, c, (size_t)used);
     if (rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET)
         yield_parsing(self, c);
     else
@@ -621,19 +631,19 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
         if (c->will && !c->will_delay)
             publish_will(self, c);
         close_socket(c);
-        reset_connection_state(c);
-        rt__conn_rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, MQTT_RC_SESSION_TAKEN_OVER,
-                            "takeover", NULL);
+        reset_connection_state(self, c);
+        rt__conn_rule_event(self, c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1,
+                            MQTT_RC_SESSION_TAKEN_OVER, "takeover", NULL);
         rt__conn_count_connected(c, false);
         rt_log(RT_LOG_INFO, "client.disconnected", "client=%s reason=takeover session=kept",
                c->client_id);
     } else {
         rt__conn_rejoin_shared_groups(self, c);
     }
-    drop_will(c);      /* back in time: a pending delayed will is cancelled */
-    free(c->username); /* the new CONNECT names its own user */
+    drop_will(self, c);         /* back in time: a pending delayed will is cancelled */
+    rt_free(self, c->username); /* the new CONNECT names its own user */
     c->username = NULL;
-    free(c->peer); /* and comes from its own address */
+    rt_free(self, c->peer); /* and comes from its own address */
     c->peer = NULL;
     if (rt_sock_adopt(self, fd, &c->sock) != 0) {
         rt_log(RT_LOG_ERROR, "client.resume_failed", "client=%s", c->client_id);
@@ -698,7 +708,7 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
     case RT_MSG_DELIVER:
         if (m->bin)
-            rt__conn_deliver(c, m->bin, (const rt_delivery_t *)(const void *)m->data,
+            rt__conn_deliver(self, c, m->bin, (const rt_delivery_t *)(const void *)m->data,
                              ((const rt_delivery_t *)(const void *)m->data)->sub_ids);
         break;
     case RT_CONN_MSG_KEEPALIVE:
@@ -789,19 +799,14 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     /* The session ends: its will goes now unless the client asked otherwise (3.1.2.5). */
     if (!c->discard_will && reason != RT_REASON_SHUTDOWN)
         publish_will(self, c);
-    drop_will(c);
     /* While the client still counts as connected and its username and peer are there. */
     if (c->client_id && c->connected)
-        rt__conn_rule_event(c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c),
+        rt__conn_rule_event(self, c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c),
                             exit_reason_name(reason), NULL);
     rt__conn_hand_over_shared(self, c);
-    rt__conn_subs_free(self, c);
-    reset_connection_state(c); /* before the session goes: it clears the session's acks */
-    rt_session_free(c->sess);
-    c->sess = NULL;
-    free(c->qos2_ids);
-    free(c->username);
-    free(c->peer);
+    rt__conn_subs_unhook(self, c);
+    /* What conn_t points to goes with the heap, right after this returns (the will, the
+       session's messages and their binaries included); only shared tables need word. */
     if (c->sock)
         rt__broker_count_socket(c->listener, -1);
     rt__conn_count_connected(c, false);
@@ -813,8 +818,25 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         atomic_fetch_sub(&rt_broker->stats.sessions, 1);
         rt_log(RT_LOG_INFO, "client.disconnected", "client=%s reason=%s", c->client_id,
                exit_reason_name(reason));
-        free(c->client_id);
     }
+}
+
+/*
+** The heap's roots: every pointer conn_t holds into it. The rest is reached through
+** RT_OBJ_SCAN objects (conn_impl.h says which).
+*/
+static void conn_trace(void *state, rt_gc_t *gc)
+{
+    const conn_t *c = state;
+    rt_gc_mark(gc, c->partial);
+    rt_gc_mark(gc, c->client_id);
+    rt_gc_mark(gc, c->username);
+    rt_gc_mark(gc, c->peer);
+    rt_gc_mark(gc, c->subs);
+    rt_gc_mark(gc, c->sess);
+    rt_gc_mark(gc, c->will);
+    rt_gc_mark(gc, c->aliases);
+    rt_gc_mark(gc, c->qos2_ids);
 }
 
 static const char *conn_tag_name(uint32_t tag)
@@ -866,6 +888,7 @@ const rt_actor_type_t rt_conn_type = {
     .state_size = sizeof(conn_t),
     .init = conn_init,
     .handle = conn_handle,
+    .trace = conn_trace,
     .terminate = conn_terminate,
     .tag_name = conn_tag_name,
 };
@@ -875,6 +898,7 @@ const rt_actor_type_t rt__conn_restored_type = {
     .state_size = sizeof(conn_t),
     .init = rt__conn_restored_init,
     .handle = conn_handle,
+    .trace = conn_trace,
     .terminate = conn_terminate,
     .tag_name = conn_tag_name,
 };

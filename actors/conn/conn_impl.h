@@ -14,6 +14,18 @@
 **
 ** All of it runs in the connection actor's own turns (one actor per thread at a time),
 ** so conn_t has no locks; what other threads read goes through the broker's atomics.
+**
+** Memory. Everything conn_t points to is on the actor's heap (rt_alloc), so an
+** administrator sees what a connection holds, and the heap's collection frees what it let
+** go of: its roots are conn_t's pointers (conn.c names them in the type's trace), and
+** what they lead to is found through RT_OBJ_SCAN objects (the subscription list, the
+** session and its message records, the alias tables); strings and byte buffers are
+** RT_OBJ_LEAF. Nothing outside the heap (the trie, the store, a message) keeps a pointer
+** into it: they get copies. The one exception is the client table, which keeps client_id
+** itself (broker.h): conn_t holds that string too, never changes or frees it, and terminate
+** releases the table's entry before the heap goes. When the actor exits its heap goes
+** whole, releasing the binaries it holds, so terminate only unhooks the shared tables.
+** Scratch space for one handler call (an encode buffer) may stay on the stack or malloc.
 */
 #ifndef RT_CONN_IMPL_H
 #define RT_CONN_IMPL_H
@@ -50,16 +62,53 @@ enum {
 
 #define RT_SHARE_PREFIX "$share/"
 
-/* One of the client's subscriptions, kept for session end, shared-group moves and persistence. */
+/*
+** One of the client's subscriptions, kept for session end, shared-group moves and persistence.
+** Its options are rt_trie_opts_t packed (rt__conn_sub_opts), so that an entry is 16 bytes: a
+** client with one subscription then keeps its list, its client id and its filter in the
+** heap's smallest objects.
+*/
 typedef struct {
-    char *filter;
-    size_t len;
-    rt_trie_opts_t opts;
+    char *filter;    /* heap (leaf), NUL-terminated; the list of them is RT_OBJ_SCAN */
+    uint32_t sub_id; /* the options, as rt_trie_opts_t names them */
+    uint16_t len;    /* a filter is at most RT_TRIE_MAX_LEN bytes */
+    uint8_t qos : 2;
+    uint8_t no_local : 1;
+    uint8_t retain_as_published : 1;
+    uint8_t retain_handling : 2;
+    uint8_t persistent : 1;
+    uint8_t acl_check : 1;
 } sub_entry_t;
 
-/* A connection's topic aliases in both directions (MQTT 5 3.3.2.3.4). */
+_Static_assert(sizeof(sub_entry_t) == 16, "a subscription entry is one smallest heap object");
+_Static_assert(RT_TRIE_MAX_LEN <= UINT16_MAX, "sub_entry_t.len is 16 bits");
+
+static inline rt_trie_opts_t rt__conn_sub_opts(const sub_entry_t *e)
+{
+    return (rt_trie_opts_t){.sub_id = e->sub_id,
+                            .qos = e->qos,
+                            .no_local = e->no_local,
+                            .retain_as_published = e->retain_as_published,
+                            .retain_handling = e->retain_handling,
+                            .persistent = e->persistent,
+                            .acl_check = e->acl_check};
+}
+
+static inline void rt__conn_sub_set_opts(sub_entry_t *e, const rt_trie_opts_t *o)
+{
+    e->sub_id = o->sub_id;
+    e->qos = o->qos & 3;
+    e->no_local = o->no_local != 0;
+    e->retain_as_published = o->retain_as_published != 0;
+    e->retain_handling = o->retain_handling;
+    e->persistent = o->persistent;
+    e->acl_check = o->acl_check;
+}
+
+/* A connection's topic aliases in both directions (MQTT 5 3.3.2.3.4); RT_OBJ_SCAN. */
 typedef struct {
-    char **in;           /* the client's: alias - 1 -> topic, max_topic_alias of them, or NULL */
+    char **in;           /* the client's: alias - 1 -> topic, max_topic_alias of them, or NULL
+                            (RT_OBJ_SCAN: it holds the topics' pointers) */
     rt_alias_out_t *out; /* ours: NULL when the client's Topic Alias Maximum allows none */
 } conn_aliases_t;
 
@@ -72,7 +121,7 @@ struct conn_s {
     char *peer;     /* "ip:port" for rules, made on first use (publishers pay, not idlers) */
     sub_entry_t *subs;
     rt_session_t *sess;      /* inflight and queued messages; NULL until the first one */
-    rt_bin_t *will;          /* the will as a canonical PUBLISH, or NULL */
+    void *will;              /* heap handle of the will as a canonical PUBLISH, or NULL */
     conn_aliases_t *aliases; /* topic aliases (MQTT 5): made at CONNECT if the client allows
                                 some, else on its first alias; NULL for none */
     uint16_t *qos2_ids;      /* inbound QoS 2 ids between PUBREC and PUBREL (session state) */
@@ -127,15 +176,17 @@ _Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
 #define RT_CONN_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
 
 /*
-** rt_grow for conn_t's arrays, whose counts and capacities are uint32_t to keep an idle
-** connection small: RT_ENOMEM also when need is past what a uint32_t capacity can double to.
+** rt_grow_on for the arrays of conn_t and its session (on the actor's heap), whose counts and
+** capacities are uint32_t to keep an idle connection small: RT_ENOMEM also when need is past
+** what a uint32_t capacity can double to.
 */
-static inline int rt__conn_grow(void *arr, uint32_t *cap, size_t need, size_t elem, size_t min)
+static inline int rt__conn_grow(rt_actor_t *self, void *arr, uint32_t *cap, size_t need,
+                                size_t elem, size_t min, rt_obj_kind_t kind)
 {
     if (need > UINT32_MAX / 2)
         return RT_ENOMEM;
     size_t n = *cap;
-    int rc = rt_grow(arr, &n, need, elem, min);
+    int rc = rt_grow_on(self, arr, &n, need, elem, min, kind);
     RT_ASSERT(n <= UINT32_MAX);
     *cap = (uint32_t)n;
     return rc;
@@ -155,14 +206,14 @@ int rt__conn_send_packet(conn_t *c, mqtt_packet_t *pk);
 /* Queues an encoded packet of this type on the socket and counts it. */
 int rt__conn_write_packet(conn_t *c, uint8_t type, const uint8_t *buf, size_t len);
 /* A broker event for rules: the fields that do not apply stay -1 / NULL. */
-void rt__conn_rule_event(conn_t *c, rt_rule_event_kind_t kind, const char *topic, int qos,
-                         int reason_code, const char *reason, rt_bin_t *canonical);
+void rt__conn_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind, const char *topic,
+                         int qos, int reason_code, const char *reason, rt_bin_t *canonical);
 /* The client as rules see it (for a message it publishes or an event about it). */
-rt_rule_origin_t rt__conn_rule_origin(conn_t *c);
+rt_rule_origin_t rt__conn_rule_origin(rt_actor_t *self, conn_t *c);
 /* "ip:port" of the socket's peer into buf ("?:0" if unknown). */
 void rt__conn_format_peer(int fd, char *buf, size_t len);
 /* The connection's alias tables, made on first use; NULL when out of memory. */
-conn_aliases_t *rt__conn_aliases_get_or_make(conn_t *c);
+conn_aliases_t *rt__conn_aliases_get_or_make(rt_actor_t *self, conn_t *c);
 /* Counts the client in stats.connections (on) or out of it; no change if it already is. */
 void rt__conn_count_connected(conn_t *c, bool on);
 /*
@@ -179,7 +230,7 @@ void rt__conn_parse_more(rt_actor_t *self, conn_t *c);
 /* The MQTT reason code an error from the codec or a handler stands for. */
 uint8_t rt__conn_error_reason(int err);
 /* Counts and logs a packet that ends the connection (connect_id: the refused CONNECT's). */
-void rt__conn_log_bad_packet(conn_t *c, mqtt_str_t connect_id, uint8_t reason);
+void rt__conn_log_bad_packet(rt_actor_t *self, conn_t *c, mqtt_str_t connect_id, uint8_t reason);
 
 /* ---- connect.c: CONNECT ---- */
 /* Handles the CONNECT pk; bytes[0..len) are what was read from it on (for a hand-over). */
@@ -198,7 +249,7 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 /* PUBREL: the exactly-once exchange of an inbound QoS 2 message ends (PUBCOMP). */
 void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk);
 /* Remembers an inbound QoS 2 id until its PUBREL; RT_ENOMEM, or RT_ELIMIT past the bound. */
-int rt__conn_qos2_add(conn_t *c, uint16_t packet_id);
+int rt__conn_qos2_add(rt_actor_t *self, conn_t *c, uint16_t packet_id);
 /* One commit a held acknowledgement waits for came (status < 0: it failed). */
 void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t status);
 void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c);
@@ -209,15 +260,16 @@ bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);
 int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 /* Adds (or updates) a subscription in the client's list; RT_ENOMEM. */
-int rt__conn_sub_remember(conn_t *c, const uint8_t *f, size_t len, const rt_trie_opts_t *o);
+int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len,
+                          const rt_trie_opts_t *o);
 /*
 ** Ends one subscription everywhere it is kept: the trie (no more deliveries), the store and
 ** the client's list; rules hear of it. f may be the list's own copy (it is forgotten last).
 ** Returns whether the trie had it.
 */
 bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len);
-/* The session ends: every subscription leaves the trie and the list is freed. */
-void rt__conn_subs_free(rt_actor_t *self, conn_t *c);
+/* The session ends: every subscription leaves the trie (the list goes with the heap). */
+void rt__conn_subs_unhook(rt_actor_t *self, conn_t *c);
 bool rt__conn_filter_is_shared(const char *f, size_t len);
 /* A member going offline leaves its shared groups; its pending messages go to the others. */
 void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c);
@@ -225,11 +277,12 @@ void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c);
 
 /* ---- delivery.c: messages to the client ---- */
 /* A message routed to this session (RT_MSG_DELIVER, or a retained one on subscribe). */
-void rt__conn_deliver(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids);
+void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+                      const uint32_t *sub_ids);
 /* After CONNACK on a resumed session: unacknowledged messages again, in order, then the queue. */
-void rt__conn_retransmit(conn_t *c);
+void rt__conn_retransmit(rt_actor_t *self, conn_t *c);
 /* PUBACK, PUBREC or PUBCOMP for a message the broker sent. */
-void rt__conn_on_delivery_ack(conn_t *c, const mqtt_packet_t *pk);
+void rt__conn_on_delivery_ack(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk);
 void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c);
 /* What the client makes rtd hold: its actor's heap and binaries, and its unsent output. */
 size_t rt__conn_memory(const conn_t *c);
@@ -245,7 +298,7 @@ bool rt__conn_online(const conn_t *c);
 /* The client's receive window for QoS 1 and 2 (MQTT 5 receive maximum, 4.9). */
 uint32_t rt__conn_send_window(const conn_t *c);
 /* The session's message state, made on first use; NULL when out of memory. */
-rt_session_t *rt__conn_session_get_or_make(conn_t *c);
+rt_session_t *rt__conn_session_get_or_make(rt_actor_t *self, conn_t *c);
 /* A session the store keeps: it outlives its connection and persistence is on. */
 bool rt__conn_session_is_durable(const conn_t *c);
 /* Saves a message that joined a persistent session; the publisher's ack waits for it. */

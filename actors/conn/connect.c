@@ -78,7 +78,7 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     rt_auth_addr_t addr;
     bool have_addr = rt_auth_addr_from_fd(rt_sock_fd(c->sock), &addr) == 0;
     char *user = pk->connect.has_username
-                     ? strndup((const char *)pk->connect.username.p, pk->connect.username.len)
+                     ? rt_strndup(self, pk->connect.username.p, pk->connect.username.len)
                      : NULL;
     if (pk->connect.has_username && !user)
         return false;
@@ -97,7 +97,7 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     if (rc == RT_AUTH_PENDING &&
         rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, have_addr ? &addr : NULL, user, pw,
                             pk->connect.password.len) == 0) {
-        free(user);
+        rt_free(self, user);
         c->verifying = 1;
         c->version = 0;
         rt_sock_pause_reading(c->sock, true);
@@ -114,7 +114,7 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
            : rc == RT_AUTH_UNKNOWN_USER ? "unknown_user"
                                         : "anonymous_refused",
            delay_ms);
-    free(user);
+    rt_free(self, user);
     bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED;
     if (c->version == MQTT_V5)
         c->refusal = anonymous ? MQTT_RC_NOT_AUTHORIZED : MQTT_RC_BAD_CREDENTIALS;
@@ -191,14 +191,16 @@ static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, cons
 static void session_persist_all(conn_t *c)
 {
     c->stored = 1;
-    for (size_t i = 0; i < c->nsubs; i++)
-        rt_store_sub(c->client_id, c->subs[i].filter, c->subs[i].len, &c->subs[i].opts);
+    for (size_t i = 0; i < c->nsubs; i++) {
+        rt_trie_opts_t o = rt__conn_sub_opts(&c->subs[i]);
+        rt_store_sub(c->client_id, c->subs[i].filter, c->subs[i].len, &o);
+    }
     if (!c->sess)
         return;
     rt_qlist_t *lists[2] = {&c->sess->inflight, &c->sess->queued};
     for (int l = 0; l < 2; l++)
         for (rt_qmsg_t *m = lists[l]->head; m; m = m->next)
-            if (!m->seq && m->bin)
+            if (!m->seq && m->hold)
                 rt__conn_store_msg(c, m, 0, 0);
 }
 
@@ -207,14 +209,15 @@ static void session_persist_all(conn_t *c)
 static void subs_resubscribe_all(rt_actor_t *self, conn_t *c)
 {
     for (size_t i = 0; i < c->nsubs; i++) {
-        c->subs[i].opts.persistent = rt__conn_session_is_durable(c);
-        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
-                          &c->subs[i].opts, NULL);
+        c->subs[i].persistent = rt__conn_session_is_durable(c);
+        rt_trie_opts_t o = rt__conn_sub_opts(&c->subs[i]);
+        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self), &o,
+                          NULL);
     }
 }
 
 /* The CONNECT's will as a canonical message, and its delay within the session's expiry. */
-static int will_from_connect(conn_t *c, const mqtt_packet_t *pk)
+static int will_from_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
 {
     mqtt_packet_t w = {.type = MQTT_PUBLISH, .version = pk->version};
     w.publish.topic = pk->connect.will_topic;
@@ -223,8 +226,8 @@ static int will_from_connect(conn_t *c, const mqtt_packet_t *pk)
     w.publish.retain = pk->connect.will_retain;
     w.props = pk->connect.will_props; /* the will's own properties travel with it */
     RT_ASSERT(!c->will);
-    c->will = rt_message_new(&w, c->client_id, c->username);
-    if (!c->will)
+    rt_bin_t *will = rt_message_new(&w, c->client_id, c->username);
+    if (!will || !(c->will = rt_hold_bin(self, will)))
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     if (c->version == MQTT_V5) {
         uint32_t delay = pk->connect.will_props.will_delay;
@@ -266,22 +269,21 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     if (!resumed && !connect_authenticate(self, c, pk))
         return 0;
     if (pk->connect.has_username && !c->username) {
-        c->username = strndup((const char *)pk->connect.username.p, pk->connect.username.len);
+        c->username = rt_strndup(self, pk->connect.username.p, pk->connect.username.len);
         if (!c->username)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     }
     rt_pid_t old = 0;
     if (!resumed) {
         RT_ASSERT(!c->client_id);
-        char *cid = assigned[0] ? strdup(assigned) : strndup((const char *)id.p, id.len);
+        char *cid = assigned[0] ? rt_strndup(self, assigned, strlen(assigned))
+                                : rt_strndup(self, id.p, id.len);
         if (!cid)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
         if (!clean && !assigned[0]) {
             rt_pid_t holder = rt_broker_lookup_client(cid);
-            if (holder && hand_socket_to_holder(self, c, holder, bytes, len)) {
-                free(cid);
-                return 0;
-            }
+            if (holder && hand_socket_to_holder(self, c, holder, bytes, len))
+                return 0; /* cid goes with the heap: this actor exits */
         }
         c->client_id = cid;
         rt__conn_count_session();
@@ -310,7 +312,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     if (durable != was_durable && c->nsubs)
         subs_resubscribe_all(self, c);
     if (pk->connect.will) {
-        int rc = will_from_connect(c, pk);
+        int rc = will_from_connect(self, c, pk);
         if (rc)
             return rc;
     }
@@ -323,8 +325,8 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         long most = rt_broker->conf.max_topic_alias;
         uint16_t out =
             pk->props.topic_alias_maximum < most ? pk->props.topic_alias_maximum : (uint16_t)most;
-        if (out && rt__conn_aliases_get_or_make(c) && !c->aliases->out)
-            rt_alias_out_new(out, &c->aliases->out); /* none if it fails: topics go in full */
+        if (out && rt__conn_aliases_get_or_make(self, c) && !c->aliases->out)
+            rt_alias_out_new(self, out, &c->aliases->out); /* none if it fails: topics go in full */
         c->rx_max = (uint16_t)RT_LIVE(max_inflight);
     }
     c->keepalive = pk->connect.keepalive;
@@ -343,7 +345,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     free(response);
     atomic_fetch_add_explicit(&rt_broker->stats.connects, 1, memory_order_relaxed);
     if (rt_rules_wants_event(RT_RULE_EV_CLIENT_CONNECTED)) {
-        rt_rule_origin_t o = rt__conn_rule_origin(c);
+        rt_rule_origin_t o = rt__conn_rule_origin(self, c);
         rt_rule_event_t ev = {.kind = RT_RULE_EV_CLIENT_CONNECTED,
                               .qos = -1,
                               .reason_code = -1,
@@ -356,6 +358,6 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
            c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
     rt__conn_arm_keepalive(self, c);
     if (resumed)
-        rt__conn_retransmit(c);
+        rt__conn_retransmit(self, c);
     return 0;
 }

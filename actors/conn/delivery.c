@@ -38,10 +38,10 @@ bool rt__conn_online(const conn_t *c)
     return c->sock && c->version && !c->closing;
 }
 
-rt_session_t *rt__conn_session_get_or_make(conn_t *c)
+rt_session_t *rt__conn_session_get_or_make(rt_actor_t *self, conn_t *c)
 {
     if (!c->sess)
-        c->sess = calloc(1, sizeof(*c->sess));
+        c->sess = rt_alloc(self, sizeof(*c->sess), RT_OBJ_SCAN);
     return c->sess;
 }
 
@@ -83,34 +83,33 @@ static bool over_budget(const conn_t *c, size_t more)
     return rt__conn_memory(c) + more > (size_t)RT_LIVE(max_client_memory);
 }
 
-static void count_dropped(conn_t *c, rt_bin_t *bin, const char *why);
-static void session_release_msg(conn_t *c, rt_qmsg_t *m);
+static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const char *why);
+static void session_release_msg(rt_actor_t *self, conn_t *c, rt_qmsg_t *m);
 
 /* drop_oldest: frees queued messages, oldest first, until more bytes fit; whether they do. */
-static bool drop_oldest_for(conn_t *c, size_t more)
+static bool drop_oldest_for(rt_actor_t *self, conn_t *c, size_t more)
 {
     while (c->sess && c->sess->queued.n && over_budget(c, more)) {
         rt_qmsg_t *old = rt_qlist_pop(&c->sess->queued);
         c->sess->dropped++;
-        count_dropped(c, old->bin, "memory_budget");
-        session_release_msg(c, old);
+        count_dropped(self, c, rt_qmsg_bin(old), "memory_budget");
+        session_release_msg(self, c, old);
     }
     return !over_budget(c, more);
 }
 
 /* Whether a message of bytes may be taken now (false: drop it), by the policy. */
-static bool budget_admit(conn_t *c, size_t bytes)
+static bool budget_admit(rt_actor_t *self, conn_t *c, size_t bytes)
 {
     if (!over_budget(c, bytes))
         return true;
     int policy = memory_policy();
     if (policy == POLICY_DROP_OLDEST)
-        return drop_oldest_for(c, bytes);
+        return drop_oldest_for(self, c, bytes);
     if (policy == POLICY_DROP_NEWEST || !rt__conn_online(c) || c->budget_spent ||
         !RT_LIVE(client_memory_hold_ms))
         return false;
     if (!c->budget_hold) {
-        rt_actor_t *self = rt_current();
         c->budget_hold = 1;
         rt_hold_senders(self, true);
         rt_send_after_tag((uint64_t)RT_LIVE(client_memory_hold_ms), rt_self(self),
@@ -149,9 +148,9 @@ void rt__conn_budget_check(conn_t *c, bool hold_expired)
         c->budget_spent = 0;
 }
 
-static void count_dropped(conn_t *c, rt_bin_t *bin, const char *why)
+static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const char *why)
 {
-    rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_DROPPED, NULL, -1, -1, why, bin);
+    rt__conn_rule_event(self, c, RT_RULE_EV_MESSAGE_DROPPED, NULL, -1, -1, why, bin);
     if (c->dropped++ == 0)
         rt_log(RT_LOG_WARNING, "client.dropping", "client=%s (slow consumer or full queue)",
                c->client_id ? c->client_id : "-");
@@ -181,8 +180,8 @@ static uint16_t out_alias_pick(conn_t *c, mqtt_str_t topic, bool *fresh)
 ** discarded and counted (3.1.2.11.4) and reported as SENT_DISCARDED, so it
 ** is neither retried nor kept inflight.
 */
-static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_flag,
-                        uint16_t packet_id, uint8_t dup, uint64_t expire_at_ms,
+static int send_publish(rt_actor_t *self, conn_t *c, rt_bin_t *bin, uint8_t qos,
+                        uint8_t retain_flag, uint16_t packet_id, uint8_t dup, uint64_t expire_at_ms,
                         const uint32_t *sub_ids, uint32_t n_sub_ids)
 {
     RT_ASSERT(c->sock && c->version && bin);
@@ -210,7 +209,7 @@ static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_fl
     o.alias_only = o.topic_alias && !fresh_alias;
     size_t len = rt_message_encode(&m, &o, NULL, 0);
     if (len == SIZE_MAX || (c->peer_max_packet && len > c->peer_max_packet)) {
-        count_dropped(c, bin, "too_large");
+        count_dropped(self, c, bin, "too_large");
         return SENT_DISCARDED;
     }
     uint8_t stackbuf[512];
@@ -228,7 +227,7 @@ static int send_publish(conn_t *c, rt_bin_t *bin, uint8_t qos, uint8_t retain_fl
     if (fresh_alias) /* unused if it fails: the topic goes in full next time */
         rt_alias_out_commit(c->aliases->out, o.topic_alias, m.topic.p, m.topic.len);
     rt__metric_add(RT_METRIC_MSGS_OUT, 1);
-    rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_DELIVERED, NULL, qos, -1, NULL, bin);
+    rt__conn_rule_event(self, c, RT_RULE_EV_MESSAGE_DELIVERED, NULL, qos, -1, NULL, bin);
     return 0;
 }
 
@@ -262,10 +261,10 @@ static void answer_store_ack(rt_pid_t pid, uint64_t token)
 
 void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token)
 {
-    RT_ASSERT(c->sess && m->bin && !m->seq && c->client_id);
+    RT_ASSERT(c->sess && m->hold && !m->seq && c->client_id);
     m->seq = ++c->sess->next_seq;
     rt_stored_msg_t st = {.seq = m->seq,
-                          .bin = m->bin,
+                          .bin = rt_qmsg_bin(m),
                           .expire_at_ms = m->expire_at_ms,
                           .qos = m->qos,
                           .retain = m->retain,
@@ -278,12 +277,12 @@ void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t toke
 }
 
 /* Every session message ends here: its stored row (if any) goes with it. Takes m. */
-static void session_release_msg(conn_t *c, rt_qmsg_t *m)
+static void session_release_msg(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
 {
     RT_ASSERT(m && !m->next);
     if (m->seq && c->client_id)
         rt_store_msg_del(c->client_id, m->seq);
-    rt_qmsg_free(m);
+    rt_qmsg_free(self, m);
 }
 
 /*
@@ -331,12 +330,12 @@ static bool message_expired(conn_t *c, uint64_t expire_at_ms)
 }
 
 /* Past the pressure mark: a check in RT_CONN_SLOW_MS says whether it is a slow consumer. */
-static void watch_backlog(conn_t *c)
+static void watch_backlog(rt_actor_t *self, conn_t *c)
 {
     if (c->slow_check || c->shedding || rt_sock_pending(c->sock) <= RT_SOCK_HIGH_WATER)
         return;
     c->slow_check = 1;
-    rt_send_after_tag(RT_CONN_SLOW_MS, rt_self(rt_current()), RT_CONN_MSG_SLOW_CHECK, NULL);
+    rt_send_after_tag(RT_CONN_SLOW_MS, rt_self(self), RT_CONN_MSG_SLOW_CHECK, NULL);
 }
 
 void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c)
@@ -358,20 +357,21 @@ void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c)
 ** Sends a queued message now. QoS 0 is done once written; QoS 1 and 2 take a
 ** packet id and wait in the inflight list for their acknowledgement. Takes m.
 */
-static void delivery_transmit(conn_t *c, rt_qmsg_t *m)
+static void delivery_transmit(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
 {
-    RT_ASSERT(rt__conn_online(c) && m->bin && m->state == RT_QMSG_QUEUED && !m->next);
+    RT_ASSERT(rt__conn_online(c) && m->hold && m->state == RT_QMSG_QUEUED && !m->next);
     if (m->qos == 0) {
-        send_publish(c, m->bin, 0, m->retain, 0, 0, m->expire_at_ms, m->sub_ids, m->n_sub_ids);
-        session_release_msg(c, m);
+        send_publish(self, c, rt_qmsg_bin(m), 0, m->retain, 0, 0, m->expire_at_ms, m->sub_ids,
+                     m->n_sub_ids);
+        session_release_msg(self, c, m);
         return;
     }
     m->packet_id = session_next_packet_id(c);
     m->state = RT_QMSG_WAIT_ACK;
-    int rc = send_publish(c, m->bin, m->qos, m->retain, m->packet_id, 0, m->expire_at_ms,
-                          m->sub_ids, m->n_sub_ids);
+    int rc = send_publish(self, c, rt_qmsg_bin(m), m->qos, m->retain, m->packet_id, 0,
+                          m->expire_at_ms, m->sub_ids, m->n_sub_ids);
     if (rc == SENT_DISCARDED) {
-        session_release_msg(c, m);
+        session_release_msg(self, c, m);
         return;
     }
     /* QoS 2 must resume with the same packet id after a restart, or the client could take
@@ -379,11 +379,11 @@ static void delivery_transmit(conn_t *c, rt_qmsg_t *m)
     if (m->seq && m->qos == 2)
         rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_ACK, m->packet_id);
     rt_qlist_push(&c->sess->inflight, m);
-    watch_backlog(c);
+    watch_backlog(self, c);
 }
 
 /* Moves queued messages out while the receive window has room (in order: QoS 0 waits too). */
-static void queue_pump(conn_t *c)
+static void queue_pump(rt_actor_t *self, conn_t *c)
 {
     rt_session_t *s = c->sess;
     if (!s || !rt__conn_online(c))
@@ -394,9 +394,9 @@ static void queue_pump(conn_t *c)
             break;
         rt_qlist_pop(&s->queued);
         if (message_expired(c, m->expire_at_ms))
-            session_release_msg(c, m);
+            session_release_msg(self, c, m);
         else
-            delivery_transmit(c, m);
+            delivery_transmit(self, c, m);
     }
 }
 
@@ -404,30 +404,30 @@ static void queue_pump(conn_t *c)
 ** Decides a delivery's fate: sent at once (QoS 0, online, nothing queued), dropped, or
 ** returned as a session message to keep (NULL for the first two).
 */
-static rt_qmsg_t *delivery_admit(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
                                  const uint32_t *sub_ids)
 {
     bool backlog = c->sess && c->sess->queued.n;
     if (rt__conn_online(c) && !backlog && d->qos == 0) {
         if (c->shedding)
-            count_dropped(c, bin, "slow_consumer");
-        else if (!budget_admit(c, rt_bin_len(bin)))
-            count_dropped(c, bin, "memory_budget");
+            count_dropped(self, c, bin, "slow_consumer");
+        else if (!budget_admit(self, c, rt_bin_len(bin)))
+            count_dropped(self, c, bin, "memory_budget");
         else
-            send_publish(c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
-        watch_backlog(c);
+            send_publish(self, c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
+        watch_backlog(self, c);
         return NULL;
     }
     if (!c->sock && d->qos == 0 && !RT_LIVE(queue_qos0)) {
-        count_dropped(c, bin, "offline_qos0");
+        count_dropped(self, c, bin, "offline_qos0");
         return NULL;
     }
-    rt_qmsg_t *m =
-        rt__conn_session_get_or_make(c)
-            ? rt_qmsg_new(bin, d->qos, d->retain, d->expire_at_ms, d->shared, sub_ids, d->n_sub_ids)
-            : NULL;
+    rt_qmsg_t *m = rt__conn_session_get_or_make(self, c)
+                       ? rt_qmsg_new(self, bin, d->qos, d->retain, d->expire_at_ms, d->shared,
+                                     sub_ids, d->n_sub_ids)
+                       : NULL;
     if (!m)
-        count_dropped(c, bin, "no_memory");
+        count_dropped(self, c, bin, "no_memory");
     return m;
 }
 
@@ -450,12 +450,12 @@ static bool acl_readable(conn_t *c, rt_bin_t *bin)
 ** Whether m cannot join the session's queue: max_queued_messages (0: no count), or the
 ** budget's policy. m's own bytes are on the heap already, so it asks for none more.
 */
-static const char *session_queue_refusal(conn_t *c)
+static const char *session_queue_refusal(rt_actor_t *self, conn_t *c)
 {
     long max = RT_LIVE(max_queued_messages);
     if (max && c->sess->queued.n >= (uint64_t)max)
         return "queue_full";
-    return budget_admit(c, 0) ? NULL : "memory_budget";
+    return budget_admit(self, c, 0) ? NULL : "memory_budget";
 }
 
 /*
@@ -465,20 +465,22 @@ static const char *session_queue_refusal(conn_t *c)
 ** messages are queued only with queue_qos0. A persistent session stores what it keeps, and
 ** the publisher's acknowledgement waits for that.
 */
-void rt__conn_deliver(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
+void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+                      const uint32_t *sub_ids)
 {
     RT_ASSERT(d->qos <= 2 && d->n_sub_ids <= RT_DELIVERY_MAX_SUB_IDS);
     if (d->acl_check && !acl_readable(c, bin)) {
         answer_store_ack(d->ack_pid, d->ack_token);
         return;
     }
-    rt_qmsg_t *m = message_expired(c, d->expire_at_ms) ? NULL : delivery_admit(c, bin, d, sub_ids);
+    rt_qmsg_t *m =
+        message_expired(c, d->expire_at_ms) ? NULL : delivery_admit(self, c, bin, d, sub_ids);
     bool now = m && rt__conn_online(c) && !c->sess->queued.n && !send_window_full(c);
-    const char *refused = m && !now ? session_queue_refusal(c) : NULL;
+    const char *refused = m && !now ? session_queue_refusal(self, c) : NULL;
     if (refused) {
         c->sess->dropped++;
-        count_dropped(c, m->bin, refused);
-        rt_qmsg_free(m);
+        count_dropped(self, c, rt_qmsg_bin(m), refused);
+        rt_qmsg_free(self, m);
         m = NULL;
     }
     if (m && rt__conn_session_is_durable(c))
@@ -488,61 +490,61 @@ void rt__conn_deliver(conn_t *c, rt_bin_t *bin, const rt_delivery_t *d, const ui
     if (!m)
         return;
     if (now)
-        delivery_transmit(c, m);
+        delivery_transmit(self, c, m);
     else
         rt_qlist_push(&c->sess->queued, m);
 }
 
-void rt__conn_retransmit(conn_t *c)
+void rt__conn_retransmit(rt_actor_t *self, conn_t *c)
 {
     if (!c->sess)
         return;
     for (rt_qmsg_t *m = c->sess->inflight.head; m; m = m->next) {
         if (m->state == RT_QMSG_WAIT_COMP) {
-            RT_ASSERT(!m->bin); /* the client has the message: only its id is left */
+            RT_ASSERT(!m->hold); /* the client has the message: only its id is left */
             mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = m->packet_id};
             rt__conn_send_packet(c, &rel);
         } else {
-            RT_ASSERT(m->state == RT_QMSG_WAIT_ACK && m->bin);
-            send_publish(c, m->bin, m->qos, m->retain, m->packet_id, 1, m->expire_at_ms, m->sub_ids,
-                         m->n_sub_ids);
+            RT_ASSERT(m->state == RT_QMSG_WAIT_ACK && m->hold);
+            send_publish(self, c, rt_qmsg_bin(m), m->qos, m->retain, m->packet_id, 1,
+                         m->expire_at_ms, m->sub_ids, m->n_sub_ids);
         }
     }
-    queue_pump(c);
+    queue_pump(self, c);
 }
 
 /* Takes the inflight message m (found by its id) out of the session and ends it. */
-static void inflight_settle(conn_t *c, rt_qmsg_t *m)
+static void inflight_settle(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
 {
     rt_qmsg_t *taken = rt_qlist_take_id(&c->sess->inflight, m->packet_id);
     RT_ASSERT(taken == m); /* ids are unique in the inflight list */
-    session_release_msg(c, taken);
-    queue_pump(c);
+    session_release_msg(self, c, taken);
+    queue_pump(self, c);
 }
 
-static void on_puback(conn_t *c, const mqtt_packet_t *pk)
+static void on_puback(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
 {
     rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
     if (!m || m->state != RT_QMSG_WAIT_ACK || m->qos != 1)
         return; /* unknown ids are ignored: a late ack of a message already settled */
-    rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_ACKED, NULL, 1, -1, NULL, m->bin);
-    inflight_settle(c, m);
+    rt__conn_rule_event(self, c, RT_RULE_EV_MESSAGE_ACKED, NULL, 1, -1, NULL, rt_qmsg_bin(m));
+    inflight_settle(self, c, m);
 }
 
-static void on_pubrec(conn_t *c, const mqtt_packet_t *pk)
+static void on_pubrec(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
 {
     rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
     bool known = m && m->qos == 2;
     if (known && pk->version == MQTT_V5 && pk->reason >= 0x80) {
         /* The client refused it: the exchange ends here, with no PUBREL (4.3.3). */
-        inflight_settle(c, m);
+        inflight_settle(self, c, m);
         return;
     }
     if (known && m->state == RT_QMSG_WAIT_ACK) {
         /* Delivered: only the packet id is needed from here on. */
-        RT_ASSERT(m->bin);
-        rt__conn_rule_event(c, RT_RULE_EV_MESSAGE_ACKED, NULL, 2, -1, NULL, m->bin);
-        rt_qlist_drop_payload(&c->sess->inflight, m);
+        RT_ASSERT(m->hold);
+        rt__conn_rule_event(self, c, RT_RULE_EV_MESSAGE_ACKED, NULL, 2, -1, NULL, rt_qmsg_bin(m));
+        rt_qlist_drop_payload(self, &c->sess->inflight, m);
         m->state = RT_QMSG_WAIT_COMP;
         if (m->seq)
             rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_COMP, m->packet_id);
@@ -553,26 +555,26 @@ static void on_pubrec(conn_t *c, const mqtt_packet_t *pk)
     rt__conn_send_packet(c, &rel);
 }
 
-static void on_pubcomp(conn_t *c, const mqtt_packet_t *pk)
+static void on_pubcomp(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
 {
     rt_qmsg_t *m = c->sess ? rt_qlist_find_id(&c->sess->inflight, pk->packet_id) : NULL;
     if (!m || m->state != RT_QMSG_WAIT_COMP)
         return;
-    inflight_settle(c, m);
+    inflight_settle(self, c, m);
 }
 
-void rt__conn_on_delivery_ack(conn_t *c, const mqtt_packet_t *pk)
+void rt__conn_on_delivery_ack(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
 {
     switch (pk->type) {
     case MQTT_PUBACK:
-        on_puback(c, pk);
+        on_puback(self, c, pk);
         break;
     case MQTT_PUBREC:
-        on_pubrec(c, pk);
+        on_pubrec(self, c, pk);
         break;
     default:
         RT_ASSERT(pk->type == MQTT_PUBCOMP);
-        on_pubcomp(c, pk);
+        on_pubcomp(self, c, pk);
         break;
     }
 }
@@ -585,10 +587,10 @@ void rt__conn_on_delivery_ack(conn_t *c, const mqtt_packet_t *pk)
 */
 static bool shared_hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
 {
-    if (!m->bin)
+    if (!m->hold)
         return false;
     rt_message_t msg;
-    rt_message_view(m->bin, &msg);
+    rt_message_view(rt_qmsg_bin(m), &msg);
     for (size_t i = 0; i < c->nsubs; i++) {
         sub_entry_t *s = &c->subs[i];
         if (!rt__conn_filter_is_shared(s->filter, s->len) ||
@@ -605,7 +607,7 @@ static bool shared_hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
                            .shared = 1,
                            .acl_check = o.acl_check,
                            .n_sub_ids = o.sub_id ? 1 : 0};
-        rt_route_send(pid, m->bin, &d, &o.sub_id);
+        rt_route_send(pid, rt_qmsg_bin(m), &d, &o.sub_id);
         return true;
     }
     return false;
@@ -619,7 +621,7 @@ static void shared_hand_over_list(rt_actor_t *self, conn_t *c, rt_qlist_t *l)
     while ((m = rt_qlist_pop(l)) != NULL) {
         /* After PUBREC the client has the message: it is not handed on. */
         if (m->shared && m->state != RT_QMSG_WAIT_COMP && shared_hand_to_group(self, c, m))
-            session_release_msg(c, m);
+            session_release_msg(self, c, m);
         else
             rt_qlist_push(&keep, m);
     }

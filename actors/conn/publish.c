@@ -4,7 +4,6 @@
 ** exactly-once for QoS 2 (the ids between PUBREC and PUBREL), and its acknowledgement,
 ** which waits for the store to commit what the message changed on disk (durable acks).
 */
-#include <stdlib.h>
 #include <string.h>
 
 #include "acl.h"
@@ -15,7 +14,7 @@
 #define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
 
 /* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
-static int resolve_alias(conn_t *c, mqtt_packet_t *pk)
+static int resolve_alias(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     mqtt_str_t *topic = &pk->publish.topic;
     if (!(pk->props.present & MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS)))
@@ -23,17 +22,18 @@ static int resolve_alias(conn_t *c, mqtt_packet_t *pk)
     uint16_t alias = pk->props.topic_alias;
     if (alias == 0 || alias > rt_broker->conf.max_topic_alias)
         return MQTT_ERR(MQTT_RC_TOPIC_ALIAS_INVALID);
-    conn_aliases_t *a = rt__conn_aliases_get_or_make(c);
+    conn_aliases_t *a = rt__conn_aliases_get_or_make(self, c);
     if (a && !a->in)
-        a->in = calloc((size_t)rt_broker->conf.max_topic_alias, sizeof(char *));
+        a->in =
+            rt_alloc(self, (size_t)rt_broker->conf.max_topic_alias * sizeof(char *), RT_OBJ_SCAN);
     if (!a || !a->in)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     char **slot = &a->in[alias - 1];
     if (topic->len) {
-        char *copy = strndup((const char *)topic->p, topic->len);
+        char *copy = rt_strndup(self, topic->p, topic->len);
         if (!copy)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        free(*slot);
+        rt_free(self, *slot);
         *slot = copy;
         return 0;
     }
@@ -52,12 +52,13 @@ static int qos2_find(const conn_t *c, uint16_t id)
     return -1;
 }
 
-int rt__conn_qos2_add(conn_t *c, uint16_t packet_id)
+int rt__conn_qos2_add(rt_actor_t *self, conn_t *c, uint16_t packet_id)
 {
     RT_ASSERT(qos2_find(c, packet_id) < 0);
     if (c->nqos2 >= RT_CONN_QOS2_PENDING_MAX)
         return RT_ELIMIT;
-    if (rt__conn_grow(&c->qos2_ids, &c->capqos2, (size_t)c->nqos2 + 1, sizeof(*c->qos2_ids), 8))
+    if (rt__conn_grow(self, &c->qos2_ids, &c->capqos2, (size_t)c->nqos2 + 1, sizeof(*c->qos2_ids),
+                      8, RT_OBJ_LEAF))
         return RT_ENOMEM;
     c->qos2_ids[c->nqos2++] = packet_id;
     return 0;
@@ -131,7 +132,8 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
         return;
     }
     RT_ASSERT(token); /* a session that holds acks gave this PUBLISH a token */
-    if (rt__conn_grow(&s->acks, &s->capacks, (size_t)s->nacks + 1, sizeof(*s->acks), 8)) {
+    if (rt__conn_grow(self, &s->acks, &s->capacks, (size_t)s->nacks + 1, sizeof(*s->acks), 8,
+                      RT_OBJ_LEAF)) {
         rt__conn_send_packet(c, &ack); /* out of memory: early rather than never */
         return;
     }
@@ -264,7 +266,7 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     if (n == 0 && c->version == MQTT_V5)
         *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
     rt__conn_routed_this_event += n > 0 ? (uint32_t)n : 1;
-    rt_rule_origin_t o = rt__conn_rule_origin(c);
+    rt_rule_origin_t o = rt__conn_rule_origin(self, c);
     if (rt_rules_publish(&o, bin, track ? rt_self(self) : 0, token) == 2)
         (*waits)++; /* a durable rule: the ack waits for its rows to be committed */
     rt_bin_release(bin);
@@ -284,7 +286,7 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     if (c->version == MQTT_V5) {
         if (pk->props.sub_id_count)
             return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* only servers send them (3.3.4) */
-        int rc = resolve_alias(c, pk);
+        int rc = resolve_alias(self, c, pk);
         if (rc)
             return rc;
     }
@@ -304,13 +306,13 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     /* Exactly once: delivered on the first PUBLISH, a resend before PUBREL is not. */
     bool forward = qos < 2 || qos2_find(c, pk->packet_id) < 0;
     if (qos == 2 && forward) {
-        int rc = rt__conn_qos2_add(c, pk->packet_id);
+        int rc = rt__conn_qos2_add(self, c, pk->packet_id);
         if (rc)
             return MQTT_ERR(rc == RT_ELIMIT ? MQTT_RC_RECEIVE_MAX_EXCEEDED : MQTT_RC_UNSPECIFIED);
     }
     uint8_t reason = MQTT_RC_SUCCESS;
     /* With persistence, the acknowledgement waits for what the message left on disk. */
-    bool track = qos && rt__conn_session_get_or_make(c);
+    bool track = qos && rt__conn_session_get_or_make(self, c);
     uint64_t token = track ? ++c->sess->next_token : 0;
     uint32_t waits = 0;
     if (forward) {

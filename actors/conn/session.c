@@ -4,24 +4,25 @@
 ** order of sending (4.6), so the id sought is almost always the oldest, and a
 ** scan beats keeping an index per session.
 */
-#include <stdlib.h>
 #include <string.h>
 
 #include "session.h"
 
-rt_qmsg_t *rt_qmsg_new(rt_bin_t *bin, uint8_t qos, uint8_t retain, uint64_t expire_at_ms,
-                       uint8_t shared, const uint32_t *sub_ids, uint32_t n_sub_ids)
+rt_qmsg_t *rt_qmsg_new(rt_actor_t *self, rt_bin_t *bin, uint8_t qos, uint8_t retain,
+                       uint64_t expire_at_ms, uint8_t shared, const uint32_t *sub_ids,
+                       uint32_t n_sub_ids)
 {
     if (n_sub_ids > RT_QMSG_MAX_SUB_IDS)
         n_sub_ids = RT_QMSG_MAX_SUB_IDS;
-    rt_qmsg_t *m = malloc(sizeof(*m) + n_sub_ids * sizeof(uint32_t));
+    rt_qmsg_t *m = rt_alloc(self, sizeof(*m) + n_sub_ids * sizeof(uint32_t), RT_OBJ_SCAN);
     if (!m)
         return NULL;
-    m->next = NULL;
-    m->bin = rt_bin_retain(bin);
+    m->hold = rt_hold_bin(self, rt_bin_retain(bin));
+    if (!m->hold) {
+        rt_free(self, m);
+        return NULL;
+    }
     m->expire_at_ms = expire_at_ms;
-    m->seq = 0;
-    m->packet_id = 0;
     m->qos = qos;
     m->retain = retain;
     m->state = RT_QMSG_QUEUED;
@@ -32,17 +33,18 @@ rt_qmsg_t *rt_qmsg_new(rt_bin_t *bin, uint8_t qos, uint8_t retain, uint64_t expi
     return m;
 }
 
-void rt_qmsg_free(rt_qmsg_t *m)
+void rt_qmsg_free(rt_actor_t *self, rt_qmsg_t *m)
 {
     if (!m)
         return;
-    rt_bin_release(m->bin);
-    free(m);
+    rt_free(self, m->hold);
+    rt_free(self, m);
 }
 
 size_t rt_qmsg_bytes(const rt_qmsg_t *m)
 {
-    return m->bin ? rt_bin_len(m->bin) : 0;
+    rt_bin_t *bin = rt_qmsg_bin(m);
+    return bin ? rt_bin_len(bin) : 0;
 }
 
 /* The list's ends and counts agree: empty means no head, no tail, no bytes. */
@@ -108,27 +110,10 @@ rt_qmsg_t *rt_qlist_take_id(rt_qlist_t *l, uint16_t packet_id)
     return NULL;
 }
 
-void rt_qlist_clear(rt_qlist_t *l)
-{
-    rt_qmsg_t *m;
-    while ((m = rt_qlist_pop(l)) != NULL)
-        rt_qmsg_free(m);
-}
-
-void rt_qlist_drop_payload(rt_qlist_t *l, rt_qmsg_t *m)
+void rt_qlist_drop_payload(rt_actor_t *self, rt_qlist_t *l, rt_qmsg_t *m)
 {
     RT_ASSERT(l->n && l->bytes >= rt_qmsg_bytes(m));
     l->bytes -= rt_qmsg_bytes(m);
-    rt_bin_release(m->bin);
-    m->bin = NULL;
-}
-
-void rt_session_free(rt_session_t *s)
-{
-    if (!s)
-        return;
-    rt_qlist_clear(&s->inflight);
-    rt_qlist_clear(&s->queued);
-    free(s->acks);
-    free(s);
+    rt_free(self, m->hold);
+    m->hold = NULL;
 }

@@ -6,7 +6,13 @@
 ** messages and bytes). A connection actor allocates it on its first QoS 1/2
 ** delivery or offline message, so an idle connection carries none.
 **
-** Owned by one connection actor and touched only in its turns: no locks.
+** Owned by one connection actor and touched only in its turns: no locks. All of
+** it lives on that actor's heap, reachable from the actor's roots through the
+** session: the session and the message records are RT_OBJ_SCAN (records link
+** to one another and to their handles), the ack array is RT_OBJ_LEAF, and each
+** record holds its canonical message through a binary handle (rt_hold_bin), so
+** the queue's bytes count in the actor's bin_bytes and dropping the heap
+** releases them.
 */
 #ifndef RT_SESSION_H
 #define RT_SESSION_H
@@ -27,7 +33,8 @@ enum {
 
 typedef struct rt_qmsg_s {
     struct rt_qmsg_s *next;
-    rt_bin_t *bin;         /* the canonical PUBLISH; NULL once PUBREC came (only the id is left) */
+    void *hold; /* heap handle of the canonical PUBLISH (rt_qmsg_bin); NULL once PUBREC came
+                   (only the id is left) */
     uint64_t expire_at_ms; /* CLOCK_MONOTONIC ms when the message expires; 0: never */
     uint64_t seq;          /* its row in the store (persistent sessions); 0: not stored */
     uint16_t packet_id;    /* while inflight */
@@ -77,22 +84,30 @@ typedef struct rt_session_s {
     uint8_t ids_unordered;
 } rt_session_t;
 
-/* A message holding a new reference to bin; NULL on OOM. */
-rt_qmsg_t *rt_qmsg_new(rt_bin_t *bin, uint8_t qos, uint8_t retain, uint64_t expire_at_ms,
-                       uint8_t shared, const uint32_t *sub_ids, uint32_t n_sub_ids);
-void rt_qmsg_free(rt_qmsg_t *m);
+/* A message on self's heap holding a new reference to bin; NULL on OOM. */
+rt_qmsg_t *rt_qmsg_new(rt_actor_t *self, rt_bin_t *bin, uint8_t qos, uint8_t retain,
+                       uint64_t expire_at_ms, uint8_t shared, const uint32_t *sub_ids,
+                       uint32_t n_sub_ids);
+/*
+** Frees m and releases its binary now, rather than at the next collection: a message is
+** freed as soon as it is acknowledged or dropped, so a busy session's heap does not grow
+** with what it has already let go of.
+*/
+void rt_qmsg_free(rt_actor_t *self, rt_qmsg_t *m);
+/* The canonical PUBLISH m holds, or NULL once it gave it up (rt_qlist_drop_payload). */
+static inline rt_bin_t *rt_qmsg_bin(const rt_qmsg_t *m)
+{
+    return m->hold ? rt_heap_bin(m->hold) : NULL;
+}
 
 void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m); /* at the tail */
 rt_qmsg_t *rt_qlist_pop(rt_qlist_t *l);          /* from the head; NULL when empty */
 /* Unlinks and returns the inflight message with packet_id, or NULL. */
 rt_qmsg_t *rt_qlist_take_id(rt_qlist_t *l, uint16_t packet_id);
 rt_qmsg_t *rt_qlist_find_id(const rt_qlist_t *l, uint16_t packet_id);
-void rt_qlist_clear(rt_qlist_t *l); /* frees every message */
 /* Releases m's binary (QoS 2 after PUBREC needs only its packet id); m stays in l. */
-void rt_qlist_drop_payload(rt_qlist_t *l, rt_qmsg_t *m);
+void rt_qlist_drop_payload(rt_actor_t *self, rt_qlist_t *l, rt_qmsg_t *m);
 /* The bytes a message counts against the queue limit. */
 size_t rt_qmsg_bytes(const rt_qmsg_t *m);
-
-void rt_session_free(rt_session_t *s); /* NULL is ignored */
 
 #endif

@@ -14,11 +14,11 @@
 #include "store.h"
 
 /* The session's messages in their order: queued ones, and inflight ones as they were sent. */
-static void restore_messages(conn_t *c, const rt_stored_session_t *ss)
+static void restore_messages(rt_actor_t *self, conn_t *c, const rt_stored_session_t *ss)
 {
-    for (size_t i = 0; i < ss->nmsgs && rt__conn_session_get_or_make(c); i++) {
+    for (size_t i = 0; i < ss->nmsgs && rt__conn_session_get_or_make(self, c); i++) {
         const rt_stored_msg_t *sm = &ss->msgs[i];
-        rt_qmsg_t *m = rt_qmsg_new(sm->bin, sm->qos, sm->retain, sm->expire_at_ms, sm->shared,
+        rt_qmsg_t *m = rt_qmsg_new(self, sm->bin, sm->qos, sm->retain, sm->expire_at_ms, sm->shared,
                                    sm->sub_ids, sm->n_sub_ids);
         if (!m)
             break;
@@ -32,7 +32,7 @@ static void restore_messages(conn_t *c, const rt_stored_session_t *ss)
             c->sess->ids_unordered = 1;
         rt_qlist_push(l, m);
         if (m->state == RT_QMSG_WAIT_COMP)
-            rt_qlist_drop_payload(l, m);
+            rt_qlist_drop_payload(self, l, m);
     }
 }
 
@@ -46,7 +46,7 @@ int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg)
 {
     conn_t *c = state;
     const rt_stored_session_t *ss = arg;
-    c->client_id = strdup(ss->client_id);
+    c->client_id = rt_strndup(self, ss->client_id, strlen(ss->client_id));
     if (!c->client_id)
         return RT_ENOMEM;
     c->closing = 1;
@@ -56,14 +56,14 @@ int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg)
         const rt_stored_sub_t *sub = &ss->subs[i];
         rt_trie_opts_t o = sub->opts;
         o.persistent = 1;
-        if (rt__conn_sub_remember(c, (const uint8_t *)sub->filter, sub->len, &o) != 0 ||
+        if (rt__conn_sub_remember(self, c, (const uint8_t *)sub->filter, sub->len, &o) != 0 ||
             rt__conn_filter_is_shared(sub->filter, sub->len))
             continue;
         rt_trie_subscribe(rt_broker->trie, sub->filter, sub->len, rt_self(self), &o, NULL);
     }
-    restore_messages(c, ss);
+    restore_messages(self, c, ss);
     for (size_t i = 0; i < ss->nqos2_in; i++)
-        if (rt__conn_qos2_add(c, ss->qos2_in[i]) != 0)
+        if (rt__conn_qos2_add(self, c, ss->qos2_in[i]) != 0)
             break;
     rt_broker_claim_client(c->client_id, rt_self(self));
     rt__conn_count_session();

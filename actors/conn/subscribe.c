@@ -18,8 +18,8 @@ bool rt__conn_filter_is_shared(const char *f, size_t len)
 }
 
 /* session.subscribed / unsubscribed: rules get the filter as a C string. */
-static void subscription_rule_event(conn_t *c, rt_rule_event_kind_t kind, const uint8_t *f,
-                                    size_t len, int qos)
+static void subscription_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind,
+                                    const uint8_t *f, size_t len, int qos)
 {
     char small[256];
     char *copy = len < sizeof(small) ? small : malloc(len + 1);
@@ -27,7 +27,7 @@ static void subscription_rule_event(conn_t *c, rt_rule_event_kind_t kind, const 
         return;
     memcpy(copy, f, len);
     copy[len] = 0;
-    rt__conn_rule_event(c, kind, copy, qos, -1, NULL, NULL);
+    rt__conn_rule_event(self, c, kind, copy, qos, -1, NULL, NULL);
     if (copy != small)
         free(copy);
 }
@@ -42,29 +42,41 @@ static long sub_find(const conn_t *c, const uint8_t *f, size_t len)
     return -1;
 }
 
-int rt__conn_sub_remember(conn_t *c, const uint8_t *f, size_t len, const rt_trie_opts_t *o)
+/*
+** The list starts with room for one: most clients hold one subscription, and one entry
+** shares its size class with the client id and the filter, so such a client's heap needs
+** no chunk of another class.
+*/
+int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len,
+                          const rt_trie_opts_t *o)
 {
     long at = sub_find(c, f, len);
     if (at >= 0) {
-        c->subs[at].opts = *o;
+        rt__conn_sub_set_opts(&c->subs[at], o);
         return 0;
     }
-    if (rt__conn_grow(&c->subs, &c->capsubs, (size_t)c->nsubs + 1, sizeof(*c->subs), 2))
+    if (len > RT_TRIE_MAX_LEN)
+        return RT_EINVAL;
+    if (rt__conn_grow(self, &c->subs, &c->capsubs, (size_t)c->nsubs + 1, sizeof(*c->subs), 1,
+                      RT_OBJ_SCAN))
         return RT_ENOMEM;
-    char *copy = malloc(len ? len : 1);
+    char *copy = rt_strndup(self, f, len);
     if (!copy)
         return RT_ENOMEM;
-    memcpy(copy, f, len);
-    c->subs[c->nsubs++] = (sub_entry_t){.filter = copy, .len = len, .opts = *o};
+    sub_entry_t *e = &c->subs[c->nsubs++];
+    *e = (sub_entry_t){.filter = copy, .len = (uint16_t)len};
+    rt__conn_sub_set_opts(e, o);
     return 0;
 }
 
-static void sub_forget(conn_t *c, const uint8_t *f, size_t len)
+/* The filter is freed at once: a client that keeps changing its subscriptions would
+   otherwise pile them up until a collection. */
+static void sub_forget(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len)
 {
     long at = sub_find(c, f, len);
     if (at < 0)
         return;
-    free(c->subs[at].filter);
+    rt_free(self, c->subs[at].filter);
     c->subs[at] = c->subs[--c->nsubs];
 }
 
@@ -75,21 +87,16 @@ bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len
     if (c->stored)
         rt_store_unsub(c->client_id, (const char *)f, len);
     if (existed)
-        subscription_rule_event(c, RT_RULE_EV_SESSION_UNSUBSCRIBED, f, len, -1);
-    sub_forget(c, f, len);
+        subscription_rule_event(self, c, RT_RULE_EV_SESSION_UNSUBSCRIBED, f, len, -1);
+    sub_forget(self, c, f, len);
     return existed;
 }
 
-void rt__conn_subs_free(rt_actor_t *self, conn_t *c)
+void rt__conn_subs_unhook(rt_actor_t *self, conn_t *c)
 {
-    for (size_t i = 0; i < c->nsubs; i++) {
+    for (size_t i = 0; i < c->nsubs; i++)
         rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
                             NULL);
-        free(c->subs[i].filter);
-    }
-    free(c->subs);
-    c->subs = NULL;
-    c->nsubs = c->capsubs = 0;
 }
 
 void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c)
@@ -108,13 +115,17 @@ void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c)
 
 void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c)
 {
-    for (size_t i = 0; i < c->nsubs; i++)
-        if (rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len))
-            rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
-                              &c->subs[i].opts, NULL);
+    for (size_t i = 0; i < c->nsubs; i++) {
+        if (!rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len))
+            continue;
+        rt_trie_opts_t o = rt__conn_sub_opts(&c->subs[i]);
+        rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self), &o,
+                          NULL);
+    }
 }
 
 typedef struct {
+    rt_actor_t *self;
     conn_t *c;
     uint8_t qos;       /* granted */
     uint8_t acl_check; /* the subscription's (acl.h) */
@@ -134,7 +145,7 @@ static void retained_deliver(void *arg, const char *topic, size_t len, void *msg
                        .retain = 1,
                        .acl_check = rs->acl_check,
                        .n_sub_ids = rs->sub_id ? 1 : 0};
-    rt__conn_deliver(rs->c, r->bin, &d, &rs->sub_id);
+    rt__conn_deliver(rs->self, rs->c, r->bin, &d, &rs->sub_id);
 }
 
 /*
@@ -207,12 +218,12 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
                                    rt_self(self), &o, &existed);
         if (rc == 0)
-            rc = rt__conn_sub_remember(c, s.filter.p, s.filter.len, &o);
+            rc = rt__conn_sub_remember(self, c, s.filter.p, s.filter.len, &o);
         if (rc == 0 && rt__conn_session_is_durable(c))
             rt_store_sub(c->client_id, (const char *)s.filter.p, s.filter.len, &o);
         if (rc == 0)
-            subscription_rule_event(c, RT_RULE_EV_SESSION_SUBSCRIBED, s.filter.p, s.filter.len,
-                                    qos);
+            subscription_rule_event(self, c, RT_RULE_EV_SESSION_SUBSCRIBED, s.filter.p,
+                                    s.filter.len, qos);
         /* Retained messages on subscribe: always (0), for a new subscription only (1), never
            (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
         bool shared = rt__conn_filter_is_shared((const char *)s.filter.p, s.filter.len);
@@ -227,7 +238,8 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++) {
         if (!(then[i] & THEN_RETAINED))
             continue;
-        retained_send_t rs = {.c = c,
+        retained_send_t rs = {.self = self,
+                              .c = c,
                               .qos = codes[i],
                               .acl_check = (then[i] & THEN_ACL_CHECK) != 0,
                               .sub_id = pk->props.sub_id};

@@ -2,14 +2,12 @@
 ** Outbound topic aliases: the topics in alias order, and an open-addressing index over them
 ** by hash (kept at most half full, so a probe always ends at a free slot). Both grow by
 ** doubling up to the table's maximum, so a client that allows 65535 aliases but gets few
-** topics costs only what it uses.
+** topics costs only what it uses. On the owner's heap, the table and the entries are
+** RT_OBJ_SCAN (they point to the entries and the topics), the topics and the index leaves.
 */
 #include "topic_alias.h"
 
-#include <stdlib.h>
 #include <string.h>
-
-#include "rt.h"
 
 typedef struct {
     char *topic; /* owned copy */
@@ -18,13 +16,11 @@ typedef struct {
 } entry_t;
 
 struct rt_alias_out_s {
-    entry_t *entries; /* alias i + 1 is entries[i] */
-    uint16_t *slots;  /* 1 + an index into entries; 0: free */
-    uint32_t nslots;  /* a power of two, at least twice cap */
+    rt_actor_t *owner; /* the actor that made it: its heap, and the only one that may touch it */
+    entry_t *entries;  /* alias i + 1 is entries[i] */
+    uint16_t *slots;   /* 1 + an index into entries; 0: free */
+    uint32_t nslots;   /* a power of two, at least twice cap */
     uint16_t n, cap, max;
-#ifndef NDEBUG
-    rt_actor_t *owner; /* debug: the actor that made it, the only one that may touch it */
-#endif
 };
 
 /* Topics come from publishers: the keyed hash keeps them from planning collisions (which
@@ -34,18 +30,17 @@ static uint32_t topic_hash(const uint8_t *t, size_t len)
     return (uint32_t)rt_hash(t, len);
 }
 
-int rt_alias_out_new(uint16_t max, rt_alias_out_t **out)
+int rt_alias_out_new(rt_actor_t *owner, uint16_t max, rt_alias_out_t **out)
 {
+    RT_ASSERT(owner == rt_current());
     *out = NULL;
     if (max == 0)
         return RT_EINVAL;
-    rt_alias_out_t *a = calloc(1, sizeof(*a));
+    rt_alias_out_t *a = rt_alloc(owner, sizeof(*a), RT_OBJ_SCAN);
     if (!a)
         return RT_ENOMEM;
     a->max = max;
-#ifndef NDEBUG
-    a->owner = rt_current();
-#endif
+    a->owner = owner;
     *out = a;
     return 0;
 }
@@ -56,10 +51,10 @@ void rt_alias_out_free(rt_alias_out_t *a)
         return;
     RT_ASSERT(a->owner == rt_current());
     for (uint16_t i = 0; i < a->n; i++)
-        free(a->entries[i].topic);
-    free(a->entries);
-    free(a->slots);
-    free(a);
+        rt_free(a->owner, a->entries[i].topic);
+    rt_free(a->owner, a->entries);
+    rt_free(a->owner, a->slots);
+    rt_free(a->owner, a);
 }
 
 static uint32_t find_slot(const rt_alias_out_t *a, uint32_t hash, const uint8_t *topic, size_t len)
@@ -100,14 +95,14 @@ static int make_room(rt_alias_out_t *a)
     uint32_t nslots = 16;
     while (nslots < 2 * cap)
         nslots *= 2;
-    entry_t *entries = realloc(a->entries, cap * sizeof(*entries));
+    entry_t *entries = rt_realloc(a->owner, a->entries, cap * sizeof(*entries), RT_OBJ_SCAN);
     if (!entries)
         return RT_ENOMEM;
     a->entries = entries;
-    uint16_t *slots = calloc(nslots, sizeof(*slots));
+    uint16_t *slots = rt_alloc(a->owner, nslots * sizeof(*slots), RT_OBJ_LEAF);
     if (!slots)
         return RT_ENOMEM;
-    free(a->slots);
+    rt_free(a->owner, a->slots);
     a->slots = slots;
     a->nslots = nslots;
     a->cap = (uint16_t)cap;
@@ -125,10 +120,9 @@ int rt_alias_out_commit(rt_alias_out_t *a, uint16_t alias, const uint8_t *topic,
     int rc = make_room(a);
     if (rc)
         return rc;
-    char *copy = malloc(len ? len : 1);
+    char *copy = rt_strndup(a->owner, topic, len);
     if (!copy)
         return RT_ENOMEM;
-    memcpy(copy, topic, len);
     uint32_t hash = topic_hash(topic, len);
     a->entries[a->n] = (entry_t){.topic = copy, .len = (uint32_t)len, .hash = hash};
     a->slots[find_slot(a, hash, topic, len)] = alias;

@@ -7,7 +7,10 @@
 ** The table holds a copy of each aliased topic, so its memory is bounded by max x 65535 bytes;
 ** the caller chooses max (conn.c: the smaller of the client's maximum and max_topic_alias).
 **
-** Owned by one connection actor and touched only in its turns: no locks.
+** Owned by one connection actor and touched only in its turns: no locks. Its memory is on
+** that actor's heap (rt_alloc), so it counts as the connection's: the owner keeps the table
+** reachable from its heap's roots (through an RT_OBJ_SCAN object or its trace; the table's
+** own objects are typed so that a collection finds the rest), and its heap's end frees it.
 */
 #ifndef RT_TOPIC_ALIAS_H
 #define RT_TOPIC_ALIAS_H
@@ -16,13 +19,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common.h"
+#include "rt.h"
 
 typedef struct rt_alias_out_s rt_alias_out_t;
 
-/* A table for up to max aliases (1..65535), empty. 0 or RT_ENOMEM / RT_EINVAL. */
-int rt_alias_out_new(uint16_t max, rt_alias_out_t **out);
-void rt_alias_out_free(rt_alias_out_t *a); /* NULL is ignored */
+/*
+** A table for up to max aliases (1..65535), empty, on owner's heap (owner is the calling
+** actor). 0 or RT_ENOMEM / RT_EINVAL.
+*/
+int rt_alias_out_new(rt_actor_t *owner, uint16_t max, rt_alias_out_t **out);
+/* Gives the table's memory back now rather than at a collection; NULL is ignored. */
+void rt_alias_out_free(rt_alias_out_t *a);
 
 /*
 ** The alias for topic[0..len): its own (>0, *fresh false) if it has one; else the alias it

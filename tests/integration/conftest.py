@@ -101,6 +101,10 @@ import paho.mqtt.client as mqtt  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("RT_BUILD_DIR", os.path.join(ROOT, "build", "release"))
+# Settings every rtd of the run gets before a test's own, e.g. RT_RTD_OPTIONS="min_heap=1024"
+# to collect after nearly every message, which an actor's missing heap root does not survive
+# under ASan.
+RTD_OPTIONS = os.environ.get("RT_RTD_OPTIONS", "").split()
 RTD = os.path.join(BUILD, "rtd")
 RTCTL = os.path.join(BUILD, "rtctl")
 
@@ -137,7 +141,7 @@ class Rtd:
         args = [RTD, "-c", os.path.join(ROOT, "etc", "rtd.conf"),
                 "-o", f"listeners=127.0.0.1:{self.port}", "-o", "schedulers=2",
                 "-o", f'data_dir="{data_dir}"']
-        for o in overrides:
+        for o in RTD_OPTIONS + list(overrides):
             args += ["-o", o]
         # A file, not a pipe: a broker logging thousands of connections would fill a pipe
         # nobody reads until the end, and block on it.

@@ -77,4 +77,36 @@ static inline void test_start(unsigned schedulers)
     }
 }
 
+/*
+** Runs fn(self) inside an actor (its init callback), for code that allocates from the
+** calling actor's heap, and waits for that actor to exit. No collection runs while fn
+** does, and the heap goes whole when the actor exits. Needs a started runtime with no
+** other live actor.
+*/
+typedef struct {
+    void (*fn)(rt_actor_t *self);
+} test_in_actor_t;
+
+static inline int test_in_actor_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)state;
+    ((const test_in_actor_t *)arg)->fn(self);
+    rt_exit(self, RT_REASON_NORMAL);
+    return 0;
+}
+
+static inline void test_in_actor_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self, (void)state, (void)m;
+}
+
+static inline void test_in_actor(void (*fn)(rt_actor_t *self))
+{
+    static const rt_actor_type_t type = {
+        .name = "test_in_actor", .init = test_in_actor_init, .handle = test_in_actor_handle};
+    test_in_actor_t box = {fn};
+    CHECK_EQ(rt_spawn(&type, &box, NULL), 0);
+    CHECK(wait_alive(0, 10000));
+}
+
 #endif

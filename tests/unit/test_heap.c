@@ -499,6 +499,28 @@ static void test_free(void)
     rt_heap_destroy(&h);
 }
 
+/*
+** A queue freed one message at a time, oldest first or newest first (acknowledged, or
+** dropped), gives its chunks back as they empty: one empty chunk per class at most stays.
+*/
+static void test_free_whole_queue(void)
+{
+    enum { N = 2000 };
+    static void *ps[N];
+    for (int order = 0; order < 2; order++) {
+        rt_heap_t h;
+        rt_heap_init(&h);
+        for (int i = 0; i < N; i++)
+            ps[i] = rt_heap_alloc(&h, i % 2 ? 48 : 16, i % 2 ? RT_OBJ_SCAN : RT_OBJ_LEAF);
+        CHECK(heap_bytes_of(&h) >= N / 2 * (48 + 16));
+        for (int i = 0; i < N; i++)
+            rt_heap_free(&h, ps[order ? N - 1 - i : i]);
+        CHECK_EQ(used_of(&h), 0);
+        CHECK(heap_bytes_of(&h) <= 2 * CHUNK);
+        rt_heap_destroy(&h);
+    }
+}
+
 static void test_configure(void)
 {
     rt_heap_config_t cfg = {.min_heap = 64 * 1024, .gc_factor = 3.0};
@@ -1059,6 +1081,7 @@ int main(int argc, char **argv)
     RUN_IF(test_binary_tail);
     RUN_IF(test_large);
     RUN_IF(test_free);
+    RUN_IF(test_free_whole_queue);
     RUN_IF(test_configure);
     RUN_IF(test_poison);
     RUN_IF(test_destroy_returns_chunks);
