@@ -182,12 +182,12 @@ static void mute_check(rt_actor_t *target)
     /* seq_cst, against the owner's seq_cst raising of pressure: a message whose send did
        not see the pressure was pushed before it was raised (rt.h's bound counts on it). */
     unsigned tf = atomic_load_explicit(&target->sync_flags, memory_order_seq_cst);
-    if (!(tf & (RT_AF_OVERLOADED | RT_AF_PRESSURE)))
+    if (!(tf & (RT_AF_OVERLOADED | RT_AF_BACKPRESSURE)))
         return;
     unsigned cf = atomic_load_explicit(&cur->sync_flags, memory_order_relaxed);
-    if (cf & RT_AF_PRESSURE)
+    if (cf & RT_AF_BACKPRESSURE)
         return;
-    if (!(tf & RT_AF_PRESSURE) && (cf & RT_AF_OVERLOADED))
+    if (!(tf & RT_AF_BACKPRESSURE) && (cf & RT_AF_OVERLOADED))
         return;
     cur->mute_target = target;
 }
@@ -409,7 +409,7 @@ static void unmute_waiters(rt_actor_t *a, unsigned clear)
     unsigned left =
         atomic_fetch_and_explicit(&a->sync_flags, ~clear, memory_order_release) & ~clear;
     rt_actor_t *w = NULL;
-    if (!(left & (RT_AF_OVERLOADED | RT_AF_PRESSURE)) || (left & RT_AF_DEAD)) {
+    if (!(left & (RT_AF_OVERLOADED | RT_AF_BACKPRESSURE)) || (left & RT_AF_DEAD)) {
         w = a->muted;
         a->muted = NULL;
     }
@@ -425,17 +425,34 @@ static void unmute_waiters(rt_actor_t *a, unsigned clear)
 /* Owner only: no other thread raises or lifts an actor's pressure. */
 static bool under_pressure(const rt_actor_t *a)
 {
-    return atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_PRESSURE;
+    return atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_BACKPRESSURE;
+}
+
+static void set_flag_pressure(rt_actor_t *a, unsigned flag, bool on)
+{
+    bool now = atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & flag;
+    if (on == now)
+        return;
+    if (on)
+        atomic_fetch_or_explicit(&a->sync_flags, flag, memory_order_seq_cst);
+    else
+        unmute_waiters(a, flag);
 }
 
 void rt__set_pressure(rt_actor_t *a, bool on)
 {
-    if (on == under_pressure(a))
-        return;
-    if (on)
-        atomic_fetch_or_explicit(&a->sync_flags, RT_AF_PRESSURE, memory_order_seq_cst);
-    else
-        unmute_waiters(a, RT_AF_PRESSURE);
+    set_flag_pressure(a, RT_AF_PRESSURE, on);
+}
+
+void rt_hold_senders(rt_actor_t *self, bool on)
+{
+    RT_ASSERT(self == rt__tls.current);
+    set_flag_pressure(self, RT_AF_HOLD, on);
+}
+
+bool rt_holding_senders(const rt_actor_t *self)
+{
+    return atomic_load_explicit(&self->sync_flags, memory_order_relaxed) & RT_AF_HOLD;
 }
 
 /*
@@ -582,7 +599,7 @@ static void actor_exit(rt_actor_t *a)
     rt_heap_t *heap = atomic_load_explicit(&a->heap, memory_order_relaxed);
     if (heap)
         rt_heap_destroy(heap);
-    unmute_waiters(a, RT_AF_OVERLOADED | RT_AF_PRESSURE);
+    unmute_waiters(a, RT_AF_OVERLOADED | RT_AF_BACKPRESSURE);
     if (reason == RT_REASON_HEAP_LIMIT)
         atomic_fetch_add_explicit(&rt->heap_limit_kills, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&rt->exited, 1, memory_order_relaxed);
@@ -781,6 +798,16 @@ char *rt_strndup(rt_actor_t *self, const void *s, size_t n)
     return d;
 }
 
+size_t rt_memory(const rt_actor_t *self)
+{
+    rt_heap_t *h = atomic_load_explicit(&((rt_actor_t *)self)->heap, memory_order_relaxed);
+    if (!h)
+        return 0;
+    rt_heap_stats_t st;
+    rt_heap_stats(h, &st);
+    return st.heap_bytes + st.bin_bytes + st.ext_bytes;
+}
+
 void rt_charge(rt_actor_t *self, ptrdiff_t delta)
 {
     rt_heap_t *h = heap_of(self);
@@ -858,7 +885,7 @@ static bool park_muted(rt_actor_t *a)
     a->mute_target = NULL;
     rt__spin_lock(&t->mute_lock);
     unsigned tf = atomic_load_explicit(&t->sync_flags, memory_order_acquire);
-    bool park = (tf & (RT_AF_OVERLOADED | RT_AF_PRESSURE)) && !(tf & RT_AF_DEAD);
+    bool park = (tf & (RT_AF_OVERLOADED | RT_AF_BACKPRESSURE)) && !(tf & RT_AF_DEAD);
     if (park) {
         atomic_store_explicit(&a->status, RT_STATUS_MUTED, memory_order_relaxed);
         a->runq_next = t->muted;

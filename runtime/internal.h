@@ -133,6 +133,9 @@ typedef struct rt_rel_s {
 #define RT_AF_PRESSURE 2u   /* its socket cannot take more output */
 #define RT_AF_DEAD 4u       /* exited; sends are dead letters */
 #define RT_AF_SHEDDING 8u   /* refuses optional messages (rt_shed) */
+#define RT_AF_HOLD 16u      /* holds its senders back for memory (rt_hold_senders) */
+/* Either kind of backpressure: senders are parked, and it handles only its own events. */
+#define RT_AF_BACKPRESSURE (RT_AF_PRESSURE | RT_AF_HOLD)
 
 struct rt_actor_s {
     /* Touched by senders on any thread. */

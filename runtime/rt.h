@@ -124,6 +124,16 @@ int rt_send_msg(rt_pid_t to, rt_msg_t *m);
 ** sender is not muted on its account. Other sends are unaffected.
 */
 void rt_shed(rt_actor_t *self, bool on);
+/*
+** Memory backpressure: socket pressure (see "Sockets") without a socket. While on,
+** an actor that sends to self is parked at the end of the callback in which it sent,
+** and self handles only its socket events and the messages it sent itself; the rest
+** waits in its mailbox, in order, until it turns this off (or its socket pressure
+** lifts, whichever is later). For an actor whose memory is at its budget and that
+** frees some by reading its socket (a subscriber waiting for acknowledgements).
+*/
+void rt_hold_senders(rt_actor_t *self, bool on);
+bool rt_holding_senders(const rt_actor_t *self);
 int rt_send_optional(rt_pid_t to, rt_msg_t *m);
 /* Copies len bytes of data into a new message and sends it. */
 int rt_send(rt_pid_t to, uint32_t tag, const void *data, size_t len);
@@ -230,6 +240,8 @@ int rt_grow_on(rt_actor_t *self, void *arr, size_t *cap, size_t need, size_t ele
 ** and against its max_heap; collection never frees it. delta < 0 gives it back.
 */
 void rt_charge(rt_actor_t *self, ptrdiff_t delta);
+/* The actor's memory outside its slab: heap, binaries held and what it was charged. */
+size_t rt_memory(const rt_actor_t *self);
 /* Keeps a binary (reference transferred) in the actor's heap; see rt_heap_hold_bin. */
 void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin);
 /* Counts n extra work units (reductions) for this actor, for fairness and introspection. */

@@ -18,6 +18,14 @@ for p in "${packages[@]}"; do
     [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
 
+# MQTT.js (npm's mqtt), the Node client the integration tests drive rtd with, pinned by
+# tests/node/package-lock.json; node and npm come with the machine.
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [[ ! -d "$root/tests/node/node_modules/mqtt" ]] && command -v npm >/dev/null; then
+    echo "install-deps: npm ci in tests/node" >&2
+    npm ci --prefix "$root/tests/node" --no-audit --no-fund >/dev/null
+fi
+
 if ((${#missing[@]} == 0)); then
     exit 0
 fi

@@ -75,6 +75,7 @@ typedef struct setting_s {
 } setting_t;
 
 static const char *const log_levels[] = {"error", "warning", "info", "debug", NULL};
+static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
 
 #define OFF(f) offsetof(rt_conf_t, f)
 #define INT(f, lo, hi, h)                                                                          \
@@ -98,8 +99,14 @@ static const setting_t settings[] = {
     INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
     INT(max_packet_size, 64, 268435455, "bytes, both directions"),
     INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session, each way"),
-    INT(max_queued_messages, 0, 100000000, "messages queued per session"),
-    INT(max_queued_bytes, 0, 1e12, "bytes queued per session"),
+    INT(max_queued_messages, 0, 100000000, "messages queued per session; 0 = no count"),
+    INT(max_client_memory, 64 * 1024, 1e12,
+        "bytes one client may make rtd hold: heap, queued and in-flight messages, output"),
+    INT(client_memory_hold_ms, 0, 60000,
+        "ms a client at its budget holds its publishers back before dropping (policy hold)"),
+    {"client_memory_policy", K_STRING, OFF(client_memory_policy),
+     sizeof(((rt_conf_t *)0)->client_memory_policy), 0, 0, memory_policies,
+     "at the budget: hold (publishers wait, then drop_newest), drop_newest or drop_oldest"},
     INT(max_topic_alias, 0, 65535, "inbound topic aliases per connection"),
     INT(max_topic_levels, 0, 65535, "levels in a topic name or filter; 0 = unlimited"),
     INT(max_topic_length, 0, 65535, "bytes in a topic name or filter; 0 = unlimited"),
@@ -160,8 +167,10 @@ void rt_conf_defaults(rt_conf_t *c)
     c->max_connection_rate = 0;
     c->max_packet_size = 1 << 20;
     c->max_inflight = 1024;
-    c->max_queued_messages = 1000;
-    c->max_queued_bytes = 16 << 20;
+    c->max_queued_messages = 0;
+    c->max_client_memory = 16 << 20;
+    c->client_memory_hold_ms = 1000;
+    snprintf(c->client_memory_policy, sizeof(c->client_memory_policy), "hold");
     c->max_topic_alias = 64;
     c->max_topic_levels = 0;
     c->max_topic_length = 0;

@@ -123,8 +123,12 @@ typedef struct rt_conf_s {
     long max_packet_size;      /* bytes, both directions */
     long max_inflight;         /* QoS 1/2 messages in flight per session, each way (the
                                   Receive Maximum MQTT 5 clients are told) */
-    long max_queued_messages;  /* per offline or slow session */
-    long max_queued_bytes;     /* per offline or slow session */
+    long max_queued_messages;  /* per offline or slow session; 0 = no count (the budget rules) */
+    long max_client_memory;    /* bytes one client may make rtd hold (its actor's heap, the
+                                  messages queued and in flight for it, its unsent output) */
+    long client_memory_hold_ms; /* at the budget: ms its publishers are held back before
+                                   messages are dropped (policy "hold") */
+    char client_memory_policy[16]; /* hold, drop_newest or drop_oldest */
     long max_topic_alias;      /* inbound topic aliases per connection (MQTT 5) */
     long max_topic_levels;     /* levels in a topic name or filter; 0 = unlimited */
     long max_topic_length;     /* bytes in a topic name or filter; 0 = unlimited */

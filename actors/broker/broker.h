@@ -65,7 +65,8 @@ typedef struct rt_broker_live_s {
     _Atomic long max_packet_size;
     _Atomic long max_inflight;
     _Atomic long max_queued_messages;
-    _Atomic long max_queued_bytes;
+    _Atomic long max_client_memory;
+    _Atomic long client_memory_hold_ms;
     _Atomic long max_topic_levels;
     _Atomic long max_topic_length;
     _Atomic long max_subscriptions;

@@ -392,8 +392,25 @@ static int handle_disconnect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     return 0;
 }
 
-/* A packet after CONNECT, to the file for its job. */
+static int dispatch_packet_to(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+
+/*
+** A packet after CONNECT, to the file for its job. A client whose own packets (its
+** subscriptions, QoS 2 ids, acknowledgements waiting for the store) make it hold more than
+** its memory budget is told 0x97 (quota exceeded) and disconnected.
+*/
 static int dispatch_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
+    int rc = dispatch_packet_to(self, c, pk);
+    if (rc == 0 && !c->closing && rt__conn_inbound_over_budget(c)) {
+        rt_log(RT_LOG_WARNING, "client.over_budget", "client=%s memory=%zu: quota exceeded",
+               c->client_id ? c->client_id : "-", rt__conn_memory(c));
+        rt__conn_close(self, c, MQTT_RC_QUOTA_EXCEEDED, RT_REASON_NORMAL);
+    }
+    return rc;
+}
+
+static int dispatch_packet_to(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     RT_ASSERT(c->version && !c->closing);
     switch (pk->type) {
@@ -686,6 +703,7 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             on_writable(self, c);
         if (c->sock && (events & RT_SOCK_READABLE))
             on_readable(self, c);
+        rt__conn_budget_check(c, false); /* acknowledgements and drained output free memory */
         break;
     }
     case RT_MSG_DELIVER:
@@ -737,6 +755,9 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case RT_CONN_MSG_SLOW_CHECK:
         rt__conn_on_slow_check(self, c);
+        break;
+    case RT_CONN_MSG_BUDGET_CHECK:
+        rt__conn_budget_check(c, true);
         break;
     case RT_CONN_MSG_RESTORED:
         /* From its own turn, so the store learns the session's new owner (epoch). */
@@ -850,6 +871,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "parse_more";
     case RT_CONN_MSG_SLOW_CHECK:
         return "slow_check";
+    case RT_CONN_MSG_BUDGET_CHECK:
+        return "budget_check";
     case RT_CONN_MSG_QUERY:
         return "client_query";
     case RT_CONN_MSG_KICK:

@@ -53,6 +53,7 @@ enum {
     RT_CONN_MSG_PARSE_MORE,      /* complete packets wait in the partial buffer (budget ran out) */
     RT_CONN_MSG_SLOW_CHECK,      /* tag timer: is the client still not reading? */
     RT_CONN_MSG_LOGIN_VERDICT,   /* data: rt_auth_verdict_t, the verifier's answer (auth.h) */
+    RT_CONN_MSG_BUDGET_CHECK,    /* tag timer: the hold at the memory budget has run out */
     /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
     RT_CONN_MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: what to answer with */
     RT_CONN_MSG_KICK,                              /* end the connection and the session */
@@ -146,7 +147,9 @@ struct conn_s {
         uint16_t rx_max; /* connected (MQTT 5): the Receive Maximum its CONNACK told */
         uint8_t refusal; /* CONNACK code held back while a failed login waits out its delay */
     };
-    uint8_t version; /* 0 until CONNECT */
+    uint8_t version : 3;      /* 0 until CONNECT, then 3, 4 or 5 */
+    uint8_t budget_hold : 1;  /* at its memory budget: its publishers are held (delivery.c) */
+    uint8_t budget_spent : 1; /* the hold ran out: the newest are dropped until it is under */
     uint8_t disc_rc; /* 1 + the reason code the connection ended with (DISCONNECT from
                         either side, or the server's reason to close); 0: none yet */
     /* Flags as bits: this struct is most of an idle connection's memory. */
@@ -289,6 +292,15 @@ void rt__conn_retransmit(rt_actor_t *self, conn_t *c);
 /* PUBACK, PUBREC or PUBCOMP for a message the broker sent. */
 void rt__conn_on_delivery_ack(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk);
 void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c);
+/* What the client makes rtd hold: its actor's heap and binaries, and its unsent output. */
+size_t rt__conn_memory(const conn_t *c);
+/*
+** Ends a hold at the memory budget once the client is under it again, or when the hold ran
+** out (then the newest messages are dropped until it is).
+*/
+void rt__conn_budget_check(conn_t *c, bool hold_expired);
+/* Whether what the client sent (subscriptions, ids, acks waiting) alone passes its budget. */
+bool rt__conn_inbound_over_budget(const conn_t *c);
 /* Whether the client is connected and past CONNECT, so messages can go out now. */
 bool rt__conn_online(const conn_t *c);
 /* The client's receive window for QoS 1 and 2 (MQTT 5 receive maximum, 4.9). */

@@ -22,11 +22,10 @@
 ** consumer: it sheds QoS 0 (dropped and counted, at the publishers' end too)
 ** and stops applying pressure, so it cannot hold everyone else back; its QoS
 ** 1/2 stay bounded by its receive window and queue. It recovers when its
-** socket drains. Until the verdict, at most RT_CONN_MAX_BACKLOG waits unsent:
-** enough for a burst from a hundred publishers, and the memory bound per client.
+** socket drains. Whatever the verdict, the client's memory budget bounds what
+** it holds (below).
 */
 #define RT_CONN_SLOW_MS 1000
-#define RT_CONN_MAX_BACKLOG (1u << 20)     /* unsent bytes past which QoS 0 is dropped regardless */
 #define RT_CONN_SLOW_HIGH_WATER (4u << 20) /* pressure mark while shedding: window traffic only */
 
 #define SENT_DISCARDED 1 /* send_publish: over the client's maximum packet size, dropped */
@@ -49,6 +48,103 @@ rt_session_t *rt__conn_session_get_or_make(rt_actor_t *self, conn_t *c)
 bool rt__conn_session_is_durable(const conn_t *c)
 {
     return c->session_expiry && c->client_id && rt_store_enabled();
+}
+
+/*
+** The memory budget (max_client_memory): one bound per client over what it makes rtd
+** hold: its actor's heap (session, subscriptions, queue records, partial packets), the
+** messages it holds (their binaries count in its heap's figures) and its unsent output.
+** A client at its budget takes no more messages, by client_memory_policy:
+**   hold         its publishers are held back (rt_hold_senders: parked, as by socket
+**                pressure) while it drains, for at most client_memory_hold_ms; after
+**                that, newest messages are dropped until it is under the budget again.
+**                The default: a subscriber only briefly behind loses nothing it is owed,
+**                and what it costs others (a publisher waiting) is bounded in time.
+**   drop_newest  the message that does not fit is dropped;
+**   drop_oldest  queued messages are dropped, oldest first, until it fits.
+** Every drop is counted, per client too. An offline session cannot drain, so it holds
+** no one back: at its budget it drops the newest.
+*/
+enum { POLICY_HOLD, POLICY_DROP_NEWEST, POLICY_DROP_OLDEST };
+
+static int memory_policy(void)
+{
+    const char *p = rt_broker->conf.client_memory_policy;
+    return p[0] == 'h' ? POLICY_HOLD : p[5] == 'o' ? POLICY_DROP_OLDEST : POLICY_DROP_NEWEST;
+}
+
+size_t rt__conn_memory(const conn_t *c)
+{
+    return rt_memory(rt_current()) + (c->sock ? rt_sock_pending(c->sock) : 0);
+}
+
+static bool over_budget(const conn_t *c, size_t more)
+{
+    return rt__conn_memory(c) + more > (size_t)RT_LIVE(max_client_memory);
+}
+
+static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const char *why);
+static void session_release_msg(rt_actor_t *self, conn_t *c, rt_qmsg_t *m);
+
+/* drop_oldest: frees queued messages, oldest first, until more bytes fit; whether they do. */
+static bool drop_oldest_for(rt_actor_t *self, conn_t *c, size_t more)
+{
+    while (c->sess && c->sess->queued.n && over_budget(c, more)) {
+        rt_qmsg_t *old = rt_qlist_pop(&c->sess->queued);
+        count_dropped(self, c, rt_qmsg_bin(old), "memory_budget");
+        session_release_msg(self, c, old);
+    }
+    return !over_budget(c, more);
+}
+
+/* Whether a message of bytes may be taken now (false: drop it), by the policy. */
+static bool budget_admit(rt_actor_t *self, conn_t *c, size_t bytes)
+{
+    if (!over_budget(c, bytes))
+        return true;
+    int policy = memory_policy();
+    if (policy == POLICY_DROP_OLDEST)
+        return drop_oldest_for(self, c, bytes);
+    if (policy == POLICY_DROP_NEWEST || !rt__conn_online(c) || c->budget_spent ||
+        !RT_LIVE(client_memory_hold_ms))
+        return false;
+    if (!c->budget_hold) {
+        c->budget_hold = 1;
+        rt_hold_senders(self, true);
+        rt_send_after_tag((uint64_t)RT_LIVE(client_memory_hold_ms), rt_self(self),
+                          RT_CONN_MSG_BUDGET_CHECK, NULL);
+        rt_log(RT_LOG_INFO, "client.budget_hold", "client=%s memory=%zu: holding publishers",
+               c->client_id ? c->client_id : "-", rt__conn_memory(c));
+    }
+    return true; /* it came before the senders were held: the one message past the budget */
+}
+
+bool rt__conn_inbound_over_budget(const conn_t *c)
+{
+    size_t outbound = c->sock ? rt_sock_pending(c->sock) : 0;
+    if (c->sess)
+        outbound += c->sess->queued.bytes + c->sess->inflight.bytes;
+    size_t total = rt__conn_memory(c);
+    return total > outbound && total - outbound > (size_t)RT_LIVE(max_client_memory);
+}
+
+void rt__conn_budget_check(conn_t *c, bool hold_expired)
+{
+    if (!c->budget_hold && !c->budget_spent)
+        return;
+    bool over = over_budget(c, 0);
+    if (c->budget_hold && (hold_expired || !over)) {
+        c->budget_hold = 0;
+        rt_hold_senders(rt_current(), false);
+        if (over) {
+            c->budget_spent = 1;
+            rt_log(RT_LOG_WARNING, "client.budget_spent",
+                   "client=%s memory=%zu: still at its budget, dropping the newest",
+                   c->client_id ? c->client_id : "-", rt__conn_memory(c));
+        }
+    }
+    if (c->budget_spent && !over)
+        c->budget_spent = 0;
 }
 
 static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const char *why)
@@ -142,16 +238,16 @@ uint32_t rt__conn_send_window(const conn_t *c)
 }
 
 /*
-** Whether the receive window is full. Beyond its count, the window holds at most
-** max_queued_bytes (one message always fits): a client that stops acknowledging
-** pins no more in flight than in its queue, whatever max_inflight allows.
+** Whether the receive window is full. Beyond its count, the window holds at most half
+** the client's memory budget (one message always fits): a client that stops
+** acknowledging leaves room for its queue, whatever max_inflight allows.
 */
 static bool send_window_full(const conn_t *c)
 {
     const rt_qlist_t *f = &c->sess->inflight;
     RT_ASSERT(f->n <= RT_CONN_PACKET_IDS);
     return f->n >= rt__conn_send_window(c) ||
-           (f->n && f->bytes >= (uint64_t)RT_LIVE(max_queued_bytes));
+           (f->n && f->bytes >= (uint64_t)RT_LIVE(max_client_memory) / 2);
 }
 
 static void answer_store_ack(rt_pid_t pid, uint64_t token)
@@ -310,8 +406,10 @@ static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, con
 {
     bool backlog = c->sess && c->sess->queued.n;
     if (rt__conn_online(c) && !backlog && d->qos == 0) {
-        if (c->shedding || rt_sock_pending(c->sock) >= RT_CONN_MAX_BACKLOG)
+        if (c->shedding)
             count_dropped(self, c, bin, "slow_consumer");
+        else if (!budget_admit(self, c, rt_bin_len(bin)))
+            count_dropped(self, c, bin, "memory_budget");
         else
             send_publish(self, c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
         watch_backlog(self, c);
@@ -345,12 +443,16 @@ static bool acl_readable(conn_t *c, rt_bin_t *bin)
                          RT_ACL_READ) != RT_ACL_DENY;
 }
 
-/* Whether m would overflow the session's queue (max_queued_messages / max_queued_bytes). */
-static bool session_queue_full(const conn_t *c, const rt_qmsg_t *m)
+/*
+** Whether m cannot join the session's queue: max_queued_messages (0: no count), or the
+** budget's policy. m's own bytes are on the heap already, so it asks for none more.
+*/
+static const char *session_queue_refusal(rt_actor_t *self, conn_t *c)
 {
-    const rt_qlist_t *q = &c->sess->queued;
-    return q->n >= (uint64_t)RT_LIVE(max_queued_messages) ||
-           q->bytes + rt_qmsg_bytes(m) > (uint64_t)RT_LIVE(max_queued_bytes);
+    long max = RT_LIVE(max_queued_messages);
+    if (max && c->sess->queued.n >= (uint64_t)max)
+        return "queue_full";
+    return budget_admit(self, c, 0) ? NULL : "memory_budget";
 }
 
 /*
@@ -371,8 +473,9 @@ void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_deliv
     rt_qmsg_t *m =
         message_expired(d->expire_at_ms) ? NULL : delivery_admit(self, c, bin, d, sub_ids);
     bool now = m && rt__conn_online(c) && !c->sess->queued.n && !send_window_full(c);
-    if (m && !now && session_queue_full(c, m)) {
-        count_dropped(self, c, rt_qmsg_bin(m), "queue_full");
+    const char *refused = m && !now ? session_queue_refusal(self, c) : NULL;
+    if (refused) {
+        count_dropped(self, c, rt_qmsg_bin(m), refused);
         rt_qmsg_free(self, m);
         m = NULL;
     }

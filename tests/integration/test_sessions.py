@@ -157,14 +157,15 @@ def test_receive_maximum_limits_inflight(rtd):
     sub.disconnect()
 
 
-def test_inflight_bytes_are_bounded_by_max_queued_bytes():
+def test_inflight_bytes_are_bounded_by_the_memory_budget():
     # max_inflight (1024) allows far more than this; the bytes bound is what stops the
-    # window: ~1,010-byte messages with 2,500 bytes allowed leave 3 unacknowledged.
-    broker = Rtd("max_queued_bytes=2500")
+    # window: half of the client's memory budget (40,000 bytes here) in flight, so
+    # ~14,000-byte messages leave 3 unacknowledged, and all 5 fit the budget.
+    broker = Rtd("max_client_memory=80000")
     try:
         sub = Raw(broker.port, "ib")
         sub.subscribe("ib/t", 1)
-        publish_all(broker.port, "ib/t", [b"%d" % i + b"." * 999 for i in range(5)])
+        publish_all(broker.port, "ib/t", [b"%d" % i + b"." * 13999 for i in range(5)])
         first = [sub.next_publish() for _ in range(3)]
         assert [m["payload"][:1] for m in first] == [b"0", b"1", b"2"]
         assert sub.next_publish(0.4) is None  # the window is full by bytes

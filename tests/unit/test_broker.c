@@ -666,7 +666,7 @@ static void test_limits_refused(void)
     CHECK_EQ(rt_broker_set_limit("queue_qos0", "1", err, sizeof(err)), RT_EINVAL);
     n = rt_broker_limits(all, 64);
     CHECK(strcmp(find_limit(all, n, "max_inflight")->value, "1024") == 0); /* unchanged */
-    CHECK_EQ(rt_broker_set_limit("max_queued_bytes", "64 * 1024", err, sizeof(err)), RT_EINVAL);
+    CHECK_EQ(rt_broker_set_limit("max_client_memory", "1024", err, sizeof(err)), RT_EINVAL);
     stop_broker();
 }
 

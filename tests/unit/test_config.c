@@ -45,7 +45,7 @@ static bool conf_equal(const rt_conf_t *a, const rt_conf_t *b)
     return same && a->max_connections == b->max_connections &&
            a->max_packet_size == b->max_packet_size && a->max_inflight == b->max_inflight &&
            a->max_queued_messages == b->max_queued_messages &&
-           a->max_queued_bytes == b->max_queued_bytes && a->max_topic_alias == b->max_topic_alias &&
+           a->max_client_memory == b->max_client_memory && a->max_topic_alias == b->max_topic_alias &&
            a->max_keepalive == b->max_keepalive && a->max_session_expiry == b->max_session_expiry &&
            a->queue_qos0 == b->queue_qos0 &&
            a->allow_zero_length_clientid == b->allow_zero_length_clientid &&
@@ -87,7 +87,7 @@ static void test_values(void)
     char err[RT_CONF_ERR_LEN];
     CHECK_EQ(load("listeners = { \"127.0.0.1:1883\", \"[::1]:8883\" }\n"
                   "max_packet_size = 64 * 1024\n"
-                  "max_queued_bytes = max_packet_size * 10 -- earlier settings can be used\n"
+                  "max_client_memory = max_packet_size * 10 -- earlier settings can be used\n"
                   "queue_qos0 = true\n"
                   "gc_factor = 1.5\n"
                   "log_level = \"debug\"\n",
@@ -97,7 +97,7 @@ static void test_values(void)
     CHECK(strcmp(c.listeners[1].host, "::1") == 0);
     CHECK_EQ(c.listeners[1].port, 8883);
     CHECK_EQ(c.max_packet_size, 65536);
-    CHECK_EQ(c.max_queued_bytes, 655360);
+    CHECK_EQ(c.max_client_memory, 655360);
     CHECK(c.queue_qos0);
     CHECK(c.gc_factor == 1.5);
     CHECK(strcmp(c.log_level, "debug") == 0);
