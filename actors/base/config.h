@@ -1,7 +1,7 @@
 /*
 ** rtd's configuration. The file (etc/rtd.conf) is Lua: a list of top-level
 ** assignments such as `max_connections = 100000`. Lua gives operators comments,
-** arithmetic (`max_queued_bytes = 64 * 1024 * 1024`) and a familiar syntax;
+** arithmetic (`max_client_memory = 64 * 1024 * 1024`) and a familiar syntax;
 ** the loader runs it in an empty environment (no library at all) with an
 ** instruction budget, records the line of every assignment, and checks each
 ** key against one schema table, so every error names the file, the line and

@@ -275,7 +275,7 @@ typedef struct rt_client_info_s {
     rt_pid_t pid;             /* the connection (or offline session) actor */
     uint64_t connected_at_ms; /* unix ms of the CONNECT; 0 while offline */
     uint64_t expires_in_ms;   /* offline: ms until the session ends; 0 while connected */
-    uint64_t queued_bytes;    /* bytes of the queued messages (max_queued_bytes counts them) */
+    uint64_t queued_bytes;    /* bytes of the queued messages (in the client's memory budget) */
     uint64_t dropped;         /* messages not delivered: queue full, too large, slow consumer */
     uint64_t mailbox_len;     /* messages waiting in the actor's mailbox behind the query */
     uint32_t session_expiry;  /* seconds the session outlives its connection */

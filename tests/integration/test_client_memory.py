@@ -33,7 +33,7 @@ def quiet(tmp_path, stopper):
     rules = tmp_path / "rules"
     rules.mkdir()
     b = Rtd("persistence=false", f'rules_dir="{rules}"', "sys_interval=0",
-            f"max_queued_messages={QUEUED}", f"max_queued_bytes={2 * QUEUED * PAYLOAD}")
+            f"max_queued_messages={QUEUED}", f"max_client_memory={4 * QUEUED * PAYLOAD}")
     stopper(b)
     return b
 
