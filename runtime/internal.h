@@ -237,6 +237,7 @@ struct rt_sched_s {
     uint64_t trim_backoff_ms;     /* owner only: the wait after a trim that gave nothing back */
     uint64_t trim_exited;         /* owner only: actors exited when it last looked */
     uint8_t trim_own;             /* owner only: its own timers and caches are yet to trim */
+    uint64_t trim_epoch_seen;     /* owner only: the last rt->trim_epoch it trimmed for */
 
     _Alignas(RT_CACHE_LINE) rt_spinlock_t qlock;
     rt_actor_t *qhead, *qtail;    /* qlock */
@@ -289,6 +290,7 @@ typedef struct rt_runtime_s {
     _Alignas(RT_CACHE_LINE) atomic_bool poller_taken;
 
     atomic_uint_fast64_t spawned, exited, alive, dead_letters;
+    atomic_uint_fast64_t trim_epoch; /* bumped when a burst of exits is over (sched.c idle_trim) */
     atomic_uint_fast64_t shed; /* optional messages refused by shedding receivers */
     atomic_uint_fast64_t gcs;  /* heap collections, all actors (rtctl top's GCs per second) */
     atomic_uint_fast64_t heap_limit_kills, next_ref, timers_pending;

@@ -340,11 +340,22 @@ static void idle_trim(rt_sched_t *s)
     }
     if (now < s->trim_after_ms)
         return;
+    rt_runtime_t *rt = rt__rt;
     if (s->trim_own) {
+        /* The burst is over: every scheduler trims what it alone holds. A peer asleep
+           since before the exits never saw them, so it is told and woken. */
+        s->trim_own = 0;
+        atomic_fetch_add_explicit(&rt->trim_epoch, 1, memory_order_relaxed);
+        for (unsigned i = 0; i < rt->nsched; i++)
+            if (&rt->sched[i] != s)
+                rt__sched_wake(&rt->sched[i]);
+    }
+    uint64_t epoch = atomic_load_explicit(&rt->trim_epoch, memory_order_relaxed);
+    if (epoch != s->trim_epoch_seen) {
         /* What this scheduler alone holds: its timers, and the free actors and heap
            chunks in its caches, which go to the shared pools so that a trim sees them
            all (one actor left in a cache keeps its whole page). */
-        s->trim_own = 0;
+        s->trim_epoch_seen = epoch;
         rt__timers_trim(s);
         rt__slab_flush_thread();
         rt_heap_thread_flush();

@@ -193,11 +193,15 @@ static rt_client_slot_t *find_slot(rt_broker_t *b, const char *id)
     }
 }
 
-/* Doubles the slots once they are three quarters full; a failed grow keeps the old ones. */
-static void grow_clients(rt_broker_t *b)
+/*
+** Rehashes into cap slots: doubled once three quarters are full, halved once fewer than an
+** eighth are (so 19,000 clients gone give back their 512 KiB); a failed resize keeps the
+** old slots.
+*/
+static void resize_clients(rt_broker_t *b, size_t cap)
 {
     RT_ASSERT(CLIENTS_HELD(b));
-    size_t cap = b->clients_cap * 2, mask = cap - 1;
+    size_t mask = cap - 1;
     rt_client_slot_t *ns = calloc(cap, sizeof(*ns));
     if (!ns)
         return;
@@ -240,7 +244,7 @@ rt_pid_t rt_broker_claim_client(const char *id, rt_pid_t pid)
     rt_pid_t old = 0;
     clients_lock(b);
     if ((b->clients_len + 1) * 4 > b->clients_cap * 3)
-        grow_clients(b);
+        resize_clients(b, b->clients_cap * 2);
     rt_client_slot_t *s = find_slot(b, id);
     if (s->id) {
         old = s->pid;
@@ -270,6 +274,8 @@ void rt_broker_release_client(const char *id, rt_pid_t pid)
     if (s->id && s->pid == pid) {
         delete_slot(b, (size_t)(s - b->clients));
         b->clients_len--;
+        if (b->clients_cap > CLIENTS_CAP_MIN && b->clients_len * 8 < b->clients_cap)
+            resize_clients(b, b->clients_cap / 2);
     }
     clients_unlock(b);
 }

@@ -37,6 +37,15 @@ def raise_nofile():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def rss_kb(pid):
+    """A live process's resident memory, KB (/proc/PID/status VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
 def mosquitto_conf(port):
     # Without the queue limit Mosquitto drops QoS1/2 messages for a slow subscriber, and
     # without TCP_NODELAY it adds Nagle delays; both would be blamed on the tool.

@@ -17,20 +17,12 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from conftest import BUILD, ROOT, Rtd, raise_nofile, wait_for
+from conftest import BUILD, ROOT, Rtd, raise_nofile, rss_kb, wait_for
 from mqtt_raw import DISCONNECT, SUBACK, SUBSCRIBE, Raw, mqtt_str, u16, varint
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
 NODE_DIR = os.path.join(ROOT, "tests", "node")
 BURST = 20000
-
-
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 @pytest.mark.skipif(not shutil.which("node") or
