@@ -734,17 +734,18 @@ static void heap_check(rt_actor_t *a)
         collect(a, h);
         collected = true;
     }
-    if (!a->max_heap)
+    if (!a->max_heap_kib)
         return;
+    size_t max_heap = (size_t)a->max_heap_kib << 10;
     rt_heap_stats_t st;
     rt_heap_stats(h, &st);
-    if (st.heap_bytes + st.bin_bytes + st.ext_bytes <= a->max_heap)
+    if (st.heap_bytes + st.bin_bytes + st.ext_bytes <= max_heap)
         return;
     if (!collected) {
         collect(a, h);
         rt_heap_stats(h, &st);
     }
-    if (st.heap_bytes + st.bin_bytes + st.ext_bytes > a->max_heap)
+    if (st.heap_bytes + st.bin_bytes + st.ext_bytes > max_heap)
         begin_exit(a, RT_REASON_HEAP_LIMIT);
 }
 
@@ -995,6 +996,13 @@ static void discard_spawn(rt_actor_t *a, rt_actor_t *parent)
     actor_exit(a);
 }
 
+/* A byte limit as the actor keeps it: whole KiB rounded up, 4 TiB at most. */
+static uint32_t heap_limit_kib(size_t bytes)
+{
+    size_t kib = bytes / 1024 + (bytes % 1024 != 0);
+    return kib > UINT32_MAX ? UINT32_MAX : (uint32_t)kib;
+}
+
 int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
 {
     rt_runtime_t *rt = rt__rt;
@@ -1027,7 +1035,7 @@ int rt_spawn_opt(const rt_actor_type_t *type, void *arg, const rt_spawn_opts_t *
     a->pid = (rt_pid_t)gen << 32 | idx;
     a->type = type;
     a->last_sched = -1;
-    a->max_heap = opts->max_heap ? opts->max_heap : rt->cfg.max_heap;
+    a->max_heap_kib = heap_limit_kib(opts->max_heap ? opts->max_heap : rt->cfg.max_heap);
     /* Born "scheduled", so messages sent during init cannot start it elsewhere. */
     atomic_store_explicit(&a->mbox_head, stub_of(a), memory_order_relaxed);
     a->mbox_tail = stub_of(a);

@@ -167,22 +167,29 @@ struct rt_actor_s {
     uint8_t slab_class;           /* how this struct was allocated (slab.c) */
     rt_reason_t exit_reason;
     uint32_t nrels, caprels;
-    rt_rel_t *rels;               /* links and monitors (runtime memory) */
-    char *_Atomic name;           /* registered name (registry lock) */
-    rt_sock_t *socks;             /* sockets this actor owns */
-    rt_msg_t *held;               /* the last of the messages held back under socket pressure
+    uint32_t max_heap_kib;        /* 0: unlimited; KiB so the limit fits beside nrels */
+    /* Dead once the actor has exited (links told, sockets closed, held messages dropped),
+       when the grace period's link takes their place. */
+    union {
+        struct {
+            rt_rel_t *rels;       /* links and monitors (runtime memory) */
+            rt_sock_t *socks;     /* sockets this actor owns */
+            rt_msg_t *held;       /* the last of the messages held back under socket pressure
                                      (a ring through next: held->next is the oldest); NULL: none */
+        };
+        rt_retired_t retired;
+    };
+    char *_Atomic name;           /* registered name (registry lock) */
     uint8_t yielded;              /* rt_yield was called: the turn ends after this message */
     /* The inline heap (rt_actor_type_t.heap_inline), one bit per 16-byte granule: the
        granules in use, those that begin an object, and those of RT_OBJ_SCAN objects. */
     uint16_t inline_used, inline_start, inline_scan;
-    size_t max_heap;
-    rt_retired_t retired;
     /* Created by the first allocation: an actor that never allocates (most idle ones)
        pays 8 bytes, not sizeof(rt_heap_t). Read by snapshots, freed after the grace period. */
     rt_heap_t *_Atomic heap;
     _Alignas(16) unsigned char state[];
 };
+_Static_assert(sizeof(rt_actor_t) == 192, "an idle connection's actor, state and inline heap fit 384 bytes");
 
 /* Where an actor's inline heap begins, counted from its state (16-byte aligned). */
 static inline size_t rt__inline_offset(const rt_actor_type_t *t)
