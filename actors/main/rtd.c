@@ -349,9 +349,14 @@ static int start_verifier(rtd_t *d)
     return 0;
 }
 
+/* Who may connect is logged here, before the admin socket opens: from then on
+   `config set` may be changing what log_access reads. */
 static int start_listeners(rtd_t *d)
 {
-    return rt_listeners_start(d->top, d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
+    if (rt_listeners_start(d->top, d->err, sizeof(d->err)))
+        return mqtt_error(d);
+    log_access(&d->conf);
+    return 0;
 }
 
 /* $SYS/broker/...: the broker serves without it. */
@@ -490,7 +495,6 @@ int main(int argc, char **argv)
         unwind(started + stages[started].partial);
         return status;
     }
-    log_access(&d.conf);
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, d.conf_path);
     serve(&d);
     atomic_store(&node.stopping, true);
