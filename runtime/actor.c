@@ -640,19 +640,14 @@ static inline bool in_inline(rt_actor_t *a, const void *p)
     return (const char *)p >= b && (const char *)p < b + a->type->heap_inline;
 }
 
-static void *inline_alloc(rt_actor_t *a, size_t size, rt_obj_kind_t kind)
+/* free_bits: the inline granules not in use, which the caller found not all taken. */
+static void *inline_alloc(rt_actor_t *a, uint32_t free_bits, size_t size, rt_obj_kind_t kind)
 {
     size_t n = size ? (size + INLINE_GRANULE - 1) / INLINE_GRANULE : 1;
-    unsigned total = a->type->heap_inline / INLINE_GRANULE;
-    if (n > total)
+    int at = rt__granules_fit(free_bits, (unsigned)n);
+    if (at < 0)
         return NULL;
-    /* Bit i of run is set when granules i .. i + n - 1 are all free. */
-    uint32_t run = ~(uint32_t)a->inline_used & ((1u << total) - 1);
-    for (size_t k = 1; k < n && run; k++)
-        run &= run >> 1;
-    if (!run)
-        return NULL;
-    unsigned i = (unsigned)__builtin_ctz(run);
+    unsigned i = (unsigned)at;
     uint16_t mask = (uint16_t)(((1u << n) - 1) << i);
     a->inline_used |= mask;
     a->inline_start |= (uint16_t)(1u << i);
@@ -666,10 +661,8 @@ static void *inline_alloc(rt_actor_t *a, size_t size, rt_obj_kind_t kind)
 /* Granules of the inline object starting at granule i. */
 static unsigned inline_extent(const rt_actor_t *a, unsigned i)
 {
-    unsigned total = a->type->heap_inline / INLINE_GRANULE, n = 1;
-    while (i + n < total && (a->inline_used >> (i + n) & 1) && !(a->inline_start >> (i + n) & 1))
-        n++;
-    return n;
+    return rt__granules_extent(a->inline_used, a->inline_start,
+                               a->type->heap_inline / INLINE_GRANULE, i);
 }
 
 static unsigned inline_index(rt_actor_t *a, const void *p)
@@ -736,22 +729,21 @@ static void heap_check(rt_actor_t *a)
     }
     if (!a->max_heap)
         return;
-    rt_heap_stats_t st;
-    rt_heap_stats(h, &st);
-    if (st.heap_bytes + st.bin_bytes + st.ext_bytes <= a->max_heap)
+    if (rt_heap_footprint(h) <= a->max_heap)
         return;
-    if (!collected) {
+    if (!collected)
         collect(a, h);
-        rt_heap_stats(h, &st);
-    }
-    if (st.heap_bytes + st.bin_bytes + st.ext_bytes > a->max_heap)
+    if (rt_heap_footprint(h) > a->max_heap)
         begin_exit(a, RT_REASON_HEAP_LIMIT);
 }
 
 void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind)
 {
-    if (size <= self->type->heap_inline) {
-        void *p = inline_alloc(self, size, kind);
+    unsigned inline_bytes = self->type->heap_inline;
+    /* A full inline region (the usual case for a busy actor) costs one test. */
+    uint32_t free_bits = ~(uint32_t)self->inline_used & ((1u << inline_bytes / INLINE_GRANULE) - 1);
+    if (free_bits && size <= inline_bytes) {
+        void *p = inline_alloc(self, free_bits, size, kind);
         if (p)
             return p;
     }
@@ -801,11 +793,7 @@ char *rt_strndup(rt_actor_t *self, const void *s, size_t n)
 size_t rt_memory(const rt_actor_t *self)
 {
     rt_heap_t *h = atomic_load_explicit(&((rt_actor_t *)self)->heap, memory_order_relaxed);
-    if (!h)
-        return 0;
-    rt_heap_stats_t st;
-    rt_heap_stats(h, &st);
-    return st.heap_bytes + st.bin_bytes + st.ext_bytes;
+    return h ? rt_heap_footprint(h) : 0;
 }
 
 void rt_charge(rt_actor_t *self, ptrdiff_t delta)
@@ -815,14 +803,24 @@ void rt_charge(rt_actor_t *self, ptrdiff_t delta)
         rt_heap_charge(h, delta);
 }
 
-void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin)
+void *rt_alloc_bin(rt_actor_t *self, size_t size, rt_obj_kind_t kind, rt_bin_t *bin)
 {
     rt_heap_t *h = heap_of(self);
     if (!h) {
         rt_bin_release(bin);
         return NULL;
     }
-    return rt_heap_hold_bin(h, bin);
+    return rt_heap_alloc_bin(h, size, kind, bin);
+}
+
+void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin)
+{
+    return rt_alloc_bin(self, sizeof(rt_bin_t *), RT_OBJ_LEAF, bin);
+}
+
+void rt_drop_bin(rt_actor_t *self, void *obj)
+{
+    rt_heap_drop_bin(atomic_load_explicit(&self->heap, memory_order_relaxed), obj);
 }
 
 void rt_gc(rt_actor_t *self)
