@@ -22,6 +22,10 @@
 ** Large objects (above the largest class) are calloc'ed one by one with a
 ** header that links them on their heap's list.
 **
+** Before a class has a chunk, its objects go to the first block in the heap
+** header (heap.h), 16-byte granules with their bitmaps in the header; the
+** collector tells its addresses apart by range, before any arena lookup.
+**
 ** Collection marks from the roots with an explicit, thread-local stack and
 ** sweeps chunk by chunk with bitmap operations. To decide whether a word
 ** points into this heap without ever reading memory that may be unmapped, a
@@ -67,9 +71,9 @@
 #endif
 
 /*
-** Chunks are 1 KiB. One chunk exists per (actor, size class) in use and there
-** may be a million actors, so the chunk is the unit an idle actor pays for;
-** 1 KiB still holds 64 of the smallest objects, so one 64-bit word is a whole
+** Chunks are 1 KiB. One chunk exists per (actor, size class) that outgrew the
+** first block and there may be a million actors, so the chunk is the unit a
+** busy actor pays for; 1 KiB still holds 64 of the smallest objects, so one 64-bit word is a whole
 ** slot bitmap, and it keeps slot waste in the larger classes small (Pony's
 ** heap uses 1 KiB chunks for the same reasons).
 */

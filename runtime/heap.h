@@ -2,7 +2,8 @@
 ** Per-actor garbage-collected heaps (BEAM's private process heaps, Pony's
 ** per-actor heaps) and shared reference-counted binaries.
 **
-** Every allocation an actor makes comes from its own rt_heap_t. Small objects
+** Every allocation an actor makes comes from its own rt_heap_t. A heap's first
+** small objects share a small block in its header; past that, small objects
 ** live in size-class slabs carved out of small chunks that come from a global,
 ** thread-safe chunk pool; large objects are allocated one by one. Collection
 ** is a non-moving mark-sweep that runs only between messages, so the only
@@ -78,8 +79,9 @@ void rt_heap_configure(const rt_heap_config_t *cfg);
 ** The heap header must stay small: one exists per actor that ever allocated
 ** past its inline region. An all-zero rt_heap_t is a valid empty heap
 ** (rt_heap_init also sets the threshold of the collection check), and a heap
-** takes no memory beyond its header until its first block is full. Fields are
-** private to heap.c and the inline functions below.
+** takes no memory beyond its header until its first block is full. A heap must
+** not move (be copied) while it holds objects: the first block is part of it.
+** Fields are private to heap.c and the inline functions below.
 */
 typedef struct rt_heap_s {
     void *avail[10];        /* per size class: chunks with a free slot; the head is current */

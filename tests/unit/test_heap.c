@@ -847,7 +847,7 @@ static rt_bin_t *shared_bins[16];
 
 /* Heaps left by the threads, as actors that migrate; main destroys them after the joins. */
 static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
-static rt_heap_t handoff[NTHREADS * 4];
+static rt_heap_t *handoff[NTHREADS * 4]; /* a heap holding objects cannot move */
 static int handoff_n;
 
 /* Each thread's heaps, read meanwhile by a sampler thread as rtctl would. */
@@ -911,7 +911,7 @@ static void *thread_main(void *arg)
         rt_heap_destroy(&heaps[i]);
     pthread_mutex_lock(&handoff_lock);
     for (int i = 4; i < 8; i++)
-        handoff[handoff_n++] = heaps[i];
+        handoff[handoff_n++] = &heaps[i];
     pthread_mutex_unlock(&handoff_lock);
     /* No rt_heap_thread_flush here: the exit destructor must do it. */
     return NULL;
@@ -935,8 +935,8 @@ static void test_threads(void)
     CHECK(samples > 0);
     CHECK_EQ(handoff_n, NTHREADS * 4);
     for (int i = 0; i < handoff_n; i++) {
-        rt_heap_collect(&handoff[i], NULL, NULL);
-        rt_heap_destroy(&handoff[i]);
+        rt_heap_collect(handoff[i], NULL, NULL);
+        rt_heap_destroy(handoff[i]);
     }
     for (int i = 0; i < 16; i++) {
         CHECK_EQ(rt_bin_refs(shared_bins[i]), 1);
