@@ -716,12 +716,9 @@ static void collect(rt_actor_t *a, rt_heap_t *h)
     atomic_fetch_add_explicit(&rt__rt->gcs, 1, memory_order_relaxed);
 }
 
-/* Between messages: collect when due, and enforce max_heap (BEAM's max_heap_size). */
-static void heap_check(rt_actor_t *a)
+/* Collects when due, and enforces max_heap (BEAM's max_heap_size). */
+static __attribute__((noinline)) void heap_enforce(rt_actor_t *a, rt_heap_t *h)
 {
-    rt_heap_t *h = atomic_load_explicit(&a->heap, memory_order_relaxed);
-    if (!h)
-        return;
     bool collected = false;
     if (rt_heap_should_collect(h)) {
         collect(a, h);
@@ -735,6 +732,14 @@ static void heap_check(rt_actor_t *a)
         collect(a, h);
     if (rt_heap_footprint(h) > a->max_heap)
         begin_exit(a, RT_REASON_HEAP_LIMIT);
+}
+
+/* Between messages; the common answer (nothing due, under max_heap) stays in the turn loop. */
+static inline void heap_check(rt_actor_t *a)
+{
+    rt_heap_t *h = atomic_load_explicit(&a->heap, memory_order_relaxed);
+    if (h && (!rt_heap_quiet(h) || (a->max_heap && rt_heap_footprint(h) > a->max_heap)))
+        heap_enforce(a, h);
 }
 
 void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind)

@@ -185,12 +185,17 @@ void rt_heap_charge(rt_heap_t *h, ptrdiff_t delta);
 bool rt__heap_collect_due(const rt_heap_t *h);
 
 /*
-** Owner only, between messages. Below the quiet mark neither rule of the trigger
-** can hold, so the common answer costs one addition and one comparison.
+** Owner only. Below the quiet mark neither rule of the trigger can hold, so the
+** common answer between messages costs one addition and one comparison.
 */
+static inline bool rt_heap_quiet(const rt_heap_t *h)
+{
+    return h->used + h->bin_bytes < h->quiet;
+}
+
 static inline bool rt_heap_should_collect(const rt_heap_t *h)
 {
-    return h->used + h->bin_bytes >= h->quiet && rt__heap_collect_due(h);
+    return !rt_heap_quiet(h) && rt__heap_collect_due(h);
 }
 
 /*
