@@ -717,7 +717,7 @@ static void collect(rt_actor_t *a, rt_heap_t *h)
 }
 
 /* Collects when due, and enforces max_heap (BEAM's max_heap_size). */
-static __attribute__((noinline)) void heap_enforce(rt_actor_t *a, rt_heap_t *h)
+static RT_NOINLINE void heap_enforce(rt_actor_t *a, rt_heap_t *h)
 {
     bool collected = false;
     if (rt_heap_should_collect(h)) {

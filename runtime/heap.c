@@ -794,39 +794,57 @@ static void *alloc_large(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
     return l + 1;
 }
 
-/* An object of at most RT_HEAP_MAX_SMALL bytes; bin as for first_alloc. */
-static inline void *alloc_small(rt_heap_t *h, size_t size, rt_obj_kind_t kind, bool bin)
+/*
+** The slow paths of allocation and free stay out of line, so that the common
+** ones keep few registers to save.
+*/
+static RT_NOINLINE void chunk_now_full(rt_heap_t *h, chunk_t *c, unsigned cls)
 {
-    unsigned cls = class_of[(size + 15) >> 4];
-    chunk_t *c = h->avail[cls];
-    if (RT_UNLIKELY(!c)) {
-        /* A class without a chunk uses the first block while objects fit there. */
-        if (size <= RT_HEAP_FIRST) {
-            void *p = first_alloc(h, size, kind, bin);
-            if (p)
-                return p;
-        }
-        c = heap_new_chunk(h, cls);
-        if (!c)
-            return NULL;
-    }
+    list_remove(&h->avail[cls], c);
+    list_push(&h->full, c);
+    c->full = 1;
+}
+
+/* The next free slot of c, a chunk of class cls with one. */
+static inline void *alloc_in(rt_heap_t *h, chunk_t *c, unsigned cls, rt_obj_kind_t kind, bool bin)
+{
     uint64_t mask = class_mask(cls);
     unsigned i = (unsigned)__builtin_ctzll(~c->alloc & mask);
     uint64_t bit = (uint64_t)1 << i;
     c->alloc |= bit;
     c->scan |= kind == RT_OBJ_SCAN ? bit : 0;
     c->bin |= bin ? bit : 0;
-    if (c->alloc == mask) {
-        list_remove(&h->avail[cls], c);
-        list_push(&h->full, c);
-        c->full = 1;
-    }
+    if (RT_UNLIKELY(c->alloc == mask))
+        chunk_now_full(h, c, cls);
     size_t n = class_size[cls];
     RT_HEAP_ADD(h->used, n);
     char *p = chunk_data(c) + i * n;
     RT_HEAP_ACCESS(p, n);
     memset(p, 0, n);
     return p;
+}
+
+static RT_NOINLINE void *alloc_without_chunk(rt_heap_t *h, size_t size, unsigned cls,
+                                             rt_obj_kind_t kind, bool bin)
+{
+    /* A class without a chunk uses the first block while objects fit there. */
+    if (size <= RT_HEAP_FIRST) {
+        void *p = first_alloc(h, size, kind, bin);
+        if (p)
+            return p;
+    }
+    chunk_t *c = heap_new_chunk(h, cls);
+    return c ? alloc_in(h, c, cls, kind, bin) : NULL;
+}
+
+/* An object of at most RT_HEAP_MAX_SMALL bytes; bin as for first_alloc. */
+static inline void *alloc_small(rt_heap_t *h, size_t size, rt_obj_kind_t kind, bool bin)
+{
+    unsigned cls = class_of[(size + 15) >> 4];
+    chunk_t *c = h->avail[cls];
+    if (RT_UNLIKELY(!c))
+        return alloc_without_chunk(h, size, cls, kind, bin);
+    return alloc_in(h, c, cls, kind, bin);
 }
 
 void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
@@ -995,7 +1013,30 @@ static void free_large(rt_heap_t *h, large_t *l)
     free(l);
 }
 
-static void first_free(rt_heap_t *h, void *p)
+/* A slot of c, full or not current, was freed: the chunk's lists and the pool may change. */
+static RT_NOINLINE void chunk_freed(rt_heap_t *h, chunk_t *c, unsigned cls)
+{
+    if (c->full) {
+        /* c becomes the current chunk; the one it replaces goes if it is empty, so that at
+           most one empty chunk per class stays (freeing a whole queue one object at a time
+           would otherwise keep every chunk it emptied until a collection). */
+        chunk_t *prev = h->avail[cls];
+        list_remove(&h->full, c);
+        list_push(&h->avail[cls], c);
+        c->full = 0;
+        if (prev && !prev->alloc) {
+            list_remove(&h->avail[cls], prev);
+            heap_drop_chunk(h, prev);
+        }
+        return;
+    }
+    /* An empty chunk that is not current goes; the current one stays even when empty, so
+       that alloc/free pairs do not churn the pool. */
+    list_remove(&h->avail[cls], c);
+    heap_drop_chunk(h, c);
+}
+
+static RT_NOINLINE void first_free(rt_heap_t *h, void *p)
 {
     unsigned i = first_index(h, p), n = first_extent(h, i);
     uint16_t bit = (uint16_t)(1u << i);
@@ -1036,23 +1077,8 @@ void rt_heap_free(rt_heap_t *h, void *p)
     c->bin &= ~bit;
     RT_HEAP_SUB(h->used, class_size[cls]);
     slot_free(p, class_size[cls]);
-    if (c->full) {
-        /* c becomes the current chunk; the one it replaces goes if it is empty, so that at
-           most one empty chunk per class stays (freeing a whole queue one object at a time
-           would otherwise keep every chunk it emptied until a collection). */
-        chunk_t *prev = h->avail[cls];
-        list_remove(&h->full, c);
-        list_push(&h->avail[cls], c);
-        c->full = 0;
-        if (prev && !prev->alloc) {
-            list_remove(&h->avail[cls], prev);
-            heap_drop_chunk(h, prev);
-        }
-    } else if (!c->alloc && h->avail[cls] != c) {
-        /* Keep the current chunk even when empty so alloc/free pairs do not churn the pool. */
-        list_remove(&h->avail[cls], c);
-        heap_drop_chunk(h, c);
-    }
+    if (RT_UNLIKELY(c->full || (!c->alloc && h->avail[cls] != c)))
+        chunk_freed(h, c, cls);
 }
 
 size_t rt_heap_obj_size(const rt_heap_t *h, const void *p)
