@@ -113,11 +113,11 @@ static bool budget_admit(rt_actor_t *self, conn_t *c, size_t bytes)
 
 bool rt__conn_inbound_over_budget(const conn_t *c)
 {
-    size_t outbound = c->sock ? rt_sock_pending(c->sock) : 0;
-    if (c->sess)
-        outbound += c->sess->queued.bytes + c->sess->inflight.bytes;
-    size_t total = rt__conn_memory(c);
-    return total > outbound && total - outbound > (size_t)RT_LIVE(max_client_memory);
+    /* Its memory less what is on its way to it: the unsent output (in rt__conn_memory and
+       in the outbound share alike, so left out of both) and the session's messages. */
+    size_t mem = rt_memory(rt_current());
+    size_t outbound = c->sess ? c->sess->queued.bytes + c->sess->inflight.bytes : 0;
+    return mem > outbound && mem - outbound > (size_t)RT_LIVE(max_client_memory);
 }
 
 void rt__conn_budget_check(conn_t *c, bool hold_expired)
