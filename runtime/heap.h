@@ -98,10 +98,13 @@ typedef struct rt_heap_s {
     uint32_t gc_count;      /* collections so far */
     uint32_t last_pause_us; /* duration of the last collection */
     uint32_t max_pause_us;  /* longest collection */
-    /* The first block's granules, one bit each: in an object, an object's first granule
-       (its other granules are the used ones up to the next start), and, at the start
-       bit, scanned, a binary handle, reached by the running collection. */
-    uint16_t first_used, first_start, first_scan, first_bin, first_mark;
+    /* The first block, one bit per granule. An object runs from its start granule over
+       the used ones up to the next start; the last three bitmaps use start bits only. */
+    uint16_t first_used;  /* granules in an object */
+    uint16_t first_start; /* granules that begin an object */
+    uint16_t first_scan;  /* RT_OBJ_SCAN objects */
+    uint16_t first_bin;   /* binary handles (rt_heap_alloc_bin) */
+    uint16_t first_mark;  /* reached by the running collection */
     _Alignas(16) unsigned char first[RT_HEAP_FIRST];
 } rt_heap_t;
 
@@ -171,7 +174,7 @@ rt_bin_t *rt_heap_bin(const void *handle);
 /* Releases the binary of an rt_heap_alloc_bin object now; the object stays, its first word NULL. */
 void rt_heap_drop_bin(rt_heap_t *h, void *obj);
 
-/* Bytes usable at p (an object of h): its slot's size class or its large size. */
+/* Bytes usable at p (an object of h): its granules, its slot's size class or its large size. */
 size_t rt_heap_obj_size(const rt_heap_t *h, const void *p);
 
 /*
