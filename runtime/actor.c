@@ -640,19 +640,14 @@ static inline bool in_inline(rt_actor_t *a, const void *p)
     return (const char *)p >= b && (const char *)p < b + a->type->heap_inline;
 }
 
-static void *inline_alloc(rt_actor_t *a, size_t size, rt_obj_kind_t kind)
+/* free_bits: the inline granules not in use, which the caller found not all taken. */
+static void *inline_alloc(rt_actor_t *a, uint32_t free_bits, size_t size, rt_obj_kind_t kind)
 {
     size_t n = size ? (size + INLINE_GRANULE - 1) / INLINE_GRANULE : 1;
-    unsigned total = a->type->heap_inline / INLINE_GRANULE;
-    if (n > total)
+    int at = rt__granules_fit(free_bits, (unsigned)n);
+    if (at < 0)
         return NULL;
-    /* Bit i of run is set when granules i .. i + n - 1 are all free. */
-    uint32_t run = ~(uint32_t)a->inline_used & ((1u << total) - 1);
-    for (size_t k = 1; k < n && run; k++)
-        run &= run >> 1;
-    if (!run)
-        return NULL;
-    unsigned i = (unsigned)__builtin_ctz(run);
+    unsigned i = (unsigned)at;
     uint16_t mask = (uint16_t)(((1u << n) - 1) << i);
     a->inline_used |= mask;
     a->inline_start |= (uint16_t)(1u << i);
@@ -666,10 +661,8 @@ static void *inline_alloc(rt_actor_t *a, size_t size, rt_obj_kind_t kind)
 /* Granules of the inline object starting at granule i. */
 static unsigned inline_extent(const rt_actor_t *a, unsigned i)
 {
-    unsigned total = a->type->heap_inline / INLINE_GRANULE, n = 1;
-    while (i + n < total && (a->inline_used >> (i + n) & 1) && !(a->inline_start >> (i + n) & 1))
-        n++;
-    return n;
+    return rt__granules_extent(a->inline_used, a->inline_start,
+                               a->type->heap_inline / INLINE_GRANULE, i);
 }
 
 static unsigned inline_index(rt_actor_t *a, const void *p)
@@ -723,12 +716,14 @@ static void collect(rt_actor_t *a, rt_heap_t *h)
     atomic_fetch_add_explicit(&rt__rt->gcs, 1, memory_order_relaxed);
 }
 
-/* Between messages: collect when due, and enforce max_heap (BEAM's max_heap_size). */
-static void heap_check(rt_actor_t *a)
+static inline size_t max_heap_bytes(const rt_actor_t *a)
 {
-    rt_heap_t *h = atomic_load_explicit(&a->heap, memory_order_relaxed);
-    if (!h)
-        return;
+    return (size_t)a->max_heap_kib << 10;
+}
+
+/* Collects when due, and enforces max_heap (BEAM's max_heap_size). */
+static RT_NOINLINE void heap_enforce(rt_actor_t *a, rt_heap_t *h)
+{
     bool collected = false;
     if (rt_heap_should_collect(h)) {
         collect(a, h);
@@ -736,23 +731,29 @@ static void heap_check(rt_actor_t *a)
     }
     if (!a->max_heap_kib)
         return;
-    size_t max_heap = (size_t)a->max_heap_kib << 10;
-    rt_heap_stats_t st;
-    rt_heap_stats(h, &st);
-    if (st.heap_bytes + st.bin_bytes + st.ext_bytes <= max_heap)
+    if (rt_heap_footprint(h) <= max_heap_bytes(a))
         return;
-    if (!collected) {
+    if (!collected)
         collect(a, h);
-        rt_heap_stats(h, &st);
-    }
-    if (st.heap_bytes + st.bin_bytes + st.ext_bytes > max_heap)
+    if (rt_heap_footprint(h) > max_heap_bytes(a))
         begin_exit(a, RT_REASON_HEAP_LIMIT);
+}
+
+/* Between messages; the common answer (nothing due, under max_heap) stays in the turn loop. */
+static inline void heap_check(rt_actor_t *a)
+{
+    rt_heap_t *h = atomic_load_explicit(&a->heap, memory_order_relaxed);
+    if (h && (!rt_heap_quiet(h) || (a->max_heap_kib && rt_heap_footprint(h) > max_heap_bytes(a))))
+        heap_enforce(a, h);
 }
 
 void *rt_alloc(rt_actor_t *self, size_t size, rt_obj_kind_t kind)
 {
-    if (size <= self->type->heap_inline) {
-        void *p = inline_alloc(self, size, kind);
+    unsigned inline_bytes = self->type->heap_inline;
+    /* A full inline region (the usual case for a busy actor) costs one test. */
+    uint32_t free_bits = ~(uint32_t)self->inline_used & ((1u << inline_bytes / INLINE_GRANULE) - 1);
+    if (free_bits && size <= inline_bytes) {
+        void *p = inline_alloc(self, free_bits, size, kind);
         if (p)
             return p;
     }
@@ -802,11 +803,7 @@ char *rt_strndup(rt_actor_t *self, const void *s, size_t n)
 size_t rt_memory(const rt_actor_t *self)
 {
     rt_heap_t *h = atomic_load_explicit(&((rt_actor_t *)self)->heap, memory_order_relaxed);
-    if (!h)
-        return 0;
-    rt_heap_stats_t st;
-    rt_heap_stats(h, &st);
-    return st.heap_bytes + st.bin_bytes + st.ext_bytes;
+    return h ? rt_heap_footprint(h) : 0;
 }
 
 void rt_charge(rt_actor_t *self, ptrdiff_t delta)
@@ -816,14 +813,24 @@ void rt_charge(rt_actor_t *self, ptrdiff_t delta)
         rt_heap_charge(h, delta);
 }
 
-void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin)
+void *rt_alloc_bin(rt_actor_t *self, size_t size, rt_obj_kind_t kind, rt_bin_t *bin)
 {
     rt_heap_t *h = heap_of(self);
     if (!h) {
         rt_bin_release(bin);
         return NULL;
     }
-    return rt_heap_hold_bin(h, bin);
+    return rt_heap_alloc_bin(h, size, kind, bin);
+}
+
+void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin)
+{
+    return rt_alloc_bin(self, sizeof(rt_bin_t *), RT_OBJ_LEAF, bin);
+}
+
+void rt_drop_bin(rt_actor_t *self, void *obj)
+{
+    rt_heap_drop_bin(atomic_load_explicit(&self->heap, memory_order_relaxed), obj);
 }
 
 void rt_gc(rt_actor_t *self)

@@ -22,6 +22,10 @@
 ** Large objects (above the largest class) are calloc'ed one by one with a
 ** header that links them on their heap's list.
 **
+** Before a class has a chunk, its objects go to the first block in the heap
+** header (heap.h), 16-byte granules with their bitmaps in the header; the
+** collector tells its addresses apart by range, before any arena lookup.
+**
 ** Collection marks from the roots with an explicit, thread-local stack and
 ** sweeps chunk by chunk with bitmap operations. To decide whether a word
 ** points into this heap without ever reading memory that may be unmapped, a
@@ -67,14 +71,14 @@
 #endif
 
 /*
-** Chunks are 1 KiB. One chunk exists per (actor, size class) in use and there
-** may be a million actors, so the chunk is the unit an idle actor pays for;
-** 1 KiB still holds 64 of the smallest objects, so one 64-bit word is a whole
+** Chunks are 1 KiB. One chunk exists per (actor, size class) that outgrew the
+** first block and there may be a million actors, so the chunk is the unit a
+** busy actor pays for; 1 KiB still holds 64 of the smallest objects, so one 64-bit word is a whole
 ** slot bitmap, and it keeps slot waste in the larger classes small (Pony's
 ** heap uses 1 KiB chunks for the same reasons).
 */
 #define RT_HEAP_CHUNK_SHIFT 10
-#define RT_HEAP_CHUNK_SIZE ((size_t)1 << RT_HEAP_CHUNK_SHIFT)
+_Static_assert(RT_HEAP_CHUNK_SIZE == (size_t)1 << RT_HEAP_CHUNK_SHIFT, "heap.h has the chunk size");
 
 /*
 ** Arenas are 1 MiB: big enough that mmap calls and the pool lock are rare
@@ -105,7 +109,9 @@
 #define RT_HEAP_NCLASSES 10
 #define RT_HEAP_MAX_SMALL 1024
 
-_Static_assert(sizeof(rt_heap_t) <= 176, "rt_heap_t is made for every actor that allocates");
+_Static_assert(sizeof(rt_heap_t) <= 176 + RT_HEAP_FIRST,
+               "rt_heap_t is made for every actor that allocates");
+_Static_assert(RT_HEAP_FIRST / RT_HEAP_GRANULE <= 16, "first block bitmaps are 16 bits");
 _Static_assert(RT_HEAP_NCLASSES == sizeof(((rt_heap_t *)0)->avail) / sizeof(void *),
                "one avail list per size class");
 _Static_assert(_Alignof(max_align_t) >= 16, "calloc must return 16-byte aligned memory");
@@ -516,6 +522,7 @@ typedef struct mark_item_s {
 
 struct rt_gc_s {
     rt_heap_t *heap;      /* heap being collected; NULL outside a collection */
+    uintptr_t first;      /* heap->first */
     uintptr_t arena_lo;   /* lowest arena holding a chunk of heap */
     uintptr_t arena_span; /* bytes from arena_lo to the end of the highest such arena */
     uintptr_t last_arena; /* arena of the last hit, a one-entry cache */
@@ -685,9 +692,60 @@ static inline void list_remove(void **head, chunk_t *c)
 /* ------------------------------------------------------------------------ */
 /* Allocation                                                               */
 
+/* used + bin_bytes below which a heap with trigger t and live bytes needs no collection. */
+static uint32_t quiet_mark(size_t t, size_t live)
+{
+    /* Both rules need 2 * (used + bin_bytes) >= t + live (live <= t, gc_factor > 1). */
+    size_t q = t / 2 + live / 2;
+    return q > UINT32_MAX ? UINT32_MAX : (uint32_t)q;
+}
+
 void rt_heap_init(rt_heap_t *h)
 {
     memset(h, 0, sizeof *h);
+    h->quiet = quiet_mark(cfg_min_heap, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The first block                                                          */
+
+#define FIRST_GRANULES (RT_HEAP_FIRST / RT_HEAP_GRANULE)
+
+static inline bool in_first(const rt_heap_t *h, const void *p)
+{
+    return (uintptr_t)p - (uintptr_t)h->first < RT_HEAP_FIRST;
+}
+
+static inline unsigned first_index(const rt_heap_t *h, const void *p)
+{
+    return (unsigned)(((uintptr_t)p - (uintptr_t)h->first) / RT_HEAP_GRANULE);
+}
+
+static inline unsigned first_extent(const rt_heap_t *h, unsigned i)
+{
+    return rt__granules_extent(h->first_used, h->first_start, FIRST_GRANULES, i);
+}
+
+/* With bin, the object is marked as a binary handle, which the caller fills in. */
+static void *first_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind, bool bin)
+{
+    unsigned n = size ? (unsigned)((size + RT_HEAP_GRANULE - 1) / RT_HEAP_GRANULE) : 1;
+    int at = rt__granules_fit(~(uint32_t)h->first_used & ((1u << FIRST_GRANULES) - 1), n);
+    if (at < 0)
+        return NULL;
+    unsigned i = (unsigned)at;
+    h->first_used |= (uint16_t)(((1u << n) - 1) << i);
+    h->first_start |= (uint16_t)(1u << i);
+    if (kind == RT_OBJ_SCAN)
+        h->first_scan |= (uint16_t)(1u << i);
+    if (bin)
+        h->first_bin |= (uint16_t)(1u << i);
+    size_t bytes = (size_t)n * RT_HEAP_GRANULE;
+    RT_HEAP_ADD(h->used, bytes);
+    unsigned char *p = h->first + (size_t)i * RT_HEAP_GRANULE;
+    RT_HEAP_ACCESS(p, bytes);
+    memset(p, 0, bytes);
+    return p;
 }
 
 static chunk_t *heap_new_chunk(rt_heap_t *h, unsigned cls)
@@ -731,39 +789,69 @@ static void *alloc_large(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
     if (l->next)
         l->next->prev = l;
     h->large = l;
-    RT_HEAP_ADD(h->large_count, 1);
     RT_HEAP_ADD(h->large_bytes, sizeof(large_t) + size);
     RT_HEAP_ADD(h->used, size);
     return l + 1;
 }
 
-void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
+/*
+** The slow paths of allocation and free stay out of line, so that the common
+** ones keep few registers to save.
+*/
+static RT_NOINLINE void chunk_now_full(rt_heap_t *h, chunk_t *c, unsigned cls)
 {
-    if (RT_UNLIKELY(size > RT_HEAP_MAX_SMALL))
-        return alloc_large(h, size, kind);
-    unsigned cls = class_of[(size + 15) >> 4];
-    chunk_t *c = h->avail[cls];
-    if (RT_UNLIKELY(!c)) {
-        c = heap_new_chunk(h, cls);
-        if (!c)
-            return NULL;
-    }
+    list_remove(&h->avail[cls], c);
+    list_push(&h->full, c);
+    c->full = 1;
+}
+
+/* The next free slot of c, a chunk of class cls with one. */
+static inline void *alloc_in(rt_heap_t *h, chunk_t *c, unsigned cls, rt_obj_kind_t kind, bool bin)
+{
     uint64_t mask = class_mask(cls);
     unsigned i = (unsigned)__builtin_ctzll(~c->alloc & mask);
     uint64_t bit = (uint64_t)1 << i;
     c->alloc |= bit;
     c->scan |= kind == RT_OBJ_SCAN ? bit : 0;
-    if (c->alloc == mask) {
-        list_remove(&h->avail[cls], c);
-        list_push(&h->full, c);
-        c->full = 1;
-    }
+    c->bin |= bin ? bit : 0;
+    if (RT_UNLIKELY(c->alloc == mask))
+        chunk_now_full(h, c, cls);
     size_t n = class_size[cls];
     RT_HEAP_ADD(h->used, n);
     char *p = chunk_data(c) + i * n;
     RT_HEAP_ACCESS(p, n);
     memset(p, 0, n);
     return p;
+}
+
+static RT_NOINLINE void *alloc_without_chunk(rt_heap_t *h, size_t size, unsigned cls,
+                                             rt_obj_kind_t kind, bool bin)
+{
+    /* A class without a chunk uses the first block while objects fit there. */
+    if (size <= RT_HEAP_FIRST) {
+        void *p = first_alloc(h, size, kind, bin);
+        if (p)
+            return p;
+    }
+    chunk_t *c = heap_new_chunk(h, cls);
+    return c ? alloc_in(h, c, cls, kind, bin) : NULL;
+}
+
+/* An object of at most RT_HEAP_MAX_SMALL bytes; bin as for first_alloc. */
+static inline void *alloc_small(rt_heap_t *h, size_t size, rt_obj_kind_t kind, bool bin)
+{
+    unsigned cls = class_of[(size + 15) >> 4];
+    chunk_t *c = h->avail[cls];
+    if (RT_UNLIKELY(!c))
+        return alloc_without_chunk(h, size, cls, kind, bin);
+    return alloc_in(h, c, cls, kind, bin);
+}
+
+void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
+{
+    if (RT_UNLIKELY(size > RT_HEAP_MAX_SMALL))
+        return alloc_large(h, size, kind);
+    return alloc_small(h, size, kind, false);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -854,19 +942,22 @@ void rt_bin_totals(size_t *count, size_t *bytes)
         *bytes = atomic_load_explicit(&bin_live_bytes, memory_order_relaxed);
 }
 
-void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin)
+void *rt_heap_alloc_bin(rt_heap_t *h, size_t size, rt_obj_kind_t kind, rt_bin_t *bin)
 {
-    RT_ASSERT(bin);
-    rt_bin_t **p = rt_heap_alloc(h, sizeof(rt_bin_t *), RT_OBJ_LEAF);
+    RT_ASSERT(bin && size >= sizeof(rt_bin_t *) && size <= RT_HEAP_MAX_SMALL);
+    rt_bin_t **p = alloc_small(h, size, kind, true);
     if (!p) {
         rt_bin_release(bin);
         return NULL;
     }
     *p = bin;
-    chunk_t *c = chunk_of(p);
-    c->bin |= (uint64_t)1 << slot_of(c->cls, (uintptr_t)p);
     RT_HEAP_ADD(h->bin_bytes, bin_bytes(bin));
     return p;
+}
+
+void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin)
+{
+    return rt_heap_alloc_bin(h, sizeof(rt_bin_t *), RT_OBJ_LEAF, bin);
 }
 
 rt_bin_t *rt_heap_bin(const void *handle)
@@ -874,17 +965,28 @@ rt_bin_t *rt_heap_bin(const void *handle)
     return *(rt_bin_t *const *)handle;
 }
 
+/* Drops the reference a handle's first word holds; a handle whose binary was dropped holds none. */
+static void release_bin(rt_heap_t *h, void *handle)
+{
+    rt_bin_t *b = *(rt_bin_t **)handle;
+    if (!b)
+        return;
+    RT_HEAP_SUB(h->bin_bytes, bin_bytes(b));
+    rt_bin_release(b);
+}
+
 /* Drops the binary references held by the handle slots in bits of chunk c. */
 static void release_bins(rt_heap_t *h, chunk_t *c, uint64_t bits)
 {
     char *base = chunk_data(c);
-    while (bits) {
-        unsigned i = (unsigned)__builtin_ctzll(bits);
-        bits &= bits - 1;
-        rt_bin_t *b = *(rt_bin_t **)(base + i * class_size[c->cls]);
-        RT_HEAP_SUB(h->bin_bytes, bin_bytes(b));
-        rt_bin_release(b);
-    }
+    for (; bits; bits &= bits - 1)
+        release_bin(h, base + (unsigned)__builtin_ctzll(bits) * class_size[c->cls]);
+}
+
+void rt_heap_drop_bin(rt_heap_t *h, void *obj)
+{
+    release_bin(h, obj);
+    *(rt_bin_t **)obj = NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -905,35 +1007,15 @@ static void free_large(rt_heap_t *h, large_t *l)
         h->large = l->next;
     if (l->next)
         l->next->prev = l->prev;
-    RT_HEAP_SUB(h->large_count, 1);
     RT_HEAP_SUB(h->large_bytes, sizeof(large_t) + l->size);
     RT_HEAP_SUB(h->used, l->size);
     RT_POISON(l, sizeof *l + l->size);
     free(l);
 }
 
-void rt_heap_free(rt_heap_t *h, void *p)
+/* A slot of c, full or not current, was freed: the chunk's lists and the pool may change. */
+static RT_NOINLINE void chunk_freed(rt_heap_t *h, chunk_t *c, unsigned cls)
 {
-    if (!p)
-        return;
-    if (!arena_map_has(p)) {
-        free_large(h, (large_t *)p - 1);
-        return;
-    }
-    chunk_t *c = chunk_of(p);
-    unsigned cls = c->cls;
-    unsigned i = slot_of(cls, (uintptr_t)p);
-    uint64_t bit = (uint64_t)1 << i;
-    RT_ASSERT(atomic_load_explicit(&c->owner, memory_order_relaxed) == h);
-    RT_ASSERT(c->alloc & bit);
-    RT_ASSERT((char *)p == chunk_data(c) + i * class_size[cls]);
-    if (c->bin & bit)
-        release_bins(h, c, bit);
-    c->alloc &= ~bit;
-    c->scan &= ~bit;
-    c->bin &= ~bit;
-    RT_HEAP_SUB(h->used, class_size[cls]);
-    slot_free(p, class_size[cls]);
     if (c->full) {
         /* c becomes the current chunk; the one it replaces goes if it is empty, so that at
            most one empty chunk per class stays (freeing a whole queue one object at a time
@@ -946,16 +1028,63 @@ void rt_heap_free(rt_heap_t *h, void *p)
             list_remove(&h->avail[cls], prev);
             heap_drop_chunk(h, prev);
         }
-    } else if (!c->alloc && h->avail[cls] != c) {
-        /* Keep the current chunk even when empty so alloc/free pairs do not churn the pool. */
-        list_remove(&h->avail[cls], c);
-        heap_drop_chunk(h, c);
+        return;
     }
+    /* An empty chunk that is not current goes; the current one stays even when empty, so
+       that alloc/free pairs do not churn the pool. */
+    list_remove(&h->avail[cls], c);
+    heap_drop_chunk(h, c);
+}
+
+static RT_NOINLINE void first_free(rt_heap_t *h, void *p)
+{
+    unsigned i = first_index(h, p), n = first_extent(h, i);
+    uint16_t bit = (uint16_t)(1u << i);
+    RT_ASSERT(p == h->first + (size_t)i * RT_HEAP_GRANULE && (h->first_start & bit));
+    if (h->first_bin & bit)
+        release_bin(h, p);
+    h->first_used &= (uint16_t) ~(((1u << n) - 1) << i);
+    h->first_start &= (uint16_t)~bit;
+    h->first_scan &= (uint16_t)~bit;
+    h->first_bin &= (uint16_t)~bit;
+    RT_HEAP_SUB(h->used, (size_t)n * RT_HEAP_GRANULE);
+    slot_free(p, (size_t)n * RT_HEAP_GRANULE);
+}
+
+void rt_heap_free(rt_heap_t *h, void *p)
+{
+    if (!p)
+        return;
+    if (in_first(h, p)) {
+        first_free(h, p);
+        return;
+    }
+    if (!arena_map_has(p)) {
+        free_large(h, (large_t *)p - 1);
+        return;
+    }
+    chunk_t *c = chunk_of(p);
+    unsigned cls = c->cls;
+    unsigned i = slot_of(cls, (uintptr_t)p);
+    uint64_t bit = (uint64_t)1 << i;
+    RT_ASSERT(atomic_load_explicit(&c->owner, memory_order_relaxed) == h);
+    RT_ASSERT(c->alloc & bit);
+    RT_ASSERT((char *)p == chunk_data(c) + i * class_size[cls]);
+    if (c->bin & bit)
+        release_bin(h, p);
+    c->alloc &= ~bit;
+    c->scan &= ~bit;
+    c->bin &= ~bit;
+    RT_HEAP_SUB(h->used, class_size[cls]);
+    slot_free(p, class_size[cls]);
+    if (RT_UNLIKELY(c->full || (!c->alloc && h->avail[cls] != c)))
+        chunk_freed(h, c, cls);
 }
 
 size_t rt_heap_obj_size(const rt_heap_t *h, const void *p)
 {
-    (void)h;
+    if (in_first(h, p))
+        return (size_t)first_extent(h, first_index(h, p)) * RT_HEAP_GRANULE;
     if (!arena_map_has(p))
         return ((const large_t *)p - 1)->size;
     const chunk_t *c = chunk_of(p);
@@ -985,6 +1114,11 @@ static void destroy_chunks(rt_heap_t *h, void **head)
 
 void rt_heap_destroy(rt_heap_t *h)
 {
+    for (uint32_t bins = h->first_bin; bins; bins &= bins - 1)
+        release_bin(h, h->first + (size_t)__builtin_ctz(bins) * RT_HEAP_GRANULE);
+    h->first_used = h->first_start = h->first_scan = h->first_bin = h->first_mark = 0;
+    /* Free granules are poisoned; the header may go back to malloc or be a stack variable. */
+    RT_HEAP_ACCESS(h->first, RT_HEAP_FIRST);
     for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++)
         destroy_chunks(h, &h->avail[k]);
     destroy_chunks(h, &h->full);
@@ -999,6 +1133,7 @@ void rt_heap_destroy(rt_heap_t *h)
     RT_HEAP_SET(h->last_pause_us, 0);
     RT_HEAP_SET(h->max_pause_us, 0);
     RT_HEAP_SET(h->ext_bytes, 0);
+    h->quiet = quiet_mark(cfg_min_heap, 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1071,13 +1206,37 @@ static void mark_large(rt_gc_t *gc, uintptr_t w)
         push(gc, (const char *)start, l->size);
 }
 
+static void mark_first(rt_gc_t *gc, uintptr_t w)
+{
+    rt_heap_t *h = gc->heap;
+    unsigned g = (unsigned)((w - gc->first) / RT_HEAP_GRANULE);
+    if (!(h->first_used >> g & 1))
+        return;
+    /* A used granule belongs to the object of the nearest start at or below it. */
+    uint32_t starts = h->first_start & ((2u << g) - 1);
+    RT_ASSERT(starts);
+    unsigned i = 31 - (unsigned)__builtin_clz(starts);
+    uint16_t bit = (uint16_t)(1u << i);
+    if (h->first_mark & bit)
+        return;
+    h->first_mark |= bit;
+    if (h->first_scan & bit)
+        push(gc, (const char *)h->first + (size_t)i * RT_HEAP_GRANULE,
+             (size_t)first_extent(h, i) * RT_HEAP_GRANULE);
+}
+
 /*
 ** The heart of the collector: marks the object of this heap that w points
 ** into or at, if any. Every test before the descriptor read only looks at the
-** collector's own lists, so any word value is safe.
+** collector's own lists, so any word value is safe. The first block is tested
+** first: it is malloc'ed memory, which may lie between two of the heap's arenas.
 */
 static inline void mark_word(rt_gc_t *gc, uintptr_t w)
 {
+    if (RT_UNLIKELY(w - gc->first < RT_HEAP_FIRST)) {
+        mark_first(gc, w);
+        return;
+    }
     if (w - gc->arena_lo < gc->arena_span) {
         uintptr_t a = w & ~(RT_HEAP_ARENA_SIZE - 1);
         if (a != gc->last_arena) {
@@ -1179,6 +1338,7 @@ static bool list_arenas(rt_gc_t *gc, chunk_t *c)
 static bool prepare(rt_gc_t *gc, rt_heap_t *h)
 {
     gc->heap = h;
+    gc->first = (uintptr_t)h->first;
     gc->narenas = gc->nlarge = gc->sp = 0;
     gc->last_arena = 0;
     gc->arena_lo = gc->arena_span = gc->large_lo = gc->large_span = 0;
@@ -1248,6 +1408,9 @@ static void sweep_chunk(rt_heap_t *h, chunk_t *c)
 
 static void sweep(rt_heap_t *h)
 {
+    for (uint32_t dead = h->first_start & ~h->first_mark; dead; dead &= dead - 1)
+        first_free(h, h->first + (size_t)__builtin_ctz(dead) * RT_HEAP_GRANULE);
+    h->first_mark = 0;
     chunk_t *lists[RT_HEAP_NCLASSES + 1];
     for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++) {
         lists[k] = h->avail[k];
@@ -1277,6 +1440,7 @@ static void sweep(rt_heap_t *h)
 /* After a failed mark nothing can be freed; only the marks are cleared. */
 static void unmark(rt_heap_t *h)
 {
+    h->first_mark = 0;
     for (unsigned k = 0; k < RT_HEAP_NCLASSES; k++)
         for (chunk_t *c = h->avail[k]; c; c = c->next)
             c->mark = 0;
@@ -1294,7 +1458,7 @@ static inline size_t heap_bytes(const rt_heap_t *h)
     return (size_t)RT_HEAP_GET(h->chunks) * RT_HEAP_CHUNK_SIZE + RT_HEAP_GET(h->large_bytes);
 }
 
-bool rt_heap_should_collect(const rt_heap_t *h)
+bool rt__heap_collect_due(const rt_heap_t *h)
 {
     size_t t = h->next_gc ? h->next_gc : cfg_min_heap;
     size_t v = h->used + h->bin_bytes;
@@ -1328,6 +1492,7 @@ void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx)
     RT_HEAP_SET(h->live, h->used);
     double t = cfg_gc_factor * (double)(h->live + h->bin_bytes);
     RT_HEAP_SET(h->next_gc, t > (double)cfg_min_heap ? (size_t)t : cfg_min_heap);
+    h->quiet = quiet_mark(h->next_gc, h->live);
     RT_HEAP_ADD(h->gc_count, 1);
     uint64_t us = (rt_mono_ns() - t0) / 1000;
     RT_HEAP_SET(h->last_pause_us, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us);

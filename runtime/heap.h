@@ -2,7 +2,8 @@
 ** Per-actor garbage-collected heaps (BEAM's private process heaps, Pony's
 ** per-actor heaps) and shared reference-counted binaries.
 **
-** Every allocation an actor makes comes from its own rt_heap_t. Small objects
+** Every allocation an actor makes comes from its own rt_heap_t. A heap's first
+** small objects share a small block in its header; past that, small objects
 ** live in size-class slabs carved out of small chunks that come from a global,
 ** thread-safe chunk pool; large objects are allocated one by one. Collection
 ** is a non-moving mark-sweep that runs only between messages, so the only
@@ -17,8 +18,8 @@
 **   RT_OBJ_SCAN  scanned conservatively: every aligned word that points at
 **                or inside an object of the same heap (small or large) keeps
 **                that object alive; other words are ignored, never followed.
-** A binary handle (rt_heap_hold_bin) is a heap object that owns one reference
-** to a shared binary; sweeping it releases that reference.
+** A binary handle (rt_heap_alloc_bin) is a heap object whose first word owns
+** one reference to a shared binary; sweeping it releases that reference.
 **
 ** Accounting: heap_bytes counts bytes of chunks and large objects owned; the
 ** bytes of binaries held through handles count toward the GC trigger ("virtual
@@ -60,28 +61,73 @@ typedef struct rt_heap_config_s {
 /* Process-wide defaults for every heap; call before any actor runs. */
 void rt_heap_configure(const rt_heap_config_t *cfg);
 
+/* Small chunks are 1 KiB (heap.c says why); exported for rt_heap_footprint. */
+#define RT_HEAP_CHUNK_SIZE ((size_t)1024)
+
 /*
-** The heap itself is embedded in its actor and must stay small: one of these
-** exists per actor, idle or not. An all-zero rt_heap_t is a valid empty heap
-** (rt_heap_init only zeroes it), so spawning costs no allocation until the
-** actor allocates. Fields are private to heap.c.
+** The first block: RT_HEAP_FIRST bytes in the heap header, cut into 16-byte
+** granules and shared by objects of every size up to its own. A heap takes a
+** class's first 1 KiB chunk only once an object of that class no longer fits
+** there, so an actor that holds a few small objects (a session and one message
+** in flight) costs the header and nothing more, as a BEAM process starts with
+** a small heap and grows it when it fills.
+*/
+#define RT_HEAP_GRANULE 16
+#define RT_HEAP_FIRST 256
+
+/*
+** The heap header must stay small: one exists per actor that ever allocated
+** past its inline region. An all-zero rt_heap_t is a valid empty heap
+** (rt_heap_init also sets the threshold of the collection check), and a heap
+** takes no memory beyond its header until its first block is full. A heap must
+** not move (be copied) while it holds objects: the first block is part of it.
+** Fields are private to heap.c and the inline functions below.
 */
 typedef struct rt_heap_s {
     void *avail[10];        /* per size class: chunks with a free slot; the head is current */
     void *full;             /* chunks with no free slot, any class (intrusive list) */
     void *large;            /* large objects (intrusive list) */
-    size_t used;            /* bytes in live-or-unswept objects (slot or object size) */
+    size_t used;            /* bytes in live-or-unswept objects (slot, granules or object size) */
     size_t bin_bytes;       /* bytes of binaries held through handles */
     size_t next_gc;         /* trigger set by the last collection; 0 = min_heap */
     size_t live;            /* used after the last collection */
     size_t large_bytes;     /* bytes of large objects owned, headers included */
     size_t ext_bytes;       /* memory held outside the heap on the owner's behalf (rt_heap_charge) */
     uint32_t chunks;        /* chunks owned */
-    uint32_t large_count;   /* number of large objects */
+    uint32_t quiet;         /* used + bin_bytes below this: no collection can be due */
     uint32_t gc_count;      /* collections so far */
     uint32_t last_pause_us; /* duration of the last collection */
     uint32_t max_pause_us;  /* longest collection */
+    /* The first block, one bit per granule. An object runs from its start granule over
+       the used ones up to the next start; the last three bitmaps use start bits only. */
+    uint16_t first_used;  /* granules in an object */
+    uint16_t first_start; /* granules that begin an object */
+    uint16_t first_scan;  /* RT_OBJ_SCAN objects */
+    uint16_t first_bin;   /* binary handles (rt_heap_alloc_bin) */
+    uint16_t first_mark;  /* reached by the running collection */
+    _Alignas(16) unsigned char first[RT_HEAP_FIRST];
 } rt_heap_t;
+
+/*
+** Granule bitmaps, shared by the first block and the actor's inline region
+** (bit i = granule i, at most 32). The first of n free granules in a row, or
+** -1 when there is no such run.
+*/
+static inline int rt__granules_fit(uint32_t free_bits, unsigned n)
+{
+    /* Bit i of free_bits ends up set when granules i .. i + n - 1 are all free. */
+    for (unsigned k = 1; k < n && free_bits; k++)
+        free_bits &= free_bits >> 1;
+    return free_bits ? __builtin_ctz(free_bits) : -1;
+}
+
+/* Granules of the object starting at granule i: used ones up to the next start or the end. */
+static inline unsigned rt__granules_extent(uint32_t used, uint32_t start, unsigned total,
+                                           unsigned i)
+{
+    uint32_t stop = (~used | start | (uint32_t)1 << total) >> (i + 1);
+    return (unsigned)__builtin_ctz(stop) + 1;
+}
 
 typedef struct rt_heap_stats_s {
     size_t heap_bytes; /* chunks + large objects owned (what the heap costs) */
@@ -110,19 +156,25 @@ void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind);
 /*
 ** Frees an object now, without waiting for a collection (an optimisation for
 ** code that knows an object is garbage; the GC stays correct without it).
-** p is NULL or a pointer rt_heap_alloc (or rt_heap_hold_bin) returned for h.
+** p is NULL or a pointer rt_heap_alloc (or rt_heap_alloc_bin) returned for h.
 */
 void rt_heap_free(rt_heap_t *h, void *p);
 
 /*
-** Makes a heap object that owns one reference to bin (the caller's reference
-** is transferred). The returned pointer is what roots must mark to keep the
-** binary; rt_heap_bin() reads it back. Returns NULL (and releases bin) on OOM.
+** Makes a heap object of size bytes (at least a pointer's) whose first word owns
+** one reference to bin (the caller's reference is transferred): collecting or
+** freeing the object releases it. The rest of the object is the caller's, so a
+** record and the binary it carries are one object. rt_heap_bin() reads the
+** binary back. Returns NULL (and releases bin) on OOM.
 */
+void *rt_heap_alloc_bin(rt_heap_t *h, size_t size, rt_obj_kind_t kind, rt_bin_t *bin);
+/* A handle alone: rt_heap_alloc_bin of one pointer, not scanned. */
 void *rt_heap_hold_bin(rt_heap_t *h, rt_bin_t *bin);
 rt_bin_t *rt_heap_bin(const void *handle);
+/* Releases the binary of an rt_heap_alloc_bin object now; the object stays, its first word NULL. */
+void rt_heap_drop_bin(rt_heap_t *h, void *obj);
 
-/* Bytes usable at p (an object of h): its slot's size class or its large size. */
+/* Bytes usable at p (an object of h): its granules, its slot's size class or its large size. */
 size_t rt_heap_obj_size(const rt_heap_t *h, const void *p);
 
 /*
@@ -133,7 +185,30 @@ size_t rt_heap_obj_size(const rt_heap_t *h, const void *p);
 */
 void rt_heap_charge(rt_heap_t *h, ptrdiff_t delta);
 
-bool rt_heap_should_collect(const rt_heap_t *h);
+bool rt__heap_collect_due(const rt_heap_t *h);
+
+/*
+** Owner only. Below the quiet mark neither rule of the trigger can hold, so the
+** common answer between messages costs one addition and one comparison.
+*/
+static inline bool rt_heap_quiet(const rt_heap_t *h)
+{
+    return h->used + h->bin_bytes < h->quiet;
+}
+
+static inline bool rt_heap_should_collect(const rt_heap_t *h)
+{
+    return !rt_heap_quiet(h) && rt__heap_collect_due(h);
+}
+
+/*
+** Owner only: heap_bytes + bin_bytes + ext_bytes of rt_heap_stats, the figure
+** max_heap and memory budgets bound, read without the cross-thread loads.
+*/
+static inline size_t rt_heap_footprint(const rt_heap_t *h)
+{
+    return (size_t)h->chunks * RT_HEAP_CHUNK_SIZE + h->large_bytes + h->bin_bytes + h->ext_bytes;
+}
 
 /* Marks from the roots given by trace(ctx, gc), sweeps, and sets the next trigger. */
 void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx);

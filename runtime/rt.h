@@ -167,8 +167,8 @@ typedef struct rt_actor_type_s {
     /*
     ** Bytes after the state (a multiple of 16, at most RT_HEAP_INLINE_MAX) where the
     ** actor's first small objects live, so that one holding a few (a client id, one
-    ** subscription) pays for no heap and no chunk: a heap's smallest growth step is a
-    ** 1 KiB chunk per size class. Objects there are roots of every collection and
+    ** subscription) pays for no heap: a heap's smallest growth step is its header with
+    ** its first block (RT_HEAP_FIRST bytes). Objects there are roots of every collection and
     ** stay until rt_free or the actor's exit; what does not fit goes to the heap.
     */
     uint16_t heap_inline;
@@ -242,8 +242,16 @@ int rt_grow_on(rt_actor_t *self, void *arr, size_t *cap, size_t need, size_t ele
 void rt_charge(rt_actor_t *self, ptrdiff_t delta);
 /* The actor's memory outside its slab: heap, binaries held and what it was charged. */
 size_t rt_memory(const rt_actor_t *self);
-/* Keeps a binary (reference transferred) in the actor's heap; see rt_heap_hold_bin. */
+/*
+** An object on the actor's heap whose first word owns bin (reference transferred),
+** released when the object is freed or collected; see rt_heap_alloc_bin. Never in
+** the inline region. NULL (bin released) on failure.
+*/
+void *rt_alloc_bin(rt_actor_t *self, size_t size, rt_obj_kind_t kind, rt_bin_t *bin);
+/* Keeps a binary alone: rt_alloc_bin of one pointer, not scanned. */
 void *rt_hold_bin(rt_actor_t *self, rt_bin_t *bin);
+/* Releases the binary of an rt_alloc_bin object now; the object stays, its first word NULL. */
+void rt_drop_bin(rt_actor_t *self, void *obj);
 /* Counts n extra work units (reductions) for this actor, for fairness and introspection. */
 void rt_consume(rt_actor_t *self, uint32_t n);
 /*

@@ -45,6 +45,10 @@ int rt_broker_init(const rt_conf_t *conf)
     if (!b)
         return RT_ENOMEM;
     b->conf = *conf;
+    const char *policy = conf->client_memory_policy;
+    b->memory_policy = !strcmp(policy, "drop_oldest")   ? RT_MEMORY_DROP_OLDEST
+                       : !strcmp(policy, "drop_newest") ? RT_MEMORY_DROP_NEWEST
+                                                        : RT_MEMORY_HOLD;
     pthread_mutex_init(&b->clients_lock, NULL);
     b->clients_cap = CLIENTS_CAP_MIN;
     b->clients = calloc(b->clients_cap, sizeof(*b->clients));

@@ -78,12 +78,16 @@ typedef struct rt_broker_live_s {
     _Atomic long allow_zero_length_clientid;
 } rt_broker_live_t;
 
+/* client_memory_policy, parsed once at start: it is restart-only (config.h). */
+typedef enum { RT_MEMORY_HOLD, RT_MEMORY_DROP_NEWEST, RT_MEMORY_DROP_OLDEST } rt_memory_policy_t;
+
 /* The current value of a live limit (a field of rt_broker_live_t). */
 #define RT_LIVE(field) atomic_load_explicit(&rt_broker->live.field, memory_order_relaxed)
 
 typedef struct rt_broker_s {
     rt_conf_t conf; /* as started; the live limits' current values are in live */
     rt_broker_live_t live;
+    rt_memory_policy_t memory_policy; /* conf.client_memory_policy */
     rt_listener_stats_t listener_stats[RT_CONF_MAX_LISTENERS];
     rt_trie_t *trie;
     rt_retained_t *retained; /* canonical PUBLISH binaries by topic */

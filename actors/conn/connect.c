@@ -200,7 +200,7 @@ static void session_persist_all(conn_t *c)
     rt_qlist_t *lists[2] = {&c->sess->inflight, &c->sess->queued};
     for (int l = 0; l < 2; l++)
         for (rt_qmsg_t *m = lists[l]->head; m; m = m->next)
-            if (!m->seq && m->hold)
+            if (!m->seq && m->bin)
                 rt__conn_store_msg(c, m, 0, 0);
 }
 

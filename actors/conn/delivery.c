@@ -65,14 +65,6 @@ bool rt__conn_session_is_durable(const conn_t *c)
 ** Every drop is counted, per client too. An offline session cannot drain, so it holds
 ** no one back: at its budget it drops the newest.
 */
-enum { POLICY_HOLD, POLICY_DROP_NEWEST, POLICY_DROP_OLDEST };
-
-static int memory_policy(void)
-{
-    const char *p = rt_broker->conf.client_memory_policy;
-    return p[0] == 'h' ? POLICY_HOLD : p[5] == 'o' ? POLICY_DROP_OLDEST : POLICY_DROP_NEWEST;
-}
-
 size_t rt__conn_memory(const conn_t *c)
 {
     return rt_memory(rt_current()) + (c->sock ? rt_sock_pending(c->sock) : 0);
@@ -102,10 +94,10 @@ static bool budget_admit(rt_actor_t *self, conn_t *c, size_t bytes)
 {
     if (!over_budget(c, bytes))
         return true;
-    int policy = memory_policy();
-    if (policy == POLICY_DROP_OLDEST)
+    rt_memory_policy_t policy = rt_broker->memory_policy;
+    if (policy == RT_MEMORY_DROP_OLDEST)
         return drop_oldest_for(self, c, bytes);
-    if (policy == POLICY_DROP_NEWEST || !rt__conn_online(c) || c->budget_spent ||
+    if (policy == RT_MEMORY_DROP_NEWEST || !rt__conn_online(c) || c->budget_spent ||
         !RT_LIVE(client_memory_hold_ms))
         return false;
     if (!c->budget_hold) {
@@ -121,11 +113,11 @@ static bool budget_admit(rt_actor_t *self, conn_t *c, size_t bytes)
 
 bool rt__conn_inbound_over_budget(const conn_t *c)
 {
-    size_t outbound = c->sock ? rt_sock_pending(c->sock) : 0;
-    if (c->sess)
-        outbound += c->sess->queued.bytes + c->sess->inflight.bytes;
-    size_t total = rt__conn_memory(c);
-    return total > outbound && total - outbound > (size_t)RT_LIVE(max_client_memory);
+    /* Its memory less what is on its way to it: the unsent output (in rt__conn_memory and
+       in the outbound share alike, so left out of both) and the session's messages. */
+    size_t mem = rt_memory(rt_current());
+    size_t outbound = c->sess ? c->sess->queued.bytes + c->sess->inflight.bytes : 0;
+    return mem > outbound && mem - outbound > (size_t)RT_LIVE(max_client_memory);
 }
 
 void rt__conn_budget_check(conn_t *c, bool hold_expired)
@@ -260,7 +252,7 @@ static void answer_store_ack(rt_pid_t pid, uint64_t token)
 
 void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token)
 {
-    RT_ASSERT(c->sess && m->hold && !m->seq && c->client_id);
+    RT_ASSERT(c->sess && m->bin && !m->seq && c->client_id);
     m->seq = ++c->sess->next_seq;
     rt_stored_msg_t st = {.seq = m->seq,
                           .bin = rt_qmsg_bin(m),
@@ -356,7 +348,7 @@ void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c)
 */
 static void delivery_transmit(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
 {
-    RT_ASSERT(rt__conn_online(c) && m->hold && m->state == RT_QMSG_QUEUED && !m->next);
+    RT_ASSERT(rt__conn_online(c) && m->bin && m->state == RT_QMSG_QUEUED && !m->next);
     if (m->qos == 0) {
         send_publish(self, c, rt_qmsg_bin(m), 0, m->retain, 0, 0, m->expire_at_ms, m->sub_ids,
                      m->n_sub_ids);
@@ -497,11 +489,11 @@ void rt__conn_retransmit(rt_actor_t *self, conn_t *c)
         return;
     for (rt_qmsg_t *m = c->sess->inflight.head; m; m = m->next) {
         if (m->state == RT_QMSG_WAIT_COMP) {
-            RT_ASSERT(!m->hold); /* the client has the message: only its id is left */
+            RT_ASSERT(!m->bin); /* the client has the message: only its id is left */
             mqtt_packet_t rel = {.type = MQTT_PUBREL, .packet_id = m->packet_id};
             rt__conn_send_packet(c, &rel);
         } else {
-            RT_ASSERT(m->state == RT_QMSG_WAIT_ACK && m->hold);
+            RT_ASSERT(m->state == RT_QMSG_WAIT_ACK && m->bin);
             send_publish(self, c, rt_qmsg_bin(m), m->qos, m->retain, m->packet_id, 1,
                          m->expire_at_ms, m->sub_ids, m->n_sub_ids);
         }
@@ -538,7 +530,7 @@ static void on_pubrec(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
     }
     if (known && m->state == RT_QMSG_WAIT_ACK) {
         /* Delivered: only the packet id is needed from here on. */
-        RT_ASSERT(m->hold);
+        RT_ASSERT(m->bin);
         rt__conn_rule_event(self, c, RT_RULE_EV_MESSAGE_ACKED, NULL, 2, -1, NULL, rt_qmsg_bin(m));
         rt_qlist_drop_payload(self, &c->sess->inflight, m);
         m->state = RT_QMSG_WAIT_COMP;
@@ -583,7 +575,7 @@ void rt__conn_on_delivery_ack(rt_actor_t *self, conn_t *c, const mqtt_packet_t *
 */
 static bool shared_hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
 {
-    if (!m->hold)
+    if (!m->bin)
         return false;
     rt_message_t msg;
     rt_message_view(rt_qmsg_bin(m), &msg);

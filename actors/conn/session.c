@@ -14,14 +14,10 @@ rt_qmsg_t *rt_qmsg_new(rt_actor_t *self, rt_bin_t *bin, uint8_t qos, uint8_t ret
 {
     if (n_sub_ids > RT_QMSG_MAX_SUB_IDS)
         n_sub_ids = RT_QMSG_MAX_SUB_IDS;
-    rt_qmsg_t *m = rt_alloc(self, sizeof(*m) + n_sub_ids * sizeof(uint32_t), RT_OBJ_SCAN);
+    rt_qmsg_t *m = rt_alloc_bin(self, sizeof(*m) + n_sub_ids * sizeof(uint32_t), RT_OBJ_SCAN,
+                                rt_bin_retain(bin));
     if (!m)
         return NULL;
-    m->hold = rt_hold_bin(self, rt_bin_retain(bin));
-    if (!m->hold) {
-        rt_free(self, m);
-        return NULL;
-    }
     m->expire_at_ms = expire_at_ms;
     m->qos = qos;
     m->retain = retain;
@@ -35,9 +31,6 @@ rt_qmsg_t *rt_qmsg_new(rt_actor_t *self, rt_bin_t *bin, uint8_t qos, uint8_t ret
 
 void rt_qmsg_free(rt_actor_t *self, rt_qmsg_t *m)
 {
-    if (!m)
-        return;
-    rt_free(self, m->hold);
     rt_free(self, m);
 }
 
@@ -114,6 +107,5 @@ void rt_qlist_drop_payload(rt_actor_t *self, rt_qlist_t *l, rt_qmsg_t *m)
 {
     RT_ASSERT(l->n && l->bytes >= rt_qmsg_bytes(m));
     l->bytes -= rt_qmsg_bytes(m);
-    rt_free(self, m->hold);
-    m->hold = NULL;
+    rt_drop_bin(self, m);
 }

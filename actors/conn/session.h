@@ -9,10 +9,10 @@
 ** Owned by one connection actor and touched only in its turns: no locks. All of
 ** it lives on that actor's heap, reachable from the actor's roots through the
 ** session: the session and the message records are RT_OBJ_SCAN (records link
-** to one another and to their handles), the ack array is RT_OBJ_LEAF, and each
-** record holds its canonical message through a binary handle (rt_hold_bin), so
-** the queue's bytes count in the actor's bin_bytes and dropping the heap
-** releases them.
+** to one another), the ack array is RT_OBJ_LEAF, and each record owns its
+** canonical message as a binary handle (rt_alloc_bin: one heap object, not a
+** record and a handle), so the queue's bytes count in the actor's bin_bytes and
+** dropping the heap releases them.
 */
 #ifndef RT_SESSION_H
 #define RT_SESSION_H
@@ -32,9 +32,9 @@ enum {
 #define RT_QMSG_MAX_SUB_IDS RT_DELIVERY_MAX_SUB_IDS
 
 typedef struct rt_qmsg_s {
+    rt_bin_t *bin; /* the canonical PUBLISH, first as rt_alloc_bin wants; NULL once PUBREC came
+                      (only the id is left) */
     struct rt_qmsg_s *next;
-    void *hold; /* heap handle of the canonical PUBLISH (rt_qmsg_bin); NULL once PUBREC came
-                   (only the id is left) */
     uint64_t expire_at_ms; /* CLOCK_MONOTONIC ms when the message expires; 0: never */
     uint64_t seq;          /* its row in the store (persistent sessions); 0: not stored */
     uint16_t packet_id;    /* while inflight */
@@ -45,6 +45,8 @@ typedef struct rt_qmsg_s {
     uint8_t n_sub_ids;
     uint32_t sub_ids[];
 } rt_qmsg_t;
+
+_Static_assert(offsetof(rt_qmsg_t, bin) == 0, "rt_alloc_bin keeps the binary in the first word");
 
 typedef struct rt_qlist_s {
     rt_qmsg_t *head, *tail;
@@ -97,7 +99,7 @@ void rt_qmsg_free(rt_actor_t *self, rt_qmsg_t *m);
 /* The canonical PUBLISH m holds, or NULL once it gave it up (rt_qlist_drop_payload). */
 static inline rt_bin_t *rt_qmsg_bin(const rt_qmsg_t *m)
 {
-    return m->hold ? rt_heap_bin(m->hold) : NULL;
+    return m->bin;
 }
 
 void rt_qlist_push(rt_qlist_t *l, rt_qmsg_t *m); /* at the tail */

@@ -16,10 +16,10 @@ from conftest import Rtd, client, subscribe, wait_for
 QUEUED = 10_000
 PAYLOAD = 1024
 
-# The smallest heap object is 16 bytes; a queued message is a record (40 bytes and its
-# subscription ids: a 48-byte object) and a binary handle (a 16-byte object). A subscription
-# is a 16-byte list entry and its filter's copy (at least one 16-byte object).
-MSG_HEAP_MIN = 48 + 16
+# The smallest heap object is 16 bytes; a queued message is one object, its record (40
+# bytes and its subscription ids: 48 bytes) holding its binary in its first word. A
+# subscription is a 16-byte list entry and its filter's copy (at least one 16-byte object).
+MSG_HEAP_MIN = 48
 SUB_HEAP_MIN = 16 + 16
 # What a heap keeps beyond its live objects once they are freed: at most one empty chunk of
 # 1 KiB per size class, of which there are ten.
@@ -72,8 +72,8 @@ def test_offline_queue_is_the_sessions_memory(quiet):
 
     show = b.ctl_json("clients", "show", "mem-sub")
     info = b.ctl_json("actors", "info", show["pid"])
-    # Each queued message holds its canonical PUBLISH (the payload and more) as a binary, and
-    # a record and a handle on the heap.
+    # Each queued message holds its canonical PUBLISH (the payload and more) as a binary,
+    # through its record on the heap.
     for fig in (show, info):
         assert fig["bin_bytes"] >= QUEUED * PAYLOAD, fig
         assert fig["heap_bytes"] >= QUEUED * MSG_HEAP_MIN - INLINE, fig

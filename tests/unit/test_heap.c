@@ -63,13 +63,186 @@ static void test_layout(void)
 {
     rt_heap_t zero;
     memset(&zero, 0, sizeof zero);
-    CHECK(sizeof(rt_heap_t) <= 176);
+    CHECK(sizeof(rt_heap_t) <= 176 + RT_HEAP_FIRST);
     /* An all-zero heap is usable as is: allocate, collect and destroy without rt_heap_init. */
     void *p = rt_heap_alloc(&zero, 10, RT_OBJ_LEAF);
     CHECK(p != NULL);
     rt_heap_collect(&zero, NULL, NULL);
     CHECK_EQ(used_of(&zero), 0);
     rt_heap_destroy(&zero);
+}
+
+static bool inside(const void *p, const void *base, size_t len)
+{
+    return (uintptr_t)p - (uintptr_t)base < len;
+}
+
+/*
+** Growth: a heap's first objects, of any class, share the first block in its
+** header and take no chunk; a class gets its first chunk only when an object
+** of it no longer fits there, and every class can grow past the block.
+*/
+static void test_first_block_growth(void)
+{
+    rt_heap_pool_trim();
+    size_t in_use0 = pool_in_use();
+    rt_heap_t h;
+    rt_heap_init(&h);
+    /* A session-sized record, a queued message and a handle: the QoS 1 subscriber's heap. */
+    static const size_t sizes[] = {120, 40, 8, 1, 32, 16};
+    unsigned char *ps[6];
+    size_t granules = 0;
+    for (int i = 0; i < 6; i++) {
+        ps[i] = rt_heap_alloc(&h, sizes[i], i % 2 ? RT_OBJ_LEAF : RT_OBJ_SCAN);
+        CHECK(inside(ps[i], h.first, RT_HEAP_FIRST));
+        CHECK_EQ((uintptr_t)ps[i] % 16, 0);
+        CHECK_EQ(rt_heap_obj_size(&h, ps[i]), (sizes[i] + 15) / 16 * 16);
+        memset(ps[i], i + 1, sizes[i]);
+        granules += (sizes[i] + 15) / 16;
+    }
+    CHECK_EQ(granules, 16); /* the block is exactly full */
+    CHECK_EQ(used_of(&h), RT_HEAP_FIRST);
+    CHECK_EQ(heap_bytes_of(&h), 0);
+    for (int i = 0; i < 6; i++)
+        for (size_t k = 0; k < sizes[i]; k++)
+            CHECK_EQ(ps[i][k], i + 1);
+
+    /* The next object takes its class's first chunk; later ones of that class follow it. */
+    void *c1 = rt_heap_alloc(&h, 40, RT_OBJ_LEAF);
+    CHECK(!inside(c1, h.first, RT_HEAP_FIRST));
+    CHECK_EQ(heap_bytes_of(&h), CHUNK);
+    rt_heap_free(&h, ps[3]); /* a free granule in the block... */
+    void *c2 = rt_heap_alloc(&h, 40, RT_OBJ_LEAF);
+    CHECK(!inside(c2, h.first, RT_HEAP_FIRST)); /* ...is not for a class with a chunk */
+    CHECK_EQ(heap_bytes_of(&h), CHUNK);
+    void *f = rt_heap_alloc(&h, 10, RT_OBJ_LEAF); /* but is for a class without one */
+    CHECK(f == ps[3]);
+
+    /* Past the block, every class grows into a chunk of its own. */
+    static const size_t classes[] = {16, 32, 48, 64, 96, 128, 192, 256, 512, 1024};
+    for (int k = 0; k < 10; k++) {
+        unsigned char *p = rt_heap_alloc(&h, classes[k], RT_OBJ_LEAF);
+        CHECK(p && !inside(p, h.first, RT_HEAP_FIRST));
+        CHECK_EQ(rt_heap_obj_size(&h, p), classes[k]);
+        memset(p, 0xee, classes[k]);
+    }
+    CHECK_EQ(heap_bytes_of(&h), 10 * CHUNK); /* the 48 class already had its chunk */
+    CHECK_EQ(ps[0][0], 1);
+    CHECK_EQ(ps[5][15], 6);
+
+    /* A collection that empties the chunks gives them back, and the block serves again. */
+    rt_heap_collect(&h, NULL, NULL);
+    CHECK_EQ(used_of(&h), 0);
+    CHECK_EQ(heap_bytes_of(&h), 0);
+    void *again = rt_heap_alloc(&h, 40, RT_OBJ_LEAF);
+    CHECK(inside(again, h.first, RT_HEAP_FIRST));
+    CHECK(rt_heap_alloc(&h, RT_HEAP_FIRST, RT_OBJ_LEAF) != NULL); /* no room left: a chunk */
+    CHECK_EQ(heap_bytes_of(&h), CHUNK);
+    rt_heap_destroy(&h);
+    rt_heap_pool_trim(); /* this thread's cache counts as in use */
+    CHECK_EQ(pool_in_use(), in_use0);
+}
+
+/* The collector treats first-block objects like any other: roots, interior pointers, scans. */
+static void test_first_block_gc(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    void **a = rt_heap_alloc(&h, 48, RT_OBJ_SCAN);   /* block */
+    void **b = rt_heap_alloc(&h, 32, RT_OBJ_SCAN);   /* block, reached from a's middle word */
+    char *c = rt_heap_alloc(&h, 96, RT_OBJ_LEAF);    /* block, reached through b's interior */
+    char *dead = rt_heap_alloc(&h, 16, RT_OBJ_LEAF); /* block, unreachable */
+    void **d = rt_heap_alloc(&h, 600, RT_OBJ_SCAN);  /* chunk, points back into the block */
+    char *e = rt_heap_alloc(&h, 64, RT_OBJ_LEAF);    /* block, reached only from the chunk */
+    CHECK(inside(a, h.first, RT_HEAP_FIRST) && inside(b, h.first, RT_HEAP_FIRST));
+    CHECK(inside(c, h.first, RT_HEAP_FIRST) && inside(dead, h.first, RT_HEAP_FIRST));
+    CHECK(inside(e, h.first, RT_HEAP_FIRST) && !inside(d, h.first, RT_HEAP_FIRST));
+    a[2] = b;
+    b[1] = c + 95;
+    a[0] = d;
+    d[70] = e + 17;
+    memset(c, 'c', 96);
+    memset(e, 'e', 64);
+    roots_t r = {.p = {(char *)a + 40}, .n = 1};
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 48 + 32 + 96 + 1024 + 64);
+    CHECK(c[0] == 'c' && c[95] == 'c' && e[63] == 'e');
+    /* The dead object's granule is free again, and is reused first-fit. */
+    CHECK(rt_heap_alloc(&h, 16, RT_OBJ_LEAF) == dead);
+    r.n = 0;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 0);
+    rt_heap_destroy(&h);
+}
+
+/*
+** A record carrying its binary (rt_heap_alloc_bin) is one object: scanned, holding the
+** reference in its first word, releasing it when freed, swept or dropped early.
+*/
+static void test_alloc_bin(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    rt_bin_t *b = rt_bin_new("payload", 7);
+    void **next = rt_heap_alloc(&h, 16, RT_OBJ_LEAF);
+    void **rec = rt_heap_alloc_bin(&h, 40, RT_OBJ_SCAN, rt_bin_retain(b));
+    CHECK(rec && rt_heap_bin(rec) == b && rt_bin_refs(b) == 2);
+    CHECK(inside(rec, h.first, RT_HEAP_FIRST));
+    rec[1] = next; /* the rest of the record is the caller's, and scanned */
+    rt_heap_stats_t st;
+    rt_heap_stats(&h, &st);
+    CHECK_EQ(st.bin_bytes, 7);
+    CHECK_EQ(rt_heap_footprint(&h), 7);
+    roots_t r = {.p = {rec}, .n = 1};
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), 48 + 16);
+    CHECK_EQ(rt_bin_refs(b), 2);
+    /* Dropped early, the binary goes while the record stays; freeing it drops nothing more. */
+    rt_heap_drop_bin(&h, rec);
+    CHECK(rt_heap_bin(rec) == NULL && rt_bin_refs(b) == 1);
+    rt_heap_stats(&h, &st);
+    CHECK_EQ(st.bin_bytes, 0);
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    rt_heap_free(&h, rec);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    /* Swept from a chunk, freed from the block, or destroyed: each releases its reference. */
+    void *big = rt_heap_alloc(&h, RT_HEAP_FIRST, RT_OBJ_LEAF);
+    void *in_chunk = rt_heap_alloc_bin(&h, 200, RT_OBJ_SCAN, rt_bin_retain(b));
+    CHECK(!inside(big, h.first, RT_HEAP_FIRST) && !inside(in_chunk, h.first, RT_HEAP_FIRST));
+    r.n = 0;
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    void *in_block = rt_heap_alloc_bin(&h, 24, RT_OBJ_LEAF, rt_bin_retain(b));
+    CHECK(inside(in_block, h.first, RT_HEAP_FIRST));
+    rt_heap_free(&h, in_block);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    rt_heap_alloc_bin(&h, 24, RT_OBJ_LEAF, rt_bin_retain(b));
+    rt_heap_destroy(&h);
+    CHECK_EQ(rt_bin_refs(b), 1);
+    rt_heap_stats(&h, &st);
+    CHECK_EQ(st.bin_bytes, 0);
+    rt_bin_release(b);
+}
+
+/* The quiet mark answers "no" cheaply, and never where the full rules say "yes". */
+static void test_collect_check(void)
+{
+    rt_heap_t h;
+    rt_heap_init(&h);
+    CHECK(!rt_heap_should_collect(&h));
+    size_t n = 0;
+    while (!rt_heap_should_collect(&h)) {
+        CHECK(rt_heap_alloc(&h, 1000, RT_OBJ_LEAF) != NULL);
+        n++;
+    }
+    /* 1 KiB chunks of one 1000-byte object each: due once their footprint nears min_heap. */
+    CHECK(n * 1024 > RT_HEAP_MIN_HEAP_DEFAULT - RT_HEAP_MIN_HEAP_DEFAULT / 16);
+    CHECK(n * 1024 <= RT_HEAP_MIN_HEAP_DEFAULT);
+    CHECK_EQ(rt_heap_footprint(&h), n * CHUNK);
+    rt_heap_collect(&h, NULL, NULL);
+    CHECK(!rt_heap_should_collect(&h));
+    rt_heap_destroy(&h);
 }
 
 static void test_alloc_sizes(void)
@@ -128,12 +301,13 @@ static void test_roots(void)
     r.p[r.n++] = big;
     r.p[r.n++] = NULL;
     rt_heap_collect(&h, trace_roots, &r);
-    CHECK_EQ(used_of(&h), 128 + 5008);
+    /* keep is in the first block: 7 granules of 16 bytes, not a 128-byte slot. */
+    CHECK_EQ(used_of(&h), 112 + 5008);
     CHECK(keep[0] == 'k' && keep[99] == 'k');
     CHECK(big[0] == 'b' && big[4999] == 'b');
     rt_heap_stats_t st;
     rt_heap_stats(&h, &st);
-    CHECK_EQ(st.live_bytes, 128 + 5008);
+    CHECK_EQ(st.live_bytes, 112 + 5008);
     CHECK_EQ(st.gc_count, 1);
     CHECK(st.next_gc >= RT_HEAP_MIN_HEAP_DEFAULT);
     r.n = 0;
@@ -598,7 +772,7 @@ static void test_million_heaps(void)
         rt_heap_t *h = &hs[i];
         rt_heap_init(h);
         void **a = rt_heap_alloc(h, 24, RT_OBJ_SCAN);
-        a[1] = rt_heap_alloc(h, 24, RT_OBJ_LEAF);
+        a[1] = rt_heap_alloc(h, RT_HEAP_FIRST + 1, RT_OBJ_LEAF); /* too big for the first block */
         if (i % 16 == 0)
             rt_heap_collect(h, NULL, NULL);
     }
@@ -673,7 +847,7 @@ static rt_bin_t *shared_bins[16];
 
 /* Heaps left by the threads, as actors that migrate; main destroys them after the joins. */
 static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
-static rt_heap_t handoff[NTHREADS * 4];
+static rt_heap_t *handoff[NTHREADS * 4]; /* a heap holding objects cannot move */
 static int handoff_n;
 
 /* Each thread's heaps, read meanwhile by a sampler thread as rtctl would. */
@@ -737,7 +911,7 @@ static void *thread_main(void *arg)
         rt_heap_destroy(&heaps[i]);
     pthread_mutex_lock(&handoff_lock);
     for (int i = 4; i < 8; i++)
-        handoff[handoff_n++] = heaps[i];
+        handoff[handoff_n++] = &heaps[i];
     pthread_mutex_unlock(&handoff_lock);
     /* No rt_heap_thread_flush here: the exit destructor must do it. */
     return NULL;
@@ -761,8 +935,8 @@ static void test_threads(void)
     CHECK(samples > 0);
     CHECK_EQ(handoff_n, NTHREADS * 4);
     for (int i = 0; i < handoff_n; i++) {
-        rt_heap_collect(&handoff[i], NULL, NULL);
-        rt_heap_destroy(&handoff[i]);
+        rt_heap_collect(handoff[i], NULL, NULL);
+        rt_heap_destroy(handoff[i]);
     }
     for (int i = 0; i < 16; i++) {
         CHECK_EQ(rt_bin_refs(shared_bins[i]), 1);
@@ -1072,6 +1246,10 @@ int main(int argc, char **argv)
     const char *only = argc > 1 ? argv[1] : NULL;
     RUN_IF(test_layout);
     RUN_IF(test_alloc_sizes);
+    RUN_IF(test_first_block_growth);
+    RUN_IF(test_first_block_gc);
+    RUN_IF(test_alloc_bin);
+    RUN_IF(test_collect_check);
     RUN_IF(test_roots);
     RUN_IF(test_scan_chains_cycles);
     RUN_IF(test_interior_pointers);

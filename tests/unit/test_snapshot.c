@@ -27,7 +27,8 @@ static void busy_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (m->tag == MSG_HOLD) {
         st->held = rt_alloc(self, 64 * 1024, RT_OBJ_LEAF);
         rt_bin_t *b = rt_bin_new("payload-bytes", 13);
-        void **pair = rt_alloc(self, 2 * sizeof(void *), RT_OBJ_SCAN);
+        /* Bigger than the heap's first block, so that the heap takes a chunk. */
+        void **pair = rt_alloc(self, RT_HEAP_FIRST + 16, RT_OBJ_SCAN);
         pair[0] = st->held;
         pair[1] = rt_hold_bin(self, b);
         st->held = pair;
