@@ -32,7 +32,8 @@ Every --interval s the main process records rtd's VmRSS and, from `rtctl actors 
 every mqtt_conn actor's heap: the check is heap_bytes + bin_bytes <= next_gc + SLACK, where
 next_gc = max(min_heap, gc_factor x (live + bin bytes)) is the trigger the actor's last
 collection set (runtime/heap.c) and SLACK is what rtd may add between two checks of the
-trigger (see slack()). Output: DIR/samples.tsv (one line a sample), DIR/summary.json.
+trigger (see slack()). Output: DIR/samples.tsv (one line a sample), DIR/kinds.tsv (rtd's
+`rtctl vm` memory_by_kind at each sample), DIR/summary.json.
 Exit 0 when the heap check, the RSS check and the stream check hold, 1 otherwise.
 """
 import argparse
@@ -717,6 +718,8 @@ def main_run(args):
             "reconnects", "subscribes", "unsubscribes", "publishes", "received",
             "offline_cycles", "slow_pauses", "stream_acked"]
     tsv.write("\t".join(cols) + "\n")
+    kinds = open(os.path.join(args.out, "kinds.tsv"), "w")
+    kinds.write("t_s\tkind\tbytes\n")
     samples = []
     t0 = time.monotonic()
     hard_end = t0 + args.duration + args.drain + 60
@@ -738,6 +741,12 @@ def main_run(args):
                 continue
             tot = totals()
             row = {"t_s": round(now - t0, 1), "rss_kb": rss_kb(rtd.pid), **h, **tot}
+            try:  # rtd's own account of its RSS, by kind: what a step in RSS was
+                for k in ctl_json(args, sock, "vm")["memory_by_kind"]["kinds"]:
+                    kinds.write(f"{row['t_s']}\t{k['kind']}\t{k['bytes']}\n")
+                kinds.flush()
+            except (RuntimeError, subprocess.TimeoutExpired, KeyError) as e:
+                print(f"vm sample failed: {e}", file=sys.stderr)
             row["publishes"] = tot.get("publishes_q0", 0) + tot.get("publishes_q1", 0)
             samples.append(row)
             over_total += h["over"]
