@@ -27,9 +27,12 @@ def test_quick_soak_keeps_heaps_in_bounds_and_rss_flat(tmp_path):
       - RSS: after the 40 s warm-up the load is steady (same clients, same rates) and the
         conn heaps have mostly reached their triggers (they still grow at 30 s: 3.5% seen
         between 30 and 60 s, 0.5% between 40 and 60 s), so the mean RSS of the last quarter
-        of samples may exceed the first quarter's by at most 5%. Losing the payload of every
-        message delivered in those 35 s (~9,000 x ~520 B, over 4.5 MB against ~28 MB) would
-        be three times that; a leak of a few bytes a message is below it.
+        of samples may exceed the first quarter's by at most 5%, less what malloc holds
+        freed (rtd's `vm` account): the monitor's own `actors list` replies (~0.7 MB here)
+        are kept by glibc in whichever thread's arena built them, which showed as steps of
+        0.4-0.6 MB (2% each) with both cores busy. Losing the payload of every message
+        delivered in those 35 s (~9,000 x ~520 B, over 4.5 MB against ~28 MB) would be
+        three times the bound; a leak of a few bytes a message is below it.
       - no crash: rtd runs to the end and exits 0 on SIGTERM.
       - persistent sessions: every numbered QoS 1 stream message rtd PUBACKed to its
         publisher reached its persist client (offline meanwhile or not) by the end.
@@ -50,7 +53,7 @@ def test_quick_soak_keeps_heaps_in_bounds_and_rss_flat(tmp_path):
     assert t["subscribes"] > 5000 and t["unsubscribes"] > 1000 and t["received"] > 5000, t
     assert summary["gc_sized_max"] > 0, summary  # some heaps were sized by gc_factor x live
     assert summary["heap_over_trigger_plus_slack"] == 0, summary["over_examples"]
-    assert summary["rss_growth_last_vs_first_window"] <= 0.05, summary
+    assert summary["rss_net_growth_last_vs_first_window"] <= 0.05, summary
     assert t["stream_acked"] > 1000 and t["stream_lost"] == 0, t
     assert t["session_lost"] == 0 and t["connack_fail"] == 0 and t["closed_by_broker"] == 0, t
     assert p.returncode == 0, p.stderr[-2000:]
