@@ -43,6 +43,7 @@ import json
 import os
 import random
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -828,6 +829,7 @@ def main_run(args):
     else:
         rtd_code = rtd.returncode
     summary["rtd_exit"] = rtd_code
+    shutil.rmtree(data_dir, ignore_errors=True)
     ok_heap = over_total == 0
     ok_rss = net_growth <= args.rss_growth
     ok_stream = final.get("stream_lost", 1) == 0 and final.get("stream_acked", 0) > 0
