@@ -511,6 +511,8 @@ typedef struct rt_actor_info_s {
     uint64_t heap_malloc_bytes; /* of heap_bytes: what comes from malloc (all but chunks) */
     uint64_t bin_bytes;
     uint64_t ext_bytes;   /* memory held outside the heap on its behalf (rt_charge) */
+    uint64_t live_bytes;  /* object bytes the last collection kept (0 before the first) */
+    uint64_t next_gc;     /* the GC trigger it set: gc_factor x (live + bin), at least min_heap */
     uint32_t gc_count;
     uint32_t gc_last_pause_us;
     uint32_t gc_max_pause_us;

@@ -34,6 +34,8 @@ static void fill(rt_actor_t *a, rt_actor_info_t *out)
     out->heap_malloc_bytes = hs.large_bytes + (heap ? sizeof(*heap) : 0);
     out->bin_bytes = hs.bin_bytes;
     out->ext_bytes = hs.ext_bytes;
+    out->live_bytes = hs.live_bytes;
+    out->next_gc = hs.next_gc;
     out->gc_count = hs.gc_count;
     out->gc_last_pause_us = hs.last_pause_us;
     out->gc_max_pause_us = hs.max_pause_us;

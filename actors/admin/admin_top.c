@@ -252,6 +252,8 @@ static void row_doc(rt_doc_t *o, const row_t *r, double interval_s, bool full)
     rt_doc_add_u64(o, "bin_bytes", r->info.bin_bytes);
     rt_doc_add_u64(o, "ext_bytes", r->info.ext_bytes);
     rt_doc_add_u64(o, "gcs", r->info.gc_count);
+    rt_doc_add_u64(o, "live_bytes", r->info.live_bytes);
+    rt_doc_add_u64(o, "next_gc", r->info.next_gc);
     if (interval_s > 0)
         rt_doc_add_double(o, "cpu_pct", (double)r->dcpu_ns / 1e7 / interval_s, 1);
     rt_doc_add_u64(o, "cpu_us", r->info.cpu_ns / 1000);
