@@ -583,9 +583,10 @@ def slack(msg_max):
     largest packet it reads or writes, from its own large-object allocation or fresh 1 KiB
     chunks, and that message's binary); the footprint rule fires from 1/16 below the trigger
     only once half the allocation budget is spent, so up to one partly used chunk per size
-    class (10 x 1 KiB) can stand above it; and the heap's own header (176 B)."""
+    class (10 x 1 KiB) can stand above it; and the heap's own header (heap.h: 176 B of
+    counters and class lists, and the 256-byte first block every class starts in)."""
     chunk = 1024
-    return 2 * (msg_max + 256) + 10 * chunk + 176
+    return 2 * (msg_max + 256) + 10 * chunk + 176 + 256
 
 
 def start_rtd(args, data_dir):
