@@ -281,6 +281,7 @@ typedef struct rt_client_info_s {
     uint64_t expires_in_ms;   /* offline: ms until the session ends; 0 while connected */
     uint64_t queued_bytes;    /* bytes of the queued messages (in the client's memory budget) */
     uint64_t dropped;         /* messages not delivered: queue full, too large, slow consumer */
+    uint64_t dropped_owed;    /* of dropped, those owed at QoS 1 or 2 (their publisher was acked) */
     uint64_t mailbox_len;     /* messages waiting in the actor's mailbox behind the query */
     uint32_t session_expiry;  /* seconds the session outlives its connection */
     uint32_t subscriptions;   /* the client's subscriptions */

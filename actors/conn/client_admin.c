@@ -54,6 +54,7 @@ static void client_info_fill(rt_actor_t *self, const conn_t *c, rt_client_info_t
         ci->inflight = c->sess->inflight.n;
         ci->queued = c->sess->queued.n;
         ci->queued_bytes = c->sess->queued.bytes;
+        ci->dropped_owed = c->sess->dropped_owed;
     }
     ci->dropped = c->dropped;
     rt_actor_info_t ai;

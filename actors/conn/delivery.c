@@ -75,7 +75,7 @@ static bool over_budget(const conn_t *c, size_t more)
     return rt__conn_memory(c) + more > (size_t)RT_LIVE(max_client_memory);
 }
 
-static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const char *why);
+static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, uint8_t qos, const char *why);
 static void session_release_msg(rt_actor_t *self, conn_t *c, rt_qmsg_t *m);
 
 /* drop_oldest: frees queued messages, oldest first, until more bytes fit; whether they do. */
@@ -83,7 +83,7 @@ static bool drop_oldest_for(rt_actor_t *self, conn_t *c, size_t more)
 {
     while (c->sess && c->sess->queued.n && over_budget(c, more)) {
         rt_qmsg_t *old = rt_qlist_pop(&c->sess->queued);
-        count_dropped(self, c, rt_qmsg_bin(old), "memory_budget");
+        count_dropped(self, c, rt_qmsg_bin(old), old->qos, "memory_budget");
         session_release_msg(self, c, old);
     }
     return !over_budget(c, more);
@@ -139,9 +139,12 @@ void rt__conn_budget_check(conn_t *c, bool hold_expired)
         c->budget_spent = 0;
 }
 
-static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const char *why)
+/* qos: what the message was owed at; a drop at 1 or 2 breaks a promise its publisher was given. */
+static void count_dropped(rt_actor_t *self, conn_t *c, rt_bin_t *bin, uint8_t qos, const char *why)
 {
     rt__conn_rule_event(self, c, RT_RULE_EV_MESSAGE_DROPPED, NULL, -1, -1, why, bin);
+    if (qos && c->sess)
+        c->sess->dropped_owed++;
     if (c->dropped++ == 0)
         rt_log(RT_LOG_WARNING, "client.dropping", "client=%s (slow consumer or full queue)",
                c->client_id ? c->client_id : "-");
@@ -200,7 +203,7 @@ static int send_publish(rt_actor_t *self, conn_t *c, rt_bin_t *bin, uint8_t qos,
     o.alias_only = o.topic_alias && !fresh_alias;
     size_t len = rt_message_encode(&m, &o, NULL, 0);
     if (len == SIZE_MAX || (c->peer_max_packet && len > c->peer_max_packet)) {
-        count_dropped(self, c, bin, "too_large");
+        count_dropped(self, c, bin, qos, "too_large");
         return SENT_DISCARDED;
     }
     uint8_t stackbuf[512];
@@ -399,16 +402,16 @@ static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, con
     bool backlog = c->sess && c->sess->queued.n;
     if (rt__conn_online(c) && !backlog && d->qos == 0) {
         if (c->shedding)
-            count_dropped(self, c, bin, "slow_consumer");
+            count_dropped(self, c, bin, 0, "slow_consumer");
         else if (!budget_admit(self, c, rt_bin_len(bin)))
-            count_dropped(self, c, bin, "memory_budget");
+            count_dropped(self, c, bin, 0, "memory_budget");
         else
             send_publish(self, c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
         watch_backlog(self, c);
         return NULL;
     }
     if (!c->sock && d->qos == 0 && !RT_LIVE(queue_qos0)) {
-        count_dropped(self, c, bin, "offline_qos0");
+        count_dropped(self, c, bin, 0, "offline_qos0");
         return NULL;
     }
     rt_qmsg_t *m = rt__conn_session_get_or_make(self, c)
@@ -416,7 +419,7 @@ static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, con
                                      sub_ids, d->n_sub_ids)
                        : NULL;
     if (!m)
-        count_dropped(self, c, bin, "no_memory");
+        count_dropped(self, c, bin, d->qos, "no_memory");
     return m;
 }
 
@@ -467,7 +470,7 @@ void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_deliv
     bool now = m && rt__conn_online(c) && !c->sess->queued.n && !send_window_full(c);
     const char *refused = m && !now ? session_queue_refusal(self, c) : NULL;
     if (refused) {
-        count_dropped(self, c, rt_qmsg_bin(m), refused);
+        count_dropped(self, c, rt_qmsg_bin(m), m->qos, refused);
         rt_qmsg_free(self, m);
         m = NULL;
     }

@@ -84,6 +84,7 @@ typedef struct rt_session_s {
        from the store, or ids that wrapped to the head), so a new id is checked against
        all of them until the list empties. */
     uint8_t ids_unordered;
+    uint32_t dropped_owed; /* of conn_t.dropped, those owed at QoS 1 or 2 */
 } rt_session_t;
 
 /* A message on self's heap holding a new reference to bin; NULL on OOM. */

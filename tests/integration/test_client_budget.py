@@ -220,6 +220,8 @@ def test_max_client_memory_changes_live(stopper):
     bound = small + info["state_bytes"] + message + 2 * 1024
     print(f"at {small}: {info}, bound {bound}")
     assert info["dropped"] > 0, info
+    # QoS 1 published, QoS 1 subscribed: every drop broke a promise made with a PUBACK.
+    assert info["dropped_qos12"] == info["dropped"], info
     assert info["memory"] <= bound, (info, bound)
     # Most of the burst is dropped, not held: at most budget / message bytes are kept (and
     # the kernel's socket buffers take some), so the drops follow the new limit.
