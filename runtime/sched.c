@@ -533,6 +533,8 @@ void rt_config_defaults(rt_config_t *cfg)
     cfg->max_heap = 0;
 }
 
+#define RT_MMAP_THRESHOLD (256 * 1024) /* bytes from which malloc maps (glibc: 128 KiB, rising) */
+
 int rt_init(const rt_config_t *cfg_in)
 {
     if (rt__rt)
@@ -553,6 +555,11 @@ int rt_init(const rt_config_t *cfg_in)
     if (cfg.schedulers > RT_EBR_MAX_THREADS / 2 || cfg.blocking_threads > RT_EBR_MAX_THREADS / 4 ||
         (cfg.gc_factor && cfg.gc_factor <= 1.0))
         return RT_EINVAL;
+    /* Fixed, so that a big buffer (an admin answer about every actor) is mapped and
+       unmapped each time: glibc otherwise raises the threshold past a freed mapping's size,
+       and the next buffers of that size land in its arenas, where the holes they leave
+       between longer-lived allocations stay resident. */
+    mallopt(M_MMAP_THRESHOLD, RT_MMAP_THRESHOLD);
     rt_heap_config_t hc = {.min_heap = cfg.min_heap ? cfg.min_heap : RT_HEAP_MIN_HEAP_DEFAULT,
                            .gc_factor = cfg.gc_factor ? cfg.gc_factor : RT_HEAP_GC_FACTOR_DEFAULT};
     rt_heap_configure(&hc);
