@@ -21,6 +21,7 @@
 #define RT_ESHUTDOWN (-108) /* the runtime is shutting down */
 #define RT_ECLOSED (-32)    /* the socket is closed */
 #define RT_ENOTFOUND (-2)   /* no such name, timer or object */
+#define RT_EPROTO (-71)     /* a peer broke its protocol (a bad header or frame) */
 #define RT_EBUSY (-16)      /* cannot be done while running (a setting that needs a restart) */
 
 const char *rt_strerror(int code);

@@ -5,9 +5,10 @@ set -euo pipefail
 
 packages=(
     build-essential cmake pkg-config git
-    libuv1-dev liblua5.4-dev libssl-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
+    libuv1-dev liblua5.4-dev libssl-dev libhttp-parser-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
     mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
     erlang-base gnuplot-nox valgrind procps
+    openssl testssl.sh  # certificates made at test time; the TLS listener's protocol and cipher audit
     tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
     clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
 )

@@ -1,0 +1,55 @@
+/*
+** The PROXY protocol (HAProxy's proxy-protocol.txt, versions 1 and 2): the header a
+** load balancer sends before the client's bytes, naming the client's address; and
+** address lists in CIDR notation (the proxies a listener trusts).
+** Codecs without I/O or allocation, like ws.h.
+*/
+#ifndef RT_PROXY_H
+#define RT_PROXY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "auth.h" /* rt_auth_addr_t */
+
+#define RT_PROXY_V1_MAX 107 /* a v1 line, CRLF included */
+#define RT_PROXY_MAX 4096   /* a v2 header (16 + its length) is refused past this */
+
+typedef struct rt_proxy_info_s {
+    bool has_addr;       /* false: LOCAL (v2) or UNKNOWN (v1): the connection's own address counts */
+    rt_auth_addr_t src;  /* the client's address, IPv4 v4-mapped */
+    uint16_t src_port;
+} rt_proxy_info_t;
+
+/*
+** Parses the header at the start of buf. Returns 0 with *used its length and *out filled;
+** RT_EAGAIN when buf is a proper prefix of a header that could still be valid (the caller
+** reads more; a v1 line is at most RT_PROXY_V1_MAX bytes, a v2 header RT_PROXY_MAX);
+** RT_EPROTO when it is not one (no signature, a bad field, a truncated or oversized v2
+** length, an unknown version or command, an address family whose length does not fit),
+** with *why for the log. TLVs are skipped. TCP over IPv4 and IPv6 give an address;
+** UNIX and UDP families are accepted without one (has_addr false).
+*/
+int rt_proxy_parse(const uint8_t *buf, size_t len, size_t *used, rt_proxy_info_t *out,
+                   const char **why);
+
+/* One entry of an address list: "10.0.0.0/8", "::1", "2001:db8::/32" (no prefix: host). */
+typedef struct rt_cidr_s {
+    rt_auth_addr_t net; /* masked; IPv4 as v4-mapped with prefix + 96 */
+    uint8_t prefix;     /* 0..128 */
+} rt_cidr_t;
+
+/* 0, or RT_EINVAL for text that is not an address with an optional /prefix. */
+int rt_cidr_parse(const char *text, rt_cidr_t *out);
+bool rt_cidr_match(const rt_cidr_t *list, size_t n, const rt_auth_addr_t *a);
+
+/*
+** The client behind trusted proxies from an X-Forwarded-For value: its entries read from
+** the right, skipping those in trusted, the first that is not trusted (RFC 7239's advice
+** for a list any hop may have appended to). Returns false when there is none or an entry
+** is not an address.
+*/
+bool rt_forwarded_client(const char *xff, const rt_cidr_t *trusted, size_t n, rt_auth_addr_t *out);
+
+#endif

@@ -1,0 +1,116 @@
+/*
+** WebSocket (RFC 6455) for MQTT over WebSocket: the upgrade request's HTTP head and
+** the frames. Both are codecs without I/O or allocation: the connection actor owns
+** the socket, feeds them what it read and keeps what they did not consume.
+**
+** Frames are decoded in place (payload unmasked where it lies), so data passes to
+** the MQTT parser without a copy, and the decoder's state between reads is a few
+** words: a frame header or a control frame (at most RT_WS_HEADER_MAX + 125 bytes)
+** split across reads is not consumed, and the caller offers it again with more.
+*/
+#ifndef RT_WS_H
+#define RT_WS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RT_WS_HEAD_MAX 8192   /* an upgrade request's head is refused past this */
+#define RT_WS_HEADER_MAX 14   /* a frame header: 2 + 8 (length) + 4 (mask) */
+#define RT_WS_CONTROL_MAX 125 /* a control frame's payload (5.5) */
+
+enum {
+    RT_WS_OP_CONT = 0x0,
+    RT_WS_OP_TEXT = 0x1,
+    RT_WS_OP_BINARY = 0x2,
+    RT_WS_OP_CLOSE = 0x8,
+    RT_WS_OP_PING = 0x9,
+    RT_WS_OP_PONG = 0xA,
+};
+
+/* Close status codes (7.4.1) the broker sends. */
+enum {
+    RT_WS_CLOSE_NORMAL = 1000,
+    RT_WS_CLOSE_GOING_AWAY = 1001,
+    RT_WS_CLOSE_PROTOCOL = 1002,
+    RT_WS_CLOSE_UNSUPPORTED = 1003, /* a text frame: MQTT travels in binary frames only */
+    RT_WS_CLOSE_NO_STATUS = 1005,   /* received close had no code (never sent) */
+    RT_WS_CLOSE_INVALID = 1007,
+    RT_WS_CLOSE_TOO_BIG = 1009,
+};
+
+/* The decoder's state between reads (zero it to start). */
+typedef struct rt_ws_in_s {
+    uint64_t remaining;   /* payload bytes of the current data frame still to come */
+    uint64_t message_len; /* payload bytes of the current message so far (all its fragments) */
+    uint8_t mask[4];
+    uint8_t mask_off;   /* where in mask the next payload byte is */
+    uint8_t in_frame;   /* inside a data frame's payload */
+    uint8_t in_message; /* a message is open: its FIN has not come (continuations follow) */
+    uint8_t closed;     /* a close frame came: nothing more is decoded */
+} rt_ws_in_t;
+
+typedef enum {
+    RT_WS_EV_DATA = 1, /* data: payload bytes of a binary message, unmasked in place */
+    RT_WS_EV_PING,     /* data: the whole ping payload (answer with a pong carrying it) */
+    RT_WS_EV_PONG,
+    RT_WS_EV_CLOSE, /* close_code (RT_WS_CLOSE_NO_STATUS if none); data: the reason text */
+} rt_ws_event_kind_t;
+
+typedef struct rt_ws_event_s {
+    rt_ws_event_kind_t kind;
+    uint8_t *data; /* inside the buffer given to rt_ws_decode */
+    size_t len;
+    uint16_t close_code;
+} rt_ws_event_t;
+
+/*
+** Decodes the next event from buf[0, len), which may be changed (unmasking). Returns:
+**  0          an event; *used bytes of buf were consumed (the event's data is among them);
+**  RT_EAGAIN  buf holds only part of a frame header or of a control frame: nothing was
+**             consumed beyond *used, and the caller offers buf[*used, len) again with
+**             the bytes that follow; also returned with *used == len when buf is spent;
+**  < 0 other  the peer broke the protocol: *close_code says what to close with
+**             (RT_WS_CLOSE_PROTOCOL for an unmasked frame, reserved bits, an unknown
+**             opcode, a fragmented or oversized control frame, a continuation with no
+**             message or a new message inside one, a non-minimal length encoding is
+**             allowed; RT_WS_CLOSE_UNSUPPORTED for a text frame; RT_WS_CLOSE_TOO_BIG
+**             when a message's payload passes max_message, checked at the frame header,
+**             before its payload arrives; RT_WS_CLOSE_INVALID for a close payload of 1
+**             byte or a close code that may not be sent).
+** After a close event the decoder returns RT_EAGAIN with *used == len for anything more.
+*/
+int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint64_t max_message, size_t *used,
+                 rt_ws_event_t *ev, uint16_t *close_code);
+
+/* Writes a server frame header (FIN set, unmasked) for a payload of len bytes; returns its
+   size (2, 4 or 10). */
+size_t rt_ws_frame_header(uint8_t out[10], int opcode, uint64_t len);
+
+/* ---- The upgrade (4.2.1, 4.2.2) ---- */
+typedef struct rt_ws_upgrade_s {
+    char accept[29];          /* Sec-WebSocket-Accept: base64(SHA-1(key + GUID)), NUL-terminated */
+    char subprotocol[12];     /* chosen: "mqtt" or "mqttv3.1"; "" when the client asked for none */
+    char forwarded_for[256];  /* X-Forwarded-For as received (several headers joined by ", "),
+                                 "" when absent or too long (too long is not an error) */
+} rt_ws_upgrade_t;
+
+/*
+** Parses an upgrade request whose head starts at buf (with libhttp-parser). Returns:
+**  0          a valid upgrade for path (the query string is ignored): *head_len is the
+**             head's length through its blank line (bytes after it are WebSocket frames);
+**  RT_EAGAIN  the head is incomplete and shorter than RT_WS_HEAD_MAX;
+**  an HTTP status otherwise, with *why for the log: 400 (not HTTP, not GET, not
+**             HTTP/1.1 or later, Upgrade not websocket, Connection without the upgrade
+**             token, a Sec-WebSocket-Key that is not 16 bytes in base64, a subprotocol
+**             list with neither "mqtt" nor "mqttv3.1", or a head past RT_WS_HEAD_MAX),
+**             404 (another path), 426 (Sec-WebSocket-Version not 13).
+*/
+int rt_ws_parse_upgrade(const uint8_t *buf, size_t len, const char *path, size_t *head_len,
+                        rt_ws_upgrade_t *out, const char **why);
+/* The 101 answer for a parsed upgrade; returns its length (< cap), 0 if cap is too small. */
+size_t rt_ws_upgrade_response(const rt_ws_upgrade_t *u, char *out, size_t cap);
+/* An error answer (with "Sec-WebSocket-Version: 13" for 426; Connection: close). */
+size_t rt_ws_error_response(int status, char *out, size_t cap);
+
+#endif
