@@ -30,7 +30,9 @@ typedef struct rt_proxy_info_s {
 ** RT_EPROTO when it is not one (no signature, a bad field, a truncated or oversized v2
 ** length, an unknown version or command, an address family whose length does not fit),
 ** with *why for the log. TLVs are skipped. TCP over IPv4 and IPv6 give an address;
-** UNIX and UDP families are accepted without one (has_addr false).
+** UNIX and UDP families are accepted without one (has_addr false). A v1 line's fields are
+** separated by single spaces, and its numbers have no leading zeros, as the spec requires;
+** a prefix that no valid header starts with is refused without waiting for the rest.
 */
 int rt_proxy_parse(const uint8_t *buf, size_t len, size_t *used, rt_proxy_info_t *out,
                    const char **why);
@@ -38,7 +40,8 @@ int rt_proxy_parse(const uint8_t *buf, size_t len, size_t *used, rt_proxy_info_t
 /*
 ** The client behind trusted proxies from an X-Forwarded-For value: its entries read from
 ** the right, skipping those in trusted, the first that is not trusted (RFC 7239's advice
-** for a list any hop may have appended to). Returns false when there is none or an entry
+** for a list any hop may have appended to). An entry may carry a port ("192.0.2.1:80",
+** "[2001:db8::1]:80"), which is dropped. Returns false when there is none or an entry read
 ** is not an address.
 */
 bool rt_forwarded_client(const char *xff, const rt_conf_net_t *trusted, unsigned n,
