@@ -13,9 +13,11 @@
 ** and the record goes to the socket's buffer.
 **
 ** Memory. The state is malloc'ed beside the socket it extends (like rt_sock_t), counted
-** in xport_bytes and in the client's memory; OpenSSL's allocations in this connection's
-** turns are counted to it (rt_tls_thread_allocated). An idle connection keeps its state
-** and its SSL, without record buffers (SSL_MODE_RELEASE_BUFFERS) and without a stash.
+** in xport_bytes and in the client's memory. OpenSSL's own allocations are not counted:
+** libmongoc initialises OpenSSL from a library constructor, before rtd could install
+** counting allocators (CRYPTO_set_mem_functions refuses once OpenSSL has allocated).
+** An idle connection keeps its state and its SSL, without record buffers
+** (SSL_MODE_RELEASE_BUFFERS) and without a stash.
 **
 ** A connection that hands its socket to the actor holding its session (a resumed session,
 ** connect.c) hands this state with it: the SSL and whatever the layers kept belong to the
@@ -57,7 +59,6 @@ struct rt_xport_s {
     uint8_t *stash;      /* malloc: bytes the current layer cannot use yet; NULL when none */
     xport_rate_t *rate;  /* malloc; NULL: no limit */
     uint32_t stash_len;
-    int32_t ssl_bytes;   /* what OpenSSL holds for this connection (net, counted in its turns) */
     rt_ws_in_t ws;
     rt_auth_addr_t real; /* the client's address from a PROXY header or X-Forwarded-For */
     uint16_t real_port;
@@ -70,7 +71,6 @@ struct rt_xport_s {
 };
 
 static atomic_size_t xport_bytes; /* all connections' states and stashes */
-static _Atomic int64_t tls_charged; /* OpenSSL bytes charged to connection actors */
 
 #define XPORT_PLAIN_MAX (16 * 1024) /* one TLS record's plaintext */
 #define XPORT_WS_INLINE 512         /* a frame up to this is built in one piece on the stack */
@@ -119,20 +119,12 @@ size_t rt__xport_memory(const conn_t *c)
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
     if (!xp)
         return 0;
-    /* OpenSSL's share is charged to the actor: rt_memory has it. */
     return sizeof(*xp) + xp->stash_len + (xp->rate ? sizeof(*xp->rate) : 0);
 }
 
 size_t rt_xport_total_memory(void)
 {
     return atomic_load_explicit(&xport_bytes, memory_order_relaxed);
-}
-
-void rt_xport_tls_memory(size_t *all, size_t *charged)
-{
-    *all = rt_tls_memory();
-    int64_t c = atomic_load_explicit(&tls_charged, memory_order_relaxed);
-    *charged = c > 0 ? (size_t)c : 0;
 }
 
 /* ---- TLS over memory ---- */
@@ -195,46 +187,22 @@ static void bio_method_make(void)
         BIO_meth_free(m);
 }
 
-/*
-** What OpenSSL allocated (net) on this thread since before, counted to the connection and
-** charged to its actor, so its memory figures and budget include its TLS state.
-*/
-static void tls_charge(rt_xport_t *xp, int64_t before)
-{
-    int32_t delta = (int32_t)(rt_tls_thread_allocated() - before);
-    xp->ssl_bytes += delta;
-    rt_charge(rt_current(), delta);
-    atomic_fetch_add_explicit(&tls_charged, delta, memory_order_relaxed);
-}
-
-/* Runs stmt's OpenSSL work with its allocations counted to this connection. */
-#define TLS_COUNTED(xp, stmt)                                                                      \
-    do {                                                                                           \
-        int64_t before_ = rt_tls_thread_allocated();                                               \
-        stmt;                                                                                      \
-        tls_charge((xp), before_);                                                                 \
-    } while (0)
-
 static int tls_attach(rt_xport_t *xp, rt_sock_t *sock)
 {
     pthread_once(&bio_once, bio_method_make);
     if (!bio_method)
         return RT_ENOMEM;
-    int rc = 0;
-    TLS_COUNTED(xp, {
-        xp->ssl = rt_tls_accept(xp->listener);
-        BIO *bio = xp->ssl ? BIO_new(bio_method) : NULL;
-        if (bio) {
-            BIO_set_data(bio, sock);
-            SSL_set_bio(xp->ssl, bio, bio);
-            SSL_set_accept_state(xp->ssl);
-        } else {
-            SSL_free(xp->ssl);
-            xp->ssl = NULL;
-            rc = RT_ENOMEM;
-        }
-    });
-    return rc;
+    xp->ssl = rt_tls_accept(xp->listener);
+    BIO *bio = xp->ssl ? BIO_new(bio_method) : NULL;
+    if (!bio) {
+        SSL_free(xp->ssl);
+        xp->ssl = NULL;
+        return RT_ENOMEM;
+    }
+    BIO_set_data(bio, sock);
+    SSL_set_bio(xp->ssl, bio, bio);
+    SSL_set_accept_state(xp->ssl);
+    return 0;
 }
 
 /* ---- Start and end ---- */
@@ -293,7 +261,6 @@ void rt__xport_free(void *obj)
     rt_xport_t *xp = obj;
     if (!xp)
         return;
-    atomic_fetch_sub_explicit(&tls_charged, xp->ssl_bytes, memory_order_relaxed);
     SSL_free(xp->ssl);
     stash_clear(xp);
     free(xp->rate);
@@ -304,10 +271,8 @@ void rt__xport_free(void *obj)
 void rt__xport_adopt(conn_t *c, rt_xport_t *xp)
 {
     c->xp = xp;
-    if (xp && xp->ssl) {
+    if (xp && xp->ssl)
         BIO_set_data(SSL_get_rbio(xp->ssl), c->sock);
-        rt_charge(rt_current(), xp->ssl_bytes); /* the sender's charge went with its heap */
-    }
 }
 
 /* ---- Output ---- */
@@ -316,9 +281,7 @@ static int lower_write(rt_xport_t *xp, rt_sock_t *sock, const uint8_t *p, size_t
 {
     if (!xp->ssl)
         return rt_sock_write(sock, p, n);
-    int r = 0;
-    TLS_COUNTED(xp, r = SSL_write(xp->ssl, p, (int)n));
-    if (r <= 0) {
+    if (SSL_write(xp->ssl, p, (int)n) <= 0) {
         ERR_clear_error();
         return RT_ECLOSED;
     }
@@ -361,10 +324,9 @@ void rt__xport_close(conn_t *c)
     if (xp->stage == STAGE_OPEN && xp->websocket)
         ws_send_close(xp, c->sock, RT_WS_CLOSE_NORMAL);
     if (xp->ssl && SSL_is_init_finished(xp->ssl) && !xp->tls_failed)
-        TLS_COUNTED(xp, SSL_shutdown(xp->ssl)); /* close_notify into the socket's buffer */
+        SSL_shutdown(xp->ssl); /* close_notify into the socket's buffer */
     ERR_clear_error();
     c->xp = NULL;
-    rt_charge(rt_current(), -(ptrdiff_t)xp->ssl_bytes); /* the actor may live on, offline */
     rt__xport_free(xp);
 }
 
@@ -465,7 +427,6 @@ static void tls_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t
     static _Thread_local uint8_t plain[XPORT_PLAIN_MAX];
     tls_in = p;
     tls_in_len = n;
-    int64_t before = rt_tls_thread_allocated();
     if (xp->stage == STAGE_TLS) {
         int r = SSL_do_handshake(xp->ssl);
         if (r != 1) {
@@ -502,9 +463,6 @@ static void tls_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t
     }
 out:
     tls_in_len = 0;
-    /* The connection may have ended (its state freed) inside: count only while it is there. */
-    if (c->xp == xp && c->sock)
-        tls_charge(xp, before);
 }
 
 /* The client's address behind its proxy counts from here on: logs, limits, ACL, rules. */
@@ -795,9 +753,7 @@ bool rt__xport_identity(conn_t *c, char *out, size_t len)
     rt_xport_t *xp = c->sock ? c->xp : NULL;
     if (!xp || !xp->ssl || !listener_of(xp)->tls.identity_as_username)
         return false;
-    bool ok = false;
-    TLS_COUNTED(xp, ok = rt_tls_peer_identity(xp->ssl, out, len));
-    return ok;
+    return rt_tls_peer_identity(xp->ssl, out, len);
 }
 
 bool rt__xport_identity_required(const conn_t *c)
