@@ -648,8 +648,6 @@ static void layers_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p
 void rt__xport_input(rt_actor_t *self, conn_t *c, uint8_t *p, size_t n)
 {
     rt_xport_t *xp = c->xp;
-    if (xp->rate)
-        xp->rate->bytes -= (double)n;
     inputting = c;
     layers_input(self, c, xp, p, n);
     inputting = NULL;
@@ -672,11 +670,13 @@ void rt__xport_connected(conn_t *c)
         }
 }
 
-void rt__xport_count_publish(conn_t *c)
+void rt__xport_rate_take(conn_t *c, size_t bytes, bool publish)
 {
-    rt_xport_t *xp = c->sock ? c->xp : NULL;
-    if (xp && xp->rate)
-        xp->rate->messages -= 1.0;
+    xport_rate_t *r = c->xp->rate;
+    if (r->limit->bytes > 0) /* an unlimited kind's bucket stays full */
+        r->bytes -= (double)bytes;
+    if (r->limit->messages > 0)
+        r->messages -= publish;
 }
 
 /* Tokens come back at the limit's rate, up to its burst. */
@@ -694,6 +694,24 @@ static void rate_refill(xport_rate_t *r, uint64_t now)
     r->refill_ms = now;
 }
 
+bool rt__xport_rate_on(const conn_t *c)
+{
+    return c->xp->rate != NULL;
+}
+
+bool rt__xport_rate_spent(conn_t *c)
+{
+    xport_rate_t *r = c->xp->rate;
+    if (!r)
+        return false;
+    if (r->waiting)
+        return true;
+    if (r->messages >= 0 && r->bytes >= 0)
+        return false;
+    rate_refill(r, rt_mono_ms());
+    return r->messages < 0 || r->bytes < 0;
+}
+
 bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c)
 {
     rt_xport_t *xp = c->sock ? c->xp : NULL;
@@ -707,8 +725,8 @@ bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c)
     uint64_t now = rt_mono_ms();
     rate_refill(r, now);
     const rt_conf_rate_t *l = r->limit;
-    /* Reading stops while either bucket is overdrawn, until it is back at 0 (a read may
-       overdraw it by what one read brought: that is the bound of a burst past the limit). */
+    /* Parsing stops at the packet that overdraws a bucket (the rest waits in the partial
+       buffer), and reading until the bucket is back at 0: one packet past the limit at most. */
     double wait_s = 0;
     if (l->messages > 0 && r->messages < 0)
         wait_s = -r->messages / l->messages;
@@ -735,8 +753,6 @@ bool rt__xport_rate_resume(conn_t *c)
     if (!xp || !xp->rate || !xp->rate->waiting)
         return false;
     xp->rate->waiting = false;
-    if (!c->parse_pending && !c->verifying)
-        rt_sock_pause_reading(c->sock, false);
     return true;
 }
 
@@ -784,12 +800,21 @@ void rt__conn_peer_format(const conn_t *c, char *buf, size_t len)
     snprintf(buf, len, "%s:%u", host, xp->real_port);
 }
 
-const char *rt__xport_stage_name(const conn_t *c)
+void rt__xport_log_timeout(const conn_t *c, long after_s)
 {
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
-    static const char *const names[] = {
-        [STAGE_PROXY] = "proxy_header", [STAGE_TLS] = "tls_handshake",
-        [STAGE_HTTP] = "websocket_upgrade", [STAGE_OPEN] = "connect"};
-    return xp ? names[xp->stage] : "connect";
+    switch (xp ? (stage_t)xp->stage : STAGE_OPEN) {
+    case STAGE_PROXY:
+        log_peer("proxy.refused", c, "reason=timeout after_s=%ld", after_s);
+        return;
+    case STAGE_TLS:
+        log_peer("tls.handshake_failed", c, "reason=\"timeout\" after_s=%ld", after_s);
+        return;
+    case STAGE_HTTP:
+        log_peer("ws.refused", c, "status=408 reason=\"timeout\" after_s=%ld", after_s);
+        return;
+    case STAGE_OPEN:
+        log_peer("client.connect_timeout", c, "after_s=%ld", after_s);
+        return;
+    }
 }
-
