@@ -134,11 +134,10 @@ static int v1_fields(v1_line_t *line, rt_proxy_info_t *out, const char **why)
 
     rt_auth_addr_t dst;
     uint16_t dst_port;
-    v1_field_t fields[4];
     for (int i = 0; i < 4; i++) {
         if (f.last)
             return refuse("v1: too few fields", why);
-        fields[i] = f = v1_next(line);
+        f = v1_next(line);
         bool ok = i == 0   ? v1_addr(&f, tcp6, &out->src)
                   : i == 1 ? v1_addr(&f, tcp6, &dst)
                   : i == 2 ? v1_port(&f, &out->src_port)
@@ -148,7 +147,7 @@ static int v1_fields(v1_line_t *line, rt_proxy_info_t *out, const char **why)
         if (f.partial)
             return RT_EAGAIN;
     }
-    if (!fields[3].last)
+    if (!f.last)
         return refuse("v1: too many fields", why);
     out->has_addr = true;
     return 0;
