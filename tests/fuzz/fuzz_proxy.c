@@ -1,10 +1,10 @@
 /*
-** The PROXY protocol header and address lists (actors/transport/proxy.c).
+** The PROXY protocol header and X-Forwarded-For (actors/transport/proxy.c).
 **
 ** The input is parsed as a PROXY header: a header found must parse the same from its own
 ** bytes and ask for more one byte short; a prefix refused means the whole is refused. It is
-** also read, NUL-terminated, as a CIDR entry (which must contain its own network) and as an
-** X-Forwarded-For value (whose client must not be one of the trusted proxies).
+** also read, NUL-terminated, as an X-Forwarded-For value (whose client must not be one of
+** the trusted proxies).
 */
 #include <stdint.h>
 #include <stdlib.h>
@@ -52,22 +52,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *text = malloc(size + 1);
     memcpy(text, data, size);
     text[size] = '\0';
-    rt_cidr_t trusted[3];
-    size_t n = 0;
-    if (rt_cidr_parse("10.0.0.0/8", &trusted[n]) == 0)
-        n++;
-    if (rt_cidr_parse("2001:db8::/32", &trusted[n]) == 0)
-        n++;
-    if (n != 2)
-        abort();
-    rt_cidr_t c;
-    if (rt_cidr_parse(text, &c) == 0) {
-        if (c.prefix > 128 || !rt_cidr_match(&c, 1, &c.net))
+    /* The trusted proxies as rtd.conf gives them, the text itself as a third entry when it
+       parses as one (the loader's address lists). */
+    static rt_conf_net_t trusted[RT_CONF_MAX_NETS];
+    static unsigned base;
+    if (!base) {
+        rt_conf_t conf;
+        rt_conf_defaults(&conf);
+        char err[RT_CONF_ERR_LEN];
+        if (rt_conf_set(&conf, "anonymous_from={\"10.0.0.0/8\", \"2001:db8::/32\"}", err,
+                        sizeof(err)) != 0 || conf.nanonymous_from != 2)
             abort();
-        trusted[n++] = c;
+        memcpy(trusted, conf.anonymous_from, 2 * sizeof(trusted[0]));
+        base = 2;
     }
     rt_auth_addr_t client;
-    if (rt_forwarded_client(text, trusted, n, &client) && rt_cidr_match(trusted, n, &client))
+    if (rt_forwarded_client(text, trusted, base, &client) &&
+        rt_conf_net_match(trusted, base, client.b))
         abort();
     free(text);
     return 0;
