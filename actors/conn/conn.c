@@ -802,7 +802,7 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         on_keepalive(self, c);
         break;
     case RT_CONN_MSG_RESUME:
-        if (m->len >= 1)
+        if (m->len > sizeof(rt_msg_owned_t))
             on_resume(self, c, m);
         break;
     case RT_CONN_MSG_SESSION_EXPIRED:

@@ -212,17 +212,26 @@ static bool rate_configured(const rt_conf_rate_t *r)
     return r->messages > 0 || r->bytes > 0;
 }
 
+static void rate_free(rt_xport_t *xp)
+{
+    if (!xp->rate)
+        return;
+    free(xp->rate);
+    xp->rate = NULL;
+    atomic_fetch_sub_explicit(&xport_bytes, sizeof(*xp->rate), memory_order_relaxed);
+}
+
 static void rate_use(rt_xport_t *xp, const rt_conf_rate_t *limit)
 {
     if (!rate_configured(limit)) {
-        free(xp->rate);
-        xp->rate = NULL;
+        rate_free(xp);
         return;
     }
     if (!xp->rate) {
         xp->rate = calloc(1, sizeof(*xp->rate));
         if (!xp->rate)
             return; /* unlimited rather than refused: the limit is a courtesy to others */
+        atomic_fetch_add_explicit(&xport_bytes, sizeof(*xp->rate), memory_order_relaxed);
     }
     xp->rate->limit = limit;
     xp->rate->messages = limit->burst_messages > 0 ? limit->burst_messages : limit->messages;
@@ -263,7 +272,7 @@ void rt__xport_free(void *obj)
         return;
     SSL_free(xp->ssl);
     stash_clear(xp);
-    free(xp->rate);
+    rate_free(xp);
     atomic_fetch_sub_explicit(&xport_bytes, sizeof(*xp), memory_order_relaxed);
     free(xp);
 }
