@@ -365,6 +365,10 @@ static void on_keepalive(rt_actor_t *self, conn_t *c)
     c->keepalive_armed = 0;
     if (!rt__conn_online(c) || !c->keepalive)
         return;
+    /* Input rtd holds back (a rate limit's pause, what waits in the partial buffer for it)
+       is not the client's silence. */
+    if (rt__xport_rate_waiting(c))
+        c->last_rx_ms = rt_mono_ms();
     if (rt_mono_ms() - c->last_rx_ms > (uint64_t)c->keepalive * 1500) {
         rt_log(RT_LOG_INFO, "client.keepalive_timeout", "client=%s", c->client_id);
         rt__conn_close(self, c, MQTT_RC_KEEPALIVE_TIMEOUT, RT_REASON_NORMAL);

@@ -376,6 +376,8 @@ bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c);
 /* The refill timer: reading may go on; false if the connection was not waiting. */
 bool rt__xport_rate_resume(conn_t *c);
 uint32_t rt__xport_rate_limited(const conn_t *c);
+/* Whether reading is paused by the rate limit now (the keepalive does not count it). */
+bool rt__xport_rate_waiting(const conn_t *c);
 /* identity_as_username: the client certificate's name into out; false if not on or none. */
 bool rt__xport_identity(conn_t *c, char *out, size_t len);
 bool rt__xport_identity_required(const conn_t *c);

@@ -817,7 +817,15 @@ bool rt__xport_rate_resume(conn_t *c)
     if (!xp || !xp->rate || !xp->rate->waiting)
         return false;
     xp->rate->waiting = false;
+    /* The pause was rtd's doing: its time does not count as the client's silence. */
+    c->last_rx_ms = rt_mono_ms();
     return true;
+}
+
+bool rt__xport_rate_waiting(const conn_t *c)
+{
+    const rt_xport_t *xp = c->sock ? c->xp : NULL;
+    return xp && xp->rate && xp->rate->waiting;
 }
 
 uint32_t rt__xport_rate_limited(const conn_t *c)
