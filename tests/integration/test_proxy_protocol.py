@@ -30,7 +30,7 @@ return {
 
 def start(tmp_path, *overrides, ws_trusted=True, connect_timeout=None):
     """rtd with: port (plain), pport (PROXY, trusting 127.0.0.0/8), uport (PROXY, trusting
-    127.0.0.2/32 only), xport (WebSocket trusting 127.0.0.0/8 for X-Forwarded-For) and
+    127.0.0.2/32 only), xport (WebSocket trusting 127.0.0.1/32 for X-Forwarded-For) and
     wport (WebSocket trusting nobody); a rule writes every peer it sees to peers.db."""
     port, pport, uport, xport, wport = (free_port() for _ in range(5))
     rules = tmp_path / "rules"
@@ -46,7 +46,7 @@ def start(tmp_path, *overrides, ws_trusted=True, connect_timeout=None):
                       {"bind": f"127.0.0.1:{uport}", "proxy_protocol": True,
                        "trusted_proxies": ["127.0.0.2/32"]},
                       {"bind": f"127.0.0.1:{xport}", "websocket": "/mqtt",
-                       "trusted_proxies": ["127.0.0.0/8"]},
+                       "trusted_proxies": ["127.0.0.1/32"]},
                       {"bind": f"127.0.0.1:{wport}", "websocket": "/mqtt"}),
             f'rules_dir="{rules}"', sink, *extra, *overrides, port=port,
             data_dir=str(tmp_path))
@@ -276,9 +276,9 @@ def test_truncated_header_times_out(tmp_path):
 
 
 def test_x_forwarded_for_on_websocket(tmp_path):
-    """A WebSocket listener with trusted_proxies takes the client's address from
-    X-Forwarded-For (rtctl and the rules see it); one without trusted_proxies ignores the
-    header (the connection's own address)."""
+    """A WebSocket listener with trusted_proxies (here 127.0.0.1, where the test connects
+    from) takes the client's address from X-Forwarded-For (rtctl and the rules see it); one
+    without trusted_proxies ignores the header (the connection's own address)."""
     broker = start(tmp_path)
     try:
         ws = WebSocket.connect(broker.xport, extra=["X-Forwarded-For: 127.88.0.7"])
@@ -290,6 +290,18 @@ def test_x_forwarded_for_on_websocket(tmp_path):
         assert wait_for(lambda: any(r[1] == "xff" and r[0] == "message" and
                                     r[2].startswith("127.88.0.7") for r in peers(broker.db)),
                         10), peers(broker.db)
+
+        # A chain is read from the right, past the trusted proxies: the nearest address that
+        # is not a trusted proxy is the client (what is left of it may be forged by the
+        # client itself).
+        for i, (xff, want) in enumerate((("127.88.0.9, 127.0.0.1", "127.88.0.9"),
+                                         ("127.88.0.5, 127.88.0.6", "127.88.0.6"))):
+            w = WebSocket.connect(broker.xport, extra=[f"X-Forwarded-For: {xff}"])
+            cc = RawOn(w, f"xff-chain-{i}", version=4)
+            assert cc.connack_code == 0
+            peer = client_peer(broker, f"xff-chain-{i}")
+            assert peer is not None and peer.split(":")[0] == want, (xff, peer)
+            cc.disconnect()
 
         ws2 = WebSocket.connect(broker.wport, extra=["X-Forwarded-For: 127.88.0.8"])
         lport = ws2.sock.getsockname()[1]
