@@ -32,6 +32,7 @@
 #include "sink.h"
 #include "store.h"
 #include "sys.h"
+#include "tls.h"
 
 #define RTD_VERSION "0.1.0"
 
@@ -338,6 +339,12 @@ static int start_sessions(rtd_t *d)
     return rt_sessions_restore(d->top, d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
 }
 
+/* The TLS listeners' certificates and keys: a file that does not load stops the start. */
+static int start_tls(rtd_t *d)
+{
+    return rt_tls_open(&d->conf, d->err, sizeof(d->err)) ? config_error(d) : 0;
+}
+
 /* Before the listeners: the first CONNECT may need a full password hash. */
 static int start_verifier(rtd_t *d)
 {
@@ -399,6 +406,7 @@ static const stage_t stages[] = {
     {.start = start_dirs},
     /* the password and ACL files */
     {.start = start_auth, .free = rt_auth_shutdown},
+    {.start = start_tls, .free = rt_tls_close},
     {.start = start_runtime, .stop = stop_runtime},
     /* they write or spill what they hold at stop */
     {.start = start_sinks, .stop = rt_sinks_stop, .free = rt_sinks_free},
@@ -448,6 +456,7 @@ static void serve(rtd_t *d)
            running one in force (logged by the reload). */
         rt_admin_reload_auth(d->err, sizeof(d->err));
         rt_admin_reload_rules(d->err, sizeof(d->err));
+        rt_admin_reload_tls(d->err, sizeof(d->err));
     }
 }
 
@@ -456,6 +465,8 @@ int main(int argc, char **argv)
     static rtd_t d = {.conf_path = "etc/rtd.conf"};
     const char *overrides[64];
     int noverrides = 0;
+    /* First, before anything has OpenSSL allocate: what TLS holds shows in rtctl mem. */
+    bool tls_counted = rt_tls_count_memory();
     if (argc > 1 && strcmp(argv[1], "passwd") == 0)
         return rt_auth_passwd_main(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
@@ -495,6 +506,8 @@ int main(int argc, char **argv)
         unwind(started + stages[started].partial);
         return status;
     }
+    if (!tls_counted)
+        rt_log(RT_LOG_WARNING, "tls.memory_uncounted", "OpenSSL allocated before rtd could count");
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, d.conf_path);
     serve(&d);
     atomic_store(&node.stopping, true);
