@@ -175,7 +175,10 @@ def test_per_address_limit_counts_the_real_address(tmp_path):
         s.sendall(connect_packet("same-2"))
         assert refused_at_once(s), "a third connection from 127.66.9.9 was admitted"
         s.close()
-        wait_log(broker, r"listener\.refused .*last_per_ip=127\.66\.9\.9")
+        # Logged with the address that was refused (the listener's summary line, or a
+        # proxy.refused line for the connection).
+        wait_log(broker, r"listener\.refused .*last_per_ip=127\.66\.9\.9|"
+                         r"proxy\.refused peer=127\.66\.9\.9:42002 reason=max_connections_per_ip")
         # Another address still gets in.
         c = via_proxy(broker.pport, proxy_v1("127.66.9.10", 42003, dport=broker.pport), "other")
         assert c.connack_code == 0
