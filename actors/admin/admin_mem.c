@@ -226,8 +226,6 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
     size_t sq_used, sq_charged, bs_used, bs_charged;
     rt_sqlite_mem_stats(&sq_used, &sq_charged);
     rt_bson_mem_stats(&bs_used, &bs_charged);
-    size_t tls_all, tls_charged;
-    rt_xport_tls_memory(&tls_all, &tls_charged);
     uint64_t trie = 0, retained = 0;
     if (rt_broker) {
         rt_trie_stats_t st = {0};
@@ -276,8 +274,6 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
     KIND("runtime: sockets", rm.sockets, true, "socket structs and unsent output");
     KIND("transports", rt_xport_total_memory(), true,
          "TLS, WebSocket and PROXY states of connections, outside OpenSSL");
-    KIND("tls: no actor", tls_all > tls_charged ? tls_all - tls_charged : 0, true,
-         "OpenSSL memory no connection is charged for (contexts, caches)");
     KIND("runtime: schedulers", rm.schedulers, true, "scheduler structs and read buffers");
     KIND("broker: topic trie", trie, true, "subscriptions by filter");
     KIND("broker: retained index", retained, true, "topics of retained messages");

@@ -418,7 +418,6 @@ static int dispatch_packet_to(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     case MQTT_CONNECT:
         return MQTT_ERR(MQTT_RC_PROTOCOL_ERROR); /* a second CONNECT (3.1.0-2) */
     case MQTT_PUBLISH:
-        rt__xport_count_publish(c);
         return rt__conn_handle_publish(self, c, pk);
     case MQTT_PUBREL:
         rt__conn_on_pubrel(c, pk);
@@ -485,7 +484,11 @@ static void refuse_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk,
 static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
 {
     size_t off = 0;
-    while (off < len && !c->closing && rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET) {
+    /* Behind a rate limit, each packet is taken from its buckets; the one that overdraws
+       them is the last parsed until they refill (rt__xport_rate_hold). */
+    bool limited = c->xp && rt__xport_rate_on(c);
+    while (off < len && !c->closing && rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET &&
+           !(limited && rt__xport_rate_spent(c))) {
         /* Anything but CONNECT first is refused at its first byte, before it is complete. */
         if (!c->version && buf[off] != (MQTT_CONNECT << 4)) {
             close_on_protocol_error(self, c, MQTT_ERR(MQTT_RC_PROTOCOL_ERROR));
@@ -512,6 +515,8 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
         if (c->verifying)
             break; /* the CONNECT stays unconsumed: it is parsed again with the verdict */
         RT_ASSERT(f.size <= len - off);
+        if (limited && c->sock)
+            rt__xport_rate_take(c, f.size, buf[off] >> 4 == MQTT_PUBLISH);
         off += f.size;
     }
     return c->closing ? -1 : (long)off;
@@ -580,7 +585,8 @@ void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
     }
     /* Parsing waits (for the verifier's verdict, or for the next turn once the route budget is
        spent): the transport's layers still take all that was read, so it waits as MQTT bytes. */
-    if (c->verifying || c->parse_pending || rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET) {
+    if (c->verifying || c->parse_pending || rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET ||
+        rt__xport_rate_spent(c)) {
         if (partial_append(self, c, p, n))
             rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
         return;
@@ -739,10 +745,7 @@ static void on_connect_timeout(rt_actor_t *self, conn_t *c)
 {
     if (!c->sock || c->closing || c->version || c->verifying || c->client_id)
         return;
-    char peer[RT_PEER_TEXT_MAX];
-    rt__conn_peer_format(c, peer, sizeof(peer));
-    rt_log(RT_LOG_INFO, "client.connect_timeout", "peer=%s stage=%s after_s=%ld", peer,
-           rt__xport_stage_name(c), rt_broker->conf.connect_timeout);
+    rt__xport_log_timeout(c, rt_broker->conf.connect_timeout);
     atomic_fetch_add_explicit(&rt_broker->stats.connect_timeouts, 1, memory_order_relaxed);
     rt__conn_close(self, c, 0, RT_REASON_NORMAL);
 }
@@ -844,8 +847,8 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         on_connect_timeout(self, c);
         break;
     case RT_CONN_MSG_RATE_RESUME:
-        if (rt__xport_rate_resume(c))
-            on_readable(self, c);
+        if (rt__xport_rate_resume(c) && !c->parse_pending && !c->verifying)
+            rt__conn_parse_more(self, c); /* what waits in the partial buffer, then reading */
         break;
     case RT_CONN_MSG_BUDGET_CHECK:
         rt__conn_budget_check(c, true);

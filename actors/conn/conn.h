@@ -16,8 +16,6 @@ extern const rt_actor_type_t rt_conn_type;     /* arg: const rt_conn_arg_t * */
 const char *rt_listener_kind(unsigned listener);
 /* Bytes the connections' transports hold outside OpenSSL (states, stashes). */
 size_t rt_xport_total_memory(void);
-/* What OpenSSL holds in all, and of it what connections are charged for (their actors'). */
-void rt_xport_tls_memory(size_t *all, size_t *charged);
 
 /* A connection actor's start: its socket and the listener that accepted it. */
 typedef struct rt_conn_arg_s {

@@ -362,7 +362,13 @@ bool rt__xport_collect(const conn_t *c, const uint8_t *p, size_t n);
 size_t rt__xport_memory(const conn_t *c);
 /* The CONNECT was accepted: a user's own rate limit replaces the listener's. */
 void rt__xport_connected(conn_t *c);
-void rt__xport_count_publish(conn_t *c);
+/* A packet parsed from a client with a rate limit: its bytes, and a message if PUBLISH. */
+void rt__xport_rate_take(conn_t *c, size_t bytes, bool publish);
+/* Whether the client's rate limit stops parsing now (a bucket overdrawn, or waiting);
+   c->xp must be set (plain connections have no limit). */
+bool rt__xport_rate_spent(conn_t *c);
+/* Whether the client has a rate limit (c->xp set). */
+bool rt__xport_rate_on(const conn_t *c);
 /* Before reading: true when over the rate (reading paused until RT_CONN_MSG_RATE_RESUME). */
 bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c);
 /* The refill timer: reading may go on; false if the connection was not waiting. */
@@ -371,8 +377,8 @@ uint32_t rt__xport_rate_limited(const conn_t *c);
 /* identity_as_username: the client certificate's name into out; false if not on or none. */
 bool rt__xport_identity(conn_t *c, char *out, size_t len);
 bool rt__xport_identity_required(const conn_t *c);
-/* How far a connection that never sent CONNECT got, for the timeout's log line. */
-const char *rt__xport_stage_name(const conn_t *c);
+/* Logs a connection cut by connect_timeout, as the step it did not finish. */
+void rt__xport_log_timeout(const conn_t *c, long after_s);
 
 /* ---- listener.c ---- */
 /*

@@ -120,11 +120,14 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         c->username = user;
         return true;
     }
-    rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u", user ? user : "-",
+    char peer[64];
+    rt__conn_peer_format(c, peer, sizeof(peer));
+    rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u peer=%s",
+           user ? user : "-",
            rc == RT_AUTH_BAD_PASSWORD   ? "bad_password"
            : rc == RT_AUTH_UNKNOWN_USER ? "unknown_user"
                                         : "anonymous_refused",
-           delay_ms);
+           delay_ms, peer);
     rt_free(self, user);
     bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED;
     if (c->version == MQTT_V5)
@@ -369,8 +372,14 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
                               .clean_start = clean};
         rt_rules_event(&o, &ev);
     }
-    rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
-           c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
+    if (rt_log_enabled(RT_LOG_INFO)) {
+        char peer[64];
+        rt__conn_peer_format(c, peer, sizeof(peer));
+        rt_log(RT_LOG_INFO, "client.connected",
+               "client=%s peer=%s user=%s transport=%s version=%u keepalive=%u%s%s", c->client_id,
+               peer, c->username ? c->username : "-", rt_listener_kind(c->listener), c->version,
+               c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
+    }
     rt__conn_arm_keepalive(self, c);
     if (resumed)
         rt__conn_retransmit(self, c);

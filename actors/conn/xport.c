@@ -13,9 +13,11 @@
 ** and the record goes to the socket's buffer.
 **
 ** Memory. The state is malloc'ed beside the socket it extends (like rt_sock_t), counted
-** in xport_bytes and in the client's memory; OpenSSL's allocations in this connection's
-** turns are counted to it (rt_tls_thread_allocated). An idle connection keeps its state
-** and its SSL, without record buffers (SSL_MODE_RELEASE_BUFFERS) and without a stash.
+** in xport_bytes and in the client's memory. OpenSSL's own allocations are not counted:
+** libmongoc initialises OpenSSL from a library constructor, before rtd could install
+** counting allocators (CRYPTO_set_mem_functions refuses once OpenSSL has allocated).
+** An idle connection keeps its state and its SSL, without record buffers
+** (SSL_MODE_RELEASE_BUFFERS) and without a stash.
 **
 ** A connection that hands its socket to the actor holding its session (a resumed session,
 ** connect.c) hands this state with it: the SSL and whatever the layers kept belong to the
@@ -57,7 +59,6 @@ struct rt_xport_s {
     uint8_t *stash;      /* malloc: bytes the current layer cannot use yet; NULL when none */
     xport_rate_t *rate;  /* malloc; NULL: no limit */
     uint32_t stash_len;
-    int32_t ssl_bytes;   /* what OpenSSL holds for this connection (net, counted in its turns) */
     rt_ws_in_t ws;
     rt_auth_addr_t real; /* the client's address from a PROXY header or X-Forwarded-For */
     uint16_t real_port;
@@ -70,7 +71,6 @@ struct rt_xport_s {
 };
 
 static atomic_size_t xport_bytes; /* all connections' states and stashes */
-static _Atomic int64_t tls_charged; /* OpenSSL bytes charged to connection actors */
 
 #define XPORT_PLAIN_MAX (16 * 1024) /* one TLS record's plaintext */
 #define XPORT_WS_INLINE 512         /* a frame up to this is built in one piece on the stack */
@@ -119,20 +119,12 @@ size_t rt__xport_memory(const conn_t *c)
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
     if (!xp)
         return 0;
-    /* OpenSSL's share is charged to the actor: rt_memory has it. */
     return sizeof(*xp) + xp->stash_len + (xp->rate ? sizeof(*xp->rate) : 0);
 }
 
 size_t rt_xport_total_memory(void)
 {
     return atomic_load_explicit(&xport_bytes, memory_order_relaxed);
-}
-
-void rt_xport_tls_memory(size_t *all, size_t *charged)
-{
-    *all = rt_tls_memory();
-    int64_t c = atomic_load_explicit(&tls_charged, memory_order_relaxed);
-    *charged = c > 0 ? (size_t)c : 0;
 }
 
 /* ---- TLS over memory ---- */
@@ -195,46 +187,22 @@ static void bio_method_make(void)
         BIO_meth_free(m);
 }
 
-/*
-** What OpenSSL allocated (net) on this thread since before, counted to the connection and
-** charged to its actor, so its memory figures and budget include its TLS state.
-*/
-static void tls_charge(rt_xport_t *xp, int64_t before)
-{
-    int32_t delta = (int32_t)(rt_tls_thread_allocated() - before);
-    xp->ssl_bytes += delta;
-    rt_charge(rt_current(), delta);
-    atomic_fetch_add_explicit(&tls_charged, delta, memory_order_relaxed);
-}
-
-/* Runs stmt's OpenSSL work with its allocations counted to this connection. */
-#define TLS_COUNTED(xp, stmt)                                                                      \
-    do {                                                                                           \
-        int64_t before_ = rt_tls_thread_allocated();                                               \
-        stmt;                                                                                      \
-        tls_charge((xp), before_);                                                                 \
-    } while (0)
-
 static int tls_attach(rt_xport_t *xp, rt_sock_t *sock)
 {
     pthread_once(&bio_once, bio_method_make);
     if (!bio_method)
         return RT_ENOMEM;
-    int rc = 0;
-    TLS_COUNTED(xp, {
-        xp->ssl = rt_tls_accept(xp->listener);
-        BIO *bio = xp->ssl ? BIO_new(bio_method) : NULL;
-        if (bio) {
-            BIO_set_data(bio, sock);
-            SSL_set_bio(xp->ssl, bio, bio);
-            SSL_set_accept_state(xp->ssl);
-        } else {
-            SSL_free(xp->ssl);
-            xp->ssl = NULL;
-            rc = RT_ENOMEM;
-        }
-    });
-    return rc;
+    xp->ssl = rt_tls_accept(xp->listener);
+    BIO *bio = xp->ssl ? BIO_new(bio_method) : NULL;
+    if (!bio) {
+        SSL_free(xp->ssl);
+        xp->ssl = NULL;
+        return RT_ENOMEM;
+    }
+    BIO_set_data(bio, sock);
+    SSL_set_bio(xp->ssl, bio, bio);
+    SSL_set_accept_state(xp->ssl);
+    return 0;
 }
 
 /* ---- Start and end ---- */
@@ -293,7 +261,6 @@ void rt__xport_free(void *obj)
     rt_xport_t *xp = obj;
     if (!xp)
         return;
-    atomic_fetch_sub_explicit(&tls_charged, xp->ssl_bytes, memory_order_relaxed);
     SSL_free(xp->ssl);
     stash_clear(xp);
     free(xp->rate);
@@ -304,10 +271,8 @@ void rt__xport_free(void *obj)
 void rt__xport_adopt(conn_t *c, rt_xport_t *xp)
 {
     c->xp = xp;
-    if (xp && xp->ssl) {
+    if (xp && xp->ssl)
         BIO_set_data(SSL_get_rbio(xp->ssl), c->sock);
-        rt_charge(rt_current(), xp->ssl_bytes); /* the sender's charge went with its heap */
-    }
 }
 
 /* ---- Output ---- */
@@ -316,9 +281,7 @@ static int lower_write(rt_xport_t *xp, rt_sock_t *sock, const uint8_t *p, size_t
 {
     if (!xp->ssl)
         return rt_sock_write(sock, p, n);
-    int r = 0;
-    TLS_COUNTED(xp, r = SSL_write(xp->ssl, p, (int)n));
-    if (r <= 0) {
+    if (SSL_write(xp->ssl, p, (int)n) <= 0) {
         ERR_clear_error();
         return RT_ECLOSED;
     }
@@ -361,10 +324,9 @@ void rt__xport_close(conn_t *c)
     if (xp->stage == STAGE_OPEN && xp->websocket)
         ws_send_close(xp, c->sock, RT_WS_CLOSE_NORMAL);
     if (xp->ssl && SSL_is_init_finished(xp->ssl) && !xp->tls_failed)
-        TLS_COUNTED(xp, SSL_shutdown(xp->ssl)); /* close_notify into the socket's buffer */
+        SSL_shutdown(xp->ssl); /* close_notify into the socket's buffer */
     ERR_clear_error();
     c->xp = NULL;
-    rt_charge(rt_current(), -(ptrdiff_t)xp->ssl_bytes); /* the actor may live on, offline */
     rt__xport_free(xp);
 }
 
@@ -465,7 +427,6 @@ static void tls_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t
     static _Thread_local uint8_t plain[XPORT_PLAIN_MAX];
     tls_in = p;
     tls_in_len = n;
-    int64_t before = rt_tls_thread_allocated();
     if (xp->stage == STAGE_TLS) {
         int r = SSL_do_handshake(xp->ssl);
         if (r != 1) {
@@ -502,9 +463,6 @@ static void tls_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t
     }
 out:
     tls_in_len = 0;
-    /* The connection may have ended (its state freed) inside: count only while it is there. */
-    if (c->xp == xp && c->sock)
-        tls_charge(xp, before);
 }
 
 /* The client's address behind its proxy counts from here on: logs, limits, ACL, rules. */
@@ -690,8 +648,6 @@ static void layers_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p
 void rt__xport_input(rt_actor_t *self, conn_t *c, uint8_t *p, size_t n)
 {
     rt_xport_t *xp = c->xp;
-    if (xp->rate)
-        xp->rate->bytes -= (double)n;
     inputting = c;
     layers_input(self, c, xp, p, n);
     inputting = NULL;
@@ -714,11 +670,13 @@ void rt__xport_connected(conn_t *c)
         }
 }
 
-void rt__xport_count_publish(conn_t *c)
+void rt__xport_rate_take(conn_t *c, size_t bytes, bool publish)
 {
-    rt_xport_t *xp = c->sock ? c->xp : NULL;
-    if (xp && xp->rate)
-        xp->rate->messages -= 1.0;
+    xport_rate_t *r = c->xp->rate;
+    if (r->limit->bytes > 0) /* an unlimited kind's bucket stays full */
+        r->bytes -= (double)bytes;
+    if (r->limit->messages > 0)
+        r->messages -= publish;
 }
 
 /* Tokens come back at the limit's rate, up to its burst. */
@@ -736,6 +694,24 @@ static void rate_refill(xport_rate_t *r, uint64_t now)
     r->refill_ms = now;
 }
 
+bool rt__xport_rate_on(const conn_t *c)
+{
+    return c->xp->rate != NULL;
+}
+
+bool rt__xport_rate_spent(conn_t *c)
+{
+    xport_rate_t *r = c->xp->rate;
+    if (!r)
+        return false;
+    if (r->waiting)
+        return true;
+    if (r->messages >= 0 && r->bytes >= 0)
+        return false;
+    rate_refill(r, rt_mono_ms());
+    return r->messages < 0 || r->bytes < 0;
+}
+
 bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c)
 {
     rt_xport_t *xp = c->sock ? c->xp : NULL;
@@ -749,8 +725,8 @@ bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c)
     uint64_t now = rt_mono_ms();
     rate_refill(r, now);
     const rt_conf_rate_t *l = r->limit;
-    /* Reading stops while either bucket is overdrawn, until it is back at 0 (a read may
-       overdraw it by what one read brought: that is the bound of a burst past the limit). */
+    /* Parsing stops at the packet that overdraws a bucket (the rest waits in the partial
+       buffer), and reading until the bucket is back at 0: one packet past the limit at most. */
     double wait_s = 0;
     if (l->messages > 0 && r->messages < 0)
         wait_s = -r->messages / l->messages;
@@ -777,8 +753,6 @@ bool rt__xport_rate_resume(conn_t *c)
     if (!xp || !xp->rate || !xp->rate->waiting)
         return false;
     xp->rate->waiting = false;
-    if (!c->parse_pending && !c->verifying)
-        rt_sock_pause_reading(c->sock, false);
     return true;
 }
 
@@ -795,9 +769,7 @@ bool rt__xport_identity(conn_t *c, char *out, size_t len)
     rt_xport_t *xp = c->sock ? c->xp : NULL;
     if (!xp || !xp->ssl || !listener_of(xp)->tls.identity_as_username)
         return false;
-    bool ok = false;
-    TLS_COUNTED(xp, ok = rt_tls_peer_identity(xp->ssl, out, len));
-    return ok;
+    return rt_tls_peer_identity(xp->ssl, out, len);
 }
 
 bool rt__xport_identity_required(const conn_t *c)
@@ -828,12 +800,21 @@ void rt__conn_peer_format(const conn_t *c, char *buf, size_t len)
     snprintf(buf, len, "%s:%u", host, xp->real_port);
 }
 
-const char *rt__xport_stage_name(const conn_t *c)
+void rt__xport_log_timeout(const conn_t *c, long after_s)
 {
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
-    static const char *const names[] = {
-        [STAGE_PROXY] = "proxy_header", [STAGE_TLS] = "tls_handshake",
-        [STAGE_HTTP] = "websocket_upgrade", [STAGE_OPEN] = "connect"};
-    return xp ? names[xp->stage] : "connect";
+    switch (xp ? (stage_t)xp->stage : STAGE_OPEN) {
+    case STAGE_PROXY:
+        log_peer("proxy.refused", c, "reason=timeout after_s=%ld", after_s);
+        return;
+    case STAGE_TLS:
+        log_peer("tls.handshake_failed", c, "reason=\"timeout\" after_s=%ld", after_s);
+        return;
+    case STAGE_HTTP:
+        log_peer("ws.refused", c, "status=408 reason=\"timeout\" after_s=%ld", after_s);
+        return;
+    case STAGE_OPEN:
+        log_peer("client.connect_timeout", c, "after_s=%ld", after_s);
+        return;
+    }
 }
-

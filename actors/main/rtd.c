@@ -465,8 +465,6 @@ int main(int argc, char **argv)
     static rtd_t d = {.conf_path = "etc/rtd.conf"};
     const char *overrides[64];
     int noverrides = 0;
-    /* First, before anything has OpenSSL allocate: what TLS holds shows in rtctl mem. */
-    bool tls_counted = rt_tls_count_memory();
     if (argc > 1 && strcmp(argv[1], "passwd") == 0)
         return rt_auth_passwd_main(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
@@ -506,8 +504,6 @@ int main(int argc, char **argv)
         unwind(started + stages[started].partial);
         return status;
     }
-    if (!tls_counted)
-        rt_log(RT_LOG_WARNING, "tls.memory_uncounted", "OpenSSL allocated before rtd could count");
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, d.conf_path);
     serve(&d);
     atomic_store(&node.stopping, true);

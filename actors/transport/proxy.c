@@ -134,11 +134,10 @@ static int v1_fields(v1_line_t *line, rt_proxy_info_t *out, const char **why)
 
     rt_auth_addr_t dst;
     uint16_t dst_port;
-    v1_field_t fields[4];
     for (int i = 0; i < 4; i++) {
         if (f.last)
             return refuse("v1: too few fields", why);
-        fields[i] = f = v1_next(line);
+        f = v1_next(line);
         bool ok = i == 0   ? v1_addr(&f, tcp6, &out->src)
                   : i == 1 ? v1_addr(&f, tcp6, &dst)
                   : i == 2 ? v1_port(&f, &out->src_port)
@@ -148,7 +147,7 @@ static int v1_fields(v1_line_t *line, rt_proxy_info_t *out, const char **why)
         if (f.partial)
             return RT_EAGAIN;
     }
-    if (!fields[3].last)
+    if (!f.last)
         return refuse("v1: too many fields", why);
     out->has_addr = true;
     return 0;
@@ -268,62 +267,7 @@ int rt_proxy_parse(const uint8_t *buf, size_t len, size_t *used, rt_proxy_info_t
     return parse_v1(buf, len, used, out, why);
 }
 
-/* ---- Address lists ---- */
-
-#define V4_MAPPED_PREFIX 96 /* an IPv4 address's bits start here in its v4-mapped form */
-
-int rt_cidr_parse(const char *text, rt_cidr_t *out)
-{
-    char addr[V1_ADDR6_MAX + 1];
-    const char *slash = strchr(text, '/');
-    size_t addr_len = slash ? (size_t)(slash - text) : strlen(text);
-    if (addr_len == 0 || addr_len > V1_ADDR6_MAX)
-        return RT_EINVAL;
-    memcpy(addr, text, addr_len);
-    addr[addr_len] = '\0';
-    memset(out, 0, sizeof *out);
-    if (rt_auth_addr_parse(addr, &out->net) != 0)
-        return RT_EINVAL;
-    bool v4 = strchr(addr, ':') == NULL;
-    unsigned max = v4 ? 32 : 128, prefix = max;
-    if (slash) {
-        const char *digits = slash + 1;
-        size_t n = strlen(digits);
-        if (n == 0 || n > 3 || !all_of(digits, n, "0123456789"))
-            return RT_EINVAL;
-        prefix = 0;
-        for (size_t i = 0; i < n; i++)
-            prefix = prefix * 10 + (unsigned)(digits[i] - '0');
-        if (prefix > max)
-            return RT_EINVAL;
-    }
-    if (v4)
-        prefix += V4_MAPPED_PREFIX;
-    out->prefix = (uint8_t)prefix;
-    for (unsigned bit = prefix; bit < 128; bit++)
-        out->net.b[bit / 8] &= (uint8_t) ~(0x80u >> (bit % 8));
-    return 0;
-}
-
-static bool cidr_contains(const rt_cidr_t *c, const rt_auth_addr_t *a)
-{
-    size_t whole = c->prefix / 8;
-    if (memcmp(c->net.b, a->b, whole) != 0)
-        return false;
-    unsigned rest = c->prefix % 8;
-    if (rest == 0)
-        return true;
-    uint8_t mask = (uint8_t)(0xFFu << (8 - rest));
-    return (a->b[whole] & mask) == c->net.b[whole];
-}
-
-bool rt_cidr_match(const rt_cidr_t *list, size_t n, const rt_auth_addr_t *a)
-{
-    for (size_t i = 0; i < n; i++)
-        if (cidr_contains(&list[i], a))
-            return true;
-    return false;
-}
+/* ---- X-Forwarded-For ---- */
 
 /*
 ** One X-Forwarded-For entry: an address, possibly with a port as some proxies write it
@@ -359,7 +303,8 @@ static bool forwarded_entry(const char *p, size_t n, rt_auth_addr_t *out)
     return rt_auth_addr_parse(text, out) == 0;
 }
 
-bool rt_forwarded_client(const char *xff, const rt_cidr_t *trusted, size_t n, rt_auth_addr_t *out)
+bool rt_forwarded_client(const char *xff, const rt_conf_net_t *trusted, unsigned n,
+                         rt_auth_addr_t *out)
 {
     size_t end = strlen(xff);
     for (;;) {
@@ -377,7 +322,7 @@ bool rt_forwarded_client(const char *xff, const rt_cidr_t *trusted, size_t n, rt
         rt_auth_addr_t a;
         if (!forwarded_entry(p, len, &a))
             return false;
-        if (!rt_cidr_match(trusted, n, &a)) {
+        if (!rt_conf_net_match(trusted, n, a.b)) {
             *out = a;
             return true;
         }

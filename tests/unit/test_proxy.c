@@ -265,106 +265,25 @@ static void test_v2_refused(void)
     CHECK_EQ(parse(buf, 16, &used, &info), RT_EPROTO);
 }
 
-/* ---- Address lists ---- */
+/* ---- X-Forwarded-For ---- */
 
-static rt_cidr_t cidr(const char *text)
+/* The trusted proxies as rtd.conf gives them (the loader's own address lists). */
+static unsigned trusted_nets(rt_conf_net_t *out)
 {
-    rt_cidr_t c;
-    int rc = rt_cidr_parse(text, &c);
-    CHECK_EQ(rc, 0);
-    if (rc != 0)
-        fprintf(stderr, "  %s\n", text);
-    return c;
-}
-
-static bool in(const char *list_text, const char *a_text)
-{
-    rt_cidr_t c = cidr(list_text);
-    rt_auth_addr_t a = addr(a_text);
-    return rt_cidr_match(&c, 1, &a);
-}
-
-static void test_cidr_parse(void)
-{
-    rt_cidr_t c = cidr("10.1.2.3/8");
-    CHECK_EQ(c.prefix, 104);
-    CHECK(addr_is(&c.net, "10.0.0.0"));
-    c = cidr("192.0.2.1");
-    CHECK_EQ(c.prefix, 128);
-    CHECK(addr_is(&c.net, "192.0.2.1"));
-    c = cidr("0.0.0.0/0");
-    CHECK_EQ(c.prefix, 96);
-    CHECK(addr_is(&c.net, "0.0.0.0"));
-    c = cidr("2001:db8:ffff::1/33");
-    CHECK_EQ(c.prefix, 33);
-    CHECK(addr_is(&c.net, "2001:db8:8000::"));
-    c = cidr("::/0");
-    CHECK_EQ(c.prefix, 0);
-    c = cidr("::1");
-    CHECK_EQ(c.prefix, 128);
-    c = cidr("fe80::1/128");
-    CHECK_EQ(c.prefix, 128);
-    c = cidr("10.0.0.0/32");
-    CHECK_EQ(c.prefix, 128);
-
-    static const char *const bad[] = {"",         "/8",          "10.0.0.0/",      "10.0.0.0/33",
-                                      "::/129",   "10.0.0.0/-1", "10.0.0.0/+8",    "10.0.0.0/ 8",
-                                      "10.0.0/8", "10.0.0.0/8/", "10.0.0.0/8 ",    "abc",
-                                      "::/1000",  "10.0.0.256",  "2001:db8:::/32", "10.0.0.0/1x",
-                                      " 10.0.0.0"};
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        rt_cidr_t out;
-        int rc = rt_cidr_parse(bad[i], &out);
-        CHECK_EQ(rc, RT_EINVAL);
-        if (rc != RT_EINVAL)
-            fprintf(stderr, "  accepted '%s'\n", bad[i]);
-    }
-}
-
-static void test_cidr_match(void)
-{
-    CHECK(in("10.0.0.0/8", "10.255.255.255"));
-    CHECK(!in("10.0.0.0/8", "11.0.0.0"));
-    CHECK(!in("10.0.0.0/8", "9.255.255.255"));
-    CHECK(in("10.0.0.0/31", "10.0.0.1"));
-    CHECK(!in("10.0.0.0/31", "10.0.0.2"));
-    CHECK(in("10.0.0.7", "10.0.0.7"));
-    CHECK(!in("10.0.0.7", "10.0.0.6"));
-    CHECK(in("128.0.0.0/1", "255.1.1.1"));
-    CHECK(!in("128.0.0.0/1", "127.255.255.255"));
-    CHECK(in("172.16.0.0/12", "172.31.255.255"));
-    CHECK(!in("172.16.0.0/12", "172.32.0.0"));
-    /* v4 lists hold v4 addresses only; ::/0 holds every address, v4-mapped ones too. */
-    CHECK(in("0.0.0.0/0", "1.2.3.4"));
-    CHECK(!in("0.0.0.0/0", "::1"));
-    CHECK(!in("0.0.0.0/0", "2001:db8::1"));
-    CHECK(in("::/0", "1.2.3.4"));
-    CHECK(in("::/0", "2001:db8::1"));
-    CHECK(in("::ffff:10.0.0.0/104", "10.9.9.9"));
-    /* v6 prefixes inside a byte and at byte edges. */
-    CHECK(in("2001:db8::/32", "2001:db8:ffff::1"));
-    CHECK(!in("2001:db8::/32", "2001:db9::1"));
-    CHECK(in("2001:db8:8000::/33", "2001:db8:ffff::"));
-    CHECK(!in("2001:db8:8000::/33", "2001:db8:7fff::"));
-    CHECK(in("::/127", "::1"));
-    CHECK(!in("::/127", "::2"));
-    CHECK(in("::1", "::1"));
-    CHECK(!in("::1", "::"));
-    CHECK(in("fe80::/10", "febf::1"));
-    CHECK(!in("fe80::/10", "fec0::1"));
-
-    rt_cidr_t list[3] = {cidr("10.0.0.0/8"), cidr("2001:db8::/32"), cidr("192.168.1.1")};
-    rt_auth_addr_t a = addr("192.168.1.1");
-    CHECK(rt_cidr_match(list, 3, &a));
-    CHECK(!rt_cidr_match(list, 2, &a));
-    CHECK(!rt_cidr_match(list, 0, &a));
-    a = addr("2001:db8::5");
-    CHECK(rt_cidr_match(list, 3, &a));
+    rt_conf_t conf;
+    rt_conf_defaults(&conf);
+    char err[RT_CONF_ERR_LEN];
+    CHECK_EQ(rt_conf_set(&conf, "anonymous_from={\"10.0.0.0/8\", \"2001:db8:1::/48\"}", err,
+                         sizeof(err)),
+             0);
+    memcpy(out, conf.anonymous_from, conf.nanonymous_from * sizeof(out[0]));
+    return conf.nanonymous_from;
 }
 
 static void test_forwarded(void)
 {
-    rt_cidr_t trusted[2] = {cidr("10.0.0.0/8"), cidr("2001:db8:1::/48")};
+    rt_conf_net_t trusted[RT_CONF_MAX_NETS];
+    CHECK_EQ(trusted_nets(trusted), 2);
     rt_auth_addr_t out;
     static const struct {
         const char *xff;
@@ -417,8 +336,6 @@ int main(void)
     RUN(test_v1_refused);
     RUN(test_v2_valid);
     RUN(test_v2_refused);
-    RUN(test_cidr_parse);
-    RUN(test_cidr_match);
     RUN(test_forwarded);
     return CHECK_SUMMARY();
 }
