@@ -466,11 +466,13 @@ def test_rtctl_listeners_shows_kinds_tls_and_expiry(pki):
                                                                 wss_port, proxy_port)}
         assert kind[port] == "tcp" and kind[tls_port] == "tls", kind
         assert kind[ws_port] == "ws" and kind[wss_port] == "wss", kind
-        p = rows[f"127.0.0.1:{proxy_port}"]
-        assert "proxy" in json.dumps(p), p   # "tcp+proxy", or proxy: true beside kind tcp
+        def is_proxy(row):  # "tcp+proxy", or proxy_protocol: true beside kind tcp
+            return row.get("proxy_protocol") is True or "proxy" in str(row.get("kind"))
+        assert is_proxy(rows[f"127.0.0.1:{proxy_port}"]), rows[f"127.0.0.1:{proxy_port}"]
+        assert not is_proxy(rows[f"127.0.0.1:{port}"]), rows[f"127.0.0.1:{port}"]
         t = rows[f"127.0.0.1:{tls_port}"]
-        text = json.dumps(t)
-        assert "required" in text and "1.3" in text, t
+        assert find_key(t, "verify") == "required" and find_key(t, "min_version") == "1.3", t
+        assert find_key(t, "ca") == pki.ca.cert, t
         for lp, c in ((tls_port, cert), (wss_port, pki.server["rsa"][0])):
             na = find_key(rows[f"127.0.0.1:{lp}"], "not_after")
             assert na is not None, rows[f"127.0.0.1:{lp}"]
@@ -478,15 +480,23 @@ def test_rtctl_listeners_shows_kinds_tls_and_expiry(pki):
             assert parse_time(na) == want, (na, want)
         assert find_key(rows[f"127.0.0.1:{port}"], "not_after") is None
 
+        # The text: one block a listener, "name value" lines (TLS settings indented).
         code, out, err = broker.ctl("listeners")
         assert code == 0, err
-        lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
-        for lp, k in ((tls_port, "tls"), (ws_port, "ws"), (wss_port, "wss")):
-            line = lines.get(f"127.0.0.1:{lp}", "")
-            assert re.search(rf"\b{k}\b", line), (k, out)
-        year = str(parse_time(cert_field(cert, "enddate")).year)
-        assert year in lines.get(f"127.0.0.1:{tls_port}", ""), out
-        assert "proxy" in lines.get(f"127.0.0.1:{proxy_port}", ""), out
+        blocks = {}
+        for block in re.split(r"\n\s*\n", out.strip()):
+            m = re.search(r"^listener\s+(\S+)", block, re.M)
+            if m:
+                blocks[m.group(1)] = block
+        for lp, k in ((port, "tcp"), (tls_port, "tls"), (ws_port, "ws"), (wss_port, "wss")):
+            block = blocks.get(f"127.0.0.1:{lp}", "")
+            assert re.search(rf"^kind\s+{k}\s*$", block, re.M), (k, out)
+        tls_block = blocks[f"127.0.0.1:{tls_port}"]
+        assert re.search(r"^\s*not_after\s+" + re.escape(find_key(t, "not_after")), tls_block,
+                         re.M), tls_block
+        assert re.search(r"^\s*verify\s+required\s*$", tls_block, re.M), tls_block
+        assert re.search(r"^proxy_protocol\s+true\s*$|^kind\s+\S*proxy",
+                         blocks[f"127.0.0.1:{proxy_port}"], re.M), out
     finally:
         stop_ok(broker)
 
@@ -559,7 +569,9 @@ class Pinger(threading.Thread):
         except Exception as e:  # reported by finish()
             self.error = e
 
-    def finish(self):
+    def finish(self, rounds=5):
+        """Stops after at least rounds round trips (10 s at most); returns the round trips."""
+        wait_for(lambda: len(self.rtts) >= rounds or self.error or not self.is_alive(), 10)
         self.stop_ev.set()
         self.join(30)
         assert not self.is_alive()
