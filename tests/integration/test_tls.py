@@ -670,6 +670,25 @@ def test_stalled_handshakes_are_cut_after_connect_timeout(pki):
         stop_ok(broker)
 
 
+def test_handshake_without_connect_is_closed_after_connect_timeout(pki):
+    """connect_timeout covers the whole start: a client that completes the TLS handshake and
+    then sends nothing is closed after connect_timeout (2 s; not before, and within a second
+    for a timer sweep plus a second of slack), with a log line naming it."""
+    broker = start(pki, f"connect_timeout={CONNECT_TIMEOUT}")
+    try:
+        s = tls_connect(broker.tls_port, tls_context(pki.ca.cert), timeout=10)
+        t0 = time.monotonic()
+        lport = s.getsockname()[1]
+        assert closed_or_reset(s, 10)
+        waited = time.monotonic() - t0
+        s.close()
+        assert CONNECT_TIMEOUT - 0.1 <= waited <= CONNECT_TIMEOUT + 2.0, waited
+        wait_log(broker, rf"timeout\S* peer=127\.0\.0\.1:{lport}\b|"
+                         rf"peer=127\.0\.0\.1:{lport}\b.*timeout")
+    finally:
+        stop_ok(broker)
+
+
 @pytest.mark.parametrize("garbage", ["bad_record", "not_mqtt"])
 def test_garbage_after_the_handshake(pki, garbage):
     """After a completed handshake: a forged application-data record (its MAC cannot check)

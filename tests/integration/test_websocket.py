@@ -333,3 +333,39 @@ def test_plain_mqtt_to_the_websocket_port(broker):
     assert got == b"" or got.startswith(b"HTTP/1.1 400"), got
     wait_log(broker, rf"ws\.refused peer=127\.0\.0\.1:{lport} status=400\b")
     healthy(broker)
+
+
+def test_stalled_upgrade_is_closed_after_connect_timeout(pki):
+    """connect_timeout covers the upgrade: half an upgrade request, and an upgraded WebSocket
+    that never sends CONNECT, are each closed after connect_timeout (2 s) with a log line
+    naming the peer; not before it, and within it plus a second (a timer sweep) plus a
+    second of slack for a loaded machine."""
+    port, ws_port = free_port(), free_port()
+    b = Rtd(listeners(port, {"bind": f"127.0.0.1:{ws_port}", "websocket": PATH}),
+            "connect_timeout=2", port=port)
+    try:
+        half = socket.create_connection(("127.0.0.1", ws_port), timeout=10)
+        half.sendall(b"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n")
+        t_half = time.monotonic()
+        ws = WebSocket.connect(ws_port, timeout=10)
+        t_ws = time.monotonic()
+        half_port, ws_lport = half.getsockname()[1], ws.sock.getsockname()[1]
+        try:
+            while half.recv(4096):  # an HTTP error answer may come first
+                pass
+        except ConnectionResetError:
+            pass
+        waited_half = time.monotonic() - t_half
+        assert ws.tcp_closed(10), ws.frames
+        waited_ws = time.monotonic() - t_ws
+        for waited in (waited_half, waited_ws):
+            assert 2 - 0.1 <= waited <= 2 + 2.0, (waited_half, waited_ws)
+        for lport in (half_port, ws_lport):
+            wait_log(b, rf"peer=127\.0\.0\.1:{lport}\b.*timeout|timeout.*peer=127\.0\.0\.1:"
+                        rf"{lport}\b")
+        half.close()
+        ws.close()
+        healthy(b)
+    finally:
+        code, log = b.stop()
+        assert code == 0, log[-3000:]
