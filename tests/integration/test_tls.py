@@ -223,6 +223,55 @@ def test_session_resumption(pki, version):
         stop_ok(broker)
 
 
+def test_many_tls_clients_at_once(pki):
+    """100 TLS clients (half TLS 1.2, half 1.3) connect from 10 threads at once, each sends a
+    QoS 1 message to itself and gets it back; the listener counts 100 open connections, and
+    none once they have all disconnected (nothing is left behind)."""
+    broker = start(pki)
+    n, threads = 100, 10
+    held, errors = [], []
+    lock = threading.Lock()
+
+    def worker(k):
+        try:
+            for i in range(k, n, threads):
+                v = ssl.TLSVersion.TLSv1_2 if i % 2 else ssl.TLSVersion.TLSv1_3
+                c = RawOn(tls_connect(broker.tls_port, tls_context(pki.ca.cert, version=v),
+                                      timeout=20), f"many-{i}", version=4)
+                assert c.connack_code == 0
+                assert c.subscribe(f"many/{i}", 1).body[2:] == b"\x01"
+                c.send((3 << 4) | 2, mqtt_str(f"many/{i}") + u16(1) + b"%d" % i)
+                got = [c.read(20), c.read(20)]   # its PUBACK and the message, either order
+                assert None not in got, (i, got)
+                assert sorted(p.type for p in got) == [3, PUBACK], got
+                m = c.publish_fields(next(p for p in got if p.type == 3))
+                assert (m["topic"], m["payload"]) == (f"many/{i}", b"%d" % i), m
+                c.ack(PUBACK, m["pid"])
+                with lock:
+                    held.append(c)
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    try:
+        ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert not errors, errors[:3]
+        assert len(held) == n
+
+        def open_conns():
+            rows = {r["listener"]: r for r in broker.ctl_json("listeners")}
+            return rows[f"127.0.0.1:{broker.tls_port}"]["connections"]
+        assert wait_for(lambda: open_conns() == n, 10), open_conns()
+        for c in held:
+            c.disconnect()
+        assert wait_for(lambda: open_conns() == 0, 10), open_conns()
+    finally:
+        stop_ok(broker)
+
+
 # ---- 2. client certificates ----
 
 def mtls(pki, verify="required", **more):
