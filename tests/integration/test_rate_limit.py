@@ -71,7 +71,7 @@ class Counter:
         self.c.loop_stop()
 
 
-def publisher(port, client_id, username=None):
+def publisher(port, client_id, username=None, keepalive=60):
     c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv311)
     if username:
         c.username_pw_set(username)
@@ -79,25 +79,27 @@ def publisher(port, client_id, username=None):
     c.on_disconnect = lambda _c, _u, rc: c.disconnects.append(rc)
     connected = threading.Event()
     c.on_connect = lambda *a: connected.set()
-    c.connect("127.0.0.1", port, keepalive=60)
+    c.connect("127.0.0.1", port, keepalive=keepalive)
     c.loop_start()
     assert connected.wait(5)
     return c
 
 
-def blast(broker, client_id, n, payload_size=8, username=None, timeout=60):
+def blast(broker, client_id, n, payload_size=8, username=None, timeout=60, keepalive=60):
     """Publishes n QoS 0 messages as fast as paho takes them through the rate-limited
     listener; returns (seconds from the first publish to the last arrival, the publisher
     still connected, the subscriber's payloads in arrival order, rate_limited from rtctl)."""
     topic = f"rl/{client_id}"
     sub = Counter(broker.port, topic, f"{client_id}-sub")
-    pub = publisher(broker.rport, client_id, username)
+    pub = publisher(broker.rport, client_id, username, keepalive)
     try:
         pad = b"." * max(0, payload_size - 6)
         t0 = time.monotonic()
         for i in range(n):
             pub.publish(topic, b"%06d" % i + pad, qos=0)
-        assert wait_for(lambda: len(sub.got) >= n, timeout), (len(sub.got), n)
+        assert wait_for(lambda: len(sub.got) >= n, timeout), \
+            (f"{len(sub.got)} of {n} arrived", "publisher disconnected (paho rc)", pub.disconnects,
+             [ln for ln in broker.read_log().splitlines() if f"client={client_id} " in ln][-5:])
         time.sleep(0.2)  # nothing more (no duplicates) comes
         elapsed = sub.at[n - 1] - t0
         show = broker.ctl_json("clients", "show", client_id)
@@ -226,5 +228,22 @@ def test_user_byte_limit():
                                              username="frank")
         check_all_delivered(got, 20, payload_size=1000)
         assert shown(limited) == 0 and disconnects == []
+    finally:
+        stop_ok(broker)
+
+
+def test_slowed_client_is_not_cut_by_its_keepalive():
+    """A client held back longer than its keepalive allows (1.5 x 2 s) is still never
+    disconnected: 8 messages at 1 a second (bucket 1) take at least 7 s less one message, and
+    its PINGREQs wait behind them in what rtd has not parsed yet. Being slowed by the broker
+    is not the client's silence."""
+    broker = start({"messages": 1, "burst_messages": 1})
+    try:
+        elapsed, disconnects, got, limited = blast(broker, "slow-ka", 8, keepalive=2)
+        check_all_delivered(got, 8)
+        assert disconnects == [], disconnects
+        assert elapsed >= (8 - 1) / 1 - 1 - 0.01, elapsed
+        assert "client.keepalive_timeout client=slow-ka" not in broker.read_log()
+        assert shown(limited) >= 1
     finally:
         stop_ok(broker)
