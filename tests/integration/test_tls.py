@@ -339,6 +339,51 @@ def test_verify_optional(pki):
         stop_ok(broker)
 
 
+def test_verify_optional_still_checks_a_presented_certificate(pki):
+    """verify=optional makes the certificate optional, not its check: one from an unknown CA,
+    an expired one and a revoked one are refused (logged with the reason); a good one gets
+    in. (rtd refuses identity_as_username without verify="required" at start, so an
+    unchecked CN never becomes a user name.)"""
+    broker = start(pki, **mtls(pki, verify="optional"))
+    try:
+        for name, pair, reason in (("unknown CA", pki.unknown,
+                                    "unable to get local issuer certificate"),
+                                   ("expired", pki.expired, "certificate has expired"),
+                                   ("revoked", pki.revoked, "certificate revoked")):
+            outcome, lport = try_handshake(broker.tls_port, tls_context(pki.ca.cert, *pair))
+            assert outcome[0] == "refused", (name, outcome)
+            assert reason in handshake_failure(broker, lport), name
+        assert try_handshake(broker.tls_port,
+                             tls_context(pki.ca.cert, *pki.client))[0] == ("connack", 0)
+    finally:
+        stop_ok(broker)
+
+
+def test_crl_reloaded_live(pki, tmp_path):
+    """A certificate revoked after start: once the CRL file is replaced and rtd reloads
+    (SIGHUP), the next handshake with it is refused ("certificate revoked"); other clients
+    still get in."""
+    late = pki.ca.issue(str(tmp_path), "client-late", "late-cert")
+    live_crl = str(tmp_path / "live-crl.pem")
+    shutil.copyfile(pki.ca.crl, live_crl)
+    broker = start(pki, **dict(mtls(pki), crl=live_crl))
+    try:
+        assert try_handshake(broker.tls_port, tls_context(pki.ca.cert, *late))[0] == \
+            ("connack", 0)
+        pki.ca.revoke(late[0])
+        shutil.copyfile(pki.ca.crl, live_crl + ".new")
+        os.rename(live_crl + ".new", live_crl)
+        broker.proc.send_signal(signal.SIGHUP)
+        wait_log(broker, rf"tls\.reloaded listener=127\.0\.0\.1:{broker.tls_port}")
+        outcome, lport = try_handshake(broker.tls_port, tls_context(pki.ca.cert, *late))
+        assert outcome[0] == "refused", outcome
+        assert "certificate revoked" in handshake_failure(broker, lport)
+        assert try_handshake(broker.tls_port,
+                             tls_context(pki.ca.cert, *pki.client))[0] == ("connack", 0)
+    finally:
+        stop_ok(broker)
+
+
 def test_identity_as_username(pki, tmp_path):
     """identity_as_username: the certificate's CN is the user the ACL sees; the user name and
     password in CONNECT are ignored. alice-cert may use only alice-cert/#, bob-cert only
