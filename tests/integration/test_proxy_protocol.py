@@ -11,10 +11,12 @@ import socket
 import sqlite3
 import time
 
+import pytest
+
 from conftest import Rtd, free_port, wait_for
 from mqtt_raw import Raw, mqtt_str
 from transports import (RawOn, V2_SIG, WebSocket, connect_packet, listeners, proxy_v1, proxy_v2,
-                        wait_log)
+                        read_http_head, tls_context, upgrade_request, wait_log)
 
 PEER_RULE = '''
 return {
@@ -321,3 +323,35 @@ def test_x_forwarded_for_on_websocket(tmp_path):
         c2.disconnect()
     finally:
         stop_ok(broker)
+
+
+@pytest.mark.parametrize("kind", ["tls", "ws", "wss"])
+def test_proxy_header_before_tls_and_websocket(pki, kind):
+    """A load balancer in front of a TLS or WebSocket listener sends the PROXY header before
+    the ClientHello / the upgrade request: the client's address is the header's."""
+    port, lport_ = free_port(), free_port()
+    listener = {"bind": f"127.0.0.1:{lport_}", "proxy_protocol": True,
+                "trusted_proxies": ["127.0.0.1/32"]}
+    if kind in ("tls", "wss"):
+        listener["tls"] = {"cert": pki.server["ec"][0], "key": pki.server["ec"][1]}
+    if kind in ("ws", "wss"):
+        listener["websocket"] = "/mqtt"
+    b = Rtd(listeners(port, listener), port=port)
+    try:
+        s = via_proxy(lport_, proxy_v2("127.66.3.3", 46000, dport=lport_))
+        if kind in ("tls", "wss"):
+            s = tls_context(pki.ca.cert, alpn=None).wrap_socket(s, server_hostname="localhost")
+        if kind in ("ws", "wss"):
+            req, key = upgrade_request()
+            s.sendall(req)
+            ans = read_http_head(s)
+            assert ans.status == 101, ans.headers
+            ws = WebSocket(s)
+            ws.inbuf = ans.rest
+            s = ws
+        c = RawOn(s, f"behind-lb-{kind}", version=4)
+        assert c.connack_code == 0
+        assert client_peer(b, f"behind-lb-{kind}") == "127.66.3.3:46000"
+        c.disconnect()
+    finally:
+        stop_ok(b)
