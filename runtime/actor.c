@@ -943,6 +943,8 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
     bool yielded = a->yielded;
     a->yielded = 0;
     add_relaxed(&a->reductions, n);
+    if (n && !a->exiting && a->type->turn_end)
+        a->type->turn_end(a, a->state);
     if (a->socks)
         rt__sock_flush_turn(a);
     uint64_t end = rt__ticks();

@@ -175,6 +175,12 @@ typedef struct rt_actor_type_s {
     ** Not called once rt_shutdown has begun: nobody waits for an answer then.
     */
     void (*dead_letter)(void *state, rt_msg_t *msg);
+    /*
+    ** Optional: called at the end of a turn in which the actor handled messages and is not
+    ** exiting, before its sockets' output is sent: for output it gathers over a turn (a TLS
+    ** connection encrypts one record for a turn's packets instead of one per packet).
+    */
+    void (*turn_end)(rt_actor_t *self, void *state);
     uint32_t flags;
     /*
     ** Bytes after the state (a multiple of 16, at most RT_HEAP_INLINE_MAX) where the

@@ -708,6 +708,7 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
                           size_t len)
 {
     c->closing = 1;
+    rt__xport_flush(c);
     int fd = rt_sock_detach(c->sock);
     if (fd < 0) { /* output the kernel would not take yet: the client will connect again */
         rt_log(RT_LOG_INFO, "client.resume_failed", "reason=\"socket busy\"");
@@ -802,7 +803,7 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         on_keepalive(self, c);
         break;
     case RT_CONN_MSG_RESUME:
-        if (m->len >= 1)
+        if (m->len > sizeof(rt_msg_owned_t))
             on_resume(self, c, m);
         break;
     case RT_CONN_MSG_SESSION_EXPIRED:
@@ -875,6 +876,12 @@ static const char *exit_reason_name(rt_reason_t reason)
     if (reason == RT_REASON_KICKED)
         return "kicked";
     return reason == RT_REASON_TAKEOVER ? "takeover" : rt_reason_name(reason);
+}
+
+static void conn_turn_end(rt_actor_t *self, void *state)
+{
+    (void)self;
+    rt__xport_flush(state);
 }
 
 static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
@@ -989,6 +996,7 @@ const rt_actor_type_t rt_conn_type = {
     .handle = conn_handle,
     .trace = conn_trace,
     .terminate = conn_terminate,
+    .turn_end = conn_turn_end,
     .tag_name = conn_tag_name,
     .heap_inline = RT_CONN_HEAP_INLINE,
 };
@@ -1000,6 +1008,7 @@ const rt_actor_type_t rt__conn_restored_type = {
     .handle = conn_handle,
     .trace = conn_trace,
     .terminate = conn_terminate,
+    .turn_end = conn_turn_end,
     .tag_name = conn_tag_name,
     .heap_inline = RT_CONN_HEAP_INLINE,
 };

@@ -347,6 +347,8 @@ int rt__xport_start(conn_t *c);
 void rt__xport_input(rt_actor_t *self, conn_t *c, uint8_t *p, size_t n);
 /* An encoded packet out through the transport. */
 int rt__xport_write(conn_t *c, const uint8_t *p, size_t n);
+/* The end of a turn (or a hand-over): what was written through TLS becomes records. */
+void rt__xport_flush(conn_t *c);
 /* Before the socket closes: a WebSocket close frame, TLS close_notify; frees c->xp. */
 void rt__xport_close(conn_t *c);
 /* Frees a transport state not attached (rt_msg_own's drop for a handed-over socket). */

@@ -58,6 +58,8 @@ struct rt_xport_s {
     SSL *ssl;            /* NULL: no TLS */
     uint8_t *stash;      /* malloc: bytes the current layer cannot use yet; NULL when none */
     xport_rate_t *rate;  /* malloc; NULL: no limit */
+    uint8_t *out;        /* malloc: plaintext written this turn, encrypted at its end (TLS) */
+    uint32_t out_len;
     uint32_t stash_len;
     rt_ws_in_t ws;
     rt_auth_addr_t real; /* the client's address from a PROXY header or X-Forwarded-For */
@@ -73,6 +75,7 @@ struct rt_xport_s {
 static atomic_size_t xport_bytes; /* all connections' states and stashes */
 
 #define XPORT_PLAIN_MAX (16 * 1024) /* one TLS record's plaintext */
+#define XPORT_OUT_MAX XPORT_PLAIN_MAX /* plaintext gathered before a record is made anyway */
 #define XPORT_WS_INLINE 512         /* a frame up to this is built in one piece on the stack */
 
 static const rt_listen_t *listener_of(const rt_xport_t *xp)
@@ -119,7 +122,8 @@ size_t rt__xport_memory(const conn_t *c)
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
     if (!xp)
         return 0;
-    return sizeof(*xp) + xp->stash_len + (xp->rate ? sizeof(*xp->rate) : 0);
+    return sizeof(*xp) + xp->stash_len + (xp->rate ? sizeof(*xp->rate) : 0) +
+           (xp->out ? XPORT_OUT_MAX : 0);
 }
 
 size_t rt_xport_total_memory(void)
@@ -212,17 +216,26 @@ static bool rate_configured(const rt_conf_rate_t *r)
     return r->messages > 0 || r->bytes > 0;
 }
 
+static void rate_free(rt_xport_t *xp)
+{
+    if (!xp->rate)
+        return;
+    free(xp->rate);
+    xp->rate = NULL;
+    atomic_fetch_sub_explicit(&xport_bytes, sizeof(*xp->rate), memory_order_relaxed);
+}
+
 static void rate_use(rt_xport_t *xp, const rt_conf_rate_t *limit)
 {
     if (!rate_configured(limit)) {
-        free(xp->rate);
-        xp->rate = NULL;
+        rate_free(xp);
         return;
     }
     if (!xp->rate) {
         xp->rate = calloc(1, sizeof(*xp->rate));
         if (!xp->rate)
             return; /* unlimited rather than refused: the limit is a courtesy to others */
+        atomic_fetch_add_explicit(&xport_bytes, sizeof(*xp->rate), memory_order_relaxed);
     }
     xp->rate->limit = limit;
     xp->rate->messages = limit->burst_messages > 0 ? limit->burst_messages : limit->messages;
@@ -262,8 +275,12 @@ void rt__xport_free(void *obj)
     if (!xp)
         return;
     SSL_free(xp->ssl);
+    if (xp->out) {
+        free(xp->out);
+        atomic_fetch_sub_explicit(&xport_bytes, XPORT_OUT_MAX, memory_order_relaxed);
+    }
     stash_clear(xp);
-    free(xp->rate);
+    rate_free(xp);
     atomic_fetch_sub_explicit(&xport_bytes, sizeof(*xp), memory_order_relaxed);
     free(xp);
 }
@@ -277,14 +294,59 @@ void rt__xport_adopt(conn_t *c, rt_xport_t *xp)
 
 /* ---- Output ---- */
 
+/* Encrypts what the turn gathered into records in the socket's output. */
+static int tls_flush(rt_xport_t *xp)
+{
+    if (!xp->out)
+        return 0;
+    int r = SSL_write(xp->ssl, xp->out, (int)xp->out_len);
+    atomic_fetch_sub_explicit(&xport_bytes, XPORT_OUT_MAX, memory_order_relaxed);
+    free(xp->out);
+    xp->out = NULL;
+    xp->out_len = 0;
+    if (r <= 0) {
+        ERR_clear_error();
+        return RT_ECLOSED;
+    }
+    return 0;
+}
+
+void rt__xport_flush(conn_t *c)
+{
+    rt_xport_t *xp = c->sock ? c->xp : NULL;
+    if (xp && xp->ssl)
+        tls_flush(xp);
+}
+
+/*
+** Over TLS, a turn's packets are gathered and encrypted at its end (rt__xport_flush, from
+** the actor's turn_end), up to a record's worth: a subscriber sent a hundred small messages
+** in a turn gets one record, not a hundred, and OpenSSL allocates its write buffer once.
+*/
 static int lower_write(rt_xport_t *xp, rt_sock_t *sock, const uint8_t *p, size_t n)
 {
     if (!xp->ssl)
         return rt_sock_write(sock, p, n);
-    if (SSL_write(xp->ssl, p, (int)n) <= 0) {
-        ERR_clear_error();
-        return RT_ECLOSED;
+    if (xp->out_len + n > XPORT_OUT_MAX) {
+        int rc = tls_flush(xp);
+        if (rc)
+            return rc;
+        if (n >= XPORT_OUT_MAX) {
+            if (SSL_write(xp->ssl, p, (int)n) <= 0) {
+                ERR_clear_error();
+                return RT_ECLOSED;
+            }
+            return 0;
+        }
     }
+    if (!xp->out) {
+        xp->out = malloc(XPORT_OUT_MAX);
+        if (!xp->out)
+            return RT_ENOMEM;
+        atomic_fetch_add_explicit(&xport_bytes, XPORT_OUT_MAX, memory_order_relaxed);
+    }
+    memcpy(xp->out + xp->out_len, p, n);
+    xp->out_len += (uint32_t)n;
     return 0;
 }
 
@@ -323,8 +385,10 @@ void rt__xport_close(conn_t *c)
         return;
     if (xp->stage == STAGE_OPEN && xp->websocket)
         ws_send_close(xp, c->sock, RT_WS_CLOSE_NORMAL);
-    if (xp->ssl && SSL_is_init_finished(xp->ssl) && !xp->tls_failed)
-        SSL_shutdown(xp->ssl); /* close_notify into the socket's buffer */
+    if (xp->ssl && SSL_is_init_finished(xp->ssl) && !xp->tls_failed) {
+        tls_flush(xp); /* what the turn wrote (a DISCONNECT), then close_notify */
+        SSL_shutdown(xp->ssl);
+    }
     ERR_clear_error();
     c->xp = NULL;
     rt__xport_free(xp);
