@@ -15,10 +15,11 @@ import threading
 import time
 
 import paho.mqtt.client as mqtt
+import pytest
 
 from conftest import Rtd, free_port, subscribe, wait_for
 from sys_tree import SysTree
-from transports import listeners
+from transports import listeners, tls_context
 
 
 def find_key(obj, key):
@@ -246,4 +247,52 @@ def test_slowed_client_is_not_cut_by_its_keepalive():
         assert "client.keepalive_timeout client=slow-ka" not in broker.read_log()
         assert shown(limited) >= 1
     finally:
+        stop_ok(broker)
+
+
+@pytest.mark.parametrize("kind", ["tls", "ws", "wss"])
+def test_rate_limit_on_tls_and_websocket(pki, kind):
+    """The same bucket on a TLS, WebSocket and WSS listener, where records or frames may
+    hold many packets already decrypted or unmasked: 200 messages at 50 a second (bucket 50)
+    all arrive, in order, no disconnect, after at least (200 - 50) / 50 = 3 s less one
+    message."""
+    port, rport = free_port(), free_port()
+    listener = {"bind": f"127.0.0.1:{rport}", "rate_limit": {"messages": 50,
+                                                             "burst_messages": 50}}
+    if kind in ("tls", "wss"):
+        listener["tls"] = {"cert": pki.server["ec"][0], "key": pki.server["ec"][1]}
+    if kind in ("ws", "wss"):
+        listener["websocket"] = "/mqtt"
+    broker = Rtd(listeners(port, listener), port=port)
+    broker.rport = rport
+    topic = f"rl/{kind}"
+    sub = Counter(port, topic, f"{kind}-sub")
+    pub = mqtt.Client(client_id=f"{kind}-pub", protocol=mqtt.MQTTv311,
+                      transport="websockets" if kind in ("ws", "wss") else "tcp")
+    if kind in ("ws", "wss"):
+        pub.ws_set_options(path="/mqtt")
+    if kind in ("tls", "wss"):
+        pub.tls_set_context(tls_context(pki.ca.cert, alpn=None))
+    disconnects = []
+    pub.on_disconnect = lambda _c, _u, rc: disconnects.append(rc)
+    connected = threading.Event()
+    pub.on_connect = lambda *a: connected.set()
+    try:
+        pub.connect("127.0.0.1", rport, keepalive=60)
+        pub.loop_start()
+        assert connected.wait(5)
+        t0 = time.monotonic()
+        for i in range(200):
+            pub.publish(topic, b"%06d.." % i, qos=0)
+        assert wait_for(lambda: len(sub.got) >= 200, 30), (len(sub.got), disconnects)
+        elapsed = sub.at[199] - t0
+        check_all_delivered(list(sub.got), 200)
+        assert disconnects == []
+        assert (200 - 50) / 50 - 1 / 50 - 0.01 <= elapsed <= 1.5 * (200 - 50) / 50, elapsed
+        limited = find_key(broker.ctl_json("clients", "show", f"{kind}-pub"), "rate_limited")
+        assert shown(limited) >= 1
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+        sub.close()
         stop_ok(broker)
