@@ -420,6 +420,34 @@ def test_identity_as_username(pki, tmp_path):
         stop_ok(broker)
 
 
+def test_identity_as_username_on_a_resumed_session(pki, tmp_path):
+    """A session kept by alice-cert and resumed (same client id, clean start 0) by a
+    connection with bob-cert's certificate belongs to bob-cert from then on: the user name is
+    the new connection's certificate's, for rtctl and the ACL (alice-cert/# is refused)."""
+    acl = tmp_path / "cn.acl"
+    acl.write_text("user alice-cert\ntopic readwrite alice-cert/#\n"
+                   "user bob-cert\ntopic readwrite bob-cert/#\n")
+    broker = start(pki, f'acl_file="{acl}"', **mtls(pki, identity_as_username=True))
+    expiry = bytes([0x11]) + (300).to_bytes(4, "big")
+    try:
+        a = RawOn(tls_connect(broker.tls_port, tls_context(pki.ca.cert, *pki.client)),
+                  "shared-id", clean=False, props=expiry)
+        assert a.connack_code == 0
+        a.disconnect()
+        broker.wait_offline("shared-id")
+        b = RawOn(tls_connect(broker.tls_port, tls_context(pki.ca.cert, *pki.client_bob)),
+                  "shared-id", clean=False, props=expiry, username="alice-cert")
+        assert b.connack_code == 0 and b.session_present
+        show = broker.ctl_json("clients", "show", "shared-id")
+        assert show.get("username", show.get("user")) == "bob-cert", show
+        b.send((3 << 4) | 2, b"\x00\x0calice-cert/x\x00\x05\x00no")
+        assert b.expect(PUBACK).body[2:3] == b"\x87"
+        b.publish("bob-cert/x", b"ok", qos=1, pid=6)
+        b.disconnect(props=bytes([0x11]) + (0).to_bytes(4, "big"))
+    finally:
+        stop_ok(broker)
+
+
 # ---- 3. live reload ----
 
 def install(src_pair, dst_pair):
