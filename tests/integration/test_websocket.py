@@ -222,6 +222,29 @@ def test_reserved_bits_and_unknown_opcode_are_1002(broker):
     close_case(broker, lambda ws: ws.send_frame(0x3, b"\xc0\x00"), 1002)
 
 
+@pytest.mark.parametrize("case", ["ping of 126 bytes", "fragmented ping",
+                                  "continuation without a message",
+                                  "new message inside a fragmented one",
+                                  "64-bit length with its top bit set"])
+def test_other_protocol_errors_are_1002(broker, case):
+    """RFC 6455 5.2 and 5.5: each closed with 1002 (then TCP), logged; others unaffected."""
+    def send(ws):
+        if case == "ping of 126 bytes":
+            ws.send_frame(OP_PING, b"p" * 126)
+        elif case == "fragmented ping":
+            ws.send_frame(OP_PING, b"p", fin=False)
+        elif case == "continuation without a message":
+            ws.send_frame(OP_CONT, b"\xc0\x00")
+        elif case == "new message inside a fragmented one":
+            ws.send_frame(OP_BINARY, b"\xc0", fin=False)
+            ws.send_frame(OP_BINARY, b"\x00")
+        else:
+            head = bytearray(frame(OP_BINARY, b"", length=1 << 16))
+            head[2] = 0x80   # the 64-bit length's most significant bit (must be 0)
+            ws.sock.sendall(bytes(head) + b"\x00" * 16)
+    close_case(broker, send, 1002)
+
+
 def test_text_frame_is_1003(broker):
     close_case(broker, lambda ws: ws.send_frame(OP_TEXT, b"hello"), 1003)
 
