@@ -240,7 +240,7 @@ def test_slowed_client_is_not_cut_by_its_keepalive():
     is not the client's silence."""
     broker = start({"messages": 1, "burst_messages": 1})
     try:
-        elapsed, disconnects, got, limited = blast(broker, "slow-ka", 8, keepalive=2)
+        elapsed, disconnects, got, limited = blast(broker, "slow-ka", 8, keepalive=2, timeout=21)
         check_all_delivered(got, 8)
         assert disconnects == [], disconnects
         assert elapsed >= (8 - 1) / 1 - 1 - 0.01, elapsed
