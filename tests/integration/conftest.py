@@ -300,3 +300,11 @@ def subscribe(c, topic, qos=0):
     c.on_subscribe = lambda *a: done.set()
     c.subscribe(topic, qos)
     assert done.wait(5)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """Certificates for the transport tests (TLS, mutual TLS, WSS), made with the openssl CLI
+    once per module: see certs.py."""
+    from certs import Pki
+    return Pki(tmp_path_factory.mktemp("pki"))
