@@ -62,7 +62,17 @@ static lua_State *new_state(conf_mem_t *m)
 }
 
 /* K_PATH: a K_STRING naming a file or directory, made absolute at load (config.h). */
-typedef enum { K_INT, K_DOUBLE, K_BOOL, K_STRING, K_PATH, K_LISTENERS, K_NETS, K_SECTIONS } kind_t;
+typedef enum {
+    K_INT,
+    K_DOUBLE,
+    K_BOOL,
+    K_STRING,
+    K_PATH,
+    K_LISTENERS,
+    K_NETS,
+    K_SECTIONS,
+    K_USER_RATES
+} kind_t;
 
 typedef struct setting_s {
     const char *name;
@@ -93,7 +103,12 @@ static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldes
 
 /* Every setting rtd knows, in one place: name, type, range and what it means. */
 static const setting_t settings[] = {
-    {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL, "\"host:port\" or a list of them"},
+    {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL,
+     "\"host:port\", { bind = \"host:port\", tls = {...}, websocket = \"/path\", ... } or a list"},
+    {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
+     "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
+    INT(connect_timeout, 1, 3600, "seconds from accept to CONNECT (TLS, WebSocket and PROXY "
+                                  "header included)"),
     INT(max_connections, 1, 10000000, "connections at once"),
     INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
     INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
@@ -204,6 +219,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->rule_output_rows = RT_CONF_RULE_OUTPUT_ROWS;
     c->rule_output_bytes = RT_CONF_RULE_OUTPUT_BYTES;
     c->sys_interval = 10;
+    c->connect_timeout = 10;
     c->restart_intensity = RT_CONF_RESTART_INTENSITY;
     c->restart_period = RT_CONF_RESTART_PERIOD;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
@@ -312,10 +328,19 @@ void rt_conf_each(const rt_conf_t *c,
             for (unsigned l = 0; l < c->nlisteners && used < sizeof(value); l++) {
                 const rt_listen_t *li = &c->listeners[l];
                 bool v6 = strchr(li->host, ':') != NULL;
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s%s%s:%d",
+                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s%s%s:%d%s%s%s",
                                          l ? ", " : "", v6 ? "[" : "", li->host, v6 ? "]" : "",
-                                         li->port);
+                                         li->port, li->tls_on ? " tls" : "",
+                                         li->websocket[0] ? " websocket " : "", li->websocket);
+                if (li->proxy_protocol && used < sizeof(value))
+                    used += (size_t)snprintf(value + used, sizeof(value) - used, " proxy");
             }
+            break;
+        case K_USER_RATES:
+            value[0] = 0;
+            for (unsigned n = 0; n < c->nuser_rates && used < sizeof(value); n++)
+                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
+                                         c->user_rates[n].user);
             break;
         case K_SECTIONS:
             value[0] = 0;
@@ -359,6 +384,272 @@ static bool parse_listener(const char *s, rt_listen_t *out)
     if (end == colon + 1 || *end || port < 0 || port > 65535)
         return false;
     out->port = (int)port;
+    return true;
+}
+
+/* The value on top of the stack as "address/bits" or a list of them, into nets. */
+static bool parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsigned *nout,
+                       char *why, size_t whylen)
+{
+    rt_conf_net_t nets[RT_CONF_MAX_NETS];
+    unsigned n = 0;
+    bool one = lua_type(L, -1) == LUA_TSTRING;
+    if (!one && lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be \"address/bits\" or a list of them", name);
+        return false;
+    }
+    lua_Integer len = one ? 1 : luaL_len(L, -1);
+    if (len > RT_CONF_MAX_NETS) {
+        snprintf(why, whylen, "%s: at most %d networks", name, RT_CONF_MAX_NETS);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        if (!one)
+            lua_geti(L, -1, i);
+        const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        bool ok = v && parse_net(v, &nets[n]);
+        if (!ok)
+            snprintf(why, whylen, "%s[%lld]: %s%s%s", name, (long long)i,
+                     v ? "\"" : "not a string", v ? v : "",
+                     v ? "\" is not a numeric address with an optional /bits" : "");
+        if (!one)
+            lua_pop(L, 1);
+        if (!ok)
+            return false;
+        n++;
+    }
+    memcpy(out, nets, n * sizeof(nets[0]));
+    *nout = n;
+    return true;
+}
+
+/* A string field of a listener's table into a buffer of size bytes. */
+static bool table_string(lua_State *L, const char *where, const char *key, char *out, size_t size,
+                         char *why, size_t whylen)
+{
+    size_t len;
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    if (!v || len == 0 || len >= size) {
+        snprintf(why, whylen, "%s.%s must be a string of 1 to %zu bytes", where, key, size - 1);
+        return false;
+    }
+    memcpy(out, v, len + 1);
+    return true;
+}
+
+static bool table_number(lua_State *L, const char *where, const char *key, double *out, char *why,
+                         size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 0 ||
+        lua_tonumber(L, -1) > 1e15) {
+        snprintf(why, whylen, "%s.%s must be a number >= 0", where, key);
+        return false;
+    }
+    *out = lua_tonumber(L, -1);
+    return true;
+}
+
+/* rate_limit = { messages, bytes, burst_messages, burst_bytes }, on top of the stack. */
+static bool parse_rate(lua_State *L, const char *where, rt_conf_rate_t *out, char *why,
+                       size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be a table { messages = n, bytes = n, ... }", where);
+        return false;
+    }
+    static const char *const keys[] = {"messages", "bytes", "burst_messages", "burst_bytes"};
+    double *fields[] = {&out->messages, &out->bytes, &out->burst_messages, &out->burst_bytes};
+    memset(out, 0, sizeof(*out));
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        size_t i = 0;
+        while (i < 4 && strcmp(k, keys[i]) != 0)
+            i++;
+        if (i == 4) {
+            snprintf(why, whylen, "%s: unknown key \"%s\" (messages, bytes, burst_messages, "
+                     "burst_bytes)", where, k);
+            lua_pop(L, 2);
+            return false;
+        }
+        if (!table_number(L, where, k, fields[i], why, whylen)) {
+            lua_pop(L, 2);
+            return false;
+        }
+        lua_pop(L, 1);
+    }
+    return true;
+}
+
+static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be a table { cert = ..., key = ... }", where);
+        return false;
+    }
+    memset(t, 0, sizeof(*t));
+    t->min_version = 12;
+    bool ok = true;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (strcmp(k, "cert") == 0 || strcmp(k, "key") == 0 || strcmp(k, "ca") == 0 ||
+            strcmp(k, "crl") == 0) {
+            char *field = k[0] == 'k' ? t->key : k[1] == 'e' ? t->cert : k[1] == 'a' ? t->ca
+                                                                                      : t->crl;
+            ok = table_string(L, where, k, field, RT_CONF_PATH_MAX, why, whylen);
+        } else if (strcmp(k, "verify") == 0) {
+            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+            t->verify = strcmp(v, "required") == 0   ? RT_TLS_VERIFY_REQUIRED
+                        : strcmp(v, "optional") == 0 ? RT_TLS_VERIFY_OPTIONAL
+                                                     : RT_TLS_VERIFY_NONE;
+            ok = strcmp(v, "none") == 0 || t->verify != RT_TLS_VERIFY_NONE;
+            if (!ok)
+                snprintf(why, whylen, "%s.verify must be \"none\", \"optional\" or \"required\"",
+                         where);
+        } else if (strcmp(k, "identity_as_username") == 0) {
+            ok = lua_type(L, -1) == LUA_TBOOLEAN;
+            t->identity_as_username = ok && lua_toboolean(L, -1);
+            if (!ok)
+                snprintf(why, whylen, "%s.identity_as_username must be true or false", where);
+        } else if (strcmp(k, "min_version") == 0) {
+            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+            t->min_version = strcmp(v, "1.3") == 0 ? 13 : 12;
+            ok = strcmp(v, "1.2") == 0 || strcmp(v, "1.3") == 0;
+            if (!ok)
+                snprintf(why, whylen, "%s.min_version must be \"1.2\" or \"1.3\"", where);
+        } else {
+            snprintf(why, whylen, "%s: unknown key \"%s\" (cert, key, ca, crl, verify, "
+                     "identity_as_username, min_version)", where, k);
+            ok = false;
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok) {
+        lua_pop(L, 1); /* the key lua_next left */
+        return false;
+    }
+    if (!t->cert[0] || !t->key[0]) {
+        snprintf(why, whylen, "%s needs cert and key", where);
+        return false;
+    }
+    if (t->verify != RT_TLS_VERIFY_NONE && !t->ca[0]) {
+        snprintf(why, whylen, "%s: verify = \"%s\" needs ca (the clients' certificate authority)",
+                 where, t->verify == RT_TLS_VERIFY_REQUIRED ? "required" : "optional");
+        return false;
+    }
+    if (t->identity_as_username && t->verify != RT_TLS_VERIFY_REQUIRED) {
+        snprintf(why, whylen, "%s: identity_as_username needs verify = \"required\"", where);
+        return false;
+    }
+    return true;
+}
+
+/* One listener's table (on top of the stack): bind and its transport's settings. */
+static bool parse_listener_table(lua_State *L, const char *where, rt_listen_t *out, char *why,
+                                 size_t whylen)
+{
+    char sub[96];
+    bool ok = true, bound = false;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        snprintf(sub, sizeof(sub), "%s.%s", where, k);
+        if (strcmp(k, "bind") == 0) {
+            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+            ok = bound = parse_listener(v, out);
+            if (!ok)
+                snprintf(why, whylen, "%s: \"%s\" is not host:port with a numeric host", sub, v);
+        } else if (strcmp(k, "tls") == 0) {
+            ok = out->tls_on = parse_tls(L, sub, &out->tls, why, whylen);
+        } else if (strcmp(k, "websocket") == 0) {
+            ok = table_string(L, where, k, out->websocket, sizeof(out->websocket), why, whylen);
+            if (ok && out->websocket[0] != '/') {
+                snprintf(why, whylen, "%s must be a path starting with /", sub);
+                ok = false;
+            }
+        } else if (strcmp(k, "proxy_protocol") == 0) {
+            ok = lua_type(L, -1) == LUA_TBOOLEAN;
+            out->proxy_protocol = ok && lua_toboolean(L, -1);
+            if (!ok)
+                snprintf(why, whylen, "%s must be true or false", sub);
+        } else if (strcmp(k, "trusted_proxies") == 0) {
+            ok = parse_nets(L, sub, out->trusted_proxies, &out->ntrusted, why, whylen);
+        } else if (strcmp(k, "rate_limit") == 0) {
+            ok = parse_rate(L, sub, &out->rate_limit, why, whylen);
+        } else {
+            snprintf(why, whylen, "%s: unknown key \"%s\" (bind, tls, websocket, proxy_protocol, "
+                     "trusted_proxies, rate_limit)", where, k);
+            ok = false;
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok) {
+        lua_pop(L, 1);
+        return false;
+    }
+    if (!bound) {
+        snprintf(why, whylen, "%s needs bind = \"host:port\"", where);
+        return false;
+    }
+    if (out->proxy_protocol && !out->ntrusted) {
+        snprintf(why, whylen, "%s: proxy_protocol needs trusted_proxies (the load balancers' "
+                 "addresses)", where);
+        return false;
+    }
+    return true;
+}
+
+/* A listener: "host:port" or a table (on top of the stack). */
+static bool parse_listener_value(lua_State *L, const char *where, rt_listen_t *out, char *why,
+                                 size_t whylen)
+{
+    if (lua_type(L, -1) == LUA_TTABLE)
+        return parse_listener_table(L, where, out, why, whylen);
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (v && parse_listener(v, out))
+        return true;
+    snprintf(why, whylen, "%s: %s%s%s", where, v ? "\"" : "not a string or a table",
+             v ? v : "", v ? "\" is not host:port with a numeric host" : "");
+    return false;
+}
+
+/* user_rate_limits = { name = { messages = n, ... }, ... } */
+static bool parse_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "user_rate_limits must be a table { user = { messages = n } }");
+        return false;
+    }
+    rt_conf_user_rate_t rates[RT_CONF_MAX_USER_RATES];
+    unsigned n = 0;
+    bool ok = true;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        size_t len = 0;
+        const char *user = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
+        char where[96];
+        snprintf(where, sizeof(where), "user_rate_limits.%s", user ? user : "?");
+        if (!user || len == 0 || len >= sizeof(rates[0].user)) {
+            snprintf(why, whylen, "user_rate_limits: keys are user names of 1 to %zu bytes",
+                     sizeof(rates[0].user) - 1);
+            ok = false;
+        } else if (n == RT_CONF_MAX_USER_RATES) {
+            snprintf(why, whylen, "user_rate_limits: at most %d users", RT_CONF_MAX_USER_RATES);
+            ok = false;
+        } else {
+            memcpy(rates[n].user, user, len + 1);
+            ok = parse_rate(L, where, &rates[n].rate, why, whylen);
+            n += ok;
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok) {
+        lua_pop(L, 1);
+        return false;
+    }
+    memcpy(c->user_rates, rates, n * sizeof(rates[0]));
+    c->nuser_rates = n;
     return true;
 }
 
@@ -547,14 +838,19 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return true;
     }
     case K_LISTENERS: {
-        rt_listen_t ls[RT_CONF_MAX_LISTENERS] = {0};
+        static rt_listen_t ls[RT_CONF_MAX_LISTENERS]; /* 16 KiB: not on the stack; one loader */
+        memset(ls, 0, sizeof(ls));
         unsigned n = 0;
-        if (lua_type(L, -1) == LUA_TSTRING) {
-            if (!parse_listener(lua_tostring(L, -1), &ls[0])) {
-                snprintf(why, whylen, "listeners: \"%s\" is not host:port with a numeric host",
-                         lua_tostring(L, -1));
+        /* One listener: a string, or a table with bind (a list's first entry is not bind). */
+        bool one = lua_type(L, -1) == LUA_TSTRING;
+        if (lua_type(L, -1) == LUA_TTABLE) {
+            lua_getfield(L, -1, "bind");
+            one = !lua_isnil(L, -1);
+            lua_pop(L, 1);
+        }
+        if (one) {
+            if (!parse_listener_value(L, "listeners", &ls[0], why, whylen))
                 return false;
-            }
             n = 1;
         } else if (lua_type(L, -1) == LUA_TTABLE) {
             lua_Integer len = luaL_len(L, -1);
@@ -564,59 +860,28 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
                 return false;
             }
             for (lua_Integer i = 1; i <= len; i++) {
+                char where[32];
+                snprintf(where, sizeof(where), "listeners[%lld]", (long long)i);
                 lua_geti(L, -1, i);
-                const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-                bool ok = v && parse_listener(v, &ls[n]);
-                if (!ok) {
-                    snprintf(why, whylen, "listeners[%lld]: %s%s%s", (long long)i,
-                             v ? "\"" : "not a string", v ? v : "",
-                             v ? "\" is not host:port with a numeric host" : "");
-                    lua_pop(L, 1);
-                    return false;
-                }
+                bool ok = parse_listener_value(L, where, &ls[n], why, whylen);
                 lua_pop(L, 1);
+                if (!ok)
+                    return false;
                 n++;
             }
         } else {
-            snprintf(why, whylen, "listeners must be \"host:port\" or a list of them");
+            snprintf(why, whylen, "listeners must be \"host:port\", a listener's table or a list "
+                     "of them");
             return false;
         }
         memcpy(c->listeners, ls, n * sizeof(ls[0]));
         c->nlisteners = n;
         return true;
     }
-    case K_NETS: {
-        rt_conf_net_t nets[RT_CONF_MAX_NETS];
-        unsigned n = 0;
-        bool one = lua_type(L, -1) == LUA_TSTRING;
-        if (!one && lua_type(L, -1) != LUA_TTABLE) {
-            snprintf(why, whylen, "%s must be \"address/bits\" or a list of them", s->name);
-            return false;
-        }
-        lua_Integer len = one ? 1 : luaL_len(L, -1);
-        if (len > RT_CONF_MAX_NETS) {
-            snprintf(why, whylen, "%s: at most %d networks", s->name, RT_CONF_MAX_NETS);
-            return false;
-        }
-        for (lua_Integer i = 1; i <= len; i++) {
-            if (!one)
-                lua_geti(L, -1, i);
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-            bool ok = v && parse_net(v, &nets[n]);
-            if (!ok)
-                snprintf(why, whylen, "%s[%lld]: %s%s%s", s->name, (long long)i,
-                         v ? "\"" : "not a string", v ? v : "",
-                         v ? "\" is not a numeric address with an optional /bits" : "");
-            if (!one)
-                lua_pop(L, 1);
-            if (!ok)
-                return false;
-            n++;
-        }
-        memcpy(c->anonymous_from, nets, n * sizeof(nets[0]));
-        c->nanonymous_from = n;
-        return true;
-    }
+    case K_USER_RATES:
+        return parse_user_rates(L, c, why, whylen);
+    case K_NETS:
+        return parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
     case K_SECTIONS:
         return apply_sections(L, s->name, (rt_conf_sections_t *)(void *)field, why, whylen);
     }
@@ -765,23 +1030,40 @@ static void normalize_path(char *path)
     *out = 0;
 }
 
-/* Makes the path setting s of c absolute against the directory base; "" stays "". */
-static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
-                        char *err, size_t errlen)
+/* Makes the path in field (size bytes) absolute against the directory base; "" stays "". */
+static int resolve_field(char *field, size_t size, const char *name, const char *base,
+                         const char *where, char *err, size_t errlen)
 {
-    char *field = (char *)c + s->offset;
     if (!field[0] || field[0] == '/')
         return 0;
     char joined[2 * PATH_MAX];
     int n = snprintf(joined, sizeof(joined), "%s/%s", base, field);
-    if (n < 0 || (size_t)n >= s->size) {
-        snprintf(err, errlen, "%s: %s \"%s\" in %s is longer than %zu bytes", where, s->name, field,
-                 base, s->size - 1);
+    if (n < 0 || (size_t)n >= size) {
+        snprintf(err, errlen, "%s: %s \"%s\" in %s is longer than %zu bytes", where, name, field,
+                 base, size - 1);
         return RT_EINVAL;
     }
     normalize_path(joined);
     memcpy(field, joined, strlen(joined) + 1);
     return 0;
+}
+
+/* Makes the path setting s of c absolute against base (the listeners' TLS files too). */
+static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
+                        char *err, size_t errlen)
+{
+    if (s->kind == K_LISTENERS) {
+        int rc = 0;
+        for (unsigned l = 0; l < c->nlisteners && rc == 0; l++) {
+            rt_conf_tls_t *t = &c->listeners[l].tls;
+            char *files[] = {t->cert, t->key, t->ca, t->crl};
+            for (size_t i = 0; i < 4 && rc == 0; i++)
+                rc = resolve_field(files[i], RT_CONF_PATH_MAX, "listeners' tls file", base, where,
+                                   err, errlen);
+        }
+        return rc;
+    }
+    return resolve_field((char *)c + s->offset, s->size, s->name, base, where, err, errlen);
 }
 
 int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
@@ -818,7 +1100,7 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         return RT_EINVAL;
     }
     for (size_t i = 0; i < NSETTINGS && rc == 0; i++)
-        if (settings[i].kind == K_PATH)
+        if (settings[i].kind == K_PATH || settings[i].kind == K_LISTENERS)
             rc = resolve_path(c, &settings[i], base, path, err, errlen);
     return rc;
 }
@@ -859,7 +1141,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         lua_close(L);
         return RT_EINVAL;
     }
-    char chunk[1024];
+    char chunk[4096]; /* a listeners table with its TLS files fits */
     int n = snprintf(chunk, sizeof(chunk), expression ? "%.*s = %s" : "%.*s = [[%s]]",
                      (int)(eq - assignment), assignment, value);
     if (n < 0 || (size_t)n >= sizeof(chunk)) { /* cut short, it could mean something else */
@@ -886,7 +1168,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         kend--;
     snprintf(key, sizeof(key), "%.*s", (int)(kend - k), k);
     const setting_t *s = find_setting(key);
-    if (rc == 0 && s && s->kind == K_PATH) {
+    if (rc == 0 && s && (s->kind == K_PATH || s->kind == K_LISTENERS)) {
         if (!getcwd(cwd, sizeof(cwd))) {
             snprintf(err, errlen, "%s: %s: cannot read the current directory: %s", where, key,
                      strerror(errno));

@@ -30,10 +30,50 @@ typedef struct rt_conf_net_s {
 #define RT_CONF_NLOOPBACK 2
 extern const rt_conf_net_t rt_conf_loopback[RT_CONF_NLOOPBACK];
 
+/* A token bucket's refill per second and size; 0: no limit of that kind. */
+typedef struct rt_conf_rate_s {
+    double messages, bytes;             /* PUBLISH packets and bytes read, per second */
+    double burst_messages, burst_bytes; /* the bucket: 0 means one second's worth */
+} rt_conf_rate_t;
+
+#define RT_CONF_PATH_MAX 256
+
+typedef enum { RT_TLS_VERIFY_NONE, RT_TLS_VERIFY_OPTIONAL, RT_TLS_VERIFY_REQUIRED } rt_tls_verify_t;
+
+/* A listener's TLS (actors/transport/tls.h); files are PEM, paths absolute after load. */
+typedef struct rt_conf_tls_s {
+    char cert[RT_CONF_PATH_MAX], key[RT_CONF_PATH_MAX];
+    char ca[RT_CONF_PATH_MAX];  /* client certificates are verified against it; "": none */
+    char crl[RT_CONF_PATH_MAX]; /* revoked client certificates; "": no revocation check */
+    rt_tls_verify_t verify;
+    bool identity_as_username; /* the client certificate's subject CN is the user name */
+    int min_version;           /* 12 (TLS 1.2, the default) or 13 */
+} rt_conf_tls_t;
+
+/*
+** A listener: "host:port" in the file, or a table with bind and the transport's
+** settings (TRANSPORTS.md): { bind = "host:port", tls = {...}, websocket = "/mqtt",
+** proxy_protocol = true, trusted_proxies = {...}, rate_limit = {...} }.
+*/
 typedef struct rt_listen_s {
     char host[64]; /* numeric address; "0.0.0.0" or "::" for all */
     int port;
+    bool tls_on;
+    bool proxy_protocol; /* a PROXY protocol header (v1 or v2) comes first on every connection */
+    char websocket[128]; /* MQTT over WebSocket on this path; "": plain MQTT */
+    unsigned ntrusted;
+    rt_conf_net_t trusted_proxies[RT_CONF_MAX_NETS]; /* PROXY headers and X-Forwarded-For from
+                                                        these only */
+    rt_conf_rate_t rate_limit;                       /* per client */
+    rt_conf_tls_t tls;
 } rt_listen_t;
+
+/* A user's own rate limit (user_rate_limits), in place of its listener's. */
+#define RT_CONF_MAX_USER_RATES 64
+typedef struct rt_conf_user_rate_s {
+    char user[64];
+    rt_conf_rate_t rate;
+} rt_conf_user_rate_t;
 
 /*
 ** Named sections (the `sinks` table): name = { key = value, ... }. The loader only
@@ -115,6 +155,10 @@ typedef struct rt_conf_s {
     /* Listeners: "host:port" strings; "[v6]:port" for IPv6. */
     rt_listen_t listeners[RT_CONF_MAX_LISTENERS];
     unsigned nlisteners;
+    rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
+    unsigned nuser_rates;
+    long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,
+                             WebSocket upgrade and PROXY header included) */
 
     /* Limits (MQTT). */
     long max_connections;      /* connections at once */

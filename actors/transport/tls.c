@@ -1,0 +1,358 @@
+/*
+** TLS server contexts, their reload, and OpenSSL's memory counted (tls.h).
+*/
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include "log.h"
+#include "rt.h"
+#include "tls.h"
+
+/* ---- Memory ---- */
+
+/* Each block carries its size in front, so frees can be counted; 16 keeps alignment. */
+#define MEM_HEADER 16
+
+static atomic_size_t tls_bytes;
+static _Thread_local int64_t thread_allocated;
+
+static void *count_malloc(size_t n, const char *file, int line)
+{
+    (void)file;
+    (void)line;
+    unsigned char *p = malloc(n + MEM_HEADER);
+    if (!p)
+        return NULL;
+    memcpy(p, &n, sizeof(n));
+    atomic_fetch_add_explicit(&tls_bytes, n, memory_order_relaxed);
+    thread_allocated += (int64_t)n;
+    return p + MEM_HEADER;
+}
+
+static void count_free(void *ptr, const char *file, int line)
+{
+    (void)file;
+    (void)line;
+    if (!ptr)
+        return;
+    unsigned char *p = (unsigned char *)ptr - MEM_HEADER;
+    size_t n;
+    memcpy(&n, p, sizeof(n));
+    atomic_fetch_sub_explicit(&tls_bytes, n, memory_order_relaxed);
+    thread_allocated -= (int64_t)n;
+    free(p);
+}
+
+static void *count_realloc(void *ptr, size_t n, const char *file, int line)
+{
+    if (!ptr)
+        return count_malloc(n, file, line);
+    if (n == 0) {
+        count_free(ptr, file, line);
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)ptr - MEM_HEADER;
+    size_t old;
+    memcpy(&old, p, sizeof(old));
+    unsigned char *q = realloc(p, n + MEM_HEADER);
+    if (!q)
+        return NULL;
+    memcpy(q, &n, sizeof(n));
+    atomic_fetch_add_explicit(&tls_bytes, n, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&tls_bytes, old, memory_order_relaxed);
+    thread_allocated += (int64_t)n - (int64_t)old;
+    return q + MEM_HEADER;
+}
+
+bool rt_tls_count_memory(void)
+{
+    return CRYPTO_set_mem_functions(count_malloc, count_realloc, count_free) == 1;
+}
+
+size_t rt_tls_memory(void)
+{
+    return atomic_load_explicit(&tls_bytes, memory_order_relaxed);
+}
+
+int64_t rt_tls_thread_allocated(void)
+{
+    return thread_allocated;
+}
+
+/* ---- Contexts ---- */
+
+typedef struct tls_server_s {
+    pthread_mutex_t lock; /* ctx, reloads and last_error: accepts on any scheduler, reloads */
+    SSL_CTX *ctx;
+    const rt_listen_t *conf;
+    uint64_t reloads;
+    char last_error[RT_TLS_WHY_LEN];
+} tls_server_t;
+
+static tls_server_t *servers[RT_CONF_MAX_LISTENERS];
+static rt_listen_t listeners[RT_CONF_MAX_LISTENERS]; /* their settings, as at open */
+
+/* OpenSSL's first queued error, for a message; clears the queue. */
+static void openssl_error(char *out, size_t len)
+{
+    unsigned long e = ERR_get_error();
+    const char *reason = e ? ERR_reason_error_string(e) : NULL;
+    snprintf(out, len, "%s", reason ? reason : "unknown error");
+    ERR_clear_error();
+}
+
+/* The protocol the client must offer by ALPN for this listener's kind, as ALPN wire bytes. */
+static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                       const unsigned char *in, unsigned inlen, void *arg)
+{
+    (void)ssl;
+    const rt_listen_t *l = arg;
+    static const unsigned char mqtt[] = "\x04mqtt";
+    static const unsigned char http[] = "\x08http/1.1";
+    const unsigned char *want = l->websocket[0] ? http : mqtt;
+    unsigned char *chosen;
+    /* A client offering other protocols only goes on without ALPN (as Mosquitto does):
+       refusing it would break clients that send a generic list. */
+    if (SSL_select_next_proto(&chosen, outlen, want, (unsigned)want[0] + 1, in, inlen) !=
+        OPENSSL_NPN_NEGOTIATED)
+        return SSL_TLSEXT_ERR_NOACK;
+    *out = chosen;
+    return SSL_TLSEXT_ERR_OK;
+}
+
+/* Modern suites only: ECDHE with AES-GCM or ChaCha20 for TLS 1.2 (1.3's are all fine). */
+#define TLS12_CIPHERS "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
+
+static SSL_CTX *build_context(const rt_listen_t *l, SSL_CTX *previous, char *why, size_t whylen)
+{
+    const rt_conf_tls_t *t = &l->tls;
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    if (!ctx) {
+        openssl_error(why, whylen);
+        return NULL;
+    }
+    char err[RT_TLS_WHY_LEN];
+    const char *step = NULL;
+    SSL_CTX_set_min_proto_version(ctx, t->min_version == 13 ? TLS1_3_VERSION : TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE |
+                                 SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_num_tickets(ctx, 1);
+    static const unsigned char sid_ctx[] = "rtd";
+    SSL_CTX_set_session_id_context(ctx, sid_ctx, sizeof(sid_ctx) - 1);
+    if (SSL_CTX_set_cipher_list(ctx, TLS12_CIPHERS) != 1)
+        step = "cipher list";
+    else if (SSL_CTX_use_certificate_chain_file(ctx, t->cert) != 1)
+        step = t->cert;
+    else if (SSL_CTX_use_PrivateKey_file(ctx, t->key, SSL_FILETYPE_PEM) != 1)
+        step = t->key;
+    else if (SSL_CTX_check_private_key(ctx) != 1)
+        step = "key does not match the certificate";
+    else if (t->ca[0] && SSL_CTX_load_verify_locations(ctx, t->ca, NULL) != 1)
+        step = t->ca;
+    if (!step && t->ca[0]) {
+        STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(t->ca);
+        if (names)
+            SSL_CTX_set_client_CA_list(ctx, names);
+    }
+    if (!step && t->crl[0]) {
+        X509_STORE *store = SSL_CTX_get_cert_store(ctx);
+        X509_LOOKUP *lookup = X509_STORE_add_lookup(store, X509_LOOKUP_file());
+        if (!lookup || X509_load_crl_file(lookup, t->crl, X509_FILETYPE_PEM) < 1)
+            step = t->crl;
+        else
+            X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+    }
+    if (step) {
+        openssl_error(err, sizeof(err));
+        snprintf(why, whylen, "%.120s: %.120s", step, err);
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    if (t->verify != RT_TLS_VERIFY_NONE)
+        SSL_CTX_set_verify(ctx,
+                           SSL_VERIFY_PEER | (t->verify == RT_TLS_VERIFY_REQUIRED
+                                                  ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT
+                                                  : 0),
+                           NULL);
+    SSL_CTX_set_alpn_select_cb(ctx, select_alpn, (void *)l);
+    /* Tickets issued before a reload still resume after it. */
+    unsigned char keys[80];
+    if (previous && SSL_CTX_get_tlsext_ticket_keys(previous, keys, sizeof(keys)) == 1)
+        SSL_CTX_set_tlsext_ticket_keys(ctx, keys, sizeof(keys));
+    return ctx;
+}
+
+static void format_listener(const rt_listen_t *l, char *out, size_t len)
+{
+    bool v6 = strchr(l->host, ':') != NULL;
+    snprintf(out, len, "%s%.64s%s:%d", v6 ? "[" : "", l->host, v6 ? "]" : "", l->port);
+}
+
+int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
+{
+    for (unsigned i = 0; i < conf->nlisteners; i++) {
+        if (!conf->listeners[i].tls_on)
+            continue;
+        listeners[i] = conf->listeners[i];
+        tls_server_t *s = calloc(1, sizeof(*s));
+        char err[RT_TLS_WHY_LEN], where[80];
+        format_listener(&listeners[i], where, sizeof(where));
+        SSL_CTX *ctx = s ? build_context(&listeners[i], NULL, err, sizeof(err)) : NULL;
+        if (!ctx) {
+            snprintf(why, whylen, "listener %s: TLS: %.200s", where, s ? err : "out of memory");
+            free(s);
+            rt_tls_close();
+            return RT_EINVAL;
+        }
+        pthread_mutex_init(&s->lock, NULL);
+        s->ctx = ctx;
+        s->conf = &listeners[i];
+        servers[i] = s;
+    }
+    return 0;
+}
+
+void rt_tls_close(void)
+{
+    for (unsigned i = 0; i < RT_CONF_MAX_LISTENERS; i++) {
+        if (!servers[i])
+            continue;
+        SSL_CTX_free(servers[i]->ctx);
+        pthread_mutex_destroy(&servers[i]->lock);
+        free(servers[i]);
+        servers[i] = NULL;
+    }
+}
+
+SSL *rt_tls_accept(unsigned listener)
+{
+    tls_server_t *s = listener < RT_CONF_MAX_LISTENERS ? servers[listener] : NULL;
+    if (!s)
+        return NULL;
+    /* Under the lock: a reload frees the old context once it has no SSL taking it. */
+    pthread_mutex_lock(&s->lock);
+    SSL *ssl = SSL_new(s->ctx);
+    pthread_mutex_unlock(&s->lock);
+    return ssl;
+}
+
+int rt_tls_reload(char *report, size_t reportlen)
+{
+    int result = 0;
+    size_t used = 0;
+    if (report && reportlen)
+        report[0] = 0;
+    for (unsigned i = 0; i < RT_CONF_MAX_LISTENERS; i++) {
+        tls_server_t *s = servers[i];
+        if (!s)
+            continue;
+        char where[80], err[RT_TLS_WHY_LEN];
+        format_listener(s->conf, where, sizeof(where));
+        pthread_mutex_lock(&s->lock);
+        SSL_CTX *previous = s->ctx;
+        SSL_CTX_up_ref(previous);
+        pthread_mutex_unlock(&s->lock);
+        SSL_CTX *ctx = build_context(s->conf, previous, err, sizeof(err));
+        pthread_mutex_lock(&s->lock);
+        if (ctx) {
+            s->ctx = ctx;
+            s->reloads++;
+            s->last_error[0] = 0;
+        } else {
+            snprintf(s->last_error, sizeof(s->last_error), "%s", err);
+        }
+        pthread_mutex_unlock(&s->lock);
+        SSL_CTX_free(previous); /* our reference, and the server's if it was replaced */
+        if (ctx) {
+            SSL_CTX_free(previous);
+            rt_log(RT_LOG_INFO, "tls.reloaded", "listener=%s", where);
+        } else {
+            rt_log(RT_LOG_WARNING, "tls.reload_failed", "listener=%s reason=\"%s\"", where, err);
+            if (!result)
+                result = RT_EINVAL;
+        }
+        if (report && used < reportlen)
+            used += (size_t)snprintf(report + used, reportlen - used, "%s %s%s\n", where,
+                                     ctx ? "reloaded" : "failed: ", ctx ? "" : err);
+    }
+    return result;
+}
+
+static void format_time(const ASN1_TIME *t, char *out, size_t len, long *days_left)
+{
+    struct tm tm;
+    if (!t || ASN1_TIME_to_tm(t, &tm) != 1) {
+        snprintf(out, len, "?");
+        *days_left = 0;
+        return;
+    }
+    strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int days = 0, secs = 0;
+    ASN1_TIME_diff(&days, &secs, NULL, t);
+    *days_left = days;
+}
+
+bool rt_tls_info(unsigned listener, rt_tls_info_t *out)
+{
+    tls_server_t *s = listener < RT_CONF_MAX_LISTENERS ? servers[listener] : NULL;
+    if (!s)
+        return false;
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&s->lock);
+    X509 *cert = SSL_CTX_get0_certificate(s->ctx);
+    if (cert) {
+        X509_NAME_oneline(X509_get_subject_name(cert), out->subject, sizeof(out->subject));
+        format_time(X509_get0_notAfter(cert), out->not_after, sizeof(out->not_after),
+                    &out->days_left);
+    }
+    out->reloads = s->reloads;
+    snprintf(out->last_error, sizeof(out->last_error), "%s", s->last_error);
+    pthread_mutex_unlock(&s->lock);
+    return true;
+}
+
+void rt_tls_failure_reason(SSL *ssl, char *out, size_t len)
+{
+    long v = SSL_get_verify_result(ssl);
+    if (v != X509_V_OK) {
+        snprintf(out, len, "%s", X509_verify_cert_error_string(v));
+        ERR_clear_error();
+        return;
+    }
+    openssl_error(out, len);
+}
+
+bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len)
+{
+    X509 *cert = SSL_get0_peer_certificate(ssl);
+    if (!cert || len == 0)
+        return false;
+    int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, out, (int)len);
+    if (n > 0 && (size_t)n < len)
+        return true;
+    GENERAL_NAMES *names = X509_get_ext_d2i(cert, NID_subject_alt_name, NULL, NULL);
+    bool found = false;
+    for (int i = 0; names && i < sk_GENERAL_NAME_num(names) && !found; i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(names, i);
+        if (g->type != GEN_DNS && g->type != GEN_EMAIL)
+            continue;
+        const ASN1_IA5STRING *s = g->d.ia5;
+        if (s->length > 0 && (size_t)s->length < len &&
+            memchr(s->data, 0, (size_t)s->length) == NULL) {
+            memcpy(out, s->data, (size_t)s->length);
+            out[s->length] = 0;
+            found = true;
+        }
+    }
+    GENERAL_NAMES_free(names);
+    return found;
+}

@@ -1,0 +1,78 @@
+/*
+** TLS for the listeners (OpenSSL 3). One server context per TLS listener, built from
+** its rt_conf_tls_t at start and again on reload; connections take their SSL from the
+** context current at accept, so a reload changes new handshakes only (an SSL holds a
+** reference to the context it came from). The connection actor drives its SSL itself,
+** in its own turns, through memory rather than the socket (actors/conn/xport.c): no
+** thread per connection, and idle connections keep no record buffers
+** (SSL_MODE_RELEASE_BUFFERS).
+**
+** Resumption: stateless session tickets (one per full handshake); the ticket keys are
+** carried over a reload, so clients resume across it. No server-side session cache.
+*/
+#ifndef RT_TLS_H
+#define RT_TLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <openssl/ssl.h>
+
+#include "config.h"
+
+#define RT_TLS_WHY_LEN 256
+
+/*
+** Routes OpenSSL's allocations through a counting wrapper (rt_tls_memory). Must run before
+** anything else uses OpenSSL; false if that is too late (nothing is counted then).
+*/
+bool rt_tls_count_memory(void);
+/* Bytes OpenSSL holds now (contexts, connections, their buffers), when counted. */
+size_t rt_tls_memory(void);
+/* Net bytes OpenSSL allocated on this thread so far: a caller's difference around its own
+   calls is what one connection made OpenSSL hold. */
+int64_t rt_tls_thread_allocated(void);
+
+/*
+** Builds the contexts of the TLS listeners in conf (kept by index). On error, *why names
+** the listener and the reason, and nothing is kept.
+*/
+int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen);
+void rt_tls_close(void);
+
+/* A new server-side SSL for a connection on listener index; NULL if it has no TLS (or OOM). */
+SSL *rt_tls_accept(unsigned listener);
+
+/*
+** Reads every TLS listener's files again. A listener whose new files do not load keeps its
+** context; the result is 0 if all reloaded, else the first error, and report (may be
+** NULL) gets one line per listener: "HOST:PORT reloaded" or "HOST:PORT failed: why".
+*/
+int rt_tls_reload(char *report, size_t reportlen);
+
+typedef struct rt_tls_info_s {
+    char subject[256];   /* the server certificate's subject, one line */
+    char not_after[32];  /* its expiry, "YYYY-MM-DDTHH:MM:SSZ" */
+    long days_left;      /* until not_after (negative: expired) */
+    uint64_t reloads;    /* successful reloads since start */
+    char last_error[RT_TLS_WHY_LEN]; /* of the last failed reload; "" */
+} rt_tls_info_t;
+
+/* The listener's certificate as served now; false if it has no TLS. */
+bool rt_tls_info(unsigned listener, rt_tls_info_t *out);
+
+/*
+** Why a handshake failed, for the log: the certificate check's reason when there is one
+** ("certificate has expired"), else OpenSSL's ("wrong version number"). Clears the
+** thread's error queue.
+*/
+void rt_tls_failure_reason(SSL *ssl, char *out, size_t len);
+
+/*
+** The verified client certificate's identity for identity_as_username: its subject CN, or
+** its first DNS or email subject alternative name when it has no CN. False when none.
+*/
+bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len);
+
+#endif
