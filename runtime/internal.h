@@ -100,6 +100,7 @@ size_t rt__slab_trim(void);
 #define RT_MSGF_LINKED 1u /* exit signal caused by a link */
 #define RT_MSGF_FORCE 2u  /* exit signal that cannot be trapped (shutdown) */
 #define RT_MSGF_FD 4u     /* reserved2 holds a file descriptor the message owns */
+#define RT_MSGF_OWNED 8u  /* data begins with an rt_msg_owned_t the message owns */
 
 /* Signal tags live below RT_MSG_USER too, and never reach handle(). */
 #define RT_SIG_WAKE 16    /* pushed into the mailbox to get signals looked at */

@@ -55,6 +55,10 @@ void rt_msg_free(rt_msg_t *m)
         rt_bin_release(m->bin);
     if (m->flags & RT_MSGF_FD)
         close((int)m->reserved2);
+    if (m->flags & RT_MSGF_OWNED) {
+        rt_msg_owned_t *o = (rt_msg_owned_t *)(void *)m->data;
+        o->drop(o->obj);
+    }
     if (m->size_class != RT_POOL_TOO_BIG)
         RT_POISON(m->data, (size_t)m->size_class * RT_MSG_STEP - sizeof(rt_msg_t));
     rt__pool_free(&envelopes, m, m->size_class);
@@ -83,6 +87,23 @@ int rt_msg_take_fd(rt_msg_t *m)
         return -1;
     m->flags &= (uint8_t)~RT_MSGF_FD;
     return (int)m->reserved2;
+}
+
+void rt_msg_own(rt_msg_t *m, void *obj, void (*drop)(void *obj))
+{
+    RT_ASSERT(m->len >= sizeof(rt_msg_owned_t) && !(m->flags & RT_MSGF_OWNED));
+    rt_msg_owned_t *o = (rt_msg_owned_t *)(void *)m->data;
+    o->obj = obj;
+    o->drop = drop;
+    m->flags |= RT_MSGF_OWNED;
+}
+
+void *rt_msg_take_owned(rt_msg_t *m)
+{
+    if (!(m->flags & RT_MSGF_OWNED))
+        return NULL;
+    m->flags &= (uint8_t)~RT_MSGF_OWNED;
+    return ((rt_msg_owned_t *)(void *)m->data)->obj;
 }
 
 void rt__msg_pool_stats(size_t *in_use, size_t *held)

@@ -108,6 +108,18 @@ rt_bin_t *rt_msg_take_bin(rt_msg_t *m);
 rt_msg_t *rt_msg_new_fd(uint32_t tag, int fd, size_t len);
 /* Takes the descriptor out of a received message; -1 if it carries none. */
 int rt_msg_take_fd(rt_msg_t *m);
+/*
+** An object the message owns besides an fd (a connection's TLS state handed over with its
+** socket): drop(obj) runs if the message is freed before the receiver takes it. The
+** message's data begins with this record, so len must include it.
+*/
+typedef struct rt_msg_owned_s {
+    void *obj;
+    void (*drop)(void *obj);
+} rt_msg_owned_t;
+void rt_msg_own(rt_msg_t *m, void *obj, void (*drop)(void *obj));
+/* Takes the owned object out of a received message; NULL if it carries none. */
+void *rt_msg_take_owned(rt_msg_t *m);
 
 /*
 ** Sends m to pid; ownership of m always passes to the runtime. Returns 0, or
@@ -369,7 +381,8 @@ void rt_sock_set_high_water(rt_sock_t *s, size_t bytes);
 void rt_sock_close(rt_sock_t *s);
 /*
 ** Gives up the socket without closing it and returns its fd (to hand to another
-** actor with rt_msg_new_fd); buffered output is discarded, and s is invalid after.
+** actor with rt_msg_new_fd); s is invalid after. Buffered output is sent first:
+** RT_EAGAIN (and the socket stays, s valid) when the kernel does not take all of it.
 */
 int rt_sock_detach(rt_sock_t *s);
 int rt_sock_fd(const rt_sock_t *s);

@@ -520,6 +520,10 @@ int rt_sock_detach(rt_sock_t *s)
 {
     if (LOAD(s->closed))
         return -1;
+    /* What was written belongs before anything the next owner writes (a TLS record
+       missing from the stream would break it): it goes now, or the socket stays. */
+    if (s->out && (s->broken || LOAD(s->blocked) || flush(s) != 0))
+        return RT_EAGAIN;
     int fd = s->fd;
     unlink_sock(s);
     return fd;

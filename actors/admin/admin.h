@@ -51,6 +51,12 @@ void rt_admin_stop(void);
 ** first error with err naming what failed (a bad file leaves the old one running).
 */
 int rt_admin_reload_auth(char *err, size_t errlen);
+/*
+** Reads the TLS listeners' certificates, keys, CAs and CRLs again: new handshakes use them,
+** open connections keep theirs; a listener whose files do not load keeps its old ones.
+** err gets one line per TLS listener; 0 when all reloaded.
+*/
+int rt_admin_reload_tls(char *err, size_t errlen);
 int rt_admin_reload_rules(char *err, size_t errlen);
 
 /*

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "rule_engine.h"
 #include "sink.h"
+#include "tls.h"
 
 #define RULES_MAX 1024
 #define SINKS_MAX 64
@@ -187,6 +188,40 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
 
 #define LISTENERS_MAX 32
 
+/* A listener's transport: its kind, its TLS settings and certificate, its proxy. */
+static void add_transport(rt_doc_t *o, unsigned index)
+{
+    const rt_listen_t *l = &rt_broker->conf.listeners[index];
+    rt_doc_add_str(o, "kind", rt_listener_kind(index));
+    rt_doc_add_bool(o, "proxy_protocol", l->proxy_protocol);
+    if (l->websocket[0])
+        rt_doc_add_str(o, "websocket_path", l->websocket);
+    if (l->rate_limit.messages > 0 || l->rate_limit.bytes > 0) {
+        rt_doc_t *r = rt_doc_add_object(o, "rate_limit");
+        rt_doc_add_double(r, "messages", l->rate_limit.messages, 1);
+        rt_doc_add_double(r, "bytes", l->rate_limit.bytes, 0);
+    }
+    rt_tls_info_t info;
+    if (!rt_tls_info(index, &info))
+        return;
+    static const char *const verify[] = {"none", "optional", "required"};
+    rt_doc_t *t = rt_doc_add_object(o, "tls");
+    rt_doc_add_str(t, "cert", l->tls.cert);
+    rt_doc_add_str(t, "subject", info.subject);
+    rt_doc_add_str(t, "not_after", info.not_after);
+    rt_doc_add_i64(t, "days_left", info.days_left);
+    rt_doc_add_str(t, "verify", verify[l->tls.verify]);
+    if (l->tls.ca[0])
+        rt_doc_add_str(t, "ca", l->tls.ca);
+    if (l->tls.crl[0])
+        rt_doc_add_str(t, "crl", l->tls.crl);
+    rt_doc_add_bool(t, "identity_as_username", l->tls.identity_as_username);
+    rt_doc_add_str(t, "min_version", l->tls.min_version == 13 ? "1.3" : "1.2");
+    rt_doc_add_u64(t, "reloads", info.reloads);
+    if (info.last_error[0])
+        rt_doc_add_str(t, "last_reload_error", info.last_error);
+}
+
 static int cmd_listeners(rt_admin_cmd_t *c)
 {
     if (!rt_broker)
@@ -212,7 +247,30 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         rt_doc_add_u64(o, "refused_per_ip", ls[i].refused_per_ip);
         rt_doc_add_u64(o, "refused_rate", ls[i].refused_rate);
         rt_doc_add_u64(o, "refused_error", ls[i].refused_error);
+        rt_doc_add_u64(o, "refused_untrusted_proxy", ls[i].refused_untrusted);
+        add_transport(o, (unsigned)i);
     }
+    return 200;
+}
+
+static int cmd_tls_reload(rt_admin_cmd_t *c)
+{
+    char report[RT_ADMIN_ERR_MAX];
+    int rc = rt_admin_reload_tls(report, sizeof(report));
+    size_t len = strlen(report);
+    if (len && report[len - 1] == '\n')
+        report[len - 1] = 0;
+    if (rc != 0)
+        return rt__admin_fail(c, 409, "not every listener reloaded; those that failed keep their "
+                              "certificates: %s", report);
+    if (!c->json) {
+        rt_buf_printf(&c->text, "%s\n", report[0] ? report : "no TLS listener");
+        return 200;
+    }
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_bool(c->doc, "reloaded", true);
+    rt_doc_add_str(c->doc, "report", report);
     return 200;
 }
 
@@ -668,6 +726,7 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"config", NULL, cmd_config_show, 0, NULL},
     {"config", "set", cmd_config_set, RT_ADMIN_BLOCKING, "config set SETTING VALUE"},
     {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING, "auth reload"},
+    {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING, "tls reload"},
     {"top", NULL, rt__admin_top, RT_ADMIN_BLOCKING,
      "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total] "
      "[--width W] [--height H]"},

@@ -12,6 +12,7 @@
 #include "conn.h"
 #include "log.h"
 #include "rule_engine.h"
+#include "tls.h"
 
 static struct {
     rt_conf_t *conf;             /* rtd's settings; `config set` changes them (conf_lock) */
@@ -76,6 +77,14 @@ int rt_admin_reload_rules(char *err, size_t errlen)
     else if (rt_rules_stats(&st) == 0)
         rt_log(RT_LOG_INFO, "rules.reloaded", "version=%llu rules=%u ms=%.1f rules_dir=%s",
                (unsigned long long)st.version, st.rules, ms, live.conf->rules_dir);
+    return rc;
+}
+
+int rt_admin_reload_tls(char *err, size_t errlen)
+{
+    pthread_mutex_lock(&live.reload_lock);
+    int rc = rt_tls_reload(err, errlen); /* logs each listener's outcome */
+    pthread_mutex_unlock(&live.reload_lock);
     return rc;
 }
 

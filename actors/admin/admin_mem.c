@@ -272,6 +272,8 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
     KIND("runtime: message envelopes", rm.envelopes_in_use + rm.envelopes_free, true,
          "queued, in hand, or free in the pools");
     KIND("runtime: sockets", rm.sockets, true, "socket structs and unsent output");
+    KIND("transports", rt_xport_total_memory(), true,
+         "TLS, WebSocket and PROXY states of connections, outside OpenSSL");
     KIND("runtime: schedulers", rm.schedulers, true, "scheduler structs and read buffers");
     KIND("broker: topic trie", trie, true, "subscriptions by filter");
     KIND("broker: retained index", retained, true, "topics of retained messages");

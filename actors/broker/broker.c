@@ -134,7 +134,10 @@ size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
         memset(o, 0, sizeof(*o));
         snprintf(o->address, sizeof(o->address), "%s", conf->listeners[i].host);
         o->port = atomic_load(&st->port);
-        o->protocol = "mqtt/tcp";
+        const rt_listen_t *l = &conf->listeners[i];
+        o->protocol = l->websocket[0] ? (l->tls_on ? "mqtt/wss" : "mqtt/ws")
+                                      : (l->tls_on ? "mqtt/tls" : "mqtt/tcp");
+        o->proxy_protocol = l->proxy_protocol;
         o->running = atomic_load(&st->running);
         o->connections = atomic_load(&st->connections);
         o->accepted = atomic_load(&st->accepted);
@@ -143,6 +146,7 @@ size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
         o->refused_per_ip = atomic_load(&st->refused[RT_REFUSED_PER_IP]);
         o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
         o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
+        o->refused_untrusted = atomic_load(&st->refused[RT_REFUSED_UNTRUSTED]);
         o->max_connections = RT_LIVE(max_connections);
     }
     return conf->nlisteners;

@@ -32,6 +32,11 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t refused_per_ip;    /* max_connections_per_ip reached for the address */
     atomic_uint_fast64_t refused_rate;      /* max_connection_rate: the listener's bucket empty */
     atomic_uint_fast64_t refused_error;     /* the connection actor could not start */
+    atomic_uint_fast64_t refused_untrusted; /* a PROXY protocol listener: not from a trusted proxy */
+    /* Transports (conn/xport.c). */
+    atomic_uint_fast64_t tls_failed;       /* TLS handshakes that failed */
+    atomic_uint_fast64_t connect_timeouts; /* no CONNECT (or handshake) within connect_timeout */
+    atomic_uint_fast64_t rate_limited;     /* times a client's rate limit paused its reading */
     /* Kept by the connection actor (conn.c), read by $SYS (sys.c). Bytes and messages
        in and out count at every packet: they are per-thread metrics (rt_broker_metrics). */
     atomic_uint_fast64_t connects; /* CONNECTs accepted (CONNACK 0), ever */
@@ -46,11 +51,18 @@ typedef struct rt_listener_stats_s {
     atomic_bool running;
     atomic_uint_fast64_t connections; /* sockets open now that came in through it */
     atomic_uint_fast64_t accepted;
-    atomic_uint_fast64_t refused[5]; /* by reason: RT_REFUSED_* */
+    atomic_uint_fast64_t refused[6]; /* by reason: RT_REFUSED_* */
 } rt_listener_stats_t;
 
 /* Why the listener refused a connection (index of rt_listener_stats_t.refused). */
-enum { RT_REFUSED_ALL, RT_REFUSED_MAX_CONNS, RT_REFUSED_PER_IP, RT_REFUSED_RATE, RT_REFUSED_ERROR };
+enum {
+    RT_REFUSED_ALL,
+    RT_REFUSED_MAX_CONNS,
+    RT_REFUSED_PER_IP,
+    RT_REFUSED_RATE,
+    RT_REFUSED_ERROR,
+    RT_REFUSED_UNTRUSTED
+};
 
 /*
 ** The limits that can change while the broker runs (rt_broker_set_limit), as
@@ -219,12 +231,14 @@ void rt_broker_retained_release(void *msg);
 typedef struct rt_listener_info_s {
     char address[64];     /* as configured ("0.0.0.0", "::1") */
     int port;             /* bound (the kernel's pick when configured as 0); 0: not up */
-    const char *protocol; /* "mqtt/tcp" */
+    const char *protocol; /* "mqtt/tcp", "mqtt/tls", "mqtt/ws" or "mqtt/wss" */
+    bool proxy_protocol;  /* a PROXY protocol header first */
     bool running;
     uint64_t connections; /* sockets open now that came in through it */
     uint64_t accepted;    /* ever */
     uint64_t refused;     /* ever, all reasons; then by reason: */
     uint64_t refused_max_connections, refused_per_ip, refused_rate, refused_error;
+    uint64_t refused_untrusted;
     long max_connections; /* broker-wide: it counts every listener's sockets together */
 } rt_listener_info_t;
 
@@ -290,6 +304,8 @@ typedef struct rt_client_info_s {
     uint32_t inflight;        /* QoS 1/2 messages sent and not acknowledged */
     uint32_t inflight_window; /* how many may be: min(client's receive maximum, max_inflight) */
     uint32_t queued;          /* messages waiting to be sent */
+    uint32_t rate_limited;    /* times its rate limit slowed it (reading paused) */
+    char transport[8];        /* its listener's kind: tcp, tls, ws or wss ("" while offline) */
     uint16_t keepalive;       /* seconds, as granted */
     uint16_t client_id_len;   /* the id's full length */
     uint8_t version;          /* 3 (3.1), 4 (3.1.1) or 5; 0 before CONNECT */

@@ -187,6 +187,11 @@ static void sys_tick(sys_t *s)
     publish_changed_u64(s, "connections/refused/per_ip", stat_value(&st->refused_per_ip));
     publish_changed_u64(s, "connections/refused/rate", stat_value(&st->refused_rate));
     publish_changed_u64(s, "connections/refused/error", stat_value(&st->refused_error));
+    publish_changed_u64(s, "connections/refused/untrusted_proxy",
+                        stat_value(&st->refused_untrusted));
+    publish_changed_u64(s, "connections/tls_failed", stat_value(&st->tls_failed));
+    publish_changed_u64(s, "connections/connect_timeouts", stat_value(&st->connect_timeouts));
+    publish_changed_u64(s, "clients/rate_limited", stat_value(&st->rate_limited));
 
     publish_loads(s, now, s->ticked ? (double)(now_ms - s->last_ms) / 1000.0 : 0);
     memcpy(s->prev, now, sizeof(now));

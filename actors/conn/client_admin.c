@@ -67,8 +67,11 @@ static void client_info_fill(rt_actor_t *self, const conn_t *c, rt_client_info_t
     info_copy_text(ci->username, sizeof(ci->username), c->username);
     /* Formatted here, not through peer_text: that would keep the text for the connection's
        lifetime, and one look by an administrator should not cost the client memory. */
-    if (c->sock && c->connected)
-        rt__conn_format_peer(rt_sock_fd(c->sock), ci->peer, sizeof(ci->peer));
+    if (c->sock && c->connected) {
+        rt__conn_peer_format(c, ci->peer, sizeof(ci->peer));
+        snprintf(ci->transport, sizeof(ci->transport), "%s", rt_listener_kind(c->listener));
+    }
+    ci->rate_limited = rt__xport_rate_limited(c);
 }
 
 /* Answers with the counters and, if asked, the subscriptions (layout in broker.h). */

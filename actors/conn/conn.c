@@ -67,7 +67,7 @@ static const char *peer_text(rt_actor_t *self, conn_t *c)
     if (c->peer || !c->sock)
         return c->peer;
     char buf[RT_PEER_TEXT_MAX];
-    rt__conn_format_peer(rt_sock_fd(c->sock), buf, sizeof(buf));
+    rt__conn_peer_format(c, buf, sizeof(buf));
     c->peer = rt_strndup(self, buf, strlen(buf));
     return c->peer;
 }
@@ -115,7 +115,7 @@ static int disc_reason_code(const conn_t *c)
 int rt__conn_write_packet(conn_t *c, uint8_t type, const uint8_t *buf, size_t len)
 {
     RT_ASSERT(c->sock);
-    int rc = rt_sock_write(c->sock, buf, len);
+    int rc = c->xp ? rt__xport_write(c, buf, len) : rt_sock_write(c->sock, buf, len);
     if (rc == 0) {
         rt__metric_add(RT_METRIC_BYTES_OUT, len);
         rt__metric_add(RT_METRIC_PKT_OUT + type, 1);
@@ -221,6 +221,7 @@ void rt__conn_count_connected(conn_t *c, bool on)
 static void close_socket(conn_t *c)
 {
     RT_ASSERT(c->sock);
+    rt__xport_close(c);
     rt_sock_close(c->sock);
     c->sock = NULL;
     rt__broker_count_socket(c->listener, -1);
@@ -483,7 +484,11 @@ static void refuse_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk,
 static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_t len)
 {
     size_t off = 0;
-    while (off < len && !c->closing && rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET) {
+    /* Behind a rate limit, each packet is taken from its buckets; the one that overdraws
+       them is the last parsed until they refill (rt__xport_rate_hold). */
+    bool limited = c->xp && rt__xport_rate_on(c);
+    while (off < len && !c->closing && rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET &&
+           !(limited && rt__xport_rate_spent(c))) {
         /* Anything but CONNECT first is refused at its first byte, before it is complete. */
         if (!c->version && buf[off] != (MQTT_CONNECT << 4)) {
             close_on_protocol_error(self, c, MQTT_ERR(MQTT_RC_PROTOCOL_ERROR));
@@ -510,6 +515,8 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
         if (c->verifying)
             break; /* the CONNECT stays unconsumed: it is parsed again with the verdict */
         RT_ASSERT(f.size <= len - off);
+        if (limited && c->sock)
+            rt__xport_rate_take(c, f.size, buf[off] >> 4 == MQTT_PUBLISH);
         off += f.size;
     }
     return c->closing ? -1 : (long)off;
@@ -570,12 +577,31 @@ static void yield_parsing(rt_actor_t *self, conn_t *c)
     rt_send(rt_self(self), RT_CONN_MSG_PARSE_MORE, NULL, 0);
 }
 
+void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
+{
+    if (c->closing) {
+        rt__xport_collect(c, p, n); /* for the session's holder, if handing over */
+        return;
+    }
+    /* Parsing waits (for the verifier's verdict, or for the next turn once the route budget is
+       spent): the transport's layers still take all that was read, so it waits as MQTT bytes. */
+    if (c->verifying || c->parse_pending || rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET ||
+        rt__xport_rate_spent(c)) {
+        if (partial_append(self, c, p, n))
+            rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+        return;
+    }
+    parse_input(self, c, p, n);
+}
+
 static void on_readable(rt_actor_t *self, conn_t *c)
 {
     rt__conn_routed_this_event = 0;
     if (c->parse_pending)
         return; /* buffered packets go first */
     for (int i = 0; i < RT_CONN_READS_PER_TURN && !c->closing; i++) {
+        if (rt__xport_rate_hold(self, c))
+            return;
         const void *data;
         size_t len;
         int rc = rt_sock_read(c->sock, &data, &len);
@@ -587,7 +613,12 @@ static void on_readable(rt_actor_t *self, conn_t *c)
         }
         c->last_rx_ms = rt_mono_ms();
         rt__metric_add(RT_METRIC_BYTES_IN, len);
-        parse_input(self, c, data, len);
+        if (c->xp) /* the scheduler's read buffer: the transport may unmask frames in place */
+            rt__xport_input(self, c, (uint8_t *)(uintptr_t)data, len);
+        else
+            parse_input(self, c, data, len);
+        if (!c->sock)
+            return; /* handed over, or gone offline */
         if (c->verifying)
             return; /* reading paused until the verdict: what came after CONNECT waits */
         if (!c->closing && rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET) {
@@ -623,8 +654,11 @@ void rt__conn_parse_more(rt_actor_t *self, conn_t *c)
 static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
 {
     if (c->sock && c->closing)
-        return; /* exiting already: the message's fd is closed with it */
+        return; /* exiting already: the message's fd (and transport) are freed with it */
     int fd = rt_msg_take_fd(m);
+    rt_xport_t *xp = rt_msg_take_owned(m);
+    const uint8_t *data = m->data + sizeof(rt_msg_owned_t);
+    size_t len = m->len - sizeof(rt_msg_owned_t);
     if (c->sock) {
         if (c->version == MQTT_V5)
             send_disconnect(c, MQTT_RC_SESSION_TAKEN_OVER);
@@ -648,11 +682,13 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     if (rt_sock_adopt(self, fd, &c->sock) != 0) {
         rt_log(RT_LOG_ERROR, "client.resume_failed", "client=%s", c->client_id);
         close(fd);
+        rt__xport_free(xp);
         c->closing = 1;
         rt_exit(self, RT_REASON_NORMAL);
         return;
     }
-    c->listener = m->data[0] & 15;
+    rt__xport_adopt(c, xp); /* after drop_will: the transport shares will_at_ms's word */
+    c->listener = data[0] & 15;
     rt__broker_count_socket(c->listener, +1);
     c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
     c->version = 0;
@@ -663,9 +699,55 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     c->will_delay = 0;
     c->peer_max_packet = 0;
     c->last_rx_ms = rt_mono_ms();
-    parse_input(self, c, m->data + 1, m->len - 1);
+    parse_input(self, c, data + 1, len - 1);
     if (!c->closing)
         on_readable(self, c);
+}
+
+void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uint8_t *bytes,
+                          size_t len)
+{
+    c->closing = 1;
+    int fd = rt_sock_detach(c->sock);
+    if (fd < 0) { /* output the kernel would not take yet: the client will connect again */
+        rt_log(RT_LOG_INFO, "client.resume_failed", "reason=\"socket busy\"");
+        rt_exit(self, RT_REASON_NORMAL);
+        return;
+    }
+    c->sock = NULL;
+    rt__broker_count_socket(c->listener, -1);
+    /* The message owns the fd and the transport until the holder takes them: if the holder
+       exits first, freeing the message closes the fd and the client reconnects afresh. */
+    rt_msg_t *m = rt_msg_new_fd(RT_CONN_MSG_RESUME, fd, sizeof(rt_msg_owned_t) + 1 + len);
+    if (!m) {
+        close(fd);
+        rt__xport_free(c->xp);
+        c->xp = NULL;
+        rt_exit(self, RT_REASON_NORMAL);
+        return;
+    }
+    memset(m->data, 0, sizeof(rt_msg_owned_t));
+    if (c->xp)
+        rt_msg_own(m, c->xp, rt__xport_free);
+    c->xp = NULL;
+    m->data[sizeof(rt_msg_owned_t)] = c->listener;
+    memcpy(m->data + sizeof(rt_msg_owned_t) + 1, bytes, len);
+    rt_send_msg(holder, m);
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
+/*
+** A connection that has not sent its CONNECT (or finished its TLS handshake, WebSocket
+** upgrade or PROXY header) within connect_timeout of its accept is closed: else each
+** silent socket would hold an actor, and a TLS one its handshake state, for good.
+*/
+static void on_connect_timeout(rt_actor_t *self, conn_t *c)
+{
+    if (!c->sock || c->closing || c->version || c->verifying || c->client_id)
+        return;
+    rt__xport_log_timeout(c, rt_broker->conf.connect_timeout);
+    atomic_fetch_add_explicit(&rt_broker->stats.connect_timeouts, 1, memory_order_relaxed);
+    rt__conn_close(self, c, 0, RT_REASON_NORMAL);
 }
 
 static int conn_init(rt_actor_t *self, void *state, void *arg)
@@ -678,8 +760,13 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
         return rc;
     c->last_rx_ms = rt_mono_ms();
     c->listener = a->listener & 15;
+    rc = rt__xport_start(c);
+    if (rc)
+        return rc; /* the runtime closes the socket with the actor */
     rt__broker_count_socket(c->listener, +1);
     c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
+    rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
+                      RT_CONN_MSG_CONNECT_TIMEOUT, NULL);
     return 0;
 }
 
@@ -715,7 +802,7 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         on_keepalive(self, c);
         break;
     case RT_CONN_MSG_RESUME:
-        if (m->len >= 1)
+        if (m->len > sizeof(rt_msg_owned_t))
             on_resume(self, c, m);
         break;
     case RT_CONN_MSG_SESSION_EXPIRED:
@@ -755,6 +842,13 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case RT_CONN_MSG_SLOW_CHECK:
         rt__conn_on_slow_check(self, c);
+        break;
+    case RT_CONN_MSG_CONNECT_TIMEOUT:
+        on_connect_timeout(self, c);
+        break;
+    case RT_CONN_MSG_RATE_RESUME:
+        if (rt__xport_rate_resume(c) && !c->parse_pending && !c->verifying)
+            rt__conn_parse_more(self, c); /* what waits in the partial buffer, then reading */
         break;
     case RT_CONN_MSG_BUDGET_CHECK:
         rt__conn_budget_check(c, true);
@@ -807,8 +901,10 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     rt__conn_subs_unhook(self, c);
     /* What conn_t points to goes with the heap, right after this returns (the will, the
        session's messages and their binaries included); only shared tables need word. */
-    if (c->sock)
+    if (c->sock) {
         rt__broker_count_socket(c->listener, -1);
+        rt__xport_close(c); /* the runtime closes the socket after this */
+    }
     rt__conn_count_connected(c, false);
     /* The session ends, unless the broker is only stopping: then it is kept for the restart. */
     if (c->stored && reason != RT_REASON_SHUTDOWN)
@@ -873,6 +969,10 @@ static const char *conn_tag_name(uint32_t tag)
         return "slow_check";
     case RT_CONN_MSG_BUDGET_CHECK:
         return "budget_check";
+    case RT_CONN_MSG_CONNECT_TIMEOUT:
+        return "connect_timeout";
+    case RT_CONN_MSG_RATE_RESUME:
+        return "rate_resume";
     case RT_CONN_MSG_QUERY:
         return "client_query";
     case RT_CONN_MSG_KICK:

@@ -12,6 +12,11 @@
 extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
 extern const rt_actor_type_t rt_conn_type;     /* arg: const rt_conn_arg_t * */
 
+/* A listener's transport for people: "tcp", "tls", "ws" or "wss". */
+const char *rt_listener_kind(unsigned listener);
+/* Bytes the connections' transports hold outside OpenSSL (states, stashes). */
+size_t rt_xport_total_memory(void);
+
 /* A connection actor's start: its socket and the listener that accepted it. */
 typedef struct rt_conn_arg_s {
     int fd;

@@ -54,6 +54,8 @@ enum {
     RT_CONN_MSG_SLOW_CHECK,      /* tag timer: is the client still not reading? */
     RT_CONN_MSG_LOGIN_VERDICT,   /* data: rt_auth_verdict_t, the verifier's answer (auth.h) */
     RT_CONN_MSG_BUDGET_CHECK,    /* tag timer: the hold at the memory budget has run out */
+    RT_CONN_MSG_CONNECT_TIMEOUT, /* tag timer: connect_timeout after accept */
+    RT_CONN_MSG_RATE_RESUME,     /* tag timer: the rate limit's buckets have refilled */
     /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
     RT_CONN_MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: what to answer with */
     RT_CONN_MSG_KICK,                              /* end the connection and the session */
@@ -131,7 +133,13 @@ struct conn_s {
         uint64_t expire_at_ms;    /* offline: when the session ends (monotonic ms) */
         uint64_t connected_at_ms; /* connected: when its CONNECT was accepted (unix ms) */
     };
-    uint64_t will_at_ms;               /* offline with a delayed will: when it is published */
+    /* One word for two things that never both matter: a delayed will exists only offline,
+       the transport only with a socket. */
+    union {
+        uint64_t will_at_ms;   /* offline with a delayed will: when it is published */
+        struct rt_xport_s *xp; /* with a socket: TLS, WebSocket, PROXY, rate (xport.c); NULL for
+                                  plain TCP */
+    };
     uint32_t partial_len, partial_cap; /* a packet is at most max_packet_size */
     uint32_t nsubs, capsubs;
     uint32_t session_expiry;  /* seconds the session outlives its connection; 0: ends with it */
@@ -218,6 +226,8 @@ void rt__conn_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind,
                          int qos, int reason_code, const char *reason, rt_bin_t *canonical);
 /* The client as rules see it (for a message it publishes or an event about it). */
 rt_rule_origin_t rt__conn_rule_origin(rt_actor_t *self, conn_t *c);
+/* An address as text, IPv4 without its v4-mapped prefix ("?" if it cannot be written). */
+void rt__conn_format_addr(const rt_auth_addr_t *a, char *out, size_t len);
 /* "ip:port" of the socket's peer into buf ("?:0" if unknown). */
 void rt__conn_format_peer(int fd, char *buf, size_t len);
 /* The connection's alias tables, made on first use; NULL when out of memory. */
@@ -313,6 +323,70 @@ bool rt__conn_session_is_durable(const conn_t *c);
 void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token);
 /* Moves every shared-subscription message not yet acknowledged to the groups' other members. */
 void rt__conn_hand_over_shared(rt_actor_t *self, conn_t *c);
+
+/* ---- conn.c, for the transport ---- */
+/* MQTT bytes from the transport: parsed, or kept while parsing waits (verifier, budget). */
+void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n);
+/* The client's address: behind a trusted proxy, the one it named. 0 or an RT_E* code. */
+int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out);
+/* "ip:port" of the client (as rt__conn_peer_addr finds it) into buf. */
+void rt__conn_peer_format(const conn_t *c, char *buf, size_t len);
+/*
+** Hands the socket (with its transport) and bytes, the client's input from its CONNECT on,
+** to holder, the actor keeping the session; then this actor exits. If the socket cannot
+** be handed over (output the kernel would not take), the connection just ends.
+*/
+void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uint8_t *bytes,
+                          size_t len);
+
+/* ---- xport.c: the transport (TLS, WebSocket, PROXY header, rate limit) ---- */
+typedef struct rt_xport_s rt_xport_t;
+/* At accept: the listener's transport, or none (c->xp NULL) for plain TCP. */
+int rt__xport_start(conn_t *c);
+/* Bytes read from the socket, through the transport's layers to rt__conn_input. */
+void rt__xport_input(rt_actor_t *self, conn_t *c, uint8_t *p, size_t n);
+/* An encoded packet out through the transport. */
+int rt__xport_write(conn_t *c, const uint8_t *p, size_t n);
+/* Before the socket closes: a WebSocket close frame, TLS close_notify; frees c->xp. */
+void rt__xport_close(conn_t *c);
+/* Frees a transport state not attached (rt_msg_own's drop for a handed-over socket). */
+void rt__xport_free(void *xp);
+/* A handed-over socket's transport, now c->sock's. */
+void rt__xport_adopt(conn_t *c, rt_xport_t *xp);
+/* A CONNECT inside rt__xport_input hands the socket over once the input is all taken. */
+void rt__xport_hand_over(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uint8_t *bytes,
+                         size_t len);
+/* MQTT bytes that arrive while a hand-over collects them; false when there is none. */
+bool rt__xport_collect(const conn_t *c, const uint8_t *p, size_t n);
+/* Memory the transport holds for the client (its state, stash and TLS). */
+size_t rt__xport_memory(const conn_t *c);
+/* The CONNECT was accepted: a user's own rate limit replaces the listener's. */
+void rt__xport_connected(conn_t *c);
+/* A packet parsed from a client with a rate limit: its bytes, and a message if PUBLISH. */
+void rt__xport_rate_take(conn_t *c, size_t bytes, bool publish);
+/* Whether the client's rate limit stops parsing now (a bucket overdrawn, or waiting);
+   c->xp must be set (plain connections have no limit). */
+bool rt__xport_rate_spent(conn_t *c);
+/* Whether the client has a rate limit (c->xp set). */
+bool rt__xport_rate_on(const conn_t *c);
+/* Before reading: true when over the rate (reading paused until RT_CONN_MSG_RATE_RESUME). */
+bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c);
+/* The refill timer: reading may go on; false if the connection was not waiting. */
+bool rt__xport_rate_resume(conn_t *c);
+uint32_t rt__xport_rate_limited(const conn_t *c);
+/* identity_as_username: the client certificate's name into out; false if not on or none. */
+bool rt__xport_identity(conn_t *c, char *out, size_t len);
+bool rt__xport_identity_required(const conn_t *c);
+/* Logs a connection cut by connect_timeout, as the step it did not finish. */
+void rt__xport_log_timeout(const conn_t *c, long after_s);
+
+/* ---- listener.c ---- */
+/*
+** Counts a connection under the address its proxy named (max_connections_per_ip), for
+** listeners that take the address from a PROXY header or X-Forwarded-For: false (not
+** counted) when that address is at its limit.
+*/
+bool rt__listener_admit_peer(int fd, const rt_auth_addr_t *addr);
 
 /* ---- client_admin.c: administrators ---- */
 void rt__conn_on_query(rt_actor_t *self, conn_t *c, const rt_msg_t *m);

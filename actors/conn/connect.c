@@ -30,6 +30,8 @@ uint32_t rt__conn_clamp_session_expiry(uint64_t requested)
 ** session, so this connection hands it the socket and the bytes read from the
 ** CONNECT on (it parses them as its own), then exits. Returns false (and keeps
 ** the socket) when the holder is already gone: the session ended, start fresh.
+** Behind a transport, the hand-over waits until its layers have taken all that
+** was read (xport.c).
 */
 static bool hand_socket_to_holder(rt_actor_t *self, conn_t *c, rt_pid_t holder,
                                   const uint8_t *bytes, size_t len)
@@ -37,23 +39,10 @@ static bool hand_socket_to_holder(rt_actor_t *self, conn_t *c, rt_pid_t holder,
     RT_ASSERT(c->sock && !c->resuming);
     if (!rt_alive(holder))
         return false;
-    int fd = rt_sock_detach(c->sock);
-    c->sock = NULL;
-    rt__broker_count_socket(c->listener, -1);
-    rt_msg_t *m = rt_msg_new_fd(RT_CONN_MSG_RESUME, fd, 1 + len);
-    if (!m) {
-        close(fd);
-        c->closing = 1;
-        rt_exit(self, RT_REASON_NORMAL);
-        return true;
-    }
-    m->data[0] = c->listener;
-    memcpy(m->data + 1, bytes, len);
-    /* If the holder exits before it reads this, freeing the message closes the fd and the
-       client reconnects to a fresh session. */
-    rt_send_msg(holder, m);
-    c->closing = 1;
-    rt_exit(self, RT_REASON_NORMAL);
+    if (c->xp)
+        rt__xport_hand_over(self, c, holder, bytes, len);
+    else
+        rt__conn_send_socket(self, c, holder, bytes, len);
     return true;
 }
 
@@ -73,10 +62,32 @@ static _Thread_local const rt_auth_verdict_t *login_verdict_now;
 ** the delay the failed-login table asks for (so guessing costs time per source
 ** address), and reads nothing meanwhile.
 */
+/*
+** identity_as_username: the verified client certificate names the user (its CN), as
+** Mosquitto's use_identity_as_username; the CONNECT's user name and password are not used.
+** The handshake refused clients without a valid certificate already.
+*/
+static bool connect_identity(rt_actor_t *self, conn_t *c)
+{
+    char name[256];
+    if (!rt__xport_identity(c, name, sizeof(name))) {
+        rt_log(RT_LOG_INFO, "client.auth_failed", "user=- reason=no_certificate_identity");
+        c->refusal = c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 5;
+        c->closing = 1;
+        rt_sock_pause_reading(c->sock, true);
+        rt_send(rt_self(self), RT_CONN_MSG_AUTH_REFUSED, NULL, 0);
+        return false;
+    }
+    c->username = rt_strndup(self, name, strlen(name));
+    return c->username != NULL;
+}
+
 static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     rt_auth_addr_t addr;
-    bool have_addr = rt_auth_addr_from_fd(rt_sock_fd(c->sock), &addr) == 0;
+    bool have_addr = rt__conn_peer_addr(c, &addr) == 0;
+    if (rt__xport_identity_required(c))
+        return connect_identity(self, c);
     char *user = pk->connect.has_username
                      ? rt_strndup(self, pk->connect.username.p, pk->connect.username.len)
                      : NULL;
@@ -109,11 +120,14 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         c->username = user;
         return true;
     }
-    rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u", user ? user : "-",
+    char peer[64];
+    rt__conn_peer_format(c, peer, sizeof(peer));
+    rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u peer=%s",
+           user ? user : "-",
            rc == RT_AUTH_BAD_PASSWORD   ? "bad_password"
            : rc == RT_AUTH_UNKNOWN_USER ? "unknown_user"
                                         : "anonymous_refused",
-           delay_ms);
+           delay_ms, peer);
     rt_free(self, user);
     bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED;
     if (c->version == MQTT_V5)
@@ -268,6 +282,9 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     /* A resumed session's CONNECT was checked by the connection that handed it over. */
     if (!resumed && !connect_authenticate(self, c, pk))
         return 0;
+    /* A certificate's identity holds on the holder too: the CONNECT cannot name another. */
+    if (resumed && rt__xport_identity_required(c) && !connect_identity(self, c))
+        return 0;
     if (pk->connect.has_username && !c->username) {
         c->username = rt_strndup(self, pk->connect.username.p, pk->connect.username.len);
         if (!c->username)
@@ -292,6 +309,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
             rt_exit_signal(old, RT_REASON_TAKEOVER);
     }
     rt__conn_count_connected(c, true);
+    rt__xport_connected(c);
     c->connected_at_ms = rt_wall_ms();
     c->clean_start = clean;
     uint64_t expiry = 0;
@@ -354,8 +372,14 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
                               .clean_start = clean};
         rt_rules_event(&o, &ev);
     }
-    rt_log(RT_LOG_INFO, "client.connected", "client=%s version=%u keepalive=%u%s%s", c->client_id,
-           c->version, c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
+    if (rt_log_enabled(RT_LOG_INFO)) {
+        char peer[64];
+        rt__conn_peer_format(c, peer, sizeof(peer));
+        rt_log(RT_LOG_INFO, "client.connected",
+               "client=%s peer=%s user=%s transport=%s version=%u keepalive=%u%s%s", c->client_id,
+               peer, c->username ? c->username : "-", rt_listener_kind(c->listener), c->version,
+               c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
+    }
     rt__conn_arm_keepalive(self, c);
     if (resumed)
         rt__conn_retransmit(self, c);

@@ -47,6 +47,7 @@ enum {
     REFUSE_PER_IP = RT_REFUSED_PER_IP,
     REFUSE_RATE = RT_REFUSED_RATE,
     REFUSE_ERROR = RT_REFUSED_ERROR,
+    REFUSE_UNTRUSTED = RT_REFUSED_UNTRUSTED,
     REFUSE_REASONS
 };
 
@@ -277,6 +278,7 @@ typedef struct {
     uint64_t refill_ms; /* when tokens was last brought up to date */
     uint32_t unlogged[REFUSE_REASONS]; /* refusals since the last log line */
     rt_auth_addr_t last_refused;       /* address of the last per-address refusal */
+    rt_auth_addr_t last_untrusted;     /* of the last PROXY protocol connection refused */
     bool log_armed;                    /* a log line was written less than RT_LISTEN_LOG_MS ago */
     uint64_t error_logged_ms;          /* when an accept failure was last logged */
 } listener_t;
@@ -306,10 +308,17 @@ static int admit_socket(listener_t *l, int fd, rt_auth_addr_t *addr)
 {
     if ((long)atomic_load(&rt_broker->stats.sockets) >= RT_LIVE(max_connections))
         return REFUSE_MAX;
-    long per_ip = RT_LIVE(max_connections_per_ip);
-    if (per_ip <= 0)
-        return rate_take_token(l) ? REFUSE_NONE : REFUSE_RATE;
     bool known = rt_auth_addr_from_fd(fd, addr) == 0;
+    const rt_listen_t *w = l->where;
+    bool trusted = known && w->ntrusted && rt_conf_net_match(w->trusted_proxies, w->ntrusted,
+                                                             addr->b);
+    if (w->proxy_protocol && !trusted)
+        return REFUSE_UNTRUSTED;
+    long per_ip = RT_LIVE(max_connections_per_ip);
+    /* Behind a trusted proxy the client's own address counts, once the connection reads it
+       (rt__listener_admit_peer); the proxy's would put every client under one limit. */
+    if (per_ip <= 0 || trusted)
+        return rate_take_token(l) ? REFUSE_NONE : REFUSE_RATE;
     uint64_t cookie = sock_cookie(fd);
     int why = REFUSE_NONE;
     peers_lock();
@@ -337,6 +346,44 @@ static int admit_socket(listener_t *l, int fd, rt_auth_addr_t *addr)
     return why;
 }
 
+bool rt__listener_admit_peer(int fd, const rt_auth_addr_t *addr)
+{
+    long per_ip = RT_LIVE(max_connections_per_ip);
+    uint64_t cookie = sock_cookie(fd);
+    if (per_ip <= 0 || !cookie)
+        return true;
+    bool ok = true;
+    peers_lock();
+    peer_forget(fd);
+    peer_addr_t *p = peer_find(addr);
+    if (p && p->count >= (uint64_t)per_ip) {
+        uint64_t now = rt_mono_ms();
+        if (now - p->swept_ms >= RT_PEER_SWEEP_MS && !peer_sweep(p, now))
+            p = NULL;
+        ok = !p || p->count < (uint64_t)per_ip;
+    }
+    if (ok) {
+        if (!p)
+            p = peer_add(addr);
+        if (!p || peer_count(p, fd, cookie) != 0) {
+            if (p && p->count == 0)
+                peer_remove(p);
+        }
+    }
+    peers_unlock();
+    if (!ok)
+        atomic_fetch_add_explicit(&rt_broker->stats.refused_per_ip, 1, memory_order_relaxed);
+    return ok;
+}
+
+const char *rt_listener_kind(unsigned listener)
+{
+    const rt_listen_t *l = &rt_broker->conf.listeners[listener];
+    if (l->websocket[0])
+        return l->tls_on ? "wss" : "ws";
+    return l->tls_on ? "tls" : "tcp";
+}
+
 /*
 ** Undoes admit_socket's count for a socket that did not become a connection. Not
 ** skipped when max_connections_per_ip is 0 now: it may have been on at admission.
@@ -348,7 +395,7 @@ static void unadmit_socket(int fd)
     peers_unlock();
 }
 
-static void format_addr(const rt_auth_addr_t *a, char *out, size_t len)
+void rt__conn_format_addr(const rt_auth_addr_t *a, char *out, size_t len)
 {
     static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     bool v4 = memcmp(a->b, v4_mapped, sizeof(v4_mapped)) == 0;
@@ -363,12 +410,23 @@ static void format_addr(const rt_auth_addr_t *a, char *out, size_t len)
 static void log_refusals(rt_actor_t *self, listener_t *l)
 {
     uint32_t *u = l->unlogged;
+    if (u[REFUSE_UNTRUSTED]) {
+        char from[INET6_ADDRSTRLEN];
+        rt__conn_format_addr(&l->last_untrusted, from, sizeof(from));
+        rt_log(RT_LOG_WARNING, "proxy.refused", "peer=%s:0 reason=untrusted count=%u listener=%s:%d",
+               from, u[REFUSE_UNTRUSTED], l->where->host, l->port);
+        u[REFUSE_UNTRUSTED] = 0;
+    }
     uint32_t total = u[REFUSE_MAX] + u[REFUSE_PER_IP] + u[REFUSE_RATE] + u[REFUSE_ERROR];
-    if (total == 0)
+    if (total == 0) {
+        if (self && !l->log_armed)
+            l->log_armed =
+                rt_send_after_tag(RT_LISTEN_LOG_MS, rt_self(self), MSG_LISTENER_LOG, NULL) == 0;
         return;
+    }
     char last[INET6_ADDRSTRLEN] = "-";
     if (u[REFUSE_PER_IP])
-        format_addr(&l->last_refused, last, sizeof(last));
+        rt__conn_format_addr(&l->last_refused, last, sizeof(last));
     rt_log(RT_LOG_WARNING, "listener.refused",
            "%s:%d: %u connections refused (max_connections=%u max_connections_per_ip=%u "
            "max_connection_rate=%u error=%u) last_per_ip=%s",
@@ -391,7 +449,8 @@ static void refuse_socket(rt_actor_t *self, listener_t *l, int fd, int why,
     atomic_uint_fast64_t *reason[REFUSE_REASONS] = {[REFUSE_MAX] = &st->refused_max_conns,
                                                     [REFUSE_PER_IP] = &st->refused_per_ip,
                                                     [REFUSE_RATE] = &st->refused_rate,
-                                                    [REFUSE_ERROR] = &st->refused_error};
+                                                    [REFUSE_ERROR] = &st->refused_error,
+                                                    [REFUSE_UNTRUSTED] = &st->refused_untrusted};
     atomic_fetch_add_explicit(&st->refused, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(reason[why], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->stats->refused[RT_REFUSED_ALL], 1, memory_order_relaxed);
@@ -400,6 +459,8 @@ static void refuse_socket(rt_actor_t *self, listener_t *l, int fd, int why,
     l->unlogged[why]++;
     if (why == REFUSE_PER_IP)
         l->last_refused = *addr;
+    if (why == REFUSE_UNTRUSTED)
+        l->last_untrusted = *addr;
     if (!l->log_armed)
         log_refusals(self, l);
 }

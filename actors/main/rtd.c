@@ -32,6 +32,7 @@
 #include "sink.h"
 #include "store.h"
 #include "sys.h"
+#include "tls.h"
 
 #define RTD_VERSION "0.1.0"
 
@@ -338,6 +339,12 @@ static int start_sessions(rtd_t *d)
     return rt_sessions_restore(d->top, d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
 }
 
+/* The TLS listeners' certificates and keys: a file that does not load stops the start. */
+static int start_tls(rtd_t *d)
+{
+    return rt_tls_open(&d->conf, d->err, sizeof(d->err)) ? config_error(d) : 0;
+}
+
 /* Before the listeners: the first CONNECT may need a full password hash. */
 static int start_verifier(rtd_t *d)
 {
@@ -399,6 +406,7 @@ static const stage_t stages[] = {
     {.start = start_dirs},
     /* the password and ACL files */
     {.start = start_auth, .free = rt_auth_shutdown},
+    {.start = start_tls, .free = rt_tls_close},
     {.start = start_runtime, .stop = stop_runtime},
     /* they write or spill what they hold at stop */
     {.start = start_sinks, .stop = rt_sinks_stop, .free = rt_sinks_free},
@@ -448,6 +456,7 @@ static void serve(rtd_t *d)
            running one in force (logged by the reload). */
         rt_admin_reload_auth(d->err, sizeof(d->err));
         rt_admin_reload_rules(d->err, sizeof(d->err));
+        rt_admin_reload_tls(d->err, sizeof(d->err));
     }
 }
 

@@ -1,7 +1,7 @@
 /*
 ** The PROXY protocol (HAProxy's proxy-protocol.txt, versions 1 and 2): the header a
-** load balancer sends before the client's bytes, naming the client's address; and
-** address lists in CIDR notation (the proxies a listener trusts).
+** load balancer sends before the client's bytes, naming the client's address; and the
+** client named by X-Forwarded-For behind the proxies a listener trusts.
 ** Codecs without I/O or allocation, like ws.h.
 */
 #ifndef RT_PROXY_H
@@ -11,7 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "auth.h" /* rt_auth_addr_t */
+#include "auth.h"   /* rt_auth_addr_t */
+#include "config.h" /* rt_conf_net_t, rt_conf_net_match: the trusted proxies */
 
 #define RT_PROXY_V1_MAX 107 /* a v1 line, CRLF included */
 #define RT_PROXY_MAX 4096   /* a v2 header (16 + its length) is refused past this */
@@ -29,27 +30,21 @@ typedef struct rt_proxy_info_s {
 ** RT_EPROTO when it is not one (no signature, a bad field, a truncated or oversized v2
 ** length, an unknown version or command, an address family whose length does not fit),
 ** with *why for the log. TLVs are skipped. TCP over IPv4 and IPv6 give an address;
-** UNIX and UDP families are accepted without one (has_addr false).
+** UNIX and UDP families are accepted without one (has_addr false). A v1 line's fields are
+** separated by single spaces, and its numbers have no leading zeros, as the spec requires;
+** a prefix that no valid header starts with is refused without waiting for the rest.
 */
 int rt_proxy_parse(const uint8_t *buf, size_t len, size_t *used, rt_proxy_info_t *out,
                    const char **why);
 
-/* One entry of an address list: "10.0.0.0/8", "::1", "2001:db8::/32" (no prefix: host). */
-typedef struct rt_cidr_s {
-    rt_auth_addr_t net; /* masked; IPv4 as v4-mapped with prefix + 96 */
-    uint8_t prefix;     /* 0..128 */
-} rt_cidr_t;
-
-/* 0, or RT_EINVAL for text that is not an address with an optional /prefix. */
-int rt_cidr_parse(const char *text, rt_cidr_t *out);
-bool rt_cidr_match(const rt_cidr_t *list, size_t n, const rt_auth_addr_t *a);
-
 /*
 ** The client behind trusted proxies from an X-Forwarded-For value: its entries read from
 ** the right, skipping those in trusted, the first that is not trusted (RFC 7239's advice
-** for a list any hop may have appended to). Returns false when there is none or an entry
+** for a list any hop may have appended to). An entry may carry a port ("192.0.2.1:80",
+** "[2001:db8::1]:80"), which is dropped. Returns false when there is none or an entry read
 ** is not an address.
 */
-bool rt_forwarded_client(const char *xff, const rt_cidr_t *trusted, size_t n, rt_auth_addr_t *out);
+bool rt_forwarded_client(const char *xff, const rt_conf_net_t *trusted, unsigned n,
+                         rt_auth_addr_t *out);
 
 #endif

@@ -24,17 +24,6 @@
 #define RT_TLS_WHY_LEN 256
 
 /*
-** Routes OpenSSL's allocations through a counting wrapper (rt_tls_memory). Must run before
-** anything else uses OpenSSL; false if that is too late (nothing is counted then).
-*/
-bool rt_tls_count_memory(void);
-/* Bytes OpenSSL holds now (contexts, connections, their buffers), when counted. */
-size_t rt_tls_memory(void);
-/* Net bytes OpenSSL allocated on this thread so far: a caller's difference around its own
-   calls is what one connection made OpenSSL hold. */
-int64_t rt_tls_thread_allocated(void);
-
-/*
 ** Builds the contexts of the TLS listeners in conf (kept by index). On error, *why names
 ** the listener and the reason, and nothing is kept.
 */

@@ -67,18 +67,22 @@ typedef struct rt_ws_event_s {
 /*
 ** Decodes the next event from buf[0, len), which may be changed (unmasking). Returns:
 **  0          an event; *used bytes of buf were consumed (the event's data is among them);
+**             a data event has len > 0 (frames with an empty payload give no event);
 **  RT_EAGAIN  buf holds only part of a frame header or of a control frame: nothing was
 **             consumed beyond *used, and the caller offers buf[*used, len) again with
 **             the bytes that follow; also returned with *used == len when buf is spent;
-**  < 0 other  the peer broke the protocol: *close_code says what to close with
-**             (RT_WS_CLOSE_PROTOCOL for an unmasked frame, reserved bits, an unknown
+**  RT_EPROTO  the peer broke the protocol: *close_code says what to close with:
+**             RT_WS_CLOSE_PROTOCOL for an unmasked frame, reserved bits, an unknown
 **             opcode, a fragmented or oversized control frame, a continuation with no
-**             message or a new message inside one, a non-minimal length encoding is
-**             allowed; RT_WS_CLOSE_UNSUPPORTED for a text frame; RT_WS_CLOSE_TOO_BIG
-**             when a message's payload passes max_message, checked at the frame header,
-**             before its payload arrives; RT_WS_CLOSE_INVALID for a close payload of 1
-**             byte or a close code that may not be sent).
-** After a close event the decoder returns RT_EAGAIN with *used == len for anything more.
+**             message or a new message inside one, a 64-bit length with its top bit set;
+**             RT_WS_CLOSE_UNSUPPORTED for a text frame; RT_WS_CLOSE_TOO_BIG when a
+**             message's payload passes max_message, checked at the frame header, before
+**             its payload arrives; RT_WS_CLOSE_INVALID for a close payload of 1 byte, a
+**             close code that may not be sent or a close reason that is not UTF-8.
+**             The errors the first two bytes of a header show are reported as soon as
+**             they have come.
+** A length in a longer encoding than it needs is accepted. After a close event the decoder
+** returns RT_EAGAIN with *used == len for anything more.
 */
 int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint64_t max_message, size_t *used,
                  rt_ws_event_t *ev, uint16_t *close_code);
@@ -102,9 +106,11 @@ typedef struct rt_ws_upgrade_s {
 **  RT_EAGAIN  the head is incomplete and shorter than RT_WS_HEAD_MAX;
 **  an HTTP status otherwise, with *why for the log: 400 (not HTTP, not GET, not
 **             HTTP/1.1 or later, Upgrade not websocket, Connection without the upgrade
-**             token, a Sec-WebSocket-Key that is not 16 bytes in base64, a subprotocol
-**             list with neither "mqtt" nor "mqttv3.1", or a head past RT_WS_HEAD_MAX),
-**             404 (another path), 426 (Sec-WebSocket-Version not 13).
+**             token, a Sec-WebSocket-Key that is not 16 bytes in base64 or is absent or
+**             repeated, a subprotocol list with neither "mqtt" nor "mqttv3.1", a header
+**             folded over lines, or a head past RT_WS_HEAD_MAX), 404 (another path),
+**             426 (Sec-WebSocket-Version absent or not 13).
+** The request line is checked first, then the path, then the WebSocket headers.
 */
 int rt_ws_parse_upgrade(const uint8_t *buf, size_t len, const char *path, size_t *head_len,
                         rt_ws_upgrade_t *out, const char **why);

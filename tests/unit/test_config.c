@@ -169,11 +169,75 @@ static void test_overrides(void)
     CHECK_EQ(rt_conf_set(&c, "nonsense", err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "key=value") != NULL);
     /* A number too long for the chunk would have been cut to another number. */
-    char longnum[1100] = "schedulers=";
+    char longnum[4200] = "schedulers=";
     memset(longnum + 11, '1', sizeof(longnum) - 12);
     CHECK_EQ(rt_conf_set(&c, longnum, err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "command line: the assignment to \"schedulers\" is too long") != NULL);
     CHECK_EQ(c.schedulers, 2); /* unchanged by the refused ones */
+}
+
+/* Listeners as tables: each transport's settings, checked where they are set. */
+static void test_listener_tables(void)
+{
+    rt_conf_t c;
+    rt_conf_defaults(&c);
+    char err[RT_CONF_ERR_LEN];
+    CHECK_EQ(rt_conf_set(&c,
+                         "listeners={\"127.0.0.1:1883\", {bind=\"127.0.0.1:8883\", tls={cert=\"s.pem\", "
+                         "key=\"s.key\", ca=\"/etc/ca.pem\", verify=\"required\", "
+                         "identity_as_username=true, min_version=\"1.3\"}}, {bind=\"[::1]:8083\", "
+                         "websocket=\"/mqtt\", trusted_proxies={\"10.0.0.0/8\"}}, "
+                         "{bind=\"127.0.0.1:1885\", proxy_protocol=true, trusted_proxies=\"127.0.0.1\", "
+                         "rate_limit={messages=10, bytes=1000, burst_messages=20}}}",
+                         err, sizeof(err)),
+             0);
+    CHECK_EQ(c.nlisteners, 4);
+    CHECK(!c.listeners[0].tls_on && !c.listeners[0].websocket[0]);
+    CHECK(c.listeners[1].tls_on && c.listeners[1].port == 8883);
+    CHECK(c.listeners[1].tls.cert[0] == '/'); /* made absolute against the current directory */
+    CHECK(strcmp(c.listeners[1].tls.ca, "/etc/ca.pem") == 0);
+    CHECK_EQ(c.listeners[1].tls.verify, RT_TLS_VERIFY_REQUIRED);
+    CHECK(c.listeners[1].tls.identity_as_username);
+    CHECK_EQ(c.listeners[1].tls.min_version, 13);
+    CHECK(strcmp(c.listeners[2].host, "::1") == 0 && strcmp(c.listeners[2].websocket, "/mqtt") == 0);
+    CHECK_EQ(c.listeners[2].ntrusted, 1);
+    CHECK(c.listeners[3].proxy_protocol && c.listeners[3].ntrusted == 1);
+    CHECK(c.listeners[3].rate_limit.messages == 10 && c.listeners[3].rate_limit.bytes == 1000);
+    CHECK(c.listeners[3].rate_limit.burst_messages == 20);
+    /* One listener as a table, not in a list. */
+    CHECK_EQ(rt_conf_set(&c, "listeners={bind=\"127.0.0.1:9\", websocket=\"/\"}", err, sizeof(err)), 0);
+    CHECK_EQ(c.nlisteners, 1);
+    CHECK(strcmp(c.listeners[0].websocket, "/") == 0);
+    static const struct {
+        const char *set, *why;
+    } bad[] = {
+        {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\"}}}", "needs cert and key"},
+        {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", verify=\"required\"}}}",
+         "needs ca"},
+        {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", verify=\"maybe\"}}}",
+         "verify must be"},
+        {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", identity_as_username=true}}}",
+         "needs verify"},
+        {"listeners={{bind=\"127.0.0.1:1\", proxy_protocol=true}}", "needs trusted_proxies"},
+        {"listeners={{bind=\"127.0.0.1:1\", websocket=\"mqtt\"}}", "starting with /"},
+        {"listeners={{bind=\"127.0.0.1:1\", colour=\"red\"}}", "unknown key \"colour\""},
+        {"listeners={{tls={cert=\"a\", key=\"b\"}}}", "needs bind"},
+        {"listeners={{bind=\"127.0.0.1:1\", rate_limit={messages=-1}}}", "must be a number >= 0"},
+        {"listeners={{bind=\"127.0.0.1:1\", trusted_proxies={\"nowhere\"}}}", "not a numeric address"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK_EQ(rt_conf_set(&c, bad[i].set, err, sizeof(err)), RT_EINVAL);
+        CHECK(strstr(err, bad[i].why) != NULL);
+        if (!strstr(err, bad[i].why))
+            fprintf(stderr, "  %s: %s\n", bad[i].set, err);
+    }
+    CHECK_EQ(c.nlisteners, 1); /* unchanged by the refused ones */
+    CHECK_EQ(rt_conf_set(&c, "user_rate_limits={alice={messages=5}, bob={bytes=100}}", err,
+                         sizeof(err)),
+             0);
+    CHECK_EQ(c.nuser_rates, 2);
+    CHECK_EQ(rt_conf_set(&c, "user_rate_limits={alice={speed=5}}", err, sizeof(err)), RT_EINVAL);
+    CHECK(strstr(err, "unknown key \"speed\"") != NULL);
 }
 
 /* Relative paths: the file's directory for the file's values and defaults, cwd for -o. */
@@ -250,6 +314,7 @@ int main(void)
     RUN(test_values);
     RUN(test_errors);
     RUN(test_overrides);
+    RUN(test_listener_tables);
     RUN(test_paths);
     RUN(test_anonymous_from);
     unlink(path);

@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -410,6 +411,7 @@ typedef struct {
 } taker_t;
 
 static void hand(rt_pid_t to, int fd, char what, rt_pid_t next);
+static void hand_owning(rt_pid_t to, int fd, char what, rt_pid_t next, _Atomic int *owned);
 
 /*
 ** 't': takes the fd and greets through it. 'f': adopts it, then detaches it
@@ -425,17 +427,23 @@ static void taker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt_sock_write(t->sock, data, len);
         return;
     }
-    if (m->tag != MSG_HAND || (m->data[0] != 't' && m->data[0] != 'f'))
+    if (m->tag != MSG_HAND || (m->data[sizeof(rt_msg_owned_t)] != 't' &&
+                               m->data[sizeof(rt_msg_owned_t)] != 'f'))
         return;
     int fd = rt_msg_take_fd(m);
+    _Atomic int *owned = rt_msg_take_owned(m);
+    if (owned)
+        atomic_fetch_add(owned, 1); /* taken: the message will not drop it */
     if (fd < 0 || rt_sock_adopt(self, fd, &t->sock) != 0)
         return;
-    if (m->data[0] == 't') {
+    if (m->data[sizeof(rt_msg_owned_t)] == 't') {
         rt_sock_write(t->sock, "hi", 2);
         return;
     }
     rt_pid_t next;
-    memcpy(&next, m->data + 1, sizeof(next));
+    memcpy(&next, m->data + sizeof(rt_msg_owned_t) + 1, sizeof(next));
+    /* What was written before the detach goes first: the next owner's bytes follow it. */
+    rt_sock_write(t->sock, "<", 1);
     hand(next, rt_sock_detach(t->sock), 't', 0);
     t->sock = NULL;
 }
@@ -443,12 +451,26 @@ static void taker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 static const rt_actor_type_t taker_type = {
     .name = "taker", .state_size = sizeof(taker_t), .handle = taker_handle};
 
+/* The owned object is a counter: dropping it adds 100, taking it adds 1. */
+static void drop_counter(void *obj)
+{
+    atomic_fetch_add((_Atomic int *)obj, 100);
+}
+
+static void hand_owning(rt_pid_t to, int fd, char what, rt_pid_t next, _Atomic int *owned)
+{
+    rt_msg_t *m = rt_msg_new_fd(MSG_HAND, fd, sizeof(rt_msg_owned_t) + 1 + sizeof(next));
+    memset(m->data, 0, sizeof(rt_msg_owned_t));
+    if (owned)
+        rt_msg_own(m, (void *)owned, drop_counter);
+    m->data[sizeof(rt_msg_owned_t)] = (unsigned char)what;
+    memcpy(m->data + sizeof(rt_msg_owned_t) + 1, &next, sizeof(next));
+    rt_send_msg(to, m);
+}
+
 static void hand(rt_pid_t to, int fd, char what, rt_pid_t next)
 {
-    rt_msg_t *m = rt_msg_new_fd(MSG_HAND, fd, 1 + sizeof(next));
-    m->data[0] = (unsigned char)what;
-    memcpy(m->data + 1, &next, sizeof(next));
-    rt_send_msg(to, m);
+    hand_owning(to, fd, what, next, NULL);
 }
 
 static void test_fd_in_message_never_leaks(void)
@@ -480,18 +502,27 @@ static void test_fd_in_message_never_leaks(void)
         close(b);
     }
     CHECK(wait_alive(1, 5000));
-    /* Not taken: freeing the message closes it. */
+    /* Not taken: freeing the message closes it, and drops what else it owns. */
+    static _Atomic int owned_left, owned_taken, owned_dead;
     CHECK_EQ(tcp_pair(&a, &b), 0);
-    hand(taker, a, 'n', 0);
+    hand_owning(taker, a, 'n', 0, &owned_left);
     CHECK(peer_closed(b, 5000));
+    close(b);
+    CHECK_EQ(atomic_load(&owned_left), 100);
+    CHECK_EQ(tcp_pair(&a, &b), 0);
+    hand_owning(taker, a, 't', 0, &owned_taken);
+    struct pollfd tp = {b, POLLIN, 0};
+    CHECK(poll(&tp, 1, 5000) == 1 && recv(b, buf, 2, 0) == 2);
     close(b);
     /* Sent to a dead actor: a dead letter, and the fd is closed with it. */
     rt_exit_signal(taker, RT_REASON_KILL);
     CHECK(wait_alive(0, 5000));
     CHECK_EQ(tcp_pair(&a, &b), 0);
-    hand(taker, a, 't', 0);
+    hand_owning(taker, a, 't', 0, &owned_dead);
     CHECK(peer_closed(b, 5000));
     close(b);
+    CHECK_EQ(atomic_load(&owned_taken), 1);
+    CHECK_EQ(atomic_load(&owned_dead), 100);
     /* Detached by one owner, adopted by the next: the fd still works, and the first
        owner's exit does not close it. */
     rt_pid_t first;
@@ -499,7 +530,10 @@ static void test_fd_in_message_never_leaks(void)
     CHECK_EQ(rt_spawn(&taker_type, NULL, &taker), 0);
     CHECK_EQ(rt_spawn(&taker_type, NULL, &first), 0);
     hand(first, a, 'f', taker);
-    CHECK(poll(&pfd, 1, 5000) == 1 && recv(b, buf, 2, 0) == 2 && memcmp(buf, "hi", 2) == 0);
+    char three[3] = {0};
+    struct pollfd fp = {b, POLLIN, 0};
+    CHECK(poll(&fp, 1, 5000) == 1 && recv(b, three, 3, MSG_WAITALL) == 3 &&
+          memcmp(three, "<hi", 3) == 0);
     rt_exit_signal(first, RT_REASON_KILL);
     CHECK(wait_alive(1, 5000));
     CHECK(!peer_closed(b, 100));
