@@ -3,6 +3,7 @@
 #
 #   tests/bench/transports.sh [--rounds N] [--only SECTION[,SECTION]] [--quick]
 #                             [--build DIR] [--out DIR] [--mosquitto PATH]
+#                             [--brokers mosq,rtd] [--merge FILE.jsonl]
 #
 # SECTIONs (all by default), each a median of --rounds rounds (default 3), brokers
 # alternating within a round, a fresh broker per measurement:
@@ -21,7 +22,9 @@
 # rtd comes from RT_BUILD_DIR (default build/release); when it has no TLS or WebSocket
 # listeners yet (a probe connection fails), its side of that transport is skipped with a
 # message and Mosquitto's is still measured. Writes transports.md and transports.jsonl
-# (raw rows) to --out (default docs/bench/issue15-transports).
+# (raw rows) to --out (default docs/bench/issue15-transports); rows are copied there after
+# every measurement. --brokers runs only some brokers; --merge adds the rows of an earlier
+# run (e.g. the other broker's) to the report.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,10 +34,12 @@ QUICK=0
 BUILD=${RT_BUILD_DIR:-build/release}
 OUT="$ROOT/docs/bench/issue15-transports"
 MOSQ=/usr/sbin/mosquitto
+BROKER_LIST=mosq,rtd
+MERGE=''
 RUN_TIMEOUT_S=300 # hard cap per rtbench run, beyond its own -d and deadlines
 
 usage() {
-    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -46,6 +51,8 @@ while (($#)); do
     --build) BUILD=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
     --mosquitto) MOSQ=${2:?}; shift 2 ;;
+    --brokers) BROKER_LIST=${2:?}; shift 2 ;;
+    --merge) MERGE=${2:?}; shift 2 ;;
     --help | -h) usage 0 ;;
     *) echo "transports.sh: unknown argument '$1'" >&2; usage 2 ;;
     esac
@@ -298,11 +305,12 @@ measure() {
         '{section: $s, broker: $b, transport: $k, round: $r, rss_base_kb: $base,
           rss_max_kb: $rss, broker_cpu: $bcpu, steady_cpu: $sc, steady_s: $ss} + $extra + .' \
         "$WORK/out.json" >>"$RESULTS"
+    cp "$RESULTS" "$OUT/transports.jsonl"
     jq -r '"  \(.section) \(.broker) \(.transport) r\(.round) \(.cell // "") conn=\(.connected) fail=\(.failed) recv=\(.received) hs/s=\(.hs_rate // 0) broker_cpu=\(.broker_cpu)s rtbench_cpu=\(.cpu_seconds)s rss_max=\(.rss_max_kb)KB"' \
         <<<"$(tail -1 "$RESULTS")"
 }
 
-BROKERS=(mosq rtd)
+IFS=, read -r -a BROKERS <<<"$BROKER_LIST"
 declare -A STORM_S # seconds a storm took per broker, from its first (unmeasured) run
 echo "transports.sh: rtbench=$RTBENCH rtd=$RTD quick=$QUICK rounds=$ROUNDS only=$ONLY"
 for k in tcp tls ws; do probe_rtd "$k"; done
@@ -408,6 +416,7 @@ if want cpu; then
 fi
 
 cp "$RESULTS" "$OUT/transports.jsonl"
+[[ -n "$MERGE" ]] && cat "$MERGE" >>"$OUT/transports.jsonl"
 /usr/bin/python3 "$ROOT/tests/bench/transports_report.py" "$OUT/transports.jsonl" \
     "$OUT/transports.md" "$ROUNDS" "$QUICK"
 echo "transports.sh: wrote $OUT/transports.md and transports.jsonl"
