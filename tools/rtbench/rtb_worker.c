@@ -16,9 +16,20 @@
  * `busy` and issues a single uv_write per client. The read side decodes straight out
  * of one shared read buffer; only a packet split across reads is copied, into the
  * client's `pend` buffer. Buffers are reused, so steady state allocates nothing.
+ *
+ * With --tls or --ws a client has a transport (rtb_xport.h) between MQTT and the socket:
+ * reads go through it before the MQTT decoder, and a flush encodes `out` into the
+ * client's `wire` buffer, which then takes the place of `out` in the write path. Plain
+ * clients have no transport and take the same path as before: one test per read and
+ * per flush.
+ *
+ * The `hs` command measures connection setup: each client connects, completes TLS (or
+ * the WebSocket upgrade) and CONNECT/CONNACK, sends DISCONNECT (and TLS close_notify),
+ * waits for the broker to close, and starts again, until -d ends or it has done -L.
  */
 #include "rtbench.h"
 #include "rtb_mqtt.h"
+#include "rtb_xport.h"
 
 #include <errno.h>
 #include <math.h>
@@ -47,7 +58,7 @@
 enum { FB_EXPECTED, FB_UNIQUE, FB_DONE, FB_DELIV };
 
 enum { PH_SUBS, PH_PUBS, PH_WAIT, PH_RUN, PH_DRAIN, PH_CLOSE };
-enum { ROLE_CONN, ROLE_SUB, ROLE_PUB };
+enum { ROLE_CONN, ROLE_SUB, ROLE_PUB, ROLE_HS };
 enum { CS_NEW, CS_TCP, CS_CONNACK, CS_SUBACK, CS_READY, CS_CLOSING, CS_DEAD };
 
 typedef struct rtb_worker_s rtb_worker_t;
@@ -70,6 +81,8 @@ struct rtb_client_s {
     rtb_buf_t out;  /* packets waiting for the next flush */
     rtb_buf_t busy; /* bytes owned by wreq while a write is in flight */
     rtb_buf_t pend; /* an incomplete packet carried to the next read */
+    rtb_buf_t wire; /* with a transport: encoded bytes waiting for the next write */
+    rtb_xport_t *x; /* TLS/WebSocket below MQTT, owned; NULL for plain TCP */
     rtb_client_t *next_dirty;
     uint64_t t_start;      /* ns, connection start */
     uint64_t t_last_tx_ms; /* loop ms of the last flush, for keepalive */
@@ -78,6 +91,9 @@ struct rtb_client_s {
     uint32_t idx;          /* client sequence number (%i) */
     uint32_t pos;          /* position in the worker's client array */
     uint8_t role, state, writing, dirty, open, pending;
+    uint8_t xopen;      /* the transport finished its handshake on this connection */
+    uint8_t shut;       /* close_notify queued on this connection */
+    uint8_t hs_resumed; /* this connection's TLS session was resumed */
     /* Publisher. */
     uint32_t gidx;       /* publisher index written into payloads */
     uint32_t tgt_base;   /* %i of the first target topic */
@@ -107,7 +123,7 @@ struct rtb_worker_s {
     uint32_t iter_reads; /* reads since the last flush, i.e. in this loop iteration */
     uint64_t t_read;     /* ns, taken once per read; stamps every packet decoded from it */
     long coalesce_ns;    /* closed loop: pause before polling in a quiet iteration */
-    uv_pipe_t go; /* read end of the parent's go pipe, when go_fd >= 0 */
+    uv_pipe_t go;        /* read end of the parent's go pipe, when go_fd >= 0 */
     int go_fd;
     uint64_t wait_end_ms;   /* start anyway if the parent never says go */
     uint64_t next_check_ms; /* next evaluation of the run's end conditions */
@@ -130,8 +146,10 @@ struct rtb_worker_s {
     uint64_t tick_no;
     rtb_emit_fn emit;
     void *ctx;
-    char *topic_tmpl; /* template for multi-target publishers */
+    char *topic_tmpl;  /* template for multi-target publishers */
     uint64_t *fb;      /* shared feedback rows, NULL in one process; see rtb_fb_size */
+    rtb_xctx_t *xctx;  /* TLS/WebSocket settings, NULL for plain TCP */
+    int xerr_shown;    /* the first transport error was printed */
     uint32_t fb_words; /* u64 per row, a multiple of a cache line */
 };
 
@@ -247,6 +265,7 @@ static void fb_done(rtb_worker_t *w)
 static void phase_next(rtb_worker_t *w);
 static void try_send(rtb_client_t *c);
 static void on_write(uv_write_t *req, int status);
+static void hs_begin(rtb_client_t *c);
 
 static void mark_dirty(rtb_client_t *c)
 {
@@ -262,6 +281,8 @@ static void on_close(uv_handle_t *h)
     rtb_client_t *c = h->data;
     c->open = 0;
     c->w->open_handles--;
+    if (c->role == ROLE_HS && c->w->phase == PH_RUN)
+        hs_begin(c);
 }
 
 /* The client stops counting toward the current phase's connect queue. */
@@ -305,34 +326,75 @@ static void client_fail(rtb_client_t *c)
 /*
  * Tries a plain write first: uv_write re-arms the epoll watcher on every call, an extra
  * syscall per flush, while uv_try_write is the bare write. Only what the socket does
- * not take right away goes through uv_write, from the `busy` buffer.
+ * not take right away goes through uv_write, from the `busy` buffer, which trades
+ * places with src (`out`, or `wire` under a transport).
  */
-static void flush_client(rtb_client_t *c)
+static void write_buf(rtb_client_t *c, rtb_buf_t *src)
 {
-    if (c->writing || c->out.len == 0 || c->state == CS_DEAD)
-        return;
     c->t_last_tx_ms = uv_now(&c->w->loop);
-    uv_buf_t b = uv_buf_init((char *)c->out.p, (unsigned)c->out.len);
+    uv_buf_t b = uv_buf_init((char *)src->p, (unsigned)src->len);
     int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
     if (n < 0 && n != UV_EAGAIN) {
         client_fail(c);
         return;
     }
     size_t done = n > 0 ? (size_t)n : 0;
-    if (done == c->out.len) {
-        c->out.len = 0;
+    if (done == src->len) {
+        src->len = 0;
         return;
     }
     rtb_buf_t t = c->busy;
-    c->busy = c->out;
-    c->out = t;
-    c->out.len = 0;
+    c->busy = *src;
+    *src = t;
+    src->len = 0;
     b = uv_buf_init((char *)c->busy.p + done, (unsigned)(c->busy.len - done));
     c->writing = 1;
     if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
         c->writing = 0;
         client_fail(c);
     }
+}
+
+/* Prints the first transport failure of a process: a refused certificate or upgrade
+ * would otherwise show only as failed connections. */
+static void xport_failed(rtb_client_t *c, int r)
+{
+    if (r == -EPROTO && !c->w->xerr_shown && c->w->phase < PH_CLOSE) {
+        c->w->xerr_shown = 1;
+        fprintf(stderr, "rtbench: %s: %s\n", c->id, rtb_xport_error(c->x));
+    }
+    client_fail(c);
+}
+
+/* Under a transport: MQTT bytes become frames and records in `wire`, which is written. */
+static void flush_xport(rtb_client_t *c)
+{
+    if (c->writing || c->state == CS_DEAD)
+        return;
+    int r = rtb_xport_output(c->x, &c->out, &c->wire);
+    if (!r && c->state == CS_CLOSING && !c->shut && c->out.len == 0 && rtb_xport_open(c->x)) {
+        /* After the DISCONNECT: a TLS session closed cleanly stays resumable. */
+        c->shut = 1;
+        rtb_xport_shutdown(c->x);
+        r = rtb_xport_output(c->x, &c->out, &c->wire);
+    }
+    if (r) {
+        xport_failed(c, r);
+        return;
+    }
+    if (c->wire.len)
+        write_buf(c, &c->wire);
+}
+
+static void flush_client(rtb_client_t *c)
+{
+    if (c->x) {
+        flush_xport(c);
+        return;
+    }
+    if (c->writing || c->out.len == 0 || c->state == CS_DEAD)
+        return;
+    write_buf(c, &c->out);
 }
 
 static void on_write(uv_write_t *req, int status)
@@ -344,7 +406,7 @@ static void on_write(uv_write_t *req, int status)
         client_fail(c);
         return;
     }
-    if (c->out.len)
+    if (c->out.len || (c->x && (c->wire.len || rtb_xport_pending(c->x))))
         mark_dirty(c);
     if (c->role == ROLE_PUB)
         try_send(c);
@@ -528,6 +590,19 @@ static void on_packet(rtb_client_t *c, const rtb_pkt_t *pkt)
         s->conn_ok++;
         s->t_conn_last = now_ns();
         rtb_hist_record(&w->rep.conn, s->t_conn_last - c->t_start);
+        if (c->role == ROLE_HS) {
+            /* One cycle done; the broker's close (or the tick's deadline) ends it. */
+            if (w->phase == PH_RUN) {
+                c->k++;
+                if (c->hs_resumed)
+                    s->hs_resumed++;
+                else
+                    s->hs_full++;
+            }
+            c->state = CS_CLOSING;
+            send_or_fail(c, rtb_mqtt_empty(&c->out, RTB_DISCONNECT));
+            return;
+        }
         if (c->role == ROLE_SUB) {
             c->state = CS_SUBACK;
             send_or_fail(c, rtb_mqtt_subscribe(&c->out, w->o->version, 1, c->topic, w->o->qos));
@@ -574,19 +649,12 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
     *buf = uv_buf_init((char *)read_buf, sizeof(read_buf));
 }
 
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+/* Decodes and handles the MQTT packets in p[0..n), carrying a partial one in `pend`. */
+static void feed(void *arg, const uint8_t *p, size_t n)
 {
-    rtb_client_t *c = st->data;
-    c->w->iter_reads++;
-    if (nread == 0)
+    rtb_client_t *c = arg;
+    if (c->state == CS_DEAD)
         return;
-    if (nread < 0) {
-        client_fail(c);
-        return;
-    }
-    const uint8_t *p = (const uint8_t *)buf->base;
-    size_t n = (size_t)nread;
-    c->w->t_read = now_ns();
     if (c->pend.len) {
         if (rtb_buf_append(&c->pend, p, n)) {
             client_fail(c);
@@ -621,6 +689,48 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
 }
 
+/* Bytes off the socket under a transport: handshake, upgrade, records and frames. */
+static void xport_read(rtb_client_t *c, const uint8_t *p, size_t n)
+{
+    rtb_stats_t *s = &c->w->rep.s;
+    int r = rtb_xport_input(c->x, p, n, feed, c);
+    if (c->state == CS_DEAD)
+        return;
+    if (r) {
+        xport_failed(c, r);
+        return;
+    }
+    if (!c->xopen && rtb_xport_open(c->x)) {
+        c->xopen = 1;
+        c->hs_resumed = (uint8_t)rtb_xport_resumed(c->x);
+        if (c->w->o->tls) {
+            if (c->hs_resumed)
+                s->tls_resumed++;
+            else
+                s->tls_full++;
+        }
+    }
+    if (c->out.len || rtb_xport_pending(c->x))
+        mark_dirty(c);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    rtb_client_t *c = st->data;
+    c->w->iter_reads++;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        client_fail(c);
+        return;
+    }
+    c->w->t_read = now_ns();
+    if (c->x)
+        xport_read(c, (const uint8_t *)buf->base, (size_t)nread);
+    else
+        feed(c, (const uint8_t *)buf->base, (size_t)nread);
+}
+
 static void on_connect(uv_connect_t *req, int status)
 {
     rtb_client_t *c = req->data;
@@ -637,10 +747,16 @@ static void on_connect(uv_connect_t *req, int status)
         client_fail(c);
         return;
     }
+    /* Under a transport the CONNECT waits in `out` until the transport is open. */
+    if (c->x && rtb_xport_start(c->x)) {
+        xport_failed(c, -ENOMEM);
+        return;
+    }
     send_or_fail(c, rtb_mqtt_connect(&c->out, &cc));
 }
 
-static void start_connect(rtb_client_t *c)
+/* queued: the connection counts toward the phase's connect queue (not in `hs`). */
+static void start_connect(rtb_client_t *c, int queued)
 {
     rtb_worker_t *w = c->w;
     const rtb_opts_t *o = w->o;
@@ -648,8 +764,12 @@ static void start_connect(rtb_client_t *c)
     if (!w->rep.s.t_conn_first)
         w->rep.s.t_conn_first = c->t_start;
     c->state = CS_TCP;
-    c->pending = 1;
-    w->cq_active++;
+    c->out.len = c->wire.len = c->pend.len = 0;
+    c->xopen = c->shut = c->hs_resumed = 0;
+    if (queued) {
+        c->pending = 1;
+        w->cq_active++;
+    }
     const struct sockaddr *src =
         o->nifaddr ? (const struct sockaddr *)&o->ifaddr[c->pos % o->nifaddr] : NULL;
     if (uv_tcp_init_ex(&w->loop, &c->tcp, src ? src->sa_family : AF_UNSPEC)) {
@@ -689,8 +809,17 @@ static void connect_some(rtb_worker_t *w, int from_timer)
     while (budget-- && w->cq_pos < w->ncq && w->cq_active < o->conn_parallel) {
         rtb_client_t *c = w->cq[w->cq_pos++];
         w->cq_pending++;
-        start_connect(c);
+        start_connect(c, 1);
     }
+}
+
+/* hs: the next cycle of a connector, unless it has done its -L cycles. */
+static void hs_begin(rtb_client_t *c)
+{
+    const rtb_opts_t *o = c->w->o;
+    if (o->limit && c->k >= o->limit)
+        return;
+    start_connect(c, 0);
 }
 
 static void on_conn_timer(uv_timer_t *t)
@@ -739,7 +868,7 @@ static void try_send(rtb_client_t *c)
             if ((double)c->k + c->phase > el * w->rate_per_pub)
                 return;
         }
-        if (c->out.len + c->busy.len >= RTB_OUT_HIGH)
+        if (c->out.len + c->busy.len + c->wire.len >= RTB_OUT_HIGH)
             return;
 
         uint64_t k = c->k;
@@ -804,6 +933,12 @@ static int run_finished(rtb_worker_t *w)
     const rtb_opts_t *o = w->o;
     if (uv_now(&w->loop) >= w->run_end_ms)
         return 1;
+    if (o->cmd == RTB_CMD_HS) {
+        for (uint32_t i = 0; i < w->nclients; i++)
+            if (w->clients[i].open || !o->limit || w->clients[i].k < o->limit)
+                return 0;
+        return 1;
+    }
     uint32_t alive = 0, busy = 0, pubs_busy = 0, subs_alive = 0;
     for (uint32_t i = 0; i < w->nclients; i++) {
         rtb_client_t *c = &w->clients[i];
@@ -834,6 +969,8 @@ static int run_finished(rtb_worker_t *w)
 
 static int drained(rtb_worker_t *w)
 {
+    if (w->o->cmd == RTB_CMD_HS)
+        return w->open_handles == 0;
     for (uint32_t i = 0; i < w->npubs; i++)
         if (w->pubs[i]->state == CS_READY && w->pubs[i]->inflight)
             return 0;
@@ -918,6 +1055,9 @@ static void start_run(rtb_worker_t *w)
     w->run_start_ms = uv_now(&w->loop);
     w->run_end_ms = w->run_start_ms + (uint64_t)(o->duration_s * 1000);
     w->rep.s.t_run_start = now_ns();
+    if (o->cmd == RTB_CMD_HS)
+        for (uint32_t i = 0; i < w->nclients; i++)
+            hs_begin(&w->clients[i]);
     uint64_t pace = w->rate_per_pub > 0 ? RTB_PACE_OPEN_MS
                     : w->fb             ? RTB_PACE_FB_MS
                                         : RTB_PACE_CLOSED_MS;
@@ -981,6 +1121,10 @@ static void on_tick(uv_timer_t *t)
             client_fail(c);
             continue;
         }
+        if (c->role == ROLE_HS && c->state == CS_CLOSING && now - c->t_start > 2 * tmo) {
+            client_close(c); /* the broker never closed after our DISCONNECT */
+            continue;
+        }
         if (c->state == CS_READY && o->keepalive &&
             now_ms - c->t_last_tx_ms >= (uint64_t)o->keepalive * 1000 &&
             !rtb_mqtt_empty(&c->out, RTB_PINGREQ))
@@ -1027,6 +1171,8 @@ static int client_setup(rtb_worker_t *w, rtb_client_t *c, int role, uint32_t idx
     c->tgt_base = idx;
     if (!c->id)
         return -ENOMEM;
+    if (w->xctx && rtb_xport_new(w->xctx, &c->x))
+        return -ENOMEM;
     if (tmpl) {
         if (expand(tmpl, idx, c->id, buf, sizeof(buf)) < 0)
             return -ENAMETOOLONG;
@@ -1060,6 +1206,8 @@ static int build(rtb_worker_t *w)
     case RTB_CMD_SUB:
         nsub = hi - lo;
         break;
+    case RTB_CMD_HS:
+        break; /* connectors, set up below: they belong to no connect phase */
     case RTB_CMD_PUB:
         npub = hi - lo;
         break;
@@ -1086,14 +1234,22 @@ static int build(rtb_worker_t *w)
     w->clients = calloc(w->nclients ? w->nclients : 1, sizeof(rtb_client_t));
     w->subs = calloc(nsub ? nsub : 1, sizeof(rtb_client_t *));
     w->pubs = calloc(npub ? npub : 1, sizeof(rtb_client_t *));
+    if (o->cmd == RTB_CMD_HS) {
+        w->nclients = hi - lo;
+        free(w->clients);
+        w->clients = calloc(w->nclients ? w->nclients : 1, sizeof(rtb_client_t));
+    }
     if (!w->clients || !w->subs || !w->pubs)
         return -ENOMEM;
     w->rep.s.clients = w->nclients;
-    w->rep.s.expected_known = o->cmd >= RTB_CMD_FANIN;
+    w->rep.s.expected_known = o->cmd >= RTB_CMD_FANIN && o->cmd != RTB_CMD_HS;
 
     int role_sub = o->cmd == RTB_CMD_CONN ? ROLE_CONN : ROLE_SUB;
     uint32_t ci = 0, seed_s = 0;
     int r = 0;
+    if (o->cmd == RTB_CMD_HS)
+        for (uint32_t k = 0; k < w->nclients && !r; k++)
+            r = client_setup(w, &w->clients[ci++], ROLE_HS, o->start + lo + k, NULL);
     for (uint32_t k = 0; k < nsub && !r; k++) {
         rtb_client_t *c = &w->clients[ci++];
         uint32_t idx;
@@ -1157,6 +1313,8 @@ static void worker_free(rtb_worker_t *w)
         rtb_buf_free(&c->out);
         rtb_buf_free(&c->busy);
         rtb_buf_free(&c->pend);
+        rtb_buf_free(&c->wire);
+        rtb_xport_free(c->x);
         free(c->id);
         free(c->topic);
         free(c->slot_pid);
@@ -1168,6 +1326,7 @@ static void worker_free(rtb_worker_t *w)
     free(w->clients);
     free(w->subs);
     free(w->pubs);
+    rtb_xctx_free(w->xctx);
 }
 
 int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, uint64_t *fb, rtb_emit_fn emit,
@@ -1199,11 +1358,22 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, uint64_t *fb, 
     } else if (o->pub_interval_ms > 0) {
         w.rate_per_pub = 1000.0 / o->pub_interval_ms;
     }
-    w.closed_loop = o->cmd >= RTB_CMD_FANIN && w.rate_per_pub == 0;
+    w.closed_loop = o->cmd >= RTB_CMD_FANIN && o->cmd != RTB_CMD_HS && w.rate_per_pub == 0;
     if (w.closed_loop)
         w.coalesce_ns = (long)o->coalesce_us * 1000;
 
-    int r = build(&w);
+    int r = 0;
+    if (o->tls || o->ws) {
+        char err[256];
+        rtb_xconf_t cf = {o->tls,  o->cafile, o->cert,       o->key, o->sni,
+                          o->host, o->port,   o->tls_resume, o->ws};
+        r = rtb_xctx_new(&w.xctx, &cf, err, sizeof(err));
+        if (r) {
+            fprintf(stderr, "rtbench: %s\n", err);
+            return r;
+        }
+    }
+    r = build(&w);
     if (r) {
         worker_free(&w);
         return r;

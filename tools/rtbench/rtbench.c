@@ -11,6 +11,10 @@
  *   seed    --subs S subscribers on test/%i (default 19000), --pubs P publishers
  *           (default 40) at --rate messages/s in total (default 4000); publisher j
  *           publishes round robin to the topics test/s with s % P == j.
+ *   hs      -c connectors (default 10), each in a loop for -d seconds (or -L cycles):
+ *           connect, TLS handshake (--tls) and/or WebSocket upgrade (--ws), CONNECT/
+ *           CONNACK, DISCONNECT, wait for the broker's close; full and resumed
+ *           handshakes per second (--tls-resume offers the last session each time).
  * Scenarios run closed loop (each publisher keeps at most --window messages not yet
  * received) unless -I or --rate asks for a fixed rate. --procs splits the clients of
  * conn/sub/pub, the pairs of `pairs`, the publishers (with their subscribers) of
@@ -53,7 +57,7 @@
 #define RTB_PARENT_SLACK_S 30.0   /* beyond the children's own deadlines */
 
 static const char *usage_text =
-    "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed> [flags]\n"
+    "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed|hs> [flags]\n"
     "  -h host (127.0.0.1)  -p port (1883)  -c clients  -n start index (0)\n"
     "  -i ms between connection starts (conn/sub/pub 10, scenarios 0 = --conn-parallel at a time)\n"
     "  -I ms between publishes per client (pub: 1000; scenarios: closed loop)\n"
@@ -65,7 +69,18 @@ static const char *usage_text =
     "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
     "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (64)\n"
     "  --coalesce-us N (500; closed loop: quiet iterations sleep N us, 0 = never)\n"
-    "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n";
+    "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n"
+    "transports (any command):\n"
+    "  --tls            TLS 1.2/1.3 (OpenSSL; ALPN mqtt, or http/1.1 with --ws)\n"
+    "  --cafile F       verify the server's certificate against F (without it: no check)\n"
+    "                   and its name: --sni, else the IP address of -h\n"
+    "  --cert F --key F client certificate and key (PEM) for mutual TLS\n"
+    "  --tls-resume     resume the last TLS session (ticket) on every reconnect\n"
+    "  --sni NAME       server name indication (and the name verified)\n"
+    "  --ws PATH        MQTT over WebSocket (subprotocol mqtt) at PATH; with --tls: WSS\n"
+    "hs: -c connectors (10) loop for -d s or -L cycles each: connect, TLS/upgrade,\n"
+    "  CONNECT/CONNACK, DISCONNECT, broker closes; reports full and resumed handshakes/s\n"
+    "  (hs_full_rate, hs_resumed_rate) and rtbench's own CPU\n";
 
 static void die_usage(const char *fmt, const char *arg)
 {
@@ -158,7 +173,7 @@ static const struct {
     {"conn", "c", RTB_CMD_CONN},      {"sub", "s", RTB_CMD_SUB},
     {"pub", "p", RTB_CMD_PUB},        {"fanin", "fi", RTB_CMD_FANIN},
     {"fanout", "fo", RTB_CMD_FANOUT}, {"pairs", "pr", RTB_CMD_PAIRS},
-    {"seed", "sd", RTB_CMD_SEED},
+    {"seed", "sd", RTB_CMD_SEED},     {"hs", "hs", RTB_CMD_HS},
 };
 
 static void parse(rtb_opts_t *o, int argc, char **argv)
@@ -217,6 +232,14 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         }
         if (!strcmp(f, "--allow-remote")) {
             o->allow_remote = 1;
+            continue;
+        }
+        if (!strcmp(f, "--tls")) {
+            o->tls = 1;
+            continue;
+        }
+        if (!strcmp(f, "--tls-resume")) {
+            o->tls_resume = 1;
             continue;
         }
         if (f[0] != '-' || !f[1])
@@ -292,7 +315,19 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             o->conn_timeout_s = parse_num(n, v, 0.001, 600);
         else if (!strcmp(n, "--conn-parallel"))
             o->conn_parallel = (uint32_t)parse_int(n, v, 1, 100000);
-        else if (!strcmp(n, "--test-skip-seq"))
+        else if (!strcmp(n, "--cafile"))
+            o->cafile = v;
+        else if (!strcmp(n, "--cert"))
+            o->cert = v;
+        else if (!strcmp(n, "--key"))
+            o->key = v;
+        else if (!strcmp(n, "--sni"))
+            o->sni = v;
+        else if (!strcmp(n, "--ws")) {
+            if (v[0] != '/')
+                die_usage("--ws wants a path starting with '/': '%s'", v);
+            o->ws = v;
+        } else if (!strcmp(n, "--test-skip-seq"))
             o->test_skip_seq = (int64_t)parse_int(n, v, 0, 1e9);
         else
             die_usage("unknown flag '%s'", f);
@@ -319,6 +354,9 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         o->count = count > 0 ? (uint32_t)count : 1000;
         o->pubs = o->subs = o->count;
         break;
+    case RTB_CMD_HS:
+        o->count = count > 0 ? (uint32_t)count : 10;
+        break;
     case RTB_CMD_SEED:
         o->subs = (uint32_t)(subs > 0 ? subs : count > 0 ? count : 19000);
         o->pubs = (uint32_t)(pubs > 0 ? pubs : 40);
@@ -333,6 +371,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         die_usage("-s below 16 (raw payload, no header) is for pub only%s", "");
     if (o->cmd >= RTB_CMD_FANIN && o->topic)
         die_usage("scenarios use fixed topics; -t is for sub and pub (got '%s')", o->topic);
+    if ((o->cafile || o->cert || o->key || o->sni || o->tls_resume) && !o->tls)
+        die_usage("--cafile, --cert, --key, --sni and --tls-resume need --tls%s", "");
+    if (!o->cert != !o->key)
+        die_usage("--cert and --key go together%s", "");
     if (o->pub_interval_ms < 0)
         o->pub_interval_ms = 0;
     if (o->conn_interval_ms == UINT32_MAX)
@@ -367,7 +409,7 @@ static void check_fds(const rtb_opts_t *o)
     setrlimit(RLIMIT_NOFILE, &rl);
     getrlimit(RLIMIT_NOFILE, &rl);
     uint64_t total = (uint64_t)o->pubs + o->subs;
-    if (o->cmd <= RTB_CMD_PUB)
+    if (o->cmd <= RTB_CMD_PUB || o->cmd == RTB_CMD_HS)
         total = o->count;
     uint64_t per = (total + o->procs - 1) / o->procs;
     if (o->cmd == RTB_CMD_SEED)
@@ -415,6 +457,10 @@ static void stats_merge(rtb_stats_t *d, const rtb_stats_t *s)
     AGG_MAX(expected_known);
     AGG_SUM(foreign);
     AGG_SUM(proto_err);
+    AGG_SUM(tls_full);
+    AGG_SUM(tls_resumed);
+    AGG_SUM(hs_full);
+    AGG_SUM(hs_resumed);
     AGG_MINNZ(t_conn_first);
     AGG_MAX(t_conn_last);
     AGG_MINNZ(t_run_start);
@@ -692,6 +738,10 @@ static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
     uint64_t msgs = s->received ? s->received : s->sent;
     double cpu_s = (double)cpu_us / 1e6;
     double cpu_per_m = msgs ? cpu_s / ((double)msgs / 1e6) : 0;
+    const char *transport = o->tls ? (o->ws ? "wss" : "tls") : (o->ws ? "ws" : "tcp");
+    double hs_full_rate = run_s > 0 ? (double)s->hs_full / run_s : 0;
+    double hs_resumed_rate = run_s > 0 ? (double)s->hs_resumed / run_s : 0;
+    double hs_rate = hs_full_rate + hs_resumed_rate;
 
     if (o->json) {
         printf("{\"command\":\"%s\",\"procs\":%u,\"qos\":%d,\"size\":%u,\"mqtt\":%d,"
@@ -729,6 +779,13 @@ static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
         printf("\"run_start_unix\":%.6f,\"run_end_unix\":%.6f,",
                s->t_run_start ? (double)s->t_run_start / 1e9 + wall_minus_mono : 0,
                s->t_run_end ? (double)s->t_run_end / 1e9 + wall_minus_mono : 0);
+        if (o->tls || o->ws || o->cmd == RTB_CMD_HS)
+            printf("\"transport\":\"%s\",\"tls_full\":%llu,\"tls_resumed\":%llu,"
+                   "\"hs_full\":%llu,\"hs_resumed\":%llu,\"hs_rate\":%.1f,"
+                   "\"hs_full_rate\":%.1f,\"hs_resumed_rate\":%.1f,",
+                   transport, (unsigned long long)s->tls_full, (unsigned long long)s->tls_resumed,
+                   (unsigned long long)s->hs_full, (unsigned long long)s->hs_resumed, hs_rate,
+                   hs_full_rate, hs_resumed_rate);
         printf("\"cpu_seconds\":%.3f,\"cpu_seconds_per_million\":%.3f}\n", cpu_s, cpu_per_m);
         return;
     }
@@ -754,6 +811,14 @@ static void summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us)
     print_lat("e2e", &m->e2e, 0, 0);
     print_lat("ack", &m->ack, 0, 0);
     print_lat("connack", &m->conn, 0, 0);
+    if (o->tls || o->ws || o->cmd == RTB_CMD_HS)
+        printf("transport %s: tls handshakes full=%llu resumed=%llu\n", transport,
+               (unsigned long long)s->tls_full, (unsigned long long)s->tls_resumed);
+    if (o->cmd == RTB_CMD_HS)
+        printf("hs        cycles full=%llu resumed=%llu over %.3fs: %.1f/s (full %.1f/s, "
+               "resumed %.1f/s)\n",
+               (unsigned long long)s->hs_full, (unsigned long long)s->hs_resumed, run_s, hs_rate,
+               hs_full_rate, hs_resumed_rate);
     printf("cpu       %.3fs user+sys (all processes), %.3fs per million messages\n", cpu_s,
            cpu_per_m);
 }

@@ -31,6 +31,7 @@ typedef enum rtb_cmd_e {
     RTB_CMD_FANOUT,
     RTB_CMD_PAIRS,
     RTB_CMD_SEED,
+    RTB_CMD_HS,
 } rtb_cmd_t;
 
 typedef struct rtb_opts_s {
@@ -69,6 +70,13 @@ typedef struct rtb_opts_s {
     int json;                  /* --json */
     int allow_remote;          /* --allow-remote */
     int quiet;                 /* --quiet: no per-second lines */
+    int tls;                   /* --tls */
+    const char *cafile;        /* --cafile: verify the server; NULL = no verification */
+    const char *cert;          /* --cert: client certificate (mutual TLS), with --key */
+    const char *key;           /* --key */
+    const char *sni;           /* --sni: server name to send and verify */
+    int tls_resume;            /* --tls-resume: resume the last session on reconnect */
+    const char *ws;            /* --ws PATH: MQTT over WebSocket; NULL = none */
     char prefix[48];           /* client id prefix */
 } rtb_opts_t;
 
@@ -91,6 +99,10 @@ typedef struct rtb_stats_s {
     uint64_t expected_known; /* 1 when expected is meaningful (scenarios); max, not sum */
     uint64_t foreign;        /* deliveries too short to carry our header */
     uint64_t proto_err;      /* malformed or unexpected packets, rejected acks */
+    uint64_t tls_full;       /* TLS handshakes completed with a full handshake */
+    uint64_t tls_resumed;    /* TLS handshakes that resumed a session */
+    uint64_t hs_full;        /* hs: cycles up to CONNACK in the run phase, full TLS or none */
+    uint64_t hs_resumed;     /* hs: the same with a resumed TLS session */
     uint64_t t_conn_first;   /* ns, first connection start (min) */
     uint64_t t_conn_last;    /* ns, last CONNACK (max) */
     uint64_t t_run_start;    /* ns, publishing began (min) */
