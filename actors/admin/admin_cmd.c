@@ -217,6 +217,11 @@ static void add_transport(rt_doc_t *o, unsigned index)
         rt_doc_add_str(t, "crl", l->tls.crl);
     rt_doc_add_bool(t, "identity_as_username", l->tls.identity_as_username);
     rt_doc_add_str(t, "min_version", l->tls.min_version == 13 ? "1.3" : "1.2");
+    if (l->tls.nsni) {
+        rt_doc_t *names = rt_doc_add_array(t, "sni");
+        for (unsigned i = 0; i < l->tls.nsni; i++)
+            rt_doc_add_str(names, NULL, l->tls.sni[i].name);
+    }
     rt_doc_add_u64(t, "reloads", info.reloads);
     if (info.last_error[0])
         rt_doc_add_str(t, "last_reload_error", info.last_error);

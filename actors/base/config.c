@@ -481,6 +481,40 @@ static bool parse_rate(lua_State *L, const char *where, rt_conf_rate_t *out, cha
     return true;
 }
 
+/* tls.sni = { { name = "host", cert = "...", key = "..." }, ... }, on top of the stack. */
+static bool parse_sni(lua_State *L, const char *where, rt_conf_tls_t *t, char *why, size_t whylen)
+{
+    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? luaL_len(L, -1) : -1;
+    if (len < 1 || len > RT_CONF_MAX_SNI) {
+        snprintf(why, whylen, "%s must be a list of 1 to %d { name = ..., cert = ..., key = ... }",
+                 where, RT_CONF_MAX_SNI);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        rt_conf_sni_t *e = &t->sni[i - 1];
+        memset(e, 0, sizeof(*e));
+        char at[128];
+        snprintf(at, sizeof(at), "%.100s[%lld]", where, (long long)i);
+        lua_geti(L, -1, i);
+        bool ok = lua_type(L, -1) == LUA_TTABLE;
+        const char *keys[] = {"name", "cert", "key"};
+        char *fields[] = {e->name, e->cert, e->key};
+        size_t sizes[] = {sizeof(e->name), sizeof(e->cert), sizeof(e->key)};
+        for (size_t k = 0; ok && k < 3; k++) {
+            lua_getfield(L, -1, keys[k]);
+            ok = table_string(L, at, keys[k], fields[k], sizes[k], why, whylen);
+            lua_pop(L, 1);
+        }
+        if (!ok && lua_type(L, -1) != LUA_TTABLE)
+            snprintf(why, whylen, "%s must be { name = ..., cert = ..., key = ... }", at);
+        lua_pop(L, 1);
+        if (!ok)
+            return false;
+    }
+    t->nsni = (unsigned)len;
+    return true;
+}
+
 static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *why, size_t whylen)
 {
     if (lua_type(L, -1) != LUA_TTABLE) {
@@ -512,6 +546,10 @@ static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *w
             t->identity_as_username = ok && lua_toboolean(L, -1);
             if (!ok)
                 snprintf(why, whylen, "%s.identity_as_username must be true or false", where);
+        } else if (strcmp(k, "sni") == 0) {
+            char at[128];
+            snprintf(at, sizeof(at), "%.100s.sni", where);
+            ok = parse_sni(L, at, t, why, whylen);
         } else if (strcmp(k, "min_version") == 0) {
             const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
             t->min_version = strcmp(v, "1.3") == 0 ? 13 : 12;
@@ -520,7 +558,7 @@ static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *w
                 snprintf(why, whylen, "%s.min_version must be \"1.2\" or \"1.3\"", where);
         } else {
             snprintf(why, whylen, "%s: unknown key \"%s\" (cert, key, ca, crl, verify, "
-                     "identity_as_username, min_version)", where, k);
+                     "identity_as_username, min_version, sni)", where, k);
             ok = false;
         }
         lua_pop(L, 1);
@@ -1056,8 +1094,13 @@ static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, cons
         int rc = 0;
         for (unsigned l = 0; l < c->nlisteners && rc == 0; l++) {
             rt_conf_tls_t *t = &c->listeners[l].tls;
-            char *files[] = {t->cert, t->key, t->ca, t->crl};
-            for (size_t i = 0; i < 4 && rc == 0; i++)
+            char *files[4 + 2 * RT_CONF_MAX_SNI] = {t->cert, t->key, t->ca, t->crl};
+            size_t n = 4;
+            for (unsigned i = 0; i < t->nsni; i++) {
+                files[n++] = t->sni[i].cert;
+                files[n++] = t->sni[i].key;
+            }
+            for (size_t i = 0; i < n && rc == 0; i++)
                 rc = resolve_field(files[i], RT_CONF_PATH_MAX, "listeners' tls file", base, where,
                                    err, errlen);
         }

@@ -40,9 +40,18 @@ typedef struct rt_conf_rate_s {
 
 typedef enum { RT_TLS_VERIFY_NONE, RT_TLS_VERIFY_OPTIONAL, RT_TLS_VERIFY_REQUIRED } rt_tls_verify_t;
 
+/* A certificate served to clients that ask for name by SNI (tls.sni). */
+#define RT_CONF_MAX_SNI 4
+typedef struct rt_conf_sni_s {
+    char name[128]; /* a host name, or "*.domain" for any one label in front of domain */
+    char cert[RT_CONF_PATH_MAX], key[RT_CONF_PATH_MAX];
+} rt_conf_sni_t;
+
 /* A listener's TLS (actors/transport/tls.h); files are PEM, paths absolute after load. */
 typedef struct rt_conf_tls_s {
-    char cert[RT_CONF_PATH_MAX], key[RT_CONF_PATH_MAX];
+    char cert[RT_CONF_PATH_MAX], key[RT_CONF_PATH_MAX]; /* served without a matching SNI name */
+    unsigned nsni;
+    rt_conf_sni_t sni[RT_CONF_MAX_SNI];
     char ca[RT_CONF_PATH_MAX];  /* client certificates are verified against it; "": none */
     char crl[RT_CONF_PATH_MAX]; /* revoked client certificates; "": no revocation check */
     rt_tls_verify_t verify;

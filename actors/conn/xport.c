@@ -45,6 +45,12 @@ typedef enum {
     STAGE_OPEN,  /* MQTT flows */
 } stage_t;
 
+/* The client behind a proxy. */
+typedef struct xport_peer_s {
+    rt_auth_addr_t addr;
+    uint16_t port;
+} xport_peer_t;
+
 /* A client's rate limit: two token buckets, refilled continuously. */
 typedef struct xport_rate_s {
     const rt_conf_rate_t *limit; /* the listener's or the user's; rt_broker->conf lives on */
@@ -62,15 +68,17 @@ struct rt_xport_s {
     uint32_t out_len;
     uint32_t stash_len;
     rt_ws_in_t ws;
-    rt_auth_addr_t real; /* the client's address from a PROXY header or X-Forwarded-For */
-    uint16_t real_port;
+    struct xport_peer_s *real; /* malloc: the client's address from a PROXY header or
+                                  X-Forwarded-For; NULL: the socket's peer is the client */
     uint8_t stage;
     uint8_t listener;
     uint8_t websocket : 1;
-    uint8_t has_real : 1;  /* real holds the client's address (not the socket's peer) */
     uint8_t ws_closing : 1; /* our close frame went out */
     uint8_t tls_failed : 1; /* no close_notify after a fatal alert */
 };
+
+/* An idle WebSocket connection's whole transport cost: one 80-byte malloc chunk. */
+_Static_assert(sizeof(struct rt_xport_s) <= 72, "rt_xport_t outgrew its malloc chunk");
 
 static atomic_size_t xport_bytes; /* all connections' states and stashes */
 
@@ -123,6 +131,7 @@ size_t rt__xport_memory(const conn_t *c)
     if (!xp)
         return 0;
     return sizeof(*xp) + xp->stash_len + (xp->rate ? sizeof(*xp->rate) : 0) +
+           (xp->real ? sizeof(*xp->real) : 0) +
            (xp->out ? XPORT_OUT_MAX : 0);
 }
 
@@ -281,6 +290,10 @@ void rt__xport_free(void *obj)
     }
     stash_clear(xp);
     rate_free(xp);
+    if (xp->real) {
+        free(xp->real);
+        atomic_fetch_sub_explicit(&xport_bytes, sizeof(*xp->real), memory_order_relaxed);
+    }
     atomic_fetch_sub_explicit(&xport_bytes, sizeof(*xp), memory_order_relaxed);
     free(xp);
 }
@@ -533,9 +546,14 @@ out:
 static bool take_real_address(rt_actor_t *self, conn_t *c, rt_xport_t *xp,
                               const rt_auth_addr_t *a, uint16_t port)
 {
-    xp->real = *a;
-    xp->real_port = port;
-    xp->has_real = 1;
+    if (!xp->real) {
+        xp->real = malloc(sizeof(*xp->real));
+        if (!xp->real)
+            return false;
+        atomic_fetch_add_explicit(&xport_bytes, sizeof(*xp->real), memory_order_relaxed);
+    }
+    xp->real->addr = *a;
+    xp->real->port = port;
     rt_free(self, c->peer); /* made from the socket's peer, if it was */
     c->peer = NULL;
     if (!rt__listener_admit_peer(rt_sock_fd(c->sock), a)) {
@@ -853,8 +871,8 @@ bool rt__xport_identity_required(const conn_t *c)
 int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out)
 {
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
-    if (xp && xp->has_real) {
-        *out = xp->real;
+    if (xp && xp->real) {
+        *out = xp->real->addr;
         return 0;
     }
     return c->sock ? rt_auth_addr_from_fd(rt_sock_fd(c->sock), out) : RT_ENOTFOUND;
@@ -863,13 +881,13 @@ int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out)
 void rt__conn_peer_format(const conn_t *c, char *buf, size_t len)
 {
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
-    if (!xp || !xp->has_real) {
+    if (!xp || !xp->real) {
         rt__conn_format_peer(c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
         return;
     }
     char host[INET6_ADDRSTRLEN];
-    rt__conn_format_addr(&xp->real, host, sizeof(host));
-    snprintf(buf, len, "%s:%u", host, xp->real_port);
+    rt__conn_format_addr(&xp->real->addr, host, sizeof(host));
+    snprintf(buf, len, "%s:%u", host, xp->real->port);
 }
 
 void rt__xport_log_timeout(const conn_t *c, long after_s)

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <openssl/err.h>
@@ -18,8 +19,9 @@
 /* ---- Contexts ---- */
 
 typedef struct tls_server_s {
-    pthread_mutex_t lock; /* ctx, reloads and last_error: accepts on any scheduler, reloads */
+    pthread_mutex_t lock; /* ctx, sni, reloads and last_error: accepts on any scheduler, reloads */
     SSL_CTX *ctx;
+    SSL_CTX *sni[RT_CONF_MAX_SNI]; /* for conf->tls.sni's names, switched to by select_sni */
     const rt_listen_t *conf;
     uint64_t reloads;
     char last_error[RT_TLS_WHY_LEN];
@@ -59,7 +61,8 @@ static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outle
 /* Modern suites only: ECDHE with AES-GCM or ChaCha20 for TLS 1.2 (1.3's are all fine). */
 #define TLS12_CIPHERS "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
 
-static SSL_CTX *build_context(const rt_listen_t *l, SSL_CTX *previous, char *why, size_t whylen)
+static SSL_CTX *build_context(const rt_listen_t *l, const char *cert, const char *key,
+                              SSL_CTX *previous, char *why, size_t whylen)
 {
     const rt_conf_tls_t *t = &l->tls;
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
@@ -79,10 +82,10 @@ static SSL_CTX *build_context(const rt_listen_t *l, SSL_CTX *previous, char *why
     SSL_CTX_set_session_id_context(ctx, sid_ctx, sizeof(sid_ctx) - 1);
     if (SSL_CTX_set_cipher_list(ctx, TLS12_CIPHERS) != 1)
         step = "cipher list";
-    else if (SSL_CTX_use_certificate_chain_file(ctx, t->cert) != 1)
-        step = t->cert;
-    else if (SSL_CTX_use_PrivateKey_file(ctx, t->key, SSL_FILETYPE_PEM) != 1)
-        step = t->key;
+    else if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
+        step = cert;
+    else if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
+        step = key;
     else if (SSL_CTX_check_private_key(ctx) != 1)
         step = "key does not match the certificate";
     else if (t->ca[0] && SSL_CTX_load_verify_locations(ctx, t->ca, NULL) != 1)
@@ -120,6 +123,63 @@ static SSL_CTX *build_context(const rt_listen_t *l, SSL_CTX *previous, char *why
     return ctx;
 }
 
+/* A name from tls.sni against the client's: equal ignoring case, or "*.domain" for any one
+   label in front of domain. */
+static bool sni_matches(const char *pattern, const char *name)
+{
+    if (pattern[0] == '*' && pattern[1] == '.') {
+        const char *dot = strchr(name, '.');
+        return dot && dot != name && strcasecmp(dot + 1, pattern + 2) == 0;
+    }
+    return strcasecmp(pattern, name) == 0;
+}
+
+/* The client asked for a name by SNI: the certificate for it, else the listener's own. */
+static int select_sni(SSL *ssl, int *alert, void *arg)
+{
+    (void)alert;
+    tls_server_t *s = arg;
+    const char *name = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name);
+    if (!name)
+        return SSL_TLSEXT_ERR_NOACK;
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < s->conf->tls.nsni; i++)
+        if (sni_matches(s->conf->tls.sni[i].name, name)) {
+            SSL_set_SSL_CTX(ssl, s->sni[i]);
+            break;
+        }
+    pthread_mutex_unlock(&s->lock);
+    return SSL_TLSEXT_ERR_OK;
+}
+
+/*
+** The listener's contexts: its own, and one per SNI name, all or none (a reload that fails
+** for one name keeps every old one). previous (may be NULL) lends its ticket keys.
+*/
+static bool build_all(tls_server_t *s, const tls_server_t *previous, SSL_CTX **ctx,
+                      SSL_CTX *sni[RT_CONF_MAX_SNI], char *why, size_t whylen)
+{
+    const rt_conf_tls_t *t = &s->conf->tls;
+    *ctx = build_context(s->conf, t->cert, t->key, previous ? previous->ctx : NULL, why, whylen);
+    for (unsigned i = 0; *ctx && i < t->nsni; i++) {
+        char err[RT_TLS_WHY_LEN];
+        sni[i] = build_context(s->conf, t->sni[i].cert, t->sni[i].key,
+                               previous ? previous->sni[i] : NULL, err, sizeof(err));
+        if (sni[i])
+            continue;
+        snprintf(why, whylen, "sni %.60s: %.180s", t->sni[i].name, err);
+        while (i-- > 0)
+            SSL_CTX_free(sni[i]);
+        SSL_CTX_free(*ctx);
+        *ctx = NULL;
+    }
+    if (*ctx && t->nsni) {
+        SSL_CTX_set_tlsext_servername_callback(*ctx, select_sni);
+        SSL_CTX_set_tlsext_servername_arg(*ctx, s);
+    }
+    return *ctx != NULL;
+}
+
 static void format_listener(const rt_listen_t *l, char *out, size_t len)
 {
     bool v6 = strchr(l->host, ':') != NULL;
@@ -133,18 +193,17 @@ int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
             continue;
         listeners[i] = conf->listeners[i];
         tls_server_t *s = calloc(1, sizeof(*s));
-        char err[RT_TLS_WHY_LEN], where[80];
+        char err[RT_TLS_WHY_LEN] = "out of memory", where[80];
         format_listener(&listeners[i], where, sizeof(where));
-        SSL_CTX *ctx = s ? build_context(&listeners[i], NULL, err, sizeof(err)) : NULL;
-        if (!ctx) {
-            snprintf(why, whylen, "listener %s: TLS: %.200s", where, s ? err : "out of memory");
+        if (s)
+            s->conf = &listeners[i];
+        if (!s || !build_all(s, NULL, &s->ctx, s->sni, err, sizeof(err))) {
+            snprintf(why, whylen, "listener %s: TLS: %.200s", where, err);
             free(s);
             rt_tls_close();
             return RT_EINVAL;
         }
         pthread_mutex_init(&s->lock, NULL);
-        s->ctx = ctx;
-        s->conf = &listeners[i];
         servers[i] = s;
     }
     return 0;
@@ -156,6 +215,8 @@ void rt_tls_close(void)
         if (!servers[i])
             continue;
         SSL_CTX_free(servers[i]->ctx);
+        for (unsigned k = 0; k < servers[i]->conf->tls.nsni; k++)
+            SSL_CTX_free(servers[i]->sni[k]);
         pthread_mutex_destroy(&servers[i]->lock);
         free(servers[i]);
         servers[i] = NULL;
@@ -186,23 +247,35 @@ int rt_tls_reload(char *report, size_t reportlen)
             continue;
         char where[80], err[RT_TLS_WHY_LEN];
         format_listener(s->conf, where, sizeof(where));
+        /* Built outside the lock (files, key checks); only the swap holds accepts up. The
+           old contexts live on in the connections that took them (SSL_new's reference). */
+        tls_server_t old = {.conf = s->conf};
         pthread_mutex_lock(&s->lock);
-        SSL_CTX *previous = s->ctx;
-        SSL_CTX_up_ref(previous);
+        old.ctx = s->ctx;
+        memcpy(old.sni, s->sni, sizeof(old.sni));
+        for (unsigned k = 0; k < s->conf->tls.nsni; k++)
+            SSL_CTX_up_ref(old.sni[k]);
+        SSL_CTX_up_ref(old.ctx);
         pthread_mutex_unlock(&s->lock);
-        SSL_CTX *ctx = build_context(s->conf, previous, err, sizeof(err));
+        SSL_CTX *ctx, *sni[RT_CONF_MAX_SNI] = {0};
+        bool ok = build_all(s, &old, &ctx, sni, err, sizeof(err));
         pthread_mutex_lock(&s->lock);
-        if (ctx) {
+        if (ok) {
             s->ctx = ctx;
+            memcpy(s->sni, sni, sizeof(sni));
             s->reloads++;
             s->last_error[0] = 0;
         } else {
             snprintf(s->last_error, sizeof(s->last_error), "%s", err);
         }
         pthread_mutex_unlock(&s->lock);
-        SSL_CTX_free(previous); /* our reference, and the server's if it was replaced */
-        if (ctx) {
-            SSL_CTX_free(previous);
+        /* Our references, and the server's too when they were replaced. */
+        for (int times = ok ? 2 : 1; times > 0; times--) {
+            SSL_CTX_free(old.ctx);
+            for (unsigned k = 0; k < s->conf->tls.nsni; k++)
+                SSL_CTX_free(old.sni[k]);
+        }
+        if (ok) {
             rt_log(RT_LOG_INFO, "tls.reloaded", "listener=%s", where);
         } else {
             rt_log(RT_LOG_WARNING, "tls.reload_failed", "listener=%s reason=\"%s\"", where, err);
@@ -211,7 +284,7 @@ int rt_tls_reload(char *report, size_t reportlen)
         }
         if (report && used < reportlen)
             used += (size_t)snprintf(report + used, reportlen - used, "%s %s%s\n", where,
-                                     ctx ? "reloaded" : "failed: ", ctx ? "" : err);
+                                     ok ? "reloaded" : "failed: ", ok ? "" : err);
     }
     return result;
 }

@@ -145,7 +145,7 @@ static int check_header_start(const rt_ws_in_t *st, uint8_t b0, uint8_t b1, uint
     }
 }
 
-int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint64_t max_message, size_t *used,
+int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint32_t max_message, size_t *used,
                  rt_ws_event_t *ev, uint16_t *close_code)
 {
     size_t pos = 0;
@@ -219,11 +219,11 @@ int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint64_t max_message,
             *close_code = RT_WS_CLOSE_TOO_BIG;
             return RT_EPROTO;
         }
-        st->message_len += payload_len;
+        st->message_len += (uint32_t)payload_len;
         st->in_message = !(h[0] & 0x80);
         memcpy(st->mask, mask, 4);
         st->mask_off = 0;
-        st->remaining = payload_len;
+        st->remaining = (uint32_t)payload_len;
         st->in_frame = payload_len != 0;
         pos += header_len;
     }

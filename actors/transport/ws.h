@@ -41,8 +41,10 @@ enum {
 
 /* The decoder's state between reads (zero it to start). */
 typedef struct rt_ws_in_s {
-    uint64_t remaining;   /* payload bytes of the current data frame still to come */
-    uint64_t message_len; /* payload bytes of the current message so far (all its fragments) */
+    uint32_t remaining;   /* payload bytes of the current data frame still to come */
+    uint32_t message_len; /* payload bytes of the current message so far (all its fragments);
+                             both at most max_message, so 32 bits: this is every idle
+                             WebSocket connection's state */
     uint8_t mask[4];
     uint8_t mask_off;   /* where in mask the next payload byte is */
     uint8_t in_frame;   /* inside a data frame's payload */
@@ -84,7 +86,7 @@ typedef struct rt_ws_event_s {
 ** A length in a longer encoding than it needs is accepted. After a close event the decoder
 ** returns RT_EAGAIN with *used == len for anything more.
 */
-int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint64_t max_message, size_t *used,
+int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint32_t max_message, size_t *used,
                  rt_ws_event_t *ev, uint16_t *close_code);
 
 /* Writes a server frame header (FIN set, unmasked) for a payload of len bytes; returns its

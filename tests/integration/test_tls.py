@@ -198,6 +198,48 @@ def test_alpn_mqtt(pki):
         stop_ok(broker)
 
 
+def test_sni_selects_the_certificate(pki, tmp_path):
+    """tls.sni: a client asking for a configured name (exactly, or under a "*." pattern) is
+    served that name's certificate; one asking for another name, or none, gets the
+    listener's own. A bad SNI file fails the start, naming it; a reload reads them too."""
+    made = {}
+    for name, cn in (("sni-a", "a.rt.test"), ("sni-wild", "x.wild.test")):
+        made[cn] = pki.ca.issue(str(tmp_path), name, cn, ext="server_ext", org=f"rt sni {name}")
+    sni = [{"name": "a.rt.test", "cert": made["a.rt.test"][0], "key": made["a.rt.test"][1]},
+           {"name": "*.wild.test", "cert": made["x.wild.test"][0],
+            "key": made["x.wild.test"][1]}]
+    broker = start(pki, sni=sni)
+    try:
+        ctx = tls_context(pki.ca.cert)
+        ctx.check_hostname = False  # the names checked here are the certificates' subjects
+
+        def served(host):
+            s = tls_connect(broker.tls_port, ctx, server_hostname=host)
+            subject = dict(x[0] for x in s.getpeercert()["subject"])
+            assert RawOn(s, f"sni-{host}", version=4).connack_code == 0
+            s.close()
+            return subject["commonName"]
+        assert served("a.rt.test") == "a.rt.test"
+        assert served("A.RT.TEST") == "a.rt.test"  # host names ignore case
+        assert served("x.wild.test") == "x.wild.test"
+        assert served("y.wild.test") == "x.wild.test"
+        assert served("b.y.wild.test") == "localhost"  # "*." covers one label only
+        assert served("other.test") == "localhost"
+        assert served("localhost") == "localhost"
+        listed = broker.ctl_json("listeners")
+        tls = [ls["tls"] for ls in listed if "tls" in ls][0]
+        assert tls["sni"] == ["a.rt.test", "*.wild.test"]
+        code, out, err = broker.ctl("tls", "reload")
+        assert code == 0, (out, err)
+        assert served("a.rt.test") == "a.rt.test"
+    finally:
+        stop_ok(broker)
+    bad = [dict(sni[0], key=str(tmp_path / "missing.key"))]
+    port, tls_port = free_port(), free_port()
+    with pytest.raises(RuntimeError, match="missing.key"):
+        Rtd(listeners(port, tls_listener(tls_port, *pki.server["ec"], sni=bad)), port=port)
+
+
 @pytest.mark.parametrize("version", ["1.2", "1.3"])
 def test_session_resumption(pki, version):
     """A second connection offering the first one's session (a ticket) resumes it: no full

@@ -232,6 +232,20 @@ static void test_listener_tables(void)
             fprintf(stderr, "  %s: %s\n", bad[i].set, err);
     }
     CHECK_EQ(c.nlisteners, 1); /* unchanged by the refused ones */
+    CHECK_EQ(rt_conf_set(&c,
+                         "listeners={bind=\"127.0.0.1:9\", tls={cert=\"d.pem\", key=\"d.key\", "
+                         "sni={{name=\"a.example\", cert=\"a.pem\", key=\"a.key\"}}}}",
+                         err, sizeof(err)),
+             0);
+    CHECK_EQ(c.listeners[0].tls.nsni, 1);
+    CHECK(strcmp(c.listeners[0].tls.sni[0].name, "a.example") == 0);
+    CHECK(c.listeners[0].tls.sni[0].key[0] == '/'); /* resolved like the listener's own files */
+    CHECK_EQ(rt_conf_set(&c,
+                         "listeners={bind=\"127.0.0.1:9\", tls={cert=\"d.pem\", key=\"d.key\", "
+                         "sni={{name=\"a.example\", cert=\"a.pem\"}}}}",
+                         err, sizeof(err)),
+             RT_EINVAL);
+    CHECK(strstr(err, "sni[1].key") != NULL);
     CHECK_EQ(rt_conf_set(&c, "user_rate_limits={alice={messages=5}, bob={bytes=100}}", err,
                          sizeof(err)),
              0);
