@@ -93,10 +93,12 @@ class Packet:
 
 class Raw:
     def __init__(self, port, client_id, version=5, clean=True, keepalive=60, props=b"",
-                 username=None, password=None, host="127.0.0.1", bind=None):
+                 username=None, password=None, host="127.0.0.1", bind=None, sock=None):
+        """Connects to host:port, or speaks over sock (a TLS or WebSocket socket already
+        connected: anything with sendall, recv, settimeout and close), and sends CONNECT."""
         self.version = version
-        self.sock = socket.create_connection((host, port), timeout=5,
-                                             source_address=(bind, 0) if bind else None)
+        self.sock = sock or socket.create_connection((host, port), timeout=5,
+                                                     source_address=(bind, 0) if bind else None)
         self.buf = b""
         flags = (0x02 if clean else 0) | (0x80 if username is not None else 0) | \
                 (0x40 if password is not None else 0)
@@ -110,6 +112,7 @@ class Raw:
             payload += mqtt_str(password)
         self.send(CONNECT << 4, var + payload)
         ack = self.read()
+        assert ack is not None, "no CONNACK"
         assert ack.type == CONNACK, ack
         self.session_present = ack.body[0] & 1
         self.connack_code = ack.body[1]

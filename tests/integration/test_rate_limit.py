@@ -20,20 +20,7 @@ import pytest
 from conftest import Rtd, free_port, subscribe, wait_for
 from mqtt_raw import Raw
 from sys_tree import SysTree
-from transports import listeners, tls_context
-
-
-def find_key(obj, key):
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        obj = list(obj.values())
-    if isinstance(obj, list):
-        for v in obj:
-            r = find_key(v, key)
-            if r is not None:
-                return r
-    return None
+from transports import find_key, listeners, tls_context
 
 
 def start(rate_limit, *overrides):

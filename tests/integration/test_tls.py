@@ -27,7 +27,7 @@ import pytest
 from certs import cert_field, serial_of
 from conftest import Rtd, free_port, subscribe, wait_for
 from mqtt_raw import PUBACK, mqtt_str, u16
-from transports import (RawOn, closed_or_reset, connect_packet, listeners, tls_connect,
+from transports import (RawOn, closed_or_reset, connect_packet, find_key, listeners, tls_connect,
                         tls_context, wait_log)
 
 VERSIONS = {"1.2": (ssl.TLSVersion.TLSv1_2, "tlsv1.2", "TLSv1.2"),
@@ -583,19 +583,6 @@ def test_reload_certificate_live(pki, tmp_path, how):
 
 
 # ---- 4. rtctl listeners ----
-
-def find_key(obj, key):
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        obj = list(obj.values())
-    if isinstance(obj, list):
-        for v in obj:
-            r = find_key(v, key)
-            if r is not None:
-                return r
-    return None
-
 
 def parse_time(v):
     if isinstance(v, (int, float)):

@@ -16,7 +16,7 @@ import struct
 import time
 
 from conftest import wait_for
-from mqtt_raw import CONNACK, CONNECT, Raw, mqtt_str, parse_props, read_varint, u16, varint
+from mqtt_raw import CONNECT, Raw, mqtt_str, u16, varint
 
 # ---- rtd configuration ----
 
@@ -107,31 +107,22 @@ class RawOn(Raw):
     """mqtt_raw.Raw over a socket that is already connected (TLS, a WebSocket, a socket that
     sent a PROXY header): anything with sendall, recv, settimeout and close."""
 
-    def __init__(self, sock, client_id, version=5, clean=True, keepalive=60, props=b"",
-                 username=None, password=None):
-        self.version = version
-        self.sock = sock
-        self.buf = b""
-        flags = (0x02 if clean else 0) | (0x80 if username is not None else 0) | \
-                (0x40 if password is not None else 0)
-        var = mqtt_str("MQTT") + bytes([version, flags]) + u16(keepalive)
-        if version == 5:
-            var += varint(len(props)) + props
-        payload = mqtt_str(client_id)
-        if username is not None:
-            payload += mqtt_str(username)
-        if password is not None:
-            payload += mqtt_str(password)
-        self.send(CONNECT << 4, var + payload)
-        ack = self.read()
-        assert ack is not None, "no CONNACK"
-        assert ack.type == CONNACK, ack
-        self.session_present = ack.body[0] & 1
-        self.connack_code = ack.body[1]
-        self.connack_props = {}
-        if version == 5 and len(ack.body) > 2:
-            n, pos = read_varint(ack.body, 2)
-            self.connack_props = parse_props(ack.body[pos:pos + n])
+    def __init__(self, sock, client_id, **kw):
+        super().__init__(None, client_id, sock=sock, **kw)
+
+
+def find_key(obj, key):
+    """The first value under key anywhere in a parsed JSON answer (None if none)."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        obj = list(obj.values())
+    if isinstance(obj, list):
+        for v in obj:
+            r = find_key(v, key)
+            if r is not None:
+                return r
+    return None
 
 
 def connect_packet(client_id, version=4, keepalive=60, username=None):
