@@ -10,25 +10,22 @@
 
 #include "admin_impl.h"
 
-#define MSG_GATHER_TIMEOUT (RT_ADMIN_MSG_JOB_DONE + 1) /* stop waiting for connection actors */
-
 /*
 ** What a connection holds between messages is on its heap, kept by the (conservative) scan
-** of this state: the bytes read and not yet answered, and a gathering request. An answer
-** is made and written within one message, into the socket's buffer.
+** of this state: the bytes read and not yet answered, and a request being answered. An
+** answer is made and written within one message, into the socket's buffer.
 */
 typedef struct {
     rt_sock_t *sock;
     char *in; /* bytes read and not yet answered (NUL after them) */
     size_t inlen, incap;
-    uint64_t cookie;         /* of the request waiting for an answer; 0: none */
-    rt_admin_cmd_t *waiting; /* a gathering request (admin_clients.c), or NULL */
-    rt_ref_t timer;
-    bool held; /* unsent replies passed RT_ADMIN_OUT_MAX: not reading */
+    rt_admin_exec_t exec; /* a request waiting for the worker or connection actors */
+    bool held;            /* unsent replies passed RT_ADMIN_OUT_MAX: not reading */
 } admin_conn_t;
 
-static void respond(admin_conn_t *k, int code, const char *body, size_t len)
+static void respond(void *ctx, int code, const char *body, size_t len)
 {
+    admin_conn_t *k = ctx;
     char head[48];
     int n = snprintf(head, sizeof(head), "%d %zu\n", code, len);
     rt_sock_write(k->sock, head, (size_t)n);
@@ -36,32 +33,7 @@ static void respond(admin_conn_t *k, int code, const char *body, size_t len)
         rt_sock_write(k->sock, body, len);
 }
 
-static void respond_cmd(admin_conn_t *k, rt_admin_cmd_t *c)
-{
-    rt_buf_t body = {0};
-    rt__admin_render(c, &body);
-    if (body.oom)
-        respond(k, 500, "out of memory\n", 14);
-    else
-        respond(k, c->code, body.data, body.len);
-    rt_buf_free(&body);
-}
-
 static void answer_lines(rt_actor_t *self, admin_conn_t *k);
-
-static void finish_gather(rt_actor_t *self, admin_conn_t *k)
-{
-    if (k->timer) {
-        rt_cancel_timer(k->timer);
-        k->timer = 0;
-    }
-    rt__admin_gather_finish(k->waiting);
-    respond_cmd(k, k->waiting);
-    rt__admin_cmd_free(k->waiting);
-    k->waiting = NULL;
-    k->cookie = 0;
-    answer_lines(self, k);
-}
 
 /*
 ** Whether the client's unsent replies are past RT_ADMIN_OUT_MAX: if so its socket stops
@@ -81,49 +53,10 @@ static bool hold_output(admin_conn_t *k)
     return true;
 }
 
-/*
-** Answers one request line (split in place): here and now, or later for a
-** command that waits (the worker's answer, or the connection actors' replies).
-*/
-static void answer_line(rt_actor_t *self, admin_conn_t *k, char *line, size_t len)
-{
-    static _Atomic uint64_t next_cookie = 1;
-    rt_admin_cmd_t *c = rt__admin_cmd_new(self);
-    if (!c) {
-        respond(k, 500, "out of memory\n", 14);
-        return;
-    }
-    /* The worker splits its own copy: keep the line whole for it. */
-    char *raw = malloc(len);
-    if (raw)
-        memcpy(raw, line, len);
-    const rt_admin_command_t *cmd = rt__admin_parse(c, line, len);
-    if (cmd && (cmd->flags & RT_ADMIN_BLOCKING)) {
-        uint64_t cookie = next_cookie++;
-        if (raw && rt__admin_worker_ask(cookie, raw, len) == 0)
-            k->cookie = cookie;
-        else
-            rt__admin_fail(c, 503, "the admin worker is not running");
-    } else if (cmd) {
-        rt__admin_run(c, cmd);
-        if (c->code == 0) { /* gathering: answered by finish_gather */
-            k->waiting = c;
-            k->cookie = next_cookie++;
-            rt_send_after_tag(RT_ADMIN_GATHER_MS, rt_self(self), MSG_GATHER_TIMEOUT, &k->timer);
-            c = NULL;
-        }
-    }
-    free(raw);
-    if (c && !k->cookie)
-        respond_cmd(k, c);
-    if (c)
-        rt__admin_cmd_free(c);
-}
-
 /* Answers complete request lines until one has to wait (worker, gathering, unsent replies). */
 static void answer_lines(rt_actor_t *self, admin_conn_t *k)
 {
-    while (!k->cookie && k->sock && !hold_output(k)) {
+    while (!k->exec.cookie && k->sock && !hold_output(k)) {
         char *nl = k->inlen ? memchr(k->in, '\n', k->inlen) : NULL;
         if (!nl) {
             if (k->inlen > RT_ADMIN_LINE_MAX) {
@@ -133,7 +66,7 @@ static void answer_lines(rt_actor_t *self, admin_conn_t *k)
             return;
         }
         size_t linelen = (size_t)(nl - k->in);
-        answer_line(self, k, k->in, linelen);
+        rt_admin_exec_start(self, &k->exec, k->in, linelen, 0, respond, k);
         memmove(k->in, k->in + linelen + 1, k->inlen - linelen); /* and the NUL */
         k->inlen -= linelen + 1;
     }
@@ -196,26 +129,9 @@ static void admin_conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             on_readable(self, k);
         break;
     }
-    case RT_ADMIN_MSG_JOB_DONE: {
-        rt_admin_job_done_t a;
-        if (m->len < sizeof(a))
-            break;
-        memcpy(&a, m->data, sizeof(a));
-        if (a.cookie != k->cookie)
-            break;
-        respond(k, a.code, (const char *)m->data + sizeof(a), m->len - sizeof(a));
-        k->cookie = 0;
-        answer_lines(self, k);
-        break;
-    }
-    case MSG_GATHER_TIMEOUT:
-        k->timer = 0;
-        if (k->waiting)
-            finish_gather(self, k);
-        break;
     default:
-        if (k->waiting && rt__admin_gather_reply(k->waiting, m))
-            finish_gather(self, k);
+        if (rt_admin_exec_message(&k->exec, m, respond, k))
+            answer_lines(self, k);
         break;
     }
 }
@@ -225,10 +141,7 @@ static void admin_conn_terminate(rt_actor_t *self, void *state, rt_reason_t reas
     (void)self;
     (void)reason;
     admin_conn_t *k = state;
-    if (k->timer)
-        rt_cancel_timer(k->timer);
-    if (k->waiting)
-        rt__admin_cmd_free(k->waiting);
+    rt_admin_exec_free(&k->exec);
 }
 
 static const char *admin_conn_tag_name(uint32_t tag)
@@ -238,7 +151,7 @@ static const char *admin_conn_tag_name(uint32_t tag)
         return "socket";
     case RT_ADMIN_MSG_JOB_DONE:
         return "job_done";
-    case MSG_GATHER_TIMEOUT:
+    case RT_ADMIN_MSG_GATHER_TIMEOUT:
         return "gather_timeout";
     default:
         return "gather_reply";

@@ -98,7 +98,6 @@ extern const rt_actor_type_t rt__admin_conn_type; /* arg: the accepted socket's 
 
 /* Message tags between a connection and the worker. */
 #define RT_ADMIN_MSG_JOB (RT_MSG_USER + 1)      /* data: cookie, then the request line, NUL */
-#define RT_ADMIN_MSG_JOB_DONE (RT_MSG_USER + 2) /* data: rt_admin_job_done_t, then the body */
 
 typedef struct rt_admin_job_done_s {
     uint64_t cookie; /* the connection's, from rt__admin_worker_ask */

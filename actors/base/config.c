@@ -71,7 +71,8 @@ typedef enum {
     K_LISTENERS,
     K_NETS,
     K_SECTIONS,
-    K_USER_RATES
+    K_USER_RATES,
+    K_HTTP
 } kind_t;
 
 typedef struct setting_s {
@@ -105,6 +106,8 @@ static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldes
 static const setting_t settings[] = {
     {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL,
      "\"host:port\", { bind = \"host:port\", tls = {...}, websocket = \"/path\", ... } or a list"},
+    {"http", K_HTTP, OFF(http), 0, 0, 0, NULL,
+     "{ bind = \"host:port\", api_keys_file = \"...\", metrics_public = true }: HTTP API"},
     {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
      "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
     INT(connect_timeout, 1, 3600, "seconds from accept to CONNECT (TLS, WebSocket and PROXY "
@@ -335,6 +338,12 @@ void rt_conf_each(const rt_conf_t *c,
                 if (li->proxy_protocol && used < sizeof(value))
                     used += (size_t)snprintf(value + used, sizeof(value) - used, " proxy");
             }
+            break;
+        case K_HTTP:
+            snprintf(value, sizeof(value), "%s", c->http.on ? c->http.where.host : "-");
+            if (c->http.on)
+                snprintf(value + strlen(value), sizeof(value) - strlen(value), ":%d",
+                         c->http.where.port);
             break;
         case K_USER_RATES:
             value[0] = 0;
@@ -652,6 +661,50 @@ static bool parse_listener_value(lua_State *L, const char *where, rt_listen_t *o
     return false;
 }
 
+/* http = { bind = "host:port", api_keys_file = "...", metrics_public = true } */
+static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "http must be a table { bind = \"host:port\", ... }");
+        return false;
+    }
+    memset(&c->http, 0, sizeof(c->http));
+    bool ok = true, bound = false;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (strcmp(k, "bind") == 0) {
+            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+            ok = bound = parse_listener(v, &c->http.where);
+            if (!ok)
+                snprintf(why, whylen, "http.bind: \"%s\" is not host:port with a numeric host", v);
+        } else if (strcmp(k, "api_keys_file") == 0) {
+            ok = table_string(L, "http", k, c->http.api_keys_file, sizeof(c->http.api_keys_file),
+                              why, whylen);
+        } else if (strcmp(k, "metrics_public") == 0) {
+            ok = lua_type(L, -1) == LUA_TBOOLEAN;
+            c->http.metrics_public = ok && lua_toboolean(L, -1);
+            if (!ok)
+                snprintf(why, whylen, "http.metrics_public must be true or false");
+        } else {
+            snprintf(why, whylen, "http: unknown key \"%s\" (bind, api_keys_file, metrics_public)",
+                     k);
+            ok = false;
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok) {
+        lua_pop(L, 1);
+        return false;
+    }
+    if (!bound) {
+        snprintf(why, whylen, "http needs bind = \"host:port\"");
+        return false;
+    }
+    c->http.on = true;
+    return true;
+}
+
 /* user_rate_limits = { name = { messages = n, ... }, ... } */
 static bool parse_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
@@ -918,6 +971,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
     }
     case K_USER_RATES:
         return parse_user_rates(L, c, why, whylen);
+    case K_HTTP:
+        return parse_http(L, c, why, whylen);
     case K_NETS:
         return parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
     case K_SECTIONS:
@@ -1090,6 +1145,9 @@ static int resolve_field(char *field, size_t size, const char *name, const char 
 static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
                         char *err, size_t errlen)
 {
+    if (s->kind == K_HTTP)
+        return resolve_field(c->http.api_keys_file, sizeof(c->http.api_keys_file),
+                             "http.api_keys_file", base, where, err, errlen);
     if (s->kind == K_LISTENERS) {
         int rc = 0;
         for (unsigned l = 0; l < c->nlisteners && rc == 0; l++) {
@@ -1143,7 +1201,8 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         return RT_EINVAL;
     }
     for (size_t i = 0; i < NSETTINGS && rc == 0; i++)
-        if (settings[i].kind == K_PATH || settings[i].kind == K_LISTENERS)
+        if (settings[i].kind == K_PATH || settings[i].kind == K_LISTENERS ||
+            settings[i].kind == K_HTTP)
             rc = resolve_path(c, &settings[i], base, path, err, errlen);
     return rc;
 }
@@ -1211,7 +1270,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         kend--;
     snprintf(key, sizeof(key), "%.*s", (int)(kend - k), k);
     const setting_t *s = find_setting(key);
-    if (rc == 0 && s && (s->kind == K_PATH || s->kind == K_LISTENERS)) {
+    if (rc == 0 && s && (s->kind == K_PATH || s->kind == K_LISTENERS || s->kind == K_HTTP)) {
         if (!getcwd(cwd, sizeof(cwd))) {
             snprintf(err, errlen, "%s: %s: cannot read the current directory: %s", where, key,
                      strerror(errno));

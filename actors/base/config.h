@@ -164,6 +164,13 @@ typedef struct rt_conf_s {
     /* Listeners: "host:port" strings; "[v6]:port" for IPv6. */
     rt_listen_t listeners[RT_CONF_MAX_LISTENERS];
     unsigned nlisteners;
+    /* The HTTP listener (actors/http): metrics, health, the API. */
+    struct {
+        bool on; /* an http table was given */
+        rt_listen_t where;
+        char api_keys_file[RT_CONF_PATH_MAX]; /* name role sha256 lines; "": no API */
+        bool metrics_public;                   /* /metrics without a key */
+    } http;
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;
     long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,

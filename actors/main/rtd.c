@@ -27,6 +27,7 @@
 #include "conn.h"
 #include "config.h"
 #include "group.h"
+#include "http.h"
 #include "log.h"
 #include "rule_engine.h"
 #include "sink.h"
@@ -384,6 +385,15 @@ static int start_admin(rtd_t *d)
     return 1;
 }
 
+/* The HTTP listener, when an http table is set: metrics, health and the API. */
+static int start_http(rtd_t *d)
+{
+    if (rt_http_start(&d->conf, d->top, d->err, sizeof(d->err)) == 0)
+        return 0;
+    rt_log(RT_LOG_ERROR, "http.failed", "%s", d->err);
+    return 2;
+}
+
 /*
 ** One stage of rtd's start. start returns 0, or rtd's exit status once it has
 ** said why it failed (2: a wrong setting or file, 1: anything else); a start that
@@ -420,6 +430,8 @@ static const stage_t stages[] = {
     {.start = start_listeners},
     {.start = start_sys},
     {.start = start_admin, .stop = rt_admin_stop},
+    /* the HTTP API answers through the admin command layer */
+    {.start = start_http, .stop = rt_http_stop},
 };
 
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))
@@ -467,6 +479,8 @@ int main(int argc, char **argv)
     int noverrides = 0;
     if (argc > 1 && strcmp(argv[1], "passwd") == 0)
         return rt_auth_passwd_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "apikey") == 0)
+        return rt_http_apikey_main(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
             d.conf_path = argv[++i];

@@ -1,0 +1,115 @@
+/*
+** Answering one request line for whichever front end read it (the admin socket's
+** connections, the HTTP API): here and now, on the worker (blocking commands), or from
+** the replies of connection actors (gathering commands). The front end frames the
+** answer; this file only decides when it is ready.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "admin_impl.h"
+
+static void answer_cmd(rt_admin_cmd_t *c, rt_admin_answer_fn fn, void *ctx)
+{
+    rt_buf_t body = {0};
+    rt__admin_render(c, &body);
+    if (body.oom)
+        fn(ctx, 500, "out of memory\n", 14);
+    else
+        fn(ctx, c->code, body.data, body.len);
+    rt_buf_free(&body);
+}
+
+static void finish_gather(rt_admin_exec_t *x, rt_admin_answer_fn fn, void *ctx)
+{
+    if (x->timer) {
+        rt_cancel_timer(x->timer);
+        x->timer = 0;
+    }
+    rt__admin_gather_finish(x->waiting);
+    answer_cmd(x->waiting, fn, ctx);
+    rt__admin_cmd_free(x->waiting);
+    x->waiting = NULL;
+    x->cookie = 0;
+}
+
+bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_t len,
+                         unsigned refuse, rt_admin_answer_fn fn, void *ctx)
+{
+    static _Atomic uint64_t next_cookie = 1;
+    RT_ASSERT(!x->cookie);
+    rt_admin_cmd_t *c = rt__admin_cmd_new(self);
+    if (!c) {
+        fn(ctx, 500, "out of memory\n", 14);
+        return true;
+    }
+    /* The worker splits its own copy: keep the line whole for it. */
+    char *raw = malloc(len);
+    if (raw)
+        memcpy(raw, line, len);
+    const rt_admin_command_t *cmd = rt__admin_parse(c, line, len);
+    if (cmd && (cmd->flags & refuse)) {
+        rt__admin_fail(c, 403, "\"%s%s%s\" changes rtd: it needs the admin role", cmd->word,
+                       cmd->sub ? " " : "", cmd->sub ? cmd->sub : "");
+    } else if (cmd && (cmd->flags & RT_ADMIN_BLOCKING)) {
+        uint64_t cookie = next_cookie++;
+        if (raw && rt__admin_worker_ask(cookie, raw, len) == 0)
+            x->cookie = cookie;
+        else
+            rt__admin_fail(c, 503, "the admin worker is not running");
+    } else if (cmd) {
+        rt__admin_run(c, cmd);
+        if (c->code == 0) { /* gathering: answered by finish_gather */
+            x->waiting = c;
+            x->cookie = next_cookie++;
+            rt_send_after_tag(RT_ADMIN_GATHER_MS, rt_self(self), RT_ADMIN_MSG_GATHER_TIMEOUT,
+                              &x->timer);
+            c = NULL;
+        }
+    }
+    free(raw);
+    bool answered = !x->cookie;
+    if (c && answered)
+        answer_cmd(c, fn, ctx);
+    if (c)
+        rt__admin_cmd_free(c);
+    return answered;
+}
+
+bool rt_admin_exec_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn fn, void *ctx)
+{
+    if (!x->cookie)
+        return false;
+    if (m->tag == RT_ADMIN_MSG_JOB_DONE) {
+        rt_admin_job_done_t a;
+        if (m->len < sizeof(a))
+            return false;
+        memcpy(&a, m->data, sizeof(a));
+        if (a.cookie != x->cookie)
+            return false;
+        x->cookie = 0;
+        fn(ctx, a.code, (const char *)m->data + sizeof(a), m->len - sizeof(a));
+        return true;
+    }
+    if (!x->waiting)
+        return false;
+    if (m->tag == RT_ADMIN_MSG_GATHER_TIMEOUT) {
+        x->timer = 0;
+        finish_gather(x, fn, ctx);
+        return true;
+    }
+    if (rt__admin_gather_reply(x->waiting, m)) {
+        finish_gather(x, fn, ctx);
+        return true;
+    }
+    return false;
+}
+
+void rt_admin_exec_free(rt_admin_exec_t *x)
+{
+    if (x->timer)
+        rt_cancel_timer(x->timer);
+    if (x->waiting)
+        rt__admin_cmd_free(x->waiting);
+    memset(x, 0, sizeof(*x));
+}

@@ -1,0 +1,505 @@
+/*
+** The HTTP listener and its connections (http.h). A connection is an actor that reads one
+** request at a time (keep-alive, bounded by http_request.h and RT_HTTP_BODY_MAX, cut by
+** RT_HTTP_REQUEST_MS while incomplete and RT_HTTP_IDLE_MS while idle), answers it, then
+** reads the next. The API is the admin command layer: a path /api/v1/clients/show/ID?x=y
+** becomes the request line `clients show ID --x y --json`, answered by the same code as
+** rtctl's (rt_admin_exec_*), now or when the worker or the connection actors reply.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "admin.h"
+#include "broker.h"
+#include "group.h"
+#include "http.h"
+#include "http_request.h"
+#include "log.h"
+
+#define MSG_HTTP_TIMER (RT_MSG_USER + 40) /* the request or idle deadline */
+#define HTTP_ACCEPTS_PER_TURN 64
+#define HTTP_LINE_MAX 4096 /* an API request as an admin request line */
+
+static struct {
+    rt_conf_t conf; /* http's part, read by every connection */
+    rt_pid_t sup;
+    _Atomic unsigned conns;
+} H;
+
+/* ---- A connection ---- */
+
+typedef struct {
+    rt_sock_t *sock;
+    uint8_t *in; /* heap: bytes read, not yet answered */
+    size_t inlen, incap;
+    rt_admin_exec_t exec;   /* an API request waiting for the worker or connection actors */
+    rt_ref_t timer;         /* the request's or the idle deadline */
+    bool keep_alive;        /* of the request being answered */
+    bool text;              /* the answer waited for is text (metrics), not JSON */
+    bool closing;           /* the answer was the last: the actor exits */
+    size_t pending;         /* bytes of the request whose answer the admin layer owes */
+} http_conn_t;
+
+static const char *reason_phrase(int code)
+{
+    switch (code) {
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 413:
+        return "Content Too Large";
+    case 414:
+        return "URI Too Long";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 503:
+        return "Service Unavailable";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return code >= 500 ? "Internal Server Error" : "Error";
+    }
+}
+
+static void respond_raw(http_conn_t *k, int code, const char *type, const char *body, size_t len)
+{
+    char head[256];
+    int n = snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "Cache-Control: no-store\r\n%sConnection: %s\r\n\r\n",
+                     code, reason_phrase(code), type, len,
+                     code == 401 ? "WWW-Authenticate: Bearer\r\n" : "",
+                     k->keep_alive ? "keep-alive" : "close");
+    rt_sock_write(k->sock, head, (size_t)n);
+    if (len)
+        rt_sock_write(k->sock, body, len);
+}
+
+/* An error as JSON: {"error": "..."} (the admin layer's own errors are already that). */
+static void respond_error(http_conn_t *k, int code, const char *why)
+{
+    char body[512];
+    size_t n = 0;
+    n += (size_t)snprintf(body, sizeof(body), "{\"error\": \"");
+    for (const char *p = why; *p && n < sizeof(body) - 8; p++) {
+        if (*p == '"' || *p == '\\')
+            body[n++] = '\\';
+        body[n++] = (*p >= 0x20) ? *p : ' ';
+    }
+    n += (size_t)snprintf(body + n, sizeof(body) - n, "\"}\n");
+    respond_raw(k, code, "application/json", body, n);
+}
+
+/* The admin layer's answer to an API request (rt_admin_answer_fn). */
+static void respond_admin(void *ctx, int code, const char *body, size_t len)
+{
+    http_conn_t *k = ctx;
+    respond_raw(k, code, k->text ? "text/plain; version=0.0.4; charset=utf-8" : "application/json",
+                body, len);
+}
+
+static void arm_timer(rt_actor_t *self, http_conn_t *k, uint64_t ms)
+{
+    if (k->timer)
+        rt_cancel_timer(k->timer);
+    k->timer = 0;
+    rt_send_after_tag(ms, rt_self(self), MSG_HTTP_TIMER, &k->timer);
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* Percent-decodes s[0, n) into out (cap bytes); false on a bad escape or overflow. */
+static bool decode(const char *s, size_t n, bool plus_space, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '%') {
+            int hi = i + 2 < n ? hex_digit(s[i + 1]) : -1;
+            int lo = i + 2 < n ? hex_digit(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+                return false; /* a NUL would cut the word */
+            c = (char)(hi << 4 | lo);
+            i += 2;
+        } else if (c == '+' && plus_space) {
+            c = ' ';
+        }
+        if (o + 1 >= cap)
+            return false;
+        out[o++] = c;
+    }
+    out[o] = 0;
+    return true;
+}
+
+/* Appends word to line as an admin request word: quoted, with its escapes (docs/ADMIN.md). */
+static bool add_word(char *line, size_t *at, const char *word)
+{
+    size_t n = *at;
+    if (n + 4 >= HTTP_LINE_MAX)
+        return false;
+    if (n)
+        line[n++] = ' ';
+    line[n++] = '"';
+    for (const unsigned char *p = (const unsigned char *)word; *p; p++) {
+        if (n + 6 >= HTTP_LINE_MAX)
+            return false;
+        if (*p == '"' || *p == '\\') {
+            line[n++] = '\\';
+            line[n++] = (char)*p;
+        } else if (*p < 0x20 || *p == 0x7f) {
+            n += (size_t)snprintf(line + n, HTTP_LINE_MAX - n, "\\x%02x", *p);
+        } else {
+            line[n++] = (char)*p;
+        }
+    }
+    line[n++] = '"';
+    line[n] = 0;
+    *at = n;
+    return true;
+}
+
+/*
+** /api/v1/WORD/WORD/...?name=value&flag -> `WORD WORD ... --name value --flag --json`.
+** Returns the line's length, or 0 when the target cannot be one.
+*/
+static size_t api_line(const char *path, const char *query, char *line)
+{
+    size_t at = 0;
+    char word[1024];
+    for (const char *p = path; *p;) {
+        const char *end = strchr(p, '/');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n && (!decode(p, n, false, word, sizeof(word)) || !add_word(line, &at, word)))
+            return 0;
+        p += n + (end != NULL);
+    }
+    for (const char *p = query; p && *p;) {
+        const char *end = strchr(p, '&');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', n);
+        size_t klen = eq ? (size_t)(eq - p) : n;
+        char opt[1100] = "--";
+        if (klen && (!decode(p, klen, true, opt + 2, sizeof(opt) - 2) || !add_word(line, &at, opt)))
+            return 0;
+        if (klen && eq && (!decode(eq + 1, n - klen - 1, true, word, sizeof(word)) ||
+                           !add_word(line, &at, word)))
+            return 0;
+        p += n + (end != NULL);
+    }
+    if (!at || at + 8 >= HTTP_LINE_MAX)
+        return 0;
+    memcpy(line + at, " --json", 8);
+    return at + 7;
+}
+
+/* Ready: every listener accepting (the store and sinks start before them, and stop after). */
+static bool ready(void)
+{
+    rt_listener_info_t ls[RT_CONF_MAX_LISTENERS];
+    size_t n = rt_broker ? rt_broker_listeners(ls, RT_CONF_MAX_LISTENERS) : 0;
+    if (!n)
+        return false;
+    for (size_t i = 0; i < n && i < RT_CONF_MAX_LISTENERS; i++)
+        if (!ls[i].running)
+            return false;
+    return true;
+}
+
+/* Answers the request: true when answered now, false when the admin layer answers later. */
+static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *req)
+{
+    char path[RT_HTTP_TARGET_MAX];
+    snprintf(path, sizeof(path), "%s", req->target);
+    char *query = strchr(path, '?');
+    if (query)
+        *query++ = 0;
+    bool get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+    bool post = strcmp(req->method, "POST") == 0;
+    k->text = false;
+    if (strcmp(path, "/healthz") == 0) {
+        respond_raw(k, 200, "application/json", "{\"status\": \"ok\"}\n", 17);
+        return true;
+    }
+    if (strcmp(path, "/readyz") == 0) {
+        bool r = ready();
+        respond_raw(k, r ? 200 : 503, "application/json",
+                    r ? "{\"ready\": true}\n" : "{\"ready\": false}\n", r ? 16 : 17);
+        return true;
+    }
+    bool metrics = strcmp(path, "/metrics") == 0;
+    bool api = strncmp(path, "/api/v1/", 8) == 0;
+    if (!metrics && !api) {
+        respond_error(k, 404, "no such path (/healthz, /readyz, /metrics, /api/v1/...)");
+        return true;
+    }
+    if (!get && !post) {
+        respond_error(k, 405, "GET, or POST for commands that change rtd");
+        return true;
+    }
+    rt_http_role_t role = rt_http_key_role(req->api_key);
+    if (!(metrics && H.conf.http.metrics_public) && role == RT_HTTP_ROLE_NONE) {
+        respond_error(k, 401, req->api_key[0] ? "unknown API key" : "an API key is needed "
+                                                                    "(Authorization: Bearer KEY)");
+        return true;
+    }
+    static _Thread_local char line[HTTP_LINE_MAX + 8];
+    size_t len;
+    if (metrics) {
+        k->text = true;
+        len = (size_t)snprintf(line, sizeof(line), "metrics prometheus");
+    } else if (!(len = api_line(path + 8, query, line))) {
+        respond_error(k, 400, "the path or query is not a command (bad escape, or too long)");
+        return true;
+    }
+    /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat). */
+    unsigned refuse = role == RT_HTTP_ROLE_ADMIN && post ? 0 : RT_ADMIN_CHANGES;
+    return rt_admin_exec_start(self, &k->exec, line, len, refuse, respond_admin, k);
+}
+
+/* The request just answered leaves the buffer; the connection goes on or ends. */
+static void request_done(rt_actor_t *self, http_conn_t *k, size_t used)
+{
+    memmove(k->in, k->in + used, k->inlen - used);
+    k->inlen -= used;
+    if (!k->keep_alive) {
+        k->closing = true;
+        rt_exit(self, RT_REASON_NORMAL); /* the runtime sends what is buffered, then closes */
+        return;
+    }
+    arm_timer(self, k, k->inlen ? RT_HTTP_REQUEST_MS : RT_HTTP_IDLE_MS);
+}
+
+/* Answers the requests read, one at a time, until one waits for the admin layer. */
+static void answer_requests(rt_actor_t *self, http_conn_t *k)
+{
+    while (!k->exec.cookie && k->inlen && !k->closing) {
+        rt_http_request_t req;
+        const char *why = "bad request";
+        int rc = rt_http_parse_request(k->in, k->inlen, RT_HTTP_BODY_MAX, &req, &why);
+        if (rc == RT_EAGAIN)
+            return;
+        if (rc != 0) {
+            k->keep_alive = false;
+            respond_error(k, rc, why);
+            k->closing = true;
+            rt_exit(self, RT_REASON_NORMAL);
+            return;
+        }
+        k->keep_alive = req.keep_alive;
+        if (!handle(self, k, &req)) {
+            k->pending = req.len; /* dropped when the answer comes */
+            return;
+        }
+        request_done(self, k, req.len);
+    }
+}
+
+static void on_readable(rt_actor_t *self, http_conn_t *k)
+{
+    for (int reads = 0; reads < 16 && !k->closing; reads++) {
+        const void *data;
+        size_t len;
+        int rc = rt_sock_read(k->sock, &data, &len);
+        if (rc == RT_EAGAIN)
+            break;
+        if (rc != 0) {
+            k->closing = true;
+            rt_exit(self, RT_REASON_NORMAL);
+            return;
+        }
+        /* A whole request is at most its head and body: a client that sends more before its
+           answer (pipelining past that) waits in the kernel. */
+        if (k->inlen + len > RT_HTTP_HEAD_MAX + RT_HTTP_BODY_MAX + 64 * 1024 ||
+            rt_grow_on(self, &k->in, &k->incap, k->inlen + len, 1, 512, RT_OBJ_LEAF)) {
+            k->keep_alive = false;
+            respond_error(k, 413, "request too large");
+            k->closing = true;
+            rt_exit(self, RT_REASON_NORMAL);
+            return;
+        }
+        if (!k->inlen)
+            arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's deadline starts */
+        memcpy(k->in + k->inlen, data, len);
+        k->inlen += len;
+    }
+    answer_requests(self, k);
+}
+
+static void on_timer(rt_actor_t *self, http_conn_t *k)
+{
+    k->timer = 0;
+    if (k->exec.cookie)
+        return; /* answering: the admin layer bounds its own wait */
+    if (k->inlen) {
+        k->keep_alive = false;
+        respond_error(k, 408, "the request did not arrive in time");
+    }
+    k->closing = true;
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
+static int conn_init(rt_actor_t *self, void *state, void *arg)
+{
+    http_conn_t *k = state;
+    int fd = (int)(intptr_t)arg;
+    if (rt_sock_adopt(self, fd, &k->sock) != 0) {
+        close(fd);
+        return RT_EINVAL;
+    }
+    atomic_fetch_add(&H.conns, 1);
+    arm_timer(self, k, RT_HTTP_REQUEST_MS);
+    return 0;
+}
+
+static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    http_conn_t *k = state;
+    switch (m->tag) {
+    case RT_MSG_SOCKET:
+        if (((const rt_sock_event_t *)(const void *)m->data)->events & RT_SOCK_READABLE)
+            on_readable(self, k);
+        break;
+    case MSG_HTTP_TIMER:
+        on_timer(self, k);
+        break;
+    default:
+        if (rt_admin_exec_message(&k->exec, m, respond_admin, k)) {
+            request_done(self, k, k->pending);
+            answer_requests(self, k);
+        }
+        break;
+    }
+}
+
+static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)self;
+    (void)reason;
+    http_conn_t *k = state;
+    if (k->timer)
+        rt_cancel_timer(k->timer);
+    rt_admin_exec_free(&k->exec);
+    atomic_fetch_sub(&H.conns, 1);
+}
+
+static const char *conn_tag_name(uint32_t tag)
+{
+    switch (tag) {
+    case RT_MSG_SOCKET:
+        return "socket";
+    case MSG_HTTP_TIMER:
+        return "deadline";
+    case RT_ADMIN_MSG_JOB_DONE:
+        return "job_done";
+    default:
+        return "gather_reply";
+    }
+}
+
+static const rt_actor_type_t http_conn_type = {
+    .name = "http_conn",
+    .state_size = sizeof(http_conn_t),
+    .init = conn_init,
+    .handle = conn_handle,
+    .terminate = conn_terminate,
+    .tag_name = conn_tag_name,
+};
+
+/* ---- The listener ---- */
+
+typedef struct {
+    rt_sock_t *sock;
+} http_listener_t;
+
+static int listener_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)arg;
+    http_listener_t *l = state;
+    const rt_listen_t *w = &H.conf.http.where;
+    return rt_tcp_listen(self, w->host, w->port, 1024, &l->sock);
+}
+
+static void listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self;
+    http_listener_t *l = state;
+    if (m->tag != RT_MSG_SOCKET)
+        return;
+    for (int i = 0; i < HTTP_ACCEPTS_PER_TURN; i++) {
+        int fd;
+        if (rt_sock_accept(l->sock, &fd) != 0)
+            return; /* none waiting; or out of descriptors: the next event retries */
+        rt_pid_t pid;
+        if (atomic_load(&H.conns) >= RT_HTTP_CONNS_MAX ||
+            rt_spawn(&http_conn_type, (void *)(intptr_t)fd, &pid) != 0)
+            close(fd);
+    }
+}
+
+static const rt_actor_type_t http_listener_type = {
+    .name = "http_listener",
+    .state_size = sizeof(http_listener_t),
+    .init = listener_init,
+    .handle = listener_handle,
+};
+
+static int listener_start(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
+{
+    (void)arg;
+    return rt_spawn_opt(&http_listener_type, NULL, opts, out);
+}
+
+int rt_http_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
+{
+    if (!conf->http.on)
+        return 0;
+    H.conf = *conf;
+    H.sup = sup;
+    if (conf->http.api_keys_file[0] &&
+        rt_http_keys_load(conf->http.api_keys_file, err, errlen) != 0)
+        return RT_EINVAL;
+    rt_child_spec_t listener = {.name = "http", .start = listener_start, .restart = RT_PERMANENT};
+    rt_pid_t group;
+    int rc = rt_group_start(sup, RT_HTTP_GROUP, RT_PERMANENT, &group);
+    if (rc == 0)
+        rc = rt_supervisor_start_child(group, &listener, NULL);
+    if (rc) {
+        snprintf(err, errlen, "http %s:%d: cannot listen: %s", conf->http.where.host,
+                 conf->http.where.port, rt_strerror(rc));
+        rt_group_stop(sup, RT_HTTP_GROUP);
+        return rc;
+    }
+    rt_log(RT_LOG_INFO, "http.started", "listener=%s:%d api_keys_file=%s metrics_public=%s",
+           conf->http.where.host, conf->http.where.port,
+           conf->http.api_keys_file[0] ? conf->http.api_keys_file : "-",
+           conf->http.metrics_public ? "true" : "false");
+    return 0;
+}
+
+void rt_http_stop(void)
+{
+    if (H.conf.http.on)
+        rt_group_stop(H.sup, RT_HTTP_GROUP);
+}

@@ -1,0 +1,35 @@
+/*
+** rtd over HTTP (docs/HTTP.md): `http = { bind = ..., api_keys_file = ..., metrics_public }`
+** starts a listener whose connections are actors like every other: /healthz, /readyz,
+** /metrics (Prometheus) and the API under /api/v1/, which is the admin command layer
+** (the commands rtctl sends, answered by the same code) with API keys for auth.
+*/
+#ifndef RT_HTTP_H
+#define RT_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config.h"
+#include "rt.h"
+
+#define RT_HTTP_GROUP "http_sup"
+#define RT_HTTP_BODY_MAX (64 * 1024) /* a request body is refused (413) past this */
+#define RT_HTTP_CONNS_MAX 1024       /* HTTP connections at once; more are refused at accept */
+#define RT_HTTP_REQUEST_MS 10000     /* a request must arrive whole within this (slowloris) */
+#define RT_HTTP_IDLE_MS 60000        /* a kept-alive connection with no request is closed */
+
+/* Starts the listener under sup when conf->http.on (else does nothing): 0 or an RT_E* code. */
+int rt_http_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
+void rt_http_stop(void);
+
+/* ---- API keys (apikeys.c) ---- */
+typedef enum { RT_HTTP_ROLE_NONE, RT_HTTP_ROLE_READ, RT_HTTP_ROLE_ADMIN } rt_http_role_t;
+/* Loads the keys file (name role sha256-hex lines); 0, or RT_E* with err naming the line. */
+int rt_http_keys_load(const char *path, char *err, size_t errlen);
+/* The role of a presented key (NONE: unknown). Compared in constant time per entry. */
+rt_http_role_t rt_http_key_role(const char *key);
+/* `rtd apikey NAME read|admin [-f FILE]`: makes a key, prints it once, stores its hash. */
+int rt_http_apikey_main(int argc, char **argv);
+
+#endif

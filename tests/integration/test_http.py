@@ -1,0 +1,189 @@
+"""rtd over HTTP (issue 16): /healthz, /readyz, the API under /api/v1/ on the admin command
+layer with API keys (read and admin roles), and the listener's bounds (request size, slow
+requests, many connections). Real clients: urllib and raw sockets, paho for a kick."""
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from conftest import RTD, Rtd, free_port, wait_for
+
+
+def make_key(path, name, role):
+    p = subprocess.run([RTD, "apikey", name, role, "-f", str(path)], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    key = p.stdout.strip()
+    assert key.startswith("rtk_") and len(key) == 4 + 64
+    return key
+
+
+@pytest.fixture
+def http(tmp_path):
+    keys = tmp_path / "api_keys"
+    admin, reader = make_key(keys, "ops", "admin"), make_key(keys, "viewer", "read")
+    assert admin not in keys.read_text() and reader not in keys.read_text()  # hashes only
+    hport = free_port()
+    broker = Rtd(f'http={{bind="127.0.0.1:{hport}", api_keys_file="{keys}"}}')
+    broker.hport, broker.admin_key, broker.read_key = hport, admin, reader
+    yield broker
+    code, log = broker.stop()
+    assert code == 0, log[-3000:]
+
+
+def call(broker, path, key=None, method="GET", header="Authorization"):
+    """(status, parsed JSON body) of one request."""
+    req = urllib.request.Request(f"http://127.0.0.1:{broker.hport}{path}", method=method)
+    if key:
+        req.add_header(header, f"Bearer {key}" if header == "Authorization" else key)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_health_and_ready(http):
+    assert call(http, "/healthz") == (200, {"status": "ok"})
+    assert call(http, "/readyz") == (200, {"ready": True})
+
+
+def test_keys_and_roles(http):
+    code, body = call(http, "/api/v1/status")
+    assert code == 401 and "API key" in body["error"]
+    assert call(http, "/api/v1/status", key="rtk_" + "0" * 64)[0] == 401
+    code, body = call(http, "/api/v1/status", key=http.read_key)
+    assert code == 200 and body["status"] == "running"
+    assert call(http, "/api/v1/status", key=http.read_key, header="X-API-Key")[0] == 200
+    # A command that changes rtd: admin role and POST, nothing less.
+    code, body = call(http, "/api/v1/rules/reload", key=http.read_key, method="POST")
+    assert code == 403 and "admin role" in body["error"]
+    assert call(http, "/api/v1/rules/reload", key=http.admin_key)[0] == 403  # GET: not it
+    code, body = call(http, "/api/v1/rules/reload", key=http.admin_key, method="POST")
+    assert code == 200 and body["reloaded"] is True
+    assert call(http, "/api/v1/nonsense", key=http.read_key)[0] == 400
+    assert call(http, "/nowhere", key=http.read_key)[0] == 404
+    assert call(http, "/api/v1/status", key=http.read_key, method="DELETE")[0] == 405
+    # The same answers rtctl gets, from the same code.
+    assert call(http, "/api/v1/listeners", key=http.read_key)[1] == http.ctl_json("listeners")
+
+
+def test_clients_list_show_kick(http):
+    c = mqtt.Client(client_id="http-victim", protocol=mqtt.MQTTv311)
+    lost = threading.Event()
+    c.on_disconnect = lambda *a: lost.set()
+    c.connect("127.0.0.1", http.port, keepalive=30)
+    c.loop_start()
+    try:
+        assert wait_for(lambda: any(x.get("client_id") == "http-victim" for x in
+                                    call(http, "/api/v1/clients/list?limit=10",
+                                         key=http.read_key)[1]))
+        code, body = call(http, "/api/v1/clients/show/http-victim", key=http.read_key)
+        assert code == 200 and body["client_id"] == "http-victim"
+        assert call(http, "/api/v1/clients/show/nobody%20here", key=http.read_key)[0] == 404
+        code, _ = call(http, "/api/v1/clients/kick/http-victim", key=http.admin_key,
+                       method="POST")
+        assert code == 200
+        assert lost.wait(10), "the client was not disconnected"
+    finally:
+        c.loop_stop()
+
+
+def raw(broker):
+    return socket.create_connection(("127.0.0.1", broker.hport), timeout=15)
+
+
+_readers = {}
+
+
+def read_response(s):
+    """One HTTP response from s (a buffered reader per socket keeps what follows it):
+    (status, body bytes); (None, b"") if the connection ended first."""
+    f = _readers.setdefault(s, s.makefile("rb"))
+    status_line = f.readline()
+    if not status_line:
+        return None, b""
+    status = int(status_line.split(b" ")[1])
+    length = 0
+    while True:
+        line = f.readline()
+        if line in (b"\r\n", b""):
+            break
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    return status, f.read(length)
+
+
+def test_keep_alive_and_pipelining(http):
+    s = raw(http)
+    req = (f"GET /api/v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {http.read_key}"
+           "\r\n\r\n").encode()
+    s.sendall(req * 3)  # three requests in one write: answered in order on one connection
+    for _ in range(3):
+        status, body = read_response(s)
+        assert status == 200 and json.loads(body)["status"] == "running"
+    s.sendall(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert read_response(s)[0] == 200
+    assert read_response(s) == (None, b"")  # closed after Connection: close
+    s.close()
+
+
+def test_bounds(http):
+    # A head past RT_HTTP_HEAD_MAX (8 KiB): 431, closed.
+    s = raw(http)
+    s.sendall(b"GET /healthz HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 9000 + b"\r\n\r\n")
+    assert read_response(s)[0] == 431
+    s.close()
+    # A body past RT_HTTP_BODY_MAX (64 KiB), refused at its head: 413 before it is sent.
+    s = raw(http)
+    s.sendall(b"POST /api/v1/status HTTP/1.1\r\nContent-Length: 10000000\r\n\r\n")
+    assert read_response(s)[0] == 413
+    s.close()
+    # Garbage: 400.
+    s = raw(http)
+    s.sendall(b"\x16\x03\x01garbage\r\n\r\n")
+    assert read_response(s)[0] == 400
+    s.close()
+    # Nothing else was disturbed.
+    assert call(http, "/healthz")[0] == 200
+
+
+def test_slow_request_is_cut(http):
+    """A request that does not arrive whole within RT_HTTP_REQUEST_MS (10 s) gets 408 and
+    the connection ends; 50 such slow clients do not stop the listener answering."""
+    slow = [raw(http) for _ in range(50)]
+    for s in slow:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+    t0 = time.monotonic()
+    assert call(http, "/healthz")[0] == 200
+    status, _ = read_response(slow[0])
+    assert status == 408
+    assert 9.0 <= time.monotonic() - t0 <= 14, time.monotonic() - t0
+    for s in slow:
+        s.close()
+
+
+def test_200_concurrent_connections(http):
+    held = [raw(http) for _ in range(200)]
+    req = (f"GET /api/v1/broker HTTP/1.1\r\nAuthorization: Bearer {http.read_key}"
+           "\r\n\r\n").encode()
+    for s in held:
+        s.sendall(req)
+    for s in held:
+        assert read_response(s)[0] == 200
+        s.close()
+
+
+def test_apikey_usage_errors(tmp_path):
+    p = subprocess.run([RTD, "apikey", "x", "root", "-f", str(tmp_path / "k")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "usage" in p.stderr
+    assert not os.path.exists(tmp_path / "k")
