@@ -5,13 +5,16 @@
 ** decoded whole, in two reads split there, and one byte per read, each through a buffer
 ** that keeps what the decoder did not consume, as a connection does: all three must give
 ** the same data bytes, control events and outcome. The whole input is also parsed as an
-** upgrade request, whose answer must be consistent with what it returned.
+** upgrade request, whose answer must be consistent with what it returned, and as a request
+** to the HTTP listener (http_request.c, the same parser library), whose parts must lie
+** within the input and its bounds.
 */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
+#include "http_request.h"
 #include "ws.h"
 
 #define MAX_MESSAGE 1000
@@ -120,9 +123,27 @@ static void upgrade(const uint8_t *data, size_t size)
     }
 }
 
+static void http_request(const uint8_t *data, size_t size)
+{
+    rt_http_request_t r;
+    const char *why = NULL;
+    int rc = rt_http_parse_request(data, size, 1024, &r, &why);
+    if (rc == 0) {
+        if (r.len > size || r.body_off + r.body_len > r.len || r.body_len > 1024 || !r.method[0] ||
+            strlen(r.target) >= sizeof r.target || strlen(r.api_key) >= sizeof r.api_key)
+            abort();
+    } else if (rc == RT_EAGAIN) {
+        if (size > RT_HTTP_HEAD_MAX + 1024)
+            abort();
+    } else if (rc < 400 || rc > 505 || !why || !why[0]) {
+        abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     upgrade(data, size);
+    http_request(data, size);
     if (size < 1)
         return 0;
     const uint8_t *stream = data + 1;
