@@ -11,6 +11,7 @@ packages=(
     openssl testssl.sh  # certificates made at test time; the TLS listener's protocol and cipher audit
     tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
     clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
+    prometheus  # promtool: tests/integration/test_metrics.py checks the scrape's format with it
 )
 
 missing=()

@@ -86,6 +86,14 @@ bool rt_admin_exec_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn f
 void rt_admin_exec_free(rt_admin_exec_t *x);
 
 /*
+** Appends rtd's figures to out in the Prometheus text exposition format 0.0.4 (docs/HTTP.md,
+** "Metrics"). It walks every actor once and reads /proc/self/smaps (about as long as
+** `rtctl vm`): call it from the blocking pool (the admin worker) or outside any actor, never
+** from a scheduler. Returns 0, or RT_ENOMEM (out->oom set; what was appended is incomplete).
+*/
+int rt_admin_metrics_text(rt_buf_t *out);
+
+/*
 ** Splits a request line in place into words (docs/ADMIN.md quoting). Words
 ** may hold NUL bytes (\x00), so each comes with its length; each is also
 ** NUL-terminated, which may write line[len]: the line needs len + 1 bytes.

@@ -697,6 +697,8 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics"},
     {"listeners", NULL, cmd_listeners, 0, "listeners"},
     {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm"},
+    {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,
+     "metrics prometheus"},
     {"clients", "list", rt__admin_clients_list, RT_ADMIN_GATHER, "clients list [--limit N]"},
     {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL},
     {"clients", "show", rt__admin_clients_show, RT_ADMIN_GATHER, "clients show CLIENT_ID"},

@@ -2,7 +2,8 @@
 ** Internals shared by the admin socket's files: admin.c (the socket and its
 ** listener), admin_conn.c (one rtctl client), admin_worker.c (blocking commands),
 ** admin_request.c (parsing, running, rendering), admin_live.c (changes to a running
-** rtd), and the commands: admin_cmd.c, admin_clients.c, admin_top.c, admin_tree.c.
+** rtd), and the commands: admin_cmd.c, admin_clients.c, admin_top.c, admin_tree.c,
+** admin_metrics.c.
 */
 #ifndef RT_ADMIN_IMPL_H
 #define RT_ADMIN_IMPL_H
@@ -151,6 +152,9 @@ int rt__admin_topics(rt_admin_cmd_t *c);
 int rt__admin_tree(rt_admin_cmd_t *c);
 int rt__admin_actors_kill(rt_admin_cmd_t *c);
 
+/* ---- admin_metrics.c ---- */
+int rt__admin_metrics_prometheus(rt_admin_cmd_t *c);
+
 /* ---- admin_top.c ---- */
 int rt__admin_top(rt_admin_cmd_t *c);
 int rt__admin_actors_list(rt_admin_cmd_t *c);
@@ -184,5 +188,32 @@ void rt__admin_memory(rt_admin_mem_t *m, uint64_t heap_bytes, uint64_t bin_bytes
 void rt__admin_memory_doc(rt_doc_t *parent, const rt_admin_mem_t *m);
 /* Adds "memory_by_kind": RSS told apart by kind, down to the unexplained remainder. */
 void rt__admin_memory_kinds(rt_doc_t *parent);
+
+/* What rt__admin_memory_kinds_read finds: the kinds, and the actors by type behind them. */
+#define RT_ADMIN_TYPES_MAX 64                        /* types told apart; more sum as "other" */
+#define RT_ADMIN_KINDS_MAX (RT_ADMIN_TYPES_MAX + 32) /* a line per type, the fixed lines */
+typedef struct rt_admin_kind_s {
+    char name[80];    /* "actors: conn", "malloc: free", ... "unexplained" (docs/ADMIN.md) */
+    int64_t bytes;    /* negative only for free-memory lines and "unexplained" */
+    const char *what; /* a phrase for people */
+} rt_admin_kind_t;
+typedef struct rt_admin_type_mem_s {
+    const char *type; /* NULL: an unused entry */
+    uint64_t count, state, heap, heap_malloc, ext, bin;
+    uint64_t mailbox; /* messages waiting in their mailboxes */
+} rt_admin_type_mem_t;
+typedef struct rt_admin_kinds_s {
+    uint64_t rss;
+    int64_t explained; /* the kinds but the last ("unexplained") summed */
+    rt_admin_kind_t kind[RT_ADMIN_KINDS_MAX];
+    size_t nkinds;
+    rt_admin_type_mem_t type[RT_ADMIN_TYPES_MAX + 1]; /* the last sums the types past the max */
+    size_t ntypes;
+} rt_admin_kinds_t;
+/*
+** Fills k (some 12 KB: the caller allocates it) from one walk of every actor and a read of
+** /proc/self/smaps: O(actors), so from the admin worker or outside any actor.
+*/
+void rt__admin_memory_kinds_read(rt_admin_kinds_t *k);
 
 #endif

@@ -22,6 +22,7 @@
 #include <malloc.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -34,7 +35,6 @@
 #include "topic_trie.h"
 
 #define SINKS_MAX 64
-#define TYPES_MAX 64 /* actor types told apart; more are summed as "other" */
 
 /* VmRSS from /proc/self/status: what the kernel says this process holds. */
 static uint64_t rss_bytes(void)
@@ -84,8 +84,17 @@ static void maps_mem(maps_mem_t *mm)
         unsigned long start, end, off, inode;
         char perms[5], dev[16];
         int path = 0;
-        if (sscanf(line, "%lx-%lx %4s %lx %15s %lu %n", &start, &end, perms, &off, dev, &inode,
-                   &path) == 6) {
+        /*
+        ** A mapping's header starts with its address in lower-case hex, its fields with a
+        ** capitalised name, and only Rss matters: the first byte tells them apart, which keeps
+        ** sscanf off some twenty lines per mapping. The scrape (admin_metrics.c) reads this
+        ** file every time: at 19,900 connections that took it from 2.3 to 1.6 ms of CPU.
+        */
+        bool header = (line[0] >= '0' && line[0] <= '9') || (line[0] >= 'a' && line[0] <= 'f');
+        if (!header && strncmp(line, "Rss:", 4) != 0)
+            continue;
+        if (header && sscanf(line, "%lx-%lx %4s %lx %15s %lu %n", &start, &end, perms, &off, dev,
+                             &inode, &path) == 6) {
             prev = cur;
             cur = (mapping_t){.start = start, .end = end, .inode = inode};
             memcpy(cur.perms, perms, sizeof(perms));
@@ -168,29 +177,19 @@ void rt__admin_memory_doc(rt_doc_t *parent, const rt_admin_mem_t *m)
 
 /* ---- By kind ---- */
 
-typedef struct {
-    const char *type;
-    uint64_t count, state, heap, heap_malloc, ext, bin;
-} type_mem_t;
-
-typedef struct {
-    type_mem_t t[TYPES_MAX + 1]; /* the last one sums the types past TYPES_MAX */
-    size_t n;
-} types_t;
-
 static void add_type(const rt_actor_info_t *info, void *ud)
 {
-    types_t *ts = ud;
+    rt_admin_kinds_t *k = ud;
     size_t i = 0;
-    while (i < ts->n && strcmp(ts->t[i].type, info->type) != 0)
+    while (i < k->ntypes && strcmp(k->type[i].type, info->type) != 0)
         i++;
-    if (i == ts->n) {
-        if (ts->n == TYPES_MAX)
-            i = TYPES_MAX;
+    if (i == k->ntypes) {
+        if (k->ntypes == RT_ADMIN_TYPES_MAX)
+            i = RT_ADMIN_TYPES_MAX;
         else
-            ts->t[ts->n++].type = info->type;
+            k->type[k->ntypes++].type = info->type;
     }
-    type_mem_t *t = &ts->t[i];
+    rt_admin_type_mem_t *t = &k->type[i];
     if (!t->type)
         t->type = "other";
     t->count++;
@@ -199,22 +198,22 @@ static void add_type(const rt_actor_info_t *info, void *ud)
     t->heap_malloc += info->heap_malloc_bytes;
     t->ext += info->ext_bytes;
     t->bin += info->bin_bytes;
+    t->mailbox += info->mailbox_len;
 }
 
-static void kind(rt_doc_t *kinds, const char *name, int64_t bytes, uint64_t rss, const char *what)
+static void kind(rt_admin_kinds_t *k, const char *name, int64_t bytes, const char *what)
 {
-    rt_doc_t *o = rt_doc_add_object(kinds, NULL);
-    rt_doc_add_str(o, "kind", name);
-    rt_doc_add_i64(o, "bytes", bytes);
-    rt_doc_add_double(o, "share", rss ? 100.0 * (double)bytes / (double)rss : 0, 1);
-    rt_doc_add_str(o, "what", what);
+    RT_ASSERT(k->nkinds < RT_ADMIN_KINDS_MAX);
+    rt_admin_kind_t *o = &k->kind[k->nkinds++];
+    snprintf(o->name, sizeof(o->name), "%s", name);
+    o->bytes = bytes;
+    o->what = what;
 }
 
-void rt__admin_memory_kinds(rt_doc_t *parent)
+void rt__admin_memory_kinds_read(rt_admin_kinds_t *k)
 {
-    types_t ts;
-    memset(&ts, 0, sizeof(ts));
-    rt_snapshot_actors(add_type, &ts);
+    memset(k, 0, sizeof(*k));
+    rt_snapshot_actors(add_type, k);
     rt_mem_stats_t rm;
     rt_mem_stats(&rm);
     size_t bins_count, bins;
@@ -238,22 +237,19 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
     struct mallinfo2 mi = mallinfo2();
     maps_mem_t mm;
     maps_mem(&mm);
-    uint64_t rss = rss_bytes(); /* last: what it is compared with was read just before */
+    k->rss = rss_bytes(); /* last: what it is compared with was read just before */
 
-    rt_doc_t *o = rt_doc_add_object(parent, "memory_by_kind");
-    rt_doc_add_u64(o, "rss", rss);
-    rt_doc_t *kinds = rt_doc_add_array(o, "kinds");
     int64_t sum = 0, in_malloc = 0; /* all the lines; those from malloc */
     uint64_t state = 0, chunks = 0;
 #define KIND(name, bytes, from_malloc, what)                                                       \
     do {                                                                                           \
         int64_t b_ = (int64_t)(bytes);                                                             \
-        kind(kinds, name, b_, rss, what);                                                          \
+        kind(k, name, b_, what);                                                                   \
         sum += b_;                                                                                 \
         in_malloc += (from_malloc) ? b_ : 0;                                                       \
     } while (0)
-    for (size_t i = 0; i <= TYPES_MAX; i++) {
-        const type_mem_t *t = &ts.t[i];
+    for (size_t i = 0; i <= RT_ADMIN_TYPES_MAX; i++) {
+        const rt_admin_type_mem_t *t = &k->type[i];
         if (!t->count)
             continue;
         char name[80];
@@ -292,13 +288,33 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
     KIND("thread stacks", mm.stacks, false, "pages the threads' stacks touched");
     KIND("program and libraries", mm.program, false, "code and data from files, and .bss");
 #undef KIND
-    kind(kinds, "unexplained", (int64_t)rss - sum, rss,
+    k->explained = sum;
+    kind(k, "unexplained", (int64_t)k->rss - sum,
          "RSS less the above (negative: counted but not resident)");
-    rt_doc_add_i64(o, "explained", sum);
+}
+
+void rt__admin_memory_kinds(rt_doc_t *parent)
+{
+    rt_admin_kinds_t *k = malloc(sizeof(*k)); /* some 12 KB: not on a blocking thread's stack */
+    if (!k)
+        return;
+    rt__admin_memory_kinds_read(k);
+    rt_doc_t *o = rt_doc_add_object(parent, "memory_by_kind");
+    rt_doc_add_u64(o, "rss", k->rss);
+    rt_doc_t *kinds = rt_doc_add_array(o, "kinds");
+    for (size_t i = 0; i < k->nkinds; i++) {
+        rt_doc_t *e = rt_doc_add_object(kinds, NULL);
+        rt_doc_add_str(e, "kind", k->kind[i].name);
+        rt_doc_add_i64(e, "bytes", k->kind[i].bytes);
+        rt_doc_add_double(e, "share",
+                          k->rss ? 100.0 * (double)k->kind[i].bytes / (double)k->rss : 0, 1);
+        rt_doc_add_str(e, "what", k->kind[i].what);
+    }
+    rt_doc_add_i64(o, "explained", k->explained);
 
     rt_doc_t *actors = rt_doc_add_array(o, "actors");
-    for (size_t i = 0; i <= TYPES_MAX; i++) {
-        const type_mem_t *t = &ts.t[i];
+    for (size_t i = 0; i <= RT_ADMIN_TYPES_MAX; i++) {
+        const rt_admin_type_mem_t *t = &k->type[i];
         if (!t->count)
             continue;
         rt_doc_t *a = rt_doc_add_object(actors, NULL);
@@ -310,4 +326,5 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
         rt_doc_add_u64(a, "bytes", t->state + t->heap + t->ext);
         rt_doc_add_u64(a, "bin_held", t->bin);
     }
+    free(k);
 }

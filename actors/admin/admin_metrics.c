@@ -1,0 +1,505 @@
+/*
+** rtd's figures in the Prometheus text exposition format, version 0.0.4 (docs/HTTP.md,
+** "Metrics"): for `rtctl metrics prometheus` now and for the HTTP listener's GET /metrics.
+** It reads the sources the other admin commands read (broker stats and metrics, listeners,
+** rules, sinks, the runtime's snapshots, memory by kind) and adds no counter of its own.
+**
+** The format wants every sample of a metric together, under its # HELP and # TYPE lines, so
+** each per-listener, per-rule or per-sink metric is one loop over the things it labels.
+*/
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "admin_impl.h"
+#include "conn.h"
+#include "rule_engine.h"
+#include "sink.h"
+
+#define LISTENERS_MAX RT_CONF_MAX_LISTENERS
+#define RULES_MAX 1024
+#define SINKS_MAX 64
+#define SCHEDS_MAX 256
+
+/* What one scrape reads, gathered before anything is written. */
+typedef struct {
+    rt_broker_counts_t counts;
+    rt_broker_metrics_t metrics;
+    rt_listener_info_t listeners[LISTENERS_MAX];
+    size_t nlisteners;
+    rt_rule_info_t *rules; /* RULES_MAX of them, malloc'd */
+    size_t nrules;
+    bool rules_running;
+    rt_rules_stats_t rules_stats;
+    rt_sink_info_t sinks[SINKS_MAX];
+    size_t nsinks;
+    rt_sched_info_t scheds[SCHEDS_MAX];
+    size_t nscheds;
+    double util[SCHEDS_MAX];
+    size_t nutil;
+    rt_stats_t rs;
+    rt_admin_kinds_t kinds;
+} scrape_t;
+
+/* ---- The format ---- */
+
+/*
+** A label value as the format quotes it: backslash, double quote and newline escaped.
+** Everything else, UTF-8 included, goes as it is.
+*/
+static void add_escaped(rt_buf_t *b, const char *s)
+{
+    for (const char *p = s; *p; p++) {
+        if (*p == '\\')
+            rt_buf_add(b, "\\\\", 2);
+        else if (*p == '"')
+            rt_buf_add(b, "\\\"", 2);
+        else if (*p == '\n')
+            rt_buf_add(b, "\\n", 2);
+        else
+            rt_buf_add(b, p, 1);
+    }
+}
+
+static void family(rt_buf_t *b, const char *name, const char *type, const char *help)
+{
+    rt_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/*
+** Starts a sample: the name and, when key is not NULL, labels from the pairs that follow
+** (key, value, ..., NULL). The caller writes the value and the newline.
+*/
+static void sample_start(rt_buf_t *b, const char *name, const char *key, va_list ap)
+{
+    rt_buf_printf(b, "%s", name);
+    if (!key)
+        return;
+    rt_buf_add(b, "{", 1);
+    for (bool first = true; key; key = va_arg(ap, const char *), first = false) {
+        rt_buf_printf(b, "%s%s=\"", first ? "" : ",", key);
+        add_escaped(b, va_arg(ap, const char *));
+        rt_buf_add(b, "\"", 1);
+    }
+    rt_buf_add(b, "}", 1);
+}
+
+static void u64(rt_buf_t *b, const char *name, uint64_t v, const char *key, ...)
+{
+    va_list ap;
+    va_start(ap, key);
+    sample_start(b, name, key, ap);
+    va_end(ap);
+    rt_buf_printf(b, " %llu\n", (unsigned long long)v);
+}
+
+static void i64(rt_buf_t *b, const char *name, int64_t v, const char *key, ...)
+{
+    va_list ap;
+    va_start(ap, key);
+    sample_start(b, name, key, ap);
+    va_end(ap);
+    rt_buf_printf(b, " %lld\n", (long long)v);
+}
+
+static void dbl(rt_buf_t *b, const char *name, double v, const char *key, ...)
+{
+    va_list ap;
+    va_start(ap, key);
+    sample_start(b, name, key, ap);
+    va_end(ap);
+    rt_buf_printf(b, " %.15g\n", v);
+}
+
+/* A metric with one unlabelled sample. */
+static void one_u64(rt_buf_t *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    family(b, name, type, help);
+    u64(b, name, v, NULL);
+}
+
+static uint64_t load(const atomic_uint_fast64_t *a)
+{
+    return atomic_load_explicit(a, memory_order_relaxed);
+}
+
+/* ---- Sections ---- */
+
+static void process_section(rt_buf_t *b)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    family(b, "process_cpu_seconds_total", "counter", "User and system CPU time rtd spent.");
+    dbl(b, "process_cpu_seconds_total",
+        (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+            (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6,
+        NULL);
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur != RLIM_INFINITY)
+        one_u64(b, "process_max_fds", "gauge", "The open-file limit (RLIMIT_NOFILE, soft).",
+                (uint64_t)rl.rlim_cur);
+    uint64_t up = rt__admin_uptime_ms();
+    family(b, "process_start_time_seconds", "gauge", "When rtd started, in seconds since 1970.");
+    dbl(b, "process_start_time_seconds", (double)(rt_wall_ms() - up) / 1e3, NULL);
+    family(b, "rt_build_info", "gauge", "Always 1; the version is a label.");
+    u64(b, "rt_build_info", 1, "version", rt__admin_version(), NULL);
+}
+
+static void broker_section(rt_buf_t *b, const scrape_t *s)
+{
+    const rt_broker_counts_t *n = &s->counts;
+    const rt_broker_metrics_t *m = &s->metrics;
+    const rt_broker_stats_t *st = &rt_broker->stats;
+
+    one_u64(b, "rt_connections", "gauge", "Clients connected now (CONNACK sent).",
+            n->connections.count);
+    one_u64(b, "rt_connections_max", "gauge", "Most clients connected at once since start.",
+            n->connections.max);
+    one_u64(b, "rt_sockets", "gauge", "Connection actors alive: sockets, connected or not yet.",
+            load(&st->sockets));
+    one_u64(b, "rt_sessions", "gauge", "Sessions alive: connected plus offline.",
+            n->sessions.count);
+    one_u64(b, "rt_sessions_max", "gauge", "Most sessions alive at once since start.",
+            n->sessions.max);
+    one_u64(b, "rt_connects_total", "counter", "CONNECTs accepted (CONNACK 0).",
+            load(&st->connects));
+    one_u64(b, "rt_subscriptions", "gauge",
+            "Subscriptions: ordinary ones plus shared-group memberships.", n->subscriptions.count);
+    one_u64(b, "rt_subscribed_filters", "gauge",
+            "Distinct subscribed filters; a $share group counts as one.", n->topics.count);
+    one_u64(b, "rt_shared_groups", "gauge", "Shared subscription groups.", n->shared_groups);
+    one_u64(b, "rt_retained_messages", "gauge", "Retained messages held.", n->retained.count);
+    one_u64(b, "rt_retained_bytes", "gauge",
+            "Bytes of the retained messages, as max_retained_bytes counts them.",
+            n->retained_bytes.count);
+
+    one_u64(b, "rt_messages_received_total", "counter", "PUBLISH packets received from clients.",
+            m->msgs_in);
+    one_u64(b, "rt_messages_sent_total", "counter", "PUBLISH packets sent to clients.",
+            m->msgs_out);
+    family(b, "rt_messages_dropped_total", "counter",
+           "Messages not delivered to a session, by reason: queue_full (its queue was full, or "
+           "QoS 0 to an offline session), expired (its expiry interval ran out first).");
+    u64(b, "rt_messages_dropped_total", m->msgs_dropped, "reason", "queue_full", NULL);
+    u64(b, "rt_messages_dropped_total", m->msgs_expired, "reason", "expired", NULL);
+    one_u64(b, "rt_received_bytes_total", "counter", "Bytes read from client sockets.",
+            m->bytes_in);
+    one_u64(b, "rt_sent_bytes_total", "counter", "Bytes written (or buffered) to client sockets.",
+            m->bytes_out);
+
+    static const char *const dir_name[2] = {"rt_packets_received_total", "rt_packets_sent_total"};
+    static const char *const dir_help[2] = {"MQTT packets received, by type.",
+                                            "MQTT packets sent, by type."};
+    for (int d = 0; d < 2; d++) {
+        const uint64_t *v = d ? m->packets_out : m->packets_in;
+        family(b, dir_name[d], "counter", dir_help[d]);
+        for (unsigned t = 1; t < RT_MQTT_PACKET_TYPES; t++) {
+            char type[16];
+            snprintf(type, sizeof(type), "%s", rt_mqtt_packet_name(t));
+            for (char *p = type; *p; p++)
+                *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+            u64(b, dir_name[d], v[t], "type", type, NULL);
+        }
+    }
+
+    one_u64(b, "rt_bad_packets_total", "counter", "Malformed packets and protocol errors.",
+            load(&st->bad_packets));
+    one_u64(b, "rt_tolerated_v31_subscribe_flags_total", "counter",
+            "MQTT 3.1 (UN)SUBSCRIBEs with flags 0000, accepted though the spec refuses them.",
+            load(&st->v31_sub_flags));
+    family(b, "rt_limit_refusals_total", "counter",
+           "Requests the broker's limits refused, by limit: topic (max_topic_levels/length), "
+           "subscriptions (max_subscriptions), retained (the retained store's limits).");
+    u64(b, "rt_limit_refusals_total", load(&st->topic_limit_hits), "limit", "topic", NULL);
+    u64(b, "rt_limit_refusals_total", load(&st->subs_limit_hits), "limit", "subscriptions", NULL);
+    u64(b, "rt_limit_refusals_total", load(&st->retained_limit_hits), "limit", "retained", NULL);
+    /* Per listener these are not counted: a transport's state does not know its listener. */
+    one_u64(b, "rt_tls_handshake_failures_total", "counter",
+            "TLS handshakes that failed, all listeners.", load(&st->tls_failed));
+    one_u64(b, "rt_connect_timeouts_total", "counter",
+            "Connections ended for no CONNECT (or handshake) within connect_timeout.",
+            load(&st->connect_timeouts));
+    one_u64(b, "rt_rate_limited_pauses_total", "counter",
+            "Times a client's rate limit paused reading its socket.", load(&st->rate_limited));
+    one_u64(b, "rt_max_connections", "gauge",
+            "The max_connections limit, all listeners together (0: none).",
+            (uint64_t)(RT_LIVE(max_connections) > 0 ? RT_LIVE(max_connections) : 0));
+}
+
+static void listeners_section(rt_buf_t *b, const scrape_t *s)
+{
+    char where[LISTENERS_MAX][128];
+    for (size_t i = 0; i < s->nlisteners; i++) {
+        const rt_listener_info_t *l = &s->listeners[i];
+        bool v6 = strchr(l->address, ':') != NULL;
+        snprintf(where[i], sizeof(where[i]), "%s%.64s%s:%d", v6 ? "[" : "", l->address,
+                 v6 ? "]" : "", l->port);
+    }
+#define EACH_LISTENER(metric, expr)                                                                \
+    for (size_t i = 0; i < s->nlisteners; i++)                                                     \
+    u64(b, metric, (expr), "listener", where[i], "kind", rt_listener_kind((unsigned)i), NULL)
+    family(b, "rt_listener_up", "gauge", "1 while the listener accepts connections.");
+    EACH_LISTENER("rt_listener_up", s->listeners[i].running ? 1 : 0);
+    family(b, "rt_listener_connections", "gauge", "Sockets open now that came in through it.");
+    EACH_LISTENER("rt_listener_connections", s->listeners[i].connections);
+    family(b, "rt_listener_accepted_total", "counter", "Sockets accepted.");
+    EACH_LISTENER("rt_listener_accepted_total", s->listeners[i].accepted);
+#undef EACH_LISTENER
+    family(b, "rt_listener_refused_total", "counter",
+           "Connections refused at accept, by reason: max_connections, per_ip "
+           "(max_connections_per_ip), rate (max_connection_rate), error (the connection could "
+           "not start), untrusted_proxy (PROXY protocol from an untrusted address).");
+    for (size_t i = 0; i < s->nlisteners; i++) {
+        const rt_listener_info_t *l = &s->listeners[i];
+        const char *kind = rt_listener_kind((unsigned)i);
+        const struct {
+            const char *reason;
+            uint64_t v;
+        } r[] = {{"max_connections", l->refused_max_connections},
+                 {"per_ip", l->refused_per_ip},
+                 {"rate", l->refused_rate},
+                 {"error", l->refused_error},
+                 {"untrusted_proxy", l->refused_untrusted}};
+        for (size_t j = 0; j < sizeof(r) / sizeof(r[0]); j++)
+            u64(b, "rt_listener_refused_total", r[j].v, "listener", where[i], "kind", kind,
+                "reason", r[j].reason, NULL);
+    }
+}
+
+static void rules_section(rt_buf_t *b, const scrape_t *s)
+{
+    if (!s->rules_running)
+        return;
+    one_u64(b, "rt_rules", "gauge", "Rules in the current rule set.", s->rules_stats.rules);
+    one_u64(b, "rt_rules_version", "gauge", "The rule set's version: 1 at start, +1 per reload.",
+            s->rules_stats.version);
+    const rt_rule_info_t *r = s->rules;
+#define EACH_RULE(metric, expr)                                                                    \
+    for (size_t i = 0; i < s->nrules; i++)                                                         \
+    u64(b, metric, (expr), "rule", r[i].name, NULL)
+    family(b, "rt_rule_enabled", "gauge", "1 while the rule runs.");
+    EACH_RULE("rt_rule_enabled", r[i].enabled ? 1 : 0);
+    family(b, "rt_rule_matched_total", "counter", "Messages whose topic the rule's from matched.");
+    EACH_RULE("rt_rule_matched_total", r[i].matched);
+    family(b, "rt_rule_passed_total", "counter", "Matched messages the rule passed on.");
+    EACH_RULE("rt_rule_passed_total", r[i].passed);
+    family(b, "rt_rule_filtered_total", "counter",
+           "Matched messages the rule's code filtered out.");
+    EACH_RULE("rt_rule_filtered_total", r[i].filtered);
+    family(b, "rt_rule_rows_total", "counter", "Rows the rule sent to its sinks.");
+    EACH_RULE("rt_rule_rows_total", r[i].rows_out);
+#undef EACH_RULE
+    family(b, "rt_rule_failed_total", "counter",
+           "Matched messages the rule failed on, by reason: exception (its code raised), budget "
+           "(it ran out of instructions), memory (it ran out of memory).");
+    for (size_t i = 0; i < s->nrules; i++) {
+        u64(b, "rt_rule_failed_total", r[i].failed_exception, "rule", r[i].name, "reason",
+            "exception", NULL);
+        u64(b, "rt_rule_failed_total", r[i].failed_budget, "rule", r[i].name, "reason", "budget",
+            NULL);
+        u64(b, "rt_rule_failed_total", r[i].failed_memory, "rule", r[i].name, "reason", "memory",
+            NULL);
+    }
+}
+
+/*
+** Sinks keep counts and queue sizes but no write latency (sink.h's rt_sink_info_t has none),
+** so there is no latency histogram here: adding one means timing every batch in the sinks.
+*/
+static void sinks_section(rt_buf_t *b, const scrape_t *s)
+{
+    const rt_sink_info_t *k = s->sinks;
+#define EACH_SINK(metric, expr)                                                                    \
+    for (size_t i = 0; i < s->nsinks; i++)                                                         \
+    u64(b, metric, (expr), "sink", k[i].name, "type", k[i].type, NULL)
+    family(b, "rt_sink_connected", "gauge", "1 while the sink is connected to its database.");
+    EACH_SINK("rt_sink_connected", strcmp(k[i].state, "connected") == 0 ? 1 : 0);
+    family(b, "rt_sink_rows_in_total", "counter",
+           "Rows handed to the sink (refused ones included), and rows recovered from an "
+           "earlier run's spill.");
+    EACH_SINK("rt_sink_rows_in_total", k[i].in);
+    family(b, "rt_sink_rows_written_total", "counter",
+           "Rows committed to the database (or published).");
+    EACH_SINK("rt_sink_rows_written_total", k[i].written);
+    family(b, "rt_sink_rows_dropped_total", "counter",
+           "Rows dropped: the byte limit reached, or refused by the database for good.");
+    EACH_SINK("rt_sink_rows_dropped_total", k[i].dropped);
+    family(b, "rt_sink_rows_replayed_total", "counter", "Rows written after waiting in the spill.");
+    EACH_SINK("rt_sink_rows_replayed_total", k[i].retried);
+    family(b, "rt_sink_rows_recovered_total", "counter",
+           "Rows found in a spill file left by an earlier run.");
+    EACH_SINK("rt_sink_rows_recovered_total", k[i].recovered);
+    family(b, "rt_sink_batches_total", "counter", "Write transactions or bulk operations done.");
+    EACH_SINK("rt_sink_batches_total", k[i].batches);
+    family(b, "rt_sink_write_failures_total", "counter", "Write attempts (batches) that failed.");
+    EACH_SINK("rt_sink_write_failures_total", k[i].failed);
+    family(b, "rt_sink_queued_rows", "gauge", "Rows in memory waiting for a batch.");
+    EACH_SINK("rt_sink_queued_rows", k[i].queued);
+    family(b, "rt_sink_inflight_rows", "gauge", "Rows in the batch being written.");
+    EACH_SINK("rt_sink_inflight_rows", k[i].inflight);
+    family(b, "rt_sink_spilled_rows", "gauge", "Rows waiting in the on-disk spill queue.");
+    EACH_SINK("rt_sink_spilled_rows", k[i].spilled);
+    family(b, "rt_sink_queue_bytes", "gauge",
+           "Row bytes in memory, in flight and spilled (what max_bytes bounds).");
+    EACH_SINK("rt_sink_queue_bytes", k[i].bytes);
+#undef EACH_SINK
+}
+
+static void runtime_section(rt_buf_t *b, const scrape_t *s)
+{
+    const rt_stats_t *rs = &s->rs;
+    const rt_admin_kinds_t *k = &s->kinds;
+    family(b, "rt_actors", "gauge", "Actors alive, by type.");
+    for (size_t i = 0; i <= RT_ADMIN_TYPES_MAX; i++)
+        if (k->type[i].count)
+            u64(b, "rt_actors", k->type[i].count, "type", k->type[i].type, NULL);
+    family(b, "rt_actor_mailbox_messages", "gauge",
+           "Messages waiting in actors' mailboxes, by actor type.");
+    for (size_t i = 0; i <= RT_ADMIN_TYPES_MAX; i++)
+        if (k->type[i].count)
+            u64(b, "rt_actor_mailbox_messages", k->type[i].mailbox, "type", k->type[i].type, NULL);
+    one_u64(b, "rt_actors_limit", "gauge", "The pid table's capacity (max_actors).",
+            rs->max_actors);
+    one_u64(b, "rt_actors_spawned_total", "counter", "Actors spawned.", rs->spawned);
+    one_u64(b, "rt_actors_exited_total", "counter", "Actors that exited.", rs->exited);
+    one_u64(b, "rt_actor_turns_total", "counter", "Actor turns the schedulers ran.", rs->turns);
+    one_u64(b, "rt_dead_letters_total", "counter", "Messages sent to actors no longer alive.",
+            rs->dead_letters);
+    one_u64(b, "rt_shed_messages_total", "counter",
+            "Optional messages dropped at the source (a full mailbox).", rs->shed);
+    one_u64(b, "rt_heap_limit_kills_total", "counter", "Actors ended for passing their max_heap.",
+            rs->heap_limit_kills);
+    one_u64(b, "rt_gc_collections_total", "counter", "Heap collections in all actors.", rs->gcs);
+    one_u64(b, "rt_timers_pending", "gauge", "Timers set and not yet fired.", rs->timers_pending);
+
+    char id[SCHEDS_MAX][12];
+    for (size_t i = 0; i < s->nscheds; i++)
+        snprintf(id[i], sizeof(id[i]), "%u", s->scheds[i].index);
+#define POOL(i) (s->scheds[i].blocking_pool ? "blocking" : "scheduler")
+    family(b, "rt_scheduler_busy_seconds_total", "counter",
+           "Time the thread spent running actors (a scheduler, or a blocking pool thread).");
+    for (size_t i = 0; i < s->nscheds; i++)
+        dbl(b, "rt_scheduler_busy_seconds_total", (double)s->scheds[i].busy_ns / 1e9, "scheduler",
+            id[i], "pool", POOL(i), NULL);
+    family(b, "rt_scheduler_utilisation_ratio", "gauge",
+           "Share of the last whole second the thread spent running actors (0 to 1).");
+    for (size_t i = 0; i < s->nscheds; i++)
+        dbl(b, "rt_scheduler_utilisation_ratio", i < s->nutil ? s->util[i] : 0, "scheduler", id[i],
+            "pool", POOL(i), NULL);
+    family(b, "rt_scheduler_run_queue", "gauge", "Actors queued to run on the thread.");
+    for (size_t i = 0; i < s->nscheds; i++)
+        u64(b, "rt_scheduler_run_queue", s->scheds[i].run_queue, "scheduler", id[i], "pool",
+            POOL(i), NULL);
+    family(b, "rt_scheduler_turns_total", "counter", "Actor turns the thread ran.");
+    for (size_t i = 0; i < s->nscheds; i++)
+        u64(b, "rt_scheduler_turns_total", s->scheds[i].turns, "scheduler", id[i], "pool", POOL(i),
+            NULL);
+    family(b, "rt_scheduler_steals_total", "counter",
+           "Actors the thread took from another's queue.");
+    for (size_t i = 0; i < s->nscheds; i++)
+        u64(b, "rt_scheduler_steals_total", s->scheds[i].steals, "scheduler", id[i], "pool",
+            POOL(i), NULL);
+#undef POOL
+
+    one_u64(b, "rt_resident_memory_bytes", "gauge", "The process's resident set (VmRSS).", k->rss);
+    family(b, "rt_memory_bytes", "gauge",
+           "The resident set told apart by kind (docs/ADMIN.md, \"Memory by kind\"): the kinds "
+           "add up to rt_resident_memory_bytes; \"unexplained\" is the rest and may be negative.");
+    for (size_t i = 0; i < k->nkinds; i++)
+        i64(b, "rt_memory_bytes", k->kind[i].bytes, "kind", k->kind[i].name, NULL);
+}
+
+/* ---- The scrape ---- */
+
+static void gather(scrape_t *s)
+{
+    if (rt_broker) {
+        rt_broker_counts(&s->counts);
+        rt_broker_metrics(&s->metrics);
+        s->nlisteners = rt_broker_listeners(s->listeners, LISTENERS_MAX);
+        if (s->nlisteners > LISTENERS_MAX)
+            s->nlisteners = LISTENERS_MAX;
+    }
+    s->rules_running = rt_rules_stats(&s->rules_stats) == 0;
+    if (s->rules_running && s->rules) {
+        s->nrules = rt_rules_snapshot(s->rules, RULES_MAX);
+        if (s->nrules > RULES_MAX)
+            s->nrules = RULES_MAX;
+    }
+    s->nsinks = rt_sinks_snapshot(s->sinks, SINKS_MAX);
+    if (s->nsinks > SINKS_MAX)
+        s->nsinks = SINKS_MAX;
+    s->nscheds = rt_snapshot_schedulers(s->scheds, SCHEDS_MAX);
+    if (s->nscheds > SCHEDS_MAX)
+        s->nscheds = SCHEDS_MAX;
+    s->nutil = rt__admin_sched_util(s->util, SCHEDS_MAX);
+    rt_stats(&s->rs);
+    rt__admin_memory_kinds_read(&s->kinds);
+}
+
+static double clock_s(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/*
+** Its own cost, last, so the lines above are in it: what a scrape costs is a question that
+** grows with the number of actors (one walk of them), and this answers it on the live rtd.
+*/
+static void scrape_cost(rt_buf_t *b, double cpu0, double wall0)
+{
+    double cpu = clock_s(CLOCK_THREAD_CPUTIME_ID) - cpu0, wall = clock_s(CLOCK_MONOTONIC) - wall0;
+    family(b, "rt_scrape_cpu_seconds", "gauge",
+           "CPU time this scrape took to gather and write the lines above (one thread's).");
+    dbl(b, "rt_scrape_cpu_seconds", cpu, NULL);
+    family(b, "rt_scrape_duration_seconds", "gauge",
+           "Wall-clock time this scrape took to gather and write the lines above.");
+    dbl(b, "rt_scrape_duration_seconds", wall, NULL);
+}
+
+int rt_admin_metrics_text(rt_buf_t *out)
+{
+    double cpu0 = clock_s(CLOCK_THREAD_CPUTIME_ID), wall0 = clock_s(CLOCK_MONOTONIC);
+    scrape_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return RT_ENOMEM;
+    s->rules = malloc(RULES_MAX * sizeof(*s->rules));
+    if (!s->rules) {
+        free(s);
+        return RT_ENOMEM;
+    }
+    gather(s);
+    process_section(out);
+    if (rt_broker) {
+        broker_section(out, s);
+        listeners_section(out, s);
+    }
+    rules_section(out, s);
+    sinks_section(out, s);
+    runtime_section(out, s);
+    scrape_cost(out, cpu0, wall0);
+    free(s->rules);
+    free(s);
+    return out->oom ? RT_ENOMEM : 0;
+}
+
+/* `metrics prometheus`: the scrape as a text body, on the admin worker (it walks every actor). */
+int rt__admin_metrics_prometheus(rt_admin_cmd_t *c)
+{
+    if (c->json)
+        return rt__admin_fail(c, 400,
+                              "metrics prometheus has no JSON form: it is the "
+                              "Prometheus text format");
+    if (rt_admin_metrics_text(&c->text) != 0) {
+        rt_buf_free(&c->text);
+        return rt__admin_fail(c, 500, "out of memory");
+    }
+    return 200;
+}
