@@ -39,6 +39,9 @@ typedef struct {
     bool keep_alive;        /* of the request being answered */
     bool text;              /* the answer waited for is text (metrics), not JSON */
     bool closing;           /* the answer was the last: the actor exits */
+    char *stream;           /* heap: an event stream's command line, run every stream_ms */
+    size_t stream_len;
+    uint32_t stream_ms;
     size_t pending;         /* bytes of the request whose answer the admin layer owes */
 } http_conn_t;
 
@@ -106,9 +109,33 @@ static void respond_error(http_conn_t *k, int code, const char *why)
 }
 
 /* The admin layer's answer to an API request (rt_admin_answer_fn). */
+/* An event stream's answer: one Server-Sent Event named by the command, its JSON on one line. */
+static void stream_event(http_conn_t *k, int code, const char *body, size_t len)
+{
+    char head[96];
+    size_t word = strcspn(k->stream + 1, "\"");
+    int n = snprintf(head, sizeof(head), "event: %.*s\ndata: ", (int)(word < 40 ? word : 40),
+                     k->stream + 1);
+    rt_sock_write(k->sock, head, (size_t)n);
+    if (code != 200) {
+        rt_sock_write(k->sock, "{\"error\": true}", 15);
+    } else {
+        for (size_t i = 0, start = 0; i <= len; i++)
+            if (i == len || body[i] == '\n') { /* compact JSON; its last newline dropped */
+                rt_sock_write(k->sock, body + start, i - start);
+                start = i + 1;
+            }
+    }
+    rt_sock_write(k->sock, "\n\n", 2);
+}
+
 static void respond_admin(void *ctx, int code, const char *body, size_t len)
 {
     http_conn_t *k = ctx;
+    if (k->stream) {
+        stream_event(k, code, body, len);
+        return;
+    }
     respond_raw(k, code, k->text ? "text/plain; version=0.0.4; charset=utf-8" : "application/json",
                 body, len);
 }
@@ -227,6 +254,61 @@ static bool ready(void)
     return true;
 }
 
+/* Runs the stream's command once more (the line is split in place: a copy each time). */
+static void stream_tick(rt_actor_t *self, http_conn_t *k)
+{
+    static _Thread_local char line[HTTP_LINE_MAX + 8];
+    memcpy(line, k->stream, k->stream_len + 1);
+    if (rt_sock_pending(k->sock) > RT_ADMIN_OUT_MAX) { /* a reader that stopped reading */
+        k->closing = true;
+        rt_exit(self, RT_REASON_NORMAL);
+        return;
+    }
+    if (rt_admin_exec_start(self, &k->exec, line, k->stream_len, RT_ADMIN_CHANGES, respond_admin,
+                            k))
+        arm_timer(self, k, k->stream_ms);
+}
+
+/*
+** GET /api/v1/stream/COMMAND?every=S&...: Server-Sent Events, one event every S seconds
+** (1 by default, 1 to 60) with the command's JSON answer (`event: top`, `data: {...}`), for
+** as long as the client reads. Commands that change rtd are refused.
+*/
+static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, const char *query)
+{
+    char rest[RT_HTTP_TARGET_MAX] = "", line[HTTP_LINE_MAX + 8];
+    long every = 1;
+    /* every= is the stream's own; the rest of the query goes to the command. */
+    for (const char *p = query; p && *p;) {
+        const char *end = strchr(p, '&');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n > 6 && strncmp(p, "every=", 6) == 0)
+            every = strtol(p + 6, NULL, 10);
+        else
+            snprintf(rest + strlen(rest), sizeof(rest) - strlen(rest), "%s%.*s",
+                     rest[0] ? "&" : "", (int)n, p);
+        p += n + (end != NULL);
+    }
+    size_t len = api_line(path, rest, line);
+    if (!len || every < 1 || every > 60) {
+        respond_error(k, 400, "not a stream: /api/v1/stream/COMMAND?every=1..60");
+        return true;
+    }
+    k->stream = rt_strndup(self, line, len);
+    if (!k->stream) {
+        respond_error(k, 500, "out of memory");
+        return true;
+    }
+    k->stream_len = len;
+    k->stream_ms = (uint32_t)every * 1000;
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Cache-Control: no-store\r\nConnection: keep-alive\r\n\r\n";
+    rt_sock_write(k->sock, head, sizeof(head) - 1);
+    k->inlen = 0; /* nothing after a stream's request is read as another */
+    stream_tick(self, k);
+    return false;
+}
+
 /* Answers the request: true when answered now, false when the admin layer answers later. */
 static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *req)
 {
@@ -266,6 +348,8 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     }
     static _Thread_local char line[HTTP_LINE_MAX + 8];
     size_t len;
+    if (api && strncmp(path + 8, "stream/", 7) == 0 && get)
+        return start_stream(self, k, path + 15, query);
     if (metrics) {
         k->text = true;
         len = (size_t)snprintf(line, sizeof(line), "metrics prometheus");
@@ -339,6 +423,8 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
             rt_exit(self, RT_REASON_NORMAL);
             return;
         }
+        if (k->stream)
+            continue; /* an event stream reads nothing more from its client */
         if (!k->inlen)
             arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's deadline starts */
         memcpy(k->in + k->inlen, data, len);
@@ -350,6 +436,11 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
 static void on_timer(rt_actor_t *self, http_conn_t *k)
 {
     k->timer = 0;
+    if (k->stream) {
+        if (!k->exec.cookie)
+            stream_tick(self, k);
+        return;
+    }
     if (k->exec.cookie)
         return; /* answering: the admin layer bounds its own wait */
     if (k->inlen) {
@@ -385,10 +476,14 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         on_timer(self, k);
         break;
     default:
-        if (rt_admin_exec_message(&k->exec, m, respond_admin, k)) {
-            request_done(self, k, k->pending);
-            answer_requests(self, k);
+        if (!rt_admin_exec_message(&k->exec, m, respond_admin, k))
+            break;
+        if (k->stream) {
+            arm_timer(self, k, k->stream_ms);
+            break;
         }
+        request_done(self, k, k->pending);
+        answer_requests(self, k);
         break;
     }
 }
