@@ -42,6 +42,7 @@ typedef struct {
     char *stream;           /* heap: an event stream's command line, run every stream_ms */
     size_t stream_len;
     uint32_t stream_ms;
+    bool streaming;         /* the stream's head went out with its first event */
     size_t pending;         /* bytes of the request whose answer the admin layer owes */
 } http_conn_t;
 
@@ -132,9 +133,19 @@ static void stream_event(http_conn_t *k, int code, const char *body, size_t len)
 static void respond_admin(void *ctx, int code, const char *body, size_t len)
 {
     http_conn_t *k = ctx;
-    if (k->stream) {
+    if (k->stream && (k->streaming || code == 200)) {
+        if (!k->streaming) {
+            static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                       "Cache-Control: no-store\r\nConnection: keep-alive\r\n\r\n";
+            rt_sock_write(k->sock, head, sizeof(head) - 1);
+            k->streaming = true;
+        }
         stream_event(k, code, body, len);
         return;
+    }
+    if (k->stream) { /* the first answer is an error: an ordinary answer, and the end */
+        k->keep_alive = false;
+        k->closing = true;
     }
     respond_raw(k, code, k->text ? "text/plain; version=0.0.4; charset=utf-8" : "application/json",
                 body, len);
@@ -264,8 +275,12 @@ static void stream_tick(rt_actor_t *self, http_conn_t *k)
         rt_exit(self, RT_REASON_NORMAL);
         return;
     }
-    if (rt_admin_exec_start(self, &k->exec, line, k->stream_len, RT_ADMIN_CHANGES, respond_admin,
-                            k))
+    if (!rt_admin_exec_start(self, &k->exec, line, k->stream_len, RT_ADMIN_CHANGES, respond_admin,
+                             k))
+        return;
+    if (k->closing)
+        rt_exit(self, RT_REASON_NORMAL);
+    else
         arm_timer(self, k, k->stream_ms);
 }
 
@@ -301,9 +316,6 @@ static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, con
     }
     k->stream_len = len;
     k->stream_ms = (uint32_t)every * 1000;
-    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                               "Cache-Control: no-store\r\nConnection: keep-alive\r\n\r\n";
-    rt_sock_write(k->sock, head, sizeof(head) - 1);
     k->inlen = 0; /* nothing after a stream's request is read as another */
     stream_tick(self, k);
     return false;
@@ -479,7 +491,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         if (!rt_admin_exec_message(&k->exec, m, respond_admin, k))
             break;
         if (k->stream) {
-            arm_timer(self, k, k->stream_ms);
+            if (k->closing)
+                rt_exit(self, RT_REASON_NORMAL);
+            else
+                arm_timer(self, k, k->stream_ms);
             break;
         }
         request_done(self, k, k->pending);

@@ -187,3 +187,54 @@ def test_apikey_usage_errors(tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "usage" in p.stderr
     assert not os.path.exists(tmp_path / "k")
+
+
+def test_metrics_over_http(http, tmp_path):
+    """/metrics: a key is needed unless metrics_public; the scrape is the Prometheus text
+    `rtctl metrics prometheus` gives, clean under promtool."""
+    assert call(http, "/metrics")[0] == 401
+    req = urllib.request.Request(f"http://127.0.0.1:{http.hport}/metrics",
+                                 headers={"Authorization": f"Bearer {http.read_key}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    assert "# TYPE rt_connections gauge" in text
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    public = Rtd(f'http={{bind="127.0.0.1:{free_port()}", metrics_public=true}}')
+    try:
+        public.hport = int(public.read_log().split("http.started listener=127.0.0.1:")[1]
+                           .split()[0])
+        assert urllib.request.urlopen(f"http://127.0.0.1:{public.hport}/metrics",
+                                      timeout=10).status == 200
+        assert call(public, "/api/v1/status")[0] == 401  # no keys file: no API
+    finally:
+        code, log = public.stop()
+        assert code == 0, log[-2000:]
+
+
+def test_event_stream(http):
+    """GET /api/v1/stream/top?every=1: one `top` event a second with the command's JSON, for
+    as long as the client reads; a command that changes rtd is not streamed."""
+    s = raw(http)
+    s.sendall((f"GET /api/v1/stream/top?n=2&every=1 HTTP/1.1\r\nAuthorization: Bearer "
+               f"{http.read_key}\r\n\r\n").encode())
+    f = s.makefile("rb")
+    assert f.readline().startswith(b"HTTP/1.1 200")
+    while f.readline() not in (b"\r\n", b""):
+        pass
+    t0 = time.monotonic()
+    events = []
+    while len(events) < 3:
+        line = f.readline()
+        assert line, "the stream ended"
+        if line.startswith(b"data: "):
+            events.append(json.loads(line[6:]))
+    assert all(len(e["actors"]) == 2 and "node" in e for e in events)
+    assert 1.5 <= time.monotonic() - t0 <= 6  # three events a second apart: two intervals
+    s.close()
+    code, body = call(http, "/api/v1/stream/clients/kick/x", key=http.admin_key)
+    assert code == 403 and "admin role" in body["error"]  # refused before any event
+    assert call(http, "/api/v1/stream/nonsense", key=http.read_key)[0] == 400
