@@ -72,9 +72,13 @@ static int ask_all(rt_admin_cmd_t *c, gather_kind_t kind)
         return rt__admin_fail(c, 503, "the broker is not running");
     rt_pid_t *pids;
     size_t n;
-    int rc = rt_broker_client_pids((size_t)limit, &pids, &n) != 0
-                 ? rt__admin_fail(c, 500, "out of memory")
-                 : gather_start(c, kind, pids, n);
+    /* --after ID and --prefix P page through the table in id order (the HTTP API's lists,
+       20,000 clients a page at a time); without them, the first `limit` in table order. */
+    const char *after = rt__admin_opt(c, "after", NULL);
+    const char *prefix = rt__admin_opt(c, "prefix", NULL);
+    int rc = (after || prefix) ? rt_broker_client_page(prefix, after, (size_t)limit, &pids, &n)
+                               : rt_broker_client_pids((size_t)limit, &pids, &n);
+    rc = rc != 0 ? rt__admin_fail(c, 500, "out of memory") : gather_start(c, kind, pids, n);
     free(pids);
     return rc;
 }

@@ -322,6 +322,99 @@ static void collect_pid(const char *id, rt_pid_t pid, void *ud)
     p->pids[p->n++] = pid;
 }
 
+/*
+** A page of the client table: the `limit` smallest ids after `after` that start with prefix,
+** kept in a max-heap by id (the largest on top, replaced by a smaller one), so a walk under
+** the lock is one comparison per client and a few for each kept one.
+*/
+typedef struct {
+    char *id; /* malloc */
+    rt_pid_t pid;
+} page_entry_t;
+
+typedef struct {
+    page_entry_t *heap;
+    size_t n, limit;
+    const char *prefix, *after;
+    size_t prefix_len;
+    bool oom;
+} page_t;
+
+static void page_sift_down(page_t *p, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, top = i;
+        if (l < p->n && strcmp(p->heap[l].id, p->heap[top].id) > 0)
+            top = l;
+        if (r < p->n && strcmp(p->heap[r].id, p->heap[top].id) > 0)
+            top = r;
+        if (top == i)
+            return;
+        page_entry_t t = p->heap[i];
+        p->heap[i] = p->heap[top];
+        p->heap[top] = t;
+        i = top;
+    }
+}
+
+static void collect_page(const char *id, rt_pid_t pid, void *ud)
+{
+    page_t *p = ud;
+    if (p->oom || strncmp(id, p->prefix, p->prefix_len) != 0 ||
+        (p->after && strcmp(id, p->after) <= 0))
+        return;
+    if (p->n == p->limit) {
+        if (strcmp(id, p->heap[0].id) >= 0)
+            return;
+        char *copy = strdup(id);
+        if (!copy) {
+            p->oom = true;
+            return;
+        }
+        free(p->heap[0].id);
+        p->heap[0] = (page_entry_t){copy, pid};
+        page_sift_down(p, 0);
+        return;
+    }
+    char *copy = strdup(id);
+    if (!copy) {
+        p->oom = true;
+        return;
+    }
+    size_t i = p->n++;
+    p->heap[i] = (page_entry_t){copy, pid};
+    while (i && strcmp(p->heap[(i - 1) / 2].id, p->heap[i].id) < 0) {
+        page_entry_t t = p->heap[i];
+        p->heap[i] = p->heap[(i - 1) / 2];
+        p->heap[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+int rt_broker_client_page(const char *prefix, const char *after, size_t limit, rt_pid_t **pids,
+                          size_t *n)
+{
+    page_t p = {.limit = limit, .prefix = prefix ? prefix : "", .after = after};
+    p.prefix_len = strlen(p.prefix);
+    p.heap = limit ? malloc(limit * sizeof(*p.heap)) : NULL;
+    *pids = limit ? malloc(limit * sizeof(**pids)) : NULL;
+    if (limit && (!p.heap || !*pids)) {
+        free(p.heap);
+        free(*pids);
+        *pids = NULL;
+        *n = 0;
+        return RT_ENOMEM;
+    }
+    rt_broker_clients_each(collect_page, &p);
+    for (size_t i = 0; i < p.n; i++) {
+        (*pids)[i] = p.heap[i].pid;
+        free(p.heap[i].id);
+    }
+    free(p.heap);
+    *n = p.oom ? 0 : p.n;
+    return p.oom ? RT_ENOMEM : 0;
+}
+
 int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n)
 {
     pids_t p = {.limit = limit ? limit : SIZE_MAX};

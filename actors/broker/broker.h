@@ -278,6 +278,13 @@ size_t rt_broker_clients_each(void (*fn)(const char *id, rt_pid_t pid, void *ud)
 ** *n, or RT_ENOMEM.
 */
 int rt_broker_client_pids(size_t limit, rt_pid_t **pids, size_t *n);
+/*
+** A page of the client table for listings: the pids of the `limit` clients with the smallest
+** ids (byte order) that start with prefix (NULL or "": any) and come after `after` (NULL: from
+** the first). The next page starts after the largest id of this one. 0, or RT_ENOMEM.
+*/
+int rt_broker_client_page(const char *prefix, const char *after, size_t limit, rt_pid_t **pids,
+                          size_t *n);
 
 #define RT_CLIENT_TEXT_MAX 256 /* bytes kept of a client id or user name, NUL included */
 #define RT_CLIENT_PEER_MAX 64  /* "ip:port", NUL included */

@@ -238,3 +238,36 @@ def test_event_stream(http):
     code, body = call(http, "/api/v1/stream/clients/kick/x", key=http.admin_key)
     assert code == 403 and "admin role" in body["error"]  # refused before any event
     assert call(http, "/api/v1/stream/nonsense", key=http.read_key)[0] == 400
+
+
+def test_clients_pages(http):
+    """60 clients, listed 25 a page with after=: every client exactly once over three pages
+    (the largest id of a page is the next page's cursor); prefix= keeps one group."""
+    clients = []
+    try:
+        for i in range(60):
+            c = mqtt.Client(client_id=f"{'ab'[i % 2]}-page-{i:03d}", protocol=mqtt.MQTTv311)
+            c.connect("127.0.0.1", http.port, keepalive=30)
+            c.loop_start()
+            clients.append(c)
+        assert wait_for(lambda: len(call(http, "/api/v1/clients/list?limit=100",
+                                         key=http.read_key)[1]) == 60, 10)
+        seen, after = [], ""  # after= (empty): the first page, in id order
+        for _ in range(3):
+            q = f"/api/v1/clients/list?limit=25&after={after}"
+            code, page = call(http, q, key=http.read_key)
+            assert code == 200 and page
+            ids = sorted(x["client_id"] for x in page)
+            assert not seen or ids[0] > seen[-1]  # pages follow each other in id order
+            seen += ids
+            after = ids[-1]
+        assert seen == sorted(f"{'ab'[i % 2]}-page-{i:03d}" for i in range(60))
+        code, page = call(http, f"/api/v1/clients/list?limit=25&after={after}", key=http.read_key)
+        assert code == 200 and page == []
+        code, page = call(http, "/api/v1/clients/list?prefix=b-page-&limit=100",
+                          key=http.read_key)
+        assert sorted(x["client_id"] for x in page) == [f"b-page-{i:03d}" for i in range(1, 60, 2)]
+    finally:
+        for c in clients:
+            c.disconnect()
+            c.loop_stop()
