@@ -109,10 +109,16 @@ function prepare(canvas) {
   return { g, w, h };
 }
 
+// The axis top: 1, 2 or 5 times a power of ten, at least v (so the ticks read well).
+function niceCeil(v) {
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 5, 10].map((m) => m * p).find((x) => x >= v);
+}
+
 // Lines over the last HISTORY samples; the y axis runs from 0 to the highest value (or max).
 function drawLines(canvas, lines, max, fmt) {
   const { g, w, h } = prepare(canvas);
-  const top = Math.max(max || 0, ...lines.flatMap((l) => l.values), 1e-9);
+  const top = max || niceCeil(Math.max(...lines.flatMap((l) => l.values), 1));
   const pad = { l: 44, r: 6, t: 8, b: 6 };
   const x = (i) => pad.l + (w - pad.l - pad.r) * i / (HISTORY - 1);
   const y = (v) => h - pad.b - (h - pad.t - pad.b) * v / top;
@@ -130,19 +136,21 @@ function drawLines(canvas, lines, max, fmt) {
   }
 }
 
-// Memory by kind: one bar per kind, longest first, scaled to RSS.
-function drawBars(canvas, entries, whole) {
+// Memory by kind: one bar per kind, longest first, scaled to the largest (RSS holds much
+// more than these parts: shared libraries, the allocator's free memory), with its share of RSS.
+function drawBars(canvas, entries, rss) {
   const { g, w, h } = prepare(canvas);
   const rows = entries.filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
   const bh = Math.max(10, Math.min(18, (h - 4) / Math.max(rows.length, 1) - 2));
   rows.forEach(([name, v], i) => {
     const yy = 2 + i * (bh + 2);
     if (yy + bh > h) return;
-    const bw = Math.max(1, (w - 4) * v / Math.max(whole, 1));
+    const bw = Math.max(1, (w - 4) * v / rows[0][1]);
     g.fillStyle = COLORS[i % COLORS.length] + "55";
     g.fillRect(2, yy, bw, bh);
     g.fillStyle = "#1d2330";
-    g.fillText(`${name.replace(/_/g, " ")}  ${fmtBytes(v)}`, 6, yy + bh - 4);
+    const share = (100 * v / Math.max(rss, 1)).toFixed(v * 1000 < rss ? 2 : 1);
+    g.fillText(`${name.replace(/_/g, " ")}  ${fmtBytes(v)}  (${share}% of RSS)`, 6, yy + bh - 4);
   });
 }
 
@@ -326,8 +334,9 @@ async function loadRules() {
     const b = el("button", { type: "button", class: "toggle" }, on ? "Disable" : "Enable");
     b.addEventListener("click", async () => {
       b.disabled = true;
-      await api("rules", `rules/${on ? "disable" : "enable"}/${encodeURIComponent(r.name)}`,
-        "POST");
+      // Its own error source: the list reloaded next must not clear a refusal.
+      await api("rule switch",
+        `rules/${on ? "disable" : "enable"}/${encodeURIComponent(r.name)}`, "POST");
       loadRules();
     });
     const x = m.get(r.name) || {};
