@@ -2,7 +2,8 @@
 over the DevTools protocol (cdp.py) against a real rtd. The page must load without errors,
 draw live figures while messages flow, kick a real MQTT client, show a rule's dry run, keep
 to a phone's width, and show the API's refusals in the page. Screenshots for a person to
-look at: RT_BUILD_DIR/dashboard-desktop.png and dashboard-phone.png."""
+look at: RT_BUILD_DIR/dashboard-desktop.png, dashboard-phone.png (390x844) and
+dashboard-phone-full.png (the whole page at that width)."""
 import os
 import threading
 import time
@@ -89,10 +90,12 @@ def test_dashboard(rtd, browser):
     try:
         n0 = b.wait_eval("rtdash.samples.length", 5)
         assert n0, "no live sample from the stream"
+        drawn = b.eval("document.getElementById('chart-msgs').toDataURL()")
         shown = b.wait_eval("parseFloat(document.getElementById('fig-in').textContent) > 0 && "
                             "document.getElementById('fig-in').textContent", 6)
         assert shown, "the messages-in figure stayed at 0 while messages flowed"
         assert b.eval("rtdash.samples.length") > n0  # the charts' points move
+        assert b.eval("document.getElementById('chart-msgs').toDataURL()") != drawn
         assert b.eval("Math.max(...rtdash.samples.map(s => s.in))") > 0
         assert b.eval("rtdash.samples.at(-1).scheds.length") >= 2
         assert b.eval("document.querySelectorAll('#actors-table tbody tr').length") > 0
@@ -132,10 +135,15 @@ def test_dashboard(rtd, browser):
         == "archive"
     assert b.eval("document.getElementById('error').hidden"), b.eval("rtdash.errors")
 
+    b.eval("refresh()")  # the screenshots show the counters of the messages sent above
+    b.pump(0.5)
+
     b.screenshot(os.path.join(BUILD, "dashboard-desktop.png"), 1280, 900, full=True)
     b.screenshot(os.path.join(BUILD, "dashboard-phone.png"), 390, 844, mobile=True, scale=2)
     # At a phone's width nothing but the tables' own scroll boxes is wider than the screen.
     assert b.eval("document.documentElement.scrollWidth") <= 390
+    b.screenshot(os.path.join(BUILD, "dashboard-phone-full.png"), 390, 844, mobile=True,
+                 scale=2, full=True)
     assert b.errors() == [], b.errors()
 
     # A read key may look but not kick: the 403 is told in the page.
