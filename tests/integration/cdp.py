@@ -114,8 +114,10 @@ class Browser:
                 pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list",
                                                          timeout=5))
                 pages = [p for p in pages if p["type"] == "page"]
-                if pages or time.monotonic() > deadline:
+                if pages:
                     break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("chromium opened no page")
                 time.sleep(0.05)
             self.ws = WebSocket(pages[0]["webSocketDebuggerUrl"])
         except BaseException:

@@ -7,6 +7,7 @@ dashboard-phone-full.png (the whole page at that width)."""
 import os
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import paho.mqtt.client as mqtt
@@ -116,8 +117,8 @@ def test_dashboard(rtd, browser):
         b.eval("document.querySelector('tr[data-client=\"dash-victim\"]').click()")
         assert b.wait_eval("document.getElementById('client-detail').textContent"
                            ".includes('inflight_window')", 5)
-        b.eval("const k = document.querySelector('tr[data-client=\"dash-victim\"] .kick');"
-               "k.click(); k.click()")
+        b.eval("{ const k = document.querySelector('tr[data-client=\"dash-victim\"] .kick');"
+               " k.click(); k.click(); }")
         assert kicked.wait(10), "the kick from the page did not disconnect the client"
     finally:
         stop.set()
