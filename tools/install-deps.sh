@@ -12,6 +12,7 @@ packages=(
     tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
     clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
     prometheus  # promtool: tests/integration/test_metrics.py checks the scrape's format with it
+    chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
 )
 
 missing=()

@@ -344,8 +344,19 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     }
     bool metrics = strcmp(path, "/metrics") == 0;
     bool api = strncmp(path, "/api/v1/", 8) == 0;
+    if (!metrics && !api && get) {
+        /* The dashboard's files need no key: they hold no data; the API calls they make do. */
+        const char *name = strcmp(path, "/") == 0           ? "index.html"
+                           : strncmp(path, "/ui/", 4) == 0 ? path + 4
+                                                           : NULL;
+        for (const rt_http_file_t *f = rt_http_www; name && f->name; f++)
+            if (strcmp(f->name, name) == 0) {
+                respond_raw(k, 200, f->type, (const char *)f->bytes, f->len);
+                return true;
+            }
+    }
     if (!metrics && !api) {
-        respond_error(k, 404, "no such path (/healthz, /readyz, /metrics, /api/v1/...)");
+        respond_error(k, 404, "no such path (/, /healthz, /readyz, /metrics, /api/v1/...)");
         return true;
     }
     if (!get && !post) {

@@ -23,6 +23,15 @@
 int rt_http_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
 void rt_http_stop(void);
 
+/* ---- The dashboard (www/, embedded by www/embed.cmake) ---- */
+typedef struct {
+    const char *name; /* "index.html": served at / ; the others at /ui/NAME */
+    const char *type; /* its Content-Type */
+    const unsigned char *bytes;
+    size_t len;
+} rt_http_file_t;
+extern const rt_http_file_t rt_http_www[]; /* ends with a {0} entry */
+
 /* ---- API keys (apikeys.c) ---- */
 typedef enum { RT_HTTP_ROLE_NONE, RT_HTTP_ROLE_READ, RT_HTTP_ROLE_ADMIN } rt_http_role_t;
 /* Loads the keys file (name role sha256-hex lines); 0, or RT_E* with err naming the line. */

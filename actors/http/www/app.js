@@ -1,0 +1,417 @@
+// The rtd dashboard: live node figures from the SSE stream /api/v1/stream/top, and the
+// clients, rules and sinks from the API (/api/v1/..., the admin commands' JSON). The API key
+// stays in sessionStorage, so it is gone when the tab closes. Every API failure is shown in
+// the page's error box: nothing is left to the console.
+"use strict";
+
+const KEY_ITEM = "rtd.apiKey";
+const HISTORY = 120;         // points per chart: two minutes at one sample a second
+const REFRESH_MS = 5000;     // clients, rules and sinks are polled; the node is streamed
+const STREAM_RETRY_MS = 3000;
+const COLORS = ["#2563eb", "#d97706", "#059669", "#7c3aed", "#db2777", "#0891b2", "#65a30d",
+                "#dc2626"];
+
+const $ = (id) => document.getElementById(id);
+const dash = {               // the page's state; window.rtdash lets a test read it
+  key: sessionStorage.getItem(KEY_ITEM) || "",
+  samples: [],               // {in, out, conns, sessions, scheds: [utilisation]} per event
+  memory: null,              // the last sample's node.memory
+  actors: [],
+  sortKey: "reductions_delta",
+  serverSort: "reductions",
+  stream: null,              // the stream's AbortController
+  prefix: "",
+  errors: [],
+};
+window.rtdash = dash;
+
+/* ---- Errors: one box at the top, one line per failing source ---- */
+
+const failing = new Map();   // source -> message
+function setError(source, msg) {
+  if (msg) failing.set(source, msg); else failing.delete(source);
+  const box = $("error");
+  box.hidden = failing.size === 0;
+  box.textContent = [...failing.values()].join("\n");
+  dash.errors = [...failing.values()];
+}
+
+function fmtBytes(n) {
+  if (n == null) return "-";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(n < 10 ? 1 : 0) : n) + " " + u[i];
+}
+const fmtNum = (n) => n == null ? "-" : (Math.abs(n) >= 100 || Number.isInteger(n) ?
+  Math.round(n).toLocaleString("en") : n.toFixed(1));
+function fmtUptime(s) {
+  const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60);
+  return d ? `${d}d ${h}h` : h ? `${h}h ${m}m` : `${m}m ${s % 60}s`;
+}
+
+/* ---- The API ---- */
+
+function authHeaders() { return { Authorization: "Bearer " + dash.key }; }
+
+// One API call: its parsed JSON, or null with the reason shown under `source`.
+async function api(source, path, method = "GET") {
+  if (!dash.key) { setError("key", "Enter an API key (rtd apikey NAME read|admin)."); return null; }
+  let r;
+  try {
+    r = await fetch("/api/v1/" + path, { method, headers: authHeaders(), cache: "no-store" });
+  } catch (e) {
+    setError(source, `${source}: rtd cannot be reached (${e.message})`);
+    return null;
+  }
+  let body = null;
+  try { body = await r.json(); } catch (e) { body = null; }
+  if (!r.ok) {
+    setError(source, `${source}: ${r.status} ${explain(r.status)}` +
+      (body && body.error ? ` - ${body.error}` : ""));
+    return null;
+  }
+  setError(source, null);
+  return body;
+}
+
+function explain(status) {
+  return status === 401 ? "the API key is missing or unknown" :
+    status === 403 ? "this key's role may not do that (admin role needed)" :
+    status === 404 ? "not found" : "error";
+}
+
+function el(tag, attrs = {}, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k instanceof Node ? k : String(k ?? ""));
+  return e;
+}
+const td = (v, cls) => el("td", cls ? { class: cls } : {}, v);
+
+/* ---- Charts: hand-drawn on canvas, sized to their box and the screen's pixel ratio ---- */
+
+function prepare(canvas) {
+  const ratio = window.devicePixelRatio || 1;
+  const w = canvas.clientWidth, h = canvas.clientHeight;
+  if (canvas.width !== Math.round(w * ratio) || canvas.height !== Math.round(h * ratio)) {
+    canvas.width = Math.round(w * ratio);
+    canvas.height = Math.round(h * ratio);
+  }
+  const g = canvas.getContext("2d");
+  g.setTransform(ratio, 0, 0, ratio, 0, 0);
+  g.clearRect(0, 0, w, h);
+  g.font = "11px system-ui, sans-serif";
+  return { g, w, h };
+}
+
+// The axis top: 1, 2 or 5 times a power of ten, at least v (so the ticks read well).
+function niceCeil(v) {
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 5, 10].map((m) => m * p).find((x) => x >= v);
+}
+
+// Lines over the last HISTORY samples; the y axis runs from 0 to the highest value (or max).
+function drawLines(canvas, lines, max, fmt) {
+  const { g, w, h } = prepare(canvas);
+  const top = max || niceCeil(Math.max(...lines.flatMap((l) => l.values), 1));
+  const pad = { l: 44, r: 6, t: 8, b: 6 };
+  const x = (i) => pad.l + (w - pad.l - pad.r) * i / (HISTORY - 1);
+  const y = (v) => h - pad.b - (h - pad.t - pad.b) * v / top;
+  g.strokeStyle = "#e5e7eb"; g.fillStyle = "#6b7280"; g.lineWidth = 1;
+  for (const f of [0, 0.5, 1]) {
+    g.beginPath(); g.moveTo(pad.l, y(top * f)); g.lineTo(w - pad.r, y(top * f)); g.stroke();
+    g.fillText(fmt(top * f), 2, Math.min(h - 2, y(top * f) + 4));
+  }
+  g.lineWidth = 1.5;
+  for (const l of lines) {
+    const off = HISTORY - l.values.length;
+    g.strokeStyle = l.color; g.beginPath();
+    l.values.forEach((v, i) => (i ? g.lineTo : g.moveTo).call(g, x(off + i), y(v)));
+    g.stroke();
+  }
+}
+
+// Memory by kind: one bar per kind, longest first, scaled to the largest (RSS holds much
+// more than these parts: shared libraries, the allocator's free memory), with its share of RSS.
+function drawBars(canvas, entries, rss) {
+  const { g, w, h } = prepare(canvas);
+  const rows = entries.filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
+  const bh = Math.max(10, Math.min(18, (h - 4) / Math.max(rows.length, 1) - 2));
+  rows.forEach(([name, v], i) => {
+    const yy = 2 + i * (bh + 2);
+    if (yy + bh > h) return;
+    const bw = Math.max(1, (w - 4) * v / rows[0][1]);
+    g.fillStyle = COLORS[i % COLORS.length] + "55";
+    g.fillRect(2, yy, bw, bh);
+    g.fillStyle = "#1d2330";
+    const share = (100 * v / Math.max(rss, 1)).toFixed(v * 1000 < rss ? 2 : 1);
+    g.fillText(`${name.replace(/_/g, " ")}  ${fmtBytes(v)}  (${share}% of RSS)`, 6, yy + bh - 4);
+  });
+}
+
+// The kinds that are parts of the resident set (the rest are counts or address space).
+const MEMORY_KINDS = ["actors", "actor_heaps", "binaries", "lua_states", "rules_index",
+                      "sink_queues", "topic_trie", "retained"];
+
+function drawCharts() {
+  const s = dash.samples;
+  drawLines($("chart-msgs"), [
+    { values: s.map((p) => p.in), color: COLORS[0] },
+    { values: s.map((p) => p.out), color: COLORS[1] }], 0, fmtNum);
+  drawLines($("chart-conns"), [
+    { values: s.map((p) => p.conns), color: COLORS[0] },
+    { values: s.map((p) => p.sessions), color: COLORS[1] }], 0, fmtNum);
+  const nsched = s.length ? s[s.length - 1].scheds.length : 0;
+  drawLines($("chart-scheds"), [...Array(nsched).keys()].map((i) => ({
+    values: s.map((p) => (p.scheds[i] || 0) * 100), color: COLORS[i % COLORS.length] })),
+  100, (v) => v.toFixed(0) + "%");
+  if (dash.memory)
+    drawBars($("chart-mem"), MEMORY_KINDS.map((k) => [k, dash.memory[k] || 0]), dash.memory.rss);
+}
+
+/* ---- The live stream: fetch() and its body reader, since EventSource sends no headers ---- */
+
+function onTop(top) {
+  const n = top.node;
+  dash.samples.push({ in: n.messages_in_per_s, out: n.messages_out_per_s, conns: n.connections,
+    sessions: n.sessions, scheds: n.schedulers.map((x) => x.utilisation) });
+  if (dash.samples.length > HISTORY) dash.samples.shift();
+  dash.memory = n.memory;
+  $("node-info").textContent = `${n.version} - up ${fmtUptime(n.uptime_s)} - ${n.actors} actors`;
+  $("fig-in").textContent = fmtNum(n.messages_in_per_s);
+  $("fig-out").textContent = fmtNum(n.messages_out_per_s);
+  $("fig-conns").textContent = fmtNum(n.connections);
+  $("fig-sessions").textContent = fmtNum(n.sessions);
+  $("fig-rss").textContent = fmtBytes(n.memory.rss);
+  $("fig-scheds").replaceChildren(...n.schedulers.map((x, i) => el("span",
+    { style: `color:${COLORS[i % COLORS.length]}` }, `${x.kind[0]}${x.id} `,
+    el("b", {}, (x.utilisation * 100).toFixed(0) + "%"))));
+  dash.actors = top.actors;
+  renderActors();
+  drawCharts();
+}
+
+// Reads events until the stream ends or is aborted; a parse of the SSE lines by hand.
+async function runStream() {
+  if (dash.stream) dash.stream.abort();
+  if (!dash.key) return;
+  const ctl = new AbortController();
+  dash.stream = ctl;
+  const state = $("stream-state");
+  try {
+    const r = await fetch(`/api/v1/stream/top?n=20&every=1&sort=${dash.serverSort}`,
+      { headers: authHeaders(), signal: ctl.signal, cache: "no-store" });
+    if (!r.ok) {
+      let why = "";
+      try { why = (await r.json()).error; } catch (e) { why = ""; }
+      setError("live", `live figures: ${r.status} ${explain(r.status)}${why ? " - " + why : ""}`);
+      state.textContent = "stopped";
+      if (r.status === 401 || r.status === 403) return; // a new key restarts it
+      throw new Error("status " + r.status);
+    }
+    setError("live", null);
+    state.textContent = "live";
+    const reader = r.body.getReader();
+    const text = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += text.decode(value, { stream: true });
+      let end;
+      while ((end = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        let event = "message", data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event:")) event = line.slice(6).trim();
+          else if (line.startsWith("data:")) data += line.slice(5).trimStart();
+        }
+        if (event !== "top") continue;
+        const top = JSON.parse(data);
+        if (top.error) setError("live", "live figures: rtd could not answer top");
+        else onTop(top);
+      }
+    }
+    throw new Error("the stream ended");
+  } catch (e) {
+    if (ctl.signal.aborted) return;
+    state.textContent = "reconnecting";
+    if (e.name !== "AbortError" && !failing.has("live"))
+      setError("live", `live figures: ${e.message}; retrying`);
+    setTimeout(() => { if (dash.stream === ctl) runStream(); }, STREAM_RETRY_MS);
+  }
+}
+
+/* ---- Busiest actors ---- */
+
+function renderActors() {
+  const k = dash.sortKey;
+  const rows = [...dash.actors].sort((a, b) => typeof a[k] === "number" ? b[k] - a[k] :
+    String(a[k]).localeCompare(String(b[k])));
+  $("actors-table").tBodies[0].replaceChildren(...rows.map((a) => el("tr", {},
+    td(a.pid), td(a.name || a.type), td(fmtNum(a.reductions_delta), "num"),
+    td(fmtNum(a.reductions), "num"), td(fmtBytes(a.memory), "num"), td(fmtNum(a.mailbox), "num"),
+    td(a.cpu_pct.toFixed(1), "num"), td((a.cpu_us / 1e6).toFixed(2) + " s", "num"),
+    td(a.handler))));
+  for (const th of $("actors-table").tHead.rows[0].cells)
+    th.classList.toggle("sorted", th.dataset.key === k);
+}
+
+// A column with a server sort key also restarts the stream with it: the top 20 by that key.
+$("actors-table").tHead.addEventListener("click", (ev) => {
+  const th = ev.target.closest("th[data-key]");
+  if (!th) return;
+  dash.sortKey = th.dataset.key;
+  renderActors();
+  if (th.dataset.sort && th.dataset.sort !== dash.serverSort) {
+    dash.serverSort = th.dataset.sort;
+    runStream();
+  }
+});
+
+/* ---- Clients ---- */
+
+async function loadClients() {
+  const list = await api("clients", "clients/list?limit=1000");
+  if (!list) return;
+  const shown = list.filter((c) => c.client_id.startsWith(dash.prefix));
+  $("clients-count").textContent = `${shown.length} of ${list.length}`;
+  $("clients-table").tBodies[0].replaceChildren(...shown.slice(0, 200).map((c) => {
+    const tr = el("tr", { class: "clickable", "data-client": c.client_id },
+      td(c.client_id), td(c.username), td(c.peer), td(c.state), td(c.protocol),
+      td(c.subscriptions, "num"), td(c.queued, "num"),
+      el("td", {}, kickButton(c.client_id)));
+    tr.addEventListener("click", (ev) => { if (ev.target.tagName !== "BUTTON") showClient(c.client_id); });
+    return tr;
+  }));
+}
+
+async function showClient(id) {
+  const c = await api("clients", "clients/show/" + encodeURIComponent(id));
+  const pre = $("client-detail");
+  pre.hidden = !c;
+  if (c) pre.textContent = JSON.stringify(c, null, 2);
+}
+
+// Two clicks: the first arms the button for a few seconds, the second kicks (no modal dialog).
+function kickButton(id) {
+  const b = el("button", { class: "danger kick", type: "button" }, "Kick");
+  b.addEventListener("click", async () => {
+    if (!b.dataset.armed) {
+      b.dataset.armed = "1";
+      b.textContent = "Sure?";
+      setTimeout(() => { delete b.dataset.armed; b.textContent = "Kick"; }, 4000);
+      return;
+    }
+    b.disabled = true;
+    if (await api("kick", "clients/kick/" + encodeURIComponent(id), "POST")) loadClients();
+    b.disabled = false;
+  });
+  return b;
+}
+
+$("clients-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  dash.prefix = $("clients-prefix").value;
+  loadClients();
+});
+
+/* ---- Rules ---- */
+
+async function loadRules() {
+  const [list, metrics] = await Promise.all([api("rules", "rules/list"),
+    api("rules metrics", "rules/metrics")]);
+  if (!list) return;
+  const m = new Map((metrics || []).map((x) => [x.name, x]));
+  $("rules-table").tBodies[0].replaceChildren(...list.map((r) => {
+    const on = r.state === "enabled";
+    const b = el("button", { type: "button", class: "toggle" }, on ? "Disable" : "Enable");
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      // Its own error source: the list reloaded next must not clear a refusal.
+      await api("rule switch",
+        `rules/${on ? "disable" : "enable"}/${encodeURIComponent(r.name)}`, "POST");
+      loadRules();
+    });
+    const x = m.get(r.name) || {};
+    return el("tr", { "data-rule": r.name }, td(r.name), td(r.state), td(r.from), td(r.to),
+      td(fmtNum(r.matched), "num"), td(fmtNum(r.passed), "num"), td(fmtNum(r.filtered), "num"),
+      td(fmtNum(r.failed), "num"), td(fmtNum(x.rows_out), "num"), el("td", {}, b));
+  }));
+}
+
+$("dry-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const q = new URLSearchParams({ topic: $("dry-topic").value, payload: $("dry-payload").value });
+  const r = await api("dry run",
+    `rules/test/${encodeURIComponent($("dry-rule").value)}?${q}`);
+  const out = $("dry-result");
+  out.hidden = !r;
+  if (!r) return;
+  const rows = r.rows || [];
+  const cols = [...new Set(rows.flatMap((row) => Object.keys(row)))];
+  out.replaceChildren(el("p", {}, `${rows.length} row${rows.length === 1 ? "" : "s"} ` +
+    `for the sinks (nothing written)`), el("table", { id: "dry-rows" },
+    el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", {}, c)))),
+    el("tbody", {}, ...rows.map((row) => el("tr", {}, ...cols.map((c) =>
+      td(typeof row[c] === "object" ? JSON.stringify(row[c]) : row[c])))))));
+});
+
+/* ---- Sinks: the list, and each one's last error (only `sinks show` has it) ---- */
+
+async function loadSinks() {
+  const list = await api("sinks", "sinks/list");
+  if (!list) return;
+  const full = await Promise.all(list.map((s) =>
+    api("sinks", "sinks/show/" + encodeURIComponent(s.name))));
+  $("sinks-table").tBodies[0].replaceChildren(...list.map((s, i) => el("tr", {},
+    td(s.name), td(s.type), td(s.state), td(fmtNum(s.queued), "num"), td(fmtNum(s.spilled), "num"),
+    td(fmtNum(s.dropped), "num"), td(fmtNum(s.failed), "num"),
+    td((full[i] && full[i].last_error) || "", "err"))));
+}
+
+/* ---- The key, and starting everything ---- */
+
+function refresh() {
+  if (!dash.key) return;
+  loadClients();
+  loadRules();
+  loadSinks();
+}
+
+function start() {
+  $("key").value = dash.key;
+  if (!dash.key) {
+    setError("key", "Enter an API key (made by `rtd apikey NAME read|admin`) to see rtd.");
+    return;
+  }
+  setError("key", null);
+  runStream();
+  refresh();
+}
+
+$("key-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  dash.key = $("key").value.trim();
+  sessionStorage.setItem(KEY_ITEM, dash.key);
+  failing.clear();
+  start();
+});
+$("key-forget").addEventListener("click", () => {
+  sessionStorage.removeItem(KEY_ITEM);
+  dash.key = "";
+  if (dash.stream) dash.stream.abort();
+  failing.clear();
+  start();
+});
+
+setInterval(refresh, REFRESH_MS);
+window.addEventListener("resize", drawCharts);
+start();
+drawCharts();
