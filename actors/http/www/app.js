@@ -277,12 +277,14 @@ $("actors-table").tHead.addEventListener("click", (ev) => {
 
 /* ---- Clients ---- */
 
+/* The server pages the client table by id: the first 200 ids with the searched prefix. */
 async function loadClients() {
-  const list = await api("clients", "clients/list?limit=1000");
+  const list = await api("clients", "clients/list?limit=200&after=&prefix=" +
+    encodeURIComponent(dash.prefix));
   if (!list) return;
-  const shown = list.filter((c) => c.client_id.startsWith(dash.prefix));
-  $("clients-count").textContent = `${shown.length} of ${list.length}`;
-  $("clients-table").tBodies[0].replaceChildren(...shown.slice(0, 200).map((c) => {
+  const shown = list.sort((a, b) => (a.client_id < b.client_id ? -1 : 1));
+  $("clients-count").textContent = `${shown.length}${shown.length === 200 ? "+" : ""}`;
+  $("clients-table").tBodies[0].replaceChildren(...shown.map((c) => {
     const tr = el("tr", { class: "clickable", "data-client": c.client_id },
       td(c.client_id), td(c.username), td(c.peer), td(c.state), td(c.protocol),
       td(c.subscriptions, "num"), td(c.queued, "num"),
