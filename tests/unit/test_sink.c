@@ -115,12 +115,15 @@ static rt_sink_t *start_archive(const char *extra, bool keep_dir, char *sinks, s
 }
 
 /* Waits until field of sink name reaches want. */
+/* Whether field reached want within ms. Read once per round: a gauge such as spilled may
+   fall again right after (rows moved back for a retry), and a second read would miss it. */
 #define WAIT_FOR(name, field, want, ms)                                                            \
     ({                                                                                             \
         uint64_t end_ = test_now_ms() + (ms);                                                      \
-        while (info(name).field < (uint64_t)(want) && test_now_ms() < end_)                        \
+        bool reached_;                                                                             \
+        while (!(reached_ = info(name).field >= (uint64_t)(want)) && test_now_ms() < end_)         \
             test_sleep_ms(2);                                                                      \
-        info(name).field >= (uint64_t)(want);                                                      \
+        reached_;                                                                                  \
     })
 
 /* n rows {seq, sub, key, payload} as one binary, seq from first. */
