@@ -53,12 +53,14 @@ void rt_msg_free(rt_msg_t *m)
         return;
     if (m->bin)
         rt_bin_release(m->bin);
-    if (m->flags & RT_MSGF_FD)
-        close((int)m->reserved2);
+    /* What rides with the fd goes before it closes: whoever sees the close (the peer, a
+       test) may count on it being gone. */
     if (m->flags & RT_MSGF_OWNED) {
         rt_msg_owned_t *o = (rt_msg_owned_t *)(void *)m->data;
         o->drop(o->obj);
     }
+    if (m->flags & RT_MSGF_FD)
+        close((int)m->reserved2);
     if (m->size_class != RT_POOL_TOO_BIG)
         RT_POISON(m->data, (size_t)m->size_class * RT_MSG_STEP - sizeof(rt_msg_t));
     rt__pool_free(&envelopes, m, m->size_class);
