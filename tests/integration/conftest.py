@@ -4,6 +4,7 @@ The broker is started from Debian's /usr/sbin/mosquitto with a config written he
 stopped by the PID this fixture started, never by name.
 """
 import os
+import re
 import resource
 import socket
 import subprocess
@@ -139,6 +140,7 @@ class Rtd:
             self._tmp = tempfile.TemporaryDirectory(prefix="rtd-data-")
             data_dir = self._tmp.name
         self.data_dir = data_dir
+        self.overrides = list(overrides)
         # An override wins, as in rtd: the last data_dir= or admin_socket= given.
         settings = {"data_dir": data_dir, "admin_socket": ""}
         for o in overrides:
@@ -162,8 +164,9 @@ class Rtd:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 # The admin socket opens last, once everything it reports on runs. It must
-                # answer: a file alone may be left behind by a crashed rtd.
-                if self.admin_listening():
+                # answer: a file alone may be left behind by a crashed rtd. The HTTP listener
+                # starts after it (it answers through the admin commands): waited for too.
+                if self.admin_listening() and self.http_listening():
                     return
                 time.sleep(0.01)
             except OSError:
@@ -174,6 +177,17 @@ class Rtd:
         self.proc.kill()
         self.proc.wait()
         raise RuntimeError("rtd did not start listening: " + self.read_log()[-2000:])
+
+    def http_listening(self):
+        """Whether the http= override's listener (if any) accepts connections."""
+        m = re.search(r'http=\{bind="([0-9.]+):([0-9]+)"', " ".join(self.overrides))
+        if not m:
+            return True
+        try:
+            socket.create_connection((m.group(1), int(m.group(2))), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
 
     def admin_listening(self):
         """Whether something accepts connections on the admin socket. A path longer than
