@@ -21,6 +21,7 @@
 
 struct rt_admin_trace_s {
     rt_trace_t *t;
+    rt_pid_t tracer; /* the asking actor, whose ticks these are */
     rt_trace_kind_t kind;
     bool json;
     uint32_t payload_max;
@@ -53,7 +54,8 @@ int rt__admin_trace(rt_admin_cmd_t *c)
     rt_admin_trace_t *tr = malloc(sizeof(*tr) + len + 1);
     if (!tr)
         return rt__admin_fail(c, 500, "out of memory");
-    *tr = (rt_admin_trace_t){.kind = kind,
+    *tr = (rt_admin_trace_t){.tracer = rt_self(c->self),
+                             .kind = kind,
                              .json = c->json,
                              .payload_max = (uint32_t)payload,
                              .until_ms = rt_mono_ms() + (uint64_t)duration * 1000};
@@ -103,14 +105,18 @@ static void add_quoted(rt_buf_t *b, const uint8_t *p, size_t n)
     rt_buf_add(b, "\"", 1);
 }
 
-/* A payload in JSON: a string when it is UTF-8, else its bytes in hex. */
-static void add_json_payload(rt_buf_t *b, const uint8_t *p, size_t n)
+/*
+** A payload in JSON: a string when it is UTF-8 (its cut may split the last character, which is
+** then left out), else its bytes in hex.
+*/
+static void add_json_payload(rt_buf_t *b, const uint8_t *p, size_t n, bool cut)
 {
-    if (mqtt_utf8_valid(p, n) == 0) {
-        rt_buf_add(b, ",\"payload\":", 11);
-        rt_buf_json_str(b, (const char *)p, n);
-        return;
-    }
+    for (size_t drop = 0; drop <= (cut ? 3u : 0u) && drop <= n; drop++)
+        if (mqtt_utf8_valid(p, n - drop)) {
+            rt_buf_add(b, ",\"payload\":", 11);
+            rt_buf_json_str(b, (const char *)p, n - drop);
+            return;
+        }
     rt_buf_add(b, ",\"payload_hex\":\"", 16);
     for (size_t i = 0; i < n; i++)
         rt_buf_printf(b, "%02x", p[i]);
@@ -161,7 +167,7 @@ static void format_json(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *
             rt_buf_add(b, ",\"topic_alias\":true", 19);
         rt_buf_printf(b, ",\"payload_size\":%u", ev->payload_len);
         if (ev->shown_len) {
-            add_json_payload(b, payload, ev->shown_len);
+            add_json_payload(b, payload, ev->shown_len, ev->shown_len < ev->payload_len);
             rt_buf_printf(b, ",\"payload_truncated\":%s",
                           ev->shown_len < ev->payload_len ? "true" : "false");
         }
@@ -293,13 +299,12 @@ static void add_dropped(rt_admin_trace_t *tr, rt_buf_t *b)
     tr->dropped_told = dropped;
 }
 
-void rt__admin_trace_begin(rt_actor_t *self, rt_admin_exec_t *x)
+void rt__admin_trace_begin(rt_admin_exec_t *x)
 {
-    rt_send_after_tag(TRACE_TICK_MS, rt_self(self), RT_ADMIN_MSG_TRACE_TICK, &x->timer);
+    rt_send_after_tag(TRACE_TICK_MS, x->trace->tracer, RT_ADMIN_MSG_TRACE_TICK, &x->timer);
 }
 
-bool rt__admin_trace_message(rt_actor_t *self, rt_admin_exec_t *x, rt_msg_t *m,
-                             rt_admin_answer_fn fn, void *ctx)
+bool rt__admin_trace_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn fn, void *ctx)
 {
     rt_admin_trace_t *tr = x->trace;
     rt_buf_t b = {0};
@@ -328,12 +333,17 @@ bool rt__admin_trace_message(rt_actor_t *self, rt_admin_exec_t *x, rt_msg_t *m,
     if (m->tag != RT_ADMIN_MSG_TRACE_TICK)
         return false;
     x->timer = 0;
-    add_dropped(tr, &b);
     if (rt_mono_ms() < tr->until_ms) {
-        answer(&b, 206, fn, ctx); /* empty: the trace is alive */
-        rt__admin_trace_begin(self, x);
+        /* A tick runs while the tracer's socket is under pressure (its own timer): it writes
+           nothing then, or a reader stopped for hours would grow the buffer by its notes. */
+        if (!x->sock || rt_sock_pending(x->sock) <= RT_ADMIN_OUT_MAX) {
+            add_dropped(tr, &b);
+            answer(&b, 206, fn, ctx); /* empty: the trace is alive */
+        }
+        rt__admin_trace_begin(x);
         return false;
     }
+    add_dropped(tr, &b);
     uint64_t sent, dropped;
     rt_trace_counts(tr->t, &sent, &dropped);
     if (tr->json)

@@ -43,6 +43,7 @@ typedef struct {
     size_t stream_len;
     uint32_t stream_ms;
     bool streaming;         /* the stream's head went out with its first event */
+    bool tracing;           /* a trace's events are being sent (trace_part) */
     size_t pending;         /* bytes of the request whose answer the admin layer owes */
 } http_conn_t;
 
@@ -130,9 +131,39 @@ static void stream_event(http_conn_t *k, int code, const char *body, size_t len)
     rt_sock_write(k->sock, "\n\n", 2);
 }
 
+/*
+** A trace's parts (206) and its end: each line (a JSON object) one `event: trace` Server-Sent
+** Event, an empty part a comment that keeps the connection alive; the connection ends with it.
+*/
+static void trace_part(http_conn_t *k, int code, const char *body, size_t len)
+{
+    if (!k->tracing) {
+        static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                   "Cache-Control: no-store\r\nConnection: close\r\n\r\n";
+        rt_sock_write(k->sock, head, sizeof(head) - 1);
+        k->tracing = true;
+    }
+    if (!len)
+        rt_sock_write(k->sock, ": alive\n\n", 10);
+    for (size_t start = 0; start < len;) {
+        const char *nl = memchr(body + start, '\n', len - start);
+        size_t end = nl ? (size_t)(nl - body) : len;
+        rt_sock_write(k->sock, "event: trace\ndata: ", 19);
+        rt_sock_write(k->sock, body + start, end - start);
+        rt_sock_write(k->sock, "\n\n", 2);
+        start = end + 1;
+    }
+    if (code != 206)
+        k->keep_alive = false;
+}
+
 static void respond_admin(void *ctx, int code, const char *body, size_t len)
 {
     http_conn_t *k = ctx;
+    if (code == 206 || k->tracing) {
+        trace_part(k, code, body, len);
+        return;
+    }
     if (k->stream && (k->streaming || code == 200)) {
         if (!k->streaming) {
             static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -380,8 +411,10 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
         respond_error(k, 400, "the path or query is not a command (bad escape, or too long)");
         return true;
     }
-    /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat). */
-    unsigned refuse = role == RT_HTTP_ROLE_ADMIN && post ? 0 : RT_ADMIN_CHANGES;
+    /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat);
+       a trace, which shows clients' traffic, the admin role. */
+    unsigned refuse = (role == RT_HTTP_ROLE_ADMIN && post ? 0 : RT_ADMIN_CHANGES) |
+                      (role == RT_HTTP_ROLE_ADMIN ? 0 : RT_ADMIN_SENSITIVE);
     return rt_admin_exec_start(self, &k->exec, line, len, refuse, respond_admin, k);
 }
 
@@ -446,7 +479,7 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
             rt_exit(self, RT_REASON_NORMAL);
             return;
         }
-        if (k->stream)
+        if (k->stream || k->tracing)
             continue; /* an event stream reads nothing more from its client */
         if (!k->inlen)
             arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's deadline starts */
@@ -482,6 +515,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
         close(fd);
         return RT_EINVAL;
     }
+    k->exec.sock = k->sock;
     atomic_fetch_add(&H.conns, 1);
     arm_timer(self, k, RT_HTTP_REQUEST_MS);
     return 0;

@@ -145,6 +145,8 @@ static void fill(rt_trace_event_t *ev, uint8_t *names, const packet_t *p, const 
     default:
         break;
     }
+    /* Before MQTT 5 only CONNACK has a code (its return code). */
+    ev->has_reason = ev->has_reason && (pk->version == MQTT_V5 || pk->type == MQTT_CONNACK);
     if (ev->has_reason)
         ev->reason = pk->reason;
 }
@@ -189,7 +191,7 @@ static void send_event(rt_trace_t *t, rt_trace_dir_t dir, const char *client_id,
     if (shown)
         memcpy(tail + client_len + names_len, pk->publish.payload.p, shown);
     memcpy(m->data, &ev, sizeof(ev));
-    if (rt_send_msg(t->tracer, m) != 0) {
+    if (rt_send_unmuted(t->tracer, m) != 0) {
         atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
         atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
         return;
