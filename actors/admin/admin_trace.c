@@ -26,6 +26,8 @@ struct rt_admin_trace_s {
     bool json;
     uint32_t payload_max;
     uint64_t until_ms;   /* monotonic */
+    uint64_t shown;        /* events passed on */
+    uint64_t dropped_here; /* events not passed on: the reader was behind */
     uint64_t dropped_told;
     char what[];
 };
@@ -281,11 +283,9 @@ static void answer(rt_buf_t *b, int code, rt_admin_answer_fn fn, void *ctx)
     rt_buf_free(b);
 }
 
-/* A line saying how many events were dropped since the last one said so, if any were. */
-static void add_dropped(rt_admin_trace_t *tr, rt_buf_t *b)
+/* A line saying how many events were lost since the last one said so (dropped: all so far). */
+static void add_dropped(rt_admin_trace_t *tr, uint64_t dropped, rt_buf_t *b)
 {
-    uint64_t sent, dropped;
-    rt_trace_counts(tr->t, &sent, &dropped);
     if (dropped == tr->dropped_told)
         return;
     if (tr->json)
@@ -317,9 +317,10 @@ bool rt__admin_trace_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn
             return false; /* sent for a trace this actor ran before */
         rt_trace_taken(tr->t, m->len);
         if (x->sock && rt_sock_pending(x->sock) > RT_ADMIN_OUT_MAX) {
-            rt_trace_drop(tr->t);
+            tr->dropped_here++;
             return false;
         }
+        tr->shown++;
         const uint8_t *client = (const uint8_t *)m->data + sizeof(ev);
         const uint8_t *names = client + ev.client_len;
         const uint8_t *payload = names + ev.names_len;
@@ -337,22 +338,26 @@ bool rt__admin_trace_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn
         /* A tick runs while the tracer's socket is under pressure (its own timer): it writes
            nothing then, or a reader stopped for hours would grow the buffer by its notes. */
         if (!x->sock || rt_sock_pending(x->sock) <= RT_ADMIN_OUT_MAX) {
-            add_dropped(tr, &b);
+            uint64_t seen, dropped_there;
+            rt_trace_counts(tr->t, &seen, &dropped_there);
+            add_dropped(tr, dropped_there + tr->dropped_here, &b);
             answer(&b, 206, fn, ctx); /* empty: the trace is alive */
         }
         rt__admin_trace_begin(x);
         return false;
     }
-    add_dropped(tr, &b);
-    uint64_t sent, dropped;
-    rt_trace_counts(tr->t, &sent, &dropped);
+    /* What was not shown is lost: dropped on the way or here, or still waiting in the mailbox
+       behind this tick (a tracer under socket pressure takes its timers first). */
+    x->trace = NULL;
+    uint64_t seen = rt_trace_stop(tr->t), shown = tr->shown;
+    add_dropped(tr, seen - shown, &b);
     if (tr->json)
         rt_buf_printf(&b, "{\"event\":\"ended\",\"events\":%llu,\"dropped\":%llu}\n",
-                      (unsigned long long)sent, (unsigned long long)dropped);
+                      (unsigned long long)shown, (unsigned long long)(seen - shown));
     else
-        rt_buf_printf(&b, "# trace ended: %llu events, %llu dropped\n", (unsigned long long)sent,
-                      (unsigned long long)dropped);
-    rt__admin_trace_end(x);
+        rt_buf_printf(&b, "# trace ended: %llu events, %llu dropped\n", (unsigned long long)shown,
+                      (unsigned long long)(seen - shown));
+    free(tr);
     x->cookie = 0;
     answer(&b, 200, fn, ctx);
     return true;

@@ -18,8 +18,9 @@ struct rt_trace_s {
     rt_pid_t tracer;
     rt_trace_kind_t kind;
     uint32_t payload_max;
-    _Atomic size_t queued; /* bytes sent to the tracer and not yet taken */
-    _Atomic uint64_t sent, dropped;
+    _Atomic size_t queued;   /* bytes sent to the tracer and not yet taken */
+    _Atomic uint64_t seen;    /* packets the trace wanted */
+    _Atomic uint64_t dropped; /* of those, not sent (the queue was full) */
     size_t len;
     char what[]; /* the client id or filter, NUL-terminated */
 };
@@ -165,6 +166,7 @@ static void send_event(rt_trace_t *t, rt_trace_dir_t dir, const char *client_id,
     if (pk && pk->type == MQTT_PUBLISH)
         shown = pk->publish.payload.len < t->payload_max ? pk->publish.payload.len : t->payload_max;
     size_t len = sizeof(rt_trace_event_t) + client_len + names_len + shown;
+    atomic_fetch_add_explicit(&t->seen, 1, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&t->queued, len, memory_order_relaxed) + len >
         RT_TRACE_QUEUED_MAX) {
         atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
@@ -194,9 +196,7 @@ static void send_event(rt_trace_t *t, rt_trace_dir_t dir, const char *client_id,
     if (rt_send_unmuted(t->tracer, m) != 0) {
         atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
         atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
-        return;
     }
-    atomic_fetch_add_explicit(&t->sent, 1, memory_order_relaxed);
 }
 
 void rt_trace_packet(rt_trace_dir_t dir, const char *client_id, const uint8_t *raw, size_t len,
@@ -268,12 +268,15 @@ int rt_trace_start(rt_trace_kind_t kind, const char *what, size_t len, uint32_t 
     return 0;
 }
 
-void rt_trace_stop(rt_trace_t *t)
+uint64_t rt_trace_stop(rt_trace_t *t)
 {
     pthread_mutex_lock(&traces_lock);
     replace_set(NULL, t);
     pthread_mutex_unlock(&traces_lock);
-    free(t); /* replace_set returned after the grace period: no packet still sees t */
+    /* replace_set returned after the grace period: no packet still sees t, and its count is final. */
+    uint64_t seen = atomic_load_explicit(&t->seen, memory_order_relaxed);
+    free(t);
+    return seen;
 }
 
 uint64_t rt_trace_id(const rt_trace_t *t)
@@ -286,15 +289,9 @@ void rt_trace_taken(rt_trace_t *t, size_t len)
     atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
 }
 
-void rt_trace_drop(rt_trace_t *t)
+void rt_trace_counts(const rt_trace_t *t, uint64_t *seen, uint64_t *dropped)
 {
-    atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&t->sent, 1, memory_order_relaxed);
-}
-
-void rt_trace_counts(const rt_trace_t *t, uint64_t *sent, uint64_t *dropped)
-{
-    *sent = atomic_load_explicit(&t->sent, memory_order_relaxed);
+    *seen = atomic_load_explicit(&t->seen, memory_order_relaxed);
     *dropped = atomic_load_explicit(&t->dropped, memory_order_relaxed);
 }
 

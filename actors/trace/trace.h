@@ -11,7 +11,7 @@
 ** RT_TRACE_QUEUED_MAX bytes: past that the next are dropped at the source and counted
 ** (rt_trace_counts), so a client at 10,000 messages a second traced by a reader that stopped
 ** costs a bounded mailbox and the tracer can say how much it missed. The traced client is
-** never slowed by its tracer.
+** never slowed by its tracer: events go by rt_send_unmuted.
 */
 #ifndef RT_TRACE_H
 #define RT_TRACE_H
@@ -86,15 +86,16 @@ void rt_trace_packet(rt_trace_dir_t dir, const char *client_id, const uint8_t *r
 */
 int rt_trace_start(rt_trace_kind_t kind, const char *what, size_t len, uint32_t payload_max,
                    rt_pid_t tracer, rt_trace_t **out);
-/* Ends a trace: no event is sent for it once this returns. */
-void rt_trace_stop(rt_trace_t *t);
+/*
+** Ends a trace: no event is sent for it once this returns. The packets it wanted, all told
+** (sent or dropped): what the tracer did not pass on of those, it lost.
+*/
+uint64_t rt_trace_stop(rt_trace_t *t);
 uint64_t rt_trace_id(const rt_trace_t *t);
 /* The tracer took an event of len bytes (its message's length) off the trace's queue. */
 void rt_trace_taken(rt_trace_t *t, size_t len);
-/* The tracer could not pass an event on (its own reader is behind): counted as dropped. */
-void rt_trace_drop(rt_trace_t *t);
-/* Events sent to the tracer, and dropped, so far. */
-void rt_trace_counts(const rt_trace_t *t, uint64_t *sent, uint64_t *dropped);
+/* The packets the trace wanted so far, and of those the ones dropped at the source. */
+void rt_trace_counts(const rt_trace_t *t, uint64_t *seen, uint64_t *dropped);
 /* Traces on now. */
 unsigned rt_trace_active(void);
 
