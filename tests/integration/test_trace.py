@@ -4,7 +4,6 @@ reading is bounded (events dropped at the source and counted, never queued witho
 import json
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 
@@ -12,10 +11,10 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from admin_wire import Admin, quote
-from conftest import RTCTL, Rtd, wait_for
+from conftest import RTCTL, wait_for
 from mqtt_raw import (DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBLISH, SUBACK, SUBSCRIBE,
                       UNSUBACK, UNSUBSCRIBE, Raw, mqtt_str, u16, varint)
-from test_http import make_key
+from test_http import http  # noqa: F401  (the fixture: rtd with an HTTP listener and keys)
 
 NAMES = {1: "CONNECT", 2: "CONNACK", 3: "PUBLISH", 4: "PUBACK", 8: "SUBSCRIBE", 9: "SUBACK",
          10: "UNSUBSCRIBE", 11: "UNSUBACK", 12: "PINGREQ", 13: "PINGRESP", 14: "DISCONNECT"}
@@ -195,21 +194,8 @@ def test_trace_flood_with_a_stopped_reader_is_bounded(rtd):
     admin.close()
 
 
-@pytest.fixture
-def http_rtd(tmp_path):
-    keys = tmp_path / "api_keys"
-    admin, reader = make_key(keys, "ops", "admin"), make_key(keys, "viewer", "read")
-    from conftest import free_port
-    hport = free_port()
-    broker = Rtd(f'http={{bind="127.0.0.1:{hport}", api_keys_file="{keys}"}}')
-    broker.hport, broker.admin_key, broker.read_key = hport, admin, reader
-    yield broker
-    code, log = broker.stop()
-    assert code == 0, log[-3000:]
-
-
-def test_trace_over_the_api(http_rtd):
-    b = http_rtd
+def test_trace_over_the_api(http):
+    b = http
     url = f"http://127.0.0.1:{b.hport}/api/v1/trace/client/api-c?duration=2&payload=8"
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {b.read_key}"})
     with pytest.raises(urllib.error.HTTPError) as e:
