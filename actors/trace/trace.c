@@ -56,6 +56,23 @@ static const mqtt_packet_t *packet_decode(packet_t *p)
     return p->err ? NULL : &p->pk;
 }
 
+/*
+** A PUBLISH's topic read straight from its bytes, without decoding the rest: a topic trace
+** looks at every PUBLISH and wants few. False for one that names its topic by alias only.
+*/
+static bool publish_topic(const packet_t *p, const uint8_t **topic, size_t *len)
+{
+    size_t at = 1;
+    while (at < p->len && at < 5 && (p->raw[at] & 0x80))
+        at++;
+    at++; /* past the Remaining Length's last byte */
+    if (at + 2 > p->len)
+        return false;
+    *len = (size_t)p->raw[at] << 8 | p->raw[at + 1];
+    *topic = p->raw + at + 2;
+    return *len && at + 2 + *len <= p->len;
+}
+
 static bool wants(const rt_trace_t *t, const char *client_id, packet_t *p)
 {
     uint8_t type = p->raw[0] >> 4;
@@ -67,10 +84,10 @@ static bool wants(const rt_trace_t *t, const char *client_id, packet_t *p)
         return pk && pk->connect.client_id.len == t->len &&
                memcmp(pk->connect.client_id.p, t->what, t->len) == 0;
     }
-    const mqtt_packet_t *pk = type == MQTT_PUBLISH ? packet_decode(p) : NULL;
-    return pk && pk->publish.topic.len &&
-           rt_topic_matches(t->what, t->len, (const char *)pk->publish.topic.p,
-                            pk->publish.topic.len);
+    const uint8_t *topic;
+    size_t len;
+    return type == MQTT_PUBLISH && publish_topic(p, &topic, &len) &&
+           rt_topic_matches(t->what, t->len, (const char *)topic, len);
 }
 
 static size_t names_size(const mqtt_packet_t *pk)
