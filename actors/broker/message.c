@@ -6,21 +6,47 @@
 
 #include "message.h"
 
-/* Where the parts are; kept at the start of the binary's tail (read with memcpy: the
-   tail follows the packet, so it has no alignment). */
+/*
+** Where the parts are, at the start of the binary's tail, 8-aligned (the tail follows the
+** packet, so up to 7 bytes of padding come first). copies is the one field written after
+** the binary is shared; the rest is set before and only read.
+*/
 typedef struct {
+    _Atomic uint32_t copies; /* delivery timing: copies on their way, DELIVERY_WRITTEN bit */
     uint32_t topic_off;
-    uint32_t props_off, props_len;
-    uint32_t payload_off, payload_len;
+    uint32_t props_off, props_len; /* the payload runs from props_off + props_len to the end */
     uint32_t expiry;
     uint16_t topic_len;
-    uint8_t qos, retain, has_expiry;
-    uint8_t has_clientid, has_username;
+    uint8_t qos;
+    uint8_t flags;    /* INDEX_* */
+    uint64_t read_ns; /* when the publisher's PUBLISH was read (rt_mono_ns); 0: not timed */
 } message_index_t;
+
+#define INDEX_RETAIN 1u
+#define INDEX_EXPIRY 2u
+#define INDEX_CLIENTID 4u
+#define INDEX_USERNAME 8u
+
+_Static_assert(sizeof(message_index_t) == 32, "every message pays for its index");
+
+static size_t index_pad(size_t len)
+{
+    return -len & 7; /* the data is 16-aligned (heap.c), so the tail's alignment is len's */
+}
+
+static message_index_t *index_of(const rt_bin_t *bin)
+{
+    size_t tail_len;
+    const uint8_t *tail = rt_bin_tail(bin, &tail_len);
+    size_t pad = index_pad(rt_bin_len(bin));
+    RT_ASSERT(tail_len >= pad + sizeof(message_index_t) && ((uintptr_t)tail + pad) % 8 == 0);
+    return (message_index_t *)(uintptr_t)(tail + pad);
+}
 
 /* Finds the parts of a PUBLISH the encoder has just written (so well formed). */
 static void index_packet(const uint8_t *p, size_t len, uint8_t qos, message_index_t *x)
 {
+    (void)len;
     uint32_t remaining;
     size_t used;
     int rc = mqtt_varint_get(p + 1, len - 1, &remaining, &used);
@@ -33,9 +59,7 @@ static void index_packet(const uint8_t *p, size_t len, uint8_t qos, message_inde
     RT_ASSERT(rc == 0);
     (void)rc;
     x->props_off = (uint32_t)(i + used);
-    x->payload_off = x->props_off + x->props_len;
-    x->payload_len = (uint32_t)(len - x->payload_off);
-    RT_ASSERT(x->payload_off <= len);
+    RT_ASSERT(x->props_off + x->props_len <= len);
 }
 
 rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const char *username)
@@ -45,11 +69,11 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
     c.type = MQTT_PUBLISH;
     if (pk->version != MQTT_V5)
         memset(&c.props, 0, sizeof(c.props));
-    message_index_t x = {.qos = c.publish.qos,
-                         .retain = c.publish.retain,
-                         .has_expiry =
-                             !!(c.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY)),
-                         .expiry = c.props.message_expiry};
+    message_index_t x = {
+        .qos = c.publish.qos,
+        .flags = (c.publish.retain ? INDEX_RETAIN : 0) |
+                 (c.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY) ? INDEX_EXPIRY : 0),
+        .expiry = c.props.message_expiry};
     c.version = MQTT_V5;
     c.packet_id = c.publish.qos ? 1 : 0; /* each subscriber's copy gets its own */
     c.publish.dup = 0;
@@ -62,7 +86,8 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
     /* MQTT strings hold no NUL, so "clientid\0username\0" splits unambiguously. */
     size_t idn = clientid ? strlen(clientid) + 1 : 0;
     size_t usern = idn && username ? strlen(username) + 1 : 0;
-    rt_bin_t *bin = rt_bin_alloc_tail(len, sizeof(x) + idn + usern);
+    size_t pad = index_pad(len);
+    rt_bin_t *bin = rt_bin_alloc_tail(len, pad + sizeof(x) + idn + usern);
     if (!bin)
         return NULL;
     uint8_t *data = rt_bin_data(bin);
@@ -71,10 +96,9 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
         return NULL;
     }
     index_packet(data, len, x.qos, &x);
-    x.has_clientid = idn != 0;
-    x.has_username = usern != 0;
-    uint8_t *tail = data + len;
-    memcpy(tail, &x, sizeof(x));
+    x.flags |= (idn ? INDEX_CLIENTID : 0) | (usern ? INDEX_USERNAME : 0);
+    uint8_t *tail = data + len + pad;
+    memcpy(index_of(bin), &x, sizeof(x));
     if (idn)
         memcpy(tail + sizeof(x), clientid, idn);
     if (usern)
@@ -92,22 +116,66 @@ rt_bin_t *rt_message_parse(const void *packet, size_t len)
 
 void rt_message_view(const rt_bin_t *bin, rt_message_t *m)
 {
-    size_t tail_len;
-    const uint8_t *tail = rt_bin_tail(bin, &tail_len);
-    RT_ASSERT(tail_len >= sizeof(message_index_t));
-    message_index_t x;
-    memcpy(&x, tail, sizeof(x));
-    const uint8_t *data = tail - rt_bin_len(bin);
-    m->topic = (mqtt_str_t){data + x.topic_off, x.topic_len};
-    m->props = (mqtt_str_t){data + x.props_off, x.props_len};
-    m->payload = (mqtt_str_t){data + x.payload_off, x.payload_len};
-    const char *ids = (const char *)tail + sizeof(x);
-    m->clientid = x.has_clientid ? ids : NULL;
-    m->username = x.has_username ? ids + strlen(ids) + 1 : NULL;
-    m->expiry = x.expiry;
-    m->qos = x.qos;
-    m->retain = x.retain;
-    m->has_expiry = x.has_expiry;
+    const message_index_t *x = index_of(bin);
+    const uint8_t *data = (const uint8_t *)x - index_pad(rt_bin_len(bin)) - rt_bin_len(bin);
+    uint32_t payload_off = x->props_off + x->props_len;
+    m->topic = (mqtt_str_t){data + x->topic_off, x->topic_len};
+    m->props = (mqtt_str_t){data + x->props_off, x->props_len};
+    m->payload = (mqtt_str_t){data + payload_off, (uint32_t)(rt_bin_len(bin) - payload_off)};
+    const char *ids = (const char *)(x + 1);
+    m->clientid = x->flags & INDEX_CLIENTID ? ids : NULL;
+    m->username = x->flags & INDEX_USERNAME ? ids + strlen(ids) + 1 : NULL;
+    m->expiry = x->expiry;
+    m->qos = x->qos;
+    m->retain = !!(x->flags & INDEX_RETAIN);
+    m->has_expiry = !!(x->flags & INDEX_EXPIRY);
+}
+
+/* ---- Delivery timing ---- */
+
+/*
+** copies counts the copies of a timed message still on their way (rt_message_copy_sent,
+** rt_message_copy_done) plus one the router holds while it routes, so the count cannot
+** reach zero before the last copy is sent. Written copies set DELIVERY_WRITTEN first; the
+** count then reaches zero in one RMW whose value carries every earlier one's bit.
+*/
+#define DELIVERY_WRITTEN 0x80000000u
+
+static rt_hist_t delivery_hist;
+
+const rt_hist_t *rt_message_delivery_hist(void)
+{
+    return &delivery_hist;
+}
+
+void rt_message_set_read_ns(rt_bin_t *bin, uint64_t ns)
+{
+    index_of(bin)->read_ns = ns;
+}
+
+bool rt_message_timing_begin(rt_bin_t *bin)
+{
+    message_index_t *x = index_of(bin);
+    if (!x->read_ns)
+        return false;
+    atomic_store_explicit(&x->copies, 1, memory_order_relaxed);
+    return true;
+}
+
+void rt_message_copy_sent(rt_bin_t *bin)
+{
+    atomic_fetch_add_explicit(&index_of(bin)->copies, 1, memory_order_relaxed);
+}
+
+void rt_message_copy_done(rt_bin_t *bin, bool written)
+{
+    message_index_t *x = index_of(bin);
+    if (written && !(atomic_load_explicit(&x->copies, memory_order_relaxed) & DELIVERY_WRITTEN))
+        atomic_fetch_or_explicit(&x->copies, DELIVERY_WRITTEN, memory_order_relaxed);
+    uint32_t was = atomic_fetch_sub_explicit(&x->copies, 1, memory_order_acq_rel);
+    RT_ASSERT(was & ~DELIVERY_WRITTEN);
+    if ((was & ~DELIVERY_WRITTEN) == 1 && (was & DELIVERY_WRITTEN))
+        rt_hist_record(&delivery_hist, rt_mono_ns() - x->read_ns);
 }
 
 size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8_t *buf, size_t cap)

@@ -51,6 +51,25 @@ rt_bin_t *rt_message_parse(const void *packet, size_t len);
 /* Fills *m from a binary rt_message_new or rt_message_parse made. */
 void rt_message_view(const rt_bin_t *bin, rt_message_t *m);
 
+/*
+** Delivery latency (rt_delivery_seconds, docs/HTTP.md "Delivery latency"): the time from
+** the broker reading a client's PUBLISH to the last of its routed copies being handled by
+** its subscriber, recorded once per message if at least one copy was written to a
+** subscriber's socket. A copy is handled when its subscriber writes it, puts it aside
+** (queued: offline, window full) or drops it, or when it is lost (its connection ended
+** first, or a shedding subscriber refused it). Messages without a read time (the broker's
+** own, wills, restored ones) and retained copies sent on subscribe are not timed.
+*/
+/* The publisher's read time (rt_mono_ns), set before the binary is shared. */
+void rt_message_set_read_ns(rt_bin_t *bin, uint64_t ns);
+/* Routing starts: whether bin is timed; if so the router holds one count until its done. */
+bool rt_message_timing_begin(rt_bin_t *bin);
+/* One more copy of a timed message on its way (before it is sent). */
+void rt_message_copy_sent(rt_bin_t *bin);
+/* A copy (or the router's count) is handled; the last one records the message's latency. */
+void rt_message_copy_done(rt_bin_t *bin, bool written);
+const rt_hist_t *rt_message_delivery_hist(void);
+
 /* How one subscriber gets a message. */
 typedef struct rt_message_out_s {
     uint8_t version; /* the subscriber's protocol level */

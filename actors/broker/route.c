@@ -17,6 +17,7 @@ typedef struct {
     uint32_t nacks; /* commits it waits for */
     uint8_t qos;
     uint8_t retain;
+    uint8_t timed; /* rt_message_timing_begin */
 } route_t;
 
 void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
@@ -30,12 +31,18 @@ void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uin
     dd->n_sub_ids = (uint32_t)n;
     memcpy(dd->sub_ids, sub_ids, n * sizeof(uint32_t));
     m->bin = rt_bin_retain(bin);
+    if (d->timed)
+        rt_message_copy_sent(bin);
+    int rc;
     if (d->qos == 0 && !d->ack_pid) {
-        if (rt_send_optional(to, m) == RT_ELIMIT)
+        rc = rt_send_optional(to, m);
+        if (rc == RT_ELIMIT)
             atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
-        return;
+    } else {
+        rc = rt_send_msg(to, m);
     }
-    rt_send_msg(to, m);
+    if (rc && d->timed) /* it never reached the subscriber: done here */
+        rt_message_copy_done(bin, false);
 }
 
 static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
@@ -47,6 +54,7 @@ static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
                         .retain = d->retain_as_published ? r->retain : 0,
                         .shared = d->shared,
                         .acl_check = d->acl_check,
+                        .timed = r->timed,
                         .n_sub_ids = (uint32_t)d->n_sub_ids};
     if (d->persistent && dd.qos && r->ack_pid) {
         dd.ack_pid = r->ack_pid;
@@ -126,13 +134,16 @@ int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_t
                  .qos = msg.qos,
                  .retain = msg.retain,
                  .ack_pid = ack_pid,
-                 .ack_token = ack_token};
+                 .ack_token = ack_token,
+                 .timed = rt_message_timing_begin(bin)};
     /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
     if (msg.has_expiry && msg.expiry)
         r.expire_at_ms = rt_mono_ms() + (uint64_t)msg.expiry * 1000;
     size_t delivered = 0;
     rt_trie_match(rt_broker->trie, (const char *)msg.topic.p, msg.topic.len, publisher,
                   rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);
+    if (r.timed)
+        rt_message_copy_done(bin, false);
     if (msg.retain && keep_retained(&msg, &r))
         r.nacks++;
     if (nacks)

@@ -368,8 +368,8 @@ static void on_keepalive(rt_actor_t *self, conn_t *c)
     /* Input rtd holds back (a rate limit's pause, what waits in the partial buffer for it)
        is not the client's silence. */
     if (rt__xport_rate_waiting(c))
-        c->last_rx_ms = rt_mono_ms();
-    if (rt_mono_ms() - c->last_rx_ms > (uint64_t)c->keepalive * 1500) {
+        c->last_rx_ns = rt_mono_ns();
+    if (rt_mono_ns() - c->last_rx_ns > (uint64_t)c->keepalive * 1500000000u) {
         rt_log(RT_LOG_INFO, "client.keepalive_timeout", "client=%s", c->client_id);
         rt__conn_close(self, c, MQTT_RC_KEEPALIVE_TIMEOUT, RT_REASON_NORMAL);
         return;
@@ -615,7 +615,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
             rt__conn_close(self, c, 0, RT_REASON_NORMAL);
             return;
         }
-        c->last_rx_ms = rt_mono_ms();
+        c->last_rx_ns = rt_mono_ns();
         rt__metric_add(RT_METRIC_BYTES_IN, len);
         if (c->xp) /* the scheduler's read buffer: the transport may unmask frames in place */
             rt__xport_input(self, c, (uint8_t *)(uintptr_t)data, len);
@@ -702,7 +702,7 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     c->disc_rc = 0;
     c->will_delay = 0;
     c->peer_max_packet = 0;
-    c->last_rx_ms = rt_mono_ms();
+    c->last_rx_ns = rt_mono_ns();
     parse_input(self, c, data + 1, len - 1);
     if (!c->closing)
         on_readable(self, c);
@@ -763,7 +763,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     int rc = rt_sock_adopt(self, a->fd, &c->sock);
     if (rc)
         return rc;
-    c->last_rx_ms = rt_mono_ms();
+    c->last_rx_ns = rt_mono_ns();
     c->listener = a->listener & 15;
     rc = rt__xport_start(c);
     if (rc)
@@ -993,6 +993,15 @@ static const char *conn_tag_name(uint32_t tag)
 }
 
 /* Two ways in: a socket a listener accepted, or a session the store kept (start.c). */
+/* A copy that died in the mailbox is handled too, for its message's delivery timing. */
+static void conn_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag == RT_MSG_DELIVER && m->bin &&
+        ((const rt_delivery_t *)(const void *)m->data)->timed)
+        rt_message_copy_done(m->bin, false);
+}
+
 const rt_actor_type_t rt_conn_type = {
     .name = "mqtt_conn",
     .state_size = sizeof(conn_t),
@@ -1002,6 +1011,7 @@ const rt_actor_type_t rt_conn_type = {
     .terminate = conn_terminate,
     .turn_end = conn_turn_end,
     .tag_name = conn_tag_name,
+    .dead_letter = conn_dead_letter,
     .heap_inline = RT_CONN_HEAP_INLINE,
 };
 
@@ -1014,5 +1024,6 @@ const rt_actor_type_t rt__conn_restored_type = {
     .terminate = conn_terminate,
     .turn_end = conn_turn_end,
     .tag_name = conn_tag_name,
+    .dead_letter = conn_dead_letter,
     .heap_inline = RT_CONN_HEAP_INLINE,
 };
