@@ -134,12 +134,14 @@ void rt_message_view(const rt_bin_t *bin, rt_message_t *m)
 /* ---- Delivery timing ---- */
 
 /*
-** copies counts the copies of a timed message still on their way (rt_message_copy_sent,
-** rt_message_copy_done) plus one the router holds while it routes, so the count cannot
-** reach zero before the last copy is sent. Written copies set DELIVERY_WRITTEN first; the
-** count then reaches zero in one RMW whose value carries every earlier one's bit.
+** copies starts at DELIVERY_BIAS when routing begins; each copy handled takes one off, and
+** the router, done, takes off the bias less the copies it sent, so the count reaches zero
+** once, at the last of them, whichever comes first (no atomic per copy sent). The first
+** copy written sets DELIVERY_WRITTEN with its decrement, in one RMW: the one that brings
+** the count to zero sees the bit if any copy was written.
 */
 #define DELIVERY_WRITTEN 0x80000000u
+#define DELIVERY_BIAS 0x40000000u /* more than the copies of one message (one per actor) */
 
 static rt_hist_t delivery_hist;
 
@@ -158,24 +160,35 @@ bool rt_message_timing_begin(rt_bin_t *bin)
     message_index_t *x = index_of(bin);
     if (!x->read_ns)
         return false;
-    atomic_store_explicit(&x->copies, 1, memory_order_relaxed);
+    atomic_store_explicit(&x->copies, DELIVERY_BIAS, memory_order_relaxed);
     return true;
 }
 
-void rt_message_copy_sent(rt_bin_t *bin)
+static void count_down(message_index_t *x, uint32_t n, bool written)
 {
-    atomic_fetch_add_explicit(&index_of(bin)->copies, 1, memory_order_relaxed);
+    uint32_t was = atomic_load_explicit(&x->copies, memory_order_relaxed);
+    if (written && !(was & DELIVERY_WRITTEN)) {
+        while (!atomic_compare_exchange_weak_explicit(&x->copies, &was,
+                                                      (was | DELIVERY_WRITTEN) - n,
+                                                      memory_order_acq_rel, memory_order_relaxed))
+            ;
+    } else {
+        was = atomic_fetch_sub_explicit(&x->copies, n, memory_order_acq_rel);
+    }
+    RT_ASSERT((was & ~DELIVERY_WRITTEN) >= n);
+    if ((was & ~DELIVERY_WRITTEN) == n && (written || (was & DELIVERY_WRITTEN)))
+        rt_hist_record(&delivery_hist, rt_mono_ns() - x->read_ns);
+}
+
+void rt_message_timing_end(rt_bin_t *bin, uint32_t sent)
+{
+    RT_ASSERT(sent < DELIVERY_BIAS);
+    count_down(index_of(bin), DELIVERY_BIAS - sent, false);
 }
 
 void rt_message_copy_done(rt_bin_t *bin, bool written)
 {
-    message_index_t *x = index_of(bin);
-    if (written && !(atomic_load_explicit(&x->copies, memory_order_relaxed) & DELIVERY_WRITTEN))
-        atomic_fetch_or_explicit(&x->copies, DELIVERY_WRITTEN, memory_order_relaxed);
-    uint32_t was = atomic_fetch_sub_explicit(&x->copies, 1, memory_order_acq_rel);
-    RT_ASSERT(was & ~DELIVERY_WRITTEN);
-    if ((was & ~DELIVERY_WRITTEN) == 1 && (was & DELIVERY_WRITTEN))
-        rt_hist_record(&delivery_hist, rt_mono_ns() - x->read_ns);
+    count_down(index_of(bin), 1, written);
 }
 
 size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8_t *buf, size_t cap)

@@ -62,11 +62,11 @@ void rt_message_view(const rt_bin_t *bin, rt_message_t *m);
 */
 /* The publisher's read time (rt_mono_ns), set before the binary is shared. */
 void rt_message_set_read_ns(rt_bin_t *bin, uint64_t ns);
-/* Routing starts: whether bin is timed; if so the router holds one count until its done. */
+/* Routing starts: whether bin is timed (then rt_message_timing_end must follow). */
 bool rt_message_timing_begin(rt_bin_t *bin);
-/* One more copy of a timed message on its way (before it is sent). */
-void rt_message_copy_sent(rt_bin_t *bin);
-/* A copy (or the router's count) is handled; the last one records the message's latency. */
+/* Routing is over: sent copies reached their subscribers (each calls rt_message_copy_done). */
+void rt_message_timing_end(rt_bin_t *bin, uint32_t sent);
+/* A sent copy is handled; the last one (or the router's end, after it) records. */
 void rt_message_copy_done(rt_bin_t *bin, bool written);
 const rt_hist_t *rt_message_delivery_hist(void);
 

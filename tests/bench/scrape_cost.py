@@ -23,7 +23,6 @@ import http.client
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import multiprocessing
 import time
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 INTEGRATION = os.path.join(HERE, "..", "integration")
 sys.path.insert(0, INTEGRATION)
 from conftest import Rtd, free_port  # noqa: E402
-from test_metrics import mqtt_connect_packet, parse  # noqa: E402
+from test_metrics import mqtt_connect_packet, parse, start_holders, stop_holders  # noqa: E402
 
 HOLDERS = 4
 
@@ -109,14 +108,7 @@ def main():
     holders = []
     try:
         per = a.conns // HOLDERS
-        for h in range(HOLDERS):
-            holders.append(subprocess.Popen(
-                [sys.executable, os.path.join(INTEGRATION, "test_metrics.py"), "hold",
-                 str(broker.port), f"127.0.0.{h + 2}", str(per), str(h)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-        for p in holders:
-            line = p.stdout.readline()
-            assert line.strip() == "ready", (line, p.poll())
+        holders = start_holders(broker.port, HOLDERS, per)
         total = per * HOLDERS
         sc = Scraper(hport)
         deadline = time.time() + 30
@@ -162,14 +154,7 @@ def main():
         print(f"PINGREQ round trip, no scrape:       {summary(quiet)}")
         print(f"PINGREQ round trip, during {scrapes.value} scrapes: {summary(busy)}")
     finally:
-        for p in holders:
-            p.stdin.close()
-        for p in holders:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_holders(holders)
         code, log = broker.stop()
         if code != 0:
             print(log[-2000:], file=sys.stderr)

@@ -254,6 +254,35 @@ def hold(port, source, count, tag):
     sys.stdin.read()
 
 
+def start_holders(port, holders, per_holder):
+    """Holder processes (hold, above) from 127.0.0.2 on, once all their clients are in."""
+    procs = []
+    try:
+        for h in range(holders):
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "hold", str(port),
+                 f"127.0.0.{h + 2}", str(per_holder), str(h)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.strip() == "ready", (line, p.poll())
+    except BaseException:
+        stop_holders(procs)
+        raise
+    return procs
+
+
+def stop_holders(procs):
+    for p in procs:
+        p.stdin.close()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def test_scrape_cost_with_20000_idle_connections():
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < HOLDERS * PER_HOLDER + 100:
@@ -265,14 +294,7 @@ def test_scrape_cost_with_20000_idle_connections():
             "Max open files")[1].split()[0])
         if rtd_limit < HOLDERS * PER_HOLDER + 100:
             pytest.skip(f"rtd's file limit ({rtd_limit}) is too low")
-        for h in range(HOLDERS):
-            holders.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "hold", str(broker.port),
-                 f"127.0.0.{h + 2}", str(PER_HOLDER), str(h)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-        for p in holders:
-            line = p.stdout.readline()
-            assert line.strip() == "ready", (line, p.poll())
+        holders = start_holders(broker.port, HOLDERS, PER_HOLDER)
         total = HOLDERS * PER_HOLDER
         wait_for(lambda: parse(scrape(broker))[("rt_connections", "")] == total,
                  "not every connection counted", timeout=30)
@@ -292,14 +314,7 @@ def test_scrape_cost_with_20000_idle_connections():
         # writing /proc/self/smaps for memory by kind. The bound leaves room for slower machines.
         assert cpu[len(cpu) // 2] < 0.05
     finally:
-        for p in holders:
-            p.stdin.close()
-        for p in holders:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_holders(holders)
         code, log = broker.stop()
     assert code == 0, log[-2000:]
 
