@@ -2,24 +2,21 @@
 ** The canonical message (message.h): made once per PUBLISH, read through offsets by
 ** everyone after, and written out per subscriber from its parts.
 */
+#include <stddef.h>
 #include <string.h>
 
 #include "message.h"
 
-/*
-** Where the parts are, at the start of the binary's tail, 8-aligned (the tail follows the
-** packet, so up to 7 bytes of padding come first). copies is the one field written after
-** the binary is shared; the rest is set before and only read.
-*/
+/* Where the parts are; kept at the start of the binary's tail (read with memcpy: the
+   tail follows the packet, so it has no alignment). Written before the binary is shared. */
 typedef struct {
-    _Atomic uint32_t copies; /* delivery timing: copies on their way, DELIVERY_WRITTEN bit */
     uint32_t topic_off;
     uint32_t props_off, props_len; /* the payload runs from props_off + props_len to the end */
     uint32_t expiry;
+    uint64_t read_ns; /* when the publisher's PUBLISH was read (rt_mono_ns); 0: not timed */
     uint16_t topic_len;
     uint8_t qos;
-    uint8_t flags;    /* INDEX_* */
-    uint64_t read_ns; /* when the publisher's PUBLISH was read (rt_mono_ns); 0: not timed */
+    uint8_t flags; /* INDEX_* */
 } message_index_t;
 
 #define INDEX_RETAIN 1u
@@ -29,24 +26,17 @@ typedef struct {
 
 _Static_assert(sizeof(message_index_t) == 32, "every message pays for its index");
 
-static size_t index_pad(size_t len)
-{
-    return -len & 7; /* the data is 16-aligned (heap.c), so the tail's alignment is len's */
-}
-
-static message_index_t *index_of(const rt_bin_t *bin)
+static uint8_t *index_at(const rt_bin_t *bin)
 {
     size_t tail_len;
     const uint8_t *tail = rt_bin_tail(bin, &tail_len);
-    size_t pad = index_pad(rt_bin_len(bin));
-    RT_ASSERT(tail_len >= pad + sizeof(message_index_t) && ((uintptr_t)tail + pad) % 8 == 0);
-    return (message_index_t *)(uintptr_t)(tail + pad);
+    RT_ASSERT(tail_len >= sizeof(message_index_t));
+    return (uint8_t *)(uintptr_t)tail;
 }
 
 /* Finds the parts of a PUBLISH the encoder has just written (so well formed). */
 static void index_packet(const uint8_t *p, size_t len, uint8_t qos, message_index_t *x)
 {
-    (void)len;
     uint32_t remaining;
     size_t used;
     int rc = mqtt_varint_get(p + 1, len - 1, &remaining, &used);
@@ -86,8 +76,7 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
     /* MQTT strings hold no NUL, so "clientid\0username\0" splits unambiguously. */
     size_t idn = clientid ? strlen(clientid) + 1 : 0;
     size_t usern = idn && username ? strlen(username) + 1 : 0;
-    size_t pad = index_pad(len);
-    rt_bin_t *bin = rt_bin_alloc_tail(len, pad + sizeof(x) + idn + usern);
+    rt_bin_t *bin = rt_bin_alloc_tail(len, sizeof(x) + idn + usern);
     if (!bin)
         return NULL;
     uint8_t *data = rt_bin_data(bin);
@@ -97,8 +86,8 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
     }
     index_packet(data, len, x.qos, &x);
     x.flags |= (idn ? INDEX_CLIENTID : 0) | (usern ? INDEX_USERNAME : 0);
-    uint8_t *tail = data + len + pad;
-    memcpy(index_of(bin), &x, sizeof(x));
+    uint8_t *tail = data + len;
+    memcpy(tail, &x, sizeof(x));
     if (idn)
         memcpy(tail + sizeof(x), clientid, idn);
     if (usern)
@@ -116,32 +105,24 @@ rt_bin_t *rt_message_parse(const void *packet, size_t len)
 
 void rt_message_view(const rt_bin_t *bin, rt_message_t *m)
 {
-    const message_index_t *x = index_of(bin);
-    const uint8_t *data = (const uint8_t *)x - index_pad(rt_bin_len(bin)) - rt_bin_len(bin);
-    uint32_t payload_off = x->props_off + x->props_len;
-    m->topic = (mqtt_str_t){data + x->topic_off, x->topic_len};
-    m->props = (mqtt_str_t){data + x->props_off, x->props_len};
+    const uint8_t *tail = index_at(bin);
+    message_index_t x;
+    memcpy(&x, tail, sizeof(x));
+    const uint8_t *data = tail - rt_bin_len(bin);
+    uint32_t payload_off = x.props_off + x.props_len;
+    m->topic = (mqtt_str_t){data + x.topic_off, x.topic_len};
+    m->props = (mqtt_str_t){data + x.props_off, x.props_len};
     m->payload = (mqtt_str_t){data + payload_off, (uint32_t)(rt_bin_len(bin) - payload_off)};
-    const char *ids = (const char *)(x + 1);
-    m->clientid = x->flags & INDEX_CLIENTID ? ids : NULL;
-    m->username = x->flags & INDEX_USERNAME ? ids + strlen(ids) + 1 : NULL;
-    m->expiry = x->expiry;
-    m->qos = x->qos;
-    m->retain = !!(x->flags & INDEX_RETAIN);
-    m->has_expiry = !!(x->flags & INDEX_EXPIRY);
+    const char *ids = (const char *)tail + sizeof(x);
+    m->clientid = x.flags & INDEX_CLIENTID ? ids : NULL;
+    m->username = x.flags & INDEX_USERNAME ? ids + strlen(ids) + 1 : NULL;
+    m->expiry = x.expiry;
+    m->qos = x.qos;
+    m->retain = !!(x.flags & INDEX_RETAIN);
+    m->has_expiry = !!(x.flags & INDEX_EXPIRY);
 }
 
 /* ---- Delivery timing ---- */
-
-/*
-** copies starts at DELIVERY_BIAS when routing begins; each copy handled takes one off, and
-** the router, done, takes off the bias less the copies it sent, so the count reaches zero
-** once, at the last of them, whichever comes first (no atomic per copy sent). The first
-** copy written sets DELIVERY_WRITTEN with its decrement, in one RMW: the one that brings
-** the count to zero sees the bit if any copy was written.
-*/
-#define DELIVERY_WRITTEN 0x80000000u
-#define DELIVERY_BIAS 0x40000000u /* more than the copies of one message (one per actor) */
 
 static rt_hist_t delivery_hist;
 
@@ -152,43 +133,21 @@ const rt_hist_t *rt_message_delivery_hist(void)
 
 void rt_message_set_read_ns(rt_bin_t *bin, uint64_t ns)
 {
-    index_of(bin)->read_ns = ns;
+    memcpy(index_at(bin) + offsetof(message_index_t, read_ns), &ns, sizeof(ns));
 }
 
-bool rt_message_timing_begin(rt_bin_t *bin)
+bool rt_message_timed(const rt_bin_t *bin)
 {
-    message_index_t *x = index_of(bin);
-    if (!x->read_ns)
-        return false;
-    atomic_store_explicit(&x->copies, DELIVERY_BIAS, memory_order_relaxed);
-    return true;
+    uint64_t ns;
+    memcpy(&ns, index_at(bin) + offsetof(message_index_t, read_ns), sizeof(ns));
+    return ns != 0;
 }
 
-static void count_down(message_index_t *x, uint32_t n, bool written)
+void rt_message_copy_written(const rt_bin_t *bin)
 {
-    uint32_t was = atomic_load_explicit(&x->copies, memory_order_relaxed);
-    if (written && !(was & DELIVERY_WRITTEN)) {
-        while (!atomic_compare_exchange_weak_explicit(&x->copies, &was,
-                                                      (was | DELIVERY_WRITTEN) - n,
-                                                      memory_order_acq_rel, memory_order_relaxed))
-            ;
-    } else {
-        was = atomic_fetch_sub_explicit(&x->copies, n, memory_order_acq_rel);
-    }
-    RT_ASSERT((was & ~DELIVERY_WRITTEN) >= n);
-    if ((was & ~DELIVERY_WRITTEN) == n && (written || (was & DELIVERY_WRITTEN)))
-        rt_hist_record(&delivery_hist, rt_mono_ns() - x->read_ns);
-}
-
-void rt_message_timing_end(rt_bin_t *bin, uint32_t sent)
-{
-    RT_ASSERT(sent < DELIVERY_BIAS);
-    count_down(index_of(bin), DELIVERY_BIAS - sent, false);
-}
-
-void rt_message_copy_done(rt_bin_t *bin, bool written)
-{
-    count_down(index_of(bin), 1, written);
+    uint64_t ns;
+    memcpy(&ns, index_at(bin) + offsetof(message_index_t, read_ns), sizeof(ns));
+    rt_hist_record(&delivery_hist, rt_mono_ns() - ns);
 }
 
 size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8_t *buf, size_t cap)

@@ -52,22 +52,16 @@ rt_bin_t *rt_message_parse(const void *packet, size_t len);
 void rt_message_view(const rt_bin_t *bin, rt_message_t *m);
 
 /*
-** Delivery latency (rt_delivery_seconds, docs/HTTP.md "Delivery latency"): the time from
-** the broker reading a client's PUBLISH to the last of its routed copies being handled by
-** its subscriber, recorded once per message if at least one copy was written to a
-** subscriber's socket. A copy is handled when its subscriber writes it, puts it aside
-** (queued: offline, window full) or drops it, or when it is lost (its connection ended
-** first, or a shedding subscriber refused it). Messages without a read time (the broker's
-** own, wills, restored ones) and retained copies sent on subscribe are not timed.
+** Delivery latency (rt_delivery_latency_seconds, docs/HTTP.md "Delivery latency"): for each
+** routed copy a subscriber writes to its socket as it takes it, the time since the broker
+** read the client's PUBLISH. Only client PUBLISHes have a read time: the broker's own
+** messages, wills and restored ones are not timed, nor retained copies sent on subscribe.
 */
 /* The publisher's read time (rt_mono_ns), set before the binary is shared. */
 void rt_message_set_read_ns(rt_bin_t *bin, uint64_t ns);
-/* Routing starts: whether bin is timed (then rt_message_timing_end must follow). */
-bool rt_message_timing_begin(rt_bin_t *bin);
-/* Routing is over: sent copies reached their subscribers (each calls rt_message_copy_done). */
-void rt_message_timing_end(rt_bin_t *bin, uint32_t sent);
-/* A sent copy is handled; the last one (or the router's end, after it) records. */
-void rt_message_copy_done(rt_bin_t *bin, bool written);
+bool rt_message_timed(const rt_bin_t *bin);
+/* A timed copy was written: records its latency. */
+void rt_message_copy_written(const rt_bin_t *bin);
 const rt_hist_t *rt_message_delivery_hist(void);
 
 /* How one subscriber gets a message. */

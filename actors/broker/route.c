@@ -17,28 +17,26 @@ typedef struct {
     uint32_t nacks; /* commits it waits for */
     uint8_t qos;
     uint8_t retain;
-    uint8_t timed;  /* rt_message_timing_begin */
-    uint32_t sent; /* timed copies that reached their subscriber's mailbox */
+    uint8_t timed; /* rt_message_timed */
 } route_t;
 
-int rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
+void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
 {
     size_t n = d->n_sub_ids < RT_DELIVERY_MAX_SUB_IDS ? d->n_sub_ids : RT_DELIVERY_MAX_SUB_IDS;
     rt_msg_t *m = rt_msg_new(RT_MSG_DELIVER, sizeof(rt_delivery_t) + n * sizeof(uint32_t));
     if (!m)
-        return RT_ENOMEM;
+        return;
     rt_delivery_t *dd = (rt_delivery_t *)(void *)m->data;
     *dd = *d;
     dd->n_sub_ids = (uint32_t)n;
     memcpy(dd->sub_ids, sub_ids, n * sizeof(uint32_t));
     m->bin = rt_bin_retain(bin);
     if (d->qos == 0 && !d->ack_pid) {
-        int rc = rt_send_optional(to, m);
-        if (rc == RT_ELIMIT)
+        if (rt_send_optional(to, m) == RT_ELIMIT)
             atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
-        return rc;
+        return;
     }
-    return rt_send_msg(to, m);
+    rt_send_msg(to, m);
 }
 
 static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
@@ -57,8 +55,7 @@ static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
         dd.ack_token = r->ack_token;
         r->nacks++;
     }
-    if (rt_route_send(d->pid, r->bin, &dd, d->sub_ids) == 0 && r->timed)
-        r->sent++;
+    rt_route_send(d->pid, r->bin, &dd, d->sub_ids);
 }
 
 int rt_route_member_alive(void *arg, rt_pid_t pid)
@@ -132,15 +129,13 @@ int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_t
                  .retain = msg.retain,
                  .ack_pid = ack_pid,
                  .ack_token = ack_token,
-                 .timed = rt_message_timing_begin(bin)};
+                 .timed = rt_message_timed(bin)};
     /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
     if (msg.has_expiry && msg.expiry)
         r.expire_at_ms = rt_mono_ms() + (uint64_t)msg.expiry * 1000;
     size_t delivered = 0;
     rt_trie_match(rt_broker->trie, (const char *)msg.topic.p, msg.topic.len, publisher,
                   rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);
-    if (r.timed)
-        rt_message_timing_end(bin, r.sent);
     if (msg.retain && keep_retained(&msg, &r))
         r.nacks++;
     if (nacks)

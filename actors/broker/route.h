@@ -25,7 +25,7 @@ typedef struct rt_delivery_s {
     uint8_t retain;
     uint8_t shared : 1;    /* through a shared subscription */
     uint8_t acl_check : 1; /* through a subscription the ACL granted in part: check the topic */
-    uint8_t timed : 1;     /* a copy of a timed message (message.h): done once handled */
+    uint8_t timed : 1;     /* routed from a client's PUBLISH: its latency is recorded if written */
     uint32_t n_sub_ids;
     uint32_t sub_ids[]; /* MQTT 5: the matching subscriptions' identifiers */
 } rt_delivery_t;
@@ -33,9 +33,8 @@ typedef struct rt_delivery_s {
 _Static_assert(sizeof(rt_delivery_t) == 32, "every copy of a message pays for its delivery");
 
 /* Sends one delivery (at most RT_DELIVERY_MAX_SUB_IDS identifiers); QoS 0 copies without an
-   ack are optional: a subscriber that is shedding (rt_shed) refuses them, counted. 0 once it
-   is in the subscriber's mailbox, else an RT_E* code. */
-int rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids);
+   ack are optional: a subscriber that is shedding (rt_shed) refuses them, counted. */
+void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids);
 
 /* Shared subscriptions skip members whose connection has gone (rt_trie_match's alive). */
 int rt_route_member_alive(void *arg, rt_pid_t pid);

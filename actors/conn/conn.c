@@ -993,15 +993,6 @@ static const char *conn_tag_name(uint32_t tag)
 }
 
 /* Two ways in: a socket a listener accepted, or a session the store kept (start.c). */
-/* A copy that died in the mailbox is handled too, for its message's delivery timing. */
-static void conn_dead_letter(void *state, rt_msg_t *m)
-{
-    (void)state;
-    if (m->tag == RT_MSG_DELIVER && m->bin &&
-        ((const rt_delivery_t *)(const void *)m->data)->timed)
-        rt_message_copy_done(m->bin, false);
-}
-
 const rt_actor_type_t rt_conn_type = {
     .name = "mqtt_conn",
     .state_size = sizeof(conn_t),
@@ -1011,7 +1002,6 @@ const rt_actor_type_t rt_conn_type = {
     .terminate = conn_terminate,
     .turn_end = conn_turn_end,
     .tag_name = conn_tag_name,
-    .dead_letter = conn_dead_letter,
     .heap_inline = RT_CONN_HEAP_INLINE,
 };
 
@@ -1024,6 +1014,5 @@ const rt_actor_type_t rt__conn_restored_type = {
     .terminate = conn_terminate,
     .turn_end = conn_turn_end,
     .tag_name = conn_tag_name,
-    .dead_letter = conn_dead_letter,
     .heap_inline = RT_CONN_HEAP_INLINE,
 };

@@ -495,9 +495,8 @@ static bool deliver_copy(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_de
 void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
                       const uint32_t *sub_ids)
 {
-    bool written = deliver_copy(self, c, bin, d, sub_ids);
-    if (d->timed)
-        rt_message_copy_done(bin, written);
+    if (deliver_copy(self, c, bin, d, sub_ids) && d->timed)
+        rt_message_copy_written(bin);
 }
 
 void rt__conn_retransmit(rt_actor_t *self, conn_t *c)
