@@ -4,10 +4,9 @@
 #include "hist.h"
 
 const uint64_t rt_hist_bounds_ns[RT_HIST_BOUNDS] = {
-    1000,        2500,        5000,         10000,        25000,        50000,
-    100000,      250000,      500000,       1000000,      2500000,      5000000,
-    10000000,    25000000,    50000000,     100000000,    250000000,    500000000,
-    1000000000,  2500000000,  5000000000,   10000000000,
+    1000,      2500,      5000,       10000,      25000,      50000,       100000,   250000,
+    500000,    1000000,   2500000,    5000000,    10000000,   25000000,    50000000, 100000000,
+    250000000, 500000000, 1000000000, 2500000000, 5000000000, 10000000000,
 };
 
 /* The shard of this thread: taken at its first record, shards handed out in turn. */
@@ -17,8 +16,8 @@ static _Thread_local unsigned my_shard = UINT32_MAX;
 static unsigned thread_shard(void)
 {
     if (RT_UNLIKELY(my_shard == UINT32_MAX))
-        my_shard = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) &
-                   (RT_HIST_SHARDS - 1);
+        my_shard =
+            atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) & (RT_HIST_SHARDS - 1);
     return my_shard;
 }
 

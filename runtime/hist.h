@@ -33,7 +33,7 @@ typedef struct rt_hist_s {
 } rt_hist_t;
 
 typedef struct rt_hist_snap_s {
-    uint64_t le[RT_HIST_BOUNDS + 1]; /* cumulative: le[i] counts records <= bound i; the last, all */
+    uint64_t le[RT_HIST_BOUNDS + 1]; /* cumulative: records <= bound i; the last: all */
     uint64_t sum_ns;
 } rt_hist_snap_t;
 

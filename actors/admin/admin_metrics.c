@@ -137,8 +137,8 @@ static void pairs(rt_buf_t *b, const char *const *kv, size_t n)
 ** A histogram's samples under the family the caller wrote: the cumulative buckets by their
 ** le bounds in seconds (+Inf holds the count), then _sum and _count; kv holds n label pairs.
 */
-static void histogram(rt_buf_t *b, const char *name, const rt_hist_snap_t *h,
-                      const char *const *kv, size_t n)
+static void histogram(rt_buf_t *b, const char *name, const rt_hist_snap_t *h, const char *const *kv,
+                      size_t n)
 {
     for (unsigned i = 0; i <= RT_HIST_BOUNDS; i++) {
         rt_buf_printf(b, "%s_bucket{", name);
@@ -147,8 +147,7 @@ static void histogram(rt_buf_t *b, const char *name, const rt_hist_snap_t *h,
             rt_buf_printf(b, "%sle=\"%.9g\"} %llu\n", n ? "," : "",
                           (double)rt_hist_bounds_ns[i] / 1e9, (unsigned long long)h->le[i]);
         else
-            rt_buf_printf(b, "%sle=\"+Inf\"} %llu\n", n ? "," : "",
-                          (unsigned long long)h->le[i]);
+            rt_buf_printf(b, "%sle=\"+Inf\"} %llu\n", n ? "," : "", (unsigned long long)h->le[i]);
     }
     static const char *const part[2] = {"sum", "count"};
     for (int p = 0; p < 2; p++) {
@@ -157,8 +156,7 @@ static void histogram(rt_buf_t *b, const char *name, const rt_hist_snap_t *h,
         if (p == 0)
             rt_buf_printf(b, "%s %.9g\n", n ? "}" : "", (double)h->sum_ns / 1e9);
         else
-            rt_buf_printf(b, "%s %llu\n", n ? "}" : "",
-                          (unsigned long long)h->le[RT_HIST_BOUNDS]);
+            rt_buf_printf(b, "%s %llu\n", n ? "}" : "", (unsigned long long)h->le[RT_HIST_BOUNDS]);
     }
 }
 
@@ -270,8 +268,8 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
             "The max_connections limit, all listeners together (0: none).",
             (uint64_t)(RT_LIVE(max_connections) > 0 ? RT_LIVE(max_connections) : 0));
     family(b, "rt_delivery_latency_seconds", "histogram",
-           "From reading a client's PUBLISH to the last of its routed copies handled by its "
-           "subscribers (written, queued or dropped), per message with a copy written.");
+           "From reading a client's PUBLISH to writing a routed copy of it to a subscriber, "
+           "per copy written as the subscriber took it (queued copies are not timed).");
     histogram(b, "rt_delivery_latency_seconds", &s->delivery, NULL, 0);
 }
 

@@ -133,7 +133,7 @@ def test_scrape_is_valid_and_counts_what_was_done(rtd):
     def hist_moved(name, labels=""):
         return hist[(name, labels)][2] - hist_before.get((name, labels), (0, 0, 0))[2]
 
-    # One record per message that reached a subscriber: M copies, each written at once.
+    # One record per copy written as its subscriber took it: M copies to one subscriber.
     assert hist_moved("rt_delivery_latency_seconds") == M
     # One per write call: every batch succeeded here.
     assert moved("rt_sink_write_failures_total", archive) == 0
