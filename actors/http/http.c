@@ -144,7 +144,7 @@ static void trace_part(http_conn_t *k, int code, const char *body, size_t len)
         k->tracing = true;
     }
     if (!len)
-        rt_sock_write(k->sock, ": alive\n\n", 10);
+        rt_sock_write(k->sock, ": alive\n\n", 9);
     for (size_t start = 0; start < len;) {
         const char *nl = memchr(body + start, '\n', len - start);
         size_t end = nl ? (size_t)(nl - body) : len;

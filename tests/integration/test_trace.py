@@ -212,7 +212,9 @@ def test_trace_over_the_api(http):
     c.publish("api/t", b"payload-bytes", qos=1).wait_for_publish(5)
     c.disconnect()
     c.loop_stop()
-    events = [json.loads(line[6:]) for line in resp.read().decode().splitlines()
+    rest = resp.read()
+    assert b"\0" not in rest  # the `: alive` comments are their 9 bytes, no NUL after
+    events = [json.loads(line[6:]) for line in rest.decode().splitlines()
               if line.startswith("data: ")]
     kinds = [(e.get("dir"), e.get("type")) for e in events if e["event"] == "packet"]
     assert kinds[:4] == [("in", "CONNECT"), ("out", "CONNACK"), ("in", "PUBLISH"),
