@@ -7,6 +7,7 @@ dashboard-phone-full.png (the whole page at that width); dashboard-trace.png and
 dashboard-trace-phone.png, the Trace panel showing a real client's packets."""
 import json
 import os
+import subprocess
 import threading
 import time
 import urllib.error
@@ -58,18 +59,11 @@ def test_static_files_need_no_key(rtd):
         assert e.value.code == 404, path
 
 
-def publish_for(port, seconds, stop):
-    """A client publishing ~200 messages a second until stop or seconds pass."""
-    c = mqtt.Client(client_id="dash-publisher", protocol=mqtt.MQTTv311)
-    c.connect("127.0.0.1", port, keepalive=30)
-    c.loop_start()
-    end = time.monotonic() + seconds
-    while time.monotonic() < end and not stop.is_set():
-        for _ in range(20):
-            c.publish("sensors/s1/temp", b'{"temp": 21}')
-        time.sleep(0.1)
-    c.loop_stop()
-    c.disconnect()
+def rtbench_load(port, seconds):
+    """rtbench: 10 publisher/subscriber pairs at 500 messages a second in all, for seconds."""
+    return subprocess.Popen([os.path.join(BUILD, "tools", "rtbench", "rtbench"), "pairs",
+                             "-p", str(port), "-c", "10", "--rate", "500", "-d", str(seconds),
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def test_dashboard(rtd, browser):
@@ -87,9 +81,7 @@ def test_dashboard(rtd, browser):
     victim.on_disconnect = lambda *a: kicked.set()
     victim.connect("127.0.0.1", rtd.port, keepalive=30)
     victim.loop_start()
-    stop = threading.Event()
-    pub = threading.Thread(target=publish_for, args=(rtd.port, 8, stop), daemon=True)
-    pub.start()
+    load = rtbench_load(rtd.port, 8)
     try:
         n0 = b.wait_eval("rtdash.samples.length", 5)
         assert n0, "no live sample from the stream"
@@ -108,8 +100,7 @@ def test_dashboard(rtd, browser):
                           " return [...document.querySelectorAll('#actors-table tbody tr')]"
                           ".map(r => by.get(r.cells[0].textContent).memory); })()", 3)
         assert mem and mem == sorted(mem, reverse=True)
-        stop.set()
-        pub.join(10)
+        load.terminate()
 
         # A kick from the UI (two clicks: arm, then kick) ends a real client's connection.
         b.eval("document.getElementById('clients-prefix').value = 'dash-v';"
@@ -123,7 +114,9 @@ def test_dashboard(rtd, browser):
                " k.click(); k.click(); }")
         assert kicked.wait(10), "the kick from the page did not disconnect the client"
     finally:
-        stop.set()
+        if load.poll() is None:
+            load.kill()
+        load.wait(10)
         victim.loop_stop()
 
     # A dry run of the archive rule (etc/rules/archive.lua) shows the row it would write.
