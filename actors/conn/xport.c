@@ -126,9 +126,8 @@ size_t rt__xport_memory(const conn_t *c)
 
 size_t rt_xport_total_memory(void)
 {
-    return atomic_load_explicit(&xport_bytes, memory_order_relaxed);
+    return atomic_load_explicit(&xport_bytes, memory_order_relaxed) + rt_tls_conn_total_memory();
 }
-
 
 /* ---- Start and end ---- */
 
@@ -734,7 +733,7 @@ void rt__conn_peer_format(const conn_t *c, char *buf, size_t len)
 {
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
     if (!xp || !xp->real) {
-        rt__conn_format_peer(c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
+        rt_conn_format_peer(c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
         return;
     }
     char host[INET6_ADDRSTRLEN];

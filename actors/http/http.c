@@ -2,7 +2,9 @@
 ** The HTTP listener and its connections (http.h). A connection is an actor that reads one
 ** request at a time (keep-alive, bounded by http_request.h and RT_HTTP_BODY_MAX, cut by
 ** RT_HTTP_REQUEST_MS while incomplete and RT_HTTP_IDLE_MS while idle), answers it, then
-** reads the next. The API is the admin command layer: a path /api/v1/clients/show/ID?x=y
+** reads the next; with http.tls, through its TLS connection (tls_conn.h, as the MQTT
+** connections run theirs), whose handshake the request deadline covers too. The API is the
+** admin command layer: a path /api/v1/clients/show/ID?x=y
 ** becomes the request line `clients show ID --x y --json`, answered by the same code as
 ** rtctl's (rt_admin_exec_*), now or when the worker or the connection actors reply.
 */
@@ -13,10 +15,13 @@
 
 #include "admin.h"
 #include "broker.h"
+#include "conn.h"
 #include "group.h"
 #include "http.h"
 #include "http_request.h"
 #include "log.h"
+#include "tls.h"
+#include "tls_conn.h"
 
 #define MSG_HTTP_TIMER (RT_MSG_USER + 40) /* the request or idle deadline */
 #define HTTP_ACCEPTS_PER_TURN 64
@@ -32,7 +37,8 @@ static struct {
 
 typedef struct {
     rt_sock_t *sock;
-    uint8_t *in; /* heap: bytes read, not yet answered */
+    rt_tls_conn_t tls; /* tls.ssl NULL: plain HTTP */
+    uint8_t *in; /* heap: bytes read (decrypted), not yet answered */
     size_t inlen, incap;
     rt_admin_exec_t exec;   /* an API request waiting for the worker or connection actors */
     rt_ref_t timer;         /* the request's or the idle deadline */
@@ -45,6 +51,13 @@ typedef struct {
     bool streaming;         /* the stream's head went out with its first event */
     size_t pending;         /* bytes of the request whose answer the admin layer owes */
 } http_conn_t;
+
+/* Ends the connection: what was written goes out, then the socket closes. */
+static void finish(rt_actor_t *self, http_conn_t *k)
+{
+    k->closing = true;
+    rt_exit(self, RT_REASON_NORMAL);
+}
 
 static const char *reason_phrase(int code)
 {
@@ -80,6 +93,19 @@ static const char *reason_phrase(int code)
     }
 }
 
+/*
+** Output goes through TLS when the listener has it. A failed write is not reported: the
+** socket's failure shows at its next read, and an answer lost to memory leaves the client
+** to its timeout.
+*/
+static void out(http_conn_t *k, const void *p, size_t n)
+{
+    if (k->tls.ssl)
+        rt_tls_conn_write(&k->tls, p, n);
+    else
+        rt_sock_write(k->sock, p, n);
+}
+
 static void respond_raw(http_conn_t *k, int code, const char *type, const char *body, size_t len)
 {
     char head[256];
@@ -89,9 +115,9 @@ static void respond_raw(http_conn_t *k, int code, const char *type, const char *
                      code, reason_phrase(code), type, len,
                      code == 401 ? "WWW-Authenticate: Bearer\r\n" : "",
                      k->keep_alive ? "keep-alive" : "close");
-    rt_sock_write(k->sock, head, (size_t)n);
+    out(k, head, (size_t)n);
     if (len)
-        rt_sock_write(k->sock, body, len);
+        out(k, body, len);
 }
 
 /* An error as JSON: {"error": "..."} (the admin layer's own errors are already that). */
@@ -117,17 +143,17 @@ static void stream_event(http_conn_t *k, int code, const char *body, size_t len)
     size_t word = strcspn(k->stream + 1, "\"");
     int n = snprintf(head, sizeof(head), "event: %.*s\ndata: ", (int)(word < 40 ? word : 40),
                      k->stream + 1);
-    rt_sock_write(k->sock, head, (size_t)n);
+    out(k, head, (size_t)n);
     if (code != 200) {
-        rt_sock_write(k->sock, "{\"error\": true}", 15);
+        out(k, "{\"error\": true}", 15);
     } else {
         for (size_t i = 0, start = 0; i <= len; i++)
             if (i == len || body[i] == '\n') { /* compact JSON; its last newline dropped */
-                rt_sock_write(k->sock, body + start, i - start);
+                out(k, body + start, i - start);
                 start = i + 1;
             }
     }
-    rt_sock_write(k->sock, "\n\n", 2);
+    out(k, "\n\n", 2);
 }
 
 static void respond_admin(void *ctx, int code, const char *body, size_t len)
@@ -137,7 +163,7 @@ static void respond_admin(void *ctx, int code, const char *body, size_t len)
         if (!k->streaming) {
             static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                        "Cache-Control: no-store\r\nConnection: keep-alive\r\n\r\n";
-            rt_sock_write(k->sock, head, sizeof(head) - 1);
+            out(k, head, sizeof(head) - 1);
             k->streaming = true;
         }
         stream_event(k, code, body, len);
@@ -271,8 +297,7 @@ static void stream_tick(rt_actor_t *self, http_conn_t *k)
     static _Thread_local char line[HTTP_LINE_MAX + 8];
     memcpy(line, k->stream, k->stream_len + 1);
     if (rt_sock_pending(k->sock) > RT_ADMIN_OUT_MAX) { /* a reader that stopped reading */
-        k->closing = true;
-        rt_exit(self, RT_REASON_NORMAL);
+        finish(self, k);
         return;
     }
     if (!rt_admin_exec_start(self, &k->exec, line, k->stream_len, RT_ADMIN_CHANGES, respond_admin,
@@ -391,8 +416,7 @@ static void request_done(rt_actor_t *self, http_conn_t *k, size_t used)
     memmove(k->in, k->in + used, k->inlen - used);
     k->inlen -= used;
     if (!k->keep_alive) {
-        k->closing = true;
-        rt_exit(self, RT_REASON_NORMAL); /* the runtime sends what is buffered, then closes */
+        finish(self, k);
         return;
     }
     arm_timer(self, k, k->inlen ? RT_HTTP_REQUEST_MS : RT_HTTP_IDLE_MS);
@@ -410,8 +434,7 @@ static void answer_requests(rt_actor_t *self, http_conn_t *k)
         if (rc != 0) {
             k->keep_alive = false;
             respond_error(k, rc, why);
-            k->closing = true;
-            rt_exit(self, RT_REASON_NORMAL);
+            finish(self, k);
             return;
         }
         k->keep_alive = req.keep_alive;
@@ -423,6 +446,64 @@ static void answer_requests(rt_actor_t *self, http_conn_t *k)
     }
 }
 
+/* Takes bytes of requests (decrypted, over TLS); false when the connection ends. */
+static bool take(rt_actor_t *self, http_conn_t *k, const void *data, size_t len)
+{
+    if (k->stream)
+        return true; /* an event stream reads nothing more from its client */
+    /* A whole request is at most its head and body: a client that sends more before its
+       answer (pipelining past that) waits in the kernel. */
+    if (k->inlen + len > RT_HTTP_HEAD_MAX + RT_HTTP_BODY_MAX + 64 * 1024 ||
+        rt_grow_on(self, &k->in, &k->incap, k->inlen + len, 1, 512, RT_OBJ_LEAF)) {
+        k->keep_alive = false;
+        respond_error(k, 413, "request too large");
+        finish(self, k);
+        return false;
+    }
+    /* The request's deadline starts at its first byte; the handshake's bytes do not move
+       it, so the handshake and the first request share the deadline set at accept. */
+    if (!k->inlen)
+        arm_timer(self, k, RT_HTTP_REQUEST_MS);
+    memcpy(k->in + k->inlen, data, len);
+    k->inlen += len;
+    return true;
+}
+
+typedef struct {
+    rt_actor_t *self;
+    http_conn_t *k;
+} tls_reader_t;
+
+static bool tls_plain(void *ctx, uint8_t *p, size_t n)
+{
+    tls_reader_t *r = ctx;
+    return take(r->self, r->k, p, n);
+}
+
+static void log_tls(const http_conn_t *k, const char *event, const char *fmt, const char *what)
+{
+    char peer[64];
+    rt_conn_format_peer(rt_sock_fd(k->sock), peer, sizeof(peer));
+    rt_log(RT_LOG_INFO, event, fmt, peer, what);
+}
+
+/* Ciphertext from the socket; false when the connection ends. */
+static bool tls_input(rt_actor_t *self, http_conn_t *k, const uint8_t *p, size_t n)
+{
+    tls_reader_t reader = {self, k};
+    char why[RT_TLS_WHY_LEN];
+    int rc = rt_tls_conn_input(&k->tls, p, n, tls_plain, &reader, why, sizeof(why));
+    if (rc == RT_EPROTO && !rt_tls_conn_established(&k->tls)) {
+        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=\"%s\"", why);
+        atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
+    } else if (rc == RT_EPROTO) {
+        log_tls(k, "tls.error", "peer=%s listener=http reason=\"%s\"", why);
+    }
+    if (rc && !k->closing)
+        finish(self, k);
+    return !k->closing;
+}
+
 static void on_readable(rt_actor_t *self, http_conn_t *k)
 {
     for (int reads = 0; reads < 16 && !k->closing; reads++) {
@@ -432,26 +513,11 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
         if (rc == RT_EAGAIN)
             break;
         if (rc != 0) {
-            k->closing = true;
-            rt_exit(self, RT_REASON_NORMAL);
+            finish(self, k);
             return;
         }
-        /* A whole request is at most its head and body: a client that sends more before its
-           answer (pipelining past that) waits in the kernel. */
-        if (k->inlen + len > RT_HTTP_HEAD_MAX + RT_HTTP_BODY_MAX + 64 * 1024 ||
-            rt_grow_on(self, &k->in, &k->incap, k->inlen + len, 1, 512, RT_OBJ_LEAF)) {
-            k->keep_alive = false;
-            respond_error(k, 413, "request too large");
-            k->closing = true;
-            rt_exit(self, RT_REASON_NORMAL);
+        if (!(k->tls.ssl ? tls_input(self, k, data, len) : take(self, k, data, len)))
             return;
-        }
-        if (k->stream)
-            continue; /* an event stream reads nothing more from its client */
-        if (!k->inlen)
-            arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's deadline starts */
-        memcpy(k->in + k->inlen, data, len);
-        k->inlen += len;
     }
     answer_requests(self, k);
 }
@@ -466,24 +532,29 @@ static void on_timer(rt_actor_t *self, http_conn_t *k)
     }
     if (k->exec.cookie)
         return; /* answering: the admin layer bounds its own wait */
+    if (k->tls.ssl && !rt_tls_conn_established(&k->tls))
+        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=\"%s\"", "timeout");
     if (k->inlen) {
         k->keep_alive = false;
         respond_error(k, 408, "the request did not arrive in time");
     }
-    k->closing = true;
-    rt_exit(self, RT_REASON_NORMAL);
+    finish(self, k);
 }
 
 static int conn_init(rt_actor_t *self, void *state, void *arg)
 {
     http_conn_t *k = state;
     int fd = (int)(intptr_t)arg;
-    if (rt_sock_adopt(self, fd, &k->sock) != 0) {
-        close(fd);
-        return RT_EINVAL;
-    }
+    if (rt_sock_adopt(self, fd, &k->sock) != 0)
+        return RT_EINVAL; /* the listener closes fd */
     atomic_fetch_add(&H.conns, 1);
-    arm_timer(self, k, RT_HTTP_REQUEST_MS);
+    /* From here the socket is the actor's: a failure ends the actor, which closes it. */
+    if (H.conf.http.where.tls_on &&
+        rt_tls_conn_attach(&k->tls, rt_tls_accept(RT_TLS_HTTP), k->sock) != 0) {
+        finish(self, k);
+        return 0;
+    }
+    arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's, and the handshake's */
     return 0;
 }
 
@@ -521,8 +592,19 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     http_conn_t *k = state;
     if (k->timer)
         rt_cancel_timer(k->timer);
+    if (k->tls.ssl)
+        rt_tls_conn_close(&k->tls); /* the last answer, then close_notify */
     rt_admin_exec_free(&k->exec);
     atomic_fetch_sub(&H.conns, 1);
+}
+
+/* A turn's answers go out as one TLS record (tls_conn.h). */
+static void conn_turn_end(rt_actor_t *self, void *state)
+{
+    (void)self;
+    http_conn_t *k = state;
+    if (k->tls.ssl)
+        rt_tls_conn_flush(&k->tls);
 }
 
 static const char *conn_tag_name(uint32_t tag)
@@ -546,6 +628,7 @@ static const rt_actor_type_t http_conn_type = {
     .handle = conn_handle,
     .terminate = conn_terminate,
     .tag_name = conn_tag_name,
+    .turn_end = conn_turn_end,
 };
 
 /* ---- The listener ---- */
@@ -612,8 +695,9 @@ int rt_http_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
         rt_group_stop(sup, RT_HTTP_GROUP);
         return rc;
     }
-    rt_log(RT_LOG_INFO, "http.started", "listener=%s:%d api_keys_file=%s metrics_public=%s",
-           conf->http.where.host, conf->http.where.port,
+    rt_log(RT_LOG_INFO, "http.started",
+           "listener=%s:%d tls=%s api_keys_file=%s metrics_public=%s", conf->http.where.host,
+           conf->http.where.port, conf->http.where.tls_on ? "true" : "false",
            conf->http.api_keys_file[0] ? conf->http.api_keys_file : "-",
            conf->http.metrics_public ? "true" : "false");
     return 0;
