@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "admin.h"
@@ -18,6 +19,7 @@
 #include "conn.h"
 #include "group.h"
 #include "http.h"
+#include "http_impl.h"
 #include "http_request.h"
 #include "log.h"
 #include "tls.h"
@@ -25,7 +27,6 @@
 
 #define MSG_HTTP_TIMER (RT_MSG_USER + 40) /* the request or idle deadline */
 #define HTTP_ACCEPTS_PER_TURN 64
-#define HTTP_LINE_MAX 4096 /* an API request as an admin request line */
 
 static struct {
     rt_conf_t conf; /* http's part, read by every connection */
@@ -82,6 +83,8 @@ static const char *reason_phrase(int code)
         return "Content Too Large";
     case 414:
         return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
     case 431:
         return "Request Header Fields Too Large";
     case 503:
@@ -185,99 +188,6 @@ static void arm_timer(rt_actor_t *self, http_conn_t *k, uint64_t ms)
     rt_send_after_tag(ms, rt_self(self), MSG_HTTP_TIMER, &k->timer);
 }
 
-static int hex_digit(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
-/* Percent-decodes s[0, n) into out (cap bytes); false on a bad escape or overflow. */
-static bool decode(const char *s, size_t n, bool plus_space, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '%') {
-            int hi = i + 2 < n ? hex_digit(s[i + 1]) : -1;
-            int lo = i + 2 < n ? hex_digit(s[i + 2]) : -1;
-            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
-                return false; /* a NUL would cut the word */
-            c = (char)(hi << 4 | lo);
-            i += 2;
-        } else if (c == '+' && plus_space) {
-            c = ' ';
-        }
-        if (o + 1 >= cap)
-            return false;
-        out[o++] = c;
-    }
-    out[o] = 0;
-    return true;
-}
-
-/* Appends word to line as an admin request word: quoted, with its escapes (docs/ADMIN.md). */
-static bool add_word(char *line, size_t *at, const char *word)
-{
-    size_t n = *at;
-    if (n + 4 >= HTTP_LINE_MAX)
-        return false;
-    if (n)
-        line[n++] = ' ';
-    line[n++] = '"';
-    for (const unsigned char *p = (const unsigned char *)word; *p; p++) {
-        if (n + 6 >= HTTP_LINE_MAX)
-            return false;
-        if (*p == '"' || *p == '\\') {
-            line[n++] = '\\';
-            line[n++] = (char)*p;
-        } else if (*p < 0x20 || *p == 0x7f) {
-            n += (size_t)snprintf(line + n, HTTP_LINE_MAX - n, "\\x%02x", *p);
-        } else {
-            line[n++] = (char)*p;
-        }
-    }
-    line[n++] = '"';
-    line[n] = 0;
-    *at = n;
-    return true;
-}
-
-/*
-** /api/v1/WORD/WORD/...?name=value&flag -> `WORD WORD ... --name value --flag --json`.
-** Returns the line's length, or 0 when the target cannot be one.
-*/
-static size_t api_line(const char *path, const char *query, char *line)
-{
-    size_t at = 0;
-    char word[1024];
-    for (const char *p = path; *p;) {
-        const char *end = strchr(p, '/');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (n && (!decode(p, n, false, word, sizeof(word)) || !add_word(line, &at, word)))
-            return 0;
-        p += n + (end != NULL);
-    }
-    for (const char *p = query; p && *p;) {
-        const char *end = strchr(p, '&');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', n);
-        size_t klen = eq ? (size_t)(eq - p) : n;
-        char opt[1100] = "--";
-        if (klen && (!decode(p, klen, true, opt + 2, sizeof(opt) - 2) || !add_word(line, &at, opt)))
-            return 0;
-        if (klen && eq && (!decode(eq + 1, n - klen - 1, true, word, sizeof(word)) ||
-                           !add_word(line, &at, word)))
-            return 0;
-        p += n + (end != NULL);
-    }
-    if (!at || at + 8 >= HTTP_LINE_MAX)
-        return 0;
-    memcpy(line + at, " --json", 8);
-    return at + 7;
-}
-
 /* Ready: every listener accepting (the store and sinks start before them, and stop after). */
 static bool ready(void)
 {
@@ -294,7 +204,7 @@ static bool ready(void)
 /* Runs the stream's command once more (the line is split in place: a copy each time). */
 static void stream_tick(rt_actor_t *self, http_conn_t *k)
 {
-    static _Thread_local char line[HTTP_LINE_MAX + 8];
+    static _Thread_local char line[RT_HTTP_LINE_MAX + 8];
     memcpy(line, k->stream, k->stream_len + 1);
     if (rt_sock_pending(k->sock) > RT_ADMIN_OUT_MAX) { /* a reader that stopped reading */
         finish(self, k);
@@ -316,7 +226,7 @@ static void stream_tick(rt_actor_t *self, http_conn_t *k)
 */
 static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, const char *query)
 {
-    char rest[RT_HTTP_TARGET_MAX] = "", line[HTTP_LINE_MAX + 8];
+    char rest[RT_HTTP_TARGET_MAX] = "", line[RT_HTTP_LINE_MAX + 8];
     long every = 1;
     /* every= is the stream's own; the rest of the query goes to the command. */
     for (const char *p = query; p && *p;) {
@@ -329,7 +239,8 @@ static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, con
                      rest[0] ? "&" : "", (int)n, p);
         p += n + (end != NULL);
     }
-    size_t len = api_line(path, rest, line);
+    char why[64];
+    size_t len = rt__http_api_line(path, rest, NULL, 0, line, why, sizeof(why));
     if (!len || every < 1 || every > 60) {
         respond_error(k, 400, "not a stream: /api/v1/stream/COMMAND?every=1..60");
         return true;
@@ -346,6 +257,32 @@ static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, con
     return false;
 }
 
+/* Whether a Content-Type is JSON's ("application/json", with parameters or not). */
+static bool is_json(const char *type)
+{
+    type += strspn(type, " \t");
+    return strncasecmp(type, "application/json", 16) == 0 && strchr("; \t", type[16]);
+}
+
+/*
+** An API request's admin line from its path, its query and (POST or PUT) its JSON body;
+** 0 when the request was answered with its error.
+*/
+static size_t api_request_line(http_conn_t *k, const rt_http_request_t *req, bool post,
+                               const char *path, const char *query, char *line)
+{
+    const char *json = post && req->body_len ? (const char *)k->in + req->body_off : NULL;
+    if (json && !is_json(req->content_type)) {
+        respond_error(k, 415, "a request body must be JSON (Content-Type: application/json)");
+        return 0;
+    }
+    char why[512];
+    size_t len = rt__http_api_line(path, query, json, req->body_len, line, why, sizeof(why));
+    if (!len)
+        respond_error(k, 400, why);
+    return len;
+}
+
 /* Answers the request: true when answered now, false when the admin layer answers later. */
 static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *req)
 {
@@ -355,7 +292,8 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     if (query)
         *query++ = 0;
     bool get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-    bool post = strcmp(req->method, "POST") == 0;
+    /* PUT is POST's synonym: clients that send JSON bodies tend to pick either. */
+    bool post = strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0;
     k->text = false;
     if (strcmp(path, "/healthz") == 0) {
         respond_raw(k, 200, "application/json", "{\"status\": \"ok\"}\n", 17);
@@ -385,7 +323,7 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
         return true;
     }
     if (!get && !post) {
-        respond_error(k, 405, "GET, or POST for commands that change rtd");
+        respond_error(k, 405, "GET, or POST (PUT) for commands that change rtd");
         return true;
     }
     rt_http_role_t role = rt_http_key_role(req->api_key);
@@ -394,15 +332,14 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
                                                                     "(Authorization: Bearer KEY)");
         return true;
     }
-    static _Thread_local char line[HTTP_LINE_MAX + 8];
+    static _Thread_local char line[RT_HTTP_LINE_MAX + 8];
     size_t len;
     if (api && strncmp(path + 8, "stream/", 7) == 0 && get)
         return start_stream(self, k, path + 15, query);
     if (metrics) {
         k->text = true;
         len = (size_t)snprintf(line, sizeof(line), "metrics prometheus");
-    } else if (!(len = api_line(path + 8, query, line))) {
-        respond_error(k, 400, "the path or query is not a command (bad escape, or too long)");
+    } else if (!(len = api_request_line(k, req, post, path + 8, query, line))) {
         return true;
     }
     /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat). */
