@@ -2,6 +2,7 @@
 layer with API keys (read and admin roles), JSON request bodies, and the listener's bounds
 (request size, slow requests, many connections). Real clients: urllib and raw sockets, paho
 for a kick. Over TLS: test_http_tls.py."""
+import contextlib
 import json
 import os
 import socket
@@ -82,13 +83,22 @@ def test_keys_and_roles(http):
     assert call(http, "/api/v1/listeners", key=http.read_key)[1] == http.ctl_json("listeners")
 
 
-def test_clients_list_show_kick(http):
-    c = mqtt.Client(client_id="http-victim", protocol=mqtt.MQTTv311)
+@contextlib.contextmanager
+def victim(broker, client_id):
+    """A connected MQTT client to kick; yields the event its disconnection sets."""
+    c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv311)
     lost = threading.Event()
     c.on_disconnect = lambda *a: lost.set()
-    c.connect("127.0.0.1", http.port, keepalive=30)
+    c.connect("127.0.0.1", broker.port, keepalive=30)
     c.loop_start()
     try:
+        yield lost
+    finally:
+        c.loop_stop()
+
+
+def test_clients_list_show_kick(http):
+    with victim(http, "http-victim") as lost:
         assert wait_for(lambda: any(x.get("client_id") == "http-victim" for x in
                                     call(http, "/api/v1/clients/list?limit=10",
                                          key=http.read_key)[1]))
@@ -99,27 +109,18 @@ def test_clients_list_show_kick(http):
                        method="POST")
         assert code == 200
         assert lost.wait(10), "the client was not disconnected"
-    finally:
-        c.loop_stop()
 
 
 def test_json_bodies(http):
     """A POST's (or PUT's) JSON object gives the command's arguments, named by its usage;
     the path and query still do, and the two mix."""
-    c = mqtt.Client(client_id="json-victim", protocol=mqtt.MQTTv311)
-    lost = threading.Event()
-    c.on_disconnect = lambda *a: lost.set()
-    c.connect("127.0.0.1", http.port, keepalive=30)
-    c.loop_start()
-    try:
+    with victim(http, "json-victim") as lost:
         assert wait_for(lambda: call(http, "/api/v1/clients/show/json-victim",
                                      key=http.read_key)[0] == 200)
         code, _ = call(http, "/api/v1/clients/kick", key=http.admin_key, method="POST",
                        body={"client_id": "json-victim"})
         assert code == 200
         assert lost.wait(10), "the client was not disconnected"
-    finally:
-        c.loop_stop()
     admin = dict(key=http.admin_key, method="POST")
     code, body = call(http, "/api/v1/config/set", **admin,
                       body={"setting": "log_level", "value": "debug"})
