@@ -6,10 +6,10 @@
 ** Input climbs the layers in place: the PROXY header is cut from the front of what was
 ** read, TLS decrypts into a per-thread buffer (rt_tls_conn_t, actors/transport/tls_conn.h,
 ** which the HTTP listener's connections run too), WebSocket frames are unmasked where they
-** lie, and MQTT's bytes go to
-** rt__conn_input. Everything read from the socket is taken through every layer before the
-** handler returns: a layer keeps only what it cannot use yet (a split frame header, an
-** incomplete HTTP head or PROXY header, in `stash`; a partial TLS record, inside OpenSSL).
+** lie, and MQTT's bytes go to rt__conn_input. Everything read from the socket is taken
+** through every layer before the handler returns: a layer keeps only what it cannot use yet
+** (a split frame header, an incomplete HTTP head or PROXY header, in `stash`; a partial TLS
+** record, inside OpenSSL).
 ** Output goes down the same way: a packet becomes a binary frame, the frame a TLS record,
 ** and the record goes to the socket's buffer.
 **

@@ -4,7 +4,7 @@
 ** RT_HTTP_REQUEST_MS while incomplete and RT_HTTP_IDLE_MS while idle), answers it, then
 ** reads the next; with http.tls, through its TLS connection (tls_conn.h, as the MQTT
 ** connections run theirs), whose handshake the request deadline covers too. The API is the
-** admin command layer: a path /api/v1/clients/show/ID?x=y
+** admin command layer: a path /api/v1/clients/show/ID?x=y (or a JSON body, http_api.c)
 ** becomes the request line `clients show ID --x y --json`, answered by the same code as
 ** rtctl's (rt_admin_exec_*), now or when the worker or the connection actors reply.
 */

@@ -11,8 +11,10 @@
 **
 ** Memory. The object is a few words inside its owner's state. The staging buffer is malloc'ed
 ** for a turn's writes and freed at their flush, counted in rt_tls_conn_total_memory. An idle
-** connection keeps only its SSL, without record buffers (SSL_MODE_RELEASE_BUFFERS); OpenSSL's
-** allocations are not counted (tls.h says why).
+** connection keeps only its SSL, without record buffers (SSL_MODE_RELEASE_BUFFERS).
+** OpenSSL's own allocations are not counted: libmongoc initialises OpenSSL from a library
+** constructor, before rtd could install counting allocators (CRYPTO_set_mem_functions
+** refuses once OpenSSL has allocated).
 */
 #ifndef RT_TLS_CONN_H
 #define RT_TLS_CONN_H
