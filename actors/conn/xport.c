@@ -389,7 +389,7 @@ static void tls_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t
     }
     if (rc)
         fail(self, c);
-    else
+    else if (flowing(c)) /* else the layers above may have closed the connection, and xp */
         tls_opened(xp);
 }
 
