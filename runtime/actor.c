@@ -208,7 +208,7 @@ static void deliver_to(rt_actor_t *a, rt_msg_t *m)
         rt__schedule(a);
 }
 
-int rt_send_msg(rt_pid_t to, rt_msg_t *m)
+static int send_msg(rt_pid_t to, rt_msg_t *m, bool may_mute)
 {
     if (!m)
         return RT_ENOMEM;
@@ -224,10 +224,21 @@ int rt_send_msg(rt_pid_t to, rt_msg_t *m)
         rc = RT_ENOPROC;
     } else {
         deliver_to(a, m);
-        mute_check(a);
+        if (may_mute)
+            mute_check(a);
     }
     leave_any(ext);
     return rc;
+}
+
+int rt_send_msg(rt_pid_t to, rt_msg_t *m)
+{
+    return send_msg(to, m, true);
+}
+
+int rt_send_unmuted(rt_pid_t to, rt_msg_t *m)
+{
+    return send_msg(to, m, false);
 }
 
 int rt_send_optional(rt_pid_t to, rt_msg_t *m)

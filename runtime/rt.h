@@ -147,6 +147,12 @@ void rt_shed(rt_actor_t *self, bool on);
 void rt_hold_senders(rt_actor_t *self, bool on);
 bool rt_holding_senders(const rt_actor_t *self);
 int rt_send_optional(rt_pid_t to, rt_msg_t *m);
+/*
+** rt_send_msg that never parks the sender, whatever the receiver's overload or socket
+** pressure: for a sender that must not be slowed by that receiver, and that bounds what it
+** queues there by other means (a packet trace: trace.h bounds the bytes on their way).
+*/
+int rt_send_unmuted(rt_pid_t to, rt_msg_t *m);
 /* Copies len bytes of data into a new message and sends it. */
 int rt_send(rt_pid_t to, uint32_t tag, const void *data, size_t len);
 

@@ -63,26 +63,36 @@ int rt_admin_reload_rules(char *err, size_t errlen);
 ** The command layer for other front ends (the HTTP API): a request line is answered now or
 ** later, and the caller frames the answer (code and body: JSON with --json, else text).
 */
-#define RT_ADMIN_CHANGES 4u /* a command that changes rtd (kick, reload, set): refusable */
+#define RT_ADMIN_CHANGES 4u   /* a command that changes rtd (kick, reload, set): refusable */
+#define RT_ADMIN_SENSITIVE 8u /* a command that shows clients' traffic (trace): refusable */
+/*
+** An answer, or a part of one: a streaming command (`trace`) answers in parts with code 206
+** (each a whole line or lines; an empty one says the stream is alive), then once with its
+** final code.
+*/
 typedef void (*rt_admin_answer_fn)(void *ctx, int code, const char *body, size_t len);
 typedef struct rt_admin_exec_s {
     uint64_t cookie;                /* of the answer awaited; 0: none */
     struct rt_admin_cmd_s *waiting; /* a gathering command, or NULL */
+    struct rt_admin_trace_s *trace; /* a trace being streamed, or NULL */
+    rt_sock_t *sock; /* the front end's socket: a trace drops what would pile up unsent on it */
     rt_ref_t timer;
 } rt_admin_exec_t;
 /* Tags the answer to a waiting request comes in (pass every other message to exec_message). */
-#define RT_ADMIN_MSG_JOB_DONE (RT_MSG_USER + 2)     /* data: rt_admin_job_done_t, the body */
+#define RT_ADMIN_MSG_JOB_DONE (RT_MSG_USER + 2)       /* data: rt_admin_job_done_t, the body */
 #define RT_ADMIN_MSG_GATHER_TIMEOUT (RT_MSG_USER + 3) /* stop waiting for connection actors */
+#define RT_ADMIN_MSG_TRACE_TICK (RT_MSG_USER + 4)     /* a trace's second: alive, drops, end */
 /*
-** Starts answering line (split in place) in the actor self: true when fn was called already,
-** false when the answer comes with a later message (rt_admin_exec_message). Commands with
-** a flag in refuse (RT_ADMIN_CHANGES) are answered 403.
+** Starts answering line (split in place) in the actor self: true when fn was called already
+** (with the final answer), false when the answer comes with later messages
+** (rt_admin_exec_message). Commands with a flag in refuse (RT_ADMIN_CHANGES,
+** RT_ADMIN_SENSITIVE) are answered 403.
 */
 bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_t len,
                          unsigned refuse, rt_admin_answer_fn fn, void *ctx);
-/* A message to the actor: true if it answered the waiting request (fn was called). */
+/* A message to the actor: true if it gave the waiting request its final answer. */
 bool rt_admin_exec_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn fn, void *ctx);
-/* Drops a waiting request (the actor is ending). */
+/* Drops a waiting request, and ends a trace (the actor is ending). */
 void rt_admin_exec_free(rt_admin_exec_t *x);
 
 /*

@@ -16,6 +16,7 @@
 #include "rule_engine.h"
 #include "sink.h"
 #include "tls.h"
+#include "trace.h"
 
 #define RULES_MAX 1024
 #define SINKS_MAX 64
@@ -90,6 +91,8 @@ static int cmd_status(rt_admin_cmd_t *c)
                       (int)getpid(), up);
         if (h)
             rt_buf_printf(&c->text, "http listener %s (%s)\n", where, h->tls_on ? "https" : "http");
+        if (rt_trace_active())
+            rt_buf_printf(&c->text, "packet traces on: %u\n", rt_trace_active());
         return 200;
     }
     if (need_object(c))
@@ -98,6 +101,7 @@ static int cmd_status(rt_admin_cmd_t *c)
     rt_doc_add_str(c->doc, "version", rt__admin_version());
     rt_doc_add_i64(c->doc, "pid", getpid());
     rt_doc_add_u64(c->doc, "uptime_s", rt__admin_uptime_ms() / 1000);
+    rt_doc_add_u64(c->doc, "traces", rt_trace_active());
     if (h) {
         rt_doc_t *o = rt_doc_add_object(c->doc, "http");
         rt_doc_add_str(o, "listener", where);
@@ -765,6 +769,10 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"config", "set", cmd_config_set, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "config set SETTING VALUE"},
     {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "auth reload"},
     {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "tls reload"},
+    {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
+     "trace client CLIENT_ID [--duration S] [--payload N]"},
+    {"trace", "topic", rt__admin_trace, RT_ADMIN_SENSITIVE,
+     "trace topic FILTER [--duration S] [--payload N]"},
     {"top", NULL, rt__admin_top, RT_ADMIN_BLOCKING,
      "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total] "
      "[--width W] [--height H]"},

@@ -80,6 +80,7 @@ static int admin_conn_init(rt_actor_t *self, void *state, void *arg)
         close(fd);
         return RT_EINVAL;
     }
+    k->exec.sock = k->sock;
     return 0;
 }
 

@@ -49,8 +49,10 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
         memcpy(raw, line, len);
     const rt_admin_command_t *cmd = rt__admin_parse(c, line, len);
     if (cmd && (cmd->flags & refuse)) {
-        rt__admin_fail(c, 403, "\"%s%s%s\" changes rtd: it needs the admin role", cmd->word,
-                       cmd->sub ? " " : "", cmd->sub ? cmd->sub : "");
+        rt__admin_fail(c, 403, "\"%s%s%s\" %s: it needs the admin role", cmd->word,
+                       cmd->sub ? " " : "", cmd->sub ? cmd->sub : "",
+                       cmd->flags & refuse & RT_ADMIN_CHANGES ? "changes rtd"
+                                                              : "shows clients' traffic");
     } else if (cmd && (cmd->flags & RT_ADMIN_BLOCKING)) {
         uint64_t cookie = next_cookie++;
         if (raw && rt__admin_worker_ask(cookie, raw, len) == 0)
@@ -59,7 +61,13 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
             rt__admin_fail(c, 503, "the admin worker is not running");
     } else if (cmd) {
         rt__admin_run(c, cmd);
-        if (c->code == 0) { /* gathering: answered by finish_gather */
+        if (c->trace) { /* streaming: its parts come with the trace's messages */
+            x->trace = c->trace;
+            c->trace = NULL;
+            x->cookie = next_cookie++;
+            fn(ctx, 206, c->text.data, c->text.len);
+            rt__admin_trace_begin(x);
+        } else if (c->code == 0) { /* gathering: answered by finish_gather */
             x->waiting = c;
             x->cookie = next_cookie++;
             rt_send_after_tag(RT_ADMIN_GATHER_MS, rt_self(self), RT_ADMIN_MSG_GATHER_TIMEOUT,
@@ -80,6 +88,8 @@ bool rt_admin_exec_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn f
 {
     if (!x->cookie)
         return false;
+    if (x->trace)
+        return rt__admin_trace_message(x, m, fn, ctx);
     if (m->tag == RT_ADMIN_MSG_JOB_DONE) {
         rt_admin_job_done_t a;
         if (m->len < sizeof(a))
@@ -111,5 +121,8 @@ void rt_admin_exec_free(rt_admin_exec_t *x)
         rt_cancel_timer(x->timer);
     if (x->waiting)
         rt__admin_cmd_free(x->waiting);
+    rt__admin_trace_end(x);
+    rt_sock_t *sock = x->sock;
     memset(x, 0, sizeof(*x));
+    x->sock = sock;
 }

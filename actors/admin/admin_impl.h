@@ -39,6 +39,7 @@ typedef struct rt_admin_cmd_s {
     rt_buf_t text;
     char error[RT_ADMIN_ERR_MAX];
     struct rt_admin_gather_s *gather; /* a gathering command's state (admin_clients.c) */
+    struct rt_admin_trace_s *trace;   /* a trace started, for the exec to stream (admin_trace.c) */
 } rt_admin_cmd_t;
 
 /* Command flags. */
@@ -151,6 +152,16 @@ int rt__admin_topics(rt_admin_cmd_t *c);
 /* ---- admin_tree.c: the supervision tree, exit signals (on the worker) ---- */
 int rt__admin_tree(rt_admin_cmd_t *c);
 int rt__admin_actors_kill(rt_admin_cmd_t *c);
+
+/* ---- admin_trace.c: `trace client|topic`, answered in parts ---- */
+typedef struct rt_admin_trace_s rt_admin_trace_t;
+/* Starts the trace: c->trace set and c->code 0 (with the first part in c->text), or an error. */
+int rt__admin_trace(rt_admin_cmd_t *c);
+/* The exec took the trace: its ticks start. */
+void rt__admin_trace_begin(rt_admin_exec_t *x);
+/* An event or tick of x's trace; true when it was the end (the final answer given). */
+bool rt__admin_trace_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn fn, void *ctx);
+void rt__admin_trace_end(rt_admin_exec_t *x);
 
 /* ---- admin_metrics.c ---- */
 int rt__admin_metrics_prometheus(rt_admin_cmd_t *c);

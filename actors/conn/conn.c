@@ -27,6 +27,7 @@
 #include "conn_impl.h"
 #include "log.h"
 #include "store.h"
+#include "trace.h"
 
 #define RT_CONN_READS_PER_TURN 16 /* socket reads per turn before yielding */
 /*
@@ -116,6 +117,8 @@ int rt__conn_write_packet(conn_t *c, uint8_t type, const uint8_t *buf, size_t le
 {
     RT_ASSERT(c->sock);
     int rc = c->xp ? rt__xport_write(c, buf, len) : rt_sock_write(c->sock, buf, len);
+    if (rc == 0 && rt_tracing())
+        rt_trace_packet(RT_TRACE_OUT, c->client_id, buf, len, c->version);
     if (rc == 0) {
         rt__metric_add(RT_METRIC_BYTES_OUT, len);
         rt__metric_add(RT_METRIC_PKT_OUT + type, 1);
@@ -502,8 +505,11 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
         int rc = mqtt_frame(buf + off, len - off, c->max_packet, &f);
         if (rc == RT_EAGAIN)
             break;
-        if (rc == 0)
+        if (rc == 0) {
             rt__metric_add(RT_METRIC_PKT_IN + (buf[off] >> 4), 1);
+            if (rt_tracing() && (c->version || !rt__conn_connect_parsed_before(c)))
+                rt_trace_packet(RT_TRACE_IN, c->client_id, buf + off, f.size, c->version);
+        }
         mqtt_packet_t pk;
         if (rc == 0 && (rc = mqtt_decode(buf + off, f.size, c->version, &pk)) != 0 && !c->version) {
             refuse_connect(self, c, &pk, rc);

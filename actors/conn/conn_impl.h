@@ -253,6 +253,11 @@ void rt__conn_log_bad_packet(rt_actor_t *self, conn_t *c, mqtt_str_t connect_id,
 int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, const uint8_t *bytes,
                             size_t len);
 void rt__conn_on_login_verdict(rt_actor_t *self, conn_t *c, const rt_auth_verdict_t *v);
+/*
+** Whether the CONNECT being parsed was parsed once already: again with the verifier's verdict,
+** or in the actor holding its session after a hand-over (a trace shows it once).
+*/
+bool rt__conn_connect_parsed_before(const conn_t *c);
 /* The negative CONNACK a failed login held back; then the actor exits. */
 void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c);
 /* A session begins (it ends in the actor's terminate). */

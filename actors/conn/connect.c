@@ -52,6 +52,11 @@ static bool hand_socket_to_holder(rt_actor_t *self, conn_t *c, rt_pid_t holder,
 */
 static _Thread_local const rt_auth_verdict_t *login_verdict_now;
 
+bool rt__conn_connect_parsed_before(const conn_t *c)
+{
+    return c->resuming || login_verdict_now;
+}
+
 /*
 ** The password file and allow_anonymous decide. A decision that needs a full
 ** hash (a user's first login, or any wrong password) goes to the verifier

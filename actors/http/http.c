@@ -50,6 +50,7 @@ typedef struct {
     size_t stream_len;
     uint32_t stream_ms;
     bool streaming;         /* the stream's head went out with its first event */
+    bool tracing;           /* a trace's events are being sent (trace_part) */
     size_t pending;         /* bytes of the request whose answer the admin layer owes */
 } http_conn_t;
 
@@ -159,9 +160,39 @@ static void stream_event(http_conn_t *k, int code, const char *body, size_t len)
     out(k, "\n\n", 2);
 }
 
+/*
+** A trace's parts (206) and its end: each line (a JSON object) one `event: trace` Server-Sent
+** Event, an empty part a comment that keeps the connection alive; the connection ends with it.
+*/
+static void trace_part(http_conn_t *k, int code, const char *body, size_t len)
+{
+    if (!k->tracing) {
+        static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                   "Cache-Control: no-store\r\nConnection: close\r\n\r\n";
+        out(k, head, sizeof(head) - 1);
+        k->tracing = true;
+    }
+    if (!len)
+        out(k, ": alive\n\n", 10);
+    for (size_t start = 0; start < len;) {
+        const char *nl = memchr(body + start, '\n', len - start);
+        size_t end = nl ? (size_t)(nl - body) : len;
+        out(k, "event: trace\ndata: ", 19);
+        out(k, body + start, end - start);
+        out(k, "\n\n", 2);
+        start = end + 1;
+    }
+    if (code != 206)
+        k->keep_alive = false;
+}
+
 static void respond_admin(void *ctx, int code, const char *body, size_t len)
 {
     http_conn_t *k = ctx;
+    if (code == 206 || k->tracing) {
+        trace_part(k, code, body, len);
+        return;
+    }
     if (k->stream && (k->streaming || code == 200)) {
         if (!k->streaming) {
             static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -342,8 +373,10 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     } else if (!(len = api_request_line(k, req, post, path + 8, query, line))) {
         return true;
     }
-    /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat). */
-    unsigned refuse = role == RT_HTTP_ROLE_ADMIN && post ? 0 : RT_ADMIN_CHANGES;
+    /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat);
+       a trace, which shows clients' traffic, the admin role. */
+    unsigned refuse = (role == RT_HTTP_ROLE_ADMIN && post ? 0 : RT_ADMIN_CHANGES) |
+                      (role == RT_HTTP_ROLE_ADMIN ? 0 : RT_ADMIN_SENSITIVE);
     return rt_admin_exec_start(self, &k->exec, line, len, refuse, respond_admin, k);
 }
 
@@ -386,7 +419,7 @@ static void answer_requests(rt_actor_t *self, http_conn_t *k)
 /* Takes bytes of requests (decrypted, over TLS); false when the connection ends. */
 static bool take(rt_actor_t *self, http_conn_t *k, const void *data, size_t len)
 {
-    if (k->stream)
+    if (k->stream || k->tracing)
         return true; /* an event stream reads nothing more from its client */
     /* A whole request is at most its head and body: a client that sends more before its
        answer (pipelining past that) waits in the kernel. */
@@ -484,6 +517,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     int fd = (int)(intptr_t)arg;
     if (rt_sock_adopt(self, fd, &k->sock) != 0)
         return RT_EINVAL; /* the listener closes fd */
+    k->exec.sock = k->sock;
     atomic_fetch_add(&H.conns, 1);
     /* From here the socket is the actor's: a failure ends the actor, which closes it. */
     if (H.conf.http.where.tls_on &&

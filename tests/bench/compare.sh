@@ -3,7 +3,7 @@
 # and writes a markdown table and PNG charts under docs/bench/.
 #
 #   tests/bench/compare.sh [--a CMD] [--b CMD] [--quick] [--rounds N] [--build DIR]
-#                          [--out DIR] [--only CASE-PREFIX] [--from-tsv FILE]
+#                          [--out DIR] [--only CASE-PREFIX[,PREFIX...]] [--from-tsv FILE]
 #
 # --from-tsv skips the runs and re-renders the table and charts from the raw rows
 # (compare.tsv) of an earlier run.
@@ -239,7 +239,12 @@ for c in "${CASES[@]}"; do
     [[ -n "$FROM_TSV" ]] && break
     name=${c%%|*}
     args=${c#*|}
-    [[ -n "$ONLY" && "$name" != "$ONLY"* ]] && continue
+    if [[ -n "$ONLY" ]]; then
+        wanted=0
+        IFS=, read -ra prefixes <<<"$ONLY"
+        for p in "${prefixes[@]}"; do [[ "$name" == "$p"* ]] && wanted=1; done
+        ((wanted)) || continue
+    fi
     echo "case $name: rtbench $args"
     for ((round = 1; round <= ROUNDS; round++)); do
         for b in "${BROKERS[@]}"; do

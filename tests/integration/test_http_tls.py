@@ -1,8 +1,9 @@
 """The HTTP listener over TLS (issue 16: `http = { bind, tls = { cert, key } }`): curl and
 Python's ssl module as clients, /healthz and the API with a key over HTTPS, keep-alive,
-answers bigger than a TLS record, an event stream (output from timer turns), plaintext to
-the TLS port, a handshake that trickles in and is cut at the request deadline, the
-listener's certificate in `rtctl status` and its live reload, and the config's refusals.
+answers bigger than a TLS record, an event stream (output from timer turns), a packet
+trace's stream, plaintext to the TLS port, a handshake that trickles in and is cut at the
+request deadline, the listener's certificate in `rtctl status` and its live reload, and the
+config's refusals.
 
 Certificates are made at run time with the openssl CLI (certs.py).
 """
@@ -15,6 +16,7 @@ import ssl
 import subprocess
 import time
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from certs import serial_of
@@ -127,6 +129,27 @@ def test_event_stream_over_tls(https, pki):
         if line.startswith(b"data: "):
             events.append(json.loads(line[6:]))
     assert len(events) == 2 and all(e["status"] == "running" for e in events)
+    s.close()
+
+
+def test_trace_over_tls(https, pki):
+    """A packet trace's parts come in messages from the traced connection and the admin
+    layer: they go out encrypted too, and the stream ends with the trace."""
+    s = tls_http(https, pki)
+    s.sendall(request("GET", "/api/v1/trace/client/tls-c?duration=2", https.admin_key))
+    f = s.makefile("rb")
+    assert f.readline().startswith(b"HTTP/1.1 200")
+    c = mqtt.Client(client_id="tls-c", protocol=mqtt.MQTTv311)
+    c.connect("127.0.0.1", https.port)
+    c.loop_start()
+    c.publish("tls/t", b"x", qos=1).wait_for_publish(5)
+    c.disconnect()
+    c.loop_stop()
+    events = [json.loads(line[6:]) for line in f.read().decode().splitlines()
+              if line.startswith("data: ")]
+    kinds = [e.get("type") for e in events if e["event"] == "packet"]
+    assert kinds[:3] == ["CONNECT", "CONNACK", "PUBLISH"], events
+    assert events[-1]["event"] == "ended"
     s.close()
 
 

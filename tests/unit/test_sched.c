@@ -212,6 +212,63 @@ static void test_backpressure(void)
     CHECK(wait_alive(0, 10000));
 }
 
+/*
+** rt_send_unmuted: a producer whose consumer is overloaded is not parked. The consumer's
+** first message holds its scheduler until the producer has sent everything; a producer that
+** were muted (its sends pass RT_MAILBOX_HIGH queued) would wait for the consumer for good and
+** never get there. The wait is bounded, so a broken rt_send_unmuted fails, not hangs.
+*/
+static atomic_bool unmuted_all_sent;
+
+static void held_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    uint64_t until = test_now_ms() + 20000;
+    while (!atomic_load(&unmuted_all_sent) && test_now_ms() < until)
+        test_sleep_ms(1);
+    atomic_fetch_add(&consumed, 1);
+}
+
+static const rt_actor_type_t held_type = {.name = "held", .state_size = 8, .handle = held_handle};
+
+static void unmuted_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    producer_state_t *st = state;
+    if (m->tag == MSG_GO) {
+        st->consumer = ((rt_pid_t *)(void *)m->data)[0];
+        st->total = (long)((rt_pid_t *)(void *)m->data)[1];
+    }
+    for (int i = 0; i < 50 && atomic_load(&produced) < st->total; i++) {
+        rt_send_unmuted(st->consumer, rt_msg_new(MSG_WORK, 0));
+        atomic_fetch_add(&produced, 1);
+    }
+    if (atomic_load(&produced) < st->total)
+        rt_send(rt_self(self), MSG_SPIN, NULL, 0);
+    else
+        atomic_store(&unmuted_all_sent, true);
+}
+
+static const rt_actor_type_t unmuted_type = {
+    .name = "unmuted", .state_size = sizeof(producer_state_t), .handle = unmuted_handle};
+
+static void test_send_unmuted(void)
+{
+    atomic_store(&consumed, 0);
+    atomic_store(&produced, 0);
+    atomic_store(&unmuted_all_sent, false);
+    long total = 20000; /* 20 times RT_MAILBOX_HIGH: muting would have parked it long before */
+    rt_pid_t c, p;
+    rt_spawn(&held_type, NULL, &c);
+    rt_send(c, MSG_WORK, NULL, 0);
+    rt_spawn(&unmuted_type, NULL, &p);
+    rt_pid_t go[2] = {c, (rt_pid_t)total};
+    rt_send(p, MSG_GO, go, sizeof(go));
+    CHECK(wait_at_least(&consumed, total + 1, 120000));
+    CHECK(atomic_load(&unmuted_all_sent));
+    rt_exit_signal(c, RT_REASON_KILL);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
 /* ---- Blocking actors never stall schedulers ---- */
 static atomic_long sleepers_started;
 static atomic_long sleepers_done;
@@ -403,6 +460,7 @@ int main(void)
     RUN(test_ring_many_tokens);
     RUN(test_concurrent_senders_migration);
     RUN(test_backpressure);
+    RUN(test_send_unmuted);
     RUN(test_blocking_pool);
     RUN(test_idle_uses_no_cpu);
     rt_shutdown();

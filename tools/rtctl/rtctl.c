@@ -37,7 +37,10 @@ static const char *usage_text =
     "        c CPU/interval  C CPU total  q or Ctrl-C quit; any other key redraws\n"
     "  --once: one frame as plain text (also when stdout is not a terminal); -n N rows;\n"
     "  --json: one JSON sample per line, --count K of them -d apart (default 1).\n"
-    "  KEY: reductions, reductions_total, memory, mailbox, cpu, cpu_total.\n";
+    "  KEY: reductions, reductions_total, memory, mailbox, cpu, cpu_total.\n"
+    "trace client ID | trace topic FILTER [--duration S] [--payload N]: the packets of one\n"
+    "  client (or the PUBLISH packets on one filter's topics) as they pass, one line each\n"
+    "  (--json: one object each), for S seconds (60) or until Ctrl-C; N payload bytes shown.\n";
 
 double rtctl_now(void)
 {
@@ -523,6 +526,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "rtctl: %s\n", rtctl_strerror(r));
         rtctl_conn_close(&c);
         return RTCTL_EXIT_USAGE;
+    }
+    /* A streaming answer (trace): parts until the final one; rtd sends one every second. */
+    while (code == 206) {
+        write_all(stdout, c.body, c.body_len);
+        r = read_response(&c, &code, rtctl_now() + c.timeout_s);
+        if (r) {
+            fprintf(stderr, "rtctl: %s\n", rtctl_strerror(r));
+            rtctl_conn_close(&c);
+            return RTCTL_EXIT_USAGE;
+        }
     }
     int rc;
     if (code >= 200 && code < 300) {
