@@ -16,12 +16,12 @@ import ssl
 import subprocess
 import time
 
-import paho.mqtt.client as mqtt
 import pytest
 
 from certs import serial_of
 from conftest import ROOT, Rtd, free_port, wait_for
 from test_http import make_key, read_response
+from test_trace import publish_once, sse_events
 from transports import closed_or_reset, tls_connect, tls_context, wait_log
 
 
@@ -139,14 +139,8 @@ def test_trace_over_tls(https, pki):
     s.sendall(request("GET", "/api/v1/trace/client/tls-c?duration=2", https.admin_key))
     f = s.makefile("rb")
     assert f.readline().startswith(b"HTTP/1.1 200")
-    c = mqtt.Client(client_id="tls-c", protocol=mqtt.MQTTv311)
-    c.connect("127.0.0.1", https.port)
-    c.loop_start()
-    c.publish("tls/t", b"x", qos=1).wait_for_publish(5)
-    c.disconnect()
-    c.loop_stop()
-    events = [json.loads(line[6:]) for line in f.read().decode().splitlines()
-              if line.startswith("data: ")]
+    publish_once(https.port, "tls-c", "tls/t", b"x")
+    events = sse_events(f.read())
     kinds = [e.get("type") for e in events if e["event"] == "packet"]
     assert kinds[:3] == ["CONNECT", "CONNACK", "PUBLISH"], events
     assert events[-1]["event"] == "ended"
