@@ -1469,6 +1469,14 @@ bool rt__heap_collect_due(const rt_heap_t *h)
     return foot > t - (t >> RT_HEAP_HEADROOM_SHIFT) && 2 * v >= t + h->live;
 }
 
+/* Every collection's pause, all heaps: the collector has one kind (a full mark-sweep). */
+static rt_hist_t pauses;
+
+const rt_hist_t *rt_heap_pauses(void)
+{
+    return &pauses;
+}
+
 void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx)
 {
     uint64_t t0 = rt_mono_ns();
@@ -1494,7 +1502,9 @@ void rt_heap_collect(rt_heap_t *h, rt_trace_fn trace, void *ctx)
     RT_HEAP_SET(h->next_gc, t > (double)cfg_min_heap ? (size_t)t : cfg_min_heap);
     h->quiet = quiet_mark(h->next_gc, h->live);
     RT_HEAP_ADD(h->gc_count, 1);
-    uint64_t us = (rt_mono_ns() - t0) / 1000;
+    uint64_t ns = rt_mono_ns() - t0;
+    rt_hist_record(&pauses, ns);
+    uint64_t us = ns / 1000;
     RT_HEAP_SET(h->last_pause_us, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us);
     if (h->last_pause_us > h->max_pause_us)
         RT_HEAP_SET(h->max_pause_us, h->last_pause_us);

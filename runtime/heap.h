@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "hist.h"
 
 typedef struct rt_gc_s rt_gc_t;
 typedef struct rt_bin_s rt_bin_t;
@@ -225,6 +226,8 @@ void rt_gc_scan(rt_gc_t *gc, const void *start, size_t len);
 ** consistent with one another while the owner runs.
 */
 void rt_heap_stats(const rt_heap_t *h, rt_heap_stats_t *out);
+/* The pauses of every collection so far, all heaps (recorded by rt_heap_collect). */
+const rt_hist_t *rt_heap_pauses(void);
 
 /*
 ** Bytes of arenas mapped by the process-wide chunk pool, and bytes of chunks

@@ -43,6 +43,7 @@ typedef struct {
     size_t nutil;
     rt_stats_t rs;
     rt_admin_kinds_t kinds;
+    rt_hist_snap_t gc_pauses, delivery;
 } scrape_t;
 
 /* ---- The format ---- */
@@ -120,6 +121,43 @@ static void one_u64(rt_buf_t *b, const char *name, const char *type, const char 
 {
     family(b, name, type, help);
     u64(b, name, v, NULL);
+}
+
+/* Label pairs (key, value; n pairs) inside a sample's braces. */
+static void pairs(rt_buf_t *b, const char *const *kv, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        rt_buf_printf(b, "%s%s=\"", i ? "," : "", kv[2 * i]);
+        add_escaped(b, kv[2 * i + 1]);
+        rt_buf_add(b, "\"", 1);
+    }
+}
+
+/*
+** A histogram's samples under the family the caller wrote: the cumulative buckets by their
+** le bounds in seconds (+Inf holds the count), then _sum and _count; kv holds n label pairs.
+*/
+static void histogram(rt_buf_t *b, const char *name, const rt_hist_snap_t *h, const char *const *kv,
+                      size_t n)
+{
+    for (unsigned i = 0; i <= RT_HIST_BOUNDS; i++) {
+        rt_buf_printf(b, "%s_bucket{", name);
+        pairs(b, kv, n);
+        if (i < RT_HIST_BOUNDS)
+            rt_buf_printf(b, "%sle=\"%.9g\"} %llu\n", n ? "," : "",
+                          (double)rt_hist_bounds_ns[i] / 1e9, (unsigned long long)h->le[i]);
+        else
+            rt_buf_printf(b, "%sle=\"+Inf\"} %llu\n", n ? "," : "", (unsigned long long)h->le[i]);
+    }
+    static const char *const part[2] = {"sum", "count"};
+    for (int p = 0; p < 2; p++) {
+        rt_buf_printf(b, "%s_%s%s", name, part[p], n ? "{" : "");
+        pairs(b, kv, n);
+        if (p == 0)
+            rt_buf_printf(b, "%s %.9g\n", n ? "}" : "", (double)h->sum_ns / 1e9);
+        else
+            rt_buf_printf(b, "%s %llu\n", n ? "}" : "", (unsigned long long)h->le[RT_HIST_BOUNDS]);
+    }
 }
 
 static uint64_t load(const atomic_uint_fast64_t *a)
@@ -229,6 +267,10 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
     one_u64(b, "rt_max_connections", "gauge",
             "The max_connections limit, all listeners together (0: none).",
             (uint64_t)(RT_LIVE(max_connections) > 0 ? RT_LIVE(max_connections) : 0));
+    family(b, "rt_delivery_latency_seconds", "histogram",
+           "From reading a client's PUBLISH to writing a routed copy of it to a subscriber, "
+           "per copy written as the subscriber took it (queued copies are not timed).");
+    histogram(b, "rt_delivery_latency_seconds", &s->delivery, NULL, 0);
 }
 
 static void listeners_section(rt_buf_t *b, const scrape_t *s)
@@ -307,10 +349,6 @@ static void rules_section(rt_buf_t *b, const scrape_t *s)
     }
 }
 
-/*
-** Sinks keep counts and queue sizes but no write latency (sink.h's rt_sink_info_t has none),
-** so there is no latency histogram here: adding one means timing every batch in the sinks.
-*/
 static void sinks_section(rt_buf_t *b, const scrape_t *s)
 {
     const rt_sink_info_t *k = s->sinks;
@@ -348,6 +386,13 @@ static void sinks_section(rt_buf_t *b, const scrape_t *s)
            "Row bytes in memory, in flight and spilled (what max_bytes bounds).");
     EACH_SINK("rt_sink_queue_bytes", k[i].bytes);
 #undef EACH_SINK
+    family(b, "rt_sink_write_duration_seconds", "histogram",
+           "Time of each batch write (a transaction, a bulk operation, a batch published), "
+           "failed ones included.");
+    for (size_t i = 0; i < s->nsinks; i++) {
+        const char *kv[] = {"sink", k[i].name, "type", k[i].type};
+        histogram(b, "rt_sink_write_duration_seconds", &k[i].write_seconds, kv, 2);
+    }
 }
 
 static void runtime_section(rt_buf_t *b, const scrape_t *s)
@@ -375,6 +420,9 @@ static void runtime_section(rt_buf_t *b, const scrape_t *s)
     one_u64(b, "rt_heap_limit_kills_total", "counter", "Actors ended for passing their max_heap.",
             rs->heap_limit_kills);
     one_u64(b, "rt_gc_collections_total", "counter", "Heap collections in all actors.", rs->gcs);
+    family(b, "rt_gc_pause_seconds", "histogram",
+           "Pause of each actor heap collection (a full mark-sweep between two messages).");
+    histogram(b, "rt_gc_pause_seconds", &s->gc_pauses, NULL, 0);
     one_u64(b, "rt_timers_pending", "gauge", "Timers set and not yet fired.", rs->timers_pending);
 
     char id[SCHEDS_MAX][12];
@@ -440,6 +488,8 @@ static void gather(scrape_t *s)
     s->nutil = rt__admin_sched_util(s->util, SCHEDS_MAX);
     rt_stats(&s->rs);
     rt__admin_memory_kinds_read(&s->kinds);
+    rt_hist_snapshot(rt_heap_pauses(), &s->gc_pauses);
+    rt_hist_snapshot(rt_message_delivery_hist(), &s->delivery);
 }
 
 static double clock_s(clockid_t id)

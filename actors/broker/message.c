@@ -2,21 +2,37 @@
 ** The canonical message (message.h): made once per PUBLISH, read through offsets by
 ** everyone after, and written out per subscriber from its parts.
 */
+#include <stddef.h>
 #include <string.h>
 
 #include "message.h"
 
 /* Where the parts are; kept at the start of the binary's tail (read with memcpy: the
-   tail follows the packet, so it has no alignment). */
+   tail follows the packet, so it has no alignment). Written before the binary is shared. */
 typedef struct {
     uint32_t topic_off;
-    uint32_t props_off, props_len;
-    uint32_t payload_off, payload_len;
+    uint32_t props_off, props_len; /* the payload runs from props_off + props_len to the end */
     uint32_t expiry;
+    uint64_t read_ns; /* when the publisher's PUBLISH was read (rt_mono_ns); 0: not timed */
     uint16_t topic_len;
-    uint8_t qos, retain, has_expiry;
-    uint8_t has_clientid, has_username;
+    uint8_t qos;
+    uint8_t flags; /* INDEX_* */
 } message_index_t;
+
+#define INDEX_RETAIN 1u
+#define INDEX_EXPIRY 2u
+#define INDEX_CLIENTID 4u
+#define INDEX_USERNAME 8u
+
+_Static_assert(sizeof(message_index_t) == 32, "every message pays for its index");
+
+static uint8_t *index_at(const rt_bin_t *bin)
+{
+    size_t tail_len;
+    const uint8_t *tail = rt_bin_tail(bin, &tail_len);
+    RT_ASSERT(tail_len >= sizeof(message_index_t));
+    return (uint8_t *)(uintptr_t)tail;
+}
 
 /* Finds the parts of a PUBLISH the encoder has just written (so well formed). */
 static void index_packet(const uint8_t *p, size_t len, uint8_t qos, message_index_t *x)
@@ -33,9 +49,7 @@ static void index_packet(const uint8_t *p, size_t len, uint8_t qos, message_inde
     RT_ASSERT(rc == 0);
     (void)rc;
     x->props_off = (uint32_t)(i + used);
-    x->payload_off = x->props_off + x->props_len;
-    x->payload_len = (uint32_t)(len - x->payload_off);
-    RT_ASSERT(x->payload_off <= len);
+    RT_ASSERT(x->props_off + x->props_len <= len);
 }
 
 rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const char *username)
@@ -45,11 +59,11 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
     c.type = MQTT_PUBLISH;
     if (pk->version != MQTT_V5)
         memset(&c.props, 0, sizeof(c.props));
-    message_index_t x = {.qos = c.publish.qos,
-                         .retain = c.publish.retain,
-                         .has_expiry =
-                             !!(c.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY)),
-                         .expiry = c.props.message_expiry};
+    message_index_t x = {
+        .qos = c.publish.qos,
+        .flags = (c.publish.retain ? INDEX_RETAIN : 0) |
+                 (c.props.present & MQTT_PROP_BIT(MQTT_PROP_MESSAGE_EXPIRY) ? INDEX_EXPIRY : 0),
+        .expiry = c.props.message_expiry};
     c.version = MQTT_V5;
     c.packet_id = c.publish.qos ? 1 : 0; /* each subscriber's copy gets its own */
     c.publish.dup = 0;
@@ -71,8 +85,7 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
         return NULL;
     }
     index_packet(data, len, x.qos, &x);
-    x.has_clientid = idn != 0;
-    x.has_username = usern != 0;
+    x.flags |= (idn ? INDEX_CLIENTID : 0) | (usern ? INDEX_USERNAME : 0);
     uint8_t *tail = data + len;
     memcpy(tail, &x, sizeof(x));
     if (idn)
@@ -92,22 +105,49 @@ rt_bin_t *rt_message_parse(const void *packet, size_t len)
 
 void rt_message_view(const rt_bin_t *bin, rt_message_t *m)
 {
-    size_t tail_len;
-    const uint8_t *tail = rt_bin_tail(bin, &tail_len);
-    RT_ASSERT(tail_len >= sizeof(message_index_t));
+    const uint8_t *tail = index_at(bin);
     message_index_t x;
     memcpy(&x, tail, sizeof(x));
     const uint8_t *data = tail - rt_bin_len(bin);
+    uint32_t payload_off = x.props_off + x.props_len;
     m->topic = (mqtt_str_t){data + x.topic_off, x.topic_len};
     m->props = (mqtt_str_t){data + x.props_off, x.props_len};
-    m->payload = (mqtt_str_t){data + x.payload_off, x.payload_len};
+    m->payload = (mqtt_str_t){data + payload_off, (uint32_t)(rt_bin_len(bin) - payload_off)};
     const char *ids = (const char *)tail + sizeof(x);
-    m->clientid = x.has_clientid ? ids : NULL;
-    m->username = x.has_username ? ids + strlen(ids) + 1 : NULL;
+    m->clientid = x.flags & INDEX_CLIENTID ? ids : NULL;
+    m->username = x.flags & INDEX_USERNAME ? ids + strlen(ids) + 1 : NULL;
     m->expiry = x.expiry;
     m->qos = x.qos;
-    m->retain = x.retain;
-    m->has_expiry = x.has_expiry;
+    m->retain = !!(x.flags & INDEX_RETAIN);
+    m->has_expiry = !!(x.flags & INDEX_EXPIRY);
+}
+
+/* ---- Delivery timing ---- */
+
+static rt_hist_t delivery_hist;
+
+const rt_hist_t *rt_message_delivery_hist(void)
+{
+    return &delivery_hist;
+}
+
+void rt_message_set_read_ns(rt_bin_t *bin, uint64_t ns)
+{
+    memcpy(index_at(bin) + offsetof(message_index_t, read_ns), &ns, sizeof(ns));
+}
+
+bool rt_message_timed(const rt_bin_t *bin)
+{
+    uint64_t ns;
+    memcpy(&ns, index_at(bin) + offsetof(message_index_t, read_ns), sizeof(ns));
+    return ns != 0;
+}
+
+void rt_message_copy_written(const rt_bin_t *bin)
+{
+    uint64_t ns;
+    memcpy(&ns, index_at(bin) + offsetof(message_index_t, read_ns), sizeof(ns));
+    rt_hist_record(&delivery_hist, rt_mono_ns() - ns);
 }
 
 size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8_t *buf, size_t cap)

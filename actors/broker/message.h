@@ -51,6 +51,19 @@ rt_bin_t *rt_message_parse(const void *packet, size_t len);
 /* Fills *m from a binary rt_message_new or rt_message_parse made. */
 void rt_message_view(const rt_bin_t *bin, rt_message_t *m);
 
+/*
+** Delivery latency (rt_delivery_latency_seconds, docs/HTTP.md "Delivery latency"): for each
+** routed copy a subscriber writes to its socket as it takes it, the time since the broker
+** read the client's PUBLISH. Only client PUBLISHes have a read time: the broker's own
+** messages, wills and restored ones are not timed, nor retained copies sent on subscribe.
+*/
+/* The publisher's read time (rt_mono_ns), set before the binary is shared. */
+void rt_message_set_read_ns(rt_bin_t *bin, uint64_t ns);
+bool rt_message_timed(const rt_bin_t *bin);
+/* A timed copy was written: records its latency. */
+void rt_message_copy_written(const rt_bin_t *bin);
+const rt_hist_t *rt_message_delivery_hist(void);
+
 /* How one subscriber gets a message. */
 typedef struct rt_message_out_s {
     uint8_t version; /* the subscriber's protocol level */

@@ -17,6 +17,7 @@ typedef struct {
     uint32_t nacks; /* commits it waits for */
     uint8_t qos;
     uint8_t retain;
+    uint8_t timed; /* rt_message_timed */
 } route_t;
 
 void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
@@ -47,6 +48,7 @@ static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
                         .retain = d->retain_as_published ? r->retain : 0,
                         .shared = d->shared,
                         .acl_check = d->acl_check,
+                        .timed = r->timed,
                         .n_sub_ids = (uint32_t)d->n_sub_ids};
     if (d->persistent && dd.qos && r->ack_pid) {
         dd.ack_pid = r->ack_pid;
@@ -126,7 +128,8 @@ int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_t
                  .qos = msg.qos,
                  .retain = msg.retain,
                  .ack_pid = ack_pid,
-                 .ack_token = ack_token};
+                 .ack_token = ack_token,
+                 .timed = rt_message_timed(bin)};
     /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
     if (msg.has_expiry && msg.expiry)
         r.expire_at_ms = rt_mono_ms() + (uint64_t)msg.expiry * 1000;

@@ -23,11 +23,14 @@ typedef struct rt_delivery_s {
     uint64_t ack_token;
     uint8_t qos;
     uint8_t retain;
-    uint8_t shared;    /* through a shared subscription */
-    uint8_t acl_check; /* through a subscription the ACL granted in part: check the topic */
+    uint8_t shared : 1;    /* through a shared subscription */
+    uint8_t acl_check : 1; /* through a subscription the ACL granted in part: check the topic */
+    uint8_t timed : 1;     /* routed from a client's PUBLISH: its latency is recorded if written */
     uint32_t n_sub_ids;
     uint32_t sub_ids[]; /* MQTT 5: the matching subscriptions' identifiers */
 } rt_delivery_t;
+
+_Static_assert(sizeof(rt_delivery_t) == 32, "every copy of a message pays for its delivery");
 
 /* Sends one delivery (at most RT_DELIVERY_MAX_SUB_IDS identifiers); QoS 0 copies without an
    ack are optional: a subscriber that is shedding (rt_shed) refuses them, counted. */

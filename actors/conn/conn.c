@@ -371,8 +371,8 @@ static void on_keepalive(rt_actor_t *self, conn_t *c)
     /* Input rtd holds back (a rate limit's pause, what waits in the partial buffer for it)
        is not the client's silence. */
     if (rt__xport_rate_waiting(c))
-        c->last_rx_ms = rt_mono_ms();
-    if (rt_mono_ms() - c->last_rx_ms > (uint64_t)c->keepalive * 1500) {
+        c->last_rx_ns = rt_mono_ns();
+    if (rt_mono_ns() - c->last_rx_ns > (uint64_t)c->keepalive * 1500000000u) {
         rt_log(RT_LOG_INFO, "client.keepalive_timeout", "client=%s", c->client_id);
         rt__conn_close(self, c, MQTT_RC_KEEPALIVE_TIMEOUT, RT_REASON_NORMAL);
         return;
@@ -621,7 +621,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
             rt__conn_close(self, c, 0, RT_REASON_NORMAL);
             return;
         }
-        c->last_rx_ms = rt_mono_ms();
+        c->last_rx_ns = rt_mono_ns();
         rt__metric_add(RT_METRIC_BYTES_IN, len);
         if (c->xp) /* the scheduler's read buffer: the transport may unmask frames in place */
             rt__xport_input(self, c, (uint8_t *)(uintptr_t)data, len);
@@ -708,7 +708,7 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     c->disc_rc = 0;
     c->will_delay = 0;
     c->peer_max_packet = 0;
-    c->last_rx_ms = rt_mono_ms();
+    c->last_rx_ns = rt_mono_ns();
     parse_input(self, c, data + 1, len - 1);
     if (!c->closing)
         on_readable(self, c);
@@ -769,7 +769,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     int rc = rt_sock_adopt(self, a->fd, &c->sock);
     if (rc)
         return rc;
-    c->last_rx_ms = rt_mono_ms();
+    c->last_rx_ns = rt_mono_ns();
     c->listener = a->listener & 15;
     rc = rt__xport_start(c);
     if (rc)

@@ -126,7 +126,7 @@ struct conn_s {
     void *will;              /* heap handle of the will as a canonical PUBLISH, or NULL */
     conn_aliases_t *aliases; /* topic aliases (MQTT 5): made at CONNECT if the client allows
                                 some, else on its first alias; NULL for none */
-    uint64_t last_rx_ms;
+    uint64_t last_rx_ns; /* rt_mono_ns of the last read: keepalive, and PUBLISH read times */
     /* One word for two times that never both matter: the session's end exists only offline,
        the CONNECT's time only while connected (this struct is an idle connection's memory). */
     union {

@@ -349,15 +349,16 @@ void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c)
 /*
 ** Sends a queued message now. QoS 0 is done once written; QoS 1 and 2 take a
 ** packet id and wait in the inflight list for their acknowledgement. Takes m.
+** Returns whether it was written.
 */
-static void delivery_transmit(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
+static bool delivery_transmit(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
 {
     RT_ASSERT(rt__conn_online(c) && m->bin && m->state == RT_QMSG_QUEUED && !m->next);
     if (m->qos == 0) {
-        send_publish(self, c, rt_qmsg_bin(m), 0, m->retain, 0, 0, m->expire_at_ms, m->sub_ids,
-                     m->n_sub_ids);
+        int rc = send_publish(self, c, rt_qmsg_bin(m), 0, m->retain, 0, 0, m->expire_at_ms,
+                              m->sub_ids, m->n_sub_ids);
         session_release_msg(self, c, m);
-        return;
+        return rc == 0;
     }
     m->packet_id = session_next_packet_id(c);
     m->state = RT_QMSG_WAIT_ACK;
@@ -365,7 +366,7 @@ static void delivery_transmit(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
                           m->expire_at_ms, m->sub_ids, m->n_sub_ids);
     if (rc == SENT_DISCARDED) {
         session_release_msg(self, c, m);
-        return;
+        return false;
     }
     /* QoS 2 must resume with the same packet id after a restart, or the client could take
        a resend for a new message; a QoS 1 resend under a new id is only a duplicate. */
@@ -373,6 +374,7 @@ static void delivery_transmit(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
         rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_ACK, m->packet_id);
     rt_qlist_push(&c->sess->inflight, m);
     watch_backlog(self, c);
+    return rc == 0;
 }
 
 /* Moves queued messages out while the receive window has room (in order: QoS 0 waits too). */
@@ -394,11 +396,11 @@ static void queue_pump(rt_actor_t *self, conn_t *c)
 }
 
 /*
-** Decides a delivery's fate: sent at once (QoS 0, online, nothing queued), dropped, or
-** returned as a session message to keep (NULL for the first two).
+** Decides a delivery's fate: sent at once (QoS 0, online, nothing queued: *written),
+** dropped, or returned as a session message to keep (NULL for the first two).
 */
 static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
-                                 const uint32_t *sub_ids)
+                                 const uint32_t *sub_ids, bool *written)
 {
     bool backlog = c->sess && c->sess->queued.n;
     if (rt__conn_online(c) && !backlog && d->qos == 0) {
@@ -407,7 +409,8 @@ static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, con
         else if (!budget_admit(self, c, rt_bin_len(bin)))
             count_dropped(self, c, bin, 0, "memory_budget");
         else
-            send_publish(self, c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids, d->n_sub_ids);
+            *written = send_publish(self, c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids,
+                                    d->n_sub_ids) == 0;
         watch_backlog(self, c);
         return NULL;
     }
@@ -457,17 +460,20 @@ static const char *session_queue_refusal(rt_actor_t *self, conn_t *c)
 ** within the session's limits (a full queue drops the newest, counted). Offline QoS 0
 ** messages are queued only with queue_qos0. A persistent session stores what it keeps, and
 ** the publisher's acknowledgement waits for that.
+** Returns whether the message was written to the client now.
 */
-void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
-                      const uint32_t *sub_ids)
+static bool deliver_copy(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+                         const uint32_t *sub_ids)
 {
     RT_ASSERT(d->qos <= 2 && d->n_sub_ids <= RT_DELIVERY_MAX_SUB_IDS);
     if (d->acl_check && !acl_readable(c, bin)) {
         answer_store_ack(d->ack_pid, d->ack_token);
-        return;
+        return false;
     }
-    rt_qmsg_t *m =
-        message_expired(d->expire_at_ms) ? NULL : delivery_admit(self, c, bin, d, sub_ids);
+    bool written = false;
+    rt_qmsg_t *m = message_expired(d->expire_at_ms)
+                       ? NULL
+                       : delivery_admit(self, c, bin, d, sub_ids, &written);
     bool now = m && rt__conn_online(c) && !c->sess->queued.n && !send_window_full(c);
     const char *refused = m && !now ? session_queue_refusal(self, c) : NULL;
     if (refused) {
@@ -479,12 +485,18 @@ void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_deliv
         rt__conn_store_msg(c, m, d->ack_pid, d->ack_token);
     else
         answer_store_ack(d->ack_pid, d->ack_token); /* nothing stored: nothing to wait for */
-    if (!m)
-        return;
-    if (now)
-        delivery_transmit(self, c, m);
-    else
+    if (m && now)
+        return delivery_transmit(self, c, m);
+    if (m)
         rt_qlist_push(&c->sess->queued, m);
+    return written;
+}
+
+void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+                      const uint32_t *sub_ids)
+{
+    if (deliver_copy(self, c, bin, d, sub_ids) && d->timed)
+        rt_message_copy_written(bin);
 }
 
 void rt__conn_retransmit(rt_actor_t *self, conn_t *c)

@@ -268,6 +268,7 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     rt_bin_t *bin = rt_message_new(pk, c->client_id, c->username);
     if (!bin)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    rt_message_set_read_ns(bin, c->last_rx_ns);
     int n = rt_route(rt_self(self), bin, track ? rt_self(self) : 0, token, waits);
     if (n == 0 && c->version == MQTT_V5)
         *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */

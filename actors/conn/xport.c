@@ -687,7 +687,7 @@ bool rt__xport_rate_resume(conn_t *c)
         return false;
     xp->rate->waiting = false;
     /* The pause was rtd's doing: its time does not count as the client's silence. */
-    c->last_rx_ms = rt_mono_ms();
+    c->last_rx_ns = rt_mono_ns();
     return true;
 }
 

@@ -173,7 +173,7 @@ static void trace_part(http_conn_t *k, int code, const char *body, size_t len)
         k->tracing = true;
     }
     if (!len)
-        out(k, ": alive\n\n", 10);
+        out(k, ": alive\n\n", 9);
     for (size_t start = 0; start < len;) {
         const char *nl = memchr(body + start, '\n', len - start);
         size_t end = nl ? (size_t)(nl - body) : len;

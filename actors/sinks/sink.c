@@ -232,7 +232,9 @@ static int write_batch(rt_sink_t *s, sink_row_t *rows, size_t n)
     }
     for (size_t i = 0; i < n; i++)
         rows[i].status = 0;
+    uint64_t t0 = rt_mono_ns();
     int rc = s->drv->write(s, rows, n);
+    rt_hist_record(&s->write_hist, rt_mono_ns() - t0);
     if (rc < 0) {
         if (s->drv->close)
             s->drv->close(s);

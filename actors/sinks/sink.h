@@ -98,6 +98,7 @@ typedef struct rt_sink_info_s {
     uint64_t in;        /* rows accepted (or refused: those count as dropped), plus recovered */
     uint64_t recovered; /* rows found in a spill file left by an earlier run */
     uint64_t bytes;     /* row bytes in memory, inflight and spill (max_bytes bounds it) */
+    rt_hist_snap_t write_seconds; /* each batch write's duration (a failed one too) */
 } rt_sink_info_t;
 
 /* Copies up to max sinks' metrics into out; returns how many sinks there are. */

@@ -160,6 +160,7 @@ struct rt_sink_s {
     atomic_bool closing;            /* rt_sinks_stop has begun: submissions are refused */
     pthread_mutex_t err_lock;
     char last_error[256];
+    rt_hist_t write_hist; /* each write call's duration, failed ones too */
 
     /* Owned by the sink's actor alone. */
     _Alignas(RT_CACHE_LINE) sink_entry_t *head, *tail; /* in-memory queue, oldest first */

@@ -352,6 +352,7 @@ size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max)
         o->dropped = atomic_load(&s->dropped);
         o->batches = atomic_load(&s->batches);
         o->bytes = atomic_load(&s->bytes);
+        rt_hist_snapshot(&s->write_hist, &o->write_seconds);
         pthread_mutex_lock(&s->err_lock);
         snprintf(o->last_error, sizeof(o->last_error), "%s", s->last_error);
         pthread_mutex_unlock(&s->err_lock);

@@ -191,8 +191,9 @@ class Browser:
             self.pump(0.1)
         raise TimeoutError(f"no {method} in {timeout} s")
 
-    def screenshot(self, path, width, height, mobile=False, scale=1, full=False):
-        """A PNG of the page at width x height (full: as tall as the whole page)."""
+    def screenshot(self, path, width, height, mobile=False, scale=1, full=False, at=None):
+        """A PNG of the page at width x height (full: as tall as the whole page; at: a CSS
+        selector, scrolled to the top of the screen first)."""
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
                   deviceScaleFactor=scale, mobile=mobile)
         if full:
@@ -200,6 +201,8 @@ class Browser:
             self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
                       deviceScaleFactor=scale, mobile=mobile)
         self.pump(0.5)  # the page redraws its charts on resize
+        if at:
+            self.eval(f"document.querySelector({json.dumps(at)}).scrollIntoView()")
         data = self.call("Page.captureScreenshot", format="png")["data"]
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))

@@ -3,7 +3,9 @@ over the DevTools protocol (cdp.py) against a real rtd. The page must load witho
 draw live figures while messages flow, kick a real MQTT client, show a rule's dry run, keep
 to a phone's width, and show the API's refusals in the page. Screenshots for a person to
 look at: RT_BUILD_DIR/dashboard-desktop.png, dashboard-phone.png (390x844) and
-dashboard-phone-full.png (the whole page at that width)."""
+dashboard-phone-full.png (the whole page at that width); dashboard-trace.png and
+dashboard-trace-phone.png, the Trace panel showing a real client's packets."""
+import json
 import os
 import threading
 import time
@@ -159,4 +161,151 @@ def test_dashboard(rtd, browser):
     b.eval("sessionStorage.setItem('rtd.apiKey', 'rtk_' + '0'.repeat(64))")
     b.reload()
     assert b.wait_eval("document.getElementById('error').textContent.includes('401')", 5)
+    assert not [e for e in b.errors() if e.get("source") != "network"], b.errors()
+
+
+# Shown as text, never as markup: a topic and a payload that would run script if they were.
+HOSTILE = '<img src=x onerror="window.pwned=1">'
+
+TRACE_ROWS = ("[...document.querySelectorAll('#trace-table tbody tr')]"
+              ".map(r => [...r.cells].map(c => c.textContent))")
+
+
+def start_trace(b, kind, what, duration=60, payload=0):
+    b.eval(f"document.getElementById('trace-kind').value = {json.dumps(kind)};"
+           f"document.getElementById('trace-what').value = {json.dumps(what)};"
+           f"document.getElementById('trace-duration').value = '{duration}';"
+           f"document.getElementById('trace-payload').value = '{payload}';"
+           "document.getElementById('trace-start').click()")
+
+
+def packets(b, kind=None):
+    """The packet rows shown: (dir, client, type, qos, topic/details, payload) each."""
+    rows = [r for r in b.eval(TRACE_ROWS) if len(r) > 1]
+    return [(r[1].split()[-1], r[3], r[2], r[6], r[4], r[9]) for r in rows
+            if kind is None or r[2] == kind]
+
+
+def open_api_trace(rtd, what):
+    req = urllib.request.Request(f"{rtd.url}/api/v1/trace/client/{what}?duration=60",
+                                 headers={"Authorization": f"Bearer {rtd.admin_key}"})
+    return urllib.request.urlopen(req, timeout=10)
+
+
+def test_dashboard_trace(rtd, browser):
+    b = browser
+    b.navigate(rtd.url + "/")
+    b.eval(f"sessionStorage.setItem('rtd.apiKey', '{rtd.admin_key}')")
+    b.reload()
+    start_trace(b, "client", "dash-traced", 60, 64)
+    assert b.wait_eval("!!rtdash.trace?.started", 5), b.eval("rtdash.errors")
+    assert b.eval("document.getElementById('trace-stop').disabled") is False
+
+    c = mqtt.Client(client_id="dash-traced", protocol=mqtt.MQTTv5)
+    subscribed = threading.Event()
+    c.on_subscribe = lambda *a: subscribed.set()
+    c.connect("127.0.0.1", rtd.port, keepalive=30)
+    c.loop_start()
+    try:
+        c.subscribe("dash/#", qos=1)
+        assert subscribed.wait(5)
+        c.publish("dash/t", b"hello from paho", qos=1).wait_for_publish(5)
+        c.publish("dash/x/" + HOSTILE, HOSTILE.encode(), qos=0)
+        # Its packets, in and out, with the topic and the payload (cut at 64 bytes).
+        assert b.wait_eval("document.getElementById('trace-table').textContent"
+                           ".includes('dash/x/<img')", 5), b.eval(TRACE_ROWS)
+        seen = packets(b)
+        assert ("in", "dash-traced", "CONNECT") == seen[0][:3], seen
+        assert ("out", "dash-traced", "CONNACK") == seen[1][:3], seen
+        assert any(p[2] == "SUBSCRIBE" and "dash/#" in p[4] for p in seen), seen
+        assert any(p[2] == "SUBACK" for p in seen), seen
+        pub = [p for p in packets(b, "PUBLISH") if p[4] == "dash/t"]
+        assert pub and pub[0][0] == "in" and pub[0][3].startswith("1"), pub
+        assert pub[0][5].endswith("hello from paho"), pub
+        assert any(p[2] == "PUBACK" for p in seen), seen
+        # The hostile topic and payload are text: no element was made of them, nothing ran.
+        hostile = [p for p in packets(b, "PUBLISH") if p[4] == "dash/x/" + HOSTILE]
+        assert hostile and hostile[0][5].endswith(HOSTILE), hostile
+        assert b.eval("document.querySelectorAll('#trace img, #trace-table [onerror]').length") \
+            == 0
+        assert b.eval("window.pwned === undefined")
+
+        b.screenshot(os.path.join(BUILD, "dashboard-trace.png"), 1280, 900, at="#trace")
+        b.screenshot(os.path.join(BUILD, "dashboard-trace-phone.png"), 390, 844, mobile=True,
+                     scale=2, at="#trace")
+        # At a phone's width the trace table scrolls in its own box, not the page.
+        assert b.eval("document.documentElement.scrollWidth") <= 390
+
+        # The table keeps the last traceMax rows and says how many were cut; it follows the
+        # newest row at the bottom, unless the user scrolled up.
+        b.eval("rtdash.traceMax = 40")
+        for i in range(40):
+            c.publish(f"dash/n/{i}", b"x", qos=0)
+        assert b.wait_eval("rtdash.trace.cut > 0 && document.getElementById('trace-table')"
+                           ".textContent.includes('dash/n/39')", 5), b.eval("rtdash.trace")
+        assert b.eval("document.querySelectorAll('#trace-table tbody tr').length") == 40
+        assert "oldest rows were cut" in b.eval("document.getElementById('trace-info')"
+                                                ".textContent")
+        at_bottom = ("(() => { const x = document.getElementById('trace-box');"
+                     " return x.scrollHeight > x.clientHeight &&"
+                     " x.scrollTop + x.clientHeight >= x.scrollHeight - 8; })()")
+        assert b.wait_eval(at_bottom, 5)
+        b.eval("document.getElementById('trace-box').scrollTop = 0")
+        shown = b.eval("rtdash.trace.packets")
+        c.publish("dash/late", b"y", qos=0)
+        assert b.wait_eval(f"rtdash.trace.packets > {shown}", 5)
+        assert b.eval("document.getElementById('trace-box').scrollTop") == 0
+        b.eval("rtdash.traceMax = 500")
+        # Every packet the trace sent is in the page, the first after its ticks (`: alive`,
+        # one a second, several during the screenshots above) too: 10 before, 2 x 41 since.
+        assert b.wait_eval("rtdash.trace.packets === 92", 5), b.eval("rtdash.trace.packets")
+    finally:
+        gone = threading.Event()  # its loop sent DISCONNECT and closed (loop_stop may not)
+        c.on_disconnect = lambda *a: gone.set()
+        c.disconnect()
+        gone.wait(5)
+        c.loop_stop()
+    assert b.wait_eval("document.querySelector('#trace-table tr[data-type=DISCONNECT]') "
+                       "!== null", 5), b.eval(TRACE_ROWS)[-4:]
+    assert b.eval("document.getElementById('trace-state').textContent").startswith("tracing")
+
+    assert b.errors() == [], b.errors()
+
+    # Stop closes the stream, and rtd ends the trace: all 8 traces can be had again (within a
+    # bounded wait for rtd to see the connection go).
+    b.eval("document.getElementById('trace-stop').click()")
+    assert b.eval("document.getElementById('trace-state').textContent") == "stopped"
+    assert b.eval("document.getElementById('trace-start').disabled") is False
+    held = []
+    try:
+        deadline = time.monotonic() + 10
+        while len(held) < 8:
+            try:
+                held.append(open_api_trace(rtd, f"held-{len(held)}"))
+            except urllib.error.HTTPError as e:
+                assert e.code == 503 and time.monotonic() < deadline, \
+                    "the stopped trace was not ended"
+                time.sleep(0.1)
+        # A ninth from the page: 503, told in the page.
+        start_trace(b, "client", "one-too-many")
+        assert b.wait_eval("document.getElementById('error').textContent.includes('503')", 5)
+        assert "traces are on already" in b.eval("document.getElementById('error').textContent")
+        assert b.eval("document.getElementById('trace-state').textContent") == "refused"
+    finally:
+        for r in held:
+            r.close()
+
+    # A topic filter that is not one: 400, in the page.
+    start_trace(b, "topic", "a/#/b")
+    assert b.wait_eval("document.getElementById('error').textContent.includes('400')", 5)
+    assert "not a topic filter" in b.eval("document.getElementById('error').textContent")
+
+    # A read key may not trace (a trace shows clients' traffic): 403, in the page.
+    b.eval(f"document.getElementById('key').value = '{rtd.read_key}';"
+           "document.querySelector('#key-form button[type=submit]').click()")
+    start_trace(b, "client", "dash-traced")
+    assert b.wait_eval("document.getElementById('error').textContent.includes('403')", 5)
+    assert "admin role" in b.eval("document.getElementById('error').textContent")
+    assert not b.eval("document.getElementById('error').hidden")
+    # Only the refused requests' own log lines, no script error.
     assert not [e for e in b.errors() if e.get("source") != "network"], b.errors()

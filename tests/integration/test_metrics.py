@@ -45,6 +45,34 @@ def promtool_check(text):
                                                                                p.stderr)
 
 
+def histograms(samples):
+    """{(name, labels without le): (buckets [(le, count)] in order, sum, count)}, each checked:
+    the same bounds everywhere, cumulative, +Inf last and equal to _count."""
+    out = {}
+    for (name, labels), v in samples.items():
+        if not name.endswith("_bucket"):
+            continue
+        le = re.search(r'(?:^\{|,)le="([^"]+)"\}$', labels).group(1)
+        rest = re.sub(r',?le="[^"]+"', "", labels)
+        rest = "" if rest == "{}" else rest
+        out.setdefault((name[:-len("_bucket")], rest), []).append(
+            (float("inf") if le == "+Inf" else float(le), v))
+    result, bounds = {}, None
+    for (name, labels), buckets in out.items():
+        buckets.sort()
+        les = [le for le, _ in buckets]
+        assert bounds is None or les == bounds, (name, labels)
+        bounds = les
+        assert les[-1] == float("inf") and les[0] == 1e-6 and les[-2] == 10
+        counts = [n for _, n in buckets]
+        assert counts == sorted(counts), (name, labels, counts)  # cumulative
+        total = samples[(name + "_count", labels)]
+        assert counts[-1] == total, (name, labels)
+        assert samples[(name + "_sum", labels)] >= 0
+        result[(name, labels)] = (buckets, samples[(name + "_sum", labels)], total)
+    return result
+
+
 def connect(port, client_id):
     c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv311)
     c.connect("127.0.0.1", port)
@@ -97,6 +125,23 @@ def test_scrape_is_valid_and_counts_what_was_done(rtd):
     def moved(name, labels=""):
         return after[(name, labels)] - before.get((name, labels), 0)
 
+    hist_before, hist = histograms(before), histograms(after)
+    archive = '{sink="archive",type="sqlite"}'
+    assert set(hist) == {("rt_delivery_latency_seconds", ""), ("rt_gc_pause_seconds", ""),
+                         ("rt_sink_write_duration_seconds", archive)}
+
+    def hist_moved(name, labels=""):
+        return hist[(name, labels)][2] - hist_before.get((name, labels), (0, 0, 0))[2]
+
+    # One record per copy written as its subscriber took it: M copies to one subscriber.
+    assert hist_moved("rt_delivery_latency_seconds") == M
+    # One per write call: every batch succeeded here.
+    assert moved("rt_sink_write_failures_total", archive) == 0
+    assert hist_moved("rt_sink_write_duration_seconds", archive) == moved("rt_sink_batches_total",
+                                                                          archive) > 0
+    # A collection records its pause before it is counted, and the scrape reads the count first.
+    assert hist[("rt_gc_pause_seconds", "")][2] >= after[("rt_gc_collections_total", "")]
+
     assert after[("rt_connections", "")] == N
     assert after[("rt_sessions", "")] == N
     assert after[("rt_connections_max", "")] == N
@@ -128,6 +173,37 @@ def test_scrape_is_valid_and_counts_what_was_done(rtd):
         c.disconnect()
         c.loop_stop()
     wait_for(lambda: parse(scrape(rtd))[("rt_connections", "")] == 0, "clients still counted")
+
+
+def test_gc_pauses_are_recorded():
+    # A QoS 1 copy waiting for its PUBACK holds its 2 KiB binary on the subscriber's heap,
+    # which counts toward the first collection: past a 1 KiB min_heap, the turn that took the
+    # first one ends in a collection (later ones wait for the next trigger, 2 x what lived).
+    broker = Rtd("min_heap=1024")
+    try:
+        before = parse(scrape(broker))
+        pub, sub = connect(broker.port, "gc-pub"), connect(broker.port, "gc-sub")
+        got, subscribed = [], []
+        sub.on_message = lambda c, u, msg: got.append(1)
+        sub.on_subscribe = lambda *a: subscribed.append(1)
+        sub.subscribe("gc/t", qos=1)
+        wait_for(lambda: subscribed, "no SUBACK")
+        for _ in range(10):
+            pub.publish("gc/t", b"x" * 2048, qos=1).wait_for_publish(timeout=10)
+        wait_for(lambda: len(got) == 10, f"the subscriber got {len(got)} of 10")
+        text = scrape(broker)
+        promtool_check(text)
+        after = parse(text)
+        gcs = after[("rt_gc_collections_total", "")]
+        assert gcs > before[("rt_gc_collections_total", "")]
+        _, total_s, n = histograms(after)[("rt_gc_pause_seconds", "")]
+        assert n >= gcs and total_s > 0
+        for c in (pub, sub):
+            c.disconnect()
+            c.loop_stop()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log[-2000:]
 
 
 def test_no_json_form(rtd):
@@ -178,6 +254,35 @@ def hold(port, source, count, tag):
     sys.stdin.read()
 
 
+def start_holders(port, holders, per_holder):
+    """Holder processes (hold, above) from 127.0.0.2 on, once all their clients are in."""
+    procs = []
+    try:
+        for h in range(holders):
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "hold", str(port),
+                 f"127.0.0.{h + 2}", str(per_holder), str(h)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.strip() == "ready", (line, p.poll())
+    except BaseException:
+        stop_holders(procs)
+        raise
+    return procs
+
+
+def stop_holders(procs):
+    for p in procs:
+        p.stdin.close()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def test_scrape_cost_with_20000_idle_connections():
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < HOLDERS * PER_HOLDER + 100:
@@ -189,14 +294,7 @@ def test_scrape_cost_with_20000_idle_connections():
             "Max open files")[1].split()[0])
         if rtd_limit < HOLDERS * PER_HOLDER + 100:
             pytest.skip(f"rtd's file limit ({rtd_limit}) is too low")
-        for h in range(HOLDERS):
-            holders.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "hold", str(broker.port),
-                 f"127.0.0.{h + 2}", str(PER_HOLDER), str(h)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-        for p in holders:
-            line = p.stdout.readline()
-            assert line.strip() == "ready", (line, p.poll())
+        holders = start_holders(broker.port, HOLDERS, PER_HOLDER)
         total = HOLDERS * PER_HOLDER
         wait_for(lambda: parse(scrape(broker))[("rt_connections", "")] == total,
                  "not every connection counted", timeout=30)
@@ -216,14 +314,7 @@ def test_scrape_cost_with_20000_idle_connections():
         # writing /proc/self/smaps for memory by kind. The bound leaves room for slower machines.
         assert cpu[len(cpu) // 2] < 0.05
     finally:
-        for p in holders:
-            p.stdin.close()
-        for p in holders:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_holders(holders)
         code, log = broker.stop()
     assert code == 0, log[-2000:]
 

@@ -223,7 +223,9 @@ def test_trace_over_the_api(http):
     first = resp.readline(), resp.readline()
     assert first[0] == b"event: trace\n" and json.loads(first[1][6:])["event"] == "started"
     publish_once(b.port, "api-c", "api/t", b"payload-bytes")
-    events = sse_events(resp.read())
+    rest = resp.read()
+    assert b"\0" not in rest  # the `: alive` comments are their 9 bytes, no NUL after
+    events = sse_events(rest)
     kinds = [(e.get("dir"), e.get("type")) for e in events if e["event"] == "packet"]
     assert kinds[:4] == [("in", "CONNECT"), ("out", "CONNACK"), ("in", "PUBLISH"),
                          ("out", "PUBACK")]

@@ -76,9 +76,44 @@ async function api(source, path, method = "GET") {
 }
 
 function explain(status) {
-  return status === 401 ? "the API key is missing or unknown" :
+  return status === 400 ? "bad request" :
+    status === 401 ? "the API key is missing or unknown" :
     status === 403 ? "this key's role may not do that (admin role needed)" :
-    status === 404 ? "not found" : "error";
+    status === 404 ? "not found" :
+    status === 503 ? "rtd cannot do it now" : "error";
+}
+
+// A refused request's status, what it means and the reason in its JSON body.
+async function refusal(r) {
+  let why = "";
+  try { why = (await r.json()).error; } catch (e) { why = ""; }
+  return `${r.status} ${explain(r.status)}${why ? " - " + why : ""}`;
+}
+
+// Reads a text/event-stream body (parsed by hand) until it ends; each chunk's events,
+// [{event, data}], go to onEvents (an empty list for a chunk of comments: `: alive`).
+async function readEvents(r, onEvents) {
+  const reader = r.body.getReader();
+  const text = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += text.decode(value, { stream: true });
+    const events = [];
+    let end;
+    while ((end = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, end);
+      buf = buf.slice(end + 2);
+      let event = "message", data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trimStart();
+      }
+      if (data) events.push({ event, data });
+    }
+    onEvents(events);
+  }
 }
 
 function el(tag, attrs = {}, ...kids) {
@@ -207,37 +242,21 @@ async function runStream() {
     const r = await fetch(`/api/v1/stream/top?n=20&every=1&sort=${dash.serverSort}`,
       { headers: authHeaders(), signal: ctl.signal, cache: "no-store" });
     if (!r.ok) {
-      let why = "";
-      try { why = (await r.json()).error; } catch (e) { why = ""; }
-      setError("live", `live figures: ${r.status} ${explain(r.status)}${why ? " - " + why : ""}`);
+      setError("live", `live figures: ${await refusal(r)}`);
       state.textContent = "stopped";
       if (r.status === 401 || r.status === 403) return; // a new key restarts it
       throw new Error("status " + r.status);
     }
     setError("live", null);
     state.textContent = "live";
-    const reader = r.body.getReader();
-    const text = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += text.decode(value, { stream: true });
-      let end;
-      while ((end = buf.indexOf("\n\n")) >= 0) {
-        const block = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        let event = "message", data = "";
-        for (const line of block.split("\n")) {
-          if (line.startsWith("event:")) event = line.slice(6).trim();
-          else if (line.startsWith("data:")) data += line.slice(5).trimStart();
-        }
+    await readEvents(r, (events) => {
+      for (const { event, data } of events) {
         if (event !== "top") continue;
         const top = JSON.parse(data);
         if (top.error) setError("live", "live figures: rtd could not answer top");
         else onTop(top);
       }
-    }
+    });
     throw new Error("the stream ended");
   } catch (e) {
     if (ctl.signal.aborted) return;
@@ -274,6 +293,164 @@ $("actors-table").tHead.addEventListener("click", (ev) => {
     runStream();
   }
 });
+
+/* ---- Packet trace: GET /api/v1/trace/client/ID or /trace/topic/FILTER (admin), an event
+   stream of one JSON object per packet until its duration passes. Stop aborts the fetch: the
+   connection closes and rtd ends the trace. The table keeps the last dash.traceMax rows. ---- */
+
+const MQTT_VERSIONS = { 3: "3.1", 4: "3.1.1", 5: "5" };
+dash.traceMax = 500;
+dash.trace = null;           // {ctl, packets, dropped, cut, started, ended, state} of the last
+
+function traceState(t, state) {
+  t.state = state;
+  $("trace-state").textContent = state;
+  const on = state === "starting" || state.startsWith("tracing");
+  $("trace-start").disabled = on;
+  $("trace-stop").disabled = !on;
+}
+
+function traceInfo(t) {
+  $("trace-info").textContent = `${t.packets} packet${t.packets === 1 ? "" : "s"}` +
+    (t.dropped ? `, ${t.dropped} dropped` : "") +
+    (t.cut ? `; the ${t.cut} oldest rows were cut (the last ${dash.traceMax} are kept)` : "");
+}
+
+const traceCols = () => $("trace-table").tHead.rows[0].cells.length;
+const noteRow = (text, cls = "note") =>
+  el("tr", { class: cls }, el("td", { colspan: traceCols() }, text));
+
+// A cell for text that may be long (topics, payloads): cut to its box, whole in its title.
+function longTd(text, ...kids) {
+  const cell = el("td", { class: "long" }, ...kids, text);
+  if (text) cell.setAttribute("title", text.length > 2000 ? text.slice(0, 2000) + "..." : text);
+  return cell;
+}
+
+function packetRow(p) {
+  let what = "", qos = "";
+  if (p.type === "PUBLISH") {
+    qos = `${p.qos}${p.retain ? " retain" : ""}${p.dup ? " dup" : ""}`;
+    what = (p.topic ?? "") + (p.topic_alias ? " (alias)" : "");
+  } else if (p.filters) {
+    what = p.filters.map((f) => f.qos == null ? f.filter : `${f.filter} (qos ${f.qos})`)
+      .join(", ");
+  } else if (p.type === "CONNECT" && p.version != null) {
+    what = `MQTT ${MQTT_VERSIONS[p.version] || p.version}, keepalive ${p.keepalive}` +
+      (p.clean_start ? ", clean start" : "");
+  } else if (p.type === "CONNACK") {
+    what = p.session_present ? "session present" : "";
+  }
+  const rc = p.reason_codes ? p.reason_codes.join(",") : (p.reason_code ?? "");
+  let shown = "";
+  if (p.payload != null) shown = p.payload;
+  else if (p.payload_hex != null) shown = "0x" + p.payload_hex;
+  if (p.payload_truncated) shown += "...";
+  const size = p.payload_size == null ? "" :
+    el("span", { class: "muted" }, `${p.payload_size} B `);
+  const out = p.dir === "out";
+  return el("tr", { class: p.error ? "bad" : "", "data-type": p.type },
+    el("td", { title: p.time || "" }, (p.time || "").slice(11, 23)),
+    el("td", { class: "dir-" + p.dir, title: out ? "to the client" : "from the client" },
+      out ? "\u2190" : "\u2192", el("span", { class: "dirword" }, out ? " out" : " in")),
+    td(p.type), longTd(p.client),
+    p.error ? longTd(what, el("span", { class: "bad" }, `error ${p.error} `)) : longTd(what),
+    td(p.packet_id ?? "", "num"), td(qos), td(rc), td(p.size, "num"), longTd(shown, size));
+}
+
+// One chunk's events: their rows added at once, the oldest cut past traceMax, and the box
+// kept scrolled to the bottom unless the user scrolled up.
+function onTrace(t, events) {
+  if (dash.trace !== t) return;
+  const box = $("trace-box"), body = $("trace-table").tBodies[0];
+  const rows = [];
+  for (const { event, data } of events) {
+    if (event !== "trace") continue;
+    const e = JSON.parse(data);
+    if (e.event === "started") {
+      t.started = e;
+      t.until = Date.now() + e.duration * 1000;
+      rows.push(noteRow(`tracing ${e.kind} "${e.what}" for ${e.duration} s` +
+        (e.payload ? `, ${e.payload} payload bytes shown` : "")));
+    } else if (e.event === "packet") {
+      t.packets++;
+      rows.push(packetRow(e));
+    } else if (e.event === "dropped") {
+      t.dropped = e.dropped_total;
+      rows.push(noteRow(`dropped ${e.dropped} packets: this trace fell behind ` +
+        `(${e.dropped_total} in all)`, "note drop"));
+    } else if (e.event === "ended") {
+      t.ended = e;
+      t.dropped = e.dropped;
+      rows.push(noteRow(`ended: ${e.events} packets sent, ${e.dropped} dropped`));
+    }
+  }
+  if (rows.length) {
+    const stick = box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
+    body.append(...rows);
+    const over = body.rows.length - dash.traceMax;
+    for (let i = 0; i < over; i++) body.deleteRow(0);
+    if (over > 0) t.cut += over;
+    if (stick) box.scrollTop = box.scrollHeight;
+    traceInfo(t);
+  }
+  if (t.ended) traceState(t, "ended");
+  else if (t.started)
+    traceState(t, `tracing, ${Math.max(0, Math.round((t.until - Date.now()) / 1000))} s left`);
+}
+
+async function runTrace(kind, what, duration, payload) {
+  if (!dash.key) { setError("key", "Enter an API key (rtd apikey NAME admin)."); return; }
+  if (dash.trace) dash.trace.ctl.abort();
+  const t = { ctl: new AbortController(), packets: 0, dropped: 0, cut: 0, started: null,
+    ended: null, until: 0, state: "" };
+  dash.trace = t;
+  $("trace-table").tBodies[0].replaceChildren();
+  $("trace-box").hidden = true;
+  traceInfo(t);
+  traceState(t, "starting");
+  try {
+    const r = await fetch(`/api/v1/trace/${kind}/${encodeURIComponent(what)}` +
+      `?duration=${duration}&payload=${payload}`,
+    { headers: authHeaders(), signal: t.ctl.signal, cache: "no-store" });
+    if (!r.ok) {
+      setError("trace", `trace: ${await refusal(r)}`);
+      traceState(t, "refused");
+      return;
+    }
+    setError("trace", null);
+    $("trace-box").hidden = false;
+    await readEvents(r, (events) => onTrace(t, events));
+    if (!t.ended) throw new Error("the stream ended before the trace did");
+  } catch (e) {
+    if (t.ctl.signal.aborted) return; // Stop, or a new trace
+    setError("trace", `trace: ${e.message}`);
+    traceState(t, "failed");
+  }
+}
+
+function stopTrace() {
+  const t = dash.trace;
+  if (!t || t.ended || t.ctl.signal.aborted) return;
+  t.ctl.abort();
+  if (t.started) {
+    $("trace-table").tBodies[0].append(noteRow("stopped"));
+    const box = $("trace-box");
+    box.scrollTop = box.scrollHeight;
+  }
+  traceState(t, "stopped");
+}
+
+$("trace-kind").addEventListener("change", () => {
+  $("trace-what").placeholder = $("trace-kind").value === "client" ? "client id" :
+    "topic filter (a/+/c, a/#)";
+});
+$("trace-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  runTrace($("trace-kind").value, $("trace-what").value, $("trace-duration").value,
+    $("trace-payload").value);
+});
+$("trace-stop").addEventListener("click", stopTrace);
 
 /* ---- Clients ---- */
 
@@ -409,6 +586,7 @@ $("key-forget").addEventListener("click", () => {
   sessionStorage.removeItem(KEY_ITEM);
   dash.key = "";
   if (dash.stream) dash.stream.abort();
+  stopTrace();
   failing.clear();
   start();
 });
