@@ -55,7 +55,8 @@ test-integration-asan: build-asan
 		tests/integration/test_rtd.py tests/integration/test_admin_socket.py \
 		tests/integration/test_rtctl.py tests/integration/test_tls.py \
 		tests/integration/test_websocket.py tests/integration/test_proxy_protocol.py \
-		tests/integration/test_http.py tests/integration/test_trace.py -k "not testssl"
+		tests/integration/test_http.py tests/integration/test_http_tls.py \
+		tests/integration/test_trace.py -k "not testssl"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and

@@ -112,4 +112,11 @@ int rt_admin_metrics_text(rt_buf_t *out);
 int rt_admin_split(char *line, size_t len, char **argv, size_t *arglen, int max, int *argc,
                    char *err, size_t errlen);
 
+/*
+** The usage of the command a request's first words name (sub: its second word, NULL if
+** none), as `help` shows it: "rules test NAME --topic T [--payload P] [--qos Q]"; an alias
+** gives its command's. NULL when they name no command.
+*/
+const char *rt_admin_usage(const char *word, const char *sub);
+
 #endif

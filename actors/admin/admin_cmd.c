@@ -66,13 +66,31 @@ static int cmd_help(rt_admin_cmd_t *c)
     return 200;
 }
 
+static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index);
+
+/* The HTTP listener, when there is one ("host:port" into where); NULL when none. */
+static const rt_listen_t *http_listener(char *where, size_t len)
+{
+    const rt_listen_t *h = rt_broker && rt_broker->conf.http.on ? &rt_broker->conf.http.where
+                                                                : NULL;
+    if (h) {
+        bool v6 = strchr(h->host, ':') != NULL;
+        snprintf(where, len, "%s%.64s%s:%d", v6 ? "[" : "", h->host, v6 ? "]" : "", h->port);
+    }
+    return h;
+}
+
 static int cmd_status(rt_admin_cmd_t *c)
 {
-    char up[64];
+    char up[64], where[128];
     uptime_text(rt__admin_uptime_ms(), up, sizeof(up));
+    /* The HTTP listener is none of the MQTT listeners `listeners` shows: it is shown here. */
+    const rt_listen_t *h = http_listener(where, sizeof(where));
     if (!c->json) {
         rt_buf_printf(&c->text, "rtd %s is running (pid %d, up %s)\n", rt__admin_version(),
                       (int)getpid(), up);
+        if (h)
+            rt_buf_printf(&c->text, "http listener %s (%s)\n", where, h->tls_on ? "https" : "http");
         if (rt_trace_active())
             rt_buf_printf(&c->text, "packet traces on: %u\n", rt_trace_active());
         return 200;
@@ -84,6 +102,12 @@ static int cmd_status(rt_admin_cmd_t *c)
     rt_doc_add_i64(c->doc, "pid", getpid());
     rt_doc_add_u64(c->doc, "uptime_s", rt__admin_uptime_ms() / 1000);
     rt_doc_add_u64(c->doc, "traces", rt_trace_active());
+    if (h) {
+        rt_doc_t *o = rt_doc_add_object(c->doc, "http");
+        rt_doc_add_str(o, "listener", where);
+        rt_doc_add_str(o, "kind", h->tls_on ? "https" : "http");
+        add_tls(o, h, RT_TLS_HTTP);
+    }
     return 200;
 }
 
@@ -192,19 +216,9 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
 
 #define LISTENERS_MAX 32
 
-/* A listener's transport: its kind, its TLS settings and certificate, its proxy. */
-static void add_transport(rt_doc_t *o, unsigned index)
+/* A TLS listener's settings and certificate as served now (index: rt_tls_info's). */
+static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index)
 {
-    const rt_listen_t *l = &rt_broker->conf.listeners[index];
-    rt_doc_add_str(o, "kind", rt_listener_kind(index));
-    rt_doc_add_bool(o, "proxy_protocol", l->proxy_protocol);
-    if (l->websocket[0])
-        rt_doc_add_str(o, "websocket_path", l->websocket);
-    if (l->rate_limit.messages > 0 || l->rate_limit.bytes > 0) {
-        rt_doc_t *r = rt_doc_add_object(o, "rate_limit");
-        rt_doc_add_double(r, "messages", l->rate_limit.messages, 1);
-        rt_doc_add_double(r, "bytes", l->rate_limit.bytes, 0);
-    }
     rt_tls_info_t info;
     if (!rt_tls_info(index, &info))
         return;
@@ -229,6 +243,22 @@ static void add_transport(rt_doc_t *o, unsigned index)
     rt_doc_add_u64(t, "reloads", info.reloads);
     if (info.last_error[0])
         rt_doc_add_str(t, "last_reload_error", info.last_error);
+}
+
+/* A listener's transport: its kind, its TLS settings and certificate, its proxy. */
+static void add_transport(rt_doc_t *o, unsigned index)
+{
+    const rt_listen_t *l = &rt_broker->conf.listeners[index];
+    rt_doc_add_str(o, "kind", rt_listener_kind(index));
+    rt_doc_add_bool(o, "proxy_protocol", l->proxy_protocol);
+    if (l->websocket[0])
+        rt_doc_add_str(o, "websocket_path", l->websocket);
+    if (l->rate_limit.messages > 0 || l->rate_limit.bytes > 0) {
+        rt_doc_t *r = rt_doc_add_object(o, "rate_limit");
+        rt_doc_add_double(r, "messages", l->rate_limit.messages, 1);
+        rt_doc_add_double(r, "bytes", l->rate_limit.bytes, 0);
+    }
+    add_tls(o, l, index);
 }
 
 static int cmd_listeners(rt_admin_cmd_t *c)

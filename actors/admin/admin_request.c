@@ -154,28 +154,38 @@ static int parse_request(rt_admin_cmd_t *c, char *line, size_t len)
 ** "rules relaod" is an error, not a list: a word alone takes more words only
 ** when it has no sub-commands ("top -n 5" is options, which are not words).
 */
-static const rt_admin_command_t *find_command(const rt_admin_cmd_t *c)
+/* The command word and sub (NULL: none) name: a word alone when it has no subcommands. */
+static const rt_admin_command_t *find_command(const char *word, const char *sub)
 {
     const rt_admin_command_t *alone = NULL;
     bool has_subs = false;
     for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++) {
-        if (strcmp(k->word, c->argv[0]) != 0)
+        if (strcmp(k->word, word) != 0)
             continue;
         if (!k->sub)
             alone = k;
-        else if (c->argc > 1 && strcmp(k->sub, c->argv[1]) == 0)
+        else if (sub && strcmp(k->sub, sub) == 0)
             return k;
         else
             has_subs = true;
     }
-    return c->argc == 1 || !has_subs ? alone : NULL;
+    return !sub || !has_subs ? alone : NULL;
+}
+
+const char *rt_admin_usage(const char *word, const char *sub)
+{
+    const rt_admin_command_t *k = find_command(word, sub);
+    for (const rt_admin_command_t *a = rt__admin_commands; k && !k->usage && a->word; a++)
+        if (a->run == k->run && a->usage)
+            return a->usage;
+    return k ? k->usage : NULL;
 }
 
 const rt_admin_command_t *rt__admin_parse(rt_admin_cmd_t *c, char *line, size_t len)
 {
     if (parse_request(c, line, len) != 0)
         return NULL;
-    const rt_admin_command_t *k = find_command(c);
+    const rt_admin_command_t *k = find_command(c->argv[0], c->argc > 1 ? c->argv[1] : NULL);
     if (!k)
         rt__admin_fail(c, 400, "unknown command \"%s%s%s\"; try: help", c->argv[0],
                        c->argc > 1 ? " " : "", c->argc > 1 ? c->argv[1] : "");

@@ -342,8 +342,8 @@ void rt_conf_each(const rt_conf_t *c,
         case K_HTTP:
             snprintf(value, sizeof(value), "%s", c->http.on ? c->http.where.host : "-");
             if (c->http.on)
-                snprintf(value + strlen(value), sizeof(value) - strlen(value), ":%d",
-                         c->http.where.port);
+                snprintf(value + strlen(value), sizeof(value) - strlen(value), ":%d%s",
+                         c->http.where.port, c->http.where.tls_on ? " tls" : "");
             break;
         case K_USER_RATES:
             value[0] = 0;
@@ -661,7 +661,7 @@ static bool parse_listener_value(lua_State *L, const char *where, rt_listen_t *o
     return false;
 }
 
-/* http = { bind = "host:port", api_keys_file = "...", metrics_public = true } */
+/* http = { bind = "host:port", tls = {...}, api_keys_file = "...", metrics_public = true } */
 static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
     if (lua_type(L, -1) != LUA_TTABLE) {
@@ -678,6 +678,14 @@ static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
             ok = bound = parse_listener(v, &c->http.where);
             if (!ok)
                 snprintf(why, whylen, "http.bind: \"%s\" is not host:port with a numeric host", v);
+        } else if (strcmp(k, "tls") == 0) {
+            rt_conf_tls_t *t = &c->http.where.tls;
+            ok = c->http.where.tls_on = parse_tls(L, "http.tls", t, why, whylen);
+            if (ok && t->identity_as_username) {
+                snprintf(why, whylen, "http.tls: identity_as_username is for MQTT listeners (an "
+                         "HTTP client is named by its API key)");
+                ok = false;
+            }
         } else if (strcmp(k, "api_keys_file") == 0) {
             ok = table_string(L, "http", k, c->http.api_keys_file, sizeof(c->http.api_keys_file),
                               why, whylen);
@@ -687,8 +695,8 @@ static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
             if (!ok)
                 snprintf(why, whylen, "http.metrics_public must be true or false");
         } else {
-            snprintf(why, whylen, "http: unknown key \"%s\" (bind, api_keys_file, metrics_public)",
-                     k);
+            snprintf(why, whylen,
+                     "http: unknown key \"%s\" (bind, tls, api_keys_file, metrics_public)", k);
             ok = false;
         }
         lua_pop(L, 1);
@@ -1141,27 +1149,36 @@ static int resolve_field(char *field, size_t size, const char *name, const char 
     return 0;
 }
 
+/* Makes a listener's TLS files absolute against base. */
+static int resolve_tls(rt_conf_tls_t *t, const char *name, const char *base, const char *where,
+                       char *err, size_t errlen)
+{
+    char *files[4 + 2 * RT_CONF_MAX_SNI] = {t->cert, t->key, t->ca, t->crl};
+    size_t n = 4;
+    for (unsigned i = 0; i < t->nsni; i++) {
+        files[n++] = t->sni[i].cert;
+        files[n++] = t->sni[i].key;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = resolve_field(files[i], RT_CONF_PATH_MAX, name, base, where, err, errlen);
+    return rc;
+}
+
 /* Makes the path setting s of c absolute against base (the listeners' TLS files too). */
 static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
                         char *err, size_t errlen)
 {
-    if (s->kind == K_HTTP)
-        return resolve_field(c->http.api_keys_file, sizeof(c->http.api_keys_file),
-                             "http.api_keys_file", base, where, err, errlen);
+    if (s->kind == K_HTTP) {
+        int rc = resolve_field(c->http.api_keys_file, sizeof(c->http.api_keys_file),
+                               "http.api_keys_file", base, where, err, errlen);
+        return rc ? rc : resolve_tls(&c->http.where.tls, "http.tls file", base, where, err, errlen);
+    }
     if (s->kind == K_LISTENERS) {
         int rc = 0;
-        for (unsigned l = 0; l < c->nlisteners && rc == 0; l++) {
-            rt_conf_tls_t *t = &c->listeners[l].tls;
-            char *files[4 + 2 * RT_CONF_MAX_SNI] = {t->cert, t->key, t->ca, t->crl};
-            size_t n = 4;
-            for (unsigned i = 0; i < t->nsni; i++) {
-                files[n++] = t->sni[i].cert;
-                files[n++] = t->sni[i].key;
-            }
-            for (size_t i = 0; i < n && rc == 0; i++)
-                rc = resolve_field(files[i], RT_CONF_PATH_MAX, "listeners' tls file", base, where,
-                                   err, errlen);
-        }
+        for (unsigned l = 0; l < c->nlisteners && rc == 0; l++)
+            rc = resolve_tls(&c->listeners[l].tls, "listeners' tls file", base, where, err,
+                             errlen);
         return rc;
     }
     return resolve_field((char *)c + s->offset, s->size, s->name, base, where, err, errlen);

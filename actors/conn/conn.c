@@ -42,7 +42,7 @@ _Thread_local uint32_t rt__conn_routed_this_event;
 
 #define RT_PEER_TEXT_MAX (INET6_ADDRSTRLEN + 8) /* "ip:port" */
 
-void rt__conn_format_peer(int fd, char *buf, size_t len)
+void rt_conn_format_peer(int fd, char *buf, size_t len)
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);

@@ -4,19 +4,18 @@
 ** them; and the per-client rate limit. All of it runs in the connection actor's turns.
 **
 ** Input climbs the layers in place: the PROXY header is cut from the front of what was
-** read, TLS decrypts into a per-thread buffer (OpenSSL reads the ciphertext from memory:
-** xport_bio), WebSocket frames are unmasked where they lie, and MQTT's bytes go to
-** rt__conn_input. Everything read from the socket is taken through every layer before the
-** handler returns: a layer keeps only what it cannot use yet (a split frame header, an
-** incomplete HTTP head or PROXY header, in `stash`; a partial TLS record, inside OpenSSL).
+** read, TLS decrypts into a per-thread buffer (rt_tls_conn_t, actors/transport/tls_conn.h,
+** which the HTTP listener's connections run too), WebSocket frames are unmasked where they
+** lie, and MQTT's bytes go to rt__conn_input. Everything read from the socket is taken
+** through every layer before the handler returns: a layer keeps only what it cannot use yet
+** (a split frame header, an incomplete HTTP head or PROXY header, in `stash`; a partial TLS
+** record, inside OpenSSL).
 ** Output goes down the same way: a packet becomes a binary frame, the frame a TLS record,
 ** and the record goes to the socket's buffer.
 **
 ** Memory. The state is malloc'ed beside the socket it extends (like rt_sock_t), counted
-** in xport_bytes and in the client's memory. OpenSSL's own allocations are not counted:
-** libmongoc initialises OpenSSL from a library constructor, before rtd could install
-** counting allocators (CRYPTO_set_mem_functions refuses once OpenSSL has allocated).
-** An idle connection keeps its state and its SSL, without record buffers
+** in xport_bytes and in the client's memory; TLS's stage for a turn's output is counted by
+** tls_conn.c. An idle connection keeps its state and its SSL, without record buffers
 ** (SSL_MODE_RELEASE_BUFFERS) and without a stash.
 **
 ** A connection that hands its socket to the actor holding its session (a resumed session,
@@ -24,18 +23,16 @@
 ** byte stream, not to the actor.
 */
 #include <arpa/inet.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/err.h>
-
 #include "conn_impl.h"
 #include "log.h"
 #include "proxy.h"
 #include "tls.h"
+#include "tls_conn.h"
 #include "ws.h"
 
 typedef enum {
@@ -61,30 +58,23 @@ typedef struct xport_rate_s {
 } xport_rate_t;
 
 struct rt_xport_s {
-    SSL *ssl;            /* NULL: no TLS */
+    rt_tls_conn_t tls;   /* tls.ssl NULL: no TLS */
     uint8_t *stash;      /* malloc: bytes the current layer cannot use yet; NULL when none */
     xport_rate_t *rate;  /* malloc; NULL: no limit */
-    uint8_t *out;        /* malloc: plaintext written this turn, encrypted at its end (TLS) */
-    uint32_t out_len;
-    uint32_t stash_len;
-    rt_ws_in_t ws;
     struct xport_peer_s *real; /* malloc: the client's address from a PROXY header or
                                   X-Forwarded-For; NULL: the socket's peer is the client */
+    uint32_t stash_len;
+    rt_ws_in_t ws;
     uint8_t stage;
     uint8_t listener;
     uint8_t websocket : 1;
     uint8_t ws_closing : 1; /* our close frame went out */
-    uint8_t tls_failed : 1; /* no close_notify after a fatal alert */
 };
 
 /* An idle WebSocket connection's whole transport cost: one 80-byte malloc chunk. */
 _Static_assert(sizeof(struct rt_xport_s) <= 72, "rt_xport_t outgrew its malloc chunk");
 
 static atomic_size_t xport_bytes; /* all connections' states and stashes */
-
-#define XPORT_PLAIN_MAX (16 * 1024) /* one TLS record's plaintext */
-#define XPORT_OUT_MAX XPORT_PLAIN_MAX /* plaintext gathered before a record is made anyway */
-#define XPORT_WS_INLINE 512         /* a frame up to this is built in one piece on the stack */
 
 static const rt_listen_t *listener_of(const rt_xport_t *xp)
 {
@@ -131,91 +121,12 @@ size_t rt__xport_memory(const conn_t *c)
     if (!xp)
         return 0;
     return sizeof(*xp) + xp->stash_len + (xp->rate ? sizeof(*xp->rate) : 0) +
-           (xp->real ? sizeof(*xp->real) : 0) +
-           (xp->out ? XPORT_OUT_MAX : 0);
+           (xp->real ? sizeof(*xp->real) : 0) + rt_tls_conn_memory(&xp->tls);
 }
 
 size_t rt_xport_total_memory(void)
 {
-    return atomic_load_explicit(&xport_bytes, memory_order_relaxed);
-}
-
-/* ---- TLS over memory ---- */
-
-/*
-** What the current TLS input call may read: set around SSL calls in this connection's
-** turn (one actor per thread at a time), so the BIO needs no state of its own.
-*/
-static _Thread_local const uint8_t *tls_in;
-static _Thread_local size_t tls_in_len;
-
-static int bio_read(BIO *b, char *out, int n)
-{
-    BIO_clear_retry_flags(b);
-    if (tls_in_len == 0) {
-        BIO_set_retry_read(b);
-        return -1;
-    }
-    size_t k = (size_t)n < tls_in_len ? (size_t)n : tls_in_len;
-    memcpy(out, tls_in, k);
-    tls_in += k;
-    tls_in_len -= k;
-    return (int)k;
-}
-
-/* The BIO's data is the socket: records go to its output buffer, sent at the end of turn. */
-static int bio_write(BIO *b, const char *data, int n)
-{
-    BIO_clear_retry_flags(b);
-    rt_sock_t *s = BIO_get_data(b);
-    if (!s || rt_sock_write(s, data, (size_t)n) != 0)
-        return -1;
-    return n;
-}
-
-static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
-{
-    (void)b;
-    (void)num;
-    (void)ptr;
-    return cmd == BIO_CTRL_FLUSH ? 1 : 0;
-}
-
-static int bio_create(BIO *b)
-{
-    BIO_set_init(b, 1);
-    return 1;
-}
-
-static BIO_METHOD *bio_method;
-static pthread_once_t bio_once = PTHREAD_ONCE_INIT;
-
-static void bio_method_make(void)
-{
-    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "rt socket");
-    if (m && BIO_meth_set_read(m, bio_read) == 1 && BIO_meth_set_write(m, bio_write) == 1 &&
-        BIO_meth_set_ctrl(m, bio_ctrl) == 1 && BIO_meth_set_create(m, bio_create) == 1)
-        bio_method = m;
-    else
-        BIO_meth_free(m);
-}
-
-static int tls_attach(rt_xport_t *xp, rt_sock_t *sock)
-{
-    pthread_once(&bio_once, bio_method_make);
-    if (!bio_method)
-        return RT_ENOMEM;
-    xp->ssl = rt_tls_accept(xp->listener);
-    BIO *bio = xp->ssl ? BIO_new(bio_method) : NULL;
-    if (!bio) {
-        SSL_free(xp->ssl);
-        xp->ssl = NULL;
-        return RT_ENOMEM;
-    }
-    BIO_set_data(bio, sock);
-    SSL_set_bio(xp->ssl, bio, bio);
-    SSL_set_accept_state(xp->ssl);
-    return 0;
+    return atomic_load_explicit(&xport_bytes, memory_order_relaxed) + rt_tls_conn_total_memory();
 }
 
 /* ---- Start and end ---- */
@@ -269,7 +180,7 @@ int rt__xport_start(conn_t *c)
                 : l->tls_on       ? STAGE_TLS
                 : xp->websocket   ? STAGE_HTTP
                                   : STAGE_OPEN;
-    if (l->tls_on && tls_attach(xp, c->sock) != 0) {
+    if (l->tls_on && rt_tls_conn_attach(&xp->tls, rt_tls_accept(xp->listener), c->sock) != 0) {
         rt__xport_free(xp);
         return RT_ENOMEM;
     }
@@ -283,11 +194,7 @@ void rt__xport_free(void *obj)
     rt_xport_t *xp = obj;
     if (!xp)
         return;
-    SSL_free(xp->ssl);
-    if (xp->out) {
-        free(xp->out);
-        atomic_fetch_sub_explicit(&xport_bytes, XPORT_OUT_MAX, memory_order_relaxed);
-    }
+    rt_tls_conn_free(&xp->tls);
     stash_clear(xp);
     rate_free(xp);
     if (xp->real) {
@@ -301,78 +208,31 @@ void rt__xport_free(void *obj)
 void rt__xport_adopt(conn_t *c, rt_xport_t *xp)
 {
     c->xp = xp;
-    if (xp && xp->ssl)
-        BIO_set_data(SSL_get_rbio(xp->ssl), c->sock);
+    if (xp)
+        rt_tls_conn_move(&xp->tls, c->sock);
 }
 
 /* ---- Output ---- */
 
-/* Encrypts what the turn gathered into records in the socket's output. */
-static int tls_flush(rt_xport_t *xp)
-{
-    if (!xp->out)
-        return 0;
-    int r = SSL_write(xp->ssl, xp->out, (int)xp->out_len);
-    atomic_fetch_sub_explicit(&xport_bytes, XPORT_OUT_MAX, memory_order_relaxed);
-    free(xp->out);
-    xp->out = NULL;
-    xp->out_len = 0;
-    if (r <= 0) {
-        ERR_clear_error();
-        return RT_ECLOSED;
-    }
-    return 0;
-}
-
 void rt__xport_flush(conn_t *c)
 {
     rt_xport_t *xp = c->sock ? c->xp : NULL;
-    if (xp && xp->ssl)
-        tls_flush(xp);
+    if (xp && xp->tls.ssl)
+        rt_tls_conn_flush(&xp->tls);
 }
 
-/*
-** Over TLS, a turn's packets are gathered and encrypted at its end (rt__xport_flush, from
-** the actor's turn_end), up to a record's worth: a subscriber sent a hundred small messages
-** in a turn gets one record, not a hundred, and OpenSSL allocates its write buffer once.
-*/
 static int lower_write(rt_xport_t *xp, rt_sock_t *sock, const uint8_t *p, size_t n)
 {
-    if (!xp->ssl)
-        return rt_sock_write(sock, p, n);
-    if (xp->out_len + n > XPORT_OUT_MAX) {
-        int rc = tls_flush(xp);
-        if (rc)
-            return rc;
-        if (n >= XPORT_OUT_MAX) {
-            if (SSL_write(xp->ssl, p, (int)n) <= 0) {
-                ERR_clear_error();
-                return RT_ECLOSED;
-            }
-            return 0;
-        }
-    }
-    if (!xp->out) {
-        xp->out = malloc(XPORT_OUT_MAX);
-        if (!xp->out)
-            return RT_ENOMEM;
-        atomic_fetch_add_explicit(&xport_bytes, XPORT_OUT_MAX, memory_order_relaxed);
-    }
-    memcpy(xp->out + xp->out_len, p, n);
-    xp->out_len += (uint32_t)n;
-    return 0;
+    return xp->tls.ssl ? rt_tls_conn_write(&xp->tls, p, n) : rt_sock_write(sock, p, n);
 }
 
+/* Header and payload go down apart: over TLS they are gathered into the turn's record anyway. */
 static int ws_send(rt_xport_t *xp, rt_sock_t *sock, int opcode, const uint8_t *p, size_t n)
 {
-    uint8_t frame[10 + XPORT_WS_INLINE];
-    size_t h = rt_ws_frame_header(frame, opcode, n);
-    if (n <= XPORT_WS_INLINE) { /* one TLS record for the frame */
-        memcpy(frame + h, p, n);
-        return lower_write(xp, sock, frame, h + n);
-    }
-    int rc = lower_write(xp, sock, frame, h);
-    return rc ? rc : lower_write(xp, sock, p, n);
+    uint8_t head[10];
+    size_t h = rt_ws_frame_header(head, opcode, n);
+    int rc = lower_write(xp, sock, head, h);
+    return rc || !n ? rc : lower_write(xp, sock, p, n);
 }
 
 int rt__xport_write(conn_t *c, const uint8_t *p, size_t n)
@@ -398,11 +258,7 @@ void rt__xport_close(conn_t *c)
         return;
     if (xp->stage == STAGE_OPEN && xp->websocket)
         ws_send_close(xp, c->sock, RT_WS_CLOSE_NORMAL);
-    if (xp->ssl && SSL_is_init_finished(xp->ssl) && !xp->tls_failed) {
-        tls_flush(xp); /* what the turn wrote (a DISCONNECT), then close_notify */
-        SSL_shutdown(xp->ssl);
-    }
-    ERR_clear_error();
+    rt_tls_conn_close(&xp->tls);
     c->xp = NULL;
     rt__xport_free(xp);
 }
@@ -499,47 +355,42 @@ static void log_peer(const char *event, const conn_t *c, const char *fmt, ...)
     rt_log(RT_LOG_INFO, event, "peer=%s %s", peer, what);
 }
 
+/* What follows the handshake: the WebSocket upgrade or MQTT. */
+static void tls_opened(rt_xport_t *xp)
+{
+    if (xp->stage == STAGE_TLS && rt_tls_conn_established(&xp->tls))
+        xp->stage = xp->websocket ? STAGE_HTTP : STAGE_OPEN;
+}
+
+typedef struct {
+    rt_actor_t *self;
+    conn_t *c;
+    rt_xport_t *xp;
+} tls_reader_t;
+
+static bool tls_plain(void *ctx, uint8_t *p, size_t n)
+{
+    tls_reader_t *r = ctx;
+    tls_opened(r->xp);
+    plain_input(r->self, r->c, r->xp, p, n);
+    return flowing(r->c);
+}
+
 static void tls_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t *p, size_t n)
 {
-    static _Thread_local uint8_t plain[XPORT_PLAIN_MAX];
-    tls_in = p;
-    tls_in_len = n;
-    if (xp->stage == STAGE_TLS) {
-        int r = SSL_do_handshake(xp->ssl);
-        if (r != 1) {
-            int e = SSL_get_error(xp->ssl, r);
-            if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
-                char why[RT_TLS_WHY_LEN];
-                rt_tls_failure_reason(xp->ssl, why, sizeof(why));
-                log_peer("tls.handshake_failed", c, "reason=\"%s\"", why);
-                xp->tls_failed = 1;
-                atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
-                fail(self, c);
-            }
-            goto out;
-        }
-        xp->stage = xp->websocket ? STAGE_HTTP : STAGE_OPEN;
+    tls_reader_t reader = {self, c, xp};
+    char why[RT_TLS_WHY_LEN];
+    int rc = rt_tls_conn_input(&xp->tls, p, n, tls_plain, &reader, why, sizeof(why));
+    if (rc == RT_EPROTO && !rt_tls_conn_established(&xp->tls)) {
+        log_peer("tls.handshake_failed", c, "reason=\"%s\"", why);
+        atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
+    } else if (rc == RT_EPROTO) {
+        log_peer("tls.error", c, "reason=\"%s\"", why);
     }
-    while (flowing(c)) {
-        int r = SSL_read(xp->ssl, plain, sizeof(plain));
-        if (r > 0) {
-            plain_input(self, c, xp, plain, (size_t)r);
-            continue;
-        }
-        int e = SSL_get_error(xp->ssl, r);
-        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
-            break;
-        if (e != SSL_ERROR_ZERO_RETURN) { /* close_notify is a normal end of the stream */
-            char why[RT_TLS_WHY_LEN];
-            rt_tls_failure_reason(xp->ssl, why, sizeof(why));
-            log_peer("tls.error", c, "reason=\"%s\"", why);
-            xp->tls_failed = 1;
-        }
+    if (rc)
         fail(self, c);
-        break;
-    }
-out:
-    tls_in_len = 0;
+    else if (flowing(c)) /* else the layers above may have closed the connection, and xp */
+        tls_opened(xp);
 }
 
 /* The client's address behind its proxy counts from here on: logs, limits, ACL, rules. */
@@ -584,7 +435,7 @@ static void proxy_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p,
         log_peer("proxy.refused", c, "reason=malformed detail=\"%s\"", why);
         fail(self, c);
     } else if (!info.has_addr || take_real_address(self, c, xp, &info.src, info.src_port)) {
-        xp->stage = xp->ssl ? STAGE_TLS : xp->websocket ? STAGE_HTTP : STAGE_OPEN;
+        xp->stage = xp->tls.ssl ? STAGE_TLS : xp->websocket ? STAGE_HTTP : STAGE_OPEN;
         if (used < n)
             layers_input(self, c, xp, p + used, n - used);
     } else {
@@ -721,7 +572,7 @@ static void layers_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p
 {
     if (xp->stage == STAGE_PROXY)
         proxy_input(self, c, xp, p, n);
-    else if (xp->ssl)
+    else if (xp->tls.ssl)
         tls_input(self, c, xp, p, n);
     else
         plain_input(self, c, xp, p, n);
@@ -857,15 +708,15 @@ uint32_t rt__xport_rate_limited(const conn_t *c)
 bool rt__xport_identity(conn_t *c, char *out, size_t len)
 {
     rt_xport_t *xp = c->sock ? c->xp : NULL;
-    if (!xp || !xp->ssl || !listener_of(xp)->tls.identity_as_username)
+    if (!xp || !xp->tls.ssl || !listener_of(xp)->tls.identity_as_username)
         return false;
-    return rt_tls_peer_identity(xp->ssl, out, len);
+    return rt_tls_peer_identity(xp->tls.ssl, out, len);
 }
 
 bool rt__xport_identity_required(const conn_t *c)
 {
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
-    return xp && xp->ssl && listener_of(xp)->tls.identity_as_username;
+    return xp && xp->tls.ssl && listener_of(xp)->tls.identity_as_username;
 }
 
 int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out)
@@ -882,7 +733,7 @@ void rt__conn_peer_format(const conn_t *c, char *buf, size_t len)
 {
     const rt_xport_t *xp = c->sock ? c->xp : NULL;
     if (!xp || !xp->real) {
-        rt__conn_format_peer(c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
+        rt_conn_format_peer(c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
         return;
     }
     char host[INET6_ADDRSTRLEN];

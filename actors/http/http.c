@@ -2,25 +2,31 @@
 ** The HTTP listener and its connections (http.h). A connection is an actor that reads one
 ** request at a time (keep-alive, bounded by http_request.h and RT_HTTP_BODY_MAX, cut by
 ** RT_HTTP_REQUEST_MS while incomplete and RT_HTTP_IDLE_MS while idle), answers it, then
-** reads the next. The API is the admin command layer: a path /api/v1/clients/show/ID?x=y
+** reads the next; with http.tls, through its TLS connection (tls_conn.h, as the MQTT
+** connections run theirs), whose handshake the request deadline covers too. The API is the
+** admin command layer: a path /api/v1/clients/show/ID?x=y (or a JSON body, http_api.c)
 ** becomes the request line `clients show ID --x y --json`, answered by the same code as
 ** rtctl's (rt_admin_exec_*), now or when the worker or the connection actors reply.
 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "admin.h"
 #include "broker.h"
+#include "conn.h"
 #include "group.h"
 #include "http.h"
+#include "http_impl.h"
 #include "http_request.h"
 #include "log.h"
+#include "tls.h"
+#include "tls_conn.h"
 
 #define MSG_HTTP_TIMER (RT_MSG_USER + 40) /* the request or idle deadline */
 #define HTTP_ACCEPTS_PER_TURN 64
-#define HTTP_LINE_MAX 4096 /* an API request as an admin request line */
 
 static struct {
     rt_conf_t conf; /* http's part, read by every connection */
@@ -32,7 +38,8 @@ static struct {
 
 typedef struct {
     rt_sock_t *sock;
-    uint8_t *in; /* heap: bytes read, not yet answered */
+    rt_tls_conn_t tls; /* tls.ssl NULL: plain HTTP */
+    uint8_t *in; /* heap: bytes read (decrypted), not yet answered */
     size_t inlen, incap;
     rt_admin_exec_t exec;   /* an API request waiting for the worker or connection actors */
     rt_ref_t timer;         /* the request's or the idle deadline */
@@ -46,6 +53,13 @@ typedef struct {
     bool tracing;           /* a trace's events are being sent (trace_part) */
     size_t pending;         /* bytes of the request whose answer the admin layer owes */
 } http_conn_t;
+
+/* Ends the connection: what was written goes out, then the socket closes. */
+static void finish(rt_actor_t *self, http_conn_t *k)
+{
+    k->closing = true;
+    rt_exit(self, RT_REASON_NORMAL);
+}
 
 static const char *reason_phrase(int code)
 {
@@ -70,6 +84,8 @@ static const char *reason_phrase(int code)
         return "Content Too Large";
     case 414:
         return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
     case 431:
         return "Request Header Fields Too Large";
     case 503:
@@ -81,6 +97,19 @@ static const char *reason_phrase(int code)
     }
 }
 
+/*
+** Output goes through TLS when the listener has it. A failed write is not reported: the
+** socket's failure shows at its next read, and an answer lost to memory leaves the client
+** to its timeout.
+*/
+static void out(http_conn_t *k, const void *p, size_t n)
+{
+    if (k->tls.ssl)
+        rt_tls_conn_write(&k->tls, p, n);
+    else
+        rt_sock_write(k->sock, p, n);
+}
+
 static void respond_raw(http_conn_t *k, int code, const char *type, const char *body, size_t len)
 {
     char head[256];
@@ -90,9 +119,9 @@ static void respond_raw(http_conn_t *k, int code, const char *type, const char *
                      code, reason_phrase(code), type, len,
                      code == 401 ? "WWW-Authenticate: Bearer\r\n" : "",
                      k->keep_alive ? "keep-alive" : "close");
-    rt_sock_write(k->sock, head, (size_t)n);
+    out(k, head, (size_t)n);
     if (len)
-        rt_sock_write(k->sock, body, len);
+        out(k, body, len);
 }
 
 /* An error as JSON: {"error": "..."} (the admin layer's own errors are already that). */
@@ -118,17 +147,17 @@ static void stream_event(http_conn_t *k, int code, const char *body, size_t len)
     size_t word = strcspn(k->stream + 1, "\"");
     int n = snprintf(head, sizeof(head), "event: %.*s\ndata: ", (int)(word < 40 ? word : 40),
                      k->stream + 1);
-    rt_sock_write(k->sock, head, (size_t)n);
+    out(k, head, (size_t)n);
     if (code != 200) {
-        rt_sock_write(k->sock, "{\"error\": true}", 15);
+        out(k, "{\"error\": true}", 15);
     } else {
         for (size_t i = 0, start = 0; i <= len; i++)
             if (i == len || body[i] == '\n') { /* compact JSON; its last newline dropped */
-                rt_sock_write(k->sock, body + start, i - start);
+                out(k, body + start, i - start);
                 start = i + 1;
             }
     }
-    rt_sock_write(k->sock, "\n\n", 2);
+    out(k, "\n\n", 2);
 }
 
 /*
@@ -140,17 +169,17 @@ static void trace_part(http_conn_t *k, int code, const char *body, size_t len)
     if (!k->tracing) {
         static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                    "Cache-Control: no-store\r\nConnection: close\r\n\r\n";
-        rt_sock_write(k->sock, head, sizeof(head) - 1);
+        out(k, head, sizeof(head) - 1);
         k->tracing = true;
     }
     if (!len)
-        rt_sock_write(k->sock, ": alive\n\n", 9);
+        out(k, ": alive\n\n", 9);
     for (size_t start = 0; start < len;) {
         const char *nl = memchr(body + start, '\n', len - start);
         size_t end = nl ? (size_t)(nl - body) : len;
-        rt_sock_write(k->sock, "event: trace\ndata: ", 19);
-        rt_sock_write(k->sock, body + start, end - start);
-        rt_sock_write(k->sock, "\n\n", 2);
+        out(k, "event: trace\ndata: ", 19);
+        out(k, body + start, end - start);
+        out(k, "\n\n", 2);
         start = end + 1;
     }
     if (code != 206)
@@ -168,7 +197,7 @@ static void respond_admin(void *ctx, int code, const char *body, size_t len)
         if (!k->streaming) {
             static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                        "Cache-Control: no-store\r\nConnection: keep-alive\r\n\r\n";
-            rt_sock_write(k->sock, head, sizeof(head) - 1);
+            out(k, head, sizeof(head) - 1);
             k->streaming = true;
         }
         stream_event(k, code, body, len);
@@ -190,99 +219,6 @@ static void arm_timer(rt_actor_t *self, http_conn_t *k, uint64_t ms)
     rt_send_after_tag(ms, rt_self(self), MSG_HTTP_TIMER, &k->timer);
 }
 
-static int hex_digit(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
-/* Percent-decodes s[0, n) into out (cap bytes); false on a bad escape or overflow. */
-static bool decode(const char *s, size_t n, bool plus_space, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '%') {
-            int hi = i + 2 < n ? hex_digit(s[i + 1]) : -1;
-            int lo = i + 2 < n ? hex_digit(s[i + 2]) : -1;
-            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
-                return false; /* a NUL would cut the word */
-            c = (char)(hi << 4 | lo);
-            i += 2;
-        } else if (c == '+' && plus_space) {
-            c = ' ';
-        }
-        if (o + 1 >= cap)
-            return false;
-        out[o++] = c;
-    }
-    out[o] = 0;
-    return true;
-}
-
-/* Appends word to line as an admin request word: quoted, with its escapes (docs/ADMIN.md). */
-static bool add_word(char *line, size_t *at, const char *word)
-{
-    size_t n = *at;
-    if (n + 4 >= HTTP_LINE_MAX)
-        return false;
-    if (n)
-        line[n++] = ' ';
-    line[n++] = '"';
-    for (const unsigned char *p = (const unsigned char *)word; *p; p++) {
-        if (n + 6 >= HTTP_LINE_MAX)
-            return false;
-        if (*p == '"' || *p == '\\') {
-            line[n++] = '\\';
-            line[n++] = (char)*p;
-        } else if (*p < 0x20 || *p == 0x7f) {
-            n += (size_t)snprintf(line + n, HTTP_LINE_MAX - n, "\\x%02x", *p);
-        } else {
-            line[n++] = (char)*p;
-        }
-    }
-    line[n++] = '"';
-    line[n] = 0;
-    *at = n;
-    return true;
-}
-
-/*
-** /api/v1/WORD/WORD/...?name=value&flag -> `WORD WORD ... --name value --flag --json`.
-** Returns the line's length, or 0 when the target cannot be one.
-*/
-static size_t api_line(const char *path, const char *query, char *line)
-{
-    size_t at = 0;
-    char word[1024];
-    for (const char *p = path; *p;) {
-        const char *end = strchr(p, '/');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (n && (!decode(p, n, false, word, sizeof(word)) || !add_word(line, &at, word)))
-            return 0;
-        p += n + (end != NULL);
-    }
-    for (const char *p = query; p && *p;) {
-        const char *end = strchr(p, '&');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', n);
-        size_t klen = eq ? (size_t)(eq - p) : n;
-        char opt[1100] = "--";
-        if (klen && (!decode(p, klen, true, opt + 2, sizeof(opt) - 2) || !add_word(line, &at, opt)))
-            return 0;
-        if (klen && eq && (!decode(eq + 1, n - klen - 1, true, word, sizeof(word)) ||
-                           !add_word(line, &at, word)))
-            return 0;
-        p += n + (end != NULL);
-    }
-    if (!at || at + 8 >= HTTP_LINE_MAX)
-        return 0;
-    memcpy(line + at, " --json", 8);
-    return at + 7;
-}
-
 /* Ready: every listener accepting (the store and sinks start before them, and stop after). */
 static bool ready(void)
 {
@@ -299,11 +235,10 @@ static bool ready(void)
 /* Runs the stream's command once more (the line is split in place: a copy each time). */
 static void stream_tick(rt_actor_t *self, http_conn_t *k)
 {
-    static _Thread_local char line[HTTP_LINE_MAX + 8];
+    static _Thread_local char line[RT_HTTP_LINE_MAX + 8];
     memcpy(line, k->stream, k->stream_len + 1);
     if (rt_sock_pending(k->sock) > RT_ADMIN_OUT_MAX) { /* a reader that stopped reading */
-        k->closing = true;
-        rt_exit(self, RT_REASON_NORMAL);
+        finish(self, k);
         return;
     }
     if (!rt_admin_exec_start(self, &k->exec, line, k->stream_len, RT_ADMIN_CHANGES, respond_admin,
@@ -322,7 +257,7 @@ static void stream_tick(rt_actor_t *self, http_conn_t *k)
 */
 static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, const char *query)
 {
-    char rest[RT_HTTP_TARGET_MAX] = "", line[HTTP_LINE_MAX + 8];
+    char rest[RT_HTTP_TARGET_MAX] = "", line[RT_HTTP_LINE_MAX + 8];
     long every = 1;
     /* every= is the stream's own; the rest of the query goes to the command. */
     for (const char *p = query; p && *p;) {
@@ -335,7 +270,8 @@ static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, con
                      rest[0] ? "&" : "", (int)n, p);
         p += n + (end != NULL);
     }
-    size_t len = api_line(path, rest, line);
+    char why[64];
+    size_t len = rt__http_api_line(path, rest, NULL, 0, line, why, sizeof(why));
     if (!len || every < 1 || every > 60) {
         respond_error(k, 400, "not a stream: /api/v1/stream/COMMAND?every=1..60");
         return true;
@@ -352,6 +288,32 @@ static bool start_stream(rt_actor_t *self, http_conn_t *k, const char *path, con
     return false;
 }
 
+/* Whether a Content-Type is JSON's ("application/json", with parameters or not). */
+static bool is_json(const char *type)
+{
+    type += strspn(type, " \t");
+    return strncasecmp(type, "application/json", 16) == 0 && strchr("; \t", type[16]);
+}
+
+/*
+** An API request's admin line from its path, its query and (POST or PUT) its JSON body;
+** 0 when the request was answered with its error.
+*/
+static size_t api_request_line(http_conn_t *k, const rt_http_request_t *req, bool post,
+                               const char *path, const char *query, char *line)
+{
+    const char *json = post && req->body_len ? (const char *)k->in + req->body_off : NULL;
+    if (json && !is_json(req->content_type)) {
+        respond_error(k, 415, "a request body must be JSON (Content-Type: application/json)");
+        return 0;
+    }
+    char why[512];
+    size_t len = rt__http_api_line(path, query, json, req->body_len, line, why, sizeof(why));
+    if (!len)
+        respond_error(k, 400, why);
+    return len;
+}
+
 /* Answers the request: true when answered now, false when the admin layer answers later. */
 static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *req)
 {
@@ -361,7 +323,8 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     if (query)
         *query++ = 0;
     bool get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-    bool post = strcmp(req->method, "POST") == 0;
+    /* PUT is POST's synonym: clients that send JSON bodies tend to pick either. */
+    bool post = strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0;
     k->text = false;
     if (strcmp(path, "/healthz") == 0) {
         respond_raw(k, 200, "application/json", "{\"status\": \"ok\"}\n", 17);
@@ -391,7 +354,7 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
         return true;
     }
     if (!get && !post) {
-        respond_error(k, 405, "GET, or POST for commands that change rtd");
+        respond_error(k, 405, "GET, or POST (PUT) for commands that change rtd");
         return true;
     }
     rt_http_role_t role = rt_http_key_role(req->api_key);
@@ -400,15 +363,14 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
                                                                     "(Authorization: Bearer KEY)");
         return true;
     }
-    static _Thread_local char line[HTTP_LINE_MAX + 8];
+    static _Thread_local char line[RT_HTTP_LINE_MAX + 8];
     size_t len;
     if (api && strncmp(path + 8, "stream/", 7) == 0 && get)
         return start_stream(self, k, path + 15, query);
     if (metrics) {
         k->text = true;
         len = (size_t)snprintf(line, sizeof(line), "metrics prometheus");
-    } else if (!(len = api_line(path + 8, query, line))) {
-        respond_error(k, 400, "the path or query is not a command (bad escape, or too long)");
+    } else if (!(len = api_request_line(k, req, post, path + 8, query, line))) {
         return true;
     }
     /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat);
@@ -424,8 +386,7 @@ static void request_done(rt_actor_t *self, http_conn_t *k, size_t used)
     memmove(k->in, k->in + used, k->inlen - used);
     k->inlen -= used;
     if (!k->keep_alive) {
-        k->closing = true;
-        rt_exit(self, RT_REASON_NORMAL); /* the runtime sends what is buffered, then closes */
+        finish(self, k);
         return;
     }
     arm_timer(self, k, k->inlen ? RT_HTTP_REQUEST_MS : RT_HTTP_IDLE_MS);
@@ -443,8 +404,7 @@ static void answer_requests(rt_actor_t *self, http_conn_t *k)
         if (rc != 0) {
             k->keep_alive = false;
             respond_error(k, rc, why);
-            k->closing = true;
-            rt_exit(self, RT_REASON_NORMAL);
+            finish(self, k);
             return;
         }
         k->keep_alive = req.keep_alive;
@@ -456,6 +416,64 @@ static void answer_requests(rt_actor_t *self, http_conn_t *k)
     }
 }
 
+/* Takes bytes of requests (decrypted, over TLS); false when the connection ends. */
+static bool take(rt_actor_t *self, http_conn_t *k, const void *data, size_t len)
+{
+    if (k->stream || k->tracing)
+        return true; /* an event stream reads nothing more from its client */
+    /* A whole request is at most its head and body: a client that sends more before its
+       answer (pipelining past that) waits in the kernel. */
+    if (k->inlen + len > RT_HTTP_HEAD_MAX + RT_HTTP_BODY_MAX + 64 * 1024 ||
+        rt_grow_on(self, &k->in, &k->incap, k->inlen + len, 1, 512, RT_OBJ_LEAF)) {
+        k->keep_alive = false;
+        respond_error(k, 413, "request too large");
+        finish(self, k);
+        return false;
+    }
+    /* The request's deadline starts at its first byte; the handshake's bytes do not move
+       it, so the handshake and the first request share the deadline set at accept. */
+    if (!k->inlen)
+        arm_timer(self, k, RT_HTTP_REQUEST_MS);
+    memcpy(k->in + k->inlen, data, len);
+    k->inlen += len;
+    return true;
+}
+
+typedef struct {
+    rt_actor_t *self;
+    http_conn_t *k;
+} tls_reader_t;
+
+static bool tls_plain(void *ctx, uint8_t *p, size_t n)
+{
+    tls_reader_t *r = ctx;
+    return take(r->self, r->k, p, n);
+}
+
+static void log_tls(const http_conn_t *k, const char *event, const char *fmt, const char *what)
+{
+    char peer[64];
+    rt_conn_format_peer(rt_sock_fd(k->sock), peer, sizeof(peer));
+    rt_log(RT_LOG_INFO, event, fmt, peer, what);
+}
+
+/* Ciphertext from the socket; false when the connection ends. */
+static bool tls_input(rt_actor_t *self, http_conn_t *k, const uint8_t *p, size_t n)
+{
+    tls_reader_t reader = {self, k};
+    char why[RT_TLS_WHY_LEN];
+    int rc = rt_tls_conn_input(&k->tls, p, n, tls_plain, &reader, why, sizeof(why));
+    if (rc == RT_EPROTO && !rt_tls_conn_established(&k->tls)) {
+        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=\"%s\"", why);
+        atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
+    } else if (rc == RT_EPROTO) {
+        log_tls(k, "tls.error", "peer=%s listener=http reason=\"%s\"", why);
+    }
+    if (rc && !k->closing)
+        finish(self, k);
+    return !k->closing;
+}
+
 static void on_readable(rt_actor_t *self, http_conn_t *k)
 {
     for (int reads = 0; reads < 16 && !k->closing; reads++) {
@@ -465,26 +483,11 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
         if (rc == RT_EAGAIN)
             break;
         if (rc != 0) {
-            k->closing = true;
-            rt_exit(self, RT_REASON_NORMAL);
+            finish(self, k);
             return;
         }
-        /* A whole request is at most its head and body: a client that sends more before its
-           answer (pipelining past that) waits in the kernel. */
-        if (k->inlen + len > RT_HTTP_HEAD_MAX + RT_HTTP_BODY_MAX + 64 * 1024 ||
-            rt_grow_on(self, &k->in, &k->incap, k->inlen + len, 1, 512, RT_OBJ_LEAF)) {
-            k->keep_alive = false;
-            respond_error(k, 413, "request too large");
-            k->closing = true;
-            rt_exit(self, RT_REASON_NORMAL);
+        if (!(k->tls.ssl ? tls_input(self, k, data, len) : take(self, k, data, len)))
             return;
-        }
-        if (k->stream || k->tracing)
-            continue; /* an event stream reads nothing more from its client */
-        if (!k->inlen)
-            arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's deadline starts */
-        memcpy(k->in + k->inlen, data, len);
-        k->inlen += len;
     }
     answer_requests(self, k);
 }
@@ -499,25 +502,30 @@ static void on_timer(rt_actor_t *self, http_conn_t *k)
     }
     if (k->exec.cookie)
         return; /* answering: the admin layer bounds its own wait */
+    if (k->tls.ssl && !rt_tls_conn_established(&k->tls))
+        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=\"%s\"", "timeout");
     if (k->inlen) {
         k->keep_alive = false;
         respond_error(k, 408, "the request did not arrive in time");
     }
-    k->closing = true;
-    rt_exit(self, RT_REASON_NORMAL);
+    finish(self, k);
 }
 
 static int conn_init(rt_actor_t *self, void *state, void *arg)
 {
     http_conn_t *k = state;
     int fd = (int)(intptr_t)arg;
-    if (rt_sock_adopt(self, fd, &k->sock) != 0) {
-        close(fd);
-        return RT_EINVAL;
-    }
+    if (rt_sock_adopt(self, fd, &k->sock) != 0)
+        return RT_EINVAL; /* the listener closes fd */
     k->exec.sock = k->sock;
     atomic_fetch_add(&H.conns, 1);
-    arm_timer(self, k, RT_HTTP_REQUEST_MS);
+    /* From here the socket is the actor's: a failure ends the actor, which closes it. */
+    if (H.conf.http.where.tls_on &&
+        rt_tls_conn_attach(&k->tls, rt_tls_accept(RT_TLS_HTTP), k->sock) != 0) {
+        finish(self, k);
+        return 0;
+    }
+    arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's, and the handshake's */
     return 0;
 }
 
@@ -555,8 +563,19 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     http_conn_t *k = state;
     if (k->timer)
         rt_cancel_timer(k->timer);
+    if (k->tls.ssl)
+        rt_tls_conn_close(&k->tls); /* the last answer, then close_notify */
     rt_admin_exec_free(&k->exec);
     atomic_fetch_sub(&H.conns, 1);
+}
+
+/* A turn's answers go out as one TLS record (tls_conn.h). */
+static void conn_turn_end(rt_actor_t *self, void *state)
+{
+    (void)self;
+    http_conn_t *k = state;
+    if (k->tls.ssl)
+        rt_tls_conn_flush(&k->tls);
 }
 
 static const char *conn_tag_name(uint32_t tag)
@@ -580,6 +599,7 @@ static const rt_actor_type_t http_conn_type = {
     .handle = conn_handle,
     .terminate = conn_terminate,
     .tag_name = conn_tag_name,
+    .turn_end = conn_turn_end,
 };
 
 /* ---- The listener ---- */
@@ -646,8 +666,9 @@ int rt_http_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
         rt_group_stop(sup, RT_HTTP_GROUP);
         return rc;
     }
-    rt_log(RT_LOG_INFO, "http.started", "listener=%s:%d api_keys_file=%s metrics_public=%s",
-           conf->http.where.host, conf->http.where.port,
+    rt_log(RT_LOG_INFO, "http.started",
+           "listener=%s:%d tls=%s api_keys_file=%s metrics_public=%s", conf->http.where.host,
+           conf->http.where.port, conf->http.where.tls_on ? "true" : "false",
            conf->http.api_keys_file[0] ? conf->http.api_keys_file : "-",
            conf->http.metrics_public ? "true" : "false");
     return 0;

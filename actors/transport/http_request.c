@@ -10,7 +10,7 @@
 #include "common.h"
 #include "http_request.h"
 
-typedef enum { HDR_OTHER, HDR_AUTHORIZATION, HDR_API_KEY } header_t;
+typedef enum { HDR_OTHER, HDR_AUTHORIZATION, HDR_API_KEY, HDR_CONTENT_TYPE } header_t;
 
 typedef struct parse_s {
     rt_http_request_t *out;
@@ -82,10 +82,14 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
                 r->header = HDR_AUTHORIZATION;
             else if (strcasecmp(r->name, "X-API-Key") == 0)
                 r->header = HDR_API_KEY;
+            else if (strcasecmp(r->name, "Content-Type") == 0)
+                r->header = HDR_CONTENT_TYPE;
         }
     }
     char *key = r->out->api_key;
-    if (r->header == HDR_API_KEY) {
+    if (r->header == HDR_CONTENT_TYPE) {
+        append_value(r->out->content_type, sizeof(r->out->content_type), at, n);
+    } else if (r->header == HDR_API_KEY) {
         append_value(key, sizeof(r->out->api_key), at, n);
     } else if (r->header == HDR_AUTHORIZATION) {
         static const char bearer[] = "Bearer ";

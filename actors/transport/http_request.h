@@ -18,6 +18,7 @@ typedef struct rt_http_request_s {
     char method[8];                  /* "GET", "POST", ... */
     char target[RT_HTTP_TARGET_MAX]; /* as sent: path, then ?query */
     char api_key[160];               /* Authorization: Bearer KEY, or X-API-Key; "" if none */
+    char content_type[64];           /* Content-Type as sent (cut at 63 bytes); "" if none */
     bool keep_alive;                 /* the connection may serve another request after this */
     size_t body_off, body_len;       /* the body in the buffer (Content-Length only) */
     size_t len;                      /* bytes the whole request took */

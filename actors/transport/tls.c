@@ -23,12 +23,17 @@ typedef struct tls_server_s {
     SSL_CTX *ctx;
     SSL_CTX *sni[RT_CONF_MAX_SNI]; /* for conf->tls.sni's names, switched to by select_sni */
     const rt_listen_t *conf;
+    const unsigned char *alpn; /* the protocol clients are answered with, as ALPN wire bytes */
     uint64_t reloads;
     char last_error[RT_TLS_WHY_LEN];
 } tls_server_t;
 
-static tls_server_t *servers[RT_CONF_MAX_LISTENERS];
-static rt_listen_t listeners[RT_CONF_MAX_LISTENERS]; /* their settings, as at open */
+/* The MQTT listeners by index, then the HTTP listener's (RT_TLS_HTTP). */
+static tls_server_t *servers[RT_TLS_SERVERS];
+static rt_listen_t listeners[RT_TLS_SERVERS]; /* their settings, as at open */
+
+static const unsigned char alpn_mqtt[] = "\x04mqtt";
+static const unsigned char alpn_http[] = "\x08http/1.1";
 
 /* OpenSSL's first queued error, for a message; clears the queue. */
 static void openssl_error(char *out, size_t len)
@@ -39,15 +44,12 @@ static void openssl_error(char *out, size_t len)
     ERR_clear_error();
 }
 
-/* The protocol the client must offer by ALPN for this listener's kind, as ALPN wire bytes. */
+/* The listener's protocol (arg, as ALPN wire bytes) when the client offers it. */
 static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                        const unsigned char *in, unsigned inlen, void *arg)
 {
     (void)ssl;
-    const rt_listen_t *l = arg;
-    static const unsigned char mqtt[] = "\x04mqtt";
-    static const unsigned char http[] = "\x08http/1.1";
-    const unsigned char *want = l->websocket[0] ? http : mqtt;
+    const unsigned char *want = arg;
     unsigned char *chosen;
     /* A client offering other protocols only goes on without ALPN (as Mosquitto does):
        refusing it would break clients that send a generic list. */
@@ -61,10 +63,10 @@ static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outle
 /* Modern suites only: ECDHE with AES-GCM or ChaCha20 for TLS 1.2 (1.3's are all fine). */
 #define TLS12_CIPHERS "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
 
-static SSL_CTX *build_context(const rt_listen_t *l, const char *cert, const char *key,
+static SSL_CTX *build_context(const tls_server_t *s, const char *cert, const char *key,
                               SSL_CTX *previous, char *why, size_t whylen)
 {
-    const rt_conf_tls_t *t = &l->tls;
+    const rt_conf_tls_t *t = &s->conf->tls;
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) {
         openssl_error(why, whylen);
@@ -115,7 +117,7 @@ static SSL_CTX *build_context(const rt_listen_t *l, const char *cert, const char
                                                   ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT
                                                   : 0),
                            NULL);
-    SSL_CTX_set_alpn_select_cb(ctx, select_alpn, (void *)l);
+    SSL_CTX_set_alpn_select_cb(ctx, select_alpn, (void *)s->alpn);
     /* Tickets issued before a reload still resume after it. */
     unsigned char keys[80];
     if (previous && SSL_CTX_get_tlsext_ticket_keys(previous, keys, sizeof(keys)) == 1)
@@ -160,10 +162,10 @@ static bool build_all(tls_server_t *s, const tls_server_t *previous, SSL_CTX **c
                       SSL_CTX *sni[RT_CONF_MAX_SNI], char *why, size_t whylen)
 {
     const rt_conf_tls_t *t = &s->conf->tls;
-    *ctx = build_context(s->conf, t->cert, t->key, previous ? previous->ctx : NULL, why, whylen);
+    *ctx = build_context(s, t->cert, t->key, previous ? previous->ctx : NULL, why, whylen);
     for (unsigned i = 0; *ctx && i < t->nsni; i++) {
         char err[RT_TLS_WHY_LEN];
-        sni[i] = build_context(s->conf, t->sni[i].cert, t->sni[i].key,
+        sni[i] = build_context(s, t->sni[i].cert, t->sni[i].key,
                                previous ? previous->sni[i] : NULL, err, sizeof(err));
         if (sni[i])
             continue;
@@ -188,17 +190,21 @@ static void format_listener(const rt_listen_t *l, char *out, size_t len)
 
 int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
 {
-    for (unsigned i = 0; i < conf->nlisteners; i++) {
-        if (!conf->listeners[i].tls_on)
+    for (unsigned i = 0; i < RT_TLS_SERVERS; i++) {
+        bool http = i == RT_TLS_HTTP;
+        const rt_listen_t *l = http ? &conf->http.where : &conf->listeners[i];
+        if ((http ? !conf->http.on : i >= conf->nlisteners) || !l->tls_on)
             continue;
-        listeners[i] = conf->listeners[i];
+        listeners[i] = *l;
         tls_server_t *s = calloc(1, sizeof(*s));
         char err[RT_TLS_WHY_LEN] = "out of memory", where[80];
         format_listener(&listeners[i], where, sizeof(where));
-        if (s)
+        if (s) {
             s->conf = &listeners[i];
+            s->alpn = http || l->websocket[0] ? alpn_http : alpn_mqtt;
+        }
         if (!s || !build_all(s, NULL, &s->ctx, s->sni, err, sizeof(err))) {
-            snprintf(why, whylen, "listener %s: TLS: %.200s", where, err);
+            snprintf(why, whylen, "%s %s: TLS: %.200s", http ? "http" : "listener", where, err);
             free(s);
             rt_tls_close();
             return RT_EINVAL;
@@ -211,7 +217,7 @@ int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
 
 void rt_tls_close(void)
 {
-    for (unsigned i = 0; i < RT_CONF_MAX_LISTENERS; i++) {
+    for (unsigned i = 0; i < RT_TLS_SERVERS; i++) {
         if (!servers[i])
             continue;
         SSL_CTX_free(servers[i]->ctx);
@@ -225,7 +231,7 @@ void rt_tls_close(void)
 
 SSL *rt_tls_accept(unsigned listener)
 {
-    tls_server_t *s = listener < RT_CONF_MAX_LISTENERS ? servers[listener] : NULL;
+    tls_server_t *s = listener < RT_TLS_SERVERS ? servers[listener] : NULL;
     if (!s)
         return NULL;
     /* Under the lock: a reload frees the old context once it has no SSL taking it. */
@@ -241,7 +247,7 @@ int rt_tls_reload(char *report, size_t reportlen)
     size_t used = 0;
     if (report && reportlen)
         report[0] = 0;
-    for (unsigned i = 0; i < RT_CONF_MAX_LISTENERS; i++) {
+    for (unsigned i = 0; i < RT_TLS_SERVERS; i++) {
         tls_server_t *s = servers[i];
         if (!s)
             continue;
@@ -249,7 +255,7 @@ int rt_tls_reload(char *report, size_t reportlen)
         format_listener(s->conf, where, sizeof(where));
         /* Built outside the lock (files, key checks); only the swap holds accepts up. The
            old contexts live on in the connections that took them (SSL_new's reference). */
-        tls_server_t old = {.conf = s->conf};
+        tls_server_t old = {.conf = s->conf, .alpn = s->alpn};
         pthread_mutex_lock(&s->lock);
         old.ctx = s->ctx;
         memcpy(old.sni, s->sni, sizeof(old.sni));
@@ -305,7 +311,7 @@ static void format_time(const ASN1_TIME *t, char *out, size_t len, long *days_le
 
 bool rt_tls_info(unsigned listener, rt_tls_info_t *out)
 {
-    tls_server_t *s = listener < RT_CONF_MAX_LISTENERS ? servers[listener] : NULL;
+    tls_server_t *s = listener < RT_TLS_SERVERS ? servers[listener] : NULL;
     if (!s)
         return false;
     memset(out, 0, sizeof(*out));

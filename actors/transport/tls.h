@@ -1,10 +1,10 @@
 /*
-** TLS for the listeners (OpenSSL 3). One server context per TLS listener, built from
-** its rt_conf_tls_t at start and again on reload; connections take their SSL from the
-** context current at accept, so a reload changes new handshakes only (an SSL holds a
-** reference to the context it came from). The connection actor drives its SSL itself,
-** in its own turns, through memory rather than the socket (actors/conn/xport.c): no
-** thread per connection, and idle connections keep no record buffers
+** TLS for the listeners (OpenSSL 3). One server context per TLS listener (the MQTT ones
+** and the HTTP one), built from its rt_conf_tls_t at start and again on reload;
+** connections take their SSL from the context current at accept, so a reload changes new
+** handshakes only (an SSL holds a reference to the context it came from). The connection
+** actor drives its SSL itself, in its own turns, through memory rather than the socket
+** (tls_conn.h): no thread per connection, and idle connections keep no record buffers
 ** (SSL_MODE_RELEASE_BUFFERS).
 **
 ** Resumption: stateless session tickets (one per full handshake); the ticket keys are
@@ -22,19 +22,24 @@
 #include "config.h"
 
 #define RT_TLS_WHY_LEN 256
+/* The HTTP listener's index, after the MQTT listeners' (conf->listeners[i] is index i). */
+#define RT_TLS_HTTP RT_CONF_MAX_LISTENERS
+#define RT_TLS_SERVERS (RT_CONF_MAX_LISTENERS + 1)
 
 /*
-** Builds the contexts of the TLS listeners in conf (kept by index). On error, *why names
-** the listener and the reason, and nothing is kept.
+** Builds the contexts of the TLS listeners in conf, and of conf->http's when it has TLS,
+** kept by index. ALPN answers `mqtt` on MQTT listeners, `http/1.1` on WebSocket ones and
+** the HTTP one. On error, *why names the listener and the reason, and nothing is kept.
 */
 int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen);
 void rt_tls_close(void);
 
-/* A new server-side SSL for a connection on listener index; NULL if it has no TLS (or OOM). */
+/* A new server-side SSL for a connection on listener index (or RT_TLS_HTTP); NULL if it has
+   no TLS (or OOM). */
 SSL *rt_tls_accept(unsigned listener);
 
 /*
-** Reads every TLS listener's files again. A listener whose new files do not load keeps its
+** Reads every TLS listener's files again, the HTTP listener's too. A listener whose new files do not load keeps its
 ** context; the result is 0 if all reloaded, else the first error, and report (may be
 ** NULL) gets one line per listener: "HOST:PORT reloaded" or "HOST:PORT failed: why".
 */

@@ -1,6 +1,8 @@
 """rtd over HTTP (issue 16): /healthz, /readyz, the API under /api/v1/ on the admin command
-layer with API keys (read and admin roles), and the listener's bounds (request size, slow
-requests, many connections). Real clients: urllib and raw sockets, paho for a kick."""
+layer with API keys (read and admin roles), JSON request bodies, and the listener's bounds
+(request size, slow requests, many connections). Real clients: urllib and raw sockets, paho
+for a kick. Over TLS: test_http_tls.py."""
+import contextlib
 import json
 import os
 import socket
@@ -38,9 +40,15 @@ def http(tmp_path):
     assert code == 0, log[-3000:]
 
 
-def call(broker, path, key=None, method="GET", header="Authorization"):
-    """(status, parsed JSON body) of one request."""
-    req = urllib.request.Request(f"http://127.0.0.1:{broker.hport}{path}", method=method)
+def call(broker, path, key=None, method="GET", header="Authorization", body=None,
+         content_type="application/json"):
+    """(status, parsed JSON body) of one request; body: bytes as they are, else as JSON."""
+    if body is not None and not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{broker.hport}{path}", method=method,
+                                 data=body)
+    if body is not None and content_type:
+        req.add_header("Content-Type", content_type)
     if key:
         req.add_header(header, f"Bearer {key}" if header == "Authorization" else key)
     try:
@@ -75,13 +83,22 @@ def test_keys_and_roles(http):
     assert call(http, "/api/v1/listeners", key=http.read_key)[1] == http.ctl_json("listeners")
 
 
-def test_clients_list_show_kick(http):
-    c = mqtt.Client(client_id="http-victim", protocol=mqtt.MQTTv311)
+@contextlib.contextmanager
+def victim(broker, client_id):
+    """A connected MQTT client to kick; yields the event its disconnection sets."""
+    c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv311)
     lost = threading.Event()
     c.on_disconnect = lambda *a: lost.set()
-    c.connect("127.0.0.1", http.port, keepalive=30)
+    c.connect("127.0.0.1", broker.port, keepalive=30)
     c.loop_start()
     try:
+        yield lost
+    finally:
+        c.loop_stop()
+
+
+def test_clients_list_show_kick(http):
+    with victim(http, "http-victim") as lost:
         assert wait_for(lambda: any(x.get("client_id") == "http-victim" for x in
                                     call(http, "/api/v1/clients/list?limit=10",
                                          key=http.read_key)[1]))
@@ -92,8 +109,86 @@ def test_clients_list_show_kick(http):
                        method="POST")
         assert code == 200
         assert lost.wait(10), "the client was not disconnected"
-    finally:
-        c.loop_stop()
+
+
+def test_json_bodies(http):
+    """A POST's (or PUT's) JSON object gives the command's arguments, named by its usage;
+    the path and query still do, and the two mix."""
+    with victim(http, "json-victim") as lost:
+        assert wait_for(lambda: call(http, "/api/v1/clients/show/json-victim",
+                                     key=http.read_key)[0] == 200)
+        code, _ = call(http, "/api/v1/clients/kick", key=http.admin_key, method="POST",
+                       body={"client_id": "json-victim"})
+        assert code == 200
+        assert lost.wait(10), "the client was not disconnected"
+    admin = dict(key=http.admin_key, method="POST")
+    code, body = call(http, "/api/v1/config/set", **admin,
+                      body={"setting": "log_level", "value": "debug"})
+    assert code == 200 and body == {"setting": "log_level", "value": "debug", "applied": True}
+    # A setting's value may be a number; PUT is POST's synonym.
+    code, body = call(http, "/api/v1/config/set", key=http.admin_key, method="PUT",
+                      body={"setting": "max_connections", "value": 5000})
+    assert code == 200 and body["value"] == "5000"
+    # A dry run of a rule, with a read key (rules test changes nothing); the rule's name from
+    # the body or from the path.
+    message = {"topic": "t/1", "payload": "42", "qos": 1}
+    for path, extra in (("rules/test", {"name": "archive"}), ("rules/test/archive", {})):
+        code, body = call(http, f"/api/v1/{path}", key=http.read_key, method="POST",
+                          body={**extra, **message})
+        assert code == 200, body
+        row = body["rows"][0]
+        assert (row["topic"], row["payload"], row["qos"]) == ("t/1", "42", 1)
+    # An alias gets its command's members ("log" is "log level").
+    assert call(http, "/api/v1/log", **admin, body={"level": "info"}) == (200, {"level": "info"})
+    # A client id starting with '-' is an argument, not an option.
+    code, body = call(http, "/api/v1/clients/kick", **admin, body={"client_id": "-x"})
+    assert code == 404 and '"-x"' in body["error"]
+    # A change still needs the admin role, whatever carries its arguments.
+    code, body = call(http, "/api/v1/clients/kick", key=http.read_key, method="POST",
+                      body={"client_id": "x"})
+    assert code == 403
+
+
+@pytest.mark.parametrize("body, why", [
+    (b'{"client_id": ', "the body is not JSON"),
+    (b'{"client_id": "a"} trailing', "the body is not JSON"),
+    (b'{}{}', "the body is not JSON: more after the object"),
+    (b'["client_id"]', "the body must be a JSON object"),
+    (b'"c1"', "the body must be a JSON object"),
+    (b'{"a":' * 5000 + b'1' + b'}' * 5000, "the body is not JSON"),  # nesting past libbson's
+    ({"client": "c1"}, 'unknown member "client" (this command takes: client_id)'),
+    ({"client_id": 17}, '"client_id" must be a string'),
+    ({"client_id": ["c1"]}, '"client_id" must be a string'),
+    ({"client_id": "a\u0000b"}, "holds a NUL character"),  # json.dumps writes \u0000
+    ({"client_id": "a", "client_id ": "b"}, "unknown member"),
+])
+def test_json_body_refusals(http, body, why):
+    code, answer = call(http, "/api/v1/clients/kick", key=http.admin_key, method="POST",
+                        body=body)
+    assert code == 400 and why in answer["error"], (code, answer)
+    assert call(http, "/healthz")[0] == 200
+
+
+def test_json_body_types_and_bounds(http):
+    admin = dict(key=http.admin_key, method="POST")
+    code, answer = call(http, "/api/v1/clients/list", **admin, body={"limit": "5"})
+    assert code == 400 and answer["error"] == '"limit" must be an integer'
+    assert call(http, "/api/v1/clients/list", **admin, body={"limit": 5}) == (200, [])
+    code, answer = call(http, "/api/v1/actors/kill", **admin, body={"reason": "x"})
+    assert code == 400 and answer["error"] == '"reason" needs "pid" before it'
+    code, answer = call(http, "/api/v1/clients/kick", **admin, body={"client_id": "a",
+                                                                      "client_id2": 1})
+    assert code == 400 and "unknown member" in answer["error"]
+    code, answer = call(http, "/api/v1/clients/kick/a", **admin, body={"client_id": "a"})
+    assert code == 400 and "given twice" in answer["error"]
+    # Another media type: 415, the body is not guessed at.
+    code, answer = call(http, "/api/v1/clients/kick", **admin, body=b'{"client_id": "a"}',
+                        content_type="text/plain")
+    assert code == 415 and "application/json" in answer["error"]
+    # Past RT_HTTP_BODY_MAX: 413 (refused at its head).
+    big = {"client_id": "x" * (64 * 1024)}
+    code, answer = call(http, "/api/v1/clients/kick", **admin, body=big)
+    assert code == 413
 
 
 def raw(broker):

@@ -194,6 +194,22 @@ def test_trace_flood_with_a_stopped_reader_is_bounded(rtd):
     admin.close()
 
 
+def publish_once(port, client_id, topic, payload):
+    """An MQTT 5 client connects, publishes one QoS 1 message and disconnects."""
+    c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv5)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    c.publish(topic, payload, qos=1).wait_for_publish(5)
+    c.disconnect()
+    c.loop_stop()
+
+
+def sse_events(text):
+    """The JSON of each `data:` line of a Server-Sent Event stream."""
+    return [json.loads(line[6:]) for line in text.decode().splitlines()
+            if line.startswith("data: ")]
+
+
 def test_trace_over_the_api(http):
     b = http
     url = f"http://127.0.0.1:{b.hport}/api/v1/trace/client/api-c?duration=2&payload=8"
@@ -206,16 +222,10 @@ def test_trace_over_the_api(http):
     assert resp.headers["Content-Type"] == "text/event-stream"
     first = resp.readline(), resp.readline()
     assert first[0] == b"event: trace\n" and json.loads(first[1][6:])["event"] == "started"
-    c = mqtt.Client(client_id="api-c", protocol=mqtt.MQTTv5)
-    c.connect("127.0.0.1", b.port)
-    c.loop_start()
-    c.publish("api/t", b"payload-bytes", qos=1).wait_for_publish(5)
-    c.disconnect()
-    c.loop_stop()
+    publish_once(b.port, "api-c", "api/t", b"payload-bytes")
     rest = resp.read()
     assert b"\0" not in rest  # the `: alive` comments are their 9 bytes, no NUL after
-    events = [json.loads(line[6:]) for line in rest.decode().splitlines()
-              if line.startswith("data: ")]
+    events = sse_events(rest)
     kinds = [(e.get("dir"), e.get("type")) for e in events if e["event"] == "packet"]
     assert kinds[:4] == [("in", "CONNECT"), ("out", "CONNACK"), ("in", "PUBLISH"),
                          ("out", "PUBACK")]

@@ -177,6 +177,21 @@ static void test_overrides(void)
 }
 
 /* Listeners as tables: each transport's settings, checked where they are set. */
+typedef struct {
+    const char *set, *why; /* an override, and what its refusal must say */
+} refusal_t;
+
+static void refused(rt_conf_t *c, const refusal_t *bad, size_t n)
+{
+    char err[RT_CONF_ERR_LEN];
+    for (size_t i = 0; i < n; i++) {
+        CHECK_EQ(rt_conf_set(c, bad[i].set, err, sizeof(err)), RT_EINVAL);
+        CHECK(strstr(err, bad[i].why) != NULL);
+        if (!strstr(err, bad[i].why))
+            fprintf(stderr, "  %s: %s\n", bad[i].set, err);
+    }
+}
+
 static void test_listener_tables(void)
 {
     rt_conf_t c;
@@ -208,9 +223,7 @@ static void test_listener_tables(void)
     CHECK_EQ(rt_conf_set(&c, "listeners={bind=\"127.0.0.1:9\", websocket=\"/\"}", err, sizeof(err)), 0);
     CHECK_EQ(c.nlisteners, 1);
     CHECK(strcmp(c.listeners[0].websocket, "/") == 0);
-    static const struct {
-        const char *set, *why;
-    } bad[] = {
+    static const refusal_t bad[] = {
         {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\"}}}", "needs cert and key"},
         {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", verify=\"required\"}}}",
          "needs ca"},
@@ -225,12 +238,7 @@ static void test_listener_tables(void)
         {"listeners={{bind=\"127.0.0.1:1\", rate_limit={messages=-1}}}", "must be a number >= 0"},
         {"listeners={{bind=\"127.0.0.1:1\", trusted_proxies={\"nowhere\"}}}", "not a numeric address"},
     };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        CHECK_EQ(rt_conf_set(&c, bad[i].set, err, sizeof(err)), RT_EINVAL);
-        CHECK(strstr(err, bad[i].why) != NULL);
-        if (!strstr(err, bad[i].why))
-            fprintf(stderr, "  %s: %s\n", bad[i].set, err);
-    }
+    refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
     CHECK_EQ(c.nlisteners, 1); /* unchanged by the refused ones */
     CHECK_EQ(rt_conf_set(&c,
                          "listeners={bind=\"127.0.0.1:9\", tls={cert=\"d.pem\", key=\"d.key\", "
@@ -252,6 +260,35 @@ static void test_listener_tables(void)
     CHECK_EQ(c.nuser_rates, 2);
     CHECK_EQ(rt_conf_set(&c, "user_rate_limits={alice={speed=5}}", err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "unknown key \"speed\"") != NULL);
+}
+
+/* http.tls is a listener's tls table, its files resolved like theirs; identity_as_username is
+   MQTT's alone. */
+static void test_http_tls(void)
+{
+    rt_conf_t c;
+    rt_conf_defaults(&c);
+    char err[RT_CONF_ERR_LEN];
+    CHECK_EQ(rt_conf_set(&c, "http={bind=\"127.0.0.1:8081\"}", err, sizeof(err)), 0);
+    CHECK(c.http.on && !c.http.where.tls_on);
+    CHECK_EQ(rt_conf_set(&c,
+                         "http={bind=\"127.0.0.1:8081\", tls={cert=\"h.pem\", key=\"h.key\", "
+                         "min_version=\"1.3\"}, metrics_public=true}",
+                         err, sizeof(err)),
+             0);
+    CHECK(c.http.where.tls_on && c.http.metrics_public);
+    CHECK(c.http.where.tls.cert[0] == '/' && c.http.where.tls.key[0] == '/');
+    CHECK_EQ(c.http.where.tls.min_version, 13);
+    static const refusal_t bad[] = {
+        {"http={bind=\"127.0.0.1:1\", tls={cert=\"a\"}}", "http.tls needs cert and key"},
+        {"http={bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", colour=1}}",
+         "http.tls: unknown key \"colour\""},
+        {"http={bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", ca=\"c\", "
+         "verify=\"required\", identity_as_username=true}}",
+         "identity_as_username is for MQTT listeners"},
+        {"http={bind=\"127.0.0.1:1\", tls=true}", "http.tls must be a table"},
+    };
+    refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
 }
 
 /* Relative paths: the file's directory for the file's values and defaults, cwd for -o. */
@@ -329,6 +366,7 @@ int main(void)
     RUN(test_errors);
     RUN(test_overrides);
     RUN(test_listener_tables);
+    RUN(test_http_tls);
     RUN(test_paths);
     RUN(test_anonymous_from);
     unlink(path);
