@@ -69,7 +69,11 @@ extern _Atomic unsigned rt__trace_count;
 /* Whether any trace is on: the only thing a packet costs when none is. */
 static inline bool rt_tracing(void)
 {
+#ifdef RT_NO_TRACING
+    return false;
+#else
     return atomic_load_explicit(&rt__trace_count, memory_order_relaxed) != 0;
+#endif
 }
 
 /*
