@@ -167,19 +167,27 @@ typedef struct {
     long total;
 } producer_state_t;
 
-static void producer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+/* Sends the next 50 with send, then asks itself for more; true once all are sent. */
+static bool produce(rt_actor_t *self, producer_state_t *st, rt_msg_t *m,
+                    int (*send)(rt_pid_t, rt_msg_t *))
 {
-    producer_state_t *st = state;
     if (m->tag == MSG_GO) {
         st->consumer = ((rt_pid_t *)(void *)m->data)[0];
         st->total = (long)((rt_pid_t *)(void *)m->data)[1];
     }
     for (int i = 0; i < 50 && atomic_load(&produced) < st->total; i++) {
-        rt_send(st->consumer, MSG_WORK, NULL, 0);
+        send(st->consumer, rt_msg_new(MSG_WORK, 0));
         atomic_fetch_add(&produced, 1);
     }
-    if (atomic_load(&produced) < st->total)
-        rt_send(rt_self(self), MSG_SPIN, NULL, 0);
+    if (atomic_load(&produced) >= st->total)
+        return true;
+    rt_send(rt_self(self), MSG_SPIN, NULL, 0);
+    return false;
+}
+
+static void producer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    produce(self, state, m, rt_send_msg);
 }
 
 static const rt_actor_type_t producer_type = {
@@ -232,18 +240,7 @@ static const rt_actor_type_t held_type = {.name = "held", .state_size = 8, .hand
 
 static void unmuted_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
-    producer_state_t *st = state;
-    if (m->tag == MSG_GO) {
-        st->consumer = ((rt_pid_t *)(void *)m->data)[0];
-        st->total = (long)((rt_pid_t *)(void *)m->data)[1];
-    }
-    for (int i = 0; i < 50 && atomic_load(&produced) < st->total; i++) {
-        rt_send_unmuted(st->consumer, rt_msg_new(MSG_WORK, 0));
-        atomic_fetch_add(&produced, 1);
-    }
-    if (atomic_load(&produced) < st->total)
-        rt_send(rt_self(self), MSG_SPIN, NULL, 0);
-    else
+    if (produce(self, state, m, rt_send_unmuted))
         atomic_store(&unmuted_all_sent, true);
 }
 
