@@ -68,7 +68,7 @@ test-integration-tsan: build-tsan
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it); any crash fails.
-FUZZ_SECONDS ?= 15
+FUZZ_SECONDS ?= 10
 test-fuzz: build-fuzz
 	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS)
 
