@@ -72,7 +72,8 @@ typedef enum {
     K_NETS,
     K_SECTIONS,
     K_USER_RATES,
-    K_HTTP
+    K_HTTP,
+    K_CLUSTER
 } kind_t;
 
 typedef struct setting_s {
@@ -108,6 +109,8 @@ static const setting_t settings[] = {
      "\"host:port\", { bind = \"host:port\", tls = {...}, websocket = \"/path\", ... } or a list"},
     {"http", K_HTTP, OFF(http), 0, 0, 0, NULL,
      "{ bind = \"host:port\", api_keys_file = \"...\", metrics_public = true }: HTTP API"},
+    {"cluster", K_CLUSTER, OFF(cluster), 0, 0, 0, NULL,
+     "{ node = \"name\", nats = { \"nats://host:port\", ... }, ... }: join a cluster"},
     {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
      "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
     INT(connect_timeout, 1, 3600, "seconds from accept to CONNECT (TLS, WebSocket and PROXY "
@@ -344,6 +347,12 @@ void rt_conf_each(const rt_conf_t *c,
             if (c->http.on)
                 snprintf(value + strlen(value), sizeof(value) - strlen(value), ":%d%s",
                          c->http.where.port, c->http.where.tls_on ? " tls" : "");
+            break;
+        case K_CLUSTER:
+            snprintf(value, sizeof(value), "%s", c->cluster.on ? c->cluster.node : "-");
+            for (unsigned n = 0; c->cluster.on && n < c->cluster.nnats; n++)
+                snprintf(value + strlen(value), sizeof(value) - strlen(value), "%s%s",
+                         n ? ", " : " via ", c->cluster.nats[n]);
             break;
         case K_USER_RATES:
             value[0] = 0;
@@ -659,6 +668,103 @@ static bool parse_listener_value(lua_State *L, const char *where, rt_listen_t *o
     snprintf(why, whylen, "%s: %s%s%s", where, v ? "\"" : "not a string or a table",
              v ? v : "", v ? "\" is not host:port with a numeric host" : "");
     return false;
+}
+
+/* A node's name or the subject prefix: it goes into NATS subjects and headers as it is. */
+static bool cluster_name(lua_State *L, const char *key, char *out, char *why, size_t whylen)
+{
+    size_t len;
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    bool ok = v && len > 0 && len < RT_CONF_NODE_MAX;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = (v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z') ||
+             (v[i] >= '0' && v[i] <= '9') || v[i] == '_' || v[i] == '-';
+    if (!ok) {
+        snprintf(why, whylen, "cluster.%s must be 1 to %d of A-Z a-z 0-9 _ -", key,
+                 RT_CONF_NODE_MAX - 1);
+        return false;
+    }
+    memcpy(out, v, len + 1);
+    return true;
+}
+
+/* cluster.nats: one URL or a list of them. */
+static bool cluster_servers(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) == LUA_TSTRING)
+        return table_string(L, "cluster", "nats", c->cluster.nats[c->cluster.nnats++],
+                            RT_CONF_URL_MAX, why, whylen);
+    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, -1) : 0;
+    if (len < 1 || len > RT_CONF_MAX_NATS) {
+        snprintf(why, whylen, "cluster.nats must be a URL or a list of 1 to %d URLs",
+                 RT_CONF_MAX_NATS);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        lua_geti(L, -1, i);
+        bool ok = table_string(L, "cluster", "nats[]", c->cluster.nats[c->cluster.nnats++],
+                               RT_CONF_URL_MAX, why, whylen);
+        lua_pop(L, 1);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+/* cluster = { node = "rt1", nats = { "nats://127.0.0.1:4222", ... }, prefix = "rt", ... } */
+static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "cluster must be a table { node = \"name\", nats = {...} }");
+        return false;
+    }
+    memset(&c->cluster, 0, sizeof(c->cluster));
+    strcpy(c->cluster.prefix, "rt");
+    bool ok = true;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (strcmp(k, "node") == 0)
+            ok = cluster_name(L, k, c->cluster.node, why, whylen);
+        else if (strcmp(k, "prefix") == 0)
+            ok = cluster_name(L, k, c->cluster.prefix, why, whylen);
+        else if (strcmp(k, "nats") == 0)
+            ok = cluster_servers(L, c, why, whylen);
+        else if (strcmp(k, "user") == 0)
+            ok = table_string(L, "cluster", k, c->cluster.user, RT_CONF_VALUE_LEN, why, whylen);
+        else if (strcmp(k, "password") == 0)
+            ok = table_string(L, "cluster", k, c->cluster.password, RT_CONF_VALUE_LEN, why,
+                              whylen);
+        else if (strcmp(k, "token") == 0)
+            ok = table_string(L, "cluster", k, c->cluster.token, RT_CONF_VALUE_LEN, why, whylen);
+        else if (strcmp(k, "tls_ca") == 0)
+            ok = table_string(L, "cluster", k, c->cluster.tls_ca, RT_CONF_PATH_MAX, why, whylen);
+        else if (strcmp(k, "tls_cert") == 0)
+            ok = table_string(L, "cluster", k, c->cluster.tls_cert, RT_CONF_PATH_MAX, why,
+                              whylen);
+        else if (strcmp(k, "tls_key") == 0)
+            ok = table_string(L, "cluster", k, c->cluster.tls_key, RT_CONF_PATH_MAX, why, whylen);
+        else {
+            snprintf(why, whylen, "cluster: unknown key \"%s\" (node, nats, prefix, user, "
+                     "password, token, tls_ca, tls_cert, tls_key)", k);
+            ok = false;
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok) {
+        lua_pop(L, 1);
+        return false;
+    }
+    if (!c->cluster.node[0] || !c->cluster.nnats) {
+        snprintf(why, whylen, "cluster needs node = \"name\" and nats = { \"nats://host:port\" }");
+        return false;
+    }
+    if (!c->cluster.tls_cert[0] != !c->cluster.tls_key[0]) {
+        snprintf(why, whylen, "cluster: tls_cert and tls_key go together");
+        return false;
+    }
+    c->cluster.on = true;
+    return true;
 }
 
 /* http = { bind = "host:port", tls = {...}, api_keys_file = "...", metrics_public = true } */
@@ -981,6 +1087,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return parse_user_rates(L, c, why, whylen);
     case K_HTTP:
         return parse_http(L, c, why, whylen);
+    case K_CLUSTER:
+        return parse_cluster(L, c, why, whylen);
     case K_NETS:
         return parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
     case K_SECTIONS:
@@ -1165,6 +1273,12 @@ static int resolve_tls(rt_conf_tls_t *t, const char *name, const char *base, con
     return rc;
 }
 
+/* Settings whose value names files, relative to the config file (or the command line's cwd). */
+static bool names_files(kind_t k)
+{
+    return k == K_PATH || k == K_LISTENERS || k == K_HTTP || k == K_CLUSTER;
+}
+
 /* Makes the path setting s of c absolute against base (the listeners' TLS files too). */
 static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
                         char *err, size_t errlen)
@@ -1173,6 +1287,14 @@ static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, cons
         int rc = resolve_field(c->http.api_keys_file, sizeof(c->http.api_keys_file),
                                "http.api_keys_file", base, where, err, errlen);
         return rc ? rc : resolve_tls(&c->http.where.tls, "http.tls file", base, where, err, errlen);
+    }
+    if (s->kind == K_CLUSTER) {
+        int rc = 0;
+        char *files[] = {c->cluster.tls_ca, c->cluster.tls_cert, c->cluster.tls_key};
+        for (size_t i = 0; i < 3 && rc == 0; i++)
+            rc = resolve_field(files[i], RT_CONF_PATH_MAX, "cluster tls file", base, where, err,
+                               errlen);
+        return rc;
     }
     if (s->kind == K_LISTENERS) {
         int rc = 0;
@@ -1218,8 +1340,7 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         return RT_EINVAL;
     }
     for (size_t i = 0; i < NSETTINGS && rc == 0; i++)
-        if (settings[i].kind == K_PATH || settings[i].kind == K_LISTENERS ||
-            settings[i].kind == K_HTTP)
+        if (names_files(settings[i].kind))
             rc = resolve_path(c, &settings[i], base, path, err, errlen);
     return rc;
 }
@@ -1287,7 +1408,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         kend--;
     snprintf(key, sizeof(key), "%.*s", (int)(kend - k), k);
     const setting_t *s = find_setting(key);
-    if (rc == 0 && s && (s->kind == K_PATH || s->kind == K_LISTENERS || s->kind == K_HTTP)) {
+    if (rc == 0 && s && names_files(s->kind)) {
         if (!getcwd(cwd, sizeof(cwd))) {
             snprintf(err, errlen, "%s: %s: cannot read the current directory: %s", where, key,
                      strerror(errno));

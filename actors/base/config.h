@@ -37,6 +37,9 @@ typedef struct rt_conf_rate_s {
 } rt_conf_rate_t;
 
 #define RT_CONF_PATH_MAX 256
+#define RT_CONF_NODE_MAX 33 /* a cluster node's name, with its NUL */
+#define RT_CONF_MAX_NATS 8  /* NATS server URLs a node knows at start (it learns the rest) */
+#define RT_CONF_URL_MAX 256
 
 typedef enum { RT_TLS_VERIFY_NONE, RT_TLS_VERIFY_OPTIONAL, RT_TLS_VERIFY_REQUIRED } rt_tls_verify_t;
 
@@ -171,6 +174,17 @@ typedef struct rt_conf_s {
         char api_keys_file[RT_CONF_PATH_MAX]; /* name role sha256 lines; "": no API */
         bool metrics_public;                   /* /metrics without a key */
     } http;
+    /* The cluster (actors/cluster): this node's name and the NATS servers it joins through. */
+    struct {
+        bool on;                                     /* a cluster table was given */
+        char node[RT_CONF_NODE_MAX];                 /* [A-Za-z0-9_-], unique in the cluster */
+        char nats[RT_CONF_MAX_NATS][RT_CONF_URL_MAX]; /* nats:// or tls:// URLs */
+        unsigned nnats;
+        char prefix[RT_CONF_NODE_MAX]; /* first token of every subject rtd uses; "rt" */
+        char user[RT_CONF_VALUE_LEN], password[RT_CONF_VALUE_LEN], token[RT_CONF_VALUE_LEN];
+        char tls_ca[RT_CONF_PATH_MAX]; /* verify the NATS servers against it; "": plain */
+        char tls_cert[RT_CONF_PATH_MAX], tls_key[RT_CONF_PATH_MAX]; /* a client certificate */
+    } cluster;
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;
     long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,

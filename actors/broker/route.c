@@ -39,9 +39,21 @@ void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uin
     rt_send_msg(to, m);
 }
 
+/* The cluster's hand-off (rt_route_set_forward); NULL on a node alone. */
+static rt_route_forward_fn forward_hook;
+
+void rt_route_set_forward(rt_route_forward_fn fn)
+{
+    forward_hook = fn;
+}
+
 static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
 {
     route_t *r = arg;
+    /* In a cluster a shared group's member is picked by NATS among every node's members
+       (the cluster layer hands it the message), never here as well. */
+    if (d->shared && forward_hook)
+        return;
     rt_delivery_t dd = {.expire_at_ms = r->expire_at_ms,
                         .qos = d->qos < r->qos ? d->qos : r->qos,
                         /* MQTT 3.3.1.3: retain is cleared on forwarding unless asked to keep it. */
@@ -89,6 +101,12 @@ static rt_trie_scratch_t *thread_scratch(void)
     return &route_scratch;
 }
 
+/* $SYS topics are each node's own (and not worth a disk write). */
+static bool node_local(const rt_message_t *msg)
+{
+    return msg->topic.len >= 5 && memcmp(msg->topic.p, "$SYS/", 5) == 0;
+}
+
 /*
 ** A retained PUBLISH replaces the topic's retained message; an empty one clears
 ** it. What the store accepted in memory is written to disk too ($SYS values,
@@ -112,15 +130,15 @@ static bool keep_retained(const rt_message_t *msg, const route_t *r)
         rt_broker_retained_release(keep);
         return false;
     }
-    if (!rt_store_enabled() || (topic.len >= 5 && memcmp(topic.p, "$SYS/", 5) == 0))
+    if (!rt_store_enabled() || node_local(msg))
         return false;
     rt_store_retain((const char *)topic.p, topic.len, keep ? r->bin : NULL, r->expire_at_ms,
                     r->ack_pid, r->ack_token);
     return r->ack_pid != 0;
 }
 
-int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
-             uint32_t *nacks)
+static int route_here(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
+                      uint32_t *nacks, bool forward)
 {
     rt_message_t msg;
     rt_message_view(bin, &msg);
@@ -138,9 +156,22 @@ int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_t
                   rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);
     if (msg.retain && keep_retained(&msg, &r))
         r.nacks++;
+    if (forward && forward_hook && !node_local(&msg))
+        forward_hook(bin);
     if (nacks)
         *nacks = r.nacks;
     return (int)(delivered < INT32_MAX ? delivered : INT32_MAX);
+}
+
+int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
+             uint32_t *nacks)
+{
+    return route_here(publisher, bin, ack_pid, ack_token, nacks, true);
+}
+
+int rt_route_remote(rt_bin_t *bin)
+{
+    return route_here(0, bin, 0, 0, NULL, false);
 }
 
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)

@@ -47,6 +47,16 @@ int rt_route_member_alive(void *arg, rt_pid_t pid);
 */
 int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
              uint32_t *nacks);
+/*
+** A cluster (actors/cluster) sees every message rt_route routes here, but $SYS ones, once
+** they are routed (fn takes its own reference to bin), and picks shared groups' members
+** itself: with a hook set, routing here skips them. Set before any message is routed.
+*/
+typedef void (*rt_route_forward_fn)(rt_bin_t *bin);
+void rt_route_set_forward(rt_route_forward_fn fn);
+/* Routes a message another node of the cluster sent: to ordinary subscriptions and the
+   retained store here, forwarded nowhere. Returns as rt_route. */
+int rt_route_remote(rt_bin_t *bin);
 /* 1 if some subscriber got the message, 0 if none, or an RT_E* error. */
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
 /*

@@ -27,6 +27,7 @@
 #include "conn.h"
 #include "config.h"
 #include "group.h"
+#include "cluster.h"
 #include "http.h"
 #include "log.h"
 #include "rule_engine.h"
@@ -333,6 +334,17 @@ static int start_broker(rtd_t *d)
     return 0;
 }
 
+/* The cluster's NATS connections and actors, before the first subscription is made: each
+   subscription's filter, the restored sessions' among them, becomes a route on NATS. */
+static int start_cluster(rtd_t *d)
+{
+    int r = rt_cluster_start(&d->conf, d->top, d->err, sizeof(d->err));
+    if (r == 0)
+        return 0;
+    rt_log(RT_LOG_ERROR, "cluster.failed", "%s", d->err);
+    return r == RT_EINVAL ? 2 : 1;
+}
+
 /* What the store kept (persistence on): retained messages, and sessions offline until
    their clients return. */
 static int start_sessions(rtd_t *d)
@@ -423,6 +435,7 @@ static const stage_t stages[] = {
     {.start = start_rules, .stop = stop_rules},
     /* MQTT: the trie, the retained store and the client table, */
     {.start = start_broker, .free = rt_broker_free},
+    {.start = start_cluster, .stop = rt_cluster_stop},
     /* then what the store kept (a load that fails has it open and actors running), */
     {.start = start_sessions, .free = rt_store_close, .partial = true},
     /* the login verifier and the listeners */

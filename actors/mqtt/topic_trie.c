@@ -72,9 +72,24 @@ struct rt_trie_s {
     atomic_size_t groups;
     atomic_size_t filters; /* see rt_trie_stats_t */
     _Atomic uint64_t subs_max, filters_max;
+    rt_trie_interest_fn interest; /* set once before the trie is shared */
+    void *interest_arg;
 };
 
 #define WILD_SHARD RT_TRIE_SHARDS
+
+void rt_trie_set_interest(rt_trie_t *t, rt_trie_interest_fn fn, void *arg)
+{
+    t->interest = fn;
+    t->interest_arg = arg;
+}
+
+/* Under the filter's shard lock, so the calls for one filter come in the order of its changes. */
+static void tell_interest(rt_trie_t *t, const char *filter, size_t len, bool on)
+{
+    if (t->interest)
+        t->interest(t->interest_arg, filter, len, on);
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Subscriptions and nodes. */
@@ -375,9 +390,11 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
             goto out;
         }
         rc = node_sub_add(&t->bytes, x, pid, o);
-        if (rc == 0)
+        if (rc == 0) {
             count_sub(t, x->n.aux == 1);
-        else
+            if (x->n.aux == 1)
+                tell_interest(t, filter, len, true);
+        } else
             rt__tt_prune(&s->t, n);
         goto out;
     }
@@ -413,6 +430,8 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
     rc = members_add(&t->bytes, gr, pid, o);
     if (rc == 0) {
         count_sub(t, gr->n == 1);
+        if (gr->n == 1)
+            tell_interest(t, filter, len, true);
     } else if (gr->n == 0) {
         x->ext->groups = gr->next; /* it was just created at the head */
         rt__topic_free(&t->bytes, gr, sizeof(*gr) + glen);
@@ -444,8 +463,10 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
         if (!e)
             goto out;
         node_sub_del(&t->bytes, x, e);
-        if (x->n.aux == 0)
+        if (x->n.aux == 0) {
             atomic_fetch_sub_explicit(&t->filters, 1, memory_order_relaxed);
+            tell_interest(t, filter, len, false);
+        }
     } else {
         trie_group_t *gr = group_find(x, g, glen);
         trie_sub_t *e = gr ? subs_find(gr->members, gr->n, pid) : NULL;
@@ -461,6 +482,7 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
             atomic_fetch_sub_explicit(&t->groups, 1, memory_order_relaxed);
             atomic_fetch_sub_explicit(&t->filters, 1, memory_order_relaxed);
             ext_drop_if_unneeded(&t->bytes, x);
+            tell_interest(t, filter, len, false);
         }
     }
     atomic_fetch_sub_explicit(&t->subs, 1, memory_order_relaxed);

@@ -27,6 +27,7 @@
 
 #include "rt.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -139,6 +140,15 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
 
 /* Removes it; *existed says whether it was there (UNSUBACK 0x11 otherwise). */
 int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid, int *existed);
+
+/*
+** Told when a filter gets its first subscriber (on) and loses its last one (off); a
+** $share/group/filter counts as its own filter, by its group's members. Called with the
+** filter's shard write-locked, so it must be quick and must not call into the trie; the
+** calls for one filter come in the order of its changes. Set before the trie is shared.
+*/
+typedef void (*rt_trie_interest_fn)(void *arg, const char *filter, size_t len, bool on);
+void rt_trie_set_interest(rt_trie_t *t, rt_trie_interest_fn fn, void *arg);
 
 void rt_trie_scratch_init(rt_trie_scratch_t *s);
 void rt_trie_scratch_destroy(rt_trie_scratch_t *s);

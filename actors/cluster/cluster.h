@@ -1,0 +1,70 @@
+/*
+** The cluster: rtd nodes that are one broker, joined through NATS (docs/CLUSTER.md).
+**
+** Routing by interest: each node subscribes on NATS, once, for every distinct filter its
+** clients hold (the trie tells it when a filter gets its first subscriber and loses its
+** last), on the subjects subject.h maps filters to; every message routed on a node is
+** published once on its topic's subject, with what MQTT needs to deliver it (QoS, retain,
+** properties, expiry, the publisher's id) in NATS headers. A node receives a message once
+** per matching NATS subscription, so it keeps, per origin node, the sequence numbers it
+** has routed and routes each message once, through its own trie, as its own publishers'
+** messages are. A shared group ($share/g/f) is a NATS queue group on a second connection
+** that hears this node's own publishes too: NATS picks one node of the group's members,
+** that node one member.
+**
+** Threads: libnats runs its own (socket reader, flusher, one delivery thread for every
+** subscription, so messages arrive in the order NATS sent them). Every libnats call rtd
+** makes runs in the `cluster` actor on the runtime's blocking pool, never on a scheduler;
+** what arrives is handed to the `cluster_in` actor by message, and the delivery thread
+** waits while too much is on its way (RT_CLUSTER_INBOUND_MAX_*), so NATS's own
+** slow-consumer limit, reported and counted, bounds what a slow node is sent.
+*/
+#ifndef RT_CLUSTER_H
+#define RT_CLUSTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "rt.h"
+
+/* What NATS has handed over and cluster_in has not routed yet, at most. */
+#define RT_CLUSTER_INBOUND_MAX_MSGS 20000
+#define RT_CLUSTER_INBOUND_MAX_BYTES (64u << 20)
+
+#define RT_CLUSTER_GROUP "cluster_sup"
+
+/*
+** With conf->cluster.on: connects to NATS (in the background: rtd starts while NATS is
+** down, and says so), starts the cluster's actors under sup and hooks routing and the
+** trie. Call after the broker's state exists and before sessions are restored. 0, or an
+** RT_E* error with err set.
+*/
+int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
+/* Closes the NATS connections and stops the actors; from outside any actor. */
+void rt_cluster_stop(void);
+/* Whether this node is in a cluster. */
+bool rt_cluster_on(void);
+/* This node's name ("" alone). */
+const char *rt_cluster_node(void);
+
+typedef struct rt_cluster_status_s {
+    char node[RT_CONF_NODE_MAX];
+    char state[16];     /* NATS connection: connected, connecting, reconnecting, closed */
+    char server[128];   /* the NATS server it is connected to; "" when none */
+    char servers[1024]; /* every NATS server it knows, comma-separated */
+    uint64_t routes;    /* filters it holds NATS subscriptions for */
+    uint64_t forwarded_out, forwarded_in; /* messages published on NATS, routed from NATS */
+    uint64_t duplicates;      /* copies of a message already routed (overlapping filters) */
+    uint64_t forward_failed;  /* publishes NATS refused (no connection and its buffer full) */
+    uint64_t not_forwarded;   /* topics whose subject is longer than NATS takes */
+    uint64_t bad_in;          /* messages from NATS that were not an rtd node's */
+    uint64_t dropped_in;      /* NATS dropped for this node (slow consumer) */
+    uint64_t inbound_backlog; /* arrived, not routed yet */
+    uint64_t reconnects;
+} rt_cluster_status_t;
+
+/* Fills *st; false when this node is not in a cluster. Safe from any thread. */
+bool rt_cluster_status(rt_cluster_status_t *st);
+
+#endif
