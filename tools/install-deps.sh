@@ -13,6 +13,7 @@ packages=(
     clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
     prometheus  # promtool: tests/integration/test_metrics.py checks the scrape's format with it
     chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
+    nats-server libnats-dev  # the cluster (actors/cluster): NATS servers in its tests, the C client
 )
 
 missing=()
