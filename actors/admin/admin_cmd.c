@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "admin_impl.h"
+#include "cluster.h"
 #include "conn.h"
 #include "log.h"
 #include "rule_engine.h"
@@ -289,6 +290,31 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         rt_doc_add_u64(o, "refused_untrusted_proxy", ls[i].refused_untrusted);
         add_transport(o, (unsigned)i);
     }
+    return 200;
+}
+
+/* On the blocking pool: it asks libnats, whose calls take its connection's lock. */
+static int cmd_cluster_status(rt_admin_cmd_t *c)
+{
+    rt_cluster_status_t st;
+    if (!rt_cluster_status(&st))
+        return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
+    if (need_object(c))
+        return c->code;
+    rt_doc_add_str(c->doc, "node", st.node);
+    rt_doc_add_str(c->doc, "nats", st.state);
+    rt_doc_add_str(c->doc, "nats_server", st.server);
+    rt_doc_add_str(c->doc, "nats_servers", st.servers);
+    rt_doc_add_u64(c->doc, "routes", st.routes);
+    rt_doc_add_u64(c->doc, "forwarded_out", st.forwarded_out);
+    rt_doc_add_u64(c->doc, "forwarded_in", st.forwarded_in);
+    rt_doc_add_u64(c->doc, "duplicates_dropped", st.duplicates);
+    rt_doc_add_u64(c->doc, "forward_failed", st.forward_failed);
+    rt_doc_add_u64(c->doc, "not_forwarded_too_long", st.not_forwarded);
+    rt_doc_add_u64(c->doc, "bad_in", st.bad_in);
+    rt_doc_add_u64(c->doc, "dropped_in", st.dropped_in);
+    rt_doc_add_u64(c->doc, "inbound_backlog", st.inbound_backlog);
+    rt_doc_add_u64(c->doc, "reconnects", st.reconnects);
     return 200;
 }
 
@@ -730,6 +756,8 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"broker", "stats", cmd_broker_stats, 0, "broker stats"},
     {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics"},
     {"listeners", NULL, cmd_listeners, 0, "listeners"},
+    {"cluster", "status", cmd_cluster_status, RT_ADMIN_BLOCKING, "cluster status"},
+    {"cluster", NULL, cmd_cluster_status, RT_ADMIN_BLOCKING, NULL},
     {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm"},
     {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,
      "metrics prometheus"},
