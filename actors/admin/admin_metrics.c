@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "admin_impl.h"
+#include "cluster.h"
 #include "conn.h"
 #include "rule_engine.h"
 #include "sink.h"
@@ -184,8 +185,44 @@ static void process_section(rt_buf_t *b)
     uint64_t up = rt__admin_uptime_ms();
     family(b, "process_start_time_seconds", "gauge", "When rtd started, in seconds since 1970.");
     dbl(b, "process_start_time_seconds", (double)(rt_wall_ms() - up) / 1e3, NULL);
-    family(b, "rt_build_info", "gauge", "Always 1; the version is a label.");
-    u64(b, "rt_build_info", 1, "version", rt__admin_version(), NULL);
+    family(b, "rt_build_info", "gauge",
+           "Always 1; the version (and a cluster node's name) are labels.");
+    if (rt_cluster_on())
+        u64(b, "rt_build_info", 1, "version", rt__admin_version(), "node", rt_cluster_node(),
+            NULL);
+    else
+        u64(b, "rt_build_info", 1, "version", rt__admin_version(), NULL);
+}
+
+/* A cluster node's traffic over NATS (docs/CLUSTER.md), each sample labelled with the node. */
+static void cluster_section(rt_buf_t *b)
+{
+    rt_cluster_status_t st;
+    if (!rt_cluster_status(&st))
+        return;
+    const char *n = st.node;
+    family(b, "rt_cluster_nats_connected", "gauge", "1 while the node's NATS connection is up.");
+    u64(b, "rt_cluster_nats_connected", strcmp(st.state, "connected") == 0, "node", n, NULL);
+    family(b, "rt_cluster_routes", "gauge", "Filters the node holds NATS subscriptions for.");
+    u64(b, "rt_cluster_routes", st.routes, "node", n, NULL);
+    family(b, "rt_cluster_forwarded_total", "counter",
+           "Messages published on NATS (out) and routed from other nodes (in).");
+    u64(b, "rt_cluster_forwarded_total", st.forwarded_out, "node", n, "direction", "out", NULL);
+    u64(b, "rt_cluster_forwarded_total", st.forwarded_in, "node", n, "direction", "in", NULL);
+    family(b, "rt_cluster_duplicates_dropped_total", "counter",
+           "Extra copies of a message a node received through overlapping filters.");
+    u64(b, "rt_cluster_duplicates_dropped_total", st.duplicates, "node", n, NULL);
+    family(b, "rt_cluster_lost_total", "counter",
+           "Messages that did not cross: refused by NATS (forward), too long a subject, not an "
+           "rtd node's (bad_in), dropped for a slow node (dropped_in).");
+    u64(b, "rt_cluster_lost_total", st.forward_failed, "node", n, "reason", "forward", NULL);
+    u64(b, "rt_cluster_lost_total", st.not_forwarded, "node", n, "reason", "too_long", NULL);
+    u64(b, "rt_cluster_lost_total", st.bad_in, "node", n, "reason", "bad_in", NULL);
+    u64(b, "rt_cluster_lost_total", st.dropped_in, "node", n, "reason", "dropped_in", NULL);
+    family(b, "rt_cluster_inbound_backlog", "gauge", "Messages arrived from NATS, not routed yet.");
+    u64(b, "rt_cluster_inbound_backlog", st.inbound_backlog, "node", n, NULL);
+    family(b, "rt_cluster_reconnects_total", "counter", "NATS reconnections.");
+    u64(b, "rt_cluster_reconnects_total", st.reconnects, "node", n, NULL);
 }
 
 static void broker_section(rt_buf_t *b, const scrape_t *s)
@@ -531,6 +568,7 @@ int rt_admin_metrics_text(rt_buf_t *out)
         broker_section(out, s);
         listeners_section(out, s);
     }
+    cluster_section(out);
     rules_section(out, s);
     sinks_section(out, s);
     runtime_section(out, s);

@@ -64,8 +64,8 @@ static struct {
     pthread_cond_t backlog_cond;
     _Atomic uint64_t backlog_msgs, backlog_bytes;
     atomic_bool stopping;
-    _Atomic uint64_t forwarded_out, forwarded_in, duplicates, forward_failed, not_forwarded,
-        bad_in, dropped_in, reconnects, routes_count;
+    _Atomic uint64_t forwarded_out, forwarded_in, duplicates, forward_failed, not_forwarded, bad_in,
+        dropped_in, reconnects, routes_count;
 } C = {.backlog_lock = PTHREAD_MUTEX_INITIALIZER, .backlog_cond = PTHREAD_COND_INITIALIZER};
 
 bool rt_cluster_on(void)
@@ -154,8 +154,8 @@ static void publish(const rt_message_t *msg)
         return;
     }
     natsMsg *nm = NULL;
-    natsStatus s = natsMsg_Create(&nm, subject, NULL, (const char *)msg->payload.p,
-                                  (int)msg->payload.len);
+    natsStatus s =
+        natsMsg_Create(&nm, subject, NULL, (const char *)msg->payload.p, (int)msg->payload.len);
     char origin[RT_CONF_NODE_MAX + 48], meta[48];
     snprintf(origin, sizeof(origin), "%s %" PRIx64 " %" PRIu64, C.node, C.incarnation,
              atomic_fetch_add_explicit(&C.seq, 1, memory_order_relaxed) + 1);
@@ -274,7 +274,8 @@ static void subscribe(rt_actor_t *self, const char *filter, size_t len)
     if (n < 0) {
         rt_log(RT_LOG_WARNING, "cluster.route_too_long",
                "filter=%.*s: longer than a NATS subject can be; other nodes' messages for it "
-               "will not arrive", (int)(len > 200 ? 200 : len), filter);
+               "will not arrive",
+               (int)(len > 200 ? 200 : len), filter);
         return;
     }
     route_t *r = routes_room(self) ? route_slot(filter, len) : NULL;
@@ -307,8 +308,7 @@ static void subscribe(rt_actor_t *self, const char *filter, size_t len)
             else
                 free(closure);
         } else {
-            s = natsConnection_Subscribe(&r->subs[r->nsubs], C.nc, subjects[i], on_message,
-                                         NULL);
+            s = natsConnection_Subscribe(&r->subs[r->nsubs], C.nc, subjects[i], on_message, NULL);
         }
         if (s == NATS_OK) {
             /* NATS's own bound on what waits for delivery; past it the server's messages
@@ -389,8 +389,8 @@ static const rt_actor_type_t out_type = {
 static void backlog_release(size_t bytes)
 {
     uint64_t msgs = atomic_fetch_sub_explicit(&C.backlog_msgs, 1, memory_order_acq_rel) - 1;
-    uint64_t held = atomic_fetch_sub_explicit(&C.backlog_bytes, bytes, memory_order_acq_rel) -
-                    bytes;
+    uint64_t held =
+        atomic_fetch_sub_explicit(&C.backlog_bytes, bytes, memory_order_acq_rel) - bytes;
     if (msgs == RT_CLUSTER_INBOUND_MAX_MSGS / 2 || held < RT_CLUSTER_INBOUND_MAX_BYTES / 2) {
         pthread_mutex_lock(&C.backlog_lock);
         pthread_cond_broadcast(&C.backlog_cond);
@@ -447,7 +447,7 @@ static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
 typedef struct {
     char node[RT_CONF_NODE_MAX];
     uint64_t incarnation;
-    uint64_t top; /* highest sequence number seen */
+    uint64_t top;                    /* highest sequence number seen */
     uint64_t bits[SEEN_WINDOW / 64]; /* bit (seq % SEEN_WINDOW): seq in (top - SEEN_WINDOW, top] */
 } origin_t;
 
@@ -511,8 +511,8 @@ static size_t put_varint(uint8_t *p, uint32_t v)
 ** the payload and the headers, decoded as a client's would be. NULL if it is not valid.
 */
 static rt_bin_t *message_of(natsMsg *nm, const char *topic, size_t tlen, unsigned qos,
-                            unsigned retain, bool has_expiry, uint32_t expiry, const char *props_hex,
-                            const char *clientid)
+                            unsigned retain, bool has_expiry, uint32_t expiry,
+                            const char *props_hex, const char *clientid)
 {
     size_t hexlen = props_hex ? strlen(props_hex) : 0;
     if (hexlen % 2 || hexlen / 2 > MQTT_MAX_PACKET)
@@ -611,11 +611,10 @@ static void route_inbound(in_state_t *st, const inbound_t *in)
         props = NULL;
     char *end = NULL;
     unsigned long expiry = exp[0] == '-' ? 0 : strtoul(exp, &end, 10);
-    rt_bin_t *bin =
-        tlen > 0 && (exp[0] == '-' || (end && !*end && expiry <= UINT32_MAX))
-            ? message_of(nm, topic, (size_t)tlen, qos, retain, exp[0] != '-', (uint32_t)expiry,
-                         props, has_id ? id : NULL)
-            : NULL;
+    rt_bin_t *bin = tlen > 0 && (exp[0] == '-' || (end && !*end && expiry <= UINT32_MAX))
+                        ? message_of(nm, topic, (size_t)tlen, qos, retain, exp[0] != '-',
+                                     (uint32_t)expiry, props, has_id ? id : NULL)
+                        : NULL;
     if (!bin) {
         atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
         return;
@@ -676,8 +675,8 @@ static void on_reconnected(natsConnection *nc, void *closure)
     char url[128] = "";
     natsConnection_GetConnectedUrl(nc, url, sizeof(url));
     atomic_fetch_add_explicit(&C.reconnects, 1, memory_order_relaxed);
-    rt_log(RT_LOG_INFO, "cluster.reconnected", "connection=%s server=%s",
-           (const char *)closure, url);
+    rt_log(RT_LOG_INFO, "cluster.reconnected", "connection=%s server=%s", (const char *)closure,
+           url);
 }
 
 static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
@@ -811,10 +810,9 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     rt_route_set_forward(forward);
     char servers[512] = "";
     for (unsigned i = 0; i < conf->cluster.nnats; i++)
-        snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), "%s%s",
-                 i ? "," : "", conf->cluster.nats[i]);
-    rt_log(RT_LOG_INFO, "cluster.started", "node=%s nats=%s prefix=%s", C.node, servers,
-           C.prefix);
+        snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), "%s%s", i ? "," : "",
+                 conf->cluster.nats[i]);
+    rt_log(RT_LOG_INFO, "cluster.started", "node=%s nats=%s prefix=%s", C.node, servers, C.prefix);
     return 0;
 }
 

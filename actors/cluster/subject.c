@@ -101,8 +101,7 @@ static int unhex(char c)
     return -1;
 }
 
-int rt_topic_of_subject(const char *prefix, const char *subject, size_t len, char *out,
-                        size_t cap)
+int rt_topic_of_subject(const char *prefix, const char *subject, size_t len, char *out, size_t cap)
 {
     size_t plen = strlen(prefix);
     if (len <= plen + 1 || memcmp(subject, prefix, plen) != 0 || subject[plen] != '.')

@@ -20,17 +20,16 @@
 #define RT_SUBJECT_MAX 3800
 
 /* The subject of topic (valid MQTT topic name) into out; its length, or -1 if too long. */
-int rt_subject_of_topic(const char *prefix, const char *topic, size_t len, char *out,
-                        size_t cap);
+int rt_subject_of_topic(const char *prefix, const char *topic, size_t len, char *out, size_t cap);
 /*
 ** The subjects a filter (without a $share/group/ prefix) needs: one, or two for a filter
 ** ending in `/#` (its parent level, then the `.>` one). Each is NUL-terminated in its
 ** own buffer of cap bytes. Returns how many, or -1 if one would be too long.
 */
-int rt_subjects_of_filter(const char *prefix, const char *filter, size_t len, char out[2][RT_SUBJECT_MAX + 1]);
+int rt_subjects_of_filter(const char *prefix, const char *filter, size_t len,
+                          char out[2][RT_SUBJECT_MAX + 1]);
 /* The topic a subject names into out (cap bytes); its length, or -1 if the subject is not
    one rt_subject_of_topic writes under prefix. */
-int rt_topic_of_subject(const char *prefix, const char *subject, size_t len, char *out,
-                        size_t cap);
+int rt_topic_of_subject(const char *prefix, const char *subject, size_t len, char *out, size_t cap);
 
 #endif
