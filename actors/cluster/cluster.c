@@ -279,14 +279,14 @@ static void subscribe(rt_actor_t *self, const char *filter, size_t len)
         return;
     }
     route_t *r = routes_room(self) ? route_slot(filter, len) : NULL;
+    if (r && r->filter)
+        return; /* held already: the trie says "on" once per first subscriber */
     char *copy = r ? malloc(len + 1) : NULL;
     if (!copy) {
         rt_log(RT_LOG_ERROR, "cluster.route_failed", "filter=%.*s: out of memory",
                (int)(len > 200 ? 200 : len), filter);
         return;
     }
-    if (r->filter)
-        return; /* held already (an on after an on cannot come from the trie; be safe) */
     memcpy(copy, filter, len);
     copy[len] = 0;
     *r = (route_t){.filter = copy, .len = (uint32_t)len};
@@ -343,6 +343,9 @@ static void unsubscribe(rt_actor_t *self, const char *filter, size_t len)
 static void interest_changed(void *arg, const char *filter, size_t len, bool on)
 {
     (void)arg;
+    /* Connections unsubscribe as rtd stops, after the cluster has: nobody to tell. */
+    if (atomic_load_explicit(&C.stopping, memory_order_relaxed))
+        return;
     rt_msg_t *m = rt_msg_new(MSG_INTEREST, sizeof(interest_t) + len);
     if (m) {
         interest_t *in = (interest_t *)(void *)m->data;
@@ -753,18 +756,33 @@ static int in_start(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
     return rt_spawn_opt(&in_type, NULL, opts, out);
 }
 
-static void close_connections(void)
+/* Wakes a delivery thread waiting for room, for good: what arrives from now on is dropped. */
+static void stop_waiting(void)
 {
     atomic_store(&C.stopping, true);
     pthread_mutex_lock(&C.backlog_lock);
     pthread_cond_broadcast(&C.backlog_cond);
     pthread_mutex_unlock(&C.backlog_lock);
+}
+
+/* Once no actor of the cluster runs: nothing else makes libnats calls then. */
+static void close_connections(void)
+{
     natsConnection *conns[2] = {C.qc, C.nc};
     for (int i = 0; i < 2; i++)
-        if (conns[i]) {
+        if (conns[i])
             natsConnection_Close(conns[i]);
+    for (size_t i = 0; i < C.routes_cap; i++) {
+        for (int k = 0; k < C.routes[i].nsubs; k++)
+            natsSubscription_Destroy(C.routes[i].subs[k]);
+        free(C.routes[i].filter);
+    }
+    free(C.routes);
+    C.routes = NULL;
+    C.routes_cap = C.routes_used = C.routes_live = 0;
+    for (int i = 0; i < 2; i++)
+        if (conns[i])
             natsConnection_Destroy(conns[i]);
-        }
     C.nc = C.qc = NULL;
 }
 
@@ -788,6 +806,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     if (s != NATS_OK) {
         snprintf(err, errlen, "cluster: cannot set up the NATS connection: %s",
                  natsStatus_GetText(s));
+        stop_waiting();
         close_connections();
         return RT_EINVAL;
     }
@@ -801,6 +820,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
         rc = rt_supervisor_start_child(group, &children[i], NULL);
     if (rc) {
         snprintf(err, errlen, "cluster: cannot start its actors: %s", rt_strerror(rc));
+        stop_waiting();
         rt_group_stop(sup, RT_CLUSTER_GROUP);
         close_connections();
         return rc;
@@ -820,13 +840,9 @@ void rt_cluster_stop(void)
 {
     if (!C.on)
         return;
-    close_connections();
+    stop_waiting();
     rt_group_stop(C.sup, RT_CLUSTER_GROUP);
-    for (size_t i = 0; i < C.routes_cap; i++)
-        free(C.routes[i].filter);
-    free(C.routes);
-    C.routes = NULL;
-    C.routes_cap = C.routes_used = C.routes_live = 0;
+    close_connections();
     nats_CloseAndWait(2000);
 }
 

@@ -65,8 +65,8 @@ static void test_filters_map_wildcards(void)
 static void test_foreign_subjects_are_refused(void)
 {
     char out[64];
-    const char *bad[] = {"rt",      "other.a", "rt.",    "rt.a..b", "rt.a.",
-                         "rt.%2",   "rt.%zz",  "rt.%41", "rt.a b",  "rtx.a"};
+    const char *bad[] = {"rt",    "other.a", "rt.",    "rt.a..b", "rt.a.",
+                         "rt.%2", "rt.%zz",  "rt.%41", "rt.a b",  "rtx.a"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int n = rt_topic_of_subject("rt", bad[i], strlen(bad[i]), out, sizeof(out));
         if (n >= 0)
