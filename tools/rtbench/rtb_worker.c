@@ -797,7 +797,12 @@ static void start_connect(rtb_client_t *c, int queued)
             return;
         }
     }
-    if (uv_tcp_connect(&c->creq, &c->tcp, (const struct sockaddr *)&o->addr, on_connect))
+    const struct sockaddr_storage *to = &o->addr;
+    if (c->role == ROLE_SUB && o->nsub_addr)
+        to = &o->sub_addr[c->idx % (uint32_t)o->nsub_addr];
+    else if (c->role == ROLE_PUB && o->npub_addr)
+        to = &o->pub_addr[c->idx % (uint32_t)o->npub_addr];
+    if (uv_tcp_connect(&c->creq, &c->tcp, (const struct sockaddr *)to, on_connect))
         client_fail(c);
 }
 

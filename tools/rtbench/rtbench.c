@@ -67,6 +67,7 @@ static const char *usage_text =
     "  -k keepalive s (300)  -C clean true|false (true)  -V 3|4|5 (5)  -u user  -P pass\n"
     "  -d duration s (60)  --procs N (1)  --inflight N (32)  --window N (10)\n"
     "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
+    "  --sub-ports p,q,..  --pub-ports p,q,..  (subscriber/publisher i to port i%%n: cluster nodes)\n"
     "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (64)\n"
     "  --coalesce-us N (500; closed loop: quiet iterations sleep N us, 0 = never)\n"
     "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n"
@@ -126,23 +127,45 @@ static int is_loopback(const struct sockaddr *sa)
     return 0;
 }
 
-static void resolve(rtb_opts_t *o)
+static void resolve_port(const rtb_opts_t *o, int port_no, struct sockaddr_storage *out)
 {
     struct addrinfo hints, *res;
     char port[16];
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    snprintf(port, sizeof(port), "%d", o->port);
+    snprintf(port, sizeof(port), "%d", port_no);
     int r = getaddrinfo(o->host, port, &hints, &res);
     if (r) {
         fprintf(stderr, "rtbench: cannot resolve '%s': %s\n", o->host, gai_strerror(r));
         exit(2);
     }
-    memcpy(&o->addr, res->ai_addr, res->ai_addrlen);
+    memcpy(out, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
-    if (!o->allow_remote && !is_loopback((struct sockaddr *)&o->addr))
+    if (!o->allow_remote && !is_loopback((struct sockaddr *)out))
         die_usage("refusing non-loopback target '%s' without --allow-remote", o->host);
+}
+
+static void resolve(rtb_opts_t *o)
+{
+    resolve_port(o, o->port, &o->addr);
+}
+
+/* --sub-ports / --pub-ports: "p1,p2,..." on -h. */
+static int parse_ports(const rtb_opts_t *o, const char *flag, const char *list,
+                       struct sockaddr_storage *out)
+{
+    int n = 0;
+    char copy[256];
+    snprintf(copy, sizeof(copy), "%s", list);
+    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == RTB_MAX_PORTS)
+            die_usage("too many ports in %s (max 16)", flag);
+        resolve_port(o, (int)parse_int(flag, t, 1, 65535), &out[n++]);
+    }
+    if (!n)
+        die_usage("empty %s list", flag);
+    return n;
 }
 
 static void parse_ifaddr(rtb_opts_t *o, const char *list)
@@ -198,7 +221,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     o->test_skip_seq = -1;
     o->rate = -1;
     int64_t count = -1, pubs = -1, subs = -1;
-    const char *ifaddr = NULL, *prefix = NULL, *tag = "";
+    const char *ifaddr = NULL, *prefix = NULL, *tag = "", *sub_ports = NULL, *pub_ports = NULL;
 
     if (argc < 2)
         die_usage("missing command%s", "");
@@ -307,6 +330,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             subs = (int64_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "--ifaddr"))
             ifaddr = v;
+        else if (!strcmp(n, "--sub-ports"))
+            sub_ports = v;
+        else if (!strcmp(n, "--pub-ports"))
+            pub_ports = v;
         else if (!strcmp(n, "--prefix"))
             prefix = v;
         else if (!strcmp(n, "--drain"))
@@ -390,6 +417,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     }
     if (ifaddr)
         parse_ifaddr(o, ifaddr);
+    if (sub_ports)
+        o->nsub_addr = parse_ports(o, "--sub-ports", sub_ports, o->sub_addr);
+    if (pub_ports)
+        o->npub_addr = parse_ports(o, "--pub-ports", pub_ports, o->pub_addr);
     char def[48];
     snprintf(def, sizeof(def), "rtb%d%s_", (int)getpid(), tag);
     if (prefix && strlen(prefix) >= sizeof(o->prefix))

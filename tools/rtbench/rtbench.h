@@ -34,6 +34,8 @@ typedef enum rtb_cmd_e {
     RTB_CMD_HS,
 } rtb_cmd_t;
 
+#define RTB_MAX_PORTS 16
+
 typedef struct rtb_opts_s {
     rtb_cmd_t cmd;
     const char *cmd_name;
@@ -42,6 +44,10 @@ typedef struct rtb_opts_s {
     struct sockaddr_storage addr;                   /* host:port, resolved once before any fork */
     struct sockaddr_storage ifaddr[RTB_MAX_IFADDR]; /* --ifaddr, port 0 */
     int nifaddr;
+    /* --sub-ports / --pub-ports: subscriber (publisher) i connects to host:ports[i % n] (the
+       nodes of a cluster), else to addr. */
+    struct sockaddr_storage sub_addr[RTB_MAX_PORTS], pub_addr[RTB_MAX_PORTS];
+    int nsub_addr, npub_addr;
     uint32_t count;            /* -c: clients (conn/sub/pub) or the scenario's main count */
     uint32_t start;            /* -n: first client sequence number */
     uint32_t conn_interval_ms; /* -i: between connection starts; 0 = as fast as allowed */
