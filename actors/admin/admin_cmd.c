@@ -315,6 +315,10 @@ static int cmd_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "dropped_in", st.dropped_in);
     rt_doc_add_u64(c->doc, "inbound_backlog", st.inbound_backlog);
     rt_doc_add_u64(c->doc, "reconnects", st.reconnects);
+    rt_doc_add_str(c->doc, "retained", st.retained_replicated ? "replicated" : "this node only");
+    rt_doc_add_u64(c->doc, "retained_revision", st.retained_revision);
+    rt_doc_add_u64(c->doc, "retained_put_failed", st.retained_put_failed);
+    rt_doc_add_u64(c->doc, "retained_barrier_timeouts", st.retained_barrier_timeouts);
     return 200;
 }
 

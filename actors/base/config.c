@@ -730,7 +730,12 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
             ok = cluster_name(L, k, c->cluster.prefix, why, whylen);
         else if (strcmp(k, "nats") == 0)
             ok = cluster_servers(L, c, why, whylen);
-        else if (strcmp(k, "user") == 0)
+        else if (strcmp(k, "replicas") == 0) {
+            ok = lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 1 && lua_tointeger(L, -1) <= 5;
+            c->cluster.replicas = ok ? (long)lua_tointeger(L, -1) : 0;
+            if (!ok)
+                snprintf(why, whylen, "cluster.replicas must be an integer from 1 to 5");
+        } else if (strcmp(k, "user") == 0)
             ok = table_string(L, "cluster", k, c->cluster.user, RT_CONF_VALUE_LEN, why, whylen);
         else if (strcmp(k, "password") == 0)
             ok = table_string(L, "cluster", k, c->cluster.password, RT_CONF_VALUE_LEN, why,
@@ -745,8 +750,8 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
         else if (strcmp(k, "tls_key") == 0)
             ok = table_string(L, "cluster", k, c->cluster.tls_key, RT_CONF_PATH_MAX, why, whylen);
         else {
-            snprintf(why, whylen, "cluster: unknown key \"%s\" (node, nats, prefix, user, "
-                     "password, token, tls_ca, tls_cert, tls_key)", k);
+            snprintf(why, whylen, "cluster: unknown key \"%s\" (node, nats, prefix, replicas, "
+                     "user, password, token, tls_ca, tls_cert, tls_key)", k);
             ok = false;
         }
         lua_pop(L, 1);
@@ -763,6 +768,8 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
         snprintf(why, whylen, "cluster: tls_cert and tls_key go together");
         return false;
     }
+    if (!c->cluster.replicas)
+        c->cluster.replicas = c->cluster.nnats < 3 ? (long)c->cluster.nnats : 3;
     c->cluster.on = true;
     return true;
 }

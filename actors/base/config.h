@@ -181,6 +181,7 @@ typedef struct rt_conf_s {
         char nats[RT_CONF_MAX_NATS][RT_CONF_URL_MAX]; /* nats:// or tls:// URLs */
         unsigned nnats;
         char prefix[RT_CONF_NODE_MAX]; /* first token of every subject rtd uses; "rt" */
+        long replicas; /* copies JetStream keeps of the retained store: 1..5; 0: min(3, nnats) */
         char user[RT_CONF_VALUE_LEN], password[RT_CONF_VALUE_LEN], token[RT_CONF_VALUE_LEN];
         char tls_ca[RT_CONF_PATH_MAX]; /* verify the NATS servers against it; "": plain */
         char tls_cert[RT_CONF_PATH_MAX], tls_key[RT_CONF_PATH_MAX]; /* a client certificate */

@@ -107,6 +107,30 @@ static bool node_local(const rt_message_t *msg)
     return msg->topic.len >= 5 && memcmp(msg->topic.p, "$SYS/", 5) == 0;
 }
 
+/* Sets (bin) or clears (NULL) topic's retained message in memory; false when refused. */
+static bool set_retained(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms)
+{
+    rt_retained_msg_t *keep = NULL;
+    if (bin) {
+        keep = malloc(sizeof(*keep));
+        if (!keep)
+            return false;
+        keep->bin = rt_bin_retain(bin);
+        keep->expire_at_ms = expire_at_ms;
+    }
+    if (rt_retained_set(rt_broker->retained, topic, len, keep, keep ? rt_bin_len(bin) : 0) != 0) {
+        atomic_fetch_add(&rt_broker->stats.retained_limit_hits, 1);
+        rt_broker_retained_release(keep);
+        return false;
+    }
+    return true;
+}
+
+void rt_route_retain_remote(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms)
+{
+    set_retained(topic, len, bin, expire_at_ms);
+}
+
 /*
 ** A retained PUBLISH replaces the topic's retained message; an empty one clears
 ** it. What the store accepted in memory is written to disk too ($SYS values,
@@ -116,23 +140,12 @@ static bool node_local(const rt_message_t *msg)
 static bool keep_retained(const rt_message_t *msg, const route_t *r)
 {
     mqtt_str_t topic = msg->topic;
-    rt_retained_msg_t *keep = NULL;
-    if (msg->payload.len) {
-        keep = malloc(sizeof(*keep));
-        if (!keep)
-            return false;
-        keep->bin = rt_bin_retain(r->bin);
-        keep->expire_at_ms = r->expire_at_ms;
-    }
-    if (rt_retained_set(rt_broker->retained, (const char *)topic.p, topic.len, keep,
-                        keep ? rt_bin_len(r->bin) : 0) != 0) {
-        atomic_fetch_add(&rt_broker->stats.retained_limit_hits, 1);
-        rt_broker_retained_release(keep);
+    bool clear = msg->payload.len == 0;
+    if (!set_retained((const char *)topic.p, topic.len, clear ? NULL : r->bin, r->expire_at_ms))
         return false;
-    }
     if (!rt_store_enabled() || node_local(msg))
         return false;
-    rt_store_retain((const char *)topic.p, topic.len, keep ? r->bin : NULL, r->expire_at_ms,
+    rt_store_retain((const char *)topic.p, topic.len, clear ? NULL : r->bin, r->expire_at_ms,
                     r->ack_pid, r->ack_token);
     return r->ack_pid != 0;
 }
@@ -156,8 +169,8 @@ static int route_here(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint6
                   rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);
     if (msg.retain && keep_retained(&msg, &r))
         r.nacks++;
-    if (forward && forward_hook && !node_local(&msg))
-        forward_hook(bin);
+    if (forward && forward_hook && !node_local(&msg) && forward_hook(bin, ack_pid, ack_token))
+        r.nacks++;
     if (nacks)
         *nacks = r.nacks;
     return (int)(delivered < INT32_MAX ? delivered : INT32_MAX);

@@ -50,13 +50,18 @@ int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_t
 /*
 ** A cluster (actors/cluster) sees every message rt_route routes here, but $SYS ones, once
 ** they are routed (fn takes its own reference to bin), and picks shared groups' members
-** itself: with a hook set, routing here skips them. Set before any message is routed.
+** itself: with a hook set, routing here skips them. fn returns true when it will tell
+** ack_pid (not 0) of one more commit (RT_STORE_MSG_COMMITTED with ack_token): a retained
+** message replicated to the other nodes. Set before any message is routed.
 */
-typedef void (*rt_route_forward_fn)(rt_bin_t *bin);
+typedef bool (*rt_route_forward_fn)(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token);
 void rt_route_set_forward(rt_route_forward_fn fn);
 /* Routes a message another node of the cluster sent: to ordinary subscriptions and the
    retained store here, forwarded nowhere. Returns as rt_route. */
 int rt_route_remote(rt_bin_t *bin);
+/* Sets (bin) or clears (NULL) a topic's retained message here, as another node's
+   replicated store says (expire_at_ms monotonic, 0: never); written to no disk. */
+void rt_route_retain_remote(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms);
 /* 1 if some subscriber got the message, 0 if none, or an RT_E* error. */
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
 /*

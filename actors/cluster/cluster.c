@@ -17,13 +17,41 @@
 #include "log.h"
 #include "message.h"
 #include "route.h"
+#include "store.h"
 #include "subject.h"
 
 enum {
-    MSG_FORWARD = RT_MSG_USER, /* to cluster: bin, a message routed here */
+    MSG_FORWARD = RT_MSG_USER, /* to cluster: forward_t and bin, a message routed here */
     MSG_INTEREST,              /* to cluster: interest_t, a filter's first or last subscriber */
     MSG_INBOUND,               /* to cluster_in: inbound_t, what NATS delivered */
+    MSG_KV_BIND,               /* to cluster: find or make the retained store's bucket */
+    MSG_BARRIER,               /* to cluster: barrier_t, from a subscriber waiting for retained */
+    MSG_BARRIER_WAIT,          /* to cluster_in: barrier_t, with the revision to wait for */
+    MSG_KV_ENTRY,              /* to cluster_in: kv_entry_t, a change of the retained store */
+    MSG_KV_TICK,               /* to cluster_in: once a second while the store is quiet */
 };
+
+typedef struct {
+    rt_pid_t ack_pid; /* told RT_STORE_MSG_COMMITTED once the retained store has it; 0: none */
+    uint64_t ack_token;
+} forward_t;
+
+/* A subscriber's request: answered with RT_CLUSTER_MSG_RETAINED_READY carrying data back. */
+typedef struct {
+    rt_pid_t reply_to;
+    uint64_t revision; /* MSG_BARRIER_WAIT: the store's last revision when it was asked */
+    uint64_t since_ms;
+    uint32_t len;
+    uint8_t data[];
+} barrier_t;
+
+typedef struct {
+    uint64_t revision;
+    bool put; /* else a delete or purge */
+    uint32_t keylen, vallen;
+    size_t bytes; /* counted in the inbound backlog */
+    char kv[];    /* the key, then the value */
+} kv_entry_t;
 
 typedef struct {
     bool on;
@@ -63,9 +91,20 @@ static struct {
     pthread_mutex_t backlog_lock;
     pthread_cond_t backlog_cond;
     _Atomic uint64_t backlog_msgs, backlog_bytes;
+    atomic_int backlog_waiters; /* threads waiting for room: only then is a release signalled */
     atomic_bool stopping;
     _Atomic uint64_t forwarded_out, forwarded_in, duplicates, forward_failed, not_forwarded, bad_in,
         dropped_in, reconnects, routes_count;
+    /* The retained store replicated in JetStream KV (bucket "<prefix>_retained"). */
+    long replicas;
+    char bucket[RT_CONF_NODE_MAX + 16];
+    jsCtx *js;
+    kvStore *kv;
+    atomic_bool kv_ready; /* set once, by the cluster actor, after the watcher started */
+    bool kv_warned;
+    pthread_t watcher;
+    _Atomic(kvWatcher *) kv_watcher;
+    _Atomic uint64_t kv_applied, kv_put_failed, barrier_timeouts;
 } C = {.backlog_lock = PTHREAD_MUTEX_INITIALIZER, .backlog_cond = PTHREAD_COND_INITIALIZER};
 
 bool rt_cluster_on(void)
@@ -131,18 +170,27 @@ static bool unescape_text(const char *s, char *out, size_t cap)
 
 /* ---- Publishing (the cluster actor) ---- */
 
-static void forward(rt_bin_t *bin)
+static bool forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token)
 {
-    rt_msg_t *m = rt_msg_new(MSG_FORWARD, 0);
+    rt_message_t msg;
+    rt_message_view(bin, &msg);
+    /* A retained message's acknowledgement waits for the replicated store: a subscriber
+       that comes after it, on any node, gets it. */
+    bool acks = ack_pid && msg.retain && atomic_load_explicit(&C.kv_ready, memory_order_acquire);
+    rt_msg_t *m = rt_msg_new(MSG_FORWARD, sizeof(forward_t));
     if (!m) {
         atomic_fetch_add_explicit(&C.forward_failed, 1, memory_order_relaxed);
-        return;
+        return false;
     }
+    *(forward_t *)(void *)m->data = (forward_t){acks ? ack_pid : 0, ack_token};
     m->bin = rt_bin_retain(bin);
     /* A publisher waits (muted) while the cluster actor is behind, as for any overloaded
        receiver: what it routes here goes to the other nodes in its order, none dropped. */
-    if (rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) != 0)
+    if (rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) != 0) {
         atomic_fetch_add_explicit(&C.forward_failed, 1, memory_order_relaxed);
+        return false;
+    }
+    return acks;
 }
 
 static void publish(const rt_message_t *msg)
@@ -188,6 +236,225 @@ static void publish(const rt_message_t *msg)
     natsMsg_Destroy(nm);
     atomic_fetch_add_explicit(s == NATS_OK ? &C.forwarded_out : &C.forward_failed, 1,
                               memory_order_relaxed);
+}
+
+/* ---- The retained store in JetStream KV (the cluster actor, and a watcher thread) ---- */
+
+/*
+** A topic as a KV key: KV keys take only [-/_=.A-Za-z0-9], so every other byte (and `=`
+** and `.`, which would split the key's subject) is written =XX. One to one, as subjects.
+*/
+static int kv_key_of_topic(const char *topic, size_t len, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t at = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)topic[i];
+        bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                     c == '-' || c == '_' || c == '/';
+        if (at + (plain ? 1 : 3) >= cap)
+            return -1;
+        if (plain) {
+            out[at++] = (char)c;
+        } else {
+            out[at++] = '=';
+            out[at++] = hex[c >> 4];
+            out[at++] = hex[c & 15];
+        }
+    }
+    out[at] = 0;
+    return (int)at;
+}
+
+static int kv_topic_of_key(const char *key, size_t len, char *out, size_t cap)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < len; i++) {
+        int c = (unsigned char)key[i];
+        if (c == '=') {
+            int hi = i + 2 < len ? hexval(key[i + 1]) : -1, lo = hi >= 0 ? hexval(key[i + 2]) : -1;
+            if (lo < 0)
+                return -1;
+            c = hi << 4 | lo;
+            i += 2;
+        }
+        if (at >= cap)
+            return -1;
+        out[at++] = (char)c;
+    }
+    return (int)at;
+}
+
+static void *watch_retained(void *arg);
+
+/* In the cluster actor: the bucket found or made, and its watcher started; else again in 1 s. */
+static void kv_bind(rt_actor_t *self)
+{
+    if (atomic_load(&C.kv_ready) || atomic_load(&C.stopping))
+        return;
+    natsStatus s = C.js ? NATS_OK : natsConnection_JetStream(&C.js, C.nc, NULL);
+    if (s == NATS_OK && !C.kv) {
+        kvConfig cfg;
+        kvConfig_Init(&cfg);
+        cfg.Bucket = C.bucket;
+        cfg.Description = "rtd: the cluster's retained messages";
+        cfg.History = 1;
+        cfg.Replicas = (int)C.replicas;
+        s = js_CreateKeyValue(&C.kv, C.js, &cfg);
+        if (s != NATS_OK) /* made by another node, perhaps with other settings */
+            s = js_KeyValue(&C.kv, C.js, C.bucket);
+    }
+    if (s == NATS_OK && pthread_create(&C.watcher, NULL, watch_retained, NULL) != 0)
+        s = NATS_SYS_ERROR;
+    if (s != NATS_OK) {
+        if (!C.kv_warned)
+            rt_log(RT_LOG_WARNING, "cluster.retained_unreplicated",
+                   "bucket=%s: %s (%s); retained messages stay on their node until JetStream "
+                   "answers (trying every second)",
+                   C.bucket, natsStatus_GetText(s), nats_GetLastError(NULL));
+        C.kv_warned = true;
+        rt_send_after_tag(1000, rt_self(self), MSG_KV_BIND, NULL);
+        return;
+    }
+    atomic_store(&C.kv_ready, true);
+    rt_log(RT_LOG_INFO, "cluster.retained_replicated", "bucket=%s replicas=%ld", C.bucket,
+           C.replicas);
+}
+
+/* Writes a retained message (or its clearing) to the bucket; NATS_OK once JetStream has it. */
+static natsStatus kv_put(const rt_message_t *msg, rt_bin_t *bin)
+{
+    char key[RT_SUBJECT_MAX + 1];
+    if (kv_key_of_topic((const char *)msg->topic.p, msg->topic.len, key, sizeof(key)) < 0)
+        return NATS_INVALID_ARG;
+    if (!msg->payload.len)
+        return kvStore_Delete(C.kv, key);
+    /* The value: when it expires (wall clock ms, big-endian; 0: never), then the PUBLISH. */
+    size_t len = rt_bin_len(bin);
+    uint8_t *v = malloc(8 + len);
+    if (!v)
+        return NATS_NO_MEMORY;
+    uint64_t at = msg->has_expiry && msg->expiry ? rt_wall_ms() + (uint64_t)msg->expiry * 1000 : 0;
+    for (int i = 0; i < 8; i++)
+        v[i] = (uint8_t)(at >> (56 - 8 * i));
+    memcpy(v + 8, rt_bin_data(bin), len);
+    natsStatus s = kvStore_Put(NULL, C.kv, key, v, (int)(8 + len));
+    free(v);
+    return s;
+}
+
+/* Hands cluster_in a message from a libnats thread, within the inbound backlog's bound. */
+static void backlog_wait(void);
+static void backlog_release(size_t bytes);
+
+static bool hand_in(rt_msg_t *m, size_t bytes)
+{
+    atomic_fetch_add_explicit(&C.backlog_msgs, 1, memory_order_acq_rel);
+    atomic_fetch_add_explicit(&C.backlog_bytes, bytes, memory_order_acq_rel);
+    if (rt_send_unmuted(atomic_load_explicit(&C.in_pid, memory_order_acquire), m) == 0)
+        return true;
+    atomic_fetch_add_explicit(&C.dropped_in, 1, memory_order_relaxed);
+    backlog_release(bytes);
+    return false;
+}
+
+/* The watcher thread: every change of the bucket, in revision order, to cluster_in. */
+static void *watch_retained(void *arg)
+{
+    (void)arg;
+    kvWatcher *w = NULL;
+    while (!atomic_load(&C.stopping)) {
+        if (!w && kvStore_WatchAll(&w, C.kv, NULL) != NATS_OK) {
+            w = NULL;
+            nats_Sleep(250);
+            continue;
+        }
+        atomic_store(&C.kv_watcher, w);
+        if (atomic_load(&C.stopping))
+            break;
+        kvEntry *e = NULL;
+        natsStatus s = kvWatcher_Next(&e, w, 1000);
+        if (s == NATS_TIMEOUT) {
+            rt_msg_t *tick = rt_msg_new(MSG_KV_TICK, 0);
+            if (tick)
+                rt_send_unmuted(atomic_load(&C.in_pid), tick);
+            continue;
+        }
+        if (s != NATS_OK) {
+            if (!atomic_load(&C.stopping))
+                nats_Sleep(250);
+            continue;
+        }
+        if (!e)
+            continue; /* the end of the initial values */
+        const char *key = kvEntry_Key(e);
+        size_t klen = strlen(key), vlen = (size_t)kvEntry_ValueLen(e);
+        bool put = kvEntry_Operation(e) == kvOp_Put;
+        if (!put)
+            vlen = 0;
+        size_t bytes = klen + vlen + 256;
+        backlog_wait();
+        rt_msg_t *m = rt_msg_new(MSG_KV_ENTRY, sizeof(kv_entry_t) + klen + vlen);
+        if (m) {
+            kv_entry_t *k = (kv_entry_t *)(void *)m->data;
+            *k = (kv_entry_t){.revision = kvEntry_Revision(e),
+                              .put = put,
+                              .keylen = (uint32_t)klen,
+                              .vallen = (uint32_t)vlen,
+                              .bytes = bytes};
+            memcpy(k->kv, key, klen);
+            if (vlen)
+                memcpy(k->kv + klen, kvEntry_Value(e), vlen);
+            hand_in(m, bytes);
+        } else {
+            atomic_fetch_add_explicit(&C.dropped_in, 1, memory_order_relaxed);
+        }
+        kvEntry_Destroy(e);
+    }
+    atomic_store(&C.kv_watcher, NULL);
+    if (w)
+        kvWatcher_Destroy(w);
+    return NULL;
+}
+
+/* In the cluster actor: the bucket's last revision now, for a subscriber's barrier. */
+static void barrier_start(rt_msg_t *m)
+{
+    barrier_t *b = (barrier_t *)(void *)m->data;
+    char stream[sizeof(C.bucket) + 4];
+    snprintf(stream, sizeof(stream), "KV_%s", C.bucket);
+    jsStreamInfo *si = NULL;
+    b->revision = 0;
+    if (js_GetStreamInfo(&si, C.js, stream, NULL, NULL) == NATS_OK && si) {
+        b->revision = si->State.LastSeq;
+        jsStreamInfo_Destroy(si);
+    }
+    b->since_ms = rt_mono_ms();
+    rt_msg_t *wait = rt_msg_new(MSG_BARRIER_WAIT, m->len);
+    if (wait) {
+        memcpy(wait->data, m->data, m->len);
+        if (rt_send_msg(atomic_load(&C.in_pid), wait) == 0)
+            return;
+    }
+    /* cluster_in cannot wait for it: the subscriber gets what this node has now. */
+    rt_msg_t *r = rt_msg_new(RT_CLUSTER_MSG_RETAINED_READY, b->len);
+    if (r) {
+        memcpy(r->data, b->data, b->len);
+        rt_send_msg(b->reply_to, r);
+    }
+}
+
+bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len)
+{
+    if (!atomic_load_explicit(&C.kv_ready, memory_order_acquire))
+        return false;
+    rt_msg_t *m = rt_msg_new(MSG_BARRIER, sizeof(barrier_t) + len);
+    if (!m)
+        return false;
+    barrier_t *b = (barrier_t *)(void *)m->data;
+    *b = (barrier_t){.reply_to = reply_to, .len = (uint32_t)len};
+    memcpy(b->data, data, len);
+    return rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) == 0;
 }
 
 /* ---- Interest (the cluster actor) ---- */
@@ -362,15 +629,40 @@ static void interest_changed(void *arg, const char *filter, size_t len, bool on)
 static int out_init(rt_actor_t *self, void *state, void *arg)
 {
     atomic_store_explicit(&C.out_pid, rt_self(self), memory_order_release);
-    return 0;
+    /* Not here: init runs on the spawner's thread, and binding asks JetStream. */
+    return rt_send(rt_self(self), MSG_KV_BIND, NULL, 0);
+}
+
+/* Publishes a routed message; a retained one also goes to the bucket, then its ack. */
+static void forward_one(rt_msg_t *m)
+{
+    rt_message_t msg;
+    rt_message_view(m->bin, &msg);
+    publish(&msg);
+    const forward_t *f = (const forward_t *)(const void *)m->data;
+    if (!msg.retain || !atomic_load(&C.kv_ready))
+        return;
+    natsStatus s = kv_put(&msg, m->bin);
+    if (s != NATS_OK) {
+        atomic_fetch_add_explicit(&C.kv_put_failed, 1, memory_order_relaxed);
+        rt_log(RT_LOG_WARNING, "cluster.retained_put_failed", "topic=%.*s: %s",
+               (int)(msg.topic.len > 200 ? 200 : msg.topic.len), msg.topic.p,
+               natsStatus_GetText(s));
+    }
+    if (f->ack_pid) {
+        rt_store_committed_t done = {.token = f->ack_token, .status = s == NATS_OK ? 0 : RT_EAGAIN};
+        rt_send(f->ack_pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
+    }
 }
 
 static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     if (m->tag == MSG_FORWARD && m->bin) {
-        rt_message_t msg;
-        rt_message_view(m->bin, &msg);
-        publish(&msg);
+        forward_one(m);
+    } else if (m->tag == MSG_KV_BIND) {
+        kv_bind(self);
+    } else if (m->tag == MSG_BARRIER && m->len >= sizeof(barrier_t)) {
+        barrier_start(m);
     } else if (m->tag == MSG_INTEREST) {
         const interest_t *in = (const interest_t *)(const void *)m->data;
         if (in->on)
@@ -391,10 +683,9 @@ static const rt_actor_type_t out_type = {
 
 static void backlog_release(size_t bytes)
 {
-    uint64_t msgs = atomic_fetch_sub_explicit(&C.backlog_msgs, 1, memory_order_acq_rel) - 1;
-    uint64_t held =
-        atomic_fetch_sub_explicit(&C.backlog_bytes, bytes, memory_order_acq_rel) - bytes;
-    if (msgs == RT_CLUSTER_INBOUND_MAX_MSGS / 2 || held < RT_CLUSTER_INBOUND_MAX_BYTES / 2) {
+    atomic_fetch_sub_explicit(&C.backlog_msgs, 1, memory_order_acq_rel);
+    atomic_fetch_sub_explicit(&C.backlog_bytes, bytes, memory_order_acq_rel);
+    if (atomic_load_explicit(&C.backlog_waiters, memory_order_acquire)) {
         pthread_mutex_lock(&C.backlog_lock);
         pthread_cond_broadcast(&C.backlog_cond);
         pthread_mutex_unlock(&C.backlog_lock);
@@ -409,13 +700,14 @@ static bool backlog_full(void)
                RT_CLUSTER_INBOUND_MAX_BYTES;
 }
 
-static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+/* The delivery or watcher thread waits for room (never a scheduler): NATS's own pending
+   limit, or JetStream's flow control, takes over meanwhile. */
+static void backlog_wait(void)
 {
-    (void)nc;
-    (void)sub;
-    size_t bytes = (size_t)natsMsg_GetDataLength(msg) + 256;
-    /* The delivery thread waits (never a scheduler): NATS's pending limit takes over. */
+    if (!backlog_full())
+        return;
     pthread_mutex_lock(&C.backlog_lock);
+    atomic_fetch_add_explicit(&C.backlog_waiters, 1, memory_order_acq_rel);
     while (backlog_full() && !atomic_load(&C.stopping)) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -426,7 +718,16 @@ static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
         }
         pthread_cond_timedwait(&C.backlog_cond, &C.backlog_lock, &until);
     }
+    atomic_fetch_sub_explicit(&C.backlog_waiters, 1, memory_order_acq_rel);
     pthread_mutex_unlock(&C.backlog_lock);
+}
+
+static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    (void)nc;
+    (void)sub;
+    size_t bytes = (size_t)natsMsg_GetDataLength(msg) + 256;
+    backlog_wait();
     rt_msg_t *m = rt_msg_new(MSG_INBOUND, sizeof(inbound_t));
     if (!m) {
         atomic_fetch_add_explicit(&C.dropped_in, 1, memory_order_relaxed);
@@ -434,13 +735,8 @@ static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
         return;
     }
     *(inbound_t *)(void *)m->data = (inbound_t){.msg = msg, .share = closure, .bytes = bytes};
-    atomic_fetch_add_explicit(&C.backlog_msgs, 1, memory_order_acq_rel);
-    atomic_fetch_add_explicit(&C.backlog_bytes, bytes, memory_order_acq_rel);
-    if (rt_send_unmuted(atomic_load_explicit(&C.in_pid, memory_order_acquire), m) != 0) {
-        atomic_fetch_add_explicit(&C.dropped_in, 1, memory_order_relaxed);
-        backlog_release(bytes);
+    if (!hand_in(m, bytes))
         natsMsg_Destroy(msg);
-    }
 }
 
 /* Per origin node: which of its sequence numbers were routed here, in a sliding window. */
@@ -457,6 +753,8 @@ typedef struct {
 typedef struct {
     origin_t origins[MAX_ORIGINS];
     unsigned norigins;
+    rt_msg_t **barriers; /* MSG_BARRIER_WAITs not answered yet (malloc'ed, charged) */
+    size_t nbarriers, capbarriers;
 } in_state_t;
 
 /* True the first time a copy of (node, incarnation, seq) is seen. */
@@ -630,6 +928,93 @@ static void route_inbound(in_state_t *st, const inbound_t *in)
     atomic_fetch_add_explicit(&C.forwarded_in, 1, memory_order_relaxed);
 }
 
+/* A change of the replicated retained store, applied to this node's. */
+static void apply_entry(const kv_entry_t *k)
+{
+    char topic[RT_SUBJECT_MAX + 1];
+    int tlen = kv_topic_of_key(k->kv, k->keylen, topic, sizeof(topic));
+    if (tlen <= 0) {
+        atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
+        return;
+    }
+    if (!k->put) {
+        rt_route_retain_remote(topic, (size_t)tlen, NULL, 0);
+        return;
+    }
+    const uint8_t *v = (const uint8_t *)k->kv + k->keylen;
+    uint64_t at = 0;
+    for (int i = 0; k->vallen > 8 && i < 8; i++)
+        at = at << 8 | v[i];
+    rt_bin_t *bin = k->vallen > 8 ? rt_message_parse(v + 8, k->vallen - 8) : NULL;
+    rt_message_t msg;
+    if (bin)
+        rt_message_view(bin, &msg);
+    if (!bin || msg.topic.len != (uint32_t)tlen || memcmp(msg.topic.p, topic, (size_t)tlen)) {
+        atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
+        if (bin)
+            rt_bin_release(bin);
+        return;
+    }
+    uint64_t now = rt_wall_ms();
+    if (at && at <= now) /* expired on its way */
+        rt_route_retain_remote(topic, (size_t)tlen, NULL, 0);
+    else
+        rt_route_retain_remote(topic, (size_t)tlen, bin, at ? rt_mono_ms() + (at - now) : 0);
+    rt_bin_release(bin);
+}
+
+/* How long a subscriber waits for this node's copy of the store to catch up, at most. */
+#define BARRIER_MAX_MS 2000
+
+/* Answers the barriers the applied revision has passed (or that waited too long). */
+static void barriers_check(rt_actor_t *self, in_state_t *st)
+{
+    uint64_t applied = atomic_load(&C.kv_applied), now = rt_mono_ms();
+    size_t kept = 0;
+    for (size_t i = 0; i < st->nbarriers; i++) {
+        rt_msg_t *w = st->barriers[i];
+        const barrier_t *b = (const barrier_t *)(const void *)w->data;
+        bool late = now - b->since_ms >= BARRIER_MAX_MS;
+        if (b->revision > applied && !late) {
+            st->barriers[kept++] = w;
+            continue;
+        }
+        if (b->revision > applied)
+            atomic_fetch_add_explicit(&C.barrier_timeouts, 1, memory_order_relaxed);
+        rt_msg_t *r = rt_msg_new(RT_CLUSTER_MSG_RETAINED_READY, b->len);
+        if (r) {
+            memcpy(r->data, b->data, b->len);
+            rt_send_msg(b->reply_to, r);
+        }
+        rt_charge(self, -(ptrdiff_t)(sizeof(rt_msg_t) + w->len));
+        rt_msg_free(w);
+    }
+    st->nbarriers = kept;
+}
+
+static void barrier_wait(rt_actor_t *self, in_state_t *st, rt_msg_t *m)
+{
+    rt_msg_t *keep = rt_msg_new(MSG_BARRIER_WAIT, m->len);
+    if (keep && (st->nbarriers < st->capbarriers ||
+                 rt_grow(&st->barriers, &st->capbarriers, st->nbarriers + 1,
+                         sizeof(st->barriers[0]), 8) == 0)) {
+        memcpy(keep->data, m->data, m->len);
+        st->barriers[st->nbarriers++] = keep;
+        rt_charge(self, (ptrdiff_t)(sizeof(rt_msg_t) + keep->len));
+    } else {
+        rt_msg_free(keep);
+        /* No room to wait: answered now, with what this node has. */
+        const barrier_t *b = (const barrier_t *)(const void *)m->data;
+        rt_msg_t *r = rt_msg_new(RT_CLUSTER_MSG_RETAINED_READY, b->len);
+        if (r) {
+            memcpy(r->data, b->data, b->len);
+            rt_send_msg(b->reply_to, r);
+        }
+        return;
+    }
+    barriers_check(self, st);
+}
+
 static int in_init(rt_actor_t *self, void *state, void *arg)
 {
     atomic_store_explicit(&C.in_pid, rt_self(self), memory_order_release);
@@ -638,23 +1023,45 @@ static int in_init(rt_actor_t *self, void *state, void *arg)
 
 static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
-    if (m->tag != MSG_INBOUND)
-        return;
-    const inbound_t *in = (const inbound_t *)(const void *)m->data;
-    route_inbound(state, in);
-    natsMsg_Destroy(in->msg);
-    backlog_release(in->bytes);
+    in_state_t *st = state;
+    if (m->tag == MSG_INBOUND) {
+        const inbound_t *in = (const inbound_t *)(const void *)m->data;
+        route_inbound(st, in);
+        natsMsg_Destroy(in->msg);
+        backlog_release(in->bytes);
+    } else if (m->tag == MSG_KV_ENTRY) {
+        const kv_entry_t *k = (const kv_entry_t *)(const void *)m->data;
+        apply_entry(k);
+        atomic_store(&C.kv_applied, k->revision);
+        backlog_release(k->bytes);
+        barriers_check(self, st);
+    } else if (m->tag == MSG_BARRIER_WAIT && m->len >= sizeof(barrier_t)) {
+        barrier_wait(self, st, m);
+    } else if (m->tag == MSG_KV_TICK) {
+        barriers_check(self, st);
+    }
+}
+
+static void in_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    in_state_t *st = state;
+    for (size_t i = 0; i < st->nbarriers; i++)
+        rt_msg_free(st->barriers[i]);
+    free(st->barriers);
 }
 
 /* What cluster_in never routed (it exited): still counted out of the backlog. */
 static void in_dead_letter(void *state, rt_msg_t *m)
 {
-    if (m->tag != MSG_INBOUND)
-        return;
-    const inbound_t *in = (const inbound_t *)(const void *)m->data;
-    natsMsg_Destroy(in->msg);
-    backlog_release(in->bytes);
-    atomic_fetch_add_explicit(&C.dropped_in, 1, memory_order_relaxed);
+    if (m->tag == MSG_INBOUND) {
+        const inbound_t *in = (const inbound_t *)(const void *)m->data;
+        natsMsg_Destroy(in->msg);
+        backlog_release(in->bytes);
+        atomic_fetch_add_explicit(&C.dropped_in, 1, memory_order_relaxed);
+    } else if (m->tag == MSG_KV_ENTRY) {
+        backlog_release(((const kv_entry_t *)(const void *)m->data)->bytes);
+        atomic_fetch_add_explicit(&C.dropped_in, 1, memory_order_relaxed);
+    }
 }
 
 static const rt_actor_type_t in_type = {
@@ -662,6 +1069,7 @@ static const rt_actor_type_t in_type = {
     .state_size = sizeof(in_state_t),
     .init = in_init,
     .handle = in_handle,
+    .terminate = in_terminate,
     .dead_letter = in_dead_letter,
 };
 
@@ -768,6 +1176,16 @@ static void stop_waiting(void)
 /* Once no actor of the cluster runs: nothing else makes libnats calls then. */
 static void close_connections(void)
 {
+    if (atomic_load(&C.kv_ready)) {
+        kvWatcher *w = atomic_load(&C.kv_watcher);
+        if (w)
+            kvWatcher_Stop(w);
+        pthread_join(C.watcher, NULL);
+    }
+    kvStore_Destroy(C.kv);
+    jsCtx_Destroy(C.js);
+    C.kv = NULL;
+    C.js = NULL;
     natsConnection *conns[2] = {C.qc, C.nc};
     for (int i = 0; i < 2; i++)
         if (conns[i])
@@ -792,6 +1210,8 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
         return 0;
     snprintf(C.node, sizeof(C.node), "%s", conf->cluster.node);
     snprintf(C.prefix, sizeof(C.prefix), "%s", conf->cluster.prefix);
+    snprintf(C.bucket, sizeof(C.bucket), "%s_retained", conf->cluster.prefix);
+    C.replicas = conf->cluster.replicas;
     if (getrandom(&C.incarnation, sizeof(C.incarnation), 0) != sizeof(C.incarnation))
         C.incarnation = rt_wall_ms();
     C.sup = sup;
@@ -892,5 +1312,9 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->dropped_in = atomic_load(&C.dropped_in);
     st->inbound_backlog = atomic_load(&C.backlog_msgs);
     st->reconnects = atomic_load(&C.reconnects);
+    st->retained_replicated = atomic_load(&C.kv_ready);
+    st->retained_revision = atomic_load(&C.kv_applied);
+    st->retained_put_failed = atomic_load(&C.kv_put_failed);
+    st->retained_barrier_timeouts = atomic_load(&C.barrier_timeouts);
     return true;
 }

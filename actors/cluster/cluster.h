@@ -62,7 +62,22 @@ typedef struct rt_cluster_status_s {
     uint64_t dropped_in;      /* NATS dropped for this node (slow consumer) */
     uint64_t inbound_backlog; /* arrived, not routed yet */
     uint64_t reconnects;
+    bool retained_replicated;            /* the JetStream KV bucket is bound and watched */
+    uint64_t retained_revision;          /* the bucket's last revision applied here */
+    uint64_t retained_put_failed;        /* retained messages the bucket refused */
+    uint64_t retained_barrier_timeouts;  /* subscribers that stopped waiting for this node */
 } rt_cluster_status_t;
+
+/*
+** Retained messages for a new subscription, cluster-wide: the retained store is replicated
+** in a JetStream KV bucket that every node watches, and a retained PUBLISH is acknowledged
+** once the bucket has it. A node's copy may lag the bucket a little, so a subscriber asks
+** first: true means its data comes back in an RT_CLUSTER_MSG_RETAINED_READY once this
+** node has applied every change the bucket held when asked (at most 2 s later), and the
+** subscriber sends its retained messages then; false (no cluster, no bucket yet): send now.
+*/
+#define RT_CLUSTER_MSG_RETAINED_READY (RT_MSG_USER + 0x5700) /* data: the caller's, back */
+bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len);
 
 /* Fills *st; false when this node is not in a cluster. Safe from any thread. */
 bool rt_cluster_status(rt_cluster_status_t *st);

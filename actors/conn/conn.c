@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "acl.h"
+#include "cluster.h"
 #include "conn_impl.h"
 #include "log.h"
 #include "store.h"
@@ -832,6 +833,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt__conn_on_commit(self, c, d->token, d->status);
         }
         break;
+    case RT_CLUSTER_MSG_RETAINED_READY:
+        if (c->sock)
+            rt__conn_send_retained(self, c, m->data, m->len);
+        break;
     case RT_RULES_MSG_DURABLE:
         if (m->len >= sizeof(rt_rules_durable_t)) {
             const rt_rules_durable_t *d = (const rt_rules_durable_t *)(const void *)m->data;
@@ -968,6 +973,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "will_due";
     case RT_STORE_MSG_COMMITTED:
         return "store_committed";
+    case RT_CLUSTER_MSG_RETAINED_READY:
+        return "retained_ready";
     case RT_RULES_MSG_DURABLE:
         return "rules_durable";
     case RT_CONN_MSG_ACK_CHECK:

@@ -279,6 +279,9 @@ bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);
 
 /* ---- subscribe.c: subscriptions ---- */
 int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+/* Sends the retained messages new subscriptions get: rec holds what the SUBSCRIBE left
+   for them (subscribe.c), now or back from a cluster (RT_CLUSTER_MSG_RETAINED_READY). */
+void rt__conn_send_retained(rt_actor_t *self, conn_t *c, const uint8_t *rec, size_t len);
 int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 /* Adds (or updates) a subscription in the client's list; RT_ENOMEM. */
 int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "acl.h"
+#include "cluster.h"
 #include "conn_impl.h"
 #include "log.h"
 #include "store.h"
@@ -270,8 +271,9 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     rt_message_set_read_ns(bin, c->last_rx_ns);
     int n = rt_route(rt_self(self), bin, track ? rt_self(self) : 0, token, waits);
-    if (n == 0 && c->version == MQTT_V5)
-        *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS; /* still a success (3.4.2.1) */
+    /* Still a success (3.4.2.1); in a cluster, subscribers elsewhere are not counted here. */
+    if (n == 0 && c->version == MQTT_V5 && !rt_cluster_on())
+        *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS;
     rt__conn_routed_this_event += n > 0 ? (uint32_t)n : 1;
     rt_rule_origin_t o = rt__conn_rule_origin(self, c);
     if (rt_rules_publish(&o, bin, track ? rt_self(self) : 0, token) == 2)

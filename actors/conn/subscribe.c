@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "acl.h"
+#include "cluster.h"
 #include "conn_impl.h"
 #include "store.h"
 
@@ -234,21 +235,44 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     mqtt_packet_t ack = {.type = MQTT_SUBACK, .packet_id = pk->packet_id};
     ack.codes = (mqtt_str_t){codes, (uint32_t)n};
     rt__conn_send_packet(c, &ack);
+    /* The retained messages each new subscription gets, as records (retained_send): sent
+       now, or once this node's copy of a cluster's retained store has caught up. */
+    rt_buf_t wanted = {0};
     pos = 0;
     for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++) {
         if (!(then[i] & THEN_RETAINED))
             continue;
-        retained_send_t rs = {.self = self,
-                              .c = c,
-                              .qos = codes[i],
-                              .acl_check = (then[i] & THEN_ACL_CHECK) != 0,
-                              .sub_id = pk->props.sub_id};
-        rt_retained_match(rt_broker->retained, (const char *)s.filter.p, s.filter.len,
-                          retained_deliver, &rs, NULL);
+        uint8_t head[8] = {codes[i], (then[i] & THEN_ACL_CHECK) != 0};
+        memcpy(head + 2, &pk->props.sub_id, 4);
+        head[6] = (uint8_t)(s.filter.len >> 8);
+        head[7] = (uint8_t)s.filter.len;
+        rt_buf_add(&wanted, head, sizeof(head));
+        rt_buf_add(&wanted, s.filter.p, s.filter.len);
     }
+    if (wanted.len && !wanted.oom &&
+        !rt_cluster_retained_barrier(rt_self(self), wanted.data, wanted.len))
+        rt__conn_send_retained(self, c, (const uint8_t *)wanted.data, wanted.len);
+    rt_buf_free(&wanted);
     if (codes != small)
         free(codes);
     return 0;
+}
+
+void rt__conn_send_retained(rt_actor_t *self, conn_t *c, const uint8_t *rec, size_t len)
+{
+    while (len >= 8) {
+        size_t flen = (size_t)rec[6] << 8 | rec[7];
+        if (flen > len - 8)
+            return;
+        retained_send_t rs = {.self = self, .c = c, .qos = rec[0], .acl_check = rec[1]};
+        memcpy(&rs.sub_id, rec + 2, 4);
+        /* The subscription may have gone while the cluster's store caught up. */
+        if (sub_find(c, rec + 8, flen) >= 0)
+            rt_retained_match(rt_broker->retained, (const char *)rec + 8, flen, retained_deliver,
+                              &rs, NULL);
+        rec += 8 + flen;
+        len -= 8 + flen;
+    }
 }
 
 int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
