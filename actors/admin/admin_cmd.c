@@ -319,6 +319,10 @@ static int cmd_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "retained_revision", st.retained_revision);
     rt_doc_add_u64(c->doc, "retained_put_failed", st.retained_put_failed);
     rt_doc_add_u64(c->doc, "retained_barrier_timeouts", st.retained_barrier_timeouts);
+    rt_doc_add_u64(c->doc, "client_ids_claimed", st.claims);
+    rt_doc_add_u64(c->doc, "client_ids_taken_over", st.claims_taken_over);
+    rt_doc_add_u64(c->doc, "client_ids_given_up", st.given_up);
+    rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
     return 200;
 }
 

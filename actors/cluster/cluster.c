@@ -29,7 +29,23 @@ enum {
     MSG_BARRIER_WAIT,          /* to cluster_in: barrier_t, with the revision to wait for */
     MSG_KV_ENTRY,              /* to cluster_in: kv_entry_t, a change of the retained store */
     MSG_KV_TICK,               /* to cluster_in: once a second while the store is quiet */
+    MSG_CLAIM,                 /* to cluster: claim_t, a CONNECT's client id */
+    MSG_REPLY,                 /* to cluster: reply_t, an answer to another node's request */
 };
+
+typedef struct {
+    rt_pid_t reply_to;
+    uint32_t len;
+    char id[];
+} claim_t;
+
+typedef struct {
+    uint32_t subject_len, data_len;
+    char text[]; /* the subject, then the data */
+} reply_t;
+
+/* inbound_t.share for a request to give up a client id (the node's takeover subject). */
+static const char takeover_request[] = "takeover";
 
 typedef struct {
     rt_pid_t ack_pid; /* told RT_STORE_MSG_COMMITTED once the retained store has it; 0: none */
@@ -105,6 +121,11 @@ static struct {
     pthread_t watcher;
     _Atomic(kvWatcher *) kv_watcher;
     _Atomic uint64_t kv_applied, kv_put_failed, barrier_timeouts;
+    /* Client ids: the bucket "<prefix>_clients" and this node's takeover subject. */
+    kvStore *clients;
+    char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
+    natsSubscription *takeover_sub;
+    _Atomic uint64_t claims, claims_taken_over, claims_failed, given_up;
 } C = {.backlog_lock = PTHREAD_MUTEX_INITIALIZER, .backlog_cond = PTHREAD_COND_INITIALIZER};
 
 bool rt_cluster_on(void)
@@ -286,6 +307,21 @@ static int kv_topic_of_key(const char *key, size_t len, char *out, size_t cap)
 }
 
 static void *watch_retained(void *arg);
+static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
+
+/* Binds the bucket another node made (whatever its settings), or makes it. */
+static natsStatus kv_open(kvStore **kv, const char *bucket, const char *what)
+{
+    kvConfig cfg;
+    kvConfig_Init(&cfg);
+    cfg.Bucket = bucket;
+    cfg.Description = what;
+    cfg.History = 1;
+    cfg.Replicas = (int)C.replicas;
+    /* Bound first: a create racing another node's waits for JetStream's meta leader. */
+    natsStatus s = js_KeyValue(kv, C.js, bucket);
+    return s == NATS_OK ? s : js_CreateKeyValue(kv, C.js, &cfg);
+}
 
 /* In the cluster actor: the bucket found or made, and its watcher started; else again in 1 s. */
 static void kv_bind(rt_actor_t *self)
@@ -293,16 +329,17 @@ static void kv_bind(rt_actor_t *self)
     if (atomic_load(&C.kv_ready) || atomic_load(&C.stopping))
         return;
     natsStatus s = C.js ? NATS_OK : natsConnection_JetStream(&C.js, C.nc, NULL);
-    if (s == NATS_OK && !C.kv) {
-        kvConfig cfg;
-        kvConfig_Init(&cfg);
-        cfg.Bucket = C.bucket;
-        cfg.Description = "rtd: the cluster's retained messages";
-        cfg.History = 1;
-        cfg.Replicas = (int)C.replicas;
-        s = js_CreateKeyValue(&C.kv, C.js, &cfg);
-        if (s != NATS_OK) /* made by another node, perhaps with other settings */
-            s = js_KeyValue(&C.kv, C.js, C.bucket);
+    if (s == NATS_OK && !C.kv)
+        s = kv_open(&C.kv, C.bucket, "rtd: the cluster's retained messages");
+    char clients[sizeof(C.bucket)];
+    snprintf(clients, sizeof(clients), "%s_clients", C.prefix);
+    if (s == NATS_OK && !C.clients)
+        s = kv_open(&C.clients, clients, "rtd: which node holds each client id");
+    if (s == NATS_OK && !C.takeover_sub) {
+        char subject[RT_CONF_NODE_MAX * 2 + 24];
+        snprintf(subject, sizeof(subject), "%s.node.%s.takeover", C.prefix, C.node);
+        s = natsConnection_Subscribe(&C.takeover_sub, C.nc, subject, on_message,
+                                     (void *)takeover_request);
     }
     if (s == NATS_OK && pthread_create(&C.watcher, NULL, watch_retained, NULL) != 0)
         s = NATS_SYS_ERROR;
@@ -455,6 +492,121 @@ bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len
     *b = (barrier_t){.reply_to = reply_to, .len = (uint32_t)len};
     memcpy(b->data, data, len);
     return rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) == 0;
+}
+
+/* ---- Client ids (the cluster actor claims; cluster_in gives up) ---- */
+
+#define CLAIM_ATTEMPTS 4
+#define TAKEOVER_WAIT_MS 2000
+
+/* Asks the node that holds an id to end its client; no answer (a node gone) is fine. */
+static void ask_to_give_up(const char *holder, const char *id)
+{
+    char node[RT_CONF_NODE_MAX] = "", subject[RT_CONF_NODE_MAX * 2 + 24];
+    sscanf(holder, "%32s", node);
+    if (!node[0])
+        return;
+    snprintf(subject, sizeof(subject), "%s.node.%s.takeover", C.prefix, node);
+    natsMsg *reply = NULL;
+    if (natsConnection_RequestString(&reply, C.nc, subject, id, TAKEOVER_WAIT_MS) == NATS_OK)
+        natsMsg_Destroy(reply);
+}
+
+/* In the cluster actor: the id recorded as this node's, by compare-and-swap. */
+static int claim(const char *id)
+{
+    char key[3 * RT_CLIENT_TEXT_MAX + 1];
+    if (kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
+        return RT_EINVAL;
+    for (int attempt = 0; attempt < CLAIM_ATTEMPTS; attempt++) {
+        kvEntry *e = NULL;
+        natsStatus s = kvStore_Get(&e, C.clients, key);
+        uint64_t rev = 0;
+        if (s == NATS_NOT_FOUND) {
+            s = kvStore_CreateString(&rev, C.clients, key, C.value);
+            if (s == NATS_OK)
+                return 0;
+            continue; /* another node made it first */
+        }
+        if (s != NATS_OK)
+            return RT_EAGAIN;
+        char holder[sizeof(C.value)];
+        snprintf(holder, sizeof(holder), "%.*s", kvEntry_ValueLen(e),
+                 (const char *)kvEntry_Value(e));
+        rev = kvEntry_Revision(e);
+        kvEntry_Destroy(e);
+        if (strcmp(holder, C.value) == 0)
+            return 0;
+        ask_to_give_up(holder, id);
+        if (kvStore_UpdateString(NULL, C.clients, key, C.value, rev) == NATS_OK) {
+            atomic_fetch_add_explicit(&C.claims_taken_over, 1, memory_order_relaxed);
+            rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s", id, holder);
+            return 0;
+        }
+    }
+    return RT_EAGAIN;
+}
+
+static void claim_one(const claim_t *cl)
+{
+    char id[RT_CLIENT_TEXT_MAX];
+    snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
+    rt_cluster_claimed_t r = {.status = claim(id)};
+    atomic_fetch_add_explicit(r.status ? &C.claims_failed : &C.claims, 1, memory_order_relaxed);
+    if (r.status)
+        rt_log(RT_LOG_WARNING, "cluster.claim_failed", "client=%s: %s", id,
+               r.status == RT_EAGAIN ? "JetStream did not answer, or other nodes kept claiming it"
+                                     : "the id cannot be a key");
+    rt_send(cl->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+}
+
+bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len)
+{
+    if (!atomic_load_explicit(&C.kv_ready, memory_order_acquire) || len >= RT_CLIENT_TEXT_MAX)
+        return false;
+    rt_msg_t *m = rt_msg_new(MSG_CLAIM, sizeof(claim_t) + len);
+    if (!m)
+        return false;
+    claim_t *cl = (claim_t *)(void *)m->data;
+    cl->reply_to = reply_to;
+    cl->len = (uint32_t)len;
+    memcpy(cl->id, id, len);
+    return rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) == 0;
+}
+
+/* In cluster_in: another node claims an id; its client here ends as a takeover. */
+static void give_up(natsMsg *nm)
+{
+    char id[RT_CLIENT_TEXT_MAX];
+    int len = natsMsg_GetDataLength(nm);
+    snprintf(id, sizeof(id), "%.*s", len, natsMsg_GetData(nm));
+    rt_pid_t holder = (size_t)len < sizeof(id) ? rt_broker_lookup_client(id) : 0;
+    if (holder) {
+        rt_exit_signal(holder, RT_REASON_TAKEOVER);
+        atomic_fetch_add_explicit(&C.given_up, 1, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s: claimed by another node", id);
+    }
+    const char *reply = natsMsg_GetReply(nm);
+    size_t rlen = reply ? strlen(reply) : 0;
+    rt_msg_t *m = rlen ? rt_msg_new(MSG_REPLY, sizeof(reply_t) + rlen + 2) : NULL;
+    if (!m)
+        return;
+    reply_t *r = (reply_t *)(void *)m->data;
+    r->subject_len = (uint32_t)rlen;
+    r->data_len = 2;
+    memcpy(r->text, reply, rlen);
+    memcpy(r->text + rlen, "ok", 2);
+    rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m);
+}
+
+static void send_reply(const reply_t *r)
+{
+    char subject[RT_SUBJECT_MAX + 1];
+    if (r->subject_len > RT_SUBJECT_MAX)
+        return;
+    memcpy(subject, r->text, r->subject_len);
+    subject[r->subject_len] = 0;
+    natsConnection_Publish(C.nc, subject, r->text + r->subject_len, (int)r->data_len);
 }
 
 /* ---- Interest (the cluster actor) ---- */
@@ -663,6 +815,10 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         kv_bind(self);
     } else if (m->tag == MSG_BARRIER && m->len >= sizeof(barrier_t)) {
         barrier_start(m);
+    } else if (m->tag == MSG_CLAIM && m->len >= sizeof(claim_t)) {
+        claim_one((const claim_t *)(const void *)m->data);
+    } else if (m->tag == MSG_REPLY && m->len >= sizeof(reply_t)) {
+        send_reply((const reply_t *)(const void *)m->data);
     } else if (m->tag == MSG_INTEREST) {
         const interest_t *in = (const interest_t *)(const void *)m->data;
         if (in->on)
@@ -1026,7 +1182,10 @@ static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     in_state_t *st = state;
     if (m->tag == MSG_INBOUND) {
         const inbound_t *in = (const inbound_t *)(const void *)m->data;
-        route_inbound(st, in);
+        if (in->share == takeover_request)
+            give_up(in->msg);
+        else
+            route_inbound(st, in);
         natsMsg_Destroy(in->msg);
         backlog_release(in->bytes);
     } else if (m->tag == MSG_KV_ENTRY) {
@@ -1182,8 +1341,15 @@ static void close_connections(void)
             kvWatcher_Stop(w);
         pthread_join(C.watcher, NULL);
     }
+    if (C.takeover_sub) {
+        natsSubscription_Unsubscribe(C.takeover_sub);
+        natsSubscription_Destroy(C.takeover_sub);
+        C.takeover_sub = NULL;
+    }
+    kvStore_Destroy(C.clients);
     kvStore_Destroy(C.kv);
     jsCtx_Destroy(C.js);
+    C.clients = NULL;
     C.kv = NULL;
     C.js = NULL;
     natsConnection *conns[2] = {C.qc, C.nc};
@@ -1215,6 +1381,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     if (getrandom(&C.incarnation, sizeof(C.incarnation), 0) != sizeof(C.incarnation))
         C.incarnation = rt_wall_ms();
     C.sup = sup;
+    snprintf(C.value, sizeof(C.value), "%s %016" PRIx64, C.node, C.incarnation);
     /* One delivery thread for every subscription: what NATS sent arrives in its order. */
     natsStatus s = nats_Open(-1);
     if (s == NATS_OK)
@@ -1316,5 +1483,9 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->retained_revision = atomic_load(&C.kv_applied);
     st->retained_put_failed = atomic_load(&C.kv_put_failed);
     st->retained_barrier_timeouts = atomic_load(&C.barrier_timeouts);
+    st->claims = atomic_load(&C.claims);
+    st->claims_taken_over = atomic_load(&C.claims_taken_over);
+    st->claims_failed = atomic_load(&C.claims_failed);
+    st->given_up = atomic_load(&C.given_up);
     return true;
 }

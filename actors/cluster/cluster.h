@@ -66,6 +66,8 @@ typedef struct rt_cluster_status_s {
     uint64_t retained_revision;          /* the bucket's last revision applied here */
     uint64_t retained_put_failed;        /* retained messages the bucket refused */
     uint64_t retained_barrier_timeouts;  /* subscribers that stopped waiting for this node */
+    uint64_t claims, claims_taken_over;  /* client ids claimed here; of them, from another node */
+    uint64_t claims_failed, given_up;    /* claims refused; ids given up to another node */
 } rt_cluster_status_t;
 
 /*
@@ -78,6 +80,20 @@ typedef struct rt_cluster_status_s {
 */
 #define RT_CLUSTER_MSG_RETAINED_READY (RT_MSG_USER + 0x5700) /* data: the caller's, back */
 bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len);
+
+/*
+** Client ids unique cluster-wide: who holds each one is recorded in a JetStream KV bucket
+** (<prefix>_clients) and changed by compare-and-swap only, so two nodes never both own
+** one. A node claiming an id another node holds asks that node to give it up first: it
+** ends its client there as a takeover (an MQTT 5 client is sent DISCONNECT 0x8E). true
+** means an RT_CLUSTER_MSG_CLAIMED answers reply_to (status 0: the id is this node's now);
+** false (no cluster, no bucket yet): go ahead as a node alone.
+*/
+#define RT_CLUSTER_MSG_CLAIMED (RT_MSG_USER + 0x5701) /* data: rt_cluster_claimed_t */
+typedef struct rt_cluster_claimed_s {
+    int32_t status; /* 0, or RT_EAGAIN: JetStream did not answer, or others kept racing */
+} rt_cluster_claimed_t;
+bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len);
 
 /* Fills *st; false when this node is not in a cluster. Safe from any thread. */
 bool rt_cluster_status(rt_cluster_status_t *st);

@@ -837,6 +837,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         if (c->sock)
             rt__conn_send_retained(self, c, m->data, m->len);
         break;
+    case RT_CLUSTER_MSG_CLAIMED:
+        if (m->len >= sizeof(rt_cluster_claimed_t) && c->sock)
+            rt__conn_on_claimed(self, c, (const rt_cluster_claimed_t *)(const void *)m->data);
+        break;
     case RT_RULES_MSG_DURABLE:
         if (m->len >= sizeof(rt_rules_durable_t)) {
             const rt_rules_durable_t *d = (const rt_rules_durable_t *)(const void *)m->data;
@@ -975,6 +979,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "store_committed";
     case RT_CLUSTER_MSG_RETAINED_READY:
         return "retained_ready";
+    case RT_CLUSTER_MSG_CLAIMED:
+        return "claimed";
     case RT_RULES_MSG_DURABLE:
         return "rules_durable";
     case RT_CONN_MSG_ACK_CHECK:

@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "auth.h"
+#include "cluster.h"
 #include "conn.h"
 #include "mqtt_codec.h"
 #include "route.h"
@@ -172,6 +173,7 @@ struct conn_s {
     uint8_t slow_check : 1;    /* RT_CONN_MSG_SLOW_CHECK is pending */
     uint8_t clean_start : 1;   /* of the last CONNECT (for administrators) */
     uint8_t verifying : 1;     /* the verifier is deciding the CONNECT at the front of partial */
+    uint8_t claiming : 1;      /* ... or the cluster is claiming its client id (with verifying) */
     uint8_t listener : 4;      /* the socket's listener (conf.listeners index, < 16) */
 };
 
@@ -282,6 +284,8 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 /* Sends the retained messages new subscriptions get: rec holds what the SUBSCRIBE left
    for them (subscribe.c), now or back from a cluster (RT_CLUSTER_MSG_RETAINED_READY). */
 void rt__conn_send_retained(rt_actor_t *self, conn_t *c, const uint8_t *rec, size_t len);
+/* The cluster claimed (or could not claim) the client id of the CONNECT that waits for it. */
+void rt__conn_on_claimed(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_t *r);
 int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 /* Adds (or updates) a subscription in the client's list; RT_ENOMEM. */
 int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len,

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "conn_impl.h"
 #include "log.h"
 #include "store.h"
@@ -163,6 +164,35 @@ void rt__conn_on_login_verdict(rt_actor_t *self, conn_t *c, const rt_auth_verdic
     login_verdict_now = NULL;
 }
 
+/* The cluster's answer to this connection's claim of its client id, while its CONNECT is
+   parsed again (it was authenticated before the claim). */
+static _Thread_local const rt_cluster_claimed_t *claim_now;
+
+void rt__conn_on_claimed(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_t *r)
+{
+    if (!c->verifying || !c->claiming)
+        return;
+    RT_ASSERT(!claim_now && !c->version);
+    c->verifying = c->claiming = 0;
+    claim_now = r;
+    rt__conn_parse_more(self, c);
+    claim_now = NULL;
+}
+
+/*
+** In a cluster, a client id is claimed for this node before the session is made (cluster.h):
+** true when the CONNECT waits for the answer (it is parsed again then).
+*/
+static bool claim_in_cluster(rt_actor_t *self, conn_t *c, const char *cid)
+{
+    if (rt_broker_lookup_client(cid) || !rt_cluster_claim(rt_self(self), cid, strlen(cid)))
+        return false; /* held here already, or no cluster-wide registry */
+    c->verifying = c->claiming = 1;
+    c->version = 0;
+    rt_sock_pause_reading(c->sock, true);
+    return true;
+}
+
 void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c)
 {
     RT_ASSERT(c->closing && c->refusal);
@@ -261,7 +291,9 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     RT_ASSERT(!c->version && c->sock && !c->closing);
     c->version = pk->version;
     mqtt_packet_t ack = {.type = MQTT_CONNACK};
-    char assigned[40] = "";
+    char assigned[64] = "";
+    const rt_cluster_claimed_t *claimed = claim_now;
+    claim_now = NULL;
     mqtt_str_t id = pk->connect.client_id;
     bool clean = pk->connect.clean_start;
     if (id.len == 0) {
@@ -273,7 +305,9 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
             rt__conn_close(self, c, 0, RT_REASON_NORMAL);
             return 0;
         }
-        snprintf(assigned, sizeof(assigned), "rt-%016llx", (unsigned long long)rt_self(self));
+        /* Unique in a cluster too: a pid is unique on its node only. */
+        snprintf(assigned, sizeof(assigned), "rt-%s%s%016llx", rt_cluster_node(),
+                 rt_cluster_on() ? "-" : "", (unsigned long long)rt_self(self));
     }
     if (c->version == MQTT_V5 && (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_AUTH_METHOD))) {
         /* Enhanced authentication is not configured: refuse the method (4.12). */
@@ -285,7 +319,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     bool resumed = c->resuming;
     c->resuming = 0;
     /* A resumed session's CONNECT was checked by the connection that handed it over. */
-    if (!resumed && !connect_authenticate(self, c, pk))
+    if (!resumed && !claimed && !connect_authenticate(self, c, pk))
         return 0;
     /* A certificate's identity holds on the holder too: the CONNECT cannot name another. */
     if (resumed && rt__xport_identity_required(c) && !connect_identity(self, c))
@@ -302,6 +336,17 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
                                 : rt_strndup(self, id.p, id.len);
         if (!cid)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        if (claimed && claimed->status) {
+            rt_free(self, cid);
+            ack.reason = c->version == MQTT_V5 ? MQTT_RC_SERVER_BUSY : 3;
+            rt__conn_send_packet(c, &ack);
+            rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+            return 0;
+        }
+        if (!claimed && !assigned[0] && claim_in_cluster(self, c, cid)) {
+            rt_free(self, cid);
+            return 0;
+        }
         if (!clean && !assigned[0]) {
             rt_pid_t holder = rt_broker_lookup_client(cid);
             if (holder && hand_socket_to_holder(self, c, holder, bytes, len))
