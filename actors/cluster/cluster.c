@@ -98,7 +98,7 @@ static struct {
     natsConnection *nc;   /* publishes and ordinary subscriptions; never hears its own */
     natsConnection *qc;   /* shared groups' queue subscriptions: hears this node too */
     rt_pid_t sup;
-    _Atomic rt_pid_t out_pid, in_pid;
+    _Atomic rt_pid_t out_pid, in_pid, kv_pid;
     /* The routes table: only the cluster actor touches it. */
     route_t *routes;
     size_t routes_cap, routes_used, routes_live;
@@ -323,7 +323,7 @@ static natsStatus kv_open(kvStore **kv, const char *bucket, const char *what)
     return s == NATS_OK ? s : js_CreateKeyValue(kv, C.js, &cfg);
 }
 
-/* In the cluster actor: the bucket found or made, and its watcher started; else again in 1 s. */
+/* In cluster_kv: the buckets found or made, the watcher started; else again in 1 s. */
 static void kv_bind(rt_actor_t *self)
 {
     if (atomic_load(&C.kv_ready) || atomic_load(&C.stopping))
@@ -491,7 +491,7 @@ bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len
     barrier_t *b = (barrier_t *)(void *)m->data;
     *b = (barrier_t){.reply_to = reply_to, .len = (uint32_t)len};
     memcpy(b->data, data, len);
-    return rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) == 0;
+    return rt_send_msg(atomic_load_explicit(&C.kv_pid, memory_order_acquire), m) == 0;
 }
 
 /* ---- Client ids (the cluster actor claims; cluster_in gives up) ---- */
@@ -571,7 +571,7 @@ bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len)
     cl->reply_to = reply_to;
     cl->len = (uint32_t)len;
     memcpy(cl->id, id, len);
-    return rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) == 0;
+    return rt_send_msg(atomic_load_explicit(&C.kv_pid, memory_order_acquire), m) == 0;
 }
 
 /* In cluster_in: another node claims an id; its client here ends as a takeover. */
@@ -781,8 +781,7 @@ static void interest_changed(void *arg, const char *filter, size_t len, bool on)
 static int out_init(rt_actor_t *self, void *state, void *arg)
 {
     atomic_store_explicit(&C.out_pid, rt_self(self), memory_order_release);
-    /* Not here: init runs on the spawner's thread, and binding asks JetStream. */
-    return rt_send(rt_self(self), MSG_KV_BIND, NULL, 0);
+    return 0;
 }
 
 /* Publishes a routed message; a retained one also goes to the bucket, then its ack. */
@@ -811,12 +810,6 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     if (m->tag == MSG_FORWARD && m->bin) {
         forward_one(m);
-    } else if (m->tag == MSG_KV_BIND) {
-        kv_bind(self);
-    } else if (m->tag == MSG_BARRIER && m->len >= sizeof(barrier_t)) {
-        barrier_start(m);
-    } else if (m->tag == MSG_CLAIM && m->len >= sizeof(claim_t)) {
-        claim_one((const claim_t *)(const void *)m->data);
     } else if (m->tag == MSG_REPLY && m->len >= sizeof(reply_t)) {
         send_reply((const reply_t *)(const void *)m->data);
     } else if (m->tag == MSG_INTEREST) {
@@ -832,6 +825,35 @@ static const rt_actor_type_t out_type = {
     .name = "cluster",
     .init = out_init,
     .handle = out_handle,
+    .flags = RT_TYPE_BLOCKING,
+};
+
+/*
+** Requests that wait for JetStream's answer (claims, the retained store's last revision)
+** have an actor of their own, so that a CONNECT being claimed never holds up the messages
+** the cluster actor forwards.
+*/
+static int kv_init(rt_actor_t *self, void *state, void *arg)
+{
+    atomic_store_explicit(&C.kv_pid, rt_self(self), memory_order_release);
+    /* Not here: init runs on the spawner's thread, and binding asks JetStream. */
+    return rt_send(rt_self(self), MSG_KV_BIND, NULL, 0);
+}
+
+static void kv_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    if (m->tag == MSG_KV_BIND)
+        kv_bind(self);
+    else if (m->tag == MSG_BARRIER && m->len >= sizeof(barrier_t))
+        barrier_start(m);
+    else if (m->tag == MSG_CLAIM && m->len >= sizeof(claim_t))
+        claim_one((const claim_t *)(const void *)m->data);
+}
+
+static const rt_actor_type_t kv_type = {
+    .name = "cluster_kv",
+    .init = kv_init,
+    .handle = kv_handle,
     .flags = RT_TYPE_BLOCKING,
 };
 
@@ -1323,6 +1345,11 @@ static int in_start(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
     return rt_spawn_opt(&in_type, NULL, opts, out);
 }
 
+static int kv_start(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
+{
+    return rt_spawn_opt(&kv_type, NULL, opts, out);
+}
+
 /* Wakes a delivery thread waiting for room, for good: what arrives from now on is dropped. */
 static void stop_waiting(void)
 {
@@ -1400,10 +1427,11 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     rt_child_spec_t children[] = {
         {.name = "cluster", .start = out_start, .restart = RT_PERMANENT},
         {.name = "cluster_in", .start = in_start, .restart = RT_PERMANENT},
+        {.name = "cluster_kv", .start = kv_start, .restart = RT_PERMANENT},
     };
     rt_pid_t group;
     int rc = rt_group_start(sup, RT_CLUSTER_GROUP, RT_PERMANENT, &group);
-    for (size_t i = 0; rc == 0 && i < 2; i++)
+    for (size_t i = 0; rc == 0 && i < sizeof(children) / sizeof(children[0]); i++)
         rc = rt_supervisor_start_child(group, &children[i], NULL);
     if (rc) {
         snprintf(err, errlen, "cluster: cannot start its actors: %s", rt_strerror(rc));
