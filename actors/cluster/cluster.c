@@ -518,6 +518,9 @@ static int claim(const char *id)
     char key[3 * RT_CLIENT_TEXT_MAX + 1];
     if (kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
         return RT_EINVAL;
+    /* Cut off from NATS: say so now rather than after JetStream's timeout. */
+    if (natsConnection_Status(C.nc) != NATS_CONN_STATUS_CONNECTED)
+        return RT_EAGAIN;
     for (int attempt = 0; attempt < CLAIM_ATTEMPTS; attempt++) {
         kvEntry *e = NULL;
         natsStatus s = kvStore_Get(&e, C.clients, key);
@@ -562,11 +565,17 @@ static void claim_one(const claim_t *cl)
 
 bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len)
 {
-    if (!atomic_load_explicit(&C.kv_ready, memory_order_acquire) || len >= RT_CLIENT_TEXT_MAX)
+    if (!C.on)
         return false;
     rt_msg_t *m = rt_msg_new(MSG_CLAIM, sizeof(claim_t) + len);
-    if (!m)
-        return false;
+    /* No registry reachable yet (JetStream not answering since the start): unclaimed. */
+    if (!m || len >= RT_CLIENT_TEXT_MAX ||
+        !atomic_load_explicit(&C.kv_ready, memory_order_acquire)) {
+        rt_msg_free(m);
+        atomic_fetch_add_explicit(&C.claims_failed, 1, memory_order_relaxed);
+        rt_cluster_claimed_t r = {.status = RT_EAGAIN};
+        return rt_send(reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r)) == 0;
+    }
     claim_t *cl = (claim_t *)(void *)m->data;
     cl->reply_to = reply_to;
     cl->len = (uint32_t)len;
@@ -1286,6 +1295,13 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
     rt_log(RT_LOG_ERROR, "cluster.nats_error", "%s", natsStatus_GetText(err));
 }
 
+static void on_connected(natsConnection *nc, void *closure)
+{
+    char url[128] = "";
+    natsConnection_GetConnectedUrl(nc, url, sizeof(url));
+    rt_log(RT_LOG_INFO, "cluster.connected", "connection=%s server=%s", (const char *)closure, url);
+}
+
 static natsStatus connect_one(const rt_conf_t *conf, natsConnection **out, bool no_echo,
                               const char *role)
 {
@@ -1309,7 +1325,8 @@ static natsStatus connect_one(const rt_conf_t *conf, natsConnection **out, bool 
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(o, 250);
     if (s == NATS_OK)
-        s = natsOptions_SetRetryOnFailedConnect(o, true, NULL, NULL);
+        /* With a callback the connect goes on in the background (NULL would block here). */
+        s = natsOptions_SetRetryOnFailedConnect(o, true, on_connected, (void *)role);
     if (s == NATS_OK)
         s = natsOptions_SetDisconnectedCB(o, on_disconnected, (void *)role);
     if (s == NATS_OK)

@@ -62,12 +62,12 @@ typedef struct rt_cluster_status_s {
     uint64_t dropped_in;      /* NATS dropped for this node (slow consumer) */
     uint64_t inbound_backlog; /* arrived, not routed yet */
     uint64_t reconnects;
-    bool retained_replicated;            /* the JetStream KV bucket is bound and watched */
-    uint64_t retained_revision;          /* the bucket's last revision applied here */
-    uint64_t retained_put_failed;        /* retained messages the bucket refused */
-    uint64_t retained_barrier_timeouts;  /* subscribers that stopped waiting for this node */
-    uint64_t claims, claims_taken_over;  /* client ids claimed here; of them, from another node */
-    uint64_t claims_failed, given_up;    /* claims refused; ids given up to another node */
+    bool retained_replicated;           /* the JetStream KV bucket is bound and watched */
+    uint64_t retained_revision;         /* the bucket's last revision applied here */
+    uint64_t retained_put_failed;       /* retained messages the bucket refused */
+    uint64_t retained_barrier_timeouts; /* subscribers that stopped waiting for this node */
+    uint64_t claims, claims_taken_over; /* client ids claimed here; of them, from another node */
+    uint64_t claims_failed, given_up;   /* claims refused; ids given up to another node */
 } rt_cluster_status_t;
 
 /*
@@ -87,11 +87,14 @@ bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len
 ** one. A node claiming an id another node holds asks that node to give it up first: it
 ** ends its client there as a takeover (an MQTT 5 client is sent DISCONNECT 0x8E). true
 ** means an RT_CLUSTER_MSG_CLAIMED answers reply_to (status 0: the id is this node's now);
-** false (no cluster, no bucket yet): go ahead as a node alone.
+** false (no cluster): go ahead as a node alone. Without JetStream (not reachable since
+** the start) every claim fails.
 */
 #define RT_CLUSTER_MSG_CLAIMED (RT_MSG_USER + 0x5701) /* data: rt_cluster_claimed_t */
 typedef struct rt_cluster_claimed_s {
-    int32_t status; /* 0, or RT_EAGAIN: JetStream did not answer, or others kept racing */
+    int32_t status; /* 0, or RT_EAGAIN: cut off from NATS, JetStream did not answer, or
+                       others kept racing: a persistent session is refused then, a clean
+                       one goes ahead unclaimed (it holds nothing a claim protects) */
 } rt_cluster_claimed_t;
 bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len);
 

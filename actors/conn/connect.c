@@ -336,9 +336,18 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
                                 : rt_strndup(self, id.p, id.len);
         if (!cid)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        if (claimed && claimed->status) {
+        /* Unclaimed (the node is cut off from the cluster): a session that would outlive
+           the connection could exist on another node too, so it is refused; a clean one
+           holds nothing to protect and goes ahead. */
+        bool lasting = !clean || (c->version == MQTT_V5 &&
+                                  (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY)) &&
+                                  pk->props.session_expiry);
+        if (claimed && claimed->status && lasting) {
+            rt_log(RT_LOG_WARNING, "client.refused_unclaimed",
+                   "client=%s: cut off from the cluster, no persistent session can start",
+                   cid);
             rt_free(self, cid);
-            ack.reason = c->version == MQTT_V5 ? MQTT_RC_SERVER_BUSY : 3;
+            ack.reason = c->version == MQTT_V5 ? MQTT_RC_SERVER_UNAVAILABLE : 3;
             rt__conn_send_packet(c, &ack);
             rt__conn_close(self, c, 0, RT_REASON_NORMAL);
             return 0;
