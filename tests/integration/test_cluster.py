@@ -1,0 +1,1049 @@
+"""The cluster over NATS (actors/cluster/), end to end: three nats-server processes joined as
+one NATS cluster with JetStream on loopback, three rtd nodes (n1, n2, n3) each given all three
+NATS URLs, and paho-mqtt clients (MQTT 3.1.1 and 5) on different nodes.
+
+A subscription made on one node becomes a NATS subscription asynchronously, and NATS spreads
+it to the other servers asynchronously too: before measuring anything a test waits until a
+probe published on the publisher's node reaches every subscriber (await_route). Probes and
+fences carry a payload starting with PROBE and are kept apart from the measured messages.
+Every test uses its own topic prefix, so the tests sharing the nodes never see each other's
+messages. Every wait is bounded; the nats-server processes are stopped by the PIDs started
+here, never by name.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from conftest import Rtd, free_port
+
+NATS_SERVER = shutil.which("nats-server") or "/usr/bin/nats-server"
+PROBE = b"#probe#"
+WAIT = 20.0  # the bound on a wait for something that takes milliseconds when all is well
+
+
+def until(cond, timeout, what):
+    """Polls cond until it is true; fails with what (a string or a callable making one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s: " + (what() if callable(what) else what))
+        time.sleep(0.01)
+
+
+# ---- NATS ----
+
+class NatsCluster:
+    """Three nats-server processes as one cluster (cluster name rtc) with JetStream."""
+
+    def __init__(self, base):
+        self.base = base
+        ports = set()
+        while len(ports) < 9:
+            ports.add(free_port())
+        ports = sorted(ports)
+        self.servers = [dict(name=f"n{i + 1}", port=ports[3 * i], cport=ports[3 * i + 1],
+                             mport=ports[3 * i + 2], dir=os.path.join(base, f"n{i + 1}"),
+                             log=os.path.join(base, f"nats-n{i + 1}.log"), proc=None)
+                        for i in range(3)]
+        try:
+            for i in range(3):
+                self.start(i)
+            self.wait_ready(range(3))
+        except BaseException:
+            self.stop()
+            raise
+
+    def urls(self):
+        return [f"nats://127.0.0.1:{s['port']}" for s in self.servers]
+
+    def start(self, i):
+        s = self.servers[i]
+        routes = ",".join(f"nats://127.0.0.1:{o['cport']}" for o in self.servers if o is not s)
+        argv = [NATS_SERVER, "-a", "127.0.0.1", "-p", str(s["port"]),
+                "--cluster", f"nats://127.0.0.1:{s['cport']}", "--cluster_name", "rtc",
+                "--routes", routes, "-js", "-sd", s["dir"], "--server_name", s["name"],
+                "-m", str(s["mport"])]
+        with open(s["log"], "ab") as log:
+            s["proc"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def logs(self):
+        out = []
+        for s in self.servers:
+            try:
+                with open(s["log"], errors="replace") as f:
+                    out.append(f"--- nats {s['name']} ---\n" + f.read()[-3000:])
+            except OSError:
+                pass
+        return "\n".join(out)
+
+    def get(self, i, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.servers[i]['mport']}{path}",
+                                    timeout=2) as r:
+            return json.loads(r.read())
+
+    def ready(self, i):
+        proc = self.servers[i]["proc"]
+        if proc.poll() is not None:
+            raise RuntimeError(f"nats-server {self.servers[i]['name']} exited "
+                               f"({proc.returncode}):\n{self.logs()}")
+        try:
+            return (self.get(i, "/routez").get("num_routes") == 2 and
+                    self.get(i, "/healthz").get("status") == "ok")
+        except (OSError, ValueError):
+            return False
+
+    def wait_ready(self, which, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        for i in which:
+            while not self.ready(i):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nats-server {self.servers[i]['name']} not ready "
+                                       f"(2 routes, healthz ok) within {timeout} s:\n"
+                                       + self.logs())
+                time.sleep(0.05)
+
+    def alive(self, i):
+        p = self.servers[i]["proc"]
+        return p is not None and p.poll() is None
+
+    def kill9(self, i):
+        p = self.servers[i]["proc"]
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+
+    def stop(self):
+        for s in self.servers:
+            p = s["proc"]
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for s in self.servers:
+            p = s["proc"]
+            if p is None:
+                continue
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=10)
+
+    def connections(self):
+        """Every client connection of the live servers: (server index, connz entry)."""
+        out = []
+        for i in range(3):
+            if not self.alive(i):
+                continue
+            try:
+                for c in self.get(i, "/connz?subs=detail&limit=1024").get("connections", []):
+                    out.append((i, c))
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def conn(self, name):
+        """The server index and connz entry of the connection named name, or (None, None)."""
+        for i, c in self.connections():
+            if c.get("name") == name:
+                return i, c
+        return None, None
+
+    def subjects(self, name):
+        """{subject: msgs delivered} of the named connection's subscriptions."""
+        _, c = self.conn(name)
+        if c is None:
+            return {}
+        return {s["subject"]: s.get("msgs", 0) for s in c.get("subscriptions_list_detail") or []}
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory):
+    if not os.access(NATS_SERVER, os.X_OK):
+        pytest.fail(f"{NATS_SERVER} is missing; run tools/install-deps.sh")
+    cluster = NatsCluster(str(tmp_path_factory.mktemp("nats")))
+    yield cluster
+    cluster.stop()
+
+
+def cluster_option(node, urls):
+    return "cluster={node=\"%s\",nats={%s}}" % (node, ",".join(f'"{u}"' for u in urls))
+
+
+started_refusals = []
+
+
+def connack(node):
+    """The reason code of an MQTT 5 CONNECT to node (a fresh client id)."""
+    got = threading.Event()
+    code = []
+    c = mqtt.Client(client_id="ready-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5)
+    c.on_connect = lambda _c, _u, _f, rc, *p: (code.append(rc.value), got.set())
+    c.connect("127.0.0.1", node.port, keepalive=30)
+    c.loop_start()
+    try:
+        assert got.wait(WAIT), "no CONNACK"
+        return code[0]
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+@pytest.fixture(scope="module")
+def nodes(nats):
+    """n1, n2, n3, each with all three NATS URLs; waits until each node's two NATS
+    connections (routes and shared) show on a NATS server."""
+    started = []
+    try:
+        for i in range(3):
+            started.append(Rtd(cluster_option(f"n{i + 1}", nats.urls())))
+        want = {f"rtd:n{i + 1}:{role}" for i in range(3) for role in ("routes", "shared")}
+        until(lambda: want <= {c.get("name") for _, c in nats.connections()}, WAIT,
+              lambda: "rtd NATS connections missing: "
+              f"{want - {c.get('name') for _, c in nats.connections()}}\n"
+              + "\n".join(n.read_log()[-2000:] for n in started) + nats.logs())
+        # A client on each node at once, as a client would; test_clients_accepted_at_start
+        # looks at what was refused on the way.
+        started_refusals.clear()
+        for i, n in enumerate(started):
+            deadline = time.monotonic() + 30
+            while True:
+                t0 = time.monotonic()
+                code = connack(n)
+                if code == 0:
+                    break
+                started_refusals.append(
+                    f"n{i + 1}: CONNACK {code:#x} after {time.monotonic() - t0:.1f} s; " +
+                    "; ".join(ln for ln in n.read_log().splitlines() if "claim" in ln))
+                assert time.monotonic() < deadline, started_refusals
+    except BaseException:
+        for n in started:
+            n.stop()
+        raise
+    yield started
+    bad = []
+    for n in started:
+        code, log = n.stop()
+        if code != 0:
+            bad.append(f"exit {code}:\n{log[-3000:]}")
+        # What a node says when it lost a route or a message on the way.
+        for word in ("cluster.route_lost", "cluster.route_failed", "cluster.subscribe_failed",
+                     "cluster.slow_consumer", "cluster.route_too_long"):
+            lines = [ln for ln in log.splitlines() if word in ln]
+            if lines:
+                bad.append("\n".join(lines[:5]))
+    assert not bad, "\n".join(bad)
+
+
+@pytest.fixture
+def pfx():
+    """A topic prefix of this test's own (letters and digits: a NATS token as it is)."""
+    return "c" + uuid.uuid4().hex[:10]
+
+
+# ---- MQTT clients ----
+
+class Msg:
+    __slots__ = ("topic", "payload", "qos", "retain", "props")
+
+    def __init__(self, m):
+        self.topic = m._topic  # the exact bytes
+        self.payload = m.payload
+        self.qos = m.qos
+        self.retain = m.retain
+        self.props = getattr(m, "properties", None)
+
+    def __repr__(self):
+        return f"Msg({self.topic!r}, {self.payload[:40]!r}, qos={self.qos}, retain={self.retain})"
+
+
+class Mq:
+    """A paho client on one node that keeps what it receives: msgs (measured) and probes."""
+
+    def __init__(self, node, v5=True, name="c", clean=True, inflight=None, cid=None):
+        self.id = cid or f"{name}-{uuid.uuid4().hex[:8]}"
+        self.v5 = v5
+        if v5:
+            self.c = mqtt.Client(client_id=self.id, protocol=mqtt.MQTTv5)
+        else:
+            self.c = mqtt.Client(client_id=self.id, protocol=mqtt.MQTTv311, clean_session=clean)
+        if inflight:
+            self.c.max_inflight_messages_set(inflight)
+        self.cond = threading.Condition()
+        self.msgs, self.probes, self.acks = [], [], {}
+        self.connected = None
+        self.c.on_message = self._on_message
+        self.c.on_connect = self._on_connect
+        self.c.on_subscribe = self._on_ack
+        self.c.on_unsubscribe = self._on_ack
+        if v5:
+            self.c.connect("127.0.0.1", node.port, keepalive=30, clean_start=clean)
+        else:
+            self.c.connect("127.0.0.1", node.port, keepalive=30)
+        self.c.loop_start()
+        self.wait(lambda: self.connected is not None, 10, "no CONNACK")
+        assert self.connected == 0, f"CONNACK {self.connected}"
+
+    def _on_connect(self, c, u, flags, rc, *props):
+        with self.cond:
+            self.connected = rc if isinstance(rc, int) else rc.value
+            self.cond.notify_all()
+
+    def _on_ack(self, c, u, mid, *rest):
+        with self.cond:
+            self.acks[mid] = rest[0] if rest else None
+            self.cond.notify_all()
+
+    def _on_message(self, c, u, m):
+        msg = Msg(m)
+        with self.cond:
+            (self.probes if m.payload.startswith(PROBE) else self.msgs).append(msg)
+            self.cond.notify_all()
+
+    def wait(self, pred, timeout, what):
+        with self.cond:
+            if self.cond.wait_for(pred, timeout):
+                return
+            got = (f" (client {self.id}: {len(self.msgs)} messages, last "
+                   f"{self.msgs[-3:]}, {len(self.probes)} probes)")
+        pytest.fail(f"timed out after {timeout} s: " + (what() if callable(what) else what) + got)
+
+    def wait_count(self, n, timeout=WAIT):
+        self.wait(lambda: len(self.msgs) >= n, timeout, f"{n} messages")
+
+    def subscribe(self, filt, qos=0, no_local=False, rap=False, sub_id=None):
+        if self.v5:
+            props = None
+            if sub_id:
+                props = Properties(PacketTypes.SUBSCRIBE)
+                props.SubscriptionIdentifier = sub_id
+            rc, mid = self.c.subscribe(filt, options=SubscribeOptions(
+                qos=qos, noLocal=no_local, retainAsPublished=rap), properties=props)
+        else:
+            rc, mid = self.c.subscribe(filt, qos)
+        assert rc == 0
+        self.wait(lambda: mid in self.acks, 10, f"SUBACK for {filt}")
+        codes = self.acks[mid]
+        code = codes[0] if isinstance(codes[0], int) else codes[0].value
+        assert code == qos, f"SUBACK {filt}: {codes}"
+
+    def unsubscribe(self, filt):
+        rc, mid = self.c.unsubscribe(filt)
+        assert rc == 0
+        self.wait(lambda: mid in self.acks, 10, f"UNSUBACK for {filt}")
+
+    def publish(self, topic, payload, qos=0, retain=False, props=None, wait=True):
+        info = self.c.publish(topic, payload, qos=qos, retain=retain, properties=props)
+        assert info.rc == 0, info.rc
+        if wait and qos:
+            info.wait_for_publish(WAIT)
+            assert info.is_published(), f"no acknowledgement for {topic} within {WAIT} s"
+        return info
+
+    def probe_ids(self):
+        with self.cond:
+            return {m.payload for m in self.probes}
+
+    def close(self):
+        try:
+            self.c.disconnect()
+        finally:
+            self.c.loop_stop()
+
+
+@pytest.fixture
+def mq():
+    """mq(node, ...) makes an Mq that is disconnected when the test ends."""
+    made = []
+
+    def make(node, **kw):
+        c = Mq(node, **kw)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.close()
+
+
+def await_route(pub, topic, subs, timeout=WAIT, qos=0):
+    """Publishes probes on topic from pub until every client in subs has received one (each
+    probe once: a shared group's member too, as NATS picks). Returns the probes' count."""
+    before = {s: len(s.probes) for s in subs}
+    deadline = time.monotonic() + timeout
+    n = 0
+    while True:
+        pub.publish(topic, PROBE + b"r%d" % n, qos=qos)
+        n += 1
+        step = time.monotonic() + 0.1
+        while time.monotonic() < step:
+            if all(len(s.probes) > before[s] for s in subs):
+                return n
+            time.sleep(0.005)
+        if time.monotonic() > deadline:
+            missing = [s.id for s in subs if len(s.probes) <= before[s]]
+            pytest.fail(f"no probe on {topic} reached {missing} after {n} probes in {timeout} s")
+
+
+def fence(pub, topic, subs, timeout=WAIT, qos=1):
+    """One more message after the measured ones: once every sub has it, whatever came before
+    (a duplicate included) has arrived too (one publisher, one path: NATS keeps order). At the
+    measured messages' QoS: paho hands a QoS 2 message over at PUBREL, a QoS 1 one at once."""
+    mark = PROBE + b"fence-" + uuid.uuid4().hex.encode()
+    pub.publish(topic, mark, qos=qos)
+    for s in subs:
+        s.wait(lambda: mark in {m.payload for m in s.probes}, timeout, f"fence on {topic}")
+
+
+def payloads(c):
+    with c.cond:
+        return [m.payload for m in c.msgs]
+
+
+@pytest.mark.xfail(strict=False, reason="rtd bug, intermittent (about 2 runs in 5): the first "
+                   "CONNECT on a node of a cluster just started (its JetStream KV buckets just "
+                   "made) waits 5 s and gets CONNACK 0x89 server busy; the node logs "
+                   "cluster.claim_failed ... JetStream did not answer")
+def test_clients_accepted_at_start(nodes):
+    assert not started_refusals, started_refusals
+
+
+# ---- 1. Publish on one node, subscribers on the others ----
+
+@pytest.mark.parametrize("pub_qos", [0, 1, 2])
+def test_remote_delivery_once_in_order_with_min_qos(nodes, mq, pfx, pub_qos):
+    n1, n2, n3 = nodes
+    topic = f"{pfx}/q"
+    subs = [(mq(n2, v5=False, name="s2a"), 2), (mq(n2, v5=True, name="s2b"), 0),
+            (mq(n3, v5=True, name="s3a"), 1), (mq(n3, v5=False, name="s3b"), 2)]
+    for s, q in subs:
+        s.subscribe(topic, q)
+    pub = mq(n1, v5=pub_qos != 1, name="pub")
+    await_route(pub, topic, [s for s, _ in subs])
+    n = 200
+    infos = [pub.publish(topic, b"m%04d" % i, qos=pub_qos, wait=False) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(WAIT)
+        assert info.is_published()
+    for s, _ in subs:
+        s.wait_count(n)
+    fence(pub, topic, [s for s, _ in subs], qos=pub_qos)
+    want = [b"m%04d" % i for i in range(n)]
+    for s, q in subs:
+        got = payloads(s)
+        assert got == want, (s.id, len(got), [p for p in got if got.count(p) > 1][:5],
+                             sorted(set(want) - set(got))[:5])
+        with s.cond:
+            qoses = {m.qos for m in s.msgs}
+            topics = {m.topic for m in s.msgs}
+        assert qoses == {min(pub_qos, q)}, (s.id, qoses)
+        assert topics == {topic.encode()}
+
+
+# ---- 2. Wildcards and topics NATS gives a meaning to ----
+
+def test_wildcards_and_escaped_levels(nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    plus = mq(n2, v5=False, name="plus")
+    plus.subscribe(f"{pfx}/+/b", 1)
+    parent = mq(n3, name="parent")
+    parent.subscribe(f"{pfx}/a/#", 1)
+    every = mq(n2, name="every")
+    every.subscribe(f"{pfx}/#", 1)
+    pub = mq(n1, name="pub")
+    # The probe topics reach each of the filters (a/# through its parent level).
+    await_route(pub, f"{pfx}/a/b", [plus, parent, every])
+    await_route(pub, f"{pfx}/a", [parent])
+    weird = [
+        f"{pfx}/x.y/ /*/>/%/",                     # the brief's: . space * > % and an empty level
+        f"{pfx}/%41/%/%%/%2E/..//a b/>*/",           # what looks like an escape, empty middle level
+        f"{pfx}/\u00e9\u00fc/\u65e5\u672c/\U0001F600",  # UTF-8 bytes, unescaped
+        f"{pfx}/" + "/" * 5,                         # only empty levels
+        f"{pfx}/$x/a$/x\ty",                         # $ not first; a tab (escaped: <= space)
+    ]
+    sent = [f"{pfx}/a", f"{pfx}/a/b", f"{pfx}/x/b", f"{pfx}//b", f"{pfx}/a/b/c",
+            f"{pfx}/x/y", f"{pfx}/a/b/"] + weird
+    for i, t in enumerate(sent):
+        pub.publish(t, b"w%02d" % i, qos=1)
+    fence(pub, f"{pfx}/a/b", [plus, parent, every])
+    sent_b = [t.encode() for t in sent]
+
+    def got(c):
+        with c.cond:
+            return [(m.topic, m.payload) for m in c.msgs]
+
+    assert got(every) == [(t, b"w%02d" % i) for i, t in enumerate(sent_b)]
+    assert got(plus) == [(t, b"w%02d" % i) for i, t in enumerate(sent_b)
+                         if t in (f"{pfx}/a/b".encode(), f"{pfx}/x/b".encode(),
+                                  f"{pfx}//b".encode())]
+    assert got(parent) == [(t, b"w%02d" % i) for i, t in enumerate(sent_b)
+                           if t == f"{pfx}/a".encode() or t.startswith(f"{pfx}/a/".encode())]
+
+
+# ---- 3. Overlapping filters on one node ----
+
+def test_overlapping_filters_once_per_client_with_both_ids(nodes, nats, mq, pfx):
+    n1, n2, n3 = nodes
+    narrow = mq(n2, v5=False, name="narrow")
+    narrow.subscribe(f"{pfx}/t/+/c", 1)  # first: its NATS subscription is made first
+    both = mq(n2, name="both")
+    both.subscribe(f"{pfx}/t/+/c", 1, sub_id=22)
+    both.subscribe(f"{pfx}/t/#", 1, sub_id=11)
+    wide = mq(n2, name="wide")
+    wide.subscribe(f"{pfx}/t/#", 1)
+    pub = mq(n1, name="pub")
+    code, out, _ = n2.ctl("cluster", "status", json=True)
+    dups_before = json.loads(out).get("duplicates_dropped") if code == 0 else None
+    # The topic t reaches t/# only, through its parent-level subject, the last subscription
+    # made: once a probe on it arrives, NATS has the earlier ones too.
+    await_route(pub, f"{pfx}/t", [both, wide])
+    n = 100
+    for i in range(n):
+        pub.publish(f"{pfx}/t/b/c", b"c%03d" % i, qos=1, wait=False)
+        pub.publish(f"{pfx}/t/b/d", b"d%03d" % i, qos=1, wait=False)
+    pub.publish(f"{pfx}/t/b/c", b"last", qos=1)
+    fence(pub, f"{pfx}/t/b/c", [narrow, both, wide])
+    cs = [b"c%03d" % i for i in range(n)] + [b"last"]
+    ds = [b"d%03d" % i for i in range(n)]
+    interleaved = [p for i in range(n) for p in (cs[i], ds[i])] + [b"last"]
+    assert payloads(narrow) == cs
+    assert payloads(wide) == interleaved
+    assert payloads(both) == interleaved
+    with both.cond:
+        for m in both.msgs:
+            ids = sorted(m.props.SubscriptionIdentifier)
+            assert ids == ([11, 22] if m.payload[:1] in (b"c", b"l") else [11]), (m, ids)
+    # Both of n2's NATS subscriptions did deliver every t/b/c message: the duplicates came,
+    # and were dropped.
+    subj = nats.subjects("rtd:n2:routes")
+    assert subj.get(f"rt.{pfx}.t.*.c", 0) >= n + 1, subj
+    assert subj.get(f"rt.{pfx}.t.>", 0) >= 2 * n + 1, subj
+    if isinstance(dups_before, int):  # rtctl cluster status counts them
+        dups = n2.ctl_json("cluster", "status")["duplicates_dropped"]
+        assert dups - dups_before >= n + 1, (dups_before, dups)
+
+
+# ---- 4. MQTT 5 properties and subscription options across nodes ----
+
+def test_v5_properties_travel(nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    topic = f"{pfx}/p"
+    s2 = mq(n2, name="props")
+    s2.subscribe(topic, 2)
+    s3 = mq(n3, v5=False, name="v311")
+    s3.subscribe(topic, 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, topic, [s2, s3])
+    props = Properties(PacketTypes.PUBLISH)
+    user = [("k", "v"), ("k", "v2"), ("\u00fc", "\u00df \r\n%00"), ("empty", "")]
+    props.UserProperty = user
+    props.ContentType = "application/x-rt; q=%"
+    props.ResponseTopic = f"{pfx}/reply/x.y"
+    props.CorrelationData = b"\x00\x01corr\xff%\n"
+    props.PayloadFormatIndicator = 1
+    props.MessageExpiryInterval = 60
+    payload = "h\u00e9llo".encode()
+    pub.publish(topic, payload, qos=2, props=props)
+    s2.wait_count(1)
+    s3.wait_count(1)
+    m = s2.msgs[0]
+    assert m.payload == payload and m.qos == 2
+    p = m.props
+    assert p.UserProperty == user
+    assert p.ContentType == "application/x-rt; q=%"
+    assert p.ResponseTopic == f"{pfx}/reply/x.y"
+    assert p.CorrelationData == b"\x00\x01corr\xff%\n"
+    assert p.PayloadFormatIndicator == 1
+    assert 0 < p.MessageExpiryInterval <= 60
+    assert not hasattr(p, "TopicAlias")
+    assert s3.msgs[0].payload == payload and s3.msgs[0].qos == 1
+
+
+def test_retain_as_published_and_no_local_on_receiving_node(nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    rap = mq(n2, name="rap")
+    rap.subscribe(f"{pfx}/r/#", 1, rap=True)
+    norap = mq(n2, name="norap")
+    norap.subscribe(f"{pfx}/r/#", 1)
+    v311 = mq(n3, v5=False, name="v311")
+    v311.subscribe(f"{pfx}/r/#", 1)
+    nl = mq(n2, name="nolocal")
+    nl.subscribe(f"{pfx}/nl/#", 1, no_local=True)
+    other = mq(n3, name="other")
+    other.subscribe(f"{pfx}/nl/#", 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, f"{pfx}/r/x", [rap, norap, v311])
+    await_route(pub, f"{pfx}/nl/x", [nl, other])
+    try:
+        pub.publish(f"{pfx}/r/x", b"kept", qos=1, retain=True)
+        pub.publish(f"{pfx}/r/x", b"plain", qos=1)
+        for c in (rap, norap, v311):
+            c.wait_count(2)
+        assert [(m.payload, m.retain) for m in rap.msgs] == [(b"kept", 1), (b"plain", 0)]
+        assert [(m.payload, m.retain) for m in norap.msgs] == [(b"kept", 0), (b"plain", 0)]
+        assert [(m.payload, m.retain) for m in v311.msgs] == [(b"kept", 0), (b"plain", 0)]
+    finally:
+        pub.publish(f"{pfx}/r/x", b"", qos=1, retain=True)
+    # No-local on n2: its own message stays away from it, and goes to the others.
+    nl.publish(f"{pfx}/nl/own", b"own", qos=1)
+    pub.publish(f"{pfx}/nl/remote", b"remote", qos=1)
+    other.wait_count(2)
+    nl.wait_count(1)
+    fence(pub, f"{pfx}/nl/x", [nl, other])
+    assert sorted(payloads(other)) == [b"own", b"remote"]
+    assert payloads(nl) == [b"remote"]
+
+
+# ---- 5. Shared subscriptions across nodes ----
+
+def test_shared_group_spread_over_nodes(nodes, mq, pfx):
+    members = [mq(node, name=f"m{i + 1}") for i, node in enumerate(nodes)]
+    for m in members:
+        m.subscribe(f"$share/g/{pfx}/s/#", 1)
+    pub = mq(nodes[0], name="pub")
+    await_route(pub, f"{pfx}/s/probe", members)
+    n = 300
+    infos = [pub.publish(f"{pfx}/s/x", b"s%03d" % i, qos=1, wait=False) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(WAIT)
+        assert info.is_published()
+
+    def total():
+        return sum(len(m.msgs) for m in members)
+    until(lambda: total() >= n, WAIT, lambda: f"{total()} of {n} shared messages arrived")
+    # Nothing to wait for when all is well: a short look for extra copies.
+    time.sleep(0.3)
+    got = [p for m in members for p in payloads(m)]
+    counts = [len(m.msgs) for m in members]
+    assert len(got) == n and sorted(got) == [b"s%03d" % i for i in range(n)], counts
+    assert sum(1 for c in counts if c) > 1, f"NATS gave every message to one node: {counts}"
+    for m in members:  # each member in publish order
+        assert payloads(m) == sorted(payloads(m))
+
+
+# ---- 6. The route goes with the last subscriber ----
+
+def test_unsubscribe_and_disconnect_remove_the_route(nodes, nats, mq, pfx):
+    n1, n2, n3 = nodes
+    routes = "rtd:n3:routes"
+    a = mq(n3, name="unsub")
+    a.subscribe(f"{pfx}/u/#", 1)
+    b = mq(n3, v5=False, name="disc")
+    b.subscribe(f"{pfx}/d/+", 1)
+    keep = mq(n3, name="keep")
+    keep.subscribe(f"{pfx}/m", 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, f"{pfx}/u/x", [a])
+    await_route(pub, f"{pfx}/d/x", [b])
+    await_route(pub, f"{pfx}/m", [keep])
+    held = {f"rt.{pfx}.u.>", f"rt.{pfx}.u", f"rt.{pfx}.d.*", f"rt.{pfx}.m"}
+    assert held <= set(nats.subjects(routes)), nats.subjects(routes)
+    code, out, _ = n3.ctl("cluster", "status", json=True)
+    status_before = json.loads(out) if code == 0 else None
+
+    a.unsubscribe(f"{pfx}/u/#")
+    b.close()
+    gone = {f"rt.{pfx}.u.>", f"rt.{pfx}.u", f"rt.{pfx}.d.*"}
+    until(lambda: not gone & set(nats.subjects(routes)), WAIT,
+          lambda: f"n3 still holds {gone & set(nats.subjects(routes))}")
+    assert f"rt.{pfx}.m" in nats.subjects(routes)
+
+    # What n1 publishes on them no longer goes to n3: NATS sends n3's routes connection only
+    # the marker (one publisher, so once the marker arrives the others would have too).
+    _, c = nats.conn(routes)
+    before = c["out_msgs"]
+    for i in range(20):
+        pub.publish(f"{pfx}/u/x", b"u%d" % i, qos=1, wait=False)
+        pub.publish(f"{pfx}/d/x", b"d%d" % i, qos=1, wait=False)
+    pub.publish(f"{pfx}/m", b"marker", qos=1)
+    keep.wait_count(1)
+    _, c = nats.conn(routes)
+    assert c["out_msgs"] - before == 1, (before, c["out_msgs"])
+    assert payloads(a) == []
+
+    if status_before is not None and isinstance(status_before.get("routes"), int):
+        # rtctl cluster status exists: its count of filters held follows (others' tests may
+        # drop theirs meanwhile, never add).
+        until(lambda: n3.ctl_json("cluster", "status")["routes"] <= status_before["routes"] - 2,
+              WAIT, lambda: f"{status_before} -> {n3.ctl_json('cluster', 'status')}")
+
+
+# ---- 7. Order under load ----
+
+def test_order_under_load(nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    topic = f"{pfx}/load"
+    s2 = mq(n2, v5=False, name="s2")
+    s2.subscribe(topic, 1)
+    s3 = mq(n3, name="s3")
+    s3.subscribe(topic, 1)
+    pub = mq(n1, v5=False, name="pub", inflight=100)
+    await_route(pub, topic, [s2, s3])
+    n = 5000
+    t0 = time.monotonic()
+    infos = [pub.publish(topic, b"%05d" % i, qos=1, wait=False) for i in range(n)]
+    infos[-1].wait_for_publish(60)
+    assert all(i.is_published() for i in infos)
+    for s in (s2, s3):
+        s.wait_count(n, 60)
+    elapsed = time.monotonic() - t0
+    fence(pub, topic, [s2, s3])
+    want = [b"%05d" % i for i in range(n)]
+    for s in (s2, s3):
+        got = payloads(s)
+        if got != want:
+            bad = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+            pytest.fail(f"{s.id}: {len(got)} messages, first out of order at {bad}: "
+                        f"{got[bad - 2:bad + 3]} (all in {elapsed:.1f} s)")
+
+
+# ---- 8. Retained message, live ----
+
+def test_retained_delivered_live_to_remote_subscriber(nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    s = mq(n2, v5=False, name="live")
+    s.subscribe(f"{pfx}/ret/+", 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, f"{pfx}/ret/probe", [s])
+    try:
+        pub.publish(f"{pfx}/ret/a", b"state", qos=1, retain=True)
+        s.wait_count(1)
+        m = s.msgs[0]
+        assert (m.topic, m.payload, m.qos) == (f"{pfx}/ret/a".encode(), b"state", 1)
+    finally:
+        pub.publish(f"{pfx}/ret/a", b"", qos=1, retain=True)
+
+
+# ---- 9. NATS unreachable, or lost ----
+
+@pytest.mark.xfail(strict=True, reason="rtd bug: rtd never starts while no NATS server answers "
+                   "(cluster.c connect_one: natsOptions_SetRetryOnFailedConnect(o, true, NULL, "
+                   "NULL) with no connected callback makes natsConnection_Connect block, "
+                   "retrying forever (max_reconnect -1), in rt_cluster_start on the main "
+                   "thread: no listener, no cluster.not_connected, and SIGTERM is not acted on)")
+def test_node_starts_without_nats(mq, pfx):
+    dead = free_port()  # nothing listens there
+    node = Rtd(cluster_option("lone", [f"nats://127.0.0.1:{dead}"]))  # fails after 10 s
+    try:
+        until(lambda: "cluster.not_connected" in node.read_log(), WAIT,
+              lambda: node.read_log()[-2000:])
+        serves_local_clients(node, mq, pfx)
+    finally:
+        t1 = time.monotonic()
+        code, log = node.stop()
+    assert code == 0, log[-3000:]
+    assert time.monotonic() - t1 < 8, "stop took long with NATS down"
+
+
+def serves_local_clients(node, mq, pfx):
+    for v5 in (False, True):
+        s = mq(node, v5=v5, name="local")
+        s.subscribe(f"{pfx}/l/#", 1)
+        p = mq(node, v5=v5, name="pub")
+        for q in (0, 1, 2):
+            p.publish(f"{pfx}/l/{q}", b"q%d" % q, qos=q)
+        s.wait_count(3)
+        assert [(m.payload, m.qos) for m in s.msgs] == [(b"q0", 0), (b"q1", 1), (b"q2", 1)]
+        s.unsubscribe(f"{pfx}/l/#")
+
+
+class LoneNats:
+    """One nats-server of its own (no cluster, no JetStream), to take away from a node."""
+
+    def __init__(self, base):
+        self.port, self.mport = free_port(), free_port()
+        self.log = os.path.join(base, "nats-lone.log")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.mport)],
+                stdout=log, stderr=subprocess.STDOUT)
+
+        def up():
+            if self.proc.poll() is not None:
+                pytest.fail("nats-server exited: " + open(self.log).read()[-2000:])
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.mport}/healthz",
+                                            timeout=2) as r:
+                    return json.loads(r.read()).get("status") == "ok"
+            except (OSError, ValueError):
+                return False
+        until(up, WAIT, lambda: open(self.log).read()[-2000:])
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def cut_off(tmp_path):
+    """A node whose only NATS server was killed after it connected (cluster.disconnected)."""
+    lone = LoneNats(str(tmp_path))
+    try:
+        node = Rtd(cluster_option("cut", [f"nats://127.0.0.1:{lone.port}"]))
+    except BaseException:
+        lone.stop()
+        raise
+    try:
+        lone.stop(signal.SIGKILL)
+        until(lambda: "cluster.disconnected" in node.read_log(), WAIT,
+              lambda: node.read_log()[-2000:])
+        yield node
+    finally:
+        t1 = time.monotonic()
+        code, log = node.stop()
+        lone.stop()
+        assert code == 0, log[-3000:]
+        assert time.monotonic() - t1 < 8, "stop took long with NATS down"
+
+
+def test_node_cut_off_from_nats_serves_local_clients(cut_off, mq, pfx):
+    serves_local_clients(cut_off, mq, pfx)
+
+
+@pytest.mark.xfail(strict=True, reason="rtd bug: without NATS a node's $share members get "
+                   "nothing, not even its own clients' messages: route.c deliver_to_subscriber "
+                   "skips every shared member whenever the cluster hook is set and leaves the "
+                   "pick to a NATS queue group that cannot be reached")
+def test_shared_group_on_node_cut_off_from_nats(cut_off, mq, pfx):
+    member = mq(cut_off, name="member")
+    member.subscribe(f"$share/g/{pfx}/l/#", 1)
+    plain = mq(cut_off, name="plain")
+    plain.subscribe(f"{pfx}/l/#", 1)
+    p = mq(cut_off, name="pub")
+    p.publish(f"{pfx}/l/x", b"one", qos=1)
+    plain.wait_count(1)
+    member.wait_count(1, 3)  # when all is well it is there with the plain one
+    assert payloads(member) == [b"one"]
+
+
+# ---- More: what else a message carries, and where it can wait ----
+
+def big_message(nodes, mq, pfx, payload_len, prop_len):
+    """A v5 message near the size limits, published on n1: (local copy, remote copies)."""
+    n1, n2, _ = nodes
+    topic = f"{pfx}/big"
+    local = mq(n1, name="local")
+    local.subscribe(topic, 1)
+    remote = mq(n2, name="remote")
+    remote.subscribe(topic, 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, topic, [remote])
+    props = None
+    if prop_len:
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("big%d" % i, "x" * 60000) for i in range(prop_len // 60000)]
+    pub.publish(topic, b"b" * payload_len, qos=1, props=props)
+    local.wait_count(1)
+    fence(pub, topic, [remote])  # the connection to NATS still works
+    return local.msgs, remote.msgs
+
+
+def test_big_message_crosses(nodes, mq, pfx):
+    # rtd's max_packet_size is 1 MiB, as is nats-server's max_payload (headers included).
+    local, remote = big_message(nodes, mq, pfx, 1_048_000, 0)
+    assert len(remote) == 1 and remote[0].payload == local[0].payload
+
+
+@pytest.mark.xfail(strict=True, reason="rtd bug: a message rtd accepts (packet under "
+                   "max_packet_size = 1 MiB) is delivered on its node but silently never reaches "
+                   "other nodes when payload + NATS headers exceed NATS's max_payload (1 MiB): "
+                   "Rt-Props carries the property block hex-encoded (twice its size), so ~700 KB "
+                   "of MQTT 5 properties + payload is enough; libnats refuses the publish, "
+                   "cluster.c publish() only counts forward_failed, nothing is logged")
+@pytest.mark.parametrize("payload_len,prop_len", [(1_048_500, 0), (400_000, 360_000)],
+                         ids=["payload-near-1MiB", "700KB-with-properties"])
+def test_big_message_beyond_nats_max_payload(nodes, mq, pfx, payload_len, prop_len):
+    local, remote = big_message(nodes, mq, pfx, payload_len, prop_len)
+    assert len(remote) == 1 and remote[0].payload == local[0].payload
+
+
+def test_topic_alias_resolved_before_forwarding(nodes, mq, pfx):
+    from mqtt_raw import Raw, prop_u16
+    n1, n2, _ = nodes
+    s = mq(n2, name="alias")
+    s.subscribe(f"{pfx}/al/#", 1)
+    probe = mq(n1, name="probe")
+    await_route(probe, f"{pfx}/al/p", [s])
+    raw = Raw(n1.port, "raw-" + pfx, version=5)
+    try:
+        assert raw.connack_props.get(0x22, 0) >= 1, raw.connack_props  # topic alias maximum
+        raw.publish(f"{pfx}/al/x", b"first", qos=1, pid=1, props=prop_u16(0x23, 1))
+        raw.publish("", b"second", qos=1, pid=2, props=prop_u16(0x23, 1))
+    finally:
+        raw.disconnect()
+    s.wait_count(2)
+    assert [(m.topic, m.payload) for m in s.msgs] == [(f"{pfx}/al/x".encode(), b"first"),
+                                                       (f"{pfx}/al/x".encode(), b"second")]
+    assert not any(hasattr(m.props, "TopicAlias") for m in s.msgs)
+
+
+def test_remote_messages_wait_in_a_kept_session(nodes, mq, pfx):
+    n1, n2, _ = nodes
+    cid = "kept-" + pfx
+    holder = Mq(n2, v5=False, cid=cid, clean=False)  # a v3.1.1 session kept on n2
+    holder.subscribe(f"{pfx}/kept", 1)
+    watcher = mq(n2, name="watcher")
+    watcher.subscribe(f"{pfx}/kept", 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, f"{pfx}/kept", [holder, watcher])
+    holder.close()
+    n2.wait_offline(cid)
+    for i in range(5):
+        pub.publish(f"{pfx}/kept", b"k%d" % i, qos=1)
+    watcher.wait_count(5)  # on n2, so routed to the kept session too
+    back = mq(n2, v5=False, cid=cid, clean=False)
+    back.wait_count(5)
+    assert payloads(back) == [b"k%d" % i for i in range(5)]
+    back.unsubscribe(f"{pfx}/kept")
+
+
+def test_will_message_crosses(nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    s = mq(n3, name="will")
+    s.subscribe(f"{pfx}/will", 1)
+    probe = mq(n1, name="probe")
+    await_route(probe, f"{pfx}/will", [s])
+    dying = mqtt.Client(client_id="dying-" + pfx, protocol=mqtt.MQTTv311)
+    dying.will_set(f"{pfx}/will", b"gone", qos=1)
+    connected = threading.Event()
+    dying.on_connect = lambda *a: connected.set()
+    dying.connect("127.0.0.1", n1.port, keepalive=30)
+    dying.loop_start()
+    assert connected.wait(10)
+    dying.loop_stop()
+    dying.socket().close()  # no DISCONNECT: the will goes out
+    s.wait_count(1)
+    assert (s.msgs[0].payload, s.msgs[0].qos) == (b"gone", 1)
+
+
+def test_many_filters_routes_table_grows_and_shrinks(nodes, nats, mq, pfx):
+    n1, n2, _ = nodes
+    s = mq(n2, name="many")
+    n = 300
+    for i in range(n):
+        s.subscribe(f"{pfx}/f{i}/+", 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, f"{pfx}/f{n - 1}/p", [s])
+    for i in range(n):
+        pub.publish(f"{pfx}/f{i}/x", b"%d" % i, qos=1, wait=False)
+    fence(pub, f"{pfx}/f{n - 1}/p", [s])
+    assert sorted(payloads(s), key=int) == [b"%d" % i for i in range(n)]
+    for i in range(0, n, 2):
+        s.unsubscribe(f"{pfx}/f{i}/+")
+    for i in range(n, n + 100):  # new ones into a table full of tombstones
+        s.subscribe(f"{pfx}/f{i}/+", 1)
+    mine = {f"rt.{pfx}.f{i}.*" for i in list(range(1, n, 2)) + list(range(n, n + 100))}
+    until(lambda: set(k for k in nats.subjects("rtd:n2:routes") if k.startswith(f"rt.{pfx}."))
+          == mine, WAIT, lambda: f"n2's subjects: {len(nats.subjects('rtd:n2:routes'))}")
+    await_route(pub, f"{pfx}/f{n + 99}/p", [s])
+    with s.cond:
+        s.msgs.clear()
+    for i in range(n + 100):
+        pub.publish(f"{pfx}/f{i}/x", b"%d" % i, qos=1, wait=False)
+    fence(pub, f"{pfx}/f{n + 99}/p", [s])
+    assert sorted(payloads(s), key=int) == [b"%d" % i for i in sorted(
+        set(range(1, n, 2)) | set(range(n, n + 100)))]
+
+
+def test_two_groups_and_a_plain_subscriber_on_one_filter(nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    g = [mq(n2, name="g2"), mq(n3, name="g3")]
+    h = [mq(n1, name="h1"), mq(n3, name="h3")]
+    for m in g:
+        m.subscribe(f"$share/g/{pfx}/two/#", 1)
+    for m in h:
+        m.subscribe(f"$share/h/{pfx}/two/#", 1)
+    plain = mq(n3, name="plain")
+    plain.subscribe(f"{pfx}/two/#", 1)
+    pub = mq(n2, name="pub")
+    await_route(pub, f"{pfx}/two/p", g + h + [plain])
+    n = 100
+    for i in range(n):
+        pub.publish(f"{pfx}/two/x", b"%03d" % i, qos=1, wait=False)
+    want = [b"%03d" % i for i in range(n)]
+    for group in (g, h):
+        until(lambda: sum(len(m.msgs) for m in group) >= n, WAIT,
+              lambda: f"{[len(m.msgs) for m in group]} of {n}")
+    plain.wait_count(n)
+    time.sleep(0.3)  # a look for extra copies
+    for group in (g, h):
+        assert sorted(p for m in group for p in payloads(m)) == want
+    assert payloads(plain) == want
+
+
+def test_node_restart_is_a_new_incarnation(nats, nodes, mq, pfx):
+    n1, n2, _ = nodes
+    s = mq(n2, name="inc")
+    s.subscribe(f"{pfx}/inc", 1)
+    for run in range(2):
+        n4 = Rtd(cluster_option("n4", nats.urls()))
+        try:
+            pub = mq(n4, name="pub")
+            await_route(pub, f"{pfx}/inc", [s])
+            for i in range(10):  # the same sequence numbers as the run before
+                pub.publish(f"{pfx}/inc", b"%d-%d" % (run, i), qos=1)
+            s.wait_count(10 * (run + 1))
+            pub.close()
+        finally:
+            code, log = n4.stop()
+        assert code == 0, log[-3000:]
+    assert payloads(s) == [b"%d-%d" % (r, i) for r in range(2) for i in range(10)]
+
+
+# ---- 10. A NATS server dies (last: it takes one away, and brings it back) ----
+
+def test_nats_server_killed_and_nodes_reconnect(nats, nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    subs = {name: mq(node, name=f"k{name}") for name, node in zip(("n1", "n2", "n3"), nodes)}
+    for s in subs.values():
+        s.subscribe(f"{pfx}/k/#", 1)
+    pub1 = mq(n1, name="pub1")
+    pub2 = mq(n2, name="pub2")
+    await_route(pub1, f"{pfx}/k/a", [subs["n2"], subs["n3"]])
+    await_route(pub2, f"{pfx}/k/b", [subs["n1"], subs["n3"]])
+
+    victim, _ = nats.conn("rtd:n2:routes")
+    assert victim is not None
+    on_victim = {}  # node index: how many of its connections were on the victim
+    for i in range(3):
+        on_victim[i] = sum(1 for role in ("routes", "shared")
+                           if nats.conn(f"rtd:n{i + 1}:{role}")[0] == victim)
+    marks = [n.read_log().count("cluster.reconnected") for n in nodes]
+    nats.kill9(victim)
+    try:
+        for i, node in enumerate(nodes):
+            if on_victim[i]:
+                until(lambda: node.read_log().count("cluster.reconnected") >=
+                      marks[i] + on_victim[i], WAIT,
+                      lambda: f"n{i + 1} did not log cluster.reconnected:\n"
+                      + node.read_log()[-2000:])
+        # Subscriptions made before the loss were made again on the new server.
+        await_route(pub1, f"{pfx}/k/a", [subs["n2"], subs["n3"]])
+        await_route(pub2, f"{pfx}/k/b", [subs["n1"], subs["n3"]])
+        # And what is made now works too.
+        fresh = mq(n2, name="fresh")
+        fresh.subscribe(f"{pfx}/f", 1)
+        await_route(mq(n3, name="pub3"), f"{pfx}/f", [fresh])
+        for i, node in enumerate(nodes):
+            log = node.read_log()
+            if on_victim[i]:
+                assert "cluster.disconnected" in log, log[-2000:]
+    finally:
+        nats.start(victim)
+        nats.wait_ready(range(3))
