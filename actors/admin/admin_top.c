@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "admin_impl.h"
+#include "cluster.h"
 #include "conn.h"
 
 #define TOP_ROWS_MAX 1000000 /* -n, --limit */
@@ -384,6 +385,8 @@ static void top_json(rt_admin_cmd_t *c, const node_t *n, const sample_t *s)
     c->doc = rt_doc_object();
     rt_doc_t *node = rt_doc_add_object(c->doc, "node");
     rt_doc_add_str(node, "version", rt__admin_version());
+    if (rt_cluster_on())
+        rt_doc_add_str(node, "cluster_node", rt_cluster_node());
     rt_doc_add_u64(node, "uptime_s", rt__admin_uptime_ms() / 1000);
     rt_doc_add_double(node, "interval_s", n->interval_s, 3);
     rt_doc_add_u64(node, "actors", s->actors);
@@ -538,6 +541,8 @@ static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int 
     panel_t f = {o, width, 0, 0,
                  height - 3 < TOP_PANEL_LINES_MAX ? height - 3 : TOP_PANEL_LINES_MAX};
     panel_field(&f, "rtd %s", rt__admin_version());
+    if (rt_cluster_on())
+        panel_field(&f, "node %s", rt_cluster_node());
     panel_field(&f, "up %lluh%02llum%02llus", (unsigned long long)(up / 3600),
                 (unsigned long long)(up / 60 % 60), (unsigned long long)(up % 60));
     panel_field(&f, "actors %llu/%llu", (unsigned long long)s->actors,

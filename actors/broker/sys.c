@@ -12,7 +12,7 @@
 
 #define SYS_PREFIX "$SYS/broker/"
 #define SYS_PAYLOAD_MAX 48 /* bytes of one value ("18446744073709551615 seconds" fits) */
-#define SYS_SLOTS 64       /* topics the tree can hold (46 now); publish_changed() asserts it */
+#define SYS_SLOTS 64       /* topics the tree can hold (47 now); publish_changed() asserts it */
 #define MSG_SYS_TICK (RT_MSG_USER + 1)
 
 /*
@@ -136,6 +136,8 @@ static void sys_tick(sys_t *s)
     char buf[SYS_PAYLOAD_MAX];
     snprintf(buf, sizeof(buf), "rtd version %s", s->version);
     publish_changed(s, "version", buf);
+    /* A cluster's node: each node's $SYS tree is its own (docs/CLUSTER.md). */
+    publish_changed(s, "node", rt_broker->conf.cluster.on ? rt_broker->conf.cluster.node : NULL);
     snprintf(buf, sizeof(buf), "%llu seconds", (unsigned long long)((now_ms - s->start_ms) / 1000));
     publish_changed(s, "uptime", buf);
 
