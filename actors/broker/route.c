@@ -17,7 +17,8 @@ typedef struct {
     uint32_t nacks; /* commits it waits for */
     uint8_t qos;
     uint8_t retain;
-    uint8_t timed; /* rt_message_timed */
+    uint8_t timed;            /* rt_message_timed */
+    uint8_t shared_elsewhere; /* shared groups' members are picked by the cluster */
 } route_t;
 
 void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
@@ -41,18 +42,24 @@ void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uin
 
 /* The cluster's hand-off (rt_route_set_forward); NULL on a node alone. */
 static rt_route_forward_fn forward_hook;
+static atomic_bool shared_by_cluster;
 
 void rt_route_set_forward(rt_route_forward_fn fn)
 {
     forward_hook = fn;
 }
 
+void rt_route_set_shared_by_cluster(bool on)
+{
+    atomic_store_explicit(&shared_by_cluster, on, memory_order_release);
+}
+
 static void deliver_to_subscriber(void *arg, const rt_trie_delivery_t *d)
 {
     route_t *r = arg;
-    /* In a cluster a shared group's member is picked by NATS among every node's members
-       (the cluster layer hands it the message), never here as well. */
-    if (d->shared && forward_hook)
+    /* A cluster in reach picks a shared group's member among every node's members (the
+       cluster layer hands it the message), never here as well. */
+    if (d->shared && r->shared_elsewhere)
         return;
     rt_delivery_t dd = {.expire_at_ms = r->expire_at_ms,
                         .qos = d->qos < r->qos ? d->qos : r->qos,
@@ -160,7 +167,11 @@ static int route_here(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint6
                  .retain = msg.retain,
                  .ack_pid = ack_pid,
                  .ack_token = ack_token,
-                 .timed = rt_message_timed(bin)};
+                 .timed = rt_message_timed(bin),
+                 /* Another node's message reached this node's shared groups through
+                    NATS's queue groups, or was served on its own node: never here too. */
+                 .shared_elsewhere = !forward || atomic_load_explicit(&shared_by_cluster,
+                                                                      memory_order_acquire)};
     /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
     if (msg.has_expiry && msg.expiry)
         r.expire_at_ms = rt_mono_ms() + (uint64_t)msg.expiry * 1000;
@@ -169,7 +180,8 @@ static int route_here(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint6
                   rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);
     if (msg.retain && keep_retained(&msg, &r))
         r.nacks++;
-    if (forward && forward_hook && !node_local(&msg) && forward_hook(bin, ack_pid, ack_token))
+    if (forward && forward_hook && !node_local(&msg) &&
+        forward_hook(bin, ack_pid, ack_token, !r.shared_elsewhere))
         r.nacks++;
     if (nacks)
         *nacks = r.nacks;

@@ -50,12 +50,19 @@ int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_t
 /*
 ** A cluster (actors/cluster) sees every message rt_route routes here, but $SYS ones, once
 ** they are routed (fn takes its own reference to bin), and picks shared groups' members
-** itself: with a hook set, routing here skips them. fn returns true when it will tell
+** itself (rt_route_set_shared_by_cluster). fn returns true when it will tell
 ** ack_pid (not 0) of one more commit (RT_STORE_MSG_COMMITTED with ack_token): a retained
 ** message replicated to the other nodes. Set before any message is routed.
 */
-typedef bool (*rt_route_forward_fn)(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token);
+typedef bool (*rt_route_forward_fn)(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
+                                    bool shared_here);
 void rt_route_set_forward(rt_route_forward_fn fn);
+/*
+** Whether the cluster picks shared groups' members now (its NATS connections are up): then
+** routing here skips them; when not, they are served here as on a node alone, and the hook
+** is told (shared_here) so that no other node serves them the same message again.
+*/
+void rt_route_set_shared_by_cluster(bool on);
 /* Routes a message another node of the cluster sent: to ordinary subscriptions and the
    retained store here, forwarded nowhere. Returns as rt_route. */
 int rt_route_remote(rt_bin_t *bin);

@@ -50,6 +50,7 @@ static const char takeover_request[] = "takeover";
 typedef struct {
     rt_pid_t ack_pid; /* told RT_STORE_MSG_COMMITTED once the retained store has it; 0: none */
     uint64_t ack_token;
+    bool shared_here; /* its node served the shared groups (out of reach of NATS then) */
 } forward_t;
 
 /* A subscriber's request: answered with RT_CLUSTER_MSG_RETAINED_READY carrying data back. */
@@ -109,6 +110,8 @@ static struct {
     _Atomic uint64_t backlog_msgs, backlog_bytes;
     atomic_int backlog_waiters; /* threads waiting for room: only then is a release signalled */
     atomic_bool stopping;
+    atomic_bool nc_up, qc_up; /* the two NATS connections, as their callbacks last said */
+    long max_packet;          /* max_packet_size at start */
     _Atomic uint64_t forwarded_out, forwarded_in, duplicates, forward_failed, not_forwarded, bad_in,
         dropped_in, reconnects, routes_count;
     /* The retained store replicated in JetStream KV (bucket "<prefix>_retained"). */
@@ -144,6 +147,7 @@ const char *rt_cluster_node(void)
 #define H_MSG "Rt-Msg"       /* "<qos> <retain> <expiry seconds, or ->" */
 #define H_CLIENT "Rt-Client" /* the publisher's client id, %XX-escaped */
 #define H_PROPS "Rt-Props"   /* the MQTT 5 property block passed on, hex */
+#define H_SHARED "Rt-Shared" /* "here": shared groups were served on the origin node */
 
 /* A header value holds no CR, LF or other control byte: those (and %) are %XX. */
 static void escape_text(const char *s, char *out, size_t cap)
@@ -191,7 +195,7 @@ static bool unescape_text(const char *s, char *out, size_t cap)
 
 /* ---- Publishing (the cluster actor) ---- */
 
-static bool forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token)
+static bool forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token, bool shared_here)
 {
     rt_message_t msg;
     rt_message_view(bin, &msg);
@@ -203,7 +207,7 @@ static bool forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token)
         atomic_fetch_add_explicit(&C.forward_failed, 1, memory_order_relaxed);
         return false;
     }
-    *(forward_t *)(void *)m->data = (forward_t){acks ? ack_pid : 0, ack_token};
+    *(forward_t *)(void *)m->data = (forward_t){acks ? ack_pid : 0, ack_token, shared_here};
     m->bin = rt_bin_retain(bin);
     /* A publisher waits (muted) while the cluster actor is behind, as for any overloaded
        receiver: what it routes here goes to the other nodes in its order, none dropped. */
@@ -214,7 +218,7 @@ static bool forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token)
     return acks;
 }
 
-static void publish(const rt_message_t *msg)
+static void publish(const rt_message_t *msg, bool shared_here)
 {
     char subject[RT_SUBJECT_MAX + 1];
     if (rt_subject_of_topic(C.prefix, (const char *)msg->topic.p, msg->topic.len, subject,
@@ -252,59 +256,28 @@ static void publish(const rt_message_t *msg)
             free(hex);
         }
     }
+    if (s == NATS_OK && shared_here)
+        s = natsMsgHeader_Set(nm, H_SHARED, "here");
     if (s == NATS_OK)
         s = natsConnection_PublishMsg(C.nc, nm);
     natsMsg_Destroy(nm);
-    atomic_fetch_add_explicit(s == NATS_OK ? &C.forwarded_out : &C.forward_failed, 1,
-                              memory_order_relaxed);
+    if (s == NATS_OK) {
+        atomic_fetch_add_explicit(&C.forwarded_out, 1, memory_order_relaxed);
+        return;
+    }
+    /* Said, not only counted: the first failure, then every 1000th. */
+    if (atomic_fetch_add_explicit(&C.forward_failed, 1, memory_order_relaxed) % 1000 == 0)
+        rt_log(RT_LOG_WARNING, "cluster.forward_failed",
+               "topic=%.*s payload=%u props=%u: %s (nats-server's max_payload is %" PRId64
+               " bytes, headers included)",
+               (int)(msg->topic.len > 200 ? 200 : msg->topic.len), msg->topic.p, msg->payload.len,
+               msg->props.len, natsStatus_GetText(s), natsConnection_GetMaxPayload(C.nc));
 }
 
 /* ---- The retained store in JetStream KV (the cluster actor, and a watcher thread) ---- */
 
-/*
-** A topic as a KV key: KV keys take only [-/_=.A-Za-z0-9], so every other byte (and `=`
-** and `.`, which would split the key's subject) is written =XX. One to one, as subjects.
-*/
-static int kv_key_of_topic(const char *topic, size_t len, char *out, size_t cap)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t at = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)topic[i];
-        bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                     c == '-' || c == '_' || c == '/';
-        if (at + (plain ? 1 : 3) >= cap)
-            return -1;
-        if (plain) {
-            out[at++] = (char)c;
-        } else {
-            out[at++] = '=';
-            out[at++] = hex[c >> 4];
-            out[at++] = hex[c & 15];
-        }
-    }
-    out[at] = 0;
-    return (int)at;
-}
-
-static int kv_topic_of_key(const char *key, size_t len, char *out, size_t cap)
-{
-    size_t at = 0;
-    for (size_t i = 0; i < len; i++) {
-        int c = (unsigned char)key[i];
-        if (c == '=') {
-            int hi = i + 2 < len ? hexval(key[i + 1]) : -1, lo = hi >= 0 ? hexval(key[i + 2]) : -1;
-            if (lo < 0)
-                return -1;
-            c = hi << 4 | lo;
-            i += 2;
-        }
-        if (at >= cap)
-            return -1;
-        out[at++] = (char)c;
-    }
-    return (int)at;
-}
+/* How long a JetStream request (a claim's read or write, a bucket's revision) may take. */
+#define JETSTREAM_WAIT_MS 2000
 
 static void *watch_retained(void *arg);
 static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
@@ -328,7 +301,10 @@ static void kv_bind(rt_actor_t *self)
 {
     if (atomic_load(&C.kv_ready) || atomic_load(&C.stopping))
         return;
-    natsStatus s = C.js ? NATS_OK : natsConnection_JetStream(&C.js, C.nc, NULL);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = JETSTREAM_WAIT_MS;
+    natsStatus s = C.js ? NATS_OK : natsConnection_JetStream(&C.js, C.nc, &jo);
     if (s == NATS_OK && !C.kv)
         s = kv_open(&C.kv, C.bucket, "rtd: the cluster's retained messages");
     char clients[sizeof(C.bucket)];
@@ -340,6 +316,15 @@ static void kv_bind(rt_actor_t *self)
         snprintf(subject, sizeof(subject), "%s.node.%s.takeover", C.prefix, C.node);
         s = natsConnection_Subscribe(&C.takeover_sub, C.nc, subject, on_message,
                                      (void *)takeover_request);
+    }
+    /* A bucket just made answers only once its stream has a leader: probe before use,
+       so the first claims do not wait out JetStream's timeout. */
+    kvEntry *probe = NULL;
+    if (s == NATS_OK) {
+        s = kvStore_Get(&probe, C.clients, "rt-probe");
+        kvEntry_Destroy(probe);
+        if (s == NATS_NOT_FOUND)
+            s = NATS_OK;
     }
     if (s == NATS_OK && pthread_create(&C.watcher, NULL, watch_retained, NULL) != 0)
         s = NATS_SYS_ERROR;
@@ -362,7 +347,7 @@ static void kv_bind(rt_actor_t *self)
 static natsStatus kv_put(const rt_message_t *msg, rt_bin_t *bin)
 {
     char key[RT_SUBJECT_MAX + 1];
-    if (kv_key_of_topic((const char *)msg->topic.p, msg->topic.len, key, sizeof(key)) < 0)
+    if (rt_kv_key_of_topic((const char *)msg->topic.p, msg->topic.len, key, sizeof(key)) < 0)
         return NATS_INVALID_ARG;
     if (!msg->payload.len)
         return kvStore_Delete(C.kv, key);
@@ -516,7 +501,7 @@ static void ask_to_give_up(const char *holder, const char *id)
 static int claim(const char *id)
 {
     char key[3 * RT_CLIENT_TEXT_MAX + 1];
-    if (kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
+    if (rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
         return RT_EINVAL;
     /* Cut off from NATS: say so now rather than after JetStream's timeout. */
     if (natsConnection_Status(C.nc) != NATS_CONN_STATUS_CONNECTED)
@@ -797,9 +782,9 @@ static int out_init(rt_actor_t *self, void *state, void *arg)
 static void forward_one(rt_msg_t *m)
 {
     rt_message_t msg;
-    rt_message_view(m->bin, &msg);
-    publish(&msg);
     const forward_t *f = (const forward_t *)(const void *)m->data;
+    rt_message_view(m->bin, &msg);
+    publish(&msg, f->shared_here);
     if (!msg.retain || !atomic_load(&C.kv_ready))
         return;
     natsStatus s = kv_put(&msg, m->bin);
@@ -1107,10 +1092,11 @@ static void route_inbound(in_state_t *st, const inbound_t *in)
         atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
         return;
     }
-    if (in->share)
-        deliver_shared(in->share, bin);
-    else
+    const char *shared = NULL;
+    if (!in->share)
         rt_route_remote(bin);
+    else if (natsMsgHeader_Get(nm, H_SHARED, &shared) != NATS_OK)
+        deliver_shared(in->share, bin);
     rt_bin_release(bin);
     atomic_fetch_add_explicit(&C.forwarded_in, 1, memory_order_relaxed);
 }
@@ -1119,7 +1105,7 @@ static void route_inbound(in_state_t *st, const inbound_t *in)
 static void apply_entry(const kv_entry_t *k)
 {
     char topic[RT_SUBJECT_MAX + 1];
-    int tlen = kv_topic_of_key(k->kv, k->keylen, topic, sizeof(topic));
+    int tlen = rt_topic_of_kv_key(k->kv, k->keylen, topic, sizeof(topic));
     if (tlen <= 0) {
         atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
         return;
@@ -1265,10 +1251,37 @@ static const rt_actor_type_t in_type = {
 
 /* ---- Connections ---- */
 
+/*
+** What rtd accepts should fit what NATS takes: a PUBLISH of max_packet_size with its headers
+** under the server's max_payload (MQTT 5 properties travel hex-encoded: they count twice).
+** Said at each connection; a message that does not fit stays on its node, and that is said
+** too (cluster.forward_failed).
+*/
+static void check_max_payload(natsConnection *nc)
+{
+    int64_t max = natsConnection_GetMaxPayload(nc);
+    if (max > 0 && max < C.max_packet + 4096)
+        rt_log(RT_LOG_WARNING, "cluster.max_payload",
+               "nats-server takes messages up to %" PRId64 " bytes, headers included, and rtd "
+               "accepts packets up to %ld (max_packet_size): larger messages (MQTT 5 properties "
+               "count twice) stay on their node. Set max_payload in nats-server to at least %ld "
+               "(twice that for messages with large properties).",
+               max, C.max_packet, C.max_packet + 4096);
+}
+
+/* Shared groups are the cluster's to serve while both connections are up (route.h). */
+static void connection_state(const char *role, bool up)
+{
+    atomic_store(strcmp(role, "shared") == 0 ? &C.qc_up : &C.nc_up, up);
+    rt_route_set_shared_by_cluster(atomic_load(&C.nc_up) && atomic_load(&C.qc_up));
+}
+
 static void on_disconnected(natsConnection *nc, void *closure)
 {
-    rt_log(RT_LOG_WARNING, "cluster.disconnected", "connection=%s: NATS connection lost",
-           (const char *)closure);
+    connection_state(closure, false);
+    if (!atomic_load(&C.stopping))
+        rt_log(RT_LOG_WARNING, "cluster.disconnected", "connection=%s: NATS connection lost",
+               (const char *)closure);
 }
 
 static void on_reconnected(natsConnection *nc, void *closure)
@@ -1276,6 +1289,7 @@ static void on_reconnected(natsConnection *nc, void *closure)
     char url[128] = "";
     natsConnection_GetConnectedUrl(nc, url, sizeof(url));
     atomic_fetch_add_explicit(&C.reconnects, 1, memory_order_relaxed);
+    connection_state(closure, true);
     rt_log(RT_LOG_INFO, "cluster.reconnected", "connection=%s server=%s", (const char *)closure,
            url);
 }
@@ -1297,6 +1311,9 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
 
 static void on_connected(natsConnection *nc, void *closure)
 {
+    connection_state(closure, true);
+    if (strcmp(closure, "routes") == 0)
+        check_max_payload(nc);
     char url[128] = "";
     natsConnection_GetConnectedUrl(nc, url, sizeof(url));
     rt_log(RT_LOG_INFO, "cluster.connected", "connection=%s server=%s", (const char *)closure, url);
@@ -1343,6 +1360,11 @@ static natsStatus connect_one(const rt_conf_t *conf, natsConnection **out, bool 
         s = natsOptions_LoadCertificatesChain(o, conf->cluster.tls_cert, conf->cluster.tls_key);
     if (s == NATS_OK)
         s = natsConnection_Connect(out, o);
+    if (s == NATS_OK) { /* connected in the call: the callback is not called for it */
+        connection_state(role, true);
+        if (no_echo)
+            check_max_payload(*out);
+    }
     if (s == NATS_NOT_YET_CONNECTED) {
         rt_log(RT_LOG_WARNING, "cluster.not_connected",
                "connection=%s: no NATS server answers yet; trying in the background", role);
@@ -1422,6 +1444,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     snprintf(C.prefix, sizeof(C.prefix), "%s", conf->cluster.prefix);
     snprintf(C.bucket, sizeof(C.bucket), "%s_retained", conf->cluster.prefix);
     C.replicas = conf->cluster.replicas;
+    C.max_packet = conf->max_packet_size;
     if (getrandom(&C.incarnation, sizeof(C.incarnation), 0) != sizeof(C.incarnation))
         C.incarnation = rt_wall_ms();
     C.sup = sup;

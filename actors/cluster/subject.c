@@ -1,4 +1,5 @@
 /* MQTT topics and filters as NATS subjects: subject.h. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "subject.h"
@@ -137,6 +138,46 @@ int rt_topic_of_subject(const char *prefix, const char *subject, size_t len, cha
             return -1;
         out[at++] = '/';
         p = q + 1;
+    }
+    return (int)at;
+}
+
+int rt_kv_key_of_topic(const char *topic, size_t len, char *out, size_t cap)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)topic[i];
+        bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                     c == '-' || c == '_' || c == '/';
+        if (at + (plain ? 1 : 3) >= cap)
+            return -1;
+        if (plain) {
+            out[at++] = (char)c;
+        } else {
+            out[at++] = '=';
+            out[at++] = hex[c >> 4];
+            out[at++] = hex[c & 15];
+        }
+    }
+    out[at] = 0;
+    return (int)at;
+}
+
+int rt_topic_of_kv_key(const char *key, size_t len, char *out, size_t cap)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < len; i++) {
+        int c = (unsigned char)key[i];
+        if (c == '=') {
+            int hi = i + 2 < len ? unhex(key[i + 1]) : -1, lo = hi >= 0 ? unhex(key[i + 2]) : -1;
+            if (lo < 0)
+                return -1;
+            c = hi << 4 | lo;
+            i += 2;
+        }
+        if (at >= cap)
+            return -1;
+        out[at++] = (char)c;
     }
     return (int)at;
 }

@@ -32,4 +32,12 @@ int rt_subjects_of_filter(const char *prefix, const char *filter, size_t len,
    one rt_subject_of_topic writes under prefix. */
 int rt_topic_of_subject(const char *prefix, const char *subject, size_t len, char *out, size_t cap);
 
+/*
+** A topic (or a client id) as a JetStream KV key: keys take only [-/_=.A-Za-z0-9], so every
+** other byte, and `=` and `.` (which would split the key's subject), is written =XX; one
+** to one. The key's length, or -1 past cap (NUL included).
+*/
+int rt_kv_key_of_topic(const char *topic, size_t len, char *out, size_t cap);
+int rt_topic_of_kv_key(const char *key, size_t len, char *out, size_t cap);
+
 #endif

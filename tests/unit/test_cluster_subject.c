@@ -93,8 +93,36 @@ static void test_too_long_is_refused(void)
     free(topic);
 }
 
+static void check_key(const char *topic, const char *want)
+{
+    char out[256], back[256];
+    int n = rt_kv_key_of_topic(topic, strlen(topic), out, sizeof(out));
+    CHECK_EQ(n, (int)strlen(want));
+    CHECK(strcmp(out, want) == 0);
+    int m = rt_topic_of_kv_key(out, (size_t)n, back, sizeof(back));
+    CHECK_EQ(m, (int)strlen(topic));
+    CHECK(m >= 0 && memcmp(back, topic, (size_t)m) == 0);
+}
+
+/* KV keys take [-/_=.A-Za-z0-9]: the rest, and = and . themselves, are =XX. */
+static void test_kv_keys(void)
+{
+    check_key("sensor/1/temp", "sensor/1/temp");
+    check_key("a.b", "a=2Eb");
+    check_key("x=y z", "x=3Dy=20z");
+    check_key("//", "//");
+    check_key("caf\xc3\xa9", "caf=C3=A9");
+    check_key("client-id_7", "client-id_7");
+    char out[8];
+    CHECK_EQ(rt_kv_key_of_topic("abcdefgh", 8, out, sizeof(out)), -1); /* no room for the NUL */
+    CHECK_EQ(rt_kv_key_of_topic("abc.", 4, out, 6), -1);
+    CHECK_EQ(rt_topic_of_kv_key("a=2", 3, out, sizeof(out)), -1);
+    CHECK_EQ(rt_topic_of_kv_key("a=zz", 4, out, sizeof(out)), -1);
+}
+
 int main(void)
 {
+    RUN(test_kv_keys);
     RUN(test_topics_escape_what_nats_reads);
     RUN(test_empty_levels_have_a_token);
     RUN(test_filters_map_wildcards);
