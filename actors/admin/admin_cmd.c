@@ -301,7 +301,11 @@ static int cmd_cluster_status(rt_admin_cmd_t *c)
         return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
     if (need_object(c))
         return c->code;
+    rt_cluster_node_t *heard = calloc(RT_CLUSTER_NODES_MAX, sizeof(*heard));
+    size_t nodes = heard ? rt_cluster_nodes(heard, RT_CLUSTER_NODES_MAX) : 0;
+    free(heard);
     rt_doc_add_str(c->doc, "node", st.node);
+    rt_doc_add_u64(c->doc, "nodes", nodes);
     rt_doc_add_str(c->doc, "nats", st.state);
     rt_doc_add_str(c->doc, "nats_server", st.server);
     rt_doc_add_str(c->doc, "nats_servers", st.servers);
@@ -324,6 +328,63 @@ static int cmd_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "client_ids_given_up", st.given_up);
     rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
     return 200;
+}
+
+/* A row of `cluster nodes`: one node as its last heartbeat said. */
+static void node_row(rt_doc_t *list, const rt_cluster_node_t *n)
+{
+    rt_doc_t *o = rt_doc_add_object(list, NULL);
+    rt_doc_add_str(o, "node", n->node);
+    rt_doc_add_bool(o, "self", strcmp(n->node, rt_cluster_node()) == 0);
+    rt_doc_add_u64(o, "heard_ms_ago", n->age_ms);
+    rt_doc_add_u64(o, "uptime_s", n->uptime_s);
+    rt_doc_add_u64(o, "connections", n->connections);
+    rt_doc_add_u64(o, "sessions", n->sessions);
+    rt_doc_add_u64(o, "routes", n->routes);
+    rt_doc_add_u64(o, "forwarded_in", n->forwarded_in);
+    rt_doc_add_u64(o, "forwarded_out", n->forwarded_out);
+}
+
+/* Rows of `cluster rules`: each rule's counts on one node. */
+static void node_rule_rows(rt_doc_t *list, const rt_cluster_node_t *n)
+{
+    for (unsigned k = 0; k < n->nrules; k++) {
+        const rt_cluster_rule_count_t *r = &n->rules[k];
+        rt_doc_t *o = rt_doc_add_object(list, NULL);
+        rt_doc_add_str(o, "node", n->node);
+        rt_doc_add_str(o, "rule", r->name);
+        rt_doc_add_u64(o, "matched", r->matched);
+        rt_doc_add_u64(o, "passed", r->passed);
+        rt_doc_add_u64(o, "failed", r->failed);
+        rt_doc_add_u64(o, "rows_out", r->rows_out);
+    }
+}
+
+/* A list made from every node heard from (their last heartbeats), by rows(). */
+static int nodes_list(rt_admin_cmd_t *c, void (*rows)(rt_doc_t *, const rt_cluster_node_t *))
+{
+    if (!rt_cluster_on())
+        return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
+    rt_cluster_node_t *nodes = calloc(RT_CLUSTER_NODES_MAX, sizeof(*nodes));
+    if (!nodes || !(c->doc = rt_doc_array())) {
+        free(nodes);
+        return rt__admin_fail(c, 500, "out of memory");
+    }
+    size_t n = rt_cluster_nodes(nodes, RT_CLUSTER_NODES_MAX);
+    for (size_t i = 0; i < n; i++)
+        rows(c->doc, &nodes[i]);
+    free(nodes);
+    return 200;
+}
+
+static int cmd_cluster_nodes(rt_admin_cmd_t *c)
+{
+    return nodes_list(c, node_row);
+}
+
+static int cmd_cluster_rules(rt_admin_cmd_t *c)
+{
+    return nodes_list(c, node_rule_rows);
 }
 
 static int cmd_tls_reload(rt_admin_cmd_t *c)
@@ -474,6 +535,27 @@ static const rt_rule_info_t *find_rule(rt_admin_cmd_t *c, const rt_rule_info_t *
 }
 
 /* `rules list`, `rules metrics [NAME]` and `rules show NAME`. */
+/* A rule's counts summed over the cluster's nodes, as their last heartbeats said. */
+static void add_cluster_counts(rt_doc_t *o, const char *rule)
+{
+    rt_cluster_node_t *nodes = calloc(RT_CLUSTER_NODES_MAX, sizeof(*nodes));
+    size_t n = nodes ? rt_cluster_nodes(nodes, RT_CLUSTER_NODES_MAX) : 0;
+    rt_cluster_rule_count_t sum = {0};
+    for (size_t i = 0; i < n; i++)
+        for (unsigned k = 0; k < nodes[i].nrules; k++)
+            if (strcmp(nodes[i].rules[k].name, rule) == 0) {
+                sum.matched += nodes[i].rules[k].matched;
+                sum.passed += nodes[i].rules[k].passed;
+                sum.failed += nodes[i].rules[k].failed;
+                sum.rows_out += nodes[i].rules[k].rows_out;
+            }
+    rt_doc_add_u64(o, "cluster_matched", sum.matched);
+    rt_doc_add_u64(o, "cluster_passed", sum.passed);
+    rt_doc_add_u64(o, "cluster_failed", sum.failed);
+    rt_doc_add_u64(o, "cluster_rows_out", sum.rows_out);
+    free(nodes);
+}
+
 static int rules_table(rt_admin_cmd_t *c, bool metrics_only)
 {
     rt_rules_stats_t st;
@@ -511,6 +593,8 @@ static int rules_table(rt_admin_cmd_t *c, bool metrics_only)
             rt_doc_add_u64(o, "budget", rules[i].failed_budget);
             rt_doc_add_u64(o, "memory", rules[i].failed_memory);
             rt_doc_add_u64(o, "rows_out", rules[i].rows_out);
+            if (rt_cluster_on())
+                add_cluster_counts(o, rules[i].name);
         }
     }
     free(rules);
@@ -765,6 +849,8 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics"},
     {"listeners", NULL, cmd_listeners, 0, "listeners"},
     {"cluster", "status", cmd_cluster_status, RT_ADMIN_BLOCKING, "cluster status"},
+    {"cluster", "nodes", cmd_cluster_nodes, 0, "cluster nodes"},
+    {"cluster", "rules", cmd_cluster_rules, 0, "cluster rules"},
     {"cluster", NULL, cmd_cluster_status, RT_ADMIN_BLOCKING, NULL},
     {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm"},
     {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "message.h"
 #include "route.h"
+#include "rule_engine.h"
 #include "store.h"
 #include "subject.h"
 
@@ -31,6 +32,7 @@ enum {
     MSG_KV_TICK,               /* to cluster_in: once a second while the store is quiet */
     MSG_CLAIM,                 /* to cluster: claim_t, a CONNECT's client id */
     MSG_REPLY,                 /* to cluster: reply_t, an answer to another node's request */
+    MSG_HEARTBEAT,             /* to cluster: time to say what this node holds */
 };
 
 typedef struct {
@@ -46,6 +48,8 @@ typedef struct {
 
 /* inbound_t.share for a request to give up a client id (the node's takeover subject). */
 static const char takeover_request[] = "takeover";
+/* inbound_t.share for another node's heartbeat. */
+static const char heartbeat[] = "heartbeat";
 
 typedef struct {
     rt_pid_t ack_pid; /* told RT_STORE_MSG_COMMITTED once the retained store has it; 0: none */
@@ -127,9 +131,17 @@ static struct {
     /* Client ids: the bucket "<prefix>_clients" and this node's takeover subject. */
     kvStore *clients;
     char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
-    natsSubscription *takeover_sub;
+    natsSubscription *takeover_sub, *status_sub;
+    /* The nodes heard from: written by cluster_in, read by admin commands. */
+    pthread_mutex_t nodes_lock;
+    rt_cluster_node_t nodes[RT_CLUSTER_NODES_MAX];
+    uint64_t nodes_seen_ms[RT_CLUSTER_NODES_MAX];
+    size_t nnodes;
+    uint64_t started_ms;
     _Atomic uint64_t claims, claims_taken_over, claims_failed, given_up;
-} C = {.backlog_lock = PTHREAD_MUTEX_INITIALIZER, .backlog_cond = PTHREAD_COND_INITIALIZER};
+} C = {.backlog_lock = PTHREAD_MUTEX_INITIALIZER,
+       .backlog_cond = PTHREAD_COND_INITIALIZER,
+       .nodes_lock = PTHREAD_MUTEX_INITIALIZER};
 
 bool rt_cluster_on(void)
 {
@@ -603,6 +615,129 @@ static void send_reply(const reply_t *r)
     natsConnection_Publish(C.nc, subject, r->text + r->subject_len, (int)r->data_len);
 }
 
+/* ---- Heartbeats: what each node holds, once a second ---- */
+
+/* A heartbeat's text: "key value" lines, then "rule name matched passed failed rows". */
+static size_t heartbeat_text(char *out, size_t cap)
+{
+    rt_broker_counts_t n;
+    rt_broker_counts(&n);
+    int at = snprintf(out, cap,
+                      "node %s\nuptime_s %" PRIu64 "\nconnections %" PRIu64 "\nsessions %" PRIu64
+                      "\nroutes %" PRIu64 "\nforwarded_in %" PRIu64 "\nforwarded_out %" PRIu64 "\n",
+                      C.node, (rt_mono_ms() - C.started_ms) / 1000, n.connections.count,
+                      n.sessions.count, (uint64_t)atomic_load(&C.routes_count),
+                      (uint64_t)atomic_load(&C.forwarded_in), (uint64_t)atomic_load(&C.forwarded_out));
+    static rt_rule_info_t rules[RT_CLUSTER_RULES_MAX]; /* the cluster actor's own */
+    size_t nr = rt_rules_snapshot(rules, RT_CLUSTER_RULES_MAX);
+    for (size_t i = 0; i < nr && i < RT_CLUSTER_RULES_MAX && at > 0 && (size_t)at < cap; i++)
+        at += snprintf(out + at, cap - (size_t)at,
+                       "rule %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", rules[i].name,
+                       rules[i].matched, rules[i].passed, rules[i].failed, rules[i].rows_out);
+    return at > 0 && (size_t)at < cap ? (size_t)at : 0;
+}
+
+static bool parse_heartbeat(const char *text, size_t len, rt_cluster_node_t *n)
+{
+    memset(n, 0, sizeof(*n));
+    char line[256];
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t ll = (size_t)((nl ? nl : end) - p);
+        snprintf(line, sizeof(line), "%.*s", (int)(ll < sizeof(line) ? ll : sizeof(line) - 1), p);
+        p = nl ? nl + 1 : end;
+        char key[24];
+        uint64_t v = 0;
+        rt_cluster_rule_count_t r;
+        if (sscanf(line, "rule %63s %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, r.name,
+                   &r.matched, &r.passed, &r.failed, &r.rows_out) == 5) {
+            if (n->nrules < RT_CLUSTER_RULES_MAX)
+                n->rules[n->nrules++] = r;
+        } else if (sscanf(line, "node %32s", n->node) == 1) {
+        } else if (sscanf(line, "%23s %" SCNu64, key, &v) == 2) {
+            if (!strcmp(key, "uptime_s"))
+                n->uptime_s = v;
+            else if (!strcmp(key, "connections"))
+                n->connections = v;
+            else if (!strcmp(key, "sessions"))
+                n->sessions = v;
+            else if (!strcmp(key, "routes"))
+                n->routes = v;
+            else if (!strcmp(key, "forwarded_in"))
+                n->forwarded_in = v;
+            else if (!strcmp(key, "forwarded_out"))
+                n->forwarded_out = v;
+        }
+    }
+    return n->node[0] != 0;
+}
+
+/* Keeps a node's last heartbeat (this node's own too, without a round trip). */
+static void node_heard(const rt_cluster_node_t *n)
+{
+    pthread_mutex_lock(&C.nodes_lock);
+    size_t i = 0;
+    while (i < C.nnodes && strcmp(C.nodes[i].node, n->node) != 0)
+        i++;
+    if (i == C.nnodes && C.nnodes < RT_CLUSTER_NODES_MAX)
+        C.nnodes++;
+    if (i < C.nnodes) {
+        C.nodes[i] = *n;
+        C.nodes_seen_ms[i] = rt_mono_ms();
+    }
+    pthread_mutex_unlock(&C.nodes_lock);
+}
+
+/* In cluster_in: another node's heartbeat (this node's own is kept as it is sent). */
+static void other_heartbeat(natsMsg *nm)
+{
+    rt_cluster_node_t heard;
+    if (parse_heartbeat(natsMsg_GetData(nm), (size_t)natsMsg_GetDataLength(nm), &heard) &&
+        strcmp(heard.node, C.node) != 0)
+        node_heard(&heard);
+}
+
+static int node_order(const void *a, const void *b)
+{
+    return strcmp(((const rt_cluster_node_t *)a)->node, ((const rt_cluster_node_t *)b)->node);
+}
+
+size_t rt_cluster_nodes(rt_cluster_node_t *out, size_t max)
+{
+    pthread_mutex_lock(&C.nodes_lock);
+    size_t n = C.nnodes < max ? C.nnodes : max;
+    uint64_t now = rt_mono_ms();
+    for (size_t i = 0; i < n; i++) {
+        out[i] = C.nodes[i];
+        out[i].age_ms = now - C.nodes_seen_ms[i];
+    }
+    pthread_mutex_unlock(&C.nodes_lock);
+    qsort(out, n, sizeof(out[0]), node_order);
+    return n;
+}
+
+/* In the cluster actor, once a second: this node's heartbeat, published and kept. */
+static void send_heartbeat(rt_actor_t *self)
+{
+    if (!C.status_sub) {
+        char all[RT_CONF_NODE_MAX + 16];
+        snprintf(all, sizeof(all), "%s.status.*", C.prefix);
+        natsConnection_Subscribe(&C.status_sub, C.nc, all, on_message, (void *)heartbeat);
+    }
+    static char text[RT_CLUSTER_RULES_MAX * 128 + 512];
+    size_t len = heartbeat_text(text, sizeof(text));
+    rt_cluster_node_t me;
+    if (len && parse_heartbeat(text, len, &me)) {
+        node_heard(&me);
+        char subject[RT_CONF_NODE_MAX * 2 + 16];
+        snprintf(subject, sizeof(subject), "%s.status.%s", C.prefix, C.node);
+        natsConnection_Publish(C.nc, subject, text, (int)len);
+    }
+    if (!atomic_load(&C.stopping))
+        rt_send_after_tag(RT_CLUSTER_HEARTBEAT_MS, rt_self(self), MSG_HEARTBEAT, NULL);
+}
+
 /* ---- Interest (the cluster actor) ---- */
 
 static uint64_t fnv1a(const char *s, size_t n)
@@ -664,7 +799,6 @@ static void shared_done(void *closure)
     free(closure);
 }
 
-static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
 
 static void subscribe(rt_actor_t *self, const char *filter, size_t len)
 {
@@ -775,7 +909,7 @@ static void interest_changed(void *arg, const char *filter, size_t len, bool on)
 static int out_init(rt_actor_t *self, void *state, void *arg)
 {
     atomic_store_explicit(&C.out_pid, rt_self(self), memory_order_release);
-    return 0;
+    return rt_send(rt_self(self), MSG_HEARTBEAT, NULL, 0);
 }
 
 /* Publishes a routed message; a retained one also goes to the bucket, then its ack. */
@@ -804,6 +938,8 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     if (m->tag == MSG_FORWARD && m->bin) {
         forward_one(m);
+    } else if (m->tag == MSG_HEARTBEAT) {
+        send_heartbeat(self);
     } else if (m->tag == MSG_REPLY && m->len >= sizeof(reply_t)) {
         send_reply((const reply_t *)(const void *)m->data);
     } else if (m->tag == MSG_INTEREST) {
@@ -1201,6 +1337,8 @@ static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         const inbound_t *in = (const inbound_t *)(const void *)m->data;
         if (in->share == takeover_request)
             give_up(in->msg);
+        else if (in->share == heartbeat)
+            other_heartbeat(in->msg);
         else
             route_inbound(st, in);
         natsMsg_Destroy(in->msg);
@@ -1407,11 +1545,13 @@ static void close_connections(void)
             kvWatcher_Stop(w);
         pthread_join(C.watcher, NULL);
     }
-    if (C.takeover_sub) {
-        natsSubscription_Unsubscribe(C.takeover_sub);
-        natsSubscription_Destroy(C.takeover_sub);
-        C.takeover_sub = NULL;
-    }
+    natsSubscription *own[] = {C.takeover_sub, C.status_sub};
+    for (size_t i = 0; i < 2; i++)
+        if (own[i]) {
+            natsSubscription_Unsubscribe(own[i]);
+            natsSubscription_Destroy(own[i]);
+        }
+    C.takeover_sub = C.status_sub = NULL;
     kvStore_Destroy(C.clients);
     kvStore_Destroy(C.kv);
     jsCtx_Destroy(C.js);
@@ -1445,6 +1585,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     snprintf(C.bucket, sizeof(C.bucket), "%s_retained", conf->cluster.prefix);
     C.replicas = conf->cluster.replicas;
     C.max_packet = conf->max_packet_size;
+    C.started_ms = rt_mono_ms();
     if (getrandom(&C.incarnation, sizeof(C.incarnation), 0) != sizeof(C.incarnation))
         C.incarnation = rt_wall_ms();
     C.sup = sup;

@@ -98,6 +98,31 @@ typedef struct rt_cluster_claimed_s {
 } rt_cluster_claimed_t;
 bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len);
 
+/*
+** Every node publishes what it holds and what its rules did once a second (a heartbeat on
+** `<prefix>.status.<node>`), and keeps the last heartbeat of each node it hears: `rtctl
+** cluster status` lists the nodes, `rtctl rules` adds per-node and cluster-wide counts.
+*/
+#define RT_CLUSTER_NODES_MAX 64
+#define RT_CLUSTER_RULES_MAX 32 /* rules a heartbeat carries (the first, by name) */
+#define RT_CLUSTER_HEARTBEAT_MS 1000
+
+typedef struct rt_cluster_rule_count_s {
+    char name[64];
+    uint64_t matched, passed, failed, rows_out;
+} rt_cluster_rule_count_t;
+
+typedef struct rt_cluster_node_s {
+    char node[RT_CONF_NODE_MAX];
+    uint64_t age_ms; /* since its last heartbeat arrived */
+    uint64_t uptime_s, connections, sessions, routes, forwarded_in, forwarded_out;
+    unsigned nrules;
+    rt_cluster_rule_count_t rules[RT_CLUSTER_RULES_MAX];
+} rt_cluster_node_t;
+
+/* The nodes heard from (this one included), by name; returns how many (at most max). */
+size_t rt_cluster_nodes(rt_cluster_node_t *out, size_t max);
+
 /* Fills *st; false when this node is not in a cluster. Safe from any thread. */
 bool rt_cluster_status(rt_cluster_status_t *st);
 
