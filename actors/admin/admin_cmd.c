@@ -336,6 +336,7 @@ static void node_row(rt_doc_t *list, const rt_cluster_node_t *n)
     rt_doc_t *o = rt_doc_add_object(list, NULL);
     rt_doc_add_str(o, "node", n->node);
     rt_doc_add_bool(o, "self", strcmp(n->node, rt_cluster_node()) == 0);
+    rt_doc_add_str(o, "state", n->up ? "up" : "silent");
     rt_doc_add_u64(o, "heard_ms_ago", n->age_ms);
     rt_doc_add_u64(o, "uptime_s", n->uptime_s);
     rt_doc_add_u64(o, "connections", n->connections);
@@ -535,14 +536,14 @@ static const rt_rule_info_t *find_rule(rt_admin_cmd_t *c, const rt_rule_info_t *
 }
 
 /* `rules list`, `rules metrics [NAME]` and `rules show NAME`. */
-/* A rule's counts summed over the cluster's nodes, as their last heartbeats said. */
+/* A rule's counts summed over the cluster's nodes up, as their last heartbeats said. */
 static void add_cluster_counts(rt_doc_t *o, const char *rule)
 {
     rt_cluster_node_t *nodes = calloc(RT_CLUSTER_NODES_MAX, sizeof(*nodes));
     size_t n = nodes ? rt_cluster_nodes(nodes, RT_CLUSTER_NODES_MAX) : 0;
     rt_cluster_rule_count_t sum = {0};
     for (size_t i = 0; i < n; i++)
-        for (unsigned k = 0; k < nodes[i].nrules; k++)
+        for (unsigned k = 0; nodes[i].up && k < nodes[i].nrules; k++)
             if (strcmp(nodes[i].rules[k].name, rule) == 0) {
                 sum.matched += nodes[i].rules[k].matched;
                 sum.passed += nodes[i].rules[k].passed;

@@ -622,12 +622,13 @@ static size_t heartbeat_text(char *out, size_t cap)
 {
     rt_broker_counts_t n;
     rt_broker_counts(&n);
-    int at = snprintf(out, cap,
-                      "node %s\nuptime_s %" PRIu64 "\nconnections %" PRIu64 "\nsessions %" PRIu64
-                      "\nroutes %" PRIu64 "\nforwarded_in %" PRIu64 "\nforwarded_out %" PRIu64 "\n",
-                      C.node, (rt_mono_ms() - C.started_ms) / 1000, n.connections.count,
-                      n.sessions.count, (uint64_t)atomic_load(&C.routes_count),
-                      (uint64_t)atomic_load(&C.forwarded_in), (uint64_t)atomic_load(&C.forwarded_out));
+    int at =
+        snprintf(out, cap,
+                 "node %s\nuptime_s %" PRIu64 "\nconnections %" PRIu64 "\nsessions %" PRIu64
+                 "\nroutes %" PRIu64 "\nforwarded_in %" PRIu64 "\nforwarded_out %" PRIu64 "\n",
+                 C.node, (rt_mono_ms() - C.started_ms) / 1000, n.connections.count,
+                 n.sessions.count, (uint64_t)atomic_load(&C.routes_count),
+                 (uint64_t)atomic_load(&C.forwarded_in), (uint64_t)atomic_load(&C.forwarded_out));
     static rt_rule_info_t rules[RT_CLUSTER_RULES_MAX]; /* the cluster actor's own */
     size_t nr = rt_rules_snapshot(rules, RT_CLUSTER_RULES_MAX);
     for (size_t i = 0; i < nr && i < RT_CLUSTER_RULES_MAX && at > 0 && (size_t)at < cap; i++)
@@ -677,9 +678,15 @@ static bool parse_heartbeat(const char *text, size_t len, rt_cluster_node_t *n)
 static void node_heard(const rt_cluster_node_t *n)
 {
     pthread_mutex_lock(&C.nodes_lock);
-    size_t i = 0;
-    while (i < C.nnodes && strcmp(C.nodes[i].node, n->node) != 0)
+    size_t i = 0, forgotten = C.nnodes;
+    uint64_t now = rt_mono_ms();
+    while (i < C.nnodes && strcmp(C.nodes[i].node, n->node) != 0) {
+        if (now - C.nodes_seen_ms[i] > RT_CLUSTER_FORGET_MS)
+            forgotten = i;
         i++;
+    }
+    if (i == C.nnodes)
+        i = forgotten; /* a new node takes a forgotten one's slot, if any */
     if (i == C.nnodes && C.nnodes < RT_CLUSTER_NODES_MAX)
         C.nnodes++;
     if (i < C.nnodes) {
@@ -706,11 +713,15 @@ static int node_order(const void *a, const void *b)
 size_t rt_cluster_nodes(rt_cluster_node_t *out, size_t max)
 {
     pthread_mutex_lock(&C.nodes_lock);
-    size_t n = C.nnodes < max ? C.nnodes : max;
     uint64_t now = rt_mono_ms();
-    for (size_t i = 0; i < n; i++) {
-        out[i] = C.nodes[i];
-        out[i].age_ms = now - C.nodes_seen_ms[i];
+    size_t n = 0;
+    for (size_t i = 0; i < C.nnodes && n < max; i++) {
+        uint64_t age = now - C.nodes_seen_ms[i];
+        if (age > RT_CLUSTER_FORGET_MS)
+            continue;
+        out[n] = C.nodes[i];
+        out[n].age_ms = age;
+        out[n++].up = age <= RT_CLUSTER_SILENT_MS;
     }
     pthread_mutex_unlock(&C.nodes_lock);
     qsort(out, n, sizeof(out[0]), node_order);
@@ -798,7 +809,6 @@ static void shared_done(void *closure)
 {
     free(closure);
 }
-
 
 static void subscribe(rt_actor_t *self, const char *filter, size_t len)
 {

@@ -106,6 +106,8 @@ bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len);
 #define RT_CLUSTER_NODES_MAX 64
 #define RT_CLUSTER_RULES_MAX 32 /* rules a heartbeat carries (the first, by name) */
 #define RT_CLUSTER_HEARTBEAT_MS 1000
+#define RT_CLUSTER_SILENT_MS (3 * RT_CLUSTER_HEARTBEAT_MS) /* a node not heard for longer */
+#define RT_CLUSTER_FORGET_MS 60000                         /* ... is listed until then */
 
 typedef struct rt_cluster_rule_count_s {
     char name[64];
@@ -115,12 +117,14 @@ typedef struct rt_cluster_rule_count_s {
 typedef struct rt_cluster_node_s {
     char node[RT_CONF_NODE_MAX];
     uint64_t age_ms; /* since its last heartbeat arrived */
+    bool up;         /* heard within RT_CLUSTER_SILENT_MS */
     uint64_t uptime_s, connections, sessions, routes, forwarded_in, forwarded_out;
     unsigned nrules;
     rt_cluster_rule_count_t rules[RT_CLUSTER_RULES_MAX];
 } rt_cluster_node_t;
 
-/* The nodes heard from (this one included), by name; returns how many (at most max). */
+/* The nodes heard from in the last RT_CLUSTER_FORGET_MS (this one included), by name;
+   returns how many (at most max). */
 size_t rt_cluster_nodes(rt_cluster_node_t *out, size_t max);
 
 /* Fills *st; false when this node is not in a cluster. Safe from any thread. */

@@ -219,6 +219,11 @@ def nodes(nats):
               lambda: "rtd NATS connections missing: "
               f"{want - {c.get('name') for _, c in nats.connections()}}\n"
               + "\n".join(n.read_log()[-2000:] for n in started) + nats.logs())
+        # The retained store and the client ids are JetStream buckets the first node makes
+        # and the others bind: a node says when it has them (until then it is alone there).
+        for n in started:
+            until(lambda: n.ctl_json("cluster", "status")["retained"] == "replicated", WAIT,
+                  lambda: n.read_log()[-2000:])
         # A client on each node at once, as a client would; test_clients_accepted_at_start
         # looks at what was refused on the way.
         started_refusals.clear()
@@ -1063,3 +1068,111 @@ def test_nats_server_killed_and_nodes_reconnect(nats, nodes, mq, pfx):
     finally:
         nats.start(victim)
         nats.wait_ready(range(3))
+
+
+# ---- Retained messages cluster-wide, client ids, nodes and rules ----
+
+def test_retained_for_a_later_subscriber_on_any_node(nodes, mq, pfx):
+    """A subscriber that subscribes on another node right after the PUBACK of a retained
+    PUBLISH gets it (the store is replicated in JetStream and a subscription waits for its
+    node's copy to catch up): no lost-update race, each time."""
+    n1, n2, n3 = nodes
+    pub = mq(n1, name="pub")
+    for i in range(20):
+        topic = f"{pfx}/late/{i}"
+        pub.publish(topic, b"v%d" % i, qos=1, retain=True)  # returns at the PUBACK
+        s = mq(n2 if i % 2 else n3, name="late")
+        s.subscribe(topic, 1)
+        s.wait_count(1)
+        assert [(m.payload, m.retain) for m in s.msgs] == [(b"v%d" % i, 1)]
+        s.close()
+    # A newer value replaces it everywhere, and an empty one clears it everywhere.
+    pub.publish(f"{pfx}/late/0", b"newer", qos=1, retain=True)
+    s = mq(n3, name="newer")
+    s.subscribe(f"{pfx}/late/0", 1)
+    s.wait_count(1)
+    assert payloads(s) == [b"newer"]
+    pub.publish(f"{pfx}/late/0", b"", qos=1, retain=True)
+    gone = mq(n2, name="gone")
+    gone.subscribe(f"{pfx}/late/#", 1)
+    gone.wait_count(19)
+    time.sleep(0.3)  # a look for the cleared one
+    assert sorted(payloads(gone)) == sorted(b"v%d" % i for i in range(1, 20))
+    for i in range(1, 20):
+        pub.publish(f"{pfx}/late/{i}", b"", qos=1, retain=True)
+    status = n2.ctl_json("cluster", "status")
+    assert status["retained"] == "replicated" and status["retained_put_failed"] == 0, status
+
+
+def test_client_id_taken_over_across_nodes(nodes, mq, pfx):
+    """One client id, one node: a CONNECT on n2 for a client connected to n1 ends it there
+    (MQTT 5: DISCONNECT 0x8E), then n2 holds the id."""
+    n1, n2, _ = nodes
+    cid = "tk-" + pfx
+    reasons = []
+    first = mqtt.Client(client_id=cid, protocol=mqtt.MQTTv5)
+    first.on_disconnect = lambda c, u, rc, *p: reasons.append(rc if isinstance(rc, int)
+                                                               else rc.value)
+    first.connect("127.0.0.1", n1.port, keepalive=30)
+    first.loop_start()
+    try:
+        until(lambda: first.is_connected(), WAIT, "first client connected")
+        second = mq(n2, cid=cid)
+        until(lambda: reasons, WAIT, lambda: "no DISCONNECT on n1\n" + n1.read_log()[-2000:])
+        assert reasons[0] == 0x8E, reasons
+        assert f"cluster.client_given_up client={cid}" in n1.read_log()
+        assert f"cluster.client_taken_over client={cid} from=n1" in n2.read_log()
+        assert second.c.is_connected()
+    finally:
+        first.loop_stop()
+    # 3.1.1 too: the old connection is closed (3.1.1 has no DISCONNECT from the server).
+    old = Mq(n2, v5=False, cid=cid + "-v3")
+    gone = threading.Event()
+    old.c.on_disconnect = lambda *a: gone.set()
+    try:
+        mq(n1, v5=False, cid=cid + "-v3")
+        assert gone.wait(WAIT), "the 3.1.1 client on n2 was not ended"
+    finally:
+        old.close()
+
+
+def test_nodes_and_rules_counted_cluster_wide(nodes, mq, pfx):
+    """Each node hears the others' heartbeats: `cluster nodes` lists all three; a rule runs
+    once per message, on the publisher's node, and `rules metrics` adds the cluster's sums."""
+    n1, n2, n3 = nodes
+
+    def archive(node):
+        return next(r for r in node.ctl_json("rules", "metrics") if r["name"] == "archive")
+
+    # Nodes another test started and stopped are listed "silent" for a minute.
+    listed = [n for n in n2.ctl_json("cluster", "nodes") if n["state"] == "up"]
+    assert [n["node"] for n in listed] == ["n1", "n2", "n3"], listed
+    assert [n["self"] for n in listed] == [False, True, False]
+    assert all(n["heard_ms_ago"] < 5000 for n in listed), listed
+    sub = mq(n2, name="sub")
+    sub.subscribe(f"{pfx}/r/#", 1)
+    pub = mq(n1, name="pub")
+    await_route(pub, f"{pfx}/r/x", [sub])
+    before = {n: archive(node)["matched"] for n, node in zip("123", nodes)}
+    k = 25
+    for i in range(k):
+        pub.publish(f"{pfx}/r/{i}", b"r", qos=1)
+    sub.wait_count(k)
+    until(lambda: archive(n1)["matched"] - before["1"] >= k, WAIT, "n1's rule ran")
+    assert archive(n1)["matched"] - before["1"] == k
+    assert archive(n2)["matched"] == before["2"], "a rule ran again on the receiving node"
+
+    def summed():
+        local = sum(archive(node)["matched"] for node in nodes)
+        return archive(n2)["cluster_matched"] == local and archive(n3)["cluster_matched"] == local
+    until(summed, WAIT, lambda: f"{archive(n2)} {[archive(x)['matched'] for x in nodes]}")
+    per_node = {(r["node"], r["rule"]): r for r in n3.ctl_json("cluster", "rules")}
+    assert per_node[("n1", "archive")]["matched"] == archive(n1)["matched"]
+
+
+def test_sys_names_the_node(nodes, mq):
+    for i, node in enumerate(nodes):
+        s = mq(node, name="sys")
+        s.subscribe("$SYS/broker/node", 0)
+        s.wait_count(1)
+        assert s.msgs[0].payload == f"n{i + 1}".encode()
