@@ -47,8 +47,8 @@ test-integration: build
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q tests/integration; rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no integration tests collected"; exit 1; fi; exit $$rc
 
-# The broker's, the admin socket's and the transports' (TLS, WebSocket, PROXY) end-to-end
-# tests once more against the ASan+UBSan build (rtd must also exit leak-free: the fixture
+# The broker's, the admin socket's, the transports' (TLS, WebSocket, PROXY) and the cluster's
+# end-to-end tests once more against the ASan+UBSan build (rtd must also exit leak-free: the fixture
 # checks its exit code). testssl.sh's audit needs no sanitizer: it runs in the release pass.
 test-integration-asan: build-asan
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 $(PYTEST) -q \
@@ -56,7 +56,7 @@ test-integration-asan: build-asan
 		tests/integration/test_rtctl.py tests/integration/test_tls.py \
 		tests/integration/test_websocket.py tests/integration/test_proxy_protocol.py \
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
-		tests/integration/test_trace.py -k "not testssl"
+		tests/integration/test_trace.py tests/integration/test_cluster.py -k "not testssl"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and

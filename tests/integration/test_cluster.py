@@ -1027,49 +1027,6 @@ def test_node_restart_is_a_new_incarnation(nats, nodes, mq, pfx):
     assert payloads(s) == [b"%d-%d" % (r, i) for r in range(2) for i in range(10)]
 
 
-# ---- 10. A NATS server dies (last: it takes one away, and brings it back) ----
-
-def test_nats_server_killed_and_nodes_reconnect(nats, nodes, mq, pfx):
-    n1, n2, n3 = nodes
-    subs = {name: mq(node, name=f"k{name}") for name, node in zip(("n1", "n2", "n3"), nodes)}
-    for s in subs.values():
-        s.subscribe(f"{pfx}/k/#", 1)
-    pub1 = mq(n1, name="pub1")
-    pub2 = mq(n2, name="pub2")
-    await_route(pub1, f"{pfx}/k/a", [subs["n2"], subs["n3"]])
-    await_route(pub2, f"{pfx}/k/b", [subs["n1"], subs["n3"]])
-
-    victim, _ = nats.conn("rtd:n2:routes")
-    assert victim is not None
-    on_victim = {}  # node index: how many of its connections were on the victim
-    for i in range(3):
-        on_victim[i] = sum(1 for role in ("routes", "shared")
-                           if nats.conn(f"rtd:n{i + 1}:{role}")[0] == victim)
-    marks = [n.read_log().count("cluster.reconnected") for n in nodes]
-    nats.kill9(victim)
-    try:
-        for i, node in enumerate(nodes):
-            if on_victim[i]:
-                until(lambda: node.read_log().count("cluster.reconnected") >=
-                      marks[i] + on_victim[i], WAIT,
-                      lambda: f"n{i + 1} did not log cluster.reconnected:\n"
-                      + node.read_log()[-2000:])
-        # Subscriptions made before the loss were made again on the new server.
-        await_route(pub1, f"{pfx}/k/a", [subs["n2"], subs["n3"]])
-        await_route(pub2, f"{pfx}/k/b", [subs["n1"], subs["n3"]])
-        # And what is made now works too.
-        fresh = mq(n2, name="fresh")
-        fresh.subscribe(f"{pfx}/f", 1)
-        await_route(mq(n3, name="pub3"), f"{pfx}/f", [fresh])
-        for i, node in enumerate(nodes):
-            log = node.read_log()
-            if on_victim[i]:
-                assert "cluster.disconnected" in log, log[-2000:]
-    finally:
-        nats.start(victim)
-        nats.wait_ready(range(3))
-
-
 # ---- Retained messages cluster-wide, client ids, nodes and rules ----
 
 def test_retained_for_a_later_subscriber_on_any_node(nodes, mq, pfx):
@@ -1144,9 +1101,12 @@ def test_nodes_and_rules_counted_cluster_wide(nodes, mq, pfx):
     def archive(node):
         return next(r for r in node.ctl_json("rules", "metrics") if r["name"] == "archive")
 
-    # Nodes another test started and stopped are listed "silent" for a minute.
-    listed = [n for n in n2.ctl_json("cluster", "nodes") if n["state"] == "up"]
-    assert [n["node"] for n in listed] == ["n1", "n2", "n3"], listed
+    # A node another test stopped is "up" until 3 s pass without its heartbeat, then
+    # "silent" for a minute.
+    def up():
+        return [n for n in n2.ctl_json("cluster", "nodes") if n["state"] == "up"]
+    until(lambda: [n["node"] for n in up()] == ["n1", "n2", "n3"], WAIT, lambda: up())
+    listed = up()
     assert [n["self"] for n in listed] == [False, True, False]
     assert all(n["heard_ms_ago"] < 5000 for n in listed), listed
     sub = mq(n2, name="sub")
@@ -1176,3 +1136,53 @@ def test_sys_names_the_node(nodes, mq):
         s.subscribe("$SYS/broker/node", 0)
         s.wait_count(1)
         assert s.msgs[0].payload == f"n{i + 1}".encode()
+
+
+# ---- 10. A NATS server dies (last: it takes one away, and brings it back) ----
+
+def test_nats_server_killed_and_nodes_reconnect(nats, nodes, mq, pfx):
+    n1, n2, n3 = nodes
+    subs = {name: mq(node, name=f"k{name}") for name, node in zip(("n1", "n2", "n3"), nodes)}
+    for s in subs.values():
+        s.subscribe(f"{pfx}/k/#", 1)
+    pub1 = mq(n1, name="pub1")
+    pub2 = mq(n2, name="pub2")
+    await_route(pub1, f"{pfx}/k/a", [subs["n2"], subs["n3"]])
+    await_route(pub2, f"{pfx}/k/b", [subs["n1"], subs["n3"]])
+
+    victim, _ = nats.conn("rtd:n2:routes")
+    assert victim is not None
+    on_victim = {}  # node index: how many of its connections were on the victim
+    for i in range(3):
+        on_victim[i] = sum(1 for role in ("routes", "shared")
+                           if nats.conn(f"rtd:n{i + 1}:{role}")[0] == victim)
+    marks = [n.read_log().count("cluster.reconnected") for n in nodes]
+    nats.kill9(victim)
+    try:
+        for i, node in enumerate(nodes):
+            if on_victim[i]:
+                until(lambda: node.read_log().count("cluster.reconnected") >=
+                      marks[i] + on_victim[i], WAIT,
+                      lambda: f"n{i + 1} did not log cluster.reconnected:\n"
+                      + node.read_log()[-2000:])
+        # Subscriptions made before the loss were made again on the new server.
+        await_route(pub1, f"{pfx}/k/a", [subs["n2"], subs["n3"]])
+        await_route(pub2, f"{pfx}/k/b", [subs["n1"], subs["n3"]])
+        # And what is made now works too.
+        fresh = mq(n2, name="fresh")
+        fresh.subscribe(f"{pfx}/f", 1)
+        await_route(mq(n3, name="pub3"), f"{pfx}/f", [fresh])
+        # The buckets keep two of their three copies: retained messages still replicate.
+        pub1.publish(f"{pfx}/k/ret", b"kept", qos=1, retain=True)
+        late = mq(n3, name="late")
+        late.subscribe(f"{pfx}/k/ret", 1)
+        late.wait_count(1)
+        assert payloads(late) == [b"kept"]
+        pub1.publish(f"{pfx}/k/ret", b"", qos=1, retain=True)
+        for i, node in enumerate(nodes):
+            log = node.read_log()
+            if on_victim[i]:
+                assert "cluster.disconnected" in log, log[-2000:]
+    finally:
+        nats.start(victim)
+        nats.wait_ready(range(3))
