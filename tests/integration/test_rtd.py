@@ -39,8 +39,8 @@ def test_pub_sub_wildcards_and_qos(rtd, protocol):
     assert sorted(g for g in sub.got if g[0].startswith("q2/")) == \
         [(f"q2/{i}", b"exactly-once", 2) for i in range(5)]
     for c in (sub, pub):
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
 
 
 def test_dollar_topics_not_matched_by_root_wildcards(rtd):
@@ -261,8 +261,8 @@ def test_shared_subscriptions_round_robin_and_failover(rtd):
         pub.publish(f"jobs/{i}", b"j", qos=1).wait_for_publish(5)
     assert wait_for(lambda: len(plain.got) == 10 and len(m1.got) + len(m2.got) == 10)
     assert len(m1.got) == 5 and len(m2.got) == 5  # round robin, each message once
-    m2.loop_stop()
     m2.disconnect()
+    m2.loop_stop()
     time.sleep(0.3)
     for i in range(4):
         pub.publish(f"jobs/x{i}", b"j", qos=1).wait_for_publish(5)
