@@ -67,10 +67,10 @@ test-integration-tsan: build-tsan
 		tests/integration/test_admin_socket.py tests/integration/test_trace.py
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
-# and the inputs that once crashed it); any crash fails.
+# and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.
 FUZZ_SECONDS ?= 10
 test-fuzz: build-fuzz
-	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS)
+	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS) $(JOBS)
 
 test: test-unit test-asan test-tsan test-integration test-integration-asan test-integration-tsan test-fuzz
 	@echo "all test suites passed"
