@@ -35,9 +35,14 @@ run: build
 test-unit: build
 	@cd $(BUILD)/release && ctest --output-on-failure -j1
 
+# The ASan pass runs JOBS unit tests at once: each is its own process with its own files
+# (pid-named or tmpdir.h) and ports (bound to 0 or free_port), none has a wall-clock bound
+# that a shared core could break (CPU-time ratios, generous waits, lower bounds), and the
+# sanitizer proves the same whatever runs beside it. The release pass stays one at a time:
+# its valgrind and bench runs print figures meant to be read on an otherwise idle machine.
 test-asan: build-asan
 	@cd $(BUILD)/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j1
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS)
 
 test-tsan: build-tsan
 	@cd $(BUILD)/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
