@@ -35,10 +35,10 @@ run: build
 test-unit: build
 	@cd $(BUILD)/release && ctest --output-on-failure -j1
 
-# The ASan pass runs JOBS unit tests at once: each is its own process with its own files
-# (pid-named or tmpdir.h) and ports (bound to 0 or free_port), none has a wall-clock bound
-# that a shared core could break (CPU-time ratios, generous waits, lower bounds), and the
-# sanitizer proves the same whatever runs beside it. The release pass stays one at a time:
+# The ASan and TSan passes run JOBS unit tests at once: each is its own process with its own
+# files (pid-named or tmpdir.h) and ports (bound to 0 or free_port), none has a wall-clock
+# bound that a shared core could break (CPU-time ratios, generous waits, lower bounds), and
+# a sanitizer proves the same whatever runs beside it. The release pass stays one at a time:
 # its valgrind and bench runs print figures meant to be read on an otherwise idle machine.
 test-asan: build-asan
 	@cd $(BUILD)/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
@@ -46,7 +46,7 @@ test-asan: build-asan
 
 test-tsan: build-tsan
 	@cd $(BUILD)/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
-		suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -j1
+		suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -j$(JOBS)
 
 test-integration: build
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q tests/integration; rc=$$?; \
