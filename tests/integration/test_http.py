@@ -113,6 +113,7 @@ def victim(broker, client_id):
     try:
         yield lost
     finally:
+        c.disconnect()  # kicked: ends its reconnect wait, which loop_stop alone sleeps out
         c.loop_stop()
 
 

@@ -103,8 +103,9 @@ def test_takeover_v5_reason(rtd):
     second = client(rtd.port, "same", mqtt.MQTTv5)
     assert wait_for(lambda: first.reasons)
     assert first.reasons[0] == 0x8E  # Session taken over
-    first.loop_stop()
-    second.loop_stop()
+    for c in (first, second):
+        c.disconnect()  # wakes the network thread: loop_stop alone waits out its 1 s select
+        c.loop_stop()
 
 
 def raw_connect(port, client_id=b"raw", keepalive=60, version=4, clean=True):
@@ -174,6 +175,7 @@ def test_sigterm_sends_v5_disconnect_and_exits_cleanly():
     assert wait_for(lambda: c.reasons)
     assert c.reasons[0] == 0x8B  # Server shutting down
     assert "clean shutdown" in log
+    c.disconnect()  # ends the reconnect wait: loop_stop alone sleeps it out (up to 1 s)
     c.loop_stop()
 
 
@@ -287,6 +289,7 @@ def test_subscription_identifiers_v5(rtd):
     pub.publish("sid/a", b"x", qos=1).wait_for_publish(5)
     assert wait_for(lambda: ids)
     assert ids == [[7]]
+    c.disconnect()  # wakes the network thread: loop_stop alone waits out its 1 s select
     c.loop_stop()
 
 
@@ -380,6 +383,7 @@ def test_v5_properties_pass_through(rtd):
     assert p.ContentType == "text/plain" and p.PayloadFormatIndicator == 1
     assert p.UserProperty == [("k", "v"), ("k", "w")]
     assert v3.got == [("rr/req", b"ping", 1)]  # v3 subscribers get the message without them
+    sub.disconnect()  # wakes the network thread: loop_stop alone waits out its 1 s select
     sub.loop_stop()
 
 

@@ -821,6 +821,7 @@ def test_durable_acks_survive_kill9(tmp_path):
         assert wait_for(lambda: len(acked_mids) >= 500, 20), len(acked_mids)
         rtd.kill9()
         got = {mids[m] for m in set(acked_mids)}
+        c.disconnect()  # rtd is gone: ends the reconnect wait, which loop_stop alone sleeps out
         c.loop_stop()
     finally:
         if rtd.proc.poll() is None:
