@@ -35,13 +35,18 @@ run: build
 test-unit: build
 	@cd $(BUILD)/release && ctest --output-on-failure -j1
 
+# The ASan and TSan passes run JOBS unit tests at once: each is its own process with its own
+# files (pid-named or tmpdir.h) and ports (bound to 0 or free_port), none has a wall-clock
+# bound that a shared core could break (CPU-time ratios, generous waits, lower bounds), and
+# a sanitizer proves the same whatever runs beside it. The release pass stays one at a time:
+# its valgrind and bench runs print figures meant to be read on an otherwise idle machine.
 test-asan: build-asan
 	@cd $(BUILD)/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j1
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS)
 
 test-tsan: build-tsan
 	@cd $(BUILD)/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
-		suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -j1
+		suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -j$(JOBS)
 
 test-integration: build
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q tests/integration; rc=$$?; \
@@ -67,10 +72,10 @@ test-integration-tsan: build-tsan
 		tests/integration/test_admin_socket.py tests/integration/test_trace.py
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
-# and the inputs that once crashed it); any crash fails.
+# and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.
 FUZZ_SECONDS ?= 10
 test-fuzz: build-fuzz
-	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS)
+	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS) $(JOBS)
 
 test: test-unit test-asan test-tsan test-integration test-integration-asan test-integration-tsan test-fuzz
 	@echo "all test suites passed"

@@ -108,7 +108,8 @@ static const setting_t settings[] = {
     {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL,
      "\"host:port\", { bind = \"host:port\", tls = {...}, websocket = \"/path\", ... } or a list"},
     {"http", K_HTTP, OFF(http), 0, 0, 0, NULL,
-     "{ bind = \"host:port\", api_keys_file = \"...\", metrics_public = true }: HTTP API"},
+     "{ bind = \"host:port\", api_keys_file = \"...\", metrics_public = true, "
+     "request_timeout = s }: HTTP API"},
     {"cluster", K_CLUSTER, OFF(cluster), 0, 0, 0, NULL,
      "{ node = \"name\", nats = { \"nats://host:port\", ... }, ... }: join a cluster"},
     {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
@@ -226,6 +227,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->rule_output_bytes = RT_CONF_RULE_OUTPUT_BYTES;
     c->sys_interval = 10;
     c->connect_timeout = 10;
+    c->http.request_timeout = RT_CONF_HTTP_REQUEST_TIMEOUT;
     c->restart_intensity = RT_CONF_RESTART_INTENSITY;
     c->restart_period = RT_CONF_RESTART_PERIOD;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
@@ -774,7 +776,8 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     return true;
 }
 
-/* http = { bind = "host:port", tls = {...}, api_keys_file = "...", metrics_public = true } */
+/* http = { bind = "host:port", tls = {...}, api_keys_file = "...", metrics_public = true,
+            request_timeout = s } */
 static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
     if (lua_type(L, -1) != LUA_TTABLE) {
@@ -782,6 +785,7 @@ static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
         return false;
     }
     memset(&c->http, 0, sizeof(c->http));
+    c->http.request_timeout = RT_CONF_HTTP_REQUEST_TIMEOUT;
     bool ok = true, bound = false;
     lua_pushnil(L);
     while (ok && lua_next(L, -2)) {
@@ -807,9 +811,17 @@ static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
             c->http.metrics_public = ok && lua_toboolean(L, -1);
             if (!ok)
                 snprintf(why, whylen, "http.metrics_public must be true or false");
+        } else if (strcmp(k, "request_timeout") == 0) {
+            lua_Integer v = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
+            ok = v >= 1 && v <= RT_CONF_HTTP_REQUEST_TIMEOUT_MAX;
+            c->http.request_timeout = (long)v;
+            if (!ok)
+                snprintf(why, whylen, "http.request_timeout must be whole seconds from 1 to %d",
+                         RT_CONF_HTTP_REQUEST_TIMEOUT_MAX);
         } else {
             snprintf(why, whylen,
-                     "http: unknown key \"%s\" (bind, tls, api_keys_file, metrics_public)", k);
+                     "http: unknown key \"%s\" (bind, tls, api_keys_file, metrics_public, "
+                     "request_timeout)", k);
             ok = false;
         }
         lua_pop(L, 1);

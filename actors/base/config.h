@@ -116,6 +116,12 @@ typedef struct rt_conf_user_rate_s {
 ** filling an 8 MB cap took 100-480 ms on a box running 6 builds at once.
 */
 #define RT_CONF_RULE_CALL_MS 1000
+/*
+** http.request_timeout's default and range, in seconds: a request must arrive whole
+** within it (slowloris), and the first one, a TLS handshake included, within it of accept.
+*/
+#define RT_CONF_HTTP_REQUEST_TIMEOUT 10
+#define RT_CONF_HTTP_REQUEST_TIMEOUT_MAX 3600
 /* Rows one rule call may return (rule_output_rows). */
 #define RT_CONF_RULE_OUTPUT_ROWS 10000
 /*
@@ -173,6 +179,8 @@ typedef struct rt_conf_s {
         rt_listen_t where;
         char api_keys_file[RT_CONF_PATH_MAX]; /* name role sha256 lines; "": no API */
         bool metrics_public;                   /* /metrics without a key */
+        long request_timeout; /* seconds from a request's first byte (from accept for the
+                                 first, a TLS handshake included) to the whole request */
     } http;
     /* The cluster (actors/cluster): this node's name and the NATS servers it joins through. */
     struct {

@@ -1,7 +1,7 @@
 /*
 ** The HTTP listener and its connections (http.h). A connection is an actor that reads one
 ** request at a time (keep-alive, bounded by http_request.h and RT_HTTP_BODY_MAX, cut by
-** RT_HTTP_REQUEST_MS while incomplete and RT_HTTP_IDLE_MS while idle), answers it, then
+** http.request_timeout while incomplete and RT_HTTP_IDLE_MS while idle), answers it, then
 ** reads the next; with http.tls, through its TLS connection (tls_conn.h, as the MQTT
 ** connections run theirs), whose handshake the request deadline covers too. The API is the
 ** admin command layer: a path /api/v1/clients/show/ID?x=y (or a JSON body, http_api.c)
@@ -211,6 +211,12 @@ static void respond_admin(void *ctx, int code, const char *body, size_t len)
                 body, len);
 }
 
+/* http.request_timeout: a request must arrive whole within it (slowloris). */
+static uint64_t request_ms(void)
+{
+    return (uint64_t)H.conf.http.request_timeout * 1000;
+}
+
 static void arm_timer(rt_actor_t *self, http_conn_t *k, uint64_t ms)
 {
     if (k->timer)
@@ -389,7 +395,7 @@ static void request_done(rt_actor_t *self, http_conn_t *k, size_t used)
         finish(self, k);
         return;
     }
-    arm_timer(self, k, k->inlen ? RT_HTTP_REQUEST_MS : RT_HTTP_IDLE_MS);
+    arm_timer(self, k, k->inlen ? request_ms() : RT_HTTP_IDLE_MS);
 }
 
 /* Answers the requests read, one at a time, until one waits for the admin layer. */
@@ -433,7 +439,7 @@ static bool take(rt_actor_t *self, http_conn_t *k, const void *data, size_t len)
     /* The request's deadline starts at its first byte; the handshake's bytes do not move
        it, so the handshake and the first request share the deadline set at accept. */
     if (!k->inlen)
-        arm_timer(self, k, RT_HTTP_REQUEST_MS);
+        arm_timer(self, k, request_ms());
     memcpy(k->in + k->inlen, data, len);
     k->inlen += len;
     return true;
@@ -525,7 +531,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
         finish(self, k);
         return 0;
     }
-    arm_timer(self, k, RT_HTTP_REQUEST_MS); /* the request's, and the handshake's */
+    arm_timer(self, k, request_ms()); /* the request's, and the handshake's */
     return 0;
 }
 

@@ -16,7 +16,6 @@
 #define RT_HTTP_GROUP "http_sup"
 #define RT_HTTP_BODY_MAX (64 * 1024) /* a request body is refused (413) past this */
 #define RT_HTTP_CONNS_MAX 1024       /* HTTP connections at once; more are refused at accept */
-#define RT_HTTP_REQUEST_MS 10000     /* a request must arrive whole within this (slowloris) */
 #define RT_HTTP_IDLE_MS 60000        /* a kept-alive connection with no request is closed */
 
 /* Starts the listener under sup when conf->http.on (else does nothing): 0 or an RT_E* code. */

@@ -117,6 +117,7 @@ def test_dashboard(rtd, browser):
         if load.poll() is None:
             load.kill()
         load.wait(10)
+        victim.disconnect()  # kicked: ends its reconnect wait, which loop_stop alone sleeps out
         victim.loop_stop()
 
     # A dry run of the archive rule (etc/rules/archive.lua) shows the row it would write.

@@ -24,8 +24,8 @@ def connects(port, client_id, user=None, password=None):
         return None
     c.loop_start()
     wait_for(lambda: "rc" in result, 5)
-    c.loop_stop()
     c.disconnect()
+    c.loop_stop()
     return result.get("rc")
 
 
@@ -53,8 +53,8 @@ def test_a_limit_changes_live():
         assert b.ctl("config", "set", "max_connections", "100")[0] == 0
         assert connects(b.port, "third") == 0
         for c in held:
-            c.loop_stop()
             c.disconnect()
+            c.loop_stop()
         # A bad value is refused with the reason, and the setting stays.
         code, _, err = b.ctl("config", "set", "max_connections", "-5")
         assert code == 1 and "max_connections" in err

@@ -204,8 +204,8 @@ class Probe(threading.Thread):
     def finish(self):
         self.stop_flag.set()
         self.join(15)
-        self.c.loop_stop()
         self.c.disconnect()
+        self.c.loop_stop()
 
 
 def publish_some(port, first, n, topic="rl/py"):
@@ -219,8 +219,8 @@ def publish_some(port, first, n, topic="rl/py"):
             info.wait_for_publish(10)
             assert info.is_published()
     finally:
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
 
 
 def rows_by_seq(db, first, n):

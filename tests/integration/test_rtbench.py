@@ -159,8 +159,8 @@ def test_topic_expansion_pub(mosquitto):
     deadline = time.monotonic() + 5
     while len(got) < 6 and time.monotonic() < deadline:
         time.sleep(0.02)
-    c.loop_stop()
     c.disconnect()
+    c.loop_stop()
     topics = sorted(t for t, _ in got)
     assert topics == ["exp/5/tp5", "exp/5/tp5", "exp/6/tp6", "exp/6/tp6", "exp/7/tp7",
                       "exp/7/tp7"]
@@ -183,8 +183,8 @@ def test_raw_payload_pub(mosquitto):
     deadline = time.monotonic() + 5
     while len(got) < 6 and time.monotonic() < deadline:
         time.sleep(0.02)
-    c.loop_stop()
     c.disconnect()
+    c.loop_stop()
     assert got == [b"x" * 10] * 6
 
 
@@ -199,8 +199,8 @@ def test_topic_expansion_sub(mosquitto):
             head = struct.pack("<IIQ", i, seq, time.monotonic_ns())
             c.publish(f"sx/{i}", head + b"z" * 10, qos=1).wait_for_publish(5)
         c.publish("sx/99", b"nobody listens", qos=1).wait_for_publish(5)
-    c.loop_stop()
     c.disconnect()
+    c.loop_stop()
     s = finish(sub, timeout=20)
     assert s["subscribed"] == 2
     assert s["received"] == 6 and s["unique"] == 6 and s["missing"] == 0

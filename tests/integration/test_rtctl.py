@@ -287,8 +287,8 @@ def clients(broker):
     assert wait_for(lambda: len(sub.got) == 1)
     yield sub, pub
     for c in (sub, pub):
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
 
 
 def test_broker_commands(broker, clients):
@@ -434,8 +434,8 @@ def test_log_config_auth(broker):
     def connect_logged(client_id):
         """Whether rtd logs a connection (an info line) at the level it runs at now."""
         c = client(broker.port, client_id)
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
         return wait_for(lambda: f"client.disconnected client={client_id}" in broker.read_log(),
                         1)
     ok(broker, "log", "level", "error")

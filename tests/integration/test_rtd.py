@@ -39,8 +39,8 @@ def test_pub_sub_wildcards_and_qos(rtd, protocol):
     assert sorted(g for g in sub.got if g[0].startswith("q2/")) == \
         [(f"q2/{i}", b"exactly-once", 2) for i in range(5)]
     for c in (sub, pub):
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
 
 
 def test_dollar_topics_not_matched_by_root_wildcards(rtd):
@@ -103,8 +103,9 @@ def test_takeover_v5_reason(rtd):
     second = client(rtd.port, "same", mqtt.MQTTv5)
     assert wait_for(lambda: first.reasons)
     assert first.reasons[0] == 0x8E  # Session taken over
-    first.loop_stop()
-    second.loop_stop()
+    for c in (first, second):
+        c.disconnect()  # wakes the network thread: loop_stop alone waits out its 1 s select
+        c.loop_stop()
 
 
 def raw_connect(port, client_id=b"raw", keepalive=60, version=4, clean=True):
@@ -174,6 +175,7 @@ def test_sigterm_sends_v5_disconnect_and_exits_cleanly():
     assert wait_for(lambda: c.reasons)
     assert c.reasons[0] == 0x8B  # Server shutting down
     assert "clean shutdown" in log
+    c.disconnect()  # ends the reconnect wait: loop_stop alone sleeps it out (up to 1 s)
     c.loop_stop()
 
 
@@ -261,8 +263,8 @@ def test_shared_subscriptions_round_robin_and_failover(rtd):
         pub.publish(f"jobs/{i}", b"j", qos=1).wait_for_publish(5)
     assert wait_for(lambda: len(plain.got) == 10 and len(m1.got) + len(m2.got) == 10)
     assert len(m1.got) == 5 and len(m2.got) == 5  # round robin, each message once
-    m2.loop_stop()
     m2.disconnect()
+    m2.loop_stop()
     time.sleep(0.3)
     for i in range(4):
         pub.publish(f"jobs/x{i}", b"j", qos=1).wait_for_publish(5)
@@ -287,6 +289,7 @@ def test_subscription_identifiers_v5(rtd):
     pub.publish("sid/a", b"x", qos=1).wait_for_publish(5)
     assert wait_for(lambda: ids)
     assert ids == [[7]]
+    c.disconnect()  # wakes the network thread: loop_stop alone waits out its 1 s select
     c.loop_stop()
 
 
@@ -380,6 +383,7 @@ def test_v5_properties_pass_through(rtd):
     assert p.ContentType == "text/plain" and p.PayloadFormatIndicator == 1
     assert p.UserProperty == [("k", "v"), ("k", "w")]
     assert v3.got == [("rr/req", b"ping", 1)]  # v3 subscribers get the message without them
+    sub.disconnect()  # wakes the network thread: loop_stop alone waits out its 1 s select
     sub.loop_stop()
 
 

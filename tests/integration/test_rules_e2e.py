@@ -151,8 +151,8 @@ def test_filter_and_reshape_into_sqlite(tmp_path):
                          ("sensors/b1/batch",
                           json.dumps([{"k": f"k{i}", "v": i * 10} for i in range(1, 6)])),
                          ("sensors/b2/batch", json.dumps([{"k": "only", "v": -1}]))])
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
         t1 = now_ms()
         want = sorted([("m1", 21.5)] + [(d, float(t)) for d, t in temps if t >= 0])
         assert poll_count(db, "temps", len(want)) == len(want)
@@ -371,14 +371,14 @@ def test_broken_rules_isolated(tmp_path):
         assert query(db, "SELECT count(*) FROM bad") is None  # no bad row ever written
         assert rtd.proc.poll() is None
         for c in cs:
-            c.loop_stop()
             c.disconnect()
+            c.loop_stop()
         # Still serving: a new client gets its message through.
         c = paho_client(rtd.port, "after")
         publish_qos1(c, [("load/after", "7")])
         assert poll_count(db, "good", n * clients + 1) == n * clients + 1
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
     finally:
         log = stop_ok(rtd)
     total = n * clients + 1
@@ -580,8 +580,8 @@ def test_rule_output_is_bounded(tmp_path):
         assert show["failed_memory"] == 2 and show["passed"] == 1, show
         assert "rows larger than rule_output_bytes" in show["last_error"], show
         assert poll_count(db, "wide", 3) == 3
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
     finally:
         stop_ok(rtd)
 
@@ -635,8 +635,8 @@ def test_sandbox_escapes_fail_at_run(tmp_path):
     try:
         c = paho_client(rtd.port, "sb")
         publish_qos1(c, [("sb/x", str(i)) for i in range(5)])
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
         assert poll_count(db, "good", 5) == 5
         assert query(db, "SELECT escaped FROM bad") is None, query(db, "SELECT escaped FROM bad")
     finally:
@@ -737,8 +737,8 @@ def test_mongo_sink_exactly_once_through_an_outage(tmp_path):
             half.wait()
             assert resume.wait(30)
             publish_qos1(c, [(f"m/mc{k}/seq", str(i)) for i in range(per // 2, per)])
-            c.loop_stop()
             c.disconnect()
+            c.loop_stop()
         except Exception as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
             half.abort()
@@ -821,6 +821,7 @@ def test_durable_acks_survive_kill9(tmp_path):
         assert wait_for(lambda: len(acked_mids) >= 500, 20), len(acked_mids)
         rtd.kill9()
         got = {mids[m] for m in set(acked_mids)}
+        c.disconnect()  # rtd is gone: ends the reconnect wait, which loop_stop alone sleeps out
         c.loop_stop()
     finally:
         if rtd.proc.poll() is None:
@@ -877,8 +878,8 @@ def test_republish_reshaped_without_loop(tmp_path):
         c = paho_client(rtd.port, "src")
         readings = [("d1", 20), ("d2", -5), ("d1", 21.5), ("d3", 0), ("d2", 100)]
         publish_qos1(c, [(f"in/{d}/temp", json.dumps({"t": t})) for d, t in readings])
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
         kept = [(d, t) for d, t in readings if t >= 0]
         got = []
         deadline = time.time() + 10

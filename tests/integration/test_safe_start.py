@@ -127,8 +127,8 @@ def publish_one(port, topic, payload, retain=False):
     info = c.publish(topic, payload, qos=1, retain=retain)
     info.wait_for_publish(10)
     assert info.is_published()
-    c.loop_stop()
     c.disconnect()
+    c.loop_stop()
 
 
 def rows(db):

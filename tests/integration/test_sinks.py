@@ -44,8 +44,8 @@ def publish_all(port, n, topics=5):
     for info in infos:
         info.wait_for_publish(10)
         assert info.is_published()
-    c.loop_stop()
     c.disconnect()
+    c.loop_stop()
 
 
 def start(tmp_path, *extra):
@@ -94,8 +94,8 @@ def test_durable_puback_after_commit(tmp_path):
             assert info.is_published()
             # The PUBACK came: the row must already be in the database.
             assert count(db) == i + 1
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
     finally:
         code, log = rtd.stop()
     assert code == 0, log

@@ -37,8 +37,8 @@ def broker():
     subscribe(clients[0], "a/#", 1)
     yield b
     for c in clients:
-        c.loop_stop()
         c.disconnect()
+        c.loop_stop()
     code, log = b.stop()
     assert code == 0, log
 

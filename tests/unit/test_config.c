@@ -263,7 +263,7 @@ static void test_listener_tables(void)
 }
 
 /* http.tls is a listener's tls table, its files resolved like theirs; identity_as_username is
-   MQTT's alone. */
+   MQTT's alone. http.request_timeout: whole seconds in range, 10 when not given. */
 static void test_http_tls(void)
 {
     rt_conf_t c;
@@ -271,6 +271,11 @@ static void test_http_tls(void)
     char err[RT_CONF_ERR_LEN];
     CHECK_EQ(rt_conf_set(&c, "http={bind=\"127.0.0.1:8081\"}", err, sizeof(err)), 0);
     CHECK(c.http.on && !c.http.where.tls_on);
+    CHECK_EQ(c.http.request_timeout, RT_CONF_HTTP_REQUEST_TIMEOUT);
+    CHECK_EQ(rt_conf_set(&c, "http={bind=\"127.0.0.1:8081\", request_timeout=2}", err,
+                         sizeof(err)),
+             0);
+    CHECK_EQ(c.http.request_timeout, 2);
     CHECK_EQ(rt_conf_set(&c,
                          "http={bind=\"127.0.0.1:8081\", tls={cert=\"h.pem\", key=\"h.key\", "
                          "min_version=\"1.3\"}, metrics_public=true}",
@@ -287,6 +292,10 @@ static void test_http_tls(void)
          "verify=\"required\", identity_as_username=true}}",
          "identity_as_username is for MQTT listeners"},
         {"http={bind=\"127.0.0.1:1\", tls=true}", "http.tls must be a table"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=0}", "http.request_timeout must be"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=3601}", "from 1 to 3600"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=1.5}", "whole seconds"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=\"2\"}", "http.request_timeout must be"},
     };
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
 }
