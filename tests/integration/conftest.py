@@ -322,3 +322,10 @@ def pki(tmp_path_factory):
     once per module: see certs.py."""
     from certs import Pki
     return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def pytest_configure(config):
+    # `make test-integration` runs the long tests (whole seconds of steady load or waiting:
+    # a soak, an outage, a reload loop, an audit) in a second pytest beside the others, which
+    # by design hold under that load.
+    config.addinivalue_line("markers", "long: runs tens of seconds; make runs these beside the rest")

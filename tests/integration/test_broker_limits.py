@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import time
+import pytest
 
 
 from conftest import BUILD, Rtd, wait_for
@@ -101,6 +102,7 @@ def silent_subscriber(port, i):
     return s
 
 
+@pytest.mark.long
 def test_memory_bounded_with_1000_subscribers_that_stopped_reading(tmp_path):
     # Rules off: the example archive rule would add the sink's queue to what is measured.
     broker = start("log_level=warning", f'rules_dir="{tmp_path}"')

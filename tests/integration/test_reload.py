@@ -244,6 +244,7 @@ def percentile(xs, q):
 
 # ---- the tests ----
 
+@pytest.mark.long
 def test_reload_under_load(tmp_path, rtctl_built):
     """30 s of 10,000 msg/s QoS 1 into a durable rule while the rule set changes every second:
     0 lost, 0 duplicated, each message handled by exactly one installed version, metrics carried

@@ -706,6 +706,7 @@ def mongo_count(port, coll):
         m.close()
 
 
+@pytest.mark.long
 def test_mongo_sink_exactly_once_through_an_outage(tmp_path):
     uri = os.environ.get("RT_TEST_MONGO_URI")
     # The outage is 30 s; RT_TEST_OUTAGE_S shortens it for quick local runs.

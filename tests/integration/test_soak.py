@@ -8,12 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import pytest
 
 from conftest import BUILD, ROOT
 
 SOAK = os.path.join(ROOT, "tests", "bench", "soak.py")
 
 
+@pytest.mark.long
 def test_quick_soak_keeps_heaps_in_bounds_and_rss_flat(tmp_path):
     """min_heap=4096 so that conn actors collect within the run and their triggers come
     from gc_factor x live: with the default 16 KiB none of them collects in a minute and the heap

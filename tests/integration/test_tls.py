@@ -885,6 +885,7 @@ def test_min_version_13_refuses_12(pki):
 TESTSSL = "/usr/bin/testssl"
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not os.access(TESTSSL, os.X_OK), reason="testssl.sh not installed")
 def test_testssl_finds_no_old_protocols_or_weak_ciphers(pki, tmp_path):
     """testssl.sh against the TLS listener (RSA certificate, where the most suites could

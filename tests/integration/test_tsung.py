@@ -79,6 +79,7 @@ def log_time(line):
         tzinfo=datetime.timezone.utc).timestamp()
 
 
+@pytest.mark.long
 def test_tsung_mqtt_subscribers_and_qos1_publishers(tmp_path):
     if TSUNG is None:
         pytest.fail("tsung is missing; run tools/install-deps.sh")

@@ -300,6 +300,44 @@ static void test_http_tls(void)
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* cluster: a node name and NATS URLs, replicas defaulting to min(3, URLs), TLS files resolved
+   like the listeners'; every wrong value named. */
+static void test_cluster(void)
+{
+    rt_conf_t c;
+    rt_conf_defaults(&c);
+    char err[RT_CONF_ERR_LEN];
+    CHECK(!c.cluster.on);
+    CHECK_EQ(rt_conf_set(&c, "cluster={node=\"rt1\", nats=\"nats://127.0.0.1:4222\"}", err,
+                         sizeof(err)),
+             0);
+    CHECK(c.cluster.on && strcmp(c.cluster.node, "rt1") == 0 && c.cluster.nnats == 1);
+    CHECK(strcmp(c.cluster.prefix, "rt") == 0 && c.cluster.replicas == 1);
+    CHECK_EQ(rt_conf_set(&c,
+                         "cluster={node=\"n-2_b\", nats={\"nats://a:1\", \"nats://b:2\", "
+                         "\"nats://c:3\", \"nats://d:4\"}, prefix=\"mq\", tls_ca=\"ca.pem\"}",
+                         err, sizeof(err)),
+             0);
+    CHECK(c.cluster.nnats == 4 && c.cluster.replicas == 3 && strcmp(c.cluster.prefix, "mq") == 0);
+    CHECK(c.cluster.tls_ca[0] == '/');
+    CHECK_EQ(rt_conf_set(&c, "cluster={node=\"x\", nats=\"nats://a:1\", replicas=5}", err,
+                         sizeof(err)),
+             0);
+    CHECK_EQ(c.cluster.replicas, 5);
+    static const refusal_t bad[] = {
+        {"cluster={nats=\"nats://a:1\"}", "cluster needs node"},
+        {"cluster={node=\"a\"}", "cluster needs node"},
+        {"cluster={node=\"a.b\", nats=\"nats://a:1\"}", "cluster.node must be"},
+        {"cluster={node=\"\", nats=\"nats://a:1\"}", "cluster.node must be"},
+        {"cluster={node=\"a\", nats={}}", "cluster.nats must be"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", replicas=6}", "cluster.replicas must be"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", tls_cert=\"c\"}", "go together"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", colour=1}", "unknown key \"colour\""},
+        {"cluster=true", "cluster must be a table"},
+    };
+    refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
+}
+
 /* Relative paths: the file's directory for the file's values and defaults, cwd for -o. */
 static void test_paths(void)
 {
@@ -376,6 +414,7 @@ int main(void)
     RUN(test_overrides);
     RUN(test_listener_tables);
     RUN(test_http_tls);
+    RUN(test_cluster);
     RUN(test_paths);
     RUN(test_anonymous_from);
     unlink(path);
