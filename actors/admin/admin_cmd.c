@@ -326,6 +326,9 @@ static int cmd_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "client_ids_claimed", st.claims);
     rt_doc_add_u64(c->doc, "client_ids_taken_over", st.claims_taken_over);
     rt_doc_add_u64(c->doc, "client_ids_given_up", st.given_up);
+    rt_doc_add_u64(c->doc, "sessions_moved_in", st.sessions_moved_in);
+    rt_doc_add_u64(c->doc, "sessions_moved_out", st.sessions_moved_out);
+    rt_doc_add_u64(c->doc, "sessions_move_failed", st.sessions_move_failed);
     rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
     return 200;
 }

@@ -2,6 +2,7 @@
 ** The canonical message (message.h): made once per PUBLISH, read through offsets by
 ** everyone after, and written out per subscriber from its parts.
 */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -23,6 +24,21 @@ typedef struct {
 #define INDEX_EXPIRY 2u
 #define INDEX_CLIENTID 4u
 #define INDEX_USERNAME 8u
+#define INDEX_ORIGIN 16u /* room for the cluster's origin (message_origin_t) after the index */
+
+/* Who first routed a message in a cluster, and its number there (rt_message_set_origin). */
+typedef struct {
+    uint64_t node_key;
+    uint64_t seq; /* 0: not set yet */
+} message_origin_t;
+
+/* Set once, before any message is made, by a node in a cluster. */
+static atomic_bool origin_room;
+
+void rt_message_keep_origins(void)
+{
+    atomic_store_explicit(&origin_room, true, memory_order_relaxed);
+}
 
 _Static_assert(sizeof(message_index_t) == 32, "every message pays for its index");
 
@@ -76,7 +92,9 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
     /* MQTT strings hold no NUL, so "clientid\0username\0" splits unambiguously. */
     size_t idn = clientid ? strlen(clientid) + 1 : 0;
     size_t usern = idn && username ? strlen(username) + 1 : 0;
-    rt_bin_t *bin = rt_bin_alloc_tail(len, sizeof(x) + idn + usern);
+    size_t originn =
+        atomic_load_explicit(&origin_room, memory_order_relaxed) ? sizeof(message_origin_t) : 0;
+    rt_bin_t *bin = rt_bin_alloc_tail(len, sizeof(x) + originn + idn + usern);
     if (!bin)
         return NULL;
     uint8_t *data = rt_bin_data(bin);
@@ -85,13 +103,15 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
         return NULL;
     }
     index_packet(data, len, x.qos, &x);
-    x.flags |= (idn ? INDEX_CLIENTID : 0) | (usern ? INDEX_USERNAME : 0);
+    x.flags |=
+        (idn ? INDEX_CLIENTID : 0) | (usern ? INDEX_USERNAME : 0) | (originn ? INDEX_ORIGIN : 0);
     uint8_t *tail = data + len;
     memcpy(tail, &x, sizeof(x));
+    memset(tail + sizeof(x), 0, originn);
     if (idn)
-        memcpy(tail + sizeof(x), clientid, idn);
+        memcpy(tail + sizeof(x) + originn, clientid, idn);
     if (usern)
-        memcpy(tail + sizeof(x) + idn, username, usern);
+        memcpy(tail + sizeof(x) + originn + idn, username, usern);
     return bin;
 }
 
@@ -113,13 +133,44 @@ void rt_message_view(const rt_bin_t *bin, rt_message_t *m)
     m->topic = (mqtt_str_t){data + x.topic_off, x.topic_len};
     m->props = (mqtt_str_t){data + x.props_off, x.props_len};
     m->payload = (mqtt_str_t){data + payload_off, (uint32_t)(rt_bin_len(bin) - payload_off)};
-    const char *ids = (const char *)tail + sizeof(x);
+    const char *ids =
+        (const char *)tail + sizeof(x) + (x.flags & INDEX_ORIGIN ? sizeof(message_origin_t) : 0);
     m->clientid = x.flags & INDEX_CLIENTID ? ids : NULL;
     m->username = x.flags & INDEX_USERNAME ? ids + strlen(ids) + 1 : NULL;
     m->expiry = x.expiry;
     m->qos = x.qos;
     m->retain = !!(x.flags & INDEX_RETAIN);
     m->has_expiry = !!(x.flags & INDEX_EXPIRY);
+}
+
+/* ---- Origins (a cluster's) ---- */
+
+static uint8_t *origin_at(const rt_bin_t *bin)
+{
+    uint8_t *tail = index_at(bin);
+    uint8_t flags = tail[offsetof(message_index_t, flags)];
+    return flags & INDEX_ORIGIN ? tail + sizeof(message_index_t) : NULL;
+}
+
+bool rt_message_set_origin(rt_bin_t *bin, uint64_t node_key, uint64_t seq)
+{
+    uint8_t *at = origin_at(bin);
+    if (!at)
+        return false;
+    message_origin_t o = {node_key, seq};
+    memcpy(at, &o, sizeof(o));
+    return true;
+}
+
+bool rt_message_origin(const rt_bin_t *bin, uint64_t *node_key, uint64_t *seq)
+{
+    const uint8_t *at = origin_at(bin);
+    message_origin_t o = {0, 0};
+    if (at)
+        memcpy(&o, at, sizeof(o));
+    *node_key = o.node_key;
+    *seq = o.seq;
+    return o.seq != 0;
 }
 
 /* ---- Delivery timing ---- */

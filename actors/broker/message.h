@@ -52,6 +52,18 @@ rt_bin_t *rt_message_parse(const void *packet, size_t len);
 void rt_message_view(const rt_bin_t *bin, rt_message_t *m);
 
 /*
+** A cluster names each message by the node that first routed it and a number there, so
+** that two nodes holding copies of one message can tell (a session moving between nodes
+** merges what both queued: docs/CLUSTER.md). rt_message_keep_origins, called once before
+** any message is made, gives every message 16 bytes of room for it; without the room
+** rt_message_set_origin does nothing and rt_message_origin says false. Set before the
+** binary is shared, or by its only holder.
+*/
+void rt_message_keep_origins(void);
+bool rt_message_set_origin(rt_bin_t *bin, uint64_t node_key, uint64_t seq);
+bool rt_message_origin(const rt_bin_t *bin, uint64_t *node_key, uint64_t *seq);
+
+/*
 ** Delivery latency (rt_delivery_latency_seconds, docs/HTTP.md "Delivery latency"): for each
 ** routed copy a subscriber writes to its socket as it takes it, the time since the broker
 ** read the client's PUBLISH. Only client PUBLISHes have a read time: the broker's own

@@ -42,7 +42,13 @@ void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uin
 
 /* The cluster's hand-off (rt_route_set_forward); NULL on a node alone. */
 static rt_route_forward_fn forward_hook;
+static void (*stamp_hook)(rt_bin_t *bin);
 static atomic_bool shared_by_cluster;
+
+void rt_route_set_stamp(void (*fn)(rt_bin_t *bin))
+{
+    stamp_hook = fn;
+}
 
 void rt_route_set_forward(rt_route_forward_fn fn)
 {
@@ -170,11 +176,13 @@ static int route_here(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint6
                  .timed = rt_message_timed(bin),
                  /* Another node's message reached this node's shared groups through
                     NATS's queue groups, or was served on its own node: never here too. */
-                 .shared_elsewhere = !forward || atomic_load_explicit(&shared_by_cluster,
-                                                                      memory_order_acquire)};
+                 .shared_elsewhere =
+                     !forward || atomic_load_explicit(&shared_by_cluster, memory_order_acquire)};
     /* The expiry interval counts from here; each subscriber sends what is left (3.3.2.3.3). */
     if (msg.has_expiry && msg.expiry)
         r.expire_at_ms = rt_mono_ms() + (uint64_t)msg.expiry * 1000;
+    if (forward && stamp_hook && !node_local(&msg))
+        stamp_hook(bin);
     size_t delivered = 0;
     rt_trie_match(rt_broker->trie, (const char *)msg.topic.p, msg.topic.len, publisher,
                   rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);

@@ -57,6 +57,9 @@ int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_t
 typedef bool (*rt_route_forward_fn)(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
                                     bool shared_here);
 void rt_route_set_forward(rt_route_forward_fn fn);
+/* The cluster names each message it will forward before any subscriber here gets it
+   (rt_message_set_origin), so every node's copies carry one name. */
+void rt_route_set_stamp(void (*fn)(rt_bin_t *bin));
 /*
 ** Whether the cluster picks shared groups' members now (its NATS connections are up): then
 ** routing here skips them; when not, they are served here as on a node alone, and the hook

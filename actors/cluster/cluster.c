@@ -33,21 +33,35 @@ enum {
     MSG_CLAIM,                 /* to cluster: claim_t, a CONNECT's client id */
     MSG_REPLY,                 /* to cluster: reply_t, an answer to another node's request */
     MSG_HEARTBEAT,             /* to cluster: time to say what this node holds */
+    MSG_MOVE_SYNC,             /* to cluster: move_t, make NATS hold an imported session's
+                                  subscriptions, then on to cluster_kv as MSG_MOVE_TAIL */
+    MSG_MOVE_TAIL,             /* to cluster_kv: move_t, ask the old holder for the rest */
 };
 
 typedef struct {
     rt_pid_t reply_to;
+    bool want_session;
     uint32_t len;
     char id[];
 } claim_t;
+
+/* A session moving here: who waits for the claim, the imported session, its old node. */
+typedef struct {
+    rt_pid_t reply_to, session;
+    char holder[RT_CONF_NODE_MAX];
+    uint32_t len;
+    char id[];
+} move_t;
 
 typedef struct {
     uint32_t subject_len, data_len;
     char text[]; /* the subject, then the data */
 } reply_t;
 
-/* inbound_t.share for a request to give up a client id (the node's takeover subject). */
+/* inbound_t.share for a request to give up a client id (the node's takeover subject)... */
 static const char takeover_request[] = "takeover";
+/* ... and for the second request of a session's move (its handover subject). */
+static const char handover_request[] = "handover";
 /* inbound_t.share for another node's heartbeat. */
 static const char heartbeat[] = "heartbeat";
 
@@ -131,7 +145,10 @@ static struct {
     /* Client ids: the bucket "<prefix>_clients" and this node's takeover subject. */
     kvStore *clients;
     char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
-    natsSubscription *takeover_sub, *status_sub;
+    natsSubscription *takeover_sub, *handover_sub, *status_sub;
+    uint64_t node_key;           /* rt_message_set_origin's name of this run of this node */
+    rt_cluster_import_fn import; /* the connection layer's (sessions moving here) */
+    _Atomic uint64_t sessions_moved_in, sessions_moved_out, sessions_move_failed;
     /* The nodes heard from: written by cluster_in, read by admin commands. */
     pthread_mutex_t nodes_lock;
     rt_cluster_node_t nodes[RT_CLUSTER_NODES_MAX];
@@ -230,7 +247,17 @@ static bool forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token, bool sh
     return acks;
 }
 
-static void publish(const rt_message_t *msg, bool shared_here)
+/* route.h's stamp: every message this node routes first gets its name before anyone here
+   holds a copy; the name's number is what Rt-Origin sends. */
+static void stamp(rt_bin_t *bin)
+{
+    uint64_t key, seq;
+    if (!rt_message_origin(bin, &key, &seq))
+        rt_message_set_origin(bin, C.node_key,
+                              atomic_fetch_add_explicit(&C.seq, 1, memory_order_relaxed) + 1);
+}
+
+static void publish(const rt_message_t *msg, const rt_bin_t *bin, bool shared_here)
 {
     char subject[RT_SUBJECT_MAX + 1];
     if (rt_subject_of_topic(C.prefix, (const char *)msg->topic.p, msg->topic.len, subject,
@@ -242,8 +269,10 @@ static void publish(const rt_message_t *msg, bool shared_here)
     natsStatus s =
         natsMsg_Create(&nm, subject, NULL, (const char *)msg->payload.p, (int)msg->payload.len);
     char origin[RT_CONF_NODE_MAX + 48], meta[48];
-    snprintf(origin, sizeof(origin), "%s %" PRIx64 " %" PRIu64, C.node, C.incarnation,
-             atomic_fetch_add_explicit(&C.seq, 1, memory_order_relaxed) + 1);
+    uint64_t key, seq;
+    if (!rt_message_origin(bin, &key, &seq)) /* made before the cluster started */
+        seq = atomic_fetch_add_explicit(&C.seq, 1, memory_order_relaxed) + 1;
+    snprintf(origin, sizeof(origin), "%s %" PRIx64 " %" PRIu64, C.node, C.incarnation, seq);
     if (msg->has_expiry)
         snprintf(meta, sizeof(meta), "%u %u %" PRIu32, msg->qos, msg->retain, msg->expiry);
     else
@@ -292,6 +321,7 @@ static void publish(const rt_message_t *msg, bool shared_here)
 #define JETSTREAM_WAIT_MS 2000
 
 static void *watch_retained(void *arg);
+static void node_subject(const char *holder, const char *what, char *out, size_t cap);
 static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
 
 /* Binds the bucket another node made (whatever its settings), or makes it. */
@@ -323,11 +353,16 @@ static void kv_bind(rt_actor_t *self)
     snprintf(clients, sizeof(clients), "%s_clients", C.prefix);
     if (s == NATS_OK && !C.clients)
         s = kv_open(&C.clients, clients, "rtd: which node holds each client id");
+    char subject[RT_CONF_NODE_MAX * 2 + 24];
     if (s == NATS_OK && !C.takeover_sub) {
-        char subject[RT_CONF_NODE_MAX * 2 + 24];
-        snprintf(subject, sizeof(subject), "%s.node.%s.takeover", C.prefix, C.node);
+        node_subject(C.node, "takeover", subject, sizeof(subject));
         s = natsConnection_Subscribe(&C.takeover_sub, C.nc, subject, on_message,
                                      (void *)takeover_request);
+    }
+    if (s == NATS_OK && !C.handover_sub) {
+        node_subject(C.node, "handover", subject, sizeof(subject));
+        s = natsConnection_Subscribe(&C.handover_sub, C.nc, subject, on_message,
+                                     (void *)handover_request);
     }
     /* A bucket just made answers only once its stream has a leader: probe before use,
        so the first claims do not wait out JetStream's timeout. */
@@ -496,21 +531,82 @@ bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len
 #define CLAIM_ATTEMPTS 4
 #define TAKEOVER_WAIT_MS 2000
 
-/* Asks the node that holds an id to end its client; no answer (a node gone) is fine. */
-static void ask_to_give_up(const char *holder, const char *id)
+#define H_PART "Rt-Part" /* "<i> <n>": part i of an answer in n parts; "0 0": nothing */
+#define H_WANT "Rt-Want" /* "session": the claimer resumes the session, which moves */
+
+/*
+** Sends subject a request for id and collects the answer's parts (cluster.h, "Sessions that
+** move"): *out (malloc'ed) and *len, none when the holder had nothing to move. false when
+** no answer came in time (a node gone) or it was not one.
+*/
+static bool request_parts(const char *subject, const char *id, bool want, uint8_t **out,
+                          size_t *len)
 {
-    char node[RT_CONF_NODE_MAX] = "", subject[RT_CONF_NODE_MAX * 2 + 24];
-    sscanf(holder, "%32s", node);
-    if (!node[0])
-        return;
-    snprintf(subject, sizeof(subject), "%s.node.%s.takeover", C.prefix, node);
-    natsMsg *reply = NULL;
-    if (natsConnection_RequestString(&reply, C.nc, subject, id, TAKEOVER_WAIT_MS) == NATS_OK)
-        natsMsg_Destroy(reply);
+    *out = NULL;
+    *len = 0;
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    natsMsg *req = NULL;
+    natsStatus s = natsInbox_Create(&inbox);
+    /* On the one connection: NATS has the subscription before the request. */
+    if (s == NATS_OK)
+        s = natsConnection_SubscribeSync(&sub, C.nc, inbox);
+    if (s == NATS_OK)
+        s = natsMsg_Create(&req, subject, inbox, id, (int)strlen(id));
+    if (s == NATS_OK && want)
+        s = natsMsgHeader_Set(req, H_WANT, "session");
+    if (s == NATS_OK)
+        s = natsConnection_PublishMsg(C.nc, req);
+    natsMsg_Destroy(req);
+    uint8_t *buf = NULL;
+    size_t have = 0;
+    for (unsigned got = 0, parts = 1; s == NATS_OK && got < parts;) {
+        natsMsg *part = NULL;
+        s = natsSubscription_NextMsg(&part, sub, TAKEOVER_WAIT_MS);
+        if (s != NATS_OK)
+            break;
+        const char *h = NULL;
+        unsigned i = 0, n = 0;
+        size_t dlen = (size_t)natsMsg_GetDataLength(part);
+        if (natsMsgHeader_Get(part, H_PART, &h) != NATS_OK || sscanf(h, "%u %u", &i, &n) != 2 ||
+            (n && i != got + 1) || n > RT_CLUSTER_MOVE_MAX / 1024 ||
+            have + dlen > RT_CLUSTER_MOVE_MAX) {
+            s = NATS_PROTOCOL_ERROR;
+        } else if ((parts = n) != 0) {
+            uint8_t *more = dlen ? realloc(buf, have + dlen) : buf;
+            if (dlen && !more) {
+                s = NATS_NO_MEMORY;
+            } else {
+                buf = more;
+                memcpy(buf + have, natsMsg_GetData(part), dlen);
+                have += dlen;
+                got++;
+            }
+        }
+        natsMsg_Destroy(part);
+    }
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    if (s != NATS_OK) {
+        free(buf);
+        return false;
+    }
+    *out = buf;
+    *len = have;
+    return true;
 }
 
-/* In the cluster actor: the id recorded as this node's, by compare-and-swap. */
-static int claim(const char *id)
+/* The holder node's subject for a request about its clients ("takeover", "handover"). */
+static void node_subject(const char *holder, const char *what, char *out, size_t cap)
+{
+    char node[RT_CONF_NODE_MAX] = "";
+    sscanf(holder, "%32s", node);
+    snprintf(out, cap, "%s.node.%s.%s", C.prefix, node, what);
+}
+
+/* In cluster_kv: the id recorded as this node's, by compare-and-swap. A session that moves
+   here (want_session) is imported, and *moving says the claim is answered later. */
+static int claim(const claim_t *cl, const char *id, bool *moving)
 {
     char key[3 * RT_CLIENT_TEXT_MAX + 1];
     if (rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
@@ -537,12 +633,44 @@ static int claim(const char *id)
         kvEntry_Destroy(e);
         if (strcmp(holder, C.value) == 0)
             return 0;
-        ask_to_give_up(holder, id);
-        if (kvStore_UpdateString(NULL, C.clients, key, C.value, rev) == NATS_OK) {
-            atomic_fetch_add_explicit(&C.claims_taken_over, 1, memory_order_relaxed);
-            rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s", id, holder);
-            return 0;
+        /* No answer (a node gone) is fine: the id is taken over without its session. */
+        char subject[RT_CONF_NODE_MAX * 2 + 24];
+        node_subject(holder, "takeover", subject, sizeof(subject));
+        uint8_t *session = NULL;
+        size_t len = 0;
+        request_parts(subject, id, cl->want_session, &session, &len);
+        if (kvStore_UpdateString(NULL, C.clients, key, C.value, rev) != NATS_OK) {
+            if (len)
+                rt_log(RT_LOG_WARNING, "cluster.session_lost",
+                       "client=%s from=%s: another node claimed the id while its session moved", id,
+                       holder);
+            free(session);
+            continue;
         }
+        atomic_fetch_add_explicit(&C.claims_taken_over, 1, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s session_bytes=%zu", id,
+               holder, len);
+        rt_pid_t imported = len && C.import ? C.import(id, session, len) : 0;
+        free(session);
+        if (len && !imported) {
+            atomic_fetch_add_explicit(&C.sessions_move_failed, 1, memory_order_relaxed);
+            rt_log(RT_LOG_ERROR, "cluster.session_lost",
+                   "client=%s from=%s: its session could not be read here", id, holder);
+        }
+        if (!imported)
+            return 0;
+        /* Through the cluster actor, after the session's subscriptions (cluster.h). */
+        rt_msg_t *m = rt_msg_new(MSG_MOVE_SYNC, sizeof(move_t) + strlen(id));
+        if (!m)
+            return 0;
+        move_t *mv = (move_t *)(void *)m->data;
+        mv->reply_to = cl->reply_to;
+        mv->session = imported;
+        snprintf(mv->holder, sizeof(mv->holder), "%.*s", (int)strcspn(holder, " "), holder);
+        mv->len = (uint32_t)strlen(id);
+        memcpy(mv->id, id, mv->len);
+        *moving = rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m) == 0;
+        return 0;
     }
     return RT_EAGAIN;
 }
@@ -551,16 +679,45 @@ static void claim_one(const claim_t *cl)
 {
     char id[RT_CLIENT_TEXT_MAX];
     snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
-    rt_cluster_claimed_t r = {.status = claim(id)};
+    bool moving = false;
+    rt_cluster_claimed_t r = {.status = claim(cl, id, &moving)};
     atomic_fetch_add_explicit(r.status ? &C.claims_failed : &C.claims, 1, memory_order_relaxed);
     if (r.status)
         rt_log(RT_LOG_WARNING, "cluster.claim_failed", "client=%s: %s", id,
                r.status == RT_EAGAIN ? "JetStream did not answer, or other nodes kept claiming it"
                                      : "the id cannot be a key");
-    rt_send(cl->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+    if (!moving)
+        rt_send(cl->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
 }
 
-bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len)
+/* In cluster_kv: what the old holder queued since phase 1, to the imported session (none
+   if the old node is gone); then the CONNECT goes on. */
+static void move_tail(const move_t *mv)
+{
+    char id[RT_CLIENT_TEXT_MAX], subject[RT_CONF_NODE_MAX * 2 + 24];
+    snprintf(id, sizeof(id), "%.*s", (int)mv->len, mv->id);
+    node_subject(mv->holder, "handover", subject, sizeof(subject));
+    uint8_t *tail = NULL;
+    size_t len = 0;
+    bool answered = request_parts(subject, id, true, &tail, &len);
+    rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, len);
+    if (m) {
+        memcpy(m->data, tail, len);
+        if (rt_send_msg(mv->session, m) != 0)
+            answered = false;
+    }
+    free(tail);
+    atomic_fetch_add_explicit(answered && m ? &C.sessions_moved_in : &C.sessions_move_failed, 1,
+                              memory_order_relaxed);
+    if (!answered || !m)
+        rt_log(RT_LOG_WARNING, "cluster.session_tail_lost",
+               "client=%s from=%s: what its old node queued after the move did not arrive", id,
+               mv->holder);
+    rt_cluster_claimed_t r = {.status = 0};
+    rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+}
+
+bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session)
 {
     if (!C.on)
         return false;
@@ -575,36 +732,71 @@ bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len)
     }
     claim_t *cl = (claim_t *)(void *)m->data;
     cl->reply_to = reply_to;
+    cl->want_session = want_session;
     cl->len = (uint32_t)len;
     memcpy(cl->id, id, len);
     return rt_send_msg(atomic_load_explicit(&C.kv_pid, memory_order_acquire), m) == 0;
 }
 
-/* In cluster_in: another node claims an id; its client here ends as a takeover. */
-static void give_up(natsMsg *nm)
+void rt_cluster_set_importer(rt_cluster_import_fn fn)
+{
+    C.import = fn;
+}
+
+/* An answer for the cluster actor to send, in parts (send_reply). */
+static void answer(const char *reply, size_t rlen, const void *bytes, size_t len)
+{
+    rt_msg_t *m = rlen ? rt_msg_new(MSG_REPLY, sizeof(reply_t) + rlen + len) : NULL;
+    if (!m)
+        return;
+    reply_t *r = (reply_t *)(void *)m->data;
+    r->subject_len = (uint32_t)rlen;
+    r->data_len = (uint32_t)len;
+    memcpy(r->text, reply, rlen);
+    memcpy(r->text + rlen, bytes, len);
+    rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m);
+}
+
+void rt_cluster_move_answer(const rt_cluster_move_t *req, const void *bytes, size_t len)
+{
+    if (len)
+        atomic_fetch_add_explicit(&C.sessions_moved_out, req->phase == 1, memory_order_relaxed);
+    answer(req->reply, req->reply_len, bytes, len);
+}
+
+/*
+** In cluster_in: another node claims an id (phase 1) or takes the rest of a session that is
+** moving (phase 2). A session's holder answers itself (RT_CLUSTER_MSG_MOVE_OUT); otherwise
+** a client here ends as a takeover and the answer is "nothing".
+*/
+static void give_up(natsMsg *nm, uint32_t phase)
 {
     char id[RT_CLIENT_TEXT_MAX];
     int len = natsMsg_GetDataLength(nm);
     snprintf(id, sizeof(id), "%.*s", len, natsMsg_GetData(nm));
     rt_pid_t holder = (size_t)len < sizeof(id) ? rt_broker_lookup_client(id) : 0;
-    if (holder) {
+    const char *reply = natsMsg_GetReply(nm), *want = NULL;
+    size_t rlen = reply ? strlen(reply) : 0;
+    if (holder && (phase == 2 || natsMsgHeader_Get(nm, H_WANT, &want) == NATS_OK)) {
+        rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_OUT, sizeof(rt_cluster_move_t) + rlen);
+        if (m) {
+            rt_cluster_move_t *mv = (rt_cluster_move_t *)(void *)m->data;
+            mv->phase = phase;
+            mv->reply_len = (uint32_t)rlen;
+            memcpy(mv->reply, reply, rlen);
+            if (rt_send_msg(holder, m) == 0)
+                return;
+        }
+    }
+    if (holder && phase == 1) {
         rt_exit_signal(holder, RT_REASON_TAKEOVER);
         atomic_fetch_add_explicit(&C.given_up, 1, memory_order_relaxed);
         rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s: claimed by another node", id);
     }
-    const char *reply = natsMsg_GetReply(nm);
-    size_t rlen = reply ? strlen(reply) : 0;
-    rt_msg_t *m = rlen ? rt_msg_new(MSG_REPLY, sizeof(reply_t) + rlen + 2) : NULL;
-    if (!m)
-        return;
-    reply_t *r = (reply_t *)(void *)m->data;
-    r->subject_len = (uint32_t)rlen;
-    r->data_len = 2;
-    memcpy(r->text, reply, rlen);
-    memcpy(r->text + rlen, "ok", 2);
-    rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m);
+    answer(reply, rlen, NULL, 0);
 }
 
+/* In the cluster actor: an answer in parts that fit NATS's max_payload ("0 0": none). */
 static void send_reply(const reply_t *r)
 {
     char subject[RT_SUBJECT_MAX + 1];
@@ -612,7 +804,26 @@ static void send_reply(const reply_t *r)
         return;
     memcpy(subject, r->text, r->subject_len);
     subject[r->subject_len] = 0;
-    natsConnection_Publish(C.nc, subject, r->text + r->subject_len, (int)r->data_len);
+    const char *data = r->text + r->subject_len;
+    int64_t max = natsConnection_GetMaxPayload(C.nc);
+    size_t part = max > 8192 ? (size_t)max - 4096 : 4096; /* room for the headers */
+    unsigned n = (unsigned)((r->data_len + part - 1) / part);
+    natsStatus s = NATS_OK;
+    for (unsigned i = 0; s == NATS_OK && i < (n ? n : 1); i++) {
+        size_t at = (size_t)i * part, len = n ? r->data_len - at : 0;
+        char h[32];
+        snprintf(h, sizeof(h), "%u %u", n ? i + 1 : 0, n);
+        natsMsg *nm = NULL;
+        s = natsMsg_Create(&nm, subject, NULL, data + at, (int)(len < part ? len : part));
+        if (s == NATS_OK)
+            s = natsMsgHeader_Set(nm, H_PART, h);
+        if (s == NATS_OK)
+            s = natsConnection_PublishMsg(C.nc, nm);
+        natsMsg_Destroy(nm);
+    }
+    if (s != NATS_OK)
+        rt_log(RT_LOG_WARNING, "cluster.answer_failed", "subject=%s bytes=%u: %s", subject,
+               r->data_len, natsStatus_GetText(s));
 }
 
 /* ---- Heartbeats: what each node holds, once a second ---- */
@@ -757,6 +968,12 @@ static uint64_t fnv1a(const char *s, size_t n)
     for (size_t i = 0; i < n; i++)
         h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
     return h;
+}
+
+/* The name of one run of a node in its messages' origins (rt_message_set_origin). */
+static uint64_t node_key(const char *node, uint64_t incarnation)
+{
+    return fnv1a(node, strlen(node)) ^ (incarnation * 0x9E3779B97F4A7C15ull);
 }
 
 /* The slot of filter: where it is, or the free slot it would take; NULL when full. */
@@ -928,7 +1145,7 @@ static void forward_one(rt_msg_t *m)
     rt_message_t msg;
     const forward_t *f = (const forward_t *)(const void *)m->data;
     rt_message_view(m->bin, &msg);
-    publish(&msg, f->shared_here);
+    publish(&msg, m->bin, f->shared_here);
     if (!msg.retain || !atomic_load(&C.kv_ready))
         return;
     natsStatus s = kv_put(&msg, m->bin);
@@ -952,6 +1169,15 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         send_heartbeat(self);
     } else if (m->tag == MSG_REPLY && m->len >= sizeof(reply_t)) {
         send_reply((const reply_t *)(const void *)m->data);
+    } else if (m->tag == MSG_MOVE_SYNC && m->len >= sizeof(move_t)) {
+        /* The imported session's subscriptions were made before this message was sent:
+           once the server has them, whatever the old holder queues after is its tail. */
+        natsConnection_FlushTimeout(C.nc, JETSTREAM_WAIT_MS);
+        rt_msg_t *tail = rt_msg_new(MSG_MOVE_TAIL, m->len);
+        if (tail) {
+            memcpy(tail->data, m->data, m->len);
+            rt_send_msg(atomic_load_explicit(&C.kv_pid, memory_order_acquire), tail);
+        }
     } else if (m->tag == MSG_INTEREST) {
         const interest_t *in = (const interest_t *)(const void *)m->data;
         if (in->on)
@@ -988,6 +1214,8 @@ static void kv_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         barrier_start(m);
     else if (m->tag == MSG_CLAIM && m->len >= sizeof(claim_t))
         claim_one((const claim_t *)(const void *)m->data);
+    else if (m->tag == MSG_MOVE_TAIL && m->len >= sizeof(move_t))
+        move_tail((const move_t *)(const void *)m->data);
 }
 
 static const rt_actor_type_t kv_type = {
@@ -1238,6 +1466,7 @@ static void route_inbound(in_state_t *st, const inbound_t *in)
         atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
         return;
     }
+    rt_message_set_origin(bin, node_key(node, inc), seq);
     const char *shared = NULL;
     if (!in->share)
         rt_route_remote(bin);
@@ -1346,7 +1575,9 @@ static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (m->tag == MSG_INBOUND) {
         const inbound_t *in = (const inbound_t *)(const void *)m->data;
         if (in->share == takeover_request)
-            give_up(in->msg);
+            give_up(in->msg, 1);
+        else if (in->share == handover_request)
+            give_up(in->msg, 2);
         else if (in->share == heartbeat)
             other_heartbeat(in->msg);
         else
@@ -1555,13 +1786,13 @@ static void close_connections(void)
             kvWatcher_Stop(w);
         pthread_join(C.watcher, NULL);
     }
-    natsSubscription *own[] = {C.takeover_sub, C.status_sub};
-    for (size_t i = 0; i < 2; i++)
+    natsSubscription *own[] = {C.takeover_sub, C.handover_sub, C.status_sub};
+    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (own[i]) {
             natsSubscription_Unsubscribe(own[i]);
             natsSubscription_Destroy(own[i]);
         }
-    C.takeover_sub = C.status_sub = NULL;
+    C.takeover_sub = C.handover_sub = C.status_sub = NULL;
     kvStore_Destroy(C.clients);
     kvStore_Destroy(C.kv);
     jsCtx_Destroy(C.js);
@@ -1599,6 +1830,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     if (getrandom(&C.incarnation, sizeof(C.incarnation), 0) != sizeof(C.incarnation))
         C.incarnation = rt_wall_ms();
     C.sup = sup;
+    C.node_key = node_key(C.node, C.incarnation);
     snprintf(C.value, sizeof(C.value), "%s %016" PRIx64, C.node, C.incarnation);
     /* One delivery thread for every subscription: what NATS sent arrives in its order. */
     natsStatus s = nats_Open(-1);
@@ -1633,6 +1865,8 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     }
     C.on = true;
     rt_trie_set_interest(rt_broker->trie, interest_changed, NULL);
+    rt_message_keep_origins();
+    rt_route_set_stamp(stamp);
     rt_route_set_forward(forward);
     char servers[512] = "";
     for (unsigned i = 0; i < conf->cluster.nnats; i++)
@@ -1706,5 +1940,8 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->claims_taken_over = atomic_load(&C.claims_taken_over);
     st->claims_failed = atomic_load(&C.claims_failed);
     st->given_up = atomic_load(&C.given_up);
+    st->sessions_moved_in = atomic_load(&C.sessions_moved_in);
+    st->sessions_moved_out = atomic_load(&C.sessions_moved_out);
+    st->sessions_move_failed = atomic_load(&C.sessions_move_failed);
     return true;
 }

@@ -68,6 +68,8 @@ typedef struct rt_cluster_status_s {
     uint64_t retained_barrier_timeouts; /* subscribers that stopped waiting for this node */
     uint64_t claims, claims_taken_over; /* client ids claimed here; of them, from another node */
     uint64_t claims_failed, given_up;   /* claims refused; ids given up to another node */
+    uint64_t sessions_moved_in, sessions_moved_out; /* persistent sessions moved between nodes */
+    uint64_t sessions_move_failed; /* moves here whose session or tail did not arrive whole */
 } rt_cluster_status_t;
 
 /*
@@ -96,7 +98,37 @@ typedef struct rt_cluster_claimed_s {
                        others kept racing: a persistent session is refused then, a clean
                        one goes ahead unclaimed (it holds nothing a claim protects) */
 } rt_cluster_claimed_t;
-bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len);
+/* want_session: the CONNECT resumes a session (clean start 0): one held by another node
+   moves here before the answer (below). */
+bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session);
+
+/*
+** Sessions that move (docs/CLUSTER.md "Sessions that move"). A claim with want_session asks
+** the holding node for the session: its holder ends its client (DISCONNECT 0x8E) and
+** answers with the session as bytes (RT_CLUSTER_MSG_MOVE_OUT, phase 1), keeping its
+** subscriptions, so that what is routed meanwhile still reaches it. The claiming node
+** imports the bytes as a session actor (the importer hook: it subscribes here), makes
+** sure NATS has those subscriptions, then asks for what the old holder queued since
+** (phase 2; the holder answers and ends) and hands it to the imported session
+** (RT_CLUSTER_MSG_MOVE_IN), which merges it in order with what it got itself, a message
+** that both got once (rt_message_origin names it). Only then is the CONNECT answered.
+** The connection layer makes and reads the bytes; the cluster carries them, in parts
+** within NATS's max_payload.
+*/
+#define RT_CLUSTER_MSG_MOVE_OUT (RT_MSG_USER + 0x5702) /* data: rt_cluster_move_t */
+#define RT_CLUSTER_MSG_MOVE_IN (RT_MSG_USER + 0x5703)  /* data: the phase 2 bytes (may be none) */
+#define RT_CLUSTER_MOVE_MAX (256u << 20)               /* a session's bytes, at most */
+typedef struct rt_cluster_move_s {
+    uint32_t phase; /* 1: the session; 2: what was queued since, then the holder ends */
+    uint32_t reply_len;
+    char reply[]; /* the NATS subject the answer goes to */
+} rt_cluster_move_t;
+/* The holder's answer to a MOVE_OUT (len 0: nothing to move). */
+void rt_cluster_move_answer(const rt_cluster_move_t *req, const void *bytes, size_t len);
+/* Makes the session actor for id from phase 1's bytes (on the claiming node's cluster_kv
+   thread); 0 if they cannot be read. */
+typedef rt_pid_t (*rt_cluster_import_fn)(const char *id, const void *bytes, size_t len);
+void rt_cluster_set_importer(rt_cluster_import_fn fn);
 
 /*
 ** Every node publishes what it holds and what its rules did once a second (a heartbeat on

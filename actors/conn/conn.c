@@ -233,7 +233,7 @@ static void close_socket(conn_t *c)
 
 /* Released at once: a will can be as big as any message, and an offline session may wait
    long for the collection that would find it. */
-static void drop_will(rt_actor_t *self, conn_t *c)
+void rt__conn_drop_will(rt_actor_t *self, conn_t *c)
 {
     rt_free(self, c->will);
     c->will = NULL;
@@ -253,7 +253,7 @@ static void publish_will(rt_actor_t *self, conn_t *c)
         rt_rules_publish(&o, will, 0, 0);
     }
     rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
-    drop_will(self, c);
+    rt__conn_drop_will(self, c);
 }
 
 /* Frees what belongs to one network connection, not to the session. */
@@ -289,7 +289,7 @@ static void go_offline(rt_actor_t *self, conn_t *c)
     reset_connection_state(self, c);
     rt__conn_count_connected(c, false);
     if (c->discard_will)
-        drop_will(self, c);
+        rt__conn_drop_will(self, c);
     if (c->will && c->will_delay) {
         c->will_at_ms = rt_mono_ms() + (uint64_t)c->will_delay * 1000;
         rt_send_after_tag((uint64_t)c->will_delay * 1000, rt_self(self), RT_CONN_MSG_WILL_DUE,
@@ -685,8 +685,8 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     } else {
         rt__conn_rejoin_shared_groups(self, c);
     }
-    drop_will(self, c);         /* back in time: a pending delayed will is cancelled */
-    rt_free(self, c->username); /* the new CONNECT names its own user */
+    rt__conn_drop_will(self, c); /* back in time: a pending delayed will is cancelled */
+    rt_free(self, c->username);  /* the new CONNECT names its own user */
     c->username = NULL;
     rt_free(self, c->peer); /* and comes from its own address */
     c->peer = NULL;
@@ -877,6 +877,25 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         /* From its own turn, so the store learns the session's new owner (epoch). */
         rt_store_session(c->client_id, c->session_expiry, false, false);
         break;
+    case RT_CONN_MSG_IMPORTED:
+        rt__conn_on_imported(self, c);
+        break;
+    case RT_CLUSTER_MSG_MOVE_OUT:
+        if (m->len >= sizeof(rt_cluster_move_t) &&
+            m->len - sizeof(rt_cluster_move_t) >=
+                ((const rt_cluster_move_t *)(const void *)m->data)->reply_len)
+            rt__conn_on_move_out(self, c, (const rt_cluster_move_t *)(const void *)m->data);
+        break;
+    case RT_CLUSTER_MSG_MOVE_IN:
+        rt__conn_on_move_in(self, c, m->data, m->len);
+        break;
+    case RT_CONN_MSG_MOVE_TIMEOUT:
+        if (c->sess && c->sess->moving == RT_SESSION_MOVED_OUT) {
+            rt_log(RT_LOG_WARNING, "cluster.session_move_abandoned",
+                   "client=%s: the node taking it did not ask for the rest", c->client_id);
+            rt_exit(self, RT_REASON_TAKEOVER);
+        }
+        break;
     case RT_CONN_MSG_QUERY:
         rt__conn_on_query(self, c, m);
         break;
@@ -1003,6 +1022,14 @@ static const char *conn_tag_name(uint32_t tag)
         return "connect_timeout";
     case RT_CONN_MSG_RATE_RESUME:
         return "rate_resume";
+    case RT_CONN_MSG_IMPORTED:
+        return "imported";
+    case RT_CLUSTER_MSG_MOVE_OUT:
+        return "move_out";
+    case RT_CLUSTER_MSG_MOVE_IN:
+        return "move_in";
+    case RT_CONN_MSG_MOVE_TIMEOUT:
+        return "move_timeout";
     case RT_CONN_MSG_QUERY:
         return "client_query";
     case RT_CONN_MSG_KICK:
@@ -1016,6 +1043,18 @@ const rt_actor_type_t rt_conn_type = {
     .name = "mqtt_conn",
     .state_size = sizeof(conn_t),
     .init = conn_init,
+    .handle = conn_handle,
+    .trace = conn_trace,
+    .terminate = conn_terminate,
+    .turn_end = conn_turn_end,
+    .tag_name = conn_tag_name,
+    .heap_inline = RT_CONN_HEAP_INLINE,
+};
+
+const rt_actor_type_t rt__conn_imported_type = {
+    .name = "mqtt_conn",
+    .state_size = sizeof(conn_t),
+    .init = rt__conn_imported_init,
     .handle = conn_handle,
     .trace = conn_trace,
     .terminate = conn_terminate,

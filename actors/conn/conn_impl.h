@@ -40,6 +40,7 @@
 #include "route.h"
 #include "rule_engine.h"
 #include "session.h"
+#include "store.h"
 #include "topic_alias.h"
 
 enum {
@@ -57,6 +58,8 @@ enum {
     RT_CONN_MSG_BUDGET_CHECK,    /* tag timer: the hold at the memory budget has run out */
     RT_CONN_MSG_CONNECT_TIMEOUT, /* tag timer: connect_timeout after accept */
     RT_CONN_MSG_RATE_RESUME,     /* tag timer: the rate limit's buckets have refilled */
+    RT_CONN_MSG_IMPORTED,        /* first turn of a session that moved here (move.c) */
+    RT_CONN_MSG_MOVE_TIMEOUT,    /* tag timer: the node taking this session never came back */
     /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
     RT_CONN_MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: what to answer with */
     RT_CONN_MSG_KICK,                              /* end the connection and the session */
@@ -127,7 +130,7 @@ struct conn_s {
     void *will;              /* heap handle of the will as a canonical PUBLISH, or NULL */
     conn_aliases_t *aliases; /* topic aliases (MQTT 5): made at CONNECT if the client allows
                                 some, else on its first alias; NULL for none */
-    uint64_t last_rx_ns; /* rt_mono_ns of the last read: keepalive, and PUBLISH read times */
+    uint64_t last_rx_ns;     /* rt_mono_ns of the last read: keepalive, and PUBLISH read times */
     /* One word for two times that never both matter: the session's end exists only offline,
        the CONNECT's time only while connected (this struct is an idle connection's memory). */
     union {
@@ -159,8 +162,8 @@ struct conn_s {
     uint8_t version : 3;      /* 0 until CONNECT, then 3, 4 or 5 */
     uint8_t budget_hold : 1;  /* at its memory budget: its publishers are held (delivery.c) */
     uint8_t budget_spent : 1; /* the hold ran out: the newest are dropped until it is under */
-    uint8_t disc_rc; /* 1 + the reason code the connection ended with (DISCONNECT from
-                        either side, or the server's reason to close); 0: none yet */
+    uint8_t disc_rc;          /* 1 + the reason code the connection ended with (DISCONNECT from
+                                 either side, or the server's reason to close); 0: none yet */
     /* Flags as bits: this struct is most of an idle connection's memory. */
     uint8_t closing : 1;         /* the connection is ending: read and deliver nothing more on it */
     uint8_t resuming : 1;        /* the CONNECT being handled continues this actor's session */
@@ -239,6 +242,8 @@ void rt__conn_count_connected(conn_t *c, bool on);
 ** session goes offline; otherwise the actor exits.
 */
 void rt__conn_close(rt_actor_t *self, conn_t *c, uint8_t reason, rt_reason_t exit_reason);
+/* Releases the will now (a will can be as big as any message). */
+void rt__conn_drop_will(rt_actor_t *self, conn_t *c);
 /* Starts the keepalive check if the client has a keepalive and none is pending. */
 void rt__conn_arm_keepalive(rt_actor_t *self, conn_t *c);
 /* Offline: the session ends in session_expiry seconds unless its client comes back. */
@@ -260,6 +265,8 @@ void rt__conn_on_login_verdict(rt_actor_t *self, conn_t *c, const rt_auth_verdic
 ** or in the actor holding its session after a hand-over (a trace shows it once).
 */
 bool rt__conn_connect_parsed_before(const conn_t *c);
+/* Writes the whole session to the store: it has just become persistent (or is new here). */
+void rt__conn_session_persist_all(conn_t *c);
 /* The negative CONNACK a failed login held back; then the actor exits. */
 void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c);
 /* A session begins (it ends in the actor's terminate). */
@@ -409,5 +416,21 @@ void rt__conn_on_acl_recheck(rt_actor_t *self, conn_t *c);
 
 /* ---- start.c: sessions restored from the store ---- */
 int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg);
+/* An offline session made from ss (the store's, or one that moved here); persistent: its
+   subscriptions ask publishers for durable acks. */
+int rt__conn_session_from_stored(rt_actor_t *self, conn_t *c, const rt_stored_session_t *ss,
+                                 bool persistent);
+
+/* ---- move.c: sessions moving between cluster nodes (cluster.h) ---- */
+extern const rt_actor_type_t rt__conn_imported_type; /* arg: what move.c read */
+int rt__conn_imported_init(rt_actor_t *self, void *state, void *arg);
+/* The importer hook (rt_cluster_set_importer). */
+rt_pid_t rt__conn_import_session(const char *id, const void *bytes, size_t len);
+/* Another node takes this session: phase 1 gives the session, phase 2 the rest, then exits. */
+void rt__conn_on_move_out(rt_actor_t *self, conn_t *c, const rt_cluster_move_t *req);
+/* The old node's rest, merged behind what came with phase 1. */
+void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size_t len);
+/* First turn of an imported session: it is written to the store as this node's. */
+void rt__conn_on_imported(rt_actor_t *self, conn_t *c);
 
 #endif

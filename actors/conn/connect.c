@@ -183,9 +183,10 @@ void rt__conn_on_claimed(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_t
 ** In a cluster, a client id is claimed for this node before the session is made (cluster.h):
 ** true when the CONNECT waits for the answer (it is parsed again then).
 */
-static bool claim_in_cluster(rt_actor_t *self, conn_t *c, const char *cid)
+static bool claim_in_cluster(rt_actor_t *self, conn_t *c, const char *cid, bool want_session)
 {
-    if (rt_broker_lookup_client(cid) || !rt_cluster_claim(rt_self(self), cid, strlen(cid)))
+    if (rt_broker_lookup_client(cid) ||
+        !rt_cluster_claim(rt_self(self), cid, strlen(cid), want_session))
         return false; /* held here already, or no cluster-wide registry */
     c->verifying = c->claiming = 1;
     c->version = 0;
@@ -237,7 +238,7 @@ static void connack_props(conn_t *c, mqtt_packet_t *pk, mqtt_packet_t *ack, cons
 }
 
 /* Writes the whole session: it has just become persistent (or was never stored). */
-static void session_persist_all(conn_t *c)
+void rt__conn_session_persist_all(conn_t *c)
 {
     c->stored = 1;
     for (size_t i = 0; i < c->nsubs; i++) {
@@ -344,15 +345,14 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
                                   pk->props.session_expiry);
         if (claimed && claimed->status && lasting) {
             rt_log(RT_LOG_WARNING, "client.refused_unclaimed",
-                   "client=%s: cut off from the cluster, no persistent session can start",
-                   cid);
+                   "client=%s: cut off from the cluster, no persistent session can start", cid);
             rt_free(self, cid);
             ack.reason = c->version == MQTT_V5 ? MQTT_RC_SERVER_UNAVAILABLE : 3;
             rt__conn_send_packet(c, &ack);
             rt__conn_close(self, c, 0, RT_REASON_NORMAL);
             return 0;
         }
-        if (!claimed && !assigned[0] && claim_in_cluster(self, c, cid)) {
+        if (!claimed && !assigned[0] && claim_in_cluster(self, c, cid, !clean)) {
             rt_free(self, cid);
             return 0;
         }
@@ -384,7 +384,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     if (rt_store_enabled() && (durable || c->stored)) {
         rt_store_session(c->client_id, c->session_expiry, true, !resumed);
         if (durable && !was_durable)
-            session_persist_all(c);
+            rt__conn_session_persist_all(c);
     }
     if (durable != was_durable && c->nsubs)
         subs_resubscribe_all(self, c);

@@ -85,7 +85,14 @@ typedef struct rt_session_s {
        all of them until the list empties. */
     uint8_t ids_unordered;
     uint32_t dropped_owed; /* of conn_t.dropped, those owed at QoS 1 or 2 */
+    uint8_t moving;        /* RT_SESSION_MOVED_*: a move between cluster nodes is under way */
+    uint32_t moved_in;     /* RT_SESSION_MOVED_IN: the queue's first ones came with the move */
 } rt_session_t;
+
+enum {
+    RT_SESSION_MOVED_OUT = 1, /* given to another node; queues until it asks for the rest */
+    RT_SESSION_MOVED_IN,      /* taken from another node; waits for the rest to merge */
+};
 
 /* A message on self's heap holding a new reference to bin; NULL on OOM. */
 rt_qmsg_t *rt_qmsg_new(rt_actor_t *self, rt_bin_t *bin, uint8_t qos, uint8_t retain,

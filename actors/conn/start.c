@@ -36,26 +36,18 @@ static void restore_messages(rt_actor_t *self, conn_t *c, const rt_stored_sessio
     }
 }
 
-/*
-** A persistent session as the last run left it, offline until its client
-** resumes it: subscriptions (shared ones rejoin on resume), queued and
-** inflight messages in their order, inbound QoS 2 ids, and what remains of
-** its expiry.
-*/
-int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg)
+int rt__conn_session_from_stored(rt_actor_t *self, conn_t *c, const rt_stored_session_t *ss,
+                                 bool persistent)
 {
-    conn_t *c = state;
-    const rt_stored_session_t *ss = arg;
     c->client_id = rt_strndup(self, ss->client_id, strlen(ss->client_id));
     if (!c->client_id)
         return RT_ENOMEM;
     c->closing = 1;
-    c->stored = 1;
     c->session_expiry = ss->expiry_left_s;
     for (size_t i = 0; i < ss->nsubs; i++) {
         const rt_stored_sub_t *sub = &ss->subs[i];
         rt_trie_opts_t o = sub->opts;
-        o.persistent = 1;
+        o.persistent = persistent;
         if (rt__conn_sub_remember(self, c, (const uint8_t *)sub->filter, sub->len, &o) != 0 ||
             rt__conn_filter_is_shared(sub->filter, sub->len))
             continue;
@@ -68,8 +60,23 @@ int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg)
     rt_broker_claim_client(c->client_id, rt_self(self));
     rt__conn_count_session();
     rt__conn_arm_session_expiry(self, c);
-    rt_send(rt_self(self), RT_CONN_MSG_RESTORED, NULL, 0);
     return 0;
+}
+
+/*
+** A persistent session as the last run left it, offline until its client
+** resumes it: subscriptions (shared ones rejoin on resume), queued and
+** inflight messages in their order, inbound QoS 2 ids, and what remains of
+** its expiry.
+*/
+int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg)
+{
+    conn_t *c = state;
+    c->stored = 1;
+    int rc = rt__conn_session_from_stored(self, c, arg, true);
+    if (rc == 0)
+        rt_send(rt_self(self), RT_CONN_MSG_RESTORED, NULL, 0);
+    return rc;
 }
 
 static void restore_retained(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms,
@@ -94,6 +101,8 @@ static void restore_session(const rt_stored_session_t *ss, void *arg)
 
 int rt_sessions_restore(rt_pid_t sup, char *err, size_t errlen)
 {
+    /* Sessions come from the store, and in a cluster from other nodes too (move.c). */
+    rt_cluster_set_importer(rt__conn_import_session);
     if (!rt_broker->conf.persistence)
         return 0;
     int rc = rt_store_open(rt_broker->conf.data_dir, sup, err, errlen);

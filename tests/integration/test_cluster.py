@@ -282,7 +282,8 @@ class Msg:
 class Mq:
     """A paho client on one node that keeps what it receives: msgs (measured) and probes."""
 
-    def __init__(self, node, v5=True, name="c", clean=True, inflight=None, cid=None):
+    def __init__(self, node, v5=True, name="c", clean=True, inflight=None, cid=None, expiry=0,
+                 will=None):
         self.id = cid or f"{name}-{uuid.uuid4().hex[:8]}"
         self.v5 = v5
         if v5:
@@ -292,14 +293,24 @@ class Mq:
         if inflight:
             self.c.max_inflight_messages_set(inflight)
         self.cond = threading.Condition()
-        self.msgs, self.probes, self.acks = [], [], {}
-        self.connected = None
+        self.msgs, self.probes, self.acks, self.disconnects = [], [], {}, []
+        self.connected = self.session_present = None
         self.c.on_message = self._on_message
         self.c.on_connect = self._on_connect
+        self.c.on_disconnect = self._on_disconnect
         self.c.on_subscribe = self._on_ack
         self.c.on_unsubscribe = self._on_ack
+        if will:  # (topic, payload, delay in seconds)
+            wprops = Properties(PacketTypes.WILLMESSAGE)
+            wprops.WillDelayInterval = will[2]
+            self.c.will_set(will[0], will[1], qos=1, properties=wprops)
         if v5:
-            self.c.connect("127.0.0.1", node.port, keepalive=30, clean_start=clean)
+            props = None
+            if expiry:
+                props = Properties(PacketTypes.CONNECT)
+                props.SessionExpiryInterval = expiry
+            self.c.connect("127.0.0.1", node.port, keepalive=30, clean_start=clean,
+                           properties=props)
         else:
             self.c.connect("127.0.0.1", node.port, keepalive=30)
         self.c.loop_start()
@@ -309,6 +320,12 @@ class Mq:
     def _on_connect(self, c, u, flags, rc, *props):
         with self.cond:
             self.connected = rc if isinstance(rc, int) else rc.value
+            self.session_present = flags.get("session present")
+            self.cond.notify_all()
+
+    def _on_disconnect(self, c, u, rc, *props):
+        with self.cond:
+            self.disconnects.append(rc if isinstance(rc, int) else rc.value)
             self.cond.notify_all()
 
     def _on_ack(self, c, u, mid, *rest):
@@ -1091,6 +1108,89 @@ def test_client_id_taken_over_across_nodes(nodes, mq, pfx):
         assert gone.wait(WAIT), "the 3.1.1 client on n2 was not ended"
     finally:
         old.close()
+
+
+def moved_logs(old_node, new_node, cid):
+    assert f"cluster.session_moved_out client={cid} " in old_node.read_log()
+    assert f"cluster.session_moved_in client={cid} " in new_node.read_log()
+
+
+@pytest.mark.parametrize("v5", [True, False], ids=["v5", "v311"])
+def test_persistent_session_moves_under_a_qos1_stream(nodes, mq, pfx, v5):
+    """A persistent session taken over on another node moves there (docs/CLUSTER.md, "Sessions
+    that move"): QoS 1 streams from a publisher on each node, running across the move, reach
+    the client: every message on the old connection or the new one, each publisher's in order
+    on the new one and none twice there."""
+    n1, n2, _ = nodes
+    cid = f"mv-{pfx}-{'v5' if v5 else 'v3'}"
+    kw = dict(v5=v5, cid=cid, clean=False, expiry=300 if v5 else 0)
+    old = mq(n1, **kw)
+    old.c.reconnect_delay_set(60, 60)  # taken over: it must not come back and take it back
+    old.subscribe(f"{pfx}/mv/+", 1)
+    pubs = [mq(n, name=f"p{i}") for i, n in enumerate(nodes)]
+    for i, p in enumerate(pubs):
+        await_route(p, f"{pfx}/mv/{i}", [old])
+    per_pub = 400
+
+    def stream(i, p):
+        for k in range(per_pub):
+            p.publish(f"{pfx}/mv/{i}", b"%d-%05d" % (i, k), qos=1, wait=False)
+            time.sleep(0.003)
+    threads = [threading.Thread(target=stream, args=(i, p)) for i, p in enumerate(pubs)]
+    for t in threads:
+        t.start()
+    try:
+        old.wait_count(60)  # the streams are under way
+        new = mq(n2, **kw)
+    finally:
+        for t in threads:
+            t.join()
+    want = {b"%d-%05d" % (i, k) for i in range(len(pubs)) for k in range(per_pub)}
+    until(lambda: want <= set(payloads(old)) | set(payloads(new)), WAIT,
+          lambda: f"missing {sorted(want - set(payloads(old)) - set(payloads(new)))[:10]}\n"
+          + n1.read_log()[-1500:] + n2.read_log()[-1500:])
+    assert new.session_present
+    # Ended (MQTT 5: DISCONNECT 0x8E first, but a client still sending PUBACKs may see the
+    # reset that a close with its unread bytes makes, not the DISCONNECT before it).
+    assert old.disconnects, "the old connection was not ended"
+    got = payloads(new)
+    assert len(got) == len(set(got)), "a message twice on the new connection"
+    for i in range(len(pubs)):
+        seq = [int(m.split(b"-")[1]) for m in got if m.startswith(b"%d-" % i)]
+        assert seq == sorted(seq), f"publisher {i} out of order on the new connection"
+    moved_logs(n1, n2, cid)
+    assert n2.ctl_json("cluster", "status")["sessions_moved_in"] >= 1
+    assert n1.ctl_json("cluster", "status")["sessions_moved_out"] >= 1
+
+
+def test_offline_session_moves_with_its_queue_and_pending_will(nodes, mq, pfx):
+    """An offline session's queue moves in order; its delayed will moves with it and, as the
+    client came back within the delay (MQTT 5 3.1.3.2.2), goes nowhere."""
+    n1, n2, n3 = nodes
+    cid = "mvq-" + pfx
+    watcher = mq(n3, name="w")
+    watcher.subscribe(f"{pfx}/will", 1)
+    old = Mq(n1, cid=cid, clean=False, expiry=300, will=(f"{pfx}/will", b"gone", 2))
+    old.subscribe(f"{pfx}/q", 1)
+    keeper = mq(n1, name="keeper")  # sees what reaches n1, in the order the session does
+    keeper.subscribe(f"{pfx}/q", 1)
+    pub = mq(n3, name="pub")
+    await_route(pub, f"{pfx}/q", [old, keeper])
+    await_route(old, f"{pfx}/will", [watcher])
+    old.c.loop_stop()
+    old.c.socket().close()  # no DISCONNECT: the will waits for its delay
+    n1.wait_offline(cid)
+    for i in range(20):
+        pub.publish(f"{pfx}/q", b"q%02d" % i, qos=1)
+    keeper.wait_count(20)
+    t0 = time.monotonic()
+    new = mq(n2, cid=cid, clean=False, expiry=300)
+    assert new.session_present
+    new.wait_count(20)
+    assert payloads(new) == [b"q%02d" % i for i in range(20)]
+    moved_logs(n1, n2, cid)
+    time.sleep(max(0.0, 2.5 - (time.monotonic() - t0)))
+    assert not watcher.msgs, "the will went out though its client came back in time"
 
 
 def test_nodes_and_rules_counted_cluster_wide(nodes, mq, pfx):
