@@ -601,7 +601,7 @@ static void node_subject(const char *holder, const char *what, char *out, size_t
 {
     char node[RT_CONF_NODE_MAX] = "";
     sscanf(holder, "%32s", node);
-    snprintf(out, cap, "%s.node.%s.%s", C.prefix, node, what);
+    snprintf(out, cap, "%s_ctl.node.%s.%s", C.prefix, node, what);
 }
 
 /* In cluster_kv: the id recorded as this node's, by compare-and-swap. A session that moves
@@ -702,7 +702,8 @@ static void move_tail(const move_t *mv)
     bool answered = request_parts(subject, id, true, &tail, &len);
     rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, len);
     if (m) {
-        memcpy(m->data, tail, len);
+        if (len)
+            memcpy(m->data, tail, len);
         if (rt_send_msg(mv->session, m) != 0)
             answered = false;
     }
@@ -753,7 +754,8 @@ static void answer(const char *reply, size_t rlen, const void *bytes, size_t len
     r->subject_len = (uint32_t)rlen;
     r->data_len = (uint32_t)len;
     memcpy(r->text, reply, rlen);
-    memcpy(r->text + rlen, bytes, len);
+    if (len)
+        memcpy(r->text + rlen, bytes, len);
     rt_send_msg(atomic_load_explicit(&C.out_pid, memory_order_acquire), m);
 }
 
@@ -944,7 +946,7 @@ static void send_heartbeat(rt_actor_t *self)
 {
     if (!C.status_sub) {
         char all[RT_CONF_NODE_MAX + 16];
-        snprintf(all, sizeof(all), "%s.status.*", C.prefix);
+        snprintf(all, sizeof(all), "%s_ctl.status.*", C.prefix);
         natsConnection_Subscribe(&C.status_sub, C.nc, all, on_message, (void *)heartbeat);
     }
     static char text[RT_CLUSTER_RULES_MAX * 128 + 512];
@@ -953,7 +955,7 @@ static void send_heartbeat(rt_actor_t *self)
     if (len && parse_heartbeat(text, len, &me)) {
         node_heard(&me);
         char subject[RT_CONF_NODE_MAX * 2 + 16];
-        snprintf(subject, sizeof(subject), "%s.status.%s", C.prefix, C.node);
+        snprintf(subject, sizeof(subject), "%s_ctl.status.%s", C.prefix, C.node);
         natsConnection_Publish(C.nc, subject, text, (int)len);
     }
     if (!atomic_load(&C.stopping))

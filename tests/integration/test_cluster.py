@@ -684,15 +684,17 @@ def test_unsubscribe_and_disconnect_remove_the_route(nodes, nats, mq, pfx):
 
     # What n1 publishes on them no longer goes to n3: NATS sends n3's routes connection only
     # the marker (one publisher, so once the marker arrives the others would have too).
-    _, c = nats.conn(routes)
-    before = c["out_msgs"]
+    # Counted on this test's subjects: the connection also hears the nodes' heartbeats.
+    def delivered_here():
+        return sum(n for subj, n in nats.subjects(routes).items() if subj.startswith(f"rt.{pfx}."))
+    before = delivered_here()
     for i in range(20):
         pub.publish(f"{pfx}/u/x", b"u%d" % i, qos=1, wait=False)
         pub.publish(f"{pfx}/d/x", b"d%d" % i, qos=1, wait=False)
     pub.publish(f"{pfx}/m", b"marker", qos=1)
     keep.wait_count(1)
-    _, c = nats.conn(routes)
-    assert c["out_msgs"] - before == 1, (before, c["out_msgs"])
+    after = delivered_here()
+    assert after - before == 1, (before, after)
     assert payloads(a) == []
 
     if status_before is not None and isinstance(status_before.get("routes"), int):
@@ -1110,6 +1112,23 @@ def test_client_id_taken_over_across_nodes(nodes, mq, pfx):
         old.close()
 
 
+def test_topics_cannot_reach_the_nodes_control_subjects(nodes, mq, pfx):
+    """Topics map to subjects under the prefix; the nodes' own requests and heartbeats live
+    under <prefix>_ctl, out of any topic's reach: a client publishing on what looks like a
+    node's takeover subject, or its heartbeats, ends no one and adds no node."""
+    n1, n2, _ = nodes
+    victim = mq(n1, name="victim")
+    attacker = mq(n2, name="attacker")
+    for topic in ("node/n1/takeover", "node/n1/handover", "rt_ctl/node/n1/takeover"):
+        attacker.publish(topic, victim.id.encode(), qos=1)
+    attacker.publish("status/n9", b"uptime_s 1\n", qos=1)
+    probe = mq(n1, name="probe")
+    probe.subscribe(f"{pfx}/p", 1)
+    await_route(attacker, f"{pfx}/p", [probe])  # what went before has been routed by now
+    assert victim.c.is_connected() and not victim.disconnects
+    assert "n9" not in {n["node"] for n in n1.ctl_json("cluster", "nodes")}
+
+
 def moved_logs(old_node, new_node, cid):
     assert f"cluster.session_moved_out client={cid} " in old_node.read_log()
     assert f"cluster.session_moved_in client={cid} " in new_node.read_log()
@@ -1170,7 +1189,8 @@ def test_offline_session_moves_with_its_queue_and_pending_will(nodes, mq, pfx):
     cid = "mvq-" + pfx
     watcher = mq(n3, name="w")
     watcher.subscribe(f"{pfx}/will", 1)
-    old = Mq(n1, cid=cid, clean=False, expiry=300, will=(f"{pfx}/will", b"gone", 2))
+    delay = 6  # the will's: long enough for the move to come first even on a loaded machine
+    old = Mq(n1, cid=cid, clean=False, expiry=300, will=(f"{pfx}/will", b"gone", delay))
     old.subscribe(f"{pfx}/q", 1)
     keeper = mq(n1, name="keeper")  # sees what reaches n1, in the order the session does
     keeper.subscribe(f"{pfx}/q", 1)
@@ -1179,17 +1199,18 @@ def test_offline_session_moves_with_its_queue_and_pending_will(nodes, mq, pfx):
     await_route(old, f"{pfx}/will", [watcher])
     old.c.loop_stop()
     old.c.socket().close()  # no DISCONNECT: the will waits for its delay
+    closed = time.monotonic()
     n1.wait_offline(cid)
     for i in range(20):
         pub.publish(f"{pfx}/q", b"q%02d" % i, qos=1)
     keeper.wait_count(20)
-    t0 = time.monotonic()
     new = mq(n2, cid=cid, clean=False, expiry=300)
+    assert time.monotonic() - closed < delay, "the test's premise: back before the will's delay"
     assert new.session_present
     new.wait_count(20)
     assert payloads(new) == [b"q%02d" % i for i in range(20)]
     moved_logs(n1, n2, cid)
-    time.sleep(max(0.0, 2.5 - (time.monotonic() - t0)))
+    time.sleep(max(0.0, delay + 0.5 - (time.monotonic() - closed)))
     assert not watcher.msgs, "the will went out though its client came back in time"
 
 
