@@ -72,8 +72,8 @@ static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index);
 /* The HTTP listener, when there is one ("host:port" into where); NULL when none. */
 static const rt_listen_t *http_listener(char *where, size_t len)
 {
-    const rt_listen_t *h = rt_broker && rt_broker->conf.http.on ? &rt_broker->conf.http.where
-                                                                : NULL;
+    const rt_listen_t *h =
+        rt_broker && rt_broker->conf.http.on ? &rt_broker->conf.http.where : NULL;
     if (h) {
         bool v6 = strchr(h->host, ':') != NULL;
         snprintf(where, len, "%s%.64s%s:%d", v6 ? "[" : "", h->host, v6 ? "]" : "", h->port);
@@ -329,6 +329,12 @@ static int cmd_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "sessions_moved_in", st.sessions_moved_in);
     rt_doc_add_u64(c->doc, "sessions_moved_out", st.sessions_moved_out);
     rt_doc_add_u64(c->doc, "sessions_move_failed", st.sessions_move_failed);
+    rt_doc_add_str(c->doc, "durable", st.durable ? "on" : "off");
+    rt_doc_add_u64(c->doc, "stream_acked", st.stream_acked);
+    rt_doc_add_u64(c->doc, "stream_failed", st.stream_failed);
+    rt_doc_add_u64(c->doc, "session_records_failed", st.session_records_failed);
+    rt_doc_add_u64(c->doc, "sessions_replayed", st.replays);
+    rt_doc_add_u64(c->doc, "messages_replayed", st.replayed);
     rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
     return 200;
 }
@@ -399,8 +405,10 @@ static int cmd_tls_reload(rt_admin_cmd_t *c)
     if (len && report[len - 1] == '\n')
         report[len - 1] = 0;
     if (rc != 0)
-        return rt__admin_fail(c, 409, "not every listener reloaded; those that failed keep their "
-                              "certificates: %s", report);
+        return rt__admin_fail(c, 409,
+                              "not every listener reloaded; those that failed keep their "
+                              "certificates: %s",
+                              report);
     if (!c->json) {
         rt_buf_printf(&c->text, "%s\n", report[0] ? report : "no TLS listener");
         return 200;
@@ -874,7 +882,8 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
      "actors list [--limit N] [--sort KEY]"},
     {"actors", "info", rt__admin_actors_info, 0, "actors info PID"},
-    {"actors", "kill", rt__admin_actors_kill, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "actors kill PID [REASON]"},
+    {"actors", "kill", rt__admin_actors_kill, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "actors kill PID [REASON]"},
     {"tree", NULL, rt__admin_tree, RT_ADMIN_BLOCKING, "tree"},
     {"rules", NULL, cmd_rules_list, 0, NULL},
     {"rules", "list", cmd_rules_list, 0, "rules list"},
@@ -889,10 +898,12 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"sinks", "list", cmd_sinks_list, 0, "sinks list"},
     {"sinks", "show", cmd_sinks_show, 0, "sinks show NAME"},
     {"log", NULL, cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, NULL},
-    {"log", "level", cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "log level [error|warning|info|debug]"},
+    {"log", "level", cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "log level [error|warning|info|debug]"},
     {"config", "show", cmd_config_show, 0, "config show"},
     {"config", NULL, cmd_config_show, 0, NULL},
-    {"config", "set", cmd_config_set, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "config set SETTING VALUE"},
+    {"config", "set", cmd_config_set, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "config set SETTING VALUE"},
     {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "auth reload"},
     {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "tls reload"},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,

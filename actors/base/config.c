@@ -114,8 +114,9 @@ static const setting_t settings[] = {
      "{ node = \"name\", nats = { \"nats://host:port\", ... }, ... }: join a cluster"},
     {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
      "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
-    INT(connect_timeout, 1, 3600, "seconds from accept to CONNECT (TLS, WebSocket and PROXY "
-                                  "header included)"),
+    INT(connect_timeout, 1, 3600,
+        "seconds from accept to CONNECT (TLS, WebSocket and PROXY "
+        "header included)"),
     INT(max_connections, 1, 10000000, "connections at once"),
     INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
     INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
@@ -429,9 +430,8 @@ static bool parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsig
         const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
         bool ok = v && parse_net(v, &nets[n]);
         if (!ok)
-            snprintf(why, whylen, "%s[%lld]: %s%s%s", name, (long long)i,
-                     v ? "\"" : "not a string", v ? v : "",
-                     v ? "\" is not a numeric address with an optional /bits" : "");
+            snprintf(why, whylen, "%s[%lld]: %s%s%s", name, (long long)i, v ? "\"" : "not a string",
+                     v ? v : "", v ? "\" is not a numeric address with an optional /bits" : "");
         if (!one)
             lua_pop(L, 1);
         if (!ok)
@@ -460,8 +460,7 @@ static bool table_string(lua_State *L, const char *where, const char *key, char 
 static bool table_number(lua_State *L, const char *where, const char *key, double *out, char *why,
                          size_t whylen)
 {
-    if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 0 ||
-        lua_tonumber(L, -1) > 1e15) {
+    if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 0 || lua_tonumber(L, -1) > 1e15) {
         snprintf(why, whylen, "%s.%s must be a number >= 0", where, key);
         return false;
     }
@@ -487,8 +486,10 @@ static bool parse_rate(lua_State *L, const char *where, rt_conf_rate_t *out, cha
         while (i < 4 && strcmp(k, keys[i]) != 0)
             i++;
         if (i == 4) {
-            snprintf(why, whylen, "%s: unknown key \"%s\" (messages, bytes, burst_messages, "
-                     "burst_bytes)", where, k);
+            snprintf(why, whylen,
+                     "%s: unknown key \"%s\" (messages, bytes, burst_messages, "
+                     "burst_bytes)",
+                     where, k);
             lua_pop(L, 2);
             return false;
         }
@@ -549,8 +550,10 @@ static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *w
         const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
         if (strcmp(k, "cert") == 0 || strcmp(k, "key") == 0 || strcmp(k, "ca") == 0 ||
             strcmp(k, "crl") == 0) {
-            char *field = k[0] == 'k' ? t->key : k[1] == 'e' ? t->cert : k[1] == 'a' ? t->ca
-                                                                                      : t->crl;
+            char *field = k[0] == 'k'   ? t->key
+                          : k[1] == 'e' ? t->cert
+                          : k[1] == 'a' ? t->ca
+                                        : t->crl;
             ok = table_string(L, where, k, field, RT_CONF_PATH_MAX, why, whylen);
         } else if (strcmp(k, "verify") == 0) {
             const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
@@ -577,8 +580,10 @@ static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *w
             if (!ok)
                 snprintf(why, whylen, "%s.min_version must be \"1.2\" or \"1.3\"", where);
         } else {
-            snprintf(why, whylen, "%s: unknown key \"%s\" (cert, key, ca, crl, verify, "
-                     "identity_as_username, min_version, sni)", where, k);
+            snprintf(why, whylen,
+                     "%s: unknown key \"%s\" (cert, key, ca, crl, verify, "
+                     "identity_as_username, min_version, sni)",
+                     where, k);
             ok = false;
         }
         lua_pop(L, 1);
@@ -636,8 +641,10 @@ static bool parse_listener_table(lua_State *L, const char *where, rt_listen_t *o
         } else if (strcmp(k, "rate_limit") == 0) {
             ok = parse_rate(L, sub, &out->rate_limit, why, whylen);
         } else {
-            snprintf(why, whylen, "%s: unknown key \"%s\" (bind, tls, websocket, proxy_protocol, "
-                     "trusted_proxies, rate_limit)", where, k);
+            snprintf(why, whylen,
+                     "%s: unknown key \"%s\" (bind, tls, websocket, proxy_protocol, "
+                     "trusted_proxies, rate_limit)",
+                     where, k);
             ok = false;
         }
         lua_pop(L, 1);
@@ -651,8 +658,10 @@ static bool parse_listener_table(lua_State *L, const char *where, rt_listen_t *o
         return false;
     }
     if (out->proxy_protocol && !out->ntrusted) {
-        snprintf(why, whylen, "%s: proxy_protocol needs trusted_proxies (the load balancers' "
-                 "addresses)", where);
+        snprintf(why, whylen,
+                 "%s: proxy_protocol needs trusted_proxies (the load balancers' "
+                 "addresses)",
+                 where);
         return false;
     }
     return true;
@@ -667,8 +676,8 @@ static bool parse_listener_value(lua_State *L, const char *where, rt_listen_t *o
     const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
     if (v && parse_listener(v, out))
         return true;
-    snprintf(why, whylen, "%s: %s%s%s", where, v ? "\"" : "not a string or a table",
-             v ? v : "", v ? "\" is not host:port with a numeric host" : "");
+    snprintf(why, whylen, "%s: %s%s%s", where, v ? "\"" : "not a string or a table", v ? v : "",
+             v ? "\" is not host:port with a numeric host" : "");
     return false;
 }
 
@@ -722,6 +731,7 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     }
     memset(&c->cluster, 0, sizeof(c->cluster));
     strcpy(c->cluster.prefix, "rt");
+    c->cluster.replay_margin = RT_CONF_REPLAY_MARGIN;
     bool ok = true;
     lua_pushnil(L);
     while (ok && lua_next(L, -2)) {
@@ -737,23 +747,35 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
             c->cluster.replicas = ok ? (long)lua_tointeger(L, -1) : 0;
             if (!ok)
                 snprintf(why, whylen, "cluster.replicas must be an integer from 1 to 5");
+        } else if (strcmp(k, "durable") == 0) {
+            ok = lua_type(L, -1) == LUA_TBOOLEAN;
+            c->cluster.durable = ok && lua_toboolean(L, -1);
+            if (!ok)
+                snprintf(why, whylen, "cluster.durable must be true or false");
+        } else if (strcmp(k, "replay_margin") == 0) {
+            ok = lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 0 && lua_tointeger(L, -1) <= 3600;
+            c->cluster.replay_margin = ok ? (long)lua_tointeger(L, -1) : 0;
+            if (!ok)
+                snprintf(why, whylen,
+                         "cluster.replay_margin must be an integer from 0 to 3600 "
+                         "(seconds)");
         } else if (strcmp(k, "user") == 0)
             ok = table_string(L, "cluster", k, c->cluster.user, RT_CONF_VALUE_LEN, why, whylen);
         else if (strcmp(k, "password") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.password, RT_CONF_VALUE_LEN, why,
-                              whylen);
+            ok = table_string(L, "cluster", k, c->cluster.password, RT_CONF_VALUE_LEN, why, whylen);
         else if (strcmp(k, "token") == 0)
             ok = table_string(L, "cluster", k, c->cluster.token, RT_CONF_VALUE_LEN, why, whylen);
         else if (strcmp(k, "tls_ca") == 0)
             ok = table_string(L, "cluster", k, c->cluster.tls_ca, RT_CONF_PATH_MAX, why, whylen);
         else if (strcmp(k, "tls_cert") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.tls_cert, RT_CONF_PATH_MAX, why,
-                              whylen);
+            ok = table_string(L, "cluster", k, c->cluster.tls_cert, RT_CONF_PATH_MAX, why, whylen);
         else if (strcmp(k, "tls_key") == 0)
             ok = table_string(L, "cluster", k, c->cluster.tls_key, RT_CONF_PATH_MAX, why, whylen);
         else {
-            snprintf(why, whylen, "cluster: unknown key \"%s\" (node, nats, prefix, replicas, "
-                     "user, password, token, tls_ca, tls_cert, tls_key)", k);
+            snprintf(why, whylen,
+                     "cluster: unknown key \"%s\" (node, nats, prefix, replicas, "
+                     "durable, replay_margin, user, password, token, tls_ca, tls_cert, tls_key)",
+                     k);
             ok = false;
         }
         lua_pop(L, 1);
@@ -799,7 +821,8 @@ static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
             rt_conf_tls_t *t = &c->http.where.tls;
             ok = c->http.where.tls_on = parse_tls(L, "http.tls", t, why, whylen);
             if (ok && t->identity_as_username) {
-                snprintf(why, whylen, "http.tls: identity_as_username is for MQTT listeners (an "
+                snprintf(why, whylen,
+                         "http.tls: identity_as_username is for MQTT listeners (an "
                          "HTTP client is named by its API key)");
                 ok = false;
             }
@@ -821,7 +844,8 @@ static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
         } else {
             snprintf(why, whylen,
                      "http: unknown key \"%s\" (bind, tls, api_keys_file, metrics_public, "
-                     "request_timeout)", k);
+                     "request_timeout)",
+                     k);
             ok = false;
         }
         lua_pop(L, 1);
@@ -1094,7 +1118,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
                 n++;
             }
         } else {
-            snprintf(why, whylen, "listeners must be \"host:port\", a listener's table or a list "
+            snprintf(why, whylen,
+                     "listeners must be \"host:port\", a listener's table or a list "
                      "of them");
             return false;
         }
@@ -1318,8 +1343,7 @@ static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, cons
     if (s->kind == K_LISTENERS) {
         int rc = 0;
         for (unsigned l = 0; l < c->nlisteners && rc == 0; l++)
-            rc = resolve_tls(&c->listeners[l].tls, "listeners' tls file", base, where, err,
-                             errlen);
+            rc = resolve_tls(&c->listeners[l].tls, "listeners' tls file", base, where, err, errlen);
         return rc;
     }
     return resolve_field((char *)c + s->offset, s->size, s->name, base, where, err, errlen);

@@ -38,7 +38,8 @@ typedef struct rt_conf_rate_s {
 
 #define RT_CONF_PATH_MAX 256
 #define RT_CONF_NODE_MAX 33 /* a cluster node's name, with its NUL */
-#define RT_CONF_MAX_NATS 8  /* NATS server URLs a node knows at start (it learns the rest) */
+#define RT_CONF_REPLAY_MARGIN 5
+#define RT_CONF_MAX_NATS 8 /* NATS server URLs a node knows at start (it learns the rest) */
 #define RT_CONF_URL_MAX 256
 
 typedef enum { RT_TLS_VERIFY_NONE, RT_TLS_VERIFY_OPTIONAL, RT_TLS_VERIFY_REQUIRED } rt_tls_verify_t;
@@ -151,8 +152,8 @@ typedef enum { RT_CONF_V_STRING, RT_CONF_V_NUMBER, RT_CONF_V_BOOL } rt_conf_vtyp
 typedef struct rt_conf_kv_s {
     char key[RT_CONF_KEY_LEN];
     rt_conf_vtype_t type;
-    double num;                 /* numbers */
-    bool b;                     /* booleans */
+    double num;                  /* numbers */
+    bool b;                      /* booleans */
     char str[RT_CONF_VALUE_LEN]; /* strings; numbers and booleans also as text, as written */
 } rt_conf_kv_t;
 
@@ -178,18 +179,22 @@ typedef struct rt_conf_s {
         bool on; /* an http table was given */
         rt_listen_t where;
         char api_keys_file[RT_CONF_PATH_MAX]; /* name role sha256 lines; "": no API */
-        bool metrics_public;                   /* /metrics without a key */
+        bool metrics_public;                  /* /metrics without a key */
         long request_timeout; /* seconds from a request's first byte (from accept for the
                                  first, a TLS handshake included) to the whole request */
     } http;
     /* The cluster (actors/cluster): this node's name and the NATS servers it joins through. */
     struct {
-        bool on;                                     /* a cluster table was given */
-        char node[RT_CONF_NODE_MAX];                 /* [A-Za-z0-9_-], unique in the cluster */
+        bool on;                                      /* a cluster table was given */
+        char node[RT_CONF_NODE_MAX];                  /* [A-Za-z0-9_-], unique in the cluster */
         char nats[RT_CONF_MAX_NATS][RT_CONF_URL_MAX]; /* nats:// or tls:// URLs */
         unsigned nnats;
         char prefix[RT_CONF_NODE_MAX]; /* first token of every subject rtd uses; "rt" */
         long replicas; /* copies JetStream keeps of the retained store: 1..5; 0: min(3, nnats) */
+        bool durable;  /* QoS 1/2 messages kept in JetStream, acknowledged once there; sessions
+                          resume on another node after their node's crash (docs/CLUSTER.md) */
+        long replay_margin; /* s: how far before a session's last all-acknowledged moment a
+                               resume after a crash replays from (0..3600) */
         char user[RT_CONF_VALUE_LEN], password[RT_CONF_VALUE_LEN], token[RT_CONF_VALUE_LEN];
         char tls_ca[RT_CONF_PATH_MAX]; /* verify the NATS servers against it; "": plain */
         char tls_cert[RT_CONF_PATH_MAX], tls_key[RT_CONF_PATH_MAX]; /* a client certificate */
@@ -200,64 +205,64 @@ typedef struct rt_conf_s {
                              WebSocket upgrade and PROXY header included) */
 
     /* Limits (MQTT). */
-    long max_connections;      /* connections at once */
+    long max_connections;        /* connections at once */
     long max_connections_per_ip; /* connections at once from one address; 0: unlimited */
-    long max_connection_rate;  /* new connections per second per listener; 0: unlimited */
-    long max_packet_size;      /* bytes, both directions */
-    long max_inflight;         /* QoS 1/2 messages in flight per session, each way (the
-                                  Receive Maximum MQTT 5 clients are told) */
-    long max_queued_messages;  /* per offline or slow session; 0 = no count (the budget rules) */
-    long max_client_memory;    /* bytes one client may make rtd hold (its actor's heap, the
-                                  messages queued and in flight for it, its unsent output) */
-    long client_memory_hold_ms; /* at the budget: ms its publishers are held back before
-                                   messages are dropped (policy "hold") */
+    long max_connection_rate;    /* new connections per second per listener; 0: unlimited */
+    long max_packet_size;        /* bytes, both directions */
+    long max_inflight;           /* QoS 1/2 messages in flight per session, each way (the
+                                    Receive Maximum MQTT 5 clients are told) */
+    long max_queued_messages;    /* per offline or slow session; 0 = no count (the budget rules) */
+    long max_client_memory;      /* bytes one client may make rtd hold (its actor's heap, the
+                                    messages queued and in flight for it, its unsent output) */
+    long client_memory_hold_ms;  /* at the budget: ms its publishers are held back before
+                                    messages are dropped (policy "hold") */
     char client_memory_policy[16]; /* hold, drop_newest or drop_oldest */
-    long max_topic_alias;      /* inbound topic aliases per connection (MQTT 5) */
-    long max_topic_levels;     /* levels in a topic name or filter; 0 = unlimited */
-    long max_topic_length;     /* bytes in a topic name or filter; 0 = unlimited */
-    long max_subscriptions;    /* per client; 0 = unlimited */
-    long max_retained_messages; /* 0 = unlimited */
-    long max_retained_bytes;   /* 0 = unlimited */
-    long max_keepalive;        /* seconds; longer client keepalives are lowered (MQTT 5) */
-    long max_session_expiry;   /* seconds */
-    bool queue_qos0;           /* queue QoS 0 messages for offline sessions */
-    bool persistence;          /* retained messages and persistent sessions survive restarts */
+    long max_topic_alias;          /* inbound topic aliases per connection (MQTT 5) */
+    long max_topic_levels;         /* levels in a topic name or filter; 0 = unlimited */
+    long max_topic_length;         /* bytes in a topic name or filter; 0 = unlimited */
+    long max_subscriptions;        /* per client; 0 = unlimited */
+    long max_retained_messages;    /* 0 = unlimited */
+    long max_retained_bytes;       /* 0 = unlimited */
+    long max_keepalive;            /* seconds; longer client keepalives are lowered (MQTT 5) */
+    long max_session_expiry;       /* seconds */
+    bool queue_qos0;               /* queue QoS 0 messages for offline sessions */
+    bool persistence;              /* retained messages and persistent sessions survive restarts */
     bool allow_zero_length_clientid;
 
     /* Authentication and authorization (actors/auth.h, actors/acl.h). */
-    bool allow_anonymous;      /* accept a CONNECT without a user name, */
+    bool allow_anonymous;                           /* accept a CONNECT without a user name, */
     rt_conf_net_t anonymous_from[RT_CONF_MAX_NETS]; /* from these addresses only */
     unsigned nanonymous_from;
-    char password_file[256];   /* user:hash lines; "" = no passwords checked */
-    char acl_file[256];        /* Mosquitto ACL format; "" = every topic allowed */
-    long auth_max_delay_ms;    /* cap of the delay before a refused CONNACK */
+    char password_file[256]; /* user:hash lines; "" = no passwords checked */
+    char acl_file[256];      /* Mosquitto ACL format; "" = every topic allowed */
+    long auth_max_delay_ms;  /* cap of the delay before a refused CONNACK */
 
     /* Runtime. */
-    long schedulers;           /* 0: one per core */
+    long schedulers; /* 0: one per core */
     long blocking_threads;
-    long batch;                /* messages per actor turn */
-    long min_heap;             /* bytes */
+    long batch;    /* messages per actor turn */
+    long min_heap; /* bytes */
     double gc_factor;
-    long max_heap;             /* bytes per actor; 0: unlimited */
+    long max_heap; /* bytes per actor; 0: unlimited */
 
     /* Rules (rules/rule_engine.h). */
-    char rules_dir[256];       /* directory of rule files (*.lua) */
-    long rule_workers;         /* rule worker actors, one Lua state each */
-    long rule_instructions;    /* Lua instructions one rule call may run */
-    long rule_flush_ms;        /* ms a worker holds a partial sink batch; 0 = one per turn */
-    long rule_turn_us;         /* microseconds of rules a worker runs before it yields a turn */
-    long rule_memory;          /* bytes one worker's Lua state may hold */
-    long rule_call_ms;         /* wall-clock ms one rule call may run */
-    long rule_output_rows;     /* rows one rule call may return */
-    long rule_output_bytes;    /* BSON bytes of the rows one rule call may return */
+    char rules_dir[256];    /* directory of rule files (*.lua) */
+    long rule_workers;      /* rule worker actors, one Lua state each */
+    long rule_instructions; /* Lua instructions one rule call may run */
+    long rule_flush_ms;     /* ms a worker holds a partial sink batch; 0 = one per turn */
+    long rule_turn_us;      /* microseconds of rules a worker runs before it yields a turn */
+    long rule_memory;       /* bytes one worker's Lua state may hold */
+    long rule_call_ms;      /* wall-clock ms one rule call may run */
+    long rule_output_rows;  /* rows one rule call may return */
+    long rule_output_bytes; /* BSON bytes of the rows one rule call may return */
 
     /* Operations. */
-    long sys_interval;         /* seconds between $SYS updates; 0: no $SYS tree */
-    long restart_intensity;    /* restarts a group supervisor allows (actors/base/group.h) */
-    long restart_period;       /* ... within this many seconds */
+    long sys_interval;      /* seconds between $SYS updates; 0: no $SYS tree */
+    long restart_intensity; /* restarts a group supervisor allows (actors/base/group.h) */
+    long restart_period;    /* ... within this many seconds */
     char data_dir[256];
-    char log_level[16];        /* error, warning, info, debug */
-    char admin_socket[256];    /* rtctl's unix socket; "" = data_dir/rtd.sock */
+    char log_level[16];     /* error, warning, info, debug */
+    char admin_socket[256]; /* rtctl's unix socket; "" = data_dir/rtd.sock */
 
     /* Sinks (actors/sink.h checks each one's keys). */
     rt_conf_sections_t sinks;

@@ -36,6 +36,7 @@ enum {
     MSG_MOVE_SYNC,             /* to cluster: move_t, make NATS hold an imported session's
                                   subscriptions, then on to cluster_kv as MSG_MOVE_TAIL */
     MSG_MOVE_TAIL,             /* to cluster_kv: move_t, ask the old holder for the rest */
+    MSG_SESSION_PUT,           /* to cluster_kv: record_t, a persistent session's record */
 };
 
 typedef struct {
@@ -48,6 +49,7 @@ typedef struct {
 /* A session moving here: who waits for the claim, the imported session, its old node. */
 typedef struct {
     rt_pid_t reply_to, session;
+    int64_t replay_from_ms; /* the old node is gone: replay the stream from then (wall ms) */
     char holder[RT_CONF_NODE_MAX];
     uint32_t len;
     char id[];
@@ -58,6 +60,19 @@ typedef struct {
     char text[]; /* the subject, then the data */
 } reply_t;
 
+/* Who first routed a message, from its Rt-Origin header. */
+typedef struct {
+    char node[RT_CONF_NODE_MAX];
+    uint64_t incarnation, seq;
+} origin_name_t;
+
+/* A persistent session's record for the bucket (len 0: the session ended). */
+typedef struct {
+    uint64_t clear_ms;
+    uint32_t id_len, len;
+    char data[]; /* the id, then the session's bytes */
+} record_t;
+
 /* inbound_t.share for a request to give up a client id (the node's takeover subject)... */
 static const char takeover_request[] = "takeover";
 /* ... and for the second request of a session's move (its handover subject). */
@@ -66,9 +81,11 @@ static const char handover_request[] = "handover";
 static const char heartbeat[] = "heartbeat";
 
 typedef struct {
-    rt_pid_t ack_pid; /* told RT_STORE_MSG_COMMITTED once the retained store has it; 0: none */
+    rt_pid_t ack_pid; /* told RT_STORE_MSG_COMMITTED once the retained store (or with
+                         stream_ack, the stream) has it; 0: none */
     uint64_t ack_token;
     bool shared_here; /* its node served the shared groups (out of reach of NATS then) */
+    bool stream_ack;  /* durable mode: acknowledged by JetStream's stream */
 } forward_t;
 
 /* A subscriber's request: answered with RT_CLUSTER_MSG_RETAINED_READY carrying data back. */
@@ -146,7 +163,16 @@ static struct {
     kvStore *clients;
     char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
     natsSubscription *takeover_sub, *handover_sub, *status_sub;
-    uint64_t node_key;           /* rt_message_set_origin's name of this run of this node */
+    uint64_t node_key; /* rt_message_set_origin's name of this run of this node */
+    /* Durable mode (cluster.durable): the stream "<prefix>_msgs" keeps every message routed
+       in the cluster, and the bucket "<prefix>_sessions" each persistent session's record. */
+    bool durable;
+    int64_t margin_ms, max_age_s;
+    char stream[RT_CONF_NODE_MAX + 8];
+    jsCtx *pjs; /* the cluster actor's asynchronous publishes to the stream */
+    kvStore *sessions;
+    atomic_bool durable_ready; /* set once, by cluster_kv, when both are bound */
+    _Atomic uint64_t stream_acked, stream_failed, records_failed, replays, replayed;
     rt_cluster_import_fn import; /* the connection layer's (sessions moving here) */
     _Atomic uint64_t sessions_moved_in, sessions_moved_out, sessions_move_failed;
     /* The nodes heard from: written by cluster_in, read by admin commands. */
@@ -177,6 +203,7 @@ const char *rt_cluster_node(void)
 #define H_CLIENT "Rt-Client" /* the publisher's client id, %XX-escaped */
 #define H_PROPS "Rt-Props"   /* the MQTT 5 property block passed on, hex */
 #define H_SHARED "Rt-Shared" /* "here": shared groups were served on the origin node */
+#define H_ACK "Rt-Ack"       /* "<pid, hex> <token>": the publisher waiting for the stream */
 
 /* A header value holds no CR, LF or other control byte: those (and %) are %XX. */
 static void escape_text(const char *s, char *out, size_t cap)
@@ -230,13 +257,18 @@ static bool forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token, bool sh
     rt_message_view(bin, &msg);
     /* A retained message's acknowledgement waits for the replicated store: a subscriber
        that comes after it, on any node, gets it. */
-    bool acks = ack_pid && msg.retain && atomic_load_explicit(&C.kv_ready, memory_order_acquire);
+    bool kv_ack = ack_pid && msg.retain && atomic_load_explicit(&C.kv_ready, memory_order_acquire);
+    /* Durable mode: a QoS 1/2 message is acknowledged once JetStream's stream has it. */
+    bool stream_ack = ack_pid && !kv_ack && msg.qos &&
+                      atomic_load_explicit(&C.durable_ready, memory_order_acquire);
+    bool acks = kv_ack || stream_ack;
     rt_msg_t *m = rt_msg_new(MSG_FORWARD, sizeof(forward_t));
     if (!m) {
         atomic_fetch_add_explicit(&C.forward_failed, 1, memory_order_relaxed);
         return false;
     }
-    *(forward_t *)(void *)m->data = (forward_t){acks ? ack_pid : 0, ack_token, shared_here};
+    *(forward_t *)(void *)m->data =
+        (forward_t){acks ? ack_pid : 0, ack_token, shared_here, stream_ack};
     m->bin = rt_bin_retain(bin);
     /* A publisher waits (muted) while the cluster actor is behind, as for any overloaded
        receiver: what it routes here goes to the other nodes in its order, none dropped. */
@@ -257,12 +289,35 @@ static void stamp(rt_bin_t *bin)
                               atomic_fetch_add_explicit(&C.seq, 1, memory_order_relaxed) + 1);
 }
 
-static void publish(const rt_message_t *msg, const rt_bin_t *bin, bool shared_here)
+/* A publisher's acknowledgement that waited for the stream. */
+static void stream_answer(rt_pid_t ack_pid, uint64_t token, bool kept)
+{
+    rt_store_committed_t done = {.token = token, .status = kept ? 0 : RT_EAGAIN};
+    rt_send(ack_pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
+    atomic_fetch_add_explicit(kept ? &C.stream_acked : &C.stream_failed, 1, memory_order_relaxed);
+}
+
+/* On a libnats thread: the stream's answer to a publish that carried Rt-Ack. */
+static void stream_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+    (void)js;
+    (void)closure;
+    const char *ack = NULL;
+    uint64_t pid, token;
+    if (natsMsgHeader_Get(msg, H_ACK, &ack) == NATS_OK &&
+        sscanf(ack, "%" SCNx64 " %" SCNu64, &pid, &token) == 2)
+        stream_answer((rt_pid_t)pid, token, pa && !pae);
+    natsMsg_Destroy(msg);
+}
+
+static void publish(const rt_message_t *msg, const rt_bin_t *bin, const forward_t *f)
 {
     char subject[RT_SUBJECT_MAX + 1];
     if (rt_subject_of_topic(C.prefix, (const char *)msg->topic.p, msg->topic.len, subject,
                             sizeof(subject)) < 0) {
         atomic_fetch_add_explicit(&C.not_forwarded, 1, memory_order_relaxed);
+        if (f->stream_ack) /* no other node can have it: it is this node's alone */
+            stream_answer(f->ack_pid, f->ack_token, true);
         return;
     }
     natsMsg *nm = NULL;
@@ -297,10 +352,21 @@ static void publish(const rt_message_t *msg, const rt_bin_t *bin, bool shared_he
             free(hex);
         }
     }
-    if (s == NATS_OK && shared_here)
+    if (s == NATS_OK && f->shared_here)
         s = natsMsgHeader_Set(nm, H_SHARED, "here");
-    if (s == NATS_OK)
+    if (f->stream_ack) {
+        char ack[48];
+        snprintf(ack, sizeof(ack), "%" PRIx64 " %" PRIu64, (uint64_t)f->ack_pid, f->ack_token);
+        if (s == NATS_OK)
+            s = natsMsgHeader_Set(nm, H_ACK, ack);
+        /* The stream answers on a libnats thread (stream_answered). */
+        if (s == NATS_OK)
+            s = js_PublishMsgAsync(C.pjs, &nm, NULL);
+        if (s != NATS_OK)
+            stream_answer(f->ack_pid, f->ack_token, false);
+    } else if (s == NATS_OK) {
         s = natsConnection_PublishMsg(C.nc, nm);
+    }
     natsMsg_Destroy(nm);
     if (s == NATS_OK) {
         atomic_fetch_add_explicit(&C.forwarded_out, 1, memory_order_relaxed);
@@ -322,6 +388,8 @@ static void publish(const rt_message_t *msg, const rt_bin_t *bin, bool shared_he
 
 static void *watch_retained(void *arg);
 static void node_subject(const char *holder, const char *what, char *out, size_t cap);
+static uint64_t node_key(const char *node, uint64_t incarnation);
+static rt_bin_t *inbound_message(natsMsg *nm, origin_name_t *o);
 static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
 
 /* Binds the bucket another node made (whatever its settings), or makes it. */
@@ -336,6 +404,47 @@ static natsStatus kv_open(kvStore **kv, const char *bucket, const char *what)
     /* Bound first: a create racing another node's waits for JetStream's meta leader. */
     natsStatus s = js_KeyValue(kv, C.js, bucket);
     return s == NATS_OK ? s : js_CreateKeyValue(kv, C.js, &cfg);
+}
+
+/*
+** Durable mode's stream (every message routed under the prefix, kept as long as a session
+** may wait for one: max_session_expiry), the sessions' bucket, and the context whose
+** asynchronous publishes the stream answers.
+*/
+static natsStatus durable_open(void)
+{
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_GetStreamInfo(&si, C.js, C.stream, NULL, &jerr);
+    jsStreamInfo_Destroy(si);
+    if (s == NATS_NOT_FOUND) {
+        char subjects[RT_CONF_NODE_MAX + 4];
+        snprintf(subjects, sizeof(subjects), "%s.>", C.prefix);
+        const char *list[1] = {subjects};
+        jsStreamConfig cfg;
+        jsStreamConfig_Init(&cfg);
+        cfg.Name = C.stream;
+        cfg.Description = "rtd: every message of the cluster (durable mode)";
+        cfg.Subjects = list;
+        cfg.SubjectsLen = 1;
+        cfg.MaxAge = C.max_age_s * 1000000000LL;
+        cfg.Replicas = C.replicas;
+        cfg.Storage = js_FileStorage;
+        s = js_AddStream(NULL, C.js, &cfg, NULL, &jerr);
+    }
+    char bucket[sizeof(C.bucket)];
+    snprintf(bucket, sizeof(bucket), "%s_sessions", C.prefix);
+    if (s == NATS_OK && !C.sessions)
+        s = kv_open(&C.sessions, bucket, "rtd: persistent sessions, for a resume elsewhere");
+    if (s == NATS_OK && !C.pjs) {
+        jsOptions jo;
+        jsOptions_Init(&jo);
+        jo.Wait = JETSTREAM_WAIT_MS;
+        jo.PublishAsync.AckHandler = stream_answered;
+        jo.PublishAsync.MaxPending = 65536; /* past it the cluster actor waits: publishers too */
+        s = natsConnection_JetStream(&C.pjs, C.nc, &jo);
+    }
+    return s;
 }
 
 /* In cluster_kv: the buckets found or made, the watcher started; else again in 1 s. */
@@ -373,6 +482,8 @@ static void kv_bind(rt_actor_t *self)
         if (s == NATS_NOT_FOUND)
             s = NATS_OK;
     }
+    if (s == NATS_OK && C.durable)
+        s = durable_open();
     if (s == NATS_OK && pthread_create(&C.watcher, NULL, watch_retained, NULL) != 0)
         s = NATS_SYS_ERROR;
     if (s != NATS_OK) {
@@ -388,6 +499,11 @@ static void kv_bind(rt_actor_t *self)
     atomic_store(&C.kv_ready, true);
     rt_log(RT_LOG_INFO, "cluster.retained_replicated", "bucket=%s replicas=%ld", C.bucket,
            C.replicas);
+    if (C.durable) {
+        atomic_store(&C.durable_ready, true);
+        rt_log(RT_LOG_INFO, "cluster.durable", "stream=%s max_age=%" PRId64 "s replicas=%ld",
+               C.stream, C.max_age_s, C.replicas);
+    }
 }
 
 /* Writes a retained message (or its clearing) to the bucket; NATS_OK once JetStream has it. */
@@ -604,6 +720,168 @@ static void node_subject(const char *holder, const char *what, char *out, size_t
     snprintf(out, cap, "%s_ctl.node.%s.%s", C.prefix, node, what);
 }
 
+/* ---- Durable mode: sessions' records and the replay after a node's crash ---- */
+
+/* In cluster_kv: a session's record (its bytes, malloc'ed) and where its replay starts. */
+static uint8_t *session_record(const char *key, size_t *len, int64_t *from_ms)
+{
+    *len = 0;
+    kvEntry *e = NULL;
+    if (kvStore_Get(&e, C.sessions, key) != NATS_OK)
+        return NULL;
+    const uint8_t *v = kvEntry_Value(e);
+    int vlen = kvEntry_ValueLen(e);
+    uint8_t *bytes = vlen > 8 ? malloc((size_t)vlen - 8) : NULL;
+    if (bytes) {
+        uint64_t clear_ms = 0;
+        for (int i = 0; i < 8; i++)
+            clear_ms = clear_ms << 8 | v[i];
+        memcpy(bytes, v + 8, (size_t)vlen - 8);
+        *len = (size_t)vlen - 8;
+        *from_ms = (int64_t)clear_ms - C.margin_ms > 0 ? (int64_t)clear_ms - C.margin_ms : 1;
+    }
+    kvEntry_Destroy(e);
+    return bytes;
+}
+
+bool rt_cluster_durable(void)
+{
+    return C.on && C.durable;
+}
+
+void rt_cluster_session_record(const char *id, uint64_t clear_ms, const void *bytes, size_t len)
+{
+    size_t idlen = strlen(id);
+    if (!atomic_load_explicit(&C.durable_ready, memory_order_acquire) ||
+        idlen >= RT_CLIENT_TEXT_MAX)
+        return;
+    rt_msg_t *m = rt_msg_new(MSG_SESSION_PUT, sizeof(record_t) + idlen + len);
+    if (!m) {
+        atomic_fetch_add_explicit(&C.records_failed, 1, memory_order_relaxed);
+        return;
+    }
+    record_t *r = (record_t *)(void *)m->data;
+    r->clear_ms = clear_ms;
+    r->id_len = (uint32_t)idlen;
+    r->len = (uint32_t)len;
+    memcpy(r->data, id, idlen);
+    if (len)
+        memcpy(r->data + idlen, bytes, len);
+    rt_send_msg(atomic_load_explicit(&C.kv_pid, memory_order_acquire), m);
+}
+
+/* In cluster_kv: a record written (the clear moment, then the bytes) or deleted. */
+static void session_put(const record_t *r)
+{
+    char id[RT_CLIENT_TEXT_MAX], key[3 * RT_CLIENT_TEXT_MAX + 1];
+    snprintf(id, sizeof(id), "%.*s", (int)r->id_len, r->data);
+    if (rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
+        return;
+    natsStatus s;
+    if (!r->len) {
+        s = kvStore_Delete(C.sessions, key);
+    } else {
+        uint8_t *v = malloc(8 + (size_t)r->len);
+        if (!v) {
+            s = NATS_NO_MEMORY;
+        } else {
+            for (int i = 0; i < 8; i++)
+                v[i] = (uint8_t)(r->clear_ms >> (56 - 8 * i));
+            memcpy(v + 8, r->data + r->id_len, r->len);
+            s = kvStore_Put(NULL, C.sessions, key, v, (int)(8 + r->len));
+            free(v);
+        }
+    }
+    if (s != NATS_OK &&
+        atomic_fetch_add_explicit(&C.records_failed, 1, memory_order_relaxed) % 1000 == 0)
+        rt_log(RT_LOG_WARNING, "cluster.session_record_failed", "client=%s: %s", id,
+               natsStatus_GetText(s));
+}
+
+static void put_be(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+}
+
+/*
+** In cluster_kv: every message the stream kept from from_ms up to its last one now (after
+** NATS holds the session's subscriptions here), as the replay's bytes for
+** RT_CLUSTER_MSG_MOVE_IN: "RTR1", then per message its origin key and number (u64 each),
+** length (u32) and PUBLISH. The session keeps those its subscriptions match. NULL if the
+** stream did not answer.
+*/
+static uint8_t *replay_bytes(int64_t from_ms, size_t *len, size_t *count)
+{
+    *len = *count = 0;
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    if (js_GetStreamInfo(&si, C.js, C.stream, NULL, &jerr) != NATS_OK)
+        return NULL;
+    uint64_t last = si->State.LastSeq;
+    bool none = !last || si->State.LastTime < from_ms * 1000000LL;
+    jsStreamInfo_Destroy(si);
+    size_t cap = 4096, at = 4;
+    uint8_t *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    memcpy(buf, "RTR1", 4);
+    natsSubscription *sub = NULL;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = C.stream;
+    so.Config.DeliverPolicy = js_DeliverByStartTime;
+    so.Config.OptStartTime = from_ms * 1000000LL;
+    so.Config.AckPolicy = js_AckNone;
+    char all[RT_CONF_NODE_MAX + 4];
+    snprintf(all, sizeof(all), "%s.>", C.prefix);
+    natsStatus s = none ? NATS_OK : js_SubscribeSync(&sub, C.js, all, NULL, &so, &jerr);
+    for (uint64_t seq = 0; !none && s == NATS_OK && seq < last;) {
+        natsMsg *nm = NULL;
+        jsMsgMetaData *meta = NULL;
+        s = natsSubscription_NextMsg(&nm, sub, JETSTREAM_WAIT_MS);
+        if (s == NATS_OK && natsMsg_GetMetaData(&meta, nm) == NATS_OK) {
+            seq = meta->Sequence.Stream;
+            jsMsgMetaData_Destroy(meta);
+        }
+        origin_name_t o;
+        rt_bin_t *bin = s == NATS_OK ? inbound_message(nm, &o) : NULL;
+        size_t need = bin ? 20 + rt_bin_len(bin) : 0;
+        if (bin && at + need > cap) {
+            while (cap < at + need)
+                cap *= 2;
+            uint8_t *more = cap <= RT_CLUSTER_MOVE_MAX ? realloc(buf, cap) : NULL;
+            if (!more)
+                s = NATS_NO_MEMORY;
+            else
+                buf = more;
+        }
+        if (bin && s == NATS_OK) {
+            put_be(buf + at, node_key(o.node, o.incarnation), 8);
+            put_be(buf + at + 8, o.seq, 8);
+            put_be(buf + at + 16, rt_bin_len(bin), 4);
+            memcpy(buf + at + 20, rt_bin_data(bin), rt_bin_len(bin));
+            at += need;
+            ++*count;
+        }
+        if (bin)
+            rt_bin_release(bin);
+        natsMsg_Destroy(nm);
+    }
+    if (sub) {
+        natsSubscription_Unsubscribe(sub);
+        natsSubscription_Destroy(sub);
+    }
+    if (s != NATS_OK) {
+        rt_log(RT_LOG_WARNING, "cluster.replay_failed", "stream=%s after %zu messages: %s",
+               C.stream, *count, natsStatus_GetText(s));
+        free(buf);
+        return NULL;
+    }
+    *len = at;
+    return buf;
+}
+
 /* In cluster_kv: the id recorded as this node's, by compare-and-swap. A session that moves
    here (want_session) is imported, and *moving says the claim is answered later. */
 static int claim(const claim_t *cl, const char *id, bool *moving)
@@ -638,7 +916,7 @@ static int claim(const claim_t *cl, const char *id, bool *moving)
         node_subject(holder, "takeover", subject, sizeof(subject));
         uint8_t *session = NULL;
         size_t len = 0;
-        request_parts(subject, id, cl->want_session, &session, &len);
+        bool answered = request_parts(subject, id, cl->want_session, &session, &len);
         if (kvStore_UpdateString(NULL, C.clients, key, C.value, rev) != NATS_OK) {
             if (len)
                 rt_log(RT_LOG_WARNING, "cluster.session_lost",
@@ -650,6 +928,11 @@ static int claim(const claim_t *cl, const char *id, bool *moving)
         atomic_fetch_add_explicit(&C.claims_taken_over, 1, memory_order_relaxed);
         rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s session_bytes=%zu", id,
                holder, len);
+        /* Its node is gone (no answer): durable mode has the session's record. */
+        int64_t replay_from_ms = 0;
+        if (!answered && cl->want_session &&
+            atomic_load_explicit(&C.durable_ready, memory_order_acquire))
+            session = session_record(key, &len, &replay_from_ms);
         rt_pid_t imported = len && C.import ? C.import(id, session, len) : 0;
         free(session);
         if (len && !imported) {
@@ -666,6 +949,7 @@ static int claim(const claim_t *cl, const char *id, bool *moving)
         move_t *mv = (move_t *)(void *)m->data;
         mv->reply_to = cl->reply_to;
         mv->session = imported;
+        mv->replay_from_ms = replay_from_ms;
         snprintf(mv->holder, sizeof(mv->holder), "%.*s", (int)strcspn(holder, " "), holder);
         mv->len = (uint32_t)strlen(id);
         memcpy(mv->id, id, mv->len);
@@ -698,8 +982,18 @@ static void move_tail(const move_t *mv)
     snprintf(id, sizeof(id), "%.*s", (int)mv->len, mv->id);
     node_subject(mv->holder, "handover", subject, sizeof(subject));
     uint8_t *tail = NULL;
-    size_t len = 0;
-    bool answered = request_parts(subject, id, true, &tail, &len);
+    size_t len = 0, replayed = 0;
+    bool answered;
+    if (mv->replay_from_ms) {
+        answered = (tail = replay_bytes(mv->replay_from_ms, &len, &replayed)) != NULL;
+        atomic_fetch_add_explicit(&C.replays, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&C.replayed, replayed, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "cluster.session_replayed",
+               "client=%s from=%s since_ms=%" PRId64 " messages=%zu", id, mv->holder,
+               mv->replay_from_ms, replayed);
+    } else {
+        answered = request_parts(subject, id, true, &tail, &len);
+    }
     rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, len);
     if (m) {
         if (len)
@@ -1147,7 +1441,7 @@ static void forward_one(rt_msg_t *m)
     rt_message_t msg;
     const forward_t *f = (const forward_t *)(const void *)m->data;
     rt_message_view(m->bin, &msg);
-    publish(&msg, m->bin, f->shared_here);
+    publish(&msg, m->bin, f);
     if (!msg.retain || !atomic_load(&C.kv_ready))
         return;
     natsStatus s = kv_put(&msg, m->bin);
@@ -1157,7 +1451,7 @@ static void forward_one(rt_msg_t *m)
                (int)(msg.topic.len > 200 ? 200 : msg.topic.len), msg.topic.p,
                natsStatus_GetText(s));
     }
-    if (f->ack_pid) {
+    if (f->ack_pid && !f->stream_ack) {
         rt_store_committed_t done = {.token = f->ack_token, .status = s == NATS_OK ? 0 : RT_EAGAIN};
         rt_send(f->ack_pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
     }
@@ -1218,6 +1512,8 @@ static void kv_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         claim_one((const claim_t *)(const void *)m->data);
     else if (m->tag == MSG_MOVE_TAIL && m->len >= sizeof(move_t))
         move_tail((const move_t *)(const void *)m->data);
+    else if (m->tag == MSG_SESSION_PUT && m->len >= sizeof(record_t))
+        session_put((const record_t *)(const void *)m->data);
 }
 
 static const rt_actor_type_t kv_type = {
@@ -1432,25 +1728,21 @@ static void deliver_shared(const char *share, rt_bin_t *bin)
     rt_route_send(pid, bin, &d, &o.sub_id);
 }
 
-static void route_inbound(in_state_t *st, const inbound_t *in)
+/*
+** The canonical message another node sent (a route, a shared group's copy, or one replayed
+** from the stream), named by its origin (rt_message_set_origin); NULL if it is not a valid
+** one of rtd's.
+*/
+static rt_bin_t *inbound_message(natsMsg *nm, origin_name_t *o)
 {
-    natsMsg *nm = in->msg;
     const char *origin = NULL, *meta = NULL, *client = NULL, *props = NULL;
-    char node[RT_CONF_NODE_MAX], exp[16];
-    uint64_t inc = 0, seq = 0;
+    char exp[16];
     unsigned qos = 0, retain = 0;
     if (natsMsgHeader_Get(nm, H_ORIGIN, &origin) != NATS_OK ||
         natsMsgHeader_Get(nm, H_MSG, &meta) != NATS_OK ||
-        sscanf(origin, "%32s %" SCNx64 " %" SCNu64, node, &inc, &seq) != 3 ||
-        sscanf(meta, "%u %u %15s", &qos, &retain, exp) != 3 || qos > 2 || retain > 1) {
-        atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
-        return;
-    }
-    /* Every copy goes through the same routing: the first one routes it, to everyone. */
-    if (!in->share && !first_copy(st, node, inc, seq)) {
-        atomic_fetch_add_explicit(&C.duplicates, 1, memory_order_relaxed);
-        return;
-    }
+        sscanf(origin, "%32s %" SCNx64 " %" SCNu64, o->node, &o->incarnation, &o->seq) != 3 ||
+        sscanf(meta, "%u %u %15s", &qos, &retain, exp) != 3 || qos > 2 || retain > 1)
+        return NULL;
     char topic[RT_SUBJECT_MAX + 1], id[RT_CLIENT_TEXT_MAX];
     const char *subject = natsMsg_GetSubject(nm);
     int tlen = rt_topic_of_subject(C.prefix, subject, strlen(subject), topic, sizeof(topic));
@@ -1464,11 +1756,28 @@ static void route_inbound(in_state_t *st, const inbound_t *in)
                         ? message_of(nm, topic, (size_t)tlen, qos, retain, exp[0] != '-',
                                      (uint32_t)expiry, props, has_id ? id : NULL)
                         : NULL;
+    if (bin)
+        rt_message_set_origin(bin, node_key(o->node, o->incarnation), o->seq);
+    return bin;
+}
+
+static void route_inbound(in_state_t *st, const inbound_t *in)
+{
+    natsMsg *nm = in->msg;
+    origin_name_t o;
+    /* Every copy goes through the same routing: the first one routes it, to everyone. */
+    const char *origin = NULL;
+    if (!in->share && natsMsgHeader_Get(nm, H_ORIGIN, &origin) == NATS_OK &&
+        sscanf(origin, "%32s %" SCNx64 " %" SCNu64, o.node, &o.incarnation, &o.seq) == 3 &&
+        !first_copy(st, o.node, o.incarnation, o.seq)) {
+        atomic_fetch_add_explicit(&C.duplicates, 1, memory_order_relaxed);
+        return;
+    }
+    rt_bin_t *bin = inbound_message(nm, &o);
     if (!bin) {
         atomic_fetch_add_explicit(&C.bad_in, 1, memory_order_relaxed);
         return;
     }
-    rt_message_set_origin(bin, node_key(node, inc), seq);
     const char *shared = NULL;
     if (!in->share)
         rt_route_remote(bin);
@@ -1796,8 +2105,12 @@ static void close_connections(void)
         }
     C.takeover_sub = C.handover_sub = C.status_sub = NULL;
     kvStore_Destroy(C.clients);
+    kvStore_Destroy(C.sessions);
     kvStore_Destroy(C.kv);
+    jsCtx_Destroy(C.pjs);
     jsCtx_Destroy(C.js);
+    C.sessions = NULL;
+    C.pjs = NULL;
     C.clients = NULL;
     C.kv = NULL;
     C.js = NULL;
@@ -1833,6 +2146,10 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
         C.incarnation = rt_wall_ms();
     C.sup = sup;
     C.node_key = node_key(C.node, C.incarnation);
+    C.durable = conf->cluster.durable;
+    C.margin_ms = conf->cluster.replay_margin * 1000;
+    C.max_age_s = conf->max_session_expiry;
+    snprintf(C.stream, sizeof(C.stream), "%s_msgs", conf->cluster.prefix);
     snprintf(C.value, sizeof(C.value), "%s %016" PRIx64, C.node, C.incarnation);
     /* One delivery thread for every subscription: what NATS sent arrives in its order. */
     natsStatus s = nats_Open(-1);
@@ -1945,5 +2262,11 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->sessions_moved_in = atomic_load(&C.sessions_moved_in);
     st->sessions_moved_out = atomic_load(&C.sessions_moved_out);
     st->sessions_move_failed = atomic_load(&C.sessions_move_failed);
+    st->durable = C.durable && atomic_load(&C.durable_ready);
+    st->stream_acked = atomic_load(&C.stream_acked);
+    st->stream_failed = atomic_load(&C.stream_failed);
+    st->session_records_failed = atomic_load(&C.records_failed);
+    st->replays = atomic_load(&C.replays);
+    st->replayed = atomic_load(&C.replayed);
     return true;
 }

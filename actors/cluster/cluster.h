@@ -70,6 +70,10 @@ typedef struct rt_cluster_status_s {
     uint64_t claims_failed, given_up;   /* claims refused; ids given up to another node */
     uint64_t sessions_moved_in, sessions_moved_out; /* persistent sessions moved between nodes */
     uint64_t sessions_move_failed; /* moves here whose session or tail did not arrive whole */
+    bool durable;                  /* durable mode, its stream and bucket bound */
+    uint64_t stream_acked, stream_failed; /* publishers' acks the stream gave, refused */
+    uint64_t session_records_failed;      /* sessions' records the bucket refused */
+    uint64_t replays, replayed; /* sessions resumed after their node's crash; messages read */
 } rt_cluster_status_t;
 
 /*
@@ -129,6 +133,21 @@ void rt_cluster_move_answer(const rt_cluster_move_t *req, const void *bytes, siz
    thread); 0 if they cannot be read. */
 typedef rt_pid_t (*rt_cluster_import_fn)(const char *id, const void *bytes, size_t len);
 void rt_cluster_set_importer(rt_cluster_import_fn fn);
+
+/*
+** Durable mode (cluster.durable, docs/CLUSTER.md "Durable mode"): JetStream's stream
+** "<prefix>_msgs" keeps every message routed in the cluster, and a QoS 1/2 PUBLISH is
+** acknowledged once the stream has it. Each persistent session keeps a record in the bucket
+** "<prefix>_sessions": the same bytes a move carries (without messages) and clear_ms, the
+** last moment (wall clock) it owed its client nothing. A claim whose holder does not answer
+** (its node crashed) imports the record and replays the stream from clear_ms less
+** cluster.replay_margin; the session keeps what its subscriptions match ("RTR1" bytes in a
+** RT_CLUSTER_MSG_MOVE_IN), merged as a move's rest is.
+*/
+bool rt_cluster_durable(void);
+/* Writes id's record (len 0: deletes it) from the session's actor; nothing outside
+   durable mode. */
+void rt_cluster_session_record(const char *id, uint64_t clear_ms, const void *bytes, size_t len);
 
 /*
 ** Every node publishes what it holds and what its rules did once a second (a heartbeat on

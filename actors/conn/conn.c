@@ -954,6 +954,10 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     /* The session ends, unless the broker is only stopping: then it is kept for the restart. */
     if (c->stored && reason != RT_REASON_SHUTDOWN)
         rt_store_session_end(c->client_id);
+    /* Its record too, unless another node took it over (and writes its own). */
+    if (c->client_id && c->session_expiry && reason != RT_REASON_SHUTDOWN &&
+        reason != RT_REASON_TAKEOVER && rt_cluster_durable())
+        rt_cluster_session_record(c->client_id, 0, NULL, 0);
     if (c->client_id) {
         rt_broker_release_client(c->client_id, rt_self(self));
         atomic_fetch_sub(&rt_broker->stats.sessions, 1);

@@ -432,5 +432,8 @@ void rt__conn_on_move_out(rt_actor_t *self, conn_t *c, const rt_cluster_move_t *
 void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size_t len);
 /* First turn of an imported session: it is written to the store as this node's. */
 void rt__conn_on_imported(rt_actor_t *self, conn_t *c);
+/* Durable mode: writes a persistent session's record (changed: its subscriptions or
+   expiry did; otherwise at most every few seconds, for its clear moment). */
+void rt__conn_record_session(rt_actor_t *self, conn_t *c, bool changed);
 
 #endif

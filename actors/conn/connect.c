@@ -420,6 +420,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     }
     rt__conn_send_packet(c, &ack);
     free(response);
+    rt__conn_record_session(self, c, true);
     atomic_fetch_add_explicit(&rt_broker->stats.connects, 1, memory_order_relaxed);
     if (rt_rules_wants_event(RT_RULE_EV_CLIENT_CONNECTED)) {
         rt_rule_origin_t o = rt__conn_rule_origin(self, c);

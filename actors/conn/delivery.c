@@ -40,8 +40,8 @@ bool rt__conn_online(const conn_t *c)
 
 rt_session_t *rt__conn_session_get_or_make(rt_actor_t *self, conn_t *c)
 {
-    if (!c->sess)
-        c->sess = rt_alloc(self, sizeof(*c->sess), RT_OBJ_SCAN);
+    if (!c->sess && (c->sess = rt_alloc(self, sizeof(*c->sess), RT_OBJ_SCAN)))
+        c->sess->clear_ms = rt_wall_ms();
     return c->sess;
 }
 
@@ -67,8 +67,7 @@ bool rt__conn_session_is_durable(const conn_t *c)
 */
 size_t rt__conn_memory(const conn_t *c)
 {
-    return rt_memory(rt_current()) + (c->sock ? rt_sock_pending(c->sock) : 0) +
-           rt__xport_memory(c);
+    return rt_memory(rt_current()) + (c->sock ? rt_sock_pending(c->sock) : 0) + rt__xport_memory(c);
 }
 
 static bool over_budget(const conn_t *c, size_t more)
@@ -418,12 +417,14 @@ static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, con
         count_dropped(self, c, bin, 0, "offline_qos0");
         return NULL;
     }
-    rt_qmsg_t *m = rt__conn_session_get_or_make(self, c)
-                       ? rt_qmsg_new(self, bin, d->qos, d->retain, d->expire_at_ms, d->shared,
-                                     sub_ids, d->n_sub_ids)
-                       : NULL;
+    rt_session_t *s = rt__conn_session_get_or_make(self, c);
+    rt_qmsg_t *m = s ? rt_qmsg_new(self, bin, d->qos, d->retain, d->expire_at_ms, d->shared,
+                                   sub_ids, d->n_sub_ids)
+                     : NULL;
     if (!m)
         count_dropped(self, c, bin, d->qos, "no_memory");
+    else if (!s->queued.n && !s->inflight.n && rt_cluster_durable())
+        s->clear_ms = rt_wall_ms(); /* owed nothing until this one */
     return m;
 }
 
@@ -524,6 +525,10 @@ static void inflight_settle(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
     RT_ASSERT(taken == m); /* ids are unique in the inflight list */
     session_release_msg(self, c, taken);
     queue_pump(self, c);
+    if (!c->sess->inflight.n && !c->sess->queued.n && rt_cluster_durable()) {
+        c->sess->clear_ms = rt_wall_ms();
+        rt__conn_record_session(self, c, false);
+    }
 }
 
 static void on_puback(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)

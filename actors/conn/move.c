@@ -23,6 +23,7 @@
 #include "store.h"
 
 #define MOVE_MAGIC "RTS1"
+#define REPLAY_MAGIC "RTR1"
 #define MOVE_TIMEOUT_MS 10000 /* phase 1 to phase 2, at most (two NATS round trips) */
 
 enum {
@@ -106,8 +107,9 @@ static void put_msgs(wbuf_t *w, const rt_qlist_t *const *lists, int nlists)
     }
 }
 
-/* The whole session (phase 1), or only its queue (phase 2's rest). */
-static void put_session(wbuf_t *w, rt_actor_t *self, conn_t *c, bool whole)
+/* The whole session (phase 1; a record: without its messages), or only its queue (phase
+   2's rest). */
+static void put_session(wbuf_t *w, rt_actor_t *self, conn_t *c, bool whole, bool msgs)
 {
     (void)self;
     put(w, MOVE_MAGIC, 4);
@@ -141,8 +143,8 @@ static void put_session(wbuf_t *w, rt_actor_t *self, conn_t *c, bool whole)
     for (uint32_t i = 0; i < nqos2; i++)
         put_uint(w, c->sess->qos2_ids[i], 2);
     rt_qlist_t none = {0};
-    const rt_qlist_t *lists[2] = {c->sess ? &c->sess->inflight : &none,
-                                  c->sess ? &c->sess->queued : &none};
+    const rt_qlist_t *lists[2] = {c->sess && msgs ? &c->sess->inflight : &none,
+                                  c->sess && msgs ? &c->sess->queued : &none};
     put_msgs(w, whole ? lists : lists + 1, whole ? 2 : 1);
 }
 
@@ -308,6 +310,89 @@ static bool read_session(const char *id, const void *bytes, size_t len, moved_t 
     return read_msgs(&r, mv) && r.at == r.len;
 }
 
+/*
+** A replay after the session's old node crashed (cluster.h, durable mode): "RTR1", then per
+** message its origin (u64 key, u64 number), u32 length and PUBLISH, every message the
+** stream kept since; the session keeps those its subscriptions match, as routing would
+** have delivered them (the highest QoS granted, every matching subscription's id).
+*/
+static bool read_replay(const conn_t *c, const uint8_t *bytes, size_t len, moved_t *mv)
+{
+    memset(mv, 0, sizeof(*mv));
+    rbuf_t r = {.p = bytes, .len = len, .at = 4};
+    size_t cap = (len - 4) / 20;
+    mv->ss.msgs = calloc(cap ? cap : 1, sizeof(*mv->ss.msgs));
+    mv->keys = calloc(cap ? cap : 1, sizeof(uint64_t));
+    mv->seqs = calloc(cap ? cap : 1, sizeof(uint64_t));
+    if (!mv->ss.msgs || !mv->keys || !mv->seqs)
+        return false;
+    uint64_t now = rt_mono_ms();
+    while (r.at < r.len) {
+        uint64_t key = get_uint(&r, 8), seq = get_uint(&r, 8);
+        uint32_t plen = (uint32_t)get_uint(&r, 4);
+        const uint8_t *pkt = take(&r, plen);
+        rt_bin_t *bin = pkt ? rt_message_parse(pkt, plen) : NULL;
+        if (!bin)
+            return false;
+        rt_message_t msg;
+        rt_message_view(bin, &msg);
+        rt_stored_msg_t m = {.bin = bin};
+        bool matched = false;
+        for (uint32_t i = 0; i < c->nsubs; i++) {
+            const sub_entry_t *e = &c->subs[i];
+            const char *f = e->filter;
+            size_t flen = e->len;
+            if (rt__conn_filter_is_shared(f, flen)) { /* $share/group/filter */
+                const char *slash = memchr(f + 7, '/', flen - 7);
+                flen -= slash ? (size_t)(slash + 1 - f) : flen;
+                f = slash ? slash + 1 : f;
+            }
+            if (!flen || !rt_topic_matches(f, flen, (const char *)msg.topic.p, msg.topic.len))
+                continue;
+            uint8_t qos = e->qos < msg.qos ? e->qos : msg.qos;
+            m.qos = matched && m.qos > qos ? m.qos : qos;
+            m.retain = m.retain || (e->retain_as_published && msg.retain);
+            if (e->sub_id && m.n_sub_ids < RT_QMSG_MAX_SUB_IDS)
+                m.sub_ids[m.n_sub_ids++] = e->sub_id;
+            matched = true;
+        }
+        if (!matched || (!m.qos && !RT_LIVE(queue_qos0))) {
+            rt_bin_release(bin);
+            continue;
+        }
+        if (msg.has_expiry && msg.expiry)
+            m.expire_at_ms = now + (uint64_t)msg.expiry * 1000;
+        size_t i = mv->ss.nmsgs++;
+        mv->ss.msgs[i] = m;
+        mv->keys[i] = key;
+        mv->seqs[i] = seq;
+    }
+    return !r.bad;
+}
+
+/* ---- A session's record, for a resume after its node's crash (durable mode) ---- */
+
+#define RECORD_EVERY_MS 5000 /* a busy session rewrites its clear moment at most this often */
+
+void rt__conn_record_session(rt_actor_t *self, conn_t *c, bool changed)
+{
+    if (!rt_cluster_durable() || !c->client_id || !c->session_expiry)
+        return;
+    uint64_t now = rt_wall_ms();
+    rt_session_t *s = c->sess;
+    if (!changed && s && now - s->record_ms < RECORD_EVERY_MS)
+        return;
+    bool owes = s && (s->queued.n || s->inflight.n);
+    wbuf_t w = {0};
+    put_session(&w, self, c, true, false);
+    if (!w.failed) {
+        rt_cluster_session_record(c->client_id, owes ? s->clear_ms : now, w.p, w.len);
+        if (s)
+            s->record_ms = now;
+    }
+    free(w.p);
+}
+
 /* ---- The node giving the session ---- */
 
 static void drop_messages(rt_actor_t *self, rt_qlist_t *l)
@@ -323,7 +408,7 @@ void rt__conn_on_move_out(rt_actor_t *self, conn_t *c, const rt_cluster_move_t *
     if (req->phase == 2) {
         /* The rest: what came since phase 1. Then the session is the other node's alone. */
         if (moving)
-            put_session(&w, self, c, false);
+            put_session(&w, self, c, false, true);
         rt_cluster_move_answer(req, w.failed ? NULL : w.p, w.failed ? 0 : w.len);
         free(w.p);
         if (moving)
@@ -341,7 +426,7 @@ void rt__conn_on_move_out(rt_actor_t *self, conn_t *c, const rt_cluster_move_t *
         rt__conn_close(self, c, MQTT_RC_SESSION_TAKEN_OVER, RT_REASON_NORMAL);
     rt_session_t *s = rt__conn_session_get_or_make(self, c);
     if (s)
-        put_session(&w, self, c, true);
+        put_session(&w, self, c, true, true);
     if (!s || w.failed) {
         free(w.p);
         rt_log(RT_LOG_ERROR, "cluster.session_move_failed",
@@ -402,7 +487,7 @@ int rt__conn_imported_init(rt_actor_t *self, void *state, void *arg)
 
 void rt__conn_on_imported(rt_actor_t *self, conn_t *c)
 {
-    (void)self;
+    rt__conn_record_session(self, c, true);
     if (!rt__conn_session_is_durable(c))
         return;
     rt_store_session(c->client_id, c->session_expiry, false, true);
@@ -455,7 +540,13 @@ void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size
         return;
     s->moving = 0;
     moved_t rest;
-    if (len && !read_session(c->client_id, bytes, len, &rest)) {
+    if (len >= 4 && memcmp(bytes, REPLAY_MAGIC, 4) == 0) {
+        if (!read_replay(c, bytes, len, &rest)) {
+            rt_log(RT_LOG_ERROR, "cluster.replay_unreadable", "client=%s bytes=%zu", c->client_id,
+                   len);
+            len = 0;
+        }
+    } else if (len && !read_session(c->client_id, bytes, len, &rest)) {
         rt_log(RT_LOG_ERROR, "cluster.session_tail_unreadable", "client=%s bytes=%zu", c->client_id,
                len);
         len = 0;

@@ -85,6 +85,8 @@ typedef struct rt_session_s {
        all of them until the list empties. */
     uint8_t ids_unordered;
     uint32_t dropped_owed; /* of conn_t.dropped, those owed at QoS 1 or 2 */
+    uint64_t clear_ms;     /* wall clock: the last moment it owed its client nothing */
+    uint64_t record_ms;    /* wall clock: its record last written (cluster durable mode) */
     uint8_t moving;        /* RT_SESSION_MOVED_*: a move between cluster nodes is under way */
     uint32_t moved_in;     /* RT_SESSION_MOVED_IN: the queue's first ones came with the move */
 } rt_session_t;

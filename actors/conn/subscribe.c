@@ -232,6 +232,7 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         then[n] = (retained ? THEN_RETAINED : 0) | (acl_check ? THEN_ACL_CHECK : 0);
         codes[n++] = rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     }
+    rt__conn_record_session(self, c, true);
     mqtt_packet_t ack = {.type = MQTT_SUBACK, .packet_id = pk->packet_id};
     ack.codes = (mqtt_str_t){codes, (uint32_t)n};
     rt__conn_send_packet(c, &ack);
@@ -287,6 +288,7 @@ int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         bool existed = rt__conn_sub_drop(self, c, s.filter.p, s.filter.len);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
     }
+    rt__conn_record_session(self, c, true);
     mqtt_packet_t ack = {.type = MQTT_UNSUBACK, .packet_id = pk->packet_id};
     ack.codes = (mqtt_str_t){codes, (uint32_t)n};
     rt__conn_send_packet(c, &ack);

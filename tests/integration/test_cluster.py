@@ -1214,6 +1214,86 @@ def test_offline_session_moves_with_its_queue_and_pending_will(nodes, mq, pfx):
     assert not watcher.msgs, "the will went out though its client came back in time"
 
 
+# ---- Durable mode (docs/CLUSTER.md "Durable mode"): nodes of their own, prefix "rd" ----
+
+def durable_option(node, urls):
+    return ('cluster={node="%s",prefix="rd",durable=true,replay_margin=2,nats={%s}}'
+            % (node, ",".join(f'"{u}"' for u in urls)))
+
+
+@pytest.fixture
+def durable_nodes(nats):
+    started = []
+    try:
+        for i in range(3):
+            started.append(Rtd(durable_option(f"d{i + 1}", nats.urls())))
+        for n in started:
+            until(lambda: n.ctl_json("cluster", "status")["durable"] == "on", WAIT,
+                  lambda: n.read_log()[-2000:])
+        yield started
+    finally:
+        for n in started:
+            if n.proc.poll() is None:
+                n.stop()
+
+
+def test_kill9_of_a_node_sessions_resume_elsewhere_nothing_acknowledged_lost(durable_nodes, mq,
+                                                                             pfx):
+    """Durable mode: a QoS 1 PUBLISH is acknowledged once JetStream's stream has it, and a
+    persistent session keeps a record in JetStream KV. kill -9 of the subscriber's node in the
+    middle of a stream: the client fails over to another node, its session resumes there from
+    the record, and the stream's replay brings every acknowledged message (at least once)."""
+    d1, d2, d3 = durable_nodes
+    cid = "k9-" + pfx
+    old = mq(d1, cid=cid, clean=False, expiry=300)
+    old.c.reconnect_delay_set(60, 60)  # its node is dead; the test fails it over itself
+    old.subscribe(f"{pfx}/k", 1)
+    pub = mq(d3, name="pub")
+    await_route(pub, f"{pfx}/k", [old])
+    infos, stop = [], threading.Event()
+
+    def stream():
+        for k in range(100000):
+            if stop.is_set():
+                return
+            infos.append((b"%05d" % k, pub.publish(f"{pfx}/k", b"%05d" % k, qos=1, wait=False)))
+            time.sleep(0.004)
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        old.wait_count(100)
+        d1.kill9()
+        t_killed = time.monotonic()
+        deadline = t_killed + WAIT
+        while True:  # client-side failover: the next node, until it takes the session
+            try:
+                new = mq(d2, cid=cid, clean=False, expiry=300)
+                break
+            except BaseException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        new.wait_count(50)  # the stream goes on reaching the session on d2
+    finally:
+        stop.set()
+        t.join()
+    for _, info in infos:
+        info.wait_for_publish(WAIT)
+    acked = {p for p, info in infos if info.is_published()}
+    assert len(acked) == len(infos)
+    until(lambda: acked <= set(payloads(old)) | set(payloads(new)), WAIT,
+          lambda: f"acknowledged, never delivered: "
+          f"{sorted(acked - set(payloads(old)) - set(payloads(new)))[:10]}\n"
+          + d2.read_log()[-2500:])
+    assert new.session_present
+    got = [int(p) for p in payloads(new)]
+    assert got == sorted(got), "out of order on the new connection"
+    assert f"cluster.session_replayed client={cid} from=d1" in d2.read_log()
+    st = d2.ctl_json("cluster", "status")
+    assert st["sessions_replayed"] >= 1 and st["stream_failed"] == 0
+    assert d3.ctl_json("cluster", "status")["stream_acked"] >= len(acked)
+
+
 def test_nodes_and_rules_counted_cluster_wide(nodes, mq, pfx):
     """Each node hears the others' heartbeats: `cluster nodes` lists all three; a rule runs
     once per message, on the publisher's node, and `rules metrics` adds the cluster's sums."""

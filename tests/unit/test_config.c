@@ -45,9 +45,9 @@ static bool conf_equal(const rt_conf_t *a, const rt_conf_t *b)
     return same && a->max_connections == b->max_connections &&
            a->max_packet_size == b->max_packet_size && a->max_inflight == b->max_inflight &&
            a->max_queued_messages == b->max_queued_messages &&
-           a->max_client_memory == b->max_client_memory && a->max_topic_alias == b->max_topic_alias &&
-           a->max_keepalive == b->max_keepalive && a->max_session_expiry == b->max_session_expiry &&
-           a->queue_qos0 == b->queue_qos0 &&
+           a->max_client_memory == b->max_client_memory &&
+           a->max_topic_alias == b->max_topic_alias && a->max_keepalive == b->max_keepalive &&
+           a->max_session_expiry == b->max_session_expiry && a->queue_qos0 == b->queue_qos0 &&
            a->allow_zero_length_clientid == b->allow_zero_length_clientid &&
            a->schedulers == b->schedulers && a->blocking_threads == b->blocking_threads &&
            a->batch == b->batch && a->min_heap == b->min_heap && a->gc_factor == b->gc_factor &&
@@ -121,8 +121,7 @@ static void test_errors(void)
     CHECK_EQ(load("log_level = \"loud\"\n", &c, err), RT_EINVAL);
     CHECK(err_is(err, 1, "one of"));
     /* Found by tests/fuzz: doubling a string 40 times asked for 8 GB. */
-    CHECK_EQ(load("local s = \"xxxxxxxx\"\nfor i = 1, 40 do s = s .. s end\n", &c, err),
-             RT_EINVAL);
+    CHECK_EQ(load("local s = \"xxxxxxxx\"\nfor i = 1, 40 do s = s .. s end\n", &c, err), RT_EINVAL);
     CHECK(strstr(err, "not enough memory") != NULL);
     CHECK_EQ(load("listeners = { \"localhost:1883\" }\n", &c, err), RT_EINVAL);
     CHECK(err_is(err, 1, "localhost")); /* hosts must be numeric */
@@ -197,15 +196,16 @@ static void test_listener_tables(void)
     rt_conf_t c;
     rt_conf_defaults(&c);
     char err[RT_CONF_ERR_LEN];
-    CHECK_EQ(rt_conf_set(&c,
-                         "listeners={\"127.0.0.1:1883\", {bind=\"127.0.0.1:8883\", tls={cert=\"s.pem\", "
-                         "key=\"s.key\", ca=\"/etc/ca.pem\", verify=\"required\", "
-                         "identity_as_username=true, min_version=\"1.3\"}}, {bind=\"[::1]:8083\", "
-                         "websocket=\"/mqtt\", trusted_proxies={\"10.0.0.0/8\"}}, "
-                         "{bind=\"127.0.0.1:1885\", proxy_protocol=true, trusted_proxies=\"127.0.0.1\", "
-                         "rate_limit={messages=10, bytes=1000, burst_messages=20}}}",
-                         err, sizeof(err)),
-             0);
+    CHECK_EQ(
+        rt_conf_set(&c,
+                    "listeners={\"127.0.0.1:1883\", {bind=\"127.0.0.1:8883\", tls={cert=\"s.pem\", "
+                    "key=\"s.key\", ca=\"/etc/ca.pem\", verify=\"required\", "
+                    "identity_as_username=true, min_version=\"1.3\"}}, {bind=\"[::1]:8083\", "
+                    "websocket=\"/mqtt\", trusted_proxies={\"10.0.0.0/8\"}}, "
+                    "{bind=\"127.0.0.1:1885\", proxy_protocol=true, trusted_proxies=\"127.0.0.1\", "
+                    "rate_limit={messages=10, bytes=1000, burst_messages=20}}}",
+                    err, sizeof(err)),
+        0);
     CHECK_EQ(c.nlisteners, 4);
     CHECK(!c.listeners[0].tls_on && !c.listeners[0].websocket[0]);
     CHECK(c.listeners[1].tls_on && c.listeners[1].port == 8883);
@@ -214,13 +214,15 @@ static void test_listener_tables(void)
     CHECK_EQ(c.listeners[1].tls.verify, RT_TLS_VERIFY_REQUIRED);
     CHECK(c.listeners[1].tls.identity_as_username);
     CHECK_EQ(c.listeners[1].tls.min_version, 13);
-    CHECK(strcmp(c.listeners[2].host, "::1") == 0 && strcmp(c.listeners[2].websocket, "/mqtt") == 0);
+    CHECK(strcmp(c.listeners[2].host, "::1") == 0 &&
+          strcmp(c.listeners[2].websocket, "/mqtt") == 0);
     CHECK_EQ(c.listeners[2].ntrusted, 1);
     CHECK(c.listeners[3].proxy_protocol && c.listeners[3].ntrusted == 1);
     CHECK(c.listeners[3].rate_limit.messages == 10 && c.listeners[3].rate_limit.bytes == 1000);
     CHECK(c.listeners[3].rate_limit.burst_messages == 20);
     /* One listener as a table, not in a list. */
-    CHECK_EQ(rt_conf_set(&c, "listeners={bind=\"127.0.0.1:9\", websocket=\"/\"}", err, sizeof(err)), 0);
+    CHECK_EQ(rt_conf_set(&c, "listeners={bind=\"127.0.0.1:9\", websocket=\"/\"}", err, sizeof(err)),
+             0);
     CHECK_EQ(c.nlisteners, 1);
     CHECK(strcmp(c.listeners[0].websocket, "/") == 0);
     static const refusal_t bad[] = {
@@ -229,14 +231,16 @@ static void test_listener_tables(void)
          "needs ca"},
         {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", verify=\"maybe\"}}}",
          "verify must be"},
-        {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", identity_as_username=true}}}",
+        {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", "
+         "identity_as_username=true}}}",
          "needs verify"},
         {"listeners={{bind=\"127.0.0.1:1\", proxy_protocol=true}}", "needs trusted_proxies"},
         {"listeners={{bind=\"127.0.0.1:1\", websocket=\"mqtt\"}}", "starting with /"},
         {"listeners={{bind=\"127.0.0.1:1\", colour=\"red\"}}", "unknown key \"colour\""},
         {"listeners={{tls={cert=\"a\", key=\"b\"}}}", "needs bind"},
         {"listeners={{bind=\"127.0.0.1:1\", rate_limit={messages=-1}}}", "must be a number >= 0"},
-        {"listeners={{bind=\"127.0.0.1:1\", trusted_proxies={\"nowhere\"}}}", "not a numeric address"},
+        {"listeners={{bind=\"127.0.0.1:1\", trusted_proxies={\"nowhere\"}}}",
+         "not a numeric address"},
     };
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
     CHECK_EQ(c.nlisteners, 1); /* unchanged by the refused ones */
@@ -254,9 +258,9 @@ static void test_listener_tables(void)
                          err, sizeof(err)),
              RT_EINVAL);
     CHECK(strstr(err, "sni[1].key") != NULL);
-    CHECK_EQ(rt_conf_set(&c, "user_rate_limits={alice={messages=5}, bob={bytes=100}}", err,
-                         sizeof(err)),
-             0);
+    CHECK_EQ(
+        rt_conf_set(&c, "user_rate_limits={alice={messages=5}, bob={bytes=100}}", err, sizeof(err)),
+        0);
     CHECK_EQ(c.nuser_rates, 2);
     CHECK_EQ(rt_conf_set(&c, "user_rate_limits={alice={speed=5}}", err, sizeof(err)), RT_EINVAL);
     CHECK(strstr(err, "unknown key \"speed\"") != NULL);
@@ -272,8 +276,7 @@ static void test_http_tls(void)
     CHECK_EQ(rt_conf_set(&c, "http={bind=\"127.0.0.1:8081\"}", err, sizeof(err)), 0);
     CHECK(c.http.on && !c.http.where.tls_on);
     CHECK_EQ(c.http.request_timeout, RT_CONF_HTTP_REQUEST_TIMEOUT);
-    CHECK_EQ(rt_conf_set(&c, "http={bind=\"127.0.0.1:8081\", request_timeout=2}", err,
-                         sizeof(err)),
+    CHECK_EQ(rt_conf_set(&c, "http={bind=\"127.0.0.1:8081\", request_timeout=2}", err, sizeof(err)),
              0);
     CHECK_EQ(c.http.request_timeout, 2);
     CHECK_EQ(rt_conf_set(&c,
@@ -308,9 +311,9 @@ static void test_cluster(void)
     rt_conf_defaults(&c);
     char err[RT_CONF_ERR_LEN];
     CHECK(!c.cluster.on);
-    CHECK_EQ(rt_conf_set(&c, "cluster={node=\"rt1\", nats=\"nats://127.0.0.1:4222\"}", err,
-                         sizeof(err)),
-             0);
+    CHECK_EQ(
+        rt_conf_set(&c, "cluster={node=\"rt1\", nats=\"nats://127.0.0.1:4222\"}", err, sizeof(err)),
+        0);
     CHECK(c.cluster.on && strcmp(c.cluster.node, "rt1") == 0 && c.cluster.nnats == 1);
     CHECK(strcmp(c.cluster.prefix, "rt") == 0 && c.cluster.replicas == 1);
     CHECK_EQ(rt_conf_set(&c,
@@ -320,11 +323,23 @@ static void test_cluster(void)
              0);
     CHECK(c.cluster.nnats == 4 && c.cluster.replicas == 3 && strcmp(c.cluster.prefix, "mq") == 0);
     CHECK(c.cluster.tls_ca[0] == '/');
-    CHECK_EQ(rt_conf_set(&c, "cluster={node=\"x\", nats=\"nats://a:1\", replicas=5}", err,
-                         sizeof(err)),
-             0);
+    CHECK_EQ(
+        rt_conf_set(&c, "cluster={node=\"x\", nats=\"nats://a:1\", replicas=5}", err, sizeof(err)),
+        0);
     CHECK_EQ(c.cluster.replicas, 5);
+    CHECK(!c.cluster.durable && c.cluster.replay_margin == RT_CONF_REPLAY_MARGIN);
+    CHECK_EQ(rt_conf_set(&c,
+                         "cluster={node=\"x\", nats=\"nats://a:1\", durable=true, "
+                         "replay_margin=30}",
+                         err, sizeof(err)),
+             0);
+    CHECK(c.cluster.durable && c.cluster.replay_margin == 30);
     static const refusal_t bad[] = {
+        {"cluster={node=\"a\", nats=\"nats://a:1\", durable=1}", "cluster.durable must be"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", replay_margin=-1}",
+         "cluster.replay_margin must be"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", replay_margin=3601}",
+         "cluster.replay_margin must be"},
         {"cluster={nats=\"nats://a:1\"}", "cluster needs node"},
         {"cluster={node=\"a\"}", "cluster needs node"},
         {"cluster={node=\"a.b\", nats=\"nats://a:1\"}", "cluster.node must be"},
