@@ -159,6 +159,27 @@ def test_seed_copies(mosquitto, tmp_path, qos):
     assert s["duplicates"] == 0 and s["out_of_order"] == 0
 
 
+def test_go_stdin(mosquitto):
+    """--go-stdin: connected, rtbench says ready and publishes nothing until a line comes."""
+    argv = ["pairs", "-p", mosquitto.port, "-c", 4, "-L", 50, "-q", 1, "-d", 30, "--procs", 2,
+            "--go-stdin", "--json", "--quiet"]
+    p = subprocess.Popen([RTBENCH, *map(str, argv)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stderr.readline() == "rtbench: ready\n"
+        time.sleep(0.5)
+        assert p.poll() is None
+        p.stdin.write("\n")
+        p.stdin.flush()
+        s = finish(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert_exact(s, 200, 1)
+    assert s["run_seconds"] < 5  # from the go, not from the connects
+
+
 def paho_client(port, on_message=None):
     c = mqtt.Client(client_id=f"pytest-{os.getpid()}-{time.monotonic_ns()}")
     if on_message:

@@ -58,6 +58,7 @@
 #define RTB_FD_RESERVE 32         /* descriptors a process keeps for itself */
 #define RTB_REC_MAGIC 0x52544231u /* "RTB1", marks a record on a child's pipe */
 #define RTB_PARENT_SLACK_S 30.0   /* beyond the children's own deadlines */
+#define RTB_GO_WAIT_S 300.0       /* --go-stdin: workers start by themselves after this */
 
 static const char *usage_text =
     "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed|hs> [flags]\n"
@@ -75,6 +76,8 @@ static const char *usage_text =
     "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (64)\n"
     "  --coalesce-us N (500; closed loop: quiet iterations sleep N us, 0 = never)\n"
     "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n"
+    "  --go-stdin (with --procs: once all are connected, print 'rtbench: ready' to stderr\n"
+    "             and publish after a line, or EOF, on stdin; at most 300 s later anyway)\n"
     "transports (any command):\n"
     "  --tls            TLS 1.2/1.3 (OpenSSL; ALPN mqtt, or http/1.1 with --ws)\n"
     "  --cafile F       verify the server's certificate against F (without it: no check)\n"
@@ -255,6 +258,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         }
         if (!strcmp(f, "--quiet")) {
             o->quiet = 1;
+            continue;
+        }
+        if (!strcmp(f, "--go-stdin")) {
+            o->go_stdin = 1;
             continue;
         }
         if (!strcmp(f, "--allow-remote")) {
@@ -665,6 +672,9 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
         live[p] = 1;
     }
     uint64_t deadline = mono_ns() + (uint64_t)(child_bound_s(o) * 1e9);
+    if (o->go_stdin)
+        deadline += (uint64_t)(RTB_GO_WAIT_S * 1e9);
+    int asked = 0; /* --go-stdin: "ready" printed, stdin polled */
     uint32_t nlive = o->procs;
     int err = 0;
     int released = 0;
@@ -673,7 +683,12 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
         uint32_t waiting = 0;
         for (uint32_t p = 0; p < o->procs; p++)
             waiting += live[p] && !a->ready[p] && !a->final[p];
-        if (!released && waiting == 0) {
+        if (!released && waiting == 0 && o->go_stdin && !asked) {
+            fprintf(stderr, "rtbench: ready\n");
+            fflush(stderr);
+            asked = 1;
+        }
+        if (!released && waiting == 0 && (!o->go_stdin || asked == 2)) {
             for (uint32_t p = 0; p < o->procs; p++) {
                 if (write(gofds[p], "g", 1) < 0) {
                     /* The child is gone; its EOF on the report pipe tells the rest. */
@@ -690,14 +705,24 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
             err = -ETIMEDOUT;
             break;
         }
-        struct pollfd pfd[RTB_MAX_PROCS];
+        struct pollfd pfd[RTB_MAX_PROCS + 1];
         for (uint32_t p = 0; p < o->procs; p++) {
             pfd[p].fd = live[p] ? fds[p] : -1;
             pfd[p].events = POLLIN;
             pfd[p].revents = 0;
         }
-        if (poll(pfd, o->procs, 200) < 0 && errno != EINTR)
+        pfd[o->procs].fd = asked == 1 ? 0 : -1;
+        pfd[o->procs].events = POLLIN;
+        pfd[o->procs].revents = 0;
+        if (poll(pfd, o->procs + 1, 200) < 0 && errno != EINTR)
             break;
+        if (pfd[o->procs].revents) {
+            /* Up to the end of a line, or EOF: either one says go. */
+            char ch;
+            ssize_t r = read(0, &ch, 1);
+            if (r <= 0 ? !(r < 0 && errno == EINTR) : ch == '\n')
+                asked = 2;
+        }
         for (uint32_t p = 0; p < o->procs; p++) {
             if (!live[p] || !pfd[p].revents)
                 continue;
@@ -892,7 +917,7 @@ int main(int argc, char **argv)
 
     int r;
     uint64_t cpu_us;
-    if (o.procs == 1) {
+    if (o.procs == 1 && !o.go_stdin) {
         r = rtb_worker_run(&o, 0, -1, NULL, emit_direct, &a);
         cpu_us = rusage_us(RUSAGE_SELF);
     } else {

@@ -77,6 +77,7 @@ typedef struct rtb_opts_s {
     int json;                  /* --json */
     int allow_remote;          /* --allow-remote */
     int quiet;                 /* --quiet: no per-second lines */
+    int go_stdin;              /* --go-stdin: once connected, publish after a line on stdin */
     int tls;                   /* --tls */
     const char *cafile;        /* --cafile: verify the server; NULL = no verification */
     const char *cert;          /* --cert: client certificate (mutual TLS), with --key */
