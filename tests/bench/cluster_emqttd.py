@@ -27,6 +27,7 @@ timeout; every process started here is stopped by its PID.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -509,6 +510,7 @@ def main():
                         f.write(json.dumps(row, indent=1) + "\n\n" + logs + "\n--- rtbench stderr\n"
                                 + err)
     log(f"load average at end: {loadavg()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # the nats-servers' JetStream stores, rtbench logs
     print(f"\nmedians over runs: {a.topics} topics x {a.copies} subscribers, {a.pubs} publishers "
           f"at {a.rate:g} msg/s QoS 1, {a.seconds} s")
     print("| | " + " | ".join(systems) + " |")
