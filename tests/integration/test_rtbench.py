@@ -131,6 +131,55 @@ def test_procs_aggregation(mosquitto):
     assert s["connack"]["count"] == 60
 
 
+@pytest.mark.parametrize("qos", [0, 1])
+def test_seed_copies(mosquitto, tmp_path, qos):
+    """seed --copies K: every topic gets K subscribers, each message K deliveries, counted
+    exactly across processes; copy c goes to --sub-ports[c % n]."""
+    s, _ = run("seed", "-p", mosquitto.port, "--subs", 60, "--copies", 3, "--pubs", 6,
+               "--rate", 600, "-L", 40, "--procs", 3, "-q", qos, "-d", 30)
+    assert s["connected"] == 186 and s["subscribed"] == 180
+    assert s["sent"] == 240 and s["acked"] == (240 if qos else 0)
+    assert s["expected"] == s["received"] == s["unique"] == 720
+    assert s["missing"] == 0 and s["duplicates"] == 0 and s["out_of_order"] == 0
+    assert s["gaps"] == 0 and s["protocol_errors"] == 0 and s["e2e"]["count"] == 720
+    # Copy 1 of every topic on a second broker that no publisher reaches: exactly the
+    # copies on the first one arrive, the others are missing.
+    from conftest import Broker
+    other = Broker(str(tmp_path))
+    try:
+        s, _ = run("seed", "-p", mosquitto.port, "--subs", 30, "--copies", 2, "--pubs", 3,
+                   "--rate", 300, "-L", 20, "--procs", 3, "-q", qos, "-d", 30, "--drain", 1,
+                   "--sub-ports", f"{mosquitto.port},{other.port}",
+                   "--pub-ports", str(mosquitto.port))
+    finally:
+        other.stop()
+    assert s["connected"] == 63 and s["subscribed"] == 60
+    assert s["sent"] == 60 and s["expected"] == 120
+    assert s["received"] == s["unique"] == 60 and s["missing"] == 60
+    assert s["duplicates"] == 0 and s["out_of_order"] == 0
+
+
+def test_go_stdin(mosquitto):
+    """--go-stdin: connected, rtbench says ready and publishes nothing until a line comes."""
+    argv = ["pairs", "-p", mosquitto.port, "-c", 4, "-L", 50, "-q", 1, "-d", 30, "--procs", 2,
+            "--go-stdin", "--json", "--quiet"]
+    p = subprocess.Popen([RTBENCH, *map(str, argv)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stderr.readline() == "rtbench: ready\n"
+        time.sleep(0.5)
+        assert p.poll() is None
+        p.stdin.write("\n")
+        p.stdin.flush()
+        s = finish(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert_exact(s, 200, 1)
+    assert s["run_seconds"] < 5  # from the go, not from the connects
+
+
 def paho_client(port, on_message=None):
     c = mqtt.Client(client_id=f"pytest-{os.getpid()}-{time.monotonic_ns()}")
     if on_message:
@@ -254,6 +303,8 @@ def test_refused_connection_counted(mosquitto):
     (["conn", "-C", "maybe"], "-C"),
     (["conn", "-V", "3", "--prefix", "a-very-long-client-id-prefix"], "23 bytes"),
     (["pairs", "-t", "x"], "-t"),
+    (["pairs", "--copies", "2"], "--copies"),
+    (["seed", "--copies", "0"], "--copies"),
 ])
 def test_bad_flags(args, needle):
     p = subprocess.run([RTBENCH, *args], capture_output=True, text=True, timeout=10)

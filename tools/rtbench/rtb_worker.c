@@ -799,7 +799,8 @@ static void start_connect(rtb_client_t *c, int queued)
     }
     const struct sockaddr_storage *to = &o->addr;
     if (c->role == ROLE_SUB && o->nsub_addr)
-        to = &o->sub_addr[c->idx % (uint32_t)o->nsub_addr];
+        /* seed --copies: copy c (of idx = c * subs + s) goes to node c. */
+        to = &o->sub_addr[(o->copies > 1 ? c->idx / o->subs : c->idx) % (uint32_t)o->nsub_addr];
     else if (c->role == ROLE_PUB && o->npub_addr)
         to = &o->pub_addr[c->idx % (uint32_t)o->npub_addr];
     if (uv_tcp_connect(&c->creq, &c->tcp, (const struct sockaddr *)to, on_connect))
@@ -1179,7 +1180,9 @@ static int client_setup(rtb_worker_t *w, rtb_client_t *c, int role, uint32_t idx
     if (w->xctx && rtb_xport_new(w->xctx, &c->x))
         return -ENOMEM;
     if (tmpl) {
-        if (expand(tmpl, idx, c->id, buf, sizeof(buf)) < 0)
+        /* seed --copies: subscriber c * subs + s is a copy of the one on test/s. */
+        uint32_t ti = o->cmd == RTB_CMD_SEED && role == ROLE_SUB ? idx % o->subs : idx;
+        if (expand(tmpl, ti, c->id, buf, sizeof(buf)) < 0)
             return -ENAMETOOLONG;
         c->topic = strdup(buf);
         if (!c->topic)
@@ -1233,6 +1236,7 @@ static int build(rtb_worker_t *w)
         npub = hi - lo;
         for (uint32_t s = 0; s < o->subs; s++)
             nsub += (s % o->pubs >= lo && s % o->pubs < hi);
+        nsub *= o->copies;
         break;
     }
     w->nclients = nsub + npub;
@@ -1270,10 +1274,16 @@ static int build(rtb_worker_t *w)
             idx = lo + k, tmpl = "test/%i";
             break;
         case RTB_CMD_SEED:
-            /* The next subscriber whose topic belongs to one of our publishers. */
-            while (seed_s < o->subs && !(seed_s % o->pubs >= lo && seed_s % o->pubs < hi))
+            /*
+             * The next topic that belongs to one of our publishers, then its --copies
+             * subscribers one after the other (each to its own node with --sub-ports).
+             */
+            if (k % o->copies == 0) {
+                while (seed_s < o->subs && !(seed_s % o->pubs >= lo && seed_s % o->pubs < hi))
+                    seed_s++;
                 seed_s++;
-            idx = seed_s++, tmpl = "test/%i";
+            }
+            idx = (k % o->copies) * o->subs + seed_s - 1, tmpl = "test/%i";
             break;
         default:
             idx = o->start + lo + k, tmpl = o->cmd == RTB_CMD_SUB ? o->topic : NULL;
@@ -1298,7 +1308,10 @@ static int build(rtb_worker_t *w)
          * and measure their own queueing instead of the broker's latency.
          */
         c->phase = fmod((double)idx * 0.6180339887498949, 1.0);
-        c->fanout = o->cmd == RTB_CMD_FANOUT ? o->subs : o->cmd == RTB_CMD_PUB ? 0 : 1;
+        c->fanout = o->cmd == RTB_CMD_FANOUT ? o->subs
+                    : o->cmd == RTB_CMD_PUB  ? 0
+                    : o->cmd == RTB_CMD_SEED ? o->copies
+                                             : 1;
         if (o->cmd == RTB_CMD_SEED) {
             c->tgt_base = idx;
             c->tgt_stride = o->pubs;

@@ -10,7 +10,10 @@
  *   pairs   -c publisher/subscriber pairs on test/%i.
  *   seed    --subs S subscribers on test/%i (default 19000), --pubs P publishers
  *           (default 40) at --rate messages/s in total (default 4000); publisher j
- *           publishes round robin to the topics test/s with s % P == j.
+ *           publishes round robin to the topics test/s with s % P == j. --copies K
+ *           gives every topic K subscribers (S x K in all): copy c of test/s has the
+ *           client sequence number c * S + s and, with --sub-ports, connects to port
+ *           c % n, so that with K = n every topic has one subscriber on every node.
  *   hs      -c connectors (default 10), each in a loop for -d seconds (or -L cycles):
  *           connect, TLS handshake (--tls) and/or WebSocket upgrade (--ws), CONNECT/
  *           CONNACK, DISCONNECT, wait for the broker's close; full and resumed
@@ -55,6 +58,7 @@
 #define RTB_FD_RESERVE 32         /* descriptors a process keeps for itself */
 #define RTB_REC_MAGIC 0x52544231u /* "RTB1", marks a record on a child's pipe */
 #define RTB_PARENT_SLACK_S 30.0   /* beyond the children's own deadlines */
+#define RTB_GO_WAIT_S 300.0       /* --go-stdin: workers start by themselves after this */
 
 static const char *usage_text =
     "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed|hs> [flags]\n"
@@ -67,10 +71,13 @@ static const char *usage_text =
     "  -k keepalive s (300)  -C clean true|false (true)  -V 3|4|5 (5)  -u user  -P pass\n"
     "  -d duration s (60)  --procs N (1)  --inflight N (32)  --window N (10)\n"
     "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
-    "  --sub-ports p,q,..  --pub-ports p,q,..  (subscriber/publisher i to port i%%n: cluster nodes)\n"
+    "  --copies K (seed: K subscribers per topic, copy c to --sub-ports[c%n]; 1)\n"
+    "  --sub-ports p,q,..  --pub-ports p,q,..  (subscriber/publisher i to port i%n: cluster nodes)\n"
     "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (64)\n"
     "  --coalesce-us N (500; closed loop: quiet iterations sleep N us, 0 = never)\n"
     "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n"
+    "  --go-stdin (with --procs: once all are connected, print 'rtbench: ready' to stderr\n"
+    "             and publish after a line, or EOF, on stdin; at most 300 s later anyway)\n"
     "transports (any command):\n"
     "  --tls            TLS 1.2/1.3 (OpenSSL; ALPN mqtt, or http/1.1 with --ws)\n"
     "  --cafile F       verify the server's certificate against F (without it: no check)\n"
@@ -220,7 +227,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     o->conn_parallel = RTB_DEFAULT_CONN_PARALLEL;
     o->test_skip_seq = -1;
     o->rate = -1;
-    int64_t count = -1, pubs = -1, subs = -1;
+    int64_t count = -1, pubs = -1, subs = -1, copies = -1;
     const char *ifaddr = NULL, *prefix = NULL, *tag = "", *sub_ports = NULL, *pub_ports = NULL;
 
     if (argc < 2)
@@ -251,6 +258,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         }
         if (!strcmp(f, "--quiet")) {
             o->quiet = 1;
+            continue;
+        }
+        if (!strcmp(f, "--go-stdin")) {
+            o->go_stdin = 1;
             continue;
         }
         if (!strcmp(f, "--allow-remote")) {
@@ -328,6 +339,8 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             pubs = (int64_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "--subs"))
             subs = (int64_t)parse_int(n, v, 1, 1000000);
+        else if (!strcmp(n, "--copies"))
+            copies = (int64_t)parse_int(n, v, 1, 1000);
         else if (!strcmp(n, "--ifaddr"))
             ifaddr = v;
         else if (!strcmp(n, "--sub-ports"))
@@ -391,8 +404,15 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             o->rate = 4000;
         if (o->pubs > o->subs)
             die_usage("seed needs at least as many subscribers as publishers%s", "");
+        o->copies = (uint32_t)(copies > 0 ? copies : 1);
+        if ((uint64_t)o->subs * o->copies > 10000000)
+            die_usage("--subs x --copies is above 10,000,000 subscribers%s", "");
         break;
     }
+    if (copies > 0 && o->cmd != RTB_CMD_SEED)
+        die_usage("--copies is for seed only (got it for %s)", o->cmd_name);
+    if (!o->copies)
+        o->copies = 1;
     /* Below the header size the payload is raw filler: nothing to check on receipt. */
     if (o->size < RTB_HDR_SIZE && o->cmd != RTB_CMD_PUB)
         die_usage("-s below 16 (raw payload, no header) is for pub only%s", "");
@@ -439,12 +459,13 @@ static void check_fds(const rtb_opts_t *o)
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
     getrlimit(RLIMIT_NOFILE, &rl);
-    uint64_t total = (uint64_t)o->pubs + o->subs;
+    uint64_t total = (uint64_t)o->pubs + (uint64_t)o->subs * o->copies;
     if (o->cmd <= RTB_CMD_PUB || o->cmd == RTB_CMD_HS)
         total = o->count;
     uint64_t per = (total + o->procs - 1) / o->procs;
     if (o->cmd == RTB_CMD_SEED)
-        per = (uint64_t)o->subs / o->procs + o->subs % o->procs + o->pubs; /* upper bound */
+        per = ((uint64_t)o->subs / o->procs + o->subs % o->procs) * o->copies +
+              o->pubs; /* upper bound */
     if (per + RTB_FD_RESERVE > rl.rlim_cur) {
         fprintf(stderr,
                 "rtbench: %llu clients per process exceed the open-file limit %llu; "
@@ -595,7 +616,7 @@ static uint64_t mono_ns(void)
 /* An upper bound on how long a child may run, from its own phase deadlines. */
 static double child_bound_s(const rtb_opts_t *o)
 {
-    double clients = (double)(o->pubs + o->subs + o->count);
+    double clients = (double)o->pubs + (double)o->subs * o->copies + o->count;
     /* Connects start in waves of conn_parallel; each may take up to conn_timeout_s. */
     double waves = clients / o->conn_parallel + 2;
     double conn = clients * o->conn_interval_ms / 1000.0 + waves * o->conn_timeout_s;
@@ -651,6 +672,9 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
         live[p] = 1;
     }
     uint64_t deadline = mono_ns() + (uint64_t)(child_bound_s(o) * 1e9);
+    if (o->go_stdin)
+        deadline += (uint64_t)(RTB_GO_WAIT_S * 1e9);
+    int asked = 0; /* --go-stdin: "ready" printed, stdin polled */
     uint32_t nlive = o->procs;
     int err = 0;
     int released = 0;
@@ -659,7 +683,12 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
         uint32_t waiting = 0;
         for (uint32_t p = 0; p < o->procs; p++)
             waiting += live[p] && !a->ready[p] && !a->final[p];
-        if (!released && waiting == 0) {
+        if (!released && waiting == 0 && o->go_stdin && !asked) {
+            fprintf(stderr, "rtbench: ready\n");
+            fflush(stderr);
+            asked = 1;
+        }
+        if (!released && waiting == 0 && (!o->go_stdin || asked == 2)) {
             for (uint32_t p = 0; p < o->procs; p++) {
                 if (write(gofds[p], "g", 1) < 0) {
                     /* The child is gone; its EOF on the report pipe tells the rest. */
@@ -676,14 +705,24 @@ static int run_procs(const rtb_opts_t *o, rtb_agg_t *a)
             err = -ETIMEDOUT;
             break;
         }
-        struct pollfd pfd[RTB_MAX_PROCS];
+        struct pollfd pfd[RTB_MAX_PROCS + 1];
         for (uint32_t p = 0; p < o->procs; p++) {
             pfd[p].fd = live[p] ? fds[p] : -1;
             pfd[p].events = POLLIN;
             pfd[p].revents = 0;
         }
-        if (poll(pfd, o->procs, 200) < 0 && errno != EINTR)
+        pfd[o->procs].fd = asked == 1 ? 0 : -1;
+        pfd[o->procs].events = POLLIN;
+        pfd[o->procs].revents = 0;
+        if (poll(pfd, o->procs + 1, 200) < 0 && errno != EINTR)
             break;
+        if (pfd[o->procs].revents) {
+            /* Up to the end of a line, or EOF: either one says go. */
+            char ch;
+            ssize_t r = read(0, &ch, 1);
+            if (r <= 0 ? !(r < 0 && errno == EINTR) : ch == '\n')
+                asked = 2;
+        }
         for (uint32_t p = 0; p < o->procs; p++) {
             if (!live[p] || !pfd[p].revents)
                 continue;
@@ -878,7 +917,7 @@ int main(int argc, char **argv)
 
     int r;
     uint64_t cpu_us;
-    if (o.procs == 1) {
+    if (o.procs == 1 && !o.go_stdin) {
         r = rtb_worker_run(&o, 0, -1, NULL, emit_direct, &a);
         cpu_us = rusage_us(RUSAGE_SELF);
     } else {

@@ -69,6 +69,7 @@ typedef struct rtb_opts_s {
     double rate;               /* --rate: open loop, messages/s over all publishers */
     uint32_t pubs;             /* --pubs (fanin, seed) */
     uint32_t subs;             /* --subs (fanout, seed) */
+    uint32_t copies;           /* --copies (seed): subscribers per topic, 1 by default */
     double drain_s;            /* --drain: wait for stragglers after the run */
     double conn_timeout_s;     /* --conn-timeout: CONNACK/SUBACK deadline per client */
     uint32_t conn_parallel;    /* --conn-parallel: connects in flight per process */
@@ -76,6 +77,7 @@ typedef struct rtb_opts_s {
     int json;                  /* --json */
     int allow_remote;          /* --allow-remote */
     int quiet;                 /* --quiet: no per-second lines */
+    int go_stdin;              /* --go-stdin: once connected, publish after a line on stdin */
     int tls;                   /* --tls */
     const char *cafile;        /* --cafile: verify the server; NULL = no verification */
     const char *cert;          /* --cert: client certificate (mutual TLS), with --key */
