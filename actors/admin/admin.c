@@ -33,8 +33,8 @@ static struct {
     char path[PATH_MAX]; /* the socket file */
     dev_t dev;           /* its inode, so a stop never removes another rtd's socket */
     ino_t ino;
-    uint64_t started_ms; /* CLOCK_MONOTONIC */
-    rt_pid_t sup;        /* the supervisor the admin group runs under (0: none) */
+    uint64_t started_ms;      /* CLOCK_MONOTONIC */
+    rt_pid_t sup;             /* the supervisor the admin group runs under (0: none) */
     char err[PATH_MAX + 256]; /* why the listener's last start failed */
     bool restarting;          /* the listener started once: its next start is a restart */
     pthread_mutex_t util_lock;
@@ -319,6 +319,8 @@ int rt_admin_start(rt_conf_t *conf, const char *version, rt_pid_t sup, char *err
     int rc = rt_group_start(sup, RT_ADMIN_GROUP, RT_PERMANENT, &group);
     if (rc == 0)
         rc = rt__admin_worker_start(group);
+    if (rc == 0)
+        rt__admin_remote_start();
     if (rc == 0)
         rc = rt_supervisor_start_child(group, &listener, NULL);
     if (rc) {

@@ -863,6 +863,7 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"cluster", "status", cmd_cluster_status, RT_ADMIN_BLOCKING, "cluster status"},
     {"cluster", "nodes", cmd_cluster_nodes, 0, "cluster nodes"},
     {"cluster", "rules", cmd_cluster_rules, 0, "cluster rules"},
+    {"cluster", "client", rt__admin_cluster_client, RT_ADMIN_BLOCKING, "cluster client CLIENT_ID"},
     {"cluster", NULL, cmd_cluster_status, RT_ADMIN_BLOCKING, NULL},
     {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm"},
     {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,

@@ -99,7 +99,7 @@ extern const rt_actor_type_t rt__admin_conn_type; /* arg: the accepted socket's 
 /* ---- admin_worker.c ---- */
 
 /* Message tags between a connection and the worker. */
-#define RT_ADMIN_MSG_JOB (RT_MSG_USER + 1)      /* data: cookie, then the request line, NUL */
+#define RT_ADMIN_MSG_JOB (RT_MSG_USER + 1) /* data: cookie, then the request line, NUL */
 
 typedef struct rt_admin_job_done_s {
     uint64_t cookie; /* the connection's, from rt__admin_worker_ask */
@@ -148,6 +148,15 @@ int rt__admin_clients_show(rt_admin_cmd_t *c);
 int rt__admin_clients_kick(rt_admin_cmd_t *c);
 int rt__admin_subscriptions(rt_admin_cmd_t *c);
 int rt__admin_topics(rt_admin_cmd_t *c);
+
+/* ---- admin_remote.c: administrators across a cluster's nodes ---- */
+/* Takes other nodes' questions (rt_cluster_set_admin). */
+void rt__admin_remote_start(void);
+/* A word of a request line, double-quoted (docs/ADMIN.md): other bytes than printable
+   ASCII as \xHH. */
+void rt__admin_quote_word(rt_buf_t *out, const char *w);
+/* `cluster client ID` (on the worker: it waits for the bucket and the other node). */
+int rt__admin_cluster_client(rt_admin_cmd_t *c);
 
 /* ---- admin_tree.c: the supervision tree, exit signals (on the worker) ---- */
 int rt__admin_tree(rt_admin_cmd_t *c);

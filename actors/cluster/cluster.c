@@ -75,8 +75,10 @@ typedef struct {
 
 /* inbound_t.share for a request to give up a client id (the node's takeover subject)... */
 static const char takeover_request[] = "takeover";
-/* ... and for the second request of a session's move (its handover subject). */
+/* ... and for the second request of a session's move (its handover subject)... */
 static const char handover_request[] = "handover";
+/* ... and for another node's administrator's question (its admin subject). */
+static const char admin_request[] = "admin";
 /* inbound_t.share for another node's heartbeat. */
 static const char heartbeat[] = "heartbeat";
 
@@ -162,8 +164,9 @@ static struct {
     /* Client ids: the bucket "<prefix>_clients" and this node's takeover subject. */
     kvStore *clients;
     char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
-    natsSubscription *takeover_sub, *handover_sub, *status_sub;
-    uint64_t node_key; /* rt_message_set_origin's name of this run of this node */
+    natsSubscription *takeover_sub, *handover_sub, *admin_sub, *status_sub;
+    rt_cluster_admin_fn admin; /* the admin layer's (questions from other nodes) */
+    uint64_t node_key;         /* rt_message_set_origin's name of this run of this node */
     /* Durable mode (cluster.durable): the stream "<prefix>_msgs" keeps every message routed
        in the cluster, and the bucket "<prefix>_sessions" each persistent session's record. */
     bool durable;
@@ -390,6 +393,7 @@ static void *watch_retained(void *arg);
 static void node_subject(const char *holder, const char *what, char *out, size_t cap);
 static uint64_t node_key(const char *node, uint64_t incarnation);
 static rt_bin_t *inbound_message(natsMsg *nm, origin_name_t *o);
+static void admin_asked(natsMsg *nm);
 static void on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
 
 /* Binds the bucket another node made (whatever its settings), or makes it. */
@@ -472,6 +476,11 @@ static void kv_bind(rt_actor_t *self)
         node_subject(C.node, "handover", subject, sizeof(subject));
         s = natsConnection_Subscribe(&C.handover_sub, C.nc, subject, on_message,
                                      (void *)handover_request);
+    }
+    if (s == NATS_OK && !C.admin_sub) {
+        node_subject(C.node, "admin", subject, sizeof(subject));
+        s = natsConnection_Subscribe(&C.admin_sub, C.nc, subject, on_message,
+                                     (void *)admin_request);
     }
     /* A bucket just made answers only once its stream has a leader: probe before use,
        so the first claims do not wait out JetStream's timeout. */
@@ -1058,6 +1067,49 @@ void rt_cluster_move_answer(const rt_cluster_move_t *req, const void *bytes, siz
     if (len)
         atomic_fetch_add_explicit(&C.sessions_moved_out, req->phase == 1, memory_order_relaxed);
     answer(req->reply, req->reply_len, bytes, len);
+}
+
+void rt_cluster_answer(const char *reply, const void *bytes, size_t len)
+{
+    answer(reply, strlen(reply), bytes, len);
+}
+
+void rt_cluster_set_admin(rt_cluster_admin_fn fn)
+{
+    C.admin = fn;
+}
+
+/* In cluster_in: another node's administrator asks this node (a request line). */
+static void admin_asked(natsMsg *nm)
+{
+    const char *reply = natsMsg_GetReply(nm);
+    int len = natsMsg_GetDataLength(nm);
+    if (!reply || !reply[0])
+        return;
+    static const char busy[] = "503 this node cannot answer now\n";
+    if (!C.admin || len <= 0 || len > 4096 || !C.admin(natsMsg_GetData(nm), (size_t)len, reply))
+        answer(reply, strlen(reply), busy, sizeof(busy) - 1);
+}
+
+bool rt_cluster_client_holder(const char *id, char *node, size_t cap)
+{
+    char key[3 * RT_CLIENT_TEXT_MAX + 1];
+    if (!atomic_load_explicit(&C.kv_ready, memory_order_acquire) ||
+        rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
+        return false;
+    kvEntry *e = NULL;
+    if (kvStore_Get(&e, C.clients, key) != NATS_OK)
+        return false;
+    snprintf(node, cap, "%.*s", (int)strcspn(kvEntry_ValueString(e), " "), kvEntry_ValueString(e));
+    kvEntry_Destroy(e);
+    return node[0] != 0;
+}
+
+bool rt_cluster_ask_node(const char *node, const char *line, uint8_t **answer_out, size_t *len)
+{
+    char subject[RT_CONF_NODE_MAX * 2 + 24];
+    node_subject(node, "admin", subject, sizeof(subject));
+    return C.on && request_parts(subject, line, false, answer_out, len) && *len;
 }
 
 /*
@@ -1889,6 +1941,8 @@ static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             give_up(in->msg, 1);
         else if (in->share == handover_request)
             give_up(in->msg, 2);
+        else if (in->share == admin_request)
+            admin_asked(in->msg);
         else if (in->share == heartbeat)
             other_heartbeat(in->msg);
         else
@@ -2097,13 +2151,13 @@ static void close_connections(void)
             kvWatcher_Stop(w);
         pthread_join(C.watcher, NULL);
     }
-    natsSubscription *own[] = {C.takeover_sub, C.handover_sub, C.status_sub};
+    natsSubscription *own[] = {C.takeover_sub, C.handover_sub, C.admin_sub, C.status_sub};
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (own[i]) {
             natsSubscription_Unsubscribe(own[i]);
             natsSubscription_Destroy(own[i]);
         }
-    C.takeover_sub = C.handover_sub = C.status_sub = NULL;
+    C.takeover_sub = C.handover_sub = C.admin_sub = C.status_sub = NULL;
     kvStore_Destroy(C.clients);
     kvStore_Destroy(C.sessions);
     kvStore_Destroy(C.kv);

@@ -178,6 +178,20 @@ typedef struct rt_cluster_node_s {
    returns how many (at most max). */
 size_t rt_cluster_nodes(rt_cluster_node_t *out, size_t max);
 
+/*
+** Administrators' questions across nodes (`rtctl clients show ID` for a client another node
+** holds). The asking side blocks (call from the blocking pool): which node holds id (the
+** clients bucket), then that node's answer to a read-only request line, in at most 2 s
+** (*answer_out malloc'ed: "<code> " and the body). The answering side's admin layer takes
+** each question (fn: true when it will answer through rt_cluster_answer; false: 503).
+*/
+bool rt_cluster_client_holder(const char *id, char *node, size_t cap);
+bool rt_cluster_ask_node(const char *node, const char *line, uint8_t **answer_out, size_t *len);
+#define RT_CLUSTER_REPLY_MAX 128 /* a reply subject (an inbox) */
+typedef bool (*rt_cluster_admin_fn)(const char *line, size_t len, const char *reply);
+void rt_cluster_set_admin(rt_cluster_admin_fn fn);
+void rt_cluster_answer(const char *reply, const void *bytes, size_t len);
+
 /* Fills *st; false when this node is not in a cluster. Safe from any thread. */
 bool rt_cluster_status(rt_cluster_status_t *st);
 

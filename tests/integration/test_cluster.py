@@ -1129,6 +1129,22 @@ def test_topics_cannot_reach_the_nodes_control_subjects(nodes, mq, pfx):
     assert "n9" not in {n["node"] for n in n1.ctl_json("cluster", "nodes")}
 
 
+def test_clients_show_finds_a_client_on_another_node(nodes, mq, pfx):
+    """`rtctl clients show ID` on any node: the node holding the id (the clients bucket) is
+    asked over NATS and its answer comes back with its name; the text form too; an id no
+    node holds is 404."""
+    n1, n2, _ = nodes
+    far = mq(n2, name="far")
+    far.subscribe(f"{pfx}/far/#", 1)
+    got = n1.ctl_json("clients", "show", far.id)
+    assert got["node"] == "n2" and got["client_id"] == far.id, got
+    assert got["subscriptions"] == 1, got
+    code, out, _ = n1.ctl("clients", "show", far.id)
+    assert code == 0 and "n2" in out and far.id in out, out
+    code, out, err = n1.ctl("clients", "show", "nobody-" + pfx)
+    assert code != 0 and "no client" in (out + err), (out, err)
+
+
 def moved_logs(old_node, new_node, cid):
     assert f"cluster.session_moved_out client={cid} " in old_node.read_log()
     assert f"cluster.session_moved_in client={cid} " in new_node.read_log()
