@@ -115,18 +115,24 @@ bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_s
 ** sure NATS has those subscriptions, then asks for what the old holder queued since
 ** (phase 2; the holder answers and ends) and hands it to the imported session
 ** (RT_CLUSTER_MSG_MOVE_IN), which merges it in order with what it got itself, a message
-** that both got once (rt_message_origin names it). Only then is the CONNECT answered.
+** that both got once (rt_message_origin names it), and only then answers the CONNECT's claim.
 ** The connection layer makes and reads the bytes; the cluster carries them, in parts
 ** within NATS's max_payload.
 */
 #define RT_CLUSTER_MSG_MOVE_OUT (RT_MSG_USER + 0x5702) /* data: rt_cluster_move_t */
-#define RT_CLUSTER_MSG_MOVE_IN (RT_MSG_USER + 0x5703)  /* data: the phase 2 bytes (may be none) */
+#define RT_CLUSTER_MSG_MOVE_IN (RT_MSG_USER + 0x5703)  /* data: rt_cluster_move_in_t */
 #define RT_CLUSTER_MOVE_MAX (256u << 20)               /* a session's bytes, at most */
 typedef struct rt_cluster_move_s {
     uint32_t phase; /* 1: the session; 2: what was queued since, then the holder ends */
     uint32_t reply_len;
     char reply[]; /* the NATS subject the answer goes to */
 } rt_cluster_move_t;
+/* To the imported session: the rest to merge, then it answers the claim (RT_CLUSTER_MSG_CLAIMED
+   to claimer, status 0), so the CONNECT's hand-over always finds the merge done. */
+typedef struct rt_cluster_move_in_s {
+    rt_pid_t claimer;
+    uint8_t bytes[]; /* the rest, or a replay; none when the old node did not answer */
+} rt_cluster_move_in_t;
 /* The holder's answer to a MOVE_OUT (len 0: nothing to move). */
 void rt_cluster_move_answer(const rt_cluster_move_t *req, const void *bytes, size_t len);
 /* Makes the session actor for id from phase 1's bytes (on the claiming node's cluster_kv

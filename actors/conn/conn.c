@@ -887,7 +887,12 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt__conn_on_move_out(self, c, (const rt_cluster_move_t *)(const void *)m->data);
         break;
     case RT_CLUSTER_MSG_MOVE_IN:
-        rt__conn_on_move_in(self, c, m->data, m->len);
+        if (m->len >= sizeof(rt_cluster_move_in_t)) {
+            const rt_cluster_move_in_t *in = (const rt_cluster_move_in_t *)(const void *)m->data;
+            rt__conn_on_move_in(self, c, in->bytes, m->len - sizeof(*in));
+            rt_cluster_claimed_t done = {.status = 0};
+            rt_send(in->claimer, RT_CLUSTER_MSG_CLAIMED, &done, sizeof(done));
+        }
         break;
     case RT_CONN_MSG_MOVE_TIMEOUT:
         if (c->sess && c->sess->moving == RT_SESSION_MOVED_OUT) {

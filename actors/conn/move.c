@@ -454,7 +454,12 @@ rt_pid_t rt__conn_import_session(const char *id, const void *bytes, size_t len)
 {
     moved_t mv;
     rt_pid_t pid = 0;
-    if (!read_session(id, bytes, len, &mv) || rt_spawn(&rt__conn_imported_type, &mv, &pid) != 0) {
+    bool read = read_session(id, bytes, len, &mv);
+    /* Named as on the old node, so that a copy that also reaches this node is kept once. */
+    for (size_t i = 0; read && i < mv.ss.nmsgs; i++)
+        if (mv.seqs[i])
+            rt_message_set_origin(mv.ss.msgs[i].bin, mv.keys[i], mv.seqs[i]);
+    if (!read || rt_spawn(&rt__conn_imported_type, &mv, &pid) != 0) {
         rt_log(RT_LOG_ERROR, "cluster.session_unreadable", "client=%s bytes=%zu", id, len);
         pid = 0;
     }
@@ -508,14 +513,28 @@ static int origin_cmp(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-/* The rest's messages by name, sorted (NULL: none named, or no memory: no merge of copies). */
-static origin_t *rest_origins(const moved_t *rest, size_t *n)
+/*
+** The names of the messages the session has from its old node, sorted: the rest's, and those
+** that came with phase 1 (inflight, and the first moved_in queued). A message NATS delivered
+** there and here both (another server may hand it to this node after the subscription came,
+** though the old node had it first) is kept once. NULL: none named, or no memory.
+*/
+static origin_t *known_origins(const moved_t *rest, const rt_session_t *s, size_t *n)
 {
-    origin_t *o = rest->ss.nmsgs ? malloc(rest->ss.nmsgs * sizeof(*o)) : NULL;
+    size_t cap = rest->ss.nmsgs + s->inflight.n + s->moved_in;
+    origin_t *o = cap ? malloc(cap * sizeof(*o)) : NULL;
     *n = 0;
     for (size_t i = 0; o && i < rest->ss.nmsgs; i++)
         if (rest->seqs[i])
             o[(*n)++] = (origin_t){rest->keys[i], rest->seqs[i]};
+    const rt_qmsg_t *lists[2] = {s->inflight.head, s->queued.head};
+    uint32_t counts[2] = {s->inflight.n, s->moved_in};
+    for (int l = 0; o && l < 2; l++) {
+        uint32_t k = 0;
+        for (const rt_qmsg_t *m = lists[l]; m && k < counts[l]; m = m->next, k++)
+            if (m->bin && rt_message_origin(m->bin, &o[*n].key, &o[*n].seq))
+                (*n)++;
+    }
     if (o)
         qsort(o, *n, sizeof(*o), origin_cmp);
     return o;
@@ -553,6 +572,8 @@ void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size
     }
     if (!len)
         memset(&rest, 0, sizeof(rest));
+    size_t from_rest = 0, duplicates = 0, nnamed;
+    origin_t *named = known_origins(&rest, s, &nnamed);
     /* In order: what came with the session, what its old node queued since, then what
        came here directly that the old node did not have too. */
     rt_qlist_t direct = s->queued;
@@ -563,8 +584,6 @@ void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size
             break;
         rt_qlist_push(&s->queued, m);
     }
-    size_t from_rest = 0, duplicates = 0, nnamed;
-    origin_t *named = rest_origins(&rest, &nnamed);
     for (size_t i = 0; i < rest.ss.nmsgs; i++) {
         const rt_stored_msg_t *sm = &rest.ss.msgs[i];
         rt_qmsg_t *m = rt_qmsg_new(self, sm->bin, sm->qos, sm->retain, sm->expire_at_ms, sm->shared,

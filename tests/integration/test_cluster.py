@@ -1189,7 +1189,11 @@ def test_persistent_session_moves_under_a_qos1_stream(nodes, mq, pfx, v5):
     # reset that a close with its unread bytes makes, not the DISCONNECT before it).
     assert old.disconnects, "the old connection was not ended"
     got = payloads(new)
-    assert len(got) == len(set(got)), "a message twice on the new connection"
+    twice = sorted({m for m in got if got.count(m) > 1})
+    assert not twice, (f"twice on the new connection: {twice[:5]} (first of {len(got)}: "
+                       f"{got[:3]}); " + " | ".join(
+                           ln for ln in (n1.read_log() + n2.read_log()).splitlines()
+                           if cid in ln and "cluster." in ln))
     for i in range(len(pubs)):
         seq = [int(m.split(b"-")[1]) for m in got if m.startswith(b"%d-" % i)]
         assert seq == sorted(seq), f"publisher {i} out of order on the new connection"

@@ -1,0 +1,378 @@
+/*
+** Client ids unique cluster-wide, sessions that move between nodes, and other nodes' questions
+** to this one's administrator (cluster.h): requests and answers in parts over NATS.
+*/
+#include "cluster_impl.h"
+
+#define CLAIM_ATTEMPTS 4
+
+#define TAKEOVER_WAIT_MS 2000
+
+#define H_PART "Rt-Part" /* "<i> <n>": part i of an answer in n parts; "0 0": nothing */
+
+#define H_WANT "Rt-Want" /* "session": the claimer resumes the session, which moves */
+
+/*
+** Sends subject a request for id and collects the answer's parts (cluster.h, "Sessions that
+** move"): *out (malloc'ed) and *len, none when the holder had nothing to move. false when
+** no answer came in time (a node gone) or it was not one.
+*/
+static bool request_parts(const char *subject, const char *id, bool want, uint8_t **out,
+                          size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    natsMsg *req = NULL;
+    natsStatus s = natsInbox_Create(&inbox);
+    /* On the one connection: NATS has the subscription before the request. */
+    if (s == NATS_OK)
+        s = natsConnection_SubscribeSync(&sub, rt__cluster.nc, inbox);
+    if (s == NATS_OK)
+        s = natsMsg_Create(&req, subject, inbox, id, (int)strlen(id));
+    if (s == NATS_OK && want)
+        s = natsMsgHeader_Set(req, H_WANT, "session");
+    if (s == NATS_OK)
+        s = natsConnection_PublishMsg(rt__cluster.nc, req);
+    natsMsg_Destroy(req);
+    uint8_t *buf = NULL;
+    size_t have = 0;
+    for (unsigned got = 0, parts = 1; s == NATS_OK && got < parts;) {
+        natsMsg *part = NULL;
+        s = natsSubscription_NextMsg(&part, sub, TAKEOVER_WAIT_MS);
+        if (s != NATS_OK)
+            break;
+        const char *h = NULL;
+        unsigned i = 0, n = 0;
+        size_t dlen = (size_t)natsMsg_GetDataLength(part);
+        if (natsMsgHeader_Get(part, H_PART, &h) != NATS_OK || sscanf(h, "%u %u", &i, &n) != 2 ||
+            (n && i != got + 1) || n > RT_CLUSTER_MOVE_MAX / 1024 ||
+            have + dlen > RT_CLUSTER_MOVE_MAX) {
+            s = NATS_PROTOCOL_ERROR;
+        } else if ((parts = n) != 0) {
+            uint8_t *more = dlen ? realloc(buf, have + dlen) : buf;
+            if (dlen && !more) {
+                s = NATS_NO_MEMORY;
+            } else {
+                buf = more;
+                memcpy(buf + have, natsMsg_GetData(part), dlen);
+                have += dlen;
+                got++;
+            }
+        }
+        natsMsg_Destroy(part);
+    }
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    if (s != NATS_OK) {
+        free(buf);
+        return false;
+    }
+    *out = buf;
+    *len = have;
+    return true;
+}
+
+/* The holder node's subject for a request about its clients ("takeover", "handover"). */
+void rt__cluster_node_subject(const char *holder, const char *what, char *out, size_t cap)
+{
+    char node[RT_CONF_NODE_MAX] = "";
+    sscanf(holder, "%32s", node);
+    snprintf(out, cap, "%s_ctl.node.%s.%s", rt__cluster.prefix, node, what);
+}
+
+/* In cluster_kv: the id recorded as this node's, by compare-and-swap. A session that moves
+   here (want_session) is imported, and *moving says the claim is answered later. */
+static int claim(const claim_t *cl, const char *id, bool *moving)
+{
+    char key[3 * RT_CLIENT_TEXT_MAX + 1];
+    if (rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
+        return RT_EINVAL;
+    /* Cut off from NATS: say so now rather than after JetStream's timeout. */
+    if (natsConnection_Status(rt__cluster.nc) != NATS_CONN_STATUS_CONNECTED)
+        return RT_EAGAIN;
+    for (int attempt = 0; attempt < CLAIM_ATTEMPTS; attempt++) {
+        kvEntry *e = NULL;
+        natsStatus s = kvStore_Get(&e, rt__cluster.clients, key);
+        uint64_t rev = 0;
+        if (s == NATS_NOT_FOUND) {
+            s = kvStore_CreateString(&rev, rt__cluster.clients, key, rt__cluster.value);
+            if (s == NATS_OK)
+                return 0;
+            continue; /* another node made it first */
+        }
+        if (s != NATS_OK)
+            return RT_EAGAIN;
+        char holder[sizeof(rt__cluster.value)];
+        snprintf(holder, sizeof(holder), "%.*s", kvEntry_ValueLen(e),
+                 (const char *)kvEntry_Value(e));
+        rev = kvEntry_Revision(e);
+        kvEntry_Destroy(e);
+        if (strcmp(holder, rt__cluster.value) == 0)
+            return 0;
+        /* No answer (a node gone) is fine: the id is taken over without its session. */
+        char subject[RT_CONF_NODE_MAX * 2 + 24];
+        rt__cluster_node_subject(holder, "takeover", subject, sizeof(subject));
+        uint8_t *session = NULL;
+        size_t len = 0;
+        bool answered = request_parts(subject, id, cl->want_session, &session, &len);
+        if (kvStore_UpdateString(NULL, rt__cluster.clients, key, rt__cluster.value, rev) !=
+            NATS_OK) {
+            if (len)
+                rt_log(RT_LOG_WARNING, "cluster.session_lost",
+                       "client=%s from=%s: another node claimed the id while its session moved", id,
+                       holder);
+            free(session);
+            continue;
+        }
+        atomic_fetch_add_explicit(&rt__cluster.claims_taken_over, 1, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s session_bytes=%zu", id,
+               holder, len);
+        /* Its node is gone (no answer): durable mode has the session's record. */
+        int64_t replay_from_ms = 0;
+        if (!answered && cl->want_session &&
+            atomic_load_explicit(&rt__cluster.durable_ready, memory_order_acquire))
+            session = rt__cluster_session_record(key, &len, &replay_from_ms);
+        rt_pid_t imported = len && rt__cluster.import ? rt__cluster.import(id, session, len) : 0;
+        free(session);
+        if (len && !imported) {
+            atomic_fetch_add_explicit(&rt__cluster.sessions_move_failed, 1, memory_order_relaxed);
+            rt_log(RT_LOG_ERROR, "cluster.session_lost",
+                   "client=%s from=%s: its session could not be read here", id, holder);
+        }
+        if (!imported)
+            return 0;
+        /* Through the cluster actor, after the session's subscriptions (cluster.h). */
+        rt_msg_t *m = rt_msg_new(MSG_MOVE_SYNC, sizeof(move_t) + strlen(id));
+        if (!m)
+            return 0;
+        move_t *mv = (move_t *)(void *)m->data;
+        mv->reply_to = cl->reply_to;
+        mv->session = imported;
+        mv->replay_from_ms = replay_from_ms;
+        snprintf(mv->holder, sizeof(mv->holder), "%.*s", (int)strcspn(holder, " "), holder);
+        mv->len = (uint32_t)strlen(id);
+        memcpy(mv->id, id, mv->len);
+        *moving =
+            rt_send_msg(atomic_load_explicit(&rt__cluster.out_pid, memory_order_acquire), m) == 0;
+        return 0;
+    }
+    return RT_EAGAIN;
+}
+
+void rt__cluster_claim_one(const claim_t *cl)
+{
+    char id[RT_CLIENT_TEXT_MAX];
+    snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
+    bool moving = false;
+    rt_cluster_claimed_t r = {.status = claim(cl, id, &moving)};
+    atomic_fetch_add_explicit(r.status ? &rt__cluster.claims_failed : &rt__cluster.claims, 1,
+                              memory_order_relaxed);
+    if (r.status)
+        rt_log(RT_LOG_WARNING, "cluster.claim_failed", "client=%s: %s", id,
+               r.status == RT_EAGAIN ? "JetStream did not answer, or other nodes kept claiming it"
+                                     : "the id cannot be a key");
+    if (!moving)
+        rt_send(cl->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+}
+
+/* In cluster_kv: what the old holder queued since phase 1, to the imported session (none
+   if the old node is gone); then the CONNECT goes on. */
+void rt__cluster_move_tail(const move_t *mv)
+{
+    char id[RT_CLIENT_TEXT_MAX], subject[RT_CONF_NODE_MAX * 2 + 24];
+    snprintf(id, sizeof(id), "%.*s", (int)mv->len, mv->id);
+    rt__cluster_node_subject(mv->holder, "handover", subject, sizeof(subject));
+    uint8_t *tail = NULL;
+    size_t len = 0, replayed = 0;
+    bool answered;
+    if (mv->replay_from_ms) {
+        answered = (tail = rt__cluster_replay_bytes(mv->replay_from_ms, &len, &replayed)) != NULL;
+        atomic_fetch_add_explicit(&rt__cluster.replays, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&rt__cluster.replayed, replayed, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "cluster.session_replayed",
+               "client=%s from=%s since_ms=%" PRId64 " messages=%zu", id, mv->holder,
+               mv->replay_from_ms, replayed);
+    } else {
+        answered = request_parts(subject, id, true, &tail, &len);
+    }
+    /* The session answers the claim once it has merged the rest: the CONNECT's hand-over
+       reaches it after that, whatever way each message takes. */
+    rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, sizeof(rt_cluster_move_in_t) + len);
+    bool delivered = false;
+    if (m) {
+        ((rt_cluster_move_in_t *)(void *)m->data)->claimer = mv->reply_to;
+        if (len)
+            memcpy(m->data + sizeof(rt_cluster_move_in_t), tail, len);
+        delivered = rt_send_msg(mv->session, m) == 0;
+    }
+    answered = answered && delivered;
+    free(tail);
+    atomic_fetch_add_explicit(answered && m ? &rt__cluster.sessions_moved_in
+                                            : &rt__cluster.sessions_move_failed,
+                              1, memory_order_relaxed);
+    if (!answered || !m)
+        rt_log(RT_LOG_WARNING, "cluster.session_tail_lost",
+               "client=%s from=%s: what its old node queued after the move did not arrive", id,
+               mv->holder);
+    if (!delivered) {
+        rt_cluster_claimed_t r = {.status = 0};
+        rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+    }
+}
+
+bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session)
+{
+    if (!rt__cluster.on)
+        return false;
+    rt_msg_t *m = rt_msg_new(MSG_CLAIM, sizeof(claim_t) + len);
+    /* No registry reachable yet (JetStream not answering since the start): unclaimed. */
+    if (!m || len >= RT_CLIENT_TEXT_MAX ||
+        !atomic_load_explicit(&rt__cluster.kv_ready, memory_order_acquire)) {
+        rt_msg_free(m);
+        atomic_fetch_add_explicit(&rt__cluster.claims_failed, 1, memory_order_relaxed);
+        rt_cluster_claimed_t r = {.status = RT_EAGAIN};
+        return rt_send(reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r)) == 0;
+    }
+    claim_t *cl = (claim_t *)(void *)m->data;
+    cl->reply_to = reply_to;
+    cl->want_session = want_session;
+    cl->len = (uint32_t)len;
+    memcpy(cl->id, id, len);
+    return rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), m) == 0;
+}
+
+void rt_cluster_set_importer(rt_cluster_import_fn fn)
+{
+    rt__cluster.import = fn;
+}
+
+/* An answer for the cluster actor to send, in parts (rt__cluster_send_reply). */
+static void answer(const char *reply, size_t rlen, const void *bytes, size_t len)
+{
+    rt_msg_t *m = rlen ? rt_msg_new(MSG_REPLY, sizeof(reply_t) + rlen + len) : NULL;
+    if (!m)
+        return;
+    reply_t *r = (reply_t *)(void *)m->data;
+    r->subject_len = (uint32_t)rlen;
+    r->data_len = (uint32_t)len;
+    memcpy(r->text, reply, rlen);
+    if (len)
+        memcpy(r->text + rlen, bytes, len);
+    rt_send_msg(atomic_load_explicit(&rt__cluster.out_pid, memory_order_acquire), m);
+}
+
+void rt_cluster_move_answer(const rt_cluster_move_t *req, const void *bytes, size_t len)
+{
+    if (len)
+        atomic_fetch_add_explicit(&rt__cluster.sessions_moved_out, req->phase == 1,
+                                  memory_order_relaxed);
+    answer(req->reply, req->reply_len, bytes, len);
+}
+
+void rt_cluster_answer(const char *reply, const void *bytes, size_t len)
+{
+    answer(reply, strlen(reply), bytes, len);
+}
+
+void rt_cluster_set_admin(rt_cluster_admin_fn fn)
+{
+    rt__cluster.admin = fn;
+}
+
+/* In cluster_in: another node's administrator asks this node (a request line). */
+void rt__cluster_admin_asked(natsMsg *nm)
+{
+    const char *reply = natsMsg_GetReply(nm);
+    int len = natsMsg_GetDataLength(nm);
+    if (!reply || !reply[0])
+        return;
+    static const char busy[] = "503 this node cannot answer now\n";
+    if (!rt__cluster.admin || len <= 0 || len > 4096 ||
+        !rt__cluster.admin(natsMsg_GetData(nm), (size_t)len, reply))
+        answer(reply, strlen(reply), busy, sizeof(busy) - 1);
+}
+
+bool rt_cluster_client_holder(const char *id, char *node, size_t cap)
+{
+    char key[3 * RT_CLIENT_TEXT_MAX + 1];
+    if (!atomic_load_explicit(&rt__cluster.kv_ready, memory_order_acquire) ||
+        rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
+        return false;
+    kvEntry *e = NULL;
+    if (kvStore_Get(&e, rt__cluster.clients, key) != NATS_OK)
+        return false;
+    snprintf(node, cap, "%.*s", (int)strcspn(kvEntry_ValueString(e), " "), kvEntry_ValueString(e));
+    kvEntry_Destroy(e);
+    return node[0] != 0;
+}
+
+bool rt_cluster_ask_node(const char *node, const char *line, uint8_t **answer_out, size_t *len)
+{
+    char subject[RT_CONF_NODE_MAX * 2 + 24];
+    rt__cluster_node_subject(node, "admin", subject, sizeof(subject));
+    return rt__cluster.on && request_parts(subject, line, false, answer_out, len) && *len;
+}
+
+/*
+** In cluster_in: another node claims an id (phase 1) or takes the rest of a session that is
+** moving (phase 2). A session's holder answers itself (RT_CLUSTER_MSG_MOVE_OUT); otherwise
+** a client here ends as a takeover and the answer is "nothing".
+*/
+void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
+{
+    char id[RT_CLIENT_TEXT_MAX];
+    int len = natsMsg_GetDataLength(nm);
+    snprintf(id, sizeof(id), "%.*s", len, natsMsg_GetData(nm));
+    rt_pid_t holder = (size_t)len < sizeof(id) ? rt_broker_lookup_client(id) : 0;
+    const char *reply = natsMsg_GetReply(nm), *want = NULL;
+    size_t rlen = reply ? strlen(reply) : 0;
+    if (holder && (phase == 2 || natsMsgHeader_Get(nm, H_WANT, &want) == NATS_OK)) {
+        rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_OUT, sizeof(rt_cluster_move_t) + rlen);
+        if (m) {
+            rt_cluster_move_t *mv = (rt_cluster_move_t *)(void *)m->data;
+            mv->phase = phase;
+            mv->reply_len = (uint32_t)rlen;
+            memcpy(mv->reply, reply, rlen);
+            if (rt_send_msg(holder, m) == 0)
+                return;
+        }
+    }
+    if (holder && phase == 1) {
+        rt_exit_signal(holder, RT_REASON_TAKEOVER);
+        atomic_fetch_add_explicit(&rt__cluster.given_up, 1, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s: claimed by another node", id);
+    }
+    answer(reply, rlen, NULL, 0);
+}
+
+/* In the cluster actor: an answer in parts that fit NATS's max_payload ("0 0": none). */
+void rt__cluster_send_reply(const reply_t *r)
+{
+    char subject[RT_SUBJECT_MAX + 1];
+    if (r->subject_len > RT_SUBJECT_MAX)
+        return;
+    memcpy(subject, r->text, r->subject_len);
+    subject[r->subject_len] = 0;
+    const char *data = r->text + r->subject_len;
+    int64_t max = natsConnection_GetMaxPayload(rt__cluster.nc);
+    size_t part = max > 8192 ? (size_t)max - 4096 : 4096; /* room for the headers */
+    unsigned n = (unsigned)((r->data_len + part - 1) / part);
+    natsStatus s = NATS_OK;
+    for (unsigned i = 0; s == NATS_OK && i < (n ? n : 1); i++) {
+        size_t at = (size_t)i * part, len = n ? r->data_len - at : 0;
+        char h[32];
+        snprintf(h, sizeof(h), "%u %u", n ? i + 1 : 0, n);
+        natsMsg *nm = NULL;
+        s = natsMsg_Create(&nm, subject, NULL, data + at, (int)(len < part ? len : part));
+        if (s == NATS_OK)
+            s = natsMsgHeader_Set(nm, H_PART, h);
+        if (s == NATS_OK)
+            s = natsConnection_PublishMsg(rt__cluster.nc, nm);
+        natsMsg_Destroy(nm);
+    }
+    if (s != NATS_OK)
+        rt_log(RT_LOG_WARNING, "cluster.answer_failed", "subject=%s bytes=%u: %s", subject,
+               r->data_len, natsStatus_GetText(s));
+}

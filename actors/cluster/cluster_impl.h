@@ -1,0 +1,272 @@
+/*
+** Inside the cluster layer (cluster.h): its one state, the messages between its actors, the
+** NATS headers it writes, and the functions its files call in one another. Each file has one
+** job:
+**   cluster.c    the NATS connections, the three actors (cluster, cluster_kv, cluster_in),
+**                what libnats threads hand them, start, stop and status
+**   forward.c    routing across nodes: messages out (headers, subjects), the routes held
+**                as NATS subscriptions, messages in (once per origin) and their names
+**   retained.c   the retained store replicated in JetStream KV, and subscribers' barriers
+**   claims.c     client ids (claims, takeovers), sessions that move, other nodes' questions
+**   durable.c    durable mode: the stream, sessions' records, the replay after a crash
+**   heartbeat.c  what each node holds, once a second
+*/
+#ifndef RT_CLUSTER_IMPL_H
+#define RT_CLUSTER_IMPL_H
+
+#include <inttypes.h>
+#include <nats/nats.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "cluster.h"
+#include "group.h"
+#include "log.h"
+#include "message.h"
+#include "route.h"
+#include "rule_engine.h"
+#include "store.h"
+#include "subject.h"
+
+enum {
+    MSG_FORWARD = RT_MSG_USER, /* to cluster: forward_t and bin, a message routed here */
+    MSG_INTEREST,              /* to cluster: interest_t, a filter's first or last subscriber */
+    MSG_INBOUND,               /* to cluster_in: inbound_t, what NATS delivered */
+    MSG_KV_BIND,               /* to cluster: find or make the retained store's bucket */
+    MSG_BARRIER,               /* to cluster: barrier_t, from a subscriber waiting for retained */
+    MSG_BARRIER_WAIT,          /* to cluster_in: barrier_t, with the revision to wait for */
+    MSG_KV_ENTRY,              /* to cluster_in: kv_entry_t, a change of the retained store */
+    MSG_KV_TICK,               /* to cluster_in: once a second while the store is quiet */
+    MSG_CLAIM,                 /* to cluster: claim_t, a CONNECT's client id */
+    MSG_REPLY,                 /* to cluster: reply_t, an answer to another node's request */
+    MSG_HEARTBEAT,             /* to cluster: time to say what this node holds */
+    MSG_MOVE_SYNC,             /* to cluster: move_t, make NATS hold an imported session's
+                                  subscriptions, then on to cluster_kv as MSG_MOVE_TAIL */
+    MSG_MOVE_TAIL,             /* to cluster_kv: move_t, ask the old holder for the rest */
+    MSG_SESSION_PUT,           /* to cluster_kv: record_t, a persistent session's record */
+};
+
+typedef struct {
+    rt_pid_t reply_to;
+    bool want_session;
+    uint32_t len;
+    char id[];
+} claim_t;
+
+/* A session moving here: who waits for the claim, the imported session, its old node. */
+typedef struct {
+    rt_pid_t reply_to, session;
+    int64_t replay_from_ms; /* the old node is gone: replay the stream from then (wall ms) */
+    char holder[RT_CONF_NODE_MAX];
+    uint32_t len;
+    char id[];
+} move_t;
+
+typedef struct {
+    uint32_t subject_len, data_len;
+    char text[]; /* the subject, then the data */
+} reply_t;
+
+/* Who first routed a message, from its Rt-Origin header. */
+typedef struct {
+    char node[RT_CONF_NODE_MAX];
+    uint64_t incarnation, seq;
+} origin_name_t;
+
+/* A persistent session's record for the bucket (len 0: the session ended). */
+typedef struct {
+    uint64_t clear_ms;
+    uint32_t id_len, len;
+    char data[]; /* the id, then the session's bytes */
+} record_t;
+
+typedef struct {
+    rt_pid_t ack_pid; /* told RT_STORE_MSG_COMMITTED once the retained store (or with
+                         stream_ack, the stream) has it; 0: none */
+    uint64_t ack_token;
+    bool shared_here; /* its node served the shared groups (out of reach of NATS then) */
+    bool stream_ack;  /* durable mode: acknowledged by JetStream's stream */
+} forward_t;
+
+/* A subscriber's request: answered with RT_CLUSTER_MSG_RETAINED_READY carrying data back. */
+typedef struct {
+    rt_pid_t reply_to;
+    uint64_t revision; /* MSG_BARRIER_WAIT: the store's last revision when it was asked */
+    uint64_t since_ms;
+    uint32_t len;
+    uint8_t data[];
+} barrier_t;
+
+typedef struct {
+    uint64_t revision;
+    bool put; /* else a delete or purge */
+    uint32_t keylen, vallen;
+    size_t bytes; /* counted in the inbound backlog */
+    char kv[];    /* the key, then the value */
+} kv_entry_t;
+
+typedef struct {
+    bool on;
+    uint32_t len;
+    char filter[];
+} interest_t;
+
+typedef struct {
+    natsMsg *msg;
+    const char *share; /* the $share/group/filter it came for; NULL: an ordinary route */
+    size_t bytes;      /* counted in the inbound backlog */
+} inbound_t;
+
+/* One filter this node holds NATS subscriptions for. */
+typedef struct route_s {
+    char *filter; /* NULL: a free slot */
+    uint32_t len;
+    bool removed; /* a tombstone, for open addressing */
+    int nsubs;
+    natsSubscription *subs[2];
+} route_t;
+
+/* inbound_t.share for a request to give up a client id (the node's takeover subject), for
+   the second request of a session's move (handover), for another node's administrator's
+   question (admin), and for another node's heartbeat. */
+extern const char rt__cluster_takeover_request[], rt__cluster_handover_request[],
+    rt__cluster_admin_request[], rt__cluster_heartbeat[];
+
+/* Per origin node: which of its sequence numbers were routed here, in a sliding window. */
+#define SEEN_WINDOW 1024
+#define MAX_ORIGINS 64
+
+typedef struct {
+    char node[RT_CONF_NODE_MAX];
+    uint64_t incarnation;
+    uint64_t top;                    /* highest sequence number seen */
+    uint64_t bits[SEEN_WINDOW / 64]; /* bit (seq % SEEN_WINDOW): seq in (top - SEEN_WINDOW, top] */
+} origin_t;
+
+typedef struct {
+    origin_t origins[MAX_ORIGINS];
+    unsigned norigins;
+    rt_msg_t **barriers; /* MSG_BARRIER_WAITs not answered yet (malloc'ed, charged) */
+    size_t nbarriers, capbarriers;
+} in_state_t;
+
+typedef struct {
+    bool on;
+    char node[RT_CONF_NODE_MAX];
+    char prefix[RT_CONF_NODE_MAX];
+    uint64_t incarnation; /* tells this run's sequence numbers from an earlier run's */
+    natsConnection *nc;   /* publishes and ordinary subscriptions; never hears its own */
+    natsConnection *qc;   /* shared groups' queue subscriptions: hears this node too */
+    rt_pid_t sup;
+    _Atomic rt_pid_t out_pid, in_pid, kv_pid;
+    /* The routes table: only the cluster actor touches it. */
+    route_t *routes;
+    size_t routes_cap, routes_used, routes_live;
+    _Atomic uint64_t seq; /* of the messages this node publishes */
+    /* Inbound backlog: what the delivery thread handed over and cluster_in has not routed. */
+    pthread_mutex_t backlog_lock;
+    pthread_cond_t backlog_cond;
+    _Atomic uint64_t backlog_msgs, backlog_bytes;
+    atomic_int backlog_waiters; /* threads waiting for room: only then is a release signalled */
+    atomic_bool stopping;
+    atomic_bool nc_up, qc_up; /* the two NATS connections, as their callbacks last said */
+    long max_packet;          /* max_packet_size at start */
+    _Atomic uint64_t forwarded_out, forwarded_in, duplicates, forward_failed, not_forwarded, bad_in,
+        dropped_in, reconnects, routes_count;
+    /* The retained store replicated in JetStream KV (bucket "<prefix>_retained"). */
+    long replicas;
+    char bucket[RT_CONF_NODE_MAX + 16];
+    jsCtx *js;
+    kvStore *kv;
+    atomic_bool kv_ready; /* set once, by the cluster actor, after the watcher started */
+    bool kv_warned;
+    pthread_t watcher;
+    _Atomic(kvWatcher *) kv_watcher;
+    _Atomic uint64_t kv_applied, kv_put_failed, barrier_timeouts;
+    /* Client ids: the bucket "<prefix>_clients" and this node's takeover subject. */
+    kvStore *clients;
+    char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
+    natsSubscription *takeover_sub, *handover_sub, *admin_sub, *status_sub;
+    rt_cluster_admin_fn admin; /* the admin layer's (questions from other nodes) */
+    uint64_t node_key;         /* rt_message_set_origin's name of this run of this node */
+    /* Durable mode (cluster.durable): the stream "<prefix>_msgs" keeps every message routed
+       in the cluster, and the bucket "<prefix>_sessions" each persistent session's record. */
+    bool durable;
+    int64_t margin_ms, max_age_s;
+    char stream[RT_CONF_NODE_MAX + 8];
+    jsCtx *pjs; /* the cluster actor's asynchronous publishes to the stream */
+    kvStore *sessions;
+    atomic_bool durable_ready; /* set once, by cluster_kv, when both are bound */
+    _Atomic uint64_t stream_acked, stream_failed, records_failed, replays, replayed;
+    rt_cluster_import_fn import; /* the connection layer's (sessions moving here) */
+    _Atomic uint64_t sessions_moved_in, sessions_moved_out, sessions_move_failed;
+    /* The nodes heard from: written by cluster_in, read by admin commands. */
+    pthread_mutex_t nodes_lock;
+    rt_cluster_node_t nodes[RT_CLUSTER_NODES_MAX];
+    uint64_t nodes_seen_ms[RT_CLUSTER_NODES_MAX];
+    size_t nnodes;
+    uint64_t started_ms;
+    _Atomic uint64_t claims, claims_taken_over, claims_failed, given_up;
+} rt__cluster_t;
+extern rt__cluster_t rt__cluster;
+
+/* ---- Headers ---- */
+
+#define H_ORIGIN "Rt-Origin" /* "<node> <incarnation, hex> <sequence>" */
+#define H_MSG "Rt-Msg"       /* "<qos> <retain> <expiry seconds, or ->" */
+#define H_CLIENT "Rt-Client" /* the publisher's client id, %XX-escaped */
+#define H_PROPS "Rt-Props"   /* the MQTT 5 property block passed on, hex */
+#define H_SHARED "Rt-Shared" /* "here": shared groups were served on the origin node */
+#define H_ACK "Rt-Ack"       /* "<pid, hex> <token>": the publisher waiting for the stream */
+
+/* How long a JetStream request (a claim's read or write, a bucket's revision) may take. */
+#define JETSTREAM_WAIT_MS 2000
+
+/* ---- cluster.c ---- */
+void rt__cluster_backlog_wait(void);
+bool rt__cluster_hand_in(rt_msg_t *m, size_t bytes);
+void rt__cluster_on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
+
+/* ---- forward.c ---- */
+bool rt__cluster_forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token, bool shared_here);
+void rt__cluster_stamp(rt_bin_t *bin);
+uint64_t rt__cluster_node_key(const char *node, uint64_t incarnation);
+void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len);
+void rt__cluster_unsubscribe(rt_actor_t *self, const char *filter, size_t len);
+void rt__cluster_interest_changed(void *arg, const char *filter, size_t len, bool on);
+void rt__cluster_forward_one(rt_msg_t *m);
+rt_bin_t *rt__cluster_inbound_message(natsMsg *nm, origin_name_t *o);
+void rt__cluster_route_inbound(in_state_t *st, const inbound_t *in);
+
+/* ---- retained.c ---- */
+natsStatus rt__cluster_kv_open(kvStore **kv, const char *bucket, const char *what);
+natsStatus rt__cluster_kv_put(const rt_message_t *msg, rt_bin_t *bin);
+void rt__cluster_kv_bind(rt_actor_t *self);
+void rt__cluster_barrier_start(rt_msg_t *m);
+void rt__cluster_apply_entry(const kv_entry_t *k);
+void rt__cluster_barriers_check(rt_actor_t *self, in_state_t *st);
+void rt__cluster_barrier_wait(rt_actor_t *self, in_state_t *st, rt_msg_t *m);
+
+/* ---- claims.c ---- */
+void rt__cluster_node_subject(const char *holder, const char *what, char *out, size_t cap);
+void rt__cluster_claim_one(const claim_t *cl);
+void rt__cluster_move_tail(const move_t *mv);
+void rt__cluster_admin_asked(natsMsg *nm);
+void rt__cluster_give_up(natsMsg *nm, uint32_t phase);
+void rt__cluster_send_reply(const reply_t *r);
+
+/* ---- durable.c ---- */
+void rt__cluster_stream_answer(rt_pid_t ack_pid, uint64_t token, bool kept);
+natsStatus rt__cluster_durable_open(void);
+uint8_t *rt__cluster_session_record(const char *key, size_t *len, int64_t *from_ms);
+void rt__cluster_session_put(const record_t *r);
+uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count);
+
+/* ---- heartbeat.c ---- */
+void rt__cluster_other_heartbeat(natsMsg *nm);
+void rt__cluster_send_heartbeat(rt_actor_t *self);
+
+#endif

@@ -1,0 +1,232 @@
+/*
+** Durable mode (cluster.h): the stream that keeps every message and acknowledges publishers,
+** each persistent session's record, and the replay that resumes a session after its node's
+** crash.
+*/
+#include "cluster_impl.h"
+
+/* A publisher's acknowledgement that waited for the stream. */
+void rt__cluster_stream_answer(rt_pid_t ack_pid, uint64_t token, bool kept)
+{
+    rt_store_committed_t done = {.token = token, .status = kept ? 0 : RT_EAGAIN};
+    rt_send(ack_pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
+    atomic_fetch_add_explicit(kept ? &rt__cluster.stream_acked : &rt__cluster.stream_failed, 1,
+                              memory_order_relaxed);
+}
+
+/* On a libnats thread: the stream's answer to a publish that carried Rt-Ack. */
+static void stream_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+    (void)js;
+    (void)closure;
+    const char *ack = NULL;
+    uint64_t pid, token;
+    if (natsMsgHeader_Get(msg, H_ACK, &ack) == NATS_OK &&
+        sscanf(ack, "%" SCNx64 " %" SCNu64, &pid, &token) == 2)
+        rt__cluster_stream_answer((rt_pid_t)pid, token, pa && !pae);
+    natsMsg_Destroy(msg);
+}
+
+/*
+** Durable mode's stream (every message routed under the prefix, kept as long as a session
+** may wait for one: max_session_expiry), the sessions' bucket, and the context whose
+** asynchronous publishes the stream answers.
+*/
+natsStatus rt__cluster_durable_open(void)
+{
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_GetStreamInfo(&si, rt__cluster.js, rt__cluster.stream, NULL, &jerr);
+    jsStreamInfo_Destroy(si);
+    if (s == NATS_NOT_FOUND) {
+        char subjects[RT_CONF_NODE_MAX + 4];
+        snprintf(subjects, sizeof(subjects), "%s.>", rt__cluster.prefix);
+        const char *list[1] = {subjects};
+        jsStreamConfig cfg;
+        jsStreamConfig_Init(&cfg);
+        cfg.Name = rt__cluster.stream;
+        cfg.Description = "rtd: every message of the cluster (durable mode)";
+        cfg.Subjects = list;
+        cfg.SubjectsLen = 1;
+        cfg.MaxAge = rt__cluster.max_age_s * 1000000000LL;
+        cfg.Replicas = rt__cluster.replicas;
+        cfg.Storage = js_FileStorage;
+        s = js_AddStream(NULL, rt__cluster.js, &cfg, NULL, &jerr);
+    }
+    char bucket[sizeof(rt__cluster.bucket)];
+    snprintf(bucket, sizeof(bucket), "%s_sessions", rt__cluster.prefix);
+    if (s == NATS_OK && !rt__cluster.sessions)
+        s = rt__cluster_kv_open(&rt__cluster.sessions, bucket,
+                                "rtd: persistent sessions, for a resume elsewhere");
+    if (s == NATS_OK && !rt__cluster.pjs) {
+        jsOptions jo;
+        jsOptions_Init(&jo);
+        jo.Wait = JETSTREAM_WAIT_MS;
+        jo.PublishAsync.AckHandler = stream_answered;
+        jo.PublishAsync.MaxPending = 65536; /* past it the cluster actor waits: publishers too */
+        s = natsConnection_JetStream(&rt__cluster.pjs, rt__cluster.nc, &jo);
+    }
+    return s;
+}
+
+/* In cluster_kv: a session's record (its bytes, malloc'ed) and where its replay starts. */
+uint8_t *rt__cluster_session_record(const char *key, size_t *len, int64_t *from_ms)
+{
+    *len = 0;
+    kvEntry *e = NULL;
+    if (kvStore_Get(&e, rt__cluster.sessions, key) != NATS_OK)
+        return NULL;
+    const uint8_t *v = kvEntry_Value(e);
+    int vlen = kvEntry_ValueLen(e);
+    uint8_t *bytes = vlen > 8 ? malloc((size_t)vlen - 8) : NULL;
+    if (bytes) {
+        uint64_t clear_ms = 0;
+        for (int i = 0; i < 8; i++)
+            clear_ms = clear_ms << 8 | v[i];
+        memcpy(bytes, v + 8, (size_t)vlen - 8);
+        *len = (size_t)vlen - 8;
+        *from_ms = (int64_t)clear_ms - rt__cluster.margin_ms > 0
+                       ? (int64_t)clear_ms - rt__cluster.margin_ms
+                       : 1;
+    }
+    kvEntry_Destroy(e);
+    return bytes;
+}
+
+bool rt_cluster_durable(void)
+{
+    return rt__cluster.on && rt__cluster.durable;
+}
+
+void rt_cluster_session_record(const char *id, uint64_t clear_ms, const void *bytes, size_t len)
+{
+    size_t idlen = strlen(id);
+    if (!atomic_load_explicit(&rt__cluster.durable_ready, memory_order_acquire) ||
+        idlen >= RT_CLIENT_TEXT_MAX)
+        return;
+    rt_msg_t *m = rt_msg_new(MSG_SESSION_PUT, sizeof(record_t) + idlen + len);
+    if (!m) {
+        atomic_fetch_add_explicit(&rt__cluster.records_failed, 1, memory_order_relaxed);
+        return;
+    }
+    record_t *r = (record_t *)(void *)m->data;
+    r->clear_ms = clear_ms;
+    r->id_len = (uint32_t)idlen;
+    r->len = (uint32_t)len;
+    memcpy(r->data, id, idlen);
+    if (len)
+        memcpy(r->data + idlen, bytes, len);
+    rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), m);
+}
+
+/* In cluster_kv: a record written (the clear moment, then the bytes) or deleted. */
+void rt__cluster_session_put(const record_t *r)
+{
+    char id[RT_CLIENT_TEXT_MAX], key[3 * RT_CLIENT_TEXT_MAX + 1];
+    snprintf(id, sizeof(id), "%.*s", (int)r->id_len, r->data);
+    if (rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
+        return;
+    natsStatus s;
+    if (!r->len) {
+        s = kvStore_Delete(rt__cluster.sessions, key);
+    } else {
+        uint8_t *v = malloc(8 + (size_t)r->len);
+        if (!v) {
+            s = NATS_NO_MEMORY;
+        } else {
+            for (int i = 0; i < 8; i++)
+                v[i] = (uint8_t)(r->clear_ms >> (56 - 8 * i));
+            memcpy(v + 8, r->data + r->id_len, r->len);
+            s = kvStore_Put(NULL, rt__cluster.sessions, key, v, (int)(8 + r->len));
+            free(v);
+        }
+    }
+    if (s != NATS_OK &&
+        atomic_fetch_add_explicit(&rt__cluster.records_failed, 1, memory_order_relaxed) % 1000 == 0)
+        rt_log(RT_LOG_WARNING, "cluster.session_record_failed", "client=%s: %s", id,
+               natsStatus_GetText(s));
+}
+
+static void put_be(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+}
+
+/*
+** In cluster_kv: every message the stream kept from from_ms up to its last one now (after
+** NATS holds the session's subscriptions here), as the replay's bytes for
+** RT_CLUSTER_MSG_MOVE_IN: "RTR1", then per message its origin key and number (u64 each),
+** length (u32) and PUBLISH. The session keeps those its subscriptions match. NULL if the
+** stream did not answer.
+*/
+uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
+{
+    *len = *count = 0;
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    if (js_GetStreamInfo(&si, rt__cluster.js, rt__cluster.stream, NULL, &jerr) != NATS_OK)
+        return NULL;
+    uint64_t last = si->State.LastSeq;
+    bool none = !last || si->State.LastTime < from_ms * 1000000LL;
+    jsStreamInfo_Destroy(si);
+    size_t cap = 4096, at = 4;
+    uint8_t *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    memcpy(buf, "RTR1", 4);
+    natsSubscription *sub = NULL;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = rt__cluster.stream;
+    so.Config.DeliverPolicy = js_DeliverByStartTime;
+    so.Config.OptStartTime = from_ms * 1000000LL;
+    so.Config.AckPolicy = js_AckNone;
+    char all[RT_CONF_NODE_MAX + 4];
+    snprintf(all, sizeof(all), "%s.>", rt__cluster.prefix);
+    natsStatus s = none ? NATS_OK : js_SubscribeSync(&sub, rt__cluster.js, all, NULL, &so, &jerr);
+    for (uint64_t seq = 0; !none && s == NATS_OK && seq < last;) {
+        natsMsg *nm = NULL;
+        jsMsgMetaData *meta = NULL;
+        s = natsSubscription_NextMsg(&nm, sub, JETSTREAM_WAIT_MS);
+        if (s == NATS_OK && natsMsg_GetMetaData(&meta, nm) == NATS_OK) {
+            seq = meta->Sequence.Stream;
+            jsMsgMetaData_Destroy(meta);
+        }
+        origin_name_t o;
+        rt_bin_t *bin = s == NATS_OK ? rt__cluster_inbound_message(nm, &o) : NULL;
+        size_t need = bin ? 20 + rt_bin_len(bin) : 0;
+        if (bin && at + need > cap) {
+            while (cap < at + need)
+                cap *= 2;
+            uint8_t *more = cap <= RT_CLUSTER_MOVE_MAX ? realloc(buf, cap) : NULL;
+            if (!more)
+                s = NATS_NO_MEMORY;
+            else
+                buf = more;
+        }
+        if (bin && s == NATS_OK) {
+            put_be(buf + at, rt__cluster_node_key(o.node, o.incarnation), 8);
+            put_be(buf + at + 8, o.seq, 8);
+            put_be(buf + at + 16, rt_bin_len(bin), 4);
+            memcpy(buf + at + 20, rt_bin_data(bin), rt_bin_len(bin));
+            at += need;
+            ++*count;
+        }
+        if (bin)
+            rt_bin_release(bin);
+        natsMsg_Destroy(nm);
+    }
+    if (sub) {
+        natsSubscription_Unsubscribe(sub);
+        natsSubscription_Destroy(sub);
+    }
+    if (s != NATS_OK) {
+        rt_log(RT_LOG_WARNING, "cluster.replay_failed", "stream=%s after %zu messages: %s",
+               rt__cluster.stream, *count, natsStatus_GetText(s));
+        free(buf);
+        return NULL;
+    }
+    *len = at;
+    return buf;
+}
