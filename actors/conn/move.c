@@ -231,21 +231,21 @@ void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size
     if (!s || s->moving != RT_SESSION_MOVED_IN)
         return;
     s->moving = 0;
-    rt_moved_t rest;
+    /* Bytes refused merge nothing, but what the reader made of them before it stopped is
+       freed all the same. */
+    rt_moved_t rest = {0};
     if (len >= 4 && memcmp(bytes, RT_MOVED_REPLAY_MAGIC, 4) == 0) {
         if (rt_moved_read_replay(bytes, len, c->subs, c->nsubs, RT_LIVE(queue_qos0), rt_mono_ms(),
                                  &rest) != 0) {
             rt_log(RT_LOG_ERROR, "cluster.replay_unreadable", "client=%s bytes=%zu", c->client_id,
                    len);
-            len = 0;
+            rt_moved_free(&rest);
         }
     } else if (len && rt_moved_read_session(c->client_id, bytes, len, rt_mono_ms(), &rest) != 0) {
         rt_log(RT_LOG_ERROR, "cluster.session_tail_unreadable", "client=%s bytes=%zu", c->client_id,
                len);
-        len = 0;
+        rt_moved_free(&rest);
     }
-    if (!len)
-        memset(&rest, 0, sizeof(rest));
     /* In order: what came with the session, what its old node queued since, then what
        came here directly that the old node did not have too. */
     rt_qlist_t direct = s->queued;
