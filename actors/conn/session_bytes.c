@@ -230,8 +230,9 @@ static int read_subs(rbuf_t *r, rt_moved_t *mv)
         const uint8_t *f = take(r, flen);
         uint32_t sub_id = (uint32_t)get_uint(r, 4);
         const uint8_t *qf = take(r, 2);
-        if (!qf || !flen || flen > RT_TRIE_MAX_LEN || !mqtt_topic_filter_valid(f, flen) ||
-            qf[0] > 2)
+        /* As a SUBSCRIBE's would be: the filter is also a C string of its length. */
+        if (!qf || !flen || flen > RT_TRIE_MAX_LEN || !mqtt_utf8_valid(f, flen) ||
+            !mqtt_topic_filter_valid(f, flen) || qf[0] > 2)
             return RT_EPROTO;
         rt_stored_sub_t *sub = &mv->ss.subs[i];
         if (!(sub->filter = malloc(flen + 1)))
