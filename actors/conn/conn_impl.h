@@ -11,6 +11,8 @@
 **   client_admin.c administrators' queries, kicks and ACL rechecks
 **   start.c        MQTT at start: sessions and retained messages the store kept
 **   listener.c     the listeners and admission at accept
+**   move.c         persistent sessions moving between cluster nodes: out, in, the merge
+**   session_bytes.c the bytes they move in (no actor needed, so fuzzed on their own)
 **
 ** All of it runs in the connection actor's own turns (one actor per thread at a time),
 ** so conn_t has no locks; what other threads read goes through the broker's atomics.
@@ -336,6 +338,8 @@ uint32_t rt__conn_send_window(const conn_t *c);
 rt_session_t *rt__conn_session_get_or_make(rt_actor_t *self, conn_t *c);
 /* A session the store keeps: it outlives its connection and persistence is on. */
 bool rt__conn_session_is_durable(const conn_t *c);
+/* m as the store and a moving session's bytes keep it (the binary is m's, not a new reference). */
+rt_stored_msg_t rt__conn_stored_msg(const rt_qmsg_t *m);
 /* Saves a message that joined a persistent session; the publisher's ack waits for it. */
 void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token);
 /* Moves every shared-subscription message not yet acknowledged to the groups' other members. */
@@ -421,8 +425,8 @@ int rt__conn_restored_init(rt_actor_t *self, void *state, void *arg);
 int rt__conn_session_from_stored(rt_actor_t *self, conn_t *c, const rt_stored_session_t *ss,
                                  bool persistent);
 
-/* ---- move.c: sessions moving between cluster nodes (cluster.h) ---- */
-extern const rt_actor_type_t rt__conn_imported_type; /* arg: what move.c read */
+/* ---- move.c: sessions moving between cluster nodes (cluster.h; bytes: session_bytes.h) ---- */
+extern const rt_actor_type_t rt__conn_imported_type; /* arg: the rt_moved_t move.c read */
 int rt__conn_imported_init(rt_actor_t *self, void *state, void *arg);
 /* The importer hook (rt_cluster_set_importer). */
 rt_pid_t rt__conn_import_session(const char *id, const void *bytes, size_t len);

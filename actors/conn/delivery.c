@@ -253,10 +253,8 @@ static void answer_store_ack(rt_pid_t pid, uint64_t token)
     rt_send(pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
 }
 
-void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token)
+rt_stored_msg_t rt__conn_stored_msg(const rt_qmsg_t *m)
 {
-    RT_ASSERT(c->sess && m->bin && !m->seq && c->client_id);
-    m->seq = ++c->sess->next_seq;
     rt_stored_msg_t st = {.seq = m->seq,
                           .bin = rt_qmsg_bin(m),
                           .expire_at_ms = m->expire_at_ms,
@@ -267,6 +265,14 @@ void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t toke
                           .packet_id = m->packet_id,
                           .n_sub_ids = m->n_sub_ids};
     memcpy(st.sub_ids, m->sub_ids, m->n_sub_ids * sizeof(uint32_t));
+    return st;
+}
+
+void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token)
+{
+    RT_ASSERT(c->sess && m->bin && !m->seq && c->client_id);
+    m->seq = ++c->sess->next_seq;
+    rt_stored_msg_t st = rt__conn_stored_msg(m);
     rt_store_msg_add(c->client_id, &st, ack_pid, token);
 }
 
