@@ -434,6 +434,9 @@ rt_pid_t rt__conn_import_session(const char *id, const void *bytes, size_t len);
 void rt__conn_on_move_out(rt_actor_t *self, conn_t *c, const rt_cluster_move_t *req);
 /* The old node's rest, merged behind what came with phase 1. */
 void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size_t len);
+/* A copy of a message the session took with it from its old node (session.h,
+   rt_late_names_t): true to drop it. Only while c->sess->late. */
+bool rt__conn_late_copy(rt_actor_t *self, conn_t *c, rt_bin_t *bin);
 /* First turn of an imported session: it is written to the store as this node's. */
 void rt__conn_on_imported(rt_actor_t *self, conn_t *c);
 /* Durable mode: writes a persistent session's record (changed: its subscriptions or

@@ -502,6 +502,10 @@ static bool deliver_copy(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_de
 void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
                       const uint32_t *sub_ids)
 {
+    if (c->sess && c->sess->late && rt__conn_late_copy(self, c, bin)) {
+        answer_store_ack(d->ack_pid, d->ack_token); /* it has the message already */
+        return;
+    }
     if (deliver_copy(self, c, bin, d, sub_ids) && d->timed)
         rt_message_copy_written(bin);
 }

@@ -192,9 +192,7 @@ void rt__conn_on_imported(rt_actor_t *self, conn_t *c)
         rt_store_qos2_in(c->client_id, c->sess->qos2_ids[i], true, 0, 0);
 }
 
-typedef struct {
-    uint64_t key, seq;
-} origin_t;
+typedef rt_origin_name_t origin_t;
 
 static int origin_cmp(const void *a, const void *b)
 {
@@ -297,10 +295,53 @@ void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size
         }
         requeue(c, m);
     }
+    /* Kept for the copies still on their way. */
+    if (nnamed && (s->late = rt_alloc(self, sizeof(rt_late_names_t) + nnamed * sizeof(origin_t),
+                                      RT_OBJ_LEAF))) {
+        s->late->n = (uint32_t)nnamed;
+        memcpy(s->late->names, named, nnamed * sizeof(origin_t));
+    }
     free(named);
     s->moved_in = 0;
     rt_log(RT_LOG_INFO, "cluster.session_moved_in",
            "client=%s queued=%u inflight=%u from_old_node_after=%zu both_had=%zu", c->client_id,
            s->queued.n, s->inflight.n, from_rest, duplicates);
     rt_moved_free(&rest);
+}
+
+/* The first name not below o. */
+static uint32_t lower_bound(const rt_late_names_t *l, const origin_t *o)
+{
+    uint32_t lo = 0, hi = l->n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (origin_cmp(&l->names[mid], o) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+bool rt__conn_late_copy(rt_actor_t *self, conn_t *c, rt_bin_t *bin)
+{
+    rt_late_names_t *l = c->sess->late;
+    origin_t o;
+    if (!rt_message_origin(bin, &o.key, &o.seq))
+        return false;
+    uint32_t at = lower_bound(l, &o);
+    if (at < l->n && origin_cmp(&l->names[at], &o) == 0)
+        return true;
+    origin_t first_of_node = {o.key, 0}, past_node = {o.key, UINT64_MAX};
+    uint32_t first = lower_bound(l, &first_of_node), last = lower_bound(l, &past_node);
+    if (first == last || at < last)
+        return false;
+    /* Past its node's last name: no copy of those can come any more. */
+    memmove(&l->names[first], &l->names[last], (l->n - last) * sizeof(origin_t));
+    l->n -= last - first;
+    if (!l->n) {
+        rt_free(self, l);
+        c->sess->late = NULL;
+    }
+    return false;
 }

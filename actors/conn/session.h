@@ -84,12 +84,30 @@ typedef struct rt_session_s {
        from the store, or ids that wrapped to the head), so a new id is checked against
        all of them until the list empties. */
     uint8_t ids_unordered;
-    uint32_t dropped_owed; /* of conn_t.dropped, those owed at QoS 1 or 2 */
-    uint64_t clear_ms;     /* wall clock: the last moment it owed its client nothing */
-    uint64_t record_ms;    /* wall clock: its record last written (cluster durable mode) */
-    uint8_t moving;        /* RT_SESSION_MOVED_*: a move between cluster nodes is under way */
-    uint32_t moved_in;     /* RT_SESSION_MOVED_IN: the queue's first ones came with the move */
+    uint32_t dropped_owed;        /* of conn_t.dropped, those owed at QoS 1 or 2 */
+    uint64_t clear_ms;            /* wall clock: the last moment it owed its client nothing */
+    uint64_t record_ms;           /* wall clock: its record last written (cluster durable mode) */
+    struct rt_late_names_s *late; /* after a move: messages it has whose copy may still come */
+    uint8_t moving;    /* RT_SESSION_MOVED_*: a move between cluster nodes is under way */
+    uint32_t moved_in; /* RT_SESSION_MOVED_IN: the queue's first ones came with the move */
 } rt_session_t;
+
+/* A message's name in a cluster (rt_message_origin). */
+typedef struct rt_origin_name_s {
+    uint64_t key, seq;
+} rt_origin_name_t;
+
+/*
+** The names of the messages a session took with it from its old node (move.c), sorted by
+** key then number, on the session's heap (RT_OBJ_LEAF). Another node's copy of one of them
+** may still reach this node after the move (NATS servers forward to one another at their own
+** pace); it is dropped. A node's copies come in the order it numbered them, so once one
+** numbered past the last name of its node arrives, that node's names go.
+*/
+typedef struct rt_late_names_s {
+    uint32_t n;
+    rt_origin_name_t names[];
+} rt_late_names_t;
 
 enum {
     RT_SESSION_MOVED_OUT = 1, /* given to another node; queues until it asks for the rest */
