@@ -77,7 +77,8 @@ test-integration-asan: build-asan
 test-integration-tsan: build-tsan
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan \
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
-		tests/integration/test_admin_socket.py tests/integration/test_trace.py
+		tests/integration/test_admin_socket.py tests/integration/test_trace.py \
+		tests/integration/test_cluster.py
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

@@ -1047,39 +1047,17 @@ static const char *conn_tag_name(uint32_t tag)
     return NULL;
 }
 
-/* Two ways in: a socket a listener accepted, or a session the store kept (start.c). */
-const rt_actor_type_t rt_conn_type = {
-    .name = "mqtt_conn",
-    .state_size = sizeof(conn_t),
-    .init = conn_init,
-    .handle = conn_handle,
-    .trace = conn_trace,
-    .terminate = conn_terminate,
-    .turn_end = conn_turn_end,
-    .tag_name = conn_tag_name,
-    .heap_inline = RT_CONN_HEAP_INLINE,
-};
+/*
+** One actor type entered three ways: a socket a listener accepted, a session the store kept
+** (start.c), or a session that moved here from another node (move.c).
+*/
+#define CONN_ACTOR_TYPE(init_fn)                                                                   \
+    {                                                                                              \
+        .name = "mqtt_conn", .state_size = sizeof(conn_t), .init = init_fn, .handle = conn_handle, \
+        .trace = conn_trace, .terminate = conn_terminate, .turn_end = conn_turn_end,               \
+        .tag_name = conn_tag_name, .heap_inline = RT_CONN_HEAP_INLINE,                             \
+    }
 
-const rt_actor_type_t rt__conn_imported_type = {
-    .name = "mqtt_conn",
-    .state_size = sizeof(conn_t),
-    .init = rt__conn_imported_init,
-    .handle = conn_handle,
-    .trace = conn_trace,
-    .terminate = conn_terminate,
-    .turn_end = conn_turn_end,
-    .tag_name = conn_tag_name,
-    .heap_inline = RT_CONN_HEAP_INLINE,
-};
-
-const rt_actor_type_t rt__conn_restored_type = {
-    .name = "mqtt_conn",
-    .state_size = sizeof(conn_t),
-    .init = rt__conn_restored_init,
-    .handle = conn_handle,
-    .trace = conn_trace,
-    .terminate = conn_terminate,
-    .turn_end = conn_turn_end,
-    .tag_name = conn_tag_name,
-    .heap_inline = RT_CONN_HEAP_INLINE,
-};
+const rt_actor_type_t rt_conn_type = CONN_ACTOR_TYPE(conn_init);
+const rt_actor_type_t rt__conn_restored_type = CONN_ACTOR_TYPE(rt__conn_restored_init);
+const rt_actor_type_t rt__conn_imported_type = CONN_ACTOR_TYPE(rt__conn_imported_init);
