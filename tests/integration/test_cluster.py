@@ -1314,6 +1314,40 @@ def test_kill9_of_a_node_sessions_resume_elsewhere_nothing_acknowledged_lost(dur
     assert d3.ctl_json("cluster", "status")["stream_acked"] >= len(acked)
 
 
+def test_kill9_of_the_publishers_node_loses_nothing_acknowledged(durable_nodes, mq, pfx):
+    """Durable mode, a crash between the hops: the publisher's node dies in the middle of a
+    QoS 1 stream. What it acknowledged was in the stream, and so published on NATS: every
+    acknowledged message reaches the subscriber on another node."""
+    d1, d2, _ = durable_nodes
+    sub = mq(d2, name="sub", clean=False, expiry=300)
+    sub.subscribe(f"{pfx}/p", 1)
+    pub = mq(d1, name="pub")
+    pub.c.reconnect_delay_set(60, 60)
+    await_route(pub, f"{pfx}/p", [sub])
+    infos, stop = [], threading.Event()
+
+    def stream():
+        for k in range(100000):
+            if stop.is_set():
+                return
+            infos.append((b"%05d" % k, pub.publish(f"{pfx}/p", b"%05d" % k, qos=1, wait=False)))
+            time.sleep(0.002)
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        sub.wait_count(200)
+        d1.kill9()
+    finally:
+        stop.set()
+        t.join()
+    acked = {p for p, info in infos if info.is_published()}
+    assert len(acked) >= 100
+    until(lambda: acked <= set(payloads(sub)), WAIT,
+          lambda: f"acknowledged, never delivered: {sorted(acked - set(payloads(sub)))[:10]}")
+    got = [int(p) for p in payloads(sub)]
+    assert got == sorted(got)
+
+
 def test_nodes_and_rules_counted_cluster_wide(nodes, mq, pfx):
     """Each node hears the others' heartbeats: `cluster nodes` lists all three; a rule runs
     once per message, on the publisher's node, and `rules metrics` adds the cluster's sums."""
