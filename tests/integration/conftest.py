@@ -4,6 +4,7 @@ The broker is started from Debian's /usr/sbin/mosquitto with a config written he
 stopped by the PID this fixture started, never by name.
 """
 import os
+import random
 import re
 import resource
 import socket
@@ -25,11 +26,35 @@ def watchdog():
     faulthandler.cancel_dump_traceback_later()
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_given_ports = set()
+
+
 def free_port():
-    """Returns a TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Returns a TCP port on 127.0.0.1 that nothing listens on right now, below the kernel's
+    ephemeral range: a port the kernel hands out (bind to 0) can be taken, before the broker
+    binds it, as the local port of any client's outgoing connection (the long tests run
+    thousands beside the others), which a port below the range never is."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, low)
+        if port in _given_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise RuntimeError(f"no free port in 10000-{low - 1}")
 
 
 def raise_nofile():
