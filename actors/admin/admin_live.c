@@ -96,10 +96,12 @@ void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const ch
     pthread_mutex_unlock(&live.conf_lock);
 }
 
-/* The settings that can change while rtd runs, besides the broker's (rt_broker_set_limit). */
+/* The settings that can change while rtd runs, besides the broker's (rt_broker_set_limit):
+   the login policy's files and addresses, applied together by rt_auth_configure. */
 static bool auth_setting(const char *key)
 {
-    return strcmp(key, "password_file") == 0 || strcmp(key, "acl_file") == 0;
+    return strcmp(key, "password_file") == 0 || strcmp(key, "acl_file") == 0 ||
+           strcmp(key, "anonymous_from") == 0;
 }
 
 #define LIMITS_MAX 64

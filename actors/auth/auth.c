@@ -25,6 +25,8 @@ const char *rt_auth_result_name(int result)
         return "anonymous_refused";
     case RT_AUTH_PENDING:
         return "pending";
+    case RT_AUTH_ANONYMOUS:
+        return "anonymous";
     }
     return "unknown";
 }
@@ -32,7 +34,7 @@ const char *rt_auth_result_name(int result)
 static rt_rcu_t current_table; /* rt_auth_t *, NULL: no password file */
 static atomic_bool allow_anonymous = true;
 
-/* anonymous_from, as configured: read by every CONNECT without a user name. */
+/* anonymous_from, as configured: read by every CONNECT no password file vouches for. */
 typedef struct {
     unsigned n;
     rt_conf_net_t nets[RT_CONF_MAX_NETS];
@@ -45,7 +47,8 @@ static struct {
     atomic_uint_fast64_t successes, bad_password, unknown_user, anonymous_refused, reloads;
 } counters;
 
-/* Loads path ("" or NULL: none) into *out (NULL for none). */
+/* Loads path ("" or NULL: none) into *out (NULL for none): a file others could change
+   would let them add a user, so it is refused (rt_file_trusted). */
 static int load_optional(const char *path, rt_auth_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -139,11 +142,8 @@ static int decide_login(const rt_auth_addr_t *addr, const char *user, const uint
                         size_t pwlen, bool may_hash, uint32_t *delay_ms)
 {
     *delay_ms = 0;
-    int result = RT_AUTH_OK;
-    if (!user) {
-        if (!atomic_load(&allow_anonymous) || !anonymous_allowed_from(addr))
-            result = RT_AUTH_ANONYMOUS_REFUSED;
-    } else {
+    int result = RT_AUTH_ANONYMOUS_REFUSED; /* anonymous until a password table decides */
+    if (user) {
         const rt_auth_t *a = rt_rcu_enter(&current_table);
         if (a) {
             result = rt__auth_check(a, user, pw, pw ? pwlen : 0, may_hash);
@@ -152,9 +152,13 @@ static int decide_login(const rt_auth_addr_t *addr, const char *user, const uint
         }
         rt_rcu_leave();
     }
+    if (result == RT_AUTH_ANONYMOUS_REFUSED && atomic_load(&allow_anonymous) &&
+        anonymous_allowed_from(addr))
+        result = user ? RT_AUTH_ANONYMOUS : RT_AUTH_OK;
     if (result == RT_AUTH_PENDING)
         return result; /* undecided: neither counted nor noted against the address */
-    atomic_uint_fast64_t *counter = result == RT_AUTH_OK             ? &counters.successes
+    bool admitted = result == RT_AUTH_OK || result == RT_AUTH_ANONYMOUS;
+    atomic_uint_fast64_t *counter = admitted                         ? &counters.successes
                                     : result == RT_AUTH_BAD_PASSWORD ? &counters.bad_password
                                     : result == RT_AUTH_UNKNOWN_USER ? &counters.unknown_user
                                                                      : &counters.anonymous_refused;
@@ -162,7 +166,7 @@ static int decide_login(const rt_auth_addr_t *addr, const char *user, const uint
     rt_auth_limiter_t *l = atomic_load(&limiter);
     if (!addr || !l)
         return result;
-    if (result == RT_AUTH_OK)
+    if (admitted)
         rt_auth_limiter_succeed(l, addr);
     else
         *delay_ms = rt_auth_limiter_fail(l, addr, rt_mono_ms());

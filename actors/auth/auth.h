@@ -51,6 +51,9 @@ typedef enum rt_auth_result_e {
     RT_AUTH_ANONYMOUS_REFUSED =
         3,               /* no username: allow_anonymous false, or not from anonymous_from */
     RT_AUTH_PENDING = 4, /* rt_auth_login_quick: only a full hash can decide */
+    RT_AUTH_ANONYMOUS = 5, /* admitted as a client without a user name: no password source
+                              vouches for the one it sent, so it is not used (not for ACL
+                              sections, %u, rules or the client list) */
 } rt_auth_result_t;
 
 const char *rt_auth_result_name(int result);
@@ -149,11 +152,13 @@ void rt_auth_shutdown(void);
 
 /*
 ** Decides a CONNECT: user is NULL when the packet has no username, pw NULL
-** when it has no password. With no password file every username is accepted;
-** with one, the user must be in it with that password. A client with no
-** username is accepted only while allow_anonymous is true, and only from an
-** address in anonymous_from (addr NULL: refused; loopback until rt_auth_configure
-** sets the list). On a refusal the
+** when it has no password. With a password file the user must be in it with that
+** password. A client with no username is accepted only while allow_anonymous is
+** true, and only from an address in anonymous_from (addr NULL: refused; loopback
+** until rt_auth_configure sets the list). With no password file nothing can vouch
+** for a username, so a client that sends one is an anonymous client under the same
+** two rules (RT_AUTH_ANONYMOUS when admitted: its username must not be used), never
+** more: a made-up name opens no door that no name would not. On a refusal the
 ** source address (addr, may be NULL) is noted and *delay_ms says how long to
 ** hold the negative CONNACK; on success it is 0 and the address forgotten.
 ** Counts every outcome (rt_auth_stats). Returns an rt_auth_result_t.

@@ -121,7 +121,9 @@ static const setting_t settings[] = {
     INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
     INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
     INT(max_packet_size, 64, 268435455, "bytes, both directions"),
-    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight per session, each way"),
+    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight to a client, per session"),
+    INT(receive_maximum, 1, 65000,
+        "QoS 1/2 PUBLISHes an MQTT 5 client may leave unacknowledged (its Receive Maximum)"),
     INT(max_queued_messages, 0, 100000000, "messages queued per session; 0 = no count"),
     INT(max_client_memory, 64 * 1024, 1e12,
         "bytes one client may make rtd hold: heap, queued and in-flight messages, output"),
@@ -141,10 +143,11 @@ static const setting_t settings[] = {
     BOOL(queue_qos0, "queue QoS 0 messages for offline sessions"),
     BOOL(persistence, "keep retained messages and persistent sessions in data_dir/state.db"),
     BOOL(allow_zero_length_clientid, "accept an empty client id (and assign one)"),
-    BOOL(allow_anonymous, "accept a CONNECT without a user name (from anonymous_from)"),
+    BOOL(allow_anonymous, "accept anonymous clients: no user name, or one no password_file "
+                          "vouches for (from anonymous_from)"),
     {"anonymous_from", K_NETS, OFF(anonymous_from), 0, 0, 0, NULL,
      "addresses anonymous clients may come from: \"a.b.c.d/n\", \"v6/n\" or a list"},
-    PATH(password_file, "user:hash lines (rtd passwd); \"\" = none"),
+    PATH(password_file, "user:hash lines (rtd passwd); \"\" = none: user names are anonymous"),
     PATH(acl_file, "Mosquitto-format ACL; \"\" = allow every topic"),
     INT(auth_max_delay_ms, 0, 60000, "milliseconds; cap of the delay before a refused CONNACK"),
     INT(schedulers, 0, 64, "scheduler threads; 0 = one per core"),
@@ -190,6 +193,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->max_connection_rate = 0;
     c->max_packet_size = 1 << 20;
     c->max_inflight = 1024;
+    c->receive_maximum = RT_CONF_RECEIVE_MAXIMUM;
     c->max_queued_messages = 0;
     c->max_client_memory = 16 << 20;
     c->client_memory_hold_ms = 1000;

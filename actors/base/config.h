@@ -36,6 +36,16 @@ typedef struct rt_conf_rate_s {
     double burst_messages, burst_bytes; /* the bucket: 0 means one second's worth */
 } rt_conf_rate_t;
 
+/*
+** The Receive Maximum MQTT 5 clients are told. An inbound PUBLISH in flight costs rtd two
+** bytes (a QoS 2 id until PUBREL), so 16,384 costs a client 32 KiB of its budget at most;
+** it is far above what a client that waits for its acks uses, and leaves room for the many
+** that do not (MQTT.js 5 sends a whole burst before it reads a PUBREC). Answering that many
+** PUBRECs to a client that reads none is 64 KiB of output, so one that overruns it while not
+** reading still reaches the 0x93 disconnect instead of stalling behind unread output.
+*/
+#define RT_CONF_RECEIVE_MAXIMUM 16384
+
 #define RT_CONF_PATH_MAX 256
 #define RT_CONF_NODE_MAX 33 /* a cluster node's name, with its NUL */
 #define RT_CONF_REPLAY_MARGIN 5
@@ -209,8 +219,9 @@ typedef struct rt_conf_s {
     long max_connections_per_ip; /* connections at once from one address; 0: unlimited */
     long max_connection_rate;    /* new connections per second per listener; 0: unlimited */
     long max_packet_size;        /* bytes, both directions */
-    long max_inflight;           /* QoS 1/2 messages in flight per session, each way (the
-                                    Receive Maximum MQTT 5 clients are told) */
+    long max_inflight;           /* QoS 1/2 messages in flight to a client, per session */
+    long receive_maximum;        /* QoS 1/2 PUBLISHes from an MQTT 5 client not yet acknowledged
+                                    (the Receive Maximum its CONNACK tells) */
     long max_queued_messages;    /* per offline or slow session; 0 = no count (the budget rules) */
     long max_client_memory;      /* bytes one client may make rtd hold (its actor's heap, the
                                     messages queued and in flight for it, its unsent output) */

@@ -572,6 +572,7 @@ static const limit_t limits[] = {
     LIVE(max_packet_size, NULL,
          "connections from now on; open ones keep theirs (MQTT 5 clients were told it)"),
     LIVE(max_inflight, NULL, "every session from its next send"),
+    LIVE(receive_maximum, NULL, "CONNECTs from now on (MQTT 5 clients are told it)"),
     LIVE(max_queued_messages, NULL, "the next message queued; longer queues are not cut"),
     LIVE(max_client_memory, NULL, "every client from its next message; what it holds stays"),
     LIVE(client_memory_hold_ms, NULL, "the next client to reach its budget"),

@@ -76,6 +76,7 @@ typedef struct rt_broker_live_s {
     _Atomic long max_connection_rate;
     _Atomic long max_packet_size;
     _Atomic long max_inflight;
+    _Atomic long receive_maximum;
     _Atomic long max_queued_messages;
     _Atomic long max_client_memory;
     _Atomic long client_memory_hold_ms;

@@ -265,6 +265,7 @@ static void reset_connection_state(rt_actor_t *self, conn_t *c)
     aliases_free(self, c);
     if (c->sess)
         c->sess->nacks = 0; /* acks for a connection that is gone: the client resends */
+    c->acks_gate = 0;
 }
 
 void rt__conn_arm_session_expiry(rt_actor_t *self, conn_t *c)
@@ -495,7 +496,8 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
     /* Behind a rate limit, each packet is taken from its buckets; the one that overdraws
        them is the last parsed until they refill (rt__xport_rate_hold). */
     bool limited = c->xp && rt__xport_rate_on(c);
-    while (off < len && !c->closing && rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET &&
+    while (off < len && !c->closing && !c->acks_gate &&
+           rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET &&
            !(limited && rt__xport_rate_spent(c))) {
         /* Anything but CONNECT first is refused at its first byte, before it is complete. */
         if (!c->version && buf[off] != (MQTT_CONNECT << 4)) {
@@ -588,6 +590,13 @@ static void yield_parsing(rt_actor_t *self, conn_t *c)
     rt_send(rt_self(self), RT_CONN_MSG_PARSE_MORE, NULL, 0);
 }
 
+void rt__conn_resume_parsing(rt_actor_t *self, conn_t *c)
+{
+    RT_ASSERT(!c->acks_gate);
+    if (c->sock && !c->closing && !c->parse_pending && !c->verifying)
+        yield_parsing(self, c);
+}
+
 void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
 {
     if (c->closing) {
@@ -596,8 +605,8 @@ void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
     }
     /* Parsing waits (for the verifier's verdict, or for the next turn once the route budget is
        spent): the transport's layers still take all that was read, so it waits as MQTT bytes. */
-    if (c->verifying || c->parse_pending || rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET ||
-        rt__xport_rate_spent(c)) {
+    if (c->verifying || c->parse_pending || c->acks_gate ||
+        rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET || rt__xport_rate_spent(c)) {
         if (partial_append(self, c, p, n))
             rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
         return;
@@ -608,7 +617,7 @@ void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
 static void on_readable(rt_actor_t *self, conn_t *c)
 {
     rt__conn_routed_this_event = 0;
-    if (c->parse_pending)
+    if (c->parse_pending || c->acks_gate)
         return; /* buffered packets go first */
     for (int i = 0; i < RT_CONN_READS_PER_TURN && !c->closing; i++) {
         if (rt__xport_rate_hold(self, c))
@@ -630,8 +639,8 @@ static void on_readable(rt_actor_t *self, conn_t *c)
             parse_input(self, c, data, len);
         if (!c->sock)
             return; /* handed over, or gone offline */
-        if (c->verifying)
-            return; /* reading paused until the verdict: what came after CONNECT waits */
+        if (c->verifying || c->acks_gate)
+            return; /* reading paused until the verdict or the acks: what came after waits */
         if (!c->closing && rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET) {
             yield_parsing(self, c);
             return;
@@ -642,8 +651,8 @@ static void on_readable(rt_actor_t *self, conn_t *c)
 void rt__conn_parse_more(rt_actor_t *self, conn_t *c)
 {
     c->parse_pending = 0;
-    if (!c->sock || c->closing)
-        return;
+    if (!c->sock || c->closing || c->acks_gate)
+        return; /* the gate opening parses on (rt__conn_resume_parsing) */
     rt_sock_pause_reading(c->sock, false);
     rt__conn_routed_this_event = 0;
     long used = parse_packets(self, c, c->partial, c->partial_len);
@@ -700,6 +709,7 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     }
     rt__xport_adopt(c, xp); /* after drop_will: the transport shares will_at_ms's word */
     c->listener = data[0] & 15;
+    c->name_unvouched = (data[0] & RT_CONN_RESUME_UNVOUCHED) != 0;
     rt__broker_count_socket(c->listener, +1);
     c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
     c->version = 0;
@@ -742,7 +752,8 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
     if (c->xp)
         rt_msg_own(m, c->xp, rt__xport_free);
     c->xp = NULL;
-    m->data[sizeof(rt_msg_owned_t)] = c->listener;
+    m->data[sizeof(rt_msg_owned_t)] =
+        c->listener | (c->name_unvouched ? RT_CONN_RESUME_UNVOUCHED : 0);
     memcpy(m->data + sizeof(rt_msg_owned_t) + 1, bytes, len);
     rt_send_msg(holder, m);
     rt_exit(self, RT_REASON_NORMAL);

@@ -161,11 +161,15 @@ struct conn_s {
         uint16_t rx_max; /* connected (MQTT 5): the Receive Maximum its CONNACK told */
         uint8_t refusal; /* CONNACK code held back while a failed login waits out its delay */
     };
-    uint8_t version : 3;      /* 0 until CONNECT, then 3, 4 or 5 */
-    uint8_t budget_hold : 1;  /* at its memory budget: its publishers are held (delivery.c) */
-    uint8_t budget_spent : 1; /* the hold ran out: the newest are dropped until it is under */
-    uint8_t disc_rc;          /* 1 + the reason code the connection ended with (DISCONNECT from
-                                 either side, or the server's reason to close); 0: none yet */
+    uint8_t version : 3;        /* 0 until CONNECT, then 3, 4 or 5 */
+    uint8_t budget_hold : 1;    /* at its memory budget: its publishers are held (delivery.c) */
+    uint8_t budget_spent : 1;   /* the hold ran out: the newest are dropped until it is under */
+    uint8_t name_unvouched : 1; /* no password file vouched for the CONNECT's user name: the
+                                   client is anonymous and the name unused (auth.h) */
+    uint8_t acks_gate : 1;      /* rtd withholds as many acks as the client may have unacked:
+                                   its input waits unparsed, its socket unread (publish.c) */
+    uint8_t disc_rc;            /* 1 + the reason code the connection ended with (DISCONNECT from
+                                   either side, or the server's reason to close); 0: none yet */
     /* Flags as bits: this struct is most of an idle connection's memory. */
     uint8_t closing : 1;         /* the connection is ending: read and deliver nothing more on it */
     uint8_t resuming : 1;        /* the CONNECT being handled continues this actor's session */
@@ -195,6 +199,10 @@ _Static_assert(sizeof(conn_t) <= 144, "conn_t outgrew its slab class");
 */
 #define RT_CONN_HEAP_INLINE 48
 _Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
+
+/* RT_CONN_MSG_RESUME's first byte: the listener in the low 4 bits, and this bit when the
+   login took the CONNECT's user name as anonymous. */
+#define RT_CONN_RESUME_UNVOUCHED 0x10
 
 #define RT_CONN_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
 
@@ -285,6 +293,8 @@ int rt__conn_qos2_add(rt_actor_t *self, conn_t *c, uint16_t packet_id);
 /* One commit a held acknowledgement waits for came (status < 0: it failed). */
 void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t status);
 void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c);
+/* Parsing stopped at the acks gate (publish.c) goes on: the caller's turn ends first. */
+void rt__conn_resume_parsing(rt_actor_t *self, conn_t *c);
 /* max_topic_length and max_topic_levels (0: no limit), for topic names and filters alike. */
 bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);
 

@@ -122,8 +122,11 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     }
     if (rc == RT_AUTH_PENDING) /* no verifier (it is not running): decide here after all */
         rc = rt_auth_login(have_addr ? &addr : NULL, user, pw, pk->connect.password.len, &delay_ms);
-    if (rc == RT_AUTH_OK) {
-        c->username = user;
+    if (rc == RT_AUTH_OK || rc == RT_AUTH_ANONYMOUS) {
+        c->name_unvouched = rc == RT_AUTH_ANONYMOUS;
+        c->username = c->name_unvouched ? NULL : user;
+        if (c->name_unvouched)
+            rt_free(self, user);
         return true;
     }
     char peer[64];
@@ -325,7 +328,8 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     /* A certificate's identity holds on the holder too: the CONNECT cannot name another. */
     if (resumed && rt__xport_identity_required(c) && !connect_identity(self, c))
         return 0;
-    if (pk->connect.has_username && !c->username) {
+    /* Parsed again after a claim or a hand-over: the name counts only if the login took it. */
+    if (pk->connect.has_username && !c->username && !c->name_unvouched) {
         c->username = rt_strndup(self, pk->connect.username.p, pk->connect.username.len);
         if (!c->username)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
@@ -404,7 +408,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
             pk->props.topic_alias_maximum < most ? pk->props.topic_alias_maximum : (uint16_t)most;
         if (out && rt__conn_aliases_get_or_make(self, c) && !c->aliases->out)
             rt_alias_out_new(self, out, &c->aliases->out); /* none if it fails: topics go in full */
-        c->rx_max = (uint16_t)RT_LIVE(max_inflight);
+        c->rx_max = (uint16_t)RT_LIVE(receive_maximum);
     }
     c->keepalive = pk->connect.keepalive;
     long max_keepalive = RT_LIVE(max_keepalive);

@@ -95,6 +95,16 @@ void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk)
 }
 
 /*
+** How many acknowledgements rtd may withhold (waiting for commits) before it stops taking
+** the client's PUBLISHes: as many as the client may leave unacknowledged. Past it the
+** client is not at fault, so it is not disconnected; its input waits (acks_gate).
+*/
+static uint32_t withheld_acks_max(const conn_t *c)
+{
+    return c->version == MQTT_V5 ? c->rx_max : (uint32_t)RT_LIVE(receive_maximum);
+}
+
+/*
 ** Sends the acknowledgements at the head of the line whose commits have all come. One
 ** whose commit was lost (the store or a rule worker died first) cannot say so to an
 ** MQTT 3 client: the connection closes instead, unacknowledged from there on, and the
@@ -121,6 +131,10 @@ static void pending_acks_flush(rt_actor_t *self, conn_t *c)
     if (i) {
         memmove(s->acks, s->acks + i, (s->nacks - i) * sizeof(*s->acks));
         s->nacks -= i;
+    }
+    if (c->acks_gate && s->nacks < withheld_acks_max(c)) {
+        c->acks_gate = 0;
+        rt__conn_resume_parsing(self, c);
     }
 }
 
@@ -151,6 +165,10 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
                                              .type = type,
                                              .reason = reason};
     pending_acks_flush(self, c);
+    if (s->nacks >= withheld_acks_max(c) && c->sock && !c->acks_gate) {
+        c->acks_gate = 1;
+        rt_sock_pause_reading(c->sock, true);
+    }
     if (s->nacks && !s->ack_timer) {
         s->ack_timer = 1;
         rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);
@@ -235,15 +253,18 @@ static void refuse_publish(conn_t *c, mqtt_packet_t *pk, uint8_t reason)
 }
 
 /*
-** The client's QoS 1 and 2 PUBLISHes not yet acknowledged to it, which its Receive Maximum
-** counts (4.9): PUBACKs waiting for the store, and QoS 2 ids until PUBREL (PUBCOMP goes at
-** once then). A PUBREC waiting for the store is for an id among the QoS 2 ones.
+** The client's QoS 2 PUBLISHes whose PUBREC it has been sent and whose PUBREL has not come:
+** what its Receive Maximum holds it to (4.9). Acknowledgements rtd withholds itself (waiting
+** for commits) are not the client's doing: they stop its input at the acks gate instead, so
+** a client is never disconnected for a quota that rtd's own acks would have refilled.
 */
-static uint32_t inbound_unacked(const conn_t *c)
+static uint32_t inbound_awaiting_release(const conn_t *c)
 {
-    uint32_t n = c->sess ? c->sess->nqos2 : 0;
-    for (uint32_t i = 0; c->sess && i < c->sess->nacks; i++)
-        n += c->sess->acks[i].type == MQTT_PUBACK;
+    if (!c->sess)
+        return 0;
+    uint32_t n = c->sess->nqos2;
+    for (uint32_t i = 0; i < c->sess->nacks; i++)
+        n -= c->sess->acks[i].type == MQTT_PUBREC;
     return n;
 }
 
@@ -254,7 +275,7 @@ static bool over_receive_maximum(const conn_t *c, const mqtt_packet_t *pk)
         return false;
     if (pk->publish.qos == 2 && qos2_find(c, pk->packet_id) >= 0)
         return false; /* a resend of one already counted */
-    return inbound_unacked(c) >= c->rx_max;
+    return inbound_awaiting_release(c) >= c->rx_max;
 }
 
 /*

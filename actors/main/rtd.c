@@ -139,7 +139,8 @@ static void pick_value(const char *key, const char *value, const char *help, voi
 
 /*
 ** What is open to whom, one line per listener: where it listens, who may connect
-** without a user name, and which user names are accepted.
+** anonymously (without a user name, or with one no password file vouches for), and which
+** user names are accepted.
 */
 static void log_access(const rt_conf_t *c)
 {
@@ -154,7 +155,7 @@ static void log_access(const rt_conf_t *c)
     if (c->password_file[0])
         snprintf(users, sizeof(users), "users in %s", c->password_file);
     else
-        snprintf(users, sizeof(users), "any user name, no password checked");
+        snprintf(users, sizeof(users), "none: no password_file, a user name is anonymous");
     for (unsigned i = 0; i < c->nlisteners; i++) {
         const rt_listen_t *l = &c->listeners[i];
         bool v6 = strchr(l->host, ':') != NULL;

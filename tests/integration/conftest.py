@@ -325,6 +325,18 @@ def client(port, client_id="", protocol=mqtt.MQTTv311, clean=True):
     return c
 
 
+def password_file(path, users):
+    """A password file at path for users ({name: password}), made by `rtd passwd` with few
+    hash rounds (tests log in often); returns the path as text. Without a password file rtd
+    takes a user name as anonymous (README "Who may connect"), so a test that needs a user's
+    ACL section, rate limits or name in rules makes one."""
+    path = str(path)
+    for i, (name, pw) in enumerate(users.items()):
+        subprocess.run([RTD, "passwd", *(["-c"] if i == 0 else []), "-b", "-I", "1000", path,
+                        name, pw], check=True, capture_output=True, timeout=30)
+    return path
+
+
 def wait_for(cond, timeout=5.0):
     deadline = time.time() + timeout
     while time.time() < deadline:

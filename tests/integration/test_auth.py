@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, RTD, Rtd, free_port, wait_for
+from conftest import ROOT, RTD, Rtd, free_port, password_file, wait_for
 
 MOSQUITTO_PASSWD = "/usr/bin/mosquitto_passwd"
 LINE = re.compile(r"^([^:]+):\$7\$10000\$([A-Za-z0-9+/=]+)\$([A-Za-z0-9+/=]+)$")
@@ -429,11 +429,12 @@ def test_acl_reload_revokes_subscriptions(tmp_path, how):
     acl.write_text("user alice\ntopic readwrite a/#\n"
                    "user bob\ntopic read a/#\ntopic read b/#\n")
     new_acl = tmp_path / ("new.acl" if how == "config_set" else "rtd.acl")
-    broker = Rtd(f'acl_file="{acl}"')
+    pw = password_file(tmp_path / "rtd.pw", {"alice": "a", "bob": "b"})
+    broker = Rtd(f'acl_file="{acl}"', f'password_file="{pw}"')
     try:
-        alice = Raw(broker.port, "alice-r", username="alice")
-        bob = Raw(broker.port, "bob-r", username="bob")
-        bob3 = Raw(broker.port, "bob-r3", username="bob", version=4)
+        alice = Raw(broker.port, "alice-r", username="alice", password="a")
+        bob = Raw(broker.port, "bob-r", username="bob", password="b")
+        bob3 = Raw(broker.port, "bob-r3", username="bob", password="b", version=4)
         assert alice.subscribe("a/#", 1).body[3:] == b"\x01"
         assert bob.subscribe("a/#", 1).body[3:] == b"\x01"
         assert bob.subscribe("b/#", 0, pid=2).body[3:] == b"\x00"
@@ -480,9 +481,10 @@ def test_acl_reload_revokes_offline_session_subscriptions(tmp_path):
     excludes the revoked filter."""
     acl = tmp_path / "rtd.acl"
     acl.write_text("user alice\ntopic readwrite a/#\nuser bob\ntopic read a/#\n")
-    broker = Rtd(f'acl_file="{acl}"')
+    pw = password_file(tmp_path / "rtd.pw", {"alice": "a", "bob": "b"})
+    broker = Rtd(f'acl_file="{acl}"', f'password_file="{pw}"')
     try:
-        bob = Raw(broker.port, "bob-off", username="bob", clean=False,
+        bob = Raw(broker.port, "bob-off", username="bob", password="b", clean=False,
                   props=bytes([0x11]) + (300).to_bytes(4, "big"))
         assert bob.subscribe("a/#", 1).body[3:] == b"\x01"
         bob.disconnect()
@@ -491,11 +493,11 @@ def test_acl_reload_revokes_offline_session_subscriptions(tmp_path):
         assert broker.ctl("auth", "reload")[0] == 0
         assert wait_for(lambda: "client.acl_revoked client=bob-off filter=a/#"
                         in broker.read_log()), broker.read_log()[-2000:]
-        alice = Raw(broker.port, "alice-off", username="alice")
+        alice = Raw(broker.port, "alice-off", username="alice", password="a")
         assert alice.subscribe("a/#", 0).body[3:] == b"\x00"
         alice.publish("a/x", b"while away", qos=0)
         assert alice.next_publish()["payload"] == b"while away"  # routed by now
-        bob = Raw(broker.port, "bob-off", username="bob", clean=False,
+        bob = Raw(broker.port, "bob-off", username="bob", password="b", clean=False,
                   props=bytes([0x11]) + (300).to_bytes(4, "big"))
         assert bob.session_present
         assert bob.next_publish(0.5) is None

@@ -203,7 +203,7 @@ def test_acl_denied_topic_withheld_from_wildcards(acl_broker, version):
 # ---- f: the Receive Maximum rtd gives v5 clients ----
 
 def test_receive_maximum_exceeded_disconnects():
-    broker = Rtd("max_inflight=8")
+    broker = Rtd("receive_maximum=8")
     try:
         c = Raw(broker.port, "rm", version=5)
         rx_max = c.connack_props[P_RECEIVE_MAXIMUM]

@@ -17,7 +17,7 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import Rtd, free_port, subscribe, wait_for
+from conftest import Rtd, free_port, password_file, subscribe, wait_for
 from mqtt_raw import Raw
 from sys_tree import SysTree
 from transports import find_key, listeners, tls_context
@@ -30,6 +30,13 @@ def start(rate_limit, *overrides):
             "sys_interval=1", *overrides, port=port)
     b.rport = rport
     return b
+
+
+def users(tmp_path, *names):
+    """The password_file= override for users whose password is their name: user_rate_limits
+    are for users a password file vouches for (a bare user name is anonymous)."""
+    path = password_file(tmp_path / "rtd.pw", {n: n for n in names})
+    return f'password_file="{path}"'
 
 
 def stop_ok(b):
@@ -63,7 +70,7 @@ class Counter:
 def publisher(port, client_id, username=None, keepalive=60):
     c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv311)
     if username:
-        c.username_pw_set(username)
+        c.username_pw_set(username, username)  # each user's password is its name (users())
     c.disconnects = []
     c.on_disconnect = lambda _c, _u, rc: c.disconnects.append(rc)
     connected = threading.Event()
@@ -146,13 +153,14 @@ def test_under_the_rate_is_not_slowed():
         stop_ok(broker)
 
 
-def test_user_rate_limits_override_the_listener():
+def test_user_rate_limits_override_the_listener(tmp_path):
     """user_rate_limits: alice gets 10 messages a second (bucket 1 s worth: 10) on a listener
     that allows 1,000; carol gets 100,000 on the same listener, and bob, with no entry, the
     listener's. 60 messages from alice take at least (60 - 10) / 10 = 5 s; 500 from bob and
     from carol are never slowed (rate_limited stays 0)."""
     broker = start({"messages": 1000, "burst_messages": 1000},
-                   "user_rate_limits={alice={messages=10}, carol={messages=100000}}")
+                   "user_rate_limits={alice={messages=10}, carol={messages=100000}}",
+                   users(tmp_path, "alice", "bob", "carol"))
     try:
         elapsed, disconnects, got, limited = blast(broker, "alice-pub", 60, username="alice")
         check_all_delivered(got, 60)
@@ -167,11 +175,12 @@ def test_user_rate_limits_override_the_listener():
         stop_ok(broker)
 
 
-def test_user_rate_limit_raises_a_low_listener_limit():
+def test_user_rate_limit_raises_a_low_listener_limit(tmp_path):
     """The override works both ways: carol may send 100,000 a second on a listener that
     allows 10: 300 messages, never slowed; dave, without an entry, is slowed."""
     broker = start({"messages": 10, "burst_messages": 10},
-                   "user_rate_limits={carol={messages=100000, burst_messages=100000}}")
+                   "user_rate_limits={carol={messages=100000, burst_messages=100000}}",
+                   users(tmp_path, "carol", "dave"))
     try:
         _, disconnects, got, limited = blast(broker, "carol-pub", 300, username="carol")
         check_all_delivered(got, 300)
@@ -201,11 +210,12 @@ def test_byte_rate_slows_without_loss():
         stop_ok(broker)
 
 
-def test_user_byte_limit():
+def test_user_byte_limit(tmp_path):
     """user_rate_limits with bytes: erin gets 5,000 bytes a second (bucket 5,000) on a listener
     without a limit: 20 messages of 1,000 bytes take at least (20,000 - 5,000) / 5,000 = 3 s
     less one message; frank, on the same listener, is not slowed."""
-    broker = start({"messages": 100000}, "user_rate_limits={erin={bytes=5000}}")
+    broker = start({"messages": 100000}, "user_rate_limits={erin={bytes=5000}}",
+                   users(tmp_path, "erin", "frank"))
     try:
         elapsed, disconnects, got, limited = blast(broker, "erin-pub", 20, payload_size=1000,
                                                    username="erin")

@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 import mqtt_raw
-from conftest import BUILD, ROOT, Broker, RTD, Rtd, free_port, wait_for
+from conftest import BUILD, ROOT, Broker, RTD, Rtd, free_port, password_file, wait_for
 from mongo_wire import Mongo
 
 MONGO_TEST = os.path.join(BUILD, "tools", "mongotest", "rt_mongo_test")
@@ -191,11 +191,14 @@ return {
 
 def test_every_event_kind_lands_as_a_row(tmp_path):
     db = str(tmp_path / "ev.db")
-    rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db))
+    pw = password_file(tmp_path / "rtd.pw", {"alice": "a"})  # a user name rules can see
+    rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db),
+                extra=(f'password_file="{pw}"',))
     try:
         # The subscriber takes packets of at most 64 bytes: a bigger message is dropped.
         t0 = now_ms()
         sub = mqtt_raw.Raw(rtd.port, "sub1", version=5, keepalive=30, username="alice",
+                           password="a",
                            props=mqtt_raw.prop_u32(0x27, 64))
         sub.subscribe("ev/#", qos=1)
         pub = mqtt_raw.Raw(rtd.port, "pub1", version=4, keepalive=20)
@@ -284,12 +287,14 @@ def test_event_from_clientid(tmp_path):
     """message.delivered / acked / dropped name the publisher (from_clientid, from_username),
     which rides with the message outside the PUBLISH: the subscriber sees no trace of it."""
     db = str(tmp_path / "ev.db")
-    rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db))
+    pw = password_file(tmp_path / "rtd.pw", {"bob": "b"})
+    rtd = start(tmp_path, write_rules(tmp_path, events=EVENT_RULE), sqlite_sink(db),
+                extra=(f'password_file="{pw}"',))
     try:
         # The subscriber takes packets of at most 64 bytes: a bigger message is dropped.
         sub = mqtt_raw.Raw(rtd.port, "sub1", version=5, props=mqtt_raw.prop_u32(0x27, 64))
         sub.subscribe("ev/#", qos=1)
-        pub = mqtt_raw.Raw(rtd.port, "pub1", version=5, username="bob")
+        pub = mqtt_raw.Raw(rtd.port, "pub1", version=5, username="bob", password="b")
         pub.publish("ev/a", b"hello", qos=1)
         p = sub.next_publish()
         assert (p["payload"], p["props"]) == (b"hello", {}), p

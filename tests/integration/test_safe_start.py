@@ -32,13 +32,13 @@ def test_anonymous_refused_from_outside_anonymous_from(version):
         inside.disconnect()
         outside = Raw(broker.port, "out", version=version, bind="127.0.0.2")
         assert outside.connack_code == (0x87 if version == 5 else 5)  # not authorized
-        # A user name is not anonymous: with no password file every user name is accepted.
-        named = Raw(broker.port, "named", version=version, bind="127.0.0.2", username="u")
-        assert named.connack_code == 0
-        named.disconnect()
+        # With no password file nothing vouches for a user name: it opens nothing more.
+        named = Raw(broker.port, "named", version=version, bind="127.0.0.2", username="u",
+                    password="any")
+        assert named.connack_code == (0x87 if version == 5 else 5)
         log = broker.read_log()
         assert (f'listener.access listener=127.0.0.1:{broker.port} '
-                f'anonymous="from 127.0.0.1/32" users="any user name, no password checked"'
+                f'anonymous="from 127.0.0.1/32" users="none: no password_file, a user name is anonymous"'
                 in log), log
         assert "reason=anonymous_refused" in log
     finally:

@@ -535,20 +535,32 @@ static void test_login_policy(void)
     rt_auth_addr_t addr;
     rt_auth_addr_parse("203.0.113.5", &addr);
 
-    /* No password file: every user name is accepted, and anonymous clients from
-       anonymous_from only (loopback by default; the whole Internet when it says so). */
+    /* No password file: anonymous clients from anonymous_from only (loopback by default;
+       the whole Internet when it says so), and a user name, vouched for by nothing, is
+       anonymous: admitted exactly where no name would be, never used. */
     CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
-    CHECK_EQ(rt_auth_login(&addr, "anyone", u8("x"), 1, &delay), RT_AUTH_OK);
-    CHECK_EQ(delay, 0);
+    CHECK_EQ(rt_auth_login(&addr, "anyone", u8("x"), 1, &delay), RT_AUTH_ANONYMOUS_REFUSED);
+    CHECK_EQ(delay, 100);
     rt_auth_addr_t local, remote;
     rt_auth_addr_parse("127.0.0.2", &local);
     rt_auth_addr_parse("198.51.100.7", &remote);
     CHECK_EQ(rt_auth_login(&local, NULL, NULL, 0, &delay), RT_AUTH_OK);
+    CHECK_EQ(delay, 0);
+    CHECK_EQ(rt_auth_login(&local, "anyone", u8("x"), 1, &delay), RT_AUTH_ANONYMOUS);
+    CHECK_EQ(rt_auth_login(&local, "anyone", NULL, 0, &delay), RT_AUTH_ANONYMOUS);
     CHECK_EQ(rt_auth_login(&remote, NULL, NULL, 0, &delay), RT_AUTH_ANONYMOUS_REFUSED);
     CHECK_EQ(delay, 100);
+    CHECK_EQ(rt_auth_login(NULL, "anyone", u8("x"), 1, &delay), RT_AUTH_ANONYMOUS_REFUSED);
+    CHECK_EQ(rt_auth_login_quick(&remote, "anyone", u8("x"), 1, &delay),
+             RT_AUTH_ANONYMOUS_REFUSED);
+    rt_auth_set_allow_anonymous(false);
+    CHECK_EQ(rt_auth_login(&local, "anyone", u8("x"), 1, &delay), RT_AUTH_ANONYMOUS_REFUSED);
+    CHECK_EQ(rt_auth_login(&local, NULL, NULL, 0, &delay), RT_AUTH_ANONYMOUS_REFUSED);
+    rt_auth_set_allow_anonymous(true);
     CHECK_EQ(rt_conf_set(&conf, "anonymous_from={'0.0.0.0/0', '::/0'}", err, sizeof(err)), 0);
     CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
     CHECK_EQ(rt_auth_login(&addr, NULL, NULL, 0, &delay), RT_AUTH_OK);
+    CHECK_EQ(rt_auth_login(&addr, "anyone", u8("x"), 1, &delay), RT_AUTH_ANONYMOUS);
 
     snprintf(conf.password_file, sizeof(conf.password_file), "%s", tmpdir_put("policy.pw", line));
     conf.allow_anonymous = false;
@@ -567,10 +579,10 @@ static void test_login_policy(void)
     CHECK_EQ(delay, 0); /* no address, no delay */
     CHECK_EQ(rt_auth_login(&addr, "alice", u8("pw"), 2, &delay), RT_AUTH_OK);
     rt_auth_stats(&s1);
-    CHECK_EQ(s1.successes - s0.successes, 5);
+    CHECK_EQ(s1.successes - s0.successes, 7);
     CHECK_EQ(s1.bad_password - s0.bad_password, 2);
     CHECK_EQ(s1.unknown_user - s0.unknown_user, 1);
-    CHECK_EQ(s1.anonymous_refused - s0.anonymous_refused, 3);
+    CHECK_EQ(s1.anonymous_refused - s0.anonymous_refused, 8);
     CHECK_EQ(s1.users, 1);
     CHECK(s1.bytes > sizeof(rt_auth_stats_t)); /* the tables are counted */
 
@@ -614,11 +626,13 @@ static void test_login_quick(void)
     rt_conf_defaults(&conf);
     rt_auth_addr_t addr;
     rt_auth_addr_parse("203.0.113.9", &addr);
+    rt_auth_addr_t local;
+    rt_auth_addr_parse("127.0.0.1", &local);
     uint32_t delay = 99;
 
     /* No password file: decided at once. */
     CHECK_EQ(rt_auth_configure(&conf, err, sizeof(err)), 0);
-    CHECK_EQ(rt_auth_login_quick(&addr, "anyone", u8("x"), 1, &delay), RT_AUTH_OK);
+    CHECK_EQ(rt_auth_login_quick(&local, "anyone", u8("x"), 1, &delay), RT_AUTH_ANONYMOUS);
     CHECK_EQ(delay, 0);
 
     snprintf(conf.password_file, sizeof(conf.password_file), "%s", tmpdir_put("quick.pw", line));

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "conn.h"
 #include "config.h"
 #include "rt_test.h"
@@ -108,6 +109,7 @@ typedef struct {
     bool clean;
     uint16_t keepalive;
     const char *username;
+    const char *password;   /* NULL: none */
     const char *will_topic; /* NULL: no will */
     uint32_t expiry;        /* v5 session expiry; 0: none */
 } connect_t;
@@ -121,7 +123,8 @@ static int mqtt_connect(const connect_t *c)
     buf_t b = {0};
     put_str(&b, "MQTT");
     put8(&b, c->version);
-    put8(&b, (uint8_t)((c->clean ? 2 : 0) | (c->will_topic ? 4 : 0) | (c->username ? 0x80 : 0)));
+    put8(&b, (uint8_t)((c->clean ? 2 : 0) | (c->will_topic ? 4 : 0) | (c->username ? 0x80 : 0) |
+                       (c->password ? 0x40 : 0)));
     put16(&b, c->keepalive);
     if (c->version == 5) {
         buf_t props = {0};
@@ -142,6 +145,8 @@ static int mqtt_connect(const connect_t *c)
     }
     if (c->username)
         put_str(&b, c->username);
+    if (c->password)
+        put_str(&b, c->password);
     bool ok = send_pkt(fd, 0x10, &b);
     free(b.p);
     uint8_t body[256];
@@ -301,13 +306,36 @@ static rt_pid_t seen_pid(const seen_t *s, const char *id)
     return 0;
 }
 
+/* A password file vouching for user al (password "pw"), so a client can show a user name. */
+static void configure_user_al(void)
+{
+    char hash[RT_AUTH_HASH_MAX], line[RT_AUTH_HASH_MAX + 8], err[RT_AUTH_ERR_LEN];
+    CHECK_EQ(rt_auth_hash_password((const uint8_t *)"pw", 2, 1000, hash, sizeof(hash)), 0);
+    snprintf(line, sizeof(line), "al:%s\n", hash);
+    rt_conf_t *c = malloc(sizeof(*c));
+    rt_conf_defaults(c);
+    mkdir(data_dir, 0700);
+    snprintf(c->password_file, sizeof(c->password_file), "%s/al.pw", data_dir);
+    FILE *f = fopen(c->password_file, "w");
+    CHECK(f != NULL);
+    fputs(line, f);
+    fclose(f);
+    CHECK_EQ(rt_auth_configure(c, err, sizeof(err)), 0);
+    free(c);
+}
+
 static void test_clients_each_and_query(void)
 {
     start_broker(false, NULL);
+    configure_user_al();
     CHECK_EQ(rt_spawn(&asker_type, NULL, &asker), 0);
     uint64_t before = (uint64_t)time(NULL) * 1000;
-    int alice = mqtt_connect(&(connect_t){
-        .id = "alice", .version = 5, .clean = true, .keepalive = 60, .username = "al"});
+    int alice = mqtt_connect(&(connect_t){.id = "alice",
+                                          .version = 5,
+                                          .clean = true,
+                                          .keepalive = 60,
+                                          .username = "al",
+                                          .password = "pw"});
     int bob =
         mqtt_connect(&(connect_t){.id = "bob", .version = 4, .clean = false, .keepalive = 30});
     CHECK(alice >= 0 && bob >= 0);
@@ -384,6 +412,7 @@ static void test_clients_each_and_query(void)
     close(alice);
     CHECK(rt_client_query(0, asker, 1, false) != 0);
     stop_broker();
+    rt_auth_shutdown(); /* the next test starts with no password file */
     free(atomic_exchange(&answer, NULL));
 }
 
