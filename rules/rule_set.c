@@ -135,6 +135,11 @@ static int read_rule_file(const char *path, char **text, size_t *len, char *err,
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return RT_ENOTFOUND;
     }
+    int trusted = rt_file_trusted(fileno(f), path, "rule file", err, errlen);
+    if (trusted) {
+        fclose(f);
+        return trusted;
+    }
     char *buf = malloc(RT_RULES_MAX_FILE_BYTES + 1);
     size_t n = buf ? fread(buf, 1, RT_RULES_MAX_FILE_BYTES + 1, f) : 0;
     bool bad = ferror(f);
@@ -173,6 +178,12 @@ static int list_rule_files(const char *dir, bool missing_ok, char ***names, size
             return 0;
         snprintf(err, errlen, "%s: cannot open: %s", dir, strerror(errno));
         return RT_EINVAL;
+    }
+    /* Anyone who could add a file here could run Lua in rtd (rt_file_trusted). */
+    int trusted = rt_file_trusted(dirfd(d), dir, "rules_dir", err, errlen);
+    if (trusted) {
+        closedir(d);
+        return trusted;
     }
     size_t cap = 0;
     struct dirent *de;

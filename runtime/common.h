@@ -23,6 +23,7 @@
 #define RT_ENOTFOUND (-2)   /* no such name, timer or object */
 #define RT_EPROTO (-71)     /* a peer broke its protocol (a bad header or frame) */
 #define RT_EBUSY (-16)      /* cannot be done while running (a setting that needs a restart) */
+#define RT_EACCES (-13)     /* a file others could change is refused (rt_file_trusted) */
 
 const char *rt_strerror(int code);
 

@@ -410,6 +410,18 @@ int rt_sock_local_port(const rt_sock_t *s);
 uint64_t rt_hash(const void *data, size_t len);
 uint64_t rt_hash_with(uint64_t tweak, const void *data, size_t len);
 
+/* ---- Files ----
+** Whether rtd may act on a file (or directory) that gives it rights: its configuration,
+** rules, password, ACL and API-key files. Refused when someone other than rtd's user and
+** root could change what it says: it belongs to another user, its group or others may
+** write it, or its directory lets them replace it (writable by group or others without
+** the sticky bit). fd is the opened file (checked, not the name, so nothing can be swapped
+** in between), or -1 to look at path; path also names its directory. 0 (also for a file
+** that is not there: its opener says so), or RT_EACCES (err says why and what to do,
+** naming what, e.g. "password_file").
+*/
+int rt_file_trusted(int fd, const char *path, const char *what, char *err, size_t errlen);
+
 /* ---- Per-thread state ----
 ** Runs fini(obj) when the calling thread exits: for a _Thread_local object that owns
 ** memory (scratch space kept per thread rather than per actor, so an idle actor costs

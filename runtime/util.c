@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +45,8 @@ const char *rt_strerror(int code)
         return "not found";
     case RT_EBUSY:
         return "needs a restart";
+    case RT_EACCES:
+        return "others could change it";
     default:
         return "unknown error";
     }
@@ -265,6 +269,54 @@ int rt_thread_at_exit(void (*fini)(void *obj), void *obj)
 ** not given back, which is what the kernel's page tables say; the vector is asked for
 ** a bounded run of pages at a time, so a reservation of gigabytes needs no allocation.
 */
+/* Who other than rtd's user and root could change a file or directory with this stat. */
+static const char *untrusted_writer(const struct stat *st)
+{
+    if (st->st_uid != 0 && st->st_uid != geteuid())
+        return "its owner";
+    if (S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX))
+        return NULL; /* like /tmp: others may add files, not replace ours */
+    if (st->st_mode & S_IWOTH)
+        return "every user";
+    if (st->st_mode & S_IWGRP)
+        return "its group";
+    return NULL;
+}
+
+int rt_file_trusted(int fd, const char *path, const char *what, char *err, size_t errlen)
+{
+    struct stat st;
+    if ((fd >= 0 ? fstat(fd, &st) : stat(path, &st)) != 0)
+        return 0; /* nothing to trust or not: opening it fails, and says why */
+    const char *who = untrusted_writer(&st);
+    if (who) {
+        snprintf(err, errlen,
+                 "%s %s can be changed by %s (owner uid %u, mode %04o): refused; make it "
+                 "owned by rtd's user or root and not writable by group or others",
+                 what, path, who, (unsigned)st.st_uid, (unsigned)st.st_mode & 07777);
+        return RT_EACCES;
+    }
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == path)
+        snprintf(dir, sizeof(dir), "/");
+    else
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    if (stat(dir, &st) != 0)
+        return 0; /* the file itself was checked; a directory we cannot see is not its gap */
+    who = untrusted_writer(&st);
+    if (who) {
+        snprintf(err, errlen,
+                 "%s %s is in %s, which %s can change (owner uid %u, mode %04o): refused; "
+                 "others could replace the file",
+                 what, path, dir, who, (unsigned)st.st_uid, (unsigned)st.st_mode & 07777);
+        return RT_EACCES;
+    }
+    return 0;
+}
+
 size_t rt__resident(const void *p, size_t len)
 {
     enum { RUN = 4096 };

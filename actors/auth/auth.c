@@ -54,7 +54,8 @@ static int load_optional(const char *path, rt_auth_t **out, char *err, size_t er
     *out = NULL;
     if (!path || !*path)
         return 0;
-    return rt_auth_load(path, out, err, errlen);
+    int rc = rt_file_trusted(-1, path, "password_file", err, errlen);
+    return rc ? rc : rt_auth_load(path, out, err, errlen);
 }
 
 int rt_auth_reload(const char *path, char *err, size_t errlen)
@@ -74,6 +75,8 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
     rt_auth_t *users = NULL;
     rt_acl_t *acl = NULL;
     int rc = load_optional(conf->password_file, &users, err, errlen);
+    if (rc == 0 && conf->acl_file[0])
+        rc = rt_file_trusted(-1, conf->acl_file, "acl_file", err, errlen);
     if (rc == 0 && conf->acl_file[0])
         rc = rt_acl_load(conf->acl_file, &acl, err, errlen);
     rt_auth_limiter_t *l = atomic_load(&limiter);

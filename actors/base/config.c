@@ -202,8 +202,8 @@ void rt_conf_defaults(rt_conf_t *c)
     c->max_topic_levels = 0;
     c->max_topic_length = 0;
     c->max_subscriptions = 0;
-    c->max_retained_messages = 0;
-    c->max_retained_bytes = 0;
+    c->max_retained_messages = 1000000;
+    c->max_retained_bytes = 512L << 20;
     c->max_keepalive = 65535;
     c->max_session_expiry = 7 * 24 * 3600;
     c->queue_qos0 = false;

@@ -147,24 +147,25 @@ void rt_route_retain_remote(const char *topic, size_t len, rt_bin_t *bin, uint64
 /*
 ** A retained PUBLISH replaces the topic's retained message; an empty one clears
 ** it. What the store accepted in memory is written to disk too ($SYS values,
-** remade every interval, are not worth a disk write). Returns whether the
-** publisher's acknowledgement waits for that write.
+** remade every interval, are not worth a disk write). Returns RT_ELIMIT when the
+** retained store's limits refused it, else whether the publisher's acknowledgement waits
+** for that write.
 */
-static bool keep_retained(const rt_message_t *msg, const route_t *r)
+static int keep_retained(const rt_message_t *msg, const route_t *r)
 {
     mqtt_str_t topic = msg->topic;
     bool clear = msg->payload.len == 0;
     if (!set_retained((const char *)topic.p, topic.len, clear ? NULL : r->bin, r->expire_at_ms))
-        return false;
+        return RT_ELIMIT;
     if (!rt_store_enabled() || node_local(msg))
-        return false;
+        return 0;
     rt_store_retain((const char *)topic.p, topic.len, clear ? NULL : r->bin, r->expire_at_ms,
                     r->ack_pid, r->ack_token);
     return r->ack_pid != 0;
 }
 
 static int route_here(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
-                      uint32_t *nacks, bool forward)
+                      rt_route_out_t *out, bool forward)
 {
     rt_message_t msg;
     rt_message_view(bin, &msg);
@@ -186,20 +187,21 @@ static int route_here(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint6
     size_t delivered = 0;
     rt_trie_match(rt_broker->trie, (const char *)msg.topic.p, msg.topic.len, publisher,
                   rt_route_member_alive, deliver_to_subscriber, &r, thread_scratch(), &delivered);
-    if (msg.retain && keep_retained(&msg, &r))
+    int kept = msg.retain ? keep_retained(&msg, &r) : 0;
+    if (kept > 0)
         r.nacks++;
     if (forward && forward_hook && !node_local(&msg) &&
         forward_hook(bin, ack_pid, ack_token, !r.shared_elsewhere))
         r.nacks++;
-    if (nacks)
-        *nacks = r.nacks;
+    if (out)
+        *out = (rt_route_out_t){.nacks = r.nacks, .retain_refused = kept == RT_ELIMIT};
     return (int)(delivered < INT32_MAX ? delivered : INT32_MAX);
 }
 
 int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
-             uint32_t *nacks)
+             rt_route_out_t *out)
 {
-    return route_here(publisher, bin, ack_pid, ack_token, nacks, true);
+    return route_here(publisher, bin, ack_pid, ack_token, out, true);
 }
 
 int rt_route_remote(rt_bin_t *bin)

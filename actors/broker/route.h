@@ -39,14 +39,21 @@ void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uin
 /* Shared subscriptions skip members whose connection has gone (rt_trie_match's alive). */
 int rt_route_member_alive(void *arg, rt_pid_t pid);
 
+/* What routing tells the publisher's acknowledgement (rt_route). */
+typedef struct rt_route_out_s {
+    uint32_t nacks;      /* commits ack_pid will be told of (RT_STORE_MSG_COMMITTED) */
+    bool retain_refused; /* a retained message the retained store's limits refused */
+} rt_route_out_t;
+
 /*
 ** Routes bin from publisher (0: the broker itself). With ack_pid set, copies that
-** persistent sessions keep (and a retained message) are stored first, and *nacks (if
-** not NULL) tells how many commits ack_pid will be told of (RT_STORE_MSG_COMMITTED with
-** ack_token). Returns how many subscribers got it, or an RT_E* error.
+** persistent sessions keep (and a retained message) are stored first, and out (if not
+** NULL) tells how many commits ack_pid will be told of (with ack_token) and whether the
+** message's retained part was refused. Returns how many subscribers got it, or an RT_E*
+** error.
 */
 int rt_route(rt_pid_t publisher, rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token,
-             uint32_t *nacks);
+             rt_route_out_t *out);
 /*
 ** A cluster (actors/cluster) sees every message rt_route routes here, but $SYS ones, once
 ** they are routed (fn takes its own reference to bin), and picks shared groups' members

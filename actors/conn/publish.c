@@ -291,9 +291,14 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     if (!bin)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     rt_message_set_read_ns(bin, c->last_rx_ns);
-    int n = rt_route(rt_self(self), bin, track ? rt_self(self) : 0, token, waits);
-    /* Still a success (3.4.2.1); in a cluster, subscribers elsewhere are not counted here. */
-    if (n == 0 && c->version == MQTT_V5 && !rt_cluster_on())
+    rt_route_out_t routed = {0};
+    int n = rt_route(rt_self(self), bin, track ? rt_self(self) : 0, token, &routed);
+    *waits = routed.nacks;
+    /* Still a success (3.4.2.1); in a cluster, subscribers elsewhere are not counted here.
+       A retained message the store's limits refused was not taken as asked (3.3.4). */
+    if (routed.retain_refused && c->version == MQTT_V5)
+        *reason = MQTT_RC_QUOTA_EXCEEDED;
+    else if (n == 0 && c->version == MQTT_V5 && !rt_cluster_on())
         *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS;
     rt__conn_routed_this_event += n > 0 ? (uint32_t)n : 1;
     rt_rule_origin_t o = rt__conn_rule_origin(self, c);

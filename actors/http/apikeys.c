@@ -5,16 +5,19 @@
 ** SHA-256 rather than a PBKDF2 run per HTTP request.
 */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "common.h"
+#include "rt.h"
 #include "http.h"
 
 #define KEYS_MAX 256
@@ -62,6 +65,11 @@ int rt_http_keys_load(const char *path, char *err, size_t errlen)
     if (!f) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return RT_ENOTFOUND;
+    }
+    int trusted = rt_file_trusted(fileno(f), path, "api_keys_file", err, errlen);
+    if (trusted) { /* anyone who could write it could add an admin key */
+        fclose(f);
+        return trusted;
     }
     static api_key_t keys[KEYS_MAX];
     size_t n = 0;
@@ -129,7 +137,11 @@ int rt_http_apikey_main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(raw); i++)
         at += snprintf(key + at, sizeof(key) - (size_t)at, "%02x", raw[i]);
     unsigned char h[32];
-    FILE *f = sha256(key, h) ? fopen(file, "a") : NULL;
+    /* 0600 when it is made: the hashes are no secret, but who may add a line is. */
+    int fd = sha256(key, h) ? open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
+    FILE *f = fd >= 0 ? fdopen(fd, "a") : NULL;
+    if (fd >= 0 && !f)
+        close(fd);
     if (!f) {
         fprintf(stderr, "rtd apikey: %s: %s\n", file, strerror(errno));
         return 1;

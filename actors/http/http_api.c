@@ -5,8 +5,10 @@
 ** "t/1", "payload": "42", "qos": 1}. The usage is the schema, so a command's JSON and its
 ** rtctl form cannot drift apart.
 */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -304,9 +306,60 @@ static bool json_positional(const bson_t *doc, const usage_t *u, unsigned given,
     return true;
 }
 
+/*
+** The first integer outside strings that an int64 cannot hold, or NULL. libbson's JSON
+** reader wraps such a number silently (2^64 + 5 reads as 5), so a setting would take a
+** value nobody sent; they are found first and refused.
+*/
+static const char *integer_out_of_range(const char *json, size_t len)
+{
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = json[i];
+        if (in_string) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_string = false;
+            continue;
+        }
+        if (ch == '"') {
+            in_string = true;
+            continue;
+        }
+        if (ch != '-' && (ch < '0' || ch > '9'))
+            continue;
+        size_t end = i + (ch == '-');
+        while (end < len && json[end] >= '0' && json[end] <= '9')
+            end++;
+        bool integer = end == len || !strchr(".eE", json[end]);
+        char digits[32];
+        bool fits = end - i < sizeof(digits);
+        if (integer && fits) {
+            memcpy(digits, json + i, end - i);
+            digits[end - i] = 0;
+            errno = 0;
+            (void)strtoll(digits, NULL, 10);
+            fits = errno != ERANGE;
+        }
+        if (integer && !fits)
+            return json + i;
+        while (end < len && strchr("0123456789.eE+-", json[end]))
+            end++; /* the rest of a non-integer number */
+        i = end - 1;
+    }
+    return NULL;
+}
+
 /* The body as one JSON object, nothing after it; NULL with why when it is not. */
 static bson_t *parse_object(const char *json, size_t len, char *why, size_t whylen)
 {
+    const char *big = integer_out_of_range(json, len);
+    if (big) {
+        snprintf(why, whylen, "a number in the body is out of range (-2^63 .. 2^63-1): %.24s",
+                 big);
+        return NULL;
+    }
     bson_json_reader_t *r = bson_json_data_reader_new(true, len);
     bson_t *doc = bson_new(), extra = BSON_INITIALIZER;
     bson_error_t err = {0};

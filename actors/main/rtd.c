@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "admin.h"
 #include "auth.h"
@@ -221,11 +222,12 @@ static int config_error(const rtd_t *d)
     return 2;
 }
 
-/* A stage that checks its own settings as it starts: RT_EINVAL is a wrong one. */
+/* A stage that checks its own settings as it starts: RT_EINVAL is a wrong one, RT_EACCES a
+   file it names that others could change (rt_file_trusted). */
 static int stage_error(const rtd_t *d, int rc)
 {
     fprintf(stderr, "rtd: %s\n", d->err);
-    return rc == RT_EINVAL ? 2 : 1;
+    return rc == RT_EINVAL || rc == RT_EACCES ? 2 : 1;
 }
 
 /* The MQTT stages fail alike: logged, exit status 1. */
@@ -246,6 +248,10 @@ static int start_dirs(rtd_t *d)
            d->conf_path, c->rules_dir, c->data_dir, c->password_file[0] ? c->password_file : "-",
            c->acl_file[0] ? c->acl_file : "-", c->admin_socket[0] ? c->admin_socket : c->data_dir,
            c->admin_socket[0] ? "" : "/rtd.sock");
+    if (geteuid() == 0)
+        rt_log(RT_LOG_WARNING, "rtd.root",
+               "running as root: a hole in rtd or a rule would be root's; run it as its own user "
+               "(the port below 1024 needs only CAP_NET_BIND_SERVICE)");
     return 0;
 }
 
@@ -513,7 +519,9 @@ int main(int argc, char **argv)
         }
     }
     rt_conf_defaults(&d.conf);
-    if (rt_conf_load(&d.conf, d.conf_path, d.err, sizeof(d.err)) != 0)
+    /* The file names every other file and key: others who could change it own rtd. */
+    if (rt_file_trusted(-1, d.conf_path, "config file", d.err, sizeof(d.err)) == RT_EACCES ||
+        rt_conf_load(&d.conf, d.conf_path, d.err, sizeof(d.err)) != 0)
         return config_error(&d);
     for (int i = 0; i < noverrides; i++)
         if (rt_conf_set(&d.conf, overrides[i], d.err, sizeof(d.err)) != 0)

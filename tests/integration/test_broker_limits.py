@@ -12,7 +12,7 @@ import pytest
 
 from conftest import BUILD, Rtd, wait_for
 from sys_tree import SysTree
-from mqtt_raw import PUBACK, Raw, mqtt_str, u16, varint
+from mqtt_raw import PUBACK, PUBLISH, Raw, mqtt_str, u16, varint
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
 
@@ -77,6 +77,26 @@ def test_retained_message_limit():
         assert sorted(got) == [("r/1", b"replaced"), ("r/2", b"v")]
         p.disconnect()
         s.disconnect()
+    finally:
+        stop(broker)
+
+
+def test_refused_retained_message_acknowledged_as_quota_exceeded():
+    """A retained message past the limits is refused: an MQTT 5 publisher learns it from its
+    PUBACK (0x97 quota exceeded, not 0x10 no matching subscribers); MQTT 3 has no way to say
+    it and gets its PUBACK."""
+    broker = start("max_retained_messages=1", "sys_interval=0")
+    try:
+        p = Raw(broker.port, "rq-pub", version=5)
+        codes = []
+        for pid, t in ((1, "rq/1"), (2, "rq/2")):
+            p.send((PUBLISH << 4) | 2 | 1, mqtt_str(t) + u16(pid) + b"\x00" + b"v")
+            ack = p.expect(PUBACK)
+            codes.append(ack.body[2] if len(ack.body) > 2 else 0)
+        assert codes == [0x10, 0x97], codes  # kept (nobody subscribed), then refused
+        v3 = Raw(broker.port, "rq-pub3", version=4)
+        v3.send((PUBLISH << 4) | 2 | 1, mqtt_str("rq/3") + u16(1) + b"v")
+        assert v3.expect(PUBACK).body == u16(1)
     finally:
         stop(broker)
 

@@ -211,6 +211,26 @@ def test_json_body_types_and_bounds(http):
     assert code == 413
 
 
+def test_json_integers_past_int64_refused(http):
+    """libbson reads 2^64 + 5,000,000 as 5,000,000: such a number is refused before it is
+    read, so no setting takes a value nobody sent; the largest int64 still goes through."""
+    admin = dict(key=http.admin_key, method="POST", content_type="application/json")
+    before = call(http, "/api/v1/config/show", key=http.read_key)[1]
+    for big in (b"18446744073709551616", b"18446744073714551616", b"-9223372036854775809",
+                b"9" * 40):
+        code, answer = call(http, "/api/v1/config/set", **admin,
+                            body=b'{"setting": "max_packet_size", "value": ' + big + b"}")
+        assert code == 400 and "out of range" in answer["error"], (big, code, answer)
+    assert call(http, "/api/v1/config/show", key=http.read_key)[1] == before
+    # In a string it is text, not a number: the setting's own check answers.
+    code, answer = call(http, "/api/v1/config/set", **admin,
+                        body=b'{"setting": "max_packet_size", "value": "18446744073709551616"}')
+    assert code == 400 and "out of range" not in answer["error"], answer
+    code, answer = call(http, "/api/v1/config/set", **admin,
+                        body=b'{"setting": "max_packet_size", "value": 9223372036854775807}')
+    assert code == 400 and "out of range" not in answer["error"], answer  # the range check
+
+
 def raw(broker):
     return socket.create_connection(("127.0.0.1", broker.hport), timeout=15)
 

@@ -273,3 +273,145 @@ def test_data_dir_readable_by_others_is_made_private(tmp_path):
     finally:
         code, log = broker.stop()
     assert code == 0, log
+
+
+# ---- Files that give rights: config, rules, password, ACL and API keys ----
+
+def private_copy(tmp_path):
+    """The shipped config and its rules in a directory of this test's own (so their modes
+    can change), a password file, an ACL and an API-key file beside them."""
+    import shutil
+    d = tmp_path / "etc"
+    d.mkdir()
+    shutil.copy(CONF, d / "rtd.conf")
+    shutil.copytree(os.path.join(ROOT, "etc", "rules"), d / "rules")
+    subprocess.run([RTD, "passwd", "-c", "-b", str(d / "rtd.pw"), "alice", "a"], check=True,
+                   capture_output=True, timeout=30)
+    (d / "rtd.acl").write_text("user alice\ntopic readwrite a/#\n")
+    (d / "api_keys").write_text("# none yet\n")
+    for f in d.rglob("*"):
+        os.chmod(f, 0o755 if f.is_dir() else 0o644)
+    os.chmod(d, 0o755)
+    return d
+
+
+def run_rtd(d, tmp_path):
+    return subprocess.run(
+        [RTD, "-c", str(d / "rtd.conf"), "-o", f"listeners=127.0.0.1:{free_port()}",
+         "-o", f'data_dir="{tmp_path / "data"}"', "-o", f'password_file="{d / "rtd.pw"}"',
+         "-o", f'acl_file="{d / "rtd.acl"}"',
+         "-o", f'http={{bind="127.0.0.1:{free_port()}", api_keys_file="{d / "api_keys"}"}}'],
+        capture_output=True, text=True, timeout=30, input="")
+
+
+@pytest.mark.parametrize("name,what", [
+    ("rtd.conf", "config file"), ("rules", "rules_dir"), ("rules/archive.lua", "rule file"),
+    ("rtd.pw", "password_file"), ("rtd.acl", "acl_file"), ("api_keys", "api_keys_file")])
+@pytest.mark.parametrize("perm,who", [(0o002, "every user"), (0o020, "its group")])
+def test_files_others_could_change_are_refused(tmp_path, name, what, perm, who):
+    """Each file that gives rights (a user, an ACL line, an admin key, Lua to run) is refused
+    at start when others may write it, as data_dir is; so is one whose directory they may
+    write (they could replace it)."""
+    d = private_copy(tmp_path)
+    target = d / name
+    os.chmod(target, stat.S_IMODE(os.stat(target).st_mode) | perm)
+    r = run_rtd(d, tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert f"{what} {target} can be changed by {who}" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_directory_others_could_write_is_refused_for_its_files(tmp_path):
+    d = private_copy(tmp_path)
+    os.chmod(d, 0o777)
+    r = run_rtd(d, tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"config file {d}/rtd.conf is in {d}, which every user can change" in r.stderr
+    os.chmod(d, 0o1777)  # sticky, like /tmp: others may add files, not replace these
+    broker_ok = run_rtd_until_started(d, tmp_path)
+    assert broker_ok
+
+
+def run_rtd_until_started(d, tmp_path):
+    """Whether rtd with d's files gets as far as serving (then it is stopped)."""
+    port = free_port()
+    argv = [RTD, "-c", str(d / "rtd.conf"), "-o", f"listeners=127.0.0.1:{port}",
+            "-o", f'data_dir="{tmp_path / "data2"}"']
+    with open(tmp_path / "rtd2.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return wait_for(lambda: "rtd.started" in (tmp_path / "rtd2.log").read_text()
+                        or proc.poll() is not None, 15) and proc.poll() is None
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_reload_of_a_password_file_others_could_change_is_refused(tmp_path):
+    d = private_copy(tmp_path)
+    broker = Rtd(f'password_file="{d / "rtd.pw"}"')
+    try:
+        os.chmod(d / "rtd.pw", 0o666)
+        code, out, err = broker.ctl("auth", "reload")
+        assert code != 0 and "password_file" in (out + err) and "every user" in (out + err)
+        code, out, err = broker.ctl("config", "set", "acl_file", str(d / "rtd.acl"))
+        assert code != 0, out  # the password file it would load again is refused too
+        # The tables in force stay: alice still logs in.
+        c = Raw(broker.port, "alice-1", version=5, username="alice", password="a")
+        assert c.connack_code == 0
+        c.disconnect()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log[-2000:]
+
+
+def test_apikey_file_made_private_and_root_warned(tmp_path):
+    keys = tmp_path / "keys"
+    old = os.umask(0o022)
+    try:
+        r = subprocess.run([RTD, "apikey", "ci", "read", "-f", str(keys)], capture_output=True,
+                           text=True, timeout=30)
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    assert mode(keys) == 0o600
+    if os.geteuid() == 0:
+        broker = Rtd()
+        try:
+            assert "rtd.root" in broker.read_log()
+        finally:
+            broker.stop()
+
+
+# What etc/rtd.conf says differs from the built-in default only here, each on purpose: the
+# paths are the config file's own; the shipped file wires the example rule to its sinks and
+# turns persistence on (an rtd with no config file writes nothing it was not asked to).
+SHIPPED_ON_PURPOSE = {"rules_dir", "data_dir", "sinks", "persistence"}
+
+
+def test_shipped_config_agrees_with_the_built_in_defaults(tmp_path):
+    """A limit the shipped file sets and the built-in default leaves open (max_retained_messages
+    once was unlimited without the file) would protect only those who kept the file."""
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "empty.conf").write_text("-- nothing: every setting its built-in default\n")
+    shown = []
+    for conf in (str(tmp_path / "empty.conf"), CONF):
+        port = free_port()
+        data = tmp_path / f"data-{port}"
+        argv = [RTD, "-c", conf, "-o", f"listeners=127.0.0.1:{port}", "-o", f'data_dir="{data}"']
+        with open(tmp_path / f"log-{port}", "wb") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert wait_for(lambda: (data / "rtd.sock").exists(), 10), \
+                (tmp_path / f"log-{port}").read_text()[-2000:]
+            r = subprocess.run([os.path.join(os.path.dirname(RTD), "rtctl"), "-s",
+                                str(data / "rtd.sock"), "config", "show", "--json"],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            shown.append({s["setting"]: s["value"] for s in __import__("json").loads(r.stdout)})
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    built_in, shipped = shown
+    differ = {k for k in built_in if k != "listeners" and built_in[k] != shipped.get(k)}
+    assert differ == SHIPPED_ON_PURPOSE, {k: (built_in[k], shipped.get(k)) for k in differ}
