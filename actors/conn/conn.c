@@ -317,6 +317,7 @@ static void publish_will(rt_actor_t *self, conn_t *c)
 static void reset_connection_state(rt_actor_t *self, conn_t *c)
 {
     preauth_end(c);
+    c->out_muted = 0; /* held for output that went with the socket */
     rt_free(self, c->partial);
     c->partial = NULL;
     c->partial_len = c->partial_cap = 0;

@@ -391,8 +391,9 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     /* PUT is POST's synonym: clients that send JSON bodies tend to pick either. */
     bool post = strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0;
     k->text = false;
-    if (k->probe_only && strcmp(path, "/healthz") != 0 && strcmp(path, "/readyz") != 0) {
+    if (k->probe_only) /* one answer, then the slot is free for the next probe */
         k->keep_alive = false;
+    if (k->probe_only && strcmp(path, "/healthz") != 0 && strcmp(path, "/readyz") != 0) {
         respond_error(k, 503, "too many connections: this one serves /healthz and /readyz only");
         return true;
     }

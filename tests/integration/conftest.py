@@ -63,6 +63,14 @@ def raise_nofile():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def sanitized(pid):
+    """A sanitizer's allocator serves rtd: mallinfo2 knows nothing of it, and it keeps freed
+    memory in quarantine and adds shadow memory, so RSS cannot be told apart there."""
+    with open(f"/proc/{pid}/maps") as f:
+        maps = f.read()
+    return "libasan" in maps or "libtsan" in maps
+
+
 def rss_kb(pid):
     """A live process's resident memory, KB (/proc/PID/status VmRSS)."""
     with open(f"/proc/{pid}/status") as f:
