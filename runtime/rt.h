@@ -356,6 +356,14 @@ typedef struct rt_sock_event_s {
 
 /* Listens on host:port (port 0 picks one; see rt_sock_local_port). */
 int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out);
+/*
+** Descriptors kept in reserve: the kernel gives the lowest free number, so an fd at or past
+** the open-file limit (soft) less reserve means fewer than reserve are left. A listener whose
+** sockets must not take the last ones (so that the admin socket and HTTP still accept)
+** closes such an fd at once.
+*/
+long rt_fd_limit(void); /* RLIMIT_NOFILE's soft limit now (LONG_MAX: none) */
+bool rt_fd_in_reserve(int fd, long reserve);
 /* Accepts one pending connection: 0 with *fd set, RT_EAGAIN when none is waiting. */
 int rt_sock_accept(rt_sock_t *listener, int *fd);
 /*
@@ -383,6 +391,18 @@ void rt_sock_pause_reading(rt_sock_t *s, bool paused);
 #define RT_SOCK_FLUSH_AT (64 * 1024) /* buffered bytes that are sent at once, mid-turn */
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len);
 size_t rt_sock_pending(const rt_sock_t *s); /* buffered output bytes */
+/*
+** Sends what is buffered now instead of at the end of the turn: 0 when all of it went,
+** RT_EAGAIN when the kernel refused some (an RT_SOCK_WRITABLE event will say when it has
+** drained), RT_ECLOSED if the peer is gone. For an owner that decides by whether output
+** is still waiting (one pending answer at most).
+*/
+int rt_sock_flush(rt_sock_t *s);
+/*
+** Whether the kernel took any of the socket's output since the last call (which clears
+** it): a peer that reads, however slowly, though its input waits for that output.
+*/
+bool rt_sock_output_taken(rt_sock_t *s);
 /*
 ** Buffered bytes past which the owner counts as under pressure (0: the default
 ** RT_SOCK_HIGH_WATER). Raising it lifts pressure at once: for an owner that has

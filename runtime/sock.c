@@ -24,6 +24,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -58,6 +59,7 @@ struct rt_sock_s {
     uint8_t registered; /* in the epoll set */
     uint8_t listening;
     uint8_t broken; /* a send failed for good; the next read reports it */
+    uint8_t took;   /* the kernel took output since rt_sock_output_taken last asked */
     rt_actor_t *owner;
     union {
         struct {
@@ -305,6 +307,19 @@ int rt_sock_accept(rt_sock_t *l, int *fd)
     }
 }
 
+long rt_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > LONG_MAX)
+        return LONG_MAX;
+    return (long)rl.rlim_cur;
+}
+
+bool rt_fd_in_reserve(int fd, long reserve)
+{
+    return (long)fd >= rt_fd_limit() - reserve;
+}
+
 int rt_sock_adopt_listener(rt_actor_t *self, int fd, rt_sock_t **out)
 {
     int fl = fcntl(fd, F_GETFL);
@@ -387,6 +402,7 @@ static int flush(rt_sock_t *s)
         ssize_t n = send(s->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
         if (n > 0) {
             o->off += (size_t)n;
+            s->took = 1;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -437,6 +453,20 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
     if (rt_sock_pending(s) > high_water(s))
         rt__set_pressure(s->owner, true);
     return 0;
+}
+
+int rt_sock_flush(rt_sock_t *s)
+{
+    if (LOAD(s->closed) || s->broken)
+        return RT_ECLOSED;
+    return s->out ? flush(s) : 0;
+}
+
+bool rt_sock_output_taken(rt_sock_t *s)
+{
+    bool took = s->took;
+    s->took = 0;
+    return took;
 }
 
 void rt_sock_set_high_water(rt_sock_t *s, size_t bytes)

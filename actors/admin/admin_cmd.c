@@ -288,6 +288,7 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         rt_doc_add_u64(o, "refused_rate", ls[i].refused_rate);
         rt_doc_add_u64(o, "refused_error", ls[i].refused_error);
         rt_doc_add_u64(o, "refused_untrusted_proxy", ls[i].refused_untrusted);
+        rt_doc_add_u64(o, "refused_fd_reserve", ls[i].refused_fds);
         add_transport(o, (unsigned)i);
     }
     return 200;

@@ -301,6 +301,19 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
             load(&st->connect_timeouts));
     one_u64(b, "rt_rate_limited_pauses_total", "counter",
             "Times a client's rate limit paused reading its socket.", load(&st->rate_limited));
+    one_u64(b, "rt_output_holds_total", "counter",
+            "Times a client's unsent output stopped rtd reading its input until it drained.",
+            load(&st->output_holds));
+    int64_t preauth = atomic_load_explicit(&st->preauth_bytes, memory_order_relaxed);
+    one_u64(b, "rt_preauth_bytes", "gauge",
+            "Bytes held for connections not authenticated yet (max_preauth_memory).",
+            preauth > 0 ? (uint64_t)preauth : 0);
+    one_u64(b, "rt_preauth_refusals_total", "counter",
+            "Connections ended because max_preauth_memory was spent.",
+            load(&st->preauth_refused));
+    one_u64(b, "rt_connect_too_large_total", "counter",
+            "Connections ended for a CONNECT past max_connect_size.",
+            load(&st->connect_too_large));
     one_u64(b, "rt_max_connections", "gauge",
             "The max_connections limit, all listeners together (0: none).",
             (uint64_t)(RT_LIVE(max_connections) > 0 ? RT_LIVE(max_connections) : 0));
@@ -332,7 +345,8 @@ static void listeners_section(rt_buf_t *b, const scrape_t *s)
     family(b, "rt_listener_refused_total", "counter",
            "Connections refused at accept, by reason: max_connections, per_ip "
            "(max_connections_per_ip), rate (max_connection_rate), error (the connection could "
-           "not start), untrusted_proxy (PROXY protocol from an untrusted address).");
+           "not start), untrusted_proxy (PROXY protocol from an untrusted address), fd_reserve (the "
+           "file descriptors kept for rtctl and HTTP).");
     for (size_t i = 0; i < s->nlisteners; i++) {
         const rt_listener_info_t *l = &s->listeners[i];
         const char *kind = rt_listener_kind((unsigned)i);
@@ -343,7 +357,8 @@ static void listeners_section(rt_buf_t *b, const scrape_t *s)
                  {"per_ip", l->refused_per_ip},
                  {"rate", l->refused_rate},
                  {"error", l->refused_error},
-                 {"untrusted_proxy", l->refused_untrusted}};
+                 {"untrusted_proxy", l->refused_untrusted},
+                 {"fd_reserve", l->refused_fds}};
         for (size_t j = 0; j < sizeof(r) / sizeof(r[0]); j++)
             u64(b, "rt_listener_refused_total", r[j].v, "listener", where[i], "kind", kind,
                 "reason", r[j].reason, NULL);

@@ -120,6 +120,10 @@ static const setting_t settings[] = {
     INT(max_connections, 1, 10000000, "connections at once"),
     INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
     INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
+    INT(max_connect_size, 64, 268435455,
+        "bytes a CONNECT may have (before authentication, nothing else is read)"),
+    INT(max_preauth_memory, 64 * 1024, 1e12,
+        "bytes all connections not authenticated yet may hold; past it they are ended"),
     INT(max_packet_size, 64, 268435455, "bytes, both directions"),
     INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight to a client, per session"),
     INT(receive_maximum, 1, 65000,
@@ -189,8 +193,10 @@ void rt_conf_defaults(rt_conf_t *c)
     snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "0.0.0.0");
     c->listeners[0].port = 1883;
     c->max_connections = 1000000;
-    c->max_connections_per_ip = 0;
-    c->max_connection_rate = 0;
+    c->max_connections_per_ip = 1000;
+    c->max_connection_rate = 1000;
+    c->max_connect_size = 64 * 1024;
+    c->max_preauth_memory = 64 << 20;
     c->max_packet_size = 1 << 20;
     c->max_inflight = 1024;
     c->receive_maximum = RT_CONF_RECEIVE_MAXIMUM;

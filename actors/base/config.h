@@ -218,6 +218,8 @@ typedef struct rt_conf_s {
     long max_connections;        /* connections at once */
     long max_connections_per_ip; /* connections at once from one address; 0: unlimited */
     long max_connection_rate;    /* new connections per second per listener; 0: unlimited */
+    long max_connect_size;       /* bytes a packet before authentication may have (a CONNECT) */
+    long max_preauth_memory;     /* bytes all connections not authenticated yet may hold */
     long max_packet_size;        /* bytes, both directions */
     long max_inflight;           /* QoS 1/2 messages in flight to a client, per session */
     long receive_maximum;        /* QoS 1/2 PUBLISHes from an MQTT 5 client not yet acknowledged

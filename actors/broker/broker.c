@@ -147,6 +147,7 @@ size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
         o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
         o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
         o->refused_untrusted = atomic_load(&st->refused[RT_REFUSED_UNTRUSTED]);
+        o->refused_fds = atomic_load(&st->refused[RT_REFUSED_FDS]);
         o->max_connections = RT_LIVE(max_connections);
     }
     return conf->nlisteners;
@@ -569,6 +570,8 @@ static const limit_t limits[] = {
     LIVE(max_connections_per_ip, NULL,
          "new connections; only those accepted while it is on count against it"),
     LIVE(max_connection_rate, NULL, "new connections; each listener refills at the new rate"),
+    LIVE(max_connect_size, NULL, "CONNECTs read from now on"),
+    LIVE(max_preauth_memory, NULL, "bytes taken from now on; what is held stays"),
     LIVE(max_packet_size, NULL,
          "connections from now on; open ones keep theirs (MQTT 5 clients were told it)"),
     LIVE(max_inflight, NULL, "every session from its next send"),

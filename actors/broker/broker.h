@@ -33,10 +33,16 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t refused_rate;      /* max_connection_rate: the listener's bucket empty */
     atomic_uint_fast64_t refused_error;     /* the connection actor could not start */
     atomic_uint_fast64_t refused_untrusted; /* a PROXY protocol listener: not from a trusted proxy */
+    atomic_uint_fast64_t refused_fds;       /* the descriptors kept for rtctl and HTTP reached */
     /* Transports (conn/xport.c). */
     atomic_uint_fast64_t tls_failed;       /* TLS handshakes that failed */
     atomic_uint_fast64_t connect_timeouts; /* no CONNECT (or handshake) within connect_timeout */
     atomic_uint_fast64_t rate_limited;     /* times a client's rate limit paused its reading */
+    /* Connections (conn/conn.c). */
+    atomic_uint_fast64_t output_holds;    /* times unsent output stopped a client's input */
+    _Atomic int64_t preauth_bytes;        /* bytes held for connections not authenticated yet */
+    atomic_uint_fast64_t preauth_refused; /* connections ended at max_preauth_memory */
+    atomic_uint_fast64_t connect_too_large; /* CONNECTs past max_connect_size */
     /* Kept by the connection actor (conn.c), read by $SYS (sys.c). Bytes and messages
        in and out count at every packet: they are per-thread metrics (rt_broker_metrics). */
     atomic_uint_fast64_t connects; /* CONNECTs accepted (CONNACK 0), ever */
@@ -51,7 +57,7 @@ typedef struct rt_listener_stats_s {
     atomic_bool running;
     atomic_uint_fast64_t connections; /* sockets open now that came in through it */
     atomic_uint_fast64_t accepted;
-    atomic_uint_fast64_t refused[6]; /* by reason: RT_REFUSED_* */
+    atomic_uint_fast64_t refused[7]; /* by reason: RT_REFUSED_* */
 } rt_listener_stats_t;
 
 /* Why the listener refused a connection (index of rt_listener_stats_t.refused). */
@@ -61,7 +67,8 @@ enum {
     RT_REFUSED_PER_IP,
     RT_REFUSED_RATE,
     RT_REFUSED_ERROR,
-    RT_REFUSED_UNTRUSTED
+    RT_REFUSED_UNTRUSTED,
+    RT_REFUSED_FDS,
 };
 
 /*
@@ -74,6 +81,8 @@ typedef struct rt_broker_live_s {
     _Atomic long max_connections;
     _Atomic long max_connections_per_ip;
     _Atomic long max_connection_rate;
+    _Atomic long max_connect_size;
+    _Atomic long max_preauth_memory;
     _Atomic long max_packet_size;
     _Atomic long max_inflight;
     _Atomic long receive_maximum;
@@ -240,6 +249,7 @@ typedef struct rt_listener_info_s {
     uint64_t refused;     /* ever, all reasons; then by reason: */
     uint64_t refused_max_connections, refused_per_ip, refused_rate, refused_error;
     uint64_t refused_untrusted;
+    uint64_t refused_fds;
     long max_connections; /* broker-wide: it counts every listener's sockets together */
 } rt_listener_info_t;
 

@@ -191,6 +191,7 @@ static void sys_tick(sys_t *s)
     publish_changed_u64(s, "connections/refused/error", stat_value(&st->refused_error));
     publish_changed_u64(s, "connections/refused/untrusted_proxy",
                         stat_value(&st->refused_untrusted));
+    publish_changed_u64(s, "connections/refused/fd_reserve", stat_value(&st->refused_fds));
     publish_changed_u64(s, "connections/tls_failed", stat_value(&st->tls_failed));
     publish_changed_u64(s, "connections/connect_timeouts", stat_value(&st->connect_timeouts));
     publish_changed_u64(s, "clients/rate_limited", stat_value(&st->rate_limited));

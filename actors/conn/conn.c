@@ -209,8 +209,65 @@ static void aliases_free(rt_actor_t *self, conn_t *c)
     c->aliases = NULL;
 }
 
+/*
+** The pre-auth budget (max_preauth_memory): what connections not authenticated yet hold of
+** their client's bytes, all of them together. Such a connection is only a socket and the
+** CONNECT it is sending (at most max_connect_size, for at most connect_timeout), but many of
+** them at once could hold a lot; past the budget, the connection whose bytes would pass it
+** is ended: newcomers are refused while those already holding wait out their timeouts.
+** Counted here: the partial packet (partial_cap, while c->preauth) and the transport's stash
+** (xport.c). A connection that was accepted stops counting when its CONNECT is.
+*/
+bool rt__conn_preauth_charge(int64_t bytes)
+{
+    _Atomic int64_t *held = &rt_broker->stats.preauth_bytes;
+    int64_t was = atomic_fetch_add_explicit(held, bytes, memory_order_relaxed);
+    if (bytes < 0 || was + bytes <= RT_LIVE(max_preauth_memory))
+        return true;
+    atomic_fetch_sub_explicit(held, bytes, memory_order_relaxed);
+    return false;
+}
+
+static bool preauth_take(const conn_t *c, int64_t bytes)
+{
+    return !c->preauth || bytes == 0 || rt__conn_preauth_charge(bytes);
+}
+
+/* The connection authenticated (or is ending): its bytes no longer count as pre-auth. */
+static void preauth_end(conn_t *c)
+{
+    rt__xport_preauth_end(c); /* a handed-over transport may have counted without us */
+    if (!c->preauth)
+        return;
+    preauth_take(c, -(int64_t)c->partial_cap);
+    c->preauth = 0;
+}
+
+void rt__conn_preauth_refused(rt_actor_t *self, conn_t *c, size_t wanted)
+{
+    static _Atomic uint64_t logged_ms;
+    static atomic_uint unlogged;
+    atomic_fetch_add_explicit(&rt_broker->stats.preauth_refused, 1, memory_order_relaxed);
+    unsigned n = atomic_fetch_add_explicit(&unlogged, 1, memory_order_relaxed) + 1;
+    uint64_t now = rt_mono_ms(), last = atomic_load_explicit(&logged_ms, memory_order_relaxed);
+    if (now - last >= 1000 &&
+        atomic_compare_exchange_strong_explicit(&logged_ms, &last, now, memory_order_relaxed,
+                                                memory_order_relaxed)) {
+        atomic_fetch_sub_explicit(&unlogged, n, memory_order_relaxed);
+        char peer[RT_PEER_TEXT_MAX];
+        rt__conn_peer_format(c, peer, sizeof(peer));
+        rt_log(RT_LOG_WARNING, "client.preauth_refused",
+               "peer=%s wanted=%zu held=%lld max_preauth_memory=%ld count=%u", peer, wanted,
+               (long long)atomic_load(&rt_broker->stats.preauth_bytes),
+               RT_LIVE(max_preauth_memory), n);
+    }
+    rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+}
+
 void rt__conn_count_connected(conn_t *c, bool on)
 {
+    if (on)
+        preauth_end(c);
     if (c->connected == on)
         return;
     c->connected = on;
@@ -259,13 +316,14 @@ static void publish_will(rt_actor_t *self, conn_t *c)
 /* Frees what belongs to one network connection, not to the session. */
 static void reset_connection_state(rt_actor_t *self, conn_t *c)
 {
+    preauth_end(c);
+    c->out_muted = 0; /* held for output that went with the socket */
     rt_free(self, c->partial);
     c->partial = NULL;
     c->partial_len = c->partial_cap = 0;
     aliases_free(self, c);
     if (c->sess)
         c->sess->nacks = 0; /* acks for a connection that is gone: the client resends */
-    c->acks_gate = 0;
 }
 
 void rt__conn_arm_session_expiry(rt_actor_t *self, conn_t *c)
@@ -374,6 +432,10 @@ static void on_keepalive(rt_actor_t *self, conn_t *c)
        is not the client's silence. */
     if (rt__xport_rate_waiting(c))
         c->last_rx_ns = rt_mono_ns();
+    /* Nor is input waiting for output the client reads, however slowly; one that reads
+       nothing at all is closed like a silent one. */
+    if (c->out_muted && rt_sock_output_taken(c->sock))
+        c->last_rx_ns = rt_mono_ns();
     if (rt_mono_ns() - c->last_rx_ns > (uint64_t)c->keepalive * 1500000000u) {
         rt_log(RT_LOG_INFO, "client.keepalive_timeout", "client=%s", c->client_id);
         rt__conn_close(self, c, MQTT_RC_KEEPALIVE_TIMEOUT, RT_REASON_NORMAL);
@@ -403,6 +465,43 @@ static int handle_disconnect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 }
 
 static int dispatch_packet_to(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+
+bool rt__conn_output_backed_up(conn_t *c)
+{
+    if (!c->sock || rt_sock_pending(c->sock) + rt__xport_unsent(c) <= RT_CONN_OUTPUT_MARK)
+        return false;
+    rt__xport_flush(c); /* TLS's stage becomes records in the socket's output */
+    int rc = rt_sock_flush(c->sock);
+    return rc == RT_EAGAIN && rt_sock_pending(c->sock) > RT_CONN_OUTPUT_MARK;
+}
+
+/*
+** Whether the client's input must wait for its output (RT_CONN_OUTPUT_MARK): then reading
+** pauses until the socket drains (on_output_drained). The keepalive and connect_timeout
+** still run, so a client that never reads is closed in the end.
+*/
+void rt__conn_hold_input(conn_t *c)
+{
+    if (c->out_muted)
+        return;
+    c->out_muted = 1;
+    rt_sock_pause_reading(c->sock, true);
+    rt_sock_output_taken(c->sock); /* from here on, whether the client reads at all */
+    atomic_fetch_add_explicit(&rt_broker->stats.output_holds, 1, memory_order_relaxed);
+    /* Its socket's pressure holds back all but its socket events, administrators' queries
+       too: a client that goes on not reading is a slow consumer (delivery.c), which lifts
+       the pressure; its input stays held (and its output bounded) all the same. */
+    if (rt__conn_online(c))
+        rt__conn_watch_backlog(rt_current(), c);
+}
+
+static bool output_holds_input(conn_t *c)
+{
+    if (!rt__conn_output_backed_up(c))
+        return false;
+    rt__conn_hold_input(c);
+    return true;
+}
 
 /*
 ** A packet after CONNECT, to the file for its job. A client whose own packets (its
@@ -487,6 +586,16 @@ static void refuse_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk,
 }
 
 /*
+** Before authentication a client may send a CONNECT and nothing else, so what it may make
+** rtd hold is bounded by what a CONNECT needs (max_connect_size), not by max_packet_size.
+*/
+static uint32_t connect_max(const conn_t *c)
+{
+    long most = RT_LIVE(max_connect_size);
+    return most < (long)c->max_packet ? (uint32_t)most : c->max_packet;
+}
+
+/*
 ** Parses every complete packet in buf; returns the bytes consumed, or -1 once
 ** the connection is closing (after an error, a DISCONNECT or a handover).
 */
@@ -496,16 +605,19 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
     /* Behind a rate limit, each packet is taken from its buckets; the one that overdraws
        them is the last parsed until they refill (rt__xport_rate_hold). */
     bool limited = c->xp && rt__xport_rate_on(c);
-    while (off < len && !c->closing && !c->acks_gate &&
+    while (off < len && !c->closing && !rt__conn_acks_held(c) &&
            rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET &&
-           !(limited && rt__xport_rate_spent(c))) {
+           !(limited && rt__xport_rate_spent(c)) && !output_holds_input(c)) {
         /* Anything but CONNECT first is refused at its first byte, before it is complete. */
         if (!c->version && buf[off] != (MQTT_CONNECT << 4)) {
             close_on_protocol_error(self, c, MQTT_ERR(MQTT_RC_PROTOCOL_ERROR));
             return -1;
         }
         mqtt_frame_t f;
-        int rc = mqtt_frame(buf + off, len - off, c->max_packet, &f);
+        int rc = mqtt_frame(buf + off, len - off, c->version ? c->max_packet : connect_max(c), &f);
+        if (!c->version && rc == MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE))
+            atomic_fetch_add_explicit(&rt_broker->stats.connect_too_large, 1,
+                                      memory_order_relaxed);
         if (rc == RT_EAGAIN)
             break;
         if (rc == 0) {
@@ -535,12 +647,18 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
     return c->closing ? -1 : (long)off;
 }
 
+/* RT_ENOMEM, or RT_ELIMIT when the pre-auth budget has no room for it (the caller closes). */
 static int partial_append(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
 {
     RT_ASSERT(c->partial_len <= c->partial_cap);
+    uint32_t was = c->partial_cap;
     if (rt__conn_grow(self, &c->partial, &c->partial_cap, (size_t)c->partial_len + n, 1, 256,
                       RT_OBJ_LEAF))
         return RT_ENOMEM;
+    if (!preauth_take(c, (int64_t)c->partial_cap - was)) {
+        c->partial_cap = was; /* what the budget holds; freed with the connection */
+        return RT_ELIMIT;
+    }
     memcpy(c->partial + c->partial_len, p, n);
     c->partial_len += (uint32_t)n;
     return 0;
@@ -554,6 +672,7 @@ static void partial_consume(rt_actor_t *self, conn_t *c, size_t used)
 {
     RT_ASSERT(used <= c->partial_len);
     if (used == c->partial_len) {
+        preauth_take(c, -(int64_t)c->partial_cap);
         rt_free(self, c->partial);
         c->partial = NULL;
         c->partial_len = c->partial_cap = 0;
@@ -563,22 +682,31 @@ static void partial_consume(rt_actor_t *self, conn_t *c, size_t used)
     c->partial_len -= (uint32_t)used;
 }
 
+/* Keeps bytes for later; false (and the connection ends) when they cannot be kept. */
+static bool partial_keep(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
+{
+    int rc = partial_append(self, c, p, n);
+    if (rc == RT_ELIMIT)
+        rt__conn_preauth_refused(self, c, (size_t)c->partial_len + n);
+    else if (rc)
+        rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+    return rc == 0;
+}
+
 /* Parses bytes that arrived (or were handed over); only an incomplete tail is kept. */
 static void parse_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t len)
 {
     if (c->partial_len) {
-        if (partial_append(self, c, p, len)) {
-            rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+        if (!partial_keep(self, c, p, len))
             return;
-        }
         long used = parse_packets(self, c, c->partial, c->partial_len);
         if (used >= 0)
             partial_consume(self, c, (size_t)used);
         return;
     }
     long used = parse_packets(self, c, p, len);
-    if (used >= 0 && (size_t)used < len && partial_append(self, c, p + used, len - (size_t)used))
-        rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+    if (used >= 0 && (size_t)used < len)
+        partial_keep(self, c, p + used, len - (size_t)used);
 }
 
 /* The route budget ran out: the rest of what was read is parsed in a later turn. */
@@ -592,9 +720,9 @@ static void yield_parsing(rt_actor_t *self, conn_t *c)
 
 void rt__conn_resume_parsing(rt_actor_t *self, conn_t *c)
 {
-    RT_ASSERT(!c->acks_gate);
-    if (c->sock && !c->closing && !c->parse_pending && !c->verifying)
-        yield_parsing(self, c);
+    RT_ASSERT(!rt__conn_acks_held(c));
+    if (c->sock && !c->closing && !c->parse_pending && !c->verifying && !c->out_muted)
+        yield_parsing(self, c); /* (input held for output goes on once it drains) */
 }
 
 void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
@@ -605,10 +733,9 @@ void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
     }
     /* Parsing waits (for the verifier's verdict, or for the next turn once the route budget is
        spent): the transport's layers still take all that was read, so it waits as MQTT bytes. */
-    if (c->verifying || c->parse_pending || c->acks_gate ||
+    if (c->verifying || c->parse_pending || c->out_muted || rt__conn_acks_held(c) ||
         rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET || rt__xport_rate_spent(c)) {
-        if (partial_append(self, c, p, n))
-            rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+        partial_keep(self, c, p, n);
         return;
     }
     parse_input(self, c, p, n);
@@ -617,10 +744,10 @@ void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
 static void on_readable(rt_actor_t *self, conn_t *c)
 {
     rt__conn_routed_this_event = 0;
-    if (c->parse_pending || c->acks_gate)
+    if (c->parse_pending || rt__conn_acks_held(c))
         return; /* buffered packets go first */
     for (int i = 0; i < RT_CONN_READS_PER_TURN && !c->closing; i++) {
-        if (rt__xport_rate_hold(self, c))
+        if (rt__xport_rate_hold(self, c) || output_holds_input(c))
             return;
         const void *data;
         size_t len;
@@ -639,7 +766,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
             parse_input(self, c, data, len);
         if (!c->sock)
             return; /* handed over, or gone offline */
-        if (c->verifying || c->acks_gate)
+        if (c->verifying || rt__conn_acks_held(c))
             return; /* reading paused until the verdict or the acks: what came after waits */
         if (!c->closing && rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET) {
             yield_parsing(self, c);
@@ -651,7 +778,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
 void rt__conn_parse_more(rt_actor_t *self, conn_t *c)
 {
     c->parse_pending = 0;
-    if (!c->sock || c->closing || c->acks_gate)
+    if (!c->sock || c->closing || rt__conn_acks_held(c))
         return; /* the gate opening parses on (rt__conn_resume_parsing) */
     rt_sock_pause_reading(c->sock, false);
     rt__conn_routed_this_event = 0;
@@ -659,10 +786,29 @@ void rt__conn_parse_more(rt_actor_t *self, conn_t *c)
     if (used < 0)
         return;
     partial_consume(self, c, (size_t)used);
-    if (rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET)
+    if (rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET) {
         yield_parsing(self, c);
-    else
+        return;
+    }
+    if (!c->out_muted && c->xp)
+        rt__xport_resume(self, c);
+    if (c->sock && !c->closing && !c->parse_pending)
         on_readable(self, c);
+}
+
+/*
+** The socket's output drained: queued messages go on out, and input held back for it is
+** parsed, then reading goes on (unless something else holds it: parsing that yielded, the
+** verifier).
+*/
+static void on_output_drained(rt_actor_t *self, conn_t *c)
+{
+    rt__conn_pump(self, c);
+    if (!c->out_muted || !c->sock || c->closing)
+        return;
+    c->out_muted = 0;
+    if (!c->parse_pending && !c->verifying)
+        rt__conn_parse_more(self, c);
 }
 
 /*
@@ -788,6 +934,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
         return rc; /* the runtime closes the socket with the actor */
     rt__broker_count_socket(c->listener, +1);
     c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
+    c->preauth = 1;
     rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
                       RT_CONN_MSG_CONNECT_TIMEOUT, NULL);
     return 0;
@@ -811,6 +958,8 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
         if (c->shedding && (events & RT_SOCK_WRITABLE) && c->sock)
             on_writable(self, c);
+        if ((events & RT_SOCK_WRITABLE) && c->sock)
+            on_output_drained(self, c);
         if (c->sock && (events & RT_SOCK_READABLE))
             on_readable(self, c);
         rt__conn_budget_check(c, false); /* acknowledgements and drained output free memory */
@@ -958,6 +1107,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (c->client_id && c->connected)
         rt__conn_rule_event(self, c, RT_RULE_EV_CLIENT_DISCONNECTED, NULL, -1, disc_reason_code(c),
                             exit_reason_name(reason), NULL);
+    preauth_end(c); /* the partial buffer goes with the heap */
     rt__conn_hand_over_shared(self, c);
     rt__conn_subs_unhook(self, c);
     /* What conn_t points to goes with the heap, right after this returns (the will, the

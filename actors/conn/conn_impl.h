@@ -166,8 +166,9 @@ struct conn_s {
     uint8_t budget_spent : 1;   /* the hold ran out: the newest are dropped until it is under */
     uint8_t name_unvouched : 1; /* no password file vouched for the CONNECT's user name: the
                                    client is anonymous and the name unused (auth.h) */
-    uint8_t acks_gate : 1;      /* rtd withholds as many acks as the client may have unacked:
-                                   its input waits unparsed, its socket unread (publish.c) */
+    uint8_t out_muted : 1;      /* unsent output past RT_CONN_OUTPUT_MARK: input waits (conn.c) */
+    uint8_t preauth : 1;        /* not authenticated yet: partial_cap counts in the pre-auth
+                                   budget (max_preauth_memory) */
     uint8_t disc_rc;            /* 1 + the reason code the connection ended with (DISCONNECT from
                                    either side, or the server's reason to close); 0: none yet */
     /* Flags as bits: this struct is most of an idle connection's memory. */
@@ -203,6 +204,16 @@ _Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
 /* RT_CONN_MSG_RESUME's first byte: the listener in the low 4 bits, and this bit when the
    login took the CONNECT's user name as anonymous. */
 #define RT_CONN_RESUME_UNVOUCHED 0x10
+
+/*
+** Unsent output (the socket's and TLS's) past which a connection neither parses nor reads its
+** client's input until the output has drained (RT_SOCK_WRITABLE): each packet rtd answers
+** (PINGRESP, acknowledgements, SUBACK, a WebSocket pong) is output the client makes, so a
+** client that does not read cannot make rtd write more than this plus one packet's answer.
+** The session's queue stops going out at it too (delivery.c), so what waits for a slow
+** reader is queued messages, under the session's limits and memory budget.
+*/
+#define RT_CONN_OUTPUT_MARK RT_SOCK_HIGH_WATER
 
 #define RT_CONN_QOS2_PENDING_MAX 65535 /* inbound QoS 2 packet ids awaiting PUBREL */
 
@@ -262,6 +273,20 @@ void rt__conn_arm_session_expiry(rt_actor_t *self, conn_t *c);
 void rt__conn_parse_more(rt_actor_t *self, conn_t *c);
 /* The MQTT reason code an error from the codec or a handler stands for. */
 uint8_t rt__conn_error_reason(int err);
+/*
+** Whether unsent output is past RT_CONN_OUTPUT_MARK after sending what it can now: then an
+** RT_SOCK_WRITABLE event will come when it has drained. False once the peer is gone (the next
+** read says so).
+*/
+bool rt__conn_output_backed_up(conn_t *c);
+/* Input waits until the socket's output drains (RT_SOCK_WRITABLE must come: output the
+   kernel refused waits). */
+void rt__conn_hold_input(conn_t *c);
+/* Adds bytes (negative: gives back) to the pre-auth budget; false, and nothing added, when
+   they do not fit in max_preauth_memory. */
+bool rt__conn_preauth_charge(int64_t bytes);
+/* Ends a connection whose wanted bytes did not fit in the pre-auth budget, and logs it. */
+void rt__conn_preauth_refused(rt_actor_t *self, conn_t *c, size_t wanted);
 /* Counts and logs a packet that ends the connection (connect_id: the refused CONNECT's). */
 void rt__conn_log_bad_packet(rt_actor_t *self, conn_t *c, mqtt_str_t connect_id, uint8_t reason);
 
@@ -293,7 +318,13 @@ int rt__conn_qos2_add(rt_actor_t *self, conn_t *c, uint16_t packet_id);
 /* One commit a held acknowledgement waits for came (status < 0: it failed). */
 void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t status);
 void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c);
-/* Parsing stopped at the acks gate (publish.c) goes on: the caller's turn ends first. */
+/*
+** Whether rtd withholds (waiting for commits) as many acknowledgements as the client may
+** leave unacknowledged: its input then waits unparsed, its socket unread, until commits
+** come (publish.c). Not the client's doing, so never a reason to disconnect it.
+*/
+bool rt__conn_acks_held(const conn_t *c);
+/* Parsing stopped while acks were held goes on: in a later turn, as after a yield. */
 void rt__conn_resume_parsing(rt_actor_t *self, conn_t *c);
 /* max_topic_length and max_topic_levels (0: no limit), for topic names and filters alike. */
 bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);
@@ -331,6 +362,8 @@ void rt__conn_retransmit(rt_actor_t *self, conn_t *c);
 /* PUBACK, PUBREC or PUBCOMP for a message the broker sent. */
 void rt__conn_on_delivery_ack(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk);
 void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c);
+/* Output past the pressure mark: the slow-consumer check is armed (if it is not yet). */
+void rt__conn_watch_backlog(rt_actor_t *self, conn_t *c);
 /* What the client makes rtd hold: its actor's heap and binaries, and its unsent output. */
 size_t rt__conn_memory(const conn_t *c);
 /*
@@ -340,6 +373,11 @@ size_t rt__conn_memory(const conn_t *c);
 void rt__conn_budget_check(conn_t *c, bool hold_expired);
 /* Whether what the client sent (subscriptions, ids, acks waiting) alone passes its budget. */
 bool rt__conn_inbound_over_budget(const conn_t *c);
+/* A retained message a new subscription gets: queued, sent as the client reads. */
+void rt__conn_deliver_retained(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+                               const uint32_t *sub_ids);
+/* The socket drained: queued messages go on out. */
+void rt__conn_pump(rt_actor_t *self, conn_t *c);
 /* Whether the client is connected and past CONNECT, so messages can go out now. */
 bool rt__conn_online(const conn_t *c);
 /* The client's receive window for QoS 1 and 2 (MQTT 5 receive maximum, 4.9). */
@@ -391,6 +429,13 @@ void rt__xport_hand_over(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uin
                          size_t len);
 /* MQTT bytes that arrive while a hand-over collects them; false when there is none. */
 bool rt__xport_collect(const conn_t *c, const uint8_t *p, size_t n);
+/* Output written through TLS this turn and not yet in the socket (0 without TLS). */
+size_t rt__xport_unsent(const conn_t *c);
+/* Input the transport held back while output was backed up goes on up (a WebSocket ping
+   whose pong had to wait, and what followed it). */
+void rt__xport_resume(rt_actor_t *self, conn_t *c);
+/* The client authenticated (or the connection ends): its stash leaves the pre-auth budget. */
+void rt__xport_preauth_end(conn_t *c);
 /* Memory the transport holds for the client (its state, stash and TLS). */
 size_t rt__xport_memory(const conn_t *c);
 /* The CONNECT was accepted: a user's own rate limit replaces the listener's. */

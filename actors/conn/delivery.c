@@ -328,7 +328,7 @@ static bool message_expired(uint64_t expire_at_ms)
 }
 
 /* Past the pressure mark: a check in RT_CONN_SLOW_MS says whether it is a slow consumer. */
-static void watch_backlog(rt_actor_t *self, conn_t *c)
+void rt__conn_watch_backlog(rt_actor_t *self, conn_t *c)
 {
     if (c->slow_check || c->shedding || rt_sock_pending(c->sock) <= RT_SOCK_HIGH_WATER)
         return;
@@ -378,11 +378,15 @@ static bool delivery_transmit(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
     if (m->seq && m->qos == 2)
         rt_store_msg_state(c->client_id, m->seq, RT_QMSG_WAIT_ACK, m->packet_id);
     rt_qlist_push(&c->sess->inflight, m);
-    watch_backlog(self, c);
+    rt__conn_watch_backlog(self, c);
     return rc == 0;
 }
 
-/* Moves queued messages out while the receive window has room (in order: QoS 0 waits too). */
+/*
+** Moves queued messages out while the receive window has room (in order: QoS 0 waits too)
+** and the client takes its output: past RT_CONN_OUTPUT_MARK the rest waits here, counted in
+** its memory budget, until the socket drains (rt__conn_pump).
+*/
 static void queue_pump(rt_actor_t *self, conn_t *c)
 {
     rt_session_t *s = c->sess;
@@ -390,7 +394,7 @@ static void queue_pump(rt_actor_t *self, conn_t *c)
         return;
     while (s->queued.head) {
         rt_qmsg_t *m = s->queued.head;
-        if (m->qos && send_window_full(c))
+        if ((m->qos && send_window_full(c)) || rt__conn_output_backed_up(c))
             break;
         rt_qlist_pop(&s->queued);
         if (message_expired(m->expire_at_ms))
@@ -416,7 +420,7 @@ static rt_qmsg_t *delivery_admit(rt_actor_t *self, conn_t *c, rt_bin_t *bin, con
         else
             *written = send_publish(self, c, bin, 0, d->retain, 0, 0, d->expire_at_ms, sub_ids,
                                     d->n_sub_ids) == 0;
-        watch_backlog(self, c);
+        rt__conn_watch_backlog(self, c);
         return NULL;
     }
     if (!c->sock && d->qos == 0 && !RT_LIVE(queue_qos0)) {
@@ -508,6 +512,49 @@ void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_deliv
     }
     if (deliver_copy(self, c, bin, d, sub_ids) && d->timed)
         rt_message_copy_written(bin);
+}
+
+void rt__conn_pump(rt_actor_t *self, conn_t *c)
+{
+    queue_pump(self, c);
+}
+
+/*
+** No publisher can be held back for a retained message (the subscriber's own SUBSCRIBE asked
+** for it), so at the budget it is dropped, or older queued ones make room (drop_oldest).
+*/
+void rt__conn_deliver_retained(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_delivery_t *d,
+                               const uint32_t *sub_ids)
+{
+    RT_ASSERT(d->qos <= 2 && d->n_sub_ids <= RT_DELIVERY_MAX_SUB_IDS);
+    if ((d->acl_check && !acl_readable(c, bin)) || message_expired(d->expire_at_ms))
+        return;
+    if (c->shedding && d->qos == 0) {
+        count_dropped(self, c, bin, 0, "slow_consumer");
+        return;
+    }
+    rt_session_t *s = rt__conn_session_get_or_make(self, c);
+    rt_qmsg_t *m = s ? rt_qmsg_new(self, bin, d->qos, d->retain, d->expire_at_ms, d->shared,
+                                   sub_ids, d->n_sub_ids)
+                     : NULL;
+    long max = RT_LIVE(max_queued_messages);
+    const char *refused = !m                                    ? "no_memory"
+                          : max && s->queued.n >= (uint64_t)max ? "queue_full"
+                          : over_budget(c, 0) && !(rt_broker->memory_policy == RT_MEMORY_DROP_OLDEST &&
+                                                   drop_oldest_for(self, c, 0))
+                              ? "memory_budget"
+                              : NULL;
+    if (refused) {
+        count_dropped(self, c, bin, d->qos, refused);
+        rt_qmsg_free(self, m);
+        return;
+    }
+    if (!s->queued.n && !s->inflight.n && rt_cluster_durable())
+        s->clear_ms = rt_wall_ms();
+    if (rt__conn_session_is_durable(c))
+        rt__conn_store_msg(c, m, 0, 0);
+    rt_qlist_push(&s->queued, m);
+    queue_pump(self, c);
 }
 
 void rt__conn_retransmit(rt_actor_t *self, conn_t *c)

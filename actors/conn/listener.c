@@ -5,7 +5,10 @@
 **   max_connections         sockets open in the broker (stats.sockets);
 **   max_connections_per_ip  sockets open from one address, all listeners together;
 **   max_connection_rate     new connections a second per listener: a token bucket
-**                           holding one second's worth, refilled continuously.
+**                           holding one second's worth, refilled continuously;
+**   RT_LISTEN_FD_RESERVE    file descriptors MQTT clients may not take, so that a flood
+**                           of sockets leaves rtctl (the admin socket) and HTTP (/healthz)
+**                           some to accept with.
 ** A refused socket is closed at once (the client sees the connection end before
 ** any CONNACK), counted in stats.refused and in its reason's counter, and logged
 ** at most once a second per listener with the counts since the last line.
@@ -36,6 +39,7 @@
 #define RT_LISTEN_LOG_MS 1000         /* at most one refusal line per listener per this */
 #define RT_PEER_SWEEP_MS 100          /* an address at its limit is re-checked at most this often */
 #define RT_LISTEN_RETRY_MS 100        /* pause after accept fails (no descriptors left) */
+#define RT_LISTEN_FD_RESERVE 64       /* descriptors below the limit kept from MQTT clients */
 
 #define MSG_LISTENER_LOG (RT_MSG_USER + 1)    /* the refusal log may write its next line */
 #define MSG_LISTENER_RESUME (RT_MSG_USER + 2) /* accept again after a failure */
@@ -48,6 +52,7 @@ enum {
     REFUSE_RATE = RT_REFUSED_RATE,
     REFUSE_ERROR = RT_REFUSED_ERROR,
     REFUSE_UNTRUSTED = RT_REFUSED_UNTRUSTED,
+    REFUSE_FDS = RT_REFUSED_FDS,
     REFUSE_REASONS
 };
 
@@ -281,6 +286,7 @@ typedef struct {
     rt_auth_addr_t last_untrusted;     /* of the last PROXY protocol connection refused */
     bool log_armed;                    /* a log line was written less than RT_LISTEN_LOG_MS ago */
     uint64_t error_logged_ms;          /* when an accept failure was last logged */
+    uint32_t errors_unlogged;          /* accept failures since that line */
 } listener_t;
 
 /* Takes a token from the listener's bucket; false when max_connection_rate is spent. */
@@ -306,9 +312,11 @@ static bool rate_take_token(listener_t *l)
 */
 static int admit_socket(listener_t *l, int fd, rt_auth_addr_t *addr)
 {
+    bool known = rt_auth_addr_from_fd(fd, addr) == 0;
+    if (rt_fd_in_reserve(fd, RT_LISTEN_FD_RESERVE))
+        return REFUSE_FDS;
     if ((long)atomic_load(&rt_broker->stats.sockets) >= RT_LIVE(max_connections))
         return REFUSE_MAX;
-    bool known = rt_auth_addr_from_fd(fd, addr) == 0;
     const rt_listen_t *w = l->where;
     bool trusted = known && w->ntrusted && rt_conf_net_match(w->trusted_proxies, w->ntrusted,
                                                              addr->b);
@@ -417,7 +425,8 @@ static void log_refusals(rt_actor_t *self, listener_t *l)
                from, u[REFUSE_UNTRUSTED], l->where->host, l->port);
         u[REFUSE_UNTRUSTED] = 0;
     }
-    uint32_t total = u[REFUSE_MAX] + u[REFUSE_PER_IP] + u[REFUSE_RATE] + u[REFUSE_ERROR];
+    uint32_t total =
+        u[REFUSE_MAX] + u[REFUSE_PER_IP] + u[REFUSE_RATE] + u[REFUSE_ERROR] + u[REFUSE_FDS];
     if (total == 0) {
         if (self && !l->log_armed)
             l->log_armed =
@@ -429,9 +438,11 @@ static void log_refusals(rt_actor_t *self, listener_t *l)
         rt__conn_format_addr(&l->last_refused, last, sizeof(last));
     rt_log(RT_LOG_WARNING, "listener.refused",
            "%s:%d: %u connections refused (max_connections=%u max_connections_per_ip=%u "
-           "max_connection_rate=%u error=%u) last_per_ip=%s",
+           "max_connection_rate=%u fd_reserve=%u error=%u) last_per_ip=%s sockets=%llu "
+           "fd_limit=%ld",
            l->where->host, l->port, total, u[REFUSE_MAX], u[REFUSE_PER_IP], u[REFUSE_RATE],
-           u[REFUSE_ERROR], last);
+           u[REFUSE_FDS], u[REFUSE_ERROR], last,
+           (unsigned long long)atomic_load(&rt_broker->stats.sockets), rt_fd_limit());
     memset(l->unlogged, 0, sizeof(l->unlogged));
     if (self)
         l->log_armed =
@@ -450,7 +461,8 @@ static void refuse_socket(rt_actor_t *self, listener_t *l, int fd, int why,
                                                     [REFUSE_PER_IP] = &st->refused_per_ip,
                                                     [REFUSE_RATE] = &st->refused_rate,
                                                     [REFUSE_ERROR] = &st->refused_error,
-                                                    [REFUSE_UNTRUSTED] = &st->refused_untrusted};
+                                                    [REFUSE_UNTRUSTED] = &st->refused_untrusted,
+                                                    [REFUSE_FDS] = &st->refused_fds};
     atomic_fetch_add_explicit(&st->refused, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(reason[why], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->stats->refused[RT_REFUSED_ALL], 1, memory_order_relaxed);
@@ -497,10 +509,18 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
             /* Out of descriptors, most likely: the connection waits in the backlog. Retrying at
                once would spin (the socket stays readable), so accepting pauses for a moment. */
             uint64_t now = rt_mono_ms();
+            l->errors_unlogged++;
             if (now - l->error_logged_ms >= RT_LISTEN_LOG_MS) {
-                rt_log(RT_LOG_WARNING, "listener.accept", "%s:%d: %s (accepting again in %d ms)",
-                       l->where->host, l->port, rt_strerror(rc), RT_LISTEN_RETRY_MS);
+                rt_log(RT_LOG_WARNING, "listener.accept",
+                       "%s:%d: %s (%s) failures=%u sockets=%llu fd_limit=%ld "
+                       "(accepting again in %d ms)",
+                       l->where->host, l->port,
+                       rc == RT_ELIMIT ? "no file descriptor left" : "accept failed",
+                       rt_strerror(rc), l->errors_unlogged,
+                       (unsigned long long)atomic_load(&rt_broker->stats.sockets), rt_fd_limit(),
+                       RT_LISTEN_RETRY_MS);
                 l->error_logged_ms = now;
+                l->errors_unlogged = 0;
             }
             rt_sock_pause_reading(l->sock, true);
             if (rt_send_after_tag(RT_LISTEN_RETRY_MS, rt_self(self), MSG_LISTENER_RESUME, NULL))

@@ -96,12 +96,16 @@ void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk)
 
 /*
 ** How many acknowledgements rtd may withhold (waiting for commits) before it stops taking
-** the client's PUBLISHes: as many as the client may leave unacknowledged. Past it the
-** client is not at fault, so it is not disconnected; its input waits (acks_gate).
+** the client's PUBLISHes: as many as the client may leave unacknowledged.
 */
 static uint32_t withheld_acks_max(const conn_t *c)
 {
     return c->version == MQTT_V5 ? c->rx_max : (uint32_t)RT_LIVE(receive_maximum);
+}
+
+bool rt__conn_acks_held(const conn_t *c)
+{
+    return c->sess && c->sess->nacks && c->sess->nacks >= withheld_acks_max(c);
 }
 
 /*
@@ -132,10 +136,15 @@ static void pending_acks_flush(rt_actor_t *self, conn_t *c)
         memmove(s->acks, s->acks + i, (s->nacks - i) * sizeof(*s->acks));
         s->nacks -= i;
     }
-    if (c->acks_gate && s->nacks < withheld_acks_max(c)) {
-        c->acks_gate = 0;
+}
+
+/* pending_acks_flush for commits that came: input held for them goes on once under. */
+static void flush_after_commits(rt_actor_t *self, conn_t *c)
+{
+    bool held = rt__conn_acks_held(c);
+    pending_acks_flush(self, c);
+    if (held && !c->closing && !rt__conn_acks_held(c))
         rt__conn_resume_parsing(self, c);
-    }
 }
 
 /*
@@ -165,10 +174,8 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
                                              .type = type,
                                              .reason = reason};
     pending_acks_flush(self, c);
-    if (s->nacks >= withheld_acks_max(c) && c->sock && !c->acks_gate) {
-        c->acks_gate = 1;
-        rt_sock_pause_reading(c->sock, true);
-    }
+    if (rt__conn_acks_held(c) && c->sock)
+        rt_sock_pause_reading(c->sock, true); /* the parse loop stops at the next packet */
     if (s->nacks && !s->ack_timer) {
         s->ack_timer = 1;
         rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);
@@ -199,7 +206,7 @@ void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t sta
         a->lost |= status == RT_ENOPROC;
         break;
     }
-    pending_acks_flush(self, c);
+    flush_after_commits(self, c);
 }
 
 /*
@@ -220,7 +227,7 @@ void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c)
             s->acks[i].remaining = 0;
         }
     }
-    pending_acks_flush(self, c);
+    flush_after_commits(self, c);
     if (s->nacks) {
         s->ack_timer = 1;
         rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);

@@ -133,7 +133,11 @@ typedef struct {
     uint32_t sub_id;
 } retained_send_t;
 
-/* Runs under the retained store's read lock: queue for sending at once, call nothing back. */
+/*
+** Runs under the retained store's read lock: queues for sending, calls nothing back. The
+** messages join the session's queue, so a SUBSCRIBE answered with many retained messages
+** makes no more output than the client reads (delivery.c).
+*/
 static void retained_deliver(void *arg, const char *topic, size_t len, void *msg)
 {
     RT_ASSERT(rt_topic_locks_held() == 1);
@@ -146,7 +150,7 @@ static void retained_deliver(void *arg, const char *topic, size_t len, void *msg
                        .retain = 1,
                        .acl_check = rs->acl_check,
                        .n_sub_ids = rs->sub_id ? 1 : 0};
-    rt__conn_deliver(rs->self, rs->c, r->bin, &d, &rs->sub_id);
+    rt__conn_deliver_retained(rs->self, rs->c, r->bin, &d, &rs->sub_id);
 }
 
 /*

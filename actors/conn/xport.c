@@ -69,6 +69,10 @@ struct rt_xport_s {
     uint8_t listener;
     uint8_t websocket : 1;
     uint8_t ws_closing : 1; /* our close frame went out */
+    uint8_t preauth : 1;    /* before authentication: the stash counts in max_preauth_memory */
+    uint8_t pong_out : 1;   /* a pong was written and output may still wait (ws_pong) */
+    uint8_t held : 1;       /* the stash is input held back until output drains (a ping
+                               whose pong must wait, and what followed it) */
 };
 
 /* An idle WebSocket connection's whole transport cost: one 80-byte malloc chunk. */
@@ -87,6 +91,8 @@ static void stash_clear(rt_xport_t *xp)
 {
     free(xp->stash);
     atomic_fetch_sub_explicit(&xport_bytes, xp->stash_len, memory_order_relaxed);
+    if (xp->preauth)
+        rt__conn_preauth_charge(-(int64_t)xp->stash_len);
     xp->stash = NULL;
     xp->stash_len = 0;
 }
@@ -97,17 +103,29 @@ static uint8_t *stash_take(rt_xport_t *xp, size_t *len)
     uint8_t *b = xp->stash;
     *len = xp->stash_len;
     atomic_fetch_sub_explicit(&xport_bytes, xp->stash_len, memory_order_relaxed);
+    if (xp->preauth)
+        rt__conn_preauth_charge(-(int64_t)xp->stash_len);
     xp->stash = NULL;
     xp->stash_len = 0;
     return b;
 }
 
-/* Appends to the stash; false when out of memory. */
-static bool stash_append(rt_xport_t *xp, const uint8_t *p, size_t n)
+/*
+** Appends to the stash; false when out of memory, or when the pre-auth budget has no room
+** (then the connection is ended here, logged).
+*/
+static bool stash_append(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t *p, size_t n)
 {
-    uint8_t *s = realloc(xp->stash, (size_t)xp->stash_len + n);
-    if (!s)
+    if (xp->preauth && !rt__conn_preauth_charge((int64_t)n)) {
+        rt__conn_preauth_refused(self, c, (size_t)xp->stash_len + n);
         return false;
+    }
+    uint8_t *s = realloc(xp->stash, (size_t)xp->stash_len + n);
+    if (!s) {
+        if (xp->preauth)
+            rt__conn_preauth_charge(-(int64_t)n);
+        return false;
+    }
     memcpy(s + xp->stash_len, p, n);
     xp->stash = s;
     xp->stash_len += (uint32_t)n;
@@ -122,6 +140,21 @@ size_t rt__xport_memory(const conn_t *c)
         return 0;
     return sizeof(*xp) + xp->stash_len + (xp->rate ? sizeof(*xp->rate) : 0) +
            (xp->real ? sizeof(*xp->real) : 0) + rt_tls_conn_memory(&xp->tls);
+}
+
+size_t rt__xport_unsent(const conn_t *c)
+{
+    const rt_xport_t *xp = c->sock ? c->xp : NULL;
+    return xp ? xp->tls.out_len : 0;
+}
+
+void rt__xport_preauth_end(conn_t *c)
+{
+    rt_xport_t *xp = c->sock ? c->xp : NULL;
+    if (!xp || !xp->preauth)
+        return;
+    rt__conn_preauth_charge(-(int64_t)xp->stash_len);
+    xp->preauth = 0;
 }
 
 size_t rt_xport_total_memory(void)
@@ -176,6 +209,7 @@ int rt__xport_start(conn_t *c)
     atomic_fetch_add_explicit(&xport_bytes, sizeof(*xp), memory_order_relaxed);
     xp->listener = c->listener;
     xp->websocket = l->websocket[0] != 0;
+    xp->preauth = 1;
     xp->stage = l->proxy_protocol ? STAGE_PROXY
                 : l->tls_on       ? STAGE_TLS
                 : xp->websocket   ? STAGE_HTTP
@@ -418,7 +452,7 @@ static void proxy_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p,
 {
     uint8_t *own = NULL; /* the stash with what came joined to it */
     if (xp->stash_len) {
-        if (!stash_append(xp, p, n)) {
+        if (!stash_append(self, c, xp, p, n)) {
             fail(self, c);
             return;
         }
@@ -429,7 +463,7 @@ static void proxy_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p,
     const char *why = "malformed";
     int rc = rt_proxy_parse(p, n, &used, &info, &why);
     if (rc == RT_EAGAIN) { /* a prefix of a header within RT_PROXY_MAX: more must come */
-        if (!stash_append(xp, p, n))
+        if (!stash_append(self, c, xp, p, n))
             fail(self, c);
     } else if (rc != 0) {
         log_peer("proxy.refused", c, "reason=malformed detail=\"%s\"", why);
@@ -446,7 +480,7 @@ static void proxy_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p,
 
 static void ws_upgrade(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p, size_t n)
 {
-    if (!stash_append(xp, p, n)) {
+    if (!stash_append(self, c, xp, p, n)) {
         fail(self, c);
         return;
     }
@@ -495,10 +529,54 @@ static void ws_fail(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint16_t code, 
     fail(self, c);
 }
 
+/*
+** Whether a pong written earlier may still wait in rtd's output, after sending what can go
+** now: the client has not read it.
+*/
+static bool pong_waiting(conn_t *c, rt_xport_t *xp)
+{
+    if (!xp->pong_out)
+        return false;
+    int rc = 0;
+    if (rt_sock_pending(c->sock) + xp->tls.out_len) {
+        rt__xport_flush(c);
+        rc = rt_sock_flush(c->sock);
+    }
+    xp->pong_out = rc == RT_EAGAIN; /* then RT_SOCK_WRITABLE comes once it has drained */
+    return xp->pong_out;
+}
+
+/*
+** Answers the latest ping of a read (RFC 6455 5.5.3 lets the others go unanswered), with
+** at most one pong waiting in rtd's output: while the last one has not gone, the ping is
+** kept as a frame (unmasked: a zero mask) at the front of the stash, with what came after
+** it, and the client's input waits until the output drains (rt__xport_resume). So a client
+** that sends pings and never reads makes rtd write one pong, not one per ping.
+** Returns false when the connection ended.
+*/
+static bool ws_pong(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const rt_ws_event_t *ping,
+                    const uint8_t *rest, size_t rest_len)
+{
+    if (!pong_waiting(c, xp)) {
+        xp->pong_out = ws_send(xp, c->sock, RT_WS_OP_PONG, ping->data, ping->len) == 0;
+        return rest_len == 0 || stash_append(self, c, xp, rest, rest_len);
+    }
+    RT_ASSERT(ping->len <= RT_WS_CONTROL_MAX && !xp->stash_len);
+    uint8_t frame[6 + RT_WS_CONTROL_MAX] = {0x80 | RT_WS_OP_PING, 0x80 | (uint8_t)ping->len};
+    memcpy(frame + 6, ping->data, ping->len);
+    if (!stash_append(self, c, xp, frame, 6 + ping->len) ||
+        (rest_len && !stash_append(self, c, xp, rest, rest_len)))
+        return false;
+    xp->held = 1;
+    rt__conn_hold_input(c);
+    return true;
+}
+
 /* Decodes frames from buf; a split frame head stays in the stash for the next read. */
 static void ws_frames(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *buf, size_t len)
 {
     size_t off = 0;
+    rt_ws_event_t ping = {.kind = 0};
     while (off < len && flowing(c)) {
         size_t used = 0;
         rt_ws_event_t ev;
@@ -519,7 +597,7 @@ static void ws_frames(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *buf,
             rt__conn_input(self, c, ev.data, ev.len);
             break;
         case RT_WS_EV_PING:
-            ws_send(xp, c->sock, RT_WS_OP_PONG, ev.data, ev.len);
+            ping = ev; /* answered after the loop: pings that came together get one pong */
             break;
         case RT_WS_EV_PONG:
             break;
@@ -534,8 +612,26 @@ static void ws_frames(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *buf,
     }
     if (!flowing(c) || c->xp != xp)
         return;
-    if (off < len && !stash_append(xp, buf + off, len - off))
+    bool ok = ping.kind ? ws_pong(self, c, xp, &ping, buf + off, len - off)
+                        : off == len || stash_append(self, c, xp, buf + off, len - off);
+    if (!ok)
         fail(self, c);
+}
+
+void rt__xport_resume(rt_actor_t *self, conn_t *c)
+{
+    rt_xport_t *xp = c->xp;
+    if (!xp->held)
+        return;
+    xp->held = 0;
+    size_t len;
+    uint8_t *b = stash_take(xp, &len);
+    inputting = c;
+    ws_frames(self, c, xp, b, len);
+    inputting = NULL;
+    free(b);
+    if (handover.c == c)
+        hand_over_now(self, c);
 }
 
 static void ws_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p, size_t n)
@@ -544,13 +640,18 @@ static void ws_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p, si
         ws_upgrade(self, c, xp, p, n);
         return;
     }
+    if (xp->held) { /* waits behind the held ping (more records of one TLS read) */
+        if (!stash_append(self, c, xp, p, n))
+            fail(self, c);
+        return;
+    }
     if (!xp->stash_len) {
         ws_frames(self, c, xp, p, n);
         return;
     }
     /* A frame head was split: the stash (at most a header and a control frame) joins what
        came, and is decoded from its own copy. */
-    if (!stash_append(xp, p, n)) {
+    if (!stash_append(self, c, xp, p, n)) {
         fail(self, c);
         return;
     }

@@ -7,7 +7,14 @@
 ** admin command layer: a path /api/v1/clients/show/ID?x=y (or a JSON body, http_api.c)
 ** becomes the request line `clients show ID --x y --json`, answered by the same code as
 ** rtctl's (rt_admin_exec_*), now or when the worker or the connection actors reply.
+**
+** Admission. A flood of connections must not take the probes an orchestrator restarts rtd
+** by: one address holds at most RT_HTTP_CONNS_PER_ADDR connections, a socket that sends
+** nothing is closed after RT_HTTP_FIRST_BYTE_MS, and the last RT_HTTP_PROBE_SLOTS of
+** RT_HTTP_CONNS_MAX answer only /healthz and /readyz. The listener leaves the last
+** RT_HTTP_FD_RESERVE descriptors to the admin socket (MQTT leaves more, to both).
 */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +22,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "auth.h"
 #include "broker.h"
 #include "conn.h"
 #include "group.h"
@@ -32,7 +40,55 @@ static struct {
     rt_conf_t conf; /* http's part, read by every connection */
     rt_pid_t sup;
     _Atomic unsigned conns;
-} H;
+    /* Connections by address: the listener counts at accept, connections uncount at exit
+       (another thread), under lock; at most RT_HTTP_CONNS_MAX addresses have any. */
+    pthread_mutex_t lock;
+    struct {
+        rt_auth_addr_t addr;
+        uint32_t count; /* 0: a free entry */
+    } by_addr[RT_HTTP_CONNS_MAX];
+} H = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Counts a connection from a; false (not counted) when a has RT_HTTP_CONNS_PER_ADDR. */
+static bool addr_take(const rt_auth_addr_t *a)
+{
+    pthread_mutex_lock(&H.lock);
+    size_t free_at = RT_HTTP_CONNS_MAX, i;
+    for (i = 0; i < RT_HTTP_CONNS_MAX; i++) {
+        if (H.by_addr[i].count && memcmp(&H.by_addr[i].addr, a, sizeof(*a)) == 0)
+            break;
+        if (!H.by_addr[i].count && free_at == RT_HTTP_CONNS_MAX)
+            free_at = i;
+    }
+    if (i == RT_HTTP_CONNS_MAX && free_at < RT_HTTP_CONNS_MAX) {
+        i = free_at;
+        H.by_addr[i].addr = *a;
+    }
+    /* No entry at all would mean RT_HTTP_CONNS_MAX addresses with connections. */
+    bool ok = i < RT_HTTP_CONNS_MAX && H.by_addr[i].count < RT_HTTP_CONNS_PER_ADDR;
+    if (ok)
+        H.by_addr[i].count++;
+    pthread_mutex_unlock(&H.lock);
+    return ok;
+}
+
+static void addr_give(const rt_auth_addr_t *a)
+{
+    pthread_mutex_lock(&H.lock);
+    for (size_t i = 0; i < RT_HTTP_CONNS_MAX; i++)
+        if (H.by_addr[i].count && memcmp(&H.by_addr[i].addr, a, sizeof(*a)) == 0) {
+            H.by_addr[i].count--;
+            break;
+        }
+    pthread_mutex_unlock(&H.lock);
+}
+
+/* What the listener hands a connection it admitted. */
+typedef struct {
+    int fd;
+    bool probe_only; /* in one of the RT_HTTP_PROBE_SLOTS */
+    rt_auth_addr_t addr;
+} http_accept_t;
 
 /* ---- A connection ---- */
 
@@ -52,6 +108,9 @@ typedef struct {
     bool streaming;         /* the stream's head went out with its first event */
     bool tracing;           /* a trace's events are being sent (trace_part) */
     size_t pending;         /* bytes of the request whose answer the admin layer owes */
+    rt_auth_addr_t addr;    /* counted in H.by_addr */
+    bool probe_only;        /* answers /healthz and /readyz only */
+    bool heard;             /* the client has sent something: RT_HTTP_FIRST_BYTE_MS is over */
 } http_conn_t;
 
 /* Ends the connection: what was written goes out, then the socket closes. */
@@ -332,6 +391,12 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     /* PUT is POST's synonym: clients that send JSON bodies tend to pick either. */
     bool post = strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0;
     k->text = false;
+    if (k->probe_only) /* one answer, then the slot is free for the next probe */
+        k->keep_alive = false;
+    if (k->probe_only && strcmp(path, "/healthz") != 0 && strcmp(path, "/readyz") != 0) {
+        respond_error(k, 503, "too many connections: this one serves /healthz and /readyz only");
+        return true;
+    }
     if (strcmp(path, "/healthz") == 0) {
         respond_raw(k, 200, "application/json", "{\"status\": \"ok\"}\n", 17);
         return true;
@@ -492,6 +557,10 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
             finish(self, k);
             return;
         }
+        if (!k->heard) { /* the request's deadline replaces the first byte's */
+            k->heard = true;
+            arm_timer(self, k, request_ms());
+        }
         if (!(k->tls.ssl ? tls_input(self, k, data, len) : take(self, k, data, len)))
             return;
     }
@@ -520,10 +589,12 @@ static void on_timer(rt_actor_t *self, http_conn_t *k)
 static int conn_init(rt_actor_t *self, void *state, void *arg)
 {
     http_conn_t *k = state;
-    int fd = (int)(intptr_t)arg;
-    if (rt_sock_adopt(self, fd, &k->sock) != 0)
-        return RT_EINVAL; /* the listener closes fd */
+    const http_accept_t *a = arg;
+    if (rt_sock_adopt(self, a->fd, &k->sock) != 0)
+        return RT_EINVAL; /* the listener closes fd and uncounts it */
     k->exec.sock = k->sock;
+    k->addr = a->addr;
+    k->probe_only = a->probe_only;
     atomic_fetch_add(&H.conns, 1);
     /* From here the socket is the actor's: a failure ends the actor, which closes it. */
     if (H.conf.http.where.tls_on &&
@@ -531,7 +602,8 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
         finish(self, k);
         return 0;
     }
-    arm_timer(self, k, request_ms()); /* the request's, and the handshake's */
+    uint64_t first = request_ms() < RT_HTTP_FIRST_BYTE_MS ? request_ms() : RT_HTTP_FIRST_BYTE_MS;
+    arm_timer(self, k, first);
     return 0;
 }
 
@@ -573,6 +645,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         rt_tls_conn_close(&k->tls); /* the last answer, then close_notify */
     rt_admin_exec_free(&k->exec);
     atomic_fetch_sub(&H.conns, 1);
+    addr_give(&k->addr);
 }
 
 /* A turn's answers go out as one TLS record (tls_conn.h). */
@@ -629,13 +702,20 @@ static void listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (m->tag != RT_MSG_SOCKET)
         return;
     for (int i = 0; i < HTTP_ACCEPTS_PER_TURN; i++) {
-        int fd;
-        if (rt_sock_accept(l->sock, &fd) != 0)
+        http_accept_t a = {.fd = -1};
+        if (rt_sock_accept(l->sock, &a.fd) != 0)
             return; /* none waiting; or out of descriptors: the next event retries */
+        unsigned conns = atomic_load(&H.conns);
+        a.probe_only = conns >= RT_HTTP_CONNS_MAX - RT_HTTP_PROBE_SLOTS;
+        bool counted = false;
         rt_pid_t pid;
-        if (atomic_load(&H.conns) >= RT_HTTP_CONNS_MAX ||
-            rt_spawn(&http_conn_type, (void *)(intptr_t)fd, &pid) != 0)
-            close(fd);
+        if (conns >= RT_HTTP_CONNS_MAX || rt_fd_in_reserve(a.fd, RT_HTTP_FD_RESERVE) ||
+            rt_auth_addr_from_fd(a.fd, &a.addr) != 0 || !(counted = addr_take(&a.addr)) ||
+            rt_spawn(&http_conn_type, &a, &pid) != 0) {
+            if (counted)
+                addr_give(&a.addr);
+            close(a.fd);
+        }
     }
 }
 

@@ -16,6 +16,11 @@
 #define RT_HTTP_GROUP "http_sup"
 #define RT_HTTP_BODY_MAX (64 * 1024) /* a request body is refused (413) past this */
 #define RT_HTTP_CONNS_MAX 1024       /* HTTP connections at once; more are refused at accept */
+#define RT_HTTP_CONNS_PER_ADDR 256   /* from one address at once; more are refused at accept */
+#define RT_HTTP_PROBE_SLOTS 16       /* the last connections under RT_HTTP_CONNS_MAX serve only
+                                        /healthz and /readyz (others get 503) */
+#define RT_HTTP_FIRST_BYTE_MS 2000   /* a connection that has sent nothing is closed */
+#define RT_HTTP_FD_RESERVE 16        /* descriptors HTTP leaves for the admin socket */
 #define RT_HTTP_IDLE_MS 60000        /* a kept-alive connection with no request is closed */
 
 /* Starts the listener under sup when conf->http.on (else does nothing): 0 or an RT_E* code. */

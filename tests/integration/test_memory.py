@@ -12,7 +12,7 @@ import time
 import pytest
 
 import mqtt_raw
-from conftest import BUILD, ROOT, Rtd, wait_for
+from conftest import BUILD, ROOT, Rtd, sanitized, wait_for
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
 KIB = 1024
@@ -59,14 +59,6 @@ def start(tmp_path, *extra):
     data.mkdir()
     return Rtd(f'rules_dir="{rules_dir(tmp_path)}"', f"rule_memory={RULE_MEMORY}",
                "rule_instructions=100000000", "rule_call_ms=60000", *extra, data_dir=str(data))
-
-
-def sanitized(pid):
-    """A sanitizer's allocator serves rtd: mallinfo2 knows nothing of it, and it keeps freed
-    memory in quarantine and adds shadow memory, so RSS cannot be told apart there."""
-    with open(f"/proc/{pid}/maps") as f:
-        maps = f.read()
-    return "libasan" in maps or "libtsan" in maps
 
 
 def status(pid, field):
