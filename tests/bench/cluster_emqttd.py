@@ -39,7 +39,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from conftest import BUILD, Rtd, free_port  # noqa: E402
-from test_cluster import NATS_SERVER, NatsCluster, cluster_option  # noqa: E402
+from cluster_harness import NATS_SERVER, NatsCluster, cluster_option, until  # noqa: E402
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -109,17 +109,6 @@ def http_json(port, path, timeout=5):
         return json.loads(r.read())
 
 
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout} s: {what() if callable(what) else what}")
-        time.sleep(0.5)
-
-
 class NatsMqtt:
     """n nats-servers as one cluster with JetStream, each with an MQTT listener."""
 
@@ -154,7 +143,7 @@ mqtt {{
                     s["proc"] = subprocess.Popen([NATS_SERVER, "-c", s["conf"]], stdout=lg,
                                                  stderr=subprocess.STDOUT)
             for s in self.servers:
-                wait_for(lambda: self.ready(s), 60, lambda: self.logs())
+                until(lambda: self.ready(s), 60, lambda: self.logs())
         except BaseException:
             self.stop()
             raise
@@ -218,7 +207,7 @@ class System:
                 # Connected, and the buckets bound (`retained: replicated`): before that a
                 # node lets clean sessions in unclaimed, which would make connecting cheaper.
                 for node in self.nodes:
-                    wait_for(lambda: (lambda st: st["nats"] == "connected" and
+                    until(lambda: (lambda st: st["nats"] == "connected" and
                                       st["retained"] == "replicated")(
                                           node.ctl_json("cluster", "status")),
                              60, lambda: node.read_log()[-2000:])
