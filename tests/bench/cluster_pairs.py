@@ -24,7 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from conftest import BUILD, Rtd  # noqa: E402
-from test_cluster import NatsCluster, cluster_option, until  # noqa: E402
+from cluster_harness import NatsCluster, cluster_option, until  # noqa: E402
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
 TICK = os.sysconf("SC_CLK_TCK")
