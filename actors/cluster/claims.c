@@ -11,7 +11,7 @@
 /* How far apart the nodes' wall clocks may be (NTP keeps them much closer). */
 #define CLOCKS_APART_MS 2000
 
-/* A claim made while this node's lease does not hold waits this long for it at most. */
+/* A claim made before this node's first lease waits this long for it at most. */
 #define LEASE_TAKE_WAIT_MS 1000
 
 #define H_PART "Rt-Part" /* "<i> <n>": part i of an answer in n parts; "0 0": nothing */
@@ -216,9 +216,9 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
        timeout, and claim nothing this node could not keep. */
     if (natsConnection_Status(rt__cluster.nc) != NATS_CONN_STATUS_CONNECTED)
         return RT_EAGAIN;
-    /* Just started, or the lease being taken again: it comes within a renewal or two. */
-    for (int i = 0;
-         i < LEASE_TAKE_WAIT_MS / 10 && !rt_cluster_lease_holds(rt_cluster_lease_generation()); i++)
+    /* Just started: the first lease comes within a renewal or two. (After a lapse claims
+       fail at once until it holds again: a stalled node must not queue them a second each.) */
+    for (int i = 0; i < LEASE_TAKE_WAIT_MS / 10 && !atomic_load(&rt__cluster.lease_until_ms); i++)
         nats_Sleep(10);
     *lease = rt_cluster_lease_generation();
     if (!rt_cluster_lease_holds(*lease))

@@ -89,6 +89,8 @@ static void *lease_run(void *arg)
     kvStore *kv = NULL;
     char bucket[sizeof(rt__cluster.bucket)];
     snprintf(bucket, sizeof(bucket), "%s_clients", rt__cluster.prefix);
+    uint64_t first_try_ms = 0; /* the first lease wanted since then */
+    bool said = false;
     pthread_mutex_lock(&rt__cluster.lease_lock);
     while (!atomic_load(&rt__cluster.stopping)) {
         pthread_mutex_unlock(&rt__cluster.lease_lock);
@@ -105,8 +107,21 @@ static void *lease_run(void *arg)
                 js = NULL;
             }
         }
-        if (kv && kvStore_PutString(NULL, kv, key, value) == NATS_OK)
+        natsStatus s = kv ? kvStore_PutString(NULL, kv, key, value) : NATS_NOT_YET_CONNECTED;
+        if (s == NATS_OK) {
             renewed(sent);
+        } else if (!atomic_load(&rt__cluster.lease_until_ms)) {
+            /* The first lease not taken yet: said once, after LEASE_MS of trying. */
+            if (!first_try_ms) {
+                first_try_ms = sent;
+            } else if (!said && sent - first_try_ms >= LEASE_MS) {
+                rt_log(RT_LOG_WARNING, "cluster.lease_waiting",
+                       "no lease after %" PRIu64 " ms: %s (%s); no client id is claimed here "
+                       "until JetStream confirms one",
+                       sent - first_try_ms, natsStatus_GetText(s), nats_GetLastError(NULL));
+                said = true;
+            }
+        }
         uint64_t until = atomic_load(&rt__cluster.lease_until_ms);
         if (until && rt_mono_ms() >= until)
             lapse(until);

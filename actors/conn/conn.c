@@ -902,6 +902,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case RT_CONN_MSG_RESTORED:
         /* From its own turn, so the store learns the session's new owner (epoch). */
         rt_store_session(c->client_id, c->session_expiry, false, false);
+        /* In a cluster another node may have claimed the id since: checked now if the lease
+           is held already, else when it is taken (RT_CLUSTER_MSG_LEASE). */
+        if (rt_cluster_on())
+            rt__conn_verify_kept(self, c);
         break;
     case RT_CONN_MSG_IMPORTED:
         rt__conn_on_imported(self, c);

@@ -111,6 +111,8 @@ class Watched(Raw):
         return Raw.read(self, timeout)
 
     def _read_all(self):
+        """Notes each packet; t_closed: when the broker ended the connection, by its
+        DISCONNECT (after which it serves nothing on it) or the close, whichever came first."""
         while self.t_closed is None:
             try:
                 p = Raw.read(self, 0.2)
@@ -120,6 +122,9 @@ class Watched(Raw):
             if p is not None:
                 with self.lock:
                     self.packets.append((time.monotonic(), p))
+                if p.type == DISCONNECT:
+                    self.t_closed = self.packets[-1][0]
+                    return
                 if p.type == PUBLISH and (p.flags >> 1) & 3 == 1:
                     f = self.publish_fields(p)
                     self.send(PUBACK << 4, u16(f["pid"]))
@@ -152,6 +157,15 @@ def connect_subscribed(node, cid, topic_filter):
     c.reader = threading.Thread(target=c._read_all, daemon=True)
     c.reader.start()
     return c
+
+
+def held_on(holder, taker, cid, pfx):
+    """cid connected to holder, subscribed to pfx/x, with a publisher on taker whose messages
+    reach it: (the client, the publisher)."""
+    old = connect_subscribed(holder, cid, f"{pfx}/x")
+    pub = raw_publisher(taker, "pub")
+    route_ready(pub, f"{pfx}/x", old)
+    return old, pub
 
 
 def raw_publisher(node, name):
@@ -268,9 +282,7 @@ def test_takeover_while_the_holders_nats_server_is_stopped(nats, pfx):
     stopped = None
     try:
         cid = "hs-" + pfx
-        old = connect_subscribed(h, cid, f"{pfx}/x")
-        pub = raw_publisher(t, "pub")
-        route_ready(pub, f"{pfx}/x", old)
+        old, pub = held_on(h, t, cid, pfx)
         server, _ = nats.conn("rtd:hs:routes")
         assert server is not None, "the holder's NATS connection is not on a server"
         holders = Holders(cid, [h, t])
@@ -313,9 +325,7 @@ def frozen_takeover(nats, pfx, tag):
     resumed."""
     h, t = pair(nats, tag)
     cid = f"hf{tag}-" + pfx
-    old = connect_subscribed(h, cid, f"{pfx}/x")
-    pub = raw_publisher(t, "pub")
-    route_ready(pub, f"{pfx}/x", old)
+    old, pub = held_on(h, t, cid, pfx)
     watcher = connect_subscribed(t, "w-" + cid, f"{pfx}/from-old")
     probe = raw_publisher(h, "probe")
     route_ready(probe, f"{pfx}/from-old", watcher)
@@ -399,9 +409,7 @@ def test_restarted_node_does_not_serve_sessions_claimed_elsewhere(nats, pfx, tmp
     h2 = None
     try:
         cid = "hc-" + pfx
-        old = connect_subscribed(h, cid, f"{pfx}/x")
-        pub = raw_publisher(t, "pub")
-        route_ready(pub, f"{pfx}/x", old)
+        old, pub = held_on(h, t, cid, pfx)
         h.kill9()
         new = open_new(t, cid)
         new.subscribe_now(f"{pfx}/x")
