@@ -39,7 +39,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from conftest import BUILD, Rtd, free_port  # noqa: E402
-from test_cluster import NATS_SERVER, NatsCluster, cluster_option  # noqa: E402
+from cluster_harness import NATS_SERVER, NatsCluster, cluster_option  # noqa: E402
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
 TICK = os.sysconf("SC_CLK_TCK")
