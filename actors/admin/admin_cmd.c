@@ -337,6 +337,11 @@ static int cmd_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "sessions_replayed", st.replays);
     rt_doc_add_u64(c->doc, "messages_replayed", st.replayed);
     rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
+    rt_doc_add_str(c->doc, "lease", st.lease_held ? "held" : "lost");
+    rt_doc_add_u64(c->doc, "lease_lapses", st.lease_lapses);
+    rt_doc_add_u64(c->doc, "lease_waits", st.lease_waits);
+    rt_doc_add_u64(c->doc, "stale_takeovers", st.stale_takeovers);
+    rt_doc_add_u64(c->doc, "control_refused", st.control_refused);
     return 200;
 }
 

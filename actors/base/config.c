@@ -111,7 +111,8 @@ static const setting_t settings[] = {
      "{ bind = \"host:port\", api_keys_file = \"...\", metrics_public = true, "
      "request_timeout = s }: HTTP API"},
     {"cluster", K_CLUSTER, OFF(cluster), 0, 0, 0, NULL,
-     "{ node = \"name\", nats = { \"nats://host:port\", ... }, ... }: join a cluster"},
+     "{ node = \"name\", nats = { \"nats://host:port\", ... }, secret_file = \"path\", ... }: "
+     "join a cluster"},
     {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
      "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
     INT(connect_timeout, 1, 3600,
@@ -781,10 +782,19 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
             ok = table_string(L, "cluster", k, c->cluster.tls_cert, RT_CONF_PATH_MAX, why, whylen);
         else if (strcmp(k, "tls_key") == 0)
             ok = table_string(L, "cluster", k, c->cluster.tls_key, RT_CONF_PATH_MAX, why, whylen);
+        else if (strcmp(k, "secret_file") == 0 && lua_type(L, -1) == LUA_TBOOLEAN) {
+            ok = !lua_toboolean(L, -1);
+            c->cluster.unsigned_control = ok;
+            if (!ok)
+                snprintf(why, whylen, "cluster.secret_file must be a path, or false");
+        } else if (strcmp(k, "secret_file") == 0)
+            ok = table_string(L, "cluster", k, c->cluster.secret_file, RT_CONF_PATH_MAX, why,
+                              whylen);
         else {
             snprintf(why, whylen,
                      "cluster: unknown key \"%s\" (node, nats, prefix, replicas, "
-                     "durable, replay_margin, user, password, token, tls_ca, tls_cert, tls_key)",
+                     "durable, replay_margin, user, password, token, tls_ca, tls_cert, tls_key, "
+                     "secret_file)",
                      k);
             ok = false;
         }
@@ -800,6 +810,13 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     }
     if (!c->cluster.tls_cert[0] != !c->cluster.tls_key[0]) {
         snprintf(why, whylen, "cluster: tls_cert and tls_key go together");
+        return false;
+    }
+    if (!c->cluster.secret_file[0] && !c->cluster.unsigned_control) {
+        snprintf(why, whylen,
+                 "cluster needs secret_file = \"path\" (a file only rtd reads, the nodes' "
+                 "shared secret: head -c 32 /dev/urandom | base64), or secret_file = false to "
+                 "let anyone who can publish on NATS end clients and move sessions");
         return false;
     }
     if (!c->cluster.replicas)
@@ -1344,10 +1361,11 @@ static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, cons
     }
     if (s->kind == K_CLUSTER) {
         int rc = 0;
-        char *files[] = {c->cluster.tls_ca, c->cluster.tls_cert, c->cluster.tls_key};
-        for (size_t i = 0; i < 3 && rc == 0; i++)
-            rc = resolve_field(files[i], RT_CONF_PATH_MAX, "cluster tls file", base, where, err,
-                               errlen);
+        char *files[] = {c->cluster.tls_ca, c->cluster.tls_cert, c->cluster.tls_key,
+                         c->cluster.secret_file};
+        for (size_t i = 0; i < 4 && rc == 0; i++)
+            rc =
+                resolve_field(files[i], RT_CONF_PATH_MAX, "cluster file", base, where, err, errlen);
         return rc;
     }
     if (s->kind == K_LISTENERS) {

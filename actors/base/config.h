@@ -208,6 +208,9 @@ typedef struct rt_conf_s {
         char user[RT_CONF_VALUE_LEN], password[RT_CONF_VALUE_LEN], token[RT_CONF_VALUE_LEN];
         char tls_ca[RT_CONF_PATH_MAX]; /* verify the NATS servers against it; "": plain */
         char tls_cert[RT_CONF_PATH_MAX], tls_key[RT_CONF_PATH_MAX]; /* a client certificate */
+        char secret_file[RT_CONF_PATH_MAX]; /* the key that signs the nodes' control requests
+                                               and answers (docs/CLUSTER.md "Security") */
+        bool unsigned_control;              /* secret_file = false: they go unsigned */
     } cluster;
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;

@@ -8,6 +8,12 @@
 
 #define TAKEOVER_WAIT_MS 2000
 
+/* How far apart the nodes' wall clocks may be (NTP keeps them much closer). */
+#define CLOCKS_APART_MS 2000
+
+/* A claim made before this node's first lease waits this long for it at most. */
+#define LEASE_TAKE_WAIT_MS 1000
+
 #define H_PART "Rt-Part" /* "<i> <n>": part i of an answer in n parts; "0 0": nothing */
 
 #define H_WANT "Rt-Want" /* "session": the claimer resumes the session, which moves */
@@ -34,18 +40,30 @@ static bool request_parts(const char *subject, const char *id, bool want, uint8_
     if (s == NATS_OK && want)
         s = natsMsgHeader_Set(req, H_WANT, "session");
     if (s == NATS_OK)
+        s = rt__cluster_sign(req);
+    if (s == NATS_OK)
         s = natsConnection_PublishMsg(rt__cluster.nc, req);
     natsMsg_Destroy(req);
     uint8_t *buf = NULL;
     size_t have = 0;
+    /* Each part within TAKEOVER_WAIT_MS of the one before; what does not verify (anyone may
+       publish on the inbox) is dropped, and does not extend the wait. */
+    uint64_t deadline = rt_mono_ms() + TAKEOVER_WAIT_MS;
     for (unsigned got = 0, parts = 1; s == NATS_OK && got < parts;) {
         natsMsg *part = NULL;
-        s = natsSubscription_NextMsg(&part, sub, TAKEOVER_WAIT_MS);
+        uint64_t now = rt_mono_ms();
+        s = now < deadline ? natsSubscription_NextMsg(&part, sub, (int64_t)(deadline - now))
+                           : NATS_TIMEOUT;
         if (s != NATS_OK)
             break;
         const char *h = NULL;
         unsigned i = 0, n = 0;
+        int64_t age;
         size_t dlen = (size_t)natsMsg_GetDataLength(part);
+        if (!rt__cluster_verified(part, "answer", false, &age)) {
+            natsMsg_Destroy(part);
+            continue;
+        }
         if (natsMsgHeader_Get(part, H_PART, &h) != NATS_OK || sscanf(h, "%u %u", &i, &n) != 2 ||
             (n && i != got + 1) || n > RT_CLUSTER_MOVE_MAX / 1024 ||
             have + dlen > RT_CLUSTER_MOVE_MAX) {
@@ -59,6 +77,7 @@ static bool request_parts(const char *subject, const char *id, bool want, uint8_
                 memcpy(buf + have, natsMsg_GetData(part), dlen);
                 have += dlen;
                 got++;
+                deadline = rt_mono_ms() + TAKEOVER_WAIT_MS;
             }
         }
         natsMsg_Destroy(part);
@@ -82,41 +101,170 @@ void rt__cluster_node_subject(const char *holder, const char *what, char *out, s
     snprintf(out, cap, "%s_ctl.node.%s.%s", rt__cluster.prefix, node, what);
 }
 
-/* In cluster_kv: the id recorded as this node's, by compare-and-swap. A session that moves
-   here (want_session) is imported, and *moving says the claim is answered later. */
-static int claim(const claim_t *cl, const char *id, bool *moving)
+/*
+** The last value of key in the clients bucket, as its stream's leader has it (value: NUL-
+** terminated, cut to cap). Not a direct get: those go to any replica, and one that lags (or
+** whose server is stopped) would answer late or not at all; a holder's lease must be read
+** where its renewals are decided. NATS_NOT_FOUND when the key has no value.
+*/
+static natsStatus read_key(const char *key, char *value, size_t cap, uint64_t *revision)
+{
+    char stream[sizeof(rt__cluster.prefix) + 16], subject[3 * RT_CLIENT_TEXT_MAX + 48];
+    snprintf(stream, sizeof(stream), "KV_%s_clients", rt__cluster.prefix);
+    snprintf(subject, sizeof(subject), "$KV.%s_clients.%s", rt__cluster.prefix, key);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, rt__cluster.js, stream, subject, NULL, &jerr);
+    if (s != NATS_OK)
+        return s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr ? NATS_NOT_FOUND : s;
+    const char *op = NULL;
+    if (natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK) { /* DEL or PURGE */
+        natsMsg_Destroy(m);
+        return NATS_NOT_FOUND;
+    }
+    snprintf(value, cap, "%.*s", natsMsg_GetDataLength(m), natsMsg_GetData(m));
+    *revision = natsMsg_GetSequence(m);
+    natsMsg_Destroy(m);
+    return NATS_OK;
+}
+
+/* The node of a holder's value ("<node> <run>"). */
+static void holder_node(const char *holder, char *node, size_t cap)
+{
+    snprintf(node, cap, "%.*s", (int)strcspn(holder, " "), holder);
+}
+
+/* What a claimer learns from a holder's lease key (lease.c). */
+typedef enum {
+    HOLDER_GONE,    /* the holder's run ended: its lease key names another run, or it was seen
+                       lapsed at this revision */
+    HOLDER_LEASED,  /* it may be serving: ask it, and wait out its lease if it is silent */
+    HOLDER_UNKNOWN, /* JetStream did not answer */
+} holder_state_t;
+
+static holder_state_t holder_lease(const char *holder, uint64_t *revision)
+{
+    char node[RT_CONF_NODE_MAX], key[RT_CONF_NODE_MAX + 8];
+    holder_node(holder, node, sizeof(node));
+    rt__cluster_lease_key(node, key, sizeof(key));
+    *revision = 0;
+    char value[32];
+    natsStatus s = read_key(key, value, sizeof(value), revision);
+    if (s == NATS_NOT_FOUND)
+        return HOLDER_LEASED; /* no key yet: wait it out as if it were renewed just now */
+    if (s != NATS_OK)
+        return HOLDER_UNKNOWN;
+    const char *run = strchr(holder, ' ');
+    if (!run || strcmp(value, run + 1) != 0)
+        return HOLDER_GONE;
+    for (unsigned i = 0; i < rt__cluster.nlapsed; i++)
+        if (strcmp(rt__cluster.lapsed[i].value, holder) == 0 &&
+            rt__cluster.lapsed[i].revision == *revision)
+            return HOLDER_GONE;
+    return HOLDER_LEASED;
+}
+
+static void remember_lapsed(const char *holder, uint64_t revision)
+{
+    unsigned i = 0;
+    while (i < rt__cluster.nlapsed && strcmp(rt__cluster.lapsed[i].value, holder) != 0)
+        i++;
+    if (i == rt__cluster.nlapsed) {
+        unsigned cap = sizeof(rt__cluster.lapsed) / sizeof(rt__cluster.lapsed[0]);
+        i = rt__cluster.nlapsed < cap ? rt__cluster.nlapsed++ : (unsigned)(revision % cap);
+    }
+    snprintf(rt__cluster.lapsed[i].value, sizeof(rt__cluster.lapsed[i].value), "%s", holder);
+    rt__cluster.lapsed[i].revision = revision;
+}
+
+/*
+** A holder that did not answer: whether its lease ran out. The lease key was read at
+** read_ms (after its answer came) at revision; a renewal the holder sent before then has a
+** revision no higher, and holds until LEASE_MS after it was sent. So once the key is still
+** at that revision LEASE_MS + LEASE_MARGIN_MS after read_ms, the holder has served nothing
+** for a while (it ends its clients when its lease runs out) and the id can be taken.
+*/
+static holder_state_t wait_out_lease(const char *holder, uint64_t revision, uint64_t read_ms)
+{
+    uint64_t until = read_ms + LEASE_MS + LEASE_MARGIN_MS, now = rt_mono_ms();
+    atomic_fetch_add_explicit(&rt__cluster.lease_waits, 1, memory_order_relaxed);
+    if (until > now)
+        nats_Sleep((int64_t)(until - now));
+    uint64_t again = 0;
+    holder_state_t st = holder_lease(holder, &again);
+    if (st == HOLDER_LEASED && again == revision) {
+        remember_lapsed(holder, revision);
+        st = HOLDER_GONE;
+    }
+    return st;
+}
+
+/*
+** In cluster_kv: the id recorded as this node's, by compare-and-swap, under the lease
+** generation *lease (the claim is void if the lease does not hold at the swap). A holder is
+** asked first; one that does not answer is waited out (wait_out_lease). A session that moves
+** here (want_session) is imported, and *moving says the claim is answered later. verify:
+** keep the id if this node (this run or an earlier one) holds it or nobody does, RT_EEXIST if
+** another node does.
+*/
+static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *lease)
 {
     char key[3 * RT_CLIENT_TEXT_MAX + 1];
     if (rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
         return RT_EINVAL;
-    /* Cut off from NATS: say so now rather than after JetStream's timeout. */
+    /* Cut off from NATS, or the lease lapsed: say so now rather than after JetStream's
+       timeout, and claim nothing this node could not keep. */
     if (natsConnection_Status(rt__cluster.nc) != NATS_CONN_STATUS_CONNECTED)
         return RT_EAGAIN;
+    /* Just started: the first lease comes within a renewal or two. (After a lapse claims
+       fail at once until it holds again: a stalled node must not queue them a second each.) */
+    for (int i = 0; i < LEASE_TAKE_WAIT_MS / 10 && !atomic_load(&rt__cluster.lease_until_ms); i++)
+        nats_Sleep(10);
+    *lease = rt_cluster_lease_generation();
+    if (!rt_cluster_lease_holds(*lease))
+        return RT_EAGAIN;
+    bool alive_silent = false;
     for (int attempt = 0; attempt < CLAIM_ATTEMPTS; attempt++) {
-        kvEntry *e = NULL;
-        natsStatus s = kvStore_Get(&e, rt__cluster.clients, key);
+        char holder[sizeof(rt__cluster.value)], node[RT_CONF_NODE_MAX];
         uint64_t rev = 0;
+        natsStatus s = read_key(key, holder, sizeof(holder), &rev);
         if (s == NATS_NOT_FOUND) {
             s = kvStore_CreateString(&rev, rt__cluster.clients, key, rt__cluster.value);
             if (s == NATS_OK)
-                return 0;
+                return rt_cluster_lease_holds(*lease) ? 0 : RT_EAGAIN;
             continue; /* another node made it first */
         }
         if (s != NATS_OK)
             return RT_EAGAIN;
-        char holder[sizeof(rt__cluster.value)];
-        snprintf(holder, sizeof(holder), "%.*s", kvEntry_ValueLen(e),
-                 (const char *)kvEntry_Value(e));
-        rev = kvEntry_Revision(e);
-        kvEntry_Destroy(e);
         if (strcmp(holder, rt__cluster.value) == 0)
-            return 0;
-        /* No answer (a node gone) is fine: the id is taken over without its session. */
+            return rt_cluster_lease_holds(*lease) ? 0 : RT_EAGAIN;
+        /* An earlier run of this node is gone: nobody to ask or wait for. */
+        holder_node(holder, node, sizeof(node));
+        bool earlier_run = strcmp(node, rt__cluster.node) == 0;
+        if (cl->verify && !earlier_run)
+            return RT_EEXIST;
+        uint64_t lease_rev = 0;
+        holder_state_t st = earlier_run ? HOLDER_GONE : holder_lease(holder, &lease_rev);
+        uint64_t read_ms = rt_mono_ms();
+        if (st == HOLDER_UNKNOWN)
+            return RT_EAGAIN;
         char subject[RT_CONF_NODE_MAX * 2 + 24];
         rt__cluster_node_subject(holder, "takeover", subject, sizeof(subject));
         uint8_t *session = NULL;
         size_t len = 0;
-        bool answered = request_parts(subject, id, cl->want_session, &session, &len);
+        bool answered =
+            st == HOLDER_LEASED && request_parts(subject, id, cl->want_session, &session, &len);
+        if (st == HOLDER_LEASED && !answered) {
+            if (alive_silent)
+                return RT_EBUSY; /* asked twice, renewing its lease all along */
+            st = wait_out_lease(holder, lease_rev, read_ms);
+        }
+        if (st == HOLDER_UNKNOWN)
+            return RT_EAGAIN;
+        if (st == HOLDER_LEASED && !answered) {
+            alive_silent = true; /* it renewed its lease meanwhile: ask once more */
+            continue;
+        }
         if (kvStore_UpdateString(NULL, rt__cluster.clients, key, rt__cluster.value, rev) !=
             NATS_OK) {
             if (len)
@@ -126,9 +274,15 @@ static int claim(const claim_t *cl, const char *id, bool *moving)
             free(session);
             continue;
         }
+        if (!rt_cluster_lease_holds(*lease)) {
+            free(session);
+            return RT_EAGAIN;
+        }
+        if (cl->verify)
+            return 0;
         atomic_fetch_add_explicit(&rt__cluster.claims_taken_over, 1, memory_order_relaxed);
-        rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s session_bytes=%zu", id,
-               holder, len);
+        rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s session_bytes=%zu%s",
+               id, holder, len, answered ? "" : " (it did not answer; its lease ran out)");
         /* Its node is gone (no answer): durable mode has the session's record. */
         int64_t replay_from_ms = 0;
         if (!answered && cl->want_session &&
@@ -150,15 +304,16 @@ static int claim(const claim_t *cl, const char *id, bool *moving)
         move_t *mv = (move_t *)(void *)m->data;
         mv->reply_to = cl->reply_to;
         mv->session = imported;
+        mv->lease = *lease;
         mv->replay_from_ms = replay_from_ms;
-        snprintf(mv->holder, sizeof(mv->holder), "%.*s", (int)strcspn(holder, " "), holder);
+        snprintf(mv->holder, sizeof(mv->holder), "%s", node);
         mv->len = (uint32_t)strlen(id);
         memcpy(mv->id, id, mv->len);
         *moving =
             rt_send_msg(atomic_load_explicit(&rt__cluster.out_pid, memory_order_acquire), m) == 0;
         return 0;
     }
-    return RT_EAGAIN;
+    return alive_silent ? RT_EBUSY : RT_EAGAIN;
 }
 
 void rt__cluster_claim_one(const claim_t *cl)
@@ -166,13 +321,21 @@ void rt__cluster_claim_one(const claim_t *cl)
     char id[RT_CLIENT_TEXT_MAX];
     snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
     bool moving = false;
-    rt_cluster_claimed_t r = {.status = claim(cl, id, &moving)};
-    atomic_fetch_add_explicit(r.status ? &rt__cluster.claims_failed : &rt__cluster.claims, 1,
-                              memory_order_relaxed);
-    if (r.status)
+    rt_cluster_claimed_t r = {0};
+    r.status = claim(cl, id, &moving, &r.lease);
+    if (cl->verify) {
+        if (r.status == RT_EEXIST)
+            atomic_fetch_add_explicit(&rt__cluster.claims_failed, 1, memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(r.status ? &rt__cluster.claims_failed : &rt__cluster.claims, 1,
+                                  memory_order_relaxed);
+    }
+    if (r.status && r.status != RT_EEXIST)
         rt_log(RT_LOG_WARNING, "cluster.claim_failed", "client=%s: %s", id,
-               r.status == RT_EAGAIN ? "JetStream did not answer, or other nodes kept claiming it"
-                                     : "the id cannot be a key");
+               r.status == RT_EBUSY    ? "its holder renews its lease but does not give the id up"
+               : r.status == RT_EAGAIN ? "JetStream did not answer, this node's lease does not "
+                                         "hold, or other nodes kept claiming it"
+                                       : "the id cannot be a key");
     if (!moving)
         rt_send(cl->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
 }
@@ -199,12 +362,13 @@ void rt__cluster_move_tail(const move_t *mv)
     }
     /* The session answers the claim once it has merged the rest: the CONNECT's hand-over
        reaches it after that, whatever way each message takes. */
-    rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, sizeof(rt_cluster_move_in_t) + len);
+    rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, offsetof(rt_cluster_move_in_t, bytes) + len);
     bool delivered = false;
     if (m) {
         ((rt_cluster_move_in_t *)(void *)m->data)->claimer = mv->reply_to;
+        ((rt_cluster_move_in_t *)(void *)m->data)->lease = mv->lease;
         if (len)
-            memcpy(m->data + sizeof(rt_cluster_move_in_t), tail, len);
+            memcpy(((rt_cluster_move_in_t *)(void *)m->data)->bytes, tail, len);
         delivered = rt_send_msg(mv->session, m) == 0;
     }
     answered = answered && delivered;
@@ -217,12 +381,13 @@ void rt__cluster_move_tail(const move_t *mv)
                "client=%s from=%s: what its old node queued after the move did not arrive", id,
                mv->holder);
     if (!delivered) {
-        rt_cluster_claimed_t r = {.status = 0};
+        rt_cluster_claimed_t r = {.status = 0, .lease = mv->lease};
         rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
     }
 }
 
-bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session)
+static bool send_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session,
+                       bool verify)
 {
     if (!rt__cluster.on)
         return false;
@@ -231,16 +396,27 @@ bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_s
     if (!m || len >= RT_CLIENT_TEXT_MAX ||
         !atomic_load_explicit(&rt__cluster.kv_ready, memory_order_acquire)) {
         rt_msg_free(m);
-        atomic_fetch_add_explicit(&rt__cluster.claims_failed, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&rt__cluster.claims_failed, !verify, memory_order_relaxed);
         rt_cluster_claimed_t r = {.status = RT_EAGAIN};
         return rt_send(reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r)) == 0;
     }
     claim_t *cl = (claim_t *)(void *)m->data;
     cl->reply_to = reply_to;
     cl->want_session = want_session;
+    cl->verify = verify;
     cl->len = (uint32_t)len;
     memcpy(cl->id, id, len);
     return rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), m) == 0;
+}
+
+bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session)
+{
+    return send_claim(reply_to, id, len, want_session, false);
+}
+
+bool rt_cluster_verify(rt_pid_t reply_to, const char *id, size_t len)
+{
+    return send_claim(reply_to, id, len, false, true);
 }
 
 void rt_cluster_set_importer(rt_cluster_import_fn fn)
@@ -286,7 +462,8 @@ void rt__cluster_admin_asked(natsMsg *nm)
 {
     const char *reply = natsMsg_GetReply(nm);
     int len = natsMsg_GetDataLength(nm);
-    if (!reply || !reply[0])
+    int64_t age;
+    if (!reply || !reply[0] || !rt__cluster_verified(nm, "admin question", true, &age))
         return;
     static const char busy[] = "503 this node cannot answer now\n";
     if (!rt__cluster.admin || len <= 0 || len > 4096 ||
@@ -324,6 +501,17 @@ void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
 {
     char id[RT_CLIENT_TEXT_MAX];
     int len = natsMsg_GetDataLength(nm);
+    int64_t age;
+    if (!rt__cluster_verified(nm, phase == 1 ? "takeover" : "handover", true, &age))
+        return;
+    /* Its sender stopped waiting and went its lease's way: ending a client now could end one
+       that claimed the id since (this node was frozen with the request in its socket). */
+    if (phase == 1 && age > TAKEOVER_WAIT_MS + CLOCKS_APART_MS) {
+        atomic_fetch_add_explicit(&rt__cluster.stale_requests, 1, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "cluster.takeover_stale", "client=%.*s age_ms=%" PRId64 ": dropped",
+               len > 200 ? 200 : len, natsMsg_GetData(nm), age);
+        return;
+    }
     snprintf(id, sizeof(id), "%.*s", len, natsMsg_GetData(nm));
     rt_pid_t holder = (size_t)len < sizeof(id) ? rt_broker_lookup_client(id) : 0;
     const char *reply = natsMsg_GetReply(nm), *want = NULL;
@@ -368,6 +556,8 @@ void rt__cluster_send_reply(const reply_t *r)
         s = natsMsg_Create(&nm, subject, NULL, data + at, (int)(len < part ? len : part));
         if (s == NATS_OK)
             s = natsMsgHeader_Set(nm, H_PART, h);
+        if (s == NATS_OK)
+            s = rt__cluster_sign(nm);
         if (s == NATS_OK)
             s = natsConnection_PublishMsg(rt__cluster.nc, nm);
         natsMsg_Destroy(nm);

@@ -450,6 +450,9 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     snprintf(rt__cluster.stream, sizeof(rt__cluster.stream), "%s_msgs", conf->cluster.prefix);
     snprintf(rt__cluster.value, sizeof(rt__cluster.value), "%s %016" PRIx64, rt__cluster.node,
              rt__cluster.incarnation);
+    int rc = rt__cluster_secret_load(conf, err, errlen);
+    if (rc)
+        return rc;
     /* One delivery thread for every subscription: what NATS sent arrives in its order. */
     natsStatus s = nats_Open(-1);
     if (s == NATS_OK)
@@ -471,7 +474,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
         {.name = "cluster_kv", .start = kv_start, .restart = RT_PERMANENT},
     };
     rt_pid_t group;
-    int rc = rt_group_start(sup, RT_CLUSTER_GROUP, RT_PERMANENT, &group);
+    rc = rt_group_start(sup, RT_CLUSTER_GROUP, RT_PERMANENT, &group);
     for (size_t i = 0; rc == 0 && i < sizeof(children) / sizeof(children[0]); i++)
         rc = rt_supervisor_start_child(group, &children[i], NULL);
     if (rc) {
@@ -482,6 +485,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
         return rc;
     }
     rt__cluster.on = true;
+    rt__cluster_lease_start();
     rt_trie_set_interest(rt_broker->trie, rt__cluster_interest_changed, NULL);
     rt_message_keep_origins();
     rt_route_set_stamp(rt__cluster_stamp);
@@ -500,6 +504,7 @@ void rt_cluster_stop(void)
     if (!rt__cluster.on)
         return;
     stop_waiting();
+    rt__cluster_lease_stop();
     rt_group_stop(rt__cluster.sup, RT_CLUSTER_GROUP);
     close_connections();
     nats_CloseAndWait(2000);
@@ -568,5 +573,10 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->session_records_failed = atomic_load(&rt__cluster.records_failed);
     st->replays = atomic_load(&rt__cluster.replays);
     st->replayed = atomic_load(&rt__cluster.replayed);
+    st->lease_held = rt_cluster_lease_holds(rt_cluster_lease_generation());
+    st->lease_lapses = atomic_load(&rt__cluster.lease_lapses);
+    st->lease_waits = atomic_load(&rt__cluster.lease_waits);
+    st->stale_takeovers = atomic_load(&rt__cluster.stale_requests);
+    st->control_refused = rt__cluster_auth_refused();
     return true;
 }

@@ -74,6 +74,11 @@ typedef struct rt_cluster_status_s {
     uint64_t stream_acked, stream_failed; /* publishers' acks the stream gave, refused */
     uint64_t session_records_failed;      /* sessions' records the bucket refused */
     uint64_t replays, replayed; /* sessions resumed after their node's crash; messages read */
+    bool lease_held;            /* this node's claims hold (rt_cluster_lease_holds) */
+    uint64_t lease_lapses;      /* times its lease ran out */
+    uint64_t lease_waits;       /* takeovers that waited out a silent holder's lease */
+    uint64_t stale_takeovers;   /* takeover requests that came after their sender stopped waiting */
+    uint64_t control_refused;   /* requests and answers whose signature did not verify */
 } rt_cluster_status_t;
 
 /*
@@ -98,13 +103,41 @@ bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len
 */
 #define RT_CLUSTER_MSG_CLAIMED (RT_MSG_USER + 0x5701) /* data: rt_cluster_claimed_t */
 typedef struct rt_cluster_claimed_s {
-    int32_t status; /* 0, or RT_EAGAIN: cut off from NATS, JetStream did not answer, or
-                       others kept racing: a persistent session is refused then, a clean
-                       one goes ahead unclaimed (it holds nothing a claim protects) */
+    int32_t status; /* 0, or RT_EAGAIN: cut off from NATS, JetStream did not answer, the
+                       node's lease does not hold, or others kept racing: a persistent session
+                       is refused then, a clean one goes ahead unclaimed; RT_EBUSY: the
+                       holder is alive and did not give the id up (refused whatever the
+                       session); RT_EEXIST (rt_cluster_verify only): another node holds it */
+    uint32_t lease; /* the lease generation the claim was made under (rt_cluster_lease_holds) */
 } rt_cluster_claimed_t;
 /* want_session: the CONNECT resumes a session (clean start 0): one held by another node
    moves here before the answer (below). */
 bool rt_cluster_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session);
+/* A session this node kept (reloaded from its store, or kept through a lapse of its lease)
+   checks that its id is still this node's: the answer is a claim's, RT_EEXIST when another
+   node claimed it since (the session here is stale). Never takes the id from another node. */
+bool rt_cluster_verify(rt_pid_t reply_to, const char *id, size_t len);
+
+/*
+** The holder's lease (docs/CLUSTER.md, "One holder per client id"). A node serves the ids it
+** claimed only while it keeps renewing its lease in JetStream (every 500 ms; a renewal holds
+** for 5 s from when it was sent). A node that cannot renew in time loses its lease: the
+** generation goes up, every client actor is told (RT_CLUSTER_MSG_LEASE, held false) and a
+** connection whose claim was made under an earlier generation ends. When the lease is held
+** again (and when it is first taken, after start) they are told again (held true): a session
+** kept offline here checks its id (rt_cluster_verify). rt_cluster_lease_holds costs a clock
+** read: a claimed connection asks it at every message it handles, so a node resumed after a
+** freeze serves nothing under a lease that ran out, whatever runs first.
+*/
+#define RT_CLUSTER_MSG_LEASE (RT_MSG_USER + 0x5704) /* data: rt_cluster_lease_t */
+typedef struct rt_cluster_lease_s {
+    uint32_t generation;
+    bool held;
+} rt_cluster_lease_t;
+/* Whether the claims made under generation (its low 2 bits are enough) still hold. */
+bool rt_cluster_lease_holds(uint32_t generation);
+/* The generation now (what a claim made now is made under). */
+uint32_t rt_cluster_lease_generation(void);
 
 /*
 ** Sessions that move (docs/CLUSTER.md "Sessions that move"). A claim with want_session asks
@@ -131,6 +164,7 @@ typedef struct rt_cluster_move_s {
    to claimer, status 0), so the CONNECT's hand-over always finds the merge done. */
 typedef struct rt_cluster_move_in_s {
     rt_pid_t claimer;
+    uint32_t lease;  /* the claim's lease generation, for the claimer's answer */
     uint8_t bytes[]; /* the rest, or a replay; none when the old node did not answer */
 } rt_cluster_move_in_t;
 /* The holder's answer to a MOVE_OUT (len 0: nothing to move). */

@@ -8,6 +8,8 @@
 **                as NATS subscriptions, messages in (once per origin) and their names
 **   retained.c   the retained store replicated in JetStream KV, and subscribers' barriers
 **   claims.c     client ids (claims, takeovers), sessions that move, other nodes' questions
+**   lease.c      the holder's lease: what keeps a node's claims good, and a holder's lapse
+**   sign.c       the nodes' control requests and answers signed with the cluster's secret
 **   durable.c    durable mode: the stream, sessions' records, the replay after a crash
 **   heartbeat.c  what each node holds, once a second
 */
@@ -52,6 +54,7 @@ enum {
 typedef struct {
     rt_pid_t reply_to;
     bool want_session;
+    bool verify; /* rt_cluster_verify: keep the id if it is still this node's, take nothing */
     uint32_t len;
     char id[];
 } claim_t;
@@ -59,6 +62,7 @@ typedef struct {
 /* A session moving here: who waits for the claim, the imported session, its old node. */
 typedef struct {
     rt_pid_t reply_to, session;
+    uint32_t lease;         /* the claim's lease generation */
     int64_t replay_from_ms; /* the old node is gone: replay the stream from then (wall ms) */
     char holder[RT_CONF_NODE_MAX];
     uint32_t len;
@@ -210,6 +214,24 @@ typedef struct {
     size_t nnodes;
     uint64_t started_ms;
     _Atomic uint64_t claims, claims_taken_over, claims_failed, given_up;
+    /* The lease (lease.c): written by its thread, read by connections on every scheduler.
+       lease_gen goes up before lease_until_ms moves past a lapse, so a reader that sees the
+       new deadline sees the new generation too. */
+    _Atomic uint64_t lease_until_ms; /* monotonic ms; 0: never held */
+    atomic_uint lease_gen;
+    atomic_bool lease_lapsed; /* told already (one RT_CLUSTER_MSG_LEASE per lapse) */
+    pthread_t lease_thread;
+    bool lease_started;
+    pthread_mutex_t lease_lock; /* with lease_cond: wakes the thread to stop */
+    pthread_cond_t lease_cond;
+    _Atomic uint64_t lease_lapses, lease_waits, stale_requests;
+    /* Holders whose lease was seen to run out (only cluster_kv touches it): a claim against
+       one whose lease key has not changed since takes the id at once. */
+    struct {
+        char value[RT_CONF_NODE_MAX + 24];
+        uint64_t revision;
+    } lapsed[8];
+    unsigned nlapsed;
 } rt__cluster_t;
 extern rt__cluster_t rt__cluster;
 
@@ -221,9 +243,20 @@ extern rt__cluster_t rt__cluster;
 #define H_PROPS "Rt-Props"   /* the MQTT 5 property block passed on, hex */
 #define H_SHARED "Rt-Shared" /* "here": shared groups were served on the origin node */
 #define H_ACK "Rt-Ack"       /* "<pid, hex> <token>": the publisher waiting for the stream */
+#define H_AUTH "Rt-Auth"     /* "<sent, wall ms> <nonce> <HMAC or ->": control traffic (sign.c) */
+
+/* A signed request is taken within this long of when it was sent (either way: clocks). */
+#define AUTH_WINDOW_MS 10000
 
 /* How long a JetStream request (a claim's read or write, a bucket's revision) may take. */
 #define JETSTREAM_WAIT_MS 2000
+
+/* The holder's lease: a renewal sent at t holds until t + LEASE_MS; a node renews every
+   LEASE_RENEW_MS (each write waits that long at most); a taker whose holder is silent takes
+   the id once the holder's lease key has not changed for LEASE_MS + LEASE_MARGIN_MS. */
+#define LEASE_MS 5000
+#define LEASE_RENEW_MS 500
+#define LEASE_MARGIN_MS 1000
 
 /* ---- cluster.c ---- */
 void rt__cluster_backlog_wait(void);
@@ -264,6 +297,20 @@ natsStatus rt__cluster_durable_open(void);
 uint8_t *rt__cluster_session_record(const char *key, size_t *len, int64_t *from_ms);
 void rt__cluster_session_put(const record_t *r);
 uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count);
+
+/* ---- lease.c ---- */
+void rt__cluster_lease_start(void);
+void rt__cluster_lease_stop(void);
+void rt__cluster_lease_key(const char *node, char *out, size_t cap);
+
+/* ---- sign.c ---- */
+int rt__cluster_secret_load(const rt_conf_t *conf, char *err, size_t errlen);
+/* Sets Rt-Auth on m, after every other header and its data. */
+natsStatus rt__cluster_sign(natsMsg *m);
+/* Whether m's Rt-Auth verifies (always, unsigned); a request (its nonce) is taken once. *age_ms:
+   how long ago it was sent, by the two nodes' clocks (0 when it does not say). */
+bool rt__cluster_verified(natsMsg *m, const char *what, bool request, int64_t *age_ms);
+uint64_t rt__cluster_auth_refused(void);
 
 /* ---- heartbeat.c ---- */
 void rt__cluster_other_heartbeat(natsMsg *nm);

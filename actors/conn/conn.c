@@ -855,6 +855,8 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     }
     rt__xport_adopt(c, xp); /* after drop_will: the transport shares will_at_ms's word */
     c->listener = data[0] & 15;
+    c->claimed = data[0] >> 4 & 1; /* the connection that handed it over claimed the id */
+    c->lease = data[0] >> 5 & 3;
     c->name_unvouched = (data[0] & RT_CONN_RESUME_UNVOUCHED) != 0;
     rt__broker_count_socket(c->listener, +1);
     c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
@@ -898,8 +900,8 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
     if (c->xp)
         rt_msg_own(m, c->xp, rt__xport_free);
     c->xp = NULL;
-    m->data[sizeof(rt_msg_owned_t)] =
-        c->listener | (c->name_unvouched ? RT_CONN_RESUME_UNVOUCHED : 0);
+    m->data[sizeof(rt_msg_owned_t)] = (uint8_t)(c->listener | c->claimed << 4 | c->lease << 5 |
+                                                 (c->name_unvouched ? RT_CONN_RESUME_UNVOUCHED : 0));
     memcpy(m->data + sizeof(rt_msg_owned_t) + 1, bytes, len);
     rt_send_msg(holder, m);
     rt_exit(self, RT_REASON_NORMAL);
@@ -949,10 +951,25 @@ static void on_writable(rt_actor_t *self, conn_t *c)
     rt_log(RT_LOG_INFO, "client.caught_up", "client=%s dropped=%u", c->client_id, c->dropped);
 }
 
+/*
+** This node's lease ran out since the id was claimed (cluster.h): another node may hold the id
+** now, so nothing more is served on this connection; its client is told to go elsewhere.
+*/
+static void lease_lost(rt_actor_t *self, conn_t *c)
+{
+    c->claimed = 0;
+    rt_log(RT_LOG_INFO, "client.lease_lost",
+           "client=%s: this node's cluster lease ran out; the connection ends", c->client_id);
+    rt__conn_close(self, c, MQTT_RC_USE_ANOTHER_SERVER, RT_REASON_NORMAL);
+}
+
 static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     conn_t *c = state;
     RT_ASSERT(rt_current() == self);
+    /* Before anything is served: a node resumed after a freeze may run this first. */
+    if (c->claimed && c->sock && !c->closing && !rt_cluster_lease_holds(c->lease))
+        lease_lost(self, c);
     switch (m->tag) {
     case RT_MSG_SOCKET: {
         uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
@@ -998,8 +1015,17 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt__conn_send_retained(self, c, m->data, m->len);
         break;
     case RT_CLUSTER_MSG_CLAIMED:
-        if (m->len >= sizeof(rt_cluster_claimed_t) && c->sock)
+        if (m->len < sizeof(rt_cluster_claimed_t))
+            break;
+        if (c->sock)
             rt__conn_on_claimed(self, c, (const rt_cluster_claimed_t *)(const void *)m->data);
+        else
+            rt__conn_on_verified(self, c, (const rt_cluster_claimed_t *)(const void *)m->data);
+        break;
+    case RT_CLUSTER_MSG_LEASE:
+        if (m->len >= sizeof(rt_cluster_lease_t) &&
+            ((const rt_cluster_lease_t *)(const void *)m->data)->held)
+            rt__conn_verify_kept(self, c);
         break;
     case RT_RULES_MSG_DURABLE:
         if (m->len >= sizeof(rt_rules_durable_t)) {
@@ -1036,6 +1062,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case RT_CONN_MSG_RESTORED:
         /* From its own turn, so the store learns the session's new owner (epoch). */
         rt_store_session(c->client_id, c->session_expiry, false, false);
+        /* In a cluster another node may have claimed the id since: checked now if the lease
+           is held already, else when it is taken (RT_CLUSTER_MSG_LEASE). */
+        if (rt_cluster_on())
+            rt__conn_verify_kept(self, c);
         break;
     case RT_CONN_MSG_IMPORTED:
         rt__conn_on_imported(self, c);
@@ -1047,10 +1077,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt__conn_on_move_out(self, c, (const rt_cluster_move_t *)(const void *)m->data);
         break;
     case RT_CLUSTER_MSG_MOVE_IN:
-        if (m->len >= sizeof(rt_cluster_move_in_t)) {
+        if (m->len >= offsetof(rt_cluster_move_in_t, bytes)) {
             const rt_cluster_move_in_t *in = (const rt_cluster_move_in_t *)(const void *)m->data;
-            rt__conn_on_move_in(self, c, in->bytes, m->len - sizeof(*in));
-            rt_cluster_claimed_t done = {.status = 0};
+            rt__conn_on_move_in(self, c, in->bytes, m->len - offsetof(rt_cluster_move_in_t, bytes));
+            rt_cluster_claimed_t done = {.status = 0, .lease = in->lease};
             rt_send(in->claimer, RT_CLUSTER_MSG_CLAIMED, &done, sizeof(done));
         }
         break;
@@ -1170,6 +1200,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "retained_ready";
     case RT_CLUSTER_MSG_CLAIMED:
         return "claimed";
+    case RT_CLUSTER_MSG_LEASE:
+        return "cluster_lease";
     case RT_RULES_MSG_DURABLE:
         return "rules_durable";
     case RT_CONN_MSG_ACK_CHECK:

@@ -152,8 +152,12 @@ struct conn_s {
     uint32_t will_delay;      /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
     uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
     uint32_t dropped;         /* messages not delivered: too large for the client, or queue full */
-    uint32_t max_packet;      /* max_packet_size when the socket came: what CONNACK tells, kept
-                                 for the connection's life though the limit may change */
+    uint32_t max_packet : 28; /* max_packet_size when the socket came: what CONNACK tells, kept
+                                 for the connection's life though the limit may change (it is
+                                 at most 268,435,455, MQTT's largest) */
+    uint32_t claimed : 1;     /* connected under a cluster claim of its id: served only while
+                                 the lease it was made under holds (rt_cluster_lease_holds) */
+    uint32_t lease : 2;       /* that lease's generation (its low bits) */
     uint16_t keepalive;       /* seconds, 0 = none */
     uint16_t next_packet_id;
     uint16_t recv_max; /* the client's Receive Maximum (MQTT 5), 65535 when absent */
@@ -201,9 +205,9 @@ _Static_assert(sizeof(conn_t) <= 144, "conn_t outgrew its slab class");
 #define RT_CONN_HEAP_INLINE 48
 _Static_assert(RT_CONF_MAX_LISTENERS <= 16, "conn_t.listener is 4 bits");
 
-/* RT_CONN_MSG_RESUME's first byte: the listener in the low 4 bits, and this bit when the
-   login took the CONNECT's user name as anonymous. */
-#define RT_CONN_RESUME_UNVOUCHED 0x10
+/* RT_CONN_MSG_RESUME's first byte: the listener in the low 4 bits, the claim's in the next
+   three (conn.c), and this bit when the login took the CONNECT's user name as anonymous. */
+#define RT_CONN_RESUME_UNVOUCHED 0x80
 
 /*
 ** Unsent output (the socket's and TLS's) past which a connection neither parses nor reads its
@@ -336,6 +340,11 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 void rt__conn_send_retained(rt_actor_t *self, conn_t *c, const uint8_t *rec, size_t len);
 /* The cluster claimed (or could not claim) the client id of the CONNECT that waits for it. */
 void rt__conn_on_claimed(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_t *r);
+/* A session kept offline here checks its id is still this node's (RT_CLUSTER_MSG_LEASE held:
+   after a restart, or a lapse of the lease); the answer comes to rt__conn_on_verified, which
+   ends a stale one. */
+void rt__conn_verify_kept(rt_actor_t *self, conn_t *c);
+void rt__conn_on_verified(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_t *r);
 int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 /* Adds (or updates) a subscription in the client's list; RT_ENOMEM. */
 int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len,

@@ -183,14 +183,15 @@ void rt__conn_on_claimed(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_t
 }
 
 /*
-** In a cluster, a client id is claimed for this node before the session is made (cluster.h):
-** true when the CONNECT waits for the answer (it is parsed again then).
+** In a cluster, a client id is claimed for this node before the session is made or resumed
+** (cluster.h), even when an actor here holds it: a session kept here may be stale (another
+** node took the id while this one was frozen, cut off or down), and only the claim tells.
+** True when the CONNECT waits for the answer (it is parsed again then).
 */
 static bool claim_in_cluster(rt_actor_t *self, conn_t *c, const char *cid, bool want_session)
 {
-    if (rt_broker_lookup_client(cid) ||
-        !rt_cluster_claim(rt_self(self), cid, strlen(cid), want_session))
-        return false; /* held here already, or no cluster-wide registry */
+    if (!rt_cluster_claim(rt_self(self), cid, strlen(cid), want_session))
+        return false; /* no cluster-wide registry */
     c->verifying = c->claiming = 1;
     c->version = 0;
     rt_sock_pause_reading(c->sock, true);
@@ -322,6 +323,16 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     }
     bool resumed = c->resuming;
     c->resuming = 0;
+    /* The session moved to another node and waits only for its rest to be asked for: it is
+       not this node's to resume (the client is told to come back; its claim goes there). */
+    if (resumed && c->sess && c->sess->moving == RT_SESSION_MOVED_OUT) {
+        rt_log(RT_LOG_INFO, "client.refused_moving", "client=%s: its session is moving away",
+               c->client_id);
+        ack.reason = c->version == MQTT_V5 ? MQTT_RC_SERVER_UNAVAILABLE : 3;
+        rt__conn_send_packet(c, &ack);
+        rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+        return 0;
+    }
     /* A resumed session's CONNECT was checked by the connection that handed it over. */
     if (!resumed && !claimed && !connect_authenticate(self, c, pk))
         return 0;
@@ -347,9 +358,11 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         bool lasting = !clean || (c->version == MQTT_V5 &&
                                   (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY)) &&
                                   pk->props.session_expiry);
-        if (claimed && claimed->status && lasting) {
-            rt_log(RT_LOG_WARNING, "client.refused_unclaimed",
-                   "client=%s: cut off from the cluster, no persistent session can start", cid);
+        if (claimed && claimed->status && (lasting || claimed->status == RT_EBUSY)) {
+            rt_log(RT_LOG_WARNING, "client.refused_unclaimed", "client=%s: %s", cid,
+                   claimed->status == RT_EBUSY
+                       ? "the node holding the id does not give it up"
+                       : "cut off from the cluster, no persistent session can start");
             rt_free(self, cid);
             ack.reason = c->version == MQTT_V5 ? MQTT_RC_SERVER_UNAVAILABLE : 3;
             rt__conn_send_packet(c, &ack);
@@ -359,6 +372,10 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         if (!claimed && !assigned[0] && claim_in_cluster(self, c, cid, !clean)) {
             rt_free(self, cid);
             return 0;
+        }
+        if (claimed && !claimed->status) {
+            c->claimed = 1;
+            c->lease = claimed->lease & 3;
         }
         if (!clean && !assigned[0]) {
             rt_pid_t holder = rt_broker_lookup_client(cid);

@@ -139,6 +139,27 @@ void rt__conn_on_move_out(rt_actor_t *self, conn_t *c, const rt_cluster_move_t *
     rt_moved_writer_free(&w);
 }
 
+/* ---- A session kept here while the cluster went on without this node ---- */
+
+void rt__conn_verify_kept(rt_actor_t *self, conn_t *c)
+{
+    if (!c->sock && c->client_id && c->session_expiry && !(c->sess && c->sess->moving))
+        rt_cluster_verify(rt_self(self), c->client_id, strlen(c->client_id));
+}
+
+void rt__conn_on_verified(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_t *r)
+{
+    if (r->status != RT_EEXIST || !c->client_id)
+        return; /* this node's still; or not known now: the next resume claims it anyway */
+    rt_log(RT_LOG_WARNING, "cluster.session_stale",
+           "client=%s: another node claimed the id since this session was kept here; it ends "
+           "(its will and messages are that node's session's now)",
+           c->client_id);
+    c->discard_will = 1;
+    rt__conn_drop_will(self, c);
+    rt_exit(self, RT_REASON_TAKEOVER);
+}
+
 /* ---- The node taking it ---- */
 
 rt_pid_t rt__conn_import_session(const char *id, const void *bytes, size_t len)

@@ -57,7 +57,12 @@ int rt__conn_session_from_stored(rt_actor_t *self, conn_t *c, const rt_stored_se
     for (size_t i = 0; i < ss->nqos2_in; i++)
         if (rt__conn_qos2_add(self, c, ss->qos2_in[i]) != 0)
             break;
-    rt_broker_claim_client(c->client_id, rt_self(self));
+    /* A session that moved here replaces a stale one this node kept (cluster.h). */
+    rt_pid_t stale = rt_broker_claim_client(c->client_id, rt_self(self));
+    if (stale) {
+        rt_cluster_claimed_t r = {.status = RT_EEXIST};
+        rt_send(stale, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+    }
     rt__conn_count_session();
     rt__conn_arm_session_expiry(self, c);
     return 0;

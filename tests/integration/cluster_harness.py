@@ -177,8 +177,27 @@ def nats(tmp_path_factory):
     cluster.stop()
 
 
-def cluster_option(node, urls):
-    return "cluster={node=\"%s\",nats={%s}}" % (node, ",".join(f'"{u}"' for u in urls))
+_secret = []
+
+
+def secret_file():
+    """The nodes' shared secret (cluster.secret_file): one file for the whole run, 0600 in a
+    0700 directory of its own, as rtd requires."""
+    if not _secret:
+        import tempfile
+        d = tempfile.mkdtemp(prefix="rt-secret-")
+        path = os.path.join(d, "cluster.secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, uuid.uuid4().hex.encode() + uuid.uuid4().hex.encode() + b"\n")
+        os.close(fd)
+        _secret.append(path)
+    return _secret[0]
+
+
+def cluster_option(node, urls, extra=""):
+    """The cluster table for node with NATS urls (and extra keys, "k=v,...")."""
+    return 'cluster={node="%s",secret_file="%s",nats={%s}%s}' % (
+        node, secret_file(), ",".join(f'"{u}"' for u in urls), "," + extra if extra else "")
 
 
 started_refusals = []
@@ -491,8 +510,7 @@ def cut_off(tmp_path):
 
 
 def durable_option(node, urls):
-    return ('cluster={node="%s",prefix="rd",durable=true,replay_margin=2,nats={%s}}'
-            % (node, ",".join(f'"{u}"' for u in urls)))
+    return cluster_option(node, urls, 'prefix="rd",durable=true,replay_margin=2')
 
 
 @pytest.fixture

@@ -303,8 +303,9 @@ static void test_http_tls(void)
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
 }
 
-/* cluster: a node name and NATS URLs, replicas defaulting to min(3, URLs), TLS files resolved
-   like the listeners'; every wrong value named. */
+/* cluster: a node name and NATS URLs, replicas defaulting to min(3, URLs), TLS files and the
+   secret resolved like the listeners' files, a secret file required unless refused outright;
+   every wrong value named. */
 static void test_cluster(void)
 {
     rt_conf_t c;
@@ -312,25 +313,30 @@ static void test_cluster(void)
     char err[RT_CONF_ERR_LEN];
     CHECK(!c.cluster.on);
     CHECK_EQ(
-        rt_conf_set(&c, "cluster={node=\"rt1\", nats=\"nats://127.0.0.1:4222\"}", err, sizeof(err)),
+        rt_conf_set(&c, "cluster={node=\"rt1\", nats=\"nats://127.0.0.1:4222\", secret_file=false}",
+                    err, sizeof(err)),
         0);
     CHECK(c.cluster.on && strcmp(c.cluster.node, "rt1") == 0 && c.cluster.nnats == 1);
+    CHECK(c.cluster.unsigned_control && !c.cluster.secret_file[0]);
     CHECK(strcmp(c.cluster.prefix, "rt") == 0 && c.cluster.replicas == 1);
     CHECK_EQ(rt_conf_set(&c,
                          "cluster={node=\"n-2_b\", nats={\"nats://a:1\", \"nats://b:2\", "
-                         "\"nats://c:3\", \"nats://d:4\"}, prefix=\"mq\", tls_ca=\"ca.pem\"}",
+                         "\"nats://c:3\", \"nats://d:4\"}, prefix=\"mq\", tls_ca=\"ca.pem\", "
+                         "secret_file=\"c.secret\"}",
                          err, sizeof(err)),
              0);
     CHECK(c.cluster.nnats == 4 && c.cluster.replicas == 3 && strcmp(c.cluster.prefix, "mq") == 0);
-    CHECK(c.cluster.tls_ca[0] == '/');
-    CHECK_EQ(
-        rt_conf_set(&c, "cluster={node=\"x\", nats=\"nats://a:1\", replicas=5}", err, sizeof(err)),
-        0);
+    CHECK(c.cluster.tls_ca[0] == '/' && c.cluster.secret_file[0] == '/');
+    CHECK(!c.cluster.unsigned_control);
+    CHECK_EQ(rt_conf_set(&c,
+                         "cluster={node=\"x\", nats=\"nats://a:1\", replicas=5, secret_file=\"s\"}",
+                         err, sizeof(err)),
+             0);
     CHECK_EQ(c.cluster.replicas, 5);
     CHECK(!c.cluster.durable && c.cluster.replay_margin == RT_CONF_REPLAY_MARGIN);
     CHECK_EQ(rt_conf_set(&c,
                          "cluster={node=\"x\", nats=\"nats://a:1\", durable=true, "
-                         "replay_margin=30}",
+                         "replay_margin=30, secret_file=\"s\"}",
                          err, sizeof(err)),
              0);
     CHECK(c.cluster.durable && c.cluster.replay_margin == 30);
@@ -349,6 +355,9 @@ static void test_cluster(void)
         {"cluster={node=\"a\", nats=\"nats://a:1\", tls_cert=\"c\"}", "go together"},
         {"cluster={node=\"a\", nats=\"nats://a:1\", colour=1}", "unknown key \"colour\""},
         {"cluster=true", "cluster must be a table"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\"}", "cluster needs secret_file"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", secret_file=true}",
+         "cluster.secret_file must be a path, or false"},
     };
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
 }
