@@ -175,11 +175,8 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
         rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
         return;
     }
-    s->acks[s->nacks++] = (rt_pending_ack_t){.token = token,
-                                             .remaining = waits,
-                                             .packet_id = packet_id,
-                                             .type = type,
-                                             .reason = reason};
+    s->acks[s->nacks++] = (rt_pending_ack_t){
+        .token = token, .remaining = waits, .packet_id = packet_id, .type = type, .reason = reason};
     pending_acks_flush(self, c);
     if (rt__conn_acks_held(c) && c->sock)
         rt_sock_pause_reading(c->sock, true); /* the parse loop stops at the next packet */
