@@ -493,3 +493,68 @@ def test_no_nats_credentials_off_this_host_refused_unless_intended(tmp_path):
         assert code == 0, log[-3000:]
     finally:
         lone.stop()
+
+
+def docs_nats_conf(port, mport, store):
+    """docs/CLUSTER.md's n1.conf as a reader copies it, for one server alone: its ports and
+    store here, no cluster block, and plain passwords for its bcrypt placeholders."""
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "CLUSTER.md")).read()
+    conf = doc[doc.index("# n1.conf"):]
+    conf = conf[:conf.index("```")]
+    conf = conf.replace("127.0.0.1:4221", f"127.0.0.1:{port}").replace("/var/lib/nats/n1", store)
+    start = conf.index("cluster {")
+    conf = conf[:start] + conf[conf.index("}", start) + 1:]
+    for n in (1, 2, 3):
+        conf = conf.replace('password: "$2a$11$..."', f'password: "pw-rt{n}"', 1)
+    return conf + f"\nhttp: 127.0.0.1:{mport}\n"
+
+
+def test_docs_nats_permissions_are_enough(tmp_path, mq, pfx):
+    """docs/CLUSTER.md's nats-server config, per-node users and permissions as written:
+    two durable nodes bind the stream and buckets, route a message, replicate a retained
+    one, move a persistent session from one to the other and answer each other's admin
+    questions, with no permissions violation on either side."""
+    lone = AuthNats(str(tmp_path), {})
+    lone.stop()
+    with open(lone.conf, "w") as f:
+        f.write(docs_nats_conf(lone.port, lone.mport, str(tmp_path / "js")))
+    with open(lone.log, "ab") as log:
+        lone.proc = subprocess.Popen([NATS_SERVER, "-c", lone.conf], stdout=log,
+                                     stderr=subprocess.STDOUT)
+    nodes_ = []
+    try:
+        until(lone.up, WAIT, lambda: lone.read_log()[-2000:])
+        url = f"nats://127.0.0.1:{lone.port}"
+        for n in (1, 2):
+            nodes_.append(Rtd(f'cluster={{node="rt{n}",nats={{"{url}"}},user="rt{n}",'
+                              f'password="pw-rt{n}",durable=true}}'))
+        for n in nodes_:
+            until(lambda: n.ctl_json("cluster", "status")["durable"] == "on", WAIT,
+                  lambda: n.read_log()[-2000:] + lone.read_log()[-2000:])
+        rt1, rt2 = nodes_
+        sub = mq(rt2, name="sub")
+        sub.subscribe(f"{pfx}/#", 1)
+        pub = mq(rt1, name="pub")
+        await_route(pub, f"{pfx}/x", [sub])
+        pub.publish(f"{pfx}/r", b"kept", qos=1, retain=True)
+        late = Raw(rt2.port, f"late-{pfx}", version=5)
+        late.subscribe(f"{pfx}/r", 1)
+        assert late.next_publish(WAIT)["payload"] == b"kept"
+        late.close()
+        cid = f"mv-{pfx}"
+        old = mq(rt1, cid=cid, clean=False, expiry=300)
+        old.c.reconnect_delay_set(60, 60)
+        assert mq(rt2, cid=cid, clean=False, expiry=300).session_present
+        until(lambda: f"cluster.session_moved_in client={cid} " in rt2.read_log(), WAIT,
+              lambda: rt2.read_log()[-2000:])
+        assert rt1.ctl_json("clients", "show", cid)["node"] == "rt2"
+        pub.publish(f"{pfx}/r", b"", qos=1, retain=True)
+        for log in [lone.read_log()] + [n.read_log() for n in nodes_]:
+            bad = [ln for ln in log.splitlines() if "Violation" in ln or
+                   "cluster.nats_error" in ln]
+            assert not bad, bad[:5]
+    finally:
+        for n in nodes_:
+            code, log = n.stop()
+            assert code == 0, log[-3000:]
+        lone.stop()
