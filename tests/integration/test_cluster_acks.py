@@ -14,6 +14,7 @@ this module's own. Processes are stopped by the PIDs started here, never by name
 import datetime
 import os
 import signal
+import socket
 import struct
 import subprocess
 import threading
@@ -70,8 +71,14 @@ class Stream(threading.Thread):
                 time.sleep(0.1)
 
     def send(self, pid, payload, dup):
+        """Sends one PUBLISH whole: the socket's timeout is the short one of the last read,
+        and a send cut short by it would leave half a packet on the wire."""
         body = mqtt_str(self.topic) + u16(pid) + (varint(0) if self.version == 5 else b"")
-        self.conn.send((PUBLISH << 4) | (8 if dup else 0) | 2, body + payload)
+        self.conn.sock.settimeout(WAIT)
+        try:
+            self.conn.send((PUBLISH << 4) | (8 if dup else 0) | 2, body + payload)
+        except socket.timeout:
+            raise AssertionError(f"{self.name}: rtd read no PUBLISH for {WAIT} s") from None
 
     def run(self):
         try:
@@ -209,6 +216,23 @@ def no_ack_on_timeout(nodes_):
 
 # ---- Durable mode: the publisher's NATS server stalls or dies mid-stream ----
 
+def streams_under_way(pub_node, sub_node, mq, topic, pfx):
+    """A persistent subscriber to topic/# on sub_node, a probe publisher on pub_node whose
+    route to it is in force, and QoS 1 streams from pub_node (MQTT 5 and 3.1.1) with 200
+    messages each confirmed: (subscriber, probe, streams)."""
+    sub = mq(sub_node, name="sub", clean=False, expiry=300)
+    sub.subscribe(f"{topic}/#", 1)
+    probe = mq(pub_node, name="probe")
+    await_route(probe, f"{topic}/probe", [sub])
+    streams = [Stream(pub_node, f"{topic}/v5", 5, f"v5{pfx}"),
+               Stream(pub_node, f"{topic}/v3", 4, f"v3{pfx}")]
+    for s in streams:
+        s.start()
+    until(lambda: all(len(s.confirmed()) >= 200 for s in streams), WAIT,
+          lambda: f"streams under way: {[len(s.confirmed()) for s in streams]}")
+    return sub, probe, streams
+
+
 @pytest.mark.long
 def test_stalled_nats_server_acks_only_what_jetstream_confirmed(nats, durable_nodes, mq, pfx):
     """The NATS server of the publishers' node is SIGSTOPped for 8 s in the middle of QoS 1
@@ -218,18 +242,10 @@ def test_stalled_nats_server_acks_only_what_jetstream_confirmed(nats, durable_no
     server within the stated bound and cross-node messages flow again before the stall ends."""
     d1, d2, _ = durable_nodes
     topic = f"{pfx}/s"
-    sub = mq(d2, name="sub", clean=False, expiry=300)
-    sub.subscribe(f"{topic}/#", 1)
-    probe = mq(d1, name="probe")
-    await_route(probe, f"{topic}/probe", [sub])
     retain_confirmed(d1, f"{topic}/ret", b"old", f"ret-{pfx}")
-    streams = [Stream(d1, f"{topic}/v5", 5, f"v5{pfx}"), Stream(d1, f"{topic}/v3", 4, f"v3{pfx}")]
-    for s in streams:
-        s.start()
+    sub, probe, streams = streams_under_way(d1, d2, mq, topic, pfx)
     i = server_of(nats, "d1")
     try:
-        until(lambda: all(len(s.confirmed()) >= 200 for s in streams), WAIT,
-              lambda: f"streams under way: {[len(s.confirmed()) for s in streams]}")
         lines = len(d1.read_log().splitlines())
         t_stop, t_stop_wall = time.monotonic(), time.time()
         stopped_server(nats, i)
@@ -280,17 +296,9 @@ def test_killed_nats_server_acks_only_what_jetstream_confirmed(nats, durable_nod
     answered is 0x80 (v5) or a resend (v3); every success PUBACK is delivered."""
     d1, d2, _ = durable_nodes
     topic = f"{pfx}/k"
-    sub = mq(d2, name="sub", clean=False, expiry=300)
-    sub.subscribe(f"{topic}/#", 1)
-    probe = mq(d1, name="probe")
-    await_route(probe, f"{topic}/probe", [sub])
-    streams = [Stream(d1, f"{topic}/v5", 5, f"v5{pfx}"), Stream(d1, f"{topic}/v3", 4, f"v3{pfx}")]
-    for s in streams:
-        s.start()
+    sub, probe, streams = streams_under_way(d1, d2, mq, topic, pfx)
     i = server_of(nats, "d1")
     try:
-        until(lambda: all(len(s.confirmed()) >= 200 for s in streams), WAIT,
-              lambda: f"streams under way: {[len(s.confirmed()) for s in streams]}")
         n_before = [len(s.sent) for s in streams]
         nats.kill9(i)
         until(lambda: all(len(s.sent) >= n + 500 for s, n in zip(streams, n_before)), WAIT,
@@ -375,7 +383,8 @@ def test_ended_session_answers_the_copies_it_held(pfx):
         t_end = time.monotonic()
         Raw(rtd.port, f"slow-{pfx}", version=5).disconnect()  # clean start: the old one ends
         until(lambda: pub.unacked == 0 or pub.error, WAIT,
-              lambda: f"{pub.unacked} PUBLISHes never acknowledged:\n" + rtd.read_log()[-1500:])
+              lambda: f"{pub.unacked} PUBLISHes never acknowledged:\n" + rtd.read_log()[-1500:]
+              + str(rtd.ctl_json("clients", "show", f"pub{pfx}")))
         answered_s = time.monotonic() - t_end
         pub.finish()
         print(f"\nFIGURES ended session: {len(pub.acked)} PUBLISHes answered, the held ones "
