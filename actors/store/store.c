@@ -474,8 +474,10 @@ static void send_op(uint32_t tag, op_t *op, const char *k1, size_t l1, const cha
     if (!pid)
         return;
     rt_msg_t *m = rt_msg_new(tag, sizeof(op_t) + l1 + l2);
-    if (!m) {
+    if (!m) { /* no memory for the change: whoever waits for it is told so */
         store.failures++;
+        if (op->ack_pid)
+            answer(op->ack_pid, op->token, RT_ENOMEM);
         return;
     }
     op_t *o = (op_t *)(void *)m->data;
