@@ -112,7 +112,7 @@ static const setting_t settings[] = {
      "request_timeout = s }: HTTP API"},
     {"cluster", K_CLUSTER, OFF(cluster), 0, 0, 0, NULL,
      "{ node = \"name\", nats = { \"nats://host:port\", ... }, secret_file = \"path\", ... }: "
-     "join a cluster"},
+     "join a cluster (docs/CLUSTER.md)"},
     {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
      "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
     INT(connect_timeout, 1, 3600,
@@ -733,6 +733,39 @@ static bool cluster_servers(lua_State *L, rt_conf_t *c, char *why, size_t whylen
     return true;
 }
 
+static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen);
+
+/* The cluster table's keys beside node, prefix and nats: what each is and means. */
+#define CLUSTER_STRING(f, kind, h)                                                                 \
+    {                                                                                              \
+        "cluster." #f, kind, OFF(cluster.f), sizeof(((rt_conf_t *)0)->cluster.f), 0, 0, NULL, h    \
+    }
+static const setting_t cluster_settings[] = {
+    {"cluster.replicas", K_INT, OFF(cluster.replicas), 0, 1, 5, NULL,
+     "copies JetStream keeps of the buckets and the stream; default min(3, NATS URLs)"},
+    {"cluster.durable", K_BOOL, OFF(cluster.durable), 0, 0, 0, NULL,
+     "true: a QoS 1/2 PUBLISH is acknowledged once JetStream's stream has it"},
+    {"cluster.replay_margin", K_INT, OFF(cluster.replay_margin), 0, 0, 3600, NULL,
+     "seconds a resume after a node's crash replays from before the session's last clear moment"},
+    CLUSTER_STRING(user, K_STRING, "NATS user name (with password)"),
+    CLUSTER_STRING(password, K_STRING, "NATS password of user"),
+    CLUSTER_STRING(token, K_STRING, "NATS authorization token"),
+    CLUSTER_STRING(creds, K_PATH, "NATS credentials file (a user JWT and its nkey seed)"),
+    CLUSTER_STRING(nkey, K_STRING, "NATS user nkey (public, U...), signed with nkey_seed"),
+    CLUSTER_STRING(nkey_seed, K_PATH, "file holding the seed (SU...) of nkey"),
+    CLUSTER_STRING(tls_ca, K_PATH, "CA the NATS servers' certificates are verified against (TLS)"),
+    CLUSTER_STRING(tls_cert, K_PATH, "client certificate for NATS (with tls_key)"),
+    CLUSTER_STRING(tls_key, K_PATH, "private key of tls_cert"),
+    {"cluster.nats_without_credentials", K_BOOL, OFF(cluster.nats_without_credentials), 0, 0, 0,
+     NULL,
+     "true: NATS servers off this host are reached with no credentials (rtd refuses to start "
+     "so otherwise): whoever reaches them can read every message and steer the cluster"},
+    CLUSTER_STRING(secret_file, K_PATH,
+                   "the nodes' shared secret, signing their control requests and answers; "
+                   "false: unsigned (docs/CLUSTER.md \"Security\")"),
+};
+#define NCLUSTER_SETTINGS (sizeof(cluster_settings) / sizeof(cluster_settings[0]))
+
 /* cluster = { node = "rt1", nats = { "nats://127.0.0.1:4222", ... }, prefix = "rt", ... } */
 static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
@@ -747,55 +780,31 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     lua_pushnil(L);
     while (ok && lua_next(L, -2)) {
         const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        if (strcmp(k, "node") == 0)
+        const setting_t *s = NULL;
+        for (size_t i = 0; i < NCLUSTER_SETTINGS && !s; i++)
+            if (strcmp(k, cluster_settings[i].name + strlen("cluster.")) == 0)
+                s = &cluster_settings[i];
+        if (strcmp(k, "node") == 0) {
             ok = cluster_name(L, k, c->cluster.node, why, whylen);
-        else if (strcmp(k, "prefix") == 0)
+        } else if (strcmp(k, "prefix") == 0) {
             ok = cluster_name(L, k, c->cluster.prefix, why, whylen);
-        else if (strcmp(k, "nats") == 0)
+        } else if (strcmp(k, "nats") == 0) {
             ok = cluster_servers(L, c, why, whylen);
-        else if (strcmp(k, "replicas") == 0) {
-            ok = lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 1 && lua_tointeger(L, -1) <= 5;
-            c->cluster.replicas = ok ? (long)lua_tointeger(L, -1) : 0;
-            if (!ok)
-                snprintf(why, whylen, "cluster.replicas must be an integer from 1 to 5");
-        } else if (strcmp(k, "durable") == 0) {
-            ok = lua_type(L, -1) == LUA_TBOOLEAN;
-            c->cluster.durable = ok && lua_toboolean(L, -1);
-            if (!ok)
-                snprintf(why, whylen, "cluster.durable must be true or false");
-        } else if (strcmp(k, "replay_margin") == 0) {
-            ok = lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 0 && lua_tointeger(L, -1) <= 3600;
-            c->cluster.replay_margin = ok ? (long)lua_tointeger(L, -1) : 0;
-            if (!ok)
-                snprintf(why, whylen,
-                         "cluster.replay_margin must be an integer from 0 to 3600 "
-                         "(seconds)");
-        } else if (strcmp(k, "user") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.user, RT_CONF_VALUE_LEN, why, whylen);
-        else if (strcmp(k, "password") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.password, RT_CONF_VALUE_LEN, why, whylen);
-        else if (strcmp(k, "token") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.token, RT_CONF_VALUE_LEN, why, whylen);
-        else if (strcmp(k, "tls_ca") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.tls_ca, RT_CONF_PATH_MAX, why, whylen);
-        else if (strcmp(k, "tls_cert") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.tls_cert, RT_CONF_PATH_MAX, why, whylen);
-        else if (strcmp(k, "tls_key") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.tls_key, RT_CONF_PATH_MAX, why, whylen);
-        else if (strcmp(k, "secret_file") == 0 && lua_type(L, -1) == LUA_TBOOLEAN) {
+        } else if (strcmp(k, "secret_file") == 0 && lua_type(L, -1) == LUA_TBOOLEAN) {
             ok = !lua_toboolean(L, -1);
             c->cluster.unsigned_control = ok;
             if (!ok)
                 snprintf(why, whylen, "cluster.secret_file must be a path, or false");
-        } else if (strcmp(k, "secret_file") == 0)
-            ok = table_string(L, "cluster", k, c->cluster.secret_file, RT_CONF_PATH_MAX, why,
-                              whylen);
-        else {
-            snprintf(why, whylen,
-                     "cluster: unknown key \"%s\" (node, nats, prefix, replicas, "
-                     "durable, replay_margin, user, password, token, tls_ca, tls_cert, tls_key, "
-                     "secret_file)",
-                     k);
+        } else if (s) {
+            ok = apply_setting(L, c, s, why, whylen);
+        } else {
+            size_t at =
+                (size_t)snprintf(why, whylen, "cluster: unknown key \"%s\" (node, nats, prefix", k);
+            for (size_t i = 0; i < NCLUSTER_SETTINGS && at < whylen; i++)
+                at += (size_t)snprintf(why + at, whylen - at, ", %s",
+                                       cluster_settings[i].name + strlen("cluster."));
+            if (at < whylen)
+                snprintf(why + at, whylen - at, ")");
             ok = false;
         }
         lua_pop(L, 1);
@@ -810,6 +819,14 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     }
     if (!c->cluster.tls_cert[0] != !c->cluster.tls_key[0]) {
         snprintf(why, whylen, "cluster: tls_cert and tls_key go together");
+        return false;
+    }
+    if (!c->cluster.nkey[0] != !c->cluster.nkey_seed[0]) {
+        snprintf(why, whylen, "cluster: nkey and nkey_seed go together");
+        return false;
+    }
+    if (c->cluster.creds[0] && c->cluster.nkey[0]) {
+        snprintf(why, whylen, "cluster: creds and nkey are two ways to sign in; give one");
         return false;
     }
     if (!c->cluster.secret_file[0] && !c->cluster.unsigned_control) {
@@ -1361,11 +1378,10 @@ static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, cons
     }
     if (s->kind == K_CLUSTER) {
         int rc = 0;
-        char *files[] = {c->cluster.tls_ca, c->cluster.tls_cert, c->cluster.tls_key,
-                         c->cluster.secret_file};
-        for (size_t i = 0; i < 4 && rc == 0; i++)
-            rc =
-                resolve_field(files[i], RT_CONF_PATH_MAX, "cluster file", base, where, err, errlen);
+        for (size_t i = 0; i < NCLUSTER_SETTINGS && rc == 0; i++)
+            if (cluster_settings[i].kind == K_PATH)
+                rc = resolve_field((char *)c + cluster_settings[i].offset, cluster_settings[i].size,
+                                   cluster_settings[i].name, base, where, err, errlen);
         return rc;
     }
     if (s->kind == K_LISTENERS) {

@@ -205,12 +205,17 @@ typedef struct rt_conf_s {
                           resume on another node after their node's crash (docs/CLUSTER.md) */
         long replay_margin; /* s: how far before a session's last all-acknowledged moment a
                                resume after a crash replays from (0..3600) */
+        /* NATS authentication: any of these (or a user in a URL) counts as credentials. */
         char user[RT_CONF_VALUE_LEN], password[RT_CONF_VALUE_LEN], token[RT_CONF_VALUE_LEN];
-        char tls_ca[RT_CONF_PATH_MAX]; /* verify the NATS servers against it; "": plain */
+        char creds[RT_CONF_PATH_MAX];     /* a credentials file: user JWT and nkey seed */
+        char nkey[RT_CONF_VALUE_LEN];     /* a user nkey (public key, U...) ... */
+        char nkey_seed[RT_CONF_PATH_MAX]; /* ... and the file of its seed (SU...) */
+        char tls_ca[RT_CONF_PATH_MAX];    /* verify the NATS servers against it; "": plain */
         char tls_cert[RT_CONF_PATH_MAX], tls_key[RT_CONF_PATH_MAX]; /* a client certificate */
         char secret_file[RT_CONF_PATH_MAX]; /* the key that signs the nodes' control requests
                                                and answers (docs/CLUSTER.md "Security") */
         bool unsigned_control;              /* secret_file = false: they go unsigned */
+        bool nats_without_credentials;      /* a NATS server off this host is reached with none */
     } cluster;
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;

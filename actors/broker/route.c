@@ -21,12 +21,22 @@ typedef struct {
     uint8_t shared_elsewhere; /* shared groups' members are picked by the cluster */
 } route_t;
 
+/* The copy for a publisher that waits for it went nowhere: it is told so (status). */
+static void answer_copy(const rt_delivery_t *d, int32_t status)
+{
+    rt_store_committed_t done = {.token = d->ack_token, .status = status};
+    if (d->ack_pid)
+        rt_send(d->ack_pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
+}
+
 void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uint32_t *sub_ids)
 {
     size_t n = d->n_sub_ids < RT_DELIVERY_MAX_SUB_IDS ? d->n_sub_ids : RT_DELIVERY_MAX_SUB_IDS;
     rt_msg_t *m = rt_msg_new(RT_MSG_DELIVER, sizeof(rt_delivery_t) + n * sizeof(uint32_t));
-    if (!m)
+    if (!m) {
+        answer_copy(d, RT_ENOMEM);
         return;
+    }
     rt_delivery_t *dd = (rt_delivery_t *)(void *)m->data;
     *dd = *d;
     dd->n_sub_ids = (uint32_t)n;
@@ -37,7 +47,10 @@ void rt_route_send(rt_pid_t to, rt_bin_t *bin, const rt_delivery_t *d, const uin
             atomic_fetch_add_explicit(&rt_broker->stats.msgs_dropped, 1, memory_order_relaxed);
         return;
     }
-    rt_send_msg(to, m);
+    /* A subscriber that ended since the match ended its session with it: no session lacks
+       the copy (the connection layer's dead_letter answers those that arrive as it ends). */
+    if (rt_send_msg(to, m) == RT_ENOPROC)
+        answer_copy(d, 0);
 }
 
 /* The cluster's hand-off (rt_route_set_forward); NULL on a node alone. */

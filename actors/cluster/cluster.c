@@ -29,6 +29,9 @@ const char *rt_cluster_node(void)
 static int out_init(rt_actor_t *self, void *state, void *arg)
 {
     atomic_store_explicit(&rt__cluster.out_pid, rt_self(self), memory_order_release);
+    /* A restart may have lost the connector's word: routes held meanwhile are made now. */
+    if (rt__cluster.nc && rt__cluster.qc)
+        rt_send(rt_self(self), MSG_CONNECTED, NULL, 0);
     return rt_send(rt_self(self), MSG_HEARTBEAT, NULL, 0);
 }
 
@@ -49,6 +52,8 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             memcpy(tail->data, m->data, m->len);
             rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), tail);
         }
+    } else if (m->tag == MSG_CONNECTED) {
+        rt__cluster_subscribe_held(self);
     } else if (m->tag == MSG_INTEREST) {
         const interest_t *in = (const interest_t *)(const void *)m->data;
         if (in->on)
@@ -58,10 +63,23 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
 }
 
+/* What the cluster actor never forwarded (it exited first): a publisher waiting for the
+   bucket or the stream is told it was not kept. */
+static void out_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag != MSG_FORWARD || m->len < sizeof(forward_t))
+        return;
+    const forward_t *f = (const forward_t *)(const void *)m->data;
+    if (f->ack_pid)
+        rt__cluster_unkept(f->ack_pid, f->ack_token);
+}
+
 static const rt_actor_type_t out_type = {
     .name = "cluster",
     .init = out_init,
     .handle = out_handle,
+    .dead_letter = out_dead_letter,
     .flags = RT_TYPE_BLOCKING,
 };
 
@@ -279,6 +297,15 @@ static void on_reconnected(natsConnection *nc, void *closure)
            url);
 }
 
+/* What NATS said last on nc (the server's own words: "Authorization Violation", a
+   permissions violation with its subject), or the status's name. */
+static const char *nats_said(natsConnection *nc, natsStatus err)
+{
+    const char *text = NULL;
+    natsConnection_GetLastError(nc, &text);
+    return text && text[0] ? text : natsStatus_GetText(err);
+}
+
 static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
 {
     if (err == NATS_SLOW_CONSUMER) {
@@ -291,7 +318,20 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
                dropped);
         return;
     }
-    rt_log(RT_LOG_ERROR, "cluster.nats_error", "%s", natsStatus_GetText(err));
+    rt_log(RT_LOG_ERROR, "cluster.nats_error", "connection=%s: %s", (const char *)closure,
+           nats_said(nc, err));
+}
+
+/* libnats closes a connection for good when a server refuses the same credentials twice in
+   a row (libnats 3.4 cannot be told otherwise): said, as the node is cut off until restarted. */
+static void on_closed(natsConnection *nc, void *closure)
+{
+    connection_state(closure, false);
+    if (!atomic_load(&rt__cluster.stopping))
+        rt_log(RT_LOG_ERROR, "cluster.closed",
+               "connection=%s: %s; NATS gave up on this connection: restart rtd once the "
+               "servers take its credentials",
+               (const char *)closure, nats_said(nc, NATS_CONNECTION_CLOSED));
 }
 
 static void on_connected(natsConnection *nc, void *closure)
@@ -304,8 +344,40 @@ static void on_connected(natsConnection *nc, void *closure)
     rt_log(RT_LOG_INFO, "cluster.connected", "connection=%s server=%s", (const char *)closure, url);
 }
 
-static natsStatus connect_one(const rt_conf_t *conf, natsConnection **out, bool no_echo,
-                              const char *role)
+/* Whether any of the node's settings signs it in to NATS (a user in a URL counts). */
+static bool has_credentials(const rt_conf_t *conf)
+{
+    bool in_url = false;
+    for (unsigned i = 0; i < conf->cluster.nnats && !in_url; i++) {
+        const char *authority = strstr(conf->cluster.nats[i], "://");
+        authority = authority ? authority + 3 : conf->cluster.nats[i];
+        const char *at = strchr(authority, '@'), *slash = strchr(authority, '/');
+        in_url = at && (!slash || at < slash);
+    }
+    return in_url || conf->cluster.user[0] || conf->cluster.token[0] || conf->cluster.creds[0] ||
+           conf->cluster.nkey[0] || conf->cluster.tls_cert[0];
+}
+
+/* The host of a NATS URL is 127.0.0.0/8, ::1 or localhost. */
+static bool loopback_url(const char *url)
+{
+    const char *host = strstr(url, "://");
+    host = host ? host + 3 : url;
+    const char *at = strchr(host, '@');
+    if (at)
+        host = at + 1;
+    if (strncmp(host, "127.", 4) == 0 || strncmp(host, "[::1]", 5) == 0)
+        return true;
+    return strncmp(host, "localhost", 9) == 0 && (host[9] == 0 || host[9] == ':' || host[9] == '/');
+}
+
+/*
+** The options of one of the node's two connections. libnats reconnects on its own once a
+** connection was made; its PINGs notice a server that stops answering (SIGSTOP, a frozen
+** host) within RT_CLUSTER_STALE_MS and it moves on to another server of the cluster.
+*/
+static natsStatus make_options(const rt_conf_t *conf, bool no_echo, const char *role,
+                               natsOptions **out)
 {
     natsOptions *o = NULL;
     const char *servers[RT_CONF_MAX_NATS];
@@ -325,38 +397,104 @@ static natsStatus connect_one(const rt_conf_t *conf, natsConnection **out, bool 
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(o, -1); /* a node keeps trying: NATS comes back */
     if (s == NATS_OK)
-        s = natsOptions_SetReconnectWait(o, 250);
+        s = natsOptions_SetReconnectWait(o, RT_CLUSTER_RETRY_MS);
     if (s == NATS_OK)
-        /* With a callback the connect goes on in the background (NULL would block here). */
-        s = natsOptions_SetRetryOnFailedConnect(o, true, on_connected, (void *)role);
+        s = natsOptions_SetPingInterval(o, RT_CLUSTER_PING_MS);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxPingsOut(o, RT_CLUSTER_PINGS_OUT);
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(o, RT_CLUSTER_CONNECT_WAIT_MS);
+    if (s == NATS_OK) /* a write into a server that stopped reading fails, not blocks */
+        s = natsOptions_SetWriteDeadline(o, RT_CLUSTER_CONNECT_WAIT_MS);
     if (s == NATS_OK)
         s = natsOptions_SetDisconnectedCB(o, on_disconnected, (void *)role);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectedCB(o, on_reconnected, (void *)role);
     if (s == NATS_OK)
-        s = natsOptions_SetErrorHandler(o, on_error, NULL);
+        s = natsOptions_SetClosedCB(o, on_closed, (void *)role);
+    if (s == NATS_OK)
+        s = natsOptions_SetErrorHandler(o, on_error, (void *)role);
     if (s == NATS_OK && conf->cluster.user[0])
         s = natsOptions_SetUserInfo(o, conf->cluster.user, conf->cluster.password);
     if (s == NATS_OK && conf->cluster.token[0])
         s = natsOptions_SetToken(o, conf->cluster.token);
+    if (s == NATS_OK && conf->cluster.creds[0])
+        s = natsOptions_SetUserCredentialsFromFiles(o, conf->cluster.creds, NULL);
+    if (s == NATS_OK && conf->cluster.nkey[0])
+        s = natsOptions_SetNKeyFromSeed(o, conf->cluster.nkey, conf->cluster.nkey_seed);
+    if (s == NATS_OK && conf->cluster.tls_ca[0])
+        s = natsOptions_SetSecure(o, true);
     if (s == NATS_OK && conf->cluster.tls_ca[0])
         s = natsOptions_LoadCATrustedCertificates(o, conf->cluster.tls_ca);
     if (s == NATS_OK && conf->cluster.tls_cert[0])
         s = natsOptions_LoadCertificatesChain(o, conf->cluster.tls_cert, conf->cluster.tls_key);
-    if (s == NATS_OK)
-        s = natsConnection_Connect(out, o);
-    if (s == NATS_OK) { /* connected in the call: the callback is not called for it */
-        connection_state(role, true);
-        if (no_echo)
-            check_max_payload(*out);
+    if (s != NATS_OK) {
+        natsOptions_Destroy(o);
+        o = NULL;
     }
-    if (s == NATS_NOT_YET_CONNECTED) {
-        rt_log(RT_LOG_WARNING, "cluster.not_connected",
-               "connection=%s: no NATS server answers yet; trying in the background", role);
-        s = NATS_OK;
-    }
-    natsOptions_Destroy(o);
+    *out = o;
     return s;
+}
+
+/*
+** One try at connection i (0: routes, 1: shared), every server once. Until a connection is
+** made there is none at all (rt__cluster.nc or qc NULL): libnats's own retry of a first
+** connect gives up for good on a server that refuses the credentials twice, so rtd retries
+** itself (the connector) and says what NATS answered, once per change of answer.
+*/
+static bool try_connect(int i)
+{
+    static const char *const roles[2] = {"routes", "shared"};
+    natsConnection *nc = NULL;
+    natsStatus s = natsConnection_Connect(&nc, rt__cluster.opts[i]);
+    if (s == NATS_OK) {
+        natsOptions_Destroy(rt__cluster.opts[i]);
+        rt__cluster.opts[i] = NULL;
+        atomic_store(i ? &rt__cluster.qc : &rt__cluster.nc, nc);
+        on_connected(nc, (void *)roles[i]);
+        rt__cluster.refusal[i][0] = 0;
+        return true;
+    }
+    const char *said = nats_GetLastError(NULL);
+    said = said && said[0] ? said : natsStatus_GetText(s);
+    if (strcmp(said, rt__cluster.refusal[i]) != 0) {
+        snprintf(rt__cluster.refusal[i], sizeof(rt__cluster.refusal[i]), "%s", said);
+        if (s == NATS_NO_SERVER || s == NATS_TIMEOUT || s == NATS_IO_ERROR)
+            rt_log(RT_LOG_WARNING, "cluster.not_connected",
+                   "connection=%s: no NATS server answers yet (%s); trying every %d ms", roles[i],
+                   said, RT_CLUSTER_RETRY_MS);
+        else
+            rt_log(RT_LOG_ERROR, "cluster.nats_refused",
+                   "connection=%s: NATS refused: %s; trying every %d ms", roles[i], said,
+                   RT_CLUSTER_RETRY_MS);
+    }
+    return false;
+}
+
+/* The connector thread: tries until both connections are made, then has the cluster actor
+   subscribe what its clients asked for meanwhile. */
+static void *connector(void *arg)
+{
+    (void)arg;
+    bool done = false;
+    while (!done && !atomic_load(&rt__cluster.stopping)) {
+        pthread_mutex_lock(&rt__cluster.backlog_lock);
+        if (!atomic_load(&rt__cluster.stopping)) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += RT_CLUSTER_RETRY_MS * 1000000L;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&rt__cluster.backlog_cond, &rt__cluster.backlog_lock, &until);
+        }
+        pthread_mutex_unlock(&rt__cluster.backlog_lock);
+        done = (atomic_load(&rt__cluster.nc) || try_connect(0)) &&
+               (atomic_load(&rt__cluster.qc) || try_connect(1));
+    }
+    if (done)
+        rt_send(atomic_load_explicit(&rt__cluster.out_pid, memory_order_acquire), MSG_CONNECTED,
+                NULL, 0);
+    return NULL;
 }
 
 static int out_start(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
@@ -386,6 +524,13 @@ static void stop_waiting(void)
 /* Once no actor of the cluster runs: nothing else makes libnats calls then. */
 static void close_connections(void)
 {
+    if (rt__cluster.connector_on)
+        pthread_join(rt__cluster.connector, NULL);
+    rt__cluster.connector_on = false;
+    for (int i = 0; i < 2; i++) {
+        natsOptions_Destroy(rt__cluster.opts[i]);
+        rt__cluster.opts[i] = NULL;
+    }
     if (atomic_load(&rt__cluster.kv_ready)) {
         kvWatcher *w = atomic_load(&rt__cluster.kv_watcher);
         if (w)
@@ -450,6 +595,19 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     snprintf(rt__cluster.stream, sizeof(rt__cluster.stream), "%s_msgs", conf->cluster.prefix);
     snprintf(rt__cluster.value, sizeof(rt__cluster.value), "%s %016" PRIx64, rt__cluster.node,
              rt__cluster.incarnation);
+    for (unsigned i = 0; i < conf->cluster.nnats && !conf->cluster.nats_without_credentials &&
+                         !has_credentials(conf);
+         i++) {
+        if (loopback_url(conf->cluster.nats[i]))
+            continue;
+        snprintf(err, errlen,
+                 "cluster: %s is off this host and the node has no NATS credentials (user, "
+                 "token, creds, nkey or tls_cert): whoever reaches that server could read every "
+                 "message and steer the cluster. Give the node its credentials, or set "
+                 "cluster.nats_without_credentials = true if that is intended",
+                 conf->cluster.nats[i]);
+        return RT_EINVAL;
+    }
     int rc = rt__cluster_secret_load(conf, err, errlen);
     if (rc)
         return rc;
@@ -458,16 +616,18 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     if (s == NATS_OK)
         s = nats_SetMessageDeliveryPoolSize(1);
     if (s == NATS_OK)
-        s = connect_one(conf, &rt__cluster.nc, true, "routes");
+        s = make_options(conf, true, "routes", &rt__cluster.opts[0]);
     if (s == NATS_OK)
-        s = connect_one(conf, &rt__cluster.qc, false, "shared");
+        s = make_options(conf, false, "shared", &rt__cluster.opts[1]);
     if (s != NATS_OK) {
-        snprintf(err, errlen, "cluster: cannot set up the NATS connection: %s",
-                 natsStatus_GetText(s));
+        snprintf(err, errlen, "cluster: cannot set up the NATS connection: %s (%s)",
+                 natsStatus_GetText(s), nats_GetLastError(NULL));
         stop_waiting();
         close_connections();
         return RT_EINVAL;
     }
+    /* The first try here, so that a node whose NATS answers starts connected. */
+    bool connected = try_connect(0) && try_connect(1);
     rt_child_spec_t children[] = {
         {.name = "cluster", .start = out_start, .restart = RT_PERMANENT},
         {.name = "cluster_in", .start = in_start, .restart = RT_PERMANENT},
@@ -484,6 +644,10 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
         close_connections();
         return rc;
     }
+    if (!connected && pthread_create(&rt__cluster.connector, NULL, connector, NULL) == 0)
+        rt__cluster.connector_on = true;
+    else if (!connected)
+        rt_log(RT_LOG_ERROR, "cluster.failed", "no thread to connect to NATS: this node is alone");
     rt__cluster.on = true;
     rt__cluster_lease_start();
     rt_trie_set_interest(rt_broker->trie, rt__cluster_interest_changed, NULL);
@@ -517,7 +681,7 @@ bool rt_cluster_status(rt_cluster_status_t *st)
         return false;
     snprintf(st->node, sizeof(st->node), "%s", rt__cluster.node);
     natsConnection *nc = rt__cluster.nc;
-    const char *state = "closed";
+    const char *state = nc ? "closed" : "connecting";
     if (nc) {
         switch (natsConnection_Status(nc)) {
         case NATS_CONN_STATUS_CONNECTED:

@@ -35,6 +35,20 @@
 #define RT_CLUSTER_GROUP "cluster_sup"
 
 /*
+** NATS connections: tried every RT_CLUSTER_RETRY_MS while no server answers (or one refuses
+** the node's credentials); a server that stops answering once connected (SIGSTOP, a frozen
+** host, a cut link) is noticed when RT_CLUSTER_PINGS_OUT PINGs in a row, one every
+** RT_CLUSTER_PING_MS, went unanswered: within RT_CLUSTER_STALE_MS of its last answer. Then
+** the node goes on to another server of the NATS cluster; a server that takes a TCP
+** connection and says nothing costs RT_CLUSTER_CONNECT_WAIT_MS per try.
+*/
+#define RT_CLUSTER_RETRY_MS 250
+#define RT_CLUSTER_PING_MS 1000
+#define RT_CLUSTER_PINGS_OUT 2
+#define RT_CLUSTER_STALE_MS ((RT_CLUSTER_PINGS_OUT + 1) * RT_CLUSTER_PING_MS)
+#define RT_CLUSTER_CONNECT_WAIT_MS 2000
+
+/*
 ** With conf->cluster.on: connects to NATS (in the background: rtd starts while NATS is
 ** down, and says so), starts the cluster's actors under sup and hooks routing and the
 ** trie. Call after the broker's state exists and before sessions are restored. 0, or an

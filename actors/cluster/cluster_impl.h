@@ -49,6 +49,7 @@ enum {
                                   subscriptions, then on to cluster_kv as MSG_MOVE_TAIL */
     MSG_MOVE_TAIL,             /* to cluster_kv: move_t, ask the old holder for the rest */
     MSG_SESSION_PUT,           /* to cluster_kv: record_t, a persistent session's record */
+    MSG_CONNECTED,             /* to cluster: the connector made both NATS connections */
 };
 
 typedef struct {
@@ -162,8 +163,13 @@ typedef struct {
     char node[RT_CONF_NODE_MAX];
     char prefix[RT_CONF_NODE_MAX];
     uint64_t incarnation; /* tells this run's sequence numbers from an earlier run's */
-    natsConnection *nc;   /* publishes and ordinary subscriptions; never hears its own */
-    natsConnection *qc;   /* shared groups' queue subscriptions: hears this node too */
+    /* Set once, when the connection is first made (NULL until then: cluster.c's connector). */
+    _Atomic(natsConnection *) nc; /* publishes and ordinary subscriptions; never hears its own */
+    _Atomic(natsConnection *) qc; /* shared groups' queue subscriptions: hears this node too */
+    natsOptions *opts[2];         /* of nc and qc until each is made */
+    char refusal[2][200];         /* what NATS last answered a try at each (said once) */
+    pthread_t connector;          /* retries the first connections (connector_on) */
+    bool connector_on;
     rt_pid_t sup;
     _Atomic rt_pid_t out_pid, in_pid, kv_pid;
     /* The routes table: only the cluster actor touches it. */
@@ -268,6 +274,7 @@ bool rt__cluster_forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token, bo
 void rt__cluster_stamp(rt_bin_t *bin);
 uint64_t rt__cluster_node_key(const char *node, uint64_t incarnation);
 void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len);
+void rt__cluster_subscribe_held(rt_actor_t *self);
 void rt__cluster_unsubscribe(rt_actor_t *self, const char *filter, size_t len);
 void rt__cluster_interest_changed(void *arg, const char *filter, size_t len, bool on);
 void rt__cluster_forward_one(rt_msg_t *m);
@@ -293,6 +300,8 @@ void rt__cluster_send_reply(const reply_t *r);
 
 /* ---- durable.c ---- */
 void rt__cluster_stream_answer(rt_pid_t ack_pid, uint64_t token, bool kept);
+void rt__cluster_unkept(rt_pid_t ack_pid, uint64_t token);
+natsStatus rt__cluster_stream_publish(natsMsg **nm);
 natsStatus rt__cluster_durable_open(void);
 uint8_t *rt__cluster_session_record(const char *key, size_t *len, int64_t *from_ms);
 void rt__cluster_session_put(const record_t *r);

@@ -14,17 +14,46 @@ void rt__cluster_stream_answer(rt_pid_t ack_pid, uint64_t token, bool kept)
                               memory_order_relaxed);
 }
 
-/* On a libnats thread: the stream's answer to a publish that carried Rt-Ack. */
+/* A publisher waits for the bucket or the stream, and its message never reached the cluster
+   actor (being restarted) or was left in its mailbox: not kept. */
+void rt__cluster_unkept(rt_pid_t ack_pid, uint64_t token)
+{
+    rt_store_committed_t lost = {.token = token, .status = RT_ENOPROC};
+    rt_send(ack_pid, RT_STORE_MSG_COMMITTED, &lost, sizeof(lost));
+}
+
+/*
+** On a libnats thread: the stream's answer to a publish that carried Rt-Ack, or libnats's
+** NATS_TIMEOUT once JETSTREAM_WAIT_MS passed without one (the server it went to stopped
+** answering, the stream has no leader): then the publisher is told it was not kept, and
+** says so to its client (0x80; MQTT 3: the connection closes and the client sends it again).
+*/
 static void stream_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
 {
     (void)js;
     (void)closure;
     const char *ack = NULL;
     uint64_t pid, token;
+    bool kept = pa && !pae;
     if (natsMsgHeader_Get(msg, H_ACK, &ack) == NATS_OK &&
         sscanf(ack, "%" SCNx64 " %" SCNu64, &pid, &token) == 2)
-        rt__cluster_stream_answer((rt_pid_t)pid, token, pa && !pae);
+        rt__cluster_stream_answer((rt_pid_t)pid, token, kept);
+    if (!kept && atomic_load_explicit(&rt__cluster.stream_failed, memory_order_relaxed) % 1000 == 1)
+        rt_log(RT_LOG_WARNING, "cluster.stream_unconfirmed",
+               "subject=%s: %s (%" PRIu64 " not confirmed so far)", natsMsg_GetSubject(msg),
+               pae && pae->ErrText ? pae->ErrText : natsStatus_GetText(pae ? pae->Err : NATS_ERR),
+               atomic_load_explicit(&rt__cluster.stream_failed, memory_order_relaxed));
     natsMsg_Destroy(msg);
+}
+
+/* In the cluster actor: publishes to the stream, answered by stream_answered within
+   JETSTREAM_WAIT_MS whatever happens to the server (libnats times it out). */
+natsStatus rt__cluster_stream_publish(natsMsg **nm)
+{
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = JETSTREAM_WAIT_MS;
+    return js_PublishMsgAsync(rt__cluster.pjs, nm, &po);
 }
 
 /*

@@ -73,7 +73,8 @@ bool rt__cluster_forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token, bo
        receiver: what it routes here goes to the other nodes in its order, none dropped. */
     if (rt_send_msg(atomic_load_explicit(&rt__cluster.out_pid, memory_order_acquire), m) != 0) {
         atomic_fetch_add_explicit(&rt__cluster.forward_failed, 1, memory_order_relaxed);
-        return false;
+        if (acks)
+            rt__cluster_unkept(ack_pid, ack_token);
     }
     return acks;
 }
@@ -97,6 +98,10 @@ static void publish(const rt_message_t *msg, const rt_bin_t *bin, const forward_
         atomic_fetch_add_explicit(&rt__cluster.not_forwarded, 1, memory_order_relaxed);
         if (f->stream_ack) /* no other node can have it: it is this node's alone */
             rt__cluster_stream_answer(f->ack_pid, f->ack_token, true);
+        return;
+    }
+    if (!rt__cluster.nc) { /* never connected yet: nothing keeps it for the others */
+        atomic_fetch_add_explicit(&rt__cluster.forward_failed, 1, memory_order_relaxed);
         return;
     }
     natsMsg *nm = NULL;
@@ -141,7 +146,7 @@ static void publish(const rt_message_t *msg, const rt_bin_t *bin, const forward_
             s = natsMsgHeader_Set(nm, H_ACK, ack);
         /* The stream answers on a libnats thread (stream_answered). */
         if (s == NATS_OK)
-            s = js_PublishMsgAsync(rt__cluster.pjs, &nm, NULL);
+            s = rt__cluster_stream_publish(&nm);
         if (s != NATS_OK)
             rt__cluster_stream_answer(f->ack_pid, f->ack_token, false);
     } else if (s == NATS_OK) {
@@ -226,24 +231,73 @@ static void shared_done(void *closure)
     free(closure);
 }
 
-void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len)
+/* A filter's NATS subjects, and whether it is a shared group's: 0 for none ($SYS, which is
+   each node's own, or a $share without its filter), -1 when too long for a subject. */
+static int route_subjects(const char *filter, size_t len, char subjects[2][RT_SUBJECT_MAX + 1],
+                          bool *shared)
 {
-    const char *group = NULL, *f = filter;
-    size_t glen = 0, flen = len;
+    const char *f = filter;
+    size_t flen = len;
+    *shared = false;
     if (len > 7 && memcmp(filter, "$share/", 7) == 0) {
-        group = filter + 7;
-        const char *slash = memchr(group, '/', len - 7);
+        const char *slash = memchr(filter + 7, '/', len - 7);
         if (!slash)
-            return;
-        glen = (size_t)(slash - group);
+            return 0;
+        *shared = true;
         f = slash + 1;
         flen = len - (size_t)(f - filter);
     }
-    /* $SYS is each node's own: nothing arrives on it from others. */
     if (flen >= 4 && memcmp(f, "$SYS", 4) == 0)
-        return;
+        return 0;
+    return rt_subjects_of_filter(rt__cluster.prefix, f, flen, subjects);
+}
+
+/* Route r's NATS subscriptions; none while the node has never reached NATS (its connector
+   makes them then: rt__cluster_subscribe_held). */
+static void route_subscribe(route_t *r)
+{
     char subjects[2][RT_SUBJECT_MAX + 1];
-    int n = rt_subjects_of_filter(rt__cluster.prefix, f, flen, subjects);
+    bool group;
+    int n = route_subjects(r->filter, r->len, subjects, &group);
+    natsConnection *conn = group ? rt__cluster.qc : rt__cluster.nc;
+    if (!conn)
+        return;
+    char queue[32];
+    snprintf(queue, sizeof(queue), "rtq_%016" PRIx64, fnv1a(r->filter, r->len));
+    for (int i = 0; i < n; i++) {
+        natsStatus s;
+        if (group) {
+            char *closure = strdup(r->filter);
+            s = closure ? natsConnection_QueueSubscribe(&r->subs[r->nsubs], conn, subjects[i],
+                                                        queue, rt__cluster_on_message, closure)
+                        : NATS_NO_MEMORY;
+            if (s == NATS_OK)
+                natsSubscription_SetOnCompleteCB(r->subs[r->nsubs], shared_done, closure);
+            else
+                free(closure);
+        } else {
+            s = natsConnection_Subscribe(&r->subs[r->nsubs], conn, subjects[i],
+                                         rt__cluster_on_message, NULL);
+        }
+        if (s == NATS_OK) {
+            /* NATS's own bound on what waits for delivery; past it the server's messages
+               for this subscription are dropped and counted (a slow consumer). */
+            natsSubscription_SetPendingLimits(r->subs[r->nsubs], 65536, 64 * 1024 * 1024);
+            r->nsubs++;
+        } else {
+            rt_log(RT_LOG_ERROR, "cluster.subscribe_failed", "subject=%s: %s", subjects[i],
+                   natsStatus_GetText(s));
+        }
+    }
+}
+
+void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len)
+{
+    char subjects[2][RT_SUBJECT_MAX + 1];
+    bool group;
+    int n = route_subjects(filter, len, subjects, &group);
+    if (n == 0)
+        return;
     if (n < 0) {
         rt_log(RT_LOG_WARNING, "cluster.route_too_long",
                "filter=%.*s: longer than a NATS subject can be; other nodes' messages for it "
@@ -266,36 +320,16 @@ void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len)
     rt__cluster.routes_used++;
     rt__cluster.routes_live++;
     rt_charge(self, (ptrdiff_t)len + 1);
-    char queue[32];
-    snprintf(queue, sizeof(queue), "rtq_%016" PRIx64, fnv1a(filter, len));
-    (void)glen;
-    for (int i = 0; i < n; i++) {
-        natsStatus s;
-        if (group) {
-            char *closure = strdup(copy);
-            s = closure
-                    ? natsConnection_QueueSubscribe(&r->subs[r->nsubs], rt__cluster.qc, subjects[i],
-                                                    queue, rt__cluster_on_message, closure)
-                    : NATS_NO_MEMORY;
-            if (s == NATS_OK)
-                natsSubscription_SetOnCompleteCB(r->subs[r->nsubs], shared_done, closure);
-            else
-                free(closure);
-        } else {
-            s = natsConnection_Subscribe(&r->subs[r->nsubs], rt__cluster.nc, subjects[i],
-                                         rt__cluster_on_message, NULL);
-        }
-        if (s == NATS_OK) {
-            /* NATS's own bound on what waits for delivery; past it the server's messages
-               for this subscription are dropped and counted (a slow consumer). */
-            natsSubscription_SetPendingLimits(r->subs[r->nsubs], 65536, 64 * 1024 * 1024);
-            r->nsubs++;
-        } else {
-            rt_log(RT_LOG_ERROR, "cluster.subscribe_failed", "subject=%s: %s", subjects[i],
-                   natsStatus_GetText(s));
-        }
-    }
+    route_subscribe(r);
     atomic_store_explicit(&rt__cluster.routes_count, rt__cluster.routes_live, memory_order_relaxed);
+}
+
+void rt__cluster_subscribe_held(rt_actor_t *self)
+{
+    (void)self;
+    for (size_t i = 0; i < rt__cluster.routes_cap; i++)
+        if (rt__cluster.routes[i].filter && !rt__cluster.routes[i].nsubs)
+            route_subscribe(&rt__cluster.routes[i]);
 }
 
 void rt__cluster_unsubscribe(rt_actor_t *self, const char *filter, size_t len)

@@ -104,6 +104,10 @@ void rt__cluster_kv_bind(rt_actor_t *self)
 {
     if (atomic_load(&rt__cluster.kv_ready) || atomic_load(&rt__cluster.stopping))
         return;
+    if (!rt__cluster.nc) { /* the connector says why; JetStream is asked once NATS answers */
+        rt_send_after_tag(1000, rt_self(self), MSG_KV_BIND, NULL);
+        return;
+    }
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.Wait = JETSTREAM_WAIT_MS;

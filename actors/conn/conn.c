@@ -1033,9 +1033,6 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt__conn_on_commit(self, c, d->token, d->status);
         }
         break;
-    case RT_CONN_MSG_ACK_CHECK:
-        rt__conn_on_ack_check(self, c);
-        break;
     case RT_CONN_MSG_AUTH_REFUSED:
         rt__conn_send_login_refusal(self, c);
         break;
@@ -1147,9 +1144,12 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         rt__xport_close(c); /* the runtime closes the socket after this */
     }
     rt__conn_count_connected(c, false);
-    /* The session ends, unless the broker is only stopping: then it is kept for the restart. */
-    if (c->stored && reason != RT_REASON_SHUTDOWN)
+    /* The session ends, unless the broker is only stopping: then it is kept for the restart
+       (stored stays set: the dead_letter hook tells the copies it never took from that). */
+    if (c->stored && reason != RT_REASON_SHUTDOWN) {
         rt_store_session_end(c->client_id);
+        c->stored = 0;
+    }
     /* Its record too, unless another node took it over (and writes its own). */
     if (c->client_id && c->session_expiry && reason != RT_REASON_SHUTDOWN &&
         reason != RT_REASON_TAKEOVER && rt_cluster_durable())
@@ -1204,8 +1204,6 @@ static const char *conn_tag_name(uint32_t tag)
         return "cluster_lease";
     case RT_RULES_MSG_DURABLE:
         return "rules_durable";
-    case RT_CONN_MSG_ACK_CHECK:
-        return "ack_check";
     case RT_CONN_MSG_RESTORED:
         return "restored";
     case RT_CONN_MSG_AUTH_REFUSED:
@@ -1248,7 +1246,8 @@ static const char *conn_tag_name(uint32_t tag)
     {                                                                                              \
         .name = "mqtt_conn", .state_size = sizeof(conn_t), .init = init_fn, .handle = conn_handle, \
         .trace = conn_trace, .terminate = conn_terminate, .turn_end = conn_turn_end,               \
-        .tag_name = conn_tag_name, .heap_inline = RT_CONN_HEAP_INLINE,                             \
+        .tag_name = conn_tag_name, .dead_letter = rt__conn_dead_letter,                            \
+        .heap_inline = RT_CONN_HEAP_INLINE,                                                        \
     }
 
 const rt_actor_type_t rt_conn_type = CONN_ACTOR_TYPE(conn_init);

@@ -51,7 +51,6 @@ enum {
                                     then its bytes from CONNECT on */
     RT_CONN_MSG_SESSION_EXPIRED, /* tag timer: an offline session may have run out */
     RT_CONN_MSG_WILL_DUE,        /* tag timer: a delayed will may be due */
-    RT_CONN_MSG_ACK_CHECK,       /* tag timer: acknowledgements waiting too long for the store */
     RT_CONN_MSG_RESTORED,        /* first turn of a session loaded from the store */
     RT_CONN_MSG_AUTH_REFUSED,    /* tag timer: the held-back negative CONNACK is due */
     RT_CONN_MSG_PARSE_MORE,      /* complete packets wait in the partial buffer (budget ran out) */
@@ -321,7 +320,6 @@ void rt__conn_on_pubrel(conn_t *c, const mqtt_packet_t *pk);
 int rt__conn_qos2_add(rt_actor_t *self, conn_t *c, uint16_t packet_id);
 /* One commit a held acknowledgement waits for came (status < 0: it failed). */
 void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t status);
-void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c);
 /*
 ** Whether rtd withholds (waiting for commits) as many acknowledgements as the client may
 ** leave unacknowledged: its input then waits unparsed, its socket unread, until commits
@@ -401,6 +399,8 @@ rt_stored_msg_t rt__conn_stored_msg(const rt_qmsg_t *m);
 void rt__conn_store_msg(conn_t *c, rt_qmsg_t *m, rt_pid_t ack_pid, uint64_t token);
 /* Moves every shared-subscription message not yet acknowledged to the groups' other members. */
 void rt__conn_hand_over_shared(rt_actor_t *self, conn_t *c);
+/* The type's dead_letter: deliveries the actor never took still answer their publishers. */
+void rt__conn_dead_letter(void *state, rt_msg_t *m);
 
 /* ---- conn.c, for the transport ---- */
 /* MQTT bytes from the transport: parsed, or kept while parsing waits (verifier, budget). */

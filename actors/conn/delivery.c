@@ -245,11 +245,11 @@ static bool send_window_full(const conn_t *c)
            (f->n && f->bytes >= (uint64_t)RT_LIVE(max_client_memory) / 2);
 }
 
-static void answer_store_ack(rt_pid_t pid, uint64_t token)
+static void answer_store_ack(rt_pid_t pid, uint64_t token, int32_t status)
 {
     if (!pid)
         return;
-    rt_store_committed_t done = {.token = token};
+    rt_store_committed_t done = {.token = token, .status = status};
     rt_send(pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
 }
 
@@ -478,7 +478,7 @@ static bool deliver_copy(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_de
 {
     RT_ASSERT(d->qos <= 2 && d->n_sub_ids <= RT_DELIVERY_MAX_SUB_IDS);
     if (d->acl_check && !acl_readable(c, bin)) {
-        answer_store_ack(d->ack_pid, d->ack_token);
+        answer_store_ack(d->ack_pid, d->ack_token, 0);
         return false;
     }
     bool written = false;
@@ -495,7 +495,7 @@ static bool deliver_copy(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_de
     if (m && rt__conn_session_is_durable(c))
         rt__conn_store_msg(c, m, d->ack_pid, d->ack_token);
     else
-        answer_store_ack(d->ack_pid, d->ack_token); /* nothing stored: nothing to wait for */
+        answer_store_ack(d->ack_pid, d->ack_token, 0); /* nothing stored: nothing to wait for */
     if (m && now)
         return delivery_transmit(self, c, m);
     if (m)
@@ -507,7 +507,7 @@ void rt__conn_deliver(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const rt_deliv
                       const uint32_t *sub_ids)
 {
     if (c->sess && c->sess->late && rt__conn_late_copy(self, c, bin)) {
-        answer_store_ack(d->ack_pid, d->ack_token); /* it has the message already */
+        answer_store_ack(d->ack_pid, d->ack_token, 0); /* it has the message already */
         return;
     }
     if (deliver_copy(self, c, bin, d, sub_ids) && d->timed)
@@ -555,6 +555,24 @@ void rt__conn_deliver_retained(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const
         rt__conn_store_msg(c, m, 0, 0);
     rt_qlist_push(&s->queued, m);
     queue_pump(self, c);
+}
+
+/*
+** A delivery the actor never took (it exited with the message in its mailbox: a session
+** taken over, expired, moved to another node, or ended by its client) still answers a
+** publisher that waits for its copy to be stored. The session ended with the actor, in the
+** store too, so no session lacks the copy: that is a success (a session that moved away has
+** its own copy from NATS on its new node). Only a session the store keeps for rtd's next
+** run (the actor ended with the stop: stored still set) would come back without it: not
+** confirmed.
+*/
+void rt__conn_dead_letter(void *state, rt_msg_t *m)
+{
+    const conn_t *c = state;
+    if (m->tag != RT_MSG_DELIVER || m->len < sizeof(rt_delivery_t))
+        return;
+    const rt_delivery_t *d = (const rt_delivery_t *)(const void *)m->data;
+    answer_store_ack(d->ack_pid, d->ack_token, c->stored ? RT_ENOPROC : 0);
 }
 
 void rt__conn_retransmit(rt_actor_t *self, conn_t *c)

@@ -12,8 +12,6 @@
 #include "log.h"
 #include "store.h"
 
-#define RT_ACK_WAIT_MAX_MS 5000 /* a durable ack not confirmed by then is sent anyway (logged) */
-
 /* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
 static int resolve_alias(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
@@ -109,10 +107,11 @@ bool rt__conn_acks_held(const conn_t *c)
 }
 
 /*
-** Sends the acknowledgements at the head of the line whose commits have all come. One
-** whose commit was lost (the store or a rule worker died first) cannot say so to an
-** MQTT 3 client: the connection closes instead, unacknowledged from there on, and the
-** client sends those PUBLISHes again when it reconnects (4.4).
+** Sends the acknowledgements at the head of the line whose commits have all come. One that
+** was not confirmed (the store, JetStream or a sink did not say it kept what the PUBLISH
+** left behind) cannot say so to an MQTT 3 client: the connection closes instead,
+** unacknowledged from there on, and the client sends those PUBLISHes again (4.4). An MQTT 5
+** client is told by the reason code.
 */
 static void pending_acks_flush(rt_actor_t *self, conn_t *c)
 {
@@ -120,8 +119,9 @@ static void pending_acks_flush(rt_actor_t *self, conn_t *c)
     RT_ASSERT(s && s->nacks <= s->capacks);
     uint32_t i = 0;
     for (; i < s->nacks && s->acks[i].remaining == 0; i++) {
-        if (s->acks[i].lost && c->version != MQTT_V5) {
-            rt_log(RT_LOG_WARNING, "client.commit_lost", "client=%s packet_id=%u: closing",
+        if (s->acks[i].unconfirmed && c->version != MQTT_V5) {
+            rt_log(RT_LOG_WARNING, "client.ack_unconfirmed",
+                   "client=%s packet_id=%u: closing, so that the client sends it again",
                    c->client_id ? c->client_id : "-", s->acks[i].packet_id);
             s->nacks = 0;
             rt__conn_close(self, c, 0, RT_REASON_NORMAL);
@@ -148,8 +148,11 @@ static void flush_after_commits(rt_actor_t *self, conn_t *c)
 }
 
 /*
-** PUBACK or PUBREC for an incoming PUBLISH, once `waits` store commits have
-** come; behind any earlier one still waiting, so acks keep their order (4.6).
+** PUBACK or PUBREC for an incoming PUBLISH, once `waits` commits have come; behind any
+** earlier one still waiting, so acks keep their order (4.6). There is no time limit: every
+** commit waited for is answered, by whoever keeps the copy (the store, a subscriber's
+** session, JetStream within its publish wait, a sink), or, if that actor ends first, by its
+** dead_letter hook; a success is never sent on a timer.
 */
 static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint16_t packet_id,
                                 uint8_t reason, uint64_t token, uint32_t waits)
@@ -164,28 +167,29 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
     RT_ASSERT(token); /* a session that holds acks gave this PUBLISH a token */
     if (rt__conn_grow(self, &s->acks, &s->capacks, (size_t)s->nacks + 1, sizeof(*s->acks), 8,
                       RT_OBJ_LEAF)) {
-        rt__conn_send_packet(c, &ack); /* out of memory: early rather than never */
+        /* No memory to wait: nothing may be said of this PUBLISH, so the client sends it
+           again on another connection. */
+        rt_log(RT_LOG_WARNING, "client.ack_unconfirmed",
+               "client=%s packet_id=%u: out of memory; closing", c->client_id ? c->client_id : "-",
+               packet_id);
+        rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
         return;
     }
-    s->acks[s->nacks++] = (rt_pending_ack_t){.token = token,
-                                             .since_ms = rt_mono_ms(),
-                                             .remaining = waits,
-                                             .packet_id = packet_id,
-                                             .type = type,
-                                             .reason = reason};
+    s->acks[s->nacks++] = (rt_pending_ack_t){
+        .token = token, .remaining = waits, .packet_id = packet_id, .type = type, .reason = reason};
     pending_acks_flush(self, c);
     if (rt__conn_acks_held(c) && c->sock)
         rt_sock_pause_reading(c->sock, true); /* the parse loop stops at the next packet */
-    if (s->nacks && !s->ack_timer) {
-        s->ack_timer = 1;
-        rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);
-    }
 }
 
 /*
-** The commit came from the store, or from the rule engine for a durable rule. A failed one
-** turns a v5 ack negative: quota exceeded when a sink's byte limit dropped a row,
-** unspecified otherwise.
+** A commit came: from the store, a subscriber's session, the cluster (JetStream's stream or
+** the retained bucket), or the rule engine for a durable rule. One that failed decides the
+** acknowledgement at once. A refusal that sending again cannot change (a sink's byte limit,
+** RT_ELIMIT; a row the database rejects, RT_EINVAL) is a negative MQTT 5 reason code and,
+** as MQTT 3 has none, an MQTT 3 PUBACK all the same. Anything else (the keeper died, did not
+** answer in time, could not write) leaves the PUBLISH unconfirmed: 0x80, or for MQTT 3 the
+** connection closes so that the client sends it again.
 */
 void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t status)
 {
@@ -195,43 +199,27 @@ void rt__conn_on_commit(rt_actor_t *self, conn_t *c, uint64_t token, int32_t sta
         rt_pending_ack_t *a = &c->sess->acks[i];
         if (a->token != token)
             continue;
-        if (a->remaining) /* 0 when RT_ACK_WAIT_MAX_MS gave up on it */
-            a->remaining--;
-        if (status < 0 && c->version == MQTT_V5)
+        if (status >= 0) {
+            if (a->remaining)
+                a->remaining--;
+            break;
+        }
+        a->remaining = 0; /* decided: the other commits cannot make it a success */
+        if (a->failed)
+            break;
+        a->failed = 1;
+        bool refused = status == RT_ELIMIT || status == RT_EINVAL;
+        if (c->version == MQTT_V5)
             a->reason = status == RT_ELIMIT ? MQTT_RC_QUOTA_EXCEEDED : MQTT_RC_UNSPECIFIED;
-        /* A QoS 2 PUBLISH sent again after a lost commit must be routed again, not taken
-           for a duplicate (a v5 PUBREC of 0x80 frees the id anyway: 4.3.3). */
-        if (status == RT_ENOPROC && !a->lost && a->type == MQTT_PUBREC)
+        a->unconfirmed = !refused;
+        /* The exchange ends here for a v5 client (a PUBREC of 0x80 or more frees the id:
+           4.3.3) and for an MQTT 3 one that will send the PUBLISH again, which must then be
+           routed again, not taken for a duplicate. */
+        if (a->type == MQTT_PUBREC && (c->version == MQTT_V5 || a->unconfirmed))
             qos2_forget(c, a->packet_id);
-        a->lost |= status == RT_ENOPROC;
         break;
     }
     flush_after_commits(self, c);
-}
-
-/*
-** A copy whose subscriber exited before storing it is never confirmed: past
-** RT_ACK_WAIT_MAX_MS the acknowledgement goes anyway, logged, rather than
-** stalling the publisher for good.
-*/
-void rt__conn_on_ack_check(rt_actor_t *self, conn_t *c)
-{
-    rt_session_t *s = c->sess;
-    RT_ASSERT(s && s->ack_timer); /* only a session holding acks arms the check */
-    s->ack_timer = 0;
-    uint64_t now = rt_mono_ms();
-    for (uint32_t i = 0; i < s->nacks; i++) {
-        if (s->acks[i].remaining && now - s->acks[i].since_ms >= RT_ACK_WAIT_MAX_MS) {
-            rt_log(RT_LOG_WARNING, "store.ack_timeout", "client=%s packet_id=%u",
-                   c->client_id ? c->client_id : "-", s->acks[i].packet_id);
-            s->acks[i].remaining = 0;
-        }
-    }
-    flush_after_commits(self, c);
-    if (s->nacks) {
-        s->ack_timer = 1;
-        rt_send_after_tag(RT_ACK_WAIT_MAX_MS, rt_self(self), RT_CONN_MSG_ACK_CHECK, NULL);
-    }
 }
 
 bool rt__conn_topic_within_limits(const uint8_t *t, size_t len)

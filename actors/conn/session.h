@@ -56,18 +56,20 @@ typedef struct rt_qlist_s {
 
 /*
 ** An acknowledgement to this session's client (PUBACK or PUBREC) that waits for
-** the store to commit what the message changed (queued copies for persistent
-** sessions, a retained message, the inbound QoS 2 id): "acknowledged" then
-** means "on disk". Acks leave in the order the PUBLISHes came (4.6).
+** the commits of what the message left behind (queued copies for persistent
+** sessions, a retained message, the inbound QoS 2 id, durable rules' rows, in a
+** cluster's durable mode the stream): "acknowledged" then means "kept". Acks
+** leave in the order the PUBLISHes came (4.6).
 */
 typedef struct {
-    uint64_t token; /* the store answers with it */
-    uint64_t since_ms;
+    uint64_t token;     /* the commits answer with it */
     uint32_t remaining; /* commits still to come */
     uint16_t packet_id;
     uint8_t type; /* MQTT_PUBACK or MQTT_PUBREC */
     uint8_t reason;
-    uint8_t lost; /* a commit it waited for was lost (RT_ENOPROC): it must not go out as is */
+    uint8_t failed : 1;      /* a commit failed: decided, whatever the others say */
+    uint8_t unconfirmed : 1; /* ... and sending again may succeed: it must not go out as a
+                                success (MQTT 3: the connection closes instead) */
 } rt_pending_ack_t;
 
 typedef struct rt_session_s {
@@ -79,7 +81,6 @@ typedef struct rt_session_s {
     uint16_t *qos2_ids;     /* inbound QoS 2 ids between PUBREC and PUBREL (exactly once) */
     uint32_t nacks, capacks;
     uint32_t nqos2, capqos2; /* nqos2 <= RT_CONN_QOS2_PENDING_MAX */
-    uint8_t ack_timer;       /* a check of stuck acknowledgements is pending */
     /* The inflight list's ids may not run in order from its head (a session restored
        from the store, or ids that wrapped to the head), so a new id is checked against
        all of them until the list empties. */

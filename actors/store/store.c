@@ -60,6 +60,7 @@ typedef struct {
 typedef struct {
     rt_pid_t pid;
     uint64_t token;
+    int32_t status; /* RT_EAGAIN: its change failed (the commit cannot make it kept) */
 } ack_t;
 
 enum {
@@ -169,14 +170,16 @@ bool rt_store_enabled(void)
 
 /* ---- The actor ---- */
 
-static void exec_logged(sqlite3 *db, const char *what)
+static bool exec_logged(sqlite3 *db, const char *what)
 {
     char *msg = NULL;
-    if (sqlite3_exec(db, what, NULL, NULL, &msg) != SQLITE_OK) {
+    bool ok = sqlite3_exec(db, what, NULL, NULL, &msg) == SQLITE_OK;
+    if (!ok) {
         store.failures++;
         rt_log(RT_LOG_ERROR, "store.error", "%s: %s", what, msg ? msg : "?");
     }
     sqlite3_free(msg);
+    return ok;
 }
 
 static void answer(rt_pid_t pid, uint64_t token, int32_t status)
@@ -188,18 +191,27 @@ static void answer(rt_pid_t pid, uint64_t token, int32_t status)
 /* The statements and the open transaction belong to the store actor's turns alone. */
 #define RT_STORE_IN_ACTOR() (rt_current() && rt_self(rt_current()) == atomic_load(&store.pid))
 
-static void commit_tx(actor_state_t *a)
+/*
+** Commits the transaction and answers whoever waits for its changes: kept only if the commit
+** succeeded and their own change did (a failed COMMIT leaves nothing of the transaction, so
+** each of them is told RT_EAGAIN: not kept, send again). Returns whether it committed.
+*/
+static bool commit_tx(actor_state_t *a)
 {
     RT_ASSERT(RT_STORE_IN_ACTOR());
+    bool committed = true;
     if (a->in_tx) {
-        exec_logged(store.db, "COMMIT");
-        store.commits++;
+        committed = exec_logged(store.db, "COMMIT");
+        if (!committed && !sqlite3_get_autocommit(store.db))
+            exec_logged(store.db, "ROLLBACK");
+        store.commits += committed;
         a->in_tx = false;
     }
     a->tx_changes = 0;
     for (size_t i = 0; i < a->nacks; i++)
-        answer(a->acks[i].pid, a->acks[i].token, 0);
+        answer(a->acks[i].pid, a->acks[i].token, committed ? a->acks[i].status : RT_EAGAIN);
     a->nacks = 0;
+    return committed;
 }
 
 static void bind_key(sqlite3_stmt *s, int idx, const char *p, uint32_t len, bool blob)
@@ -210,8 +222,8 @@ static void bind_key(sqlite3_stmt *s, int idx, const char *p, uint32_t len, bool
         sqlite3_bind_text(s, idx, p, (int)len, SQLITE_TRANSIENT);
 }
 
-/* Runs one prepared statement with the common parameters of op bound. */
-static void run_statement(int which, const op_t *op, rt_bin_t *bin)
+/* Runs one prepared statement with the common parameters of op bound; false if it failed. */
+static bool run_statement(int which, const op_t *op, rt_bin_t *bin)
 {
     RT_ASSERT(RT_STORE_IN_ACTOR());
     sqlite3_stmt *s = store.st[which];
@@ -269,6 +281,7 @@ static void run_statement(int which, const op_t *op, rt_bin_t *bin)
     }
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);
+    return rc == SQLITE_DONE;
 }
 
 /* Deletes what the session under op's client id holds: subscriptions and messages. */
@@ -279,8 +292,12 @@ static void clear_session(const op_t *op)
     run_statement(ST_SESSION_CLEAR_QOS2, op, NULL);
 }
 
-static void apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
+/* Applies one change in the open transaction; false if a statement failed. The changes a
+   publisher waits for (a message row, an inbound QoS 2 id, a retained message) are one
+   statement each. */
+static bool apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
 {
+    bool ok = true;
     switch (tag) {
     case OP_SESSION:
         if (op->retain) /* fresh: a new session under this id keeps nothing of the old one */
@@ -300,7 +317,7 @@ static void apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
         run_statement(ST_UNSUB, op, NULL);
         break;
     case OP_MSG_ADD:
-        run_statement(ST_MSG_ADD, op, bin);
+        ok = run_statement(ST_MSG_ADD, op, bin);
         break;
     case OP_MSG_STATE:
         run_statement(ST_MSG_STATE, op, NULL);
@@ -309,16 +326,17 @@ static void apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
         run_statement(ST_MSG_DEL, op, NULL);
         break;
     case OP_QOS2_ADD:
-        run_statement(ST_QOS2_ADD, op, NULL);
+        ok = run_statement(ST_QOS2_ADD, op, NULL);
         break;
     case OP_QOS2_DEL:
         run_statement(ST_QOS2_DEL, op, NULL);
         break;
     case OP_RETAIN:
-        run_statement(bin ? ST_RETAIN_SET : ST_RETAIN_DEL, op, bin);
+        ok = run_statement(bin ? ST_RETAIN_SET : ST_RETAIN_DEL, op, bin);
         break;
     }
     store.changes++;
+    return ok;
 }
 
 typedef struct {
@@ -366,13 +384,15 @@ static void apply_msg(rt_actor_t *self, actor_state_t *a, rt_msg_t *m)
         exec_logged(store.db, "BEGIN");
         a->in_tx = true;
     }
-    apply_op(op, m->tag, m->bin);
+    int32_t status = apply_op(op, m->tag, m->bin) ? 0 : RT_EAGAIN;
     if (op->ack_pid) {
         if (rt_grow_on(self, &a->acks, &a->capacks, a->nacks + 1, sizeof(ack_t), 64, RT_OBJ_LEAF) ==
-            0)
-            a->acks[a->nacks++] = (ack_t){op->ack_pid, op->token};
-        else /* no memory to remember it: answer now rather than never */
-            answer(op->ack_pid, op->token, 0);
+            0) {
+            a->acks[a->nacks++] = (ack_t){op->ack_pid, op->token, status};
+        } else { /* no memory to remember it: the commit comes now, then its answer */
+            answer(op->ack_pid, op->token, commit_tx(a) ? status : RT_EAGAIN);
+            return;
+        }
     }
     /* Group commit: FLUSH queues behind everything already waiting, so the commit it
        triggers covers all of it. */
@@ -454,8 +474,10 @@ static void send_op(uint32_t tag, op_t *op, const char *k1, size_t l1, const cha
     if (!pid)
         return;
     rt_msg_t *m = rt_msg_new(tag, sizeof(op_t) + l1 + l2);
-    if (!m) {
+    if (!m) { /* no memory for the change: whoever waits for it is told so */
         store.failures++;
+        if (op->ack_pid)
+            answer(op->ack_pid, op->token, RT_ENOMEM);
         return;
     }
     op_t *o = (op_t *)(void *)m->data;

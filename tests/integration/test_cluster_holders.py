@@ -275,9 +275,10 @@ def open_new(node, cid):
 @pytest.mark.long
 def test_takeover_while_the_holders_nats_server_is_stopped(nats, pfx):
     """The holder's NATS server is stopped (SIGSTOP): the holder cannot renew its lease and
-    ends its client within the lease (MQTT 5: DISCONNECT 0x9C, use another server); the new
-    node, whose request got no answer, waits for that lease to run out before its CONNACK. At
-    no moment are both connections served."""
+    ends its client within the lease (MQTT 5: DISCONNECT 0x9C, use another server), unless it
+    reaches another NATS server first and answers the takeover; the new node, whose request
+    got no answer, waits for one or the other before its CONNACK. At no moment are both
+    connections served."""
     h, t = pair(nats, "s", holder_alone=True)
     stopped = None
     try:
@@ -299,9 +300,13 @@ def test_takeover_while_the_holders_nats_server_is_stopped(nats, pfx):
             f"CONNACK on the new node {old.t_closed - new.t_connack:.2f} s before the old "
             "connection closed")
         assert not holders.overlaps(), holders.overlaps()[:5]
+        # Either the lease ran out first (0x9C, use another server), or the holder noticed
+        # the stall (two unanswered PINGs, 3 s), went to a server it learned from the NATS
+        # cluster and answered the takeover (0x8E): one holder at a time either way.
         disc = old.got(DISCONNECT)
-        assert disc and disc[0].body[0] == 0x9C, disc
-        assert "cluster.lease_lost" in h.read_log()
+        assert disc and disc[0].body[0] in (0x9C, 0x8E), disc
+        if disc[0].body[0] == 0x9C:
+            assert "cluster.lease_lost" in h.read_log()
         nats.servers[server]["proc"].send_signal(signal.SIGCONT)
         stopped = None
         nats.wait_ready([server])

@@ -340,7 +340,27 @@ static void test_cluster(void)
                          err, sizeof(err)),
              0);
     CHECK(c.cluster.durable && c.cluster.replay_margin == 30);
+    /* NATS credentials: a creds file or an nkey's seed file resolved as the TLS files are. */
+    CHECK_EQ(rt_conf_set(&c,
+                         "cluster={node=\"x\", nats=\"nats://a:1\", nkey=\"UABC\", "
+                         "nkey_seed=\"n.seed\", nats_without_credentials=true, secret_file=\"s\"}",
+                         err, sizeof(err)),
+             0);
+    CHECK(strcmp(c.cluster.nkey, "UABC") == 0 && c.cluster.nkey_seed[0] == '/');
+    CHECK(c.cluster.nats_without_credentials && !c.cluster.creds[0]);
+    CHECK_EQ(rt_conf_set(&c,
+                         "cluster={node=\"x\", nats=\"nats://a:1\", creds=\"rt.creds\", "
+                         "secret_file=\"s\"}",
+                         err, sizeof(err)),
+             0);
+    CHECK(c.cluster.creds[0] == '/' && !c.cluster.nkey[0] && !c.cluster.nats_without_credentials);
     static const refusal_t bad[] = {
+        {"cluster={node=\"a\", nats=\"nats://a:1\", nkey=\"U\"}", "nkey and nkey_seed go together"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", creds=\"c\", nkey=\"U\", nkey_seed=\"s\"}",
+         "give one"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", nats_without_credentials=1}",
+         "cluster.nats_without_credentials must be true or false"},
+        {"cluster={node=\"a\", nats=\"nats://a:1\", token=true}", "cluster.token must be"},
         {"cluster={node=\"a\", nats=\"nats://a:1\", durable=1}", "cluster.durable must be"},
         {"cluster={node=\"a\", nats=\"nats://a:1\", replay_margin=-1}",
          "cluster.replay_margin must be"},
