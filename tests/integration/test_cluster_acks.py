@@ -207,13 +207,6 @@ def retain_confirmed(node, topic, payload, cid):
             c.close()
 
 
-def no_ack_on_timeout(nodes_):
-    for n in nodes_:
-        log = n.read_log()
-        assert "store.ack_timeout" not in log, \
-            [ln for ln in log.splitlines() if "ack_timeout" in ln][:5]
-
-
 # ---- Durable mode: the publisher's NATS server stalls or dies mid-stream ----
 
 def streams_under_way(pub_node, sub_node, mq, topic, pfx):
@@ -274,7 +267,6 @@ def test_stalled_nats_server_acks_only_what_jetstream_confirmed(nats, durable_no
     lost = figures("stall (SIGSTOP 8 s)", streams, sub)
     print(f"FIGURES stall: switched to another NATS server after {switch_s:.2f} s")
     assert not lost, f"acknowledged, never delivered: {lost[:10]}"
-    no_ack_on_timeout([d1])
     assert switch_s <= STALE_S + CONNECT_WAIT_S, switch_s
     v5, v3 = streams
     assert set(v5.refused().values()) == {0x80}, v5.refused()
@@ -312,7 +304,6 @@ def test_killed_nats_server_acks_only_what_jetstream_confirmed(nats, durable_nod
     fence(probe, f"{topic}/probe", [sub])
     lost = figures("kill -9 of the NATS server", streams, sub)
     assert not lost, f"acknowledged, never delivered: {lost[:10]}"
-    no_ack_on_timeout([d1])
 
 
 # ---- A session that moves away answers the copies it was sent ----
@@ -359,7 +350,6 @@ def test_moved_session_answers_its_copies(nodes, mq, pfx):
           f"moves, last acks {time.monotonic() - t0:.2f} s after the streams stopped")
     for s in streams:
         assert not s.refused(), s.refused()
-    no_ack_on_timeout([n1, n2])
 
 
 # ---- Node alone: a subscriber that ends before storing its copies answers them ----
@@ -386,11 +376,13 @@ def test_ended_session_answers_the_copies_it_held(pfx):
               lambda: f"{pub.unacked} PUBLISHes never acknowledged:\n" + rtd.read_log()[-1500:]
               + str(rtd.ctl_json("clients", "show", f"pub{pfx}")))
         answered_s = time.monotonic() - t_end
+        # The end answers them in its own turn; what answered them before was a 5 s check
+        # (5 to 10 s after they began to wait, all before t_end), and it claimed success.
+        assert answered_s < 5, f"answered {answered_s:.2f} s after the session ended"
         pub.finish()
         print(f"\nFIGURES ended session: {len(pub.acked)} PUBLISHes answered, the held ones "
               f"{answered_s:.2f} s after the session ended")
         assert not pub.refused(), pub.refused()
-        no_ack_on_timeout([rtd])
         slow.close()
     finally:
         code, log = rtd.stop()

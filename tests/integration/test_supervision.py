@@ -235,8 +235,6 @@ def test_kill_each_actor_under_load_loses_nothing_acknowledged(tmp_path):
         code, log = rtd.stop()
     assert code == 0, log[-3000:]
     assert "rtd.stopped clean shutdown" in log
-    # No acknowledgement went out on a timeout instead of a commit: each was answered.
-    assert "store.ack_timeout" not in log, log[-3000:]
     # The sink's books balance across its restart: every row taken in was written, none
     # dropped (rows its dead incarnation never took were taken back and submitted again).
     stopped = re.search(r"sink\.stopped sink=archive in=(\d+) written=(\d+) spilled=0 dropped=0",
