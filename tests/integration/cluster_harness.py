@@ -235,8 +235,8 @@ def nodes(nats):
         # The retained store and the client ids are JetStream buckets the first node makes
         # and the others bind: a node says when it has them (until then it is alone there).
         for n in started:
-            until(lambda: n.ctl_json("cluster", "status")["retained"] == "replicated", WAIT,
-                  lambda: n.read_log()[-2000:])
+            until(lambda: (lambda st: st["retained"] == "replicated" and st["lease"] == "held")(
+                n.ctl_json("cluster", "status")), WAIT, lambda: n.read_log()[-2000:])
         # A client on each node at once, as a client would; test_clients_accepted_at_start
         # looks at what was refused on the way.
         started_refusals.clear()
@@ -519,9 +519,11 @@ def durable_nodes(nats):
     try:
         for i in range(3):
             started.append(Rtd(durable_option(f"d{i + 1}", nats.urls())))
+        # Durable, and holding its lease: a claim on a node whose lease lapsed (JetStream
+        # still settling after an earlier test's fault) fails at once, 0x88.
         for n in started:
-            until(lambda: n.ctl_json("cluster", "status")["durable"] == "on", WAIT,
-                  lambda: n.read_log()[-2000:])
+            until(lambda: (lambda st: st["durable"] == "on" and st["lease"] == "held")(
+                n.ctl_json("cluster", "status")), WAIT, lambda: n.read_log()[-2000:])
         yield started
     finally:
         for n in started:
