@@ -5,12 +5,17 @@ number of messages at its rule worker, and the other publishers' rules go on. Th
 engine's own limits (the deadline, charged C loops) are tested in tests/unit/test_rule_limits.c.
 """
 import json
+import socket
 import threading
 import time
 import urllib.error
 import urllib.request
 
-from conftest import Rtd, wait_for
+import paho.mqtt.client as mqtt
+import pytest
+
+import mqtt_raw
+from conftest import Rtd, free_port, wait_for
 from test_http import call, make_key
 
 # A rule that spins until the wall-clock limit ends it when the payload says so; any other
@@ -32,7 +37,6 @@ def start_spin(tmp_path):
     (rules / "spin.lua").write_text(SPIN_RULE)
     keys = tmp_path / "api_keys"
     admin, reader = make_key(keys, "ops", "admin"), make_key(keys, "viewer", "read")
-    from conftest import free_port
     hport = free_port()
     broker = Rtd(f'rules_dir="{rules}"',
                  f'sinks={{db={{type="sqlite",file="{tmp_path}/rows.db"}}}}',
@@ -120,3 +124,140 @@ def test_metrics_do_not_wait_behind_a_rule_test(tmp_path):
     finally:
         code, log = rtd.stop()
         assert code == 0, log[-3000:]
+
+
+# ---- 6c: a publisher that never reads its PUBACKs ----
+
+FLOOD_RULE = """return {
+  name = "flood", from = { "flood/#" }, to = { "gdb" },
+  select = function(msg) local d = json.decode(msg.payload) return nil end,
+}
+"""
+GOOD_RULE = """return {
+  name = "good", from = { "good/#" }, to = { "gdb" },
+  select = function(msg) return { topic = msg.topic, n = msg.payload } end,
+}
+"""
+# What a rule worker's mailbox may hold (README, "Design notes"; rt.h): overload is a mailbox
+# past 1,000 messages, looked at every 64 sends, and each publisher feeding the worker is muted
+# at the end of the socket event that sent past it, which routes at most RT_CONN_ROUTE_BUDGET
+# (8,192) messages. Two publishers here.
+MAILBOX_BOUND = 1000 + 64 + 2 * 8192
+FLOOD_MAX_MESSAGES = 2_000_000  # the flood's bounds: count and time
+FLOOD_MAX_S = 30
+
+
+def publish_packets(topic, n, first_pid):
+    out = bytearray()
+    t = mqtt_raw.mqtt_str(topic)
+    for i in range(n):
+        body = t + mqtt_raw.u16((first_pid + i) % 65535 + 1) + b'{"v":1}'
+        out += bytes([mqtt_raw.PUBLISH << 4 | 2]) + mqtt_raw.varint(len(body)) + body
+    return bytes(out)
+
+
+def tree_pid(rtd, name):
+    def walk(node):
+        yield node
+        for c in node.get("children", []):
+            yield from walk(c)
+    tree = rtd.ctl_json("tree")
+    for root in (tree if isinstance(tree, list) else [tree]):
+        for n in walk(root):
+            if n.get("name") == name:
+                return n["pid"]
+    raise AssertionError(tree)
+
+
+@pytest.mark.long
+def test_publisher_that_never_reads_cannot_flood_its_rule_worker(tmp_path):
+    """A QoS 1 publisher that never reads its socket (so no PUBACK): once rtd's output to it is
+    stuck it is under socket pressure, and was then never muted; its rule worker's mailbox
+    reached millions of messages. Now the worker's overload mutes it like any publisher: the
+    mailbox stays under MAILBOX_BOUND and a second publisher's rule rows still arrive."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "flood.lua").write_text(FLOOD_RULE)
+    (rules / "good.lua").write_text(GOOD_RULE)
+    db = tmp_path / "good.db"
+    rtd = Rtd(f'rules_dir="{rules}"', f'sinks={{gdb={{type="sqlite",file="{db}"}}}}',
+              "rule_workers=1", data_dir=str(tmp_path))
+    flooder = None
+    try:
+        worker = tree_pid(rtd, "rule_worker:0")
+        flooder = socket.socket()
+        # A small receive window: rtd's PUBACKs back up into its own output buffer soon.
+        flooder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        flooder.connect(("127.0.0.1", rtd.port))
+        flooder.sendall(bytes([mqtt_raw.CONNECT << 4]) + mqtt_raw.varint(14) +
+                        mqtt_raw.mqtt_str("MQTT") + bytes([4, 2]) + mqtt_raw.u16(60) +
+                        mqtt_raw.mqtt_str("fl"))
+        chunk = publish_packets("flood/1", 20000, 0)
+        state = {"sent": 0, "stop": False, "peak": 0}
+
+        def flood():
+            flooder.settimeout(0.2)
+            end = time.monotonic() + FLOOD_MAX_S
+            view, off = memoryview(chunk), 0
+            while (not state["stop"] and state["sent"] < FLOOD_MAX_MESSAGES
+                   and time.monotonic() < end):
+                try:
+                    off += flooder.send(view[off:])
+                except socket.timeout:
+                    continue  # rtd stopped reading it (muted): that is the point
+                except OSError:
+                    return
+                if off == len(chunk):
+                    state["sent"] += 20000
+                    off = 0
+
+        t = threading.Thread(target=flood)
+        t.start()
+        # The well-behaved publisher: its rows must arrive while the flood goes on.
+        good = mqtt.Client(client_id="good", protocol=mqtt.MQTTv311)
+        good.connect("127.0.0.1", rtd.port)
+        good.loop_start()
+        samples, good_rows = 0, None
+        deadline = time.monotonic() + FLOOD_MAX_S
+        while t.is_alive() and time.monotonic() < deadline:
+            code, out, _ = rtd.ctl("actors", "info", worker, json=True)
+            assert code == 0, out
+            state["peak"] = max(state["peak"], json.loads(out)["mailbox"])
+            samples += 1
+            if samples == 20:
+                for i in range(200):
+                    good.publish("good/1", str(i), qos=1)
+            if good_rows is None and (sqlite_count(db) or 0) >= 200:
+                good_rows = (sqlite_count(db), state["sent"])  # and how far the flood was
+            if state["peak"] > MAILBOX_BOUND:
+                break
+        flooding = t.is_alive()
+        state["stop"] = True
+        t.join(30)
+        good.loop_stop()
+        good.disconnect()
+        print(f"flood: {state['sent']} PUBLISHes sent, worker mailbox peaked at "
+              f"{state['peak']} ({samples} samples); the good rows (count, flood then): "
+              f"{good_rows}")
+        # Under a million messages its output to the client was stuck already (the previous
+        # code's mailbox passed the bound by then).
+        assert state["sent"] >= 1_000_000, ("the flood never got going", flooding)
+        assert state["peak"] <= MAILBOX_BOUND, state
+        assert good_rows is not None and good_rows[0] == 200, good_rows
+    finally:
+        if flooder:
+            flooder.close()
+        code, log = rtd.stop()
+        assert code == 0, log[-3000:]
+
+
+def sqlite_count(db):
+    import sqlite3
+    try:
+        con = sqlite3.connect(str(db), timeout=5)
+        try:
+            return con.execute("SELECT count(*) FROM messages").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.OperationalError:
+        return None

@@ -70,16 +70,7 @@ static run_t run_body(const char *prelude, const char *body, size_t memory, long
     }
     rt_rule_spec_free(&spec);
     rt_rule_vm_set_limits(vm, call_ms, 100, 1 << 20);
-    rt_rule_input_t in = {.topic = "a",
-                          .topic_len = 1,
-                          .payload = (const uint8_t *)"x",
-                          .payload_len = 1,
-                          .qos = 0,
-                          .retain = 0,
-                          .reason_code = -1,
-                          .proto_ver = -1,
-                          .keepalive = -1,
-                          .clean_start = -1};
+    rt_rule_input_t in = msg_in("a", "x");
     rt_buf_t rows = {0};
     uint32_t n = 0;
     err[0] = 0;

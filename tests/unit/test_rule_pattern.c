@@ -12,6 +12,7 @@
 #include "check.h"
 #include "lua_pattern.h"
 #include "rule_vm.h"
+#include "test_rule_util.h"
 
 static size_t charged;
 
@@ -145,15 +146,7 @@ static void test_budget(void)
             continue;
         CHECK_EQ(rt_rule_vm_load(vm, "p.lua", text, strlen(text), &spec, err, sizeof(err)), 0);
         rt_rule_spec_free(&spec);
-        rt_rule_input_t in = {.topic = "a",
-                              .topic_len = 1,
-                              .payload = (const uint8_t *)"",
-                              .qos = 0,
-                              .retain = 0,
-                              .reason_code = -1,
-                              .proto_ver = -1,
-                              .keepalive = -1,
-                              .clean_start = -1};
+        rt_rule_input_t in = msg_in("a", "");
         rt_buf_t out = {0};
         uint32_t n;
         rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, &in, &out, &n, err, sizeof(err));

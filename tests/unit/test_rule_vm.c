@@ -40,25 +40,6 @@ static rt_rule_vm_t *vm_with(const char *const *texts, size_t n)
     return vm;
 }
 
-static rt_rule_input_t msg_in(const char *topic, const char *payload)
-{
-    rt_rule_input_t in = {.topic = topic,
-                          .topic_len = strlen(topic),
-                          .payload = (const uint8_t *)payload,
-                          .payload_len = strlen(payload),
-                          .qos = 1,
-                          .retain = 0,
-                          .clientid = "c1",
-                          .username = "u1",
-                          .peer = "10.0.0.1:5555",
-                          .ts_ms = 1700000000123ull,
-                          .reason_code = -1,
-                          .proto_ver = -1,
-                          .keepalive = -1,
-                          .clean_start = -1};
-    return in;
-}
-
 /*
 ** Runs `code` as the body of a select(msg, ctx) and returns its outcome; a row
 ** {v = "..."} puts v in out.
