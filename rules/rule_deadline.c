@@ -175,20 +175,27 @@ int rt__rule_deadline_start(void)
     return start_rc;
 }
 
-/* This thread's slot, made (and the signal let through) at its first call. */
+static void let_signal_through(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, signal_number());
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/*
+** This thread's slot, made (and the signal let through) at its first call; NULL without
+** memory for it, and then this thread's calls have no deadline (the budget still holds).
+*/
 static slot_t *my_slot(void)
 {
     if (here)
         return here;
     slot_t *s = calloc(1, sizeof(*s));
-    RT_ASSERT(s); /* rt__rule_deadline_start ran: a vm exists; without a slot no call is safe */
     if (!s)
-        abort();
+        return NULL;
     s->thread = pthread_self();
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, signal_number());
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    let_signal_through();
     pthread_setspecific(slot_key, s);
     pthread_mutex_lock(&list_lock);
     s->next = slots;
@@ -200,6 +207,8 @@ static slot_t *my_slot(void)
 void rt__rule_deadline_arm(lua_State *L, lua_Hook hook, atomic_bool *fired, long call_ms)
 {
     slot_t *s = my_slot();
+    if (!s)
+        return;
     uint64_t w = atomic_load_explicit(&s->word, memory_order_relaxed);
     RT_ASSERT(STATE(w) == IDLE); /* one armed call per thread: calls are never nested */
     s->L = L;
@@ -225,11 +234,15 @@ void rt__rule_deadline_arm(lua_State *L, lua_Hook hook, atomic_bool *fired, long
 void rt__rule_deadline_disarm(void)
 {
     slot_t *s = here;
-    RT_ASSERT(s && STATE(atomic_load(&s->word)) != IDLE);
+    if (!s)
+        return;
     uint64_t w = atomic_load(&s->word);
+    RT_ASSERT(STATE(w) != IDLE);
     if (STATE(w) == ARMED && atomic_compare_exchange_strong(&s->word, &w, w & ~(uint64_t)3))
         return;
-    /* The watchdog fired: its signal is on its way to this thread (or was handled). */
+    /* The watchdog fired: its signal is on its way to this thread (or was handled). Were the
+       rule's C code to have blocked it, it is let through again, to be delivered now. */
+    let_signal_through();
     while (STATE(w = atomic_load(&s->word)) != FIRED) {
         struct timespec tick = {0, 1000};
         nanosleep(&tick, NULL);

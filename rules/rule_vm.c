@@ -112,6 +112,14 @@ void rt__rule_vm_disarm(rt_rule_vm_t *vm)
     vm->armed = false;
 }
 
+/* The hook of a spent call: every RT_RULE_HOOK_AFTER_BUDGET instructions, or every one once
+   out of time, and at every call. */
+static void keep_hooking(rt_rule_vm_t *vm)
+{
+    lua_sethook(vm->L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL,
+                vm->timed_out ? 1 : RT_RULE_HOOK_AFTER_BUDGET);
+}
+
 static void vm_hook(lua_State *L, lua_Debug *ar)
 {
     rt_rule_vm_t *vm = RT_RULE_VM(L);
@@ -124,7 +132,7 @@ static void vm_hook(lua_State *L, lua_Debug *ar)
         if (vm->used < vm->instructions && !past_deadline(vm))
             return;
         vm->budget_hit = true;
-        lua_sethook(L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, RT_RULE_HOOK_AFTER_BUDGET);
+        keep_hooking(vm);
     } else if (ar->event != LUA_HOOKCOUNT && lua_getinfo(L, "f", ar)) {
         /* The dry run's message handler is called for the very error raised here. */
         bool handler = lua_tocfunction(L, -1) == note_line;
@@ -152,7 +160,7 @@ void rt__rule_vm_charge(lua_State *L, size_t steps)
     if (vm->steps / RT_RULE_STEPS_PER_INSTRUCTION <= (size_t)vm->instructions && !past_deadline(vm))
         return;
     vm->budget_hit = true;
-    lua_sethook(L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, RT_RULE_HOOK_AFTER_BUDGET);
+    keep_hooking(vm);
     if (vm->timed_out)
         luaL_error(L, "time limit of %d ms exceeded (in a C function)", (int)vm->call_ms);
     luaL_error(L, "instruction budget of %d exceeded (in a C function)", (int)vm->instructions);

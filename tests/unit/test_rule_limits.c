@@ -10,7 +10,10 @@
 ** instruction, what that one instruction costs (measured here, on its own). What is bounded
 ** is the CPU time the call took on its thread: on an idle machine that is its wall time, and
 ** on a loaded one the time the kernel kept the thread waiting for a core is no part of the
-** deadline's mechanism (the watchdog's own wake-up is, and is in the latency).
+** deadline's mechanism (the watchdog's own wake-up is, and is in the latency). For the same
+** reason a call that should pass quickly may, on a machine busy enough, be ended by the wall
+** clock having had less than its limit of CPU: that is the limit at work, not the shape
+** escaping it, and counts as the expected outcome (run_t.starved).
 */
 #include <stdbool.h>
 #include <stdio.h>
@@ -38,6 +41,7 @@ typedef struct {
     long call_ms; /* its limit */
     double ms;    /* CPU time of the call, on this thread */
     char v[256];  /* the row's v, when it passed */
+    bool starved; /* ended by the wall clock with less CPU time than its limit */
 } run_t;
 
 /*
@@ -77,6 +81,7 @@ static run_t run_body(const char *prelude, const char *body, size_t memory, long
     double t0 = thread_cpu_ms();
     r.outcome = rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err));
     r.ms = thread_cpu_ms() - t0;
+    r.starved = r.outcome == RT_RULE_FAIL_BUDGET && strstr(err, "time limit") && r.ms < call_ms;
     if (r.outcome == RT_RULE_PASSED)
         row_str(rows_data(&rows), "v", r.v, sizeof(r.v));
     rt_buf_free(&rows);
@@ -118,9 +123,9 @@ static void test_len_read_once(void)
                  "return { v = tostring(reads) }",
                  ops[i]);
         run_t r = run_body("", body, 8u << 20, 1000000000, CALL_MS);
-        CHECK_EQ(r.outcome, RT_RULE_PASSED);
-        CHECK(strcmp(r.v, "1") == 0);
-        if (r.outcome != RT_RULE_PASSED || strcmp(r.v, "1") != 0)
+        bool ok = r.starved || (r.outcome == RT_RULE_PASSED && strcmp(r.v, "1") == 0);
+        CHECK(ok);
+        if (!ok)
             fprintf(stderr, "  %s: outcome %d (%s), __len read %s times\n", ops[i], r.outcome, err,
                     r.v);
         check_in_time(&r, 0, ops[i]);
@@ -131,8 +136,7 @@ static void test_len_read_once(void)
 ** Lua's `<` on two strings full of NUL bytes calls strcoll once per NUL: one compare of 20 MB
 ** took ~0.12 s, and table.sort of 8 references to two such strings ran ~20 of them with no
 ** hook event (2.4 s). The rules' table.sort compares strings itself, by bytes, charged per
-** byte. On a loaded machine (or under a sanitizer) the wall clock may end the call before
-** the sort is done, which is no failure of the sort.
+** byte.
 */
 static void test_sort_long_strings(void)
 {
@@ -143,9 +147,7 @@ static void test_sort_long_strings(void)
                        "table.sort(t)\n"
                        "return { v = (t[1] == a and t[8] == b) and 'sorted' or 'not sorted' }",
                        256u << 20, 1000000000, CALL_MS);
-    bool by_clock = r.outcome == RT_RULE_FAIL_BUDGET && strstr(err, "time limit of 200 ms");
-    CHECK(r.outcome == RT_RULE_PASSED || by_clock);
-    CHECK(by_clock || strcmp(r.v, "sorted") == 0);
+    CHECK(r.starved || (r.outcome == RT_RULE_PASSED && strcmp(r.v, "sorted") == 0));
     check_in_time(&r, 0, "sort of 20 MB strings");
     /* The same sort under the default budget: the bytes it compares are charged. */
     r = run_body(strings, "table.sort({ b, a, b, a, b, a, b, a })", 256u << 20, 1000000, 60000);
@@ -183,10 +185,11 @@ static void test_json_encode_cycle(void)
 {
     run_t r = run_body("local t = {} for i = 1, 2e4 do t[i] = i / 3 end t.self = t\n",
                        "return { v = json.encode(t) }", 64u << 20, 1000000000, CALL_MS);
-    CHECK_EQ(r.outcome, RT_RULE_FAIL_EXCEPTION);
-    CHECK(strstr(err, "json.encode: a table that contains itself") != NULL);
-    if (!strstr(err, "contains itself"))
-        fprintf(stderr, "  error: %s\n", err);
+    bool ok = r.starved || (r.outcome == RT_RULE_FAIL_EXCEPTION &&
+                            strstr(err, "json.encode: a table that contains itself"));
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  outcome %d: %s\n", r.outcome, err);
     check_in_time(&r, 0, "json.encode of a cycle");
 }
 
