@@ -295,9 +295,12 @@ int rt__rule_sandbox_open(lua_State *L)
         lua_setfield(L, -2, "__index");
         lua_setmetatable(L, -2);
         lua_setupvalue(L, -2, 1);
+        /* Protected, so the deadline is let go whatever the chunk does. */
         rt__rule_vm_arm(vm);
-        lua_call(L, 0, 1);
+        int status = lua_pcall(L, 0, 1, 0);
         rt__rule_vm_disarm(vm);
+        if (status != LUA_OK)
+            return lua_error(L);
         if (lua_type(L, -1) == LUA_TTABLE)
             freeze(L, frozen);
         lua_setfield(L, hidden, src->name);
