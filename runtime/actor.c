@@ -170,8 +170,9 @@ static void rel_remove_at(rt_actor_t *a, int i)
 ** Whether a sender under socket pressure may wait for target (flags tf): only for an
 ** overloaded target that is neither under pressure nor parked itself, so runs and drains
 ** without it. Such a sender must run to flush its socket and lift its own pressure, so it
-** never waits for an actor that waits: a target that parks first lets go of the pressured
-** senders parked under it (release_pressured), and no cycle of parked actors can hold one.
+** never waits for an actor that waits: a target that parks, or comes under pressure, first
+** lets go of the pressured senders parked under it (release_pressured), and no cycle of
+** parked actors can hold one.
 */
 static bool pressured_may_wait(const rt_actor_t *target, unsigned tf)
 {
@@ -461,15 +462,40 @@ static bool under_pressure(const rt_actor_t *a)
     return atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_BACKPRESSURE;
 }
 
+/*
+** Lets go of the senders under socket pressure parked under a, which has just parked itself
+** or come under pressure (pressured_may_wait). A sender that looks at a's status or flags
+** under its lock after this sees them; one that parked before is in the list.
+*/
+static void release_pressured(rt_actor_t *a)
+{
+    rt_actor_t *out = NULL;
+    rt__spin_lock(&a->mute_lock);
+    for (rt_actor_t **pp = &a->muted; *pp;) {
+        rt_actor_t *w = *pp;
+        if (atomic_load_explicit(&w->sync_flags, memory_order_relaxed) & RT_AF_BACKPRESSURE) {
+            *pp = w->runq_next;
+            w->runq_next = out;
+            out = w;
+        } else {
+            pp = &w->runq_next;
+        }
+    }
+    rt__spin_unlock(&a->mute_lock);
+    requeue_parked(out);
+}
+
 static void set_flag_pressure(rt_actor_t *a, unsigned flag, bool on)
 {
     bool now = atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & flag;
     if (on == now)
         return;
-    if (on)
+    if (on) {
         atomic_fetch_or_explicit(&a->sync_flags, flag, memory_order_seq_cst);
-    else
+        release_pressured(a);
+    } else {
         unmute_waiters(a, flag);
+    }
 }
 
 void rt__set_pressure(rt_actor_t *a, bool on)
@@ -917,29 +943,6 @@ static inline void add_relaxed(atomic_uint_fast64_t *c, uint64_t n)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
                           memory_order_relaxed);
-}
-
-/*
-** Lets go of the senders under socket pressure parked under a, which has just parked
-** itself (pressured_may_wait). A sender that looks at a's status under its lock after this
-** sees it parked; one that parked before is in the list.
-*/
-static void release_pressured(rt_actor_t *a)
-{
-    rt_actor_t *out = NULL;
-    rt__spin_lock(&a->mute_lock);
-    for (rt_actor_t **pp = &a->muted; *pp;) {
-        rt_actor_t *w = *pp;
-        if (atomic_load_explicit(&w->sync_flags, memory_order_relaxed) & RT_AF_BACKPRESSURE) {
-            *pp = w->runq_next;
-            w->runq_next = out;
-            out = w;
-        } else {
-            pp = &w->runq_next;
-        }
-    }
-    rt__spin_unlock(&a->mute_lock);
-    requeue_parked(out);
 }
 
 /* Parks a under the actor it sent to while that one is overloaded (Pony's muting). */

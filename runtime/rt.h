@@ -334,9 +334,9 @@ int rt_cancel_timer(rt_ref_t ref);
 **    can form. Only sends from outside any actor are never parked.
 **  - the owner, meanwhile, is still parked by an overloaded actor it sends to
 **    that is running (not under pressure, not parked itself), as any sender is:
-**    that one drains without it, and lets it go if it parks in turn. So a
-**    connection whose client reads nothing cannot fill another actor's mailbox
-**    for being under pressure.
+**    that one drains without it, and lets it go if it parks or comes under
+**    pressure in turn. So a connection whose client reads nothing cannot fill
+**    another actor's mailbox for being under pressure.
 ** The guarantee, independent of timing: a socket's buffer passes its mark by at
 ** most what the one handler call that crossed it wrote, plus what the owner's
 ** socket-event and self-sent handlers write under pressure (nothing, for an

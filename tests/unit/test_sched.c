@@ -307,6 +307,53 @@ static void test_pressured_sender_let_go(void)
 }
 
 /*
+** The same when the (slow, so overloaded) consumer comes under pressure itself: a quarter of
+** the way through it holds its senders until the producer has sent everything.
+*/
+static void holder_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    long *total = state;
+    if (m->tag == MSG_GO) {
+        memcpy(total, m->data, sizeof(long));
+        return;
+    }
+    if (m->tag == MSG_SPIN && atomic_load(&produced) >= *total) {
+        rt_hold_senders(self, false);
+        atomic_store(&gate_open, 1);
+        return;
+    }
+    if (m->tag == MSG_WORK) {
+        slow_handle(self, state, m);
+        if (atomic_load(&consumed) != *total / 4)
+            return;
+    }
+    rt_hold_senders(self, true);
+    rt_send_after(1, rt_self(self), rt_msg_new(MSG_SPIN, 0), NULL);
+}
+
+static const rt_actor_type_t holder_type = {
+    .name = "holder", .state_size = sizeof(long), .handle = holder_handle};
+
+static void test_pressured_sender_let_go_by_pressure(void)
+{
+    atomic_store(&consumed, 0);
+    atomic_store(&produced, 0);
+    atomic_store(&gate_open, 0);
+    long total = check_scale(20000);
+    rt_pid_t c, p;
+    rt_spawn(&holder_type, NULL, &c);
+    rt_send(c, MSG_GO, &total, sizeof(total));
+    rt_spawn(&pressured_type, NULL, &p);
+    rt_pid_t go[2] = {c, (rt_pid_t)total};
+    rt_send(p, MSG_GO, go, sizeof(go));
+    CHECK(wait_at_least(&gate_open, 1, 60000));
+    CHECK(wait_at_least(&consumed, total, 60000));
+    rt_exit_signal(c, RT_REASON_KILL);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
+/*
 ** rt_send_unmuted: a producer whose consumer is overloaded is not parked. The consumer's
 ** first message holds its scheduler until the producer has sent everything; a producer that
 ** were muted (its sends pass RT_MAILBOX_HIGH queued) would wait for the consumer for good and
@@ -546,6 +593,7 @@ int main(void)
     RUN(test_backpressure);
     RUN(test_pressured_sender_muted);
     RUN(test_pressured_sender_let_go);
+    RUN(test_pressured_sender_let_go_by_pressure);
     RUN(test_send_unmuted);
     RUN(test_blocking_pool);
     RUN(test_idle_uses_no_cpu);
