@@ -8,6 +8,7 @@
 
 #define CHARGE_BOX 2      /* upvalue of each function here; upvalue 1 is Lua's own, for guards */
 #define COMPARE_CHUNK 256 /* bytes compared between two looks at the difference */
+#define COMPARE_CHARGE_EVERY 65536 /* bytes compared between two charges (and deadline looks) */
 
 static void charge(lua_State *L, size_t steps)
 {
@@ -83,14 +84,18 @@ static bool sorts_before(lua_State *L, bool comp, int b, int a)
         return lua_compare(L, b, a, LUA_OPLT);
     size_t la, lb;
     const char *x = lua_tolstring(L, b, &lb), *y = lua_tolstring(L, a, &la);
-    size_t n = la < lb ? la : lb, at = 0;
+    size_t n = la < lb ? la : lb, at = 0, charged = 0;
     int c = 0;
     while (c == 0 && at < n) {
         size_t k = n - at < COMPARE_CHUNK ? n - at : COMPARE_CHUNK;
         c = memcmp(x + at, y + at, k);
         at += k;
+        if (at - charged >= COMPARE_CHARGE_EVERY) {
+            charge(L, (at - charged) / RT_LUA_BYTES_PER_STEP);
+            charged = at;
+        }
     }
-    charge(L, at / RT_LUA_BYTES_PER_STEP);
+    charge(L, (at - charged) / RT_LUA_BYTES_PER_STEP);
     return c < 0 || (c == 0 && lb < la);
 }
 
