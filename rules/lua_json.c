@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "lua_json.h"
+#include "lua_lib.h"
 
 /* ---- Buffers owned by a userdata (freed by its __gc through the state's allocator) ---- */
 
@@ -56,7 +57,7 @@ char *rt_lua_buf_reserve(lua_State *L, rt_lua_buf_t *b, size_t n)
     char *p = f(ud, b->p, b->p ? b->cap : 0, cap);
     if (!p) {
         /* The rule engine classifies errors starting "not enough memory" as memory failures. */
-        luaL_error(L, "not enough memory (buffer of %zu bytes)", cap);
+        luaL_error(L, "not enough memory (buffer of %I bytes)", (lua_Integer)cap);
     }
     b->p = p;
     b->cap = cap;
@@ -118,15 +119,24 @@ int rt_utf8_valid(const void *s, size_t n)
 
 /* ---- Encoding ---- */
 
+/* The functions here run in the frame of json.encode or json.decode: upvalue 1 is the box of
+   the charge function (lua_lib.h). */
+static void charge(lua_State *L, size_t steps)
+{
+    rt_lua_charge(L, lua_upvalueindex(1), steps);
+}
+
 typedef struct {
     lua_State *L;
     rt_lua_buf_t *b;
+    const void *path[RT_JSON_MAX_DEPTH]; /* the tables being written, outermost first */
 } enc_t;
 
 static void enc_string(enc_t *e, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     lua_State *L = e->L;
+    charge(L, n / RT_LUA_BYTES_PER_STEP);
     if (!rt_utf8_valid(s, n))
         luaL_error(L, "json.encode: string is not valid UTF-8");
     /* Worst case 6 bytes per input byte plus the quotes: reserve once. */
@@ -209,14 +219,20 @@ static lua_Integer table_array_len(lua_State *L, int idx)
             max = k;
         count++;
     }
+    charge(L, (size_t)count);
     return count > 0 && max == count ? count : 0;
 }
 
 static void enc_table(enc_t *e, int idx, int depth)
 {
     lua_State *L = e->L;
+    const void *self = lua_topointer(L, idx);
+    for (int i = 0; i < depth && i < RT_JSON_MAX_DEPTH; i++)
+        if (e->path[i] == self)
+            luaL_error(L, "json.encode: a table that contains itself (a cycle) has no JSON form");
     if (depth >= RT_JSON_MAX_DEPTH)
-        luaL_error(L, "json.encode: nested too deeply (or a cycle)");
+        luaL_error(L, "json.encode: nested too deeply");
+    e->path[depth] = self;
     luaL_checkstack(L, 4, "json.encode");
     lua_Integer n = table_array_len(L, idx);
     if (n > 0) {
@@ -263,6 +279,7 @@ static void enc_value(enc_t *e, int idx, int depth)
     lua_State *L = e->L;
     char num[40];
     int n;
+    charge(L, 1);
     switch (lua_type(L, idx)) {
     case LUA_TNIL:
         rt_lua_buf_add(L, e->b, "null", 4);
@@ -303,21 +320,14 @@ static void enc_value(enc_t *e, int idx, int depth)
     luaL_error(L, "json.encode: cannot encode a %s", luaL_typename(L, idx));
 }
 
-void rt_lua_json_encode(lua_State *L, int idx)
-{
-    idx = lua_absindex(L, idx);
-    enc_t e = {L, rt_lua_buf_push(L)};
-    enc_value(&e, idx, 0);
-    lua_pushlstring(L, e.b->p ? e.b->p : "", e.b->len);
-    lua_remove(L, -2); /* the buffer; its __gc frees the bytes */
-}
-
 static int l_encode(lua_State *L)
 {
     luaL_checkany(L, 1);
     lua_settop(L, 1);
-    rt_lua_json_encode(L, 1);
-    return 1;
+    enc_t e = {.L = L, .b = rt_lua_buf_push(L)};
+    enc_value(&e, 1, 0);
+    lua_pushlstring(L, e.b->p ? e.b->p : "", e.b->len);
+    return 1; /* the buffer below it goes with the call; its __gc frees the bytes */
 }
 
 /* ---- Decoding ---- */
@@ -402,6 +412,7 @@ static void dec_string(dec_t *d)
         d->p = d->end;
         dec_error(d, "unterminated string");
     }
+    charge(d->L, (size_t)(q - start) / RT_LUA_BYTES_PER_STEP);
     if (!escaped) {
         if (!rt_utf8_valid(start, (size_t)(q - start)))
             dec_error(d, "string is not valid UTF-8");
@@ -575,6 +586,7 @@ static void dec_value(dec_t *d, int depth)
         dec_error(d, "unexpected end of input");
     if (depth >= RT_JSON_MAX_DEPTH)
         dec_error(d, "nested too deeply");
+    charge(L, 1);
     luaL_checkstack(L, 3, "json.decode");
     switch (*d->p) {
     case '{':
@@ -644,10 +656,12 @@ static int l_decode(lua_State *L)
     return 1;
 }
 
-int rt_lua_json_open(lua_State *L)
+int rt_lua_json_open(lua_State *L, rt_lua_charge_fn charge_fn)
 {
     static const luaL_Reg fns[] = {{"encode", l_encode}, {"decode", l_decode}, {NULL, NULL}};
-    luaL_newlib(L, fns);
+    luaL_newlibtable(L, fns);
+    rt_lua_charge_push(L, charge_fn);
+    luaL_setfuncs(L, fns, 1);
     lua_pushlightuserdata(L, NULL);
     lua_setfield(L, -2, "null");
     return 1;

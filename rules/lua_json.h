@@ -23,17 +23,18 @@
 
 #include <lua.h>
 
-/* Nesting deeper than this is refused (it is also how a cyclic table is caught). */
+#include "lua_lib.h"
+
+/* Nesting deeper than this is refused. */
 #define RT_JSON_MAX_DEPTH 128
 
-/* Pushes the json library table {encode, decode, null}. */
-int rt_lua_json_open(lua_State *L);
-
 /*
-** Encodes the value at idx and pushes the text as a Lua string; on error pushes
-** nothing and raises a Lua error (call it under lua_pcall).
+** Pushes the json library table {encode, decode, null}. Both functions charge their walk
+** (lua_lib.h: a step per value and per table key, and per RT_LUA_BYTES_PER_STEP bytes of
+** strings); json.encode refuses a table that contains itself when it meets it the second
+** time on one path, so a cycle costs one walk of what came before it, not one per level.
 */
-void rt_lua_json_encode(lua_State *L, int idx);
+int rt_lua_json_open(lua_State *L, rt_lua_charge_fn charge);
 
 /*
 ** A growable byte buffer allocated through the state's lua_Alloc and owned by a

@@ -1,4 +1,4 @@
-/* The topic and time libraries of rules (lua_lib.h). */
+/* The topic and time libraries of rules, and the charge box the C libraries share (lua_lib.h). */
 #include <lauxlib.h>
 #include <lua.h>
 #include <string.h>
@@ -6,6 +6,28 @@
 
 #include "lua_lib.h"
 #include "rt.h"
+
+void rt_lua_charge_push(lua_State *L, rt_lua_charge_fn charge)
+{
+    rt_lua_charge_fn *box = lua_newuserdatauv(L, sizeof(*box), 0);
+    *box = charge;
+}
+
+void rt_lua_charge(lua_State *L, int idx, size_t steps)
+{
+    rt_lua_charge_fn charge = *(rt_lua_charge_fn *)lua_touserdata(L, idx);
+    if (charge && steps)
+        charge(L, steps);
+}
+
+int rt_lua_call_guarded(lua_State *L)
+{
+    int n = lua_gettop(L);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, n, LUA_MULTRET);
+    return lua_gettop(L);
+}
 
 int rt_topic_match(const char *f, size_t flen, const char *t, size_t tlen)
 {
@@ -67,6 +89,7 @@ static int l_match(lua_State *L)
     const char *t = luaL_checklstring(L, 2, &tl);
     if (!filter_valid(f, fl))
         return luaL_error(L, "topic.match: \"%s\" is not a valid topic filter", f);
+    rt_lua_charge(L, lua_upvalueindex(1), (fl + tl) / RT_LUA_BYTES_PER_STEP);
     lua_pushboolean(L, rt_topic_match(f, fl, t, tl));
     return 1;
 }
@@ -75,6 +98,7 @@ static int l_split(lua_State *L)
 {
     size_t n;
     const char *t = luaL_checklstring(L, 1, &n);
+    rt_lua_charge(L, lua_upvalueindex(1), n / RT_LUA_BYTES_PER_STEP);
     lua_newtable(L);
     lua_Integer k = 1;
     size_t start = 0;
@@ -82,16 +106,19 @@ static int l_split(lua_State *L)
         if (i == n || t[i] == '/') {
             lua_pushlstring(L, t + start, i - start);
             lua_rawseti(L, -2, k++);
+            rt_lua_charge(L, lua_upvalueindex(1), 1);
             start = i + 1;
         }
     }
     return 1;
 }
 
-int rt_lua_topic_open(lua_State *L)
+int rt_lua_topic_open(lua_State *L, rt_lua_charge_fn charge)
 {
     static const luaL_Reg fns[] = {{"match", l_match}, {"split", l_split}, {NULL, NULL}};
-    luaL_newlib(L, fns);
+    luaL_newlibtable(L, fns);
+    rt_lua_charge_push(L, charge);
+    luaL_setfuncs(L, fns, 1);
     return 1;
 }
 

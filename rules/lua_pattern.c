@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lua_lib.h"
 #include "lua_pattern.h"
 
 #define MAX_CAPTURES 32
@@ -23,7 +24,7 @@ typedef struct {
     const char *src, *src_end; /* the subject */
     const char *pat_end;
     lua_State *L;
-    rt_pattern_charge_fn charge;
+    rt_lua_charge_fn charge;
     size_t steps; /* not charged yet */
     int depth;    /* do_match calls left */
     int level;    /* captures started */
@@ -48,7 +49,7 @@ static void settle(ms_t *m)
         m->charge(m->L, s);
 }
 
-static void ms_init(ms_t *m, lua_State *L, rt_pattern_charge_fn charge, const char *s, size_t ls,
+static void ms_init(ms_t *m, lua_State *L, rt_lua_charge_fn charge, const char *s, size_t ls,
                     const char *p, size_t lp)
 {
     m->L = L;
@@ -426,9 +427,9 @@ static const char *find_plain(ms_t *m, const char *s, size_t ls, const char *p, 
     return NULL;
 }
 
-static rt_pattern_charge_fn charge_of(lua_State *L)
+static rt_lua_charge_fn charge_of(lua_State *L)
 {
-    return *(rt_pattern_charge_fn *)lua_touserdata(L, lua_upvalueindex(1));
+    return *(rt_lua_charge_fn *)lua_touserdata(L, lua_upvalueindex(1));
 }
 
 static int find_or_match(lua_State *L, int find)
@@ -517,7 +518,7 @@ static int p_gmatch(lua_State *L)
     const char *s = luaL_checklstring(L, 1, &ls);
     const char *p = luaL_checklstring(L, 2, &lp);
     size_t init = start_index(luaL_optinteger(L, 3, 1), ls) - 1;
-    rt_pattern_charge_fn charge = charge_of(L);
+    rt_lua_charge_fn charge = charge_of(L);
     lua_settop(L, 2); /* the closure keeps subject and pattern alive */
     gmatch_t *g = lua_newuserdatauv(L, sizeof(*g), 0);
     if (init > ls)
@@ -600,7 +601,7 @@ static int p_gsub(lua_State *L)
     luaL_argexpected(
         L, how == LUA_TNUMBER || how == LUA_TSTRING || how == LUA_TFUNCTION || how == LUA_TTABLE, 3,
         "string/function/table");
-    rt_pattern_charge_fn charge = charge_of(L);
+    rt_lua_charge_fn charge = charge_of(L);
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     int anchor = *p == '^';
@@ -637,14 +638,13 @@ static int p_gsub(lua_State *L)
     return 2;
 }
 
-void rt_lua_pattern_install(lua_State *L, int idx, rt_pattern_charge_fn charge)
+void rt_lua_pattern_install(lua_State *L, int idx, rt_lua_charge_fn charge)
 {
     static const luaL_Reg fns[] = {
         {"find", p_find}, {"match", p_match}, {"gmatch", p_gmatch}, {"gsub", p_gsub}};
     idx = lua_absindex(L, idx);
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
-        rt_pattern_charge_fn *box = lua_newuserdatauv(L, sizeof(*box), 0);
-        *box = charge;
+        rt_lua_charge_push(L, charge);
         lua_pushcclosure(L, fns[i].func, 1);
         lua_setfield(L, idx, fns[i].name);
     }

@@ -16,12 +16,11 @@
 
 #include <lua.h>
 
+#include "lua_lib.h"
+
 #define RT_PATTERN_CHARGE_EVERY 4096 /* steps between two charges */
 
-/* Takes steps of work; raises a Lua error (and does not return) when over budget. */
-typedef void (*rt_pattern_charge_fn)(lua_State *L, size_t steps);
-
 /* Sets find, match, gmatch and gsub in the table at idx to the budgeted versions. */
-void rt_lua_pattern_install(lua_State *L, int idx, rt_pattern_charge_fn charge);
+void rt_lua_pattern_install(lua_State *L, int idx, rt_lua_charge_fn charge);
 
 #endif

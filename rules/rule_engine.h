@@ -46,6 +46,13 @@
 ** batch once. A worker's turn ends early once it has run rules for
 ** rule_turn_us (rt_yield), so a rule that burns its budget on every message
 ** delays the connections sharing its scheduler by a few ms, not a whole batch.
+** A worker's mailbox is bounded by the runtime's muting (README, "Design
+** notes"): past 1,000 messages the worker is overloaded and each connection
+** handing it work is parked at the end of the socket event that did (at most
+** RT_CONN_ROUTE_BUDGET hand-overs), whatever the connection's own state, a
+** client that reads nothing, not even its PUBACKs, included; nothing is
+** dropped. The worker itself never waits for a connection (its durable acks go
+** unmuted), so it always drains.
 ** Rules are found through the rule set's own topic index (rule_index.h: one
 ** walk of the topic's levels whatever the number of rules) and a per-event
 ** list.

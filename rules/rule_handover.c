@@ -117,10 +117,18 @@ static int hand_over(match_scratch_t *t, rt_rule_set_t *set, const rt_rule_origi
     return rc;
 }
 
+/*
+** Unmuted: a worker never waits for a publisher (whose client may not read), as publishers
+** wait for it (rt.h, "Output backpressure"). One ack per publish the connection keeps
+** waiting for, so bounded by what that connection holds.
+*/
 void rt__rules_ack_durable(rt_pid_t pid, uint64_t token, int32_t status)
 {
     rt_rules_durable_t ack = {token, status};
-    rt_send(pid, RT_RULES_MSG_DURABLE, &ack, sizeof(ack));
+    rt_msg_t *m = rt_msg_new(RT_RULES_MSG_DURABLE, sizeof(ack));
+    if (m)
+        memcpy(m->data, &ack, sizeof(ack));
+    rt_send_unmuted(pid, m);
 }
 
 int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ack_pid,

@@ -11,6 +11,7 @@
 #include "lua_json.h"
 #include "lua_lib.h"
 #include "lua_pattern.h"
+#include "lua_table.h"
 #include "rule_vm_internal.h"
 
 static int sb_pcall(lua_State *L)
@@ -109,22 +110,9 @@ static void freeze(lua_State *L, int frozen)
     lua_rawset(L, frozen);
 }
 
-/* Calls the library function in upvalue 1 with every argument; returns what it returns. */
-static int call_original(lua_State *L)
-{
-    int n = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    lua_call(L, n, LUA_MULTRET);
-    return lua_gettop(L);
-}
-
 /*
-** Library functions whose C loops run a count the caller picks, without
-** allocating: the instruction hook never sees them and the memory cap does not
-** stop them. string.rep of an empty string loops n times for nothing;
-** table.move loops e - f + 1 times; table.insert(t, pos, v) and
-** table.remove(t, pos) shift #t - pos elements, and #t may come from __len.
+** string.rep of an empty string (with an empty separator) loops n times for nothing, in C,
+** without allocating: neither the hook nor the memory cap would stop it.
 */
 static int sb_rep(lua_State *L)
 {
@@ -136,60 +124,7 @@ static int sb_rep(lua_State *L)
         lua_pushliteral(L, "");
         return 1;
     }
-    return call_original(L);
-}
-
-static void check_span(lua_State *L, lua_Integer from, lua_Integer to, const char *fn)
-{
-    if (to > from && (lua_Unsigned)to - (lua_Unsigned)from >= RT_RULE_TABLE_OP_MAX)
-        luaL_error(L, "%s: more than %d elements in one call", fn, RT_RULE_TABLE_OP_MAX);
-}
-
-static int sb_move(lua_State *L)
-{
-    check_span(L, luaL_checkinteger(L, 2), luaL_checkinteger(L, 3), "table.move");
-    return call_original(L);
-}
-
-static int sb_insert(lua_State *L)
-{
-    if (lua_gettop(L) == 3)
-        check_span(L, luaL_checkinteger(L, 2), luaL_len(L, 1), "table.insert");
-    return call_original(L);
-}
-
-static int sb_remove(lua_State *L)
-{
-    if (lua_gettop(L) >= 2 && !lua_isnil(L, 2))
-        check_span(L, luaL_checkinteger(L, 2), luaL_len(L, 1), "table.remove");
-    return call_original(L);
-}
-
-/*
-** table.concat(t, sep, i, j) and table.unpack(t, i, j) loop over i..j, and table.sort over
-** 1..#t, in C; each element may come from __index (a C function such as rawlen runs no
-** instruction) and #t from __len.
-*/
-static int sb_concat(lua_State *L)
-{
-    lua_Integer i = luaL_optinteger(L, 3, 1);
-    check_span(L, i, lua_isnoneornil(L, 4) ? luaL_len(L, 1) : luaL_checkinteger(L, 4),
-               "table.concat");
-    return call_original(L);
-}
-
-static int sb_unpack(lua_State *L)
-{
-    lua_Integer i = luaL_optinteger(L, 2, 1);
-    check_span(L, i, lua_isnoneornil(L, 3) ? luaL_len(L, 1) : luaL_checkinteger(L, 3),
-               "table.unpack");
-    return call_original(L);
-}
-
-static int sb_sort(lua_State *L)
-{
-    check_span(L, 1, luaL_len(L, 1), "table.sort");
-    return call_original(L);
+    return rt_lua_call_guarded(L);
 }
 
 /* The type name, or __tostring's result: luaL_tolstring would print an address. */
@@ -241,7 +176,7 @@ static int sb_format(lua_State *L)
             lua_replace(L, arg);
         }
     }
-    return call_original(L);
+    return rt_lua_call_guarded(L);
 }
 
 typedef struct {
@@ -250,10 +185,8 @@ typedef struct {
 } guard_t;
 
 static const guard_t guards[] = {
-    {LUA_STRLIBNAME, "rep", sb_rep},       {LUA_TABLIBNAME, "move", sb_move},
-    {LUA_TABLIBNAME, "insert", sb_insert}, {LUA_TABLIBNAME, "remove", sb_remove},
-    {LUA_TABLIBNAME, "concat", sb_concat}, {LUA_TABLIBNAME, "unpack", sb_unpack},
-    {LUA_TABLIBNAME, "sort", sb_sort},     {LUA_STRLIBNAME, "format", sb_format},
+    {LUA_STRLIBNAME, "rep", sb_rep},
+    {LUA_STRLIBNAME, "format", sb_format},
 };
 
 /*
@@ -283,6 +216,8 @@ static void copy_lib(lua_State *L, int hidden, int frozen, const char *name, con
     }
     if (strcmp(name, LUA_STRLIBNAME) == 0)
         rt_lua_pattern_install(L, -1, rt__rule_vm_charge);
+    if (strcmp(name, LUA_TABLIBNAME) == 0)
+        rt_lua_table_install(L, -1, rt__rule_vm_charge);
     freeze(L, frozen);
     lua_setfield(L, hidden, name);
     lua_pop(L, 1);
@@ -328,10 +263,10 @@ int rt__rule_sandbox_open(lua_State *L)
     copy_lib(L, hidden, frozen, LUA_TABLIBNAME, NULL);
     copy_lib(L, hidden, frozen, LUA_MATHLIBNAME, NULL);
     copy_lib(L, hidden, frozen, LUA_UTF8LIBNAME, NULL);
-    rt_lua_json_open(L);
+    rt_lua_json_open(L, rt__rule_vm_charge);
     freeze(L, frozen);
     lua_setfield(L, hidden, "json");
-    rt_lua_topic_open(L);
+    rt_lua_topic_open(L, rt__rule_vm_charge);
     freeze(L, frozen);
     lua_setfield(L, hidden, "topic");
     rt_lua_time_open(L);
@@ -360,9 +295,12 @@ int rt__rule_sandbox_open(lua_State *L)
         lua_setfield(L, -2, "__index");
         lua_setmetatable(L, -2);
         lua_setupvalue(L, -2, 1);
+        /* Protected, so the deadline is let go whatever the chunk does. */
         rt__rule_vm_arm(vm);
-        lua_call(L, 0, 1);
+        int status = lua_pcall(L, 0, 1, 0);
         rt__rule_vm_disarm(vm);
+        if (status != LUA_OK)
+            return lua_error(L);
         if (lua_type(L, -1) == LUA_TTABLE)
             freeze(L, frozen);
         lua_setfield(L, hidden, src->name);

@@ -36,13 +36,10 @@ void rt_rule_spec_free(rt_rule_spec_t *s)
     memset(s, 0, sizeof(*s));
 }
 
-/* Whether the current call's deadline has passed; reads the clock every RT_RULE_CLOCK_EVERY. */
+/* Whether the current call's deadline has fired (rule_deadline.c); if so, the call is spent. */
 static bool past_deadline(rt_rule_vm_t *vm)
 {
-    if (++vm->ticks < RT_RULE_CLOCK_EVERY)
-        return false;
-    vm->ticks = 0;
-    if (rt_mono_ns() < vm->deadline_ns)
+    if (!vm->armed || !atomic_load_explicit(&vm->fired, memory_order_relaxed))
         return false;
     vm->timed_out = vm->budget_hit = true;
     return true;
@@ -62,8 +59,8 @@ static void *vm_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         vm->oom = true;
         return NULL;
     }
-    /* A C loop that only allocates runs no hook: the clock is read here too. Once the call is
-       out of time nothing grows, or Lua's emergency collection would retry and succeed. */
+    /* A C loop that only allocates runs no hook: the deadline is looked at here too. Once the
+       call is out of time nothing grows, or Lua's emergency collection would retry and succeed. */
     if (nsize > old && vm->armed && (vm->timed_out || past_deadline(vm)))
         return NULL;
     void *p = realloc(ptr, nsize);
@@ -99,19 +96,28 @@ void rt__rule_vm_arm(rt_rule_vm_t *vm)
 {
     RT_ASSERT(!vm->armed);
     vm->used = 0;
-    vm->ticks = 0;
     vm->budget_hit = vm->timed_out = false;
-    vm->deadline_ns = rt_mono_ns() + (uint64_t)vm->call_ms * 1000000u;
     vm->armed = true;
     int slice = vm->instructions < RT_RULE_HOOK_SLICE ? (int)vm->instructions : RT_RULE_HOOK_SLICE;
     lua_sethook(vm->L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, slice);
+    /* After the hook is set: when the deadline fires, its count of 1 replaces the slice. */
+    rt__rule_deadline_arm(vm->L, vm_hook, &vm->fired, vm->call_ms);
 }
 
 void rt__rule_vm_disarm(rt_rule_vm_t *vm)
 {
     RT_ASSERT(vm->armed);
+    rt__rule_deadline_disarm();
     lua_sethook(vm->L, NULL, 0, 0);
     vm->armed = false;
+}
+
+/* The hook of a spent call: every RT_RULE_HOOK_AFTER_BUDGET instructions, or every one once
+   out of time, and at every call. */
+static void keep_hooking(rt_rule_vm_t *vm)
+{
+    lua_sethook(vm->L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL,
+                vm->timed_out ? 1 : RT_RULE_HOOK_AFTER_BUDGET);
 }
 
 static void vm_hook(lua_State *L, lua_Debug *ar)
@@ -126,7 +132,7 @@ static void vm_hook(lua_State *L, lua_Debug *ar)
         if (vm->used < vm->instructions && !past_deadline(vm))
             return;
         vm->budget_hit = true;
-        lua_sethook(L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, RT_RULE_HOOK_AFTER_BUDGET);
+        keep_hooking(vm);
     } else if (ar->event != LUA_HOOKCOUNT && lua_getinfo(L, "f", ar)) {
         /* The dry run's message handler is called for the very error raised here. */
         bool handler = lua_tocfunction(L, -1) == note_line;
@@ -151,11 +157,13 @@ void rt__rule_vm_charge(lua_State *L, size_t steps)
 {
     rt_rule_vm_t *vm = RT_RULE_VM(L);
     vm->steps += steps;
-    if (vm->steps / RT_RULE_STEPS_PER_INSTRUCTION <= (size_t)vm->instructions)
+    if (vm->steps / RT_RULE_STEPS_PER_INSTRUCTION <= (size_t)vm->instructions && !past_deadline(vm))
         return;
     vm->budget_hit = true;
-    lua_sethook(L, vm_hook, LUA_MASKCOUNT | LUA_MASKCALL, RT_RULE_HOOK_AFTER_BUDGET);
-    luaL_error(L, "instruction budget of %d exceeded (in a string pattern)", (int)vm->instructions);
+    keep_hooking(vm);
+    if (vm->timed_out)
+        luaL_error(L, "time limit of %d ms exceeded (in a C function)", (int)vm->call_ms);
+    luaL_error(L, "instruction budget of %d exceeded (in a C function)", (int)vm->instructions);
 }
 
 bool rt__rule_vm_oom_message(lua_State *L, int idx)
@@ -175,6 +183,10 @@ int rt_rule_vm_new(size_t memory, long instructions, rt_rule_vm_t **out)
     rt_rule_vm_t *vm = calloc(1, sizeof(*vm));
     if (!vm)
         return RT_ENOMEM;
+    if (rt__rule_deadline_start()) {
+        free(vm);
+        return RT_ENOMEM;
+    }
     vm->cap = memory;
     vm->instructions = instructions > 0 ? instructions : 1;
     rt_rule_vm_set_limits(vm, RT_CONF_RULE_CALL_MS, RT_CONF_RULE_OUTPUT_ROWS,

@@ -21,15 +21,25 @@
 ** CPU. Every call (and every file's top level at load) runs under a hook on
 ** instruction counts and on function calls: the budget is charged
 ** RT_RULE_HOOK_SLICE at a time for instructions and RT_RULE_CALL_COST for each
-** call, Lua or C (a C library function's loop runs no instruction, but every
-** metamethod or comparator it calls is a call). Past the budget the rule
-** fails ("instruction budget exceeded", counted as a budget failure). The call
-** also has a wall-clock deadline (rt_rule_vm_set_limits), checked from the
-** hook and from the allocator, so time spent inside C counts too; past it the
-** call fails the same way ("time limit exceeded"). Once tripped the hook keeps
-** firing every RT_RULE_HOOK_AFTER_BUDGET instructions and at every call, the
-** allocator refuses to grow anything, and the sandbox's pcall and xpcall
-** re-raise budget and memory errors, so a rule cannot catch its way out.
+** call, Lua or C (every metamethod or comparator a C function calls is a call).
+** The loops of the C libraries rules get (json, topic, string patterns, the
+** table functions: lua_lib.h) charge what they touch, in steps, of which
+** RT_RULE_STEPS_PER_INSTRUCTION make an instruction. Past the budget the rule
+** fails ("instruction budget exceeded", counted as a budget failure).
+** The call also has a wall-clock deadline (rt_rule_vm_set_limits) that fires
+** from outside the thread (rule_deadline.c): a watchdog thread signals the
+** thread at the deadline and the signal sets the hook's count to 1, so the call
+** fails ("time limit exceeded", a budget failure too) at its next VM instruction,
+** or at the next step a library loop charges, or the next allocation, whatever
+** C code it was in. A call ends within RT_RULE_DEADLINE_SLACK_MS of its deadline
+** plus the one VM instruction or C call running then; the costliest known is
+** Lua's own `<` on two long strings full of NUL bytes (it calls strcoll once per
+** NUL: ~8 ms a MiB, so ~0.5 s at the 64 MiB default cap for the pair), which is
+** why the table functions compare strings themselves (lua_table.h). Once
+** tripped the hook keeps firing every RT_RULE_HOOK_AFTER_BUDGET instructions (1
+** after the deadline) and at every call, the allocator refuses to grow
+** anything, and the sandbox's pcall and xpcall re-raise budget and memory
+** errors, so a rule cannot catch its way out.
 **
 ** Output. The rows of one call are bounded in count and in BSON bytes
 ** (rt_rule_vm_set_limits); the bytes also count against the memory cap, less
@@ -44,10 +54,11 @@
 ** loadfile, collectgarbage, print or coroutine. Every library table is a
 ** read-only proxy (writes raise an error; rawset refuses them; getmetatable
 ** gives false), the string metatable is locked the same way, string.find,
-** match, gmatch and gsub are budgeted versions (lua_pattern.h), string.rep,
-** table.move, table.insert, table.remove, table.concat, table.unpack and
-** table.sort are guarded against C loops that neither the hook nor the memory
-** cap would stop (at most RT_RULE_TABLE_OP_MAX elements a call), setmetatable
+** match, gmatch and gsub are budgeted versions (lua_pattern.h), string.rep is
+** guarded against a loop that makes nothing, table.insert, remove, sort and
+** concat are rules' own and table.move and unpack are guarded (lua_table.h:
+** #t read once, at most RT_LUA_TABLE_OP_MAX elements a call, every element
+** charged), json.encode refuses cycles (lua_json.h), setmetatable
 ** refuses __gc (a finalizer would run outside any budget, in another rule's
 ** call), and each rule file runs in its own environment table whose reads fall
 ** through to the shared read-only base, so rules cannot see or break each
@@ -77,16 +88,19 @@
 ** ten VM instructions, and a C loop calling a C function runs no instruction.
 */
 #define RT_RULE_CALL_COST 10
-/* Hook events (calls, instruction slices) and growing allocations between looks at the clock. */
-#define RT_RULE_CLOCK_EVERY 32
+/*
+** How late after its deadline a call may end, besides the instruction running then: the
+** watchdog thread's wake-up and the signal's delivery, under 5 ms measured with both cores
+** busy. On a machine with more runnable threads than cores, add the time the kernel keeps
+** either thread waiting for one (no part of the mechanism; the tests bound CPU time).
+*/
+#define RT_RULE_DEADLINE_SLACK_MS 50
 #define RT_RULE_NAME_MAX 64  /* bytes of a rule name, NUL included */
 #define RT_RULE_MAX_FROM 64  /* entries in a rule's from */
 #define RT_RULE_MAX_TO 16    /* entries in a rule's to */
 #define RT_RULE_ROW_DEPTH 32 /* nesting of tables inside a row */
-/* String-pattern steps (lua_pattern.h) that cost one instruction of the budget. */
+/* Steps charged by C library loops (lua_lib.h) that cost one instruction of the budget. */
 #define RT_RULE_STEPS_PER_INSTRUCTION 4
-/* Elements table.move / insert / remove may touch in one call (their C loops are unhooked). */
-#define RT_RULE_TABLE_OP_MAX (1 << 20)
 
 /* The Lua library (the .lua files of lua/), embedded at build time by lua/embed.cmake. */
 typedef struct rt_lua_source_s {

@@ -28,9 +28,8 @@ struct rt_rule_vm_s {
     size_t cap;            /* memory cap, bytes */
     long instructions;     /* budget per call */
     long used;             /* budget spent by the current call: instructions and calls */
-    uint32_t ticks;        /* calls and growing allocations since the clock was last read */
     bool armed;            /* a budgeted call is running: the deadline applies */
-    uint64_t deadline_ns;  /* rt_mono_ns time the current call must end by */
+    atomic_bool fired;     /* its deadline passed (set by the deadline's signal handler) */
     long call_ms;          /* wall-clock limit of a call */
     size_t max_rows;       /* rows one call may return */
     size_t max_bytes;      /* BSON bytes one call's rows may make */
@@ -63,12 +62,24 @@ void rt__rule_vm_enter(rt_rule_vm_t *vm);
 void rt__rule_vm_leave(rt_rule_vm_t *vm);
 void rt__rule_vm_arm(rt_rule_vm_t *vm); /* starts a budgeted call: budget, deadline, hook */
 void rt__rule_vm_disarm(rt_rule_vm_t *vm);
-/* Charges string-pattern work (lua_pattern.h) to the call's budget; raises past it. */
+/* Charges a C library loop's steps (lua_lib.h) to the call's budget; raises past it or once
+   the call is out of time. */
 void rt__rule_vm_charge(lua_State *L, size_t steps);
 /* An error status the sandbox's pcall must not swallow: budget or memory. */
 bool rt__rule_vm_must_propagate(lua_State *L, int status);
 /* The message on top of the stack is Lua's "not enough memory". */
 bool rt__rule_vm_oom_message(lua_State *L, int idx);
+
+/* rule_deadline.c: the wall-clock deadline of a budgeted call, fired from outside. */
+/* Starts the watchdog thread and the signal handler once per process: 0 or RT_ENOMEM. */
+int rt__rule_deadline_start(void);
+/*
+** Arms the calling thread's deadline, call_ms from now: at it, L's hook becomes hook with a
+** count of 1 and *fired turns true, whatever the thread is running. One armed call per thread.
+*/
+void rt__rule_deadline_arm(lua_State *L, lua_Hook hook, atomic_bool *fired, long call_ms);
+/* Ends it; once this returns, the deadline will not touch the thread. */
+void rt__rule_deadline_disarm(void);
 
 /* rule_sandbox.c */
 /* Builds the read-only base environment; run under lua_pcall (raises on failure). */

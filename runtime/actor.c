@@ -167,12 +167,29 @@ static void rel_remove_at(rt_actor_t *a, int i)
 /* ---- Sending ---- */
 
 /*
+** Whether a sender under socket pressure may wait for target (flags tf): only for an
+** overloaded target that is neither under pressure nor parked itself, so runs and drains
+** without it. Such a sender must run to flush its socket and lift its own pressure, so it
+** never waits for an actor that waits: a target that parks, or comes under pressure, first
+** lets go of the pressured senders parked under it (release_pressured), and no cycle of
+** parked actors can hold one.
+*/
+static bool pressured_may_wait(const rt_actor_t *target, unsigned tf)
+{
+    return (tf & RT_AF_OVERLOADED) && !(tf & RT_AF_BACKPRESSURE) &&
+           atomic_load_explicit(&target->status, memory_order_relaxed) != RT_STATUS_MUTED;
+}
+
+/*
 ** Decides whether the current actor gets muted for sending to target.
 ** Overload (Pony's rule): an overloaded sender is never muted, or two overloaded
 ** actors feeding each other would park each other for good.
 ** Socket pressure: any sender is muted, even an overloaded one, except an actor
 ** that is under socket pressure itself; such actors always run, so they flush
 ** and lift their own pressure, and no cycle of muted actors can form.
+** A sender under socket pressure still waits for an overloaded target that runs
+** (pressured_may_wait): a publisher whose client reads nothing, not even its acks,
+** must not fill a rule worker's mailbox for being under pressure.
 */
 static void mute_check(rt_actor_t *target)
 {
@@ -185,9 +202,9 @@ static void mute_check(rt_actor_t *target)
     if (!(tf & (RT_AF_OVERLOADED | RT_AF_BACKPRESSURE)))
         return;
     unsigned cf = atomic_load_explicit(&cur->sync_flags, memory_order_relaxed);
-    if (cf & RT_AF_BACKPRESSURE)
+    if ((cf & RT_AF_BACKPRESSURE) && !pressured_may_wait(target, tf))
         return;
-    if (!(tf & RT_AF_BACKPRESSURE) && (cf & RT_AF_OVERLOADED))
+    if (!(cf & RT_AF_BACKPRESSURE) && !(tf & RT_AF_BACKPRESSURE) && (cf & RT_AF_OVERLOADED))
         return;
     cur->mute_target = target;
 }
@@ -413,6 +430,17 @@ static void process_signals(rt_actor_t *a)
     }
 }
 
+/* Requeues a list of parked actors (linked by runq_next, taken off their mute list). */
+static void requeue_parked(rt_actor_t *w)
+{
+    while (w) {
+        rt_actor_t *next = w->runq_next;
+        w->runq_next = NULL;
+        rt__requeue(w);
+        w = next;
+    }
+}
+
 /* Clears a reason for muting; the waiters go free only when no reason is left. */
 static void unmute_waiters(rt_actor_t *a, unsigned clear)
 {
@@ -425,12 +453,7 @@ static void unmute_waiters(rt_actor_t *a, unsigned clear)
         a->muted = NULL;
     }
     rt__spin_unlock(&a->mute_lock);
-    while (w) {
-        rt_actor_t *next = w->runq_next;
-        w->runq_next = NULL;
-        rt__requeue(w);
-        w = next;
-    }
+    requeue_parked(w);
 }
 
 /* Owner only: no other thread raises or lifts an actor's pressure. */
@@ -439,15 +462,40 @@ static bool under_pressure(const rt_actor_t *a)
     return atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_BACKPRESSURE;
 }
 
+/*
+** Lets go of the senders under socket pressure parked under a, which has just parked itself
+** or come under pressure (pressured_may_wait). A sender that looks at a's status or flags
+** under its lock after this sees them; one that parked before is in the list.
+*/
+static void release_pressured(rt_actor_t *a)
+{
+    rt_actor_t *out = NULL;
+    rt__spin_lock(&a->mute_lock);
+    for (rt_actor_t **pp = &a->muted; *pp;) {
+        rt_actor_t *w = *pp;
+        if (atomic_load_explicit(&w->sync_flags, memory_order_relaxed) & RT_AF_BACKPRESSURE) {
+            *pp = w->runq_next;
+            w->runq_next = out;
+            out = w;
+        } else {
+            pp = &w->runq_next;
+        }
+    }
+    rt__spin_unlock(&a->mute_lock);
+    requeue_parked(out);
+}
+
 static void set_flag_pressure(rt_actor_t *a, unsigned flag, bool on)
 {
     bool now = atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & flag;
     if (on == now)
         return;
-    if (on)
+    if (on) {
         atomic_fetch_or_explicit(&a->sync_flags, flag, memory_order_seq_cst);
-    else
+        release_pressured(a);
+    } else {
         unmute_waiters(a, flag);
+    }
 }
 
 void rt__set_pressure(rt_actor_t *a, bool on)
@@ -905,6 +953,8 @@ static bool park_muted(rt_actor_t *a)
     rt__spin_lock(&t->mute_lock);
     unsigned tf = atomic_load_explicit(&t->sync_flags, memory_order_acquire);
     bool park = (tf & (RT_AF_OVERLOADED | RT_AF_BACKPRESSURE)) && !(tf & RT_AF_DEAD);
+    if (park && under_pressure(a))
+        park = pressured_may_wait(t, tf);
     if (park) {
         atomic_store_explicit(&a->status, RT_STATUS_MUTED, memory_order_relaxed);
         a->runq_next = t->muted;
@@ -981,8 +1031,10 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
             unmute_waiters(a, RT_AF_OVERLOADED);
     }
 
-    if (a->mute_target && park_muted(a))
+    if (a->mute_target && park_muted(a)) {
+        release_pressured(a);
         return end;
+    }
     /* Held messages wait for a socket event (which lifts the pressure) unless it lifted
        already, at the turn's flush: then they need a turn of their own. */
     if (!held_ready(a) && mbox_markempty(a)) {

@@ -332,6 +332,11 @@ int rt_cancel_timer(rt_ref_t ref);
 **    callback in which it sent, and runs again when the pressure lifts; an
 **    actor under pressure itself is not parked, so no cycle of parked actors
 **    can form. Only sends from outside any actor are never parked.
+**  - the owner, meanwhile, is still parked by an overloaded actor it sends to
+**    that is running (not under pressure, not parked itself), as any sender is:
+**    that one drains without it, and lets it go if it parks or comes under
+**    pressure in turn. So a connection whose client reads nothing cannot fill
+**    another actor's mailbox for being under pressure.
 ** The guarantee, independent of timing: a socket's buffer passes its mark by at
 ** most what the one handler call that crossed it wrote, plus what the owner's
 ** socket-event and self-sent handlers write under pressure (nothing, for an

@@ -63,8 +63,10 @@ int rt_admin_reload_rules(char *err, size_t errlen);
 ** The command layer for other front ends (the HTTP API): a request line is answered now or
 ** later, and the caller frames the answer (code and body: JSON with --json, else text).
 */
-#define RT_ADMIN_CHANGES 4u   /* a command that changes rtd (kick, reload, set): refusable */
-#define RT_ADMIN_SENSITIVE 8u /* a command that shows clients' traffic (trace): refusable */
+#define RT_ADMIN_CHANGES 4u /* a command that changes rtd (kick, reload, set): refusable */
+/* A command for the admin role alone, whatever the method: it shows clients' traffic (trace)
+   or runs a payload of the caller's through the rules (rules test). Refusable. */
+#define RT_ADMIN_SENSITIVE 8u
 /*
 ** An answer, or a part of one: a streaming command (`trace`) answers in parts with code 206
 ** (each a whole line or lines; an empty one says the stream is alive), then once with its

@@ -899,7 +899,9 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"rules", "reload", cmd_rules_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "rules reload"},
     {"rules", "enable", cmd_rules_enable, RT_ADMIN_CHANGES, "rules enable NAME"},
     {"rules", "disable", cmd_rules_disable, RT_ADMIN_CHANGES, "rules disable NAME"},
-    {"rules", "test", cmd_rules_test, RT_ADMIN_BLOCKING,
+    /* Admin only: whoever runs it runs a payload of theirs through the rules, for up to
+       rule_call_ms (a read key of the HTTP API must not). */
+    {"rules", "test", cmd_rules_test, RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_SENSITIVE,
      "rules test NAME --topic T [--payload P] [--qos Q]"},
     {"sinks", NULL, cmd_sinks_list, 0, NULL},
     {"sinks", "list", cmd_sinks_list, 0, "sinks list"},

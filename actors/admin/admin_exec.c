@@ -45,7 +45,7 @@ static bool ask_holder_node(const rt_admin_cmd_t *c, uint64_t cookie)
     rt__admin_quote_word(&line, c->argv[2]);
     if (c->json)
         rt_buf_add(&line, " --json", 7);
-    bool asked = !line.oom && rt__admin_worker_ask(cookie, line.data, line.len) == 0;
+    bool asked = !line.oom && rt__admin_worker_ask(cookie, line.data, line.len, false) == 0;
     rt_buf_free(&line);
     return asked;
 }
@@ -69,10 +69,11 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
         rt__admin_fail(c, 403, "\"%s%s%s\" %s: it needs the admin role", cmd->word,
                        cmd->sub ? " " : "", cmd->sub ? cmd->sub : "",
                        cmd->flags & refuse & RT_ADMIN_CHANGES ? "changes rtd"
-                                                              : "shows clients' traffic");
+                       : strcmp(cmd->word, "trace") == 0      ? "shows clients' traffic"
+                                                              : "runs rules on a payload");
     } else if (cmd && (cmd->flags & RT_ADMIN_BLOCKING)) {
         uint64_t cookie = next_cookie++;
-        if (raw && rt__admin_worker_ask(cookie, raw, len) == 0)
+        if (raw && rt__admin_worker_ask(cookie, raw, len, cmd->flags & RT_ADMIN_OWN_WORKER) == 0)
             x->cookie = cookie;
         else
             rt__admin_fail(c, 503, "the admin worker is not running");

@@ -45,6 +45,8 @@ typedef struct rt_admin_cmd_s {
 /* Command flags. */
 #define RT_ADMIN_BLOCKING 1u /* runs on the admin worker (blocking pool): file I/O, Lua loading */
 #define RT_ADMIN_GATHER 2u   /* asks connection actors; answered when they have replied */
+/* With BLOCKING: on a worker of its own, as its caller can make it run long (a rule run). */
+#define RT_ADMIN_OWN_WORKER 16u
 
 typedef struct rt_admin_command_s {
     const char *word, *sub; /* "rules", "reload"; sub NULL: the word alone */
@@ -106,15 +108,15 @@ typedef struct rt_admin_job_done_s {
     int code;
 } rt_admin_job_done_t;
 
-/* Starts the worker as a permanent child of the supervisor group. */
+/* Starts the workers as permanent children of the supervisor group. */
 int rt__admin_worker_start(rt_pid_t group);
 /*
-** From a connection actor: hands the worker a request line (copied), answered to
-** the caller with RT_ADMIN_MSG_JOB_DONE carrying cookie. 0, or RT_ENOMEM or
-** RT_ENOPROC (no worker runs).
+** From a connection actor: hands a worker (the RT_ADMIN_OWN_WORKER one with own_worker) a
+** request line (copied), answered to the caller with RT_ADMIN_MSG_JOB_DONE carrying cookie.
+** 0, or RT_ENOMEM or RT_ENOPROC (no worker runs).
 */
-int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len);
-/* Whether self is the worker. */
+int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len, bool own_worker);
+/* Whether self is a worker. */
 bool rt__admin_on_worker(const rt_actor_t *self);
 
 /* ---- admin_live.c ---- */

@@ -1,7 +1,10 @@
 /*
-** The admin worker: one actor on the blocking pool that runs the commands that
+** The admin workers: actors on the blocking pool that run the commands that
 ** block (file I/O, Lua loading, walks over every actor) for the admin
-** connections, which hand it the request line and wait for its answer.
+** connections, which hand them the request line and wait for the answer. Two of
+** them: `admin_worker` for every such command, and `admin_rule_tester` for
+** `rules test` alone (RT_ADMIN_OWN_WORKER), whose run time the caller's payload
+** can stretch to rule_call_ms: a /metrics scrape must not wait behind it.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +28,11 @@ typedef struct {
 } worker_t;
 
 /*
-** Written by each start of the worker, the first before the listener (and so any
+** Written by each start of a worker, the first before the listener (and so any
 ** connection) starts. A request sent while it is dead is refused, and its connection
 ** answers 503; one it never got to is answered 503 by worker_dead_letter.
 */
-static _Atomic rt_pid_t worker_pid;
+static _Atomic rt_pid_t worker_pid[2]; /* admin_worker, admin_rule_tester */
 
 /* The previous sample's slot for conn (a new empty one if none), or NULL on OOM. */
 static rt_admin_top_t **worker_top(rt_actor_t *self, worker_t *w, rt_pid_t conn)
@@ -89,8 +92,7 @@ static void worker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 static int worker_init(rt_actor_t *self, void *state, void *arg)
 {
     (void)state;
-    (void)arg;
-    atomic_store(&worker_pid, rt_self(self));
+    atomic_store(&worker_pid[(uintptr_t)arg], rt_self(self));
     return 0;
 }
 
@@ -138,11 +140,17 @@ static const rt_actor_type_t worker_type = {
 
 int rt__admin_worker_start(rt_pid_t group)
 {
-    rt_child_spec_t c = {.name = "admin_worker", .type = &worker_type, .restart = RT_PERMANENT};
-    return rt_supervisor_start_child(group, &c, NULL);
+    static const char *const names[] = {"admin_worker", "admin_rule_tester"};
+    int rc = 0;
+    for (uintptr_t i = 0; rc == 0 && i < 2; i++) {
+        rt_child_spec_t c = {
+            .name = names[i], .type = &worker_type, .arg = (void *)i, .restart = RT_PERMANENT};
+        rc = rt_supervisor_start_child(group, &c, NULL);
+    }
+    return rc;
 }
 
-int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len)
+int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len, bool own_worker)
 {
     /* One byte more than the line: splitting ends the last word there. */
     rt_msg_t *m = rt_msg_new(RT_ADMIN_MSG_JOB, sizeof(cookie) + len + 1);
@@ -151,10 +159,11 @@ int rt__admin_worker_ask(uint64_t cookie, const char *line, size_t len)
     memcpy(m->data, &cookie, sizeof(cookie));
     memcpy(m->data + sizeof(cookie), line, len);
     m->data[sizeof(cookie) + len] = 0;
-    return rt_send_msg(atomic_load(&worker_pid), m);
+    return rt_send_msg(atomic_load(&worker_pid[own_worker]), m);
 }
 
 bool rt__admin_on_worker(const rt_actor_t *self)
 {
-    return self && rt_self(self) == atomic_load(&worker_pid);
+    return self && (rt_self(self) == atomic_load(&worker_pid[0]) ||
+                    rt_self(self) == atomic_load(&worker_pid[1]));
 }

@@ -306,8 +306,10 @@ static void stream_tick(rt_actor_t *self, http_conn_t *k)
         finish(self, k);
         return;
     }
-    if (!rt_admin_exec_start(self, &k->exec, line, k->stream_len, RT_ADMIN_CHANGES, respond_admin,
-                             k))
+    /* Streams are for reading: no command that changes rtd, nor one for the admin role alone
+       (a trace streams by itself; a read key must not run rules on its payloads). */
+    if (!rt_admin_exec_start(self, &k->exec, line, k->stream_len,
+                             RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE, respond_admin, k))
         return;
     if (k->closing)
         rt_exit(self, RT_REASON_NORMAL);

@@ -80,7 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!L) {
         L = luaL_newstate();
-        rt_lua_json_open(L);
+        rt_lua_json_open(L, NULL);
     }
     lua_settop(L, 1);
     lua_pushlstring(L, (const char *)data, size); /* 2 */

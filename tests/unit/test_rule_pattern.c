@@ -12,6 +12,7 @@
 #include "check.h"
 #include "lua_pattern.h"
 #include "rule_vm.h"
+#include "test_rule_util.h"
 
 static size_t charged;
 
@@ -145,21 +146,13 @@ static void test_budget(void)
             continue;
         CHECK_EQ(rt_rule_vm_load(vm, "p.lua", text, strlen(text), &spec, err, sizeof(err)), 0);
         rt_rule_spec_free(&spec);
-        rt_rule_input_t in = {.topic = "a",
-                              .topic_len = 1,
-                              .payload = (const uint8_t *)"",
-                              .qos = 0,
-                              .retain = 0,
-                              .reason_code = -1,
-                              .proto_ver = -1,
-                              .keepalive = -1,
-                              .clean_start = -1};
+        rt_rule_input_t in = msg_in("a", "");
         rt_buf_t out = {0};
         uint32_t n;
         rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, &in, &out, &n, err, sizeof(err));
         CHECK_EQ(o, RT_RULE_FAIL_BUDGET);
-        CHECK(strstr(err, "instruction budget of 1000000 exceeded (in a string pattern)"));
-        if (o != RT_RULE_FAIL_BUDGET || !strstr(err, "in a string pattern"))
+        CHECK(strstr(err, "instruction budget of 1000000 exceeded (in a C function)"));
+        if (o != RT_RULE_FAIL_BUDGET || !strstr(err, "in a C function"))
             fprintf(stderr, "  case %zu: outcome %d: %s\n", i, o, err);
         rt_buf_free(&out);
         rt_rule_vm_free(vm);

@@ -7,6 +7,7 @@
 
 #include "message.h"
 #include "rt.h"
+#include "rule_vm.h"
 
 /* The canonical message (message.h) of a PUBLISH with optional user properties. */
 static inline rt_bin_t *make_publish(const char *topic, const void *payload, size_t len, int qos,
@@ -23,6 +24,26 @@ static inline rt_bin_t *make_publish(const char *topic, const void *payload, siz
     pk.props.users = users;
     pk.props.n_users = nusers;
     return rt_message_new(&pk, NULL, NULL);
+}
+
+/* A PUBLISH as a rule sees it (rule_vm.h), from client c1 (user u1). */
+static inline rt_rule_input_t msg_in(const char *topic, const char *payload)
+{
+    rt_rule_input_t in = {.topic = topic,
+                          .topic_len = strlen(topic),
+                          .payload = (const uint8_t *)payload,
+                          .payload_len = strlen(payload),
+                          .qos = 1,
+                          .retain = 0,
+                          .clientid = "c1",
+                          .username = "u1",
+                          .peer = "10.0.0.1:5555",
+                          .ts_ms = 1700000000123ull,
+                          .reason_code = -1,
+                          .proto_ver = -1,
+                          .keepalive = -1,
+                          .clean_start = -1};
+    return in;
 }
 
 /* The first row of a rule's output (BSON documents back to back). */

@@ -193,14 +193,14 @@ static void producer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 static const rt_actor_type_t producer_type = {
     .name = "producer", .state_size = sizeof(producer_state_t), .handle = producer_handle};
 
-static void test_backpressure(void)
+/* Runs total messages from a producer of type to a slow consumer; the consumer's peak mailbox. */
+static uint64_t produce_to_slow(const rt_actor_type_t *type, long total)
 {
     atomic_store(&consumed, 0);
     atomic_store(&produced, 0);
-    long total = check_scale(200000);
     rt_pid_t c, p;
     rt_spawn(&slow_type, NULL, &c);
-    rt_spawn(&producer_type, NULL, &p);
+    rt_spawn(type, NULL, &p);
     rt_pid_t go[2] = {c, (rt_pid_t)total};
     rt_send(p, MSG_GO, go, sizeof(go));
     uint64_t max_len = 0;
@@ -212,9 +212,142 @@ static void test_backpressure(void)
         test_sleep_ms(1);
     }
     CHECK_EQ(atomic_load(&consumed), total);
-    fprintf(stderr, "  backpressure: %ld messages, consumer mailbox peaked at %llu\n", total,
+    fprintf(stderr, "  %s: %ld messages, consumer mailbox peaked at %llu\n", type->name, total,
             (unsigned long long)max_len);
-    CHECK(max_len < 5000); /* without muting it reaches a large fraction of total */
+    rt_exit_signal(c, RT_REASON_KILL);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+    return max_len;
+}
+
+static void test_backpressure(void)
+{
+    /* Without muting it reaches a large fraction of total. */
+    CHECK(produce_to_slow(&producer_type, check_scale(200000)) < 5000);
+}
+
+/*
+** A producer under socket pressure of its own (here rt_hold_senders: the same flag without a
+** socket) is muted by its overloaded consumer like any other: the consumer runs and drains
+** without it. Before, such a producer was never muted (a publisher whose client reads no
+** PUBACKs filled its rule worker's mailbox with millions of messages).
+*/
+static void pressured_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    if (m->tag == MSG_GO)
+        rt_hold_senders(self, true);
+    produce(self, state, m, rt_send_msg);
+}
+
+static const rt_actor_type_t pressured_type = {
+    .name = "pressured", .state_size = sizeof(producer_state_t), .handle = pressured_handle};
+
+static void test_pressured_sender_muted(void)
+{
+    CHECK(produce_to_slow(&pressured_type, check_scale(50000)) < 5000); /* as test_backpressure */
+}
+
+/*
+** A pressured producer parked under its consumer goes free when the consumer parks in turn:
+** here the consumer parks under a gate that holds its senders until the producer has sent
+** everything. Were the producer left parked, none of the three would ever run again.
+*/
+static atomic_long gate_open;
+
+static void gate_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    long total = *(long *)state;
+    if (m->tag == MSG_GO) {
+        memcpy(state, m->data, sizeof(long));
+        rt_hold_senders(self, true);
+    } else if (m->tag == MSG_SPIN && atomic_load(&produced) >= total) {
+        rt_hold_senders(self, false);
+        atomic_store(&gate_open, 1);
+        return;
+    }
+    if (m->tag != MSG_WORK)
+        rt_send_after(1, rt_self(self), rt_msg_new(MSG_SPIN, 0), NULL);
+}
+
+static const rt_actor_type_t gate_type = {
+    .name = "gate", .state_size = sizeof(long), .handle = gate_handle};
+
+static rt_pid_t gate_pid;
+
+/* Slow, and every 100th message also goes to the gate (which parks it while it holds). */
+static void forwarder_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    slow_handle(self, state, m);
+    if (atomic_load(&consumed) % 100 == 0)
+        rt_send(gate_pid, MSG_WORK, NULL, 0);
+}
+
+static const rt_actor_type_t forwarder_type = {
+    .name = "forwarder", .state_size = 8, .handle = forwarder_handle};
+
+static void test_pressured_sender_let_go(void)
+{
+    atomic_store(&consumed, 0);
+    atomic_store(&produced, 0);
+    atomic_store(&gate_open, 0);
+    long total = check_scale(20000);
+    rt_pid_t c, p;
+    rt_spawn(&gate_type, NULL, &gate_pid);
+    rt_send(gate_pid, MSG_GO, &total, sizeof(total));
+    rt_spawn(&forwarder_type, NULL, &c);
+    rt_spawn(&pressured_type, NULL, &p);
+    rt_pid_t go[2] = {c, (rt_pid_t)total};
+    rt_send(p, MSG_GO, go, sizeof(go));
+    CHECK(wait_at_least(&gate_open, 1, 60000));
+    CHECK(wait_at_least(&consumed, total, 60000));
+    rt_exit_signal(gate_pid, RT_REASON_KILL);
+    rt_exit_signal(c, RT_REASON_KILL);
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
+/*
+** The same when the (slow, so overloaded) consumer comes under pressure itself: a quarter of
+** the way through it holds its senders until the producer has sent everything.
+*/
+static void holder_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    long *total = state;
+    if (m->tag == MSG_GO) {
+        memcpy(total, m->data, sizeof(long));
+        return;
+    }
+    if (m->tag == MSG_SPIN && atomic_load(&produced) >= *total) {
+        rt_hold_senders(self, false);
+        atomic_store(&gate_open, 1);
+        return;
+    }
+    if (m->tag == MSG_WORK) {
+        slow_handle(self, state, m);
+        if (atomic_load(&consumed) != *total / 4)
+            return;
+    }
+    rt_hold_senders(self, true);
+    rt_send_after(1, rt_self(self), rt_msg_new(MSG_SPIN, 0), NULL);
+}
+
+static const rt_actor_type_t holder_type = {
+    .name = "holder", .state_size = sizeof(long), .handle = holder_handle};
+
+static void test_pressured_sender_let_go_by_pressure(void)
+{
+    atomic_store(&consumed, 0);
+    atomic_store(&produced, 0);
+    atomic_store(&gate_open, 0);
+    long total = check_scale(20000);
+    rt_pid_t c, p;
+    rt_spawn(&holder_type, NULL, &c);
+    rt_send(c, MSG_GO, &total, sizeof(total));
+    rt_spawn(&pressured_type, NULL, &p);
+    rt_pid_t go[2] = {c, (rt_pid_t)total};
+    rt_send(p, MSG_GO, go, sizeof(go));
+    CHECK(wait_at_least(&gate_open, 1, 60000));
+    CHECK(wait_at_least(&consumed, total, 60000));
     rt_exit_signal(c, RT_REASON_KILL);
     rt_exit_signal(p, RT_REASON_KILL);
     CHECK(wait_alive(0, 10000));
@@ -286,7 +419,8 @@ static void quick_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     atomic_fetch_add(&quick_done, 1);
 }
 
-static const rt_actor_type_t quick_type = {.name = "quick", .state_size = 8, .handle = quick_handle};
+static const rt_actor_type_t quick_type = {
+    .name = "quick", .state_size = 8, .handle = quick_handle};
 
 static void test_blocking_pool(void)
 {
@@ -457,6 +591,9 @@ int main(void)
     RUN(test_ring_many_tokens);
     RUN(test_concurrent_senders_migration);
     RUN(test_backpressure);
+    RUN(test_pressured_sender_muted);
+    RUN(test_pressured_sender_let_go);
+    RUN(test_pressured_sender_let_go_by_pressure);
     RUN(test_send_unmuted);
     RUN(test_blocking_pool);
     RUN(test_idle_uses_no_cpu);
