@@ -327,7 +327,11 @@ class Mq:
         else:
             self.c.connect("127.0.0.1", node.port, keepalive=30)
         self.c.loop_start()
-        self.wait(lambda: self.connected is not None, 10, "no CONNACK")
+        # "Server unavailable" (0x88; MQTT 3.1.1: 3) is what a node answers a persistent
+        # session while it cannot claim the id (JetStream still electing after an earlier
+        # test's fault): paho connects again a second later, as a client would.
+        busy = 0x88 if v5 else 3
+        self.wait(lambda: self.connected not in (None, busy), WAIT, "no CONNACK but 0x88")
         assert self.connected == 0, f"CONNACK {self.connected}"
 
     def _on_connect(self, c, u, flags, rc, *props):
