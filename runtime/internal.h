@@ -360,6 +360,7 @@ uint64_t rt__siphash24(uint64_t k0, uint64_t k1, const void *data, size_t len);
 
 /* Sockets (sock.c) */
 int rt__sock_init(rt_runtime_t *rt);     /* the runtime's epoll set, with kick_fd in it */
+void rt__fd_linger(int fd); /* takes fd: shut for writing, drained, closed (linger.c) */
 void rt__sock_destroy(rt_runtime_t *rt);
 #define RT_SOCK_BATCH 256                /* events taken per epoll_wait */
 /* Waits up to timeout_ms (0: only looks) for socket events; any thread, any region. */

@@ -417,6 +417,14 @@ bool rt_sock_output_taken(rt_sock_t *s);
 void rt_sock_set_high_water(rt_sock_t *s, size_t bytes);
 void rt_sock_close(rt_sock_t *s);
 /*
+** Closing a connection its owner ends while the peer may still be writing: the last bytes
+** go, then the write side is shut and what the peer still sends is read and dropped for a
+** bounded while before the close (runtime/linger.c), so that the peer reads those last
+** bytes instead of a reset. A peer that has closed already is closed at once.
+*/
+void rt_sock_close_lingering(rt_sock_t *s);
+unsigned rt_sock_lingering(void); /* sockets lingering now */
+/*
 ** Gives up the socket without closing it and returns its fd (to hand to another
 ** actor with rt_msg_new_fd); s is invalid after. Buffered output is sent first:
 ** RT_EAGAIN (and the socket stays, s valid) when the kernel does not take all of it.

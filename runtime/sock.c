@@ -60,6 +60,7 @@ struct rt_sock_s {
     uint8_t listening;
     uint8_t broken; /* a send failed for good; the next read reports it */
     uint8_t took;   /* the kernel took output since rt_sock_output_taken last asked */
+    uint8_t eof;    /* a read found the peer's end (or an error): nothing more will come */
     rt_actor_t *owner;
     union {
         struct {
@@ -360,12 +361,11 @@ int rt_sock_read(rt_sock_t *s, const void **data, size_t *len)
             *len = (size_t)n;
             return 0;
         }
-        if (n == 0)
-            return RT_ECLOSED;
-        if (errno == EINTR)
+        if (n < 0 && errno == EINTR)
             continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return RT_EAGAIN;
+        s->eof = 1;
         return RT_ECLOSED;
     }
 }
@@ -544,6 +544,21 @@ void rt_sock_close(rt_sock_t *s)
     int fd = s->fd;
     unlink_sock(s);
     close(fd);
+}
+
+void rt_sock_close_lingering(rt_sock_t *s)
+{
+    if (LOAD(s->closed))
+        return;
+    if (s->eof || s->broken) {
+        rt_sock_close(s); /* the peer writes nothing more: nothing to wait for */
+        return;
+    }
+    if (s->out && !LOAD(s->blocked))
+        flush(s);
+    int fd = s->fd;
+    unlink_sock(s);
+    rt__fd_linger(fd);
 }
 
 int rt_sock_detach(rt_sock_t *s)

@@ -283,7 +283,7 @@ static void close_socket(conn_t *c)
 {
     RT_ASSERT(c->sock);
     rt__xport_close(c);
-    rt_sock_close(c->sock);
+    rt_sock_close_lingering(c->sock); /* the client reads rtd's last packet, not a reset */
     c->sock = NULL;
     rt__broker_count_socket(c->listener, -1);
 }
@@ -1139,10 +1139,8 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     rt__conn_subs_unhook(self, c);
     /* What conn_t points to goes with the heap, right after this returns (the will, the
        session's messages and their binaries included); only shared tables need word. */
-    if (c->sock) {
-        rt__broker_count_socket(c->listener, -1);
-        rt__xport_close(c); /* the runtime closes the socket after this */
-    }
+    if (c->sock)
+        close_socket(c); /* lingering: not left to the runtime's plain close */
     rt__conn_count_connected(c, false);
     /* The session ends, unless the broker is only stopping: then it is kept for the restart
        (stored stays set: the dead_letter hook tells the copies it never took from that). */
