@@ -101,8 +101,14 @@ class NatsCluster:
             raise RuntimeError(f"nats-server {self.servers[i]['name']} exited "
                                f"({proc.returncode}):\n{self.logs()}")
         try:
+            # Routed, healthy, and JetStream's meta group has a leader this server knows and
+            # follows: a server resumed from SIGSTOP answers /healthz before JetStream's API
+            # does again ("no responders" to a node's bucket writes for seconds after).
+            meta = self.get(i, "/jsz").get("meta_cluster") or {}
             return (self.get(i, "/routez").get("num_routes") == 2 and
-                    self.get(i, "/healthz").get("status") == "ok")
+                    self.get(i, "/healthz").get("status") == "ok" and
+                    bool(meta.get("leader")) and
+                    all(r.get("current") for r in meta.get("replicas") or []))
         except (OSError, ValueError):
             return False
 
