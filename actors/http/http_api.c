@@ -356,8 +356,10 @@ static bson_t *parse_object(const char *json, size_t len, char *why, size_t whyl
 {
     const char *big = integer_out_of_range(json, len);
     if (big) {
-        snprintf(why, whylen, "a number in the body is out of range (-2^63 .. 2^63-1): %.24s",
-                 big);
+        /* The body is not NUL-terminated: at most what is left of it, and 24 digits. */
+        size_t left = len - (size_t)(big - json);
+        snprintf(why, whylen, "a number in the body is out of range (-2^63 .. 2^63-1): %.*s",
+                 (int)(left < 24 ? left : 24), big);
         return NULL;
     }
     bson_json_reader_t *r = bson_json_data_reader_new(true, len);
