@@ -359,7 +359,9 @@ typedef struct rt_sock_event_s {
     uint32_t events;
 } rt_sock_event_t;
 
-/* Listens on host:port (port 0 picks one; see rt_sock_local_port). */
+/* Listens on host:port (port 0 picks one; see rt_sock_local_port): 0, or RT_EEXIST (the
+   address is in use), RT_ENOTFOUND (not an address of this machine), RT_EACCES (a port this
+   process may not bind), RT_EINVAL (anything else). */
 int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out);
 /*
 ** Descriptors kept in reserve: the kernel gives the lowest free number, so an fd at or past

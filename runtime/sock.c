@@ -278,7 +278,10 @@ int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     int rc = 0;
     if (bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, backlog > 0 ? backlog : 1024) < 0)
-        rc = errno == EADDRINUSE ? RT_EEXIST : RT_EINVAL;
+        rc = errno == EADDRINUSE      ? RT_EEXIST
+             : errno == EADDRNOTAVAIL ? RT_ENOTFOUND
+             : errno == EACCES        ? RT_EACCES
+                                      : RT_EINVAL;
     freeaddrinfo(res);
     if (!rc)
         rc = attach(self, fd, true, out);
@@ -311,7 +314,8 @@ int rt_sock_accept(rt_sock_t *l, int *fd)
 long rt_fd_limit(void)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > LONG_MAX)
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur > LONG_MAX)
         return LONG_MAX;
     return (long)rl.rlim_cur;
 }

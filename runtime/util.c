@@ -46,7 +46,7 @@ const char *rt_strerror(int code)
     case RT_EBUSY:
         return "needs a restart";
     case RT_EACCES:
-        return "others could change it";
+        return "permission denied";
     default:
         return "unknown error";
     }

@@ -766,6 +766,33 @@ static const setting_t cluster_settings[] = {
 };
 #define NCLUSTER_SETTINGS (sizeof(cluster_settings) / sizeof(cluster_settings[0]))
 
+/* A wildcard address takes its port on every address of the machine. */
+static bool any_address(const char *host)
+{
+    return !host[0] || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
+}
+
+/*
+** Two listeners on one address would fail only at start, after everything else had started
+** (EADDRINUSE): refused here instead, naming both.
+*/
+static bool listeners_apart(const rt_listen_t *ls, unsigned n, char *why, size_t whylen)
+{
+    for (unsigned i = 0; i < n; i++)
+        for (unsigned j = i + 1; j < n; j++) {
+            if (!ls[i].port || ls[i].port != ls[j].port)
+                continue;
+            if (strcmp(ls[i].host, ls[j].host) != 0 && !any_address(ls[i].host) &&
+                !any_address(ls[j].host))
+                continue;
+            snprintf(why, whylen,
+                     "listeners[%u] (%.64s:%d) and listeners[%u] (%.64s:%d) take one address",
+                     i + 1, ls[i].host, ls[i].port, j + 1, ls[j].host, ls[j].port);
+            return false;
+        }
+    return true;
+}
+
 /* cluster = { node = "rt1", nats = { "nats://127.0.0.1:4222", ... }, prefix = "rt", ... } */
 static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
@@ -1167,6 +1194,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
                      "of them");
             return false;
         }
+        if (!listeners_apart(ls, n, why, whylen))
+            return false;
         memcpy(c->listeners, ls, n * sizeof(ls[0]));
         c->nlisteners = n;
         return true;

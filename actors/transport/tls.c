@@ -1,6 +1,7 @@
 /*
 ** TLS server contexts, their reload, and OpenSSL's memory counted (tls.h).
 */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
@@ -44,6 +46,19 @@ static void openssl_error(char *out, size_t len)
     ERR_clear_error();
 }
 
+/*
+** Why the file a tls key names cannot be used, before OpenSSL tries it (which says "unknown
+** error" or "system lib" of a file that is missing or unreadable): key, path and the
+** system's words in why; false when it can be read.
+*/
+static bool unreadable(const char *key, const char *path, char *why, size_t whylen)
+{
+    if (access(path, R_OK) == 0)
+        return false;
+    snprintf(why, whylen, "tls.%s %.200s: %s", key, path, strerror(errno));
+    return true;
+}
+
 /* The listener's protocol (arg, as ALPN wire bytes) when the client offers it. */
 static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                        const unsigned char *in, unsigned inlen, void *arg)
@@ -74,6 +89,12 @@ static SSL_CTX *build_context(const tls_server_t *s, const char *cert, const cha
     }
     char err[RT_TLS_WHY_LEN];
     const char *step = NULL;
+    if (unreadable("cert", cert, why, whylen) || unreadable("key", key, why, whylen) ||
+        (t->ca[0] && unreadable("ca", t->ca, why, whylen)) ||
+        (t->crl[0] && unreadable("crl", t->crl, why, whylen))) {
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
     SSL_CTX_set_min_proto_version(ctx, t->min_version == 13 ? TLS1_3_VERSION : TLS1_2_VERSION);
     SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE |
                                  SSL_OP_NO_RENEGOTIATION);
@@ -85,7 +106,7 @@ static SSL_CTX *build_context(const tls_server_t *s, const char *cert, const cha
     if (SSL_CTX_set_cipher_list(ctx, TLS12_CIPHERS) != 1)
         step = "cipher list";
     else if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
-        step = cert;
+        step = cert; /* read, but not a certificate chain OpenSSL takes */
     else if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
         step = key;
     else if (SSL_CTX_check_private_key(ctx) != 1)
@@ -112,11 +133,11 @@ static SSL_CTX *build_context(const tls_server_t *s, const char *cert, const cha
         return NULL;
     }
     if (t->verify != RT_TLS_VERIFY_NONE)
-        SSL_CTX_set_verify(ctx,
-                           SSL_VERIFY_PEER | (t->verify == RT_TLS_VERIFY_REQUIRED
-                                                  ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT
-                                                  : 0),
-                           NULL);
+        SSL_CTX_set_verify(
+            ctx,
+            SSL_VERIFY_PEER |
+                (t->verify == RT_TLS_VERIFY_REQUIRED ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+            NULL);
     SSL_CTX_set_alpn_select_cb(ctx, select_alpn, (void *)s->alpn);
     /* Tickets issued before a reload still resume after it. */
     unsigned char keys[80];
@@ -165,8 +186,8 @@ static bool build_all(tls_server_t *s, const tls_server_t *previous, SSL_CTX **c
     *ctx = build_context(s, t->cert, t->key, previous ? previous->ctx : NULL, why, whylen);
     for (unsigned i = 0; *ctx && i < t->nsni; i++) {
         char err[RT_TLS_WHY_LEN];
-        sni[i] = build_context(s, t->sni[i].cert, t->sni[i].key,
-                               previous ? previous->sni[i] : NULL, err, sizeof(err));
+        sni[i] = build_context(s, t->sni[i].cert, t->sni[i].key, previous ? previous->sni[i] : NULL,
+                               err, sizeof(err));
         if (sni[i])
             continue;
         snprintf(why, whylen, "sni %.60s: %.180s", t->sni[i].name, err);
