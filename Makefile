@@ -11,7 +11,7 @@ PREFIX ?= /usr/local
 	test-integration test-integration-asan test-integration-tsan build-fuzz test-fuzz bench clean
 
 # What install-deps.sh installs: building and running (make build, make run) needs only the
-# compiler and rtd's libraries; the test toolchain (chromium, erlang, tsung, clang,
+# compiler, rtd's libraries and mosquitto's clients; the test toolchain (chromium, erlang, tsung, clang,
 # nats-server, prometheus, testssl, lintian...) comes with the targets that use it. A
 # target-specific value reaches the target's prerequisites, `build` and `deps` among them.
 DEPS_FOR = run

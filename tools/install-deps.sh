@@ -21,11 +21,12 @@ packages=(
     build-essential cmake pkg-config git
     liblua5.4-dev libssl-dev libhttp-parser-dev libsqlite3-dev libbson-dev libmongoc-dev
     libnats-dev  # the cluster (actors/cluster): the NATS C client
+    mosquitto-clients  # mosquitto_sub and _pub, to try the broker make run starts
 )
 if [[ "$purpose" == test ]]; then
     packages+=(
         libuv1-dev  # tools/rtbench, the load generator (rtd itself does not use libuv)
-        sqlite3 mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
+        sqlite3 mosquitto python3-paho-mqtt python3-pytest
         erlang-base gnuplot-nox valgrind procps
         openssl testssl.sh  # certificates made at test time; the TLS listener's protocol and cipher audit
         tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
