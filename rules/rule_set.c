@@ -303,8 +303,8 @@ static int adopt_spec(rt_rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rt_r
     for (size_t i = 0; i < spec->nto; i++) {
         tos[i] = spec->to[i].sink;
         rt_sink_t *sink = rt_sink_find(spec->to[i].sink);
-        bool known = sink || (rt__rules.checking &&
-                              rt_sinks_enabled(rt__rules.checking, spec->to[i].sink));
+        bool known =
+            sink || (rt__rules.checking && rt_sinks_enabled(rt__rules.checking, spec->to[i].sink));
         if (!known && !spec->enabled) {
             /* A disabled rule may name a sink that is not running (disabled in rtd.conf);
                it cannot be enabled until a reload finds the sink. */

@@ -96,8 +96,7 @@ void rtd_paths_line(const rt_conf_t *c, const char *conf_path, char *out, size_t
     snprintf(out, len,
              "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
              conf_path, c->rules_dir, c->data_dir, c->password_file[0] ? c->password_file : "-",
-             c->acl_file[0] ? c->acl_file : "-",
-             c->admin_socket[0] ? c->admin_socket : c->data_dir,
+             c->acl_file[0] ? c->acl_file : "-", c->admin_socket[0] ? c->admin_socket : c->data_dir,
              c->admin_socket[0] ? "" : "/rtd.sock");
 }
 
@@ -147,8 +146,8 @@ static void transport_line(const rt_listen_t *l, const char *kind, unsigned tls_
         n += snprintf(out + n, len - (size_t)n, " path=%s", l->websocket);
     rt_tls_info_t info;
     if (n > 0 && (size_t)n < len && rt_tls_info(tls_index, &info))
-        snprintf(out + n, len - (size_t)n, " cert=\"%s\" not_after=%s days_left=%ld",
-                 info.subject, info.not_after, info.days_left);
+        snprintf(out + n, len - (size_t)n, " cert=\"%s\" not_after=%s days_left=%ld", info.subject,
+                 info.not_after, info.days_left);
 }
 
 /* The sinks of c by name, enabled ones first: "archive; disabled: mongo republish". */
@@ -161,7 +160,10 @@ static void sinks_line(const rt_conf_t *c, char *out, size_t len)
         for (unsigned i = 0; i < c->sinks.n && n < len; i++) {
             if (rt_sinks_enabled(c, c->sinks.s[i].name) != (enabled == 1))
                 continue;
-            int w = snprintf(out + n, len - n, "%s%s", count++ ? "," : enabled ? "" : " disabled=",
+            int w = snprintf(out + n, len - n, "%s%s",
+                             count++   ? ","
+                             : enabled ? ""
+                                       : " disabled=",
                              c->sinks.s[i].name);
             n += w > 0 ? (size_t)w : 0;
         }
@@ -205,8 +207,7 @@ int rtd_check(const rt_conf_t *c, const char *conf_path)
         char transport[512];
         rtd_access_line(c, i, line, sizeof(line));
         const rt_listen_t *l = &c->listeners[i];
-        transport_line(l, l->websocket[0] ? "websocket" : "mqtt", i, transport,
-                       sizeof(transport));
+        transport_line(l, l->websocket[0] ? "websocket" : "mqtt", i, transport, sizeof(transport));
         printf("listener.access %s %s\n", line, transport);
     }
     if (c->http.on) {

@@ -98,8 +98,7 @@ static const struct {
     int (*main)(int argc, char **argv);
 } subcommands[] = {
     {"passwd", "[-c] [-D] [-b] [-I ROUNDS] FILE USER [PASSWORD]",
-     "add, change or delete a user of a password file (mosquitto_passwd's)",
-     rt_auth_passwd_main},
+     "add, change or delete a user of a password file (mosquitto_passwd's)", rt_auth_passwd_main},
     {"apikey", "NAME read|admin [-f FILE]", "make an API key for the HTTP API (docs/HTTP.md)",
      rt_http_apikey_main},
 };
