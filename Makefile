@@ -5,11 +5,21 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PYTEST = /usr/bin/python3 -m pytest
 
-.PHONY: deps build build-asan build-tsan run test test-unit test-asan test-tsan test-integration \
-	test-integration-asan test-integration-tsan build-fuzz test-fuzz bench clean
+PREFIX ?= /usr/local
+
+.PHONY: deps build build-asan build-tsan run install package test test-unit test-asan test-tsan \
+	test-integration test-integration-asan test-integration-tsan build-fuzz test-fuzz bench clean
+
+# What install-deps.sh installs: building and running (make build, make run) needs only the
+# compiler, rtd's libraries and mosquitto's clients; the test toolchain (chromium, erlang, tsung, clang,
+# nats-server, prometheus, testssl, lintian...) comes with the targets that use it. A
+# target-specific value reaches the target's prerequisites, `build` and `deps` among them.
+DEPS_FOR = run
+test test-unit test-asan test-tsan test-integration test-integration-asan \
+	test-integration-tsan build-fuzz test-fuzz bench: DEPS_FOR = test
 
 deps:
-	@./tools/install-deps.sh
+	@./tools/install-deps.sh --for $(DEPS_FOR)
 
 build: deps
 	@cmake -S . -B $(BUILD)/release -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -31,6 +41,16 @@ build-fuzz: deps
 # The broker on 0.0.0.0:1883 with etc/rtd.conf (try: mosquitto_sub -t '#' -v).
 run: build
 	@$(BUILD)/release/rtd -c etc/rtd.conf
+
+# rtd, rtctl, rtd.conf and the rules, the man pages and the systemd unit (docs/SERVICE.md):
+# `make install PREFIX=/usr DESTDIR=/tmp/stage`; the configuration goes to /etc/rt whatever
+# the prefix.
+install: build
+	@DESTDIR=$(DESTDIR) cmake --install $(BUILD)/release --prefix $(PREFIX)
+
+# The Debian package of the release build (build/release/rt_VERSION_ARCH.deb).
+package: build
+	@cd $(BUILD)/release && cpack -G DEB
 
 test-unit: build
 	@cd $(BUILD)/release && ctest --output-on-failure -j1

@@ -181,15 +181,10 @@ static void stop_workers(void)
     rt__rules.nworkers = 0;
 }
 
-int rt_rules_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
+/* The engine's settings from conf, before a start or a check builds a set with them. */
+static void configure(const rt_conf_t *conf)
 {
-    rt__rules_admin_lock();
-    int rc = 0;
-    if (atomic_load(&rt__rules.running)) {
-        snprintf(err, errlen, "the rule engine is already running");
-        rc = RT_EEXIST;
-        goto out;
-    }
+    RT_ASSERT(rt__rules_holds_admin() && !atomic_load(&rt__rules.running));
     rt__rules.nworkers = (unsigned)(conf->rule_workers > 0 ? conf->rule_workers : 1);
     rt__rules.memory = (size_t)conf->rule_memory;
     rt__rules.instructions = conf->rule_instructions;
@@ -201,6 +196,40 @@ int rt_rules_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
         conf->rule_turn_us > 0 ? (uint64_t)conf->rule_turn_us : RT_CONF_RULE_TURN_US;
     snprintf(rt__rules.dir, sizeof(rt__rules.dir), "%s", conf->rules_dir);
     rt__rules.version = 0;
+}
+
+int rt_rules_check(const rt_conf_t *conf, size_t *nrules, char *err, size_t errlen)
+{
+    rt__rules_admin_lock();
+    int rc = RT_EEXIST;
+    if (atomic_load(&rt__rules.running)) {
+        snprintf(err, errlen, "the rule engine is running");
+        goto out;
+    }
+    configure(conf);
+    rt__rules.checking = conf;
+    rt_rule_set_t *s;
+    rc = rt__rule_set_build(rt__rules.dir, NULL, &s, err, errlen);
+    rt__rules.checking = NULL;
+    if (rc == 0) {
+        *nrules = s->nrules;
+        rt__rule_set_release(s);
+    }
+out:
+    rt__rules_admin_unlock();
+    return rc;
+}
+
+int rt_rules_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
+{
+    rt__rules_admin_lock();
+    int rc = 0;
+    if (atomic_load(&rt__rules.running)) {
+        snprintf(err, errlen, "the rule engine is already running");
+        rc = RT_EEXIST;
+        goto out;
+    }
+    configure(conf);
     /* Cache-line aligned: each worker's counters sit on their own line. */
     size_t wbytes = rt__rules.nworkers * sizeof(rt_rule_worker_stats_t);
     rt__rules.workers = aligned_alloc(RT_CACHE_LINE, wbytes);

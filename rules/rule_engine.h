@@ -136,6 +136,13 @@ int rt_rules_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
 ** rt_shutdown, outside any actor. Safe to call when not started.
 */
 void rt_rules_stop(void);
+/*
+** What rt_rules_start checks of conf's rules, alone (`rtd --check`): every file of
+** rules_dir loaded and dry-run with conf's limits, each rule's sinks among conf's enabled
+** ones (rt_sinks_check them first); no worker starts. Not while the engine runs
+** (RT_EEXIST). Returns 0 with *nrules set, or RT_E* with err as rt_rules_reload's.
+*/
+int rt_rules_check(const rt_conf_t *conf, size_t *nrules, char *err, size_t errlen);
 
 typedef struct rt_rule_origin_s {
     const char *clientid;

@@ -142,6 +142,8 @@ typedef struct rt_rules_engine_s {
     uint64_t flush_ms;   /* rule_flush_ms: how long a partial batch waits; 0 = end of turn */
     uint64_t turn_us;    /* rule_turn_us: a worker's turn ends once it has run this long */
     char dir[256];
+    const rt_conf_t *checking; /* rt_rules_check: sinks are the enabled ones of this config,
+                                  none of which runs; NULL otherwise */
 } rt_rules_engine_t;
 
 extern rt_rules_engine_t rt__rules;

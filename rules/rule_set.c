@@ -303,14 +303,16 @@ static int adopt_spec(rt_rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rt_r
     for (size_t i = 0; i < spec->nto; i++) {
         tos[i] = spec->to[i].sink;
         rt_sink_t *sink = rt_sink_find(spec->to[i].sink);
-        if (!sink && !spec->enabled) {
+        bool known =
+            sink || (rt__rules.checking && rt_sinks_enabled(rt__rules.checking, spec->to[i].sink));
+        if (!known && !spec->enabled) {
             /* A disabled rule may name a sink that is not running (disabled in rtd.conf);
                it cannot be enabled until a reload finds the sink. */
             if (!r->missing_sink[0])
                 snprintf(r->missing_sink, sizeof(r->missing_sink), "%s", spec->to[i].sink);
             continue;
         }
-        if (!sink) {
+        if (!known) {
             int line = rt_rule_field_line(r->text, r->len, "to");
             snprintf(err, errlen,
                      "%s:%d: to: no sink named \"%s\" (sinks are configured in "
@@ -318,6 +320,8 @@ static int adopt_spec(rt_rule_set_t *s, uint32_t idx, rt_rule_spec_t *spec, rt_r
                      r->path, line, spec->to[i].sink);
             return RT_EINVAL;
         }
+        if (!sink) /* a check: no sink runs, so there is nothing to send to */
+            continue;
         uint32_t t = add_target(s, sink, &spec->to[i]);
         if (t == RT_RULES_NONE) {
             snprintf(err, errlen, "%s: out of memory", r->path);

@@ -1,20 +1,42 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages rt needs, and only those that are missing,
-# so a prepared machine pays nothing and a fresh one needs this one command.
+# Installs the Debian 12 packages rt needs, and only those that are missing, so a prepared
+# machine pays nothing and a fresh one needs this one command.
+#   --for run   (the default; make build, make run): what building and running rtd needs
+#   --for test  (make test): that, and the test toolchain
 set -euo pipefail
 
+usage() { echo "usage: $0 [--for run|test]" >&2; exit 2; }
+purpose=run
+while (($#)); do
+    case "$1" in
+        --for) (($# >= 2)) || usage; purpose=$2; shift 2 ;;
+        --for=*) purpose=${1#--for=}; shift ;;
+        *) usage ;;
+    esac
+done
+[[ "$purpose" == run || "$purpose" == test ]] || usage
+
+# Building rtd and rtctl, and the libraries rtd runs on.
 packages=(
     build-essential cmake pkg-config git
-    libuv1-dev liblua5.4-dev libssl-dev libhttp-parser-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev
-    mosquitto mosquitto-clients python3-paho-mqtt python3-pytest
-    erlang-base gnuplot-nox valgrind procps
-    openssl testssl.sh  # certificates made at test time; the TLS listener's protocol and cipher audit
-    tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
-    clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
-    prometheus  # promtool: tests/integration/test_metrics.py checks the scrape's format with it
-    chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
-    nats-server libnats-dev  # the cluster (actors/cluster): NATS servers in its tests, the C client
+    liblua5.4-dev libssl-dev libhttp-parser-dev libsqlite3-dev libbson-dev libmongoc-dev
+    libnats-dev  # the cluster (actors/cluster): the NATS C client
+    mosquitto-clients  # mosquitto_sub and _pub, to try the broker make run starts
 )
+if [[ "$purpose" == test ]]; then
+    packages+=(
+        libuv1-dev  # tools/rtbench, the load generator (rtd itself does not use libuv)
+        sqlite3 mosquitto python3-paho-mqtt python3-pytest
+        erlang-base gnuplot-nox valgrind procps
+        openssl testssl.sh  # certificates made at test time; the TLS listener's protocol and cipher audit
+        tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
+        clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
+        prometheus  # promtool: tests/integration/test_metrics.py checks the scrape's format with it
+        chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
+        nats-server  # the cluster's tests run NATS servers
+        lintian systemd  # tests/integration/test_package.py: the .deb's lint, systemd-analyze on the unit
+    )
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -25,7 +47,7 @@ done
 # MQTT.js (npm's mqtt), the Node client the integration tests drive rtd with, pinned by
 # tests/node/package-lock.json; node and npm come with the machine.
 root=$(cd "$(dirname "$0")/.." && pwd)
-if [[ ! -d "$root/tests/node/node_modules/mqtt" ]] && command -v npm >/dev/null; then
+if [[ "$purpose" == test && ! -d "$root/tests/node/node_modules/mqtt" ]] && command -v npm >/dev/null; then
     echo "install-deps: npm ci in tests/node" >&2
     npm ci --prefix "$root/tests/node" --no-audit --no-fund >/dev/null
 fi

@@ -14,9 +14,10 @@
 
 #include "auth_impl.h"
 
-static int passwd_usage(void)
+/* The usage on out; asked for (--help) it is the answer (0), else the complaint (2). */
+static int passwd_usage(FILE *out)
 {
-    fprintf(stderr,
+    fprintf(out,
             "usage: rtd passwd [-c] [-b] [-I ROUNDS] FILE USER [PASSWORD]\n"
             "       rtd passwd -D FILE USER\n"
             "  -c         create a new file (replaces an existing one)\n"
@@ -25,7 +26,7 @@ static int passwd_usage(void)
             "  -I ROUNDS  PBKDF2 rounds for the new hash (default %u; each login that is\n"
             "             not a repeat of the last good one costs this many)\n",
             RT_AUTH_PBKDF2_ITERATIONS);
-    return 2;
+    return out == stdout ? 0 : 2;
 }
 
 /* A user name that the file can hold and MQTT can send. */
@@ -146,6 +147,8 @@ int rt_auth_passwd_main(int argc, char **argv)
     uint32_t iterations = RT_AUTH_PBKDF2_ITERATIONS;
     int i = 1;
     for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return passwd_usage(stdout);
         if (strcmp(argv[i], "-I") == 0 && i + 1 < argc) {
             char *end;
             unsigned long n = strtoul(argv[++i], &end, 10);
@@ -166,13 +169,13 @@ int rt_auth_passwd_main(int argc, char **argv)
                 del = true;
             else {
                 fprintf(stderr, "rtd passwd: unknown option -%c\n", *f);
-                return passwd_usage();
+                return passwd_usage(stderr);
             }
         }
     }
     int rest = argc - i;
     if ((del && (create || batch || rest != 2)) || (!del && rest != (batch ? 3 : 2)))
-        return passwd_usage();
+        return passwd_usage(stderr);
     const char *path = argv[i], *user = argv[i + 1];
     const char *why = bad_user_name(user);
     if (why) {

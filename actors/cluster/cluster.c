@@ -3,6 +3,7 @@
 ** that makes every libnats call that publishes or subscribes, `cluster_kv` for what waits on
 ** JetStream, and `cluster_in` that takes what other nodes send; start, stop and status.
 */
+#include <errno.h>
 #include <sys/random.h>
 
 #include "cluster_impl.h"
@@ -574,6 +575,67 @@ static void close_connections(void)
     rt__cluster.nc = rt__cluster.qc = NULL;
 }
 
+/*
+** The node's credentials before it connects: some for every NATS server off this host
+** (unless told otherwise), and the control traffic's secret.
+*/
+static int check_credentials(const rt_conf_t *conf, char *err, size_t errlen)
+{
+    for (unsigned i = 0; i < conf->cluster.nnats && !conf->cluster.nats_without_credentials &&
+                         !has_credentials(conf);
+         i++) {
+        if (loopback_url(conf->cluster.nats[i]))
+            continue;
+        snprintf(err, errlen,
+                 "cluster: %s is off this host and the node has no NATS credentials (user, "
+                 "token, creds, nkey or tls_cert): whoever reaches that server could read every "
+                 "message and steer the cluster. Give the node its credentials, or set "
+                 "cluster.nats_without_credentials = true if that is intended",
+                 conf->cluster.nats[i]);
+        return RT_EINVAL;
+    }
+    return rt__cluster_secret_load(conf, err, errlen);
+}
+
+static void nats_setup_error(natsStatus s, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "cluster: cannot set up the NATS connection: %s (%s)",
+             natsStatus_GetText(s), nats_GetLastError(NULL));
+}
+
+int rt_cluster_check(const rt_conf_t *conf, char *err, size_t errlen)
+{
+    if (!conf->cluster.on)
+        return 0;
+    int rc = check_credentials(conf, err, errlen);
+    if (rc)
+        return rc;
+    /* libnats reads the credentials and nkey seed files only as it connects: opened here. */
+    const struct {
+        const char *name, *path;
+    } files[] = {{"creds", conf->cluster.creds}, {"nkey_seed", conf->cluster.nkey_seed}};
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        FILE *f = files[i].path[0] ? fopen(files[i].path, "r") : NULL;
+        if (f)
+            fclose(f);
+        else if (files[i].path[0]) {
+            snprintf(err, errlen, "cluster.%s %s: %s", files[i].name, files[i].path,
+                     strerror(errno));
+            return RT_EINVAL;
+        }
+    }
+    /* Its TLS files it loads as the options are made. */
+    natsOptions *o = NULL;
+    natsStatus s = nats_Open(-1);
+    if (s == NATS_OK)
+        s = make_options(conf, true, "check", &o);
+    if (s != NATS_OK)
+        nats_setup_error(s, err, errlen);
+    natsOptions_Destroy(o);
+    nats_Close();
+    return s == NATS_OK ? 0 : RT_EINVAL;
+}
+
 int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
 {
     if (!conf->cluster.on)
@@ -595,20 +657,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     snprintf(rt__cluster.stream, sizeof(rt__cluster.stream), "%s_msgs", conf->cluster.prefix);
     snprintf(rt__cluster.value, sizeof(rt__cluster.value), "%s %016" PRIx64, rt__cluster.node,
              rt__cluster.incarnation);
-    for (unsigned i = 0; i < conf->cluster.nnats && !conf->cluster.nats_without_credentials &&
-                         !has_credentials(conf);
-         i++) {
-        if (loopback_url(conf->cluster.nats[i]))
-            continue;
-        snprintf(err, errlen,
-                 "cluster: %s is off this host and the node has no NATS credentials (user, "
-                 "token, creds, nkey or tls_cert): whoever reaches that server could read every "
-                 "message and steer the cluster. Give the node its credentials, or set "
-                 "cluster.nats_without_credentials = true if that is intended",
-                 conf->cluster.nats[i]);
-        return RT_EINVAL;
-    }
-    int rc = rt__cluster_secret_load(conf, err, errlen);
+    int rc = check_credentials(conf, err, errlen);
     if (rc)
         return rc;
     /* One delivery thread for every subscription: what NATS sent arrives in its order. */
@@ -620,8 +669,7 @@ int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errl
     if (s == NATS_OK)
         s = make_options(conf, false, "shared", &rt__cluster.opts[1]);
     if (s != NATS_OK) {
-        snprintf(err, errlen, "cluster: cannot set up the NATS connection: %s (%s)",
-                 natsStatus_GetText(s), nats_GetLastError(NULL));
+        nats_setup_error(s, err, errlen);
         stop_waiting();
         close_connections();
         return RT_EINVAL;

@@ -55,6 +55,12 @@
 ** RT_E* error with err set.
 */
 int rt_cluster_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
+/*
+** What rt_cluster_start checks before it connects, alone (`rtd --check`): credentials for
+** servers off this host, the secret file, the NATS credentials, nkey seed and TLS files.
+** Connects to nothing. 0 (also without a cluster table) or RT_EINVAL with err.
+*/
+int rt_cluster_check(const rt_conf_t *conf, char *err, size_t errlen);
 /* Closes the NATS connections and stops the actors; from outside any actor. */
 void rt_cluster_stop(void);
 /* Whether this node is in a cluster. */

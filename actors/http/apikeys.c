@@ -120,12 +120,14 @@ int rt_http_apikey_main(int argc, char **argv)
     const char *file = "etc/api_keys";
     if (argc == 5 && strcmp(argv[3], "-f") == 0)
         file = argv[4];
-    if ((argc != 3 && argc != 5) || role_of(argv[2]) == RT_HTTP_ROLE_NONE ||
+    bool help = argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
+    if (help || (argc != 3 && argc != 5) || role_of(argv[2]) == RT_HTTP_ROLE_NONE ||
         strlen(argv[1]) >= 64 || strpbrk(argv[1], " \t\n#")) {
-        fprintf(stderr, "usage: rtd apikey NAME read|admin [-f FILE]\n"
-                        "Makes an API key for the HTTP API, prints it once, and appends its\n"
-                        "SHA-256 to FILE (default etc/api_keys; http.api_keys_file).\n");
-        return 2;
+        fprintf(help ? stdout : stderr,
+                "usage: rtd apikey NAME read|admin [-f FILE]\n"
+                "Makes an API key for the HTTP API, prints it once, and appends its\n"
+                "SHA-256 to FILE (default etc/api_keys; http.api_keys_file).\n");
+        return help ? 0 : 2;
     }
     unsigned char raw[32];
     if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {

@@ -1,8 +1,9 @@
 /*
-** rtd: the MQTT broker daemon. Reads etc/rtd.conf (or -c FILE), applies -o
-** overrides, starts the broker as a list of stages, and runs until SIGTERM or
-** SIGINT; then, as when a stage fails to start, the started stages stop in
-** reverse order (MQTT 5 clients get DISCONNECT 0x8B).
+** rtd: the MQTT broker daemon. Reads RTD_CONFIG_FILE (or -c FILE), applies -o
+** overrides, starts the broker as a list of stages, tells systemd it is ready
+** (notify.h), and runs until SIGTERM or SIGINT; then, as when a stage fails to
+** start, the started stages stop in reverse order (MQTT 5 clients get DISCONNECT
+** 0x8B). `rtd --check` runs the stages' checks alone (check.h).
 **
 ** The actors the stages start are a supervision tree, as an OTP application's:
 ** each stage's long-lived actors are the children of one group supervisor
@@ -25,19 +26,30 @@
 
 #include "admin.h"
 #include "auth.h"
+#include "check.h"
 #include "conn.h"
 #include "config.h"
 #include "group.h"
 #include "cluster.h"
 #include "http.h"
 #include "log.h"
+#include "notify.h"
 #include "rule_engine.h"
 #include "sink.h"
 #include "store.h"
 #include "sys.h"
 #include "tls.h"
 
-#define RTD_VERSION "0.1.0"
+/*
+** Compile-time defaults (CMakeLists.txt). The rtd of the build tree reads the checkout's
+** etc/rtd.conf from the current directory, as `make run` and the tests do, and takes
+** data_dir's built-in default; the installed one (rtd_installed) is built with
+** RTD_CONFIG_FILE=/etc/rt/rtd.conf and RTD_DATA_DIR=/var/lib/rt, the FHS paths its
+** package and systemd unit use. RTD_VERSION is the project's.
+*/
+#ifndef RTD_CONFIG_FILE
+#define RTD_CONFIG_FILE "etc/rtd.conf"
+#endif
 
 /*
 ** One line per rule and per rule worker with their counters at stop, as sinks log
@@ -70,109 +82,47 @@ static void log_rules(void)
                (unsigned long long)wi[i].messages, (unsigned long long)wi[i].batches);
 }
 
-/* Why `stat(path, st) == 0 && S_ISDIR` failed; st is zeroed before the call. */
-static const char *describe_stat_failure(const struct stat *st)
-{
-    return st->st_mode ? "not a directory" : strerror(errno);
-}
-
-/*
-** data_dir holds stored payloads (state.db, sink databases, spills) and the admin
-** socket: made 0700 if missing, and refused if group or others may write it (they
-** could swap the files under rtd). One readable by them is made 0700, as an older
-** rtd left it 0755. Its files are 0600 through the umask rtd runs with.
-*/
-static int prepare_data_dir(const char *dir, char *err, size_t errlen)
-{
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        snprintf(err, errlen, "data_dir %s: cannot create: %s", dir, strerror(errno));
-        return 1;
-    }
-    struct stat st = {0};
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "data_dir %s: %s", dir, describe_stat_failure(&st));
-        return 1;
-    }
-    unsigned mode = (unsigned)st.st_mode & 07777;
-    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-        snprintf(err, errlen,
-                 "data_dir %s is writable by %s (mode %04o): others could replace the databases; "
-                 "chmod 0700 it or name another",
-                 dir, st.st_mode & S_IWOTH ? "every user" : "its group", mode);
-        return 1;
-    }
-    if (st.st_mode & 077) {
-        if (chmod(dir, 0700) != 0) {
-            snprintf(err, errlen,
-                     "data_dir %s is readable by others (mode %04o) and cannot be "
-                     "made 0700: %s",
-                     dir, mode, strerror(errno));
-            return 1;
-        }
-        rt_log(RT_LOG_WARNING, "data_dir.mode", "data_dir=%s was=%04o now=0700", dir, mode);
-    }
-    return 0;
-}
-
-/* rules_dir must exist at start: a mistyped one would run with no rules at all. */
-static int check_rules_dir(const char *dir, char *err, size_t errlen)
-{
-    struct stat st = {0};
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "rules_dir %s: %s", dir, describe_stat_failure(&st));
-        return 1;
-    }
-    return 0;
-}
-
-typedef struct {
-    const char *key;
-    char value[RT_CONF_VALUE_LEN * 2];
-} conf_value_t;
-
-static void pick_value(const char *key, const char *value, const char *help, void *ud)
-{
-    (void)help;
-    conf_value_t *v = ud;
-    if (strcmp(key, v->key) == 0)
-        snprintf(v->value, sizeof(v->value), "%s", value);
-}
-
-/*
-** What is open to whom, one line per listener: where it listens, who may connect
-** anonymously (without a user name, or with one no password file vouches for), and which
-** user names are accepted.
-*/
+/* One line per listener: who may connect where (check.h). */
 static void log_access(const rt_conf_t *c)
 {
-    conf_value_t from = {.key = "anonymous_from"};
-    rt_conf_each(c, pick_value, &from);
-    char anonymous[sizeof(from.value) + 8];
-    if (c->allow_anonymous && c->nanonymous_from)
-        snprintf(anonymous, sizeof(anonymous), "from %s", from.value);
-    else
-        snprintf(anonymous, sizeof(anonymous), "nobody");
-    char users[300];
-    if (c->password_file[0])
-        snprintf(users, sizeof(users), "users in %s", c->password_file);
-    else
-        snprintf(users, sizeof(users), "none: no password_file, a user name is anonymous");
+    char line[RT_LOG_LINE_MAX];
     for (unsigned i = 0; i < c->nlisteners; i++) {
-        const rt_listen_t *l = &c->listeners[i];
-        bool v6 = strchr(l->host, ':') != NULL;
-        rt_log(RT_LOG_INFO, "listener.access", "listener=%s%s%s:%d anonymous=\"%s\" users=\"%s\"",
-               v6 ? "[" : "", l->host, v6 ? "]" : "", l->port, anonymous, users);
+        rtd_access_line(c, i, line, sizeof(line));
+        rt_log(RT_LOG_INFO, "listener.access", "%s", line);
     }
 }
+
+/* rtd's subcommands, each with its own options (`rtd SUBCOMMAND --help`). */
+static const struct {
+    const char *name, *synopsis, *what;
+    int (*main)(int argc, char **argv);
+} subcommands[] = {
+    {"passwd", "[-c] [-D] [-b] [-I ROUNDS] FILE USER [PASSWORD]",
+     "add, change or delete a user of a password file (mosquitto_passwd's)", rt_auth_passwd_main},
+    {"apikey", "NAME read|admin [-f FILE]", "make an API key for the HTTP API (docs/HTTP.md)",
+     rt_http_apikey_main},
+};
+
+#define NSUBCOMMANDS (sizeof(subcommands) / sizeof(subcommands[0]))
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: rtd [-c FILE] [-o name=value]... [--version]\n"
-                 "       rtd passwd [-c] [-D] [-b] [-I ROUNDS] FILE USER [PASSWORD]\n"
-                 "  -c FILE          configuration file (default etc/rtd.conf)\n"
-                 "  -o name=value    override one setting of the file\n"
-                 "  passwd           add, change (-c: new file) or delete (-D) a user of a\n"
-                 "                   password file, like mosquitto_passwd\n");
+    fprintf(out, "usage: rtd [-c FILE] [-o name=value]... [--check]\n");
+    for (size_t i = 0; i < NSUBCOMMANDS; i++)
+        fprintf(out, "       rtd %s %s\n", subcommands[i].name, subcommands[i].synopsis);
+    fprintf(out,
+            "       rtd -v | --version\n"
+            "  -c FILE          configuration file (default %s)\n"
+            "  -o name=value    override one setting of the file (repeatable)\n"
+            "  --check          load the configuration, every rule and every TLS, password,\n"
+            "                   ACL and key file it names; print what would listen where and\n"
+            "                   for whom; exit 0 if rtd would start, 2 if not. Binds, starts\n"
+            "                   and creates nothing\n"
+            "  -v, --version    print rtd's version\n"
+            "subcommands (rtd SUBCOMMAND --help for their options):\n",
+            RTD_CONFIG_FILE);
+    for (size_t i = 0; i < NSUBCOMMANDS; i++)
+        fprintf(out, "  %-16s %s\n", subcommands[i].name, subcommands[i].what);
 }
 
 /* What the stages share. */
@@ -240,14 +190,12 @@ static int mqtt_error(const rtd_t *d)
 static int start_dirs(rtd_t *d)
 {
     const rt_conf_t *c = &d->conf;
-    if (check_rules_dir(c->rules_dir, d->err, sizeof(d->err)) ||
-        prepare_data_dir(c->data_dir, d->err, sizeof(d->err)))
+    char note[8], line[RT_LOG_LINE_MAX];
+    if (rtd_check_rules_dir(c->rules_dir, d->err, sizeof(d->err)) ||
+        rtd_check_data_dir(c->data_dir, true, note, sizeof(note), d->err, sizeof(d->err)))
         return config_error(d);
-    rt_log(RT_LOG_INFO, "config.paths",
-           "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
-           d->conf_path, c->rules_dir, c->data_dir, c->password_file[0] ? c->password_file : "-",
-           c->acl_file[0] ? c->acl_file : "-", c->admin_socket[0] ? c->admin_socket : c->data_dir,
-           c->admin_socket[0] ? "" : "/rtd.sock");
+    rtd_paths_line(c, d->conf_path, line, sizeof(line));
+    rt_log(RT_LOG_INFO, "config.paths", "%s", line);
     if (geteuid() == 0)
         rt_log(RT_LOG_WARNING, "rtd.root",
                "running as root: a hole in rtd or a rule would be root's; run it as its own user "
@@ -492,21 +440,33 @@ static void serve(rtd_t *d)
     }
 }
 
+/* Tells systemd (notify.h); a unit that waits for READY=1 in vain would time out and kill
+   rtd, so a failure is logged. */
+static void notify(const char *state)
+{
+    int r = rtd_notify(state);
+    if (r)
+        rt_log(RT_LOG_WARNING, "rtd.notify", "cannot tell systemd %s: %s", state,
+               r == RT_EINVAL ? "NOTIFY_SOCKET is not a socket address" : strerror(-r));
+}
+
 int main(int argc, char **argv)
 {
-    static rtd_t d = {.conf_path = "etc/rtd.conf"};
+    static rtd_t d = {.conf_path = RTD_CONFIG_FILE};
     const char *overrides[64];
     int noverrides = 0;
-    if (argc > 1 && strcmp(argv[1], "passwd") == 0)
-        return rt_auth_passwd_main(argc - 1, argv + 1);
-    if (argc > 1 && strcmp(argv[1], "apikey") == 0)
-        return rt_http_apikey_main(argc - 1, argv + 1);
+    bool check = false;
+    for (size_t i = 0; argc > 1 && i < NSUBCOMMANDS; i++)
+        if (strcmp(argv[1], subcommands[i].name) == 0)
+            return subcommands[i].main(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
             d.conf_path = argv[++i];
         } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc && noverrides < 64) {
             overrides[noverrides++] = argv[++i];
-        } else if (strcmp(argv[i], "--version") == 0) {
+        } else if (strcmp(argv[i], "--check") == 0) {
+            check = true;
+        } else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-v") == 0) {
             printf("rtd %s\n", RTD_VERSION);
             return 0;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -519,6 +479,9 @@ int main(int argc, char **argv)
         }
     }
     rt_conf_defaults(&d.conf);
+#ifdef RTD_DATA_DIR
+    snprintf(d.conf.data_dir, sizeof(d.conf.data_dir), "%s", RTD_DATA_DIR);
+#endif
     /* The file names every other file and key: others who could change it own rtd. */
     if (rt_file_trusted(-1, d.conf_path, "config file", d.err, sizeof(d.err)) == RT_EACCES ||
         rt_conf_load(&d.conf, d.conf_path, d.err, sizeof(d.err)) != 0)
@@ -529,6 +492,8 @@ int main(int argc, char **argv)
     rt_log_level_t level = RT_LOG_INFO;
     rt_log_parse_level(d.conf.log_level, &level);
     rt_log_open(NULL, level, false);
+    if (check)
+        return rtd_check(&d.conf, d.conf_path);
     /* Everything rtd creates (databases, their -wal and -shm, spills) is its own alone. */
     umask(077);
     size_t started = 0;
@@ -541,7 +506,9 @@ int main(int argc, char **argv)
         return status;
     }
     rt_log(RT_LOG_INFO, "rtd.started", "version=%s config=%s", RTD_VERSION, d.conf_path);
+    notify("READY=1");
     serve(&d);
+    notify("STOPPING=1");
     atomic_store(&node.stopping, true);
     bool gave_up = atomic_load(&node.gave_up);
     unwind(NSTAGES);

@@ -45,6 +45,14 @@ typedef struct rt_sink_committed_s {
 */
 int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
 /*
+** What rt_sinks_start checks, alone (`rtd --check`): every sink's keys and its driver's
+** settings, with the same errors; nothing is opened, connected or started. Not while
+** the sinks run (RT_EEXIST).
+*/
+int rt_sinks_check(const rt_conf_t *conf, char *err, size_t errlen);
+/* Whether conf has a sink named name that is enabled (rt_sink_find's answer once started). */
+bool rt_sinks_enabled(const rt_conf_t *conf, const char *name);
+/*
 ** Stops every sink: each writes what it holds in memory if its database is up;
 ** rows it cannot write stay in (or go to) its spill file for the next start. Later
 ** submissions are refused with RT_ESHUTDOWN (counted as dropped); rt_sink_find

@@ -232,13 +232,14 @@ static void free_all(void)
     g_nsinks = 0;
 }
 
-int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
+/*
+** Checks every section of conf and makes its enabled sinks (not started) into
+** g_sinks, which must be empty. On error err names the file, line and sink, and
+** g_sinks is left empty.
+*/
+static int make_all(const rt_conf_t *conf, char *err, size_t errlen)
 {
-    if (atomic_load(&g_running)) {
-        snprintf(err, errlen, "sinks are already running");
-        return RT_EEXIST;
-    }
-    free_all(); /* a previous, stopped set */
+    RT_ASSERT(g_nsinks == 0);
     rt_bson_mem_init(); /* before the drivers make anything */
     const rt_conf_sections_t *secs = &conf->sinks;
     for (unsigned i = 0; i < secs->n; i++) {
@@ -259,6 +260,42 @@ int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
         if (s)
             g_sinks[g_nsinks++] = s;
     }
+    return 0;
+}
+
+int rt_sinks_check(const rt_conf_t *conf, char *err, size_t errlen)
+{
+    if (atomic_load(&g_running)) {
+        snprintf(err, errlen, "sinks are already running");
+        return RT_EEXIST;
+    }
+    free_all(); /* a previous, stopped set */
+    int rc = make_all(conf, err, errlen);
+    free_all();
+    return rc;
+}
+
+bool rt_sinks_enabled(const rt_conf_t *conf, const char *name)
+{
+    for (unsigned i = 0; i < conf->sinks.n; i++) {
+        const rt_conf_section_t *sec = &conf->sinks.s[i];
+        const rt_conf_kv_t *en = rt__sink_kv(sec, "enabled");
+        if (strcmp(sec->name, name) == 0)
+            return !en || en->b;
+    }
+    return false;
+}
+
+int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
+{
+    if (atomic_load(&g_running)) {
+        snprintf(err, errlen, "sinks are already running");
+        return RT_EEXIST;
+    }
+    free_all(); /* a previous, stopped set */
+    int rc = make_all(conf, err, errlen);
+    if (rc)
+        return rc;
     bool spills = false;
     for (unsigned i = 0; i < g_nsinks; i++)
         spills |= g_sinks[i]->drv->spills;
@@ -269,7 +306,7 @@ int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
     }
     g_sup = sup;
     rt_pid_t group;
-    int rc = rt_group_start(sup, RT_SINKS_GROUP, RT_PERMANENT, &group);
+    rc = rt_group_start(sup, RT_SINKS_GROUP, RT_PERMANENT, &group);
     if (rc) {
         snprintf(err, errlen, "sinks: cannot start their supervisor: %s", rt_strerror(rc));
         free_all();
