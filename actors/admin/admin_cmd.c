@@ -46,26 +46,7 @@ static int need_object(rt_admin_cmd_t *c)
     return c->doc ? 0 : rt__admin_fail(c, 500, "out of memory");
 }
 
-/* ---- help, status, broker ---- */
-
-static int cmd_help(rt_admin_cmd_t *c)
-{
-    if (c->json) {
-        if (!(c->doc = rt_doc_array()))
-            return rt__admin_fail(c, 500, "out of memory");
-        for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
-            if (k->usage)
-                rt_doc_add_str(c->doc, NULL, k->usage);
-        return 200;
-    }
-    rt_buf_printf(&c->text, "rtctl commands (each takes --json):\n");
-    for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
-        if (k->usage)
-            rt_buf_printf(&c->text, "  %s\n", k->usage);
-    rt_buf_printf(&c->text, "A word alone (clients, subscriptions, actors, rules, sinks, log) "
-                            "lists.\n");
-    return 200;
-}
+/* ---- status, broker ---- */
 
 static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index);
 
@@ -859,68 +840,138 @@ static int cmd_config_set(rt_admin_cmd_t *c)
     return 200;
 }
 
+/*
+** The commands: words, function, flags, usage (`help`), and what they do (`COMMAND --help`).
+** An entry without a usage is an alias (a word alone that lists), described by its command.
+*/
 const rt_admin_command_t rt__admin_commands[] = {
-    {"help", NULL, cmd_help, 0, "help"},
-    {"status", NULL, cmd_status, 0, "status"},
-    {"broker", NULL, cmd_broker, 0, "broker"},
-    {"broker", "stats", cmd_broker_stats, 0, "broker stats"},
-    {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics"},
-    {"listeners", NULL, cmd_listeners, 0, "listeners"},
-    {"cluster", "status", cmd_cluster_status, RT_ADMIN_BLOCKING, "cluster status"},
-    {"cluster", "nodes", cmd_cluster_nodes, 0, "cluster nodes"},
-    {"cluster", "rules", cmd_cluster_rules, 0, "cluster rules"},
-    {"cluster", "client", rt__admin_cluster_client, RT_ADMIN_BLOCKING, "cluster client CLIENT_ID"},
-    {"cluster", NULL, cmd_cluster_status, RT_ADMIN_BLOCKING, NULL},
-    {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm"},
+    {"help", NULL, rt__admin_help, 0, "help [COMMAND]",
+     "Lists the commands, or describes one (the same as COMMAND --help)."},
+    {"status", NULL, cmd_status, 0, "status",
+     "Says rtd is running: version, pid, uptime, the HTTP listener and traces on."},
+    {"broker", NULL, cmd_broker, 0, "broker",
+     "rtd's version, description, uptime, start time and clock."},
+    {"broker", "stats", cmd_broker_stats, 0, "broker stats",
+     "Connections, sessions, topics, subscriptions and retained messages (and their bytes): "
+     "now and the most since start."},
+    {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics",
+     "MQTT packets in and out by type, bytes, messages in, out, dropped and expired, and the "
+     "packets tolerated."},
+    {"listeners", NULL, cmd_listeners, 0, "listeners",
+     "Each MQTT listener: address, transport, state, connections, and those refused by reason."},
+    {"cluster", "status", cmd_cluster_status, RT_ADMIN_BLOCKING, "cluster status",
+     "The cluster as this node sees it: NATS, nodes, forwarding, retained messages, client "
+     "ids and moved sessions (docs/CLUSTER.md)."},
+    {"cluster", "nodes", cmd_cluster_nodes, 0, "cluster nodes",
+     "Every node heard from, as its last heartbeat said."},
+    {"cluster", "rules", cmd_cluster_rules, 0, "cluster rules",
+     "Each node's counts for each rule, as its last heartbeat said."},
+    {"cluster", "client", rt__admin_cluster_client, RT_ADMIN_BLOCKING, "cluster client CLIENT_ID",
+     "Which node holds the client id, and that node's `clients show` of it."},
+    {"cluster", NULL, cmd_cluster_status, RT_ADMIN_BLOCKING, NULL, NULL},
+    {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm",
+     "Memory (RSS told apart by kind), schedulers, actors and open files."},
     {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,
-     "metrics prometheus"},
+     "metrics prometheus",
+     "Every figure in the Prometheus text format, as GET /metrics answers (text only)."},
     {"clients", "list", rt__admin_clients_list, RT_ADMIN_GATHER,
-     "clients list [--limit N] [--prefix P] [--after ID]"},
-    {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL},
-    {"clients", "show", rt__admin_clients_show, RT_ADMIN_GATHER, "clients show CLIENT_ID"},
-    {"clients", "kick", rt__admin_clients_kick, RT_ADMIN_CHANGES, "clients kick CLIENT_ID"},
+     "clients list [--limit N] [--prefix P] [--after ID]",
+     "Connected and offline sessions. --after ID (\"\": the first page) and --prefix P page "
+     "through ids in byte order, N at a time."},
+    {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL, NULL},
+    {"clients", "show", rt__admin_clients_show, RT_ADMIN_GATHER, "clients show CLIENT_ID",
+     "One client: its connection, session, windows, queue and subscriptions."},
+    {"clients", "kick", rt__admin_clients_kick, RT_ADMIN_CHANGES, "clients kick CLIENT_ID",
+     "Disconnects the client (MQTT 5 reason 0x98), ends its session and publishes its will."},
     {"subscriptions", "list", rt__admin_subscriptions, RT_ADMIN_GATHER,
-     "subscriptions list [--limit N]"},
-    {"subscriptions", NULL, rt__admin_subscriptions, RT_ADMIN_GATHER, NULL},
+     "subscriptions list [--limit N]", "Every subscription: client id, filter, QoS, options."},
+    {"subscriptions", NULL, rt__admin_subscriptions, RT_ADMIN_GATHER, NULL, NULL},
     {"subscriptions", "show", rt__admin_subscriptions, RT_ADMIN_GATHER,
-     "subscriptions show CLIENT_ID"},
-    {"topics", NULL, rt__admin_topics, RT_ADMIN_GATHER, "topics [--limit N]"},
-    {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL},
+     "subscriptions show CLIENT_ID", "One client's subscriptions."},
+    {"topics", NULL, rt__admin_topics, RT_ADMIN_GATHER, "topics [--limit N]",
+     "The filters subscribed to, with their subscriber counts."},
+    {"retained", "list", rt__admin_retained_list, RT_ADMIN_BLOCKING,
+     "retained list [--filter F] [--limit N] [--after TOPIC]",
+     "Retained messages whose topics F matches (an MQTT filter, # by default), N at a time "
+     "(100; at most 1000) in topic byte order, after TOPIC."},
+    {"retained", NULL, rt__admin_retained_list, RT_ADMIN_BLOCKING, NULL, NULL},
+    {"retained", "show", rt__admin_retained_show, 0, "retained show TOPIC",
+     "One topic's retained message: QoS, publisher, expiry, payload (as text when it is "
+     "UTF-8, else in hex)."},
+    {"retained", "delete", rt__admin_retained_delete, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "retained delete TOPIC",
+     "Deletes one topic's retained message (here, on disk and, in a cluster, on every node), "
+     "delivering nothing to subscribers."},
+    {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL, NULL},
     {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
-     "actors list [--limit N] [--sort KEY]"},
-    {"actors", "info", rt__admin_actors_info, 0, "actors info PID"},
+     "actors list [--limit N] [--sort KEY]",
+     "Actors with their state, reductions, mailbox, memory and CPU; KEY as top's."},
+    {"actors", "info", rt__admin_actors_info, 0, "actors info PID",
+     "Every counter of one actor (PID as <slot.gen> or its number)."},
     {"actors", "kill", rt__admin_actors_kill, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
-     "actors kill PID [REASON]"},
-    {"tree", NULL, rt__admin_tree, RT_ADMIN_BLOCKING, "tree"},
-    {"rules", NULL, cmd_rules_list, 0, NULL},
-    {"rules", "list", cmd_rules_list, 0, "rules list"},
-    {"rules", "show", cmd_rules_show, 0, "rules show NAME"},
-    {"rules", "metrics", cmd_rules_metrics, 0, "rules metrics [NAME]"},
-    {"rules", "reload", cmd_rules_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "rules reload"},
-    {"rules", "enable", cmd_rules_enable, RT_ADMIN_CHANGES, "rules enable NAME"},
-    {"rules", "disable", cmd_rules_disable, RT_ADMIN_CHANGES, "rules disable NAME"},
+     "actors kill PID [REASON]",
+     "Sends an exit signal, as Erlang's exit(Pid, Reason): kill (the default) cannot be "
+     "trapped."},
+    {"tree", NULL, rt__admin_tree, RT_ADMIN_BLOCKING, "tree",
+     "The supervision tree: supervisors, children, restarts and last exits."},
+    {"rules", NULL, cmd_rules_list, 0, NULL, NULL},
+    {"rules", "list", cmd_rules_list, 0, "rules list", "The rule set, with each rule's counts."},
+    {"rules", "show", cmd_rules_show, 0, "rules show NAME",
+     "One rule: its filters, sinks, state, counts and last error."},
+    {"rules", "metrics", cmd_rules_metrics, 0, "rules metrics [NAME]",
+     "Each rule's counts (in a cluster, summed over the nodes too)."},
+    {"rules", "reload", cmd_rules_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "rules reload",
+     "Loads, checks and swaps in the whole rule set, as SIGHUP does; a bad file keeps the set "
+     "running."},
+    {"rules", "enable", cmd_rules_enable, RT_ADMIN_CHANGES, "rules enable NAME",
+     "Switches a rule on (kept over reloads until its file changes `enabled`)."},
+    {"rules", "disable", cmd_rules_disable, RT_ADMIN_CHANGES, "rules disable NAME",
+     "Switches a rule off (kept over reloads until its file changes `enabled`)."},
     /* Admin only: whoever runs it runs a payload of theirs through the rules, for up to
        rule_call_ms (a read key of the HTTP API must not). */
     {"rules", "test", cmd_rules_test, RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_SENSITIVE,
-     "rules test NAME --topic T [--payload P] [--qos Q]"},
-    {"sinks", NULL, cmd_sinks_list, 0, NULL},
-    {"sinks", "list", cmd_sinks_list, 0, "sinks list"},
-    {"sinks", "show", cmd_sinks_show, 0, "sinks show NAME"},
-    {"log", NULL, cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, NULL},
+     "rules test NAME --topic T [--payload P] [--qos Q]",
+     "The rows the rule would make of this message; nothing is written."},
+    {"sinks", NULL, cmd_sinks_list, 0, NULL, NULL},
+    {"sinks", "list", cmd_sinks_list, 0, "sinks list",
+     "Every sink in rtd.conf: state (disabled ones too) and counts."},
+    {"sinks", "show", cmd_sinks_show, 0, "sinks show NAME",
+     "One sink: state, counts, retries, batches and last error."},
+    {"log", NULL, cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, NULL, NULL},
     {"log", "level", cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
-     "log level [error|warning|info|debug]"},
-    {"config", "show", cmd_config_show, 0, "config show"},
-    {"config", NULL, cmd_config_show, 0, NULL},
+     "log level [error|warning|info|debug]", "Shows or sets the log level."},
+    {"config", "show", cmd_config_show, 0, "config show",
+     "Every setting, its value, and whether a change applies live or needs a restart."},
+    {"config", NULL, cmd_config_show, 0, NULL, NULL},
     {"config", "set", cmd_config_set, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
-     "config set SETTING VALUE"},
-    {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "auth reload"},
-    {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "tls reload"},
+     "config set SETTING VALUE",
+     "Changes a live setting now (VALUE as in rtd.conf); not written back to the file."},
+    {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "auth reload",
+     "Reads the password and ACL files again, as SIGHUP does; a bad file keeps the old one."},
+    {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "tls reload",
+     "Reads the TLS certificates, keys, CAs and CRLs again, as SIGHUP does."},
+    /* The key list is for the admin role: a read key learns nothing of the others. */
+    {"apikey", "list", rt__admin_apikey_list, RT_ADMIN_SENSITIVE, "apikey list",
+     "The HTTP API's keys: name, role, created, last used (since rtd started); never a key."},
+    {"apikey", NULL, rt__admin_apikey_list, RT_ADMIN_SENSITIVE, NULL, NULL},
+    {"apikey", "add", rt__admin_apikey_add, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "apikey add NAME ROLE",
+     "Makes a key with ROLE (read or admin), prints it once and keeps its SHA-256 in "
+     "http.api_keys_file; it works at once."},
+    {"apikey", "revoke", rt__admin_apikey_revoke, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "apikey revoke NAME", "Removes the key from http.api_keys_file; it stops working at once."},
+    {"apikey", "reload", rt__admin_apikey_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "apikey reload",
+     "Reads http.api_keys_file again, as SIGHUP does; a bad file keeps the keys in force."},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
-     "trace client CLIENT_ID [--duration S] [--payload N]"},
+     "trace client CLIENT_ID [--duration S] [--payload N]",
+     "The client's packets as they pass, for S seconds (60), with N payload bytes each."},
     {"trace", "topic", rt__admin_trace, RT_ADMIN_SENSITIVE,
-     "trace topic FILTER [--duration S] [--payload N]"},
+     "trace topic FILTER [--duration S] [--payload N]",
+     "The PUBLISH packets on the topics FILTER matches, from every client, for S seconds."},
     {"top", NULL, rt__admin_top, RT_ADMIN_BLOCKING,
      "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total] "
-     "[--width W] [--height H]"},
-    {NULL, NULL, NULL, 0, NULL},
+     "[--width W] [--height H]",
+     "One `rtctl top` screen: the node panel over the N busiest actors by the sort."},
+    {NULL, NULL, NULL, 0, NULL, NULL},
 };

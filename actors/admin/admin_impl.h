@@ -30,6 +30,7 @@ typedef struct rt_admin_cmd_s {
     const char *opt_value[RT_ADMIN_OPTS_MAX];
     size_t opt_len[RT_ADMIN_OPTS_MAX];
     bool json;            /* --json: the body is JSON */
+    bool help;            /* --help: the command's help is the answer (cmd_help) */
     rt_actor_t *self;     /* the actor answering */
     rt_admin_top_t **top; /* the asking connection's previous top sample (kept by the
                              worker, where `top` runs); NULL on a connection actor */
@@ -53,6 +54,7 @@ typedef struct rt_admin_command_s {
     int (*run)(rt_admin_cmd_t *c);
     unsigned flags;
     const char *usage; /* for help; NULL: an alias (a word alone that lists) */
+    const char *about; /* what it does, for `COMMAND --help` (NULL only for an alias) */
 } rt_admin_command_t;
 
 extern const rt_admin_command_t rt__admin_commands[];
@@ -86,6 +88,23 @@ int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, l
 void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n); /* "<slot.gen>" */
 int rt__admin_parse_pid(const char *s, rt_pid_t *out);
 void rt__admin_iso_time(uint64_t unix_ms, char *out, size_t n); /* "2024-05-01T12:00:00Z" */
+
+/* Whether word has sub-commands ("clients" has; "status" has not). */
+bool rt__admin_has_subs(const char *word);
+
+/* ---- admin_help.c: `help [COMMAND]` and `COMMAND --help` ---- */
+int rt__admin_help(rt_admin_cmd_t *c);
+
+/* ---- admin_apikey.c: the HTTP API's keys (rt_admin_set_apikeys) ---- */
+int rt__admin_apikey_list(rt_admin_cmd_t *c);
+int rt__admin_apikey_add(rt_admin_cmd_t *c);
+int rt__admin_apikey_revoke(rt_admin_cmd_t *c);
+int rt__admin_apikey_reload(rt_admin_cmd_t *c);
+
+/* ---- admin_retained.c: the retained store's messages ---- */
+int rt__admin_retained_list(rt_admin_cmd_t *c);
+int rt__admin_retained_show(rt_admin_cmd_t *c);
+int rt__admin_retained_delete(rt_admin_cmd_t *c);
 
 /* ---- admin.c ---- */
 
@@ -168,6 +187,8 @@ int rt__admin_actors_kill(rt_admin_cmd_t *c);
 typedef struct rt_admin_trace_s rt_admin_trace_t;
 /* Starts the trace: c->trace set and c->code 0 (with the first part in c->text), or an error. */
 int rt__admin_trace(rt_admin_cmd_t *c);
+/* Bytes as a quoted C-like string, for a terminal: printable ASCII as is, the rest as \xNN. */
+void rt__admin_quote_bytes(rt_buf_t *b, const uint8_t *p, size_t n);
 /* The exec took the trace: its ticks start. */
 void rt__admin_trace_begin(rt_admin_exec_t *x);
 /* An event or tick of x's trace; true when it was the end (the final answer given). */

@@ -484,11 +484,12 @@ static void serve(rtd_t *d)
             rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
             return;
         }
-        /* What `rtctl auth reload` and `rtctl rules reload` do; a bad file leaves the
-           running one in force (logged by the reload). */
+        /* What `rtctl auth|rules|tls|apikey reload` do; a bad file leaves the running one
+           in force (logged by the reload). */
         rt_admin_reload_auth(d->err, sizeof(d->err));
         rt_admin_reload_rules(d->err, sizeof(d->err));
         rt_admin_reload_tls(d->err, sizeof(d->err));
+        rt_http_keys_reload(d->err, sizeof(d->err));
     }
 }
 
@@ -500,7 +501,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "passwd") == 0)
         return rt_auth_passwd_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "apikey") == 0)
-        return rt_http_apikey_main(argc - 1, argv + 1);
+        return rt_http_apikey_main(argc - 1, argv + 1, d.conf_path);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
             d.conf_path = argv[++i];
