@@ -275,115 +275,6 @@ static int cmd_listeners(rt_admin_cmd_t *c)
     return 200;
 }
 
-/* On the blocking pool: it asks libnats, whose calls take its connection's lock. */
-static int cmd_cluster_status(rt_admin_cmd_t *c)
-{
-    rt_cluster_status_t st;
-    if (!rt_cluster_status(&st))
-        return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
-    if (need_object(c))
-        return c->code;
-    rt_cluster_node_t *heard = calloc(RT_CLUSTER_NODES_MAX, sizeof(*heard));
-    size_t nodes = heard ? rt_cluster_nodes(heard, RT_CLUSTER_NODES_MAX) : 0;
-    free(heard);
-    rt_doc_add_str(c->doc, "node", st.node);
-    rt_doc_add_u64(c->doc, "nodes", nodes);
-    rt_doc_add_str(c->doc, "nats", st.state);
-    rt_doc_add_str(c->doc, "nats_server", st.server);
-    rt_doc_add_str(c->doc, "nats_servers", st.servers);
-    rt_doc_add_u64(c->doc, "routes", st.routes);
-    rt_doc_add_u64(c->doc, "forwarded_out", st.forwarded_out);
-    rt_doc_add_u64(c->doc, "forwarded_in", st.forwarded_in);
-    rt_doc_add_u64(c->doc, "duplicates_dropped", st.duplicates);
-    rt_doc_add_u64(c->doc, "forward_failed", st.forward_failed);
-    rt_doc_add_u64(c->doc, "not_forwarded_too_long", st.not_forwarded);
-    rt_doc_add_u64(c->doc, "bad_in", st.bad_in);
-    rt_doc_add_u64(c->doc, "dropped_in", st.dropped_in);
-    rt_doc_add_u64(c->doc, "inbound_backlog", st.inbound_backlog);
-    rt_doc_add_u64(c->doc, "reconnects", st.reconnects);
-    rt_doc_add_str(c->doc, "retained", st.retained_replicated ? "replicated" : "this node only");
-    rt_doc_add_u64(c->doc, "retained_revision", st.retained_revision);
-    rt_doc_add_u64(c->doc, "retained_put_failed", st.retained_put_failed);
-    rt_doc_add_u64(c->doc, "retained_barrier_timeouts", st.retained_barrier_timeouts);
-    rt_doc_add_u64(c->doc, "client_ids_claimed", st.claims);
-    rt_doc_add_u64(c->doc, "client_ids_taken_over", st.claims_taken_over);
-    rt_doc_add_u64(c->doc, "client_ids_given_up", st.given_up);
-    rt_doc_add_u64(c->doc, "sessions_moved_in", st.sessions_moved_in);
-    rt_doc_add_u64(c->doc, "sessions_moved_out", st.sessions_moved_out);
-    rt_doc_add_u64(c->doc, "sessions_move_failed", st.sessions_move_failed);
-    rt_doc_add_str(c->doc, "durable", st.durable ? "on" : "off");
-    rt_doc_add_u64(c->doc, "stream_acked", st.stream_acked);
-    rt_doc_add_u64(c->doc, "stream_failed", st.stream_failed);
-    rt_doc_add_u64(c->doc, "session_records_failed", st.session_records_failed);
-    rt_doc_add_u64(c->doc, "sessions_replayed", st.replays);
-    rt_doc_add_u64(c->doc, "messages_replayed", st.replayed);
-    rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
-    rt_doc_add_str(c->doc, "lease", st.lease_held ? "held" : "lost");
-    rt_doc_add_u64(c->doc, "lease_lapses", st.lease_lapses);
-    rt_doc_add_u64(c->doc, "lease_waits", st.lease_waits);
-    rt_doc_add_u64(c->doc, "stale_takeovers", st.stale_takeovers);
-    rt_doc_add_u64(c->doc, "control_refused", st.control_refused);
-    return 200;
-}
-
-/* A row of `cluster nodes`: one node as its last heartbeat said. */
-static void node_row(rt_doc_t *list, const rt_cluster_node_t *n)
-{
-    rt_doc_t *o = rt_doc_add_object(list, NULL);
-    rt_doc_add_str(o, "node", n->node);
-    rt_doc_add_bool(o, "self", strcmp(n->node, rt_cluster_node()) == 0);
-    rt_doc_add_str(o, "state", n->up ? "up" : "silent");
-    rt_doc_add_u64(o, "heard_ms_ago", n->age_ms);
-    rt_doc_add_u64(o, "uptime_s", n->uptime_s);
-    rt_doc_add_u64(o, "connections", n->connections);
-    rt_doc_add_u64(o, "sessions", n->sessions);
-    rt_doc_add_u64(o, "routes", n->routes);
-    rt_doc_add_u64(o, "forwarded_in", n->forwarded_in);
-    rt_doc_add_u64(o, "forwarded_out", n->forwarded_out);
-}
-
-/* Rows of `cluster rules`: each rule's counts on one node. */
-static void node_rule_rows(rt_doc_t *list, const rt_cluster_node_t *n)
-{
-    for (unsigned k = 0; k < n->nrules; k++) {
-        const rt_cluster_rule_count_t *r = &n->rules[k];
-        rt_doc_t *o = rt_doc_add_object(list, NULL);
-        rt_doc_add_str(o, "node", n->node);
-        rt_doc_add_str(o, "rule", r->name);
-        rt_doc_add_u64(o, "matched", r->matched);
-        rt_doc_add_u64(o, "passed", r->passed);
-        rt_doc_add_u64(o, "failed", r->failed);
-        rt_doc_add_u64(o, "rows_out", r->rows_out);
-    }
-}
-
-/* A list made from every node heard from (their last heartbeats), by rows(). */
-static int nodes_list(rt_admin_cmd_t *c, void (*rows)(rt_doc_t *, const rt_cluster_node_t *))
-{
-    if (!rt_cluster_on())
-        return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
-    rt_cluster_node_t *nodes = calloc(RT_CLUSTER_NODES_MAX, sizeof(*nodes));
-    if (!nodes || !(c->doc = rt_doc_array())) {
-        free(nodes);
-        return rt__admin_fail(c, 500, "out of memory");
-    }
-    size_t n = rt_cluster_nodes(nodes, RT_CLUSTER_NODES_MAX);
-    for (size_t i = 0; i < n; i++)
-        rows(c->doc, &nodes[i]);
-    free(nodes);
-    return 200;
-}
-
-static int cmd_cluster_nodes(rt_admin_cmd_t *c)
-{
-    return nodes_list(c, node_row);
-}
-
-static int cmd_cluster_rules(rt_admin_cmd_t *c)
-{
-    return nodes_list(c, node_rule_rows);
-}
-
 static int cmd_tls_reload(rt_admin_cmd_t *c)
 {
     char report[RT_ADMIN_ERR_MAX];
@@ -726,19 +617,61 @@ static void sink_doc(rt_doc_t *o, const rt_sink_info_t *s, bool full)
     rt_doc_add_str(o, "last_error", s->last_error);
 }
 
+/* A section's value of key (NULL: none). */
+static const rt_conf_kv_t *section_kv(const rt_conf_section_t *sec, const char *key)
+{
+    for (unsigned k = 0; k < sec->nkeys; k++)
+        if (strcmp(sec->keys[k].key, key) == 0)
+            return &sec->keys[k];
+    return NULL;
+}
+
+/*
+** The sinks rtd.conf declares but does not start (enabled = false), as sink rows with no
+** counts: into out (max), their number. rtd checked them at start like the others.
+*/
+static size_t disabled_sinks(rt_sink_info_t *out, size_t max)
+{
+    const rt_conf_sections_t *all = &rt__admin_conf()->sinks;
+    size_t n = 0;
+    for (unsigned i = 0; i < all->n && n < max; i++) {
+        const rt_conf_kv_t *en = section_kv(&all->s[i], "enabled");
+        const rt_conf_kv_t *type = section_kv(&all->s[i], "type");
+        if (!en || en->type != RT_CONF_V_BOOL || en->b)
+            continue;
+        memset(&out[n], 0, sizeof(out[n]));
+        snprintf(out[n].name, sizeof(out[n].name), "%s", all->s[i].name);
+        out[n].type = type ? type->str : "";
+        out[n].state = "disabled";
+        n++;
+    }
+    return n;
+}
+
 static int sinks_cmd(rt_admin_cmd_t *c, const char *name)
 {
     rt_sink_info_t sinks[SINKS_MAX];
     size_t n = rt_sinks_snapshot(sinks, SINKS_MAX);
     if (n > SINKS_MAX)
         n = SINKS_MAX;
+    size_t running = n;
+    n += disabled_sinks(sinks + n, SINKS_MAX - n);
     if (name) {
         for (size_t i = 0; i < n; i++) {
             if (strcmp(sinks[i].name, name) != 0)
                 continue;
             if (need_object(c))
                 return c->code;
-            sink_doc(c->doc, &sinks[i], true);
+            if (i < running) {
+                sink_doc(c->doc, &sinks[i], true);
+                return 200;
+            }
+            rt_doc_add_str(c->doc, "name", sinks[i].name);
+            rt_doc_add_str(c->doc, "type", sinks[i].type);
+            rt_doc_add_str(c->doc, "state", "disabled");
+            rt_doc_add_str(c->doc, "note", "enabled = false in rtd.conf: checked when rtd "
+                                           "started, not started (enabled = true and a "
+                                           "restart run it)");
             return 200;
         }
         return rt__admin_fail(c, 404, "no sink named \"%s\" (rtctl sinks list)", name);
@@ -859,16 +792,16 @@ const rt_admin_command_t rt__admin_commands[] = {
      "packets tolerated."},
     {"listeners", NULL, cmd_listeners, 0, "listeners",
      "Each MQTT listener: address, transport, state, connections, and those refused by reason."},
-    {"cluster", "status", cmd_cluster_status, RT_ADMIN_BLOCKING, "cluster status",
+    {"cluster", "status", rt__admin_cluster_status, RT_ADMIN_BLOCKING, "cluster status",
      "The cluster as this node sees it: NATS, nodes, forwarding, retained messages, client "
      "ids and moved sessions (docs/CLUSTER.md)."},
-    {"cluster", "nodes", cmd_cluster_nodes, 0, "cluster nodes",
+    {"cluster", "nodes", rt__admin_cluster_nodes, 0, "cluster nodes",
      "Every node heard from, as its last heartbeat said."},
-    {"cluster", "rules", cmd_cluster_rules, 0, "cluster rules",
+    {"cluster", "rules", rt__admin_cluster_rules, 0, "cluster rules",
      "Each node's counts for each rule, as its last heartbeat said."},
     {"cluster", "client", rt__admin_cluster_client, RT_ADMIN_BLOCKING, "cluster client CLIENT_ID",
      "Which node holds the client id, and that node's `clients show` of it."},
-    {"cluster", NULL, cmd_cluster_status, RT_ADMIN_BLOCKING, NULL, NULL},
+    {"cluster", NULL, rt__admin_cluster_status, RT_ADMIN_BLOCKING, NULL, NULL},
     {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm",
      "Memory (RSS told apart by kind), schedulers, actors and open files."},
     {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,

@@ -179,6 +179,11 @@ void rt__admin_quote_word(rt_buf_t *out, const char *w);
 /* `cluster client ID` (on the worker: it waits for the bucket and the other node). */
 int rt__admin_cluster_client(rt_admin_cmd_t *c);
 
+/* ---- admin_cluster.c: `cluster status|nodes|rules` ---- */
+int rt__admin_cluster_status(rt_admin_cmd_t *c); /* on the worker: it asks libnats */
+int rt__admin_cluster_nodes(rt_admin_cmd_t *c);
+int rt__admin_cluster_rules(rt_admin_cmd_t *c);
+
 /* ---- admin_tree.c: the supervision tree, exit signals (on the worker) ---- */
 int rt__admin_tree(rt_admin_cmd_t *c);
 int rt__admin_actors_kill(rt_admin_cmd_t *c);
