@@ -67,8 +67,8 @@ static void node_row(rt_doc_t *list, const rt_cluster_node_t *n)
     rt_doc_add_str(o, "node", n->node);
     rt_doc_add_bool(o, "self", strcmp(n->node, rt_cluster_node()) == 0);
     rt_doc_add_str(o, "state", n->up ? "up" : "silent");
-    rt_doc_add_u64(o, "heard_ms_ago", n->age_ms);
-    rt_doc_add_u64(o, "uptime_s", n->uptime_s);
+    rt_doc_add_duration(o, "heard_ms_ago", n->age_ms, 1000);
+    rt_doc_add_duration(o, "uptime_s", n->uptime_s, 1);
     rt_doc_add_u64(o, "connections", n->connections);
     rt_doc_add_u64(o, "sessions", n->sessions);
     rt_doc_add_u64(o, "routes", n->routes);

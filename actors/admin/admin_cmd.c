@@ -64,8 +64,8 @@ static const rt_listen_t *http_listener(char *where, size_t len)
 
 static int cmd_status(rt_admin_cmd_t *c)
 {
-    char up[64], where[128];
-    uptime_text(rt__admin_uptime_ms(), up, sizeof(up));
+    char up[32], where[128];
+    rt_doc_seconds_text((double)(rt__admin_uptime_ms() / 1000), up, sizeof(up));
     /* The HTTP listener is none of the MQTT listeners `listeners` shows: it is shown here. */
     const rt_listen_t *h = http_listener(where, sizeof(where));
     if (!c->json) {
@@ -82,7 +82,7 @@ static int cmd_status(rt_admin_cmd_t *c)
     rt_doc_add_str(c->doc, "status", "running");
     rt_doc_add_str(c->doc, "version", rt__admin_version());
     rt_doc_add_i64(c->doc, "pid", getpid());
-    rt_doc_add_u64(c->doc, "uptime_s", rt__admin_uptime_ms() / 1000);
+    rt_doc_add_duration(c->doc, "uptime_s", rt__admin_uptime_ms() / 1000, 1);
     rt_doc_add_u64(c->doc, "traces", rt_trace_active());
     if (h) {
         rt_doc_t *o = rt_doc_add_object(c->doc, "http");
@@ -105,8 +105,9 @@ static int cmd_broker(rt_admin_cmd_t *c)
     rt_doc_add_str(c->doc, "sysdescr",
                    "rtd: an MQTT 3.1/3.1.1/5.0 broker on Erlang-style C actors");
     rt_doc_add_str(c->doc, "version", rt__admin_version());
-    rt_doc_add_str(c->doc, "uptime", up);
-    rt_doc_add_u64(c->doc, "uptime_s", uptime / 1000);
+    if (c->json) /* EMQX's form, for scripts that read it; text has uptime_s alone */
+        rt_doc_add_str(c->doc, "uptime", up);
+    rt_doc_add_duration(c->doc, "uptime_s", uptime / 1000, 1);
     rt_doc_add_str(c->doc, "started_at", started);
     rt_doc_add_str(c->doc, "datetime", now);
     rt_doc_add_i64(c->doc, "pid", getpid());
@@ -135,10 +136,18 @@ static int cmd_broker_stats(rt_admin_cmd_t *c)
         const rt_count_t *v[] = {&n.connections,   &n.sessions, &n.topics,
                                  &n.subscriptions, &n.retained, &n.retained_bytes};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-            rt_buf_printf(&c->text, "%s/count%*s: %llu\n", names[i], (int)(15 - strlen(names[i])),
-                          "", (unsigned long long)v[i]->count);
-            rt_buf_printf(&c->text, "%s/max%*s: %llu\n", names[i], (int)(17 - strlen(names[i])), "",
-                          (unsigned long long)v[i]->max);
+            char count[32], max[32];
+            bool bytes = strcmp(names[i], "retained_bytes") == 0;
+            snprintf(count, sizeof(count), "%llu", (unsigned long long)v[i]->count);
+            snprintf(max, sizeof(max), "%llu", (unsigned long long)v[i]->max);
+            if (bytes) {
+                rt_doc_bytes_text((int64_t)v[i]->count, count, sizeof(count));
+                rt_doc_bytes_text((int64_t)v[i]->max, max, sizeof(max));
+            }
+            rt_buf_printf(&c->text, "%s/count%*s: %s\n", names[i], (int)(15 - strlen(names[i])),
+                          "", count);
+            rt_buf_printf(&c->text, "%s/max%*s: %s\n", names[i], (int)(17 - strlen(names[i])), "",
+                          max);
         }
         return 200;
     }
@@ -180,8 +189,8 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
         rt_doc_add_u64(out, name, m.packets_out[t]);
     }
     rt_doc_t *bytes = rt_doc_add_object(c->doc, "bytes");
-    rt_doc_add_u64(bytes, "in", m.bytes_in);
-    rt_doc_add_u64(bytes, "out", m.bytes_out);
+    rt_doc_add_bytes(bytes, "in", (int64_t)m.bytes_in);
+    rt_doc_add_bytes(bytes, "out", (int64_t)m.bytes_out);
     rt_doc_t *msgs = rt_doc_add_object(c->doc, "messages");
     rt_doc_add_u64(msgs, "in", m.msgs_in);
     rt_doc_add_u64(msgs, "out", m.msgs_out);
@@ -613,7 +622,7 @@ static void sink_doc(rt_doc_t *o, const rt_sink_info_t *s, bool full)
     rt_doc_add_u64(o, "retried", s->retried);
     rt_doc_add_u64(o, "recovered", s->recovered);
     rt_doc_add_u64(o, "batches", s->batches);
-    rt_doc_add_u64(o, "bytes", s->bytes);
+    rt_doc_add_bytes(o, "bytes", (int64_t)s->bytes);
     rt_doc_add_str(o, "last_error", s->last_error);
 }
 

@@ -127,14 +127,14 @@ static void message_fields(rt_doc_t *o, const rt_message_t *v, uint64_t expire_a
                            uint64_t now_ms)
 {
     rt_doc_add_u64(o, "qos", v->qos);
-    rt_doc_add_u64(o, "payload_bytes", v->payload.len);
+    rt_doc_add_bytes(o, "payload_bytes", (int64_t)v->payload.len);
     if (v->clientid)
         rt_doc_add_str(o, "from_clientid", v->clientid);
     else
         rt_doc_add_null(o, "from_clientid");
     int64_t left = seconds_left(expire_at_ms, now_ms);
     if (left >= 0)
-        rt_doc_add_i64(o, "expires_in_s", left);
+        rt_doc_add_duration(o, "expires_in_s", (uint64_t)left, 1);
     else
         rt_doc_add_null(o, "expires_in_s");
 }

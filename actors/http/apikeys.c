@@ -135,7 +135,7 @@ static int parse_keys(const char *text, const char *path, api_key_t *keys, size_
                      lineno, *n == KEYS_MAX ? " (more than 256 keys)" : "");
             return RT_EINVAL;
         }
-        snprintf(k->name, sizeof(k->name), "%s", name);
+        snprintf(k->name, sizeof(k->name), "%.63s", name); /* name_ok: at most 63 */
         k->role = role_of(role);
         k->created = fields == 4 ? parse_time(created) : 0;
         k->last_used_ms = 0;

@@ -540,3 +540,26 @@ def test_disabled_sink_is_shown_so(tmp_path, stopper):
     assert js(b, "sinks", "show", "db")["state"] == "disabled"
     assert [(r["name"], r["state"]) for r in js(b, "sinks", "list")] == [("db", "disabled")]
     fails(b, 404, "sinks", "show", "other")
+
+
+def test_one_unit_style(broker, clients):
+    """Text shows sizes as K/M/G (1024-based) and durations in seconds, whatever the command;
+    --json gives the raw numbers its keys name (bytes, _s, _ms, _us)."""
+    import re
+    size, seconds = re.compile(r"^-?\d+(\.\d)?[KMGT]?$"), re.compile(r"^\d+(\.\d+)?s$")
+    vm = ok(broker, "vm")
+    rss = re.search(r"^  rss\s+(\S+)$", vm, re.M).group(1)
+    assert size.match(rss) and rss[-1] in "MG", rss
+    assert isinstance(js(broker, "vm")["memory"]["rss"], int)
+    rows = table(ok(broker, "actors", "list", "--limit", "50", "--sort", "memory"))
+    assert all(size.match(r["memory"]) and seconds.match(r["cpu_us"]) for r in rows), rows
+    assert any(r["memory"][-1] == "K" for r in rows)
+    raw = js(broker, "actors", "list", "--limit", "1")[0]
+    assert isinstance(raw["cpu_us"], int) and isinstance(raw["memory"], int)
+    assert re.search(r", up \d+(\.\d+)?s\)$", ok(broker, "status").strip())
+    assert seconds.match(pairs(ok(broker, "broker"))["uptime_s"])
+    assert "uptime" not in pairs(ok(broker, "broker"))  # the EMQX-style string: JSON only
+    assert js(broker, "broker")["uptime"].endswith("s")
+    assert seconds.match(pairs(ok(broker, "clients", "show", "c-sub"))["session_expiry_s"])
+    top = ok(broker, "top", "--once", "-n", "1")
+    assert re.search(r"\bup \d+(\.\d+)?s\b", top) and re.search(r"\brss \d+(\.\d)?[MG]\b", top)
