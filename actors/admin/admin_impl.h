@@ -86,6 +86,21 @@ const char *rt__admin_opt(const rt_admin_cmd_t *c, const char *name, size_t *len
 /* A whole-number option within [lo, hi]: 0 with *out (def when absent), or 400 set. */
 int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, long hi, long *out);
 void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n); /* "<slot.gen>" */
+/*
+** The best `cap` of the elements offered (top's busiest actors, a page of retained topics),
+** in a heap whose root is the worst kept: worse(a, b) says a goes before b. Offering is
+** O(log cap); what it keeps is in base[0, n) in no order.
+*/
+typedef struct rt_admin_heap_s {
+    void *base; /* cap elements of size bytes, the caller's */
+    size_t size, n, cap;
+    bool (*worse)(const void *a, const void *b);
+} rt_admin_heap_t;
+/* Whether elem would be kept (there is room, or it beats the root). */
+bool rt__admin_heap_wants(const rt_admin_heap_t *h, const void *elem);
+/* Keeps elem, which rt__admin_heap_wants said it would; a full heap first copies the root it
+   drops into dropped (when not NULL). */
+void rt__admin_heap_put(rt_admin_heap_t *h, const void *elem, void *dropped);
 int rt__admin_parse_pid(const char *s, rt_pid_t *out);
 void rt__admin_iso_time(uint64_t unix_ms, char *out, size_t n); /* "2024-05-01T12:00:00Z" */
 

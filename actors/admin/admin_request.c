@@ -320,6 +320,52 @@ int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, l
     return 0;
 }
 
+static void *heap_at(const rt_admin_heap_t *h, size_t i)
+{
+    return (char *)h->base + i * h->size;
+}
+
+static void heap_swap(rt_admin_heap_t *h, size_t i, size_t j)
+{
+    unsigned char *a = heap_at(h, i), *b = heap_at(h, j);
+    for (size_t k = 0; k < h->size; k++) {
+        unsigned char t = a[k];
+        a[k] = b[k];
+        b[k] = t;
+    }
+}
+
+bool rt__admin_heap_wants(const rt_admin_heap_t *h, const void *elem)
+{
+    return h->n < h->cap || (h->cap && h->worse(heap_at(h, 0), elem));
+}
+
+void rt__admin_heap_put(rt_admin_heap_t *h, const void *elem, void *dropped)
+{
+    RT_ASSERT(rt__admin_heap_wants(h, elem));
+    if (h->n < h->cap) { /* at the bottom, up while worse than its parent */
+        size_t i = h->n++;
+        memcpy(heap_at(h, i), elem, h->size);
+        for (; i && h->worse(heap_at(h, i), heap_at(h, (i - 1) / 2)); i = (i - 1) / 2)
+            heap_swap(h, i, (i - 1) / 2);
+        return;
+    }
+    if (dropped)
+        memcpy(dropped, heap_at(h, 0), h->size);
+    memcpy(heap_at(h, 0), elem, h->size);
+    for (size_t i = 0;;) { /* at the root, down while a child is worse */
+        size_t w = i, l = 2 * i + 1, r = l + 1;
+        if (l < h->n && h->worse(heap_at(h, l), heap_at(h, w)))
+            w = l;
+        if (r < h->n && h->worse(heap_at(h, r), heap_at(h, w)))
+            w = r;
+        if (w == i)
+            return;
+        heap_swap(h, i, w);
+        i = w;
+    }
+}
+
 void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n)
 {
     rt_pid_text(pid, out, n);

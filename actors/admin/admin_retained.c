@@ -2,7 +2,7 @@
 ** `retained list|show|delete`: the retained store's messages, as EMQX's retainer commands show
 ** them. A list walks the store under its read lock (as a SUBSCRIBE to its filter does), so it
 ** runs on the admin worker and keeps only a page: the N smallest topics after the cursor, in
-** a max-heap of N.
+** a heap of N (rt_admin_heap_t).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +27,8 @@ typedef struct {
 typedef struct {
     const char *after; /* the cursor: topics greater in byte order only; NULL: from the first */
     size_t after_len;
-    entry_t *heap; /* a max-heap by topic of at most limit entries */
-    size_t n, limit;
+    rt_admin_heap_t heap; /* entry_t: the smallest topics yet, at most the limit */
     uint64_t now_ms;
-    size_t matched; /* messages the filter matched, expired ones left out */
     bool oom;
 } page_t;
 
@@ -51,31 +49,10 @@ static void entry_free(entry_t *e)
     rt_bin_release(e->bin);
 }
 
-static void sift_down(entry_t *h, size_t n, size_t i)
+/* A page keeps the smallest topics: the largest kept is the root. */
+static bool entry_worse(const void *a, const void *b)
 {
-    for (;;) {
-        size_t big = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && entry_cmp(&h[l], &h[big]) > 0)
-            big = l;
-        if (r < n && entry_cmp(&h[r], &h[big]) > 0)
-            big = r;
-        if (big == i)
-            return;
-        entry_t t = h[i];
-        h[i] = h[big];
-        h[big] = t;
-        i = big;
-    }
-}
-
-static void sift_up(entry_t *h, size_t i)
-{
-    while (i && entry_cmp(&h[(i - 1) / 2], &h[i]) < 0) {
-        entry_t t = h[i];
-        h[i] = h[(i - 1) / 2];
-        h[(i - 1) / 2] = t;
-        i = (i - 1) / 2;
-    }
+    return entry_cmp(a, b) > 0;
 }
 
 /* Under the store's read lock: keeps the message if it belongs to the page so far. */
@@ -85,13 +62,12 @@ static void page_take(void *arg, const char *topic, size_t len, void *msg)
     const rt_retained_msg_t *m = msg;
     if (m->expire_at_ms && m->expire_at_ms <= p->now_ms)
         return; /* expired: no subscriber gets it either */
-    p->matched++;
-    if (p->oom || !p->limit || (p->after && topic_cmp(topic, len, p->after, p->after_len) <= 0))
+    if (p->oom || (p->after && topic_cmp(topic, len, p->after, p->after_len) <= 0))
         return;
-    bool full = p->n == p->limit;
-    if (full && topic_cmp(topic, len, p->heap[0].topic, p->heap[0].len) >= 0)
+    entry_t e = {.topic = (char *)topic, .len = len};
+    if (!rt__admin_heap_wants(&p->heap, &e))
         return;
-    entry_t e = {.topic = malloc(len + 1), .len = len, .expire_at_ms = m->expire_at_ms};
+    e.topic = malloc(len + 1);
     if (!e.topic) {
         p->oom = true;
         return;
@@ -99,14 +75,11 @@ static void page_take(void *arg, const char *topic, size_t len, void *msg)
     memcpy(e.topic, topic, len);
     e.topic[len] = 0;
     e.bin = rt_bin_retain(m->bin);
-    if (full) {
-        entry_free(&p->heap[0]);
-        p->heap[0] = e;
-        sift_down(p->heap, p->n, 0);
-    } else {
-        p->heap[p->n] = e;
-        sift_up(p->heap, p->n++);
-    }
+    e.expire_at_ms = m->expire_at_ms;
+    entry_t dropped = {0};
+    rt__admin_heap_put(&p->heap, &e, &dropped);
+    if (dropped.topic)
+        entry_free(&dropped);
 }
 
 static int by_topic(const void *a, const void *b)
@@ -155,24 +128,25 @@ int rt__admin_retained_list(rt_admin_cmd_t *c)
     if (!mqtt_topic_filter_valid((const uint8_t *)filter, flen) ||
         (flen >= 7 && memcmp(filter, "$share/", 7) == 0))
         return rt__admin_fail(c, 400, "--filter: not a topic filter (a/+/c, a/#; no $share/)");
-    page_t p = {.limit = (size_t)limit, .now_ms = rt_mono_ms()};
+    page_t p = {.now_ms = rt_mono_ms()};
     p.after = rt__admin_opt(c, "after", &p.after_len);
-    p.heap = calloc(p.limit ? p.limit : 1, sizeof(*p.heap));
-    if (!p.heap)
+    entry_t *entries = calloc(limit ? (size_t)limit : 1, sizeof(*entries));
+    if (!entries)
         return rt__admin_fail(c, 500, "out of memory");
+    p.heap = (rt_admin_heap_t){entries, sizeof(*entries), 0, (size_t)limit, entry_worse};
     rt_retained_match(rt_broker->retained, filter, flen, page_take, &p, NULL);
-    qsort(p.heap, p.n, sizeof(*p.heap), by_topic);
+    qsort(entries, p.heap.n, sizeof(*entries), by_topic);
     if (!p.oom && (c->doc = rt_doc_array()))
-        for (size_t i = 0; i < p.n; i++) {
+        for (size_t i = 0; i < p.heap.n; i++) {
             rt_message_t v;
-            rt_message_view(p.heap[i].bin, &v);
+            rt_message_view(entries[i].bin, &v);
             rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
-            rt_doc_add_strn(o, "topic", p.heap[i].topic, p.heap[i].len);
-            message_fields(o, &v, p.heap[i].expire_at_ms, p.now_ms);
+            rt_doc_add_strn(o, "topic", entries[i].topic, entries[i].len);
+            message_fields(o, &v, entries[i].expire_at_ms, p.now_ms);
         }
-    for (size_t i = 0; i < p.n; i++)
-        entry_free(&p.heap[i]);
-    free(p.heap);
+    for (size_t i = 0; i < p.heap.n; i++)
+        entry_free(&entries[i]);
+    free(entries);
     return p.oom || !c->doc ? rt__admin_fail(c, 500, "out of memory") : 200;
 }
 

@@ -143,34 +143,10 @@ static uint64_t key_of(sort_t sort, const row_t *r)
     return 0;
 }
 
-static void sift_down(row_t *h, size_t n, size_t i)
+/* Top keeps the rows of the largest keys: the smallest kept is the root. */
+static bool row_worse(const void *a, const void *b)
 {
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && h[l].key < h[m].key)
-            m = l;
-        if (r < n && h[r].key < h[m].key)
-            m = r;
-        if (m == i)
-            return;
-        row_t t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
-static void sift_up(row_t *h, size_t i)
-{
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (h[p].key <= h[i].key)
-            return;
-        row_t t = h[i];
-        h[i] = h[p];
-        h[p] = t;
-        i = p;
-    }
+    return ((const row_t *)a)->key < ((const row_t *)b)->key;
 }
 
 static void sample_actor(const rt_actor_info_t *info, void *ud)
@@ -189,13 +165,10 @@ static void sample_actor(const rt_actor_info_t *info, void *ud)
     r.key = key_of(s->sort, &r);
     if (s->next && !prev_put(s->next, info->pid, info->reductions, info->cpu_ns, &s->next_count))
         s->oom = true;
-    if (s->nrows < s->limit) {
-        s->rows[s->nrows] = r;
-        sift_up(s->rows, s->nrows++);
-    } else if (s->limit && r.key > s->rows[0].key) {
-        s->rows[0] = r;
-        sift_down(s->rows, s->nrows, 0);
-    }
+    rt_admin_heap_t h = {s->rows, sizeof(row_t), s->nrows, s->limit, row_worse};
+    if (rt__admin_heap_wants(&h, &r))
+        rt__admin_heap_put(&h, &r, NULL);
+    s->nrows = h.n;
 }
 
 static int cmp_rows(const void *a, const void *b)
