@@ -306,10 +306,10 @@ int rt_admin_start(rt_conf_t *conf, const char *version, rt_pid_t sup, char *err
     A.version = version;
     A.started_ms = rt_mono_ms();
     A.sup = sup;
-    if (conf->admin_socket[0])
-        snprintf(A.path, sizeof(A.path), "%s", conf->admin_socket);
-    else
-        snprintf(A.path, sizeof(A.path), "%s/rtd.sock", conf->data_dir);
+    /* admin_socket and data_dir hold RT_CONF_PATH_MAX bytes at most: the path fits. */
+    int fits = rt_conf_admin_socket(conf, A.path, sizeof(A.path));
+    RT_ASSERT(fits == 0);
+    (void)fits;
     /* The worker before the listener: a connection hands it commands at once. */
     rt_child_spec_t listener = {
         .name = "admin", .start = admin_listener_start, .restart = RT_PERMANENT};

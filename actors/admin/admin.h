@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config.h"
 #include "rt.h"
@@ -120,5 +121,34 @@ int rt_admin_split(char *line, size_t len, char **argv, size_t *arglen, int max,
 ** gives its command's. NULL when they name no command.
 */
 const char *rt_admin_usage(const char *word, const char *sub);
+/*
+** What a request line asks for, without running it (the HTTP API answers 404 and 405 by
+** it): 0 with the command's flags (RT_ADMIN_CHANGES, ...; those of `help` for --help),
+** RT_ENOTFOUND when it names no command, RT_EINVAL when it does not split, RT_ENOMEM.
+*/
+int rt_admin_lookup(const char *line, size_t len, unsigned *flags);
+
+/*
+** The HTTP API's keys, which the admin commands `apikey list|add|revoke|reload` manage: the
+** HTTP layer (above this one) hands its functions in when it starts. Each returns 0 or an
+** RT_E* code with err set: RT_ENOTFOUND (no such key; no key file configured), RT_EEXIST
+** (the name is taken), RT_EINVAL (a bad name or role, a bad line in the file), another
+** (the file could not be read or written).
+*/
+typedef struct rt_admin_apikeys_s {
+    const char *(*file)(void); /* http.api_keys_file, "" when none */
+    /* Calls fn for each key, in the file's order; created 0: not recorded; last_used_ms 0:
+       not used since rtd started. */
+    void (*each)(void (*fn)(void *ud, const char *name, const char *role, int64_t created_s,
+                            uint64_t last_used_ms),
+                 void *ud);
+    /* Makes a key named name with role ("read" or "admin"): key gets it (RT_ADMIN_KEY_LEN). */
+    int (*add)(const char *name, const char *role, char *key, char *err, size_t errlen);
+    int (*revoke)(const char *name, char *err, size_t errlen);
+    int (*reload)(char *err, size_t errlen); /* reads the file again */
+} rt_admin_apikeys_t;
+#define RT_ADMIN_KEY_LEN 72 /* "rtk_" and 64 hex digits, with its NUL */
+/* Sets (ops: static) or clears (NULL) the key functions; before or after rt_admin_start. */
+void rt_admin_set_apikeys(const rt_admin_apikeys_t *ops);
 
 #endif

@@ -150,13 +150,13 @@ static void memory_doc(rt_doc_t *o, rt_pid_t pid, bool full)
 {
     rt_actor_info_t ai = {0};
     (void)rt_actor_info(pid, &ai);
-    rt_doc_add_u64(o, "memory", rt__admin_actor_memory(&ai));
+    rt_doc_add_bytes(o, "memory", rt__admin_actor_memory(&ai));
     if (!full)
         return;
-    rt_doc_add_u64(o, "state_bytes", ai.state_bytes);
-    rt_doc_add_u64(o, "heap_bytes", ai.heap_bytes);
-    rt_doc_add_u64(o, "bin_bytes", ai.bin_bytes);
-    rt_doc_add_u64(o, "ext_bytes", ai.ext_bytes);
+    rt_doc_add_bytes(o, "state_bytes", ai.state_bytes);
+    rt_doc_add_bytes(o, "heap_bytes", ai.heap_bytes);
+    rt_doc_add_bytes(o, "bin_bytes", ai.bin_bytes);
+    rt_doc_add_bytes(o, "ext_bytes", ai.ext_bytes);
 }
 
 static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
@@ -184,10 +184,10 @@ static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
     rt__admin_pid_text(ci->pid, pid, sizeof(pid));
     rt_doc_add_str(o, "pid", pid);
     rt_doc_add_bool(o, "clean_start", ci->clean_start);
-    rt_doc_add_u64(o, "session_expiry_s", ci->session_expiry);
-    rt_doc_add_u64(o, "expires_in_s", ci->expires_in_ms / 1000);
+    rt_doc_add_duration(o, "session_expiry_s", ci->session_expiry, 1);
+    rt_doc_add_duration(o, "expires_in_s", ci->expires_in_ms / 1000, 1);
     rt_doc_add_u64(o, "inflight_window", ci->inflight_window);
-    rt_doc_add_u64(o, "queued_bytes", ci->queued_bytes);
+    rt_doc_add_bytes(o, "queued_bytes", ci->queued_bytes);
     rt_doc_add_u64(o, "mailbox", ci->mailbox_len);
 }
 

@@ -46,26 +46,7 @@ static int need_object(rt_admin_cmd_t *c)
     return c->doc ? 0 : rt__admin_fail(c, 500, "out of memory");
 }
 
-/* ---- help, status, broker ---- */
-
-static int cmd_help(rt_admin_cmd_t *c)
-{
-    if (c->json) {
-        if (!(c->doc = rt_doc_array()))
-            return rt__admin_fail(c, 500, "out of memory");
-        for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
-            if (k->usage)
-                rt_doc_add_str(c->doc, NULL, k->usage);
-        return 200;
-    }
-    rt_buf_printf(&c->text, "rtctl commands (each takes --json):\n");
-    for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
-        if (k->usage)
-            rt_buf_printf(&c->text, "  %s\n", k->usage);
-    rt_buf_printf(&c->text, "A word alone (clients, subscriptions, actors, rules, sinks, log) "
-                            "lists.\n");
-    return 200;
-}
+/* ---- status, broker ---- */
 
 static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index);
 
@@ -83,8 +64,8 @@ static const rt_listen_t *http_listener(char *where, size_t len)
 
 static int cmd_status(rt_admin_cmd_t *c)
 {
-    char up[64], where[128];
-    uptime_text(rt__admin_uptime_ms(), up, sizeof(up));
+    char up[32], where[128];
+    rt_doc_seconds_text((double)(rt__admin_uptime_ms() / 1000), up, sizeof(up));
     /* The HTTP listener is none of the MQTT listeners `listeners` shows: it is shown here. */
     const rt_listen_t *h = http_listener(where, sizeof(where));
     if (!c->json) {
@@ -101,7 +82,7 @@ static int cmd_status(rt_admin_cmd_t *c)
     rt_doc_add_str(c->doc, "status", "running");
     rt_doc_add_str(c->doc, "version", rt__admin_version());
     rt_doc_add_i64(c->doc, "pid", getpid());
-    rt_doc_add_u64(c->doc, "uptime_s", rt__admin_uptime_ms() / 1000);
+    rt_doc_add_duration(c->doc, "uptime_s", rt__admin_uptime_ms() / 1000, 1);
     rt_doc_add_u64(c->doc, "traces", rt_trace_active());
     if (h) {
         rt_doc_t *o = rt_doc_add_object(c->doc, "http");
@@ -124,8 +105,9 @@ static int cmd_broker(rt_admin_cmd_t *c)
     rt_doc_add_str(c->doc, "sysdescr",
                    "rtd: an MQTT 3.1/3.1.1/5.0 broker on Erlang-style C actors");
     rt_doc_add_str(c->doc, "version", rt__admin_version());
-    rt_doc_add_str(c->doc, "uptime", up);
-    rt_doc_add_u64(c->doc, "uptime_s", uptime / 1000);
+    if (c->json) /* EMQX's form, for scripts that read it; text has uptime_s alone */
+        rt_doc_add_str(c->doc, "uptime", up);
+    rt_doc_add_duration(c->doc, "uptime_s", uptime / 1000, 1);
     rt_doc_add_str(c->doc, "started_at", started);
     rt_doc_add_str(c->doc, "datetime", now);
     rt_doc_add_i64(c->doc, "pid", getpid());
@@ -154,10 +136,18 @@ static int cmd_broker_stats(rt_admin_cmd_t *c)
         const rt_count_t *v[] = {&n.connections,   &n.sessions, &n.topics,
                                  &n.subscriptions, &n.retained, &n.retained_bytes};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-            rt_buf_printf(&c->text, "%s/count%*s: %llu\n", names[i], (int)(15 - strlen(names[i])),
-                          "", (unsigned long long)v[i]->count);
-            rt_buf_printf(&c->text, "%s/max%*s: %llu\n", names[i], (int)(17 - strlen(names[i])), "",
-                          (unsigned long long)v[i]->max);
+            char count[32], max[32];
+            bool bytes = strcmp(names[i], "retained_bytes") == 0;
+            snprintf(count, sizeof(count), "%llu", (unsigned long long)v[i]->count);
+            snprintf(max, sizeof(max), "%llu", (unsigned long long)v[i]->max);
+            if (bytes) {
+                rt_doc_bytes_text((int64_t)v[i]->count, count, sizeof(count));
+                rt_doc_bytes_text((int64_t)v[i]->max, max, sizeof(max));
+            }
+            rt_buf_printf(&c->text, "%s/count%*s: %s\n", names[i], (int)(15 - strlen(names[i])),
+                          "", count);
+            rt_buf_printf(&c->text, "%s/max%*s: %s\n", names[i], (int)(17 - strlen(names[i])), "",
+                          max);
         }
         return 200;
     }
@@ -199,8 +189,8 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
         rt_doc_add_u64(out, name, m.packets_out[t]);
     }
     rt_doc_t *bytes = rt_doc_add_object(c->doc, "bytes");
-    rt_doc_add_u64(bytes, "in", m.bytes_in);
-    rt_doc_add_u64(bytes, "out", m.bytes_out);
+    rt_doc_add_bytes(bytes, "in", (int64_t)m.bytes_in);
+    rt_doc_add_bytes(bytes, "out", (int64_t)m.bytes_out);
     rt_doc_t *msgs = rt_doc_add_object(c->doc, "messages");
     rt_doc_add_u64(msgs, "in", m.msgs_in);
     rt_doc_add_u64(msgs, "out", m.msgs_out);
@@ -292,115 +282,6 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         add_transport(o, (unsigned)i);
     }
     return 200;
-}
-
-/* On the blocking pool: it asks libnats, whose calls take its connection's lock. */
-static int cmd_cluster_status(rt_admin_cmd_t *c)
-{
-    rt_cluster_status_t st;
-    if (!rt_cluster_status(&st))
-        return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
-    if (need_object(c))
-        return c->code;
-    rt_cluster_node_t *heard = calloc(RT_CLUSTER_NODES_MAX, sizeof(*heard));
-    size_t nodes = heard ? rt_cluster_nodes(heard, RT_CLUSTER_NODES_MAX) : 0;
-    free(heard);
-    rt_doc_add_str(c->doc, "node", st.node);
-    rt_doc_add_u64(c->doc, "nodes", nodes);
-    rt_doc_add_str(c->doc, "nats", st.state);
-    rt_doc_add_str(c->doc, "nats_server", st.server);
-    rt_doc_add_str(c->doc, "nats_servers", st.servers);
-    rt_doc_add_u64(c->doc, "routes", st.routes);
-    rt_doc_add_u64(c->doc, "forwarded_out", st.forwarded_out);
-    rt_doc_add_u64(c->doc, "forwarded_in", st.forwarded_in);
-    rt_doc_add_u64(c->doc, "duplicates_dropped", st.duplicates);
-    rt_doc_add_u64(c->doc, "forward_failed", st.forward_failed);
-    rt_doc_add_u64(c->doc, "not_forwarded_too_long", st.not_forwarded);
-    rt_doc_add_u64(c->doc, "bad_in", st.bad_in);
-    rt_doc_add_u64(c->doc, "dropped_in", st.dropped_in);
-    rt_doc_add_u64(c->doc, "inbound_backlog", st.inbound_backlog);
-    rt_doc_add_u64(c->doc, "reconnects", st.reconnects);
-    rt_doc_add_str(c->doc, "retained", st.retained_replicated ? "replicated" : "this node only");
-    rt_doc_add_u64(c->doc, "retained_revision", st.retained_revision);
-    rt_doc_add_u64(c->doc, "retained_put_failed", st.retained_put_failed);
-    rt_doc_add_u64(c->doc, "retained_barrier_timeouts", st.retained_barrier_timeouts);
-    rt_doc_add_u64(c->doc, "client_ids_claimed", st.claims);
-    rt_doc_add_u64(c->doc, "client_ids_taken_over", st.claims_taken_over);
-    rt_doc_add_u64(c->doc, "client_ids_given_up", st.given_up);
-    rt_doc_add_u64(c->doc, "sessions_moved_in", st.sessions_moved_in);
-    rt_doc_add_u64(c->doc, "sessions_moved_out", st.sessions_moved_out);
-    rt_doc_add_u64(c->doc, "sessions_move_failed", st.sessions_move_failed);
-    rt_doc_add_str(c->doc, "durable", st.durable ? "on" : "off");
-    rt_doc_add_u64(c->doc, "stream_acked", st.stream_acked);
-    rt_doc_add_u64(c->doc, "stream_failed", st.stream_failed);
-    rt_doc_add_u64(c->doc, "session_records_failed", st.session_records_failed);
-    rt_doc_add_u64(c->doc, "sessions_replayed", st.replays);
-    rt_doc_add_u64(c->doc, "messages_replayed", st.replayed);
-    rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
-    rt_doc_add_str(c->doc, "lease", st.lease_held ? "held" : "lost");
-    rt_doc_add_u64(c->doc, "lease_lapses", st.lease_lapses);
-    rt_doc_add_u64(c->doc, "lease_waits", st.lease_waits);
-    rt_doc_add_u64(c->doc, "stale_takeovers", st.stale_takeovers);
-    rt_doc_add_u64(c->doc, "control_refused", st.control_refused);
-    return 200;
-}
-
-/* A row of `cluster nodes`: one node as its last heartbeat said. */
-static void node_row(rt_doc_t *list, const rt_cluster_node_t *n)
-{
-    rt_doc_t *o = rt_doc_add_object(list, NULL);
-    rt_doc_add_str(o, "node", n->node);
-    rt_doc_add_bool(o, "self", strcmp(n->node, rt_cluster_node()) == 0);
-    rt_doc_add_str(o, "state", n->up ? "up" : "silent");
-    rt_doc_add_u64(o, "heard_ms_ago", n->age_ms);
-    rt_doc_add_u64(o, "uptime_s", n->uptime_s);
-    rt_doc_add_u64(o, "connections", n->connections);
-    rt_doc_add_u64(o, "sessions", n->sessions);
-    rt_doc_add_u64(o, "routes", n->routes);
-    rt_doc_add_u64(o, "forwarded_in", n->forwarded_in);
-    rt_doc_add_u64(o, "forwarded_out", n->forwarded_out);
-}
-
-/* Rows of `cluster rules`: each rule's counts on one node. */
-static void node_rule_rows(rt_doc_t *list, const rt_cluster_node_t *n)
-{
-    for (unsigned k = 0; k < n->nrules; k++) {
-        const rt_cluster_rule_count_t *r = &n->rules[k];
-        rt_doc_t *o = rt_doc_add_object(list, NULL);
-        rt_doc_add_str(o, "node", n->node);
-        rt_doc_add_str(o, "rule", r->name);
-        rt_doc_add_u64(o, "matched", r->matched);
-        rt_doc_add_u64(o, "passed", r->passed);
-        rt_doc_add_u64(o, "failed", r->failed);
-        rt_doc_add_u64(o, "rows_out", r->rows_out);
-    }
-}
-
-/* A list made from every node heard from (their last heartbeats), by rows(). */
-static int nodes_list(rt_admin_cmd_t *c, void (*rows)(rt_doc_t *, const rt_cluster_node_t *))
-{
-    if (!rt_cluster_on())
-        return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
-    rt_cluster_node_t *nodes = calloc(RT_CLUSTER_NODES_MAX, sizeof(*nodes));
-    if (!nodes || !(c->doc = rt_doc_array())) {
-        free(nodes);
-        return rt__admin_fail(c, 500, "out of memory");
-    }
-    size_t n = rt_cluster_nodes(nodes, RT_CLUSTER_NODES_MAX);
-    for (size_t i = 0; i < n; i++)
-        rows(c->doc, &nodes[i]);
-    free(nodes);
-    return 200;
-}
-
-static int cmd_cluster_nodes(rt_admin_cmd_t *c)
-{
-    return nodes_list(c, node_row);
-}
-
-static int cmd_cluster_rules(rt_admin_cmd_t *c)
-{
-    return nodes_list(c, node_rule_rows);
 }
 
 static int cmd_tls_reload(rt_admin_cmd_t *c)
@@ -741,8 +622,39 @@ static void sink_doc(rt_doc_t *o, const rt_sink_info_t *s, bool full)
     rt_doc_add_u64(o, "retried", s->retried);
     rt_doc_add_u64(o, "recovered", s->recovered);
     rt_doc_add_u64(o, "batches", s->batches);
-    rt_doc_add_u64(o, "bytes", s->bytes);
+    rt_doc_add_bytes(o, "bytes", (int64_t)s->bytes);
     rt_doc_add_str(o, "last_error", s->last_error);
+}
+
+/* A section's value of key (NULL: none). */
+static const rt_conf_kv_t *section_kv(const rt_conf_section_t *sec, const char *key)
+{
+    for (unsigned k = 0; k < sec->nkeys; k++)
+        if (strcmp(sec->keys[k].key, key) == 0)
+            return &sec->keys[k];
+    return NULL;
+}
+
+/*
+** The sinks rtd.conf declares but does not start (enabled = false), as sink rows with no
+** counts: into out (max), their number. rtd checked them at start like the others.
+*/
+static size_t disabled_sinks(rt_sink_info_t *out, size_t max)
+{
+    const rt_conf_sections_t *all = &rt__admin_conf()->sinks;
+    size_t n = 0;
+    for (unsigned i = 0; i < all->n && n < max; i++) {
+        const rt_conf_kv_t *en = section_kv(&all->s[i], "enabled");
+        const rt_conf_kv_t *type = section_kv(&all->s[i], "type");
+        if (!en || en->type != RT_CONF_V_BOOL || en->b)
+            continue;
+        memset(&out[n], 0, sizeof(out[n]));
+        snprintf(out[n].name, sizeof(out[n].name), "%s", all->s[i].name);
+        out[n].type = type ? type->str : "";
+        out[n].state = "disabled";
+        n++;
+    }
+    return n;
 }
 
 static int sinks_cmd(rt_admin_cmd_t *c, const char *name)
@@ -751,13 +663,24 @@ static int sinks_cmd(rt_admin_cmd_t *c, const char *name)
     size_t n = rt_sinks_snapshot(sinks, SINKS_MAX);
     if (n > SINKS_MAX)
         n = SINKS_MAX;
+    size_t running = n;
+    n += disabled_sinks(sinks + n, SINKS_MAX - n);
     if (name) {
         for (size_t i = 0; i < n; i++) {
             if (strcmp(sinks[i].name, name) != 0)
                 continue;
             if (need_object(c))
                 return c->code;
-            sink_doc(c->doc, &sinks[i], true);
+            if (i < running) {
+                sink_doc(c->doc, &sinks[i], true);
+                return 200;
+            }
+            rt_doc_add_str(c->doc, "name", sinks[i].name);
+            rt_doc_add_str(c->doc, "type", sinks[i].type);
+            rt_doc_add_str(c->doc, "state", "disabled");
+            rt_doc_add_str(c->doc, "note", "enabled = false in rtd.conf: checked when rtd "
+                                           "started, not started (enabled = true and a "
+                                           "restart run it)");
             return 200;
         }
         return rt__admin_fail(c, 404, "no sink named \"%s\" (rtctl sinks list)", name);
@@ -859,68 +782,138 @@ static int cmd_config_set(rt_admin_cmd_t *c)
     return 200;
 }
 
+/*
+** The commands: words, function, flags, usage (`help`), and what they do (`COMMAND --help`).
+** An entry without a usage is an alias (a word alone that lists), described by its command.
+*/
 const rt_admin_command_t rt__admin_commands[] = {
-    {"help", NULL, cmd_help, 0, "help"},
-    {"status", NULL, cmd_status, 0, "status"},
-    {"broker", NULL, cmd_broker, 0, "broker"},
-    {"broker", "stats", cmd_broker_stats, 0, "broker stats"},
-    {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics"},
-    {"listeners", NULL, cmd_listeners, 0, "listeners"},
-    {"cluster", "status", cmd_cluster_status, RT_ADMIN_BLOCKING, "cluster status"},
-    {"cluster", "nodes", cmd_cluster_nodes, 0, "cluster nodes"},
-    {"cluster", "rules", cmd_cluster_rules, 0, "cluster rules"},
-    {"cluster", "client", rt__admin_cluster_client, RT_ADMIN_BLOCKING, "cluster client CLIENT_ID"},
-    {"cluster", NULL, cmd_cluster_status, RT_ADMIN_BLOCKING, NULL},
-    {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm"},
+    {"help", NULL, rt__admin_help, 0, "help [COMMAND]",
+     "Lists the commands, or describes one (the same as COMMAND --help)."},
+    {"status", NULL, cmd_status, 0, "status",
+     "Says rtd is running: version, pid, uptime, the HTTP listener and traces on."},
+    {"broker", NULL, cmd_broker, 0, "broker",
+     "rtd's version, description, uptime, start time and clock."},
+    {"broker", "stats", cmd_broker_stats, 0, "broker stats",
+     "Connections, sessions, topics, subscriptions and retained messages (and their bytes): "
+     "now and the most since start."},
+    {"broker", "metrics", cmd_broker_metrics, 0, "broker metrics",
+     "MQTT packets in and out by type, bytes, messages in, out, dropped and expired, and the "
+     "packets tolerated."},
+    {"listeners", NULL, cmd_listeners, 0, "listeners",
+     "Each MQTT listener: address, transport, state, connections, and those refused by reason."},
+    {"cluster", "status", rt__admin_cluster_status, RT_ADMIN_BLOCKING, "cluster status",
+     "The cluster as this node sees it: NATS, nodes, forwarding, retained messages, client "
+     "ids and moved sessions (docs/CLUSTER.md)."},
+    {"cluster", "nodes", rt__admin_cluster_nodes, 0, "cluster nodes",
+     "Every node heard from, as its last heartbeat said."},
+    {"cluster", "rules", rt__admin_cluster_rules, 0, "cluster rules",
+     "Each node's counts for each rule, as its last heartbeat said."},
+    {"cluster", "client", rt__admin_cluster_client, RT_ADMIN_BLOCKING, "cluster client CLIENT_ID",
+     "Which node holds the client id, and that node's `clients show` of it."},
+    {"cluster", NULL, rt__admin_cluster_status, RT_ADMIN_BLOCKING, NULL, NULL},
+    {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm",
+     "Memory (RSS told apart by kind), schedulers, actors and open files."},
     {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,
-     "metrics prometheus"},
+     "metrics prometheus",
+     "Every figure in the Prometheus text format, as GET /metrics answers (text only)."},
     {"clients", "list", rt__admin_clients_list, RT_ADMIN_GATHER,
-     "clients list [--limit N] [--prefix P] [--after ID]"},
-    {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL},
-    {"clients", "show", rt__admin_clients_show, RT_ADMIN_GATHER, "clients show CLIENT_ID"},
-    {"clients", "kick", rt__admin_clients_kick, RT_ADMIN_CHANGES, "clients kick CLIENT_ID"},
+     "clients list [--limit N] [--prefix P] [--after ID]",
+     "Connected and offline sessions. --after ID (\"\": the first page) and --prefix P page "
+     "through ids in byte order, N at a time."},
+    {"clients", NULL, rt__admin_clients_list, RT_ADMIN_GATHER, NULL, NULL},
+    {"clients", "show", rt__admin_clients_show, RT_ADMIN_GATHER, "clients show CLIENT_ID",
+     "One client: its connection, session, windows, queue and subscriptions."},
+    {"clients", "kick", rt__admin_clients_kick, RT_ADMIN_CHANGES, "clients kick CLIENT_ID",
+     "Disconnects the client (MQTT 5 reason 0x98), ends its session and publishes its will."},
     {"subscriptions", "list", rt__admin_subscriptions, RT_ADMIN_GATHER,
-     "subscriptions list [--limit N]"},
-    {"subscriptions", NULL, rt__admin_subscriptions, RT_ADMIN_GATHER, NULL},
+     "subscriptions list [--limit N]", "Every subscription: client id, filter, QoS, options."},
+    {"subscriptions", NULL, rt__admin_subscriptions, RT_ADMIN_GATHER, NULL, NULL},
     {"subscriptions", "show", rt__admin_subscriptions, RT_ADMIN_GATHER,
-     "subscriptions show CLIENT_ID"},
-    {"topics", NULL, rt__admin_topics, RT_ADMIN_GATHER, "topics [--limit N]"},
-    {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL},
+     "subscriptions show CLIENT_ID", "One client's subscriptions."},
+    {"topics", NULL, rt__admin_topics, RT_ADMIN_GATHER, "topics [--limit N]",
+     "The filters subscribed to, with their subscriber counts."},
+    {"retained", "list", rt__admin_retained_list, RT_ADMIN_BLOCKING,
+     "retained list [--filter F] [--limit N] [--after TOPIC]",
+     "Retained messages whose topics F matches (an MQTT filter, # by default), N at a time "
+     "(100; at most 1000) in topic byte order, after TOPIC."},
+    {"retained", NULL, rt__admin_retained_list, RT_ADMIN_BLOCKING, NULL, NULL},
+    {"retained", "show", rt__admin_retained_show, 0, "retained show TOPIC",
+     "One topic's retained message: QoS, publisher, expiry, payload (as text when it is "
+     "UTF-8, else in hex)."},
+    {"retained", "delete", rt__admin_retained_delete, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "retained delete TOPIC",
+     "Deletes one topic's retained message (here, on disk and, in a cluster, on every node), "
+     "delivering nothing to subscribers."},
+    {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL, NULL},
     {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
-     "actors list [--limit N] [--sort KEY]"},
-    {"actors", "info", rt__admin_actors_info, 0, "actors info PID"},
+     "actors list [--limit N] [--sort KEY]",
+     "Actors with their state, reductions, mailbox, memory and CPU; KEY as top's."},
+    {"actors", "info", rt__admin_actors_info, 0, "actors info PID",
+     "Every counter of one actor (PID as <slot.gen> or its number)."},
     {"actors", "kill", rt__admin_actors_kill, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
-     "actors kill PID [REASON]"},
-    {"tree", NULL, rt__admin_tree, RT_ADMIN_BLOCKING, "tree"},
-    {"rules", NULL, cmd_rules_list, 0, NULL},
-    {"rules", "list", cmd_rules_list, 0, "rules list"},
-    {"rules", "show", cmd_rules_show, 0, "rules show NAME"},
-    {"rules", "metrics", cmd_rules_metrics, 0, "rules metrics [NAME]"},
-    {"rules", "reload", cmd_rules_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "rules reload"},
-    {"rules", "enable", cmd_rules_enable, RT_ADMIN_CHANGES, "rules enable NAME"},
-    {"rules", "disable", cmd_rules_disable, RT_ADMIN_CHANGES, "rules disable NAME"},
+     "actors kill PID [REASON]",
+     "Sends an exit signal, as Erlang's exit(Pid, Reason): kill (the default) cannot be "
+     "trapped."},
+    {"tree", NULL, rt__admin_tree, RT_ADMIN_BLOCKING, "tree",
+     "The supervision tree: supervisors, children, restarts and last exits."},
+    {"rules", NULL, cmd_rules_list, 0, NULL, NULL},
+    {"rules", "list", cmd_rules_list, 0, "rules list", "The rule set, with each rule's counts."},
+    {"rules", "show", cmd_rules_show, 0, "rules show NAME",
+     "One rule: its filters, sinks, state, counts and last error."},
+    {"rules", "metrics", cmd_rules_metrics, 0, "rules metrics [NAME]",
+     "Each rule's counts (in a cluster, summed over the nodes too)."},
+    {"rules", "reload", cmd_rules_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "rules reload",
+     "Loads, checks and swaps in the whole rule set, as SIGHUP does; a bad file keeps the set "
+     "running."},
+    {"rules", "enable", cmd_rules_enable, RT_ADMIN_CHANGES, "rules enable NAME",
+     "Switches a rule on (kept over reloads until its file changes `enabled`)."},
+    {"rules", "disable", cmd_rules_disable, RT_ADMIN_CHANGES, "rules disable NAME",
+     "Switches a rule off (kept over reloads until its file changes `enabled`)."},
     /* Admin only: whoever runs it runs a payload of theirs through the rules, for up to
        rule_call_ms (a read key of the HTTP API must not). */
     {"rules", "test", cmd_rules_test, RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_SENSITIVE,
-     "rules test NAME --topic T [--payload P] [--qos Q]"},
-    {"sinks", NULL, cmd_sinks_list, 0, NULL},
-    {"sinks", "list", cmd_sinks_list, 0, "sinks list"},
-    {"sinks", "show", cmd_sinks_show, 0, "sinks show NAME"},
-    {"log", NULL, cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, NULL},
+     "rules test NAME --topic T [--payload P] [--qos Q]",
+     "The rows the rule would make of this message; nothing is written."},
+    {"sinks", NULL, cmd_sinks_list, 0, NULL, NULL},
+    {"sinks", "list", cmd_sinks_list, 0, "sinks list",
+     "Every sink in rtd.conf: state (disabled ones too) and counts."},
+    {"sinks", "show", cmd_sinks_show, 0, "sinks show NAME",
+     "One sink: state, counts, retries, batches and last error."},
+    {"log", NULL, cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, NULL, NULL},
     {"log", "level", cmd_log_level, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
-     "log level [error|warning|info|debug]"},
-    {"config", "show", cmd_config_show, 0, "config show"},
-    {"config", NULL, cmd_config_show, 0, NULL},
+     "log level [error|warning|info|debug]", "Shows or sets the log level."},
+    {"config", "show", cmd_config_show, 0, "config show",
+     "Every setting, its value, and whether a change applies live or needs a restart."},
+    {"config", NULL, cmd_config_show, 0, NULL, NULL},
     {"config", "set", cmd_config_set, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
-     "config set SETTING VALUE"},
-    {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "auth reload"},
-    {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "tls reload"},
+     "config set SETTING VALUE",
+     "Changes a live setting now (VALUE as in rtd.conf); not written back to the file."},
+    {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "auth reload",
+     "Reads the password and ACL files again, as SIGHUP does; a bad file keeps the old one."},
+    {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "tls reload",
+     "Reads the TLS certificates, keys, CAs and CRLs again, as SIGHUP does."},
+    /* The key list is for the admin role: a read key learns nothing of the others. */
+    {"apikey", "list", rt__admin_apikey_list, RT_ADMIN_SENSITIVE, "apikey list",
+     "The HTTP API's keys: name, role, created, last used (since rtd started); never a key."},
+    {"apikey", NULL, rt__admin_apikey_list, RT_ADMIN_SENSITIVE, NULL, NULL},
+    {"apikey", "add", rt__admin_apikey_add, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "apikey add NAME ROLE",
+     "Makes a key with ROLE (read or admin), prints it once and keeps its SHA-256 in "
+     "http.api_keys_file; it works at once."},
+    {"apikey", "revoke", rt__admin_apikey_revoke, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "apikey revoke NAME", "Removes the key from http.api_keys_file; it stops working at once."},
+    {"apikey", "reload", rt__admin_apikey_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "apikey reload",
+     "Reads http.api_keys_file again, as SIGHUP does; a bad file keeps the keys in force."},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
-     "trace client CLIENT_ID [--duration S] [--payload N]"},
+     "trace client CLIENT_ID [--duration S] [--payload N]",
+     "The client's packets as they pass, for S seconds (60), with N payload bytes each."},
     {"trace", "topic", rt__admin_trace, RT_ADMIN_SENSITIVE,
-     "trace topic FILTER [--duration S] [--payload N]"},
+     "trace topic FILTER [--duration S] [--payload N]",
+     "The PUBLISH packets on the topics FILTER matches, from every client, for S seconds."},
     {"top", NULL, rt__admin_top, RT_ADMIN_BLOCKING,
      "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total] "
-     "[--width W] [--height H]"},
-    {NULL, NULL, NULL, 0, NULL},
+     "[--width W] [--height H]",
+     "One `rtctl top` screen: the node panel over the N busiest actors by the sort."},
+    {NULL, NULL, NULL, 0, NULL, NULL},
 };

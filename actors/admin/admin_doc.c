@@ -12,7 +12,19 @@
 
 #include "common.h"
 
-typedef enum { D_OBJECT, D_ARRAY, D_STR, D_U64, D_I64, D_DOUBLE, D_BOOL, D_NULL, D_JSON } kind_t;
+typedef enum {
+    D_OBJECT,
+    D_ARRAY,
+    D_STR,
+    D_U64,
+    D_I64,
+    D_DOUBLE,
+    D_BOOL,
+    D_NULL,
+    D_JSON,
+    D_BYTES,    /* v.i bytes */
+    D_DURATION, /* v.u units of 1/per_second s */
+} kind_t;
 
 #define ARENA_CHUNK (64 * 1024) /* bytes per arena chunk; bigger strings get their own */
 
@@ -38,6 +50,7 @@ struct rt_doc_s {
     chunk_t *arena;         /* root only */
     bool oom;               /* root only */
     int decimals;
+    uint64_t per_second; /* D_DURATION's unit */
     union {
         char *str; /* D_STR, D_JSON */
         uint64_t u;
@@ -239,6 +252,68 @@ void rt_doc_add_double(rt_doc_t *parent, const char *key, double v, int decimals
     }
 }
 
+void rt_doc_add_bytes(rt_doc_t *parent, const char *key, int64_t bytes)
+{
+    rt_doc_t *d = add(parent, key, D_BYTES);
+    if (d)
+        d->v.i = bytes;
+}
+
+void rt_doc_add_duration(rt_doc_t *parent, const char *key, uint64_t v, uint64_t per_second)
+{
+    RT_ASSERT(per_second > 0);
+    rt_doc_t *d = add(parent, key, D_DURATION);
+    if (d) {
+        d->v.u = v;
+        d->per_second = per_second;
+    }
+}
+
+/* Drops the trailing zeros of a number's decimals ("1.50" -> "1.5", "2.0" -> "2"). */
+static void trim_zeros(char *num)
+{
+    char *dot = strchr(num, '.');
+    if (!dot)
+        return;
+    char *end = num + strlen(num);
+    while (end > dot + 1 && end[-1] == '0')
+        end--;
+    if (end == dot + 1)
+        end = dot;
+    *end = 0;
+}
+
+void rt_doc_bytes_text(int64_t bytes, char *out, size_t n)
+{
+    static const char units[] = "KMGTP";
+    double v = (double)(bytes < 0 ? -bytes : bytes);
+    if (v < 1024) {
+        snprintf(out, n, "%lld", (long long)bytes);
+        return;
+    }
+    int u = -1;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    char num[32];
+    snprintf(num, sizeof(num), v < 10 ? "%.1f" : "%.0f", v);
+    trim_zeros(num);
+    snprintf(out, n, "%s%s%c", bytes < 0 ? "-" : "", num, units[u]);
+}
+
+void rt_doc_seconds_text(double seconds, char *out, size_t n)
+{
+    char num[32];
+    snprintf(num, sizeof(num),
+             seconds >= 100 ? "%.0f" : seconds >= 10 ? "%.1f" : seconds >= 1 ? "%.2f" : "%.3g",
+             seconds);
+    if (seconds < 1 && strchr(num, 'e')) /* %g's exponent: below a microsecond */
+        snprintf(num, sizeof(num), "%.6f", seconds);
+    trim_zeros(num);
+    snprintf(out, n, "%ss", num);
+}
+
 void rt_doc_add_bool(rt_doc_t *parent, const char *key, bool v)
 {
     rt_doc_t *d = add(parent, key, D_BOOL);
@@ -285,6 +360,24 @@ static void scalar(const rt_doc_t *d, rt_buf_t *out, bool json)
         break;
     case D_BOOL:
         rt_buf_printf(out, "%s", d->v.b ? "true" : "false");
+        break;
+    case D_BYTES:
+        if (json) {
+            rt_buf_printf(out, "%lld", (long long)d->v.i);
+        } else {
+            char text[32];
+            rt_doc_bytes_text(d->v.i, text, sizeof(text));
+            rt_buf_printf(out, "%s", text);
+        }
+        break;
+    case D_DURATION:
+        if (json) {
+            rt_buf_printf(out, "%llu", (unsigned long long)d->v.u);
+        } else {
+            char text[32];
+            rt_doc_seconds_text((double)d->v.u / (double)d->per_second, text, sizeof(text));
+            rt_buf_printf(out, "%s", text);
+        }
         break;
     case D_NULL:
         rt_buf_printf(out, json ? "null" : "-");

@@ -48,6 +48,17 @@ void rt_doc_add_i64(rt_doc_t *parent, const char *key, int64_t v);
 void rt_doc_add_double(rt_doc_t *parent, const char *key, double v, int decimals);
 void rt_doc_add_bool(rt_doc_t *parent, const char *key, bool v);
 void rt_doc_add_null(rt_doc_t *parent, const char *key);
+/*
+** Quantities with a unit: JSON gets the number as given (bytes; a duration in the unit its
+** key names, _s, _ms or _us), text one style for every command: sizes 1024-based with K, M,
+** G, T ("512", "1.5K", "16M"), durations in seconds ("0.002s", "1.5s", "3605s").
+*/
+void rt_doc_add_bytes(rt_doc_t *parent, const char *key, int64_t bytes);
+/* v units of 1/per_second seconds (1: seconds, 1000: ms, 1000000: us). */
+void rt_doc_add_duration(rt_doc_t *parent, const char *key, uint64_t v, uint64_t per_second);
+/* The text forms, for answers written as text directly (top's screen, status's line). */
+void rt_doc_bytes_text(int64_t bytes, char *out, size_t n);
+void rt_doc_seconds_text(double seconds, char *out, size_t n);
 /* A value that is JSON text already (shown as it is in text mode too). */
 void rt_doc_add_json(rt_doc_t *parent, const char *key, const char *json);
 

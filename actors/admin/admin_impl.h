@@ -30,6 +30,7 @@ typedef struct rt_admin_cmd_s {
     const char *opt_value[RT_ADMIN_OPTS_MAX];
     size_t opt_len[RT_ADMIN_OPTS_MAX];
     bool json;            /* --json: the body is JSON */
+    bool help;            /* --help: the command's help is the answer (cmd_help) */
     rt_actor_t *self;     /* the actor answering */
     rt_admin_top_t **top; /* the asking connection's previous top sample (kept by the
                              worker, where `top` runs); NULL on a connection actor */
@@ -53,6 +54,7 @@ typedef struct rt_admin_command_s {
     int (*run)(rt_admin_cmd_t *c);
     unsigned flags;
     const char *usage; /* for help; NULL: an alias (a word alone that lists) */
+    const char *about; /* what it does, for `COMMAND --help` (NULL only for an alias) */
 } rt_admin_command_t;
 
 extern const rt_admin_command_t rt__admin_commands[];
@@ -84,8 +86,40 @@ const char *rt__admin_opt(const rt_admin_cmd_t *c, const char *name, size_t *len
 /* A whole-number option within [lo, hi]: 0 with *out (def when absent), or 400 set. */
 int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, long hi, long *out);
 void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n); /* "<slot.gen>" */
+/*
+** The best `cap` of the elements offered (top's busiest actors, a page of retained topics),
+** in a heap whose root is the worst kept: worse(a, b) says a goes before b. Offering is
+** O(log cap); what it keeps is in base[0, n) in no order.
+*/
+typedef struct rt_admin_heap_s {
+    void *base; /* cap elements of size bytes, the caller's */
+    size_t size, n, cap;
+    bool (*worse)(const void *a, const void *b);
+} rt_admin_heap_t;
+/* Whether elem would be kept (there is room, or it beats the root). */
+bool rt__admin_heap_wants(const rt_admin_heap_t *h, const void *elem);
+/* Keeps elem, which rt__admin_heap_wants said it would; a full heap first copies the root it
+   drops into dropped (when not NULL). */
+void rt__admin_heap_put(rt_admin_heap_t *h, const void *elem, void *dropped);
 int rt__admin_parse_pid(const char *s, rt_pid_t *out);
 void rt__admin_iso_time(uint64_t unix_ms, char *out, size_t n); /* "2024-05-01T12:00:00Z" */
+
+/* Whether word has sub-commands ("clients" has; "status" has not). */
+bool rt__admin_has_subs(const char *word);
+
+/* ---- admin_help.c: `help [COMMAND]` and `COMMAND --help` ---- */
+int rt__admin_help(rt_admin_cmd_t *c);
+
+/* ---- admin_apikey.c: the HTTP API's keys (rt_admin_set_apikeys) ---- */
+int rt__admin_apikey_list(rt_admin_cmd_t *c);
+int rt__admin_apikey_add(rt_admin_cmd_t *c);
+int rt__admin_apikey_revoke(rt_admin_cmd_t *c);
+int rt__admin_apikey_reload(rt_admin_cmd_t *c);
+
+/* ---- admin_retained.c: the retained store's messages ---- */
+int rt__admin_retained_list(rt_admin_cmd_t *c);
+int rt__admin_retained_show(rt_admin_cmd_t *c);
+int rt__admin_retained_delete(rt_admin_cmd_t *c);
 
 /* ---- admin.c ---- */
 
@@ -160,6 +194,11 @@ void rt__admin_quote_word(rt_buf_t *out, const char *w);
 /* `cluster client ID` (on the worker: it waits for the bucket and the other node). */
 int rt__admin_cluster_client(rt_admin_cmd_t *c);
 
+/* ---- admin_cluster.c: `cluster status|nodes|rules` ---- */
+int rt__admin_cluster_status(rt_admin_cmd_t *c); /* on the worker: it asks libnats */
+int rt__admin_cluster_nodes(rt_admin_cmd_t *c);
+int rt__admin_cluster_rules(rt_admin_cmd_t *c);
+
 /* ---- admin_tree.c: the supervision tree, exit signals (on the worker) ---- */
 int rt__admin_tree(rt_admin_cmd_t *c);
 int rt__admin_actors_kill(rt_admin_cmd_t *c);
@@ -168,6 +207,8 @@ int rt__admin_actors_kill(rt_admin_cmd_t *c);
 typedef struct rt_admin_trace_s rt_admin_trace_t;
 /* Starts the trace: c->trace set and c->code 0 (with the first part in c->text), or an error. */
 int rt__admin_trace(rt_admin_cmd_t *c);
+/* Bytes as a quoted C-like string, for a terminal: printable ASCII as is, the rest as \xNN. */
+void rt__admin_quote_bytes(rt_buf_t *b, const uint8_t *p, size_t n);
 /* The exec took the trace: its ticks start. */
 void rt__admin_trace_begin(rt_admin_exec_t *x);
 /* An event or tick of x's trace; true when it was the end (the final answer given). */

@@ -188,19 +188,19 @@ void rt__admin_memory(rt_admin_mem_t *m, uint64_t heap_bytes, uint64_t bin_bytes
 void rt__admin_memory_doc(rt_doc_t *parent, const rt_admin_mem_t *m)
 {
     rt_doc_t *o = rt_doc_add_object(parent, "memory");
-    rt_doc_add_u64(o, "rss", m->rss);
-    rt_doc_add_u64(o, "actors", m->actors);
-    rt_doc_add_u64(o, "actors_mapped", m->actors_mapped);
-    rt_doc_add_u64(o, "actor_heaps", m->heaps);
-    rt_doc_add_u64(o, "heap_chunks_mapped", m->heap_chunks_mapped);
-    rt_doc_add_u64(o, "binaries", m->binaries);
+    rt_doc_add_bytes(o, "rss", m->rss);
+    rt_doc_add_bytes(o, "actors", m->actors);
+    rt_doc_add_bytes(o, "actors_mapped", m->actors_mapped);
+    rt_doc_add_bytes(o, "actor_heaps", m->heaps);
+    rt_doc_add_bytes(o, "heap_chunks_mapped", m->heap_chunks_mapped);
+    rt_doc_add_bytes(o, "binaries", m->binaries);
     rt_doc_add_u64(o, "binaries_count", m->binaries_count);
-    rt_doc_add_u64(o, "binaries_held", m->binaries_held);
-    rt_doc_add_u64(o, "lua_states", m->lua);
-    rt_doc_add_u64(o, "rules_index", m->rules_index);
-    rt_doc_add_u64(o, "sink_queues", m->sink_queues);
-    rt_doc_add_u64(o, "topic_trie", m->topic_trie);
-    rt_doc_add_u64(o, "retained", m->retained);
+    rt_doc_add_bytes(o, "binaries_held", m->binaries_held);
+    rt_doc_add_bytes(o, "lua_states", m->lua);
+    rt_doc_add_bytes(o, "rules_index", m->rules_index);
+    rt_doc_add_bytes(o, "sink_queues", m->sink_queues);
+    rt_doc_add_bytes(o, "topic_trie", m->topic_trie);
+    rt_doc_add_bytes(o, "retained", m->retained);
 }
 
 /* ---- By kind ---- */
@@ -328,17 +328,17 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
         return;
     rt__admin_memory_kinds_read(k);
     rt_doc_t *o = rt_doc_add_object(parent, "memory_by_kind");
-    rt_doc_add_u64(o, "rss", k->rss);
+    rt_doc_add_bytes(o, "rss", k->rss);
     rt_doc_t *kinds = rt_doc_add_array(o, "kinds");
     for (size_t i = 0; i < k->nkinds; i++) {
         rt_doc_t *e = rt_doc_add_object(kinds, NULL);
         rt_doc_add_str(e, "kind", k->kind[i].name);
-        rt_doc_add_i64(e, "bytes", k->kind[i].bytes);
+        rt_doc_add_bytes(e, "bytes", k->kind[i].bytes);
         rt_doc_add_double(e, "share",
                           k->rss ? 100.0 * (double)k->kind[i].bytes / (double)k->rss : 0, 1);
         rt_doc_add_str(e, "what", k->kind[i].what);
     }
-    rt_doc_add_i64(o, "explained", k->explained);
+    rt_doc_add_bytes(o, "explained", k->explained);
 
     rt_doc_t *actors = rt_doc_add_array(o, "actors");
     for (size_t i = 0; i <= RT_ADMIN_TYPES_MAX; i++) {
@@ -348,11 +348,11 @@ void rt__admin_memory_kinds(rt_doc_t *parent)
         rt_doc_t *a = rt_doc_add_object(actors, NULL);
         rt_doc_add_str(a, "type", t->type);
         rt_doc_add_u64(a, "count", t->count);
-        rt_doc_add_u64(a, "state", t->state);
-        rt_doc_add_u64(a, "heap", t->heap);
-        rt_doc_add_u64(a, "ext", t->ext);
-        rt_doc_add_u64(a, "bytes", t->state + t->heap + t->ext);
-        rt_doc_add_u64(a, "bin_held", t->bin);
+        rt_doc_add_bytes(a, "state", t->state);
+        rt_doc_add_bytes(a, "heap", t->heap);
+        rt_doc_add_bytes(a, "ext", t->ext);
+        rt_doc_add_bytes(a, "bytes", t->state + t->heap + t->ext);
+        rt_doc_add_bytes(a, "bin_held", t->bin);
     }
     free(k);
 }

@@ -125,6 +125,8 @@ static int parse_request(rt_admin_cmd_t *c, char *line, size_t len)
         const char *w = words[i];
         if (!options_end && strcmp(w, "--json") == 0) {
             c->json = true;
+        } else if (!options_end && strcmp(w, "--help") == 0) {
+            c->help = true;
         } else if (!options_end && strcmp(w, "--") == 0) {
             options_end = true;
         } else if (!options_end && w[0] == '-' && w[1] && !(w[1] >= '0' && w[1] <= '9') &&
@@ -172,6 +174,14 @@ static const rt_admin_command_t *find_command(const char *word, const char *sub)
     return !sub || !has_subs ? alone : NULL;
 }
 
+bool rt__admin_has_subs(const char *word)
+{
+    for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
+        if (k->sub && strcmp(k->word, word) == 0)
+            return true;
+    return false;
+}
+
 const char *rt_admin_usage(const char *word, const char *sub)
 {
     const rt_admin_command_t *k = find_command(word, sub);
@@ -181,15 +191,48 @@ const char *rt_admin_usage(const char *word, const char *sub)
     return k ? k->usage : NULL;
 }
 
+/* The command a parsed request names (the help command for --help), or NULL. */
+static const rt_admin_command_t *resolve(const rt_admin_cmd_t *c)
+{
+    const char *sub = c->argc > 1 ? c->argv[1] : NULL;
+    const rt_admin_command_t *k = find_command(c->argv[0], sub);
+    /* `COMMAND --help` is `help COMMAND`: it changes nothing, whatever COMMAND does; a word
+       with sub-commands alone ("trace --help") describes them all. */
+    if (c->help && (k || (!sub && rt__admin_has_subs(c->argv[0])))) {
+        RT_ASSERT(strcmp(rt__admin_commands[0].word, "help") == 0);
+        return &rt__admin_commands[0];
+    }
+    return k;
+}
+
 const rt_admin_command_t *rt__admin_parse(rt_admin_cmd_t *c, char *line, size_t len)
 {
     if (parse_request(c, line, len) != 0)
         return NULL;
-    const rt_admin_command_t *k = find_command(c->argv[0], c->argc > 1 ? c->argv[1] : NULL);
+    const rt_admin_command_t *k = resolve(c);
     if (!k)
         rt__admin_fail(c, 400, "unknown command \"%s%s%s\"; try: help", c->argv[0],
                        c->argc > 1 ? " " : "", c->argc > 1 ? c->argv[1] : "");
     return k;
+}
+
+int rt_admin_lookup(const char *line, size_t len, unsigned *flags)
+{
+    char *copy = malloc(len + 1);
+    rt_admin_cmd_t *c = calloc(1, sizeof(*c));
+    int rc = RT_ENOMEM;
+    *flags = 0;
+    if (copy && c) {
+        memcpy(copy, line, len);
+        const rt_admin_command_t *k = NULL;
+        rc = parse_request(c, copy, len) != 0 ? RT_EINVAL
+             : (k = resolve(c))              ? 0
+                                             : RT_ENOTFOUND;
+        *flags = k ? k->flags : 0;
+    }
+    free(copy);
+    free(c);
+    return rc;
 }
 
 /* Scanned: a gathering request may keep objects of its actor's heap until it is answered. */
@@ -275,6 +318,52 @@ int rt__admin_opt_long(rt_admin_cmd_t *c, const char *name, long def, long lo, l
                               strlen(name) > 1 ? "--" : "-", name, lo, hi);
     *out = n;
     return 0;
+}
+
+static void *heap_at(const rt_admin_heap_t *h, size_t i)
+{
+    return (char *)h->base + i * h->size;
+}
+
+static void heap_swap(rt_admin_heap_t *h, size_t i, size_t j)
+{
+    unsigned char *a = heap_at(h, i), *b = heap_at(h, j);
+    for (size_t k = 0; k < h->size; k++) {
+        unsigned char t = a[k];
+        a[k] = b[k];
+        b[k] = t;
+    }
+}
+
+bool rt__admin_heap_wants(const rt_admin_heap_t *h, const void *elem)
+{
+    return h->n < h->cap || (h->cap && h->worse(heap_at(h, 0), elem));
+}
+
+void rt__admin_heap_put(rt_admin_heap_t *h, const void *elem, void *dropped)
+{
+    RT_ASSERT(rt__admin_heap_wants(h, elem));
+    if (h->n < h->cap) { /* at the bottom, up while worse than its parent */
+        size_t i = h->n++;
+        memcpy(heap_at(h, i), elem, h->size);
+        for (; i && h->worse(heap_at(h, i), heap_at(h, (i - 1) / 2)); i = (i - 1) / 2)
+            heap_swap(h, i, (i - 1) / 2);
+        return;
+    }
+    if (dropped)
+        memcpy(dropped, heap_at(h, 0), h->size);
+    memcpy(heap_at(h, 0), elem, h->size);
+    for (size_t i = 0;;) { /* at the root, down while a child is worse */
+        size_t w = i, l = 2 * i + 1, r = l + 1;
+        if (l < h->n && h->worse(heap_at(h, l), heap_at(h, w)))
+            w = l;
+        if (r < h->n && h->worse(heap_at(h, r), heap_at(h, w)))
+            w = r;
+        if (w == i)
+            return;
+        heap_swap(h, i, w);
+        i = w;
+    }
 }
 
 void rt__admin_pid_text(rt_pid_t pid, char *out, size_t n)

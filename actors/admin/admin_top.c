@@ -143,34 +143,10 @@ static uint64_t key_of(sort_t sort, const row_t *r)
     return 0;
 }
 
-static void sift_down(row_t *h, size_t n, size_t i)
+/* Top keeps the rows of the largest keys: the smallest kept is the root. */
+static bool row_worse(const void *a, const void *b)
 {
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && h[l].key < h[m].key)
-            m = l;
-        if (r < n && h[r].key < h[m].key)
-            m = r;
-        if (m == i)
-            return;
-        row_t t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
-static void sift_up(row_t *h, size_t i)
-{
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (h[p].key <= h[i].key)
-            return;
-        row_t t = h[i];
-        h[i] = h[p];
-        h[p] = t;
-        i = p;
-    }
+    return ((const row_t *)a)->key < ((const row_t *)b)->key;
 }
 
 static void sample_actor(const rt_actor_info_t *info, void *ud)
@@ -189,13 +165,10 @@ static void sample_actor(const rt_actor_info_t *info, void *ud)
     r.key = key_of(s->sort, &r);
     if (s->next && !prev_put(s->next, info->pid, info->reductions, info->cpu_ns, &s->next_count))
         s->oom = true;
-    if (s->nrows < s->limit) {
-        s->rows[s->nrows] = r;
-        sift_up(s->rows, s->nrows++);
-    } else if (s->limit && r.key > s->rows[0].key) {
-        s->rows[0] = r;
-        sift_down(s->rows, s->nrows, 0);
-    }
+    rt_admin_heap_t h = {s->rows, sizeof(row_t), s->nrows, s->limit, row_worse};
+    if (rt__admin_heap_wants(&h, &r))
+        rt__admin_heap_put(&h, &r, NULL);
+    s->nrows = h.n;
 }
 
 static int cmp_rows(const void *a, const void *b)
@@ -247,22 +220,22 @@ static void row_doc(rt_doc_t *o, const row_t *r, double interval_s, bool full)
     if (interval_s > 0)
         rt_doc_add_u64(o, "reductions_delta", r->dreds);
     rt_doc_add_u64(o, "mailbox", r->info.mailbox_len);
-    rt_doc_add_u64(o, "memory", rt__admin_actor_memory(&r->info));
-    rt_doc_add_u64(o, "state_bytes", r->info.state_bytes);
-    rt_doc_add_u64(o, "heap_bytes", r->info.heap_bytes);
-    rt_doc_add_u64(o, "bin_bytes", r->info.bin_bytes);
-    rt_doc_add_u64(o, "ext_bytes", r->info.ext_bytes);
+    rt_doc_add_bytes(o, "memory", rt__admin_actor_memory(&r->info));
+    rt_doc_add_bytes(o, "state_bytes", r->info.state_bytes);
+    rt_doc_add_bytes(o, "heap_bytes", r->info.heap_bytes);
+    rt_doc_add_bytes(o, "bin_bytes", r->info.bin_bytes);
+    rt_doc_add_bytes(o, "ext_bytes", r->info.ext_bytes);
     rt_doc_add_u64(o, "gcs", r->info.gc_count);
-    rt_doc_add_u64(o, "live_bytes", r->info.live_bytes);
-    rt_doc_add_u64(o, "next_gc", r->info.next_gc);
+    rt_doc_add_bytes(o, "live_bytes", r->info.live_bytes);
+    rt_doc_add_bytes(o, "next_gc", r->info.next_gc);
     if (interval_s > 0)
         rt_doc_add_double(o, "cpu_pct", (double)r->dcpu_ns / 1e7 / interval_s, 1);
-    rt_doc_add_u64(o, "cpu_us", r->info.cpu_ns / 1000);
+    rt_doc_add_duration(o, "cpu_us", r->info.cpu_ns / 1000, 1000000);
     rt_doc_add_str(o, "handler", r->info.current_handler ? r->info.current_handler : "");
     if (!full)
         return;
-    rt_doc_add_u64(o, "gc_last_pause_us", r->info.gc_last_pause_us);
-    rt_doc_add_u64(o, "gc_max_pause_us", r->info.gc_max_pause_us);
+    rt_doc_add_duration(o, "gc_last_pause_us", r->info.gc_last_pause_us, 1000000);
+    rt_doc_add_duration(o, "gc_max_pause_us", r->info.gc_max_pause_us, 1000000);
     rt_doc_add_i64(o, "scheduler", r->info.scheduler);
 }
 
@@ -309,21 +282,10 @@ int rt__admin_actors_info(rt_admin_cmd_t *c)
 
 /* ---- top ---- */
 
-/* 1234 -> "1234", 12345678 -> "11.8M": fits a narrow column. */
+/* A size in the text style of every command (rt_doc_bytes_text): "4.2K", "11.8M". */
 static const char *human_size(uint64_t v, char *buf, size_t n)
 {
-    const char *units = "KMGTP";
-    if (v < 10000) {
-        snprintf(buf, n, "%llu", (unsigned long long)v);
-        return buf;
-    }
-    double d = (double)v;
-    int u = -1;
-    while (d >= 1024 && u < 4) {
-        d /= 1024;
-        u++;
-    }
-    snprintf(buf, n, d < 100 ? "%.1f%c" : "%.0f%c", d, units[u]);
+    rt_doc_bytes_text((int64_t)v, buf, n);
     return buf;
 }
 
@@ -387,7 +349,7 @@ static void top_json(rt_admin_cmd_t *c, const node_t *n, const sample_t *s)
     rt_doc_add_str(node, "version", rt__admin_version());
     if (rt_cluster_on())
         rt_doc_add_str(node, "cluster_node", rt_cluster_node());
-    rt_doc_add_u64(node, "uptime_s", rt__admin_uptime_ms() / 1000);
+    rt_doc_add_duration(node, "uptime_s", rt__admin_uptime_ms() / 1000, 1);
     rt_doc_add_double(node, "interval_s", n->interval_s, 3);
     rt_doc_add_u64(node, "actors", s->actors);
     rt_doc_add_u64(node, "actors_limit", rs.max_actors);
@@ -543,8 +505,9 @@ static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int 
     panel_field(&f, "rtd %s", rt__admin_version());
     if (rt_cluster_on())
         panel_field(&f, "node %s", rt_cluster_node());
-    panel_field(&f, "up %lluh%02llum%02llus", (unsigned long long)(up / 3600),
-                (unsigned long long)(up / 60 % 60), (unsigned long long)(up % 60));
+    char up_text[32];
+    rt_doc_seconds_text((double)up, up_text, sizeof(up_text));
+    panel_field(&f, "up %s", up_text);
     panel_field(&f, "actors %llu/%llu", (unsigned long long)s->actors,
                 (unsigned long long)rs.max_actors);
     panel_field(&f, "connections %llu", (unsigned long long)n->connections);

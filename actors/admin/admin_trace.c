@@ -92,8 +92,7 @@ int rt__admin_trace(rt_admin_cmd_t *c)
 
 /* ---- One event ---- */
 
-/* Bytes as a quoted C-like string: printable ASCII as is, the rest as \xNN. */
-static void add_quoted(rt_buf_t *b, const uint8_t *p, size_t n)
+void rt__admin_quote_bytes(rt_buf_t *b, const uint8_t *p, size_t n)
 {
     rt_buf_add(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
@@ -208,7 +207,7 @@ static void format_text(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *
 {
     add_time(b, ev->unix_us);
     rt_buf_printf(b, " %-3s ", ev->dir ? "out" : "in");
-    add_quoted(b, client, ev->client_len);
+    rt__admin_quote_bytes(b, client, ev->client_len);
     rt_buf_printf(b, " %s", type_name(ev->type));
     if (ev->packet_id)
         rt_buf_printf(b, " id=%u", ev->packet_id);
@@ -230,13 +229,13 @@ static void format_text(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *
         if (ev->error)
             break;
         rt_buf_add(b, " topic=", 7);
-        add_quoted(b, names, ev->names_len);
+        rt__admin_quote_bytes(b, names, ev->names_len);
         if (ev->topic_alias)
             rt_buf_add(b, " (alias)", 8);
         rt_buf_printf(b, " payload_size=%u", ev->payload_len);
         if (ev->shown_len) {
             rt_buf_add(b, " payload=", 9);
-            add_quoted(b, payload, ev->shown_len);
+            rt__admin_quote_bytes(b, payload, ev->shown_len);
             if (ev->shown_len < ev->payload_len)
                 rt_buf_add(b, "...", 3);
         }
@@ -247,7 +246,7 @@ static void format_text(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *
         for (unsigned i = 0; f < names + ev->names_len; i++) {
             size_t n = strlen((const char *)f);
             rt_buf_add(b, " filter=", 8);
-            add_quoted(b, f, n);
+            rt__admin_quote_bytes(b, f, n);
             if (ev->type == MQTT_SUBSCRIBE && i < ev->ncodes)
                 rt_buf_printf(b, ":qos%u", ev->codes[i] & 3);
             f += n + 1;

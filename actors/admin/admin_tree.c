@@ -85,7 +85,7 @@ static void last_exit_text(const rt_sup_child_info_t *k, uint64_t now_ms, char *
         return;
     }
     uint64_t ago = now_ms > k->last_exit_ms ? (now_ms - k->last_exit_ms) / 1000 : 0;
-    snprintf(out, n, "%s, %llu s ago", rt_reason_name(k->last_reason), (unsigned long long)ago);
+    snprintf(out, n, "%s, %llus ago", rt_reason_name(k->last_reason), (unsigned long long)ago);
 }
 
 /* One node of the tree: the supervisor or worker pid, and what its parent knows of it. */
@@ -123,7 +123,7 @@ static void node_doc(rt_doc_t *parent, const char *name, rt_pid_t pid,
     rt_sup_child_info_t *kids = children_of(pid, &info);
     rt_doc_add_str(o, "strategy", strategy_names[info.strategy]);
     rt_doc_add_u64(o, "intensity", info.intensity);
-    rt_doc_add_u64(o, "period_ms", info.period_ms);
+    rt_doc_add_duration(o, "period_ms", info.period_ms, 1000);
     rt_doc_add_u64(o, "child_restarts", info.restarts);
     rt_doc_t *list = rt_doc_add_array(o, "children");
     for (size_t i = 0; kids && i < info.nchildren; i++)

@@ -187,6 +187,13 @@ const rt_conf_net_t rt_conf_loopback[RT_CONF_NLOOPBACK] = {
     {.addr = {[15] = 1}, .bits = 128},                                /* ::1 */
 };
 
+int rt_conf_admin_socket(const rt_conf_t *c, char *out, size_t n)
+{
+    int len = c->admin_socket[0] ? snprintf(out, n, "%s", c->admin_socket)
+                                 : snprintf(out, n, "%s/rtd.sock", c->data_dir);
+    return len >= 0 && (size_t)len < n ? 0 : RT_EINVAL;
+}
+
 void rt_conf_defaults(rt_conf_t *c)
 {
     memset(c, 0, sizeof(*c));

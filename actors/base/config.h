@@ -319,6 +319,11 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
                      size_t errlen);
 /* Whether addr (16 bytes, IPv4 v4-mapped) is in one of the n networks. */
 bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned char addr[16]);
+/*
+** The admin socket's path as rtd binds it: admin_socket, else data_dir/rtd.sock (rtctl -c
+** finds its rtd by the same rule). RT_EINVAL when it does not fit in n bytes.
+*/
+int rt_conf_admin_socket(const rt_conf_t *c, char *out, size_t n);
 /* Whether key names a setting of the schema. */
 bool rt_conf_known(const char *key);
 

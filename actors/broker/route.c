@@ -157,6 +157,29 @@ void rt_route_retain_remote(const char *topic, size_t len, rt_bin_t *bin, uint64
     set_retained(topic, len, bin, expire_at_ms);
 }
 
+static void count_match(void *arg, const char *topic, size_t len, void *msg)
+{
+    (void)topic;
+    (void)len;
+    (void)msg;
+    ++*(size_t *)arg;
+}
+
+int rt_route_retained_delete(const char *topic, size_t len)
+{
+    size_t held = 0;
+    /* A topic name is a filter that matches itself alone. */
+    if (!mqtt_topic_name_valid((const uint8_t *)topic, len))
+        return RT_EINVAL;
+    rt_retained_match(rt_broker->retained, topic, len, count_match, &held, NULL);
+    if (!held)
+        return RT_ENOTFOUND;
+    set_retained(topic, len, NULL, 0);
+    if (rt_store_enabled() && !(len >= 5 && memcmp(topic, "$SYS/", 5) == 0))
+        rt_store_retain(topic, len, NULL, 0, 0, 0);
+    return 0;
+}
+
 /*
 ** A retained PUBLISH replaces the topic's retained message; an empty one clears
 ** it. What the store accepted in memory is written to disk too ($SYS values,

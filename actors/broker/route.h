@@ -79,6 +79,12 @@ int rt_route_remote(rt_bin_t *bin);
 /* Sets (bin) or clears (NULL) a topic's retained message here, as another node's
    replicated store says (expire_at_ms monotonic, 0: never); written to no disk. */
 void rt_route_retain_remote(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms);
+/*
+** Deletes topic's retained message here, in memory and on disk, and delivers nothing (an
+** empty retained PUBLISH would reach the subscribers): `rtctl retained delete`. 0, or
+** RT_ENOTFOUND when none is held, RT_EINVAL for a topic that is no topic name.
+*/
+int rt_route_retained_delete(const char *topic, size_t len);
 /* 1 if some subscriber got the message, 0 if none, or an RT_E* error. */
 int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin);
 /*

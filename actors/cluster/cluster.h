@@ -111,6 +111,12 @@ typedef struct rt_cluster_status_s {
 */
 #define RT_CLUSTER_MSG_RETAINED_READY (RT_MSG_USER + 0x5700) /* data: the caller's, back */
 bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len);
+/*
+** Deletes topic's retained message from the replicated store (`rtctl retained delete`): every
+** node drops its copy as it watches the bucket. From the blocking pool: it waits for
+** JetStream. 0, or RT_EAGAIN with err set (the bucket is not bound yet, or refused).
+*/
+int rt_cluster_retained_delete(const char *topic, size_t len, char *err, size_t errlen);
 
 /*
 ** Client ids unique cluster-wide: who holds each one is recorded in a JetStream KV bucket

@@ -40,6 +40,19 @@ natsStatus rt__cluster_kv_put(const rt_message_t *msg, rt_bin_t *bin)
     return s;
 }
 
+int rt_cluster_retained_delete(const char *topic, size_t len, char *err, size_t errlen)
+{
+    char key[RT_SUBJECT_MAX + 1];
+    natsStatus s = NATS_INVALID_ARG;
+    if (!atomic_load(&rt__cluster.kv_ready))
+        snprintf(err, errlen, "the cluster's retained bucket is not bound yet");
+    else if (rt_kv_key_of_topic(topic, len, key, sizeof(key)) < 0)
+        snprintf(err, errlen, "the topic has no key in the retained bucket");
+    else if ((s = kvStore_Delete(rt__cluster.kv, key)) != NATS_OK)
+        snprintf(err, errlen, "the retained bucket refused: %s", natsStatus_GetText(s));
+    return s == NATS_OK ? 0 : RT_EAGAIN;
+}
+
 /* The watcher thread: every change of the bucket, in revision order, to cluster_in. */
 static void *watch_retained(void *arg)
 {

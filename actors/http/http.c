@@ -169,22 +169,41 @@ static void out(http_conn_t *k, const void *p, size_t n)
         rt_sock_write(k->sock, p, n);
 }
 
-static void respond_raw(http_conn_t *k, int code, const char *type, const char *body, size_t len)
+/*
+** Every answer's security headers. The dashboard (www/) runs under this policy: its script
+** and style come from its own files, it talks to this origin only, and no other page may
+** frame it; an API answer has nothing a policy could loosen.
+*/
+#define SECURITY_HEADERS                                                                        \
+    "Content-Security-Policy: default-src 'none'; script-src 'self'; style-src 'self'; "       \
+    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; "           \
+    "frame-ancestors 'none'\r\n"                                                                \
+    "X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n"
+
+/* An answer's head and body; allow: the methods a 405 names. */
+static void respond_allow(http_conn_t *k, int code, const char *type, const char *body, size_t len,
+                          const char *allow)
 {
-    char head[256];
+    char head[1024];
     int n = snprintf(head, sizeof(head),
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Cache-Control: no-store\r\n%sConnection: %s\r\n\r\n",
+                     "Cache-Control: no-store\r\n" SECURITY_HEADERS "%s%s%s%sConnection: %s\r\n\r\n",
                      code, reason_phrase(code), type, len,
-                     code == 401 ? "WWW-Authenticate: Bearer\r\n" : "",
-                     k->keep_alive ? "keep-alive" : "close");
+                     code == 401 ? "WWW-Authenticate: Bearer\r\n" : "", allow ? "Allow: " : "",
+                     allow ? allow : "", allow ? "\r\n" : "", k->keep_alive ? "keep-alive" : "close");
+    RT_ASSERT(n > 0 && (size_t)n < sizeof(head));
     out(k, head, (size_t)n);
     if (len)
         out(k, body, len);
 }
 
+static void respond_raw(http_conn_t *k, int code, const char *type, const char *body, size_t len)
+{
+    respond_allow(k, code, type, body, len, NULL);
+}
+
 /* An error as JSON: {"error": "..."} (the admin layer's own errors are already that). */
-static void respond_error(http_conn_t *k, int code, const char *why)
+static void respond_error_allow(http_conn_t *k, int code, const char *why, const char *allow)
 {
     char body[512];
     size_t n = 0;
@@ -195,7 +214,12 @@ static void respond_error(http_conn_t *k, int code, const char *why)
         body[n++] = (*p >= 0x20) ? *p : ' ';
     }
     n += (size_t)snprintf(body + n, sizeof(body) - n, "\"}\n");
-    respond_raw(k, code, "application/json", body, n);
+    respond_allow(k, code, "application/json", body, n, allow);
+}
+
+static void respond_error(http_conn_t *k, int code, const char *why)
+{
+    respond_error_allow(k, code, why, NULL);
 }
 
 /* The admin layer's answer to an API request (rt_admin_answer_fn). */
@@ -227,7 +251,8 @@ static void trace_part(http_conn_t *k, int code, const char *body, size_t len)
 {
     if (!k->tracing) {
         static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                   "Cache-Control: no-store\r\nConnection: close\r\n\r\n";
+                                   "Cache-Control: no-store\r\n" SECURITY_HEADERS
+                                   "Connection: close\r\n\r\n";
         out(k, head, sizeof(head) - 1);
         k->tracing = true;
     }
@@ -255,7 +280,8 @@ static void respond_admin(void *ctx, int code, const char *body, size_t len)
     if (k->stream && (k->streaming || code == 200)) {
         if (!k->streaming) {
             static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                       "Cache-Control: no-store\r\nConnection: keep-alive\r\n\r\n";
+                                       "Cache-Control: no-store\r\n" SECURITY_HEADERS
+                                       "Connection: keep-alive\r\n\r\n";
             out(k, head, sizeof(head) - 1);
             k->streaming = true;
         }
@@ -381,6 +407,26 @@ static size_t api_request_line(http_conn_t *k, const rt_http_request_t *req, boo
     return len;
 }
 
+/*
+** Whether an API request's command may be answered: one that names no command is 404, and
+** one that changes rtd sent without POST (or PUT) is 405, as a GET must be safe to repeat
+** (a link or a prefetch cannot kick a client). false when answered so.
+*/
+static bool api_method_fits(http_conn_t *k, const char *line, size_t len, bool post)
+{
+    unsigned flags;
+    int rc = rt_admin_lookup(line, len, &flags);
+    if (rc == RT_ENOTFOUND) {
+        respond_error(k, 404, "no such command (GET /api/v1/help lists them)");
+        return false;
+    }
+    if (rc == 0 && (flags & RT_ADMIN_CHANGES) && !post) {
+        respond_error_allow(k, 405, "this command changes rtd: send it with POST", "POST");
+        return false;
+    }
+    return true; /* the admin layer answers what does not split, as rtctl's would be */
+}
+
 /* Answers the request: true when answered now, false when the admin layer answers later. */
 static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *req)
 {
@@ -427,7 +473,8 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
         return true;
     }
     if (!get && !post) {
-        respond_error(k, 405, "GET, or POST (PUT) for commands that change rtd");
+        respond_error_allow(k, 405, "GET, or POST (PUT) for commands that change rtd",
+                            "GET, HEAD, POST, PUT");
         return true;
     }
     rt_http_role_t role = rt_http_key_role(req->api_key);
@@ -443,13 +490,13 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     if (metrics) {
         k->text = true;
         len = (size_t)snprintf(line, sizeof(line), "metrics prometheus");
-    } else if (!(len = api_request_line(k, req, post, path + 8, query, line))) {
+    } else if (!(len = api_request_line(k, req, post, path + 8, query, line)) ||
+               !api_method_fits(k, line, len, post)) {
         return true;
     }
-    /* Commands that change rtd need the admin role, and POST (a GET must be safe to repeat);
-       a trace, which shows clients' traffic, the admin role. */
-    unsigned refuse = (role == RT_HTTP_ROLE_ADMIN && post ? 0 : RT_ADMIN_CHANGES) |
-                      (role == RT_HTTP_ROLE_ADMIN ? 0 : RT_ADMIN_SENSITIVE);
+    /* Commands that change rtd need the admin role (and came with POST); a trace, which
+       shows clients' traffic, the admin role. */
+    unsigned refuse = role == RT_HTTP_ROLE_ADMIN ? 0 : RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE;
     return rt_admin_exec_start(self, &k->exec, line, len, refuse, respond_admin, k);
 }
 
@@ -743,6 +790,10 @@ int rt_http_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
     if (conf->http.api_keys_file[0] &&
         rt_http_keys_load(conf->http.api_keys_file, err, errlen) != 0)
         return RT_EINVAL;
+    const char *warning = rt_http_conf_warning(conf);
+    if (warning)
+        rt_log(RT_LOG_WARNING, "http.no_api_keys", "listener=%s:%d %s", conf->http.where.host,
+               conf->http.where.port, warning);
     rt_child_spec_t listener = {.name = "http", .start = listener_start, .restart = RT_PERMANENT};
     rt_pid_t group;
     int rc = rt_group_start(sup, RT_HTTP_GROUP, RT_PERMANENT, &group);
@@ -759,11 +810,27 @@ int rt_http_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen)
            conf->http.where.port, conf->http.where.tls_on ? "true" : "false",
            conf->http.api_keys_file[0] ? conf->http.api_keys_file : "-",
            conf->http.metrics_public ? "true" : "false");
+    rt_admin_set_apikeys(&rt__http_apikeys);
     return 0;
 }
 
 void rt_http_stop(void)
 {
-    if (H.conf.http.on)
-        rt_group_stop(H.sup, RT_HTTP_GROUP);
+    if (!H.conf.http.on)
+        return;
+    rt_admin_set_apikeys(NULL);
+    rt_group_stop(H.sup, RT_HTTP_GROUP);
+}
+
+const char *rt_http_conf_warning(const rt_conf_t *conf)
+{
+    if (!conf->http.on || conf->http.api_keys_file[0])
+        return NULL;
+    return conf->http.metrics_public
+               ? "no http.api_keys_file: /api/v1 and the dashboard refuse every request (401); "
+                 "only /healthz, /readyz and /metrics answer. Make a key with `rtd apikey NAME "
+                 "admin -f FILE` and set api_keys_file = FILE in the http table"
+               : "no http.api_keys_file: /api/v1, /metrics and the dashboard refuse every "
+                 "request (401); only /healthz and /readyz answer. Make a key with `rtd apikey "
+                 "NAME admin -f FILE` and set api_keys_file = FILE in the http table";
 }

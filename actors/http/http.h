@@ -38,11 +38,27 @@ extern const rt_http_file_t rt_http_www[]; /* ends with a {0} entry */
 
 /* ---- API keys (apikeys.c) ---- */
 typedef enum { RT_HTTP_ROLE_NONE, RT_HTTP_ROLE_READ, RT_HTTP_ROLE_ADMIN } rt_http_role_t;
-/* Loads the keys file (name role sha256-hex lines); 0, or RT_E* with err naming the line. */
+/*
+** Loads the keys file (NAME ROLE SHA256-HEX [CREATED] lines) and makes it the one reloads
+** and `rtctl apikey add|revoke` use; 0, or RT_E* with err naming the file and line.
+*/
 int rt_http_keys_load(const char *path, char *err, size_t errlen);
-/* The role of a presented key (NONE: unknown). Compared in constant time per entry. */
+/*
+** Reads the keys file again (SIGHUP, `rtctl apikey reload`) and logs the outcome: 0 (also
+** when rtd has no key file), or RT_E* with err set, the keys in force unchanged.
+*/
+int rt_http_keys_reload(char *err, size_t errlen);
+/* The role of a presented key (NONE: unknown), noted as its last use. Compared in constant
+   time per entry. */
 rt_http_role_t rt_http_key_role(const char *key);
-/* `rtd apikey NAME read|admin [-f FILE]`: makes a key, prints it once, stores its hash. */
-int rt_http_apikey_main(int argc, char **argv);
+/*
+** What an operator should hear about conf's http table before rtd serves it (rt_http_start
+** logs it; `rtd --check` may print it), or NULL: today, an API with no key file to open it.
+*/
+const char *rt_http_conf_warning(const rt_conf_t *conf);
+/* `rtd apikey NAME read|admin [-c CONFIG | -f FILE]`: makes a key, prints it once, stores its
+   hash in FILE or in CONFIG's http.api_keys_file (CONFIG: default_config, rtd's). Returns
+   the exit status. */
+int rt_http_apikey_main(int argc, char **argv, const char *default_config);
 
 #endif

@@ -92,6 +92,12 @@ static void log_access(const rt_conf_t *c)
     }
 }
 
+/* `rtd apikey` finds the key file through the config an rtd without -c reads. */
+static int apikey_main(int argc, char **argv)
+{
+    return rt_http_apikey_main(argc, argv, RTD_CONFIG_FILE);
+}
+
 /* rtd's subcommands, each with its own options (`rtd SUBCOMMAND --help`). */
 static const struct {
     const char *name, *synopsis, *what;
@@ -99,8 +105,8 @@ static const struct {
 } subcommands[] = {
     {"passwd", "[-c] [-D] [-b] [-I ROUNDS] FILE USER [PASSWORD]",
      "add, change or delete a user of a password file (mosquitto_passwd's)", rt_auth_passwd_main},
-    {"apikey", "NAME read|admin [-f FILE]", "make an API key for the HTTP API (docs/HTTP.md)",
-     rt_http_apikey_main},
+    {"apikey", "NAME read|admin [-c CONFIG | -f FILE]",
+     "make an API key for the HTTP API (docs/HTTP.md)", apikey_main},
 };
 
 #define NSUBCOMMANDS (sizeof(subcommands) / sizeof(subcommands[0]))
@@ -432,11 +438,12 @@ static void serve(rtd_t *d)
             rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
             return;
         }
-        /* What `rtctl auth reload` and `rtctl rules reload` do; a bad file leaves the
-           running one in force (logged by the reload). */
+        /* What `rtctl auth|rules|tls|apikey reload` do; a bad file leaves the running one
+           in force (logged by the reload). */
         rt_admin_reload_auth(d->err, sizeof(d->err));
         rt_admin_reload_rules(d->err, sizeof(d->err));
         rt_admin_reload_tls(d->err, sizeof(d->err));
+        rt_http_keys_reload(d->err, sizeof(d->err));
     }
 }
 

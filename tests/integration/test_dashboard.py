@@ -36,15 +36,38 @@ def rtd(tmp_path):
     assert code == 0, log[-3000:]
 
 
+# Every Content-Security-Policy violation of the page, kept where the test can read it.
+CSP_WATCH = ("window.cspViolations = [];"
+             "document.addEventListener('securitypolicyviolation', e => window.cspViolations"
+             ".push(`${e.violatedDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`));")
+
+
 @pytest.fixture
 def browser():
     b = Browser()
     try:
         for domain in ("Page", "Runtime", "Log"):
             b.call(f"{domain}.enable")
+        b.call("Page.addScriptToEvaluateOnNewDocument", source=CSP_WATCH)
         yield b
     finally:
         b.close()
+
+
+def csp_violations(b):
+    """What the page's policy refused: its violation events, and the console's reports."""
+    reported = [e for e in b.errors() if "Content Security Policy" in json.dumps(e)]
+    return b.eval("window.cspViolations") + reported
+
+
+def csp_watch_works(b):
+    """A style attribute set here is refused and seen: the watch is known to see violations
+    (its report stays among the page's errors: call it last)."""
+    b.eval("document.body.append(Object.assign(document.createElement('i'), {id: 'csp-probe'}));"
+           "document.getElementById('csp-probe').setAttribute('style', 'color: red')")
+    assert b.wait_eval("window.cspViolations.length", 5) == 1, csp_violations(b)
+    assert b.eval("getComputedStyle(document.getElementById('csp-probe')).color") != \
+        "rgb(255, 0, 0)"
 
 
 def test_static_files_need_no_key(rtd):
@@ -142,6 +165,8 @@ def test_dashboard(rtd, browser):
     b.screenshot(os.path.join(BUILD, "dashboard-phone-full.png"), 390, 844, mobile=True,
                  scale=2, full=True)
     assert b.errors() == [], b.errors()
+    # The page runs under rtd's policy (no inline script or style) and broke none of it.
+    assert csp_violations(b) == [], csp_violations(b)
 
     # A read key may look but not kick: the 403 is told in the page.
     b.eval(f"sessionStorage.setItem('rtd.apiKey', '{rtd.read_key}')")
@@ -156,6 +181,8 @@ def test_dashboard(rtd, browser):
     b.reload()
     assert b.wait_eval("document.getElementById('error').textContent.includes('401')", 5)
     assert not [e for e in b.errors() if e.get("source") != "network"], b.errors()
+    assert csp_violations(b) == [], csp_violations(b)
+    csp_watch_works(b)
 
 
 # Shown as text, never as markup: a topic and a payload that would run script if they were.
@@ -264,6 +291,7 @@ def test_dashboard_trace(rtd, browser):
     assert b.eval("document.getElementById('trace-state').textContent").startswith("tracing")
 
     assert b.errors() == [], b.errors()
+    assert csp_violations(b) == [], csp_violations(b)
 
     # Stop closes the stream, and rtd ends the trace: all 8 traces can be had again (within a
     # bounded wait for rtd to see the connection go).

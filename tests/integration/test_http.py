@@ -92,14 +92,83 @@ def test_keys_and_roles(http):
     # A command that changes rtd: admin role and POST, nothing less.
     code, body = call(http, "/api/v1/rules/reload", key=http.read_key, method="POST")
     assert code == 403 and "admin role" in body["error"]
-    assert call(http, "/api/v1/rules/reload", key=http.admin_key)[0] == 403  # GET: not it
     code, body = call(http, "/api/v1/rules/reload", key=http.admin_key, method="POST")
     assert code == 200 and body["reloaded"] is True
-    assert call(http, "/api/v1/nonsense", key=http.read_key)[0] == 400
     assert call(http, "/nowhere", key=http.read_key)[0] == 404
     assert call(http, "/api/v1/status", key=http.read_key, method="DELETE")[0] == 405
     # The same answers rtctl gets, from the same code.
     assert call(http, "/api/v1/listeners", key=http.read_key)[1] == http.ctl_json("listeners")
+
+
+def answer(broker, path, key=None, method="GET"):
+    """(status, headers, parsed body) of one request, refusals included."""
+    req = urllib.request.Request(f"http://127.0.0.1:{broker.hport}{path}", method=method)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def test_answers_by_method_and_command(http):
+    """A changing command sent with GET is 405 with Allow: POST (whatever the key), an unknown
+    command 404, a read key on a changing command 403; a command's help is for anyone."""
+    for key in (http.admin_key, http.read_key):
+        for path in ("/api/v1/rules/reload", "/api/v1/clients/kick/x", "/api/v1/apikey/add/a/read"):
+            code, headers, body = answer(http, path, key=key)
+            assert code == 405 and headers["Allow"] == "POST", (path, code, body)
+            assert "POST" in json.loads(body)["error"]
+    code, headers, _ = answer(http, "/api/v1/status", key=http.read_key, method="DELETE")
+    assert code == 405 and headers["Allow"] == "GET, HEAD, POST, PUT"
+    for path in ("/api/v1/nonsense", "/api/v1/rules/relaod", "/api/v1/clients/frob/x"):
+        code, _, body = answer(http, path, key=http.read_key)
+        assert code == 404 and "no such command" in json.loads(body)["error"], path
+    code, _, body = answer(http, "/api/v1/rules/reload", key=http.read_key, method="POST")
+    assert code == 403 and "admin role" in json.loads(body)["error"]
+    # The refusals come after the key: an unknown command without one is 401.
+    assert answer(http, "/api/v1/nonsense")[0] == 401
+    # GET /api/v1/help/WORD/SUB and ?help describe a command, a changing one too.
+    code, _, body = answer(http, "/api/v1/clients/kick?help", key=http.read_key)
+    (help_,) = json.loads(body)
+    assert code == 200 and help_["usage"] == "clients kick CLIENT_ID"
+    assert (help_["http_method"], help_["http_role"], help_["changes"]) == ("POST", "admin", True)
+    code, _, body = answer(http, "/api/v1/help/retained", key=http.read_key)
+    assert code == 200 and [h["usage"].split()[1] for h in json.loads(body)] == \
+        ["list", "show", "delete"]
+
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def test_security_headers(http):
+    """Every kind of answer carries them: the dashboard's files, API answers and refusals,
+    probes, metrics, an event stream's head and a trace's."""
+    k = http.admin_key
+    for path, key, method in (("/", None, "GET"), ("/ui/app.js", None, "GET"),
+                              ("/healthz", None, "GET"), ("/readyz", None, "GET"),
+                              ("/api/v1/status", k, "GET"), ("/api/v1/status", None, "GET"),
+                              ("/api/v1/nonsense", k, "GET"), ("/api/v1/rules/reload", k, "GET"),
+                              ("/api/v1/rules/reload", http.read_key, "POST"),
+                              ("/metrics", k, "GET"), ("/nowhere", None, "GET")):
+        code, headers, _ = answer(http, path, key=key, method=method)
+        for name, value in SECURITY_HEADERS.items():
+            assert headers[name] == value, (path, code, name, headers[name])
+    for path in ("/api/v1/stream/status?every=1", "/api/v1/trace/client/nobody?duration=1"):
+        req = urllib.request.Request(f"http://127.0.0.1:{http.hport}{path}",
+                                     headers={"Authorization": f"Bearer {k}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.headers["Content-Type"] == "text/event-stream", path
+            for name, value in SECURITY_HEADERS.items():
+                assert r.headers[name] == value, (path, name)
 
 
 @contextlib.contextmanager
@@ -324,9 +393,13 @@ def test_200_concurrent_connections(http):
 
 
 def test_apikey_usage_errors(tmp_path):
-    p = subprocess.run([RTD, "apikey", "x", "root", "-f", str(tmp_path / "k")],
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode == 2 and "usage" in p.stderr
+    for args, why in ((["x", "root"], 'role "root": read or admin'),
+                      (["a b", "read"], 'key name "a b": 1 to 63 printable characters'),
+                      (["x" * 64, "read"], "1 to 63 printable characters"),
+                      (["x"], "usage: rtd apikey"), (["x", "read", "extra"], "usage: rtd apikey")):
+        p = subprocess.run([RTD, "apikey", *args, "-f", str(tmp_path / "k")],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and why in p.stderr, (args, p.stderr)
     assert not os.path.exists(tmp_path / "k")
 
 

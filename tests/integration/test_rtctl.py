@@ -471,3 +471,95 @@ def test_unknown_command(broker):
     err = fails(broker, 400, "frobnicate")
     assert "frobnicate" in err
     fails(broker, 400, "frobnicate", json_=True)
+
+
+# ---- finding rtd, help, disabled sinks (issue 28, part 5) ----
+
+def test_socket_from_config_as_rtd_resolves_it(tmp_path, stopper):
+    """rtctl -c CONFIG asks the rtd that CONFIG starts, from any directory: admin_socket, else
+    data_dir/rtd.sock, relative paths against the config's directory as rtd takes them."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "rtd.conf").write_text(
+        'data_dir = "../state"\nrules_dir = "%s"\n' % os.path.abspath("etc/rules"))
+    (tmp_path / "state").mkdir(mode=0o700)
+    b = Rtd(data_dir=str(tmp_path / "state"))
+    stopper(b)
+    env = {k: v for k, v in os.environ.items() if k != "RTCTL_SOCKET"}
+    code, out, err = rtctl("-c", str(etc / "rtd.conf"), "status", cwd="/", env=env)
+    assert code == 0 and f"(pid {b.proc.pid}," in out, err
+    # -c wins over $RTCTL_SOCKET (a flag over the environment); -s and -c together are refused.
+    code, out, _ = rtctl("--config", str(etc / "rtd.conf"), "status", cwd="/",
+                         env={**env, "RTCTL_SOCKET": "/nonexistent"})
+    assert code == 0
+    code, out, err = rtctl("-c", str(etc / "rtd.conf"), "-s", b.admin_socket, "status")
+    assert code == 2 and "give one" in err
+    code, out, err = rtctl("status", cwd="/", env={**env, "RTCTL_SOCKET": b.admin_socket})
+    assert code == 0 and f"(pid {b.proc.pid}," in out
+    (etc / "other.conf").write_text('admin_socket = "elsewhere.sock"\n')
+    code, _, err = rtctl("-c", str(etc / "other.conf"), "status", cwd="/", env=env)
+    assert code == 2 and f"no socket at {etc}/elsewhere.sock" in err
+    code, _, err = rtctl("-c", str(etc / "none.conf"), "status", env=env)
+    assert code == 2 and "none.conf: cannot open" in err
+    (etc / "bad.conf").write_text("max_connections = 'many'\n")
+    code, _, err = rtctl("-c", str(etc / "bad.conf"), "status", env=env)
+    assert code == 2 and "bad.conf:1:" in err
+
+
+def test_every_command_has_help(broker):
+    usages = js(broker, "help")
+    assert len(usages) >= 40
+    for usage in usages:
+        words = [w for w in usage.split()[:2] if w.isalpha() and w.islower()]
+        if words == ["top"]:
+            continue  # rtctl runs top itself: its help is rtctl's (below)
+        out = ok(broker, *words, "--help")
+        assert out.startswith(f"usage: rtctl {usage}\n"), (words, out)
+        about, http = out.splitlines()[1:3]
+        assert len(about.strip()) > 20 and "/api/v1/" in http, out
+        assert ok(broker, "help", *words) == out
+    # A changing command's help changes nothing, and says how HTTP takes it.
+    out = ok(broker, "clients", "kick", "--help")
+    assert "Changes rtd; over HTTP: POST /api/v1/clients/kick with an admin key" in out
+    assert "with a read or admin key" in ok(broker, "status", "--help")
+    # A word with sub-commands describes them all; top's own options are rtctl's.
+    assert ok(broker, "trace", "--help").count("usage: rtctl trace") == 2
+    code, out, err = broker.ctl("top", "--help")
+    assert code == 0 and out.startswith("usage: rtctl top") and "--once" in out
+    err = fails(broker, 400, "frobnicate", "--help")
+    assert "unknown command" in err
+
+
+def test_disabled_sink_is_shown_so(tmp_path, stopper):
+    b = Rtd('sinks={db={type="sqlite",file="%s",enabled=false}}' % (tmp_path / "x.db"),
+            'rules_dir="%s"' % tmp_path)
+    stopper(b)
+    show = pairs(ok(b, "sinks", "show", "db"))
+    assert (show["type"], show["state"]) == ("sqlite", "disabled")
+    assert show["note"].startswith("enabled = false in rtd.conf")
+    assert js(b, "sinks", "show", "db")["state"] == "disabled"
+    assert [(r["name"], r["state"]) for r in js(b, "sinks", "list")] == [("db", "disabled")]
+    fails(b, 404, "sinks", "show", "other")
+
+
+def test_one_unit_style(broker, clients):
+    """Text shows sizes as K/M/G (1024-based) and durations in seconds, whatever the command;
+    --json gives the raw numbers its keys name (bytes, _s, _ms, _us)."""
+    import re
+    size, seconds = re.compile(r"^-?\d+(\.\d)?[KMGT]?$"), re.compile(r"^\d+(\.\d+)?s$")
+    vm = ok(broker, "vm")
+    rss = re.search(r"^  rss\s+(\S+)$", vm, re.M).group(1)
+    assert size.match(rss) and rss[-1] in "MG", rss
+    assert isinstance(js(broker, "vm")["memory"]["rss"], int)
+    rows = table(ok(broker, "actors", "list", "--limit", "50", "--sort", "memory"))
+    assert all(size.match(r["memory"]) and seconds.match(r["cpu_us"]) for r in rows), rows
+    assert any(r["memory"][-1] == "K" for r in rows)
+    raw = js(broker, "actors", "list", "--limit", "1")[0]
+    assert isinstance(raw["cpu_us"], int) and isinstance(raw["memory"], int)
+    assert re.search(r", up \d+(\.\d+)?s\)$", ok(broker, "status").strip())
+    assert seconds.match(pairs(ok(broker, "broker"))["uptime_s"])
+    assert "uptime" not in pairs(ok(broker, "broker"))  # the EMQX-style string: JSON only
+    assert js(broker, "broker")["uptime"].endswith("s")
+    assert seconds.match(pairs(ok(broker, "clients", "show", "c-sub"))["session_expiry_s"])
+    top = ok(broker, "top", "--once", "-n", "1")
+    assert re.search(r"\bup \d+(\.\d+)?s\b", top) and re.search(r"\brss \d+(\.\d)?[MG]\b", top)

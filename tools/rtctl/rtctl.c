@@ -22,22 +22,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
+
 static const char *usage_text =
-    "usage: rtctl [-s|--socket PATH] [--json] [--timeout S] COMMAND [ARGS...]\n"
-    "       rtctl top [-d|--delay S] [-n N] [--sort KEY] [--once [--width W] [--height H]]\n"
-    "                 [--count K] [--json]\n"
+    "usage: rtctl [-s|--socket PATH | -c|--config FILE] [--json] [--timeout S] COMMAND [ARGS...]\n"
+    "       rtctl COMMAND --help\n"
     "Sends COMMAND to rtd's admin socket and prints the reply (docs/ADMIN.md).\n"
-    "  -s, --socket PATH  the admin socket (default: $RTCTL_SOCKET, else data/rtd.sock)\n"
-    "  --json             ask for a JSON reply\n"
+    "  -s, --socket PATH  the admin socket\n"
+    "  -c, --config FILE  rtd's config: its admin_socket, else data_dir/rtd.sock, resolved as\n"
+    "                     rtd resolves them\n"
+    "  --json             a JSON reply: raw numbers (bytes, seconds as the key names them);\n"
+    "                     text shows sizes as K/M/G (1024) and durations in seconds\n"
     "  --timeout S        bound on connecting and on each reply, seconds (default 30)\n"
     "  -h, --help         this text and, when rtd answers, its command list\n"
+    "The socket: -s, else -c's, else $RTCTL_SOCKET, else " RTCTL_DEFAULT_WHERE ".\n"
     "Exit: 0 done, 1 rtd refused or failed the command, 2 usage error or no answer.\n"
-    "top: a live view of the node and its busiest actors, refreshed every -d seconds (1).\n"
-    "  keys: r reductions/interval  R reductions total  m memory  b mailbox\n"
-    "        c CPU/interval  C CPU total  q or Ctrl-C quit; any other key redraws\n"
-    "  --once: one frame as plain text (also when stdout is not a terminal); -n N rows;\n"
-    "  --json: one JSON sample per line, --count K of them -d apart (default 1).\n"
-    "  KEY: reductions, reductions_total, memory, mailbox, cpu, cpu_total.\n"
     "trace client ID | trace topic FILTER [--duration S] [--payload N]: the packets of one\n"
     "  client (or the PUBLISH packets on one filter's topics) as they pass, one line each\n"
     "  (--json: one object each), for S seconds (60) or until Ctrl-C; N payload bytes shown.\n";
@@ -432,6 +431,7 @@ static void write_all(FILE *f, const char *buf, size_t len)
 static int help_main(const char *path, double timeout_s)
 {
     fputs(usage_text, stdout);
+    fputs(rtctl_top_usage, stdout);
     fflush(stdout);
     rtctl_conn_t c;
     char why[1024];
@@ -452,6 +452,36 @@ static int help_main(const char *path, double timeout_s)
     return RTCTL_EXIT_OK;
 }
 
+/*
+** The socket rtd binds for config: its admin_socket, else data_dir/rtd.sock, with relative
+** paths made absolute against the config's directory, by rtd's own loader. Into out; 0, or
+** RTCTL_EXIT_USAGE (said on stderr). missing_ok: a config that is not there is no error
+** (RTCTL_ENOCONFIG, nothing said).
+*/
+static int socket_of_config(const char *config, bool missing_ok, char *out, size_t len)
+{
+    if (missing_ok && access(config, F_OK) != 0 && errno == ENOENT)
+        return RTCTL_ENOCONFIG;
+    rt_conf_t *conf = malloc(sizeof(*conf));
+    char err[RT_CONF_ERR_LEN];
+    if (!conf) {
+        fprintf(stderr, "rtctl: out of memory\n");
+        return RTCTL_EXIT_USAGE;
+    }
+    rt_conf_defaults(conf);
+    int rc = rt_conf_load(conf, config, err, sizeof(err));
+    if (rc == 0 && rt_conf_admin_socket(conf, out, len) != 0)
+        snprintf(err, sizeof(err), "%s: its admin socket's path is too long", config);
+    else if (rc == 0)
+        err[0] = 0;
+    free(conf);
+    if (!err[0])
+        return 0;
+    fprintf(stderr, "rtctl: cannot find rtd's socket in the config: %s\n(-s PATH or "
+                    "$" RTCTL_SOCKET_ENV " names the socket itself)\n", err);
+    return RTCTL_EXIT_USAGE;
+}
+
 /* Takes the value of option name at argv[*i] (`--name V` or `--name=V`). */
 static const char *option_value(int argc, char **argv, int *i, const char *name)
 {
@@ -470,11 +500,32 @@ static int is_option(const char *a, const char *name)
     return strncmp(a, name, n) == 0 && (a[n] == 0 || (a[n] == '=' && name[1] == '-'));
 }
 
+/*
+** The socket to ask: -s, else -c's config's, else $RTCTL_SOCKET, else the installed config's
+** (RT_DEFAULT_CONFIG, when this rtctl was built for installing and that file exists), else
+** data/rtd.sock. Into out; 0 or RTCTL_EXIT_USAGE.
+*/
+static int pick_socket(const char *socket, const char *config, char *out, size_t len)
+{
+    const char *env = getenv(RTCTL_SOCKET_ENV);
+    if (socket || (!config && env && *env)) {
+        snprintf(out, len, "%s", socket ? socket : env);
+        return 0;
+    }
+    if (config)
+        return socket_of_config(config, false, out, len);
+#ifdef RT_DEFAULT_CONFIG
+    int rc = socket_of_config(RT_DEFAULT_CONFIG, true, out, len);
+    if (rc != RTCTL_ENOCONFIG)
+        return rc;
+#endif
+    snprintf(out, len, "%s", RTCTL_DEFAULT_SOCKET);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *path = getenv(RTCTL_SOCKET_ENV);
-    if (!path || !*path)
-        path = RTCTL_DEFAULT_SOCKET;
+    const char *socket = NULL, *config = NULL;
     double timeout_s = RTCTL_DEFAULT_TIMEOUT_S;
     int json = 0, help = 0;
     int i = 1;
@@ -484,7 +535,9 @@ int main(int argc, char **argv)
             i++;
             break;
         } else if (is_option(a, "-s") || is_option(a, "--socket")) {
-            path = option_value(argc, argv, &i, a[1] == 's' ? "-s" : "--socket");
+            socket = option_value(argc, argv, &i, a[1] == 's' ? "-s" : "--socket");
+        } else if (is_option(a, "-c") || is_option(a, "--config")) {
+            config = option_value(argc, argv, &i, a[1] == 'c' ? "-c" : "--config");
         } else if (is_option(a, "--timeout")) {
             const char *v = option_value(argc, argv, &i, "--timeout");
             if (rtctl_parse_seconds(v, &timeout_s) < 0)
@@ -497,6 +550,12 @@ int main(int argc, char **argv)
             usage_error("unknown option '%s'", a);
         }
     }
+    if (socket && config)
+        usage_error("%s", "-s and -c both name the socket: give one");
+    static char path[RTCTL_MAX_PATH];
+    int picked = pick_socket(socket, config, path, sizeof(path));
+    if (picked)
+        return picked;
     signal(SIGPIPE, SIG_IGN);
     if (help || (i < argc && strcmp(argv[i], "help") == 0 && i + 1 == argc && !json))
         return help_main(path, timeout_s);

@@ -2,14 +2,21 @@
  * rtctl: the admin socket client of rtd (docs/ADMIN.md).
  *
  * rtctl.c holds the command line, the connection and the protocol; rtctl_top.c the live
- * `rtctl top` screen and its batch modes. Only libc is used.
+ * `rtctl top` screen and its batch modes. Besides libc, rtd's config loader (rtctl -c).
  */
 #ifndef RTCTL_H
 #define RTCTL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define RTCTL_DEFAULT_SOCKET "data/rtd.sock" /* what `make run` uses (data_dir "data") */
+#ifdef RT_DEFAULT_CONFIG
+#define RTCTL_DEFAULT_WHERE "the socket of " RT_DEFAULT_CONFIG ", else " RTCTL_DEFAULT_SOCKET
+#else
+#define RTCTL_DEFAULT_WHERE RTCTL_DEFAULT_SOCKET
+#endif
+#define RTCTL_MAX_PATH 4096 /* the socket's path, bytes */
 #define RTCTL_SOCKET_ENV "RTCTL_SOCKET"
 #define RTCTL_DEFAULT_TIMEOUT_S 30.0 /* connect and each response; a rules reload takes seconds */
 #define RTCTL_MAX_LINE (64 * 1024)   /* a request line, as rtd accepts it, bytes */
@@ -26,6 +33,7 @@
 #define RTCTL_ETIMEOUT (-2) /* no complete response within the timeout */
 #define RTCTL_EPROTO (-3)   /* the response does not follow the protocol */
 #define RTCTL_ETOOLONG (-4) /* the request line is longer than RTCTL_MAX_LINE */
+#define RTCTL_ENOCONFIG (-5) /* the installed config is not there (its socket is no default) */
 
 /* One connection to the admin socket. The body buffer belongs to the connection and is
  * valid until the next request or rtctl_conn_close(). */
@@ -59,6 +67,8 @@ double rtctl_now(void);
 /* Parses a positive number of seconds (fractions allowed); 0 on success, -1 otherwise. */
 int rtctl_parse_seconds(const char *s, double *out);
 
+/* `rtctl top --help`: what top takes (rtctl --help shows it too). */
+extern const char rtctl_top_usage[];
 /* `rtctl top ARGS...`: the words after `top`. json is set when --json came before `top`. */
 int rtctl_top_main(const char *path, double timeout_s, int json, int argc, char **argv);
 

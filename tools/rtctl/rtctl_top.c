@@ -163,6 +163,16 @@ static void top_fail(top_t *t, int err)
     exit(RTCTL_EXIT_FAIL);
 }
 
+const char rtctl_top_usage[] =
+    "usage: rtctl top [-d|--delay S] [-n N] [--sort KEY] [--once [--width W] [--height H]]\n"
+    "                 [--count K] [--json]\n"
+    "top: a live view of the node and its busiest actors, refreshed every -d seconds (1).\n"
+    "  keys: r reductions/interval  R reductions total  m memory  b mailbox\n"
+    "        c CPU/interval  C CPU total  q or Ctrl-C quit; any other key redraws\n"
+    "  --once: one frame as plain text (also when stdout is not a terminal); -n N rows;\n"
+    "  --json: one JSON sample per line, --count K of them -d apart (default 1).\n"
+    "  KEY: reductions, reductions_total, memory, mailbox, cpu, cpu_total.\n";
+
 static void usage_error(const char *fmt, const char *arg)
 {
     fprintf(stderr, "rtctl top: ");
@@ -492,7 +502,10 @@ int rtctl_top_main(const char *path, double timeout_s, int json, int argc, char 
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--once") == 0) {
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(rtctl_top_usage, stdout);
+            return RTCTL_EXIT_OK;
+        } else if (strcmp(a, "--once") == 0) {
             once = 1;
         } else if (strcmp(a, "--json") == 0) {
             json = 1;

@@ -116,10 +116,13 @@ async function readEvents(r, onEvents) {
   }
 }
 
+// An element; attrs.style is an object of CSS properties, set through the CSSOM: the page's
+// Content-Security-Policy (style-src 'self') refuses style attributes, not the CSSOM.
 function el(tag, attrs = {}, ...kids) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (k === "class") e.className = v;
+    else if (k === "style") Object.assign(e.style, v);
     else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
     else e.setAttribute(k, v);
   }
@@ -224,7 +227,7 @@ function onTop(top) {
   $("fig-sessions").textContent = fmtNum(n.sessions);
   $("fig-rss").textContent = fmtBytes(n.memory.rss);
   $("fig-scheds").replaceChildren(...n.schedulers.map((x, i) => el("span",
-    { style: `color:${COLORS[i % COLORS.length]}` }, `${x.kind[0]}${x.id} `,
+    { style: { color: COLORS[i % COLORS.length] } }, `${x.kind[0]}${x.id} `,
     el("b", {}, (x.utilisation * 100).toFixed(0) + "%"))));
   dash.actors = top.actors;
   renderActors();

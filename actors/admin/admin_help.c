@@ -1,0 +1,98 @@
+/*
+** `help [COMMAND]` and `COMMAND --help`: the command list, or what one command (or every
+** command of a word) does, what it takes, and what it needs over HTTP, from the command
+** table's usage and about texts.
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include "admin_impl.h"
+
+/* Whether k is a command (not an alias) of word, and of sub when sub is given. */
+static bool describes(const rt_admin_command_t *k, const char *word, const char *sub)
+{
+    return k->usage && strcmp(k->word, word) == 0 && (!sub || (k->sub && strcmp(k->sub, sub) == 0));
+}
+
+/* What the HTTP API needs for k: its method and role. */
+static const char *http_method(const rt_admin_command_t *k)
+{
+    return k->flags & RT_ADMIN_CHANGES ? "POST" : "GET";
+}
+
+static const char *http_role(const rt_admin_command_t *k)
+{
+    return k->flags & (RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE) ? "admin" : "read";
+}
+
+static void describe_text(rt_buf_t *out, const rt_admin_command_t *k)
+{
+    RT_ASSERT(k->about);
+    rt_buf_printf(out, "usage: rtctl %s\n  %s\n", k->usage, k->about);
+    rt_buf_printf(out, "  %s: %s /api/v1/%s%s%s with %s key.\n",
+                  k->flags & RT_ADMIN_CHANGES ? "Changes rtd; over HTTP" : "Over HTTP",
+                  http_method(k), k->word, k->sub ? "/" : "", k->sub ? k->sub : "",
+                  k->flags & (RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE) ? "an admin"
+                                                                    : "a read or admin");
+}
+
+static void describe_json(rt_doc_t *list, const rt_admin_command_t *k)
+{
+    rt_doc_t *o = rt_doc_add_object(list, NULL);
+    rt_doc_add_str(o, "usage", k->usage);
+    rt_doc_add_str(o, "about", k->about);
+    rt_doc_add_bool(o, "changes", k->flags & RT_ADMIN_CHANGES);
+    rt_doc_add_str(o, "http_method", http_method(k));
+    rt_doc_add_str(o, "http_role", http_role(k));
+}
+
+/* The list of every command. */
+static int list_all(rt_admin_cmd_t *c)
+{
+    if (c->json) {
+        if (!(c->doc = rt_doc_array()))
+            return rt__admin_fail(c, 500, "out of memory");
+        for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
+            if (k->usage)
+                rt_doc_add_str(c->doc, NULL, k->usage);
+        return 200;
+    }
+    rt_buf_printf(&c->text, "rtctl commands (each takes --json; COMMAND --help says more):\n");
+    for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++)
+        if (k->usage)
+            rt_buf_printf(&c->text, "  %s\n", k->usage);
+    rt_buf_printf(&c->text, "A word alone (clients, subscriptions, actors, rules, sinks, "
+                            "retained, apikey, log) lists.\n");
+    return 200;
+}
+
+int rt__admin_help(rt_admin_cmd_t *c)
+{
+    /* `help clients list` names it after help; `clients list --help` by itself. */
+    int first = c->help ? 0 : 1;
+    if (c->argc <= first)
+        return list_all(c);
+    const char *word = c->argv[first], *sub = c->argc > first + 1 ? c->argv[first + 1] : NULL;
+    bool any = false;
+    for (const rt_admin_command_t *k = rt__admin_commands; k->word && !any; k++)
+        any = describes(k, word, sub);
+    if (!any)
+        sub = NULL; /* "status extra": the words after a command alone are its arguments */
+    if (c->json && !(c->doc = rt_doc_array()))
+        return rt__admin_fail(c, 500, "out of memory");
+    any = false;
+    for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++) {
+        if (!describes(k, word, sub))
+            continue;
+        if (c->json)
+            describe_json(c->doc, k);
+        else
+            describe_text(&c->text, k);
+        any = true;
+    }
+    if (!any)
+        return rt__admin_fail(c, 400, "unknown command \"%s%s%s\"; try: help", word,
+                              c->argc > first + 1 ? " " : "",
+                              c->argc > first + 1 ? c->argv[first + 1] : "");
+    return 200;
+}
