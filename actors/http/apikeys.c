@@ -115,6 +115,19 @@ rt_http_role_t rt_http_key_role(const char *key)
     return role;
 }
 
+void rt_http_key_name(const char *key, char *name, size_t len)
+{
+    unsigned char h[32];
+    name[0] = 0;
+    if (!key[0] || !sha256(key, h))
+        return;
+    pthread_mutex_lock(&K.lock);
+    for (size_t i = 0; i < K.n; i++)
+        if (CRYPTO_memcmp(K.keys[i].hash, h, 32) == 0)
+            snprintf(name, len, "%s", K.keys[i].name);
+    pthread_mutex_unlock(&K.lock);
+}
+
 int rt_http_apikey_main(int argc, char **argv)
 {
     const char *file = "etc/api_keys";

@@ -42,6 +42,8 @@ typedef enum { RT_HTTP_ROLE_NONE, RT_HTTP_ROLE_READ, RT_HTTP_ROLE_ADMIN } rt_htt
 int rt_http_keys_load(const char *path, char *err, size_t errlen);
 /* The role of a presented key (NONE: unknown). Compared in constant time per entry. */
 rt_http_role_t rt_http_key_role(const char *key);
+/* The name of a presented key, for the log of who changed what ("" when it is unknown). */
+void rt_http_key_name(const char *key, char *name, size_t len);
 /* `rtd apikey NAME read|admin [-f FILE]`: makes a key, prints it once, stores its hash. */
 int rt_http_apikey_main(int argc, char **argv);
 
