@@ -74,12 +74,21 @@ int rt_admin_reload_rules(char *err, size_t errlen);
 ** final code.
 */
 typedef void (*rt_admin_answer_fn)(void *ctx, int code, const char *body, size_t len);
+/* Who asks (rt_admin_exec_t.via), for the log of changes. */
+typedef enum { RT_ADMIN_VIA_RTCTL, RT_ADMIN_VIA_HTTP, RT_ADMIN_VIA_NODE } rt_admin_via_t;
 typedef struct rt_admin_exec_s {
     uint64_t cookie;                /* of the answer awaited; 0: none */
     struct rt_admin_cmd_s *waiting; /* a gathering command, or NULL */
     struct rt_admin_trace_s *trace; /* a trace being streamed, or NULL */
     rt_sock_t *sock; /* the front end's socket: a trace drops what would pile up unsent on it */
     rt_ref_t timer;
+    /* Who asks, set by the front end before rt_admin_exec_start: every request that would
+       change rtd is logged (admin.change) with it and the answer's code. */
+    rt_admin_via_t via;
+    long uid, pid;    /* rtctl: the admin socket's peer (SO_PEERCRED) */
+    char who[64];     /* http: the API key's name */
+    char peer[64];    /* http: the client's address */
+    char change[128]; /* the changing request being answered (its words, cut); "" if none */
 } rt_admin_exec_t;
 /* Tags the answer to a waiting request comes in (pass every other message to exec_message). */
 #define RT_ADMIN_MSG_JOB_DONE (RT_MSG_USER + 2)       /* data: rt_admin_job_done_t, the body */
@@ -95,7 +104,7 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
                          unsigned refuse, rt_admin_answer_fn fn, void *ctx);
 /* A message to the actor: true if it gave the waiting request its final answer. */
 bool rt_admin_exec_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn fn, void *ctx);
-/* Drops a waiting request, and ends a trace (the actor is ending). */
+/* Drops a waiting request, and ends a trace (the actor is ending). Keeps who asks. */
 void rt_admin_exec_free(rt_admin_exec_t *x);
 
 /*

@@ -176,6 +176,8 @@ static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
     rt_doc_add_u64(o, "queued", ci->queued);
     rt_doc_add_u64(o, "dropped", ci->dropped);
     rt_doc_add_u64(o, "dropped_qos12", ci->dropped_owed);
+    rt_doc_add_u64(o, "acl_denied_publish", ci->acl_denied_publish);
+    rt_doc_add_u64(o, "acl_denied_subscribe", ci->acl_denied_subscribe);
     rt_doc_add_u64(o, "rate_limited", ci->rate_limited);
     rt_doc_add_str(o, "transport", ci->transport);
     memory_doc(o, ci->pid, full);

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "acl.h"
 #include "admin_impl.h"
 #include "cluster.h"
 #include "conn.h"
@@ -123,6 +124,34 @@ static void count_doc(rt_doc_t *parent, const char *key, const rt_count_t *n)
     rt_doc_add_u64(o, "max", n->max);
 }
 
+/* Refusals an operator watches for: logins by reason, requests the ACL refused. */
+static void refusals(rt_admin_cmd_t *c)
+{
+    static const char *const acl_names[3] = {"publish", "subscribe", "deliver"};
+    rt_acl_stats_t a;
+    rt_acl_stats(&a);
+    uint64_t auth[RT_AUTH_FAILED_REASONS],
+        acl[3] = {a.denied_publish, a.denied_subscribe, a.denied_read};
+    for (int r = 0; r < RT_AUTH_FAILED_REASONS; r++)
+        auth[r] = atomic_load_explicit(&rt_broker->stats.auth_failed[r], memory_order_relaxed);
+    if (!c->json) {
+        for (int r = 0; r < RT_AUTH_FAILED_REASONS; r++)
+            rt_buf_printf(&c->text, "auth_failures/%s%*s: %llu\n", rt_auth_failed_names[r],
+                          (int)(23 - strlen(rt_auth_failed_names[r])), "",
+                          (unsigned long long)auth[r]);
+        for (int k = 0; k < 3; k++)
+            rt_buf_printf(&c->text, "acl_denied/%s%*s: %llu\n", acl_names[k],
+                          (int)(27 - strlen(acl_names[k])), "", (unsigned long long)acl[k]);
+        return;
+    }
+    rt_doc_t *o = rt_doc_add_object(c->doc, "auth_failures");
+    for (int r = 0; r < RT_AUTH_FAILED_REASONS; r++)
+        rt_doc_add_u64(o, rt_auth_failed_names[r], auth[r]);
+    o = rt_doc_add_object(c->doc, "acl_denied");
+    for (int k = 0; k < 3; k++)
+        rt_doc_add_u64(o, acl_names[k], acl[k]);
+}
+
 static int cmd_broker_stats(rt_admin_cmd_t *c)
 {
     if (!rt_broker)
@@ -149,6 +178,7 @@ static int cmd_broker_stats(rt_admin_cmd_t *c)
             rt_buf_printf(&c->text, "%s/max%*s: %s\n", names[i], (int)(17 - strlen(names[i])), "",
                           max);
         }
+        refusals(c);
         return 200;
     }
     if (need_object(c))
@@ -160,6 +190,7 @@ static int cmd_broker_stats(rt_admin_cmd_t *c)
     count_doc(c->doc, "retained", &n.retained);
     count_doc(c->doc, "retained_bytes", &n.retained_bytes);
     rt_doc_add_u64(c->doc, "shared_groups", n.shared_groups);
+    refusals(c);
     return 200;
 }
 
@@ -279,6 +310,8 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         rt_doc_add_u64(o, "refused_error", ls[i].refused_error);
         rt_doc_add_u64(o, "refused_untrusted_proxy", ls[i].refused_untrusted);
         rt_doc_add_u64(o, "refused_fd_reserve", ls[i].refused_fds);
+        rt_doc_add_u64(o, "acl_denied_publish", ls[i].acl_denied_publish);
+        rt_doc_add_u64(o, "acl_denied_subscribe", ls[i].acl_denied_subscribe);
         add_transport(o, (unsigned)i);
     }
     return 200;

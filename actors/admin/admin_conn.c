@@ -3,9 +3,11 @@
 ** and answers them in order, each here, through the worker, or from the replies
 ** of connection actors, and stops reading while its unsent answers pile up.
 */
+#define _GNU_SOURCE /* struct ucred */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "admin_impl.h"
@@ -81,6 +83,16 @@ static int admin_conn_init(rt_actor_t *self, void *state, void *arg)
         return RT_EINVAL;
     }
     k->exec.sock = k->sock;
+    /* Who asks: the socket is 0600, so rtd's own user or root, and its changes are logged
+       with the uid and pid the kernel vouches for. */
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    k->exec.via = RT_ADMIN_VIA_RTCTL;
+    k->exec.uid = k->exec.pid = -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        k->exec.uid = (long)cred.uid;
+        k->exec.pid = (long)cred.pid;
+    }
     return 0;
 }
 

@@ -9,6 +9,41 @@
 
 #include "admin_impl.h"
 #include "cluster.h"
+#include "log.h"
+
+/*
+** A request that changes rtd (RT_ADMIN_CHANGES), answered or refused, in the log with who
+** asked: the rtctl user's uid, the API key's name, or another node (which may only look).
+*/
+static void log_change(rt_admin_exec_t *x, int code)
+{
+    if (!x->change[0])
+        return;
+    rt_log_level_t level = code >= 200 && code < 300 ? RT_LOG_INFO : RT_LOG_WARNING;
+    if (x->via == RT_ADMIN_VIA_RTCTL)
+        rt_log(level, "admin.change", "via=rtctl uid=%ld pid=%ld command=%s status=%d", x->uid,
+               x->pid, x->change, code);
+    else if (x->via == RT_ADMIN_VIA_HTTP)
+        rt_log(level, "admin.change", "via=http api_key=%s peer=%s command=%s status=%d",
+               x->who[0] ? x->who : "-", x->peer, x->change, code);
+    else
+        rt_log(level, "admin.change", "via=node command=%s status=%d", x->change, code);
+    x->change[0] = 0;
+}
+
+/* The changing request's words, for log_change: "config set max_connections 5000". */
+static void note_change(rt_admin_exec_t *x, const rt_admin_cmd_t *c)
+{
+    size_t at = 0, cap = sizeof(x->change) - 1;
+    for (int i = 0; i < c->argc && at < cap; i++) {
+        if (i)
+            x->change[at++] = ' ';
+        size_t n = c->arglen[i] < cap - at ? c->arglen[i] : cap - at;
+        memcpy(x->change + at, c->argv[i], n); /* a NUL in a word ends the value logged */
+        at += n;
+    }
+    x->change[at] = 0;
+}
 
 static void answer_cmd(rt_admin_cmd_t *c, rt_admin_answer_fn fn, void *ctx)
 {
@@ -28,6 +63,7 @@ static void finish_gather(rt_admin_exec_t *x, rt_admin_answer_fn fn, void *ctx)
         x->timer = 0;
     }
     rt__admin_gather_finish(x->waiting);
+    log_change(x, x->waiting->code);
     answer_cmd(x->waiting, fn, ctx);
     rt__admin_cmd_free(x->waiting);
     x->waiting = NULL;
@@ -65,6 +101,8 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
     if (raw)
         memcpy(raw, line, len);
     const rt_admin_command_t *cmd = rt__admin_parse(c, line, len);
+    if (cmd && (cmd->flags & RT_ADMIN_CHANGES))
+        note_change(x, c);
     if (cmd && (cmd->flags & refuse)) {
         rt__admin_fail(c, 403, "\"%s%s%s\" %s: it needs the admin role", cmd->word,
                        cmd->sub ? " " : "", cmd->sub ? cmd->sub : "",
@@ -100,8 +138,10 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
     }
     free(raw);
     bool answered = !x->cookie;
-    if (c && answered)
+    if (c && answered) {
+        log_change(x, c->code);
         answer_cmd(c, fn, ctx);
+    }
     if (c)
         rt__admin_cmd_free(c);
     return answered;
@@ -121,6 +161,7 @@ bool rt_admin_exec_message(rt_admin_exec_t *x, rt_msg_t *m, rt_admin_answer_fn f
         if (a.cookie != x->cookie)
             return false;
         x->cookie = 0;
+        log_change(x, a.code);
         fn(ctx, a.code, (const char *)m->data + sizeof(a), m->len - sizeof(a));
         return true;
     }
@@ -145,7 +186,12 @@ void rt_admin_exec_free(rt_admin_exec_t *x)
     if (x->waiting)
         rt__admin_cmd_free(x->waiting);
     rt__admin_trace_end(x);
-    rt_sock_t *sock = x->sock;
+    rt_admin_exec_t kept = *x;
     memset(x, 0, sizeof(*x));
-    x->sock = sock;
+    x->sock = kept.sock;
+    x->via = kept.via;
+    x->uid = kept.uid;
+    x->pid = kept.pid;
+    memcpy(x->who, kept.who, sizeof(x->who));
+    memcpy(x->peer, kept.peer, sizeof(x->peer));
 }

@@ -73,7 +73,7 @@ int rt_admin_reload_rules(char *err, size_t errlen)
     pthread_mutex_unlock(&live.reload_lock);
     rt_rules_stats_t st = {0};
     if (rc)
-        rt_log(RT_LOG_ERROR, "rules.reload_failed", "ms=%.1f %s", ms, err);
+        rt_log(RT_LOG_ERROR, "rules.reload_failed", "ms=%.1f error=%s", ms, err);
     else if (rt_rules_stats(&st) == 0)
         rt_log(RT_LOG_INFO, "rules.reloaded", "version=%llu rules=%u ms=%.1f rules_dir=%s",
                (unsigned long long)st.version, st.rules, ms, live.conf->rules_dir);
@@ -182,7 +182,9 @@ int rt__admin_conf_set(const char *key, const char *value, char *err, size_t err
         pthread_mutex_lock(&live.conf_lock);
         *live.conf = *scratch;
         pthread_mutex_unlock(&live.conf_lock);
-        rt_log(RT_LOG_WARNING, "config.set", "%s (rtctl)", assignment);
+        /* The broker logs its own settings' changes, with the value they had. */
+        if (!broker_live(key))
+            rt_log(RT_LOG_WARNING, "config.set", "setting=%s value=%s", key, value);
     }
     pthread_mutex_unlock(&live.reload_lock);
     free(scratch);

@@ -15,16 +15,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "acl.h"
 #include "admin_impl.h"
 #include "cluster.h"
 #include "conn.h"
 #include "rule_engine.h"
 #include "sink.h"
+#include "tls.h"
 
 #define LISTENERS_MAX RT_CONF_MAX_LISTENERS
 #define RULES_MAX 1024
 #define SINKS_MAX 64
 #define SCHEDS_MAX 256
+#define CERTS_MAX (RT_TLS_SERVERS * (1 + RT_CONF_MAX_SNI))
 
 /* What one scrape reads, gathered before anything is written. */
 typedef struct {
@@ -45,6 +48,9 @@ typedef struct {
     rt_stats_t rs;
     rt_admin_kinds_t kinds;
     rt_hist_snap_t gc_pauses, delivery;
+    rt_acl_stats_t acl;
+    rt_tls_cert_t certs[CERTS_MAX];
+    size_t ncerts;
 } scrape_t;
 
 /* ---- The format ---- */
@@ -314,6 +320,19 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
     one_u64(b, "rt_connect_too_large_total", "counter",
             "Connections ended for a CONNECT past max_connect_size.",
             load(&st->connect_too_large));
+    family(b, "rt_auth_failures_total", "counter",
+           "CONNECTs whose login was refused, by reason: bad_password, unknown_user, "
+           "anonymous_refused (anonymous where anonymous clients may not connect), "
+           "no_certificate_identity (identity_as_username, a certificate that names no one).");
+    for (int r = 0; r < RT_AUTH_FAILED_REASONS; r++)
+        u64(b, "rt_auth_failures_total", load(&st->auth_failed[r]), "reason",
+            rt_auth_failed_names[r], NULL);
+    family(b, "rt_acl_denied_total", "counter",
+           "Requests the ACL refused, by action: publish (PUBLISH and wills), subscribe "
+           "(SUBSCRIBE filters), deliver (messages withheld from a subscription it filters).");
+    u64(b, "rt_acl_denied_total", s->acl.denied_publish, "action", "publish", NULL);
+    u64(b, "rt_acl_denied_total", s->acl.denied_subscribe, "action", "subscribe", NULL);
+    u64(b, "rt_acl_denied_total", s->acl.denied_read, "action", "deliver", NULL);
     one_u64(b, "rt_max_connections", "gauge",
             "The max_connections limit, all listeners together (0: none).",
             (uint64_t)(RT_LIVE(max_connections) > 0 ? RT_LIVE(max_connections) : 0));
@@ -362,6 +381,40 @@ static void listeners_section(rt_buf_t *b, const scrape_t *s)
         for (size_t j = 0; j < sizeof(r) / sizeof(r[0]); j++)
             u64(b, "rt_listener_refused_total", r[j].v, "listener", where[i], "kind", kind,
                 "reason", r[j].reason, NULL);
+    }
+    family(b, "rt_listener_acl_denied_total", "counter",
+           "Its clients' requests the ACL refused, by action: publish (PUBLISH and wills), "
+           "subscribe.");
+    for (size_t i = 0; i < s->nlisteners; i++) {
+        const char *kind = rt_listener_kind((unsigned)i);
+        u64(b, "rt_listener_acl_denied_total", s->listeners[i].acl_denied_publish, "listener",
+            where[i], "kind", kind, "action", "publish", NULL);
+        u64(b, "rt_listener_acl_denied_total", s->listeners[i].acl_denied_subscribe, "listener",
+            where[i], "kind", kind, "action", "subscribe", NULL);
+    }
+}
+
+/* Each certificate a TLS listener serves (an SNI name's too): when it expires. */
+static void tls_section(rt_buf_t *b, const scrape_t *s)
+{
+    if (!s->ncerts)
+        return;
+    family(b, "rt_tls_certificate_not_after_seconds", "gauge",
+           "When the certificate expires (its notAfter), in seconds since 1970: alert on "
+           "rt_tls_certificate_not_after_seconds - time() < 14 * 86400.");
+    for (size_t i = 0; i < s->ncerts; i++) {
+        const rt_tls_cert_t *c = &s->certs[i];
+        char where[128];
+        const rt_listen_t *l = c->listener == RT_TLS_HTTP ? &rt_broker->conf.http.where
+                                                          : &rt_broker->conf.listeners[c->listener];
+        bool v6 = strchr(l->host, ':') != NULL;
+        int port = c->listener == RT_TLS_HTTP    ? l->port
+                   : c->listener < s->nlisteners ? s->listeners[c->listener].port
+                                                 : 0;
+        snprintf(where, sizeof(where), "%s%.64s%s:%d", v6 ? "[" : "", l->host, v6 ? "]" : "", port);
+        const char *kind = c->listener == RT_TLS_HTTP ? "https" : rt_listener_kind(c->listener);
+        i64(b, "rt_tls_certificate_not_after_seconds", c->not_after_s, "listener", where, "kind",
+            kind, "sni", c->sni, "subject", c->subject, NULL);
     }
 }
 
@@ -524,7 +577,11 @@ static void gather(scrape_t *s)
         s->nlisteners = rt_broker_listeners(s->listeners, LISTENERS_MAX);
         if (s->nlisteners > LISTENERS_MAX)
             s->nlisteners = LISTENERS_MAX;
+        s->ncerts = rt_tls_certificates(s->certs, CERTS_MAX);
+        if (s->ncerts > CERTS_MAX)
+            s->ncerts = CERTS_MAX;
     }
+    rt_acl_stats(&s->acl);
     s->rules_running = rt_rules_stats(&s->rules_stats) == 0;
     if (s->rules_running && s->rules) {
         s->nrules = rt_rules_snapshot(s->rules, RULES_MAX);
@@ -582,6 +639,7 @@ int rt_admin_metrics_text(rt_buf_t *out)
     if (rt_broker) {
         broker_section(out, s);
         listeners_section(out, s);
+        tls_section(out, s);
     }
     cluster_section(out);
     rules_section(out, s);

@@ -50,6 +50,7 @@ static int remote_init(rt_actor_t *self, void *state, void *arg)
     memcpy(r->line, q->line, q->len);
     r->line[q->len] = 0;
     /* Read-only, and no clients' traffic: another node's administrator may only look. */
+    r->exec.via = RT_ADMIN_VIA_NODE;
     if (rt_admin_exec_start(self, &r->exec, r->line, q->len, RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE,
                             remote_answer, r))
         return rt_send(rt_self(self), MSG_DONE, NULL, 0);

@@ -87,6 +87,8 @@ typedef struct setting_s {
 } setting_t;
 
 static const char *const log_levels[] = {"error", "warning", "info", "debug", NULL};
+static const char *const log_formats[] = {"logfmt", "json", NULL};
+static const char *const log_journal_modes[] = {"auto", "on", "off", NULL};
 static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
 
 #define OFF(f) offsetof(rt_conf_t, f)
@@ -177,6 +179,13 @@ static const setting_t settings[] = {
     PATH(admin_socket, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"),
     {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
      "error, warning, info or debug"},
+    {"log_format", K_STRING, OFF(log_format), sizeof(((rt_conf_t *)0)->log_format), 0, 0,
+     log_formats, "logfmt or json: key=value pairs (quoted when needed), or a JSON object a line"},
+    PATH(log_file, "\"\" = stderr (the journal under systemd); else a file, reopened on SIGHUP"),
+    {"log_journal", K_STRING, OFF(log_journal), sizeof(((rt_conf_t *)0)->log_journal), 0, 0,
+     log_journal_modes,
+     "auto, on or off: priority prefixes (<3> error ... <7> debug) on stderr; auto: when stderr "
+     "is the journal's"},
     {"sinks", K_SECTIONS, OFF(sinks), 0, 0, 0, NULL, "name = { type = \"sqlite\", ... }"},
 };
 
@@ -251,6 +260,8 @@ void rt_conf_defaults(rt_conf_t *c)
     c->restart_period = RT_CONF_RESTART_PERIOD;
     snprintf(c->data_dir, sizeof(c->data_dir), "data");
     snprintf(c->log_level, sizeof(c->log_level), "info");
+    snprintf(c->log_format, sizeof(c->log_format), "logfmt");
+    snprintf(c->log_journal, sizeof(c->log_journal), "auto");
 }
 
 static const setting_t *find_setting(const char *name)

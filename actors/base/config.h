@@ -283,6 +283,9 @@ typedef struct rt_conf_s {
     long restart_period;    /* ... within this many seconds */
     char data_dir[256];
     char log_level[16];     /* error, warning, info, debug */
+    char log_format[8];     /* logfmt or json (actors/base/log.h) */
+    char log_file[256];     /* "" = stderr; else a file reopened on SIGHUP */
+    char log_journal[8];    /* auto, on, off: the journal's priority prefixes on stderr */
     char admin_socket[256]; /* rtctl's unix socket; "" = data_dir/rtd.sock */
 
     /* Sinks (actors/sink.h checks each one's keys). */

@@ -66,12 +66,12 @@ void rt_group_log_event(const rt_sup_event_t *e, void *ud)
         break;
     case RT_SUP_START_FAILED:
         rt_log(RT_LOG_ERROR, "supervisor.start_failed",
-               "supervisor=%s child=%s reason=%s error=\"%s\": giving up", sup, e->child, why,
+               "supervisor=%s child=%s reason=%s error=%s giving up", sup, e->child, why,
                rt_strerror(e->error));
         break;
     case RT_SUP_GAVE_UP:
         rt_log(RT_LOG_ERROR, "supervisor.gave_up",
-               "supervisor=%s child=%s reason=%s pid=%s: more than %u restarts within %u ms, "
+               "supervisor=%s child=%s reason=%s pid=%s more than %u restarts within %u ms, "
                "stopping its children",
                sup, e->child, why, old, e->intensity, e->period_ms);
         break;

@@ -125,6 +125,13 @@ void rt__broker_count_socket(unsigned listener, int delta)
     }
 }
 
+const char *const rt_auth_failed_names[RT_AUTH_FAILED_REASONS] = {
+    [RT_AUTH_FAILED_BAD_PASSWORD] = "bad_password",
+    [RT_AUTH_FAILED_UNKNOWN_USER] = "unknown_user",
+    [RT_AUTH_FAILED_ANONYMOUS] = "anonymous_refused",
+    [RT_AUTH_FAILED_NO_CERT_NAME] = "no_certificate_identity",
+};
+
 size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
 {
     const rt_conf_t *conf = &rt_broker->conf;
@@ -148,6 +155,8 @@ size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
         o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
         o->refused_untrusted = atomic_load(&st->refused[RT_REFUSED_UNTRUSTED]);
         o->refused_fds = atomic_load(&st->refused[RT_REFUSED_FDS]);
+        o->acl_denied_publish = atomic_load(&st->acl_denied[RT_ACL_DENIED_PUBLISH]);
+        o->acl_denied_subscribe = atomic_load(&st->acl_denied[RT_ACL_DENIED_SUBSCRIBE]);
         o->max_connections = RT_LIVE(max_connections);
     }
     return conf->nlisteners;
@@ -687,6 +696,6 @@ int rt_broker_set_limit(const char *key, const char *value, char *err, size_t er
         atomic_store_explicit(live_field(l), v, memory_order_relaxed);
     if (l->set)
         l->set(v);
-    rt_log(RT_LOG_INFO, "config.set", "%s=%s was=%s", key, now, was);
+    rt_log(RT_LOG_INFO, "config.set", "setting=%s value=%s was=%s", key, now, was);
     return 0;
 }

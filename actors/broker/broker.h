@@ -14,6 +14,19 @@
 #include "rt.h"
 #include "topic_trie.h"
 
+/* Why a CONNECT's login was refused (index of rt_broker_stats_t.auth_failed). */
+enum {
+    RT_AUTH_FAILED_BAD_PASSWORD, /* a known user, a wrong password */
+    RT_AUTH_FAILED_UNKNOWN_USER, /* a user name the password file does not have */
+    RT_AUTH_FAILED_ANONYMOUS,    /* anonymous, from where anonymous clients may not come */
+    RT_AUTH_FAILED_NO_CERT_NAME, /* identity_as_username: the certificate names no one */
+    RT_AUTH_FAILED_REASONS
+};
+extern const char *const rt_auth_failed_names[RT_AUTH_FAILED_REASONS]; /* "bad_password", ... */
+
+/* What an ACL denial refused (index of the denial counters). */
+enum { RT_ACL_DENIED_PUBLISH, RT_ACL_DENIED_SUBSCRIBE, RT_ACL_DENIED_KINDS };
+
 typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t connections;      /* connected now (CONNACK sent) */
     atomic_uint_fast64_t sockets;          /* connection actors alive */
@@ -43,6 +56,7 @@ typedef struct rt_broker_stats_s {
     _Atomic int64_t preauth_bytes;        /* bytes held for connections not authenticated yet */
     atomic_uint_fast64_t preauth_refused; /* connections ended at max_preauth_memory */
     atomic_uint_fast64_t connect_too_large; /* CONNECTs past max_connect_size */
+    atomic_uint_fast64_t auth_failed[RT_AUTH_FAILED_REASONS]; /* logins refused, by reason */
     /* Kept by the connection actor (conn.c), read by $SYS (sys.c). Bytes and messages
        in and out count at every packet: they are per-thread metrics (rt_broker_metrics). */
     atomic_uint_fast64_t connects; /* CONNECTs accepted (CONNACK 0), ever */
@@ -58,6 +72,7 @@ typedef struct rt_listener_stats_s {
     atomic_uint_fast64_t connections; /* sockets open now that came in through it */
     atomic_uint_fast64_t accepted;
     atomic_uint_fast64_t refused[7]; /* by reason: RT_REFUSED_* */
+    atomic_uint_fast64_t acl_denied[RT_ACL_DENIED_KINDS]; /* its clients' denials (denials.c) */
 } rt_listener_stats_t;
 
 /* Why the listener refused a connection (index of rt_listener_stats_t.refused). */
@@ -250,6 +265,7 @@ typedef struct rt_listener_info_s {
     uint64_t refused_max_connections, refused_per_ip, refused_rate, refused_error;
     uint64_t refused_untrusted;
     uint64_t refused_fds;
+    uint64_t acl_denied_publish, acl_denied_subscribe; /* its clients' requests the ACL refused */
     long max_connections; /* broker-wide: it counts every listener's sockets together */
 } rt_listener_info_t;
 
@@ -323,6 +339,8 @@ typedef struct rt_client_info_s {
     uint32_t inflight_window; /* how many may be: min(client's receive maximum, max_inflight) */
     uint32_t queued;          /* messages waiting to be sent */
     uint32_t rate_limited;    /* times its rate limit slowed it (reading paused) */
+    uint32_t acl_denied_publish;   /* its PUBLISHes (and will) the ACL refused */
+    uint32_t acl_denied_subscribe; /* its subscriptions the ACL refused */
     char transport[8];        /* its listener's kind: tcp, tls, ws or wss ("" while offline) */
     uint16_t keepalive;       /* seconds, as granted */
     uint16_t client_id_len;   /* the id's full length */

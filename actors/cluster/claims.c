@@ -134,6 +134,13 @@ static void holder_node(const char *holder, char *node, size_t cap)
     snprintf(node, cap, "%.*s", (int)strcspn(holder, " "), holder);
 }
 
+/* The run of a holder's value ("<node> <run>"), for the log; "" if it names none. */
+static const char *holder_run(const char *holder)
+{
+    const char *run = strchr(holder, ' ');
+    return run ? run + 1 : "";
+}
+
 /* What a claimer learns from a holder's lease key (lease.c). */
 typedef enum {
     HOLDER_GONE,    /* the holder's run ended: its lease key names another run, or it was seen
@@ -269,8 +276,9 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
             NATS_OK) {
             if (len)
                 rt_log(RT_LOG_WARNING, "cluster.session_lost",
-                       "client=%s from=%s: another node claimed the id while its session moved", id,
-                       holder);
+                       "client=%s from=%s run=%s another node claimed the id while its session "
+                       "moved",
+                       id, node, holder_run(holder));
             free(session);
             continue;
         }
@@ -281,8 +289,9 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
         if (cl->verify)
             return 0;
         atomic_fetch_add_explicit(&rt__cluster.claims_taken_over, 1, memory_order_relaxed);
-        rt_log(RT_LOG_INFO, "cluster.client_taken_over", "client=%s from=%s session_bytes=%zu%s",
-               id, holder, len, answered ? "" : " (it did not answer; its lease ran out)");
+        rt_log(RT_LOG_INFO, "cluster.client_taken_over",
+               "client=%s from=%s run=%s session_bytes=%zu %s", id, node, holder_run(holder), len,
+               answered ? "" : "(it did not answer; its lease ran out)");
         /* Its node is gone (no answer): durable mode has the session's record. */
         int64_t replay_from_ms = 0;
         if (!answered && cl->want_session &&
@@ -293,7 +302,8 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
         if (len && !imported) {
             atomic_fetch_add_explicit(&rt__cluster.sessions_move_failed, 1, memory_order_relaxed);
             rt_log(RT_LOG_ERROR, "cluster.session_lost",
-                   "client=%s from=%s: its session could not be read here", id, holder);
+                   "client=%s from=%s run=%s its session could not be read here", id, node,
+                   holder_run(holder));
         }
         if (!imported)
             return 0;
@@ -331,7 +341,7 @@ void rt__cluster_claim_one(const claim_t *cl)
                                   memory_order_relaxed);
     }
     if (r.status && r.status != RT_EEXIST)
-        rt_log(RT_LOG_WARNING, "cluster.claim_failed", "client=%s: %s", id,
+        rt_log(RT_LOG_WARNING, "cluster.claim_failed", "client=%s %s", id,
                r.status == RT_EBUSY    ? "its holder renews its lease but does not give the id up"
                : r.status == RT_EAGAIN ? "JetStream did not answer, this node's lease does not "
                                          "hold, or other nodes kept claiming it"
@@ -344,8 +354,9 @@ void rt__cluster_claim_one(const claim_t *cl)
    if the old node is gone); then the CONNECT goes on. */
 void rt__cluster_move_tail(const move_t *mv)
 {
-    char id[RT_CLIENT_TEXT_MAX], subject[RT_CONF_NODE_MAX * 2 + 24];
+    char id[RT_CLIENT_TEXT_MAX], subject[RT_CONF_NODE_MAX * 2 + 24], node[RT_CONF_NODE_MAX];
     snprintf(id, sizeof(id), "%.*s", (int)mv->len, mv->id);
+    holder_node(mv->holder, node, sizeof(node));
     rt__cluster_node_subject(mv->holder, "handover", subject, sizeof(subject));
     uint8_t *tail = NULL;
     size_t len = 0, replayed = 0;
@@ -355,8 +366,8 @@ void rt__cluster_move_tail(const move_t *mv)
         atomic_fetch_add_explicit(&rt__cluster.replays, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&rt__cluster.replayed, replayed, memory_order_relaxed);
         rt_log(RT_LOG_INFO, "cluster.session_replayed",
-               "client=%s from=%s since_ms=%" PRId64 " messages=%zu", id, mv->holder,
-               mv->replay_from_ms, replayed);
+               "client=%s from=%s run=%s since_ms=%" PRId64 " messages=%zu", id, node,
+               holder_run(mv->holder), mv->replay_from_ms, replayed);
     } else {
         answered = request_parts(subject, id, true, &tail, &len);
     }
@@ -378,8 +389,8 @@ void rt__cluster_move_tail(const move_t *mv)
                               1, memory_order_relaxed);
     if (!answered || !m)
         rt_log(RT_LOG_WARNING, "cluster.session_tail_lost",
-               "client=%s from=%s: what its old node queued after the move did not arrive", id,
-               mv->holder);
+               "client=%s from=%s run=%s what its old node queued after the move did not arrive",
+               id, node, holder_run(mv->holder));
     if (!delivered) {
         rt_cluster_claimed_t r = {.status = 0, .lease = mv->lease};
         rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
@@ -508,7 +519,7 @@ void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
        that claimed the id since (this node was frozen with the request in its socket). */
     if (phase == 1 && age > TAKEOVER_WAIT_MS + CLOCKS_APART_MS) {
         atomic_fetch_add_explicit(&rt__cluster.stale_requests, 1, memory_order_relaxed);
-        rt_log(RT_LOG_INFO, "cluster.takeover_stale", "client=%.*s age_ms=%" PRId64 ": dropped",
+        rt_log(RT_LOG_INFO, "cluster.takeover_stale", "client=%.*s age_ms=%" PRId64 " dropped",
                len > 200 ? 200 : len, natsMsg_GetData(nm), age);
         return;
     }
@@ -530,7 +541,7 @@ void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
     if (holder && phase == 1) {
         rt_exit_signal(holder, RT_REASON_TAKEOVER);
         atomic_fetch_add_explicit(&rt__cluster.given_up, 1, memory_order_relaxed);
-        rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s: claimed by another node", id);
+        rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s claimed by another node", id);
     }
     answer(reply, rlen, NULL, 0);
 }
@@ -563,6 +574,6 @@ void rt__cluster_send_reply(const reply_t *r)
         natsMsg_Destroy(nm);
     }
     if (s != NATS_OK)
-        rt_log(RT_LOG_WARNING, "cluster.answer_failed", "subject=%s bytes=%u: %s", subject,
+        rt_log(RT_LOG_WARNING, "cluster.answer_failed", "subject=%s bytes=%u %s", subject,
                r->data_len, natsStatus_GetText(s));
 }

@@ -284,7 +284,7 @@ static void on_disconnected(natsConnection *nc, void *closure)
 {
     connection_state(closure, false);
     if (!atomic_load(&rt__cluster.stopping))
-        rt_log(RT_LOG_WARNING, "cluster.disconnected", "connection=%s: NATS connection lost",
+        rt_log(RT_LOG_WARNING, "cluster.disconnected", "connection=%s NATS connection lost",
                (const char *)closure);
 }
 
@@ -319,7 +319,7 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
                dropped);
         return;
     }
-    rt_log(RT_LOG_ERROR, "cluster.nats_error", "connection=%s: %s", (const char *)closure,
+    rt_log(RT_LOG_ERROR, "cluster.nats_error", "connection=%s %s", (const char *)closure,
            nats_said(nc, err));
 }
 
@@ -330,7 +330,7 @@ static void on_closed(natsConnection *nc, void *closure)
     connection_state(closure, false);
     if (!atomic_load(&rt__cluster.stopping))
         rt_log(RT_LOG_ERROR, "cluster.closed",
-               "connection=%s: %s; NATS gave up on this connection: restart rtd once the "
+               "connection=%s %s; NATS gave up on this connection: restart rtd once the "
                "servers take its credentials",
                (const char *)closure, nats_said(nc, NATS_CONNECTION_CLOSED));
 }
@@ -462,11 +462,11 @@ static bool try_connect(int i)
         snprintf(rt__cluster.refusal[i], sizeof(rt__cluster.refusal[i]), "%s", said);
         if (s == NATS_NO_SERVER || s == NATS_TIMEOUT || s == NATS_IO_ERROR)
             rt_log(RT_LOG_WARNING, "cluster.not_connected",
-                   "connection=%s: no NATS server answers yet (%s); trying every %d ms", roles[i],
+                   "connection=%s no NATS server answers yet (%s); trying every %d ms", roles[i],
                    said, RT_CLUSTER_RETRY_MS);
         else
             rt_log(RT_LOG_ERROR, "cluster.nats_refused",
-                   "connection=%s: NATS refused: %s; trying every %d ms", roles[i], said,
+                   "connection=%s NATS refused: %s; trying every %d ms", roles[i], said,
                    RT_CLUSTER_RETRY_MS);
     }
     return false;

@@ -40,7 +40,7 @@ static void stream_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *
         rt__cluster_stream_answer((rt_pid_t)pid, token, kept);
     if (!kept && atomic_load_explicit(&rt__cluster.stream_failed, memory_order_relaxed) % 1000 == 1)
         rt_log(RT_LOG_WARNING, "cluster.stream_unconfirmed",
-               "subject=%s: %s (%" PRIu64 " not confirmed so far)", natsMsg_GetSubject(msg),
+               "subject=%s %s (%" PRIu64 " not confirmed so far)", natsMsg_GetSubject(msg),
                pae && pae->ErrText ? pae->ErrText : natsStatus_GetText(pae ? pae->Err : NATS_ERR),
                atomic_load_explicit(&rt__cluster.stream_failed, memory_order_relaxed));
     natsMsg_Destroy(msg);
@@ -172,7 +172,7 @@ void rt__cluster_session_put(const record_t *r)
     }
     if (s != NATS_OK &&
         atomic_fetch_add_explicit(&rt__cluster.records_failed, 1, memory_order_relaxed) % 1000 == 0)
-        rt_log(RT_LOG_WARNING, "cluster.session_record_failed", "client=%s: %s", id,
+        rt_log(RT_LOG_WARNING, "cluster.session_record_failed", "client=%s %s", id,
                natsStatus_GetText(s));
 }
 

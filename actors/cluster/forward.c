@@ -160,7 +160,7 @@ static void publish(const rt_message_t *msg, const rt_bin_t *bin, const forward_
     /* Said, not only counted: the first failure, then every 1000th. */
     if (atomic_fetch_add_explicit(&rt__cluster.forward_failed, 1, memory_order_relaxed) % 1000 == 0)
         rt_log(RT_LOG_WARNING, "cluster.forward_failed",
-               "topic=%.*s payload=%u props=%u: %s (nats-server's max_payload is %" PRId64
+               "topic=%.*s payload=%u props=%u %s (nats-server's max_payload is %" PRId64
                " bytes, headers included)",
                (int)(msg->topic.len > 200 ? 200 : msg->topic.len), msg->topic.p, msg->payload.len,
                msg->props.len, natsStatus_GetText(s), natsConnection_GetMaxPayload(rt__cluster.nc));
@@ -285,7 +285,7 @@ static void route_subscribe(route_t *r)
             natsSubscription_SetPendingLimits(r->subs[r->nsubs], 65536, 64 * 1024 * 1024);
             r->nsubs++;
         } else {
-            rt_log(RT_LOG_ERROR, "cluster.subscribe_failed", "subject=%s: %s", subjects[i],
+            rt_log(RT_LOG_ERROR, "cluster.subscribe_failed", "subject=%s %s", subjects[i],
                    natsStatus_GetText(s));
         }
     }
@@ -300,7 +300,7 @@ void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len)
         return;
     if (n < 0) {
         rt_log(RT_LOG_WARNING, "cluster.route_too_long",
-               "filter=%.*s: longer than a NATS subject can be; other nodes' messages for it "
+               "filter=%.*s longer than a NATS subject can be; other nodes' messages for it "
                "will not arrive",
                (int)(len > 200 ? 200 : len), filter);
         return;
@@ -310,7 +310,7 @@ void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len)
         return; /* held already: the trie says "on" once per first subscriber */
     char *copy = r ? malloc(len + 1) : NULL;
     if (!copy) {
-        rt_log(RT_LOG_ERROR, "cluster.route_failed", "filter=%.*s: out of memory",
+        rt_log(RT_LOG_ERROR, "cluster.route_failed", "filter=%.*s out of memory",
                (int)(len > 200 ? 200 : len), filter);
         return;
     }
@@ -366,7 +366,7 @@ void rt__cluster_interest_changed(void *arg, const char *filter, size_t len, boo
     if (!m ||
         rt_send_unmuted(atomic_load_explicit(&rt__cluster.out_pid, memory_order_acquire), m) != 0)
         rt_log(RT_LOG_ERROR, "cluster.route_lost",
-               "filter=%.*s on=%d: the cluster actor could not be told", (int)len, filter, on);
+               "filter=%.*s on=%d the cluster actor could not be told", (int)len, filter, on);
 }
 
 /* Publishes a routed message; a retained one also goes to the bucket, then its ack. */
@@ -381,7 +381,7 @@ void rt__cluster_forward_one(rt_msg_t *m)
     natsStatus s = rt__cluster_kv_put(&msg, m->bin);
     if (s != NATS_OK) {
         atomic_fetch_add_explicit(&rt__cluster.kv_put_failed, 1, memory_order_relaxed);
-        rt_log(RT_LOG_WARNING, "cluster.retained_put_failed", "topic=%.*s: %s",
+        rt_log(RT_LOG_WARNING, "cluster.retained_put_failed", "topic=%.*s %s",
                (int)(msg.topic.len > 200 ? 200 : msg.topic.len), msg.topic.p,
                natsStatus_GetText(s));
     }

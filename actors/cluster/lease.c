@@ -71,8 +71,8 @@ static void renewed(uint64_t sent)
     if (sent + LEASE_MS > until)
         atomic_store_explicit(&rt__cluster.lease_until_ms, sent + LEASE_MS, memory_order_release);
     if (first || atomic_exchange(&rt__cluster.lease_lapsed, false)) {
-        rt_log(RT_LOG_INFO, "cluster.lease_held", "node=%s lease_ms=%d%s", rt__cluster.node,
-               LEASE_MS, first ? "" : " (again: sessions kept here check their ids)");
+        rt_log(RT_LOG_INFO, "cluster.lease_held", "node=%s lease_ms=%d %s", rt__cluster.node,
+               LEASE_MS, first ? "" : "(again: sessions kept here check their ids)");
         tell_clients(true);
     }
 }

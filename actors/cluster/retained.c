@@ -166,7 +166,7 @@ void rt__cluster_kv_bind(rt_actor_t *self)
     if (s != NATS_OK) {
         if (!rt__cluster.kv_warned)
             rt_log(RT_LOG_WARNING, "cluster.retained_unreplicated",
-                   "bucket=%s: %s (%s); retained messages stay on their node until JetStream "
+                   "bucket=%s %s (%s); retained messages stay on their node until JetStream "
                    "answers (trying every second)",
                    rt__cluster.bucket, natsStatus_GetText(s), nats_GetLastError(NULL));
         rt__cluster.kv_warned = true;

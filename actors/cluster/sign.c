@@ -154,7 +154,7 @@ static void refuse(natsMsg *m, const char *what, const char *why)
     uint64_t now = rt_mono_ms(), last = atomic_load(&refused_logged_ms);
     if (now - last >= 1000 && atomic_compare_exchange_strong(&refused_logged_ms, &last, now))
         rt_log(RT_LOG_WARNING, "cluster.auth_refused",
-               "what=%s subject=%.200s reason=\"%s\" refused=%" PRIu64
+               "what=%s subject=%.200s reason=%s refused=%" PRIu64
                " (a NATS client without the cluster's secret, another cluster's node, or "
                "clocks more than %d s apart)",
                what, natsMsg_GetSubject(m), why, atomic_load(&refused), AUTH_WINDOW_MS / 1000);

@@ -55,6 +55,8 @@ static void client_info_fill(rt_actor_t *self, const conn_t *c, rt_client_info_t
         ci->queued = c->sess->queued.n;
         ci->queued_bytes = c->sess->queued.bytes;
         ci->dropped_owed = c->sess->dropped_owed;
+        ci->acl_denied_publish = c->sess->acl_denied[RT_ACL_DENIED_PUBLISH];
+        ci->acl_denied_subscribe = c->sess->acl_denied[RT_ACL_DENIED_SUBSCRIBE];
     }
     ci->dropped = c->dropped;
     rt_actor_info_t ai;

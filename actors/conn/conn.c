@@ -308,6 +308,8 @@ static void publish_will(rt_actor_t *self, conn_t *c)
         rt_broker_route(rt_self(self), will);
         rt_rule_origin_t o = rt__conn_rule_origin(self, c);
         rt_rules_publish(&o, will, 0, 0);
+    } else {
+        rt__conn_acl_denied(self, c, RT_CONN_DENIED_WILL, w.topic.p, w.topic.len);
     }
     rt_log(RT_LOG_INFO, "client.will", "client=%s", c->client_id ? c->client_id : "-");
     rt__conn_drop_will(self, c);
@@ -512,7 +514,7 @@ static int dispatch_packet(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     int rc = dispatch_packet_to(self, c, pk);
     if (rc == 0 && !c->closing && rt__conn_inbound_over_budget(c)) {
-        rt_log(RT_LOG_WARNING, "client.over_budget", "client=%s memory=%zu: quota exceeded",
+        rt_log(RT_LOG_WARNING, "client.over_budget", "client=%s memory=%zu quota exceeded",
                c->client_id ? c->client_id : "-", rt__conn_memory(c));
         rt__conn_close(self, c, MQTT_RC_QUOTA_EXCEEDED, RT_REASON_NORMAL);
     }
@@ -880,7 +882,7 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
     rt__xport_flush(c);
     int fd = rt_sock_detach(c->sock);
     if (fd < 0) { /* output the kernel would not take yet: the client will connect again */
-        rt_log(RT_LOG_INFO, "client.resume_failed", "reason=\"socket busy\"");
+        rt_log(RT_LOG_INFO, "client.resume_failed", "reason=%s", "socket busy");
         rt_exit(self, RT_REASON_NORMAL);
         return;
     }
@@ -959,7 +961,7 @@ static void lease_lost(rt_actor_t *self, conn_t *c)
 {
     c->claimed = 0;
     rt_log(RT_LOG_INFO, "client.lease_lost",
-           "client=%s: this node's cluster lease ran out; the connection ends", c->client_id);
+           "client=%s this node's cluster lease ran out; the connection ends", c->client_id);
     rt__conn_close(self, c, MQTT_RC_USE_ANOTHER_SERVER, RT_REASON_NORMAL);
 }
 
@@ -1056,6 +1058,9 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case RT_CONN_MSG_BUDGET_CHECK:
         rt__conn_budget_check(c, true);
         break;
+    case RT_CONN_MSG_ACL_LOG:
+        rt__conn_acl_log_due(c);
+        break;
     case RT_CONN_MSG_RESTORED:
         /* From its own turn, so the store learns the session's new owner (epoch). */
         rt_store_session(c->client_id, c->session_expiry, false, false);
@@ -1084,7 +1089,7 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case RT_CONN_MSG_MOVE_TIMEOUT:
         if (c->sess && c->sess->moving == RT_SESSION_MOVED_OUT) {
             rt_log(RT_LOG_WARNING, "cluster.session_move_abandoned",
-                   "client=%s: the node taking it did not ask for the rest", c->client_id);
+                   "client=%s the node taking it did not ask for the rest", c->client_id);
             rt_exit(self, RT_REASON_TAKEOVER);
         }
         break;
@@ -1152,6 +1157,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (c->client_id && c->session_expiry && reason != RT_REASON_SHUTDOWN &&
         reason != RT_REASON_TAKEOVER && rt_cluster_durable())
         rt_cluster_session_record(c->client_id, 0, NULL, 0);
+    rt__conn_acl_log_due(c); /* the denials the timer would have told */
     if (c->client_id) {
         rt_broker_release_client(c->client_id, rt_self(self));
         atomic_fetch_sub(&rt_broker->stats.sessions, 1);
@@ -1216,6 +1222,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "slow_check";
     case RT_CONN_MSG_BUDGET_CHECK:
         return "budget_check";
+    case RT_CONN_MSG_ACL_LOG:
+        return "acl_log";
     case RT_CONN_MSG_CONNECT_TIMEOUT:
         return "connect_timeout";
     case RT_CONN_MSG_RATE_RESUME:

@@ -61,6 +61,7 @@ enum {
     RT_CONN_MSG_RATE_RESUME,     /* tag timer: the rate limit's buckets have refilled */
     RT_CONN_MSG_IMPORTED,        /* first turn of a session that moved here (move.c) */
     RT_CONN_MSG_MOVE_TIMEOUT,    /* tag timer: the node taking this session never came back */
+    RT_CONN_MSG_ACL_LOG,         /* tag timer: denials were held back from the log (denials.c) */
     /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
     RT_CONN_MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: what to answer with */
     RT_CONN_MSG_KICK,                              /* end the connection and the session */
@@ -359,6 +360,13 @@ bool rt__conn_filter_is_shared(const char *f, size_t len);
 /* A member going offline leaves its shared groups; its pending messages go to the others. */
 void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c);
 void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c);
+
+/* ---- denials.c: the client's requests the ACL refused ---- */
+enum { RT_CONN_DENIED_PUBLISH, RT_CONN_DENIED_SUBSCRIBE, RT_CONN_DENIED_WILL };
+/* Counts a denial (client, listener) and logs it, one acl.denied line a second at most. */
+void rt__conn_acl_denied(rt_actor_t *self, conn_t *c, int action, const uint8_t *topic, size_t len);
+/* RT_CONN_MSG_ACL_LOG, and the actor's end: the denials held back, told in one line. */
+void rt__conn_acl_log_due(conn_t *c);
 
 /* ---- delivery.c: messages to the client ---- */
 /* A message routed to this session (RT_MSG_DELIVER, or a retained one on subscribe). */

@@ -77,7 +77,10 @@ static bool connect_identity(rt_actor_t *self, conn_t *c)
 {
     char name[256];
     if (!rt__xport_identity(c, name, sizeof(name))) {
-        rt_log(RT_LOG_INFO, "client.auth_failed", "user=- reason=no_certificate_identity");
+        atomic_fetch_add_explicit(&rt_broker->stats.auth_failed[RT_AUTH_FAILED_NO_CERT_NAME], 1,
+                                  memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "client.auth_failed", "user=- reason=%s",
+               rt_auth_failed_names[RT_AUTH_FAILED_NO_CERT_NAME]);
         c->refusal = c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 5;
         c->closing = 1;
         rt_sock_pause_reading(c->sock, true);
@@ -131,12 +134,12 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     }
     char peer[64];
     rt__conn_peer_format(c, peer, sizeof(peer));
+    int why = rc == RT_AUTH_BAD_PASSWORD   ? RT_AUTH_FAILED_BAD_PASSWORD
+              : rc == RT_AUTH_UNKNOWN_USER ? RT_AUTH_FAILED_UNKNOWN_USER
+                                           : RT_AUTH_FAILED_ANONYMOUS;
+    atomic_fetch_add_explicit(&rt_broker->stats.auth_failed[why], 1, memory_order_relaxed);
     rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u peer=%s",
-           user ? user : "-",
-           rc == RT_AUTH_BAD_PASSWORD   ? "bad_password"
-           : rc == RT_AUTH_UNKNOWN_USER ? "unknown_user"
-                                        : "anonymous_refused",
-           delay_ms, peer);
+           user ? user : "-", rt_auth_failed_names[why], delay_ms, peer);
     rt_free(self, user);
     bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED;
     if (c->version == MQTT_V5)
@@ -326,7 +329,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     /* The session moved to another node and waits only for its rest to be asked for: it is
        not this node's to resume (the client is told to come back; its claim goes there). */
     if (resumed && c->sess && c->sess->moving == RT_SESSION_MOVED_OUT) {
-        rt_log(RT_LOG_INFO, "client.refused_moving", "client=%s: its session is moving away",
+        rt_log(RT_LOG_INFO, "client.refused_moving", "client=%s its session is moving away",
                c->client_id);
         ack.reason = c->version == MQTT_V5 ? MQTT_RC_SERVER_UNAVAILABLE : 3;
         rt__conn_send_packet(c, &ack);
@@ -359,7 +362,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
                                   (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_SESSION_EXPIRY)) &&
                                   pk->props.session_expiry);
         if (claimed && claimed->status && (lasting || claimed->status == RT_EBUSY)) {
-            rt_log(RT_LOG_WARNING, "client.refused_unclaimed", "client=%s: %s", cid,
+            rt_log(RT_LOG_WARNING, "client.refused_unclaimed", "client=%s %s", cid,
                    claimed->status == RT_EBUSY
                        ? "the node holding the id does not give it up"
                        : "cut off from the cluster, no persistent session can start");
@@ -457,9 +460,10 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         char peer[64];
         rt__conn_peer_format(c, peer, sizeof(peer));
         rt_log(RT_LOG_INFO, "client.connected",
-               "client=%s peer=%s user=%s transport=%s version=%u keepalive=%u%s%s", c->client_id,
-               peer, c->username ? c->username : "-", rt_listener_kind(c->listener), c->version,
-               c->keepalive, old ? " takeover=1" : "", resumed ? " resumed=1" : "");
+               "client=%s peer=%s user=%s transport=%s version=%u keepalive=%u takeover=%d "
+               "resumed=%d",
+               c->client_id, peer, c->username ? c->username : "-", rt_listener_kind(c->listener),
+               c->version, c->keepalive, old != 0, resumed);
     }
     rt__conn_arm_keepalive(self, c);
     if (resumed)

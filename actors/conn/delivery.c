@@ -105,7 +105,7 @@ static bool budget_admit(rt_actor_t *self, conn_t *c, size_t bytes)
         rt_hold_senders(self, true);
         rt_send_after_tag((uint64_t)RT_LIVE(client_memory_hold_ms), rt_self(self),
                           RT_CONN_MSG_BUDGET_CHECK, NULL);
-        rt_log(RT_LOG_INFO, "client.budget_hold", "client=%s memory=%zu: holding publishers",
+        rt_log(RT_LOG_INFO, "client.budget_hold", "client=%s memory=%zu holding publishers",
                c->client_id ? c->client_id : "-", rt__conn_memory(c));
     }
     return true; /* it came before the senders were held: the one message past the budget */
@@ -131,7 +131,7 @@ void rt__conn_budget_check(conn_t *c, bool hold_expired)
         if (over) {
             c->budget_spent = 1;
             rt_log(RT_LOG_WARNING, "client.budget_spent",
-                   "client=%s memory=%zu: still at its budget, dropping the newest",
+                   "client=%s memory=%zu still at its budget, dropping the newest",
                    c->client_id ? c->client_id : "-", rt__conn_memory(c));
         }
     }
@@ -347,7 +347,7 @@ void rt__conn_on_slow_check(rt_actor_t *self, conn_t *c)
     c->shedding = 1;
     rt_shed(self, true);
     rt_sock_set_high_water(c->sock, RT_CONN_SLOW_HIGH_WATER);
-    rt_log(RT_LOG_WARNING, "client.slow", "client=%s unsent=%zu: shedding QoS 0 until it reads",
+    rt_log(RT_LOG_WARNING, "client.slow", "client=%s unsent=%zu shedding QoS 0 until it reads",
            c->client_id ? c->client_id : "-", rt_sock_pending(c->sock));
 }
 

@@ -437,8 +437,8 @@ static void log_refusals(rt_actor_t *self, listener_t *l)
     if (u[REFUSE_PER_IP])
         rt__conn_format_addr(&l->last_refused, last, sizeof(last));
     rt_log(RT_LOG_WARNING, "listener.refused",
-           "%s:%d: %u connections refused (max_connections=%u max_connections_per_ip=%u "
-           "max_connection_rate=%u fd_reserve=%u error=%u) last_per_ip=%s sockets=%llu "
+           "listener=%s:%d refused=%u max_connections=%u max_connections_per_ip=%u "
+           "max_connection_rate=%u fd_reserve=%u error=%u last_per_ip=%s sockets=%llu "
            "fd_limit=%ld",
            l->where->host, l->port, total, u[REFUSE_MAX], u[REFUSE_PER_IP], u[REFUSE_RATE],
            u[REFUSE_FDS], u[REFUSE_ERROR], last,
@@ -494,7 +494,7 @@ static int listener_init(rt_actor_t *self, void *state, void *arg)
     /* Also with no per-address limit: it may be switched on live (the table stays empty,
        unallocated, until then). */
     peers_use();
-    rt_log(RT_LOG_INFO, "listener.started", "%s:%d", l->where->host, l->port);
+    rt_log(RT_LOG_INFO, "listener.started", "listener=%s:%d", l->where->host, l->port);
     return 0;
 }
 
@@ -512,8 +512,8 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
             l->errors_unlogged++;
             if (now - l->error_logged_ms >= RT_LISTEN_LOG_MS) {
                 rt_log(RT_LOG_WARNING, "listener.accept",
-                       "%s:%d: %s (%s) failures=%u sockets=%llu fd_limit=%ld "
-                       "(accepting again in %d ms)",
+                       "listener=%s:%d error=%s reason=%s failures=%u sockets=%llu "
+                       "fd_limit=%ld retry_in_ms=%d",
                        l->where->host, l->port,
                        rc == RT_ELIMIT ? "no file descriptor left" : "accept failed",
                        rt_strerror(rc), l->errors_unlogged,

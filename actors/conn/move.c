@@ -121,7 +121,7 @@ void rt__conn_on_move_out(rt_actor_t *self, conn_t *c, const rt_cluster_move_t *
     if (!s || w.failed) {
         rt_moved_writer_free(&w);
         rt_log(RT_LOG_ERROR, "cluster.session_move_failed",
-               "client=%s: out of memory writing the session; it ends here", c->client_id);
+               "client=%s out of memory writing the session; it ends here", c->client_id);
         rt_cluster_move_answer(req, NULL, 0);
         rt_exit(self, RT_REASON_TAKEOVER);
         return;
@@ -152,7 +152,7 @@ void rt__conn_on_verified(rt_actor_t *self, conn_t *c, const rt_cluster_claimed_
     if (r->status != RT_EEXIST || !c->client_id)
         return; /* this node's still; or not known now: the next resume claims it anyway */
     rt_log(RT_LOG_WARNING, "cluster.session_stale",
-           "client=%s: another node claimed the id since this session was kept here; it ends "
+           "client=%s another node claimed the id since this session was kept here; it ends "
            "(its will and messages are that node's session's now)",
            c->client_id);
     c->discard_will = 1;

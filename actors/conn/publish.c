@@ -121,7 +121,7 @@ static void pending_acks_flush(rt_actor_t *self, conn_t *c)
     for (; i < s->nacks && s->acks[i].remaining == 0; i++) {
         if (s->acks[i].unconfirmed && c->version != MQTT_V5) {
             rt_log(RT_LOG_WARNING, "client.ack_unconfirmed",
-                   "client=%s packet_id=%u: closing, so that the client sends it again",
+                   "client=%s packet_id=%u closing, so that the client sends it again",
                    c->client_id ? c->client_id : "-", s->acks[i].packet_id);
             s->nacks = 0;
             rt__conn_close(self, c, 0, RT_REASON_NORMAL);
@@ -170,7 +170,7 @@ static void inbound_acknowledge(rt_actor_t *self, conn_t *c, uint8_t type, uint1
         /* No memory to wait: nothing may be said of this PUBLISH, so the client sends it
            again on another connection. */
         rt_log(RT_LOG_WARNING, "client.ack_unconfirmed",
-               "client=%s packet_id=%u: out of memory; closing", c->client_id ? c->client_id : "-",
+               "client=%s packet_id=%u out of memory; closing", c->client_id ? c->client_id : "-",
                packet_id);
         rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
         return;
@@ -328,8 +328,14 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     }
     /* $SYS belongs to the broker (as in Mosquitto): a client cannot fake its values. */
     bool sys = pk->publish.topic.len >= 4 && memcmp(pk->publish.topic.p, "$SYS", 4) == 0;
-    if (sys || !rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
-                              pk->publish.topic.len, RT_ACL_WRITE)) {
+    if (sys) {
+        refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
+        return 0;
+    }
+    if (!rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
+                       pk->publish.topic.len, RT_ACL_WRITE)) {
+        rt__conn_acl_denied(self, c, RT_CONN_DENIED_PUBLISH, pk->publish.topic.p,
+                            pk->publish.topic.len);
         refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
         return 0;
     }

@@ -89,8 +89,14 @@ typedef struct rt_session_s {
     uint64_t clear_ms;            /* wall clock: the last moment it owed its client nothing */
     uint64_t record_ms;           /* wall clock: its record last written (cluster durable mode) */
     struct rt_late_names_s *late; /* after a move: messages it has whose copy may still come */
-    uint8_t moving;    /* RT_SESSION_MOVED_*: a move between cluster nodes is under way */
-    uint32_t moved_in; /* RT_SESSION_MOVED_IN: the queue's first ones came with the move */
+    uint8_t moving;          /* RT_SESSION_MOVED_*: a move between cluster nodes is under way */
+    uint8_t acl_flush_armed; /* RT_CONN_MSG_ACL_LOG is pending (denials.c) */
+    uint32_t moved_in;       /* RT_SESSION_MOVED_IN: the queue's first ones came with the move */
+    /* ACL denials (denials.c), here since a client that is refused is rare: an idle
+       connection without a session pays nothing for them. */
+    uint32_t acl_denied[2]; /* by RT_ACL_DENIED_* (broker.h), this node's only */
+    uint32_t acl_unlogged;  /* denials since the client's last acl.denied line */
+    uint64_t acl_logged_ms; /* monotonic ms of that line; 0: none yet */
 } rt_session_t;
 
 /* A message's name in a cluster (rt_message_origin). */

@@ -157,7 +157,7 @@ static void retained_deliver(void *arg, const char *topic, size_t len, void *msg
 ** Why a filter may not be subscribed (a v5 reason code), or 0 if it may; *acl_check is set
 ** when the ACL grants it only in part (each delivery is then checked, acl.h).
 */
-static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s, bool *acl_check)
+static uint8_t subscribe_refusal(rt_actor_t *self, conn_t *c, const mqtt_sub_t *s, bool *acl_check)
 {
     if (!rt__conn_topic_within_limits(s->filter.p, s->filter.len)) {
         atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
@@ -173,7 +173,10 @@ static uint8_t subscribe_refusal(conn_t *c, const mqtt_sub_t *s, bool *acl_check
     int acl = rt_acl_permit(c->username, c->client_id, (const char *)s->filter.p, s->filter.len,
                             RT_ACL_SUBSCRIBE);
     *acl_check = acl == RT_ACL_FILTERED;
-    return acl == RT_ACL_DENY ? MQTT_RC_NOT_AUTHORIZED : 0;
+    if (acl != RT_ACL_DENY)
+        return 0;
+    rt__conn_acl_denied(self, c, RT_CONN_DENIED_SUBSCRIBE, s->filter.p, s->filter.len);
+    return MQTT_RC_NOT_AUTHORIZED;
 }
 
 /*
@@ -206,7 +209,7 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         uint8_t qos = MQTT_SUB_QOS(s.options);
         uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s.options);
         bool acl_check = false;
-        uint8_t refused = subscribe_refusal(c, &s, &acl_check);
+        uint8_t refused = subscribe_refusal(self, c, &s, &acl_check);
         rt_trie_opts_t o = {.qos = qos,
                             .no_local = (s.options & MQTT_SUB_NO_LOCAL) != 0,
                             .retain_as_published = (s.options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,

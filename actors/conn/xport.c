@@ -380,13 +380,12 @@ static void log_peer(const char *event, const conn_t *c, const char *fmt, ...)
 
 static void log_peer(const char *event, const conn_t *c, const char *fmt, ...)
 {
-    char peer[INET6_ADDRSTRLEN + 8], what[RT_TLS_WHY_LEN + 64];
+    char peer[INET6_ADDRSTRLEN + 8];
     rt__conn_peer_format(c, peer, sizeof(peer));
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
+    rt_logv(RT_LOG_INFO, event, "peer", peer, fmt, ap);
     va_end(ap);
-    rt_log(RT_LOG_INFO, event, "peer=%s %s", peer, what);
 }
 
 /* What follows the handshake: the WebSocket upgrade or MQTT. */
@@ -416,10 +415,10 @@ static void tls_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, const uint8_t
     char why[RT_TLS_WHY_LEN];
     int rc = rt_tls_conn_input(&xp->tls, p, n, tls_plain, &reader, why, sizeof(why));
     if (rc == RT_EPROTO && !rt_tls_conn_established(&xp->tls)) {
-        log_peer("tls.handshake_failed", c, "reason=\"%s\"", why);
+        log_peer("tls.handshake_failed", c, "reason=%s", why);
         atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
     } else if (rc == RT_EPROTO) {
-        log_peer("tls.error", c, "reason=\"%s\"", why);
+        log_peer("tls.error", c, "reason=%s", why);
     }
     if (rc)
         fail(self, c);
@@ -466,7 +465,7 @@ static void proxy_input(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p,
         if (!stash_append(self, c, xp, p, n))
             fail(self, c);
     } else if (rc != 0) {
-        log_peer("proxy.refused", c, "reason=malformed detail=\"%s\"", why);
+        log_peer("proxy.refused", c, "reason=malformed detail=%s", why);
         fail(self, c);
     } else if (!info.has_addr || take_real_address(self, c, xp, &info.src, info.src_port)) {
         xp->stage = xp->tls.ssl ? STAGE_TLS : xp->websocket ? STAGE_HTTP : STAGE_OPEN;
@@ -493,7 +492,7 @@ static void ws_upgrade(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p, 
         return; /* the parser refuses a head past RT_WS_HEAD_MAX, so the stash is bounded */
     char answer[512];
     if (rc != 0) {
-        log_peer("ws.refused", c, "status=%d reason=\"%s\"", rc, why);
+        log_peer("ws.refused", c, "status=%d reason=%s", rc, why);
         size_t len = rt_ws_error_response(rc, answer, sizeof(answer));
         lower_write(xp, c->sock, (const uint8_t *)answer, len);
         fail(self, c);
@@ -524,7 +523,7 @@ static void ws_upgrade(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint8_t *p, 
 
 static void ws_fail(rt_actor_t *self, conn_t *c, rt_xport_t *xp, uint16_t code, const char *why)
 {
-    log_peer("ws.closed", c, "code=%d reason=\"%s\"", code, why);
+    log_peer("ws.closed", c, "code=%d reason=%s", code, why);
     ws_send_close(xp, c->sock, code);
     fail(self, c);
 }
@@ -850,10 +849,10 @@ void rt__xport_log_timeout(const conn_t *c, long after_s)
         log_peer("proxy.refused", c, "reason=timeout after_s=%ld", after_s);
         return;
     case STAGE_TLS:
-        log_peer("tls.handshake_failed", c, "reason=\"timeout\" after_s=%ld", after_s);
+        log_peer("tls.handshake_failed", c, "reason=timeout after_s=%ld", after_s);
         return;
     case STAGE_HTTP:
-        log_peer("ws.refused", c, "status=408 reason=\"timeout\" after_s=%ld", after_s);
+        log_peer("ws.refused", c, "status=408 reason=timeout after_s=%ld", after_s);
         return;
     case STAGE_OPEN:
         log_peer("client.connect_timeout", c, "after_s=%ld", after_s);

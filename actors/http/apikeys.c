@@ -238,9 +238,10 @@ int rt_http_keys_reload(char *err, size_t errlen)
     return 0;
 }
 
-rt_http_role_t rt_http_key_role(const char *key)
+rt_http_role_t rt_http_key_role(const char *key, char *name, size_t namelen)
 {
     unsigned char h[32];
+    name[0] = 0;
     if (!key[0] || !sha256(key, h))
         return RT_HTTP_ROLE_NONE;
     rt_http_role_t role = RT_HTTP_ROLE_NONE;
@@ -250,6 +251,7 @@ rt_http_role_t rt_http_key_role(const char *key)
         if (CRYPTO_memcmp(K.keys[i].hash, h, 32) == 0) {
             role = K.keys[i].role;
             K.keys[i].last_used_ms = now;
+            snprintf(name, namelen, "%s", K.keys[i].name);
         }
     pthread_mutex_unlock(&K.lock);
     return role;

@@ -334,6 +334,7 @@ static void stream_tick(rt_actor_t *self, http_conn_t *k)
     }
     /* Streams are for reading: no command that changes rtd, nor one for the admin role alone
        (a trace streams by itself; a read key must not run rules on its payloads). */
+    k->exec.via = RT_ADMIN_VIA_HTTP;
     if (!rt_admin_exec_start(self, &k->exec, line, k->stream_len,
                              RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE, respond_admin, k))
         return;
@@ -477,7 +478,7 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
                             "GET, HEAD, POST, PUT");
         return true;
     }
-    rt_http_role_t role = rt_http_key_role(req->api_key);
+    rt_http_role_t role = rt_http_key_role(req->api_key, k->exec.who, sizeof(k->exec.who));
     if (!(metrics && H.conf.http.metrics_public) && role == RT_HTTP_ROLE_NONE) {
         respond_error(k, 401, req->api_key[0] ? "unknown API key" : "an API key is needed "
                                                                     "(Authorization: Bearer KEY)");
@@ -497,6 +498,8 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     /* Commands that change rtd need the admin role (and came with POST); a trace, which
        shows clients' traffic, the admin role. */
     unsigned refuse = role == RT_HTTP_ROLE_ADMIN ? 0 : RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE;
+    k->exec.via = RT_ADMIN_VIA_HTTP; /* who asks, for the log of changes */
+    rt_conn_format_peer(rt_sock_fd(k->sock), k->exec.peer, sizeof(k->exec.peer));
     return rt_admin_exec_start(self, &k->exec, line, len, refuse, respond_admin, k);
 }
 
@@ -584,10 +587,10 @@ static bool tls_input(rt_actor_t *self, http_conn_t *k, const uint8_t *p, size_t
     char why[RT_TLS_WHY_LEN];
     int rc = rt_tls_conn_input(&k->tls, p, n, tls_plain, &reader, why, sizeof(why));
     if (rc == RT_EPROTO && !rt_tls_conn_established(&k->tls)) {
-        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=\"%s\"", why);
+        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=%s", why);
         atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
     } else if (rc == RT_EPROTO) {
-        log_tls(k, "tls.error", "peer=%s listener=http reason=\"%s\"", why);
+        log_tls(k, "tls.error", "peer=%s listener=http reason=%s", why);
     }
     if (rc && !k->closing)
         finish(self, k);
@@ -627,7 +630,7 @@ static void on_timer(rt_actor_t *self, http_conn_t *k)
     if (k->exec.cookie)
         return; /* answering: the admin layer bounds its own wait */
     if (k->tls.ssl && !rt_tls_conn_established(&k->tls))
-        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=\"%s\"", "timeout");
+        log_tls(k, "tls.handshake_failed", "peer=%s listener=http reason=%s", "timeout");
     if (k->inlen) {
         k->keep_alive = false;
         respond_error(k, 408, "the request did not arrive in time");

@@ -48,9 +48,9 @@ int rt_http_keys_load(const char *path, char *err, size_t errlen);
 ** when rtd has no key file), or RT_E* with err set, the keys in force unchanged.
 */
 int rt_http_keys_reload(char *err, size_t errlen);
-/* The role of a presented key (NONE: unknown), noted as its last use. Compared in constant
-   time per entry. */
-rt_http_role_t rt_http_key_role(const char *key);
+/* The role of a presented key (NONE: unknown), noted as its last use, and its name into name
+   for the log of who changed what ("" when unknown). Compared in constant time per entry. */
+rt_http_role_t rt_http_key_role(const char *key, char *name, size_t namelen);
 /*
 ** What an operator should hear about conf's http table before rtd serves it (rt_http_start
 ** logs it; `rtd --check` may print it), or NULL: today, an API with no key file to open it.

@@ -91,15 +91,6 @@ int rtd_check_data_dir(const char *dir, bool make, char *note, size_t notelen, c
     return 0;
 }
 
-void rtd_paths_line(const rt_conf_t *c, const char *conf_path, char *out, size_t len)
-{
-    snprintf(out, len,
-             "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
-             conf_path, c->rules_dir, c->data_dir, c->password_file[0] ? c->password_file : "-",
-             c->acl_file[0] ? c->acl_file : "-", c->admin_socket[0] ? c->admin_socket : c->data_dir,
-             c->admin_socket[0] ? "" : "/rtd.sock");
-}
-
 typedef struct {
     const char *key;
     char value[RT_CONF_VALUE_LEN * 2];
@@ -113,24 +104,22 @@ static void pick_value(const char *key, const char *value, const char *help, voi
         snprintf(v->value, sizeof(v->value), "%s", value);
 }
 
-void rtd_access_line(const rt_conf_t *c, unsigned i, char *out, size_t len)
+void rtd_access(const rt_conf_t *c, unsigned i, rtd_access_t *out)
 {
     conf_value_t from = {.key = "anonymous_from"};
     rt_conf_each(c, pick_value, &from);
-    char anonymous[sizeof(from.value) + 8];
     if (c->allow_anonymous && c->nanonymous_from)
-        snprintf(anonymous, sizeof(anonymous), "from %s", from.value);
+        snprintf(out->anonymous, sizeof(out->anonymous), "from %s", from.value);
     else
-        snprintf(anonymous, sizeof(anonymous), "nobody");
-    char users[300];
+        snprintf(out->anonymous, sizeof(out->anonymous), "nobody");
     if (c->password_file[0])
-        snprintf(users, sizeof(users), "users in %s", c->password_file);
+        snprintf(out->users, sizeof(out->users), "users in %s", c->password_file);
     else
-        snprintf(users, sizeof(users), "none: no password_file, a user name is anonymous");
+        snprintf(out->users, sizeof(out->users), "none: no password_file, a user name is anonymous");
     const rt_listen_t *l = &c->listeners[i];
     bool v6 = strchr(l->host, ':') != NULL;
-    snprintf(out, len, "listener=%s%s%s:%d anonymous=\"%s\" users=\"%s\"", v6 ? "[" : "", l->host,
-             v6 ? "]" : "", l->port, anonymous, users);
+    snprintf(out->listener, sizeof(out->listener), "%s%s%s:%d", v6 ? "[" : "", l->host,
+             v6 ? "]" : "", l->port);
 }
 
 /*
@@ -199,16 +188,17 @@ int rtd_check(const rt_conf_t *c, const char *conf_path)
         rt_auth_shutdown();
         return 2;
     }
-    rtd_paths_line(c, conf_path, line, sizeof(line));
-    printf("config.paths %s\n", line);
+    printf("config.paths " RTD_PATHS_FORMAT "\n", RTD_PATHS_ARGS(c, conf_path));
     if (note[0])
         printf("data_dir %s %s\n", c->data_dir, note);
     for (unsigned i = 0; i < c->nlisteners; i++) {
         char transport[512];
-        rtd_access_line(c, i, line, sizeof(line));
+        rtd_access_t a;
+        rtd_access(c, i, &a);
         const rt_listen_t *l = &c->listeners[i];
         transport_line(l, l->websocket[0] ? "websocket" : "mqtt", i, transport, sizeof(transport));
-        printf("listener.access %s %s\n", line, transport);
+        printf("listener.access listener=%s anonymous=\"%s\" users=\"%s\" %s\n", a.listener,
+               a.anonymous, a.users, transport);
     }
     if (c->http.on) {
         char transport[512];

@@ -24,14 +24,30 @@ int rtd_check_rules_dir(const char *dir, char *err, size_t errlen);
 int rtd_check_data_dir(const char *dir, bool make, char *note, size_t notelen, char *err,
                        size_t errlen);
 
-/* config.paths: where the settings came from and the files and directories they name. */
-void rtd_paths_line(const rt_conf_t *c, const char *conf_path, char *out, size_t len);
+/*
+** config.paths (RTD_PATHS_FORMAT, filled by RTD_PATHS_ARGS): where the settings came from
+** and the files and directories they name. The start logs it, `rtd --check` prints it.
+*/
+#define RTD_PATHS_FORMAT                                                                        \
+    "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s"
+#define RTD_PATHS_ARGS(c, conf_path)                                                            \
+    (conf_path), (c)->rules_dir, (c)->data_dir, (c)->password_file[0] ? (c)->password_file : "-", \
+        (c)->acl_file[0] ? (c)->acl_file : "-",                                                 \
+        (c)->admin_socket[0] ? (c)->admin_socket : (c)->data_dir,                               \
+        (c)->admin_socket[0] ? "" : "/rtd.sock"
 
 /*
-** listener.access for listener i: where it listens, who may connect anonymously (without a
-** user name, or with one no password file vouches for), and which user names are accepted.
+** listener.access for listener i (RTD_ACCESS_FORMAT with the three values): where it
+** listens, who may connect anonymously (without a user name, or with one no password file
+** vouches for), and which user names are accepted.
 */
-void rtd_access_line(const rt_conf_t *c, unsigned i, char *out, size_t len);
+#define RTD_ACCESS_FORMAT "listener=%s anonymous=%s users=%s"
+typedef struct {
+    char listener[RT_CONF_VALUE_LEN];
+    char anonymous[RT_CONF_VALUE_LEN * 2 + 8];
+    char users[RT_CONF_PATH_MAX + 16];
+} rtd_access_t;
+void rtd_access(const rt_conf_t *c, unsigned i, rtd_access_t *out);
 
 /*
 ** `rtd --check`: every check the start makes of c and of the files it names (rules_dir and

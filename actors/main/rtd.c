@@ -67,12 +67,11 @@ static void log_rules(void)
         const rt_rule_info_t *r = &info[i];
         rt_log(RT_LOG_INFO, "rule.stopped",
                "rule=%s matched=%llu passed=%llu filtered=%llu exception=%llu budget=%llu "
-               "memory=%llu rows=%llu%s%s",
+               "memory=%llu rows=%llu last_error=%s",
                r->name, (unsigned long long)r->matched, (unsigned long long)r->passed,
                (unsigned long long)r->filtered, (unsigned long long)r->failed_exception,
                (unsigned long long)r->failed_budget, (unsigned long long)r->failed_memory,
-               (unsigned long long)r->rows_out, r->last_error[0] ? " last_error=" : "",
-               r->last_error);
+               (unsigned long long)r->rows_out, r->last_error);
     }
     free(info);
     rt_rules_worker_info_t wi[64];
@@ -85,10 +84,11 @@ static void log_rules(void)
 /* One line per listener: who may connect where (check.h). */
 static void log_access(const rt_conf_t *c)
 {
-    char line[RT_LOG_LINE_MAX];
     for (unsigned i = 0; i < c->nlisteners; i++) {
-        rtd_access_line(c, i, line, sizeof(line));
-        rt_log(RT_LOG_INFO, "listener.access", "%s", line);
+        rtd_access_t a;
+        rtd_access(c, i, &a);
+        rt_log(RT_LOG_INFO, "listener.access", RTD_ACCESS_FORMAT, a.listener, a.anonymous,
+               a.users);
     }
 }
 
@@ -162,7 +162,7 @@ static void top_event(const rt_sup_event_t *e, void *ud)
         atomic_exchange(&node.gave_up, true))
         return;
     rt_log(RT_LOG_ERROR, "rtd.failed",
-           "supervisor=%s reason=%s: the supervision tree gave up; stopping (exit status %d)",
+           "supervisor=%s reason=%s the supervision tree gave up; stopping (exit status %d)",
            e->sup_name, rt_reason_name(e->reason), RTD_EXIT_GAVE_UP);
     pthread_kill(node.main, RTD_SIGNAL_GAVE_UP);
 }
@@ -176,6 +176,25 @@ static int config_error(const rtd_t *d)
 {
     fprintf(stderr, "rtd: %s\n", d->err);
     return 2;
+}
+
+/*
+** The log as the settings say: level, format and file. Under systemd (stderr is the
+** journal's stream, or log_journal = "on") each line on stderr carries its priority.
+*/
+static int open_log(rtd_t *d)
+{
+    const rt_conf_t *c = &d->conf;
+    rt_log_level_t level = RT_LOG_INFO;
+    rt_log_parse_level(c->log_level, &level);
+    if (rt_log_open(c->log_file[0] ? c->log_file : NULL, level,
+                    strcmp(c->log_format, "json") == 0) != 0) {
+        snprintf(d->err, sizeof(d->err), "log_file %s: %s", c->log_file, strerror(errno));
+        return RT_EINVAL;
+    }
+    rt_log_set_priority_prefix(strcmp(c->log_journal, "on") == 0 ||
+                               (strcmp(c->log_journal, "auto") == 0 && rt_log_stderr_is_journal()));
+    return 0;
 }
 
 /* A stage that checks its own settings as it starts: RT_EINVAL is a wrong one, RT_EACCES a
@@ -196,12 +215,11 @@ static int mqtt_error(const rtd_t *d)
 static int start_dirs(rtd_t *d)
 {
     const rt_conf_t *c = &d->conf;
-    char note[8], line[RT_LOG_LINE_MAX];
+    char note[8];
     if (rtd_check_rules_dir(c->rules_dir, d->err, sizeof(d->err)) ||
         rtd_check_data_dir(c->data_dir, true, note, sizeof(note), d->err, sizeof(d->err)))
         return config_error(d);
-    rtd_paths_line(c, d->conf_path, line, sizeof(line));
-    rt_log(RT_LOG_INFO, "config.paths", "%s", line);
+    rt_log(RT_LOG_INFO, "config.paths", RTD_PATHS_FORMAT, RTD_PATHS_ARGS(c, d->conf_path));
     if (geteuid() == 0)
         rt_log(RT_LOG_WARNING, "rtd.root",
                "running as root: a hole in rtd or a rule would be root's; run it as its own user "
@@ -438,6 +456,10 @@ static void serve(rtd_t *d)
             rt_log(RT_LOG_INFO, "rtd.stopping", "signal=%d", sig);
             return;
         }
+        /* logrotate's postrotate: the log file moved away, lines go to a new one. */
+        if (rt_log_reopen() != 0)
+            rt_log(RT_LOG_ERROR, "log.reopen_failed", "log_file=%s error=%s", d->conf.log_file,
+                   strerror(errno));
         /* What `rtctl auth|rules|tls|apikey reload` do; a bad file leaves the running one
            in force (logged by the reload). */
         rt_admin_reload_auth(d->err, sizeof(d->err));
@@ -496,13 +518,17 @@ int main(int argc, char **argv)
     for (int i = 0; i < noverrides; i++)
         if (rt_conf_set(&d.conf, overrides[i], d.err, sizeof(d.err)) != 0)
             return config_error(&d);
-    rt_log_level_t level = RT_LOG_INFO;
-    rt_log_parse_level(d.conf.log_level, &level);
-    rt_log_open(NULL, level, false);
-    if (check)
+    if (check) {
+        rt_log_level_t level = RT_LOG_INFO;
+        rt_log_parse_level(d.conf.log_level, &level);
+        rt_log_open(NULL, level, false);
         return rtd_check(&d.conf, d.conf_path);
-    /* Everything rtd creates (databases, their -wal and -shm, spills) is its own alone. */
+    }
+    /* Everything rtd creates (databases, their -wal and -shm, spills, its log) is its own
+       alone. */
     umask(077);
+    if (open_log(&d) != 0)
+        return config_error(&d);
     size_t started = 0;
     int status = 0;
     while (started < NSTAGES && (status = stages[started].start(&d)) == 0)

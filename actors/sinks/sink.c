@@ -162,7 +162,7 @@ static bool ensure_spill(rt_sink_t *s)
     }
     if (rc != 0) {
         rt__sink_error(s, "spill: %s", why);
-        rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s %s", s->name, why);
+        rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s error=%s", s->name, why);
         return false;
     }
     s->spill_open = true;
@@ -188,7 +188,7 @@ static void spill_memory(rt_sink_t *s, uint64_t keep_bytes)
         char why[256];
         if (rt__spill_append(&s->spill, s->batch_rows, n, why, sizeof(why)) != 0) {
             rt__sink_error(s, "spill: %s", why);
-            rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s rows=%zu %s", s->name, n, why);
+            rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s rows=%zu error=%s", s->name, n, why);
             return;
         }
         consume_rows(s, s->batch_rows, n);
@@ -254,7 +254,8 @@ static void count_outcome(rt_sink_t *s, const sink_row_t *rows, size_t n, bool r
         } else {
             if (bad++ == 0) {
                 pthread_mutex_lock(&s->err_lock);
-                rt_log(RT_LOG_ERROR, "sink.row_rejected", "sink=%s %s", s->name, s->last_error);
+                rt_log(RT_LOG_ERROR, "sink.row_rejected", "sink=%s error=%s", s->name,
+                       s->last_error);
                 pthread_mutex_unlock(&s->err_lock);
             }
         }
@@ -279,7 +280,7 @@ static void on_failure(rt_sink_t *s, size_t n)
     set_state(s, SINK_DISCONNECTED);
     pthread_mutex_lock(&s->err_lock);
     rt_log(RT_LOG_WARNING, n ? "sink.write_failed" : "sink.connect_failed",
-           "sink=%s rows=%zu retry_in_ms=%u %s", s->name, n, s->backoff, s->last_error);
+           "sink=%s rows=%zu retry_in_ms=%u error=%s", s->name, n, s->backoff, s->last_error);
     pthread_mutex_unlock(&s->err_lock);
     schedule_retry(s);
 }
@@ -313,7 +314,8 @@ static bool write_from_spill(rt_sink_t *s)
        would be written twice after a restart, so say so loudly. */
     if (rt__spill_pop(&s->spill, last, (uint64_t)n, bytes, why, sizeof(why)) != 0)
         rt_log(RT_LOG_ERROR, "sink.spill_failed",
-               "sink=%s rows=%d written but not removed from the spill (duplicates on replay): %s",
+               "sink=%s rows=%d error=%s written but not removed from the spill (duplicates on "
+               "replay)",
                s->name, n, why);
     count_outcome(s, s->batch_rows, (size_t)n, true);
     free(buf);
@@ -508,8 +510,8 @@ static void on_rows(rt_actor_t *self, rt_sink_t *s, rt_msg_t *m)
         atomic_fetch_sub(&s->queued, sub.nrows);
         atomic_fetch_add(&s->dropped, sub.nrows);
         atomic_fetch_sub(&s->bytes, len);
-        rt_log(RT_LOG_ERROR, "sink.dropped", "sink=%s rows=%u reason=out of memory", s->name,
-               sub.nrows);
+        rt_log(RT_LOG_ERROR, "sink.dropped", "sink=%s rows=%u reason=%s", s->name, sub.nrows,
+               "out of memory");
         send_ack(sub.ack_pid, sub.ack_token, RT_ENOMEM);
         rt_bin_release(rows);
         rt_bin_release(sub.opts);
@@ -587,7 +589,7 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     }
     if (s->mem_rows > 0) {
         rt_log(RT_LOG_ERROR, "sink.dropped",
-               "sink=%s rows=%llu reason=stopped with rows neither written nor spilled", s->name,
+               "sink=%s rows=%llu reason=stopped neither written nor spilled", s->name,
                (unsigned long long)s->mem_rows);
         while (s->mem_rows > 0) {
             size_t n = take_rows(s, s->batch_rows, s->batch);

@@ -305,7 +305,7 @@ int rt_tls_reload(char *report, size_t reportlen)
         if (ok) {
             rt_log(RT_LOG_INFO, "tls.reloaded", "listener=%s", where);
         } else {
-            rt_log(RT_LOG_WARNING, "tls.reload_failed", "listener=%s reason=\"%s\"", where, err);
+            rt_log(RT_LOG_WARNING, "tls.reload_failed", "listener=%s reason=%s", where, err);
             if (!result)
                 result = RT_EINVAL;
         }
@@ -347,6 +347,39 @@ bool rt_tls_info(unsigned listener, rt_tls_info_t *out)
     snprintf(out->last_error, sizeof(out->last_error), "%s", s->last_error);
     pthread_mutex_unlock(&s->lock);
     return true;
+}
+
+static void cert_entry(rt_tls_cert_t *o, unsigned listener, const char *sni, SSL_CTX *ctx)
+{
+    memset(o, 0, sizeof(*o));
+    o->listener = listener;
+    snprintf(o->sni, sizeof(o->sni), "%s", sni);
+    X509 *cert = ctx ? SSL_CTX_get0_certificate(ctx) : NULL;
+    struct tm tm;
+    if (!cert)
+        return;
+    X509_NAME_oneline(X509_get_subject_name(cert), o->subject, sizeof(o->subject));
+    if (ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) == 1)
+        o->not_after_s = (int64_t)timegm(&tm);
+}
+
+size_t rt_tls_certificates(rt_tls_cert_t *out, size_t max)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < RT_TLS_SERVERS; i++) {
+        tls_server_t *s = servers[i];
+        if (!s)
+            continue;
+        pthread_mutex_lock(&s->lock);
+        if (n < max)
+            cert_entry(&out[n], i, "", s->ctx);
+        n++;
+        for (unsigned k = 0; k < s->conf->tls.nsni; k++, n++)
+            if (n < max)
+                cert_entry(&out[n], i, s->conf->tls.sni[k].name, s->sni[k]);
+        pthread_mutex_unlock(&s->lock);
+    }
+    return n;
 }
 
 void rt_tls_failure_reason(SSL *ssl, char *out, size_t len)

@@ -56,6 +56,18 @@ typedef struct rt_tls_info_s {
 /* The listener's certificate as served now; false if it has no TLS. */
 bool rt_tls_info(unsigned listener, rt_tls_info_t *out);
 
+/* One certificate a TLS listener serves: its default one, or one of its SNI names'. */
+typedef struct rt_tls_cert_s {
+    unsigned listener;   /* index as in rt_tls_info (RT_TLS_HTTP: the HTTP listener) */
+    char sni[256];       /* the tls.sni name it is served for; "" for the default certificate */
+    char subject[256];   /* one line */
+    int64_t not_after_s; /* its expiry, unix seconds; 0 if unreadable */
+} rt_tls_cert_t;
+
+/* The certificates served now, up to max of them (listeners in order, the default first);
+   returns how many there are. */
+size_t rt_tls_certificates(rt_tls_cert_t *out, size_t max);
+
 /*
 ** Why a handshake failed, for the log: the certificate check's reason when there is one
 ** ("certificate has expired"), else OpenSSL's ("wrong version number"). Clears the

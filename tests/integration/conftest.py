@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+import logcheck
+
 MOSQUITTO = "/usr/sbin/mosquitto"
 
 
@@ -174,6 +176,7 @@ class Rtd:
             data_dir = self._tmp.name
         self.data_dir = data_dir
         self.overrides = list(overrides)
+        self.log_format = logcheck.log_format(RTD_OPTIONS + self.overrides)
         # An override wins, as in rtd: the last data_dir= or admin_socket= given.
         settings = {"data_dir": data_dir, "admin_socket": ""}
         for o in overrides:
@@ -251,7 +254,15 @@ class Rtd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.check_log()
         return self.proc.returncode, self.read_log()
+
+    def check_log(self, killed=False):
+        """Every line rtd wrote splits with a strict logfmt (or JSON) reader (logcheck.py):
+        what an operator's log system will be given."""
+        bad = logcheck.bad_lines(self.read_raw_log(), self.log_format, last_may_be_partial=killed)
+        assert not bad, f"{len(bad)} {self.log_format} line(s) that do not parse: " + \
+            "\n".join(f"{why}: {line!r}" for line, why in bad[:5])
 
     def wait_offline(self, client_id, timeout=5.0):
         """Waits until the broker has handled client_id's disconnect and kept its session:
@@ -266,8 +277,14 @@ class Rtd:
         """SIGKILL, as a crash: nothing gets to flush or say goodbye."""
         self.proc.kill()
         self.proc.wait()
+        self.check_log(killed=True)
 
     def read_log(self):
+        """The log as logfmt text, whatever log_format rtd writes (JSON lines rendered)."""
+        raw = self.read_raw_log()
+        return logcheck.json_as_logfmt(raw) if self.log_format == "json" else raw
+
+    def read_raw_log(self):
         # pread, not seek and read: rtd writes through the same open file (its stdout), so
         # moving the shared offset while it runs would have its next lines overwrite old ones.
         fd = self.log.fileno()

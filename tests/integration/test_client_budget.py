@@ -235,6 +235,6 @@ def test_max_client_memory_changes_live(stopper):
     info = _settled(broker, "live-s2")
     assert info["dropped"] == before, info
     assert info["queued"] + info["inflight"] >= 200, info  # every one of them is held for it
-    assert "config.set max_client_memory=65536 (rtctl)" in broker.read_log()
+    assert "config.set setting=max_client_memory value=65536 " in broker.read_log()
     s2.close()
     pub.close()

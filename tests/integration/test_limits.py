@@ -59,7 +59,7 @@ def admitted(port, client_id, source="127.0.0.1", timeout=5.0):
 def logged_refusals(broker):
     """The listener.refused lines of the broker's log and the refusals they add up to."""
     lines = [line for line in broker.read_log().splitlines() if "listener.refused" in line]
-    return lines, sum(int(re.search(r": (\d+) connections refused", line).group(1))
+    return lines, sum(int(re.search(r" refused=(\d+) ", line).group(1))
                       for line in lines)
 
 

@@ -62,7 +62,7 @@ def test_a_limit_changes_live():
     finally:
         code, log = b.stop()
         assert code == 0, log
-    assert "config.set max_connections=2 (rtctl)" in log
+    assert "config.set setting=max_connections value=2 was=100" in log
 
 
 def test_what_needs_a_restart_says_so_and_changes_nothing():

@@ -14,7 +14,7 @@ refused with the file and line while the old set keeps handling messages in its 
 Reloads alternate between `rtctl rules reload --json` (its reply checked: {"reloaded": true,
 "version": N, "rules": K}, or exit 1 with {"error": "rules not reloaded, the running set is
 unchanged: path:line: reason"}) and SIGHUP, whose outcome is read from rtd's log
-(`rules.reloaded version=N rules=K ms=T`, `rules.reload_failed ms=T path:line: reason`); both
+(`rules.reloaded version=N rules=K ms=T`, `rules.reload_failed ms=T error="path:line: reason"`); both
 must do the same, and the log line (with the time rt_rules_reload took) comes with each.
 """
 import json
@@ -30,6 +30,8 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
+
+import logcheck
 
 from conftest import BUILD, Rtd, rtctl_built  # noqa: F401 (a fixture)
 
@@ -99,7 +101,7 @@ def start(tmp_path, version=1):
 # ---- reloading and reading the outcome ----
 
 RELOADED = re.compile(r"rules\.reloaded version=(\d+) rules=(\d+) ms=([\d.]+)")
-FAILED = re.compile(r"rules\.reload_failed ms=([\d.]+) (.*)")
+FAILED = re.compile(r"rules\.reload_failed ms=([\d.]+) ")
 
 
 REFUSED = "rules not reloaded, the running set is unchanged: "
@@ -121,7 +123,7 @@ class Reloader:
                 continue
             m = FAILED.search(line)
             if m:
-                out.append((False, m.group(2), float(m.group(1))))
+                out.append((False, dict(logcheck.parse_logfmt(line))["error"], float(m.group(1))))
         return out
 
     def logged(self, before, timeout=10.0):

@@ -397,7 +397,7 @@ def test_broken_rules_isolated(tmp_path):
                 + " ".join(f"{k}={v}" for k, v in counts.items()) + " rows=0 last_error=")
         assert line in log, log
     assert f"rule.stopped rule=good matched={total} passed={total} " \
-        f"filtered=0 exception=0 budget=0 memory=0 rows={total}\n" in log, log
+        f"filtered=0 exception=0 budget=0 memory=0 rows={total} last_error=\"\"\n" in log, log
 
 
 # A rule that never returns on real traffic: every call burns its whole instruction budget

@@ -234,7 +234,7 @@ def test_kill_each_actor_under_load_loses_nothing_acknowledged(tmp_path):
             p.stop.set()
         code, log = rtd.stop()
     assert code == 0, log[-3000:]
-    assert "rtd.stopped clean shutdown" in log
+    assert 'rtd.stopped msg="clean shutdown"' in log
     # The sink's books balance across its restart: every row taken in was written, none
     # dropped (rows its dead incarnation never took were taken back and submitted again).
     stopped = re.search(r"sink\.stopped sink=archive in=(\d+) written=(\d+) spilled=0 dropped=0",
