@@ -742,6 +742,8 @@ static void sink_doc(rt_doc_t *o, const rt_sink_info_t *s, bool full)
     rt_doc_add_u64(o, "recovered", s->recovered);
     rt_doc_add_u64(o, "batches", s->batches);
     rt_doc_add_u64(o, "bytes", s->bytes);
+    rt_doc_add_u64(o, "expired", s->expired);
+    rt_doc_add_str(o, "retention", s->retention);
     rt_doc_add_str(o, "last_error", s->last_error);
 }
 
