@@ -917,6 +917,10 @@ const rt_admin_command_t rt__admin_commands[] = {
      "config set SETTING VALUE"},
     {"auth", "reload", cmd_auth_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "auth reload"},
     {"tls", "reload", cmd_tls_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES, "tls reload"},
+    /* Whole files read and written: on the second worker, as `rules test`, so that a scrape
+       waits for neither; it writes where rtd may, so admin only. */
+    {"backup", NULL, rt__admin_backup,
+     RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE, "backup DIR"},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
      "trace client CLIENT_ID [--duration S] [--payload N]"},
     {"trace", "topic", rt__admin_trace, RT_ADMIN_SENSITIVE,
