@@ -331,26 +331,18 @@ static int target(sq_retention_t *r, const char *table, int64_t lo, int64_t hi, 
     return 0;
 }
 
-/* The table after r->after in name order, wrapping around; false when there is none. */
-static int next_table(sq_retention_t *r, char *out, size_t n, bool *found)
+/* The first table with marks after `after` in name order into out; *found false if none. */
+static int next_table(sq_retention_t *r, const char *after, char *out, size_t n, bool *found)
 {
-    for (int pass = 0; pass < 2; pass++) {
-        sqlite3_stmt *st = r->st[RS_NEXT_TABLE];
-        sqlite3_bind_text(st, 1, pass ? "" : r->after, -1, SQLITE_STATIC);
-        int rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW)
-            snprintf(out, n, "%s", (const char *)sqlite3_column_text(st, 0));
-        sqlite3_reset(st);
-        sqlite3_clear_bindings(st);
-        if (rc == SQLITE_ROW) {
-            *found = true;
-            return 0;
-        }
-        if (rc != SQLITE_DONE)
-            return rc;
-    }
-    *found = false;
-    return 0;
+    sqlite3_stmt *st = r->st[RS_NEXT_TABLE];
+    sqlite3_bind_text(st, 1, after, -1, SQLITE_TRANSIENT);
+    int rc = sqlite3_step(st);
+    *found = rc == SQLITE_ROW;
+    if (*found)
+        snprintf(out, n, "%s", (const char *)sqlite3_column_text(st, 0));
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : rc;
 }
 
 /* Deletes rows [lo, end] of r->cur and the marks they cover, in one transaction. */
@@ -393,17 +385,26 @@ int rt__retention_step(rt_sink_t *s, sq_retention_t *r, sqlite3 *db, bool sync_f
     *more = false;
     if (!rt__retention_on(r) || !r->st[0])
         return 0;
-    char first[sizeof(r->after)] = "", table[sizeof(r->after)];
+    /*
+    ** Each table at most once, until one has rows to delete: those after the one the last
+    ** step looked at, in name order, then from the first up to that one again. Names only
+    ** grow within each half, so a registry that changes meanwhile cannot make it loop.
+    */
+    char start[sizeof(r->after)], table[sizeof(r->after)];
+    snprintf(start, sizeof(start), "%s", r->after);
+    bool wrapped = !start[0]; /* from the first table: one half is all of them */
     int rc = 0;
-    /* Each table at most once, from the one after the last stepped, until one has work. */
     for (;;) {
         bool found = false;
-        if ((rc = next_table(r, table, sizeof(table), &found)) || !found)
+        if ((rc = next_table(r, r->after, table, sizeof(table), &found)))
             break;
-        if (strcmp(table, first) == 0)
-            break; /* round the whole registry: nothing to delete */
-        if (!first[0])
-            snprintf(first, sizeof(first), "%s", table);
+        if (!found && !wrapped) {
+            wrapped = true;
+            r->after[0] = 0;
+            continue;
+        }
+        if (!found || (wrapped && start[0] && strcmp(table, start) > 0))
+            break;
         snprintf(r->after, sizeof(r->after), "%s", table);
         if ((rc = use_table(r, db, table))) {
             /* Gone, or not a rowid table: nothing of it can be ordered; its marks go. */

@@ -82,8 +82,8 @@ static void test_described(void)
     free(c);
 }
 
-/* The newest max_rows stay, in order; the rest are counted expired; rt_retention is not a
-   table rules may write to. */
+/* The newest max_rows of each table stay, in order; the rest are counted expired;
+   rt_retention is not a table rules may write to. */
 static void test_max_rows(void)
 {
     char sinks[512];
@@ -104,7 +104,16 @@ static void test_max_rows(void)
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM rt_retention WHERE upto < (SELECT min(rowid) "
                          "FROM messages)"),
              0);
+    /* Each table the sink writes is kept to max_rows, in turn. */
     bson_t opts = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&opts, "table", "other");
+    for (uint32_t k = 0; k < 3000; k += 100)
+        CHECK_EQ(rt_sink_submit(s, make_rows(k, 100, 0, 4), 100, bin_of(&opts), 0, 0), 0);
+    CHECK(WAIT_FOR("archive", expired, n - 1000 + 2000, 20000));
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM other"), 1000);
+    CHECK_EQ(sql_int(db, "SELECT min(seq) FROM other"), 2000);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM messages"), 1000);
+    bson_reinit(&opts);
     BSON_APPEND_UTF8(&opts, "table", "rt_retention");
     CHECK_EQ(rt_sink_submit(s, make_rows(n, 1, 0, 4), 1, bin_of(&opts), 0, 0), 0);
     CHECK(WAIT_FOR("archive", dropped, 1, 5000));
