@@ -656,6 +656,8 @@ static void sink_doc(rt_doc_t *o, const rt_sink_info_t *s, bool full)
     rt_doc_add_u64(o, "recovered", s->recovered);
     rt_doc_add_u64(o, "batches", s->batches);
     rt_doc_add_bytes(o, "bytes", (int64_t)s->bytes);
+    rt_doc_add_u64(o, "expired", s->expired);
+    rt_doc_add_str(o, "retention", s->retention);
     rt_doc_add_str(o, "last_error", s->last_error);
 }
 
@@ -938,6 +940,12 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"apikey", "reload", rt__admin_apikey_reload, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
      "apikey reload",
      "Reads http.api_keys_file again, as SIGHUP does; a bad file keeps the keys in force."},
+    /* Whole files read and written: on the second worker, as `rules test`, so that a scrape
+       waits for neither; it writes where rtd may, so admin only. */
+    {"backup", NULL, rt__admin_backup,
+     RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE, "backup DIR",
+     "Copies state.db and every running sink's database and spill into DIR (a data_dir to "
+     "restore from), while rtd runs."},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
      "trace client CLIENT_ID [--duration S] [--payload N]",
      "The client's packets as they pass, for S seconds (60), with N payload bytes each."},

@@ -169,6 +169,9 @@ bool rt__admin_conf_live(const char *key, const char **applies);
 /* Changes a setting now: 200, or 400 (bad value), 404 (unknown), 409 (needs a restart). */
 int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen);
 
+/* ---- admin_backup.c: copies of state.db and the sinks' files into a new directory ---- */
+int rt__admin_backup(rt_admin_cmd_t *c);
+
 /* ---- admin_clients.c ----
 ** Commands that ask connection actors (clients, subscriptions,
 ** topics). Their run() sends the questions and sets c->code to 0; each later

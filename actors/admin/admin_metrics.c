@@ -477,6 +477,9 @@ static void sinks_section(rt_buf_t *b, const scrape_t *s)
     family(b, "rt_sink_rows_recovered_total", "counter",
            "Rows found in a spill file left by an earlier run.");
     EACH_SINK("rt_sink_rows_recovered_total", k[i].recovered);
+    family(b, "rt_sink_rows_expired_total", "counter",
+           "Rows written, then deleted by the sink's retention (max_rows, max_age, max_bytes).");
+    EACH_SINK("rt_sink_rows_expired_total", k[i].expired);
     family(b, "rt_sink_batches_total", "counter", "Write transactions or bulk operations done.");
     EACH_SINK("rt_sink_batches_total", k[i].batches);
     family(b, "rt_sink_write_failures_total", "counter", "Write attempts (batches) that failed.");

@@ -3,8 +3,9 @@
 ** block (file I/O, Lua loading, walks over every actor) for the admin
 ** connections, which hand them the request line and wait for the answer. Two of
 ** them: `admin_worker` for every such command, and `admin_rule_tester` for
-** `rules test` alone (RT_ADMIN_OWN_WORKER), whose run time the caller's payload
-** can stretch to rule_call_ms: a /metrics scrape must not wait behind it.
+** `rules test` (RT_ADMIN_OWN_WORKER), whose run time the caller's payload can
+** stretch to rule_call_ms, and `backup`, which copies whole databases: a
+** /metrics scrape must not wait behind either.
 */
 #include <stdlib.h>
 #include <string.h>

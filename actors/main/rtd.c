@@ -328,7 +328,13 @@ static int start_cluster(rtd_t *d)
    their clients return. */
 static int start_sessions(rtd_t *d)
 {
-    return rt_sessions_restore(d->top, d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
+    int r = rt_sessions_restore(d->top, d->err, sizeof(d->err));
+    if (r != RT_EINVAL)
+        return r ? mqtt_error(d) : 0;
+    /* state.db refused (not ours, damaged, a newer schema, a migration that failed): the
+       operator's to look at, as a wrong setting is; restarting would not change it. */
+    rt_log(RT_LOG_ERROR, "store.refused", "%s", d->err);
+    return config_error(d);
 }
 
 /* The TLS listeners' certificates and keys: a file that does not load stops the start. */

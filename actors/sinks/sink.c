@@ -33,6 +33,7 @@ enum {
     MSG_FLUSH,                            /* flush_ms timer: write a partial batch */
     MSG_RETRY,                            /* backoff timer: try the database again */
     MSG_DRAIN,                            /* more batches are ready: write the next */
+    MSG_EXPIRE,                           /* retention's tick: look for rows to delete */
 };
 
 typedef struct submit_s {
@@ -378,6 +379,30 @@ static bool spill_pending(const rt_sink_t *s)
 }
 
 /*
+** Retention: one small deletion step, in a transaction of its own, when one is due and
+** the database is up. A step takes at most twice a batch (RT_SINK_EXPIRE_CHUNK_MIN at the
+** least), so a batch waits for at most one step, and one step per batch deletes faster
+** than batches insert: a table at its limit stays there under any write rate.
+*/
+static void expire_step(rt_sink_t *s)
+{
+    if (!s->expire_due || !s->opened || s->retry_timer)
+        return;
+    uint64_t max = 2ull * s->batch, rows = 0;
+    bool more = false;
+    if (max < RT_SINK_EXPIRE_CHUNK_MIN)
+        max = RT_SINK_EXPIRE_CHUNK_MIN;
+    if (s->drv->expire(s, max, &rows, &more) != 0) {
+        pthread_mutex_lock(&s->err_lock);
+        rt_log(RT_LOG_WARNING, "sink.expire_failed", "sink=%s retry_in_ms=%u %s", s->name,
+               RT_SINK_EXPIRE_CHECK_MS, s->last_error);
+        pthread_mutex_unlock(&s->err_lock);
+    }
+    atomic_fetch_add(&s->expired, rows);
+    s->expire_due = more;
+}
+
+/*
 ** Does the next piece of work: one batch from the spill if it holds any, else one
 ** from memory if a full batch is there (or any rows, when forced by the flush
 ** timer). Asks for another turn (MSG_DRAIN) when more is ready, so submissions
@@ -401,7 +426,9 @@ static void pump_sink(rt_sink_t *s, bool force)
         try_connect(s), ok = true;
     if (!ok)
         spill_memory(s, 0); /* behind the spill, in order, until the retry */
-    if (ok && !s->drain_sent && (spill_pending(s) || s->mem_rows >= s->batch)) {
+    else
+        expire_step(s);
+    if (ok && !s->drain_sent && (spill_pending(s) || s->mem_rows >= s->batch || s->expire_due)) {
         s->drain_sent = true;
         rt_send(atomic_load(&s->pid), MSG_DRAIN, NULL, 0);
     }
@@ -456,6 +483,10 @@ static int sink_init(rt_actor_t *self, void *state, void *arg)
     RT_ASSERT(!s->head && s->mem_rows == 0 && !s->spill_open);
     s->flush_timer = s->retry_timer = s->opened = false;
     s->backoff = s->backoff_ms;
+    /* A sink with retention checks at once (the first turn) and then every tick. */
+    s->expire_due = s->retains;
+    if (s->retains)
+        rt_send_after_tag(RT_SINK_EXPIRE_CHECK_MS, rt_self(self), MSG_EXPIRE, NULL);
     /* Exit signals from its supervisor come as messages, after what was sent before. */
     rt_trap_exit(self, true);
     struct stat sb;
@@ -550,6 +581,11 @@ static void sink_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         s->drain_sent = false;
         pump_sink(s, false);
         break;
+    case MSG_EXPIRE:
+        s->expire_due = true;
+        pump_sink(s, false);
+        rt_send_after_tag(RT_SINK_EXPIRE_CHECK_MS, rt_self(self), MSG_EXPIRE, NULL);
+        break;
     case RT_MSG_EXIT: {
         /* Its supervisor's stop, or exit/2 from anyone: as an actor that does not trap
            exits would take it, once what came before it is handled. */
@@ -633,6 +669,8 @@ static const char *sink_tag_name(uint32_t tag)
         return "retry";
     case MSG_DRAIN:
         return "drain";
+    case MSG_EXPIRE:
+        return "expire";
     case RT_MSG_EXIT:
         return "exit";
     default:

@@ -89,6 +89,25 @@ int rt_sink_submit(rt_sink_t *s, rt_bin_t *rows, uint32_t nrows, rt_bin_t *opts,
 /* After rt_shutdown: frees what rt_sinks_start made (rt_sink_t pointers die here). */
 void rt_sinks_free(void);
 
+/*
+** What the sink of config section sec (one of conf->sinks) keeps, as one sentence for
+** people (rtd --check, rtctl sinks show): "rows deleted 7d after they were written or while
+** the database's pages in use pass 1GiB", "no retention: every row is kept (...)",
+** "disabled (...)". Checks the section as rt_sinks_start does, and starts nothing: 0, or
+** RT_EINVAL with the reason in out. Any thread, runtime or not.
+*/
+int rt_sink_describe(const rt_conf_t *conf, const rt_conf_section_t *sec, char *out, size_t n);
+
+/* A running sink's local files (for backups). */
+typedef struct rt_sink_files_s {
+    char name[64];
+    char db[512];    /* its SQLite database (sqlite sinks), else "" */
+    char spill[512]; /* its spill file (database sinks), else ""; it may not exist */
+} rt_sink_files_t;
+
+/* Copies up to max running sinks' files into out; returns how many sinks there are. */
+size_t rt_sinks_files(rt_sink_files_t *out, size_t max);
+
 /* Metrics snapshot for rtctl and tests. */
 typedef struct rt_sink_info_s {
     char name[64];
@@ -107,6 +126,8 @@ typedef struct rt_sink_info_s {
     uint64_t recovered; /* rows found in a spill file left by an earlier run */
     uint64_t bytes;     /* row bytes in memory, inflight and spill (max_bytes bounds it) */
     rt_hist_snap_t write_seconds; /* each batch write's duration (a failed one too) */
+    uint64_t expired;             /* rows written, later deleted by the sink's retention */
+    char retention[192];          /* what it keeps (rt_sink_describe's sentence); "" if n/a */
 } rt_sink_info_t;
 
 /* Copies up to max sinks' metrics into out; returns how many sinks there are. */

@@ -25,6 +25,10 @@
 #define RT_SINK_BACKOFF_MAX_MS_DEFAULT 3000      /* retry delay cap (doubling) */
 #define RT_SINK_STOP_WAIT_MS 10000               /* rt_sinks_stop waits this long per sink */
 #define RT_SINK_STOP_FLUSH_MS 2000               /* a stopping sink writes for this long */
+#define RT_SINK_EXPIRE_CHECK_MS 1000             /* a sink with retention looks this often */
+#define RT_SINK_EXPIRE_CHUNK_MIN                                                                   \
+    1000 /* rows one deletion step may take at least                                               \
+            (else twice the sink's batch) */
 
 /* One row of a batch: a BSON document and the per-rule options it came with. */
 typedef struct sink_row_s {
@@ -70,6 +74,18 @@ struct sink_driver_s {
     ** whole batch is retried later, so drivers keep retries idempotent where they can).
     */
     int (*write)(rt_sink_t *s, sink_row_t *rows, size_t n);
+    /*
+    ** Optional, for a sink with retention (s->retains): deletes at most max rows that the
+    ** sink no longer keeps, in a transaction of its own, between writes. *rows: how many
+    ** went; *more: call again soon (it deleted some: there may be more). 0, or an RT_E*
+    ** code with s's last error set (the next check tries again).
+    */
+    int (*expire)(rt_sink_t *s, uint64_t max, uint64_t *rows, bool *more);
+    /* Optional: the local database file the sink writes (rt_sinks_files). */
+    const char *(*file)(const rt_sink_t *s);
+    /* Optional: what the sink keeps, as a sentence (rt_sink_describe) and as log fields. */
+    void (*retention)(const rt_sink_t *s, char *text, size_t textlen, char *fields,
+                      size_t fieldslen);
     void (*close)(rt_sink_t *s); /* disconnects; open may be called again */
     void (*free)(rt_sink_t *s);  /* frees what configure made */
     /*
@@ -147,6 +163,7 @@ struct rt_sink_s {
     uint32_t backoff_ms, backoff_max_ms;
     char spill_path[512];
     char regname[80]; /* "sink:<name>", its actor's registered name */
+    bool retains;     /* the driver deletes what its retention settings no longer keep */
 
     _Atomic rt_pid_t pid; /* its actor's current incarnation (set by each start) */
 
@@ -154,6 +171,7 @@ struct rt_sink_s {
     _Alignas(RT_CACHE_LINE) atomic_uint_fast64_t in;
     atomic_uint_fast64_t queued, inflight, written, failed, retried, spilled, dropped, batches;
     atomic_uint_fast64_t recovered; /* rows found in the spill at start (part of in) */
+    atomic_uint_fast64_t expired;   /* rows written, then deleted by the sink's retention */
     atomic_uint_fast64_t bytes;     /* row bytes accepted and not yet written or dropped */
     atomic_int state;               /* sink_state_t */
     atomic_int submitting;          /* rt_sink_submit calls between their check and send */
@@ -172,6 +190,7 @@ struct rt_sink_s {
     bool opened;                   /* the driver is connected */
     uint32_t backoff;              /* current retry delay, ms */
     bool after_failure;            /* the next write is a retry */
+    bool expire_due;               /* a deletion step is to run between writes */
     sink_row_t *batch_rows;        /* batch buffer: batch entries */
     uint32_t starts;               /* incarnations of its actor so far */
 };
@@ -211,5 +230,45 @@ static inline uint32_t rt__sink_doc_len(const uint8_t *p)
 
 /* Config lookups in a checked section. */
 const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key);
+
+/* ---- The SQLite sink's retention (sink_retention.c) ---- */
+typedef struct sq_retention_s {
+    /* Settings (retention = { max_rows, max_age, max_bytes }); 0: no such limit. */
+    uint64_t max_rows;      /* rows kept per table */
+    uint64_t max_age_ms;    /* how long a row is kept after it was written */
+    uint64_t max_bytes;     /* bytes of the database's pages in use */
+    uint64_t mark_every_ms; /* one mark per table at most this often */
+    /* The open connection's (rt__retention_open to rt__retention_close). */
+    struct sqlite3_stmt *st[8];        /* statements on the registry of marks */
+    struct sqlite3_stmt *bounds, *del; /* on the table being stepped */
+    uint64_t page_size;
+    char cur[128];   /* the table bounds and del are for */
+    char after[128]; /* the table the last step looked at: the next starts after it */
+} sq_retention_t;
+
+void rt__retention_configure(sq_retention_t *r, const rt_conf_section_t *sec);
+bool rt__retention_on(const sq_retention_t *r);
+/* A sentence for people (rtd --check) and fields for the start log. */
+void rt__retention_text(const sq_retention_t *r, char *out, size_t n);
+void rt__retention_fields(const sq_retention_t *r, char *out, size_t n);
+/* On a new connection: makes the registry of marks; 0 or RT_EAGAIN with why. */
+int rt__retention_open(sq_retention_t *r, struct sqlite3 *db, char *why, size_t n);
+void rt__retention_close(sq_retention_t *r);
+/* Whether a rule may not write to table (the registry's own name). */
+bool rt__retention_reserved(const char *table, size_t len);
+/* The newest mark of a table, as the connection that writes it knows it. */
+typedef struct sq_mark_s {
+    int64_t upto;      /* its rowid */
+    uint64_t since_ms; /* when it was made (0: none yet on this connection) */
+} sq_mark_t;
+/*
+** In a batch's transaction: rows of table up to rowid upto are written by now_ms; mark is
+** the table's newest, moved or replaced. 0, or RT_EAGAIN (the batch fails: it is retried).
+*/
+int rt__retention_mark(sq_retention_t *r, struct sqlite3 *db, const char *table, int64_t upto,
+                       uint64_t now_ms, sq_mark_t *mark);
+/* One deletion step (the driver's expire): see the driver hook. */
+int rt__retention_step(rt_sink_t *s, sq_retention_t *r, struct sqlite3 *db, bool sync_full,
+                       uint64_t chunk, uint64_t now_ms, uint64_t *rows, bool *more);
 
 #endif

@@ -325,8 +325,11 @@ int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
             free_all();
             return rc;
         }
-        rt_log(RT_LOG_INFO, "sink.started", "sink=%s type=%s batch=%u flush_ms=%u", s->name,
-               s->drv->type, s->batch, s->flush_ms);
+        char keeps[160] = "";
+        if (s->drv->retention)
+            s->drv->retention(s, NULL, 0, keeps, sizeof(keeps));
+        rt_log(RT_LOG_INFO, "sink.started", "sink=%s type=%s batch=%u flush_ms=%u%s%s", s->name,
+               s->drv->type, s->batch, s->flush_ms, keeps[0] ? " " : "", keeps);
     }
     atomic_store(&g_running, true);
     return 0;
@@ -344,12 +347,37 @@ void rt_sinks_stop(void)
     for (unsigned i = 0; i < g_nsinks; i++) {
         rt_sink_t *s = g_sinks[i];
         rt_log(RT_LOG_INFO, "sink.stopped",
-               "sink=%s in=%llu written=%llu spilled=%llu dropped=%llu", s->name,
+               "sink=%s in=%llu written=%llu spilled=%llu dropped=%llu expired=%llu", s->name,
                (unsigned long long)atomic_load(&s->in),
                (unsigned long long)atomic_load(&s->written),
                (unsigned long long)atomic_load(&s->spilled),
-               (unsigned long long)atomic_load(&s->dropped));
+               (unsigned long long)atomic_load(&s->dropped),
+               (unsigned long long)atomic_load(&s->expired));
     }
+}
+
+int rt_sink_describe(const rt_conf_t *conf, const rt_conf_section_t *sec, char *out, size_t n)
+{
+    rt_bson_mem_init(); /* configure may make BSON (the republish templates) */
+    rt_sink_t *s = NULL;
+    char why[RT_CONF_ERR_LEN / 2];
+    int rc = make_sink(conf, sec, &s, why, sizeof(why));
+    if (rc) {
+        snprintf(out, n, "%s", why);
+        return rc;
+    }
+    if (!s) {
+        snprintf(out, n, "disabled (checked, not started)");
+        return 0;
+    }
+    if (s->drv->retention)
+        s->drv->retention(s, out, n, NULL, 0);
+    else if (s->drv->spills)
+        snprintf(out, n, "rtd deletes nothing: the database keeps what it is given");
+    else
+        snprintf(out, n, "keeps nothing: rows are passed on");
+    sink_free(s);
+    return 0;
 }
 
 void rt_sinks_free(void)
@@ -367,6 +395,19 @@ rt_sink_t *rt_sink_find(const char *name)
         if (strcmp(g_sinks[i]->name, name) == 0)
             return g_sinks[i];
     return NULL;
+}
+
+size_t rt_sinks_files(rt_sink_files_t *out, size_t max)
+{
+    if (!atomic_load(&g_running))
+        return 0;
+    for (unsigned i = 0; i < g_nsinks && i < max; i++) {
+        const rt_sink_t *s = g_sinks[i];
+        snprintf(out[i].name, sizeof(out[i].name), "%s", s->name);
+        snprintf(out[i].db, sizeof(out[i].db), "%s", s->drv->file ? s->drv->file(s) : "");
+        snprintf(out[i].spill, sizeof(out[i].spill), "%s", s->drv->spills ? s->spill_path : "");
+    }
+    return g_nsinks;
 }
 
 size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max)
@@ -388,6 +429,9 @@ size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max)
         o->spilled = atomic_load(&s->spilled);
         o->dropped = atomic_load(&s->dropped);
         o->batches = atomic_load(&s->batches);
+        o->expired = atomic_load(&s->expired);
+        if (s->drv->retention)
+            s->drv->retention(s, o->retention, sizeof(o->retention), NULL, 0);
         o->bytes = atomic_load(&s->bytes);
         rt_hist_snapshot(&s->write_hist, &o->write_seconds);
         pthread_mutex_lock(&s->err_lock);

@@ -30,6 +30,10 @@ typedef struct sq_table_s {
     unsigned ncols;
     size_t cap;
     char **cols;
+    /* For retention's marks: */
+    uint64_t batch;     /* the last batch that wrote to it (sq_t.batches) */
+    int64_t last_rowid; /* the last row that batch wrote */
+    sq_mark_t mark;     /* its newest mark */
 } sq_table_t;
 
 typedef struct sq_stmt_s {
@@ -59,9 +63,11 @@ typedef struct sq_s {
     size_t tables_cap;
     sq_stmt_t cache[SQ_STMT_CACHE];
     uint64_t clock;
-    rt_buf_t sig; /* scratch for building signatures */
-    rt_buf_t sql; /* scratch for SQL text */
-    int last;     /* SQLite's code for the last statement that failed */
+    rt_buf_t sig;     /* scratch for building signatures */
+    rt_buf_t sql;     /* scratch for SQL text */
+    int last;         /* SQLite's code for the last statement that failed */
+    uint64_t batches; /* write calls so far */
+    sq_retention_t ret;
 } sq_t;
 
 static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json", NULL};
@@ -72,6 +78,10 @@ static const sink_key_t sqlite_keys[] = {
     {"synchronous", SK_STRING, 0, 0, "full or normal"},
     {"busy_ms", SK_INT, 0, 60000, "ms a write waits for a lock held elsewhere"},
     {"columns.", SK_PREFIX, 0, 0, "columns.<name> = \"integer|real|text|blob|numeric|json\""},
+    {"retention.max_rows", SK_INT, 1, 1e15, "rows kept per table; the oldest beyond are deleted"},
+    {"retention.max_age", SK_INT, 1, 1e10, "seconds a row is kept after it was written"},
+    {"retention.max_bytes", SK_INT, 1 << 20, 1e15,
+     "bytes of database pages in use; past it the oldest rows are deleted"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -169,6 +179,8 @@ static int sq_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
     }
     kv = rt__sink_kv(sec, "busy_ms");
     q->busy_ms = kv ? (int)kv->num : SQ_BUSY_MS_DEFAULT;
+    rt__retention_configure(&q->ret, sec);
+    s->retains = rt__retention_on(&q->ret);
     q->declared = calloc(sec->nkeys ? sec->nkeys : 1, sizeof(sq_column_t));
     if (!q->declared && rc == 0) {
         snprintf(why, whylen, "out of memory");
@@ -233,6 +245,7 @@ static void sq_close(rt_sink_t *s)
 {
     sq_t *q = s->drv_state;
     forget_schema(q);
+    rt__retention_close(&q->ret);
     if (q->db)
         sqlite3_close(q->db);
     q->db = NULL;
@@ -266,6 +279,12 @@ static int sq_open(rt_sink_t *s)
              q->sync_full ? "FULL" : "NORMAL");
     if (sqlite3_exec(q->db, pragmas, NULL, NULL, NULL) != SQLITE_OK) {
         rt__sink_error(s, "%s: %s", q->file, sqlite3_errmsg(q->db));
+        sq_close(s);
+        return RT_EAGAIN;
+    }
+    char why[200];
+    if (rt__retention_open(&q->ret, q->db, why, sizeof(why)) != 0) {
+        rt__sink_error(s, "%s: retention: %s", q->file, why);
         sq_close(s);
         return RT_EAGAIN;
     }
@@ -552,6 +571,11 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
         rt__sink_error(s, "row rejected: table name must be 1 to %d bytes", SQ_TABLE_LEN - 1);
         return RT_EINVAL;
     }
+    if (rt__retention_reserved(table, tlen)) {
+        rt__sink_error(s, "row rejected: table %.*s is the sink's own (retention)", (int)tlen,
+                       table);
+        return RT_EINVAL;
+    }
     if (!bson_init_static(&doc, r->doc, r->len) || !bson_validate(&doc, BSON_VALIDATE_UTF8, NULL)) {
         rt__sink_error(s, "row rejected: malformed BSON");
         return RT_EINVAL;
@@ -609,8 +633,12 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
     while (bson_iter_next(&it))
         bind_value(st, col++, &it);
     q->last = sqlite3_step(st);
-    if (q->last != SQLITE_DONE)
+    if (q->last == SQLITE_DONE) {
+        t->batch = q->batches;
+        t->last_rowid = sqlite3_last_insert_rowid(q->db);
+    } else {
         rt__sink_error(s, "%s: insert into %s: %s", q->file, tname, sqlite3_errmsg(q->db));
+    }
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     if (q->last == SQLITE_DONE)
@@ -649,9 +677,28 @@ static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
     }
 }
 
+/* Retention's marks for the tables this batch wrote to, in its transaction. 0, or RT_EAGAIN
+   (the batch is retried). */
+static int mark_tables(rt_sink_t *s, sq_t *q)
+{
+    uint64_t now = rt_wall_ms();
+    for (unsigned i = 0; i < q->ntables; i++) {
+        sq_table_t *t = &q->tables[i];
+        if (t->batch != q->batches)
+            continue;
+        if (rt__retention_mark(&q->ret, q->db, t->name, t->last_rowid, now, &t->mark) != 0) {
+            rt__sink_error(s, "%s: retention mark for %s: %s", q->file, t->name,
+                           sqlite3_errmsg(q->db));
+            return RT_EAGAIN;
+        }
+    }
+    return 0;
+}
+
 static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
 {
     sq_t *q = s->drv_state;
+    q->batches++;
     if (sqlite3_exec(q->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
         rt__sink_error(s, "%s: begin: %s", q->file, sqlite3_errmsg(q->db));
         return RT_EAGAIN;
@@ -668,6 +715,10 @@ static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
                            q->file);
             return RT_EAGAIN;
         }
+    }
+    if (s->retains && mark_tables(s, q) != 0) {
+        sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+        return RT_EAGAIN;
     }
     if (sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
         rt__sink_error(s, "%s: commit: %s", q->file, sqlite3_errmsg(q->db));
@@ -694,6 +745,27 @@ static size_t sq_held(const rt_sink_t *s)
     return n;
 }
 
+static int sq_expire(rt_sink_t *s, uint64_t max, uint64_t *rows, bool *more)
+{
+    sq_t *q = s->drv_state;
+    return rt__retention_step(s, &q->ret, q->db, q->sync_full, max, rt_wall_ms(), rows, more);
+}
+
+static const char *sq_file(const rt_sink_t *s)
+{
+    return ((const sq_t *)s->drv_state)->file;
+}
+
+static void sq_retention(const rt_sink_t *s, char *text, size_t textlen, char *fields,
+                         size_t fieldslen)
+{
+    const sq_t *q = s->drv_state;
+    if (text)
+        rt__retention_text(&q->ret, text, textlen);
+    if (fields)
+        rt__retention_fields(&q->ret, fields, fieldslen);
+}
+
 const sink_driver_t rt_sink_sqlite_driver = {
     .type = "sqlite",
     .blocking = true,
@@ -704,6 +776,9 @@ const sink_driver_t rt_sink_sqlite_driver = {
     .configure = sq_configure,
     .open = sq_open,
     .write = sq_write,
+    .expire = sq_expire,
+    .retention = sq_retention,
+    .file = sq_file,
     .close = sq_close,
     .free = sq_free,
     .held = sq_held,

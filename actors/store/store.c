@@ -22,7 +22,6 @@
 #include "store.h"
 
 #define RT_STORE_APP_ID 0x72744D51 /* "rtMQ": PRAGMA application_id of our files */
-#define RT_STORE_SCHEMA 1          /* PRAGMA user_version */
 #define RT_STORE_MAX_TX 5000       /* changes in one transaction before a commit regardless */
 #define RT_STORE_MAX_SUB_IDS 8
 
@@ -578,13 +577,17 @@ void rt_store_stats(rt_store_stats_t *out)
 
 /* ---- Opening and loading ---- */
 
-static int open_failed(char *err, size_t errlen, const char *path, const char *why)
+/* The file's path once open (rt_store_path). */
+static char store_path[512];
+
+/* Closes the database and says why: RT_EINVAL (the file is refused) or RT_EAGAIN. */
+static int open_failed(char *err, size_t errlen, const char *path, const char *why, int code)
 {
     snprintf(err, errlen, "%s: %s", path, why);
     if (store.db)
         sqlite3_close(store.db);
     store.db = NULL;
-    return RT_EINVAL;
+    return code;
 }
 
 static int64_t pragma_int(const char *q)
@@ -601,13 +604,14 @@ static int64_t pragma_int(const char *q)
 
 /*
 ** Refuses anything that is not our own healthy file: not a database, another
-** application's, a newer schema, or damaged. A new empty file is initialised.
+** application's, a newer schema, or damaged; migrates an older one. A new empty file is
+** initialised.
 */
 static int check_file(const char *path, char *err, size_t errlen)
 {
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(store.db, "PRAGMA quick_check", -1, &s, NULL) != SQLITE_OK)
-        return open_failed(err, errlen, path, "not an SQLite database (left untouched)");
+        return open_failed(err, errlen, path, "not an SQLite database (left untouched)", RT_EINVAL);
     int rc = sqlite3_step(s);
     bool ok = rc == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(s, 0), "ok") == 0;
     char why[300];
@@ -617,7 +621,7 @@ static int check_file(const char *path, char *err, size_t errlen)
                                   : sqlite3_errmsg(store.db));
     sqlite3_finalize(s);
     if (!ok)
-        return open_failed(err, errlen, path, why);
+        return open_failed(err, errlen, path, why, RT_EINVAL);
     int64_t app = pragma_int("PRAGMA application_id");
     int64_t version = pragma_int("PRAGMA user_version");
     int64_t tables = pragma_int("SELECT count(*) FROM sqlite_master");
@@ -626,19 +630,29 @@ static int check_file(const char *path, char *err, size_t errlen)
         snprintf(init, sizeof(init), "PRAGMA application_id = %d; PRAGMA user_version = %d; %s",
                  RT_STORE_APP_ID, RT_STORE_SCHEMA, schema);
         if (sqlite3_exec(store.db, init, NULL, NULL, NULL) != SQLITE_OK)
-            return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
+            return open_failed(err, errlen, path, sqlite3_errmsg(store.db), RT_EAGAIN);
         return 0;
     }
     if (app != RT_STORE_APP_ID) {
         snprintf(why, sizeof(why),
                  "not an rtd state file (application_id %lld, %lld tables); left untouched",
                  (long long)app, (long long)tables);
-        return open_failed(err, errlen, path, why);
+        return open_failed(err, errlen, path, why, RT_EINVAL);
     }
-    if (version != RT_STORE_SCHEMA) {
-        snprintf(why, sizeof(why), "schema version %lld, this rtd reads %d; left untouched",
-                 (long long)version, RT_STORE_SCHEMA);
-        return open_failed(err, errlen, path, why);
+    if (version > RT_STORE_SCHEMA || version < 1) {
+        snprintf(why, sizeof(why),
+                 "schema version %lld, this rtd reads %d and older%s; left untouched",
+                 (long long)version, RT_STORE_SCHEMA,
+                 version > RT_STORE_SCHEMA ? " (a newer rtd wrote it: run that one, or this one "
+                                             "on the copy the newer one made when it migrated)"
+                                           : "");
+        return open_failed(err, errlen, path, why, RT_EINVAL);
+    }
+    if (version < RT_STORE_SCHEMA) {
+        char backup[600];
+        if (rt__store_migrate(store.db, path, (int)version, RT_STORE_SCHEMA, rt__store_steps,
+                              backup, sizeof(backup), why, sizeof(why)) != 0)
+            return open_failed(err, errlen, path, why, RT_EINVAL);
     }
     return 0;
 }
@@ -665,24 +679,31 @@ int rt_store_open(const char *dir, rt_pid_t sup, char *err, size_t errlen)
     int64_t mark = rt_sqlite_lib.thread_bytes();
     if (sqlite3_open_v2(path, &store.db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK)
-        return open_failed(err, errlen, path, store.db ? sqlite3_errmsg(store.db) : "cannot open");
+        return open_failed(err, errlen, path, store.db ? sqlite3_errmsg(store.db) : "cannot open",
+                           RT_EINVAL);
     int rc = check_file(path, err, errlen);
     if (rc)
         return rc;
     if (sqlite3_exec(store.db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", NULL,
                      NULL, NULL) != SQLITE_OK)
-        return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
+        return open_failed(err, errlen, path, sqlite3_errmsg(store.db), RT_EAGAIN);
     for (int i = 0; i < ST_COUNT; i++)
         if (sqlite3_prepare_v3(store.db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &store.st[i],
                                NULL) != SQLITE_OK)
-            return open_failed(err, errlen, path, sqlite3_errmsg(store.db));
+            return open_failed(err, errlen, path, sqlite3_errmsg(store.db), RT_EAGAIN);
     rt_meter_add(&store.mem, &rt_sqlite_lib, mark); /* charged in the actor's first turn */
     rt_pid_t group;
     rt_child_spec_t c = {.name = RT_STORE_NAME, .type = &store_type, .restart = RT_PERMANENT};
     if (rt_group_start(sup, RT_STORE_GROUP, RT_PERMANENT, &group) ||
         rt_supervisor_start_child(group, &c, NULL))
-        return open_failed(err, errlen, path, "cannot start the store actor");
+        return open_failed(err, errlen, path, "cannot start the store actor", RT_EAGAIN);
+    snprintf(store_path, sizeof(store_path), "%s", path);
     return 0;
+}
+
+const char *rt_store_path(void)
+{
+    return atomic_load(&store.pid) ? store_path : "";
 }
 
 int rt_store_sync(void)

@@ -14,8 +14,9 @@
 ** synchronous=NORMAL survives a killed process (not a power cut).
 **
 ** The file carries an application id and a schema version: a file that is
-** not SQLite, belongs to something else, or fails quick_check is refused with
-** a clear error and never touched.
+** not SQLite, belongs to something else, fails quick_check or holds a newer
+** schema is refused with a clear error and never touched; an older schema is
+** migrated at start, after a copy of it is taken (migrate.c).
 */
 #ifndef RT_STORE_H
 #define RT_STORE_H
@@ -28,6 +29,8 @@
 #include "topic_trie.h"
 
 #define RT_STORE_FILE "state.db"
+
+struct sqlite3;
 
 /*
 ** Creates path with mode 0600 unless it exists, before SQLite opens it: the
@@ -65,12 +68,12 @@ typedef struct {
 
 typedef struct {
     const char *client_id;
-    uint32_t expiry_left_s;   /* what remains of the session expiry, counted from its disconnect */
+    uint32_t expiry_left_s; /* what remains of the session expiry, counted from its disconnect */
     rt_stored_sub_t *subs;
     size_t nsubs;
-    rt_stored_msg_t *msgs;    /* by seq */
+    rt_stored_msg_t *msgs; /* by seq */
     size_t nmsgs;
-    uint16_t *qos2_in;        /* inbound QoS 2 ids awaiting PUBREL */
+    uint16_t *qos2_in; /* inbound QoS 2 ids awaiting PUBREL */
     size_t nqos2_in;
 } rt_stored_session_t;
 
@@ -101,8 +104,8 @@ bool rt_store_enabled(void);
 int rt_store_load(rt_bin_t *(*packet_to_bin)(const void *packet, size_t len),
                   void (*on_retained)(const char *topic, size_t len, rt_bin_t *bin,
                                       uint64_t expire_at_ms, void *arg),
-                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg,
-                  char *err, size_t errlen);
+                  void (*on_session)(const rt_stored_session_t *s, void *arg), void *arg, char *err,
+                  size_t errlen);
 
 /* Changes. Each is one message to the store actor; ack_pid 0 asks for no answer. */
 /* fresh: a new session under this id (the old one's rows go); online: its client is connected. */
@@ -120,9 +123,43 @@ void rt_store_qos2_in(const char *client_id, uint16_t packet_id, bool add, rt_pi
 void rt_store_retain(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms,
                      rt_pid_t ack_pid, uint64_t token);
 
+/* The open state.db's path ("" when persistence is off), for backups. */
+const char *rt_store_path(void);
+
+/*
+** Copies the SQLite database at src_path to the new file dst (mode 0600; written as
+** dst.tmp, fsynced, renamed), online: one snapshot of what was committed when the copy
+** began, WAL included, while writers carry on. src: a connection of the caller's on that
+** file, or NULL to open one of its own (read only). *bytes (if set): the copy's size.
+** 0, RT_EEXIST if dst exists (never written over), RT_EINVAL with err. Blocking: call
+** from the blocking pool or outside the runtime.
+*/
+int rt_sqlite_backup(struct sqlite3 *src, const char *src_path, const char *dst, uint64_t *bytes,
+                     char *err, size_t errlen);
+
+/* ---- Schema versions (migrate.c) ---- */
+#define RT_STORE_SCHEMA 1 /* the PRAGMA user_version this rtd reads and writes */
+
+typedef struct rt_store_step_s {
+    int version;     /* the schema version the step brings a file to */
+    const char *sql; /* its statements; NULL ends a list */
+} rt_store_step_t;
+
+/* rtd's steps, oldest first, ending with {0, NULL}; the last one's version is the schema's. */
+extern const rt_store_step_t rt__store_steps[];
+
+/*
+** Brings the open database db (the file path, at schema version from) to version to with
+** the steps of that list from from + 1 on, in one transaction, after a copy of the file
+** (its path into backup) is taken. 0, or RT_EINVAL with err: the file is as it was.
+*/
+int rt__store_migrate(struct sqlite3 *db, const char *path, int from, int to,
+                      const rt_store_step_t *steps, char *backup, size_t backuplen, char *err,
+                      size_t errlen);
+
 /* Counters for $SYS and rtctl. */
 typedef struct {
-    uint64_t changes;  /* applied */
+    uint64_t changes; /* applied */
     uint64_t commits;
     uint64_t failures; /* changes SQLite refused (logged) */
     uint64_t lost;     /* changes sent to a store actor that died before applying them */

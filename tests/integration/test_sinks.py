@@ -2,7 +2,8 @@
 
 Exact row counts and per-topic order, a durable rule whose PUBACK comes only once the row is
 committed, rows spilled while the database is locked by another connection and replayed by
-the next rtd after a restart, and a bad sinks table refused at start (exit 2).
+the next rtd after a restart, a bad sinks table refused at start (exit 2), and retention:
+what the start log says a sink keeps, and its deletions counted in rtctl and /metrics.
 """
 import os
 import sqlite3
@@ -136,3 +137,28 @@ def test_bad_sinks_table_exits_2(tmp_path):
         capture_output=True, text=True, timeout=10)
     assert proc.returncode == 2, proc.stderr
     assert "sinks.archive: unknown key tabel" in proc.stderr, proc.stderr
+
+
+def test_retention_keeps_the_newest_and_says_so(tmp_path):
+    """The archive with retention = { max_rows = 100 }: the start log says what it keeps,
+    the newest 100 rows stay, and the rest are counted expired in rtctl and /metrics."""
+    db = os.path.join(tmp_path, "rt.db")
+    rtd = Rtd(f"data_dir={tmp_path}", f"rules_dir={os.path.join(ROOT, 'etc', 'rules')}",
+              sinks_override(db, ",retention={max_rows=100}"))
+    try:
+        assert "sink.started sink=archive type=sqlite batch=100 flush_ms=10 " \
+               "retention_max_rows=100 retention_max_age_s=0 retention_max_bytes=0" \
+               in rtd.read_log()
+        publish_all(rtd.port, 500)
+        assert wait_for(lambda: rtd.ctl_json("sinks", "show", "archive")["expired"] == 400, 20)
+        show = rtd.ctl_json("sinks", "show", "archive")
+        assert show["written"] == 500 and show["retention"] == \
+            "rows deleted beyond the newest 100 of a table"
+        code, metrics, err = rtd.ctl("metrics", "prometheus")
+        assert code == 0, err
+        assert 'rt_sink_rows_expired_total{sink="archive",type="sqlite"} 400' in metrics
+        assert count(db) == 100
+    finally:
+        code, log = rtd.stop()
+        assert code == 0, log
+    assert "sink.stopped sink=archive in=500 written=500 spilled=0 dropped=0 expired=400" in log

@@ -29,157 +29,8 @@
 #include "bson_mem.h"
 #include "sink.h"
 #include "sqlite_mem.h"
+#include "sink_test.h"
 #include "test_mqtt.h"
-
-static char dir[128];
-static char dbfile[192];
-
-/* ---- Helpers ---- */
-
-static void clean_dir(void)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", dir);
-    mkdir(dir, 0755);
-}
-
-/* A config with data_dir = dir and the given sinks table (Lua). */
-static void make_conf(rt_conf_t *c, const char *sinks)
-{
-    rt_conf_defaults(c);
-    snprintf(c->data_dir, sizeof(c->data_dir), "%s", dir);
-    char err[RT_CONF_ERR_LEN], a[1024];
-    snprintf(a, sizeof(a), "sinks=%s", sinks);
-    if (rt_conf_set(c, a, err, sizeof(err)) != 0) {
-        fprintf(stderr, "config: %s\n", err);
-        exit(2);
-    }
-}
-
-static int start(const char *sinks)
-{
-    rt_conf_t *c = malloc(sizeof(*c));
-    make_conf(c, sinks);
-    char err[RT_CONF_ERR_LEN];
-    int rc = rt_sinks_start(c, 0, err, sizeof(err));
-    if (rc)
-        fprintf(stderr, "rt_sinks_start: %s\n", err);
-    free(c);
-    return rc;
-}
-
-static void stop_all(void)
-{
-    rt_sinks_stop();
-    rt_shutdown();
-    rt_sinks_free();
-}
-
-static rt_sink_info_t info(const char *name)
-{
-    rt_sink_info_t all[8], none = {0};
-    size_t n = rt_sinks_snapshot(all, 8);
-    for (size_t i = 0; i < n && i < 8; i++)
-        if (strcmp(all[i].name, name) == 0)
-            return all[i];
-    return none;
-}
-
-static bool books_balance(const rt_sink_info_t *i)
-{
-    bool ok = i->in == i->written + i->queued + i->inflight + i->spilled + i->dropped;
-    if (!ok)
-        fprintf(stderr,
-                "  books: in %llu != written %llu + queued %llu + inflight %llu + "
-                "spilled %llu + dropped %llu\n",
-                (unsigned long long)i->in, (unsigned long long)i->written,
-                (unsigned long long)i->queued, (unsigned long long)i->inflight,
-                (unsigned long long)i->spilled, (unsigned long long)i->dropped);
-    return ok;
-}
-
-/*
-** Starts a runtime with one SQLite sink "archive" on dbfile (extra: more keys, Lua) in
-** a fresh directory unless keep_dir; sinks gets the table used, for a restart.
-*/
-static rt_sink_t *start_archive(const char *extra, bool keep_dir, char *sinks, size_t cap)
-{
-    if (!keep_dir)
-        clean_dir();
-    test_start(2);
-    snprintf(sinks, cap, "{ archive = { type = 'sqlite', file = '%s', %s } }", dbfile, extra);
-    CHECK_EQ(start(sinks), 0);
-    return rt_sink_find("archive");
-}
-
-/* Waits until field of sink name reaches want. */
-/* Whether field reached want within ms. Read once per round: a gauge such as spilled may
-   fall again right after (rows moved back for a retry), and a second read would miss it. */
-#define WAIT_FOR(name, field, want, ms)                                                            \
-    ({                                                                                             \
-        uint64_t end_ = test_now_ms() + (ms);                                                      \
-        bool reached_;                                                                             \
-        while (!(reached_ = info(name).field >= (uint64_t)(want)) && test_now_ms() < end_)         \
-            test_sleep_ms(2);                                                                      \
-        reached_;                                                                                  \
-    })
-
-/* n rows {seq, sub, key, payload} as one binary, seq from first. */
-static rt_bin_t *make_rows(uint32_t first, uint32_t n, uint32_t sub, int payload_bytes)
-{
-    bson_t all = BSON_INITIALIZER; /* just a buffer: documents are appended raw */
-    uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    char payload[4096];
-    memset(payload, 'x', sizeof(payload));
-    for (uint32_t i = 0; i < n; i++) {
-        bson_t row = BSON_INITIALIZER;
-        BSON_APPEND_INT64(&row, "seq", first + i);
-        BSON_APPEND_INT32(&row, "sub", (int32_t)sub);
-        char key[16];
-        snprintf(key, sizeof(key), "k%u", (first + i) % 7);
-        BSON_APPEND_UTF8(&row, "key", key);
-        bson_append_utf8(&row, "payload", -1, payload, payload_bytes);
-        if (len + row.len > cap) {
-            cap = (len + row.len) * 2;
-            buf = realloc(buf, cap);
-        }
-        memcpy(buf + len, bson_get_data(&row), row.len);
-        len += row.len;
-        bson_destroy(&row);
-    }
-    bson_destroy(&all);
-    rt_bin_t *b = rt_bin_new(buf, len);
-    free(buf);
-    return b;
-}
-
-static rt_bin_t *bin_of(const bson_t *doc)
-{
-    return rt_bin_new(bson_get_data(doc), doc->len);
-}
-
-static long long sql_int(sqlite3 *db, const char *sql)
-{
-    sqlite3_stmt *st;
-    long long v = -1;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
-        return -2;
-    if (sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return v;
-}
-
-static sqlite3 *open_db(const char *file)
-{
-    sqlite3 *db = NULL;
-    sqlite3_open(file, &db);
-    sqlite3_busy_timeout(db, 5000);
-    return db;
-}
 
 /* Whether table t of db holds seq 0..n-1 exactly once each, in insertion (rowid) order. */
 static bool in_order(sqlite3 *db, const char *table, long long n)
@@ -270,6 +121,15 @@ static void test_config_errors(void)
         {"{a = {type = 'sqlite', enabled = 1}}", "enabled must be true or false"},
         {"{a = {type = 'sqlite', columns = {ts = 'date'}}}", "columns.ts"},
         {"{a = {type = 'sqlite', synchronous = 'off'}}", "synchronous must be"},
+        {"{a = {type = 'sqlite', retention = {max_rows = 0}}}",
+         "retention.max_rows must be a whole number from 1"},
+        {"{a = {type = 'sqlite', retention = {max_age = 'week'}}}",
+         "retention.max_age must be a whole number"},
+        {"{a = {type = 'sqlite', retention = {max_age = 1.5}}}",
+         "retention.max_age must be a whole number"},
+        {"{a = {type = 'sqlite', retention = {max_bytes = 1000}}}",
+         "retention.max_bytes must be a whole number from"},
+        {"{a = {type = 'sqlite', retention = {max_row = 5}}}", "unknown key retention.max_row"},
         {"{a = {type = 'mongodb', uri = 'http://x'}}", "uri \"http://x\""},
         {"{a = {type = 'mongodb', enabled = false, uri = 'x'}}", "uri \"x\""},
         {"{a = {type = 'mongodb', w = -1}}", "w must be a whole number"},
@@ -286,6 +146,9 @@ static void test_config_errors(void)
         if (!ok)
             fprintf(stderr, "  %s: rc %d, got \"%s\", wanted \"%s\"\n", bad[i].sinks, rc, err,
                     bad[i].needle);
+        /* rtd --check finds the same, without starting anything. */
+        CHECK(rt_sink_describe(c, &c->sinks.s[0], err, sizeof(err)) != 0 &&
+              strstr(err, bad[i].needle));
     }
     /* A disabled sink is checked but not started. */
     make_conf(c, "{a = {type = 'sqlite', enabled = false}}");

@@ -1,0 +1,76 @@
+/*
+** state.db's schema versions. The file's PRAGMA user_version says which schema it holds;
+** rtd reads RT_STORE_SCHEMA. A file of an older version is brought up to date at start by
+** the steps below, all of them in one transaction with the new user_version (a failure
+** leaves the file as it was), after a copy of the old file is taken with the online backup
+** API (state.db.v<old>-<unix time>.bak beside it: what an older rtd can still start on). A
+** newer file is refused: this rtd cannot know what it would lose.
+*/
+#include <sqlite3.h>
+#include <stdio.h>
+
+#include "log.h"
+#include "store.h"
+
+/*
+** rtd's steps, oldest first; the last one's version is RT_STORE_SCHEMA. None yet: version
+** 1 is the first schema. A step is added when the schema changes, never edited after
+** release (files out there went through it as it was).
+*/
+const rt_store_step_t rt__store_steps[] = {
+    {0, NULL},
+};
+
+int rt__store_migrate(struct sqlite3 *db, const char *path, int from, int to,
+                      const rt_store_step_t *steps, char *backup, size_t backuplen, char *err,
+                      size_t errlen)
+{
+    RT_ASSERT(from < to);
+    int have = from;
+    for (const rt_store_step_t *s = steps; s->sql; s++)
+        if (s->version == have + 1 && have < to)
+            have = s->version;
+    if (have != to) {
+        snprintf(err, errlen, "no way from schema version %d to %d (a step is missing)", from, to);
+        return RT_EINVAL;
+    }
+    snprintf(backup, backuplen, "%s.v%d-%llu.bak", path, from,
+             (unsigned long long)(rt_wall_ms() / 1000));
+    char why[512];
+    int rc = rt_sqlite_backup(db, path, backup, NULL, why, sizeof(why));
+    if (rc) {
+        snprintf(err, errlen,
+                 "no copy of the version %d file could be made, so it was not "
+                 "migrated: %s",
+                 from, why);
+        return RT_EINVAL;
+    }
+    char *msg = NULL;
+    rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, &msg);
+    int at = from;
+    for (const rt_store_step_t *s = steps; rc == SQLITE_OK && s->sql; s++) {
+        if (s->version <= from || s->version > to)
+            continue;
+        rc = sqlite3_exec(db, s->sql, NULL, NULL, &msg);
+        at = s->version;
+    }
+    if (rc == SQLITE_OK) {
+        char set[64];
+        snprintf(set, sizeof(set), "PRAGMA user_version = %d", to);
+        rc = sqlite3_exec(db, set, NULL, NULL, &msg);
+    }
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, &msg);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen,
+                 "migration from schema version %d failed at version %d, nothing changed "
+                 "(the copy: %s): %s",
+                 from, at, backup, msg ? msg : sqlite3_errmsg(db));
+        sqlite3_free(msg);
+        if (!sqlite3_get_autocommit(db))
+            sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return RT_EINVAL;
+    }
+    rt_log(RT_LOG_INFO, "store.migrated", "file=%s from=%d to=%d copy=%s", path, from, to, backup);
+    return 0;
+}
