@@ -303,7 +303,8 @@ class Mq:
 
     def __init__(self, node, v5=True, name="c", clean=True, inflight=None, cid=None, expiry=0,
                  will=None):
-        self.id = cid or f"{name}-{uuid.uuid4().hex[:8]}"
+        # cid "": the broker assigns one (MQTT 5), and a cluster node claims none.
+        self.id = f"{name}-{uuid.uuid4().hex[:8]}" if cid is None else cid
         self.v5 = v5
         if v5:
             self.c = mqtt.Client(client_id=self.id, protocol=mqtt.MQTTv5)
