@@ -188,7 +188,9 @@ int rtd_check(const rt_conf_t *c, const char *conf_path)
         rt_auth_shutdown();
         return 2;
     }
-    printf("config.paths " RTD_PATHS_FORMAT "\n", RTD_PATHS_ARGS(c, conf_path));
+    printf("config.paths config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s "
+           "admin_socket=%s%s\n",
+           RTD_PATHS_ARGS(c, conf_path));
     if (note[0])
         printf("data_dir %s %s\n", c->data_dir, note);
     for (unsigned i = 0; i < c->nlisteners; i++) {

@@ -25,11 +25,10 @@ int rtd_check_data_dir(const char *dir, bool make, char *note, size_t notelen, c
                        size_t errlen);
 
 /*
-** config.paths (RTD_PATHS_FORMAT, filled by RTD_PATHS_ARGS): where the settings came from
-** and the files and directories they name. The start logs it, `rtd --check` prints it.
+** config.paths's values, for the format "config=%s rules_dir=%s data_dir=%s password_file=%s
+** acl_file=%s admin_socket=%s%s" (the start logs it, `rtd --check` prints it; the log wants
+** its format literal): where the settings came from and the files and directories they name.
 */
-#define RTD_PATHS_FORMAT                                                                        \
-    "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s"
 #define RTD_PATHS_ARGS(c, conf_path)                                                            \
     (conf_path), (c)->rules_dir, (c)->data_dir, (c)->password_file[0] ? (c)->password_file : "-", \
         (c)->acl_file[0] ? (c)->acl_file : "-",                                                 \
@@ -37,11 +36,10 @@ int rtd_check_data_dir(const char *dir, bool make, char *note, size_t notelen, c
         (c)->admin_socket[0] ? "" : "/rtd.sock"
 
 /*
-** listener.access for listener i (RTD_ACCESS_FORMAT with the three values): where it
-** listens, who may connect anonymously (without a user name, or with one no password file
-** vouches for), and which user names are accepted.
+** listener.access's values for listener i: where it listens, who may connect anonymously
+** (without a user name, or with one no password file vouches for), and which user names are
+** accepted.
 */
-#define RTD_ACCESS_FORMAT "listener=%s anonymous=%s users=%s"
 typedef struct {
     char listener[RT_CONF_VALUE_LEN];
     char anonymous[RT_CONF_VALUE_LEN * 2 + 8];

@@ -87,8 +87,8 @@ static void log_access(const rt_conf_t *c)
     for (unsigned i = 0; i < c->nlisteners; i++) {
         rtd_access_t a;
         rtd_access(c, i, &a);
-        rt_log(RT_LOG_INFO, "listener.access", RTD_ACCESS_FORMAT, a.listener, a.anonymous,
-               a.users);
+        rt_log(RT_LOG_INFO, "listener.access", "listener=%s anonymous=%s users=%s", a.listener,
+               a.anonymous, a.users);
     }
 }
 
@@ -219,7 +219,9 @@ static int start_dirs(rtd_t *d)
     if (rtd_check_rules_dir(c->rules_dir, d->err, sizeof(d->err)) ||
         rtd_check_data_dir(c->data_dir, true, note, sizeof(note), d->err, sizeof(d->err)))
         return config_error(d);
-    rt_log(RT_LOG_INFO, "config.paths", RTD_PATHS_FORMAT, RTD_PATHS_ARGS(c, d->conf_path));
+    rt_log(RT_LOG_INFO, "config.paths",
+           "config=%s rules_dir=%s data_dir=%s password_file=%s acl_file=%s admin_socket=%s%s",
+           RTD_PATHS_ARGS(c, d->conf_path));
     if (geteuid() == 0)
         rt_log(RT_LOG_WARNING, "rtd.root",
                "running as root: a hole in rtd or a rule would be root's; run it as its own user "

@@ -42,6 +42,11 @@ typedef struct sink_row_s {
 
 typedef struct sink_driver_s sink_driver_t;
 
+/* What a sink keeps, for the start log: 0 is no limit. */
+typedef struct {
+    uint64_t max_rows, max_age_s, max_bytes;
+} rt_sink_keeps_t;
+
 /* A config key a driver accepts. */
 typedef enum { SK_STRING, SK_INT, SK_BOOL, SK_PREFIX } sink_key_kind_t;
 typedef struct sink_key_s {
@@ -83,9 +88,9 @@ struct sink_driver_s {
     int (*expire)(rt_sink_t *s, uint64_t max, uint64_t *rows, bool *more);
     /* Optional: the local database file the sink writes (rt_sinks_files). */
     const char *(*file)(const rt_sink_t *s);
-    /* Optional: what the sink keeps, as a sentence (rt_sink_describe) and as log fields. */
-    void (*retention)(const rt_sink_t *s, char *text, size_t textlen, char *fields,
-                      size_t fieldslen);
+    /* Optional: what the sink keeps, as a sentence (rt_sink_describe; text NULL: none) and
+       as limits for the start log (0: no limit). */
+    void (*retention)(const rt_sink_t *s, char *text, size_t textlen, rt_sink_keeps_t *keeps);
     void (*close)(rt_sink_t *s); /* disconnects; open may be called again */
     void (*free)(rt_sink_t *s);  /* frees what configure made */
     /*
@@ -248,9 +253,9 @@ typedef struct sq_retention_s {
 
 void rt__retention_configure(sq_retention_t *r, const rt_conf_section_t *sec);
 bool rt__retention_on(const sq_retention_t *r);
-/* A sentence for people (rtd --check) and fields for the start log. */
+/* A sentence for people (rtd --check) and the limits for the start log. */
 void rt__retention_text(const sq_retention_t *r, char *out, size_t n);
-void rt__retention_fields(const sq_retention_t *r, char *out, size_t n);
+void rt__retention_keeps(const sq_retention_t *r, rt_sink_keeps_t *out);
 /* On a new connection: makes the registry of marks; 0 or RT_EAGAIN with why. */
 int rt__retention_open(sq_retention_t *r, struct sqlite3 *db, char *why, size_t n);
 void rt__retention_close(sq_retention_t *r);

@@ -133,16 +133,11 @@ void rt__retention_text(const sq_retention_t *r, char *out, size_t n)
                  bytes);
 }
 
-void rt__retention_fields(const sq_retention_t *r, char *out, size_t n)
+void rt__retention_keeps(const sq_retention_t *r, rt_sink_keeps_t *out)
 {
-    if (!rt__retention_on(r))
-        snprintf(out, n, "retention=none");
-    else
-        snprintf(out, n,
-                 "retention_max_rows=%llu retention_max_age_s=%llu "
-                 "retention_max_bytes=%llu",
-                 (unsigned long long)r->max_rows, (unsigned long long)(r->max_age_ms / 1000),
-                 (unsigned long long)r->max_bytes);
+    out->max_rows = r->max_rows;
+    out->max_age_s = r->max_age_ms / 1000;
+    out->max_bytes = r->max_bytes;
 }
 
 static void forget_table(sq_retention_t *r)

@@ -325,11 +325,14 @@ int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen
             free_all();
             return rc;
         }
-        char keeps[160] = "";
+        rt_sink_keeps_t keeps = {0};
         if (s->drv->retention)
-            s->drv->retention(s, NULL, 0, keeps, sizeof(keeps));
-        rt_log(RT_LOG_INFO, "sink.started", "sink=%s type=%s batch=%u flush_ms=%u%s%s", s->name,
-               s->drv->type, s->batch, s->flush_ms, keeps[0] ? " " : "", keeps);
+            s->drv->retention(s, NULL, 0, &keeps);
+        rt_log(RT_LOG_INFO, "sink.started",
+               "sink=%s type=%s batch=%u flush_ms=%u retention_max_rows=%llu "
+               "retention_max_age_s=%llu retention_max_bytes=%llu",
+               s->name, s->drv->type, s->batch, s->flush_ms, (unsigned long long)keeps.max_rows,
+               (unsigned long long)keeps.max_age_s, (unsigned long long)keeps.max_bytes);
     }
     atomic_store(&g_running, true);
     return 0;
@@ -371,7 +374,7 @@ int rt_sink_describe(const rt_conf_t *conf, const rt_conf_section_t *sec, char *
         return 0;
     }
     if (s->drv->retention)
-        s->drv->retention(s, out, n, NULL, 0);
+        s->drv->retention(s, out, n, NULL);
     else if (s->drv->spills)
         snprintf(out, n, "rtd deletes nothing: the database keeps what it is given");
     else
@@ -431,7 +434,7 @@ size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max)
         o->batches = atomic_load(&s->batches);
         o->expired = atomic_load(&s->expired);
         if (s->drv->retention)
-            s->drv->retention(s, o->retention, sizeof(o->retention), NULL, 0);
+            s->drv->retention(s, o->retention, sizeof(o->retention), NULL);
         o->bytes = atomic_load(&s->bytes);
         rt_hist_snapshot(&s->write_hist, &o->write_seconds);
         pthread_mutex_lock(&s->err_lock);

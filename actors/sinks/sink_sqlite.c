@@ -756,14 +756,13 @@ static const char *sq_file(const rt_sink_t *s)
     return ((const sq_t *)s->drv_state)->file;
 }
 
-static void sq_retention(const rt_sink_t *s, char *text, size_t textlen, char *fields,
-                         size_t fieldslen)
+static void sq_retention(const rt_sink_t *s, char *text, size_t textlen, rt_sink_keeps_t *keeps)
 {
     const sq_t *q = s->drv_state;
     if (text)
         rt__retention_text(&q->ret, text, textlen);
-    if (fields)
-        rt__retention_fields(&q->ret, fields, fieldslen);
+    if (keeps)
+        rt__retention_keeps(&q->ret, keeps);
 }
 
 const sink_driver_t rt_sink_sqlite_driver = {

@@ -17,6 +17,11 @@ import logcheck
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 
+# mongo-c-driver's constructor (before rtd's main) makes shared-memory counters named after
+# the pid, for its mongoc-stat tool; one left by an rtd a test killed, its pid reused, makes
+# the driver write a line of its own to stderr, outside rtd's log (docs/SERVICE.md).
+os.environ["MONGOC_DISABLE_SHM"] = "1"
+
 
 @pytest.fixture(autouse=True)
 def watchdog():

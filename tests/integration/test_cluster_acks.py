@@ -174,7 +174,8 @@ def switched_at(node, since_lines, role="routes"):
     to a NATS server, after the log's first since_lines lines; None if it has not."""
     for ln in node.read_log().splitlines()[since_lines:]:
         if f"cluster.reconnected connection={role} " in ln:
-            stamp = datetime.datetime.strptime(ln.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+            stamp = datetime.datetime.strptime(ln.split()[0].removeprefix("ts="),
+                                               "%Y-%m-%dT%H:%M:%S.%fZ")
             return stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
     return None
 

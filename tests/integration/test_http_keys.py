@@ -172,7 +172,7 @@ def test_http_without_a_key_file(tmp_path, stopper):
     stopper(b)
     b.hport = hport
     log = b.read_log()
-    assert f"http.no_api_keys listener=127.0.0.1:{hport} no http.api_keys_file" in log, log
+    assert f"http.no_api_keys listener=127.0.0.1:{hport} msg=\"no http.api_keys_file" in log, log
     assert call(b, "/api/v1/status", key="rtk_" + "0" * 64)[0] == 401
     assert b.ctl_json("apikey", "list") == []
     code, _, err = b.ctl("apikey", "add", "x", "read")

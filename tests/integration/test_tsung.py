@@ -74,7 +74,7 @@ def tsung_totals(logdir):
 
 
 def log_time(line):
-    stamp = line.split(" ", 1)[0].rstrip("Z")
+    stamp = line.split(" ", 1)[0].removeprefix("ts=").rstrip("Z")
     return datetime.datetime.fromisoformat(stamp).replace(
         tzinfo=datetime.timezone.utc).timestamp()
 
@@ -119,7 +119,7 @@ def test_tsung_mqtt_subscribers_and_qos1_publishers(tmp_path):
             epmd.wait(timeout=10)
         code, log = broker.stop()
     assert code == 0, log
-    connects = [line for line in log.splitlines() if " client.connected " in line]
+    connects = [line for line in log.splitlines() if " event=client.connected " in line]
     subs = [line for line in connects if f"keepalive={SUB_KEEPALIVE}" in line]
     pubs = [line for line in connects if f"keepalive={PUB_KEEPALIVE}" in line]
     assert (len(subs), len(pubs)) == (SUBSCRIBERS, PUBLISHERS), connects
