@@ -272,8 +272,12 @@ def test_dashboard_trace(rtd, browser):
         at_bottom = ("(() => { const x = document.getElementById('trace-box');"
                      " return x.scrollHeight > x.clientHeight &&"
                      " x.scrollTop + x.clientHeight >= x.scrollHeight - 8; })()")
-        assert b.wait_eval(at_bottom, 5), b.eval("(() => { const x = document.getElementById('trace-box'); return [x.scrollTop, x.clientHeight, x.scrollHeight, getComputedStyle(x).maxHeight, getComputedStyle(x).overflowY]; })()")
+        box = "(b => [b.scrollTop, b.clientHeight, b.scrollHeight])(" \
+              "document.getElementById('trace-box'))"
+        assert b.wait_eval(at_bottom, 5), b.eval(box)
+        # The user scrolls up; once the page saw it (its scroll event), new rows leave it there.
         b.eval("document.getElementById('trace-box').scrollTop = 0")
+        assert b.wait_eval("rtdash.traceFollow === false", 5), b.eval(box)
         shown = b.eval("rtdash.trace.packets")
         c.publish("dash/late", b"y", qos=0)
         assert b.wait_eval(f"rtdash.trace.packets > {shown}", 5)
