@@ -160,7 +160,7 @@ def test_dashboard(rtd, browser):
 
     b.screenshot(os.path.join(BUILD, "dashboard-desktop.png"), 1280, 900, full=True)
     b.screenshot(os.path.join(BUILD, "dashboard-phone.png"), 390, 844, mobile=True, scale=2)
-    # At a phone's width nothing but the tables' own scroll boxes is wider than the screen.
+    # At a phone's width nothing is wider than the screen.
     assert b.eval("document.documentElement.scrollWidth") <= 390
     b.screenshot(os.path.join(BUILD, "dashboard-phone-full.png"), 390, 844, mobile=True,
                  scale=2, full=True)
@@ -218,6 +218,8 @@ def test_dashboard_trace(rtd, browser):
     b.navigate(rtd.url + "/")
     b.eval(f"sessionStorage.setItem('rtd.apiKey', '{rtd.admin_key}')")
     b.reload()
+    b.eval("document.querySelector('#tabs button[data-tab=trace]').click()")
+    assert b.eval("document.getElementById('trace').hidden") is False
     start_trace(b, "client", "dash-traced", 60, 64)
     assert b.wait_eval("!!rtdash.trace?.started", 5), b.eval("rtdash.errors")
     assert b.eval("document.getElementById('trace-stop').disabled") is False
@@ -254,7 +256,7 @@ def test_dashboard_trace(rtd, browser):
         b.screenshot(os.path.join(BUILD, "dashboard-trace.png"), 1280, 900, at="#trace")
         b.screenshot(os.path.join(BUILD, "dashboard-trace-phone.png"), 390, 844, mobile=True,
                      scale=2, at="#trace")
-        # At a phone's width the trace table scrolls in its own box, not the page.
+        # At a phone's width the trace's rows are cards: the page is no wider than the screen.
         assert b.eval("document.documentElement.scrollWidth") <= 390
 
         # The table keeps the last traceMax rows and says how many were cut; it follows the
@@ -270,8 +272,12 @@ def test_dashboard_trace(rtd, browser):
         at_bottom = ("(() => { const x = document.getElementById('trace-box');"
                      " return x.scrollHeight > x.clientHeight &&"
                      " x.scrollTop + x.clientHeight >= x.scrollHeight - 8; })()")
-        assert b.wait_eval(at_bottom, 5)
+        box = "(b => [b.scrollTop, b.clientHeight, b.scrollHeight])(" \
+              "document.getElementById('trace-box'))"
+        assert b.wait_eval(at_bottom, 5), b.eval(box)
+        # The user scrolls up; once the page saw it (its scroll event), new rows leave it there.
         b.eval("document.getElementById('trace-box').scrollTop = 0")
+        assert b.wait_eval("rtdash.traceFollow === false", 5), b.eval(box)
         shown = b.eval("rtdash.trace.packets")
         c.publish("dash/late", b"y", qos=0)
         assert b.wait_eval(f"rtdash.trace.packets > {shown}", 5)
@@ -331,3 +337,159 @@ def test_dashboard_trace(rtd, browser):
     assert not b.eval("document.getElementById('error').hidden")
     # Only the refused requests' own log lines, no script error.
     assert not [e for e in b.errors() if e.get("source") != "network"], b.errors()
+
+
+# ---- The overview: what an operator looks at first (issue 28 part 9) ----
+
+# Every table the page shows (those of the tab on screen have a width): whether one is wider
+# than its box, which would hide a column behind a scrollbar; and whether the page is.
+OVERFLOWS = ("[...document.querySelectorAll('main > section:not([hidden]) table')]"
+             ".filter(t => t.offsetParent && (t.scrollWidth > t.clientWidth ||"
+             " t.offsetWidth > t.parentElement.clientWidth))"
+             ".map(t => `${t.id}: ${t.scrollWidth} in ${t.parentElement.clientWidth}`)"
+             ".concat(document.documentElement.scrollWidth > window.innerWidth ?"
+             " [`page: ${document.documentElement.scrollWidth} in ${window.innerWidth}`] : [])")
+
+LISTENER_ROW = ("[...document.querySelector('#listeners-table tr[data-listener=\"{}\"]').cells]"
+                ".map(c => c.textContent)")
+
+
+def api_get(rtd, path):
+    req = urllib.request.Request(f"{rtd.url}/api/v1/{path}",
+                                 headers={"Authorization": f"Bearer {rtd.read_key}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def mqtt_client(rtd, client_id, user, password, port=None):
+    c = mqtt.Client(client_id=client_id, protocol=mqtt.MQTTv311)
+    c.username_pw_set(user, password)
+    c.connected, c.refused, c.gone = threading.Event(), threading.Event(), threading.Event()
+    c.on_connect = lambda _c, _u, _f, rc: (c.connected if rc == 0 else c.refused).set()
+    c.on_disconnect = lambda *a: c.gone.set()
+    c.connect("127.0.0.1", port or rtd.port, keepalive=30)
+    c.loop_start()
+    return c
+
+
+@pytest.mark.long  # some 10 s: two widths, four tabs, eight screenshots
+def test_dashboard_overview(tmp_path, pki, browser):
+    """The first screen: listeners with their connections and TLS days left, the refusals a
+    client makes in the per-minute figures, a client found and kicked (403 with a read key),
+    memory bars that add up to RSS, and every table within its box at 1,400 and 390 px.
+    Screenshots: tmp_path/overview-1400.png, overview-390.png, actors-390.png, rules-390.png."""
+    from test_tls import tls_listener
+    from transports import listeners
+    from conftest import password_file
+    from certs import cert_field
+    import email.utils
+    keys = tmp_path / "api_keys"
+    admin, reader = make_key(keys, "ops", "admin"), make_key(keys, "viewer", "read")
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite open/#\n")
+    users = password_file(tmp_path / "passwd", {"alice": "wonderland"})
+    port, tls_port, hport = free_port(), free_port(), free_port()
+    rtd = Rtd(listeners(port, tls_listener(tls_port, *pki.server["ec"])),
+              f'http={{bind="127.0.0.1:{hport}", api_keys_file="{keys}"}}',
+              f'password_file="{users}"', f'acl_file="{acl}"', port=port)
+    rtd.url, rtd.read_key = f"http://127.0.0.1:{hport}", reader
+    b = browser
+    victim = None
+    try:
+        # A read key sees the whole overview: every call it makes is one a read key may make.
+        b.navigate(rtd.url + "/")
+        b.eval(f"sessionStorage.setItem('rtd.apiKey', '{reader}')")
+        b.reload()
+        assert b.wait_eval("rtdash.counts.length >= 1 && !!rtdash.memory", 10), \
+            b.eval("rtdash.errors")
+        assert b.eval("document.getElementById('error').hidden"), b.eval("rtdash.errors")
+        assert b.eval("document.getElementById('listeners').hidden") is False
+        assert b.eval("document.getElementById('actors').hidden")  # its own tab
+
+        victim = mqtt_client(rtd, "dash-kick-me", "alice", "wonderland")
+        assert victim.connected.wait(5)
+        # One failed login and one ACL denial, made after the page's first look.
+        intruder = mqtt_client(rtd, "dash-intruder", "alice", "not-her-password")
+        assert intruder.refused.wait(5)
+        intruder.disconnect()
+        intruder.loop_stop()
+        denied = threading.Event()
+        victim.on_subscribe = lambda _c, _u, _m, granted: granted == (128,) and denied.set()
+        victim.subscribe("closed/x", 0)
+        assert denied.wait(5)
+
+        b.eval("refresh()")
+        plain = LISTENER_ROW.format(f"127.0.0.1:{port}")
+        assert b.wait_eval(f"{plain}[3].startsWith('1 / ')", 5), b.eval(plain)
+        assert b.eval(plain)[:3] == [f"127.0.0.1:{port}", "tcp", "running"]
+        # Whole days to the certificate's notAfter, as the API says (checked with the
+        # certificate itself, at either side of the call).
+        before = time.time()
+        days = [x for x in api_get(rtd, "listeners") if x.get("tls")][0]["tls"]["days_left"]
+        after = time.time()
+        end = email.utils.parsedate_to_datetime(
+            cert_field(pki.server["ec"][0], "enddate").replace(" GMT", " +0000")).timestamp()
+        assert days in (int((end - before) // 86400), int((end - after) // 86400)), days
+        tls_row = b.eval(LISTENER_ROW.format(f"127.0.0.1:{tls_port}"))
+        assert tls_row[1] == "tls" and tls_row[4] == str(days), tls_row
+        # The test's own refusals, one each, in the last minute's figures.
+        assert b.wait_eval("document.getElementById('fig-auth').textContent === '1' && "
+                           "document.getElementById('fig-acl').textContent", 5) == "1"
+        rows = b.eval("[...document.querySelectorAll('#refusals-table tbody tr')]"
+                      ".map(r => [...r.cells].map(c => c.textContent))")
+        assert ["auth failures", "bad password", "1", "1"] in rows, rows
+        assert ["ACL denials", "subscribe", "1", "1"] in rows, rows
+
+        # Memory: the bars are vm's memory_by_kind grouped, whose last kind is RSS less the
+        # others in the same answer: they add up to its RSS to the byte (tolerance 0).
+        mem = b.eval("rtdash.memory")
+        assert sum(x["bytes"] for x in mem["bars"]) == mem["rss"], mem
+        named = {x["name"]: x["bytes"] for x in mem["bars"]}
+        assert named["actors: structs and heaps"] > 0 and named["code and static data"] > 0
+        assert b.eval("document.querySelectorAll('#mem-table tbody tr').length") == \
+            len(mem["bars"]) + 1
+        print("memory bars:", {k: v for k, v in named.items()}, "rss", mem["rss"])
+
+        # Search, then kick: a read key is refused (403, said in the page), an admin key kicks.
+        b.eval("document.getElementById('clients-prefix').value = 'dash-k';"
+               "document.querySelector('#clients-form button').click()")
+        row = "document.querySelector('tr[data-client=\"dash-kick-me\"]')"
+        assert b.wait_eval(f"!!{row}", 5)
+        assert b.eval("document.querySelectorAll('#clients-table tbody tr').length") == 1
+        kick = f"{{ const k = {row}.querySelector('.kick'); k.click(); k.click(); }}"
+        b.eval(kick)
+        assert b.wait_eval("document.getElementById('error').textContent.includes('kick: 403')",
+                           5)
+        assert "admin role" in b.eval("document.getElementById('error').textContent")
+        assert not victim.gone.is_set()
+        b.eval(f"document.getElementById('key').value = '{admin}';"
+               "document.querySelector('#key-form button[type=submit]').click()")
+        b.eval("document.querySelector('#clients-form button').click()")
+        assert b.wait_eval(f"!!{row} && document.getElementById('error').hidden", 5)
+        b.eval(kick)
+        assert victim.gone.wait(10), "the kick from the page did not disconnect the client"
+
+        # Every table fits its box, at a desktop's width and a phone's, on every tab.
+        b.eval("refresh()")
+        b.pump(0.5)
+        for width, height, mobile, scale in ((1400, 900, False, 1), (390, 844, True, 2)):
+            for tab in ("overview", "actors", "rules", "trace"):
+                b.eval(f"showTab('{tab}')")
+                if tab == "trace":
+                    start_trace(b, "client", "dash-traced")
+                    assert b.wait_eval("!!rtdash.trace?.started", 5)
+                    b.eval("document.getElementById('trace-stop').click()")
+                shot = tmp_path / f"{tab}-{width}.png"
+                b.screenshot(str(shot), width, height, mobile=mobile, scale=scale, full=True)
+                assert b.eval("document.querySelectorAll('main > section:not([hidden]) table')"
+                              ".length") > 0, tab
+                assert b.eval(OVERFLOWS) == [], (width, tab)
+        print("screenshots:", tmp_path)
+        assert not [e for e in b.errors() if e.get("source") != "network"], b.errors()
+        assert csp_violations(b) == [], csp_violations(b)
+    finally:
+        if victim:
+            victim.disconnect()
+            victim.loop_stop()
+        code, log = rtd.stop()
+    assert code == 0, log[-3000:]

@@ -15,7 +15,10 @@ const $ = (id) => document.getElementById(id);
 const dash = {               // the page's state; window.rtdash lets a test read it
   key: sessionStorage.getItem(KEY_ITEM) || "",
   samples: [],               // {in, out, conns, sessions, scheds: [utilisation]} per event
-  memory: null,              // the last sample's node.memory
+  memory: null,              // {rss, bars: [{name, bytes, what}]} from the last vm
+  counts: [],                // {t, counters}: the refusal and drop totals of each poll
+  refusals: [],              // {auth, acl} per minute at each poll (the chart's points)
+  perMinute: null,           // the last poll's figures over the last minute, by counter
   actors: [],
   sortKey: "reductions_delta",
   serverSort: "reductions",
@@ -131,6 +134,15 @@ function el(tag, attrs = {}, ...kids) {
 }
 const td = (v, cls) => el("td", cls ? { class: cls } : {}, v);
 
+// Each body cell's data-label is its column's header: a narrow screen shows rows as cards of
+// "label value" lines (app.css), so no column needs a horizontal scrollbar.
+function labelCells(table, rows = table.tBodies[0].rows) {
+  const heads = [...table.tHead.rows[0].cells].map((c) => c.textContent);
+  for (const row of rows)
+    if (row.cells.length === heads.length)
+      [...row.cells].forEach((c, i) => { c.dataset.label = heads[i]; });
+}
+
 /* ---- Charts: hand-drawn on canvas, sized to their box and the screen's pixel ratio ---- */
 
 function prepare(canvas) {
@@ -174,27 +186,78 @@ function drawLines(canvas, lines, max, fmt) {
   }
 }
 
-// Memory by kind: one bar per kind, longest first, scaled to the largest (RSS holds much
-// more than these parts: shared libraries, the allocator's free memory), with its share of RSS.
-function drawBars(canvas, entries, rss) {
+// Memory by kind: one bar per group of vm's memory_by_kind, whose kinds partition RSS (its
+// "unexplained" is RSS less the others, read in the same answer), so the bars add up to RSS.
+// A negative bar (counted but not resident) is drawn in red, its length its size.
+function drawBars(canvas, bars, rss) {
   const { g, w, h } = prepare(canvas);
-  const rows = entries.filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
-  const bh = Math.max(10, Math.min(18, (h - 4) / Math.max(rows.length, 1) - 2));
-  rows.forEach(([name, v], i) => {
+  const rows = bars.filter((b) => b.bytes !== 0);
+  if (!rows.length) return;
+  const most = Math.max(...rows.map((b) => Math.abs(b.bytes)));
+  const bh = Math.max(10, Math.min(18, (h - 4) / rows.length - 2));
+  rows.forEach((b, i) => {
     const yy = 2 + i * (bh + 2);
     if (yy + bh > h) return;
-    const bw = Math.max(1, (w - 4) * v / rows[0][1]);
-    g.fillStyle = COLORS[i % COLORS.length] + "55";
-    g.fillRect(2, yy, bw, bh);
+    g.fillStyle = b.bytes < 0 ? "#dc262655" : COLORS[i % COLORS.length] + "55";
+    g.fillRect(2, yy, Math.max(1, (w - 4) * Math.abs(b.bytes) / most), bh);
     g.fillStyle = "#1d2330";
-    const share = (100 * v / Math.max(rss, 1)).toFixed(v * 1000 < rss ? 2 : 1);
-    g.fillText(`${name.replace(/_/g, " ")}  ${fmtBytes(v)}  (${share}% of RSS)`, 6, yy + bh - 4);
+    g.fillText(`${b.name}  ${fmtBytesSigned(b.bytes)}  (${share(b.bytes, rss)} of RSS)`, 6,
+      yy + bh - 4);
   });
 }
 
-// The kinds that are parts of the resident set (the rest are counts or address space).
-const MEMORY_KINDS = ["actors", "actor_heaps", "binaries", "lua_states", "rules_index",
-                      "sink_queues", "topic_trie", "retained"];
+const fmtBytesSigned = (n) => (n < 0 ? "-" : "") + fmtBytes(Math.abs(n));
+const share = (v, rss) => (100 * v / Math.max(rss, 1)).toFixed(Math.abs(v) * 1000 < rss ? 2 : 1) +
+  "%";
+
+// The groups the chart shows, each vm kind in one (a kind rtd adds later gets a bar of its own).
+const MEM_GROUPS = [
+  ["actors: structs and heaps", (k) => k.startsWith("actors: "),
+    "every actor's struct, state and heap (by type: Actors tab, `rtctl vm`)"],
+  ["actors: charged", null,
+    "what actors hold outside their heaps and are charged for: Lua states, SQLite, libbson, buffers"],
+  ["binaries", (k) => k === "binaries", "message payloads, each counted once"],
+  ["runtime", (k) => k.startsWith("runtime: ") || k === "transports",
+    "free slab and heap-chunk memory, tables, message envelopes, sockets, schedulers, TLS states"],
+  ["broker and rules", (k) => k.startsWith("broker: ") || k.startsWith("rules: "),
+    "topic trie, retained index, rule sets, Lua states no worker holds"],
+  ["libraries, no actor", (k) => k.startsWith("sqlite: ") || k.startsWith("libbson: "),
+    "SQLite and libbson memory no actor is charged for, SQLite's WAL index"],
+  ["allocator", (k) => k.startsWith("malloc: "),
+    "malloc's in-use blocks nothing above names (OpenSSL's among them, per-block overhead) and its free memory"],
+  ["thread stacks", (k) => k === "thread stacks", "pages the threads' stacks touched"],
+  ["code and static data", (k) => k === "program and libraries",
+    "the program and its libraries as mapped from files, their written data and .bss"],
+  ["other (RSS - the rest)", (k) => k === "unexplained",
+    "RSS (VmRSS) less every bar above, read in the same answer"],
+];
+
+// vm's memory_by_kind as the chart's bars: [{name, bytes, what}] adding up to mem.rss.
+function memoryBars(mem) {
+  const bars = MEM_GROUPS.map(([name, , what]) => ({ name, bytes: 0, what }));
+  const charged = mem.actors.reduce((sum, a) => sum + a.ext, 0);
+  for (const { kind, bytes, what } of mem.kinds) {
+    const i = MEM_GROUPS.findIndex(([, match]) => match && match(kind));
+    if (i >= 0) bars[i].bytes += bytes;
+    else bars.splice(bars.length - 1, 0, { name: kind, bytes, what });
+  }
+  bars[0].bytes -= charged;
+  bars[1].bytes += charged;
+  return bars;
+}
+
+function renderMemory(mem) {
+  const bars = memoryBars(mem);
+  dash.memory = { rss: mem.rss, bars };
+  $("fig-rss").textContent = fmtBytes(mem.rss);
+  $("mem-table").tBodies[0].replaceChildren(...bars.map((b) =>
+    el("tr", { class: b.bytes < 0 ? "neg" : "" }, td(b.name), td(fmtBytesSigned(b.bytes), "num"),
+      td(share(b.bytes, mem.rss), "num"), td(b.what))),
+  el("tr", {}, td("sum: RSS"), td(fmtBytes(bars.reduce((sum, b) => sum + b.bytes, 0)), "num"),
+    td("100%", "num"), td("resident memory, as the kernel counts it")));
+  labelCells($("mem-table"));
+  drawCharts();
+}
 
 function drawCharts() {
   const s = dash.samples;
@@ -208,8 +271,10 @@ function drawCharts() {
   drawLines($("chart-scheds"), [...Array(nsched).keys()].map((i) => ({
     values: s.map((p) => (p.scheds[i] || 0) * 100), color: COLORS[i % COLORS.length] })),
   100, (v) => v.toFixed(0) + "%");
-  if (dash.memory)
-    drawBars($("chart-mem"), MEMORY_KINDS.map((k) => [k, dash.memory[k] || 0]), dash.memory.rss);
+  drawLines($("chart-refusals"), [
+    { values: dash.refusals.map((p) => p.auth), color: COLORS[0] },
+    { values: dash.refusals.map((p) => p.acl), color: COLORS[1] }], 0, fmtNum);
+  if (dash.memory) drawBars($("chart-mem"), dash.memory.bars, dash.memory.rss);
 }
 
 /* ---- The live stream: fetch() and its body reader, since EventSource sends no headers ---- */
@@ -219,13 +284,11 @@ function onTop(top) {
   dash.samples.push({ in: n.messages_in_per_s, out: n.messages_out_per_s, conns: n.connections,
     sessions: n.sessions, scheds: n.schedulers.map((x) => x.utilisation) });
   if (dash.samples.length > HISTORY) dash.samples.shift();
-  dash.memory = n.memory;
   $("node-info").textContent = `${n.version} - up ${fmtUptime(n.uptime_s)} - ${n.actors} actors`;
   $("fig-in").textContent = fmtNum(n.messages_in_per_s);
   $("fig-out").textContent = fmtNum(n.messages_out_per_s);
   $("fig-conns").textContent = fmtNum(n.connections);
   $("fig-sessions").textContent = fmtNum(n.sessions);
-  $("fig-rss").textContent = fmtBytes(n.memory.rss);
   $("fig-scheds").replaceChildren(...n.schedulers.map((x, i) => el("span",
     { style: { color: COLORS[i % COLORS.length] } }, `${x.kind[0]}${x.id} `,
     el("b", {}, (x.utilisation * 100).toFixed(0) + "%"))));
@@ -280,7 +343,8 @@ function renderActors() {
     td(a.pid), td(a.name || a.type), td(fmtNum(a.reductions_delta), "num"),
     td(fmtNum(a.reductions), "num"), td(fmtBytes(a.memory), "num"), td(fmtNum(a.mailbox), "num"),
     td(a.cpu_pct.toFixed(1), "num"), td((a.cpu_us / 1e6).toFixed(2) + " s", "num"),
-    td(a.handler))));
+    td(a.handler, "wrap"))));
+  labelCells($("actors-table"));
   for (const th of $("actors-table").tHead.rows[0].cells)
     th.classList.toggle("sorted", th.dataset.key === k);
 }
@@ -361,6 +425,16 @@ function packetRow(p) {
     td(p.packet_id ?? "", "num"), td(qos), td(rc), td(p.size, "num"), longTd(shown, size));
 }
 
+// Whether the trace box follows the newest row: it does until the user scrolls up, and again
+// once they scroll back to the bottom. Kept from scroll events, not read when rows come: a
+// layout change (a narrower screen turns rows into taller cards) leaves the box where it was
+// without the user having scrolled away.
+dash.traceFollow = true;
+$("trace-box").addEventListener("scroll", () => {
+  const box = $("trace-box");
+  dash.traceFollow = box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
+});
+
 // One chunk's events: their rows added at once, the oldest cut past traceMax, and the box
 // kept scrolled to the bottom unless the user scrolled up.
 function onTrace(t, events) {
@@ -389,12 +463,12 @@ function onTrace(t, events) {
     }
   }
   if (rows.length) {
-    const stick = box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
+    labelCells($("trace-table"), rows);
     body.append(...rows);
     const over = body.rows.length - dash.traceMax;
     for (let i = 0; i < over; i++) body.deleteRow(0);
     if (over > 0) t.cut += over;
-    if (stick) box.scrollTop = box.scrollHeight;
+    if (dash.traceFollow) box.scrollTop = box.scrollHeight;
     traceInfo(t);
   }
   if (t.ended) traceState(t, "ended");
@@ -410,6 +484,7 @@ async function runTrace(kind, what, duration, payload) {
   dash.trace = t;
   $("trace-table").tBodies[0].replaceChildren();
   $("trace-box").hidden = true;
+  dash.traceFollow = true;
   traceInfo(t);
   traceState(t, "starting");
   try {
@@ -466,12 +541,14 @@ async function loadClients() {
   $("clients-count").textContent = `${shown.length}${shown.length === 200 ? "+" : ""}`;
   $("clients-table").tBodies[0].replaceChildren(...shown.map((c) => {
     const tr = el("tr", { class: "clickable", "data-client": c.client_id },
-      td(c.client_id), td(c.username), td(c.peer), td(c.state), td(c.protocol),
+      td(c.client_id, "wrap"), td(c.username, "wrap"), td(c.peer, "wrap"), td(c.state),
+      td(c.protocol),
       td(c.subscriptions, "num"), td(c.queued, "num"),
       el("td", {}, kickButton(c.client_id)));
     tr.addEventListener("click", (ev) => { if (ev.target.tagName !== "BUTTON") showClient(c.client_id); });
     return tr;
   }));
+  labelCells($("clients-table"));
 }
 
 async function showClient(id) {
@@ -522,10 +599,12 @@ async function loadRules() {
       loadRules();
     });
     const x = m.get(r.name) || {};
-    return el("tr", { "data-rule": r.name }, td(r.name), td(r.state), td(r.from), td(r.to),
+    return el("tr", { "data-rule": r.name }, td(r.name, "wrap"), td(r.state), td(r.from, "wrap"),
+      td(r.to, "wrap"),
       td(fmtNum(r.matched), "num"), td(fmtNum(r.passed), "num"), td(fmtNum(r.filtered), "num"),
       td(fmtNum(r.failed), "num"), td(fmtNum(x.rows_out), "num"), el("td", {}, b));
   }));
+  labelCells($("rules-table"));
 }
 
 $("dry-form").addEventListener("submit", async (ev) => {
@@ -539,24 +618,115 @@ $("dry-form").addEventListener("submit", async (ev) => {
   const rows = r.rows || [];
   const cols = [...new Set(rows.flatMap((row) => Object.keys(row)))];
   out.replaceChildren(el("p", {}, `${rows.length} row${rows.length === 1 ? "" : "s"} ` +
-    `for the sinks (nothing written)`), el("table", { id: "dry-rows" },
+    `for the sinks (nothing written)`), el("table", { id: "dry-rows", class: "fit cards" },
     el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", {}, c)))),
     el("tbody", {}, ...rows.map((row) => el("tr", {}, ...cols.map((c) =>
       td(typeof row[c] === "object" ? JSON.stringify(row[c]) : row[c])))))));
+  labelCells($("dry-rows"));
 });
 
-/* ---- Sinks: the list, and each one's last error (only `sinks show` has it) ---- */
+/* ---- Overview: listeners, refusals and drops, memory, sinks; all a read key may ask ---- */
 
-async function loadSinks() {
-  const list = await api("sinks", "sinks/list");
-  if (!list) return;
+const WINDOW_MS = 60000;
+
+// The counters the Refusals and drops table shows: [what, reason, total] from one poll.
+function counters(stats, metrics, vm, listeners, sinks) {
+  const rows = [];
+  const sum = (o) => Object.values(o).reduce((a, b) => a + b, 0);
+  rows.push(["auth failures", "all", sum(stats.auth_failures)]);
+  for (const [k, v] of Object.entries(stats.auth_failures))
+    rows.push(["auth failures", k.replace(/_/g, " "), v]);
+  rows.push(["ACL denials", "all", sum(stats.acl_denied)]);
+  for (const [k, v] of Object.entries(stats.acl_denied)) rows.push(["ACL denials", k, v]);
+  rows.push(["messages dropped", "a subscriber's queue full", metrics.messages.dropped]);
+  rows.push(["messages dropped", "expired", metrics.messages.expired]);
+  rows.push(["actor messages dropped", "mailbox full (shed)", vm.actors.shed]);
+  rows.push(["actor messages dropped", "to an actor gone (dead letters)", vm.actors.dead_letters]);
+  rows.push(["sink rows dropped", "byte limit, or refused for good",
+    sinks.reduce((a, x) => a + x.dropped, 0)]);
+  for (const k of ["max_conns", "per_ip", "rate", "error", "untrusted_proxy", "fd_reserve"])
+    rows.push(["connections refused", k.replace(/_/g, " "),
+      listeners.reduce((a, l) => a + (l["refused_" + k] || 0), 0)]);
+  return rows;
+}
+
+// Each counter's rise over the last minute: since the newest poll a minute old or more, or
+// since the page's first poll (the table's caption says which).
+function perMinute(now) {
+  const base = [...dash.counts].reverse().find((c) => c.t <= now.t - WINDOW_MS) || dash.counts[0];
+  return { since: now.t - base.t, rows: now.rows.map(([what, why, v], i) =>
+    [what, why, v - base.rows[i][2], v]) };
+}
+
+function renderRefusals(rows) {
+  const now = { t: Date.now(), rows };
+  dash.counts.push(now);
+  while (dash.counts.length > 2 && dash.counts[1].t <= now.t - WINDOW_MS) dash.counts.shift();
+  const pm = perMinute(now);
+  dash.perMinute = pm;
+  const auth = pm.rows.find((r) => r[0] === "auth failures" && r[1] === "all")[2];
+  const acl = pm.rows.find((r) => r[0] === "ACL denials" && r[1] === "all")[2];
+  dash.refusals.push({ auth, acl });
+  if (dash.refusals.length > HISTORY) dash.refusals.shift();
+  $("fig-auth").textContent = fmtNum(auth);
+  $("fig-acl").textContent = fmtNum(acl);
+  $("refusals-window").textContent = pm.since >= WINDOW_MS ? "last minute: the last 60 s" :
+    `last minute: since this page opened, ${Math.round(pm.since / 1000)} s ago`;
+  // The totals always, a reason once it has happened.
+  const shown = pm.rows.filter((r) => r[1] === "all" || r[3] > 0);
+  $("refusals-table").tBodies[0].replaceChildren(...shown.map(([what, why, last, total]) =>
+    el("tr", { class: last > 0 ? "bad" : "" }, td(what), td(why), td(fmtNum(last), "num"),
+      td(fmtNum(total), "num"))));
+  labelCells($("refusals-table"));
+}
+
+function renderListeners(list) {
+  $("listeners-table").tBodies[0].replaceChildren(...list.map((l) => el("tr",
+    { "data-listener": l.listener }, td(l.listener, "wrap"), td(l.kind), td(l.state),
+    td(fmtNum(l.connections) + (l.max_connections > 0 ? ` / ${fmtNum(l.max_connections)}` : ""),
+      "num"),
+    td(l.tls ? fmtNum(l.tls.days_left) : "-", l.tls && l.tls.days_left < 14 ? "num bad" : "num"),
+    td(fmtNum(l.refused), "num"),
+    td(`publish ${fmtNum(l.acl_denied_publish)}, subscribe ${fmtNum(l.acl_denied_subscribe)}`))));
+  labelCells($("listeners-table"));
+}
+
+// The sinks, and each one's last error (only `sinks show` has it).
+async function renderSinks(list) {
   const full = await Promise.all(list.map((s) =>
     api("sinks", "sinks/show/" + encodeURIComponent(s.name))));
   $("sinks-table").tBodies[0].replaceChildren(...list.map((s, i) => el("tr", {},
     td(s.name), td(s.type), td(s.state), td(fmtNum(s.queued), "num"), td(fmtNum(s.spilled), "num"),
     td(fmtNum(s.dropped), "num"), td(fmtNum(s.failed), "num"),
-    td((full[i] && full[i].last_error) || "", "err"))));
+    td((full[i] && full[i].last_error) || "", "err wrap"))));
+  labelCells($("sinks-table"));
 }
+
+async function loadOverview() {
+  const [listeners, stats, metrics, vm, sinks] = await Promise.all([
+    api("listeners", "listeners"), api("broker stats", "broker/stats"),
+    api("broker metrics", "broker/metrics"), api("vm", "vm"), api("sinks", "sinks/list")]);
+  if (listeners) renderListeners(listeners);
+  if (vm) renderMemory(vm.memory_by_kind);
+  if (listeners && stats && metrics && vm && sinks)
+    renderRefusals(counters(stats, metrics, vm, listeners, sinks));
+  if (sinks) await renderSinks(sinks);
+  drawCharts();
+}
+
+/* ---- Tabs: the overview first; actors, rules and the trace each on their own ---- */
+
+function showTab(name) {
+  for (const b of $("tabs").querySelectorAll("button"))
+    b.setAttribute("aria-selected", String(b.dataset.tab === name));
+  for (const sec of document.querySelectorAll("main > section"))
+    sec.hidden = sec.dataset.tab !== name;
+  drawCharts();
+}
+$("tabs").addEventListener("click", (ev) => {
+  const b = ev.target.closest("button[data-tab]");
+  if (b) showTab(b.dataset.tab);
+});
 
 /* ---- The key, and starting everything ---- */
 
@@ -564,7 +734,7 @@ function refresh() {
   if (!dash.key) return;
   loadClients();
   loadRules();
-  loadSinks();
+  loadOverview();
 }
 
 function start() {
