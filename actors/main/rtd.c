@@ -345,16 +345,18 @@ static int start_tls(rtd_t *d)
 
 /*
 ** A socket rtd serves that it cannot bind, named by its setting and the config line that
-** set it: the operator's to change, so exit status 2 (no restart would help).
+** set it: the operator's to change, so exit status 2 (no restart would help). Logged, as an
+** error under the journal (`journalctl -p err`) or in log_file.
 */
-static int bind_error(rtd_t *d, const char *setting, const rt_listen_t *l, int rc)
+static int bind_error(rtd_t *d, const char *event, const char *setting, const rt_listen_t *l,
+                      int rc)
 {
     char line[RT_CONF_PATH_MAX + 16] = "";
     if (l->line)
         snprintf(line, sizeof(line), "%s:%d: ", d->conf_path, l->line);
-    snprintf(d->err, sizeof(d->err), "%s%s %s:%d: cannot listen: %s", line, setting, l->host,
-             l->port, rt_tcp_listen_strerror(rc));
-    return config_error(d);
+    rt_log(RT_LOG_ERROR, event, "%s%s %s:%d: cannot listen: %s", line, setting, l->host, l->port,
+           rt_tcp_listen_strerror(rc));
+    return 2;
 }
 
 /*
@@ -373,14 +375,16 @@ static int start_sockets(rtd_t *d)
         if (r) {
             char setting[32];
             snprintf(setting, sizeof(setting), "listeners[%u]", i + 1);
-            return bind_error(d, setting, l, r);
+            return bind_error(d, "listener.failed", setting, l, r);
         }
     }
     int r = c->http.on ? rt_tcp_bind_early(c->http.where.host, c->http.where.port) : 0;
     if (r)
-        return bind_error(d, "http.bind", &c->http.where, r);
-    if (rt_admin_bind(c, d->err, sizeof(d->err)))
-        return config_error(d);
+        return bind_error(d, "http.failed", "http.bind", &c->http.where, r);
+    if (rt_admin_bind(c, d->err, sizeof(d->err))) {
+        rt_log(RT_LOG_ERROR, "admin.failed", "%s", d->err);
+        return 2;
+    }
     log_access(c);
     return 0;
 }
