@@ -359,10 +359,22 @@ typedef struct rt_sock_event_s {
     uint32_t events;
 } rt_sock_event_t;
 
-/* Listens on host:port (port 0 picks one; see rt_sock_local_port): 0, or RT_EEXIST (the
-   address is in use), RT_ENOTFOUND (not an address of this machine), RT_EACCES (a port this
-   process may not bind), RT_EINVAL (anything else). */
+/* Listens on host:port (port 0 picks one; see rt_sock_local_port), taking the socket
+   rt_tcp_bind_early bound for it if one waits: 0, or RT_EEXIST (the address is in use),
+   RT_ENOTFOUND (not an address of this machine), RT_EACCES (a port this process may not
+   bind), RT_EINVAL (anything else). */
 int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out);
+/*
+** Binds host:port and listens, before any actor runs (rtd binds every port it serves
+** before it starts anything else, so a port in use fails its start at once): the kernel
+** queues connections until the rt_tcp_listen for the same host and port takes the socket
+** and accepting begins. Returns rt_tcp_listen's codes, or RT_ELIMIT when too many wait.
+** rt_tcp_close_early closes those no rt_tcp_listen took.
+*/
+int rt_tcp_bind_early(const char *host, int port);
+void rt_tcp_close_early(void);
+/* What an rt_tcp_listen or rt_tcp_bind_early code means to whoever configured the address. */
+const char *rt_tcp_listen_strerror(int rc);
 /*
 ** Descriptors kept in reserve: the kernel gives the lowest free number, so an fd at or past
 ** the open-file limit (soft) less reserve means fewer than reserve are left. A listener whose

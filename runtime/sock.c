@@ -28,6 +28,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,7 +260,8 @@ static int attach(rt_actor_t *self, int fd, bool listening, rt_sock_t **out)
     return 0;
 }
 
-int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out)
+/* socket, bind and listen for host:port: 0 with *out set, or an RT_E* code (rt.h). */
+static int tcp_bind(const char *host, int port, int backlog, int *out)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
@@ -283,9 +285,86 @@ int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_
              : errno == EACCES        ? RT_EACCES
                                       : RT_EINVAL;
     freeaddrinfo(res);
-    if (!rc)
-        rc = attach(self, fd, true, out);
     if (rc)
+        close(fd);
+    else
+        *out = fd;
+    return rc;
+}
+
+/*
+** Sockets bound before their actors start (rt_tcp_bind_early), each waiting for the
+** rt_tcp_listen that asks for its address. Filled and emptied by the thread that starts
+** and stops the process, taken by listeners' inits on schedulers: under the lock.
+*/
+#define RT_EARLY_MAX 64 /* sockets bound early at once */
+static struct {
+    pthread_mutex_t lock;
+    unsigned n;
+    struct {
+        char host[64];
+        int port, fd;
+    } s[RT_EARLY_MAX];
+} early = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+int rt_tcp_bind_early(const char *host, int port)
+{
+    if (strlen(host) >= sizeof(early.s[0].host))
+        return RT_EINVAL;
+    pthread_mutex_lock(&early.lock);
+    int fd = -1;
+    int rc = early.n == RT_EARLY_MAX ? RT_ELIMIT : tcp_bind(host, port, 0, &fd);
+    if (rc == 0) {
+        snprintf(early.s[early.n].host, sizeof(early.s[0].host), "%s", host);
+        early.s[early.n].port = port;
+        early.s[early.n].fd = fd;
+        early.n++;
+    }
+    pthread_mutex_unlock(&early.lock);
+    return rc;
+}
+
+/* The socket bound early for host:port, taken out of the list; -1 if none waits. */
+static int take_early(const char *host, int port)
+{
+    int fd = -1;
+    pthread_mutex_lock(&early.lock);
+    for (unsigned i = 0; i < early.n && fd < 0; i++)
+        if (early.s[i].port == port && strcmp(early.s[i].host, host) == 0) {
+            fd = early.s[i].fd;
+            early.s[i] = early.s[--early.n];
+        }
+    pthread_mutex_unlock(&early.lock);
+    return fd;
+}
+
+void rt_tcp_close_early(void)
+{
+    pthread_mutex_lock(&early.lock);
+    while (early.n)
+        close(early.s[--early.n].fd);
+    pthread_mutex_unlock(&early.lock);
+}
+
+const char *rt_tcp_listen_strerror(int rc)
+{
+    return rc == RT_EEXIST      ? "address already in use"
+           : rc == RT_ENOTFOUND ? "address not on this machine"
+           : rc == RT_EACCES    ? "permission denied (a port below 1024 needs "
+                                  "CAP_NET_BIND_SERVICE)"
+                                : rt_strerror(rc);
+}
+
+int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_sock_t **out)
+{
+    int fd = take_early(host, port);
+    int rc = 0;
+    /* On Linux a second listen() sets the backlog of a listening socket. */
+    if (fd >= 0 && backlog > 0 && listen(fd, backlog) < 0)
+        rc = RT_EINVAL;
+    else if (fd < 0)
+        rc = tcp_bind(host, port, backlog, &fd);
+    if (!rc && (rc = attach(self, fd, true, out)))
         close(fd);
     return rc;
 }

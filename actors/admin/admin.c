@@ -37,10 +37,11 @@ static struct {
     rt_pid_t sup;             /* the supervisor the admin group runs under (0: none) */
     char err[PATH_MAX + 256]; /* why the listener's last start failed */
     bool restarting;          /* the listener started once: its next start is a restart */
+    int bound_fd;             /* bound by rt_admin_bind, not yet taken by the listener; -1 */
     pthread_mutex_t util_lock;
     size_t nutil;
     double util[RT_ADMIN_SCHED_MAX];
-} A = {.util_lock = PTHREAD_MUTEX_INITIALIZER};
+} A = {.util_lock = PTHREAD_MUTEX_INITIALIZER, .bound_fd = -1};
 
 const char *rt__admin_version(void)
 {
@@ -59,6 +60,14 @@ size_t rt__admin_sched_util(double *util, size_t max)
     memcpy(util, A.util, n * sizeof(double));
     pthread_mutex_unlock(&A.util_lock);
     return n;
+}
+
+/* Removes the socket file, if it is still the one bound here. */
+static void unlink_ours(void)
+{
+    struct stat st;
+    if (lstat(A.path, &st) == 0 && st.st_dev == A.dev && st.st_ino == A.ino)
+        unlink(A.path);
 }
 
 /* ---- The listener ---- */
@@ -161,9 +170,7 @@ static void admin_listener_terminate(rt_actor_t *self, void *state, rt_reason_t 
     (void)reason;
     admin_listener_t *l = state;
     free(l->conns);
-    struct stat st;
-    if (lstat(A.path, &st) == 0 && st.st_dev == A.dev && st.st_ino == A.ino)
-        unlink(A.path);
+    unlink_ours();
 }
 
 static const char *admin_listener_tag_name(uint32_t tag)
@@ -282,12 +289,34 @@ static int bind_socket(const char *path, int *out, char *err, size_t errlen)
     return 0;
 }
 
-/* The listener's start (each restart too): the socket file is bound again, then adopted. */
+int rt_admin_bind(const rt_conf_t *conf, char *err, size_t errlen)
+{
+    RT_ASSERT(A.bound_fd < 0);
+    int fits = rt_conf_admin_socket(conf, A.path, sizeof(A.path));
+    RT_ASSERT(fits == 0); /* admin_socket and data_dir hold RT_CONF_PATH_MAX bytes at most */
+    (void)fits;
+    return bind_socket(A.path, &A.bound_fd, err, errlen);
+}
+
+void rt_admin_unbind(void)
+{
+    if (A.bound_fd < 0)
+        return;
+    close(A.bound_fd);
+    A.bound_fd = -1;
+    unlink_ours();
+}
+
+/*
+** The listener's start: the first takes the socket rt_admin_bind bound, if it did; a
+** restart binds the socket file again. Then the listener adopts it.
+*/
 static int admin_listener_start(void *arg, const rt_spawn_opts_t *opts, rt_pid_t *out)
 {
     (void)arg;
-    int fd;
-    int rc = bind_socket(A.path, &fd, A.err, sizeof(A.err));
+    int fd = A.bound_fd;
+    A.bound_fd = -1;
+    int rc = fd >= 0 ? 0 : bind_socket(A.path, &fd, A.err, sizeof(A.err));
     if (rc == 0 && (rc = rt_spawn_opt(&admin_listener_type, (void *)(intptr_t)fd, opts, out))) {
         snprintf(A.err, sizeof(A.err), "admin socket %s: cannot start its listener: %s", A.path,
                  rt_strerror(rc));

@@ -39,6 +39,13 @@
 */
 int rt_admin_start(rt_conf_t *conf, const char *version, rt_pid_t sup, char *err, size_t errlen);
 /*
+** Binds the socket before anything runs (rtd binds every socket it serves first), for
+** rt_admin_start's listener to take: the same refusals, with err set. rt_admin_unbind
+** closes and removes it if no listener took it.
+*/
+int rt_admin_bind(const rt_conf_t *conf, char *err, size_t errlen);
+void rt_admin_unbind(void);
+/*
 ** Stops answering: the listener (and with it every admin connection) and the
 ** worker end, and the socket file goes. rtd stops it first, so no command runs
 ** against a broker half stopped; rt_shutdown would end the actors too. From

@@ -1326,6 +1326,10 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
             snprintf(secs->where, sizeof(secs->where), "%s", where);
             secs->line = with_lines ? line : 0;
         }
+        for (unsigned l = 0; ok && with_lines && s->kind == K_LISTENERS && l < next.nlisteners; l++)
+            next.listeners[l].line = line; /* a port in use names it at start */
+        if (ok && with_lines && s->kind == K_HTTP)
+            next.http.where.line = line;
         if (!s)
             snprintf(why, sizeof(why), "unknown setting %s", name);
         lua_pop(L, 1);

@@ -89,6 +89,7 @@ typedef struct rt_listen_s {
                                                         these only */
     rt_conf_rate_t rate_limit;                       /* per client */
     rt_conf_tls_t tls;
+    int line; /* the config file's line that set it; 0: a default, -o or rtctl */
 } rt_listen_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */

@@ -155,11 +155,7 @@ int rt_listeners_start(rt_pid_t sup, char *err, size_t errlen)
                              .restart = RT_PERMANENT};
         if ((rc = rt_supervisor_start_child(group, &c, NULL))) {
             snprintf(err, errlen, "cannot listen on %s:%d: %s", l->host, l->port,
-                     rc == RT_EEXIST      ? "address already in use"
-                     : rc == RT_ENOTFOUND ? "address not on this machine (listeners)"
-                     : rc == RT_EACCES    ? "permission denied (a port below 1024 needs "
-                                            "CAP_NET_BIND_SERVICE)"
-                                          : rt_strerror(rc));
+                     rt_tcp_listen_strerror(rc));
             return rc;
         }
     }

@@ -345,6 +345,59 @@ static int start_tls(rtd_t *d)
     return rt_tls_open(&d->conf, d->err, sizeof(d->err)) ? config_error(d) : 0;
 }
 
+/*
+** A socket rtd serves that it cannot bind, named by its setting and the config line that
+** set it: the operator's to change, so exit status 2 (no restart would help). Logged, as an
+** error under the journal (`journalctl -p err`) or in log_file.
+*/
+static int bind_error(rtd_t *d, const char *event, const char *setting, const rt_listen_t *l,
+                      int rc)
+{
+    char line[RT_CONF_PATH_MAX + 16] = "";
+    if (l->line)
+        snprintf(line, sizeof(line), "%s:%d: ", d->conf_path, l->line);
+    rt_log(RT_LOG_ERROR, event, "%s%s %s:%d: cannot listen: %s", line, setting, l->host, l->port,
+           rt_tcp_listen_strerror(rc));
+    return 2;
+}
+
+/*
+** Every socket rtd serves, bound and listening before anything starts, so a port in use
+** fails the start in milliseconds, not after the store, the sinks, the rules and the
+** cluster; the kernel queues connections until the listeners take their sockets and
+** accept, last. Who may connect is logged here, before the admin socket opens: from
+** then on `config set` may be changing what log_access reads.
+*/
+static int start_sockets(rtd_t *d)
+{
+    const rt_conf_t *c = &d->conf;
+    for (unsigned i = 0; i < c->nlisteners; i++) {
+        const rt_listen_t *l = &c->listeners[i];
+        int r = rt_tcp_bind_early(l->host, l->port);
+        if (r) {
+            char setting[32];
+            snprintf(setting, sizeof(setting), "listeners[%u]", i + 1);
+            return bind_error(d, "listener.failed", setting, l, r);
+        }
+    }
+    int r = c->http.on ? rt_tcp_bind_early(c->http.where.host, c->http.where.port) : 0;
+    if (r)
+        return bind_error(d, "http.failed", "http.bind", &c->http.where, r);
+    if (rt_admin_bind(c, d->err, sizeof(d->err))) {
+        rt_log(RT_LOG_ERROR, "admin.failed", "%s", d->err);
+        return 2;
+    }
+    log_access(c);
+    return 0;
+}
+
+/* Those no listener took: rtd did not start, or a listener's start failed. */
+static void close_sockets(void)
+{
+    rt_tcp_close_early();
+    rt_admin_unbind();
+}
+
 /* Before the listeners: the first CONNECT may need a full password hash. */
 static int start_verifier(rtd_t *d)
 {
@@ -356,14 +409,10 @@ static int start_verifier(rtd_t *d)
     return 0;
 }
 
-/* Who may connect is logged here, before the admin socket opens: from then on
-   `config set` may be changing what log_access reads. */
+/* Last: a client is accepted once everything it may reach runs. */
 static int start_listeners(rtd_t *d)
 {
-    if (rt_listeners_start(d->top, d->err, sizeof(d->err)))
-        return mqtt_error(d);
-    log_access(&d->conf);
-    return 0;
+    return rt_listeners_start(d->top, d->err, sizeof(d->err)) ? mqtt_error(d) : 0;
 }
 
 /* $SYS/broker/...: the broker serves without it. */
@@ -375,7 +424,7 @@ static int start_sys(rtd_t *d)
     return 0;
 }
 
-/* The admin socket last: what rtctl reads is all running by then. */
+/* The admin socket accepts once what rtctl reads all runs (its socket is bound early). */
 static int start_admin(rtd_t *d)
 {
     if (rt_admin_start(&d->conf, RTD_VERSION, d->top, d->err, sizeof(d->err)) == 0)
@@ -416,6 +465,8 @@ static const stage_t stages[] = {
     /* the password and ACL files */
     {.start = start_auth, .free = rt_auth_shutdown},
     {.start = start_tls, .free = rt_tls_close},
+    /* every port and the admin socket, bound; accepting starts with the last stages */
+    {.start = start_sockets, .free = close_sockets},
     {.start = start_runtime, .stop = stop_runtime},
     /* they write or spill what they hold at stop */
     {.start = start_sinks, .stop = rt_sinks_stop, .free = rt_sinks_free},
@@ -425,13 +476,13 @@ static const stage_t stages[] = {
     {.start = start_cluster, .stop = rt_cluster_stop},
     /* then what the store kept (a load that fails has it open and actors running), */
     {.start = start_sessions, .free = rt_store_close, .partial = true},
-    /* the login verifier and the listeners */
+    /* the login verifier, before any CONNECT */
     {.start = start_verifier},
-    {.start = start_listeners},
     {.start = start_sys},
     {.start = start_admin, .stop = rt_admin_stop},
     /* the HTTP API answers through the admin command layer */
     {.start = start_http, .stop = rt_http_stop},
+    {.start = start_listeners},
 };
 
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))

@@ -202,54 +202,31 @@ class Rtd:
         # nobody reads until the end, and block on it.
         import tempfile
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        # rtd binds its ports and admin socket before anything starts, so they take
+        # connections (into the kernel's backlog) before it serves them: it is ready when it
+        # tells systemd so, once every stage runs and the listeners accept (notify.h). An
+        # abstract socket: no path to outgrow sun_path; kept open for its STOPPING=1.
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        name = f"rt-test-{os.getpid()}-{id(self)}"
+        self.notify.bind("\0" + name)
+        self.notify.settimeout(0.05)
+        env = dict(os.environ, NOTIFY_SOCKET="@" + name)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True,
+                                     env=env)
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                # The admin socket opens last, once everything it reports on runs. It must
-                # answer: a file alone may be left behind by a crashed rtd. The HTTP listener
-                # starts after it (it answers through the admin commands): waited for too.
-                if self.admin_listening() and self.http_listening():
+                if self.notify.recv(4096) == b"READY=1":
                     return
-                time.sleep(0.01)
-            except OSError:
+            except socket.timeout:
                 if self.proc.poll() is not None:
+                    self.notify.close()
                     raise RuntimeError("rtd exited: " + self.read_log())
-                time.sleep(0.02)
         # Nobody would stop an rtd whose constructor failed: this test started it, so it ends it.
         self.proc.kill()
         self.proc.wait()
+        self.notify.close()
         raise RuntimeError("rtd did not start listening: " + self.read_log()[-2000:])
-
-    def http_listening(self):
-        """Whether the http= override's listener (if any) accepts connections."""
-        m = re.search(r'http=\{bind="([0-9.]+):([0-9]+)"', " ".join(self.overrides))
-        if not m:
-            return True
-        try:
-            socket.create_connection((m.group(1), int(m.group(2))), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
-
-    def admin_listening(self):
-        """Whether something accepts connections on the admin socket. A path longer than
-        sun_path is reached through its directory, as rtd and rtctl do."""
-        d, name = os.path.split(self.admin_socket)
-        try:
-            dirfd = os.open(d or ".", os.O_PATH | os.O_DIRECTORY)
-        except OSError:
-            return False
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(f"/proc/self/fd/{dirfd}/{name}")
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
-            os.close(dirfd)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -259,6 +236,7 @@ class Rtd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.notify.close()
         self.check_log()
         return self.proc.returncode, self.read_log()
 
@@ -282,6 +260,7 @@ class Rtd:
         """SIGKILL, as a crash: nothing gets to flush or say goodbye."""
         self.proc.kill()
         self.proc.wait()
+        self.notify.close()
         self.check_log(killed=True)
 
     def read_log(self):

@@ -3,14 +3,17 @@ admin table lists (or one of rtctl's own: top, trace, help), and every setting a
 (`-o NAME=...`, `rtctl config set NAME ...`, a top-level `NAME = ...` in a ```lua block of
 rtd.conf) is one `rtctl config show` knows. Keys inside the nested tables (a listener's, http,
 cluster, sinks) are checked by the loader when an example is run, not here: they come with
-the one settings schema (issue 28, section 2).
+the one settings schema (issue 28, section 2). The man pages render without warnings, rtctl(8)
+has every command of the table with its about line, and rtd(8) every option and subcommand
+`rtd --help` lists.
 """
 import glob
 import json
 import os
 import re
+import subprocess
 
-from conftest import ROOT, Rtd
+from conftest import BUILD, ROOT, RTD, Rtd
 
 OWN = {"top", "trace", "help"}  # rtctl's own commands, beside rtd's table
 ALONE = {"clients", "subscriptions", "actors", "rules", "sinks", "log"}  # a word alone lists
@@ -117,3 +120,57 @@ def test_every_setting_a_doc_sets_exists():
                 if m and m.group(1) not in settings:
                     wrong.append(f"{where}:{line0 + k}: {line.strip()}")
     assert not wrong, "settings rtd does not have:\n" + "\n".join(wrong)
+
+
+def man_text(page, width="1000"):
+    """The built man page as man shows it, as plain text with its whitespace collapsed: lines
+    so wide that nothing is hyphenated or broken inside a usage."""
+    r = subprocess.run(["man", "-l", os.path.join(BUILD, "install-files", page)],
+                       env=dict(os.environ, MANWIDTH=width, LC_ALL="C"), capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    plain = subprocess.run(["col", "-b"], input=r.stdout, capture_output=True, text=True,
+                           timeout=30).stdout
+    return " ".join(plain.split())
+
+
+def test_man_pages_render_without_warnings():
+    for page in ("rtd.8", "rtctl.8"):
+        r = subprocess.run(["man", "--warnings", "-l", os.path.join(BUILD, "install-files", page)],
+                           env=dict(os.environ, MANWIDTH="80"), capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0 and not r.stderr, (page, r.stderr)
+
+
+def test_rtctl_man_page_describes_every_command():
+    """Every command of the admin table is in rtctl(8), its usage followed by its about line:
+    a command added to the table without its entry in etc/man/rtctl.8.in fails here."""
+    rtd = Rtd()
+    try:
+        usages = rtd.ctl_json("help")
+        about = {}
+        for word in sorted({u.split()[0] for u in usages}):
+            about.update((d["usage"], d["about"]) for d in rtd.ctl_json("help", word))
+    finally:
+        rtd.stop()
+    text = man_text("rtctl.8")
+    commands = text[text.index(" COMMANDS "):text.index(" EXIT STATUS ")] + " "
+    missing = [u for u in usages
+               if f" {u} {' '.join(about[u].replace('`', '').split())} " not in commands]
+    assert not missing, "rtctl(8) lacks (or describes otherwise):\n" + "\n".join(missing)
+
+
+def test_rtd_man_page_names_every_option_and_subcommand():
+    r = subprocess.run([RTD, "--help"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    head, _, subs = r.stdout.partition("subcommands (rtd SUBCOMMAND --help for their options):")
+    options = set(re.findall(r"^\s+(-[a-z]|--[a-z-]+)", head, re.M))
+    names = [line.split()[0] for line in subs.splitlines() if line.strip()]
+    assert {"-c", "-o", "--check", "-v"} <= options and {"passwd", "apikey"} <= set(names)
+    text = man_text("rtd.8")
+
+    def section(name, following):
+        return text[text.index(f" {name} "):text.index(f" {following} ")] + " "
+    missing = [o for o in options if not re.search(f" {o}[ ,]", section("OPTIONS", "SUBCOMMANDS"))]
+    missing += [n for n in names if f" {n} " not in section("SUBCOMMANDS", "SIGNALS")]
+    assert not missing, "rtd(8) lacks: " + ", ".join(missing)

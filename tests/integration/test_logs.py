@@ -242,11 +242,11 @@ def test_journal_priorities(tmp_path):
     port = taken.getsockname()[1]
     try:
         journal = tmp_path / "journal"
-        assert start_on(port, str(journal), lambda st: f"{st.st_dev}:{st.st_ino}") == 1
+        assert start_on(port, str(journal), lambda st: f"{st.st_dev}:{st.st_ino}") == 2
         plain = tmp_path / "plain"
-        assert start_on(port, str(plain), lambda st: f"{st.st_dev}:{st.st_ino + 1}") == 1
+        assert start_on(port, str(plain), lambda st: f"{st.st_dev}:{st.st_ino + 1}") == 2
         forced = tmp_path / "forced"
-        assert start_on(port, str(forced), None, "log_journal=on") == 1
+        assert start_on(port, str(forced), None, "log_journal=on") == 2
     finally:
         taken.close()
     lines = journal.read_text().splitlines()

@@ -193,7 +193,7 @@ def test_bad_config_refused_with_file_and_line(tmp_path):
 def test_listener_in_use_is_reported(rtd):
     r = subprocess.run([RTD, "-o", f"listeners=127.0.0.1:{rtd.port}"], capture_output=True,
                        text=True, timeout=10, cwd=ROOT)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "address already in use" in r.stderr
 
 

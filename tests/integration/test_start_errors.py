@@ -1,6 +1,7 @@
 """What rtd says when it cannot start as configured (issue 28, section 2: "errors at start
 that today say too little"): each names the setting or file and the system's reason."""
 import os
+import socket
 import subprocess
 
 from conftest import ROOT, RTD, free_port
@@ -44,3 +45,42 @@ def test_missing_or_bad_tls_files_are_named(tmp_path):
         assert r.returncode != 0
         out = r.stdout + r.stderr
         assert named in out and reason in out, out[-2000:]
+
+
+def test_a_port_in_use_fails_the_start_before_anything_starts(tmp_path):
+    """Every port rtd serves is bound before the store, the sinks, the rules and the cluster
+    start: a port another socket holds ends the start at once (exit 2, for systemd not to
+    restart it), naming the listener's setting and line. Neither the sink's database nor
+    any of the rules' lines may appear: they would have started first before."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    archive = open(os.path.join(ROOT, "etc", "rules", "archive.lua")).read()
+    for i in range(50):
+        (rules / f"r{i}.lua").write_text(archive.replace('name = "archive"', f'name = "r{i}"'))
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        head = (f'data_dir = "{tmp_path / "data"}"\n'
+                f'rules_dir = "{rules}"\n'
+                'sinks = { archive = { type = "sqlite", file = "rt.db", table = "messages" } }\n')
+        cases = (('listeners = { "127.0.0.1:%d", "127.0.0.1:%d" }\n'
+                  % (free_port(), port), 4, f"listeners[2] 127.0.0.1:{port}"),
+                 ('listeners = "127.0.0.1:%d"\nhttp = { bind = "127.0.0.1:%d" }\n'
+                  % (free_port(), port), 5, f"http.bind 127.0.0.1:{port}"))
+        for tail, line, named in cases:
+            conf = tmp_path / "rtd.conf"
+            conf.write_text(head + tail)
+            r = subprocess.run([RTD, "-c", str(conf)], capture_output=True, text=True,
+                               timeout=30)
+            out = r.stdout + r.stderr
+            assert r.returncode == 2, out[-2000:]
+            assert (f"{conf}:{line}: {named}: cannot listen: address already in use"
+                    in r.stderr), out[-2000:]
+            for started in ("sink.started", "rules.started", "rule.", "store.",
+                            "listener.started", "rtd.started"):
+                assert started not in out, out[-2000:]
+            assert not (tmp_path / "data" / "rt.db").exists()  # the sink never opened it
+    finally:
+        held.close()
