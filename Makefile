@@ -83,8 +83,11 @@ test-integration: build
 # The broker's, the admin socket's, the transports' (TLS, WebSocket, PROXY) and the cluster's
 # end-to-end tests once more against the ASan+UBSan build (rtd must also exit leak-free: the fixture
 # checks its exit code). testssl.sh's audit needs no sanitizer: it runs in the release pass.
+# These rtds log JSON lines: each line they write is parsed as one JSON object (conftest.py),
+# as the release pass parses each logfmt line.
 test-integration-asan: build-asan
-	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 $(PYTEST) -q \
+	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 \
+		RT_RTD_OPTIONS="log_format=json" $(PYTEST) -q \
 		tests/integration/test_rtd.py tests/integration/test_admin_socket.py \
 		tests/integration/test_rtctl.py tests/integration/test_tls.py \
 		tests/integration/test_websocket.py tests/integration/test_proxy_protocol.py \
