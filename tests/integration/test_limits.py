@@ -90,7 +90,7 @@ def test_per_ip_limit(stopper):
     stopper(broker)
     # The watcher comes from 127.0.0.2, so 127.0.0.1 has the whole limit.
     tree = SysTree(broker.port, "watcher", source="127.0.0.2")
-    first, refused = admitted(broker.port, "a0")  # Rtd's start-up probe may linger a moment
+    first, refused = admitted(broker.port, "a0")
     held = [first, attempt(broker.port, "a1"), attempt(broker.port, "a2")]
     assert all(held)
     first_refusal = time.monotonic()
@@ -160,7 +160,7 @@ def test_connection_rate_limit(stopper):
     broker = Rtd(f"max_connection_rate={rate}", "sys_interval=1")
     stopper(broker)
     tree = SysTree(broker.port, "watcher")
-    time.sleep(1.2)  # the start-up probe and the watcher took tokens: let the bucket refill
+    time.sleep(1.2)  # the watcher took a token: let the bucket refill
     start = time.monotonic()
     burst = [attempt(broker.port, f"r{i}") for i in range(12)]
     took = time.monotonic() - start
@@ -187,7 +187,7 @@ def test_max_connections(stopper):
     broker = Rtd("max_connections=4", "sys_interval=1")
     stopper(broker)
     tree = SysTree(broker.port, "watcher")
-    first, refused = admitted(broker.port, "m0")  # Rtd's start-up probe may linger a moment
+    first, refused = admitted(broker.port, "m0")
     held = [first, attempt(broker.port, "m1"), attempt(broker.port, "m2")]
     assert all(held)  # with the watcher, 4
     first_refusal = time.monotonic()

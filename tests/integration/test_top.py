@@ -308,9 +308,8 @@ def test_top_with_20000_actors(tmp_path):
     bench = None
     try:
         assert wait_for(lambda: os.path.exists(b.admin_socket), 5)
-        # Connection actors do not count: Rtd's start-up probes connect and close, and their
-        # actors may still be ending now (the base was one too many when one was). The one
-        # serving this request does, as one serves each later sample.
+        # Connection actors do not count: an earlier client's may still be ending now. The
+        # one serving this request does, as one serves each later sample.
         rows = top_rows(b.ctl_json("top", "-n", "100000"))
         base = 1 + sum(1 for r in rows if r["type"] not in ("mqtt_conn", "admin_conn"))
         # rtd holds one descriptor per connection under a 20,000 limit; its own (~25, and
