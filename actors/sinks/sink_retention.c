@@ -54,10 +54,11 @@ static const char *const registry_sql[RS_COUNT] = {
     [RS_UNMARK] = "DELETE FROM " RETENTION_TABLE " WHERE tbl = ?1 AND upto <= ?2",
     [RS_STALE] = "DELETE FROM " RETENTION_TABLE " WHERE tbl = ?1 AND upto > ?2",
     [RS_MARK] = "INSERT OR REPLACE INTO " RETENTION_TABLE "(tbl, upto, at_ms) VALUES (?1, ?2, ?3)",
-    [RS_MOVE] = "UPDATE OR REPLACE " RETENTION_TABLE " SET upto = ?2, at_ms = ?3 "
-                "WHERE tbl = ?1 AND upto = ?4",
-    [RS_PAGES] = "SELECT (SELECT page_count FROM pragma_page_count) - "
-                 "(SELECT freelist_count FROM pragma_freelist_count)",
+    /* Parenthesized: clang takes adjacent literals in an array initializer for a lost comma. */
+    [RS_MOVE] = ("UPDATE OR REPLACE " RETENTION_TABLE " SET upto = ?2, at_ms = ?3 "
+                 "WHERE tbl = ?1 AND upto = ?4"),
+    [RS_PAGES] = ("SELECT (SELECT page_count FROM pragma_page_count) - "
+                  "(SELECT freelist_count FROM pragma_freelist_count)"),
 };
 
 _Static_assert(RS_COUNT <= sizeof(((sq_retention_t *)0)->st) / sizeof(sqlite3_stmt *),
