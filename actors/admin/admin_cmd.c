@@ -778,14 +778,17 @@ static int cmd_auth_reload(rt_admin_cmd_t *c)
 
 /* ---- config ---- */
 
-static void add_setting(const char *key, const char *value, const char *help, void *ud)
+static void add_setting(const rt_conf_value_t *v, void *ud)
 {
     rt_doc_t *o = rt_doc_add_object(ud, NULL);
-    rt_doc_add_str(o, "setting", key);
-    rt_doc_add_str(o, "value", value);
+    rt_doc_add_str(o, "setting", v->setting->name);
+    rt_doc_add_str(o, "value", v->value);
+    rt_doc_add_str(o, "default", v->dflt);
+    rt_doc_add_str(o, "from", v->from);
     const char *applies;
-    rt_doc_add_str(o, "changes", rt__admin_conf_live(key, &applies) ? "live" : "restart");
-    rt_doc_add_str(o, "about", help);
+    rt_doc_add_str(o, "changes",
+                   rt__admin_conf_live(v->setting->name, &applies) ? "live" : "restart");
+    rt_doc_add_str(o, "about", v->setting->doc);
     rt_doc_add_str(o, "a_change_applies_to", applies);
 }
 

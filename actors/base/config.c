@@ -5,6 +5,7 @@
 */
 #include <arpa/inet.h>
 #include <limits.h>
+#include <pthread.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <lauxlib.h>
@@ -16,6 +17,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "config_schema.h"
 
 #define RT_CONF_INSTRUCTION_LIMIT 10000000 /* a config file that runs longer is a bug */
 #define RT_CONF_MEMORY_LIMIT (64u << 20)   /* and so is one that builds more (s = s .. s) */
@@ -61,13 +63,13 @@ static lua_State *new_state(conf_mem_t *m)
     return L;
 }
 
-/* K_PATH: a K_STRING naming a file or directory, made absolute at load (config.h). */
+/* What the loader does with a setting: its schema type, or the composite it is. */
 typedef enum {
     K_INT,
     K_DOUBLE,
     K_BOOL,
     K_STRING,
-    K_PATH,
+    K_PATH, /* a K_STRING naming a file or directory, made absolute at load (config.h) */
     K_LISTENERS,
     K_NETS,
     K_SECTIONS,
@@ -76,120 +78,39 @@ typedef enum {
     K_CLUSTER
 } kind_t;
 
-typedef struct setting_s {
-    const char *name;
-    kind_t kind;
-    size_t offset;
-    size_t size;                /* strings: buffer size */
-    double min, max;            /* numbers: accepted range */
-    const char *const *choices; /* strings: allowed values, or NULL */
-    const char *help;
-} setting_t;
+typedef rt_setting_t setting_t;
 
-static const char *const log_levels[] = {"error", "warning", "info", "debug", NULL};
-static const char *const log_formats[] = {"logfmt", "json", NULL};
-static const char *const log_journal_modes[] = {"auto", "on", "off", NULL};
-static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
-
-#define OFF(f) offsetof(rt_conf_t, f)
-#define INT(f, lo, hi, h)                                                                          \
-    {                                                                                              \
-#f, K_INT, OFF(f), 0, lo, hi, NULL, h                                                      \
+static kind_t kind_of(const setting_t *s)
+{
+    switch (s->type) {
+    case RT_SET_INT:
+        return K_INT;
+    case RT_SET_NUMBER:
+        return K_DOUBLE;
+    case RT_SET_BOOL:
+        return K_BOOL;
+    case RT_SET_PATH:
+        return K_PATH;
+    case RT_SET_NETS:
+        return K_NETS;
+    case RT_SET_LIST:
+        return K_LISTENERS;
+    default:
+        break;
     }
-#define BOOL(f, h)                                                                                 \
-    {                                                                                              \
-#f, K_BOOL, OFF(f), 0, 0, 0, NULL, h                                                       \
-    }
-#define PATH(f, h)                                                                                 \
-    {                                                                                              \
-#f, K_PATH, OFF(f), sizeof(((rt_conf_t *)0)->f), 0, 0, NULL, h                             \
-    }
+    if (strcmp(s->name, "http") == 0)
+        return K_HTTP;
+    if (strcmp(s->name, "cluster") == 0)
+        return K_CLUSTER;
+    if (strcmp(s->name, "user_rate_limits") == 0)
+        return K_USER_RATES;
+    if (strcmp(s->name, "sinks") == 0)
+        return K_SECTIONS;
+    return K_STRING;
+}
 
-/* Every setting rtd knows, in one place: name, type, range and what it means. */
-static const setting_t settings[] = {
-    {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL,
-     "\"host:port\", { bind = \"host:port\", tls = {...}, websocket = \"/path\", ... } or a list"},
-    {"http", K_HTTP, OFF(http), 0, 0, 0, NULL,
-     "{ bind = \"host:port\", api_keys_file = \"...\", metrics_public = true, "
-     "request_timeout = s }: HTTP API"},
-    {"cluster", K_CLUSTER, OFF(cluster), 0, 0, 0, NULL,
-     "{ node = \"name\", nats = { \"nats://host:port\", ... }, secret_file = \"path\", ... }: "
-     "join a cluster (docs/CLUSTER.md)"},
-    {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
-     "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
-    INT(connect_timeout, 1, 3600,
-        "seconds from accept to CONNECT (TLS, WebSocket and PROXY "
-        "header included)"),
-    INT(max_connections, 1, 10000000, "connections at once"),
-    INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
-    INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
-    INT(max_connect_size, 64, 268435455,
-        "bytes a CONNECT may have (before authentication, nothing else is read)"),
-    INT(max_preauth_memory, 64 * 1024, 1e12,
-        "bytes all connections not authenticated yet may hold; past it they are ended"),
-    INT(max_packet_size, 64, 268435455, "bytes, both directions"),
-    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight to a client, per session"),
-    INT(receive_maximum, 1, 65000,
-        "QoS 1/2 PUBLISHes an MQTT 5 client may leave unacknowledged (its Receive Maximum)"),
-    INT(max_queued_messages, 0, 100000000, "messages queued per session; 0 = no count"),
-    INT(max_client_memory, 64 * 1024, 1e12,
-        "bytes one client may make rtd hold: heap, queued and in-flight messages, output"),
-    INT(client_memory_hold_ms, 0, 60000,
-        "ms a client at its budget holds its publishers back before dropping (policy hold)"),
-    {"client_memory_policy", K_STRING, OFF(client_memory_policy),
-     sizeof(((rt_conf_t *)0)->client_memory_policy), 0, 0, memory_policies,
-     "at the budget: hold (publishers wait, then drop_newest), drop_newest or drop_oldest"},
-    INT(max_topic_alias, 0, 65535, "inbound topic aliases per connection"),
-    INT(max_topic_levels, 0, 65535, "levels in a topic name or filter; 0 = unlimited"),
-    INT(max_topic_length, 0, 65535, "bytes in a topic name or filter; 0 = unlimited"),
-    INT(max_subscriptions, 0, 10000000, "subscriptions per client; 0 = unlimited"),
-    INT(max_retained_messages, 0, 1e9, "retained messages in all; 0 = unlimited"),
-    INT(max_retained_bytes, 0, 1e12, "bytes of retained messages in all; 0 = unlimited"),
-    INT(max_keepalive, 0, 65535, "seconds"),
-    INT(max_session_expiry, 0, 4294967295.0, "seconds"),
-    BOOL(queue_qos0, "queue QoS 0 messages for offline sessions"),
-    BOOL(persistence, "keep retained messages and persistent sessions in data_dir/state.db"),
-    BOOL(allow_zero_length_clientid, "accept an empty client id (and assign one)"),
-    BOOL(allow_anonymous, "accept anonymous clients: no user name, or one no password_file "
-                          "vouches for (from anonymous_from)"),
-    {"anonymous_from", K_NETS, OFF(anonymous_from), 0, 0, 0, NULL,
-     "addresses anonymous clients may come from: \"a.b.c.d/n\", \"v6/n\" or a list"},
-    PATH(password_file, "user:hash lines (rtd passwd); \"\" = none: user names are anonymous"),
-    PATH(acl_file, "Mosquitto-format ACL; \"\" = allow every topic"),
-    INT(auth_max_delay_ms, 0, 60000, "milliseconds; cap of the delay before a refused CONNACK"),
-    INT(schedulers, 0, 64, "scheduler threads; 0 = one per core"),
-    INT(blocking_threads, 1, 32, "threads for blocking actors (database sinks)"),
-    INT(batch, 1, 100000, "messages per actor turn"),
-    INT(min_heap, 1024, 1e12, "bytes before an actor's first collection"),
-    {"gc_factor", K_DOUBLE, OFF(gc_factor), 0, 1.01, 100, NULL, "next GC at factor x live"},
-    INT(max_heap, 0, 1e12, "bytes per actor heap; 0 = unlimited"),
-    PATH(rules_dir, "directory of rule files (*.lua)"),
-    INT(rule_workers, 1, 64, "rule worker actors (one Lua state each)"),
-    INT(rule_instructions, 1000, 1e9, "Lua instructions one rule call may run"),
-    INT(rule_flush_ms, 0, 1000, "ms a rule worker holds a partial sink batch; 0 = per turn"),
-    INT(rule_turn_us, 100, 1e6, "microseconds of rules a worker runs before it yields a turn"),
-    INT(rule_memory, 1 << 20, 1e11, "bytes one rule worker's Lua state may hold"),
-    INT(rule_call_ms, 1, 60000, "wall-clock ms one rule call may run"),
-    INT(rule_output_rows, 1, 1e7, "rows one rule call may return"),
-    INT(rule_output_bytes, 1024, 1e11, "BSON bytes of the rows one rule call may return"),
-    INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
-    INT(restart_intensity, 0, 1000, "restarts a supervisor allows within restart_period"),
-    INT(restart_period, 1, 3600, "seconds; a supervisor past its intensity in it gives up"),
-    PATH(data_dir, "directory for persistent state (mode 0700, its files 0600)"),
-    PATH(admin_socket, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"),
-    {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
-     "error, warning, info or debug"},
-    {"log_format", K_STRING, OFF(log_format), sizeof(((rt_conf_t *)0)->log_format), 0, 0,
-     log_formats, "logfmt or json: key=value pairs (quoted when needed), or a JSON object a line"},
-    PATH(log_file, "\"\" = stderr (the journal under systemd); else a file, reopened on SIGHUP"),
-    {"log_journal", K_STRING, OFF(log_journal), sizeof(((rt_conf_t *)0)->log_journal), 0, 0,
-     log_journal_modes,
-     "auto, on or off: priority prefixes (<3> error ... <7> debug) on stderr; auto: when stderr "
-     "is the journal's"},
-    {"sinks", K_SECTIONS, OFF(sinks), 0, 0, 0, NULL, "name = { type = \"sqlite\", ... }"},
-};
-
-#define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+#define settings rt__conf_settings
+#define NSETTINGS rt__conf_nsettings()
 
 const rt_conf_net_t rt_conf_loopback[RT_CONF_NLOOPBACK] = {
     {.addr = {[10] = 0xff, [11] = 0xff, [12] = 127}, .bits = 96 + 8}, /* 127.0.0.0/8 */
@@ -203,72 +124,57 @@ int rt_conf_admin_socket(const rt_conf_t *c, char *out, size_t n)
     return len >= 0 && (size_t)len < n ? 0 : RT_EINVAL;
 }
 
+/*
+** The schema's defaults: numbers, booleans and strings from the table; the composite ones
+** here (their text in the schema says the same, and test_config checks that it does).
+*/
 void rt_conf_defaults(rt_conf_t *c)
 {
     memset(c, 0, sizeof(*c));
+    RT_ASSERT(NSETTINGS <= RT_CONF_MAX_SETTINGS);
+    for (const setting_t *s = settings; s->name; s++) {
+        char *field = (char *)c + s->offset;
+        switch (kind_of(s)) {
+        case K_INT:
+            *(long *)(void *)field = (long)s->num;
+            break;
+        case K_DOUBLE:
+            *(double *)(void *)field = s->num;
+            break;
+        case K_BOOL:
+            *(bool *)(void *)field = s->num != 0;
+            break;
+        case K_STRING:
+        case K_PATH:
+            RT_ASSERT(strlen(s->text) < s->size);
+            snprintf(field, s->size, "%s", s->text);
+            break;
+        default:
+            break;
+        }
+    }
     c->nlisteners = 1;
     snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "0.0.0.0");
     c->listeners[0].port = 1883;
-    c->max_connections = 1000000;
-    c->max_connections_per_ip = 1000;
-    c->max_connection_rate = 1000;
-    c->max_connect_size = 64 * 1024;
-    c->max_preauth_memory = 64 << 20;
-    c->max_packet_size = 1 << 20;
-    c->max_inflight = 1024;
-    c->receive_maximum = RT_CONF_RECEIVE_MAXIMUM;
-    c->max_queued_messages = 0;
-    c->max_client_memory = 16 << 20;
-    c->client_memory_hold_ms = 1000;
-    snprintf(c->client_memory_policy, sizeof(c->client_memory_policy), "hold");
-    c->max_topic_alias = 64;
-    c->max_topic_levels = 0;
-    c->max_topic_length = 0;
-    c->max_subscriptions = 0;
-    c->max_retained_messages = 1000000;
-    c->max_retained_bytes = 512L << 20;
-    c->max_keepalive = 65535;
-    c->max_session_expiry = 7 * 24 * 3600;
-    c->queue_qos0 = false;
-    c->persistence = false;
-    c->allow_zero_length_clientid = true;
-    c->allow_anonymous = true;
     /* Loopback only: an rtd on a public address takes no anonymous client from outside
        unless the operator says so (Mosquitto 2 does the same). */
     c->nanonymous_from = RT_CONF_NLOOPBACK;
     memcpy(c->anonymous_from, rt_conf_loopback, sizeof(rt_conf_loopback));
-    c->auth_max_delay_ms = 5000; /* RT_AUTH_MAX_DELAY_MS_DEFAULT */
-    c->schedulers = 0;
-    c->blocking_threads = 2;
-    c->batch = 100;
-    c->min_heap = 16 * 1024;
-    c->gc_factor = 2.0;
-    c->max_heap = 0;
-    snprintf(c->rules_dir, sizeof(c->rules_dir), "rules");
-    c->rule_workers = 2;
-    c->rule_instructions = 1000000;
-    c->rule_memory = 64 << 20;
-    c->rule_flush_ms = RT_CONF_RULE_FLUSH_MS;
-    c->rule_turn_us = RT_CONF_RULE_TURN_US;
-    c->rule_call_ms = RT_CONF_RULE_CALL_MS;
-    c->rule_output_rows = RT_CONF_RULE_OUTPUT_ROWS;
-    c->rule_output_bytes = RT_CONF_RULE_OUTPUT_BYTES;
-    c->sys_interval = 10;
-    c->connect_timeout = 10;
     c->http.request_timeout = RT_CONF_HTTP_REQUEST_TIMEOUT;
-    c->restart_intensity = RT_CONF_RESTART_INTENSITY;
-    c->restart_period = RT_CONF_RESTART_PERIOD;
-    snprintf(c->data_dir, sizeof(c->data_dir), "data");
-    snprintf(c->log_level, sizeof(c->log_level), "info");
-    snprintf(c->log_format, sizeof(c->log_format), "logfmt");
-    snprintf(c->log_journal, sizeof(c->log_journal), "auto");
+}
+
+static rt_conf_t the_defaults; /* config show's default column; made once, never changed */
+
+static void fill_defaults(void)
+{
+    rt_conf_defaults(&the_defaults);
 }
 
 static const setting_t *find_setting(const char *name)
 {
-    for (size_t i = 0; i < NSETTINGS; i++)
-        if (strcmp(settings[i].name, name) == 0)
-            return &settings[i];
+    for (const setting_t *s = settings; s->name; s++)
+        if (strcmp(s->name, name) == 0)
+            return s;
     return NULL;
 }
 
@@ -329,77 +235,91 @@ bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned cha
     return false;
 }
 
-void rt_conf_each(const rt_conf_t *c,
-                  void (*fn)(const char *key, const char *value, const char *help, void *ud),
-                  void *ud)
+/* A top-level setting's value in c as text, as config show and rtd --check write it. */
+static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size_t vlen)
 {
-    char value[RT_CONF_VALUE_LEN * 2];
+    const char *field = (const char *)c + s->offset;
+    size_t used = 0;
+    switch (kind_of(s)) {
+    case K_INT:
+        snprintf(value, vlen, "%ld", *(const long *)field);
+        break;
+    case K_DOUBLE:
+        snprintf(value, vlen, "%g", *(const double *)field);
+        break;
+    case K_BOOL:
+        snprintf(value, vlen, "%s", *(const bool *)field ? "true" : "false");
+        break;
+    case K_STRING:
+    case K_PATH:
+        snprintf(value, vlen, "%s", field);
+        break;
+    case K_NETS:
+        value[0] = 0;
+        for (unsigned n = 0; n < c->nanonymous_from && used < vlen; n++) {
+            char text[64];
+            format_net(&c->anonymous_from[n], text, sizeof(text));
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "", text);
+        }
+        break;
+    case K_LISTENERS:
+        value[0] = 0;
+        for (unsigned l = 0; l < c->nlisteners && used < vlen; l++) {
+            const rt_listen_t *li = &c->listeners[l];
+            bool v6 = strchr(li->host, ':') != NULL;
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s%s%s:%d%s%s%s", l ? ", " : "",
+                                     v6 ? "[" : "", li->host, v6 ? "]" : "", li->port,
+                                     li->tls_on ? " tls" : "",
+                                     li->websocket[0] ? " websocket " : "", li->websocket);
+            if (li->proxy_protocol && used < vlen)
+                used += (size_t)snprintf(value + used, vlen - used, " proxy");
+        }
+        break;
+    case K_HTTP:
+        snprintf(value, vlen, "%s", c->http.on ? c->http.where.host : "-");
+        if (c->http.on)
+            snprintf(value + strlen(value), vlen - strlen(value), ":%d%s", c->http.where.port,
+                     c->http.where.tls_on ? " tls" : "");
+        break;
+    case K_CLUSTER:
+        snprintf(value, vlen, "%s", c->cluster.on ? c->cluster.node : "-");
+        for (unsigned n = 0; c->cluster.on && n < c->cluster.nnats; n++)
+            snprintf(value + strlen(value), vlen - strlen(value), "%s%s", n ? ", " : " via ",
+                     c->cluster.nats[n]);
+        break;
+    case K_USER_RATES:
+        value[0] = 0;
+        for (unsigned n = 0; n < c->nuser_rates && used < vlen; n++)
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
+                                     c->user_rates[n].user);
+        break;
+    case K_SECTIONS:
+        value[0] = 0;
+        for (unsigned n = 0; n < c->sinks.n && used < vlen; n++)
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
+                                     c->sinks.s[n].name);
+        break;
+    }
+}
+
+void rt_conf_each(const rt_conf_t *c, void (*fn)(const rt_conf_value_t *v, void *ud), void *ud)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fill_defaults);
+    char value[RT_CONF_VALUE_LEN * 2], dflt[RT_CONF_VALUE_LEN * 2], from[RT_CONF_PATH_MAX + 16];
     for (size_t i = 0; i < NSETTINGS; i++) {
         const setting_t *s = &settings[i];
-        const char *field = (const char *)c + s->offset;
-        size_t used = 0;
-        switch (s->kind) {
-        case K_INT:
-            snprintf(value, sizeof(value), "%ld", *(const long *)field);
-            break;
-        case K_DOUBLE:
-            snprintf(value, sizeof(value), "%g", *(const double *)field);
-            break;
-        case K_BOOL:
-            snprintf(value, sizeof(value), "%s", *(const bool *)field ? "true" : "false");
-            break;
-        case K_STRING:
-        case K_PATH:
-            snprintf(value, sizeof(value), "%s", field);
-            break;
-        case K_NETS:
-            value[0] = 0;
-            for (unsigned n = 0; n < c->nanonymous_from && used < sizeof(value); n++) {
-                char text[64];
-                format_net(&c->anonymous_from[n], text, sizeof(text));
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
-                                         text);
-            }
-            break;
-        case K_LISTENERS:
-            value[0] = 0;
-            for (unsigned l = 0; l < c->nlisteners && used < sizeof(value); l++) {
-                const rt_listen_t *li = &c->listeners[l];
-                bool v6 = strchr(li->host, ':') != NULL;
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s%s%s:%d%s%s%s",
-                                         l ? ", " : "", v6 ? "[" : "", li->host, v6 ? "]" : "",
-                                         li->port, li->tls_on ? " tls" : "",
-                                         li->websocket[0] ? " websocket " : "", li->websocket);
-                if (li->proxy_protocol && used < sizeof(value))
-                    used += (size_t)snprintf(value + used, sizeof(value) - used, " proxy");
-            }
-            break;
-        case K_HTTP:
-            snprintf(value, sizeof(value), "%s", c->http.on ? c->http.where.host : "-");
-            if (c->http.on)
-                snprintf(value + strlen(value), sizeof(value) - strlen(value), ":%d%s",
-                         c->http.where.port, c->http.where.tls_on ? " tls" : "");
-            break;
-        case K_CLUSTER:
-            snprintf(value, sizeof(value), "%s", c->cluster.on ? c->cluster.node : "-");
-            for (unsigned n = 0; c->cluster.on && n < c->cluster.nnats; n++)
-                snprintf(value + strlen(value), sizeof(value) - strlen(value), "%s%s",
-                         n ? ", " : " via ", c->cluster.nats[n]);
-            break;
-        case K_USER_RATES:
-            value[0] = 0;
-            for (unsigned n = 0; n < c->nuser_rates && used < sizeof(value); n++)
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
-                                         c->user_rates[n].user);
-            break;
-        case K_SECTIONS:
-            value[0] = 0;
-            for (unsigned n = 0; n < c->sinks.n && used < sizeof(value); n++)
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
-                                         c->sinks.s[n].name);
-            break;
-        }
-        fn(s->name, value, s->help, ud);
+        value_text(c, s, value, sizeof(value));
+        value_text(&the_defaults, s, dflt, sizeof(dflt));
+        const rt_conf_origin_t *o = &c->origin[i];
+        if (o->from == RT_FROM_FILE)
+            snprintf(from, sizeof(from), "%s:%d", c->file, o->line);
+        else
+            snprintf(from, sizeof(from), "%s",
+                     o->from == RT_FROM_OPTION ? "-o"
+                     : o->from == RT_FROM_SET  ? "config set"
+                                               : "default");
+        fn(&(rt_conf_value_t){.setting = s, .value = value, .dflt = dflt, .from = from}, ud);
     }
 }
 
@@ -753,36 +673,7 @@ static bool cluster_servers(lua_State *L, rt_conf_t *c, char *why, size_t whylen
 
 static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen);
 
-/* The cluster table's keys beside node, prefix and nats: what each is and means. */
-#define CLUSTER_STRING(f, kind, h)                                                                 \
-    {                                                                                              \
-        "cluster." #f, kind, OFF(cluster.f), sizeof(((rt_conf_t *)0)->cluster.f), 0, 0, NULL, h    \
-    }
-static const setting_t cluster_settings[] = {
-    {"cluster.replicas", K_INT, OFF(cluster.replicas), 0, 1, 5, NULL,
-     "copies JetStream keeps of the buckets and the stream; default min(3, NATS URLs)"},
-    {"cluster.durable", K_BOOL, OFF(cluster.durable), 0, 0, 0, NULL,
-     "true: a QoS 1/2 PUBLISH is acknowledged once JetStream's stream has it"},
-    {"cluster.replay_margin", K_INT, OFF(cluster.replay_margin), 0, 0, 3600, NULL,
-     "seconds a resume after a node's crash replays from before the session's last clear moment"},
-    CLUSTER_STRING(user, K_STRING, "NATS user name (with password)"),
-    CLUSTER_STRING(password, K_STRING, "NATS password of user"),
-    CLUSTER_STRING(token, K_STRING, "NATS authorization token"),
-    CLUSTER_STRING(creds, K_PATH, "NATS credentials file (a user JWT and its nkey seed)"),
-    CLUSTER_STRING(nkey, K_STRING, "NATS user nkey (public, U...), signed with nkey_seed"),
-    CLUSTER_STRING(nkey_seed, K_PATH, "file holding the seed (SU...) of nkey"),
-    CLUSTER_STRING(tls_ca, K_PATH, "CA the NATS servers' certificates are verified against (TLS)"),
-    CLUSTER_STRING(tls_cert, K_PATH, "client certificate for NATS (with tls_key)"),
-    CLUSTER_STRING(tls_key, K_PATH, "private key of tls_cert"),
-    {"cluster.nats_without_credentials", K_BOOL, OFF(cluster.nats_without_credentials), 0, 0, 0,
-     NULL,
-     "true: NATS servers off this host are reached with no credentials (rtd refuses to start "
-     "so otherwise): whoever reaches them can read every message and steer the cluster"},
-    CLUSTER_STRING(secret_file, K_PATH,
-                   "the nodes' shared secret, signing their control requests and answers; "
-                   "false: unsigned (docs/CLUSTER.md \"Security\")"),
-};
-#define NCLUSTER_SETTINGS (sizeof(cluster_settings) / sizeof(cluster_settings[0]))
+#define cluster_settings rt__conf_cluster_settings
 
 /* A wildcard address takes its port on every address of the machine. */
 static bool any_address(const char *host)
@@ -826,7 +717,7 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     while (ok && lua_next(L, -2)) {
         const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
         const setting_t *s = NULL;
-        for (size_t i = 0; i < NCLUSTER_SETTINGS && !s; i++)
+        for (size_t i = 0; cluster_settings[i].name && !s; i++)
             if (strcmp(k, cluster_settings[i].name + strlen("cluster.")) == 0)
                 s = &cluster_settings[i];
         if (strcmp(k, "node") == 0) {
@@ -843,10 +734,9 @@ static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
         } else if (s) {
             ok = apply_setting(L, c, s, why, whylen);
         } else {
-            size_t at =
-                (size_t)snprintf(why, whylen, "cluster: unknown key \"%s\" (node, nats, prefix", k);
-            for (size_t i = 0; i < NCLUSTER_SETTINGS && at < whylen; i++)
-                at += (size_t)snprintf(why + at, whylen - at, ", %s",
+            size_t at = (size_t)snprintf(why, whylen, "cluster: unknown key \"%s\" (", k);
+            for (size_t i = 0; cluster_settings[i].name && at < whylen; i++)
+                at += (size_t)snprintf(why + at, whylen - at, "%s%s", i ? ", " : "",
                                        cluster_settings[i].name + strlen("cluster."));
             if (at < whylen)
                 snprintf(why + at, whylen - at, ")");
@@ -1116,12 +1006,12 @@ static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *o
 static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
 {
     char *field = (char *)c + s->offset;
-    switch (s->kind) {
+    switch (kind_of(s)) {
     case K_INT: {
         int isnum;
         lua_Number n = lua_tonumberx(L, -1, &isnum);
         if (!isnum || lua_type(L, -1) != LUA_TNUMBER || n != floor(n)) {
-            snprintf(why, whylen, "%s must be a whole number (%s)", s->name, s->help);
+            snprintf(why, whylen, "%s must be a whole number (%s)", s->name, s->doc);
             return false;
         }
         if (n < s->min || n > s->max) {
@@ -1134,7 +1024,7 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
     }
     case K_DOUBLE: {
         if (lua_type(L, -1) != LUA_TNUMBER) {
-            snprintf(why, whylen, "%s must be a number (%s)", s->name, s->help);
+            snprintf(why, whylen, "%s must be a number (%s)", s->name, s->doc);
             return false;
         }
         double d = lua_tonumber(L, -1);
@@ -1159,7 +1049,7 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
         if (!v || len >= s->size) {
             snprintf(why, whylen, "%s must be a string of at most %zu bytes (%s)", s->name,
-                     s->size - 1, s->help);
+                     s->size - 1, s->doc);
             return false;
         }
         if (s->choices) {
@@ -1167,7 +1057,9 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
             for (const char *const *ch = s->choices; *ch; ch++)
                 ok |= strcmp(*ch, v) == 0;
             if (!ok) {
-                snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", s->name, s->help, v);
+                char list[128];
+                rt__conf_choices_text(s->choices, list, sizeof(list));
+                snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", s->name, list, v);
                 return false;
             }
         }
@@ -1278,9 +1170,10 @@ static void on_budget(lua_State *L, lua_Debug *ar)
 ** Runs the chunk on top of the stack in the sandbox, then applies every
 ** setting it made. where names the source in messages ("etc/rtd.conf").
 */
-static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool with_lines, char *err,
-                         size_t errlen)
+static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, rt_conf_from_t from,
+                         char *err, size_t errlen)
 {
+    bool with_lines = from == RT_FROM_FILE;
     lua_newtable(L); /* values */
     lua_newtable(L); /* lines */
     int values = lua_absindex(L, -2), lines = lua_absindex(L, -1);
@@ -1321,15 +1214,19 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
         const setting_t *s = find_setting(name);
         char why[RT_CONF_ERR_LEN / 2];
         bool ok = s && apply_setting(L, &next, s, why, sizeof(why));
-        if (ok && s->kind == K_SECTIONS) {
+        if (ok && kind_of(s) == K_SECTIONS) {
             rt_conf_sections_t *secs = (rt_conf_sections_t *)(void *)((char *)&next + s->offset);
             snprintf(secs->where, sizeof(secs->where), "%s", where);
             secs->line = with_lines ? line : 0;
         }
-        for (unsigned l = 0; ok && with_lines && s->kind == K_LISTENERS && l < next.nlisteners; l++)
+        for (unsigned l = 0; ok && with_lines && kind_of(s) == K_LISTENERS && l < next.nlisteners;
+             l++)
             next.listeners[l].line = line; /* a port in use names it at start */
-        if (ok && with_lines && s->kind == K_HTTP)
+        if (ok && with_lines && kind_of(s) == K_HTTP)
             next.http.where.line = line;
+        if (ok)
+            next.origin[s - settings] =
+                (rt_conf_origin_t){.from = (unsigned char)from, .line = line};
         if (!s)
             snprintf(why, sizeof(why), "unknown setting %s", name);
         lua_pop(L, 1);
@@ -1422,20 +1319,20 @@ static bool names_files(kind_t k)
 static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
                         char *err, size_t errlen)
 {
-    if (s->kind == K_HTTP) {
+    if (kind_of(s) == K_HTTP) {
         int rc = resolve_field(c->http.api_keys_file, sizeof(c->http.api_keys_file),
                                "http.api_keys_file", base, where, err, errlen);
         return rc ? rc : resolve_tls(&c->http.where.tls, "http.tls file", base, where, err, errlen);
     }
-    if (s->kind == K_CLUSTER) {
+    if (kind_of(s) == K_CLUSTER) {
         int rc = 0;
-        for (size_t i = 0; i < NCLUSTER_SETTINGS && rc == 0; i++)
-            if (cluster_settings[i].kind == K_PATH)
+        for (size_t i = 0; cluster_settings[i].name && rc == 0; i++)
+            if (cluster_settings[i].type == RT_SET_PATH)
                 rc = resolve_field((char *)c + cluster_settings[i].offset, cluster_settings[i].size,
                                    cluster_settings[i].name, base, where, err, errlen);
         return rc;
     }
-    if (s->kind == K_LISTENERS) {
+    if (kind_of(s) == K_LISTENERS) {
         int rc = 0;
         for (unsigned l = 0; l < c->nlisteners && rc == 0; l++)
             rc = resolve_tls(&c->listeners[l].tls, "listeners' tls file", base, where, err, errlen);
@@ -1464,7 +1361,9 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "%s", lua_tostring(L, -1));
         rc = RT_EINVAL;
     } else {
-        rc = run_and_apply(L, c, path, true, err, errlen);
+        rc = run_and_apply(L, c, path, RT_FROM_FILE, err, errlen);
+        if (rc == 0)
+            snprintf(c->file, sizeof(c->file), "%s", path);
     }
     lua_close(L);
     if (rc)
@@ -1478,7 +1377,7 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         return RT_EINVAL;
     }
     for (size_t i = 0; i < NSETTINGS && rc == 0; i++)
-        if (names_files(settings[i].kind))
+        if (names_files(kind_of(&settings[i])))
             rc = resolve_path(c, &settings[i], base, path, err, errlen);
     return rc;
 }
@@ -1488,13 +1387,27 @@ bool rt_conf_known(const char *key)
     return find_setting(key) != NULL;
 }
 
+const rt_setting_t *rt_conf_setting(const char *key)
+{
+    return find_setting(key);
+}
+
+static int set_assignment(rt_conf_t *c, const char *where, rt_conf_from_t from,
+                          const char *assignment, char *err, size_t errlen);
+
 int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen)
 {
-    return rt_conf_set_from(c, "command line", assignment, err, errlen);
+    return set_assignment(c, "command line", RT_FROM_OPTION, assignment, err, errlen);
 }
 
 int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, char *err,
                      size_t errlen)
+{
+    return set_assignment(c, where, RT_FROM_SET, assignment, err, errlen);
+}
+
+static int set_assignment(rt_conf_t *c, const char *where, rt_conf_from_t from,
+                          const char *assignment, char *err, size_t errlen)
 {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) {
@@ -1535,7 +1448,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         snprintf(err, errlen, "%s", lua_tostring(L, -1));
         rc = RT_EINVAL;
     } else {
-        rc = run_and_apply(L, c, where, false, err, errlen);
+        rc = run_and_apply(L, c, where, from, err, errlen);
     }
     lua_close(L);
     char key[64], cwd[PATH_MAX];
@@ -1546,7 +1459,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         kend--;
     snprintf(key, sizeof(key), "%.*s", (int)(kend - k), k);
     const setting_t *s = find_setting(key);
-    if (rc == 0 && s && names_files(s->kind)) {
+    if (rc == 0 && s && names_files(kind_of(s))) {
         if (!getcwd(cwd, sizeof(cwd))) {
             snprintf(err, errlen, "%s: %s: cannot read the current directory: %s", where, key,
                      strerror(errno));

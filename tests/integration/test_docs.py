@@ -135,7 +135,7 @@ def man_text(page, width="1000"):
 
 
 def test_man_pages_render_without_warnings():
-    for page in ("rtd.8", "rtctl.8"):
+    for page in ("rtd.8", "rtctl.8", "rtd.conf.5"):
         r = subprocess.run(["man", "--warnings", "-l", os.path.join(BUILD, "install-files", page)],
                            env=dict(os.environ, MANWIDTH="80"), capture_output=True, text=True,
                            timeout=30)
@@ -171,6 +171,6 @@ def test_rtd_man_page_names_every_option_and_subcommand():
 
     def section(name, following):
         return text[text.index(f" {name} "):text.index(f" {following} ")] + " "
-    missing = [o for o in options if not re.search(f" {o}[ ,]", section("OPTIONS", "SUBCOMMANDS"))]
+    missing = [o for o in options if not re.search(f" {o}[ ,=]", section("OPTIONS", "SUBCOMMANDS"))]
     missing += [n for n in names if f" {n} " not in section("SUBCOMMANDS", "SIGNALS")]
     assert not missing, "rtd(8) lacks: " + ", ".join(missing)

@@ -1,5 +1,6 @@
 /* rtd's config loader: defaults, the shipped file, every kind of error with file and line. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -8,6 +9,13 @@
 #include "config.h"
 
 static char path[64];
+
+#define CHECK_STR(a, b)                                                                            \
+    do {                                                                                           \
+        if (strcmp((a), (b)) != 0)                                                                 \
+            fprintf(stderr, "  \"%s\" != \"%s\"\n", (a), (b));                                     \
+        CHECK(strcmp((a), (b)) == 0);                                                              \
+    } while (0)
 
 static void write_conf(const char *text)
 {
@@ -450,6 +458,99 @@ static void test_anonymous_from(void)
     CHECK(err_is(err, 1, "anonymous_from must be"));
 }
 
+/* Each setting's value as config show gives it: a defaults conf's, then c's. */
+typedef struct {
+    char name[64], value[256], dflt[256], from[256];
+} shown_t;
+
+static shown_t shown[RT_CONF_MAX_SETTINGS];
+static size_t nshown;
+
+static void collect(const rt_conf_value_t *v, void *ud)
+{
+    (void)ud;
+    shown_t *s = &shown[nshown++];
+    snprintf(s->name, sizeof(s->name), "%s", v->setting->name);
+    snprintf(s->value, sizeof(s->value), "%s", v->value);
+    snprintf(s->dflt, sizeof(s->dflt), "%s", v->dflt);
+    snprintf(s->from, sizeof(s->from), "%s", v->from);
+}
+
+static const shown_t *show(const rt_conf_t *c, const char *name)
+{
+    nshown = 0;
+    rt_conf_each(c, collect, NULL);
+    for (size_t i = 0; i < nshown; i++)
+        if (strcmp(shown[i].name, name) == 0)
+            return &shown[i];
+    return NULL;
+}
+
+/*
+** The default the schema declares (docs/CONFIG.md, rtd.conf(5)) is the one rtd starts with:
+** assigning each declared default to a defaults conf changes no value config show gives.
+*/
+static void test_schema_defaults_are_the_defaults(void)
+{
+    rt_conf_t *c = malloc(sizeof(*c));
+    char err[RT_CONF_ERR_LEN];
+    size_t checked = 0;
+    for (size_t i = 0;; i++) {
+        rt_conf_defaults(c);
+        nshown = 0;
+        rt_conf_each(c, collect, NULL);
+        if (i >= nshown)
+            break;
+        shown_t before = shown[i];
+        const rt_setting_t *s = rt_conf_setting(before.name);
+        CHECK(s != NULL);
+        CHECK_STR(before.value, before.dflt);
+        CHECK_STR(before.from, "default");
+        char text[256], assignment[320];
+        rt_conf_default_text(s, text, sizeof(text));
+        if (!text[0])
+            continue; /* a table none is given by default (http, cluster, sinks) */
+        snprintf(assignment, sizeof(assignment), "%s = %s\n", s->name, text);
+        int rc = load(assignment, c, err);
+        if (rc)
+            fprintf(stderr, "  %s: %s\n", assignment, err);
+        CHECK_EQ(rc, 0);
+        const shown_t *after = show(c, before.name);
+        const char *tail = strrchr(after->value, '/');
+        /* A relative path is made absolute against the file's directory. */
+        bool same = strcmp(after->value, before.value) == 0 ||
+                    (s->type == RT_SET_PATH && tail && strcmp(tail + 1, before.value) == 0);
+        if (!same)
+            fprintf(stderr, "  %s: declared %s, built in %s\n", s->name, after->value,
+                    before.value);
+        CHECK(same);
+        CHECK(strncmp(after->from, path, strlen(path)) == 0);
+        checked++;
+    }
+    CHECK(checked > 50);
+    free(c);
+}
+
+/* config show says where each value came from: the file's line, -o, config set or default. */
+static void test_origins(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN], want[128];
+    CHECK_EQ(load("-- limits\nmax_connections = 5\n", &c, err), 0);
+    snprintf(want, sizeof(want), "%s:2", path);
+    CHECK_STR(show(&c, "max_connections")->from, want);
+    CHECK_STR(show(&c, "max_connections")->value, "5");
+    CHECK_STR(show(&c, "max_connections")->dflt, "1000000");
+    CHECK_STR(show(&c, "max_inflight")->from, "default");
+    CHECK_EQ(rt_conf_set(&c, "max_inflight=7", err, sizeof(err)), 0);
+    CHECK_STR(show(&c, "max_inflight")->from, "-o");
+    CHECK_EQ(rt_conf_set_from(&c, "rtctl", "max_connections=6", err, sizeof(err)), 0);
+    CHECK_STR(show(&c, "max_connections")->from, "config set");
+    /* A refused value leaves the origin as it was. */
+    CHECK(rt_conf_set(&c, "max_connections=0", err, sizeof(err)) != 0);
+    CHECK_STR(show(&c, "max_connections")->from, "config set");
+}
+
 int main(void)
 {
     RUN(test_shipped_file);
@@ -461,6 +562,8 @@ int main(void)
     RUN(test_cluster);
     RUN(test_paths);
     RUN(test_anonymous_from);
+    RUN(test_schema_defaults_are_the_defaults);
+    RUN(test_origins);
     unlink(path);
     return CHECK_SUMMARY();
 }
