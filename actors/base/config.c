@@ -132,27 +132,8 @@ void rt_conf_defaults(rt_conf_t *c)
 {
     memset(c, 0, sizeof(*c));
     RT_ASSERT(NSETTINGS <= RT_CONF_MAX_SETTINGS);
-    for (const setting_t *s = settings; s->name; s++) {
-        char *field = (char *)c + s->offset;
-        switch (kind_of(s)) {
-        case K_INT:
-            *(long *)(void *)field = (long)s->num;
-            break;
-        case K_DOUBLE:
-            *(double *)(void *)field = s->num;
-            break;
-        case K_BOOL:
-            *(bool *)(void *)field = s->num != 0;
-            break;
-        case K_STRING:
-        case K_PATH:
-            RT_ASSERT(strlen(s->text) < s->size);
-            snprintf(field, s->size, "%s", s->text);
-            break;
-        default:
-            break;
-        }
-    }
+    for (const setting_t *s = settings; s->name; s++)
+        rt__conf_scalar_default(s, (char *)c + s->offset);
     c->nlisteners = 1;
     snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "0.0.0.0");
     c->listeners[0].port = 1883;
@@ -323,43 +304,9 @@ void rt_conf_each(const rt_conf_t *c, void (*fn)(const rt_conf_value_t *v, void 
     }
 }
 
-/* Parses "host:port" or "[v6]:port" with a numeric host. */
-static bool parse_listener(const char *s, rt_listen_t *out)
-{
-    const char *colon;
-    size_t hostlen;
-    const char *host = s;
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close || close[1] != ':')
-            return false;
-        host = s + 1;
-        hostlen = (size_t)(close - host);
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon)
-            return false;
-        hostlen = (size_t)(colon - s);
-    }
-    if (hostlen == 0 || hostlen >= sizeof(out->host))
-        return false;
-    memcpy(out->host, host, hostlen);
-    out->host[hostlen] = 0;
-    unsigned char buf[16];
-    if (inet_pton(AF_INET, out->host, buf) != 1 && inet_pton(AF_INET6, out->host, buf) != 1)
-        return false;
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (end == colon + 1 || *end || port < 0 || port > 65535)
-        return false;
-    out->port = (int)port;
-    return true;
-}
-
 /* The value on top of the stack as "address/bits" or a list of them, into nets. */
-static bool parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsigned *nout,
-                       char *why, size_t whylen)
+bool rt__conf_parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsigned *nout,
+                         char *why, size_t whylen)
 {
     rt_conf_net_t nets[RT_CONF_MAX_NETS];
     unsigned n = 0;
@@ -389,494 +336,6 @@ static bool parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsig
     }
     memcpy(out, nets, n * sizeof(nets[0]));
     *nout = n;
-    return true;
-}
-
-/* A string field of a listener's table into a buffer of size bytes. */
-static bool table_string(lua_State *L, const char *where, const char *key, char *out, size_t size,
-                         char *why, size_t whylen)
-{
-    size_t len;
-    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-    if (!v || len == 0 || len >= size) {
-        snprintf(why, whylen, "%s.%s must be a string of 1 to %zu bytes", where, key, size - 1);
-        return false;
-    }
-    memcpy(out, v, len + 1);
-    return true;
-}
-
-static bool table_number(lua_State *L, const char *where, const char *key, double *out, char *why,
-                         size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 0 || lua_tonumber(L, -1) > 1e15) {
-        snprintf(why, whylen, "%s.%s must be a number >= 0", where, key);
-        return false;
-    }
-    *out = lua_tonumber(L, -1);
-    return true;
-}
-
-/* rate_limit = { messages, bytes, burst_messages, burst_bytes }, on top of the stack. */
-static bool parse_rate(lua_State *L, const char *where, rt_conf_rate_t *out, char *why,
-                       size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "%s must be a table { messages = n, bytes = n, ... }", where);
-        return false;
-    }
-    static const char *const keys[] = {"messages", "bytes", "burst_messages", "burst_bytes"};
-    double *fields[] = {&out->messages, &out->bytes, &out->burst_messages, &out->burst_bytes};
-    memset(out, 0, sizeof(*out));
-    lua_pushnil(L);
-    while (lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        size_t i = 0;
-        while (i < 4 && strcmp(k, keys[i]) != 0)
-            i++;
-        if (i == 4) {
-            snprintf(why, whylen,
-                     "%s: unknown key \"%s\" (messages, bytes, burst_messages, "
-                     "burst_bytes)",
-                     where, k);
-            lua_pop(L, 2);
-            return false;
-        }
-        if (!table_number(L, where, k, fields[i], why, whylen)) {
-            lua_pop(L, 2);
-            return false;
-        }
-        lua_pop(L, 1);
-    }
-    return true;
-}
-
-/* tls.sni = { { name = "host", cert = "...", key = "..." }, ... }, on top of the stack. */
-static bool parse_sni(lua_State *L, const char *where, rt_conf_tls_t *t, char *why, size_t whylen)
-{
-    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? luaL_len(L, -1) : -1;
-    if (len < 1 || len > RT_CONF_MAX_SNI) {
-        snprintf(why, whylen, "%s must be a list of 1 to %d { name = ..., cert = ..., key = ... }",
-                 where, RT_CONF_MAX_SNI);
-        return false;
-    }
-    for (lua_Integer i = 1; i <= len; i++) {
-        rt_conf_sni_t *e = &t->sni[i - 1];
-        memset(e, 0, sizeof(*e));
-        char at[128];
-        snprintf(at, sizeof(at), "%.100s[%lld]", where, (long long)i);
-        lua_geti(L, -1, i);
-        bool ok = lua_type(L, -1) == LUA_TTABLE;
-        const char *keys[] = {"name", "cert", "key"};
-        char *fields[] = {e->name, e->cert, e->key};
-        size_t sizes[] = {sizeof(e->name), sizeof(e->cert), sizeof(e->key)};
-        for (size_t k = 0; ok && k < 3; k++) {
-            lua_getfield(L, -1, keys[k]);
-            ok = table_string(L, at, keys[k], fields[k], sizes[k], why, whylen);
-            lua_pop(L, 1);
-        }
-        if (!ok && lua_type(L, -1) != LUA_TTABLE)
-            snprintf(why, whylen, "%s must be { name = ..., cert = ..., key = ... }", at);
-        lua_pop(L, 1);
-        if (!ok)
-            return false;
-    }
-    t->nsni = (unsigned)len;
-    return true;
-}
-
-static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "%s must be a table { cert = ..., key = ... }", where);
-        return false;
-    }
-    memset(t, 0, sizeof(*t));
-    t->min_version = 12;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        if (strcmp(k, "cert") == 0 || strcmp(k, "key") == 0 || strcmp(k, "ca") == 0 ||
-            strcmp(k, "crl") == 0) {
-            char *field = k[0] == 'k'   ? t->key
-                          : k[1] == 'e' ? t->cert
-                          : k[1] == 'a' ? t->ca
-                                        : t->crl;
-            ok = table_string(L, where, k, field, RT_CONF_PATH_MAX, why, whylen);
-        } else if (strcmp(k, "verify") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            t->verify = strcmp(v, "required") == 0   ? RT_TLS_VERIFY_REQUIRED
-                        : strcmp(v, "optional") == 0 ? RT_TLS_VERIFY_OPTIONAL
-                                                     : RT_TLS_VERIFY_NONE;
-            ok = strcmp(v, "none") == 0 || t->verify != RT_TLS_VERIFY_NONE;
-            if (!ok)
-                snprintf(why, whylen, "%s.verify must be \"none\", \"optional\" or \"required\"",
-                         where);
-        } else if (strcmp(k, "identity_as_username") == 0) {
-            ok = lua_type(L, -1) == LUA_TBOOLEAN;
-            t->identity_as_username = ok && lua_toboolean(L, -1);
-            if (!ok)
-                snprintf(why, whylen, "%s.identity_as_username must be true or false", where);
-        } else if (strcmp(k, "sni") == 0) {
-            char at[128];
-            snprintf(at, sizeof(at), "%.100s.sni", where);
-            ok = parse_sni(L, at, t, why, whylen);
-        } else if (strcmp(k, "min_version") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            t->min_version = strcmp(v, "1.3") == 0 ? 13 : 12;
-            ok = strcmp(v, "1.2") == 0 || strcmp(v, "1.3") == 0;
-            if (!ok)
-                snprintf(why, whylen, "%s.min_version must be \"1.2\" or \"1.3\"", where);
-        } else {
-            snprintf(why, whylen,
-                     "%s: unknown key \"%s\" (cert, key, ca, crl, verify, "
-                     "identity_as_username, min_version, sni)",
-                     where, k);
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1); /* the key lua_next left */
-        return false;
-    }
-    if (!t->cert[0] || !t->key[0]) {
-        snprintf(why, whylen, "%s needs cert and key", where);
-        return false;
-    }
-    if (t->verify != RT_TLS_VERIFY_NONE && !t->ca[0]) {
-        snprintf(why, whylen, "%s: verify = \"%s\" needs ca (the clients' certificate authority)",
-                 where, t->verify == RT_TLS_VERIFY_REQUIRED ? "required" : "optional");
-        return false;
-    }
-    if (t->identity_as_username && t->verify != RT_TLS_VERIFY_REQUIRED) {
-        snprintf(why, whylen, "%s: identity_as_username needs verify = \"required\"", where);
-        return false;
-    }
-    return true;
-}
-
-/* One listener's table (on top of the stack): bind and its transport's settings. */
-static bool parse_listener_table(lua_State *L, const char *where, rt_listen_t *out, char *why,
-                                 size_t whylen)
-{
-    char sub[96];
-    bool ok = true, bound = false;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        snprintf(sub, sizeof(sub), "%s.%s", where, k);
-        if (strcmp(k, "bind") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            ok = bound = parse_listener(v, out);
-            if (!ok)
-                snprintf(why, whylen, "%s: \"%s\" is not host:port with a numeric host", sub, v);
-        } else if (strcmp(k, "tls") == 0) {
-            ok = out->tls_on = parse_tls(L, sub, &out->tls, why, whylen);
-        } else if (strcmp(k, "websocket") == 0) {
-            ok = table_string(L, where, k, out->websocket, sizeof(out->websocket), why, whylen);
-            if (ok && out->websocket[0] != '/') {
-                snprintf(why, whylen, "%s must be a path starting with /", sub);
-                ok = false;
-            }
-        } else if (strcmp(k, "proxy_protocol") == 0) {
-            ok = lua_type(L, -1) == LUA_TBOOLEAN;
-            out->proxy_protocol = ok && lua_toboolean(L, -1);
-            if (!ok)
-                snprintf(why, whylen, "%s must be true or false", sub);
-        } else if (strcmp(k, "trusted_proxies") == 0) {
-            ok = parse_nets(L, sub, out->trusted_proxies, &out->ntrusted, why, whylen);
-        } else if (strcmp(k, "rate_limit") == 0) {
-            ok = parse_rate(L, sub, &out->rate_limit, why, whylen);
-        } else {
-            snprintf(why, whylen,
-                     "%s: unknown key \"%s\" (bind, tls, websocket, proxy_protocol, "
-                     "trusted_proxies, rate_limit)",
-                     where, k);
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    if (!bound) {
-        snprintf(why, whylen, "%s needs bind = \"host:port\"", where);
-        return false;
-    }
-    if (out->proxy_protocol && !out->ntrusted) {
-        snprintf(why, whylen,
-                 "%s: proxy_protocol needs trusted_proxies (the load balancers' "
-                 "addresses)",
-                 where);
-        return false;
-    }
-    return true;
-}
-
-/* A listener: "host:port" or a table (on top of the stack). */
-static bool parse_listener_value(lua_State *L, const char *where, rt_listen_t *out, char *why,
-                                 size_t whylen)
-{
-    if (lua_type(L, -1) == LUA_TTABLE)
-        return parse_listener_table(L, where, out, why, whylen);
-    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (v && parse_listener(v, out))
-        return true;
-    snprintf(why, whylen, "%s: %s%s%s", where, v ? "\"" : "not a string or a table", v ? v : "",
-             v ? "\" is not host:port with a numeric host" : "");
-    return false;
-}
-
-/* A node's name or the subject prefix: it goes into NATS subjects and headers as it is. */
-static bool cluster_name(lua_State *L, const char *key, char *out, char *why, size_t whylen)
-{
-    size_t len;
-    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-    bool ok = v && len > 0 && len < RT_CONF_NODE_MAX;
-    for (size_t i = 0; ok && i < len; i++)
-        ok = (v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z') ||
-             (v[i] >= '0' && v[i] <= '9') || v[i] == '_' || v[i] == '-';
-    if (!ok) {
-        snprintf(why, whylen, "cluster.%s must be 1 to %d of A-Z a-z 0-9 _ -", key,
-                 RT_CONF_NODE_MAX - 1);
-        return false;
-    }
-    memcpy(out, v, len + 1);
-    return true;
-}
-
-/* cluster.nats: one URL or a list of them. */
-static bool cluster_servers(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) == LUA_TSTRING)
-        return table_string(L, "cluster", "nats", c->cluster.nats[c->cluster.nnats++],
-                            RT_CONF_URL_MAX, why, whylen);
-    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, -1) : 0;
-    if (len < 1 || len > RT_CONF_MAX_NATS) {
-        snprintf(why, whylen, "cluster.nats must be a URL or a list of 1 to %d URLs",
-                 RT_CONF_MAX_NATS);
-        return false;
-    }
-    for (lua_Integer i = 1; i <= len; i++) {
-        lua_geti(L, -1, i);
-        bool ok = table_string(L, "cluster", "nats[]", c->cluster.nats[c->cluster.nnats++],
-                               RT_CONF_URL_MAX, why, whylen);
-        lua_pop(L, 1);
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
-static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen);
-
-#define cluster_settings rt__conf_cluster_settings
-
-/* A wildcard address takes its port on every address of the machine. */
-static bool any_address(const char *host)
-{
-    return !host[0] || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
-}
-
-/*
-** Two listeners on one address would fail only at start, after everything else had started
-** (EADDRINUSE): refused here instead, naming both.
-*/
-static bool listeners_apart(const rt_listen_t *ls, unsigned n, char *why, size_t whylen)
-{
-    for (unsigned i = 0; i < n; i++)
-        for (unsigned j = i + 1; j < n; j++) {
-            if (!ls[i].port || ls[i].port != ls[j].port)
-                continue;
-            if (strcmp(ls[i].host, ls[j].host) != 0 && !any_address(ls[i].host) &&
-                !any_address(ls[j].host))
-                continue;
-            snprintf(why, whylen,
-                     "listeners[%u] (%.64s:%d) and listeners[%u] (%.64s:%d) take one address",
-                     i + 1, ls[i].host, ls[i].port, j + 1, ls[j].host, ls[j].port);
-            return false;
-        }
-    return true;
-}
-
-/* cluster = { node = "rt1", nats = { "nats://127.0.0.1:4222", ... }, prefix = "rt", ... } */
-static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "cluster must be a table { node = \"name\", nats = {...} }");
-        return false;
-    }
-    memset(&c->cluster, 0, sizeof(c->cluster));
-    strcpy(c->cluster.prefix, "rt");
-    c->cluster.replay_margin = RT_CONF_REPLAY_MARGIN;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        const setting_t *s = NULL;
-        for (size_t i = 0; cluster_settings[i].name && !s; i++)
-            if (strcmp(k, cluster_settings[i].name + strlen("cluster.")) == 0)
-                s = &cluster_settings[i];
-        if (strcmp(k, "node") == 0) {
-            ok = cluster_name(L, k, c->cluster.node, why, whylen);
-        } else if (strcmp(k, "prefix") == 0) {
-            ok = cluster_name(L, k, c->cluster.prefix, why, whylen);
-        } else if (strcmp(k, "nats") == 0) {
-            ok = cluster_servers(L, c, why, whylen);
-        } else if (strcmp(k, "secret_file") == 0 && lua_type(L, -1) == LUA_TBOOLEAN) {
-            ok = !lua_toboolean(L, -1);
-            c->cluster.unsigned_control = ok;
-            if (!ok)
-                snprintf(why, whylen, "cluster.secret_file must be a path, or false");
-        } else if (s) {
-            ok = apply_setting(L, c, s, why, whylen);
-        } else {
-            size_t at = (size_t)snprintf(why, whylen, "cluster: unknown key \"%s\" (", k);
-            for (size_t i = 0; cluster_settings[i].name && at < whylen; i++)
-                at += (size_t)snprintf(why + at, whylen - at, "%s%s", i ? ", " : "",
-                                       cluster_settings[i].name + strlen("cluster."));
-            if (at < whylen)
-                snprintf(why + at, whylen - at, ")");
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    if (!c->cluster.node[0] || !c->cluster.nnats) {
-        snprintf(why, whylen, "cluster needs node = \"name\" and nats = { \"nats://host:port\" }");
-        return false;
-    }
-    if (!c->cluster.tls_cert[0] != !c->cluster.tls_key[0]) {
-        snprintf(why, whylen, "cluster: tls_cert and tls_key go together");
-        return false;
-    }
-    if (!c->cluster.nkey[0] != !c->cluster.nkey_seed[0]) {
-        snprintf(why, whylen, "cluster: nkey and nkey_seed go together");
-        return false;
-    }
-    if (c->cluster.creds[0] && c->cluster.nkey[0]) {
-        snprintf(why, whylen, "cluster: creds and nkey are two ways to sign in; give one");
-        return false;
-    }
-    if (!c->cluster.secret_file[0] && !c->cluster.unsigned_control) {
-        snprintf(why, whylen,
-                 "cluster needs secret_file = \"path\" (a file only rtd reads, the nodes' "
-                 "shared secret: head -c 32 /dev/urandom | base64), or secret_file = false to "
-                 "let anyone who can publish on NATS end clients and move sessions");
-        return false;
-    }
-    if (!c->cluster.replicas)
-        c->cluster.replicas = c->cluster.nnats < 3 ? (long)c->cluster.nnats : 3;
-    c->cluster.on = true;
-    return true;
-}
-
-/* http = { bind = "host:port", tls = {...}, api_keys_file = "...", metrics_public = true,
-            request_timeout = s } */
-static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "http must be a table { bind = \"host:port\", ... }");
-        return false;
-    }
-    memset(&c->http, 0, sizeof(c->http));
-    c->http.request_timeout = RT_CONF_HTTP_REQUEST_TIMEOUT;
-    bool ok = true, bound = false;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        if (strcmp(k, "bind") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            ok = bound = parse_listener(v, &c->http.where);
-            if (!ok)
-                snprintf(why, whylen, "http.bind: \"%s\" is not host:port with a numeric host", v);
-        } else if (strcmp(k, "tls") == 0) {
-            rt_conf_tls_t *t = &c->http.where.tls;
-            ok = c->http.where.tls_on = parse_tls(L, "http.tls", t, why, whylen);
-            if (ok && t->identity_as_username) {
-                snprintf(why, whylen,
-                         "http.tls: identity_as_username is for MQTT listeners (an "
-                         "HTTP client is named by its API key)");
-                ok = false;
-            }
-        } else if (strcmp(k, "api_keys_file") == 0) {
-            ok = table_string(L, "http", k, c->http.api_keys_file, sizeof(c->http.api_keys_file),
-                              why, whylen);
-        } else if (strcmp(k, "metrics_public") == 0) {
-            ok = lua_type(L, -1) == LUA_TBOOLEAN;
-            c->http.metrics_public = ok && lua_toboolean(L, -1);
-            if (!ok)
-                snprintf(why, whylen, "http.metrics_public must be true or false");
-        } else if (strcmp(k, "request_timeout") == 0) {
-            lua_Integer v = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
-            ok = v >= 1 && v <= RT_CONF_HTTP_REQUEST_TIMEOUT_MAX;
-            c->http.request_timeout = (long)v;
-            if (!ok)
-                snprintf(why, whylen, "http.request_timeout must be whole seconds from 1 to %d",
-                         RT_CONF_HTTP_REQUEST_TIMEOUT_MAX);
-        } else {
-            snprintf(why, whylen,
-                     "http: unknown key \"%s\" (bind, tls, api_keys_file, metrics_public, "
-                     "request_timeout)",
-                     k);
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    if (!bound) {
-        snprintf(why, whylen, "http needs bind = \"host:port\"");
-        return false;
-    }
-    c->http.on = true;
-    return true;
-}
-
-/* user_rate_limits = { name = { messages = n, ... }, ... } */
-static bool parse_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "user_rate_limits must be a table { user = { messages = n } }");
-        return false;
-    }
-    rt_conf_user_rate_t rates[RT_CONF_MAX_USER_RATES];
-    unsigned n = 0;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        size_t len = 0;
-        const char *user = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
-        char where[96];
-        snprintf(where, sizeof(where), "user_rate_limits.%s", user ? user : "?");
-        if (!user || len == 0 || len >= sizeof(rates[0].user)) {
-            snprintf(why, whylen, "user_rate_limits: keys are user names of 1 to %zu bytes",
-                     sizeof(rates[0].user) - 1);
-            ok = false;
-        } else if (n == RT_CONF_MAX_USER_RATES) {
-            snprintf(why, whylen, "user_rate_limits: at most %d users", RT_CONF_MAX_USER_RATES);
-            ok = false;
-        } else {
-            memcpy(rates[n].user, user, len + 1);
-            ok = parse_rate(L, where, &rates[n].rate, why, whylen);
-            n += ok;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    memcpy(c->user_rates, rates, n * sizeof(rates[0]));
-    c->nuser_rates = n;
     return true;
 }
 
@@ -1002,126 +461,98 @@ static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *o
     return true;
 }
 
-/* Checks and stores the value on top of the stack; on error writes the reason to why. */
-static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
+bool rt__conf_read_scalar(lua_State *L, const rt_setting_t *s, const char *name, void *field,
+                          char *why, size_t whylen)
 {
-    char *field = (char *)c + s->offset;
-    switch (kind_of(s)) {
-    case K_INT: {
+    const char *unit = s->unit ? s->unit : "";
+    switch (s->type) {
+    case RT_SET_INT: {
         int isnum;
         lua_Number n = lua_tonumberx(L, -1, &isnum);
         if (!isnum || lua_type(L, -1) != LUA_TNUMBER || n != floor(n)) {
-            snprintf(why, whylen, "%s must be a whole number (%s)", s->name, s->doc);
+            snprintf(why, whylen, "%s must be a whole number (%s%s%s)", name, unit,
+                     *unit ? ": " : "", s->doc);
             return false;
         }
         if (n < s->min || n > s->max) {
-            snprintf(why, whylen, "%s must be between %.0f and %.0f (got %.0f)", s->name, s->min,
-                     s->max, n);
+            snprintf(why, whylen, "%s must be between %.0f and %.0f%s%s (got %.0f)", name, s->min,
+                     s->max, *unit ? " " : "", unit, n);
             return false;
         }
-        *(long *)(void *)field = (long)n;
+        *(long *)field = (long)n;
         return true;
     }
-    case K_DOUBLE: {
+    case RT_SET_NUMBER: {
         if (lua_type(L, -1) != LUA_TNUMBER) {
-            snprintf(why, whylen, "%s must be a number (%s)", s->name, s->doc);
+            snprintf(why, whylen, "%s must be a number (%s)", name, s->doc);
             return false;
         }
         double d = lua_tonumber(L, -1);
-        if (d < s->min || d > s->max) {
-            snprintf(why, whylen, "%s must be between %g and %g (got %g)", s->name, s->min, s->max,
-                     d);
-            return false;
-        }
-        *(double *)(void *)field = d;
-        return true;
+        if ((d < s->min || d > s->max) && s->max >= 1e15)
+            snprintf(why, whylen, "%s must be a number >= %g (got %g)", name, s->min, d);
+        else if (d < s->min || d > s->max)
+            snprintf(why, whylen, "%s must be between %g and %g (got %g)", name, s->min, s->max, d);
+        else
+            *(double *)field = d;
+        return d >= s->min && d <= s->max;
     }
-    case K_BOOL:
+    case RT_SET_BOOL:
         if (!lua_isboolean(L, -1)) {
-            snprintf(why, whylen, "%s must be true or false", s->name);
+            snprintf(why, whylen, "%s must be true or false", name);
             return false;
         }
-        *(bool *)(void *)field = lua_toboolean(L, -1);
+        *(bool *)field = lua_toboolean(L, -1);
         return true;
-    case K_STRING:
-    case K_PATH: {
-        size_t len;
+    case RT_SET_STRING:
+    case RT_SET_PATH: {
+        size_t len = 0;
         const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-        if (!v || len >= s->size) {
-            snprintf(why, whylen, "%s must be a string of at most %zu bytes (%s)", s->name,
-                     s->size - 1, s->doc);
+        if (!v || (s->size && len >= s->size)) {
+            snprintf(why, whylen, "%s must be a string of at most %zu bytes (%s)", name,
+                     s->size ? s->size - 1 : (size_t)RT_CONF_VALUE_LEN, s->doc);
             return false;
         }
-        if (s->choices) {
-            bool ok = false;
-            for (const char *const *ch = s->choices; *ch; ch++)
-                ok |= strcmp(*ch, v) == 0;
-            if (!ok) {
-                char list[128];
-                rt__conf_choices_text(s->choices, list, sizeof(list));
-                snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", s->name, list, v);
-                return false;
-            }
+        int choice = 0;
+        while (s->choices && s->choices[choice] && strcmp(s->choices[choice], v) != 0)
+            choice++;
+        if (s->choices && !s->choices[choice]) {
+            char list[128];
+            rt__conf_choices_text(s->choices, list, sizeof(list));
+            snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", name, list, v);
+            return false;
         }
-        memcpy(field, v, len + 1);
+        if (s->size)
+            memcpy(field, v, len + 1);
+        else
+            *(int *)field = choice; /* the choice's index: an enum in the choices' order */
         return true;
     }
-    case K_LISTENERS: {
-        static rt_listen_t ls[RT_CONF_MAX_LISTENERS]; /* 16 KiB: not on the stack; one loader */
-        memset(ls, 0, sizeof(ls));
-        unsigned n = 0;
-        /* One listener: a string, or a table with bind (a list's first entry is not bind). */
-        bool one = lua_type(L, -1) == LUA_TSTRING;
-        if (lua_type(L, -1) == LUA_TTABLE) {
-            lua_getfield(L, -1, "bind");
-            one = !lua_isnil(L, -1);
-            lua_pop(L, 1);
-        }
-        if (one) {
-            if (!parse_listener_value(L, "listeners", &ls[0], why, whylen))
-                return false;
-            n = 1;
-        } else if (lua_type(L, -1) == LUA_TTABLE) {
-            lua_Integer len = luaL_len(L, -1);
-            if (len < 1 || len > RT_CONF_MAX_LISTENERS) {
-                snprintf(why, whylen, "listeners: between 1 and %d are allowed",
-                         RT_CONF_MAX_LISTENERS);
-                return false;
-            }
-            for (lua_Integer i = 1; i <= len; i++) {
-                char where[32];
-                snprintf(where, sizeof(where), "listeners[%lld]", (long long)i);
-                lua_geti(L, -1, i);
-                bool ok = parse_listener_value(L, where, &ls[n], why, whylen);
-                lua_pop(L, 1);
-                if (!ok)
-                    return false;
-                n++;
-            }
-        } else {
-            snprintf(why, whylen,
-                     "listeners must be \"host:port\", a listener's table or a list "
-                     "of them");
-            return false;
-        }
-        if (!listeners_apart(ls, n, why, whylen))
-            return false;
-        memcpy(c->listeners, ls, n * sizeof(ls[0]));
-        c->nlisteners = n;
-        return true;
+    default:
+        RT_ASSERT(!"not a scalar");
+        return false;
     }
+}
+
+/* Checks and stores the value on top of the stack; on error writes the reason to why. */
+static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
+{
+    switch (kind_of(s)) {
+    case K_LISTENERS:
+        return rt__conf_read_listeners(L, c, why, whylen);
     case K_USER_RATES:
-        return parse_user_rates(L, c, why, whylen);
+        return rt__conf_read_user_rates(L, c, why, whylen);
     case K_HTTP:
-        return parse_http(L, c, why, whylen);
+        return rt__conf_read_http(L, c, why, whylen);
     case K_CLUSTER:
-        return parse_cluster(L, c, why, whylen);
+        return rt__conf_read_cluster(L, c, why, whylen);
     case K_NETS:
-        return parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
+        return rt__conf_parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
     case K_SECTIONS:
-        return apply_sections(L, s->name, (rt_conf_sections_t *)(void *)field, why, whylen);
+        return apply_sections(L, s->name, (rt_conf_sections_t *)(void *)((char *)c + s->offset),
+                              why, whylen);
+    default:
+        return rt__conf_read_scalar(L, s, s->name, (char *)c + s->offset, why, whylen);
     }
-    return false;
 }
 
 /*
@@ -1276,8 +707,8 @@ static void normalize_path(char *path)
 }
 
 /* Makes the path in field (size bytes) absolute against the directory base; "" stays "". */
-static int resolve_field(char *field, size_t size, const char *name, const char *base,
-                         const char *where, char *err, size_t errlen)
+int rt__conf_resolve_field(char *field, size_t size, const char *name, const char *base,
+                           const char *where, char *err, size_t errlen)
 {
     if (!field[0] || field[0] == '/')
         return 0;
@@ -1293,22 +724,6 @@ static int resolve_field(char *field, size_t size, const char *name, const char 
     return 0;
 }
 
-/* Makes a listener's TLS files absolute against base. */
-static int resolve_tls(rt_conf_tls_t *t, const char *name, const char *base, const char *where,
-                       char *err, size_t errlen)
-{
-    char *files[4 + 2 * RT_CONF_MAX_SNI] = {t->cert, t->key, t->ca, t->crl};
-    size_t n = 4;
-    for (unsigned i = 0; i < t->nsni; i++) {
-        files[n++] = t->sni[i].cert;
-        files[n++] = t->sni[i].key;
-    }
-    int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++)
-        rc = resolve_field(files[i], RT_CONF_PATH_MAX, name, base, where, err, errlen);
-    return rc;
-}
-
 /* Settings whose value names files, relative to the config file (or the command line's cwd). */
 static bool names_files(kind_t k)
 {
@@ -1319,26 +734,10 @@ static bool names_files(kind_t k)
 static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
                         char *err, size_t errlen)
 {
-    if (kind_of(s) == K_HTTP) {
-        int rc = resolve_field(c->http.api_keys_file, sizeof(c->http.api_keys_file),
-                               "http.api_keys_file", base, where, err, errlen);
-        return rc ? rc : resolve_tls(&c->http.where.tls, "http.tls file", base, where, err, errlen);
-    }
-    if (kind_of(s) == K_CLUSTER) {
-        int rc = 0;
-        for (size_t i = 0; cluster_settings[i].name && rc == 0; i++)
-            if (cluster_settings[i].type == RT_SET_PATH)
-                rc = resolve_field((char *)c + cluster_settings[i].offset, cluster_settings[i].size,
-                                   cluster_settings[i].name, base, where, err, errlen);
-        return rc;
-    }
-    if (kind_of(s) == K_LISTENERS) {
-        int rc = 0;
-        for (unsigned l = 0; l < c->nlisteners && rc == 0; l++)
-            rc = resolve_tls(&c->listeners[l].tls, "listeners' tls file", base, where, err, errlen);
-        return rc;
-    }
-    return resolve_field((char *)c + s->offset, s->size, s->name, base, where, err, errlen);
+    if (kind_of(s) != K_PATH)
+        return rt__conf_resolve_table(c, s->name, base, where, err, errlen);
+    return rt__conf_resolve_field((char *)c + s->offset, s->size, s->name, base, where, err,
+                                  errlen);
 }
 
 int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)

@@ -32,7 +32,10 @@ static void range_text(const rt_setting_t *s, char *out, size_t n)
 {
     out[0] = 0;
     if ((s->type == RT_SET_INT || s->type == RT_SET_NUMBER) && (s->min || s->max)) {
-        snprintf(out, n, "%.15g to %.15g", s->min, s->max);
+        if (s->max >= 1e15) /* no limit a value meets in practice */
+            snprintf(out, n, ">= %.15g", s->min);
+        else
+            snprintf(out, n, "%.15g to %.15g", s->min, s->max);
         return;
     }
     if (s->choices)

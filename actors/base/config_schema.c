@@ -170,15 +170,136 @@ const rt_setting_t rt__conf_settings[] = {
     {.name = NULL},
 };
 
-/* The cluster table's keys, read through this table (config.c parse_cluster). */
-const rt_setting_t rt__conf_cluster_settings[] = {
+#define L_OFF(f) offsetof(rt_listen_t, f)
+#define T_OFF(f) offsetof(rt_conf_tls_t, f)
+#define R_OFF(f) offsetof(rt_conf_rate_t, f)
+#define S_OFF(f) offsetof(rt_conf_sni_t, f)
+#define H_OFF(f) (offsetof(rt_conf_t, http.f) - offsetof(rt_conf_t, http))
+#define FIELD(type_, f, off, sz, d, h)                                                             \
+    {                                                                                              \
+        .name = f, .type = type_, .text = d, .doc = h, .offset = off, .size = sz                   \
+    }
+#define RATE(f, u, h)                                                                              \
+    {                                                                                              \
+        .name = "listeners[].rate_limit." #f, .type = RT_SET_NUMBER, .unit = u, .min = 0,          \
+        .max = 1e15, .doc = h, .offset = R_OFF(f)                                                  \
+    }
+static const char *const tls_verify_modes[] = {"none", "optional", "required", NULL};
+static const char *const tls_versions[] = {"1.2", "1.3", NULL};
+
+/*
+** The keys of the tables: a listener's (its tls and rate_limit tables), http's (its tls is a
+** listener's), a user's rate limit (a listener's rate_limit), the cluster's. Offsets are in
+** the struct the table fills: rt_listen_t, rt_conf_tls_t, rt_conf_sni_t, rt_conf_rate_t, the
+** http struct of rt_conf_t, rt_conf_t for the cluster.
+*/
+const rt_setting_t rt__conf_table_settings[] = {
+    {.name = "listeners[].bind",
+     .type = RT_SET_ADDRESS,
+     .offset = L_OFF(host),
+     .doc = "\"host:port\" with a numeric host, \"[v6]:port\" for IPv6 (required in a table)"},
+    {.name = "listeners[].tls",
+     .type = RT_SET_TABLE,
+     .offset = L_OFF(tls),
+     .doc = "TLS on this listener: the listeners[].tls keys (docs/TRANSPORTS.md)"},
+    FIELD(RT_SET_STRING, "listeners[].websocket", L_OFF(websocket),
+          sizeof(((rt_listen_t *)0)->websocket), "",
+          "MQTT over WebSocket on this path (it starts with /); \"\": plain MQTT"),
+    {.name = "listeners[].proxy_protocol",
+     .type = RT_SET_BOOL,
+     .offset = L_OFF(proxy_protocol),
+     .doc = "a PROXY protocol header (v1 or v2) comes first on every connection (needs "
+            "trusted_proxies)"},
+    {.name = "listeners[].trusted_proxies",
+     .type = RT_SET_NETS,
+     .text = "{}",
+     .offset = L_OFF(trusted_proxies),
+     .doc = "the load balancers: PROXY headers and X-Forwarded-For are taken from these only"},
+    {.name = "listeners[].rate_limit",
+     .type = RT_SET_TABLE,
+     .offset = L_OFF(rate_limit),
+     .doc = "per client: token buckets of PUBLISH packets and bytes read (the "
+            "listeners[].rate_limit keys); none by default"},
+    RATE(messages, "messages/s", "PUBLISH packets a second; 0 = no limit"),
+    RATE(bytes, "bytes/s", "bytes read a second; 0 = no limit"),
+    RATE(burst_messages, "messages", "the bucket's size; 0 = one second's worth"),
+    RATE(burst_bytes, "bytes", "the bucket's size; 0 = one second's worth"),
+    FIELD(RT_SET_PATH, "listeners[].tls.cert", T_OFF(cert), RT_CONF_PATH_MAX, NULL,
+          "the certificate chain served without a matching SNI name (PEM; required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.key", T_OFF(key), RT_CONF_PATH_MAX, NULL,
+          "the private key of cert (PEM; required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.ca", T_OFF(ca), RT_CONF_PATH_MAX, "",
+          "client certificates are verified against it; \"\": none"),
+    FIELD(RT_SET_PATH, "listeners[].tls.crl", T_OFF(crl), RT_CONF_PATH_MAX, "",
+          "revoked client certificates; \"\": no revocation check"),
+    {.name = "listeners[].tls.verify",
+     .type = RT_SET_STRING,
+     .text = "none",
+     .choices = tls_verify_modes,
+     .offset = T_OFF(verify),
+     .doc = "client certificates asked for: none, optional or required (the last two need ca)"},
+    {.name = "listeners[].tls.identity_as_username",
+     .type = RT_SET_BOOL,
+     .offset = T_OFF(identity_as_username),
+     .doc = "the client certificate's subject CN is the user name (needs verify = \"required\"; "
+            "not for http.tls)"},
+    {.name = "listeners[].tls.min_version",
+     .type = RT_SET_STRING,
+     .text = "1.2",
+     .choices = tls_versions,
+     .offset = T_OFF(min_version),
+     .doc = "the oldest TLS version accepted"},
+    {.name = "listeners[].tls.sni",
+     .type = RT_SET_LIST,
+     .offset = T_OFF(sni),
+     .doc = "up to 4 { name = ..., cert = ..., key = ... }: a certificate for the clients that ask "
+            "for name"},
+    FIELD(RT_SET_STRING, "listeners[].tls.sni[].name", S_OFF(name),
+          sizeof(((rt_conf_sni_t *)0)->name), NULL,
+          "a host name, or \"*.domain\" for any one label in front of domain (required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.sni[].cert", S_OFF(cert), RT_CONF_PATH_MAX, NULL,
+          "the certificate chain served to name (PEM; required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.sni[].key", S_OFF(key), RT_CONF_PATH_MAX, NULL,
+          "its private key (PEM; required)"),
+    {.name = "http.bind",
+     .type = RT_SET_ADDRESS,
+     .offset = H_OFF(where),
+     .doc = "\"host:port\" of the HTTP listener (required)"},
+    {.name = "http.tls",
+     .type = RT_SET_TABLE,
+     .offset = H_OFF(where.tls),
+     .doc = "HTTPS: the listeners[].tls keys but identity_as_username (an API client is named by "
+            "its key)"},
+    FIELD(RT_SET_PATH, "http.api_keys_file", H_OFF(api_keys_file), RT_CONF_PATH_MAX, "",
+          "name role sha256 lines (rtd apikey, rtctl apikey); \"\": no API, health and /metrics "
+          "only"),
+    {.name = "http.metrics_public",
+     .type = RT_SET_BOOL,
+     .offset = H_OFF(metrics_public),
+     .doc = "/metrics without an API key"},
+    {.name = "http.request_timeout",
+     .type = RT_SET_INT,
+     .num = RT_CONF_HTTP_REQUEST_TIMEOUT,
+     .unit = "seconds",
+     .min = 1,
+     .max = RT_CONF_HTTP_REQUEST_TIMEOUT_MAX,
+     .offset = H_OFF(request_timeout),
+     .doc = "a request must arrive whole within it of its first byte (slowloris); the first, TLS "
+            "handshake included, within it of accept"},
+    {.name = "user_rate_limits.<user>",
+     .type = RT_SET_TABLE,
+     .doc = "the user's rate limit, in place of its listener's: the listeners[].rate_limit keys"},
     {.name = "cluster.node",
+     .offset = OFF(cluster.node),
      .type = RT_SET_STRING,
      .doc = "this node's name: 1 to 32 of A-Z a-z 0-9 _ -, unique in the cluster (required)"},
     {.name = "cluster.nats",
+     .offset = OFF(cluster.nats),
      .type = RT_SET_LIST,
      .doc = "the NATS servers: a nats:// or tls:// URL or a list of up to 8 (required)"},
     {.name = "cluster.prefix",
+     .offset = OFF(cluster.prefix),
+     .size = SIZE(cluster.prefix),
      .type = RT_SET_STRING,
      .text = "rt",
      .doc = "first token of every NATS subject rtd uses (A-Z a-z 0-9 _ -)"},
@@ -226,7 +347,7 @@ const rt_setting_t rt__conf_cluster_settings[] = {
 };
 
 static const rt_setting_t *tables[RT_CONF_MAX_TABLES] = {rt__conf_settings,
-                                                         rt__conf_cluster_settings};
+                                                         rt__conf_table_settings};
 static unsigned ntables = 2;
 
 void rt_conf_schema_add(const rt_setting_t *table)
@@ -263,6 +384,18 @@ void rt__conf_choices_text(const char *const *choices, char *out, size_t n)
                                : choices[i + 1] ? ", "
                                                 : " or ",
                                choices[i]);
+}
+
+void rt__conf_scalar_default(const rt_setting_t *s, void *field)
+{
+    if (s->type == RT_SET_INT && !s->text)
+        *(long *)field = (long)s->num;
+    else if (s->type == RT_SET_NUMBER)
+        *(double *)field = s->num;
+    else if (s->type == RT_SET_BOOL)
+        *(bool *)field = s->num != 0;
+    else if ((s->type == RT_SET_STRING || s->type == RT_SET_PATH) && s->size && s->text)
+        snprintf(field, s->size, "%s", s->text);
 }
 
 /* A number as rtd.conf would best write it: 16 MiB as 16 * 1024 * 1024. */

@@ -304,8 +304,8 @@ static void test_http_tls(void)
          "identity_as_username is for MQTT listeners"},
         {"http={bind=\"127.0.0.1:1\", tls=true}", "http.tls must be a table"},
         {"http={bind=\"127.0.0.1:1\", request_timeout=0}", "http.request_timeout must be"},
-        {"http={bind=\"127.0.0.1:1\", request_timeout=3601}", "from 1 to 3600"},
-        {"http={bind=\"127.0.0.1:1\", request_timeout=1.5}", "whole seconds"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=3601}", "between 1 and 3600 seconds"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=1.5}", "whole number (seconds"},
         {"http={bind=\"127.0.0.1:1\", request_timeout=\"2\"}", "http.request_timeout must be"},
     };
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
