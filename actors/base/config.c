@@ -461,26 +461,72 @@ static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *o
     return true;
 }
 
+/* "NAME must be a whole number from MIN to MAX UNIT (got V)", or (DOC) when not a number. */
+static void whole_number_error(const rt_setting_t *s, const char *name, const double *got,
+                               char *why, size_t whylen)
+{
+    const char *unit = s->unit ? s->unit : "";
+    char tail[RT_CONF_ERR_LEN / 2];
+    if (got)
+        snprintf(tail, sizeof(tail), "got %.0f", *got);
+    else
+        snprintf(tail, sizeof(tail), "%s", s->doc);
+    snprintf(why, whylen, "%s must be a whole number from %.0f to %.0f%s%s (%s)", name, s->min,
+             s->max, *unit ? " " : "", unit, tail);
+}
+
+int rt_conf_check_kv(const rt_setting_t *s, const rt_conf_kv_t *kv, char *why, size_t whylen)
+{
+    switch (s->type) {
+    case RT_SET_INT: {
+        bool whole = kv->type == RT_CONF_V_NUMBER && kv->num == floor(kv->num);
+        if (whole && kv->num >= s->min && kv->num <= s->max)
+            return 0;
+        whole_number_error(s, kv->key, whole ? &kv->num : NULL, why, whylen);
+        return RT_EINVAL;
+    }
+    case RT_SET_BOOL:
+        if (kv->type == RT_CONF_V_BOOL)
+            return 0;
+        snprintf(why, whylen, "%s must be true or false", kv->key);
+        return RT_EINVAL;
+    case RT_SET_STRING:
+    case RT_SET_PATH:
+    case RT_SET_PREFIX: {
+        if (kv->type != RT_CONF_V_STRING) {
+            snprintf(why, whylen, "%s must be a string (%s)", kv->key, s->doc);
+            return RT_EINVAL;
+        }
+        int choice = 0;
+        while (s->choices && s->choices[choice] && strcmp(s->choices[choice], kv->str) != 0)
+            choice++;
+        if (!s->choices || s->choices[choice])
+            return 0;
+        char list[128];
+        rt_conf_choices_text(s->choices, list, sizeof(list));
+        snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", kv->key, list, kv->str);
+        return RT_EINVAL;
+    }
+    default:
+        snprintf(why, whylen, "%s: not a value a section holds", kv->key);
+        return RT_EINVAL;
+    }
+}
+
 bool rt__conf_read_scalar(lua_State *L, const rt_setting_t *s, const char *name, void *field,
                           char *why, size_t whylen)
 {
-    const char *unit = s->unit ? s->unit : "";
     switch (s->type) {
     case RT_SET_INT: {
         int isnum;
         lua_Number n = lua_tonumberx(L, -1, &isnum);
-        if (!isnum || lua_type(L, -1) != LUA_TNUMBER || n != floor(n)) {
-            snprintf(why, whylen, "%s must be a whole number (%s%s%s)", name, unit,
-                     *unit ? ": " : "", s->doc);
-            return false;
+        bool whole = isnum && lua_type(L, -1) == LUA_TNUMBER && n == floor(n);
+        if (whole && n >= s->min && n <= s->max) {
+            *(long *)field = (long)n;
+            return true;
         }
-        if (n < s->min || n > s->max) {
-            snprintf(why, whylen, "%s must be between %.0f and %.0f%s%s (got %.0f)", name, s->min,
-                     s->max, *unit ? " " : "", unit, n);
-            return false;
-        }
-        *(long *)field = (long)n;
-        return true;
+        whole_number_error(s, name, whole ? &n : NULL, why, whylen);
+        return false;
     }
     case RT_SET_NUMBER: {
         if (lua_type(L, -1) != LUA_TNUMBER) {
@@ -517,7 +563,7 @@ bool rt__conf_read_scalar(lua_State *L, const rt_setting_t *s, const char *name,
             choice++;
         if (s->choices && !s->choices[choice]) {
             char list[128];
-            rt__conf_choices_text(s->choices, list, sizeof(list));
+            rt_conf_choices_text(s->choices, list, sizeof(list));
             snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", name, list, v);
             return false;
         }

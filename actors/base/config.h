@@ -229,6 +229,15 @@ void rt_conf_default_text(const rt_setting_t *s, char *out, size_t n);
 /* The schema as a reference: "markdown" (docs/CONFIG.md) or "man" (rtd.conf(5)); RT_EINVAL. */
 int rt_conf_schema_print(const char *format, FILE *out);
 
+/*
+** Checks one flattened key of a named section (a sink's) against its schema entry s, as the
+** loader checks a setting: 0, or RT_EINVAL with why naming the key and what it must be.
+*/
+int rt_conf_check_kv(const rt_setting_t *s, const rt_conf_kv_t *kv, char *why, size_t whylen);
+
+/* A string setting's choices as "a, b or c" (errors and the reference say them so). */
+void rt_conf_choices_text(const char *const *choices, char *out, size_t n);
+
 /* Where a top-level setting's value came from (rt_conf_each). */
 typedef enum {
     RT_FROM_DEFAULT = 0, /* the built-in default */

@@ -39,7 +39,7 @@ static void range_text(const rt_setting_t *s, char *out, size_t n)
         return;
     }
     if (s->choices)
-        rt__conf_choices_text(s->choices, out, n);
+        rt_conf_choices_text(s->choices, out, n);
 }
 
 /* The group a setting is listed under: "" for the top level, else its first name. */

@@ -374,7 +374,7 @@ size_t rt__conf_nsettings(void)
     return n;
 }
 
-void rt__conf_choices_text(const char *const *choices, char *out, size_t n)
+void rt_conf_choices_text(const char *const *choices, char *out, size_t n)
 {
     size_t at = 0;
     out[0] = 0;

@@ -14,8 +14,6 @@ extern const rt_setting_t rt__conf_settings[];
 /* The keys of the tables ("listeners[].tls.cert", "cluster.replicas"), NULL-terminated. */
 extern const rt_setting_t rt__conf_table_settings[];
 size_t rt__conf_nsettings(void);
-/* A string setting's choices as "a, b or c" (errors and the reference say them so). */
-void rt__conf_choices_text(const char *const *choices, char *out, size_t n);
 
 /*
 ** Sets field to s's default when s is a scalar with one the loader need not work out (a

@@ -558,6 +558,7 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--check") == 0) {
             check = true;
         } else if (strncmp(argv[i], "--print-schema=", 15) == 0) {
+            rt_sinks_schema();
             if (rt_conf_schema_print(argv[i] + 15, stdout) != 0) {
                 fprintf(stderr, "rtd: --print-schema=markdown or --print-schema=man\n");
                 return 2;

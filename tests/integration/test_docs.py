@@ -1,9 +1,9 @@
 """The docs name what exists: every `rtctl ...` in README.md and docs/*.md is a command rtd's
 admin table lists (or one of rtctl's own: top, trace, help), and every setting a doc sets
 (`-o NAME=...`, `rtctl config set NAME ...`, a top-level `NAME = ...` in a ```lua block of
-rtd.conf) is one `rtctl config show` knows. Keys inside the nested tables (a listener's, http,
-cluster, sinks) are checked by the loader when an example is run, not here: they come with
-the one settings schema (issue 28, section 2). The man pages render without warnings, rtctl(8)
+rtd.conf) is one `rtctl config show` knows, and every setting a doc names (a dotted path such
+as `http.api_keys_file` or `tls.min_version`, a `name = value` span) is one of the settings
+schema's, as `rtd --print-schema` prints it. The man pages render without warnings, rtctl(8)
 has every command of the table with its about line, and rtd(8) every option and subcommand
 `rtd --help` lists.
 """
@@ -174,3 +174,74 @@ def test_rtd_man_page_names_every_option_and_subcommand():
     missing = [o for o in options if not re.search(f" {o}[ ,=]", section("OPTIONS", "SUBCOMMANDS"))]
     missing += [n for n in names if f" {n} " not in section("SUBCOMMANDS", "SIGNALS")]
     assert not missing, "rtd(8) lacks: " + ", ".join(missing)
+
+
+def schema_names():
+    """Every setting of the schema as docs/CONFIG.md names it, from the rtd just built."""
+    r = subprocess.run([RTD, "--print-schema=markdown"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    return re.findall(r"^\| `([^`]+)` \|", r.stdout, re.M)
+
+
+def schema_paths(names):
+    """What a doc may write for a setting: its name ("listeners[].tls.cert"), its name without
+    list marks and placeholders ("listeners.tls.cert"), and every dotted tail of it ("tls.cert",
+    "cert"); a placeholder (<name>, <user>, <column>) matches any word."""
+    paths = set()
+    for name in names:
+        plain = re.sub(r"\(\w+\)", "", name.replace("[]", ""))
+        parts = plain.split(".")
+        for i in range(len(parts)):
+            paths.add(re.escape(".".join(parts[i:])).replace(r"<", "<").replace(r">", ">"))
+    return [re.compile(re.sub(r"<\w+>", r"[\\w-]+", p) + "$") for p in paths]
+
+
+# Dotted names in the docs that are not settings nor log events: fields of rtctl's answers.
+ANSWER_FIELDS = {"tls.days_left"}
+
+# The tables whose keys are settings: a dotted path starting with one names a setting.
+TABLE_ROOTS = ("listeners", "http", "cluster", "sinks", "user_rate_limits", "tls", "rate_limit",
+               "retention")
+
+
+def log_events():
+    """The log's event names (`cluster.route_lost`, `tls.handshake_failed`), which share their
+    first word with the tables' settings: every "word.word" string of the sources but the
+    schema's own."""
+    events = set()
+    for path in glob.glob(os.path.join(ROOT, "actors", "**", "*.c"), recursive=True):
+        if os.path.basename(path).startswith("config"):
+            continue
+        with open(path, errors="replace") as f:
+            events.update(re.findall(r'"([a-z_]+\.[a-z_]+)"', f.read()))
+    return events
+
+
+def test_every_setting_a_doc_names_is_in_the_schema():
+    """A dotted path in a code span (`http.api_keys_file`, `tls.min_version`,
+    `sinks.archive.batch`) and the name of a `name = value` span are settings of the schema:
+    a renamed or removed setting leaves no doc behind."""
+    names = schema_names()
+    assert "listeners[].tls.cert" in names and "sinks.<name>(sqlite).file" in names, names
+    paths = schema_paths(names)
+    events = log_events()
+    assert "tls.handshake_failed" in events, sorted(events)[:20]
+
+    def known(path):
+        return any(p.match(path) for p in paths)
+    wrong = []
+    for path in doc_files() + [os.path.join(ROOT, "etc", "rtd.conf")]:
+        if path.endswith("CONFIG.md"):
+            continue
+        where = os.path.relpath(path, ROOT)
+        for n, s in spans(path):
+            for m in re.finditer(r"(?<![\w./$-])([a-z_]+(?:\.[a-z_0-9]+)+)(?![\w/(-])", s):
+                dotted = m.group(1)
+                if dotted.split(".")[0] in TABLE_ROOTS and not known(dotted) and \
+                        dotted not in events | ANSWER_FIELDS and not re.search(r"\.(c|h|md|py|lua)$", dotted):
+                    wrong.append(f"{where}:{n}: `{s}`")
+            m = re.fullmatch(r"\s*([a-z_][a-z0-9_]*)\s*=\s*[^=].*", s)
+            if m and not known(m.group(1)):
+                wrong.append(f"{where}:{n}: `{s}`")
+    assert not wrong, "settings the schema does not have:\n" + "\n".join(wrong)
