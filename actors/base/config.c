@@ -203,6 +203,17 @@ static void format_net(const rt_conf_net_t *n, char *buf, size_t len)
     snprintf(buf, len, "%s/%u", text, v4 ? n->bits - 96 : n->bits);
 }
 
+void rt__conf_nets_text(const rt_conf_net_t *nets, unsigned n, char *out, size_t len)
+{
+    size_t used = 0;
+    out[0] = 0;
+    for (unsigned i = 0; i < n && used < len; i++) {
+        char text[64];
+        format_net(&nets[i], text, sizeof(text));
+        used += (size_t)snprintf(out + used, len - used, "%s%s", i ? ", " : "", text);
+    }
+}
+
 bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned char addr[16])
 {
     for (unsigned k = 0; k < n; k++) {
@@ -221,27 +232,11 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
 {
     const char *field = (const char *)c + s->offset;
     size_t used = 0;
+    if (rt__conf_scalar_text(s, field, value, vlen))
+        return;
     switch (kind_of(s)) {
-    case K_INT:
-        snprintf(value, vlen, "%ld", *(const long *)field);
-        break;
-    case K_DOUBLE:
-        snprintf(value, vlen, "%g", *(const double *)field);
-        break;
-    case K_BOOL:
-        snprintf(value, vlen, "%s", *(const bool *)field ? "true" : "false");
-        break;
-    case K_STRING:
-    case K_PATH:
-        snprintf(value, vlen, "%s", field);
-        break;
     case K_NETS:
-        value[0] = 0;
-        for (unsigned n = 0; n < c->nanonymous_from && used < vlen; n++) {
-            char text[64];
-            format_net(&c->anonymous_from[n], text, sizeof(text));
-            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "", text);
-        }
+        rt__conf_nets_text(c->anonymous_from, c->nanonymous_from, value, vlen);
         break;
     case K_LISTENERS:
         value[0] = 0;
@@ -280,6 +275,8 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
             used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
                                      c->sinks.s[n].name);
         break;
+    default:
+        break;
     }
 }
 
@@ -300,7 +297,11 @@ void rt_conf_each(const rt_conf_t *c, void (*fn)(const rt_conf_value_t *v, void 
                      o->from == RT_FROM_OPTION ? "-o"
                      : o->from == RT_FROM_SET  ? "config set"
                                                : "default");
-        fn(&(rt_conf_value_t){.setting = s, .value = value, .dflt = dflt, .from = from}, ud);
+        fn(
+            &(rt_conf_value_t){
+                .setting = s, .name = s->name, .value = value, .dflt = dflt, .from = from},
+            ud);
+        rt__conf_each_key(c, s->name, from, fn, ud);
     }
 }
 

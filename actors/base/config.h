@@ -53,7 +53,9 @@ typedef struct rt_conf_rate_s {
 #define RT_CONF_MAX_NATS 8 /* NATS server URLs a node knows at start (it learns the rest) */
 #define RT_CONF_URL_MAX 256
 
+/* In the order of their choices in the schema (tls.verify, tls.min_version). */
 typedef enum { RT_TLS_VERIFY_NONE, RT_TLS_VERIFY_OPTIONAL, RT_TLS_VERIFY_REQUIRED } rt_tls_verify_t;
+typedef enum { RT_TLS_1_2, RT_TLS_1_3 } rt_tls_version_t;
 
 /* A certificate served to clients that ask for name by SNI (tls.sni). */
 #define RT_CONF_MAX_SNI 4
@@ -71,7 +73,7 @@ typedef struct rt_conf_tls_s {
     char crl[RT_CONF_PATH_MAX]; /* revoked client certificates; "": no revocation check */
     rt_tls_verify_t verify;
     bool identity_as_username; /* the client certificate's subject CN is the user name */
-    int min_version;           /* 12 (TLS 1.2, the default) or 13 */
+    rt_tls_version_t min_version; /* the oldest version accepted */
 } rt_conf_tls_t;
 
 /*
@@ -211,6 +213,7 @@ typedef struct rt_setting_s {
     double min, max;            /* numbers: accepted range */
     const char *const *choices; /* strings: the values allowed (NULL-terminated), or NULL */
     bool live;                  /* `rtctl config set` changes it while rtd runs */
+    bool secret;                /* config show says whether it is set, never what it is */
     const char *doc;            /* one line */
     size_t offset, size;        /* top-level settings: their rt_conf_t field, strings' size */
 } rt_setting_t;
@@ -383,10 +386,13 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen);
 /*
 ** Calls fn for every top-level setting in the schema's order with its current value as
 ** text (listeners joined by ", ", sinks by name), its default and where the value came
-** from as text: "default", "FILE:LINE", "-o" or "config set".
+** from as text: "default", "FILE:LINE", "-o" or "config set"; after listeners, http and
+** cluster, each key of their tables (each listener's: "listeners[1].tls.cert"), from where
+** the table came from.
 */
 typedef struct rt_conf_value_s {
     const rt_setting_t *setting;
+    const char *name; /* the setting's name, a table's keys with their place ("listeners[2].bind") */
     const char *value, *dflt, *from;
 } rt_conf_value_t;
 void rt_conf_each(const rt_conf_t *c, void (*fn)(const rt_conf_value_t *v, void *ud), void *ud);

@@ -291,6 +291,7 @@ const rt_setting_t rt__conf_table_settings[] = {
      .doc = "the user's rate limit, in place of its listener's: the listeners[].rate_limit keys"},
     {.name = "cluster.node",
      .offset = OFF(cluster.node),
+     .size = SIZE(cluster.node),
      .type = RT_SET_STRING,
      .doc = "this node's name: 1 to 32 of A-Z a-z 0-9 _ -, unique in the cluster (required)"},
     {.name = "cluster.nats",
@@ -325,8 +326,20 @@ const rt_setting_t rt__conf_table_settings[] = {
      .doc = "a resume after a node's crash replays from before the session's last clear moment",
      .offset = OFF(cluster.replay_margin)},
     CLUSTER(user, RT_SET_STRING, "NATS user name (with password)"),
-    CLUSTER(password, RT_SET_STRING, "NATS password of user"),
-    CLUSTER(token, RT_SET_STRING, "NATS authorization token"),
+    {.name = "cluster.password",
+     .type = RT_SET_STRING,
+     .text = "",
+     .secret = true,
+     .doc = "NATS password of user",
+     .offset = OFF(cluster.password),
+     .size = SIZE(cluster.password)},
+    {.name = "cluster.token",
+     .type = RT_SET_STRING,
+     .text = "",
+     .secret = true,
+     .doc = "NATS authorization token",
+     .offset = OFF(cluster.token),
+     .size = SIZE(cluster.token)},
     CLUSTER(creds, RT_SET_PATH, "NATS credentials file (a user JWT and its nkey seed)"),
     CLUSTER(nkey, RT_SET_STRING, "NATS user nkey (public, U...), signed with nkey_seed"),
     CLUSTER(nkey_seed, RT_SET_PATH, "file holding the seed (SU...) of nkey"),
@@ -396,6 +409,36 @@ void rt__conf_scalar_default(const rt_setting_t *s, void *field)
         *(bool *)field = s->num != 0;
     else if ((s->type == RT_SET_STRING || s->type == RT_SET_PATH) && s->size && s->text)
         snprintf(field, s->size, "%s", s->text);
+    else if (s->type == RT_SET_STRING && s->choices && s->text)
+        for (int i = 0; s->choices[i]; i++)
+            if (strcmp(s->choices[i], s->text) == 0)
+                *(int *)field = i;
+}
+
+bool rt__conf_scalar_text(const rt_setting_t *s, const void *field, char *out, size_t n)
+{
+    switch (s->type) {
+    case RT_SET_INT:
+        snprintf(out, n, "%ld", *(const long *)field);
+        return true;
+    case RT_SET_NUMBER:
+        snprintf(out, n, "%g", *(const double *)field);
+        return true;
+    case RT_SET_BOOL:
+        snprintf(out, n, "%s", *(const bool *)field ? "true" : "false");
+        return true;
+    case RT_SET_STRING:
+    case RT_SET_PATH:
+        if (s->size)
+            snprintf(out, n, "%s", (const char *)field);
+        else if (s->choices)
+            snprintf(out, n, "%s", s->choices[*(const int *)field]);
+        else
+            return false;
+        return true;
+    default:
+        return false;
+    }
 }
 
 /* A number as rtd.conf would best write it: 16 MiB as 16 * 1024 * 1024. */

@@ -20,6 +20,13 @@ size_t rt__conf_nsettings(void);
 ** string: when it has a size); leaves it alone otherwise.
 */
 void rt__conf_scalar_default(const rt_setting_t *s, void *field);
+/* A scalar's value at field as config show writes it; false (out untouched) for the others. */
+bool rt__conf_scalar_text(const rt_setting_t *s, const void *field, char *out, size_t n);
+/* Calls fn for each key of the table setting table ("listeners", "http", "cluster") in c. */
+void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
+                       void (*fn)(const rt_conf_value_t *v, void *ud), void *ud);
+/* Networks as "address/bits, ..." (IPv4 without its v4-mapped prefix). */
+void rt__conf_nets_text(const rt_conf_net_t *nets, unsigned n, char *out, size_t len);
 
 /* ---- The loader's parts, shared by config.c and config_tables.c ---- */
 /*

@@ -144,7 +144,6 @@ static bool read_tls(lua_State *L, const char *where, void *field, char *why, si
     }
     memset(t, 0, sizeof(*t));
     table_defaults("listeners[].tls", t);
-    t->min_version = 12;
     if (!read_table(L, where, "listeners[].tls", t, why, whylen))
         return false;
     if (!t->cert[0] || !t->key[0]) {
@@ -160,17 +159,6 @@ static bool read_tls(lua_State *L, const char *where, void *field, char *why, si
         snprintf(why, whylen, "%s: identity_as_username needs verify = \"required\"", where);
         return false;
     }
-    return true;
-}
-
-/* tls.min_version: "1.2" or "1.3", kept as 12 or 13 (tls.h). */
-static bool read_min_version(lua_State *L, const char *where, void *field, char *why, size_t whylen)
-{
-    int choice;
-    if (!rt__conf_read_scalar(L, entry("listeners[].tls", "min_version"), where, &choice, why,
-                              whylen))
-        return false;
-    *(int *)field = 12 + choice;
     return true;
 }
 
@@ -318,7 +306,6 @@ static const reader_entry_t readers[] = {
     {"listeners[].websocket", read_websocket},
     {"listeners[].trusted_proxies", read_trusted},
     {"listeners[].rate_limit", read_rate},
-    {"listeners[].tls.min_version", read_min_version},
     {"listeners[].tls.sni", read_sni},
     {"http.bind", read_bind},
     {"http.tls", read_tls},
@@ -584,4 +571,77 @@ int rt__conf_resolve_table(rt_conf_t *c, const char *name, const char *dir, cons
     if (strcmp(name, "cluster") == 0)
         rc = resolve_keys("cluster", c, dir, where, err, errlen);
     return rc;
+}
+
+/* ---- config show: the keys of the tables ---- */
+
+typedef struct {
+    void (*fn)(const rt_conf_value_t *v, void *ud);
+    void *ud;
+    const char *from; /* where the table came from */
+} shower_t;
+
+/*
+** One row per key directly under prefix ("listeners[].tls") of the struct at base, named under
+** shown ("listeners[2].tls"); l: the listener, for its trusted_proxies' count.
+*/
+static void show_keys(const shower_t *sh, const char *prefix, const char *shown, const void *base,
+                      const rt_listen_t *l)
+{
+    size_t n = strlen(prefix);
+    for (const rt_setting_t *s = rt__conf_table_settings; s->name; s++) {
+        if (strncmp(s->name, prefix, n) != 0 || s->name[n] != '.' || strpbrk(s->name + n + 1, ".["))
+            continue;
+        const char *field = (const char *)base + s->offset;
+        char name[128], value[RT_CONF_VALUE_LEN * 2], dflt[RT_CONF_VALUE_LEN];
+        if (s->type == RT_SET_ADDRESS) {
+            const rt_listen_t *at = (const rt_listen_t *)(const void *)field;
+            bool v6 = strchr(at->host, ':') != NULL;
+            snprintf(value, sizeof(value), "%s%s%s:%d", v6 ? "[" : "", at->host, v6 ? "]" : "",
+                     at->port);
+        } else if (s->type == RT_SET_NETS) {
+            RT_ASSERT(l && field == (const char *)l->trusted_proxies);
+            rt__conf_nets_text(l->trusted_proxies, l->ntrusted, value, sizeof(value));
+        } else if (!rt__conf_scalar_text(s, field, value, sizeof(value))) {
+            continue; /* a table or a list: its keys have rows of their own */
+        }
+        if (s->secret && value[0])
+            snprintf(value, sizeof(value), "(set)");
+        rt_conf_default_text(s, dflt, sizeof(dflt));
+        size_t len = strlen(dflt);
+        if (len >= 2 && dflt[0] == '"' && dflt[len - 1] == '"') { /* as the value is shown */
+            memmove(dflt, dflt + 1, len - 2);
+            dflt[len - 2] = 0;
+        }
+        snprintf(name, sizeof(name), "%s.%s", shown, s->name + n + 1);
+        sh->fn(
+            &(rt_conf_value_t){
+                .setting = s, .name = name, .value = value, .dflt = dflt, .from = sh->from},
+            sh->ud);
+    }
+}
+
+void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
+                       void (*fn)(const rt_conf_value_t *v, void *ud), void *ud)
+{
+    shower_t sh = {fn, ud, from};
+    char shown[64];
+    if (strcmp(table, "listeners") == 0) {
+        for (unsigned i = 0; i < c->nlisteners; i++) {
+            const rt_listen_t *l = &c->listeners[i];
+            snprintf(shown, sizeof(shown), "listeners[%u]", i + 1);
+            show_keys(&sh, "listeners[]", shown, l, l);
+            snprintf(shown, sizeof(shown), "listeners[%u].rate_limit", i + 1);
+            show_keys(&sh, "listeners[].rate_limit", shown, &l->rate_limit, NULL);
+            snprintf(shown, sizeof(shown), "listeners[%u].tls", i + 1);
+            if (l->tls_on)
+                show_keys(&sh, "listeners[].tls", shown, &l->tls, NULL);
+        }
+    } else if (strcmp(table, "http") == 0 && c->http.on) {
+        show_keys(&sh, "http", "http", &c->http, NULL);
+        if (c->http.where.tls_on)
+            show_keys(&sh, "listeners[].tls", "http.tls", &c->http.where.tls, NULL);
+    } else if (strcmp(table, "cluster") == 0 && c->cluster.on) {
+        show_keys(&sh, "cluster", "cluster", c, NULL);
+    }
 }

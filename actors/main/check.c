@@ -99,7 +99,7 @@ typedef struct {
 static void pick_value(const rt_conf_value_t *cv, void *ud)
 {
     conf_value_t *v = ud;
-    if (strcmp(cv->setting->name, v->key) == 0)
+    if (strcmp(cv->name, v->key) == 0)
         snprintf(v->value, sizeof(v->value), "%s", cv->value);
 }
 
