@@ -220,8 +220,8 @@ typedef struct rt_setting_s {
 
 /*
 ** A table of settings another layer reads itself (the sinks' keys, actors/sinks), added to the
-** schema before anything is loaded or printed: one declaration format, one list. The table
-** ends with an entry whose name is NULL and stays valid for good.
+** schema at start, before any thread reads it (rtd's main): one declaration format, one list.
+** The table ends with an entry whose name is NULL and stays valid for good.
 */
 #define RT_CONF_MAX_TABLES 8
 void rt_conf_schema_add(const rt_setting_t *table);

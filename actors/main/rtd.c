@@ -547,6 +547,7 @@ int main(int argc, char **argv)
     const char *overrides[64];
     int noverrides = 0;
     bool check = false;
+    rt_sinks_schema(); /* before anything reads the schema: the loader, config show, the docs */
     for (size_t i = 0; argc > 1 && i < NSUBCOMMANDS; i++)
         if (strcmp(argv[1], subcommands[i].name) == 0)
             return subcommands[i].main(argc - 1, argv + 1);
@@ -558,7 +559,6 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--check") == 0) {
             check = true;
         } else if (strncmp(argv[i], "--print-schema=", 15) == 0) {
-            rt_sinks_schema();
             if (rt_conf_schema_print(argv[i] + 15, stdout) != 0) {
                 fprintf(stderr, "rtd: --print-schema=markdown or --print-schema=man\n");
                 return 2;

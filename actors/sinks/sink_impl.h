@@ -58,9 +58,8 @@ struct sink_driver_s {
     const char *type;
     bool blocking; /* runs on the blocking pool (database drivers) */
     bool spills;   /* has a spill queue (database drivers) */
-    int batch_default;
-    int flush_ms_default;
-    const rt_setting_t *keys; /* NULL-terminated; the common keys are always accepted */
+    const rt_setting_t *keys; /* NULL-terminated; the common keys are always accepted, and a
+                                 driver's key of the same name (its own default) wins */
     /* Reads the sink's config (already checked against keys); no I/O. why: the reason. */
     int (*configure)(rt_sink_t *s, const rt_conf_section_t *sec, char *why, size_t whylen);
     /*

@@ -27,6 +27,21 @@ typedef struct rp_s {
 } rp_t;
 
 static const rt_setting_t republish_keys[] = {
+    /* Published as they come: a batch is only what has arrived, written at once. */
+    {.name = "sinks.<name>(republish).batch",
+     .type = RT_SET_INT,
+     .num = 100,
+     .unit = "rows",
+     .min = 1,
+     .max = 100000,
+     .doc = "per write (a republish sink's default)"},
+    {.name = "sinks.<name>(republish).flush_ms",
+     .type = RT_SET_INT,
+     .num = 0,
+     .unit = "ms",
+     .min = 0,
+     .max = 3600000,
+     .doc = "before a partial batch is written (a republish sink's default)"},
     {.name = "sinks.<name>(republish).topic",
      .type = RT_SET_STRING,
      .doc = "topic template, e.g. \"out/${clientid}\" (required)"},
@@ -268,8 +283,6 @@ const sink_driver_t rt_sink_republish_driver = {
     .type = "republish",
     .blocking = false,
     .spills = false,
-    .batch_default = 100,
-    .flush_ms_default = 0,
     .keys = republish_keys,
     .configure = rp_configure,
     .write = rp_write,

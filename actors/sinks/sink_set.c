@@ -50,14 +50,14 @@ static const rt_setting_t common_keys[] = {
      .unit = "rows",
      .min = 1,
      .max = 100000,
-     .doc = "per write (republish: 100)"},
+     .doc = "per write"},
     {.name = "sinks.<name>.flush_ms",
      .type = RT_SET_INT,
      .num = RT_SINK_FLUSH_MS_DEFAULT,
      .unit = "ms",
      .min = 0,
      .max = 3600000,
-     .doc = "before a partial batch is written (republish: 0)"},
+     .doc = "before a partial batch is written"},
     {.name = "sinks.<name>.queue_bytes",
      .type = RT_SET_INT,
      .num = RT_SINK_QUEUE_BYTES_DEFAULT,
@@ -120,10 +120,15 @@ static const rt_setting_t *find_key(const rt_setting_t *keys, const char *name)
     return NULL;
 }
 
-static double num_or(const rt_conf_section_t *sec, const char *key, double dflt)
+/* A number key of a sink: as set, else its driver's default, else every sink's. */
+static double num_or(const rt_conf_section_t *sec, const sink_driver_t *drv, const char *key)
 {
     const rt_conf_kv_t *kv = rt__sink_kv(sec, key);
-    return kv ? kv->num : dflt;
+    const rt_setting_t *k = find_key(drv->keys, key);
+    if (!k)
+        k = find_key(common_keys, key);
+    RT_ASSERT(k && k->type == RT_SET_INT);
+    return kv ? kv->num : k->num;
 }
 
 static void sink_free(rt_sink_t *s)
@@ -161,9 +166,9 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
         return RT_EINVAL;
     }
     for (unsigned i = 0; i < sec->nkeys; i++) {
-        const rt_setting_t *k = find_key(common_keys, sec->keys[i].key);
+        const rt_setting_t *k = find_key(drv->keys, sec->keys[i].key); /* it may override */
         if (!k)
-            k = find_key(drv->keys, sec->keys[i].key);
+            k = find_key(common_keys, sec->keys[i].key);
         if (!k) {
             int n = snprintf(why, whylen, "unknown key %s (%s sinks take:", sec->keys[i].key,
                              drv->type);
@@ -196,12 +201,12 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
     pthread_mutex_init(&s->err_lock, NULL);
     snprintf(s->name, sizeof(s->name), "%s", sec->name);
     s->drv = drv;
-    s->batch = (uint32_t)num_or(sec, "batch", drv->batch_default);
-    s->flush_ms = (uint32_t)num_or(sec, "flush_ms", drv->flush_ms_default);
-    s->queue_bytes = (uint64_t)num_or(sec, "queue_bytes", RT_SINK_QUEUE_BYTES_DEFAULT);
-    s->max_bytes = (uint64_t)num_or(sec, "max_bytes", (double)RT_SINK_MAX_BYTES_DEFAULT);
-    s->backoff_ms = (uint32_t)num_or(sec, "backoff_ms", RT_SINK_BACKOFF_MS_DEFAULT);
-    s->backoff_max_ms = (uint32_t)num_or(sec, "backoff_max_ms", RT_SINK_BACKOFF_MAX_MS_DEFAULT);
+    s->batch = (uint32_t)num_or(sec, drv, "batch");
+    s->flush_ms = (uint32_t)num_or(sec, drv, "flush_ms");
+    s->queue_bytes = (uint64_t)num_or(sec, drv, "queue_bytes");
+    s->max_bytes = (uint64_t)num_or(sec, drv, "max_bytes");
+    s->backoff_ms = (uint32_t)num_or(sec, drv, "backoff_ms");
+    s->backoff_max_ms = (uint32_t)num_or(sec, drv, "backoff_max_ms");
     if (s->backoff_max_ms < s->backoff_ms)
         s->backoff_max_ms = s->backoff_ms;
     atomic_store(&s->state, SINK_CONNECTING);

@@ -589,6 +589,47 @@ static void test_table_keys_shown(void)
     CHECK((r = show(&c, "cluster.token")) && strcmp(r->value, "") == 0);
 }
 
+/* A table of section keys as a layer above adds it (the sinks' in rtd). */
+static const rt_setting_t sink_keys[] = {
+    {.name = "sinks.<name>.batch",
+     .type = RT_SET_INT,
+     .num = 500,
+     .min = 1,
+     .max = 100000,
+     .doc = "rows per write"},
+    {.name = "sinks.<name>(sqlite).file",
+     .type = RT_SET_PATH,
+     .text = "<name>.db",
+     .doc = "the database"},
+    {.name = "sinks.<name>(mongodb).uri", .type = RT_SET_STRING, .doc = "the server"},
+    {.name = "sinks.<name>(republish).batch", .type = RT_SET_INT, .num = 100, .min = 1,
+     .max = 100000, .doc = "rows per write, its own default"},
+    {.name = NULL},
+};
+
+/* A sink's keys have rows: those set with the sinks' origin, the others with their default. */
+static void test_section_keys_shown(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN], want[128];
+    rt_conf_schema_add(sink_keys);
+    CHECK_EQ(load("\nsinks = { archive = { type = \"sqlite\", batch = 50 } }\n", &c, err), 0);
+    snprintf(want, sizeof(want), "%s:2", path);
+    const shown_t *r = show(&c, "sinks.archive.batch");
+    CHECK(r && strcmp(r->value, "50") == 0 && strcmp(r->dflt, "500") == 0 &&
+          strcmp(r->from, want) == 0);
+    r = show(&c, "sinks.archive.file");
+    CHECK(r && strcmp(r->value, "archive.db") == 0 && strcmp(r->from, "default") == 0);
+    CHECK(show(&c, "sinks.archive.uri") == NULL); /* a mongodb sink's key */
+    CHECK_EQ(load("sinks = { out = { type = \"republish\" } }\n", &c, err), 0);
+    r = show(&c, "sinks.out.batch"); /* its type's own default, one row */
+    CHECK(r && strcmp(r->value, "100") == 0 && strcmp(r->dflt, "100") == 0);
+    size_t rows = 0;
+    for (size_t i = 0; i < nshown; i++)
+        rows += strcmp(shown[i].name, "sinks.out.batch") == 0;
+    CHECK_EQ(rows, 1);
+}
+
 int main(void)
 {
     RUN(test_shipped_file);
@@ -603,6 +644,7 @@ int main(void)
     RUN(test_schema_defaults_are_the_defaults);
     RUN(test_origins);
     RUN(test_table_keys_shown);
+    RUN(test_section_keys_shown);
     unlink(path);
     return CHECK_SUMMARY();
 }
