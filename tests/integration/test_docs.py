@@ -27,6 +27,11 @@ def doc_files():
                                                                             "*.md")))
 
 
+def named_files():
+    """The docs, and the shipped rtd.conf whose comments name commands and settings too."""
+    return doc_files() + [os.path.join(ROOT, "etc", "rtd.conf")]
+
+
 def spans(path):
     """(line number, text) of every `code span` in the file."""
     with open(path) as f:
@@ -78,7 +83,7 @@ def test_every_rtctl_command_named_in_the_docs_exists():
     firsts = {c[0] for c in known}
     with_sub = {c[0] for c in known if len(c) > 1}
     wrong = []
-    for path in doc_files():
+    for path in named_files():
         for n, s in spans(path):
             m = re.match(r"rtctl\s+(.*)", s)
             if not m:
@@ -193,6 +198,8 @@ def schema_paths(names):
         plain = re.sub(r"\(\w+\)", "", name.replace("[]", ""))
         parts = plain.split(".")
         for i in range(len(parts)):
+            if parts[i].startswith("<"):
+                continue  # a tail that is only a name of the operator's matches any word
             paths.add(re.escape(".".join(parts[i:])).replace(r"<", "<").replace(r">", ">"))
     return [re.compile(re.sub(r"<\w+>", r"[\\w-]+", p) + "$") for p in paths]
 
@@ -220,8 +227,9 @@ def log_events():
 
 def test_every_setting_a_doc_names_is_in_the_schema():
     """A dotted path in a code span (`http.api_keys_file`, `tls.min_version`,
-    `sinks.archive.batch`) and the name of a `name = value` span are settings of the schema:
-    a renamed or removed setting leaves no doc behind."""
+    `sinks.archive.batch`), the name of a `name = value` span and every key a Lua example (or
+    the shipped rtd.conf) sets are settings of the schema: a renamed or removed setting leaves
+    no doc behind."""
     names = schema_names()
     assert "listeners[].tls.cert" in names and "sinks.<name>(sqlite).file" in names, names
     paths = schema_paths(names)
@@ -231,7 +239,7 @@ def test_every_setting_a_doc_names_is_in_the_schema():
     def known(path):
         return any(p.match(path) for p in paths)
     wrong = []
-    for path in doc_files() + [os.path.join(ROOT, "etc", "rtd.conf")]:
+    for path in named_files():
         if path.endswith("CONFIG.md"):
             continue
         where = os.path.relpath(path, ROOT)
@@ -241,7 +249,21 @@ def test_every_setting_a_doc_names_is_in_the_schema():
                 if dotted.split(".")[0] in TABLE_ROOTS and not known(dotted) and \
                         dotted not in events | ANSWER_FIELDS and not re.search(r"\.(c|h|md|py|lua)$", dotted):
                     wrong.append(f"{where}:{n}: `{s}`")
-            m = re.fullmatch(r"\s*([a-z_][a-z0-9_]*)\s*=\s*[^=].*", s)
+            # `name = value` as rtd.conf writes it (a log line's key=value has no spaces; a
+            # formula or a rule's option table has no literal value)
+            m = re.fullmatch(r'\s*([a-z_][a-z0-9_]*) = (-?[\d.]+( \* [\d.]+)*|"[^"]*"|true|false)',
+                             s)
             if m and not known(m.group(1)):
                 wrong.append(f"{where}:{n}: `{s}`")
+        with open(path) as f:
+            text = f.read()
+        lua = [text] if path.endswith("rtd.conf") else \
+            [b.group(1) for b in re.finditer(r"```lua\n(.*?)```", text, re.S)]
+        for block in lua:
+            # A key set to a value (not a table: sink and user names are keys of tables) is a
+            # setting's; a columns table's keys are the columns'.
+            block = re.sub(r"--[^\n]*", "", re.sub(r"columns\s*=\s*\{[^}]*\}", "", block))
+            for m in re.finditer(r"([A-Za-z_]\w*)\s*=\s*([^=\s])", block):
+                if m.group(2) != "{" and not known(m.group(1)):
+                    wrong.append(f"{where}: `{m.group(0)}` in a Lua example")
     assert not wrong, "settings the schema does not have:\n" + "\n".join(wrong)
