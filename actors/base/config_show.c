@@ -161,7 +161,7 @@ void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
                        void (*fn)(const rt_conf_value_t *v, void *ud), void *ud)
 {
     shower_t sh = {fn, ud, from};
-    char shown[64];
+    char shown[96]; /* "user_rate_limits." and a user name of up to 63 bytes */
     if (strcmp(table, "listeners") == 0) {
         for (unsigned i = 0; i < c->nlisteners; i++) {
             const rt_listen_t *l = &c->listeners[i];
