@@ -256,7 +256,7 @@ static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index)
     if (l->tls.crl[0])
         rt_doc_add_str(t, "crl", l->tls.crl);
     rt_doc_add_bool(t, "identity_as_username", l->tls.identity_as_username);
-    rt_doc_add_str(t, "min_version", l->tls.min_version == 13 ? "1.3" : "1.2");
+    rt_doc_add_str(t, "min_version", l->tls.min_version == RT_TLS_1_3 ? "1.3" : "1.2");
     if (l->tls.nsni) {
         rt_doc_t *names = rt_doc_add_array(t, "sni");
         for (unsigned i = 0; i < l->tls.nsni; i++)
@@ -778,14 +778,17 @@ static int cmd_auth_reload(rt_admin_cmd_t *c)
 
 /* ---- config ---- */
 
-static void add_setting(const char *key, const char *value, const char *help, void *ud)
+static void add_setting(const rt_conf_value_t *v, void *ud)
 {
     rt_doc_t *o = rt_doc_add_object(ud, NULL);
-    rt_doc_add_str(o, "setting", key);
-    rt_doc_add_str(o, "value", value);
+    rt_doc_add_str(o, "setting", v->name);
+    rt_doc_add_str(o, "value", v->value);
+    rt_doc_add_str(o, "default", v->dflt);
+    rt_doc_add_str(o, "from", v->from);
     const char *applies;
-    rt_doc_add_str(o, "changes", rt__admin_conf_live(key, &applies) ? "live" : "restart");
-    rt_doc_add_str(o, "about", help);
+    rt_doc_add_str(o, "unit", v->setting->unit ? v->setting->unit : "");
+    rt_doc_add_str(o, "changes", rt__admin_conf_live(v->name, &applies) ? "live" : "restart");
+    rt_doc_add_str(o, "about", v->setting->doc);
     rt_doc_add_str(o, "a_change_applies_to", applies);
 }
 

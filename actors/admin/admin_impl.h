@@ -159,11 +159,11 @@ bool rt__admin_on_worker(const rt_actor_t *self);
 void rt__admin_live_init(rt_conf_t *conf);
 const rt_conf_t *rt__admin_conf(void);
 /* Every setting with its value as text, under the lock `config set` takes. */
-void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const char *help, void *ud),
-                         void *ud);
+void rt__admin_conf_each(void (*fn)(const rt_conf_value_t *v, void *ud), void *ud);
 /*
-** Whether key can change while rtd runs (log level, auth files, the broker's live
-** limits); *applies says what a change applies to ("" when nothing is known).
+** Whether key can change while rtd runs, as the schema says (log level, auth files, the
+** broker's live limits: asserted to agree); *applies says what a change applies to ("" when
+** nothing is known).
 */
 bool rt__admin_conf_live(const char *key, const char **applies);
 /* Changes a setting now: 200, or 400 (bad value), 404 (unknown), 409 (needs a restart). */

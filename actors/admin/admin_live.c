@@ -88,8 +88,7 @@ int rt_admin_reload_tls(char *err, size_t errlen)
     return rc;
 }
 
-void rt__admin_conf_each(void (*fn)(const char *key, const char *value, const char *help, void *ud),
-                         void *ud)
+void rt__admin_conf_each(void (*fn)(const rt_conf_value_t *v, void *ud), void *ud)
 {
     pthread_mutex_lock(&live.conf_lock);
     rt_conf_each(live.conf, fn, ud);
@@ -128,7 +127,8 @@ static bool broker_live(const char *key)
     return broker_live_affects(key, &affects);
 }
 
-bool rt__admin_conf_live(const char *key, const char **applies)
+/* What rt__admin_conf_set can change live: the schema's live flag is checked against it. */
+static bool changes_live(const char *key, const char **applies)
 {
     *applies = "";
     if (strcmp(key, "log_level") == 0)
@@ -136,6 +136,15 @@ bool rt__admin_conf_live(const char *key, const char **applies)
     if (auth_setting(key))
         return (*applies = "CONNECTs from now on; a bad file changes nothing"), true;
     return broker_live_affects(key, applies);
+}
+
+bool rt__admin_conf_live(const char *key, const char **applies)
+{
+    const rt_setting_t *s = rt_conf_setting(key);
+    bool live = changes_live(key, applies);
+    RT_ASSERT(!s || !rt_broker || s->live == live);
+    (void)live; /* release builds check nothing */
+    return s && s->live;
 }
 
 int rt__admin_conf_set(const char *key, const char *value, char *err, size_t errlen)
@@ -151,7 +160,7 @@ int rt__admin_conf_set(const char *key, const char *value, char *err, size_t err
     pthread_mutex_lock(&live.conf_lock);
     *scratch = *live.conf;
     pthread_mutex_unlock(&live.conf_lock);
-    int rc = rt_conf_set(scratch, assignment, err, errlen);
+    int rc = rt_conf_set_from(scratch, "rtctl", assignment, err, errlen);
     if (rc) {
         free(scratch);
         return strstr(err, "unknown setting") ? 404 : 400;

@@ -5,6 +5,7 @@
 */
 #include <arpa/inet.h>
 #include <limits.h>
+#include <pthread.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <lauxlib.h>
@@ -16,6 +17,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "config_schema.h"
 
 #define RT_CONF_INSTRUCTION_LIMIT 10000000 /* a config file that runs longer is a bug */
 #define RT_CONF_MEMORY_LIMIT (64u << 20)   /* and so is one that builds more (s = s .. s) */
@@ -61,13 +63,13 @@ static lua_State *new_state(conf_mem_t *m)
     return L;
 }
 
-/* K_PATH: a K_STRING naming a file or directory, made absolute at load (config.h). */
+/* What the loader does with a setting: its schema type, or the composite it is. */
 typedef enum {
     K_INT,
     K_DOUBLE,
     K_BOOL,
     K_STRING,
-    K_PATH,
+    K_PATH, /* a K_STRING naming a file or directory, made absolute at load (config.h) */
     K_LISTENERS,
     K_NETS,
     K_SECTIONS,
@@ -76,120 +78,39 @@ typedef enum {
     K_CLUSTER
 } kind_t;
 
-typedef struct setting_s {
-    const char *name;
-    kind_t kind;
-    size_t offset;
-    size_t size;                /* strings: buffer size */
-    double min, max;            /* numbers: accepted range */
-    const char *const *choices; /* strings: allowed values, or NULL */
-    const char *help;
-} setting_t;
+typedef rt_setting_t setting_t;
 
-static const char *const log_levels[] = {"error", "warning", "info", "debug", NULL};
-static const char *const log_formats[] = {"logfmt", "json", NULL};
-static const char *const log_journal_modes[] = {"auto", "on", "off", NULL};
-static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
-
-#define OFF(f) offsetof(rt_conf_t, f)
-#define INT(f, lo, hi, h)                                                                          \
-    {                                                                                              \
-#f, K_INT, OFF(f), 0, lo, hi, NULL, h                                                      \
+static kind_t kind_of(const setting_t *s)
+{
+    switch (s->type) {
+    case RT_SET_INT:
+        return K_INT;
+    case RT_SET_NUMBER:
+        return K_DOUBLE;
+    case RT_SET_BOOL:
+        return K_BOOL;
+    case RT_SET_PATH:
+        return K_PATH;
+    case RT_SET_NETS:
+        return K_NETS;
+    case RT_SET_LIST:
+        return K_LISTENERS;
+    default:
+        break;
     }
-#define BOOL(f, h)                                                                                 \
-    {                                                                                              \
-#f, K_BOOL, OFF(f), 0, 0, 0, NULL, h                                                       \
-    }
-#define PATH(f, h)                                                                                 \
-    {                                                                                              \
-#f, K_PATH, OFF(f), sizeof(((rt_conf_t *)0)->f), 0, 0, NULL, h                             \
-    }
+    if (strcmp(s->name, "http") == 0)
+        return K_HTTP;
+    if (strcmp(s->name, "cluster") == 0)
+        return K_CLUSTER;
+    if (strcmp(s->name, "user_rate_limits") == 0)
+        return K_USER_RATES;
+    if (strcmp(s->name, "sinks") == 0)
+        return K_SECTIONS;
+    return K_STRING;
+}
 
-/* Every setting rtd knows, in one place: name, type, range and what it means. */
-static const setting_t settings[] = {
-    {"listeners", K_LISTENERS, OFF(listeners), 0, 0, 0, NULL,
-     "\"host:port\", { bind = \"host:port\", tls = {...}, websocket = \"/path\", ... } or a list"},
-    {"http", K_HTTP, OFF(http), 0, 0, 0, NULL,
-     "{ bind = \"host:port\", api_keys_file = \"...\", metrics_public = true, "
-     "request_timeout = s }: HTTP API"},
-    {"cluster", K_CLUSTER, OFF(cluster), 0, 0, 0, NULL,
-     "{ node = \"name\", nats = { \"nats://host:port\", ... }, secret_file = \"path\", ... }: "
-     "join a cluster (docs/CLUSTER.md)"},
-    {"user_rate_limits", K_USER_RATES, OFF(user_rates), 0, 0, 0, NULL,
-     "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit"},
-    INT(connect_timeout, 1, 3600,
-        "seconds from accept to CONNECT (TLS, WebSocket and PROXY "
-        "header included)"),
-    INT(max_connections, 1, 10000000, "connections at once"),
-    INT(max_connections_per_ip, 0, 10000000, "connections at once per address; 0 = unlimited"),
-    INT(max_connection_rate, 0, 10000000, "new connections a second per listener; 0 = any"),
-    INT(max_connect_size, 64, 268435455,
-        "bytes a CONNECT may have (before authentication, nothing else is read)"),
-    INT(max_preauth_memory, 64 * 1024, 1e12,
-        "bytes all connections not authenticated yet may hold; past it they are ended"),
-    INT(max_packet_size, 64, 268435455, "bytes, both directions"),
-    INT(max_inflight, 1, 65535, "QoS 1/2 messages in flight to a client, per session"),
-    INT(receive_maximum, 1, 65000,
-        "QoS 1/2 PUBLISHes an MQTT 5 client may leave unacknowledged (its Receive Maximum)"),
-    INT(max_queued_messages, 0, 100000000, "messages queued per session; 0 = no count"),
-    INT(max_client_memory, 64 * 1024, 1e12,
-        "bytes one client may make rtd hold: heap, queued and in-flight messages, output"),
-    INT(client_memory_hold_ms, 0, 60000,
-        "ms a client at its budget holds its publishers back before dropping (policy hold)"),
-    {"client_memory_policy", K_STRING, OFF(client_memory_policy),
-     sizeof(((rt_conf_t *)0)->client_memory_policy), 0, 0, memory_policies,
-     "at the budget: hold (publishers wait, then drop_newest), drop_newest or drop_oldest"},
-    INT(max_topic_alias, 0, 65535, "inbound topic aliases per connection"),
-    INT(max_topic_levels, 0, 65535, "levels in a topic name or filter; 0 = unlimited"),
-    INT(max_topic_length, 0, 65535, "bytes in a topic name or filter; 0 = unlimited"),
-    INT(max_subscriptions, 0, 10000000, "subscriptions per client; 0 = unlimited"),
-    INT(max_retained_messages, 0, 1e9, "retained messages in all; 0 = unlimited"),
-    INT(max_retained_bytes, 0, 1e12, "bytes of retained messages in all; 0 = unlimited"),
-    INT(max_keepalive, 0, 65535, "seconds"),
-    INT(max_session_expiry, 0, 4294967295.0, "seconds"),
-    BOOL(queue_qos0, "queue QoS 0 messages for offline sessions"),
-    BOOL(persistence, "keep retained messages and persistent sessions in data_dir/state.db"),
-    BOOL(allow_zero_length_clientid, "accept an empty client id (and assign one)"),
-    BOOL(allow_anonymous, "accept anonymous clients: no user name, or one no password_file "
-                          "vouches for (from anonymous_from)"),
-    {"anonymous_from", K_NETS, OFF(anonymous_from), 0, 0, 0, NULL,
-     "addresses anonymous clients may come from: \"a.b.c.d/n\", \"v6/n\" or a list"},
-    PATH(password_file, "user:hash lines (rtd passwd); \"\" = none: user names are anonymous"),
-    PATH(acl_file, "Mosquitto-format ACL; \"\" = allow every topic"),
-    INT(auth_max_delay_ms, 0, 60000, "milliseconds; cap of the delay before a refused CONNACK"),
-    INT(schedulers, 0, 64, "scheduler threads; 0 = one per core"),
-    INT(blocking_threads, 1, 32, "threads for blocking actors (database sinks)"),
-    INT(batch, 1, 100000, "messages per actor turn"),
-    INT(min_heap, 1024, 1e12, "bytes before an actor's first collection"),
-    {"gc_factor", K_DOUBLE, OFF(gc_factor), 0, 1.01, 100, NULL, "next GC at factor x live"},
-    INT(max_heap, 0, 1e12, "bytes per actor heap; 0 = unlimited"),
-    PATH(rules_dir, "directory of rule files (*.lua)"),
-    INT(rule_workers, 1, 64, "rule worker actors (one Lua state each)"),
-    INT(rule_instructions, 1000, 1e9, "Lua instructions one rule call may run"),
-    INT(rule_flush_ms, 0, 1000, "ms a rule worker holds a partial sink batch; 0 = per turn"),
-    INT(rule_turn_us, 100, 1e6, "microseconds of rules a worker runs before it yields a turn"),
-    INT(rule_memory, 1 << 20, 1e11, "bytes one rule worker's Lua state may hold"),
-    INT(rule_call_ms, 1, 60000, "wall-clock ms one rule call may run"),
-    INT(rule_output_rows, 1, 1e7, "rows one rule call may return"),
-    INT(rule_output_bytes, 1024, 1e11, "BSON bytes of the rows one rule call may return"),
-    INT(sys_interval, 0, 86400, "seconds between $SYS/broker updates; 0 = none"),
-    INT(restart_intensity, 0, 1000, "restarts a supervisor allows within restart_period"),
-    INT(restart_period, 1, 3600, "seconds; a supervisor past its intensity in it gives up"),
-    PATH(data_dir, "directory for persistent state (mode 0700, its files 0600)"),
-    PATH(admin_socket, "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"),
-    {"log_level", K_STRING, OFF(log_level), sizeof(((rt_conf_t *)0)->log_level), 0, 0, log_levels,
-     "error, warning, info or debug"},
-    {"log_format", K_STRING, OFF(log_format), sizeof(((rt_conf_t *)0)->log_format), 0, 0,
-     log_formats, "logfmt or json: key=value pairs (quoted when needed), or a JSON object a line"},
-    PATH(log_file, "\"\" = stderr (the journal under systemd); else a file, reopened on SIGHUP"),
-    {"log_journal", K_STRING, OFF(log_journal), sizeof(((rt_conf_t *)0)->log_journal), 0, 0,
-     log_journal_modes,
-     "auto, on or off: priority prefixes (<3> error ... <7> debug) on stderr; auto: when stderr "
-     "is the journal's"},
-    {"sinks", K_SECTIONS, OFF(sinks), 0, 0, 0, NULL, "name = { type = \"sqlite\", ... }"},
-};
-
-#define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+#define settings rt__conf_settings
+#define NSETTINGS rt__conf_nsettings()
 
 const rt_conf_net_t rt_conf_loopback[RT_CONF_NLOOPBACK] = {
     {.addr = {[10] = 0xff, [11] = 0xff, [12] = 127}, .bits = 96 + 8}, /* 127.0.0.0/8 */
@@ -203,72 +124,38 @@ int rt_conf_admin_socket(const rt_conf_t *c, char *out, size_t n)
     return len >= 0 && (size_t)len < n ? 0 : RT_EINVAL;
 }
 
+/*
+** The schema's defaults: numbers, booleans and strings from the table; the composite ones
+** here (their text in the schema says the same, and test_config checks that it does).
+*/
 void rt_conf_defaults(rt_conf_t *c)
 {
     memset(c, 0, sizeof(*c));
+    RT_ASSERT(NSETTINGS <= RT_CONF_MAX_SETTINGS);
+    for (const setting_t *s = settings; s->name; s++)
+        rt__conf_scalar_default(s, (char *)c + s->offset);
     c->nlisteners = 1;
     snprintf(c->listeners[0].host, sizeof(c->listeners[0].host), "0.0.0.0");
     c->listeners[0].port = 1883;
-    c->max_connections = 1000000;
-    c->max_connections_per_ip = 1000;
-    c->max_connection_rate = 1000;
-    c->max_connect_size = 64 * 1024;
-    c->max_preauth_memory = 64 << 20;
-    c->max_packet_size = 1 << 20;
-    c->max_inflight = 1024;
-    c->receive_maximum = RT_CONF_RECEIVE_MAXIMUM;
-    c->max_queued_messages = 0;
-    c->max_client_memory = 16 << 20;
-    c->client_memory_hold_ms = 1000;
-    snprintf(c->client_memory_policy, sizeof(c->client_memory_policy), "hold");
-    c->max_topic_alias = 64;
-    c->max_topic_levels = 0;
-    c->max_topic_length = 0;
-    c->max_subscriptions = 0;
-    c->max_retained_messages = 1000000;
-    c->max_retained_bytes = 512L << 20;
-    c->max_keepalive = 65535;
-    c->max_session_expiry = 7 * 24 * 3600;
-    c->queue_qos0 = false;
-    c->persistence = false;
-    c->allow_zero_length_clientid = true;
-    c->allow_anonymous = true;
     /* Loopback only: an rtd on a public address takes no anonymous client from outside
        unless the operator says so (Mosquitto 2 does the same). */
     c->nanonymous_from = RT_CONF_NLOOPBACK;
     memcpy(c->anonymous_from, rt_conf_loopback, sizeof(rt_conf_loopback));
-    c->auth_max_delay_ms = 5000; /* RT_AUTH_MAX_DELAY_MS_DEFAULT */
-    c->schedulers = 0;
-    c->blocking_threads = 2;
-    c->batch = 100;
-    c->min_heap = 16 * 1024;
-    c->gc_factor = 2.0;
-    c->max_heap = 0;
-    snprintf(c->rules_dir, sizeof(c->rules_dir), "rules");
-    c->rule_workers = 2;
-    c->rule_instructions = 1000000;
-    c->rule_memory = 64 << 20;
-    c->rule_flush_ms = RT_CONF_RULE_FLUSH_MS;
-    c->rule_turn_us = RT_CONF_RULE_TURN_US;
-    c->rule_call_ms = RT_CONF_RULE_CALL_MS;
-    c->rule_output_rows = RT_CONF_RULE_OUTPUT_ROWS;
-    c->rule_output_bytes = RT_CONF_RULE_OUTPUT_BYTES;
-    c->sys_interval = 10;
-    c->connect_timeout = 10;
     c->http.request_timeout = RT_CONF_HTTP_REQUEST_TIMEOUT;
-    c->restart_intensity = RT_CONF_RESTART_INTENSITY;
-    c->restart_period = RT_CONF_RESTART_PERIOD;
-    snprintf(c->data_dir, sizeof(c->data_dir), "data");
-    snprintf(c->log_level, sizeof(c->log_level), "info");
-    snprintf(c->log_format, sizeof(c->log_format), "logfmt");
-    snprintf(c->log_journal, sizeof(c->log_journal), "auto");
+}
+
+static rt_conf_t the_defaults; /* config show's default column; made once, never changed */
+
+static void fill_defaults(void)
+{
+    rt_conf_defaults(&the_defaults);
 }
 
 static const setting_t *find_setting(const char *name)
 {
-    for (size_t i = 0; i < NSETTINGS; i++)
-        if (strcmp(settings[i].name, name) == 0)
-            return &settings[i];
+    for (const setting_t *s = settings; s->name; s++)
+        if (strcmp(s->name, name) == 0)
+            return s;
     return NULL;
 }
 
@@ -316,6 +203,17 @@ static void format_net(const rt_conf_net_t *n, char *buf, size_t len)
     snprintf(buf, len, "%s/%u", text, v4 ? n->bits - 96 : n->bits);
 }
 
+void rt__conf_nets_text(const rt_conf_net_t *nets, unsigned n, char *out, size_t len)
+{
+    size_t used = 0;
+    out[0] = 0;
+    for (unsigned i = 0; i < n && used < len; i++) {
+        char text[64];
+        format_net(&nets[i], text, sizeof(text));
+        used += (size_t)snprintf(out + used, len - used, "%s%s", i ? ", " : "", text);
+    }
+}
+
 bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned char addr[16])
 {
     for (unsigned k = 0; k < n; k++) {
@@ -329,117 +227,87 @@ bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned cha
     return false;
 }
 
-void rt_conf_each(const rt_conf_t *c,
-                  void (*fn)(const char *key, const char *value, const char *help, void *ud),
-                  void *ud)
+/* A top-level setting's value in c as text, as config show and rtd --check write it. */
+static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size_t vlen)
 {
-    char value[RT_CONF_VALUE_LEN * 2];
-    for (size_t i = 0; i < NSETTINGS; i++) {
-        const setting_t *s = &settings[i];
-        const char *field = (const char *)c + s->offset;
-        size_t used = 0;
-        switch (s->kind) {
-        case K_INT:
-            snprintf(value, sizeof(value), "%ld", *(const long *)field);
-            break;
-        case K_DOUBLE:
-            snprintf(value, sizeof(value), "%g", *(const double *)field);
-            break;
-        case K_BOOL:
-            snprintf(value, sizeof(value), "%s", *(const bool *)field ? "true" : "false");
-            break;
-        case K_STRING:
-        case K_PATH:
-            snprintf(value, sizeof(value), "%s", field);
-            break;
-        case K_NETS:
-            value[0] = 0;
-            for (unsigned n = 0; n < c->nanonymous_from && used < sizeof(value); n++) {
-                char text[64];
-                format_net(&c->anonymous_from[n], text, sizeof(text));
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
-                                         text);
-            }
-            break;
-        case K_LISTENERS:
-            value[0] = 0;
-            for (unsigned l = 0; l < c->nlisteners && used < sizeof(value); l++) {
-                const rt_listen_t *li = &c->listeners[l];
-                bool v6 = strchr(li->host, ':') != NULL;
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s%s%s:%d%s%s%s",
-                                         l ? ", " : "", v6 ? "[" : "", li->host, v6 ? "]" : "",
-                                         li->port, li->tls_on ? " tls" : "",
-                                         li->websocket[0] ? " websocket " : "", li->websocket);
-                if (li->proxy_protocol && used < sizeof(value))
-                    used += (size_t)snprintf(value + used, sizeof(value) - used, " proxy");
-            }
-            break;
-        case K_HTTP:
-            snprintf(value, sizeof(value), "%s", c->http.on ? c->http.where.host : "-");
-            if (c->http.on)
-                snprintf(value + strlen(value), sizeof(value) - strlen(value), ":%d%s",
-                         c->http.where.port, c->http.where.tls_on ? " tls" : "");
-            break;
-        case K_CLUSTER:
-            snprintf(value, sizeof(value), "%s", c->cluster.on ? c->cluster.node : "-");
-            for (unsigned n = 0; c->cluster.on && n < c->cluster.nnats; n++)
-                snprintf(value + strlen(value), sizeof(value) - strlen(value), "%s%s",
-                         n ? ", " : " via ", c->cluster.nats[n]);
-            break;
-        case K_USER_RATES:
-            value[0] = 0;
-            for (unsigned n = 0; n < c->nuser_rates && used < sizeof(value); n++)
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
-                                         c->user_rates[n].user);
-            break;
-        case K_SECTIONS:
-            value[0] = 0;
-            for (unsigned n = 0; n < c->sinks.n && used < sizeof(value); n++)
-                used += (size_t)snprintf(value + used, sizeof(value) - used, "%s%s", n ? ", " : "",
-                                         c->sinks.s[n].name);
-            break;
+    const char *field = (const char *)c + s->offset;
+    size_t used = 0;
+    if (rt__conf_scalar_text(s, field, value, vlen))
+        return;
+    switch (kind_of(s)) {
+    case K_NETS:
+        rt__conf_nets_text(c->anonymous_from, c->nanonymous_from, value, vlen);
+        break;
+    case K_LISTENERS:
+        value[0] = 0;
+        for (unsigned l = 0; l < c->nlisteners && used < vlen; l++) {
+            const rt_listen_t *li = &c->listeners[l];
+            bool v6 = strchr(li->host, ':') != NULL;
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s%s%s:%d%s%s%s", l ? ", " : "",
+                                     v6 ? "[" : "", li->host, v6 ? "]" : "", li->port,
+                                     li->tls_on ? " tls" : "",
+                                     li->websocket[0] ? " websocket " : "", li->websocket);
+            if (li->proxy_protocol && used < vlen)
+                used += (size_t)snprintf(value + used, vlen - used, " proxy");
         }
-        fn(s->name, value, s->help, ud);
+        break;
+    case K_HTTP:
+        snprintf(value, vlen, "%s", c->http.on ? c->http.where.host : "-");
+        if (c->http.on)
+            snprintf(value + strlen(value), vlen - strlen(value), ":%d%s", c->http.where.port,
+                     c->http.where.tls_on ? " tls" : "");
+        break;
+    case K_CLUSTER:
+        snprintf(value, vlen, "%s", c->cluster.on ? c->cluster.node : "-");
+        for (unsigned n = 0; c->cluster.on && n < c->cluster.nnats; n++)
+            snprintf(value + strlen(value), vlen - strlen(value), "%s%s", n ? ", " : " via ",
+                     c->cluster.nats[n]);
+        break;
+    case K_USER_RATES:
+        value[0] = 0;
+        for (unsigned n = 0; n < c->nuser_rates && used < vlen; n++)
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
+                                     c->user_rates[n].user);
+        break;
+    case K_SECTIONS:
+        value[0] = 0;
+        for (unsigned n = 0; n < c->sinks.n && used < vlen; n++)
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
+                                     c->sinks.s[n].name);
+        break;
+    default:
+        break;
     }
 }
 
-/* Parses "host:port" or "[v6]:port" with a numeric host. */
-static bool parse_listener(const char *s, rt_listen_t *out)
+void rt_conf_each(const rt_conf_t *c, void (*fn)(const rt_conf_value_t *v, void *ud), void *ud)
 {
-    const char *colon;
-    size_t hostlen;
-    const char *host = s;
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close || close[1] != ':')
-            return false;
-        host = s + 1;
-        hostlen = (size_t)(close - host);
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon)
-            return false;
-        hostlen = (size_t)(colon - s);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fill_defaults);
+    char value[RT_CONF_VALUE_LEN * 2], dflt[RT_CONF_VALUE_LEN * 2], from[RT_CONF_PATH_MAX + 16];
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        const setting_t *s = &settings[i];
+        value_text(c, s, value, sizeof(value));
+        value_text(&the_defaults, s, dflt, sizeof(dflt));
+        const rt_conf_origin_t *o = &c->origin[i];
+        if (o->from == RT_FROM_FILE)
+            snprintf(from, sizeof(from), "%s:%d", c->file, o->line);
+        else
+            snprintf(from, sizeof(from), "%s",
+                     o->from == RT_FROM_OPTION ? "-o"
+                     : o->from == RT_FROM_SET  ? "config set"
+                                               : "default");
+        fn(
+            &(rt_conf_value_t){
+                .setting = s, .name = s->name, .value = value, .dflt = dflt, .from = from},
+            ud);
+        rt__conf_each_key(c, s->name, from, fn, ud);
     }
-    if (hostlen == 0 || hostlen >= sizeof(out->host))
-        return false;
-    memcpy(out->host, host, hostlen);
-    out->host[hostlen] = 0;
-    unsigned char buf[16];
-    if (inet_pton(AF_INET, out->host, buf) != 1 && inet_pton(AF_INET6, out->host, buf) != 1)
-        return false;
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (end == colon + 1 || *end || port < 0 || port > 65535)
-        return false;
-    out->port = (int)port;
-    return true;
 }
 
 /* The value on top of the stack as "address/bits" or a list of them, into nets. */
-static bool parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsigned *nout,
-                       char *why, size_t whylen)
+bool rt__conf_parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsigned *nout,
+                         char *why, size_t whylen)
 {
     rt_conf_net_t nets[RT_CONF_MAX_NETS];
     unsigned n = 0;
@@ -469,524 +337,6 @@ static bool parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, unsig
     }
     memcpy(out, nets, n * sizeof(nets[0]));
     *nout = n;
-    return true;
-}
-
-/* A string field of a listener's table into a buffer of size bytes. */
-static bool table_string(lua_State *L, const char *where, const char *key, char *out, size_t size,
-                         char *why, size_t whylen)
-{
-    size_t len;
-    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-    if (!v || len == 0 || len >= size) {
-        snprintf(why, whylen, "%s.%s must be a string of 1 to %zu bytes", where, key, size - 1);
-        return false;
-    }
-    memcpy(out, v, len + 1);
-    return true;
-}
-
-static bool table_number(lua_State *L, const char *where, const char *key, double *out, char *why,
-                         size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 0 || lua_tonumber(L, -1) > 1e15) {
-        snprintf(why, whylen, "%s.%s must be a number >= 0", where, key);
-        return false;
-    }
-    *out = lua_tonumber(L, -1);
-    return true;
-}
-
-/* rate_limit = { messages, bytes, burst_messages, burst_bytes }, on top of the stack. */
-static bool parse_rate(lua_State *L, const char *where, rt_conf_rate_t *out, char *why,
-                       size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "%s must be a table { messages = n, bytes = n, ... }", where);
-        return false;
-    }
-    static const char *const keys[] = {"messages", "bytes", "burst_messages", "burst_bytes"};
-    double *fields[] = {&out->messages, &out->bytes, &out->burst_messages, &out->burst_bytes};
-    memset(out, 0, sizeof(*out));
-    lua_pushnil(L);
-    while (lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        size_t i = 0;
-        while (i < 4 && strcmp(k, keys[i]) != 0)
-            i++;
-        if (i == 4) {
-            snprintf(why, whylen,
-                     "%s: unknown key \"%s\" (messages, bytes, burst_messages, "
-                     "burst_bytes)",
-                     where, k);
-            lua_pop(L, 2);
-            return false;
-        }
-        if (!table_number(L, where, k, fields[i], why, whylen)) {
-            lua_pop(L, 2);
-            return false;
-        }
-        lua_pop(L, 1);
-    }
-    return true;
-}
-
-/* tls.sni = { { name = "host", cert = "...", key = "..." }, ... }, on top of the stack. */
-static bool parse_sni(lua_State *L, const char *where, rt_conf_tls_t *t, char *why, size_t whylen)
-{
-    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? luaL_len(L, -1) : -1;
-    if (len < 1 || len > RT_CONF_MAX_SNI) {
-        snprintf(why, whylen, "%s must be a list of 1 to %d { name = ..., cert = ..., key = ... }",
-                 where, RT_CONF_MAX_SNI);
-        return false;
-    }
-    for (lua_Integer i = 1; i <= len; i++) {
-        rt_conf_sni_t *e = &t->sni[i - 1];
-        memset(e, 0, sizeof(*e));
-        char at[128];
-        snprintf(at, sizeof(at), "%.100s[%lld]", where, (long long)i);
-        lua_geti(L, -1, i);
-        bool ok = lua_type(L, -1) == LUA_TTABLE;
-        const char *keys[] = {"name", "cert", "key"};
-        char *fields[] = {e->name, e->cert, e->key};
-        size_t sizes[] = {sizeof(e->name), sizeof(e->cert), sizeof(e->key)};
-        for (size_t k = 0; ok && k < 3; k++) {
-            lua_getfield(L, -1, keys[k]);
-            ok = table_string(L, at, keys[k], fields[k], sizes[k], why, whylen);
-            lua_pop(L, 1);
-        }
-        if (!ok && lua_type(L, -1) != LUA_TTABLE)
-            snprintf(why, whylen, "%s must be { name = ..., cert = ..., key = ... }", at);
-        lua_pop(L, 1);
-        if (!ok)
-            return false;
-    }
-    t->nsni = (unsigned)len;
-    return true;
-}
-
-static bool parse_tls(lua_State *L, const char *where, rt_conf_tls_t *t, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "%s must be a table { cert = ..., key = ... }", where);
-        return false;
-    }
-    memset(t, 0, sizeof(*t));
-    t->min_version = 12;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        if (strcmp(k, "cert") == 0 || strcmp(k, "key") == 0 || strcmp(k, "ca") == 0 ||
-            strcmp(k, "crl") == 0) {
-            char *field = k[0] == 'k'   ? t->key
-                          : k[1] == 'e' ? t->cert
-                          : k[1] == 'a' ? t->ca
-                                        : t->crl;
-            ok = table_string(L, where, k, field, RT_CONF_PATH_MAX, why, whylen);
-        } else if (strcmp(k, "verify") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            t->verify = strcmp(v, "required") == 0   ? RT_TLS_VERIFY_REQUIRED
-                        : strcmp(v, "optional") == 0 ? RT_TLS_VERIFY_OPTIONAL
-                                                     : RT_TLS_VERIFY_NONE;
-            ok = strcmp(v, "none") == 0 || t->verify != RT_TLS_VERIFY_NONE;
-            if (!ok)
-                snprintf(why, whylen, "%s.verify must be \"none\", \"optional\" or \"required\"",
-                         where);
-        } else if (strcmp(k, "identity_as_username") == 0) {
-            ok = lua_type(L, -1) == LUA_TBOOLEAN;
-            t->identity_as_username = ok && lua_toboolean(L, -1);
-            if (!ok)
-                snprintf(why, whylen, "%s.identity_as_username must be true or false", where);
-        } else if (strcmp(k, "sni") == 0) {
-            char at[128];
-            snprintf(at, sizeof(at), "%.100s.sni", where);
-            ok = parse_sni(L, at, t, why, whylen);
-        } else if (strcmp(k, "min_version") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            t->min_version = strcmp(v, "1.3") == 0 ? 13 : 12;
-            ok = strcmp(v, "1.2") == 0 || strcmp(v, "1.3") == 0;
-            if (!ok)
-                snprintf(why, whylen, "%s.min_version must be \"1.2\" or \"1.3\"", where);
-        } else {
-            snprintf(why, whylen,
-                     "%s: unknown key \"%s\" (cert, key, ca, crl, verify, "
-                     "identity_as_username, min_version, sni)",
-                     where, k);
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1); /* the key lua_next left */
-        return false;
-    }
-    if (!t->cert[0] || !t->key[0]) {
-        snprintf(why, whylen, "%s needs cert and key", where);
-        return false;
-    }
-    if (t->verify != RT_TLS_VERIFY_NONE && !t->ca[0]) {
-        snprintf(why, whylen, "%s: verify = \"%s\" needs ca (the clients' certificate authority)",
-                 where, t->verify == RT_TLS_VERIFY_REQUIRED ? "required" : "optional");
-        return false;
-    }
-    if (t->identity_as_username && t->verify != RT_TLS_VERIFY_REQUIRED) {
-        snprintf(why, whylen, "%s: identity_as_username needs verify = \"required\"", where);
-        return false;
-    }
-    return true;
-}
-
-/* One listener's table (on top of the stack): bind and its transport's settings. */
-static bool parse_listener_table(lua_State *L, const char *where, rt_listen_t *out, char *why,
-                                 size_t whylen)
-{
-    char sub[96];
-    bool ok = true, bound = false;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        snprintf(sub, sizeof(sub), "%s.%s", where, k);
-        if (strcmp(k, "bind") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            ok = bound = parse_listener(v, out);
-            if (!ok)
-                snprintf(why, whylen, "%s: \"%s\" is not host:port with a numeric host", sub, v);
-        } else if (strcmp(k, "tls") == 0) {
-            ok = out->tls_on = parse_tls(L, sub, &out->tls, why, whylen);
-        } else if (strcmp(k, "websocket") == 0) {
-            ok = table_string(L, where, k, out->websocket, sizeof(out->websocket), why, whylen);
-            if (ok && out->websocket[0] != '/') {
-                snprintf(why, whylen, "%s must be a path starting with /", sub);
-                ok = false;
-            }
-        } else if (strcmp(k, "proxy_protocol") == 0) {
-            ok = lua_type(L, -1) == LUA_TBOOLEAN;
-            out->proxy_protocol = ok && lua_toboolean(L, -1);
-            if (!ok)
-                snprintf(why, whylen, "%s must be true or false", sub);
-        } else if (strcmp(k, "trusted_proxies") == 0) {
-            ok = parse_nets(L, sub, out->trusted_proxies, &out->ntrusted, why, whylen);
-        } else if (strcmp(k, "rate_limit") == 0) {
-            ok = parse_rate(L, sub, &out->rate_limit, why, whylen);
-        } else {
-            snprintf(why, whylen,
-                     "%s: unknown key \"%s\" (bind, tls, websocket, proxy_protocol, "
-                     "trusted_proxies, rate_limit)",
-                     where, k);
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    if (!bound) {
-        snprintf(why, whylen, "%s needs bind = \"host:port\"", where);
-        return false;
-    }
-    if (out->proxy_protocol && !out->ntrusted) {
-        snprintf(why, whylen,
-                 "%s: proxy_protocol needs trusted_proxies (the load balancers' "
-                 "addresses)",
-                 where);
-        return false;
-    }
-    return true;
-}
-
-/* A listener: "host:port" or a table (on top of the stack). */
-static bool parse_listener_value(lua_State *L, const char *where, rt_listen_t *out, char *why,
-                                 size_t whylen)
-{
-    if (lua_type(L, -1) == LUA_TTABLE)
-        return parse_listener_table(L, where, out, why, whylen);
-    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (v && parse_listener(v, out))
-        return true;
-    snprintf(why, whylen, "%s: %s%s%s", where, v ? "\"" : "not a string or a table", v ? v : "",
-             v ? "\" is not host:port with a numeric host" : "");
-    return false;
-}
-
-/* A node's name or the subject prefix: it goes into NATS subjects and headers as it is. */
-static bool cluster_name(lua_State *L, const char *key, char *out, char *why, size_t whylen)
-{
-    size_t len;
-    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-    bool ok = v && len > 0 && len < RT_CONF_NODE_MAX;
-    for (size_t i = 0; ok && i < len; i++)
-        ok = (v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z') ||
-             (v[i] >= '0' && v[i] <= '9') || v[i] == '_' || v[i] == '-';
-    if (!ok) {
-        snprintf(why, whylen, "cluster.%s must be 1 to %d of A-Z a-z 0-9 _ -", key,
-                 RT_CONF_NODE_MAX - 1);
-        return false;
-    }
-    memcpy(out, v, len + 1);
-    return true;
-}
-
-/* cluster.nats: one URL or a list of them. */
-static bool cluster_servers(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) == LUA_TSTRING)
-        return table_string(L, "cluster", "nats", c->cluster.nats[c->cluster.nnats++],
-                            RT_CONF_URL_MAX, why, whylen);
-    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, -1) : 0;
-    if (len < 1 || len > RT_CONF_MAX_NATS) {
-        snprintf(why, whylen, "cluster.nats must be a URL or a list of 1 to %d URLs",
-                 RT_CONF_MAX_NATS);
-        return false;
-    }
-    for (lua_Integer i = 1; i <= len; i++) {
-        lua_geti(L, -1, i);
-        bool ok = table_string(L, "cluster", "nats[]", c->cluster.nats[c->cluster.nnats++],
-                               RT_CONF_URL_MAX, why, whylen);
-        lua_pop(L, 1);
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
-static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen);
-
-/* The cluster table's keys beside node, prefix and nats: what each is and means. */
-#define CLUSTER_STRING(f, kind, h)                                                                 \
-    {                                                                                              \
-        "cluster." #f, kind, OFF(cluster.f), sizeof(((rt_conf_t *)0)->cluster.f), 0, 0, NULL, h    \
-    }
-static const setting_t cluster_settings[] = {
-    {"cluster.replicas", K_INT, OFF(cluster.replicas), 0, 1, 5, NULL,
-     "copies JetStream keeps of the buckets and the stream; default min(3, NATS URLs)"},
-    {"cluster.durable", K_BOOL, OFF(cluster.durable), 0, 0, 0, NULL,
-     "true: a QoS 1/2 PUBLISH is acknowledged once JetStream's stream has it"},
-    {"cluster.replay_margin", K_INT, OFF(cluster.replay_margin), 0, 0, 3600, NULL,
-     "seconds a resume after a node's crash replays from before the session's last clear moment"},
-    CLUSTER_STRING(user, K_STRING, "NATS user name (with password)"),
-    CLUSTER_STRING(password, K_STRING, "NATS password of user"),
-    CLUSTER_STRING(token, K_STRING, "NATS authorization token"),
-    CLUSTER_STRING(creds, K_PATH, "NATS credentials file (a user JWT and its nkey seed)"),
-    CLUSTER_STRING(nkey, K_STRING, "NATS user nkey (public, U...), signed with nkey_seed"),
-    CLUSTER_STRING(nkey_seed, K_PATH, "file holding the seed (SU...) of nkey"),
-    CLUSTER_STRING(tls_ca, K_PATH, "CA the NATS servers' certificates are verified against (TLS)"),
-    CLUSTER_STRING(tls_cert, K_PATH, "client certificate for NATS (with tls_key)"),
-    CLUSTER_STRING(tls_key, K_PATH, "private key of tls_cert"),
-    {"cluster.nats_without_credentials", K_BOOL, OFF(cluster.nats_without_credentials), 0, 0, 0,
-     NULL,
-     "true: NATS servers off this host are reached with no credentials (rtd refuses to start "
-     "so otherwise): whoever reaches them can read every message and steer the cluster"},
-    CLUSTER_STRING(secret_file, K_PATH,
-                   "the nodes' shared secret, signing their control requests and answers; "
-                   "false: unsigned (docs/CLUSTER.md \"Security\")"),
-};
-#define NCLUSTER_SETTINGS (sizeof(cluster_settings) / sizeof(cluster_settings[0]))
-
-/* A wildcard address takes its port on every address of the machine. */
-static bool any_address(const char *host)
-{
-    return !host[0] || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
-}
-
-/*
-** Two listeners on one address would fail only at start, after everything else had started
-** (EADDRINUSE): refused here instead, naming both.
-*/
-static bool listeners_apart(const rt_listen_t *ls, unsigned n, char *why, size_t whylen)
-{
-    for (unsigned i = 0; i < n; i++)
-        for (unsigned j = i + 1; j < n; j++) {
-            if (!ls[i].port || ls[i].port != ls[j].port)
-                continue;
-            if (strcmp(ls[i].host, ls[j].host) != 0 && !any_address(ls[i].host) &&
-                !any_address(ls[j].host))
-                continue;
-            snprintf(why, whylen,
-                     "listeners[%u] (%.64s:%d) and listeners[%u] (%.64s:%d) take one address",
-                     i + 1, ls[i].host, ls[i].port, j + 1, ls[j].host, ls[j].port);
-            return false;
-        }
-    return true;
-}
-
-/* cluster = { node = "rt1", nats = { "nats://127.0.0.1:4222", ... }, prefix = "rt", ... } */
-static bool parse_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "cluster must be a table { node = \"name\", nats = {...} }");
-        return false;
-    }
-    memset(&c->cluster, 0, sizeof(c->cluster));
-    strcpy(c->cluster.prefix, "rt");
-    c->cluster.replay_margin = RT_CONF_REPLAY_MARGIN;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        const setting_t *s = NULL;
-        for (size_t i = 0; i < NCLUSTER_SETTINGS && !s; i++)
-            if (strcmp(k, cluster_settings[i].name + strlen("cluster.")) == 0)
-                s = &cluster_settings[i];
-        if (strcmp(k, "node") == 0) {
-            ok = cluster_name(L, k, c->cluster.node, why, whylen);
-        } else if (strcmp(k, "prefix") == 0) {
-            ok = cluster_name(L, k, c->cluster.prefix, why, whylen);
-        } else if (strcmp(k, "nats") == 0) {
-            ok = cluster_servers(L, c, why, whylen);
-        } else if (strcmp(k, "secret_file") == 0 && lua_type(L, -1) == LUA_TBOOLEAN) {
-            ok = !lua_toboolean(L, -1);
-            c->cluster.unsigned_control = ok;
-            if (!ok)
-                snprintf(why, whylen, "cluster.secret_file must be a path, or false");
-        } else if (s) {
-            ok = apply_setting(L, c, s, why, whylen);
-        } else {
-            size_t at =
-                (size_t)snprintf(why, whylen, "cluster: unknown key \"%s\" (node, nats, prefix", k);
-            for (size_t i = 0; i < NCLUSTER_SETTINGS && at < whylen; i++)
-                at += (size_t)snprintf(why + at, whylen - at, ", %s",
-                                       cluster_settings[i].name + strlen("cluster."));
-            if (at < whylen)
-                snprintf(why + at, whylen - at, ")");
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    if (!c->cluster.node[0] || !c->cluster.nnats) {
-        snprintf(why, whylen, "cluster needs node = \"name\" and nats = { \"nats://host:port\" }");
-        return false;
-    }
-    if (!c->cluster.tls_cert[0] != !c->cluster.tls_key[0]) {
-        snprintf(why, whylen, "cluster: tls_cert and tls_key go together");
-        return false;
-    }
-    if (!c->cluster.nkey[0] != !c->cluster.nkey_seed[0]) {
-        snprintf(why, whylen, "cluster: nkey and nkey_seed go together");
-        return false;
-    }
-    if (c->cluster.creds[0] && c->cluster.nkey[0]) {
-        snprintf(why, whylen, "cluster: creds and nkey are two ways to sign in; give one");
-        return false;
-    }
-    if (!c->cluster.secret_file[0] && !c->cluster.unsigned_control) {
-        snprintf(why, whylen,
-                 "cluster needs secret_file = \"path\" (a file only rtd reads, the nodes' "
-                 "shared secret: head -c 32 /dev/urandom | base64), or secret_file = false to "
-                 "let anyone who can publish on NATS end clients and move sessions");
-        return false;
-    }
-    if (!c->cluster.replicas)
-        c->cluster.replicas = c->cluster.nnats < 3 ? (long)c->cluster.nnats : 3;
-    c->cluster.on = true;
-    return true;
-}
-
-/* http = { bind = "host:port", tls = {...}, api_keys_file = "...", metrics_public = true,
-            request_timeout = s } */
-static bool parse_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "http must be a table { bind = \"host:port\", ... }");
-        return false;
-    }
-    memset(&c->http, 0, sizeof(c->http));
-    c->http.request_timeout = RT_CONF_HTTP_REQUEST_TIMEOUT;
-    bool ok = true, bound = false;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-        if (strcmp(k, "bind") == 0) {
-            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            ok = bound = parse_listener(v, &c->http.where);
-            if (!ok)
-                snprintf(why, whylen, "http.bind: \"%s\" is not host:port with a numeric host", v);
-        } else if (strcmp(k, "tls") == 0) {
-            rt_conf_tls_t *t = &c->http.where.tls;
-            ok = c->http.where.tls_on = parse_tls(L, "http.tls", t, why, whylen);
-            if (ok && t->identity_as_username) {
-                snprintf(why, whylen,
-                         "http.tls: identity_as_username is for MQTT listeners (an "
-                         "HTTP client is named by its API key)");
-                ok = false;
-            }
-        } else if (strcmp(k, "api_keys_file") == 0) {
-            ok = table_string(L, "http", k, c->http.api_keys_file, sizeof(c->http.api_keys_file),
-                              why, whylen);
-        } else if (strcmp(k, "metrics_public") == 0) {
-            ok = lua_type(L, -1) == LUA_TBOOLEAN;
-            c->http.metrics_public = ok && lua_toboolean(L, -1);
-            if (!ok)
-                snprintf(why, whylen, "http.metrics_public must be true or false");
-        } else if (strcmp(k, "request_timeout") == 0) {
-            lua_Integer v = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
-            ok = v >= 1 && v <= RT_CONF_HTTP_REQUEST_TIMEOUT_MAX;
-            c->http.request_timeout = (long)v;
-            if (!ok)
-                snprintf(why, whylen, "http.request_timeout must be whole seconds from 1 to %d",
-                         RT_CONF_HTTP_REQUEST_TIMEOUT_MAX);
-        } else {
-            snprintf(why, whylen,
-                     "http: unknown key \"%s\" (bind, tls, api_keys_file, metrics_public, "
-                     "request_timeout)",
-                     k);
-            ok = false;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    if (!bound) {
-        snprintf(why, whylen, "http needs bind = \"host:port\"");
-        return false;
-    }
-    c->http.on = true;
-    return true;
-}
-
-/* user_rate_limits = { name = { messages = n, ... }, ... } */
-static bool parse_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "user_rate_limits must be a table { user = { messages = n } }");
-        return false;
-    }
-    rt_conf_user_rate_t rates[RT_CONF_MAX_USER_RATES];
-    unsigned n = 0;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        size_t len = 0;
-        const char *user = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
-        char where[96];
-        snprintf(where, sizeof(where), "user_rate_limits.%s", user ? user : "?");
-        if (!user || len == 0 || len >= sizeof(rates[0].user)) {
-            snprintf(why, whylen, "user_rate_limits: keys are user names of 1 to %zu bytes",
-                     sizeof(rates[0].user) - 1);
-            ok = false;
-        } else if (n == RT_CONF_MAX_USER_RATES) {
-            snprintf(why, whylen, "user_rate_limits: at most %d users", RT_CONF_MAX_USER_RATES);
-            ok = false;
-        } else {
-            memcpy(rates[n].user, user, len + 1);
-            ok = parse_rate(L, where, &rates[n].rate, why, whylen);
-            n += ok;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    memcpy(c->user_rates, rates, n * sizeof(rates[0]));
-    c->nuser_rates = n;
     return true;
 }
 
@@ -1112,124 +462,144 @@ static bool apply_sections(lua_State *L, const char *what, rt_conf_sections_t *o
     return true;
 }
 
-/* Checks and stores the value on top of the stack; on error writes the reason to why. */
-static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
+/* "NAME must be a whole number from MIN to MAX UNIT (got V)", or (DOC) when not a number. */
+static void whole_number_error(const rt_setting_t *s, const char *name, const double *got,
+                               char *why, size_t whylen)
 {
-    char *field = (char *)c + s->offset;
-    switch (s->kind) {
-    case K_INT: {
+    const char *unit = s->unit ? s->unit : "";
+    char tail[RT_CONF_ERR_LEN / 2];
+    if (got)
+        snprintf(tail, sizeof(tail), "got %.0f", *got);
+    else
+        snprintf(tail, sizeof(tail), "%s", s->doc);
+    snprintf(why, whylen, "%s must be a whole number from %.0f to %.0f%s%s (%s)", name, s->min,
+             s->max, *unit ? " " : "", unit, tail);
+}
+
+int rt_conf_check_kv(const rt_setting_t *s, const rt_conf_kv_t *kv, char *why, size_t whylen)
+{
+    switch (s->type) {
+    case RT_SET_INT: {
+        bool whole = kv->type == RT_CONF_V_NUMBER && kv->num == floor(kv->num);
+        if (whole && kv->num >= s->min && kv->num <= s->max)
+            return 0;
+        whole_number_error(s, kv->key, whole ? &kv->num : NULL, why, whylen);
+        return RT_EINVAL;
+    }
+    case RT_SET_BOOL:
+        if (kv->type == RT_CONF_V_BOOL)
+            return 0;
+        snprintf(why, whylen, "%s must be true or false", kv->key);
+        return RT_EINVAL;
+    case RT_SET_STRING:
+    case RT_SET_PATH:
+    case RT_SET_PREFIX: {
+        if (kv->type != RT_CONF_V_STRING) {
+            snprintf(why, whylen, "%s must be a string (%s)", kv->key, s->doc);
+            return RT_EINVAL;
+        }
+        int choice = 0;
+        while (s->choices && s->choices[choice] && strcmp(s->choices[choice], kv->str) != 0)
+            choice++;
+        if (!s->choices || s->choices[choice])
+            return 0;
+        char list[128];
+        rt_conf_choices_text(s->choices, list, sizeof(list));
+        snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", kv->key, list, kv->str);
+        return RT_EINVAL;
+    }
+    default:
+        snprintf(why, whylen, "%s: not a value a section holds", kv->key);
+        return RT_EINVAL;
+    }
+}
+
+bool rt__conf_read_scalar(lua_State *L, const rt_setting_t *s, const char *name, void *field,
+                          char *why, size_t whylen)
+{
+    switch (s->type) {
+    case RT_SET_INT: {
         int isnum;
         lua_Number n = lua_tonumberx(L, -1, &isnum);
-        if (!isnum || lua_type(L, -1) != LUA_TNUMBER || n != floor(n)) {
-            snprintf(why, whylen, "%s must be a whole number (%s)", s->name, s->help);
-            return false;
+        bool whole = isnum && lua_type(L, -1) == LUA_TNUMBER && n == floor(n);
+        if (whole && n >= s->min && n <= s->max) {
+            *(long *)field = (long)n;
+            return true;
         }
-        if (n < s->min || n > s->max) {
-            snprintf(why, whylen, "%s must be between %.0f and %.0f (got %.0f)", s->name, s->min,
-                     s->max, n);
-            return false;
-        }
-        *(long *)(void *)field = (long)n;
-        return true;
+        whole_number_error(s, name, whole ? &n : NULL, why, whylen);
+        return false;
     }
-    case K_DOUBLE: {
+    case RT_SET_NUMBER: {
         if (lua_type(L, -1) != LUA_TNUMBER) {
-            snprintf(why, whylen, "%s must be a number (%s)", s->name, s->help);
+            snprintf(why, whylen, "%s must be a number (%s)", name, s->doc);
             return false;
         }
         double d = lua_tonumber(L, -1);
-        if (d < s->min || d > s->max) {
-            snprintf(why, whylen, "%s must be between %g and %g (got %g)", s->name, s->min, s->max,
-                     d);
-            return false;
-        }
-        *(double *)(void *)field = d;
-        return true;
+        if ((d < s->min || d > s->max) && s->max >= 1e15)
+            snprintf(why, whylen, "%s must be a number >= %g (got %g)", name, s->min, d);
+        else if (d < s->min || d > s->max)
+            snprintf(why, whylen, "%s must be between %g and %g (got %g)", name, s->min, s->max, d);
+        else
+            *(double *)field = d;
+        return d >= s->min && d <= s->max;
     }
-    case K_BOOL:
+    case RT_SET_BOOL:
         if (!lua_isboolean(L, -1)) {
-            snprintf(why, whylen, "%s must be true or false", s->name);
+            snprintf(why, whylen, "%s must be true or false", name);
             return false;
         }
-        *(bool *)(void *)field = lua_toboolean(L, -1);
+        *(bool *)field = lua_toboolean(L, -1);
         return true;
-    case K_STRING:
-    case K_PATH: {
-        size_t len;
+    case RT_SET_STRING:
+    case RT_SET_PATH: {
+        size_t len = 0;
         const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-        if (!v || len >= s->size) {
-            snprintf(why, whylen, "%s must be a string of at most %zu bytes (%s)", s->name,
-                     s->size - 1, s->help);
+        if (!v || (s->size && len >= s->size)) {
+            snprintf(why, whylen, "%s must be a string of at most %zu bytes (%s)", name,
+                     s->size ? s->size - 1 : (size_t)RT_CONF_VALUE_LEN, s->doc);
             return false;
         }
-        if (s->choices) {
-            bool ok = false;
-            for (const char *const *ch = s->choices; *ch; ch++)
-                ok |= strcmp(*ch, v) == 0;
-            if (!ok) {
-                snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", s->name, s->help, v);
-                return false;
-            }
+        int choice = 0;
+        while (s->choices && s->choices[choice] && strcmp(s->choices[choice], v) != 0)
+            choice++;
+        if (s->choices && !s->choices[choice]) {
+            char list[128];
+            rt_conf_choices_text(s->choices, list, sizeof(list));
+            snprintf(why, whylen, "%s must be one of: %s (got \"%s\")", name, list, v);
+            return false;
         }
-        memcpy(field, v, len + 1);
+        if (s->size)
+            memcpy(field, v, len + 1);
+        else
+            *(int *)field = choice; /* the choice's index: an enum in the choices' order */
         return true;
     }
-    case K_LISTENERS: {
-        static rt_listen_t ls[RT_CONF_MAX_LISTENERS]; /* 16 KiB: not on the stack; one loader */
-        memset(ls, 0, sizeof(ls));
-        unsigned n = 0;
-        /* One listener: a string, or a table with bind (a list's first entry is not bind). */
-        bool one = lua_type(L, -1) == LUA_TSTRING;
-        if (lua_type(L, -1) == LUA_TTABLE) {
-            lua_getfield(L, -1, "bind");
-            one = !lua_isnil(L, -1);
-            lua_pop(L, 1);
-        }
-        if (one) {
-            if (!parse_listener_value(L, "listeners", &ls[0], why, whylen))
-                return false;
-            n = 1;
-        } else if (lua_type(L, -1) == LUA_TTABLE) {
-            lua_Integer len = luaL_len(L, -1);
-            if (len < 1 || len > RT_CONF_MAX_LISTENERS) {
-                snprintf(why, whylen, "listeners: between 1 and %d are allowed",
-                         RT_CONF_MAX_LISTENERS);
-                return false;
-            }
-            for (lua_Integer i = 1; i <= len; i++) {
-                char where[32];
-                snprintf(where, sizeof(where), "listeners[%lld]", (long long)i);
-                lua_geti(L, -1, i);
-                bool ok = parse_listener_value(L, where, &ls[n], why, whylen);
-                lua_pop(L, 1);
-                if (!ok)
-                    return false;
-                n++;
-            }
-        } else {
-            snprintf(why, whylen,
-                     "listeners must be \"host:port\", a listener's table or a list "
-                     "of them");
-            return false;
-        }
-        if (!listeners_apart(ls, n, why, whylen))
-            return false;
-        memcpy(c->listeners, ls, n * sizeof(ls[0]));
-        c->nlisteners = n;
-        return true;
+    default:
+        RT_ASSERT(!"not a scalar");
+        return false;
     }
+}
+
+/* Checks and stores the value on top of the stack; on error writes the reason to why. */
+static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *why, size_t whylen)
+{
+    switch (kind_of(s)) {
+    case K_LISTENERS:
+        return rt__conf_read_listeners(L, c, why, whylen);
     case K_USER_RATES:
-        return parse_user_rates(L, c, why, whylen);
+        return rt__conf_read_user_rates(L, c, why, whylen);
     case K_HTTP:
-        return parse_http(L, c, why, whylen);
+        return rt__conf_read_http(L, c, why, whylen);
     case K_CLUSTER:
-        return parse_cluster(L, c, why, whylen);
+        return rt__conf_read_cluster(L, c, why, whylen);
     case K_NETS:
-        return parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
+        return rt__conf_parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
     case K_SECTIONS:
-        return apply_sections(L, s->name, (rt_conf_sections_t *)(void *)field, why, whylen);
+        return apply_sections(L, s->name, (rt_conf_sections_t *)(void *)((char *)c + s->offset),
+                              why, whylen);
+    default:
+        return rt__conf_read_scalar(L, s, s->name, (char *)c + s->offset, why, whylen);
     }
-    return false;
 }
 
 /*
@@ -1278,9 +648,10 @@ static void on_budget(lua_State *L, lua_Debug *ar)
 ** Runs the chunk on top of the stack in the sandbox, then applies every
 ** setting it made. where names the source in messages ("etc/rtd.conf").
 */
-static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool with_lines, char *err,
-                         size_t errlen)
+static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, rt_conf_from_t from,
+                         char *err, size_t errlen)
 {
+    bool with_lines = from == RT_FROM_FILE;
     lua_newtable(L); /* values */
     lua_newtable(L); /* lines */
     int values = lua_absindex(L, -2), lines = lua_absindex(L, -1);
@@ -1321,15 +692,19 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, bool wit
         const setting_t *s = find_setting(name);
         char why[RT_CONF_ERR_LEN / 2];
         bool ok = s && apply_setting(L, &next, s, why, sizeof(why));
-        if (ok && s->kind == K_SECTIONS) {
+        if (ok && kind_of(s) == K_SECTIONS) {
             rt_conf_sections_t *secs = (rt_conf_sections_t *)(void *)((char *)&next + s->offset);
             snprintf(secs->where, sizeof(secs->where), "%s", where);
             secs->line = with_lines ? line : 0;
         }
-        for (unsigned l = 0; ok && with_lines && s->kind == K_LISTENERS && l < next.nlisteners; l++)
+        for (unsigned l = 0; ok && with_lines && kind_of(s) == K_LISTENERS && l < next.nlisteners;
+             l++)
             next.listeners[l].line = line; /* a port in use names it at start */
-        if (ok && with_lines && s->kind == K_HTTP)
+        if (ok && with_lines && kind_of(s) == K_HTTP)
             next.http.where.line = line;
+        if (ok)
+            next.origin[s - settings] =
+                (rt_conf_origin_t){.from = (unsigned char)from, .line = line};
         if (!s)
             snprintf(why, sizeof(why), "unknown setting %s", name);
         lua_pop(L, 1);
@@ -1379,8 +754,8 @@ static void normalize_path(char *path)
 }
 
 /* Makes the path in field (size bytes) absolute against the directory base; "" stays "". */
-static int resolve_field(char *field, size_t size, const char *name, const char *base,
-                         const char *where, char *err, size_t errlen)
+int rt__conf_resolve_field(char *field, size_t size, const char *name, const char *base,
+                           const char *where, char *err, size_t errlen)
 {
     if (!field[0] || field[0] == '/')
         return 0;
@@ -1396,22 +771,6 @@ static int resolve_field(char *field, size_t size, const char *name, const char 
     return 0;
 }
 
-/* Makes a listener's TLS files absolute against base. */
-static int resolve_tls(rt_conf_tls_t *t, const char *name, const char *base, const char *where,
-                       char *err, size_t errlen)
-{
-    char *files[4 + 2 * RT_CONF_MAX_SNI] = {t->cert, t->key, t->ca, t->crl};
-    size_t n = 4;
-    for (unsigned i = 0; i < t->nsni; i++) {
-        files[n++] = t->sni[i].cert;
-        files[n++] = t->sni[i].key;
-    }
-    int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++)
-        rc = resolve_field(files[i], RT_CONF_PATH_MAX, name, base, where, err, errlen);
-    return rc;
-}
-
 /* Settings whose value names files, relative to the config file (or the command line's cwd). */
 static bool names_files(kind_t k)
 {
@@ -1422,26 +781,10 @@ static bool names_files(kind_t k)
 static int resolve_path(rt_conf_t *c, const setting_t *s, const char *base, const char *where,
                         char *err, size_t errlen)
 {
-    if (s->kind == K_HTTP) {
-        int rc = resolve_field(c->http.api_keys_file, sizeof(c->http.api_keys_file),
-                               "http.api_keys_file", base, where, err, errlen);
-        return rc ? rc : resolve_tls(&c->http.where.tls, "http.tls file", base, where, err, errlen);
-    }
-    if (s->kind == K_CLUSTER) {
-        int rc = 0;
-        for (size_t i = 0; i < NCLUSTER_SETTINGS && rc == 0; i++)
-            if (cluster_settings[i].kind == K_PATH)
-                rc = resolve_field((char *)c + cluster_settings[i].offset, cluster_settings[i].size,
-                                   cluster_settings[i].name, base, where, err, errlen);
-        return rc;
-    }
-    if (s->kind == K_LISTENERS) {
-        int rc = 0;
-        for (unsigned l = 0; l < c->nlisteners && rc == 0; l++)
-            rc = resolve_tls(&c->listeners[l].tls, "listeners' tls file", base, where, err, errlen);
-        return rc;
-    }
-    return resolve_field((char *)c + s->offset, s->size, s->name, base, where, err, errlen);
+    if (kind_of(s) != K_PATH)
+        return rt__conf_resolve_table(c, s->name, base, where, err, errlen);
+    return rt__conf_resolve_field((char *)c + s->offset, s->size, s->name, base, where, err,
+                                  errlen);
 }
 
 int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
@@ -1464,7 +807,9 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "%s", lua_tostring(L, -1));
         rc = RT_EINVAL;
     } else {
-        rc = run_and_apply(L, c, path, true, err, errlen);
+        rc = run_and_apply(L, c, path, RT_FROM_FILE, err, errlen);
+        if (rc == 0)
+            snprintf(c->file, sizeof(c->file), "%s", path);
     }
     lua_close(L);
     if (rc)
@@ -1478,7 +823,7 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen)
         return RT_EINVAL;
     }
     for (size_t i = 0; i < NSETTINGS && rc == 0; i++)
-        if (names_files(settings[i].kind))
+        if (names_files(kind_of(&settings[i])))
             rc = resolve_path(c, &settings[i], base, path, err, errlen);
     return rc;
 }
@@ -1488,13 +833,27 @@ bool rt_conf_known(const char *key)
     return find_setting(key) != NULL;
 }
 
+const rt_setting_t *rt_conf_setting(const char *key)
+{
+    return find_setting(key);
+}
+
+static int set_assignment(rt_conf_t *c, const char *where, rt_conf_from_t from,
+                          const char *assignment, char *err, size_t errlen);
+
 int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen)
 {
-    return rt_conf_set_from(c, "command line", assignment, err, errlen);
+    return set_assignment(c, "command line", RT_FROM_OPTION, assignment, err, errlen);
 }
 
 int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, char *err,
                      size_t errlen)
+{
+    return set_assignment(c, where, RT_FROM_SET, assignment, err, errlen);
+}
+
+static int set_assignment(rt_conf_t *c, const char *where, rt_conf_from_t from,
+                          const char *assignment, char *err, size_t errlen)
 {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) {
@@ -1535,7 +894,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         snprintf(err, errlen, "%s", lua_tostring(L, -1));
         rc = RT_EINVAL;
     } else {
-        rc = run_and_apply(L, c, where, false, err, errlen);
+        rc = run_and_apply(L, c, where, from, err, errlen);
     }
     lua_close(L);
     char key[64], cwd[PATH_MAX];
@@ -1546,7 +905,7 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
         kend--;
     snprintf(key, sizeof(key), "%.*s", (int)(kend - k), k);
     const setting_t *s = find_setting(key);
-    if (rc == 0 && s && names_files(s->kind)) {
+    if (rc == 0 && s && names_files(kind_of(s))) {
         if (!getcwd(cwd, sizeof(cwd))) {
             snprintf(err, errlen, "%s: %s: cannot read the current directory: %s", where, key,
                      strerror(errno));

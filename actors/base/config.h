@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #define RT_CONF_MAX_LISTENERS 16
 #define RT_CONF_ERR_LEN 512 /* bytes for an error message */
@@ -52,7 +53,9 @@ typedef struct rt_conf_rate_s {
 #define RT_CONF_MAX_NATS 8 /* NATS server URLs a node knows at start (it learns the rest) */
 #define RT_CONF_URL_MAX 256
 
+/* In the order of their choices in the schema (tls.verify, tls.min_version). */
 typedef enum { RT_TLS_VERIFY_NONE, RT_TLS_VERIFY_OPTIONAL, RT_TLS_VERIFY_REQUIRED } rt_tls_verify_t;
+typedef enum { RT_TLS_1_2, RT_TLS_1_3 } rt_tls_version_t;
 
 /* A certificate served to clients that ask for name by SNI (tls.sni). */
 #define RT_CONF_MAX_SNI 4
@@ -70,7 +73,7 @@ typedef struct rt_conf_tls_s {
     char crl[RT_CONF_PATH_MAX]; /* revoked client certificates; "": no revocation check */
     rt_tls_verify_t verify;
     bool identity_as_username; /* the client certificate's subject CN is the user name */
-    int min_version;           /* 12 (TLS 1.2, the default) or 13 */
+    rt_tls_version_t min_version; /* the oldest version accepted */
 } rt_conf_tls_t;
 
 /*
@@ -180,6 +183,78 @@ typedef struct rt_conf_sections_s {
     unsigned n;      /* sections, sorted by name */
     rt_conf_section_t s[RT_CONF_MAX_SECTIONS];
 } rt_conf_sections_t;
+
+/*
+** The settings schema: every setting rtd reads, declared once with what the loader, `rtctl
+** config show`, docs/CONFIG.md and rtd.conf(5) need (config_schema.c; `rtd --print-schema`).
+** A name is a dotted path: "max_connections", "listeners[].tls.cert", "http.bind",
+** "sinks.<name>.batch", "sinks.<name>(sqlite).file" (a key of one sink type's).
+*/
+typedef enum {
+    RT_SET_INT,     /* a whole number in [min, max] */
+    RT_SET_NUMBER,  /* a number in [min, max] */
+    RT_SET_BOOL,    /* true or false */
+    RT_SET_STRING,  /* text; one of choices when they are given */
+    RT_SET_PATH,    /* text naming a file or directory, relative to the config file's directory */
+    RT_SET_ADDRESS, /* "host:port", a numeric host ("[v6]:port") */
+    RT_SET_NETS,    /* "address/bits" or a list of them */
+    RT_SET_TABLE,   /* a table of the settings named under it */
+    RT_SET_LIST,    /* one of what it names under it, or a list of them */
+    RT_SET_MAP,     /* name = { ... } entries of the settings named under "<name>" */
+    RT_SET_PREFIX   /* any key under it ("columns.<name>"), a string each */
+} rt_set_type_t;
+
+typedef struct rt_setting_s {
+    const char *name;
+    rt_set_type_t type;
+    double num;                 /* numbers and booleans: the default */
+    const char *text;           /* the default as rtd.conf writes it; NULL: a number's, or none */
+    const char *unit;           /* "bytes", "seconds", "ms"...; NULL: none */
+    double min, max;            /* numbers: accepted range */
+    const char *const *choices; /* strings: the values allowed (NULL-terminated), or NULL */
+    bool live;                  /* `rtctl config set` changes it while rtd runs */
+    bool secret;                /* config show says whether it is set, never what it is */
+    const char *doc;            /* one line */
+    size_t offset, size;        /* top-level settings: their rt_conf_t field, strings' size */
+} rt_setting_t;
+
+/*
+** A table of settings another layer reads itself (the sinks' keys, actors/sinks), added to the
+** schema at start, before any thread reads it (rtd's main): one declaration format, one list.
+** The table ends with an entry whose name is NULL and stays valid for good.
+*/
+#define RT_CONF_MAX_TABLES 8
+void rt_conf_schema_add(const rt_setting_t *table);
+/* Every setting in the schema's order (then the tables added, in their order). */
+void rt_conf_schema_each(void (*fn)(const rt_setting_t *s, void *ud), void *ud);
+/* A setting's default as rtd.conf writes it ("" for a table or none) into out. */
+void rt_conf_default_text(const rt_setting_t *s, char *out, size_t n);
+/* The schema as a reference: "markdown" (docs/CONFIG.md) or "man" (rtd.conf(5)); RT_EINVAL. */
+int rt_conf_schema_print(const char *format, FILE *out);
+
+/*
+** Checks one flattened key of a named section (a sink's) against its schema entry s, as the
+** loader checks a setting: 0, or RT_EINVAL with why naming the key and what it must be.
+*/
+int rt_conf_check_kv(const rt_setting_t *s, const rt_conf_kv_t *kv, char *why, size_t whylen);
+
+/* A string setting's choices as "a, b or c" (errors and the reference say them so). */
+void rt_conf_choices_text(const char *const *choices, char *out, size_t n);
+
+/* Where a top-level setting's value came from (rt_conf_each). */
+typedef enum {
+    RT_FROM_DEFAULT = 0, /* the built-in default */
+    RT_FROM_FILE,        /* the config file, at its line */
+    RT_FROM_OPTION,      /* rtd -o */
+    RT_FROM_SET          /* rtctl config set */
+} rt_conf_from_t;
+
+typedef struct rt_conf_origin_s {
+    unsigned char from; /* rt_conf_from_t */
+    int line;           /* RT_FROM_FILE: the assignment's line */
+} rt_conf_origin_t;
+
+#define RT_CONF_MAX_SETTINGS 96 /* top-level settings */
 
 typedef struct rt_conf_s {
     /* Listeners: "host:port" strings; "[v6]:port" for IPv6. */
@@ -291,6 +366,10 @@ typedef struct rt_conf_s {
 
     /* Sinks (actors/sink.h checks each one's keys). */
     rt_conf_sections_t sinks;
+
+    /* Where each top-level setting came from, by its place in the schema. */
+    char file[RT_CONF_PATH_MAX]; /* the config file loaded; "": none */
+    rt_conf_origin_t origin[RT_CONF_MAX_SETTINGS];
 } rt_conf_t;
 
 void rt_conf_defaults(rt_conf_t *c);
@@ -305,12 +384,20 @@ void rt_conf_defaults(rt_conf_t *c);
 int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen);
 
 /*
-** Calls fn for every setting in the table's order with its current value as
-** text (listeners joined by ", ", sinks by name) and its one-line help.
+** Calls fn for every top-level setting in the schema's order with its current value as
+** text (listeners joined by ", ", sinks by name), its default and where the value came
+** from as text: "default", "FILE:LINE", "-o" or "config set"; after listeners, http and
+** cluster, each key of their tables (each listener's: "listeners[1].tls.cert"), from where
+** the table came from.
 */
-void rt_conf_each(const rt_conf_t *c,
-                  void (*fn)(const char *key, const char *value, const char *help, void *ud),
-                  void *ud);
+typedef struct rt_conf_value_s {
+    const rt_setting_t *setting;
+    const char *name; /* the setting's name, a table's keys with their place ("listeners[2].bind") */
+    const char *value, *dflt, *from;
+} rt_conf_value_t;
+void rt_conf_each(const rt_conf_t *c, void (*fn)(const rt_conf_value_t *v, void *ud), void *ud);
+/* The top-level setting named key, or NULL. */
+const rt_setting_t *rt_conf_setting(const char *key);
 
 /*
 ** Applies one "key=value" override (Lua syntax for the value), as from `rtd -o`.
@@ -318,7 +405,7 @@ void rt_conf_each(const rt_conf_t *c,
 ** shell user expects of a flag.
 */
 int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen);
-/* The same, with errors naming where the assignment came from ("rtctl") instead. */
+/* The same, from rtctl config set: errors name where ("rtctl"), and so does config show. */
 int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, char *err,
                      size_t errlen);
 /* Whether addr (16 bytes, IPv4 v4-mapped) is in one of the n networks. */

@@ -96,12 +96,11 @@ typedef struct {
     char value[RT_CONF_VALUE_LEN * 2];
 } conf_value_t;
 
-static void pick_value(const char *key, const char *value, const char *help, void *ud)
+static void pick_value(const rt_conf_value_t *cv, void *ud)
 {
-    (void)help;
     conf_value_t *v = ud;
-    if (strcmp(key, v->key) == 0)
-        snprintf(v->value, sizeof(v->value), "%s", value);
+    if (strcmp(cv->name, v->key) == 0)
+        snprintf(v->value, sizeof(v->value), "%s", cv->value);
 }
 
 void rtd_access(const rt_conf_t *c, unsigned i, rtd_access_t *out)

@@ -118,6 +118,7 @@ static void usage(FILE *out)
         fprintf(out, "       rtd %s %s\n", subcommands[i].name, subcommands[i].synopsis);
     fprintf(out,
             "       rtd -v | --version\n"
+            "       rtd --print-schema=markdown|man\n"
             "  -c FILE          configuration file (default %s)\n"
             "  -o name=value    override one setting of the file (repeatable)\n"
             "  --check          load the configuration, every rule and every TLS, password,\n"
@@ -125,6 +126,8 @@ static void usage(FILE *out)
             "                   for whom; exit 0 if rtd would start, 2 if not. Binds, starts\n"
             "                   and creates nothing\n"
             "  -v, --version    print rtd's version\n"
+            "  --print-schema=markdown|man\n"
+            "                   print the settings reference (docs/CONFIG.md, rtd.conf(5))\n"
             "subcommands (rtd SUBCOMMAND --help for their options):\n",
             RTD_CONFIG_FILE);
     for (size_t i = 0; i < NSUBCOMMANDS; i++)
@@ -544,6 +547,7 @@ int main(int argc, char **argv)
     const char *overrides[64];
     int noverrides = 0;
     bool check = false;
+    rt_sinks_schema(); /* before anything reads the schema: the loader, config show, the docs */
     for (size_t i = 0; argc > 1 && i < NSUBCOMMANDS; i++)
         if (strcmp(argv[1], subcommands[i].name) == 0)
             return subcommands[i].main(argc - 1, argv + 1);
@@ -554,6 +558,12 @@ int main(int argc, char **argv)
             overrides[noverrides++] = argv[++i];
         } else if (strcmp(argv[i], "--check") == 0) {
             check = true;
+        } else if (strncmp(argv[i], "--print-schema=", 15) == 0) {
+            if (rt_conf_schema_print(argv[i] + 15, stdout) != 0) {
+                fprintf(stderr, "rtd: --print-schema=markdown or --print-schema=man\n");
+                return 2;
+            }
+            return fflush(stdout) == 0 ? 0 : 1;
         } else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-v") == 0) {
             printf("rtd %s\n", RTD_VERSION);
             return 0;

@@ -44,6 +44,8 @@ typedef struct rt_sink_committed_s {
 ** code with err set; on error no sink is left running.
 */
 int rt_sinks_start(const rt_conf_t *conf, rt_pid_t sup, char *err, size_t errlen);
+/* Adds the sinks' keys (common and each driver's) to the settings schema (config.h). */
+void rt_sinks_schema(void);
 /*
 ** What rt_sinks_start checks, alone (`rtd --check`): every sink's keys and its driver's
 ** settings, with the same errors; nothing is opened, connected or started. Not while

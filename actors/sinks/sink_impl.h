@@ -47,22 +47,19 @@ typedef struct {
     uint64_t max_rows, max_age_s, max_bytes;
 } rt_sink_keeps_t;
 
-/* A config key a driver accepts. */
-typedef enum { SK_STRING, SK_INT, SK_BOOL, SK_PREFIX } sink_key_kind_t;
-typedef struct sink_key_s {
-    const char *name; /* for SK_PREFIX: "columns." accepts columns.<anything> (strings) */
-    sink_key_kind_t kind;
-    double min, max; /* SK_INT range */
-    const char *help;
-} sink_key_t;
+/*
+** A driver's config keys are settings of the schema (config.h), named
+** "sinks.<name>(TYPE).KEY"; an RT_SET_PREFIX key "sinks.<name>(sqlite).columns.<column>"
+** takes any key that starts with "columns.".
+*/
+#define RT_SINK_KEY_SCOPE "sinks.<name>"
 
 struct sink_driver_s {
     const char *type;
     bool blocking; /* runs on the blocking pool (database drivers) */
     bool spills;   /* has a spill queue (database drivers) */
-    int batch_default;
-    int flush_ms_default;
-    const sink_key_t *keys; /* NULL-terminated; the common keys are always accepted */
+    const rt_setting_t *keys; /* NULL-terminated; the common keys are always accepted, and a
+                                 driver's key of the same name (its own default) wins */
     /* Reads the sink's config (already checked against keys); no I/O. why: the reason. */
     int (*configure)(rt_sink_t *s, const rt_conf_section_t *sec, char *why, size_t whylen);
     /*

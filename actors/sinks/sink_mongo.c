@@ -19,6 +19,7 @@
 #include "log.h"
 #include "sink_impl.h"
 
+#define MG_URI_DEFAULT "mongodb://127.0.0.1:27017"
 #define MG_TIMEOUT_MS_DEFAULT 2000 /* server selection, connect and socket timeouts */
 #define MG_DUPLICATE_KEY 11000
 
@@ -32,14 +33,37 @@ typedef struct mg_s {
     mongoc_write_concern_t *wc;
 } mg_t;
 
-static const sink_key_t mongo_keys[] = {
-    {"uri", SK_STRING, 0, 0, "mongodb://host:port/?options"},
-    {"database", SK_STRING, 0, 0, "database name"},
-    {"collection", SK_STRING, 0, 0, "default collection (a rule may name another)"},
-    {"w", SK_INT, 0, 50, "write concern: servers that must acknowledge (0 = none)"},
-    {"journal", SK_BOOL, 0, 0, "wait for the journal (write concern j)"},
-    {"timeout_ms", SK_INT, 100, 600000, "server selection, connect and socket timeout"},
-    {NULL, 0, 0, 0, NULL},
+static const rt_setting_t mongo_keys[] = {
+    {.name = "sinks.<name>(mongodb).uri",
+     .type = RT_SET_STRING,
+     .text = MG_URI_DEFAULT,
+     .doc = "mongodb://host:port/?options; its options win over timeout_ms"},
+    {.name = "sinks.<name>(mongodb).database",
+     .type = RT_SET_STRING,
+     .text = "rt",
+     .doc = "the database (default: the uri's, else rt)"},
+    {.name = "sinks.<name>(mongodb).collection",
+     .type = RT_SET_STRING,
+     .text = "messages",
+     .doc = "the collection rows go to when a rule names none"},
+    {.name = "sinks.<name>(mongodb).w",
+     .type = RT_SET_INT,
+     .num = 1,
+     .unit = "servers",
+     .min = 0,
+     .max = 50,
+     .doc = "write concern: servers that must acknowledge (0 = none)"},
+    {.name = "sinks.<name>(mongodb).journal",
+     .type = RT_SET_BOOL,
+     .doc = "wait for the journal (write concern j)"},
+    {.name = "sinks.<name>(mongodb).timeout_ms",
+     .type = RT_SET_INT,
+     .num = MG_TIMEOUT_MS_DEFAULT,
+     .unit = "ms",
+     .min = 100,
+     .max = 600000,
+     .doc = "server selection, connect and socket timeout (a uri that sets them wins)"},
+    {.name = NULL},
 };
 
 static pthread_once_t mongoc_once = PTHREAD_ONCE_INIT;
@@ -89,7 +113,7 @@ static int mg_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
     }
     s->drv_state = m;
     const rt_conf_kv_t *kv = rt__sink_kv(sec, "uri");
-    const char *uri = kv ? kv->str : "mongodb://127.0.0.1:27017";
+    const char *uri = kv ? kv->str : MG_URI_DEFAULT;
     bson_error_t error;
     m->uri = mongoc_uri_new_with_error(uri, &error);
     if (!m->uri) {
@@ -336,8 +360,6 @@ const sink_driver_t rt_sink_mongo_driver = {
     .type = "mongodb",
     .blocking = true,
     .spills = true,
-    .batch_default = RT_SINK_BATCH_DEFAULT,
-    .flush_ms_default = RT_SINK_FLUSH_MS_DEFAULT,
     .keys = mongo_keys,
     .configure = mg_configure,
     .admit = mg_admit,

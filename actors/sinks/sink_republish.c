@@ -26,12 +26,36 @@ typedef struct rp_s {
     rt_buf_t out; /* rendering scratch: the topic, then the payload */
 } rp_t;
 
-static const sink_key_t republish_keys[] = {
-    {"topic", SK_STRING, 0, 0, "topic template, e.g. \"out/${clientid}\""},
-    {"payload", SK_STRING, 0, 0, "payload template, e.g. \"${payload}\"; default: the row as JSON"},
-    {"qos", SK_INT, 0, 2, "0, 1 or 2"},
-    {"retain", SK_BOOL, 0, 0, "publish retained"},
-    {NULL, 0, 0, 0, NULL},
+static const rt_setting_t republish_keys[] = {
+    /* Published as they come: a batch is only what has arrived, written at once. */
+    {.name = "sinks.<name>(republish).batch",
+     .type = RT_SET_INT,
+     .num = 100,
+     .unit = "rows",
+     .min = 1,
+     .max = 100000,
+     .doc = "per write (a republish sink's default)"},
+    {.name = "sinks.<name>(republish).flush_ms",
+     .type = RT_SET_INT,
+     .num = 0,
+     .unit = "ms",
+     .min = 0,
+     .max = 3600000,
+     .doc = "before a partial batch is written (a republish sink's default)"},
+    {.name = "sinks.<name>(republish).topic",
+     .type = RT_SET_STRING,
+     .doc = "topic template, e.g. \"out/${clientid}\" (required)"},
+    {.name = "sinks.<name>(republish).payload",
+     .type = RT_SET_STRING,
+     .doc = "payload template, e.g. \"${payload}\"; not set: the row as JSON"},
+    {.name = "sinks.<name>(republish).qos",
+     .type = RT_SET_INT,
+     .num = 0,
+     .min = 0,
+     .max = 2,
+     .doc = "the QoS it publishes at"},
+    {.name = "sinks.<name>(republish).retain", .type = RT_SET_BOOL, .doc = "publish retained"},
+    {.name = NULL},
 };
 
 static void rp_free(rt_sink_t *s)
@@ -259,8 +283,6 @@ const sink_driver_t rt_sink_republish_driver = {
     .type = "republish",
     .blocking = false,
     .spills = false,
-    .batch_default = 100,
-    .flush_ms_default = 0,
     .keys = republish_keys,
     .configure = rp_configure,
     .write = rp_write,

@@ -32,61 +32,103 @@ const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key)
     return NULL;
 }
 
-static const sink_key_t common_keys[] = {
-    {"type", SK_STRING, 0, 0, "sqlite, mongodb or republish"},
-    {"enabled", SK_BOOL, 0, 0, "false keeps the sink configured but not started"},
-    {"batch", SK_INT, 1, 100000, "rows per write"},
-    {"flush_ms", SK_INT, 0, 3600000, "ms before a partial batch is written"},
-    {"queue_bytes", SK_INT, 1024, 1e12, "bytes of rows kept in memory before spilling"},
-    {"max_bytes", SK_INT, 1024, 1e15, "bytes in memory and spill; beyond, rows are dropped"},
-    {"backoff_ms", SK_INT, 1, 60000, "first retry delay"},
-    {"backoff_max_ms", SK_INT, 1, 600000, "longest retry delay"},
-    {NULL, 0, 0, 0, NULL},
+static const char *const sink_types[] = {"sqlite", "mongodb", "republish", NULL};
+
+/* The keys every sink takes, whatever its type. */
+static const rt_setting_t common_keys[] = {
+    {.name = "sinks.<name>.type",
+     .type = RT_SET_STRING,
+     .choices = sink_types,
+     .doc = "the driver (required)"},
+    {.name = "sinks.<name>.enabled",
+     .type = RT_SET_BOOL,
+     .num = true,
+     .doc = "false keeps the sink configured (and checked) but not started"},
+    {.name = "sinks.<name>.batch",
+     .type = RT_SET_INT,
+     .num = RT_SINK_BATCH_DEFAULT,
+     .unit = "rows",
+     .min = 1,
+     .max = 100000,
+     .doc = "per write"},
+    {.name = "sinks.<name>.flush_ms",
+     .type = RT_SET_INT,
+     .num = RT_SINK_FLUSH_MS_DEFAULT,
+     .unit = "ms",
+     .min = 0,
+     .max = 3600000,
+     .doc = "before a partial batch is written"},
+    {.name = "sinks.<name>.queue_bytes",
+     .type = RT_SET_INT,
+     .num = RT_SINK_QUEUE_BYTES_DEFAULT,
+     .unit = "bytes",
+     .min = 1024,
+     .max = 1e12,
+     .doc = "of rows kept in memory before they are spilled to disk"},
+    {.name = "sinks.<name>.max_bytes",
+     .type = RT_SET_INT,
+     .num = RT_SINK_MAX_BYTES_DEFAULT,
+     .unit = "bytes",
+     .min = 1024,
+     .max = 1e15,
+     .doc = "in memory and spill; beyond, rows are dropped"},
+    {.name = "sinks.<name>.backoff_ms",
+     .type = RT_SET_INT,
+     .num = RT_SINK_BACKOFF_MS_DEFAULT,
+     .unit = "ms",
+     .min = 1,
+     .max = 60000,
+     .doc = "the first retry delay after a failure"},
+    {.name = "sinks.<name>.backoff_max_ms",
+     .type = RT_SET_INT,
+     .num = RT_SINK_BACKOFF_MAX_MS_DEFAULT,
+     .unit = "ms",
+     .min = 1,
+     .max = 600000,
+     .doc = "the longest retry delay (the delay doubles)"},
+    {.name = NULL},
 };
 
-static const sink_key_t *find_key(const sink_key_t *keys, const char *name)
+void rt_sinks_schema(void)
+{
+    rt_conf_schema_add(common_keys);
+    for (size_t i = 0; i < sizeof(drivers) / sizeof(drivers[0]); i++)
+        rt_conf_schema_add(drivers[i]->keys);
+}
+
+/* A key's name in the section: what its schema name has after "sinks.<name>." or
+   "sinks.<name>(TYPE)."; for a prefix, up to its "<...>". */
+static const char *key_of(const rt_setting_t *k, size_t *len)
+{
+    const char *p = k->name + strlen(RT_SINK_KEY_SCOPE);
+    if (*p == '(')
+        p = strchr(p, ')') + 1;
+    p++; /* the dot */
+    *len = k->type == RT_SET_PREFIX ? strcspn(p, "<") : strlen(p);
+    return p;
+}
+
+static const rt_setting_t *find_key(const rt_setting_t *keys, const char *name)
 {
     for (; keys && keys->name; keys++) {
-        size_t n = strlen(keys->name);
-        if (keys->kind == SK_PREFIX ? strncmp(keys->name, name, n) == 0 && name[n]
-                                    : strcmp(keys->name, name) == 0)
+        size_t n;
+        const char *key = key_of(keys, &n);
+        if (keys->type == RT_SET_PREFIX ? strncmp(key, name, n) == 0 && name[n]
+                                        : strcmp(key, name) == 0)
             return keys;
     }
     return NULL;
 }
 
-static int check_key(const rt_conf_kv_t *kv, const sink_key_t *k, char *why, size_t whylen)
-{
-    switch (k->kind) {
-    case SK_STRING:
-    case SK_PREFIX:
-        if (kv->type != RT_CONF_V_STRING) {
-            snprintf(why, whylen, "%s must be a string (%s)", kv->key, k->help);
-            return RT_EINVAL;
-        }
-        return 0;
-    case SK_BOOL:
-        if (kv->type != RT_CONF_V_BOOL) {
-            snprintf(why, whylen, "%s must be true or false", kv->key);
-            return RT_EINVAL;
-        }
-        return 0;
-    case SK_INT:
-        if (kv->type != RT_CONF_V_NUMBER || kv->num != (double)(long long)kv->num ||
-            kv->num < k->min || kv->num > k->max) {
-            snprintf(why, whylen, "%s must be a whole number from %.0f to %.0f (%s)", kv->key,
-                     k->min, k->max, k->help);
-            return RT_EINVAL;
-        }
-        return 0;
-    }
-    return RT_EINVAL;
-}
-
-static double num_or(const rt_conf_section_t *sec, const char *key, double dflt)
+/* A number key of a sink: as set, else its driver's default, else every sink's. */
+static double num_or(const rt_conf_section_t *sec, const sink_driver_t *drv, const char *key)
 {
     const rt_conf_kv_t *kv = rt__sink_kv(sec, key);
-    return kv ? kv->num : dflt;
+    const rt_setting_t *k = find_key(drv->keys, key);
+    if (!k)
+        k = find_key(common_keys, key);
+    RT_ASSERT(k && k->type == RT_SET_INT);
+    return kv ? kv->num : k->num;
 }
 
 static void sink_free(rt_sink_t *s)
@@ -108,7 +150,9 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
     *out = NULL;
     const rt_conf_kv_t *type = rt__sink_kv(sec, "type");
     if (!type || type->type != RT_CONF_V_STRING) {
-        snprintf(why, whylen, "type is required (sqlite, mongodb or republish)");
+        char types[64];
+        rt_conf_choices_text(sink_types, types, sizeof(types));
+        snprintf(why, whylen, "type is required (%s)", types);
         return RT_EINVAL;
     }
     const sink_driver_t *drv = NULL;
@@ -116,27 +160,36 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
         if (strcmp(drivers[i]->type, type->str) == 0)
             drv = drivers[i];
     if (!drv) {
-        snprintf(why, whylen, "unknown type \"%s\" (sqlite, mongodb or republish)", type->str);
+        char types[64];
+        rt_conf_choices_text(sink_types, types, sizeof(types));
+        snprintf(why, whylen, "unknown type \"%.40s\" (%.60s)", type->str, types);
         return RT_EINVAL;
     }
     for (unsigned i = 0; i < sec->nkeys; i++) {
-        const sink_key_t *k = find_key(common_keys, sec->keys[i].key);
+        const rt_setting_t *k = find_key(drv->keys, sec->keys[i].key); /* it may override */
         if (!k)
-            k = find_key(drv->keys, sec->keys[i].key);
+            k = find_key(common_keys, sec->keys[i].key);
         if (!k) {
             int n = snprintf(why, whylen, "unknown key %s (%s sinks take:", sec->keys[i].key,
                              drv->type);
-            for (const sink_key_t *kk = common_keys + 1; kk->name && n > 0 && (size_t)n < whylen;
-                 kk++)
-                n += snprintf(why + n, whylen - (size_t)n, " %s", kk->name);
-            for (const sink_key_t *kk = drv->keys; kk->name && n > 0 && (size_t)n < whylen; kk++)
-                n += snprintf(why + n, whylen - (size_t)n, " %s%s", kk->name,
-                              kk->kind == SK_PREFIX ? "*" : "");
+            for (const rt_setting_t *kk = common_keys + 1; kk->name && n > 0 && (size_t)n < whylen;
+                 kk++) {
+                size_t len;
+                const char *key = key_of(kk, &len);
+                n += snprintf(why + n, whylen - (size_t)n, " %.*s", (int)len, key);
+            }
+            for (const rt_setting_t *kk = drv->keys; kk->name && n > 0 && (size_t)n < whylen;
+                 kk++) {
+                size_t len;
+                const char *key = key_of(kk, &len);
+                n += snprintf(why + n, whylen - (size_t)n, " %.*s%s", (int)len, key,
+                              kk->type == RT_SET_PREFIX ? "*" : "");
+            }
             if (n > 0 && (size_t)n < whylen)
                 snprintf(why + n, whylen - (size_t)n, ")");
             return RT_EINVAL;
         }
-        int rc = check_key(&sec->keys[i], k, why, whylen);
+        int rc = rt_conf_check_kv(k, &sec->keys[i], why, whylen);
         if (rc)
             return rc;
     }
@@ -148,12 +201,12 @@ static int make_sink(const rt_conf_t *conf, const rt_conf_section_t *sec, rt_sin
     pthread_mutex_init(&s->err_lock, NULL);
     snprintf(s->name, sizeof(s->name), "%s", sec->name);
     s->drv = drv;
-    s->batch = (uint32_t)num_or(sec, "batch", drv->batch_default);
-    s->flush_ms = (uint32_t)num_or(sec, "flush_ms", drv->flush_ms_default);
-    s->queue_bytes = (uint64_t)num_or(sec, "queue_bytes", RT_SINK_QUEUE_BYTES_DEFAULT);
-    s->max_bytes = (uint64_t)num_or(sec, "max_bytes", (double)RT_SINK_MAX_BYTES_DEFAULT);
-    s->backoff_ms = (uint32_t)num_or(sec, "backoff_ms", RT_SINK_BACKOFF_MS_DEFAULT);
-    s->backoff_max_ms = (uint32_t)num_or(sec, "backoff_max_ms", RT_SINK_BACKOFF_MAX_MS_DEFAULT);
+    s->batch = (uint32_t)num_or(sec, drv, "batch");
+    s->flush_ms = (uint32_t)num_or(sec, drv, "flush_ms");
+    s->queue_bytes = (uint64_t)num_or(sec, drv, "queue_bytes");
+    s->max_bytes = (uint64_t)num_or(sec, drv, "max_bytes");
+    s->backoff_ms = (uint32_t)num_or(sec, drv, "backoff_ms");
+    s->backoff_max_ms = (uint32_t)num_or(sec, drv, "backoff_max_ms");
     if (s->backoff_max_ms < s->backoff_ms)
         s->backoff_max_ms = s->backoff_ms;
     atomic_store(&s->state, SINK_CONNECTING);

@@ -70,19 +70,55 @@ typedef struct sq_s {
     sq_retention_t ret;
 } sq_t;
 
+static const char *const sq_sync_modes[] = {"full", "normal", NULL};
 static const char *const sql_types[] = {"integer", "real", "text", "blob", "numeric", "json", NULL};
 
-static const sink_key_t sqlite_keys[] = {
-    {"file", SK_STRING, 0, 0, "database file, relative to data_dir (default <name>.db)"},
-    {"table", SK_STRING, 0, 0, "default table (a rule may name another)"},
-    {"synchronous", SK_STRING, 0, 0, "full or normal"},
-    {"busy_ms", SK_INT, 0, 60000, "ms a write waits for a lock held elsewhere"},
-    {"columns.", SK_PREFIX, 0, 0, "columns.<name> = \"integer|real|text|blob|numeric|json\""},
-    {"retention.max_rows", SK_INT, 1, 1e15, "rows kept per table; the oldest beyond are deleted"},
-    {"retention.max_age", SK_INT, 1, 1e10, "seconds a row is kept after it was written"},
-    {"retention.max_bytes", SK_INT, 1 << 20, 1e15,
-     "bytes of database pages in use; past it the oldest rows are deleted"},
-    {NULL, 0, 0, 0, NULL},
+static const rt_setting_t sqlite_keys[] = {
+    {.name = "sinks.<name>(sqlite).file",
+     .type = RT_SET_PATH,
+     .text = "<name>.db",
+     .doc = "the database file, relative to data_dir"},
+    {.name = "sinks.<name>(sqlite).table",
+     .type = RT_SET_STRING,
+     .text = "messages",
+     .doc = "the table rows go to when a rule names none"},
+    {.name = "sinks.<name>(sqlite).synchronous",
+     .type = RT_SET_STRING,
+     .text = "full",
+     .choices = sq_sync_modes,
+     .doc = "full: a batch is on disk when acknowledged; normal: it may be lost in a power cut"},
+    {.name = "sinks.<name>(sqlite).busy_ms",
+     .type = RT_SET_INT,
+     .num = SQ_BUSY_MS_DEFAULT,
+     .unit = "ms",
+     .min = 0,
+     .max = 60000,
+     .doc = "a write waits for a lock another connection holds"},
+    {.name = "sinks.<name>(sqlite).columns.<column>",
+     .type = RT_SET_PREFIX,
+     .doc = "a column's type: integer, real, text, blob, numeric or json"},
+    {.name = "sinks.<name>(sqlite).retention.max_rows",
+     .type = RT_SET_INT,
+     .text = "no limit",
+     .unit = "rows",
+     .min = 1,
+     .max = 1e15,
+     .doc = "kept per table; the oldest beyond are deleted"},
+    {.name = "sinks.<name>(sqlite).retention.max_age",
+     .type = RT_SET_INT,
+     .text = "no limit",
+     .unit = "seconds",
+     .min = 1,
+     .max = 1e10,
+     .doc = "a row is kept after it was written"},
+    {.name = "sinks.<name>(sqlite).retention.max_bytes",
+     .type = RT_SET_INT,
+     .text = "no limit",
+     .unit = "bytes",
+     .min = 1 << 20,
+     .max = 1e15,
+     .doc = "of database pages in use; past it the oldest rows are deleted"},
+    {.name = NULL},
 };
 
 /* ---- Scratch strings ---- */
@@ -171,12 +207,8 @@ static int sq_configure(rt_sink_t *s, const rt_conf_section_t *sec, char *why, s
     } else {
         memcpy(q->table, kv ? kv->str : "messages", strlen(kv ? kv->str : "messages") + 1);
     }
-    kv = rt__sink_kv(sec, "synchronous");
+    kv = rt__sink_kv(sec, "synchronous"); /* full or normal: its choices are checked */
     q->sync_full = !kv || strcmp(kv->str, "full") == 0;
-    if (kv && strcmp(kv->str, "full") != 0 && strcmp(kv->str, "normal") != 0) {
-        snprintf(why, whylen, "synchronous must be \"full\" or \"normal\" (got \"%s\")", kv->str);
-        rc = RT_EINVAL;
-    }
     kv = rt__sink_kv(sec, "busy_ms");
     q->busy_ms = kv ? (int)kv->num : SQ_BUSY_MS_DEFAULT;
     rt__retention_configure(&q->ret, sec);
@@ -769,8 +801,6 @@ const sink_driver_t rt_sink_sqlite_driver = {
     .type = "sqlite",
     .blocking = true,
     .spills = true,
-    .batch_default = RT_SINK_BATCH_DEFAULT,
-    .flush_ms_default = RT_SINK_FLUSH_MS_DEFAULT,
     .keys = sqlite_keys,
     .configure = sq_configure,
     .open = sq_open,

@@ -95,7 +95,7 @@ static SSL_CTX *build_context(const tls_server_t *s, const char *cert, const cha
         SSL_CTX_free(ctx);
         return NULL;
     }
-    SSL_CTX_set_min_proto_version(ctx, t->min_version == 13 ? TLS1_3_VERSION : TLS1_2_VERSION);
+    SSL_CTX_set_min_proto_version(ctx, t->min_version == RT_TLS_1_3 ? TLS1_3_VERSION : TLS1_2_VERSION);
     SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE |
                                  SSL_OP_NO_RENEGOTIATION);
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);

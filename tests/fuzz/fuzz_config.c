@@ -10,9 +10,10 @@
 #include "config.h"
 #include "fuzz_file.h"
 
-static void each(const char *key, const char *value, const char *help, void *ud)
+static void each(const rt_conf_value_t *v, void *ud)
 {
-    *(size_t *)ud += strlen(key) + strlen(value) + strlen(help);
+    *(size_t *)ud += strlen(v->name) + strlen(v->value) + strlen(v->dflt) + strlen(v->from) +
+                     strlen(v->setting->doc);
 }
 
 static rt_conf_t conf;

@@ -44,7 +44,8 @@ def test_package_holds_rtd_its_files_and_runtime_dependencies_only(deb):
     for f in ("./usr/bin/rtd", "./usr/bin/rtctl", "./etc/rt/rtd.conf",
               "./etc/rt/rules/archive.lua", "./usr/lib/systemd/system/rtd.service",
               "./usr/lib/sysusers.d/rt.conf", "./usr/share/man/man8/rtd.8.gz",
-              "./usr/share/man/man8/rtctl.8.gz", "./usr/share/doc/rt/copyright"):
+              "./usr/share/man/man8/rtctl.8.gz", "./usr/share/man/man5/rtd.conf.5.gz",
+              "./usr/share/doc/rt/copyright"):
         assert f in files, f
     control = path.parent / "control"
     run("dpkg-deb", "-e", path, control)

@@ -6,6 +6,7 @@ checking what the replies say and what the commands do.
 Run: RT_BUILD_DIR=$PWD/build/release /usr/bin/python3 -m pytest -q tests/integration/test_rtctl.py
 """
 import json
+import re
 import os
 import shutil
 import socket
@@ -446,9 +447,12 @@ def test_log_config_auth(broker):
     rows = {r["setting"]: r for r in js(broker, "config", "show")}
     assert rows["max_connections"]["changes"] == "live"
     assert "max_connections" in ok(broker, "config", "show")
+    assert rows["max_subscriptions"]["default"] == "0"
+    assert rows["max_subscriptions"]["from"] in ("default", "-o") or \
+        re.fullmatch(r".*rtd\.conf:\d+", rows["max_subscriptions"]["from"])
     ok(broker, "config", "set", "max_subscriptions", "7")
-    assert {r["setting"]: r for r in js(broker, "config", "show")}[
-        "max_subscriptions"]["value"] == "7"
+    row = {r["setting"]: r for r in js(broker, "config", "show")}["max_subscriptions"]
+    assert row["value"] == "7" and row["from"] == "config set" and row["default"] == "0"
     ok(broker, "config", "set", "log_level", "warning")
     assert js(broker, "log", "level") == {"level": "warning"}
     err = fails(broker, 409, "config", "set", "schedulers", "4")

@@ -1,5 +1,6 @@
 /* rtd's config loader: defaults, the shipped file, every kind of error with file and line. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -8,6 +9,13 @@
 #include "config.h"
 
 static char path[64];
+
+#define CHECK_STR(a, b)                                                                            \
+    do {                                                                                           \
+        if (strcmp((a), (b)) != 0)                                                                 \
+            fprintf(stderr, "  \"%s\" != \"%s\"\n", (a), (b));                                     \
+        CHECK(strcmp((a), (b)) == 0);                                                              \
+    } while (0)
 
 static void write_conf(const char *text)
 {
@@ -113,7 +121,7 @@ static void test_errors(void)
     CHECK_EQ(load("\n\nmax_conections = 10\n", &c, err), RT_EINVAL);
     CHECK(err_is(err, 3, "unknown setting max_conections"));
     CHECK_EQ(load("max_connections = -5\n", &c, err), RT_EINVAL);
-    CHECK(err_is(err, 1, "between 1 and"));
+    CHECK(err_is(err, 1, "whole number from 1 to 10000000 connections (got -5)"));
     CHECK_EQ(load("batch = 1.5\n", &c, err), RT_EINVAL);
     CHECK(err_is(err, 1, "whole number"));
     CHECK_EQ(load("queue_qos0 = 1\n", &c, err), RT_EINVAL);
@@ -213,7 +221,7 @@ static void test_listener_tables(void)
     CHECK(strcmp(c.listeners[1].tls.ca, "/etc/ca.pem") == 0);
     CHECK_EQ(c.listeners[1].tls.verify, RT_TLS_VERIFY_REQUIRED);
     CHECK(c.listeners[1].tls.identity_as_username);
-    CHECK_EQ(c.listeners[1].tls.min_version, 13);
+    CHECK_EQ(c.listeners[1].tls.min_version, RT_TLS_1_3);
     CHECK(strcmp(c.listeners[2].host, "::1") == 0 &&
           strcmp(c.listeners[2].websocket, "/mqtt") == 0);
     CHECK_EQ(c.listeners[2].ntrusted, 1);
@@ -286,7 +294,7 @@ static void test_http_tls(void)
              0);
     CHECK(c.http.where.tls_on && c.http.metrics_public);
     CHECK(c.http.where.tls.cert[0] == '/' && c.http.where.tls.key[0] == '/');
-    CHECK_EQ(c.http.where.tls.min_version, 13);
+    CHECK_EQ(c.http.where.tls.min_version, RT_TLS_1_3);
     static const refusal_t bad[] = {
         {"http={bind=\"127.0.0.1:1\", tls={cert=\"a\"}}", "http.tls needs cert and key"},
         {"http={bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", colour=1}}",
@@ -296,8 +304,8 @@ static void test_http_tls(void)
          "identity_as_username is for MQTT listeners"},
         {"http={bind=\"127.0.0.1:1\", tls=true}", "http.tls must be a table"},
         {"http={bind=\"127.0.0.1:1\", request_timeout=0}", "http.request_timeout must be"},
-        {"http={bind=\"127.0.0.1:1\", request_timeout=3601}", "from 1 to 3600"},
-        {"http={bind=\"127.0.0.1:1\", request_timeout=1.5}", "whole seconds"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=3601}", "from 1 to 3600 seconds"},
+        {"http={bind=\"127.0.0.1:1\", request_timeout=1.5}", "whole number from 1 to 3600"},
         {"http={bind=\"127.0.0.1:1\", request_timeout=\"2\"}", "http.request_timeout must be"},
     };
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
@@ -450,6 +458,178 @@ static void test_anonymous_from(void)
     CHECK(err_is(err, 1, "anonymous_from must be"));
 }
 
+/* Each setting's value as config show gives it: a defaults conf's, then c's. */
+typedef struct {
+    char name[64], value[256], dflt[256], from[256];
+} shown_t;
+
+static shown_t shown[RT_CONF_MAX_SETTINGS * 2];
+static size_t nshown;
+
+static void collect(const rt_conf_value_t *v, void *ud)
+{
+    (void)ud;
+    if (nshown == sizeof(shown) / sizeof(shown[0]))
+        return;
+    shown_t *s = &shown[nshown++];
+    snprintf(s->name, sizeof(s->name), "%s", v->name);
+    snprintf(s->value, sizeof(s->value), "%s", v->value);
+    snprintf(s->dflt, sizeof(s->dflt), "%s", v->dflt);
+    snprintf(s->from, sizeof(s->from), "%s", v->from);
+}
+
+static const shown_t *show(const rt_conf_t *c, const char *name)
+{
+    nshown = 0;
+    rt_conf_each(c, collect, NULL);
+    for (size_t i = 0; i < nshown; i++)
+        if (strcmp(shown[i].name, name) == 0)
+            return &shown[i];
+    return NULL;
+}
+
+/*
+** The default the schema declares (docs/CONFIG.md, rtd.conf(5)) is the one rtd starts with:
+** assigning each declared default to a defaults conf changes no value config show gives.
+*/
+static void test_schema_defaults_are_the_defaults(void)
+{
+    rt_conf_t *c = malloc(sizeof(*c));
+    char err[RT_CONF_ERR_LEN];
+    size_t checked = 0;
+    for (size_t i = 0;; i++) {
+        rt_conf_defaults(c);
+        nshown = 0;
+        rt_conf_each(c, collect, NULL);
+        if (i >= nshown)
+            break;
+        shown_t before = shown[i];
+        const rt_setting_t *s = rt_conf_setting(before.name);
+        if (strpbrk(before.name, ".["))
+            continue; /* a key of the default listener's table: test_table_keys_shown */
+        CHECK(s != NULL);
+        CHECK_STR(before.value, before.dflt);
+        CHECK_STR(before.from, "default");
+        char text[256], assignment[320];
+        rt_conf_default_text(s, text, sizeof(text));
+        if (!text[0])
+            continue; /* a table none is given by default (http, cluster, sinks) */
+        snprintf(assignment, sizeof(assignment), "%s = %s\n", s->name, text);
+        int rc = load(assignment, c, err);
+        if (rc)
+            fprintf(stderr, "  %s: %s\n", assignment, err);
+        CHECK_EQ(rc, 0);
+        const shown_t *after = show(c, before.name);
+        const char *tail = strrchr(after->value, '/');
+        /* A relative path is made absolute against the file's directory. */
+        bool same = strcmp(after->value, before.value) == 0 ||
+                    (s->type == RT_SET_PATH && tail && strcmp(tail + 1, before.value) == 0);
+        if (!same)
+            fprintf(stderr, "  %s: declared %s, built in %s\n", s->name, after->value,
+                    before.value);
+        CHECK(same);
+        CHECK(strncmp(after->from, path, strlen(path)) == 0);
+        checked++;
+    }
+    CHECK(checked > 50);
+    free(c);
+}
+
+/* config show says where each value came from: the file's line, -o, config set or default. */
+static void test_origins(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN], want[128];
+    CHECK_EQ(load("-- limits\nmax_connections = 5\n", &c, err), 0);
+    snprintf(want, sizeof(want), "%s:2", path);
+    CHECK_STR(show(&c, "max_connections")->from, want);
+    CHECK_STR(show(&c, "max_connections")->value, "5");
+    CHECK_STR(show(&c, "max_connections")->dflt, "1000000");
+    CHECK_STR(show(&c, "max_inflight")->from, "default");
+    CHECK_EQ(rt_conf_set(&c, "max_inflight=7", err, sizeof(err)), 0);
+    CHECK_STR(show(&c, "max_inflight")->from, "-o");
+    CHECK_EQ(rt_conf_set_from(&c, "rtctl", "max_connections=6", err, sizeof(err)), 0);
+    CHECK_STR(show(&c, "max_connections")->from, "config set");
+    /* A refused value leaves the origin as it was. */
+    CHECK(rt_conf_set(&c, "max_connections=0", err, sizeof(err)) != 0);
+    CHECK_STR(show(&c, "max_connections")->from, "config set");
+}
+
+/* config show gives each key of the tables a row: its value, default and the table's origin. */
+static void test_table_keys_shown(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN], want[128];
+    CHECK_EQ(
+        load("listeners = { \"127.0.0.1:1\", { bind = \"[::1]:2\", tls = { cert = \"c\", "
+             "key = \"k\", min_version = \"1.3\" }, trusted_proxies = \"10.0.0.0/8\" } }\n"
+             "http = { bind = \"127.0.0.1:3\", request_timeout = 30 }\n"
+             "cluster = { node = \"n1\", nats = \"nats://127.0.0.1:4222\", password = \"hush\", "
+             "secret_file = false }\n",
+             &c, err),
+        0);
+    if (err[0])
+        fprintf(stderr, "  %s\n", err);
+    snprintf(want, sizeof(want), "%s:2", path);
+    const shown_t *r = show(&c, "http.request_timeout");
+    CHECK(r != NULL);
+    if (r) {
+        CHECK_STR(r->value, "30");
+        CHECK_STR(r->dflt, "10");
+        CHECK_STR(r->from, want);
+    }
+    CHECK((r = show(&c, "listeners[2].bind")) && strcmp(r->value, "[::1]:2") == 0);
+    CHECK((r = show(&c, "listeners[2].tls.min_version")) && strcmp(r->value, "1.3") == 0 &&
+          strcmp(r->dflt, "1.2") == 0);
+    CHECK((r = show(&c, "listeners[2].trusted_proxies")) && strcmp(r->value, "10.0.0.0/8") == 0);
+    CHECK((r = show(&c, "listeners[2].rate_limit.messages")) && strcmp(r->value, "0") == 0);
+    CHECK(show(&c, "listeners[1].tls.cert") == NULL); /* no TLS on it */
+    CHECK((r = show(&c, "cluster.node")) && strcmp(r->value, "n1") == 0);
+    CHECK((r = show(&c, "cluster.password")) && strcmp(r->value, "(set)") == 0); /* never shown */
+    CHECK((r = show(&c, "cluster.token")) && strcmp(r->value, "") == 0);
+}
+
+/* A table of section keys as a layer above adds it (the sinks' in rtd). */
+static const rt_setting_t sink_keys[] = {
+    {.name = "sinks.<name>.batch",
+     .type = RT_SET_INT,
+     .num = 500,
+     .min = 1,
+     .max = 100000,
+     .doc = "rows per write"},
+    {.name = "sinks.<name>(sqlite).file",
+     .type = RT_SET_PATH,
+     .text = "<name>.db",
+     .doc = "the database"},
+    {.name = "sinks.<name>(mongodb).uri", .type = RT_SET_STRING, .doc = "the server"},
+    {.name = "sinks.<name>(republish).batch", .type = RT_SET_INT, .num = 100, .min = 1,
+     .max = 100000, .doc = "rows per write, its own default"},
+    {.name = NULL},
+};
+
+/* A sink's keys have rows: those set with the sinks' origin, the others with their default. */
+static void test_section_keys_shown(void)
+{
+    rt_conf_t c;
+    char err[RT_CONF_ERR_LEN], want[128];
+    rt_conf_schema_add(sink_keys);
+    CHECK_EQ(load("\nsinks = { archive = { type = \"sqlite\", batch = 50 } }\n", &c, err), 0);
+    snprintf(want, sizeof(want), "%s:2", path);
+    const shown_t *r = show(&c, "sinks.archive.batch");
+    CHECK(r && strcmp(r->value, "50") == 0 && strcmp(r->dflt, "500") == 0 &&
+          strcmp(r->from, want) == 0);
+    r = show(&c, "sinks.archive.file");
+    CHECK(r && strcmp(r->value, "archive.db") == 0 && strcmp(r->from, "default") == 0);
+    CHECK(show(&c, "sinks.archive.uri") == NULL); /* a mongodb sink's key */
+    CHECK_EQ(load("sinks = { out = { type = \"republish\" } }\n", &c, err), 0);
+    r = show(&c, "sinks.out.batch"); /* its type's own default, one row */
+    CHECK(r && strcmp(r->value, "100") == 0 && strcmp(r->dflt, "100") == 0);
+    size_t rows = 0;
+    for (size_t i = 0; i < nshown; i++)
+        rows += strcmp(shown[i].name, "sinks.out.batch") == 0;
+    CHECK_EQ(rows, 1);
+}
+
 int main(void)
 {
     RUN(test_shipped_file);
@@ -461,6 +641,10 @@ int main(void)
     RUN(test_cluster);
     RUN(test_paths);
     RUN(test_anonymous_from);
+    RUN(test_schema_defaults_are_the_defaults);
+    RUN(test_origins);
+    RUN(test_table_keys_shown);
+    RUN(test_section_keys_shown);
     unlink(path);
     return CHECK_SUMMARY();
 }

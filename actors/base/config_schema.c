@@ -1,0 +1,475 @@
+/*
+** The settings schema: every setting rtd reads, with its type, default, unit, range or
+** choices, whether `rtctl config set` changes it live, and one line of documentation
+** (config.h). The loader (config.c) checks and applies values by it; `rtctl config show`,
+** docs/CONFIG.md and rtd.conf(5) are printed from it (rtd --print-schema=markdown|man).
+*/
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+#include "config.h"
+#include "config_schema.h"
+
+static const char *const log_levels[] = {"error", "warning", "info", "debug", NULL};
+static const char *const log_formats[] = {"logfmt", "json", NULL};
+static const char *const log_journal_modes[] = {"auto", "on", "off", NULL};
+static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
+
+#define OFF(f) offsetof(rt_conf_t, f)
+#define SIZE(f) sizeof(((rt_conf_t *)0)->f)
+#define LIVE true
+#define RESTART false
+#define INT(f, d, lo, hi, u, lv, h)                                                                \
+    {                                                                                              \
+        .name = #f, .type = RT_SET_INT, .num = d, .unit = u, .min = lo, .max = hi, .live = lv,     \
+        .doc = h, .offset = OFF(f)                                                                 \
+    }
+#define BOOL(f, d, lv, h)                                                                          \
+    {                                                                                              \
+        .name = #f, .type = RT_SET_BOOL, .num = d, .live = lv, .doc = h, .offset = OFF(f)          \
+    }
+#define STRING(f, type_, d, ch, lv, h)                                                             \
+    {                                                                                              \
+        .name = #f, .type = type_, .text = d, .choices = ch, .live = lv, .doc = h,                 \
+        .offset = OFF(f), .size = SIZE(f)                                                          \
+    }
+#define CLUSTER(f, type_, h)                                                                       \
+    {                                                                                              \
+        .name = "cluster." #f, .type = type_, .text = "", .doc = h, .offset = OFF(cluster.f),      \
+        .size = SIZE(cluster.f)                                                                    \
+    }
+#define KIB 1024.0
+#define MIB (1024.0 * 1024)
+
+/*
+** The top-level settings, in the order config show lists them, then the keys of the cluster
+** table (read by the same code through this table).
+*/
+const rt_setting_t rt__conf_settings[] = {
+    {.name = "listeners",
+     .type = RT_SET_LIST,
+     .text = "\"0.0.0.0:1883\"",
+     .doc = "MQTT listeners: \"host:port\", a listener's table { bind = \"host:port\", tls = "
+            "{...}, websocket = \"/path\", ... } or a list of them (docs/TRANSPORTS.md)"},
+    {.name = "http",
+     .type = RT_SET_TABLE,
+     .doc = "the HTTP listener: health, /metrics and the API (docs/HTTP.md); none by default"},
+    {.name = "cluster",
+     .type = RT_SET_TABLE,
+     .doc = "join a cluster of rtd nodes over NATS (docs/CLUSTER.md); none by default"},
+    {.name = "user_rate_limits",
+     .type = RT_SET_MAP,
+     .doc = "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit, in place of "
+            "its listener's"},
+    INT(connect_timeout, 10, 1, 3600, "seconds", RESTART,
+        "from accept to CONNECT (TLS, WebSocket and PROXY header included)"),
+    INT(max_connections, 1000000, 1, 10000000, "connections", LIVE, "connections at once"),
+    INT(max_connections_per_ip, 1000, 0, 10000000, "connections", LIVE,
+        "connections at once per address; 0 = unlimited"),
+    INT(max_connection_rate, 1000, 0, 10000000, "connections/s", LIVE,
+        "new connections a second per listener; 0 = any"),
+    INT(max_connect_size, 64 * KIB, 64, 268435455, "bytes", LIVE,
+        "a CONNECT may have (before authentication, nothing else is read)"),
+    INT(max_preauth_memory, 64 * MIB, 64 * KIB, 1e12, "bytes", LIVE,
+        "all connections not authenticated yet may hold; past it they are ended"),
+    INT(max_packet_size, 1 * MIB, 64, 268435455, "bytes", LIVE, "a packet, both directions"),
+    INT(max_inflight, 1024, 1, 65535, "messages", LIVE,
+        "QoS 1/2 messages in flight to a client, per session"),
+    INT(receive_maximum, RT_CONF_RECEIVE_MAXIMUM, 1, 65000, "messages", LIVE,
+        "QoS 1/2 PUBLISHes an MQTT 5 client may leave unacknowledged (its Receive Maximum)"),
+    INT(max_queued_messages, 0, 0, 100000000, "messages", LIVE,
+        "queued per session; 0 = no count (max_client_memory bounds them)"),
+    INT(max_client_memory, 16 * MIB, 64 * KIB, 1e12, "bytes", LIVE,
+        "one client may make rtd hold: heap, queued and in-flight messages, output"),
+    INT(client_memory_hold_ms, 1000, 0, 60000, "ms", LIVE,
+        "a client at its budget holds its publishers back before dropping (policy hold)"),
+    STRING(client_memory_policy, RT_SET_STRING, "hold", memory_policies, RESTART,
+           "at the budget: hold (publishers wait, then drop_newest), drop_newest or drop_oldest"),
+    INT(max_topic_alias, 64, 0, 65535, "aliases", RESTART,
+        "inbound topic aliases per connection (MQTT 5)"),
+    INT(max_topic_levels, 0, 0, 65535, "levels", LIVE, "in a topic name or filter; 0 = unlimited"),
+    INT(max_topic_length, 0, 0, 65535, "bytes", LIVE, "of a topic name or filter; 0 = unlimited"),
+    INT(max_subscriptions, 0, 0, 10000000, "subscriptions", LIVE, "per client; 0 = unlimited"),
+    INT(max_retained_messages, 1000000, 0, 1e9, "messages", LIVE,
+        "retained messages in all; 0 = unlimited"),
+    INT(max_retained_bytes, 512 * MIB, 0, 1e12, "bytes", LIVE,
+        "of retained messages in all; 0 = unlimited"),
+    INT(max_keepalive, 65535, 0, 65535, "seconds", LIVE,
+        "longer keepalives MQTT 5 clients ask for are lowered to it"),
+    INT(max_session_expiry, 7 * 24 * 3600, 0, 4294967295.0, "seconds", LIVE,
+        "longer session expiry intervals are lowered to it"),
+    BOOL(queue_qos0, false, LIVE, "queue QoS 0 messages for offline sessions"),
+    BOOL(persistence, false, RESTART,
+         "keep retained messages and persistent sessions in data_dir/state.db"),
+    BOOL(allow_zero_length_clientid, true, LIVE, "accept an empty client id (and assign one)"),
+    BOOL(allow_anonymous, true, LIVE,
+         "accept anonymous clients: no user name, or one no password_file vouches for (from "
+         "anonymous_from)"),
+    {.name = "anonymous_from",
+     .type = RT_SET_NETS,
+     .text = "{ \"127.0.0.0/8\", \"::1/128\" }",
+     .live = LIVE,
+     .doc = "addresses anonymous clients may come from: \"a.b.c.d/n\", \"v6/n\" or a list"},
+    STRING(password_file, RT_SET_PATH, "", NULL, LIVE,
+           "user:hash lines (rtd passwd); \"\" = none: user names are anonymous"),
+    STRING(acl_file, RT_SET_PATH, "", NULL, LIVE, "Mosquitto-format ACL; \"\" = allow every topic"),
+    INT(auth_max_delay_ms, 5000, 0, 60000, "ms", RESTART,
+        "cap of the delay before a refused CONNACK"),
+    INT(schedulers, 0, 0, 64, "threads", RESTART, "scheduler threads; 0 = one per core"),
+    INT(blocking_threads, 2, 1, 32, "threads", RESTART,
+        "threads for blocking actors (database sinks)"),
+    INT(batch, 100, 1, 100000, "messages", RESTART, "messages per actor turn"),
+    INT(min_heap, 16 * KIB, 1024, 1e12, "bytes", RESTART, "before an actor's first collection"),
+    {.name = "gc_factor",
+     .type = RT_SET_NUMBER,
+     .num = 2.0,
+     .min = 1.01,
+     .max = 100,
+     .doc = "an actor's next collection comes at this factor times its live bytes",
+     .offset = OFF(gc_factor)},
+    INT(max_heap, 0, 0, 1e12, "bytes", RESTART, "per actor heap; 0 = unlimited"),
+    STRING(rules_dir, RT_SET_PATH, "rules", NULL, RESTART, "directory of rule files (*.lua)"),
+    INT(rule_workers, 2, 1, 64, "actors", RESTART, "rule worker actors (one Lua state each)"),
+    INT(rule_instructions, 1000000, 1000, 1e9, "instructions", RESTART,
+        "Lua instructions one rule call may run"),
+    INT(rule_flush_ms, RT_CONF_RULE_FLUSH_MS, 0, 1000, "ms", RESTART,
+        "a rule worker holds a partial sink batch; 0 = one per turn"),
+    INT(rule_turn_us, RT_CONF_RULE_TURN_US, 100, 1e6, "microseconds", RESTART,
+        "of rules a worker runs before it yields a turn"),
+    INT(rule_memory, 64 * MIB, 1 * MIB, 1e11, "bytes", RESTART,
+        "one rule worker's Lua state may hold"),
+    INT(rule_call_ms, RT_CONF_RULE_CALL_MS, 1, 60000, "ms", RESTART,
+        "wall-clock time one rule call may run"),
+    INT(rule_output_rows, RT_CONF_RULE_OUTPUT_ROWS, 1, 1e7, "rows", RESTART,
+        "one rule call may return"),
+    INT(rule_output_bytes, RT_CONF_RULE_OUTPUT_BYTES, 1024, 1e11, "bytes", RESTART,
+        "BSON bytes of the rows one rule call may return"),
+    INT(sys_interval, 10, 0, 86400, "seconds", RESTART, "between $SYS/broker updates; 0 = none"),
+    INT(restart_intensity, RT_CONF_RESTART_INTENSITY, 0, 1000, "restarts", RESTART,
+        "a supervisor allows within restart_period"),
+    INT(restart_period, RT_CONF_RESTART_PERIOD, 1, 3600, "seconds", RESTART,
+        "a supervisor past its intensity in it gives up"),
+    STRING(data_dir, RT_SET_PATH, "data", NULL, RESTART,
+           "directory for persistent state (mode 0700, its files 0600)"),
+    STRING(admin_socket, RT_SET_PATH, "", NULL, RESTART,
+           "unix socket for rtctl (mode 0600); \"\" = data_dir/rtd.sock"),
+    STRING(log_level, RT_SET_STRING, "info", log_levels, LIVE, "error, warning, info or debug"),
+    STRING(log_format, RT_SET_STRING, "logfmt", log_formats, RESTART,
+           "logfmt or json: key=value pairs (quoted when needed), or a JSON object a line"),
+    STRING(log_file, RT_SET_PATH, "", NULL, RESTART,
+           "\"\" = stderr (the journal under systemd); else a file, reopened on SIGHUP"),
+    STRING(log_journal, RT_SET_STRING, "auto", log_journal_modes, RESTART,
+           "auto, on or off: priority prefixes (<3> error ... <7> debug) on stderr; auto: when "
+           "stderr is the journal's"),
+    {.name = "sinks",
+     .type = RT_SET_MAP,
+     .doc = "name = { type = \"sqlite\", ... }: where rules write rows (docs/SINKS.md)",
+     .offset = OFF(sinks)},
+    {.name = NULL},
+};
+
+#define L_OFF(f) offsetof(rt_listen_t, f)
+#define T_OFF(f) offsetof(rt_conf_tls_t, f)
+#define R_OFF(f) offsetof(rt_conf_rate_t, f)
+#define S_OFF(f) offsetof(rt_conf_sni_t, f)
+#define H_OFF(f) (offsetof(rt_conf_t, http.f) - offsetof(rt_conf_t, http))
+#define FIELD(type_, f, off, sz, d, h)                                                             \
+    {                                                                                              \
+        .name = f, .type = type_, .text = d, .doc = h, .offset = off, .size = sz                   \
+    }
+#define RATE(f, u, h)                                                                              \
+    {                                                                                              \
+        .name = "listeners[].rate_limit." #f, .type = RT_SET_NUMBER, .unit = u, .min = 0,          \
+        .max = 1e15, .doc = h, .offset = R_OFF(f)                                                  \
+    }
+static const char *const tls_verify_modes[] = {"none", "optional", "required", NULL};
+static const char *const tls_versions[] = {"1.2", "1.3", NULL};
+
+/*
+** The keys of the tables: a listener's (its tls and rate_limit tables), http's (its tls is a
+** listener's), a user's rate limit (a listener's rate_limit), the cluster's. Offsets are in
+** the struct the table fills: rt_listen_t, rt_conf_tls_t, rt_conf_sni_t, rt_conf_rate_t, the
+** http struct of rt_conf_t, rt_conf_t for the cluster.
+*/
+const rt_setting_t rt__conf_table_settings[] = {
+    {.name = "listeners[].bind",
+     .type = RT_SET_ADDRESS,
+     .offset = L_OFF(host),
+     .doc = "\"host:port\" with a numeric host, \"[v6]:port\" for IPv6 (required in a table)"},
+    {.name = "listeners[].tls",
+     .type = RT_SET_TABLE,
+     .offset = L_OFF(tls),
+     .doc = "TLS on this listener: the listeners[].tls keys (docs/TRANSPORTS.md)"},
+    FIELD(RT_SET_STRING, "listeners[].websocket", L_OFF(websocket),
+          sizeof(((rt_listen_t *)0)->websocket), "",
+          "MQTT over WebSocket on this path (it starts with /); \"\": plain MQTT"),
+    {.name = "listeners[].proxy_protocol",
+     .type = RT_SET_BOOL,
+     .offset = L_OFF(proxy_protocol),
+     .doc = "a PROXY protocol header (v1 or v2) comes first on every connection (needs "
+            "trusted_proxies)"},
+    {.name = "listeners[].trusted_proxies",
+     .type = RT_SET_NETS,
+     .text = "{}",
+     .offset = L_OFF(trusted_proxies),
+     .doc = "the load balancers: PROXY headers and X-Forwarded-For are taken from these only"},
+    {.name = "listeners[].rate_limit",
+     .type = RT_SET_TABLE,
+     .offset = L_OFF(rate_limit),
+     .doc = "per client: token buckets of PUBLISH packets and bytes read (the "
+            "listeners[].rate_limit keys); none by default"},
+    RATE(messages, "messages/s", "PUBLISH packets a second; 0 = no limit"),
+    RATE(bytes, "bytes/s", "bytes read a second; 0 = no limit"),
+    RATE(burst_messages, "messages", "the bucket's size; 0 = one second's worth"),
+    RATE(burst_bytes, "bytes", "the bucket's size; 0 = one second's worth"),
+    FIELD(RT_SET_PATH, "listeners[].tls.cert", T_OFF(cert), RT_CONF_PATH_MAX, NULL,
+          "the certificate chain served without a matching SNI name (PEM; required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.key", T_OFF(key), RT_CONF_PATH_MAX, NULL,
+          "the private key of cert (PEM; required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.ca", T_OFF(ca), RT_CONF_PATH_MAX, "",
+          "client certificates are verified against it; \"\": none"),
+    FIELD(RT_SET_PATH, "listeners[].tls.crl", T_OFF(crl), RT_CONF_PATH_MAX, "",
+          "revoked client certificates; \"\": no revocation check"),
+    {.name = "listeners[].tls.verify",
+     .type = RT_SET_STRING,
+     .text = "none",
+     .choices = tls_verify_modes,
+     .offset = T_OFF(verify),
+     .doc = "client certificates asked for: none, optional or required (the last two need ca)"},
+    {.name = "listeners[].tls.identity_as_username",
+     .type = RT_SET_BOOL,
+     .offset = T_OFF(identity_as_username),
+     .doc = "the client certificate's subject CN is the user name (needs verify = \"required\"; "
+            "not for http.tls)"},
+    {.name = "listeners[].tls.min_version",
+     .type = RT_SET_STRING,
+     .text = "1.2",
+     .choices = tls_versions,
+     .offset = T_OFF(min_version),
+     .doc = "the oldest TLS version accepted"},
+    {.name = "listeners[].tls.sni",
+     .type = RT_SET_LIST,
+     .offset = T_OFF(sni),
+     .doc = "up to 4 { name = ..., cert = ..., key = ... }: a certificate for the clients that ask "
+            "for name"},
+    FIELD(RT_SET_STRING, "listeners[].tls.sni[].name", S_OFF(name),
+          sizeof(((rt_conf_sni_t *)0)->name), NULL,
+          "a host name, or \"*.domain\" for any one label in front of domain (required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.sni[].cert", S_OFF(cert), RT_CONF_PATH_MAX, NULL,
+          "the certificate chain served to name (PEM; required)"),
+    FIELD(RT_SET_PATH, "listeners[].tls.sni[].key", S_OFF(key), RT_CONF_PATH_MAX, NULL,
+          "its private key (PEM; required)"),
+    {.name = "http.bind",
+     .type = RT_SET_ADDRESS,
+     .offset = H_OFF(where),
+     .doc = "\"host:port\" of the HTTP listener (required)"},
+    {.name = "http.tls",
+     .type = RT_SET_TABLE,
+     .offset = H_OFF(where.tls),
+     .doc = "HTTPS: the listeners[].tls keys but identity_as_username (an API client is named by "
+            "its key)"},
+    FIELD(RT_SET_PATH, "http.api_keys_file", H_OFF(api_keys_file), RT_CONF_PATH_MAX, "",
+          "name role sha256 lines (rtd apikey, rtctl apikey); \"\": no API, health and /metrics "
+          "only"),
+    {.name = "http.metrics_public",
+     .type = RT_SET_BOOL,
+     .offset = H_OFF(metrics_public),
+     .doc = "/metrics without an API key"},
+    {.name = "http.request_timeout",
+     .type = RT_SET_INT,
+     .num = RT_CONF_HTTP_REQUEST_TIMEOUT,
+     .unit = "seconds",
+     .min = 1,
+     .max = RT_CONF_HTTP_REQUEST_TIMEOUT_MAX,
+     .offset = H_OFF(request_timeout),
+     .doc = "a request must arrive whole within it of its first byte (slowloris); the first, TLS "
+            "handshake included, within it of accept"},
+    {.name = "user_rate_limits.<user>",
+     .type = RT_SET_TABLE,
+     .doc = "the user's rate limit, in place of its listener's: the listeners[].rate_limit keys"},
+    {.name = "cluster.node",
+     .offset = OFF(cluster.node),
+     .size = SIZE(cluster.node),
+     .type = RT_SET_STRING,
+     .doc = "this node's name: 1 to 32 of A-Z a-z 0-9 _ -, unique in the cluster (required)"},
+    {.name = "cluster.nats",
+     .offset = OFF(cluster.nats),
+     .type = RT_SET_LIST,
+     .doc = "the NATS servers: a nats:// or tls:// URL or a list of up to 8 (required)"},
+    {.name = "cluster.prefix",
+     .offset = OFF(cluster.prefix),
+     .size = SIZE(cluster.prefix),
+     .type = RT_SET_STRING,
+     .text = "rt",
+     .doc = "first token of every NATS subject rtd uses (A-Z a-z 0-9 _ -)"},
+    {.name = "cluster.replicas",
+     .type = RT_SET_INT,
+     .text = "min(3, NATS URLs)",
+     .min = 1,
+     .max = 5,
+     .unit = "copies",
+     .doc = "JetStream keeps of the buckets and the stream",
+     .offset = OFF(cluster.replicas)},
+    {.name = "cluster.durable",
+     .type = RT_SET_BOOL,
+     .num = false,
+     .doc = "true: a QoS 1/2 PUBLISH is acknowledged once JetStream's stream has it",
+     .offset = OFF(cluster.durable)},
+    {.name = "cluster.replay_margin",
+     .type = RT_SET_INT,
+     .num = RT_CONF_REPLAY_MARGIN,
+     .min = 0,
+     .max = 3600,
+     .unit = "seconds",
+     .doc = "a resume after a node's crash replays from before the session's last clear moment",
+     .offset = OFF(cluster.replay_margin)},
+    CLUSTER(user, RT_SET_STRING, "NATS user name (with password)"),
+    {.name = "cluster.password",
+     .type = RT_SET_STRING,
+     .text = "",
+     .secret = true,
+     .doc = "NATS password of user",
+     .offset = OFF(cluster.password),
+     .size = SIZE(cluster.password)},
+    {.name = "cluster.token",
+     .type = RT_SET_STRING,
+     .text = "",
+     .secret = true,
+     .doc = "NATS authorization token",
+     .offset = OFF(cluster.token),
+     .size = SIZE(cluster.token)},
+    CLUSTER(creds, RT_SET_PATH, "NATS credentials file (a user JWT and its nkey seed)"),
+    CLUSTER(nkey, RT_SET_STRING, "NATS user nkey (public, U...), signed with nkey_seed"),
+    CLUSTER(nkey_seed, RT_SET_PATH, "file holding the seed (SU...) of nkey"),
+    CLUSTER(tls_ca, RT_SET_PATH, "CA the NATS servers' certificates are verified against (TLS)"),
+    CLUSTER(tls_cert, RT_SET_PATH, "client certificate for NATS (with tls_key)"),
+    CLUSTER(tls_key, RT_SET_PATH, "private key of tls_cert"),
+    {.name = "cluster.nats_without_credentials",
+     .type = RT_SET_BOOL,
+     .num = false,
+     .doc = "true: NATS servers off this host are reached with no credentials (rtd refuses to "
+            "start so otherwise): whoever reaches them can read every message and steer the "
+            "cluster",
+     .offset = OFF(cluster.nats_without_credentials)},
+    CLUSTER(secret_file, RT_SET_PATH,
+            "the nodes' shared secret, signing their control requests and answers; false: "
+            "unsigned (docs/CLUSTER.md \"Security\"; required)"),
+    {.name = NULL},
+};
+
+static const rt_setting_t *tables[RT_CONF_MAX_TABLES] = {rt__conf_settings,
+                                                         rt__conf_table_settings};
+static unsigned ntables = 2;
+
+void rt_conf_schema_add(const rt_setting_t *table)
+{
+    for (unsigned i = 0; i < ntables; i++)
+        if (tables[i] == table)
+            return; /* added by an earlier start (the tests start the sinks many times) */
+    RT_ASSERT(ntables < RT_CONF_MAX_TABLES);
+    tables[ntables++] = table;
+}
+
+void rt_conf_schema_each(void (*fn)(const rt_setting_t *s, void *ud), void *ud)
+{
+    for (unsigned t = 0; t < ntables; t++)
+        for (const rt_setting_t *s = tables[t]; s->name; s++)
+            fn(s, ud);
+}
+
+size_t rt__conf_nsettings(void)
+{
+    size_t n = 0;
+    while (rt__conf_settings[n].name)
+        n++;
+    return n;
+}
+
+void rt_conf_choices_text(const char *const *choices, char *out, size_t n)
+{
+    size_t at = 0;
+    out[0] = 0;
+    for (size_t i = 0; choices[i] && at < n; i++)
+        at += (size_t)snprintf(out + at, n - at, "%s%s",
+                               i == 0           ? ""
+                               : choices[i + 1] ? ", "
+                                                : " or ",
+                               choices[i]);
+}
+
+void rt__conf_scalar_default(const rt_setting_t *s, void *field)
+{
+    if (s->type == RT_SET_INT && !s->text)
+        *(long *)field = (long)s->num;
+    else if (s->type == RT_SET_NUMBER)
+        *(double *)field = s->num;
+    else if (s->type == RT_SET_BOOL)
+        *(bool *)field = s->num != 0;
+    else if ((s->type == RT_SET_STRING || s->type == RT_SET_PATH) && s->size && s->text)
+        snprintf(field, s->size, "%s", s->text);
+    else if (s->type == RT_SET_STRING && s->choices && s->text)
+        for (int i = 0; s->choices[i]; i++)
+            if (strcmp(s->choices[i], s->text) == 0)
+                *(int *)field = i;
+}
+
+bool rt__conf_scalar_text(const rt_setting_t *s, const void *field, char *out, size_t n)
+{
+    switch (s->type) {
+    case RT_SET_INT:
+        snprintf(out, n, "%ld", *(const long *)field);
+        return true;
+    case RT_SET_NUMBER:
+        snprintf(out, n, "%g", *(const double *)field);
+        return true;
+    case RT_SET_BOOL:
+        snprintf(out, n, "%s", *(const bool *)field ? "true" : "false");
+        return true;
+    case RT_SET_STRING:
+    case RT_SET_PATH:
+        if (s->size)
+            snprintf(out, n, "%s", (const char *)field);
+        else if (s->choices)
+            snprintf(out, n, "%s", s->choices[*(const int *)field]);
+        else
+            return false;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* A number as rtd.conf would best write it: 16 MiB as 16 * 1024 * 1024. */
+static void format_number(double v, char *out, size_t n)
+{
+    if (v >= 1024 * 1024 && fmod(v, 1024 * 1024) == 0)
+        snprintf(out, n, "%.0f * 1024 * 1024", v / (1024 * 1024));
+    else if (v >= 64 * 1024 && fmod(v, 1024) == 0)
+        snprintf(out, n, "%.0f * 1024", v / 1024);
+    else
+        snprintf(out, n, "%.15g", v);
+}
+
+void rt_conf_default_text(const rt_setting_t *s, char *out, size_t n)
+{
+    switch (s->type) {
+    case RT_SET_INT:
+    case RT_SET_NUMBER:
+        if (s->text)
+            snprintf(out, n, "%s", s->text); /* a default the loader works out */
+        else
+            format_number(s->num, out, n);
+        break;
+    case RT_SET_BOOL:
+        snprintf(out, n, "%s", s->num ? "true" : "false");
+        break;
+    case RT_SET_STRING:
+    case RT_SET_PATH:
+        snprintf(out, n, s->text ? "\"%s\"" : "%s", s->text ? s->text : "");
+        break;
+    default:
+        snprintf(out, n, "%s", s->text ? s->text : "");
+    }
+}

@@ -1,0 +1,574 @@
+/*
+** The loader's tables: a listener's (with its tls and rate_limit), http, the cluster and the
+** users' rate limits. Their keys, types, defaults and ranges are the schema's (config_schema.c:
+** "listeners[].tls.cert"...); one walker reads a table by them, and what is checked across keys
+** (cert needs key, verify needs ca, ...) is here with the table.
+*/
+#include <arpa/inet.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "config.h"
+#include "config_schema.h"
+
+/* The schema's entry for key of the table prefix ("listeners[].tls" and "cert"). */
+static const rt_setting_t *entry(const char *prefix, const char *key)
+{
+    size_t n = strlen(prefix);
+    for (const rt_setting_t *s = rt__conf_table_settings; s->name; s++)
+        if (strncmp(s->name, prefix, n) == 0 && s->name[n] == '.' &&
+            strcmp(s->name + n + 1, key) == 0)
+            return s;
+    return NULL;
+}
+
+/* The keys directly under prefix (a, b, c), for an unknown key's error. */
+static void keys_text(const char *prefix, char *out, size_t len)
+{
+    size_t n = strlen(prefix), at = 0;
+    out[0] = 0;
+    for (const rt_setting_t *s = rt__conf_table_settings; s->name && at < len; s++)
+        if (strncmp(s->name, prefix, n) == 0 && s->name[n] == '.' &&
+            !strpbrk(s->name + n + 1, ".["))
+            at += (size_t)snprintf(out + at, len - at, "%s%s", at ? ", " : "", s->name + n + 1);
+}
+
+/* The schema's defaults of the scalars directly under prefix into base. */
+static void table_defaults(const char *prefix, void *base)
+{
+    size_t n = strlen(prefix);
+    for (const rt_setting_t *s = rt__conf_table_settings; s->name; s++) {
+        if (strncmp(s->name, prefix, n) != 0 || s->name[n] != '.' || strpbrk(s->name + n + 1, ".["))
+            continue;
+        rt__conf_scalar_default(s, (char *)base + s->offset);
+    }
+}
+
+/* What a key with more than a scalar reads: the value on top of the stack into field. */
+typedef bool (*reader_t)(lua_State *L, const char *where, void *field, char *why, size_t whylen);
+
+typedef struct {
+    const char *name; /* the key's schema name */
+    reader_t read;
+} reader_entry_t;
+
+static const reader_entry_t *find_reader(const char *name);
+
+/*
+** The table on top of the stack by the schema's keys under prefix into base: each key's value
+** checked by its type (or its reader), an unknown key named with the ones there are. where
+** names the table in errors ("listeners[2].tls").
+*/
+static bool read_table(lua_State *L, const char *where, const char *prefix, void *base, char *why,
+                       size_t whylen)
+{
+    bool ok = true;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        const rt_setting_t *s = entry(prefix, k);
+        char sub[128];
+        snprintf(sub, sizeof(sub), "%.90s.%.30s", where, k);
+        if (!s) {
+            char keys[256];
+            keys_text(prefix, keys, sizeof(keys));
+            snprintf(why, whylen, "%s: unknown key \"%s\" (%s)", where, k, keys);
+            ok = false;
+        } else if (find_reader(s->name)) {
+            ok = find_reader(s->name)->read(L, sub, (char *)base + s->offset, why, whylen);
+        } else {
+            ok = rt__conf_read_scalar(L, s, sub, (char *)base + s->offset, why, whylen);
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok)
+        lua_pop(L, 1); /* the key lua_next left */
+    return ok;
+}
+
+/* Parses "host:port" or "[v6]:port" with a numeric host. */
+static bool parse_address(const char *s, rt_listen_t *out)
+{
+    const char *colon;
+    size_t hostlen;
+    const char *host = s;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':')
+            return false;
+        host = s + 1;
+        hostlen = (size_t)(close - host);
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon)
+            return false;
+        hostlen = (size_t)(colon - s);
+    }
+    if (hostlen == 0 || hostlen >= sizeof(out->host))
+        return false;
+    memcpy(out->host, host, hostlen);
+    out->host[hostlen] = 0;
+    unsigned char buf[16];
+    if (inet_pton(AF_INET, out->host, buf) != 1 && inet_pton(AF_INET6, out->host, buf) != 1)
+        return false;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || port < 0 || port > 65535)
+        return false;
+    out->port = (int)port;
+    return true;
+}
+
+/* bind: field is the rt_listen_t. */
+static bool read_bind(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+    if (parse_address(v, field))
+        return true;
+    snprintf(why, whylen, "%s: \"%s\" is not host:port with a numeric host", where, v);
+    return false;
+}
+
+/* tls = { ... }: field is the rt_conf_tls_t. */
+static bool read_tls(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    rt_conf_tls_t *t = field;
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be a table { cert = ..., key = ... }", where);
+        return false;
+    }
+    memset(t, 0, sizeof(*t));
+    table_defaults("listeners[].tls", t);
+    if (!read_table(L, where, "listeners[].tls", t, why, whylen))
+        return false;
+    if (!t->cert[0] || !t->key[0]) {
+        snprintf(why, whylen, "%s needs cert and key", where);
+        return false;
+    }
+    if (t->verify != RT_TLS_VERIFY_NONE && !t->ca[0]) {
+        snprintf(why, whylen, "%s: verify = \"%s\" needs ca (the clients' certificate authority)",
+                 where, t->verify == RT_TLS_VERIFY_REQUIRED ? "required" : "optional");
+        return false;
+    }
+    if (t->identity_as_username && t->verify != RT_TLS_VERIFY_REQUIRED) {
+        snprintf(why, whylen, "%s: identity_as_username needs verify = \"required\"", where);
+        return false;
+    }
+    return true;
+}
+
+/* tls.sni = { { name = "host", cert = "...", key = "..." }, ... }: field is the sni array. */
+static bool read_sni(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    rt_conf_sni_t *sni = field;
+    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? luaL_len(L, -1) : -1;
+    if (len < 1 || len > RT_CONF_MAX_SNI) {
+        snprintf(why, whylen, "%s must be a list of 1 to %d { name = ..., cert = ..., key = ... }",
+                 where, RT_CONF_MAX_SNI);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        rt_conf_sni_t *e = &sni[i - 1];
+        char at[128];
+        snprintf(at, sizeof(at), "%.100s[%lld]", where, (long long)i);
+        lua_geti(L, -1, i);
+        bool ok = lua_type(L, -1) == LUA_TTABLE;
+        if (!ok)
+            snprintf(why, whylen, "%s must be { name = ..., cert = ..., key = ... }", at);
+        memset(e, 0, sizeof(*e));
+        table_defaults("listeners[].tls.sni[]", e);
+        ok = ok && read_table(L, at, "listeners[].tls.sni[]", e, why, whylen);
+        const char *missing = !ok           ? NULL
+                              : !e->name[0] ? "name"
+                              : !e->cert[0] ? "cert"
+                              : !e->key[0]  ? "key"
+                                            : NULL;
+        if (missing) {
+            snprintf(why, whylen, "%s.%s must be a string of 1 to %d bytes", at, missing,
+                     RT_CONF_PATH_MAX - 1);
+            ok = false;
+        }
+        lua_pop(L, 1);
+        if (!ok)
+            return false;
+    }
+    rt_conf_tls_t *t = (rt_conf_tls_t *)(void *)((char *)field - offsetof(rt_conf_tls_t, sni));
+    t->nsni = (unsigned)len;
+    return true;
+}
+
+/* websocket: a path. */
+static bool read_websocket(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    if (!rt__conf_read_scalar(L, entry("listeners[]", "websocket"), where, field, why, whylen))
+        return false;
+    if (((const char *)field)[0] == '/')
+        return true;
+    snprintf(why, whylen, "%s must be a path starting with /", where);
+    return false;
+}
+
+/* trusted_proxies: field is the listener's array, its count beside it. */
+static bool read_trusted(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    rt_listen_t *l =
+        (rt_listen_t *)(void *)((char *)field - offsetof(rt_listen_t, trusted_proxies));
+    return rt__conf_parse_nets(L, where, l->trusted_proxies, &l->ntrusted, why, whylen);
+}
+
+/* rate_limit = { messages, bytes, burst_messages, burst_bytes }: field is the rt_conf_rate_t. */
+static bool read_rate(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be a table { messages = n, bytes = n, ... }", where);
+        return false;
+    }
+    memset(field, 0, sizeof(rt_conf_rate_t));
+    table_defaults("listeners[].rate_limit", field);
+    return read_table(L, where, "listeners[].rate_limit", field, why, whylen);
+}
+
+/* A node's name or the subject prefix: it goes into NATS subjects and headers as it is. */
+static bool read_cluster_name(lua_State *L, const char *where, void *field, char *why,
+                              size_t whylen)
+{
+    size_t len;
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    bool ok = v && len > 0 && len < RT_CONF_NODE_MAX;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = (v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z') ||
+             (v[i] >= '0' && v[i] <= '9') || v[i] == '_' || v[i] == '-';
+    if (!ok) {
+        snprintf(why, whylen, "%s must be 1 to %d of A-Z a-z 0-9 _ -", where, RT_CONF_NODE_MAX - 1);
+        return false;
+    }
+    memcpy(field, v, len + 1);
+    return true;
+}
+
+/* One NATS URL into the next free slot of the cluster's list. */
+static bool add_nats(lua_State *L, rt_conf_t *c, const char *where, char *why, size_t whylen)
+{
+    size_t len;
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    if (!v || len == 0 || len >= RT_CONF_URL_MAX) {
+        snprintf(why, whylen, "%s must be a string of 1 to %d bytes", where, RT_CONF_URL_MAX - 1);
+        return false;
+    }
+    memcpy(c->cluster.nats[c->cluster.nnats++], v, len + 1);
+    return true;
+}
+
+/* cluster.nats: one URL or a list of them; field is the cluster's list in rt_conf_t. */
+static bool read_nats(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    rt_conf_t *c = (rt_conf_t *)(void *)((char *)field - offsetof(rt_conf_t, cluster.nats));
+    c->cluster.nnats = 0;
+    if (lua_type(L, -1) == LUA_TSTRING)
+        return add_nats(L, c, where, why, whylen);
+    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, -1) : 0;
+    if (len < 1 || len > RT_CONF_MAX_NATS) {
+        snprintf(why, whylen, "%s must be a URL or a list of 1 to %d URLs", where,
+                 RT_CONF_MAX_NATS);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        lua_geti(L, -1, i);
+        bool ok = add_nats(L, c, "cluster.nats[]", why, whylen);
+        lua_pop(L, 1);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+/* cluster.secret_file: a path, or false for unsigned control requests. */
+static bool read_secret_file(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    rt_conf_t *c = (rt_conf_t *)(void *)((char *)field - offsetof(rt_conf_t, cluster.secret_file));
+    if (lua_type(L, -1) != LUA_TBOOLEAN)
+        return rt__conf_read_scalar(L, entry("cluster", "secret_file"), where, field, why, whylen);
+    c->cluster.unsigned_control = !lua_toboolean(L, -1);
+    if (!c->cluster.unsigned_control)
+        snprintf(why, whylen, "%s must be a path, or false", where);
+    return c->cluster.unsigned_control;
+}
+
+/* The keys whose value is more than a scalar, by their schema name. */
+static const reader_entry_t readers[] = {
+    {"listeners[].bind", read_bind},
+    {"listeners[].tls", read_tls},
+    {"listeners[].websocket", read_websocket},
+    {"listeners[].trusted_proxies", read_trusted},
+    {"listeners[].rate_limit", read_rate},
+    {"listeners[].tls.sni", read_sni},
+    {"http.bind", read_bind},
+    {"http.tls", read_tls},
+    {"cluster.node", read_cluster_name},
+    {"cluster.prefix", read_cluster_name},
+    {"cluster.nats", read_nats},
+    {"cluster.secret_file", read_secret_file},
+};
+
+static const reader_entry_t *find_reader(const char *name)
+{
+    for (size_t i = 0; i < sizeof(readers) / sizeof(readers[0]); i++)
+        if (strcmp(readers[i].name, name) == 0)
+            return &readers[i];
+    return NULL;
+}
+
+/* One listener's table (on top of the stack): bind and its transport's settings. */
+static bool read_listener_table(lua_State *L, const char *where, rt_listen_t *out, char *why,
+                                size_t whylen)
+{
+    memset(out, 0, sizeof(*out));
+    table_defaults("listeners[]", out);
+    if (!read_table(L, where, "listeners[]", out, why, whylen))
+        return false;
+    out->tls_on = out->tls.cert[0] != 0; /* read_tls refuses a tls table without one */
+    if (!out->host[0]) {
+        snprintf(why, whylen, "%s needs bind = \"host:port\"", where);
+        return false;
+    }
+    if (out->proxy_protocol && !out->ntrusted) {
+        snprintf(why, whylen,
+                 "%s: proxy_protocol needs trusted_proxies (the load balancers' addresses)", where);
+        return false;
+    }
+    return true;
+}
+
+/* A listener: "host:port" or a table (on top of the stack). */
+static bool read_listener(lua_State *L, const char *where, rt_listen_t *out, char *why,
+                          size_t whylen)
+{
+    if (lua_type(L, -1) == LUA_TTABLE)
+        return read_listener_table(L, where, out, why, whylen);
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    memset(out, 0, sizeof(*out));
+    if (v && parse_address(v, out))
+        return true;
+    snprintf(why, whylen, "%s: %s%s%s", where, v ? "\"" : "not a string or a table", v ? v : "",
+             v ? "\" is not host:port with a numeric host" : "");
+    return false;
+}
+
+/* A wildcard address takes its port on every address of the machine. */
+static bool any_address(const char *host)
+{
+    return !host[0] || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
+}
+
+/*
+** Two listeners on one address would fail only at start, after everything else had started
+** (EADDRINUSE): refused here instead, naming both.
+*/
+static bool listeners_apart(const rt_listen_t *ls, unsigned n, char *why, size_t whylen)
+{
+    for (unsigned i = 0; i < n; i++)
+        for (unsigned j = i + 1; j < n; j++) {
+            if (!ls[i].port || ls[i].port != ls[j].port)
+                continue;
+            if (strcmp(ls[i].host, ls[j].host) != 0 && !any_address(ls[i].host) &&
+                !any_address(ls[j].host))
+                continue;
+            snprintf(why, whylen,
+                     "listeners[%u] (%.64s:%d) and listeners[%u] (%.64s:%d) take one address",
+                     i + 1, ls[i].host, ls[i].port, j + 1, ls[j].host, ls[j].port);
+            return false;
+        }
+    return true;
+}
+
+bool rt__conf_read_listeners(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    static rt_listen_t ls[RT_CONF_MAX_LISTENERS]; /* 16 KiB: not on the stack; one loader */
+    memset(ls, 0, sizeof(ls));
+    unsigned n = 0;
+    /* One listener: a string, or a table with bind (a list's first entry is not bind). */
+    bool one = lua_type(L, -1) == LUA_TSTRING;
+    if (lua_type(L, -1) == LUA_TTABLE) {
+        lua_getfield(L, -1, "bind");
+        one = !lua_isnil(L, -1);
+        lua_pop(L, 1);
+    }
+    if (one) {
+        if (!read_listener(L, "listeners", &ls[0], why, whylen))
+            return false;
+        n = 1;
+    } else if (lua_type(L, -1) == LUA_TTABLE) {
+        lua_Integer len = luaL_len(L, -1);
+        if (len < 1 || len > RT_CONF_MAX_LISTENERS) {
+            snprintf(why, whylen, "listeners: between 1 and %d are allowed", RT_CONF_MAX_LISTENERS);
+            return false;
+        }
+        for (lua_Integer i = 1; i <= len; i++) {
+            char where[32];
+            snprintf(where, sizeof(where), "listeners[%lld]", (long long)i);
+            lua_geti(L, -1, i);
+            bool ok = read_listener(L, where, &ls[n], why, whylen);
+            lua_pop(L, 1);
+            if (!ok)
+                return false;
+            n++;
+        }
+    } else {
+        snprintf(why, whylen,
+                 "listeners must be \"host:port\", a listener's table or a list of them");
+        return false;
+    }
+    if (!listeners_apart(ls, n, why, whylen))
+        return false;
+    memcpy(c->listeners, ls, n * sizeof(ls[0]));
+    c->nlisteners = n;
+    return true;
+}
+
+bool rt__conf_read_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "http must be a table { bind = \"host:port\", ... }");
+        return false;
+    }
+    memset(&c->http, 0, sizeof(c->http));
+    table_defaults("http", &c->http);
+    if (!read_table(L, "http", "http", &c->http, why, whylen))
+        return false;
+    c->http.where.tls_on = c->http.where.tls.cert[0] != 0;
+    if (c->http.where.tls.identity_as_username) {
+        snprintf(why, whylen,
+                 "http.tls: identity_as_username is for MQTT listeners (an HTTP client is named "
+                 "by its API key)");
+        return false;
+    }
+    if (!c->http.where.host[0]) {
+        snprintf(why, whylen, "http needs bind = \"host:port\"");
+        return false;
+    }
+    c->http.on = true;
+    return true;
+}
+
+bool rt__conf_read_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "cluster must be a table { node = \"name\", nats = {...} }");
+        return false;
+    }
+    memset(&c->cluster, 0, sizeof(c->cluster));
+    table_defaults("cluster", c); /* the cluster's offsets are rt_conf_t's */
+    if (!read_table(L, "cluster", "cluster", c, why, whylen))
+        return false;
+    if (!c->cluster.node[0] || !c->cluster.nnats) {
+        snprintf(why, whylen, "cluster needs node = \"name\" and nats = { \"nats://host:port\" }");
+        return false;
+    }
+    if (!c->cluster.tls_cert[0] != !c->cluster.tls_key[0]) {
+        snprintf(why, whylen, "cluster: tls_cert and tls_key go together");
+        return false;
+    }
+    if (!c->cluster.nkey[0] != !c->cluster.nkey_seed[0]) {
+        snprintf(why, whylen, "cluster: nkey and nkey_seed go together");
+        return false;
+    }
+    if (c->cluster.creds[0] && c->cluster.nkey[0]) {
+        snprintf(why, whylen, "cluster: creds and nkey are two ways to sign in; give one");
+        return false;
+    }
+    if (!c->cluster.secret_file[0] && !c->cluster.unsigned_control) {
+        snprintf(why, whylen,
+                 "cluster needs secret_file = \"path\" (a file only rtd reads, the nodes' "
+                 "shared secret: head -c 32 /dev/urandom | base64), or secret_file = false to "
+                 "let anyone who can publish on NATS end clients and move sessions");
+        return false;
+    }
+    if (!c->cluster.replicas)
+        c->cluster.replicas = c->cluster.nnats < 3 ? (long)c->cluster.nnats : 3;
+    c->cluster.on = true;
+    return true;
+}
+
+bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "user_rate_limits must be a table { user = { messages = n } }");
+        return false;
+    }
+    rt_conf_user_rate_t rates[RT_CONF_MAX_USER_RATES];
+    unsigned n = 0;
+    bool ok = true;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        size_t len = 0;
+        const char *user = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
+        char where[96];
+        snprintf(where, sizeof(where), "user_rate_limits.%.64s", user ? user : "?");
+        if (!user || len == 0 || len >= sizeof(rates[0].user)) {
+            snprintf(why, whylen, "user_rate_limits: keys are user names of 1 to %zu bytes",
+                     sizeof(rates[0].user) - 1);
+            ok = false;
+        } else if (n == RT_CONF_MAX_USER_RATES) {
+            snprintf(why, whylen, "user_rate_limits: at most %d users", RT_CONF_MAX_USER_RATES);
+            ok = false;
+        } else {
+            memcpy(rates[n].user, user, len + 1);
+            ok = read_rate(L, where, &rates[n].rate, why, whylen);
+            n += ok;
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok) {
+        lua_pop(L, 1);
+        return false;
+    }
+    memcpy(c->user_rates, rates, n * sizeof(rates[0]));
+    c->nuser_rates = n;
+    return true;
+}
+
+/* The path keys directly under prefix, in the struct at base, made absolute against dir. */
+static int resolve_keys(const char *prefix, void *base, const char *dir, const char *where,
+                        char *err, size_t errlen)
+{
+    size_t n = strlen(prefix);
+    int rc = 0;
+    for (const rt_setting_t *s = rt__conf_table_settings; s->name && rc == 0; s++)
+        if (s->type == RT_SET_PATH && strncmp(s->name, prefix, n) == 0 && s->name[n] == '.' &&
+            !strpbrk(s->name + n + 1, ".["))
+            rc = rt__conf_resolve_field((char *)base + s->offset, s->size, s->name, dir, where, err,
+                                        errlen);
+    return rc;
+}
+
+/* A TLS table's files, its SNI certificates' too. */
+static int resolve_tls(rt_conf_tls_t *t, const char *dir, const char *where, char *err,
+                       size_t errlen)
+{
+    int rc = resolve_keys("listeners[].tls", t, dir, where, err, errlen);
+    for (unsigned i = 0; i < t->nsni && rc == 0; i++)
+        rc = resolve_keys("listeners[].tls.sni[]", &t->sni[i], dir, where, err, errlen);
+    return rc;
+}
+
+int rt__conf_resolve_table(rt_conf_t *c, const char *name, const char *dir, const char *where,
+                           char *err, size_t errlen)
+{
+    int rc = 0;
+    if (strcmp(name, "listeners") == 0)
+        for (unsigned l = 0; l < c->nlisteners && rc == 0; l++)
+            rc = resolve_tls(&c->listeners[l].tls, dir, where, err, errlen);
+    if (strcmp(name, "http") == 0) {
+        rc = resolve_keys("http", &c->http, dir, where, err, errlen);
+        if (rc == 0)
+            rc = resolve_tls(&c->http.where.tls, dir, where, err, errlen);
+    }
+    if (strcmp(name, "cluster") == 0)
+        rc = resolve_keys("cluster", c, dir, where, err, errlen);
+    return rc;
+}
