@@ -45,6 +45,27 @@ static inline void rt_atomic_raise(_Atomic uint64_t *max, uint64_t v)
         ;
 }
 
+/*
+** The length of the well-formed UTF-8 sequence at s (n > 0 bytes left), 0 if there is none:
+** no overlong form, no UTF-16 surrogate, nothing past U+10FFFF. One definition for the MQTT
+** codec's validator, the log's quoting and the log's fuzz target.
+*/
+static inline size_t rt_utf8_len(const unsigned char *s, size_t n)
+{
+    if (s[0] < 0x80)
+        return 1;
+    size_t len = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+    if (!len || len > n || s[0] > 0xf4)
+        return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
+        (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
+        return 0;
+    return len;
+}
+
 #define RT_CONTAINER_OF(ptr, type, field) ((type *)((char *)(ptr)-offsetof(type, field)))
 
 #define RT_CACHE_LINE 64

@@ -123,24 +123,6 @@ bool rt_log_enabled(rt_log_level_t level)
 
 /* ---- Values ---- */
 
-/* The length of the well-formed UTF-8 sequence at s (of n bytes), 0 if there is none. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    if (s[0] < 0x80)
-        return 1;
-    size_t len = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
-    if (!len || len > n || s[0] > 0xf4)
-        return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    /* Overlong forms, UTF-16 surrogates and code points past U+10FFFF. */
-    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
-        (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
-        return 0;
-    return len;
-}
-
 /* Whether logfmt must quote the value: empty, or a byte a bare value cannot hold. */
 static bool needs_quotes(const char *s, size_t n)
 {
@@ -150,7 +132,7 @@ static bool needs_quotes(const char *s, size_t n)
         unsigned char ch = (unsigned char)s[i];
         if (ch <= ' ' || ch == '=' || ch == '"' || ch == '\\' || ch == 0x7f)
             return true;
-        size_t l = utf8_len((const unsigned char *)s + i, n - i);
+        size_t l = rt_utf8_len((const unsigned char *)s + i, n - i);
         if (!l)
             return true;
         i += l;
@@ -222,7 +204,7 @@ static void put_escaped(line_t *o, const char *s, size_t n)
             return;
         }
         unsigned char ch = (unsigned char)s[i];
-        size_t l = utf8_len((const unsigned char *)s + i, n - i);
+        size_t l = rt_utf8_len((const unsigned char *)s + i, n - i);
         if (!l) {
             put(o, "\\ufffd", 6);
             i++;

@@ -16,45 +16,13 @@
 */
 int mqtt_utf8_valid(const uint8_t *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            if (c == 0)
-                return 0;
-            i++;
-            continue;
-        }
-        if (c < 0xC2) /* a stray continuation byte, or an overlong two-byte form */
+    for (size_t i = 0; i < n;) {
+        if (s[i] == 0) /* U+0000: MQTT 1.5.4 forbids it */
             return 0;
-        if (c < 0xE0) {
-            if (n - i < 2 || (s[i + 1] & 0xC0) != 0x80)
-                return 0;
-            i += 2;
-            continue;
-        }
-        if (c < 0xF0) {
-            if (n - i < 3 || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80)
-                return 0;
-            if (c == 0xE0 && s[i + 1] < 0xA0) /* overlong */
-                return 0;
-            if (c == 0xED && s[i + 1] >= 0xA0) /* surrogate */
-                return 0;
-            i += 3;
-            continue;
-        }
-        if (c < 0xF5) {
-            if (n - i < 4 || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 ||
-                (s[i + 3] & 0xC0) != 0x80)
-                return 0;
-            if (c == 0xF0 && s[i + 1] < 0x90) /* overlong */
-                return 0;
-            if (c == 0xF4 && s[i + 1] >= 0x90) /* above U+10FFFF */
-                return 0;
-            i += 4;
-            continue;
-        }
-        return 0;
+        size_t len = s[i] < 0x80 ? 1 : rt_utf8_len(s + i, n - i);
+        if (!len)
+            return 0;
+        i += len;
     }
     return 1;
 }

@@ -15,27 +15,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "log.h"
 
 static int fd = -1;
 static char path[64];
-
-/* The length of the well-formed UTF-8 sequence at s (n bytes left), 0 if none. */
-static size_t utf8(const unsigned char *s, size_t n)
-{
-    if (s[0] < 0x80)
-        return 1;
-    size_t len = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
-    if (!len || len > n || s[0] > 0xf4)
-        return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
-        (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
-        return 0;
-    return len;
-}
 
 /* A JSON string from its opening quote at *p; moves *p past the closing one. */
 static bool string(const unsigned char **p, const unsigned char *end)
@@ -61,7 +45,7 @@ static bool string(const unsigned char **p, const unsigned char *end)
             }
             continue;
         }
-        size_t l = utf8(s, (size_t)(end - s));
+        size_t l = rt_utf8_len(s, (size_t)(end - s));
         if (!l)
             return false;
         s += l;
@@ -98,7 +82,7 @@ static bool logfmt_line(const unsigned char *s, const unsigned char *end)
         }
         const unsigned char *v = s;
         while (s < end && *s > ' ' && *s != '=' && *s != '"' && *s != '\\' && *s != 0x7f) {
-            size_t l = utf8(s, (size_t)(end - s));
+            size_t l = rt_utf8_len(s, (size_t)(end - s));
             if (!l)
                 return false;
             s += l;
