@@ -379,20 +379,17 @@ static bool spill_pending(const rt_sink_t *s)
 }
 
 /*
-** Retention: one small deletion step, in a transaction of its own, when one is due and
-** the database is up. A step takes at most twice a batch (RT_SINK_EXPIRE_CHUNK_MIN at the
-** least), so a batch waits for at most one step, and one step per batch deletes faster
-** than batches insert: a table at its limit stays there under any write rate.
+** Retention: one step (for SQLite, one partition dropped: a bounded share of a limit), in
+** a transaction of its own, when one is due and the database is up, so a batch waits for
+** at most one step.
 */
 static void expire_step(rt_sink_t *s)
 {
     if (!s->expire_due || !s->opened || s->retry_timer)
         return;
-    uint64_t max = 2ull * s->batch, rows = 0;
+    uint64_t rows = 0;
     bool more = false;
-    if (max < RT_SINK_EXPIRE_CHUNK_MIN)
-        max = RT_SINK_EXPIRE_CHUNK_MIN;
-    if (s->drv->expire(s, max, &rows, &more) != 0) {
+    if (s->drv->expire(s, &rows, &more) != 0) {
         pthread_mutex_lock(&s->err_lock);
         rt_log(RT_LOG_WARNING, "sink.expire_failed", "sink=%s retry_in_ms=%u %s", s->name,
                RT_SINK_EXPIRE_CHECK_MS, s->last_error);

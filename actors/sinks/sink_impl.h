@@ -26,9 +26,6 @@
 #define RT_SINK_STOP_WAIT_MS 10000               /* rt_sinks_stop waits this long per sink */
 #define RT_SINK_STOP_FLUSH_MS 2000               /* a stopping sink writes for this long */
 #define RT_SINK_EXPIRE_CHECK_MS 1000             /* a sink with retention looks this often */
-#define RT_SINK_EXPIRE_CHUNK_MIN                                                                   \
-    1000 /* rows one deletion step may take at least                                               \
-            (else twice the sink's batch) */
 
 /* One row of a batch: a BSON document and the per-rule options it came with. */
 typedef struct sink_row_s {
@@ -56,8 +53,8 @@ typedef struct {
 
 struct sink_driver_s {
     const char *type;
-    bool blocking; /* runs on the blocking pool (database drivers) */
-    bool spills;   /* has a spill queue (database drivers) */
+    bool blocking;            /* runs on the blocking pool (database drivers) */
+    bool spills;              /* has a spill queue (database drivers) */
     const rt_setting_t *keys; /* NULL-terminated; the common keys are always accepted, and a
                                  driver's key of the same name (its own default) wins */
     /* Reads the sink's config (already checked against keys); no I/O. why: the reason. */
@@ -77,12 +74,12 @@ struct sink_driver_s {
     */
     int (*write)(rt_sink_t *s, sink_row_t *rows, size_t n);
     /*
-    ** Optional, for a sink with retention (s->retains): deletes at most max rows that the
-    ** sink no longer keeps, in a transaction of its own, between writes. *rows: how many
-    ** went; *more: call again soon (it deleted some: there may be more). 0, or an RT_E*
+    ** Optional, for a sink with retention (s->retains): deletes one part of what the sink
+    ** no longer keeps, in a transaction of its own, between writes. *rows: how many rows
+    ** went; *more: call again soon (it did something: there may be more). 0, or an RT_E*
     ** code with s's last error set (the next check tries again).
     */
-    int (*expire)(rt_sink_t *s, uint64_t max, uint64_t *rows, bool *more);
+    int (*expire)(rt_sink_t *s, uint64_t *rows, bool *more);
     /* Optional: the local database file the sink writes (rt_sinks_files). */
     const char *(*file)(const rt_sink_t *s);
     /* Optional: what the sink keeps, as a sentence (rt_sink_describe; text NULL: none) and
@@ -234,43 +231,65 @@ static inline uint32_t rt__sink_doc_len(const uint8_t *p)
 const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key);
 
 /* ---- The SQLite sink's retention (sink_retention.c) ---- */
+#define RT_SQ_PART_LEN 160 /* bytes in a partition's name: the table's (< 128), "_p", a number */
+
 typedef struct sq_retention_s {
-    /* Settings (retention = { max_rows, max_age, max_bytes }); 0: no such limit. */
-    uint64_t max_rows;      /* rows kept per table */
-    uint64_t max_age_ms;    /* how long a row is kept after it was written */
-    uint64_t max_bytes;     /* bytes of the database's pages in use */
-    uint64_t mark_every_ms; /* one mark per table at most this often */
+    /* Settings (retention = { max_rows, max_age, max_bytes, zero_deleted }); 0: no limit. */
+    uint64_t max_rows;   /* rows kept per table */
+    uint64_t max_age_ms; /* how long a row is kept after it was written */
+    uint64_t max_bytes;  /* bytes of the database's pages in use */
+    bool zero_deleted;   /* SQLite's secure_delete: dropped pages are zeroed */
+    uint64_t roll_ms;    /* a partition is closed once it is this old (max_age's share) */
     /* The open connection's (rt__retention_open to rt__retention_close). */
-    struct sqlite3_stmt *st[8];        /* statements on the registry of marks */
-    struct sqlite3_stmt *bounds, *del; /* on the table being stepped */
+    bool registry;              /* the database has one (its statements are prepared) */
+    struct sqlite3_stmt *st[8]; /* statements on the registry */
     uint64_t page_size;
-    char cur[128];   /* the table bounds and del are for */
+    uint64_t gen;    /* steps that changed a table's partitions: the writer reads them again */
     char after[128]; /* the table the last step looked at: the next starts after it */
 } sq_retention_t;
+
+/* Where a table's rows go, as the connection that writes it knows it. */
+typedef struct sq_part_s {
+    int64_t part;              /* the newest partition; 0: the table itself, not partitioned */
+    char name[RT_SQ_PART_LEN]; /* the table rows are inserted into */
+    uint64_t first_ms;         /* when the newest partition was begun */
+    int64_t rows;              /* in it */
+    int64_t rows_closed;       /* in the table's other partitions */
+    int64_t roll_at;           /* rows at which it is closed (set per batch) */
+    unsigned nparts;
+} sq_part_t;
 
 void rt__retention_configure(sq_retention_t *r, const rt_conf_section_t *sec);
 bool rt__retention_on(const sq_retention_t *r);
 /* A sentence for people (rtd --check) and the limits for the start log. */
 void rt__retention_text(const sq_retention_t *r, char *out, size_t n);
 void rt__retention_keeps(const sq_retention_t *r, rt_sink_keeps_t *out);
-/* On a new connection: makes the registry of marks; 0 or RT_EAGAIN with why. */
+/* On a new connection: reads (or, retention on, makes) the registry; 0 or RT_EAGAIN with why. */
 int rt__retention_open(sq_retention_t *r, struct sqlite3 *db, char *why, size_t n);
 void rt__retention_close(sq_retention_t *r);
 /* Whether a rule may not write to table (the registry's own name). */
 bool rt__retention_reserved(const char *table, size_t len);
-/* The newest mark of a table, as the connection that writes it knows it. */
-typedef struct sq_mark_s {
-    int64_t upto;      /* its rowid */
-    uint64_t since_ms; /* when it was made (0: none yet on this connection) */
-} sq_mark_t;
 /*
-** In a batch's transaction: rows of table up to rowid upto are written by now_ms; mark is
-** the table's newest, moved or replaced. 0, or RT_EAGAIN (the batch fails: it is retried).
+** In a batch's transaction, for a table the connection has not written yet: where its rows
+** go. A plain table becomes the first partition when retention is on; *create: p->name
+** does not exist, and the caller makes it and then calls rt__retention_made. SQLite's code;
+** SQLITE_MISMATCH: table is a view or an index rtd did not make.
 */
-int rt__retention_mark(sq_retention_t *r, struct sqlite3 *db, const char *table, int64_t upto,
-                       uint64_t now_ms, sq_mark_t *mark);
-/* One deletion step (the driver's expire): see the driver hook. */
-int rt__retention_step(rt_sink_t *s, sq_retention_t *r, struct sqlite3 *db, bool sync_full,
-                       uint64_t chunk, uint64_t now_ms, uint64_t *rows, bool *more);
+int rt__retention_resolve(sq_retention_t *r, struct sqlite3 *db, const char *table, uint64_t now_ms,
+                          sq_part_t *p, bool *create);
+int rt__retention_made(sq_retention_t *r, struct sqlite3 *db, const char *table, const sq_part_t *p,
+                       uint64_t now_ms);
+/* ALTER TABLE table <change> on the table, or on each of its partitions. SQLite's code. */
+int rt__retention_alter(sq_retention_t *r, struct sqlite3 *db, const char *table,
+                        const sq_part_t *p, const char *change);
+/* Before a batch's first row of table, and before each row: the partition is closed and
+   the next begun when it is due (*rolled). SQLite's code. */
+int rt__retention_batch(sq_retention_t *r, struct sqlite3 *db, const char *table, uint64_t now_ms,
+                        sq_part_t *p, bool *rolled);
+int rt__retention_row(sq_retention_t *r, struct sqlite3 *db, const char *table, uint64_t now_ms,
+                      sq_part_t *p, bool *rolled);
+/* One step (the driver's expire): see the driver hook. */
+int rt__retention_step(rt_sink_t *s, sq_retention_t *r, struct sqlite3 *db, uint64_t now_ms,
+                       uint64_t *rows, bool *more);
 
 #endif

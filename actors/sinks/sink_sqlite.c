@@ -30,10 +30,8 @@ typedef struct sq_table_s {
     unsigned ncols;
     size_t cap;
     char **cols;
-    /* For retention's marks: */
-    uint64_t batch;     /* the last batch that wrote to it (sq_t.batches) */
-    int64_t last_rowid; /* the last row that batch wrote */
-    sq_mark_t mark;     /* its newest mark */
+    uint64_t batch; /* the last batch that wrote to it (sq_t.batches) */
+    sq_part_t part; /* where its rows go (its newest partition, with retention) */
 } sq_table_t;
 
 typedef struct sq_stmt_s {
@@ -68,6 +66,7 @@ typedef struct sq_s {
     int last;         /* SQLite's code for the last statement that failed */
     uint64_t batches; /* write calls so far */
     sq_retention_t ret;
+    uint64_t ret_gen; /* ret.gen when the tables were read: a step since changes them */
 } sq_t;
 
 static const char *const sq_sync_modes[] = {"full", "normal", NULL};
@@ -103,7 +102,7 @@ static const rt_setting_t sqlite_keys[] = {
      .unit = "rows",
      .min = 1,
      .max = 1e15,
-     .doc = "kept per table; the oldest beyond are deleted"},
+     .doc = "kept per table; the oldest beyond are deleted, 1/16 of it at a time"},
     {.name = "sinks.<name>(sqlite).retention.max_age",
      .type = RT_SET_INT,
      .text = "no limit",
@@ -118,6 +117,11 @@ static const rt_setting_t sqlite_keys[] = {
      .min = 1 << 20,
      .max = 1e15,
      .doc = "of database pages in use; past it the oldest rows are deleted"},
+    {.name = "sinks.<name>(sqlite).retention.zero_deleted",
+     .type = RT_SET_BOOL,
+     .text = "false",
+     .doc = "zero the pages of deleted rows (SQLite's secure_delete), at about the cost of "
+            "writing them again"},
     {.name = NULL},
 };
 
@@ -402,6 +406,19 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
     sq_table_t *t = &q->tables[q->ntables++];
     memset(t, 0, sizeof(*t));
     snprintf(t->name, sizeof(t->name), "%s", name);
+    bool create = false;
+    uint64_t now = rt_wall_ms();
+    if ((q->last = rt__retention_resolve(&q->ret, q->db, name, now, &t->part, &create)) !=
+        SQLITE_OK) {
+        bool theirs = q->last == SQLITE_MISMATCH;
+        if (theirs)
+            rt__sink_error(
+                s, "row rejected: %s is not a table (a view or an index rtd did not make)", name);
+        else
+            rt__sink_error(s, "%s: partitions of %s: %s", q->file, name, sqlite3_errmsg(q->db));
+        forget_last_table(q);
+        return theirs ? RT_EINVAL : RT_EAGAIN;
+    }
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(q->db, "SELECT name FROM pragma_table_info(?)", -1, &st, NULL) !=
         SQLITE_OK) {
@@ -409,7 +426,7 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
         forget_last_table(q);
         return RT_EAGAIN;
     }
-    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 1, t->part.name, -1, SQLITE_STATIC);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW)
         if (!add_col(t, (const char *)sqlite3_column_text(st, 0)))
@@ -420,14 +437,14 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
         forget_last_table(q);
         return RT_EAGAIN;
     }
-    if (t->ncols > 0) {
+    if (t->ncols > 0 && !create) {
         *out = t;
         return 0;
     }
     /* A new table: declared columns first, then the row's other keys. */
     rt_buf_t *sql = reuse_scratch(&q->sql);
     add_str(sql, "CREATE TABLE ");
-    add_ident(sql, name);
+    add_ident(sql, t->part.name);
     add_str(sql, " (");
     bool ok = true;
     for (unsigned i = 0; ok && i < q->ndeclared; i++) {
@@ -461,6 +478,11 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
     } else {
         rc = exec_sql(s, q);
     }
+    if (rc == 0 && create &&
+        (q->last = rt__retention_made(&q->ret, q->db, name, &t->part, now)) != SQLITE_OK) {
+        rt__sink_error(s, "%s: partitions of %s: %s", q->file, name, sqlite3_errmsg(q->db));
+        rc = RT_EAGAIN;
+    }
     if (rc) {
         forget_last_table(q);
         return rc;
@@ -469,11 +491,10 @@ static int get_table(rt_sink_t *s, sq_t *q, const char *name, const bson_t *doc,
     return 0;
 }
 
+/* A column for key in the table, in each of its partitions (the view takes them all). */
 static int add_column(rt_sink_t *s, sq_t *q, sq_table_t *t, const char *key, bson_type_t type)
 {
     rt_buf_t *sql = reuse_scratch(&q->sql);
-    add_str(sql, "ALTER TABLE ");
-    add_ident(sql, t->name);
     add_str(sql, " ADD COLUMN ");
     add_ident(sql, key);
     rt_buf_printf(sql, " %s", decl_type(type));
@@ -481,10 +502,12 @@ static int add_column(rt_sink_t *s, sq_t *q, sq_table_t *t, const char *key, bso
         rt__sink_error(s, "out of memory");
         return RT_ENOMEM;
     }
-    int rc = exec_sql(s, q);
-    if (rc)
-        free(t->cols[--t->ncols]);
-    return rc;
+    if ((q->last = rt__retention_alter(&q->ret, q->db, t->name, &t->part, sql->data)) == SQLITE_OK)
+        return 0;
+    rt__sink_error(s, "%s: %s (adding column %s to %s)", q->file, sqlite3_errmsg(q->db), key,
+                   t->name);
+    free(t->cols[--t->ncols]);
+    return RT_EAGAIN;
 }
 
 /* The cached insert for sig (table and keys), prepared on a miss. */
@@ -586,6 +609,33 @@ static bool row_error(int rc)
 }
 
 /*
+** Retention: before a batch's first row of t (once per batch: its time and bytes) and
+** before each row (its count), the partition rows go to is closed and the next begun when
+** it holds its share. 0, or RT_EAGAIN (q->last).
+*/
+static int next_partition(rt_sink_t *s, sq_t *q, sq_table_t *t)
+{
+    bool rolled = false;
+    uint64_t now = rt_wall_ms();
+    bool by_count = false;
+    q->last = SQLITE_OK;
+    if (t->batch != q->batches) {
+        t->batch = q->batches;
+        q->last = rt__retention_batch(&q->ret, q->db, t->name, now, &t->part, &rolled);
+    }
+    if (q->last == SQLITE_OK)
+        q->last = rt__retention_row(&q->ret, q->db, t->name, now, &t->part, &by_count);
+    rolled |= by_count;
+    if (q->last != SQLITE_OK) {
+        rt__sink_error(s, "%s: partitions of %s: %s", q->file, t->name, sqlite3_errmsg(q->db));
+        return RT_EAGAIN;
+    }
+    if (rolled)
+        s->expire_due = true; /* the oldest may go now */
+    return 0;
+}
+
+/*
 ** Inserts one row. Returns 0, RT_EINVAL when the row itself is at fault (it is
 ** rejected, the batch goes on), or RT_EAGAIN when a statement failed (q->last).
 */
@@ -619,10 +669,15 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
     int rc = get_table(s, q, tname, &doc, &t);
     if (rc)
         return rc;
-    /* The signature: table, then each key once (case-insensitively, as SQLite sees
-       names); a key the table lacks becomes a column first. */
+    if ((rc = next_partition(s, q, t)) != 0)
+        return rc;
+    /* The signature: the table written (its partition), then each key once
+       (case-insensitively, as SQLite sees names); a key the table lacks becomes a column
+       first. */
+    const char *into = t->part.name;
+    size_t intolen = strlen(into);
     rt_buf_t *sig = reuse_scratch(&q->sig);
-    rt_buf_add(sig, tname, tlen + 1);
+    rt_buf_add(sig, into, intolen + 1);
     if (sig->oom)
         return RT_EAGAIN;
     unsigned nkeys = 0;
@@ -634,7 +689,7 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
             rt__sink_error(s, "row rejected: a key is empty");
             return RT_EINVAL;
         }
-        const char *p = sig->data + tlen + 1;
+        const char *p = sig->data + intolen + 1;
         for (unsigned i = 0; i < nkeys; i++, p += strlen(p) + 1)
             if (strcasecmp(p, k) == 0) {
                 rt__sink_error(s,
@@ -657,7 +712,7 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
     rt_buf_add(sig, "", 1);
     if (sig->oom)
         return RT_EAGAIN;
-    sqlite3_stmt *st = get_insert(s, q, sig->data, sig->len, tname, nkeys);
+    sqlite3_stmt *st = get_insert(s, q, sig->data, sig->len, into, nkeys);
     if (!st)
         return RT_EAGAIN;
     int col = 1;
@@ -665,12 +720,10 @@ static int insert_once(rt_sink_t *s, sq_t *q, sink_row_t *r)
     while (bson_iter_next(&it))
         bind_value(st, col++, &it);
     q->last = sqlite3_step(st);
-    if (q->last == SQLITE_DONE) {
-        t->batch = q->batches;
-        t->last_rowid = sqlite3_last_insert_rowid(q->db);
-    } else {
-        rt__sink_error(s, "%s: insert into %s: %s", q->file, tname, sqlite3_errmsg(q->db));
-    }
+    if (q->last == SQLITE_DONE)
+        t->part.rows++;
+    else
+        rt__sink_error(s, "%s: insert into %s: %s", q->file, into, sqlite3_errmsg(q->db));
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     if (q->last == SQLITE_DONE)
@@ -709,28 +762,14 @@ static int insert_row(rt_sink_t *s, sq_t *q, sink_row_t *r)
     }
 }
 
-/* Retention's marks for the tables this batch wrote to, in its transaction. 0, or RT_EAGAIN
-   (the batch is retried). */
-static int mark_tables(rt_sink_t *s, sq_t *q)
-{
-    uint64_t now = rt_wall_ms();
-    for (unsigned i = 0; i < q->ntables; i++) {
-        sq_table_t *t = &q->tables[i];
-        if (t->batch != q->batches)
-            continue;
-        if (rt__retention_mark(&q->ret, q->db, t->name, t->last_rowid, now, &t->mark) != 0) {
-            rt__sink_error(s, "%s: retention mark for %s: %s", q->file, t->name,
-                           sqlite3_errmsg(q->db));
-            return RT_EAGAIN;
-        }
-    }
-    return 0;
-}
-
 static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
 {
     sq_t *q = s->drv_state;
     q->batches++;
+    if (q->ret_gen != q->ret.gen) {
+        forget_schema(q); /* a retention step changed partitions: where rows go is read again */
+        q->ret_gen = q->ret.gen;
+    }
     if (sqlite3_exec(q->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
         rt__sink_error(s, "%s: begin: %s", q->file, sqlite3_errmsg(q->db));
         return RT_EAGAIN;
@@ -747,10 +786,6 @@ static int sq_write(rt_sink_t *s, sink_row_t *rows, size_t n)
                            q->file);
             return RT_EAGAIN;
         }
-    }
-    if (s->retains && mark_tables(s, q) != 0) {
-        sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
-        return RT_EAGAIN;
     }
     if (sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
         rt__sink_error(s, "%s: commit: %s", q->file, sqlite3_errmsg(q->db));
@@ -777,10 +812,10 @@ static size_t sq_held(const rt_sink_t *s)
     return n;
 }
 
-static int sq_expire(rt_sink_t *s, uint64_t max, uint64_t *rows, bool *more)
+static int sq_expire(rt_sink_t *s, uint64_t *rows, bool *more)
 {
     sq_t *q = s->drv_state;
-    return rt__retention_step(s, &q->ret, q->db, q->sync_full, max, rt_wall_ms(), rows, more);
+    return rt__retention_step(s, &q->ret, q->db, rt_wall_ms(), rows, more);
 }
 
 static const char *sq_file(const rt_sink_t *s)
