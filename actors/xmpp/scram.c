@@ -489,7 +489,7 @@ int rt__scram_server_first_nonce(rt_scram_t *s, const rt_scram_cred_t *cred, con
     s->sf_len = (uint16_t)n;
     s->nonce_len = (uint16_t)(s->cnonce_len + nonce_len);
     s->sfin_at = (uint16_t)(s->sf_at + n + 1);
-    RT_ASSERT(s->sfin_at + SERVER_FINAL_MAX <= s->cap);
+    RT_ASSERT((uint32_t)s->sfin_at + SERVER_FINAL_MAX <= s->cap);
     s->state = ST_SENT;
     *out = sf;
     *outlen = (size_t)n;
@@ -526,7 +526,9 @@ static bool b64_is(const char *t, size_t n, const uint8_t *a, size_t alen, const
         long k = rt_base64_decode(t + i, 4, d, sizeof(d), RT_BASE64_STRICT);
         if (k < 0 || (k < 3 && i + 4 < n))
             return false;
-        for (long j = 0; j < k && at < want; j++, at++)
+        if (at + (size_t)k > want)
+            return false; /* the text's length allows a byte or two more than want */
+        for (long j = 0; j < k; j++, at++)
             diff |= d[j] ^ (at < alen ? a[at] : b[at - alen]);
     }
     return at == want && diff == 0;

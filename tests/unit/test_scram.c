@@ -270,6 +270,13 @@ static void test_channel_binding(void)
     ex_final(&e, cbind, 48, "", RT_SCRAM_SHA256, "pencil", 4096, NULL, 0);
     CHECK_EQ(rt_scram_failure(e.s), RT_SCRAM_CB_MISMATCH);
     ex_free(&e);
+    /* A c= one byte longer than the header, in as many base64 characters (fuzz_scram). */
+    cf = "n,a=admin123,n=user,r=abcdef";
+    ex_start(&e, RT_SCRAM_SHA256, false, 0, cf, strlen(cf));
+    ex_server_first(&e, &cred);
+    ex_final(&e, "n,a=admin123,X", 14, "", RT_SCRAM_SHA256, "pencil", 4096, NULL, 0);
+    CHECK_EQ(rt_scram_failure(e.s), RT_SCRAM_CB_MISMATCH);
+    ex_free(&e);
     /* tls-server-end-point with an authzid, which c= carries too. */
     cf = "p=tls-server-end-point,a=user@example.com,n=user,r=abcdef";
     ex_start(&e, RT_SCRAM_SHA256, true, RT_SCRAM_CB_TLS_SERVER_END_POINT, cf, strlen(cf));
