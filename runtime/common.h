@@ -7,6 +7,7 @@
 #define RT_COMMON_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,16 @@ static inline size_t rt_utf8_len(const unsigned char *s, size_t n)
         (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
         return 0;
     return len;
+}
+
+/* Whether the n bytes at s are well-formed UTF-8 text: rt_utf8_len's rules, no U+0000. */
+static inline bool rt_utf8_text(const void *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0, k; i < n; i += k)
+        if (p[i] == 0 || (k = rt_utf8_len(p + i, n - i)) == 0)
+            return false;
+    return true;
 }
 
 #define RT_CONTAINER_OF(ptr, type, field) ((type *)((char *)(ptr)-offsetof(type, field)))

@@ -457,6 +457,19 @@ int rt_sock_local_port(const rt_sock_t *s);
 uint64_t rt_hash(const void *data, size_t len);
 uint64_t rt_hash_with(uint64_t tweak, const void *data, size_t len);
 
+/* ---- Base64 (RFC 4648, the standard alphabet) ----
+** One codec for the password file's hashes and SASL's messages. rt_base64_encode writes
+** RT_BASE64_LEN(n) characters and a NUL into out and returns their count. rt_base64_decode
+** decodes s[0..n) into out (cap bytes) and returns the byte count, or -1 if s is not base64
+** or decodes to more than cap bytes. Without flags the padding is optional (the password
+** file's form); RT_BASE64_STRICT asks for one text per value, as SCRAM's do: padding to a
+** multiple of 4 characters and the unused bits of the last character zero.
+*/
+#define RT_BASE64_LEN(n) (4 * (((n) + 2) / 3))
+#define RT_BASE64_STRICT 1u
+size_t rt_base64_encode(const void *in, size_t n, char *out);
+long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned flags);
+
 /* ---- Files ----
 ** Whether rtd may act on a file (or directory) that gives it rights: its configuration,
 ** rules, password, ACL and API-key files. Refused when someone other than rtd's user and

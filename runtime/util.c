@@ -1,6 +1,7 @@
 /*
 ** Small shared services: error names, exit reason names, the spinlock, the clocks
-** (rt.h), per-thread exit hooks and the cycle clock used for per-turn CPU accounting.
+** (rt.h), per-thread exit hooks, the cycle clock used for per-turn CPU accounting and
+** base64.
 */
 #include <pthread.h>
 #include <sched.h>
@@ -330,4 +331,61 @@ size_t rt__resident(const void *p, size_t len)
             in += vec[i] & 1;
     }
     return in * page;
+}
+
+/* ---- Base64 ---- */
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+size_t rt_base64_encode(const void *in, size_t n, char *out)
+{
+    const uint8_t *b = in;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)b[i] << 16;
+        if (i + 1 < n)
+            v |= (uint32_t)b[i + 1] << 8;
+        if (i + 2 < n)
+            v |= b[i + 2];
+        out[o++] = b64[v >> 18 & 63];
+        out[o++] = b64[v >> 12 & 63];
+        out[o++] = i + 1 < n ? b64[v >> 6 & 63] : '=';
+        out[o++] = i + 2 < n ? b64[v & 63] : '=';
+    }
+    out[o] = 0;
+    return o;
+}
+
+long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned flags)
+{
+    uint8_t *b = out;
+    size_t pad = 0;
+    if ((flags & RT_BASE64_STRICT) && n % 4 != 0)
+        return -1;
+    while (n > 0 && s[n - 1] == '=') {
+        n--;
+        pad++;
+    }
+    if (n % 4 == 1 || ((flags & RT_BASE64_STRICT) && pad > 2))
+        return -1;
+    size_t o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = s[i] ? strchr(b64, s[i]) : NULL;
+        if (!p)
+            return -1;
+        acc = acc << 6 | (uint32_t)(p - b64);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (o == cap)
+                return -1;
+            b[o++] = (uint8_t)(acc >> bits);
+        }
+    }
+    /* The bits left over belong to no byte: a strict text has them zero. */
+    if ((flags & RT_BASE64_STRICT) && (acc & ((1u << bits) - 1)) != 0)
+        return -1;
+    return (long)o;
 }

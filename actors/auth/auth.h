@@ -235,4 +235,11 @@ void rt_auth_stats(rt_auth_stats_t *out);
 */
 int rt_auth_passwd_main(int argc, char **argv);
 
+/*
+** Reads one password line from stdin for a command line tool: without echo from a terminal
+** (the prompt goes to stderr), plainly from a pipe. A malloc'd string (cleanse, then free
+** it) or NULL at the end of the input.
+*/
+char *rt_auth_read_password(const char *prompt);
+
 #endif

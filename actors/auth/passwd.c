@@ -45,11 +45,7 @@ static const char *bad_user_name(const char *user)
     return NULL;
 }
 
-/*
-** Reads one password line from stdin: without echo from a terminal (the prompt
-** goes to stderr), plainly from a pipe. Returns a malloc'd string or NULL.
-*/
-static char *read_password(const char *prompt)
+char *rt_auth_read_password(const char *prompt)
 {
     struct termios old, quiet;
     bool tty = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &old) == 0;
@@ -204,8 +200,8 @@ int rt_auth_passwd_main(int argc, char **argv)
 
     char hash[RT_AUTH_HASH_MAX];
     if (!del) {
-        char *pw = batch ? strdup(argv[i + 2]) : read_password("Password: ");
-        char *again = batch || !pw ? NULL : read_password("Reenter password: ");
+        char *pw = batch ? strdup(argv[i + 2]) : rt_auth_read_password("Password: ");
+        char *again = batch || !pw ? NULL : rt_auth_read_password("Reenter password: ");
         const char *bad = !pw || (!batch && !again)          ? "no password was given"
                           : !batch && strcmp(pw, again) != 0 ? "the passwords do not match"
                           : !*pw                             ? "the password is empty"

@@ -19,59 +19,10 @@
 #define CACHE_TAG_BYTES 32 /* HMAC-SHA256 */
 
 /* What rt_auth_hash_password writes: "$7$", rounds, '$', salt and hash in base64, NUL. */
-#define B64_LEN(n) (4 * (((n) + 2) / 3))
-_Static_assert(3 + 10 + 1 + B64_LEN(RT_AUTH_SALT_BYTES) + 1 + B64_LEN(HASH_BYTES) + 1 <=
+_Static_assert(3 + 10 + 1 + RT_BASE64_LEN(RT_AUTH_SALT_BYTES) + 1 + RT_BASE64_LEN(HASH_BYTES) + 1 <=
                    RT_AUTH_HASH_MAX,
                "RT_AUTH_HASH_MAX holds a new hash");
 _Static_assert(RT_AUTH_SALT_BYTES <= MAX_SALT, "a new salt is one the table can read");
-
-/* ---- Base64 (standard alphabet; padding optional on input) ---- */
-
-static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static size_t b64_encode(const uint8_t *in, size_t n, char *out)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i += 3) {
-        uint32_t v = (uint32_t)in[i] << 16;
-        if (i + 1 < n)
-            v |= (uint32_t)in[i + 1] << 8;
-        if (i + 2 < n)
-            v |= in[i + 2];
-        out[o++] = b64[v >> 18 & 63];
-        out[o++] = b64[v >> 12 & 63];
-        out[o++] = i + 1 < n ? b64[v >> 6 & 63] : '=';
-        out[o++] = i + 2 < n ? b64[v & 63] : '=';
-    }
-    out[o] = 0;
-    return o;
-}
-
-/* Decodes s[0..n) into out (cap bytes): the length, or -1 if invalid or too long. */
-static long b64_decode(const char *s, size_t n, uint8_t *out, size_t cap)
-{
-    while (n > 0 && s[n - 1] == '=')
-        n--;
-    if (n % 4 == 1)
-        return -1;
-    size_t o = 0;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *p = s[i] ? strchr(b64, s[i]) : NULL;
-        if (!p)
-            return -1;
-        acc = acc << 6 | (uint32_t)(p - b64);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            if (o == cap)
-                return -1;
-            out[o++] = (uint8_t)(acc >> bits);
-        }
-    }
-    return (long)o;
-}
 
 /* ---- Hashes ---- */
 
@@ -160,14 +111,15 @@ static bool parse_hash(const char *s, size_t n, entry_t *e, char *why, size_t wh
         snprintf(why, whylen, "the hash has no $SALT$HASH part");
         return false;
     }
-    long saltlen = b64_decode(p, (size_t)(dollar - p), e->salt, MAX_SALT);
+    long saltlen = rt_base64_decode(p, (size_t)(dollar - p), e->salt, MAX_SALT, 0);
     if (saltlen < 1) {
         snprintf(why, whylen, "the salt is not base64 of 1 to %d bytes", MAX_SALT);
         return false;
     }
     e->saltlen = (uint8_t)saltlen;
     uint8_t hash[HASH_BYTES + 1]; /* room for one byte too many, to tell it */
-    if (b64_decode(dollar + 1, (size_t)(end - dollar - 1), hash, sizeof(hash)) != HASH_BYTES) {
+    if (rt_base64_decode(dollar + 1, (size_t)(end - dollar - 1), hash, sizeof(hash), 0) !=
+        HASH_BYTES) {
         snprintf(why, whylen, "the hash is not base64 of %d bytes", HASH_BYTES);
         return false;
     }
@@ -187,9 +139,9 @@ int rt_auth_hash_password(const uint8_t *pw, size_t pwlen, uint32_t iterations, 
     if (rc)
         return rc;
     int n = snprintf(out, outlen, "$7$%u$", iterations);
-    n += (int)b64_encode(salt, sizeof(salt), out + n);
+    n += (int)rt_base64_encode(salt, sizeof(salt), out + n);
     out[n++] = '$';
-    b64_encode(hash, sizeof(hash), out + n);
+    rt_base64_encode(hash, sizeof(hash), out + n);
     return 0;
 }
 

@@ -39,6 +39,7 @@
 #include "store.h"
 #include "sys.h"
 #include "tls.h"
+#include "accounts.h"
 
 /*
 ** Compile-time defaults (CMakeLists.txt). The rtd of the build tree reads the checkout's
@@ -98,6 +99,16 @@ static int apikey_main(int argc, char **argv)
     return rt_http_apikey_main(argc, argv, RTD_CONFIG_FILE);
 }
 
+/* `rtd xmpp` finds xmpp.db where an rtd without -c keeps its state. */
+static int xmpp_main(int argc, char **argv)
+{
+#ifdef RTD_DATA_DIR
+    return rt_xmpp_main(argc, argv, RTD_CONFIG_FILE, RTD_DATA_DIR);
+#else
+    return rt_xmpp_main(argc, argv, RTD_CONFIG_FILE, NULL);
+#endif
+}
+
 /* rtd's subcommands, each with its own options (`rtd SUBCOMMAND --help`). */
 static const struct {
     const char *name, *synopsis, *what;
@@ -107,6 +118,8 @@ static const struct {
      "add, change or delete a user of a password file (mosquitto_passwd's)", rt_auth_passwd_main},
     {"apikey", "NAME read|admin [-c CONFIG | -f FILE]",
      "make an API key for the HTTP API (docs/HTTP.md)", apikey_main},
+    {"xmpp", "user add|passwd|del|list [-c FILE | -d DIR] [USER@HOST | HOST]",
+     "add, change, delete or list XMPP accounts (xmpp.db in data_dir)", xmpp_main},
 };
 
 #define NSUBCOMMANDS (sizeof(subcommands) / sizeof(subcommands[0]))

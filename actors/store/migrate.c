@@ -4,10 +4,13 @@
 ** the steps below, all of them in one transaction with the new user_version (a failure
 ** leaves the file as it was), after a copy of the old file is taken with the online backup
 ** API (state.db.v<old>-<unix time>.bak beside it: what an older rtd can still start on). A
-** newer file is refused: this rtd cannot know what it would lose.
+** newer file is refused: this rtd cannot know what it would lose. rt__sqlite_check_file is
+** that check at open, for state.db and for any other file of rtd's with a schema of its own
+** (the XMPP accounts' xmpp.db).
 */
 #include <sqlite3.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "log.h"
 #include "store.h"
@@ -72,5 +75,69 @@ int rt__store_migrate(struct sqlite3 *db, const char *path, int from, int to,
         return RT_EINVAL;
     }
     rt_log(RT_LOG_INFO, "store.migrated", "file=%s from=%d to=%d copy=%s", path, from, to, backup);
+    return 0;
+}
+
+static int64_t pragma_int(sqlite3 *db, const char *q)
+{
+    sqlite3_stmt *s;
+    int64_t v = -1;
+    if (sqlite3_prepare_v2(db, q, -1, &s, NULL) != SQLITE_OK)
+        return -1;
+    if (sqlite3_step(s) == SQLITE_ROW)
+        v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return v;
+}
+
+int rt__sqlite_check_file(struct sqlite3 *db, const char *path, const rt_sqlite_kind_t *kind,
+                          char *why, size_t whylen)
+{
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(db, "PRAGMA quick_check", -1, &s, NULL) != SQLITE_OK) {
+        snprintf(why, whylen, "not an SQLite database (left untouched)");
+        return RT_EINVAL;
+    }
+    int rc = sqlite3_step(s);
+    bool ok = rc == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(s, 0), "ok") == 0;
+    if (!ok)
+        snprintf(why, whylen, "damaged database (quick_check: %s); left untouched",
+                 rc == SQLITE_ROW ? (const char *)sqlite3_column_text(s, 0) : sqlite3_errmsg(db));
+    sqlite3_finalize(s);
+    if (!ok)
+        return RT_EINVAL;
+    int64_t app = pragma_int(db, "PRAGMA application_id");
+    int64_t version = pragma_int(db, "PRAGMA user_version");
+    int64_t tables = pragma_int(db, "SELECT count(*) FROM sqlite_master");
+    if (app == 0 && version == 0 && tables == 0) {
+        char set[128];
+        snprintf(set, sizeof(set), "PRAGMA application_id = %d; PRAGMA user_version = %d;",
+                 (int)kind->app_id, kind->version);
+        if (sqlite3_exec(db, set, NULL, NULL, NULL) != SQLITE_OK ||
+            sqlite3_exec(db, kind->schema, NULL, NULL, NULL) != SQLITE_OK) {
+            snprintf(why, whylen, "%s", sqlite3_errmsg(db));
+            return RT_EAGAIN;
+        }
+        return 0;
+    }
+    if (app != kind->app_id) {
+        snprintf(why, whylen, "not an %s (application_id %lld, %lld tables); left untouched",
+                 kind->what, (long long)app, (long long)tables);
+        return RT_EINVAL;
+    }
+    if (version > kind->version || version < 1) {
+        snprintf(why, whylen, "schema version %lld, this rtd reads %d and older%s; left untouched",
+                 (long long)version, kind->version,
+                 version > kind->version ? " (a newer rtd wrote it: run that one, or this one "
+                                           "on the copy the newer one made when it migrated)"
+                                         : "");
+        return RT_EINVAL;
+    }
+    if (version < kind->version) {
+        char backup[600];
+        if (rt__store_migrate(db, path, (int)version, kind->version, kind->steps, backup,
+                              sizeof(backup), why, whylen) != 0)
+            return RT_EINVAL;
+    }
     return 0;
 }

@@ -590,18 +590,6 @@ static int open_failed(char *err, size_t errlen, const char *path, const char *w
     return code;
 }
 
-static int64_t pragma_int(const char *q)
-{
-    sqlite3_stmt *s;
-    int64_t v = -1;
-    if (sqlite3_prepare_v2(store.db, q, -1, &s, NULL) != SQLITE_OK)
-        return -1;
-    if (sqlite3_step(s) == SQLITE_ROW)
-        v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    return v;
-}
-
 /*
 ** Refuses anything that is not our own healthy file: not a database, another
 ** application's, a newer schema, or damaged; migrates an older one. A new empty file is
@@ -609,52 +597,16 @@ static int64_t pragma_int(const char *q)
 */
 static int check_file(const char *path, char *err, size_t errlen)
 {
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(store.db, "PRAGMA quick_check", -1, &s, NULL) != SQLITE_OK)
-        return open_failed(err, errlen, path, "not an SQLite database (left untouched)", RT_EINVAL);
-    int rc = sqlite3_step(s);
-    bool ok = rc == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(s, 0), "ok") == 0;
-    char why[300];
-    if (!ok)
-        snprintf(why, sizeof(why), "damaged database (quick_check: %s); left untouched",
-                 rc == SQLITE_ROW ? (const char *)sqlite3_column_text(s, 0)
-                                  : sqlite3_errmsg(store.db));
-    sqlite3_finalize(s);
-    if (!ok)
-        return open_failed(err, errlen, path, why, RT_EINVAL);
-    int64_t app = pragma_int("PRAGMA application_id");
-    int64_t version = pragma_int("PRAGMA user_version");
-    int64_t tables = pragma_int("SELECT count(*) FROM sqlite_master");
-    if (app == 0 && version == 0 && tables == 0) {
-        char init[sizeof(schema) + 128];
-        snprintf(init, sizeof(init), "PRAGMA application_id = %d; PRAGMA user_version = %d; %s",
-                 RT_STORE_APP_ID, RT_STORE_SCHEMA, schema);
-        if (sqlite3_exec(store.db, init, NULL, NULL, NULL) != SQLITE_OK)
-            return open_failed(err, errlen, path, sqlite3_errmsg(store.db), RT_EAGAIN);
-        return 0;
-    }
-    if (app != RT_STORE_APP_ID) {
-        snprintf(why, sizeof(why),
-                 "not an rtd state file (application_id %lld, %lld tables); left untouched",
-                 (long long)app, (long long)tables);
-        return open_failed(err, errlen, path, why, RT_EINVAL);
-    }
-    if (version > RT_STORE_SCHEMA || version < 1) {
-        snprintf(why, sizeof(why),
-                 "schema version %lld, this rtd reads %d and older%s; left untouched",
-                 (long long)version, RT_STORE_SCHEMA,
-                 version > RT_STORE_SCHEMA ? " (a newer rtd wrote it: run that one, or this one "
-                                             "on the copy the newer one made when it migrated)"
-                                           : "");
-        return open_failed(err, errlen, path, why, RT_EINVAL);
-    }
-    if (version < RT_STORE_SCHEMA) {
-        char backup[600];
-        if (rt__store_migrate(store.db, path, (int)version, RT_STORE_SCHEMA, rt__store_steps,
-                              backup, sizeof(backup), why, sizeof(why)) != 0)
-            return open_failed(err, errlen, path, why, RT_EINVAL);
-    }
-    return 0;
+    static const rt_sqlite_kind_t kind = {
+        .what = "rtd state file",
+        .app_id = RT_STORE_APP_ID,
+        .version = RT_STORE_SCHEMA,
+        .schema = schema,
+        .steps = rt__store_steps,
+    };
+    char why[700];
+    int rc = rt__sqlite_check_file(store.db, path, &kind, why, sizeof(why));
+    return rc ? open_failed(err, errlen, path, why, rc) : 0;
 }
 
 int rt_store_create_private(const char *path)

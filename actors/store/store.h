@@ -157,6 +157,26 @@ int rt__store_migrate(struct sqlite3 *db, const char *path, int from, int to,
                       const rt_store_step_t *steps, char *backup, size_t backuplen, char *err,
                       size_t errlen);
 
+/* An SQLite file of rtd's: what rt__sqlite_check_file expects of it. */
+typedef struct rt_sqlite_kind_s {
+    const char *what;             /* "rtd state file": what a refusal says the file is not */
+    int32_t app_id;               /* its PRAGMA application_id */
+    int version;                  /* the schema version (PRAGMA user_version) this rtd writes */
+    const char *schema;           /* the statements that make a new file's tables */
+    const rt_store_step_t *steps; /* from older versions, as rt__store_steps */
+} rt_sqlite_kind_t;
+
+/*
+** Refuses an open database db (the file path) that is not kind's healthy file: not a
+** database, another application's, damaged (quick_check), or of a newer schema. A new
+** empty file gets the application id, the schema version and the tables; an older schema
+** is migrated (rt__store_migrate, a copy taken first). 0, or RT_EINVAL / RT_EAGAIN (a new
+** file could not be initialised) with why (no path in it). The file is never changed
+** otherwise.
+*/
+int rt__sqlite_check_file(struct sqlite3 *db, const char *path, const rt_sqlite_kind_t *kind,
+                          char *why, size_t whylen);
+
 /* Counters for $SYS and rtctl. */
 typedef struct {
     uint64_t changes; /* applied */

@@ -1,0 +1,353 @@
+/*
+** XMPP accounts in data_dir/xmpp.db (accounts.h): the file, its schema and versions, and
+** the rows' statements.
+*/
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+
+#include "accounts.h"
+#include "jid.h"
+#include "sqlite_mem.h"
+#include "store.h"
+
+#define ACCOUNTS_APP_ID 0x7274584D /* "rtXM": PRAGMA application_id of xmpp.db */
+
+static const char schema[] = "CREATE TABLE accounts(host TEXT NOT NULL, username TEXT NOT NULL, "
+                             "  created INTEGER NOT NULL, "
+                             "  sha1_salt BLOB NOT NULL, sha1_iterations INTEGER NOT NULL, "
+                             "  sha1_stored_key BLOB NOT NULL, sha1_server_key BLOB NOT NULL, "
+                             "  sha256_salt BLOB NOT NULL, sha256_iterations INTEGER NOT NULL, "
+                             "  sha256_stored_key BLOB NOT NULL, sha256_server_key BLOB NOT NULL, "
+                             "  PRIMARY KEY(host, username)) WITHOUT ROWID;";
+
+/*
+** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
+** for state.db: none yet, version 1 is the first. Added when the schema changes, never
+** edited after a release.
+*/
+static const rt_store_step_t steps[] = {
+    {0, NULL},
+};
+
+enum { ST_ADD, ST_PASSWD, ST_DEL, ST_LIST, ST_LIST_HOST, ST_GET1, ST_GET256, ST_COUNT_ROWS, ST_N };
+
+static const char *const sql[ST_N] = {
+    [ST_ADD] = "INSERT INTO accounts VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    [ST_PASSWD] = "UPDATE accounts SET sha1_salt = ?4, sha1_iterations = ?5, "
+                  "sha1_stored_key = ?6, sha1_server_key = ?7, sha256_salt = ?8, "
+                  "sha256_iterations = ?9, sha256_stored_key = ?10, sha256_server_key = ?11 "
+                  "WHERE host = ?1 AND username = ?2",
+    [ST_DEL] = "DELETE FROM accounts WHERE host = ?1 AND username = ?2",
+    [ST_LIST] = "SELECT host, username, created FROM accounts ORDER BY host, username",
+    [ST_LIST_HOST] = "SELECT host, username, created FROM accounts WHERE host = ?1 "
+                     "ORDER BY username",
+    [ST_GET1] = "SELECT sha1_salt, sha1_iterations, sha1_stored_key, sha1_server_key "
+                "FROM accounts WHERE host = ?1 AND username = ?2",
+    [ST_GET256] = "SELECT sha256_salt, sha256_iterations, sha256_stored_key, sha256_server_key "
+                  "FROM accounts WHERE host = ?1 AND username = ?2",
+    [ST_COUNT_ROWS] = "SELECT count(*) FROM accounts",
+};
+
+struct rt_accounts_s {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_N];
+    char path[512];
+};
+
+/* A prepared host and user name. */
+typedef struct {
+    char host[RT_JID_PART_MAX + 1];
+    char user[RT_JID_PART_MAX + 1];
+    size_t host_len, user_len;
+} names_t;
+
+static int db_error(rt_accounts_t *a, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: %s", a->path, sqlite3_errmsg(a->db));
+    return RT_EAGAIN;
+}
+
+void rt_accounts_close(rt_accounts_t *a)
+{
+    if (!a)
+        return;
+    for (int i = 0; i < ST_N; i++)
+        sqlite3_finalize(a->st[i]);
+    sqlite3_close(a->db);
+    free(a);
+}
+
+/*
+** A file root creates (`rtd xmpp user` run as root) goes to whoever owns the data
+** directory, the user rtd runs as, or rtd could not open it. SQLite gives the -wal and -shm
+** files the database's owner.
+*/
+static void owner_of_dir(const char *dir, const char *path)
+{
+    struct stat d, f;
+    if (geteuid() != 0 || stat(dir, &d) != 0 || stat(path, &f) != 0 || f.st_uid == d.st_uid)
+        return;
+    if (chown(path, d.st_uid, d.st_gid) != 0)
+        return; /* the open below then tells whoever cannot read it */
+}
+
+int rt_accounts_open(const char *dir, rt_accounts_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "%s: cannot create the data directory: %s", dir, strerror(errno));
+        return RT_EINVAL;
+    }
+    rt_accounts_t *a = calloc(1, sizeof(*a));
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        return RT_ENOMEM;
+    }
+    if ((size_t)snprintf(a->path, sizeof(a->path), "%s/%s", dir, RT_ACCOUNTS_FILE) >=
+        sizeof(a->path)) {
+        snprintf(err, errlen, "%s: the data directory's path is too long", dir);
+        free(a);
+        return RT_EINVAL;
+    }
+    rt_store_create_private(a->path);
+    owner_of_dir(dir, a->path);
+    rt_sqlite_mem_init();
+    int rc = RT_EINVAL;
+    if (sqlite3_open_v2(a->path, &a->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+        SQLITE_OK) {
+        snprintf(err, errlen, "%s: %s", a->path, a->db ? sqlite3_errmsg(a->db) : "cannot open");
+        goto fail;
+    }
+    sqlite3_busy_timeout(a->db, RT_ACCOUNTS_BUSY_MS);
+    static const rt_sqlite_kind_t kind = {
+        .what = "rtd XMPP accounts file",
+        .app_id = ACCOUNTS_APP_ID,
+        .version = RT_ACCOUNTS_SCHEMA,
+        .schema = schema,
+        .steps = steps,
+    };
+    char why[700];
+    if ((rc = rt__sqlite_check_file(a->db, a->path, &kind, why, sizeof(why))) != 0) {
+        snprintf(err, errlen, "%s: %s", a->path, why);
+        goto fail;
+    }
+    rc = RT_EAGAIN;
+    if (sqlite3_exec(a->db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", NULL, NULL,
+                     NULL) != SQLITE_OK) {
+        db_error(a, err, errlen);
+        goto fail;
+    }
+    for (int i = 0; i < ST_N; i++)
+        if (sqlite3_prepare_v3(a->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &a->st[i], NULL) !=
+            SQLITE_OK) {
+            db_error(a, err, errlen);
+            goto fail;
+        }
+    *out = a;
+    return 0;
+fail:
+    rt_accounts_close(a);
+    return rc;
+}
+
+static int prep_names(const char *host, const char *user, names_t *n, char *err, size_t errlen)
+{
+    const char *why;
+    if (rt_jid_prep_part(RT_JID_DOMAIN, host, strlen(host), n->host, &n->host_len, &why) ||
+        rt_jid_prep_part(RT_JID_LOCAL, user, strlen(user), n->user, &n->user_len, &why)) {
+        snprintf(err, errlen, "%s", why);
+        return RT_EINVAL;
+    }
+    return 0;
+}
+
+/* A statement with the host and user bound as ?1 and ?2, reset for its next use. */
+static sqlite3_stmt *keyed(rt_accounts_t *a, int which, const names_t *n)
+{
+    sqlite3_stmt *st = a->st[which];
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    sqlite3_bind_text(st, 1, n->host, (int)n->host_len, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, n->user, (int)n->user_len, SQLITE_STATIC);
+    return st;
+}
+
+static void bind_cred(sqlite3_stmt *st, int at, const rt_scram_cred_t *c)
+{
+    int klen = (int)rt_scram_key_len(c->hash);
+    sqlite3_bind_blob(st, at, c->salt, c->salt_len, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, at + 1, c->iterations);
+    sqlite3_bind_blob(st, at + 2, c->stored_key, klen, SQLITE_TRANSIENT);
+    sqlite3_bind_blob(st, at + 3, c->server_key, klen, SQLITE_TRANSIENT);
+}
+
+/*
+** add and passwd: new credentials for both hashes (the slow part, before the database is
+** touched), then one statement. changed: the statement changed a row.
+*/
+static int write_creds(rt_accounts_t *a, int which, const char *host, const char *user,
+                       const char *pw, size_t pwlen, uint32_t iterations, bool *changed, char *err,
+                       size_t errlen)
+{
+    names_t n;
+    int rc = prep_names(host, user, &n, err, errlen);
+    if (rc)
+        return rc;
+    if (pwlen > RT_ACCOUNTS_PASSWORD_MAX) {
+        snprintf(err, errlen, "the password is over %d bytes", RT_ACCOUNTS_PASSWORD_MAX);
+        return RT_EINVAL;
+    }
+    rt_scram_cred_t c1, c256;
+    const char *why = "";
+    uint32_t it = iterations ? iterations : RT_SCRAM_ITERATIONS;
+    rc = rt_scram_cred_make(RT_SCRAM_SHA1, pw, pwlen, it, &c1, &why);
+    if (rc == 0)
+        rc = rt_scram_cred_make(RT_SCRAM_SHA256, pw, pwlen, it, &c256, &why);
+    if (rc) {
+        snprintf(err, errlen, "%s", rc == RT_ENOMEM ? "out of memory" : why);
+        return rc;
+    }
+    sqlite3_stmt *st = keyed(a, which, &n);
+    if (which == ST_ADD)
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)rt_wall_ms());
+    bind_cred(st, 4, &c1);
+    bind_cred(st, 8, &c256);
+    OPENSSL_cleanse(&c1, sizeof(c1));
+    OPENSSL_cleanse(&c256, sizeof(c256));
+    int s = sqlite3_step(st);
+    *changed = sqlite3_changes(a->db) > 0;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (s == SQLITE_CONSTRAINT) {
+        snprintf(err, errlen, "%s@%s exists", n.user, n.host);
+        return RT_EEXIST;
+    }
+    return s == SQLITE_DONE ? 0 : db_error(a, err, errlen);
+}
+
+int rt_accounts_add(rt_accounts_t *a, const char *host, const char *user, const char *pw,
+                    size_t pwlen, uint32_t iterations, char *err, size_t errlen)
+{
+    bool changed;
+    return write_creds(a, ST_ADD, host, user, pw, pwlen, iterations, &changed, err, errlen);
+}
+
+int rt_accounts_passwd(rt_accounts_t *a, const char *host, const char *user, const char *pw,
+                       size_t pwlen, uint32_t iterations, char *err, size_t errlen)
+{
+    bool changed = false;
+    int rc = write_creds(a, ST_PASSWD, host, user, pw, pwlen, iterations, &changed, err, errlen);
+    if (rc == 0 && !changed) {
+        snprintf(err, errlen, "no account %s@%s", user, host);
+        return RT_ENOTFOUND;
+    }
+    return rc;
+}
+
+int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *err, size_t errlen)
+{
+    names_t n;
+    int rc = prep_names(host, user, &n, err, errlen);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = keyed(a, ST_DEL, &n);
+    int s = sqlite3_step(st);
+    bool changed = sqlite3_changes(a->db) > 0;
+    sqlite3_reset(st);
+    if (s != SQLITE_DONE)
+        return db_error(a, err, errlen);
+    if (!changed) {
+        snprintf(err, errlen, "no account %s@%s", n.user, n.host);
+        return RT_ENOTFOUND;
+    }
+    return 0;
+}
+
+int rt_accounts_list(rt_accounts_t *a, const char *host,
+                     int (*fn)(const char *host, const char *user, int64_t created_ms, void *arg),
+                     void *arg, char *err, size_t errlen)
+{
+    sqlite3_stmt *st = a->st[host ? ST_LIST_HOST : ST_LIST];
+    char h[RT_JID_PART_MAX + 1];
+    size_t hlen;
+    const char *why;
+    if (host && rt_jid_prep_part(RT_JID_DOMAIN, host, strlen(host), h, &hlen, &why)) {
+        snprintf(err, errlen, "%s", why);
+        return RT_EINVAL;
+    }
+    sqlite3_reset(st);
+    if (host)
+        sqlite3_bind_text(st, 1, h, (int)hlen, SQLITE_STATIC);
+    int s = SQLITE_DONE, rc = 0;
+    while (rc == 0 && (s = sqlite3_step(st)) == SQLITE_ROW)
+        rc = fn((const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1),
+                sqlite3_column_int64(st, 2), arg);
+    if (rc == 0 && s != SQLITE_DONE)
+        rc = db_error(a, err, errlen);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc;
+}
+
+/* The four credential columns of a row into out: false if they do not make credentials. */
+static bool read_cred(sqlite3_stmt *st, rt_scram_hash_t hash, rt_scram_cred_t *out)
+{
+    size_t klen = rt_scram_key_len(hash);
+    int salt_len = sqlite3_column_bytes(st, 0);
+    sqlite3_int64 it = sqlite3_column_int64(st, 1);
+    if (salt_len < 1 || salt_len > RT_SCRAM_SALT_MAX || it < RT_SCRAM_MIN_ITERATIONS ||
+        it > RT_SCRAM_MAX_ITERATIONS || (size_t)sqlite3_column_bytes(st, 2) != klen ||
+        (size_t)sqlite3_column_bytes(st, 3) != klen)
+        return false;
+    memset(out, 0, sizeof(*out));
+    out->hash = (uint8_t)hash;
+    out->salt_len = (uint8_t)salt_len;
+    out->iterations = (uint32_t)it;
+    memcpy(out->salt, sqlite3_column_blob(st, 0), (size_t)salt_len);
+    memcpy(out->stored_key, sqlite3_column_blob(st, 2), klen);
+    memcpy(out->server_key, sqlite3_column_blob(st, 3), klen);
+    return true;
+}
+
+int rt_accounts_get(rt_accounts_t *a, const char *host, const char *user, rt_scram_hash_t hash,
+                    rt_scram_cred_t *out)
+{
+    names_t n;
+    char err[RT_ACCOUNTS_ERR_LEN];
+    if (prep_names(host, user, &n, err, sizeof(err)))
+        return RT_ENOTFOUND;
+    sqlite3_stmt *st = keyed(a, hash == RT_SCRAM_SHA1 ? ST_GET1 : ST_GET256, &n);
+    int s = sqlite3_step(st);
+    int rc = s == SQLITE_ROW    ? (read_cred(st, hash, out) ? 0 : RT_EINVAL)
+             : s == SQLITE_DONE ? RT_ENOTFOUND
+                                : RT_EAGAIN;
+    sqlite3_reset(st);
+    return rc;
+}
+
+int rt_accounts_check_password(rt_accounts_t *a, const char *host, const char *user, const char *pw,
+                               size_t pwlen)
+{
+    rt_scram_cred_t c;
+    int rc = rt_accounts_get(a, host, user, RT_SCRAM_SHA256, &c);
+    if (rc)
+        return rc;
+    rc = rt_scram_check_password(&c, pw, pwlen);
+    return rc == RT_EINVAL ? RT_EACCES : rc; /* no stored password can be one SASLprep refuses */
+}
+
+int64_t rt_accounts_count(rt_accounts_t *a)
+{
+    sqlite3_stmt *st = a->st[ST_COUNT_ROWS];
+    sqlite3_reset(st);
+    int64_t n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_reset(st);
+    return n;
+}
