@@ -21,6 +21,7 @@ packages=(
     build-essential cmake pkg-config git
     liblua5.4-dev libssl-dev libhttp-parser-dev libsqlite3-dev libbson-dev libmongoc-dev
     libnats-dev  # the cluster (actors/cluster): the NATS C client
+    libexpat1-dev  # the XMPP stream parser (actors/xmpp): expat, streaming, no DTD
     mosquitto-clients  # mosquitto_sub and _pub, to try the broker make run starts
 )
 if [[ "$purpose" == test ]]; then
