@@ -22,6 +22,7 @@ packages=(
     liblua5.4-dev libssl-dev libhttp-parser-dev libsqlite3-dev libbson-dev libmongoc-dev
     libnats-dev  # the cluster (actors/cluster): the NATS C client
     libidn-dev  # actors/xmpp: stringprep (nodeprep, resourceprep, SASLprep) and IDNA for JIDs
+    libexpat1-dev  # the XMPP stream parser (actors/xmpp): expat, streaming, no DTD
     mosquitto-clients  # mosquitto_sub and _pub, to try the broker make run starts
 )
 if [[ "$purpose" == test ]]; then
