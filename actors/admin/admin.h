@@ -132,11 +132,12 @@ int rt_admin_split(char *line, size_t len, char **argv, size_t *arglen, int max,
                    char *err, size_t errlen);
 
 /*
-** The usage of the command a request's first words name (sub: its second word, NULL if
-** none), as `help` shows it: "rules test NAME --topic T [--payload P] [--qos Q]"; an alias
+** The usage of the command a request's first words name (sub, sub2: its second and third
+** words, NULL if none; the third counts only for a sub-command of two words, `xmpp user
+** add`), as `help` shows it: "rules test NAME --topic T [--payload P] [--qos Q]"; an alias
 ** gives its command's. NULL when they name no command.
 */
-const char *rt_admin_usage(const char *word, const char *sub);
+const char *rt_admin_usage(const char *word, const char *sub, const char *sub2);
 /*
 ** What a request line asks for, without running it (the HTTP API answers 404 and 405 by
 ** it): 0 with the command's flags (RT_ADMIN_CHANGES, ...; those of `help` for --help),

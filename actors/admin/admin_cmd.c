@@ -949,6 +949,19 @@ const rt_admin_command_t rt__admin_commands[] = {
      RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE, "backup DIR",
      "Copies state.db and every running sink's database and spill into DIR (a data_dir to "
      "restore from), while rtd runs."},
+    /* Account names are for the admin role; add, passwd and del change them. All read or
+       write xmpp.db, and add and passwd run PBKDF2 (milliseconds). */
+    {"xmpp", "user list", rt__admin_xmpp_user, RT_ADMIN_BLOCKING | RT_ADMIN_SENSITIVE,
+     "xmpp user list [HOST]", "The XMPP accounts in data_dir/xmpp.db, of HOST or of all."},
+    {"xmpp", "user add", rt__admin_xmpp_user, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "xmpp user add USER@HOST [--password P]",
+     "Makes an XMPP account; only its SCRAM keys are kept (rtctl asks for the password twice "
+     "when --password is not given)."},
+    {"xmpp", "user passwd", rt__admin_xmpp_user, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "xmpp user passwd USER@HOST [--password P]",
+     "Gives an XMPP account a new password (new salts and keys)."},
+    {"xmpp", "user del", rt__admin_xmpp_user, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
+     "xmpp user del USER@HOST", "Deletes an XMPP account."},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
      "trace client CLIENT_ID [--duration S] [--payload N]",
      "The client's packets as they pass, for S seconds (60), with N payload bytes each."},

@@ -8,10 +8,12 @@
 
 #include "admin_impl.h"
 
-/* Whether k is a command (not an alias) of word, and of sub when sub is given. */
-static bool describes(const rt_admin_command_t *k, const char *word, const char *sub)
+/* Whether k is a command (not an alias) of word, and of sub (and sub2) when given. */
+static bool describes(const rt_admin_command_t *k, const char *word, const char *sub,
+                      const char *sub2)
 {
-    return k->usage && strcmp(k->word, word) == 0 && (!sub || (k->sub && strcmp(k->sub, sub) == 0));
+    return k->usage && strcmp(k->word, word) == 0 &&
+           (!sub || (k->sub && rt__admin_sub_matches(k->sub, sub, sub2, true)));
 }
 
 /* What the HTTP API needs for k: its method and role. */
@@ -29,9 +31,13 @@ static void describe_text(rt_buf_t *out, const rt_admin_command_t *k)
 {
     RT_ASSERT(k->about);
     rt_buf_printf(out, "usage: rtctl %s\n  %s\n", k->usage, k->about);
-    rt_buf_printf(out, "  %s: %s /api/v1/%s%s%s with %s key.\n",
+    /* The path's words are the command's: a sub-command of two takes two ("user/list"). */
+    const char *space = k->sub ? strchr(k->sub, ' ') : NULL;
+    int first = space ? (int)(space - k->sub) : k->sub ? (int)strlen(k->sub) : 0;
+    rt_buf_printf(out, "  %s: %s /api/v1/%s%s%.*s%s%s with %s key.\n",
                   k->flags & RT_ADMIN_CHANGES ? "Changes rtd; over HTTP" : "Over HTTP",
-                  http_method(k), k->word, k->sub ? "/" : "", k->sub ? k->sub : "",
+                  http_method(k), k->word, k->sub ? "/" : "", first, k->sub ? k->sub : "",
+                  space ? "/" : "", space ? space + 1 : "",
                   k->flags & (RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE) ? "an admin"
                                                                     : "a read or admin");
 }
@@ -73,16 +79,22 @@ int rt__admin_help(rt_admin_cmd_t *c)
     if (c->argc <= first)
         return list_all(c);
     const char *word = c->argv[first], *sub = c->argc > first + 1 ? c->argv[first + 1] : NULL;
+    const char *sub2 = c->argc > first + 2 ? c->argv[first + 2] : NULL;
     bool any = false;
     for (const rt_admin_command_t *k = rt__admin_commands; k->word && !any; k++)
-        any = describes(k, word, sub);
+        any = describes(k, word, sub, sub2);
+    if (!any) {
+        for (const rt_admin_command_t *k = rt__admin_commands; k->word && !any; k++)
+            any = describes(k, word, sub, NULL);
+        sub2 = NULL; /* "xmpp user list HOST": the words after the command are arguments */
+    }
     if (!any)
         sub = NULL; /* "status extra": the words after a command alone are its arguments */
     if (c->json && !(c->doc = rt_doc_array()))
         return rt__admin_fail(c, 500, "out of memory");
     any = false;
     for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++) {
-        if (!describes(k, word, sub))
+        if (!describes(k, word, sub, sub2))
             continue;
         if (c->json)
             describe_json(c->doc, k);

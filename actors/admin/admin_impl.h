@@ -104,6 +104,12 @@ void rt__admin_heap_put(rt_admin_heap_t *h, const void *elem, void *dropped);
 int rt__admin_parse_pid(const char *s, rt_pid_t *out);
 void rt__admin_iso_time(uint64_t unix_ms, char *out, size_t n); /* "2024-05-01T12:00:00Z" */
 
+/*
+** Whether a command's sub-command ksub is named by a request's sub and sub2 (NULL: none).
+** ksub may be two words ("user list": `xmpp user list`, whose siblings change rtd while it
+** only reads); then sub2 must name its second, or, with prefix (help), may be absent.
+*/
+bool rt__admin_sub_matches(const char *ksub, const char *sub, const char *sub2, bool prefix);
 /* Whether word has sub-commands ("clients" has; "status" has not). */
 bool rt__admin_has_subs(const char *word);
 
@@ -115,6 +121,9 @@ int rt__admin_apikey_list(rt_admin_cmd_t *c);
 int rt__admin_apikey_add(rt_admin_cmd_t *c);
 int rt__admin_apikey_revoke(rt_admin_cmd_t *c);
 int rt__admin_apikey_reload(rt_admin_cmd_t *c);
+
+/* ---- admin_xmpp.c: the XMPP accounts (xmpp user list|add|passwd|del) ---- */
+int rt__admin_xmpp_user(rt_admin_cmd_t *c);
 
 /* ---- admin_retained.c: the retained store's messages ---- */
 int rt__admin_retained_list(rt_admin_cmd_t *c);

@@ -156,8 +156,19 @@ static int parse_request(rt_admin_cmd_t *c, char *line, size_t len)
 ** "rules relaod" is an error, not a list: a word alone takes more words only
 ** when it has no sub-commands ("top -n 5" is options, which are not words).
 */
+bool rt__admin_sub_matches(const char *ksub, const char *sub, const char *sub2, bool prefix)
+{
+    const char *space = strchr(ksub, ' ');
+    if (!space)
+        return strcmp(ksub, sub) == 0;
+    size_t n = (size_t)(space - ksub);
+    if (strncmp(ksub, sub, n) != 0 || sub[n] != 0)
+        return false;
+    return sub2 ? strcmp(space + 1, sub2) == 0 : prefix;
+}
+
 /* The command word and sub (NULL: none) name: a word alone when it has no subcommands. */
-static const rt_admin_command_t *find_command(const char *word, const char *sub)
+static const rt_admin_command_t *find_command(const char *word, const char *sub, const char *sub2)
 {
     const rt_admin_command_t *alone = NULL;
     bool has_subs = false;
@@ -166,7 +177,7 @@ static const rt_admin_command_t *find_command(const char *word, const char *sub)
             continue;
         if (!k->sub)
             alone = k;
-        else if (sub && strcmp(k->sub, sub) == 0)
+        else if (sub && rt__admin_sub_matches(k->sub, sub, sub2, false))
             return k;
         else
             has_subs = true;
@@ -182,9 +193,9 @@ bool rt__admin_has_subs(const char *word)
     return false;
 }
 
-const char *rt_admin_usage(const char *word, const char *sub)
+const char *rt_admin_usage(const char *word, const char *sub, const char *sub2)
 {
-    const rt_admin_command_t *k = find_command(word, sub);
+    const rt_admin_command_t *k = find_command(word, sub, sub2);
     for (const rt_admin_command_t *a = rt__admin_commands; k && !k->usage && a->word; a++)
         if (a->run == k->run && a->usage)
             return a->usage;
@@ -195,7 +206,7 @@ const char *rt_admin_usage(const char *word, const char *sub)
 static const rt_admin_command_t *resolve(const rt_admin_cmd_t *c)
 {
     const char *sub = c->argc > 1 ? c->argv[1] : NULL;
-    const rt_admin_command_t *k = find_command(c->argv[0], sub);
+    const rt_admin_command_t *k = find_command(c->argv[0], sub, c->argc > 2 ? c->argv[2] : NULL);
     /* `COMMAND --help` is `help COMMAND`: it changes nothing, whatever COMMAND does; a word
        with sub-commands alone ("trace --help") describes them all. */
     if (c->help && (k || (!sub && rt__admin_has_subs(c->argv[0])))) {

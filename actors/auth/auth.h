@@ -241,5 +241,11 @@ int rt_auth_passwd_main(int argc, char **argv);
 ** it) or NULL at the end of the input.
 */
 char *rt_auth_read_password(const char *prompt);
+/*
+** A new password for a command line tool: read twice (rt_auth_read_password) and compared.
+** A malloc'd string (cleanse, then free it), or NULL with *why ("no password was given",
+** "the passwords do not match").
+*/
+char *rt_auth_ask_new_password(const char **why);
 
 #endif

@@ -71,6 +71,25 @@ char *rt_auth_read_password(const char *prompt)
     return line;
 }
 
+char *rt_auth_ask_new_password(const char **why)
+{
+    char *pw = rt_auth_read_password("Password: ");
+    char *again = pw ? rt_auth_read_password("Reenter password: ") : NULL;
+    *why = !pw || !again            ? "no password was given"
+           : strcmp(pw, again) != 0 ? "the passwords do not match"
+                                    : NULL;
+    if (again) {
+        OPENSSL_cleanse(again, strlen(again));
+        free(again);
+    }
+    if (*why && pw) {
+        OPENSSL_cleanse(pw, strlen(pw));
+        free(pw);
+        pw = NULL;
+    }
+    return pw;
+}
+
 /* Writes len bytes to path through a temporary file (mode 0600) and a rename. */
 static int write_atomically(const char *path, const char *data, size_t len)
 {

@@ -100,7 +100,7 @@ typedef struct {
 } usage_arg_t;
 
 typedef struct {
-    char words[2][32]; /* the command's own words: "rules", "test" */
+    char words[3][32]; /* the command's own words: "rules", "test"; "xmpp", "user", "add" */
     unsigned nwords;
     usage_arg_t args[USAGE_ARGS_MAX];
     unsigned nargs;
@@ -160,7 +160,7 @@ static void usage_read(const char *usage, usage_t *u)
             snprintf(option, sizeof(option), "%s", t + strspn(t, "-"));
             in_words = false;
         } else if (in_words && !bracketed && all_in(t, "abcdefghijklmnopqrstuvwxyz_") &&
-                   u->nwords < 2) {
+                   u->nwords < 3) {
             snprintf(u->words[u->nwords++], sizeof(u->words[0]), "%.31s", t);
         } else {
             in_words = false;
@@ -422,7 +422,7 @@ size_t rt__http_api_line(const char *path, const char *query, const char *json, 
                          char *line, char *why, size_t whylen)
 {
     size_t at = 0;
-    char word[1024], first[2][64] = {"", ""};
+    char word[1024], first[3][64] = {"", "", ""};
     unsigned words = 0;
     snprintf(why, whylen, "the path or query is not a command (bad escape, or too long)");
     for (const char *p = path; *p;) {
@@ -430,14 +430,16 @@ size_t rt__http_api_line(const char *path, const char *query, const char *json, 
         size_t n = end ? (size_t)(end - p) : strlen(p);
         if (n && (!decode(p, n, false, word, sizeof(word)) || !add_word(line, &at, word)))
             return 0;
-        if (n && words < 2)
+        if (n && words < 3)
             snprintf(first[words], sizeof(first[0]), "%.63s", word);
         words += n != 0;
         p += n + (end != NULL);
     }
     if (!at)
         return 0;
-    const char *usage = json ? rt_admin_usage(first[0], words > 1 ? first[1] : NULL) : NULL;
+    const char *usage = json ? rt_admin_usage(first[0], words > 1 ? first[1] : NULL,
+                                              words > 2 ? first[2] : NULL)
+                             : NULL;
     if (usage) { /* a command's alias ("log" for "log level") gets the words its usage has */
         usage_t u;
         usage_read(usage, &u);

@@ -505,3 +505,20 @@ rt_jid_t *rt_jid_dup(rt_actor_t *self, const rt_jid_t *j)
         memcpy(c, j, n);
     return c;
 }
+
+int rt_jid_account(const char *in, size_t len, char *user, char *host, const char **why)
+{
+    rt_jid_buf_t b;
+    int rc = rt_jid_prep(in, len, &b, why);
+    if (rc)
+        return rc;
+    if (!b.jid.local || b.jid.resource) {
+        *why = "name an account as USER@HOST, with no /resource";
+        return RT_EINVAL;
+    }
+    memcpy(user, rt_jid_local(&b.jid), b.jid.local);
+    user[b.jid.local] = 0;
+    memcpy(host, rt_jid_domain(&b.jid), b.jid.domain);
+    host[b.jid.domain] = 0;
+    return 0;
+}

@@ -154,4 +154,11 @@ int rt__stringprep(const void *profile, int flags, const char *in, size_t len, c
 int rt__jid_prep_part_slow(rt_jid_part_t part, const char *in, size_t len, char *out,
                            size_t *outlen, const char **why);
 
+/*
+** An account's name, USER@HOST (no resource), prepared: its localpart and domainpart into
+** user and host (RT_JID_PART_MAX + 1 bytes each, NUL-terminated). 0, or RT_EINVAL with *why,
+** or RT_ENOMEM, as rt_jid_prep.
+*/
+int rt_jid_account(const char *in, size_t len, char *user, char *host, const char **why);
+
 #endif

@@ -114,18 +114,11 @@ static int data_dir(const args_t *a, const char *default_config, const char *def
 /* USER@HOST, prepared, into user and host. 0 or an exit status. */
 static int split_jid(const char *text, char *user, char *host)
 {
-    rt_jid_buf_t b;
     const char *why = "";
-    if (rt_jid_prep(text, strlen(text), &b, &why) != 0 || !b.jid.local || b.jid.resource) {
-        fprintf(stderr, "rtd xmpp: %s: %s\n", text,
-                *why ? why : "name an account as USER@HOST, with no /resource");
-        return 2;
-    }
-    memcpy(user, rt_jid_local(&b.jid), b.jid.local);
-    user[b.jid.local] = 0;
-    memcpy(host, rt_jid_domain(&b.jid), b.jid.domain);
-    host[b.jid.domain] = 0;
-    return 0;
+    if (rt_jid_account(text, strlen(text), user, host, &why) == 0)
+        return 0;
+    fprintf(stderr, "rtd xmpp: %s: %s\n", text, why);
+    return 2;
 }
 
 static int print_account(const char *host, const char *user, int64_t created_ms, void *arg)
@@ -144,22 +137,10 @@ static char *new_password(const args_t *a)
 {
     if (a->batch)
         return strdup(a->words[1]);
-    char *pw = rt_auth_read_password("Password: ");
-    char *again = pw ? rt_auth_read_password("Reenter password: ") : NULL;
-    const char *bad = !pw || !again            ? "no password was given"
-                      : strcmp(pw, again) != 0 ? "the passwords do not match"
-                                               : NULL;
-    if (again) {
-        OPENSSL_cleanse(again, strlen(again));
-        free(again);
-    }
-    if (bad) {
-        fprintf(stderr, "rtd xmpp: %s\n", bad);
-        if (pw)
-            OPENSSL_cleanse(pw, strlen(pw));
-        free(pw);
-        return NULL;
-    }
+    const char *why = NULL;
+    char *pw = rt_auth_ask_new_password(&why);
+    if (!pw)
+        fprintf(stderr, "rtd xmpp: %s\n", why);
     return pw;
 }
 

@@ -514,7 +514,7 @@ def test_every_command_has_help(broker):
     usages = js(broker, "help")
     assert len(usages) >= 40
     for usage in usages:
-        words = [w for w in usage.split()[:2] if w.isalpha() and w.islower()]
+        words = [w for w in usage.split()[:3] if w.isalpha() and w.islower()]
         if words == ["top"]:
             continue  # rtctl runs top itself: its help is rtctl's (below)
         out = ok(broker, *words, "--help")

@@ -868,12 +868,13 @@ typedef struct {
     rt_xml_stream_t *s;
     const char *d;
     size_t n;
+    int rc; /* the feed's, checked by the main thread once joined */
 } half_t;
 
 static void *feed_thread(void *arg)
 {
     half_t *h = arg;
-    CHECK_EQ(rt_xml_stream_feed(h->s, h->d, h->n, NULL), 0);
+    h->rc = rt_xml_stream_feed(h->s, h->d, h->n, NULL);
     rt_xml_pool_trim();
     return NULL;
 }
@@ -885,13 +886,21 @@ static void test_threads(void)
     rt_xml_stream_t s;
     CHECK_EQ(rt_xml_stream_init(&s, &cfg, &r), 0);
     const char *d = HEADER "<message><body>one</body></message><message><body>tw";
-    half_t a = {&s, d, strlen(d)}, b = {&s, "o</body></message>", 18};
+    half_t a = {&s, d, strlen(d), -1}, b = {&s, "o</body></message>", 18, -1};
+    /* The callbacks CHECK on the feeding thread: the main thread checks nothing until it
+       has joined it (the counters are plain ints). */
     pthread_t t;
-    CHECK_EQ(pthread_create(&t, NULL, feed_thread, &a), 0);
-    pthread_join(t, NULL);
+    int created = pthread_create(&t, NULL, feed_thread, &a);
+    if (created == 0)
+        pthread_join(t, NULL);
+    CHECK_EQ(created, 0);
+    CHECK_EQ(a.rc, 0);
     CHECK(rt_xml_stream_busy(&s));
-    CHECK_EQ(pthread_create(&t, NULL, feed_thread, &b), 0);
-    pthread_join(t, NULL);
+    created = pthread_create(&t, NULL, feed_thread, &b);
+    if (created == 0)
+        pthread_join(t, NULL);
+    CHECK_EQ(created, 0);
+    CHECK_EQ(b.rc, 0);
     CHECK(!rt_xml_stream_busy(&s));
     CHECK_EQ(r.stanzas, 2);
     CHECK(strstr(r.log.data, "<body>two</body>") != NULL);

@@ -10,6 +10,7 @@
 #include "rtctl.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,6 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
+#include "auth.h"
 #include "config.h"
 
 static const char *usage_text =
@@ -523,6 +527,23 @@ static int pick_socket(const char *socket, const char *config, char *out, size_t
     return 0;
 }
 
+/*
+** Whether the command sets an XMPP account's password without giving it (`xmpp user add
+** USER@HOST`): rtctl then asks for it twice, as `rtd xmpp user` does, and sends it as
+** --password, which rtd never logs.
+*/
+static bool wants_password(int n, char **w)
+{
+    if (n < 4 || strcmp(w[0], "xmpp") != 0 || strcmp(w[1], "user") != 0 ||
+        (strcmp(w[2], "add") != 0 && strcmp(w[2], "passwd") != 0))
+        return false;
+    for (int k = 3; k < n; k++)
+        if (strcmp(w[k], "--password") == 0 || strncmp(w[k], "--password=", 11) == 0 ||
+            strcmp(w[k], "--help") == 0)
+            return false;
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     const char *socket = NULL, *config = NULL;
@@ -564,12 +585,24 @@ int main(int argc, char **argv)
     if (strcmp(argv[i], "top") == 0)
         return rtctl_top_main(path, timeout_s, json, argc - i - 1, argv + i + 1);
 
-    int nwords = argc - i + json;
+    char *password = NULL;
+    if (wants_password(argc - i, argv + i)) {
+        const char *why = NULL;
+        if (!(password = rt_auth_ask_new_password(&why))) {
+            fprintf(stderr, "rtctl: %s\n", why);
+            return RTCTL_EXIT_USAGE;
+        }
+    }
+    int nwords = argc - i + json + (password ? 2 : 0);
     const char **words = calloc((size_t)nwords, sizeof(*words));
     if (!words)
         return RTCTL_EXIT_USAGE;
     for (int k = i; k < argc; k++)
         words[k - i] = argv[k];
+    if (password) {
+        words[argc - i] = "--password";
+        words[argc - i + 1] = password;
+    }
     if (json)
         words[nwords - 1] = "--json";
 
@@ -581,6 +614,10 @@ int main(int argc, char **argv)
     int code = 0;
     int r = rtctl_request(&c, words, nwords, &code);
     free(words);
+    if (password) {
+        OPENSSL_cleanse(password, strlen(password));
+        free(password);
+    }
     if (r) {
         fprintf(stderr, "rtctl: %s\n", rtctl_strerror(r));
         rtctl_conn_close(&c);

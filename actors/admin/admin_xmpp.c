@@ -1,0 +1,93 @@
+/*
+** `xmpp user list|add|passwd|del`: the XMPP accounts in data_dir/xmpp.db (actors/xmpp/
+** accounts.h) while rtd runs, as `rtd xmpp user` manages them offline. The file is opened for
+** each command and closed after it: a few a day, and `rtd xmpp user` may write it meanwhile.
+** Every one runs on the admin worker (file I/O, and PBKDF2 for add and passwd: milliseconds).
+** A password comes as the option --password (rtctl asks for it twice, the HTTP API takes it
+** in the JSON body), so it is never one of the words the audit line (admin.change) logs.
+*/
+#include <string.h>
+
+#include "accounts.h"
+#include "admin_impl.h"
+#include "broker.h"
+#include "jid.h"
+#include "log.h"
+
+/* An RT_E* code of the accounts as the answer's code. */
+static int accounts_fail(rt_admin_cmd_t *c, int rc, const char *err)
+{
+    int code = rc == RT_ENOTFOUND ? 404 : rc == RT_EEXIST ? 409 : rc == RT_EINVAL ? 400 : 503;
+    return rt__admin_fail(c, code, "%s", err);
+}
+
+static int list_row(const char *host, const char *user, int64_t created_ms, void *arg)
+{
+    rt_admin_cmd_t *c = arg;
+    char when[32];
+    rt__admin_iso_time((uint64_t)created_ms, when, sizeof(when));
+    if (!c->json) {
+        rt_buf_printf(&c->text, "%s@%s\tcreated %s\n", user, host, when);
+        return 0;
+    }
+    rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
+    rt_doc_add_str(o, "user", user);
+    rt_doc_add_str(o, "host", host);
+    rt_doc_add_str(o, "created", when);
+    return 0;
+}
+
+static int user_list(rt_admin_cmd_t *c, rt_accounts_t *a)
+{
+    if (c->argc > 4)
+        return rt__admin_fail(c, 400, "usage: xmpp user list [HOST]");
+    if (c->json && !(c->doc = rt_doc_array()))
+        return rt__admin_fail(c, 500, "out of memory");
+    char err[RT_ACCOUNTS_ERR_LEN];
+    int rc = rt_accounts_list(a, c->argc == 4 ? c->argv[3] : NULL, list_row, c, err, sizeof(err));
+    return rc ? accounts_fail(c, rc, err) : 200;
+}
+
+/* add, passwd and del: USER@HOST (and, but for del, --password). */
+static int user_change(rt_admin_cmd_t *c, rt_accounts_t *a, const char *verb)
+{
+    bool del = strcmp(verb, "del") == 0;
+    size_t pwlen = 0;
+    const char *pw = rt__admin_opt(c, "password", &pwlen);
+    if (c->argc != 4 || (!del && !pw))
+        return rt__admin_fail(c, 400, "usage: xmpp user %s USER@HOST%s", verb,
+                              del ? "" : " --password PASSWORD");
+    char user[RT_JID_PART_MAX + 1], host[RT_JID_PART_MAX + 1];
+    const char *why = "";
+    if (rt_jid_account(c->argv[3], c->arglen[3], user, host, &why) != 0)
+        return rt__admin_fail(c, 400, "%s: %s", c->argv[3], why);
+    char err[RT_ACCOUNTS_ERR_LEN];
+    int rc = del ? rt_accounts_del(a, host, user, err, sizeof(err))
+             : strcmp(verb, "add") == 0
+                 ? rt_accounts_add(a, host, user, pw, pwlen, 0, err, sizeof(err))
+                 : rt_accounts_passwd(a, host, user, pw, pwlen, 0, err, sizeof(err));
+    if (rc)
+        return accounts_fail(c, rc, err);
+    rt_log(RT_LOG_INFO, "xmpp.account", "change=%s user=%s host=%s", verb, user, host);
+    if (!(c->doc = rt_doc_object()))
+        return rt__admin_fail(c, 500, "out of memory");
+    rt_doc_add_str(c->doc, "user", user);
+    rt_doc_add_str(c->doc, "host", host);
+    rt_doc_add_str(c->doc, "done", verb);
+    return 200;
+}
+
+int rt__admin_xmpp_user(rt_admin_cmd_t *c)
+{
+    RT_ASSERT(c->argc >= 3); /* the command table's "user list", "user add"...: the verb */
+    const char *verb = c->argv[2];
+    bool list = strcmp(verb, "list") == 0;
+    rt_accounts_t *a = NULL;
+    char err[RT_ACCOUNTS_ERR_LEN];
+    int rc = rt_accounts_open(rt_broker->conf.data_dir, &a, err, sizeof(err));
+    if (rc)
+        return accounts_fail(c, rc, err);
+    int code = list ? user_list(c, a) : user_change(c, a, verb);
+    rt_accounts_close(a);
+    return code;
+}
