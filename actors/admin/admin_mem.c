@@ -34,6 +34,7 @@
 #include "sink.h"
 #include "sqlite_mem.h"
 #include "topic_trie.h"
+#include "xport.h"
 
 #define SINKS_MAX 64
 

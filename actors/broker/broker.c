@@ -125,6 +125,16 @@ void rt__broker_count_socket(unsigned listener, int delta)
     }
 }
 
+bool rt_broker_preauth_charge(int64_t bytes)
+{
+    _Atomic int64_t *held = &rt_broker->stats.preauth_bytes;
+    int64_t was = atomic_fetch_add_explicit(held, bytes, memory_order_relaxed);
+    if (bytes < 0 || was + bytes <= RT_LIVE(max_preauth_memory))
+        return true;
+    atomic_fetch_sub_explicit(held, bytes, memory_order_relaxed);
+    return false;
+}
+
 const char *const rt_auth_failed_names[RT_AUTH_FAILED_REASONS] = {
     [RT_AUTH_FAILED_BAD_PASSWORD] = "bad_password",
     [RT_AUTH_FAILED_UNKNOWN_USER] = "unknown_user",

@@ -47,7 +47,7 @@ typedef struct rt_broker_stats_s {
     atomic_uint_fast64_t refused_error;     /* the connection actor could not start */
     atomic_uint_fast64_t refused_untrusted; /* a PROXY protocol listener: not from a trusted proxy */
     atomic_uint_fast64_t refused_fds;       /* the descriptors kept for rtctl and HTTP reached */
-    /* Transports (conn/xport.c). */
+    /* Transports (transport/xport.c). */
     atomic_uint_fast64_t tls_failed;       /* TLS handshakes that failed */
     atomic_uint_fast64_t connect_timeouts; /* no CONNECT (or handshake) within connect_timeout */
     atomic_uint_fast64_t rate_limited;     /* times a client's rate limit paused its reading */
@@ -274,6 +274,16 @@ size_t rt_broker_listeners(rt_listener_info_t *out, size_t max);
 
 /* Counts a client socket opening (+1) or closing (-1), broker-wide and on its listener. */
 void rt__broker_count_socket(unsigned listener, int delta);
+
+/*
+** The pre-auth budget (max_preauth_memory): what connections not authenticated yet hold of
+** their client's bytes, all of them together, whatever their protocol. Such a connection is
+** only a socket and the login it is sending (bounded in size and in time), but many of them
+** at once could hold a lot; past the budget, the connection whose bytes would pass it is
+** ended: newcomers are refused while those already holding wait out their timeouts.
+** Adds bytes (negative: gives back); false, and nothing added, when they do not fit.
+*/
+bool rt_broker_preauth_charge(int64_t bytes);
 
 #define RT_REASON_TAKEOVER (RT_REASON_USER + 1) /* a new connection took the client id */
 #define RT_REASON_KICKED (RT_REASON_USER + 2)   /* rt_client_kick: an administrator ended it */

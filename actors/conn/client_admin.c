@@ -73,7 +73,7 @@ static void client_info_fill(rt_actor_t *self, const conn_t *c, rt_client_info_t
         rt__conn_peer_format(c, ci->peer, sizeof(ci->peer));
         snprintf(ci->transport, sizeof(ci->transport), "%s", rt_listener_kind(c->listener));
     }
-    ci->rate_limited = rt__xport_rate_limited(c);
+    ci->rate_limited = rt_xport_rate_limited(rt__conn_xp(c));
 }
 
 /* Answers with the counters and, if asked, the subscriptions (layout in broker.h). */

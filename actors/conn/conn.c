@@ -117,7 +117,7 @@ static int disc_reason_code(const conn_t *c)
 int rt__conn_write_packet(conn_t *c, uint8_t type, const uint8_t *buf, size_t len)
 {
     RT_ASSERT(c->sock);
-    int rc = c->xp ? rt__xport_write(c, buf, len) : rt_sock_write(c->sock, buf, len);
+    int rc = c->xp ? rt_xport_write(c->xp, c->sock, buf, len) : rt_sock_write(c->sock, buf, len);
     if (rc == 0 && rt_tracing())
         rt_trace_packet(RT_TRACE_OUT, c->client_id, buf, len, c->version);
     if (rc == 0) {
@@ -210,33 +210,21 @@ static void aliases_free(rt_actor_t *self, conn_t *c)
 }
 
 /*
-** The pre-auth budget (max_preauth_memory): what connections not authenticated yet hold of
-** their client's bytes, all of them together. Such a connection is only a socket and the
-** CONNECT it is sending (at most max_connect_size, for at most connect_timeout), but many of
-** them at once could hold a lot; past the budget, the connection whose bytes would pass it
-** is ended: newcomers are refused while those already holding wait out their timeouts.
-** Counted here: the partial packet (partial_cap, while c->preauth) and the transport's stash
-** (xport.c). A connection that was accepted stops counting when its CONNECT is.
+** The pre-auth budget (rt_broker_preauth_charge): a connection counts its partial packet
+** (partial_cap, while c->preauth) and its transport's stash (xport.h, which charges the same
+** budget: rt_listeners_start says so). A connection that was accepted stops counting when
+** its CONNECT is.
 */
-bool rt__conn_preauth_charge(int64_t bytes)
-{
-    _Atomic int64_t *held = &rt_broker->stats.preauth_bytes;
-    int64_t was = atomic_fetch_add_explicit(held, bytes, memory_order_relaxed);
-    if (bytes < 0 || was + bytes <= RT_LIVE(max_preauth_memory))
-        return true;
-    atomic_fetch_sub_explicit(held, bytes, memory_order_relaxed);
-    return false;
-}
-
 static bool preauth_take(const conn_t *c, int64_t bytes)
 {
-    return !c->preauth || bytes == 0 || rt__conn_preauth_charge(bytes);
+    return !c->preauth || bytes == 0 || rt_broker_preauth_charge(bytes);
 }
 
 /* The connection authenticated (or is ending): its bytes no longer count as pre-auth. */
 static void preauth_end(conn_t *c)
 {
-    rt__xport_preauth_end(c); /* a handed-over transport may have counted without us */
+    rt_xport_preauth_end(rt__conn_xp(c)); /* a handed-over transport may have counted without
+                                             us */
     if (!c->preauth)
         return;
     preauth_take(c, -(int64_t)c->partial_cap);
@@ -282,7 +270,8 @@ void rt__conn_count_connected(conn_t *c, bool on)
 static void close_socket(conn_t *c)
 {
     RT_ASSERT(c->sock);
-    rt__xport_close(c);
+    rt_xport_close(c->xp, c->sock);
+    c->xp = NULL;
     rt_sock_close_lingering(c->sock); /* the client reads rtd's last packet, not a reset */
     c->sock = NULL;
     rt__broker_count_socket(c->listener, -1);
@@ -432,7 +421,7 @@ static void on_keepalive(rt_actor_t *self, conn_t *c)
         return;
     /* Input rtd holds back (a rate limit's pause, what waits in the partial buffer for it)
        is not the client's silence. */
-    if (rt__xport_rate_waiting(c))
+    if (rt_xport_rate_waiting(rt__conn_xp(c)))
         c->last_rx_ns = rt_mono_ns();
     /* Nor is input waiting for output the client reads, however slowly; one that reads
        nothing at all is closed like a silent one. */
@@ -470,9 +459,9 @@ static int dispatch_packet_to(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 
 bool rt__conn_output_backed_up(conn_t *c)
 {
-    if (!c->sock || rt_sock_pending(c->sock) + rt__xport_unsent(c) <= RT_CONN_OUTPUT_MARK)
+    if (!c->sock || rt_sock_pending(c->sock) + rt_xport_unsent(c->xp) <= RT_CONN_OUTPUT_MARK)
         return false;
-    rt__xport_flush(c); /* TLS's stage becomes records in the socket's output */
+    rt_xport_flush(c->xp); /* TLS's stage becomes records in the socket's output */
     int rc = rt_sock_flush(c->sock);
     return rc == RT_EAGAIN && rt_sock_pending(c->sock) > RT_CONN_OUTPUT_MARK;
 }
@@ -605,11 +594,11 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
 {
     size_t off = 0;
     /* Behind a rate limit, each packet is taken from its buckets; the one that overdraws
-       them is the last parsed until they refill (rt__xport_rate_hold). */
-    bool limited = c->xp && rt__xport_rate_on(c);
+       them is the last parsed until they refill (rt__conn_rate_hold). */
+    bool limited = rt_xport_rate_on(rt__conn_xp(c));
     while (off < len && !c->closing && !rt__conn_acks_held(c) &&
            rt__conn_routed_this_event < RT_CONN_ROUTE_BUDGET &&
-           !(limited && rt__xport_rate_spent(c)) && !output_holds_input(c)) {
+           !(limited && rt_xport_rate_spent(c->xp)) && !output_holds_input(c)) {
         /* Anything but CONNECT first is refused at its first byte, before it is complete. */
         if (!c->version && buf[off] != (MQTT_CONNECT << 4)) {
             close_on_protocol_error(self, c, MQTT_ERR(MQTT_RC_PROTOCOL_ERROR));
@@ -643,7 +632,7 @@ static long parse_packets(rt_actor_t *self, conn_t *c, const uint8_t *buf, size_
             break; /* the CONNECT stays unconsumed: it is parsed again with the verdict */
         RT_ASSERT(f.size <= len - off);
         if (limited && c->sock)
-            rt__xport_rate_take(c, f.size, buf[off] >> 4 == MQTT_PUBLISH);
+            rt_xport_rate_take(c->xp, f.size, buf[off] >> 4 == MQTT_PUBLISH);
         off += f.size;
     }
     return c->closing ? -1 : (long)off;
@@ -730,13 +719,13 @@ void rt__conn_resume_parsing(rt_actor_t *self, conn_t *c)
 void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n)
 {
     if (c->closing) {
-        rt__xport_collect(c, p, n); /* for the session's holder, if handing over */
+        rt__conn_collect(c, p, n); /* for the session's holder, if handing over */
         return;
     }
     /* Parsing waits (for the verifier's verdict, or for the next turn once the route budget is
        spent): the transport's layers still take all that was read, so it waits as MQTT bytes. */
     if (c->verifying || c->parse_pending || c->out_muted || rt__conn_acks_held(c) ||
-        rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET || rt__xport_rate_spent(c)) {
+        rt__conn_routed_this_event >= RT_CONN_ROUTE_BUDGET || rt_xport_rate_spent(rt__conn_xp(c))) {
         partial_keep(self, c, p, n);
         return;
     }
@@ -749,7 +738,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
     if (c->parse_pending || rt__conn_acks_held(c))
         return; /* buffered packets go first */
     for (int i = 0; i < RT_CONN_READS_PER_TURN && !c->closing; i++) {
-        if (rt__xport_rate_hold(self, c) || output_holds_input(c))
+        if (rt__conn_rate_hold(self, c) || output_holds_input(c))
             return;
         const void *data;
         size_t len;
@@ -763,7 +752,7 @@ static void on_readable(rt_actor_t *self, conn_t *c)
         c->last_rx_ns = rt_mono_ns();
         rt__metric_add(RT_METRIC_BYTES_IN, len);
         if (c->xp) /* the scheduler's read buffer: the transport may unmask frames in place */
-            rt__xport_input(self, c, (uint8_t *)(uintptr_t)data, len);
+            rt__conn_xport_input(self, c, (uint8_t *)(uintptr_t)data, len);
         else
             parse_input(self, c, data, len);
         if (!c->sock)
@@ -793,7 +782,7 @@ void rt__conn_parse_more(rt_actor_t *self, conn_t *c)
         return;
     }
     if (!c->out_muted && c->xp)
-        rt__xport_resume(self, c);
+        rt__conn_xport_resume(self, c);
     if (c->sock && !c->closing && !c->parse_pending)
         on_readable(self, c);
 }
@@ -850,12 +839,13 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     if (rt_sock_adopt(self, fd, &c->sock) != 0) {
         rt_log(RT_LOG_ERROR, "client.resume_failed", "client=%s", c->client_id);
         close(fd);
-        rt__xport_free(xp);
+        rt_xport_free(xp);
         c->closing = 1;
         rt_exit(self, RT_REASON_NORMAL);
         return;
     }
-    rt__xport_adopt(c, xp); /* after drop_will: the transport shares will_at_ms's word */
+    c->xp = xp; /* after drop_will: the transport shares will_at_ms's word */
+    rt_xport_adopt(xp, c->sock);
     c->listener = data[0] & 15;
     c->claimed = data[0] >> 4 & 1; /* the connection that handed it over claimed the id */
     c->lease = data[0] >> 5 & 3;
@@ -879,7 +869,7 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
                           size_t len)
 {
     c->closing = 1;
-    rt__xport_flush(c);
+    rt_xport_flush(c->xp);
     int fd = rt_sock_detach(c->sock);
     if (fd < 0) { /* output the kernel would not take yet: the client will connect again */
         rt_log(RT_LOG_INFO, "client.resume_failed", "reason=%s", "socket busy");
@@ -893,14 +883,14 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
     rt_msg_t *m = rt_msg_new_fd(RT_CONN_MSG_RESUME, fd, sizeof(rt_msg_owned_t) + 1 + len);
     if (!m) {
         close(fd);
-        rt__xport_free(c->xp);
+        rt_xport_free(c->xp);
         c->xp = NULL;
         rt_exit(self, RT_REASON_NORMAL);
         return;
     }
     memset(m->data, 0, sizeof(rt_msg_owned_t));
     if (c->xp)
-        rt_msg_own(m, c->xp, rt__xport_free);
+        rt_msg_own(m, c->xp, rt_xport_free);
     c->xp = NULL;
     m->data[sizeof(rt_msg_owned_t)] = (uint8_t)(c->listener | c->claimed << 4 | c->lease << 5 |
                                                  (c->name_unvouched ? RT_CONN_RESUME_UNVOUCHED : 0));
@@ -918,7 +908,7 @@ static void on_connect_timeout(rt_actor_t *self, conn_t *c)
 {
     if (!c->sock || c->closing || c->version || c->verifying || c->client_id)
         return;
-    rt__xport_log_timeout(c, rt_broker->conf.connect_timeout);
+    rt__conn_log_timeout(c, rt_broker->conf.connect_timeout);
     atomic_fetch_add_explicit(&rt_broker->stats.connect_timeouts, 1, memory_order_relaxed);
     rt__conn_close(self, c, 0, RT_REASON_NORMAL);
 }
@@ -933,7 +923,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
         return rc;
     c->last_rx_ns = rt_mono_ns();
     c->listener = a->listener & 15;
-    rc = rt__xport_start(c);
+    rc = rt__conn_xport_start(c);
     if (rc)
         return rc; /* the runtime closes the socket with the actor */
     rt__broker_count_socket(c->listener, +1);
@@ -1052,7 +1042,11 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         on_connect_timeout(self, c);
         break;
     case RT_CONN_MSG_RATE_RESUME:
-        if (rt__xport_rate_resume(c) && !c->parse_pending && !c->verifying)
+        if (!rt_xport_rate_resume(rt__conn_xp(c)))
+            break;
+        /* The pause was rtd's doing: its time does not count as the client's silence. */
+        c->last_rx_ns = rt_mono_ns();
+        if (!c->parse_pending && !c->verifying)
             rt__conn_parse_more(self, c); /* what waits in the partial buffer, then reading */
         break;
     case RT_CONN_MSG_BUDGET_CHECK:
@@ -1116,7 +1110,7 @@ static const char *exit_reason_name(rt_reason_t reason)
 static void conn_turn_end(rt_actor_t *self, void *state)
 {
     (void)self;
-    rt__xport_flush(state);
+    rt_xport_flush(rt__conn_xp(state));
 }
 
 static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)

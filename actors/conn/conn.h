@@ -14,9 +14,6 @@ extern const rt_actor_type_t rt_conn_type;     /* arg: const rt_conn_arg_t * */
 
 /* A listener's transport for people: "tcp", "tls", "ws" or "wss". */
 const char *rt_listener_kind(unsigned listener);
-/* Bytes the connections' transports hold outside OpenSSL (states, stashes), and the TLS
-   stages of every connection (the HTTP listener's too). */
-size_t rt_xport_total_memory(void);
 /* "ip:port" of the socket's peer into buf ("?:0" if unknown), for the log. */
 void rt_conn_format_peer(int fd, char *buf, size_t len);
 

@@ -11,6 +11,8 @@
 **   client_admin.c administrators' queries, kicks and ACL rechecks
 **   start.c        MQTT at start: sessions and retained messages the store kept
 **   listener.c     the listeners and admission at accept
+**   conn_xport.c   the connection as the owner of its transport (actors/transport/xport.h):
+**                  the callbacks, the client's address, a CONNECT's hand-over, user rate limits
 **   move.c         persistent sessions moving between cluster nodes: out, in, the merge
 **   session_bytes.c the bytes they move in (no actor needed, so fuzzed on their own)
 **
@@ -44,6 +46,7 @@
 #include "session.h"
 #include "store.h"
 #include "topic_alias.h"
+#include "xport.h"
 
 enum {
     RT_CONN_MSG_KEEPALIVE = RT_MSG_USER, /* tag timer: check the keepalive */
@@ -142,9 +145,9 @@ struct conn_s {
     /* One word for two things that never both matter: a delayed will exists only offline,
        the transport only with a socket. */
     union {
-        uint64_t will_at_ms;   /* offline with a delayed will: when it is published */
-        struct rt_xport_s *xp; /* with a socket: TLS, WebSocket, PROXY, rate (xport.c); NULL for
-                                  plain TCP */
+        uint64_t will_at_ms; /* offline with a delayed will: when it is published */
+        rt_xport_t *xp;      /* with a socket: TLS, WebSocket, PROXY, rate (xport.h); NULL for
+                                plain TCP; read it through rt__conn_xp */
     };
     uint32_t partial_len, partial_cap; /* a packet is at most max_packet_size */
     uint32_t nsubs, capsubs;
@@ -286,9 +289,6 @@ bool rt__conn_output_backed_up(conn_t *c);
 /* Input waits until the socket's output drains (RT_SOCK_WRITABLE must come: output the
    kernel refused waits). */
 void rt__conn_hold_input(conn_t *c);
-/* Adds bytes (negative: gives back) to the pre-auth budget; false, and nothing added, when
-   they do not fit in max_preauth_memory. */
-bool rt__conn_preauth_charge(int64_t bytes);
 /* Ends a connection whose wanted bytes did not fit in the pre-auth budget, and logs it. */
 void rt__conn_preauth_refused(rt_actor_t *self, conn_t *c, size_t wanted);
 /* Counts and logs a packet that ends the connection (connect_id: the refused CONNECT's). */
@@ -413,10 +413,6 @@ void rt__conn_dead_letter(void *state, rt_msg_t *m);
 /* ---- conn.c, for the transport ---- */
 /* MQTT bytes from the transport: parsed, or kept while parsing waits (verifier, budget). */
 void rt__conn_input(rt_actor_t *self, conn_t *c, const uint8_t *p, size_t n);
-/* The client's address: behind a trusted proxy, the one it named. 0 or an RT_E* code. */
-int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out);
-/* "ip:port" of the client (as rt__conn_peer_addr finds it) into buf. */
-void rt__conn_peer_format(const conn_t *c, char *buf, size_t len);
 /*
 ** Hands the socket (with its transport) and bytes, the client's input from its CONNECT on,
 ** to holder, the actor keeping the session; then this actor exits. If the socket cannot
@@ -425,57 +421,36 @@ void rt__conn_peer_format(const conn_t *c, char *buf, size_t len);
 void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uint8_t *bytes,
                           size_t len);
 
-/* ---- xport.c: the transport (TLS, WebSocket, PROXY header, rate limit) ---- */
-typedef struct rt_xport_s rt_xport_t;
-/* At accept: the listener's transport, or none (c->xp NULL) for plain TCP. */
-int rt__xport_start(conn_t *c);
+/* ---- conn_xport.c: the connection as its transport's owner ---- */
+/* The transport, or NULL: none (plain TCP), or no socket (xp shares its word). */
+static inline rt_xport_t *rt__conn_xp(const conn_t *c)
+{
+    return c->sock ? c->xp : NULL;
+}
+/* At accept (or a plain socket): the listener's transport, or none (c->xp NULL). */
+int rt__conn_xport_start(conn_t *c);
 /* Bytes read from the socket, through the transport's layers to rt__conn_input. */
-void rt__xport_input(rt_actor_t *self, conn_t *c, uint8_t *p, size_t n);
-/* An encoded packet out through the transport. */
-int rt__xport_write(conn_t *c, const uint8_t *p, size_t n);
-/* The end of a turn (or a hand-over): what was written through TLS becomes records. */
-void rt__xport_flush(conn_t *c);
-/* Before the socket closes: a WebSocket close frame, TLS close_notify; frees c->xp. */
-void rt__xport_close(conn_t *c);
-/* Frees a transport state not attached (rt_msg_own's drop for a handed-over socket). */
-void rt__xport_free(void *xp);
-/* A handed-over socket's transport, now c->sock's. */
-void rt__xport_adopt(conn_t *c, rt_xport_t *xp);
-/* A CONNECT inside rt__xport_input hands the socket over once the input is all taken. */
-void rt__xport_hand_over(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uint8_t *bytes,
-                         size_t len);
+void rt__conn_xport_input(rt_actor_t *self, conn_t *c, uint8_t *p, size_t n);
+/* Input the transport held back while output was backed up goes on up. */
+void rt__conn_xport_resume(rt_actor_t *self, conn_t *c);
+/* A CONNECT inside rt__conn_xport_input hands the socket over once the input is all taken. */
+void rt__conn_hand_over(rt_actor_t *self, conn_t *c, rt_pid_t holder, const uint8_t *bytes,
+                        size_t len);
 /* MQTT bytes that arrive while a hand-over collects them; false when there is none. */
-bool rt__xport_collect(const conn_t *c, const uint8_t *p, size_t n);
-/* Output written through TLS this turn and not yet in the socket (0 without TLS). */
-size_t rt__xport_unsent(const conn_t *c);
-/* Input the transport held back while output was backed up goes on up (a WebSocket ping
-   whose pong had to wait, and what followed it). */
-void rt__xport_resume(rt_actor_t *self, conn_t *c);
-/* The client authenticated (or the connection ends): its stash leaves the pre-auth budget. */
-void rt__xport_preauth_end(conn_t *c);
-/* Memory the transport holds for the client (its state, stash and TLS). */
-size_t rt__xport_memory(const conn_t *c);
+bool rt__conn_collect(const conn_t *c, const uint8_t *p, size_t n);
 /* The CONNECT was accepted: a user's own rate limit replaces the listener's. */
-void rt__xport_connected(conn_t *c);
-/* A packet parsed from a client with a rate limit: its bytes, and a message if PUBLISH. */
-void rt__xport_rate_take(conn_t *c, size_t bytes, bool publish);
-/* Whether the client's rate limit stops parsing now (a bucket overdrawn, or waiting);
-   c->xp must be set (plain connections have no limit). */
-bool rt__xport_rate_spent(conn_t *c);
-/* Whether the client has a rate limit (c->xp set). */
-bool rt__xport_rate_on(const conn_t *c);
+void rt__conn_user_rate(conn_t *c);
 /* Before reading: true when over the rate (reading paused until RT_CONN_MSG_RATE_RESUME). */
-bool rt__xport_rate_hold(rt_actor_t *self, conn_t *c);
-/* The refill timer: reading may go on; false if the connection was not waiting. */
-bool rt__xport_rate_resume(conn_t *c);
-uint32_t rt__xport_rate_limited(const conn_t *c);
-/* Whether reading is paused by the rate limit now (the keepalive does not count it). */
-bool rt__xport_rate_waiting(const conn_t *c);
+bool rt__conn_rate_hold(rt_actor_t *self, conn_t *c);
 /* identity_as_username: the client certificate's name into out; false if not on or none. */
-bool rt__xport_identity(conn_t *c, char *out, size_t len);
-bool rt__xport_identity_required(const conn_t *c);
+bool rt__conn_identity(conn_t *c, char *out, size_t len);
+bool rt__conn_identity_required(const conn_t *c);
 /* Logs a connection cut by connect_timeout, as the step it did not finish. */
-void rt__xport_log_timeout(const conn_t *c, long after_s);
+void rt__conn_log_timeout(const conn_t *c, long after_s);
+/* The client's address: behind a trusted proxy, the one it named. 0 or an RT_E* code. */
+int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out);
+/* "ip:port" of the client (as rt__conn_peer_addr finds it) into buf. */
+void rt__conn_peer_format(const conn_t *c, char *buf, size_t len);
 
 /* ---- listener.c ---- */
 /*

@@ -32,7 +32,7 @@ uint32_t rt__conn_clamp_session_expiry(uint64_t requested)
 ** CONNECT on (it parses them as its own), then exits. Returns false (and keeps
 ** the socket) when the holder is already gone: the session ended, start fresh.
 ** Behind a transport, the hand-over waits until its layers have taken all that
-** was read (xport.c).
+** was read (conn_xport.c).
 */
 static bool hand_socket_to_holder(rt_actor_t *self, conn_t *c, rt_pid_t holder,
                                   const uint8_t *bytes, size_t len)
@@ -41,7 +41,7 @@ static bool hand_socket_to_holder(rt_actor_t *self, conn_t *c, rt_pid_t holder,
     if (!rt_alive(holder))
         return false;
     if (c->xp)
-        rt__xport_hand_over(self, c, holder, bytes, len);
+        rt__conn_hand_over(self, c, holder, bytes, len);
     else
         rt__conn_send_socket(self, c, holder, bytes, len);
     return true;
@@ -76,7 +76,7 @@ bool rt__conn_connect_parsed_before(const conn_t *c)
 static bool connect_identity(rt_actor_t *self, conn_t *c)
 {
     char name[256];
-    if (!rt__xport_identity(c, name, sizeof(name))) {
+    if (!rt__conn_identity(c, name, sizeof(name))) {
         atomic_fetch_add_explicit(&rt_broker->stats.auth_failed[RT_AUTH_FAILED_NO_CERT_NAME], 1,
                                   memory_order_relaxed);
         rt_log(RT_LOG_INFO, "client.auth_failed", "user=- reason=%s",
@@ -95,7 +95,7 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     rt_auth_addr_t addr;
     bool have_addr = rt__conn_peer_addr(c, &addr) == 0;
-    if (rt__xport_identity_required(c))
+    if (rt__conn_identity_required(c))
         return connect_identity(self, c);
     char *user = pk->connect.has_username
                      ? rt_strndup(self, pk->connect.username.p, pk->connect.username.len)
@@ -340,7 +340,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     if (!resumed && !claimed && !connect_authenticate(self, c, pk))
         return 0;
     /* A certificate's identity holds on the holder too: the CONNECT cannot name another. */
-    if (resumed && rt__xport_identity_required(c) && !connect_identity(self, c))
+    if (resumed && rt__conn_identity_required(c) && !connect_identity(self, c))
         return 0;
     /* Parsed again after a claim or a hand-over: the name counts only if the login took it. */
     if (pk->connect.has_username && !c->username && !c->name_unvouched) {
@@ -392,7 +392,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
             rt_exit_signal(old, RT_REASON_TAKEOVER);
     }
     rt__conn_count_connected(c, true);
-    rt__xport_connected(c);
+    rt__conn_user_rate(c);
     c->connected_at_ms = rt_wall_ms();
     c->clean_start = clean;
     uint64_t expiry = 0;

@@ -67,7 +67,8 @@ bool rt__conn_session_is_durable(const conn_t *c)
 */
 size_t rt__conn_memory(const conn_t *c)
 {
-    return rt_memory(rt_current()) + (c->sock ? rt_sock_pending(c->sock) : 0) + rt__xport_memory(c);
+    return rt_memory(rt_current()) + (c->sock ? rt_sock_pending(c->sock) : 0) +
+           rt_xport_memory(rt__conn_xp(c));
 }
 
 static bool over_budget(const conn_t *c, size_t more)

@@ -140,6 +140,7 @@ static char listener_names[RT_CONF_MAX_LISTENERS][sizeof(((rt_listen_t *)0)->hos
 
 int rt_listeners_start(rt_pid_t sup, char *err, size_t errlen)
 {
+    rt_xport_preauth_budget(rt_broker_preauth_charge); /* before the first accept */
     rt_pid_t group;
     int rc = rt_group_start(sup, RT_LISTENERS_GROUP, RT_PERMANENT, &group);
     if (rc) {

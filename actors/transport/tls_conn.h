@@ -1,7 +1,8 @@
 /*
 ** One server-side TLS connection, driven by the actor that owns its socket, in that actor's
-** turns: the MQTT connection actor (actors/conn/xport.c) and the HTTP connection actor
-** (actors/http/http.c) both run one between their socket and their protocol's parser.
+** turns: the transport under a protocol's sessions (xport.c, MQTT's connections) and the HTTP
+** connection actor (actors/http/http.c) both run one between their socket and their protocol's
+** parser.
 **
 ** OpenSSL reads the ciphertext from memory (what the actor just read from its socket, lent
 ** for the length of rt_tls_conn_input) and writes its records straight into the rt socket's

@@ -1,6 +1,6 @@
 /*
-** The WebSocket frame decoder (RFC 6455 section 5) and the server's frame header. The
-** upgrade request is ws_upgrade.c's.
+** The WebSocket frame decoder (RFC 6455 section 5), with the UTF-8 check of text messages,
+** and the server's frame header. The upgrade request is ws_upgrade.c's.
 */
 #include <string.h>
 
@@ -41,41 +41,46 @@ static bool close_code_valid(unsigned code)
 /* A close frame's reason must be UTF-8 (7.1.6): no overlong forms, surrogates or > U+10FFFF. */
 static bool utf8_valid(const uint8_t *p, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = p[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t extra;
-        uint8_t lo = 0x80, hi = 0xBF; /* the range of the byte after the lead */
-        if (c >= 0xC2 && c <= 0xDF) {
-            extra = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            extra = 2;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            extra = 3;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        } else {
+    for (size_t i = 0, k; i < n; i += k)
+        if ((k = rt_utf8_len(p + i, n - i)) == 0)
             return false;
-        }
-        if (n - i <= extra)
-            return false;
-        if (p[i + 1] < lo || p[i + 1] > hi)
-            return false;
-        for (size_t k = 2; k <= extra; k++)
-            if ((p[i + k] & 0xC0) != 0x80)
+    return true;
+}
+
+/*
+** A text message is checked as it comes, a chunk at a time, so a sequence may be cut
+** between frames or reads: what the state keeps of it is how many continuation bytes it
+** still needs and the bounds of the next one. Only the byte after a lead has other bounds
+** than 80..BF (rt_utf8_len's rules): after E0 no overlong form, after ED no surrogate,
+** after F0 no overlong, after F4 nothing past U+10FFFF.
+*/
+enum { NEXT_ANY, NEXT_E0, NEXT_ED, NEXT_F0, NEXT_F4 };
+static const uint8_t next_lo[] = {0x80, 0xA0, 0x80, 0x90, 0x80};
+static const uint8_t next_hi[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+
+static bool text_more(rt_ws_in_t *st, const uint8_t *p, size_t n)
+{
+    unsigned need = st->utf8_need, next = st->utf8_next;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = p[i];
+        if (need) {
+            if (b < next_lo[next] || b > next_hi[next])
                 return false;
-        i += extra + 1;
+            need--;
+            next = NEXT_ANY;
+        } else if (b >= 0x80) {
+            if (b < 0xC2 || b > 0xF4)
+                return false;
+            need = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
+            next = b == 0xE0   ? NEXT_E0
+                   : b == 0xED ? NEXT_ED
+                   : b == 0xF0 ? NEXT_F0
+                   : b == 0xF4 ? NEXT_F4
+                               : NEXT_ANY;
+        }
     }
+    st->utf8_need = need & 3;
+    st->utf8_next = (uint8_t)next;
     return true;
 }
 
@@ -86,6 +91,7 @@ static int control_event(rt_ws_in_t *st, int opcode, uint8_t *payload, size_t n,
     ev->data = payload;
     ev->len = n;
     ev->close_code = 0;
+    ev->last = false;
     if (opcode == RT_WS_OP_PING) {
         ev->kind = RT_WS_EV_PING;
         return 0;
@@ -134,15 +140,28 @@ static int check_header_start(const rt_ws_in_t *st, uint8_t b0, uint8_t b1, uint
     case RT_WS_OP_PONG:
         return fin && (b1 & 0x7F) <= RT_WS_CONTROL_MAX ? 0 : RT_EPROTO;
     case RT_WS_OP_TEXT:
-        *close_code = RT_WS_CLOSE_UNSUPPORTED;
-        return RT_EPROTO;
     case RT_WS_OP_BINARY:
-        return st->in_message ? RT_EPROTO : 0;
+        if (st->in_message)
+            return RT_EPROTO;
+        if ((opcode == RT_WS_OP_TEXT) != st->text) {
+            *close_code = RT_WS_CLOSE_UNSUPPORTED;
+            return RT_EPROTO;
+        }
+        return 0;
     case RT_WS_OP_CONT:
         return st->in_message ? 0 : RT_EPROTO;
     default:
         return RT_EPROTO;
     }
+}
+
+static void data_event(rt_ws_event_t *ev, uint8_t *p, size_t n, bool last)
+{
+    ev->kind = RT_WS_EV_DATA;
+    ev->data = p;
+    ev->len = n;
+    ev->close_code = 0;
+    ev->last = last;
 }
 
 int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint32_t max_message, size_t *used,
@@ -154,7 +173,8 @@ int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint32_t max_message,
         *used = len;
         return RT_EAGAIN;
     }
-    /* Frames with an empty payload give no event: the loop goes on to the next header. */
+    /* Frames with an empty payload give no event but at a message's end: the loop goes on to
+       the next header. */
     for (;;) {
         if (st->in_frame) {
             size_t n = len - pos;
@@ -165,12 +185,15 @@ int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint32_t max_message,
             if (n > st->remaining)
                 n = (size_t)st->remaining;
             unmask(st, buf + pos, n);
-            st->remaining -= n;
+            bool last = !st->in_message && n == st->remaining;
+            if (st->text && (!text_more(st, buf + pos, n) || (last && st->utf8_need))) {
+                *used = pos;
+                *close_code = RT_WS_CLOSE_INVALID;
+                return RT_EPROTO;
+            }
+            st->remaining -= (uint32_t)n;
             st->in_frame = st->remaining != 0;
-            ev->kind = RT_WS_EV_DATA;
-            ev->data = buf + pos;
-            ev->len = n;
-            ev->close_code = 0;
+            data_event(ev, buf + pos, n, last);
             *used = pos + n;
             return 0;
         }
@@ -213,7 +236,7 @@ int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint32_t max_message,
             return rc;
         }
 
-        if (opcode == RT_WS_OP_BINARY)
+        if (opcode != RT_WS_OP_CONT)
             st->message_len = 0;
         if (st->message_len > max_message || payload_len > max_message - st->message_len) {
             *close_code = RT_WS_CLOSE_TOO_BIG;
@@ -226,6 +249,15 @@ int rt_ws_decode(rt_ws_in_t *st, uint8_t *buf, size_t len, uint32_t max_message,
         st->remaining = (uint32_t)payload_len;
         st->in_frame = payload_len != 0;
         pos += header_len;
+        if (payload_len == 0 && !st->in_message) { /* an empty final frame: the message ends */
+            *used = pos;
+            if (st->text && st->utf8_need) {
+                *close_code = RT_WS_CLOSE_INVALID;
+                return RT_EPROTO;
+            }
+            data_event(ev, buf + pos, 0, true);
+            return 0;
+        }
     }
 }
 

@@ -63,8 +63,9 @@ typedef struct request_s {
     unsigned keys; /* Sec-WebSocket-Key headers */
     const char *key;
     size_t key_len;
-    bool protocol_asked;  /* a Sec-WebSocket-Protocol header came */
-    size_t forwarded_len; /* of out->forwarded_for */
+    const rt_ws_protocols_t *protos; /* the subprotocols spoken */
+    bool protocol_asked;             /* a Sec-WebSocket-Protocol header came */
+    size_t forwarded_len;            /* of out->forwarded_for */
     bool forwarded_too_long;
 } request_t;
 
@@ -110,16 +111,16 @@ static bool list_has_nocase(const char *v, size_t n, const char *token)
     return false;
 }
 
-/* The first subprotocol of the client's list that the broker speaks (tokens are case-sensitive). */
-static void choose_protocol(const char *v, size_t n, char *chosen, size_t cap)
+/* The first subprotocol of the client's list that ours names (tokens are case-sensitive). */
+static void choose_protocol(const char *v, size_t n, const rt_ws_protocols_t *ours, char *chosen,
+                            size_t cap)
 {
-    static const char *const ours[] = {"mqtt", "mqttv3.1"};
     const char *end = v + n, *tok;
     size_t tok_len;
     while (next_token(&v, end, &tok, &tok_len))
-        for (size_t i = 0; i < sizeof ours / sizeof *ours; i++)
-            if (tok_len == strlen(ours[i]) && memcmp(tok, ours[i], tok_len) == 0) {
-                snprintf(chosen, cap, "%s", ours[i]);
+        for (size_t i = 0; i < sizeof ours->names / sizeof *ours->names && ours->names[i]; i++)
+            if (tok_len == strlen(ours->names[i]) && memcmp(tok, ours->names[i], tok_len) == 0) {
+                snprintf(chosen, cap, "%s", ours->names[i]);
                 return;
             }
 }
@@ -200,7 +201,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
     case HDR_PROTOCOL:
         r->protocol_asked = true;
         if (!r->out->subprotocol[0])
-            choose_protocol(at, n, r->out->subprotocol, sizeof r->out->subprotocol);
+            choose_protocol(at, n, r->protos, r->out->subprotocol, sizeof r->out->subprotocol);
         break;
     case HDR_FORWARDED_FOR:
         add_forwarded(r, at, n);
@@ -267,8 +268,9 @@ static int refuse(int status, const char *reason, const char **why)
     return status;
 }
 
-int rt_ws_parse_upgrade(const uint8_t *buf, size_t len, const char *path, size_t *head_len,
-                        rt_ws_upgrade_t *out, const char **why)
+int rt_ws_parse_upgrade(const uint8_t *buf, size_t len, const char *path,
+                        const rt_ws_protocols_t *protos, size_t *head_len, rt_ws_upgrade_t *out,
+                        const char **why)
 {
     static const http_parser_settings settings = {
         .on_url = on_url,
@@ -278,7 +280,7 @@ int rt_ws_parse_upgrade(const uint8_t *buf, size_t len, const char *path, size_t
     };
     memset(out, 0, sizeof *out);
     *why = "";
-    request_t r = {.out = out};
+    request_t r = {.out = out, .protos = protos};
     http_parser p;
     http_parser_init(&p, HTTP_REQUEST);
     p.data = &r;
@@ -308,8 +310,8 @@ int rt_ws_parse_upgrade(const uint8_t *buf, size_t len, const char *path, size_t
         return refuse(426, "Sec-WebSocket-Version is not 13", why);
     if (r.keys != 1 || !key_valid(r.key, r.key_len))
         return refuse(400, "bad Sec-WebSocket-Key", why);
-    if (r.protocol_asked && !out->subprotocol[0])
-        return refuse(400, "no MQTT subprotocol offered", why);
+    if ((r.protocol_asked || protos->required) && !out->subprotocol[0])
+        return refuse(400, "no subprotocol spoken here was offered", why);
     if (compute_accept(r.key, out->accept) != 0)
         return refuse(400, "SHA-1 unavailable", why);
     if (r.forwarded_too_long)

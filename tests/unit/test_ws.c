@@ -55,6 +55,8 @@ typedef struct {
     uint16_t close_code;
     int error;
     uint16_t error_code;
+    size_t ends[16]; /* data_len where each message ended (an event with last set) */
+    size_t nends;
 } result_t;
 
 static void result_free(result_t *r)
@@ -66,13 +68,13 @@ static void result_free(result_t *r)
 ** Feeds stream to the decoder in chunks of the sizes chunk() gives, as a connection does: a
 ** receive buffer keeps what a call did not consume and the next read is appended to it.
 */
-static result_t run_stream(const uint8_t *stream, size_t n, uint32_t max_message,
-                           size_t (*chunk)(size_t left))
+static result_t run_stream_as(const uint8_t *stream, size_t n, uint32_t max_message,
+                              size_t (*chunk)(size_t left), bool text)
 {
     result_t r = {.data = malloc(n + 1)};
     uint8_t *pending = malloc(n + 1);
     size_t have = 0, off = 0;
-    rt_ws_in_t st = {0};
+    rt_ws_in_t st = {.text = text};
     while (off < n) {
         size_t c = chunk(n - off);
         memcpy(pending + have, stream + off, c);
@@ -99,10 +101,13 @@ static result_t run_stream(const uint8_t *stream, size_t n, uint32_t max_message
             }
             CHECK(ev.data >= pending && ev.data + ev.len <= pending + used);
             if (ev.kind == RT_WS_EV_DATA) {
-                CHECK(ev.len > 0);
+                CHECK(ev.len > 0 || ev.last);
                 memcpy(r.data + r.data_len, ev.data, ev.len);
                 r.data_len += ev.len;
+                if (ev.last && r.nends < sizeof r.ends / sizeof *r.ends)
+                    r.ends[r.nends++] = r.data_len;
             } else {
+                CHECK(!ev.last);
                 size_t k = strlen(r.controls);
                 r.controls[k] = ev.kind == RT_WS_EV_PING   ? 'i'
                                 : ev.kind == RT_WS_EV_PONG ? 'o'
@@ -120,6 +125,13 @@ static result_t run_stream(const uint8_t *stream, size_t n, uint32_t max_message
     }
     free(pending);
     return r;
+}
+
+/* A binary stream, as MQTT's. */
+static result_t run_stream(const uint8_t *stream, size_t n, uint32_t max_message,
+                           size_t (*chunk)(size_t left))
+{
+    return run_stream_as(stream, n, max_message, chunk, false);
 }
 
 static size_t chunk_all(size_t left)
@@ -259,7 +271,8 @@ static void test_non_minimal_length(void)
 /*
 ** A stream with everything a connection may see: a message in three fragments with a ping
 ** and an empty pong between them, frames with empty payloads, 16- and 64-bit lengths, and a
-** close with a code and reason. Its data must come out whole however it is split.
+** close with a code and reason. Its data must come out whole however it is split, and each
+** message's end be told once, at its last byte (an empty message's too).
 */
 static size_t build_stream(uint8_t *s, uint8_t *expect, size_t *expect_len)
 {
@@ -300,6 +313,10 @@ static void check_stream_result(const result_t *r, const uint8_t *expect, size_t
     CHECK_EQ(r->close_code, 1000);
     CHECK_EQ(r->control_len[2], 7);
     CHECK(memcmp(r->control_payload[2], "so long", 7) == 0);
+    static const size_t ends[] = {317, 317, 1817, 1943, 1944};
+    CHECK_EQ(r->nends, sizeof ends / sizeof *ends);
+    for (size_t i = 0; i < r->nends && i < sizeof ends / sizeof *ends; i++)
+        CHECK_EQ(r->ends[i], ends[i]);
 }
 
 static void test_splits(void)
@@ -497,6 +514,97 @@ static void test_too_big(void)
     CHECK_EQ(refused_with(huge, sizeof huge, 1 << 20), RT_WS_CLOSE_TOO_BIG);
 }
 
+/* ---- Text messages (a protocol that sets st.text: XMPP, RFC 7395) ---- */
+
+/*
+** Text whose UTF-8 sequences of every length are cut between fragments and, across every
+** split of the stream, between reads: all of it comes out, each message ended once. Binary
+** frames are refused with 1003 as text ones are in binary mode.
+*/
+static void test_text_messages(void)
+{
+    /* "<a>é€𝄞</a>": 2-, 3- and 4-byte sequences. */
+    static const char msg[] = "<a>\xc3\xa9\xe2\x82\xac\xf0\x9d\x84\x9e</a>";
+    size_t mlen = strlen(msg);
+    uint8_t stream[256];
+    size_t n = 0;
+    /* One message cut inside each sequence: after \xc3, after \xe2\x82, after \xf0\x9d. */
+    n += frame(stream + n, NO_FIN | RT_WS_OP_TEXT, msg, 4, LEN_MINIMAL);
+    n += frame(stream + n, NO_FIN | RT_WS_OP_CONT, msg + 4, 3, LEN_MINIMAL);
+    n += frame(stream + n, FIN | RT_WS_OP_PING, "", 0, LEN_MINIMAL);
+    n += frame(stream + n, NO_FIN | RT_WS_OP_CONT, msg + 7, 3, LEN_MINIMAL);
+    n += frame(stream + n, FIN | RT_WS_OP_CONT, msg + 10, mlen - 10, LEN_MINIMAL);
+    /* Then the same whole, then an empty one. */
+    n += frame(stream + n, FIN | RT_WS_OP_TEXT, msg, mlen, LEN_16);
+    n += frame(stream + n, FIN | RT_WS_OP_TEXT, "", 0, LEN_MINIMAL);
+    for (size_t at = 0; at <= n; at++) {
+        split_at = at;
+        result_t r = run_stream_as(stream, n, 1000, at ? chunk_split : chunk_one, true);
+        CHECK_EQ(r.error, 0);
+        CHECK_EQ(r.data_len, 2 * mlen);
+        CHECK(memcmp(r.data, msg, mlen) == 0 && memcmp(r.data + mlen, msg, mlen) == 0);
+        CHECK_EQ(r.nends, 3);
+        CHECK_EQ(r.ends[0], mlen);
+        CHECK_EQ(r.ends[1], 2 * mlen);
+        CHECK_EQ(r.ends[2], 2 * mlen);
+        CHECK(strcmp(r.controls, "i") == 0);
+        result_free(&r);
+    }
+
+    uint8_t buf[64];
+    size_t flen = frame(buf, FIN | RT_WS_OP_BINARY, "x", 1, LEN_MINIMAL);
+    result_t r = run_stream_as(buf, flen, 100, chunk_all, true);
+    CHECK_EQ(r.error, RT_EPROTO);
+    CHECK_EQ(r.error_code, RT_WS_CLOSE_UNSUPPORTED);
+    result_free(&r);
+}
+
+/* What is not UTF-8 is refused with 1007, at its first bad byte or at the message's end. */
+static void test_text_invalid(void)
+{
+    static const struct {
+        const char *text;
+        size_t len;
+    } bad[] = {
+        {"\xc0\x80", 2},         /* overlong NUL */
+        {"\xe0\x80\xaf", 3},     /* overlong "/" */
+        {"\xed\xa0\x80", 3},     /* a UTF-16 surrogate */
+        {"\xf4\x90\x80\x80", 4}, /* past U+10FFFF */
+        {"\xf5\x80\x80\x80", 4}, /* no such lead */
+        {"a\x80", 2},            /* a continuation with no lead */
+        {"\xe2\x82", 2},         /* cut short at the message's end */
+        {"\xc3(", 2},            /* a lead without its continuation */
+    };
+    uint8_t buf[64];
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        /* Whole, and with the bad part in a frame of its own after a good one. */
+        size_t flen = frame(buf, FIN | RT_WS_OP_TEXT, bad[i].text, bad[i].len, LEN_MINIMAL);
+        result_t r = run_stream_as(buf, flen, 100, chunk_one, true);
+        CHECK_EQ(r.error, RT_EPROTO);
+        CHECK_EQ(r.error_code, RT_WS_CLOSE_INVALID);
+        CHECK_EQ(r.nends, 0);
+        result_free(&r);
+        flen = frame(buf, NO_FIN | RT_WS_OP_TEXT, "ok", 2, LEN_MINIMAL);
+        flen += frame(buf + flen, FIN | RT_WS_OP_CONT, bad[i].text, bad[i].len, LEN_MINIMAL);
+        r = run_stream_as(buf, flen, 100, chunk_all, true);
+        CHECK_EQ(r.error_code, RT_WS_CLOSE_INVALID);
+        result_free(&r);
+    }
+    /* A sequence cut at a message's end is refused though its final frame is empty. */
+    size_t flen = frame(buf, NO_FIN | RT_WS_OP_TEXT, "\xe2\x82", 2, LEN_MINIMAL);
+    flen += frame(buf + flen, FIN | RT_WS_OP_CONT, "", 0, LEN_MINIMAL);
+    result_t r = run_stream_as(buf, flen, 100, chunk_all, true);
+    CHECK_EQ(r.error_code, RT_WS_CLOSE_INVALID);
+    CHECK_EQ(r.data_len, 2);
+    result_free(&r);
+    /* Binary messages are not checked: MQTT's bytes are its own business. */
+    flen = frame(buf, FIN | RT_WS_OP_BINARY, "\xc0\x80", 2, LEN_MINIMAL);
+    r = run_stream(buf, flen, 100, chunk_all);
+    CHECK_EQ(r.error, 0);
+    CHECK_EQ(r.data_len, 2);
+    result_free(&r);
+}
+
 /* ---- The upgrade ---- */
 
 #define SAMPLE_KEY "dGhlIHNhbXBsZSBub25jZQ=="
@@ -522,15 +630,25 @@ static const char *request(const char *target, const char *headers)
 
 static const char *last_why; /* the reason the last parse() gave */
 
-static int parse(const char *text, rt_ws_upgrade_t *u, size_t *head_len)
+/* MQTT's subprotocols, as the connection actor gives them; XMPP's (RFC 7395), required. */
+static const rt_ws_protocols_t mqtt_protos = {.names = {"mqtt", "mqttv3.1"}};
+static const rt_ws_protocols_t xmpp_protos = {.names = {"xmpp"}, .required = true};
+
+static int parse_for(const char *text, const rt_ws_protocols_t *protos, rt_ws_upgrade_t *u,
+                     size_t *head_len)
 {
     last_why = NULL;
-    int rc =
-        rt_ws_parse_upgrade((const uint8_t *)text, strlen(text), "/mqtt", head_len, u, &last_why);
+    int rc = rt_ws_parse_upgrade((const uint8_t *)text, strlen(text), "/mqtt", protos, head_len, u,
+                                 &last_why);
     CHECK(last_why != NULL);
     if (rc != 0)
         CHECK(last_why && last_why[0]);
     return rc;
+}
+
+static int parse(const char *text, rt_ws_upgrade_t *u, size_t *head_len)
+{
+    return parse_for(text, &mqtt_protos, u, head_len);
 }
 
 static bool starts_with(const char *s, const char *prefix)
@@ -590,7 +708,8 @@ static void test_upgrade_partial(void)
         rt_ws_upgrade_t u;
         size_t head_len = 0;
         const char *why = NULL;
-        CHECK_EQ(rt_ws_parse_upgrade((const uint8_t *)text, cut, "/mqtt", &head_len, &u, &why),
+        CHECK_EQ(rt_ws_parse_upgrade((const uint8_t *)text, cut, "/mqtt", &mqtt_protos, &head_len,
+                                     &u, &why),
                  RT_EAGAIN);
     }
 }
@@ -670,9 +789,11 @@ static void test_upgrade_bounds(void)
     rt_ws_upgrade_t u;
     size_t head_len;
     const char *why;
-    CHECK_EQ(rt_ws_parse_upgrade((uint8_t *)big, RT_WS_HEAD_MAX - 1, "/mqtt", &head_len, &u, &why),
+    CHECK_EQ(rt_ws_parse_upgrade((uint8_t *)big, RT_WS_HEAD_MAX - 1, "/mqtt", &mqtt_protos,
+                                 &head_len, &u, &why),
              RT_EAGAIN);
-    CHECK_EQ(rt_ws_parse_upgrade((uint8_t *)big, RT_WS_HEAD_MAX, "/mqtt", &head_len, &u, &why),
+    CHECK_EQ(rt_ws_parse_upgrade((uint8_t *)big, RT_WS_HEAD_MAX, "/mqtt", &mqtt_protos, &head_len,
+                                 &u, &why),
              400);
 }
 
@@ -711,6 +832,42 @@ static void test_subprotocol(void)
         if (rc == 0)
             CHECK(strcmp(u.subprotocol, cases[i].chosen) == 0);
     }
+}
+
+/* XMPP's subprotocol is required (RFC 7395 3.1): no list, or one without "xmpp", is refused. */
+static void test_subprotocol_required(void)
+{
+    static const struct {
+        const char *headers;
+        int status;
+    } cases[] = {
+        {"", 400},
+        {"Sec-WebSocket-Protocol: mqtt\r\n", 400},
+        {"Sec-WebSocket-Protocol: XMPP\r\n", 400},
+        {"Sec-WebSocket-Protocol: xmpp\r\n", 0},
+        {"Sec-WebSocket-Protocol: mqtt, xmpp\r\n", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char headers[512];
+        snprintf(headers, sizeof headers, STD_HEADERS "%s", cases[i].headers);
+        rt_ws_upgrade_t u;
+        size_t head_len;
+        int rc = parse_for(request("/mqtt", headers), &xmpp_protos, &u, &head_len);
+        CHECK_EQ(rc, cases[i].status);
+        if (rc != 0)
+            CHECK(strstr(last_why, "subprotocol") != NULL);
+        else
+            CHECK(strcmp(u.subprotocol, "xmpp") == 0);
+    }
+    /* The answer names it. */
+    char answer[512];
+    rt_ws_upgrade_t u;
+    size_t head_len;
+    CHECK_EQ(parse_for(request("/mqtt", STD_HEADERS "Sec-WebSocket-Protocol: xmpp\r\n"),
+                       &xmpp_protos, &u, &head_len),
+             0);
+    CHECK(rt_ws_upgrade_response(&u, answer, sizeof answer) > 0);
+    CHECK(strstr(answer, "\r\nSec-WebSocket-Protocol: xmpp\r\n") != NULL);
 }
 
 static void test_forwarded_for(void)
@@ -784,11 +941,14 @@ int main(void)
     RUN(test_close);
     RUN(test_protocol_errors);
     RUN(test_too_big);
+    RUN(test_text_messages);
+    RUN(test_text_invalid);
     RUN(test_upgrade_valid);
     RUN(test_upgrade_partial);
     RUN(test_upgrade_refused);
     RUN(test_upgrade_bounds);
     RUN(test_subprotocol);
+    RUN(test_subprotocol_required);
     RUN(test_forwarded_for);
     RUN(test_responses);
     return CHECK_SUMMARY();
