@@ -279,6 +279,9 @@ def test_shared_member_offline_session_hands_over_and_gets_nothing_new(rtd):
     a.subscribe("$share/g/sho/t", 1)
     b.subscribe("$share/g/sho/t", 1)
     a.disconnect()  # its session stays, but an offline member takes no group messages
+    # Until rtd has read the DISCONNECT, a is a connected member and may be sent a message
+    # (kept in its session, rightly): the publishing waits until rtd says a is offline.
+    assert wait_for(lambda: rtd.ctl_json("clients", "show", "sho-a")["state"] == "offline", 10)
     publish_all(rtd.port, "sho/t", [b"%d" % i for i in range(4)])
     got = b.drain()
     assert sorted(m["payload"] for m in got) == [b"0", b"1", b"2", b"3"]
