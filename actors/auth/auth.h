@@ -105,6 +105,8 @@ typedef struct rt_auth_addr_s {
 int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out);
 /* Numeric "1.2.3.4" or "2001:db8::1": 0 or RT_EINVAL. */
 int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out);
+/* The other way: "1.2.3.4" for a v4-mapped address, else IPv6 text; "?" if it does not fit. */
+void rt_auth_addr_format(const rt_auth_addr_t *a, char *out, size_t len);
 
 /*
 ** A bounded table of recent failures per address (IPv6 per /64, since one

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -43,6 +44,14 @@ int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out)
         return 0;
     }
     return inet_pton(AF_INET6, text, out->b) == 1 ? 0 : RT_EINVAL;
+}
+
+void rt_auth_addr_format(const rt_auth_addr_t *a, char *out, size_t len)
+{
+    static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    bool v4 = memcmp(a->b, v4_mapped, sizeof(v4_mapped)) == 0;
+    if (!inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? a->b + 12 : a->b, out, (socklen_t)len))
+        snprintf(out, len, "?");
 }
 
 /* ---- The failed-login slow-down ---- */

@@ -86,6 +86,7 @@ typedef struct rt_listen_s {
     int port;
     bool tls_on;
     bool proxy_protocol; /* a PROXY protocol header (v1 or v2) comes first on every connection */
+    bool starttls; /* TLS starts when the client asks (XMPP STARTTLS) instead of at accept */
     char websocket[128]; /* MQTT over WebSocket on this path; "": plain MQTT */
     unsigned ntrusted;
     rt_conf_net_t trusted_proxies[RT_CONF_MAX_NETS]; /* PROXY headers and X-Forwarded-For from
@@ -256,6 +257,36 @@ typedef struct rt_conf_origin_s {
 
 #define RT_CONF_MAX_SETTINGS 96 /* top-level settings */
 
+#define RT_CONF_MAX_XMPP_HOSTS 16
+#define RT_CONF_MAX_XMPP_LISTENERS 8
+/*
+** Every listener has one index among all of them, for the tables kept per listener (TLS
+** contexts, counters): the MQTT listeners' first (conf.listeners[i] is i), the HTTP
+** listener's, then the XMPP listeners'.
+*/
+#define RT_CONF_HTTP_LISTENER RT_CONF_MAX_LISTENERS
+#define RT_CONF_XMPP_LISTENER(i) (RT_CONF_MAX_LISTENERS + 1 + (i))
+#define RT_CONF_ALL_LISTENERS (RT_CONF_MAX_LISTENERS + 1 + RT_CONF_MAX_XMPP_LISTENERS)
+#define RT_CONF_XMPP_HOST_MAX 256 /* bytes of a host name, NUL included */
+typedef struct rt_conf_xmpp_s {
+    bool on; /* an xmpp table was given: else no XMPP code runs */
+    char hosts[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* domains served, lowercase */
+    unsigned nhosts;
+    char anonymous[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX];
+    unsigned nanonymous;
+    rt_listen_t listeners[RT_CONF_MAX_XMPP_LISTENERS];
+    unsigned nlisteners;
+    rt_conf_net_t plaintext_from[RT_CONF_MAX_NETS];
+    unsigned nplaintext_from;
+    long max_stanza_size;
+    char resource_conflict[16];
+    long max_resources;
+    long max_roster_items;
+    long max_offline_messages;
+    long max_offline_bytes;
+    long idle_timeout;
+} rt_conf_xmpp_t;
+
 typedef struct rt_conf_s {
     /* Listeners: "host:port" strings; "[v6]:port" for IPv6. */
     rt_listen_t listeners[RT_CONF_MAX_LISTENERS];
@@ -293,6 +324,7 @@ typedef struct rt_conf_s {
         bool unsigned_control;              /* secret_file = false: they go unsigned */
         bool nats_without_credentials;      /* a NATS server off this host is reached with none */
     } cluster;
+    rt_conf_xmpp_t xmpp;
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;
     long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,

@@ -115,7 +115,7 @@ void rt_broker_counts(rt_broker_counts_t *out)
 void rt__broker_count_socket(unsigned listener, int delta)
 {
     rt_broker_t *b = rt_broker;
-    RT_ASSERT(listener < RT_CONF_MAX_LISTENERS);
+    RT_ASSERT(listener < RT_CONF_ALL_LISTENERS);
     if (delta > 0) {
         atomic_fetch_add(&b->stats.sockets, 1);
         atomic_fetch_add(&b->listener_stats[listener].connections, 1);

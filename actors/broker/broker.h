@@ -125,7 +125,7 @@ typedef struct rt_broker_s {
     rt_conf_t conf; /* as started; the live limits' current values are in live */
     rt_broker_live_t live;
     rt_memory_policy_t memory_policy; /* conf.client_memory_policy */
-    rt_listener_stats_t listener_stats[RT_CONF_MAX_LISTENERS];
+    rt_listener_stats_t listener_stats[RT_CONF_ALL_LISTENERS]; /* by RT_CONF_*_LISTENER index */
     rt_trie_t *trie;
     rt_retained_t *retained; /* canonical PUBLISH binaries by topic */
     rt_broker_stats_t stats;

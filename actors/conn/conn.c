@@ -45,22 +45,7 @@ _Thread_local uint32_t rt__conn_routed_this_event;
 
 void rt_conn_format_peer(int fd, char *buf, size_t len)
 {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET6) {
-            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-            port = ntohs(a->sin6_port);
-        } else if (ss.ss_family == AF_INET) {
-            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-            port = ntohs(a->sin_port);
-        }
-    }
-    snprintf(buf, len, "%s:%d", host, port);
+    rt_xport_peer_format(NULL, fd, buf, len);
 }
 
 /* The client's address as rules see it for messages; kept once a client publishes. */

@@ -260,7 +260,6 @@ void rt__conn_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind,
 /* The client as rules see it (for a message it publishes or an event about it). */
 rt_rule_origin_t rt__conn_rule_origin(rt_actor_t *self, conn_t *c);
 /* An address as text, IPv4 without its v4-mapped prefix ("?" if it cannot be written). */
-void rt__conn_format_addr(const rt_auth_addr_t *a, char *out, size_t len);
 /* The connection's alias tables, made on first use; NULL when out of memory. */
 conn_aliases_t *rt__conn_aliases_get_or_make(rt_actor_t *self, conn_t *c);
 /* Counts the client in stats.connections (on) or out of it; no change if it already is. */

@@ -230,15 +230,7 @@ int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out)
 
 void rt__conn_peer_format(const conn_t *c, char *buf, size_t len)
 {
-    rt_auth_addr_t a;
-    uint16_t port;
-    if (!rt_xport_real_peer(rt__conn_xp(c), &a, &port)) {
-        rt_conn_format_peer(c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
-        return;
-    }
-    char host[INET6_ADDRSTRLEN];
-    rt__conn_format_addr(&a, host, sizeof(host));
-    snprintf(buf, len, "%s:%u", host, port);
+    rt_xport_peer_format(rt__conn_xp(c), c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
 }
 
 void rt__conn_log_timeout(const conn_t *c, long after_s)

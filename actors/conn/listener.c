@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "c2s.h"
 #include "conn.h"
 #include "log.h"
 
@@ -276,7 +277,8 @@ static void peers_unuse(void)
 typedef struct {
     rt_sock_t *sock;
     const rt_listen_t *where;
-    unsigned index; /* in conf.listeners */
+    unsigned index; /* among every listener's (config.h: RT_CONF_XMPP_LISTENER) */
+    int xmpp;       /* the index in conf.xmpp.listeners of an XMPP listener; -1: MQTT */
     rt_listener_stats_t *stats;
     int port;           /* the bound port (where->port may be 0) */
     double tokens;      /* max_connection_rate bucket: connections that may start now */
@@ -403,14 +405,6 @@ static void unadmit_socket(int fd)
     peers_unlock();
 }
 
-void rt__conn_format_addr(const rt_auth_addr_t *a, char *out, size_t len)
-{
-    static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    bool v4 = memcmp(a->b, v4_mapped, sizeof(v4_mapped)) == 0;
-    if (!inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? a->b + 12 : a->b, out, (socklen_t)len))
-        snprintf(out, len, "?");
-}
-
 /*
 ** Writes one line with the refusals counted since the last one, if there were
 ** any, and then holds the next line back for RT_LISTEN_LOG_MS.
@@ -420,7 +414,7 @@ static void log_refusals(rt_actor_t *self, listener_t *l)
     uint32_t *u = l->unlogged;
     if (u[REFUSE_UNTRUSTED]) {
         char from[INET6_ADDRSTRLEN];
-        rt__conn_format_addr(&l->last_untrusted, from, sizeof(from));
+        rt_auth_addr_format(&l->last_untrusted, from, sizeof(from));
         rt_log(RT_LOG_WARNING, "proxy.refused", "peer=%s:0 reason=untrusted count=%u listener=%s:%d",
                from, u[REFUSE_UNTRUSTED], l->where->host, l->port);
         u[REFUSE_UNTRUSTED] = 0;
@@ -435,7 +429,7 @@ static void log_refusals(rt_actor_t *self, listener_t *l)
     }
     char last[INET6_ADDRSTRLEN] = "-";
     if (u[REFUSE_PER_IP])
-        rt__conn_format_addr(&l->last_refused, last, sizeof(last));
+        rt_auth_addr_format(&l->last_refused, last, sizeof(last));
     rt_log(RT_LOG_WARNING, "listener.refused",
            "listener=%s:%d refused=%u max_connections=%u max_connections_per_ip=%u "
            "max_connection_rate=%u fd_reserve=%u error=%u last_per_ip=%s sockets=%llu "
@@ -481,7 +475,12 @@ static int listener_init(rt_actor_t *self, void *state, void *arg)
 {
     listener_t *l = state;
     l->where = arg;
-    l->index = (unsigned)(l->where - rt_broker->conf.listeners);
+    const rt_conf_t *conf = &rt_broker->conf;
+    bool xmpp = l->where >= conf->xmpp.listeners &&
+                l->where < conf->xmpp.listeners + RT_CONF_MAX_XMPP_LISTENERS;
+    l->xmpp = xmpp ? (int)(l->where - conf->xmpp.listeners) : -1;
+    l->index = xmpp ? RT_CONF_XMPP_LISTENER((unsigned)l->xmpp)
+                    : (unsigned)(l->where - conf->listeners);
     l->stats = &rt_broker->listener_stats[l->index];
     int rc = rt_tcp_listen(self, l->where->host, l->where->port, RT_LISTEN_BACKLOG, &l->sock);
     if (rc)
@@ -494,7 +493,8 @@ static int listener_init(rt_actor_t *self, void *state, void *arg)
     /* Also with no per-address limit: it may be switched on live (the table stays empty,
        unallocated, until then). */
     peers_use();
-    rt_log(RT_LOG_INFO, "listener.started", "listener=%s:%d", l->where->host, l->port);
+    rt_log(RT_LOG_INFO, "listener.started", "listener=%s:%d protocol=%s", l->where->host, l->port,
+           l->xmpp >= 0 ? "xmpp" : "mqtt");
     return 0;
 }
 
@@ -535,7 +535,10 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
         }
         rt_pid_t pid;
         rt_conn_arg_t arg = {.fd = fd, .listener = l->index};
-        if (rt_spawn(&rt_conn_type, &arg, &pid) != 0) {
+        rt_c2s_arg_t xarg = {.fd = fd, .listener = (unsigned)l->xmpp};
+        int src = l->xmpp >= 0 ? rt_spawn(&rt_c2s_type, &xarg, &pid)
+                               : rt_spawn(&rt_conn_type, &arg, &pid);
+        if (src != 0) {
             unadmit_socket(fd);
             refuse_socket(self, l, fd, REFUSE_ERROR, &addr);
             continue;

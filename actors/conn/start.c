@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "c2s.h"
 #include "conn_impl.h"
 #include "group.h"
 #include "log.h"
@@ -136,7 +137,20 @@ int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen)
 }
 
 /* "listener:<host>:<port>": the listeners' registered names (their supervisor keeps them). */
-static char listener_names[RT_CONF_MAX_LISTENERS][sizeof(((rt_listen_t *)0)->host) + 24];
+static char listener_names[RT_CONF_ALL_LISTENERS][sizeof(((rt_listen_t *)0)->host) + 24];
+
+static int start_listener(rt_pid_t group, const rt_listen_t *l, char *name, size_t namelen,
+                          const char *kind, char *err, size_t errlen)
+{
+    snprintf(name, namelen, "%s:%s:%d", kind, l->host, l->port);
+    rt_child_spec_t c = {
+        .name = name, .type = &rt_listener_type, .arg = (void *)l, .restart = RT_PERMANENT};
+    int rc = rt_supervisor_start_child(group, &c, NULL);
+    if (rc)
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", l->host, l->port,
+                 rt_tcp_listen_strerror(rc));
+    return rc;
+}
 
 int rt_listeners_start(rt_pid_t sup, char *err, size_t errlen)
 {
@@ -147,18 +161,20 @@ int rt_listeners_start(rt_pid_t sup, char *err, size_t errlen)
         snprintf(err, errlen, "cannot start the listeners' supervisor: %s", rt_strerror(rc));
         return rc;
     }
-    for (unsigned i = 0; i < rt_broker->conf.nlisteners; i++) {
-        const rt_listen_t *l = &rt_broker->conf.listeners[i];
-        snprintf(listener_names[i], sizeof(listener_names[i]), "listener:%s:%d", l->host, l->port);
-        rt_child_spec_t c = {.name = listener_names[i],
-                             .type = &rt_listener_type,
-                             .arg = (void *)l,
-                             .restart = RT_PERMANENT};
-        if ((rc = rt_supervisor_start_child(group, &c, NULL))) {
-            snprintf(err, errlen, "cannot listen on %s:%d: %s", l->host, l->port,
-                     rt_tcp_listen_strerror(rc));
+    const rt_conf_t *conf = &rt_broker->conf;
+    for (unsigned i = 0; i < conf->nlisteners; i++)
+        if ((rc = start_listener(group, &conf->listeners[i], listener_names[i],
+                                 sizeof(listener_names[i]), "listener", err, errlen)))
             return rc;
-        }
+    if (!conf->xmpp.on)
+        return 0;
+    if ((rc = rt_c2s_start(sup, conf, rt__listener_admit_peer, err, errlen)))
+        return rc;
+    for (unsigned i = 0; i < conf->xmpp.nlisteners; i++) {
+        char *name = listener_names[RT_CONF_XMPP_LISTENER(i)];
+        if ((rc = start_listener(group, &conf->xmpp.listeners[i], name, sizeof(listener_names[0]),
+                                 "xmpp_listener", err, errlen)))
+            return rc;
     }
     return 0;
 }

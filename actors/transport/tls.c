@@ -30,12 +30,13 @@ typedef struct tls_server_s {
     char last_error[RT_TLS_WHY_LEN];
 } tls_server_t;
 
-/* The MQTT listeners by index, then the HTTP listener's (RT_TLS_HTTP). */
+/* By listener index (config.h): the MQTT listeners, the HTTP listener, the XMPP ones. */
 static tls_server_t *servers[RT_TLS_SERVERS];
 static rt_listen_t listeners[RT_TLS_SERVERS]; /* their settings, as at open */
 
 static const unsigned char alpn_mqtt[] = "\x04mqtt";
 static const unsigned char alpn_http[] = "\x08http/1.1";
+static const unsigned char alpn_xmpp[] = "\x0bxmpp-client"; /* XEP-0368 */
 
 /* OpenSSL's first queued error, for a message; clears the queue. */
 static void openssl_error(char *out, size_t len)
@@ -209,12 +210,23 @@ static void format_listener(const rt_listen_t *l, char *out, size_t len)
     snprintf(out, len, "%s%.64s%s:%d", v6 ? "[" : "", l->host, v6 ? "]" : "", l->port);
 }
 
+/* The listener of index i (RT_CONF_*_LISTENER) in conf, or NULL when there is none. */
+static const rt_listen_t *listener_at(const rt_conf_t *conf, unsigned i)
+{
+    if (i == RT_TLS_HTTP)
+        return conf->http.on ? &conf->http.where : NULL;
+    if (i < RT_CONF_MAX_LISTENERS)
+        return i < conf->nlisteners ? &conf->listeners[i] : NULL;
+    unsigned x = i - RT_CONF_XMPP_LISTENER(0);
+    return conf->xmpp.on && x < conf->xmpp.nlisteners ? &conf->xmpp.listeners[x] : NULL;
+}
+
 int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
 {
     for (unsigned i = 0; i < RT_TLS_SERVERS; i++) {
-        bool http = i == RT_TLS_HTTP;
-        const rt_listen_t *l = http ? &conf->http.where : &conf->listeners[i];
-        if ((http ? !conf->http.on : i >= conf->nlisteners) || !l->tls_on)
+        bool http = i == RT_TLS_HTTP, xmpp = i >= RT_CONF_XMPP_LISTENER(0);
+        const rt_listen_t *l = listener_at(conf, i);
+        if (!l || !l->tls_on)
             continue;
         listeners[i] = *l;
         tls_server_t *s = calloc(1, sizeof(*s));
@@ -222,10 +234,11 @@ int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
         format_listener(&listeners[i], where, sizeof(where));
         if (s) {
             s->conf = &listeners[i];
-            s->alpn = http || l->websocket[0] ? alpn_http : alpn_mqtt;
+            s->alpn = http || l->websocket[0] ? alpn_http : xmpp ? alpn_xmpp : alpn_mqtt;
         }
         if (!s || !build_all(s, NULL, &s->ctx, s->sni, err, sizeof(err))) {
-            snprintf(why, whylen, "%s %s: TLS: %.200s", http ? "http" : "listener", where, err);
+            snprintf(why, whylen, "%s %s: TLS: %.200s",
+                     http ? "http" : xmpp ? "xmpp listener" : "listener", where, err);
             free(s);
             rt_tls_close();
             return RT_EINVAL;

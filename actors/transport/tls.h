@@ -23,8 +23,8 @@
 
 #define RT_TLS_WHY_LEN 256
 /* The HTTP listener's index, after the MQTT listeners' (conf->listeners[i] is index i). */
-#define RT_TLS_HTTP RT_CONF_MAX_LISTENERS
-#define RT_TLS_SERVERS (RT_CONF_MAX_LISTENERS + 1)
+#define RT_TLS_HTTP RT_CONF_HTTP_LISTENER
+#define RT_TLS_SERVERS RT_CONF_ALL_LISTENERS
 
 /*
 ** Builds the contexts of the TLS listeners in conf, and of conf->http's when it has TLS,

@@ -205,6 +205,9 @@ bool rt_xport_tls_on(const rt_xport_t *xp);
 bool rt_xport_tls_identity(const rt_xport_t *xp, char *out, size_t len);
 /* The client's address and port as a trusted proxy named them; false when none did. */
 bool rt_xport_real_peer(const rt_xport_t *xp, rt_auth_addr_t *addr, uint16_t *port);
+/* "ip:port" of the client: as a trusted proxy named it (xp may be NULL), else socket fd's peer
+   ("?:0" when it has none). */
+void rt_xport_peer_format(const rt_xport_t *xp, int fd, char *buf, size_t len);
 /*
 ** Logs a connection cut by its owner's timeout as the step it did not finish: the transport's
 ** (PROXY header, TLS handshake, WebSocket upgrade), or once the transport is open (or for

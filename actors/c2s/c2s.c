@@ -1,0 +1,574 @@
+/*
+** The c2s actor (c2s.h): its socket and transport, its stream parser, its timers. What it
+** does with the elements the stream delivers is in c2s_stream.c (stream level), c2s_sasl.c
+** and c2s_session.c.
+**
+** Waiting. A SASL step that needs the store actor (credentials, a PLAIN password) stops the
+** feed (RT_XML_STOP) and parsing waits for the answer: reading the socket pauses, and bytes
+** the transport hands up meanwhile (a read's rest, TLS records decrypted together) are held
+** on the heap, bounded by the stanza limit, and parsed once the answer came.
+*/
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "c2s_impl.h"
+#include "log.h"
+
+#define C2S_READS_PER_TURN 4
+
+rt_c2s_stats_t rt_c2s_stats;
+
+bool rt__c2s_framed(const c2s_t *c)
+{
+    return rt__c2s_listen(c)->websocket[0] != 0;
+}
+
+/* ---- Output ---- */
+
+void rt__c2s_write(c2s_t *c, const void *p, size_t n)
+{
+    if (!c->sock || c->closing)
+        return;
+    int rc = c->xp ? rt_xport_write(c->xp, c->sock, p, n) : rt_sock_write(c->sock, p, n);
+    if (rc)
+        c->closing = true; /* the stream is broken: the actor ends at its turn's end */
+}
+
+void rt__c2s_write_buf(c2s_t *c, rt_buf_t *b)
+{
+    if (b->oom)
+        c->closing = true;
+    else
+        rt__c2s_write(c, b->data, b->len);
+    rt_buf_free(b);
+}
+
+/* ---- The peer ---- */
+
+int rt__c2s_peer_addr(const c2s_t *c, rt_auth_addr_t *out)
+{
+    if (rt_xport_real_peer(c->xp, out, NULL))
+        return 0;
+    return c->sock ? rt_auth_addr_from_fd(rt_sock_fd(c->sock), out) : RT_ENOTFOUND;
+}
+
+static void peer_format(const c2s_t *c, char *buf, size_t len)
+{
+    rt_xport_peer_format(c->xp, c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
+}
+
+const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c)
+{
+    if (!c->peer) {
+        char buf[INET6_ADDRSTRLEN + 8];
+        peer_format(c, buf, sizeof(buf));
+        c->peer = rt_strndup(self, buf, strlen(buf));
+    }
+    return c->peer ? c->peer : "-";
+}
+
+/* ---- The end ---- */
+
+void rt__c2s_close(rt_actor_t *self, c2s_t *c)
+{
+    if (!c->closing)
+        c->closing = true;
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
+/* ---- Input ---- */
+
+static void feed(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n);
+
+static bool hold(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n)
+{
+    if (!n)
+        return true;
+    /* A stanza's worth and its header: what one feed may leave unparsed, and more than any
+       honest client sends while its SASL step is answered. */
+    if ((size_t)c->held_len + n > (size_t)rt__c2s.conf->max_stanza_size + RT_XML_MAX_HEADER_DEFAULT) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION,
+                             "too much sent while authentication was answered");
+        return false;
+    }
+    uint8_t *h = rt_realloc(self, c->held, c->held_len + n, RT_OBJ_LEAF);
+    if (!h) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_RESOURCE_CONSTRAINT, NULL);
+        return false;
+    }
+    memcpy(h + c->held_len, p, n);
+    c->held = h;
+    c->held_len += (uint32_t)n;
+    return true;
+}
+
+void rt__c2s_wait(c2s_t *c)
+{
+    c->waiting = true;
+    if (c->sock)
+        rt_sock_pause_reading(c->sock, true);
+}
+
+static rt_xport_owner_t owner_of(c2s_t *c);
+
+/* What the stream could not take: STARTTLS, a restart, an error, or a wait. */
+static void after_feed(rt_actor_t *self, c2s_t *c, int rc, const uint8_t *p, size_t n,
+                       size_t used)
+{
+    if (c->closing)
+        return;
+    if (rc == RT_EPROTO) {
+        const char *text = NULL;
+        rt_xml_cond_t cond = rt_xml_stream_error(&c->xs, &text);
+        rt__c2s_stream_error(self, c, cond ? cond : RT_XML_COND_NOT_WELL_FORMED, text);
+        return;
+    }
+    if (rc < 0) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_RESOURCE_CONSTRAINT, NULL);
+        return;
+    }
+    if (c->starttls) {
+        c->starttls = false;
+        static const char proceed[] = "<proceed xmlns='" RT_XML_NS_TLS "'/>";
+        rt_xport_owner_t o = owner_of(c);
+        int trc = rt_xport_starttls(self, c->xp, &o, proceed, sizeof(proceed) - 1, n - used);
+        if (trc) {
+            if (trc != RT_EPROTO) /* RT_EPROTO ended the stream through ops->fail */
+                rt__c2s_close(self, c);
+            return;
+        }
+        c->secure = true;
+        c->phase = PH_HEADER;
+        rt_xml_stream_reset(&c->xs);
+        return;
+    }
+    if (c->restart) { /* SASL succeeded: what follows is a new stream */
+        c->restart = false;
+        rt_xml_stream_reset(&c->xs);
+        if (used < n)
+            feed(self, c, p + used, n - used);
+        return;
+    }
+    if (c->waiting && used < n)
+        hold(self, c, p + used, n - used);
+}
+
+static void feed(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n)
+{
+    if (c->closing)
+        return;
+    if (c->waiting) {
+        hold(self, c, p, n);
+        return;
+    }
+    size_t used = 0;
+    int rc = rt_xml_stream_feed(&c->xs, p, n, &used);
+    after_feed(self, c, rc, p, n, used);
+}
+
+static void on_input(rt_actor_t *self, void *owner, const uint8_t *p, size_t n)
+{
+    c2s_t *c = owner;
+    if (!rt__c2s_framed(c)) {
+        feed(self, c, p, n);
+        return;
+    }
+    /* RFC 7395: one element a message; gathered whole, then parsed. */
+    size_t need = (size_t)c->frame_len + n;
+    if (need > (size_t)rt__c2s.conf->max_stanza_size) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION, "stanza too large");
+        return;
+    }
+    if (need > c->frame_cap) {
+        size_t cap = c->frame_cap ? (size_t)c->frame_cap * 2 : 256;
+        cap = cap < need ? need : cap;
+        uint8_t *f = rt_realloc(self, c->frame, cap, RT_OBJ_LEAF);
+        if (!f) {
+            rt__c2s_stream_error(self, c, RT_XML_COND_RESOURCE_CONSTRAINT, NULL);
+            return;
+        }
+        c->frame = f;
+        c->frame_cap = (uint32_t)cap;
+    }
+    memcpy(c->frame + c->frame_len, p, n);
+    c->frame_len += (uint32_t)n;
+}
+
+static void on_message_end(rt_actor_t *self, void *owner)
+{
+    c2s_t *c = owner;
+    if (c->closing)
+        return;
+    if (c->waiting) { /* a frame while SASL waits: kept whole, with its end */
+        rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION,
+                             "a frame came before the last one was answered");
+        return;
+    }
+    int rc = rt_xml_stream_frame(&c->xs, c->frame, c->frame_len);
+    rt_free(self, c->frame);
+    c->frame = NULL;
+    c->frame_len = c->frame_cap = 0;
+    if (c->restart) {
+        c->restart = false;
+        rt_xml_stream_reset(&c->xs);
+    }
+    after_feed(self, c, rc, NULL, 0, 0);
+}
+
+static bool taking(const void *owner)
+{
+    const c2s_t *c = owner;
+    return c->sock && !c->closing;
+}
+
+static void on_fail(rt_actor_t *self, void *owner)
+{
+    rt__c2s_close(self, owner);
+}
+
+static void hold_input(void *owner)
+{
+    c2s_t *c = owner;
+    if (c->sock)
+        rt_sock_pause_reading(c->sock, true);
+}
+
+static void peer_text(const void *owner, char *buf, size_t len)
+{
+    peer_format(owner, buf, len);
+}
+
+static bool peer_named(rt_actor_t *self, void *owner, const rt_auth_addr_t *addr)
+{
+    c2s_t *c = owner;
+    rt_free(self, c->peer);
+    c->peer = NULL;
+    return !rt__c2s.admit_peer || rt__c2s.admit_peer(rt_sock_fd(c->sock), addr);
+}
+
+static void preauth_refused(rt_actor_t *self, void *owner, size_t wanted)
+{
+    c2s_t *c = owner;
+    rt_log(RT_LOG_WARNING, "xmpp.preauth_refused", "peer=%s wanted=%zu", rt__c2s_peer(self, c),
+           wanted);
+    rt__c2s_close(self, c);
+}
+
+static void tls_failed(void *owner)
+{
+    (void)owner;
+    atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
+}
+
+/* RFC 7395: text frames under the "xmpp" subprotocol, which a client must name. */
+static const rt_ws_protocols_t xmpp_ws = {.names = {"xmpp"}, .required = true};
+
+static const rt_xport_ops_t c2s_xport_ops = {
+    .ws_protocols = &xmpp_ws,
+    .ws_text = true,
+    .input = on_input,
+    .message_end = on_message_end,
+    .taking = taking,
+    .fail = on_fail,
+    .hold_input = hold_input,
+    .peer = peer_text,
+    .peer_named = peer_named,
+    .preauth_refused = preauth_refused,
+    .tls_failed = tls_failed,
+};
+
+static rt_xport_owner_t owner_of(c2s_t *c)
+{
+    return (rt_xport_owner_t){.ops = &c2s_xport_ops,
+                              .state = c,
+                              .sock = c->sock,
+                              .listen = rt__c2s_listen(c),
+                              .max_message = (uint32_t)rt__c2s.conf->max_stanza_size};
+}
+
+static void on_readable(rt_actor_t *self, c2s_t *c)
+{
+    for (int i = 0; i < C2S_READS_PER_TURN && c->sock && !c->closing && !c->waiting; i++) {
+        uint64_t paused;
+        if (rt_xport_rate_hold(self, c->xp, c->sock, C2S_MSG_RATE_RESUME, &paused))
+            return;
+        const void *data;
+        size_t len;
+        int rc = rt_sock_read(c->sock, &data, &len);
+        if (rc == RT_EAGAIN)
+            return;
+        if (rc) {
+            rt__c2s_close(self, c);
+            return;
+        }
+        c->last_rx_ms = rt_mono_ms();
+        if (c->xp) {
+            rt_xport_owner_t o = owner_of(c);
+            rt_xport_input(self, c->xp, &o, (uint8_t *)(uintptr_t)data, len);
+        } else {
+            feed(self, c, data, len);
+        }
+    }
+}
+
+/* The store answered: parsing goes on with what was held, then reading. */
+static void resume_parsing(rt_actor_t *self, c2s_t *c)
+{
+    if (c->waiting || c->closing || !c->sock)
+        return;
+    rt_sock_pause_reading(c->sock, false);
+    if (c->held_len) {
+        uint8_t *h = c->held;
+        uint32_t n = c->held_len;
+        c->held = NULL;
+        c->held_len = 0;
+        feed(self, c, h, n);
+        rt_free(self, h);
+    }
+    if (!c->closing && !c->waiting)
+        on_readable(self, c);
+}
+
+/* ---- Stream callbacks ---- */
+
+static int on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns, size_t nns)
+{
+    (void)ns;
+    (void)nns;
+    c2s_t *c = ctx;
+    rt_actor_t *self = rt_current();
+    const char *to = rt_xml_attr(hdr, "to");
+    const char *version = rt_xml_attr(hdr, "version");
+    int host = -1;
+    rt_jid_buf_t jb;
+    if (to && rt_jid_prep(to, strlen(to), &jb, NULL) == 0 && !jb.jid.local && !jb.jid.resource)
+        host = rt__c2s_host_index(rt_jid_domain(&jb.jid), jb.jid.domain);
+    if (host < 0 || (c->phase >= PH_AUTHED && host != c->host)) {
+        c->host = 0;
+        rt__c2s_stream_header(self, c);
+        rt__c2s_stream_error(self, c, RT_XML_COND_HOST_UNKNOWN, "this server does not serve that domain");
+        return RT_XML_STOP;
+    }
+    c->host = (uint8_t)host;
+    if (!version || strtol(version, NULL, 10) < 1) {
+        rt__c2s_stream_header(self, c);
+        rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_VERSION, "version 1.0 is needed");
+        return RT_XML_STOP;
+    }
+    rt__c2s_stream_header(self, c);
+    rt__c2s_features(self, c);
+    return c->closing ? RT_XML_STOP : 0;
+}
+
+static int on_stanza(void *ctx, rt_xml_el_t *el)
+{
+    c2s_t *c = ctx;
+    rt_actor_t *self = rt_current();
+    int rc = rt__c2s_on_top_level(self, c, el);
+    rt_xml_free(&rt__c2s.stream_tcp.alloc, c, el);
+    return c->closing || c->waiting || c->starttls || c->restart ? RT_XML_STOP : rc;
+}
+
+static int on_close(void *ctx)
+{
+    c2s_t *c = ctx;
+    rt_actor_t *self = rt_current();
+    rt__c2s_stream_end(c);
+    rt__c2s_close(self, c);
+    return RT_XML_STOP;
+}
+
+/* The stream's context is the session's state; what it allocates is the running actor's. */
+static void *xml_alloc(void *ctx, size_t size, bool scan)
+{
+    (void)ctx;
+    return rt_alloc(rt_current(), size, scan ? RT_OBJ_SCAN : RT_OBJ_LEAF);
+}
+
+static void xml_free(void *ctx, void *p)
+{
+    (void)ctx;
+    rt_free(rt_current(), p);
+}
+
+static void xml_charge(void *ctx, ptrdiff_t delta)
+{
+    (void)ctx;
+    rt_charge(rt_current(), delta);
+}
+
+void rt__c2s_stream_configs(const rt_conf_xmpp_t *conf)
+{
+    rt_xml_stream_config_t base = {
+        .alloc = {.alloc = xml_alloc, .free = xml_free},
+        .charge = xml_charge,
+        .on_header = on_header,
+        .on_stanza = on_stanza,
+        .on_close = on_close,
+        .limits = {.max_stanza_bytes = (uint32_t)conf->max_stanza_size},
+    };
+    rt__c2s.stream_tcp = base;
+    rt__c2s.stream_ws = base;
+    rt__c2s.stream_ws.framed = true;
+}
+
+/* ---- The actor ---- */
+
+static int c2s_init(rt_actor_t *self, void *state, void *arg)
+{
+    c2s_t *c = state;
+    const rt_c2s_arg_t *a = arg;
+    RT_ASSERT(a->listener < rt__c2s.conf->nlisteners);
+    int rc = rt_sock_adopt(self, a->fd, &c->sock);
+    if (rc)
+        return rc;
+    c->listener = (uint8_t)a->listener;
+    const rt_listen_t *l = rt__c2s_listen(c);
+    if (rt_xport_wanted(l)) {
+        rc = rt_xport_start(&c2s_xport_ops, l, RT_CONF_XMPP_LISTENER(c->listener), c->sock,
+                            l->starttls ? RT_XPORT_STARTTLS : 0, &c->xp);
+        if (rc)
+            return rc;
+        c->secure = l->tls_on && !l->starttls;
+    }
+    rc = rt_xml_stream_init(&c->xs, l->websocket[0] ? &rt__c2s.stream_ws : &rt__c2s.stream_tcp,
+                            c);
+    if (rc) {
+        rt_xport_free(c->xp);
+        c->xp = NULL;
+        return rc;
+    }
+    c->last_rx_ms = rt_mono_ms();
+    rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), +1);
+    atomic_fetch_add_explicit(&rt_c2s_stats.sessions, 1, memory_order_relaxed);
+    c->counted = true;
+    rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
+                      C2S_MSG_CONNECT_TIMEOUT, NULL);
+    return 0;
+}
+
+static void on_connect_timeout(rt_actor_t *self, c2s_t *c)
+{
+    if (c->phase == PH_ACTIVE || c->closing || !c->sock)
+        return;
+    atomic_fetch_add_explicit(&rt_c2s_stats.connect_timeouts, 1, memory_order_relaxed);
+    char peer[INET6_ADDRSTRLEN + 8];
+    peer_format(c, peer, sizeof(peer));
+    rt_xport_log_timeout(c->xp, peer, rt_broker->conf.connect_timeout, "xmpp.connect_timeout");
+    rt__c2s_stream_error(self, c, RT_XML_COND_CONNECTION_TIMEOUT, NULL);
+}
+
+static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    c2s_t *c = state;
+    switch (m->tag) {
+    case RT_MSG_SOCKET: {
+        uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
+        if ((events & RT_SOCK_WRITABLE) && c->sock && c->xp && !c->waiting) {
+            rt_sock_pause_reading(c->sock, false);
+            rt_xport_owner_t o = owner_of(c);
+            rt_xport_resume(self, c->xp, &o);
+        }
+        if ((events & RT_SOCK_READABLE) && c->sock)
+            on_readable(self, c);
+        break;
+    }
+    case C2S_MSG_STORE_REPLY:
+        if (m->len >= sizeof(c2s_reply_t)) {
+            const c2s_reply_t *r = (const void *)m->data;
+            if (r->seq == c->seq && c->waiting) {
+                rt__c2s_sasl_reply(self, c, r);
+                resume_parsing(self, c);
+            }
+        }
+        break;
+    case C2S_MSG_FAIL_DELAY:
+        rt__c2s_sasl_fail_due(self, c);
+        resume_parsing(self, c);
+        break;
+    case C2S_MSG_STANZA:
+        rt__c2s_deliver(self, c, m);
+        break;
+    case C2S_MSG_REPLACED:
+        if (c->phase == PH_ACTIVE) {
+            atomic_fetch_add_explicit(&rt_c2s_stats.replaced, 1, memory_order_relaxed);
+            rt__c2s_stream_error(self, c, RT_XML_COND_CONFLICT, "replaced by a new session");
+        }
+        break;
+    case C2S_MSG_KICK:
+        rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION, "ended by the administrator");
+        break;
+    case C2S_MSG_CONNECT_TIMEOUT:
+        on_connect_timeout(self, c);
+        break;
+    case C2S_MSG_RATE_RESUME:
+        if (rt_xport_rate_resume(c->xp) && c->sock)
+            on_readable(self, c);
+        break;
+    }
+    if (c->closing)
+        rt_exit(self, RT_REASON_NORMAL);
+}
+
+static void c2s_turn_end(rt_actor_t *self, void *state)
+{
+    (void)self;
+    c2s_t *c = state;
+    rt_xport_flush(c->xp);
+}
+
+static void c2s_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)reason;
+    c2s_t *c = state;
+    rt__c2s_session_end(self, c);
+    rt_xml_stream_destroy(&c->xs);
+    if (c->sock) {
+        rt_xport_flush(c->xp);
+        if (c->xp)
+            rt_xport_close(c->xp, c->sock);
+        c->xp = NULL;
+        rt_sock_close(c->sock);
+        c->sock = NULL;
+        rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
+    }
+    if (c->counted)
+        atomic_fetch_sub_explicit(&rt_c2s_stats.sessions, 1, memory_order_relaxed);
+}
+
+static const char *c2s_tag_name(uint32_t tag)
+{
+    switch (tag) {
+    case RT_MSG_SOCKET:
+        return "socket";
+    case C2S_MSG_CONNECT_TIMEOUT:
+        return "connect_timeout";
+    case C2S_MSG_STORE_REPLY:
+        return "store_reply";
+    case C2S_MSG_STANZA:
+        return "stanza";
+    case C2S_MSG_REPLACED:
+        return "replaced";
+    case C2S_MSG_FAIL_DELAY:
+        return "auth_delay";
+    case C2S_MSG_RATE_RESUME:
+        return "rate_resume";
+    case C2S_MSG_KICK:
+        return "kick";
+    }
+    return NULL;
+}
+
+const rt_actor_type_t rt_c2s_type = {
+    .name = "c2s",
+    .state_size = sizeof(c2s_t),
+    .init = c2s_init,
+    .handle = c2s_handle,
+    .terminate = c2s_terminate,
+    .tag_name = c2s_tag_name,
+    .turn_end = c2s_turn_end,
+};

@@ -1,0 +1,201 @@
+/*
+** Inside the c2s layer: the session actor's state and the parts its files share.
+**   c2s.c           the actor: socket, transport, stream callbacks, timers, the end
+**   c2s_stream.c    what the server writes at stream level: headers, features, errors
+**   c2s_sasl.c      SASL: SCRAM (credentials from the store actor), PLAIN, ANONYMOUS
+**   c2s_session.c   resource binding, the legacy session, iq, presence, message routing
+**   c2s_registry.c  who is online: bare JID -> its resources and their actors
+**   c2s_store.c     the blocking actor over xmpp.db
+**   c2s_start.c     the global settings, the store's start
+*/
+#ifndef RT_C2S_IMPL_H
+#define RT_C2S_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "auth.h"
+#include "c2s.h"
+#include "jid.h"
+#include "scram.h"
+#include "xml.h"
+#include "xml_stream.h"
+#include "xml_write.h"
+#include "xport.h"
+
+/* ---- Messages ---- */
+#define RT_C2S_MSG_BASE (RT_MSG_USER + 0x5800)
+#define C2S_MSG_CONNECT_TIMEOUT (RT_C2S_MSG_BASE + 1) /* not authenticated in time */
+#define C2S_MSG_STORE_REPLY (RT_C2S_MSG_BASE + 2)     /* the store actor's answer */
+#define C2S_MSG_STANZA (RT_C2S_MSG_BASE + 3)          /* bytes of a stanza for our client */
+#define C2S_MSG_REPLACED (RT_C2S_MSG_BASE + 4)        /* a newer session took our resource */
+#define C2S_MSG_RATE_RESUME (RT_C2S_MSG_BASE + 7)     /* the rate limit lets reading go on */
+#define C2S_MSG_FAIL_DELAY (RT_C2S_MSG_BASE + 8)      /* a SASL failure's delay is over */
+#define C2S_MSG_STORE_REQ (RT_C2S_MSG_BASE + 9)       /* to the store actor */
+#define C2S_MSG_KICK (RT_C2S_MSG_BASE + 11)           /* rtctl xmpp kick */
+
+/* ---- The store actor's requests (c2s_store.c) ---- */
+enum {
+    C2S_OP_CRED = 1,     /* SCRAM credentials of user@host: reply rt_scram_cred_t */
+    C2S_OP_PLAIN,        /* check a PLAIN password */
+    C2S_OP_OFFLINE_PUSH, /* keep a message for an unavailable user */
+    C2S_OP_OFFLINE_TAKE, /* send the kept messages to the asking session */
+};
+
+/* A request: this header, then host, user and the operation's bytes, each after the other. */
+typedef struct c2s_req_s {
+    uint32_t op;
+    uint32_t seq;      /* the session's, echoed: a late answer to an abandoned request is
+                          recognised and dropped */
+    uint16_t host_len; /* bytes, no NUL */
+    uint16_t user_len;
+    uint32_t data_len;
+    uint32_t hash; /* C2S_OP_CRED: rt_scram_hash_t */
+    char bytes[];  /* host, user, data */
+} c2s_req_t;
+
+/* The answer, tag C2S_MSG_STORE_REPLY. */
+typedef struct c2s_reply_s {
+    uint32_t op;
+    uint32_t seq;
+    int32_t rc; /* 0, or an RT_E* code: RT_ENOTFOUND, RT_EACCES, RT_EAGAIN, RT_ENOSPC */
+    uint32_t len;
+    union {
+        rt_scram_cred_t cred;
+    } u;
+} c2s_reply_t;
+
+/* Asks the store actor; the answer comes tagged C2S_MSG_STORE_REPLY. 0, RT_ENOPROC, RT_ENOMEM. */
+int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_len,
+                      const char *user, size_t user_len, uint32_t hash, const void *data,
+                      size_t data_len);
+int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t errlen);
+
+/* ---- The global settings (c2s_start.c) ---- */
+typedef struct c2s_global_s {
+    const rt_conf_xmpp_t *conf;
+    rt_xml_stream_config_t stream_tcp; /* shared by every session: the callbacks, the limits */
+    rt_xml_stream_config_t stream_ws;
+    rt_auth_limiter_t *limiter; /* failed logins per address */
+    bool replace;               /* resource_conflict = replace */
+    /* The per-address connection count takes a proxied client's real address (the MQTT
+       listener's table, actors/conn); NULL: not counted. */
+    bool (*admit_peer)(int fd, const rt_auth_addr_t *addr);
+} c2s_global_t;
+
+extern c2s_global_t rt__c2s;
+
+/* The host in conf->hosts a stream's to= names (prepared), or -1. */
+int rt__c2s_host_index(const char *domain, size_t len);
+bool rt__c2s_host_anonymous(unsigned host);
+
+/* ---- The session ---- */
+typedef enum {
+    PH_HEADER = 0, /* waiting for the stream header */
+    PH_FEATURES,   /* header answered, features sent: STARTTLS or SASL */
+    PH_SASL,       /* an exchange running */
+    PH_AUTHED,     /* SASL succeeded, waiting for the restart's header */
+    PH_BIND,       /* features after SASL sent: waiting for bind */
+    PH_ACTIVE,     /* a resource bound */
+} c2s_phase_t;
+
+typedef struct c2s_s {
+    rt_sock_t *sock;
+    rt_xport_t *xp;
+    rt_xml_stream_t xs;
+    rt_jid_t *jid;        /* user@host once authenticated, user@host/resource once bound */
+    char *stream_id;      /* this stream's id, on the heap */
+    rt_scram_t *scram;    /* the exchange running, or NULL */
+    uint8_t *held;        /* bytes read while parsing waits (the store's answer) */
+    uint8_t *frame;       /* WebSocket: the message being gathered */
+    char *peer;           /* "ip:port", made when first needed */
+    uint32_t held_len, frame_len, frame_cap;
+    uint32_t seq; /* of the store request awaited */
+    uint64_t last_rx_ms;
+    int8_t priority;
+    uint8_t listener; /* index in conf.xmpp.listeners */
+    uint8_t host;     /* index in conf.xmpp.hosts */
+    uint8_t phase;    /* c2s_phase_t */
+    uint8_t scram_hash;
+    uint8_t fails; /* SASL failures on this stream */
+    uint8_t fail;  /* the failure written when its delay is over (c2s_sasl.c); 0: none */
+    bool secure;   /* TLS runs */
+    bool waiting;  /* parsing waits for the store's answer */
+    bool starttls; /* the client asked: TLS starts once this feed ends */
+    bool restart;  /* a stream restart (SASL success) once this feed ends */
+    bool closing;
+    bool available;  /* initial presence sent, not unavailable since */
+    bool interested; /* asked for the roster */
+    bool session;    /* the legacy session was established (or not needed) */
+    bool anonymous;
+    bool plus;      /* the exchange is a -PLUS one */
+    bool counted;   /* counted in rt_c2s_stats.sessions */
+    bool preauthed; /* the pre-auth budget still counts this stream */
+} c2s_t;
+
+static inline const rt_listen_t *rt__c2s_listen(const c2s_t *c)
+{
+    return &rt__c2s.conf->listeners[c->listener];
+}
+
+/* c2s.c */
+void rt__c2s_stream_configs(const rt_conf_xmpp_t *conf);
+void rt__c2s_write(c2s_t *c, const void *p, size_t n);
+void rt__c2s_write_buf(c2s_t *c, rt_buf_t *b);
+void rt__c2s_close(rt_actor_t *self, c2s_t *c);
+const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c);
+int rt__c2s_peer_addr(const c2s_t *c, rt_auth_addr_t *out);
+bool rt__c2s_framed(const c2s_t *c);
+void rt__c2s_wait(c2s_t *c);
+
+/* c2s_stream.c */
+void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c);
+void rt__c2s_features(rt_actor_t *self, c2s_t *c);
+/* Ends the stream with RFC 6120 4.9's error (its text to the client and the log). */
+void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const char *text);
+/* A stanza error answering el (RFC 6120 8.3): type and condition, as the RFC names them. */
+void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
+                          const char *cond);
+void rt__c2s_stream_end(c2s_t *c);
+bool rt__c2s_tls_required(const c2s_t *c);
+/* Whether the stream may authenticate now (TLS, or an address in plaintext_from). */
+bool rt__c2s_may_auth(const c2s_t *c);
+/* <starttls/>, then TLS from the next byte. */
+int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
+
+/* c2s_sasl.c */
+int rt__c2s_sasl(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
+void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c);
+void rt__c2s_sasl_reply(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r);
+void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c);
+
+/* c2s_session.c */
+int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
+void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
+
+/* c2s_registry.c: the sessions online. Entries are malloc'ed and charged to the session. */
+typedef struct c2s_route_s {
+    rt_pid_t pid;
+    int8_t priority;
+    bool available;
+} c2s_route_t;
+#define C2S_ROUTES_MAX 64 /* resources one lookup copies out (max_resources' cap is higher) */
+/*
+** Binds bare/resource to pid. With replace, a session holding the resource already is
+** replaced (*old its pid, told by the caller); else RT_EEXIST. RT_ELIMIT past max resources.
+*/
+int rt__c2s_reg_bind(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                     rt_pid_t pid, bool replace, unsigned max, rt_pid_t *old);
+void rt__c2s_reg_unbind(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                        rt_pid_t pid);
+void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                          rt_pid_t pid, bool available, int8_t priority);
+/* The sessions of bare (all, or only res's when res_len > 0): how many, up to max, in out. */
+size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                          c2s_route_t *out, size_t max);
+/* Bytes one binding costs (its session is charged them). */
+size_t rt__c2s_reg_entry_bytes(size_t bare_len, size_t res_len);
+size_t rt__c2s_reg_count(void);
+
+#endif

@@ -1,0 +1,210 @@
+/*
+** Who is online: every bound resource, by bare JID, with its actor, priority and whether it
+** sent available presence. Any session reads it to route and writes its own entry at bind,
+** presence and end, from any scheduler thread: a hash table in STRIPES stripes, each with its
+** own lock held for a walk of one bucket (a copy of the routes out, never a send), so
+** sessions of different users seldom meet on a lock. An entry is one malloc'ed block
+** charged to the session that bound it (rt__c2s_reg_entry_bytes), so `rtctl top` counts it.
+*/
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "c2s_impl.h"
+
+#define STRIPES 64
+#define FIRST_BUCKETS 64
+
+typedef struct reg_entry_s {
+    struct reg_entry_s *next;
+    uint64_t hash; /* of the bare JID */
+    rt_pid_t pid;
+    int8_t priority;
+    bool available;
+    uint16_t bare_len, res_len;
+    char key[]; /* the bare JID, then the resource, no separator */
+} reg_entry_t;
+
+typedef struct stripe_s {
+    pthread_mutex_t lock;
+    reg_entry_t **buckets;
+    size_t cap, len;
+} stripe_t;
+
+static stripe_t stripes[STRIPES];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static _Atomic size_t entries;
+
+static void init_locks(void)
+{
+    for (size_t i = 0; i < STRIPES; i++)
+        pthread_mutex_init(&stripes[i].lock, NULL);
+}
+
+static stripe_t *stripe_of(uint64_t h)
+{
+    pthread_once(&once, init_locks);
+    return &stripes[h % STRIPES];
+}
+
+static reg_entry_t **bucket(stripe_t *s, uint64_t h)
+{
+    return &s->buckets[(h / STRIPES) & (s->cap - 1)];
+}
+
+static bool same_bare(const reg_entry_t *e, uint64_t h, const char *bare, size_t len)
+{
+    return e->hash == h && e->bare_len == len && memcmp(e->key, bare, len) == 0;
+}
+
+static bool same_res(const reg_entry_t *e, const char *res, size_t len)
+{
+    return e->res_len == len && memcmp(e->key + e->bare_len, res, len) == 0;
+}
+
+/* Doubles the stripe's buckets; false (nothing changed) when out of memory. */
+static bool grow(stripe_t *s)
+{
+    size_t cap = s->cap ? s->cap * 2 : FIRST_BUCKETS;
+    reg_entry_t **b = calloc(cap, sizeof(*b));
+    if (!b)
+        return false;
+    for (size_t i = 0; i < s->cap; i++)
+        for (reg_entry_t *e = s->buckets[i], *next; e; e = next) {
+            next = e->next;
+            reg_entry_t **at = &b[(e->hash / STRIPES) & (cap - 1)];
+            e->next = *at;
+            *at = e;
+        }
+    free(s->buckets);
+    s->buckets = b;
+    s->cap = cap;
+    return true;
+}
+
+size_t rt__c2s_reg_entry_bytes(size_t bare_len, size_t res_len)
+{
+    return (sizeof(reg_entry_t) + bare_len + res_len + 15) & ~(size_t)15;
+}
+
+int rt__c2s_reg_bind(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                     rt_pid_t pid, bool replace, unsigned max, rt_pid_t *old)
+{
+    uint64_t h = rt_hash(bare, bare_len);
+    stripe_t *s = stripe_of(h);
+    *old = 0;
+    pthread_mutex_lock(&s->lock);
+    if ((s->len >= s->cap && !grow(s) && !s->cap)) {
+        pthread_mutex_unlock(&s->lock);
+        return RT_ENOMEM;
+    }
+    unsigned count = 0;
+    for (reg_entry_t *e = *bucket(s, h); e; e = e->next) {
+        if (!same_bare(e, h, bare, bare_len))
+            continue;
+        if (same_res(e, res, res_len)) {
+            if (!replace) {
+                pthread_mutex_unlock(&s->lock);
+                return RT_EEXIST;
+            }
+            *old = e->pid; /* the newer session takes the entry; the older one is told */
+            e->pid = pid;
+            e->available = false;
+            e->priority = 0;
+            pthread_mutex_unlock(&s->lock);
+            return 0;
+        }
+        count++;
+    }
+    if (count >= max) {
+        pthread_mutex_unlock(&s->lock);
+        return RT_ELIMIT;
+    }
+    reg_entry_t *e = malloc(rt__c2s_reg_entry_bytes(bare_len, res_len));
+    if (!e) {
+        pthread_mutex_unlock(&s->lock);
+        return RT_ENOMEM;
+    }
+    e->hash = h;
+    e->pid = pid;
+    e->priority = 0;
+    e->available = false;
+    e->bare_len = (uint16_t)bare_len;
+    e->res_len = (uint16_t)res_len;
+    memcpy(e->key, bare, bare_len);
+    memcpy(e->key + bare_len, res, res_len);
+    reg_entry_t **at = bucket(s, h);
+    e->next = *at;
+    *at = e;
+    s->len++;
+    atomic_fetch_add_explicit(&entries, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+/* The entry of bare/res held by pid, with the stripe locked; NULL (unlocked) when none. */
+static reg_entry_t **find_own(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                              rt_pid_t pid, stripe_t **sp)
+{
+    uint64_t h = rt_hash(bare, bare_len);
+    stripe_t *s = stripe_of(h);
+    pthread_mutex_lock(&s->lock);
+    if (s->cap)
+        for (reg_entry_t **at = bucket(s, h); *at; at = &(*at)->next)
+            if ((*at)->pid == pid && same_bare(*at, h, bare, bare_len) &&
+                same_res(*at, res, res_len)) {
+                *sp = s;
+                return at;
+            }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+void rt__c2s_reg_unbind(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                        rt_pid_t pid)
+{
+    stripe_t *s;
+    reg_entry_t **at = find_own(bare, bare_len, res, res_len, pid, &s);
+    if (!at)
+        return; /* replaced: the entry is the newer session's now */
+    reg_entry_t *e = *at;
+    *at = e->next;
+    s->len--;
+    pthread_mutex_unlock(&s->lock);
+    free(e);
+    atomic_fetch_sub_explicit(&entries, 1, memory_order_relaxed);
+}
+
+void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                          rt_pid_t pid, bool available, int8_t priority)
+{
+    stripe_t *s;
+    reg_entry_t **at = find_own(bare, bare_len, res, res_len, pid, &s);
+    if (!at)
+        return;
+    (*at)->available = available;
+    (*at)->priority = priority;
+    pthread_mutex_unlock(&s->lock);
+}
+
+size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                          c2s_route_t *out, size_t max)
+{
+    uint64_t h = rt_hash(bare, bare_len);
+    stripe_t *s = stripe_of(h);
+    size_t n = 0;
+    pthread_mutex_lock(&s->lock);
+    if (s->cap)
+        for (reg_entry_t *e = *bucket(s, h); e && n < max; e = e->next)
+            if (same_bare(e, h, bare, bare_len) && (!res_len || same_res(e, res, res_len)))
+                out[n++] = (c2s_route_t){
+                    .pid = e->pid, .priority = e->priority, .available = e->available};
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+size_t rt__c2s_reg_count(void)
+{
+    return atomic_load_explicit(&entries, memory_order_relaxed);
+}

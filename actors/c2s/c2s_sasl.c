@@ -1,0 +1,369 @@
+/*
+** SASL on the stream (RFC 6120 6): SCRAM-SHA-256 and SCRAM-SHA-1 against the accounts' stored
+** keys, PLAIN inside TLS, ANONYMOUS where the host allows it. The session runs the exchange
+** itself (microseconds: scram.h's fast steps); what needs the file (credentials, a PLAIN
+** password's PBKDF2) goes to the store actor and parsing waits for its answer.
+**
+** A failure is written only after the login limiter's delay for the client's address (the
+** MQTT CONNACK's rule, auth.h), with parsing held meanwhile: a guesser on one connection
+** gets one answer per delay, and more connections share the address's count. A stream may
+** fail C2S_SASL_TRIES times; then it ends.
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/rand.h>
+
+#include "c2s_impl.h"
+#include "log.h"
+
+#define C2S_SASL_TRIES 3
+
+static const char *const sasl_fail_static[] = {"aborted",         "encryption-required",
+                                               "invalid-authzid", "invalid-mechanism",
+                                               "malformed-request", "not-authorized",
+                                               "temporary-auth-failure"};
+
+/* Names fit c->fail (an index into sasl_fail_static, +1: 0 is none). */
+static uint8_t fail_index(const char *cond)
+{
+    for (size_t i = 0; i < sizeof(sasl_fail_static) / sizeof(sasl_fail_static[0]); i++)
+        if (strcmp(sasl_fail_static[i], cond) == 0)
+            return (uint8_t)(i + 1);
+    return 6; /* not-authorized */
+}
+
+void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c)
+{
+    rt_buf_printf(b, "<mechanisms xmlns='%s'>", RT_XML_NS_SASL);
+    rt_buf_printf(b, "<mechanism>SCRAM-SHA-256</mechanism><mechanism>SCRAM-SHA-1</mechanism>");
+    if (c->secure)
+        rt_buf_printf(b, "<mechanism>PLAIN</mechanism>");
+    if (rt__c2s_host_anonymous(c->host))
+        rt_buf_printf(b, "<mechanism>ANONYMOUS</mechanism>");
+    rt_buf_printf(b, "</mechanisms>");
+}
+
+static void write_sasl(c2s_t *c, const char *name, const void *data, size_t len)
+{
+    rt_buf_t b = {0};
+    rt_buf_printf(&b, "<%s xmlns='%s'", name, RT_XML_NS_SASL);
+    if (!data) {
+        rt_buf_printf(&b, "/>");
+    } else {
+        rt_buf_printf(&b, ">");
+        if (len == 0) {
+            rt_buf_add(&b, "=", 1); /* RFC 6120 6.4.2: empty data is one "=" */
+        } else if (rt_buf_reserve(&b, RT_BASE64_LEN(len) + 1)) {
+            b.len += rt_base64_encode(data, len, (char *)b.data + b.len);
+        }
+        rt_buf_printf(&b, "</%s>", name);
+    }
+    rt__c2s_write_buf(c, &b);
+}
+
+static void end_exchange(rt_actor_t *self, c2s_t *c)
+{
+    rt_free(self, c->scram);
+    c->scram = NULL;
+    if (c->phase == PH_SASL)
+        c->phase = PH_FEATURES;
+}
+
+/* The failure, now: the delay (if any) is over. */
+static void write_failure(rt_actor_t *self, c2s_t *c, const char *cond)
+{
+    rt_buf_t b = {0};
+    rt_buf_printf(&b, "<failure xmlns='%s'><%s/></failure>", RT_XML_NS_SASL, cond);
+    rt__c2s_write_buf(c, &b);
+    if (c->fails >= C2S_SASL_TRIES)
+        rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION,
+                             "too many failed authentication attempts");
+}
+
+/*
+** A refused login (not an abort or a malformed request: those cost the client nothing but
+** its stream): noted by the limiter, answered after its delay.
+*/
+static void fail(rt_actor_t *self, c2s_t *c, const char *cond, const char *why)
+{
+    end_exchange(self, c);
+    c->fails++;
+    atomic_fetch_add_explicit(&rt_c2s_stats.login_failures, 1, memory_order_relaxed);
+    uint32_t delay = 0;
+    rt_auth_addr_t a;
+    if (strcmp(cond, "aborted") != 0 && rt__c2s_peer_addr(c, &a) == 0)
+        delay = rt_auth_limiter_fail(rt__c2s.limiter, &a, rt_mono_ms());
+    rt_log(RT_LOG_INFO, "xmpp.login_failed", "peer=%s user=%s condition=%s reason=%s delay_ms=%u",
+           rt__c2s_peer(self, c), c->jid ? c->jid->s : "-", cond, why, delay);
+    rt_free(self, c->jid);
+    c->jid = NULL;
+    if (!delay) {
+        write_failure(self, c, cond);
+        return;
+    }
+    c->fail = fail_index(cond);
+    rt__c2s_wait(c);
+    rt_send_after_tag(delay, rt_self(self), C2S_MSG_FAIL_DELAY, NULL);
+}
+
+void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c)
+{
+    if (!c->fail)
+        return;
+    const char *cond = sasl_fail_static[c->fail - 1];
+    c->fail = 0;
+    c->waiting = false;
+    write_failure(self, c, cond);
+}
+
+static void succeed(rt_actor_t *self, c2s_t *c, const char *mech, const void *data, size_t len)
+{
+    end_exchange(self, c);
+    write_sasl(c, "success", data, len);
+    c->phase = PH_AUTHED;
+    c->restart = true; /* RFC 6120 6.4.6: the client opens a new stream */
+    rt_auth_addr_t a;
+    if (rt__c2s_peer_addr(c, &a) == 0)
+        rt_auth_limiter_succeed(rt__c2s.limiter, &a);
+    rt_xport_preauth_end(c->xp);
+    atomic_fetch_add_explicit(&rt_c2s_stats.logins, 1, memory_order_relaxed);
+    rt_log(RT_LOG_DEBUG, "xmpp.login", "peer=%s jid=%s mechanism=%s", rt__c2s_peer(self, c),
+           c->jid->s, mech);
+}
+
+/* The user@host a login names: prepared, kept as c->jid (bare). */
+static int set_user(rt_actor_t *self, c2s_t *c, const char *user, size_t len)
+{
+    char local[RT_JID_PART_MAX + 1];
+    size_t llen = 0;
+    if (rt_jid_prep_part(RT_JID_LOCAL, user, len, local, &llen, NULL) != 0 || llen == 0)
+        return RT_EINVAL;
+    const char *host = rt__c2s.conf->hosts[c->host];
+    rt_jid_buf_t jb;
+    if (rt_jid_make(&jb, local, llen, host, strlen(host), NULL, 0) != 0)
+        return RT_EINVAL;
+    rt_free(self, c->jid);
+    c->jid = rt_jid_dup(self, &jb.jid);
+    return c->jid ? 0 : RT_ENOMEM;
+}
+
+/* An authzid, if given, must be the account itself (no one acts for another here). */
+static bool authzid_ok(const c2s_t *c, const char *z, size_t len)
+{
+    if (!len)
+        return true;
+    rt_jid_buf_t jb;
+    return rt_jid_prep(z, len, &jb, NULL) == 0 && !jb.jid.resource &&
+           rt_jid_bare_len(&jb.jid) == rt_jid_bare_len(c->jid) &&
+           memcmp(jb.jid.s, c->jid->s, rt_jid_bare_len(c->jid)) == 0;
+}
+
+static int ask(c2s_t *c, uint32_t op, uint32_t hash, const void *data, size_t len)
+{
+    const char *host = rt__c2s.conf->hosts[c->host];
+    c->seq++;
+    int rc = rt__c2s_store_ask(op, c->seq, host, strlen(host), rt_jid_local(c->jid),
+                               c->jid->local, hash, data, len);
+    if (rc == 0)
+        rt__c2s_wait(c);
+    return rc;
+}
+
+/* The client's SASL data: base64, "=" for empty (RFC 6120 6.4.2). */
+static long decode(const rt_xml_el_t *el, uint8_t *out, size_t cap)
+{
+    size_t len = 0;
+    const char *t = rt_xml_text(el, &len);
+    if (!t)
+        return -1;
+    if (len == 0 || (len == 1 && t[0] == '='))
+        return 0;
+    return rt_base64_decode(t, len, out, cap, RT_BASE64_STRICT);
+}
+
+static int start_scram(rt_actor_t *self, c2s_t *c, rt_scram_hash_t hash, const uint8_t *msg,
+                       size_t len)
+{
+    size_t size = rt_scram_size(len);
+    if (!size) {
+        fail(self, c, "malformed-request", "message too long");
+        return 0;
+    }
+    c->scram = rt_alloc(self, size, RT_OBJ_LEAF);
+    if (!c->scram)
+        return RT_ENOMEM;
+    rt_scram_first_t first;
+    if (rt_scram_start(c->scram, size, hash, false, 0, msg, len, &first) != 0) {
+        rt_scram_fail_t f = rt_scram_failure(c->scram);
+        fail(self, c, f == RT_SCRAM_MALFORMED ? "malformed-request" : "not-authorized",
+             rt_scram_fail_name(f));
+        return 0;
+    }
+    c->phase = PH_SASL;
+    c->scram_hash = (uint8_t)hash;
+    if (set_user(self, c, first.user, first.user_len) != 0) {
+        /* No such name can be an account: the exchange goes on with made-up credentials so
+           the client learns no more than from a wrong password. */
+        const char *out;
+        size_t outlen;
+        if (rt_scram_server_first(c->scram, NULL, &out, &outlen) != 0) {
+            fail(self, c, "temporary-auth-failure", "no randomness");
+            return 0;
+        }
+        write_sasl(c, "challenge", out, outlen);
+        return 0;
+    }
+    if (!authzid_ok(c, first.authzid, first.authzid_len)) {
+        fail(self, c, "invalid-authzid", "authzid is another account");
+        return 0;
+    }
+    if (ask(c, C2S_OP_CRED, hash, NULL, 0) != 0)
+        fail(self, c, "temporary-auth-failure", "the account store is not running");
+    return 0;
+}
+
+static int plain(rt_actor_t *self, c2s_t *c, const uint8_t *msg, size_t len)
+{
+    rt_sasl_plain_t p;
+    if (rt_sasl_plain_parse(msg, len, &p) != 0) {
+        fail(self, c, "malformed-request", "not authzid NUL authcid NUL password");
+        return 0;
+    }
+    if (set_user(self, c, p.authcid, p.authcid_len) != 0) {
+        fail(self, c, "not-authorized", "no such user");
+        return 0;
+    }
+    if (!authzid_ok(c, p.authzid, p.authzid_len)) {
+        fail(self, c, "invalid-authzid", "authzid is another account");
+        return 0;
+    }
+    c->phase = PH_SASL;
+    if (ask(c, C2S_OP_PLAIN, 0, p.passwd, p.passwd_len) != 0)
+        fail(self, c, "temporary-auth-failure", "the account store is not running");
+    return 0;
+}
+
+static int anonymous(rt_actor_t *self, c2s_t *c)
+{
+    uint8_t r[8];
+    char name[17];
+    if (RAND_bytes(r, sizeof(r)) != 1) {
+        fail(self, c, "temporary-auth-failure", "no randomness");
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(r); i++)
+        snprintf(name + 2 * i, 3, "%02x", r[i]);
+    int rc = set_user(self, c, name, 16);
+    if (rc)
+        return rc;
+    c->anonymous = true;
+    succeed(self, c, "ANONYMOUS", NULL, 0);
+    return 0;
+}
+
+static int on_auth(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+{
+    if (c->phase != PH_FEATURES) {
+        fail(self, c, "malformed-request", "an exchange is running");
+        return 0;
+    }
+    if (!rt__c2s_may_auth(c)) {
+        fail(self, c, "encryption-required", "TLS first");
+        return 0;
+    }
+    const char *mech = rt_xml_attr(el, "mechanism");
+    uint8_t msg[RT_SCRAM_MSG_MAX];
+    long len = decode(el, msg, sizeof(msg));
+    if (!mech) {
+        fail(self, c, "invalid-mechanism", "no mechanism named");
+        return 0;
+    }
+    if (len < 0) {
+        fail(self, c, "malformed-request", "not base64");
+        return 0;
+    }
+    rt_scram_hash_t hash;
+    bool plus;
+    if (rt_scram_mech_parse(mech, strlen(mech), &hash, &plus) == 0 && !plus)
+        return start_scram(self, c, hash, msg, (size_t)len);
+    if (strcmp(mech, "PLAIN") == 0 && c->secure)
+        return plain(self, c, msg, (size_t)len);
+    if (strcmp(mech, "ANONYMOUS") == 0 && rt__c2s_host_anonymous(c->host))
+        return anonymous(self, c);
+    fail(self, c, "invalid-mechanism", "mechanism not offered");
+    return 0;
+}
+
+static int on_response(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+{
+    if (c->phase != PH_SASL || !c->scram) {
+        fail(self, c, "malformed-request", "no exchange running");
+        return 0;
+    }
+    uint8_t msg[RT_SCRAM_MSG_MAX];
+    long len = decode(el, msg, sizeof(msg));
+    if (len < 0) {
+        fail(self, c, "malformed-request", "not base64");
+        return 0;
+    }
+    const char *out;
+    size_t outlen;
+    if (rt_scram_client_final(c->scram, msg, (size_t)len, NULL, 0, &out, &outlen) != 0) {
+        rt_scram_fail_t f = rt_scram_failure(c->scram);
+        fail(self, c, f == RT_SCRAM_MALFORMED ? "malformed-request" : "not-authorized",
+             rt_scram_fail_name(f));
+        return 0;
+    }
+    if (!c->jid) { /* a name no account can have: the proof cannot have verified */
+        fail(self, c, "not-authorized", "no such user");
+        return 0;
+    }
+    char final[RT_SCRAM_MSG_MAX];
+    size_t n = outlen < sizeof(final) ? outlen : sizeof(final);
+    memcpy(final, out, n); /* out points into the exchange, freed by succeed */
+    succeed(self, c, rt_scram_mech_name((rt_scram_hash_t)c->scram_hash, false), final, n);
+    return 0;
+}
+
+int rt__c2s_sasl(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
+{
+    if (strcmp(el->name, "auth") == 0)
+        return on_auth(self, c, el);
+    if (strcmp(el->name, "response") == 0)
+        return on_response(self, c, el);
+    if (strcmp(el->name, "abort") == 0) {
+        end_exchange(self, c);
+        write_failure(self, c, "aborted");
+        return 0;
+    }
+    rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);
+    return RT_XML_STOP;
+}
+
+void rt__c2s_sasl_reply(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r)
+{
+    c->waiting = false;
+    if (r->op == C2S_OP_PLAIN) {
+        if (r->rc == 0)
+            succeed(self, c, "PLAIN", NULL, 0);
+        else
+            fail(self, c, r->rc == RT_EAGAIN ? "temporary-auth-failure" : "not-authorized",
+                 r->rc == RT_ENOTFOUND ? "no such user" : r->rc == RT_EACCES ? "bad password"
+                                                                              : "store failed");
+        return;
+    }
+    if (r->op != C2S_OP_CRED || !c->scram)
+        return;
+    if (r->rc && r->rc != RT_ENOTFOUND) {
+        fail(self, c, "temporary-auth-failure", "store failed");
+        return;
+    }
+    const char *out;
+    size_t outlen;
+    if (rt_scram_server_first(c->scram, r->rc == 0 ? &r->u.cred : NULL, &out, &outlen) != 0) {
+        fail(self, c, "temporary-auth-failure", "no randomness or unusable credentials");
+        return;
+    }
+    write_sasl(c, "challenge", out, outlen);
+}

@@ -1,0 +1,499 @@
+/*
+** A session once authenticated (RFC 6120 7, 8; RFC 6121 4, 8): resource binding, the legacy
+** session, the server's own iq answers, presence and message routing.
+**
+** Routing. A stanza for another session is written once by its sender, with the server's
+** from (the sender's full JID, RFC 6120 8.1.2.1) and xmlns='jabber:client' on the top element
+** (so the same bytes are a WebSocket frame), and sent to each receiving actor by message; a
+** receiver copies the bytes to its socket. The receivers come from the registry
+** (c2s_registry.c) by bare JID; which of them follows RFC 6121 8.5.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/rand.h>
+
+#include "c2s_impl.h"
+#include "log.h"
+
+#define NS_PING "urn:xmpp:ping"
+#define NS_DISCO_INFO "http://jabber.org/protocol/disco#info"
+#define NS_DISCO_ITEMS "http://jabber.org/protocol/disco#items"
+#define NS_ROSTER "jabber:iq:roster"
+
+static const char *host_name(const c2s_t *c)
+{
+    return rt__c2s.conf->hosts[c->host];
+}
+
+static const char *bare_text(const c2s_t *c, size_t *len)
+{
+    *len = rt_jid_bare_len(c->jid);
+    return c->jid->s;
+}
+
+/* ---- Writing a stanza for another session ---- */
+
+/*
+** el as its receivers get it: from stamped, to as prepared (to_text NULL: none), the other
+** attributes and the children as they came.
+*/
+static void put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to_text)
+{
+    rt_xml_put_start(b, el->name);
+    rt_xml_put_attr(b, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(b, "from", from);
+    if (to_text)
+        rt_xml_put_attr(b, "to", to_text);
+    for (uint32_t i = 0; i < el->node.len; i++) {
+        const rt_xml_attr_t *a = &el->attrs[i];
+        if (!a->ns[0] && strcmp(a->name, "from") != 0 && strcmp(a->name, "to") != 0)
+            rt_xml_put_attr(b, a->name, a->value);
+        else if (strcmp(a->ns, RT_XML_NS_XML) == 0 && strcmp(a->name, "lang") == 0)
+            rt_xml_put_attr(b, "xml:lang", a->value);
+    }
+    if (!el->children) {
+        rt_xml_put_empty_end(b);
+        return;
+    }
+    rt_xml_put_start_end(b);
+    for (const rt_xml_node_t *n = el->children; n; n = n->next) {
+        const rt_xml_text_t *t = rt_xml_as_text(n);
+        if (t)
+            rt_xml_put_text(b, t->data, t->node.len);
+        else
+            rt_xml_put_tree(b, rt_xml_as_el(n), RT_XML_NS_CLIENT);
+    }
+    rt_xml_put_end(b, el->name);
+}
+
+static void send_bytes(rt_pid_t to, const rt_buf_t *b)
+{
+    if (!b->oom && rt_send(to, C2S_MSG_STANZA, b->data, b->len) == 0)
+        atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_routed, 1, memory_order_relaxed);
+}
+
+/* ---- Answers of the server's own ---- */
+
+static void iq_result_start(rt_buf_t *b, const c2s_t *c, const rt_xml_el_t *iq)
+{
+    rt_xml_put_start(b, "iq");
+    rt_xml_put_attr(b, "type", "result");
+    const char *id = rt_xml_attr(iq, "id");
+    rt_xml_put_attr(b, "id", id ? id : "");
+    const char *to = rt_xml_attr(iq, "to");
+    if (to)
+        rt_xml_put_attr(b, "from", to);
+    rt_xml_put_attr(b, "to", c->jid->s);
+}
+
+static void iq_result_empty(c2s_t *c, const rt_xml_el_t *iq)
+{
+    rt_buf_t b = {0};
+    iq_result_start(&b, c, iq);
+    rt_xml_put_empty_end(&b);
+    rt__c2s_write_buf(c, &b);
+}
+
+static void disco_info(c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
+{
+    rt_buf_t b = {0};
+    iq_result_start(&b, c, iq);
+    rt_xml_put_start_end(&b);
+    rt_xml_put_start(&b, "query");
+    rt_xml_put_attr(&b, "xmlns", NS_DISCO_INFO);
+    const char *node = rt_xml_attr(q, "node");
+    if (node)
+        rt_xml_put_attr(&b, "node", node);
+    rt_xml_put_start_end(&b);
+    rt_buf_printf(&b, "<identity category='server' type='im' name='rtd'/>");
+    static const char *const features[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER};
+    for (size_t i = 0; i < sizeof(features) / sizeof(features[0]); i++)
+        rt_buf_printf(&b, "<feature var='%s'/>", features[i]);
+    rt_buf_printf(&b, "</query></iq>");
+    rt__c2s_write_buf(c, &b);
+}
+
+static void disco_items(c2s_t *c, const rt_xml_el_t *iq)
+{
+    rt_buf_t b = {0};
+    iq_result_start(&b, c, iq);
+    rt_xml_put_start_end(&b);
+    rt_buf_printf(&b, "<query xmlns='%s'/></iq>", NS_DISCO_ITEMS);
+    rt__c2s_write_buf(c, &b);
+}
+
+/* An iq for the server or for the user's own account (RFC 6121 8.5.1 for the latter). */
+static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const char *type)
+{
+    if (strcmp(type, "result") == 0 || strcmp(type, "error") == 0)
+        return; /* answers to the server's pings */
+    bool get = strcmp(type, "get") == 0;
+    const rt_xml_el_t *q = rt_xml_first(iq);
+    if (!q || rt_xml_next(q, NULL, NULL)) { /* RFC 6120 8.2.3: exactly one payload */
+        rt__c2s_stanza_error(self, c, iq, "modify", "bad-request");
+        return;
+    }
+    if (strcmp(q->ns, NS_PING) == 0 && get) {
+        iq_result_empty(c, iq);
+    } else if (strcmp(q->ns, NS_DISCO_INFO) == 0 && get) {
+        disco_info(c, iq, q);
+    } else if (strcmp(q->ns, NS_DISCO_ITEMS) == 0 && get) {
+        disco_items(c, iq);
+    } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
+        c->session = true;
+        iq_result_empty(c, iq);
+    } else if (strcmp(q->ns, RT_XML_NS_BIND) == 0) {
+        rt__c2s_stanza_error(self, c, iq, "cancel", "not-allowed"); /* bound already */
+    } else {
+        rt__c2s_stanza_error(self, c, iq, "cancel", "service-unavailable");
+    }
+}
+
+/* ---- Binding ---- */
+
+static int random_resource(char *out, size_t cap)
+{
+    uint8_t r[8];
+    if (cap < 17 || RAND_bytes(r, sizeof(r)) != 1)
+        return RT_EAGAIN;
+    for (size_t i = 0; i < sizeof(r); i++)
+        snprintf(out + 2 * i, 3, "%02x", r[i]);
+    return 0;
+}
+
+static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
+{
+    const char *type = rt_xml_attr(iq, "type");
+    const rt_xml_el_t *b = rt_xml_child(iq, "bind", RT_XML_NS_BIND);
+    if (!b || !type || strcmp(type, "set") != 0 || !rt_xml_attr(iq, "id")) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_NOT_AUTHORIZED, "bind a resource first");
+        return RT_XML_STOP;
+    }
+    char res[RT_JID_PART_MAX + 1];
+    size_t rlen = 0;
+    const rt_xml_el_t *r = rt_xml_child(b, "resource", RT_XML_NS_BIND);
+    size_t given_len = 0;
+    const char *given = r ? rt_xml_text(r, &given_len) : NULL;
+    if (given && given_len) {
+        if (rt_jid_prep_part(RT_JID_RESOURCE, given, given_len, res, &rlen, NULL) != 0 ||
+            rlen == 0) {
+            rt__c2s_stanza_error(self, c, iq, "modify", "bad-request");
+            return 0;
+        }
+    } else if (random_resource(res, sizeof(res)) == 0) {
+        rlen = strlen(res);
+    } else {
+        rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
+        return 0;
+    }
+    rt_jid_buf_t jb;
+    size_t blen;
+    const char *bare = bare_text(c, &blen);
+    if (rt_jid_make(&jb, rt_jid_local(c->jid), c->jid->local, rt_jid_domain(c->jid),
+                    c->jid->domain, res, rlen) != 0) {
+        rt__c2s_stanza_error(self, c, iq, "modify", "bad-request");
+        return 0;
+    }
+    rt_pid_t old = 0;
+    int rc = rt__c2s_reg_bind(bare, blen, res, rlen, rt_self(self), rt__c2s.replace,
+                              (unsigned)rt__c2s.conf->max_resources, &old);
+    if (rc == RT_EEXIST) {
+        rt__c2s_stanza_error(self, c, iq, "cancel", "conflict");
+        return 0;
+    }
+    if (rc == RT_ELIMIT) {
+        rt__c2s_stanza_error(self, c, iq, "wait", "resource-constraint");
+        return 0;
+    }
+    if (rc) {
+        rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
+        return 0;
+    }
+    if (old)
+        rt_send(old, C2S_MSG_REPLACED, NULL, 0);
+    rt_jid_t *full = rt_jid_dup(self, &jb.jid);
+    if (!full) {
+        rt__c2s_reg_unbind(bare, blen, res, rlen, rt_self(self));
+        rt__c2s_stream_error(self, c, RT_XML_COND_RESOURCE_CONSTRAINT, NULL);
+        return RT_XML_STOP;
+    }
+    rt_charge(self, (ptrdiff_t)rt__c2s_reg_entry_bytes(blen, rlen));
+    rt_free(self, c->jid);
+    c->jid = full;
+    c->phase = PH_ACTIVE;
+    atomic_fetch_add_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);
+    rt_buf_t out = {0};
+    iq_result_start(&out, c, iq);
+    rt_xml_put_start_end(&out);
+    rt_buf_printf(&out, "<bind xmlns='%s'><jid>", RT_XML_NS_BIND);
+    rt_xml_put_text(&out, full->s, rt_jid_len(full));
+    rt_buf_printf(&out, "</jid></bind></iq>");
+    rt__c2s_write_buf(c, &out);
+    rt_log(RT_LOG_INFO, "xmpp.session_started", "peer=%s jid=%s", rt__c2s_peer(self, c), full->s);
+    return 0;
+}
+
+/* ---- Routing ---- */
+
+/* Available sessions of bare with priority >= 0, and the highest priority among them. */
+static size_t available(const rt_jid_t *to, c2s_route_t *r, size_t max, int *top)
+{
+    c2s_route_t all[C2S_ROUTES_MAX];
+    size_t n = rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), NULL, 0, all, C2S_ROUTES_MAX);
+    size_t k = 0;
+    *top = -1;
+    for (size_t i = 0; i < n && k < max; i++) {
+        if (!all[i].available || all[i].priority < 0)
+            continue;
+        r[k++] = all[i];
+        if (all[i].priority > *top)
+            *top = all[i].priority;
+    }
+    return k;
+}
+
+static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                          const rt_buf_t *bytes)
+{
+    const char *type = rt_xml_attr(el, "type");
+    if (!type)
+        type = "normal";
+    if (strcmp(type, "error") == 0 && !to->resource)
+        return;
+    if (to->resource) {
+        c2s_route_t r;
+        if (rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to), to->resource,
+                               &r, 1)) {
+            send_bytes(r.pid, bytes);
+            return;
+        }
+        if (strcmp(type, "chat") != 0 && strcmp(type, "normal") != 0 &&
+            strcmp(type, "groupchat") != 0)
+            return; /* headline, error: silently dropped (RFC 6121 8.5.3.2.1) */
+    }
+    if (strcmp(type, "groupchat") == 0) {
+        rt__c2s_stanza_error(self, c, el, "cancel", "service-unavailable");
+        return;
+    }
+    c2s_route_t r[C2S_ROUTES_MAX];
+    int top;
+    size_t n = available(to, r, C2S_ROUTES_MAX, &top);
+    bool headline = strcmp(type, "headline") == 0;
+    size_t sent = 0;
+    for (size_t i = 0; i < n; i++)
+        if (headline || r[i].priority == top) {
+            send_bytes(r[i].pid, bytes);
+            sent++;
+        }
+    if (sent || headline)
+        return;
+    /* No one to take it now: kept for the user (XEP-0160), or refused when there is no such
+       account or its store is full; the store answers the sender in that case. */
+    rt_buf_t err = {0};
+    rt_xml_put_start(&err, "message");
+    rt_xml_put_attr(&err, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(&err, "type", "error");
+    const char *id = rt_xml_attr(el, "id");
+    if (id)
+        rt_xml_put_attr(&err, "id", id);
+    rt_xml_put_attr_len(&err, "from", to->s, rt_jid_bare_len(to));
+    rt_xml_put_attr(&err, "to", c->jid->s);
+    rt_xml_put_start_end(&err);
+    rt_buf_printf(&err, "<error type='cancel'><service-unavailable xmlns='%s'/></error></message>",
+                  RT_XML_NS_STANZA_ERRORS);
+    /* data: the stanza's length (4 bytes), the stanza, then the error for the sender */
+    rt_buf_t data = {0};
+    uint32_t slen = (uint32_t)bytes->len;
+    rt_buf_add(&data, &slen, sizeof(slen));
+    rt_buf_add(&data, bytes->data, bytes->len);
+    rt_buf_add(&data, err.data, err.len);
+    if (!data.oom && !err.oom &&
+        rt__c2s_store_ask(C2S_OP_OFFLINE_PUSH, 0, rt_jid_domain(to), to->domain,
+                          rt_jid_local(to), to->local, 0, data.data, data.len) == 0) {
+        rt_buf_free(&data);
+        rt_buf_free(&err);
+        return;
+    }
+    rt_buf_free(&data);
+    rt_buf_free(&err);
+    rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
+}
+
+static void route_presence(const rt_jid_t *to, const rt_buf_t *bytes)
+{
+    c2s_route_t r[C2S_ROUTES_MAX];
+    size_t n = rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), to->resource ? rt_jid_resource(to) : NULL,
+                                  to->resource, r, C2S_ROUTES_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (r[i].available)
+            send_bytes(r[i].pid, bytes);
+}
+
+static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                     const rt_buf_t *bytes)
+{
+    c2s_route_t r;
+    if (to->resource && rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to),
+                                           to->resource, &r, 1)) {
+        send_bytes(r.pid, bytes);
+        return;
+    }
+    const char *type = rt_xml_attr(el, "type");
+    if (type && (strcmp(type, "get") == 0 || strcmp(type, "set") == 0))
+        rt__c2s_stanza_error(self, c, el, "cancel", "service-unavailable");
+}
+
+/* ---- Presence of the session's own ---- */
+
+/* The broadcast of an available or unavailable presence to the user's other resources. */
+static void broadcast_own(rt_actor_t *self, c2s_t *c, const rt_buf_t *bytes)
+{
+    c2s_route_t r[C2S_ROUTES_MAX];
+    size_t blen;
+    const char *bare = bare_text(c, &blen);
+    size_t n = rt__c2s_reg_lookup(bare, blen, NULL, 0, r, C2S_ROUTES_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (r[i].pid != rt_self(self) && r[i].available)
+            send_bytes(r[i].pid, bytes);
+}
+
+static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+{
+    const char *type = rt_xml_attr(el, "type");
+    bool unavailable = type && strcmp(type, "unavailable") == 0;
+    if (type && !unavailable) {
+        rt__c2s_stanza_error(self, c, el, "modify", "bad-request");
+        return;
+    }
+    int prio = 0;
+    const rt_xml_el_t *p = rt_xml_child(el, "priority", RT_XML_NS_CLIENT);
+    if (p) {
+        const char *t = rt_xml_text(p, NULL);
+        char *end;
+        long v = t ? strtol(t, &end, 10) : 0;
+        if (!t || *end || v < -128 || v > 127) {
+            rt__c2s_stanza_error(self, c, el, "modify", "bad-request");
+            return;
+        }
+        prio = (int)v;
+    }
+    rt_buf_t b = {0};
+    put_stanza(&b, el, c->jid->s, NULL);
+    c->available = !unavailable;
+    c->priority = (int8_t)prio;
+    size_t blen;
+    const char *bare = bare_text(c, &blen);
+    rt__c2s_reg_presence(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self),
+                         c->available, c->priority);
+    broadcast_own(self, c, &b);
+    rt_buf_free(&b);
+}
+
+/* ---- A stanza from the client ---- */
+
+/* RFC 6120 8.1.2.1: a from the client gives must be its full or bare JID. */
+static bool from_ok(const c2s_t *c, const char *from)
+{
+    if (!from)
+        return true;
+    rt_jid_buf_t jb;
+    if (rt_jid_prep(from, strlen(from), &jb, NULL) != 0)
+        return false;
+    return rt_jid_eq(&jb.jid, c->jid) || (!jb.jid.resource && rt_jid_bare_eq(&jb.jid, c->jid));
+}
+
+int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
+{
+    bool iq = strcmp(el->name, "iq") == 0, message = strcmp(el->name, "message") == 0,
+         presence = strcmp(el->name, "presence") == 0;
+    if (!iq && !message && !presence) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);
+        return RT_XML_STOP;
+    }
+    if (c->phase == PH_BIND) {
+        if (!iq)
+            return 0; /* RFC 6120 7.1: not routed before a resource is bound */
+        return bind(self, c, el);
+    }
+    atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_in, 1, memory_order_relaxed);
+    if (!from_ok(c, rt_xml_attr(el, "from"))) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_INVALID_FROM, NULL);
+        return RT_XML_STOP;
+    }
+    const char *to_text = rt_xml_attr(el, "to");
+    rt_jid_buf_t tb;
+    if (to_text && rt_jid_prep(to_text, strlen(to_text), &tb, NULL) != 0) {
+        rt__c2s_stanza_error(self, c, el, "modify", "jid-malformed");
+        return 0;
+    }
+    const rt_jid_t *to = to_text ? &tb.jid : NULL;
+    const char *type = rt_xml_attr(el, "type");
+    if (iq && (!rt_xml_attr(el, "id") || !type)) {
+        rt__c2s_stanza_error(self, c, el, "modify", "bad-request");
+        return 0;
+    }
+    /* For the server itself: no to, the served domain, or (iq) the user's own bare JID. */
+    bool to_server = !to || (!to->local && !to->resource &&
+                             rt__c2s_host_index(rt_jid_domain(to), to->domain) == (int)c->host);
+    bool to_own_bare = to && !to->resource && rt_jid_bare_eq(to, c->jid);
+    if (iq && (to_server || to_own_bare)) {
+        iq_server(self, c, el, type);
+        return 0;
+    }
+    if (presence && !to) {
+        presence_broadcast(self, c, el);
+        return 0;
+    }
+    if (to_server)
+        return 0; /* a message or directed presence to the server: nothing takes it */
+    if (rt__c2s_host_index(rt_jid_domain(to), to->domain) < 0) {
+        rt__c2s_stanza_error(self, c, el, "cancel", "remote-server-not-found");
+        return 0;
+    }
+    rt_buf_t b = {0};
+    put_stanza(&b, el, c->jid->s, tb.jid.s);
+    if (message)
+        route_message(self, c, el, to, &b);
+    else if (presence)
+        route_presence(to, &b);
+    else
+        route_iq(self, c, el, to, &b);
+    rt_buf_free(&b);
+    return 0;
+}
+
+/* ---- Messages from other sessions ---- */
+
+void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
+{
+    (void)self;
+    if (c->phase == PH_ACTIVE)
+        rt__c2s_write(c, m->data, m->len);
+}
+
+void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
+{
+    if (c->phase != PH_ACTIVE || !c->jid)
+        return;
+    size_t blen;
+    const char *bare = bare_text(c, &blen);
+    if (c->available) {
+        rt_buf_t b = {0};
+        rt_xml_put_start(&b, "presence");
+        rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
+        rt_xml_put_attr(&b, "from", c->jid->s);
+        rt_xml_put_attr(&b, "type", "unavailable");
+        rt_xml_put_empty_end(&b);
+        c->available = false;
+        rt__c2s_reg_presence(bare, blen, rt_jid_resource(c->jid), c->jid->resource,
+                             rt_self(self), false, 0);
+        broadcast_own(self, c, &b);
+        rt_buf_free(&b);
+    }
+    rt__c2s_reg_unbind(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self));
+    rt_charge(self, -(ptrdiff_t)rt__c2s_reg_entry_bytes(blen, c->jid->resource));
+    atomic_fetch_sub_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);
+    c->phase = PH_BIND;
+}

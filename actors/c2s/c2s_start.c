@@ -1,0 +1,62 @@
+/*
+** The c2s layer's start: its settings made ready once, before the first session, and read by
+** every session without a lock after (they change only with a restart).
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include "c2s_impl.h"
+
+c2s_global_t rt__c2s;
+
+int rt__c2s_host_index(const char *domain, size_t len)
+{
+    const rt_conf_xmpp_t *x = rt__c2s.conf;
+    for (unsigned i = 0; x && i < x->nhosts; i++)
+        if (strlen(x->hosts[i]) == len && memcmp(x->hosts[i], domain, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+bool rt__c2s_host_anonymous(unsigned host)
+{
+    const rt_conf_xmpp_t *x = rt__c2s.conf;
+    for (unsigned i = 0; i < x->nanonymous; i++)
+        if (strcmp(x->anonymous[i], x->hosts[host]) == 0)
+            return true;
+    return false;
+}
+
+int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
+                 bool (*admit_peer)(int fd, const rt_auth_addr_t *addr), char *err,
+                 size_t errlen)
+{
+    const rt_conf_xmpp_t *x = &conf->xmpp;
+    if (!x->on)
+        return 0;
+    /* A host must be a domainpart as JIDs prepare it, or no JID could ever name it. */
+    for (unsigned i = 0; i < x->nhosts; i++) {
+        char prepared[RT_JID_PART_MAX + 1];
+        size_t plen = 0;
+        const char *why = "";
+        size_t len = strlen(x->hosts[i]);
+        if (rt_jid_prep_part(RT_JID_DOMAIN, x->hosts[i], len, prepared, &plen, &why) != 0 ||
+            plen != len || memcmp(prepared, x->hosts[i], len) != 0) {
+            snprintf(err, errlen, "xmpp.hosts: \"%s\" is not a domain as JIDs have it%s%s",
+                     x->hosts[i], why && *why ? ": " : "", why ? why : "");
+            return RT_EINVAL;
+        }
+    }
+    if (!rt__c2s.limiter) {
+        int rc = rt_auth_limiter_new((uint32_t)conf->auth_max_delay_ms, &rt__c2s.limiter);
+        if (rc) {
+            snprintf(err, errlen, "cannot make the XMPP login limiter: %s", rt_strerror(rc));
+            return rc;
+        }
+    }
+    rt__c2s.conf = x;
+    rt__c2s.replace = strcmp(x->resource_conflict, "refuse") != 0;
+    rt__c2s.admit_peer = admit_peer;
+    rt__c2s_stream_configs(x);
+    return rt__c2s_store_start(sup, conf->data_dir, err, errlen);
+}

@@ -1,0 +1,211 @@
+/*
+** xmpp_store: the one actor that opens xmpp.db for the sessions. It runs on the blocking pool
+** (RT_TYPE_BLOCKING): reading credentials is file I/O and checking a PLAIN password is PBKDF2,
+** neither of which may run on a scheduler. One actor, not a pool: a login storm then takes one
+** core of the blocking pool, queued in its mailbox in arrival order, bounded by the sessions
+** waiting (each waits for one answer at most); SCRAM's own work stays in the sessions.
+**
+** Offline messages: the sender's session asks the store to keep a message it could deliver to
+** no one, with the error the sender gets when it cannot be kept (no such account, or the
+** user's bound reached), so the sender never waits for the answer. At a user's first
+** available presence the store sends the kept messages to that session, oldest first, each
+** deleted once it is in the session's mailbox (rt_offline_take), with a XEP-0203 delay.
+*/
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "accounts.h"
+#include "broker.h"
+#include "c2s_impl.h"
+#include "group.h"
+#include "log.h"
+#include "roster.h"
+
+#define NS_DELAY "urn:xmpp:delay"
+
+typedef struct store_s {
+    rt_accounts_t *accounts;
+} store_t;
+
+static char store_dir[sizeof(((rt_conf_t *)0)->data_dir)];
+
+int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_len,
+                      const char *user, size_t user_len, uint32_t hash, const void *data,
+                      size_t data_len)
+{
+    if (host_len > UINT16_MAX || user_len > UINT16_MAX || data_len > UINT32_MAX / 2)
+        return RT_EINVAL;
+    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
+    if (!store)
+        return RT_ENOPROC;
+    size_t len = sizeof(c2s_req_t) + host_len + user_len + data_len;
+    rt_msg_t *m = rt_msg_new(C2S_MSG_STORE_REQ, len);
+    if (!m)
+        return RT_ENOMEM;
+    c2s_req_t *r = (c2s_req_t *)(void *)m->data;
+    *r = (c2s_req_t){.op = op,
+                     .seq = seq,
+                     .host_len = (uint16_t)host_len,
+                     .user_len = (uint16_t)user_len,
+                     .data_len = (uint32_t)data_len,
+                     .hash = hash};
+    memcpy(r->bytes, host, host_len);
+    memcpy(r->bytes + host_len, user, user_len);
+    if (data_len)
+        memcpy(r->bytes + host_len + user_len, data, data_len);
+    return rt_send_msg(store, m);
+}
+
+static int store_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)self;
+    (void)arg;
+    store_t *s = state;
+    char err[RT_ACCOUNTS_ERR_LEN];
+    int rc = rt_accounts_open(store_dir, &s->accounts, err, sizeof(err));
+    if (rc)
+        rt_log(RT_LOG_ERROR, "xmpp.store_failed", "error=%s", err);
+    return rc;
+}
+
+static void reply(rt_pid_t to, const c2s_reply_t *r)
+{
+    rt_send(to, C2S_MSG_STORE_REPLY, r, sizeof(*r));
+}
+
+/* The stanza with a XEP-0203 delay before its end tag, sent to the session. */
+typedef struct take_s {
+    rt_pid_t to;
+    const char *host;
+} take_t;
+
+static int send_kept(const void *stanza, size_t len, int64_t stamp_ms, void *arg)
+{
+    const take_t *t = arg;
+    const char *s = stanza;
+    static const char end[] = "</message>";
+    size_t end_len = sizeof(end) - 1;
+    if (len < end_len || memcmp(s + len - end_len, end, end_len) != 0)
+        return rt_send(t->to, C2S_MSG_STANZA, stanza, len) == 0 ? 0 : 1;
+    time_t secs = (time_t)(stamp_ms / 1000);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    rt_buf_t b = {0};
+    rt_buf_add(&b, s, len - end_len);
+    rt_buf_printf(&b, "<delay xmlns='%s' from='%s' stamp='%s'/>%s", NS_DELAY, t->host, stamp,
+                  end);
+    int rc = b.oom ? 1 : rt_send(t->to, C2S_MSG_STANZA, b.data, b.len) == 0 ? 0 : 1;
+    rt_buf_free(&b);
+    return rc;
+}
+
+static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *user,
+                         const uint8_t *data, size_t len)
+{
+    uint32_t slen;
+    if (len < sizeof(slen))
+        return;
+    memcpy(&slen, data, sizeof(slen));
+    if (slen > len - sizeof(slen))
+        return;
+    const uint8_t *stanza = data + sizeof(slen), *error = stanza + slen;
+    size_t error_len = len - sizeof(slen) - slen;
+    const rt_conf_xmpp_t *x = rt__c2s.conf;
+    int rc = rt_offline_push(s->accounts, host, user, stanza, slen, (int64_t)rt_wall_ms(),
+                             (uint32_t)x->max_offline_messages, (uint64_t)x->max_offline_bytes);
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.offline_stored, 1, memory_order_relaxed);
+        return;
+    }
+    if (rc != RT_ENOTFOUND) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.offline_refused, 1, memory_order_relaxed);
+        rt_log(RT_LOG_INFO, "xmpp.offline_refused", "user=%s@%s reason=%s", user, host,
+               rc == RT_ELIMIT ? "full" : rt_strerror(rc));
+    }
+    rt_send(m->from, C2S_MSG_STANZA, error, error_len);
+}
+
+static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self;
+    store_t *s = state;
+    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+        return;
+    const c2s_req_t *r = (const void *)m->data;
+    if (sizeof(c2s_req_t) + (size_t)r->host_len + r->user_len + r->data_len > m->len ||
+        r->host_len > RT_JID_PART_MAX || r->user_len > RT_JID_PART_MAX)
+        return;
+    char host[RT_JID_PART_MAX + 1], user[RT_JID_PART_MAX + 1];
+    memcpy(host, r->bytes, r->host_len);
+    host[r->host_len] = 0;
+    memcpy(user, r->bytes + r->host_len, r->user_len);
+    user[r->user_len] = 0;
+    const uint8_t *data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
+    c2s_reply_t out = {.op = r->op, .seq = r->seq};
+    switch (r->op) {
+    case C2S_OP_CRED:
+        out.rc = rt_accounts_get(s->accounts, host, user, (rt_scram_hash_t)r->hash, &out.u.cred);
+        reply(m->from, &out);
+        break;
+    case C2S_OP_PLAIN:
+        out.rc = rt_accounts_check_password(s->accounts, host, user, (const char *)data,
+                                            r->data_len);
+        reply(m->from, &out);
+        break;
+    case C2S_OP_OFFLINE_PUSH:
+        offline_push(s, m, host, user, data, r->data_len);
+        break;
+    case C2S_OP_OFFLINE_TAKE: {
+        take_t t = {.to = m->from, .host = host};
+        rt_offline_take(s->accounts, host, user, UINT32_MAX, send_kept, &t);
+        break;
+    }
+    }
+}
+
+static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)self;
+    (void)reason;
+    store_t *s = state;
+    rt_accounts_close(s->accounts);
+    s->accounts = NULL;
+}
+
+/* A request the store never took: a session waiting for it is told (and fails its login). */
+static void store_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+        return;
+    const c2s_req_t *r = (const void *)m->data;
+    if (r->op == C2S_OP_CRED || r->op == C2S_OP_PLAIN)
+        reply(m->from, &(c2s_reply_t){.op = r->op, .seq = r->seq, .rc = RT_EAGAIN});
+}
+
+static const rt_actor_type_t store_type = {
+    .name = "xmpp_store",
+    .state_size = sizeof(store_t),
+    .init = store_init,
+    .handle = store_handle,
+    .terminate = store_terminate,
+    .dead_letter = store_dead_letter,
+    .flags = RT_TYPE_BLOCKING,
+};
+
+int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t errlen)
+{
+    snprintf(store_dir, sizeof(store_dir), "%s", data_dir);
+    rt_pid_t group;
+    rt_child_spec_t c = {.name = RT_C2S_STORE_NAME, .type = &store_type, .restart = RT_PERMANENT};
+    int rc = rt_group_start(sup, RT_C2S_GROUP, RT_PERMANENT, &group);
+    if (!rc)
+        rc = rt_supervisor_start_child(group, &c, NULL);
+    if (rc)
+        snprintf(err, errlen, "cannot start the XMPP account store (%s/%s): %s", data_dir,
+                 RT_ACCOUNTS_FILE, rt_strerror(rc));
+    return rc;
+}
