@@ -12,31 +12,71 @@
 
 #include <openssl/crypto.h>
 
-#include "accounts.h"
+#include "accounts_impl.h"
 #include "jid.h"
 #include "sqlite_mem.h"
 #include "store.h"
 
 #define ACCOUNTS_APP_ID 0x7274584D /* "rtXM": PRAGMA application_id of xmpp.db */
 
-static const char schema[] = "CREATE TABLE accounts(host TEXT NOT NULL, username TEXT NOT NULL, "
-                             "  created INTEGER NOT NULL, "
-                             "  sha1_salt BLOB NOT NULL, sha1_iterations INTEGER NOT NULL, "
-                             "  sha1_stored_key BLOB NOT NULL, sha1_server_key BLOB NOT NULL, "
-                             "  sha256_salt BLOB NOT NULL, sha256_iterations INTEGER NOT NULL, "
-                             "  sha256_stored_key BLOB NOT NULL, sha256_server_key BLOB NOT NULL, "
-                             "  PRIMARY KEY(host, username)) WITHOUT ROWID;";
+/* Version 1: the accounts. Never edited: files out there were made by it. */
+#define SCHEMA_V1                                                                                  \
+    "CREATE TABLE accounts(host TEXT NOT NULL, username TEXT NOT NULL, "                           \
+    "  created INTEGER NOT NULL, "                                                                 \
+    "  sha1_salt BLOB NOT NULL, sha1_iterations INTEGER NOT NULL, "                                \
+    "  sha1_stored_key BLOB NOT NULL, sha1_server_key BLOB NOT NULL, "                             \
+    "  sha256_salt BLOB NOT NULL, sha256_iterations INTEGER NOT NULL, "                            \
+    "  sha256_stored_key BLOB NOT NULL, sha256_server_key BLOB NOT NULL, "                         \
+    "  PRIMARY KEY(host, username)) WITHOUT ROWID;"
+
+/*
+** Version 2: rosters and offline messages (roster.c). A roster item's groups are one blob,
+** each name followed by a NUL: an item is one row, and a login reads its roster in one
+** range of one table. account_counts holds, per account that has had either, the roster's
+** version and size and the offline messages' count and bytes, so the bounds are checked
+** without counting rows. Offline messages are in order of arrival by seq (a rowid: a new
+** one is above every one kept), found by user through offline_by_user.
+*/
+#define SCHEMA_V2                                                                                  \
+    "CREATE TABLE roster(host TEXT NOT NULL, username TEXT NOT NULL, jid TEXT NOT NULL, "          \
+    "  name TEXT NOT NULL, groups BLOB NOT NULL, state INTEGER NOT NULL, "                         \
+    "  PRIMARY KEY(host, username, jid)) WITHOUT ROWID;"                                           \
+    "CREATE TABLE account_counts(host TEXT NOT NULL, username TEXT NOT NULL, "                     \
+    "  roster_version INTEGER NOT NULL, roster_items INTEGER NOT NULL, "                           \
+    "  offline_count INTEGER NOT NULL, offline_bytes INTEGER NOT NULL, "                           \
+    "  PRIMARY KEY(host, username)) WITHOUT ROWID;"                                                \
+    "CREATE TABLE offline(seq INTEGER PRIMARY KEY, host TEXT NOT NULL, "                           \
+    "  username TEXT NOT NULL, stamp INTEGER NOT NULL, stanza BLOB NOT NULL);"                     \
+    "CREATE INDEX offline_by_user ON offline(host, username);"
+
+/* A new file's tables: every version's, as a file migrated from version 1 has them. */
+static const char schema[] = SCHEMA_V1 SCHEMA_V2;
 
 /*
 ** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
-** for state.db: none yet, version 1 is the first. Added when the schema changes, never
-** edited after a release.
+** for state.db. Added when the schema changes, never edited after a release.
 */
 static const rt_store_step_t steps[] = {
+    {2, SCHEMA_V2},
     {0, NULL},
 };
 
-enum { ST_ADD, ST_PASSWD, ST_DEL, ST_LIST, ST_LIST_HOST, ST_GET1, ST_GET256, ST_COUNT_ROWS, ST_N };
+enum {
+    ST_ADD,
+    ST_PASSWD,
+    ST_DEL,
+    ST_LIST,
+    ST_LIST_HOST,
+    ST_GET1,
+    ST_GET256,
+    ST_COUNT_ROWS,
+    ST_BEGIN_WRITE,
+    ST_BEGIN_READ,
+    ST_COMMIT,
+    ST_ROLLBACK,
+    ST_N
+};
+_Static_assert(ST_N <= RT__ACCOUNTS_STMTS, "accounts_impl.h: room for accounts.c's statements");
 
 static const char *const sql[ST_N] = {
     [ST_ADD] = "INSERT INTO accounts VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -53,20 +93,12 @@ static const char *const sql[ST_N] = {
     [ST_GET256] = "SELECT sha256_salt, sha256_iterations, sha256_stored_key, sha256_server_key "
                   "FROM accounts WHERE host = ?1 AND username = ?2",
     [ST_COUNT_ROWS] = "SELECT count(*) FROM accounts",
+    [ST_BEGIN_WRITE] = "BEGIN IMMEDIATE",
+    [ST_BEGIN_READ] = "BEGIN",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
 };
 
-struct rt_accounts_s {
-    sqlite3 *db;
-    sqlite3_stmt *st[ST_N];
-    char path[512];
-};
-
-/* A prepared host and user name. */
-typedef struct {
-    char host[RT_JID_PART_MAX + 1];
-    char user[RT_JID_PART_MAX + 1];
-    size_t host_len, user_len;
-} names_t;
 
 static int db_error(rt_accounts_t *a, char *err, size_t errlen)
 {
@@ -80,6 +112,8 @@ void rt_accounts_close(rt_accounts_t *a)
         return;
     for (int i = 0; i < ST_N; i++)
         sqlite3_finalize(a->st[i]);
+    for (int i = 0; i < RT__ROSTER_STMTS; i++)
+        sqlite3_finalize(a->rst[i]);
     sqlite3_close(a->db);
     free(a);
 }
@@ -150,6 +184,10 @@ int rt_accounts_open(const char *dir, rt_accounts_t **out, char *err, size_t err
             db_error(a, err, errlen);
             goto fail;
         }
+    if (rt__roster_prepare(a) != 0) {
+        db_error(a, err, errlen);
+        goto fail;
+    }
     *out = a;
     return 0;
 fail:
@@ -157,7 +195,8 @@ fail:
     return rc;
 }
 
-static int prep_names(const char *host, const char *user, names_t *n, char *err, size_t errlen)
+int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err,
+                       size_t errlen)
 {
     const char *why;
     if (rt_jid_prep_part(RT_JID_DOMAIN, host, strlen(host), n->host, &n->host_len, &why) ||
@@ -168,10 +207,8 @@ static int prep_names(const char *host, const char *user, names_t *n, char *err,
     return 0;
 }
 
-/* A statement with the host and user bound as ?1 and ?2, reset for its next use. */
-static sqlite3_stmt *keyed(rt_accounts_t *a, int which, const names_t *n)
+sqlite3_stmt *rt__accounts_keyed(sqlite3_stmt *st, const rt__names_t *n)
 {
-    sqlite3_stmt *st = a->st[which];
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     sqlite3_bind_text(st, 1, n->host, (int)n->host_len, SQLITE_STATIC);
@@ -196,8 +233,8 @@ static int write_creds(rt_accounts_t *a, int which, const char *host, const char
                        const char *pw, size_t pwlen, uint32_t iterations, bool *changed, char *err,
                        size_t errlen)
 {
-    names_t n;
-    int rc = prep_names(host, user, &n, err, errlen);
+    rt__names_t n;
+    int rc = rt__accounts_names(host, user, &n, err, errlen);
     if (rc)
         return rc;
     if (pwlen > RT_ACCOUNTS_PASSWORD_MAX) {
@@ -214,7 +251,7 @@ static int write_creds(rt_accounts_t *a, int which, const char *host, const char
         snprintf(err, errlen, "%s", rc == RT_ENOMEM ? "out of memory" : why);
         return rc;
     }
-    sqlite3_stmt *st = keyed(a, which, &n);
+    sqlite3_stmt *st = rt__accounts_keyed(a->st[which], &n);
     if (which == ST_ADD)
         sqlite3_bind_int64(st, 3, (sqlite3_int64)rt_wall_ms());
     bind_cred(st, 4, &c1);
@@ -253,21 +290,53 @@ int rt_accounts_passwd(rt_accounts_t *a, const char *host, const char *user, con
 
 int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *err, size_t errlen)
 {
-    names_t n;
-    int rc = prep_names(host, user, &n, err, errlen);
+    rt__names_t n;
+    int rc = rt__accounts_names(host, user, &n, err, errlen);
     if (rc)
         return rc;
-    sqlite3_stmt *st = keyed(a, ST_DEL, &n);
+    /* The account and what roster.c keeps for it go together or not at all. */
+    if (rt__accounts_begin(a, true) != 0)
+        return db_error(a, err, errlen);
+    sqlite3_stmt *st = rt__accounts_keyed(a->st[ST_DEL], &n);
     int s = sqlite3_step(st);
     bool changed = sqlite3_changes(a->db) > 0;
     sqlite3_reset(st);
     if (s != SQLITE_DONE)
-        return db_error(a, err, errlen);
-    if (!changed) {
+        rc = RT_EAGAIN;
+    else if (!changed) {
         snprintf(err, errlen, "no account %s@%s", n.user, n.host);
-        return RT_ENOTFOUND;
-    }
-    return 0;
+        rc = RT_ENOTFOUND;
+    } else
+        rc = rt__roster_drop(a, &n);
+    if (rc == RT_EAGAIN)
+        db_error(a, err, errlen); /* SQLite's message, before the rollback replaces it */
+    int end = rt__accounts_end(a, rc);
+    if (end == RT_EAGAIN && rc != RT_EAGAIN)
+        db_error(a, err, errlen);
+    return end;
+}
+
+/* One of the transaction statements, run to its end and reset. */
+static int run(rt_accounts_t *a, int which)
+{
+    int s = sqlite3_step(a->st[which]);
+    sqlite3_reset(a->st[which]);
+    return s == SQLITE_DONE ? 0 : RT_EAGAIN;
+}
+
+int rt__accounts_begin(rt_accounts_t *a, bool write)
+{
+    return run(a, write ? ST_BEGIN_WRITE : ST_BEGIN_READ);
+}
+
+int rt__accounts_end(rt_accounts_t *a, int rc)
+{
+    if (rc >= 0 && run(a, ST_COMMIT) == 0)
+        return rc;
+    /* A failed statement may have rolled back already (SQLITE_FULL, SQLITE_IOERR...). */
+    if (!sqlite3_get_autocommit(a->db))
+        run(a, ST_ROLLBACK);
+    return rc >= 0 ? RT_EAGAIN : rc;
 }
 
 int rt_accounts_list(rt_accounts_t *a, const char *host,
@@ -319,11 +388,11 @@ static bool read_cred(sqlite3_stmt *st, rt_scram_hash_t hash, rt_scram_cred_t *o
 int rt_accounts_get(rt_accounts_t *a, const char *host, const char *user, rt_scram_hash_t hash,
                     rt_scram_cred_t *out)
 {
-    names_t n;
+    rt__names_t n;
     char err[RT_ACCOUNTS_ERR_LEN];
-    if (prep_names(host, user, &n, err, sizeof(err)))
+    if (rt__accounts_names(host, user, &n, err, sizeof(err)))
         return RT_ENOTFOUND;
-    sqlite3_stmt *st = keyed(a, hash == RT_SCRAM_SHA1 ? ST_GET1 : ST_GET256, &n);
+    sqlite3_stmt *st = rt__accounts_keyed(a->st[hash == RT_SCRAM_SHA1 ? ST_GET1 : ST_GET256], &n);
     int s = sqlite3_step(st);
     int rc = s == SQLITE_ROW    ? (read_cred(st, hash, out) ? 0 : RT_EINVAL)
              : s == SQLITE_DONE ? RT_ENOTFOUND

@@ -3,9 +3,10 @@
 ** broker's state.db so that a busy store and a login never wait on each other. One row per
 ** account: host (a prepared domainpart), username (a prepared localpart), the
 ** SCRAM-SHA-1 and SCRAM-SHA-256 credentials (scram.h: salt, count, StoredKey, ServerKey;
-** never a password) and when it was created. The file carries an application id and a
-** schema version; an older one is migrated at open after a copy is taken, a newer or
-** foreign one refused untouched (rt__sqlite_check_file, as state.db).
+** never a password) and when it was created; the accounts' rosters and offline messages
+** too (roster.h, schema version 2). The file carries an application id and a schema
+** version; an older one is migrated at open after a copy is taken, a newer or foreign one
+** refused untouched (rt__sqlite_check_file, as state.db).
 **
 ** BLOCKING: every call here does file I/O, and add and passwd also run PBKDF2 twice
 ** (milliseconds). Call them from an RT_TYPE_BLOCKING actor, a worker thread or outside the
@@ -25,7 +26,7 @@
 #include "scram.h"
 
 #define RT_ACCOUNTS_FILE "xmpp.db"
-#define RT_ACCOUNTS_SCHEMA 1          /* the PRAGMA user_version this rtd reads and writes */
+#define RT_ACCOUNTS_SCHEMA 2          /* the PRAGMA user_version this rtd reads and writes */
 #define RT_ACCOUNTS_BUSY_MS 5000      /* how long a write waits for another writer */
 #define RT_ACCOUNTS_PASSWORD_MAX 1023 /* bytes of a password */
 #define RT_ACCOUNTS_ERR_LEN 512       /* bytes for an error message */

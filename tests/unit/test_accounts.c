@@ -203,12 +203,17 @@ static void test_foreign_and_newer_files(void)
     sqlite3_close(db);
     /* Ours, written by a newer rtd. */
     db = open_db(file);
-    CHECK_EQ(sqlite3_exec(db, "PRAGMA user_version = 2", NULL, NULL, NULL), SQLITE_OK);
+    char pragma[64], says[64];
+    snprintf(pragma, sizeof(pragma), "PRAGMA user_version = %d", RT_ACCOUNTS_SCHEMA + 1);
+    CHECK_EQ(sqlite3_exec(db, pragma, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
     CHECK_EQ(rt_accounts_open(dir, &a, err, sizeof(err)), RT_EINVAL);
-    CHECK(strstr(err, "schema version 2, this rtd reads 1"));
+    snprintf(says, sizeof(says), "schema version %d, this rtd reads %d", RT_ACCOUNTS_SCHEMA + 1,
+             RT_ACCOUNTS_SCHEMA);
+    CHECK(strstr(err, says));
     db = open_db(file);
-    CHECK_EQ(sqlite3_exec(db, "PRAGMA user_version = 1", NULL, NULL, NULL), SQLITE_OK);
+    snprintf(pragma, sizeof(pragma), "PRAGMA user_version = %d", RT_ACCOUNTS_SCHEMA);
+    CHECK_EQ(sqlite3_exec(db, pragma, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
     /* Not a database at all. */
     snprintf(other, sizeof(other), "%s/text", tmpdir_path);

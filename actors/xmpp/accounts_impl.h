@@ -1,0 +1,54 @@
+/*
+** What accounts.c shares with roster.c (internal to actors/xmpp): the handle over xmpp.db,
+** names prepared as keys, transactions, and the roster's part in opening the file and
+** deleting an account.
+*/
+#ifndef RT_XMPP_ACCOUNTS_IMPL_H
+#define RT_XMPP_ACCOUNTS_IMPL_H
+
+#include <sqlite3.h>
+
+#include "accounts.h"
+#include "jid.h"
+
+#define RT__ACCOUNTS_STMTS 16 /* room for accounts.c's statements (it checks its count fits) */
+#define RT__ROSTER_STMTS 16   /* room for roster.c's */
+
+/* Owned by accounts.c (open, close); roster.c prepares and uses rst[]. */
+struct rt_accounts_s {
+    sqlite3 *db;
+    sqlite3_stmt *st[RT__ACCOUNTS_STMTS]; /* accounts.c's, prepared once (persistent) */
+    sqlite3_stmt *rst[RT__ROSTER_STMTS];  /* roster.c's, the same; finalized at close */
+    char path[512];
+};
+
+/* A prepared host and user name: the key of an account's rows in every table. */
+typedef struct rt__names_s {
+    char host[RT_JID_PART_MAX + 1];
+    char user[RT_JID_PART_MAX + 1];
+    size_t host_len, user_len;
+} rt__names_t;
+
+/* Prepares host and user into n: 0, or RT_EINVAL with err (the part that does not prepare). */
+int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err,
+                       size_t errlen);
+
+/* A cached statement, reset, with the host and user bound as ?1 and ?2. */
+sqlite3_stmt *rt__accounts_keyed(sqlite3_stmt *st, const rt__names_t *n);
+
+/*
+** Opens a transaction: write (BEGIN IMMEDIATE: waits up to RT_ACCOUNTS_BUSY_MS for another
+** writer) or read (one snapshot for several statements). 0 or RT_EAGAIN.
+*/
+int rt__accounts_begin(rt_accounts_t *a, bool write);
+/* Ends it: commits when rc >= 0 (then returns rc, or RT_EAGAIN if the commit failed), else
+   rolls back and returns rc. */
+int rt__accounts_end(rt_accounts_t *a, int rc);
+
+/* roster.c: prepares rst[] at open (0 or RT_EAGAIN). */
+int rt__roster_prepare(rt_accounts_t *a);
+/* roster.c: deletes n's roster, version and offline messages, inside the caller's
+   transaction: 0 or RT_EAGAIN. */
+int rt__roster_drop(rt_accounts_t *a, const rt__names_t *n);
+
+#endif
