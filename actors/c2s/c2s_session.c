@@ -22,11 +22,6 @@
 #define NS_DISCO_ITEMS "http://jabber.org/protocol/disco#items"
 #define NS_ROSTER "jabber:iq:roster"
 
-static const char *host_name(const c2s_t *c)
-{
-    return rt__c2s.conf->hosts[c->host];
-}
-
 static const char *bare_text(const c2s_t *c, size_t *len)
 {
     *len = rt_jid_bare_len(c->jid);
