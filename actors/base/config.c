@@ -75,7 +75,8 @@ typedef enum {
     K_SECTIONS,
     K_USER_RATES,
     K_HTTP,
-    K_CLUSTER
+    K_CLUSTER,
+    K_XMPP
 } kind_t;
 
 typedef rt_setting_t setting_t;
@@ -102,6 +103,8 @@ static kind_t kind_of(const setting_t *s)
         return K_HTTP;
     if (strcmp(s->name, "cluster") == 0)
         return K_CLUSTER;
+    if (strcmp(s->name, "xmpp") == 0)
+        return K_XMPP;
     if (strcmp(s->name, "user_rate_limits") == 0)
         return K_USER_RATES;
     if (strcmp(s->name, "sinks") == 0)
@@ -142,6 +145,7 @@ void rt_conf_defaults(rt_conf_t *c)
     c->nanonymous_from = RT_CONF_NLOOPBACK;
     memcpy(c->anonymous_from, rt_conf_loopback, sizeof(rt_conf_loopback));
     c->http.request_timeout = RT_CONF_HTTP_REQUEST_TIMEOUT;
+    rt__conf_xmpp_defaults(&c->xmpp); /* off: no xmpp table */
 }
 
 static rt_conf_t the_defaults; /* config show's default column; made once, never changed */
@@ -227,6 +231,22 @@ bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned cha
     return false;
 }
 
+/* Listeners as "host:port tls websocket /path proxy, ..." from out + used; the new used. */
+static size_t listeners_text(const rt_listen_t *ls, unsigned n, char *out, size_t used, size_t len)
+{
+    for (unsigned l = 0; l < n && used < len; l++) {
+        const rt_listen_t *li = &ls[l];
+        bool v6 = strchr(li->host, ':') != NULL;
+        used += (size_t)snprintf(out + used, len - used, "%s%s%s%s:%d%s%s%s%s", l ? ", " : "",
+                                 v6 ? "[" : "", li->host, v6 ? "]" : "", li->port,
+                                 li->tls_on ? " tls" : "", li->starttls ? " starttls" : "",
+                                 li->websocket[0] ? " websocket " : "", li->websocket);
+        if (li->proxy_protocol && used < len)
+            used += (size_t)snprintf(out + used, len - used, " proxy");
+    }
+    return used;
+}
+
 /* A top-level setting's value in c as text, as config show and rtd --check write it. */
 static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size_t vlen)
 {
@@ -240,15 +260,16 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
         break;
     case K_LISTENERS:
         value[0] = 0;
-        for (unsigned l = 0; l < c->nlisteners && used < vlen; l++) {
-            const rt_listen_t *li = &c->listeners[l];
-            bool v6 = strchr(li->host, ':') != NULL;
-            used += (size_t)snprintf(value + used, vlen - used, "%s%s%s%s:%d%s%s%s", l ? ", " : "",
-                                     v6 ? "[" : "", li->host, v6 ? "]" : "", li->port,
-                                     li->tls_on ? " tls" : "",
-                                     li->websocket[0] ? " websocket " : "", li->websocket);
-            if (li->proxy_protocol && used < vlen)
-                used += (size_t)snprintf(value + used, vlen - used, " proxy");
+        listeners_text(c->listeners, c->nlisteners, value, 0, vlen);
+        break;
+    case K_XMPP:
+        snprintf(value, vlen, "%s", c->xmpp.on ? "" : "-");
+        for (unsigned n = 0; c->xmpp.on && n < c->xmpp.nhosts && used < vlen; n++)
+            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
+                                     c->xmpp.hosts[n]);
+        if (c->xmpp.on && used < vlen) {
+            used += (size_t)snprintf(value + used, vlen - used, " on ");
+            listeners_text(c->xmpp.listeners, c->xmpp.nlisteners, value, used, vlen);
         }
         break;
     case K_HTTP:
@@ -592,6 +613,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return rt__conf_read_http(L, c, why, whylen);
     case K_CLUSTER:
         return rt__conf_read_cluster(L, c, why, whylen);
+    case K_XMPP:
+        return rt__conf_read_xmpp(L, c, why, whylen);
     case K_NETS:
         return rt__conf_parse_nets(L, s->name, c->anonymous_from, &c->nanonymous_from, why, whylen);
     case K_SECTIONS:
@@ -642,6 +665,15 @@ static void on_budget(lua_State *L, lua_Debug *ar)
 {
     (void)ar;
     luaL_error(L, "the config runs for too long");
+}
+
+/* "where:line: why", or "where: why" without a line. */
+static void error_at(char *err, size_t errlen, const char *where, int line, const char *why)
+{
+    if (line > 0)
+        snprintf(err, errlen, "%s:%d: %s", where, line, why);
+    else
+        snprintf(err, errlen, "%s: %s", where, why);
 }
 
 /*
@@ -702,6 +734,9 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, rt_conf_
             next.listeners[l].line = line; /* a port in use names it at start */
         if (ok && with_lines && kind_of(s) == K_HTTP)
             next.http.where.line = line;
+        for (unsigned l = 0; ok && with_lines && kind_of(s) == K_XMPP && l < next.xmpp.nlisteners;
+             l++)
+            next.xmpp.listeners[l].line = line;
         if (ok)
             next.origin[s - settings] =
                 (rt_conf_origin_t){.from = (unsigned char)from, .line = line};
@@ -711,10 +746,14 @@ static int run_and_apply(lua_State *L, rt_conf_t *c, const char *where, rt_conf_
         if (ok || (bad_line >= 0 && bad_line <= line))
             continue;
         bad_line = line;
-        if (with_lines && line > 0)
-            snprintf(err, errlen, "%s:%d: %s", where, line, why);
-        else
-            snprintf(err, errlen, "%s: %s", where, why);
+        error_at(err, errlen, where, with_lines ? line : 0, why);
+    }
+    /* Across tables, once all are read: MQTT's, xmpp's and http's listeners. */
+    char why[RT_CONF_ERR_LEN / 2];
+    int line = 0;
+    if (bad_line < 0 && !rt__conf_listeners_apart(&next, why, sizeof(why), &line)) {
+        error_at(err, errlen, where, with_lines ? line : 0, why);
+        bad_line = line;
     }
     if (bad_line >= 0)
         return RT_EINVAL;
@@ -774,7 +813,7 @@ int rt__conf_resolve_field(char *field, size_t size, const char *name, const cha
 /* Settings whose value names files, relative to the config file (or the command line's cwd). */
 static bool names_files(kind_t k)
 {
-    return k == K_PATH || k == K_LISTENERS || k == K_HTTP || k == K_CLUSTER;
+    return k == K_PATH || k == K_LISTENERS || k == K_HTTP || k == K_CLUSTER || k == K_XMPP;
 }
 
 /* Makes the path setting s of c absolute against base (the listeners' TLS files too). */

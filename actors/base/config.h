@@ -86,8 +86,9 @@ typedef struct rt_listen_s {
     int port;
     bool tls_on;
     bool proxy_protocol; /* a PROXY protocol header (v1 or v2) comes first on every connection */
-    bool starttls; /* TLS starts when the client asks (XMPP STARTTLS) instead of at accept */
-    char websocket[128]; /* MQTT over WebSocket on this path; "": plain MQTT */
+    bool starttls; /* TLS starts when the client asks (XMPP STARTTLS, RFC 6120 5) instead of at
+                      accept; xmpp.listeners only, and with a tls table (its certificate) */
+    char websocket[128]; /* WebSocket on this path (MQTT, or XMPP: RFC 7395); "": none */
     unsigned ntrusted;
     rt_conf_net_t trusted_proxies[RT_CONF_MAX_NETS]; /* PROXY headers and X-Forwarded-For from
                                                         these only */
@@ -95,6 +96,46 @@ typedef struct rt_listen_s {
     rt_conf_tls_t tls;
     int line; /* the config file's line that set it; 0: a default, -o or rtctl */
 } rt_listen_t;
+
+/*
+** The XMPP server's settings (the xmpp table; docs/XMPP.md). Its listeners are rt_listen_t as
+** MQTT's are: one with tls and no starttls is direct TLS (XEP-0368), one with websocket is
+** XMPP over WebSocket (RFC 7395). Nothing in it changes while rtd runs.
+*/
+#define RT_CONF_MAX_XMPP_HOSTS 16
+#define RT_CONF_MAX_XMPP_LISTENERS 8
+#define RT_CONF_XMPP_HOST_MAX 256 /* bytes of a host name, NUL included */
+#define RT_CONF_XMPP_PORT 5222    /* the default listener's port (RFC 6120 14.7) */
+/*
+** Every listener has one index among all of them, for the tables kept per listener (TLS
+** contexts, counters): the MQTT listeners' first (conf.listeners[i] is i), the HTTP
+** listener's, then the XMPP listeners'.
+*/
+#define RT_CONF_HTTP_LISTENER RT_CONF_MAX_LISTENERS
+#define RT_CONF_XMPP_LISTENER(i) (RT_CONF_MAX_LISTENERS + 1 + (i))
+#define RT_CONF_ALL_LISTENERS (RT_CONF_MAX_LISTENERS + 1 + RT_CONF_MAX_XMPP_LISTENERS)
+typedef struct rt_conf_xmpp_s {
+    bool on; /* an xmpp table was given: else no XMPP code runs */
+    char hosts[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* domains served, lowercase */
+    unsigned nhosts;                                           /* >= 1 when on */
+    char anonymous[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* hosts allowing SASL
+                                     ANONYMOUS; each must be one of hosts */
+    unsigned nanonymous;
+    rt_listen_t listeners[RT_CONF_MAX_XMPP_LISTENERS];
+    unsigned nlisteners;                            /* default: one, "0.0.0.0:5222" */
+    rt_conf_net_t plaintext_from[RT_CONF_MAX_NETS]; /* who may authenticate without TLS */
+    unsigned nplaintext_from; /* default { "127.0.0.0/8", "::1/128" } like anonymous_from */
+    long max_stanza_size;     /* bytes, default 262144, 1024 .. 67108864 */
+    char resource_conflict[16]; /* "replace" (default: the older session is ended, as
+                                   ejabberd does) or "refuse" */
+    long max_resources;         /* sessions of one account at once, default 16, 1..1000 */
+    long max_roster_items;      /* default 1000, 1..100000 */
+    long max_offline_messages;  /* per account, default 1000, 0..1000000 (0: none kept) */
+    long max_offline_bytes;     /* per account, default 1 MiB, 0..1e9 */
+    long idle_timeout;          /* s without a byte from the client before it is pinged
+                                   (XEP-0199), and as long again before it is dropped;
+                                   default 300, 0 = never; 0..86400 */
+} rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */
 #define RT_CONF_MAX_USER_RATES 64
@@ -257,35 +298,6 @@ typedef struct rt_conf_origin_s {
 
 #define RT_CONF_MAX_SETTINGS 96 /* top-level settings */
 
-#define RT_CONF_MAX_XMPP_HOSTS 16
-#define RT_CONF_MAX_XMPP_LISTENERS 8
-/*
-** Every listener has one index among all of them, for the tables kept per listener (TLS
-** contexts, counters): the MQTT listeners' first (conf.listeners[i] is i), the HTTP
-** listener's, then the XMPP listeners'.
-*/
-#define RT_CONF_HTTP_LISTENER RT_CONF_MAX_LISTENERS
-#define RT_CONF_XMPP_LISTENER(i) (RT_CONF_MAX_LISTENERS + 1 + (i))
-#define RT_CONF_ALL_LISTENERS (RT_CONF_MAX_LISTENERS + 1 + RT_CONF_MAX_XMPP_LISTENERS)
-#define RT_CONF_XMPP_HOST_MAX 256 /* bytes of a host name, NUL included */
-typedef struct rt_conf_xmpp_s {
-    bool on; /* an xmpp table was given: else no XMPP code runs */
-    char hosts[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* domains served, lowercase */
-    unsigned nhosts;
-    char anonymous[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX];
-    unsigned nanonymous;
-    rt_listen_t listeners[RT_CONF_MAX_XMPP_LISTENERS];
-    unsigned nlisteners;
-    rt_conf_net_t plaintext_from[RT_CONF_MAX_NETS];
-    unsigned nplaintext_from;
-    long max_stanza_size;
-    char resource_conflict[16];
-    long max_resources;
-    long max_roster_items;
-    long max_offline_messages;
-    long max_offline_bytes;
-    long idle_timeout;
-} rt_conf_xmpp_t;
 
 typedef struct rt_conf_s {
     /* Listeners: "host:port" strings; "[v6]:port" for IPv6. */
@@ -324,7 +336,7 @@ typedef struct rt_conf_s {
         bool unsigned_control;              /* secret_file = false: they go unsigned */
         bool nats_without_credentials;      /* a NATS server off this host is reached with none */
     } cluster;
-    rt_conf_xmpp_t xmpp;
+    rt_conf_xmpp_t xmpp; /* the XMPP server (actors/xmpp); off unless an xmpp table is given */
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;
     long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,
@@ -418,9 +430,9 @@ int rt_conf_load(rt_conf_t *c, const char *path, char *err, size_t errlen);
 /*
 ** Calls fn for every top-level setting in the schema's order with its current value as
 ** text (listeners joined by ", ", sinks by name), its default and where the value came
-** from as text: "default", "FILE:LINE", "-o" or "config set"; after listeners, http and
-** cluster, each key of their tables (each listener's: "listeners[1].tls.cert"), from where
-** the table came from.
+** from as text: "default", "FILE:LINE", "-o" or "config set"; after listeners, http,
+** cluster and xmpp, each key of their tables (each listener's: "listeners[1].tls.cert",
+** "xmpp.listeners[2].bind"), from where the table came from.
 */
 typedef struct rt_conf_value_s {
     const rt_setting_t *setting;

@@ -59,6 +59,9 @@ const rt_setting_t rt__conf_settings[] = {
     {.name = "cluster",
      .type = RT_SET_TABLE,
      .doc = "join a cluster of rtd nodes over NATS (docs/CLUSTER.md); none by default"},
+    {.name = "xmpp",
+     .type = RT_SET_TABLE,
+     .doc = "the XMPP server: its domains, listeners and limits (docs/XMPP.md); none by default"},
     {.name = "user_rate_limits",
      .type = RT_SET_MAP,
      .doc = "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit, in place of "
@@ -184,14 +187,22 @@ const rt_setting_t rt__conf_settings[] = {
         .name = "listeners[].rate_limit." #f, .type = RT_SET_NUMBER, .unit = u, .min = 0,          \
         .max = 1e15, .doc = h, .offset = R_OFF(f)                                                  \
     }
+#define X_OFF(f) offsetof(rt_conf_xmpp_t, f)
+#define XMPP_INT(f, d, lo, hi, u, h)                                                               \
+    {                                                                                              \
+        .name = "xmpp." #f, .type = RT_SET_INT, .num = d, .unit = u, .min = lo, .max = hi,         \
+        .doc = h, .offset = X_OFF(f)                                                               \
+    }
+static const char *const resource_conflicts[] = {"replace", "refuse", NULL};
 static const char *const tls_verify_modes[] = {"none", "optional", "required", NULL};
 static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
 /*
 ** The keys of the tables: a listener's (its tls and rate_limit tables), http's (its tls is a
-** listener's), a user's rate limit (a listener's rate_limit), the cluster's. Offsets are in
-** the struct the table fills: rt_listen_t, rt_conf_tls_t, rt_conf_sni_t, rt_conf_rate_t, the
-** http struct of rt_conf_t, rt_conf_t for the cluster.
+** listener's), a user's rate limit (a listener's rate_limit), the cluster's, xmpp's (its
+** listeners are listeners[] tables). Offsets are in the struct the table fills: rt_listen_t,
+** rt_conf_tls_t, rt_conf_sni_t, rt_conf_rate_t, the http struct of rt_conf_t, rt_conf_t for
+** the cluster, rt_conf_xmpp_t.
 */
 const rt_setting_t rt__conf_table_settings[] = {
     {.name = "listeners[].bind",
@@ -204,12 +215,18 @@ const rt_setting_t rt__conf_table_settings[] = {
      .doc = "TLS on this listener: the listeners[].tls keys (docs/TRANSPORTS.md)"},
     FIELD(RT_SET_STRING, "listeners[].websocket", L_OFF(websocket),
           sizeof(((rt_listen_t *)0)->websocket), "",
-          "MQTT over WebSocket on this path (it starts with /); \"\": plain MQTT"),
+          "WebSocket on this path (it starts with /): MQTT, or XMPP on xmpp.listeners (RFC "
+          "7395); \"\": none"),
     {.name = "listeners[].proxy_protocol",
      .type = RT_SET_BOOL,
      .offset = L_OFF(proxy_protocol),
      .doc = "a PROXY protocol header (v1 or v2) comes first on every connection (needs "
             "trusted_proxies)"},
+    {.name = "listeners[].starttls",
+     .type = RT_SET_BOOL,
+     .offset = L_OFF(starttls),
+     .doc = "TLS starts when the client asks (XMPP STARTTLS, RFC 6120 5) instead of at accept; "
+            "xmpp.listeners only, needs tls (its certificate)"},
     {.name = "listeners[].trusted_proxies",
      .type = RT_SET_NETS,
      .text = "{}",
@@ -356,6 +373,46 @@ const rt_setting_t rt__conf_table_settings[] = {
     CLUSTER(secret_file, RT_SET_PATH,
             "the nodes' shared secret, signing their control requests and answers; false: "
             "unsigned (docs/CLUSTER.md \"Security\"; required)"),
+    {.name = "xmpp.hosts",
+     .type = RT_SET_LIST,
+     .offset = X_OFF(hosts),
+     .doc = "the domains served: a name or a list of up to 16, ASCII letters, digits, - and . "
+            "(an IDN as its A-label, xn--...; required)"},
+    {.name = "xmpp.anonymous",
+     .type = RT_SET_LIST,
+     .text = "{}",
+     .offset = X_OFF(anonymous),
+     .doc = "the hosts (of hosts) where SASL ANONYMOUS logs in"},
+    {.name = "xmpp.listeners",
+     .type = RT_SET_LIST,
+     .text = "\"0.0.0.0:5222\"",
+     .offset = X_OFF(listeners),
+     .doc = "XMPP listeners, up to 8: \"host:port\" or a table of the listeners[] keys; tls "
+            "without starttls is direct TLS (XEP-0368), websocket is RFC 7395"},
+    {.name = "xmpp.plaintext_from",
+     .type = RT_SET_NETS,
+     .text = "{ \"127.0.0.0/8\", \"::1/128\" }",
+     .offset = X_OFF(plaintext_from),
+     .doc = "addresses that may authenticate without TLS: \"a.b.c.d/n\", \"v6/n\" or a list"},
+    XMPP_INT(max_stanza_size, 256 * KIB, 1024, 64 * MIB, "bytes",
+             "one stanza may have; a bigger one ends the stream"),
+    {.name = "xmpp.resource_conflict",
+     .type = RT_SET_STRING,
+     .text = "replace",
+     .choices = resource_conflicts,
+     .offset = X_OFF(resource_conflict),
+     .size = sizeof(((rt_conf_xmpp_t *)0)->resource_conflict),
+     .doc = "a bind to a resource in use: replace (the older session is ended, as ejabberd does) "
+            "or refuse (conflict)"},
+    XMPP_INT(max_resources, 16, 1, 1000, "sessions", "of one account at once"),
+    XMPP_INT(max_roster_items, 1000, 1, 100000, "items", "in one account's roster"),
+    XMPP_INT(max_offline_messages, 1000, 0, 1000000, "messages",
+             "kept for an account while it is offline; 0 = none"),
+    XMPP_INT(max_offline_bytes, 1 * MIB, 0, 1e9, "bytes",
+             "of the messages kept for an account while it is offline"),
+    XMPP_INT(idle_timeout, 300, 0, 86400, "seconds",
+             "without a byte from a client before it is pinged (XEP-0199), and as long again "
+             "before it is dropped; 0 = never"),
     {.name = NULL},
 };
 

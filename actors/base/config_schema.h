@@ -22,7 +22,7 @@ size_t rt__conf_nsettings(void);
 void rt__conf_scalar_default(const rt_setting_t *s, void *field);
 /* A scalar's value at field as config show writes it; false (out untouched) for the others. */
 bool rt__conf_scalar_text(const rt_setting_t *s, const void *field, char *out, size_t n);
-/* Calls fn for each key of the table setting table ("listeners", "http", "cluster") in c. */
+/* Calls fn for each key of the table setting table ("listeners", "http", "xmpp"...) in c. */
 void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
                        void (*fn)(const rt_conf_value_t *v, void *ud), void *ud);
 /* Networks as "address/bits, ..." (IPv4 without its v4-mapped prefix). */
@@ -43,11 +43,19 @@ bool rt__conf_parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, uns
 bool rt__conf_read_listeners(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
+bool rt__conf_read_xmpp(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
+/* xmpp's defaults (the table's keys not given), also what rt_conf_defaults leaves, off. */
+void rt__conf_xmpp_defaults(rt_conf_xmpp_t *x);
+/*
+** Whether every listener (MQTT's, xmpp's, http's) has an address of its own; else why names
+** both and line is the later of their lines (0: not from the file).
+*/
+bool rt__conf_listeners_apart(const rt_conf_t *c, char *why, size_t whylen, int *line);
 /* Makes the path in field (size bytes) absolute against the directory base; "" stays "". */
 int rt__conf_resolve_field(char *field, size_t size, const char *name, const char *base,
                            const char *where, char *err, size_t errlen);
-/* Makes the files the table setting name (listeners, http, cluster) names absolute. */
+/* Makes the files the table setting name (listeners, http, cluster, xmpp) names absolute. */
 int rt__conf_resolve_table(rt_conf_t *c, const char *name, const char *base, const char *where,
                            char *err, size_t errlen);
 

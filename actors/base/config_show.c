@@ -1,7 +1,8 @@
 /*
 ** The rows `rtctl config show` gives the keys of the tables (rt_conf_each): each listener's,
-** http's, the cluster's, each user's rate limit and each sink's, named by their place
-** ("listeners[2].tls.cert", "sinks.archive.batch"), with the schema's default.
+** http's, the cluster's, xmpp's, each user's rate limit and each sink's, named by their place
+** ("listeners[2].tls.cert", "xmpp.listeners[1].bind", "sinks.archive.batch"), with the
+** schema's default.
 */
 #include <string.h>
 
@@ -32,8 +33,40 @@ static void shown_default(const rt_setting_t *s, char *out, size_t n)
 typedef struct {
     void (*fn)(const rt_conf_value_t *v, void *ud);
     void *ud;
-    const char *from; /* where the table came from */
+    const char *from;    /* where the table came from */
+    const rt_conf_t *c; /* whose keys */
 } shower_t;
+
+/* Names as "a, b, c". */
+static void names_text(const char (*names)[RT_CONF_XMPP_HOST_MAX], unsigned n, char *out,
+                       size_t len)
+{
+    size_t used = 0;
+    out[0] = 0;
+    for (unsigned i = 0; i < n && used < len; i++)
+        used += (size_t)snprintf(out + used, len - used, "%s%s", i ? ", " : "", names[i]);
+}
+
+/*
+** A list's or networks' value at field as text, with the count beside it in its struct: a
+** listener's trusted_proxies (l), xmpp's hosts, anonymous and plaintext_from. false: not one.
+*/
+static bool list_text(const shower_t *sh, const char *field, const rt_listen_t *l, char *out,
+                      size_t len)
+{
+    const rt_conf_xmpp_t *x = &sh->c->xmpp;
+    if (l && field == (const char *)l->trusted_proxies)
+        rt__conf_nets_text(l->trusted_proxies, l->ntrusted, out, len);
+    else if (field == (const char *)x->plaintext_from)
+        rt__conf_nets_text(x->plaintext_from, x->nplaintext_from, out, len);
+    else if (field == (const char *)x->hosts)
+        names_text(x->hosts, x->nhosts, out, len);
+    else if (field == (const char *)x->anonymous)
+        names_text(x->anonymous, x->nanonymous, out, len);
+    else
+        return false;
+    return true;
+}
 
 /*
 ** One row per key directly under prefix ("listeners[].tls") of the struct at base, named under
@@ -53,11 +86,10 @@ static void show_keys(const shower_t *sh, const char *prefix, const char *shown,
             bool v6 = strchr(at->host, ':') != NULL;
             snprintf(value, sizeof(value), "%s%s%s:%d", v6 ? "[" : "", at->host, v6 ? "]" : "",
                      at->port);
-        } else if (s->type == RT_SET_NETS) {
-            RT_ASSERT(l && field == (const char *)l->trusted_proxies);
-            rt__conf_nets_text(l->trusted_proxies, l->ntrusted, value, sizeof(value));
-        } else if (!rt__conf_scalar_text(s, field, value, sizeof(value))) {
-            continue; /* a table or a list: its keys have rows of their own */
+        } else if (!rt__conf_scalar_text(s, field, value, sizeof(value)) &&
+                   !list_text(sh, field, l, value, sizeof(value))) {
+            RT_ASSERT(s->type != RT_SET_NETS);
+            continue; /* a table or a list of tables: its keys have rows of their own */
         }
         if (s->secret && value[0])
             snprintf(value, sizeof(value), "(set)");
@@ -157,22 +189,33 @@ static void show_section(const shower_t *sh, const rt_conf_section_t *sec)
     rt_conf_schema_each(show_sink_key, &sr);
 }
 
+/* Each listener's keys, named under table ("xmpp.listeners[2].tls.cert"). */
+static void show_listeners(const shower_t *sh, const char *table, const rt_listen_t *ls,
+                           unsigned n)
+{
+    char shown[64];
+    for (unsigned i = 0; i < n; i++) {
+        const rt_listen_t *l = &ls[i];
+        snprintf(shown, sizeof(shown), "%s[%u]", table, i + 1);
+        show_keys(sh, "listeners[]", shown, l, l);
+        snprintf(shown, sizeof(shown), "%s[%u].rate_limit", table, i + 1);
+        show_keys(sh, "listeners[].rate_limit", shown, &l->rate_limit, NULL);
+        snprintf(shown, sizeof(shown), "%s[%u].tls", table, i + 1);
+        if (l->tls_on)
+            show_keys(sh, "listeners[].tls", shown, &l->tls, NULL);
+    }
+}
+
 void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
                        void (*fn)(const rt_conf_value_t *v, void *ud), void *ud)
 {
-    shower_t sh = {fn, ud, from};
+    shower_t sh = {fn, ud, from, c};
     char shown[96]; /* "user_rate_limits." and a user name of up to 63 bytes */
     if (strcmp(table, "listeners") == 0) {
-        for (unsigned i = 0; i < c->nlisteners; i++) {
-            const rt_listen_t *l = &c->listeners[i];
-            snprintf(shown, sizeof(shown), "listeners[%u]", i + 1);
-            show_keys(&sh, "listeners[]", shown, l, l);
-            snprintf(shown, sizeof(shown), "listeners[%u].rate_limit", i + 1);
-            show_keys(&sh, "listeners[].rate_limit", shown, &l->rate_limit, NULL);
-            snprintf(shown, sizeof(shown), "listeners[%u].tls", i + 1);
-            if (l->tls_on)
-                show_keys(&sh, "listeners[].tls", shown, &l->tls, NULL);
-        }
+        show_listeners(&sh, "listeners", c->listeners, c->nlisteners);
+    } else if (strcmp(table, "xmpp") == 0 && c->xmpp.on) {
+        show_keys(&sh, "xmpp", "xmpp", &c->xmpp, NULL);
+        show_listeners(&sh, "xmpp.listeners", c->xmpp.listeners, c->xmpp.nlisteners);
     } else if (strcmp(table, "http") == 0 && c->http.on) {
         show_keys(&sh, "http", "http", &c->http, NULL);
         if (c->http.where.tls_on)

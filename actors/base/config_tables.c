@@ -1,6 +1,6 @@
 /*
-** The loader's tables: a listener's (with its tls and rate_limit), http, the cluster and the
-** users' rate limits. Their keys, types, defaults and ranges are the schema's (config_schema.c:
+** The loader's tables: a listener's (with its tls and rate_limit), http, the cluster, xmpp and
+** the users' rate limits. Their keys, types, defaults and ranges are the schema's (config_schema.c:
 ** "listeners[].tls.cert"...); one walker reads a table by them, and what is checked across keys
 ** (cert needs key, verify needs ca, ...) is here with the table.
 */
@@ -299,6 +299,122 @@ static bool read_secret_file(lua_State *L, const char *where, void *field, char 
     return c->cluster.unsigned_control;
 }
 
+/*
+** One XMPP host name (on top of the stack) into out, folded to lowercase: the domainpart of
+** every JID served, compared bytewise from here on. ASCII only (letters, digits, - and .,
+** labels of 1 to 63 bytes with no - at either end): an IDN is given as its A-label, so the
+** settings never need IDNA to say which names are one.
+*/
+static bool read_host(lua_State *L, const char *where, char *out, char *why, size_t whylen)
+{
+    size_t len = 0;
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    if (!v || len == 0 || len >= RT_CONF_XMPP_HOST_MAX) {
+        snprintf(why, whylen, "%s must be a host name of 1 to %d bytes", where,
+                 RT_CONF_XMPP_HOST_MAX - 1);
+        return false;
+    }
+    size_t label = 0; /* bytes of the label so far */
+    for (size_t i = 0; i <= len; i++) {
+        unsigned char ch = i < len ? (unsigned char)v[i] : '.';
+        if (ch >= 0x80) {
+            snprintf(why, whylen,
+                     "%s: \"%.100s\" is not ASCII: give an internationalized name as its A-label "
+                     "(xn--...)",
+                     where, v);
+            return false;
+        }
+        bool ldh = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                   (ch >= '0' && ch <= '9') || ch == '-';
+        if (!ldh && ch != '.') {
+            snprintf(why, whylen, "%s: \"%.100s\" may have only ASCII letters, digits, - and .",
+                     where, v);
+            return false;
+        }
+        bool bad_end = ch == '.' && (label == 0 || label > 63 || v[i - 1] == '-');
+        if (bad_end || (ch == '-' && label == 0)) {
+            snprintf(why, whylen,
+                     "%s: \"%.100s\" is not a DNS name (labels of 1 to 63 bytes between dots, "
+                     "no - at either end)",
+                     where, v);
+            return false;
+        }
+        label = ch == '.' ? 0 : label + 1;
+        if (i < len)
+            out[i] = (char)(ch >= 'A' && ch <= 'Z' ? ch - 'A' + 'a' : ch);
+    }
+    out[len] = 0;
+    return true;
+}
+
+/* xmpp.hosts or xmpp.anonymous: a name or a list of names, none twice, at least min. */
+static bool read_hosts(lua_State *L, const char *where, char (*names)[RT_CONF_XMPP_HOST_MAX],
+                       unsigned *n, unsigned min, char *why, size_t whylen)
+{
+    *n = 0;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+        *n = read_host(L, where, names[0], why, whylen);
+        return *n == 1;
+    }
+    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, -1) : -1;
+    if (len < (lua_Integer)min || len > RT_CONF_MAX_XMPP_HOSTS) {
+        snprintf(why, whylen, "%s must be a host name or a list of %u to %d of them", where, min,
+                 RT_CONF_MAX_XMPP_HOSTS);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        char at[48];
+        snprintf(at, sizeof(at), "%.30s[%lld]", where, (long long)i);
+        lua_geti(L, -1, i);
+        bool ok = read_host(L, at, names[i - 1], why, whylen);
+        lua_pop(L, 1);
+        if (!ok)
+            return false;
+        for (lua_Integer j = 1; j < i; j++)
+            if (strcmp(names[j - 1], names[i - 1]) == 0) {
+                snprintf(why, whylen, "%s: \"%.100s\" is given twice (names are folded to "
+                         "lowercase)", at, names[i - 1]);
+                return false;
+            }
+    }
+    *n = (unsigned)len;
+    return true;
+}
+
+#define XMPP_OF(field, member)                                                                     \
+    ((rt_conf_xmpp_t *)(void *)((char *)(field) - offsetof(rt_conf_xmpp_t, member)))
+
+static bool read_xmpp_hosts(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    rt_conf_xmpp_t *x = XMPP_OF(field, hosts);
+    return read_hosts(L, where, x->hosts, &x->nhosts, 1, why, whylen);
+}
+
+static bool read_xmpp_anonymous(lua_State *L, const char *where, void *field, char *why,
+                                size_t whylen)
+{
+    rt_conf_xmpp_t *x = XMPP_OF(field, anonymous);
+    return read_hosts(L, where, x->anonymous, &x->nanonymous, 0, why, whylen);
+}
+
+static bool read_listener_list(lua_State *L, const char *what, bool xmpp, rt_listen_t *ls,
+                               unsigned max, unsigned *nout, char *why, size_t whylen);
+
+static bool read_xmpp_listeners(lua_State *L, const char *where, void *field, char *why,
+                                size_t whylen)
+{
+    rt_conf_xmpp_t *x = XMPP_OF(field, listeners);
+    return read_listener_list(L, where, true, x->listeners, RT_CONF_MAX_XMPP_LISTENERS,
+                              &x->nlisteners, why, whylen);
+}
+
+static bool read_xmpp_plaintext(lua_State *L, const char *where, void *field, char *why,
+                                size_t whylen)
+{
+    rt_conf_xmpp_t *x = XMPP_OF(field, plaintext_from);
+    return rt__conf_parse_nets(L, where, x->plaintext_from, &x->nplaintext_from, why, whylen);
+}
+
 /* The keys whose value is more than a scalar, by their schema name. */
 static const reader_entry_t readers[] = {
     {"listeners[].bind", read_bind},
@@ -313,6 +429,10 @@ static const reader_entry_t readers[] = {
     {"cluster.prefix", read_cluster_name},
     {"cluster.nats", read_nats},
     {"cluster.secret_file", read_secret_file},
+    {"xmpp.hosts", read_xmpp_hosts},
+    {"xmpp.anonymous", read_xmpp_anonymous},
+    {"xmpp.listeners", read_xmpp_listeners},
+    {"xmpp.plaintext_from", read_xmpp_plaintext},
 };
 
 static const reader_entry_t *find_reader(const char *name)
@@ -323,9 +443,12 @@ static const reader_entry_t *find_reader(const char *name)
     return NULL;
 }
 
-/* One listener's table (on top of the stack): bind and its transport's settings. */
-static bool read_listener_table(lua_State *L, const char *where, rt_listen_t *out, char *why,
-                                size_t whylen)
+/*
+** One listener's table (on top of the stack): bind and its transport's settings. xmpp: one of
+** xmpp.listeners, where STARTTLS is a thing (MQTT and HTTP start TLS at accept).
+*/
+static bool read_listener_table(lua_State *L, const char *where, bool xmpp, rt_listen_t *out,
+                                char *why, size_t whylen)
 {
     memset(out, 0, sizeof(*out));
     table_defaults("listeners[]", out);
@@ -341,15 +464,26 @@ static bool read_listener_table(lua_State *L, const char *where, rt_listen_t *ou
                  "%s: proxy_protocol needs trusted_proxies (the load balancers' addresses)", where);
         return false;
     }
-    return true;
+    if (!out->starttls)
+        return true;
+    if (!xmpp)
+        snprintf(why, whylen, "%s: starttls is for xmpp.listeners (MQTT starts TLS at accept)",
+                 where);
+    else if (!out->tls_on)
+        snprintf(why, whylen, "%s: starttls needs tls = { cert = ..., key = ... } (the "
+                 "certificate TLS starts with)", where);
+    else if (out->websocket[0])
+        snprintf(why, whylen, "%s: starttls is not for WebSocket (RFC 7395: TLS is wss://, at "
+                 "accept)", where);
+    return xmpp && out->tls_on && !out->websocket[0];
 }
 
 /* A listener: "host:port" or a table (on top of the stack). */
-static bool read_listener(lua_State *L, const char *where, rt_listen_t *out, char *why,
-                          size_t whylen)
+static bool read_listener(lua_State *L, const char *where, bool xmpp, rt_listen_t *out,
+                          char *why, size_t whylen)
 {
     if (lua_type(L, -1) == LUA_TTABLE)
-        return read_listener_table(L, where, out, why, whylen);
+        return read_listener_table(L, where, xmpp, out, why, whylen);
     const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
     memset(out, 0, sizeof(*out));
     if (v && parse_address(v, out))
@@ -366,31 +500,12 @@ static bool any_address(const char *host)
 }
 
 /*
-** Two listeners on one address would fail only at start, after everything else had started
-** (EADDRINUSE): refused here instead, naming both.
+** A listener, a list of them or one table (on top of the stack) into ls (max of them), named
+** what in errors ("xmpp.listeners[2]").
 */
-static bool listeners_apart(const rt_listen_t *ls, unsigned n, char *why, size_t whylen)
+static bool read_listener_list(lua_State *L, const char *what, bool xmpp, rt_listen_t *ls,
+                               unsigned max, unsigned *nout, char *why, size_t whylen)
 {
-    for (unsigned i = 0; i < n; i++)
-        for (unsigned j = i + 1; j < n; j++) {
-            if (!ls[i].port || ls[i].port != ls[j].port)
-                continue;
-            if (strcmp(ls[i].host, ls[j].host) != 0 && !any_address(ls[i].host) &&
-                !any_address(ls[j].host))
-                continue;
-            snprintf(why, whylen,
-                     "listeners[%u] (%.64s:%d) and listeners[%u] (%.64s:%d) take one address",
-                     i + 1, ls[i].host, ls[i].port, j + 1, ls[j].host, ls[j].port);
-            return false;
-        }
-    return true;
-}
-
-bool rt__conf_read_listeners(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    static rt_listen_t ls[RT_CONF_MAX_LISTENERS]; /* 16 KiB: not on the stack; one loader */
-    memset(ls, 0, sizeof(ls));
-    unsigned n = 0;
     /* One listener: a string, or a table with bind (a list's first entry is not bind). */
     bool one = lua_type(L, -1) == LUA_TSTRING;
     if (lua_type(L, -1) == LUA_TTABLE) {
@@ -399,34 +514,85 @@ bool rt__conf_read_listeners(lua_State *L, rt_conf_t *c, char *why, size_t whyle
         lua_pop(L, 1);
     }
     if (one) {
-        if (!read_listener(L, "listeners", &ls[0], why, whylen))
-            return false;
-        n = 1;
-    } else if (lua_type(L, -1) == LUA_TTABLE) {
-        lua_Integer len = luaL_len(L, -1);
-        if (len < 1 || len > RT_CONF_MAX_LISTENERS) {
-            snprintf(why, whylen, "listeners: between 1 and %d are allowed", RT_CONF_MAX_LISTENERS);
-            return false;
-        }
-        for (lua_Integer i = 1; i <= len; i++) {
-            char where[32];
-            snprintf(where, sizeof(where), "listeners[%lld]", (long long)i);
-            lua_geti(L, -1, i);
-            bool ok = read_listener(L, where, &ls[n], why, whylen);
-            lua_pop(L, 1);
-            if (!ok)
-                return false;
-            n++;
-        }
-    } else {
-        snprintf(why, whylen,
-                 "listeners must be \"host:port\", a listener's table or a list of them");
+        *nout = read_listener(L, what, xmpp, &ls[0], why, whylen);
+        return *nout == 1;
+    }
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be \"host:port\", a listener's table or a list of them",
+                 what);
         return false;
     }
-    if (!listeners_apart(ls, n, why, whylen))
+    lua_Integer len = luaL_len(L, -1);
+    if (len < 1 || len > (lua_Integer)max) {
+        snprintf(why, whylen, "%s: between 1 and %u are allowed", what, max);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        char where[48];
+        snprintf(where, sizeof(where), "%.30s[%lld]", what, (long long)i);
+        lua_geti(L, -1, i);
+        bool ok = read_listener(L, where, xmpp, &ls[i - 1], why, whylen);
+        lua_pop(L, 1);
+        if (!ok)
+            return false;
+    }
+    *nout = (unsigned)len;
+    return true;
+}
+
+bool rt__conf_read_listeners(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    static rt_listen_t ls[RT_CONF_MAX_LISTENERS]; /* 16 KiB: not on the stack; one loader */
+    memset(ls, 0, sizeof(ls));
+    unsigned n = 0;
+    if (!read_listener_list(L, "listeners", false, ls, RT_CONF_MAX_LISTENERS, &n, why, whylen))
         return false;
     memcpy(c->listeners, ls, n * sizeof(ls[0]));
     c->nlisteners = n;
+    return true;
+}
+
+/* A listener with the name errors give it ("xmpp.listeners[2]", "http.bind"). */
+typedef struct {
+    const rt_listen_t *l;
+    char name[32];
+} placed_t;
+
+static unsigned place(placed_t *p, const rt_listen_t *ls, unsigned n, const char *table)
+{
+    for (unsigned i = 0; i < n; i++) {
+        p[i].l = &ls[i];
+        snprintf(p[i].name, sizeof(p[i].name), "%s[%u]", table, i + 1);
+    }
+    return n;
+}
+
+/*
+** Two listeners on one address would fail only at start, after everything else had started
+** (EADDRINUSE): refused here instead, naming both, whichever tables they are in.
+*/
+bool rt__conf_listeners_apart(const rt_conf_t *c, char *why, size_t whylen, int *line)
+{
+    placed_t p[RT_CONF_MAX_LISTENERS + RT_CONF_MAX_XMPP_LISTENERS + 1];
+    unsigned n = place(p, c->listeners, c->nlisteners, "listeners");
+    if (c->xmpp.on)
+        n += place(p + n, c->xmpp.listeners, c->xmpp.nlisteners, "xmpp.listeners");
+    if (c->http.on) {
+        p[n].l = &c->http.where;
+        snprintf(p[n++].name, sizeof(p[0].name), "http.bind");
+    }
+    for (unsigned i = 0; i < n; i++)
+        for (unsigned j = i + 1; j < n; j++) {
+            const rt_listen_t *a = p[i].l, *b = p[j].l;
+            if (!a->port || a->port != b->port)
+                continue;
+            if (strcmp(a->host, b->host) != 0 && !any_address(a->host) && !any_address(b->host))
+                continue;
+            snprintf(why, whylen, "%s (%.64s:%d) and %s (%.64s:%d) take one address", p[i].name,
+                     a->host, a->port, p[j].name, b->host, b->port);
+            *line = a->line > b->line ? a->line : b->line;
+            return false;
+        }
     return true;
 }
 
@@ -434,6 +600,13 @@ bool rt__conf_read_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
     if (lua_type(L, -1) != LUA_TTABLE) {
         snprintf(why, whylen, "http must be a table { bind = \"host:port\", ... }");
+        return false;
+    }
+    lua_getfield(L, -1, "starttls"); /* a listener's key, not http's: say why */
+    bool starttls = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (starttls) {
+        snprintf(why, whylen, "http: starttls is for xmpp.listeners (HTTPS starts TLS at accept)");
         return false;
     }
     memset(&c->http, 0, sizeof(c->http));
@@ -491,6 +664,47 @@ bool rt__conf_read_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     if (!c->cluster.replicas)
         c->cluster.replicas = c->cluster.nnats < 3 ? (long)c->cluster.nnats : 3;
     c->cluster.on = true;
+    return true;
+}
+
+void rt__conf_xmpp_defaults(rt_conf_xmpp_t *x)
+{
+    memset(x, 0, sizeof(*x));
+    table_defaults("xmpp", x);
+    x->nlisteners = 1;
+    snprintf(x->listeners[0].host, sizeof(x->listeners[0].host), "0.0.0.0");
+    x->listeners[0].port = RT_CONF_XMPP_PORT;
+    /* Loopback only, as anonymous_from: elsewhere a client starts TLS before it authenticates
+       (RFC 6120 13.8 makes STARTTLS mandatory to implement; PLAIN goes only inside TLS). */
+    x->nplaintext_from = RT_CONF_NLOOPBACK;
+    memcpy(x->plaintext_from, rt_conf_loopback, sizeof(rt_conf_loopback));
+}
+
+bool rt__conf_read_xmpp(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "xmpp must be a table { hosts = { \"example.org\" }, ... }");
+        return false;
+    }
+    rt_conf_xmpp_t *x = &c->xmpp;
+    rt__conf_xmpp_defaults(x);
+    if (!read_table(L, "xmpp", "xmpp", x, why, whylen))
+        return false;
+    if (!x->nhosts) {
+        snprintf(why, whylen, "xmpp needs hosts = { \"example.org\" } (the domains it serves)");
+        return false;
+    }
+    for (unsigned i = 0; i < x->nanonymous; i++) {
+        unsigned h = 0;
+        while (h < x->nhosts && strcmp(x->hosts[h], x->anonymous[i]) != 0)
+            h++;
+        if (h == x->nhosts) {
+            snprintf(why, whylen, "xmpp.anonymous[%u]: \"%.100s\" is not one of xmpp.hosts", i + 1,
+                     x->anonymous[i]);
+            return false;
+        }
+    }
+    x->on = true;
     return true;
 }
 
@@ -570,5 +784,8 @@ int rt__conf_resolve_table(rt_conf_t *c, const char *name, const char *dir, cons
     }
     if (strcmp(name, "cluster") == 0)
         rc = resolve_keys("cluster", c, dir, where, err, errlen);
+    if (strcmp(name, "xmpp") == 0)
+        for (unsigned l = 0; l < c->xmpp.nlisteners && rc == 0; l++)
+            rc = resolve_tls(&c->xmpp.listeners[l].tls, dir, where, err, errlen);
     return rc;
 }

@@ -390,6 +390,230 @@ static void test_cluster(void)
     refused(&c, bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/*
+** xmpp: every key read back from a file (the listeners' TLS files resolved against its
+** directory, host names folded to lowercase, line numbers kept for the listeners).
+*/
+static void test_xmpp(void)
+{
+    rt_conf_t *c = malloc(sizeof(*c));
+    char err[RT_CONF_ERR_LEN];
+    rt_conf_defaults(c);
+    CHECK(!c->xmpp.on); /* no table, no XMPP */
+    CHECK_EQ(load("listeners = \"127.0.0.1:1883\"\n"
+                  "xmpp = {\n"
+                  "    hosts = { \"Example.ORG\", \"chat.example.net\", \"xn--bcher-kva.example\" },\n"
+                  "    anonymous = { \"chat.example.net\" },\n"
+                  "    listeners = { \"127.0.0.1:5222\",\n"
+                  "        { bind = \"0.0.0.0:5223\", tls = { cert = \"x.pem\", key = \"x.key\" } },\n"
+                  "        { bind = \"[::1]:5224\", starttls = true,\n"
+                  "          tls = { cert = \"/etc/x.pem\", key = \"/etc/x.key\" } },\n"
+                  "        { bind = \"127.0.0.1:5280\", websocket = \"/xmpp-websocket\",\n"
+                  "          proxy_protocol = true, trusted_proxies = \"10.0.0.0/8\" } },\n"
+                  "    plaintext_from = { \"10.1.0.0/16\" },\n"
+                  "    max_stanza_size = 64 * 1024,\n"
+                  "    resource_conflict = \"refuse\",\n"
+                  "    max_resources = 3,\n"
+                  "    max_roster_items = 250,\n"
+                  "    max_offline_messages = 0,\n"
+                  "    max_offline_bytes = 4096,\n"
+                  "    idle_timeout = 0,\n"
+                  "}\n",
+                  c, err),
+             0);
+    if (err[0])
+        fprintf(stderr, "  %s\n", err);
+    const rt_conf_xmpp_t *x = &c->xmpp;
+    CHECK(x->on);
+    CHECK_EQ(x->nhosts, 3);
+    CHECK_STR(x->hosts[0], "example.org");
+    CHECK_STR(x->hosts[1], "chat.example.net");
+    CHECK_STR(x->hosts[2], "xn--bcher-kva.example");
+    CHECK_EQ(x->nanonymous, 1);
+    CHECK_STR(x->anonymous[0], "chat.example.net");
+    CHECK_EQ(x->nlisteners, 4);
+    CHECK_STR(x->listeners[0].host, "127.0.0.1");
+    CHECK_EQ(x->listeners[0].port, 5222);
+    CHECK(!x->listeners[0].tls_on && !x->listeners[0].starttls);
+    CHECK_EQ(x->listeners[0].line, 19); /* where the assignment ends (Lua's line), for a port
+                                           in use */
+    CHECK(x->listeners[1].tls_on && !x->listeners[1].starttls); /* direct TLS, XEP-0368 */
+    CHECK_STR(x->listeners[1].tls.cert, "/tmp/x.pem"); /* the file's directory */
+    CHECK_STR(x->listeners[1].tls.key, "/tmp/x.key");
+    CHECK_STR(x->listeners[2].host, "::1");
+    CHECK(x->listeners[2].tls_on && x->listeners[2].starttls);
+    CHECK_STR(x->listeners[2].tls.cert, "/etc/x.pem");
+    CHECK_STR(x->listeners[3].websocket, "/xmpp-websocket");
+    CHECK(x->listeners[3].proxy_protocol && x->listeners[3].ntrusted == 1);
+    const unsigned char in[16] = {[10] = 0xff, [11] = 0xff, 10, 1, 200, 3};
+    const unsigned char out[16] = {[10] = 0xff, [11] = 0xff, 10, 2, 0, 1};
+    CHECK_EQ(x->nplaintext_from, 1);
+    CHECK(rt_conf_net_match(x->plaintext_from, x->nplaintext_from, in));
+    CHECK(!rt_conf_net_match(x->plaintext_from, x->nplaintext_from, out));
+    CHECK_EQ(x->max_stanza_size, 65536);
+    CHECK_STR(x->resource_conflict, "refuse");
+    CHECK_EQ(x->max_resources, 3);
+    CHECK_EQ(x->max_roster_items, 250);
+    CHECK_EQ(x->max_offline_messages, 0);
+    CHECK_EQ(x->max_offline_bytes, 4096);
+    CHECK_EQ(x->idle_timeout, 0);
+    CHECK_EQ(c->nlisteners, 1); /* MQTT's own, untouched */
+
+    /* Only hosts: one plain listener on 5222, plaintext from loopback, the declared numbers. */
+    CHECK_EQ(rt_conf_set(c, "xmpp={hosts=\"Solo.Example\"}", err, sizeof(err)), 0);
+    CHECK(x->on && x->nhosts == 1 && x->nanonymous == 0);
+    CHECK_STR(x->hosts[0], "solo.example");
+    CHECK_EQ(x->nlisteners, 1);
+    CHECK_STR(x->listeners[0].host, "0.0.0.0");
+    CHECK_EQ(x->listeners[0].port, 5222);
+    CHECK(!x->listeners[0].tls_on && !x->listeners[0].starttls && !x->listeners[0].websocket[0]);
+    CHECK_EQ(x->nplaintext_from, RT_CONF_NLOOPBACK);
+    CHECK(memcmp(x->plaintext_from, rt_conf_loopback, sizeof(rt_conf_loopback)) == 0);
+    CHECK_EQ(x->max_stanza_size, 262144);
+    CHECK_STR(x->resource_conflict, "replace");
+    CHECK_EQ(x->max_resources, 16);
+    CHECK_EQ(x->max_roster_items, 1000);
+    CHECK_EQ(x->max_offline_messages, 1000);
+    CHECK_EQ(x->max_offline_bytes, 1024 * 1024);
+    CHECK_EQ(x->idle_timeout, 300);
+    /* An empty plaintext_from: TLS before authentication for everyone. */
+    CHECK_EQ(rt_conf_set(c, "xmpp={hosts={\"a.example\"}, plaintext_from={}}", err, sizeof(err)),
+             0);
+    CHECK_EQ(x->nplaintext_from, 0);
+
+    char host255[300], host256[300];
+    memset(host255, 'a', sizeof(host255));
+    for (int i = 63; i < 255; i += 64)
+        host255[i] = '.'; /* labels of 63 bytes */
+    memcpy(host256, host255, sizeof(host256));
+    snprintf(host255 + 255, sizeof(host255) - 255, "\"}");
+    host256[255] = 'a';
+    snprintf(host256 + 256, sizeof(host256) - 256, "\"}");
+    char set255[340], set256[340];
+    snprintf(set255, sizeof(set255), "xmpp={hosts=\"%s", host255);
+    snprintf(set256, sizeof(set256), "xmpp={hosts=\"%s", host256);
+    CHECK_EQ(rt_conf_set(c, set255, err, sizeof(err)), 0); /* 255 bytes: the most there is */
+    CHECK_EQ(strlen(x->hosts[0]), 255);
+    static const refusal_t bad[] = {
+        {"xmpp=true", "xmpp must be a table"},
+        {"xmpp={}", "xmpp needs hosts"},
+        {"xmpp={hosts={}}", "xmpp.hosts must be a host name or a list of 1 to 16"},
+        {"xmpp={hosts={\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\","
+         "\"m\",\"n\",\"o\",\"p\",\"q\"}}",
+         "xmpp.hosts must be a host name or a list of 1 to 16"},
+        {"xmpp={hosts=5}", "xmpp.hosts must be"},
+        {"xmpp={hosts={\"\"}}", "xmpp.hosts[1] must be a host name of 1 to 255 bytes"},
+        {"xmpp={hosts={\"a.example\", \"ex\xc3\xa4" "mple.org\"}}",
+         "xmpp.hosts[2]: \"ex\xc3\xa4" "mple.org\" is not ASCII: give an internationalized name "
+         "as its A-label (xn--...)"},
+        {"xmpp={hosts=\"exa_mple.org\"}", "may have only ASCII letters, digits, - and ."},
+        {"xmpp={hosts=\"a..example\"}", "is not a DNS name"},
+        {"xmpp={hosts=\"example.org.\"}", "is not a DNS name"},
+        {"xmpp={hosts=\"-a.example\"}", "is not a DNS name"},
+        {"xmpp={hosts=\"a-.example\"}", "is not a DNS name"},
+        {"xmpp={hosts={\"a.example\", \"b.example\", \"A.Example\"}}",
+         "xmpp.hosts[3]: \"a.example\" is given twice"},
+        {"xmpp={hosts=\"a.example\", anonymous=\"b.example\"}",
+         "xmpp.anonymous[1]: \"b.example\" is not one of xmpp.hosts"},
+        {"xmpp={hosts=\"a.example\", anonymous={\"A.example\", \"a.example\"}}",
+         "xmpp.anonymous[2]: \"a.example\" is given twice"},
+        {"xmpp={hosts=\"a.example\", colour=1}", "xmpp: unknown key \"colour\" (hosts, "},
+        {"xmpp={hosts=\"a.example\", listeners={}}", "xmpp.listeners: between 1 and 8"},
+        {"xmpp={hosts=\"a.example\", listeners=\"localhost:5222\"}",
+         "xmpp.listeners: \"localhost:5222\" is not host:port"},
+        {"xmpp={hosts=\"a.example\", listeners={\"127.0.0.1:1\", {bind=\"127.0.0.1:2\", "
+         "starttls=true}}}",
+         "xmpp.listeners[2]: starttls needs tls"},
+        {"xmpp={hosts=\"a.example\", listeners={{bind=\"127.0.0.1:2\", starttls=true, "
+         "websocket=\"/x\", tls={cert=\"a\", key=\"b\"}}}}",
+         "xmpp.listeners[1]: starttls is not for WebSocket"},
+        {"xmpp={hosts=\"a.example\", listeners={{bind=\"127.0.0.1:2\", tls={cert=\"a\"}}}}",
+         "xmpp.listeners[1].tls needs cert and key"},
+        {"xmpp={hosts=\"a.example\", listeners={{bind=\"127.0.0.1:2\", starttls=1}}}",
+         "xmpp.listeners[1].starttls must be true or false"},
+        {"xmpp={hosts=\"a.example\", listeners={\"127.0.0.1:5\", \"0.0.0.0:5\"}}",
+         "xmpp.listeners[1] (127.0.0.1:5) and xmpp.listeners[2] (0.0.0.0:5) take one address"},
+        {"xmpp={hosts=\"a.example\", plaintext_from=\"everyone\"}",
+         "xmpp.plaintext_from[1]: \"everyone\" is not a numeric address"},
+        {"xmpp={hosts=\"a.example\", max_stanza_size=1023}",
+         "xmpp.max_stanza_size must be a whole number from 1024 to 67108864 bytes"},
+        {"xmpp={hosts=\"a.example\", max_stanza_size=64*1024*1024+1}", "xmpp.max_stanza_size"},
+        {"xmpp={hosts=\"a.example\", resource_conflict=\"kick\"}",
+         "xmpp.resource_conflict must be one of: replace or refuse (got \"kick\")"},
+        {"xmpp={hosts=\"a.example\", max_resources=0}", "xmpp.max_resources must be"},
+        {"xmpp={hosts=\"a.example\", max_resources=1001}", "from 1 to 1000 sessions"},
+        {"xmpp={hosts=\"a.example\", max_roster_items=100001}", "xmpp.max_roster_items must be"},
+        {"xmpp={hosts=\"a.example\", max_offline_messages=-1}",
+         "xmpp.max_offline_messages must be"},
+        {"xmpp={hosts=\"a.example\", max_offline_bytes=1e9+1}", "xmpp.max_offline_bytes must be"},
+        {"xmpp={hosts=\"a.example\", idle_timeout=86401}", "xmpp.idle_timeout must be"},
+        {"xmpp={hosts=\"a.example\", idle_timeout=1.5}", "xmpp.idle_timeout must be a whole"},
+        /* starttls is XMPP's: refused on MQTT listeners and http, with why. */
+        {"listeners={{bind=\"127.0.0.1:1\", starttls=true, tls={cert=\"a\", key=\"b\"}}}",
+         "listeners[1]: starttls is for xmpp.listeners"},
+        {"listeners={bind=\"127.0.0.1:1\", starttls=true}",
+         "listeners: starttls is for xmpp.listeners"},
+        {"http={bind=\"127.0.0.1:8080\", starttls=true}", "http: starttls is for xmpp.listeners"},
+    };
+    refused(c, bad, sizeof(bad) / sizeof(bad[0]));
+    CHECK_EQ(rt_conf_set(c, set256, err, sizeof(err)), RT_EINVAL);
+    CHECK(strstr(err, "xmpp.hosts must be a host name of 1 to 255 bytes") != NULL);
+    CHECK_EQ(strlen(x->hosts[0]), 255); /* unchanged by the refused ones */
+    free(c);
+}
+
+/* No two listeners of any kind on one address: MQTT's, xmpp's and http's, both named. */
+static void test_listeners_apart(void)
+{
+    rt_conf_t *c = malloc(sizeof(*c));
+    char err[RT_CONF_ERR_LEN];
+    CHECK_EQ(load("listeners = { \"127.0.0.1:1883\", \"0.0.0.0:5222\" }\n"
+                  "\n"
+                  "xmpp = { hosts = \"a.example\" }\n",
+                  c, err),
+             RT_EINVAL);
+    CHECK(err_is(err, 3,
+                 "listeners[2] (0.0.0.0:5222) and xmpp.listeners[1] (0.0.0.0:5222) take one "
+                 "address"));
+    CHECK_EQ(load("xmpp = { hosts = \"a.example\", listeners = { \"127.0.0.1:5222\", "
+                  "\"127.0.0.1:1883\" } }\n"
+                  "listeners = \"127.0.0.2:1883\"\n",
+                  c, err),
+             0); /* one port on two addresses */
+    CHECK_EQ(load("xmpp = { hosts = \"a.example\", listeners = { \"127.0.0.1:5222\", "
+                  "\"127.0.0.1:1883\" } }\n"
+                  "listeners = \"0.0.0.0:1883\"\n",
+                  c, err),
+             RT_EINVAL); /* the wildcard takes it on every address */
+    CHECK(err_is(err, 2,
+                 "listeners[1] (0.0.0.0:1883) and xmpp.listeners[2] (127.0.0.1:1883) take one "
+                 "address"));
+    CHECK_EQ(load("http = { bind = \"127.0.0.1:5280\" }\n"
+                  "xmpp = { hosts = \"a.example\", listeners = { { bind = \"127.0.0.1:5280\", "
+                  "websocket = \"/ws\" } } }\n",
+                  c, err),
+             RT_EINVAL);
+    CHECK(err_is(err, 2, "xmpp.listeners[1] (127.0.0.1:5280) and http.bind (127.0.0.1:5280)"));
+    CHECK_EQ(load("listeners = { \"127.0.0.1:1\", \"127.0.0.1:1\" }\n", c, err), RT_EINVAL);
+    CHECK(err_is(err, 1, "listeners[1] (127.0.0.1:1) and listeners[2] (127.0.0.1:1)"));
+    CHECK_EQ(load("listeners = \"127.0.0.1:8080\"\nhttp = { bind = \"0.0.0.0:8080\" }\n", c, err),
+             RT_EINVAL);
+    CHECK(err_is(err, 2, "listeners[1] (127.0.0.1:8080) and http.bind (0.0.0.0:8080)"));
+    /* An override meets the file's listeners too. */
+    CHECK_EQ(load("listeners = \"127.0.0.1:1883\"\n", c, err), 0);
+    CHECK_EQ(rt_conf_set(c, "xmpp={hosts=\"a.example\", listeners=\"127.0.0.1:1883\"}", err,
+                         sizeof(err)),
+             RT_EINVAL);
+    CHECK(strstr(err, "command line: listeners[1] (127.0.0.1:1883) and xmpp.listeners[1]") !=
+          NULL);
+    CHECK(!c->xmpp.on); /* refused: nothing changed */
+    /* Port 0 (the kernel picks one) clashes with nothing. */
+    CHECK_EQ(rt_conf_set(c, "xmpp={hosts=\"a.example\", listeners={\"0.0.0.0:0\", \"0.0.0.0:0\"}}",
+                         err, sizeof(err)),
+             0);
+    free(c);
+}
+
 /* Relative paths: the file's directory for the file's values and defaults, cwd for -o. */
 static void test_paths(void)
 {
@@ -587,6 +811,33 @@ static void test_table_keys_shown(void)
     CHECK((r = show(&c, "cluster.node")) && strcmp(r->value, "n1") == 0);
     CHECK((r = show(&c, "cluster.password")) && strcmp(r->value, "(set)") == 0); /* never shown */
     CHECK((r = show(&c, "cluster.token")) && strcmp(r->value, "") == 0);
+    CHECK(show(&c, "xmpp.hosts") == NULL); /* no xmpp table: no rows of its keys */
+    CHECK((r = show(&c, "xmpp")) && strcmp(r->value, "-") == 0 && strcmp(r->dflt, "-") == 0);
+    CHECK_EQ(load("\nxmpp = { hosts = { \"a.example\", \"b.example\" }, anonymous = \"b.example\", "
+                  "listeners = { \"127.0.0.1:5222\", { bind = \"127.0.0.1:5223\", starttls = true, "
+                  "tls = { cert = \"c\", key = \"k\" } } }, idle_timeout = 60 }\n",
+                  &c, err),
+             0);
+    snprintf(want, sizeof(want), "%s:2", path);
+    CHECK((r = show(&c, "xmpp")) &&
+          strcmp(r->value, "a.example, b.example on 127.0.0.1:5222, 127.0.0.1:5223 tls starttls") ==
+              0 &&
+          strcmp(r->from, want) == 0);
+    CHECK((r = show(&c, "xmpp.hosts")) && strcmp(r->value, "a.example, b.example") == 0 &&
+          strcmp(r->from, want) == 0);
+    CHECK((r = show(&c, "xmpp.anonymous")) && strcmp(r->value, "b.example") == 0 &&
+          strcmp(r->dflt, "") == 0);
+    CHECK((r = show(&c, "xmpp.plaintext_from")) &&
+          strcmp(r->value, "127.0.0.0/8, ::1/128") == 0);
+    CHECK((r = show(&c, "xmpp.idle_timeout")) && strcmp(r->value, "60") == 0 &&
+          strcmp(r->dflt, "300") == 0);
+    CHECK((r = show(&c, "xmpp.resource_conflict")) && strcmp(r->value, "replace") == 0);
+    CHECK((r = show(&c, "xmpp.listeners[2].bind")) && strcmp(r->value, "127.0.0.1:5223") == 0);
+    CHECK((r = show(&c, "xmpp.listeners[2].starttls")) && strcmp(r->value, "true") == 0 &&
+          strcmp(r->dflt, "false") == 0);
+    CHECK((r = show(&c, "xmpp.listeners[2].tls.cert")) && strcmp(r->value, "/tmp/c") == 0);
+    CHECK(show(&c, "xmpp.listeners[1].tls.cert") == NULL); /* no TLS on it */
+    CHECK((r = show(&c, "listeners[1].starttls")) && strcmp(r->value, "false") == 0);
 }
 
 /* A table of section keys as a layer above adds it (the sinks' in rtd). */
@@ -639,6 +890,8 @@ int main(void)
     RUN(test_listener_tables);
     RUN(test_http_tls);
     RUN(test_cluster);
+    RUN(test_xmpp);
+    RUN(test_listeners_apart);
     RUN(test_paths);
     RUN(test_anonymous_from);
     RUN(test_schema_defaults_are_the_defaults);
