@@ -36,6 +36,7 @@ if [[ "$purpose" == test ]]; then
         prometheus  # promtool: tests/integration/test_metrics.py checks the scrape's format with it
         chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
         nats-server  # the cluster's tests run NATS servers
+        python3-slixmpp  # tests/integration/test_xmpp_*.py: the XMPP client the sessions are tested with
         lintian systemd  # tests/integration/test_package.py: the .deb's lint, systemd-analyze on the unit
     )
 fi
