@@ -363,7 +363,7 @@ static bool read_hosts(lua_State *L, const char *where, char (*names)[RT_CONF_XM
         return false;
     }
     for (lua_Integer i = 1; i <= len; i++) {
-        char at[48];
+        char at[64];
         snprintf(at, sizeof(at), "%.30s[%lld]", where, (long long)i);
         lua_geti(L, -1, i);
         bool ok = read_host(L, at, names[i - 1], why, whylen);
@@ -531,7 +531,7 @@ static bool read_listener_list(lua_State *L, const char *what, bool xmpp, rt_lis
         return false;
     }
     for (lua_Integer i = 1; i <= len; i++) {
-        char where[48];
+        char where[64];
         snprintf(where, sizeof(where), "%.30s[%lld]", what, (long long)i);
         lua_geti(L, -1, i);
         bool ok = read_listener(L, where, xmpp, &ls[i - 1], why, whylen);
