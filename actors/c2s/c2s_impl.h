@@ -233,5 +233,9 @@ size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, si
 /* Bytes one binding costs (its session is charged them). */
 size_t rt__c2s_reg_entry_bytes(size_t bare_len, size_t res_len);
 size_t rt__c2s_reg_count(void);
+/* Calls fn for every binding, a stripe's lock held: fn copies what it needs and returns. */
+void rt__c2s_reg_each(void (*fn)(const char *bare, size_t bare_len, const char *res,
+                                 size_t res_len, const c2s_route_t *r, void *arg),
+                      void *arg);
 
 #endif

@@ -208,3 +208,20 @@ size_t rt__c2s_reg_count(void)
 {
     return atomic_load_explicit(&entries, memory_order_relaxed);
 }
+
+void rt__c2s_reg_each(void (*fn)(const char *bare, size_t bare_len, const char *res,
+                                 size_t res_len, const c2s_route_t *r, void *arg),
+                      void *arg)
+{
+    pthread_once(&once, init_locks);
+    for (size_t i = 0; i < STRIPES; i++) {
+        stripe_t *s = &stripes[i];
+        pthread_mutex_lock(&s->lock);
+        for (size_t b = 0; b < s->cap; b++)
+            for (const reg_entry_t *e = s->buckets[b]; e; e = e->next) {
+                c2s_route_t r = {.pid = e->pid, .priority = e->priority, .available = e->available};
+                fn(e->key, e->bare_len, e->key + e->bare_len, e->res_len, &r, arg);
+            }
+        pthread_mutex_unlock(&s->lock);
+    }
+}
