@@ -99,7 +99,6 @@ static const char *const sql[ST_N] = {
     [ST_ROLLBACK] = "ROLLBACK",
 };
 
-
 static int db_error(rt_accounts_t *a, char *err, size_t errlen)
 {
     snprintf(err, errlen, "%s: %s", a->path, sqlite3_errmsg(a->db));
@@ -195,8 +194,7 @@ fail:
     return rc;
 }
 
-int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err,
-                       size_t errlen)
+int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err, size_t errlen)
 {
     const char *why;
     if (rt_jid_prep_part(RT_JID_DOMAIN, host, strlen(host), n->host, &n->host_len, &why) ||

@@ -110,8 +110,7 @@ static void row_item(sqlite3_stmt *st, rt_roster_item_t *it)
     const char *g = (const char *)sqlite3_column_text(st, 2);
     const char *end = g + sqlite3_column_bytes(st, 2);
     it->ngroups = 0;
-    for (const char *p = g; p && p < end && it->ngroups < RT_ROSTER_GROUPS_MAX;
-         p += strlen(p) + 1)
+    for (const char *p = g; p && p < end && it->ngroups < RT_ROSTER_GROUPS_MAX; p += strlen(p) + 1)
         it->groups[it->ngroups++] = p;
     it->state = (unsigned)sqlite3_column_int64(st, 3) & RT_ROSTER_STATES;
 }
@@ -300,8 +299,7 @@ int rt_roster_put(rt_accounts_t *a, const char *host, const char *user, const rt
     if (rc == 0 && (had = has_item(a, &n, it->jid)) < 0)
         rc = had;
     if (rc == 0 && !had && items >= (int64_t)max_items) {
-        snprintf(err, errlen, "the roster has %lld items, at most %u", (long long)items,
-                 max_items);
+        snprintf(err, errlen, "the roster has %lld items, at most %u", (long long)items, max_items);
         rc = RT_ELIMIT;
     }
     if (rc == 0) {
