@@ -50,8 +50,8 @@ static const char *const sql[R_N] = {
                  "offline_bytes = offline_bytes + excluded.offline_bytes "
                  "RETURNING roster_version",
     [O_PUSH] = "INSERT INTO offline(host, username, stamp, stanza) VALUES (?1, ?2, ?3, ?4)",
-    [O_LIST] = "SELECT seq, stamp, stanza FROM offline WHERE host = ?1 AND username = ?2 "
-               "ORDER BY seq LIMIT ?3",
+    [O_LIST] = ("SELECT seq, stamp, stanza FROM offline WHERE host = ?1 AND username = ?2 "
+                "ORDER BY seq LIMIT ?3"), /* one string: clang asks for the parentheses */
     [O_TAKEN] = "DELETE FROM offline WHERE host = ?1 AND username = ?2 AND seq <= ?3",
     [D_ROSTER] = "DELETE FROM roster WHERE host = ?1 AND username = ?2",
     [D_OFFLINE] = "DELETE FROM offline WHERE host = ?1 AND username = ?2",
