@@ -87,15 +87,15 @@ static void iq_result_start(rt_buf_t *b, const c2s_t *c, const rt_xml_el_t *iq)
     rt_xml_put_attr(b, "to", c->jid->s);
 }
 
-static void iq_result_empty(c2s_t *c, const rt_xml_el_t *iq)
+static void iq_result_empty(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 {
     rt_buf_t b = {0};
     iq_result_start(&b, c, iq);
     rt_xml_put_empty_end(&b);
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
-static void disco_info(c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
+static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
 {
     rt_buf_t b = {0};
     iq_result_start(&b, c, iq);
@@ -112,16 +112,16 @@ static void disco_info(c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
     for (size_t i = 0; i < sizeof(features) / sizeof(features[0]); i++)
         rt_buf_printf(&b, "<feature var='%s'/>", features[i]);
     rt_buf_printf(&b, "</query></iq>");
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
-static void disco_items(c2s_t *c, const rt_xml_el_t *iq)
+static void disco_items(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 {
     rt_buf_t b = {0};
     iq_result_start(&b, c, iq);
     rt_xml_put_start_end(&b);
     rt_buf_printf(&b, "<query xmlns='%s'/></iq>", NS_DISCO_ITEMS);
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
 /* An iq for the server or for the user's own account (RFC 6121 8.5.1 for the latter). */
@@ -136,23 +136,23 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         return;
     }
     if (strcmp(q->ns, NS_PING) == 0 && get) {
-        iq_result_empty(c, iq);
+        iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, NS_DISCO_INFO) == 0 && get) {
-        disco_info(c, iq, q);
+        disco_info(self, c, iq, q);
     } else if (strcmp(q->ns, NS_DISCO_ITEMS) == 0 && get) {
-        disco_items(c, iq);
+        disco_items(self, c, iq);
     } else if (strcmp(q->ns, NS_CARBONS) == 0 && !get &&
                (strcmp(q->name, "enable") == 0 || strcmp(q->name, "disable") == 0)) {
         size_t blen;
         const char *bare = bare_text(c, &blen);
         rt__c2s_reg_carbons(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self),
                             strcmp(q->name, "enable") == 0);
-        iq_result_empty(c, iq);
+        iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, NS_ROSTER) == 0) {
         rt__c2s_roster_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
         c->session = true;
-        iq_result_empty(c, iq);
+        iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, RT_XML_NS_BIND) == 0) {
         rt__c2s_stanza_error(self, c, iq, "cancel", "not-allowed"); /* bound already */
     } else {
@@ -240,7 +240,7 @@ static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt_buf_printf(&out, "<bind xmlns='%s'><jid>", RT_XML_NS_BIND);
     rt_xml_put_text(&out, full->s, rt_jid_len(full));
     rt_buf_printf(&out, "</jid></bind></iq>");
-    rt__c2s_write_buf(c, &out);
+    rt__c2s_write_stanza_buf(self, c, &out);
     rt_log(RT_LOG_INFO, "xmpp.session_started", "peer=%s jid=%s", rt__c2s_peer(self, c), full->s);
     return 0;
 }
@@ -404,7 +404,8 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
 
 /* ---- Presence of the session's own ---- */
 
-/* The broadcast of an available or unavailable presence to the user's other resources. */
+/* An available or unavailable presence to the user's available resources, the sender's too
+   (RFC 6121 4.2.2, 4.5.2). */
 static void broadcast_own(rt_actor_t *self, c2s_t *c, const rt_buf_t *bytes)
 {
     c2s_route_t r[C2S_ROUTES_MAX];
@@ -412,7 +413,7 @@ static void broadcast_own(rt_actor_t *self, c2s_t *c, const rt_buf_t *bytes)
     const char *bare = bare_text(c, &blen);
     size_t n = rt__c2s_reg_lookup(bare, blen, NULL, 0, r, C2S_ROUTES_MAX);
     for (size_t i = 0; i < n; i++)
-        if (r[i].pid != rt_self(self) && r[i].available)
+        if (r[i].available)
             rt__c2s_send_bytes(r[i].pid, bytes);
 }
 
@@ -477,6 +478,7 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         return bind(self, c, el);
     }
     atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_in, 1, memory_order_relaxed);
+    rt__c2s_sm_count_in(c);
     if (!from_ok(c, rt_xml_attr(el, "from"))) {
         rt__c2s_stream_error(self, c, RT_XML_COND_INVALID_FROM, NULL);
         return RT_XML_STOP;
@@ -536,10 +538,11 @@ void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c)
 {
     if (!c->held_out)
         return;
-    rt__c2s_write(c, c->held_out, c->held_out_len);
-    rt_free(self, c->held_out);
+    uint8_t *h = c->held_out;
     c->held_out = NULL;
-    c->held_out_len = 0;
+    rt__c2s_write_stanzas(self, c, h, c->held_out_len, c->held_out_count);
+    rt_free(self, h);
+    c->held_out_len = c->held_out_count = 0;
 }
 
 /*
@@ -561,11 +564,12 @@ void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
             memcpy(h + c->held_out_len, m->data, m->len);
             c->held_out = h;
             c->held_out_len += m->len;
+            c->held_out_count++;
             return;
         }
     }
     rt__c2s_flush_held(self, c);
-    rt__c2s_write(c, m->data, m->len);
+    rt__c2s_write_stanzas(self, c, m->data, m->len, 1);
 }
 
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)

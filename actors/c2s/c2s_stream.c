@@ -86,7 +86,8 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
     if (c->phase >= PH_AUTHED) {
         rt_buf_printf(&b,
                       "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>"
-                      "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>",
+                      "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>"
+                      "<sm xmlns='urn:xmpp:sm:3'/>",
                       RT_XML_NS_BIND, RT_XML_NS_SESSION, NS_CSI);
         c->phase = PH_BIND;
     } else {
@@ -138,7 +139,6 @@ void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const 
 void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                           const char *cond)
 {
-    (void)self;
     const char *t = rt_xml_attr(el, "type");
     if (t && strcmp(t, "error") == 0)
         return; /* never an error about an error (RFC 6120 8.3.1) */
@@ -157,7 +157,7 @@ void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/></error>", type, cond,
                   RT_XML_NS_STANZA_ERRORS);
     rt_xml_put_end(&b, el->name);
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
 static bool is(const rt_xml_el_t *el, const char *name, const char *ns)
@@ -173,6 +173,8 @@ int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
             rt__c2s_flush_held(self, c);
         return 0;
     }
+    if ((c->phase == PH_ACTIVE || c->phase == PH_BIND) && strcmp(el->ns, "urn:xmpp:sm:3") == 0)
+        return rt__c2s_sm_nonza(self, c, el);
     if (c->phase == PH_ACTIVE || c->phase == PH_BIND) {
         if (strcmp(el->ns, RT_XML_NS_CLIENT) != 0) {
             rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);
