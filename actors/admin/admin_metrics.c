@@ -17,6 +17,7 @@
 
 #include "acl.h"
 #include "admin_impl.h"
+#include "c2s.h"
 #include "cluster.h"
 #include "conn.h"
 #include "rule_engine.h"
@@ -418,6 +419,39 @@ static void tls_section(rt_buf_t *b, const scrape_t *s)
     }
 }
 
+/* XMPP sessions (actors/c2s), when rtd.conf has an xmpp table. */
+static void xmpp_section(rt_buf_t *b)
+{
+    if (!rt_broker || !rt_broker->conf.xmpp.on)
+        return;
+    const rt_c2s_stats_t *x = &rt_c2s_stats;
+    one_u64(b, "rt_xmpp_streams", "gauge", "XMPP streams open now (c2s actors).",
+            atomic_load(&x->sessions));
+    one_u64(b, "rt_xmpp_sessions", "gauge", "XMPP sessions with a resource bound now.",
+            atomic_load(&x->bound));
+    one_u64(b, "rt_xmpp_logins_total", "counter", "Successful SASL logins.",
+            atomic_load(&x->logins));
+    one_u64(b, "rt_xmpp_login_failures_total", "counter", "SASL failures sent.",
+            atomic_load(&x->login_failures));
+    one_u64(b, "rt_xmpp_stanzas_in_total", "counter", "Stanzas received from bound sessions.",
+            atomic_load(&x->stanzas_in));
+    one_u64(b, "rt_xmpp_stanzas_routed_total", "counter",
+            "Stanzas sent on to another session.", atomic_load(&x->stanzas_routed));
+    one_u64(b, "rt_xmpp_stream_errors_total", "counter", "Streams ended by a stream error.",
+            atomic_load(&x->stream_errors));
+    one_u64(b, "rt_xmpp_offline_stored_total", "counter",
+            "Messages kept for a user with no available session (XEP-0160).",
+            atomic_load(&x->offline_stored));
+    one_u64(b, "rt_xmpp_offline_refused_total", "counter",
+            "Messages refused for a user whose offline store is full.",
+            atomic_load(&x->offline_refused));
+    one_u64(b, "rt_xmpp_replaced_total", "counter",
+            "Sessions ended by a newer one binding their resource.", atomic_load(&x->replaced));
+    one_u64(b, "rt_xmpp_connect_timeouts_total", "counter",
+            "Streams not authenticated within connect_timeout.",
+            atomic_load(&x->connect_timeouts));
+}
+
 static void rules_section(rt_buf_t *b, const scrape_t *s)
 {
     if (!s->rules_running)
@@ -645,6 +679,7 @@ int rt_admin_metrics_text(rt_buf_t *out)
         tls_section(out, s);
     }
     cluster_section(out);
+    xmpp_section(out);
     rules_section(out, s);
     sinks_section(out, s);
     runtime_section(out, s);

@@ -116,16 +116,16 @@ typedef struct rt_listen_s {
 #define RT_CONF_ALL_LISTENERS (RT_CONF_MAX_LISTENERS + 1 + RT_CONF_MAX_XMPP_LISTENERS)
 typedef struct rt_conf_xmpp_s {
     bool on; /* an xmpp table was given: else no XMPP code runs */
-    char hosts[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* domains served, lowercase */
-    unsigned nhosts;                                           /* >= 1 when on */
+    char hosts[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX];     /* domains served, lowercase */
+    unsigned nhosts;                                               /* >= 1 when on */
     char anonymous[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* hosts allowing SASL
                                      ANONYMOUS; each must be one of hosts */
     unsigned nanonymous;
     rt_listen_t listeners[RT_CONF_MAX_XMPP_LISTENERS];
     unsigned nlisteners;                            /* default: one, "0.0.0.0:5222" */
     rt_conf_net_t plaintext_from[RT_CONF_MAX_NETS]; /* who may authenticate without TLS */
-    unsigned nplaintext_from; /* default { "127.0.0.0/8", "::1/128" } like anonymous_from */
-    long max_stanza_size;     /* bytes, default 262144, 1024 .. 67108864 */
+    unsigned nplaintext_from;   /* default { "127.0.0.0/8", "::1/128" } like anonymous_from */
+    long max_stanza_size;       /* bytes, default 262144, 1024 .. 67108864 */
     char resource_conflict[16]; /* "replace" (default: the older session is ended, as
                                    ejabberd does) or "refuse" */
     long max_resources;         /* sessions of one account at once, default 16, 1..1000 */

@@ -33,7 +33,7 @@ static void shown_default(const rt_setting_t *s, char *out, size_t n)
 typedef struct {
     void (*fn)(const rt_conf_value_t *v, void *ud);
     void *ud;
-    const char *from;    /* where the table came from */
+    const char *from;   /* where the table came from */
     const rt_conf_t *c; /* whose keys */
 } shower_t;
 
@@ -190,8 +190,7 @@ static void show_section(const shower_t *sh, const rt_conf_section_t *sec)
 }
 
 /* Each listener's keys, named under table ("xmpp.listeners[2].tls.cert"). */
-static void show_listeners(const shower_t *sh, const char *table, const rt_listen_t *ls,
-                           unsigned n)
+static void show_listeners(const shower_t *sh, const char *table, const rt_listen_t *ls, unsigned n)
 {
     char shown[64];
     for (unsigned i = 0; i < n; i++) {

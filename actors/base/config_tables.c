@@ -363,7 +363,7 @@ static bool read_hosts(lua_State *L, const char *where, char (*names)[RT_CONF_XM
         return false;
     }
     for (lua_Integer i = 1; i <= len; i++) {
-        char at[48];
+        char at[64];
         snprintf(at, sizeof(at), "%.30s[%lld]", where, (long long)i);
         lua_geti(L, -1, i);
         bool ok = read_host(L, at, names[i - 1], why, whylen);
@@ -372,8 +372,9 @@ static bool read_hosts(lua_State *L, const char *where, char (*names)[RT_CONF_XM
             return false;
         for (lua_Integer j = 1; j < i; j++)
             if (strcmp(names[j - 1], names[i - 1]) == 0) {
-                snprintf(why, whylen, "%s: \"%.100s\" is given twice (names are folded to "
-                         "lowercase)", at, names[i - 1]);
+                snprintf(why, whylen,
+                         "%s: \"%.100s\" is given twice (names are folded to lowercase)", at,
+                         names[i - 1]);
                 return false;
             }
     }
@@ -381,19 +382,22 @@ static bool read_hosts(lua_State *L, const char *where, char (*names)[RT_CONF_XM
     return true;
 }
 
-#define XMPP_OF(field, member)                                                                     \
-    ((rt_conf_xmpp_t *)(void *)((char *)(field) - offsetof(rt_conf_xmpp_t, member)))
+/* The xmpp struct a reader's field (at offset in it) is in: its count is beside the field. */
+static rt_conf_xmpp_t *xmpp_of(void *field, size_t offset)
+{
+    return (rt_conf_xmpp_t *)(void *)((char *)field - offset);
+}
 
 static bool read_xmpp_hosts(lua_State *L, const char *where, void *field, char *why, size_t whylen)
 {
-    rt_conf_xmpp_t *x = XMPP_OF(field, hosts);
+    rt_conf_xmpp_t *x = xmpp_of(field, offsetof(rt_conf_xmpp_t, hosts));
     return read_hosts(L, where, x->hosts, &x->nhosts, 1, why, whylen);
 }
 
 static bool read_xmpp_anonymous(lua_State *L, const char *where, void *field, char *why,
                                 size_t whylen)
 {
-    rt_conf_xmpp_t *x = XMPP_OF(field, anonymous);
+    rt_conf_xmpp_t *x = xmpp_of(field, offsetof(rt_conf_xmpp_t, anonymous));
     return read_hosts(L, where, x->anonymous, &x->nanonymous, 0, why, whylen);
 }
 
@@ -403,7 +407,7 @@ static bool read_listener_list(lua_State *L, const char *what, bool xmpp, rt_lis
 static bool read_xmpp_listeners(lua_State *L, const char *where, void *field, char *why,
                                 size_t whylen)
 {
-    rt_conf_xmpp_t *x = XMPP_OF(field, listeners);
+    rt_conf_xmpp_t *x = xmpp_of(field, offsetof(rt_conf_xmpp_t, listeners));
     return read_listener_list(L, where, true, x->listeners, RT_CONF_MAX_XMPP_LISTENERS,
                               &x->nlisteners, why, whylen);
 }
@@ -411,7 +415,7 @@ static bool read_xmpp_listeners(lua_State *L, const char *where, void *field, ch
 static bool read_xmpp_plaintext(lua_State *L, const char *where, void *field, char *why,
                                 size_t whylen)
 {
-    rt_conf_xmpp_t *x = XMPP_OF(field, plaintext_from);
+    rt_conf_xmpp_t *x = xmpp_of(field, offsetof(rt_conf_xmpp_t, plaintext_from));
     return rt__conf_parse_nets(L, where, x->plaintext_from, &x->nplaintext_from, why, whylen);
 }
 
@@ -470,17 +474,16 @@ static bool read_listener_table(lua_State *L, const char *where, bool xmpp, rt_l
         snprintf(why, whylen, "%s: starttls is for xmpp.listeners (MQTT starts TLS at accept)",
                  where);
     else if (!out->tls_on)
-        snprintf(why, whylen, "%s: starttls needs tls = { cert = ..., key = ... } (the "
-                 "certificate TLS starts with)", where);
+        snprintf(why, whylen, "%s: starttls needs a tls table (the certificate it starts with)",
+                 where);
     else if (out->websocket[0])
-        snprintf(why, whylen, "%s: starttls is not for WebSocket (RFC 7395: TLS is wss://, at "
-                 "accept)", where);
+        snprintf(why, whylen, "%s: starttls is not for WebSocket (RFC 7395: wss://)", where);
     return xmpp && out->tls_on && !out->websocket[0];
 }
 
 /* A listener: "host:port" or a table (on top of the stack). */
-static bool read_listener(lua_State *L, const char *where, bool xmpp, rt_listen_t *out,
-                          char *why, size_t whylen)
+static bool read_listener(lua_State *L, const char *where, bool xmpp, rt_listen_t *out, char *why,
+                          size_t whylen)
 {
     if (lua_type(L, -1) == LUA_TTABLE)
         return read_listener_table(L, where, xmpp, out, why, whylen);
@@ -528,7 +531,7 @@ static bool read_listener_list(lua_State *L, const char *what, bool xmpp, rt_lis
         return false;
     }
     for (lua_Integer i = 1; i <= len; i++) {
-        char where[48];
+        char where[64];
         snprintf(where, sizeof(where), "%.30s[%lld]", what, (long long)i);
         lua_geti(L, -1, i);
         bool ok = read_listener(L, where, xmpp, &ls[i - 1], why, whylen);

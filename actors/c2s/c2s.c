@@ -493,6 +493,12 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_STANZA:
         rt__c2s_deliver(self, c, m);
         break;
+    case C2S_MSG_ROSTER:
+    case C2S_MSG_ROSTER_ITEM:
+    case C2S_MSG_PROBE:
+    case C2S_MSG_PRESENCE_TO:
+        rt__c2s_roster_msg(self, c, m);
+        break;
     case C2S_MSG_REPLACED:
         if (c->phase == PH_ACTIVE) {
             atomic_fetch_add_explicit(&rt_c2s_stats.replaced, 1, memory_order_relaxed);
@@ -559,6 +565,14 @@ static const char *c2s_tag_name(uint32_t tag)
         return "rate_resume";
     case C2S_MSG_KICK:
         return "kick";
+    case C2S_MSG_ROSTER:
+        return "roster";
+    case C2S_MSG_ROSTER_ITEM:
+        return "roster_item";
+    case C2S_MSG_PROBE:
+        return "probe";
+    case C2S_MSG_PRESENCE_TO:
+        return "presence_to";
     }
     return NULL;
 }

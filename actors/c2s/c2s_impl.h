@@ -33,6 +33,21 @@
 #define C2S_MSG_FAIL_DELAY (RT_C2S_MSG_BASE + 8)      /* a SASL failure's delay is over */
 #define C2S_MSG_STORE_REQ (RT_C2S_MSG_BASE + 9)       /* to the store actor */
 #define C2S_MSG_KICK (RT_C2S_MSG_BASE + 11)           /* rtctl xmpp kick */
+#define C2S_MSG_ROSTER (RT_C2S_MSG_BASE + 12)         /* the whole roster, packed (c2s_roster.c) */
+#define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
+#define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
+#define C2S_MSG_PRESENCE_TO (RT_C2S_MSG_BASE + 15)    /* send our presence (or unavailable) to */
+
+/* Subscription kinds of C2S_OP_SUB (RFC 6121 3). */
+enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_UNSUBSCRIBED };
+
+/*
+** A packed roster entry, as C2S_MSG_ROSTER carries them one after another and a session keeps
+** them: its RT_ROSTER_* state, the bare JID's length and bytes. C2S_MSG_ROSTER_ITEM carries one,
+** state C2S_ROSTER_GONE for a removed item, then the push to write to interested resources.
+*/
+#define C2S_ROSTER_GONE 0xffu
+#define C2S_ENTRY_HEAD 3 /* state byte, length (2 bytes, little-endian) */
 
 /* ---- The store actor's requests (c2s_store.c) ---- */
 enum {
@@ -40,6 +55,10 @@ enum {
     C2S_OP_PLAIN,        /* check a PLAIN password */
     C2S_OP_OFFLINE_PUSH, /* keep a message for an unavailable user */
     C2S_OP_OFFLINE_TAKE, /* send the kept messages to the asking session */
+    C2S_OP_ROSTER_GET,   /* data: iq id NUL client's ver: the result and C2S_MSG_ROSTER */
+    C2S_OP_ROSTER_SET,   /* data: c2s_roster_set (c2s_roster.c): put or remove, pushes */
+    C2S_OP_SUB,          /* data: kind byte, contact bare JID NUL, the stanza for the contact */
+    C2S_OP_PRESENCE_INIT, /* initial presence: C2S_MSG_ROSTER, kept messages, requests */
 };
 
 /* A request: this header, then host, user and the operation's bytes, each after the other. */
@@ -109,6 +128,9 @@ typedef struct c2s_s {
     uint8_t *held;        /* bytes read while parsing waits (the store's answer) */
     uint8_t *frame;       /* WebSocket: the message being gathered */
     char *peer;           /* "ip:port", made when first needed */
+    uint8_t *roster;      /* packed entries (C2S_ENTRY_HEAD each), once the store sent them */
+    uint8_t *pres;        /* the last available presence broadcast, as sent */
+    uint32_t roster_len, pres_len;
     uint32_t held_len, frame_len, frame_cap;
     uint32_t seq; /* of the store request awaited */
     uint64_t last_rx_ms;
@@ -131,6 +153,8 @@ typedef struct c2s_s {
     bool plus;      /* the exchange is a -PLUS one */
     bool counted;   /* counted in rt_c2s_stats.sessions */
     bool preauthed; /* the pre-auth budget still counts this stream */
+    bool roster_loaded;
+    bool broadcast_due; /* initial presence waits for the roster to be broadcast */
 } c2s_t;
 
 static inline const rt_listen_t *rt__c2s_listen(const c2s_t *c)
@@ -173,6 +197,18 @@ void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c);
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
+void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
+void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
+
+/* c2s_roster.c: the session's side of rosters and presence */
+void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                       bool get);
+void rt__c2s_subscription(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                          const char *type);
+void rt__c2s_presence_out(rt_actor_t *self, c2s_t *c, const rt_buf_t *b, bool initial);
+void rt__c2s_roster_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+/* Sends bytes to every available session of bare (len bytes). */
+void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n);
 
 /* c2s_registry.c: the sessions online. Entries are malloc'ed and charged to the session. */
 typedef struct c2s_route_s {

@@ -34,7 +34,7 @@ static const char *bare_text(const c2s_t *c, size_t *len)
 ** el as its receivers get it: from stamped, to as prepared (to_text NULL: none), the other
 ** attributes and the children as they came.
 */
-static void put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to_text)
+void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to_text)
 {
     rt_xml_put_start(b, el->name);
     rt_xml_put_attr(b, "xmlns", RT_XML_NS_CLIENT);
@@ -63,7 +63,7 @@ static void put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, con
     rt_xml_put_end(b, el->name);
 }
 
-static void send_bytes(rt_pid_t to, const rt_buf_t *b)
+void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b)
 {
     if (!b->oom && rt_send(to, C2S_MSG_STANZA, b->data, b->len) == 0)
         atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_routed, 1, memory_order_relaxed);
@@ -136,6 +136,8 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         disco_info(c, iq, q);
     } else if (strcmp(q->ns, NS_DISCO_ITEMS) == 0 && get) {
         disco_items(c, iq);
+    } else if (strcmp(q->ns, NS_ROSTER) == 0) {
+        rt__c2s_roster_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
         c->session = true;
         iq_result_empty(c, iq);
@@ -261,7 +263,7 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
         c2s_route_t r;
         if (rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to), to->resource,
                                &r, 1)) {
-            send_bytes(r.pid, bytes);
+            rt__c2s_send_bytes(r.pid, bytes);
             return;
         }
         if (strcmp(type, "chat") != 0 && strcmp(type, "normal") != 0 &&
@@ -279,7 +281,7 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     size_t sent = 0;
     for (size_t i = 0; i < n; i++)
         if (headline || r[i].priority == top) {
-            send_bytes(r[i].pid, bytes);
+            rt__c2s_send_bytes(r[i].pid, bytes);
             sent++;
         }
     if (sent || headline)
@@ -323,7 +325,7 @@ static void route_presence(const rt_jid_t *to, const rt_buf_t *bytes)
                                   to->resource, r, C2S_ROUTES_MAX);
     for (size_t i = 0; i < n; i++)
         if (r[i].available)
-            send_bytes(r[i].pid, bytes);
+            rt__c2s_send_bytes(r[i].pid, bytes);
 }
 
 static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
@@ -332,7 +334,7 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
     c2s_route_t r;
     if (to->resource && rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to),
                                            to->resource, &r, 1)) {
-        send_bytes(r.pid, bytes);
+        rt__c2s_send_bytes(r.pid, bytes);
         return;
     }
     const char *type = rt_xml_attr(el, "type");
@@ -351,7 +353,7 @@ static void broadcast_own(rt_actor_t *self, c2s_t *c, const rt_buf_t *bytes)
     size_t n = rt__c2s_reg_lookup(bare, blen, NULL, 0, r, C2S_ROUTES_MAX);
     for (size_t i = 0; i < n; i++)
         if (r[i].pid != rt_self(self) && r[i].available)
-            send_bytes(r[i].pid, bytes);
+            rt__c2s_send_bytes(r[i].pid, bytes);
 }
 
 static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
@@ -375,7 +377,8 @@ static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el
         prio = (int)v;
     }
     rt_buf_t b = {0};
-    put_stanza(&b, el, c->jid->s, NULL);
+    rt__c2s_put_stanza(&b, el, c->jid->s, NULL);
+    bool initial = !c->available && !unavailable;
     c->available = !unavailable;
     c->priority = (int8_t)prio;
     size_t blen;
@@ -383,6 +386,7 @@ static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el
     rt__c2s_reg_presence(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self),
                          c->available, c->priority);
     broadcast_own(self, c, &b);
+    rt__c2s_presence_out(self, c, &b, initial);
     rt_buf_free(&b);
 }
 
@@ -441,6 +445,13 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         presence_broadcast(self, c, el);
         return 0;
     }
+    if (presence && type && strcmp(type, "unavailable") != 0 && strcmp(type, "error") != 0) {
+        if (to && rt__c2s_host_index(rt_jid_domain(to), to->domain) < 0)
+            rt__c2s_stanza_error(self, c, el, "cancel", "remote-server-not-found");
+        else
+            rt__c2s_subscription(self, c, el, to, type);
+        return 0;
+    }
     if (to_server)
         return 0; /* a message or directed presence to the server: nothing takes it */
     if (rt__c2s_host_index(rt_jid_domain(to), to->domain) < 0) {
@@ -448,7 +459,7 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         return 0;
     }
     rt_buf_t b = {0};
-    put_stanza(&b, el, c->jid->s, tb.jid.s);
+    rt__c2s_put_stanza(&b, el, c->jid->s, tb.jid.s);
     if (message)
         route_message(self, c, el, to, &b);
     else if (presence)
@@ -485,6 +496,7 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
         rt__c2s_reg_presence(bare, blen, rt_jid_resource(c->jid), c->jid->resource,
                              rt_self(self), false, 0);
         broadcast_own(self, c, &b);
+        rt__c2s_presence_out(self, c, &b, false);
         rt_buf_free(&b);
     }
     rt__c2s_reg_unbind(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self));

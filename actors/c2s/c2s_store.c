@@ -18,9 +18,9 @@
 #include "accounts.h"
 #include "broker.h"
 #include "c2s_impl.h"
+#include "c2s_store.h"
 #include "group.h"
 #include "log.h"
-#include "roster.h"
 
 #define NS_DELAY "urn:xmpp:delay"
 
@@ -159,6 +159,21 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         offline_push(s, m, host, user, data, r->data_len);
         break;
     case C2S_OP_OFFLINE_TAKE: {
+        take_t t = {.to = m->from, .host = host};
+        rt_offline_take(s->accounts, host, user, UINT32_MAX, send_kept, &t);
+        break;
+    }
+    case C2S_OP_ROSTER_GET:
+        rt__c2s_store_roster_get(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_ROSTER_SET:
+        rt__c2s_store_roster_set(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_SUB:
+        rt__c2s_store_sub(s->accounts, host, user, data, r->data_len);
+        break;
+    case C2S_OP_PRESENCE_INIT: {
+        rt__c2s_store_presence_init(s->accounts, m->from, host, user);
         take_t t = {.to = m->from, .host = host};
         rt_offline_take(s->accounts, host, user, UINT32_MAX, send_kept, &t);
         break;

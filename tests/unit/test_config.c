@@ -87,6 +87,38 @@ static void test_shipped_file(void)
     CHECK_EQ(c.nlisteners, 1);
     CHECK(strcmp(c.listeners[0].host, "0.0.0.0") == 0);
     CHECK_EQ(c.listeners[0].port, 1883);
+    CHECK(!c.xmpp.on); /* the example's xmpp block is commented out */
+}
+
+/* The shipped file's commented-out xmpp block, uncommented, is a valid xmpp table. */
+static void test_shipped_xmpp_example(void)
+{
+    FILE *f = fopen("etc/rtd.conf", "r");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    char line[256], text[4096] = "";
+    size_t used = 0;
+    bool in = false;
+    while (fgets(line, sizeof(line), f) && used < sizeof(text)) {
+        in = in || strncmp(line, "-- xmpp = {", 11) == 0;
+        if (in)
+            used += (size_t)snprintf(text + used, sizeof(text) - used, "%s", line + 3);
+        if (in && strncmp(line, "-- }", 4) == 0)
+            break;
+    }
+    fclose(f);
+    CHECK(used > 0 && used < sizeof(text));
+    rt_conf_t *c = malloc(sizeof(*c));
+    char err[RT_CONF_ERR_LEN];
+    CHECK_EQ(load(text, c, err), 0);
+    if (err[0])
+        fprintf(stderr, "  %s\n", err);
+    CHECK(c->xmpp.on && c->xmpp.nhosts == 1 && c->xmpp.nlisteners == 3);
+    CHECK(c->xmpp.listeners[0].starttls && c->xmpp.listeners[0].tls_on);
+    CHECK(c->xmpp.listeners[1].tls_on && !c->xmpp.listeners[1].starttls);
+    CHECK(c->xmpp.listeners[2].websocket[0] == '/');
+    free(c);
 }
 
 static void test_values(void)
@@ -400,27 +432,28 @@ static void test_xmpp(void)
     char err[RT_CONF_ERR_LEN];
     rt_conf_defaults(c);
     CHECK(!c->xmpp.on); /* no table, no XMPP */
-    CHECK_EQ(load("listeners = \"127.0.0.1:1883\"\n"
-                  "xmpp = {\n"
-                  "    hosts = { \"Example.ORG\", \"chat.example.net\", \"xn--bcher-kva.example\" },\n"
-                  "    anonymous = { \"chat.example.net\" },\n"
-                  "    listeners = { \"127.0.0.1:5222\",\n"
-                  "        { bind = \"0.0.0.0:5223\", tls = { cert = \"x.pem\", key = \"x.key\" } },\n"
-                  "        { bind = \"[::1]:5224\", starttls = true,\n"
-                  "          tls = { cert = \"/etc/x.pem\", key = \"/etc/x.key\" } },\n"
-                  "        { bind = \"127.0.0.1:5280\", websocket = \"/xmpp-websocket\",\n"
-                  "          proxy_protocol = true, trusted_proxies = \"10.0.0.0/8\" } },\n"
-                  "    plaintext_from = { \"10.1.0.0/16\" },\n"
-                  "    max_stanza_size = 64 * 1024,\n"
-                  "    resource_conflict = \"refuse\",\n"
-                  "    max_resources = 3,\n"
-                  "    max_roster_items = 250,\n"
-                  "    max_offline_messages = 0,\n"
-                  "    max_offline_bytes = 4096,\n"
-                  "    idle_timeout = 0,\n"
-                  "}\n",
-                  c, err),
-             0);
+    CHECK_EQ(
+        load("listeners = \"127.0.0.1:1883\"\n"
+             "xmpp = {\n"
+             "    hosts = { \"Example.ORG\", \"chat.example.net\", \"xn--bcher-kva.example\" },\n"
+             "    anonymous = { \"chat.example.net\" },\n"
+             "    listeners = { \"127.0.0.1:5222\",\n"
+             "        { bind = \"0.0.0.0:5223\", tls = { cert = \"x.pem\", key = \"x.key\" } },\n"
+             "        { bind = \"[::1]:5224\", starttls = true,\n"
+             "          tls = { cert = \"/etc/x.pem\", key = \"/etc/x.key\" } },\n"
+             "        { bind = \"127.0.0.1:5280\", websocket = \"/xmpp-websocket\",\n"
+             "          proxy_protocol = true, trusted_proxies = \"10.0.0.0/8\" } },\n"
+             "    plaintext_from = { \"10.1.0.0/16\" },\n"
+             "    max_stanza_size = 64 * 1024,\n"
+             "    resource_conflict = \"refuse\",\n"
+             "    max_resources = 3,\n"
+             "    max_roster_items = 250,\n"
+             "    max_offline_messages = 0,\n"
+             "    max_offline_bytes = 4096,\n"
+             "    idle_timeout = 0,\n"
+             "}\n",
+             c, err),
+        0);
     if (err[0])
         fprintf(stderr, "  %s\n", err);
     const rt_conf_xmpp_t *x = &c->xmpp;
@@ -438,7 +471,7 @@ static void test_xmpp(void)
     CHECK_EQ(x->listeners[0].line, 19); /* where the assignment ends (Lua's line), for a port
                                            in use */
     CHECK(x->listeners[1].tls_on && !x->listeners[1].starttls); /* direct TLS, XEP-0368 */
-    CHECK_STR(x->listeners[1].tls.cert, "/tmp/x.pem"); /* the file's directory */
+    CHECK_STR(x->listeners[1].tls.cert, "/tmp/x.pem");          /* the file's directory */
     CHECK_STR(x->listeners[1].tls.key, "/tmp/x.key");
     CHECK_STR(x->listeners[2].host, "::1");
     CHECK(x->listeners[2].tls_on && x->listeners[2].starttls);
@@ -503,8 +536,10 @@ static void test_xmpp(void)
          "xmpp.hosts must be a host name or a list of 1 to 16"},
         {"xmpp={hosts=5}", "xmpp.hosts must be"},
         {"xmpp={hosts={\"\"}}", "xmpp.hosts[1] must be a host name of 1 to 255 bytes"},
-        {"xmpp={hosts={\"a.example\", \"ex\xc3\xa4" "mple.org\"}}",
-         "xmpp.hosts[2]: \"ex\xc3\xa4" "mple.org\" is not ASCII: give an internationalized name "
+        {"xmpp={hosts={\"a.example\", \"ex\xc3\xa4"
+         "mple.org\"}}",
+         "xmpp.hosts[2]: \"ex\xc3\xa4"
+         "mple.org\" is not ASCII: give an internationalized name "
          "as its A-label (xn--...)"},
         {"xmpp={hosts=\"exa_mple.org\"}", "may have only ASCII letters, digits, - and ."},
         {"xmpp={hosts=\"a..example\"}", "is not a DNS name"},
@@ -523,7 +558,7 @@ static void test_xmpp(void)
          "xmpp.listeners: \"localhost:5222\" is not host:port"},
         {"xmpp={hosts=\"a.example\", listeners={\"127.0.0.1:1\", {bind=\"127.0.0.1:2\", "
          "starttls=true}}}",
-         "xmpp.listeners[2]: starttls needs tls"},
+         "xmpp.listeners[2]: starttls needs a tls table"},
         {"xmpp={hosts=\"a.example\", listeners={{bind=\"127.0.0.1:2\", starttls=true, "
          "websocket=\"/x\", tls={cert=\"a\", key=\"b\"}}}}",
          "xmpp.listeners[1]: starttls is not for WebSocket"},
@@ -604,8 +639,7 @@ static void test_listeners_apart(void)
     CHECK_EQ(rt_conf_set(c, "xmpp={hosts=\"a.example\", listeners=\"127.0.0.1:1883\"}", err,
                          sizeof(err)),
              RT_EINVAL);
-    CHECK(strstr(err, "command line: listeners[1] (127.0.0.1:1883) and xmpp.listeners[1]") !=
-          NULL);
+    CHECK(strstr(err, "command line: listeners[1] (127.0.0.1:1883) and xmpp.listeners[1]") != NULL);
     CHECK(!c->xmpp.on); /* refused: nothing changed */
     /* Port 0 (the kernel picks one) clashes with nothing. */
     CHECK_EQ(rt_conf_set(c, "xmpp={hosts=\"a.example\", listeners={\"0.0.0.0:0\", \"0.0.0.0:0\"}}",
@@ -827,8 +861,7 @@ static void test_table_keys_shown(void)
           strcmp(r->from, want) == 0);
     CHECK((r = show(&c, "xmpp.anonymous")) && strcmp(r->value, "b.example") == 0 &&
           strcmp(r->dflt, "") == 0);
-    CHECK((r = show(&c, "xmpp.plaintext_from")) &&
-          strcmp(r->value, "127.0.0.0/8, ::1/128") == 0);
+    CHECK((r = show(&c, "xmpp.plaintext_from")) && strcmp(r->value, "127.0.0.0/8, ::1/128") == 0);
     CHECK((r = show(&c, "xmpp.idle_timeout")) && strcmp(r->value, "60") == 0 &&
           strcmp(r->dflt, "300") == 0);
     CHECK((r = show(&c, "xmpp.resource_conflict")) && strcmp(r->value, "replace") == 0);
@@ -884,6 +917,7 @@ static void test_section_keys_shown(void)
 int main(void)
 {
     RUN(test_shipped_file);
+    RUN(test_shipped_xmpp_example);
     RUN(test_values);
     RUN(test_errors);
     RUN(test_overrides);

@@ -1,0 +1,306 @@
+/*
+** The session's side of rosters and presence (RFC 6121 2-4). The roster lives in xmpp.db and
+** changes in the store actor (c2s_store_roster.c); a session keeps a packed copy of its user's
+** (bare JID and subscription state of each contact: C2S_ENTRY_HEAD + the JID's bytes), which
+** the store sends at the first presence and at every roster get, and keeps current with each
+** change (C2S_MSG_ROSTER_ITEM). With it the session broadcasts its presence to the contacts
+** subscribed to it (FROM), probes those it is subscribed to (TO) at its initial presence, and
+** answers their probes, without asking the store again.
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include "c2s_impl.h"
+#include "roster.h"
+
+#define NS_ROSTER "jabber:iq:roster"
+
+static const char *host_name(const c2s_t *c)
+{
+    return rt__c2s.conf->hosts[c->host];
+}
+
+static int ask(c2s_t *c, uint32_t op, const void *data, size_t len)
+{
+    const char *host = host_name(c);
+    return rt__c2s_store_ask(op, 0, host, strlen(host), rt_jid_local(c->jid), c->jid->local, 0,
+                             data, len);
+}
+
+/* ---- The packed copy ---- */
+
+typedef struct entry_s {
+    unsigned state;
+    const char *jid;
+    size_t len;
+} entry_t;
+
+/* The entry at *at of c's copy, moving *at past it; false at the end. */
+static bool next_entry(const uint8_t *p, size_t len, size_t *at, entry_t *e)
+{
+    if (*at + C2S_ENTRY_HEAD > len)
+        return false;
+    e->state = p[*at];
+    e->len = (size_t)p[*at + 1] | (size_t)p[*at + 2] << 8;
+    e->jid = (const char *)p + *at + C2S_ENTRY_HEAD;
+    if (*at + C2S_ENTRY_HEAD + e->len > len)
+        return false;
+    *at += C2S_ENTRY_HEAD + e->len;
+    return true;
+}
+
+static bool find(const c2s_t *c, const char *jid, size_t len, size_t *where, entry_t *e)
+{
+    size_t at = 0, start = 0;
+    while (next_entry(c->roster, c->roster_len, &at, e)) {
+        if (e->len == len && memcmp(e->jid, jid, len) == 0) {
+            *where = start;
+            return true;
+        }
+        start = at;
+    }
+    return false;
+}
+
+/* Replaces, adds or (state C2S_ROSTER_GONE) removes jid's entry. */
+static void update(rt_actor_t *self, c2s_t *c, unsigned state, const char *jid, size_t len)
+{
+    size_t where;
+    entry_t e;
+    if (find(c, jid, len, &where, &e)) {
+        if (state != C2S_ROSTER_GONE) {
+            c->roster[where] = (uint8_t)state;
+            return;
+        }
+        size_t size = C2S_ENTRY_HEAD + e.len;
+        memmove(c->roster + where, c->roster + where + size, c->roster_len - where - size);
+        c->roster_len -= (uint32_t)size;
+        return;
+    }
+    if (state == C2S_ROSTER_GONE)
+        return;
+    uint8_t *r = rt_realloc(self, c->roster, c->roster_len + C2S_ENTRY_HEAD + len, RT_OBJ_LEAF);
+    if (!r)
+        return; /* the copy misses a contact until the next roster get; logged by nobody */
+    r[c->roster_len] = (uint8_t)state;
+    r[c->roster_len + 1] = (uint8_t)(len & 0xff);
+    r[c->roster_len + 2] = (uint8_t)(len >> 8);
+    memcpy(r + c->roster_len + C2S_ENTRY_HEAD, jid, len);
+    c->roster = r;
+    c->roster_len += (uint32_t)(C2S_ENTRY_HEAD + len);
+}
+
+/* ---- Presence out ---- */
+
+static void to_subscribers(const c2s_t *c, const void *p, size_t n)
+{
+    size_t at = 0;
+    entry_t e;
+    while (next_entry(c->roster, c->roster_len, &at, &e))
+        if (e.state & RT_ROSTER_FROM)
+            rt__c2s_to_available(e.jid, e.len, p, n);
+}
+
+static void probe_contacts(rt_actor_t *self, const c2s_t *c)
+{
+    size_t at = 0;
+    entry_t e;
+    while (next_entry(c->roster, c->roster_len, &at, &e)) {
+        if (!(e.state & RT_ROSTER_TO))
+            continue;
+        c2s_route_t r[C2S_ROUTES_MAX];
+        size_t k = rt__c2s_reg_lookup(e.jid, e.len, NULL, 0, r, C2S_ROUTES_MAX);
+        for (size_t i = 0; i < k; i++)
+            if (r[i].available && r[i].pid != rt_self(self))
+                rt_send(r[i].pid, C2S_MSG_PROBE, c->jid->s, rt_jid_bare_len(c->jid));
+    }
+}
+
+void rt__c2s_presence_out(rt_actor_t *self, c2s_t *c, const rt_buf_t *b, bool initial)
+{
+    rt_free(self, c->pres);
+    c->pres = NULL;
+    c->pres_len = 0;
+    if (c->available && !b->oom) {
+        c->pres = rt_alloc(self, b->len, RT_OBJ_LEAF);
+        if (c->pres) {
+            memcpy(c->pres, b->data, b->len);
+            c->pres_len = (uint32_t)b->len;
+        }
+    }
+    if (initial) {
+        /* The roster may have changed since any copy: the store sends it fresh, with what
+           was kept for the user, and the broadcast and probes go when it comes. */
+        c->broadcast_due = ask(c, C2S_OP_PRESENCE_INIT, NULL, 0) == 0;
+        if (c->broadcast_due)
+            return;
+    }
+    if (c->roster_loaded && !b->oom)
+        to_subscribers(c, b->data, b->len);
+}
+
+/* ---- Requests from the client ---- */
+
+void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                       bool get)
+{
+    const char *id = rt_xml_attr(iq, "id");
+    rt_buf_t d = {0};
+    if (get) {
+        const char *ver = rt_xml_attr(q, "ver");
+        rt_buf_add(&d, id, strlen(id) + 1);
+        if (ver)
+            rt_buf_add(&d, ver, strlen(ver));
+        c->interested = true;
+        if (d.oom || ask(c, C2S_OP_ROSTER_GET, d.data, d.len) != 0)
+            rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
+        rt_buf_free(&d);
+        return;
+    }
+    /* RFC 6121 2.3.3: one item, with a jid; the user's own JID is no contact */
+    const rt_xml_el_t *item = rt_xml_child(q, "item", NS_ROSTER);
+    const char *jid = item ? rt_xml_attr(item, "jid") : NULL;
+    rt_jid_buf_t jb;
+    if (!jid || rt_xml_next(item, NULL, NULL) || rt_jid_prep(jid, strlen(jid), &jb, NULL) != 0 ||
+        jb.jid.resource || rt_jid_bare_eq(&jb.jid, c->jid)) {
+        rt__c2s_stanza_error(self, c, iq, "modify", "bad-request");
+        return;
+    }
+    const char *sub = rt_xml_attr(item, "subscription");
+    const char *name = rt_xml_attr(item, "name");
+    bool remove = sub && strcmp(sub, "remove") == 0;
+    uint8_t ngroups = 0;
+    rt_buf_t groups = {0};
+    for (const rt_xml_el_t *g = rt_xml_child(item, "group", NS_ROSTER); g;
+         g = rt_xml_next(g, "group", NS_ROSTER)) {
+        size_t glen = 0;
+        const char *t = rt_xml_text(g, &glen);
+        if (!t || !glen || ngroups == RT_ROSTER_GROUPS_MAX || memchr(t, 0, glen)) {
+            rt__c2s_stanza_error(self, c, iq, "modify", "not-acceptable");
+            rt_buf_free(&groups);
+            return;
+        }
+        rt_buf_add(&groups, t, glen + 1);
+        ngroups++;
+    }
+    rt_buf_add(&d, id, strlen(id) + 1);
+    rt_buf_add(&d, jb.jid.s, rt_jid_bare_len(&jb.jid));
+    rt_buf_add(&d, "", 1);
+    rt_buf_add(&d, name ? name : "", name ? strlen(name) + 1 : 1);
+    uint8_t flags[2] = {remove, ngroups};
+    rt_buf_add(&d, flags, 2);
+    rt_buf_add(&d, groups.data, groups.len);
+    if (d.oom || groups.oom || ask(c, C2S_OP_ROSTER_SET, d.data, d.len) != 0)
+        rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
+    rt_buf_free(&d);
+    rt_buf_free(&groups);
+}
+
+void rt__c2s_subscription(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                          const char *type)
+{
+    static const char *const kinds[] = {NULL, "subscribe", "subscribed", "unsubscribe",
+                                        "unsubscribed"};
+    uint8_t kind = 0;
+    for (uint8_t k = 1; k < 5; k++)
+        if (strcmp(type, kinds[k]) == 0)
+            kind = k;
+    if (!kind || !to || !to->local || rt_jid_bare_eq(to, c->jid))
+        return; /* RFC 6121 3: only to another account; probes from clients are ignored */
+    char bare_to[RT_JID_TEXT_MAX + 1], bare_me[RT_JID_TEXT_MAX + 1];
+    snprintf(bare_to, sizeof(bare_to), "%.*s", (int)rt_jid_bare_len(to), to->s);
+    snprintf(bare_me, sizeof(bare_me), "%.*s", (int)rt_jid_bare_len(c->jid), c->jid->s);
+    rt_buf_t d = {0};
+    rt_buf_add(&d, &kind, 1);
+    rt_buf_add(&d, bare_to, strlen(bare_to) + 1);
+    rt__c2s_put_stanza(&d, el, bare_me, bare_to); /* RFC 6121 3.1.2: stamped with the bare JID */
+    if (d.oom || ask(c, C2S_OP_SUB, d.data, d.len) != 0)
+        rt__c2s_stanza_error(self, c, el, "wait", "internal-server-error");
+    rt_buf_free(&d);
+}
+
+/* ---- What the store and other sessions send ---- */
+
+static void on_roster(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
+{
+    uint8_t *r = NULL;
+    if (m->len) {
+        r = rt_alloc(self, m->len, RT_OBJ_LEAF);
+        if (!r)
+            return;
+        memcpy(r, m->data, m->len);
+    }
+    rt_free(self, c->roster);
+    c->roster = r;
+    c->roster_len = m->len;
+    c->roster_loaded = true;
+    if (!c->broadcast_due)
+        return;
+    c->broadcast_due = false;
+    if (c->available && c->pres)
+        to_subscribers(c, c->pres, c->pres_len);
+    probe_contacts(self, c);
+}
+
+static void on_item(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
+{
+    size_t at = 0;
+    entry_t e;
+    if (!next_entry(m->data, m->len, &at, &e))
+        return;
+    if (c->roster_loaded)
+        update(self, c, e.state, e.jid, e.len);
+    if (c->interested && at < m->len)
+        rt__c2s_write(c, m->data + at, m->len - at);
+}
+
+/* A contact asked for our presence: given when it is subscribed to it (RFC 6121 4.3.2). */
+static void on_probe(c2s_t *c, rt_msg_t *m)
+{
+    size_t where;
+    entry_t e;
+    if (!c->available || !c->pres || !find(c, (const char *)m->data, m->len, &where, &e) ||
+        !(e.state & RT_ROSTER_FROM))
+        return;
+    rt_send(m->from, C2S_MSG_STANZA, c->pres, c->pres_len);
+}
+
+static void on_presence_to(c2s_t *c, rt_msg_t *m)
+{
+    if (m->len < 2 || !c->available)
+        return;
+    const char *to = (const char *)m->data + 1;
+    size_t len = m->len - 1;
+    if (m->data[0]) {
+        if (c->pres)
+            rt__c2s_to_available(to, len, c->pres, c->pres_len);
+        return;
+    }
+    rt_buf_t b = {0};
+    rt_buf_printf(&b, "<presence xmlns='%s' type='unavailable'", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(&b, "from", c->jid->s);
+    rt_xml_put_empty_end(&b);
+    if (!b.oom)
+        rt__c2s_to_available(to, len, b.data, b.len);
+    rt_buf_free(&b);
+}
+
+void rt__c2s_roster_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
+{
+    if (c->phase != PH_ACTIVE)
+        return;
+    switch (m->tag) {
+    case C2S_MSG_ROSTER:
+        on_roster(self, c, m);
+        break;
+    case C2S_MSG_ROSTER_ITEM:
+        on_item(self, c, m);
+        break;
+    case C2S_MSG_PROBE:
+        on_probe(c, m);
+        break;
+    case C2S_MSG_PRESENCE_TO:
+        on_presence_to(c, m);
+        break;
+    }
+}
