@@ -462,6 +462,43 @@ static void on_connect_timeout(rt_actor_t *self, c2s_t *c)
     rt__c2s_stream_error(self, c, RT_XML_COND_CONNECTION_TIMEOUT, NULL);
 }
 
+void rt__c2s_idle_arm(rt_actor_t *self, c2s_t *c)
+{
+    long s = rt__c2s.conf->idle_timeout;
+    if (s > 0)
+        rt_send_after_tag((uint64_t)s * 1000, rt_self(self), C2S_MSG_IDLE, NULL);
+}
+
+/*
+** A bound session silent for idle_timeout is pinged (XEP-0199) and, silent as long again,
+** ended: a client that vanished without closing (a phone losing its network) holds no
+** session, registry entry or presence for longer than twice the setting. One timer per
+** session at a time, at the earliest moment the session could be idle.
+*/
+static void on_idle_check(rt_actor_t *self, c2s_t *c)
+{
+    if (c->phase != PH_ACTIVE || c->closing || !c->sock)
+        return;
+    uint64_t limit = (uint64_t)rt__c2s.conf->idle_timeout * 1000, quiet = rt_mono_ms() - c->last_rx_ms;
+    if (quiet < limit) {
+        c->pinged = false;
+        rt_send_after_tag(limit - quiet, rt_self(self), C2S_MSG_IDLE, NULL);
+        return;
+    }
+    if (c->pinged) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_CONNECTION_TIMEOUT, "no answer to a ping");
+        return;
+    }
+    c->pinged = true;
+    rt_buf_t b = {0};
+    rt_buf_printf(&b, "<iq type='get' id='idle-ping'");
+    rt_xml_put_attr(&b, "from", rt__c2s.conf->hosts[c->host]);
+    rt_xml_put_attr(&b, "to", c->jid->s);
+    rt_buf_printf(&b, "><ping xmlns='urn:xmpp:ping'/></iq>");
+    rt__c2s_write_buf(c, &b);
+    rt_send_after_tag(limit, rt_self(self), C2S_MSG_IDLE, NULL);
+}
+
 static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     c2s_t *c = state;
@@ -511,6 +548,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_CONNECT_TIMEOUT:
         on_connect_timeout(self, c);
         break;
+    case C2S_MSG_IDLE:
+        on_idle_check(self, c);
+        break;
     case C2S_MSG_RATE_RESUME:
         if (rt_xport_rate_resume(c->xp) && c->sock)
             on_readable(self, c);
@@ -553,6 +593,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "socket";
     case C2S_MSG_CONNECT_TIMEOUT:
         return "connect_timeout";
+    case C2S_MSG_IDLE:
+        return "idle_check";
     case C2S_MSG_STORE_REPLY:
         return "store_reply";
     case C2S_MSG_STANZA:

@@ -33,6 +33,7 @@
 #define C2S_MSG_FAIL_DELAY (RT_C2S_MSG_BASE + 8)      /* a SASL failure's delay is over */
 #define C2S_MSG_STORE_REQ (RT_C2S_MSG_BASE + 9)       /* to the store actor */
 #define C2S_MSG_KICK (RT_C2S_MSG_BASE + 11)           /* rtctl xmpp kick */
+#define C2S_MSG_IDLE (RT_C2S_MSG_BASE + 16)           /* the idle check (xmpp.idle_timeout) */
 #define C2S_MSG_ROSTER (RT_C2S_MSG_BASE + 12)         /* the whole roster, packed (c2s_roster.c) */
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
 #define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
@@ -154,6 +155,10 @@ typedef struct c2s_s {
     bool counted;   /* counted in rt_c2s_stats.sessions */
     bool preauthed; /* the pre-auth budget still counts this stream */
     bool roster_loaded;
+    bool pinged; /* the idle check sent a ping the client has not answered with any byte */
+    bool inactive; /* XEP-0352: presence is held until the client is active again */
+    uint8_t *held_out; /* presence held while inactive, as it would have been written */
+    uint32_t held_out_len;
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
 } c2s_t;
 
@@ -171,6 +176,8 @@ const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c);
 int rt__c2s_peer_addr(const c2s_t *c, rt_auth_addr_t *out);
 bool rt__c2s_framed(const c2s_t *c);
 void rt__c2s_wait(c2s_t *c);
+/* Arms the idle check (xmpp.idle_timeout) at bind. */
+void rt__c2s_idle_arm(rt_actor_t *self, c2s_t *c);
 
 /* c2s_stream.c */
 void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c);
@@ -196,6 +203,7 @@ void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c);
 /* c2s_session.c */
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
@@ -215,6 +223,7 @@ typedef struct c2s_route_s {
     rt_pid_t pid;
     int8_t priority;
     bool available;
+    bool carbons;
 } c2s_route_t;
 #define C2S_ROUTES_MAX 64 /* resources one lookup copies out (max_resources' cap is higher) */
 /*
@@ -227,11 +236,17 @@ void rt__c2s_reg_unbind(const char *bare, size_t bare_len, const char *res, size
                         rt_pid_t pid);
 void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           rt_pid_t pid, bool available, int8_t priority);
+void rt__c2s_reg_carbons(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                         rt_pid_t pid, bool on);
 /* The sessions of bare (all, or only res's when res_len > 0): how many, up to max, in out. */
 size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           c2s_route_t *out, size_t max);
 /* Bytes one binding costs (its session is charged them). */
 size_t rt__c2s_reg_entry_bytes(size_t bare_len, size_t res_len);
 size_t rt__c2s_reg_count(void);
+/* Calls fn for every binding, a stripe's lock held: fn copies what it needs and returns. */
+void rt__c2s_reg_each(void (*fn)(const char *bare, size_t bare_len, const char *res,
+                                 size_t res_len, const c2s_route_t *r, void *arg),
+                      void *arg);
 
 #endif

@@ -12,6 +12,7 @@
 #include "log.h"
 
 #define NS_FRAMING_OPEN "<open xmlns='" RT_XML_NS_FRAMING "'"
+#define NS_CSI "urn:xmpp:csi:0"
 #define STREAM_NS_DECL " xmlns:stream='" RT_XML_NS_STREAMS "'"
 
 static const char *host_name(const c2s_t *c)
@@ -83,8 +84,10 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
     rt_buf_t b = {0};
     features_start(&b, c);
     if (c->phase >= PH_AUTHED) {
-        rt_buf_printf(&b, "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>",
-                      RT_XML_NS_BIND, RT_XML_NS_SESSION);
+        rt_buf_printf(&b,
+                      "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>"
+                      "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>",
+                      RT_XML_NS_BIND, RT_XML_NS_SESSION, NS_CSI);
         c->phase = PH_BIND;
     } else {
         if (!c->secure && c->xp && rt__c2s_listen(c)->starttls)
@@ -164,6 +167,12 @@ static bool is(const rt_xml_el_t *el, const char *name, const char *ns)
 
 int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
 {
+    if (c->phase == PH_ACTIVE && strcmp(el->ns, NS_CSI) == 0) {
+        c->inactive = strcmp(el->name, "inactive") == 0;
+        if (!c->inactive)
+            rt__c2s_flush_held(self, c);
+        return 0;
+    }
     if (c->phase == PH_ACTIVE || c->phase == PH_BIND) {
         if (strcmp(el->ns, RT_XML_NS_CLIENT) != 0) {
             rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);
