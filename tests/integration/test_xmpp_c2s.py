@@ -243,8 +243,6 @@ def test_own_presence_to_other_resources(xmpp):
     X.run(t())
 
 
-@pytest.mark.xfail(strict=False, reason="bug: broadcast_own (actors/c2s/c2s_session.c) skips "
-                   "the sending session; RFC 6121 4.2.2 says the presence goes to the sender too")
 def test_own_presence_echoed_to_sender(xmpp):
     async def t():
         c = await X.login(xmpp.xport, jid("ownecho") + "/only", PW)
