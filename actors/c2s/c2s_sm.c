@@ -5,7 +5,7 @@
 ** each stanza it writes until the client acknowledges it (<a h=.../>). When its connection
 ** drops without the stream's close, a resumable session stays in its actor, detached, as an
 ** MQTT persistent session does: bound, available to its contacts, collecting what is sent to
-** it in the same queue, for C2S_SM_RESUME_S. A client that logs in again on a new connection
+** it in the same queue, for xmpp.resume_timeout. A client that logs in again on a new connection
 ** and sends <resume previd=.../> gets its session back: the new connection's actor asks the
 ** old one (C2S_MSG_SM_ASK, which says yes or no and, on yes, waits for the socket), then hands
 ** it the socket with its transport (C2S_MSG_SM_SOCKET, owned by the message until taken), and
@@ -30,7 +30,6 @@
 #include "log.h"
 
 #define NS_SM "urn:xmpp:sm:3"
-#define C2S_SM_RESUME_S 300        /* a detached session waits this long (ejabberd's default) */
 #define C2S_SM_QUEUE_MAX 1000      /* unacknowledged stanzas; more ends the stream */
 #define C2S_SM_QUEUE_BYTES (4u << 20)
 #define C2S_SM_REQUEST_EVERY 8     /* an <r/> after this many unacknowledged stanzas */
@@ -169,7 +168,8 @@ static void enable(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
         return;
     }
     const char *r = rt_xml_attr(el, "resume");
-    c->sm->resumable = r && (strcmp(r, "true") == 0 || strcmp(r, "1") == 0) && !c->anonymous;
+    c->sm->resumable = r && (strcmp(r, "true") == 0 || strcmp(r, "1") == 0) && !c->anonymous &&
+                       rt__c2s.conf->resume_timeout > 0;
     rt_buf_t b = {0};
     rt_buf_printf(&b, "<enabled xmlns='%s'", NS_SM);
     if (c->sm->resumable) {
@@ -179,8 +179,9 @@ static void enable(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
         } else {
             for (size_t i = 0; i < sizeof(t); i++)
                 snprintf(c->sm->token + 2 * i, 3, "%02x", t[i]);
-            rt_buf_printf(&b, " id='%llx-%s' resume='true' max='%d'",
-                          (unsigned long long)rt_self(self), c->sm->token, C2S_SM_RESUME_S);
+            rt_buf_printf(&b, " id='%llx-%s' resume='true' max='%ld'",
+                          (unsigned long long)rt_self(self), c->sm->token,
+                          rt__c2s.conf->resume_timeout);
         }
     }
     rt_buf_printf(&b, "/>");
@@ -351,10 +352,10 @@ bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c)
     c->waiting = false;
     if (!c->sm->detached) {
         c->sm->detached = true;
-        rt_send_after_tag((uint64_t)C2S_SM_RESUME_S * 1000, rt_self(self), C2S_MSG_SM_TIMEOUT,
-                          NULL);
-        rt_log(RT_LOG_INFO, "xmpp.session_detached", "jid=%s queued=%u resume_s=%d", c->jid->s,
-               c->sm->nq, C2S_SM_RESUME_S);
+        rt_send_after_tag((uint64_t)rt__c2s.conf->resume_timeout * 1000, rt_self(self),
+                          C2S_MSG_SM_TIMEOUT, NULL);
+        rt_log(RT_LOG_INFO, "xmpp.session_detached", "jid=%s queued=%u resume_s=%ld", c->jid->s,
+               c->sm->nq, rt__c2s.conf->resume_timeout);
     }
     return true;
 }
