@@ -236,6 +236,11 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
 
+/* c2s_rules.c: the rules' events */
+void rt__c2s_rule_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *to);
+void rt__c2s_rule_presence(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, bool available);
+void rt__c2s_rule_session(rt_actor_t *self, c2s_t *c, bool connected, const char *reason);
+
 /* c2s_roster.c: the session's side of rosters and presence */
 void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
                        bool get);
