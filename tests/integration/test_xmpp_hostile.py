@@ -262,8 +262,6 @@ def test_bytes_after_starttls_request(xmpp):
     serves_quickly(xmpp)
 
 
-@pytest.mark.xfail(strict=False, reason="a STARTTLS refused for pipelined bytes gets no <failure/> "
-                   "nor </stream:stream> (RFC 6120 5.4.2.2); xtest2-bugs.md 1")
 def test_starttls_pipelined_failure_element(xmpp):
     r = X.Raw(xmpp.tls_port)
     r.open()
@@ -514,8 +512,6 @@ def test_pre_approval(xmpp):
     contact.close()
 
 
-@pytest.mark.xfail(strict=False, reason="rtd does not advertise <sub xmlns='urn:xmpp:features:"
-                   "pre-approval'/> (RFC 6121 3.4.1); xtest2-bugs.md")
 def test_pre_approval_feature_advertised(xmpp):
     r = X.Raw(xmpp.xport)
     r.open()
