@@ -146,6 +146,7 @@ typedef struct c2s_s {
     uint8_t host;     /* index in conf.xmpp.hosts */
     uint8_t phase;    /* c2s_phase_t */
     uint8_t scram_hash;
+    uint8_t cb_type; /* the channel binding a -PLUS exchange uses (RT_SCRAM_CB_*), 0: none */
     uint8_t fails; /* SASL failures on this stream */
     uint8_t fail;  /* the failure written when its delay is over (c2s_sasl.c); 0: none */
     bool secure;   /* TLS runs */
