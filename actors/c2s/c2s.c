@@ -61,14 +61,14 @@ static void peer_format(const c2s_t *c, char *buf, size_t len)
     rt_xport_peer_format(c->xp, c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
 }
 
+/* For log lines: formatted when asked (a session keeps no copy), valid until the next call on
+   this thread. */
 const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c)
 {
-    if (!c->peer) {
-        char buf[INET6_ADDRSTRLEN + 8];
-        peer_format(c, buf, sizeof(buf));
-        c->peer = rt_strndup(self, buf, strlen(buf));
-    }
-    return c->peer ? c->peer : "-";
+    (void)self;
+    static _Thread_local char buf[INET6_ADDRSTRLEN + 8];
+    peer_format(c, buf, sizeof(buf));
+    return buf;
 }
 
 /* ---- The end ---- */
@@ -265,9 +265,8 @@ static void peer_text(const void *owner, char *buf, size_t len)
 
 static bool peer_named(rt_actor_t *self, void *owner, const rt_auth_addr_t *addr)
 {
+    (void)self;
     c2s_t *c = owner;
-    rt_free(self, c->peer);
-    c->peer = NULL;
     return !rt__c2s.admit_peer || rt__c2s.admit_peer(rt_sock_fd(c->sock), addr);
 }
 
@@ -547,9 +546,76 @@ static void on_idle_check(rt_actor_t *self, c2s_t *c)
     rt_send_after_tag(limit, rt_self(self), C2S_MSG_IDLE, NULL);
 }
 
+/* Arms the hibernation timer for a bound session that has none on its way. */
+static void hibernate_arm(rt_actor_t *self, c2s_t *c, uint64_t ms)
+{
+    if (c->phase != PH_ACTIVE || c->hibernate_armed)
+        return;
+    c->hibernate_armed = rt_send_after_tag(ms, rt_self(self), C2S_MSG_HIBERNATE, NULL) == 0;
+}
+
+static void on_hibernate(rt_actor_t *self, c2s_t *c)
+{
+    c->hibernate_armed = false;
+    uint64_t quiet = rt_mono_ms() - c->last_active_ms;
+    if (quiet < C2S_HIBERNATE_MS) {
+        hibernate_arm(self, c, C2S_HIBERNATE_MS - quiet);
+        return;
+    }
+    if (c->frame_len == 0 && c->frame) { /* a WebSocket message buffer with nothing in it */
+        rt_free(self, c->frame);
+        c->frame = NULL;
+        c->frame_cap = 0;
+    }
+    /* Non-moving heaps compact by copying: the small objects a session keeps wait outside the
+       heap while a collection drops every chunk left empty, then come back, into the header's
+       block where they fit (a class's chunk is taken only when that block is full). */
+    struct {
+        void **p;
+        size_t n;
+        void *tmp;
+    } keep[] = {{(void **)&c->jid, c->jid ? rt_jid_size(c->jid) : 0, NULL},
+                {(void **)&c->pres, c->pres_len, NULL},
+                {(void **)&c->roster, c->roster_len, NULL}};
+    size_t nkeep = sizeof(keep) / sizeof(keep[0]);
+    for (size_t i = 0; i < nkeep; i++) {
+        if (!*keep[i].p || !keep[i].n || !(keep[i].tmp = malloc(keep[i].n)))
+            continue;
+        memcpy(keep[i].tmp, *keep[i].p, keep[i].n);
+        rt_free(self, *keep[i].p);
+        *keep[i].p = NULL;
+    }
+    rt_gc(self);
+    for (size_t i = 0; i < nkeep; i++) {
+        if (!keep[i].tmp)
+            continue;
+        void *q = rt_alloc(self, keep[i].n, RT_OBJ_LEAF);
+        if (q) {
+            memcpy(q, keep[i].tmp, keep[i].n);
+        } else if (i == 0) { /* no room for its JID: the session ends, unbound by the copy */
+            c->jid = keep[i].tmp;
+            rt__c2s_session_end(self, c);
+            c->jid = NULL;
+            c->closing = true;
+        } else { /* out of memory: its contacts get its presence again at the next one */
+            c->pres_len = keep[i].p == (void **)&c->pres ? 0 : c->pres_len;
+            c->roster_len = keep[i].p == (void **)&c->roster ? 0 : c->roster_len;
+            c->roster_loaded = c->roster_loaded && keep[i].p != (void **)&c->roster;
+        }
+        *keep[i].p = q;
+        free(keep[i].tmp);
+    }
+    if (c->closing)
+        rt_exit(self, RT_REASON_NORMAL);
+}
+
 static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     c2s_t *c = state;
+    if (m->tag != C2S_MSG_HIBERNATE) {
+        c->last_active_ms = rt_mono_ms();
+        hibernate_arm(self, c, C2S_HIBERNATE_MS);
+    }
     switch (m->tag) {
     case RT_MSG_SOCKET: {
         uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
@@ -613,6 +679,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_SM_TIMEOUT:
         rt__c2s_sm_timeout(self, c);
         break;
+    case C2S_MSG_HIBERNATE:
+        on_hibernate(self, c);
+        break;
     case C2S_MSG_RATE_RESUME:
         if (rt_xport_rate_resume(c->xp) && c->sock)
             on_readable(self, c);
@@ -669,6 +738,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "resume_socket";
     case C2S_MSG_SM_TIMEOUT:
         return "resume_timeout";
+    case C2S_MSG_HIBERNATE:
+        return "hibernate";
     case C2S_MSG_STORE_REPLY:
         return "store_reply";
     case C2S_MSG_STANZA:

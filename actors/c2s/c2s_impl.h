@@ -38,6 +38,15 @@
 #define C2S_MSG_SM_ANSWER (RT_C2S_MSG_BASE + 18)      /* one byte: yes (the socket follows) */
 #define C2S_MSG_SM_SOCKET (RT_C2S_MSG_BASE + 19)      /* the resuming connection's socket */
 #define C2S_MSG_SM_TIMEOUT (RT_C2S_MSG_BASE + 20)     /* a detached session's time ran out */
+#define C2S_MSG_HIBERNATE (RT_C2S_MSG_BASE + 21)      /* quiet long enough: compact the heap */
+
+/*
+** A bound session quiet this long (no message handled) is collected down to its live data
+** (BEAM's erlang:hibernate; MongooseIM hibernates its c2s processes): what a login or a burst
+** left in its heap (the SASL exchange, parse trees, emptied chunks) is given back, so an idle
+** session costs what it holds.
+*/
+#define C2S_HIBERNATE_MS 5000
 #define C2S_MSG_ROSTER (RT_C2S_MSG_BASE + 12)         /* the whole roster, packed (c2s_roster.c) */
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
 #define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
@@ -130,11 +139,11 @@ typedef struct c2s_s {
     rt_xport_t *xp;
     rt_xml_stream_t xs;
     rt_jid_t *jid;        /* user@host once authenticated, user@host/resource once bound */
-    char *stream_id;      /* this stream's id, on the heap */
+    char stream_id[17];   /* this stream's id: 16 hex digits */
     rt_scram_t *scram;    /* the exchange running, or NULL */
     uint8_t *held;        /* bytes read while parsing waits (the store's answer) */
     uint8_t *frame;       /* WebSocket: the message being gathered */
-    char *peer;           /* "ip:port", made when first needed */
+
     uint8_t *roster;      /* packed entries (C2S_ENTRY_HEAD each), once the store sent them */
     uint8_t *pres;        /* the last available presence broadcast, as sent */
     uint32_t roster_len, pres_len;
@@ -171,6 +180,8 @@ typedef struct c2s_s {
     rt_pid_t resume_pid;  /* <resume/>: the session asked to take this connection */
     uint32_t resume_h;    /* and what the client said it handled */
     bool reopening;       /* the stream is reopened for a resumed session: no header goes out */
+    bool hibernate_armed; /* a C2S_MSG_HIBERNATE timer is on its way */
+    uint64_t last_active_ms; /* the last message handled (the hibernation's clock) */
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
 } c2s_t;
 

@@ -43,8 +43,8 @@ static void new_stream_id(rt_actor_t *self, c2s_t *c)
         memcpy(r, &(uint64_t){rt_mono_ns() ^ (uint64_t)(uintptr_t)c}, sizeof(r));
     for (size_t i = 0; i < sizeof(r); i++)
         snprintf(hex + 2 * i, 3, "%02x", r[i]);
-    rt_free(self, c->stream_id);
-    c->stream_id = rt_strndup(self, hex, 16);
+    (void)self;
+    memcpy(c->stream_id, hex, sizeof(c->stream_id));
 }
 
 void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c)
@@ -57,7 +57,7 @@ void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c)
         rt_buf_printf(&b, "<?xml version='1.0'?><stream:stream xmlns='%s'" STREAM_NS_DECL,
                       RT_XML_NS_CLIENT);
     }
-    rt_xml_put_attr(&b, "id", c->stream_id ? c->stream_id : "0");
+    rt_xml_put_attr(&b, "id", c->stream_id);
     rt_xml_put_attr(&b, "from", host_name(c));
     rt_xml_put_attr(&b, "version", "1.0");
     rt_xml_put_attr(&b, "xml:lang", "en");
