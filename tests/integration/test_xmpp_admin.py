@@ -142,6 +142,9 @@ def test_sessions_show_kick(xmpp):
         code, body = await asyncio.to_thread(call, xmpp, "/api/v1/xmpp/kick/bob@localhost",
                                              key=xmpp.read_key, method="POST")
         assert code == 403 and "admin role" in body["error"], body
+        code, body = await asyncio.to_thread(call, xmpp, "/api/v1/xmpp/user/list",
+                                             key=xmpp.read_key)
+        assert code == 403 and "shows the XMPP accounts" in body["error"], body
         code, body = await asyncio.to_thread(call, xmpp, "/api/v1/xmpp/kick", method="POST",
                                              key=xmpp.admin_key, body={"jid": "bob@localhost"})
         assert (code, body) == (200, {"jid": "bob@localhost", "kicked": 1}), body
