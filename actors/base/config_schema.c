@@ -413,6 +413,9 @@ const rt_setting_t rt__conf_table_settings[] = {
     XMPP_INT(idle_timeout, 300, 0, 86400, "seconds",
              "without a byte from a client before it is pinged (XEP-0199), and as long again "
              "before it is dropped; 0 = never"),
+    XMPP_INT(resume_timeout, 300, 0, 86400, "seconds",
+             "a session whose connection dropped waits this long to be resumed (XEP-0198); "
+             "0 = no resumption"),
     {.name = NULL},
 };
 

@@ -157,6 +157,11 @@ static void after_feed(rt_actor_t *self, c2s_t *c, int rc, const uint8_t *p, siz
         hold(self, c, p + used, n - used);
 }
 
+void rt__c2s_feed_more(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n)
+{
+    feed(self, c, p, n);
+}
+
 static void feed(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n)
 {
     if (c->closing)
@@ -222,12 +227,22 @@ static void on_message_end(rt_actor_t *self, void *owner)
 static bool taking(const void *owner)
 {
     const c2s_t *c = owner;
-    return c->sock && !c->closing;
+    return c->sock && !c->closing && !c->dropped;
 }
 
+/* The connection is lost (a transport fault, or the client's end without a close). */
+static void lost(rt_actor_t *self, c2s_t *c)
+{
+    if (!rt__c2s_sm_detach(self, c))
+        rt__c2s_close(self, c);
+}
+
+/* Inside the transport's input: the loss is handled once it has returned (c2s_handle). */
 static void on_fail(rt_actor_t *self, void *owner)
 {
-    rt__c2s_close(self, owner);
+    (void)self;
+    c2s_t *c = owner;
+    c->dropped = true;
 }
 
 static void hold_input(void *owner)
@@ -302,7 +317,7 @@ static void on_readable(rt_actor_t *self, c2s_t *c)
         if (rc == RT_EAGAIN)
             return;
         if (rc) {
-            rt__c2s_close(self, c);
+            lost(self, c);
             return;
         }
         c->last_rx_ms = rt_mono_ms();
@@ -340,6 +355,8 @@ static int on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns, s
     (void)ns;
     (void)nns;
     c2s_t *c = ctx;
+    if (c->reopening)
+        return 0;
     rt_actor_t *self = rt_current();
     const char *to = rt_xml_attr(hdr, "to");
     const char *version = rt_xml_attr(hdr, "version");
@@ -399,6 +416,31 @@ static void xml_charge(void *ctx, ptrdiff_t delta)
 {
     (void)ctx;
     rt_charge(rt_current(), delta);
+}
+
+int rt__c2s_stream_reopen(rt_actor_t *self, c2s_t *c)
+{
+    (void)self;
+    rt_xml_stream_destroy(&c->xs);
+    bool framed = rt__c2s_framed(c);
+    int rc = rt_xml_stream_init(&c->xs, framed ? &rt__c2s.stream_ws : &rt__c2s.stream_tcp, c);
+    if (rc)
+        return rc;
+    rt_buf_t b = {0};
+    if (framed)
+        rt_buf_printf(&b, "<open xmlns='%s' version='1.0'", RT_XML_NS_FRAMING);
+    else
+        rt_buf_printf(&b, "<stream:stream xmlns='%s' xmlns:stream='%s' version='1.0'",
+                      RT_XML_NS_CLIENT, RT_XML_NS_STREAMS);
+    rt_xml_put_attr(&b, "to", rt__c2s.conf->hosts[c->host]);
+    rt_buf_printf(&b, framed ? "/>" : ">");
+    c->reopening = true;
+    rc = b.oom ? RT_ENOMEM
+         : framed ? rt_xml_stream_frame(&c->xs, b.data, b.len)
+                  : rt_xml_stream_feed(&c->xs, b.data, b.len, NULL);
+    c->reopening = false;
+    rt_buf_free(&b);
+    return rc;
 }
 
 void rt__c2s_stream_configs(const rt_conf_xmpp_t *conf)
@@ -462,6 +504,43 @@ static void on_connect_timeout(rt_actor_t *self, c2s_t *c)
     rt__c2s_stream_error(self, c, RT_XML_COND_CONNECTION_TIMEOUT, NULL);
 }
 
+void rt__c2s_idle_arm(rt_actor_t *self, c2s_t *c)
+{
+    long s = rt__c2s.conf->idle_timeout;
+    if (s > 0)
+        rt_send_after_tag((uint64_t)s * 1000, rt_self(self), C2S_MSG_IDLE, NULL);
+}
+
+/*
+** A bound session silent for idle_timeout is pinged (XEP-0199) and, silent as long again,
+** ended: a client that vanished without closing (a phone losing its network) holds no
+** session, registry entry or presence for longer than twice the setting. One timer per
+** session at a time, at the earliest moment the session could be idle.
+*/
+static void on_idle_check(rt_actor_t *self, c2s_t *c)
+{
+    if (c->phase != PH_ACTIVE || c->closing || !c->sock)
+        return;
+    uint64_t limit = (uint64_t)rt__c2s.conf->idle_timeout * 1000, quiet = rt_mono_ms() - c->last_rx_ms;
+    if (quiet < limit) {
+        c->pinged = false;
+        rt_send_after_tag(limit - quiet, rt_self(self), C2S_MSG_IDLE, NULL);
+        return;
+    }
+    if (c->pinged) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_CONNECTION_TIMEOUT, "no answer to a ping");
+        return;
+    }
+    c->pinged = true;
+    rt_buf_t b = {0};
+    rt_buf_printf(&b, "<iq type='get' id='idle-ping'");
+    rt_xml_put_attr(&b, "from", rt__c2s.conf->hosts[c->host]);
+    rt_xml_put_attr(&b, "to", c->jid->s);
+    rt_buf_printf(&b, "><ping xmlns='urn:xmpp:ping'/></iq>");
+    rt__c2s_write_stanza_buf(self, c, &b);
+    rt_send_after_tag(limit, rt_self(self), C2S_MSG_IDLE, NULL);
+}
+
 static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     c2s_t *c = state;
@@ -514,10 +593,31 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_CONNECT_TIMEOUT:
         on_connect_timeout(self, c);
         break;
+    case C2S_MSG_IDLE:
+        on_idle_check(self, c);
+        break;
+    case C2S_MSG_SM_ASK:
+        rt__c2s_sm_asked(self, c, m);
+        break;
+    case C2S_MSG_SM_ANSWER:
+        rt__c2s_sm_answered(self, c, m);
+        resume_parsing(self, c);
+        break;
+    case C2S_MSG_SM_SOCKET:
+        if (rt__c2s_sm_take_socket(self, c, m) == 0)
+            on_readable(self, c);
+        break;
+    case C2S_MSG_SM_TIMEOUT:
+        rt__c2s_sm_timeout(self, c);
+        break;
     case C2S_MSG_RATE_RESUME:
         if (rt_xport_rate_resume(c->xp) && c->sock)
             on_readable(self, c);
         break;
+    }
+    if (c->dropped && !c->closing) {
+        c->dropped = false;
+        lost(self, c);
     }
     if (c->closing)
         rt_exit(self, RT_REASON_NORMAL);
@@ -556,6 +656,16 @@ static const char *c2s_tag_name(uint32_t tag)
         return "socket";
     case C2S_MSG_CONNECT_TIMEOUT:
         return "connect_timeout";
+    case C2S_MSG_IDLE:
+        return "idle_check";
+    case C2S_MSG_SM_ASK:
+        return "resume_ask";
+    case C2S_MSG_SM_ANSWER:
+        return "resume_answer";
+    case C2S_MSG_SM_SOCKET:
+        return "resume_socket";
+    case C2S_MSG_SM_TIMEOUT:
+        return "resume_timeout";
     case C2S_MSG_STORE_REPLY:
         return "store_reply";
     case C2S_MSG_STANZA:

@@ -33,6 +33,11 @@
 #define C2S_MSG_FAIL_DELAY (RT_C2S_MSG_BASE + 8)      /* a SASL failure's delay is over */
 #define C2S_MSG_STORE_REQ (RT_C2S_MSG_BASE + 9)       /* to the store actor */
 #define C2S_MSG_KICK (RT_C2S_MSG_BASE + 11)           /* rtctl xmpp kick */
+#define C2S_MSG_IDLE (RT_C2S_MSG_BASE + 16)           /* the idle check (xmpp.idle_timeout) */
+#define C2S_MSG_SM_ASK (RT_C2S_MSG_BASE + 17)         /* may this connection resume you? */
+#define C2S_MSG_SM_ANSWER (RT_C2S_MSG_BASE + 18)      /* one byte: yes (the socket follows) */
+#define C2S_MSG_SM_SOCKET (RT_C2S_MSG_BASE + 19)      /* the resuming connection's socket */
+#define C2S_MSG_SM_TIMEOUT (RT_C2S_MSG_BASE + 20)     /* a detached session's time ran out */
 #define C2S_MSG_ROSTER (RT_C2S_MSG_BASE + 12)         /* the whole roster, packed (c2s_roster.c) */
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
 #define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
@@ -119,6 +124,8 @@ typedef enum {
     PH_ACTIVE,     /* a resource bound */
 } c2s_phase_t;
 
+typedef struct c2s_sm_s c2s_sm_t; /* stream management (c2s_sm.c) */
+
 typedef struct c2s_s {
     rt_sock_t *sock;
     rt_xport_t *xp;
@@ -147,6 +154,7 @@ typedef struct c2s_s {
     bool starttls; /* the client asked: TLS starts once this feed ends */
     bool restart;  /* a stream restart (SASL success) once this feed ends */
     bool closing;
+    bool dropped; /* the transport failed: the connection is lost once its input returns */
     bool available;  /* initial presence sent, not unavailable since */
     bool interested; /* asked for the roster */
     bool session;    /* the legacy session was established (or not needed) */
@@ -155,6 +163,14 @@ typedef struct c2s_s {
     bool counted;   /* counted in rt_c2s_stats.sessions */
     bool preauthed; /* the pre-auth budget still counts this stream */
     bool roster_loaded;
+    bool pinged; /* the idle check sent a ping the client has not answered with any byte */
+    bool inactive; /* XEP-0352: presence is held until the client is active again */
+    uint8_t *held_out; /* presence held while inactive, as it would have been written */
+    uint32_t held_out_len, held_out_count;
+    c2s_sm_t *sm;         /* XEP-0198 once enabled, or NULL */
+    rt_pid_t resume_pid;  /* <resume/>: the session asked to take this connection */
+    uint32_t resume_h;    /* and what the client said it handled */
+    bool reopening;       /* the stream is reopened for a resumed session: no header goes out */
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
 } c2s_t;
 
@@ -172,6 +188,25 @@ const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c);
 int rt__c2s_peer_addr(const c2s_t *c, rt_auth_addr_t *out);
 bool rt__c2s_framed(const c2s_t *c);
 void rt__c2s_wait(c2s_t *c);
+/* Arms the idle check (xmpp.idle_timeout) at bind. */
+void rt__c2s_idle_arm(rt_actor_t *self, c2s_t *c);
+
+void rt__c2s_feed_more(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n);
+/* A resumed session's stream, open on its new connection as the old one was. */
+int rt__c2s_stream_reopen(rt_actor_t *self, c2s_t *c);
+
+/* c2s_sm.c: stream management. Stanzas to the client go through these (counted, kept). */
+void rt__c2s_write_stanzas(rt_actor_t *self, c2s_t *c, const void *p, size_t n, uint32_t count);
+void rt__c2s_write_stanza_buf(rt_actor_t *self, c2s_t *c, rt_buf_t *b);
+void rt__c2s_sm_count_in(c2s_t *c);
+bool rt__c2s_sm_on(const c2s_t *c);
+int rt__c2s_sm_nonza(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el);
+/* The connection dropped: a resumable session stays, detached; false: it ends. */
+bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c);
+void rt__c2s_sm_timeout(rt_actor_t *self, c2s_t *c);
+void rt__c2s_sm_asked(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 
 /* c2s_stream.c */
 void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c);
@@ -197,6 +232,7 @@ void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c);
 /* c2s_session.c */
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
@@ -219,6 +255,7 @@ typedef struct c2s_route_s {
     rt_pid_t pid;
     int8_t priority;
     bool available;
+    bool carbons;
 } c2s_route_t;
 #define C2S_ROUTES_MAX 64 /* resources one lookup copies out (max_resources' cap is higher) */
 /*
@@ -231,6 +268,8 @@ void rt__c2s_reg_unbind(const char *bare, size_t bare_len, const char *res, size
                         rt_pid_t pid);
 void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           rt_pid_t pid, bool available, int8_t priority);
+void rt__c2s_reg_carbons(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                         rt_pid_t pid, bool on);
 /* The sessions of bare (all, or only res's when res_len > 0): how many, up to max, in out. */
 size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           c2s_route_t *out, size_t max);

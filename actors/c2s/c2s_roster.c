@@ -251,7 +251,7 @@ static void on_item(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     if (c->roster_loaded)
         update(self, c, e.state, e.jid, e.len);
     if (c->interested && at < m->len)
-        rt__c2s_write(c, m->data + at, m->len - at);
+        rt__c2s_write_stanzas(self, c, m->data + at, m->len - at, 1);
 }
 
 /* A contact asked for our presence: given when it is subscribed to it (RFC 6121 4.3.2). */

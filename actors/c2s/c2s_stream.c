@@ -12,6 +12,7 @@
 #include "log.h"
 
 #define NS_FRAMING_OPEN "<open xmlns='" RT_XML_NS_FRAMING "'"
+#define NS_CSI "urn:xmpp:csi:0"
 #define STREAM_NS_DECL " xmlns:stream='" RT_XML_NS_STREAMS "'"
 
 static const char *host_name(const c2s_t *c)
@@ -83,8 +84,11 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
     rt_buf_t b = {0};
     features_start(&b, c);
     if (c->phase >= PH_AUTHED) {
-        rt_buf_printf(&b, "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>",
-                      RT_XML_NS_BIND, RT_XML_NS_SESSION);
+        rt_buf_printf(&b,
+                      "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>"
+                      "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>"
+                      "<sm xmlns='urn:xmpp:sm:3'/>",
+                      RT_XML_NS_BIND, RT_XML_NS_SESSION, NS_CSI);
         c->phase = PH_BIND;
     } else {
         if (!c->secure && c->xp && rt__c2s_listen(c)->starttls)
@@ -135,7 +139,6 @@ void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const 
 void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                           const char *cond)
 {
-    (void)self;
     const char *t = rt_xml_attr(el, "type");
     if (t && strcmp(t, "error") == 0)
         return; /* never an error about an error (RFC 6120 8.3.1) */
@@ -154,7 +157,7 @@ void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/></error>", type, cond,
                   RT_XML_NS_STANZA_ERRORS);
     rt_xml_put_end(&b, el->name);
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
 static bool is(const rt_xml_el_t *el, const char *name, const char *ns)
@@ -164,6 +167,14 @@ static bool is(const rt_xml_el_t *el, const char *name, const char *ns)
 
 int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
 {
+    if (c->phase == PH_ACTIVE && strcmp(el->ns, NS_CSI) == 0) {
+        c->inactive = strcmp(el->name, "inactive") == 0;
+        if (!c->inactive)
+            rt__c2s_flush_held(self, c);
+        return 0;
+    }
+    if ((c->phase == PH_ACTIVE || c->phase == PH_BIND) && strcmp(el->ns, "urn:xmpp:sm:3") == 0)
+        return rt__c2s_sm_nonza(self, c, el);
     if (c->phase == PH_ACTIVE || c->phase == PH_BIND) {
         if (strcmp(el->ns, RT_XML_NS_CLIENT) != 0) {
             rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);

@@ -99,8 +99,7 @@ static const char *const sql[ST_N] = {
     [ST_ROLLBACK] = "ROLLBACK",
 };
 
-
-static int db_error(rt_accounts_t *a, char *err, size_t errlen)
+int rt__accounts_db_error(rt_accounts_t *a, char *err, size_t errlen)
 {
     snprintf(err, errlen, "%s: %s", a->path, sqlite3_errmsg(a->db));
     return RT_EAGAIN;
@@ -175,17 +174,17 @@ int rt_accounts_open(const char *dir, rt_accounts_t **out, char *err, size_t err
     rc = RT_EAGAIN;
     if (sqlite3_exec(a->db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", NULL, NULL,
                      NULL) != SQLITE_OK) {
-        db_error(a, err, errlen);
+        rt__accounts_db_error(a, err, errlen);
         goto fail;
     }
     for (int i = 0; i < ST_N; i++)
         if (sqlite3_prepare_v3(a->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &a->st[i], NULL) !=
             SQLITE_OK) {
-            db_error(a, err, errlen);
+            rt__accounts_db_error(a, err, errlen);
             goto fail;
         }
     if (rt__roster_prepare(a) != 0) {
-        db_error(a, err, errlen);
+        rt__accounts_db_error(a, err, errlen);
         goto fail;
     }
     *out = a;
@@ -195,8 +194,7 @@ fail:
     return rc;
 }
 
-int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err,
-                       size_t errlen)
+int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err, size_t errlen)
 {
     const char *why;
     if (rt_jid_prep_part(RT_JID_DOMAIN, host, strlen(host), n->host, &n->host_len, &why) ||
@@ -266,7 +264,7 @@ static int write_creds(rt_accounts_t *a, int which, const char *host, const char
         snprintf(err, errlen, "%s@%s exists", n.user, n.host);
         return RT_EEXIST;
     }
-    return s == SQLITE_DONE ? 0 : db_error(a, err, errlen);
+    return s == SQLITE_DONE ? 0 : rt__accounts_db_error(a, err, errlen);
 }
 
 int rt_accounts_add(rt_accounts_t *a, const char *host, const char *user, const char *pw,
@@ -296,7 +294,7 @@ int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *
         return rc;
     /* The account and what roster.c keeps for it go together or not at all. */
     if (rt__accounts_begin(a, true) != 0)
-        return db_error(a, err, errlen);
+        return rt__accounts_db_error(a, err, errlen);
     sqlite3_stmt *st = rt__accounts_keyed(a->st[ST_DEL], &n);
     int s = sqlite3_step(st);
     bool changed = sqlite3_changes(a->db) > 0;
@@ -309,10 +307,11 @@ int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *
     } else
         rc = rt__roster_drop(a, &n);
     if (rc == RT_EAGAIN)
-        db_error(a, err, errlen); /* SQLite's message, before the rollback replaces it */
+        rt__accounts_db_error(a, err,
+                              errlen); /* SQLite's message, before the rollback replaces it */
     int end = rt__accounts_end(a, rc);
     if (end == RT_EAGAIN && rc != RT_EAGAIN)
-        db_error(a, err, errlen);
+        rt__accounts_db_error(a, err, errlen);
     return end;
 }
 
@@ -359,7 +358,7 @@ int rt_accounts_list(rt_accounts_t *a, const char *host,
         rc = fn((const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1),
                 sqlite3_column_int64(st, 2), arg);
     if (rc == 0 && s != SQLITE_DONE)
-        rc = db_error(a, err, errlen);
+        rc = rt__accounts_db_error(a, err, errlen);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     return rc;

@@ -33,6 +33,9 @@ typedef struct rt__names_s {
 int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err,
                        size_t errlen);
 
+/* "path: SQLite's last message" into err; returns RT_EAGAIN. */
+int rt__accounts_db_error(rt_accounts_t *a, char *err, size_t errlen);
+
 /* A cached statement, reset, with the host and user bound as ?1 and ?2. */
 sqlite3_stmt *rt__accounts_keyed(sqlite3_stmt *st, const rt__names_t *n);
 

@@ -232,7 +232,7 @@ async def login(port, jid, password="", mech=None, tls=False, plugins=(), timeou
     for p in plugins:
         c.register_plugin(p)
     # The tests say what each side answers to a subscription: nothing automatic.
-    c.roster.auto_authorize = False
+    c.roster.auto_authorize = None  # False would refuse every request on its own
     c.roster.auto_subscribe = False
     if cafile:
         c.ca_certs = cafile
