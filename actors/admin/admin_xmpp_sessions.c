@@ -284,6 +284,7 @@ static void session_doc(rt_doc_t *o, const answer_t *a, bool full)
         return;
     listener_doc(o, i->listener);
     rt_doc_add_bool(o, "tls", i->secure);
+    rt_doc_add_bool(o, "detached", i->detached);
     rt_doc_add_str(o, "stream_id", a->stream_id);
     rt_doc_add_u64(o, "roster_items", i->roster_items);
     rt_doc_add_bytes(o, "roster_bytes", i->roster_bytes);

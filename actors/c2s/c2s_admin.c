@@ -94,6 +94,7 @@ void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m)
     i->secure = c->secure;
     i->roster_loaded = c->roster_loaded;
     i->interested = c->interested;
+    i->detached = !c->sock;
     if (c->sock)
         rt_xport_peer_format(c->xp, rt_sock_fd(c->sock), i->peer, sizeof(i->peer));
     i->jid_len = (uint16_t)jid_len;

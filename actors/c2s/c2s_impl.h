@@ -42,7 +42,8 @@
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
 #define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
 #define C2S_MSG_PRESENCE_TO (RT_C2S_MSG_BASE + 15)    /* send our presence (or unavailable) to */
-#define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 16)          /* rt_c2s_query (c2s_admin.c) */
+/* Far above the session's own tags, which grow as it learns XEPs. */
+#define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
 
 /* Subscription kinds of C2S_OP_SUB (RFC 6121 3). */
 enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_UNSUBSCRIBED };
