@@ -95,7 +95,7 @@ typedef struct rt_c2s_info_s {
     unsigned listener;     /* its listener's index among all (RT_CONF_XMPP_LISTENER(i)) */
     int8_t priority;
     bool bound, available, secure, roster_loaded, interested;
-    bool detached; /* no connection: a resumable session (XEP-0198) waiting for its client */
+    bool detached;       /* no connection: resumable (XEP-0198), waiting for its client */
     char peer[64];       /* "ip:port" (a PROXY header's client address when there was one) */
     uint16_t jid_len;    /* bytes of the JID: full once bound, bare once authenticated */
     uint16_t stream_len; /* bytes of the stream id */
