@@ -138,8 +138,11 @@ static int gather_start(rt_admin_cmd_t *c, xkind_t kind, walk_t *w)
     return 0;
 }
 
-/* The JID word at c->argv[2], prepared into jb: 0, or 400 set. */
-static int jid_arg(rt_admin_cmd_t *c, const char *usage, rt_jid_buf_t *jb)
+/*
+** The sessions of the JID at c->argv[2] (prepared into jb) into w: a full JID's, or each of a
+** bare JID's (at most max_resources). 0, or an answer set (400, 503, 500).
+*/
+static int find_jid(rt_admin_cmd_t *c, const char *usage, rt_jid_buf_t *jb, walk_t *w)
 {
     if (c->argc != 3)
         return rt__admin_fail(c, 400, "usage: %s", usage);
@@ -149,15 +152,11 @@ static int jid_arg(rt_admin_cmd_t *c, const char *usage, rt_jid_buf_t *jb)
     if (!jb->jid.local)
         return rt__admin_fail(c, 400, "%s: a user's JID is needed (USER@HOST[/RESOURCE])",
                               c->argv[2]);
-    return 0;
-}
-
-static void walk_jid(walk_t *w, const rt_jid_t *j)
-{
-    w->bare = j->s;
-    w->bare_len = rt_jid_bare_len(j);
-    w->res = rt_jid_resource(j);
-    w->res_len = j->resource;
+    w->bare = jb->jid.s;
+    w->bare_len = rt_jid_bare_len(&jb->jid);
+    w->res = rt_jid_resource(&jb->jid);
+    w->res_len = jb->jid.resource;
+    return find_sessions(c, w, rt_broker ? (size_t)rt_broker->conf.xmpp.max_resources : 0);
 }
 
 int rt__admin_xmpp_sessions(rt_admin_cmd_t *c)
@@ -188,11 +187,8 @@ int rt__admin_xmpp_sessions(rt_admin_cmd_t *c)
 int rt__admin_xmpp_show(rt_admin_cmd_t *c)
 {
     rt_jid_buf_t jb;
-    if (jid_arg(c, "xmpp show JID", &jb))
-        return c->code;
     walk_t w = {0};
-    walk_jid(&w, &jb.jid);
-    int rc = find_sessions(c, &w, (size_t)rt_broker->conf.xmpp.max_resources);
+    int rc = find_jid(c, "xmpp show JID", &jb, &w);
     if (!rc && !w.heap.n)
         rc = rt__admin_fail(c, 404, "no session of %s", jb.jid.s);
     if (!rc)
@@ -204,11 +200,8 @@ int rt__admin_xmpp_show(rt_admin_cmd_t *c)
 int rt__admin_xmpp_kick(rt_admin_cmd_t *c)
 {
     rt_jid_buf_t jb;
-    if (jid_arg(c, "xmpp kick JID", &jb))
-        return c->code;
     walk_t w = {0};
-    walk_jid(&w, &jb.jid);
-    int rc = find_sessions(c, &w, (size_t)rt_broker->conf.xmpp.max_resources);
+    int rc = find_jid(c, "xmpp kick JID", &jb, &w);
     size_t kicked = 0;
     const found_t *f = w.heap.base;
     for (size_t i = 0; !rc && i < w.heap.n; i++)
@@ -310,7 +303,8 @@ void rt__admin_xmpp_gather_finish(rt_admin_cmd_t *c)
             rt__admin_fail(c, 404, "no session of %s (it ended)", g->who);
         return;
     }
-    qsort(g->answers, g->nanswers, sizeof(answer_t), by_jid);
+    if (g->nanswers) /* qsort takes no NULL, even for none */
+        qsort(g->answers, g->nanswers, sizeof(answer_t), by_jid);
     if (g->kind == X_SHOW_FULL) {
         if ((c->doc = rt_doc_object()))
             session_doc(c->doc, &g->answers[0], true);
