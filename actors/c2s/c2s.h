@@ -99,8 +99,7 @@ typedef struct rt_c2s_info_s {
     char peer[64];       /* "ip:port" (a PROXY header's client address when there was one) */
     uint16_t jid_len;    /* bytes of the JID: full once bound, bare once authenticated */
     uint16_t stream_len; /* bytes of the stream id */
-    char text[];         /* the JID, NUL, the stream id, NUL */
-} rt_c2s_info_t;
+} rt_c2s_info_t;         /* then its text: the JID, NUL, the stream id, NUL */
 
 /* Asks the session at pid for an RT_MSG_C2S_INFO answer to reply_to; 0 or RT_ENOPROC. */
 int rt_c2s_query(rt_pid_t session, rt_pid_t reply_to, uint64_t cookie);
@@ -108,11 +107,11 @@ int rt_c2s_query(rt_pid_t session, rt_pid_t reply_to, uint64_t cookie);
 const rt_c2s_info_t *rt_c2s_info_of(const rt_msg_t *m);
 static inline const char *rt_c2s_info_jid(const rt_c2s_info_t *i)
 {
-    return i->text;
+    return (const char *)(i + 1);
 }
 static inline const char *rt_c2s_info_stream_id(const rt_c2s_info_t *i)
 {
-    return i->text + i->jid_len + 1;
+    return rt_c2s_info_jid(i) + i->jid_len + 1;
 }
 /*
 ** Ends the session at pid with a policy-violation stream error ("ended by the

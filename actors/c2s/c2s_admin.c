@@ -99,12 +99,13 @@ void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m)
         rt_xport_peer_format(c->xp, rt_sock_fd(c->sock), i->peer, sizeof(i->peer));
     i->jid_len = (uint16_t)jid_len;
     i->stream_len = (uint16_t)sid_len;
+    char *text = (char *)(i + 1);
     if (jid_len)
-        memcpy(i->text, c->jid->s, jid_len);
-    i->text[jid_len] = 0;
+        memcpy(text, c->jid->s, jid_len);
+    text[jid_len] = 0;
     if (sid_len)
-        memcpy(i->text + jid_len + 1, c->stream_id, sid_len);
-    i->text[jid_len + 1 + sid_len] = 0;
+        memcpy(text + jid_len + 1, c->stream_id, sid_len);
+    text[jid_len + 1 + sid_len] = 0;
     rt_send_msg(q.reply_to, a);
 }
 
@@ -114,7 +115,8 @@ const rt_c2s_info_t *rt_c2s_info_of(const rt_msg_t *m)
         return NULL;
     const rt_c2s_info_t *i = (const rt_c2s_info_t *)(const void *)m->data;
     size_t need = sizeof(*i) + (size_t)i->jid_len + i->stream_len + 2;
-    if (m->len < need || i->text[i->jid_len] || i->text[i->jid_len + 1 + i->stream_len] ||
+    const char *text = rt_c2s_info_jid(i);
+    if (m->len < need || text[i->jid_len] || text[i->jid_len + 1 + i->stream_len] ||
         i->peer[sizeof(i->peer) - 1])
         return NULL;
     return i;
