@@ -56,10 +56,8 @@ static const rt_listen_t *http_listener(char *where, size_t len)
 {
     const rt_listen_t *h =
         rt_broker && rt_broker->conf.http.on ? &rt_broker->conf.http.where : NULL;
-    if (h) {
-        bool v6 = strchr(h->host, ':') != NULL;
-        snprintf(where, len, "%s%.64s%s:%d", v6 ? "[" : "", h->host, v6 ? "]" : "", h->port);
-    }
+    if (h)
+        rt__admin_listener_text(h->host, h->port, where, len);
     return h;
 }
 
@@ -236,7 +234,7 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
 
 /* ---- listeners ---- */
 
-#define LISTENERS_MAX 32
+#define LISTENERS_MAX RT_CONF_ALL_LISTENERS
 
 /* A TLS listener's settings and certificate as served now (index: rt_tls_info's). */
 static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index)
@@ -267,10 +265,13 @@ static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index)
         rt_doc_add_str(t, "last_reload_error", info.last_error);
 }
 
-/* A listener's transport: its kind, its TLS settings and certificate, its proxy. */
+/* A listener's transport: its kind, its TLS settings and certificate, its proxy (index:
+   among all listeners, rt_listener_info_t.index). */
 static void add_transport(rt_doc_t *o, unsigned index)
 {
-    const rt_listen_t *l = &rt_broker->conf.listeners[index];
+    const rt_listen_t *l = rt_conf_listener(&rt_broker->conf, index);
+    if (!l)
+        return;
     rt_doc_add_str(o, "kind", rt_listener_kind(index));
     rt_doc_add_bool(o, "proxy_protocol", l->proxy_protocol);
     if (l->websocket[0])
@@ -293,10 +294,8 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         return rt__admin_fail(c, 500, "out of memory");
     for (size_t i = 0; i < n && i < LISTENERS_MAX; i++) {
         rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
-        bool v6 = strchr(ls[i].address, ':') != NULL;
         char where[128];
-        snprintf(where, sizeof(where), "%s%.64s%s:%d", v6 ? "[" : "", ls[i].address, v6 ? "]" : "",
-                 ls[i].port);
+        rt__admin_listener_text(ls[i].address, ls[i].port, where, sizeof(where));
         rt_doc_add_str(o, "listener", where);
         rt_doc_add_str(o, "protocol", ls[i].protocol);
         rt_doc_add_str(o, "state", ls[i].running ? "running" : "stopped");
@@ -312,7 +311,7 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         rt_doc_add_u64(o, "refused_fd_reserve", ls[i].refused_fds);
         rt_doc_add_u64(o, "acl_denied_publish", ls[i].acl_denied_publish);
         rt_doc_add_u64(o, "acl_denied_subscribe", ls[i].acl_denied_subscribe);
-        add_transport(o, (unsigned)i);
+        add_transport(o, ls[i].index);
     }
     return 200;
 }
@@ -865,7 +864,8 @@ const rt_admin_command_t rt__admin_commands[] = {
      "MQTT packets in and out by type, bytes, messages in, out, dropped and expired, and the "
      "packets tolerated."},
     {"listeners", NULL, cmd_listeners, 0, "listeners",
-     "Each MQTT listener: address, transport, state, connections, and those refused by reason."},
+     "Each MQTT and XMPP listener: address, protocol, transport, state, connections, and those "
+     "refused by reason."},
     {"cluster", "status", rt__admin_cluster_status, RT_ADMIN_BLOCKING, "cluster status",
      "The cluster as this node sees it: NATS, nodes, forwarding, retained messages, client "
      "ids and moved sessions (docs/CLUSTER.md)."},
@@ -989,6 +989,21 @@ const rt_admin_command_t rt__admin_commands[] = {
      "Gives an XMPP account a new password (new salts and keys)."},
     {"xmpp", "user del", rt__admin_xmpp_user, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
      "xmpp user del USER@HOST", "Deletes an XMPP account."},
+    /* The sessions are asked as the MQTT clients are (gathering), which the read role may;
+       kick is the admin's. The roster is read from xmpp.db, on the worker. */
+    {"xmpp", "sessions", rt__admin_xmpp_sessions, RT_ADMIN_GATHER,
+     "xmpp sessions [HOST] [--limit N]",
+     "The bound XMPP sessions (of HOST's users, or all), by JID: pid, presence, priority, peer "
+     "and memory; the first N JIDs (10000) in byte order."},
+    {"xmpp", "show", rt__admin_xmpp_show, RT_ADMIN_GATHER, "xmpp show JID",
+     "A session (USER@HOST/RESOURCE) or each of an account's (USER@HOST): as `xmpp sessions`, "
+     "with its listener, TLS, stream id, roster held, mailbox and memory by part."},
+    {"xmpp", "kick", rt__admin_xmpp_kick, RT_ADMIN_CHANGES, "xmpp kick JID",
+     "Ends the session (USER@HOST/RESOURCE) or all of the account's (USER@HOST) with a "
+     "policy-violation stream error; says how many."},
+    {"xmpp", "roster", rt__admin_xmpp_roster, RT_ADMIN_BLOCKING, "xmpp roster USER@HOST",
+     "The account's stored roster: contact, name, groups, subscription (none, to, from, both), "
+     "ask, pending in, pre-approved."},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
      "trace client CLIENT_ID [--duration S] [--payload N]",
      "The client's packets as they pass, for S seconds (60), with N payload bytes each."},

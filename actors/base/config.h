@@ -464,5 +464,8 @@ bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned cha
 int rt_conf_admin_socket(const rt_conf_t *c, char *out, size_t n);
 /* Whether key names a setting of the schema. */
 bool rt_conf_known(const char *key);
+/* The listener of index i among all of them (RT_CONF_*_LISTENER) in c, or NULL when there is
+   none (an index past the configured ones, no HTTP listener, no xmpp table). */
+const rt_listen_t *rt_conf_listener(const rt_conf_t *c, unsigned i);
 
 #endif

@@ -659,6 +659,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_KICK:
         rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION, "ended by the administrator");
         break;
+    case C2S_MSG_QUERY:
+        rt__c2s_on_query(self, c, m);
+        break;
     case C2S_MSG_CONNECT_TIMEOUT:
         on_connect_timeout(self, c);
         break;
@@ -752,6 +755,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "rate_resume";
     case C2S_MSG_KICK:
         return "kick";
+    case C2S_MSG_QUERY:
+        return "query";
     case C2S_MSG_ROSTER:
         return "roster";
     case C2S_MSG_ROSTER_ITEM:

@@ -51,6 +51,8 @@
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
 #define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
 #define C2S_MSG_PRESENCE_TO (RT_C2S_MSG_BASE + 15)    /* send our presence (or unavailable) to */
+/* Far above the session's own tags, which grow as it learns XEPs. */
+#define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
 
 /* Subscription kinds of C2S_OP_SUB (RFC 6121 3). */
 enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_UNSUBSCRIBED };
@@ -262,6 +264,9 @@ void rt__c2s_presence_out(rt_actor_t *self, c2s_t *c, const rt_buf_t *b, bool in
 void rt__c2s_roster_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 /* Sends bytes to every available session of bare (len bytes). */
 void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n);
+
+/* c2s_admin.c */
+void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
 
 /* c2s_registry.c: the sessions online. Entries are malloc'ed and charged to the session. */
 typedef struct c2s_route_s {

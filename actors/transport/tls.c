@@ -210,22 +210,11 @@ static void format_listener(const rt_listen_t *l, char *out, size_t len)
     snprintf(out, len, "%s%.64s%s:%d", v6 ? "[" : "", l->host, v6 ? "]" : "", l->port);
 }
 
-/* The listener of index i (RT_CONF_*_LISTENER) in conf, or NULL when there is none. */
-static const rt_listen_t *listener_at(const rt_conf_t *conf, unsigned i)
-{
-    if (i == RT_TLS_HTTP)
-        return conf->http.on ? &conf->http.where : NULL;
-    if (i < RT_CONF_MAX_LISTENERS)
-        return i < conf->nlisteners ? &conf->listeners[i] : NULL;
-    unsigned x = i - RT_CONF_XMPP_LISTENER(0);
-    return conf->xmpp.on && x < conf->xmpp.nlisteners ? &conf->xmpp.listeners[x] : NULL;
-}
-
 int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
 {
     for (unsigned i = 0; i < RT_TLS_SERVERS; i++) {
         bool http = i == RT_TLS_HTTP, xmpp = i >= RT_CONF_XMPP_LISTENER(0);
-        const rt_listen_t *l = listener_at(conf, i);
+        const rt_listen_t *l = rt_conf_listener(conf, i);
         if (!l || !l->tls_on)
             continue;
         listeners[i] = *l;

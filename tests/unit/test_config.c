@@ -491,6 +491,14 @@ static void test_xmpp(void)
     CHECK_EQ(x->max_offline_bytes, 4096);
     CHECK_EQ(x->idle_timeout, 0);
     CHECK_EQ(c->nlisteners, 1); /* MQTT's own, untouched */
+    /* Each listener by its index among all (rt_conf_listener): MQTT's, HTTP's, XMPP's. */
+    CHECK(rt_conf_listener(c, 0) == &c->listeners[0]);
+    CHECK(rt_conf_listener(c, 1) == NULL); /* one MQTT listener */
+    CHECK(rt_conf_listener(c, RT_CONF_HTTP_LISTENER) == NULL);
+    for (unsigned i = 0; i < 4; i++)
+        CHECK(rt_conf_listener(c, RT_CONF_XMPP_LISTENER(i)) == &x->listeners[i]);
+    CHECK(rt_conf_listener(c, RT_CONF_XMPP_LISTENER(4)) == NULL);
+    CHECK(rt_conf_listener(c, RT_CONF_ALL_LISTENERS) == NULL);
 
     /* Only hosts: one plain listener on 5222, plaintext from loopback, the declared numbers. */
     CHECK_EQ(rt_conf_set(c, "xmpp={hosts=\"Solo.Example\"}", err, sizeof(err)), 0);
