@@ -72,7 +72,7 @@ void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m)
     query_t q;
     memcpy(&q, m->data, sizeof(q));
     size_t jid_len = c->jid ? rt_jid_len(c->jid) : 0;
-    size_t sid_len = c->stream_id ? strlen(c->stream_id) : 0;
+    size_t sid_len = strlen(c->stream_id);
     rt_msg_t *a = rt_msg_new(RT_MSG_C2S_INFO, sizeof(rt_c2s_info_t) + jid_len + sid_len + 2);
     if (!a)
         return; /* the asker times out, as if this session had ended */
