@@ -23,7 +23,7 @@ PW = "s3cret-pw"
 USERS = """sha256 sha1 wrongpw brute bindres bindempty conflict fullto fullfrom barefrom bareto
 offfrom offto nouserfrom ping disco iqoff iqunknown forger victim after rosterset subuser
 subcontact probeuser probecontact ownpres ownecho unsubuser unsubcontact cancuser
-canccontact""".split()
+canccontact hibernate""".split()
 
 
 @pytest.fixture(scope="module")
@@ -660,3 +660,32 @@ def test_unsubscribed_cancels_subscription(xmpp):
         assert got == []
         await X.logout(u, c)
     X.run(t())
+
+
+# ---- Hibernation ----
+
+def test_idle_session_hibernates(xmpp):
+    """A bound session quiet for C2S_HIBERNATE_MS is collected and its few objects copied into
+    its heap's header block: what its login used (the SASL exchange, parse trees) is given
+    back, so its heap holds no 1 KiB chunk (RT_HEAP_CHUNK_SIZE) at all."""
+    r = X.Raw(xmpp.xport)
+    full = r.login("hibernate", PW, resource="idle")
+    r.send(f"<iq type='get' id='r1'><query xmlns='{X.NS_ROSTER}'/></iq><presence/>")
+    r.read_until(rb"<presence[^>]*/>")
+    info = xmpp.ctl_json("xmpp", "show", full)
+    pid = info["pid"]
+
+    def hibernated():
+        actors = xmpp.ctl_json("actors")
+        mine = [a for a in actors if a["pid"] == pid]
+        return mine[0] if mine and mine[0]["handler"] == "hibernate" else None
+    deadline = time.monotonic() + 30
+    while not (a := hibernated()):
+        assert time.monotonic() < deadline, xmpp.ctl_json("actors")[-3:]
+        time.sleep(0.2)
+    assert a["heap_bytes"] < 1024, a
+    # And it serves on: a ping answered, its presence still known to its own resources.
+    r.send(f"<iq type='get' id='p'><ping xmlns='{X.NS_PING}'/></iq>")
+    r.read_until(rb"<iq[^>]*id='p'[^>]*/>")
+    r.send("</stream:stream>")
+    r.read_to_close()
