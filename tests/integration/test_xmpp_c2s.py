@@ -23,7 +23,7 @@ PW = "s3cret-pw"
 USERS = """sha256 sha1 wrongpw brute bindres bindempty conflict fullto fullfrom barefrom bareto
 offfrom offto nouserfrom ping disco iqoff iqunknown forger victim after rosterset subuser
 subcontact probeuser probecontact ownpres ownecho unsubuser unsubcontact cancuser
-canccontact hibernate""".split()
+canccontact hibernate malformed""".split()
 
 
 @pytest.fixture(scope="module")
@@ -689,3 +689,17 @@ def test_idle_session_hibernates(xmpp):
     r.read_until(rb"<iq[^>]*id='p'[^>]*/>")
     r.send("</stream:stream>")
     r.read_to_close()
+
+
+def test_malformed_to_gets_jid_malformed(xmpp):
+    """A 'to' that is no JID (an empty localpart, an empty domain) is answered jid-malformed;
+    once, such a JID crashed rtd where the error's reason was written through a NULL."""
+    r = X.Raw(xmpp.xport)
+    r.login("malformed", PW, resource="r")
+    for bad in ("@bad", "a@", "a@b/", "@"):
+        r.send(f"<message to='{bad}' id='m' type='chat'><body>x</body></message>")
+        text = r.read_until(rb"</message>")
+        assert "type='error'" in text and "<jid-malformed" in text, (bad, text)
+    r.send("</stream:stream>")
+    r.read_to_close()
+    X.assert_serves(xmpp.xport, "after", PW)
