@@ -578,6 +578,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_PRESENCE_TO:
         rt__c2s_roster_msg(self, c, m);
         break;
+    case C2S_MSG_BLOCKLIST:
+        rt__c2s_blocklist_msg(self, c, m);
+        break;
     case C2S_MSG_REPLACED:
         if (c->phase == PH_ACTIVE) {
             atomic_fetch_add_explicit(&rt_c2s_stats.replaced, 1, memory_order_relaxed);
@@ -683,6 +686,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "probe";
     case C2S_MSG_PRESENCE_TO:
         return "presence_to";
+    case C2S_MSG_BLOCKLIST:
+        return "blocklist";
     }
     return NULL;
 }
