@@ -67,6 +67,8 @@ enum {
     C2S_OP_PRESENCE_INIT, /* initial presence: C2S_MSG_ROSTER, kept messages, requests */
     C2S_OP_BLOCK_GET,     /* data: iq id: C2S_MSG_BLOCKLIST, then the result */
     C2S_OP_BLOCK_SET,     /* data: block byte, iq id NUL, (JID NUL)*: pushes, the result */
+    C2S_OP_VCARD_GET,     /* data: iq id NUL, from (another account's bare JID; none: own) */
+    C2S_OP_VCARD_SET,     /* data: iq id NUL, the vCard element's bytes */
 };
 
 /* A request: this header, then host, user and the operation's bytes, each after the other. */
@@ -266,6 +268,12 @@ bool rt__c2s_blocks(const c2s_t *c, const char *jid, size_t len);
 bool rt__c2s_block_out(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to);
 /* A stanza for the client from a blocked JID is dropped, answered as XEP-0191 3.5 says: true. */
 bool rt__c2s_block_in(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+
+/* c2s_vcard.c: XEP-0054. An iq for the user's own vCard, or (other: true when it was one) a
+   get of another account's, addressed to its bare JID. */
+void rt__c2s_vcard_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                      bool get);
+bool rt__c2s_vcard_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to);
 
 /* c2s_registry.c: the sessions online. Entries are malloc'ed and charged to the session. */
 typedef struct c2s_route_s {

@@ -109,7 +109,7 @@ static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const 
     rt_xml_put_start_end(&b);
     rt_buf_printf(&b, "<identity category='server' type='im' name='rtd'/>");
     static const char *const features[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER,
-                                           NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING};
+                                           NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING, "vcard-temp"};
     for (size_t i = 0; i < sizeof(features) / sizeof(features[0]); i++)
         rt_buf_printf(&b, "<feature var='%s'/>", features[i]);
     rt_buf_printf(&b, "</query></iq>");
@@ -151,6 +151,8 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, NS_ROSTER) == 0) {
         rt__c2s_roster_iq(self, c, iq, q, get);
+    } else if (strcmp(q->ns, "vcard-temp") == 0) {
+        rt__c2s_vcard_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, NS_BLOCKING) == 0) {
         rt__c2s_blocking_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
@@ -400,6 +402,8 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
         rt__c2s_send_bytes(r.pid, bytes);
         return;
     }
+    if (!to->resource && rt__c2s_vcard_other(self, c, el, to))
+        return; /* answered by the server for the account (XEP-0054 3.2) */
     const char *type = rt_xml_attr(el, "type");
     if (type && (strcmp(type, "get") == 0 || strcmp(type, "set") == 0))
         rt__c2s_stanza_error(self, c, el, "cancel", "service-unavailable");

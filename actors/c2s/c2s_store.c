@@ -178,6 +178,12 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_BLOCK_SET:
         rt__c2s_store_block_set(s->accounts, m->from, host, user, data, r->data_len);
         break;
+    case C2S_OP_VCARD_GET:
+        rt__c2s_store_vcard_get(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_VCARD_SET:
+        rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
+        break;
     case C2S_OP_PRESENCE_INIT: {
         rt__c2s_store_presence_init(s->accounts, m->from, host, user);
         rt__c2s_store_block_load(s->accounts, m->from, host, user); /* before what was kept */

@@ -26,5 +26,10 @@ void rt__c2s_store_block_get(rt_accounts_t *a, rt_pid_t to, const char *host, co
                              const uint8_t *data, size_t len);
 void rt__c2s_store_block_set(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
                              const uint8_t *data, size_t len);
+/* c2s_store_xeps.c: vCards (XEP-0054) */
+void rt__c2s_store_vcard_get(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                             const uint8_t *data, size_t len);
+void rt__c2s_store_vcard_set(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                             const uint8_t *data, size_t len);
 
 #endif

@@ -175,3 +175,61 @@ void rt__c2s_store_block_set(rt_accounts_t *a, rt_pid_t to, const char *host, co
     free(jids);
     iq_answer(to, id, idlen, rc, NULL, 0);
 }
+
+/* ---- vCards ---- */
+
+static void put_card(const void *vcard, size_t len, void *arg)
+{
+    rt_buf_add(arg, vcard, len);
+}
+
+void rt__c2s_store_vcard_get(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                             const uint8_t *data, size_t len)
+{
+    const char *id = (const char *)data;
+    size_t idlen = strnlen(id, len);
+    if (idlen == len)
+        return;
+    const char *from = id + idlen + 1;
+    size_t flen = len - idlen - 1;
+    rt_buf_t card = {0};
+    int rc = rt_vcard_get(a, host, user, put_card, &card);
+    rt_scram_cred_t cred; /* another account's asked for, and there is no such account? */
+    bool none = rc == RT_ENOTFOUND && flen &&
+                rt_accounts_get(a, host, user, RT_SCRAM_SHA256, &cred) == RT_ENOTFOUND;
+    rt_buf_t b = {0};
+    rt_xml_put_start(&b, "iq");
+    rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr_len(&b, "id", id, idlen);
+    if (flen)
+        rt_xml_put_attr_len(&b, "from", from, flen);
+    if (!none && (rc == 0 || rc == RT_ENOTFOUND)) { /* none yet: an empty one (XEP-0054 3.1) */
+        rt_xml_put_attr(&b, "type", "result");
+        rt_xml_put_start_end(&b);
+        if (rc == 0)
+            rt_buf_add(&b, card.data, card.len);
+        else
+            rt_buf_printf(&b, "<vCard xmlns='vcard-temp'/>");
+        rt_xml_put_end(&b, "iq");
+    } else {
+        rt_xml_put_attr(&b, "type", "error");
+        rt_buf_printf(&b, "><error type='cancel'><%s xmlns='%s'/></error></iq>",
+                      none ? "service-unavailable" : "internal-server-error",
+                      RT_XML_NS_STANZA_ERRORS);
+    }
+    if (!b.oom && !card.oom)
+        rt_send(to, C2S_MSG_STANZA, b.data, b.len);
+    rt_buf_free(&b);
+    rt_buf_free(&card);
+}
+
+void rt__c2s_store_vcard_set(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                             const uint8_t *data, size_t len)
+{
+    const char *id = (const char *)data;
+    size_t idlen = strnlen(id, len);
+    if (idlen == len)
+        return;
+    int rc = rt_vcard_set(a, host, user, data + idlen + 1, len - idlen - 1);
+    iq_answer(to, id, idlen, rc, NULL, 0);
+}

@@ -1,6 +1,6 @@
 """The XEPs the c2s sessions serve beyond RFC 6120/6121, on a real rtd with slixmpp clients
 (Debian's 1.8.3, its xep_0191 plugin) and, where exact bytes matter, the raw client
-(xmpp_util.py): blocking (XEP-0191).
+(xmpp_util.py): blocking (XEP-0191), vCards (XEP-0054).
 
 One rtd serves the module; every test has its own accounts.
 """
@@ -15,7 +15,7 @@ PW = "s3cret-pw"
 NS_BLOCKING = "urn:xmpp:blocking"
 EMPTY_LIST = "<blocklist xmlns='urn:xmpp:blocking'></blocklist>"
 
-USERS = """blocker blocked bystander pushed pushed2""".split()
+USERS = """blocker blocked bystander pushed pushed2 carder reader slixcard""".split()
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def xmpp():
         X.add_user(tmp.name, f"{u}@localhost", PW)
     port = free_port()
     broker = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, listeners = {{ "127.0.0.1:{port}" }}, '
-                 f'max_roster_items = 5 }}', "auth_max_delay_ms=0", data_dir=tmp.name)
+                 f'max_roster_items = 5, max_vcard_size = 2048 }}', "auth_max_delay_ms=0", data_dir=tmp.name)
     broker.xport = port
     yield broker
     code, log = broker.stop()
@@ -150,3 +150,56 @@ def test_blocking_pushes_and_bounds(xmpp):
     finally:
         for r in (p1, p2, o):
             r.close()
+
+
+# ---- XEP-0054 vcard-temp ----
+
+def test_vcard_own_and_others(xmpp):
+    """Own get (empty, then what was set), a set replacing it, another account's get by its
+    bare JID, no such account, a set for another refused, and the size bound."""
+    a = raw_login(xmpp, "carder")
+    b = raw_login(xmpp, "reader")
+    try:
+        ans = iq(a, "<iq type='get' id='v1'><vCard xmlns='vcard-temp'/></iq>", "v1")
+        assert "type='result'" in ans and "<vCard xmlns='vcard-temp'/>" in ans, ans
+        card = "<vCard xmlns='vcard-temp'><FN>Carder &amp; Co</FN><NICKNAME>c</NICKNAME></vCard>"
+        assert "type='result'" in iq(a, f"<iq type='set' id='v2'>{card}</iq>", "v2")
+        ans = iq(a, "<iq type='get' id='v3'><vCard xmlns='vcard-temp'/></iq>", "v3")
+        v = stanza(ans, "iq").find("{vcard-temp}vCard")
+        assert v.find("{vcard-temp}FN").text == "Carder & Co", ans
+        ans = iq(b, f"<iq type='get' id='v4' to='{jid('carder')}'><vCard xmlns='vcard-temp'/></iq>",
+                 "v4")
+        el = stanza(ans, "iq")
+        assert el.get("from") == jid("carder") and el.get("type") == "result", ans
+        assert el.find("{vcard-temp}vCard/{vcard-temp}NICKNAME").text == "c"
+        ans = iq(b, "<iq type='get' id='v5' to='nobody@localhost'><vCard xmlns='vcard-temp'/></iq>",
+                 "v5")
+        assert "service-unavailable" in ans, ans
+        ans = iq(b, f"<iq type='set' id='v6' to='{jid('carder')}'>{card}</iq>", "v6")
+        assert "forbidden" in ans, ans
+        big = "<vCard xmlns='vcard-temp'><DESC>" + "x" * 3000 + "</DESC></vCard>"
+        assert "not-acceptable" in iq(a, f"<iq type='set' id='v7'>{big}</iq>", "v7")
+        # Replaced, and still there for a new session.
+        card2 = "<vCard xmlns='vcard-temp'><FN>Second</FN></vCard>"
+        assert "type='result'" in iq(a, f"<iq type='set' id='v8'>{card2}</iq>", "v8")
+    finally:
+        a.close()
+    c = raw_login(xmpp, "carder", "again")
+    try:
+        ans = iq(c, "<iq type='get' id='v9'><vCard xmlns='vcard-temp'/></iq>", "v9")
+        assert "<FN>Second</FN>" in ans and "NICKNAME" not in ans, ans
+    finally:
+        c.close()
+        b.close()
+
+
+def test_vcard_slixmpp(xmpp):
+    async def t():
+        c = await X.login(xmpp.xport, jid("slixcard") + "/s", PW, plugins=["xep_0054"])
+        vc = c.plugin["xep_0054"].make_vcard()
+        vc["FN"] = "Slix Card"
+        await c.plugin["xep_0054"].publish_vcard(vc)
+        got = await c.plugin["xep_0054"].get_vcard(jid("slixcard"), local=False, cached=False)
+        assert got["vcard_temp"]["FN"] == "Slix Card"
+        await X.logout(c)
+    X.run(t())

@@ -451,6 +451,7 @@ static void test_xmpp(void)
              "    max_offline_messages = 0,\n"
              "    max_offline_bytes = 4096,\n"
              "    idle_timeout = 0,\n"
+             "    max_vcard_size = 2048,\n"
              "}\n",
              c, err),
         0);
@@ -490,6 +491,7 @@ static void test_xmpp(void)
     CHECK_EQ(x->max_offline_messages, 0);
     CHECK_EQ(x->max_offline_bytes, 4096);
     CHECK_EQ(x->idle_timeout, 0);
+    CHECK_EQ(x->max_vcard_size, 2048);
     CHECK_EQ(c->nlisteners, 1); /* MQTT's own, untouched */
 
     /* Only hosts: one plain listener on 5222, plaintext from loopback, the declared numbers. */
