@@ -608,17 +608,44 @@ static int cmd_rules_test(rt_admin_cmd_t *c)
     size_t topic_len = 0, payload_len = 0;
     const char *topic = rt__admin_opt(c, "topic", &topic_len);
     const char *payload = rt__admin_opt(c, "payload", &payload_len);
+    const char *event = rt__admin_opt(c, "event", NULL);
     long qos;
-    if (!name || !topic)
+    if (!name || (!topic && !event) || (event && !rt_rule_event_kind(event)))
         return rt__admin_fail(c, 400,
-                              "usage: rules test NAME --topic T [--payload P] [--qos 0|1|2]");
+                              "usage: rules test NAME --topic T [--payload P] [--qos 0|1|2], or "
+                              "rules test NAME --event E [--from JID --to JID --type T "
+                              "--payload P] (E: client.connected, xmpp.message, ...)");
     if (rt__admin_opt_long(c, "qos", 0, 0, 2, &qos))
         return c->code;
     if (!payload)
         payload = "";
     char *json = NULL;
     char err[RT_ADMIN_ERR_MAX];
-    int rc = rt_rules_test(name, topic, payload, payload_len, (int)qos, &json, err, sizeof(err));
+    int rc;
+    if (event) {
+        /* An event as a client's session would raise it (XMPP's are made to look real). */
+        bool xmpp = strncmp(event, "xmpp.", 5) == 0;
+        const char *from = rt__admin_opt(c, "from", NULL);
+        rt_rule_input_t in = {.event = event,
+                              .payload = (const uint8_t *)payload,
+                              .payload_len = payload_len,
+                              .qos = -1,
+                              .retain = -1,
+                              .clientid = from ? from : "rt_rules_test",
+                              .peer = "127.0.0.1:0",
+                              .reason_code = -1,
+                              .proto_ver = -1,
+                              .keepalive = -1,
+                              .clean_start = -1,
+                              .ts_ms = rt_wall_ms(),
+                              .protocol = xmpp ? "xmpp" : NULL,
+                              .from = from,
+                              .to = rt__admin_opt(c, "to", NULL),
+                              .type = rt__admin_opt(c, "type", NULL)};
+        rc = rt_rules_test_input(name, &in, &json, err, sizeof(err));
+    } else {
+        rc = rt_rules_test(name, topic, payload, payload_len, (int)qos, &json, err, sizeof(err));
+    }
     if (rc == RT_ENOTFOUND)
         return rt__admin_fail(c, 404, "no rule named \"%s\" (rtctl rules list)", name);
     if (rc == RT_ESHUTDOWN)
@@ -630,7 +657,7 @@ static int cmd_rules_test(rt_admin_cmd_t *c)
         return c->code;
     }
     rt_doc_add_str(c->doc, "rule", name);
-    rt_doc_add_str(c->doc, "topic", topic);
+    rt_doc_add_str(c->doc, event ? "event" : "topic", event ? event : topic);
     rt_doc_add_json(c->doc, "rows", json);
     free(json);
     return 200;
@@ -910,7 +937,7 @@ const rt_admin_command_t rt__admin_commands[] = {
     /* Admin only: whoever runs it runs a payload of theirs through the rules, for up to
        rule_call_ms (a read key of the HTTP API must not). */
     {"rules", "test", cmd_rules_test, RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_SENSITIVE,
-     "rules test NAME --topic T [--payload P] [--qos Q]",
+     "rules test NAME --topic T [--payload P] [--qos Q] | --event E [--from J --to J --type T]",
      "The rows the rule would make of this message; nothing is written."},
     {"sinks", NULL, cmd_sinks_list, 0, NULL, NULL},
     {"sinks", "list", cmd_sinks_list, 0, "sinks list",

@@ -135,6 +135,7 @@ typedef struct rt_conf_xmpp_s {
     long idle_timeout;          /* s without a byte from the client before it is pinged
                                    (XEP-0199), and as long again before it is dropped;
                                    default 300, 0 = never; 0..86400 */
+    bool channel_binding;       /* offer SCRAM-*-PLUS (default true) */
     long resume_timeout;        /* s a detached session waits for its client (XEP-0198);
                                    default 300, 0 = no resumption */
     long max_vcard_size;        /* bytes of one account's vCard (XEP-0054), default 64 KiB */

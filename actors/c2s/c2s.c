@@ -137,8 +137,14 @@ static void after_feed(rt_actor_t *self, c2s_t *c, int rc, const uint8_t *p, siz
         rt_xport_owner_t o = owner_of(c);
         int trc = rt_xport_starttls(self, c->xp, &o, proceed, sizeof(proceed) - 1, n - used);
         if (trc) {
-            if (trc != RT_EPROTO) /* RT_EPROTO ended the stream through ops->fail */
-                rt__c2s_close(self, c);
+            /* RT_EPROTO: bytes came after the request (none parsed); the transport failed the
+               stream (ops->fail) and the client is told so, in the clear (RFC 6120 5.4.2.2). */
+            if (trc == RT_EPROTO) {
+                static const char failure[] = "<failure xmlns='" RT_XML_NS_TLS "'/>";
+                rt__c2s_write(c, failure, sizeof(failure) - 1);
+                rt__c2s_stream_end(c);
+            }
+            rt__c2s_close(self, c);
             return;
         }
         c->secure = true;

@@ -151,6 +151,7 @@ typedef struct c2s_s {
     uint8_t host;     /* index in conf.xmpp.hosts */
     uint8_t phase;    /* c2s_phase_t */
     uint8_t scram_hash;
+    uint8_t cb_type; /* the channel binding a -PLUS exchange uses (RT_SCRAM_CB_*), 0: none */
     uint8_t fails; /* SASL failures on this stream */
     uint8_t fail;  /* the failure written when its delay is over (c2s_sasl.c); 0: none */
     bool secure;   /* TLS runs */
@@ -247,6 +248,11 @@ void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
+
+/* c2s_rules.c: the rules' events */
+void rt__c2s_rule_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *to);
+void rt__c2s_rule_presence(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, bool available);
+void rt__c2s_rule_session(rt_actor_t *self, c2s_t *c, bool connected, const char *reason);
 
 /* c2s_roster.c: the session's side of rosters and presence */
 void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,

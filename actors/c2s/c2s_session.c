@@ -247,6 +247,7 @@ static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt_buf_printf(&out, "</jid></bind></iq>");
     rt__c2s_write_stanza_buf(self, c, &out);
     rt_log(RT_LOG_INFO, "xmpp.session_started", "peer=%s jid=%s", rt__c2s_peer(self, c), full->s);
+    rt__c2s_rule_session(self, c, true, NULL);
     return 0;
 }
 
@@ -456,6 +457,7 @@ static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el
     broadcast_own(self, c, &b);
     rt__c2s_presence_out(self, c, &b, initial);
     rt_buf_free(&b);
+    rt__c2s_rule_presence(self, c, el, c->available);
 }
 
 /* ---- A stanza from the client ---- */
@@ -531,12 +533,14 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     }
     rt_buf_t b = {0};
     rt__c2s_put_stanza(&b, el, c->jid->s, tb.jid.s);
-    if (message)
+    if (message) {
         route_message(self, c, el, to, &b);
-    else if (presence)
+        rt__c2s_rule_message(self, c, el, tb.jid.s);
+    } else if (presence) {
         route_presence(to, &b);
-    else
+    } else {
         route_iq(self, c, el, to, &b);
+    }
     rt_buf_free(&b);
     return 0;
 }
@@ -600,7 +604,9 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
         broadcast_own(self, c, &b);
         rt__c2s_presence_out(self, c, &b, false);
         rt_buf_free(&b);
+        rt__c2s_rule_presence(self, c, NULL, false);
     }
+    rt__c2s_rule_session(self, c, false, c->closing ? "closed" : "ended");
     rt__c2s_reg_unbind(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self));
     rt_charge(self, -(ptrdiff_t)rt__c2s_reg_entry_bytes(blen, c->jid->resource));
     atomic_fetch_sub_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);

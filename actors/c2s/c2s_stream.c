@@ -87,7 +87,7 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
         rt_buf_printf(&b,
                       "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>"
                       "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>"
-                      "<sm xmlns='urn:xmpp:sm:3'/>",
+                      "<sm xmlns='urn:xmpp:sm:3'/><sub xmlns='urn:xmpp:features:pre-approval'/>",
                       RT_XML_NS_BIND, RT_XML_NS_SESSION, NS_CSI);
         c->phase = PH_BIND;
     } else {

@@ -6,6 +6,7 @@ by Debian's slixmpp 1.8.3 and, where a library would not send the bytes, a raw s
 One rtd serves the module (every test its own accounts); the connect timeout and STARTTLS
 tests start their own, since their settings would get in the others' way.
 """
+import hashlib
 import re
 import ssl
 import time
@@ -432,12 +433,38 @@ def test_starttls_required(pki, stopper):
     r.sasl("PLAIN", b"\0tls\0" + PW.encode())
     assert r.sasl_reply()[0] == "success"
     r.close()
+    # -PLUS: bound to this TLS channel by the server certificate's hash (RFC 5929; the test
+    # certificate is signed with SHA-256). Bound to another channel's data, the proof fails.
+    for data, outcome in ((None, "success"), (b"\0" * 32, "failure")):
+        r = X.Raw(port)
+        r.open()
+        r.send(f"<starttls xmlns='{X.NS_TLS}'/>")
+        r.read_until(rb"<proceed[^>]*/>")
+        r.sock = ctx.wrap_socket(r.sock, server_hostname="localhost")
+        feats = r.open()
+        assert "<mechanism>SCRAM-SHA-256-PLUS</mechanism>" in feats, feats
+        assert "<channel-binding type='tls-server-end-point'/>" in feats, feats
+        end_point = hashlib.sha256(r.sock.getpeercert(binary_form=True)).digest()
+        name, _ = r.scram("SCRAM-SHA-256-PLUS", "tls", PW,
+                          cb=("tls-server-end-point", data or end_point))
+        assert name == outcome, (data, name)
+        r.close()
+
+    # slixmpp 1.8.3 binds -PLUS with tls-unique, which TLS 1.3 does not define, and then
+    # says "y" (no -PLUS offered, it thinks): served by a listener that offers no -PLUS.
+    port = free_port()
+    broker = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, plaintext_from = {{}}, listeners = {{ '
+                 f'{{ bind = "127.0.0.1:{port}", tls = {{ cert = "{cert}", key = "{key}" }}, '
+                 f'starttls = true }} }}, channel_binding = false }}',
+                 f'admin_socket="{d}/second.sock"', data_dir=d)
+    stopper(broker)
 
     # slixmpp: STARTTLS, the certificate checked against the test CA, then SCRAM.
     async def t():
         c = await X.login(port, "tls@localhost/lib", PW, tls=True, cafile=pki.ca.cert)
         assert c.transport.get_extra_info("ssl_object") is not None
         assert "PLAIN" in c.plugin["feature_mechanisms"].mech_list
+        assert "SCRAM-SHA-256-PLUS" not in c.plugin["feature_mechanisms"].mech_list
         pong = await X.iq_get(c, "localhost", f"<ping xmlns='{X.NS_PING}'/>")
         assert pong["type"] == "result"
         await X.logout(c)

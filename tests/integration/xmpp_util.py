@@ -49,15 +49,20 @@ def _hmac(h, key, msg):
 
 
 class Scram:
-    def __init__(self, mech, user, password):
-        self.h = {"SCRAM-SHA-1": hashlib.sha1, "SCRAM-SHA-256": hashlib.sha256}[mech]
+    """A SCRAM client; cb = (type, data) binds the exchange to the TLS channel (-PLUS)."""
+
+    def __init__(self, mech, user, password, cb=None):
+        self.h = {"SCRAM-SHA-1": hashlib.sha1,
+                  "SCRAM-SHA-256": hashlib.sha256}[mech.removesuffix("-PLUS")]
         self.name = self.h().name
         self.user, self.password = user, password
         self.cnonce = base64.b64encode(os.urandom(18)).decode()
         self.first_bare = f"n={user},r={self.cnonce}"
+        self.gs2 = f"p={cb[0]},," if cb else "n,,"
+        self.cb_data = cb[1] if cb else b""
 
     def first(self):
-        return ("n,," + self.first_bare).encode()
+        return (self.gs2 + self.first_bare).encode()
 
     def final(self, server_first):
         sf = server_first.decode()
@@ -67,7 +72,8 @@ class Scram:
                                      base64.b64decode(parts["s"]), int(parts["i"]))
         client_key = _hmac(self.h, salted, b"Client Key")
         stored = self.h(client_key).digest()
-        no_proof = "c=" + base64.b64encode(b"n,,").decode() + ",r=" + parts["r"]
+        no_proof = "c=" + base64.b64encode(self.gs2.encode() + self.cb_data).decode() + \
+            ",r=" + parts["r"]
         self.auth_msg = f"{self.first_bare},{sf},{no_proof}".encode()
         sig = _hmac(self.h, stored, self.auth_msg)
         proof = bytes(a ^ b for a, b in zip(client_key, sig))
@@ -158,10 +164,10 @@ class Raw:
             return name, inner
         return name, base64.b64decode(inner) if inner and inner != "=" else b""
 
-    def scram(self, mech, user, password):
+    def scram(self, mech, user, password, cb=None):
         """A SCRAM exchange: ("success", None) after checking the server's signature, or
         ("failure", inner XML)."""
-        s = Scram(mech, user, password)
+        s = Scram(mech, user, password, cb)
         self.sasl(mech, s.first())
         name, data = self.sasl_reply()
         if name != "challenge":
