@@ -469,7 +469,7 @@ static void test_xmpp(void)
     CHECK_STR(x->listeners[0].host, "127.0.0.1");
     CHECK_EQ(x->listeners[0].port, 5222);
     CHECK(!x->listeners[0].tls_on && !x->listeners[0].starttls);
-    CHECK_EQ(x->listeners[0].line, 19); /* where the assignment ends (Lua's line), for a port
+    CHECK_EQ(x->listeners[0].line, 20); /* where the assignment ends (Lua's line), for a port
                                            in use */
     CHECK(x->listeners[1].tls_on && !x->listeners[1].starttls); /* direct TLS, XEP-0368 */
     CHECK_STR(x->listeners[1].tls.cert, "/tmp/x.pem");          /* the file's directory */
