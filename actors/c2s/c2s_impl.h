@@ -281,6 +281,18 @@ void rt__c2s_vcard_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const r
                       bool get);
 bool rt__c2s_vcard_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to);
 
+/* c2s_caps.c: XEP-0115, the server's own capabilities: its disco#info identity and features
+   (c2s_session.c), and their SHA-1 ver, computed once at start. */
+#define C2S_IDENTITY_CATEGORY "server"
+#define C2S_IDENTITY_TYPE "im"
+#define C2S_IDENTITY_NAME "rtd"
+#define C2S_NFEATURES 8
+#define C2S_CAPS_NODE "https://github.com/rt/rtd"
+extern const char *const rt__c2s_features_list[C2S_NFEATURES];
+void rt__c2s_caps_init(void);
+/* The <c/> element for stream features; "" until rt__c2s_caps_init. */
+const char *rt__c2s_caps_element(void);
+
 /* c2s_registry.c: the sessions online. Entries are malloc'ed and charged to the session. */
 typedef struct c2s_route_s {
     rt_pid_t pid;

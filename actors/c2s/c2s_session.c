@@ -96,6 +96,12 @@ static void iq_result_empty(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt__c2s_write_stanza_buf(self, c, &b);
 }
 
+/* What disco#info says the server does (XEP-0030), and its caps hash hashes (c2s_caps.c). */
+const char *const rt__c2s_features_list[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER,
+                                       NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING, "vcard-temp"};
+_Static_assert(sizeof(rt__c2s_features_list) / sizeof(rt__c2s_features_list[0]) == C2S_NFEATURES,
+               "C2S_NFEATURES");
+
 static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
 {
     rt_buf_t b = {0};
@@ -107,11 +113,10 @@ static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const 
     if (node)
         rt_xml_put_attr(&b, "node", node);
     rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<identity category='server' type='im' name='rtd'/>");
-    static const char *const features[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER,
-                                           NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING, "vcard-temp"};
-    for (size_t i = 0; i < sizeof(features) / sizeof(features[0]); i++)
-        rt_buf_printf(&b, "<feature var='%s'/>", features[i]);
+    rt_buf_printf(&b, "<identity category='%s' type='%s' name='%s'/>", C2S_IDENTITY_CATEGORY,
+                  C2S_IDENTITY_TYPE, C2S_IDENTITY_NAME);
+    for (size_t i = 0; i < C2S_NFEATURES; i++)
+        rt_buf_printf(&b, "<feature var='%s'/>", rt__c2s_features_list[i]);
     rt_buf_printf(&b, "</query></iq>");
     rt__c2s_write_stanza_buf(self, c, &b);
 }

@@ -97,7 +97,7 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
         if (rt__c2s_may_auth(c))
             rt__c2s_sasl_mechanisms(&b, c);
     }
-    rt_buf_printf(&b, "</stream:features>");
+    rt_buf_printf(&b, "%s</stream:features>", rt__c2s_caps_element()); /* XEP-0115 6.3 */
     rt__c2s_write_buf(c, &b);
 }
 

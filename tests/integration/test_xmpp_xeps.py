@@ -1,9 +1,10 @@
 """The XEPs the c2s sessions serve beyond RFC 6120/6121, on a real rtd with slixmpp clients
 (Debian's 1.8.3, its xep_0191 plugin) and, where exact bytes matter, the raw client
-(xmpp_util.py): blocking (XEP-0191), vCards (XEP-0054).
+(xmpp_util.py): blocking (XEP-0191), vCards (XEP-0054), the server's caps (XEP-0115).
 
 One rtd serves the module; every test has its own accounts.
 """
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -15,7 +16,7 @@ PW = "s3cret-pw"
 NS_BLOCKING = "urn:xmpp:blocking"
 EMPTY_LIST = "<blocklist xmlns='urn:xmpp:blocking'></blocklist>"
 
-USERS = """blocker blocked bystander pushed pushed2 carder reader slixcard""".split()
+USERS = """blocker blocked bystander pushed pushed2 carder reader slixcard capser""".split()
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +204,37 @@ def test_vcard_slixmpp(xmpp):
         assert got["vcard_temp"]["FN"] == "Slix Card"
         await X.logout(c)
     X.run(t())
+
+
+# ---- XEP-0115 entity capabilities ----
+
+def test_caps_in_features_match_disco(xmpp):
+    """The <c/> in the stream features (before and after SASL) carries the SHA-1 ver of what
+    disco#info says, computed here as XEP-0115 5.1 says; a query to node#ver answers the same,
+    the node echoed."""
+    import base64
+    import hashlib
+    r = X.Raw(xmpp.xport)
+    try:
+        feats = r.open()
+        m = re.search(r"<c xmlns='http://jabber.org/protocol/caps' hash='sha-1' "
+                      r"node='([^']+)' ver='([^']+)'/>", feats)
+        assert m, feats
+        node, ver = m.groups()
+        assert r.scram("SCRAM-SHA-256", "capser", PW) == ("success", None)
+        assert f"ver='{ver}'" in r.open()
+        r.send(f"<iq type='set' id='b'><bind xmlns='{X.NS_BIND}'/></iq>")
+        r.read_until(rb"</iq>")
+        for q, qid in ((f"<query xmlns='{X.NS_DISCO_INFO}'/>", "d1"),
+                       (f"<query xmlns='{X.NS_DISCO_INFO}' node='{node}#{ver}'/>", "d2")):
+            el = stanza(iq(r, f"<iq type='get' id='{qid}' to='localhost'>{q}</iq>", qid), "iq")
+            query = el.find(f"{{{X.NS_DISCO_INFO}}}query")
+            if qid == "d2":
+                assert query.get("node") == f"{node}#{ver}"
+            ids = sorted(f"{i.get('category')}/{i.get('type')}/{i.get('xml:lang', '')}/"
+                         f"{i.get('name', '')}<" for i in query.findall(f"{{{X.NS_DISCO_INFO}}}identity"))
+            feats = sorted(f.get("var") + "<" for f in query.findall(f"{{{X.NS_DISCO_INFO}}}feature"))
+            want = base64.b64encode(hashlib.sha1("".join(ids + feats).encode()).digest()).decode()
+            assert want == ver, (ids, feats)
+    finally:
+        r.close()
