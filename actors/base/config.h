@@ -138,6 +138,7 @@ typedef struct rt_conf_xmpp_s {
     bool channel_binding;       /* offer SCRAM-*-PLUS (default true) */
     long resume_timeout;        /* s a detached session waits for its client (XEP-0198);
                                    default 300, 0 = no resumption */
+    long max_vcard_size;        /* bytes of one account's vCard (XEP-0054), default 64 KiB */
 } rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */

@@ -422,6 +422,8 @@ const rt_setting_t rt__conf_table_settings[] = {
     XMPP_INT(resume_timeout, 300, 0, 86400, "seconds",
              "a session whose connection dropped waits this long to be resumed (XEP-0198); "
              "0 = no resumption"),
+    XMPP_INT(max_vcard_size, 64 * KIB, 256, 1 * MIB, "bytes",
+             "of one account's vCard (XEP-0054); a bigger one is refused with not-acceptable"),
     {.name = NULL},
 };
 

@@ -576,7 +576,8 @@ static void on_hibernate(rt_actor_t *self, c2s_t *c)
         void *tmp;
     } keep[] = {{(void **)&c->jid, c->jid ? rt_jid_size(c->jid) : 0, NULL},
                 {(void **)&c->pres, c->pres_len, NULL},
-                {(void **)&c->roster, c->roster_len, NULL}};
+                {(void **)&c->roster, c->roster_len, NULL},
+                {(void **)&c->blocked, c->blocked_len, NULL}};
     size_t nkeep = sizeof(keep) / sizeof(keep[0]);
     for (size_t i = 0; i < nkeep; i++) {
         if (!*keep[i].p || !keep[i].n || !(keep[i].tmp = malloc(keep[i].n)))
@@ -601,6 +602,8 @@ static void on_hibernate(rt_actor_t *self, c2s_t *c)
             c->pres_len = keep[i].p == (void **)&c->pres ? 0 : c->pres_len;
             c->roster_len = keep[i].p == (void **)&c->roster ? 0 : c->roster_len;
             c->roster_loaded = c->roster_loaded && keep[i].p != (void **)&c->roster;
+            c->blocked_len = keep[i].p == (void **)&c->blocked ? 0 : c->blocked_len;
+            c->block_loaded = c->block_loaded && keep[i].p != (void **)&c->blocked;
         }
         *keep[i].p = q;
         free(keep[i].tmp);
@@ -649,6 +652,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_PROBE:
     case C2S_MSG_PRESENCE_TO:
         rt__c2s_roster_msg(self, c, m);
+        break;
+    case C2S_MSG_BLOCKLIST:
+        rt__c2s_blocklist_msg(self, c, m);
         break;
     case C2S_MSG_REPLACED:
         if (c->phase == PH_ACTIVE) {
@@ -765,6 +771,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "probe";
     case C2S_MSG_PRESENCE_TO:
         return "presence_to";
+    case C2S_MSG_BLOCKLIST:
+        return "blocklist";
     }
     return NULL;
 }

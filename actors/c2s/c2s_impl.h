@@ -53,6 +53,7 @@
 #define C2S_MSG_PRESENCE_TO (RT_C2S_MSG_BASE + 15)    /* send our presence (or unavailable) to */
 /* Far above the session's own tags, which grow as it learns XEPs. */
 #define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
+#define C2S_MSG_BLOCKLIST (RT_C2S_MSG_BASE + 22)      /* the blocklist, and a push (c2s_blocking.c) */
 
 /* Subscription kinds of C2S_OP_SUB (RFC 6121 3). */
 enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_UNSUBSCRIBED };
@@ -75,6 +76,10 @@ enum {
     C2S_OP_ROSTER_SET,   /* data: c2s_roster_set (c2s_roster.c): put or remove, pushes */
     C2S_OP_SUB,          /* data: kind byte, contact bare JID NUL, the stanza for the contact */
     C2S_OP_PRESENCE_INIT, /* initial presence: C2S_MSG_ROSTER, kept messages, requests */
+    C2S_OP_BLOCK_GET,     /* data: iq id: C2S_MSG_BLOCKLIST, then the result */
+    C2S_OP_BLOCK_SET,     /* data: block byte, iq id NUL, (JID NUL)*: pushes, the result */
+    C2S_OP_VCARD_GET,     /* data: iq id NUL, from (another account's bare JID; none: own) */
+    C2S_OP_VCARD_SET,     /* data: iq id NUL, the vCard element's bytes */
 };
 
 /* A request: this header, then host, user and the operation's bytes, each after the other. */
@@ -185,6 +190,10 @@ typedef struct c2s_s {
     bool hibernate_armed; /* a C2S_MSG_HIBERNATE timer is on its way */
     uint64_t last_active_ms; /* the last message handled (the hibernation's clock) */
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
+    bool block_loaded;     /* XEP-0191: blocked holds the account's blocklist */
+    bool block_interested; /* asked for the blocklist: gets its pushes */
+    uint8_t *blocked;      /* the blocked JIDs, each 2 bytes of length (LE) then its bytes */
+    uint32_t blocked_len;
 } c2s_t;
 
 static inline const rt_listen_t *rt__c2s_listen(const c2s_t *c)
@@ -229,6 +238,9 @@ void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const 
 /* A stanza error answering el (RFC 6120 8.3): type and condition, as the RFC names them. */
 void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                           const char *cond);
+/* The same with an application-specific condition (app: its element, written as given). */
+void rt__c2s_stanza_error_app(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
+                              const char *cond, const char *app);
 void rt__c2s_stream_end(c2s_t *c);
 bool rt__c2s_tls_required(const c2s_t *c);
 /* Whether the stream may authenticate now (TLS, or an address in plaintext_from). */
@@ -267,6 +279,34 @@ void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n)
 
 /* c2s_admin.c */
 void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+/* c2s_blocking.c: XEP-0191 */
+void rt__c2s_blocking_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                         bool get);
+void rt__c2s_blocklist_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+/* Whether the user blocks the JID (text, prepared; len bytes). */
+bool rt__c2s_blocks(const c2s_t *c, const char *jid, size_t len);
+/* Refuses a stanza to a blocked JID (XEP-0191 3.6): true when it did. */
+bool rt__c2s_block_out(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to);
+/* A stanza for the client from a blocked JID is dropped, answered as XEP-0191 3.5 says: true. */
+bool rt__c2s_block_in(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+
+/* c2s_vcard.c: XEP-0054. An iq for the user's own vCard, or (other: true when it was one) a
+   get of another account's, addressed to its bare JID. */
+void rt__c2s_vcard_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                      bool get);
+bool rt__c2s_vcard_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to);
+
+/* c2s_caps.c: XEP-0115, the server's own capabilities: its disco#info identity and features
+   (c2s_session.c), and their SHA-1 ver, computed once at start. */
+#define C2S_IDENTITY_CATEGORY "server"
+#define C2S_IDENTITY_TYPE "im"
+#define C2S_IDENTITY_NAME "rtd"
+#define C2S_NFEATURES 8
+#define C2S_CAPS_NODE "https://github.com/rt/rtd"
+extern const char *const rt__c2s_features_list[C2S_NFEATURES];
+void rt__c2s_caps_init(void);
+/* The <c/> element for stream features; "" until rt__c2s_caps_init. */
+const char *rt__c2s_caps_element(void);
 
 /* c2s_registry.c: the sessions online. Entries are malloc'ed and charged to the session. */
 typedef struct c2s_route_s {

@@ -97,7 +97,7 @@ static void to_subscribers(const c2s_t *c, const void *p, size_t n)
     size_t at = 0;
     entry_t e;
     while (next_entry(c->roster, c->roster_len, &at, &e))
-        if (e.state & RT_ROSTER_FROM)
+        if ((e.state & RT_ROSTER_FROM) && !rt__c2s_blocks(c, e.jid, e.len))
             rt__c2s_to_available(e.jid, e.len, p, n);
 }
 
@@ -260,7 +260,7 @@ static void on_probe(c2s_t *c, rt_msg_t *m)
     size_t where;
     entry_t e;
     if (!c->available || !c->pres || !find(c, (const char *)m->data, m->len, &where, &e) ||
-        !(e.state & RT_ROSTER_FROM))
+        !(e.state & RT_ROSTER_FROM) || rt__c2s_blocks(c, (const char *)m->data, m->len))
         return;
     rt_send(m->from, C2S_MSG_STANZA, c->pres, c->pres_len);
 }

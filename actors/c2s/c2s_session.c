@@ -24,6 +24,7 @@
 #define NS_CARBONS "urn:xmpp:carbons:2"
 #define NS_FORWARD "urn:xmpp:forward:0"
 #define NS_HINTS "urn:xmpp:hints"
+#define NS_BLOCKING "urn:xmpp:blocking"
 #define C2S_HELD_OUT_MAX (64 * 1024) /* presence held for an inactive client (XEP-0352) */
 
 static const char *bare_text(const c2s_t *c, size_t *len)
@@ -95,6 +96,12 @@ static void iq_result_empty(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt__c2s_write_stanza_buf(self, c, &b);
 }
 
+/* What disco#info says the server does (XEP-0030), and its caps hash hashes (c2s_caps.c). */
+const char *const rt__c2s_features_list[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER,
+                                       NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING, "vcard-temp"};
+_Static_assert(sizeof(rt__c2s_features_list) / sizeof(rt__c2s_features_list[0]) == C2S_NFEATURES,
+               "C2S_NFEATURES");
+
 static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
 {
     rt_buf_t b = {0};
@@ -106,11 +113,10 @@ static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const 
     if (node)
         rt_xml_put_attr(&b, "node", node);
     rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<identity category='server' type='im' name='rtd'/>");
-    static const char *const features[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER,
-                                           NS_CARBONS, "urn:xmpp:csi:0"};
-    for (size_t i = 0; i < sizeof(features) / sizeof(features[0]); i++)
-        rt_buf_printf(&b, "<feature var='%s'/>", features[i]);
+    rt_buf_printf(&b, "<identity category='%s' type='%s' name='%s'/>", C2S_IDENTITY_CATEGORY,
+                  C2S_IDENTITY_TYPE, C2S_IDENTITY_NAME);
+    for (size_t i = 0; i < C2S_NFEATURES; i++)
+        rt_buf_printf(&b, "<feature var='%s'/>", rt__c2s_features_list[i]);
     rt_buf_printf(&b, "</query></iq>");
     rt__c2s_write_stanza_buf(self, c, &b);
 }
@@ -150,6 +156,10 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, NS_ROSTER) == 0) {
         rt__c2s_roster_iq(self, c, iq, q, get);
+    } else if (strcmp(q->ns, "vcard-temp") == 0) {
+        rt__c2s_vcard_iq(self, c, iq, q, get);
+    } else if (strcmp(q->ns, NS_BLOCKING) == 0) {
+        rt__c2s_blocking_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
         c->session = true;
         iq_result_empty(self, c, iq);
@@ -398,6 +408,8 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
         rt__c2s_send_bytes(r.pid, bytes);
         return;
     }
+    if (!to->resource && rt__c2s_vcard_other(self, c, el, to))
+        return; /* answered by the server for the account (XEP-0054 3.2) */
     const char *type = rt_xml_attr(el, "type");
     if (type && (strcmp(type, "get") == 0 || strcmp(type, "set") == 0))
         rt__c2s_stanza_error(self, c, el, "cancel", "service-unavailable");
@@ -505,6 +517,8 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         iq_server(self, c, el, type);
         return 0;
     }
+    if (to && !to_server && rt__c2s_block_out(self, c, el, to))
+        return 0; /* XEP-0191 3.6 */
     if (presence && !to) {
         presence_broadcast(self, c, el);
         return 0;
@@ -556,7 +570,7 @@ void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c)
 */
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
 {
-    if (c->phase != PH_ACTIVE)
+    if (c->phase != PH_ACTIVE || rt__c2s_block_in(self, c, m))
         return;
     static const char presence[] = "<presence";
     bool hold = c->inactive && m->len > sizeof(presence) &&

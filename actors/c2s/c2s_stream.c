@@ -97,7 +97,7 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
         if (rt__c2s_may_auth(c))
             rt__c2s_sasl_mechanisms(&b, c);
     }
-    rt_buf_printf(&b, "</stream:features>");
+    rt_buf_printf(&b, "%s</stream:features>", rt__c2s_caps_element()); /* XEP-0115 6.3 */
     rt__c2s_write_buf(c, &b);
 }
 
@@ -139,6 +139,12 @@ void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const 
 void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                           const char *cond)
 {
+    rt__c2s_stanza_error_app(self, c, el, type, cond, NULL);
+}
+
+void rt__c2s_stanza_error_app(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
+                              const char *cond, const char *app)
+{
     const char *t = rt_xml_attr(el, "type");
     if (t && strcmp(t, "error") == 0)
         return; /* never an error about an error (RFC 6120 8.3.1) */
@@ -154,8 +160,8 @@ void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     if (c->jid)
         rt_xml_put_attr(&b, "to", c->jid->s);
     rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/></error>", type, cond,
-                  RT_XML_NS_STANZA_ERRORS);
+    rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/>%s</error>", type, cond,
+                  RT_XML_NS_STANZA_ERRORS, app ? app : "");
     rt_xml_put_end(&b, el->name);
     rt__c2s_write_stanza_buf(self, c, &b);
 }

@@ -49,8 +49,27 @@
     "  username TEXT NOT NULL, stamp INTEGER NOT NULL, stanza BLOB NOT NULL);"                     \
     "CREATE INDEX offline_by_user ON offline(host, username);"
 
+/*
+** Version 3: what XEPs keep per account (xeps.h): the blocklist (XEP-0191), one row per
+** blocked JID; the vCard (XEP-0054) as the bytes of its element; the message archive
+** (XEP-0313), one row per message and account, its rowid the archive id clients page by,
+** found through the account (and the other party's bare JID), and the count each account
+** holds, so the retention bound costs one lookup.
+*/
+#define SCHEMA_V3                                                                                  \
+    "CREATE TABLE blocklist(host TEXT NOT NULL, username TEXT NOT NULL, jid TEXT NOT NULL, "       \
+    "  PRIMARY KEY(host, username, jid)) WITHOUT ROWID;"                                           \
+    "CREATE TABLE vcard(host TEXT NOT NULL, username TEXT NOT NULL, vcard BLOB NOT NULL, "         \
+    "  PRIMARY KEY(host, username)) WITHOUT ROWID;"                                                \
+    "CREATE TABLE archive(id INTEGER PRIMARY KEY, host TEXT NOT NULL, username TEXT NOT NULL, "    \
+    "  with_jid TEXT NOT NULL, stamp INTEGER NOT NULL, stanza BLOB NOT NULL);"                     \
+    "CREATE INDEX archive_by_user ON archive(host, username, id);"                                 \
+    "CREATE INDEX archive_by_with ON archive(host, username, with_jid, id);"                       \
+    "CREATE TABLE archive_counts(host TEXT NOT NULL, username TEXT NOT NULL, "                     \
+    "  count INTEGER NOT NULL, PRIMARY KEY(host, username)) WITHOUT ROWID;"
+
 /* A new file's tables: every version's, as a file migrated from version 1 has them. */
-static const char schema[] = SCHEMA_V1 SCHEMA_V2;
+static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3;
 
 /*
 ** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
@@ -58,6 +77,7 @@ static const char schema[] = SCHEMA_V1 SCHEMA_V2;
 */
 static const rt_store_step_t steps[] = {
     {2, SCHEMA_V2},
+    {3, SCHEMA_V3},
     {0, NULL},
 };
 
@@ -113,6 +133,8 @@ void rt_accounts_close(rt_accounts_t *a)
         sqlite3_finalize(a->st[i]);
     for (int i = 0; i < RT__ROSTER_STMTS; i++)
         sqlite3_finalize(a->rst[i]);
+    for (int i = 0; i < RT__XEPS_STMTS; i++)
+        sqlite3_finalize(a->xst[i]);
     sqlite3_close(a->db);
     free(a);
 }
@@ -183,7 +205,7 @@ int rt_accounts_open(const char *dir, rt_accounts_t **out, char *err, size_t err
             rt__accounts_db_error(a, err, errlen);
             goto fail;
         }
-    if (rt__roster_prepare(a) != 0) {
+    if (rt__roster_prepare(a) != 0 || rt__xeps_prepare(a) != 0) {
         rt__accounts_db_error(a, err, errlen);
         goto fail;
     }
@@ -304,8 +326,8 @@ int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *
     else if (!changed) {
         snprintf(err, errlen, "no account %s@%s", n.user, n.host);
         rc = RT_ENOTFOUND;
-    } else
-        rc = rt__roster_drop(a, &n);
+    } else if ((rc = rt__roster_drop(a, &n)) == 0)
+        rc = rt__xeps_drop(a, &n);
     if (rc == RT_EAGAIN)
         rt__accounts_db_error(a, err,
                               errlen); /* SQLite's message, before the rollback replaces it */
