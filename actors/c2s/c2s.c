@@ -73,6 +73,19 @@ const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c)
 
 /* ---- The end ---- */
 
+void rt__c2s_close_socket(c2s_t *c)
+{
+    if (!c->sock)
+        return;
+    rt_xport_flush(c->xp);
+    if (c->xp)
+        rt_xport_close(c->xp, c->sock);
+    c->xp = NULL;
+    rt_sock_close(c->sock);
+    c->sock = NULL;
+    rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
+}
+
 void rt__c2s_close(rt_actor_t *self, c2s_t *c)
 {
     if (!c->closing)
@@ -717,15 +730,7 @@ static void c2s_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     c2s_t *c = state;
     rt__c2s_session_end(self, c);
     rt_xml_stream_destroy(&c->xs);
-    if (c->sock) {
-        rt_xport_flush(c->xp);
-        if (c->xp)
-            rt_xport_close(c->xp, c->sock);
-        c->xp = NULL;
-        rt_sock_close(c->sock);
-        c->sock = NULL;
-        rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
-    }
+    rt__c2s_close_socket(c);
     if (c->counted)
         atomic_fetch_sub_explicit(&rt_c2s_stats.sessions, 1, memory_order_relaxed);
 }

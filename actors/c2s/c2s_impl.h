@@ -206,6 +206,8 @@ void rt__c2s_stream_configs(const rt_conf_xmpp_t *conf);
 void rt__c2s_write(c2s_t *c, const void *p, size_t n);
 void rt__c2s_write_buf(c2s_t *c, rt_buf_t *b);
 void rt__c2s_close(rt_actor_t *self, c2s_t *c);
+/* The socket and its transport closed (a close_notify, a WebSocket close), counted out. */
+void rt__c2s_close_socket(c2s_t *c);
 const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c);
 int rt__c2s_peer_addr(const c2s_t *c, rt_auth_addr_t *out);
 bool rt__c2s_framed(const c2s_t *c);

@@ -336,15 +336,7 @@ bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c)
 {
     if (!c->sm || !c->sm->resumable || c->phase != PH_ACTIVE)
         return false;
-    if (c->sock) {
-        rt_xport_flush(c->xp);
-        if (c->xp)
-            rt_xport_close(c->xp, c->sock);
-        c->xp = NULL;
-        rt_sock_close(c->sock);
-        c->sock = NULL;
-        rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
-    }
+    rt__c2s_close_socket(c);
     rt_xml_stream_reset(&c->xs);
     rt_free(self, c->held);
     c->held = NULL;

@@ -12,30 +12,14 @@
 #include "accounts.h"
 #include "check.h"
 #include "rt.h"
+#include "accounts_test.h"
 #include "sqlite_test.h"
 #include "tmpdir.h"
 #include "xeps.h"
 
-#define H "example.com"
+#define H ACCOUNTS_TEST_HOST
 
 static char dir[128];
-
-static rt_accounts_t *open_in(const char *d)
-{
-    rt_accounts_t *a = NULL;
-    char err[RT_ACCOUNTS_ERR_LEN] = "";
-    int rc = rt_accounts_open(d, &a, err, sizeof(err));
-    if (rc)
-        fprintf(stderr, "  open: %s\n", err);
-    CHECK_EQ(rc, 0);
-    return a;
-}
-
-static void add_user(rt_accounts_t *a, const char *user)
-{
-    char err[RT_ACCOUNTS_ERR_LEN];
-    CHECK_EQ(rt_accounts_add(a, H, user, "pencil", 6, 4096, err, sizeof(err)), 0);
-}
 
 /* ---- Blocklist ---- */
 
