@@ -94,7 +94,9 @@ test-integration-asan: build-asan
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
 		tests/integration/test_trace.py tests/integration/test_cluster.py \
 		tests/integration/test_xmpp_c2s.py tests/integration/test_xmpp_sm.py \
-		tests/integration/test_xmpp_admin.py -k "not testssl"
+		tests/integration/test_xmpp_admin.py tests/integration/test_xmpp_xeps.py \
+		tests/integration/test_xmpp_hostile.py tests/integration/test_xmpp_rules.py \
+		-k "not testssl"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
@@ -106,7 +108,8 @@ test-integration-tsan: build-tsan
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
 		tests/integration/test_admin_socket.py tests/integration/test_trace.py \
 		tests/integration/test_cluster.py tests/integration/test_xmpp_c2s.py \
-		tests/integration/test_xmpp_sm.py tests/integration/test_xmpp_admin.py
+		tests/integration/test_xmpp_sm.py tests/integration/test_xmpp_admin.py \
+		tests/integration/test_xmpp_xeps.py
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.
