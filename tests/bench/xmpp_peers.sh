@@ -137,6 +137,7 @@ listen:
     ip: "127.0.0.1"
     module: ejabberd_c2s
     max_stanza_size: 262144
+    backlog: 4096
     access: c2s
     starttls_required: false
 auth_method: [internal, anonymous]
@@ -152,6 +153,8 @@ access_rules:
   c2s:
     allow: all
   register:
+    allow: all
+  register_from:
     allow: loopback
   local:
     allow: all
@@ -160,7 +163,7 @@ modules:
   mod_offline: {}
   mod_ping: {}
   mod_register:
-    ip_access: register
+    ip_access: register_from
     access: register
   mod_roster: {}
 EOF

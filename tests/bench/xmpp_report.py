@@ -38,11 +38,11 @@ def main():
             elif c == "login":
                 main_fig = med([1000 * float(r["cpu_s"]) / max(1, int(r["count"])) for r in rs])
                 unit = "CPU ms/login"
-                rate = "%.0f logins/s" % med([int(r["count"]) / float(r["seconds"]) for r in rs])
+                rate = "%.0f logins/s" % med([int(r["count"]) / max(1e-9, float(r["seconds"])) for r in rs])
             else:
                 main_fig = med([1e6 * float(r["cpu_s"]) / max(1, int(r["count"])) for r in rs])
                 unit = "CPU-s/M msgs"
-                rate = "%.0f msgs/s" % med([int(r["count"]) / float(r["seconds"]) for r in rs])
+                rate = "%.0f msgs/s" % med([int(r["count"]) / max(1e-9, float(r["seconds"])) for r in rs])
             fig[s, c] = (main_fig, unit, rate, failed, len(rs), ccpu, load, n)
     print("| case | server | figure (median) | rate | rounds | failed/lost | client CPU s | max load1 |")
     print("|---|---|---|---|---|---|---|---|")
