@@ -33,10 +33,10 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SERVERS=rtd,ejabberd,prosody
 ROUNDS=3
 SMOKE=0
-IDLE=19000
+IDLE=10000
 ACCOUNTS=1000
-LOGINS=10000
-MESSAGES=400000
+LOGINS=3000
+MESSAGES=200000
 BUILD=${RT_BUILD_DIR:-build/release}
 OUT="$ROOT/docs/bench/issue29-xmpp"
 CASE_TIMEOUT_S=300 # hard cap on one client run, beyond the client's own deadlines
@@ -316,6 +316,7 @@ case_idle() {
         if [[ "$out" == '{'* ]]; then
             total=$((total + $(json "$out" sessions)))
             failed=$((failed + $(json "$out" failed)))
+            head -3 "$WORK/idle-err-$i" >&2
             ccpu=$(awk -v a="$ccpu" -v b="$(json "$out" client_cpu_s)" 'BEGIN {print a + b}')
         else
             failed=$((failed + half))
