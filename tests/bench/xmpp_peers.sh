@@ -4,6 +4,7 @@
 # median table under docs/bench/issue29-xmpp/.
 #
 #   tests/bench/xmpp_peers.sh [--servers rtd,ejabberd,prosody] [--rounds N] [--smoke]
+#                             [--cases idle-anon,idle-scram,login,chat]
 #                             [--idle N] [--accounts K] [--logins L] [--messages M]
 #                             [--build DIR] [--out DIR]
 #
@@ -32,6 +33,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SERVERS=rtd,ejabberd,prosody
 ROUNDS=3
+CASES=idle-anon,idle-scram,login,chat
 SMOKE=0
 IDLE=10000
 ACCOUNTS=1000
@@ -42,13 +44,14 @@ OUT="$ROOT/docs/bench/issue29-xmpp"
 CASE_TIMEOUT_S=300 # hard cap on one client run, beyond the client's own deadlines
 
 usage() {
-    sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
 while (($#)); do
     case "$1" in
     --servers) SERVERS=${2:?}; shift 2 ;;
+    --cases) CASES=${2:?}; shift 2 ;;
     --rounds) ROUNDS=${2:?}; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
     --idle) IDLE=${2:?}; shift 2 ;;
@@ -79,6 +82,12 @@ for s in "${SERVER_LIST[@]}"; do
         echo "xmpp_peers.sh: prosody is not installed (see the set-up above)" >&2; exit 2; } ;;
     *) echo "xmpp_peers.sh: unknown server '$s'" >&2; exit 2 ;;
     esac
+done
+
+IFS=, read -r -a CASE_LIST <<<"$CASES"
+for c in "${CASE_LIST[@]}"; do
+    [[ "$c" =~ ^(idle-anon|idle-scram|login|chat)$ ]] || {
+        echo "xmpp_peers.sh: unknown case '$c'" >&2; exit 2; }
 done
 
 # The servers and the client processes each hold up to IDLE / 2 + a few descriptors.
@@ -177,6 +186,7 @@ pidfile = "$dir/prosody.pid"
 data_path = "$dir/data"
 log = { warn = "$dir/prosody.log" }
 network_backend = "epoll"
+network_settings = { tcp_backlog = 4096 } -- as rtd's and ejabberd's here (default 128)
 c2s_ports = { $port }
 c2s_interfaces = { "127.0.0.1" }
 s2s_ports = { }
@@ -378,15 +388,22 @@ case_timed() {
     stop_server
 }
 
-for s in "${SERVER_LIST[@]}"; do
-    register "$s"
-done
+if [[ ",$CASES," != ,idle-anon, ]]; then
+    for s in "${SERVER_LIST[@]}"; do
+        register "$s"
+    done
+fi
 SCRAM_IDLE=$((ACCOUNTS < IDLE ? ACCOUNTS : IDLE))
 for ((r = 1; r <= ROUNDS; r++)); do
-    for s in "${SERVER_LIST[@]}"; do case_idle "$s" "$r" anon "$IDLE"; done
-    for s in "${SERVER_LIST[@]}"; do case_idle "$s" "$r" scram "$SCRAM_IDLE"; done
-    for s in "${SERVER_LIST[@]}"; do case_timed "$s" "$r" login; done
-    for s in "${SERVER_LIST[@]}"; do case_timed "$s" "$r" chat; done
+    for c in "${CASE_LIST[@]}"; do
+        for s in "${SERVER_LIST[@]}"; do
+            case "$c" in
+            idle-anon) case_idle "$s" "$r" anon "$IDLE" ;;
+            idle-scram) case_idle "$s" "$r" scram "$SCRAM_IDLE" ;;
+            login | chat) case_timed "$s" "$r" "$c" ;;
+            esac
+        done
+    done
 done
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
