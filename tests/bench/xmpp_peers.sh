@@ -1,0 +1,425 @@
+#!/usr/bin/env bash
+# xmpp_peers.sh: rtd's XMPP server beside ejabberd 23.01 and Prosody 0.12 in one run, every
+# server driven by the same client (tests/bench/xmpp_load.py), and writes raw rows and a
+# median table under docs/bench/issue29-xmpp/.
+#
+#   tests/bench/xmpp_peers.sh [--servers rtd,ejabberd,prosody] [--rounds N] [--smoke]
+#                             [--cases idle-anon,idle-scram,login,chat]
+#                             [--idle N] [--accounts K] [--logins L] [--messages M]
+#                             [--build DIR] [--out DIR]
+#
+# Cases, each on a freshly started server, servers alternating within a round:
+#   idle-anon   N sessions (SASL ANONYMOUS, bind, roster get, presence) held open:
+#               (VmRSS after - VmRSS before) / N
+#   idle-scram  K sessions of K registered accounts (SCRAM-SHA-256), likewise
+#   login       L SCRAM-SHA-256 logins (open, SASL, bind, roster, presence, close), 50 at
+#               once over the K accounts: server utime+stime / L, and logins/s
+#   chat        50 pairs of online users, M messages in all, at most 10 unreceived per
+#               sender: server CPU-seconds per million messages routed, messages/s
+# Figures are medians of --rounds (default 3). --smoke: rtd alone, tiny counts, seconds.
+#
+# Nothing is installed at run time. The peers come from Debian, once, at set-up time:
+#   printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+#   apt-get install ejabberd prosody; rm /usr/sbin/policy-rc.d
+# (the policy-rc.d keeps the packages from starting their system services). Each server here
+# is a process this script starts with its own config and data in a mktemp -d folder, on its
+# own loopback port, and ends by its PID. ejabberd runs as a bare Erlang node (no -sname, so
+# no epmd), accounts come by in-band registration (XEP-0077, enabled for loopback in these
+# configs) for ejabberd and Prosody and by `rtd xmpp user add` for rtd, all with 4096 PBKDF2
+# rounds and SHA-256 keys. Prosody serves SASL ANONYMOUS only with authentication =
+# "anonymous" for the whole host, so its idle-anon case runs with that config.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+SERVERS=rtd,ejabberd,prosody
+ROUNDS=3
+CASES=idle-anon,idle-scram,login,chat
+SMOKE=0
+IDLE=10000
+ACCOUNTS=1000
+LOGINS=3000
+MESSAGES=200000
+BUILD=${RT_BUILD_DIR:-build/release}
+OUT="$ROOT/docs/bench/issue29-xmpp"
+CASE_TIMEOUT_S=300 # hard cap on one client run, beyond the client's own deadlines
+
+usage() {
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+
+while (($#)); do
+    case "$1" in
+    --servers) SERVERS=${2:?}; shift 2 ;;
+    --cases) CASES=${2:?}; shift 2 ;;
+    --rounds) ROUNDS=${2:?}; shift 2 ;;
+    --smoke) SMOKE=1; shift ;;
+    --idle) IDLE=${2:?}; shift 2 ;;
+    --accounts) ACCOUNTS=${2:?}; shift 2 ;;
+    --logins) LOGINS=${2:?}; shift 2 ;;
+    --messages) MESSAGES=${2:?}; shift 2 ;;
+    --build) BUILD=${2:?}; shift 2 ;;
+    --out) OUT=${2:?}; shift 2 ;;
+    --help | -h) usage 0 ;;
+    *) echo "xmpp_peers.sh: unknown argument '$1'" >&2; usage 2 ;;
+    esac
+done
+if ((SMOKE)); then
+    SERVERS=rtd; ROUNDS=1; IDLE=200; ACCOUNTS=100; LOGINS=300; MESSAGES=20000
+fi
+[[ "$ROUNDS" =~ ^[1-9]$ ]] || { echo "xmpp_peers.sh: --rounds wants 1..9" >&2; exit 2; }
+((ACCOUNTS >= 100)) || { echo "xmpp_peers.sh: --accounts wants >= 100 (50 chat pairs)" >&2; exit 2; }
+[[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
+RTD="$BUILD/rtd"
+LOAD="$ROOT/tests/bench/xmpp_load.py"
+IFS=, read -r -a SERVER_LIST <<<"$SERVERS"
+for s in "${SERVER_LIST[@]}"; do
+    case "$s" in
+    rtd) [[ -x "$RTD" ]] || { echo "xmpp_peers.sh: $RTD not built (see --build)" >&2; exit 2; } ;;
+    ejabberd) [[ -d /usr/lib/x86_64-linux-gnu/ejabberd-23.01 ]] || {
+        echo "xmpp_peers.sh: ejabberd 23.01 is not installed (see the set-up above)" >&2; exit 2; } ;;
+    prosody) command -v prosody >/dev/null || {
+        echo "xmpp_peers.sh: prosody is not installed (see the set-up above)" >&2; exit 2; } ;;
+    *) echo "xmpp_peers.sh: unknown server '$s'" >&2; exit 2 ;;
+    esac
+done
+
+IFS=, read -r -a CASE_LIST <<<"$CASES"
+for c in "${CASE_LIST[@]}"; do
+    [[ "$c" =~ ^(idle-anon|idle-scram|login|chat)$ ]] || {
+        echo "xmpp_peers.sh: unknown case '$c'" >&2; exit 2; }
+done
+
+# The servers and the client processes each hold up to IDLE / 2 + a few descriptors.
+ulimit -n "$(ulimit -Hn)"
+
+WORK=$(mktemp -d /tmp/xmpp-peers.XXXXXX)
+SERVER_PID=''
+CLIENT_PIDS=()
+cleanup() {
+    local p
+    for p in "${CLIENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null || true
+    sleep 0.5
+    [[ -n "$SERVER_PID" ]] && kill -9 "$SERVER_PID" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -p "$OUT"
+ROWS="$WORK/rows.tsv"
+printf 'server\tcase\tround\tcount\tfailed\trss_before_kb\trss_after_kb\tcpu_s\tseconds\tclient_cpu_s\tload1\n' >"$ROWS"
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
+# Writes NAME's config for MODE (anon|scram) under $WORK/NAME; prints nothing.
+write_config() {
+    local name=$1 mode=$2 port=$3 dir="$WORK/$1"
+    mkdir -p "$dir/data" "$dir/rules"
+    case "$name" in
+    rtd)
+        cat >"$dir/rtd.conf" <<EOF
+listeners = { "127.0.0.1:$(free_port)" }
+data_dir = "$dir/data"
+rules_dir = "$dir/rules"
+max_connections_per_ip = 0
+max_connection_rate = 0
+xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
+         listeners = { "127.0.0.1:$port" } }
+EOF
+        ;;
+    ejabberd)
+        # Both auth methods on one host: internal (SCRAM-SHA-256 keys) and SASL ANONYMOUS.
+        # Only what rtd has too: roster, presence, offline, ping, disco; no stream
+        # management, MUC, vCard, MAM, pubsub, CAPS.
+        cat >"$dir/ejabberd.yml" <<EOF
+hosts: ["localhost"]
+loglevel: warning
+log_rotate_count: 0
+listen:
+  - port: $port
+    ip: "127.0.0.1"
+    module: ejabberd_c2s
+    max_stanza_size: 262144
+    backlog: 4096
+    access: c2s
+    starttls_required: false
+auth_method: [internal, anonymous]
+anonymous_protocol: sasl_anon
+allow_multiple_connections: true
+auth_password_format: scram
+auth_scram_hash: sha256
+registration_timeout: infinity
+acl:
+  loopback:
+    ip: ["127.0.0.0/8"]
+access_rules:
+  c2s:
+    allow: all
+  register:
+    allow: all
+  register_from:
+    allow: loopback
+  local:
+    allow: all
+modules:
+  mod_disco: {}
+  mod_offline: {}
+  mod_ping: {}
+  mod_register:
+    ip_access: register_from
+    access: register
+  mod_roster: {}
+EOF
+        ;;
+    prosody)
+        local auth=internal_hashed
+        [[ "$mode" == anon ]] && auth=anonymous
+        cat >"$dir/prosody.cfg.lua" <<EOF
+run_as_root = true
+pidfile = "$dir/prosody.pid"
+data_path = "$dir/data"
+log = { warn = "$dir/prosody.log" }
+network_backend = "epoll"
+network_settings = { tcp_backlog = 4096 } -- as rtd's and ejabberd's here (default 128)
+c2s_ports = { $port }
+c2s_interfaces = { "127.0.0.1" }
+s2s_ports = { }
+http_ports = { }
+https_ports = { }
+c2s_direct_tls_ports = { }
+c2s_require_encryption = false
+allow_registration = true
+registration_whitelist = { "127.0.0.1" }
+password_hash = "SHA-256"
+default_iteration_count = 4096
+modules_enabled = { "roster", "saslauth", "disco", "ping", "register", "offline", "posix" }
+modules_disabled = { "s2s" }
+VirtualHost "localhost"
+    authentication = "$auth"
+EOF
+        ;;
+    esac
+}
+
+# Starts NAME in MODE on a new port: sets SERVER_PID and PORT, waits until it listens.
+start_server() {
+    local name=$1 mode=$2 dir="$WORK/$1" i
+    PORT=$(free_port)
+    write_config "$name" "$mode" "$PORT"
+    case "$name" in
+    rtd)
+        "$RTD" -c "$dir/rtd.conf" >>"$dir/server.log" 2>&1 &
+        ;;
+    ejabberd)
+        mkdir -p "$dir/spool"
+        # erl execs erlexec, which execs beam.smp: $! is the VM's PID.
+        env ERL_LIBS=/usr/lib/x86_64-linux-gnu EJABBERD_CONFIG_PATH="$dir/ejabberd.yml" \
+            EJABBERD_LOG_PATH="$dir/ejabberd.log" ERL_MAX_PORTS=65536 \
+            ERL_CRASH_DUMP="$dir/erl_crash.dump" \
+            erl +K true +P 1000000 -noinput -noshell \
+            -mnesia dir "\"$dir/spool\"" -s ejabberd >>"$dir/server.log" 2>&1 &
+        ;;
+    prosody)
+        prosody --config "$dir/prosody.cfg.lua" -F >>"$dir/server.log" 2>&1 &
+        ;;
+    esac
+    SERVER_PID=$!
+    for ((i = 0; i < 300; i++)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+            sleep 1 # let it finish starting (modules, mnesia tables) before the first sample
+            return 0
+        fi
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "xmpp_peers.sh: $name did not listen on $PORT:" >&2
+    tail -20 "$dir/server.log" "$dir"/*.log >&2 || true
+    exit 1
+}
+
+stop_server() {
+    local i
+    kill "$SERVER_PID" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=''
+}
+
+# Registers accounts u0..u(ACCOUNTS-1) with password pw on NAME (stopped on return).
+register() {
+    local name=$1 dir="$WORK/$1"
+    echo "xmpp_peers.sh: registering $ACCOUNTS accounts on $name" >&2
+    if [[ "$name" == rtd ]]; then
+        mkdir -p "$dir/data"
+        seq 0 $((ACCOUNTS - 1)) | xargs -P 2 -I{} \
+            "$RTD" xmpp user add -b -I 4096 -d "$dir/data" "u{}@localhost" pw >/dev/null
+        return
+    fi
+    start_server "$name" scram
+    local out
+    out=$(timeout "$CASE_TIMEOUT_S" python3 "$LOAD" register --port "$PORT" \
+        --users "u%d:pw:$ACCOUNTS" -C 20 --deadline 280)
+    stop_server
+    [[ "$out" == *'"failed": 0'* ]] || { echo "xmpp_peers.sh: $name: $out" >&2; exit 1; }
+}
+
+# Appends one row: server case round count failed rss0 rss1 cpu_s seconds client_cpu load.
+row() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$ROWS"; tail -1 "$ROWS" >&2; }
+
+json() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+
+# idle: held sessions over two client processes (20,000 descriptors each at most) from
+# 127.0.0.2-5; RSS sampled once every client has printed "ready" and 3 s have passed.
+case_idle() {
+    local name=$1 round=$2 mode=$3 n=$4 auth rss0 rss1 t0 i fifo total=0 failed=0 ccpu=0
+    start_server "$name" "$mode"
+    auth=(--anon)
+    [[ "$mode" == scram ]] && auth=(--users "u%d:pw:$ACCOUNTS")
+    sleep 2
+    rss0=$(rss_kb "$SERVER_PID")
+    t0=$EPOCHREALTIME
+    CLIENT_PIDS=()
+    for i in 0 1; do
+        fifo="$WORK/idle-in-$i"
+        rm -f "$fifo" && mkfifo "$fifo"
+        # Each client takes its own half of the accounts: one session per account.
+        local half=$(((n + 1 - i) / 2)) users=()
+        [[ "$mode" == scram ]] && users=(--users "u%d:pw:$ACCOUNTS" --offset $((i * ((n + 1) / 2))))
+        [[ "$mode" == anon ]] && users=(--anon)
+        timeout "$CASE_TIMEOUT_S" python3 "$LOAD" idle --port "$PORT" "${users[@]}" -n "$half" \
+            -C 200 --hold 200 --deadline 240 \
+            --ifaddr "127.0.0.$((2 + 2 * i)),127.0.0.$((3 + 2 * i))" \
+            <"$fifo" >"$WORK/idle-out-$i" 2>"$WORK/idle-err-$i" &
+        CLIENT_PIDS+=($!)
+        exec {fd}>"$fifo" # held open: the client's stdin ends when it is closed below
+        eval "IDLE_FD_$i=$fd"
+    done
+    for i in 0 1; do
+        local k
+        for ((k = 0; k < 2500; k++)); do
+            grep -q '^ready' "$WORK/idle-out-$i" 2>/dev/null && break
+            kill -0 "${CLIENT_PIDS[$i]}" 2>/dev/null || break
+            sleep 0.1
+        done
+    done
+    local up_s
+    up_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}')
+    sleep 3
+    rss1=$(rss_kb "$SERVER_PID")
+    for i in 0 1; do
+        eval "exec {IDLE_FD_$i}>&-"
+    done
+    for i in 0 1; do
+        wait "${CLIENT_PIDS[$i]}" || true
+        local out
+        out=$(tail -1 "$WORK/idle-out-$i")
+        if [[ "$out" == '{'* ]]; then
+            total=$((total + $(json "$out" sessions)))
+            failed=$((failed + $(json "$out" failed)))
+            head -3 "$WORK/idle-err-$i" >&2
+            ccpu=$(awk -v a="$ccpu" -v b="$(json "$out" client_cpu_s)" 'BEGIN {print a + b}')
+        else
+            failed=$((failed + half))
+            cat "$WORK/idle-err-$i" >&2
+        fi
+    done
+    CLIENT_PIDS=()
+    kill -0 "$SERVER_PID" 2>/dev/null || echo "xmpp_peers.sh: $name died in idle-$mode" >&2
+    row "$name" "idle-$mode" "$round" "$total" "$failed" "$rss0" "$rss1" 0 "$up_s" "$ccpu" "$(load1)"
+    stop_server
+}
+
+# login and chat: one client process; the server's CPU is read when the client prints
+# "start" (after its warm-up) and when it ends.
+case_timed() {
+    local name=$1 round=$2 kind=$3 c0 c1 rss0 rss1 out pid
+    start_server "$name" scram
+    rss0=$(rss_kb "$SERVER_PID")
+    local args=(--users "u%d:pw:$ACCOUNTS" --ifaddr 127.0.0.2,127.0.0.3 --deadline 240)
+    if [[ "$kind" == login ]]; then
+        args+=(-n "$LOGINS" -C 50)
+    else
+        args+=(-n "$MESSAGES" --pairs 50 -w 10)
+    fi
+    rm -f "$WORK/t-out"
+    timeout "$CASE_TIMEOUT_S" python3 "$LOAD" "$kind" --port "$PORT" "${args[@]}" \
+        >"$WORK/t-out" 2>"$WORK/t-err" &
+    pid=$!
+    CLIENT_PIDS=("$pid")
+    local k
+    for ((k = 0; k < 2500; k++)); do
+        grep -q '^start' "$WORK/t-out" 2>/dev/null && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.02
+    done
+    c0=$(cpu_ticks "$SERVER_PID")
+    wait "$pid" || true
+    c1=$(cpu_ticks "$SERVER_PID")
+    rss1=$(rss_kb "$SERVER_PID")
+    CLIENT_PIDS=()
+    out=$(tail -1 "$WORK/t-out")
+    if [[ "$out" != '{'* ]]; then
+        echo "xmpp_peers.sh: $name $kind failed:" >&2
+        cat "$WORK/t-err" >&2
+        row "$name" "$kind" "$round" 0 1 "$rss0" "$rss1" 0 0 0 "$(load1)"
+        stop_server
+        return
+    fi
+    local count failed
+    if [[ "$kind" == login ]]; then
+        count=$(json "$out" logins); failed=$(json "$out" failed)
+    else
+        count=$(json "$out" received); failed=$(($(json "$out" sent) - count))
+    fi
+    kill -0 "$SERVER_PID" 2>/dev/null || echo "xmpp_peers.sh: $name died in $kind" >&2
+    row "$name" "$kind" "$round" "$count" "$failed" "$rss0" "$rss1" \
+        "$(awk -v a="$c0" -v b="$c1" -v hz="$HZ" 'BEGIN {printf "%.2f", (b - a) / hz}')" \
+        "$(json "$out" seconds)" "$(json "$out" client_cpu_s)" "$(load1)"
+    stop_server
+}
+
+if [[ ",$CASES," != ,idle-anon, ]]; then
+    for s in "${SERVER_LIST[@]}"; do
+        register "$s"
+    done
+fi
+SCRAM_IDLE=$((ACCOUNTS < IDLE ? ACCOUNTS : IDLE))
+for ((r = 1; r <= ROUNDS; r++)); do
+    for c in "${CASE_LIST[@]}"; do
+        for s in "${SERVER_LIST[@]}"; do
+            case "$c" in
+            idle-anon) case_idle "$s" "$r" anon "$IDLE" ;;
+            idle-scram) case_idle "$s" "$r" scram "$SCRAM_IDLE" ;;
+            login | chat) case_timed "$s" "$r" "$c" ;;
+            esac
+        done
+    done
+done
+
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+((SMOKE)) && STAMP="smoke-$STAMP"
+cp "$ROWS" "$OUT/rows-$STAMP.tsv"
+python3 "$ROOT/tests/bench/xmpp_report.py" "$OUT/rows-$STAMP.tsv" | tee "$OUT/table-$STAMP.md"
+for s in "${SERVER_LIST[@]}"; do
+    if grep -qiE 'level=(error|fatal)|crash|CRASH REPORT' "$WORK/$s"/*.log 2>/dev/null; then
+        echo "xmpp_peers.sh: $s logged errors:" >&2
+        grep -hiE 'level=(error|fatal)|crash|CRASH REPORT' "$WORK/$s"/*.log | tail -20 >&2
+    fi
+done
+if ((SMOKE)); then
+    # The smoke run proves the pipeline, not figures: every session up, every message in.
+    awk -F'\t' 'NR > 1 && ($5 != 0 || $4 == 0) { bad = 1 } END { exit bad }' "$ROWS" || {
+        echo "xmpp_peers.sh: smoke: failed sessions or lost messages" >&2
+        exit 1
+    }
+fi
