@@ -92,16 +92,21 @@ test-integration-asan: build-asan
 		tests/integration/test_rtctl.py tests/integration/test_tls.py \
 		tests/integration/test_websocket.py tests/integration/test_proxy_protocol.py \
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
-		tests/integration/test_trace.py tests/integration/test_cluster.py -k "not testssl"
+		tests/integration/test_trace.py tests/integration/test_cluster.py \
+		tests/integration/test_xmpp_c2s.py tests/integration/test_xmpp_sm.py \
+		tests/integration/test_xmpp_admin.py -k "not testssl"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
-# packet tracing, whose set of traces connections read while tracers start and stop them.
+# packet tracing, whose set of traces connections read while tracers start and stop them; and
+# XMPP sessions, which share the session registry and hand sockets to each other (and which
+# `xmpp sessions` walks from an admin connection while they bind and end).
 test-integration-tsan: build-tsan
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan \
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
 		tests/integration/test_admin_socket.py tests/integration/test_trace.py \
-		tests/integration/test_cluster.py
+		tests/integration/test_cluster.py tests/integration/test_xmpp_c2s.py \
+		tests/integration/test_xmpp_sm.py tests/integration/test_xmpp_admin.py
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

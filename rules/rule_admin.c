@@ -146,8 +146,8 @@ static char *rows_json(const rt_buf_t *rows, uint32_t nrows)
     return out.data;
 }
 
-int rt_rules_test(const char *name, const char *topic, const void *payload, size_t len, int qos,
-                  char **json_out, char *err, size_t errlen)
+int rt_rules_test_input(const char *name, const rt_rule_input_t *in, char **json_out, char *err,
+                        size_t errlen)
 {
     *json_out = NULL;
     rt_rule_set_t *s = rt__rules_current();
@@ -171,24 +171,9 @@ int rt_rules_test(const char *name, const char *topic, const void *payload, size
     }
     if ((rc = rt_rule_vm_load(vm, r->path, r->text, r->len, &spec, err, errlen)) == 0) {
         rt_rule_spec_free(&spec);
-        rt_rule_input_t in = {
-            .topic = topic,
-            .topic_len = strlen(topic),
-            .payload = payload ? payload : (const uint8_t *)"",
-            .payload_len = len,
-            .qos = qos,
-            .retain = 0,
-            .clientid = "rt_rules_test",
-            .peer = "127.0.0.1:0",
-            .reason_code = -1,
-            .proto_ver = -1,
-            .keepalive = -1,
-            .clean_start = -1,
-            .ts_ms = rt_wall_ms(),
-        };
         rt_buf_t rows = {0};
         uint32_t nrows = 0;
-        rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, &in, &rows, &nrows, err, errlen);
+        rt_rule_outcome_t o = rt_rule_vm_run(vm, 0, in, &rows, &nrows, err, errlen);
         if (o == RT_RULE_PASSED || o == RT_RULE_FILTERED) {
             if (!(*json_out = rows_json(&rows, nrows))) {
                 snprintf(err, errlen, "out of memory");
@@ -202,4 +187,25 @@ int rt_rules_test(const char *name, const char *topic, const void *payload, size
     rt_rule_vm_free(vm);
     rt__rule_set_release(s);
     return rc;
+}
+
+int rt_rules_test(const char *name, const char *topic, const void *payload, size_t len, int qos,
+                  char **json_out, char *err, size_t errlen)
+{
+    rt_rule_input_t in = {
+        .topic = topic,
+        .topic_len = strlen(topic),
+        .payload = payload ? payload : (const uint8_t *)"",
+        .payload_len = len,
+        .qos = qos,
+        .retain = 0,
+        .clientid = "rt_rules_test",
+        .peer = "127.0.0.1:0",
+        .reason_code = -1,
+        .proto_ver = -1,
+        .keepalive = -1,
+        .clean_start = -1,
+        .ts_ms = rt_wall_ms(),
+    };
+    return rt_rules_test_input(name, &in, json_out, err, errlen);
 }

@@ -52,6 +52,15 @@ int rt_rule_vm_dry_run(rt_rule_vm_t *vm, uint32_t idx, char *err, size_t errlen)
             in.proto_ver = 5, in.keepalive = 60, in.clean_start = 1;
         } else if (ev == 2) {
             in.reason_code = 0, in.reason = "normal";
+        } else if (ev == 8 || ev == 9) { /* xmpp.message, xmpp.presence */
+            bool m = ev == 8;
+            in.protocol = "xmpp";
+            in.clientid = "juliet@example.com/balcony", in.username = "juliet@example.com";
+            in.from = in.clientid;
+            in.to = m ? "romeo@example.net" : NULL;
+            in.type = m ? "chat" : "available";
+            in.payload = (const uint8_t *)(m ? "Art thou not Romeo?" : "on the balcony");
+            in.payload_len = strlen((const char *)in.payload);
         } else if (ev == 3 || ev == 4) {
             in.topic = "sample/topic", in.topic_len = 12, in.qos = ev == 3 ? 1 : -1;
         } else {

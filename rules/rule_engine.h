@@ -174,6 +174,8 @@ typedef enum {
     RT_RULE_EV_MESSAGE_DELIVERED,
     RT_RULE_EV_MESSAGE_ACKED,
     RT_RULE_EV_MESSAGE_DROPPED,
+    RT_RULE_EV_XMPP_MESSAGE,  /* a message stanza routed (actors/c2s): from, to, type, body */
+    RT_RULE_EV_XMPP_PRESENCE, /* a presence broadcast: from, type, status */
 } rt_rule_event_kind_t;
 
 /*
@@ -192,6 +194,10 @@ typedef struct rt_rule_event_s {
     rt_bin_t *canonical;       /* message.*: the message (borrowed; the engine retains it) */
     const char *from_clientid; /* message.*: the publisher, or NULL */
     const char *from_username; /* message.*: or NULL */
+    const char *protocol;      /* the client's protocol: NULL for MQTT, "xmpp" */
+    const char *from, *to;     /* xmpp.*: JIDs (to may be NULL) */
+    const char *type;          /* xmpp.*: the stanza's type, or NULL */
+    const char *body;          /* xmpp.message: the body; xmpp.presence: the status; or NULL */
 } rt_rule_event_t;
 
 /* Whether some enabled rule takes events of this kind (one atomic load): lets a caller skip
@@ -225,6 +231,10 @@ int rt_rules_reload(char *err, size_t errlen);
 */
 int rt_rules_test(const char *name, const char *topic, const void *payload, size_t len, int qos,
                   char **json_out, char *err, size_t errlen);
+/* rt_rules_test on an input of the caller's: an event (an XMPP message, say) as the rule
+   would get it. */
+int rt_rules_test_input(const char *name, const rt_rule_input_t *in, char **json_out, char *err,
+                        size_t errlen);
 
 /*
 ** Enables or disables a rule of the current set; RT_ENOTFOUND if there is none,

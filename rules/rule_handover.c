@@ -72,6 +72,11 @@ static int hand_over(match_scratch_t *t, rt_rule_set_t *set, const rt_rule_origi
         [RT_RULE_STR_REASON] = e ? e->reason : NULL,
         [RT_RULE_STR_FROM_CLIENTID] = e ? e->from_clientid : NULL,
         [RT_RULE_STR_FROM_USERNAME] = e ? e->from_username : NULL,
+        [RT_RULE_STR_PROTOCOL] = e ? e->protocol : NULL,
+        [RT_RULE_STR_FROM] = e ? e->from : NULL,
+        [RT_RULE_STR_TO] = e ? e->to : NULL,
+        [RT_RULE_STR_TYPE] = e ? e->type : NULL,
+        [RT_RULE_STR_BODY] = e ? e->body : NULL,
     };
     size_t size = sizeof(rt_rule_work_t) + t->n * sizeof(uint32_t);
     uint32_t lens[RT_RULE_NSTRS];

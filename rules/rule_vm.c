@@ -300,7 +300,11 @@ static int push_input(lua_State *L)
         lua_pushboolean(L, in->clean_start);
         lua_setfield(L, -2, "clean_start");
     }
-    if (!in->event || in->topic) {
+    set_cstr(L, "protocol", in->protocol ? in->protocol : "mqtt");
+    set_cstr(L, "from", in->from);
+    set_cstr(L, "to", in->to);
+    set_cstr(L, "type", in->type);
+    if ((!in->event || in->topic) && !in->from) {
         /* User properties (MQTT 5); a repeated key keeps its last value. */
         lua_newtable(L);
         const mqtt_props_t block = {.raw = in->props};

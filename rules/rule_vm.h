@@ -114,8 +114,8 @@ extern const size_t rt_lua_nsources;
 /* The broker events a rule's from can name (index = rt_rule_event_kind_t - 1). */
 #define RT_RULE_EVENT_NAMES                                                                        \
     "client.connected", "client.disconnected", "session.subscribed", "session.unsubscribed",       \
-        "message.delivered", "message.acked", "message.dropped"
-#define RT_RULE_NEVENTS 7
+        "message.delivered", "message.acked", "message.dropped", "xmpp.message", "xmpp.presence"
+#define RT_RULE_NEVENTS 9
 /* 1..RT_RULE_NEVENTS for an event name, 0 otherwise. */
 int rt_rule_event_kind(const char *name);
 const char *rt_rule_event_name(int kind);
@@ -142,6 +142,12 @@ typedef struct rt_rule_input_s {
     int proto_ver;             /* client.connected; -1: none */
     int keepalive;             /* client.connected; -1: none */
     int clean_start;           /* client.connected; -1: none */
+    /* The protocol-neutral part: who sent what to whom, for a protocol whose messages are not
+       MQTT PUBLISHes (XMPP: JIDs, the stanza's type; its body or status is the payload). */
+    const char *protocol;   /* "mqtt" (NULL reads as it), "xmpp" */
+    const char *from;       /* xmpp.*: the sender's JID; NULL: none */
+    const char *to;         /* xmpp.*: the addressee's JID; NULL: none */
+    const char *type;       /* xmpp.*: the stanza's type ("chat", "unavailable"...); NULL: none */
 } rt_rule_input_t;
 
 /* A rule file's declarations, as parsed at load. Strings are owned (malloc). */

@@ -370,7 +370,15 @@ static rt_rule_input_t work_input(const rt_rule_work_t *wk, const rt_bin_t *bin)
         .proto_ver = wk->proto_ver,
         .keepalive = wk->keepalive,
         .clean_start = wk->clean_start,
+        .protocol = strs[RT_RULE_STR_PROTOCOL],
+        .from = strs[RT_RULE_STR_FROM],
+        .to = strs[RT_RULE_STR_TO],
+        .type = strs[RT_RULE_STR_TYPE],
     };
+    if (strs[RT_RULE_STR_BODY]) {
+        in.payload = (const uint8_t *)strs[RT_RULE_STR_BODY];
+        in.payload_len = wk->slen[RT_RULE_STR_BODY];
+    }
     if (bin) {
         /* The connection made the canonical message once; its parts are read in place. */
         rt_message_t msg;

@@ -86,7 +86,8 @@ void rt_buf_add(rt_buf_t *b, const void *p, size_t n)
 {
     if (!rt_buf_reserve(b, n))
         return;
-    memcpy(b->data + b->len, p, n);
+    if (n) /* an empty buffer's data (NULL) may be what is added */
+        memcpy(b->data + b->len, p, n);
     b->len += n;
     b->data[b->len] = 0;
 }

@@ -47,10 +47,13 @@ for p in "${packages[@]}"; do
     [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
 
-# MQTT.js (npm's mqtt), the Node client the integration tests drive rtd with, pinned by
-# tests/node/package-lock.json; node and npm come with the machine.
+# MQTT.js (npm's mqtt) and xmpp.js (@xmpp/client), the Node clients the integration tests drive
+# rtd with, pinned by tests/node/package-lock.json; node and npm come with the machine. Either
+# one missing (a checkout from before the other was added) runs npm ci again.
 root=$(cd "$(dirname "$0")/.." && pwd)
-if [[ "$purpose" == test && ! -d "$root/tests/node/node_modules/mqtt" ]] && command -v npm >/dev/null; then
+nm="$root/tests/node/node_modules"
+if [[ "$purpose" == test && ( ! -d "$nm/mqtt" || ! -d "$nm/@xmpp/client" ) ]] &&
+    command -v npm >/dev/null; then
     echo "install-deps: npm ci in tests/node" >&2
     npm ci --prefix "$root/tests/node" --no-audit --no-fund >/dev/null
 fi

@@ -146,7 +146,7 @@ static const char *version_name(uint8_t v)
 ** shows 0): the session's queue and inflight messages are in its binaries, its subscriptions
 ** and the rest of its state in its heap.
 */
-static void memory_doc(rt_doc_t *o, rt_pid_t pid, bool full)
+void rt__admin_actor_memory_doc(rt_doc_t *o, rt_pid_t pid, bool full)
 {
     rt_actor_info_t ai = {0};
     (void)rt_actor_info(pid, &ai);
@@ -180,7 +180,7 @@ static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
     rt_doc_add_u64(o, "acl_denied_subscribe", ci->acl_denied_subscribe);
     rt_doc_add_u64(o, "rate_limited", ci->rate_limited);
     rt_doc_add_str(o, "transport", ci->transport);
-    memory_doc(o, ci->pid, full);
+    rt__admin_actor_memory_doc(o, ci->pid, full);
     if (!full)
         return;
     rt__admin_pid_text(ci->pid, pid, sizeof(pid));
@@ -228,6 +228,8 @@ static void add_topic(struct rt_admin_gather_s *g, const char *filter)
 
 bool rt__admin_gather_reply(rt_admin_cmd_t *c, rt_msg_t *m)
 {
+    if (c->xgather)
+        return rt__admin_xmpp_gather_reply(c, m);
     struct rt_admin_gather_s *g = c->gather;
     const rt_client_info_t *ci = rt_client_info_of(m);
     if (!g || !ci || ci->cookie != g->cookie)
@@ -272,6 +274,10 @@ static int cmp_topic(const void *a, const void *b)
 
 void rt__admin_gather_finish(rt_admin_cmd_t *c)
 {
+    if (c->xgather) {
+        rt__admin_xmpp_gather_finish(c);
+        return;
+    }
     struct rt_admin_gather_s *g = c->gather;
     c->code = 200;
     if (g->kind == G_SHOW && !g->answered) {
@@ -302,6 +308,7 @@ void rt__admin_gather_finish(rt_admin_cmd_t *c)
 
 void rt__admin_gather_free(rt_admin_cmd_t *c)
 {
+    rt__admin_xmpp_gather_free(c);
     struct rt_admin_gather_s *g = c->gather;
     if (!g)
         return;

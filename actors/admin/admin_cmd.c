@@ -56,10 +56,8 @@ static const rt_listen_t *http_listener(char *where, size_t len)
 {
     const rt_listen_t *h =
         rt_broker && rt_broker->conf.http.on ? &rt_broker->conf.http.where : NULL;
-    if (h) {
-        bool v6 = strchr(h->host, ':') != NULL;
-        snprintf(where, len, "%s%.64s%s:%d", v6 ? "[" : "", h->host, v6 ? "]" : "", h->port);
-    }
+    if (h)
+        rt__admin_listener_text(h->host, h->port, where, len);
     return h;
 }
 
@@ -236,7 +234,7 @@ static int cmd_broker_metrics(rt_admin_cmd_t *c)
 
 /* ---- listeners ---- */
 
-#define LISTENERS_MAX 32
+#define LISTENERS_MAX RT_CONF_ALL_LISTENERS
 
 /* A TLS listener's settings and certificate as served now (index: rt_tls_info's). */
 static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index)
@@ -267,10 +265,13 @@ static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index)
         rt_doc_add_str(t, "last_reload_error", info.last_error);
 }
 
-/* A listener's transport: its kind, its TLS settings and certificate, its proxy. */
+/* A listener's transport: its kind, its TLS settings and certificate, its proxy (index:
+   among all listeners, rt_listener_info_t.index). */
 static void add_transport(rt_doc_t *o, unsigned index)
 {
-    const rt_listen_t *l = &rt_broker->conf.listeners[index];
+    const rt_listen_t *l = rt_conf_listener(&rt_broker->conf, index);
+    if (!l)
+        return;
     rt_doc_add_str(o, "kind", rt_listener_kind(index));
     rt_doc_add_bool(o, "proxy_protocol", l->proxy_protocol);
     if (l->websocket[0])
@@ -293,10 +294,8 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         return rt__admin_fail(c, 500, "out of memory");
     for (size_t i = 0; i < n && i < LISTENERS_MAX; i++) {
         rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
-        bool v6 = strchr(ls[i].address, ':') != NULL;
         char where[128];
-        snprintf(where, sizeof(where), "%s%.64s%s:%d", v6 ? "[" : "", ls[i].address, v6 ? "]" : "",
-                 ls[i].port);
+        rt__admin_listener_text(ls[i].address, ls[i].port, where, sizeof(where));
         rt_doc_add_str(o, "listener", where);
         rt_doc_add_str(o, "protocol", ls[i].protocol);
         rt_doc_add_str(o, "state", ls[i].running ? "running" : "stopped");
@@ -312,7 +311,7 @@ static int cmd_listeners(rt_admin_cmd_t *c)
         rt_doc_add_u64(o, "refused_fd_reserve", ls[i].refused_fds);
         rt_doc_add_u64(o, "acl_denied_publish", ls[i].acl_denied_publish);
         rt_doc_add_u64(o, "acl_denied_subscribe", ls[i].acl_denied_subscribe);
-        add_transport(o, (unsigned)i);
+        add_transport(o, ls[i].index);
     }
     return 200;
 }
@@ -608,17 +607,44 @@ static int cmd_rules_test(rt_admin_cmd_t *c)
     size_t topic_len = 0, payload_len = 0;
     const char *topic = rt__admin_opt(c, "topic", &topic_len);
     const char *payload = rt__admin_opt(c, "payload", &payload_len);
+    const char *event = rt__admin_opt(c, "event", NULL);
     long qos;
-    if (!name || !topic)
+    if (!name || (!topic && !event) || (event && !rt_rule_event_kind(event)))
         return rt__admin_fail(c, 400,
-                              "usage: rules test NAME --topic T [--payload P] [--qos 0|1|2]");
+                              "usage: rules test NAME --topic T [--payload P] [--qos 0|1|2], or "
+                              "rules test NAME --event E [--from JID --to JID --type T "
+                              "--payload P] (E: client.connected, xmpp.message, ...)");
     if (rt__admin_opt_long(c, "qos", 0, 0, 2, &qos))
         return c->code;
     if (!payload)
         payload = "";
     char *json = NULL;
     char err[RT_ADMIN_ERR_MAX];
-    int rc = rt_rules_test(name, topic, payload, payload_len, (int)qos, &json, err, sizeof(err));
+    int rc;
+    if (event) {
+        /* An event as a client's session would raise it (XMPP's are made to look real). */
+        bool xmpp = strncmp(event, "xmpp.", 5) == 0;
+        const char *from = rt__admin_opt(c, "from", NULL);
+        rt_rule_input_t in = {.event = event,
+                              .payload = (const uint8_t *)payload,
+                              .payload_len = payload_len,
+                              .qos = -1,
+                              .retain = -1,
+                              .clientid = from ? from : "rt_rules_test",
+                              .peer = "127.0.0.1:0",
+                              .reason_code = -1,
+                              .proto_ver = -1,
+                              .keepalive = -1,
+                              .clean_start = -1,
+                              .ts_ms = rt_wall_ms(),
+                              .protocol = xmpp ? "xmpp" : NULL,
+                              .from = from,
+                              .to = rt__admin_opt(c, "to", NULL),
+                              .type = rt__admin_opt(c, "type", NULL)};
+        rc = rt_rules_test_input(name, &in, &json, err, sizeof(err));
+    } else {
+        rc = rt_rules_test(name, topic, payload, payload_len, (int)qos, &json, err, sizeof(err));
+    }
     if (rc == RT_ENOTFOUND)
         return rt__admin_fail(c, 404, "no rule named \"%s\" (rtctl rules list)", name);
     if (rc == RT_ESHUTDOWN)
@@ -630,7 +656,7 @@ static int cmd_rules_test(rt_admin_cmd_t *c)
         return c->code;
     }
     rt_doc_add_str(c->doc, "rule", name);
-    rt_doc_add_str(c->doc, "topic", topic);
+    rt_doc_add_str(c->doc, event ? "event" : "topic", event ? event : topic);
     rt_doc_add_json(c->doc, "rows", json);
     free(json);
     return 200;
@@ -838,7 +864,8 @@ const rt_admin_command_t rt__admin_commands[] = {
      "MQTT packets in and out by type, bytes, messages in, out, dropped and expired, and the "
      "packets tolerated."},
     {"listeners", NULL, cmd_listeners, 0, "listeners",
-     "Each MQTT listener: address, transport, state, connections, and those refused by reason."},
+     "Each MQTT and XMPP listener: address, protocol, transport, state, connections, and those "
+     "refused by reason."},
     {"cluster", "status", rt__admin_cluster_status, RT_ADMIN_BLOCKING, "cluster status",
      "The cluster as this node sees it: NATS, nodes, forwarding, retained messages, client "
      "ids and moved sessions (docs/CLUSTER.md)."},
@@ -910,7 +937,7 @@ const rt_admin_command_t rt__admin_commands[] = {
     /* Admin only: whoever runs it runs a payload of theirs through the rules, for up to
        rule_call_ms (a read key of the HTTP API must not). */
     {"rules", "test", cmd_rules_test, RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_SENSITIVE,
-     "rules test NAME --topic T [--payload P] [--qos Q]",
+     "rules test NAME --topic T [--payload P] [--qos Q] | --event E [--from J --to J --type T]",
      "The rows the rule would make of this message; nothing is written."},
     {"sinks", NULL, cmd_sinks_list, 0, NULL, NULL},
     {"sinks", "list", cmd_sinks_list, 0, "sinks list",
@@ -962,6 +989,21 @@ const rt_admin_command_t rt__admin_commands[] = {
      "Gives an XMPP account a new password (new salts and keys)."},
     {"xmpp", "user del", rt__admin_xmpp_user, RT_ADMIN_BLOCKING | RT_ADMIN_CHANGES,
      "xmpp user del USER@HOST", "Deletes an XMPP account."},
+    /* The sessions are asked as the MQTT clients are (gathering), which the read role may;
+       kick is the admin's. The roster is read from xmpp.db, on the worker. */
+    {"xmpp", "sessions", rt__admin_xmpp_sessions, RT_ADMIN_GATHER,
+     "xmpp sessions [HOST] [--limit N]",
+     "The bound XMPP sessions (of HOST's users, or all), by JID: pid, presence, priority, peer "
+     "and memory; the first N JIDs (10000) in byte order."},
+    {"xmpp", "show", rt__admin_xmpp_show, RT_ADMIN_GATHER, "xmpp show JID",
+     "A session (USER@HOST/RESOURCE) or each of an account's (USER@HOST): as `xmpp sessions`, "
+     "with its listener, TLS, stream id, roster held, mailbox and memory by part."},
+    {"xmpp", "kick", rt__admin_xmpp_kick, RT_ADMIN_CHANGES, "xmpp kick JID",
+     "Ends the session (USER@HOST/RESOURCE) or all of the account's (USER@HOST) with a "
+     "policy-violation stream error; says how many."},
+    {"xmpp", "roster", rt__admin_xmpp_roster, RT_ADMIN_BLOCKING, "xmpp roster USER@HOST",
+     "The account's stored roster: contact, name, groups, subscription (none, to, from, both), "
+     "ask, pending in, pre-approved."},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
      "trace client CLIENT_ID [--duration S] [--payload N]",
      "The client's packets as they pass, for S seconds (60), with N payload bytes each."},

@@ -109,6 +109,7 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
                        cmd->flags & refuse & RT_ADMIN_CHANGES ? "changes rtd"
                        : strcmp(cmd->word, "trace") == 0      ? "shows clients' traffic"
                        : strcmp(cmd->word, "apikey") == 0     ? "shows the API keys"
+                       : strcmp(cmd->word, "xmpp") == 0       ? "shows the XMPP accounts"
                                                               : "runs rules on a payload");
     } else if (cmd && (cmd->flags & RT_ADMIN_BLOCKING)) {
         uint64_t cookie = next_cookie++;

@@ -40,6 +40,7 @@ typedef struct rt_admin_cmd_s {
     rt_buf_t text;
     char error[RT_ADMIN_ERR_MAX];
     struct rt_admin_gather_s *gather; /* a gathering command's state (admin_clients.c) */
+    struct rt_admin_xgather_s *xgather; /* or an XMPP one's (admin_xmpp_sessions.c) */
     struct rt_admin_trace_s *trace;   /* a trace started, for the exec to stream (admin_trace.c) */
 } rt_admin_cmd_t;
 
@@ -103,6 +104,8 @@ bool rt__admin_heap_wants(const rt_admin_heap_t *h, const void *elem);
 void rt__admin_heap_put(rt_admin_heap_t *h, const void *elem, void *dropped);
 int rt__admin_parse_pid(const char *s, rt_pid_t *out);
 void rt__admin_iso_time(uint64_t unix_ms, char *out, size_t n); /* "2024-05-01T12:00:00Z" */
+/* "host:port" ("[v6]:port") of a listener, as `listeners` and /metrics name it. */
+void rt__admin_listener_text(const char *host, int port, char *out, size_t n);
 
 /*
 ** Whether a command's sub-command ksub is named by a request's sub and sub2 (NULL: none).
@@ -122,8 +125,17 @@ int rt__admin_apikey_add(rt_admin_cmd_t *c);
 int rt__admin_apikey_revoke(rt_admin_cmd_t *c);
 int rt__admin_apikey_reload(rt_admin_cmd_t *c);
 
-/* ---- admin_xmpp.c: the XMPP accounts (xmpp user list|add|passwd|del) ---- */
+/* ---- admin_xmpp.c: the XMPP accounts (xmpp user list|add|passwd|del), rosters ---- */
 int rt__admin_xmpp_user(rt_admin_cmd_t *c);
+int rt__admin_xmpp_roster(rt_admin_cmd_t *c);
+
+/* ---- admin_xmpp_sessions.c: xmpp sessions|show|kick, gathering as admin_clients.c does ---- */
+int rt__admin_xmpp_sessions(rt_admin_cmd_t *c);
+int rt__admin_xmpp_show(rt_admin_cmd_t *c);
+int rt__admin_xmpp_kick(rt_admin_cmd_t *c);
+bool rt__admin_xmpp_gather_reply(rt_admin_cmd_t *c, rt_msg_t *m);
+void rt__admin_xmpp_gather_finish(rt_admin_cmd_t *c);
+void rt__admin_xmpp_gather_free(rt_admin_cmd_t *c);
 
 /* ---- admin_retained.c: the retained store's messages ---- */
 int rt__admin_retained_list(rt_admin_cmd_t *c);
@@ -185,7 +197,8 @@ int rt__admin_backup(rt_admin_cmd_t *c);
 ** Commands that ask connection actors (clients, subscriptions,
 ** topics). Their run() sends the questions and sets c->code to 0; each later
 ** message goes to gather_reply until it returns true or RT_ADMIN_GATHER_MS
-** pass; then gather_finish builds the answer from what came.
+** pass; then gather_finish builds the answer from what came. The three pass an
+** XMPP command's (c->xgather) on to admin_xmpp_sessions.c.
 */
 #define RT_ADMIN_GATHER_MS 3000
 bool rt__admin_gather_reply(rt_admin_cmd_t *c, rt_msg_t *m);
@@ -196,6 +209,8 @@ int rt__admin_clients_show(rt_admin_cmd_t *c);
 int rt__admin_clients_kick(rt_admin_cmd_t *c);
 int rt__admin_subscriptions(rt_admin_cmd_t *c);
 int rt__admin_topics(rt_admin_cmd_t *c);
+/* "memory": all the actor at pid holds, read now; with full, its parts too. */
+void rt__admin_actor_memory_doc(rt_doc_t *o, rt_pid_t pid, bool full);
 
 /* ---- admin_remote.c: administrators across a cluster's nodes ---- */
 /* Takes other nodes' questions (rt_cluster_set_admin). */

@@ -24,7 +24,7 @@
 #include "sink.h"
 #include "tls.h"
 
-#define LISTENERS_MAX RT_CONF_MAX_LISTENERS
+#define LISTENERS_MAX RT_CONF_ALL_LISTENERS
 #define RULES_MAX 1024
 #define SINKS_MAX 64
 #define SCHEDS_MAX 256
@@ -347,14 +347,13 @@ static void listeners_section(rt_buf_t *b, const scrape_t *s)
 {
     char where[LISTENERS_MAX][128];
     for (size_t i = 0; i < s->nlisteners; i++) {
-        const rt_listener_info_t *l = &s->listeners[i];
-        bool v6 = strchr(l->address, ':') != NULL;
-        snprintf(where[i], sizeof(where[i]), "%s%.64s%s:%d", v6 ? "[" : "", l->address,
-                 v6 ? "]" : "", l->port);
+        rt__admin_listener_text(s->listeners[i].address, s->listeners[i].port, where[i],
+                                sizeof(where[i]));
     }
 #define EACH_LISTENER(metric, expr)                                                                \
     for (size_t i = 0; i < s->nlisteners; i++)                                                     \
-    u64(b, metric, (expr), "listener", where[i], "kind", rt_listener_kind((unsigned)i), NULL)
+    u64(b, metric, (expr), "listener", where[i], "kind", rt_listener_kind(s->listeners[i].index),  \
+        NULL)
     family(b, "rt_listener_up", "gauge", "1 while the listener accepts connections.");
     EACH_LISTENER("rt_listener_up", s->listeners[i].running ? 1 : 0);
     family(b, "rt_listener_connections", "gauge", "Sockets open now that came in through it.");
@@ -369,7 +368,7 @@ static void listeners_section(rt_buf_t *b, const scrape_t *s)
            "file descriptors kept for rtctl and HTTP).");
     for (size_t i = 0; i < s->nlisteners; i++) {
         const rt_listener_info_t *l = &s->listeners[i];
-        const char *kind = rt_listener_kind((unsigned)i);
+        const char *kind = rt_listener_kind(l->index);
         const struct {
             const char *reason;
             uint64_t v;
@@ -387,7 +386,7 @@ static void listeners_section(rt_buf_t *b, const scrape_t *s)
            "Its clients' requests the ACL refused, by action: publish (PUBLISH and wills), "
            "subscribe.");
     for (size_t i = 0; i < s->nlisteners; i++) {
-        const char *kind = rt_listener_kind((unsigned)i);
+        const char *kind = rt_listener_kind(s->listeners[i].index);
         u64(b, "rt_listener_acl_denied_total", s->listeners[i].acl_denied_publish, "listener",
             where[i], "kind", kind, "action", "publish", NULL);
         u64(b, "rt_listener_acl_denied_total", s->listeners[i].acl_denied_subscribe, "listener",
@@ -405,15 +404,18 @@ static void tls_section(rt_buf_t *b, const scrape_t *s)
            "rt_tls_certificate_not_after_seconds - time() < 14 * 86400.");
     for (size_t i = 0; i < s->ncerts; i++) {
         const rt_tls_cert_t *c = &s->certs[i];
+        const rt_listen_t *l = rt_conf_listener(&rt_broker->conf, c->listener);
+        if (!l)
+            continue;
+        /* The bound port (a configured 0 is the kernel's pick); the HTTP listener's as
+           configured, as `status` shows it. */
+        int port = l->port;
+        for (size_t k = 0; k < s->nlisteners; k++)
+            if (s->listeners[k].index == c->listener)
+                port = s->listeners[k].port;
         char where[128];
-        const rt_listen_t *l = c->listener == RT_TLS_HTTP ? &rt_broker->conf.http.where
-                                                          : &rt_broker->conf.listeners[c->listener];
-        bool v6 = strchr(l->host, ':') != NULL;
-        int port = c->listener == RT_TLS_HTTP    ? l->port
-                   : c->listener < s->nlisteners ? s->listeners[c->listener].port
-                                                 : 0;
-        snprintf(where, sizeof(where), "%s%.64s%s:%d", v6 ? "[" : "", l->host, v6 ? "]" : "", port);
-        const char *kind = c->listener == RT_TLS_HTTP ? "https" : rt_listener_kind(c->listener);
+        rt__admin_listener_text(l->host, port, where, sizeof(where));
+        const char *kind = rt_listener_kind(c->listener);
         i64(b, "rt_tls_certificate_not_after_seconds", c->not_after_s, "listener", where, "kind",
             kind, "sni", c->sni, "subject", c->subject, NULL);
     }

@@ -407,3 +407,9 @@ void rt__admin_iso_time(uint64_t unix_ms, char *out, size_t n)
     gmtime_r(&t, &tm);
     strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
+
+void rt__admin_listener_text(const char *host, int port, char *out, size_t n)
+{
+    bool v6 = strchr(host, ':') != NULL;
+    snprintf(out, n, "%s%.64s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", port);
+}

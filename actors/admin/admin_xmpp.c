@@ -1,6 +1,7 @@
 /*
 ** `xmpp user list|add|passwd|del`: the XMPP accounts in data_dir/xmpp.db (actors/xmpp/
-** accounts.h) while rtd runs, as `rtd xmpp user` manages them offline. The file is opened for
+** accounts.h) while rtd runs, as `rtd xmpp user` manages them offline; `xmpp roster
+** USER@HOST`: an account's stored roster (roster.h). The file is opened for
 ** each command and closed after it: a few a day, and `rtd xmpp user` may write it meanwhile.
 ** Every one runs on the admin worker (file I/O, and PBKDF2 for add and passwd: milliseconds).
 ** A password comes as the option --password (rtctl asks for it twice, the HTTP API takes it
@@ -13,6 +14,7 @@
 #include "broker.h"
 #include "jid.h"
 #include "log.h"
+#include "roster.h"
 
 /* An RT_E* code of the accounts as the answer's code. */
 static int accounts_fail(rt_admin_cmd_t *c, int rc, const char *err)
@@ -90,4 +92,67 @@ int rt__admin_xmpp_user(rt_admin_cmd_t *c)
     int code = list ? user_list(c, a) : user_change(c, a, verb);
     rt_accounts_close(a);
     return code;
+}
+
+/* RFC 6121's subscription attribute of an item's state. */
+static const char *subscription_name(unsigned state)
+{
+    static const char *const names[4] = {"none", "to", "from", "both"};
+    return names[state & (RT_ROSTER_TO | RT_ROSTER_FROM)];
+}
+
+static int roster_row(const rt_roster_item_t *it, void *arg)
+{
+    rt_admin_cmd_t *c = arg;
+    rt_doc_t *o = rt_doc_add_object(c->doc, NULL);
+    rt_doc_add_str(o, "contact", it->jid);
+    rt_doc_add_str(o, "name", it->name ? it->name : "");
+    if (c->json) {
+        rt_doc_t *groups = rt_doc_add_array(o, "groups");
+        for (unsigned i = 0; i < it->ngroups; i++)
+            rt_doc_add_str(groups, NULL, it->groups[i]);
+    } else { /* a table's cell: the groups comma-separated */
+        rt_buf_t b = {0};
+        for (unsigned i = 0; i < it->ngroups; i++)
+            rt_buf_printf(&b, "%s%s", i ? "," : "", it->groups[i]);
+        rt_doc_add_strn(o, "groups", b.data ? b.data : "", b.len);
+        rt_buf_free(&b);
+    }
+    rt_doc_add_str(o, "subscription", subscription_name(it->state));
+    rt_doc_add_bool(o, "ask", it->state & RT_ROSTER_ASK_OUT);
+    rt_doc_add_bool(o, "pending_in", it->state & RT_ROSTER_PENDING_IN);
+    rt_doc_add_bool(o, "preapproved", it->state & RT_ROSTER_PREAPPROVED);
+    return 0;
+}
+
+int rt__admin_xmpp_roster(rt_admin_cmd_t *c)
+{
+    if (c->argc != 3)
+        return rt__admin_fail(c, 400, "usage: xmpp roster USER@HOST");
+    char user[RT_JID_PART_MAX + 1], host[RT_JID_PART_MAX + 1];
+    const char *why = "";
+    if (rt_jid_account(c->argv[2], c->arglen[2], user, host, &why) != 0)
+        return rt__admin_fail(c, 400, "%s: %s", c->argv[2], why);
+    rt_accounts_t *a = NULL;
+    char err[RT_ACCOUNTS_ERR_LEN];
+    int rc = rt_accounts_open(rt_broker->conf.data_dir, &a, err, sizeof(err));
+    if (rc)
+        return accounts_fail(c, rc, err);
+    /* roster.h reads no account as an empty roster: the account's look tells them apart. */
+    rt_scram_cred_t cred;
+    rc = rt_accounts_get(a, host, user, RT_SCRAM_SHA256, &cred);
+    if (rc == RT_ENOTFOUND) {
+        rt_accounts_close(a);
+        return rt__admin_fail(c, 404, "no account %s@%s", user, host);
+    }
+    if (!(c->doc = rt_doc_array())) {
+        rt_accounts_close(a);
+        return rt__admin_fail(c, 500, "out of memory");
+    }
+    rc = rt_roster_get(a, host, user, roster_row, c, NULL);
+    rt_accounts_close(a);
+    if (rc)
+        return rt__admin_fail(c, 503, "%s@%s: the roster could not be read (%s)", user, host,
+                              rt_strerror(rc));
+    return 200;
 }

@@ -231,6 +231,16 @@ bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned cha
     return false;
 }
 
+const rt_listen_t *rt_conf_listener(const rt_conf_t *c, unsigned i)
+{
+    if (i == RT_CONF_HTTP_LISTENER)
+        return c->http.on ? &c->http.where : NULL;
+    if (i < RT_CONF_MAX_LISTENERS)
+        return i < c->nlisteners ? &c->listeners[i] : NULL;
+    unsigned x = i - RT_CONF_XMPP_LISTENER(0);
+    return c->xmpp.on && x < c->xmpp.nlisteners ? &c->xmpp.listeners[x] : NULL;
+}
+
 /* Listeners as "host:port tls websocket /path proxy, ..." from out + used; the new used. */
 static size_t listeners_text(const rt_listen_t *ls, unsigned n, char *out, size_t used, size_t len)
 {

@@ -135,6 +135,10 @@ typedef struct rt_conf_xmpp_s {
     long idle_timeout;          /* s without a byte from the client before it is pinged
                                    (XEP-0199), and as long again before it is dropped;
                                    default 300, 0 = never; 0..86400 */
+    bool channel_binding;       /* offer SCRAM-*-PLUS (default true) */
+    long resume_timeout;        /* s a detached session waits for its client (XEP-0198);
+                                   default 300, 0 = no resumption */
+    long max_vcard_size;        /* bytes of one account's vCard (XEP-0054), default 64 KiB */
 } rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */
@@ -461,5 +465,8 @@ bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned cha
 int rt_conf_admin_socket(const rt_conf_t *c, char *out, size_t n);
 /* Whether key names a setting of the schema. */
 bool rt_conf_known(const char *key);
+/* The listener of index i among all of them (RT_CONF_*_LISTENER) in c, or NULL when there is
+   none (an index past the configured ones, no HTTP listener, no xmpp table). */
+const rt_listen_t *rt_conf_listener(const rt_conf_t *c, unsigned i);
 
 #endif

@@ -413,6 +413,17 @@ const rt_setting_t rt__conf_table_settings[] = {
     XMPP_INT(idle_timeout, 300, 0, 86400, "seconds",
              "without a byte from a client before it is pinged (XEP-0199), and as long again "
              "before it is dropped; 0 = never"),
+    {.name = "xmpp.channel_binding",
+     .type = RT_SET_BOOL,
+     .num = 1,
+     .offset = X_OFF(channel_binding),
+     .doc = "offer SCRAM-*-PLUS inside TLS (tls-exporter on TLS 1.3, tls-server-end-point); "
+            "false serves clients that only bind with tls-unique (slixmpp before 1.8.5)"},
+    XMPP_INT(resume_timeout, 300, 0, 86400, "seconds",
+             "a session whose connection dropped waits this long to be resumed (XEP-0198); "
+             "0 = no resumption"),
+    XMPP_INT(max_vcard_size, 64 * KIB, 256, 1 * MIB, "bytes",
+             "of one account's vCard (XEP-0054); a bigger one is refused with not-acceptable"),
     {.name = NULL},
 };
 

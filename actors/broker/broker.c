@@ -142,34 +142,56 @@ const char *const rt_auth_failed_names[RT_AUTH_FAILED_REASONS] = {
     [RT_AUTH_FAILED_NO_CERT_NAME] = "no_certificate_identity",
 };
 
+const char *rt_broker_listener_protocol(unsigned index)
+{
+    const rt_listen_t *l = rt_conf_listener(&rt_broker->conf, index);
+    if (!l)
+        return "";
+    if (index == RT_CONF_HTTP_LISTENER)
+        return l->tls_on ? "https" : "http";
+    bool xmpp = index >= RT_CONF_XMPP_LISTENER(0);
+    if (xmpp && l->starttls)
+        return "xmpp/starttls";
+    static const char *const names[2][4] = {{"mqtt/tcp", "mqtt/tls", "mqtt/ws", "mqtt/wss"},
+                                            {"xmpp/tcp", "xmpp/tls", "xmpp/ws", "xmpp/wss"}};
+    return names[xmpp][(l->websocket[0] ? 2 : 0) + (l->tls_on ? 1 : 0)];
+}
+
+static void listener_info(unsigned index, const rt_listen_t *l, rt_listener_info_t *o)
+{
+    rt_listener_stats_t *st = &rt_broker->listener_stats[index];
+    memset(o, 0, sizeof(*o));
+    o->index = index;
+    snprintf(o->address, sizeof(o->address), "%s", l->host);
+    o->port = atomic_load(&st->port);
+    o->protocol = rt_broker_listener_protocol(index);
+    o->proxy_protocol = l->proxy_protocol;
+    o->running = atomic_load(&st->running);
+    o->connections = atomic_load(&st->connections);
+    o->accepted = atomic_load(&st->accepted);
+    o->refused = atomic_load(&st->refused[RT_REFUSED_ALL]);
+    o->refused_max_connections = atomic_load(&st->refused[RT_REFUSED_MAX_CONNS]);
+    o->refused_per_ip = atomic_load(&st->refused[RT_REFUSED_PER_IP]);
+    o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
+    o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
+    o->refused_untrusted = atomic_load(&st->refused[RT_REFUSED_UNTRUSTED]);
+    o->refused_fds = atomic_load(&st->refused[RT_REFUSED_FDS]);
+    o->acl_denied_publish = atomic_load(&st->acl_denied[RT_ACL_DENIED_PUBLISH]);
+    o->acl_denied_subscribe = atomic_load(&st->acl_denied[RT_ACL_DENIED_SUBSCRIBE]);
+    o->max_connections = RT_LIVE(max_connections);
+}
+
 size_t rt_broker_listeners(rt_listener_info_t *out, size_t max)
 {
     const rt_conf_t *conf = &rt_broker->conf;
-    for (unsigned i = 0; i < conf->nlisteners && i < max; i++) {
-        rt_listener_stats_t *st = &rt_broker->listener_stats[i];
-        rt_listener_info_t *o = &out[i];
-        memset(o, 0, sizeof(*o));
-        snprintf(o->address, sizeof(o->address), "%s", conf->listeners[i].host);
-        o->port = atomic_load(&st->port);
-        const rt_listen_t *l = &conf->listeners[i];
-        o->protocol = l->websocket[0] ? (l->tls_on ? "mqtt/wss" : "mqtt/ws")
-                                      : (l->tls_on ? "mqtt/tls" : "mqtt/tcp");
-        o->proxy_protocol = l->proxy_protocol;
-        o->running = atomic_load(&st->running);
-        o->connections = atomic_load(&st->connections);
-        o->accepted = atomic_load(&st->accepted);
-        o->refused = atomic_load(&st->refused[RT_REFUSED_ALL]);
-        o->refused_max_connections = atomic_load(&st->refused[RT_REFUSED_MAX_CONNS]);
-        o->refused_per_ip = atomic_load(&st->refused[RT_REFUSED_PER_IP]);
-        o->refused_rate = atomic_load(&st->refused[RT_REFUSED_RATE]);
-        o->refused_error = atomic_load(&st->refused[RT_REFUSED_ERROR]);
-        o->refused_untrusted = atomic_load(&st->refused[RT_REFUSED_UNTRUSTED]);
-        o->refused_fds = atomic_load(&st->refused[RT_REFUSED_FDS]);
-        o->acl_denied_publish = atomic_load(&st->acl_denied[RT_ACL_DENIED_PUBLISH]);
-        o->acl_denied_subscribe = atomic_load(&st->acl_denied[RT_ACL_DENIED_SUBSCRIBE]);
-        o->max_connections = RT_LIVE(max_connections);
+    size_t n = 0;
+    for (unsigned i = 0; i < RT_CONF_ALL_LISTENERS; i++) {
+        const rt_listen_t *l = i == RT_CONF_HTTP_LISTENER ? NULL : rt_conf_listener(conf, i);
+        if (l && n < max)
+            listener_info(i, l, &out[n]);
+        n += l != NULL;
     }
-    return conf->nlisteners;
+    return n;
 }
 
 /* ---- Client table ---- */

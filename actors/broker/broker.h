@@ -254,9 +254,11 @@ typedef struct rt_retained_msg_s {
 } rt_retained_msg_t;
 void rt_broker_retained_release(void *msg);
 typedef struct rt_listener_info_s {
+    unsigned index;       /* among all listeners (config.h RT_CONF_*_LISTENER): the index of
+                             listener_stats, the TLS contexts and rt_listener_kind */
     char address[64];     /* as configured ("0.0.0.0", "::1") */
     int port;             /* bound (the kernel's pick when configured as 0); 0: not up */
-    const char *protocol; /* "mqtt/tcp", "mqtt/tls", "mqtt/ws" or "mqtt/wss" */
+    const char *protocol; /* rt_broker_listener_protocol's */
     bool proxy_protocol;  /* a PROXY protocol header first */
     bool running;
     uint64_t connections; /* sockets open now that came in through it */
@@ -269,8 +271,18 @@ typedef struct rt_listener_info_s {
     long max_connections; /* broker-wide: it counts every listener's sockets together */
 } rt_listener_info_t;
 
-/* Fills up to max listeners in configuration order; returns how many there are. */
+/*
+** Fills up to max listeners, the MQTT ones in configuration order then the XMPP ones (the
+** HTTP listener is not among them); returns how many there are.
+*/
 size_t rt_broker_listeners(rt_listener_info_t *out, size_t max);
+/*
+** What the listener of index (RT_CONF_*_LISTENER) serves, and how: "mqtt/tcp", "mqtt/tls",
+** "mqtt/ws", "mqtt/wss"; "xmpp/tcp", "xmpp/starttls" (plain, TLS by STARTTLS), "xmpp/tls"
+** (direct TLS, XEP-0368), "xmpp/ws", "xmpp/wss"; "http" or "https". "" for an index with no
+** listener.
+*/
+const char *rt_broker_listener_protocol(unsigned index);
 
 /* Counts a client socket opening (+1) or closing (-1), broker-wide and on its listener. */
 void rt__broker_count_socket(unsigned listener, int delta);

@@ -61,17 +61,30 @@ static void peer_format(const c2s_t *c, char *buf, size_t len)
     rt_xport_peer_format(c->xp, c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
 }
 
+/* For log lines: formatted when asked (a session keeps no copy), valid until the next call on
+   this thread. */
 const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c)
 {
-    if (!c->peer) {
-        char buf[INET6_ADDRSTRLEN + 8];
-        peer_format(c, buf, sizeof(buf));
-        c->peer = rt_strndup(self, buf, strlen(buf));
-    }
-    return c->peer ? c->peer : "-";
+    (void)self;
+    static _Thread_local char buf[INET6_ADDRSTRLEN + 8];
+    peer_format(c, buf, sizeof(buf));
+    return buf;
 }
 
 /* ---- The end ---- */
+
+void rt__c2s_close_socket(c2s_t *c)
+{
+    if (!c->sock)
+        return;
+    rt_xport_flush(c->xp);
+    if (c->xp)
+        rt_xport_close(c->xp, c->sock);
+    c->xp = NULL;
+    rt_sock_close(c->sock);
+    c->sock = NULL;
+    rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
+}
 
 void rt__c2s_close(rt_actor_t *self, c2s_t *c)
 {
@@ -137,8 +150,14 @@ static void after_feed(rt_actor_t *self, c2s_t *c, int rc, const uint8_t *p, siz
         rt_xport_owner_t o = owner_of(c);
         int trc = rt_xport_starttls(self, c->xp, &o, proceed, sizeof(proceed) - 1, n - used);
         if (trc) {
-            if (trc != RT_EPROTO) /* RT_EPROTO ended the stream through ops->fail */
-                rt__c2s_close(self, c);
+            /* RT_EPROTO: bytes came after the request (none parsed); the transport failed the
+               stream (ops->fail) and the client is told so, in the clear (RFC 6120 5.4.2.2). */
+            if (trc == RT_EPROTO) {
+                static const char failure[] = "<failure xmlns='" RT_XML_NS_TLS "'/>";
+                rt__c2s_write(c, failure, sizeof(failure) - 1);
+                rt__c2s_stream_end(c);
+            }
+            rt__c2s_close(self, c);
             return;
         }
         c->secure = true;
@@ -155,6 +174,11 @@ static void after_feed(rt_actor_t *self, c2s_t *c, int rc, const uint8_t *p, siz
     }
     if (c->waiting && used < n)
         hold(self, c, p + used, n - used);
+}
+
+void rt__c2s_feed_more(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n)
+{
+    feed(self, c, p, n);
 }
 
 static void feed(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n)
@@ -222,12 +246,22 @@ static void on_message_end(rt_actor_t *self, void *owner)
 static bool taking(const void *owner)
 {
     const c2s_t *c = owner;
-    return c->sock && !c->closing;
+    return c->sock && !c->closing && !c->dropped;
 }
 
+/* The connection is lost (a transport fault, or the client's end without a close). */
+static void lost(rt_actor_t *self, c2s_t *c)
+{
+    if (!rt__c2s_sm_detach(self, c))
+        rt__c2s_close(self, c);
+}
+
+/* Inside the transport's input: the loss is handled once it has returned (c2s_handle). */
 static void on_fail(rt_actor_t *self, void *owner)
 {
-    rt__c2s_close(self, owner);
+    (void)self;
+    c2s_t *c = owner;
+    c->dropped = true;
 }
 
 static void hold_input(void *owner)
@@ -244,9 +278,8 @@ static void peer_text(const void *owner, char *buf, size_t len)
 
 static bool peer_named(rt_actor_t *self, void *owner, const rt_auth_addr_t *addr)
 {
+    (void)self;
     c2s_t *c = owner;
-    rt_free(self, c->peer);
-    c->peer = NULL;
     return !rt__c2s.admit_peer || rt__c2s.admit_peer(rt_sock_fd(c->sock), addr);
 }
 
@@ -302,7 +335,7 @@ static void on_readable(rt_actor_t *self, c2s_t *c)
         if (rc == RT_EAGAIN)
             return;
         if (rc) {
-            rt__c2s_close(self, c);
+            lost(self, c);
             return;
         }
         c->last_rx_ms = rt_mono_ms();
@@ -340,6 +373,8 @@ static int on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns, s
     (void)ns;
     (void)nns;
     c2s_t *c = ctx;
+    if (c->reopening)
+        return 0;
     rt_actor_t *self = rt_current();
     const char *to = rt_xml_attr(hdr, "to");
     const char *version = rt_xml_attr(hdr, "version");
@@ -399,6 +434,31 @@ static void xml_charge(void *ctx, ptrdiff_t delta)
 {
     (void)ctx;
     rt_charge(rt_current(), delta);
+}
+
+int rt__c2s_stream_reopen(rt_actor_t *self, c2s_t *c)
+{
+    (void)self;
+    rt_xml_stream_destroy(&c->xs);
+    bool framed = rt__c2s_framed(c);
+    int rc = rt_xml_stream_init(&c->xs, framed ? &rt__c2s.stream_ws : &rt__c2s.stream_tcp, c);
+    if (rc)
+        return rc;
+    rt_buf_t b = {0};
+    if (framed)
+        rt_buf_printf(&b, "<open xmlns='%s' version='1.0'", RT_XML_NS_FRAMING);
+    else
+        rt_buf_printf(&b, "<stream:stream xmlns='%s' xmlns:stream='%s' version='1.0'",
+                      RT_XML_NS_CLIENT, RT_XML_NS_STREAMS);
+    rt_xml_put_attr(&b, "to", rt__c2s.conf->hosts[c->host]);
+    rt_buf_printf(&b, framed ? "/>" : ">");
+    c->reopening = true;
+    rc = b.oom ? RT_ENOMEM
+         : framed ? rt_xml_stream_frame(&c->xs, b.data, b.len)
+                  : rt_xml_stream_feed(&c->xs, b.data, b.len, NULL);
+    c->reopening = false;
+    rt_buf_free(&b);
+    return rc;
 }
 
 void rt__c2s_stream_configs(const rt_conf_xmpp_t *conf)
@@ -462,9 +522,116 @@ static void on_connect_timeout(rt_actor_t *self, c2s_t *c)
     rt__c2s_stream_error(self, c, RT_XML_COND_CONNECTION_TIMEOUT, NULL);
 }
 
+void rt__c2s_idle_arm(rt_actor_t *self, c2s_t *c)
+{
+    long s = rt__c2s.conf->idle_timeout;
+    if (s > 0)
+        rt_send_after_tag((uint64_t)s * 1000, rt_self(self), C2S_MSG_IDLE, NULL);
+}
+
+/*
+** A bound session silent for idle_timeout is pinged (XEP-0199) and, silent as long again,
+** ended: a client that vanished without closing (a phone losing its network) holds no
+** session, registry entry or presence for longer than twice the setting. One timer per
+** session at a time, at the earliest moment the session could be idle.
+*/
+static void on_idle_check(rt_actor_t *self, c2s_t *c)
+{
+    if (c->phase != PH_ACTIVE || c->closing || !c->sock)
+        return;
+    uint64_t limit = (uint64_t)rt__c2s.conf->idle_timeout * 1000, quiet = rt_mono_ms() - c->last_rx_ms;
+    if (quiet < limit) {
+        c->pinged = false;
+        rt_send_after_tag(limit - quiet, rt_self(self), C2S_MSG_IDLE, NULL);
+        return;
+    }
+    if (c->pinged) {
+        rt__c2s_stream_error(self, c, RT_XML_COND_CONNECTION_TIMEOUT, "no answer to a ping");
+        return;
+    }
+    c->pinged = true;
+    rt_buf_t b = {0};
+    rt_buf_printf(&b, "<iq type='get' id='idle-ping'");
+    rt_xml_put_attr(&b, "from", rt__c2s.conf->hosts[c->host]);
+    rt_xml_put_attr(&b, "to", c->jid->s);
+    rt_buf_printf(&b, "><ping xmlns='urn:xmpp:ping'/></iq>");
+    rt__c2s_write_stanza_buf(self, c, &b);
+    rt_send_after_tag(limit, rt_self(self), C2S_MSG_IDLE, NULL);
+}
+
+/* Arms the hibernation timer for a bound session that has none on its way. */
+static void hibernate_arm(rt_actor_t *self, c2s_t *c, uint64_t ms)
+{
+    if (c->phase != PH_ACTIVE || c->hibernate_armed)
+        return;
+    c->hibernate_armed = rt_send_after_tag(ms, rt_self(self), C2S_MSG_HIBERNATE, NULL) == 0;
+}
+
+static void on_hibernate(rt_actor_t *self, c2s_t *c)
+{
+    c->hibernate_armed = false;
+    uint64_t quiet = rt_mono_ms() - c->last_active_ms;
+    if (quiet < C2S_HIBERNATE_MS) {
+        hibernate_arm(self, c, C2S_HIBERNATE_MS - quiet);
+        return;
+    }
+    if (c->frame_len == 0 && c->frame) { /* a WebSocket message buffer with nothing in it */
+        rt_free(self, c->frame);
+        c->frame = NULL;
+        c->frame_cap = 0;
+    }
+    /* Non-moving heaps compact by copying: the small objects a session keeps wait outside the
+       heap while a collection drops every chunk left empty, then come back, into the header's
+       block where they fit (a class's chunk is taken only when that block is full). */
+    struct {
+        void **p;
+        size_t n;
+        void *tmp;
+    } keep[] = {{(void **)&c->jid, c->jid ? rt_jid_size(c->jid) : 0, NULL},
+                {(void **)&c->pres, c->pres_len, NULL},
+                {(void **)&c->roster, c->roster_len, NULL},
+                {(void **)&c->blocked, c->blocked_len, NULL}};
+    size_t nkeep = sizeof(keep) / sizeof(keep[0]);
+    for (size_t i = 0; i < nkeep; i++) {
+        if (!*keep[i].p || !keep[i].n || !(keep[i].tmp = malloc(keep[i].n)))
+            continue;
+        memcpy(keep[i].tmp, *keep[i].p, keep[i].n);
+        rt_free(self, *keep[i].p);
+        *keep[i].p = NULL;
+    }
+    rt_gc(self);
+    for (size_t i = 0; i < nkeep; i++) {
+        if (!keep[i].tmp)
+            continue;
+        void *q = rt_alloc(self, keep[i].n, RT_OBJ_LEAF);
+        if (q) {
+            memcpy(q, keep[i].tmp, keep[i].n);
+        } else if (i == 0) { /* no room for its JID: the session ends, unbound by the copy */
+            c->jid = keep[i].tmp;
+            rt__c2s_session_end(self, c);
+            c->jid = NULL;
+            c->closing = true;
+        } else { /* out of memory: its contacts get its presence again at the next one */
+            c->pres_len = keep[i].p == (void **)&c->pres ? 0 : c->pres_len;
+            c->roster_len = keep[i].p == (void **)&c->roster ? 0 : c->roster_len;
+            c->roster_loaded = c->roster_loaded && keep[i].p != (void **)&c->roster;
+            c->blocked_len = keep[i].p == (void **)&c->blocked ? 0 : c->blocked_len;
+            c->block_loaded = c->block_loaded && keep[i].p != (void **)&c->blocked;
+        }
+        *keep[i].p = q;
+        free(keep[i].tmp);
+    }
+    if (c->closing)
+        rt_exit(self, RT_REASON_NORMAL);
+}
+
 static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     c2s_t *c = state;
+    if (m->tag != C2S_MSG_HIBERNATE) {
+        c->last_active_ms = rt_mono_ms();
+        hibernate_arm(self, c, C2S_HIBERNATE_MS);
+    }
     switch (m->tag) {
     case RT_MSG_SOCKET: {
         uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
@@ -499,6 +666,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_PRESENCE_TO:
         rt__c2s_roster_msg(self, c, m);
         break;
+    case C2S_MSG_BLOCKLIST:
+        rt__c2s_blocklist_msg(self, c, m);
+        break;
     case C2S_MSG_REPLACED:
         if (c->phase == PH_ACTIVE) {
             atomic_fetch_add_explicit(&rt_c2s_stats.replaced, 1, memory_order_relaxed);
@@ -508,13 +678,40 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_KICK:
         rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION, "ended by the administrator");
         break;
+    case C2S_MSG_QUERY:
+        rt__c2s_on_query(self, c, m);
+        break;
     case C2S_MSG_CONNECT_TIMEOUT:
         on_connect_timeout(self, c);
+        break;
+    case C2S_MSG_IDLE:
+        on_idle_check(self, c);
+        break;
+    case C2S_MSG_SM_ASK:
+        rt__c2s_sm_asked(self, c, m);
+        break;
+    case C2S_MSG_SM_ANSWER:
+        rt__c2s_sm_answered(self, c, m);
+        resume_parsing(self, c);
+        break;
+    case C2S_MSG_SM_SOCKET:
+        if (rt__c2s_sm_take_socket(self, c, m) == 0)
+            on_readable(self, c);
+        break;
+    case C2S_MSG_SM_TIMEOUT:
+        rt__c2s_sm_timeout(self, c);
+        break;
+    case C2S_MSG_HIBERNATE:
+        on_hibernate(self, c);
         break;
     case C2S_MSG_RATE_RESUME:
         if (rt_xport_rate_resume(c->xp) && c->sock)
             on_readable(self, c);
         break;
+    }
+    if (c->dropped && !c->closing) {
+        c->dropped = false;
+        lost(self, c);
     }
     if (c->closing)
         rt_exit(self, RT_REASON_NORMAL);
@@ -533,15 +730,7 @@ static void c2s_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     c2s_t *c = state;
     rt__c2s_session_end(self, c);
     rt_xml_stream_destroy(&c->xs);
-    if (c->sock) {
-        rt_xport_flush(c->xp);
-        if (c->xp)
-            rt_xport_close(c->xp, c->sock);
-        c->xp = NULL;
-        rt_sock_close(c->sock);
-        c->sock = NULL;
-        rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
-    }
+    rt__c2s_close_socket(c);
     if (c->counted)
         atomic_fetch_sub_explicit(&rt_c2s_stats.sessions, 1, memory_order_relaxed);
 }
@@ -553,6 +742,18 @@ static const char *c2s_tag_name(uint32_t tag)
         return "socket";
     case C2S_MSG_CONNECT_TIMEOUT:
         return "connect_timeout";
+    case C2S_MSG_IDLE:
+        return "idle_check";
+    case C2S_MSG_SM_ASK:
+        return "resume_ask";
+    case C2S_MSG_SM_ANSWER:
+        return "resume_answer";
+    case C2S_MSG_SM_SOCKET:
+        return "resume_socket";
+    case C2S_MSG_SM_TIMEOUT:
+        return "resume_timeout";
+    case C2S_MSG_HIBERNATE:
+        return "hibernate";
     case C2S_MSG_STORE_REPLY:
         return "store_reply";
     case C2S_MSG_STANZA:
@@ -565,6 +766,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "rate_resume";
     case C2S_MSG_KICK:
         return "kick";
+    case C2S_MSG_QUERY:
+        return "query";
     case C2S_MSG_ROSTER:
         return "roster";
     case C2S_MSG_ROSTER_ITEM:
@@ -573,6 +776,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "probe";
     case C2S_MSG_PRESENCE_TO:
         return "presence_to";
+    case C2S_MSG_BLOCKLIST:
+        return "blocklist";
     }
     return NULL;
 }

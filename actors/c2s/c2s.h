@@ -60,4 +60,63 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
                  bool (*admit_peer)(int fd, const rt_auth_addr_t *addr), char *err,
                  size_t errlen);
 
+/* ---- Administration (c2s_admin.c): `rtctl xmpp sessions|show|kick` ---- */
+
+/* A bound session as the registry holds it: its bare JID and resource (not NUL-terminated). */
+typedef struct rt_c2s_session_s {
+    const char *bare, *resource;
+    size_t bare_len, res_len;
+    rt_pid_t pid;
+    int8_t priority;
+    bool available; /* sent available presence, not unavailable since */
+} rt_c2s_session_t;
+
+/*
+** Calls fn for every bound session. fn runs with a lock of the registry held (one of its
+** stripes): it copies what it needs and returns, and must send nothing nor call here again.
+*/
+void rt_c2s_sessions(void (*fn)(const rt_c2s_session_t *s, void *arg), void *arg);
+
+/*
+** The c2s block of message tags (0x5800 above RT_MSG_USER, broker.h's rule): the actor's own
+** count up from its start; the answer to rt_c2s_query is the block's last, so whoever asks
+** receives it whatever its own tags are.
+*/
+#define RT_MSG_C2S_INFO (RT_MSG_USER + 0x58ff) /* data: rt_c2s_info_t, then its text */
+
+/* What a session says of itself (rt_c2s_query). */
+typedef struct rt_c2s_info_s {
+    uint64_t cookie;       /* the asker's, echoed */
+    rt_pid_t pid;          /* the session's actor */
+    uint64_t idle_ms;      /* since its client last sent bytes */
+    uint32_t roster_items; /* roster entries it holds (loaded at its first presence) */
+    uint32_t roster_bytes; /* their packed bytes, on its heap */
+    uint32_t mailbox_len;  /* messages waiting in its mailbox as it answered */
+    unsigned listener;     /* its listener's index among all (RT_CONF_XMPP_LISTENER(i)) */
+    int8_t priority;
+    bool bound, available, secure, roster_loaded, interested;
+    bool detached;       /* no connection: resumable (XEP-0198), waiting for its client */
+    char peer[64];       /* "ip:port" (a PROXY header's client address when there was one) */
+    uint16_t jid_len;    /* bytes of the JID: full once bound, bare once authenticated */
+    uint16_t stream_len; /* bytes of the stream id */
+} rt_c2s_info_t;         /* then its text: the JID, NUL, the stream id, NUL */
+
+/* Asks the session at pid for an RT_MSG_C2S_INFO answer to reply_to; 0 or RT_ENOPROC. */
+int rt_c2s_query(rt_pid_t session, rt_pid_t reply_to, uint64_t cookie);
+/* The answer in m, checked (its tag, length and text); NULL when m is none. */
+const rt_c2s_info_t *rt_c2s_info_of(const rt_msg_t *m);
+static inline const char *rt_c2s_info_jid(const rt_c2s_info_t *i)
+{
+    return (const char *)(i + 1);
+}
+static inline const char *rt_c2s_info_stream_id(const rt_c2s_info_t *i)
+{
+    return rt_c2s_info_jid(i) + i->jid_len + 1;
+}
+/*
+** Ends the session at pid with a policy-violation stream error ("ended by the
+** administrator"): its unavailable presence goes out as at any end. 0 or RT_ENOPROC.
+*/
+int rt_c2s_kick(rt_pid_t session);
+
 #endif

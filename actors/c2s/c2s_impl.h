@@ -33,10 +33,27 @@
 #define C2S_MSG_FAIL_DELAY (RT_C2S_MSG_BASE + 8)      /* a SASL failure's delay is over */
 #define C2S_MSG_STORE_REQ (RT_C2S_MSG_BASE + 9)       /* to the store actor */
 #define C2S_MSG_KICK (RT_C2S_MSG_BASE + 11)           /* rtctl xmpp kick */
+#define C2S_MSG_IDLE (RT_C2S_MSG_BASE + 16)           /* the idle check (xmpp.idle_timeout) */
+#define C2S_MSG_SM_ASK (RT_C2S_MSG_BASE + 17)         /* may this connection resume you? */
+#define C2S_MSG_SM_ANSWER (RT_C2S_MSG_BASE + 18)      /* one byte: yes (the socket follows) */
+#define C2S_MSG_SM_SOCKET (RT_C2S_MSG_BASE + 19)      /* the resuming connection's socket */
+#define C2S_MSG_SM_TIMEOUT (RT_C2S_MSG_BASE + 20)     /* a detached session's time ran out */
+#define C2S_MSG_HIBERNATE (RT_C2S_MSG_BASE + 21)      /* quiet long enough: compact the heap */
+
+/*
+** A bound session quiet this long (no message handled) is collected down to its live data
+** (BEAM's erlang:hibernate; MongooseIM hibernates its c2s processes): what a login or a burst
+** left in its heap (the SASL exchange, parse trees, emptied chunks) is given back, so an idle
+** session costs what it holds.
+*/
+#define C2S_HIBERNATE_MS 5000
 #define C2S_MSG_ROSTER (RT_C2S_MSG_BASE + 12)         /* the whole roster, packed (c2s_roster.c) */
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
 #define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
 #define C2S_MSG_PRESENCE_TO (RT_C2S_MSG_BASE + 15)    /* send our presence (or unavailable) to */
+/* Far above the session's own tags, which grow as it learns XEPs. */
+#define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
+#define C2S_MSG_BLOCKLIST (RT_C2S_MSG_BASE + 22)      /* the blocklist, and a push (c2s_blocking.c) */
 
 /* Subscription kinds of C2S_OP_SUB (RFC 6121 3). */
 enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_UNSUBSCRIBED };
@@ -59,6 +76,10 @@ enum {
     C2S_OP_ROSTER_SET,   /* data: c2s_roster_set (c2s_roster.c): put or remove, pushes */
     C2S_OP_SUB,          /* data: kind byte, contact bare JID NUL, the stanza for the contact */
     C2S_OP_PRESENCE_INIT, /* initial presence: C2S_MSG_ROSTER, kept messages, requests */
+    C2S_OP_BLOCK_GET,     /* data: iq id: C2S_MSG_BLOCKLIST, then the result */
+    C2S_OP_BLOCK_SET,     /* data: block byte, iq id NUL, (JID NUL)*: pushes, the result */
+    C2S_OP_VCARD_GET,     /* data: iq id NUL, from (another account's bare JID; none: own) */
+    C2S_OP_VCARD_SET,     /* data: iq id NUL, the vCard element's bytes */
 };
 
 /* A request: this header, then host, user and the operation's bytes, each after the other. */
@@ -118,16 +139,18 @@ typedef enum {
     PH_ACTIVE,     /* a resource bound */
 } c2s_phase_t;
 
+typedef struct c2s_sm_s c2s_sm_t; /* stream management (c2s_sm.c) */
+
 typedef struct c2s_s {
     rt_sock_t *sock;
     rt_xport_t *xp;
     rt_xml_stream_t xs;
     rt_jid_t *jid;        /* user@host once authenticated, user@host/resource once bound */
-    char *stream_id;      /* this stream's id, on the heap */
+    char stream_id[17];   /* this stream's id: 16 hex digits */
     rt_scram_t *scram;    /* the exchange running, or NULL */
     uint8_t *held;        /* bytes read while parsing waits (the store's answer) */
     uint8_t *frame;       /* WebSocket: the message being gathered */
-    char *peer;           /* "ip:port", made when first needed */
+
     uint8_t *roster;      /* packed entries (C2S_ENTRY_HEAD each), once the store sent them */
     uint8_t *pres;        /* the last available presence broadcast, as sent */
     uint32_t roster_len, pres_len;
@@ -139,6 +162,7 @@ typedef struct c2s_s {
     uint8_t host;     /* index in conf.xmpp.hosts */
     uint8_t phase;    /* c2s_phase_t */
     uint8_t scram_hash;
+    uint8_t cb_type; /* the channel binding a -PLUS exchange uses (RT_SCRAM_CB_*), 0: none */
     uint8_t fails; /* SASL failures on this stream */
     uint8_t fail;  /* the failure written when its delay is over (c2s_sasl.c); 0: none */
     bool secure;   /* TLS runs */
@@ -146,6 +170,7 @@ typedef struct c2s_s {
     bool starttls; /* the client asked: TLS starts once this feed ends */
     bool restart;  /* a stream restart (SASL success) once this feed ends */
     bool closing;
+    bool dropped; /* the transport failed: the connection is lost once its input returns */
     bool available;  /* initial presence sent, not unavailable since */
     bool interested; /* asked for the roster */
     bool session;    /* the legacy session was established (or not needed) */
@@ -154,7 +179,21 @@ typedef struct c2s_s {
     bool counted;   /* counted in rt_c2s_stats.sessions */
     bool preauthed; /* the pre-auth budget still counts this stream */
     bool roster_loaded;
+    bool pinged; /* the idle check sent a ping the client has not answered with any byte */
+    bool inactive; /* XEP-0352: presence is held until the client is active again */
+    uint8_t *held_out; /* presence held while inactive, as it would have been written */
+    uint32_t held_out_len, held_out_count;
+    c2s_sm_t *sm;         /* XEP-0198 once enabled, or NULL */
+    rt_pid_t resume_pid;  /* <resume/>: the session asked to take this connection */
+    uint32_t resume_h;    /* and what the client said it handled */
+    bool reopening;       /* the stream is reopened for a resumed session: no header goes out */
+    bool hibernate_armed; /* a C2S_MSG_HIBERNATE timer is on its way */
+    uint64_t last_active_ms; /* the last message handled (the hibernation's clock) */
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
+    bool block_loaded;     /* XEP-0191: blocked holds the account's blocklist */
+    bool block_interested; /* asked for the blocklist: gets its pushes */
+    uint8_t *blocked;      /* the blocked JIDs, each 2 bytes of length (LE) then its bytes */
+    uint32_t blocked_len;
 } c2s_t;
 
 static inline const rt_listen_t *rt__c2s_listen(const c2s_t *c)
@@ -167,10 +206,31 @@ void rt__c2s_stream_configs(const rt_conf_xmpp_t *conf);
 void rt__c2s_write(c2s_t *c, const void *p, size_t n);
 void rt__c2s_write_buf(c2s_t *c, rt_buf_t *b);
 void rt__c2s_close(rt_actor_t *self, c2s_t *c);
+/* The socket and its transport closed (a close_notify, a WebSocket close), counted out. */
+void rt__c2s_close_socket(c2s_t *c);
 const char *rt__c2s_peer(rt_actor_t *self, c2s_t *c);
 int rt__c2s_peer_addr(const c2s_t *c, rt_auth_addr_t *out);
 bool rt__c2s_framed(const c2s_t *c);
 void rt__c2s_wait(c2s_t *c);
+/* Arms the idle check (xmpp.idle_timeout) at bind. */
+void rt__c2s_idle_arm(rt_actor_t *self, c2s_t *c);
+
+void rt__c2s_feed_more(rt_actor_t *self, c2s_t *c, const uint8_t *p, size_t n);
+/* A resumed session's stream, open on its new connection as the old one was. */
+int rt__c2s_stream_reopen(rt_actor_t *self, c2s_t *c);
+
+/* c2s_sm.c: stream management. Stanzas to the client go through these (counted, kept). */
+void rt__c2s_write_stanzas(rt_actor_t *self, c2s_t *c, const void *p, size_t n, uint32_t count);
+void rt__c2s_write_stanza_buf(rt_actor_t *self, c2s_t *c, rt_buf_t *b);
+void rt__c2s_sm_count_in(c2s_t *c);
+bool rt__c2s_sm_on(const c2s_t *c);
+int rt__c2s_sm_nonza(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el);
+/* The connection dropped: a resumable session stays, detached; false: it ends. */
+bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c);
+void rt__c2s_sm_timeout(rt_actor_t *self, c2s_t *c);
+void rt__c2s_sm_asked(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 
 /* c2s_stream.c */
 void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c);
@@ -180,6 +240,9 @@ void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const 
 /* A stanza error answering el (RFC 6120 8.3): type and condition, as the RFC names them. */
 void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                           const char *cond);
+/* The same with an application-specific condition (app: its element, written as given). */
+void rt__c2s_stanza_error_app(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
+                              const char *cond, const char *app);
 void rt__c2s_stream_end(c2s_t *c);
 bool rt__c2s_tls_required(const c2s_t *c);
 /* Whether the stream may authenticate now (TLS, or an address in plaintext_from). */
@@ -196,9 +259,15 @@ void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c);
 /* c2s_session.c */
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
+
+/* c2s_rules.c: the rules' events */
+void rt__c2s_rule_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *to);
+void rt__c2s_rule_presence(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, bool available);
+void rt__c2s_rule_session(rt_actor_t *self, c2s_t *c, bool connected, const char *reason);
 
 /* c2s_roster.c: the session's side of rosters and presence */
 void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
@@ -210,11 +279,43 @@ void rt__c2s_roster_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 /* Sends bytes to every available session of bare (len bytes). */
 void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n);
 
+/* c2s_admin.c */
+void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+/* c2s_blocking.c: XEP-0191 */
+void rt__c2s_blocking_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                         bool get);
+void rt__c2s_blocklist_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+/* Whether the user blocks the JID (text, prepared; len bytes). */
+bool rt__c2s_blocks(const c2s_t *c, const char *jid, size_t len);
+/* Refuses a stanza to a blocked JID (XEP-0191 3.6): true when it did. */
+bool rt__c2s_block_out(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to);
+/* A stanza for the client from a blocked JID is dropped, answered as XEP-0191 3.5 says: true. */
+bool rt__c2s_block_in(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+
+/* c2s_vcard.c: XEP-0054. An iq for the user's own vCard, or (other: true when it was one) a
+   get of another account's, addressed to its bare JID. */
+void rt__c2s_vcard_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                      bool get);
+bool rt__c2s_vcard_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to);
+
+/* c2s_caps.c: XEP-0115, the server's own capabilities: its disco#info identity and features
+   (c2s_session.c), and their SHA-1 ver, computed once at start. */
+#define C2S_IDENTITY_CATEGORY "server"
+#define C2S_IDENTITY_TYPE "im"
+#define C2S_IDENTITY_NAME "rtd"
+#define C2S_NFEATURES 8
+#define C2S_CAPS_NODE "https://github.com/rt/rtd"
+extern const char *const rt__c2s_features_list[C2S_NFEATURES];
+void rt__c2s_caps_init(void);
+/* The <c/> element for stream features; "" until rt__c2s_caps_init. */
+const char *rt__c2s_caps_element(void);
+
 /* c2s_registry.c: the sessions online. Entries are malloc'ed and charged to the session. */
 typedef struct c2s_route_s {
     rt_pid_t pid;
     int8_t priority;
     bool available;
+    bool carbons;
 } c2s_route_t;
 #define C2S_ROUTES_MAX 64 /* resources one lookup copies out (max_resources' cap is higher) */
 /*
@@ -227,6 +328,8 @@ void rt__c2s_reg_unbind(const char *bare, size_t bare_len, const char *res, size
                         rt_pid_t pid);
 void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           rt_pid_t pid, bool available, int8_t priority);
+void rt__c2s_reg_carbons(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                         rt_pid_t pid, bool on);
 /* The sessions of bare (all, or only res's when res_len > 0): how many, up to max, in out. */
 size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           c2s_route_t *out, size_t max);

@@ -22,6 +22,7 @@ typedef struct reg_entry_s {
     rt_pid_t pid;
     int8_t priority;
     bool available;
+    bool carbons; /* XEP-0280: the resource wants copies of its account's chats */
     uint16_t bare_len, res_len;
     char key[]; /* the bare JID, then the resource, no separator */
 } reg_entry_t;
@@ -111,6 +112,7 @@ int rt__c2s_reg_bind(const char *bare, size_t bare_len, const char *res, size_t 
             *old = e->pid; /* the newer session takes the entry; the older one is told */
             e->pid = pid;
             e->available = false;
+            e->carbons = false;
             e->priority = 0;
             pthread_mutex_unlock(&s->lock);
             return 0;
@@ -130,6 +132,7 @@ int rt__c2s_reg_bind(const char *bare, size_t bare_len, const char *res, size_t 
     e->pid = pid;
     e->priority = 0;
     e->available = false;
+    e->carbons = false;
     e->bare_len = (uint16_t)bare_len;
     e->res_len = (uint16_t)res_len;
     memcpy(e->key, bare, bare_len);
@@ -188,6 +191,17 @@ void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, si
     pthread_mutex_unlock(&s->lock);
 }
 
+void rt__c2s_reg_carbons(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                         rt_pid_t pid, bool on)
+{
+    stripe_t *s;
+    reg_entry_t **at = find_own(bare, bare_len, res, res_len, pid, &s);
+    if (!at)
+        return;
+    (*at)->carbons = on;
+    pthread_mutex_unlock(&s->lock);
+}
+
 size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           c2s_route_t *out, size_t max)
 {
@@ -199,7 +213,10 @@ size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, si
         for (reg_entry_t *e = *bucket(s, h); e && n < max; e = e->next)
             if (same_bare(e, h, bare, bare_len) && (!res_len || same_res(e, res, res_len)))
                 out[n++] = (c2s_route_t){
-                    .pid = e->pid, .priority = e->priority, .available = e->available};
+                    .pid = e->pid,
+                    .priority = e->priority,
+                    .available = e->available,
+                    .carbons = e->carbons};
     pthread_mutex_unlock(&s->lock);
     return n;
 }
@@ -219,7 +236,10 @@ void rt__c2s_reg_each(void (*fn)(const char *bare, size_t bare_len, const char *
         pthread_mutex_lock(&s->lock);
         for (size_t b = 0; b < s->cap; b++)
             for (const reg_entry_t *e = s->buckets[b]; e; e = e->next) {
-                c2s_route_t r = {.pid = e->pid, .priority = e->priority, .available = e->available};
+                c2s_route_t r = {.pid = e->pid,
+                    .priority = e->priority,
+                    .available = e->available,
+                    .carbons = e->carbons};
                 fn(e->key, e->bare_len, e->key + e->bare_len, e->res_len, &r, arg);
             }
         pthread_mutex_unlock(&s->lock);

@@ -97,7 +97,7 @@ static void to_subscribers(const c2s_t *c, const void *p, size_t n)
     size_t at = 0;
     entry_t e;
     while (next_entry(c->roster, c->roster_len, &at, &e))
-        if (e.state & RT_ROSTER_FROM)
+        if ((e.state & RT_ROSTER_FROM) && !rt__c2s_blocks(c, e.jid, e.len))
             rt__c2s_to_available(e.jid, e.len, p, n);
 }
 
@@ -251,7 +251,7 @@ static void on_item(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     if (c->roster_loaded)
         update(self, c, e.state, e.jid, e.len);
     if (c->interested && at < m->len)
-        rt__c2s_write(c, m->data + at, m->len - at);
+        rt__c2s_write_stanzas(self, c, m->data + at, m->len - at, 1);
 }
 
 /* A contact asked for our presence: given when it is subscribed to it (RFC 6121 4.3.2). */
@@ -260,7 +260,7 @@ static void on_probe(c2s_t *c, rt_msg_t *m)
     size_t where;
     entry_t e;
     if (!c->available || !c->pres || !find(c, (const char *)m->data, m->len, &where, &e) ||
-        !(e.state & RT_ROSTER_FROM))
+        !(e.state & RT_ROSTER_FROM) || rt__c2s_blocks(c, (const char *)m->data, m->len))
         return;
     rt_send(m->from, C2S_MSG_STANZA, c->pres, c->pres_len);
 }

@@ -16,6 +16,17 @@
 
 #include "c2s_impl.h"
 #include "log.h"
+#include "tls.h"
+
+_Static_assert(RT_SCRAM_CB_TLS_EXPORTER == RT_TLS_CB_EXPORTER &&
+                   RT_SCRAM_CB_TLS_SERVER_END_POINT == RT_TLS_CB_END_POINT,
+               "scram.h and tls.h name the channel binding types alike");
+
+/* What -PLUS can bind to on this stream: none without TLS. */
+static unsigned bindings(const c2s_t *c)
+{
+    return c->secure && rt__c2s.conf->channel_binding ? rt_xport_bindings(c->xp) : 0;
+}
 
 #define C2S_SASL_TRIES 3
 
@@ -35,13 +46,25 @@ static uint8_t fail_index(const char *cond)
 
 void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c)
 {
+    unsigned cb = bindings(c);
     rt_buf_printf(b, "<mechanisms xmlns='%s'>", RT_XML_NS_SASL);
+    if (cb)
+        rt_buf_printf(b, "<mechanism>SCRAM-SHA-256-PLUS</mechanism>"
+                         "<mechanism>SCRAM-SHA-1-PLUS</mechanism>");
     rt_buf_printf(b, "<mechanism>SCRAM-SHA-256</mechanism><mechanism>SCRAM-SHA-1</mechanism>");
     if (c->secure)
         rt_buf_printf(b, "<mechanism>PLAIN</mechanism>");
     if (rt__c2s_host_anonymous(c->host))
         rt_buf_printf(b, "<mechanism>ANONYMOUS</mechanism>");
     rt_buf_printf(b, "</mechanisms>");
+    if (cb) { /* XEP-0440: which bindings -PLUS may use here */
+        rt_buf_printf(b, "<sasl-channel-binding xmlns='urn:xmpp:sasl-cb:0'>");
+        if (cb & RT_TLS_CB_EXPORTER)
+            rt_buf_printf(b, "<channel-binding type='tls-exporter'/>");
+        if (cb & RT_TLS_CB_END_POINT)
+            rt_buf_printf(b, "<channel-binding type='tls-server-end-point'/>");
+        rt_buf_printf(b, "</sasl-channel-binding>");
+    }
 }
 
 static void write_sasl(c2s_t *c, const char *name, const void *data, size_t len)
@@ -182,8 +205,8 @@ static long decode(const rt_xml_el_t *el, uint8_t *out, size_t cap)
     return rt_base64_decode(t, len, out, cap, RT_BASE64_STRICT);
 }
 
-static int start_scram(rt_actor_t *self, c2s_t *c, rt_scram_hash_t hash, const uint8_t *msg,
-                       size_t len)
+static int start_scram(rt_actor_t *self, c2s_t *c, rt_scram_hash_t hash, bool plus,
+                       const uint8_t *msg, size_t len)
 {
     size_t size = rt_scram_size(len);
     if (!size) {
@@ -194,7 +217,7 @@ static int start_scram(rt_actor_t *self, c2s_t *c, rt_scram_hash_t hash, const u
     if (!c->scram)
         return RT_ENOMEM;
     rt_scram_first_t first;
-    if (rt_scram_start(c->scram, size, hash, false, 0, msg, len, &first) != 0) {
+    if (rt_scram_start(c->scram, size, hash, plus, bindings(c), msg, len, &first) != 0) {
         rt_scram_fail_t f = rt_scram_failure(c->scram);
         fail(self, c, f == RT_SCRAM_MALFORMED ? "malformed-request" : "not-authorized",
              rt_scram_fail_name(f));
@@ -202,6 +225,8 @@ static int start_scram(rt_actor_t *self, c2s_t *c, rt_scram_hash_t hash, const u
     }
     c->phase = PH_SASL;
     c->scram_hash = (uint8_t)hash;
+    c->plus = plus;
+    c->cb_type = (uint8_t)first.cb;
     if (set_user(self, c, first.user, first.user_len) != 0) {
         /* No such name can be an account: the exchange goes on with made-up credentials so
            the client learns no more than from a wrong password. */
@@ -285,8 +310,8 @@ static int on_auth(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
     }
     rt_scram_hash_t hash;
     bool plus;
-    if (rt_scram_mech_parse(mech, strlen(mech), &hash, &plus) == 0 && !plus)
-        return start_scram(self, c, hash, msg, (size_t)len);
+    if (rt_scram_mech_parse(mech, strlen(mech), &hash, &plus) == 0 && (!plus || bindings(c)))
+        return start_scram(self, c, hash, plus, msg, (size_t)len);
     if (strcmp(mech, "PLAIN") == 0 && c->secure)
         return plain(self, c, msg, (size_t)len);
     if (strcmp(mech, "ANONYMOUS") == 0 && rt__c2s_host_anonymous(c->host))
@@ -309,7 +334,9 @@ static int on_response(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
     }
     const char *out;
     size_t outlen;
-    if (rt_scram_client_final(c->scram, msg, (size_t)len, NULL, 0, &out, &outlen) != 0) {
+    uint8_t cb[RT_SCRAM_CB_DATA_MAX];
+    size_t cblen = c->cb_type ? rt_xport_binding(c->xp, c->cb_type, cb, sizeof(cb)) : 0;
+    if (rt_scram_client_final(c->scram, msg, (size_t)len, cb, cblen, &out, &outlen) != 0) {
         rt_scram_fail_t f = rt_scram_failure(c->scram);
         fail(self, c, f == RT_SCRAM_MALFORMED ? "malformed-request" : "not-authorized",
              rt_scram_fail_name(f));
@@ -322,7 +349,7 @@ static int on_response(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
     char final[RT_SCRAM_MSG_MAX];
     size_t n = outlen < sizeof(final) ? outlen : sizeof(final);
     memcpy(final, out, n); /* out points into the exchange, freed by succeed */
-    succeed(self, c, rt_scram_mech_name((rt_scram_hash_t)c->scram_hash, false), final, n);
+    succeed(self, c, rt_scram_mech_name((rt_scram_hash_t)c->scram_hash, c->plus), final, n);
     return 0;
 }
 

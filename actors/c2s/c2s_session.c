@@ -21,6 +21,11 @@
 #define NS_DISCO_INFO "http://jabber.org/protocol/disco#info"
 #define NS_DISCO_ITEMS "http://jabber.org/protocol/disco#items"
 #define NS_ROSTER "jabber:iq:roster"
+#define NS_CARBONS "urn:xmpp:carbons:2"
+#define NS_FORWARD "urn:xmpp:forward:0"
+#define NS_HINTS "urn:xmpp:hints"
+#define NS_BLOCKING "urn:xmpp:blocking"
+#define C2S_HELD_OUT_MAX (64 * 1024) /* presence held for an inactive client (XEP-0352) */
 
 static const char *bare_text(const c2s_t *c, size_t *len)
 {
@@ -83,15 +88,21 @@ static void iq_result_start(rt_buf_t *b, const c2s_t *c, const rt_xml_el_t *iq)
     rt_xml_put_attr(b, "to", c->jid->s);
 }
 
-static void iq_result_empty(c2s_t *c, const rt_xml_el_t *iq)
+static void iq_result_empty(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 {
     rt_buf_t b = {0};
     iq_result_start(&b, c, iq);
     rt_xml_put_empty_end(&b);
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
-static void disco_info(c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
+/* What disco#info says the server does (XEP-0030), and its caps hash hashes (c2s_caps.c). */
+const char *const rt__c2s_features_list[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER,
+                                       NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING, "vcard-temp"};
+_Static_assert(sizeof(rt__c2s_features_list) / sizeof(rt__c2s_features_list[0]) == C2S_NFEATURES,
+               "C2S_NFEATURES");
+
+static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
 {
     rt_buf_t b = {0};
     iq_result_start(&b, c, iq);
@@ -102,21 +113,21 @@ static void disco_info(c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
     if (node)
         rt_xml_put_attr(&b, "node", node);
     rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<identity category='server' type='im' name='rtd'/>");
-    static const char *const features[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER};
-    for (size_t i = 0; i < sizeof(features) / sizeof(features[0]); i++)
-        rt_buf_printf(&b, "<feature var='%s'/>", features[i]);
+    rt_buf_printf(&b, "<identity category='%s' type='%s' name='%s'/>", C2S_IDENTITY_CATEGORY,
+                  C2S_IDENTITY_TYPE, C2S_IDENTITY_NAME);
+    for (size_t i = 0; i < C2S_NFEATURES; i++)
+        rt_buf_printf(&b, "<feature var='%s'/>", rt__c2s_features_list[i]);
     rt_buf_printf(&b, "</query></iq>");
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
-static void disco_items(c2s_t *c, const rt_xml_el_t *iq)
+static void disco_items(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 {
     rt_buf_t b = {0};
     iq_result_start(&b, c, iq);
     rt_xml_put_start_end(&b);
     rt_buf_printf(&b, "<query xmlns='%s'/></iq>", NS_DISCO_ITEMS);
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
 /* An iq for the server or for the user's own account (RFC 6121 8.5.1 for the latter). */
@@ -131,16 +142,27 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         return;
     }
     if (strcmp(q->ns, NS_PING) == 0 && get) {
-        iq_result_empty(c, iq);
+        iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, NS_DISCO_INFO) == 0 && get) {
-        disco_info(c, iq, q);
+        disco_info(self, c, iq, q);
     } else if (strcmp(q->ns, NS_DISCO_ITEMS) == 0 && get) {
-        disco_items(c, iq);
+        disco_items(self, c, iq);
+    } else if (strcmp(q->ns, NS_CARBONS) == 0 && !get &&
+               (strcmp(q->name, "enable") == 0 || strcmp(q->name, "disable") == 0)) {
+        size_t blen;
+        const char *bare = bare_text(c, &blen);
+        rt__c2s_reg_carbons(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self),
+                            strcmp(q->name, "enable") == 0);
+        iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, NS_ROSTER) == 0) {
         rt__c2s_roster_iq(self, c, iq, q, get);
+    } else if (strcmp(q->ns, "vcard-temp") == 0) {
+        rt__c2s_vcard_iq(self, c, iq, q, get);
+    } else if (strcmp(q->ns, NS_BLOCKING) == 0) {
+        rt__c2s_blocking_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
         c->session = true;
-        iq_result_empty(c, iq);
+        iq_result_empty(self, c, iq);
     } else if (strcmp(q->ns, RT_XML_NS_BIND) == 0) {
         rt__c2s_stanza_error(self, c, iq, "cancel", "not-allowed"); /* bound already */
     } else {
@@ -221,14 +243,16 @@ static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     c->jid = full;
     c->phase = PH_ACTIVE;
     atomic_fetch_add_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);
+    rt__c2s_idle_arm(self, c);
     rt_buf_t out = {0};
     iq_result_start(&out, c, iq);
     rt_xml_put_start_end(&out);
     rt_buf_printf(&out, "<bind xmlns='%s'><jid>", RT_XML_NS_BIND);
     rt_xml_put_text(&out, full->s, rt_jid_len(full));
     rt_buf_printf(&out, "</jid></bind></iq>");
-    rt__c2s_write_buf(c, &out);
+    rt__c2s_write_stanza_buf(self, c, &out);
     rt_log(RT_LOG_INFO, "xmpp.session_started", "peer=%s jid=%s", rt__c2s_peer(self, c), full->s);
+    rt__c2s_rule_session(self, c, true, NULL);
     return 0;
 }
 
@@ -251,6 +275,44 @@ static size_t available(const rt_jid_t *to, c2s_route_t *r, size_t max, int *top
     return k;
 }
 
+/* XEP-0280 6: chats, and normal messages with a body, unless marked private or no-copy. */
+static bool carbon_worthy(const rt_xml_el_t *el, const char *type)
+{
+    if (strcmp(type, "chat") != 0 &&
+        !(strcmp(type, "normal") == 0 && rt_xml_child(el, "body", RT_XML_NS_CLIENT)))
+        return false;
+    return !rt_xml_child(el, "private", NS_CARBONS) && !rt_xml_child(el, "no-copy", NS_HINTS);
+}
+
+/*
+** The carbon copies of a chat (XEP-0280): kind "sent" to the sender's other resources, or
+** "received" to the receiver's that did not get it; bare is the account's, except (sent) pid.
+*/
+static void carbons(const char *kind, const char *bare, size_t bare_len, const rt_buf_t *bytes,
+                    const c2s_route_t *got, size_t ngot, rt_pid_t except)
+{
+    c2s_route_t r[C2S_ROUTES_MAX];
+    size_t n = rt__c2s_reg_lookup(bare, bare_len, NULL, 0, r, C2S_ROUTES_MAX);
+    rt_buf_t b = {0};
+    for (size_t i = 0; i < n; i++) {
+        bool skip = !r[i].carbons || !r[i].available || r[i].pid == except;
+        for (size_t k = 0; k < ngot && !skip; k++)
+            skip = got[k].pid == r[i].pid;
+        if (skip)
+            continue;
+        if (!b.len) {
+            rt_buf_printf(&b, "<message xmlns='%s' type='chat'", RT_XML_NS_CLIENT);
+            rt_xml_put_attr_len(&b, "from", bare, bare_len);
+            rt_buf_printf(&b, "><%s xmlns='%s'><forwarded xmlns='%s'>", kind, NS_CARBONS,
+                          NS_FORWARD);
+            rt_buf_add(&b, bytes->data, bytes->len);
+            rt_buf_printf(&b, "</forwarded></%s></message>", kind);
+        }
+        rt__c2s_send_bytes(r[i].pid, &b);
+    }
+    rt_buf_free(&b);
+}
+
 static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
                           const rt_buf_t *bytes)
 {
@@ -259,11 +321,18 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
         type = "normal";
     if (strcmp(type, "error") == 0 && !to->resource)
         return;
+    bool copies = carbon_worthy(el, type);
+    size_t my_len;
+    const char *me = bare_text(c, &my_len);
+    if (copies)
+        carbons("sent", me, my_len, bytes, NULL, 0, rt_self(self));
     if (to->resource) {
         c2s_route_t r;
         if (rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to), to->resource,
                                &r, 1)) {
             rt__c2s_send_bytes(r.pid, bytes);
+            if (copies)
+                carbons("received", to->s, rt_jid_bare_len(to), bytes, &r, 1, 0);
             return;
         }
         if (strcmp(type, "chat") != 0 && strcmp(type, "normal") != 0 &&
@@ -282,8 +351,10 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     for (size_t i = 0; i < n; i++)
         if (headline || r[i].priority == top) {
             rt__c2s_send_bytes(r[i].pid, bytes);
-            sent++;
+            r[sent++] = r[i];
         }
+    if (sent && copies)
+        carbons("received", to->s, rt_jid_bare_len(to), bytes, r, sent, 0);
     if (sent || headline)
         return;
     /* No one to take it now: kept for the user (XEP-0160), or refused when there is no such
@@ -337,6 +408,8 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
         rt__c2s_send_bytes(r.pid, bytes);
         return;
     }
+    if (!to->resource && rt__c2s_vcard_other(self, c, el, to))
+        return; /* answered by the server for the account (XEP-0054 3.2) */
     const char *type = rt_xml_attr(el, "type");
     if (type && (strcmp(type, "get") == 0 || strcmp(type, "set") == 0))
         rt__c2s_stanza_error(self, c, el, "cancel", "service-unavailable");
@@ -344,7 +417,8 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
 
 /* ---- Presence of the session's own ---- */
 
-/* The broadcast of an available or unavailable presence to the user's other resources. */
+/* An available or unavailable presence to the user's available resources, the sender's too
+   (RFC 6121 4.2.2, 4.5.2). */
 static void broadcast_own(rt_actor_t *self, c2s_t *c, const rt_buf_t *bytes)
 {
     c2s_route_t r[C2S_ROUTES_MAX];
@@ -352,7 +426,7 @@ static void broadcast_own(rt_actor_t *self, c2s_t *c, const rt_buf_t *bytes)
     const char *bare = bare_text(c, &blen);
     size_t n = rt__c2s_reg_lookup(bare, blen, NULL, 0, r, C2S_ROUTES_MAX);
     for (size_t i = 0; i < n; i++)
-        if (r[i].pid != rt_self(self) && r[i].available)
+        if (r[i].available)
             rt__c2s_send_bytes(r[i].pid, bytes);
 }
 
@@ -388,6 +462,7 @@ static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el
     broadcast_own(self, c, &b);
     rt__c2s_presence_out(self, c, &b, initial);
     rt_buf_free(&b);
+    rt__c2s_rule_presence(self, c, el, c->available);
 }
 
 /* ---- A stanza from the client ---- */
@@ -417,6 +492,7 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         return bind(self, c, el);
     }
     atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_in, 1, memory_order_relaxed);
+    rt__c2s_sm_count_in(c);
     if (!from_ok(c, rt_xml_attr(el, "from"))) {
         rt__c2s_stream_error(self, c, RT_XML_COND_INVALID_FROM, NULL);
         return RT_XML_STOP;
@@ -441,6 +517,8 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         iq_server(self, c, el, type);
         return 0;
     }
+    if (to && !to_server && rt__c2s_block_out(self, c, el, to))
+        return 0; /* XEP-0191 3.6 */
     if (presence && !to) {
         presence_broadcast(self, c, el);
         return 0;
@@ -460,23 +538,56 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     }
     rt_buf_t b = {0};
     rt__c2s_put_stanza(&b, el, c->jid->s, tb.jid.s);
-    if (message)
+    if (message) {
         route_message(self, c, el, to, &b);
-    else if (presence)
+        rt__c2s_rule_message(self, c, el, tb.jid.s);
+    } else if (presence) {
         route_presence(to, &b);
-    else
+    } else {
         route_iq(self, c, el, to, &b);
+    }
     rt_buf_free(&b);
     return 0;
 }
 
 /* ---- Messages from other sessions ---- */
 
+void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c)
+{
+    if (!c->held_out)
+        return;
+    uint8_t *h = c->held_out;
+    c->held_out = NULL;
+    rt__c2s_write_stanzas(self, c, h, c->held_out_len, c->held_out_count);
+    rt_free(self, h);
+    c->held_out_len = c->held_out_count = 0;
+}
+
+/*
+** A stanza from another session, written to the client; while the client says it is inactive
+** (XEP-0352), presence waits (most of what a phone is sent, and none of it urgent) until it is
+** active, something else is written, or C2S_HELD_OUT_MAX bytes wait.
+*/
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
 {
-    (void)self;
-    if (c->phase == PH_ACTIVE)
-        rt__c2s_write(c, m->data, m->len);
+    if (c->phase != PH_ACTIVE || rt__c2s_block_in(self, c, m))
+        return;
+    static const char presence[] = "<presence";
+    bool hold = c->inactive && m->len > sizeof(presence) &&
+                memcmp(m->data, presence, sizeof(presence) - 1) == 0 &&
+                c->held_out_len + m->len <= C2S_HELD_OUT_MAX;
+    if (hold) {
+        uint8_t *h = rt_realloc(self, c->held_out, c->held_out_len + m->len, RT_OBJ_LEAF);
+        if (h) {
+            memcpy(h + c->held_out_len, m->data, m->len);
+            c->held_out = h;
+            c->held_out_len += m->len;
+            c->held_out_count++;
+            return;
+        }
+    }
+    rt__c2s_flush_held(self, c);
+    rt__c2s_write_stanzas(self, c, m->data, m->len, 1);
 }
 
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
@@ -498,7 +609,9 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
         broadcast_own(self, c, &b);
         rt__c2s_presence_out(self, c, &b, false);
         rt_buf_free(&b);
+        rt__c2s_rule_presence(self, c, NULL, false);
     }
+    rt__c2s_rule_session(self, c, false, c->closing ? "closed" : "ended");
     rt__c2s_reg_unbind(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self));
     rt_charge(self, -(ptrdiff_t)rt__c2s_reg_entry_bytes(blen, c->jid->resource));
     atomic_fetch_sub_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);

@@ -58,5 +58,6 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
     rt__c2s.replace = strcmp(x->resource_conflict, "refuse") != 0;
     rt__c2s.admit_peer = admit_peer;
     rt__c2s_stream_configs(x);
+    rt__c2s_caps_init();
     return rt__c2s_store_start(sup, conf->data_dir, err, errlen);
 }

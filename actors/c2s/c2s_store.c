@@ -172,8 +172,21 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_SUB:
         rt__c2s_store_sub(s->accounts, host, user, data, r->data_len);
         break;
+    case C2S_OP_BLOCK_GET:
+        rt__c2s_store_block_get(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_BLOCK_SET:
+        rt__c2s_store_block_set(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_VCARD_GET:
+        rt__c2s_store_vcard_get(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_VCARD_SET:
+        rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
+        break;
     case C2S_OP_PRESENCE_INIT: {
         rt__c2s_store_presence_init(s->accounts, m->from, host, user);
+        rt__c2s_store_block_load(s->accounts, m->from, host, user); /* before what was kept */
         take_t t = {.to = m->from, .host = host};
         rt_offline_take(s->accounts, host, user, UINT32_MAX, send_kept, &t);
         break;

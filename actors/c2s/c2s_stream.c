@@ -12,6 +12,7 @@
 #include "log.h"
 
 #define NS_FRAMING_OPEN "<open xmlns='" RT_XML_NS_FRAMING "'"
+#define NS_CSI "urn:xmpp:csi:0"
 #define STREAM_NS_DECL " xmlns:stream='" RT_XML_NS_STREAMS "'"
 
 static const char *host_name(const c2s_t *c)
@@ -42,8 +43,8 @@ static void new_stream_id(rt_actor_t *self, c2s_t *c)
         memcpy(r, &(uint64_t){rt_mono_ns() ^ (uint64_t)(uintptr_t)c}, sizeof(r));
     for (size_t i = 0; i < sizeof(r); i++)
         snprintf(hex + 2 * i, 3, "%02x", r[i]);
-    rt_free(self, c->stream_id);
-    c->stream_id = rt_strndup(self, hex, 16);
+    (void)self;
+    memcpy(c->stream_id, hex, sizeof(c->stream_id));
 }
 
 void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c)
@@ -56,7 +57,7 @@ void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c)
         rt_buf_printf(&b, "<?xml version='1.0'?><stream:stream xmlns='%s'" STREAM_NS_DECL,
                       RT_XML_NS_CLIENT);
     }
-    rt_xml_put_attr(&b, "id", c->stream_id ? c->stream_id : "0");
+    rt_xml_put_attr(&b, "id", c->stream_id);
     rt_xml_put_attr(&b, "from", host_name(c));
     rt_xml_put_attr(&b, "version", "1.0");
     rt_xml_put_attr(&b, "xml:lang", "en");
@@ -83,8 +84,11 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
     rt_buf_t b = {0};
     features_start(&b, c);
     if (c->phase >= PH_AUTHED) {
-        rt_buf_printf(&b, "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>",
-                      RT_XML_NS_BIND, RT_XML_NS_SESSION);
+        rt_buf_printf(&b,
+                      "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>"
+                      "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>"
+                      "<sm xmlns='urn:xmpp:sm:3'/><sub xmlns='urn:xmpp:features:pre-approval'/>",
+                      RT_XML_NS_BIND, RT_XML_NS_SESSION, NS_CSI);
         c->phase = PH_BIND;
     } else {
         if (!c->secure && c->xp && rt__c2s_listen(c)->starttls)
@@ -93,7 +97,7 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
         if (rt__c2s_may_auth(c))
             rt__c2s_sasl_mechanisms(&b, c);
     }
-    rt_buf_printf(&b, "</stream:features>");
+    rt_buf_printf(&b, "%s</stream:features>", rt__c2s_caps_element()); /* XEP-0115 6.3 */
     rt__c2s_write_buf(c, &b);
 }
 
@@ -135,7 +139,12 @@ void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const 
 void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                           const char *cond)
 {
-    (void)self;
+    rt__c2s_stanza_error_app(self, c, el, type, cond, NULL);
+}
+
+void rt__c2s_stanza_error_app(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
+                              const char *cond, const char *app)
+{
     const char *t = rt_xml_attr(el, "type");
     if (t && strcmp(t, "error") == 0)
         return; /* never an error about an error (RFC 6120 8.3.1) */
@@ -151,10 +160,10 @@ void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     if (c->jid)
         rt_xml_put_attr(&b, "to", c->jid->s);
     rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/></error>", type, cond,
-                  RT_XML_NS_STANZA_ERRORS);
+    rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/>%s</error>", type, cond,
+                  RT_XML_NS_STANZA_ERRORS, app ? app : "");
     rt_xml_put_end(&b, el->name);
-    rt__c2s_write_buf(c, &b);
+    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
 static bool is(const rt_xml_el_t *el, const char *name, const char *ns)
@@ -164,6 +173,14 @@ static bool is(const rt_xml_el_t *el, const char *name, const char *ns)
 
 int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
 {
+    if (c->phase == PH_ACTIVE && strcmp(el->ns, NS_CSI) == 0) {
+        c->inactive = strcmp(el->name, "inactive") == 0;
+        if (!c->inactive)
+            rt__c2s_flush_held(self, c);
+        return 0;
+    }
+    if ((c->phase == PH_ACTIVE || c->phase == PH_BIND) && strcmp(el->ns, "urn:xmpp:sm:3") == 0)
+        return rt__c2s_sm_nonza(self, c, el);
     if (c->phase == PH_ACTIVE || c->phase == PH_BIND) {
         if (strcmp(el->ns, RT_XML_NS_CLIENT) != 0) {
             rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);

@@ -12,7 +12,13 @@
 extern const rt_actor_type_t rt_listener_type; /* arg: const rt_listen_t * */
 extern const rt_actor_type_t rt_conn_type;     /* arg: const rt_conn_arg_t * */
 
-/* A listener's transport for people: "tcp", "tls", "ws" or "wss". */
+/*
+** A listener's kind for people and metrics' labels, by its index among all listeners
+** (RT_CONF_*_LISTENER; an MQTT listener's is its place in conf.listeners): an MQTT
+** listener's transport, "tcp", "tls", "ws" or "wss" (as before there was XMPP), the HTTP
+** listener's "http" or "https", an XMPP listener's protocol and transport, "xmpp/tcp",
+** "xmpp/starttls", "xmpp/tls", "xmpp/ws" or "xmpp/wss" (rt_broker_listener_protocol).
+*/
 const char *rt_listener_kind(unsigned listener);
 /* "ip:port" of the socket's peer into buf ("?:0" if unknown), for the log. */
 void rt_conn_format_peer(int fd, char *buf, size_t len);

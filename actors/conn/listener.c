@@ -388,10 +388,8 @@ bool rt__listener_admit_peer(int fd, const rt_auth_addr_t *addr)
 
 const char *rt_listener_kind(unsigned listener)
 {
-    const rt_listen_t *l = &rt_broker->conf.listeners[listener];
-    if (l->websocket[0])
-        return l->tls_on ? "wss" : "ws";
-    return l->tls_on ? "tls" : "tcp";
+    const char *p = rt_broker_listener_protocol(listener);
+    return strncmp(p, "mqtt/", 5) == 0 ? p + 5 : p;
 }
 
 /*

@@ -310,14 +310,15 @@ static void arm_timer(rt_actor_t *self, http_conn_t *k, uint64_t ms)
     rt_send_after_tag(ms, rt_self(self), MSG_HTTP_TIMER, &k->timer);
 }
 
-/* Ready: every listener accepting (the store and sinks start before them, and stop after). */
+/* Ready: every listener accepting, MQTT's and XMPP's (the store and sinks start before them,
+   and stop after). */
 static bool ready(void)
 {
-    rt_listener_info_t ls[RT_CONF_MAX_LISTENERS];
-    size_t n = rt_broker ? rt_broker_listeners(ls, RT_CONF_MAX_LISTENERS) : 0;
+    rt_listener_info_t ls[RT_CONF_ALL_LISTENERS];
+    size_t n = rt_broker ? rt_broker_listeners(ls, RT_CONF_ALL_LISTENERS) : 0;
     if (!n)
         return false;
-    for (size_t i = 0; i < n && i < RT_CONF_MAX_LISTENERS; i++)
+    for (size_t i = 0; i < n && i < RT_CONF_ALL_LISTENERS; i++)
         if (!ls[i].running)
             return false;
     return true;

@@ -210,22 +210,11 @@ static void format_listener(const rt_listen_t *l, char *out, size_t len)
     snprintf(out, len, "%s%.64s%s:%d", v6 ? "[" : "", l->host, v6 ? "]" : "", l->port);
 }
 
-/* The listener of index i (RT_CONF_*_LISTENER) in conf, or NULL when there is none. */
-static const rt_listen_t *listener_at(const rt_conf_t *conf, unsigned i)
-{
-    if (i == RT_TLS_HTTP)
-        return conf->http.on ? &conf->http.where : NULL;
-    if (i < RT_CONF_MAX_LISTENERS)
-        return i < conf->nlisteners ? &conf->listeners[i] : NULL;
-    unsigned x = i - RT_CONF_XMPP_LISTENER(0);
-    return conf->xmpp.on && x < conf->xmpp.nlisteners ? &conf->xmpp.listeners[x] : NULL;
-}
-
 int rt_tls_open(const rt_conf_t *conf, char *why, size_t whylen)
 {
     for (unsigned i = 0; i < RT_TLS_SERVERS; i++) {
         bool http = i == RT_TLS_HTTP, xmpp = i >= RT_CONF_XMPP_LISTENER(0);
-        const rt_listen_t *l = listener_at(conf, i);
+        const rt_listen_t *l = rt_conf_listener(conf, i);
         if (!l || !l->tls_on)
             continue;
         listeners[i] = *l;
@@ -404,6 +393,37 @@ void rt_tls_failure_reason(SSL *ssl, char *out, size_t len)
         return;
     }
     openssl_error(out, len);
+}
+
+unsigned rt_tls_bindings(SSL *ssl)
+{
+    if (!ssl || !SSL_is_init_finished(ssl))
+        return 0;
+    return (SSL_version(ssl) == TLS1_3_VERSION ? RT_TLS_CB_EXPORTER : 0) |
+           (SSL_get_certificate(ssl) ? RT_TLS_CB_END_POINT : 0);
+}
+
+size_t rt_tls_binding(SSL *ssl, unsigned type, uint8_t *out, size_t cap)
+{
+    if (!(rt_tls_bindings(ssl) & type))
+        return 0;
+    if (type == RT_TLS_CB_EXPORTER) {
+        static const char label[] = "EXPORTER-Channel-Binding";
+        if (cap < 32 || SSL_export_keying_material(ssl, out, 32, label, sizeof(label) - 1, NULL,
+                                                   0, 0) != 1)
+            return 0;
+        return 32;
+    }
+    X509 *cert = SSL_get_certificate(ssl);
+    int md_nid = NID_undef, pk_nid;
+    if (!OBJ_find_sigid_algs(X509_get_signature_nid(cert), &md_nid, &pk_nid))
+        return 0;
+    const EVP_MD *md = md_nid == NID_md5 || md_nid == NID_sha1 ? EVP_sha256()
+                                                                : EVP_get_digestbynid(md_nid);
+    unsigned n = 0;
+    if (!md || (size_t)EVP_MD_get_size(md) > cap || X509_digest(cert, md, out, &n) != 1)
+        return 0;
+    return n;
 }
 
 bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len)

@@ -81,4 +81,17 @@ void rt_tls_failure_reason(SSL *ssl, char *out, size_t len);
 */
 bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len);
 
+/*
+** Channel binding (for SASL's SCRAM-*-PLUS): RT_TLS_CB_EXPORTER is RFC 9266's tls-exporter
+** (32 bytes of keying material; TLS 1.3 only, where it is safe without extended master
+** secret), RT_TLS_CB_END_POINT RFC 5929's tls-server-end-point (the hash of the server's
+** certificate, with its signature's hash, SHA-256 for MD5 and SHA-1). rt_tls_bindings says
+** which a finished handshake can give; rt_tls_binding writes one into out (cap bytes, 64 is
+** enough): its length, or 0.
+*/
+#define RT_TLS_CB_EXPORTER 1u
+#define RT_TLS_CB_END_POINT 2u
+unsigned rt_tls_bindings(SSL *ssl);
+size_t rt_tls_binding(SSL *ssl, unsigned type, uint8_t *out, size_t cap);
+
 #endif

@@ -778,6 +778,16 @@ bool rt_xport_tls_on(const rt_xport_t *xp)
     return xp && xp->tls.ssl;
 }
 
+unsigned rt_xport_bindings(const rt_xport_t *xp)
+{
+    return rt_xport_tls_on(xp) ? rt_tls_bindings(xp->tls.ssl) : 0;
+}
+
+size_t rt_xport_binding(const rt_xport_t *xp, unsigned type, uint8_t *out, size_t cap)
+{
+    return rt_xport_tls_on(xp) ? rt_tls_binding(xp->tls.ssl, type, out, cap) : 0;
+}
+
 bool rt_xport_tls_identity(const rt_xport_t *xp, char *out, size_t len)
 {
     return rt_xport_tls_on(xp) && rt_tls_peer_identity(xp->tls.ssl, out, len);

@@ -201,6 +201,10 @@ uint32_t rt_xport_rate_limited(const rt_xport_t *xp);
 
 /* Whether TLS runs (from accept, or started), handshake done or not. */
 bool rt_xport_tls_on(const rt_xport_t *xp);
+/* Channel binding types the TLS of xp can give now (rt_tls_bindings: RT_TLS_CB_*), and one
+   of them into out (its length, 0 if none): for SASL's -PLUS mechanisms. */
+unsigned rt_xport_bindings(const rt_xport_t *xp);
+size_t rt_xport_binding(const rt_xport_t *xp, unsigned type, uint8_t *out, size_t cap);
 /* The verified client certificate's identity (rt_tls_peer_identity); false if none. */
 bool rt_xport_tls_identity(const rt_xport_t *xp, char *out, size_t len);
 /* The client's address and port as a trusted proxy named them; false when none did. */

@@ -49,8 +49,27 @@
     "  username TEXT NOT NULL, stamp INTEGER NOT NULL, stanza BLOB NOT NULL);"                     \
     "CREATE INDEX offline_by_user ON offline(host, username);"
 
+/*
+** Version 3: what XEPs keep per account (xeps.h): the blocklist (XEP-0191), one row per
+** blocked JID; the vCard (XEP-0054) as the bytes of its element; the message archive
+** (XEP-0313), one row per message and account, its rowid the archive id clients page by,
+** found through the account (and the other party's bare JID), and the count each account
+** holds, so the retention bound costs one lookup.
+*/
+#define SCHEMA_V3                                                                                  \
+    "CREATE TABLE blocklist(host TEXT NOT NULL, username TEXT NOT NULL, jid TEXT NOT NULL, "       \
+    "  PRIMARY KEY(host, username, jid)) WITHOUT ROWID;"                                           \
+    "CREATE TABLE vcard(host TEXT NOT NULL, username TEXT NOT NULL, vcard BLOB NOT NULL, "         \
+    "  PRIMARY KEY(host, username)) WITHOUT ROWID;"                                                \
+    "CREATE TABLE archive(id INTEGER PRIMARY KEY, host TEXT NOT NULL, username TEXT NOT NULL, "    \
+    "  with_jid TEXT NOT NULL, stamp INTEGER NOT NULL, stanza BLOB NOT NULL);"                     \
+    "CREATE INDEX archive_by_user ON archive(host, username, id);"                                 \
+    "CREATE INDEX archive_by_with ON archive(host, username, with_jid, id);"                       \
+    "CREATE TABLE archive_counts(host TEXT NOT NULL, username TEXT NOT NULL, "                     \
+    "  count INTEGER NOT NULL, PRIMARY KEY(host, username)) WITHOUT ROWID;"
+
 /* A new file's tables: every version's, as a file migrated from version 1 has them. */
-static const char schema[] = SCHEMA_V1 SCHEMA_V2;
+static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3;
 
 /*
 ** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
@@ -58,6 +77,7 @@ static const char schema[] = SCHEMA_V1 SCHEMA_V2;
 */
 static const rt_store_step_t steps[] = {
     {2, SCHEMA_V2},
+    {3, SCHEMA_V3},
     {0, NULL},
 };
 
@@ -99,8 +119,7 @@ static const char *const sql[ST_N] = {
     [ST_ROLLBACK] = "ROLLBACK",
 };
 
-
-static int db_error(rt_accounts_t *a, char *err, size_t errlen)
+int rt__accounts_db_error(rt_accounts_t *a, char *err, size_t errlen)
 {
     snprintf(err, errlen, "%s: %s", a->path, sqlite3_errmsg(a->db));
     return RT_EAGAIN;
@@ -114,6 +133,8 @@ void rt_accounts_close(rt_accounts_t *a)
         sqlite3_finalize(a->st[i]);
     for (int i = 0; i < RT__ROSTER_STMTS; i++)
         sqlite3_finalize(a->rst[i]);
+    for (int i = 0; i < RT__XEPS_STMTS; i++)
+        sqlite3_finalize(a->xst[i]);
     sqlite3_close(a->db);
     free(a);
 }
@@ -175,17 +196,17 @@ int rt_accounts_open(const char *dir, rt_accounts_t **out, char *err, size_t err
     rc = RT_EAGAIN;
     if (sqlite3_exec(a->db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", NULL, NULL,
                      NULL) != SQLITE_OK) {
-        db_error(a, err, errlen);
+        rt__accounts_db_error(a, err, errlen);
         goto fail;
     }
     for (int i = 0; i < ST_N; i++)
         if (sqlite3_prepare_v3(a->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &a->st[i], NULL) !=
             SQLITE_OK) {
-            db_error(a, err, errlen);
+            rt__accounts_db_error(a, err, errlen);
             goto fail;
         }
-    if (rt__roster_prepare(a) != 0) {
-        db_error(a, err, errlen);
+    if (rt__roster_prepare(a) != 0 || rt__xeps_prepare(a) != 0) {
+        rt__accounts_db_error(a, err, errlen);
         goto fail;
     }
     *out = a;
@@ -195,8 +216,7 @@ fail:
     return rc;
 }
 
-int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err,
-                       size_t errlen)
+int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err, size_t errlen)
 {
     const char *why;
     if (rt_jid_prep_part(RT_JID_DOMAIN, host, strlen(host), n->host, &n->host_len, &why) ||
@@ -266,7 +286,7 @@ static int write_creds(rt_accounts_t *a, int which, const char *host, const char
         snprintf(err, errlen, "%s@%s exists", n.user, n.host);
         return RT_EEXIST;
     }
-    return s == SQLITE_DONE ? 0 : db_error(a, err, errlen);
+    return s == SQLITE_DONE ? 0 : rt__accounts_db_error(a, err, errlen);
 }
 
 int rt_accounts_add(rt_accounts_t *a, const char *host, const char *user, const char *pw,
@@ -296,7 +316,7 @@ int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *
         return rc;
     /* The account and what roster.c keeps for it go together or not at all. */
     if (rt__accounts_begin(a, true) != 0)
-        return db_error(a, err, errlen);
+        return rt__accounts_db_error(a, err, errlen);
     sqlite3_stmt *st = rt__accounts_keyed(a->st[ST_DEL], &n);
     int s = sqlite3_step(st);
     bool changed = sqlite3_changes(a->db) > 0;
@@ -306,13 +326,14 @@ int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *
     else if (!changed) {
         snprintf(err, errlen, "no account %s@%s", n.user, n.host);
         rc = RT_ENOTFOUND;
-    } else
-        rc = rt__roster_drop(a, &n);
+    } else if ((rc = rt__roster_drop(a, &n)) == 0)
+        rc = rt__xeps_drop(a, &n);
     if (rc == RT_EAGAIN)
-        db_error(a, err, errlen); /* SQLite's message, before the rollback replaces it */
+        rt__accounts_db_error(a, err,
+                              errlen); /* SQLite's message, before the rollback replaces it */
     int end = rt__accounts_end(a, rc);
     if (end == RT_EAGAIN && rc != RT_EAGAIN)
-        db_error(a, err, errlen);
+        rt__accounts_db_error(a, err, errlen);
     return end;
 }
 
@@ -359,7 +380,7 @@ int rt_accounts_list(rt_accounts_t *a, const char *host,
         rc = fn((const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1),
                 sqlite3_column_int64(st, 2), arg);
     if (rc == 0 && s != SQLITE_DONE)
-        rc = db_error(a, err, errlen);
+        rc = rt__accounts_db_error(a, err, errlen);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     return rc;

@@ -13,12 +13,14 @@
 
 #define RT__ACCOUNTS_STMTS 16 /* room for accounts.c's statements (it checks its count fits) */
 #define RT__ROSTER_STMTS 16   /* room for roster.c's */
+#define RT__XEPS_STMTS 24     /* room for blocking.c's, vcard.c's and archive.c's (xeps.h) */
 
 /* Owned by accounts.c (open, close); roster.c prepares and uses rst[]. */
 struct rt_accounts_s {
     sqlite3 *db;
     sqlite3_stmt *st[RT__ACCOUNTS_STMTS]; /* accounts.c's, prepared once (persistent) */
     sqlite3_stmt *rst[RT__ROSTER_STMTS];  /* roster.c's, the same; finalized at close */
+    sqlite3_stmt *xst[RT__XEPS_STMTS];    /* the XEPs' (XST_* below), the same */
     char path[512];
 };
 
@@ -32,6 +34,9 @@ typedef struct rt__names_s {
 /* Prepares host and user into n: 0, or RT_EINVAL with err (the part that does not prepare). */
 int rt__accounts_names(const char *host, const char *user, rt__names_t *n, char *err,
                        size_t errlen);
+
+/* "path: SQLite's last message" into err; returns RT_EAGAIN. */
+int rt__accounts_db_error(rt_accounts_t *a, char *err, size_t errlen);
 
 /* A cached statement, reset, with the host and user bound as ?1 and ?2. */
 sqlite3_stmt *rt__accounts_keyed(sqlite3_stmt *st, const rt__names_t *n);
@@ -50,5 +55,44 @@ int rt__roster_prepare(rt_accounts_t *a);
 /* roster.c: deletes n's roster, version and offline messages, inside the caller's
    transaction: 0 or RT_EAGAIN. */
 int rt__roster_drop(rt_accounts_t *a, const rt__names_t *n);
+
+/*
+** The XEPs' statements in xst[], by file: blocking.c, vcard.c, archive.c. Prepared at open
+** from xeps_sql (each file's part of it, kept in order by the designated initializers).
+*/
+enum {
+    XST_BLOCK_LIST,
+    XST_BLOCK_ADD,
+    XST_BLOCK_DEL,
+    XST_BLOCK_CLEAR,
+    XST_BLOCK_COUNT,
+    XST_ACCOUNT, /* 1 if the account exists */
+    XST_VCARD_GET,
+    XST_VCARD_PUT,
+    XST_VCARD_DEL,
+    XST_ARCH_PUT,
+    XST_ARCH_COUNT_ADD, /* adds to the account's count; returns the new count */
+    XST_ARCH_TRIM,      /* drops the account's ?3 oldest */
+    XST_ARCH_COUNT_SUB, /* takes ?3 from the account's count */
+    XST_ARCH_CLEAR,
+    XST_ARCH_COUNTS_CLEAR,
+    XST_ARCH_FWD,      /* a page oldest first: ?3 ?4 stamps, ?5 ?6 ids (exclusive), ?7 rows */
+    XST_ARCH_BACK,     /* newest first */
+    XST_ARCH_WITH_FWD, /* the same with ?8 the other party's bare JID */
+    XST_ARCH_WITH_BACK,
+    XST_N
+};
+_Static_assert(XST_N <= RT__XEPS_STMTS, "room for the XEPs' statements");
+
+/* xeps.c: prepares xst[] at open; deletes what the XEPs keep for n inside the caller's
+   transaction (account deletion). 0 or RT_EAGAIN. */
+int rt__xeps_prepare(rt_accounts_t *a);
+int rt__xeps_drop(rt_accounts_t *a, const rt__names_t *n);
+/* Names as keys: RT_EINVAL for a name no account can have. */
+int rt__xeps_names(const char *host, const char *user, rt__names_t *n);
+/* Whether user@host's account exists: 1, 0, or RT_EAGAIN. */
+int rt__xeps_account(rt_accounts_t *a, const rt__names_t *n);
+/* Runs a statement that returns no row to its end, and resets it: 0 or RT_EAGAIN. */
+int rt__xeps_run(sqlite3_stmt *st);
 
 #endif

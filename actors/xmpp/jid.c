@@ -72,10 +72,11 @@ static const char *const whys[3][PREP_N] = {
         },
 };
 
-/* Sets *why for part and reason; returns RT_EINVAL. */
+/* Sets *why (if asked for) for part and reason; returns RT_EINVAL. */
 static int refuse(rt_jid_part_t part, int reason, const char **why)
 {
-    *why = whys[part][reason] ? whys[part][reason] : whys[part][PREP_OTHER];
+    if (why)
+        *why = whys[part][reason] ? whys[part][reason] : whys[part][PREP_OTHER];
     return RT_EINVAL;
 }
 
@@ -423,6 +424,9 @@ int rt__jid_prep_part_slow(rt_jid_part_t part, const char *in, size_t len, char 
 
 int rt_jid_prep(const char *in, size_t len, rt_jid_buf_t *out, const char **why)
 {
+    const char *unused;
+    if (!why) /* the sessions pass NULL: a JID a client sent is refused without the reason */
+        why = &unused;
     if (len == 0) {
         *why = "the JID is empty";
         return RT_EINVAL;

@@ -59,8 +59,8 @@ typedef union rt_jid_buf_u {
 
 /*
 ** Parses and prepares the len bytes at in (any bytes: not NUL-terminated, NULs refused)
-** into out. 0; RT_EINVAL with *why (a static sentence: "the localpart is empty") for a
-** string that is no JID; RT_ENOMEM when libidn could not allocate.
+** into out. 0; RT_EINVAL with *why (a static sentence: "the localpart is empty"; why may
+** be NULL) for a string that is no JID; RT_ENOMEM when libidn could not allocate.
 */
 int rt_jid_prep(const char *in, size_t len, rt_jid_buf_t *out, const char **why);
 

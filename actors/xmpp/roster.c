@@ -50,8 +50,8 @@ static const char *const sql[R_N] = {
                  "offline_bytes = offline_bytes + excluded.offline_bytes "
                  "RETURNING roster_version",
     [O_PUSH] = "INSERT INTO offline(host, username, stamp, stanza) VALUES (?1, ?2, ?3, ?4)",
-    [O_LIST] = "SELECT seq, stamp, stanza FROM offline WHERE host = ?1 AND username = ?2 "
-               "ORDER BY seq LIMIT ?3",
+    [O_LIST] = ("SELECT seq, stamp, stanza FROM offline WHERE host = ?1 AND username = ?2 "
+                "ORDER BY seq LIMIT ?3"), /* one string: clang asks for the parentheses */
     [O_TAKEN] = "DELETE FROM offline WHERE host = ?1 AND username = ?2 AND seq <= ?3",
     [D_ROSTER] = "DELETE FROM roster WHERE host = ?1 AND username = ?2",
     [D_OFFLINE] = "DELETE FROM offline WHERE host = ?1 AND username = ?2",
@@ -107,12 +107,11 @@ static void row_item(sqlite3_stmt *st, rt_roster_item_t *it)
     const char *name = (const char *)sqlite3_column_text(st, 1);
     it->jid = jid ? jid : "";
     it->name = name ? name : "";
-    const char *g = (const char *)sqlite3_column_text(st, 2);
-    const char *end = g + sqlite3_column_bytes(st, 2);
+    const char *g = (const char *)sqlite3_column_text(st, 2); /* NULL for an empty blob */
+    size_t glen = g ? (size_t)sqlite3_column_bytes(st, 2) : 0;
     it->ngroups = 0;
-    for (const char *p = g; p && p < end && it->ngroups < RT_ROSTER_GROUPS_MAX;
-         p += strlen(p) + 1)
-        it->groups[it->ngroups++] = p;
+    for (size_t at = 0; at < glen && it->ngroups < RT_ROSTER_GROUPS_MAX; at += strlen(g + at) + 1)
+        it->groups[it->ngroups++] = g + at;
     it->state = (unsigned)sqlite3_column_int64(st, 3) & RT_ROSTER_STATES;
 }
 
@@ -273,12 +272,6 @@ static int has_item(rt_accounts_t *a, const rt__names_t *n, const char *jid)
     return s == SQLITE_ROW ? 1 : s == SQLITE_DONE ? 0 : RT_EAGAIN;
 }
 
-static int db_error(rt_accounts_t *a, char *err, size_t errlen)
-{
-    snprintf(err, errlen, "%s: %s", a->path, sqlite3_errmsg(a->db));
-    return RT_EAGAIN;
-}
-
 int rt_roster_put(rt_accounts_t *a, const char *host, const char *user, const rt_roster_item_t *it,
                   uint32_t max_items, uint64_t *version, char *err, size_t errlen)
 {
@@ -291,7 +284,7 @@ int rt_roster_put(rt_accounts_t *a, const char *host, const char *user, const rt
     if ((rc = check_item(it, groups, &glen, err, errlen)) != 0)
         return rc;
     if (rt__accounts_begin(a, true) != 0)
-        return db_error(a, err, errlen);
+        return rt__accounts_db_error(a, err, errlen);
     int64_t items, count, bytes;
     int had = 0;
     rc = account(a, &n, &items, &count, &bytes);
@@ -300,8 +293,7 @@ int rt_roster_put(rt_accounts_t *a, const char *host, const char *user, const rt
     if (rc == 0 && (had = has_item(a, &n, it->jid)) < 0)
         rc = had;
     if (rc == 0 && !had && items >= (int64_t)max_items) {
-        snprintf(err, errlen, "the roster has %lld items, at most %u", (long long)items,
-                 max_items);
+        snprintf(err, errlen, "the roster has %lld items, at most %u", (long long)items, max_items);
         rc = RT_ELIMIT;
     }
     if (rc == 0) {
@@ -316,10 +308,10 @@ int rt_roster_put(rt_accounts_t *a, const char *host, const char *user, const rt
     if (rc == 0)
         rc = add_counts(a, &n, 1, had ? 0 : 1, 0, 0, version);
     if (rc == RT_EAGAIN)
-        db_error(a, err, errlen);
+        rt__accounts_db_error(a, err, errlen);
     int end = rt__accounts_end(a, rc);
     if (end == RT_EAGAIN && rc != RT_EAGAIN)
-        db_error(a, err, errlen);
+        rt__accounts_db_error(a, err, errlen);
     return end;
 }
 

@@ -46,6 +46,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (rc != 0 && rc != RT_EINVAL && rc != RT_ENOMEM)
         abort();
+    /* The sessions ask no reason (why NULL): the same answer, and no write through it. */
+    if (rt_jid_prep((const char *)data, size, &b, NULL) != rc)
+        abort();
+    /* The sessions ask no reason (why NULL): the same answer, and no write through it. */
+    if (rt_jid_prep((const char *)data, size, &b, NULL) != rc)
+        abort();
     if (rc == 0) {
         const rt_jid_t *j = &a.jid;
         if (j->domain == 0 || strlen(j->s) != rt_jid_len(j) ||

@@ -451,6 +451,7 @@ static void test_xmpp(void)
              "    max_offline_messages = 0,\n"
              "    max_offline_bytes = 4096,\n"
              "    idle_timeout = 0,\n"
+             "    max_vcard_size = 2048,\n"
              "}\n",
              c, err),
         0);
@@ -468,7 +469,7 @@ static void test_xmpp(void)
     CHECK_STR(x->listeners[0].host, "127.0.0.1");
     CHECK_EQ(x->listeners[0].port, 5222);
     CHECK(!x->listeners[0].tls_on && !x->listeners[0].starttls);
-    CHECK_EQ(x->listeners[0].line, 19); /* where the assignment ends (Lua's line), for a port
+    CHECK_EQ(x->listeners[0].line, 20); /* where the assignment ends (Lua's line), for a port
                                            in use */
     CHECK(x->listeners[1].tls_on && !x->listeners[1].starttls); /* direct TLS, XEP-0368 */
     CHECK_STR(x->listeners[1].tls.cert, "/tmp/x.pem");          /* the file's directory */
@@ -490,7 +491,16 @@ static void test_xmpp(void)
     CHECK_EQ(x->max_offline_messages, 0);
     CHECK_EQ(x->max_offline_bytes, 4096);
     CHECK_EQ(x->idle_timeout, 0);
+    CHECK_EQ(x->max_vcard_size, 2048);
     CHECK_EQ(c->nlisteners, 1); /* MQTT's own, untouched */
+    /* Each listener by its index among all (rt_conf_listener): MQTT's, HTTP's, XMPP's. */
+    CHECK(rt_conf_listener(c, 0) == &c->listeners[0]);
+    CHECK(rt_conf_listener(c, 1) == NULL); /* one MQTT listener */
+    CHECK(rt_conf_listener(c, RT_CONF_HTTP_LISTENER) == NULL);
+    for (unsigned i = 0; i < 4; i++)
+        CHECK(rt_conf_listener(c, RT_CONF_XMPP_LISTENER(i)) == &x->listeners[i]);
+    CHECK(rt_conf_listener(c, RT_CONF_XMPP_LISTENER(4)) == NULL);
+    CHECK(rt_conf_listener(c, RT_CONF_ALL_LISTENERS) == NULL);
 
     /* Only hosts: one plain listener on 5222, plaintext from loopback, the declared numbers. */
     CHECK_EQ(rt_conf_set(c, "xmpp={hosts=\"Solo.Example\"}", err, sizeof(err)), 0);

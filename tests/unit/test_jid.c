@@ -313,9 +313,22 @@ static void test_dup_on_an_actor_heap(void)
     rt_shutdown();
 }
 
+/* A caller that does not want the reason passes NULL (a session refusing a client's to). */
+static void test_no_reason_asked(void)
+{
+    rt_jid_buf_t b;
+    static const char *const bad[] = {"", "@bad", "a@", "a@b/", "a@b@c\x01"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        CHECK_EQ(rt_jid_prep(bad[i], strlen(bad[i]), &b, NULL), RT_EINVAL);
+    char out[RT_JID_PART_MAX + 1];
+    size_t n;
+    CHECK_EQ(rt_jid_prep_part(RT_JID_DOMAIN, "a b", 3, out, &n, NULL), RT_EINVAL);
+}
+
 int main(void)
 {
     RUN(test_rfc7622_valid_examples);
+    RUN(test_no_reason_asked);
     RUN(test_rfc7622_invalid_examples);
     RUN(test_splitting);
     RUN(test_domainpart);

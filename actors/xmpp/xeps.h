@@ -1,0 +1,86 @@
+/*
+** What accounts keep in xmpp.db for the XEPs a modern client expects, beside the roster
+** (roster.h), through the same rt_accounts_t (schema version 3): the blocklist (XEP-0191),
+** the vCard (XEP-0054) and the message archive (XEP-0313). Deleting an account deletes all
+** three in the same transaction.
+**
+** BLOCKING, as accounts.h: every call does file I/O; call from an RT_TYPE_BLOCKING actor or
+** outside the runtime, one thread at a time per handle, and never from a callback given here.
+** host and user are prepared here as by the accounts calls (RT_EINVAL for a name no account
+** can have); JIDs given (blocked, archived with) are taken as given: the caller prepares them.
+*/
+#ifndef RT_XMPP_XEPS_H
+#define RT_XMPP_XEPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "accounts.h"
+
+/* ---- Blocklist (XEP-0191) ---- */
+
+/* Calls fn for each blocked JID of user@host, in JID order (fn: 0 to go on). 0, fn's stop,
+ * RT_EINVAL, RT_EAGAIN. */
+int rt_block_list(rt_accounts_t *a, const char *host, const char *user,
+                  int (*fn)(const char *jid, size_t len, void *arg), void *arg);
+/*
+** Blocks each of the n JIDs (one transaction; one already blocked is no change). RT_ELIMIT
+** when the list would hold more than max (nothing changed); RT_ENOTFOUND for no such
+** account; RT_EINVAL for an empty or over-long JID; RT_EAGAIN.
+*/
+int rt_block_add(rt_accounts_t *a, const char *host, const char *user, const char *const *jids,
+                 size_t n, uint32_t max);
+/* Unblocks the n JIDs (n == 0: every one). 0, RT_EINVAL, RT_EAGAIN. */
+int rt_block_del(rt_accounts_t *a, const char *host, const char *user, const char *const *jids,
+                 size_t n);
+
+/* ---- vCard (XEP-0054) ---- */
+
+/* The vCard's bytes (a <vCard xmlns='vcard-temp'> element) to fn. 0, RT_ENOTFOUND (none set),
+   RT_EINVAL, RT_EAGAIN. */
+int rt_vcard_get(rt_accounts_t *a, const char *host, const char *user,
+                 void (*fn)(const void *vcard, size_t len, void *arg), void *arg);
+/* Replaces it (len 0: deletes it). RT_ENOTFOUND (no account), RT_EINVAL (names), RT_EAGAIN. */
+int rt_vcard_set(rt_accounts_t *a, const char *host, const char *user, const void *vcard,
+                 size_t len);
+
+/* ---- Message archive (XEP-0313) ---- */
+
+/* One message to archive for one account: `with` the other party's bare JID. */
+typedef struct rt_archive_entry_s {
+    const char *host, *user, *with;
+    const void *stanza;
+    size_t len;
+} rt_archive_entry_t;
+
+/*
+** Archives n entries (a chat's sender's and receiver's copies) in one transaction, each stamped
+** stamp_ms, then drops each account's oldest past max_count. ids[i] (if ids): entry i's archive
+** id, or 0 when its account does not exist (skipped, anonymous users have none). 0, RT_EINVAL,
+** RT_EAGAIN.
+*/
+int rt_archive_put(rt_accounts_t *a, const rt_archive_entry_t *e, size_t n, int64_t stamp_ms,
+                   uint32_t max_count, int64_t *ids);
+
+/* A query (XEP-0313 4 with XEP-0059 paging); 0 or NULL fields: not given. */
+typedef struct rt_archive_query_s {
+    const char *with; /* a bare JID */
+    int64_t start_ms; /* stamps from, to (inclusive); 0: open */
+    int64_t end_ms;
+    int64_t after, before; /* ids, exclusive; 0: none. before with last: the last page */
+    bool last;             /* the newest page (<before/> empty, XEP-0059 2.5) */
+    uint32_t max;          /* rows in the page, at least 1 */
+} rt_archive_query_t;
+
+/*
+** The page's messages oldest first to fn (id, stamp, the stanza's bytes); *complete: no
+** message beyond the page in the direction paged. 0, RT_EINVAL, RT_EAGAIN.
+*/
+int rt_archive_query(rt_accounts_t *a, const char *host, const char *user,
+                     const rt_archive_query_t *q,
+                     int (*fn)(int64_t id, int64_t stamp_ms, const void *stanza, size_t len,
+                               void *arg),
+                     void *arg, bool *complete);
+
+#endif

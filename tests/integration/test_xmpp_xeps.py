@@ -1,0 +1,240 @@
+"""The XEPs the c2s sessions serve beyond RFC 6120/6121, on a real rtd with slixmpp clients
+(Debian's 1.8.3, its xep_0191 plugin) and, where exact bytes matter, the raw client
+(xmpp_util.py): blocking (XEP-0191), vCards (XEP-0054), the server's caps (XEP-0115).
+
+One rtd serves the module; every test has its own accounts.
+"""
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+import xmpp_util as X
+from conftest import Rtd, free_port
+
+PW = "s3cret-pw"
+NS_BLOCKING = "urn:xmpp:blocking"
+EMPTY_LIST = "<blocklist xmlns='urn:xmpp:blocking'></blocklist>"
+
+USERS = """blocker blocked bystander pushed pushed2 carder reader slixcard capser""".split()
+
+
+@pytest.fixture(scope="module")
+def xmpp():
+    import tempfile
+    tmp = tempfile.TemporaryDirectory(prefix="rtd-xeps-")
+    for u in USERS:
+        X.add_user(tmp.name, f"{u}@localhost", PW)
+    port = free_port()
+    broker = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, listeners = {{ "127.0.0.1:{port}" }}, '
+                 f'max_roster_items = 5, max_vcard_size = 2048 }}', "auth_max_delay_ms=0", data_dir=tmp.name)
+    broker.xport = port
+    yield broker
+    code, log = broker.stop()
+    tmp.cleanup()
+    assert code == 0, log[-3000:]
+
+
+def jid(user):
+    return f"{user}@localhost"
+
+
+def raw_login(xmpp, user, resource="r"):
+    r = X.Raw(xmpp.xport)
+    r.login(user, PW, resource=resource)
+    return r
+
+
+def stanza(text, name):
+    """The last <name ...>...</name> in text, parsed (jabber:client around it)."""
+    at = text.rindex("<" + name)
+    return ET.fromstring(f"<w xmlns='jabber:client'>{text[at:]}</w>")[0]
+
+
+def iq(r, xml, id_):
+    """Sends an iq, returns its answer's text (stanzas before it are left for read_until)."""
+    r.send(xml)
+    return r.read_until(rb"<iq[^>]*id='" + id_.encode() + rb"'[^>]*(/>|>.*?</iq>)")
+
+
+# ---- XEP-0191 blocking ----
+
+def test_blocking_list_block_unblock(xmpp):
+    async def t():
+        c = await X.login(xmpp.xport, jid("blocker") + "/a", PW, plugins=["xep_0191"])
+        assert NS_BLOCKING in str(await X.iq_get(c, "localhost",
+                                                 "<query xmlns='http://jabber.org/protocol/disco#info'/>"))
+        got = await c.plugin["xep_0191"].get_blocked()
+        assert got["blocklist"]["items"] == set()
+        await c.plugin["xep_0191"].block([jid("blocked"), "evil.example"])
+        got = await c.plugin["xep_0191"].get_blocked()
+        assert {str(j) for j in got["blocklist"]["items"]} == {jid("blocked"), "evil.example"}
+        await c.plugin["xep_0191"].unblock(["evil.example"])
+        got = await c.plugin["xep_0191"].get_blocked()
+        assert {str(j) for j in got["blocklist"]["items"]} == {jid("blocked")}
+        await X.logout(c)
+    X.run(t())
+
+
+def test_blocking_routing(xmpp):
+    """Both ways: to a blocked JID refused with not-acceptable and <blocked/>; from it, a
+    message answered service-unavailable and not delivered, an iq get too, presence dropped;
+    the bystander still gets through; after unblock the blocked one does too."""
+    a = raw_login(xmpp, "blocker")
+    b = raw_login(xmpp, "blocked")
+    s = raw_login(xmpp, "bystander")
+    try:
+        a.send("<presence/>")
+        ans = iq(a, f"<iq type='set' id='bl1'><block xmlns='{NS_BLOCKING}'>"
+                    f"<item jid='{jid('blocked')}'/></block></iq>", "bl1")
+        assert "type='result'" in ans, ans
+        a.send(f"<message to='{jid('blocked')}/r' id='o1' type='chat'><body>x</body></message>")
+        err = stanza(a.read_until(rb"<message[^>]*id='o1'.*?</message>"), "message")
+        assert err.get("type") == "error"
+        e = err.find("{jabber:client}error")
+        assert e.get("type") == "cancel"
+        assert e.find(f"{{{X.NS_STANZAS}}}not-acceptable") is not None
+        assert e.find("{urn:xmpp:blocking:errors}blocked") is not None
+        b.send(f"<message to='{jid('blocker')}/r' id='i1' type='chat'><body>hidden</body></message>")
+        err = stanza(b.read_until(rb"<message[^>]*id='i1'.*?</message>"), "message")
+        assert err.find(f"{{jabber:client}}error/{{{X.NS_STANZAS}}}service-unavailable") is not None
+        b.send(f"<iq to='{jid('blocker')}/r' id='i2' type='get'><ping xmlns='urn:xmpp:ping'/></iq>")
+        assert "service-unavailable" in b.read_until(rb"<iq[^>]*id='i2'.*?</iq>")
+        b.send(f"<presence to='{jid('blocker')}/r'/>")
+        s.send(f"<message to='{jid('blocker')}/r' id='s1' type='chat'><body>marker</body></message>")
+        got = a.read_until(rb"<body>marker</body>")
+        assert "hidden" not in got and "from='blocked@localhost/r'" not in got, got
+        # Unblocked: delivered again.
+        ans = iq(a, f"<iq type='set' id='ub1'><unblock xmlns='{NS_BLOCKING}'>"
+                    f"<item jid='{jid('blocked')}'/></unblock></iq>", "ub1")
+        assert "type='result'" in ans, ans
+        b.send(f"<message to='{jid('blocker')}/r' type='chat'><body>seen</body></message>")
+        assert "seen" in a.read_until(rb"<body>seen</body>")
+    finally:
+        for r in (a, b, s):
+            r.close()
+
+
+def test_blocking_pushes_and_bounds(xmpp):
+    """A resource that asked for the list gets pushes; one that did not, none; a domain
+    blocks its accounts; past max_roster_items, resource-constraint; a bad JID,
+    jid-malformed; an empty unblock unblocks all."""
+    p1 = raw_login(xmpp, "pushed", "one")
+    p2 = raw_login(xmpp, "pushed", "two")
+    o = raw_login(xmpp, "pushed2")
+    try:
+        assert EMPTY_LIST in iq(
+            p1, f"<iq type='get' id='g1'><blocklist xmlns='{NS_BLOCKING}'/></iq>", "g1")
+        p2.send(f"<iq type='set' id='b2'><block xmlns='{NS_BLOCKING}'>"
+                f"<item jid='localhost'/></block></iq>")
+        push = p1.read_until(rb"<iq[^>]*type='set'.*?</iq>")
+        assert "<block xmlns='urn:xmpp:blocking'><item jid='localhost'/></block>" in push, push
+        assert "type='result'" in p2.read_until(rb"<iq[^>]*id='b2'[^>]*/?>")
+        # The domain blocks pushed2@localhost; p2 never asked for the list: no push came.
+        o.send(f"<message to='{jid('pushed')}/two' id='d1' type='chat'><body>no</body></message>")
+        assert "service-unavailable" in o.read_until(rb"<message[^>]*id='d1'.*?</message>")
+        items = "".join(f"<item jid='u{i}@example.net'/>" for i in range(5))
+        ans = iq(p2, f"<iq type='set' id='b3'><block xmlns='{NS_BLOCKING}'>{items}</block></iq>",
+                 "b3")
+        assert "resource-constraint" in ans, ans
+        ans = iq(p2, f"<iq type='set' id='b4'><block xmlns='{NS_BLOCKING}'>"
+                     f"<item jid='@bad'/></block></iq>", "b4")
+        assert "jid-malformed" in ans, ans
+        ans = iq(p2, f"<iq type='set' id='b5'><unblock xmlns='{NS_BLOCKING}'/></iq>", "b5")
+        assert "type='result'" in ans
+        assert "<unblock xmlns='urn:xmpp:blocking'/>" in p1.read_until(rb"<unblock[^>]*/>")
+        assert EMPTY_LIST in iq(
+            p1, f"<iq type='get' id='g2'><blocklist xmlns='{NS_BLOCKING}'/></iq>", "g2")
+        o.send(f"<message to='{jid('pushed')}/two' type='chat'><body>yes</body></message>")
+        assert "yes" in p2.read_until(rb"<body>yes</body>")
+        assert "<unblock" not in p2.buf.decode()
+    finally:
+        for r in (p1, p2, o):
+            r.close()
+
+
+# ---- XEP-0054 vcard-temp ----
+
+def test_vcard_own_and_others(xmpp):
+    """Own get (empty, then what was set), a set replacing it, another account's get by its
+    bare JID, no such account, a set for another refused, and the size bound."""
+    a = raw_login(xmpp, "carder")
+    b = raw_login(xmpp, "reader")
+    try:
+        ans = iq(a, "<iq type='get' id='v1'><vCard xmlns='vcard-temp'/></iq>", "v1")
+        assert "type='result'" in ans and "<vCard xmlns='vcard-temp'/>" in ans, ans
+        card = "<vCard xmlns='vcard-temp'><FN>Carder &amp; Co</FN><NICKNAME>c</NICKNAME></vCard>"
+        assert "type='result'" in iq(a, f"<iq type='set' id='v2'>{card}</iq>", "v2")
+        ans = iq(a, "<iq type='get' id='v3'><vCard xmlns='vcard-temp'/></iq>", "v3")
+        v = stanza(ans, "iq").find("{vcard-temp}vCard")
+        assert v.find("{vcard-temp}FN").text == "Carder & Co", ans
+        ans = iq(b, f"<iq type='get' id='v4' to='{jid('carder')}'><vCard xmlns='vcard-temp'/></iq>",
+                 "v4")
+        el = stanza(ans, "iq")
+        assert el.get("from") == jid("carder") and el.get("type") == "result", ans
+        assert el.find("{vcard-temp}vCard/{vcard-temp}NICKNAME").text == "c"
+        ans = iq(b, "<iq type='get' id='v5' to='nobody@localhost'><vCard xmlns='vcard-temp'/></iq>",
+                 "v5")
+        assert "service-unavailable" in ans, ans
+        ans = iq(b, f"<iq type='set' id='v6' to='{jid('carder')}'>{card}</iq>", "v6")
+        assert "forbidden" in ans, ans
+        big = "<vCard xmlns='vcard-temp'><DESC>" + "x" * 3000 + "</DESC></vCard>"
+        assert "not-acceptable" in iq(a, f"<iq type='set' id='v7'>{big}</iq>", "v7")
+        # Replaced, and still there for a new session.
+        card2 = "<vCard xmlns='vcard-temp'><FN>Second</FN></vCard>"
+        assert "type='result'" in iq(a, f"<iq type='set' id='v8'>{card2}</iq>", "v8")
+    finally:
+        a.close()
+    c = raw_login(xmpp, "carder", "again")
+    try:
+        ans = iq(c, "<iq type='get' id='v9'><vCard xmlns='vcard-temp'/></iq>", "v9")
+        assert "<FN>Second</FN>" in ans and "NICKNAME" not in ans, ans
+    finally:
+        c.close()
+        b.close()
+
+
+def test_vcard_slixmpp(xmpp):
+    async def t():
+        c = await X.login(xmpp.xport, jid("slixcard") + "/s", PW, plugins=["xep_0054"])
+        vc = c.plugin["xep_0054"].make_vcard()
+        vc["FN"] = "Slix Card"
+        await c.plugin["xep_0054"].publish_vcard(vc)
+        got = await c.plugin["xep_0054"].get_vcard(jid("slixcard"), local=False, cached=False)
+        assert got["vcard_temp"]["FN"] == "Slix Card"
+        await X.logout(c)
+    X.run(t())
+
+
+# ---- XEP-0115 entity capabilities ----
+
+def test_caps_in_features_match_disco(xmpp):
+    """The <c/> in the stream features (before and after SASL) carries the SHA-1 ver of what
+    disco#info says, computed here as XEP-0115 5.1 says; a query to node#ver answers the same,
+    the node echoed."""
+    import base64
+    import hashlib
+    r = X.Raw(xmpp.xport)
+    try:
+        feats = r.open()
+        m = re.search(r"<c xmlns='http://jabber.org/protocol/caps' hash='sha-1' "
+                      r"node='([^']+)' ver='([^']+)'/>", feats)
+        assert m, feats
+        node, ver = m.groups()
+        assert r.scram("SCRAM-SHA-256", "capser", PW) == ("success", None)
+        assert f"ver='{ver}'" in r.open()
+        r.send(f"<iq type='set' id='b'><bind xmlns='{X.NS_BIND}'/></iq>")
+        r.read_until(rb"</iq>")
+        for q, qid in ((f"<query xmlns='{X.NS_DISCO_INFO}'/>", "d1"),
+                       (f"<query xmlns='{X.NS_DISCO_INFO}' node='{node}#{ver}'/>", "d2")):
+            el = stanza(iq(r, f"<iq type='get' id='{qid}' to='localhost'>{q}</iq>", qid), "iq")
+            query = el.find(f"{{{X.NS_DISCO_INFO}}}query")
+            if qid == "d2":
+                assert query.get("node") == f"{node}#{ver}"
+            ids = sorted(f"{i.get('category')}/{i.get('type')}/{i.get('xml:lang', '')}/"
+                         f"{i.get('name', '')}<" for i in query.findall(f"{{{X.NS_DISCO_INFO}}}identity"))
+            feats = sorted(f.get("var") + "<" for f in query.findall(f"{{{X.NS_DISCO_INFO}}}feature"))
+            want = base64.b64encode(hashlib.sha1("".join(ids + feats).encode()).digest()).decode()
+            assert want == ver, (ids, feats)
+    finally:
+        r.close()

@@ -1,0 +1,283 @@
+/*
+** What xmpp.db keeps for the XEPs (actors/xmpp/xeps.c, archive.c): blocklists with their bound,
+** vCards set, replaced and deleted, the message archive's pages forwards and backwards (after,
+** before, the last page, with, stamps) and its retention bound, an account's deletion taking
+** all of it, and a schema 2 file migrated to 3 with its accounts kept.
+*/
+#include <sqlite3.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "accounts.h"
+#include "check.h"
+#include "rt.h"
+#include "accounts_test.h"
+#include "sqlite_test.h"
+#include "tmpdir.h"
+#include "xeps.h"
+
+#define H ACCOUNTS_TEST_HOST
+
+static char dir[128];
+
+/* ---- Blocklist ---- */
+
+typedef struct {
+    char all[512];
+    int n;
+} list_t;
+
+static int gather(const char *jid, size_t len, void *arg)
+{
+    list_t *l = arg;
+    size_t at = strlen(l->all);
+    snprintf(l->all + at, sizeof(l->all) - at, "%s%.*s", l->n ? " " : "", (int)len, jid);
+    l->n++;
+    return 0;
+}
+
+static const char *blocked(rt_accounts_t *a, const char *user, list_t *l)
+{
+    memset(l, 0, sizeof(*l));
+    CHECK_EQ(rt_block_list(a, H, user, gather, l), 0);
+    return l->all;
+}
+
+static void test_blocklist(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    add_user(a, "juliet");
+    add_user(a, "romeo");
+    list_t l;
+    CHECK_EQ(strcmp(blocked(a, "juliet", &l), ""), 0);
+    const char *two[] = {"tybalt@example.com", "evil.example"};
+    CHECK_EQ(rt_block_add(a, H, "juliet", two, 2, 3), 0);
+    CHECK_EQ(strcmp(blocked(a, "juliet", &l), "evil.example tybalt@example.com"), 0);
+    /* Blocking again, or twice in one call, changes nothing and passes no bound. */
+    const char *again[] = {"tybalt@example.com", "paris@example.com/x", "paris@example.com/x"};
+    CHECK_EQ(rt_block_add(a, H, "juliet", again, 3, 3), 0);
+    CHECK_EQ(l.n, 2);
+    CHECK_EQ(
+        strcmp(blocked(a, "juliet", &l), "evil.example paris@example.com/x tybalt@example.com"), 0);
+    /* Past the bound: nothing of the call is kept. */
+    const char *more[] = {"a@example.net", "b@example.net"};
+    CHECK_EQ(rt_block_add(a, H, "juliet", more, 2, 4), RT_ELIMIT);
+    CHECK_EQ(blocked(a, "juliet", &l)[0] != 0 && l.n == 3, 1);
+    /* Each account has its own. */
+    CHECK_EQ(strcmp(blocked(a, "romeo", &l), ""), 0);
+    const char *one[] = {"tybalt@example.com"};
+    CHECK_EQ(rt_block_del(a, H, "juliet", one, 1), 0);
+    CHECK_EQ(strcmp(blocked(a, "juliet", &l), "evil.example paris@example.com/x"), 0);
+    CHECK_EQ(rt_block_del(a, H, "juliet", NULL, 0), 0);
+    CHECK_EQ(strcmp(blocked(a, "juliet", &l), ""), 0);
+    /* No such account; a JID that cannot be one; a name that is no account's. */
+    CHECK_EQ(rt_block_add(a, H, "nobody", one, 1, 10), RT_ENOTFOUND);
+    const char *empty[] = {""};
+    CHECK_EQ(rt_block_add(a, H, "juliet", empty, 1, 10), RT_EINVAL);
+    CHECK_EQ(rt_block_add(a, H, "bad@name", one, 1, 10), RT_EINVAL);
+    rt_accounts_close(a);
+}
+
+/* ---- vCard ---- */
+
+typedef struct {
+    char bytes[128];
+    size_t len;
+} card_t;
+
+static void got_card(const void *v, size_t len, void *arg)
+{
+    card_t *c = arg;
+    c->len = len;
+    memcpy(c->bytes, v, len < sizeof(c->bytes) ? len : sizeof(c->bytes));
+}
+
+static void test_vcard(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    card_t c = {0};
+    CHECK_EQ(rt_vcard_get(a, H, "juliet", got_card, &c), RT_ENOTFOUND);
+    static const char v1[] = "<vCard xmlns='vcard-temp'><FN>Juliet</FN></vCard>";
+    static const char v2[] = "<vCard xmlns='vcard-temp'><FN>J. Capulet</FN></vCard>";
+    CHECK_EQ(rt_vcard_set(a, H, "juliet", v1, sizeof(v1) - 1), 0);
+    CHECK_EQ(rt_vcard_get(a, H, "Juliet", got_card, &c), 0);
+    CHECK(c.len == sizeof(v1) - 1 && memcmp(c.bytes, v1, c.len) == 0);
+    CHECK_EQ(rt_vcard_set(a, H, "juliet", v2, sizeof(v2) - 1), 0);
+    CHECK_EQ(rt_vcard_get(a, H, "juliet", got_card, &c), 0);
+    CHECK(c.len == sizeof(v2) - 1 && memcmp(c.bytes, v2, c.len) == 0);
+    CHECK_EQ(rt_vcard_get(a, H, "romeo", got_card, &c), RT_ENOTFOUND);
+    CHECK_EQ(rt_vcard_set(a, H, "juliet", NULL, 0), 0);
+    CHECK_EQ(rt_vcard_get(a, H, "juliet", got_card, &c), RT_ENOTFOUND);
+    CHECK_EQ(rt_vcard_set(a, H, "nobody", v1, sizeof(v1) - 1), RT_ENOTFOUND);
+    rt_accounts_close(a);
+}
+
+/* ---- Archive ---- */
+
+typedef struct {
+    int64_t ids[64];
+    char bodies[64][16];
+    int n;
+} page_t;
+
+static int got_row(int64_t id, int64_t stamp_ms, const void *stanza, size_t len, void *arg)
+{
+    (void)stamp_ms;
+    page_t *p = arg;
+    if (p->n < 64) {
+        p->ids[p->n] = id;
+        snprintf(p->bodies[p->n], sizeof(p->bodies[0]), "%.*s", (int)len, (const char *)stanza);
+        p->n++;
+    }
+    return 0;
+}
+
+static bool query(rt_accounts_t *a, const char *user, rt_archive_query_t q, page_t *p)
+{
+    bool complete = false;
+    memset(p, 0, sizeof(*p));
+    CHECK_EQ(rt_archive_query(a, H, user, &q, got_row, p, &complete), 0);
+    return complete;
+}
+
+/* juliet and romeo chat: m0..m9, each archived for both; m at stamp 1000 + i. */
+static void chat(rt_accounts_t *a, int from, int to, uint32_t keep)
+{
+    for (int i = from; i < to; i++) {
+        char body[16];
+        int len = snprintf(body, sizeof(body), "m%d", i);
+        rt_archive_entry_t e[2] = {
+            {H, "juliet", "romeo@example.com", body, (size_t)len},
+            {H, "romeo", "juliet@example.com", body, (size_t)len},
+        };
+        int64_t ids[2] = {0, 0};
+        CHECK_EQ(rt_archive_put(a, e, 2, 1000 + i, keep, ids), 0);
+        CHECK(ids[0] > 0 && ids[1] > ids[0]);
+    }
+}
+
+static void test_archive(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    chat(a, 0, 10, 100);
+    /* An anonymous user (no account) gets no copy; the other party does. */
+    rt_archive_entry_t anon[2] = {{H, "juliet", "guest@example.com", "hi", 2},
+                                  {H, "guest", "juliet@example.com", "hi", 2}};
+    int64_t ids[2];
+    CHECK_EQ(rt_archive_put(a, anon, 2, 2000, 100, ids), 0);
+    CHECK(ids[0] > 0 && ids[1] == 0);
+    page_t p;
+    /* Forwards, three at a time, then after the last one seen. */
+    CHECK(!query(a, "juliet", (rt_archive_query_t){.max = 3}, &p));
+    CHECK(p.n == 3 && strcmp(p.bodies[0], "m0") == 0 && strcmp(p.bodies[2], "m2") == 0);
+    CHECK(!query(a, "juliet", (rt_archive_query_t){.max = 3, .after = p.ids[2]}, &p));
+    CHECK(p.n == 3 && strcmp(p.bodies[0], "m3") == 0);
+    /* With: only romeo's; the whole rest is complete. */
+    CHECK(query(a, "juliet",
+                (rt_archive_query_t){.max = 20, .with = "romeo@example.com", .after = p.ids[2]},
+                &p));
+    CHECK(p.n == 4 && strcmp(p.bodies[3], "m9") == 0);
+    /* The last page, then before its first: oldest first within each. */
+    CHECK(!query(a, "juliet", (rt_archive_query_t){.max = 4, .last = true}, &p));
+    CHECK(p.n == 4 && strcmp(p.bodies[0], "m7") == 0 && strcmp(p.bodies[3], "hi") == 0);
+    CHECK(!query(a, "juliet", (rt_archive_query_t){.max = 4, .before = p.ids[0]}, &p));
+    CHECK(p.n == 4 && strcmp(p.bodies[0], "m3") == 0 && strcmp(p.bodies[3], "m6") == 0);
+    CHECK(query(a, "juliet", (rt_archive_query_t){.max = 4, .before = p.ids[0]}, &p));
+    CHECK(p.n == 3 && strcmp(p.bodies[0], "m0") == 0);
+    /* Stamps, inclusive. */
+    CHECK(query(a, "romeo", (rt_archive_query_t){.max = 10, .start_ms = 1002, .end_ms = 1004}, &p));
+    CHECK(p.n == 3 && strcmp(p.bodies[0], "m2") == 0 && strcmp(p.bodies[2], "m4") == 0);
+    CHECK_EQ(query(a, "romeo", (rt_archive_query_t){.max = 10, .with = "x@example.com"}, &p), 1);
+    CHECK_EQ(p.n, 0);
+    bool complete;
+    CHECK_EQ(
+        rt_archive_query(a, H, "romeo", &(rt_archive_query_t){.max = 0}, got_row, &p, &complete),
+        RT_EINVAL);
+    /* Retention: at 12 kept, the oldest go, for each account by its own count. */
+    chat(a, 10, 14, 12);
+    CHECK(query(a, "romeo", (rt_archive_query_t){.max = 50}, &p));
+    CHECK(p.n == 12 && strcmp(p.bodies[0], "m2") == 0 && strcmp(p.bodies[11], "m13") == 0);
+    CHECK(query(a, "juliet", (rt_archive_query_t){.max = 50}, &p));
+    CHECK(p.n == 12 && strcmp(p.bodies[0], "m3") == 0);
+    chat(a, 14, 15, 12);
+    CHECK(query(a, "romeo", (rt_archive_query_t){.max = 50}, &p));
+    CHECK(p.n == 12 && strcmp(p.bodies[0], "m3") == 0);
+    rt_accounts_close(a);
+}
+
+/* ---- Deletion and migration ---- */
+
+static void test_delete_account(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    const char *one[] = {"tybalt@example.com"};
+    CHECK_EQ(rt_block_add(a, H, "romeo", one, 1, 10), 0);
+    CHECK_EQ(rt_vcard_set(a, H, "romeo", "<vCard/>", 8), 0);
+    char err[RT_ACCOUNTS_ERR_LEN];
+    CHECK_EQ(rt_accounts_del(a, H, "romeo", err, sizeof(err)), 0);
+    add_user(a, "romeo");
+    list_t l;
+    CHECK_EQ(strcmp(blocked(a, "romeo", &l), ""), 0);
+    card_t c;
+    CHECK_EQ(rt_vcard_get(a, H, "romeo", got_card, &c), RT_ENOTFOUND);
+    page_t p;
+    CHECK(query(a, "romeo", (rt_archive_query_t){.max = 50}, &p));
+    CHECK_EQ(p.n, 0);
+    chat(a, 0, 1, 12); /* the count started again: nothing of juliet's goes */
+    CHECK(query(a, "romeo", (rt_archive_query_t){.max = 50}, &p));
+    CHECK_EQ(p.n, 1);
+    rt_accounts_close(a);
+}
+
+static void test_migration_from_schema_2(void)
+{
+    char d[200], path[260];
+    snprintf(d, sizeof(d), "%s/v2", tmpdir_path);
+    snprintf(path, sizeof(path), "%s/%s", d, RT_ACCOUNTS_FILE);
+    rt_accounts_t *a = open_in(d);
+    if (!a)
+        return;
+    add_user(a, "juliet");
+    rt_accounts_close(a);
+    /* A version 2 file is this one without version 3's tables. */
+    sqlite3 *db = open_db(path);
+    CHECK_EQ(sqlite3_exec(db,
+                          "DROP TABLE blocklist; DROP TABLE vcard; DROP TABLE archive; "
+                          "DROP TABLE archive_counts; PRAGMA user_version = 2;",
+                          NULL, NULL, NULL),
+             SQLITE_OK);
+    sqlite3_close(db);
+    a = open_in(d);
+    if (!a)
+        return;
+    CHECK_EQ(rt_accounts_check_password(a, H, "juliet", "pencil", 6), 0);
+    CHECK_EQ(rt_vcard_set(a, H, "juliet", "<vCard/>", 8), 0);
+    rt_accounts_close(a);
+    db = open_db(path);
+    CHECK_EQ(sql_int(db, "PRAGMA user_version"), 3);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM vcard"), 1);
+    sqlite3_close(db);
+}
+
+int main(void)
+{
+    if (tmpdir_make("test_xeps_store") != 0)
+        return 2;
+    snprintf(dir, sizeof(dir), "%s/data", tmpdir_path);
+    RUN(test_blocklist);
+    RUN(test_vcard);
+    RUN(test_archive);
+    RUN(test_delete_account);
+    RUN(test_migration_from_schema_2);
+    tmpdir_remove();
+    return CHECK_SUMMARY();
+}
