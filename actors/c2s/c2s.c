@@ -590,7 +590,8 @@ static void on_hibernate(rt_actor_t *self, c2s_t *c)
     } keep[] = {{(void **)&c->jid, c->jid ? rt_jid_size(c->jid) : 0, NULL},
                 {(void **)&c->pres, c->pres_len, NULL},
                 {(void **)&c->roster, c->roster_len, NULL},
-                {(void **)&c->blocked, c->blocked_len, NULL}};
+                {(void **)&c->blocked, c->blocked_len, NULL},
+                {(void **)&c->directed, c->directed_len, NULL}};
     size_t nkeep = sizeof(keep) / sizeof(keep[0]);
     for (size_t i = 0; i < nkeep; i++) {
         if (!*keep[i].p || !keep[i].n || !(keep[i].tmp = malloc(keep[i].n)))
@@ -617,6 +618,7 @@ static void on_hibernate(rt_actor_t *self, c2s_t *c)
             c->roster_loaded = c->roster_loaded && keep[i].p != (void **)&c->roster;
             c->blocked_len = keep[i].p == (void **)&c->blocked ? 0 : c->blocked_len;
             c->block_loaded = c->block_loaded && keep[i].p != (void **)&c->blocked;
+            c->directed_len = keep[i].p == (void **)&c->directed ? 0 : c->directed_len;
         }
         *keep[i].p = q;
         free(keep[i].tmp);

@@ -38,7 +38,12 @@ static bool eq(const char *a, size_t alen, const char *b, size_t blen)
 
 bool rt__c2s_blocks(const c2s_t *c, const char *jid, size_t len)
 {
-    if (!c->blocked_len)
+    return rt__c2s_list_blocks(c->blocked, c->blocked_len, jid, len);
+}
+
+bool rt__c2s_list_blocks(const uint8_t *list, size_t llen, const char *jid, size_t len)
+{
+    if (!llen)
         return false;
     /* The forms that match jid: itself, its bare JID, its domain and domain/resource. */
     const char *slash = memchr(jid, '/', len);
@@ -46,10 +51,10 @@ bool rt__c2s_blocks(const c2s_t *c, const char *jid, size_t len)
     const char *at = memchr(jid, '@', bare);
     const char *domain = at ? at + 1 : jid;
     size_t dlen = bare - (size_t)(domain - jid), dres = len - (size_t)(domain - jid);
-    for (size_t i = 0; i + 2 <= c->blocked_len;) {
-        size_t n = (size_t)c->blocked[i] | (size_t)c->blocked[i + 1] << 8;
-        const char *b = (const char *)c->blocked + i + 2;
-        if (i + 2 + n > c->blocked_len)
+    for (size_t i = 0; i + 2 <= llen;) {
+        size_t n = (size_t)list[i] | (size_t)list[i + 1] << 8;
+        const char *b = (const char *)list + i + 2;
+        if (i + 2 + n > llen)
             break;
         if (eq(b, n, jid, len) || eq(b, n, jid, bare) || eq(b, n, domain, dlen) ||
             (slash && eq(b, n, domain, dres)))
@@ -224,6 +229,8 @@ void rt__c2s_blocklist_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
         return; /* the old copy stays until the next change */
     if (llen)
         memcpy(copy, list, llen);
+    if (c->available && c->block_loaded) /* a change; the first list comes before broadcasts */
+        rt__c2s_unavailable_to_blocked(self, c, list, llen);
     rt_free(self, c->blocked);
     c->blocked = copy;
     c->blocked_len = (uint32_t)llen;

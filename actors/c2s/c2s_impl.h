@@ -47,6 +47,10 @@
 ** session costs what it holds.
 */
 #define C2S_HIBERNATE_MS 5000
+/* Entities a session remembers sending directed presence to (RFC 6121 4.6), so that its
+   unavailable reaches them: a client in many rooms (XEP-0045 joins are directed presence) sends
+   tens; past this the presence is refused (resource-constraint) rather than left dangling. */
+#define C2S_DIRECTED_MAX 128
 #define C2S_MSG_ROSTER (RT_C2S_MSG_BASE + 12)         /* the whole roster, packed (c2s_roster.c) */
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
 #define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
@@ -194,6 +198,8 @@ typedef struct c2s_s {
     bool block_interested; /* asked for the blocklist: gets its pushes */
     uint8_t *blocked;      /* the blocked JIDs, each 2 bytes of length (LE) then its bytes */
     uint32_t blocked_len;
+    uint8_t *directed; /* where directed presence went that no broadcast reaches, packed so */
+    uint32_t directed_len;
 } c2s_t;
 
 static inline const rt_listen_t *rt__c2s_listen(const c2s_t *c)
@@ -263,6 +269,8 @@ void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
+/* <presence type='unavailable'/> from the session's full JID. */
+void rt__c2s_put_unavailable(rt_buf_t *b, const c2s_t *c);
 
 /* c2s_rules.c: the rules' events */
 void rt__c2s_rule_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *to);
@@ -278,6 +286,15 @@ void rt__c2s_presence_out(rt_actor_t *self, c2s_t *c, const rt_buf_t *b, bool in
 void rt__c2s_roster_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 /* Sends bytes to every available session of bare (len bytes). */
 void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n);
+/* Directed presence (RFC 6121 4.6): remembers (or, unavailable, forgets) `to` before the
+   presence goes; false when it was refused (C2S_DIRECTED_MAX), answered already. */
+bool rt__c2s_directed(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                      bool available);
+/* The unavailable presence b to each entity remembered above, which are then forgotten. */
+void rt__c2s_directed_end(rt_actor_t *self, c2s_t *c, const rt_buf_t *b);
+/* Unavailable from this resource to the contacts and directed-presence entities that the
+   blocklist `list` blocks and the session's current one does not (XEP-0191 3.3). */
+void rt__c2s_unavailable_to_blocked(rt_actor_t *self, c2s_t *c, const uint8_t *list, size_t llen);
 
 /* c2s_admin.c */
 void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
@@ -287,6 +304,8 @@ void rt__c2s_blocking_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, cons
 void rt__c2s_blocklist_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 /* Whether the user blocks the JID (text, prepared; len bytes). */
 bool rt__c2s_blocks(const c2s_t *c, const char *jid, size_t len);
+/* Whether a packed blocklist (as c2s_t.blocked) blocks the JID. */
+bool rt__c2s_list_blocks(const uint8_t *list, size_t llen, const char *jid, size_t len);
 /* Refuses a stanza to a blocked JID (XEP-0191 3.6): true when it did. */
 bool rt__c2s_block_out(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to);
 /* A stanza for the client from a blocked JID is dropped, answered as XEP-0191 3.5 says: true. */

@@ -139,6 +139,103 @@ void rt__c2s_presence_out(rt_actor_t *self, c2s_t *c, const rt_buf_t *b, bool in
         to_subscribers(c, b->data, b->len);
 }
 
+/* ---- Directed presence (RFC 6121 4.6) ---- */
+
+/* The JID at *at of a packed list (2 bytes of length, little-endian, then its bytes). */
+static bool next_listed(const uint8_t *p, size_t len, size_t *at, const char **jid, size_t *n)
+{
+    if (*at + 2 > len)
+        return false;
+    *n = (size_t)p[*at] | (size_t)p[*at + 1] << 8;
+    *jid = (const char *)p + *at + 2;
+    if (*at + 2 + *n > len)
+        return false;
+    *at += 2 + *n;
+    return true;
+}
+
+/* The presence bytes to a JID given as text: a full JID's session, or a bare JID's available
+   ones. */
+static void presence_to_text(const char *jid, size_t len, const void *p, size_t n)
+{
+    const char *slash = memchr(jid, '/', len);
+    if (!slash) {
+        rt__c2s_to_available(jid, len, p, n);
+        return;
+    }
+    c2s_route_t r;
+    size_t bare = (size_t)(slash - jid);
+    if (rt__c2s_reg_lookup(jid, bare, slash + 1, len - bare - 1, &r, 1) && r.available)
+        rt_send(r.pid, C2S_MSG_STANZA, p, n);
+}
+
+bool rt__c2s_directed(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                      bool available)
+{
+    size_t len = rt_jid_len(to), at = 0, start = 0, n, count = 0;
+    const char *jid;
+    while (next_listed(c->directed, c->directed_len, &at, &jid, &n)) {
+        if (n == len && memcmp(jid, to->s, len) == 0) {
+            if (!available) { /* 4.6.3: directed unavailable ends what directed available began */
+                memmove(c->directed + start, c->directed + at, c->directed_len - at);
+                c->directed_len -= (uint32_t)(at - start);
+            }
+            return true;
+        }
+        start = at;
+        count++;
+    }
+    size_t where;
+    entry_t e;
+    if (!available ||
+        (find(c, to->s, rt_jid_bare_len(to), &where, &e) && (e.state & RT_ROSTER_FROM)))
+        return true; /* nothing to remember: a subscriber gets the broadcast's unavailable */
+    uint8_t *d = count < C2S_DIRECTED_MAX
+                     ? rt_realloc(self, c->directed, c->directed_len + 2 + len, RT_OBJ_LEAF)
+                     : NULL;
+    if (!d) {
+        rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
+        return false;
+    }
+    d[c->directed_len] = (uint8_t)(len & 0xff);
+    d[c->directed_len + 1] = (uint8_t)(len >> 8);
+    memcpy(d + c->directed_len + 2, to->s, len);
+    c->directed = d;
+    c->directed_len += (uint32_t)(2 + len);
+    return true;
+}
+
+void rt__c2s_directed_end(rt_actor_t *self, c2s_t *c, const rt_buf_t *b)
+{
+    size_t at = 0, n;
+    const char *jid;
+    while (!b->oom && next_listed(c->directed, c->directed_len, &at, &jid, &n))
+        if (!rt__c2s_blocks(c, jid, n))
+            presence_to_text(jid, n, b->data, b->len);
+    rt_free(self, c->directed);
+    c->directed = NULL;
+    c->directed_len = 0;
+}
+
+void rt__c2s_unavailable_to_blocked(rt_actor_t *self, c2s_t *c, const uint8_t *list, size_t llen)
+{
+    (void)self;
+    rt_buf_t b = {0};
+    rt__c2s_put_unavailable(&b, c);
+    size_t at = 0, n;
+    entry_t e;
+    const char *jid;
+    while (!b.oom && next_entry(c->roster, c->roster_len, &at, &e))
+        if ((e.state & RT_ROSTER_FROM) && rt__c2s_list_blocks(list, llen, e.jid, e.len) &&
+            !rt__c2s_blocks(c, e.jid, e.len))
+            rt__c2s_to_available(e.jid, e.len, b.data, b.len);
+    at = 0;
+    while (!b.oom && next_listed(c->directed, c->directed_len, &at, &jid, &n))
+        if (rt__c2s_list_blocks(list, llen, jid, n) && !rt__c2s_blocks(c, jid, n))
+            presence_to_text(jid, n, b.data, b.len);
+    rt_buf_free(&b);
+}
+
 /* ---- Requests from the client ---- */
 
 void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,

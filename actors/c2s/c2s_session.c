@@ -461,6 +461,8 @@ static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el
                          c->available, c->priority);
     broadcast_own(self, c, &b);
     rt__c2s_presence_out(self, c, &b, initial);
+    if (unavailable)
+        rt__c2s_directed_end(self, c, &b); /* RFC 6121 4.6.3 */
     rt_buf_free(&b);
     rt__c2s_rule_presence(self, c, el, c->available);
 }
@@ -542,7 +544,9 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         route_message(self, c, el, to, &b);
         rt__c2s_rule_message(self, c, el, tb.jid.s);
     } else if (presence) {
-        route_presence(to, &b);
+        bool error = type && strcmp(type, "error") == 0; /* changes no presence */
+        if (error || rt__c2s_directed(self, c, el, to, !type))
+            route_presence(to, &b);
     } else {
         route_iq(self, c, el, to, &b);
     }
@@ -590,27 +594,35 @@ void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     rt__c2s_write_stanzas(self, c, m->data, m->len, 1);
 }
 
+void rt__c2s_put_unavailable(rt_buf_t *b, const c2s_t *c)
+{
+    rt_xml_put_start(b, "presence");
+    rt_xml_put_attr(b, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(b, "from", c->jid->s);
+    rt_xml_put_attr(b, "type", "unavailable");
+    rt_xml_put_empty_end(b);
+}
+
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
 {
     if (c->phase != PH_ACTIVE || !c->jid)
         return;
     size_t blen;
     const char *bare = bare_text(c, &blen);
+    rt_buf_t b = {0};
+    if (c->available || c->directed_len)
+        rt__c2s_put_unavailable(&b, c);
     if (c->available) {
-        rt_buf_t b = {0};
-        rt_xml_put_start(&b, "presence");
-        rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
-        rt_xml_put_attr(&b, "from", c->jid->s);
-        rt_xml_put_attr(&b, "type", "unavailable");
-        rt_xml_put_empty_end(&b);
         c->available = false;
         rt__c2s_reg_presence(bare, blen, rt_jid_resource(c->jid), c->jid->resource,
                              rt_self(self), false, 0);
         broadcast_own(self, c, &b);
         rt__c2s_presence_out(self, c, &b, false);
-        rt_buf_free(&b);
         rt__c2s_rule_presence(self, c, NULL, false);
     }
+    if (c->directed_len)
+        rt__c2s_directed_end(self, c, &b);
+    rt_buf_free(&b);
     rt__c2s_rule_session(self, c, false, c->closing ? "closed" : "ended");
     rt__c2s_reg_unbind(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self));
     rt_charge(self, -(ptrdiff_t)rt__c2s_reg_entry_bytes(blen, c->jid->resource));

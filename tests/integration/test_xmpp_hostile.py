@@ -32,7 +32,7 @@ QUICK = 2.0  # seconds within which rtd must serve another client after an attac
 
 USERS = """after laughs big deep attrs nul fffe fffelit tlsuser victim many refuse roster
 spammer spamwatch sub0 sub1 sub2 sub3 sub4 flooder floodee preuser precontact dirfrom dirto
-versioned""".split()
+versioned dgone dseen dleft dbroad dblocker dblockee dmany""".split()
 
 
 @pytest.fixture(scope="module")
@@ -532,6 +532,85 @@ def test_directed_presence_to_non_contact(xmpp):
     assert el.findtext("{jabber:client}status") == "just to you", X.ET.tostring(el)
     frm.close()
     to.close()
+
+
+UNAVAILABLE = rb"<presence[^>]*type=['\"]unavailable['\"][^>]*(?:/>|>.*?</presence>)"
+
+
+def test_directed_presence_unavailable_at_close(xmpp):
+    """RFC 6121 4.6.3: a session that sent directed presence to entities outside its
+    subscriptions sends them unavailable when it ends; one it sent directed unavailable to
+    already is forgotten. The list is walked in the order presence went, so the forgotten
+    one (first) would have been sent its unavailable before the one that gets it: once
+    dseen has it, a ping round trip of dleft's shows whether anything came before it."""
+    left, leftfull = online(xmpp, "dleft")
+    seen, seenfull = online(xmpp, "dseen")
+    gone, gonefull = online(xmpp, "dgone")
+    gone.send(f"<presence to='{leftfull}'/>")
+    next_stanza(left, "presence")
+    gone.send(f"<presence to='{jid('dseen')}'/>")  # a bare JID: its available resources
+    next_stanza(seen, "presence")
+    gone.send(f"<presence to='{leftfull}' type='unavailable'/>")
+    el = next_stanza(left, "presence")
+    assert el.get("type") == "unavailable", X.ET.tostring(el)
+    gone.send("</stream:stream>")
+    got = seen.read_until(UNAVAILABLE)
+    assert gonefull in got, got
+    left.send("<iq type='get' id='after' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+    text = left.read_until(rb"<iq[^>]*id=['\"]after['\"][^>]*(?:/>|>.*?</iq>)")
+    assert "<presence" not in text, text
+    for r in (left, seen, gone):
+        r.close()
+
+
+def test_directed_presence_unavailable_broadcast(xmpp):
+    """RFC 6121 4.6.3: the user's unavailable broadcast goes to the entities it sent directed
+    presence to."""
+    to, tofull = online(xmpp, "dirto", resource="b")
+    frm, frmfull = online(xmpp, "dbroad")
+    frm.send(f"<presence to='{tofull}'/>")
+    next_stanza(to, "presence")
+    frm.send("<presence type='unavailable'/>")
+    el = next_stanza(to, "presence")
+    assert el.get("type") == "unavailable" and el.get("from") == frmfull, X.ET.tostring(el)
+    frm.close()
+    to.close()
+
+
+def test_directed_presence_bound(xmpp):
+    """Past C2S_DIRECTED_MAX (128) remembered entities, directed presence is refused with
+    resource-constraint rather than sent with no unavailable to follow; directed unavailable
+    frees a place."""
+    r, _ = online(xmpp, "dmany")
+    for i in range(128):
+        r.send(f"<presence to='nobody{i}@localhost'/>")
+    r.send("<presence id='over' to='nobody128@localhost'/>")
+    el = next_stanza(r, "presence")
+    assert el.get("id") == "over" and el.get("type") == "error", X.ET.tostring(el)
+    assert stanza_error(el) == ("wait", "resource-constraint"), X.ET.tostring(el)
+    r.send("<presence to='nobody0@localhost' type='unavailable'/>")
+    r.send("<presence id='room' to='nobody128@localhost'/>")
+    r.send("<iq type='get' id='p' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+    text = r.read_until(rb"<iq[^>]*id=['\"]p['\"][^>]*(?:/>|>.*?</iq>)")
+    assert "<presence" not in text, text
+    r.close()
+
+
+def test_blocking_sends_unavailable(xmpp):
+    """XEP-0191 3.3: blocking a contact that has the user's presence sends it the user's
+    unavailable presence (here an entity the user sent directed presence to)."""
+    blockee, blockeefull = online(xmpp, "dblockee")
+    blocker, blockerfull = online(xmpp, "dblocker")
+    blocker.send("<iq type='get' id='bl0'><blocklist xmlns='urn:xmpp:blocking'/></iq>")
+    iq_answer(blocker, "bl0")
+    blocker.send(f"<presence to='{blockeefull}'/>")
+    next_stanza(blockee, "presence")
+    blocker.send("<iq type='set' id='bl1'><block xmlns='urn:xmpp:blocking'>"
+                 f"<item jid='{jid('dblockee')}'/></block></iq>")
+    el = next_stanza(blockee, "presence")
+    assert el.get("type") == "unavailable" and el.get("from") == blockerfull, X.ET.tostring(el)
+    blocker.close()
+    blockee.close()
 
 
 def test_roster_versioning(xmpp):
