@@ -72,6 +72,14 @@ static inline double now_s(void)
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* CPU time of the calling thread: costs compared in one run hold on a loaded machine. */
+static inline double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 /* Stress sizes shrink under sanitizers, which are 5-20x slower; RT_STRESS_SCALE overrides. */
 static inline long check_scale(long n)
 {
