@@ -725,14 +725,6 @@ typedef struct {
     atomic_int *stop;
 } bench_arg_t;
 
-/* This thread's CPU seconds: alone-on-the-trie figures that other processes' load spares. */
-static double thread_cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void count_cb(void *arg, const rt_trie_delivery_t *d)
 {
     (*(long *)arg)++;
