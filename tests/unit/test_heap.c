@@ -18,14 +18,6 @@
 
 /* A small deterministic generator so runs are repeatable. */
 
-/* Thread CPU time: separates a collection's own cost from time lost to preemption. */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 typedef struct roots_s {
     const void *p[64];
     int n;
@@ -1090,9 +1082,9 @@ static void test_gc_pause_1mb_live(void)
             worst_ratio = (double)st.heap_bytes / st.live_bytes;
         if (!rt_heap_should_collect(&h))
             continue;
-        double g0 = now_s(), c0 = cpu_s();
+        double g0 = now_s(), c0 = thread_cpu_s();
         rt_heap_collect(&h, trace_world, &w);
-        double g = now_s() - g0, c = cpu_s() - c0;
+        double g = now_s() - g0, c = thread_cpu_s() - c0;
         tgc += g;
         if (np == maxp) {
             maxp *= 2;
