@@ -878,8 +878,7 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"cluster", NULL, rt__admin_cluster_status, RT_ADMIN_BLOCKING, NULL, NULL},
     {"vm", NULL, cmd_vm, RT_ADMIN_BLOCKING, "vm",
      "Memory (RSS told apart by kind), schedulers, actors and open files."},
-    {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING,
-     "metrics prometheus",
+    {"metrics", "prometheus", rt__admin_metrics_prometheus, RT_ADMIN_BLOCKING, "metrics prometheus",
      "Every figure in the Prometheus text format, as GET /metrics answers (text only)."},
     {"clients", "list", rt__admin_clients_list, RT_ADMIN_GATHER,
      "clients list [--limit N] [--prefix P] [--after ID]",
@@ -1005,8 +1004,9 @@ const rt_admin_command_t rt__admin_commands[] = {
      "The account's stored roster: contact, name, groups, subscription (none, to, from, both), "
      "ask, pending in, pre-approved."},
     {"trace", "client", rt__admin_trace, RT_ADMIN_SENSITIVE,
-     "trace client CLIENT_ID [--duration S] [--payload N]",
-     "The client's packets as they pass, for S seconds (60), with N payload bytes each."},
+     "trace client CLIENT_ID|JID [--duration S] [--payload N]",
+     "The client's packets (an XMPP session's stanzas, by full or bare JID) as they pass, for "
+     "S seconds (60), with N payload bytes each."},
     {"trace", "topic", rt__admin_trace, RT_ADMIN_SENSITIVE,
      "trace topic FILTER [--duration S] [--payload N]",
      "The PUBLISH packets on the topics FILTER matches, from every client, for S seconds."},

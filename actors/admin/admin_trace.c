@@ -133,6 +133,21 @@ static void add_time(rt_buf_t *b, uint64_t unix_us)
     rt_buf_printf(b, "%.*s.%06uZ", (int)(n - 1), when, (unsigned)(unix_us % 1000000));
 }
 
+/* An XMPP session's bytes: their first tag, and as many as --payload asked for. */
+static void format_xmpp_json(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *tag,
+                             const uint8_t *payload)
+{
+    rt_buf_printf(b, ",\"dir\":\"%s\",\"protocol\":\"xmpp\",\"size\":%u,\"tag\":",
+                  ev->dir ? "out" : "in", ev->size);
+    rt_buf_json_str(b, (const char *)tag, ev->names_len);
+    if (ev->shown_len) {
+        add_json_payload(b, payload, ev->shown_len, ev->shown_len < ev->payload_len);
+        rt_buf_printf(b, ",\"payload_truncated\":%s",
+                      ev->shown_len < ev->payload_len ? "true" : "false");
+    }
+    rt_buf_add(b, "}\n", 2);
+}
+
 static void format_json(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *client,
                         const uint8_t *names, const uint8_t *payload)
 {
@@ -140,6 +155,10 @@ static void format_json(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *
     add_time(b, ev->unix_us);
     rt_buf_add(b, "\",\"client\":", 11);
     rt_buf_json_str(b, (const char *)client, ev->client_len);
+    if (ev->xmpp) {
+        format_xmpp_json(b, ev, names, payload);
+        return;
+    }
     rt_buf_printf(b, ",\"dir\":\"%s\",\"type\":\"%s\",\"size\":%u", ev->dir ? "out" : "in",
                   type_name(ev->type), ev->size);
     if (ev->error)
@@ -208,6 +227,19 @@ static void format_text(rt_buf_t *b, const rt_trace_event_t *ev, const uint8_t *
     add_time(b, ev->unix_us);
     rt_buf_printf(b, " %-3s ", ev->dir ? "out" : "in");
     rt__admin_quote_bytes(b, client, ev->client_len);
+    if (ev->xmpp) {
+        rt_buf_add(b, " xmpp ", 6);
+        rt__admin_quote_bytes(b, names, ev->names_len);
+        rt_buf_printf(b, " size=%u", ev->size);
+        if (ev->shown_len) {
+            rt_buf_add(b, " payload=", 9);
+            rt__admin_quote_bytes(b, payload, ev->shown_len);
+            if (ev->shown_len < ev->payload_len)
+                rt_buf_add(b, "...", 3);
+        }
+        rt_buf_add(b, "\n", 1);
+        return;
+    }
     rt_buf_printf(b, " %s", type_name(ev->type));
     if (ev->packet_id)
         rt_buf_printf(b, " id=%u", ev->packet_id);

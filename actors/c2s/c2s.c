@@ -17,6 +17,7 @@
 #include "broker.h"
 #include "c2s_impl.h"
 #include "log.h"
+#include "trace.h"
 
 #define C2S_READS_PER_TURN 4
 
@@ -33,6 +34,8 @@ void rt__c2s_write(c2s_t *c, const void *p, size_t n)
 {
     if (!c->sock || c->closing)
         return;
+    if (rt_tracing() && c->jid)
+        rt_trace_stanza(RT_TRACE_OUT, c->jid->s, rt_jid_len(c->jid), rt_jid_bare_len(c->jid), p, n);
     int rc = c->xp ? rt_xport_write(c->xp, c->sock, p, n) : rt_sock_write(c->sock, p, n);
     if (rc)
         c->closing = true; /* the stream is broken: the actor ends at its turn's end */
@@ -399,10 +402,22 @@ static int on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns, s
     return c->closing ? RT_XML_STOP : 0;
 }
 
+/* What the client sent, written back from its tree (the parser keeps no bytes). */
+static void trace_in(const c2s_t *c, const rt_xml_el_t *el)
+{
+    rt_buf_t b = {0};
+    if (rt_xml_put_tree(&b, el, rt__c2s_framed(c) ? "" : RT_XML_NS_CLIENT) == 0)
+        rt_trace_stanza(RT_TRACE_IN, c->jid->s, rt_jid_len(c->jid), rt_jid_bare_len(c->jid),
+                        (const uint8_t *)b.data, b.len);
+    rt_buf_free(&b);
+}
+
 static int on_stanza(void *ctx, rt_xml_el_t *el)
 {
     c2s_t *c = ctx;
     rt_actor_t *self = rt_current();
+    if (rt_tracing() && c->jid)
+        trace_in(c, el);
     int rc = rt__c2s_on_top_level(self, c, el);
     rt_xml_free(&rt__c2s.stream_tcp.alloc, c, el);
     return c->closing || c->waiting || c->starttls || c->restart ? RT_XML_STOP : rc;

@@ -169,6 +169,38 @@ static void fill(rt_trace_event_t *ev, uint8_t *names, const packet_t *p, const 
         ev->reason = pk->reason;
 }
 
+/*
+** A message for an event of len bytes to t's tracer, counted as one t wanted: NULL when it is
+** dropped (t's queue full, or no memory), counted so.
+*/
+static rt_msg_t *event_new(rt_trace_t *t, size_t len)
+{
+    atomic_fetch_add_explicit(&t->seen, 1, memory_order_relaxed);
+    rt_msg_t *m = NULL;
+    if (atomic_fetch_add_explicit(&t->queued, len, memory_order_relaxed) + len <=
+        RT_TRACE_QUEUED_MAX)
+        m = rt_msg_new(RT_TRACE_MSG_EVENT, len);
+    if (!m) {
+        atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
+    }
+    return m;
+}
+
+/* Stamps ev, puts it at the head of m and sends m, or counts it dropped. */
+static void event_send(rt_trace_t *t, rt_msg_t *m, rt_trace_event_t *ev)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    ev->unix_us = (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+    memcpy(m->data, ev, sizeof(*ev));
+    size_t len = m->len;
+    if (rt_send_unmuted(t->tracer, m) != 0) {
+        atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
+    }
+}
+
 static void send_event(rt_trace_t *t, rt_trace_dir_t dir, const char *client_id, packet_t *p)
 {
     const mqtt_packet_t *pk = packet_decode(p);
@@ -183,23 +215,10 @@ static void send_event(rt_trace_t *t, rt_trace_dir_t dir, const char *client_id,
     if (pk && pk->type == MQTT_PUBLISH)
         shown = pk->publish.payload.len < t->payload_max ? pk->publish.payload.len : t->payload_max;
     size_t len = sizeof(rt_trace_event_t) + client_len + names_len + shown;
-    atomic_fetch_add_explicit(&t->seen, 1, memory_order_relaxed);
-    if (atomic_fetch_add_explicit(&t->queued, len, memory_order_relaxed) + len >
-        RT_TRACE_QUEUED_MAX) {
-        atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
+    rt_msg_t *m = event_new(t, len);
+    if (!m)
         return;
-    }
-    rt_msg_t *m = rt_msg_new(RT_TRACE_MSG_EVENT, len);
-    if (!m) {
-        atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
-        return;
-    }
     rt_trace_event_t ev = {.trace_id = t->id, .dir = (uint8_t)dir};
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    ev.unix_us = (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
     uint8_t *tail = (uint8_t *)m->data + sizeof(ev);
     fill(&ev, tail + client_len, p, pk);
     ev.client_len = (uint16_t)client_len;
@@ -209,11 +228,7 @@ static void send_event(rt_trace_t *t, rt_trace_dir_t dir, const char *client_id,
         memcpy(tail, client_id ? (const uint8_t *)client_id : pk->connect.client_id.p, client_len);
     if (shown)
         memcpy(tail + client_len + names_len, pk->publish.payload.p, shown);
-    memcpy(m->data, &ev, sizeof(ev));
-    if (rt_send_unmuted(t->tracer, m) != 0) {
-        atomic_fetch_sub_explicit(&t->queued, len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
-    }
+    event_send(t, m, &ev);
 }
 
 void rt_trace_packet(rt_trace_dir_t dir, const char *client_id, const uint8_t *raw, size_t len,
@@ -226,6 +241,46 @@ void rt_trace_packet(rt_trace_dir_t dir, const char *client_id, const uint8_t *r
     for (size_t i = 0; set && i < set->n; i++)
         if (wants(set->t[i], client_id, &p))
             send_event(set->t[i], dir, client_id, &p);
+    rt_rcu_leave();
+}
+
+static void send_stanza(rt_trace_t *t, rt_trace_dir_t dir, const char *jid, size_t jid_len,
+                        const uint8_t *bytes, size_t len)
+{
+    const uint8_t *gt = memchr(bytes, '>', len < RT_TRACE_TAG_MAX ? len : RT_TRACE_TAG_MAX);
+    size_t tag = gt ? (size_t)(gt - bytes) + 1 : (len < RT_TRACE_TAG_MAX ? len : RT_TRACE_TAG_MAX);
+    size_t shown = len < t->payload_max ? len : t->payload_max;
+    jid_len = jid_len > UINT16_MAX ? UINT16_MAX : jid_len;
+    rt_msg_t *m = event_new(t, sizeof(rt_trace_event_t) + jid_len + tag + shown);
+    if (!m)
+        return;
+    rt_trace_event_t ev = {.trace_id = t->id,
+                           .dir = (uint8_t)dir,
+                           .xmpp = 1,
+                           .size = (uint32_t)len,
+                           .payload_len = (uint32_t)len,
+                           .client_len = (uint16_t)jid_len,
+                           .names_len = (uint32_t)tag,
+                           .shown_len = (uint32_t)shown};
+    uint8_t *tail = (uint8_t *)m->data + sizeof(ev);
+    memcpy(tail, jid, jid_len);
+    memcpy(tail + jid_len, bytes, tag);
+    memcpy(tail + jid_len + tag, bytes, shown);
+    event_send(t, m, &ev);
+}
+
+void rt_trace_stanza(rt_trace_dir_t dir, const char *jid, size_t jid_len, size_t bare_len,
+                     const uint8_t *bytes, size_t len)
+{
+    if (!len)
+        return;
+    trace_set_t *set = rt_rcu_enter(&traces);
+    for (size_t i = 0; set && i < set->n; i++) {
+        const rt_trace_t *w = set->t[i];
+        if (w->kind == RT_TRACE_CLIENT && (w->len == jid_len || w->len == bare_len) &&
+            memcmp(w->what, jid, w->len) == 0)
+            send_stanza(set->t[i], dir, jid, jid_len, bytes, len);
+    }
     rt_rcu_leave();
 }
 

@@ -1,7 +1,9 @@
 /*
 ** Packet tracing: a live copy of one client's packets, or of the PUBLISH packets on the
 ** topics one filter matches, sent as events to a tracer actor (an rtctl connection of the
-** admin socket, or an HTTP API stream) for as long as it asks.
+** admin socket, or an HTTP API stream) for as long as it asks. An XMPP session is a client
+** too: a trace of its full JID, or of its bare JID (every resource), gets what it reads and
+** writes, a stanza an event.
 **
 ** Cost. With no trace on, a connection pays one relaxed load of a shared counter per packet
 ** read and per packet written (rt_tracing). With traces on, it looks them up through an
@@ -62,7 +64,12 @@ typedef struct {
     uint8_t clean_start;     /* CONNECT */
     uint8_t topic_alias;     /* PUBLISH: the topic came as an alias (MQTT 5) */
     uint8_t codes[RT_TRACE_CODES_MAX];
+    uint8_t xmpp; /* an XMPP session's bytes: names are their first tag (at most
+                     RT_TRACE_TAG_MAX bytes), payload_len the whole length, shown their first
+                     bytes; type and the MQTT fields are 0 */
 } rt_trace_event_t;
+
+#define RT_TRACE_TAG_MAX 512
 
 extern _Atomic unsigned rt__trace_count;
 
@@ -82,6 +89,14 @@ static inline bool rt_tracing(void)
 */
 void rt_trace_packet(rt_trace_dir_t dir, const char *client_id, const uint8_t *raw, size_t len,
                      uint8_t version);
+
+/*
+** What an XMPP session read (one stanza or element) or wrote (what one write took: stanzas,
+** or stream-level elements): jid is its JID (full once bound), bare_len the length of its
+** bare part. Sent to each client trace naming the full or the bare JID.
+*/
+void rt_trace_stanza(rt_trace_dir_t dir, const char *jid, size_t jid_len, size_t bare_len,
+                     const uint8_t *bytes, size_t len);
 
 /*
 ** Starts a trace of what (a client id, or a topic filter) whose events go to tracer, with up

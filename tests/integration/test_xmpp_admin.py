@@ -248,3 +248,37 @@ def test_help_lists_the_commands(xmpp):
         assert usage in out, out
     code, out, _ = xmpp.ctl("xmpp", "kick", "--help")
     assert code == 0 and "policy-violation" in out, out
+
+
+def test_trace_a_jid(xmpp):
+    """`rtctl trace client JID` shows an XMPP session's stanzas both ways: a trace of a bare
+    JID every resource's (the bind too, written to the bare JID before it was bound), a trace
+    of a full JID that resource's; each event with the stanza's first tag and, with
+    --payload, its bytes."""
+    from test_trace import finish, start_trace
+    bare = start_trace(xmpp, "client", "alice@localhost", "--duration", "3", "--payload", "400")
+    full = start_trace(xmpp, "client", "bob@localhost/trb", "--duration", "3")
+    a, b = X.Raw(xmpp.xport), X.Raw(xmpp.xport)
+    afull = a.login("alice", PW, resource="tra")
+    bfull = b.login("bob", PW, resource="trb")
+    a.send(f"<message to='{bfull}' type='chat' id='m1'><body>traced hello</body></message>")
+    b.read_until(rb"traced hello</body></message>")
+    a.send("<iq type='get' id='tp' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+    a.read_until(rb"<iq[^>]*id=['\"]tp['\"][^>]*(?:/>|>.*?</iq>)")
+    a.close()
+    b.close()
+    alice = [e for e in finish(bare) if e["event"] == "packet"]
+    bob = [e for e in finish(full) if e["event"] == "packet"]
+    assert all(e["protocol"] == "xmpp" for e in alice + bob)
+    assert {e["client"] for e in alice} <= {"alice@localhost", afull}, alice
+    ins = [e for e in alice if e["dir"] == "in"]
+    outs = [e for e in alice if e["dir"] == "out"]
+    assert any(e["tag"].startswith("<iq") and "bind" in e["payload"] for e in ins), ins
+    sent = [e for e in ins if e["tag"].startswith("<message")]
+    assert len(sent) == 1 and "traced hello" in sent[0]["payload"], ins
+    assert sent[0]["client"] == afull and sent[0]["size"] == len(sent[0]["payload"])
+    assert any(e["tag"].startswith("<iq") and "'tp'" in e["tag"] for e in outs), outs
+    got = [e for e in bob if e["dir"] == "out" and e["tag"].startswith("<message")]
+    assert len(got) == 1 and f"from='{afull}'" in got[0]["tag"], bob
+    assert "payload" not in got[0]  # no --payload: the first tag only
+    assert all(e["client"] == bfull for e in bob if e["client"] != "bob@localhost"), bob
