@@ -378,3 +378,17 @@ def pytest_configure(config):
     # a soak, an outage, a reload loop, an audit) in a second pytest beside the others, which
     # by design hold under that load.
     config.addinivalue_line("markers", "long: runs tens of seconds; make runs these beside the rest")
+    config.addinivalue_line("markers", "rtd_only(reason): tests what only rtd has (rtctl, "
+                            "metrics, logs, its config, the bounds it chose); skipped when "
+                            "RT_XMPP_PEER names another server (xmpp_server.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    peer = os.environ.get("RT_XMPP_PEER", "rtd")
+    if peer == "rtd":
+        return
+    for item in items:
+        m = item.get_closest_marker("rtd_only")
+        if m:
+            why = m.args[0] if m.args else "rtd-specific"
+            item.add_marker(pytest.mark.skip(reason=f"rtd only: {why}"))
