@@ -598,6 +598,7 @@ def test_directed_presence_unavailable_broadcast(xmpp):
     to.close()
 
 
+@pytest.mark.rtd_only("the bound, 128 entities, is rtd's")
 def test_directed_presence_bound(xmpp):
     """Past C2S_DIRECTED_MAX (128) remembered entities, directed presence is refused with
     resource-constraint rather than sent with no unavailable to follow; directed unavailable

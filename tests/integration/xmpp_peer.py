@@ -19,11 +19,9 @@ Also a command, for the benchmark's shell script:
 """
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 EJABBERD_LIB = "/usr/lib/x86_64-linux-gnu"
 EJABBERD_DIR = EJABBERD_LIB + "/ejabberd-23.01"
@@ -90,7 +88,7 @@ def prosody_config(directory, port, hosts, anonymous, profile, max_stanza_size=2
     modules = ["roster", "saslauth", "disco", "ping", "register", "offline", "posix"]
     if not bench:
         modules += ["carbons", "blocklist", "vcard", "smacks", "csi_simple"]
-    out = [f'run_as_root = true', f'pidfile = "{directory}/prosody.pid"',
+    out = ['run_as_root = true', f'pidfile = "{directory}/prosody.pid"',
            f'data_path = "{directory}/data"', f'log = {{ warn = "{directory}/prosody.log" }}',
            'network_backend = "epoll"',
            "network_settings = { tcp_backlog = 4096 } -- as rtd's and ejabberd's (default 128)",
@@ -183,28 +181,16 @@ class Peer:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          env=dict(os.environ, **env), cwd=directory)
-        self._wait_listening()
+        # The port opens after the modules start (ejabberd listens last), so a connection
+        # that is taken is one that is served.
+        from conftest import wait_listening
+        wait_listening(self.proc, port, START_S, name, self.read_log)
         try:
             for u in users:
                 register(port, u if "@" in u else f"{u}@{hosts[0]}", password)
         except Exception:
             self.stop()
             raise
-
-    def _wait_listening(self):
-        # The port opens after the modules start (ejabberd listens last), so a connection
-        # that is taken is one that is served.
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.read_log()[-3000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.xport), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not listen within {START_S} s")
 
     def read_log(self):
         out = []
@@ -215,13 +201,8 @@ class Peer:
         return "\n".join(out)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        from conftest import end_process
+        end_process(self.proc, 20)
         # A peer's exit status on SIGTERM is its own business (beam exits 143): not checked.
         return 0, self.read_log()
 
