@@ -35,7 +35,7 @@ def installed(name):
     return os.path.isdir(EJABBERD_DIR) if name == "ejabberd" else os.access(PROSODY, os.X_OK)
 
 
-def _lua_list(items):
+def lua_list(items):
     return "{ " + ", ".join(f'"{i}"' for i in items) + " }"
 
 
@@ -97,7 +97,7 @@ def prosody_config(directory, port, hosts, anonymous, profile, max_stanza_size=2
            "c2s_direct_tls_ports = { }", "c2s_require_encryption = false",
            "allow_registration = true", 'registration_whitelist = { "127.0.0.1" }',
            'password_hash = "SHA-256"', "default_iteration_count = 4096",
-           f"modules_enabled = {_lua_list(modules)}", 'modules_disabled = { "s2s" }']
+           f"modules_enabled = {lua_list(modules)}", 'modules_disabled = { "s2s" }']
     if not bench:
         out += [f"c2s_stanza_size_limit = {max_stanza_size}",
                 f"smacks_hibernation_time = {resume_timeout}"]

@@ -14,6 +14,7 @@ import tempfile
 
 import pytest
 
+import xmpp_peer
 import xmpp_util as X
 from conftest import Rtd, free_port
 
@@ -31,10 +32,6 @@ def rtd_deviates(why):
     return pytest.mark.xfail(PEER == "rtd", reason=f"rtd deviates: {why}", strict=True)
 
 
-def _lua_list(items):
-    return "{ " + ", ".join(f'"{i}"' for i in items) + " }"
-
-
 def serve(users, password, hosts=("localhost",), anonymous=(), rtd_settings="",
           rtd_options=(), rtd_listeners="", max_stanza_size=None, resume_timeout=None,
           max_offline=None):
@@ -47,7 +44,6 @@ def serve(users, password, hosts=("localhost",), anonymous=(), rtd_settings="",
                                 ("resume_timeout", resume_timeout),
                                 ("max_offline", max_offline)) if v is not None}
     if PEER != "rtd":
-        import xmpp_peer
         server = xmpp_peer.Peer(PEER, tmp.name, port, list(hosts) + list(anonymous),
                                 list(anonymous), users, password, **bounds)
         server.tmp = tmp
@@ -56,8 +52,8 @@ def serve(users, password, hosts=("localhost",), anonymous=(), rtd_settings="",
         X.add_user(tmp.name, f"{u}@{hosts[0]}", password)
     names = {"max_offline": "max_offline_messages"}
     table = "".join(f", {names.get(k, k)} = {v}" for k, v in bounds.items())
-    anon = f", anonymous = {_lua_list(anonymous)}" if anonymous else ""
-    server = Rtd(f"xmpp={{ hosts = {_lua_list(list(hosts) + list(anonymous))}{anon}, "
+    anon = f", anonymous = {xmpp_peer.lua_list(anonymous)}" if anonymous else ""
+    server = Rtd(f"xmpp={{ hosts = {xmpp_peer.lua_list(list(hosts) + list(anonymous))}{anon}, "
                  f'listeners = {{ "127.0.0.1:{port}"{rtd_listeners} }}{table}{rtd_settings} }}',
                  *rtd_options, data_dir=tmp.name)
     server.xport, server.tmp = port, tmp
