@@ -203,8 +203,10 @@ def test_bad_stream(xmpp, user, make, want):
 def test_header_that_never_ends(xmpp):
     """A stream header trickled one attribute every 0.2 s, never finished: the stream ends
     with connection-timeout at connect_timeout, not at the trickle's pace."""
-    r = X.Raw(xmpp.xport)
+    # The counter first: rtd's timer starts at the connect, so nothing may come between it
+    # and t0 (an rtctl call under load took 0.4 s there, and the stream seemed to end early).
     timeouts = metric(xmpp, "rt_xmpp_connect_timeouts_total")
+    r = X.Raw(xmpp.xport)
     t0 = time.monotonic()
     r.send(b"<?xml version='1.0'?><stream:stream to='localhost' xmlns='jabber:client' "
            b"xmlns:stream='http://etherx.jabber.org/streams'")

@@ -26,7 +26,7 @@ while (($#)); do
     case "$1" in
     --servers) SERVERS=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
-    --help | -h) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --help | -h) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
     esac
 done
