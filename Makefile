@@ -8,7 +8,8 @@ PYTEST = /usr/bin/python3 -m pytest
 PREFIX ?= /usr/local
 
 .PHONY: deps build build-asan build-tsan run install package test test-unit test-asan test-tsan \
-	test-integration test-integration-asan test-integration-tsan build-fuzz test-fuzz bench clean
+	test-integration test-integration-asan test-integration-tsan build-fuzz test-fuzz bench \
+	xmpp-differential clean
 
 # What install-deps.sh installs: building and running (make build, make run) needs only the
 # compiler, rtd's libraries and mosquitto's clients; the test toolchain (chromium, erlang, tsung, clang,
@@ -16,7 +17,7 @@ PREFIX ?= /usr/local
 # target-specific value reaches the target's prerequisites, `build` and `deps` among them.
 DEPS_FOR = run
 test test-unit test-asan test-tsan test-integration test-integration-asan \
-	test-integration-tsan build-fuzz test-fuzz bench: DEPS_FOR = test
+	test-integration-tsan build-fuzz test-fuzz bench xmpp-differential: DEPS_FOR = test
 
 deps:
 	@./tools/install-deps.sh --for $(DEPS_FOR)
@@ -122,6 +123,12 @@ test: test-unit test-asan test-tsan test-integration test-integration-asan test-
 
 bench: build
 	@./tests/bench/run_runtime_bench.sh --quick
+
+# The XMPP functional tests against rtd, ejabberd and Prosody, and a pass/fail table
+# (docs/XMPP.md, "Differential run"). Not part of `test`: install-deps.sh does not install the
+# peers (the script says how), and it takes minutes.
+xmpp-differential: build
+	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release ./tests/integration/xmpp_differential.sh
 
 clean:
 	rm -rf $(BUILD)

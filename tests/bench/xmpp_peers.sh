@@ -136,76 +136,14 @@ xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
          listeners = { "127.0.0.1:$port" } }
 EOF
         ;;
-    ejabberd)
-        # Both auth methods on one host: internal (SCRAM-SHA-256 keys) and SASL ANONYMOUS.
-        # Only what rtd has too: roster, presence, offline, ping, disco; no stream
-        # management, MUC, vCard, MAM, pubsub, CAPS.
-        cat >"$dir/ejabberd.yml" <<EOF
-hosts: ["localhost"]
-loglevel: warning
-log_rotate_count: 0
-listen:
-  - port: $port
-    ip: "127.0.0.1"
-    module: ejabberd_c2s
-    max_stanza_size: 262144
-    backlog: 4096
-    access: c2s
-    starttls_required: false
-auth_method: [internal, anonymous]
-anonymous_protocol: sasl_anon
-allow_multiple_connections: true
-auth_password_format: scram
-auth_scram_hash: sha256
-registration_timeout: infinity
-acl:
-  loopback:
-    ip: ["127.0.0.0/8"]
-access_rules:
-  c2s:
-    allow: all
-  register:
-    allow: all
-  register_from:
-    allow: loopback
-  local:
-    allow: all
-modules:
-  mod_disco: {}
-  mod_offline: {}
-  mod_ping: {}
-  mod_register:
-    ip_access: register_from
-    access: register
-  mod_roster: {}
-EOF
-        ;;
-    prosody)
-        local auth=internal_hashed
-        [[ "$mode" == anon ]] && auth=anonymous
-        cat >"$dir/prosody.cfg.lua" <<EOF
-run_as_root = true
-pidfile = "$dir/prosody.pid"
-data_path = "$dir/data"
-log = { warn = "$dir/prosody.log" }
-network_backend = "epoll"
-network_settings = { tcp_backlog = 4096 } -- as rtd's and ejabberd's here (default 128)
-c2s_ports = { $port }
-c2s_interfaces = { "127.0.0.1" }
-s2s_ports = { }
-http_ports = { }
-https_ports = { }
-c2s_direct_tls_ports = { }
-c2s_require_encryption = false
-allow_registration = true
-registration_whitelist = { "127.0.0.1" }
-password_hash = "SHA-256"
-default_iteration_count = 4096
-modules_enabled = { "roster", "saslauth", "disco", "ping", "register", "offline", "posix" }
-modules_disabled = { "s2s" }
-VirtualHost "localhost"
-    authentication = "$auth"
-EOF
+    ejabberd | prosody)
+        # The peers' configs are the functional tests' too (tests/integration/xmpp_peer.py,
+        # its "bench" profiles): only what rtd has as well (roster, presence, offline, ping,
+        # disco), SCRAM-SHA-256 keys, ejabberd's ANONYMOUS beside them on the one host and
+        # Prosody's on an anonymous-only host (mode anon).
+        local profile=bench
+        [[ "$name" == prosody && "$mode" == anon ]] && profile=bench-anon
+        python3 "$ROOT/tests/integration/xmpp_peer.py" config "$name" "$dir" "$port" "$profile"
         ;;
     esac
 }

@@ -111,26 +111,37 @@ class Broker:
             self.proc = subprocess.Popen(
                 [MOSQUITTO, "-c", self.conf], stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=raise_nofile)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {open(self.log).read()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("mosquitto did not start listening within 10 s")
+        wait_listening(self.proc, self.port, 10, "mosquitto", lambda: open(self.log).read())
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        end_process(self.proc, 5)
+
+
+def wait_listening(proc, port, seconds, name, read_log):
+    """Returns once a server this test run started (proc) takes connections on port; ends it
+    and raises if it exits first or does not within seconds."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited: {read_log()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    end_process(proc, 5)
+    raise RuntimeError(f"{name} did not start listening within {seconds} s")
+
+
+def end_process(proc, seconds):
+    """SIGTERM to a process this test run started, SIGKILL if it lingers past seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="session")
@@ -378,3 +389,17 @@ def pytest_configure(config):
     # a soak, an outage, a reload loop, an audit) in a second pytest beside the others, which
     # by design hold under that load.
     config.addinivalue_line("markers", "long: runs tens of seconds; make runs these beside the rest")
+    config.addinivalue_line("markers", "rtd_only(reason): tests what only rtd has (rtctl, "
+                            "metrics, logs, its config, the bounds it chose); skipped when "
+                            "RT_XMPP_PEER names another server (xmpp_server.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    peer = os.environ.get("RT_XMPP_PEER", "rtd")
+    if peer == "rtd":
+        return
+    for item in items:
+        m = item.get_closest_marker("rtd_only")
+        if m:
+            why = m.args[0] if m.args else "rtd-specific"
+            item.add_marker(pytest.mark.skip(reason=f"rtd only: {why}"))

@@ -160,8 +160,8 @@ class Raw:
         text = self.read_until(rb"<(challenge|success|failure)[^>]*(/>|>.*?</\1>)")
         m = re.search(r"<(challenge|success|failure)[^>]*?(?:/>|>(.*?)</\1>)", text, re.S)
         name, inner = m.group(1), m.group(2) or ""
-        if name == "failure":
-            return name, inner
+        if name == "failure":  # the condition; a <text/> beside it is optional (RFC 6120 6.5)
+            return name, re.sub(r"<text[^>]*(?:/>|>.*?</text>)", "", inner, flags=re.S)
         return name, base64.b64decode(inner) if inner and inner != "=" else b""
 
     def scram(self, mech, user, password, cb=None):
@@ -185,7 +185,7 @@ class Raw:
         self.open(to)
         assert self.scram(mech, user, password) == ("success", None)
         feats = self.open(to)
-        assert f"<bind xmlns='{NS_BIND}'/>" in feats, feats
+        assert f"<bind xmlns='{NS_BIND}'" in feats, feats
         res = f"<resource>{resource}</resource>" if resource else ""
         self.send(f"<iq type='set' id='b1'><bind xmlns='{NS_BIND}'>{res}</bind></iq>")
         text = self.read_until(rb"</iq>")

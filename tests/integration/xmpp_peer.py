@@ -1,0 +1,214 @@
+"""ejabberd 23.01 and Prosody 0.12 from Debian as plain processes, for the XMPP differential
+run (xmpp_server.py, xmpp_differential.sh) and the benchmark beside them
+(tests/bench/xmpp_peers.sh): each gets its config and data in a folder of the caller's, a
+loopback port, accounts by in-band registration (XEP-0077, open to 127.0.0.1 only), and is
+ended by the PID started here. Nothing here installs anything; the packages come once, at
+set-up time, without their system services:
+
+    printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+    apt-get install -y ejabberd prosody; rm /usr/sbin/policy-rc.d
+
+Two profiles. "bench" (and "bench-anon", Prosody's anonymous-only host) is what the benchmark
+compares: what rtd has too (roster, presence, offline, ping, disco), accounts stored as
+SCRAM-SHA-256 keys. "tests" is what the functional tests need and rtd serves: also carbons,
+stream management, blocking, vcard-temp, caps, roster versioning, an anonymous host, and
+plain stored passwords, so that both SCRAM-SHA-1 and SCRAM-SHA-256 are offered, as rtd does.
+
+Also a command, for the benchmark's shell script:
+    xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon   (writes DIR's config)
+"""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+EJABBERD_LIB = "/usr/lib/x86_64-linux-gnu"
+EJABBERD_DIR = EJABBERD_LIB + "/ejabberd-23.01"
+PROSODY = "/usr/bin/prosody"
+START_S = 60  # ejabberd's first start makes its mnesia tables; seconds, on a loaded machine
+INSTALL_HINT = ("install once with the policy-rc.d trick in tests/integration/xmpp_peer.py's "
+                "header (apt-get install ejabberd prosody)")
+
+
+def installed(name):
+    return os.path.isdir(EJABBERD_DIR) if name == "ejabberd" else os.access(PROSODY, os.X_OK)
+
+
+def lua_list(items):
+    return "{ " + ", ".join(f'"{i}"' for i in items) + " }"
+
+
+def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, resume_timeout=300,
+                    max_offline=None):
+    bench = profile.startswith("bench")
+    lines = [f"hosts: [{', '.join(repr(h) for h in hosts)}]",
+             "loglevel: warning", "log_rotate_count: 0",
+             "listen:", f"  - port: {port}", '    ip: "127.0.0.1"', "    module: ejabberd_c2s",
+             f"    max_stanza_size: {max_stanza_size}", "    backlog: 4096",
+             "    access: c2s", "    starttls_required: false",
+             "allow_multiple_connections: true", "registration_timeout: infinity"]
+    if bench:
+        # Both methods on one host: internal (SCRAM-SHA-256 keys) and SASL ANONYMOUS.
+        lines += ["auth_method: [internal, anonymous]", "anonymous_protocol: sasl_anon",
+                  "auth_password_format: scram", "auth_scram_hash: sha256"]
+    else:
+        lines += ["auth_method: [internal]", "auth_password_format: plain"]
+        if anonymous:
+            lines += ["host_config:"]
+            for h in anonymous:
+                lines += [f"  {h!r}:", "    auth_method: [anonymous]",
+                          "    anonymous_protocol: sasl_anon"]
+    lines += ["acl:", "  loopback:", '    ip: ["127.0.0.0/8"]',
+              "access_rules:", "  c2s:", "    allow: all", "  register:", "    allow: all",
+              "  register_from:", "    allow: loopback", "  local:", "    allow: all"]
+    if max_offline is not None:
+        lines += ["shaper_rules:", f"  max_user_offline_messages: {max_offline}"]
+    mods = {"mod_disco": "{}", "mod_offline": "{}", "mod_ping": "{}", "mod_roster": "{}",
+            "mod_register": "\n    ip_access: register_from\n    access: register"}
+    if not bench:
+        mods.update({
+            "mod_roster": "\n    versioning: true",
+            "mod_offline": "\n    access_max_user_messages: max_user_offline_messages"
+            if max_offline is not None else "{}",
+            "mod_carboncopy": "{}", "mod_blocking": "{}", "mod_privacy": "{}",
+            "mod_vcard": "\n    search: false", "mod_caps": "{}", "mod_client_state": "{}",
+            # As rtd (XEP-0198 5 allows an error to the sender too): what a session that
+            # timed out held goes to the offline store; ejabberd's default bounces it.
+            "mod_stream_mgmt": f"\n    resume_timeout: {resume_timeout}\n"
+                               "    resend_on_timeout: true"})
+    lines += ["modules:"] + [f"  {m}:{v if v.startswith(chr(10)) else ' ' + v}"
+                             for m, v in sorted(mods.items())]
+    return "\n".join(lines) + "\n"
+
+
+def prosody_config(directory, port, hosts, anonymous, profile, max_stanza_size=262144,
+                   resume_timeout=300, max_offline=None):
+    bench = profile.startswith("bench")
+    modules = ["roster", "saslauth", "disco", "ping", "register", "offline", "posix"]
+    if not bench:
+        modules += ["carbons", "blocklist", "vcard", "smacks", "csi_simple"]
+    out = ['run_as_root = true', f'pidfile = "{directory}/prosody.pid"',
+           f'data_path = "{directory}/data"', f'log = {{ warn = "{directory}/prosody.log" }}',
+           'network_backend = "epoll"',
+           "network_settings = { tcp_backlog = 4096 } -- as rtd's and ejabberd's (default 128)",
+           f"c2s_ports = {{ {port} }}", 'c2s_interfaces = { "127.0.0.1" }',
+           "s2s_ports = { }", "http_ports = { }", "https_ports = { }",
+           "c2s_direct_tls_ports = { }", "c2s_require_encryption = false",
+           "allow_registration = true", 'registration_whitelist = { "127.0.0.1" }',
+           'password_hash = "SHA-256"', "default_iteration_count = 4096",
+           f"modules_enabled = {lua_list(modules)}", 'modules_disabled = { "s2s" }']
+    if not bench:
+        out += [f"c2s_stanza_size_limit = {max_stanza_size}",
+                f"smacks_hibernation_time = {resume_timeout}"]
+    if profile == "bench":
+        auth = "internal_hashed"
+    elif profile == "bench-anon":
+        auth = "anonymous"  # Prosody serves ANONYMOUS only on a host with nothing else
+    else:
+        auth = "internal_plain"
+    for h in hosts:
+        out += [f'VirtualHost "{h}"',
+                f'    authentication = "{"anonymous" if h in anonymous else auth}"']
+    return "\n".join(out) + "\n"
+
+
+def write_config(name, directory, port, profile, hosts=("localhost",), anonymous=(), **bounds):
+    """Writes NAME's config into directory (made, with its data folder); returns its path."""
+    os.makedirs(os.path.join(directory, "data"), exist_ok=True)
+    if name == "ejabberd":
+        path, text = os.path.join(directory, "ejabberd.yml"), ejabberd_config(
+            port, hosts, anonymous, profile, **bounds)
+    elif name == "prosody":
+        path, text = os.path.join(directory, "prosody.cfg.lua"), prosody_config(
+            directory, port, hosts, anonymous, profile, **bounds)
+    else:
+        raise ValueError(f"unknown peer {name!r}")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def command(name, directory):
+    """(argv, env) that start NAME from the config write_config put in directory; the
+    process started is the server's own (erl execs erlexec, which execs beam.smp)."""
+    if name == "prosody":
+        return [PROSODY, "--config", os.path.join(directory, "prosody.cfg.lua"), "-F"], {}
+    os.makedirs(os.path.join(directory, "spool"), exist_ok=True)
+    env = {"ERL_LIBS": EJABBERD_LIB, "EJABBERD_CONFIG_PATH": os.path.join(directory, "ejabberd.yml"),
+           "EJABBERD_LOG_PATH": os.path.join(directory, "ejabberd.log"), "ERL_MAX_PORTS": "65536",
+           "ERL_CRASH_DUMP": os.path.join(directory, "erl_crash.dump")}
+    # No -sname: a bare node needs no epmd.
+    return ["erl", "+K", "true", "+P", "1000000", "-noinput", "-noshell", "-mnesia", "dir",
+            f'"{directory}/spool"', "-s", "ejabberd"], env
+
+
+def _stream(host):
+    return (f"<?xml version='1.0'?><stream:stream to='{host}' version='1.0' "
+            "xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>")
+
+
+def register(port, jid, password, timeout=30):
+    """An account by XEP-0077 in-band registration on a stream of its own."""
+    user, _, host = jid.partition("@")
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall((_stream(host) + "<iq type='set' id='reg'><query xmlns='jabber:iq:register'>"
+                   f"<username>{user}</username><password>{password}</password></query></iq>")
+                  .encode())
+        buf = b""
+        rx = re.compile(rb"<iq[^>]*id=['\"]reg['\"][^>]*(/>|>.*?</iq>)", re.S)
+        while not rx.search(buf):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    m = rx.search(buf)
+    if not m or b"type='result'" not in m.group(0) and b'type="result"' not in m.group(0):
+        raise RuntimeError(f"registering {jid}: {buf[-1000:]!r}")
+
+
+class Peer:
+    """NAME serving hosts on port from directory, with users registered (password for all).
+    stop() answers as an Rtd's: (exit code, the server's log text)."""
+
+    def __init__(self, name, directory, port, hosts, anonymous, users, password, **bounds):
+        if not installed(name):
+            raise RuntimeError(f"{name} is not installed: {INSTALL_HINT}")
+        self.name, self.dir, self.xport = name, directory, port
+        write_config(name, directory, port, "tests", hosts, anonymous, **bounds)
+        argv, env = command(name, directory)
+        self.log_path = os.path.join(directory, "server.log")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, **env), cwd=directory)
+        # The port opens after the modules start (ejabberd listens last), so a connection
+        # that is taken is one that is served.
+        from conftest import wait_listening
+        wait_listening(self.proc, port, START_S, name, self.read_log)
+        try:
+            for u in users:
+                register(port, u if "@" in u else f"{u}@{hosts[0]}", password)
+        except Exception:
+            self.stop()
+            raise
+
+    def read_log(self):
+        out = []
+        for f in sorted(os.listdir(self.dir)):
+            if f.endswith(".log"):
+                with open(os.path.join(self.dir, f), errors="replace") as fh:
+                    out.append(f"== {f}\n" + fh.read())
+        return "\n".join(out)
+
+    def stop(self):
+        from conftest import end_process
+        end_process(self.proc, 20)
+        # A peer's exit status on SIGTERM is its own business (beam exits 143): not checked.
+        return 0, self.read_log()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 6 or sys.argv[1] != "config" or sys.argv[5] not in ("bench",
+                                                                           "bench-anon"):
+        sys.exit("usage: xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon")
+    write_config(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
