@@ -194,16 +194,16 @@ void rt__c2s_store_vcard_get(rt_accounts_t *a, rt_pid_t to, const char *host, co
     size_t flen = len - idlen - 1;
     rt_buf_t card = {0};
     int rc = rt_vcard_get(a, host, user, put_card, &card);
-    rt_scram_cred_t cred; /* another account's asked for, and there is no such account? */
-    bool none = rc == RT_ENOTFOUND && flen &&
-                rt_accounts_get(a, host, user, RT_SCRAM_SHA256, &cred) == RT_ENOTFOUND;
+    /* Another account's, none set: the answer one that does not exist gets (XEP-0054 3.3:
+       the same error both ways, so that asking cannot tell which accounts exist). */
+    bool none = rc == RT_ENOTFOUND && flen;
     rt_buf_t b = {0};
     rt_xml_put_start(&b, "iq");
     rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
     rt_xml_put_attr_len(&b, "id", id, idlen);
     if (flen)
         rt_xml_put_attr_len(&b, "from", from, flen);
-    if (!none && (rc == 0 || rc == RT_ENOTFOUND)) { /* none yet: an empty one (XEP-0054 3.1) */
+    if (!none && (rc == 0 || rc == RT_ENOTFOUND)) { /* the user's own, none yet: empty (3.1) */
         rt_xml_put_attr(&b, "type", "result");
         rt_xml_put_start_end(&b);
         if (rc == 0)

@@ -232,7 +232,6 @@ def test_vcard_own_and_others(xmpp):
         b.close()
 
 
-@S.rtd_deviates("another account's vCard, none set, is an empty <vCard/>")
 def test_vcard_of_account_without_one(xmpp):
     """XEP-0054 3.3: another user's vCard, none set, is the error an account that does not
     exist gets (service-unavailable, RFC 6121 8.5.1), against directory harvesting."""
