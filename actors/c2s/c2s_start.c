@@ -27,6 +27,15 @@ bool rt__c2s_host_anonymous(unsigned host)
     return false;
 }
 
+bool rt__c2s_host_register(unsigned host)
+{
+    const rt_conf_xmpp_t *x = rt__c2s.conf;
+    for (unsigned i = 0; i < x->nregistration; i++)
+        if (strcmp(x->registration[i], x->hosts[host]) == 0)
+            return true;
+    return false;
+}
+
 int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
                  bool (*admit_peer)(int fd, const rt_auth_addr_t *addr), char *err,
                  size_t errlen)
@@ -51,6 +60,13 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
         int rc = rt_auth_limiter_new((uint32_t)conf->auth_max_delay_ms, &rt__c2s.limiter);
         if (rc) {
             snprintf(err, errlen, "cannot make the XMPP login limiter: %s", rt_strerror(rc));
+            return rc;
+        }
+    }
+    if (!rt__c2s.reg_limiter) {
+        int rc = rt_auth_rate_new((uint32_t)x->register_rate, 3600 * 1000, &rt__c2s.reg_limiter);
+        if (rc) {
+            snprintf(err, errlen, "cannot make the XMPP registration limiter: %s", rt_strerror(rc));
             return rc;
         }
     }

@@ -88,10 +88,12 @@ class Scram:
 # ---- The raw client ----
 
 class Raw:
-    """A TCP connection to rtd that sends exactly the bytes it is given."""
+    """A TCP connection to rtd that sends exactly the bytes it is given; source: the local
+    address to connect from (another loopback address is another client to rtd)."""
 
-    def __init__(self, port, host="127.0.0.1"):
-        self.sock = socket.create_connection((host, port), timeout=TIMEOUT)
+    def __init__(self, port, host="127.0.0.1", source=None):
+        self.sock = socket.create_connection((host, port), timeout=TIMEOUT,
+                                             source_address=(source, 0) if source else None)
         self.buf = b""
         self.closed = False
 
