@@ -60,14 +60,6 @@ def jid(user):
     return f"{user}@localhost"
 
 
-def metric(broker, name):
-    code, out, err = broker.ctl("metrics", "prometheus")
-    assert code == 0, err
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", out, re.M)
-    assert m, out[-2000:]
-    return float(m.group(1))
-
-
 def serves_quickly(broker):
     """Another client logs in (SCRAM, bind) within QUICK seconds."""
     t0 = time.monotonic()
@@ -180,7 +172,7 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_stream(xmpp, case):
     user, make, want = BAD[case]
-    errors = metric(xmpp, "rt_xmpp_stream_errors_total")
+    errors = X.metric(xmpp, "rt_xmpp_stream_errors_total")
     before = rss_guard(xmpp)
     r = X.Raw(xmpp.xport)
     if make is None:
@@ -191,7 +183,7 @@ def test_bad_stream(xmpp, case):
     cond, text = r.stream_error(timeout=X.TIMEOUT * 2)
     assert cond == want, text[-2000:]
     r.close()
-    assert metric(xmpp, "rt_xmpp_stream_errors_total") >= errors + 1
+    assert X.metric(xmpp, "rt_xmpp_stream_errors_total") >= errors + 1
     wait_log(xmpp, rf"event=xmpp\.stream_error .*condition={want}")
     # Neither 10 MB nor a tree of 10,000 levels or 100,000 attributes stays (or was held).
     assert_rss_grew_less(xmpp, before, 8 * 1024)
@@ -202,7 +194,7 @@ def test_header_that_never_ends(xmpp):
     """A stream header trickled one attribute every 0.2 s, never finished: the stream ends
     with connection-timeout at connect_timeout, not at the trickle's pace."""
     r = X.Raw(xmpp.xport)
-    timeouts = metric(xmpp, "rt_xmpp_connect_timeouts_total")
+    timeouts = X.metric(xmpp, "rt_xmpp_connect_timeouts_total")
     t0 = time.monotonic()
     r.send(b"<?xml version='1.0'?><stream:stream to='localhost' xmlns='jabber:client' "
            b"xmlns:stream='http://etherx.jabber.org/streams'")
@@ -225,7 +217,7 @@ def test_header_that_never_ends(xmpp):
     assert cond == "connection-timeout", text
     assert CONNECT_TIMEOUT - 0.1 <= took < CONNECT_TIMEOUT + 2, took
     r.close()
-    assert metric(xmpp, "rt_xmpp_connect_timeouts_total") >= timeouts + 1
+    assert X.metric(xmpp, "rt_xmpp_connect_timeouts_total") >= timeouts + 1
     serves_quickly(xmpp)
 
 
@@ -453,7 +445,7 @@ def test_offline_flood(xmpp):
     """MAX_OFFLINE + 5 messages to an offline user: the first MAX_OFFLINE are kept, each after
     that gets service-unavailable (counted in rt_xmpp_offline_refused_total); at login the
     user gets exactly MAX_OFFLINE, in order, with XEP-0203 delays."""
-    refused = metric(xmpp, "rt_xmpp_offline_refused_total")
+    refused = X.metric(xmpp, "rt_xmpp_offline_refused_total")
     r, _ = online(xmpp, "flooder")
     for i in range(MAX_OFFLINE + 5):
         r.send(f"<message to='floodee@localhost' type='chat' id='m{i}'><body>flood {i}</body>"
@@ -468,7 +460,7 @@ def test_offline_flood(xmpp):
     assert [e[0] for e in errors] == [f"m{i}" for i in range(MAX_OFFLINE, MAX_OFFLINE + 5)]
     assert all(e[1][1] == "service-unavailable" for e in errors), errors
     r.close()
-    assert metric(xmpp, "rt_xmpp_offline_refused_total") >= refused + 5
+    assert X.metric(xmpp, "rt_xmpp_offline_refused_total") >= refused + 5
     u = X.Raw(xmpp.xport)
     u.login("floodee", PW, resource="back")
     u.send("<presence/>")

@@ -208,6 +208,15 @@ def assert_serves(port, user, password):
         r.close()
 
 
+def metric(broker, name):
+    """A value rtd's /metrics (through rtctl) gives name (the first series of it)."""
+    code, out, err = broker.ctl("metrics", "prometheus")
+    assert code == 0, err
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", out, re.M)
+    assert m, out[-2000:]
+    return float(m.group(1))
+
+
 def first_el(text, name):
     """The first <name .../> or <name>...</name> element in text, parsed (the default
     namespace jabber:client declared around it)."""
