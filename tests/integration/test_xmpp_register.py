@@ -8,10 +8,8 @@ One rtd serves the module: localhost registers, closed.localhost does not; a pla
 registration test comes from its own loopback address, so that the per-address rate (3 an
 hour here) counts only its own tries.
 """
-import base64
-import os
+import asyncio
 import re
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -237,6 +235,24 @@ def test_cancel_needs_remove_alone(xmpp):
     assert error_of(got) == ("modify", "bad-request")
     r.close()
     assert can_login(xmpp, "stayer", PW)
+
+
+def test_slixmpp_changes_and_cancels(xmpp):
+    """A library's XEP-0077 once logged in (slixmpp's xep_0077: its registration before
+    authentication is queued until a session starts, in 1.8.3, so the raw client makes the
+    account): a password change, then the cancel, which ends its stream."""
+    registered_session(xmpp, "slixreg", "raw").close()
+
+    async def t():
+        c = await X.login(xmpp.xport, "slixreg@localhost/lib", PW,
+                          plugins=["xep_0004", "xep_0066", "xep_0077"])
+        await c.plugin["xep_0077"].change_password("lib-new-pw", timeout=X.TIMEOUT)
+        assert can_login(xmpp, "slixreg", "lib-new-pw")
+        await c.plugin["xep_0077"].cancel_registration(timeout=X.TIMEOUT)
+        await X.next_of(c.stream_errors)
+        await asyncio.wait_for(c.gone.wait(), X.TIMEOUT)
+    X.run(t())
+    assert not can_login(xmpp, "slixreg", "lib-new-pw")
 
 
 # ---- SASL EXTERNAL (XEP-0178) ----
