@@ -193,8 +193,8 @@ def test_bad_stream(xmpp, case):
 def test_header_that_never_ends(xmpp):
     """A stream header trickled one attribute every 0.2 s, never finished: the stream ends
     with connection-timeout at connect_timeout, not at the trickle's pace."""
+    timeouts = X.metric(xmpp, "rt_xmpp_connect_timeouts_total")  # before the clock starts
     r = X.Raw(xmpp.xport)
-    timeouts = X.metric(xmpp, "rt_xmpp_connect_timeouts_total")
     t0 = time.monotonic()
     r.send(b"<?xml version='1.0'?><stream:stream to='localhost' xmlns='jabber:client' "
            b"xmlns:stream='http://etherx.jabber.org/streams'")
