@@ -11,6 +11,7 @@
 ** C2S_REGISTER_USER_MAX bytes, passwords of RT_ACCOUNTS_PASSWORD_MAX.
 */
 #include <string.h>
+#include <strings.h>
 
 #include "accounts.h"
 #include "c2s_impl.h"
