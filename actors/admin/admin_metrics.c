@@ -452,6 +452,11 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_connect_timeouts_total", "counter",
             "Streams not authenticated within connect_timeout.",
             atomic_load(&x->connect_timeouts));
+    one_u64(b, "rt_xmpp_registrations_total", "counter",
+            "Accounts made by their clients in-band (XEP-0077).", atomic_load(&x->registrations));
+    one_u64(b, "rt_xmpp_registrations_limited_total", "counter",
+            "In-band registrations refused past xmpp.register_rate.",
+            atomic_load(&x->registrations_limited));
 }
 
 static void rules_section(rt_buf_t *b, const scrape_t *s)

@@ -126,6 +126,15 @@ void rt_auth_limiter_free(rt_auth_limiter_t *l);
 uint32_t rt_auth_limiter_fail(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms);
 void rt_auth_limiter_succeed(rt_auth_limiter_t *l, const rt_auth_addr_t *a);
 uint32_t rt_auth_limiter_delay(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms);
+/*
+** The same table as a rate per address (XMPP in-band registrations): each address's count
+** drains linearly, burst every period_ms, and an event is allowed while the count, with
+** it, stays within burst: burst at once, then one each period_ms / burst. Refused events
+** are not counted (a client that waits gets through). rt_auth_limiter_free frees it.
+*/
+int rt_auth_rate_new(uint32_t burst, uint64_t period_ms, rt_auth_limiter_t **out);
+/* Counts an event of address a and returns true, or false (not counted) past the rate. */
+bool rt_auth_rate_take(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms);
 /* Addresses remembered, and entries given up for a newer address. */
 void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evictions);
 

@@ -72,6 +72,8 @@ typedef struct fail_set_s {
 
 struct rt_auth_limiter_s {
     _Atomic uint32_t max_delay_ms; /* any thread reads; rt_auth_configure writes */
+    uint32_t burst;                /* a rate limiter's (rt_auth_rate_new); 0: failures */
+    double drain_per_ms;           /* a rate limiter's count drains this much a ms */
     atomic_size_t entries;
     atomic_uint_fast64_t evictions;
     fail_set_t sets[SETS];
@@ -112,10 +114,15 @@ static fail_set_t *limiter_set(rt_auth_limiter_t *l, const uint8_t key[16])
     return &l->sets[rt_hash(key, 16) % SETS];
 }
 
-static float decayed(const fail_t *f, uint64_t now_ms)
+/* A failure count halves with time; a rate limiter's count drains linearly (a bucket). */
+static float decayed(const rt_auth_limiter_t *l, const fail_t *f, uint64_t now_ms)
 {
     if (f->count == 0 || now_ms <= f->stamp_ms)
         return f->count;
+    if (l->burst) {
+        double left = f->count - (double)(now_ms - f->stamp_ms) * l->drain_per_ms;
+        return left > 0 ? (float)left : 0.0f;
+    }
     double halves = (double)(now_ms - f->stamp_ms) / RT_AUTH_FAIL_HALF_LIFE_MS;
     return (float)(f->count * exp2(-halves));
 }
@@ -148,30 +155,70 @@ static fail_set_t *lock_set(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint8
     return s;
 }
 
+/* The locked set s's entry for key, taken for it if it had none: a free entry, else the one
+   with the lowest count. */
+static fail_t *take_entry(rt_auth_limiter_t *l, fail_set_t *s, const uint8_t key[16],
+                          uint64_t now_ms)
+{
+    fail_t *f = &s->e[0];
+    for (int i = 0; i < WAYS && f->count != 0; i++)
+        if (s->e[i].count == 0 || decayed(l, &s->e[i], now_ms) < decayed(l, f, now_ms))
+            f = &s->e[i];
+    if (f->count != 0)
+        atomic_fetch_add(&l->evictions, 1);
+    else
+        atomic_fetch_add(&l->entries, 1);
+    memcpy(f->key, key, 16);
+    f->count = 0;
+    f->stamp_ms = now_ms;
+    return f;
+}
+
+/* One more on f's count, as of now. */
+static void count_one(const rt_auth_limiter_t *l, fail_t *f, uint64_t now_ms)
+{
+    f->count = decayed(l, f, now_ms) + 1;
+    f->stamp_ms = now_ms > f->stamp_ms ? now_ms : f->stamp_ms;
+}
+
 uint32_t rt_auth_limiter_fail(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms)
 {
     uint8_t key[16];
     fail_t *f;
     fail_set_t *s = lock_set(l, a, key, &f);
-    if (!f) {
-        /* A free entry, else the one with the fewest recent failures. */
-        f = &s->e[0];
-        for (int i = 0; i < WAYS && f->count != 0; i++)
-            if (s->e[i].count == 0 || decayed(&s->e[i], now_ms) < decayed(f, now_ms))
-                f = &s->e[i];
-        if (f->count != 0)
-            atomic_fetch_add(&l->evictions, 1);
-        else
-            atomic_fetch_add(&l->entries, 1);
-        memcpy(f->key, key, 16);
-        f->count = 0;
-        f->stamp_ms = now_ms;
-    }
-    f->count = decayed(f, now_ms) + 1;
-    f->stamp_ms = now_ms > f->stamp_ms ? now_ms : f->stamp_ms;
+    if (!f)
+        f = take_entry(l, s, key, now_ms);
+    count_one(l, f, now_ms);
     uint32_t d = delay_for(f->count, atomic_load(&l->max_delay_ms));
     pthread_mutex_unlock(&s->lock);
     return d;
+}
+
+int rt_auth_rate_new(uint32_t burst, uint64_t period_ms, rt_auth_limiter_t **out)
+{
+    RT_ASSERT(burst > 0 && period_ms > 0);
+    int rc = rt_auth_limiter_new(0, out);
+    if (rc)
+        return rc;
+    (*out)->burst = burst;
+    (*out)->drain_per_ms = (double)burst / (double)period_ms;
+    return 0;
+}
+
+bool rt_auth_rate_take(rt_auth_limiter_t *l, const rt_auth_addr_t *a, uint64_t now_ms)
+{
+    RT_ASSERT(l->burst > 0);
+    uint8_t key[16];
+    fail_t *f;
+    fail_set_t *s = lock_set(l, a, key, &f);
+    bool ok = !f || decayed(l, f, now_ms) + 1 <= (float)l->burst + 0.001f;
+    if (ok) {
+        if (!f)
+            f = take_entry(l, s, key, now_ms);
+        count_one(l, f, now_ms);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ok;
 }
 
 void rt_auth_limiter_succeed(rt_auth_limiter_t *l, const rt_auth_addr_t *a)
@@ -191,7 +238,7 @@ uint32_t rt_auth_limiter_delay(rt_auth_limiter_t *l, const rt_auth_addr_t *a, ui
     uint8_t key[16];
     fail_t *f;
     fail_set_t *s = lock_set(l, a, key, &f);
-    uint32_t d = f ? delay_for(decayed(f, now_ms), atomic_load(&l->max_delay_ms)) : 0;
+    uint32_t d = f ? delay_for(decayed(l, f, now_ms), atomic_load(&l->max_delay_ms)) : 0;
     pthread_mutex_unlock(&s->lock);
     return d;
 }

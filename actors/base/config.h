@@ -121,6 +121,11 @@ typedef struct rt_conf_xmpp_s {
     char anonymous[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* hosts allowing SASL
                                      ANONYMOUS; each must be one of hosts */
     unsigned nanonymous;
+    char registration[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX]; /* xmpp.register: hosts
+                                     allowing in-band registration (XEP-0077); each of hosts */
+    unsigned nregistration;
+    long register_rate; /* registrations one address may try an hour (the limiter's bucket:
+                           as many at once, then one each 3600/rate s); default 6, 1..100000 */
     rt_listen_t listeners[RT_CONF_MAX_XMPP_LISTENERS];
     unsigned nlisteners;                            /* default: one, "0.0.0.0:5222" */
     rt_conf_net_t plaintext_from[RT_CONF_MAX_NETS]; /* who may authenticate without TLS */

@@ -383,6 +383,15 @@ const rt_setting_t rt__conf_table_settings[] = {
      .text = "{}",
      .offset = X_OFF(anonymous),
      .doc = "the hosts (of hosts) where SASL ANONYMOUS logs in"},
+    {.name = "xmpp.register",
+     .type = RT_SET_LIST,
+     .text = "{}",
+     .offset = X_OFF(registration),
+     .doc = "the hosts (of hosts) where clients may create, change and cancel their own "
+            "accounts in-band (XEP-0077), inside TLS or from plaintext_from"},
+    XMPP_INT(register_rate, 6, 1, 100000, "per hour",
+             "registrations one address may try (an IPv6 address: its /64): as many at once, "
+             "then one each 3600/rate seconds; past it resource-constraint"),
     {.name = "xmpp.listeners",
      .type = RT_SET_LIST,
      .text = "\"0.0.0.0:5222\"",

@@ -347,7 +347,7 @@ static bool read_host(lua_State *L, const char *where, char *out, char *why, siz
     return true;
 }
 
-/* xmpp.hosts or xmpp.anonymous: a name or a list of names, none twice, at least min. */
+/* xmpp.hosts, anonymous or register: a name or a list of names, none twice, at least min. */
 static bool read_hosts(lua_State *L, const char *where, char (*names)[RT_CONF_XMPP_HOST_MAX],
                        unsigned *n, unsigned min, char *why, size_t whylen)
 {
@@ -401,6 +401,13 @@ static bool read_xmpp_anonymous(lua_State *L, const char *where, void *field, ch
     return read_hosts(L, where, x->anonymous, &x->nanonymous, 0, why, whylen);
 }
 
+static bool read_xmpp_register(lua_State *L, const char *where, void *field, char *why,
+                               size_t whylen)
+{
+    rt_conf_xmpp_t *x = xmpp_of(field, offsetof(rt_conf_xmpp_t, registration));
+    return read_hosts(L, where, x->registration, &x->nregistration, 0, why, whylen);
+}
+
 static bool read_listener_list(lua_State *L, const char *what, bool xmpp, rt_listen_t *ls,
                                unsigned max, unsigned *nout, char *why, size_t whylen);
 
@@ -435,6 +442,7 @@ static const reader_entry_t readers[] = {
     {"cluster.secret_file", read_secret_file},
     {"xmpp.hosts", read_xmpp_hosts},
     {"xmpp.anonymous", read_xmpp_anonymous},
+    {"xmpp.register", read_xmpp_register},
     {"xmpp.listeners", read_xmpp_listeners},
     {"xmpp.plaintext_from", read_xmpp_plaintext},
 };
@@ -683,6 +691,24 @@ void rt__conf_xmpp_defaults(rt_conf_xmpp_t *x)
     memcpy(x->plaintext_from, rt_conf_loopback, sizeof(rt_conf_loopback));
 }
 
+/* Each of names (the list xmpp.<key>) is one of xmpp.hosts. */
+static bool hosts_of_hosts(const rt_conf_xmpp_t *x, const char *key,
+                           const char (*names)[RT_CONF_XMPP_HOST_MAX], unsigned n, char *why,
+                           size_t whylen)
+{
+    for (unsigned i = 0; i < n; i++) {
+        unsigned h = 0;
+        while (h < x->nhosts && strcmp(x->hosts[h], names[i]) != 0)
+            h++;
+        if (h == x->nhosts) {
+            snprintf(why, whylen, "xmpp.%s[%u]: \"%.100s\" is not one of xmpp.hosts", key, i + 1,
+                     names[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
 bool rt__conf_read_xmpp(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
     if (lua_type(L, -1) != LUA_TTABLE) {
@@ -697,16 +723,9 @@ bool rt__conf_read_xmpp(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
         snprintf(why, whylen, "xmpp needs hosts = { \"example.org\" } (the domains it serves)");
         return false;
     }
-    for (unsigned i = 0; i < x->nanonymous; i++) {
-        unsigned h = 0;
-        while (h < x->nhosts && strcmp(x->hosts[h], x->anonymous[i]) != 0)
-            h++;
-        if (h == x->nhosts) {
-            snprintf(why, whylen, "xmpp.anonymous[%u]: \"%.100s\" is not one of xmpp.hosts", i + 1,
-                     x->anonymous[i]);
-            return false;
-        }
-    }
+    if (!hosts_of_hosts(x, "anonymous", x->anonymous, x->nanonymous, why, whylen) ||
+        !hosts_of_hosts(x, "register", x->registration, x->nregistration, why, whylen))
+        return false;
     x->on = true;
     return true;
 }

@@ -356,6 +356,10 @@ static void resume_parsing(rt_actor_t *self, c2s_t *c)
 {
     if (c->waiting || c->closing || !c->sock)
         return;
+    if (c->restart) { /* an answered SASL step succeeded (PLAIN, EXTERNAL): a new stream */
+        c->restart = false;
+        rt_xml_stream_reset(&c->xs);
+    }
     rt_sock_pause_reading(c->sock, false);
     if (c->held_len) {
         uint8_t *h = c->held;
@@ -665,7 +669,10 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         if (m->len >= sizeof(c2s_reply_t)) {
             const c2s_reply_t *r = (const void *)m->data;
             if (r->seq == c->seq && c->waiting) {
-                rt__c2s_sasl_reply(self, c, r);
+                if (C2S_OP_IS_REGISTER(r->op))
+                    rt__c2s_register_reply(self, c, m);
+                else
+                    rt__c2s_sasl_reply(self, c, r);
                 resume_parsing(self, c);
             }
         }
@@ -694,6 +701,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case C2S_MSG_KICK:
         rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION, "ended by the administrator");
+        break;
+    case C2S_MSG_ACCOUNT_GONE: /* XEP-0077 3.2: every session of a cancelled account ends */
+        rt__c2s_stream_error(self, c, RT_XML_COND_NOT_AUTHORIZED, "the account was removed");
         break;
     case C2S_MSG_QUERY:
         rt__c2s_on_query(self, c, m);
@@ -783,6 +793,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "rate_resume";
     case C2S_MSG_KICK:
         return "kick";
+    case C2S_MSG_ACCOUNT_GONE:
+        return "account_gone";
     case C2S_MSG_QUERY:
         return "query";
     case C2S_MSG_ROSTER:

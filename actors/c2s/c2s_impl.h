@@ -2,7 +2,8 @@
 ** Inside the c2s layer: the session actor's state and the parts its files share.
 **   c2s.c           the actor: socket, transport, stream callbacks, timers, the end
 **   c2s_stream.c    what the server writes at stream level: headers, features, errors
-**   c2s_sasl.c      SASL: SCRAM (credentials from the store actor), PLAIN, ANONYMOUS
+**   c2s_sasl.c      SASL: SCRAM (credentials from the store actor), PLAIN, ANONYMOUS, EXTERNAL
+**   c2s_register.c  in-band registration (XEP-0077): make, change and cancel an account
 **   c2s_session.c   resource binding, the legacy session, iq, presence, message routing
 **   c2s_registry.c  who is online: bare JID -> its resources and their actors
 **   c2s_store.c     the blocking actor over xmpp.db
@@ -58,6 +59,8 @@
 /* Far above the session's own tags, which grow as it learns XEPs. */
 #define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
 #define C2S_MSG_BLOCKLIST (RT_C2S_MSG_BASE + 22)      /* the blocklist, and a push (c2s_blocking.c) */
+/* Registration's (c2s_register.c), apart from the session's own tags as they grow. */
+#define C2S_MSG_ACCOUNT_GONE (RT_C2S_MSG_BASE + 0x40) /* the account was cancelled: end */
 
 /* Subscription kinds of C2S_OP_SUB (RFC 6121 3). */
 enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_UNSUBSCRIBED };
@@ -85,6 +88,15 @@ enum {
     C2S_OP_VCARD_GET,     /* data: iq id NUL, from (another account's bare JID; none: own) */
     C2S_OP_VCARD_SET,     /* data: iq id NUL, the vCard element's bytes */
 };
+/* SASL EXTERNAL's and registration's, apart from the others as they grow: answered with a
+   c2s_reply_t (registration's with the iq id, NUL and the user after it: len bytes). */
+enum {
+    C2S_OP_EXTERNAL = 64, /* whether user@host exists */
+    C2S_OP_REGISTER,      /* data: iq id NUL password: make the account */
+    C2S_OP_PASSWD,        /* data: iq id NUL password: new keys */
+    C2S_OP_UNREGISTER,    /* data: iq id: delete it, end its sessions (C2S_MSG_ACCOUNT_GONE) */
+};
+#define C2S_OP_IS_REGISTER(op) ((op) >= C2S_OP_REGISTER && (op) <= C2S_OP_UNREGISTER)
 
 /* A request: this header, then host, user and the operation's bytes, each after the other. */
 typedef struct c2s_req_s {
@@ -103,7 +115,7 @@ typedef struct c2s_reply_s {
     uint32_t op;
     uint32_t seq;
     int32_t rc; /* 0, or an RT_E* code: RT_ENOTFOUND, RT_EACCES, RT_EAGAIN, RT_ENOSPC */
-    uint32_t len;
+    uint32_t len; /* bytes after the struct */
     union {
         rt_scram_cred_t cred;
     } u;
@@ -120,7 +132,8 @@ typedef struct c2s_global_s {
     const rt_conf_xmpp_t *conf;
     rt_xml_stream_config_t stream_tcp; /* shared by every session: the callbacks, the limits */
     rt_xml_stream_config_t stream_ws;
-    rt_auth_limiter_t *limiter; /* failed logins per address */
+    rt_auth_limiter_t *limiter;     /* failed logins per address */
+    rt_auth_limiter_t *reg_limiter; /* registrations per address (xmpp.register_rate) */
     bool replace;               /* resource_conflict = replace */
     /* The per-address connection count takes a proxied client's real address (the MQTT
        listener's table, actors/conn); NULL: not counted. */
@@ -132,6 +145,8 @@ extern c2s_global_t rt__c2s;
 /* The host in conf->hosts a stream's to= names (prepared), or -1. */
 int rt__c2s_host_index(const char *domain, size_t len);
 bool rt__c2s_host_anonymous(unsigned host);
+/* Whether host (an index in conf->hosts) is one of xmpp.register. */
+bool rt__c2s_host_register(unsigned host);
 
 /* ---- The session ---- */
 typedef enum {
@@ -179,6 +194,7 @@ typedef struct c2s_s {
     bool interested; /* asked for the roster */
     bool session;    /* the legacy session was established (or not needed) */
     bool anonymous;
+    bool registered; /* an account was made in-band on this stream (one a stream) */
     bool plus;      /* the exchange is a -PLUS one */
     bool counted;   /* counted in rt_c2s_stats.sessions */
     bool preauthed; /* the pre-auth budget still counts this stream */
@@ -261,6 +277,17 @@ int rt__c2s_sasl(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c);
 void rt__c2s_sasl_reply(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r);
 void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c);
+
+/* c2s_register.c: in-band registration (XEP-0077) */
+#define RT_C2S_NS_REGISTER "jabber:iq:register"
+/* The stream feature, before authentication, where registration is on and may go. */
+void rt__c2s_register_feature(rt_buf_t *b, const c2s_t *c);
+/* Whether el, before authentication, is a registration iq (then rt__c2s_register_iq). */
+bool rt__c2s_register_preauth(const rt_xml_el_t *el);
+/* A jabber:iq:register query q in iq: before authentication, or to the server once bound. */
+void rt__c2s_register_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q);
+/* The store's answer to a registration request (m: a C2S_MSG_STORE_REPLY of such an op). */
+void rt__c2s_register_reply(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
 
 /* c2s_session.c */
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);

@@ -1,6 +1,7 @@
 /*
 ** SASL on the stream (RFC 6120 6): SCRAM-SHA-256 and SCRAM-SHA-1 against the accounts' stored
-** keys, PLAIN inside TLS, ANONYMOUS where the host allows it. The session runs the exchange
+** keys, PLAIN inside TLS, ANONYMOUS where the host allows it, EXTERNAL with a verified client
+** certificate (XEP-0178: its id-on-xmppAddr names the account). The session runs the exchange
 ** itself (microseconds: scram.h's fast steps); what needs the file (credentials, a PLAIN
 ** password's PBKDF2) goes to the store actor and parsing waits for its answer.
 **
@@ -29,6 +30,13 @@ static unsigned bindings(const c2s_t *c)
 }
 
 #define C2S_SASL_TRIES 3
+#define OID_XMPP_ADDR "1.3.6.1.5.5.7.8.5" /* id-on-xmppAddr (RFC 6120 13.7.1.4) */
+
+/* EXTERNAL: offered when TLS runs with a verified client certificate (XEP-0178 3). */
+static bool external_offered(const c2s_t *c)
+{
+    return rt_xport_tls_other_names(c->xp, OID_XMPP_ADDR, NULL, NULL) >= 0;
+}
 
 static const char *const sasl_fail_static[] = {"aborted",         "encryption-required",
                                                "invalid-authzid", "invalid-mechanism",
@@ -48,6 +56,8 @@ void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c)
 {
     unsigned cb = bindings(c);
     rt_buf_printf(b, "<mechanisms xmlns='%s'>", RT_XML_NS_SASL);
+    if (external_offered(c))
+        rt_buf_printf(b, "<mechanism>EXTERNAL</mechanism>");
     if (cb)
         rt_buf_printf(b, "<mechanism>SCRAM-SHA-256-PLUS</mechanism>"
                          "<mechanism>SCRAM-SHA-1-PLUS</mechanism>");
@@ -287,6 +297,64 @@ static int anonymous(rt_actor_t *self, c2s_t *c)
     return 0;
 }
 
+/* The certificate's addresses as EXTERNAL weighs them (XEP-0178 3: authzid and xmppAddr). */
+typedef struct cert_pick_s {
+    rt_actor_t *self;
+    c2s_t *c;
+    const rt_jid_t *want; /* the authzid, prepared; NULL: none given */
+    unsigned usable;      /* addresses of an account of this stream's host */
+} cert_pick_t;
+
+static bool pick_addr(const char *value, size_t len, void *arg)
+{
+    cert_pick_t *p = arg;
+    rt_jid_buf_t jb;
+    const char *host = rt__c2s.conf->hosts[p->c->host];
+    if (rt_jid_prep(value, len, &jb, NULL) != 0 || !jb.jid.local || jb.jid.resource ||
+        jb.jid.domain != strlen(host) || memcmp(rt_jid_domain(&jb.jid), host, jb.jid.domain) != 0)
+        return false;
+    p->usable++;
+    bool match = p->want ? rt_jid_bare_len(p->want) == rt_jid_bare_len(&jb.jid) &&
+                               memcmp(p->want->s, jb.jid.s, rt_jid_bare_len(p->want)) == 0
+                         : p->usable == 1;
+    if (match) {
+        rt_free(p->self, p->c->jid);
+        p->c->jid = rt_jid_dup(p->self, &jb.jid);
+    }
+    return p->want ? match : p->usable > 1; /* without an authzid one address must be alone */
+}
+
+/*
+** EXTERNAL: the account is the certificate's xmppAddr of this host, the one the authzid
+** names when there is one, else its only one; it must exist (the store says).
+*/
+static int external(rt_actor_t *self, c2s_t *c, const uint8_t *msg, size_t len)
+{
+    rt_jid_buf_t want;
+    if (len && (rt_jid_prep((const char *)msg, len, &want, NULL) != 0 || !want.jid.local ||
+                want.jid.resource)) {
+        fail(self, c, "invalid-authzid", "the authzid is not a bare JID");
+        return 0;
+    }
+    rt_free(self, c->jid);
+    c->jid = NULL;
+    cert_pick_t p = {.self = self, .c = c, .want = len ? &want.jid : NULL};
+    rt_xport_tls_other_names(c->xp, OID_XMPP_ADDR, pick_addr, &p);
+    if (!p.usable) {
+        fail(self, c, "not-authorized", "the certificate names no address of this host");
+        return 0;
+    }
+    if (!c->jid || (!len && p.usable > 1)) {
+        fail(self, c, "invalid-authzid",
+             len ? "the certificate does not name the authzid" : "name one of its addresses");
+        return 0;
+    }
+    c->phase = PH_SASL;
+    if (ask(c, C2S_OP_EXTERNAL, 0, NULL, 0) != 0)
+        fail(self, c, "temporary-auth-failure", "the account store is not running");
+    return 0;
+}
+
 static int on_auth(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
 {
     if (c->phase != PH_FEATURES) {
@@ -316,6 +384,8 @@ static int on_auth(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
         return plain(self, c, msg, (size_t)len);
     if (strcmp(mech, "ANONYMOUS") == 0 && rt__c2s_host_anonymous(c->host))
         return anonymous(self, c);
+    if (strcmp(mech, "EXTERNAL") == 0 && external_offered(c))
+        return external(self, c, msg, (size_t)len);
     fail(self, c, "invalid-mechanism", "mechanism not offered");
     return 0;
 }
@@ -378,6 +448,14 @@ void rt__c2s_sasl_reply(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r)
             fail(self, c, r->rc == RT_EAGAIN ? "temporary-auth-failure" : "not-authorized",
                  r->rc == RT_ENOTFOUND ? "no such user" : r->rc == RT_EACCES ? "bad password"
                                                                               : "store failed");
+        return;
+    }
+    if (r->op == C2S_OP_EXTERNAL) {
+        if (r->rc == 0)
+            succeed(self, c, "EXTERNAL", NULL, 0);
+        else
+            fail(self, c, r->rc == RT_ENOTFOUND ? "not-authorized" : "temporary-auth-failure",
+                 r->rc == RT_ENOTFOUND ? "no such user" : "store failed");
         return;
     }
     if (r->op != C2S_OP_CRED || !c->scram)

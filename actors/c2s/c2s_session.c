@@ -160,6 +160,8 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         rt__c2s_vcard_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, NS_BLOCKING) == 0) {
         rt__c2s_blocking_iq(self, c, iq, q, get);
+    } else if (strcmp(q->ns, RT_C2S_NS_REGISTER) == 0) {
+        rt__c2s_register_iq(self, c, iq, q);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
         c->session = true;
         iq_result_empty(self, c, iq);

@@ -18,13 +18,23 @@ int rt__c2s_host_index(const char *domain, size_t len)
     return -1;
 }
 
-bool rt__c2s_host_anonymous(unsigned host)
+/* Whether host (an index in conf->hosts) is one of the n names. */
+static bool host_in(const char (*names)[RT_CONF_XMPP_HOST_MAX], unsigned n, unsigned host)
 {
-    const rt_conf_xmpp_t *x = rt__c2s.conf;
-    for (unsigned i = 0; i < x->nanonymous; i++)
-        if (strcmp(x->anonymous[i], x->hosts[host]) == 0)
+    for (unsigned i = 0; i < n; i++)
+        if (strcmp(names[i], rt__c2s.conf->hosts[host]) == 0)
             return true;
     return false;
+}
+
+bool rt__c2s_host_anonymous(unsigned host)
+{
+    return host_in(rt__c2s.conf->anonymous, rt__c2s.conf->nanonymous, host);
+}
+
+bool rt__c2s_host_register(unsigned host)
+{
+    return host_in(rt__c2s.conf->registration, rt__c2s.conf->nregistration, host);
 }
 
 int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
@@ -51,6 +61,13 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
         int rc = rt_auth_limiter_new((uint32_t)conf->auth_max_delay_ms, &rt__c2s.limiter);
         if (rc) {
             snprintf(err, errlen, "cannot make the XMPP login limiter: %s", rt_strerror(rc));
+            return rc;
+        }
+    }
+    if (!rt__c2s.reg_limiter) {
+        int rc = rt_auth_rate_new((uint32_t)x->register_rate, 3600 * 1000, &rt__c2s.reg_limiter);
+        if (rc) {
+            snprintf(err, errlen, "cannot make the XMPP registration limiter: %s", rt_strerror(rc));
             return rc;
         }
     }

@@ -155,6 +155,17 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
                                             r->data_len);
         reply(m->from, &out);
         break;
+    case C2S_OP_EXTERNAL: { /* only whether it exists: the certificate proved the rest */
+        rt_scram_cred_t cred;
+        out.rc = rt_accounts_get(s->accounts, host, user, RT_SCRAM_SHA256, &cred);
+        reply(m->from, &out);
+        break;
+    }
+    case C2S_OP_REGISTER:
+    case C2S_OP_PASSWD:
+    case C2S_OP_UNREGISTER:
+        rt__c2s_store_register(s->accounts, m->from, r, host, user, data, r->data_len);
+        break;
     case C2S_OP_OFFLINE_PUSH:
         offline_push(s, m, host, user, data, r->data_len);
         break;
@@ -210,8 +221,11 @@ static void store_dead_letter(void *state, rt_msg_t *m)
     if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
         return;
     const c2s_req_t *r = (const void *)m->data;
-    if (r->op == C2S_OP_CRED || r->op == C2S_OP_PLAIN)
+    if (r->op == C2S_OP_CRED || r->op == C2S_OP_PLAIN || r->op == C2S_OP_EXTERNAL)
         reply(m->from, &(c2s_reply_t){.op = r->op, .seq = r->seq, .rc = RT_EAGAIN});
+    else if (C2S_OP_IS_REGISTER(r->op) &&
+             sizeof(c2s_req_t) + (size_t)r->host_len + r->user_len + r->data_len <= m->len)
+        rt__c2s_store_register_lost(m->from, r);
 }
 
 static const rt_actor_type_t store_type = {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "accounts.h"
+#include "c2s_impl.h"
 #include "roster.h"
 #include "rt.h"
 
@@ -31,5 +32,10 @@ void rt__c2s_store_vcard_get(rt_accounts_t *a, rt_pid_t to, const char *host, co
                              const uint8_t *data, size_t len);
 void rt__c2s_store_vcard_set(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
                              const uint8_t *data, size_t len);
+/* c2s_store_register.c: XEP-0077's C2S_OP_REGISTER, _PASSWD and _UNREGISTER, answered to to */
+void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, const char *host,
+                            const char *user, const uint8_t *data, size_t len);
+/* Such a request the store never took: the session is told RT_EAGAIN. */
+void rt__c2s_store_register_lost(rt_pid_t to, const c2s_req_t *r);
 
 #endif

@@ -94,8 +94,10 @@ void rt__c2s_features(rt_actor_t *self, c2s_t *c)
         if (!c->secure && c->xp && rt__c2s_listen(c)->starttls)
             rt_buf_printf(&b, "<starttls xmlns='%s'>%s</starttls>", RT_XML_NS_TLS,
                           rt__c2s_tls_required(c) ? "<required/>" : "");
-        if (rt__c2s_may_auth(c))
+        if (rt__c2s_may_auth(c)) {
             rt__c2s_sasl_mechanisms(&b, c);
+            rt__c2s_register_feature(&b, c);
+        }
     }
     rt_buf_printf(&b, "%s</stream:features>", rt__c2s_caps_element()); /* XEP-0115 6.3 */
     rt__c2s_write_buf(c, &b);
@@ -201,6 +203,10 @@ int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     }
     if (strcmp(el->ns, RT_XML_NS_SASL) == 0 && c->phase != PH_AUTHED)
         return rt__c2s_sasl(self, c, el);
+    if (c->phase == PH_FEATURES && rt__c2s_register_preauth(el)) {
+        rt__c2s_register_iq(self, c, el, rt_xml_child(el, "query", RT_C2S_NS_REGISTER));
+        return 0;
+    }
     /* Anything else before authentication (RFC 6120 4.9.3.12, 6.4.1). */
     rt__c2s_stream_error(self, c, RT_XML_COND_NOT_AUTHORIZED,
                          c->phase == PH_AUTHED ? "a new stream header is needed"

@@ -90,6 +90,36 @@ static int64_t pragma_int(sqlite3 *db, const char *q)
     return v;
 }
 
+/*
+** A new file's id, version and tables, in one write transaction: processes opening the
+** same new file at once (`rtd xmpp user add` run in parallel) wait for each other (the busy
+** timeout) instead of one reading another's half-made schema. 0 made; 1 another process
+** made it meanwhile (the caller checks what it made); RT_EAGAIN with why.
+*/
+static int create(sqlite3 *db, const rt_sqlite_kind_t *kind, char *why, size_t whylen)
+{
+    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        snprintf(why, whylen, "%s", sqlite3_errmsg(db));
+        return RT_EAGAIN;
+    }
+    if (pragma_int(db, "SELECT count(*) FROM sqlite_master") != 0) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return 1;
+    }
+    char set[128];
+    snprintf(set, sizeof(set), "PRAGMA application_id = %d; PRAGMA user_version = %d;",
+             (int)kind->app_id, kind->version);
+    if (sqlite3_exec(db, set, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, kind->schema, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        snprintf(why, whylen, "%s", sqlite3_errmsg(db));
+        if (!sqlite3_get_autocommit(db))
+            sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return RT_EAGAIN;
+    }
+    return 0;
+}
+
 int rt__sqlite_check_file(struct sqlite3 *db, const char *path, const rt_sqlite_kind_t *kind,
                           char *why, size_t whylen)
 {
@@ -110,15 +140,12 @@ int rt__sqlite_check_file(struct sqlite3 *db, const char *path, const rt_sqlite_
     int64_t version = pragma_int(db, "PRAGMA user_version");
     int64_t tables = pragma_int(db, "SELECT count(*) FROM sqlite_master");
     if (app == 0 && version == 0 && tables == 0) {
-        char set[128];
-        snprintf(set, sizeof(set), "PRAGMA application_id = %d; PRAGMA user_version = %d;",
-                 (int)kind->app_id, kind->version);
-        if (sqlite3_exec(db, set, NULL, NULL, NULL) != SQLITE_OK ||
-            sqlite3_exec(db, kind->schema, NULL, NULL, NULL) != SQLITE_OK) {
-            snprintf(why, whylen, "%s", sqlite3_errmsg(db));
-            return RT_EAGAIN;
-        }
-        return 0;
+        int rc = create(db, kind, why, whylen);
+        if (rc <= 0)
+            return rc;
+        app = pragma_int(db, "PRAGMA application_id"); /* another process made it first */
+        version = pragma_int(db, "PRAGMA user_version");
+        tables = pragma_int(db, "SELECT count(*) FROM sqlite_master");
     }
     if (app != kind->app_id) {
         snprintf(why, whylen, "not an %s (application_id %lld, %lld tables); left untouched",

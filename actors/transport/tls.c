@@ -426,6 +426,34 @@ size_t rt_tls_binding(SSL *ssl, unsigned type, uint8_t *out, size_t cap)
     return n;
 }
 
+int rt_tls_peer_other_names(SSL *ssl, const char *oid,
+                            bool (*fn)(const char *value, size_t len, void *arg), void *arg)
+{
+    X509 *cert = SSL_get0_peer_certificate(ssl);
+    if (!cert || SSL_get_verify_result(ssl) != X509_V_OK)
+        return -1;
+    ASN1_OBJECT *want = OBJ_txt2obj(oid, 1);
+    GENERAL_NAMES *names = want ? X509_get_ext_d2i(cert, NID_subject_alt_name, NULL, NULL) : NULL;
+    int n = 0;
+    bool stop = false;
+    for (int i = 0; names && i < sk_GENERAL_NAME_num(names) && !stop; i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(names, i);
+        if (g->type != GEN_OTHERNAME || OBJ_cmp(g->d.otherName->type_id, want) != 0)
+            continue;
+        const ASN1_TYPE *v = g->d.otherName->value;
+        if (!v || v->type != V_ASN1_UTF8STRING || v->value.utf8string->length <= 0)
+            continue;
+        const ASN1_UTF8STRING *s = v->value.utf8string;
+        if (memchr(s->data, 0, (size_t)s->length))
+            continue;
+        n++;
+        stop = fn && fn((const char *)s->data, (size_t)s->length, arg);
+    }
+    GENERAL_NAMES_free(names);
+    ASN1_OBJECT_free(want);
+    return n;
+}
+
 bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len)
 {
     X509 *cert = SSL_get0_peer_certificate(ssl);

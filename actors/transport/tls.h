@@ -82,6 +82,15 @@ void rt_tls_failure_reason(SSL *ssl, char *out, size_t len);
 bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len);
 
 /*
+** The verified client certificate's subjectAltName otherNames of type oid (dotted, such as
+** XMPP's id-on-xmppAddr "1.3.6.1.5.5.7.8.5") that are UTF8Strings without a NUL: each to fn
+** (when not NULL) until it returns true. -1 when the session has no verified client
+** certificate, else how many were passed.
+*/
+int rt_tls_peer_other_names(SSL *ssl, const char *oid,
+                            bool (*fn)(const char *value, size_t len, void *arg), void *arg);
+
+/*
 ** Channel binding (for SASL's SCRAM-*-PLUS): RT_TLS_CB_EXPORTER is RFC 9266's tls-exporter
 ** (32 bytes of keying material; TLS 1.3 only, where it is safe without extended master
 ** secret), RT_TLS_CB_END_POINT RFC 5929's tls-server-end-point (the hash of the server's

@@ -793,6 +793,12 @@ bool rt_xport_tls_identity(const rt_xport_t *xp, char *out, size_t len)
     return rt_xport_tls_on(xp) && rt_tls_peer_identity(xp->tls.ssl, out, len);
 }
 
+int rt_xport_tls_other_names(const rt_xport_t *xp, const char *oid,
+                             bool (*fn)(const char *value, size_t len, void *arg), void *arg)
+{
+    return rt_xport_tls_on(xp) ? rt_tls_peer_other_names(xp->tls.ssl, oid, fn, arg) : -1;
+}
+
 bool rt_xport_real_peer(const rt_xport_t *xp, rt_auth_addr_t *addr, uint16_t *port)
 {
     if (!xp || !xp->real)

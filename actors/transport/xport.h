@@ -207,6 +207,10 @@ unsigned rt_xport_bindings(const rt_xport_t *xp);
 size_t rt_xport_binding(const rt_xport_t *xp, unsigned type, uint8_t *out, size_t cap);
 /* The verified client certificate's identity (rt_tls_peer_identity); false if none. */
 bool rt_xport_tls_identity(const rt_xport_t *xp, char *out, size_t len);
+/* The verified client certificate's otherNames of type oid (rt_tls_peer_other_names); -1
+   without TLS or such a certificate. */
+int rt_xport_tls_other_names(const rt_xport_t *xp, const char *oid,
+                             bool (*fn)(const char *value, size_t len, void *arg), void *arg);
 /* The client's address and port as a trusted proxy named them; false when none did. */
 bool rt_xport_real_peer(const rt_xport_t *xp, rt_auth_addr_t *addr, uint16_t *port);
 /* "ip:port" of the client: as a trusted proxy named it (xp may be NULL), else socket fd's peer

@@ -153,6 +153,35 @@ static void owner_of_dir(const char *dir, const char *path)
         return; /* the open below then tells whoever cannot read it */
 }
 
+/* Asks for WAL: whether the file is in it now. */
+static bool wal_asked(sqlite3 *db)
+{
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &s, NULL) != SQLITE_OK)
+        return false;
+    bool on = sqlite3_step(s) == SQLITE_ROW &&
+              sqlite3_stricmp((const char *)sqlite3_column_text(s, 0), "wal") == 0;
+    sqlite3_finalize(s);
+    return on;
+}
+
+/*
+** WAL, set once in the file's life (the file keeps the mode). Switching a new file needs it
+** alone, and SQLite answers "database is locked" at once, without the busy handler, while
+** another process reads it (several `rtd xmpp user add` at once on a new file): asked again
+** every WAL_RETRY_MS, for RT_ACCOUNTS_BUSY_MS at most, as the busy handler would wait.
+*/
+#define WAL_RETRY_MS 5
+static int wal_on(sqlite3 *db)
+{
+    for (int waited = 0; !wal_asked(db); waited += WAL_RETRY_MS) {
+        if (waited >= RT_ACCOUNTS_BUSY_MS)
+            return RT_EAGAIN;
+        sqlite3_sleep(WAL_RETRY_MS);
+    }
+    return 0;
+}
+
 int rt_accounts_open(const char *dir, rt_accounts_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -194,8 +223,8 @@ int rt_accounts_open(const char *dir, rt_accounts_t **out, char *err, size_t err
         goto fail;
     }
     rc = RT_EAGAIN;
-    if (sqlite3_exec(a->db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", NULL, NULL,
-                     NULL) != SQLITE_OK) {
+    if (wal_on(a->db) != 0 ||
+        sqlite3_exec(a->db, "PRAGMA synchronous = NORMAL;", NULL, NULL, NULL) != SQLITE_OK) {
         rt__accounts_db_error(a, err, errlen);
         goto fail;
     }

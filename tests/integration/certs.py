@@ -5,7 +5,9 @@
 - server certificates: ECDSA P-256 and RSA 2048, both with SAN IP:127.0.0.1 and DNS:localhost;
 - client certificates: good (CN=alice-cert), a second good one (CN=bob-cert), expired (valid
   in 2020 only, through `openssl ca -startdate/-enddate`), revoked (listed in ca/crl.pem), and
-  one from a second CA the broker does not know.
+  one from a second CA the broker does not know;
+- XMPP client certificates on demand (CA.issue_xmpp): subjectAltName otherNames
+  id-on-xmppAddr (RFC 6120 13.7.1.4), the identities of SASL EXTERNAL (XEP-0178).
 
 Nothing is fetched or cached: each module that uses the `pki` fixture gets its own set in its
 tmp directory. Tests get them through the `pki` fixture (conftest.py, module scope): a Pki.
@@ -114,6 +116,23 @@ class CA:
             args += ["-startdate", start]
         args += ["-enddate", end] if end else ["-days", "30"]
         openssl(*args)
+        return cert, key
+
+    def issue_xmpp(self, out_dir, name, *jids):
+        """A client certificate whose subjectAltName is one id-on-xmppAddr otherName (a
+        UTF8String) per JID, from an extension file `openssl ca -extfile` reads."""
+        ext = os.path.join(out_dir, f"{name}.ext")
+        sans = ", ".join(f"otherName:1.3.6.1.5.5.7.8.5;UTF8:{j}" for j in jids)
+        with open(ext, "w") as f:
+            f.write("[ xmpp_client ]\nbasicConstraints = CA:FALSE\n"
+                    "keyUsage = critical, digitalSignature, keyEncipherment\n"
+                    f"extendedKeyUsage = clientAuth\nsubjectAltName = {sans}\n")
+        key = new_key(os.path.join(out_dir, f"{name}.key"), "ec")
+        csr = os.path.join(out_dir, f"{name}.csr")
+        cert = os.path.join(out_dir, f"{name}.pem")
+        openssl("req", "-new", "-key", key, "-subj", f"/O=rt tests/CN={name}", "-out", csr)
+        openssl("ca", "-batch", "-notext", "-config", self.conf, "-extfile", ext,
+                "-extensions", "xmpp_client", "-in", csr, "-out", cert, "-days", "30")
         return cert, key
 
     def revoke(self, cert):

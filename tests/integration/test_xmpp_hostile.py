@@ -58,14 +58,6 @@ def jid(user):
     return f"{user}@localhost"
 
 
-def metric(broker, name):
-    code, out, err = broker.ctl("metrics", "prometheus")
-    assert code == 0, err
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", out, re.M)
-    assert m, out[-2000:]
-    return float(m.group(1))
-
-
 def serves_quickly(broker):
     """Another client logs in (SCRAM, bind) within QUICK seconds."""
     t0 = time.monotonic()
@@ -180,7 +172,7 @@ BAD = {
 @pytest.mark.parametrize("user,make,want", list(BAD.values()), ids=list(BAD))
 def test_bad_stream(xmpp, user, make, want):
     rtd = S.is_rtd(xmpp)
-    errors = metric(xmpp, "rt_xmpp_stream_errors_total") if rtd else 0
+    errors = X.metric(xmpp, "rt_xmpp_stream_errors_total") if rtd else 0
     before = rss_guard(xmpp) if rtd else None
     r = X.Raw(xmpp.xport)
     if make is None:
@@ -192,7 +184,7 @@ def test_bad_stream(xmpp, user, make, want):
     assert cond == want, text[-2000:]
     r.close()
     if rtd:
-        assert metric(xmpp, "rt_xmpp_stream_errors_total") >= errors + 1
+        assert X.metric(xmpp, "rt_xmpp_stream_errors_total") >= errors + 1
         wait_log(xmpp, rf"event=xmpp\.stream_error .*condition={want}")
     # Neither 10 MB nor a tree of 10,000 levels or 100,000 attributes stays (or was held).
     assert_rss_grew_less(xmpp, before, 8 * 1024)
@@ -205,7 +197,7 @@ def test_header_that_never_ends(xmpp):
     with connection-timeout at connect_timeout, not at the trickle's pace."""
     # The counter first: rtd's timer starts at the connect, so nothing may come between it
     # and t0 (an rtctl call under load took 0.4 s there, and the stream seemed to end early).
-    timeouts = metric(xmpp, "rt_xmpp_connect_timeouts_total")
+    timeouts = X.metric(xmpp, "rt_xmpp_connect_timeouts_total")
     r = X.Raw(xmpp.xport)
     t0 = time.monotonic()
     r.send(b"<?xml version='1.0'?><stream:stream to='localhost' xmlns='jabber:client' "
@@ -229,7 +221,7 @@ def test_header_that_never_ends(xmpp):
     assert cond == "connection-timeout", text
     assert CONNECT_TIMEOUT - 0.1 <= took < CONNECT_TIMEOUT + 2, took
     r.close()
-    assert metric(xmpp, "rt_xmpp_connect_timeouts_total") >= timeouts + 1
+    assert X.metric(xmpp, "rt_xmpp_connect_timeouts_total") >= timeouts + 1
     serves_quickly(xmpp)
 
 
@@ -465,7 +457,7 @@ def test_offline_flood(xmpp):
     user gets exactly MAX_OFFLINE, in order, with XEP-0203 delays."""
     if S.PEER == "prosody":
         pytest.skip("Prosody 0.12 has no bound on an account's offline messages")
-    refused = metric(xmpp, "rt_xmpp_offline_refused_total") if S.is_rtd(xmpp) else 0
+    refused = X.metric(xmpp, "rt_xmpp_offline_refused_total") if S.is_rtd(xmpp) else 0
     r, _ = online(xmpp, "flooder")
     for i in range(MAX_OFFLINE + 5):
         r.send(f"<message to='floodee@localhost' type='chat' id='m{i}'><body>flood {i}</body>"
@@ -481,7 +473,7 @@ def test_offline_flood(xmpp):
     assert all(e[1][1] == "service-unavailable" for e in errors), errors
     r.close()
     if S.is_rtd(xmpp):
-        assert metric(xmpp, "rt_xmpp_offline_refused_total") >= refused + 5
+        assert X.metric(xmpp, "rt_xmpp_offline_refused_total") >= refused + 5
     u = X.Raw(xmpp.xport)
     u.login("floodee", PW, resource="back")
     u.send("<presence/>")

@@ -88,10 +88,12 @@ class Scram:
 # ---- The raw client ----
 
 class Raw:
-    """A TCP connection to rtd that sends exactly the bytes it is given."""
+    """A TCP connection to rtd that sends exactly the bytes it is given; source: the local
+    address to connect from (another loopback address is another client to rtd)."""
 
-    def __init__(self, port, host="127.0.0.1"):
-        self.sock = socket.create_connection((host, port), timeout=TIMEOUT)
+    def __init__(self, port, host="127.0.0.1", source=None):
+        self.sock = socket.create_connection((host, port), timeout=TIMEOUT,
+                                             source_address=(source, 0) if source else None)
         self.buf = b""
         self.closed = False
 
@@ -204,6 +206,15 @@ def assert_serves(port, user, password):
         assert r.login(user, password, resource="after").endswith("/after")
     finally:
         r.close()
+
+
+def metric(broker, name):
+    """A value rtd's /metrics (through rtctl) gives name (the first series of it)."""
+    code, out, err = broker.ctl("metrics", "prometheus")
+    assert code == 0, err
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", out, re.M)
+    assert m, out[-2000:]
+    return float(m.group(1))
 
 
 def first_el(text, name):

@@ -509,6 +509,37 @@ static void test_fail_table_bounded(void)
     rt_auth_limiter_free(l);
 }
 
+/* The table as a rate (XMPP registrations): a burst, then one each period / burst. */
+static void test_rate(void)
+{
+    rt_auth_limiter_t *l = NULL;
+    CHECK_EQ(rt_auth_rate_new(3, 3600 * 1000, &l), 0);
+    rt_auth_addr_t a, b, a6, a6_same64;
+    rt_auth_addr_parse("192.0.2.1", &a);
+    rt_auth_addr_parse("192.0.2.2", &b);
+    rt_auth_addr_parse("2001:db8:1:2::1", &a6);
+    rt_auth_addr_parse("2001:db8:1:2:ffff::9", &a6_same64);
+    uint64_t t = 1000000;
+    for (int i = 0; i < 3; i++)
+        CHECK(rt_auth_rate_take(l, &a, t));
+    CHECK(!rt_auth_rate_take(l, &a, t));
+    CHECK(rt_auth_rate_take(l, &b, t)); /* other addresses unaffected */
+    /* One drains each 20 minutes; refused tries do not count. */
+    CHECK(!rt_auth_rate_take(l, &a, t + 19 * 60 * 1000));
+    CHECK(!rt_auth_rate_take(l, &a, t + 19 * 60 * 1000));
+    CHECK(rt_auth_rate_take(l, &a, t + 20 * 60 * 1000));
+    CHECK(!rt_auth_rate_take(l, &a, t + 20 * 60 * 1000));
+    /* Drained whole after an hour: a full burst again. */
+    for (int i = 0; i < 3; i++)
+        CHECK(rt_auth_rate_take(l, &a, t + 3 * 3600 * 1000));
+    CHECK(!rt_auth_rate_take(l, &a, t + 3 * 3600 * 1000));
+    /* IPv6 per /64. */
+    for (int i = 0; i < 3; i++)
+        CHECK(rt_auth_rate_take(l, i % 2 ? &a6 : &a6_same64, t));
+    CHECK(!rt_auth_rate_take(l, &a6, t));
+    rt_auth_limiter_free(l);
+}
+
 /* ---- The policy through rt_auth_configure / rt_auth_login ---- */
 
 static void test_login_policy(void)
@@ -717,6 +748,7 @@ int main(void)
     RUN(test_reload_under_readers);
     RUN(test_fail_delay);
     RUN(test_fail_table_bounded);
+    RUN(test_rate);
     RUN(test_login_quick);
     RUN(test_login_policy);
     RUN(test_check_cost);

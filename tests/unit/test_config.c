@@ -437,6 +437,8 @@ static void test_xmpp(void)
              "xmpp = {\n"
              "    hosts = { \"Example.ORG\", \"chat.example.net\", \"xn--bcher-kva.example\" },\n"
              "    anonymous = { \"chat.example.net\" },\n"
+             "    register = { \"Example.org\" },\n"
+             "    register_rate = 20,\n"
              "    listeners = { \"127.0.0.1:5222\",\n"
              "        { bind = \"0.0.0.0:5223\", tls = { cert = \"x.pem\", key = \"x.key\" } },\n"
              "        { bind = \"[::1]:5224\", starttls = true,\n"
@@ -465,11 +467,14 @@ static void test_xmpp(void)
     CHECK_STR(x->hosts[2], "xn--bcher-kva.example");
     CHECK_EQ(x->nanonymous, 1);
     CHECK_STR(x->anonymous[0], "chat.example.net");
+    CHECK_EQ(x->nregistration, 1);
+    CHECK_STR(x->registration[0], "example.org");
+    CHECK_EQ(x->register_rate, 20);
     CHECK_EQ(x->nlisteners, 4);
     CHECK_STR(x->listeners[0].host, "127.0.0.1");
     CHECK_EQ(x->listeners[0].port, 5222);
     CHECK(!x->listeners[0].tls_on && !x->listeners[0].starttls);
-    CHECK_EQ(x->listeners[0].line, 20); /* where the assignment ends (Lua's line), for a port
+    CHECK_EQ(x->listeners[0].line, 22); /* where the assignment ends (Lua's line), for a port
                                            in use */
     CHECK(x->listeners[1].tls_on && !x->listeners[1].starttls); /* direct TLS, XEP-0368 */
     CHECK_STR(x->listeners[1].tls.cert, "/tmp/x.pem");          /* the file's directory */
@@ -562,6 +567,9 @@ static void test_xmpp(void)
          "xmpp.anonymous[1]: \"b.example\" is not one of xmpp.hosts"},
         {"xmpp={hosts=\"a.example\", anonymous={\"A.example\", \"a.example\"}}",
          "xmpp.anonymous[2]: \"a.example\" is given twice"},
+        {"xmpp={hosts=\"a.example\", register={\"a.example\", \"b.example\"}}",
+         "xmpp.register[2]: \"b.example\" is not one of xmpp.hosts"},
+        {"xmpp={hosts=\"a.example\", register_rate=0}", "xmpp.register_rate"},
         {"xmpp={hosts=\"a.example\", colour=1}", "xmpp: unknown key \"colour\" (hosts, "},
         {"xmpp={hosts=\"a.example\", listeners={}}", "xmpp.listeners: between 1 and 8"},
         {"xmpp={hosts=\"a.example\", listeners=\"localhost:5222\"}",

@@ -1,0 +1,85 @@
+/*
+** The store actor's side of in-band registration (XEP-0077, c2s_register.c): an account made,
+** its password changed, or its deletion, on the store's own accounts handle (PBKDF2 here, on
+** the blocking pool). The asking session gets a c2s_reply_t with the iq id and the account's
+** name after it; a deletion then ends every session of the account.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "c2s_impl.h"
+#include "c2s_store.h"
+#include "log.h"
+
+/* The answer: rc, then the iq id, NUL and the user (for the session's log line). */
+static void reply(rt_pid_t to, const c2s_req_t *r, int rc, const char *id, size_t idlen,
+                  const char *user)
+{
+    size_t ulen = strlen(user);
+    rt_buf_t b = {0};
+    c2s_reply_t head = {.op = r->op, .seq = r->seq, .rc = rc, .len = (uint32_t)(idlen + 1 + ulen)};
+    rt_buf_add(&b, &head, sizeof(head));
+    rt_buf_add(&b, id, idlen);
+    rt_buf_add(&b, "", 1);
+    rt_buf_add(&b, user, ulen);
+    if (!b.oom)
+        rt_send(to, C2S_MSG_STORE_REPLY, b.data, b.len);
+    rt_buf_free(&b);
+}
+
+/* The id at the head of a request's data (up to its NUL, or all of it). */
+static size_t id_len(const uint8_t *data, size_t len)
+{
+    const uint8_t *nul = memchr(data, 0, len);
+    return nul ? (size_t)(nul - data) : len;
+}
+
+void rt__c2s_store_register_lost(rt_pid_t to, const c2s_req_t *r)
+{
+    const uint8_t *data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
+    reply(to, r, RT_EAGAIN, (const char *)data, id_len(data, r->data_len), "");
+}
+
+/* Every session of user@host ends (XEP-0077 3.2), told by message: its actor ends itself. */
+static void end_sessions(const char *host, const char *user)
+{
+    char bare[2 * RT_JID_PART_MAX + 2];
+    int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
+    size_t max = (size_t)rt__c2s.conf->max_resources;
+    c2s_route_t *routes = malloc(max * sizeof(*routes));
+    if (!routes || blen <= 0) {
+        free(routes);
+        return;
+    }
+    size_t n = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, routes, max);
+    for (size_t i = 0; i < n; i++)
+        rt_send(routes[i].pid, C2S_MSG_ACCOUNT_GONE, NULL, 0);
+    free(routes);
+}
+
+void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, const char *host,
+                            const char *user, const uint8_t *data, size_t len)
+{
+    size_t idlen = id_len(data, len);
+    const char *pw = idlen < len ? (const char *)data + idlen + 1 : "";
+    size_t pwlen = idlen < len ? len - idlen - 1 : 0;
+    char err[RT_ACCOUNTS_ERR_LEN] = "";
+    int rc;
+    if (r->op == C2S_OP_REGISTER) {
+        /* An existing name costs no PBKDF2. */
+        rt_scram_cred_t cred;
+        rc = rt_accounts_get(a, host, user, RT_SCRAM_SHA256, &cred);
+        rc = rc == 0              ? RT_EEXIST
+             : rc == RT_ENOTFOUND ? rt_accounts_add(a, host, user, pw, pwlen, 0, err, sizeof(err))
+                                  : rc;
+    } else if (r->op == C2S_OP_PASSWD) {
+        rc = rt_accounts_passwd(a, host, user, pw, pwlen, 0, err, sizeof(err));
+    } else {
+        rc = rt_accounts_del(a, host, user, err, sizeof(err));
+    }
+    if (rc == RT_EAGAIN)
+        rt_log(RT_LOG_WARNING, "xmpp.store_failed", "user=%s@%s error=%s", user, host, err);
+    reply(to, r, rc, (const char *)data, idlen, user);
+    if (rc == 0 && r->op == C2S_OP_UNREGISTER)
+        end_sessions(host, user);
+}
