@@ -452,6 +452,12 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_connect_timeouts_total", "counter",
             "Streams not authenticated within connect_timeout.",
             atomic_load(&x->connect_timeouts));
+    one_u64(b, "rt_xmpp_archived_total", "counter",
+            "Message copies written to the archive (XEP-0313), sender's and receiver's.",
+            atomic_load(&x->archived));
+    one_u64(b, "rt_xmpp_archive_dropped_total", "counter",
+            "Message copies not archived: the store fell behind or could not write.",
+            atomic_load(&x->archive_dropped));
 }
 
 static void rules_section(rt_buf_t *b, const scrape_t *s)

@@ -45,6 +45,8 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t offline_refused;  /* offline messages past a user's bound */
     _Atomic uint64_t replaced;         /* sessions ended by a newer one binding their resource */
     _Atomic uint64_t connect_timeouts; /* streams not authenticated within connect_timeout */
+    _Atomic uint64_t archived;         /* copies written to the message archive (XEP-0313) */
+    _Atomic uint64_t archive_dropped;  /* copies not archived: the store behind or failing */
 } rt_c2s_stats_t;
 
 extern rt_c2s_stats_t rt_c2s_stats;

@@ -21,14 +21,43 @@
 #include "c2s_store.h"
 #include "group.h"
 #include "log.h"
+#include "xeps.h"
 
 #define NS_DELAY "urn:xmpp:delay"
 
 typedef struct store_s {
     rt_accounts_t *accounts;
+    c2s_batch_t batch; /* archive copies not yet written (c2s_store_mam.c) */
 } store_t;
 
 static char store_dir[sizeof(((rt_conf_t *)0)->data_dir)];
+
+rt_msg_t *rt__c2s_store_msg(uint32_t op, uint32_t seq, const char *host, size_t host_len,
+                            const char *user, size_t user_len, uint32_t hash, size_t data_len)
+{
+    if (host_len > UINT16_MAX || user_len > UINT16_MAX || data_len > UINT32_MAX / 2)
+        return NULL;
+    size_t len = sizeof(c2s_req_t) + host_len + user_len + data_len;
+    rt_msg_t *m = rt_msg_new(C2S_MSG_STORE_REQ, len);
+    if (!m)
+        return NULL;
+    c2s_req_t *r = (c2s_req_t *)(void *)m->data;
+    *r = (c2s_req_t){.op = op,
+                     .seq = seq,
+                     .host_len = (uint16_t)host_len,
+                     .user_len = (uint16_t)user_len,
+                     .data_len = (uint32_t)data_len,
+                     .hash = hash};
+    memcpy(r->bytes, host, host_len);
+    memcpy(r->bytes + host_len, user, user_len);
+    return m;
+}
+
+uint8_t *rt__c2s_store_data(rt_msg_t *m)
+{
+    c2s_req_t *r = (c2s_req_t *)(void *)m->data;
+    return (uint8_t *)r->bytes + r->host_len + r->user_len;
+}
 
 int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_len,
                       const char *user, size_t user_len, uint32_t hash, const void *data,
@@ -39,21 +68,11 @@ int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_l
     rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
     if (!store)
         return RT_ENOPROC;
-    size_t len = sizeof(c2s_req_t) + host_len + user_len + data_len;
-    rt_msg_t *m = rt_msg_new(C2S_MSG_STORE_REQ, len);
+    rt_msg_t *m = rt__c2s_store_msg(op, seq, host, host_len, user, user_len, hash, data_len);
     if (!m)
         return RT_ENOMEM;
-    c2s_req_t *r = (c2s_req_t *)(void *)m->data;
-    *r = (c2s_req_t){.op = op,
-                     .seq = seq,
-                     .host_len = (uint16_t)host_len,
-                     .user_len = (uint16_t)user_len,
-                     .data_len = (uint32_t)data_len,
-                     .hash = hash};
-    memcpy(r->bytes, host, host_len);
-    memcpy(r->bytes + host_len, user, user_len);
     if (data_len)
-        memcpy(r->bytes + host_len + user_len, data, data_len);
+        memcpy(rt__c2s_store_data(m), data, data_len);
     return rt_send_msg(store, m);
 }
 
@@ -64,9 +83,14 @@ static int store_init(rt_actor_t *self, void *state, void *arg)
     store_t *s = state;
     char err[RT_ACCOUNTS_ERR_LEN];
     int rc = rt_accounts_open(store_dir, &s->accounts, err, sizeof(err));
-    if (rc)
+    if (rc) {
         rt_log(RT_LOG_ERROR, "xmpp.store_failed", "error=%s", err);
-    return rc;
+        return rc;
+    }
+    int64_t last;
+    if (rt_archive_last_id(s->accounts, &last) == 0)
+        rt__c2s_mam_floor(last);
+    return 0;
 }
 
 static void reply(rt_pid_t to, const c2s_reply_t *r)
@@ -130,7 +154,6 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
 
 static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
-    (void)self;
     store_t *s = state;
     if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
         return;
@@ -145,6 +168,8 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     user[r->user_len] = 0;
     const uint8_t *data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
     c2s_reply_t out = {.op = r->op, .seq = r->seq};
+    if (r->op == C2S_OP_MAM_QUERY && s->batch.n) /* it sees what was routed before it */
+        rt__c2s_store_archive_flush(s->accounts, &s->batch);
     switch (r->op) {
     case C2S_OP_CRED:
         out.rc = rt_accounts_get(s->accounts, host, user, (rt_scram_hash_t)r->hash, &out.u.cred);
@@ -184,6 +209,22 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_VCARD_SET:
         rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
         break;
+    case C2S_OP_ARCHIVE:
+        rt__c2s_store_archive_add(s->accounts, &s->batch, host, user, data, r->data_len);
+        if (!s->batch.flush_due && s->batch.n) {
+            rt_msg_t *f = rt__c2s_store_msg(C2S_OP_ARCHIVE_FLUSH, 0, "", 0, "", 0, 0, 0);
+            s->batch.flush_due = f && rt_send_unmuted(rt_self(self), f) == 0;
+        }
+        if (!s->batch.flush_due)
+            rt__c2s_store_archive_flush(s->accounts, &s->batch);
+        break;
+    case C2S_OP_ARCHIVE_FLUSH:
+        s->batch.flush_due = false;
+        rt__c2s_store_archive_flush(s->accounts, &s->batch);
+        break;
+    case C2S_OP_MAM_QUERY:
+        rt__c2s_store_mam_query(s->accounts, m->from, host, user, data, r->data_len);
+        break;
     case C2S_OP_PRESENCE_INIT: {
         rt__c2s_store_presence_init(s->accounts, m->from, host, user);
         rt__c2s_store_block_load(s->accounts, m->from, host, user); /* before what was kept */
@@ -199,6 +240,9 @@ static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     (void)self;
     (void)reason;
     store_t *s = state;
+    if (s->accounts)
+        rt__c2s_store_archive_flush(s->accounts, &s->batch);
+    rt_buf_free(&s->batch.recs);
     rt_accounts_close(s->accounts);
     s->accounts = NULL;
 }
@@ -210,6 +254,10 @@ static void store_dead_letter(void *state, rt_msg_t *m)
     if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
         return;
     const c2s_req_t *r = (const void *)m->data;
+    if (r->op == C2S_OP_ARCHIVE) {
+        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, r->data_len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
+    }
     if (r->op == C2S_OP_CRED || r->op == C2S_OP_PLAIN)
         reply(m->from, &(c2s_reply_t){.op = r->op, .seq = r->seq, .rc = RT_EAGAIN});
 }

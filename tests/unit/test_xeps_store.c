@@ -152,8 +152,8 @@ static void chat(rt_accounts_t *a, int from, int to, uint32_t keep)
         char body[16];
         int len = snprintf(body, sizeof(body), "m%d", i);
         rt_archive_entry_t e[2] = {
-            {H, "juliet", "romeo@example.com", body, (size_t)len},
-            {H, "romeo", "juliet@example.com", body, (size_t)len},
+            {H, "juliet", "romeo@example.com", body, (size_t)len, 0, 0},
+            {H, "romeo", "juliet@example.com", body, (size_t)len, 0, 0},
         };
         int64_t ids[2] = {0, 0};
         CHECK_EQ(rt_archive_put(a, e, 2, 1000 + i, keep, ids), 0);
@@ -168,8 +168,8 @@ static void test_archive(void)
         return;
     chat(a, 0, 10, 100);
     /* An anonymous user (no account) gets no copy; the other party does. */
-    rt_archive_entry_t anon[2] = {{H, "juliet", "guest@example.com", "hi", 2},
-                                  {H, "guest", "juliet@example.com", "hi", 2}};
+    rt_archive_entry_t anon[2] = {{H, "juliet", "guest@example.com", "hi", 2, 0, 0},
+                                  {H, "guest", "juliet@example.com", "hi", 2, 0, 0}};
     int64_t ids[2];
     CHECK_EQ(rt_archive_put(a, anon, 2, 2000, 100, ids), 0);
     CHECK(ids[0] > 0 && ids[1] == 0);
@@ -209,6 +209,49 @@ static void test_archive(void)
     chat(a, 14, 15, 12);
     CHECK(query(a, "romeo", (rt_archive_query_t){.max = 50}, &p));
     CHECK(p.n == 12 && strcmp(p.bodies[0], "m3") == 0);
+    /* Counts by the filters, not the paging. */
+    uint64_t count = 0;
+    CHECK_EQ(rt_archive_count(a, H, "romeo", &(rt_archive_query_t){.max = 1}, &count), 0);
+    CHECK_EQ(count, 12);
+    CHECK_EQ(rt_archive_count(a, H, "romeo",
+                              &(rt_archive_query_t){.start_ms = 1010, .end_ms = 1011}, &count),
+             0);
+    CHECK_EQ(count, 2);
+    CHECK_EQ(rt_archive_count(a, H, "juliet", &(rt_archive_query_t){.with = "guest@example.com"},
+                              &count),
+             0);
+    CHECK_EQ(count, 1);
+    rt_accounts_close(a);
+}
+
+/* Ids the caller chose (the stanza-id a receiver was told), stamps of each entry; a taken id
+   makes way for the next free one rather than losing the message. */
+static void test_archive_ids(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    int64_t last = 0;
+    CHECK_EQ(rt_archive_last_id(a, &last), 0);
+    int64_t big = last + 1000000;
+    rt_archive_entry_t e[2] = {
+        {H, "juliet", "nurse@example.com", "a", 1, big, 5000},
+        {H, "romeo", "nurse@example.com", "b", 1, big + 1, 0},
+    };
+    int64_t ids[2] = {0, 0};
+    CHECK_EQ(rt_archive_put(a, e, 2, 6000, 100, ids), 0);
+    CHECK(ids[0] == big && ids[1] == big + 1);
+    CHECK_EQ(rt_archive_last_id(a, &last), 0);
+    CHECK_EQ(last, big + 1);
+    page_t p;
+    CHECK(query(a, "juliet",
+                (rt_archive_query_t){.max = 5, .with = "nurse@example.com", .end_ms = 5000}, &p));
+    CHECK(p.n == 1 && p.ids[0] == big);
+    CHECK(query(a, "romeo", (rt_archive_query_t){.max = 5, .start_ms = 6000}, &p));
+    CHECK(p.n == 1 && p.ids[0] == big + 1);
+    rt_archive_entry_t again = {H, "juliet", "nurse@example.com", "c", 1, big, 0};
+    CHECK_EQ(rt_archive_put(a, &again, 1, 7000, 100, ids), 0);
+    CHECK_EQ(ids[0], big + 2);
     rt_accounts_close(a);
 }
 
@@ -276,6 +319,7 @@ int main(void)
     RUN(test_blocklist);
     RUN(test_vcard);
     RUN(test_archive);
+    RUN(test_archive_ids);
     RUN(test_delete_account);
     RUN(test_migration_from_schema_2);
     tmpdir_remove();
