@@ -81,7 +81,6 @@ enum {
     C2S_OP_VCARD_GET,     /* data: iq id NUL, from (another account's bare JID; none: own) */
     C2S_OP_VCARD_SET,     /* data: iq id NUL, the vCard element's bytes */
     C2S_OP_ARCHIVE,       /* data: c2s_archive_t, the receiver's bare JID, the stanza */
-    C2S_OP_ARCHIVE_FLUSH, /* the store to itself: write the batch (c2s_store_mam.c) */
     C2S_OP_MAM_QUERY,     /* data: c2s_mam_query_t, iq id, queryid, full JID, iq's to (each
                              NUL-terminated), the with filter's bare JID (none: empty) */
 };
@@ -113,7 +112,8 @@ typedef struct c2s_mam_query_s {
 #define C2S_MAM_PAGE_MAX 250
 #define C2S_MAM_PAGE_BYTES (1024 * 1024)
 #define C2S_ARCHIVE_INFLIGHT_MAX (32u * 1024 * 1024)
-#define C2S_ARCHIVE_BATCH_BYTES (1024 * 1024)     /* the store writes its batch at this size */
+#define C2S_ARCHIVE_BATCH_BYTES (1024 * 1024) /* the store writes its batch at this size */
+#define C2S_ARCHIVE_BATCH_MS 10               /* or this long after its first copy */
 extern _Atomic uint64_t rt__c2s_archive_inflight; /* bytes of C2S_OP_ARCHIVE data unwritten */
 
 /* A request: this header, then host, user and the operation's bytes, each after the other. */

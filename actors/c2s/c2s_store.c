@@ -155,6 +155,11 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
 static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     store_t *s = state;
+    if (m->tag == C2S_MSG_ARCHIVE_FLUSH) {
+        s->batch.flush_due = false;
+        rt__c2s_store_archive_flush(s->accounts, &s->batch);
+        return;
+    }
     if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
         return;
     const c2s_req_t *r = (const void *)m->data;
@@ -211,16 +216,11 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case C2S_OP_ARCHIVE:
         rt__c2s_store_archive_add(s->accounts, &s->batch, host, user, data, r->data_len);
-        if (!s->batch.flush_due && s->batch.n) {
-            rt_msg_t *f = rt__c2s_store_msg(C2S_OP_ARCHIVE_FLUSH, 0, "", 0, "", 0, 0, 0);
-            s->batch.flush_due = f && rt_send_unmuted(rt_self(self), f) == 0;
-        }
+        if (!s->batch.flush_due && s->batch.n)
+            s->batch.flush_due = rt_send_after_tag(C2S_ARCHIVE_BATCH_MS, rt_self(self),
+                                                   C2S_MSG_ARCHIVE_FLUSH, NULL) == 0;
         if (!s->batch.flush_due)
             rt__c2s_store_archive_flush(s->accounts, &s->batch);
-        break;
-    case C2S_OP_ARCHIVE_FLUSH:
-        s->batch.flush_due = false;
-        rt__c2s_store_archive_flush(s->accounts, &s->batch);
         break;
     case C2S_OP_MAM_QUERY:
         rt__c2s_store_mam_query(s->accounts, m->from, host, user, data, r->data_len);

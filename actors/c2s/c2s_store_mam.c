@@ -2,13 +2,14 @@
 ** The store actor's side of the message archive (XEP-0313, archive.c in xmpp.db): the batch
 ** of copies the sessions send as they route chats, and the queries.
 **
-** Batching. A copy (C2S_OP_ARCHIVE) is added to the batch; the first one of a batch sends
-** the store a C2S_OP_ARCHIVE_FLUSH behind it, so that when that arrives every copy sent
-** before it has been added, and one transaction writes them all. A batch is as big as what
-** came while the last one was written: one copy when the server is quiet, many under load,
-** where a transaction per copy (its WAL write) would cost most. It is written sooner at
+** Batching. A copy (C2S_OP_ARCHIVE) is added to the batch; the first one of a batch sets a
+** timer (C2S_ARCHIVE_BATCH_MS), and when it fires one transaction writes every copy that came
+** meanwhile. A transaction per copy would cost most of the work: SQLite writes each page a
+** transaction touches to the WAL whole (the table's, two indexes', the count's), so copies
+** that share a transaction share those writes. It is written sooner at
 ** C2S_ARCHIVE_BATCH_BYTES, before a query (which then sees every copy routed before it was
-** asked) and when the store ends.
+** asked: no client waits for the timer) and when the store ends; what a crash loses is
+** what the timer held, C2S_ARCHIVE_BATCH_MS of chats.
 */
 #include <stdlib.h>
 #include <string.h>
