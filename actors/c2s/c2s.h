@@ -23,6 +23,7 @@
 /* The XMPP listeners' indexes follow the MQTT listeners' and the HTTP listener's, so one
    table of TLS contexts and listener counters serves them all (tls.h: RT_TLS_XMPP). */
 #define RT_C2S_STORE_NAME "xmpp_store"
+#define RT_C2S_ARCHIVE_NAME "xmpp_archive"
 #define RT_C2S_GROUP "xmpp_sup"
 
 typedef struct rt_c2s_arg_s {

@@ -148,6 +148,9 @@ rt_msg_t *rt__c2s_store_msg(uint32_t op, uint32_t seq, const char *host, size_t 
                             const char *user, size_t user_len, uint32_t hash, size_t data_len);
 uint8_t *rt__c2s_store_data(rt_msg_t *m);
 int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t errlen);
+/* The archive's actor (c2s_store_mam.c), in the store's group; it takes C2S_OP_ARCHIVE and
+   C2S_OP_MAM_QUERY requests, sent with rt_send_unmuted. */
+int rt__c2s_archive_start(rt_pid_t group, const char *data_dir);
 
 /* ---- The global settings (c2s_start.c) ---- */
 typedef struct c2s_global_s {

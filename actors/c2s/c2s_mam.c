@@ -1,7 +1,7 @@
 /*
 ** Message Archive Management (XEP-0313), the session's side: what it archives as it routes,
 ** the stanza-id (XEP-0359) the receiver gets, and the archive's iq (queries, their form,
-** preferences). The archive is in xmpp.db, written and read by the store actor
+** preferences). The archive is in xmpp.db, written and read by the archive actor
 ** (c2s_store_mam.c).
 **
 ** Archiving. The sender's session archives a chat for both parties (its own account's copy as
@@ -9,11 +9,11 @@
 ** receiver's resources, if any, takes it, and kept offline with its stanza-id. Each copy's
 ** archive id is chosen here, before the write, so that the receiver is told it at once: ids
 ** are microseconds of the wall clock (as ejabberd's), kept unique and growing by one atomic,
-** above the greatest in the file (the store says which at start). The write is a message to
-** the store, which batches what it is sent into one transaction: the session neither waits
-** for it nor is slowed by a store that falls behind (rt_send_unmuted); what waits for the
-** store is bounded by C2S_ARCHIVE_INFLIGHT_MAX bytes, past which copies are dropped and
-** counted, never routing stalled.
+** above the greatest in the file (the archive actor says which at start). The write is a
+** message to that actor, which batches what it is sent into one transaction: the session
+** neither waits for it nor is slowed by an archive that falls behind (rt_send_unmuted); what
+** waits for it is bounded by C2S_ARCHIVE_INFLIGHT_MAX bytes, past which copies are dropped
+** and counted, never routing stalled.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +77,11 @@ void rt__c2s_mam_message(c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to, rt
     if (!rt__c2s.conf->archive || !to->local || !archivable(el) || b->oom || b->len < end_len ||
         memcmp(b->data + b->len - end_len, end, end_len) != 0)
         return;
-    int to_host = rt__c2s_host_index(rt_jid_domain(to), to->domain);
-    bool out = !c->anonymous, in = to_host >= 0 && !rt__c2s_host_anonymous((unsigned)to_host);
+    /* The receiver: any account of a served host. Whether it is one (or an anonymous
+       session, which has none) the archive finds as it writes; the stanza-id is added either
+       way, and an anonymous session's account does not advertise urn:xmpp:sid:0, so its
+       client ignores it (XEP-0359 4). */
+    bool out = !c->anonymous, in = rt__c2s_host_index(rt_jid_domain(to), to->domain) >= 0;
     if (!out && !in)
         return;
     size_t to_len = rt_jid_bare_len(to), len = sizeof(c2s_archive_t) + to_len + b->len;
@@ -94,17 +97,17 @@ void rt__c2s_mam_message(c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to, rt
                        .in_id = in ? first + 1 : 0,
                        .to_len = (uint32_t)to_len};
     const char *host = rt__c2s.conf->hosts[c->host];
-    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
-    rt_msg_t *m = store ? rt__c2s_store_msg(C2S_OP_ARCHIVE, 0, host, strlen(host),
-                                            rt_jid_local(c->jid), c->jid->local, 0, len)
-                        : NULL;
+    rt_pid_t archive = rt_whereis(RT_C2S_ARCHIVE_NAME);
+    rt_msg_t *m = archive ? rt__c2s_store_msg(C2S_OP_ARCHIVE, 0, host, strlen(host),
+                                              rt_jid_local(c->jid), c->jid->local, 0, len)
+                          : NULL;
     if (m) {
         uint8_t *p = rt__c2s_store_data(m);
         memcpy(p, &h, sizeof(h));
         memcpy(p + sizeof(h), to->s, to_len);
         memcpy(p + sizeof(h) + to_len, b->data, b->len);
     }
-    if (!m || rt_send_unmuted(store, m) != 0) {
+    if (!m || rt_send_unmuted(archive, m) != 0) {
         atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
         atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
         return;
@@ -318,8 +321,14 @@ static void query(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xm
     if (has_with)
         rt_buf_add(&d, with.jid.s, rt_jid_bare_len(&with.jid));
     const char *host = rt__c2s.conf->hosts[c->host];
-    if (d.oom || rt__c2s_store_ask(C2S_OP_MAM_QUERY, 0, host, strlen(host), rt_jid_local(c->jid),
-                                   c->jid->local, 0, d.data, d.len) != 0)
+    rt_pid_t archive = rt_whereis(RT_C2S_ARCHIVE_NAME);
+    rt_msg_t *m = archive && !d.oom
+                      ? rt__c2s_store_msg(C2S_OP_MAM_QUERY, 0, host, strlen(host),
+                                          rt_jid_local(c->jid), c->jid->local, 0, d.len)
+                      : NULL;
+    if (m)
+        memcpy(rt__c2s_store_data(m), d.data, d.len);
+    if (!m || rt_send_unmuted(archive, m) != 0)
         rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
     rt_buf_free(&d);
 }

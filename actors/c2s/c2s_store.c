@@ -21,13 +21,11 @@
 #include "c2s_store.h"
 #include "group.h"
 #include "log.h"
-#include "xeps.h"
 
 #define NS_DELAY "urn:xmpp:delay"
 
 typedef struct store_s {
     rt_accounts_t *accounts;
-    c2s_batch_t batch; /* archive copies not yet written (c2s_store_mam.c) */
 } store_t;
 
 static char store_dir[sizeof(((rt_conf_t *)0)->data_dir)];
@@ -87,9 +85,6 @@ static int store_init(rt_actor_t *self, void *state, void *arg)
         rt_log(RT_LOG_ERROR, "xmpp.store_failed", "error=%s", err);
         return rc;
     }
-    int64_t last;
-    if (rt_archive_last_id(s->accounts, &last) == 0)
-        rt__c2s_mam_floor(last);
     return 0;
 }
 
@@ -154,12 +149,8 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
 
 static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
+    (void)self;
     store_t *s = state;
-    if (m->tag == C2S_MSG_ARCHIVE_FLUSH) {
-        s->batch.flush_due = false;
-        rt__c2s_store_archive_flush(s->accounts, &s->batch);
-        return;
-    }
     if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
         return;
     const c2s_req_t *r = (const void *)m->data;
@@ -173,8 +164,6 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     user[r->user_len] = 0;
     const uint8_t *data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
     c2s_reply_t out = {.op = r->op, .seq = r->seq};
-    if (r->op == C2S_OP_MAM_QUERY && s->batch.n) /* it sees what was routed before it */
-        rt__c2s_store_archive_flush(s->accounts, &s->batch);
     switch (r->op) {
     case C2S_OP_CRED:
         out.rc = rt_accounts_get(s->accounts, host, user, (rt_scram_hash_t)r->hash, &out.u.cred);
@@ -214,17 +203,6 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_VCARD_SET:
         rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
         break;
-    case C2S_OP_ARCHIVE:
-        rt__c2s_store_archive_add(s->accounts, &s->batch, host, user, data, r->data_len);
-        if (!s->batch.flush_due && s->batch.n)
-            s->batch.flush_due = rt_send_after_tag(C2S_ARCHIVE_BATCH_MS, rt_self(self),
-                                                   C2S_MSG_ARCHIVE_FLUSH, NULL) == 0;
-        if (!s->batch.flush_due)
-            rt__c2s_store_archive_flush(s->accounts, &s->batch);
-        break;
-    case C2S_OP_MAM_QUERY:
-        rt__c2s_store_mam_query(s->accounts, m->from, host, user, data, r->data_len);
-        break;
     case C2S_OP_PRESENCE_INIT: {
         rt__c2s_store_presence_init(s->accounts, m->from, host, user);
         rt__c2s_store_block_load(s->accounts, m->from, host, user); /* before what was kept */
@@ -240,9 +218,6 @@ static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     (void)self;
     (void)reason;
     store_t *s = state;
-    if (s->accounts)
-        rt__c2s_store_archive_flush(s->accounts, &s->batch);
-    rt_buf_free(&s->batch.recs);
     rt_accounts_close(s->accounts);
     s->accounts = NULL;
 }
@@ -254,10 +229,6 @@ static void store_dead_letter(void *state, rt_msg_t *m)
     if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
         return;
     const c2s_req_t *r = (const void *)m->data;
-    if (r->op == C2S_OP_ARCHIVE) {
-        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, r->data_len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
-    }
     if (r->op == C2S_OP_CRED || r->op == C2S_OP_PLAIN)
         reply(m->from, &(c2s_reply_t){.op = r->op, .seq = r->seq, .rc = RT_EAGAIN});
 }
@@ -280,6 +251,8 @@ int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t er
     int rc = rt_group_start(sup, RT_C2S_GROUP, RT_PERMANENT, &group);
     if (!rc)
         rc = rt_supervisor_start_child(group, &c, NULL);
+    if (!rc) /* after the store: the file is made or migrated by then */
+        rc = rt__c2s_archive_start(group, data_dir);
     if (rc)
         snprintf(err, errlen, "cannot start the XMPP account store (%s/%s): %s", data_dir,
                  RT_ACCOUNTS_FILE, rt_strerror(rc));

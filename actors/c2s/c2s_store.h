@@ -5,7 +5,6 @@
 #ifndef RT_C2S_STORE_H
 #define RT_C2S_STORE_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,20 +30,6 @@ void rt__c2s_store_block_set(rt_accounts_t *a, rt_pid_t to, const char *host, co
 void rt__c2s_store_vcard_get(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
                              const uint8_t *data, size_t len);
 void rt__c2s_store_vcard_set(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
-                             const uint8_t *data, size_t len);
-
-/* c2s_store_mam.c: the message archive (XEP-0313) */
-#define C2S_MSG_ARCHIVE_FLUSH (RT_C2S_MSG_BASE + 0x40) /* the store's timer: write the batch */
-typedef struct c2s_batch_s {
-    rt_buf_t recs;    /* the copies waiting to be written */
-    uint32_t n;       /* how many (a chat between two accounts is two) */
-    uint64_t charged; /* their bytes in rt__c2s_archive_inflight */
-    bool flush_due;   /* a C2S_MSG_ARCHIVE_FLUSH timer is set */
-} c2s_batch_t;
-void rt__c2s_store_archive_add(rt_accounts_t *a, c2s_batch_t *batch, const char *host,
-                               const char *user, const uint8_t *data, size_t len);
-void rt__c2s_store_archive_flush(rt_accounts_t *a, c2s_batch_t *batch);
-void rt__c2s_store_mam_query(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
                              const uint8_t *data, size_t len);
 
 #endif

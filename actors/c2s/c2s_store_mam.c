@@ -1,27 +1,46 @@
 /*
-** The store actor's side of the message archive (XEP-0313, archive.c in xmpp.db): the batch
-** of copies the sessions send as they route chats, and the queries.
+** xmpp_archive: the actor that writes and reads the message archive (XEP-0313, archive.c in
+** xmpp.db) for the sessions, on the blocking pool beside the store actor (c2s_store.c), with
+** its own connection to the file. Its own actor so that a burst of chats, or a slow disk,
+** delays queries of the archive and nothing else: logins, rosters and offline messages go on
+** in the store, whatever the archive has queued (SQLite's WAL lets both connections read,
+** and their writes take turns). Sessions send it what it takes with rt_send_unmuted: a
+** session is never parked on the archive's account.
 **
 ** Batching. A copy (C2S_OP_ARCHIVE) is added to the batch; the first one of a batch sets a
 ** timer (C2S_ARCHIVE_BATCH_MS), and when it fires one transaction writes every copy that came
-** meanwhile. A transaction per copy would cost most of the work: SQLite writes each page a
-** transaction touches to the WAL whole (the table's, two indexes', the count's), so copies
-** that share a transaction share those writes. It is written sooner at
-** C2S_ARCHIVE_BATCH_BYTES, before a query (which then sees every copy routed before it was
-** asked: no client waits for the timer) and when the store ends; what a crash loses is
-** what the timer held, C2S_ARCHIVE_BATCH_MS of chats.
+** meanwhile, sharing the pages they touch. It is written sooner at C2S_ARCHIVE_BATCH_BYTES,
+** before a query (which then sees every copy routed before it was asked: no client waits for
+** the timer) and when the actor ends; what a crash loses is what had not been written.
 */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "c2s_impl.h"
-#include "c2s_store.h"
+#include "group.h"
 #include "log.h"
 #include "xeps.h"
 
 #define NS_MAM "urn:xmpp:mam:2"
 #define NS_RSM "http://jabber.org/protocol/rsm"
+#define C2S_MSG_ARCHIVE_FLUSH (RT_C2S_MSG_BASE + 0x40) /* the actor's timer: write the batch */
+
+typedef struct c2s_batch_s {
+    rt_buf_t recs;    /* the copies waiting to be written */
+    uint32_t n;       /* how many (a chat between two accounts is two) */
+    uint64_t charged; /* their bytes in rt__c2s_archive_inflight */
+    bool flush_due;   /* a C2S_MSG_ARCHIVE_FLUSH timer is set */
+} c2s_batch_t;
+
+typedef struct archive_s {
+    rt_accounts_t *accounts;
+    c2s_batch_t batch;
+} archive_t;
+
+static char archive_dir[sizeof(((rt_conf_t *)0)->data_dir)];
+
+static void flush(rt_accounts_t *a, c2s_batch_t *batch);
 
 /*
 ** A copy in the batch: this header, then host, user (the sender), the receiver's host and
@@ -39,8 +58,8 @@ static void put_str(rt_buf_t *b, const char *s, size_t len)
     rt_buf_add(b, "", 1);
 }
 
-void rt__c2s_store_archive_add(rt_accounts_t *a, c2s_batch_t *batch, const char *host,
-                               const char *user, const uint8_t *data, size_t len)
+static void add(rt_accounts_t *a, c2s_batch_t *batch, const char *host, const char *user,
+                const uint8_t *data, size_t len)
 {
     batch->charged += len;
     rec_t r;
@@ -68,10 +87,10 @@ void rt__c2s_store_archive_add(rt_accounts_t *a, c2s_batch_t *batch, const char 
     rt_buf_add(&batch->recs, to + r.h.to_len, r.stanza);
     batch->n += (r.h.out_id != 0) + (r.h.in_id != 0);
     if (batch->recs.len >= C2S_ARCHIVE_BATCH_BYTES)
-        rt__c2s_store_archive_flush(a, batch);
+        flush(a, batch);
 }
 
-void rt__c2s_store_archive_flush(rt_accounts_t *a, c2s_batch_t *batch)
+static void flush(rt_accounts_t *a, c2s_batch_t *batch)
 {
     rt_archive_entry_t *e = batch->n ? malloc(sizeof(*e) * batch->n) : NULL;
     size_t n = 0;
@@ -170,8 +189,8 @@ static int read_page(rt_accounts_t *a, const char *host, const char *user, rt_ar
     }
 }
 
-void rt__c2s_store_mam_query(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
-                             const uint8_t *data, size_t len)
+static void query(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                  const uint8_t *data, size_t len)
 {
     c2s_mam_query_t mq;
     if (len < sizeof(mq))
@@ -264,4 +283,100 @@ void rt__c2s_store_mam_query(rt_accounts_t *a, rt_pid_t to, const char *host, co
         rt_send(to, C2S_MSG_STANZA, b.data, b.len);
     rt_buf_free(&b);
     rt_buf_free(&page.items);
+}
+
+/* ---- The actor ---- */
+
+static int archive_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)self;
+    (void)arg;
+    archive_t *s = state;
+    char err[RT_ACCOUNTS_ERR_LEN];
+    int rc = rt_accounts_open(archive_dir, &s->accounts, err, sizeof(err));
+    if (rc) {
+        rt_log(RT_LOG_ERROR, "xmpp.archive_open_failed", "error=%s", err);
+        return rc;
+    }
+    int64_t last;
+    if (rt_archive_last_id(s->accounts, &last) == 0)
+        rt__c2s_mam_floor(last);
+    return 0;
+}
+
+static void archive_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    archive_t *s = state;
+    if (m->tag == C2S_MSG_ARCHIVE_FLUSH) {
+        s->batch.flush_due = false;
+        flush(s->accounts, &s->batch);
+        return;
+    }
+    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+        return;
+    const c2s_req_t *r = (const void *)m->data;
+    if (sizeof(c2s_req_t) + (size_t)r->host_len + r->user_len + r->data_len > m->len ||
+        r->host_len > RT_JID_PART_MAX || r->user_len > RT_JID_PART_MAX)
+        return;
+    char host[RT_JID_PART_MAX + 1], user[RT_JID_PART_MAX + 1];
+    memcpy(host, r->bytes, r->host_len);
+    host[r->host_len] = 0;
+    memcpy(user, r->bytes + r->host_len, r->user_len);
+    user[r->user_len] = 0;
+    const uint8_t *data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
+    if (r->op == C2S_OP_ARCHIVE) {
+        add(s->accounts, &s->batch, host, user, data, r->data_len);
+        if (!s->batch.flush_due && s->batch.n)
+            s->batch.flush_due = rt_send_after_tag(C2S_ARCHIVE_BATCH_MS, rt_self(self),
+                                                   C2S_MSG_ARCHIVE_FLUSH, NULL) == 0;
+        if (!s->batch.flush_due)
+            flush(s->accounts, &s->batch);
+    } else if (r->op == C2S_OP_MAM_QUERY) {
+        if (s->batch.n) /* it sees what was routed before it */
+            flush(s->accounts, &s->batch);
+        query(s->accounts, m->from, host, user, data, r->data_len);
+    }
+}
+
+static void archive_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)self;
+    (void)reason;
+    archive_t *s = state;
+    if (s->accounts)
+        flush(s->accounts, &s->batch);
+    rt_buf_free(&s->batch.recs);
+    rt_accounts_close(s->accounts);
+    s->accounts = NULL;
+}
+
+/* A copy the actor never took: counted as dropped, its bytes no longer on their way. */
+static void archive_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+        return;
+    const c2s_req_t *r = (const void *)m->data;
+    if (r->op != C2S_OP_ARCHIVE)
+        return;
+    atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, r->data_len, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
+}
+
+static const rt_actor_type_t archive_type = {
+    .name = RT_C2S_ARCHIVE_NAME,
+    .state_size = sizeof(archive_t),
+    .init = archive_init,
+    .handle = archive_handle,
+    .terminate = archive_terminate,
+    .dead_letter = archive_dead_letter,
+    .flags = RT_TYPE_BLOCKING,
+};
+
+int rt__c2s_archive_start(rt_pid_t group, const char *data_dir)
+{
+    snprintf(archive_dir, sizeof(archive_dir), "%s", data_dir);
+    rt_child_spec_t c = {
+        .name = RT_C2S_ARCHIVE_NAME, .type = &archive_type, .restart = RT_PERMANENT};
+    return rt_supervisor_start_child(group, &c, NULL);
 }
