@@ -83,8 +83,13 @@ static void add(rt_accounts_t *a, c2s_batch_t *batch, const char *host, const ch
     rt_buf_add(&batch->recs, "", 1);
     put_str(&batch->recs, to, r.h.to_len);
     r.strings = (uint32_t)(batch->recs.len - start - sizeof(r));
-    memcpy(batch->recs.data + start, &r, sizeof(r));
     rt_buf_add(&batch->recs, to + r.h.to_len, r.stanza);
+    if (batch->recs.oom) { /* the copy is lost, not the batch */
+        rt_buf_truncate(&batch->recs, start);
+        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
+        return;
+    }
+    memcpy(batch->recs.data + start, &r, sizeof(r));
     batch->n += (r.h.out_id != 0) + (r.h.in_id != 0);
     if (batch->recs.len >= C2S_ARCHIVE_BATCH_BYTES)
         flush(a, batch);
@@ -93,7 +98,12 @@ static void add(rt_accounts_t *a, c2s_batch_t *batch, const char *host, const ch
 static void flush(rt_accounts_t *a, c2s_batch_t *batch)
 {
     rt_archive_entry_t *e = batch->n ? malloc(sizeof(*e) * batch->n) : NULL;
+    int64_t *ids = batch->n ? malloc(sizeof(*ids) * batch->n) : NULL;
     size_t n = 0;
+    if (!ids) {
+        free(e);
+        e = NULL;
+    }
     for (size_t at = 0; e && at + sizeof(rec_t) <= batch->recs.len;) {
         rec_t r;
         memcpy(&r, batch->recs.data + at, sizeof(r));
@@ -110,17 +120,21 @@ static void flush(rt_accounts_t *a, c2s_batch_t *batch)
         at += sizeof(r) + r.strings + r.stanza;
     }
     int rc = e          ? rt_archive_put(a, e, n, (int64_t)rt_wall_ms(),
-                                         (uint32_t)rt__c2s.conf->max_archive_messages, NULL)
+                                         (uint32_t)rt__c2s.conf->max_archive_messages, ids)
              : batch->n ? RT_ENOMEM
                         : 0;
     if (rc == 0) {
-        atomic_fetch_add_explicit(&rt_c2s_stats.archived, n, memory_order_relaxed);
+        size_t kept = 0; /* not those of no account (an anonymous receiver) */
+        for (size_t i = 0; i < n; i++)
+            kept += ids[i] != 0;
+        atomic_fetch_add_explicit(&rt_c2s_stats.archived, kept, memory_order_relaxed);
     } else {
         atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, batch->n, memory_order_relaxed);
         rt_log(RT_LOG_WARNING, "xmpp.archive_failed", "copies=%u reason=%s", batch->n,
                rt_strerror(rc));
     }
     free(e);
+    free(ids);
     atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, batch->charged, memory_order_relaxed);
     batch->charged = 0;
     batch->n = 0;
