@@ -6,6 +6,7 @@
 **   c2s_session.c   resource binding, the legacy session, iq, presence, message routing
 **   c2s_registry.c  who is online: bare JID -> its resources and their actors
 **   c2s_store.c     the blocking actor over xmpp.db
+**   c2s_mam.c       the message archive, the session's side (c2s_store_mam.c: its actor)
 **   c2s_start.c     the global settings, the store's start
 */
 #ifndef RT_C2S_IMPL_H
