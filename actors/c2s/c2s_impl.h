@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "accounts.h"
 #include "auth.h"
 #include "c2s.h"
 #include "jid.h"
@@ -148,7 +149,16 @@ int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_l
 rt_msg_t *rt__c2s_store_msg(uint32_t op, uint32_t seq, const char *host, size_t host_len,
                             const char *user, size_t user_len, uint32_t hash, size_t data_len);
 uint8_t *rt__c2s_store_data(rt_msg_t *m);
+/* A request as its receiver reads it, checked against the message's length. */
+typedef struct c2s_req_view_s {
+    const c2s_req_t *r;
+    char host[RT_JID_PART_MAX + 1], user[RT_JID_PART_MAX + 1]; /* NUL-terminated */
+    const uint8_t *data;                                       /* r->data_len bytes */
+} c2s_req_view_t;
+int rt__c2s_store_req(const rt_msg_t *m, c2s_req_view_t *v); /* 0, or RT_EINVAL */
 int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t errlen);
+/* Opens xmpp.db in dir for an actor's init, logging event with the error if it cannot. */
+int rt__c2s_accounts_open(const char *dir, rt_accounts_t **a, const char *event);
 /* The archive's actor (c2s_store_mam.c), in the store's group; it takes C2S_OP_ARCHIVE and
    C2S_OP_MAM_QUERY requests, sent with rt_send_unmuted. */
 int rt__c2s_archive_start(rt_pid_t group, const char *data_dir);

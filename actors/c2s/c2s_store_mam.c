@@ -306,12 +306,9 @@ static int archive_init(rt_actor_t *self, void *state, void *arg)
     (void)self;
     (void)arg;
     archive_t *s = state;
-    char err[RT_ACCOUNTS_ERR_LEN];
-    int rc = rt_accounts_open(archive_dir, &s->accounts, err, sizeof(err));
-    if (rc) {
-        rt_log(RT_LOG_ERROR, "xmpp.archive_open_failed", "error=%s", err);
+    int rc = rt__c2s_accounts_open(archive_dir, &s->accounts, "xmpp.archive_failed");
+    if (rc)
         return rc;
-    }
     int64_t last;
     if (rt_archive_last_id(s->accounts, &last) == 0)
         rt__c2s_mam_floor(last);
@@ -326,18 +323,12 @@ static void archive_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         flush(s->accounts, &s->batch);
         return;
     }
-    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+    c2s_req_view_t v;
+    if (rt__c2s_store_req(m, &v) != 0)
         return;
-    const c2s_req_t *r = (const void *)m->data;
-    if (sizeof(c2s_req_t) + (size_t)r->host_len + r->user_len + r->data_len > m->len ||
-        r->host_len > RT_JID_PART_MAX || r->user_len > RT_JID_PART_MAX)
-        return;
-    char host[RT_JID_PART_MAX + 1], user[RT_JID_PART_MAX + 1];
-    memcpy(host, r->bytes, r->host_len);
-    host[r->host_len] = 0;
-    memcpy(user, r->bytes + r->host_len, r->user_len);
-    user[r->user_len] = 0;
-    const uint8_t *data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
+    const c2s_req_t *r = v.r;
+    const char *host = v.host, *user = v.user;
+    const uint8_t *data = v.data;
     if (r->op == C2S_OP_ARCHIVE) {
         add(s->accounts, &s->batch, host, user, data, r->data_len);
         if (!s->batch.flush_due && s->batch.n)
@@ -368,12 +359,10 @@ static void archive_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
 static void archive_dead_letter(void *state, rt_msg_t *m)
 {
     (void)state;
-    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+    c2s_req_view_t v;
+    if (rt__c2s_store_req(m, &v) != 0 || v.r->op != C2S_OP_ARCHIVE)
         return;
-    const c2s_req_t *r = (const void *)m->data;
-    if (r->op != C2S_OP_ARCHIVE)
-        return;
-    atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, r->data_len, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, v.r->data_len, memory_order_relaxed);
     atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
 }
 
