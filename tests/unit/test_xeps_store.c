@@ -319,19 +319,8 @@ static void test_migration_from_schema_2(void)
 ** SQLite writing each index page a transaction touches to the WAL whole: a batch with more
 ** copies for each account shares those pages among more of them.
 */
-static void archive_cost(const char *sub, int batch)
+static void archive_cost(rt_accounts_t *a, int batch, int64_t *id)
 {
-    char d[200];
-    snprintf(d, sizeof(d), "%s/%s", tmpdir_path, sub);
-    rt_accounts_t *a = open_in(d);
-    if (!a)
-        return;
-    char users[100][8], withs[100][24];
-    for (int i = 0; i < 100; i++) {
-        snprintf(users[i], sizeof(users[i]), "u%d", i);
-        snprintf(withs[i], sizeof(withs[i]), "u%d@" H, i ^ 1);
-        add_user(a, users[i]);
-    }
     static const char msg[] = "<message xmlns='jabber:client' from='u0@example.com/r1' "
                               "to='u1@example.com' type='chat'><body>hello there</body></message>";
 #ifdef NDEBUG
@@ -339,19 +328,23 @@ static void archive_cost(const char *sub, int batch)
 #else
     enum { CHATS = 500 }; /* debug and sanitizer builds: the figure means little there */
 #endif
+    char users[100][8], withs[100][24];
+    for (int i = 0; i < 100; i++) {
+        snprintf(users[i], sizeof(users[i]), "u%d", i);
+        snprintf(withs[i], sizeof(withs[i]), "u%d@" H, i ^ 1);
+    }
     rt_archive_entry_t *e = malloc(sizeof(*e) * 2 * (size_t)batch);
     if (!e)
         return;
-    int64_t id = 1;
     struct timespec c0, c1;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
     for (int c = 0; c < CHATS; c += batch) {
         for (int k = 0; k < batch; k++) {
             int from = (c + k) % 100;
-            e[2 * k] =
-                (rt_archive_entry_t){H, users[from], withs[from], msg, sizeof(msg) - 1, id++, 1000};
+            e[2 * k] = (rt_archive_entry_t){H,       users[from], withs[from], msg, sizeof(msg) - 1,
+                                            (*id)++, 1000};
             e[2 * k + 1] = (rt_archive_entry_t){
-                H, users[from ^ 1], withs[from ^ 1], msg, sizeof(msg) - 1, id++, 1000};
+                H, users[from ^ 1], withs[from ^ 1], msg, sizeof(msg) - 1, (*id)++, 1000};
         }
         CHECK_EQ(rt_archive_put(a, e, 2 * (size_t)batch, 1000, 10000, NULL), 0);
     }
@@ -360,14 +353,25 @@ static void archive_cost(const char *sub, int batch)
                 (2.0 * CHATS);
     printf("  archive: %.1f us of CPU a copy in batches of %d chats (100 accounts)\n", us, batch);
     free(e);
-    rt_accounts_close(a);
 }
 
 static void test_archive_cost(void)
 {
-    archive_cost("cost1", 1);
-    archive_cost("cost50", 50);
-    archive_cost("cost500", 500);
+    char d[200];
+    snprintf(d, sizeof(d), "%s/cost", tmpdir_path);
+    rt_accounts_t *a = open_in(d);
+    if (!a)
+        return;
+    for (int i = 0; i < 100; i++) {
+        char u[8];
+        snprintf(u, sizeof(u), "u%d", i);
+        add_user(a, u);
+    }
+    int64_t id = 1;
+    archive_cost(a, 1, &id);
+    archive_cost(a, 50, &id);
+    archive_cost(a, 500, &id);
+    rt_accounts_close(a);
 }
 
 int main(void)
