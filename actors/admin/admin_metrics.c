@@ -457,6 +457,12 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_registrations_limited_total", "counter",
             "In-band registrations refused past xmpp.register_rate.",
             atomic_load(&x->registrations_limited));
+    one_u64(b, "rt_xmpp_archived_total", "counter",
+            "Message copies written to the archive (XEP-0313), sender's and receiver's.",
+            atomic_load(&x->archived));
+    one_u64(b, "rt_xmpp_archive_dropped_total", "counter",
+            "Message copies not archived: the store fell behind or could not write.",
+            atomic_load(&x->archive_dropped));
 }
 
 static void rules_section(rt_buf_t *b, const scrape_t *s)

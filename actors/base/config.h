@@ -144,6 +144,8 @@ typedef struct rt_conf_xmpp_s {
     long resume_timeout;        /* s a detached session waits for its client (XEP-0198);
                                    default 300, 0 = no resumption */
     long max_vcard_size;        /* bytes of one account's vCard (XEP-0054), default 64 KiB */
+    bool archive;               /* keep the message archive (XEP-0313), default true */
+    long max_archive_messages;  /* per account, default 10000: the oldest go past it */
 } rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */

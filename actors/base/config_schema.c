@@ -433,6 +433,14 @@ const rt_setting_t rt__conf_table_settings[] = {
              "0 = no resumption"),
     XMPP_INT(max_vcard_size, 64 * KIB, 256, 1 * MIB, "bytes",
              "of one account's vCard (XEP-0054); a bigger one is refused with not-acceptable"),
+    {.name = "xmpp.archive",
+     .type = RT_SET_BOOL,
+     .num = 0,
+     .offset = X_OFF(archive),
+     .doc = "keep each account's chats in xmpp.db for XEP-0313 queries (Message Archive "
+            "Management); false: nothing archived, the feature not offered"},
+    XMPP_INT(max_archive_messages, 10000, 1, 10000000, "messages",
+             "archived for one account; past it the oldest are dropped"),
     {.name = NULL},
 };
 

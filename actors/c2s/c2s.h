@@ -23,6 +23,7 @@
 /* The XMPP listeners' indexes follow the MQTT listeners' and the HTTP listener's, so one
    table of TLS contexts and listener counters serves them all (tls.h: RT_TLS_XMPP). */
 #define RT_C2S_STORE_NAME "xmpp_store"
+#define RT_C2S_ARCHIVE_NAME "xmpp_archive"
 #define RT_C2S_GROUP "xmpp_sup"
 
 typedef struct rt_c2s_arg_s {
@@ -47,6 +48,8 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t connect_timeouts; /* streams not authenticated within connect_timeout */
     _Atomic uint64_t registrations;    /* accounts made in-band (XEP-0077) */
     _Atomic uint64_t registrations_limited; /* refused past xmpp.register_rate */
+    _Atomic uint64_t archived;         /* copies written to the message archive (XEP-0313) */
+    _Atomic uint64_t archive_dropped;  /* copies not archived: the store behind or failing */
 } rt_c2s_stats_t;
 
 extern rt_c2s_stats_t rt_c2s_stats;

@@ -7,6 +7,7 @@
 **   c2s_session.c   resource binding, the legacy session, iq, presence, message routing
 **   c2s_registry.c  who is online: bare JID -> its resources and their actors
 **   c2s_store.c     the blocking actor over xmpp.db
+**   c2s_mam.c       the message archive, the session's side (c2s_store_mam.c: its actor)
 **   c2s_start.c     the global settings, the store's start
 */
 #ifndef RT_C2S_IMPL_H
@@ -15,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "accounts.h"
 #include "auth.h"
 #include "c2s.h"
 #include "jid.h"
@@ -87,6 +89,9 @@ enum {
     C2S_OP_BLOCK_SET,     /* data: block byte, iq id NUL, (JID NUL)*: pushes, the result */
     C2S_OP_VCARD_GET,     /* data: iq id NUL, from (another account's bare JID; none: own) */
     C2S_OP_VCARD_SET,     /* data: iq id NUL, the vCard element's bytes */
+    C2S_OP_ARCHIVE,       /* data: c2s_archive_t, the receiver's bare JID, the stanza */
+    C2S_OP_MAM_QUERY,     /* data: c2s_mam_query_t, iq id, queryid, full JID, iq's to (each
+                             NUL-terminated), the with filter's bare JID (none: empty) */
 };
 /* SASL EXTERNAL's and registration's, apart from the others as they grow: answered with a
    c2s_reply_t (registration's with the iq id, NUL and the user after it: len bytes). */
@@ -97,6 +102,37 @@ enum {
     C2S_OP_UNREGISTER,    /* data: iq id: delete it, end its sessions (C2S_MSG_ACCOUNT_GONE) */
 };
 #define C2S_OP_IS_REGISTER(op) ((op) >= C2S_OP_REGISTER && (op) <= C2S_OP_UNREGISTER)
+
+/* A chat to archive (C2S_OP_ARCHIVE; the request's host and user are the sender's). */
+typedef struct c2s_archive_s {
+    int64_t stamp_ms;
+    int64_t out_id;  /* the sender's copy's archive id; 0: the sender keeps none (anonymous) */
+    int64_t in_id;   /* the receiver's; 0: none */
+    uint32_t to_len; /* the receiver's bare JID, after this header */
+    uint32_t pad;
+} c2s_archive_t;
+
+/* An archive query (C2S_OP_MAM_QUERY), checked by the session: as rt_archive_query_t. */
+typedef struct c2s_mam_query_s {
+    int64_t start_ms, end_ms, after, before;
+    uint32_t max; /* 0: only the count (XEP-0059 2.6) */
+    uint32_t last;
+} c2s_mam_query_t;
+
+/*
+** The archive's bounds (XEP-0313). A page has C2S_MAM_PAGE_DEFAULT messages unless the client
+** asks for another max, at most C2S_MAM_PAGE_MAX (more asked: that many, as XEP-0059 2.1
+** lets a server answer), and at most C2S_MAM_PAGE_BYTES of stanzas (or one stanza, however
+** big): what one query puts in its session's mailbox. Copies on their way to the store's
+** batch: at most C2S_ARCHIVE_INFLIGHT_MAX bytes for the server, then dropped (counted).
+*/
+#define C2S_MAM_PAGE_DEFAULT 50
+#define C2S_MAM_PAGE_MAX 250
+#define C2S_MAM_PAGE_BYTES (1024 * 1024)
+#define C2S_ARCHIVE_INFLIGHT_MAX (32u * 1024 * 1024)
+#define C2S_ARCHIVE_BATCH_BYTES (1024 * 1024) /* the store writes its batch at this size */
+#define C2S_ARCHIVE_BATCH_MS 10               /* or this long after its first copy */
+extern _Atomic uint64_t rt__c2s_archive_inflight; /* bytes of C2S_OP_ARCHIVE data unwritten */
 
 /* A request: this header, then host, user and the operation's bytes, each after the other. */
 typedef struct c2s_req_s {
@@ -125,7 +161,23 @@ typedef struct c2s_reply_s {
 int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_len,
                       const char *user, size_t user_len, uint32_t hash, const void *data,
                       size_t data_len);
+/* A request with room for data_len bytes at rt__c2s_store_data (NULL: too big, no memory). */
+rt_msg_t *rt__c2s_store_msg(uint32_t op, uint32_t seq, const char *host, size_t host_len,
+                            const char *user, size_t user_len, uint32_t hash, size_t data_len);
+uint8_t *rt__c2s_store_data(rt_msg_t *m);
+/* A request as its receiver reads it, checked against the message's length. */
+typedef struct c2s_req_view_s {
+    const c2s_req_t *r;
+    char host[RT_JID_PART_MAX + 1], user[RT_JID_PART_MAX + 1]; /* NUL-terminated */
+    const uint8_t *data;                                       /* r->data_len bytes */
+} c2s_req_view_t;
+int rt__c2s_store_req(const rt_msg_t *m, c2s_req_view_t *v); /* 0, or RT_EINVAL */
 int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t errlen);
+/* Opens xmpp.db in dir for an actor's init, logging event with the error if it cannot. */
+int rt__c2s_accounts_open(const char *dir, rt_accounts_t **a, const char *event);
+/* The archive's actor (c2s_store_mam.c), in the store's group; it takes C2S_OP_ARCHIVE and
+   C2S_OP_MAM_QUERY requests, sent with rt_send_unmuted. */
+int rt__c2s_archive_start(rt_pid_t group, const char *data_dir);
 
 /* ---- The global settings (c2s_start.c) ---- */
 typedef struct c2s_global_s {
@@ -298,6 +350,8 @@ void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
 /* <presence type='unavailable'/> from the session's full JID. */
 void rt__c2s_put_unavailable(rt_buf_t *b, const c2s_t *c);
+/* <iq type='result' id from to, not closed: the start of an answer to iq. */
+void rt__c2s_iq_result_start(rt_buf_t *b, const c2s_t *c, const rt_xml_el_t *iq);
 
 /* c2s_rules.c: the rules' events */
 void rt__c2s_rule_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *to);
@@ -343,6 +397,19 @@ bool rt__c2s_block_in(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
 void rt__c2s_vcard_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
                       bool get);
 bool rt__c2s_vcard_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to);
+
+/* c2s_mam.c: XEP-0313 and XEP-0359. A message the session routes (b: as its receivers get
+   it) is archived for the sender and the receiver, and b gains the receiver's stanza-id. */
+void rt__c2s_mam_message(c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to, rt_buf_t *b);
+void rt__c2s_mam_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                    bool get);
+/* Whether the account keeps an archive; its disco#info features when it does. */
+bool rt__c2s_mam_on(const c2s_t *c);
+void rt__c2s_mam_features(rt_buf_t *b, const c2s_t *c);
+/* A stanza-id a client wrote: never passed on (XEP-0359 3: only the archive sets them). */
+bool rt__c2s_mam_forged(const rt_xml_el_t *el);
+/* Archive ids handed out from now on are above id (the greatest in the file). */
+void rt__c2s_mam_floor(int64_t id);
 
 /* c2s_caps.c: XEP-0115, the server's own capabilities: its disco#info identity and features
    (c2s_session.c), and their SHA-1 ver, computed once at start. */

@@ -25,6 +25,7 @@
 #define NS_FORWARD "urn:xmpp:forward:0"
 #define NS_HINTS "urn:xmpp:hints"
 #define NS_BLOCKING "urn:xmpp:blocking"
+#define NS_MAM "urn:xmpp:mam:2"
 #define C2S_HELD_OUT_MAX (64 * 1024) /* presence held for an inactive client (XEP-0352) */
 
 static const char *bare_text(const c2s_t *c, size_t *len)
@@ -62,7 +63,7 @@ void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, co
         const rt_xml_text_t *t = rt_xml_as_text(n);
         if (t)
             rt_xml_put_text(b, t->data, t->node.len);
-        else
+        else if (!rt__c2s_mam_forged(rt_xml_as_el(n)))
             rt_xml_put_tree(b, rt_xml_as_el(n), RT_XML_NS_CLIENT);
     }
     rt_xml_put_end(b, el->name);
@@ -88,6 +89,11 @@ static void iq_result_start(rt_buf_t *b, const c2s_t *c, const rt_xml_el_t *iq)
     rt_xml_put_attr(b, "to", c->jid->s);
 }
 
+void rt__c2s_iq_result_start(rt_buf_t *b, const c2s_t *c, const rt_xml_el_t *iq)
+{
+    iq_result_start(b, c, iq);
+}
+
 static void iq_result_empty(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 {
     rt_buf_t b = {0};
@@ -101,6 +107,20 @@ const char *const rt__c2s_features_list[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_P
                                        NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING, "vcard-temp"};
 _Static_assert(sizeof(rt__c2s_features_list) / sizeof(rt__c2s_features_list[0]) == C2S_NFEATURES,
                "C2S_NFEATURES");
+
+/* disco#info to the user's own bare JID: the account (XEP-0030 and XEP-0313 7). */
+static void disco_account(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
+{
+    rt_buf_t b = {0};
+    iq_result_start(&b, c, iq);
+    rt_buf_printf(&b,
+                  "><query xmlns='%s'><identity category='account' type='%s'/>"
+                  "<feature var='%s'/>",
+                  NS_DISCO_INFO, c->anonymous ? "anonymous" : "registered", NS_DISCO_INFO);
+    rt__c2s_mam_features(&b, c);
+    rt_buf_printf(&b, "</query></iq>");
+    rt__c2s_write_stanza_buf(self, c, &b);
+}
 
 static void disco_info(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q)
 {
@@ -131,7 +151,8 @@ static void disco_items(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 }
 
 /* An iq for the server or for the user's own account (RFC 6121 8.5.1 for the latter). */
-static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const char *type)
+static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const char *type,
+                      bool account)
 {
     if (strcmp(type, "result") == 0 || strcmp(type, "error") == 0)
         return; /* answers to the server's pings */
@@ -143,6 +164,8 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
     }
     if (strcmp(q->ns, NS_PING) == 0 && get) {
         iq_result_empty(self, c, iq);
+    } else if (strcmp(q->ns, NS_DISCO_INFO) == 0 && get && account) {
+        disco_account(self, c, iq);
     } else if (strcmp(q->ns, NS_DISCO_INFO) == 0 && get) {
         disco_info(self, c, iq, q);
     } else if (strcmp(q->ns, NS_DISCO_ITEMS) == 0 && get) {
@@ -162,6 +185,8 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         rt__c2s_blocking_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_C2S_NS_REGISTER) == 0) {
         rt__c2s_register_iq(self, c, iq, q);
+    } else if (strcmp(q->ns, NS_MAM) == 0) {
+        rt__c2s_mam_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
         c->session = true;
         iq_result_empty(self, c, iq);
@@ -518,7 +543,7 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
                              rt__c2s_host_index(rt_jid_domain(to), to->domain) == (int)c->host);
     bool to_own_bare = to && !to->resource && rt_jid_bare_eq(to, c->jid);
     if (iq && (to_server || to_own_bare)) {
-        iq_server(self, c, el, type);
+        iq_server(self, c, el, type, to_own_bare);
         return 0;
     }
     if (to && !to_server && rt__c2s_block_out(self, c, el, to))
@@ -543,6 +568,7 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     rt_buf_t b = {0};
     rt__c2s_put_stanza(&b, el, c->jid->s, tb.jid.s);
     if (message) {
+        rt__c2s_mam_message(c, el, to, &b);
         route_message(self, c, el, to, &b);
         rt__c2s_rule_message(self, c, el, tb.jid.s);
     } else if (presence) {

@@ -30,19 +30,15 @@ typedef struct store_s {
 
 static char store_dir[sizeof(((rt_conf_t *)0)->data_dir)];
 
-int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_len,
-                      const char *user, size_t user_len, uint32_t hash, const void *data,
-                      size_t data_len)
+rt_msg_t *rt__c2s_store_msg(uint32_t op, uint32_t seq, const char *host, size_t host_len,
+                            const char *user, size_t user_len, uint32_t hash, size_t data_len)
 {
     if (host_len > UINT16_MAX || user_len > UINT16_MAX || data_len > UINT32_MAX / 2)
-        return RT_EINVAL;
-    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
-    if (!store)
-        return RT_ENOPROC;
+        return NULL;
     size_t len = sizeof(c2s_req_t) + host_len + user_len + data_len;
     rt_msg_t *m = rt_msg_new(C2S_MSG_STORE_REQ, len);
     if (!m)
-        return RT_ENOMEM;
+        return NULL;
     c2s_req_t *r = (c2s_req_t *)(void *)m->data;
     *r = (c2s_req_t){.op = op,
                      .seq = seq,
@@ -52,9 +48,56 @@ int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_l
                      .hash = hash};
     memcpy(r->bytes, host, host_len);
     memcpy(r->bytes + host_len, user, user_len);
+    return m;
+}
+
+uint8_t *rt__c2s_store_data(rt_msg_t *m)
+{
+    c2s_req_t *r = (c2s_req_t *)(void *)m->data;
+    return (uint8_t *)r->bytes + r->host_len + r->user_len;
+}
+
+int rt__c2s_store_req(const rt_msg_t *m, c2s_req_view_t *v)
+{
+    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+        return RT_EINVAL;
+    const c2s_req_t *r = (const void *)m->data;
+    if (sizeof(c2s_req_t) + (size_t)r->host_len + r->user_len + r->data_len > m->len ||
+        r->host_len > RT_JID_PART_MAX || r->user_len > RT_JID_PART_MAX)
+        return RT_EINVAL;
+    v->r = r;
+    memcpy(v->host, r->bytes, r->host_len);
+    v->host[r->host_len] = 0;
+    memcpy(v->user, r->bytes + r->host_len, r->user_len);
+    v->user[r->user_len] = 0;
+    v->data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
+    return 0;
+}
+
+int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_len,
+                      const char *user, size_t user_len, uint32_t hash, const void *data,
+                      size_t data_len)
+{
+    if (host_len > UINT16_MAX || user_len > UINT16_MAX || data_len > UINT32_MAX / 2)
+        return RT_EINVAL;
+    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
+    if (!store)
+        return RT_ENOPROC;
+    rt_msg_t *m = rt__c2s_store_msg(op, seq, host, host_len, user, user_len, hash, data_len);
+    if (!m)
+        return RT_ENOMEM;
     if (data_len)
-        memcpy(r->bytes + host_len + user_len, data, data_len);
+        memcpy(rt__c2s_store_data(m), data, data_len);
     return rt_send_msg(store, m);
+}
+
+int rt__c2s_accounts_open(const char *dir, rt_accounts_t **a, const char *event)
+{
+    char err[RT_ACCOUNTS_ERR_LEN];
+    int rc = rt_accounts_open(dir, a, err, sizeof(err));
+    if (rc)
+        rt_log(RT_LOG_ERROR, event, "error=%s", err);
+    return rc;
 }
 
 static int store_init(rt_actor_t *self, void *state, void *arg)
@@ -62,11 +105,7 @@ static int store_init(rt_actor_t *self, void *state, void *arg)
     (void)self;
     (void)arg;
     store_t *s = state;
-    char err[RT_ACCOUNTS_ERR_LEN];
-    int rc = rt_accounts_open(store_dir, &s->accounts, err, sizeof(err));
-    if (rc)
-        rt_log(RT_LOG_ERROR, "xmpp.store_failed", "error=%s", err);
-    return rc;
+    return rt__c2s_accounts_open(store_dir, &s->accounts, "xmpp.store_failed");
 }
 
 static void reply(rt_pid_t to, const c2s_reply_t *r)
@@ -132,18 +171,12 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     (void)self;
     store_t *s = state;
-    if (m->tag != C2S_MSG_STORE_REQ || m->len < sizeof(c2s_req_t))
+    c2s_req_view_t v;
+    if (rt__c2s_store_req(m, &v) != 0)
         return;
-    const c2s_req_t *r = (const void *)m->data;
-    if (sizeof(c2s_req_t) + (size_t)r->host_len + r->user_len + r->data_len > m->len ||
-        r->host_len > RT_JID_PART_MAX || r->user_len > RT_JID_PART_MAX)
-        return;
-    char host[RT_JID_PART_MAX + 1], user[RT_JID_PART_MAX + 1];
-    memcpy(host, r->bytes, r->host_len);
-    host[r->host_len] = 0;
-    memcpy(user, r->bytes + r->host_len, r->user_len);
-    user[r->user_len] = 0;
-    const uint8_t *data = (const uint8_t *)r->bytes + r->host_len + r->user_len;
+    const c2s_req_t *r = v.r;
+    const char *host = v.host, *user = v.user;
+    const uint8_t *data = v.data;
     c2s_reply_t out = {.op = r->op, .seq = r->seq};
     switch (r->op) {
     case C2S_OP_CRED:
@@ -246,6 +279,8 @@ int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t er
     int rc = rt_group_start(sup, RT_C2S_GROUP, RT_PERMANENT, &group);
     if (!rc)
         rc = rt_supervisor_start_child(group, &c, NULL);
+    if (!rc) /* after the store: the file is made or migrated by then */
+        rc = rt__c2s_archive_start(group, data_dir);
     if (rc)
         snprintf(err, errlen, "cannot start the XMPP account store (%s/%s): %s", data_dir,
                  RT_ACCOUNTS_FILE, rt_strerror(rc));

@@ -80,6 +80,9 @@ enum {
     XST_ARCH_BACK,     /* newest first */
     XST_ARCH_WITH_FWD, /* the same with ?8 the other party's bare JID */
     XST_ARCH_WITH_BACK,
+    XST_ARCH_COUNT,      /* how many: ?3 ?4 stamps */
+    XST_ARCH_WITH_COUNT, /* the same with ?8 */
+    XST_ARCH_LAST,       /* the greatest id */
     XST_N
 };
 _Static_assert(XST_N <= RT__XEPS_STMTS, "room for the XEPs' statements");

@@ -29,9 +29,18 @@ static int64_t put_one(rt_accounts_t *a, const rt_archive_entry_t *e, int64_t st
         return rc;
     sqlite3_stmt *st = keyed(a, XST_ARCH_PUT, &n);
     sqlite3_bind_text(st, 3, e->with, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 4, stamp_ms);
+    sqlite3_bind_int64(st, 4, e->stamp_ms ? e->stamp_ms : stamp_ms);
     sqlite3_bind_blob(st, 5, e->stanza, (int)e->len, SQLITE_STATIC);
-    if (rt__xeps_run(st))
+    if (e->id > 0)
+        sqlite3_bind_int64(st, 6, e->id);
+    int s = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (s == SQLITE_CONSTRAINT && e->id > 0) { /* the id is taken: the next one, kept anyway */
+        sqlite3_bind_null(st, 6);
+        s = sqlite3_step(st);
+        sqlite3_reset(st);
+    }
+    if (s != SQLITE_DONE)
         return RT_EAGAIN;
     int64_t id = sqlite3_last_insert_rowid(a->db);
     st = keyed(a, XST_ARCH_COUNT_ADD, &n);
@@ -149,4 +158,32 @@ int rt_archive_query(rt_accounts_t *a, const char *host, const char *user,
         rc = RT_EAGAIN;
     sqlite3_reset(st);
     return rt__accounts_end(a, rc);
+}
+
+int rt_archive_count(rt_accounts_t *a, const char *host, const char *user,
+                     const rt_archive_query_t *q, uint64_t *count)
+{
+    rt__names_t n;
+    int rc = rt__xeps_names(host, user, &n);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = keyed(a, q->with ? XST_ARCH_WITH_COUNT : XST_ARCH_COUNT, &n);
+    sqlite3_bind_int64(st, 3, q->start_ms);
+    sqlite3_bind_int64(st, 4, q->end_ms ? q->end_ms : INT64_MAX);
+    if (q->with)
+        sqlite3_bind_text(st, 8, q->with, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st) == SQLITE_ROW ? 0 : RT_EAGAIN;
+    *count = rc ? 0 : (uint64_t)sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    return rc;
+}
+
+int rt_archive_last_id(rt_accounts_t *a, int64_t *id)
+{
+    sqlite3_stmt *st = a->xst[XST_ARCH_LAST];
+    sqlite3_reset(st);
+    int rc = sqlite3_step(st) == SQLITE_ROW ? 0 : RT_EAGAIN;
+    *id = rc ? 0 : sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    return rc;
 }

@@ -24,8 +24,8 @@ static const char *const sql[XST_N] = {
     [XST_VCARD_GET] = "SELECT vcard FROM vcard WHERE " KEY,
     [XST_VCARD_PUT] = "INSERT OR REPLACE INTO vcard VALUES (?1, ?2, ?3)",
     [XST_VCARD_DEL] = "DELETE FROM vcard WHERE " KEY,
-    [XST_ARCH_PUT] = "INSERT INTO archive(host, username, with_jid, stamp, stanza) "
-                     "VALUES (?1, ?2, ?3, ?4, ?5)",
+    [XST_ARCH_PUT] = "INSERT INTO archive(host, username, with_jid, stamp, stanza, id) "
+                     "VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [XST_ARCH_COUNT_ADD] = "INSERT INTO archive_counts VALUES (?1, ?2, 1) "
                            "ON CONFLICT(host, username) DO UPDATE SET count = count + 1 "
                            "RETURNING count",
@@ -38,6 +38,10 @@ static const char *const sql[XST_N] = {
     [XST_ARCH_BACK] = ARCH_PAGE " ORDER BY id DESC LIMIT ?7",
     [XST_ARCH_WITH_FWD] = ARCH_PAGE " AND with_jid = ?8 ORDER BY id LIMIT ?7",
     [XST_ARCH_WITH_BACK] = ARCH_PAGE " AND with_jid = ?8 ORDER BY id DESC LIMIT ?7",
+    [XST_ARCH_COUNT] = "SELECT count(*) FROM archive WHERE " KEY " AND stamp >= ?3 AND stamp <= ?4",
+    [XST_ARCH_WITH_COUNT] = "SELECT count(*) FROM archive WHERE " KEY
+                            " AND stamp >= ?3 AND stamp <= ?4 AND with_jid = ?8",
+    [XST_ARCH_LAST] = "SELECT max(id) FROM archive",
 };
 
 int rt__xeps_prepare(rt_accounts_t *a)

@@ -47,18 +47,26 @@ int rt_vcard_set(rt_accounts_t *a, const char *host, const char *user, const voi
 
 /* ---- Message archive (XEP-0313) ---- */
 
-/* One message to archive for one account: `with` the other party's bare JID. */
+/*
+** One message to archive for one account: `with` the other party's bare JID. id: the archive
+** id it takes, chosen by the caller (who tells the receiver before it is written: XEP-0359),
+** unique and, to page in order, greater than those before; 0: the next after the greatest.
+** stamp_ms 0: the put's.
+*/
 typedef struct rt_archive_entry_s {
     const char *host, *user, *with;
     const void *stanza;
     size_t len;
+    int64_t id;
+    int64_t stamp_ms;
 } rt_archive_entry_t;
 
 /*
-** Archives n entries (a chat's sender's and receiver's copies) in one transaction, each stamped
-** stamp_ms, then drops each account's oldest past max_count. ids[i] (if ids): entry i's archive
-** id, or 0 when its account does not exist (skipped, anonymous users have none). 0, RT_EINVAL,
-** RT_EAGAIN.
+** Archives n entries (a chat's sender's and receiver's copies, or a batch of chats) in one
+** transaction, stamped stamp_ms unless they carry their own, then drops each account's oldest
+** past max_count. ids[i] (if ids): entry i's archive id, or 0 when its account does not exist
+** (skipped, anonymous users have none). An id already taken gives the entry the next after the
+** greatest instead (it is kept; ids[i] says which). 0, RT_EINVAL, RT_EAGAIN.
 */
 int rt_archive_put(rt_accounts_t *a, const rt_archive_entry_t *e, size_t n, int64_t stamp_ms,
                    uint32_t max_count, int64_t *ids);
@@ -82,5 +90,12 @@ int rt_archive_query(rt_accounts_t *a, const char *host, const char *user,
                      int (*fn)(int64_t id, int64_t stamp_ms, const void *stanza, size_t len,
                                void *arg),
                      void *arg, bool *complete);
+
+/* How many messages q's filters (with, start, end; not its paging) match: 0, RT_EINVAL,
+   RT_EAGAIN. It reads each, through the index: as many as the account keeps at most. */
+int rt_archive_count(rt_accounts_t *a, const char *host, const char *user,
+                     const rt_archive_query_t *q, uint64_t *count);
+/* The greatest archive id in the file (0: none): ids chosen later start above it. */
+int rt_archive_last_id(rt_accounts_t *a, int64_t *id);
 
 #endif

@@ -6,7 +6,7 @@
 #   tests/bench/xmpp_peers.sh [--servers rtd,ejabberd,prosody] [--rounds N] [--smoke]
 #                             [--cases idle-anon,idle-scram,login,chat] [--settle S]
 #                             [--idle N] [--accounts K] [--logins L] [--messages M]
-#                             [--build DIR] [--out DIR]
+#                             [--rtd-archive on|off] [--build DIR] [--out DIR]
 #
 # Cases, each on a freshly started server, servers alternating within a round:
 #   idle-anon   N sessions (SASL ANONYMOUS, bind, roster get, presence) held open:
@@ -18,6 +18,8 @@
 #   chat        50 pairs of online users, M messages in all, at most 10 unreceived per
 #               sender: server CPU-seconds per million messages routed, messages/s
 # Figures are medians of --rounds (default 3). --smoke: rtd alone, tiny counts, seconds.
+# rtd runs without its message archive (xmpp.archive = false), as the peers run without MAM;
+# --rtd-archive on measures what archiving every chat costs.
 #
 # Nothing is installed at run time. The peers come from Debian, once, at set-up time:
 #   printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
@@ -44,9 +46,10 @@ MESSAGES=200000
 BUILD=${RT_BUILD_DIR:-build/release}
 OUT="$ROOT/docs/bench/issue29-xmpp"
 CASE_TIMEOUT_S=300 # hard cap on one client run, beyond the client's own deadlines
+RTD_ARCHIVE=false
 
 usage() {
-    sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -61,6 +64,10 @@ while (($#)); do
     --accounts) ACCOUNTS=${2:?}; shift 2 ;;
     --logins) LOGINS=${2:?}; shift 2 ;;
     --messages) MESSAGES=${2:?}; shift 2 ;;
+    --rtd-archive)
+        case "${2:-}" in on) RTD_ARCHIVE=true ;; off) RTD_ARCHIVE=false ;;
+        *) echo "xmpp_peers.sh: --rtd-archive wants on or off" >&2; exit 2 ;; esac
+        shift 2 ;;
     --build) BUILD=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
     --help | -h) usage 0 ;;
@@ -133,7 +140,7 @@ rules_dir = "$dir/rules"
 max_connections_per_ip = 0
 max_connection_rate = 0
 xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
-         listeners = { "127.0.0.1:$port" } }
+         listeners = { "127.0.0.1:$port" }, archive = $RTD_ARCHIVE }
 EOF
         ;;
     ejabberd | prosody)
