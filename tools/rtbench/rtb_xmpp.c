@@ -59,6 +59,7 @@ enum {
     XS_SESS,   /* RFC 3921 session, where still required */
     XS_BIND,   /* bind sent */
     XS_ROSTER, /* roster get sent */
+    XS_SYNC,   /* xchat's pairs: presence and a ping sent, waiting for the ping's answer */
     XS_SETUP,  /* xroster: presences sent, waiting for the ping's answer */
     XS_READY,  /* logged in: presence sent */
     XS_BYE,    /* </stream:stream> sent, waiting for the server to close */
@@ -732,6 +733,13 @@ static void advance(xc_t *c)
                 count_in(c, end, "subscription='both'") + count_in(c, end, "subscription=\"both\"");
             consume(c, end);
             xsend(c, "<presence/>");
+            if (c->role == ROLE_HELD && w->o->cmd == RTB_CMD_XCHAT) {
+                /* A message to a bare JID before the partner's presence is in force would
+                 * go offline and come back out of order: chat only after this answer. */
+                xsend(c, "<iq type='get' id='p0'><ping xmlns='urn:xmpp:ping'/></iq>");
+                c->state = XS_SYNC;
+                break;
+            }
             login_done(c);
             if (w->o->cmd == RTB_CMD_XROSTER) {
                 contact_presences(c);
@@ -742,6 +750,13 @@ static void advance(xc_t *c)
             } else {
                 c->state = XS_READY;
             }
+            break;
+        case XS_SYNC:
+            if (!(end = stanza_end(c, "p0", "</iq>")))
+                return;
+            consume(c, end);
+            login_done(c);
+            c->state = XS_READY;
             break;
         case XS_SETUP: {
             /* p1 follows our presences; p2 follows the approvals sent before p1 came. */
@@ -1065,8 +1080,9 @@ static int build(xw_t *w)
         nconn = o->hold ? w->acct_n : o->conn_parallel < w->acct_n ? o->conn_parallel : w->acct_n;
         break;
     case RTB_CMD_XROSTER:
-        /* Two passes: the second approves what came after an account's first login. */
-        rtb_range(2 * o->count, o->procs, w->proc, &w->acct_lo, &hi);
+        /* -L logins (two passes by default): a second pass approves the requests that
+         * came after an account's first login, where the server has no pre-approval. */
+        rtb_range((uint32_t)o->limit, o->procs, w->proc, &w->acct_lo, &hi);
         w->acct_n = hi - w->acct_lo;
         nconn = o->conn_parallel < w->acct_n ? o->conn_parallel : w->acct_n;
         break;

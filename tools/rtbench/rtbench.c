@@ -106,8 +106,9 @@ static const char *usage_text =
     "           a time; --hold keeps them logged in (else each logs out after its login).\n"
     "  xroster  set-up: accounts -n..-n+c-1 (-c, >= 19) each get the contacts i+-1..9 (mod c)\n"
     "           with subscription both: two passes of logins sending subscribed+subscribe\n"
-    "           and approving the requests that arrive. Run xidle to check\n"
-    "           (roster_both_per_login = 18).\n"
+    "           and approving the requests that arrive (-L logins in all, 2 x c; one\n"
+    "           pass, -L c, is enough where the server keeps pre-approvals, RFC 6121\n"
+    "           3.4). Run xidle to check (roster_both_per_login = 18).\n"
     "  --salt-cache F  keep SCRAM salted passwords in F (RFC 5802 client cache) across runs,\n"
     "           so that PBKDF2 runs once per account, not per run (pbkdf2 counts the misses)\n"
     "  --conn-parallel N (64) logins in flight per process; --ifaddr spreads source addresses;\n"
@@ -260,6 +261,8 @@ static void xmpp_opts(rtb_opts_t *o, int64_t count, int64_t accounts, int64_t pa
         o->count = count > 0 ? (uint32_t)count : 1000;
         if (o->cmd == RTB_CMD_XROSTER && o->count < 19)
             die_usage("xroster needs at least 19 accounts for 18 contacts each%s", "");
+        if (o->cmd == RTB_CMD_XROSTER && !o->limit)
+            o->limit = 2 * (uint64_t)o->count;
         break;
     default:
         if (count > 0)
