@@ -274,7 +274,7 @@ start_server() {
         ;;
     esac
     SERVER_PID=$!
-    for ((i = 0; i < 300; i++)); do
+    for ((i = 0; i < 1200; i++)); do
         if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
             sleep 1 # let it finish starting (modules, mnesia tables) before the first sample
             return 0

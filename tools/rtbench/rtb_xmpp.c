@@ -199,11 +199,17 @@ static void cache_open(xw_t *w, const char *path)
     }
     if (r != (ssize_t)sizeof(head) || memcmp(head, &magic, 4) || memcmp(head + 4, w->pw_hash, 32))
         goto off;
-    xkey_t k;
-    for (off_t at = sizeof(head); pread(w->cache_fd, &k, sizeof(k), at) == (ssize_t)sizeof(k);
-         at += (off_t)sizeof(k))
-        if (k.iter && k.salt_len <= RTB_X_SALT_MAX && key_insert(w, &k))
-            break;
+    /* In chunks: one pread per record was most of a short run's start-up. */
+    static xkey_t chunk[1024];
+    off_t at = sizeof(head);
+    ssize_t got;
+    while ((got = pread(w->cache_fd, chunk, sizeof(chunk), at)) >= (ssize_t)sizeof(xkey_t)) {
+        size_t n = (size_t)got / sizeof(xkey_t);
+        for (size_t i = 0; i < n; i++)
+            if (chunk[i].iter && chunk[i].salt_len <= RTB_X_SALT_MAX && key_insert(w, &chunk[i]))
+                return;
+        at += (off_t)(n * sizeof(xkey_t));
+    }
     return;
 off:
     close(w->cache_fd);
