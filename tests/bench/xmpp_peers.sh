@@ -170,8 +170,8 @@ data_dir = "$dir/data"
 rules_dir = "$dir/rules"
 max_connections_per_ip = 0
 max_connection_rate = 0
-# A login waits behind the roster set-up's writes in the store: 10 s (the default) is too
-# short for xroster's storm on a busy machine.
+-- A login waits behind the roster set-up's writes in the store: 10 s (the default) is
+-- too short for xroster's storm on a busy machine.
 connect_timeout = 120
 xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
          listeners = { "127.0.0.1:$port" } }
