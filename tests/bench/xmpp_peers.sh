@@ -283,7 +283,7 @@ start_server() {
         sleep 0.1
     done
     echo "xmpp_peers.sh: $name did not listen on $PORT:" >&2
-    tail -20 "$dir/server.log" "$dir"/*.log >&2 || true
+    tail -n 20 "$dir/server.log" "$dir"/*.log >&2 || true
     exit 1
 }
 
