@@ -37,10 +37,20 @@ int rtb_go_open(uv_loop_t *loop, uv_pipe_t *go, int fd, void *data)
     return fd;
 }
 
-void rtb_go_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+/* The go pipe's bytes mean nothing. */
+static void go_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
     static char byte[16];
     *buf = uv_buf_init(byte, sizeof(byte));
+}
+
+int rtb_go_wait(uv_pipe_t *go, int go_fd, uv_read_cb cb, rtb_emit_fn emit, void *ctx,
+                const rtb_report_t *rep)
+{
+    if (go_fd < 0)
+        return 1;
+    emit(ctx, RTB_EMIT_READY, rep);
+    return uv_read_start((uv_stream_t *)go, go_alloc, cb) != 0;
 }
 
 int rtb_tcp_source(uv_tcp_t *tcp, const struct sockaddr *src)

@@ -11,6 +11,9 @@
 #include <uv.h>
 
 #include "rtb_mqtt.h"
+#include "rtbench.h"
+
+#define RTB_GO_WAIT_MAX_S 300.0 /* longest wait for the parent's go, seconds */
 
 /* CLOCK_MONOTONIC in ns: one clock for every process of the machine. */
 uint64_t rtb_now_ns(void);
@@ -27,8 +30,13 @@ void rtb_range(uint32_t total, uint32_t procs, uint32_t p, uint32_t *lo, uint32_
  */
 int rtb_go_open(uv_loop_t *loop, uv_pipe_t *go, int fd, void *data);
 
-/* The alloc callback for reading the go pipe, whose bytes mean nothing. */
-void rtb_go_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+/*
+ * The barrier before a run: with a go pipe (go_fd >= 0), reports rep as ready and has cb
+ * called on the parent's go (any byte, EOF or error); returns 0 then. Returns 1 when the
+ * run should start now: no pipe, or it cannot be read.
+ */
+int rtb_go_wait(uv_pipe_t *go, int go_fd, uv_read_cb cb, rtb_emit_fn emit, void *ctx,
+                const rtb_report_t *rep);
 
 /*
  * Binds tcp to the source address src, leaving the port to connect(), which picks it

@@ -52,7 +52,6 @@
 #define RTB_CLOSE_MS 2000         /* grace for DISCONNECT to be written */
 #define RTB_MAX_SEQ (1u << 30)    /* sequence numbers beyond this are a protocol error */
 #define RTB_CHECK_MS 50           /* how often the run's end conditions are evaluated */
-#define RTB_WAIT_MAX_S 300.0      /* longest wait for the parent's go, seconds */
 #define RTB_COALESCE_READS 32     /* an iteration with fewer reads pauses before polling */
 #define RTB_PACE_FB_MS 1          /* closed-loop kick when deliveries arrive in other processes */
 
@@ -1052,13 +1051,8 @@ static void phase_next(rtb_worker_t *w)
         }
     }
     w->phase = PH_WAIT;
-    if (w->go_fd < 0) {
-        start_run(w);
-        return;
-    }
-    w->emit(w->ctx, RTB_EMIT_READY, &w->rep);
-    w->wait_end_ms = uv_now(&w->loop) + (uint64_t)(RTB_WAIT_MAX_S * 1000);
-    if (uv_read_start((uv_stream_t *)&w->go, rtb_go_alloc, on_go))
+    w->wait_end_ms = uv_now(&w->loop) + (uint64_t)(RTB_GO_WAIT_MAX_S * 1000);
+    if (rtb_go_wait(&w->go, w->go_fd, on_go, w->emit, w->ctx, &w->rep))
         start_run(w);
 }
 

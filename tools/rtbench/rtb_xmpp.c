@@ -42,7 +42,6 @@
 #define RTB_X_PACE_MS 1               /* chat schedule tick */
 #define RTB_X_CHECK_MS 50             /* how often the run's end is evaluated */
 #define RTB_X_CLOSE_MS 2000           /* grace for the server to close after ours */
-#define RTB_X_WAIT_MAX_S 300.0        /* longest wait for the parent's go */
 #define RTB_X_CONTACTS 9              /* xroster: contacts on each side, 18 in all */
 #define RTB_X_SALT_MAX 64             /* base64 salt bytes kept in the cache */
 #define RTB_X_CACHE_MAGIC 0x52545853u /* "RTXS", heads a --salt-cache file */
@@ -1038,13 +1037,8 @@ static void on_go(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 static void phase_next(xw_t *w)
 {
     w->phase = PH_WAIT;
-    if (w->go_fd < 0) {
-        start_run(w);
-        return;
-    }
-    w->emit(w->ctx, RTB_EMIT_READY, &w->rep);
-    w->wait_end_ms = uv_now(&w->loop) + (uint64_t)(RTB_X_WAIT_MAX_S * 1000);
-    if (uv_read_start((uv_stream_t *)&w->go, rtb_go_alloc, on_go))
+    w->wait_end_ms = uv_now(&w->loop) + (uint64_t)(RTB_GO_WAIT_MAX_S * 1000);
+    if (rtb_go_wait(&w->go, w->go_fd, on_go, w->emit, w->ctx, &w->rep))
         start_run(w);
 }
 
