@@ -69,7 +69,7 @@ SEED_DATA=''
 SEED_ROSTERS=0
 
 usage() {
-    sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
