@@ -1,8 +1,9 @@
 /*
- * rtbench: an emqtt_bench-style MQTT load generator on libuv.
+ * rtbench: an emqtt_bench-style MQTT load generator on libuv, with XMPP commands.
  *
  * rtbench.c parses flags, forks worker processes for --procs and aggregates their
- * reports; rtb_worker.c runs the clients of one process on one libuv loop.
+ * reports; rtb_worker.c runs the MQTT clients of one process on one libuv loop, and
+ * rtb_xmpp.c the XMPP sessions (rtb_xmpp.h); rtb_loop.c holds what the two share.
  */
 #ifndef RTBENCH_H
 #define RTBENCH_H
