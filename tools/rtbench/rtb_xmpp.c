@@ -17,6 +17,7 @@
 #include "rtb_xmpp.h"
 #include "rtb_loop.h"
 #include "rtb_mqtt.h"
+#include "rtb_xkeys.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,15 +37,13 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define RTB_X_READ_BUF (256 * 1024)   /* shared read buffer per process, bytes */
-#define RTB_X_IN_MAX (4u << 20)       /* unconsumed input of one session, bytes */
-#define RTB_X_TICK_MS 1000            /* per-second report and timeout sweep */
-#define RTB_X_PACE_MS 1               /* chat schedule tick */
-#define RTB_X_CHECK_MS 50             /* how often the run's end is evaluated */
-#define RTB_X_CLOSE_MS 2000           /* grace for the server to close after ours */
-#define RTB_X_CONTACTS 9              /* xroster: contacts on each side, 18 in all */
-#define RTB_X_SALT_MAX 64             /* base64 salt bytes kept in the cache */
-#define RTB_X_CACHE_MAGIC 0x52545853u /* "RTXS", heads a --salt-cache file */
+#define RTB_X_READ_BUF (256 * 1024) /* shared read buffer per process, bytes */
+#define RTB_X_IN_MAX (4u << 20)     /* unconsumed input of one session, bytes */
+#define RTB_X_TICK_MS 1000          /* per-second report and timeout sweep */
+#define RTB_X_PACE_MS 1             /* chat schedule tick */
+#define RTB_X_CHECK_MS 50           /* how often the run's end is evaluated */
+#define RTB_X_CLOSE_MS 2000         /* grace for the server to close after ours */
+#define RTB_X_CONTACTS 9            /* xroster: contacts on each side, 18 in all */
 
 enum { PH_UP, PH_WAIT, PH_RUN, PH_DRAIN, PH_CLOSE };
 enum { ROLE_HELD, ROLE_CONN }; /* held: logged in once (UP); conn: a login loop (RUN) */
@@ -88,16 +87,6 @@ typedef struct xc_s {
     struct xc_s *next_dirty;
 } xc_t;
 
-/* A cached SCRAM key set for one (salt, iterations) of our one password. */
-typedef struct xkey_s {
-    uint32_t iter; /* 0 marks a free slot */
-    uint8_t salt_len;
-    char salt[RTB_X_SALT_MAX]; /* base64, as the server sent it */
-    uint8_t client_key[32];
-    uint8_t stored_key[32];
-    uint8_t server_key[32];
-} xkey_t;
-
 struct xw_s {
     const rtb_opts_t *o;
     uint32_t proc;
@@ -120,10 +109,7 @@ struct xw_s {
     uint64_t tick_no;
     rtb_emit_fn emit;
     void *ctx;
-    uint8_t pw_hash[32]; /* SHA-256 of the password, keys the salt cache file */
-    xkey_t *keys;        /* open addressing by salt */
-    uint32_t kcap, kcount;
-    int cache_fd; /* --salt-cache, opened for appending; -1 without */
+    rtb_xkeys_t keys; /* the SCRAM keys of our password, per salt */
 };
 
 static uint8_t xread_buf[RTB_X_READ_BUF];
@@ -132,126 +118,6 @@ int rtb_xmpp_cmd(rtb_cmd_t cmd)
 {
     return cmd == RTB_CMD_XLOGIN || cmd == RTB_CMD_XIDLE || cmd == RTB_CMD_XCHAT ||
            cmd == RTB_CMD_XROSTER;
-}
-
-/* ---- SCRAM keys, cached per salt ------------------------------------------------ */
-
-static uint32_t key_hash(const char *salt, size_t n, uint32_t iter)
-{
-    uint32_t h = 2166136261u ^ iter;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)salt[i]) * 16777619u;
-    return h;
-}
-
-static xkey_t *key_slot(xw_t *w, const char *salt, size_t n, uint32_t iter)
-{
-    uint32_t h = key_hash(salt, n, iter) & (w->kcap - 1);
-    while (w->keys[h].iter && !(w->keys[h].iter == iter && w->keys[h].salt_len == n &&
-                                !memcmp(w->keys[h].salt, salt, n)))
-        h = (h + 1) & (w->kcap - 1);
-    return &w->keys[h];
-}
-
-static int key_insert(xw_t *w, const xkey_t *k)
-{
-    if ((w->kcount + 1) * 2 > w->kcap) {
-        uint32_t ncap = w->kcap ? w->kcap * 2 : 1024, ocap = w->kcap;
-        xkey_t *old = w->keys;
-        w->keys = calloc(ncap, sizeof(xkey_t));
-        if (!w->keys) {
-            w->keys = old;
-            return -ENOMEM;
-        }
-        w->kcap = ncap;
-        for (uint32_t i = 0; i < ocap; i++)
-            if (old[i].iter)
-                *key_slot(w, old[i].salt, old[i].salt_len, old[i].iter) = old[i];
-        free(old);
-    }
-    xkey_t *s = key_slot(w, k->salt, k->salt_len, k->iter);
-    if (!s->iter)
-        w->kcount++;
-    *s = *k;
-    return 0;
-}
-
-/*
- * --salt-cache: a header (magic, SHA-256 of the password) then xkey_t records, appended
- * by every process in single writes, so concurrent appends do not interleave. A file of
- * another password is left alone and not used.
- */
-static void cache_open(xw_t *w, const char *path)
-{
-    w->cache_fd = open(path, O_RDWR | O_CREAT | O_APPEND, 0600);
-    if (w->cache_fd < 0)
-        return;
-    uint8_t head[4 + 32];
-    uint32_t magic = RTB_X_CACHE_MAGIC;
-    ssize_t r = pread(w->cache_fd, head, sizeof(head), 0);
-    if (r == 0) {
-        memcpy(head, &magic, 4);
-        memcpy(head + 4, w->pw_hash, 32);
-        if (write(w->cache_fd, head, sizeof(head)) != (ssize_t)sizeof(head))
-            goto off;
-        return;
-    }
-    if (r != (ssize_t)sizeof(head) || memcmp(head, &magic, 4) || memcmp(head + 4, w->pw_hash, 32))
-        goto off;
-    /* In chunks: one pread per record was most of a short run's start-up. */
-    static xkey_t chunk[1024];
-    off_t at = sizeof(head);
-    ssize_t got;
-    while ((got = pread(w->cache_fd, chunk, sizeof(chunk), at)) >= (ssize_t)sizeof(xkey_t)) {
-        size_t n = (size_t)got / sizeof(xkey_t);
-        for (size_t i = 0; i < n; i++)
-            if (chunk[i].iter && chunk[i].salt_len <= RTB_X_SALT_MAX && key_insert(w, &chunk[i]))
-                return;
-        at += (off_t)(n * sizeof(xkey_t));
-    }
-    return;
-off:
-    close(w->cache_fd);
-    w->cache_fd = -1;
-}
-
-/* The keys of (salt, iter) for our password: from the cache, else by PBKDF2 once. */
-static const xkey_t *key_get(xw_t *w, const char *salt, size_t n, uint32_t iter)
-{
-    if (n == 0 || n > RTB_X_SALT_MAX || n % 4 || !iter || iter > 10000000)
-        return NULL;
-    if (w->kcap) {
-        xkey_t *s = key_slot(w, salt, n, iter);
-        if (s->iter)
-            return s;
-    }
-    uint8_t raw[RTB_X_SALT_MAX], salted[32];
-    int rawn = EVP_DecodeBlock(raw, (const unsigned char *)salt, (int)n);
-    /* EVP_DecodeBlock counts the padding as decoded zero bytes. */
-    for (size_t i = n; rawn > 0 && i > 0 && salt[i - 1] == '='; i--)
-        rawn--;
-    if (rawn <= 0)
-        return NULL;
-    xkey_t k;
-    memset(&k, 0, sizeof(k));
-    const char *pw = w->o->pass;
-    if (!PKCS5_PBKDF2_HMAC(pw, (int)strlen(pw), raw, rawn, (int)iter, EVP_sha256(), 32, salted))
-        return NULL;
-    w->rep.s.pbkdf2++;
-    unsigned len = 32;
-    HMAC(EVP_sha256(), salted, 32, (const uint8_t *)"Client Key", 10, k.client_key, &len);
-    HMAC(EVP_sha256(), salted, 32, (const uint8_t *)"Server Key", 10, k.server_key, &len);
-    SHA256(k.client_key, 32, k.stored_key);
-    k.iter = iter;
-    k.salt_len = (uint8_t)n;
-    memcpy(k.salt, salt, n);
-    if (key_insert(w, &k))
-        return NULL;
-    if (w->cache_fd >= 0 && write(w->cache_fd, &k, sizeof(k)) != (ssize_t)sizeof(k)) {
-        close(w->cache_fd); /* a full disk costs the next run its PBKDF2s, nothing more */
-        w->cache_fd = -1;
-    }
-    return key_slot(w, salt, n, iter);
 }
 
 /* ---- one session ------------------------------------------------------------------ */
@@ -510,7 +376,8 @@ static int scram_final(xc_t *c, const char *b64in, size_t len)
     const char *mine = strstr(c->bare, ",r=") + 3;
     if (!r || !s || !i || rn < strlen(mine) || memcmp(r, mine, strlen(mine)))
         return -EPROTO;
-    const xkey_t *k = key_get(c->w, s, sn, (uint32_t)strtoul(i, NULL, 10));
+    const rtb_xkey_t *k = rtb_xkeys_get(&c->w->keys, s, sn, (uint32_t)strtoul(i, NULL, 10));
+    c->w->rep.s.pbkdf2 = c->w->keys.pbkdf2;
     if (!k)
         return -EPROTO;
     int fl = snprintf(final, sizeof(final), "c=biws,r=%.*s", (int)rn, r);
@@ -1119,20 +986,17 @@ int rtb_xmpp_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit
     w.emit = emit;
     w.ctx = ctx;
     w.go_fd = go_fd;
-    w.cache_fd = -1;
     w.rate_per_sender = o->rate / 2;
     rtb_hist_init(&w.rep.e2e);
     rtb_hist_init(&w.rep.ack);
     rtb_hist_init(&w.rep.conn);
-    SHA256((const uint8_t *)o->pass, strlen(o->pass), w.pw_hash);
-    if (o->salt_cache)
-        cache_open(&w, o->salt_cache);
+    rtb_xkeys_init(&w.keys, o->pass, o->salt_cache);
     int r = build(&w);
     if (!r)
         r = uv_loop_init(&w.loop);
     if (r) {
         free(w.cl);
-        free(w.keys);
+        rtb_xkeys_destroy(&w.keys);
         return r;
     }
     uv_timer_init(&w.loop, &w.tick);
@@ -1161,8 +1025,6 @@ int rtb_xmpp_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit
         rtb_buf_free(&w.cl[i].busy);
     }
     free(w.cl);
-    free(w.keys);
-    if (w.cache_fd >= 0)
-        close(w.cache_fd);
+    rtb_xkeys_destroy(&w.keys);
     return 0;
 }
