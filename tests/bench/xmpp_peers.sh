@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # xmpp_peers.sh: rtd's XMPP server beside ejabberd 23.01 and Prosody 0.12 in one run, every
-# server driven by the same client (tests/bench/xmpp_load.py), and writes raw rows and a
-# median table under docs/bench/issue29-xmpp/.
+# server driven by the same client (tests/bench/xmpp_load.py, or rtbench for the last three
+# cases below), and writes raw rows and a median table under docs/bench/issue29-xmpp/.
 #
 #   tests/bench/xmpp_peers.sh [--servers rtd,ejabberd,prosody] [--rounds N] [--smoke]
 #                             [--cases idle-anon,idle-scram,login,chat] [--settle S]
 #                             [--idle N] [--accounts K] [--logins L] [--messages M]
-#                             [--rtd-archive on|off] [--build DIR] [--out DIR]
+#                             [--rtd-archive on|off]
+#                             [--storm-logins L] [--roster-users R] [--chat-seconds S]
+#                             [--seed-data DIR [--seed-rosters]] [--build DIR] [--out DIR]
 #
 # Cases, each on a freshly started server, servers alternating within a round:
 #   idle-anon   N sessions (SASL ANONYMOUS, bind, roster get, presence) held open:
@@ -17,6 +19,23 @@
 #               once over the K accounts: server utime+stime / L, and logins/s
 #   chat        50 pairs of online users, M messages in all, at most 10 unreceived per
 #               sender: server CPU-seconds per million messages routed, messages/s
+# Cases driven by rtbench (C, libcrypto's SCRAM; its XMPP commands: rtbench --help), which
+# the client's own CPU does not bound the way xmpp_load.py's does:
+#   login-storm    L SCRAM-SHA-256 logins (--storm-logins, default 20000) over the K accounts,
+#                  50 connectors from 127.0.0.2-9, after one warm-up login per account (so the
+#                  client's PBKDF2 and the server's caches are out of the clock): server CPU
+#                  per login, logins/s, login p99
+#   chat-storm     the issue's seed: 40 pairs (u0..u79) chat at 100 messages/s per pair while
+#                  the other R - 80 roster users log in as fast as the client can and stay,
+#                  for --chat-seconds (default 30): chat p99 overall and of the worst second
+#   idle-roster18  R sessions (--roster-users, default 19000) of accounts whose rosters hold
+#                  18 contacts with subscription both: RSS per session as idle-anon
+# Both roster cases need R accounts (registered with the others) and their rosters, which
+# `rtbench xroster` makes once per server before the rounds. --seed-data DIR: rtd's
+# accounts come from DIR/xmpp.db (an earlier data dir with u0.. and password pw) instead
+# of `rtd xmpp user add`, which takes minutes for 19,000; with --seed-rosters those accounts
+# already have their rosters (`rtbench xroster -c R` was run on them) and rtd's set-up is
+# skipped (idle-roster18 still checks that every login sees 18 contacts with subscription both).
 # Figures are medians of --rounds (default 3). --smoke: rtd alone, tiny counts, seconds.
 # rtd runs without its message archive (xmpp.archive = false), as the peers run without MAM;
 # --rtd-archive on measures what archiving every chat costs.
@@ -47,9 +66,14 @@ BUILD=${RT_BUILD_DIR:-build/release}
 OUT="$ROOT/docs/bench/issue29-xmpp"
 CASE_TIMEOUT_S=300 # hard cap on one client run, beyond the client's own deadlines
 RTD_ARCHIVE=false
+STORM_LOGINS=20000
+ROSTER_USERS=19000
+CHAT_SECONDS=30
+SEED_DATA=''
+SEED_ROSTERS=0
 
 usage() {
-    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -68,6 +92,11 @@ while (($#)); do
         case "${2:-}" in on) RTD_ARCHIVE=true ;; off) RTD_ARCHIVE=false ;;
         *) echo "xmpp_peers.sh: --rtd-archive wants on or off" >&2; exit 2 ;; esac
         shift 2 ;;
+    --storm-logins) STORM_LOGINS=${2:?}; shift 2 ;;
+    --roster-users) ROSTER_USERS=${2:?}; shift 2 ;;
+    --chat-seconds) CHAT_SECONDS=${2:?}; shift 2 ;;
+    --seed-data) SEED_DATA=${2:?}; shift 2 ;;
+    --seed-rosters) SEED_ROSTERS=1; shift ;;
     --build) BUILD=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
     --help | -h) usage 0 ;;
@@ -76,12 +105,15 @@ while (($#)); do
 done
 if ((SMOKE)); then
     SERVERS=rtd; ROUNDS=1; IDLE=200; ACCOUNTS=100; LOGINS=300; MESSAGES=20000
+    STORM_LOGINS=500; ROSTER_USERS=120; CHAT_SECONDS=3
 fi
+((ROSTER_USERS >= 100)) || { echo "xmpp_peers.sh: --roster-users wants >= 100" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[1-9]$ ]] || { echo "xmpp_peers.sh: --rounds wants 1..9" >&2; exit 2; }
 ((ACCOUNTS >= 100)) || { echo "xmpp_peers.sh: --accounts wants >= 100 (50 chat pairs)" >&2; exit 2; }
 [[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
 RTD="$BUILD/rtd"
 LOAD="$ROOT/tests/bench/xmpp_load.py"
+RTBENCH="$BUILD/tools/rtbench/rtbench"
 IFS=, read -r -a SERVER_LIST <<<"$SERVERS"
 for s in "${SERVER_LIST[@]}"; do
     case "$s" in
@@ -96,9 +128,15 @@ done
 
 IFS=, read -r -a CASE_LIST <<<"$CASES"
 for c in "${CASE_LIST[@]}"; do
-    [[ "$c" =~ ^(idle-anon|idle-scram|login|chat)$ ]] || {
+    [[ "$c" =~ ^(idle-anon|idle-scram|login|chat|login-storm|chat-storm|idle-roster18)$ ]] || {
         echo "xmpp_peers.sh: unknown case '$c'" >&2; exit 2; }
+    [[ "$c" =~ ^(login-storm|chat-storm|idle-roster18)$ && ! -x "$RTBENCH" ]] && {
+        echo "xmpp_peers.sh: $RTBENCH not built (case $c)" >&2; exit 2; }
 done
+ROSTERS=0 # 1 when a case needs the R roster accounts
+[[ ",$CASES," =~ ,(chat-storm|idle-roster18), ]] && ROSTERS=1
+NEED=$ACCOUNTS # accounts to register
+((ROSTERS && ROSTER_USERS > NEED)) && NEED=$ROSTER_USERS
 
 # The servers and the client processes each hold up to IDLE / 2 + a few descriptors.
 ulimit -n "$(ulimit -Hn)"
@@ -117,7 +155,8 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$OUT"
 ROWS="$WORK/rows.tsv"
-printf 'server\tcase\tround\tcount\tfailed\trss_before_kb\trss_after_kb\tcpu_s\tseconds\tclient_cpu_s\tload1\n' >"$ROWS"
+printf 'server\tcase\tround\tcount\tfailed\trss_before_kb\trss_after_kb\tcpu_s\tseconds\tclient_cpu_s\tload1\tp99_ms\tworst_second_p99_ms\n' >"$ROWS"
+JSONL="$WORK/rtbench.jsonl" # rtbench's summaries, one per run, with server/case/round
 
 free_port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -139,6 +178,9 @@ data_dir = "$dir/data"
 rules_dir = "$dir/rules"
 max_connections_per_ip = 0
 max_connection_rate = 0
+-- A login waits behind the roster set-up's writes in the store: 10 s (the default) is
+-- too short for xroster's storm on a busy machine.
+connect_timeout = 120
 xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
          listeners = { "127.0.0.1:$port" }, archive = $RTD_ARCHIVE }
 EOF
@@ -178,7 +220,7 @@ start_server() {
         ;;
     esac
     SERVER_PID=$!
-    for ((i = 0; i < 300; i++)); do
+    for ((i = 0; i < 1200; i++)); do
         if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
             sleep 1 # let it finish starting (modules, mnesia tables) before the first sample
             return 0
@@ -187,7 +229,7 @@ start_server() {
         sleep 0.1
     done
     echo "xmpp_peers.sh: $name did not listen on $PORT:" >&2
-    tail -20 "$dir/server.log" "$dir"/*.log >&2 || true
+    tail -n 20 "$dir/server.log" "$dir"/*.log >&2 || true
     exit 1
 }
 
@@ -203,28 +245,156 @@ stop_server() {
     SERVER_PID=''
 }
 
-# Registers accounts u0..u(ACCOUNTS-1) with password pw on NAME (stopped on return).
+# Registers accounts u0..u(NEED-1) with password pw on NAME (stopped on return).
 register() {
     local name=$1 dir="$WORK/$1"
-    echo "xmpp_peers.sh: registering $ACCOUNTS accounts on $name" >&2
+    echo "xmpp_peers.sh: registering $NEED accounts on $name" >&2
+    if [[ "$name" == rtd && -n "$SEED_DATA" ]]; then
+        mkdir -p "$dir/data"
+        cp "$SEED_DATA"/xmpp.db* "$dir/data/"
+        return
+    fi
     if [[ "$name" == rtd ]]; then
         mkdir -p "$dir/data"
-        seq 0 $((ACCOUNTS - 1)) | xargs -P 2 -I{} \
+        seq 0 $((NEED - 1)) | xargs -P 2 -I{} \
             "$RTD" xmpp user add -b -I 4096 -d "$dir/data" "u{}@localhost" pw >/dev/null
         return
     fi
     start_server "$name" scram
     local out
     out=$(timeout "$CASE_TIMEOUT_S" python3 "$LOAD" register --port "$PORT" \
-        --users "u%d:pw:$ACCOUNTS" -C 20 --deadline 280)
+        --users "u%d:pw:$NEED" -C 20 --deadline 280)
     stop_server
     [[ "$out" == *'"failed": 0'* ]] || { echo "xmpp_peers.sh: $name: $out" >&2; exit 1; }
 }
 
-# Appends one row: server case round count failed rss0 rss1 cpu_s seconds client_cpu load.
-row() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$ROWS"; tail -1 "$ROWS" >&2; }
+# Appends one row: server case round count failed rss0 rss1 cpu_s seconds client_cpu load
+# [p99_ms worst_second_p99_ms] (rtbench's cases; empty for the others).
+row() {
+    local a=("$@")
+    while ((${#a[@]} < 13)); do a+=(""); done
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${a[@]}" >>"$ROWS"
+    tail -1 "$ROWS" >&2
+}
 
 json() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+# A field of rtbench's JSON summary, nested names joined by dots (login.p99_ms).
+jget() {
+    python3 -c 'import json,sys
+v = json.loads(sys.argv[1])
+for k in sys.argv[2].split("."): v = v[k]
+print(v)' "$1" "$2"
+}
+
+# ---- the rtbench cases ----
+# rtbench NAME CASE ROUND ARGS...: runs rtbench with --json on the server's port, keeps its
+# per-second lines in $WORK/rtbench.log and its summary in $JSONL; sets RB_OUT (the JSON).
+rtbench_run() {
+    local name=$1 kind=$2 round=$3
+    shift 3
+    RB_OUT=$(timeout "${RB_TIMEOUT:-$CASE_TIMEOUT_S}" "$RTBENCH" "$@" -p "$PORT" --json \
+        --salt-cache "$WORK/$name/salts" 2>>"$WORK/rtbench.log") || true
+    echo "== $name $kind $round: rtbench $*" >>"$WORK/rtbench.log"
+    [[ "$RB_OUT" == '{'* ]] || { echo "xmpp_peers.sh: $name $kind: rtbench failed" >&2; return 1; }
+    python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(server=sys.argv[2], case=sys.argv[3], round=int(sys.argv[4])); print(json.dumps(d))' \
+        "$RB_OUT" "$name" "$kind" "$round" >>"$JSONL"
+}
+
+# The roster users' rosters, once per server: 18 contacts each, subscription both.
+setup_rosters() {
+    local name=$1 RB_TIMEOUT=1800 # 19,000 accounts x 2 logins x 36 presences
+    echo "xmpp_peers.sh: $name: rosters of $ROSTER_USERS accounts (rtbench xroster)" >&2
+    start_server "$name" scram
+    # Each login writes 36 presences' roster changes: few at once, and patient.
+    rtbench_run "$name" setup 0 xroster -c "$ROSTER_USERS" --procs 2 -d 1500 \
+        --conn-parallel 16 --conn-timeout 120 --ifaddr 127.0.0.2,127.0.0.3 || exit 1
+    stop_server
+    [[ $(jget "$RB_OUT" failed) == 0 ]] || { echo "xmpp_peers.sh: $name: xroster: $RB_OUT" >&2; exit 1; }
+}
+
+SRC8=127.0.0.2,127.0.0.3,127.0.0.4,127.0.0.5,127.0.0.6,127.0.0.7,127.0.0.8,127.0.0.9
+
+case_login_storm() {
+    local name=$1 round=$2 c0 c1 rss0 rss1
+    start_server "$name" scram
+    rss0=$(rss_kb "$SERVER_PID")
+    # One login per account first, outside the clock (the client's PBKDF2, server caches).
+    rtbench_run "$name" login-warm "$round" xlogin -c 50 -L "$ACCOUNTS" --accounts "$ACCOUNTS" \
+        --ifaddr "$SRC8" -d 240 || { stop_server; return; }
+    c0=$(cpu_ticks "$SERVER_PID")
+    rtbench_run "$name" login-storm "$round" xlogin -c 50 -L "$STORM_LOGINS" \
+        --accounts "$ACCOUNTS" --ifaddr "$SRC8" -d 240 || { stop_server; return; }
+    c1=$(cpu_ticks "$SERVER_PID")
+    rss1=$(rss_kb "$SERVER_PID")
+    row "$name" login-storm "$round" "$(jget "$RB_OUT" logins)" "$(jget "$RB_OUT" failed)" \
+        "$rss0" "$rss1" "$(awk -v a="$c0" -v b="$c1" -v hz="$HZ" 'BEGIN {printf "%.2f", (b - a) / hz}')" \
+        "$(jget "$RB_OUT" login_seconds)" "$(jget "$RB_OUT" cpu_seconds)" "$(load1)" \
+        "$(jget "$RB_OUT" login.p99_ms)" ""
+    stop_server
+}
+
+case_chat_storm() {
+    local name=$1 round=$2 c0 c1 rss0 rss1 failed
+    start_server "$name" scram
+    rss0=$(rss_kb "$SERVER_PID")
+    c0=$(cpu_ticks "$SERVER_PID")
+    # Two processes: each holds half of the storm's sessions (20,000 descriptors at most).
+    rtbench_run "$name" chat-storm "$round" xchat --pairs 40 --rate 100 -d "$CHAT_SECONDS" \
+        --storm $((ROSTER_USERS - 80)) --hold --accounts "$ROSTER_USERS" --procs 2 \
+        --conn-timeout 60 --ifaddr "$SRC8" || { stop_server; return; }
+    c1=$(cpu_ticks "$SERVER_PID")
+    rss1=$(rss_kb "$SERVER_PID")
+    failed=$(($(jget "$RB_OUT" missing) + $(jget "$RB_OUT" failed) + $(jget "$RB_OUT" lost)))
+    row "$name" chat-storm "$round" "$(jget "$RB_OUT" received)" "$failed" "$rss0" "$rss1" \
+        "$(awk -v a="$c0" -v b="$c1" -v hz="$HZ" 'BEGIN {printf "%.2f", (b - a) / hz}')" \
+        "$(jget "$RB_OUT" run_seconds)" "$(jget "$RB_OUT" cpu_seconds)" "$(load1)" \
+        "$(jget "$RB_OUT" chat.p99_ms)" "$(jget "$RB_OUT" worst_second_p99_ms)"
+    stop_server
+}
+
+# R sessions held by two rtbench processes; RSS sampled --settle s after both are up.
+case_idle_roster() {
+    local name=$1 round=$2 rss0 rss1 t0 up_s pid fifo="$WORK/roster-in" k
+    start_server "$name" scram
+    sleep 2
+    rss0=$(rss_kb "$SERVER_PID")
+    rm -f "$fifo" && mkfifo "$fifo"
+    t0=$EPOCHREALTIME
+    timeout "$CASE_TIMEOUT_S" "$RTBENCH" xidle -c "$ROSTER_USERS" --procs 2 --go-stdin -d 1 --conn-timeout 60 \
+        -p "$PORT" --ifaddr "$SRC8" --json --quiet --salt-cache "$WORK/$name/salts" \
+        <"$fifo" >"$WORK/roster-out" 2>"$WORK/roster-err" &
+    pid=$!
+    CLIENT_PIDS=("$pid")
+    exec {fd}>"$fifo"
+    for ((k = 0; k < 2500; k++)); do
+        grep -q 'rtbench: ready' "$WORK/roster-err" 2>/dev/null && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    up_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}')
+    sleep "$SETTLE"
+    rss1=$(rss_kb "$SERVER_PID")
+    echo go >&"$fd"
+    exec {fd}>&-
+    wait "$pid" || true
+    CLIENT_PIDS=()
+    RB_OUT=$(tail -1 "$WORK/roster-out")
+    if [[ "$RB_OUT" != '{'* ]]; then
+        echo "xmpp_peers.sh: $name idle-roster18 failed:" >&2
+        cat "$WORK/roster-err" >&2
+        row "$name" idle-roster18 "$round" 0 1 "$rss0" "$rss1" 0 0 0 "$(load1)"
+        stop_server
+        return
+    fi
+    python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(server=sys.argv[2], case="idle-roster18", round=int(sys.argv[3])); print(json.dumps(d))' \
+        "$RB_OUT" "$name" "$round" >>"$JSONL"
+    [[ $(jget "$RB_OUT" roster_both_per_login) == 18.0 ]] ||
+        echo "xmpp_peers.sh: $name: rosters are not 18 both: $RB_OUT" >&2
+    row "$name" idle-roster18 "$round" "$(jget "$RB_OUT" logins)" \
+        "$(($(jget "$RB_OUT" failed) + $(jget "$RB_OUT" lost)))" "$rss0" "$rss1" 0 "$up_s" \
+        "$(jget "$RB_OUT" cpu_seconds)" "$(load1)"
+    stop_server
+}
 
 # idle: held sessions over two client processes (20,000 descriptors each at most) from
 # 127.0.0.2-5; RSS sampled once every client has printed "ready" and 3 s have passed.
@@ -339,6 +509,8 @@ case_timed() {
 if [[ ",$CASES," != ,idle-anon, ]]; then
     for s in "${SERVER_LIST[@]}"; do
         register "$s"
+        [[ "$s" == rtd && -n "$SEED_DATA" ]] && ((SEED_ROSTERS)) && continue
+        ((ROSTERS)) && setup_rosters "$s"
     done
 fi
 SCRAM_IDLE=$((ACCOUNTS < IDLE ? ACCOUNTS : IDLE))
@@ -349,6 +521,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
             idle-anon) case_idle "$s" "$r" anon "$IDLE" ;;
             idle-scram) case_idle "$s" "$r" scram "$SCRAM_IDLE" ;;
             login | chat) case_timed "$s" "$r" "$c" ;;
+            login-storm) case_login_storm "$s" "$r" ;;
+            chat-storm) case_chat_storm "$s" "$r" ;;
+            idle-roster18) case_idle_roster "$s" "$r" ;;
             esac
         done
     done
@@ -357,6 +532,8 @@ done
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 ((SMOKE)) && STAMP="smoke-$STAMP"
 cp "$ROWS" "$OUT/rows-$STAMP.tsv"
+[[ -s "$JSONL" ]] && cp "$JSONL" "$OUT/rtbench-$STAMP.jsonl"
+[[ -s "$WORK/rtbench.log" ]] && cp "$WORK/rtbench.log" "$OUT/rtbench-$STAMP.log"
 python3 "$ROOT/tests/bench/xmpp_report.py" "$OUT/rows-$STAMP.tsv" | tee "$OUT/table-$STAMP.md"
 for s in "${SERVER_LIST[@]}"; do
     if grep -qiE 'level=(error|fatal)|crash|CRASH REPORT' "$WORK/$s"/*.log 2>/dev/null; then

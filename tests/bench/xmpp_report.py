@@ -35,7 +35,7 @@ def main():
                        for r in rs]
                 main_fig, unit = med(per), "KB/session"
                 rate = "%d up in %.1f s" % (n, med([float(r["seconds"]) for r in rs]))
-            elif c == "login":
+            elif c.startswith("login"):
                 main_fig = med([1000 * float(r["cpu_s"]) / max(1, int(r["count"])) for r in rs])
                 unit = "CPU ms/login"
                 rate = "%.0f logins/s" % med([int(r["count"]) / max(1e-9, float(r["seconds"])) for r in rs])
@@ -43,6 +43,13 @@ def main():
                 main_fig = med([1e6 * float(r["cpu_s"]) / max(1, int(r["count"])) for r in rs])
                 unit = "CPU-s/M msgs"
                 rate = "%.0f msgs/s" % med([int(r["count"]) / max(1e-9, float(r["seconds"])) for r in rs])
+            # rtbench's cases: the latency p99 (login, or chat overall / its worst second).
+            p99 = [float(r["p99_ms"]) for r in rs if r.get("p99_ms")]
+            worst = [float(r["worst_second_p99_ms"]) for r in rs if r.get("worst_second_p99_ms")]
+            if p99:
+                rate += ", p99 %.2f ms" % med(p99)
+            if worst:
+                rate += " (worst second %.2f ms)" % med(worst)
             fig[s, c] = (main_fig, unit, rate, failed, len(rs), ccpu, load, n)
     print("| case | server | figure (median) | rate | rounds | failed/lost | client CPU s | max load1 |")
     print("|---|---|---|---|---|---|---|---|")

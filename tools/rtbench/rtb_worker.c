@@ -28,7 +28,9 @@
  * waits for the broker to close, and starts again, until -d ends or it has done -L.
  */
 #include "rtbench.h"
+#include "rtb_loop.h"
 #include "rtb_mqtt.h"
+#include "rtb_xmpp.h"
 #include "rtb_xport.h"
 
 #include <errno.h>
@@ -50,7 +52,6 @@
 #define RTB_CLOSE_MS 2000         /* grace for DISCONNECT to be written */
 #define RTB_MAX_SEQ (1u << 30)    /* sequence numbers beyond this are a protocol error */
 #define RTB_CHECK_MS 50           /* how often the run's end conditions are evaluated */
-#define RTB_WAIT_MAX_S 300.0      /* longest wait for the parent's go, seconds */
 #define RTB_COALESCE_READS 32     /* an iteration with fewer reads pauses before polling */
 #define RTB_PACE_FB_MS 1          /* closed-loop kick when deliveries arrive in other processes */
 
@@ -154,13 +155,6 @@ struct rtb_worker_s {
 };
 
 static uint8_t read_buf[RTB_READ_BUF];
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -323,36 +317,14 @@ static void client_fail(rtb_client_t *c)
     settle(c);
 }
 
-/*
- * Tries a plain write first: uv_write re-arms the epoll watcher on every call, an extra
- * syscall per flush, while uv_try_write is the bare write. Only what the socket does
- * not take right away goes through uv_write, from the `busy` buffer, which trades
- * places with src (`out`, or `wire` under a transport).
- */
+/* Writes src (`out`, or `wire` under a transport) through rtb_write and `busy`. */
 static void write_buf(rtb_client_t *c, rtb_buf_t *src)
 {
     c->t_last_tx_ms = uv_now(&c->w->loop);
-    uv_buf_t b = uv_buf_init((char *)src->p, (unsigned)src->len);
-    int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-    if (n < 0 && n != UV_EAGAIN) {
+    int r = rtb_write((uv_stream_t *)&c->tcp, &c->wreq, src, &c->busy, on_write);
+    c->writing = r == 1;
+    if (r < 0)
         client_fail(c);
-        return;
-    }
-    size_t done = n > 0 ? (size_t)n : 0;
-    if (done == src->len) {
-        src->len = 0;
-        return;
-    }
-    rtb_buf_t t = c->busy;
-    c->busy = *src;
-    *src = t;
-    src->len = 0;
-    b = uv_buf_init((char *)c->busy.p + done, (unsigned)(c->busy.len - done));
-    c->writing = 1;
-    if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
-        c->writing = 0;
-        client_fail(c);
-    }
 }
 
 /* Prints the first transport failure of a process: a refused certificate or upgrade
@@ -588,7 +560,7 @@ static void on_packet(rtb_client_t *c, const rtb_pkt_t *pkt)
             return;
         }
         s->conn_ok++;
-        s->t_conn_last = now_ns();
+        s->t_conn_last = rtb_now_ns();
         rtb_hist_record(&w->rep.conn, s->t_conn_last - c->t_start);
         if (c->role == ROLE_HS) {
             /* One cycle done; the broker's close (or the tick's deadline) ends it. */
@@ -724,7 +696,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         client_fail(c);
         return;
     }
-    c->w->t_read = now_ns();
+    c->w->t_read = rtb_now_ns();
     if (c->x)
         xport_read(c, (const uint8_t *)buf->base, (size_t)nread);
     else
@@ -760,7 +732,7 @@ static void start_connect(rtb_client_t *c, int queued)
 {
     rtb_worker_t *w = c->w;
     const rtb_opts_t *o = w->o;
-    c->t_start = now_ns();
+    c->t_start = rtb_now_ns();
     if (!w->rep.s.t_conn_first)
         w->rep.s.t_conn_first = c->t_start;
     c->state = CS_TCP;
@@ -782,20 +754,9 @@ static void start_connect(rtb_client_t *c, int queued)
     c->creq.data = c;
     c->wreq.data = c;
     uv_tcp_nodelay(&c->tcp, 1);
-    if (src) {
-        /*
-         * Let connect() pick the source port for the full 4-tuple; a port picked at
-         * bind time must be unique per address, which caps a source address near 28K
-         * connections and makes every bind search the whole range.
-         */
-        uv_os_fd_t fd;
-        int one = 1;
-        if (!uv_fileno((uv_handle_t *)&c->tcp, &fd))
-            setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
-        if (uv_tcp_bind(&c->tcp, src, 0)) {
-            client_fail(c);
-            return;
-        }
+    if (src && rtb_tcp_source(&c->tcp, src)) {
+        client_fail(c);
+        return;
     }
     const struct sockaddr_storage *to = &o->addr;
     if (c->role == ROLE_SUB && o->nsub_addr)
@@ -917,7 +878,7 @@ static void try_send(rtb_client_t *c)
         }
         uint8_t head[RTB_HDR_SIZE];
         if (!ts)
-            ts = now_ns(); /* one stamp per burst: the burst leaves in one write */
+            ts = rtb_now_ns(); /* one stamp per burst: the burst leaves in one write */
         put32(head, c->gidx);
         put32(head + 4, seq);
         put64(head + 8, ts);
@@ -1002,7 +963,7 @@ static void start_close(rtb_worker_t *w)
     w->phase = PH_CLOSE;
     fb_done(w);
     if (!w->rep.s.t_run_end)
-        w->rep.s.t_run_end = now_ns();
+        w->rep.s.t_run_end = rtb_now_ns();
     uv_close((uv_handle_t *)&w->pace, NULL);
     uv_close((uv_handle_t *)&w->conn_timer, NULL);
     uv_close((uv_handle_t *)&w->tick, NULL);
@@ -1034,7 +995,7 @@ static void on_pace(uv_timer_t *t)
         if (run_finished(w)) {
             w->phase = PH_DRAIN;
             fb_done(w);
-            w->rep.s.t_run_end = now_ns();
+            w->rep.s.t_run_end = rtb_now_ns();
             w->drain_end_ms = uv_now(&w->loop) + (uint64_t)(w->o->drain_s * 1000);
         }
         return;
@@ -1060,7 +1021,7 @@ static void start_run(rtb_worker_t *w)
     uv_update_time(&w->loop);
     w->run_start_ms = uv_now(&w->loop);
     w->run_end_ms = w->run_start_ms + (uint64_t)(o->duration_s * 1000);
-    w->rep.s.t_run_start = now_ns();
+    w->rep.s.t_run_start = rtb_now_ns();
     if (o->cmd == RTB_CMD_HS)
         for (uint32_t i = 0; i < w->nclients; i++)
             hs_begin(&w->clients[i]);
@@ -1068,12 +1029,6 @@ static void start_run(rtb_worker_t *w)
                     : w->fb             ? RTB_PACE_FB_MS
                                         : RTB_PACE_CLOSED_MS;
     uv_timer_start(&w->pace, on_pace, 0, pace);
-}
-
-static void on_go_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
-{
-    static char byte[16];
-    *buf = uv_buf_init(byte, sizeof(byte));
 }
 
 /* Any byte, EOF or error from the parent releases the run; the run itself is bounded. */
@@ -1096,29 +1051,16 @@ static void phase_next(rtb_worker_t *w)
         }
     }
     w->phase = PH_WAIT;
-    if (w->go_fd < 0) {
+    w->wait_end_ms = uv_now(&w->loop) + (uint64_t)(RTB_GO_WAIT_MAX_S * 1000);
+    if (rtb_go_wait(&w->go, w->go_fd, on_go, w->emit, w->ctx, &w->rep))
         start_run(w);
-        return;
-    }
-    w->emit(w->ctx, RTB_EMIT_READY, &w->rep);
-    w->wait_end_ms = uv_now(&w->loop) + (uint64_t)(RTB_WAIT_MAX_S * 1000);
-    if (uv_read_start((uv_stream_t *)&w->go, on_go_alloc, on_go))
-        start_run(w);
-}
-
-static void fill_cpu(rtb_worker_t *w)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    w->rep.s.cpu_us = (uint64_t)ru.ru_utime.tv_sec * 1000000 + (uint64_t)ru.ru_utime.tv_usec +
-                      (uint64_t)ru.ru_stime.tv_sec * 1000000 + (uint64_t)ru.ru_stime.tv_usec;
 }
 
 static void on_tick(uv_timer_t *t)
 {
     rtb_worker_t *w = t->data;
     const rtb_opts_t *o = w->o;
-    uint64_t now = now_ns(), now_ms = uv_now(&w->loop);
+    uint64_t now = rtb_now_ns(), now_ms = uv_now(&w->loop);
     uint64_t tmo = (uint64_t)(o->conn_timeout_s * 1e9);
     /* Bounded by the client count; one pass per second. */
     for (uint32_t i = 0; i < w->nclients; i++) {
@@ -1140,7 +1082,7 @@ static void on_tick(uv_timer_t *t)
         start_run(w);
     w->tick_no++;
     w->rep.s.tick = w->tick_no;
-    fill_cpu(w);
+    w->rep.s.cpu_us = rtb_cpu_us();
     w->emit(w->ctx, RTB_EMIT_TICK, &w->rep);
 }
 
@@ -1155,6 +1097,8 @@ uint32_t rtb_groups(const rtb_opts_t *o)
         return o->pubs;
     case RTB_CMD_FANOUT:
         return o->subs;
+    case RTB_CMD_XCHAT:
+        return o->pairs;
     default:
         return o->count;
     }
@@ -1197,18 +1141,12 @@ static int client_setup(rtb_worker_t *w, rtb_client_t *c, int role, uint32_t idx
     return 0;
 }
 
-static void range_of(uint32_t total, uint32_t procs, uint32_t p, uint32_t *lo, uint32_t *hi)
-{
-    *lo = (uint32_t)((uint64_t)total * p / procs);
-    *hi = (uint32_t)((uint64_t)total * (p + 1) / procs);
-}
-
 /* Lays out this process's subscribers and publishers; see rtbench.c for the shapes. */
 static int build(rtb_worker_t *w)
 {
     const rtb_opts_t *o = w->o;
     uint32_t lo, hi, nsub = 0, npub = 0;
-    range_of(rtb_groups(o), o->procs, w->proc, &lo, &hi);
+    rtb_range(rtb_groups(o), o->procs, w->proc, &lo, &hi);
     switch (o->cmd) {
     case RTB_CMD_CONN:
     case RTB_CMD_SUB:
@@ -1216,6 +1154,8 @@ static int build(rtb_worker_t *w)
         break;
     case RTB_CMD_HS:
         break; /* connectors, set up below: they belong to no connect phase */
+    default:
+        return -EINVAL; /* the XMPP commands run in rtb_xmpp.c */
     case RTB_CMD_PUB:
         npub = hi - lo;
         break;
@@ -1350,6 +1290,8 @@ static void worker_free(rtb_worker_t *w)
 int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, uint64_t *fb, rtb_emit_fn emit,
                    void *ctx)
 {
+    if (rtb_xmpp_cmd(o->cmd))
+        return rtb_xmpp_run(o, proc, go_fd, emit, ctx);
     rtb_worker_t w;
     memset(&w, 0, sizeof(w));
     w.o = o;
@@ -1408,16 +1350,8 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, uint64_t *fb, 
     uv_prepare_init(&w.loop, &w.flush);
     w.tick.data = w.conn_timer.data = w.pace.data = w.close_timer.data = w.flush.data = &w;
     uv_prepare_start(&w.flush, on_prepare);
-    if (go_fd >= 0) {
-        /* Without the pipe there is no barrier: start as soon as connected. */
-        if (uv_pipe_init(&w.loop, &w.go, 0)) {
-            w.go_fd = -1;
-        } else if (uv_pipe_open(&w.go, go_fd)) {
-            uv_close((uv_handle_t *)&w.go, NULL);
-            w.go_fd = -1;
-        }
-        w.go.data = &w;
-    }
+    /* Without the pipe there is no barrier: start as soon as connected. */
+    w.go_fd = rtb_go_open(&w.loop, &w.go, go_fd, &w);
     uv_timer_start(&w.tick, on_tick, RTB_TICK_MS, RTB_TICK_MS);
     uint64_t ci = o->conn_interval_ms ? o->conn_interval_ms : 1;
     uv_timer_start(&w.conn_timer, on_conn_timer, ci, ci);
@@ -1436,7 +1370,7 @@ int rtb_worker_run(const rtb_opts_t *o, uint32_t proc, int go_fd, uint64_t *fb, 
             if (c->streams[j].key)
                 w.rep.s.gaps += c->streams[j].next - c->streams[j].unique;
     }
-    fill_cpu(&w);
+    w.rep.s.cpu_us = rtb_cpu_us();
     w.rep.s.tick = w.tick_no;
     emit(ctx, RTB_EMIT_FINAL, &w.rep);
     uv_loop_close(&w.loop);

@@ -28,6 +28,7 @@
  * mapping of delivery counters (see rtb_fb_size).
  */
 #include "rtbench.h"
+#include "rtb_xmpp.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -62,6 +63,7 @@
 
 static const char *usage_text =
     "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed|hs> [flags]\n"
+    "       rtbench <xlogin|xidle|xchat|xroster> [flags]   (XMPP, below)\n"
     "  -h host (127.0.0.1)  -p port (1883)  -c clients  -n start index (0)\n"
     "  -i ms between connection starts (conn/sub/pub 10, scenarios 0 = --conn-parallel at a time)\n"
     "  -I ms between publishes per client (pub: 1000; scenarios: closed loop)\n"
@@ -72,7 +74,8 @@ static const char *usage_text =
     "  -d duration s (60)  --procs N (1)  --inflight N (32)  --window N (10)\n"
     "  --rate msgs/s total  --pubs P  --subs S  --ifaddr a,b,..  --prefix id-prefix\n"
     "  --copies K (seed: K subscribers per topic, copy c to --sub-ports[c%n]; 1)\n"
-    "  --sub-ports p,q,..  --pub-ports p,q,..  (subscriber/publisher i to port i%n: cluster nodes)\n"
+    "  --sub-ports p,q,..  --pub-ports p,q,..  (subscriber/publisher i to port i%n: cluster "
+    "nodes)\n"
     "  --drain s (5)  --conn-timeout s (10)  --conn-parallel N (64)\n"
     "  --coalesce-us N (500; closed loop: quiet iterations sleep N us, 0 = never)\n"
     "  --json  --quiet  --allow-remote  --test-skip-seq K  --help\n"
@@ -88,7 +91,28 @@ static const char *usage_text =
     "  --ws PATH        MQTT over WebSocket (subprotocol mqtt) at PATH; with --tls: WSS\n"
     "hs: -c connectors (10) loop for -d s or -L cycles each: connect, TLS/upgrade,\n"
     "  CONNECT/CONNACK, DISCONNECT, broker closes; reports full and resumed handshakes/s\n"
-    "  (hs_full_rate, hs_resumed_rate) and rtbench's own CPU\n";
+    "  (hs_full_rate, hs_resumed_rate) and rtbench's own CPU\n"
+    "XMPP (-p defaults to 5222; plain TCP; SASL SCRAM-SHA-256; no XML parser: each step waits\n"
+    "  for the end tag it expects). A login: stream, SASL, restart, bind, roster get, initial\n"
+    "  presence. Accounts are -u with %i = index (u%i), password -P (pw), --domain (localhost).\n"
+    "  xlogin   -c connectors (50) log in and out until -L logins (10000) or -d; account of\n"
+    "           login j: -n + j % --accounts (1000). Reports logins/s, login p50/p99.\n"
+    "  xidle    -c sessions (1000), accounts -n.., held for -d s; --go-stdin: once all are\n"
+    "           up, 'rtbench: ready' on stderr, and the hold starts after a line on stdin.\n"
+    "  xchat    --pairs P (40): accounts -n+2k and -n+2k+1 send each other --rate R (100)\n"
+    "           messages/s per pair in all (R/2 each way), body = send time and sequence;\n"
+    "           chat latency p50/p99/max per second and overall, losses and duplicates.\n"
+    "           --storm N: N logins of accounts -n+2P.. during the chat, --conn-parallel at\n"
+    "           a time; --hold keeps them logged in (else each logs out after its login).\n"
+    "  xroster  set-up: accounts -n..-n+c-1 (-c, >= 19) each get the contacts i+-1..9 (mod c)\n"
+    "           with subscription both: two passes of logins sending subscribed+subscribe\n"
+    "           and approving the requests that arrive (-L logins in all, 2 x c; one\n"
+    "           pass, -L c, is enough where the server keeps pre-approvals, RFC 6121\n"
+    "           3.4). Run xidle to check (roster_both_per_login = 18).\n"
+    "  --salt-cache F  keep SCRAM salted passwords in F (RFC 5802 client cache) across runs,\n"
+    "           so that PBKDF2 runs once per account, not per run (pbkdf2 counts the misses)\n"
+    "  --conn-parallel N (64) logins in flight per process; --ifaddr spreads source addresses;\n"
+    "  --procs splits sessions, pairs, storm and logins over processes.\n";
 
 static void die_usage(const char *fmt, const char *arg)
 {
@@ -204,7 +228,54 @@ static const struct {
     {"pub", "p", RTB_CMD_PUB},        {"fanin", "fi", RTB_CMD_FANIN},
     {"fanout", "fo", RTB_CMD_FANOUT}, {"pairs", "pr", RTB_CMD_PAIRS},
     {"seed", "sd", RTB_CMD_SEED},     {"hs", "hs", RTB_CMD_HS},
+    {"xlogin", "xl", RTB_CMD_XLOGIN}, {"xidle", "xi", RTB_CMD_XIDLE},
+    {"xchat", "xc", RTB_CMD_XCHAT},   {"xroster", "xr", RTB_CMD_XROSTER},
 };
+
+/* Defaults and checks of the XMPP commands (rtb_xmpp.h). */
+static void xmpp_opts(rtb_opts_t *o, int64_t count, int64_t accounts, int64_t pairs, int64_t storm,
+                      int port_set)
+{
+    if (!port_set)
+        o->port = 5222;
+    if (o->tls || o->ws)
+        die_usage("the XMPP commands speak plain TCP only (%s)", o->tls ? "--tls" : "--ws");
+    if (!o->user)
+        o->user = "u%i";
+    if (!o->pass)
+        o->pass = "pw";
+    if (!o->domain)
+        o->domain = "localhost";
+    if (strlen(o->user) > 40 || strlen(o->domain) > 60)
+        die_usage("-u (40 bytes) or --domain (60 bytes) is too long: '%s'", o->user);
+    if (o->cmd != RTB_CMD_XCHAT && (pairs > 0 || storm > 0 || o->hold))
+        die_usage("--pairs, --storm and --hold are for xchat (got them for %s)", o->cmd_name);
+    switch (o->cmd) {
+    case RTB_CMD_XLOGIN:
+        o->count = count > 0 ? (uint32_t)count : 50;
+        o->limit = o->limit ? o->limit : 10000;
+        o->accounts = accounts > 0 ? (uint32_t)accounts : 1000;
+        break;
+    case RTB_CMD_XIDLE:
+    case RTB_CMD_XROSTER:
+        o->count = count > 0 ? (uint32_t)count : 1000;
+        if (o->cmd == RTB_CMD_XROSTER && o->count < 19)
+            die_usage("xroster needs at least 19 accounts for 18 contacts each%s", "");
+        if (o->cmd == RTB_CMD_XROSTER && !o->limit)
+            o->limit = 2 * (uint64_t)o->count;
+        break;
+    default:
+        if (count > 0)
+            die_usage("xchat takes --pairs and --storm, not -c%s", "");
+        o->pairs = pairs > 0 ? (uint32_t)pairs : 40;
+        o->storm = storm > 0 ? (uint32_t)storm : 0;
+        o->rate = o->rate > 0 ? o->rate : 100;
+        o->accounts = accounts > 0 ? (uint32_t)accounts : 2 * o->pairs + o->storm;
+        if (o->accounts <= 2 * o->pairs && o->storm)
+            die_usage("--accounts must leave some for the storm beyond the 2 x --pairs%s", "");
+        o->count = 2 * o->pairs;
+    }
+}
 
 static void parse(rtb_opts_t *o, int argc, char **argv)
 {
@@ -227,7 +298,8 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     o->conn_parallel = RTB_DEFAULT_CONN_PARALLEL;
     o->test_skip_seq = -1;
     o->rate = -1;
-    int64_t count = -1, pubs = -1, subs = -1, copies = -1;
+    int64_t count = -1, pubs = -1, subs = -1, copies = -1, accounts = -1, pairs = -1, storm = -1;
+    int port_set = 0;
     const char *ifaddr = NULL, *prefix = NULL, *tag = "", *sub_ports = NULL, *pub_ports = NULL;
 
     if (argc < 2)
@@ -276,6 +348,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             o->tls_resume = 1;
             continue;
         }
+        if (!strcmp(f, "--hold")) {
+            o->hold = 1;
+            continue;
+        }
         if (f[0] != '-' || !f[1])
             die_usage("unexpected argument '%s'", f);
         snprintf(name, sizeof(name), "%s", f);
@@ -291,7 +367,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         if (!strcmp(n, "-h"))
             o->host = v;
         else if (!strcmp(n, "-p"))
-            o->port = (int)parse_int(n, v, 1, 65535);
+            o->port = (int)parse_int(n, v, 1, 65535), port_set = 1;
         else if (!strcmp(n, "-c"))
             count = (int64_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "-n"))
@@ -367,7 +443,17 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             if (v[0] != '/')
                 die_usage("--ws wants a path starting with '/': '%s'", v);
             o->ws = v;
-        } else if (!strcmp(n, "--test-skip-seq"))
+        } else if (!strcmp(n, "--domain"))
+            o->domain = v;
+        else if (!strcmp(n, "--accounts"))
+            accounts = (int64_t)parse_int(n, v, 1, 10000000);
+        else if (!strcmp(n, "--pairs"))
+            pairs = (int64_t)parse_int(n, v, 1, 1000000);
+        else if (!strcmp(n, "--storm"))
+            storm = (int64_t)parse_int(n, v, 1, 10000000);
+        else if (!strcmp(n, "--salt-cache"))
+            o->salt_cache = v;
+        else if (!strcmp(n, "--test-skip-seq"))
             o->test_skip_seq = (int64_t)parse_int(n, v, 0, 1e9);
         else
             die_usage("unknown flag '%s'", f);
@@ -408,7 +494,15 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         if ((uint64_t)o->subs * o->copies > 10000000)
             die_usage("--subs x --copies is above 10,000,000 subscribers%s", "");
         break;
+    default:
+        break; /* the XMPP commands: xmpp_opts below */
     }
+    if (rtb_xmpp_cmd(o->cmd))
+        xmpp_opts(o, count, accounts, pairs, storm, port_set);
+    else if (accounts > 0 || pairs > 0 || storm > 0 || o->hold || o->domain || o->salt_cache)
+        die_usage("--accounts, --pairs, --storm, --hold, --domain and --salt-cache are for the "
+                  "XMPP commands (got them for %s)",
+                  o->cmd_name);
     if (copies > 0 && o->cmd != RTB_CMD_SEED)
         die_usage("--copies is for seed only (got it for %s)", o->cmd_name);
     if (!o->copies)
@@ -460,8 +554,12 @@ static void check_fds(const rtb_opts_t *o)
     setrlimit(RLIMIT_NOFILE, &rl);
     getrlimit(RLIMIT_NOFILE, &rl);
     uint64_t total = (uint64_t)o->pubs + (uint64_t)o->subs * o->copies;
-    if (o->cmd <= RTB_CMD_PUB || o->cmd == RTB_CMD_HS)
+    if (o->cmd <= RTB_CMD_PUB || o->cmd == RTB_CMD_HS || rtb_xmpp_cmd(o->cmd))
         total = o->count;
+    if (o->cmd == RTB_CMD_XCHAT)
+        total += o->hold ? o->storm : (uint64_t)o->conn_parallel * o->procs;
+    if (o->cmd == RTB_CMD_XROSTER)
+        total = (uint64_t)o->conn_parallel * o->procs;
     uint64_t per = (total + o->procs - 1) / o->procs;
     if (o->cmd == RTB_CMD_SEED)
         per = ((uint64_t)o->subs / o->procs + o->subs % o->procs) * o->copies +
@@ -485,6 +583,8 @@ typedef struct rtb_agg_s {
     uint8_t *ready;     /* process is connected and waits for the go */
     uint64_t printed;   /* seconds already printed */
     rtb_report_t prev;  /* merged totals at the previous printed second */
+    uint64_t worst_p99; /* XMPP: highest per-second chat p99, ns */
+    uint64_t worst_max; /* XMPP: highest per-second chat max, ns */
 } rtb_agg_t;
 
 static void stats_merge(rtb_stats_t *d, const rtb_stats_t *s)
@@ -513,6 +613,8 @@ static void stats_merge(rtb_stats_t *d, const rtb_stats_t *s)
     AGG_SUM(tls_resumed);
     AGG_SUM(hs_full);
     AGG_SUM(hs_resumed);
+    AGG_SUM(roster_both);
+    AGG_SUM(pbkdf2);
     AGG_MINNZ(t_conn_first);
     AGG_MAX(t_conn_last);
     AGG_MINNZ(t_run_start);
@@ -556,7 +658,8 @@ static void agg_feed(rtb_agg_t *a, uint32_t i, int kind, const rtb_report_t *r)
         a->final[i] = 1;
     if (kind == RTB_EMIT_READY)
         a->ready[i] = 1;
-    if (kind != RTB_EMIT_TICK || a->o->quiet)
+    int xmpp = rtb_xmpp_cmd(a->o->cmd);
+    if (kind != RTB_EMIT_TICK || (a->o->quiet && !xmpp))
         return;
     /* Print the next second once every live process has reported it. */
     for (uint32_t j = 0; j < a->n; j++)
@@ -567,6 +670,16 @@ static void agg_feed(rtb_agg_t *a, uint32_t i, int kind, const rtb_report_t *r)
     agg_merged(a, &m);
     rtb_hist_diff(&iv, &m.e2e, &a->prev.e2e);
     a->printed++;
+    if (xmpp) {
+        /* The XMPP summary names the worst second, so it is tracked even when quiet. */
+        uint64_t p99 = rtb_hist_quantile(&iv, 0.99);
+        a->worst_p99 = p99 > a->worst_p99 ? p99 : a->worst_p99;
+        a->worst_max = iv.max > a->worst_max ? iv.max : a->worst_max;
+        if (!a->o->quiet)
+            rtb_xmpp_tick_line(a->printed, &m, &a->prev, &iv);
+        a->prev = m;
+        return;
+    }
     fprintf(stderr,
             "rtbench[%3llus] conn=%llu fail=%llu lost=%llu pub/s=%llu recv/s=%llu "
             "lat p50=%.3fms p99=%.3fms\n",
@@ -616,7 +729,7 @@ static uint64_t mono_ns(void)
 /* An upper bound on how long a child may run, from its own phase deadlines. */
 static double child_bound_s(const rtb_opts_t *o)
 {
-    double clients = (double)o->pubs + (double)o->subs * o->copies + o->count;
+    double clients = (double)o->pubs + (double)o->subs * o->copies + o->count + o->storm;
     /* Connects start in waves of conn_parallel; each may take up to conn_timeout_s. */
     double waves = clients / o->conn_parallel + 2;
     double conn = clients * o->conn_interval_ms / 1000.0 + waves * o->conn_timeout_s;
@@ -930,7 +1043,10 @@ int main(int argc, char **argv)
     }
     static rtb_report_t m;
     agg_merged(&a, &m);
-    summary(&o, &m, cpu_us);
+    if (rtb_xmpp_cmd(o.cmd))
+        rtb_xmpp_summary(&o, &m, cpu_us, a.worst_p99, a.worst_max);
+    else
+        summary(&o, &m, cpu_us);
     free(a.last);
     free(a.final);
     free(a.ready);

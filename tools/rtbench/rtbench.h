@@ -1,8 +1,9 @@
 /*
- * rtbench: an emqtt_bench-style MQTT load generator on libuv.
+ * rtbench: an emqtt_bench-style MQTT load generator on libuv, with XMPP commands.
  *
  * rtbench.c parses flags, forks worker processes for --procs and aggregates their
- * reports; rtb_worker.c runs the clients of one process on one libuv loop.
+ * reports; rtb_worker.c runs the MQTT clients of one process on one libuv loop, and
+ * rtb_xmpp.c the XMPP sessions (rtb_xmpp.h); rtb_loop.c holds what the two share.
  */
 #ifndef RTBENCH_H
 #define RTBENCH_H
@@ -32,6 +33,10 @@ typedef enum rtb_cmd_e {
     RTB_CMD_PAIRS,
     RTB_CMD_SEED,
     RTB_CMD_HS,
+    RTB_CMD_XLOGIN,  /* XMPP, rtb_xmpp.c: login storm */
+    RTB_CMD_XIDLE,   /* held sessions */
+    RTB_CMD_XCHAT,   /* pairs chatting, optionally during a storm */
+    RTB_CMD_XROSTER, /* set-up: 18-contact rosters */
 } rtb_cmd_t;
 
 #define RTB_MAX_PORTS 16
@@ -86,6 +91,13 @@ typedef struct rtb_opts_s {
     int tls_resume;            /* --tls-resume: resume the last session on reconnect */
     const char *ws;            /* --ws PATH: MQTT over WebSocket; NULL = none */
     char prefix[48];           /* client id prefix */
+    /* XMPP commands (rtb_xmpp.h); -u is the account name with %i, -P its password. */
+    const char *domain;     /* --domain: the XMPP host (localhost) */
+    uint32_t accounts;      /* --accounts: xlogin's accounts, xchat's pairs and storm */
+    uint32_t pairs;         /* --pairs (xchat) */
+    uint32_t storm;         /* --storm (xchat): logins during the chat */
+    int hold;               /* --hold: xchat's storm sessions stay logged in */
+    const char *salt_cache; /* --salt-cache FILE: SCRAM salted passwords across runs */
 } rtb_opts_t;
 
 /* Counters of one process; all are summed across processes except where noted. */
@@ -116,6 +128,8 @@ typedef struct rtb_stats_s {
     uint64_t t_run_start;    /* ns, publishing began (min) */
     uint64_t t_run_end;      /* ns, publishing ended (max) */
     uint64_t t_recv_last;    /* ns, last delivery (max) */
+    uint64_t roster_both;    /* XMPP: roster items with subscription both, at logins */
+    uint64_t pbkdf2;         /* XMPP: salted passwords computed (not from the cache) */
     uint64_t cpu_us;         /* user+sys CPU of the process */
     uint64_t tick;           /* seconds elapsed, for the per-second lines */
 } rtb_stats_t;
