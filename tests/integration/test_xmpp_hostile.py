@@ -201,8 +201,9 @@ def test_bad_stream(xmpp, case):
 def test_header_that_never_ends(xmpp):
     """A stream header trickled one attribute every 0.2 s, never finished: the stream ends
     with connection-timeout at connect_timeout, not at the trickle's pace."""
-    r = X.Raw(xmpp.xport)
+    # Read before connecting: the timeout runs from the connect, and a scrape takes a while.
     timeouts = metric(xmpp, "rt_xmpp_connect_timeouts_total")
+    r = X.Raw(xmpp.xport)
     t0 = time.monotonic()
     r.send(b"<?xml version='1.0'?><stream:stream to='localhost' xmlns='jabber:client' "
            b"xmlns:stream='http://etherx.jabber.org/streams'")
