@@ -457,6 +457,15 @@ int rt_sock_local_port(const rt_sock_t *s);
 uint64_t rt_hash(const void *data, size_t len);
 uint64_t rt_hash_with(uint64_t tweak, const void *data, size_t len);
 
+/* ---- Random bytes ----
+** For what a peer must not guess (stream ids, nonces, made-up names): the kernel's CSPRNG
+** (getrandom), buffered per thread. rt_random fills out with n bytes; rt_random_hex writes
+** 2 x bytes lowercase hex digits and a NUL (bytes <= 32). 0, or RT_EAGAIN when the kernel
+** gives none.
+*/
+int rt_random(void *out, size_t n);
+int rt_random_hex(char *out, size_t bytes);
+
 /* ---- Base64 (RFC 4648, the standard alphabet) ----
 ** One codec for the password file's hashes and SASL's messages. rt_base64_encode writes
 ** RT_BASE64_LEN(n) characters and a NUL into out and returns their count. rt_base64_decode

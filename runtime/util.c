@@ -356,6 +356,18 @@ size_t rt_base64_encode(const void *in, size_t n, char *out)
     return o;
 }
 
+/* The value of a base64 character, or -1. */
+static int b64_value(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
 long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned flags)
 {
     uint8_t *b = out;
@@ -372,10 +384,10 @@ long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned f
     uint32_t acc = 0;
     int bits = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *p = s[i] ? strchr(b64, s[i]) : NULL;
-        if (!p)
+        int v = b64_value((unsigned char)s[i]);
+        if (v < 0)
             return -1;
-        acc = acc << 6 | (uint32_t)(p - b64);
+        acc = acc << 6 | (uint32_t)v;
         bits += 6;
         if (bits >= 8) {
             bits -= 8;

@@ -212,6 +212,8 @@ typedef enum {
 
 typedef struct c2s_sm_s c2s_sm_t; /* stream management (c2s_sm.c) */
 
+enum { C2S_PLAIN_UNKNOWN, C2S_PLAIN_NO, C2S_PLAIN_YES }; /* c2s_t.plain_from */
+
 typedef struct c2s_s {
     rt_sock_t *sock;
     rt_xport_t *xp;
@@ -264,6 +266,7 @@ typedef struct c2s_s {
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
     bool block_loaded;     /* XEP-0191: blocked holds the account's blocklist */
     bool block_interested; /* asked for the blocklist: gets its pushes */
+    uint8_t plain_from;    /* C2S_PLAIN_*: whether the peer is in xmpp.plaintext_from */
     uint8_t *blocked;      /* the blocked JIDs, each 2 bytes of length (LE) then its bytes */
     uint32_t blocked_len;
     uint8_t *directed; /* where directed presence went that no broadcast reaches, packed so */
@@ -318,9 +321,9 @@ void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
 void rt__c2s_stanza_error_app(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                               const char *cond, const char *app);
 void rt__c2s_stream_end(c2s_t *c);
-bool rt__c2s_tls_required(const c2s_t *c);
+bool rt__c2s_tls_required(c2s_t *c);
 /* Whether the stream may authenticate now (TLS, or an address in plaintext_from). */
-bool rt__c2s_may_auth(const c2s_t *c);
+bool rt__c2s_may_auth(c2s_t *c);
 /* <starttls/>, then TLS from the next byte. */
 int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 

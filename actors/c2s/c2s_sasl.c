@@ -13,8 +13,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <openssl/rand.h>
-
 #include "c2s_impl.h"
 #include "log.h"
 #include "tls.h"
@@ -156,13 +154,18 @@ static void succeed(rt_actor_t *self, c2s_t *c, const char *mech, const void *da
     write_sasl(c, "success", data, len);
     c->phase = PH_AUTHED;
     c->restart = true; /* RFC 6120 6.4.6: the client opens a new stream */
+    /* The peer's address is asked of the kernel only when there is a failure to forget. */
+    size_t failing;
+    uint64_t evicted;
+    rt_auth_limiter_usage(rt__c2s.limiter, &failing, &evicted);
     rt_auth_addr_t a;
-    if (rt__c2s_peer_addr(c, &a) == 0)
+    if (failing && rt__c2s_peer_addr(c, &a) == 0)
         rt_auth_limiter_succeed(rt__c2s.limiter, &a);
     rt_xport_preauth_end(c->xp);
     atomic_fetch_add_explicit(&rt_c2s_stats.logins, 1, memory_order_relaxed);
-    rt_log(RT_LOG_DEBUG, "xmpp.login", "peer=%s jid=%s mechanism=%s", rt__c2s_peer(self, c),
-           c->jid->s, mech);
+    if (rt_log_get_level() >= RT_LOG_DEBUG)
+        rt_log(RT_LOG_DEBUG, "xmpp.login", "peer=%s jid=%s mechanism=%s", rt__c2s_peer(self, c),
+               c->jid->s, mech);
 }
 
 /* The user@host a login names: prepared, kept as c->jid (bare). */
@@ -281,14 +284,11 @@ static int plain(rt_actor_t *self, c2s_t *c, const uint8_t *msg, size_t len)
 
 static int anonymous(rt_actor_t *self, c2s_t *c)
 {
-    uint8_t r[8];
     char name[17];
-    if (RAND_bytes(r, sizeof(r)) != 1) {
+    if (rt_random_hex(name, 8) != 0) {
         fail(self, c, "temporary-auth-failure", "no randomness");
         return 0;
     }
-    for (size_t i = 0; i < sizeof(r); i++)
-        snprintf(name + 2 * i, 3, "%02x", r[i]);
     int rc = set_user(self, c, name, 16);
     if (rc)
         return rc;

@@ -12,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/rand.h>
-
 #include "c2s_impl.h"
 #include "log.h"
 
@@ -201,12 +199,7 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
 
 static int random_resource(char *out, size_t cap)
 {
-    uint8_t r[8];
-    if (cap < 17 || RAND_bytes(r, sizeof(r)) != 1)
-        return RT_EAGAIN;
-    for (size_t i = 0; i < sizeof(r); i++)
-        snprintf(out + 2 * i, 3, "%02x", r[i]);
-    return 0;
+    return cap < 17 ? RT_EAGAIN : rt_random_hex(out, 8);
 }
 
 static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)

@@ -229,10 +229,14 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
         break;
     case C2S_OP_PRESENCE_INIT: {
+        /* A login's three reads in one snapshot (kept messages, if any, are taken in a write
+           transaction of their own). */
+        rt_accounts_snapshot(s->accounts);
         rt__c2s_store_presence_init(s->accounts, m->from, host, user);
         rt__c2s_store_block_load(s->accounts, m->from, host, user); /* before what was kept */
         take_t t = {.to = m->from, .host = host};
         rt_offline_take(s->accounts, host, user, UINT32_MAX, send_kept, &t);
+        rt_accounts_snapshot_end(s->accounts);
         break;
     }
     }

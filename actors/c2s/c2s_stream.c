@@ -6,8 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <openssl/rand.h>
-
 #include "c2s_impl.h"
 #include "log.h"
 
@@ -20,31 +18,34 @@ static const char *host_name(const c2s_t *c)
     return rt__c2s.conf->hosts[c->host];
 }
 
-bool rt__c2s_may_auth(const c2s_t *c)
+/* The peer is known once the stream has begun (after a PROXY header): its answer is kept. */
+bool rt__c2s_may_auth(c2s_t *c)
 {
     if (c->secure)
         return true;
-    rt_auth_addr_t a;
-    return rt__c2s_peer_addr(c, &a) == 0 &&
-           rt_conf_net_match(rt__c2s.conf->plaintext_from, rt__c2s.conf->nplaintext_from, a.b);
+    if (!c->plain_from) {
+        rt_auth_addr_t a;
+        bool ok =
+            rt__c2s_peer_addr(c, &a) == 0 &&
+            rt_conf_net_match(rt__c2s.conf->plaintext_from, rt__c2s.conf->nplaintext_from, a.b);
+        c->plain_from = ok ? C2S_PLAIN_YES : C2S_PLAIN_NO;
+    }
+    return c->plain_from == C2S_PLAIN_YES;
 }
 
-bool rt__c2s_tls_required(const c2s_t *c)
+bool rt__c2s_tls_required(c2s_t *c)
 {
     return !rt__c2s_may_auth(c);
 }
 
-/* A fresh stream id: 16 random bytes as hex, new at every header (RFC 6120 4.7.3). */
+/* A fresh stream id: 8 random bytes as hex, new at every header (RFC 6120 4.7.3). */
 static void new_stream_id(rt_actor_t *self, c2s_t *c)
 {
-    uint8_t r[8];
-    char hex[17];
-    if (RAND_bytes(r, sizeof(r)) != 1) /* unlikely; an id need only be unique, not secret */
-        memcpy(r, &(uint64_t){rt_mono_ns() ^ (uint64_t)(uintptr_t)c}, sizeof(r));
-    for (size_t i = 0; i < sizeof(r); i++)
-        snprintf(hex + 2 * i, 3, "%02x", r[i]);
     (void)self;
-    memcpy(c->stream_id, hex, sizeof(c->stream_id));
+    _Static_assert(sizeof(c->stream_id) == 17, "16 hex digits and a NUL");
+    if (rt_random_hex(c->stream_id, 8) != 0) /* unlikely; an id need only be unique */
+        snprintf(c->stream_id, sizeof(c->stream_id), "%016llx",
+                 (unsigned long long)(rt_mono_ns() ^ (uint64_t)(uintptr_t)c));
 }
 
 void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c)

@@ -374,13 +374,44 @@ static int run(rt_accounts_t *a, int which)
     return s == SQLITE_DONE ? 0 : RT_EAGAIN;
 }
 
+int rt_accounts_snapshot(rt_accounts_t *a)
+{
+    RT_ASSERT(!a->snapshot);
+    a->snapshot = run(a, ST_BEGIN_READ) == 0;
+    return a->snapshot ? 0 : RT_EAGAIN;
+}
+
+/* Ends the snapshot's read transaction, if a failed statement has not already. */
+static void snapshot_close(rt_accounts_t *a)
+{
+    if (a->snapshot && !sqlite3_get_autocommit(a->db))
+        run(a, ST_COMMIT);
+    a->snapshot = false;
+}
+
+void rt_accounts_snapshot_end(rt_accounts_t *a)
+{
+    RT_ASSERT(a->reads == 0);
+    snapshot_close(a);
+}
+
 int rt__accounts_begin(rt_accounts_t *a, bool write)
 {
+    if (a->snapshot && !write) {
+        a->reads++;
+        return 0;
+    }
+    if (a->snapshot)
+        snapshot_close(a);
     return run(a, write ? ST_BEGIN_WRITE : ST_BEGIN_READ);
 }
 
 int rt__accounts_end(rt_accounts_t *a, int rc)
 {
+    if (a->reads) { /* a read inside the snapshot: it ends with the snapshot */
+        a->reads--;
+        return rc;
+    }
     if (rc >= 0 && run(a, ST_COMMIT) == 0)
         return rc;
     /* A failed statement may have rolled back already (SQLITE_FULL, SQLITE_IOERR...). */

@@ -83,6 +83,15 @@ int rt_accounts_check_password(rt_accounts_t *a, const char *host, const char *u
 int64_t rt_accounts_count(rt_accounts_t *a);
 
 /*
+** One read transaction for the calls made until rt_accounts_snapshot_end: the reads inside it
+** share one snapshot and one WAL read lock (a pair of fcntl calls per transaction), and a call
+** that writes ends the snapshot first and takes its own transaction, as it would without.
+** Not nested. 0, or RT_EAGAIN (then the calls run as they would without).
+*/
+int rt_accounts_snapshot(rt_accounts_t *a);
+void rt_accounts_snapshot_end(rt_accounts_t *a);
+
+/*
 ** `rtd xmpp user add|passwd|del|list ...`: argv[0] is "xmpp". The data directory is -d DIR,
 ** or the data_dir of the configuration file -c FILE (default_config without -c), or
 ** default_data_dir when that file does not set it (NULL: the settings' default). Returns

@@ -21,6 +21,8 @@ struct rt_accounts_s {
     sqlite3_stmt *st[RT__ACCOUNTS_STMTS]; /* accounts.c's, prepared once (persistent) */
     sqlite3_stmt *rst[RT__ROSTER_STMTS];  /* roster.c's, the same; finalized at close */
     sqlite3_stmt *xst[RT__XEPS_STMTS];    /* the XEPs' (XST_* below), the same */
+    bool snapshot;                        /* rt_accounts_snapshot's transaction is open */
+    unsigned reads;                       /* read transactions begun inside it, not ended */
     char path[512];
 };
 

@@ -8,10 +8,8 @@
 #include <string.h>
 #include <stringprep.h>
 
-#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/params.h>
 #include <openssl/rand.h>
 
 #include "jid.h"
@@ -63,9 +61,23 @@ size_t rt_scram_key_len(rt_scram_hash_t hash)
     return hash == RT_SCRAM_SHA1 ? 20 : 32;
 }
 
+/*
+** The digests, fetched once: EVP_sha256() and a digest named at each use make OpenSSL 3 look
+** the algorithm up again every time, which cost more than the hashing in an exchange.
+*/
+static EVP_MD *mds[2];
+static pthread_once_t md_once = PTHREAD_ONCE_INIT;
+
+static void md_fetch(void)
+{
+    mds[RT_SCRAM_SHA1] = EVP_MD_fetch(NULL, "SHA1", NULL);
+    mds[RT_SCRAM_SHA256] = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
 static const EVP_MD *md_of(rt_scram_hash_t hash)
 {
-    return hash == RT_SCRAM_SHA1 ? EVP_sha1() : EVP_sha256();
+    pthread_once(&md_once, md_fetch);
+    return mds[hash == RT_SCRAM_SHA256];
 }
 
 static const char *const mech_names[2][2] = {
@@ -118,50 +130,55 @@ const char *rt_scram_fail_condition(rt_scram_fail_t f)
                                                           : "malformed-request";
 }
 
-/* ---- HMAC and hashes (OpenSSL 3's EVP_MAC; the HMAC object is fetched once) ---- */
+/* ---- HMAC (RFC 2104) and hashes, over the digests fetched once ---- */
 
-static EVP_MAC *hmac_alg;
-static pthread_once_t hmac_once = PTHREAD_ONCE_INIT;
-
-static void hmac_fetch(void)
-{
-    hmac_alg = EVP_MAC_fetch(NULL, OSSL_MAC_NAME_HMAC, NULL);
-}
+#define HMAC_BLOCK 64 /* SHA-1's and SHA-256's block, in bytes */
 
 typedef struct {
     const void *p;
     size_t n;
 } piece_t;
 
+static bool digest(rt_scram_hash_t hash, const uint8_t *in, size_t n, uint8_t *out)
+{
+    unsigned int len = 0;
+    const EVP_MD *md = md_of(hash);
+    return md && EVP_Digest(in, n, out, &len, md, NULL) == 1 && len == rt_scram_key_len(hash);
+}
+
+/* H(key ^ pad, pieces...) into out, on ctx. */
+static bool hmac_half(EVP_MD_CTX *ctx, const EVP_MD *md, const uint8_t *key, uint8_t pad,
+                      const piece_t *pieces, int npieces, uint8_t *out)
+{
+    uint8_t k[HMAC_BLOCK];
+    for (size_t i = 0; i < HMAC_BLOCK; i++)
+        k[i] = key[i] ^ pad;
+    bool ok = EVP_DigestInit_ex(ctx, md, NULL) == 1 && EVP_DigestUpdate(ctx, k, HMAC_BLOCK) == 1;
+    OPENSSL_cleanse(k, sizeof(k));
+    for (int i = 0; ok && i < npieces; i++)
+        ok = EVP_DigestUpdate(ctx, pieces[i].p, pieces[i].n) == 1;
+    unsigned int len = 0;
+    return ok && EVP_DigestFinal_ex(ctx, out, &len) == 1;
+}
+
 /* HMAC with the exchange's hash of the pieces, one after another, into out. */
 static bool hmac(rt_scram_hash_t hash, const uint8_t *key, size_t keylen, const piece_t *pieces,
                  int npieces, uint8_t *out)
 {
-    pthread_once(&hmac_once, hmac_fetch);
-    if (!hmac_alg)
+    const EVP_MD *md = md_of(hash);
+    size_t klen = rt_scram_key_len(hash);
+    uint8_t k[HMAC_BLOCK] = {0}, inner[RT_SCRAM_KEY_MAX];
+    if (!md || (keylen > HMAC_BLOCK && !digest(hash, key, keylen, k)))
         return false;
-    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(hmac_alg);
-    if (!ctx)
-        return false;
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST,
-                                         hash == RT_SCRAM_SHA1 ? "SHA1" : "SHA256", 0),
-        OSSL_PARAM_construct_end(),
-    };
-    size_t outlen = 0;
-    bool ok = EVP_MAC_init(ctx, key, keylen, params) == 1;
-    for (int i = 0; ok && i < npieces; i++)
-        ok = EVP_MAC_update(ctx, pieces[i].p, pieces[i].n) == 1;
-    ok = ok && EVP_MAC_final(ctx, out, &outlen, RT_SCRAM_KEY_MAX) == 1 &&
-         outlen == rt_scram_key_len(hash);
-    EVP_MAC_CTX_free(ctx);
+    if (keylen <= HMAC_BLOCK)
+        memcpy(k, key, keylen);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    bool ok = ctx && hmac_half(ctx, md, k, 0x36, pieces, npieces, inner) &&
+              hmac_half(ctx, md, k, 0x5c, &(piece_t){inner, klen}, 1, out);
+    EVP_MD_CTX_free(ctx);
+    OPENSSL_cleanse(k, sizeof(k));
+    OPENSSL_cleanse(inner, sizeof(inner));
     return ok;
-}
-
-static bool digest(rt_scram_hash_t hash, const uint8_t *in, size_t n, uint8_t *out)
-{
-    unsigned int len = 0;
-    return EVP_Digest(in, n, out, &len, md_of(hash), NULL) == 1 && len == rt_scram_key_len(hash);
 }
 
 /* ---- Credentials (slow) ---- */
@@ -503,7 +520,7 @@ int rt_scram_server_first(rt_scram_t *s, const rt_scram_cred_t *cred, const char
     char nonce[RT_BASE64_LEN(SNONCE_BYTES) + 1];
     if (s->state != ST_STARTED)
         return fail(s, RT_SCRAM_OUT_OF_TURN, RT_EPROTO);
-    if (RAND_bytes(raw, sizeof(raw)) != 1)
+    if (rt_random(raw, sizeof(raw)) != 0)
         return fail(s, RT_SCRAM_NO_RESOURCES, RT_EAGAIN);
     size_t n = rt_base64_encode(raw, sizeof(raw), nonce); /* 18 bytes: no '=' */
     return rt__scram_server_first_nonce(s, cred, nonce, n, out, outlen);

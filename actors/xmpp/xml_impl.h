@@ -29,6 +29,7 @@ typedef struct rt__xml_work_s {
     size_t bytes;                /* malloc'd for this work: expat's, the struct, the arrays */
     struct rt__xml_work_s *next; /* in the pool */
     rt_xml_stream_t *s;          /* the stream it is lent to */
+    const char *at;              /* the static synthetic header this parser stands after, or NULL */
     uint64_t fed;                /* bytes given to expat */
     uint64_t seen;               /* index just past the last event expat reported */
     uint64_t quiet;              /* index past the last event between stanzas (or the header) */
@@ -52,11 +53,19 @@ typedef struct rt__xml_work_s {
 } rt__xml_work_t;
 
 /*
-** A parser reset for a new document (UTF-8, namespaces with ' ' between URI, local name
-** and prefix), with no handlers and every field above zero; NULL when out of memory.
+** A parser for a stream. With prolog (a static synthetic header) the pool first looks for
+** one given back standing after that header: inside its root, every byte it was fed
+** reported, as a fresh parser is once it has parsed the header. Such a work comes with at ==
+** prolog, its handlers and positions as its last stream left them, and needs neither a reset
+** nor the header again. Otherwise the parser is reset for a new document (UTF-8, namespaces
+** with ' ' between URI, local name and prefix), with no handlers, at NULL and every field
+** above zero. NULL when out of memory.
 */
-rt__xml_work_t *rt__xml_work_take(void);
-/* Back to this thread's pool, or freed when the pool is full or w holds too much. */
+rt__xml_work_t *rt__xml_work_take(const char *prolog);
+/*
+** Back to this thread's pool (w->at says where it stands, as above; NULL: anywhere), or freed
+** when the pool is full or w holds too much.
+*/
 void rt__xml_work_give(rt__xml_work_t *w);
 /* rt_grow for w's arrays, counted in w->bytes. */
 int rt__xml_work_grow(rt__xml_work_t *w, void *arr, size_t *cap, size_t need, size_t elem);

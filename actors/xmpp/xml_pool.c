@@ -2,7 +2,10 @@
 ** A per-thread pool of expat parsers for the XMPP stream parser (xml_impl.h), so that an
 ** idle stream holds none: a parser is several KB (its buffer, tag stack, pools, hash
 ** tables) and a session is meant to cost under 2 KB in all. Taking one from the pool
-** costs an XML_ParserReset, which keeps expat's buffers; a parser that grew past
+** costs an XML_ParserReset, which keeps expat's buffers, and the stream's synthetic header;
+** neither is needed for a parser given back between two stanzas of a stream with the usual
+** header, which any stream with that header can go on with (most of a session's feeds take
+** one: a login's seven, each burst of chat). A parser that grew past
 ** POOL_KEEP_BYTES (it read a big stanza) is freed instead, so the pool's memory is
 ** bounded at POOL_MAX x POOL_KEEP_BYTES a thread.
 **
@@ -133,6 +136,7 @@ static void clear(rt__xml_work_t *w)
 {
     w->next = NULL;
     w->s = NULL;
+    w->at = NULL;
     w->fed = w->seen = w->quiet = w->base = w->stop_at = 0;
     w->tree_bytes = 0;
     w->depth = w->top = 0;
@@ -141,7 +145,23 @@ static void clear(rt__xml_work_t *w)
     w->text_len = w->decls_len = w->ndecls = 0;
 }
 
-rt__xml_work_t *rt__xml_work_take(void)
+/* Unlinks and returns a pooled parser standing after prolog, or NULL. */
+static rt__xml_work_t *take_at(const char *prolog)
+{
+    for (rt__xml_work_t **p = &pool.free; *p; p = &(*p)->next) {
+        rt__xml_work_t *w = *p;
+        if (w->at != prolog)
+            continue;
+        *p = w->next;
+        w->next = NULL;
+        pool.n--;
+        rt__xml_work_use(w);
+        return w;
+    }
+    return NULL;
+}
+
+rt__xml_work_t *rt__xml_work_take(const char *prolog)
 {
     if (!pool.hooked) {
         /* Keyed by the process's secret, so a peer cannot aim collisions at the tables. */
@@ -150,15 +170,16 @@ rt__xml_work_t *rt__xml_work_take(void)
         (void)rt_thread_at_exit(pool_fini, &pool);
         pool.hooked = true;
     }
-    rt__xml_work_t *w = pool.free;
-    if (w) {
-        pool.free = w->next;
-        pool.n--;
-        rt__xml_work_use(w);
-        if (!XML_ParserReset(w->parser, "UTF-8")) {
-            destroy(w);
-            w = NULL;
-        }
+    rt__xml_work_t *w = prolog ? take_at(prolog) : NULL;
+    if (w)
+        return w;
+    /* A reset spends one that stands nowhere before one that another stream could go on with. */
+    w = take_at(NULL);
+    if (!w && pool.free)
+        w = take_at(pool.free->at);
+    if (w && !XML_ParserReset(w->parser, "UTF-8")) {
+        destroy(w);
+        w = NULL;
     }
     if (!w)
         w = create();

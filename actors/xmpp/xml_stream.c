@@ -112,13 +112,16 @@ static void fail_in(rt__xml_work_t *w, rt_xml_cond_t cond, const char *text)
     XML_StopParser(w->parser, XML_FALSE);
 }
 
-/* From a handler: a callback's nonzero answer ends the feed after this event. */
+/*
+** From a handler: a callback's nonzero answer ends the feed after this event. Suspended, not
+** aborted: a parser stopped with nothing after the event can go on, for another stream.
+*/
 static void stop_in(rt__xml_work_t *w, int rc)
 {
     w->stop = rc;
     w->stop_at = w->seen;
     w->halt = true;
-    XML_StopParser(w->parser, XML_FALSE);
+    XML_StopParser(w->parser, XML_TRUE);
 }
 
 /* ---- Names, as expat gives them: "local", "uri local" or "uri local prefix" ---- */
@@ -767,17 +770,33 @@ bool rt_xml_stream_busy(const rt_xml_stream_t *s)
     return s->work != NULL;
 }
 
-/* Takes a parser; on an open TCP stream, puts it in the header's context. */
+/*
+** Takes a parser; on an open TCP stream, puts it in the header's context: one that another
+** stream with the same static header gave back between stanzas is there already (its
+** positions go on from where they were: all it was fed is behind the stream's last quiet
+** point).
+*/
 static int take(rt_xml_stream_t *s)
 {
-    rt__xml_work_t *w = rt__xml_work_take();
+    bool open = s->state == ST_OPEN && !s->cfg->framed;
+    rt__xml_work_t *w = rt__xml_work_take(open && !s->prolog_owned ? s->prolog : NULL);
     if (!w)
         return fail(s, RT_XML_COND_RESOURCE_CONSTRAINT, "out of memory");
     w->s = s;
+    s->work = w;
+    if (w->at) {
+        w->at = NULL;
+        w->seen = w->quiet = w->base = w->fed;
+        w->tree_bytes = 0;
+        w->halt = w->cdata = false;
+        w->stop = 0;
+        w->text_len = 0;
+        RT_ASSERT(w->top == 1 && w->depth == 1);
+        return 0;
+    }
     w->top = s->cfg->framed ? 0 : 1;
     arm(w);
-    s->work = w;
-    if (s->state != ST_OPEN || s->cfg->framed)
+    if (!open)
         return 0;
     w->synthetic = true;
     rt__xml_work_use(w);
@@ -852,12 +871,27 @@ static int parse(rt_xml_stream_t *s, const char *p, size_t n, size_t *consumed)
 static bool quiescent(const rt_xml_stream_t *s, const char *p, size_t n)
 {
     const rt__xml_work_t *w = s->work;
-    if (s->state != ST_OPEN || s->partial || w->depth != 1 || w->cdata || w->seen < w->base)
+    if (s->state != ST_OPEN || s->partial || w->depth != 1 || w->cdata || w->seen < w->base ||
+        w->halt)
         return false;
     for (size_t i = (size_t)(w->seen - w->base); i < n; i++)
         if (!is_ws(p[i]))
             return false;
     return true;
+}
+
+/*
+** Whether another stream with this one's static header can go on with its parser: between
+** stanzas, every byte fed reported, and not stopped (or stopped by a callback, with nothing
+** after the event, and resumed on nothing).
+*/
+static bool reusable(const rt_xml_stream_t *s)
+{
+    rt__xml_work_t *w = s->work;
+    if (s->state != ST_OPEN || s->prolog_owned || s->cfg->framed || s->partial || w->depth != 1 ||
+        w->cdata || w->seen != w->fed)
+        return false;
+    return !w->halt || XML_ResumeParser(w->parser) == XML_STATUS_OK;
 }
 
 /*
@@ -924,11 +958,18 @@ int rt_xml_stream_feed(rt_xml_stream_t *s, const void *data, size_t len, size_t 
     size_t consumed;
     int rc = parse(s, p + skip, len - skip, &consumed);
     *used = s->state == ST_FAILED ? len : skip + consumed;
-    if (s->state == ST_FAILED || s->state == ST_CLOSED || s->work->halt ||
-        quiescent(s, p + skip, len - skip))
+    rt__xml_work_t *w = s->work;
+    if (s->state == ST_FAILED || s->state == ST_CLOSED || w->halt) {
+        if (reusable(s))
+            w->at = s->prolog;
         drop_work(s);
-    else
+    } else if (quiescent(s, p + skip, len - skip)) {
+        if (reusable(s))
+            w->at = s->prolog;
+        drop_work(s);
+    } else {
         sync_charge(s);
+    }
     return rc;
 }
 

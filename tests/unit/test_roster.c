@@ -574,6 +574,27 @@ static void test_two_handles(void)
     uint64_t bytes;
     CHECK_EQ(rt_offline_count(b, H, "paris", &count, &bytes), 0);
     CHECK(count == 0 && bytes == 0);
+    /* b's snapshot: its reads do not see a's put during it; a take that finds messages ends
+       it and writes in a transaction of its own; reads after the end see everything. */
+    CHECK_EQ(rt_accounts_snapshot(b), 0);
+    s = (seen_t){.stop_at = -1};
+    CHECK_EQ(rt_roster_get(b, H, "paris", collect, &s, &vb), 0);
+    CHECK_EQ(vb, 4);
+    CHECK_EQ(put(a, "paris", "tybalt@example.com", "T", 0, 100, &va), 0);
+    CHECK_EQ(push(a, "paris", 2, 10, 1 << 20), 0);
+    s = (seen_t){.stop_at = -1};
+    CHECK_EQ(rt_roster_get(b, H, "paris", collect, &s, &vb), 0);
+    CHECK(s.n == 4 && vb == 4);
+    CHECK_EQ(rt_offline_take(b, H, "paris", 10, take, &(took_t){.stop_at = -1}), 0);
+    rt_accounts_snapshot_end(b);
+    CHECK_EQ(rt_offline_take(b, H, "paris", 10, take, &(took_t){.stop_at = -1}), 1);
+    CHECK_EQ(rt_accounts_snapshot(b), 0);
+    CHECK_EQ(push(a, "paris", 3, 10, 1 << 20), 0);
+    CHECK_EQ(rt_offline_take(b, H, "paris", 10, take, &(took_t){.stop_at = -1}), 1);
+    rt_accounts_snapshot_end(b);
+    s = (seen_t){.stop_at = -1};
+    CHECK_EQ(rt_roster_get(b, H, "paris", collect, &s, &vb), 0);
+    CHECK(s.n == 5 && vb == va);
     /* A deletion by one is seen by the other. */
     char err[RT_ACCOUNTS_ERR_LEN];
     CHECK_EQ(rt_accounts_del(b, H, "paris", err, sizeof(err)), 0);

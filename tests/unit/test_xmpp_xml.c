@@ -701,6 +701,64 @@ static void test_bounds(void)
     CHECK_EQ(rt_xml_stream_init(&s, &wrong, NULL), RT_EINVAL);
 }
 
+/*
+** Streams taking turns on one thread's parsers: one given back between stanzas is taken by
+** the next stream with the same header, which goes on from there. Each still sees what it
+** would alone, and its stanza bound falls at the same byte.
+*/
+static void test_shared_parsers(void)
+{
+    rt_xml_stream_config_t cfg = config();
+    cfg.limits.max_stanza_bytes = 100;
+    rec_t ra = {0}, rb = {0};
+    rt_xml_stream_t a, b;
+    CHECK_EQ(rt_xml_stream_init(&a, &cfg, &ra), 0);
+    CHECK_EQ(rt_xml_stream_init(&b, &cfg, &rb), 0);
+    CHECK_EQ(rt_xml_stream_feed(&a, HEADER, strlen(HEADER), NULL), 0);
+    CHECK_EQ(rt_xml_stream_feed(&b, BARE, strlen(BARE), NULL), 0);
+    const char *m = "<message to='a@b'><body>hi</body></message>";
+    for (int i = 0; i < 20; i++) {
+        CHECK_EQ(rt_xml_stream_feed(&a, m, strlen(m), NULL), 0);
+        CHECK_EQ(rt_xml_stream_feed(&b, m, 7, NULL), 0); /* b holds its parser mid-stanza */
+        CHECK_EQ(rt_xml_stream_feed(&a, "\n", 1, NULL), 0);
+        CHECK_EQ(rt_xml_stream_feed(&b, m + 7, strlen(m) - 7, NULL), 0);
+        CHECK(!rt_xml_stream_busy(&a) && !rt_xml_stream_busy(&b));
+    }
+    CHECK_EQ(ra.stanzas, 20);
+    CHECK_EQ(rb.stanzas, 20);
+    /* A stanza of exactly the bound on a, one byte more on b. */
+    size_t n;
+    char *edge = repeat("<message><body>", "x", 100 - strlen("<message><body></body></message>"),
+                        "</body></message>", &n);
+    CHECK_EQ(rt_xml_stream_feed(&a, edge, n, NULL), 0);
+    CHECK_EQ(ra.stanzas, 21);
+    free(edge);
+    edge = repeat("<message><body>", "x", 101 - strlen("<message><body></body></message>"),
+                  "</body></message>", &n);
+    CHECK_EQ(rt_xml_stream_feed(&b, edge, n, NULL), RT_EPROTO);
+    CHECK_EQ(rt_xml_stream_error(&b, NULL), RT_XML_COND_POLICY_VIOLATION);
+    free(edge);
+    /* A stop at a stanza's end leaves a parser the next stream goes on with. */
+    ra.stop_on = ra.stanzas + 1;
+    size_t used = 0;
+    CHECK_EQ(rt_xml_stream_feed(&a, m, strlen(m), &used), 0);
+    CHECK_EQ(used, strlen(m));
+    CHECK_EQ(ra.stanzas, 22);
+    rt_xml_stream_reset(&b);
+    CHECK_EQ(rt_xml_stream_feed(&b, HEADER, strlen(HEADER), NULL), 0);
+    CHECK_EQ(rt_xml_stream_feed(&b, m, strlen(m), NULL), 0);
+    CHECK_EQ(rt_xml_stream_feed(&a, m, strlen(m), NULL), 0);
+    CHECK(ra.stanzas == 23 && rb.stanzas == 21);
+    /* The close matches a's own root, whoever's parser it ends on. */
+    CHECK_EQ(rt_xml_stream_feed(&a, "</stream:stream>", 16, NULL), 0);
+    CHECK(ra.closed);
+    rt_xml_stream_destroy(&a);
+    rt_xml_stream_destroy(&b);
+    CHECK(ra.blocks == 0 && rb.blocks == 0 && ra.charged == 0 && rb.charged == 0);
+    rec_done(&ra);
+    rec_done(&rb);
+}
+
 static char *put_text_str(const char *s, size_t n, bool attr)
 {
     rt_buf_t b = {0};
@@ -953,6 +1011,7 @@ int main(void)
     RUN(test_framed);
     RUN(test_errors);
     RUN(test_bounds);
+    RUN(test_shared_parsers);
     RUN(test_writer_escaping);
     RUN(test_round_trip);
     RUN(test_threads);
