@@ -42,11 +42,13 @@ RECORD = re.compile(rb"^(Send|Recv):[0-9.]+:(<[0-9.]+>):", re.M)
 
 
 def timeline(users, rate, messages, interval):
-    """(all_in, wait, linger, total) seconds: when the last session has arrived, how long
-    each waits after its presence before chatting, how long it stays after its last message
-    (the spread of arrivals and a margin, so that the messages of the last to start still
-    find it online), and the whole run's length."""
-    all_in = users / rate
+    """(all_in, wait, linger, total) seconds: by when the last session has arrived (the
+    arrival phase's length: Tsung starts users at rate until there are all of them, or, on a
+    loaded machine, falls behind and stops at the phase's end), how long each waits after its
+    presence before chatting, how long it stays after its last message (the spread of
+    arrivals and a margin, so that the messages of the last to start still find it online),
+    and the whole run's length."""
+    all_in = 1.5 * users / rate + 10
     margin = 10 + all_in / 4  # logins of the last arrivals on a loaded machine
     wait, linger = all_in + margin, all_in + 2 * margin
     return all_in, wait, linger, all_in + wait + messages * interval + linger + margin
@@ -55,8 +57,10 @@ def timeline(users, rate, messages, interval):
 def scenario(port, users, rate, messages, interval, size, restart="tsung", domain="localhost"):
     all_in, wait, linger, _ = timeline(users, rate, messages, interval)
 
-    def ack(regexp):  # Tsung keeps the last regexp: each acknowledged request names its own
-        return f'ack="local" regexp="{regexp}"'
+    def ack(regexp):
+        """Wait for what matches regexp in one read (ack="local" takes any bytes as the
+        answer); Tsung keeps the last regexp, so each acknowledged request names its own."""
+        return f'ack="parse" regexp="{regexp}"'
     features = ack("&lt;/stream:features&gt;")
     again = f'<request><jabber type="connect" {features}/></request>'
     if restart == "nudge":
@@ -72,7 +76,7 @@ def scenario(port, users, rate, messages, interval, size, restart="tsung", domai
   <clients><client host="localhost" use_controller_vm="true" maxusers="{users + 10}"/></clients>
   <servers><server host="127.0.0.1" port="{port}" type="ssl"/></servers>
   <load>
-    <arrivalphase phase="1" duration="{int(all_in) + 1}" unit="second">
+    <arrivalphase phase="1" duration="{all_in:.0f}" unit="second">
       <users maxnumber="{users}" arrivalrate="{rate}" unit="second"/>
     </arrivalphase>
   </load>
