@@ -111,7 +111,7 @@ for s in "${SERVER_LIST[@]}"; do
     echo "xmpp_tsung.sh: $s: 18 contacts for each of $USERS accounts" >&2
     out=$(timeout "$CASE_TIMEOUT_S" python3 "$LOAD" roster --port "$PORT" \
         --users "tsung%d:pw%d:$USERS:1" --contacts 18 --ifaddr 127.0.0.2,127.0.0.3 \
-        -C 100 --deadline $((CASE_TIMEOUT_S - 60)) --step-timeout 120)
+        -C 100 --deadline $((CASE_TIMEOUT_S - 60)) --step-timeout 300)
     [[ "$(json "$out" complete)" == "$USERS" ]] || {
         echo "xmpp_tsung.sh: $s: rosters incomplete: $out" >&2; exit 1; }
     # The run starts on a fresh process: the rosters are in its files, not in its memory.
