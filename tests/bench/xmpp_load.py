@@ -7,13 +7,17 @@ ejabberd, Prosody alike), asyncio over raw sockets, SASL SCRAM done with hashlib
     xmpp_load.py login --port P --users u%d:pw:K -n LOGINS [-C CONCURRENCY]
     xmpp_load.py chat  --port P --users u%d:pw:K --pairs P -n MESSAGES [-w WINDOW]
     xmpp_load.py register --port P --users u%d:pw:K     (XEP-0077, for the peers)
+    xmpp_load.py roster --port P --users u%d:pw%d:K:1 [--contacts 18]
 
 Every session does what a client does at login: stream, SASL (ANONYMOUS or SCRAM-SHA-256),
 stream restart, bind, roster get, initial presence. idle holds N of them and prints
 "ready N" once all are up, then waits for stdin to close (or --hold seconds). login opens
 and closes sessions as fast as CONCURRENCY at a time allows and prints logins/s. chat logs
 in 2 x PAIRS accounts and has each send MESSAGES / (2 PAIRS) messages to its partner with at
-most WINDOW unreceived, counting what arrives. Every loop is bounded by a count and by
+most WINDOW unreceived, counting what arrives. roster gives each of the K accounts
+--contacts mutual subscriptions (its neighbours i-9..i+9 modulo K, for 18): all K online at
+once, each asks each contact and approves each request, until each has every approval and
+its roster holds each contact with subscription "both". Every loop is bounded by a count and by
 --deadline seconds; a session that stalls past --step-timeout is counted as failed.
 
 It parses no XML: it waits for the end tags it expects in the byte stream, which is enough
@@ -141,8 +145,11 @@ class Session:
 
 
 def users_of(spec):
-    fmt, pw, k = spec.split(":")
-    return [(fmt % i, pw) for i in range(int(k))]
+    """FORMAT:PASSWORD:COUNT[:FIRST]: accounts FIRST.. (0 by default), the password numbered
+    too if it has a %d."""
+    fmt, pw, k, *first = spec.split(":")
+    base = int(first[0]) if first else 0
+    return [(fmt % i, pw % i if "%d" in pw else pw) for i in range(base, base + int(k))]
 
 
 def srcs_of(a):
@@ -329,6 +336,89 @@ async def cmd_register(a):
     report({"mode": "register", "users": len(users), "failed": failed[0]})
 
 
+PRESENCE_TAG = re.compile(rb"<presence\b[^>]*>")
+
+
+def attr(tag, name):
+    m = re.search(rb"\s" + name + rb"=(['\"])([^'\"]*)\1", tag)
+    return m.group(2).decode() if m else None
+
+
+async def cmd_roster(a):
+    users = users_of(a.users)
+    k, half = len(users), a.contacts // 2
+    if a.contacts % 2 or k <= a.contacts:
+        raise SystemExit("roster: --contacts wants an even number below the account count")
+    srcs = srcs_of(a)
+    sess = [Session(a, u, p, srcs[i % len(srcs)]) for i, (u, p) in enumerate(users)]
+    index = {u: i for i, (u, _) in enumerate(users)}
+    sem = asyncio.Semaphore(a.concurrency)
+
+    async def up(s):
+        async with sem:
+            await s.login()
+
+    await asyncio.wait_for(asyncio.gather(*(up(s) for s in sess)), a.deadline)
+
+    def contacts(i):
+        return {(i + d) % k for d in range(-half, half + 1) if d}
+
+    async def one(i):
+        """Asks each contact, approves each request, returns once every contact approved."""
+        s, mine, approved = sess[i], contacts(i), set()
+        s.send("".join("<presence to='%s@%s' type='subscribe'/>" % (users[j][0], a.host)
+                       for j in sorted(mine)))
+        buf = s.buf
+        while approved != mine:
+            tags = list(PRESENCE_TAG.finditer(buf))
+            for m in tags:
+                kind, frm = attr(m.group(0), b"type"), attr(m.group(0), b"from")
+                j = index.get((frm or "").split("@")[0])
+                if j not in mine:
+                    continue
+                if kind == "subscribe":
+                    s.send("<presence to='%s' type='subscribed'/>" % frm.split("/")[0])
+                elif kind == "subscribed":
+                    approved.add(j)
+            # Keep what may be the start of a tag not yet whole: a start tag has no "<".
+            rest = buf[tags[-1].end():] if tags else buf
+            cut = rest.rfind(b"<")
+            buf = rest[cut:] if cut >= 0 else b""
+            if approved != mine:
+                data = await asyncio.wait_for(s.reader.read(65536), a.step_timeout)
+                if not data:
+                    raise Failed("closed")
+                buf += data
+        s.buf = buf
+
+    t0 = time.monotonic()
+    failed = 0
+    for r in await asyncio.wait_for(
+            asyncio.gather(*(one(i) for i in range(k)), return_exceptions=True), a.deadline):
+        if isinstance(r, BaseException):
+            failed += 1
+            if failed <= 3:
+                print("roster: %r" % r, file=sys.stderr)
+    # What each roster holds now, asked after every approval came back.
+    both = 0
+
+    async def check(s):
+        nonlocal both
+        async with sem:
+            s.send("<iq type='get' id='r2'><query xmlns='jabber:iq:roster'/></iq>")
+            m = await s.expect(rb"<iq[^>]*id=['\"]r2['\"][^>]*?(?:/>|>.*?</iq>)")
+            if len(re.findall(rb"subscription=['\"]both['\"]", m.group(0))) == a.contacts:
+                both += 1
+
+    if not failed:
+        await asyncio.wait_for(asyncio.gather(*(check(s) for s in sess)), a.deadline)
+    dt = time.monotonic() - t0
+    for s in sess:
+        await s.close()
+    report({"mode": "roster", "users": k, "contacts": a.contacts, "failed": failed,
+            "complete": both, "seconds": dt})
+
+
 def report(d):
     ru = resource.getrusage(resource.RUSAGE_SELF)
     d["client_cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)
@@ -337,7 +427,7 @@ def report(d):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=["idle", "login", "chat", "register"])
+    p.add_argument("mode", choices=["idle", "login", "chat", "register", "roster"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="localhost")
     p.add_argument("--users", help="FORMAT:PASSWORD:COUNT, e.g. u%%d:pw:200")
@@ -353,13 +443,14 @@ def main():
     p.add_argument("--ifaddr", default="")
     p.add_argument("--offset", type=int, default=0, help="idle: first account's index")
     p.add_argument("--no-presence", action="store_true")
+    p.add_argument("--contacts", type=int, default=18, help="roster: contacts per account")
     a = p.parse_args()
     if a.mode != "register" and not a.anon and not a.users:
         p.error("--anon or --users")
     if a.anon:
         a.users = None
     asyncio.run({"idle": cmd_idle, "login": cmd_login, "chat": cmd_chat,
-                 "register": cmd_register}[a.mode](a))
+                 "register": cmd_register, "roster": cmd_roster}[a.mode](a))
 
 
 if __name__ == "__main__":

@@ -158,115 +158,7 @@ ROWS="$WORK/rows.tsv"
 printf 'server\tcase\tround\tcount\tfailed\trss_before_kb\trss_after_kb\tcpu_s\tseconds\tclient_cpu_s\tload1\tp99_ms\tworst_second_p99_ms\n' >"$ROWS"
 JSONL="$WORK/rtbench.jsonl" # rtbench's summaries, one per run, with server/case/round
 
-free_port() {
-    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
-load1() { cut -d' ' -f1 /proc/loadavg; }
-
-# Writes NAME's config for MODE (anon|scram) under $WORK/NAME; prints nothing.
-write_config() {
-    local name=$1 mode=$2 port=$3 dir="$WORK/$1"
-    mkdir -p "$dir/data" "$dir/rules"
-    case "$name" in
-    rtd)
-        cat >"$dir/rtd.conf" <<EOF
-listeners = { "127.0.0.1:$(free_port)" }
-data_dir = "$dir/data"
-rules_dir = "$dir/rules"
-max_connections_per_ip = 0
-max_connection_rate = 0
--- A login waits behind the roster set-up's writes in the store: 10 s (the default) is
--- too short for xroster's storm on a busy machine.
-connect_timeout = 120
-xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
-         listeners = { "127.0.0.1:$port" }, archive = $RTD_ARCHIVE }
-EOF
-        ;;
-    ejabberd | prosody)
-        # The peers' configs are the functional tests' too (tests/integration/xmpp_peer.py,
-        # its "bench" profiles): only what rtd has as well (roster, presence, offline, ping,
-        # disco), SCRAM-SHA-256 keys, ejabberd's ANONYMOUS beside them on the one host and
-        # Prosody's on an anonymous-only host (mode anon).
-        local profile=bench
-        [[ "$name" == prosody && "$mode" == anon ]] && profile=bench-anon
-        python3 "$ROOT/tests/integration/xmpp_peer.py" config "$name" "$dir" "$port" "$profile"
-        ;;
-    esac
-}
-
-# Starts NAME in MODE on a new port: sets SERVER_PID and PORT, waits until it listens.
-start_server() {
-    local name=$1 mode=$2 dir="$WORK/$1" i
-    PORT=$(free_port)
-    write_config "$name" "$mode" "$PORT"
-    case "$name" in
-    rtd)
-        "$RTD" -c "$dir/rtd.conf" >>"$dir/server.log" 2>&1 &
-        ;;
-    ejabberd)
-        mkdir -p "$dir/spool"
-        # erl execs erlexec, which execs beam.smp: $! is the VM's PID.
-        env ERL_LIBS=/usr/lib/x86_64-linux-gnu EJABBERD_CONFIG_PATH="$dir/ejabberd.yml" \
-            EJABBERD_LOG_PATH="$dir/ejabberd.log" ERL_MAX_PORTS=65536 \
-            ERL_CRASH_DUMP="$dir/erl_crash.dump" \
-            erl +K true +P 1000000 -noinput -noshell \
-            -mnesia dir "\"$dir/spool\"" -s ejabberd >>"$dir/server.log" 2>&1 &
-        ;;
-    prosody)
-        prosody --config "$dir/prosody.cfg.lua" -F >>"$dir/server.log" 2>&1 &
-        ;;
-    esac
-    SERVER_PID=$!
-    for ((i = 0; i < 1200; i++)); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
-            sleep 1 # let it finish starting (modules, mnesia tables) before the first sample
-            return 0
-        fi
-        kill -0 "$SERVER_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "xmpp_peers.sh: $name did not listen on $PORT:" >&2
-    tail -n 20 "$dir/server.log" "$dir"/*.log >&2 || true
-    exit 1
-}
-
-stop_server() {
-    local i
-    kill "$SERVER_PID" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$SERVER_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -9 "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=''
-}
-
-# Registers accounts u0..u(NEED-1) with password pw on NAME (stopped on return).
-register() {
-    local name=$1 dir="$WORK/$1"
-    echo "xmpp_peers.sh: registering $NEED accounts on $name" >&2
-    if [[ "$name" == rtd && -n "$SEED_DATA" ]]; then
-        mkdir -p "$dir/data"
-        cp "$SEED_DATA"/xmpp.db* "$dir/data/"
-        return
-    fi
-    if [[ "$name" == rtd ]]; then
-        mkdir -p "$dir/data"
-        seq 0 $((NEED - 1)) | xargs -P 2 -I{} \
-            "$RTD" xmpp user add -b -I 4096 -d "$dir/data" "u{}@localhost" pw >/dev/null
-        return
-    fi
-    start_server "$name" scram
-    local out
-    out=$(timeout "$CASE_TIMEOUT_S" python3 "$LOAD" register --port "$PORT" \
-        --users "u%d:pw:$NEED" -C 20 --deadline 280)
-    stop_server
-    [[ "$out" == *'"failed": 0'* ]] || { echo "xmpp_peers.sh: $name: $out" >&2; exit 1; }
-}
+source "$ROOT/tests/bench/xmpp_servers.sh"
 
 # Appends one row: server case round count failed rss0 rss1 cpu_s seconds client_cpu load
 # [p99_ms worst_second_p99_ms] (rtbench's cases; empty for the others).
@@ -508,7 +400,7 @@ case_timed() {
 
 if [[ ",$CASES," != ,idle-anon, ]]; then
     for s in "${SERVER_LIST[@]}"; do
-        register "$s"
+        register "$s" 0 "$NEED" "u{}" pw
         [[ "$s" == rtd && -n "$SEED_DATA" ]] && ((SEED_ROSTERS)) && continue
         ((ROSTERS)) && setup_rosters "$s"
     done

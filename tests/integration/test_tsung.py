@@ -3,22 +3,21 @@ subscribers and QoS 1 publishers. Tsung's MQTT client sends SUBSCRIBE and UNSUBS
 fixed-header flags 0000, which rtd tolerates from level-3 clients only (and counts); before it
 did, every subscriber was dropped. Every message published must reach every subscriber.
 
-Loopback only and bounded: Tsung's Erlang nodes use 127.0.0.1 (their distribution port is
-bound there) and a private epmd on a free loopback port (stopped by its PID), its web GUI is
-off, and the whole run has a timeout.
+Loopback only and bounded: tests/bench/tsung_util.py runs Tsung, and the whole run has a
+timeout.
 """
 import datetime
 import os
-import re
-import shutil
-import subprocess
+import sys
 import time
 
 import pytest
 
-from conftest import Rtd, free_port
+from conftest import ROOT, Rtd
 
-TSUNG = shutil.which("tsung")
+sys.path.insert(0, os.path.join(ROOT, "tests", "bench"))
+from tsung_util import TSUNG, running, totals  # noqa: E402
+
 SUBSCRIBERS, PUBLISHERS, MESSAGES = 20, 5, 20  # each publisher sends MESSAGES at QoS 1
 PUBLISHERS_START_S = 3   # after the subscribers' start (checked below, not assumed)
 WAIT_FOR_MESSAGES_S = 8  # how long each subscriber listens after subscribing
@@ -60,19 +59,6 @@ def scenario(port):
 """
 
 
-def tsung_totals(logdir):
-    """The last cumulative value of each counter in Tsung's tsung.log ("stats: NAME n total")."""
-    runs = [os.path.join(logdir, d) for d in os.listdir(logdir)]
-    assert len(runs) == 1, runs
-    totals = {}
-    with open(os.path.join(runs[0], "tsung.log")) as f:
-        for line in f:
-            m = re.match(r"stats: (mqtt_\w+) \S+ (\d+)$", line.strip())
-            if m:
-                totals[m.group(1)] = int(m.group(2))
-    return totals
-
-
 def log_time(line):
     stamp = line.split(" ", 1)[0].removeprefix("ts=").rstrip("Z")
     return datetime.datetime.fromisoformat(stamp).replace(
@@ -84,39 +70,27 @@ def test_tsung_mqtt_subscribers_and_qos1_publishers(tmp_path):
     if TSUNG is None:
         pytest.fail("tsung is missing; run tools/install-deps.sh")
     broker = Rtd()
-    epmd = None
     try:
         xml = tmp_path / "mqtt.xml"
         xml.write_text(scenario(broker.port))
-        epmd_port = free_port()
-        epmd = subprocess.Popen(["epmd", "-address", "127.0.0.1", "-port", str(epmd_port)])
-        # The Erlang distribution port listens on loopback only, like the epmd.
-        env = dict(os.environ, ERL_EPMD_PORT=str(epmd_port), HOME=str(tmp_path),
-                   ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}")
         before = broker.ctl_json("broker", "metrics")
-        tsung = subprocess.Popen([TSUNG, "-n", "-I", "127.0.0.1", "-w", "0", "-f", str(xml),
-                                  "-l", str(tmp_path / "log"), "start"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env=env)
-        # When every subscriber's subscription was in place, seen from outside (so no earlier
-        # than it really was): the publishers must have connected after that.
-        deadline = time.time() + RUN_TIMEOUT_S
-        all_subscribed = None
-        while tsung.poll() is None and time.time() < deadline:
-            if all_subscribed is None:
-                subs = broker.ctl_json("broker", "stats")["subscriptions"]["count"]
-                if subs == SUBSCRIBERS:
-                    all_subscribed = time.time()
-            time.sleep(0.05)
-        if tsung.poll() is None:
-            tsung.kill()
-        out, _ = tsung.communicate(timeout=30)
+        with running(xml, str(tmp_path)) as tsung:
+            # When every subscriber's subscription was in place, seen from outside (so no
+            # earlier than it really was): the publishers must have connected after that.
+            deadline = time.time() + RUN_TIMEOUT_S
+            all_subscribed = None
+            while tsung.poll() is None and time.time() < deadline:
+                if all_subscribed is None:
+                    subs = broker.ctl_json("broker", "stats")["subscriptions"]["count"]
+                    if subs == SUBSCRIBERS:
+                        all_subscribed = time.time()
+                time.sleep(0.05)
+            if tsung.poll() is None:
+                tsung.kill()
+            out, _ = tsung.communicate(timeout=30)
         assert tsung.returncode == 0, out
         after = broker.ctl_json("broker", "metrics")
     finally:
-        if epmd is not None:
-            epmd.terminate()
-            epmd.wait(timeout=10)
         code, log = broker.stop()
     assert code == 0, log
     connects = [line for line in log.splitlines() if " event=client.connected " in line]
@@ -129,7 +103,7 @@ def test_tsung_mqtt_subscribers_and_qos1_publishers(tmp_path):
 
     published = PUBLISHERS * MESSAGES
     # What Tsung saw: every PUBLISH acknowledged, every copy received (and acknowledged).
-    t = tsung_totals(str(tmp_path / "log"))
+    t = totals(str(tmp_path / "log"), r"mqtt_\w+")
     assert t["mqtt_connected"] == SUBSCRIBERS + PUBLISHERS, t
     assert t["mqtt_published"] == t["mqtt_server_pubacked"] == published, t
     assert t["mqtt_server_published"] == published * SUBSCRIBERS, t

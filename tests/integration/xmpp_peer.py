@@ -40,14 +40,18 @@ def lua_list(items):
 
 
 def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, resume_timeout=300,
-                    max_offline=None):
+                    max_offline=None, tls_port=None, tls_pem=None):
     bench = profile.startswith("bench")
     lines = [f"hosts: [{', '.join(repr(h) for h in hosts)}]",
              "loglevel: warning", "log_rotate_count: 0",
              "listen:", f"  - port: {port}", '    ip: "127.0.0.1"', "    module: ejabberd_c2s",
              f"    max_stanza_size: {max_stanza_size}", "    backlog: 4096",
-             "    access: c2s", "    starttls_required: false",
-             "allow_multiple_connections: true", "registration_timeout: infinity"]
+             "    access: c2s", "    starttls_required: false"]
+    if tls_port:  # direct TLS (XEP-0368) beside it, for clients with no SCRAM (Tsung's PLAIN)
+        lines += [f"  - port: {tls_port}", '    ip: "127.0.0.1"', "    module: ejabberd_c2s",
+                  "    tls: true", f"    max_stanza_size: {max_stanza_size}",
+                  "    backlog: 4096", "    access: c2s", f'certfiles: ["{tls_pem}"]']
+    lines += ["allow_multiple_connections: true", "registration_timeout: infinity"]
     if bench:
         # Both methods on one host: internal (SCRAM-SHA-256 keys) and SASL ANONYMOUS.
         lines += ["auth_method: [internal, anonymous]", "anonymous_protocol: sasl_anon",
@@ -208,7 +212,9 @@ class Peer:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 6 or sys.argv[1] != "config" or sys.argv[5] not in ("bench",
-                                                                           "bench-anon"):
-        sys.exit("usage: xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon")
-    write_config(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    if len(sys.argv) not in (6, 8) or sys.argv[1] != "config" or sys.argv[5] not in (
+            "bench", "bench-anon") or (len(sys.argv) == 8 and sys.argv[2] != "ejabberd"):
+        sys.exit("usage: xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon "
+                 "[TLS_PORT PEM (ejabberd)]")
+    tls = {"tls_port": int(sys.argv[6]), "tls_pem": sys.argv[7]} if len(sys.argv) == 8 else {}
+    write_config(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], **tls)

@@ -1,0 +1,130 @@
+# xmpp_servers.sh: sourced by xmpp_peers.sh and xmpp_tsung.sh; starts, stops and fills the
+# servers they compare (rtd, ejabberd 23.01, Prosody 0.12), each a process of ours with its
+# own config and data under $WORK/NAME, on its own loopback port, ended by its PID.
+#
+# The caller sets WORK (a mktemp -d folder), RTD (rtd's binary), LOAD (xmpp_load.py) and
+# CASE_TIMEOUT_S, and may set TLS_PEM (a PEM file holding a certificate for "localhost" and
+# its key): then rtd and ejabberd also serve direct TLS (XEP-0368) on TLS_PORT. start_server
+# sets SERVER_PID, PORT (plain TCP, where SASL is allowed from loopback) and TLS_PORT.
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
+# rtd's direct TLS listener in its config, when TLS_PEM is set (nothing otherwise); the
+# peers get theirs from xmpp_peer.py.
+tls_listener() {
+    [[ -n "${TLS_PEM:-}" ]] || return 0
+    printf ',\n    { bind = "127.0.0.1:%s", tls = { cert = "%s", key = "%s" } }' \
+        "$TLS_PORT" "$TLS_PEM" "$TLS_PEM"
+}
+
+# Writes NAME's config for MODE (anon|scram) under $WORK/NAME; prints nothing.
+write_config() {
+    local name=$1 mode=$2 port=$3 dir="$WORK/$1"
+    mkdir -p "$dir/data" "$dir/rules"
+    case "$name" in
+    rtd)
+        cat >"$dir/rtd.conf" <<EOF
+listeners = { "127.0.0.1:$(free_port)" }
+data_dir = "$dir/data"
+rules_dir = "$dir/rules"
+max_connections_per_ip = 0
+max_connection_rate = 0
+-- A login waits behind the roster set-up's writes in the store: 10 s (the default) is
+-- too short for xroster's storm on a busy machine.
+connect_timeout = 120
+xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
+         listeners = { "127.0.0.1:$port"$(tls_listener) }, archive = ${RTD_ARCHIVE:-false} }
+EOF
+        ;;
+    ejabberd | prosody)
+        # The peers' configs are the functional tests' too (tests/integration/xmpp_peer.py,
+        # its "bench" profiles): only what rtd has as well (roster, presence, offline, ping,
+        # disco), SCRAM-SHA-256 keys, ejabberd's ANONYMOUS beside them on the one host and
+        # Prosody's on an anonymous-only host (mode anon).
+        local profile=bench
+        [[ "$name" == prosody && "$mode" == anon ]] && profile=bench-anon
+        python3 "$ROOT/tests/integration/xmpp_peer.py" config "$name" "$dir" "$port" "$profile" \
+            ${TLS_PEM:+"$TLS_PORT" "$TLS_PEM"}
+        ;;
+    esac
+}
+
+# Starts NAME in MODE on a new port: sets SERVER_PID and PORT, waits until it listens.
+start_server() {
+    local name=$1 mode=$2 dir="$WORK/$1" i
+    PORT=$(free_port)
+    TLS_PORT=$(free_port)
+    write_config "$name" "$mode" "$PORT"
+    case "$name" in
+    rtd)
+        "$RTD" -c "$dir/rtd.conf" >>"$dir/server.log" 2>&1 &
+        ;;
+    ejabberd)
+        mkdir -p "$dir/spool"
+        # erl execs erlexec, which execs beam.smp: $! is the VM's PID.
+        env ERL_LIBS=/usr/lib/x86_64-linux-gnu EJABBERD_CONFIG_PATH="$dir/ejabberd.yml" \
+            EJABBERD_LOG_PATH="$dir/ejabberd.log" ERL_MAX_PORTS=65536 \
+            ERL_CRASH_DUMP="$dir/erl_crash.dump" \
+            erl +K true +P 1000000 -noinput -noshell \
+            -mnesia dir "\"$dir/spool\"" -s ejabberd >>"$dir/server.log" 2>&1 &
+        ;;
+    prosody)
+        prosody --config "$dir/prosody.cfg.lua" -F >>"$dir/server.log" 2>&1 &
+        ;;
+    esac
+    SERVER_PID=$!
+    for ((i = 0; i < 1200; i++)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+            sleep 1 # let it finish starting (modules, mnesia tables) before the first sample
+            return 0
+        fi
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "xmpp_servers.sh: $name did not listen on $PORT:" >&2
+    tail -20 "$dir/server.log" "$dir"/*.log >&2 || true
+    exit 1
+}
+
+stop_server() {
+    local i
+    kill "$SERVER_PID" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=''
+}
+
+# Registers accounts FIRST..FIRST+COUNT-1 on NAME (stopped on return): account i is the
+# user USER with {} replaced by i, its password PASSWORD likewise ("u{}" "pw": u0, u1, ...
+# with password pw; "tsung{}" "pw{}": Tsung's tsungN with pwN).
+register() {
+    local name=$1 first=$2 count=$3 user=$4 pw=$5 dir="$WORK/$1"
+    echo "xmpp_servers.sh: registering $count accounts on $name" >&2
+    if [[ "$name" == rtd && -n "${SEED_DATA:-}" ]]; then
+        mkdir -p "$dir/data"
+        cp "$SEED_DATA"/xmpp.db* "$dir/data/"
+        return
+    fi
+    if [[ "$name" == rtd ]]; then
+        mkdir -p "$dir/data"
+        seq "$first" $((first + count - 1)) | xargs -P 2 -I{} \
+            "$RTD" xmpp user add -b -I 4096 -d "$dir/data" "$user@localhost" "$pw" >/dev/null
+        return
+    fi
+    start_server "$name" scram
+    local out
+    out=$(timeout "$CASE_TIMEOUT_S" python3 "$LOAD" register --port "$PORT" \
+        --users "${user//\{\}/%d}:${pw//\{\}/%d}:$count:$first" -C 20 --deadline 280)
+    stop_server
+    [[ "$out" == *'"failed": 0'* ]] || { echo "xmpp_servers.sh: $name: $out" >&2; exit 1; }
+}
