@@ -145,8 +145,10 @@ def test_trace_text_lines_and_limits(rtd):
                            capture_output=True, text=True, timeout=10)
         assert r.returncode == 1 and "8 traces are on already" in r.stderr
     finally:
+        # SIGTERM, not SIGINT: a shell that starts a job in the background (make's long
+        # lane, a CI runner's nohup) has it ignore SIGINT, and rtctl inherits that.
         for q in procs:
-            q.send_signal(signal.SIGINT)
+            q.send_signal(signal.SIGTERM)
             q.wait(timeout=10)
     assert wait_for(lambda: rtd.ctl_json("status")["traces"] == 0)
 
