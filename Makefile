@@ -8,8 +8,7 @@ PYTEST = /usr/bin/python3 -m pytest
 PREFIX ?= /usr/local
 
 .PHONY: deps build build-asan build-tsan run install package test test-unit test-asan test-tsan \
-	test-integration test-integration-asan test-integration-tsan test-integration-sanitized \
-	build-fuzz test-fuzz bench \
+	test-integration test-integration-asan test-integration-tsan build-fuzz test-fuzz bench \
 	xmpp-differential clean
 
 # What install-deps.sh installs: building and running (make build, make run) needs only the
@@ -121,13 +120,7 @@ FUZZ_SECONDS ?= 10
 test-fuzz: build-fuzz
 	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS) $(JOBS)
 
-# The two sanitizer builds' integration passes side by side, as the release pass runs its two
-# lanes: each test's bounds hold under the other's load; make -O holds each pass's output
-# until it ends, so the two do not interleave.
-test-integration-sanitized:
-	@$(MAKE) --no-print-directory -O -j2 test-integration-asan test-integration-tsan
-
-test: test-unit test-asan test-tsan test-integration test-integration-sanitized test-fuzz
+test: test-unit test-asan test-tsan test-integration test-integration-asan test-integration-tsan test-fuzz
 	@echo "all test suites passed"
 
 bench: build
