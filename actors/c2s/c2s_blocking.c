@@ -17,18 +17,6 @@
 #define NS_BLOCKING "urn:xmpp:blocking"
 #define BLOCKED_APP "<blocked xmlns='urn:xmpp:blocking:errors'/>"
 
-static const char *host_name(const c2s_t *c)
-{
-    return rt__c2s.conf->hosts[c->host];
-}
-
-static int ask(c2s_t *c, uint32_t op, const void *data, size_t len)
-{
-    const char *host = host_name(c);
-    return rt__c2s_store_ask(op, 0, host, strlen(host), rt_jid_local(c->jid), c->jid->local, 0,
-                             data, len);
-}
-
 /* ---- Matching ---- */
 
 static bool eq(const char *a, size_t alen, const char *b, size_t blen)
@@ -173,7 +161,7 @@ void rt__c2s_blocking_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, cons
     if (get) {
         c->block_interested = true;
         rt_buf_add(&d, id, strlen(id) + 1);
-        if (d.oom || ask(c, C2S_OP_BLOCK_GET, d.data, d.len) != 0)
+        if (d.oom || rt__c2s_ask_own(c, C2S_OP_BLOCK_GET, d.data, d.len) != 0)
             rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
         rt_buf_free(&d);
         return;
@@ -208,7 +196,7 @@ void rt__c2s_blocking_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, cons
         rt_buf_free(&d);
         return;
     }
-    if (d.oom || ask(c, C2S_OP_BLOCK_SET, d.data, d.len) != 0)
+    if (d.oom || rt__c2s_ask_own(c, C2S_OP_BLOCK_SET, d.data, d.len) != 0)
         rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
     rt_buf_free(&d);
 }

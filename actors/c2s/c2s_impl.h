@@ -351,6 +351,8 @@ void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
+/* Asks the store about the session's own account (its host and user). */
+int rt__c2s_ask_own(const c2s_t *c, uint32_t op, const void *data, size_t len);
 /* <presence type='unavailable'/> from the session's full JID. */
 void rt__c2s_put_unavailable(rt_buf_t *b, const c2s_t *c);
 /* <iq type='result' id from to, not closed: the start of an answer to iq. */

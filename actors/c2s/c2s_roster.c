@@ -15,18 +15,6 @@
 
 #define NS_ROSTER "jabber:iq:roster"
 
-static const char *host_name(const c2s_t *c)
-{
-    return rt__c2s.conf->hosts[c->host];
-}
-
-static int ask(c2s_t *c, uint32_t op, const void *data, size_t len)
-{
-    const char *host = host_name(c);
-    return rt__c2s_store_ask(op, 0, host, strlen(host), rt_jid_local(c->jid), c->jid->local, 0,
-                             data, len);
-}
-
 /* ---- The packed copy ---- */
 
 typedef struct entry_s {
@@ -131,7 +119,7 @@ void rt__c2s_presence_out(rt_actor_t *self, c2s_t *c, const rt_buf_t *b, bool in
     if (initial) {
         /* The roster may have changed since any copy: the store sends it fresh, with what
            was kept for the user, and the broadcast and probes go when it comes. */
-        c->broadcast_due = ask(c, C2S_OP_PRESENCE_INIT, NULL, 0) == 0;
+        c->broadcast_due = rt__c2s_ask_own(c, C2S_OP_PRESENCE_INIT, NULL, 0) == 0;
         if (c->broadcast_due)
             return;
     }
@@ -249,7 +237,7 @@ void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const 
         if (ver)
             rt_buf_add(&d, ver, strlen(ver));
         c->interested = true;
-        if (d.oom || ask(c, C2S_OP_ROSTER_GET, d.data, d.len) != 0)
+        if (d.oom || rt__c2s_ask_own(c, C2S_OP_ROSTER_GET, d.data, d.len) != 0)
             rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
         rt_buf_free(&d);
         return;
@@ -287,7 +275,7 @@ void rt__c2s_roster_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const 
     uint8_t flags[2] = {remove, ngroups};
     rt_buf_add(&d, flags, 2);
     rt_buf_add(&d, groups.data, groups.len);
-    if (d.oom || groups.oom || ask(c, C2S_OP_ROSTER_SET, d.data, d.len) != 0)
+    if (d.oom || groups.oom || rt__c2s_ask_own(c, C2S_OP_ROSTER_SET, d.data, d.len) != 0)
         rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
     rt_buf_free(&d);
     rt_buf_free(&groups);
@@ -311,7 +299,7 @@ void rt__c2s_subscription(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     rt_buf_add(&d, &kind, 1);
     rt_buf_add(&d, bare_to, strlen(bare_to) + 1);
     rt__c2s_put_stanza(&d, el, bare_me, bare_to); /* RFC 6121 3.1.2: stamped with the bare JID */
-    if (d.oom || ask(c, C2S_OP_SUB, d.data, d.len) != 0)
+    if (d.oom || rt__c2s_ask_own(c, C2S_OP_SUB, d.data, d.len) != 0)
         rt__c2s_stanza_error(self, c, el, "wait", "internal-server-error");
     rt_buf_free(&d);
 }

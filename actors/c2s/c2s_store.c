@@ -91,6 +91,13 @@ int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_l
     return rt_send_msg(store, m);
 }
 
+int rt__c2s_ask_own(const c2s_t *c, uint32_t op, const void *data, size_t len)
+{
+    const char *host = rt__c2s.conf->hosts[c->host];
+    return rt__c2s_store_ask(op, 0, host, strlen(host), rt_jid_local(c->jid), c->jid->local, 0,
+                             data, len);
+}
+
 int rt__c2s_accounts_open(const char *dir, rt_accounts_t **a, const char *event)
 {
     char err[RT_ACCOUNTS_ERR_LEN];
