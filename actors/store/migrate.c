@@ -120,6 +120,19 @@ static int create(sqlite3 *db, const rt_sqlite_kind_t *kind, char *why, size_t w
     return 0;
 }
 
+/* The three facts that tell a file's kind, read in one transaction: read one by one, they
+   once straddled another process's create (application_id 0 read before its commit, its 11
+   tables after), and a file being made looked like someone else's. */
+static void header_read(sqlite3 *db, int64_t *app, int64_t *version, int64_t *tables)
+{
+    bool snapshot = sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK;
+    *app = pragma_int(db, "PRAGMA application_id");
+    *version = pragma_int(db, "PRAGMA user_version");
+    *tables = pragma_int(db, "SELECT count(*) FROM sqlite_master");
+    if (snapshot)
+        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+}
+
 int rt__sqlite_check_file(struct sqlite3 *db, const char *path, const rt_sqlite_kind_t *kind,
                           char *why, size_t whylen)
 {
@@ -136,16 +149,13 @@ int rt__sqlite_check_file(struct sqlite3 *db, const char *path, const rt_sqlite_
     sqlite3_finalize(s);
     if (!ok)
         return RT_EINVAL;
-    int64_t app = pragma_int(db, "PRAGMA application_id");
-    int64_t version = pragma_int(db, "PRAGMA user_version");
-    int64_t tables = pragma_int(db, "SELECT count(*) FROM sqlite_master");
+    int64_t app, version, tables;
+    header_read(db, &app, &version, &tables);
     if (app == 0 && version == 0 && tables == 0) {
         int rc = create(db, kind, why, whylen);
         if (rc <= 0)
             return rc;
-        app = pragma_int(db, "PRAGMA application_id"); /* another process made it first */
-        version = pragma_int(db, "PRAGMA user_version");
-        tables = pragma_int(db, "SELECT count(*) FROM sqlite_master");
+        header_read(db, &app, &version, &tables); /* another process made it first */
     }
     if (app != kind->app_id) {
         snprintf(why, whylen, "not an %s (application_id %lld, %lld tables); left untouched",

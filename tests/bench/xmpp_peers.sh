@@ -36,6 +36,9 @@
 # of `rtd xmpp user add`, which takes minutes for 19,000; with --seed-rosters those accounts
 # already have their rosters (`rtbench xroster -c R` was run on them) and rtd's set-up is
 # skipped (idle-roster18 still checks that every login sees 18 contacts with subscription both).
+# --servers may also name ejabberd-plain: ejabberd as its package ships it, storing passwords
+# in clear (auth_password_format: plain, its default), so that each SCRAM login derives the
+# keys (4096 PBKDF2 rounds) where "ejabberd" reads stored ones as rtd and Prosody do.
 # Figures are medians of --rounds (default 3). --smoke: rtd alone, tiny counts, seconds.
 # rtd runs without its message archive (xmpp.archive = false), as the peers run without MAM;
 # --rtd-archive on measures what archiving every chat costs.
@@ -118,7 +121,7 @@ IFS=, read -r -a SERVER_LIST <<<"$SERVERS"
 for s in "${SERVER_LIST[@]}"; do
     case "$s" in
     rtd) [[ -x "$RTD" ]] || { echo "xmpp_peers.sh: $RTD not built (see --build)" >&2; exit 2; } ;;
-    ejabberd) [[ -d /usr/lib/x86_64-linux-gnu/ejabberd-23.01 ]] || {
+    ejabberd | ejabberd-plain) [[ -d /usr/lib/x86_64-linux-gnu/ejabberd-23.01 ]] || {
         echo "xmpp_peers.sh: ejabberd 23.01 is not installed (see the set-up above)" >&2; exit 2; } ;;
     prosody) command -v prosody >/dev/null || {
         echo "xmpp_peers.sh: prosody is not installed (see the set-up above)" >&2; exit 2; } ;;

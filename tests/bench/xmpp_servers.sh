@@ -42,14 +42,15 @@ xmpp = { hosts = { "localhost" }, anonymous = { "localhost" },
          listeners = { "127.0.0.1:$port"$(tls_listener) }, archive = ${RTD_ARCHIVE:-false} }
 EOF
         ;;
-    ejabberd | prosody)
+    ejabberd | ejabberd-plain | prosody)
         # The peers' configs are the functional tests' too (tests/integration/xmpp_peer.py,
         # its "bench" profiles): only what rtd has as well (roster, presence, offline, ping,
         # disco), SCRAM-SHA-256 keys, ejabberd's ANONYMOUS beside them on the one host and
         # Prosody's on an anonymous-only host (mode anon).
-        local profile=bench
+        local profile=bench peer=$name
         [[ "$name" == prosody && "$mode" == anon ]] && profile=bench-anon
-        python3 "$ROOT/tests/integration/xmpp_peer.py" config "$name" "$dir" "$port" "$profile" \
+        [[ "$name" == ejabberd-plain ]] && peer=ejabberd profile=bench-plain
+        python3 "$ROOT/tests/integration/xmpp_peer.py" config "$peer" "$dir" "$port" "$profile" \
             ${TLS_PEM:+"$TLS_PORT" "$TLS_PEM"}
         ;;
     esac
@@ -65,7 +66,7 @@ start_server() {
     rtd)
         "$RTD" -c "$dir/rtd.conf" >>"$dir/server.log" 2>&1 &
         ;;
-    ejabberd)
+    ejabberd | ejabberd-plain)
         mkdir -p "$dir/spool"
         # erl execs erlexec, which execs beam.smp: $! is the VM's PID.
         env ERL_LIBS=/usr/lib/x86_64-linux-gnu EJABBERD_CONFIG_PATH="$dir/ejabberd.yml" \
@@ -117,8 +118,10 @@ register() {
     fi
     if [[ "$name" == rtd ]]; then
         mkdir -p "$dir/data"
-        seq "$first" $((first + count - 1)) | xargs -P 2 -I{} \
-            "$RTD" xmpp user add -b -I 4096 -d "$dir/data" "$user@localhost" "$pw" >/dev/null
+        seq "$first" $((first + count - 1)) |
+            awk -v u="$user" -v p="$pw" '{ a = u; b = p; gsub(/\{\}/, $0, a); gsub(/\{\}/, $0, b)
+                                           print a "@localhost " b }' |
+            "$RTD" xmpp user import -I 4096 -d "$dir/data"
         return
     fi
     start_server "$name" scram

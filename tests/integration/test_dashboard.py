@@ -113,7 +113,11 @@ def test_dashboard(rtd, browser):
                             "document.getElementById('fig-in').textContent", 6)
         assert shown, "the messages-in figure stayed at 0 while messages flowed"
         assert b.eval("rtdash.samples.length") > n0  # the charts' points move
-        assert b.eval("document.getElementById('chart-msgs').toDataURL()") != drawn
+        # Each sample redraws the charts; the canvas is read back from the renderer, which may
+        # show the new picture a frame later than the sample that drew it (CI once read the
+        # old one), so the change is awaited over the next samples, not read once.
+        assert b.wait_eval("document.getElementById('chart-msgs').toDataURL() !== "
+                           f"{json.dumps(drawn)}", 5), "the messages chart was not redrawn"
         assert b.eval("Math.max(...rtdash.samples.map(s => s.in))") > 0
         assert b.eval("rtdash.samples.at(-1).scheds.length") >= 2
         assert b.eval("document.querySelectorAll('#actors-table tbody tr').length") > 0

@@ -5,7 +5,6 @@ every account its 18 contacts with subscription both, and wrong passwords count 
 Run: /usr/bin/python3 -m pytest tests/integration/test_rtbench_xmpp.py
 The binary is <RT_BUILD_DIR>/tools/rtbench/rtbench (default build/release).
 """
-import concurrent.futures
 import json
 import os
 import subprocess
@@ -23,11 +22,7 @@ ACCOUNTS = 24  # xroster needs 19 or more: 18 contacts each
 @pytest.fixture(scope="module")
 def rtd():
     tmp = tempfile.TemporaryDirectory(prefix="rtd-rtbench-")
-    # The first alone: it creates xmpp.db, which processes racing to create it can fail.
-    X.add_user(tmp.name, "u0@localhost", "pw")
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda i: X.add_user(tmp.name, f"u{i}@localhost", "pw"),
-                      range(1, ACCOUNTS)))
+    X.add_users(tmp.name, [(f"u{i}@localhost", "pw") for i in range(ACCOUNTS)])
     port = free_port()
     broker = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, listeners = {{ "127.0.0.1:{port}" }} }}',
                  "auth_max_delay_ms=0", "max_connections_per_ip=0", "max_connection_rate=0",

@@ -21,8 +21,7 @@ USERS = ["alice", "bob", "carol"]
 @pytest.fixture(scope="module")
 def xmpp():
     tmp = tempfile.TemporaryDirectory(prefix="rtd-xadmin-")
-    for u in USERS:
-        X.add_user(tmp.name, f"{u}@localhost", PW)
+    X.add_users(tmp.name, [(f"{u}@localhost", PW) for u in USERS])
     keys = f"{tmp.name}/api_keys"
     admin, reader = make_key(keys, "ops", "admin"), make_key(keys, "viewer", "read")
     port, hport = free_port(), free_port()

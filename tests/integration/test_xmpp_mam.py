@@ -43,8 +43,7 @@ def start_rtd(tmp, extra=""):
 def xmpp():
     import tempfile
     tmp = tempfile.TemporaryDirectory(prefix="rtd-mam-")
-    for u in USERS:
-        X.add_user(tmp.name, f"{u}@localhost", PW)
+    X.add_users(tmp.name, [(f"{u}@localhost", PW) for u in USERS])
     broker = start_rtd(tmp.name, f", archive = true, max_archive_messages = {BOUND}")
     yield broker
     code, log = broker.stop()
@@ -455,8 +454,7 @@ def test_archive_off():
     served."""
     import tempfile
     tmp = tempfile.TemporaryDirectory(prefix="rtd-mam-off-")
-    for u in ("off1", "off2"):
-        X.add_user(tmp.name, f"{u}@localhost", PW)
+    X.add_users(tmp.name, [(f"{u}@localhost", PW) for u in ("off1", "off2")])
     broker = start_rtd(tmp.name, ", archive = false")
     try:
         a, b = online(broker, "off1"), online(broker, "off2")

@@ -41,8 +41,7 @@ def xmpp(pki):
     """rtd with three XMPP listeners: plain TCP (port), direct TLS (tls_port) and WebSocket on
     WS_PATH (ws_port)."""
     tmp = tempfile.TemporaryDirectory(prefix="rtd-xmpp-js-")
-    for u in USERS:
-        X.add_user(tmp.name, f"{u}@localhost", PW)
+    X.add_users(tmp.name, [(f"{u}@localhost", PW) for u in USERS])
     port, tls_port, ws_port = free_port(), free_port(), free_port()
     cert, key = pki.server["ec"]
     broker = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, listeners = {{ "127.0.0.1:{port}", '

@@ -29,8 +29,7 @@ USERS = ["taken", "ext1", "ext2"]
 @pytest.fixture(scope="module")
 def xmpp(pki):
     tmp = tempfile.TemporaryDirectory(prefix="rtd-register-")
-    for u in USERS:
-        X.add_user(tmp.name, f"{u}@localhost", PW)
+    X.add_users(tmp.name, [(f"{u}@localhost", PW) for u in USERS])
     cert, key = pki.server["ec"]
     port, tport = free_port(), free_port()
     broker = Rtd(f'xmpp={{ hosts = {{ "localhost", "closed.localhost" }}, '
@@ -361,3 +360,37 @@ def test_parallel_user_add():
         out = subprocess.run([RTD, "xmpp", "user", "list", "-d", d], check=True,
                              capture_output=True, text=True, timeout=30).stdout
         assert len(out.splitlines()) == 16, out
+
+
+# ---- `rtd xmpp user import` ----
+
+def test_user_import_adds_each_line_and_names_the_refused():
+    """One account a line, the password the rest of it (spaces kept); blank lines and #
+    comments skipped; a bad address, a line without a password and an existing account are
+    each named by line number (never with the password) while the other lines go in."""
+    d = tempfile.mkdtemp(prefix="rtd-import-")
+    lines = ["# accounts from the old server", "", "imp1@localhost secret one",
+             "bad@@x pw-of-bad", "nopw@localhost", "Imp2@LocalHost\tp2", "imp1@localhost again"]
+    p = subprocess.run([RTD, "xmpp", "user", "import", "-I", "4096", "-d", d],
+                       input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p
+    assert "stdin:4: bad@@x:" in p.stderr and "pw-of-bad" not in p.stderr, p.stderr
+    assert "stdin:5: nopw@localhost: no password" in p.stderr, p.stderr
+    assert "stdin:7: imp1@localhost: imp1@localhost exists" in p.stderr, p.stderr
+    assert "imported 2 accounts, 3 lines refused" in p.stderr, p.stderr
+    out = subprocess.run([RTD, "xmpp", "user", "list", "-d", d], check=True,
+                         capture_output=True, text=True, timeout=30).stdout
+    assert sorted(l.split("\t")[0] for l in out.splitlines()) == ["imp1@localhost",
+                                                                   "imp2@localhost"], out
+    # The passwords are what the lines said: a login with each, on an rtd serving the file.
+    port = free_port()
+    server = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, listeners = {{ "127.0.0.1:{port}" }} }}',
+                 data_dir=d)
+    try:
+        for user, pw in (("imp1", "secret one"), ("imp2", "p2")):
+            r = X.Raw(port)
+            assert r.login(user, pw, resource="imp") == f"{user}@localhost/imp"
+            r.close()
+    finally:
+        code, log = server.stop()
+    assert code == 0, log[-2000:]

@@ -37,8 +37,7 @@ def test_rules_route_xmpp_rows():
     with open(os.path.join(rules, "chats.lua"), "w") as f:
         f.write(RULE)
     db = os.path.join(tmp.name, "rows.db")
-    for u in ("romeo", "juliet"):
-        X.add_user(tmp.name, f"{u}@localhost", PW)
+    X.add_users(tmp.name, [(f"{u}@localhost", PW) for u in ("romeo", "juliet")])
     port = free_port()
     broker = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, listeners = {{ "127.0.0.1:{port}" }} }}',
                  f'rules_dir="{rules}"', "sinks={%s}" % sqlite_sink(db), data_dir=tmp.name)

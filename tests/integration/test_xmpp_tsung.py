@@ -32,8 +32,8 @@ def server(pki):
     """rtd with USERS accounts, each with CONTACTS mutual subscriptions, a plain listener
     (where xmpp_load.py made the rosters) and a direct TLS one (Tsung's)."""
     tmp = tempfile.TemporaryDirectory(prefix="rtd-xtsung-")
-    for i in range(1, USERS + 1):
-        X.add_user(tmp.name, f"{xmpp_tsung.USER}{i}@localhost", f"{xmpp_tsung.PASSWORD}{i}")
+    X.add_users(tmp.name, [(f"{xmpp_tsung.USER}{i}@localhost", f"{xmpp_tsung.PASSWORD}{i}")
+                           for i in range(1, USERS + 1)])
     cert, key = pki.server["ec"]
     port, tport, hport = free_port(), free_port(), free_port()
     keys = f"{tmp.name}/api_keys"

@@ -10,12 +10,13 @@ set-up time, without their system services:
 
 Two profiles. "bench" (and "bench-anon", Prosody's anonymous-only host) is what the benchmark
 compares: what rtd has too (roster, presence, offline, ping, disco), accounts stored as
-SCRAM-SHA-256 keys. "tests" is what the functional tests need and rtd serves: also carbons,
+SCRAM-SHA-256 keys ("bench-plain": ejabberd as its package ships it, passwords stored in
+clear, so that each SCRAM login derives the keys). "tests" is what the functional tests need and rtd serves: also carbons,
 stream management, blocking, vcard-temp, caps, roster versioning, an anonymous host, and
 plain stored passwords, so that both SCRAM-SHA-1 and SCRAM-SHA-256 are offered, as rtd does.
 
 Also a command, for the benchmark's shell script:
-    xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon   (writes DIR's config)
+    xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon|bench-plain   (DIR's config)
 """
 import os
 import re
@@ -54,8 +55,9 @@ def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, res
     lines += ["allow_multiple_connections: true", "registration_timeout: infinity"]
     if bench:
         # Both methods on one host: internal (SCRAM-SHA-256 keys) and SASL ANONYMOUS.
-        lines += ["auth_method: [internal, anonymous]", "anonymous_protocol: sasl_anon",
-                  "auth_password_format: scram", "auth_scram_hash: sha256"]
+        lines += ["auth_method: [internal, anonymous]", "anonymous_protocol: sasl_anon"]
+        lines += (["auth_password_format: plain"] if profile == "bench-plain" else
+                  ["auth_password_format: scram", "auth_scram_hash: sha256"])
     else:
         lines += ["auth_method: [internal]", "auth_password_format: plain"]
         if anonymous:
@@ -213,8 +215,8 @@ class Peer:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (6, 8) or sys.argv[1] != "config" or sys.argv[5] not in (
-            "bench", "bench-anon") or (len(sys.argv) == 8 and sys.argv[2] != "ejabberd"):
-        sys.exit("usage: xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon "
+            "bench", "bench-anon", "bench-plain") or (len(sys.argv) == 8 and sys.argv[2] != "ejabberd"):
+        sys.exit("usage: xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon|bench-plain "
                  "[TLS_PORT PEM (ejabberd)]")
     tls = {"tls_port": int(sys.argv[6]), "tls_pem": sys.argv[7]} if len(sys.argv) == 8 else {}
     write_config(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], **tls)

@@ -48,8 +48,7 @@ def serve(users, password, hosts=("localhost",), anonymous=(), rtd_settings="",
                                 list(anonymous), users, password, **bounds)
         server.tmp = tmp
         return server
-    for u in users:
-        X.add_user(tmp.name, f"{u}@{hosts[0]}", password)
+    X.add_users(tmp.name, [(f"{u}@{hosts[0]}", password) for u in users])
     names = {"max_offline": "max_offline_messages"}
     table = "".join(f", {names.get(k, k)} = {v}" for k, v in bounds.items())
     anon = f", anonymous = {xmpp_peer.lua_list(anonymous)}" if anonymous else ""

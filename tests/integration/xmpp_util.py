@@ -30,11 +30,17 @@ NS_ROSTER = "jabber:iq:roster"
 TIMEOUT = 10.0  # seconds any one wait may take; generous for a loaded 2-core machine
 
 
+def add_users(data_dir, accounts):
+    """Accounts, (jid, password) pairs, made offline before rtd starts by one `rtd xmpp user
+    import` (an rtd process per account made the fixtures' set-up take 20 s under ASan), with
+    few PBKDF2 rounds: the tests log in often."""
+    lines = "".join(f"{jid} {password}\n" for jid, password in accounts)
+    subprocess.run([RTD, "xmpp", "user", "import", "-I", "4096", "-d", data_dir], input=lines,
+                   text=True, check=True, capture_output=True, timeout=120)
+
+
 def add_user(data_dir, jid, password):
-    """An account made offline by `rtd xmpp user add` before rtd starts (few PBKDF2 rounds:
-    the tests log in often)."""
-    subprocess.run([RTD, "xmpp", "user", "add", "-b", "-I", "4096", "-d", data_dir, jid,
-                    password], check=True, capture_output=True, timeout=30)
+    add_users(data_dir, [(jid, password)])
 
 
 def header(to="localhost"):
