@@ -332,6 +332,7 @@ static struct {
     arena_t *spare;  /* one arena with every chunk free, kept to absorb churn */
     size_t arenas;   /* arenas mapped */
     size_t out;      /* chunks handed to thread caches and heaps */
+    _Atomic uint64_t returned; /* chunks given back, ever: read without the lock */
 } pool = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .partial = {.next = &pool.partial, .prev = &pool.partial},
@@ -454,11 +455,17 @@ static void pool_put(chunk_t **chunks, size_t n)
         unmap[nunmap++] = a;
     }
     pool.out -= n;
+    atomic_fetch_add_explicit(&pool.returned, n, memory_order_relaxed);
     pthread_mutex_unlock(&pool.lock);
     for (size_t i = 0; i < nunmap; i++) {
         RT_HEAP_ACCESS(unmap[i], RT_HEAP_ARENA_SIZE);
         munmap(unmap[i], RT_HEAP_ARENA_SIZE);
     }
+}
+
+uint64_t rt_heap_pool_returned(void)
+{
+    return atomic_load_explicit(&pool.returned, memory_order_relaxed);
 }
 
 void rt_heap_pool_stats(size_t *mapped_bytes, size_t *in_use_bytes)

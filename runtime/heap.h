@@ -248,6 +248,12 @@ void rt_heap_pool_resident(size_t *arenas, size_t *map_mapped, size_t *map_resid
 ** until those threads call rt_heap_thread_flush().
 */
 void rt_heap_pool_trim(void);
+/*
+** Chunks given back to the pool so far (it only grows), for the schedulers' idle trim: a
+** wave of heaps shrinking (sessions hibernating after a login storm) frees chunks with no
+** actor exiting.
+*/
+uint64_t rt_heap_pool_returned(void);
 
 /*
 ** Each thread keeps a small cache of free chunks (at most 64 KiB) so that the

@@ -244,6 +244,7 @@ struct rt_sched_s {
     uint64_t trim_after_ms;       /* owner only: no memory trim before this (sched.c idle_trim) */
     uint64_t trim_backoff_ms;     /* owner only: the wait after a trim that gave nothing back */
     uint64_t trim_exited;         /* owner only: actors exited when it last looked */
+    uint64_t trim_returned;       /* owner only: heap chunks returned when it last looked */
     uint8_t trim_own;             /* owner only: its own timers and caches are yet to trim */
     uint64_t trim_epoch_seen;     /* owner only: the last rt->trim_epoch it trimmed for */
 

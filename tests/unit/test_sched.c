@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 
+#include "heap.h"
 #include "rt_test.h"
 
 enum { MSG_TOKEN = RT_MSG_USER, MSG_SEQ, MSG_SPIN, MSG_WORK, MSG_GO, MSG_SLEEP };
@@ -471,6 +472,69 @@ static void test_idle_uses_no_cpu(void)
     CHECK(wait_alive(0, 10000));
 }
 
+/* ---- Heaps that shrink without exiting give their chunks back to the OS ---- */
+/*
+** 16 MiB of 512-byte objects (two a 1 KiB chunk), then all freed but one in every 32: a
+** chunk kept in every 16, so each arena stays in use (nothing is unmapped as a whole) while
+** three pages in four hold only free chunks, which only a trim gives back.
+*/
+enum { SHRINK_OBJS = 32768, SHRINK_OBJ_BYTES = 512, SHRINK_KEEP_EVERY = 32 };
+
+static atomic_long shrunk; /* the shrinker freed what it meant to */
+
+static void shrinker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)state;
+    (void)m;
+    void **objs = malloc(SHRINK_OBJS * sizeof(*objs));
+    CHECK(objs != NULL);
+    for (int i = 0; objs && i < SHRINK_OBJS; i++)
+        CHECK((objs[i] = rt_alloc(self, SHRINK_OBJ_BYTES, RT_OBJ_LEAF)) != NULL);
+    for (int i = 0; objs && i < SHRINK_OBJS; i++)
+        if (i % SHRINK_KEEP_EVERY)
+            rt_free(self, objs[i]);
+    free(objs);
+    atomic_store(&shrunk, 1);
+}
+
+static const rt_actor_type_t shrinker_type = {
+    .name = "shrinker", .state_size = 8, .handle = shrinker_handle};
+
+static size_t pool_resident(void)
+{
+    size_t arenas, map_mapped, map_resident;
+    rt_heap_pool_resident(&arenas, &map_mapped, &map_resident);
+    return arenas;
+}
+
+/*
+** Sessions hibernating after a login storm free most of their heaps' chunks with no actor
+** exiting; the idle trim (sched.c) must give those pages back too. It now starts on chunks
+** coming back as on exits; before, only its periodic retry (1 s doubling to 64 s, reset by
+** exits alone) found them, and 19,000 idle XMPP sessions kept 41 MB of free chunks resident
+** for a minute or more, which this run on a fresh runtime cannot tell apart. The bound is
+** the trim's own: quiet for RT_TRIM_QUIET_MS, then one trim; 10 s turns none into a failure.
+*/
+static void test_shrunk_heaps_trimmed(void)
+{
+    rt_pid_t p;
+    CHECK_EQ(rt_spawn(&shrinker_type, NULL, &p), 0);
+    rt_send(p, MSG_GO, NULL, 0);
+    CHECK(wait_at_least(&shrunk, 1, 10000));
+    size_t peak = pool_resident(), now = peak;
+    uint64_t deadline = test_now_ms() + 10000;
+    while (now > peak / 2 && test_now_ms() < deadline) {
+        test_sleep_ms(10);
+        now = pool_resident();
+    }
+    fprintf(stderr, "  chunk pool resident: %zu KiB once shrunk, %zu KiB after the trim\n",
+            peak >> 10, now >> 10);
+    CHECK(peak >= (size_t)SHRINK_OBJS * SHRINK_OBJ_BYTES / 2); /* the free pages were resident */
+    CHECK(now <= peak / 2); /* three pages in four hold no live chunk */
+    rt_exit_signal(p, RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+}
+
 /* ---- rt_yield: a yielding actor lets the others on its scheduler run between its messages ---- */
 enum { YIELD_N = 50 }; /* < RT_BATCH_DEFAULT: without yielding, one turn takes them all */
 
@@ -587,6 +651,7 @@ static void test_yield(void)
 int main(void)
 {
     test_start(2);
+    RUN(test_shrunk_heaps_trimmed);
     RUN(test_ring_one_token);
     RUN(test_ring_many_tokens);
     RUN(test_concurrent_senders_migration);
