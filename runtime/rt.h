@@ -381,7 +381,7 @@ const char *rt_tcp_listen_strerror(int rc);
 ** sockets must not take the last ones (so that the admin socket and HTTP still accept)
 ** closes such an fd at once.
 */
-long rt_fd_limit(void); /* RLIMIT_NOFILE's soft limit now (LONG_MAX: none) */
+long rt_fd_limit(void); /* RLIMIT_NOFILE's soft limit, read at most once a second (LONG_MAX: none) */
 bool rt_fd_in_reserve(int fd, long reserve);
 /* Accepts one pending connection: 0 with *fd set, RT_EAGAIN when none is waiting. */
 int rt_sock_accept(rt_sock_t *listener, int *fd);
@@ -390,7 +390,10 @@ int rt_sock_accept(rt_sock_t *listener, int *fd);
 ** socket whose path and mode the caller set up, say); accept with rt_sock_accept.
 */
 int rt_sock_adopt_listener(rt_actor_t *self, int fd, rt_sock_t **out);
-/* Takes ownership of a connected socket fd (non-blocking and TCP_NODELAY are set). */
+/*
+** Takes ownership of a connected, non-blocking socket fd (rt_sock_accept's are; one handed
+** from another actor's rt_sock_detach is) and sets TCP_NODELAY.
+*/
 int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out);
 /*
 ** Reads what is available into the scheduler's scratch buffer: 0 with *data and

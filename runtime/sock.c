@@ -390,13 +390,23 @@ int rt_sock_accept(rt_sock_t *l, int *fd)
     }
 }
 
+/* Asked on every accept: a syscall each (prlimit64), a measurable share of a short login. */
 long rt_fd_limit(void)
 {
+    static _Atomic long limit;
+    static _Atomic uint64_t read_ms;
+    uint64_t now = rt_mono_ms();
+    long l = atomic_load_explicit(&limit, memory_order_relaxed);
+    if (l && now - atomic_load_explicit(&read_ms, memory_order_relaxed) < 1000)
+        return l;
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
-        rl.rlim_cur > LONG_MAX)
-        return LONG_MAX;
-    return (long)rl.rlim_cur;
+    l = getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+                rl.rlim_cur > LONG_MAX
+            ? LONG_MAX
+            : (long)rl.rlim_cur;
+    atomic_store_explicit(&limit, l, memory_order_relaxed);
+    atomic_store_explicit(&read_ms, now, memory_order_relaxed);
+    return l;
 }
 
 bool rt_fd_in_reserve(int fd, long reserve)
@@ -414,9 +424,8 @@ int rt_sock_adopt_listener(rt_actor_t *self, int fd, rt_sock_t **out)
 
 int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out)
 {
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-        return RT_EINVAL;
+    /* Two fcntl calls a connection saved: every caller's fd is non-blocking already. */
+    RT_ASSERT(fcntl(fd, F_GETFL) & O_NONBLOCK);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return attach(self, fd, false, out);
@@ -593,8 +602,8 @@ int rt_sock_local_port(const rt_sock_t *s)
     return -1;
 }
 
-/* Takes s out of its owner's list and the epoll set; the caller decides about the fd. */
-static void unlink_sock(rt_sock_t *s)
+/* Takes s out of its owner's list and the epoll set; closing: the caller closes the fd next. */
+static void unlink_sock(rt_sock_t *s, bool closing)
 {
     rt_actor_t *a = s->owner;
     for (rt_sock_t **pp = &a->socks; *pp; pp = &(*pp)->next) {
@@ -604,7 +613,10 @@ static void unlink_sock(rt_sock_t *s)
         }
     }
     if (s->registered) {
-        epoll_ctl(rt__rt->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+        /* Closing the fd drops it from the epoll set (no socket of ours is dup'ed or
+           inherited: accept4 gives them CLOEXEC), so only a socket handed on pays the call. */
+        if (!closing)
+            epoll_ctl(rt__rt->epfd, EPOLL_CTL_DEL, s->fd, NULL);
         atomic_store_explicit(&rt__rt->by_fd[s->fd], NULL, memory_order_release);
     }
     out_free(s->out);
@@ -625,7 +637,7 @@ void rt_sock_close(rt_sock_t *s)
     if (s->out && !LOAD(s->blocked) && !s->broken)
         flush(s);
     int fd = s->fd;
-    unlink_sock(s);
+    unlink_sock(s, true);
     close(fd);
 }
 
@@ -640,7 +652,7 @@ void rt_sock_close_lingering(rt_sock_t *s)
     if (s->out && !LOAD(s->blocked))
         flush(s);
     int fd = s->fd;
-    unlink_sock(s);
+    unlink_sock(s, false); /* the fd stays open a while: out of the set now */
     rt__fd_linger(fd);
 }
 
@@ -653,7 +665,7 @@ int rt_sock_detach(rt_sock_t *s)
     if (s->out && (s->broken || LOAD(s->blocked) || flush(s) != 0))
         return RT_EAGAIN;
     int fd = s->fd;
-    unlink_sock(s);
+    unlink_sock(s, false);
     return fd;
 }
 
