@@ -1,5 +1,6 @@
 /* Sockets: listen/accept/read/write owned by actors, many clients, write backpressure. */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -391,7 +392,8 @@ static int tcp_pair(int *a, int *b)
         getsockname(l, (struct sockaddr *)&sa, &sl))
         return -1;
     *a = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(*a, (struct sockaddr *)&sa, sizeof(sa)))
+    if (connect(*a, (struct sockaddr *)&sa, sizeof(sa)) ||
+        fcntl(*a, F_SETFL, O_NONBLOCK)) /* a goes to rt_sock_adopt, which takes non-blocking fds */
         return -1;
     *b = accept(l, NULL, NULL);
     close(l);

@@ -9,6 +9,7 @@
 ** memory and the pre-auth budget the transports took are all given back at the end.
 */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +281,7 @@ static int connect_owner(unsigned listener)
 {
     int sv[2];
     CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    CHECK_EQ(fcntl(sv[1], F_SETFL, O_NONBLOCK), 0); /* the owner's end: rt_sock_adopt's kind */
     struct timeval tv = {.tv_sec = 10};
     setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     owner_arg_t a = {.fd = sv[1], .listener = listener};
