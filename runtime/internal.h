@@ -227,6 +227,8 @@ typedef struct rt_timer_handoff_s {
     rt_timer_node_t node;
 } rt_timer_handoff_t;
 
+#define RT_PRIORITY_LANES 2 /* a run queue lane per rt_priority_t */
+
 /* What a scheduler is doing about its next piece of work (rt_sched_t.sleeping). */
 #define RT_SLEEP_AWAKE 0 /* running, or about to look at its queues again */
 #define RT_SLEEP_DEEP 1  /* parked on its own wake_fd: woken by a write there */

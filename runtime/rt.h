@@ -303,7 +303,6 @@ void rt_yield(rt_actor_t *self);
 ** blocking type have one lane and ignore it.
 */
 typedef enum { RT_PRIORITY_NORMAL, RT_PRIORITY_LOW } rt_priority_t;
-#define RT_PRIORITY_LANES 2
 #define RT_LOW_EVERY 8 /* normal turns in a row, while low actors wait, before a low one runs */
 void rt_set_priority(rt_actor_t *self, rt_priority_t prio);
 /* Microseconds the calling actor's current turn has run so far (from handle). */
