@@ -37,11 +37,24 @@ static void ring_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 static const rt_actor_type_t ring_type = {
     .name = "ring", .state_size = sizeof(ring_state_t), .handle = ring_handle};
 
-static void run_ring(int n, int tokens, long hops_each)
+static int ring_low_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)state, (void)arg;
+    rt_set_priority(self, RT_PRIORITY_LOW);
+    return 0;
+}
+
+static const rt_actor_type_t ring_low_type = {.name = "ring_low",
+                                              .state_size = sizeof(ring_state_t),
+                                              .init = ring_low_init,
+                                              .handle = ring_handle};
+
+/* mixed: every other actor is low, so both lanes fill, are stolen from and drain. */
+static void run_ring(int n, int tokens, long hops_each, bool mixed)
 {
     rt_pid_t *pids = calloc((size_t)n, sizeof(rt_pid_t));
     for (int i = 0; i < n; i++)
-        CHECK_EQ(rt_spawn(&ring_type, NULL, &pids[i]), 0);
+        CHECK_EQ(rt_spawn(mixed && i % 2 ? &ring_low_type : &ring_type, NULL, &pids[i]), 0);
     for (int i = 0; i < n; i++)
         rt_send(pids[i], MSG_GO, &pids[(i + 1) % n], sizeof(rt_pid_t));
     atomic_store(&ring_done, 0);
@@ -58,12 +71,17 @@ static void run_ring(int n, int tokens, long hops_each)
 
 static void test_ring_one_token(void)
 {
-    run_ring(1000, 1, check_scale(200000));
+    run_ring(1000, 1, check_scale(200000), false);
 }
 
 static void test_ring_many_tokens(void)
 {
-    run_ring(1000, 1000, check_scale(1000));
+    run_ring(1000, 1000, check_scale(1000), false);
+}
+
+static void test_ring_mixed_priorities(void)
+{
+    run_ring(1000, 1000, check_scale(1000), true);
 }
 
 /* ---- Eight threads sending to one actor while it moves between schedulers ---- */
@@ -836,6 +854,7 @@ int main(void)
     RUN(test_shrunk_heaps_trimmed);
     RUN(test_ring_one_token);
     RUN(test_ring_many_tokens);
+    RUN(test_ring_mixed_priorities);
     RUN(test_concurrent_senders_migration);
     RUN(test_backpressure);
     RUN(test_pressured_sender_muted);
