@@ -912,6 +912,15 @@ void rt_yield(rt_actor_t *self)
     self->yielded = 1;
 }
 
+void rt_set_priority(rt_actor_t *self, rt_priority_t prio)
+{
+    RT_ASSERT(self == rt__tls.current);
+    if (prio == RT_PRIORITY_LOW)
+        atomic_fetch_or_explicit(&self->sync_flags, RT_AF_LOW, memory_order_relaxed);
+    else
+        atomic_fetch_and_explicit(&self->sync_flags, ~RT_AF_LOW, memory_order_relaxed);
+}
+
 uint64_t rt_turn_us(const rt_actor_t *self)
 {
     RT_ASSERT(self == rt__tls.current);

@@ -135,6 +135,7 @@ typedef struct rt_rel_s {
 #define RT_AF_DEAD 4u       /* exited; sends are dead letters */
 #define RT_AF_SHEDDING 8u   /* refuses optional messages (rt_shed) */
 #define RT_AF_HOLD 16u      /* holds its senders back for memory (rt_hold_senders) */
+#define RT_AF_LOW 32u       /* low priority (rt_set_priority): queued in the low lane */
 /* Either kind of backpressure: senders are parked, and it handles only its own events. */
 #define RT_AF_BACKPRESSURE (RT_AF_PRESSURE | RT_AF_HOLD)
 
@@ -226,6 +227,8 @@ typedef struct rt_timer_handoff_s {
     rt_timer_node_t node;
 } rt_timer_handoff_t;
 
+#define RT_PRIORITY_LANES 2 /* a run queue lane per rt_priority_t */
+
 /* What a scheduler is doing about its next piece of work (rt_sched_t.sleeping). */
 #define RT_SLEEP_AWAKE 0 /* running, or about to look at its queues again */
 #define RT_SLEEP_DEEP 1  /* parked on its own wake_fd: woken by a write there */
@@ -238,6 +241,7 @@ struct rt_sched_s {
     rt_ebr_thread_t *ebr;
     rt_actor_t *runnext;          /* owner only: the actor this thread just woke */
     unsigned runnext_streak;
+    unsigned low_passed;          /* owner only: normal turns in a row while low actors waited */
     unsigned char *scratch;       /* socket read buffer of the actors running here */
     rt_timer_heap_t timers;       /* owner only */
     uint64_t timer_due_ns;        /* owner only: the earliest timer in the heap, 0 if none */
@@ -249,8 +253,10 @@ struct rt_sched_s {
     uint64_t trim_epoch_seen;     /* owner only: the last rt->trim_epoch it trimmed for */
 
     _Alignas(RT_CACHE_LINE) rt_spinlock_t qlock;
-    rt_actor_t *qhead, *qtail;    /* qlock */
-    atomic_size_t qlen;
+    rt_actor_t *qhead[RT_PRIORITY_LANES]; /* qlock: a FIFO per rt_priority_t */
+    rt_actor_t *qtail[RT_PRIORITY_LANES]; /* qlock */
+    atomic_size_t qlen;           /* actors queued in both lanes: what work and sleep go by */
+    atomic_size_t qlen_low;       /* of which in the low lane */
     atomic_int sleeping;          /* RT_SLEEP_*: set by the owner, taken back by a waker */
     atomic_bool stopping;
     rt_timer_handoff_t *_Atomic timer_inbox; /* timers handed over by other threads */

@@ -291,6 +291,20 @@ void rt_consume(rt_actor_t *self, uint32_t n);
 ** when rt_turn_us passes its own budget. Call from handle only.
 */
 void rt_yield(rt_actor_t *self);
+/*
+** Priority, two levels (BEAM's normal and low). A low actor waits behind the
+** normal ones queued on its scheduler, and never takes the runnext slot, so a
+** crowd of background work does not delay the latency-bound actors. It is not
+** starved: once RT_LOW_EVERY normal turns in a row have run while low actors
+** waited, one low actor gets the next turn. For work whose latency matters less
+** than its neighbours' (a connection logging in or tearing down, beside ones in
+** session). Takes effect the next time the actor is queued; every actor starts
+** normal. Call from the actor's own callbacks (init included). Actors of a
+** blocking type have one lane and ignore it.
+*/
+typedef enum { RT_PRIORITY_NORMAL, RT_PRIORITY_LOW } rt_priority_t;
+#define RT_LOW_EVERY 8 /* normal turns in a row, while low actors wait, before a low one runs */
+void rt_set_priority(rt_actor_t *self, rt_priority_t prio);
 /* Microseconds the calling actor's current turn has run so far (from handle). */
 uint64_t rt_turn_us(const rt_actor_t *self);
 /*
@@ -636,7 +650,7 @@ typedef struct rt_sched_info_s {
     bool blocking_pool;
     uint64_t busy_ns;  /* cumulative; utilisation is d(busy)/d(wall) */
     uint64_t wall_ns;  /* since the scheduler started */
-    uint64_t run_queue;
+    uint64_t run_queue; /* actors queued, both priority lanes */
     uint64_t turns;
     uint64_t steals;
 } rt_sched_info_t;

@@ -8,6 +8,12 @@
 ** queue's tail. An actor that used its whole batch goes to the tail. An idle
 ** scheduler steals half of a peer's queue.
 **
+** Priority (BEAM's low processes): the queue has two lanes, normal and low. A
+** low actor never takes runnext and runs when no normal one is queued, or after
+** RT_LOW_EVERY normal turns in a row while it waited, so logins and teardowns
+** by the thousand queue behind a chat's hops without being starved by them.
+** qlen counts both lanes, so sleep, wake-ups and stats see all queued work.
+**
 ** Sleep (Go's netpoller, in small): a scheduler with nothing to run or steal
 ** becomes the poller if nobody is, and sleeps in epoll_wait on the socket set
 ** (whose kick_fd wakes it for other work); otherwise it sleeps on its own
@@ -52,15 +58,49 @@ rt_runtime_t *rt__rt;
 
 /* ---- Run queues ---- */
 
+static rt_priority_t lane_of(const rt_actor_t *a)
+{
+    return atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_LOW
+               ? RT_PRIORITY_LOW
+               : RT_PRIORITY_NORMAL;
+}
+
+/* Queues a at the tail of its lane; qlock held. */
 static void q_append(rt_sched_t *s, rt_actor_t *a)
 {
+    rt_priority_t l = lane_of(a);
     a->runq_next = NULL;
-    if (s->qtail)
-        s->qtail->runq_next = a;
+    if (s->qtail[l])
+        s->qtail[l]->runq_next = a;
     else
-        s->qhead = a;
-    s->qtail = a;
+        s->qhead[l] = a;
+    s->qtail[l] = a;
+    if (l == RT_PRIORITY_LOW)
+        atomic_fetch_add_explicit(&s->qlen_low, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->qlen, 1, memory_order_seq_cst);
+}
+
+/* Takes the head of lane l, NULL if it is empty; qlock held. */
+static rt_actor_t *q_take(rt_sched_t *s, rt_priority_t l)
+{
+    rt_actor_t *a = s->qhead[l];
+    if (!a)
+        return NULL;
+    s->qhead[l] = a->runq_next;
+    if (!s->qhead[l])
+        s->qtail[l] = NULL;
+    a->runq_next = NULL;
+    if (l == RT_PRIORITY_LOW)
+        atomic_fetch_sub_explicit(&s->qlen_low, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->qlen, 1, memory_order_relaxed);
+    return a;
+}
+
+/* The head of lane first, else of the other lane; qlock held. */
+static rt_actor_t *q_take_either(rt_sched_t *s, rt_priority_t first)
+{
+    rt_actor_t *a = q_take(s, first);
+    return a ? a : q_take(s, first == RT_PRIORITY_LOW ? RT_PRIORITY_NORMAL : RT_PRIORITY_LOW);
 }
 
 static void bell(int fd)
@@ -131,24 +171,18 @@ static void push_next(rt_sched_t *s, rt_actor_t *a)
         push_tail(s, old);
 }
 
-static rt_actor_t *q_pop(rt_sched_t *s)
+static rt_actor_t *q_pop(rt_sched_t *s, rt_priority_t first)
 {
     if (!atomic_load_explicit(&s->qlen, memory_order_relaxed))
         return NULL;
     rt__spin_lock(&s->qlock);
-    rt_actor_t *a = s->qhead;
-    if (a) {
-        s->qhead = a->runq_next;
-        if (!s->qhead)
-            s->qtail = NULL;
-        a->runq_next = NULL;
-        atomic_fetch_sub_explicit(&s->qlen, 1, memory_order_relaxed);
-    }
+    rt_actor_t *a = q_take_either(s, first);
     rt__spin_unlock(&s->qlock);
     return a;
 }
 
-static rt_actor_t *next_local(rt_sched_t *s)
+/* runnext, or the queue's normal lane, or its low lane; see "Priority" above. */
+static rt_actor_t *pick_normal(rt_sched_t *s)
 {
     rt_actor_t *a = s->runnext;
     if (a) {
@@ -162,7 +196,20 @@ static rt_actor_t *next_local(rt_sched_t *s)
         push_tail(s, a);
     }
     s->runnext_streak = 0;
-    return q_pop(s);
+    return q_pop(s, RT_PRIORITY_NORMAL);
+}
+
+static rt_actor_t *next_local(rt_sched_t *s)
+{
+    bool low_waits = atomic_load_explicit(&s->qlen_low, memory_order_relaxed);
+    /* A low actor's turn comes after RT_LOW_EVERY normal ones; runnext keeps its actor. */
+    rt_actor_t *a =
+        low_waits && s->low_passed >= RT_LOW_EVERY ? q_pop(s, RT_PRIORITY_LOW) : pick_normal(s);
+    if (a && lane_of(a) == RT_PRIORITY_NORMAL && low_waits)
+        s->low_passed++;
+    else
+        s->low_passed = 0;
+    return a;
 }
 
 /* Takes up to half of a peer's queue; returns one to run, queues the rest here. */
@@ -175,15 +222,11 @@ static rt_actor_t *steal(rt_sched_t *s)
         if (!len)
             continue;
         size_t want = (len + 1) / 2;
-        rt_actor_t *got = NULL, *got_tail = NULL;
+        rt_actor_t *got = NULL, *got_tail = NULL, *a;
         size_t n = 0;
         rt__spin_lock(&v->qlock);
-        while (v->qhead && n < want) {
-            rt_actor_t *a = v->qhead;
-            v->qhead = a->runq_next;
-            if (!v->qhead)
-                v->qtail = NULL;
-            a->runq_next = NULL;
+        /* Normal actors first: the thief runs them sooner than their own scheduler would. */
+        while (n < want && (a = q_take_either(v, RT_PRIORITY_NORMAL))) {
             if (got_tail)
                 got_tail->runq_next = a;
             else
@@ -191,8 +234,6 @@ static rt_actor_t *steal(rt_sched_t *s)
             got_tail = a;
             n++;
         }
-        if (n)
-            atomic_fetch_sub_explicit(&v->qlen, n, memory_order_relaxed);
         rt__spin_unlock(&v->qlock);
         if (!got)
             continue;
@@ -237,7 +278,7 @@ static void place(rt_actor_t *a, bool woken)
     if (!target)
         target =
             &rt->sched[atomic_fetch_add_explicit(&rt->rr, 1, memory_order_relaxed) % rt->nsched];
-    if (target == me && woken)
+    if (target == me && woken && lane_of(a) == RT_PRIORITY_NORMAL)
         push_next(me, a);
     else
         push_tail(target, a);

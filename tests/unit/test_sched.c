@@ -1,5 +1,6 @@
 /* Schedulers: rings, migration under concurrent senders, backpressure, blocking pool, idling,
-   rt_yield. */
+   rt_yield, priorities. */
+#include <limits.h>
 #include <pthread.h>
 #include <sys/resource.h>
 
@@ -36,11 +37,24 @@ static void ring_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 static const rt_actor_type_t ring_type = {
     .name = "ring", .state_size = sizeof(ring_state_t), .handle = ring_handle};
 
-static void run_ring(int n, int tokens, long hops_each)
+static int ring_low_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)state, (void)arg;
+    rt_set_priority(self, RT_PRIORITY_LOW);
+    return 0;
+}
+
+static const rt_actor_type_t ring_low_type = {.name = "ring_low",
+                                              .state_size = sizeof(ring_state_t),
+                                              .init = ring_low_init,
+                                              .handle = ring_handle};
+
+/* mixed: every other actor is low, so both lanes fill, are stolen from and drain. */
+static void run_ring(int n, int tokens, long hops_each, bool mixed)
 {
     rt_pid_t *pids = calloc((size_t)n, sizeof(rt_pid_t));
     for (int i = 0; i < n; i++)
-        CHECK_EQ(rt_spawn(&ring_type, NULL, &pids[i]), 0);
+        CHECK_EQ(rt_spawn(mixed && i % 2 ? &ring_low_type : &ring_type, NULL, &pids[i]), 0);
     for (int i = 0; i < n; i++)
         rt_send(pids[i], MSG_GO, &pids[(i + 1) % n], sizeof(rt_pid_t));
     atomic_store(&ring_done, 0);
@@ -57,12 +71,17 @@ static void run_ring(int n, int tokens, long hops_each)
 
 static void test_ring_one_token(void)
 {
-    run_ring(1000, 1, check_scale(200000));
+    run_ring(1000, 1, check_scale(200000), false);
 }
 
 static void test_ring_many_tokens(void)
 {
-    run_ring(1000, 1000, check_scale(1000));
+    run_ring(1000, 1000, check_scale(1000), false);
+}
+
+static void test_ring_mixed_priorities(void)
+{
+    run_ring(1000, 1000, check_scale(1000), true);
 }
 
 /* ---- Eight threads sending to one actor while it moves between schedulers ---- */
@@ -650,12 +669,192 @@ static void test_yield(void)
     run_yield(false);
 }
 
+/* ---- Priorities ---- */
+/*
+** One scheduler, so that turns follow one another in an exact order and counting them
+** says what ran before what. Every actor here handles one message a turn: it sends
+** itself the next and yields, so it is queued again at its lane's tail.
+*/
+static atomic_bool prio_stop;
+static atomic_long spin_turns[2]; /* turns of the spinners, by rt_priority_t */
+
+static int spinner_init(rt_actor_t *self, void *state, void *arg)
+{
+    rt_priority_t prio = *(const rt_priority_t *)arg;
+    *(rt_priority_t *)state = prio;
+    rt_set_priority(self, prio);
+    return 0;
+}
+
+static void spinner_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)m;
+    atomic_fetch_add(&spin_turns[*(rt_priority_t *)state], 1);
+    if (atomic_load(&prio_stop))
+        return;
+    rt_send(rt_self(self), MSG_SPIN, NULL, 0);
+    rt_yield(self);
+}
+
+static const rt_actor_type_t spinner_type = {.name = "spinner",
+                                             .state_size = sizeof(rt_priority_t),
+                                             .init = spinner_init,
+                                             .handle = spinner_handle};
+
+static rt_pid_t *spawn_spinners(int n, rt_priority_t prio)
+{
+    rt_pid_t *pids = calloc((size_t)n, sizeof(rt_pid_t));
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ(rt_spawn(&spinner_type, &prio, &pids[i]), 0);
+        rt_send(pids[i], MSG_SPIN, NULL, 0);
+    }
+    return pids;
+}
+
+static void stop_all(rt_pid_t *pids, int n)
+{
+    atomic_store(&prio_stop, true);
+    for (int i = 0; i < n; i++)
+        rt_exit_signal(pids[i], RT_REASON_KILL);
+    CHECK(wait_alive(0, 10000));
+    free(pids);
+    atomic_store(&prio_stop, false);
+}
+
+static atomic_long probe_at; /* spinner turns (both lanes) when the probe ran; -1 before */
+
+static long spin_total(void)
+{
+    return atomic_load(&spin_turns[RT_PRIORITY_LOW]) + atomic_load(&spin_turns[RT_PRIORITY_NORMAL]);
+}
+
+static void probe_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self, (void)state, (void)m;
+    atomic_store(&probe_at, spin_total());
+}
+
+static const rt_actor_type_t probe_type = {
+    .name = "probe", .state_size = 8, .handle = probe_handle};
+
+/*
+** PRIO_CROWD spinners are runnable all the time, and a normal actor gets a message. Once it
+** is queued, the turn running then is the only one before it when the crowd is low: normal
+** goes first. The control, a crowd of normal actors, shows the check can fail: the message
+** waits for the turns of the crowd queued ahead of it.
+*/
+#define PRIO_CROWD 200
+
+/* The crowd's turns that ran between the probe's message being queued and its turn. */
+static long probe_wait(rt_priority_t crowd_prio)
+{
+    atomic_store(&spin_turns[RT_PRIORITY_LOW], 0);
+    atomic_store(&spin_turns[RT_PRIORITY_NORMAL], 0);
+    atomic_store(&probe_at, -1);
+    rt_pid_t *pids = spawn_spinners(PRIO_CROWD, crowd_prio);
+    CHECK(wait_at_least(&spin_turns[crowd_prio], 4 * PRIO_CROWD, 10000)); /* all of them spin */
+    rt_pid_t probe;
+    CHECK_EQ(rt_spawn(&probe_type, NULL, &probe), 0);
+    rt_send(probe, MSG_GO, NULL, 0);
+    long queued = spin_total();
+    uint64_t end = test_now_ms() + 10000;
+    while (atomic_load(&probe_at) < 0 && test_now_ms() < end)
+        test_sleep_ms(1);
+    CHECK(atomic_load(&probe_at) >= 0);
+    rt_exit_signal(probe, RT_REASON_KILL);
+    stop_all(pids, PRIO_CROWD);
+    return atomic_load(&probe_at) - queued;
+}
+
+static void test_priority_normal_first(void)
+{
+    long low = probe_wait(RT_PRIORITY_LOW);
+    long normal = probe_wait(RT_PRIORITY_NORMAL);
+    fprintf(stderr,
+            "  a normal actor's message waited %ld turns of %d low actors, %ld of %d normal\n", low,
+            PRIO_CROWD, normal, PRIO_CROWD);
+    CHECK(low <= 1);
+    CHECK(normal >= PRIO_CROWD / 2);
+}
+
+/*
+** Normal spinners keep the normal lane full; one turn of a normal actor then queues
+** PRIO_LOWS low actors a message each. All of them run, one after every RT_LOW_EVERY normal
+** turns, and no sooner: normal turns go first, low ones are not starved.
+*/
+#define PRIO_SPINNERS 4
+#define PRIO_LOWS 50
+
+static atomic_long low_done;    /* low actors that ran */
+static atomic_long gap_min;     /* fewest normal turns between two low ones (or the first) */
+static atomic_long gap_max;     /* most */
+static atomic_long last_normal; /* spinner turns at the latest low turn, or at the queueing */
+
+static int low_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)state, (void)arg;
+    rt_set_priority(self, RT_PRIORITY_LOW);
+    return 0;
+}
+
+static void low_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self, (void)state, (void)m;
+    long now = atomic_load(&spin_turns[RT_PRIORITY_NORMAL]);
+    long gap = now - atomic_exchange(&last_normal, now);
+    if (gap < atomic_load(&gap_min))
+        atomic_store(&gap_min, gap);
+    if (gap > atomic_load(&gap_max))
+        atomic_store(&gap_max, gap);
+    atomic_fetch_add(&low_done, 1);
+}
+
+static const rt_actor_type_t low_type = {
+    .name = "low", .state_size = 8, .init = low_init, .handle = low_handle};
+
+static void queue_lows_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self, (void)state;
+    atomic_store(&last_normal, atomic_load(&spin_turns[RT_PRIORITY_NORMAL]));
+    const rt_pid_t *lows = (const rt_pid_t *)(const void *)m->data;
+    for (size_t i = 0; i < m->len / sizeof(rt_pid_t); i++)
+        rt_send(lows[i], MSG_WORK, NULL, 0);
+}
+
+static const rt_actor_type_t queue_lows_type = {
+    .name = "queue_lows", .state_size = 8, .handle = queue_lows_handle};
+
+static void test_priority_low_not_starved(void)
+{
+    atomic_store(&spin_turns[RT_PRIORITY_NORMAL], 0);
+    atomic_store(&low_done, 0);
+    atomic_store(&gap_min, LONG_MAX);
+    atomic_store(&gap_max, 0);
+    rt_pid_t *pids = spawn_spinners(PRIO_SPINNERS, RT_PRIORITY_NORMAL);
+    CHECK(wait_at_least(&spin_turns[RT_PRIORITY_NORMAL], 4 * PRIO_SPINNERS, 10000));
+    rt_pid_t lows[PRIO_LOWS], q;
+    for (int i = 0; i < PRIO_LOWS; i++)
+        CHECK_EQ(rt_spawn(&low_type, NULL, &lows[i]), 0);
+    CHECK_EQ(rt_spawn(&queue_lows_type, NULL, &q), 0);
+    rt_send(q, MSG_GO, lows, sizeof(lows));
+    CHECK(wait_at_least(&low_done, PRIO_LOWS, 10000));
+    fprintf(stderr, "  %d low actors ran %ld to %ld normal turns apart (RT_LOW_EVERY %d)\n",
+            PRIO_LOWS, atomic_load(&gap_min), atomic_load(&gap_max), RT_LOW_EVERY);
+    CHECK(atomic_load(&gap_min) >= 1);
+    CHECK(atomic_load(&gap_max) <= RT_LOW_EVERY);
+    for (int i = 0; i < PRIO_LOWS; i++)
+        rt_exit_signal(lows[i], RT_REASON_KILL);
+    rt_exit_signal(q, RT_REASON_KILL);
+    stop_all(pids, PRIO_SPINNERS);
+}
+
 int main(void)
 {
     test_start(2);
     RUN(test_shrunk_heaps_trimmed);
     RUN(test_ring_one_token);
     RUN(test_ring_many_tokens);
+    RUN(test_ring_mixed_priorities);
     RUN(test_concurrent_senders_migration);
     RUN(test_backpressure);
     RUN(test_pressured_sender_muted);
@@ -667,6 +866,8 @@ int main(void)
     rt_shutdown();
     test_start(1);
     RUN(test_yield);
+    RUN(test_priority_normal_first);
+    RUN(test_priority_low_not_starved);
     rt_shutdown();
     return CHECK_SUMMARY();
 }
