@@ -89,30 +89,11 @@ void rt__c2s_close_socket(c2s_t *c)
     rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
 }
 
-/*
-** Ends the actor. A bound session's end is the costly half of a teardown (terminate tells its
-** contacts and the registry it went), background work as a login is: the session goes low
-** (rt_set_priority), so that when thousands end at once they wait behind the bound sessions'
-** traffic, and ends at its next turn, which waits in the low lane (c2s_handle). Whatever it
-** is sent meanwhile is dropped at the exit, as it would have been.
-*/
-static void end_actor(rt_actor_t *self, c2s_t *c)
-{
-    if (c->end_deferred)
-        return;
-    if (c->phase == PH_ACTIVE && rt_send(rt_self(self), C2S_MSG_END, NULL, 0) == 0) {
-        c->end_deferred = true;
-        rt_set_priority(self, RT_PRIORITY_LOW);
-        rt_yield(self);
-        return;
-    }
-    rt_exit(self, RT_REASON_NORMAL);
-}
-
 void rt__c2s_close(rt_actor_t *self, c2s_t *c)
 {
-    c->closing = true;
-    end_actor(self, c);
+    if (!c->closing)
+        c->closing = true;
+    rt_exit(self, RT_REASON_NORMAL);
 }
 
 /* ---- Input ---- */
@@ -671,10 +652,6 @@ static void on_hibernate(rt_actor_t *self, c2s_t *c)
 static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     c2s_t *c = state;
-    if (c->end_deferred) { /* the low turn end_actor waited for */
-        rt_exit(self, RT_REASON_NORMAL);
-        return;
-    }
     if (m->tag != C2S_MSG_HIBERNATE) {
         c->last_active_ms = rt_mono_ms();
         hibernate_arm(self, c, C2S_HIBERNATE_MS);
@@ -767,7 +744,7 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         lost(self, c);
     }
     if (c->closing)
-        end_actor(self, c);
+        rt_exit(self, RT_REASON_NORMAL);
 }
 
 static void c2s_turn_end(rt_actor_t *self, void *state)
@@ -833,8 +810,6 @@ static const char *c2s_tag_name(uint32_t tag)
         return "presence_to";
     case C2S_MSG_BLOCKLIST:
         return "blocklist";
-    case C2S_MSG_END:
-        return "end";
     }
     return NULL;
 }

@@ -61,7 +61,6 @@
 /* Far above the session's own tags, which grow as it learns XEPs. */
 #define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
 #define C2S_MSG_BLOCKLIST (RT_C2S_MSG_BASE + 22)      /* the blocklist, and a push (c2s_blocking.c) */
-#define C2S_MSG_END (RT_C2S_MSG_BASE + 23)            /* to itself: a low turn that ends it */
 /* Registration's (c2s_register.c), apart from the session's own tags as they grow. */
 #define C2S_MSG_ACCOUNT_GONE (RT_C2S_MSG_BASE + 0x40) /* the account was cancelled: end */
 
@@ -244,7 +243,6 @@ typedef struct c2s_s {
     bool starttls; /* the client asked: TLS starts once this feed ends */
     bool restart;  /* a stream restart (SASL success) once this feed ends */
     bool closing;
-    bool end_deferred; /* its end waits for its next turn, in the low lane (c2s.c end_actor) */
     bool dropped; /* the transport failed: the connection is lost once its input returns */
     bool available;  /* initial presence sent, not unavailable since */
     bool interested; /* asked for the roster */

@@ -262,7 +262,7 @@ static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt_free(self, c->jid);
     c->jid = full;
     c->phase = PH_ACTIVE;
-    rt_set_priority(self, RT_PRIORITY_NORMAL); /* its traffic goes before logins and ends */
+    rt_set_priority(self, RT_PRIORITY_NORMAL); /* its traffic goes before logins */
     atomic_fetch_add_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);
     rt__c2s_idle_arm(self, c);
     rt_buf_t out = {0};
