@@ -416,7 +416,11 @@ static void idle_trim(rt_sched_t *s)
     }
     size_t given_back = rt__slab_trim();
     rt_heap_pool_trim();
+#ifndef RT_SANITIZED
+    /* Under a sanitizer malloc is the sanitizer's, and glibc's arenas that malloc_trim walks
+       were never set up (ASan: a SEGV in mtrim once a heap's shrinking started trims). */
     malloc_trim(0);
+#endif
     if (given_back || !s->trim_backoff_ms)
         s->trim_backoff_ms = RT_TRIM_WAIT_MS;
     else if (s->trim_backoff_ms < RT_TRIM_MAX_WAIT_MS)
