@@ -10,7 +10,7 @@
 **
 ** Priority (BEAM's low processes): the queue has two lanes, normal and low. A
 ** low actor never takes runnext and runs when no normal one is queued, or after
-** RT_LOW_EVERY normal turns in a row while it waited, so logins and teardowns
+** RT_LOW_EVERY normal turns in a row while it waited, so logins
 ** by the thousand queue behind a chat's hops without being starved by them.
 ** qlen counts both lanes, so sleep, wake-ups and stats see all queued work.
 **
