@@ -397,8 +397,12 @@ const char *rt_tcp_listen_strerror(int rc);
 */
 long rt_fd_limit(void); /* RLIMIT_NOFILE's soft limit, read at most once a second (LONG_MAX: none) */
 bool rt_fd_in_reserve(int fd, long reserve);
-/* Accepts one pending connection: 0 with *fd set, RT_EAGAIN when none is waiting. */
-int rt_sock_accept(rt_sock_t *listener, int *fd);
+struct sockaddr_storage;
+/*
+** Accepts one pending connection: 0 with *fd set, RT_EAGAIN when none is waiting. With peer,
+** the peer's address goes there (accept gives it for free; getpeername later is a syscall).
+*/
+int rt_sock_accept(rt_sock_t *listener, int *fd, struct sockaddr_storage *peer);
 /*
 ** Takes ownership of a socket that is already bound and listening (a unix
 ** socket whose path and mode the caller set up, say); accept with rt_sock_accept.
@@ -406,7 +410,8 @@ int rt_sock_accept(rt_sock_t *listener, int *fd);
 int rt_sock_adopt_listener(rt_actor_t *self, int fd, rt_sock_t **out);
 /*
 ** Takes ownership of a connected, non-blocking socket fd (rt_sock_accept's are; one handed
-** from another actor's rt_sock_detach is) and sets TCP_NODELAY.
+** from another actor's rt_sock_detach is). TCP_NODELAY comes from the listener (our
+** listening sockets set it; Linux's accepted sockets inherit it).
 */
 int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out);
 /*

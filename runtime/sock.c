@@ -261,6 +261,16 @@ static int attach(rt_actor_t *self, int fd, bool listening, rt_sock_t **out)
 }
 
 /* socket, bind and listen for host:port: 0 with *out set, or an RT_E* code (rt.h). */
+/*
+** On the listening socket: Linux's accepted sockets inherit TCP_NODELAY from it, which saves
+** each connection a setsockopt. Fails harmlessly on a unix socket.
+*/
+static void no_delay(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
 static int tcp_bind(const char *host, int port, int backlog, int *out)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
@@ -278,6 +288,7 @@ static int tcp_bind(const char *host, int port, int backlog, int *out)
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    no_delay(fd);
     int rc = 0;
     if (bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, backlog > 0 ? backlog : 1024) < 0)
         rc = errno == EADDRINUSE      ? RT_EEXIST
@@ -369,12 +380,16 @@ int rt_tcp_listen(rt_actor_t *self, const char *host, int port, int backlog, rt_
     return rc;
 }
 
-int rt_sock_accept(rt_sock_t *l, int *fd)
+int rt_sock_accept(rt_sock_t *l, int *fd, struct sockaddr_storage *peer)
 {
     if (LOAD(l->closed) || !l->listening)
         return RT_ECLOSED;
     for (;;) {
-        int c = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        socklen_t peer_len = sizeof(*peer);
+        if (peer)
+            peer->ss_family = AF_UNSPEC; /* a unix socket's peer may have no address */
+        int c = accept4(l->fd, (struct sockaddr *)peer, peer ? &peer_len : NULL,
+                        SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (c >= 0) {
             *fd = c;
             return 0;
@@ -419,6 +434,7 @@ int rt_sock_adopt_listener(rt_actor_t *self, int fd, rt_sock_t **out)
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
         return RT_EINVAL;
+    no_delay(fd);
     return attach(self, fd, true, out);
 }
 
@@ -426,8 +442,6 @@ int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out)
 {
     /* Two fcntl calls a connection saved: every caller's fd is non-blocking already. */
     RT_ASSERT(fcntl(fd, F_GETFL) & O_NONBLOCK);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return attach(self, fd, false, out);
 }
 

@@ -145,7 +145,7 @@ static void admin_listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         return;
     for (;;) {
         int fd;
-        int rc = rt_sock_accept(l->sock, &fd);
+        int rc = rt_sock_accept(l->sock, &fd, NULL);
         if (rc == RT_EAGAIN)
             return;
         if (rc) {

@@ -103,6 +103,9 @@ typedef struct rt_auth_addr_s {
 
 /* The peer of a connected socket: 0, or RT_EINVAL (not IP, not connected). */
 int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out);
+struct sockaddr_storage;
+/* The same from an address accept gave: 0, or RT_EINVAL (not IP). */
+int rt_auth_addr_from_sockaddr(const struct sockaddr_storage *ss, rt_auth_addr_t *out);
 /* Numeric "1.2.3.4" or "2001:db8::1": 0 or RT_EINVAL. */
 int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out);
 /* The other way: "1.2.3.4" for a v4-mapped address, else IPv6 text; "?" if it does not fit. */

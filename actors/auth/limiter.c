@@ -15,23 +15,28 @@
 
 /* ---- Addresses ---- */
 
+int rt_auth_addr_from_sockaddr(const struct sockaddr_storage *ss, rt_auth_addr_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (ss->ss_family == AF_INET) {
+        out->b[10] = out->b[11] = 0xff;
+        memcpy(out->b + 12, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+        return 0;
+    }
+    if (ss->ss_family == AF_INET6) {
+        memcpy(out->b, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+        return 0;
+    }
+    return RT_EINVAL;
+}
+
 int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
     if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
         return RT_EINVAL;
-    memset(out, 0, sizeof(*out));
-    if (ss.ss_family == AF_INET) {
-        out->b[10] = out->b[11] = 0xff;
-        memcpy(out->b + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
-        return 0;
-    }
-    if (ss.ss_family == AF_INET6) {
-        memcpy(out->b, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
-        return 0;
-    }
-    return RT_EINVAL;
+    return rt_auth_addr_from_sockaddr(&ss, out);
 }
 
 int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out)

@@ -529,7 +529,7 @@ void rt_logv(rt_log_level_t level, const char *event, const char *key, const cha
     } while (w < 0 && errno == EINTR);
 }
 
-void rt_log(rt_log_level_t level, const char *event, const char *fmt, ...)
+void rt_log_emit(rt_log_level_t level, const char *event, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

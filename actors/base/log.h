@@ -77,9 +77,14 @@ const char *rt_log_level_name(rt_log_level_t level);
 
 bool rt_log_enabled(rt_log_level_t level);
 
-/* Logs one event: a short name ("client.connected") and a format as described above. */
-void rt_log(rt_log_level_t level, const char *event, const char *fmt, ...)
+/*
+** Logs one event: a short name ("client.connected") and a format as described above. A
+** macro, so that a level that is off costs its arguments nothing: a peer's address for a
+** debug line was a getpeername per login.
+*/
+void rt_log_emit(rt_log_level_t level, const char *event, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+#define rt_log(level, ...) (rt_log_enabled(level) ? rt_log_emit((level), __VA_ARGS__) : (void)0)
 /*
 ** rt_log for wrappers that add a field of their own before their callers' (the peer of a
 ** transport event): key=value first (key literal; none when key is NULL), then fmt's.

@@ -517,6 +517,14 @@ static int c2s_init(rt_actor_t *self, void *state, void *arg)
             return rc;
         c->secure = l->tls_on && !l->starttls;
     }
+    /* Whether it may authenticate in plaintext is answered now, while accept's address is in
+       hand (later it is a getpeername), unless a PROXY header or a trusted proxy's forwarded
+       address may name another peer. */
+    if (a->peer && !c->secure && !l->proxy_protocol && !l->ntrusted)
+        c->plain_from = rt_conf_net_match(rt__c2s.conf->plaintext_from,
+                                          rt__c2s.conf->nplaintext_from, a->peer->b)
+                            ? C2S_PLAIN_YES
+                            : C2S_PLAIN_NO;
     rc = rt_xml_stream_init(&c->xs, l->websocket[0] ? &rt__c2s.stream_ws : &rt__c2s.stream_tcp,
                             c);
     if (rc) {

@@ -26,9 +26,11 @@
 #define RT_C2S_ARCHIVE_NAME "xmpp_archive"
 #define RT_C2S_GROUP "xmpp_sup"
 
+struct rt_auth_addr_s;
 typedef struct rt_c2s_arg_s {
     int fd;
-    unsigned listener; /* index in rt_conf_t.xmpp.listeners */
+    unsigned listener;                 /* index in rt_conf_t.xmpp.listeners */
+    const struct rt_auth_addr_s *peer; /* the address accept gave, or NULL: not kept */
 } rt_c2s_arg_t;
 
 extern const rt_actor_type_t rt_c2s_type;

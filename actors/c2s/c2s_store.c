@@ -174,6 +174,38 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
     rt_send(m->from, C2S_MSG_STANZA, error, error_len);
 }
 
+/*
+** The requests that only read (an offline take writes only when something was kept). They
+** share one read transaction a turn, ended at the turn's end: a login's three requests were
+** three transactions, each a WAL read lock taken and dropped (two fcntl) and the file's size
+** checked (fstat), a third of a login's syscalls on the store. A turn is a bounded batch, so
+** what other connections write (the admin's account changes) is seen a batch later at most;
+** this connection's own writes end the snapshot first.
+*/
+static bool op_reads(uint32_t op)
+{
+    switch (op) {
+    case C2S_OP_CRED:
+    case C2S_OP_PLAIN:
+    case C2S_OP_EXTERNAL:
+    case C2S_OP_ROSTER_GET:
+    case C2S_OP_BLOCK_GET:
+    case C2S_OP_VCARD_GET:
+    case C2S_OP_OFFLINE_TAKE:
+    case C2S_OP_PRESENCE_INIT:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void store_turn_end(rt_actor_t *self, void *state)
+{
+    (void)self;
+    store_t *s = state;
+    rt_accounts_snapshot_end(s->accounts);
+}
+
 static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     (void)self;
@@ -182,6 +214,8 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (rt__c2s_store_req(m, &v) != 0)
         return;
     const c2s_req_t *r = v.r;
+    if (op_reads(r->op))
+        rt_accounts_snapshot(s->accounts);
     const char *host = v.host, *user = v.user;
     const uint8_t *data = v.data;
     c2s_reply_t out = {.op = r->op, .seq = r->seq};
@@ -235,15 +269,11 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_VCARD_SET:
         rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
         break;
-    case C2S_OP_PRESENCE_INIT: {
-        /* A login's three reads in one snapshot (kept messages, if any, are taken in a write
-           transaction of their own). */
-        rt_accounts_snapshot(s->accounts);
+    case C2S_OP_PRESENCE_INIT: { /* kept messages, if any, are taken in a write transaction */
         rt__c2s_store_presence_init(s->accounts, m->from, host, user);
         rt__c2s_store_block_load(s->accounts, m->from, host, user); /* before what was kept */
         take_t t = {.to = m->from, .host = host};
         rt_offline_take(s->accounts, host, user, UINT32_MAX, send_kept, &t);
-        rt_accounts_snapshot_end(s->accounts);
         break;
     }
     }
@@ -279,6 +309,7 @@ static const rt_actor_type_t store_type = {
     .handle = store_handle,
     .terminate = store_terminate,
     .dead_letter = store_dead_letter,
+    .turn_end = store_turn_end,
     .flags = RT_TYPE_BLOCKING,
 };
 

@@ -312,9 +312,10 @@ static bool rate_take_token(listener_t *l)
 ** Decides whether the socket fd just accepted may start a connection and, with
 ** a per-address limit, counts it for its address. Returns REFUSE_NONE or why not.
 */
-static int admit_socket(listener_t *l, int fd, rt_auth_addr_t *addr)
+static int admit_socket(listener_t *l, int fd, const struct sockaddr_storage *peer,
+                        rt_auth_addr_t *addr)
 {
-    bool known = rt_auth_addr_from_fd(fd, addr) == 0;
+    bool known = rt_auth_addr_from_sockaddr(peer, addr) == 0;
     if (rt_fd_in_reserve(fd, RT_LISTEN_FD_RESERVE))
         return REFUSE_FDS;
     if ((long)atomic_load(&rt_broker->stats.sockets) >= RT_LIVE(max_connections))
@@ -500,7 +501,8 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
 {
     for (int i = 0; i < RT_LISTEN_ACCEPTS_PER_TURN; i++) {
         int fd;
-        int rc = rt_sock_accept(l->sock, &fd);
+        struct sockaddr_storage peer;
+        int rc = rt_sock_accept(l->sock, &fd, &peer);
         if (rc == RT_EAGAIN)
             return;
         if (rc) {
@@ -526,14 +528,15 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
             return;
         }
         rt_auth_addr_t addr;
-        int why = admit_socket(l, fd, &addr);
+        int why = admit_socket(l, fd, &peer, &addr);
         if (why != REFUSE_NONE) {
             refuse_socket(self, l, fd, why, &addr);
             continue;
         }
         rt_pid_t pid;
         rt_conn_arg_t arg = {.fd = fd, .listener = l->index};
-        rt_c2s_arg_t xarg = {.fd = fd, .listener = (unsigned)l->xmpp};
+        bool ip = peer.ss_family == AF_INET || peer.ss_family == AF_INET6;
+        rt_c2s_arg_t xarg = {.fd = fd, .listener = (unsigned)l->xmpp, .peer = ip ? &addr : NULL};
         int src = l->xmpp >= 0 ? rt_spawn(&rt_c2s_type, &xarg, &pid)
                                : rt_spawn(&rt_conn_type, &arg, &pid);
         if (src != 0) {

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "admin.h"
@@ -756,14 +757,15 @@ static void listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         return;
     for (int i = 0; i < HTTP_ACCEPTS_PER_TURN; i++) {
         http_accept_t a = {.fd = -1};
-        if (rt_sock_accept(l->sock, &a.fd) != 0)
+        struct sockaddr_storage peer;
+        if (rt_sock_accept(l->sock, &a.fd, &peer) != 0)
             return; /* none waiting; or out of descriptors: the next event retries */
         unsigned conns = atomic_load(&H.conns);
         a.probe_only = conns >= RT_HTTP_CONNS_MAX - RT_HTTP_PROBE_SLOTS;
         bool counted = false;
         rt_pid_t pid;
         if (conns >= RT_HTTP_CONNS_MAX || rt_fd_in_reserve(a.fd, RT_HTTP_FD_RESERVE) ||
-            rt_auth_addr_from_fd(a.fd, &a.addr) != 0 || !(counted = addr_take(&a.addr)) ||
+            rt_auth_addr_from_sockaddr(&peer, &a.addr) != 0 || !(counted = addr_take(&a.addr)) ||
             rt_spawn(&http_conn_type, &a, &pid) != 0) {
             if (counted)
                 addr_give(&a.addr);

@@ -376,7 +376,8 @@ static int run(rt_accounts_t *a, int which)
 
 int rt_accounts_snapshot(rt_accounts_t *a)
 {
-    RT_ASSERT(!a->snapshot);
+    if (a->snapshot)
+        return 0;
     a->snapshot = run(a, ST_BEGIN_READ) == 0;
     return a->snapshot ? 0 : RT_EAGAIN;
 }

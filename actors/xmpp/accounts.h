@@ -86,7 +86,8 @@ int64_t rt_accounts_count(rt_accounts_t *a);
 ** One read transaction for the calls made until rt_accounts_snapshot_end: the reads inside it
 ** share one snapshot and one WAL read lock (a pair of fcntl calls per transaction), and a call
 ** that writes ends the snapshot first and takes its own transaction, as it would without.
-** Not nested. 0, or RT_EAGAIN (then the calls run as they would without).
+** Not nested: with one open already, that one goes on. 0, or RT_EAGAIN (then the calls run as
+** they would without).
 */
 int rt_accounts_snapshot(rt_accounts_t *a);
 void rt_accounts_snapshot_end(rt_accounts_t *a);

@@ -117,6 +117,7 @@ fi
 RTD="$BUILD/rtd"
 LOAD="$ROOT/tests/bench/xmpp_load.py"
 RTBENCH="$BUILD/tools/rtbench/rtbench"
+RTCTL="$BUILD/rtctl"
 IFS=, read -r -a SERVER_LIST <<<"$SERVERS"
 for s in "${SERVER_LIST[@]}"; do
     case "$s" in
@@ -158,7 +159,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$OUT"
 ROWS="$WORK/rows.tsv"
-printf 'server\tcase\tround\tcount\tfailed\trss_before_kb\trss_after_kb\tcpu_s\tseconds\tclient_cpu_s\tload1\tp99_ms\tworst_second_p99_ms\n' >"$ROWS"
+printf 'server\tcase\tround\tcount\tfailed\trss_before_kb\trss_after_kb\tcpu_s\tseconds\tclient_cpu_s\tload1\tp99_ms\tworst_second_p99_ms\tgc_over_1ms\n' >"$ROWS"
 JSONL="$WORK/rtbench.jsonl" # rtbench's summaries, one per run, with server/case/round
 
 source "$ROOT/tests/bench/xmpp_servers.sh"
@@ -167,8 +168,8 @@ source "$ROOT/tests/bench/xmpp_servers.sh"
 # [p99_ms worst_second_p99_ms] (rtbench's cases; empty for the others).
 row() {
     local a=("$@")
-    while ((${#a[@]} < 13)); do a+=(""); done
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${a[@]}" >>"$ROWS"
+    while ((${#a[@]} < 14)); do a+=(""); done
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${a[@]}" >>"$ROWS"
     tail -1 "$ROWS" >&2
 }
 
@@ -243,8 +244,18 @@ case_chat_storm() {
     row "$name" chat-storm "$round" "$(jget "$RB_OUT" received)" "$failed" "$rss0" "$rss1" \
         "$(awk -v a="$c0" -v b="$c1" -v hz="$HZ" 'BEGIN {printf "%.2f", (b - a) / hz}')" \
         "$(jget "$RB_OUT" run_seconds)" "$(jget "$RB_OUT" cpu_seconds)" "$(load1)" \
-        "$(jget "$RB_OUT" chat.p99_ms)" "$(jget "$RB_OUT" worst_second_p99_ms)"
+        "$(jget "$RB_OUT" chat.p99_ms)" "$(jget "$RB_OUT" worst_second_p99_ms)" \
+        "$(gc_over_1ms "$name")"
     stop_server
+}
+
+# rtd's heap collections over 1 ms since it started (its rt_gc_pause_seconds histogram:
+# the count less those within 1 ms); empty for the peers, whose pauses are not ours to count.
+gc_over_1ms() {
+    [[ "$1" == rtd ]] || return 0
+    "$RTCTL" -c "$WORK/rtd/rtd.conf" metrics prometheus |
+        awk '/^rt_gc_pause_seconds_bucket\{le="0.001"\}/ { within = $2 }
+             /^rt_gc_pause_seconds_count/ { all = $2 } END { print all - within }'
 }
 
 # R sessions held by two rtbench processes; RSS sampled --settle s after both are up.

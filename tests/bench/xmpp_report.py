@@ -4,7 +4,8 @@
 Per server and case, over the rounds: idle cases give KB of server RSS per session,
 login gives server CPU ms per login and logins/s, chat gives server CPU-seconds per million
 messages routed and messages/s; every figure is a median of the rounds, and rt's ratio
-to each peer follows. The client's own CPU (it shares the 2 cores) and the 1-minute load
+to each peer follows; for rtd's chat-storm, the most heap collections over 1 ms in a round.
+The client's own CPU (it shares the 2 cores) and the 1-minute load
 average at the end of each case are shown so a reader can judge the split.
 """
 import csv
@@ -50,6 +51,9 @@ def main():
                 rate += ", p99 %.2f ms" % med(p99)
             if worst:
                 rate += " (worst second %.2f ms)" % med(worst)
+            over = [int(r["gc_over_1ms"]) for r in rs if r.get("gc_over_1ms")]
+            if over:
+                rate += ", GC pauses > 1 ms: %d" % max(over)
             fig[s, c] = (main_fig, unit, rate, failed, len(rs), ccpu, load, n)
     print("| case | server | figure (median) | rate | rounds | failed/lost | client CPU s | max load1 |")
     print("|---|---|---|---|---|---|---|---|")

@@ -127,7 +127,8 @@ register() {
     start_server "$name" scram
     local out
     out=$(timeout "$CASE_TIMEOUT_S" python3 "$LOAD" register --port "$PORT" \
-        --users "${user//\{\}/%d}:${pw//\{\}/%d}:$count:$first" -C 20 --deadline 280)
+        --users "${user//\{\}/%d}:${pw//\{\}/%d}:$count:$first" -C 20 \
+        --deadline $((CASE_TIMEOUT_S - 20)))
     stop_server
     [[ "$out" == *'"failed": 0'* ]] || { echo "xmpp_servers.sh: $name: $out" >&2; exit 1; }
 }

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -74,6 +75,9 @@ typedef struct {
 } listener_state_t;
 
 static atomic_long last_conn_pid;
+/* Accepted sockets with TCP_NODELAY (inherited from the listener), and with accept's address
+   of the peer (127.0.0.1) handed over. */
+static atomic_long accepted_nodelay, accepted_with_peer;
 
 static int listener_init(rt_actor_t *self, void *state, void *arg)
 {
@@ -90,7 +94,15 @@ static void listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     if (m->tag != RT_MSG_SOCKET)
         return;
     int fd;
-    while (rt_sock_accept(st->sock, &fd) == 0) {
+    struct sockaddr_storage peer;
+    while (rt_sock_accept(st->sock, &fd, &peer) == 0) {
+        int nodelay = 0;
+        socklen_t len = sizeof(nodelay);
+        if (getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len) == 0 && nodelay)
+            atomic_fetch_add(&accepted_nodelay, 1);
+        if (peer.ss_family == AF_INET &&
+            ((struct sockaddr_in *)&peer)->sin_addr.s_addr == htonl(INADDR_LOOPBACK))
+            atomic_fetch_add(&accepted_with_peer, 1);
         rt_pid_t pid;
         if (rt_spawn(&conn_type, (void *)(intptr_t)fd, &pid) == 0) {
             atomic_fetch_add(&conns_accepted, 1);
@@ -195,6 +207,8 @@ static void test_echo_many_clients(void)
     CHECK_EQ(ok, CLIENTS);
     CHECK(wait_at_least(&conns_closed, CLIENTS, 5000)); /* every close seen, actors exited */
     CHECK_EQ(atomic_load(&bytes_echoed), (long)(bytes * CLIENTS));
+    CHECK_EQ(atomic_load(&accepted_nodelay), atomic_load(&conns_accepted));
+    CHECK_EQ(atomic_load(&accepted_with_peer), atomic_load(&conns_accepted));
     CHECK(wait_alive(1, 5000));
     rt_exit_signal(l, RT_REASON_KILL);
     CHECK(wait_alive(0, 5000));

@@ -90,8 +90,9 @@ off:
     w->fd = -1;
 }
 
-/* The keys of (salt, iter) for our password: from the cache, else by PBKDF2 once. */
-const rtb_xkey_t *rtb_xkeys_get(rtb_xkeys_t *w, const char *salt, size_t n, uint32_t iter)
+/* The keys of (salt, iter): from the cache, else by PBKDF2 of pass once. */
+const rtb_xkey_t *rtb_xkeys_get(rtb_xkeys_t *w, const char *pass, const char *salt, size_t n,
+                                uint32_t iter)
 {
     if (n == 0 || n > RTB_XKEY_SALT_MAX || n % 4 || !iter || iter > 10000000)
         return NULL;
@@ -109,8 +110,7 @@ const rtb_xkey_t *rtb_xkeys_get(rtb_xkeys_t *w, const char *salt, size_t n, uint
         return NULL;
     rtb_xkey_t k;
     memset(&k, 0, sizeof(k));
-    const char *pw = w->pass;
-    if (!PKCS5_PBKDF2_HMAC(pw, (int)strlen(pw), raw, rawn, (int)iter, EVP_sha256(), 32, salted))
+    if (!PKCS5_PBKDF2_HMAC(pass, (int)strlen(pass), raw, rawn, (int)iter, EVP_sha256(), 32, salted))
         return NULL;
     w->pbkdf2++;
     unsigned len = 32;
@@ -129,12 +129,11 @@ const rtb_xkey_t *rtb_xkeys_get(rtb_xkeys_t *w, const char *salt, size_t n, uint
     return key_slot(w, salt, n, iter);
 }
 
-void rtb_xkeys_init(rtb_xkeys_t *w, const char *pass, const char *path)
+void rtb_xkeys_init(rtb_xkeys_t *w, const char *pass_arg, const char *path)
 {
     memset(w, 0, sizeof(*w));
-    w->pass = pass;
     w->fd = -1;
-    SHA256((const uint8_t *)pass, strlen(pass), w->pw_hash);
+    SHA256((const uint8_t *)pass_arg, strlen(pass_arg), w->pw_hash);
     if (path)
         cache_open(w, path);
 }

@@ -131,15 +131,21 @@ static void b64(char *out, const uint8_t *p, size_t n)
     EVP_EncodeBlock((unsigned char *)out, p, (int)n);
 }
 
-/* The account's local part: -u with its %i replaced by the index. */
-static void user_of(const xw_t *w, uint32_t acct, char *out, size_t cap)
+/* fmt (-u or -P) with its %i replaced by the account's index. */
+static void of_account(const char *fmt, uint32_t acct, char *out, size_t cap)
 {
-    const char *fmt = w->o->user, *at = strstr(fmt, "%i");
+    const char *at = strstr(fmt, "%i");
     if (!at) {
         snprintf(out, cap, "%s", fmt);
         return;
     }
     snprintf(out, cap, "%.*s%u%s", (int)(at - fmt), fmt, acct, at + 2);
+}
+
+/* The account's local part. */
+static void user_of(const xw_t *w, uint32_t acct, char *out, size_t cap)
+{
+    of_account(w->o->user, acct, out, cap);
 }
 
 static void mark_dirty(xc_t *c)
@@ -376,7 +382,10 @@ static int scram_final(xc_t *c, const char *b64in, size_t len)
     const char *mine = strstr(c->bare, ",r=") + 3;
     if (!r || !s || !i || rn < strlen(mine) || memcmp(r, mine, strlen(mine)))
         return -EPROTO;
-    const rtb_xkey_t *k = rtb_xkeys_get(&c->w->keys, s, sn, (uint32_t)strtoul(i, NULL, 10));
+    char pass[128];
+    of_account(c->w->o->pass, c->acct, pass, sizeof(pass));
+    const rtb_xkey_t *k =
+        rtb_xkeys_get(&c->w->keys, pass, s, sn, (uint32_t)strtoul(i, NULL, 10));
     c->w->rep.s.pbkdf2 = c->w->keys.pbkdf2;
     if (!k)
         return -EPROTO;
