@@ -655,11 +655,24 @@ void rt_heap_pool_trim(void)
 {
     rt_heap_thread_flush();
     long page = sysconf(_SC_PAGESIZE);
-    pthread_mutex_lock(&pool.lock);
-    /* madvise runs under the lock, which keeps the free lists still; trim is rare. */
-    if (page > 0 && (size_t)page >= RT_HEAP_CHUNK_SIZE && (size_t)page <= RT_HEAP_ARENA_SIZE / 16)
-        for (arena_t *p = pool.partial.next; p != &pool.partial; p = p->next)
+    /* madvise runs under the lock, which keeps the free lists still, one arena at a time:
+       the schedulers taking chunks wait for one arena's pages at most, not for all of them.
+       An arena that moves between lists meanwhile may be skipped or seen twice: harmless. */
+    bool pages_ok =
+        page > 0 && (size_t)page >= RT_HEAP_CHUNK_SIZE && (size_t)page <= RT_HEAP_ARENA_SIZE / 16;
+    for (size_t k = 0; pages_ok; k++) {
+        pthread_mutex_lock(&pool.lock);
+        arena_t *p = pool.partial.next;
+        for (size_t i = 0; i < k && p != &pool.partial; i++)
+            p = p->next;
+        bool more = p != &pool.partial;
+        if (more)
             arena_release_pages(p, (size_t)page);
+        pthread_mutex_unlock(&pool.lock);
+        if (!more)
+            break;
+    }
+    pthread_mutex_lock(&pool.lock);
     arena_t *a = pool.spare;
     pool.spare = NULL;
     if (a) {

@@ -291,6 +291,13 @@ typedef struct rt_runtime_s {
     unsigned nsched;
     rt_sched_t *sched;
     rt_blocking_pool_t blocking;
+
+    /* The memory trimmer (sched.c): the shared pools' trim, asked for by idle schedulers. */
+    pthread_t trimmer;
+    pthread_mutex_t trim_lock;
+    pthread_cond_t trim_cond;
+    bool trim_asked, trim_stopping;
+    atomic_size_t trim_given_back; /* slab bytes the latest trim gave back */
     atomic_uint rr;               /* round robin for external wake-ups */
     atomic_bool stopping;
 

@@ -35,6 +35,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -365,6 +367,13 @@ static void ensure_active(rt_sched_t *s)
 ** the free lists (a few ms for 100,000 free actors); one that gave nothing back (free
 ** actors spread over pages that live ones still use) doubles the wait before the next, up
 ** to RT_TRIM_MAX_WAIT_MS.
+**
+** The shared pools' trim (slab pages, heap chunks a 1 MiB arena at a time, malloc_trim) runs
+** on a thread of its own at a lower priority, asked by the idle scheduler: on the scheduler
+** it took tens of ms after 19,000 sessions hibernated (madvise of 40 MB, malloc_trim's walk),
+** and both schedulers trimming at once stalled every session for ~100 ms, the worst chat
+** latency of the login-storm benchmark. A scheduler keeps only what it alone owns: its
+** timers and its caches.
 */
 #define RT_TRIM_MIN_BYTES (2u << 20) /* one slab page */
 #define RT_TRIM_QUIET_MS 200
@@ -416,18 +425,47 @@ static void idle_trim(rt_sched_t *s)
         s->trim_backoff_ms = 0; /* nothing to wait for: sleep as long as the timers allow */
         return;
     }
-    size_t given_back = rt__slab_trim();
-    rt_heap_pool_trim();
-#ifndef RT_SANITIZED
-    /* Under a sanitizer malloc is the sanitizer's, and glibc's arenas that malloc_trim walks
-       were never set up (ASan: a SEGV in mtrim once a heap's shrinking started trims). */
-    malloc_trim(0);
-#endif
+    /* The latest trim's result decides the wait: this one runs after we return. */
+    size_t given_back = atomic_load_explicit(&rt->trim_given_back, memory_order_relaxed);
+    pthread_mutex_lock(&rt->trim_lock);
+    rt->trim_asked = true;
+    pthread_mutex_unlock(&rt->trim_lock);
+    pthread_cond_signal(&rt->trim_cond);
     if (given_back || !s->trim_backoff_ms)
         s->trim_backoff_ms = RT_TRIM_WAIT_MS;
     else if (s->trim_backoff_ms < RT_TRIM_MAX_WAIT_MS)
         s->trim_backoff_ms *= 2;
     s->trim_after_ms = now + s->trim_backoff_ms;
+}
+
+#define RT_TRIMMER_NICE 10 /* below the schedulers: the trim waits while they have work */
+
+static void *trimmer_main(void *arg)
+{
+    rt_runtime_t *rt = arg;
+    /* Linux's nice is per thread. */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), RT_TRIMMER_NICE);
+    pthread_mutex_lock(&rt->trim_lock);
+    for (;;) {
+        while (!rt->trim_asked && !rt->trim_stopping)
+            pthread_cond_wait(&rt->trim_cond, &rt->trim_lock);
+        if (rt->trim_stopping)
+            break;
+        rt->trim_asked = false;
+        pthread_mutex_unlock(&rt->trim_lock);
+        atomic_store_explicit(&rt->trim_given_back, rt__slab_trim(), memory_order_relaxed);
+        rt_heap_pool_trim();
+#ifndef RT_SANITIZED
+        /* Under a sanitizer malloc is the sanitizer's, and glibc's arenas that malloc_trim
+           walks were never set up (ASan: a SEGV in mtrim once a heap's shrinking started
+           trims). */
+        malloc_trim(0);
+#endif
+        pthread_mutex_lock(&rt->trim_lock);
+    }
+    pthread_mutex_unlock(&rt->trim_lock);
+    rt_heap_thread_flush();
+    return NULL;
 }
 
 /* An idle scheduler with retired actors wakes now and then until they are freed. */
@@ -653,6 +691,9 @@ int rt_init(const rt_config_t *cfg_in)
         pthread_create(&rt->sched[i].thread, NULL, sched_main, &rt->sched[i]);
     for (unsigned i = 0; i < b->nthreads; i++)
         pthread_create(&b->threads[i], NULL, blocking_main, b);
+    pthread_mutex_init(&rt->trim_lock, NULL);
+    pthread_cond_init(&rt->trim_cond, NULL);
+    pthread_create(&rt->trimmer, NULL, trimmer_main, rt);
     return 0;
 }
 
@@ -715,6 +756,13 @@ void rt_shutdown(void)
     pthread_mutex_unlock(&rt->blocking.lock);
     for (unsigned i = 0; i < rt->blocking.nthreads; i++)
         pthread_join(rt->blocking.threads[i], NULL);
+    pthread_mutex_lock(&rt->trim_lock);
+    rt->trim_stopping = true;
+    pthread_mutex_unlock(&rt->trim_lock);
+    pthread_cond_signal(&rt->trim_cond);
+    pthread_join(rt->trimmer, NULL);
+    pthread_mutex_destroy(&rt->trim_lock);
+    pthread_cond_destroy(&rt->trim_cond);
     free(rt->blocking.threads);
     pthread_mutex_destroy(&rt->blocking.lock);
     pthread_cond_destroy(&rt->blocking.cond);
