@@ -447,6 +447,10 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_offline_refused_total", "counter",
             "Messages refused for a user whose offline store is full.",
             atomic_load(&x->offline_refused));
+    one_u64(b, "rt_xmpp_orphans_rerouted_total", "counter",
+            "Messages left in the mailbox of a session that ended, sent on to the user's other "
+            "sessions or to offline storage.",
+            atomic_load(&x->orphans_rerouted));
     one_u64(b, "rt_xmpp_replaced_total", "counter",
             "Sessions ended by a newer one binding their resource.", atomic_load(&x->replaced));
     one_u64(b, "rt_xmpp_connect_timeouts_total", "counter",

@@ -773,6 +773,14 @@ static void c2s_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         atomic_fetch_sub_explicit(&rt_c2s_stats.sessions, 1, memory_order_relaxed);
 }
 
+/* What the session never took: a message goes on to the user's other sessions or offline. */
+static void c2s_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    if (m->tag == C2S_MSG_STANZA)
+        rt__c2s_orphan_message(m, 0);
+}
+
 static const char *c2s_tag_name(uint32_t tag)
 {
     switch (tag) {
@@ -829,5 +837,6 @@ const rt_actor_type_t rt_c2s_type = {
     .handle = c2s_handle,
     .terminate = c2s_terminate,
     .tag_name = c2s_tag_name,
+    .dead_letter = c2s_dead_letter,
     .turn_end = c2s_turn_end,
 };

@@ -60,12 +60,7 @@ bool rt__c2s_block_out(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
     return true;
 }
 
-/*
-** An attribute of the first tag of a stanza the server wrote (rt__c2s_put_stanza: values in
-** single quotes, escaped), unescaped into out: its length, or -1 when not there or not
-** readable (a character reference: no JID has one, since stringprep forbids controls).
-*/
-static int first_tag_attr(const uint8_t *p, size_t len, const char *name, char *out, size_t cap)
+int rt__c2s_first_tag_attr(const uint8_t *p, size_t len, const char *name, char *out, size_t cap)
 {
     const uint8_t *end = memchr(p, '>', len);
     if (!end)
@@ -108,13 +103,13 @@ bool rt__c2s_block_in(rt_actor_t *self, c2s_t *c, const rt_msg_t *m)
     if (!c->blocked_len || m->len < 2 || m->data[0] != '<')
         return false;
     char from[RT_JID_TEXT_MAX + 1];
-    int flen = first_tag_attr(m->data, m->len, "from", from, sizeof(from) - 1);
+    int flen = rt__c2s_first_tag_attr(m->data, m->len, "from", from, sizeof(from) - 1);
     if (flen <= 0 || !rt__c2s_blocks(c, from, (size_t)flen))
         return false;
     /* Dropped. Presence gets no answer; a message or an iq get or set service-unavailable
        (XEP-0191 3.5), sent to the blocked sender's session if it is still there. */
     char type[16], id[256];
-    int tlen = first_tag_attr(m->data, m->len, "type", type, sizeof(type) - 1);
+    int tlen = rt__c2s_first_tag_attr(m->data, m->len, "type", type, sizeof(type) - 1);
     type[tlen > 0 ? tlen : 0] = 0;
     bool message = m->len > 8 && memcmp(m->data, "<message", 8) == 0,
          iq = m->len > 3 && memcmp(m->data, "<iq", 3) == 0;
@@ -129,7 +124,7 @@ bool rt__c2s_block_in(rt_actor_t *self, c2s_t *c, const rt_msg_t *m)
     if (!jb.jid.resource || !rt__c2s_reg_lookup(jb.jid.s, rt_jid_bare_len(&jb.jid),
                                                 rt_jid_resource(&jb.jid), jb.jid.resource, &r, 1))
         return true;
-    int idlen = first_tag_attr(m->data, m->len, "id", id, sizeof(id) - 1);
+    int idlen = rt__c2s_first_tag_attr(m->data, m->len, "id", id, sizeof(id) - 1);
     rt_buf_t b = {0};
     rt_xml_put_start(&b, message ? "message" : "iq");
     rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);

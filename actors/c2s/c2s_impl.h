@@ -347,6 +347,8 @@ void rt__c2s_register_reply(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
 /* c2s_session.c */
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+/* A message stanza the session gone can no longer take: sent on, never lost (c2s_session.c). */
+void rt__c2s_orphan_message(const rt_msg_t *m, rt_pid_t gone);
 void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
@@ -396,6 +398,12 @@ bool rt__c2s_list_blocks(const uint8_t *list, size_t llen, const char *jid, size
 bool rt__c2s_block_out(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to);
 /* A stanza for the client from a blocked JID is dropped, answered as XEP-0191 3.5 says: true. */
 bool rt__c2s_block_in(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+/*
+** An attribute of the first tag of a stanza the server wrote (rt__c2s_put_stanza: values in
+** single quotes, escaped), unescaped into out: its length, or -1 when not there or not
+** readable (a character reference: no JID has one, since stringprep forbids controls).
+*/
+int rt__c2s_first_tag_attr(const uint8_t *p, size_t len, const char *name, char *out, size_t cap);
 
 /* c2s_vcard.c: XEP-0054. An iq for the user's own vCard, or (other: true when it was one) a
    get of another account's, addressed to its bare JID. */

@@ -334,6 +334,47 @@ static void carbons(const char *kind, const char *bare, size_t bare_len, const r
     rt_buf_free(&b);
 }
 
+/*
+** No one to take the message now: kept for the user (XEP-0160), or refused when there is no
+** such account or its store is full; the store then answers the sender (sender_jid, at pid
+** sender) with service-unavailable. 0, or an error when the store was not asked.
+*/
+static int keep_offline(const rt_jid_t *to, const void *stanza, size_t len, const char *id,
+                        const char *sender_jid, rt_pid_t sender)
+{
+    rt_buf_t err = {0};
+    rt_xml_put_start(&err, "message");
+    rt_xml_put_attr(&err, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(&err, "type", "error");
+    if (id)
+        rt_xml_put_attr(&err, "id", id);
+    rt_xml_put_attr_len(&err, "from", to->s, rt_jid_bare_len(to));
+    rt_xml_put_attr(&err, "to", sender_jid);
+    rt_xml_put_start_end(&err);
+    rt_buf_printf(&err, "<error type='cancel'><service-unavailable xmlns='%s'/></error></message>",
+                  RT_XML_NS_STANZA_ERRORS);
+    /* data: the stanza's length (4 bytes), the stanza, then the error for the sender */
+    uint32_t slen = (uint32_t)len;
+    rt_msg_t *m =
+        err.oom ? NULL
+                : rt__c2s_store_msg(C2S_OP_OFFLINE_PUSH, 0, rt_jid_domain(to), to->domain,
+                                    rt_jid_local(to), to->local, 0, sizeof(slen) + len + err.len);
+    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
+    int rc = !m ? RT_ENOMEM : !store ? RT_ENOPROC : 0;
+    if (!rc) {
+        uint8_t *d = rt__c2s_store_data(m);
+        memcpy(d, &slen, sizeof(slen));
+        memcpy(d + sizeof(slen), stanza, len);
+        memcpy(d + sizeof(slen) + len, err.data, err.len);
+        m->from = sender; /* whom the store answers; a session's send sets it the same */
+        rc = rt_send_msg(store, m);
+    } else if (m) {
+        rt_msg_free(m);
+    }
+    rt_buf_free(&err);
+    return rc;
+}
+
 static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
                           const rt_buf_t *bytes)
 {
@@ -378,36 +419,59 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
         carbons("received", to->s, rt_jid_bare_len(to), bytes, r, sent, 0);
     if (sent || headline)
         return;
-    /* No one to take it now: kept for the user (XEP-0160), or refused when there is no such
-       account or its store is full; the store answers the sender in that case. */
-    rt_buf_t err = {0};
-    rt_xml_put_start(&err, "message");
-    rt_xml_put_attr(&err, "xmlns", RT_XML_NS_CLIENT);
-    rt_xml_put_attr(&err, "type", "error");
-    const char *id = rt_xml_attr(el, "id");
-    if (id)
-        rt_xml_put_attr(&err, "id", id);
-    rt_xml_put_attr_len(&err, "from", to->s, rt_jid_bare_len(to));
-    rt_xml_put_attr(&err, "to", c->jid->s);
-    rt_xml_put_start_end(&err);
-    rt_buf_printf(&err, "<error type='cancel'><service-unavailable xmlns='%s'/></error></message>",
-                  RT_XML_NS_STANZA_ERRORS);
-    /* data: the stanza's length (4 bytes), the stanza, then the error for the sender */
-    rt_buf_t data = {0};
-    uint32_t slen = (uint32_t)bytes->len;
-    rt_buf_add(&data, &slen, sizeof(slen));
-    rt_buf_add(&data, bytes->data, bytes->len);
-    rt_buf_add(&data, err.data, err.len);
-    if (!data.oom && !err.oom &&
-        rt__c2s_store_ask(C2S_OP_OFFLINE_PUSH, 0, rt_jid_domain(to), to->domain,
-                          rt_jid_local(to), to->local, 0, data.data, data.len) == 0) {
-        rt_buf_free(&data);
-        rt_buf_free(&err);
+    if (keep_offline(to, bytes->data, bytes->len, rt_xml_attr(el, "id"), c->jid->s,
+                     rt_self(self)) != 0)
+        rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
+}
+
+/*
+** A message a session could not take: one that came after its stream ended, or left in its
+** mailbox when it ended (sent before it left the registry: the runtime's dead letter), gone
+** being that session, no longer a place for it. It goes on as RFC 6121 8.5.3.2.1 has a message to
+** a resource that is gone go: chat and normal to the account's available resources of the
+** highest priority, else to offline storage, headline to all of them; an error or groupchat
+** copy is dropped, and so is a carbon copy (its original went to another session). Runs
+** outside the actor, on any thread: it reads the stanza alone, never the session's state.
+*/
+void rt__c2s_orphan_message(const rt_msg_t *m, rt_pid_t gone)
+{
+    if (m->len < 9 || memcmp(m->data, "<message", 8) != 0 ||
+        (m->data[8] != ' ' && m->data[8] != '>'))
         return;
+    char text[RT_JID_TEXT_MAX + 1], type[16], id[256], from[RT_JID_TEXT_MAX + 1];
+    int n = rt__c2s_first_tag_attr(m->data, m->len, "to", text, sizeof(text) - 1);
+    rt_jid_buf_t to;
+    if (n <= 0 || rt_jid_prep(text, (size_t)n, &to, NULL) != 0)
+        return; /* a carbon copy (no to) */
+    int tn = rt__c2s_first_tag_attr(m->data, m->len, "type", type, sizeof(type) - 1);
+    if (tn < 0)
+        snprintf(type, sizeof(type), "normal");
+    else
+        type[tn] = 0;
+    bool headline = strcmp(type, "headline") == 0;
+    if (!headline && strcmp(type, "chat") != 0 && strcmp(type, "normal") != 0)
+        return;
+    atomic_fetch_add_explicit(&rt_c2s_stats.orphans_rerouted, 1, memory_order_relaxed);
+    c2s_route_t r[C2S_ROUTES_MAX];
+    int top;
+    size_t k = available(&to.jid, r, C2S_ROUTES_MAX, &top), sent = 0;
+    rt_buf_t bytes = {.data = (char *)m->data, .len = m->len};
+    for (size_t i = 0; i < k; i++)
+        if (r[i].pid != gone && (headline || r[i].priority == top)) {
+            rt__c2s_send_bytes(r[i].pid, &bytes);
+            sent++;
+        }
+    if (sent || headline)
+        return;
+    int idn = rt__c2s_first_tag_attr(m->data, m->len, "id", id, sizeof(id) - 1);
+    int fn = rt__c2s_first_tag_attr(m->data, m->len, "from", from, sizeof(from) - 1);
+    if (idn >= 0)
+        id[idn] = 0;
+    from[fn > 0 ? fn : 0] = 0;
+    if (keep_offline(&to.jid, m->data, m->len, idn >= 0 ? id : NULL, from, m->from) != 0) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.offline_refused, 1, memory_order_relaxed);
+        rt_log(RT_LOG_WARNING, "xmpp.orphan_lost", "to=%s reason=no store", text);
     }
-    rt_buf_free(&data);
-    rt_buf_free(&err);
-    rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
 }
 
 static void route_presence(const rt_jid_t *to, const rt_buf_t *bytes)
@@ -596,7 +660,13 @@ void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c)
 */
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
 {
-    if (c->phase != PH_ACTIVE || rt__c2s_block_in(self, c, m))
+    if (c->phase != PH_ACTIVE || c->closing) {
+        /* Its stream is over (kicked, replaced, a stream error): written now, it would
+           follow </stream:stream> into a closing socket. */
+        rt__c2s_orphan_message(m, rt_self(self));
+        return;
+    }
+    if (rt__c2s_block_in(self, c, m))
         return;
     static const char presence[] = "<presence";
     bool hold = c->inactive && m->len > sizeof(presence) &&

@@ -36,6 +36,9 @@
 # of `rtd xmpp user add`, which takes minutes for 19,000; with --seed-rosters those accounts
 # already have their rosters (`rtbench xroster -c R` was run on them) and rtd's set-up is
 # skipped (idle-roster18 still checks that every login sees 18 contacts with subscription both).
+# rtbench keeps its SCRAM salted passwords for seeded accounts in DIR.salts, across runs: the
+# first run's first round would otherwise spend ~30 CPU-s of the client on PBKDF2 (the rounds
+# after it find them cached, as the set-up's logins leave them for the other servers).
 # --servers may also name ejabberd-plain: ejabberd as its package ships it, storing passwords
 # in clear (auth_password_format: plain, its default), so that each SCRAM login derives the
 # keys (4096 PBKDF2 rounds) where "ejabberd" reads stored ones as rtd and Prosody do.
@@ -182,6 +185,11 @@ for k in sys.argv[2].split("."): v = v[k]
 print(v)' "$1" "$2"
 }
 
+# rtbench's SCRAM cache for NAME's accounts: beside the seed for seeded rtd (its salts stay).
+salt_cache() {
+    if [[ "$1" == rtd && -n "$SEED_DATA" ]]; then echo "${SEED_DATA%/}.salts"; else echo "$WORK/$1/salts"; fi
+}
+
 # ---- the rtbench cases ----
 # rtbench NAME CASE ROUND ARGS...: runs rtbench with --json on the server's port, keeps its
 # per-second lines in $WORK/rtbench.log and its summary in $JSONL; sets RB_OUT (the JSON).
@@ -189,7 +197,7 @@ rtbench_run() {
     local name=$1 kind=$2 round=$3
     shift 3
     RB_OUT=$(timeout "${RB_TIMEOUT:-$CASE_TIMEOUT_S}" "$RTBENCH" "$@" -p "$PORT" --json \
-        --salt-cache "$WORK/$name/salts" 2>>"$WORK/rtbench.log") || true
+        --salt-cache "$(salt_cache "$name")" 2>>"$WORK/rtbench.log") || true
     echo "== $name $kind $round: rtbench $*" >>"$WORK/rtbench.log"
     [[ "$RB_OUT" == '{'* ]] || { echo "xmpp_peers.sh: $name $kind: rtbench failed" >&2; return 1; }
     python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(server=sys.argv[2], case=sys.argv[3], round=int(sys.argv[4])); print(json.dumps(d))' \
@@ -267,7 +275,7 @@ case_idle_roster() {
     rm -f "$fifo" && mkfifo "$fifo"
     t0=$EPOCHREALTIME
     timeout "$CASE_TIMEOUT_S" "$RTBENCH" xidle -c "$ROSTER_USERS" --procs 2 --go-stdin -d 1 --conn-timeout 60 \
-        -p "$PORT" --ifaddr "$SRC8" --json --quiet --salt-cache "$WORK/$name/salts" \
+        -p "$PORT" --ifaddr "$SRC8" --json --quiet --salt-cache "$(salt_cache "$name")" \
         <"$fifo" >"$WORK/roster-out" 2>"$WORK/roster-err" &
     pid=$!
     CLIENT_PIDS=("$pid")

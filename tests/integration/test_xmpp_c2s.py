@@ -283,6 +283,62 @@ def test_offline_message_delivered_at_initial_presence(xmpp):
     X.run(t())
 
 
+def _bodies(text, tag):
+    return re.findall(rf"<body>{re.escape(tag)}(\d+)</body>", text)
+
+
+@pytest.fixture(scope="module")
+def xmpp_roomy():
+    """A server whose offline store takes a flood: the kick below sends most of one there."""
+    server = S.serve(["orphanto", "orphanfrom"], PW, max_offline=100000,
+                     rtd_settings=", max_offline_bytes = 100000000")
+    yield server
+    S.stop(server)
+
+
+def test_messages_left_in_an_ended_sessions_mailbox_are_kept(xmpp_roomy):
+    """A session kicked while a flood of chats to it is under way: what it had not taken from
+    its mailbox when it ended goes on as if its resource had gone (RFC 6121 8.5.3.2.1), here
+    to offline storage, so the user gets every message once across its two sessions and the
+    sender no error. Whether the kick lands among the messages is up to timing (the flood
+    lasts longer than rtctl takes to start): up to 10 tries until the path ran
+    (rt_xmpp_orphans_rerouted_total moved), each checking that none was lost or doubled."""
+    xmpp = xmpp_roomy
+    if not S.is_rtd(xmpp):
+        pytest.skip("rtd's own counter tells whether the case happened")
+    n = 20000
+    for attempt in range(10):
+        before = X.metric(xmpp, "rt_xmpp_orphans_rerouted_total")
+        r = X.Raw(xmpp.xport)
+        r.login("orphanto", PW, resource="r")
+        r.send("<presence/>")
+        r.read_until(rb"<presence[^>]*/>")
+        s = X.Raw(xmpp.xport)
+        s.login("orphanfrom", PW, resource="s")
+        tag = f"try{attempt}-"
+        s.send("".join(f"<message to='{jid('orphanto')}/r' type='chat' id='m{i}'>"
+                       f"<body>{tag}{i}</body></message>" for i in range(n)))
+        got = _bodies(r.read_until(rf"<body>{tag}\d+</body>".encode()), tag)
+        code, out, err = xmpp.ctl("xmpp", "kick", f"{jid('orphanto')}/r")
+        assert code == 0, (out, err)
+        got += _bodies(r.read_to_close(), tag)
+        # Every message routed (the sender's stanzas are handled in order), and no error back.
+        s.send("<iq type='get' id='done' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+        text = s.read_until(rb"<iq[^>]*id='done'[^>]*/>")
+        assert "type='error'" not in text, text
+        r2 = X.Raw(xmpp.xport)
+        r2.login("orphanto", PW, resource="r2")
+        r2.send("<presence/>")
+        while len(got) < n:  # the rest comes from offline storage at the presence
+            got += _bodies(r2.read_until(rb"</message>"), tag)
+        assert sorted(map(int, got)) == list(range(n)), got
+        for c in (r2, s):
+            c.close()
+        if X.metric(xmpp, "rt_xmpp_orphans_rerouted_total") > before:
+            return
+    pytest.fail("in 10 tries the kick never ended the session with messages in its mailbox")
+
+
 # ---- iq ----
 
 async def ping(c, to="localhost"):

@@ -384,8 +384,7 @@ static int scram_final(xc_t *c, const char *b64in, size_t len)
         return -EPROTO;
     char pass[128];
     of_account(c->w->o->pass, c->acct, pass, sizeof(pass));
-    const rtb_xkey_t *k =
-        rtb_xkeys_get(&c->w->keys, pass, s, sn, (uint32_t)strtoul(i, NULL, 10));
+    const rtb_xkey_t *k = rtb_xkeys_get(&c->w->keys, pass, s, sn, (uint32_t)strtoul(i, NULL, 10));
     c->w->rep.s.pbkdf2 = c->w->keys.pbkdf2;
     if (!k)
         return -EPROTO;
