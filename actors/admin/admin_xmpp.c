@@ -12,6 +12,7 @@
 #include "accounts.h"
 #include "admin_impl.h"
 #include "broker.h"
+#include "c2s.h"
 #include "jid.h"
 #include "log.h"
 #include "roster.h"
@@ -70,12 +71,17 @@ static int user_change(rt_admin_cmd_t *c, rt_accounts_t *a, const char *verb)
                  : rt_accounts_passwd(a, host, user, pw, pwlen, 0, err, sizeof(err));
     if (rc)
         return accounts_fail(c, rc, err);
-    rt_log(RT_LOG_INFO, "xmpp.account", "change=%s user=%s host=%s", verb, user, host);
+    /* A removed account's sessions end, as a cancelled registration's do (XEP-0077 3.2). */
+    size_t ended = del ? rt_c2s_account_gone(host, user) : 0;
+    rt_log(RT_LOG_INFO, "xmpp.account", "change=%s user=%s host=%s sessions_ended=%zu", verb,
+           user, host, ended);
     if (!(c->doc = rt_doc_object()))
         return rt__admin_fail(c, 500, "out of memory");
     rt_doc_add_str(c->doc, "user", user);
     rt_doc_add_str(c->doc, "host", host);
     rt_doc_add_str(c->doc, "done", verb);
+    if (del)
+        rt_doc_add_u64(c->doc, "sessions_ended", ended);
     return 200;
 }
 

@@ -40,21 +40,24 @@ void rt__c2s_store_register_lost(rt_pid_t to, const c2s_req_t *r)
     reply(to, r, RT_EAGAIN, (const char *)data, id_len(data, r->data_len), "");
 }
 
-/* Every session of user@host ends (XEP-0077 3.2), told by message: its actor ends itself. */
-static void end_sessions(const char *host, const char *user)
+/* Told by message: each session's actor ends itself. */
+size_t rt_c2s_account_gone(const char *host, const char *user)
 {
+    if (!rt__c2s.conf)
+        return 0;
     char bare[2 * RT_JID_PART_MAX + 2];
     int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
-    size_t max = (size_t)rt__c2s.conf->max_resources;
+    size_t max = (size_t)rt__c2s.conf->max_resources, told = 0;
     c2s_route_t *routes = malloc(max * sizeof(*routes));
     if (!routes || blen <= 0) {
         free(routes);
-        return;
+        return 0;
     }
     size_t n = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, routes, max);
     for (size_t i = 0; i < n; i++)
-        rt_send(routes[i].pid, C2S_MSG_ACCOUNT_GONE, NULL, 0);
+        told += rt_send(routes[i].pid, C2S_MSG_ACCOUNT_GONE, NULL, 0) == 0;
     free(routes);
+    return told;
 }
 
 void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, const char *host,
@@ -81,5 +84,5 @@ void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, c
         rt_log(RT_LOG_WARNING, "xmpp.store_failed", "user=%s@%s error=%s", user, host, err);
     reply(to, r, rc, (const char *)data, idlen, user);
     if (rc == 0 && r->op == C2S_OP_UNREGISTER)
-        end_sessions(host, user);
+        rt_c2s_account_gone(host, user);
 }

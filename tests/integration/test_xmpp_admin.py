@@ -15,7 +15,7 @@ from conftest import Rtd, free_port
 from test_http import call, make_key
 
 PW = "s3cret-pw"
-USERS = ["alice", "bob", "carol"]
+USERS = ["alice", "bob", "carol", "dave"]
 
 
 @pytest.fixture(scope="module")
@@ -281,3 +281,21 @@ def test_trace_a_jid(xmpp):
     assert len(got) == 1 and f"from='{afull}'" in got[0]["tag"], bob
     assert "payload" not in got[0]  # no --payload: the first tag only
     assert all(e["client"] == bfull for e in bob if e["client"] != "bob@localhost"), bob
+
+
+def test_user_del_ends_the_accounts_sessions(xmpp):
+    """`rtctl xmpp user del` while the account is logged in: each of its sessions ends with
+    not-authorized, as a cancelled in-band registration's do (XEP-0077 3.2), and the answer
+    says how many; a login after it fails."""
+    sessions = [X.Raw(xmpp.xport) for _ in range(2)]
+    for i, r in enumerate(sessions):
+        assert r.login("dave", PW, resource=f"r{i}") == f"dave@localhost/r{i}"
+    got = xmpp.ctl_json("xmpp", "user", "del", "dave@localhost")
+    assert got == {"user": "dave", "host": "localhost", "done": "del", "sessions_ended": 2}, got
+    for r in sessions:
+        cond, text = r.stream_error()
+        assert cond == "not-authorized", text
+    r = X.Raw(xmpp.xport)
+    r.open()
+    assert r.scram("SCRAM-SHA-256", "dave", PW)[0] == "failure"
+    r.close()
