@@ -287,6 +287,24 @@ def _bodies(text, tag):
     return re.findall(rf"<body>{re.escape(tag)}(\d+)</body>", text)
 
 
+def _read_while_moving(server, conn, pattern):
+    """conn's next match of pattern, waited for as long as rtd keeps routing or keeping
+    messages (a flood of 20,000 takes minutes under TSan): it fails only when a whole
+    X.TIMEOUT went by with neither counter moving (the counters are read at a timeout only)."""
+    def moved():
+        return (X.metric(server, "rt_xmpp_stanzas_routed_total") +
+                X.metric(server, "rt_xmpp_offline_stored_total"))
+    last = None
+    while True:
+        try:
+            return conn.read_until(pattern)
+        except AssertionError:
+            now = moved()
+            if now == last:
+                raise
+            last = now
+
+
 @pytest.fixture(scope="module")
 def xmpp_roomy():
     """A server whose offline store takes a flood: the kick below sends most of one there."""
@@ -324,13 +342,13 @@ def test_messages_left_in_an_ended_sessions_mailbox_are_kept(xmpp_roomy):
         got += _bodies(r.read_to_close(), tag)
         # Every message routed (the sender's stanzas are handled in order), and no error back.
         s.send("<iq type='get' id='done' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
-        text = s.read_until(rb"<iq[^>]*id='done'[^>]*/>")
+        text = _read_while_moving(xmpp, s, rb"<iq[^>]*id='done'[^>]*/>")
         assert "type='error'" not in text, text
         r2 = X.Raw(xmpp.xport)
         r2.login("orphanto", PW, resource="r2")
         r2.send("<presence/>")
         while len(got) < n:  # the rest comes from offline storage at the presence
-            got += _bodies(r2.read_until(rb"</message>"), tag)
+            got += _bodies(_read_while_moving(xmpp, r2, rb"</message>"), tag)
         assert sorted(map(int, got)) == list(range(n)), got
         for c in (r2, s):
             c.close()
