@@ -1011,7 +1011,7 @@ const rt_admin_command_t rt__admin_commands[] = {
      "trace topic FILTER [--duration S] [--payload N]",
      "The PUBLISH packets on the topics FILTER matches, from every client, for S seconds."},
     {"top", NULL, rt__admin_top, RT_ADMIN_BLOCKING,
-     "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total] "
+     "top [-n N] [--sort reductions|reductions_total|memory|mailbox|cpu|cpu_total|gc_pause] "
      "[--width W] [--height H]",
      "One `rtctl top` screen: the node panel over the N busiest actors by the sort."},
     {NULL, NULL, NULL, 0, NULL, NULL},

@@ -26,13 +26,15 @@ typedef enum {
     SORT_MAILBOX,
     SORT_CPU, /* CPU time over the interval */
     SORT_CPU_TOTAL,
+    SORT_GC_PAUSE, /* its longest collection */
 } sort_t;
 
 static const char *const sort_names[] = {"reductions", "reductions_total", "memory", "mailbox",
-                                         "cpu",        "cpu_total"};
+                                         "cpu",        "cpu_total",        "gc_pause"};
 static const char *const sort_titles[] = {
     "reductions per interval", "reductions (total)", "memory (state + heap + binaries + ext)",
-    "mailbox length",          "CPU per interval",   "CPU time (total)"};
+    "mailbox length",          "CPU per interval",   "CPU time (total)",
+    "longest collection"};
 
 typedef struct {
     rt_pid_t pid; /* 0: free slot */
@@ -139,6 +141,8 @@ static uint64_t key_of(sort_t sort, const row_t *r)
         return r->dcpu_ns;
     case SORT_CPU_TOTAL:
         return r->info.cpu_ns;
+    case SORT_GC_PAUSE:
+        return r->info.gc_max_pause_us;
     }
     return 0;
 }
@@ -191,8 +195,8 @@ static int parse_sort(rt_admin_cmd_t *c, sort_t def, sort_t *out)
             return 0;
         }
     return rt__admin_fail(c, 400,
-                          "--sort must be reductions, reductions_total, memory, mailbox, cpu "
-                          "or cpu_total");
+                          "--sort must be reductions, reductions_total, memory, mailbox, cpu, "
+                          "cpu_total or gc_pause");
 }
 
 /* Walks every actor; the rows come back sorted, best first. */
@@ -226,6 +230,7 @@ static void row_doc(rt_doc_t *o, const row_t *r, double interval_s, bool full)
     rt_doc_add_bytes(o, "bin_bytes", r->info.bin_bytes);
     rt_doc_add_bytes(o, "ext_bytes", r->info.ext_bytes);
     rt_doc_add_u64(o, "gcs", r->info.gc_count);
+    rt_doc_add_duration(o, "gc_max_pause_us", r->info.gc_max_pause_us, 1000000);
     rt_doc_add_bytes(o, "live_bytes", r->info.live_bytes);
     rt_doc_add_bytes(o, "next_gc", r->info.next_gc);
     if (interval_s > 0)
@@ -235,7 +240,6 @@ static void row_doc(rt_doc_t *o, const row_t *r, double interval_s, bool full)
     if (!full)
         return;
     rt_doc_add_duration(o, "gc_last_pause_us", r->info.gc_last_pause_us, 1000000);
-    rt_doc_add_duration(o, "gc_max_pause_us", r->info.gc_max_pause_us, 1000000);
     rt_doc_add_i64(o, "scheduler", r->info.scheduler);
 }
 
@@ -431,6 +435,7 @@ enum {
     C_MEM,
     C_BIN,
     C_GCS,
+    C_GCMAX,
     C_CPU,
     C_HANDLER,
     NCOLS
@@ -443,7 +448,7 @@ static const struct {
 } columns[NCOLS] = {
     {"PID", 15, true},    {"TYPE/NAME", 22, true}, {"STATE", 8, true},   {"REDS", 12, false},
     {"+REDS", 10, false}, {"MBOX", 7, false},      {"MEMORY", 8, false}, {"BIN", 8, false},
-    {"GCS", 7, false},    {"CPU%", 6, false},      {"HANDLER", 7, true},
+    {"GCS", 7, false},    {"GCMAX", 8, false},     {"CPU%", 6, false},   {"HANDLER", 7, true},
 };
 
 /*
@@ -455,9 +460,10 @@ static void pick_columns(sort_t sort, int width, bool shown[NCOLS])
 {
     static const int by_sort[] = {
         [SORT_REDS] = C_DREDS,   [SORT_REDS_TOTAL] = C_REDS, [SORT_MEMORY] = C_MEM,
-        [SORT_MAILBOX] = C_MBOX, [SORT_CPU] = C_CPU,         [SORT_CPU_TOTAL] = C_CPU};
-    int order[] = {C_PID, by_sort[sort], C_TYPE,  C_CPU, C_DREDS, C_MBOX,
-                   C_MEM, C_REDS,        C_STATE, C_BIN, C_GCS,   C_HANDLER};
+        [SORT_MAILBOX] = C_MBOX, [SORT_CPU] = C_CPU,         [SORT_CPU_TOTAL] = C_CPU,
+        [SORT_GC_PAUSE] = C_GCMAX};
+    int order[] = {C_PID, by_sort[sort], C_TYPE, C_CPU, C_DREDS, C_MBOX,   C_MEM,
+                   C_REDS, C_STATE,      C_BIN,  C_GCS, C_GCMAX, C_HANDLER};
     int used = 0;
     memset(shown, 0, NCOLS * sizeof(bool));
     for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
@@ -559,6 +565,7 @@ static void top_text(rt_admin_cmd_t *c, const node_t *n, const sample_t *s, int 
         human_size(rt__admin_actor_memory(&r->info) - r->info.bin_bytes, cells[C_MEM], 64);
         human_size(r->info.bin_bytes, cells[C_BIN], 64);
         snprintf(cells[C_GCS], 64, "%u", r->info.gc_count);
+        snprintf(cells[C_GCMAX], 64, "%.4fs", r->info.gc_max_pause_us / 1e6);
         snprintf(cells[C_CPU], 64, "%.1f", (double)r->dcpu_ns / 1e7 / n->interval_s);
         snprintf(cells[C_HANDLER], 64, "%s",
                  r->info.current_handler ? r->info.current_handler : "");

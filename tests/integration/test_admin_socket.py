@@ -164,7 +164,7 @@ def test_binary_words_reach_the_command(rtd):
 def test_a_narrow_screen_keeps_the_sorted_column(rtd, width):
     a = Admin(admin_path(rtd))
     for sort, column in [("reductions", "+REDS"), ("memory", "MEMORY"), ("mailbox", "MBOX"),
-                         ("cpu", "CPU%")]:
+                         ("cpu", "CPU%"), ("gc_pause", "GCMAX")]:
         code, screen = a.ask("top", "--sort", sort, "--width", str(width), "--height", "24")
         assert code == 200
         lines = screen.splitlines()

@@ -283,6 +283,10 @@ def test_json_samples(broker):
     rows = top_rows(json.loads(out))
     mem = [r["memory"] for r in rows]
     assert mem == sorted(mem, reverse=True)
+    code, out, _ = run_top(broker, "--json", "--once", "--sort", "gc_pause", "-n", "5")
+    assert code == 0
+    pauses = [r["gc_max_pause_us"] for r in top_rows(json.loads(out))]
+    assert pauses == sorted(pauses, reverse=True) and len(pauses) == 5
 
 
 def top_rows(sample):

@@ -41,7 +41,7 @@ static const struct {
     const char *sort;
 } sort_keys[] = {
     {'r', "reductions"}, {'R', "reductions_total"}, {'m', "memory"}, {'b', "mailbox"},
-    {'c', "cpu"},        {'C', "cpu_total"},
+    {'c', "cpu"},        {'C', "cpu_total"},        {'g', "gc_pause"},
 };
 #define N_SORT_KEYS (sizeof(sort_keys) / sizeof(sort_keys[0]))
 
@@ -168,10 +168,11 @@ const char rtctl_top_usage[] =
     "                 [--count K] [--json]\n"
     "top: a live view of the node and its busiest actors, refreshed every -d seconds (1).\n"
     "  keys: r reductions/interval  R reductions total  m memory  b mailbox\n"
-    "        c CPU/interval  C CPU total  q or Ctrl-C quit; any other key redraws\n"
+    "        c CPU/interval  C CPU total  g longest collection\n"
+    "        q or Ctrl-C quit; any other key redraws\n"
     "  --once: one frame as plain text (also when stdout is not a terminal); -n N rows;\n"
     "  --json: one JSON sample per line, --count K of them -d apart (default 1).\n"
-    "  KEY: reductions, reductions_total, memory, mailbox, cpu, cpu_total.\n";
+    "  KEY: reductions, reductions_total, memory, mailbox, cpu, cpu_total, gc_pause.\n";
 
 static void usage_error(const char *fmt, const char *arg)
 {
@@ -197,7 +198,7 @@ static const char *valid_sort(const char *key)
         if (strcmp(key, sort_keys[i].sort) == 0)
             return sort_keys[i].sort;
     usage_error("unknown sort key '%s' (reductions, reductions_total, memory, mailbox, cpu, "
-                "cpu_total)",
+                "cpu_total, gc_pause)",
                 key);
     return NULL;
 }
