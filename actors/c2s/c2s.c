@@ -699,6 +699,8 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_ROSTER_ITEM:
     case C2S_MSG_PROBE:
     case C2S_MSG_PRESENCE_TO:
+    case C2S_MSG_PRESENCE_READY:
+    case C2S_MSG_PRESENCE_STALE:
         rt__c2s_roster_msg(self, c, m);
         break;
     case C2S_MSG_BLOCKLIST:
@@ -826,6 +828,10 @@ static const char *c2s_tag_name(uint32_t tag)
         return "presence_to";
     case C2S_MSG_BLOCKLIST:
         return "blocklist";
+    case C2S_MSG_PRESENCE_READY:
+        return "presence_ready";
+    case C2S_MSG_PRESENCE_STALE:
+        return "presence_stale";
     }
     return NULL;
 }

@@ -61,6 +61,12 @@
 /* Far above the session's own tags, which grow as it learns XEPs. */
 #define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
 #define C2S_MSG_BLOCKLIST (RT_C2S_MSG_BASE + 22)      /* the blocklist, and a push (c2s_blocking.c) */
+/* C2S_OP_ROSTER_GET_FIRST found nothing the initial presence must fetch (c2s_roster.c). */
+#define C2S_MSG_PRESENCE_READY (RT_C2S_MSG_BASE + 23)
+/* One byte, C2S_STALE_*: a message was kept, or a subscription request made, for the account
+   since C2S_MSG_PRESENCE_READY; the session asks the store after all (c2s_roster.c). */
+#define C2S_MSG_PRESENCE_STALE (RT_C2S_MSG_BASE + 24)
+enum { C2S_STALE_KEPT = 1, C2S_STALE_PENDING };
 /* Registration's (c2s_register.c), apart from the session's own tags as they grow. */
 #define C2S_MSG_ACCOUNT_GONE (RT_C2S_MSG_BASE + 0x40) /* the account was cancelled: end */
 
@@ -92,6 +98,9 @@ enum {
     C2S_OP_ARCHIVE,       /* data: c2s_archive_t, the receiver's bare JID, the stanza */
     C2S_OP_MAM_QUERY,     /* data: c2s_mam_query_t, iq id, queryid, full JID, iq's to (each
                              NUL-terminated), the with filter's bare JID (none: empty) */
+    C2S_OP_ROSTER_GET_FIRST, /* a roster get before the initial presence: as ROSTER_GET, and
+                                C2S_MSG_BLOCKLIST, then C2S_MSG_PRESENCE_READY if nothing is
+                                pending or kept */
 };
 /* SASL EXTERNAL's and registration's, apart from the others as they grow: answered with a
    c2s_reply_t (registration's with the iq id, NUL and the user after it: len bytes). */
@@ -264,6 +273,8 @@ typedef struct c2s_s {
     bool hibernate_armed; /* a C2S_MSG_HIBERNATE timer is on its way */
     uint64_t last_active_ms; /* the last message handled (the hibernation's clock) */
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
+    bool presence_ready; /* C2S_MSG_PRESENCE_READY came, and nothing changed since */
+    bool presence_fast;  /* the initial presence went out on it, asking the store nothing */
     bool block_loaded;     /* XEP-0191: blocked holds the account's blocklist */
     bool block_interested; /* asked for the blocklist: gets its pushes */
     uint8_t plain_from;    /* C2S_PLAIN_*: whether the peer is in xmpp.plaintext_from */

@@ -279,21 +279,39 @@ static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 
 /* ---- Routing ---- */
 
-/* Available sessions of bare with priority >= 0, and the highest priority among them. */
-static size_t available(const rt_jid_t *to, c2s_route_t *r, size_t max, int *top)
+/* The available sessions of to's account but except, of priority >= 0, and their top priority. */
+static size_t available(const rt_jid_t *to, rt_pid_t except, c2s_route_t *r, int *top)
 {
     c2s_route_t all[C2S_ROUTES_MAX];
     size_t n = rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), NULL, 0, all, C2S_ROUTES_MAX);
     size_t k = 0;
     *top = -1;
-    for (size_t i = 0; i < n && k < max; i++) {
-        if (!all[i].available || all[i].priority < 0)
+    for (size_t i = 0; i < n; i++) {
+        if (!all[i].available || all[i].priority < 0 || all[i].pid == except)
             continue;
         r[k++] = all[i];
         if (all[i].priority > *top)
             *top = all[i].priority;
     }
     return k;
+}
+
+/*
+** RFC 6121 8.5.2.1.1: a message to a bare JID goes to the available resources of the highest
+** priority, a headline to every available one; `except` is left out (a session that has
+** ended). Returns how many got it, their routes first in r.
+*/
+static size_t to_bare(const rt_jid_t *to, const rt_buf_t *bytes, bool headline, rt_pid_t except,
+                      c2s_route_t r[C2S_ROUTES_MAX])
+{
+    int top;
+    size_t n = available(to, except, r, &top), sent = 0;
+    for (size_t i = 0; i < n; i++)
+        if (headline || r[i].priority == top) {
+            rt__c2s_send_bytes(r[i].pid, bytes);
+            r[sent++] = r[i];
+        }
+    return sent;
 }
 
 /* XEP-0280 6: chats, and normal messages with a body, unless marked private or no-copy. */
@@ -406,15 +424,8 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
         return;
     }
     c2s_route_t r[C2S_ROUTES_MAX];
-    int top;
-    size_t n = available(to, r, C2S_ROUTES_MAX, &top);
     bool headline = strcmp(type, "headline") == 0;
-    size_t sent = 0;
-    for (size_t i = 0; i < n; i++)
-        if (headline || r[i].priority == top) {
-            rt__c2s_send_bytes(r[i].pid, bytes);
-            r[sent++] = r[i];
-        }
+    size_t sent = to_bare(to, bytes, headline, 0, r);
     if (sent && copies)
         carbons("received", to->s, rt_jid_bare_len(to), bytes, r, sent, 0);
     if (sent || headline)
@@ -453,15 +464,8 @@ void rt__c2s_orphan_message(const rt_msg_t *m, rt_pid_t gone)
         return;
     atomic_fetch_add_explicit(&rt_c2s_stats.orphans_rerouted, 1, memory_order_relaxed);
     c2s_route_t r[C2S_ROUTES_MAX];
-    int top;
-    size_t k = available(&to.jid, r, C2S_ROUTES_MAX, &top), sent = 0;
     rt_buf_t bytes = {.data = (char *)m->data, .len = m->len};
-    for (size_t i = 0; i < k; i++)
-        if (r[i].pid != gone && (headline || r[i].priority == top)) {
-            rt__c2s_send_bytes(r[i].pid, &bytes);
-            sent++;
-        }
-    if (sent || headline)
+    if (to_bare(&to.jid, &bytes, headline, gone, r) || headline)
         return;
     int idn = rt__c2s_first_tag_attr(m->data, m->len, "id", id, sizeof(id) - 1);
     int fn = rt__c2s_first_tag_attr(m->data, m->len, "from", from, sizeof(from) - 1);

@@ -163,6 +163,7 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
     int rc = rt_offline_push(s->accounts, host, user, stanza, slen, (int64_t)rt_wall_ms(),
                              (uint32_t)x->max_offline_messages, (uint64_t)x->max_offline_bytes);
     if (rc == 0) {
+        rt__c2s_store_presence_stale(host, user, C2S_STALE_KEPT);
         atomic_fetch_add_explicit(&rt_c2s_stats.offline_stored, 1, memory_order_relaxed);
         return;
     }
@@ -189,6 +190,7 @@ static bool op_reads(uint32_t op)
     case C2S_OP_PLAIN:
     case C2S_OP_EXTERNAL:
     case C2S_OP_ROSTER_GET:
+    case C2S_OP_ROSTER_GET_FIRST:
     case C2S_OP_BLOCK_GET:
     case C2S_OP_VCARD_GET:
     case C2S_OP_OFFLINE_TAKE:
@@ -249,7 +251,11 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     }
     case C2S_OP_ROSTER_GET:
-        rt__c2s_store_roster_get(s->accounts, m->from, host, user, data, r->data_len);
+        rt__c2s_store_roster_get(s->accounts, m->from, host, user, data, r->data_len, false);
+        break;
+    case C2S_OP_ROSTER_GET_FIRST: /* and what the initial presence would ask for */
+        rt__c2s_store_block_load(s->accounts, m->from, host, user);
+        rt__c2s_store_roster_get(s->accounts, m->from, host, user, data, r->data_len, true);
         break;
     case C2S_OP_ROSTER_SET:
         rt__c2s_store_roster_set(s->accounts, m->from, host, user, data, r->data_len);
@@ -270,8 +276,10 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
         break;
     case C2S_OP_PRESENCE_INIT: { /* kept messages, if any, are taken in a write transaction */
+        /* The blocklist before the roster, whose arrival starts the broadcast (XEP-0191 3.3:
+           no presence to a blocked contact), and before what was kept. */
+        rt__c2s_store_block_load(s->accounts, m->from, host, user);
         rt__c2s_store_presence_init(s->accounts, m->from, host, user);
-        rt__c2s_store_block_load(s->accounts, m->from, host, user); /* before what was kept */
         take_t t = {.to = m->from, .host = host};
         rt_offline_take(s->accounts, host, user, UINT32_MAX, send_kept, &t);
         break;

@@ -15,11 +15,16 @@
 
 void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, const uint8_t *data,
                        size_t len);
+/* first: C2S_OP_ROSTER_GET_FIRST's C2S_MSG_PRESENCE_READY when nothing is pending or kept. */
 void rt__c2s_store_roster_get(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
-                              const uint8_t *data, size_t len);
+                              const uint8_t *data, size_t len, bool first);
 void rt__c2s_store_roster_set(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
                               const uint8_t *data, size_t len);
 void rt__c2s_store_presence_init(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user);
+/* Tells user@host's sessions that C2S_MSG_PRESENCE_READY no longer holds (kind C2S_STALE_*):
+   a message was kept (to every session) or a subscription request made (to those not yet
+   available; the available ones got it). */
+void rt__c2s_store_presence_stale(const char *host, const char *user, uint8_t kind);
 
 /* c2s_store_xeps.c: blocklists (XEP-0191) */
 void rt__c2s_store_block_load(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user);

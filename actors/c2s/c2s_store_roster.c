@@ -127,6 +127,8 @@ static int write_item(rt_accounts_t *a, const char *host, const char *user, item
     if (it->found && it->state == state)
         return 0;
     bool was_visible = it->found && visible(it->state);
+    bool asked = (state & RT_ROSTER_PENDING_IN) &&
+                 !(it->found && (it->state & RT_ROSTER_PENDING_IN));
     it->state = state;
     const char *groups[RT_ROSTER_GROUPS_MAX];
     for (unsigned i = 0; i < it->ngroups; i++)
@@ -145,7 +147,20 @@ static int write_item(rt_accounts_t *a, const char *host, const char *user, item
     it->found = true;
     if (was_visible || visible(state))
         push(host, user, it, false, version);
+    if (asked)
+        rt__c2s_store_presence_stale(host, user, C2S_STALE_PENDING);
     return 0;
+}
+
+void rt__c2s_store_presence_stale(const char *host, const char *user, uint8_t kind)
+{
+    char bare[RT_JID_TEXT_MAX + 1];
+    int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
+    c2s_route_t r[C2S_ROUTES_MAX];
+    size_t n = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, r, C2S_ROUTES_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (kind == C2S_STALE_KEPT || !r[i].available)
+            rt_send(r[i].pid, C2S_MSG_PRESENCE_STALE, &kind, 1);
 }
 
 void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n)
@@ -292,8 +307,17 @@ static int roster_read(rt_accounts_t *a, const char *host, const char *user, get
     return rt_roster_get(a, host, user, collect, g, version);
 }
 
+/* Nothing for an initial presence to fetch: no subscription request waits, nothing kept. */
+static bool presence_ready(rt_accounts_t *a, const char *host, const char *user, const get_t *g)
+{
+    uint32_t kept;
+    uint64_t bytes;
+    return !g->pending.len && !g->pending.oom &&
+           rt_offline_count(a, host, user, &kept, &bytes) == 0 && !kept;
+}
+
 void rt__c2s_store_roster_get(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
-                              const uint8_t *data, size_t len)
+                              const uint8_t *data, size_t len, bool first)
 {
     const char *id = (const char *)data;
     size_t idlen = strnlen(id, len);
@@ -324,8 +348,11 @@ void rt__c2s_store_roster_get(rt_accounts_t *a, rt_pid_t to, const char *host, c
             rt_buf_printf(&out, "</query></iq>");
         }
     }
-    if (!rc && !g.entries.oom)
+    if (!rc && !g.entries.oom) {
         rt_send(to, C2S_MSG_ROSTER, g.entries.data, g.entries.len);
+        if (first && presence_ready(a, host, user, &g))
+            rt_send(to, C2S_MSG_PRESENCE_READY, NULL, 0);
+    }
     if (!out.oom)
         rt_send(to, C2S_MSG_STANZA, out.data, out.len);
     rt_buf_free(&out);

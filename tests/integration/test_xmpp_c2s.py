@@ -24,7 +24,7 @@ PW = "s3cret-pw"
 USERS = """sha256 sha1 wrongpw brute bindres bindempty conflict fullto fullfrom barefrom bareto
 offfrom offto nouserfrom ping disco iqoff iqunknown forger victim after rosterset subuser
 subcontact probeuser probecontact ownpres ownecho unsubuser unsubcontact cancuser
-canccontact hibernate malformed""".split()
+canccontact hibernate malformed keptto keptfrom askto askfrom""".split()
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +281,51 @@ def test_offline_message_delivered_at_initial_presence(xmpp):
         assert m1.xml.find("{urn:xmpp:delay}delay") is not None  # XEP-0203 stamp
         await X.logout(a, b)
     X.run(t())
+
+
+def _roster_get(r, id_):
+    """A roster get on a raw session, waited for: what the store had by then is in its answer."""
+    r.send(f"<iq type='get' id='{id_}'><query xmlns='jabber:iq:roster'/></iq>")
+    return r.read_until(rb"<iq[^>]*id='" + id_.encode() + rb"'[^>]*(/>|>.*?</iq>)")
+
+
+def test_kept_between_roster_get_and_presence(xmpp):
+    """A message kept for the user after its client fetched the roster and before its initial
+    presence comes with that presence (rtd's roster get tells the session whether that
+    presence has anything to fetch; a message kept since must change its mind)."""
+    u = X.Raw(xmpp.xport)
+    s = X.Raw(xmpp.xport)
+    try:
+        u.login("keptto", PW, resource="r")
+        s.login("keptfrom", PW, resource="r")
+        _roster_get(u, "g1")
+        s.send(f"<message to='{jid('keptto')}' type='chat' id='k1'><body>late</body></message>")
+        # The sender's next request to the store is answered after the message was kept.
+        _roster_get(s, "g2")
+        u.send("<presence/>")
+        assert "<body>late</body>" in u.read_until(rb"<body>late</body>")
+    finally:
+        u.close()
+        s.close()
+
+
+def test_request_between_roster_get_and_presence(xmpp):
+    """The same for a subscription request: it comes with the initial presence (RFC 6121
+    3.1.3), though the roster get before that presence found none waiting."""
+    u = X.Raw(xmpp.xport)
+    s = X.Raw(xmpp.xport)
+    try:
+        u.login("askto", PW, resource="r")
+        s.login("askfrom", PW, resource="r")
+        _roster_get(u, "g1")
+        s.send(f"<presence type='subscribe' to='{jid('askto')}'/>")
+        _roster_get(s, "g2")
+        u.send("<presence/>")
+        got = u.read_until(rb"<presence[^>]*type=['\"]subscribe['\"][^>]*>")
+        assert "askfrom@localhost" in got[got.rindex("<presence"):], got
+    finally:
+        u.close()
+        s.close()
 
 
 def _bodies(text, tag):

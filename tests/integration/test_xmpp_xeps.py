@@ -18,7 +18,7 @@ NS_BLOCKING = "urn:xmpp:blocking"
 EMPTY_LIST = re.compile(r"<blocklist xmlns=['\"]urn:xmpp:blocking['\"]\s*(/>|></blocklist>)")
 
 USERS = """blocker blocked bystander pushed pushed2 carder reader slixcard capser blkuser
-blkcontact nocard""".split()
+blkcontact nocard ipblock ipwatch ippal""".split()
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +140,61 @@ def test_block_sends_unavailable(xmpp):
     finally:
         u.close()
         c.close()
+
+
+def unavailable_from(full_jid):
+    """A pattern for the unavailable presence from full_jid, its attributes in any order."""
+    return (rb"<presence(?=[^>]*from=['\"]" + re.escape(full_jid).encode() + rb"['\"])"
+            rb"(?=[^>]*type=['\"]unavailable['\"])[^>]*>")
+
+
+def befriend(u, c, u_user, c_user):
+    """Mutual subscriptions (both) between two available raw sessions, each resource 'r'."""
+    for a, b, a_user, b_user in ((c, u, c_user, u_user), (u, c, u_user, c_user)):
+        a.send(f"<presence type='subscribe' to='{jid(b_user)}'/>")
+        b.read_until(rb"<presence[^>]*type=['\"]subscribe['\"]")
+        b.send(f"<presence type='subscribed' to='{jid(a_user)}'/>")
+        a.read_until(rb"<presence[^>]*from=['\"]" + b_user.encode() + rb"@localhost/r['\"]"
+                     rb"[^>]*(/>|>.*?</presence>)")
+
+
+def test_initial_presence_passes_over_a_blocked_subscriber(xmpp):
+    """XEP-0191 3.3: a blocked contact gets none of the user's presence, the initial one
+    included, whether the client fetched its roster first (rtd then has all it needs at the
+    presence) or sent the presence first (rtd then asks its store for the roster and the
+    blocklist); a contact not blocked gets it both times."""
+    u = raw_login(xmpp, "ipblock")
+    w = raw_login(xmpp, "ipwatch")
+    p = raw_login(xmpp, "ippal")
+    try:
+        for r, who in ((u, "ipblock"), (w, "ipwatch"), (p, "ippal")):
+            r.send("<presence/>")
+            r.read_until(rb"<presence[^>]*from=['\"]" + who.encode() + rb"@localhost/r['\"]")
+        befriend(u, w, "ipblock", "ipwatch")
+        befriend(u, p, "ipblock", "ippal")
+        ans = iq(u, f"<iq type='set' id='bl1'><block xmlns='{NS_BLOCKING}'>"
+                    f"<item jid='{jid('ipwatch')}'/></block></iq>", "bl1")
+        assert "type='result'" in ans, ans
+        w.read_until(unavailable_from("ipblock@localhost/r"))  # 3.3: blocking sends it
+        u.close()
+        for n, roster_first in enumerate((True, False)):
+            u = raw_login(xmpp, "ipblock", f"again{n}")
+            if roster_first:
+                iq(u, f"<iq type='get' id='rg{n}'><query xmlns='jabber:iq:roster'/></iq>",
+                   f"rg{n}")
+            u.send("<presence/>")
+            # The probe's answer from the contact not blocked: the broadcast went before it.
+            u.read_until(rb"<presence[^>]*from=['\"]ippal@localhost/r['\"]")
+            p.read_until(rb"<presence[^>]*from=['\"]ipblock@localhost/again" + str(n).encode())
+            # What the broadcast sent the blocked contact is in its mailbox before this ping.
+            got = iq(w, f"<iq type='get' id='wp{n}' to='localhost'><ping xmlns='urn:xmpp:ping'/>"
+                        "</iq>", f"wp{n}")
+            assert "ipblock@localhost" not in got, (roster_first, got)
+            u.close()
+            p.read_until(unavailable_from(f"ipblock@localhost/again{n}"))
+    finally:
+        for r in (u, w, p):
+            r.close()
 
 
 def test_blocking_pushes_and_bounds(xmpp):
