@@ -289,40 +289,31 @@ def _roster_get(r, id_):
     return r.read_until(rb"<iq[^>]*id='" + id_.encode() + rb"'[^>]*(/>|>.*?</iq>)")
 
 
-def test_kept_between_roster_get_and_presence(xmpp):
-    """A message kept for the user after its client fetched the roster and before its initial
-    presence comes with that presence (rtd's roster get tells the session whether that
-    presence has anything to fetch; a message kept since must change its mind)."""
+@pytest.mark.parametrize("what", ["kept", "request"])
+def test_between_roster_get_and_presence(xmpp, what):
+    """A message kept for the user, or a subscription request made, after its client fetched
+    the roster and before its initial presence comes with that presence (RFC 6121 3.1.3,
+    XEP-0160): rtd's roster get tells the session whether the presence has anything to
+    fetch, and what comes in between must change its mind."""
     u = X.Raw(xmpp.xport)
     s = X.Raw(xmpp.xport)
+    to, sender = {"kept": ("keptto", "keptfrom"), "request": ("askto", "askfrom")}[what]
     try:
-        u.login("keptto", PW, resource="r")
-        s.login("keptfrom", PW, resource="r")
+        u.login(to, PW, resource="r")
+        s.login(sender, PW, resource="r")
         _roster_get(u, "g1")
-        s.send(f"<message to='{jid('keptto')}' type='chat' id='k1'><body>late</body></message>")
-        # The sender's next request to the store is answered after the message was kept.
+        if what == "kept":
+            s.send(f"<message to='{jid(to)}' type='chat'><body>late</body></message>")
+        else:
+            s.send(f"<presence type='subscribe' to='{jid(to)}'/>")
+        # The sender's next request to the store is answered after the first one's work.
         _roster_get(s, "g2")
         u.send("<presence/>")
-        assert "<body>late</body>" in u.read_until(rb"<body>late</body>")
-    finally:
-        u.close()
-        s.close()
-
-
-def test_request_between_roster_get_and_presence(xmpp):
-    """The same for a subscription request: it comes with the initial presence (RFC 6121
-    3.1.3), though the roster get before that presence found none waiting."""
-    u = X.Raw(xmpp.xport)
-    s = X.Raw(xmpp.xport)
-    try:
-        u.login("askto", PW, resource="r")
-        s.login("askfrom", PW, resource="r")
-        _roster_get(u, "g1")
-        s.send(f"<presence type='subscribe' to='{jid('askto')}'/>")
-        _roster_get(s, "g2")
-        u.send("<presence/>")
-        got = u.read_until(rb"<presence[^>]*type=['\"]subscribe['\"][^>]*>")
-        assert "askfrom@localhost" in got[got.rindex("<presence"):], got
+        if what == "kept":
+            assert "<body>late</body>" in u.read_until(rb"<body>late</body>")
+        else:
+            got = u.read_until(rb"<presence[^>]*type=['\"]subscribe['\"][^>]*>")
+            assert f"{sender}@localhost" in got[got.rindex("<presence"):], got
     finally:
         u.close()
         s.close()
