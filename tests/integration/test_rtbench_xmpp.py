@@ -56,9 +56,13 @@ def test_login_storm(rtd):
     assert again["pbkdf2"] == 0 and again["logins"] == 10
 
 
-def test_chat_during_storm(rtd):
+@pytest.mark.parametrize("apart", [False, True])
+def test_chat_during_storm(rtd, apart):
+    """The pairs and the storm shared over two processes, or (--pairs-apart) the pairs in a
+    process of their own and the storm over the other two: the same counts either way."""
+    split = ["--procs", 3, "--pairs-apart"] if apart else ["--procs", 2]
     s = bench(rtd, "xchat", "--pairs", 2, "--rate", 200, "-d", 2, "--storm", 12, "--hold",
-              "--accounts", ACCOUNTS, "--procs", 2)
+              "--accounts", ACCOUNTS, *split)
     assert s["failed"] == 0 and s["lost"] == 0
     assert s["run_logins"] == 12 and s["logins"] == 4 + 12
     assert s["sent"] >= 2 * 200 * 1.5  # 2 pairs at 200/s for 2 s, whatever the load
@@ -86,7 +90,8 @@ def test_wrong_password_counts_failed(rtd):
 
 @pytest.mark.parametrize("args", [["xchat", "-c", 5], ["xlogin", "--hold"],
                                   ["xroster", "-c", 18], ["pairs", "--storm", 3],
-                                  ["xlogin", "--tls"]])
+                                  ["xlogin", "--tls"], ["xlogin", "--pairs-apart"],
+                                  ["xchat", "--storm", 3, "--pairs-apart"]])
 def test_flag_errors(rtd, args):
     p = subprocess.run([RTBENCH, *map(str, args)], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "rtbench:" in p.stderr

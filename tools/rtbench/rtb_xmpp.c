@@ -948,9 +948,16 @@ static int build(xw_t *w)
         w->conn_lo = o->start + lo;
         break;
     case RTB_CMD_XCHAT:
+        if (o->pairs_apart) /* every pair in process 0 */
+            lo = 0, hi = w->proc ? 0 : rtb_groups(o);
         w->nheld = 2 * (hi - lo);
         w->conn_lo = o->start + 2 * lo;
-        rtb_range(o->storm, o->procs, w->proc, &w->acct_lo, &hi);
+        if (!o->pairs_apart)
+            rtb_range(o->storm, o->procs, w->proc, &w->acct_lo, &hi);
+        else if (w->proc) /* the storm over the others */
+            rtb_range(o->storm, o->procs - 1, w->proc - 1, &w->acct_lo, &hi);
+        else
+            w->acct_lo = hi = 0;
         w->acct_n = hi - w->acct_lo;
         nconn = o->hold ? w->acct_n : o->conn_parallel < w->acct_n ? o->conn_parallel : w->acct_n;
         break;

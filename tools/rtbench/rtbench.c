@@ -104,7 +104,9 @@ static const char *usage_text =
     "           messages/s per pair in all (R/2 each way), body = send time and sequence;\n"
     "           chat latency p50/p99/max per second and overall, losses and duplicates.\n"
     "           --storm N: N logins of accounts -n+2P.. during the chat, --conn-parallel at\n"
-    "           a time; --hold keeps them logged in (else each logs out after its login).\n"
+    "           a time; --hold keeps them logged in (else each logs out after its login);\n"
+    "           --pairs-apart: the pairs in the first of --procs, the storm in the others\n"
+    "           (so that the storm's work on a client's loop does not delay the chat's).\n"
     "  xroster  set-up: accounts -n..-n+c-1 (-c, >= 19) each get the contacts i+-1..9 (mod c)\n"
     "           with subscription both: two passes of logins sending subscribed+subscribe\n"
     "           and approving the requests that arrive (-L logins in all, 2 x c; one\n"
@@ -249,8 +251,9 @@ static void xmpp_opts(rtb_opts_t *o, int64_t count, int64_t accounts, int64_t pa
         o->domain = "localhost";
     if (strlen(o->user) > 40 || strlen(o->domain) > 60)
         die_usage("-u (40 bytes) or --domain (60 bytes) is too long: '%s'", o->user);
-    if (o->cmd != RTB_CMD_XCHAT && (pairs > 0 || storm > 0 || o->hold))
-        die_usage("--pairs, --storm and --hold are for xchat (got them for %s)", o->cmd_name);
+    if (o->cmd != RTB_CMD_XCHAT && (pairs > 0 || storm > 0 || o->hold || o->pairs_apart))
+        die_usage("--pairs, --storm, --hold and --pairs-apart are for xchat (got them for %s)",
+                  o->cmd_name);
     switch (o->cmd) {
     case RTB_CMD_XLOGIN:
         o->count = count > 0 ? (uint32_t)count : 50;
@@ -274,6 +277,8 @@ static void xmpp_opts(rtb_opts_t *o, int64_t count, int64_t accounts, int64_t pa
         o->accounts = accounts > 0 ? (uint32_t)accounts : 2 * o->pairs + o->storm;
         if (o->accounts <= 2 * o->pairs && o->storm)
             die_usage("--accounts must leave some for the storm beyond the 2 x --pairs%s", "");
+        if (o->pairs_apart && (!o->storm || o->procs < 2))
+            die_usage("--pairs-apart wants --storm and --procs 2 or more%s", "");
         o->count = 2 * o->pairs;
     }
 }
@@ -351,6 +356,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         }
         if (!strcmp(f, "--hold")) {
             o->hold = 1;
+            continue;
+        }
+        if (!strcmp(f, "--pairs-apart")) {
+            o->pairs_apart = 1;
             continue;
         }
         if (f[0] != '-' || !f[1])
@@ -523,11 +532,13 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         o->conn_interval_ms = o->cmd >= RTB_CMD_FANIN ? 0 : 10;
     if (o->rate < 0)
         o->rate = 0;
-    if (o->procs > rtb_groups(o)) {
+    /* --pairs-apart: one process for the pairs, the storm's logins over the others */
+    uint32_t most = o->pairs_apart ? o->storm + 1 : rtb_groups(o);
+    if (o->procs > most) {
         char msg[160];
         snprintf(msg, sizeof(msg),
                  "%s splits into at most %u process(es); --procs %u is too many%%s", o->cmd_name,
-                 rtb_groups(o), o->procs);
+                 most, o->procs);
         die_usage(msg, "");
     }
     if (ifaddr)
@@ -562,6 +573,10 @@ static void check_fds(const rtb_opts_t *o)
     if (o->cmd == RTB_CMD_XROSTER)
         total = (uint64_t)o->conn_parallel * o->procs;
     uint64_t per = (total + o->procs - 1) / o->procs;
+    if (o->pairs_apart) { /* the storm's processes hold the most */
+        uint64_t storm = o->hold ? o->storm : (uint64_t)o->conn_parallel * (o->procs - 1);
+        per = (storm + o->procs - 2) / (o->procs - 1);
+    }
     if (o->cmd == RTB_CMD_SEED)
         per = ((uint64_t)o->subs / o->procs + o->subs % o->procs) * o->copies +
               o->pubs; /* upper bound */
