@@ -28,6 +28,7 @@
 #   chat-storm     the issue's seed: 40 pairs (u0..u79) chat at 100 messages/s per pair while
 #                  the other R - 80 roster users log in as fast as the client can and stay,
 #                  for --chat-seconds (default 30): chat p99 overall and of the worst second
+#                  (the pairs in an rtbench process of their own, the storm in two others)
 #   idle-roster18  R sessions (--roster-users, default 19000) of accounts whose rosters hold
 #                  18 contacts with subscription both: RSS per session as idle-anon
 # Both roster cases need R accounts (registered with the others) and their rosters, which
@@ -242,10 +243,12 @@ case_chat_storm() {
     start_server "$name" scram
     rss0=$(rss_kb "$SERVER_PID")
     c0=$(cpu_ticks "$SERVER_PID")
-    # Two processes: each holds half of the storm's sessions (20,000 descriptors at most).
+    # Three processes: the 40 pairs in one, whose loop then measures the chat with no storm
+    # login's work queued ahead of it; the storm's sessions over the other two (20,000
+    # descriptors a process at most).
     rtbench_run "$name" chat-storm "$round" xchat --pairs 40 --rate 100 -d "$CHAT_SECONDS" \
-        --storm $((ROSTER_USERS - 80)) --hold --accounts "$ROSTER_USERS" --procs 2 \
-        --conn-timeout 60 --ifaddr "$SRC8" || { stop_server; return; }
+        --storm $((ROSTER_USERS - 80)) --hold --accounts "$ROSTER_USERS" --procs 3 \
+        --pairs-apart --conn-timeout 60 --ifaddr "$SRC8" || { stop_server; return; }
     c1=$(cpu_ticks "$SERVER_PID")
     rss1=$(rss_kb "$SERVER_PID")
     failed=$(($(jget "$RB_OUT" missing) + $(jget "$RB_OUT" failed) + $(jget "$RB_OUT" lost)))
@@ -254,6 +257,10 @@ case_chat_storm() {
         "$(jget "$RB_OUT" run_seconds)" "$(jget "$RB_OUT" cpu_seconds)" "$(load1)" \
         "$(jget "$RB_OUT" chat.p99_ms)" "$(jget "$RB_OUT" worst_second_p99_ms)" \
         "$(gc_over_1ms "$name")"
+    if [[ "$name" == rtd ]]; then # whose collections were the longest
+        echo "xmpp_peers.sh: rtd chat-storm $round: the longest collections" >&2
+        "$RTCTL" -c "$WORK/rtd/rtd.conf" top --once --sort gc_pause -n 5 | tail -6 >&2 || true
+    fi
     stop_server
 }
 

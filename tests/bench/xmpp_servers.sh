@@ -6,6 +6,7 @@
 # CASE_TIMEOUT_S, and may set TLS_PEM (a PEM file holding a certificate for "localhost" and
 # its key): then rtd and ejabberd also serve direct TLS (XEP-0368) on TLS_PORT. start_server
 # sets SERVER_PID, PORT (plain TCP, where SASL is allowed from loopback) and TLS_PORT.
+# RTD_LOG_LEVEL (default warning, the peers' level) sets rtd's log_level.
 
 free_port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -35,6 +36,9 @@ data_dir = "$dir/data"
 rules_dir = "$dir/rules"
 max_connections_per_ip = 0
 max_connection_rate = 0
+-- Warnings and errors only, as the peers' configs have it (ejabberd's loglevel: warning,
+-- Prosody's log = { warn = ... }): at info rtd writes a line a login (its peer and JID).
+log_level = "${RTD_LOG_LEVEL:-warning}"
 -- A login waits behind the roster set-up's writes in the store: 10 s (the default) is
 -- too short for xroster's storm on a busy machine.
 connect_timeout = 120
@@ -131,4 +135,50 @@ register() {
         --deadline $((CASE_TIMEOUT_S - 20)))
     stop_server
     [[ "$out" == *'"failed": 0'* ]] || { echo "xmpp_servers.sh: $name: $out" >&2; exit 1; }
+}
+
+# ejabberd's accounts FIRST..FIRST+COUNT-1 (names and passwords as register's), each with the
+# contacts i+-1..9 (mod COUNT) at subscription both, the rosters rtbench xroster makes
+# in-band, loaded as one XEP-0227 file by ejabberd's own importer (ejabberd_piefxis) on a
+# process started for it and stopped after: in-band the fill ran at 14 logins/s here (each
+# login subscribes to 18 and approves 18), 45 minutes for 19,000 accounts. Prints nothing.
+load_rosters_piefxis() {
+    local name=$1 first=$2 count=$3 user=$4 pw=$5 dir="$WORK/$1" i
+    echo "xmpp_servers.sh: $name: $count accounts with 18 contacts each (XEP-0227 import)" >&2
+    mkdir -p "$dir/spool"
+    python3 - "$first" "$count" "$user" "$pw" "$dir/rosters.xml" <<'PY'
+import sys
+first, count, user, pw, path = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:]
+name = lambda i: user.replace("{}", str(first + i))
+with open(path, "w") as f:
+    f.write("<?xml version='1.0' encoding='UTF-8'?>\n"
+            "<server-data xmlns='urn:xmpp:pie:0'><host jid='localhost'>\n")
+    for i in range(count):
+        items = "".join(f"<item jid='{name((i + d) % count)}@localhost' subscription='both'/>"
+                        for d in range(-9, 10) if d)
+        f.write(f"<user name='{name(i)}' password='{pw.replace('{}', str(first + i))}'>"
+                f"<query xmlns='jabber:iq:roster'>{items}</query></user>\n")
+    f.write("</host></server-data>\n")
+PY
+    write_config "$name" scram "$(free_port)"
+    rm -f "$dir/imported"
+    env ERL_LIBS=/usr/lib/x86_64-linux-gnu EJABBERD_CONFIG_PATH="$dir/ejabberd.yml" \
+        EJABBERD_LOG_PATH="$dir/ejabberd.log" ERL_CRASH_DUMP="$dir/erl_crash.dump" \
+        erl +K true -noinput -noshell -mnesia dir "\"$dir/spool\"" -s ejabberd \
+        -eval "R = ejabberd_piefxis:import_file(<<\"$dir/rosters.xml\">>),
+               file:write_file(\"$dir/imported\", io_lib:format(\"~p~n\", [R])), init:stop()." \
+        >>"$dir/server.log" 2>&1 &
+    SERVER_PID=$!
+    # The VM stops itself once the file is in: wait for that, bounded like the cases.
+    for ((i = 0; i < CASE_TIMEOUT_S * 10; i++)); do
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    stop_server
+    [[ "$(cat "$dir/imported" 2>/dev/null)" == ok ]] || {
+        echo "xmpp_servers.sh: $name: the XEP-0227 import failed:" >&2
+        cat "$dir/imported" 2>/dev/null >&2
+        tail -20 "$dir/server.log" "$dir"/*.log >&2 || true
+        exit 1
+    }
 }

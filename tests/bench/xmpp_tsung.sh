@@ -9,17 +9,18 @@
 #
 # Per server, on a freshly started process: N accounts tsung1..tsungN (password pwN, as
 # Tsung's jabber plugin names them; default 2,000, the issue's run is --users 19000), each
-# with 18 contacts (its neighbours, mutual subscriptions made in-band beforehand by
-# rtbench xroster); then xmpp_tsung.py's scenario: the N sessions arrive at R a second
-# (default 50) over direct TLS with SASL PLAIN, bind, fetch the roster, send presence (which
-# goes to the online contacts, whose presences come back), send M chat messages (default
-# 10), one each S seconds (default 10), to users online, stay until every message can have
-# arrived, and close.
+# with 18 contacts (its neighbours, mutual subscriptions made beforehand: in-band by
+# rtbench xroster on rtd, by ejabberd's XEP-0227 import on ejabberd); then xmpp_tsung.py's
+# scenario: the N sessions arrive at R a second (default 50) over direct TLS with SASL
+# PLAIN, bind, fetch the roster, send presence (which goes to the online contacts, whose
+# presences come back), send M chat messages (default 10), one each S seconds (default 10),
+# to users online, stay until every message can have arrived, and close.
 #
 # Reported per server: sessions connected (Tsung's connects and authentications), Tsung's
 # error counters, chat messages sent and received (each by its stamp, from Tsung's dump),
 # the server's CPU-seconds over the run (utime + stime from /proc), its peak RSS (VmHWM) and
-# (peak - RSS before) / N. Tsung runs on the same 2 cores; its CPU is not the server's.
+# (peak - RSS before) / the sessions that connected. Tsung runs on the same 2 cores; its CPU
+# is not the server's.
 #
 # --keep leaves the servers' and Tsung's files (its dump, logs) in the mktemp folder it names.
 #
@@ -103,17 +104,21 @@ json() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]]
 hwm_kb() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
 
 for s in "${SERVER_LIST[@]}"; do
-    register "$s" 1 "$USERS" "tsung{}" "pw{}"
-    start_server "$s" scram
-    echo "xmpp_tsung.sh: $s: 18 contacts for each of $USERS accounts" >&2
-    # Each login writes 36 presences' roster changes: few at once, and patient.
-    out=$(timeout "$CASE_TIMEOUT_S" "$RTBENCH" xroster -u 'tsung%i' -P 'pw%i' -n 1 -c "$USERS" \
-        --procs 2 -d $((CASE_TIMEOUT_S - 60)) --conn-parallel 16 --conn-timeout 120 \
-        --ifaddr 127.0.0.2,127.0.0.3 -p "$PORT" --json --salt-cache "$WORK/$s/salts")
-    [[ "$(json "$out" failed)" == 0 ]] || {
-        echo "xmpp_tsung.sh: $s: rosters incomplete: $out" >&2; exit 1; }
-    # The run starts on a fresh process: the rosters are in its files, not in its memory.
-    stop_server
+    if [[ "$s" == ejabberd ]]; then
+        load_rosters_piefxis "$s" 1 "$USERS" "tsung{}" "pw{}"
+    else
+        register "$s" 1 "$USERS" "tsung{}" "pw{}"
+        start_server "$s" scram
+        echo "xmpp_tsung.sh: $s: 18 contacts for each of $USERS accounts" >&2
+        # Each login writes 36 presences' roster changes: few at once, and patient.
+        out=$(timeout "$CASE_TIMEOUT_S" "$RTBENCH" xroster -u 'tsung%i' -P 'pw%i' -n 1 -c "$USERS" \
+            --procs 2 -d $((CASE_TIMEOUT_S - 60)) --conn-parallel 16 --conn-timeout 120 \
+            --ifaddr 127.0.0.2,127.0.0.3 -p "$PORT" --json --salt-cache "$WORK/$s/salts")
+        [[ "$(json "$out" failed)" == 0 ]] || {
+            echo "xmpp_tsung.sh: $s: rosters incomplete: $out" >&2; exit 1; }
+        # The run starts on a fresh process: the rosters are in its files, not in its memory.
+        stop_server
+    fi
     start_server "$s" scram
     rss0=$(rss_kb "$SERVER_PID")
     c0=$(cpu_ticks "$SERVER_PID")
@@ -143,7 +148,7 @@ awk -F'\t' 'NR == 1 {
               "peak RSS MB | KB/session | load1 |"
         print "|---|---|---|---|---|---|---|---|---|---|---|"; next }
     { printf "| %s | %d | %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %s |\n", $1, $2, $3,
-        $5, $6, $7, $8, $9, $11 / 1024, ($11 - $10) / $2, $12 }' "$ROWS" |
+        $5, $6, $7, $8, $9, $11 / 1024, ($11 - $10) / ($3 ? $3 : 1), $12 }' "$ROWS" |
     tee "$OUT/tsung-table-$STAMP.md"
 for s in "${SERVER_LIST[@]}"; do
     if grep -qiE 'level=(error|fatal)|crash|CRASH REPORT' "$WORK/$s"/*.log 2>/dev/null; then
