@@ -40,7 +40,7 @@ OUT="$ROOT/docs/bench/issue29-xmpp"
 CASE_TIMEOUT_S=1800 # the in-band roster fill of the largest runs (19,000: 38,000 logins)
 
 usage() {
-    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
