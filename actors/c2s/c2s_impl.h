@@ -275,6 +275,7 @@ typedef struct c2s_s {
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
     bool presence_ready; /* C2S_MSG_PRESENCE_READY came, and nothing changed since */
     bool presence_fast;  /* the initial presence went out on it, asking the store nothing */
+    bool traffic;        /* sent a message, a presence or an iq to another: normal priority */
     bool block_loaded;     /* XEP-0191: blocked holds the account's blocklist */
     bool block_interested; /* asked for the blocklist: gets its pushes */
     uint8_t plain_from;    /* C2S_PLAIN_*: whether the peer is in xmpp.plaintext_from */

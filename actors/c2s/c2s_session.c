@@ -262,7 +262,6 @@ static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt_free(self, c->jid);
     c->jid = full;
     c->phase = PH_ACTIVE;
-    rt_set_priority(self, RT_PRIORITY_NORMAL); /* its traffic goes before logins */
     atomic_fetch_add_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);
     rt__c2s_idle_arm(self, c);
     rt_buf_t out = {0};
@@ -589,6 +588,12 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         return RT_XML_STOP;
     }
     const char *to_text = rt_xml_attr(el, "to");
+    if (!c->traffic && (!iq || to_text)) {
+        /* Its traffic goes before logins; a login's own requests to the server (roster,
+           blocklist, disco) stay behind the chats of those already in. */
+        c->traffic = true;
+        rt_set_priority(self, RT_PRIORITY_NORMAL);
+    }
     rt_jid_buf_t tb;
     if (to_text && rt_jid_prep(to_text, strlen(to_text), &tb, NULL) != 0) {
         rt__c2s_stanza_error(self, c, el, "modify", "jid-malformed");
