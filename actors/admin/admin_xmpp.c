@@ -71,6 +71,7 @@ static int user_change(rt_admin_cmd_t *c, rt_accounts_t *a, const char *verb)
                  : rt_accounts_passwd(a, host, user, pw, pwlen, 0, err, sizeof(err));
     if (rc)
         return accounts_fail(c, rc, err);
+    rt_c2s_accounts_changed(); /* the next login reads the new keys, not the store's snapshot */
     /* A removed account's sessions end, as a cancelled registration's do (XEP-0077 3.2). */
     size_t ended = del ? rt_c2s_account_gone(host, user) : 0;
     rt_log(RT_LOG_INFO, "xmpp.account", "change=%s user=%s host=%s sessions_ended=%zu", verb,

@@ -131,5 +131,10 @@ int rt_c2s_kick(rt_pid_t session);
 ** each with a not-authorized stream error. The sessions told; 0 when XMPP is not running.
 */
 size_t rt_c2s_account_gone(const char *host, const char *user);
+/*
+** After a change to xmpp.db made outside the store actor (an admin's account change): the
+** store's read snapshot ends, so the requests that follow read the change.
+*/
+void rt_c2s_accounts_changed(void);
 
 #endif

@@ -24,8 +24,20 @@
 
 #define NS_DELAY "urn:xmpp:delay"
 
+/*
+** How long the store's read snapshot may outlive the turn that began it. In a login storm the
+** store's turns are small (one or two requests: 1.4 a login), and each snapshot is a WAL read
+** lock taken and dropped (two fcntl) and the file's size checked (an fstat); kept a few ms, the
+** turns of a storm share one. What other connections write (the admin's account changes) is
+** seen that much later at most; what the store writes ends the snapshot first.
+*/
+#define STORE_SNAPSHOT_MS 5
+#define STORE_MSG_SNAPSHOT_END (RT_C2S_MSG_BASE + 0x41) /* the snapshot's time is up */
+#define STORE_MSG_CHANGED (RT_C2S_MSG_BASE + 0x42)      /* rt_c2s_accounts_changed */
+
 typedef struct store_s {
     rt_accounts_t *accounts;
+    bool snapshot_timed; /* a STORE_MSG_SNAPSHOT_END is on its way */
 } store_t;
 
 static char store_dir[sizeof(((rt_conf_t *)0)->data_dir)];
@@ -89,6 +101,13 @@ int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_l
     if (data_len)
         memcpy(rt__c2s_store_data(m), data, data_len);
     return rt_send_msg(store, m);
+}
+
+void rt_c2s_accounts_changed(void)
+{
+    rt_pid_t store = rt__c2s.conf ? rt_whereis(RT_C2S_STORE_NAME) : 0;
+    if (store)
+        rt_send(store, STORE_MSG_CHANGED, NULL, 0);
 }
 
 int rt__c2s_ask_own(const c2s_t *c, uint32_t op, const void *data, size_t len)
@@ -175,14 +194,8 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
     rt_send(m->from, C2S_MSG_STANZA, error, error_len);
 }
 
-/*
-** The requests that only read (an offline take writes only when something was kept). They
-** share one read transaction a turn, ended at the turn's end: a login's three requests were
-** three transactions, each a WAL read lock taken and dropped (two fcntl) and the file's size
-** checked (fstat), a third of a login's syscalls on the store. A turn is a bounded batch, so
-** what other connections write (the admin's account changes) is seen a batch later at most;
-** this connection's own writes end the snapshot first.
-*/
+/* The requests that only read (an offline take writes only when something was kept): they
+   share one read snapshot (STORE_SNAPSHOT_MS). */
 static bool op_reads(uint32_t op)
 {
     switch (op) {
@@ -201,23 +214,26 @@ static bool op_reads(uint32_t op)
     }
 }
 
-static void store_turn_end(rt_actor_t *self, void *state)
-{
-    (void)self;
-    store_t *s = state;
-    rt_accounts_snapshot_end(s->accounts);
-}
-
 static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
-    (void)self;
     store_t *s = state;
+    if (m->tag == STORE_MSG_SNAPSHOT_END || m->tag == STORE_MSG_CHANGED) {
+        s->snapshot_timed = s->snapshot_timed && m->tag == STORE_MSG_CHANGED;
+        rt_accounts_snapshot_end(s->accounts);
+        return;
+    }
     c2s_req_view_t v;
     if (rt__c2s_store_req(m, &v) != 0)
         return;
     const c2s_req_t *r = v.r;
-    if (op_reads(r->op))
+    bool reads = op_reads(r->op);
+    if (reads) {
         rt_accounts_snapshot(s->accounts);
+        if (!s->snapshot_timed)
+            s->snapshot_timed =
+                rt_send_after_tag(STORE_SNAPSHOT_MS, rt_self(self), STORE_MSG_SNAPSHOT_END,
+                                  NULL) == 0;
+    }
     const char *host = v.host, *user = v.user;
     const uint8_t *data = v.data;
     c2s_reply_t out = {.op = r->op, .seq = r->seq};
@@ -285,6 +301,8 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     }
     }
+    if (reads && !s->snapshot_timed) /* no timer: the snapshot ends with the request */
+        rt_accounts_snapshot_end(s->accounts);
 }
 
 static void store_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
@@ -317,7 +335,6 @@ static const rt_actor_type_t store_type = {
     .handle = store_handle,
     .terminate = store_terminate,
     .dead_letter = store_dead_letter,
-    .turn_end = store_turn_end,
     .flags = RT_TYPE_BLOCKING,
 };
 

@@ -5,6 +5,7 @@ same commands over the HTTP API with its roles, and the XMPP listener in `rtctl 
 import asyncio
 import re
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -15,7 +16,7 @@ from conftest import Rtd, free_port
 from test_http import call, make_key
 
 PW = "s3cret-pw"
-USERS = ["alice", "bob", "carol", "dave"]
+USERS = ["alice", "bob", "carol", "dave", "erin", "frank"]
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +300,37 @@ def test_user_del_ends_the_accounts_sessions(xmpp):
     r.open()
     assert r.scram("SCRAM-SHA-256", "dave", PW)[0] == "failure"
     r.close()
+
+
+def test_passwd_takes_effect_at_once(xmpp):
+    """`rtctl xmpp user passwd` while the store is busy reading (its read snapshot then lives
+    a few ms across requests): a login right after the answer needs the new password, and
+    the old one fails, every time."""
+    reader = X.Raw(xmpp.xport)
+    reader.login("frank", PW, resource="r")
+    stop = threading.Event()
+
+    def read_rosters():
+        n = 0
+        while not stop.is_set():
+            reader.send(f"<iq type='get' id='q{n}'><query xmlns='jabber:iq:roster'/></iq>")
+            reader.read_until(rb"<iq[^>]*id='q" + str(n).encode() + rb"'")
+            n += 1
+    t = threading.Thread(target=read_rosters)
+    t.start()
+    try:
+        old = PW
+        for i in range(5):
+            new = f"pw-{i}"
+            assert xmpp.ctl_json("xmpp", "user", "passwd", "erin@localhost",
+                                 "--password", new)["done"] == "passwd"
+            for pw, result in ((new, "success"), (old, "failure")):
+                r = X.Raw(xmpp.xport)
+                r.open()
+                assert r.scram("SCRAM-SHA-256", "erin", pw)[0] == result, (i, pw)
+                r.close()
+            old = new
+    finally:
+        stop.set()
+        t.join()
+        reader.close()
