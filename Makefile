@@ -8,7 +8,8 @@ PYTEST = /usr/bin/python3 -m pytest
 PREFIX ?= /usr/local
 
 .PHONY: deps build build-asan build-tsan run install package test test-unit test-asan test-tsan \
-	test-integration test-integration-asan test-integration-tsan test-sanitizers build-fuzz \
+	test-integration test-integration-asan test-integration-asan-a test-integration-asan-b \
+	test-integration-tsan test-sanitizers build-fuzz \
 	test-fuzz bench \
 	xmpp-differential clean
 
@@ -18,7 +19,8 @@ PREFIX ?= /usr/local
 # target-specific value reaches the target's prerequisites, `build` and `deps` among them.
 DEPS_FOR = run
 test test-unit test-asan test-tsan test-integration test-integration-asan \
-	test-integration-tsan test-sanitizers build-fuzz test-fuzz bench xmpp-differential: DEPS_FOR = test
+	test-integration-asan-a test-integration-asan-b test-integration-tsan test-sanitizers \
+	build-fuzz test-fuzz bench xmpp-differential: DEPS_FOR = test
 
 deps:
 	@./tools/install-deps.sh --for $(DEPS_FOR)
@@ -87,19 +89,26 @@ test-integration: build
 # checks its exit code). testssl.sh's audit needs no sanitizer: it runs in the release pass.
 # These rtds log JSON lines: each line they write is parsed as one JSON object (conftest.py),
 # as the release pass parses each logfmt line.
-test-integration-asan: build-asan
-	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 \
-		RT_RTD_OPTIONS="log_format=json" $(PYTEST) -q \
+ASAN_INTEGRATION = RT_BUILD_DIR=$(CURDIR)/$(BUILD)/asan ASAN_OPTIONS=detect_leaks=1 \
+	RT_RTD_OPTIONS="log_format=json" $(PYTEST) -q
+test-integration-asan: test-integration-asan-a test-integration-asan-b
+
+# In two halves of about equal length (the cluster's tests, a minute alone, with XMPP's),
+# which `make test` runs beside the TSan pass.
+test-integration-asan-a: build-asan
+	@$(ASAN_INTEGRATION) \
 		tests/integration/test_rtd.py tests/integration/test_admin_socket.py \
 		tests/integration/test_rtctl.py tests/integration/test_tls.py \
 		tests/integration/test_websocket.py tests/integration/test_proxy_protocol.py \
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
-		tests/integration/test_trace.py tests/integration/test_cluster.py \
+		tests/integration/test_trace.py -k "not testssl"
+
+test-integration-asan-b: build-asan
+	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \
 		tests/integration/test_xmpp_c2s.py tests/integration/test_xmpp_sm.py \
 		tests/integration/test_xmpp_admin.py tests/integration/test_xmpp_xeps.py \
 		tests/integration/test_xmpp_hostile.py tests/integration/test_xmpp_rules.py \
-		tests/integration/test_xmpp_register.py tests/integration/test_xmpp_mam.py \
-		-k "not testssl"
+		tests/integration/test_xmpp_register.py tests/integration/test_xmpp_mam.py
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
@@ -126,13 +135,15 @@ test-fuzz: build-fuzz
 # Then the release integration pass (two lanes, mostly waiting on sockets and clients) beside
 # the sanitizer builds, their unit tests and the fuzz run, which take the CPU the integration
 # pass leaves idle: niced, so that they give it back whenever a test wants it, and an
-# integration test sees no more than the busy machine its bounds are written for. Last the two
-# sanitizer integration passes side by side. make -O holds a part's output until it ends, so
-# parts running together do not interleave (the sanitizer chain, a make of its own, prints as
-# it goes). One after another these took 26.6 min; the stages, about 3 + 10 + 6.
+# integration test sees no more than the busy machine its bounds are written for. Last the
+# sanitizer integration passes side by side, the ASan one in two halves (alone, it was the
+# stage's last 2 of 5.5 min). make -O holds a part's output until it ends, so parts running
+# together do not interleave (the sanitizer chain, a make of its own, prints as it goes). One
+# after another these took 26.6 min; the stages, about 3 + 10 + 6.
 test: test-unit
 	@$(MAKE) --no-print-directory -O -j2 test-integration test-sanitizers
-	@$(MAKE) --no-print-directory -O -j2 test-integration-asan test-integration-tsan
+	@$(MAKE) --no-print-directory -O -j3 test-integration-asan-a test-integration-asan-b \
+		test-integration-tsan
 	@echo "all test suites passed"
 
 # The sanitizer builds and unit tests and the fuzz run, one after another (a make without the
