@@ -471,6 +471,12 @@ void rt__c2s_reg_carbons(const char *bare, size_t bare_len, const char *res, siz
 /* The sessions of bare (all, or only res's when res_len > 0): how many, up to max, in out. */
 size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, size_t res_len,
                           c2s_route_t *out, size_t max);
+/*
+** Sends tag (p, n) to the sessions of user@host, up to xmpp.max_resources of them: all, or
+** (unavailable_only) those that have not sent their initial presence. How many were sent it.
+*/
+size_t rt__c2s_reg_to_account(const char *host, const char *user, uint32_t tag, const void *p,
+                              size_t n, bool unavailable_only);
 /* Bytes one binding costs (its session is charged them). */
 size_t rt__c2s_reg_entry_bytes(size_t bare_len, size_t res_len);
 size_t rt__c2s_reg_count(void);

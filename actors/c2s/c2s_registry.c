@@ -8,6 +8,7 @@
 */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,6 +220,23 @@ size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, si
                     .carbons = e->carbons};
     pthread_mutex_unlock(&s->lock);
     return n;
+}
+
+size_t rt__c2s_reg_to_account(const char *host, const char *user, uint32_t tag, const void *p,
+                              size_t n, bool unavailable_only)
+{
+    char bare[RT_JID_TEXT_MAX + 1];
+    int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
+    size_t max = rt__c2s.conf ? (size_t)rt__c2s.conf->max_resources : C2S_ROUTES_MAX, sent = 0;
+    c2s_route_t *r = blen > 0 && (size_t)blen < sizeof(bare) ? malloc(max * sizeof(*r)) : NULL;
+    if (!r)
+        return 0;
+    size_t k = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, r, max);
+    for (size_t i = 0; i < k; i++)
+        if (!unavailable_only || !r[i].available)
+            sent += rt_send(r[i].pid, tag, p, n) == 0;
+    free(r);
+    return sent;
 }
 
 size_t rt__c2s_reg_count(void)

@@ -391,9 +391,8 @@ static void on_presence_to(c2s_t *c, rt_msg_t *m)
 ** it, the session catches up (a kept message is taken by an available resource that takes
 ** messages, RFC 6121 8.5.2.1.1; a request is fetched when the fast presence missed it).
 */
-static void on_stale(rt_actor_t *self, c2s_t *c, const rt_msg_t *m)
+static void on_stale(c2s_t *c, const rt_msg_t *m)
 {
-    (void)self;
     if (!c->available) {
         c->presence_ready = false;
         return;
@@ -427,7 +426,7 @@ void rt__c2s_roster_msg(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
         c->presence_ready = !c->available;
         break;
     case C2S_MSG_PRESENCE_STALE:
-        on_stale(self, c, m);
+        on_stale(c, m);
         break;
     }
 }

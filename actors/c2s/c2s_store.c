@@ -218,7 +218,8 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     store_t *s = state;
     if (m->tag == STORE_MSG_SNAPSHOT_END || m->tag == STORE_MSG_CHANGED) {
-        s->snapshot_timed = s->snapshot_timed && m->tag == STORE_MSG_CHANGED;
+        if (m->tag == STORE_MSG_SNAPSHOT_END)
+            s->snapshot_timed = false;
         rt_accounts_snapshot_end(s->accounts);
         return;
     }

@@ -4,7 +4,6 @@
 ** the blocking pool). The asking session gets a c2s_reply_t with the iq id and the account's
 ** name after it; a deletion then ends every session of the account.
 */
-#include <stdlib.h>
 #include <string.h>
 
 #include "c2s_impl.h"
@@ -43,21 +42,8 @@ void rt__c2s_store_register_lost(rt_pid_t to, const c2s_req_t *r)
 /* Told by message: each session's actor ends itself. */
 size_t rt_c2s_account_gone(const char *host, const char *user)
 {
-    if (!rt__c2s.conf)
-        return 0;
-    char bare[2 * RT_JID_PART_MAX + 2];
-    int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
-    size_t max = (size_t)rt__c2s.conf->max_resources, told = 0;
-    c2s_route_t *routes = malloc(max * sizeof(*routes));
-    if (!routes || blen <= 0) {
-        free(routes);
-        return 0;
-    }
-    size_t n = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, routes, max);
-    for (size_t i = 0; i < n; i++)
-        told += rt_send(routes[i].pid, C2S_MSG_ACCOUNT_GONE, NULL, 0) == 0;
-    free(routes);
-    return told;
+    return rt__c2s.conf ? rt__c2s_reg_to_account(host, user, C2S_MSG_ACCOUNT_GONE, NULL, 0, false)
+                        : 0;
 }
 
 void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, const char *host,

@@ -93,7 +93,6 @@ static void push(const char *host, const char *user, const item_t *it, bool remo
 {
     rt_buf_t b = {0};
     put_entry(&b, removed ? C2S_ROSTER_GONE : it->state, it->jid);
-    size_t head = b.len;
     if (removed || visible(it->state)) {
         rt_buf_printf(&b, "<iq xmlns='%s' type='set' id='push%llu'><query xmlns='%s' ver='%llu'>",
                       RT_XML_NS_CLIENT, (unsigned long long)version, NS_ROSTER,
@@ -101,13 +100,8 @@ static void push(const char *host, const char *user, const item_t *it, bool remo
         put_item(&b, it->jid, it->name, it->groups, NULL, it->ngroups, it->state, removed);
         rt_buf_printf(&b, "</query></iq>");
     }
-    char bare[RT_JID_TEXT_MAX + 1];
-    int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
-    c2s_route_t r[C2S_ROUTES_MAX];
-    size_t n = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, r, C2S_ROUTES_MAX);
-    for (size_t i = 0; i < n && !b.oom; i++)
-        rt_send(r[i].pid, C2S_MSG_ROSTER_ITEM, b.data, b.len);
-    (void)head;
+    if (!b.oom)
+        rt__c2s_reg_to_account(host, user, C2S_MSG_ROSTER_ITEM, b.data, b.len, false);
     rt_buf_free(&b);
 }
 
@@ -154,13 +148,8 @@ static int write_item(rt_accounts_t *a, const char *host, const char *user, item
 
 void rt__c2s_store_presence_stale(const char *host, const char *user, uint8_t kind)
 {
-    char bare[RT_JID_TEXT_MAX + 1];
-    int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
-    c2s_route_t r[C2S_ROUTES_MAX];
-    size_t n = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, r, C2S_ROUTES_MAX);
-    for (size_t i = 0; i < n; i++)
-        if (kind == C2S_STALE_KEPT || !r[i].available)
-            rt_send(r[i].pid, C2S_MSG_PRESENCE_STALE, &kind, 1);
+    rt__c2s_reg_to_account(host, user, C2S_MSG_PRESENCE_STALE, &kind, 1,
+                           kind == C2S_STALE_PENDING);
 }
 
 void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n)

@@ -159,12 +159,8 @@ void rt__c2s_store_block_set(rt_accounts_t *a, rt_pid_t to, const char *host, co
         rt_buf_t m = {0};
         if (rt_block_list(a, host, user, add_item, &l) == 0)
             list_msg(&m, &l, &push);
-        char bare[RT_JID_TEXT_MAX + 1];
-        int blen = snprintf(bare, sizeof(bare), "%s@%s", user, host);
-        c2s_route_t r[C2S_ROUTES_MAX];
-        size_t k = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, r, C2S_ROUTES_MAX);
-        for (size_t i = 0; i < k && m.len && !m.oom; i++)
-            rt_send(r[i].pid, C2S_MSG_BLOCKLIST, m.data, m.len);
+        if (m.len && !m.oom)
+            rt__c2s_reg_to_account(host, user, C2S_MSG_BLOCKLIST, m.data, m.len, false);
         rt_buf_free(&m);
         rt_buf_free(&push);
         list_free(&l);
