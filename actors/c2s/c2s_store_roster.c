@@ -227,6 +227,8 @@ void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, con
             presence_to(contact, true, me);
             return;
         }
+        if (t & RT_ROSTER_PENDING_IN) /* asked already: it waits once (RFC 6121 A.3.1) */
+            return;
         if (write_item(a, chost, cuser, &theirs, t | RT_ROSTER_PENDING_IN) == 0)
             rt__c2s_to_available(contact, clen, stanza, slen);
         return;

@@ -24,7 +24,7 @@ PW = "s3cret-pw"
 USERS = """sha256 sha1 wrongpw brute bindres bindempty conflict fullto fullfrom barefrom bareto
 offfrom offto nouserfrom ping disco iqoff iqunknown forger victim after rosterset subuser
 subcontact probeuser probecontact ownpres ownecho unsubuser unsubcontact cancuser
-canccontact hibernate malformed keptto keptfrom askto askfrom""".split()
+canccontact hibernate malformed keptto keptfrom askto askfrom resubuser resubcontact""".split()
 
 
 @pytest.fixture(scope="module")
@@ -698,6 +698,29 @@ def test_subscription_request_and_approval(xmpp):
         got = [p for p in await until_marker_presence(c, "marker")
                if p["status"] == "user status"]
         assert got == [], got
+        await X.logout(u, c)
+    X.run(t())
+
+
+def test_repeated_subscribe_is_not_delivered_again(xmpp):
+    """RFC 6121 A.3.1: a subscribe while the contact has the user's request pending changes
+    nothing and is not delivered again (the request waits, and comes at each login)."""
+    async def t():
+        u = await online("resubuser", "u", xmpp.xport)
+        c = await online("resubcontact", "c", xmpp.xport)
+        u.send_presence(pto=jid("resubcontact"), ptype="subscribe")
+        await X.next_of(c.presences, lambda p: p["type"] == "subscribe")
+        u.send_presence(pto=jid("resubcontact"), ptype="subscribe")
+        # Barriers through the store, which handles subscriptions in order: the user's roster
+        # answer comes after its second request was handled, the contact's after whatever
+        # that request sent the contact.
+        await roster_items(u)
+        await roster_items(c)
+        again = []
+        while not c.presences.empty():
+            again.append(c.presences.get_nowait())
+        assert [p for p in again if p["type"] == "subscribe"] == []
+        assert sub_of((await roster_items(u))[jid("resubcontact")]) == ("none", "subscribe")
         await X.logout(u, c)
     X.run(t())
 
