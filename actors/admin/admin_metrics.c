@@ -451,6 +451,10 @@ static void xmpp_section(rt_buf_t *b)
             "Messages left in the mailbox of a session that ended, sent on to the user's other "
             "sessions or to offline storage.",
             atomic_load(&x->orphans_rerouted));
+    one_u64(b, "rt_xmpp_orphan_iqs_answered_total", "counter",
+            "iq requests a session that ended never took (left in its mailbox, come after its "
+            "stream, held by stream management past its time), answered service-unavailable.",
+            atomic_load(&x->orphan_iqs));
     one_u64(b, "rt_xmpp_replaced_total", "counter",
             "Sessions ended by a newer one binding their resource.", atomic_load(&x->replaced));
     one_u64(b, "rt_xmpp_connect_timeouts_total", "counter",

@@ -775,12 +775,13 @@ static void c2s_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         atomic_fetch_sub_explicit(&rt_c2s_stats.sessions, 1, memory_order_relaxed);
 }
 
-/* What the session never took: a message goes on to the user's other sessions or offline. */
+/* What the session never took: a message goes on to the user's other sessions or offline, an
+   iq request's sender gets an error. */
 static void c2s_dead_letter(void *state, rt_msg_t *m)
 {
     (void)state;
     if (m->tag == C2S_MSG_STANZA)
-        rt__c2s_orphan_message(m, 0);
+        rt__c2s_orphan(m, 0);
 }
 
 static const char *c2s_tag_name(uint32_t tag)

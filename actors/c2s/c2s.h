@@ -47,6 +47,7 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t offline_stored;   /* messages kept for an unavailable user */
     _Atomic uint64_t offline_refused;  /* offline messages past a user's bound */
     _Atomic uint64_t orphans_rerouted; /* messages left in an ended session's mailbox, sent on */
+    _Atomic uint64_t orphan_iqs;       /* iq requests an ended session left: answered */
     _Atomic uint64_t replaced;         /* sessions ended by a newer one binding their resource */
     _Atomic uint64_t connect_timeouts; /* streams not authenticated within connect_timeout */
     _Atomic uint64_t registrations;    /* accounts made in-band (XEP-0077) */

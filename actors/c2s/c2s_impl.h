@@ -359,11 +359,15 @@ void rt__c2s_register_reply(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
 /* c2s_session.c */
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
-/* A message stanza the session gone can no longer take: sent on, never lost (c2s_session.c). */
-void rt__c2s_orphan_message(const rt_msg_t *m, rt_pid_t gone);
+/* A stanza the session gone can no longer take: a message sent on, never lost; an iq request
+   answered with an error (c2s_session.c). */
+void rt__c2s_orphan(const rt_msg_t *m, rt_pid_t gone);
+/* An iq get or set no session will take (p, len: as its sender's session wrote it): its sender
+   is answered service-unavailable. Any thread. */
+void rt__c2s_iq_unanswered(const uint8_t *p, size_t len);
 void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
-void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b);
+bool rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b); /* false: not sent (gone, no memory) */
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
 /* Asks the store about the session's own account (its host and user). */
 int rt__c2s_ask_own(const c2s_t *c, uint32_t op, const void *data, size_t len);

@@ -67,10 +67,12 @@ void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, co
     rt_xml_put_end(b, el->name);
 }
 
-void rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b)
+bool rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b)
 {
-    if (!b->oom && rt_send(to, C2S_MSG_STANZA, b->data, b->len) == 0)
-        atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_routed, 1, memory_order_relaxed);
+    if (b->oom || rt_send(to, C2S_MSG_STANZA, b->data, b->len) != 0)
+        return false;
+    atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_routed, 1, memory_order_relaxed);
+    return true;
 }
 
 /* ---- Answers of the server's own ---- */
@@ -306,10 +308,8 @@ static size_t to_bare(const rt_jid_t *to, const rt_buf_t *bytes, bool headline, 
     int top;
     size_t n = available(to, except, r, &top), sent = 0;
     for (size_t i = 0; i < n; i++)
-        if (headline || r[i].priority == top) {
-            rt__c2s_send_bytes(r[i].pid, bytes);
-            r[sent++] = r[i];
-        }
+        if ((headline || r[i].priority == top) && rt__c2s_send_bytes(r[i].pid, bytes))
+            r[sent++] = r[i]; /* not one that ended since the lookup */
     return sent;
 }
 
@@ -407,9 +407,10 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
         carbons("sent", me, my_len, bytes, NULL, 0, rt_self(self));
     if (to->resource) {
         c2s_route_t r;
+        /* A session that ended since the lookup takes nothing: as if its resource had gone. */
         if (rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to), to->resource,
-                               &r, 1)) {
-            rt__c2s_send_bytes(r.pid, bytes);
+                               &r, 1) &&
+            rt__c2s_send_bytes(r.pid, bytes)) {
             if (copies)
                 carbons("received", to->s, rt_jid_bare_len(to), bytes, &r, 1, 0);
             return;
@@ -434,19 +435,73 @@ static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
         rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
 }
 
-/*
-** A message a session could not take: one that came after its stream ended, or left in its
-** mailbox when it ended (sent before it left the registry: the runtime's dead letter), gone
-** being that session, no longer a place for it. It goes on as RFC 6121 8.5.3.2.1 has a message to
-** a resource that is gone go: chat and normal to the account's available resources of the
-** highest priority, else to offline storage, headline to all of them; an error or groupchat
-** copy is dropped, and so is a carbon copy (its original went to another session). Runs
-** outside the actor, on any thread: it reads the stanza alone, never the session's state.
-*/
-void rt__c2s_orphan_message(const rt_msg_t *m, rt_pid_t gone)
+/* Whether m carries a stanza of element name (the tag's name ends there). */
+static bool stanza_is(const rt_msg_t *m, const char *name)
 {
-    if (m->len < 9 || memcmp(m->data, "<message", 8) != 0 ||
-        (m->data[8] != ' ' && m->data[8] != '>'))
+    size_t n = strlen(name);
+    return m->len > n + 1 && m->data[0] == '<' && memcmp(m->data + 1, name, n) == 0 &&
+           (m->data[n + 1] == ' ' || m->data[n + 1] == '>');
+}
+
+/*
+** An iq request no session will take (p: a stanza its sender's session wrote, with both JIDs
+** and its id): the sender gets service-unavailable, the answer for a full JID whose resource
+** is not there (RFC 6121 8.5.3.2.3), rather than waiting for ever; routed by its full JID, as
+** any stanza. A result or an error is dropped, as it would be for a resource that is gone.
+*/
+void rt__c2s_iq_unanswered(const uint8_t *p, size_t len)
+{
+    char type[8], id[256], to[RT_JID_TEXT_MAX + 1], from[RT_JID_TEXT_MAX + 1];
+    int tn = rt__c2s_first_tag_attr(p, len, "type", type, sizeof(type) - 1);
+    if (tn <= 0)
+        return;
+    type[tn] = 0;
+    if (strcmp(type, "get") != 0 && strcmp(type, "set") != 0)
+        return;
+    int idn = rt__c2s_first_tag_attr(p, len, "id", id, sizeof(id) - 1);
+    int ton = rt__c2s_first_tag_attr(p, len, "to", to, sizeof(to) - 1);
+    int fn = rt__c2s_first_tag_attr(p, len, "from", from, sizeof(from) - 1);
+    rt_jid_buf_t sender;
+    if (idn < 0 || ton <= 0 || fn <= 0 || rt_jid_prep(from, (size_t)fn, &sender, NULL) != 0 ||
+        !sender.jid.resource)
+        return;
+    id[idn] = to[ton] = 0;
+    c2s_route_t r;
+    if (!rt__c2s_reg_lookup(sender.jid.s, rt_jid_bare_len(&sender.jid),
+                            rt_jid_resource(&sender.jid), sender.jid.resource, &r, 1))
+        return;
+    rt_buf_t b = {0};
+    rt_xml_put_start(&b, "iq");
+    rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(&b, "type", "error");
+    rt_xml_put_attr(&b, "id", id);
+    rt_xml_put_attr(&b, "from", to);
+    rt_xml_put_attr(&b, "to", sender.jid.s);
+    rt_xml_put_start_end(&b);
+    rt_buf_printf(&b, "<error type='cancel'><service-unavailable xmlns='%s'/></error></iq>",
+                  RT_XML_NS_STANZA_ERRORS);
+    if (rt__c2s_send_bytes(r.pid, &b))
+        atomic_fetch_add_explicit(&rt_c2s_stats.orphan_iqs, 1, memory_order_relaxed);
+    rt_buf_free(&b);
+}
+
+/*
+** A stanza a session could not take: one that came after its stream ended, or left in its
+** mailbox when it ended (sent before it left the registry: the runtime's dead letter), gone
+** being that session, no longer a place for it. A message goes on as RFC 6121 8.5.3.2.1 has a
+** message to a resource that is gone go: chat and normal to the account's available resources
+** of the highest priority, else to offline storage, headline to all of them; an error or
+** groupchat copy is dropped, and so is a carbon copy (its original went to another session).
+** An iq request is answered (rt__c2s_iq_unanswered). Runs outside the actor, on any thread:
+** it reads the stanza alone, never the session's state.
+*/
+void rt__c2s_orphan(const rt_msg_t *m, rt_pid_t gone)
+{
+    if (stanza_is(m, "iq")) {
+        rt__c2s_iq_unanswered(m->data, m->len);
+        return;
+    }
+    if (!stanza_is(m, "message"))
         return;
     char text[RT_JID_TEXT_MAX + 1], type[16], id[256], from[RT_JID_TEXT_MAX + 1];
     int n = rt__c2s_first_tag_attr(m->data, m->len, "to", text, sizeof(text) - 1);
@@ -491,11 +546,10 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
                      const rt_buf_t *bytes)
 {
     c2s_route_t r;
-    if (to->resource && rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to),
-                                           to->resource, &r, 1)) {
-        rt__c2s_send_bytes(r.pid, bytes);
+    if (to->resource &&
+        rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to), to->resource, &r, 1) &&
+        rt__c2s_send_bytes(r.pid, bytes))
         return;
-    }
     if (!to->resource && rt__c2s_vcard_other(self, c, el, to))
         return; /* answered by the server for the account (XEP-0054 3.2) */
     const char *type = rt_xml_attr(el, "type");
@@ -672,7 +726,7 @@ void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     if (c->phase != PH_ACTIVE || c->closing) {
         /* Its stream is over (kicked, replaced, a stream error): written now, it would
            follow </stream:stream> into a closing socket. */
-        rt__c2s_orphan_message(m, rt_self(self));
+        rt__c2s_orphan(m, rt_self(self));
         return;
     }
     if (rt__c2s_block_in(self, c, m))

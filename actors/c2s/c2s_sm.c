@@ -352,18 +352,26 @@ bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c)
     return true;
 }
 
-/* Still detached when its time ran out: kept messages to the offline store, then the end. */
+/*
+** Still detached when its time ran out: what it was sent and the client never acknowledged is
+** handled as for a resource that is gone (XEP-0198 5): messages to the offline store, iq
+** requests answered with an error; then the end.
+*/
 void rt__c2s_sm_timeout(rt_actor_t *self, c2s_t *c)
 {
     if (!c->sm || !c->sm->detached || c->sock || c->sm->promised)
         return;
-    static const char message[] = "<message";
+    static const char message[] = "<message", iq[] = "<iq ";
     size_t at = 0, kept = 0;
     const char *host = rt__c2s.conf->hosts[c->host];
     for (uint32_t i = 0; i < c->sm->nq; i++) {
         const uint8_t *p = c->sm->bytes + at;
         uint32_t len = c->sm->q[i].len;
         at += len;
+        if (len > sizeof(iq) && memcmp(p, iq, sizeof(iq) - 1) == 0) {
+            rt__c2s_iq_unanswered(p, len);
+            continue;
+        }
         if (len <= sizeof(message) || memcmp(p, message, sizeof(message) - 1) != 0)
             continue;
         /* data: the stanza's length, the stanza, no error (nobody waits for one) */

@@ -10,6 +10,7 @@ since their settings would get in the others' way.
 import hashlib
 import re
 import ssl
+import threading
 import time
 
 import pytest
@@ -391,6 +392,50 @@ def test_messages_left_in_an_ended_sessions_mailbox_are_kept(xmpp_roomy):
         if X.metric(xmpp, "rt_xmpp_orphans_rerouted_total") > before:
             return
     pytest.fail("in 10 tries the kick never ended the session with messages in its mailbox")
+
+
+def test_iqs_to_a_kicked_session_are_answered(xmpp_roomy):
+    """RFC 6121 8.5.3.2.3: an iq request to a full JID is answered service-unavailable when
+    that resource is gone: one routed after the session left the registry, one sent to it as it
+    ended (the send fails), one left in its mailbox (the runtime's dead letter) or come after
+    its stream ended. Three kicks inside a flood of requests, which flows until the kick is done
+    (at most 200,000): every request is either taken by the session or answered so, once, and
+    none waits for ever. Which of the paths a kick hits is up to timing; test_xmpp_sm's expired
+    session answers its held requests through the same function every time."""
+    xmpp = xmpp_roomy
+    if not S.is_rtd(xmpp):
+        pytest.skip("the kick is rtd's")
+    for attempt in range(3):
+        r = X.Raw(xmpp.xport)
+        r.login("orphanto", PW, resource="iq")
+        s = X.Raw(xmpp.xport)
+        s.login("orphanfrom", PW, resource="s")
+        tag = f"t{attempt}-"
+        n, kicked = 0, threading.Event()
+
+        def flood():
+            nonlocal n
+            while not kicked.is_set() and n < 200000:
+                s.send("".join(f"<iq to='{jid('orphanto')}/iq' type='get' id='{tag}{i}'>"
+                               f"<ping xmlns='urn:xmpp:ping'/></iq>" for i in range(n, n + 500)))
+                n += 500
+        sender = threading.Thread(target=flood)
+        sender.start()
+        taken = re.findall(rf"id='{tag}(\d+)'", r.read_until(rf"id='{tag}\d+'".encode()))
+        code, out, err = xmpp.ctl("xmpp", "kick", f"{jid('orphanto')}/iq")
+        kicked.set()
+        sender.join()
+        assert code == 0, (out, err)
+        taken += re.findall(rf"id='{tag}(\d+)'", r.read_to_close())
+        answered = []
+        while len(taken) + len(answered) < n:
+            text = _read_while_moving(xmpp, s, rb"</iq>")
+            for stanza in re.findall(rf"<iq[^>]*id='{tag}\d+'[^>]*>", text):
+                assert "type='error'" in stanza, stanza
+                answered += re.findall(rf"id='{tag}(\d+)'", stanza)
+        assert 0 < len(taken) < n
+        assert sorted(map(int, taken + answered)) == list(range(n))
+        s.close()
 
 
 # ---- iq ----

@@ -2,7 +2,8 @@
 element is the test's: acknowledgements both ways, a dropped connection's session resumed on a
 new one with what the client had not acknowledged sent again, a wrong resumption id refused
 (the stream then binds as usual), and a detached session whose time runs out putting the
-messages it held into the offline store, delivered at the next login."""
+messages it held into the offline store, delivered at the next login, and answering the iq
+requests it held with an error."""
 import re
 import time
 
@@ -133,9 +134,15 @@ def test_expired_session_keeps_messages_offline():
         b.login("exppeer", PW, resource="desk")
         chat(b, "expuser@localhost/phone", "kept")
         a.read_until(rb"<body>kept</body>.*?</message>")
-        a.sock.close()  # never acknowledged
+        b.send("<iq to='expuser@localhost/phone' type='get' id='asked'>"
+               "<ping xmlns='urn:xmpp:ping'/></iq>")
+        a.read_until(rb"<iq[^>]*id='asked'")
+        a.sock.close()  # neither acknowledged
         if S.is_rtd(broker):
             wait_log(broker, r"xmpp.session_expired jid=expuser@localhost/phone offline=1")
+            # The request is answered as for a resource that is gone (RFC 6121 8.5.3.2.3).
+            text = b.read_until(rb"<iq[^>]*id='asked'.*?</iq>")
+            assert "type='error'" in text and "service-unavailable" in text, text
             a2 = X.Raw(broker.xport)
             a2.login("expuser", PW, resource="laptop")
             a2.send("<presence/>")
