@@ -11,6 +11,7 @@
 ** available presence the store sends the kept messages to that session, oldest first, each
 ** deleted once it is in the session's mailbox (rt_offline_take), with a XEP-0203 delay.
 */
+#define _GNU_SOURCE /* memmem */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -151,7 +152,12 @@ static int send_kept(const void *stanza, size_t len, int64_t stamp_ms, void *arg
     const char *s = stanza;
     static const char end[] = "</message>";
     size_t end_len = sizeof(end) - 1;
-    if (len < end_len || memcmp(s + len - end_len, end, end_len) != 0)
+    /* Ours already (kept again after a session that had it ended unacknowledged): the first
+       stamp stays, as XEP-0203 wants one delay per entity that held the stanza. */
+    char ours[RT_JID_TEXT_MAX + 64];
+    int n = snprintf(ours, sizeof(ours), "<delay xmlns='%s' from='%s' ", NS_DELAY, t->host);
+    if (len < end_len || memcmp(s + len - end_len, end, end_len) != 0 ||
+        (n > 0 && (size_t)n < sizeof(ours) && memmem(s, len, ours, (size_t)n)))
         return rt_send(t->to, C2S_MSG_STANZA, stanza, len) == 0 ? 0 : 1;
     time_t secs = (time_t)(stamp_ms / 1000);
     struct tm tm;

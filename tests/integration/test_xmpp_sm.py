@@ -162,6 +162,43 @@ def test_expired_session_keeps_messages_offline():
         S.stop(broker)
 
 
+def test_message_kept_twice_keeps_one_stamp():
+    """A kept message delivered to a stream-management session that then times out without
+    acknowledging it is kept again (XEP-0198 5): the next session gets it with the first
+    XEP-0203 stamp alone, not a second one from the same server."""
+    broker = start(1, ["twiceuser", "twicepeer"])
+    try:
+        if not S.is_rtd(broker):
+            pytest.skip("waits on rtd's log")
+        b = X.Raw(broker.xport)
+        b.login("twicepeer", PW, resource="desk")
+        chat(b, "twiceuser@localhost", "twice")
+        # The store takes requests in order: its answer to this one comes after the message
+        # was kept.
+        b.send("<iq type='get' id='r1'><query xmlns='jabber:iq:roster'/></iq>")
+        b.read_until(rb"<iq[^>]*id='r1'")
+        a = X.Raw(broker.xport)
+        a.login("twiceuser", PW, resource="phone")
+        enable(a)
+        a.send("<presence/>")
+        first = a.read_until(rb"<body>twice</body>.*?</message>")
+        assert first.count("urn:xmpp:delay") == 1, first
+        a.sock.close()  # never acknowledged
+        wait_log(broker, r"xmpp.session_expired jid=twiceuser@localhost/phone offline=1")
+        a2 = X.Raw(broker.xport)
+        a2.login("twiceuser", PW, resource="laptop")
+        a2.send("<presence/>")
+        again = a2.read_until(rb"<body>twice</body>.*?</message>")
+        assert again.count("urn:xmpp:delay") == 1, again
+        stamp = re.compile(r"stamp='([^']+)'")
+        assert stamp.findall(again) == stamp.findall(first)
+        for r in (a2, b):
+            r.send("</stream:stream>")
+            r.read_to_close()
+    finally:
+        S.stop(broker)
+
+
 def offline_delivery(broker):
     """A new session of expuser that got the message kept for it (with its XEP-0203 delay), or
     None (and closed) if its initial presence brought nothing before a ping's answer."""
