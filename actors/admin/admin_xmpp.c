@@ -65,7 +65,8 @@ static int user_change(rt_admin_cmd_t *c, rt_accounts_t *a, const char *verb)
     if (rt_jid_account(c->argv[3], c->arglen[3], user, host, &why) != 0)
         return rt__admin_fail(c, 400, "%s: %s", c->argv[3], why);
     char err[RT_ACCOUNTS_ERR_LEN];
-    int rc = del ? rt_accounts_del(a, host, user, err, sizeof(err))
+    /* The contacts' sessions are told of their items for the account, as their clients. */
+    int rc = del ? rt_accounts_del(a, host, user, rt_c2s_roster_forgot, a, err, sizeof(err))
              : strcmp(verb, "add") == 0
                  ? rt_accounts_add(a, host, user, pw, pwlen, 0, err, sizeof(err))
                  : rt_accounts_passwd(a, host, user, pw, pwlen, 0, err, sizeof(err));

@@ -133,6 +133,13 @@ int rt_c2s_kick(rt_pid_t session);
 */
 size_t rt_c2s_account_gone(const char *host, const char *user);
 /*
+** rt_accounts_del's forgot (accounts.h), accounts its handle: the item of host's user for the
+** removed jid is pushed to that user's sessions (their clients, and the session's own copy,
+** so its presence goes no more to jid).
+*/
+void rt_c2s_roster_forgot(const char *host, const char *user, const char *jid, uint64_t version,
+                          void *accounts);
+/*
 ** After a change to xmpp.db made outside the store actor (an admin's account change): the
 ** store's read snapshot ends, so the requests that follow read the change.
 */

@@ -64,7 +64,7 @@ void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, c
     } else if (r->op == C2S_OP_PASSWD) {
         rc = rt_accounts_passwd(a, host, user, pw, pwlen, 0, err, sizeof(err));
     } else {
-        rc = rt_accounts_del(a, host, user, err, sizeof(err));
+        rc = rt_accounts_del(a, host, user, rt_c2s_roster_forgot, a, err, sizeof(err));
     }
     if (rc == RT_EAGAIN)
         rt_log(RT_LOG_WARNING, "xmpp.store_failed", "user=%s@%s error=%s", user, host, err);

@@ -93,7 +93,7 @@ static void push(const char *host, const char *user, const item_t *it, bool remo
 {
     rt_buf_t b = {0};
     put_entry(&b, removed ? C2S_ROSTER_GONE : it->state, it->jid);
-    if (removed || visible(it->state)) {
+    if (visible(it->state)) { /* a removed item: as it was (one the client never saw: no push) */
         rt_buf_printf(&b, "<iq xmlns='%s' type='set' id='push%llu'><query xmlns='%s' ver='%llu'>",
                       RT_XML_NS_CLIENT, (unsigned long long)version, NS_ROSTER,
                       (unsigned long long)version);
@@ -144,6 +144,17 @@ static int write_item(rt_accounts_t *a, const char *host, const char *user, item
     if (asked)
         rt__c2s_store_presence_stale(host, user, C2S_STALE_PENDING);
     return 0;
+}
+
+void rt_c2s_roster_forgot(const char *host, const char *user, const char *jid, uint64_t version,
+                          void *accounts)
+{
+    item_t it;
+    if (read_item(accounts, host, user, jid, &it) != 0)
+        return;
+    if (!it.found)
+        it.state = RT_ROSTER_PENDING_IN; /* it went because it held only a request */
+    push(host, user, &it, !it.found, version);
 }
 
 void rt__c2s_store_presence_stale(const char *host, const char *user, uint8_t kind)

@@ -337,7 +337,8 @@ int rt_accounts_passwd(rt_accounts_t *a, const char *host, const char *user, con
     return rc;
 }
 
-int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *err, size_t errlen)
+int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user,
+                    rt_accounts_forgot_fn forgot, void *arg, char *err, size_t errlen)
 {
     rt__names_t n;
     int rc = rt__accounts_names(host, user, &n, err, errlen);
@@ -355,7 +356,11 @@ int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *
     else if (!changed) {
         snprintf(err, errlen, "no account %s@%s", n.user, n.host);
         rc = RT_ENOTFOUND;
-    } else if ((rc = rt__roster_drop(a, &n)) == 0)
+    }
+    rt__forgot_t *forgotten = NULL;
+    size_t nforgotten = 0;
+    if (rc == 0 && (rc = rt__roster_forget(a, &n, &forgotten, &nforgotten)) == 0 &&
+        (rc = rt__roster_drop(a, &n)) == 0)
         rc = rt__xeps_drop(a, &n);
     if (rc == RT_EAGAIN)
         rt__accounts_db_error(a, err,
@@ -363,6 +368,14 @@ int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *
     int end = rt__accounts_end(a, rc);
     if (end == RT_EAGAIN && rc != RT_EAGAIN)
         rt__accounts_db_error(a, err, errlen);
+    if (end == 0 && forgot) {
+        char jid[2 * RT_JID_PART_MAX + 2];
+        snprintf(jid, sizeof(jid), "%s@%s", n.user, n.host);
+        for (size_t i = 0; i < nforgotten; i++)
+            forgot(forgotten[i].owner.host, forgotten[i].owner.user, jid, forgotten[i].version,
+                   arg);
+    }
+    free(forgotten);
     return end;
 }
 

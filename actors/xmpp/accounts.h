@@ -51,8 +51,16 @@ int rt_accounts_add(rt_accounts_t *a, const char *host, const char *user, const 
 /* New credentials for an existing account (new salts too): as add, RT_ENOTFOUND for none. */
 int rt_accounts_passwd(rt_accounts_t *a, const char *host, const char *user, const char *pw,
                        size_t pwlen, uint32_t iterations, char *err, size_t errlen);
-/* 0, RT_ENOTFOUND, RT_EINVAL, RT_EAGAIN as above. */
-int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user, char *err, size_t errlen);
+/*
+** Told, once rt_accounts_del has committed, of each item of another account of this file
+** (host, user) that named the removed account (jid): it has no subscription left, or is gone
+** (it held only the removed account's request); version is that roster's new version.
+*/
+typedef void (*rt_accounts_forgot_fn)(const char *host, const char *user, const char *jid,
+                                      uint64_t version, void *arg);
+/* 0, RT_ENOTFOUND, RT_EINVAL, RT_EAGAIN as above; forgot (may be NULL) as said above. */
+int rt_accounts_del(rt_accounts_t *a, const char *host, const char *user,
+                    rt_accounts_forgot_fn forgot, void *arg, char *err, size_t errlen);
 
 /*
 ** Calls fn for each account of host (NULL: of every host), by host then user name; fn

@@ -54,8 +54,21 @@ int rt__accounts_end(rt_accounts_t *a, int rc);
 
 /* roster.c: prepares rst[] at open (0 or RT_EAGAIN). */
 int rt__roster_prepare(rt_accounts_t *a);
-/* roster.c: deletes n's roster, version and offline messages, inside the caller's
-   transaction: 0 or RT_EAGAIN. */
+/* An item of another account that named one being removed, changed by rt__roster_forget. */
+typedef struct rt__forgot_s {
+    rt__names_t owner;
+    uint64_t version; /* the owner's roster's new version */
+} rt__forgot_t;
+/*
+** roster.c: the contacts' side of n's removal, inside the caller's transaction: each account
+** of this file in n's roster keeps its item for n with no subscription (as if n had sent
+** unsubscribe and unsubscribed, RFC 6121 3.2-3.3; ejabberd and Prosody do the same) and
+** loses one that held only n's pending request, so a new account of the name is granted
+** nothing the old one was. *out (free it) lists the changed items. 0, RT_EAGAIN, RT_ENOMEM.
+*/
+int rt__roster_forget(rt_accounts_t *a, const rt__names_t *n, rt__forgot_t **out, size_t *nout);
+/* roster.c: deletes n's roster and offline messages, and moves its roster version on, inside
+   the caller's transaction: 0 or RT_EAGAIN. */
 int rt__roster_drop(rt_accounts_t *a, const rt__names_t *n);
 
 /*

@@ -5,10 +5,12 @@
 */
 #include <sqlite3.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "accounts_impl.h"
 #include "roster.h"
+#include "rt.h"
 
 #define BARE_JID_MAX (2 * RT_JID_PART_MAX + 1) /* bytes of local@domain */
 #define GROUPS_BLOB_MAX (RT_ROSTER_GROUPS_MAX * (RT_ROSTER_TEXT_MAX + 1))
@@ -20,6 +22,7 @@ enum {
     R_ITEM,
     R_PUT,
     R_DEL,
+    R_STATE,  /* an item's subscription state alone */
     R_COUNTS, /* adds to an account's counts; the new roster version */
     O_PUSH,
     O_LIST,
@@ -42,6 +45,7 @@ static const char *const sql[R_N] = {
     [R_ITEM] = ITEM_COLUMNS " AND jid = ?3",
     [R_PUT] = "INSERT OR REPLACE INTO roster VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [R_DEL] = "DELETE FROM roster WHERE host = ?1 AND username = ?2 AND jid = ?3",
+    [R_STATE] = "UPDATE roster SET state = ?4 WHERE host = ?1 AND username = ?2 AND jid = ?3",
     [R_COUNTS] = "INSERT INTO account_counts VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
                  "ON CONFLICT(host, username) DO UPDATE SET "
                  "roster_version = roster_version + excluded.roster_version, "
@@ -55,7 +59,11 @@ static const char *const sql[R_N] = {
     [O_TAKEN] = "DELETE FROM offline WHERE host = ?1 AND username = ?2 AND seq <= ?3",
     [D_ROSTER] = "DELETE FROM roster WHERE host = ?1 AND username = ?2",
     [D_OFFLINE] = "DELETE FROM offline WHERE host = ?1 AND username = ?2",
-    [D_COUNTS] = "DELETE FROM account_counts WHERE host = ?1 AND username = ?2",
+    /* The row stays, its roster version one past the last: a new account of the name goes on
+       from there, so a client's cached version of the old roster never reads as current. */
+    [D_COUNTS] = "UPDATE account_counts SET roster_version = roster_version + 1, "
+                 "roster_items = 0, offline_count = 0, offline_bytes = 0 "
+                 "WHERE host = ?1 AND username = ?2",
 };
 
 int rt__roster_prepare(rt_accounts_t *a)
@@ -78,6 +86,75 @@ static int run(sqlite3_stmt *st)
 static sqlite3_stmt *keyed(rt_accounts_t *a, int which, const rt__names_t *n)
 {
     return rt__accounts_keyed(a->rst[which], n);
+}
+
+static int add_counts(rt_accounts_t *a, const rt__names_t *n, int64_t version, int64_t items,
+                      int64_t count, int64_t bytes, uint64_t *out);
+
+int rt__roster_forget(rt_accounts_t *a, const rt__names_t *n, rt__forgot_t **out, size_t *nout)
+{
+    *out = NULL;
+    *nout = 0;
+    char bare[BARE_JID_MAX + 1];
+    snprintf(bare, sizeof(bare), "%s@%s", n->user, n->host);
+    /* The roster's JIDs first: the loop below writes the table this statement reads. */
+    rt_buf_t jids = {0};
+    size_t count = 0;
+    sqlite3_stmt *st = keyed(a, R_ITEMS, n);
+    int s;
+    while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *j = (const char *)sqlite3_column_text(st, 0);
+        rt_buf_add(&jids, j ? j : "", j ? strlen(j) + 1 : 1);
+        count++;
+    }
+    sqlite3_reset(st);
+    int rc = s != SQLITE_DONE ? RT_EAGAIN : jids.oom ? RT_ENOMEM : 0;
+    rt__forgot_t *changed = count ? calloc(count, sizeof(*changed)) : NULL;
+    if (count && !changed)
+        rc = RT_ENOMEM;
+    for (size_t at = 0; rc == 0 && at < jids.len; at += strlen(jids.data + at) + 1) {
+        const char *j = jids.data + at, *sep = strchr(j, '@');
+        rt__names_t cn;
+        char user[RT_JID_PART_MAX + 1], err[RT_ACCOUNTS_ERR_LEN];
+        if (!sep || (size_t)(sep - j) > RT_JID_PART_MAX)
+            continue; /* a server's JID, or another domain's too long a name: no roster here */
+        memcpy(user, j, (size_t)(sep - j));
+        user[sep - j] = 0;
+        if (rt__accounts_names(sep + 1, user, &cn, err, sizeof(err)) != 0)
+            continue;
+        st = keyed(a, R_ITEM, &cn);
+        sqlite3_bind_text(st, 3, bare, -1, SQLITE_STATIC);
+        s = sqlite3_step(st);
+        unsigned state =
+            s == SQLITE_ROW ? (unsigned)sqlite3_column_int64(st, 3) & RT_ROSTER_STATES : 0;
+        sqlite3_reset(st);
+        if (s != SQLITE_ROW && s != SQLITE_DONE)
+            rc = RT_EAGAIN;
+        if (rc || !state)
+            continue;
+        /* An item that held only the account's request goes; another keeps its name and
+           groups, with no subscription either way. */
+        bool hidden = state == RT_ROSTER_PENDING_IN;
+        st = keyed(a, hidden ? R_DEL : R_STATE, &cn);
+        sqlite3_bind_text(st, 3, bare, -1, SQLITE_STATIC);
+        if (!hidden)
+            sqlite3_bind_int64(st, 4, 0);
+        rc = run(st);
+        rt__forgot_t *f = &changed[(*nout)];
+        f->owner = cn;
+        if (rc == 0)
+            rc = add_counts(a, &cn, 1, hidden ? -1 : 0, 0, 0, &f->version);
+        if (rc == 0)
+            (*nout)++;
+    }
+    rt_buf_free(&jids);
+    if (rc) {
+        free(changed);
+        *nout = 0;
+        return rc;
+    }
+    *out = changed;
+    return 0;
 }
 
 int rt__roster_drop(rt_accounts_t *a, const rt__names_t *n)

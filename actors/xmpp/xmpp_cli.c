@@ -242,7 +242,7 @@ int rt_xmpp_main(int argc, char **argv, const char *default_config, const char *
             rc = rt_accounts_list(db, a.nwords ? a.words[0] : NULL, print_account, NULL, err,
                                   sizeof(err));
         else if (strcmp(a.verb, "del") == 0)
-            rc = rt_accounts_del(db, host, user, err, sizeof(err));
+            rc = rt_accounts_del(db, host, user, NULL, NULL, err, sizeof(err));
         else if (strcmp(a.verb, "add") == 0)
             rc = rt_accounts_add(db, host, user, pw, strlen(pw), a.iterations, err, sizeof(err));
         else

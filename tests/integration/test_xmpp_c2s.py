@@ -25,7 +25,7 @@ PW = "s3cret-pw"
 USERS = """sha256 sha1 wrongpw brute bindres bindempty conflict fullto fullfrom barefrom bareto
 offfrom offto nouserfrom ping disco iqoff iqunknown forger victim after rosterset subuser
 subcontact probeuser probecontact ownpres ownecho unsubuser unsubcontact cancuser
-canccontact hibernate malformed keptto keptfrom askto askfrom resubuser resubcontact""".split()
+canccontact hibernate malformed keptto keptfrom askto askfrom resubuser resubcontact goneuser gonecontact""".split()
 
 
 @pytest.fixture(scope="module")
@@ -767,6 +767,43 @@ def test_repeated_subscribe_is_not_delivered_again(xmpp):
         assert [p for p in again if p["type"] == "subscribe"] == []
         assert sub_of((await roster_items(u))[jid("resubcontact")]) == ("none", "subscribe")
         await X.logout(u, c)
+    X.run(t())
+
+
+def test_removed_account_is_granted_nothing_when_made_again(xmpp):
+    """An account removed (`rtctl xmpp user del`) while subscribed both ways: its contact's
+    item stays with no subscription, pushed to the contact's session at once, so a new
+    account of the same name gets none of the contact's presence (ejabberd and Prosody keep
+    the item so too)."""
+    if not S.is_rtd(xmpp):
+        pytest.skip("rtctl is rtd's")
+
+    async def t():
+        u = await online("goneuser", "u", xmpp.xport)
+        c = await online("gonecontact", "c", xmpp.xport)
+        await request_and_approve(u, c)
+        await X.next_of(u.presences, lambda p: p["type"] == "subscribed")
+        await request_and_approve(c, u)
+        await X.next_of(c.presences, lambda p: p["type"] == "subscribed")
+        assert sub_of((await roster_items(c))[jid("goneuser")]) == ("both", None)
+        code, out, err = xmpp.ctl("xmpp", "user", "del", jid("goneuser"))
+        assert code == 0, (out, err)
+        push = await X.next_of(c.pushes, lambda iq: push_item(iq).get("jid") == jid("goneuser")
+                               and push_item(iq).get("subscription", "none") == "none")
+        assert push_item(push).get("ask") is None
+        assert sub_of((await roster_items(c))[jid("goneuser")]) == ("none", None)
+        code, out, err = xmpp.ctl("xmpp", "user", "add", jid("goneuser"), "--password", PW)
+        assert code == 0, (out, err)
+        again = await online("goneuser", "again", xmpp.xport)
+        assert await roster_items(again) == {}
+        # The contact's presence and then a marker, both from its session to the new one: the
+        # presence would come first if the contact's session still counted it a subscriber.
+        c.send_presence(pstatus="not for you")
+        c.send_message(mto=again.boundjid, mbody="marker", mtype="chat")
+        got = [p for p in await until_marker_presence(again, "marker")
+               if p["status"] == "not for you"]
+        assert got == [], got
+        await X.logout(again, c)
     X.run(t())
 
 

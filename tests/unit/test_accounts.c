@@ -99,8 +99,8 @@ static void test_add_get_passwd_del_list(void)
     CHECK_EQ(s.n, 1);
     CHECK_EQ(rt_accounts_list(a, "exa mple.com", collect, &s, err, sizeof(err)), RT_EINVAL);
     /* Deleting. */
-    CHECK_EQ(rt_accounts_del(a, "example.com", "ROMEO", err, sizeof(err)), 0);
-    CHECK_EQ(rt_accounts_del(a, "example.com", "romeo", err, sizeof(err)), RT_ENOTFOUND);
+    CHECK_EQ(rt_accounts_del(a, "example.com", "ROMEO", NULL, NULL, err, sizeof(err)), 0);
+    CHECK_EQ(rt_accounts_del(a, "example.com", "romeo", NULL, NULL, err, sizeof(err)), RT_ENOTFOUND);
     CHECK_EQ(rt_accounts_count(a), 2);
     rt_accounts_close(a);
     /* Still there once reopened. */

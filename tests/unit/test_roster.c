@@ -402,25 +402,100 @@ static void test_delete_account(void)
     CHECK_EQ(rows_of("roster", "mercutio"), 1);
     CHECK_EQ(rows_of("offline", "mercutio"), 2);
     CHECK_EQ(rows_of("account_counts", "mercutio"), 1);
-    CHECK_EQ(rt_accounts_del(a, H, "mercutio", err, sizeof(err)), 0);
+    seen_t s = {.stop_at = -1};
+    uint64_t before = 0;
+    CHECK_EQ(rt_roster_get(a, H, "mercutio", collect, &s, &before), 0);
+    CHECK(before > 0);
+    CHECK_EQ(rt_accounts_del(a, H, "mercutio", NULL, NULL, err, sizeof(err)), 0);
     CHECK_EQ(rows_of("roster", "mercutio"), 0);
     CHECK_EQ(rows_of("offline", "mercutio"), 0);
-    CHECK_EQ(rows_of("account_counts", "mercutio"), 0);
     CHECK_EQ(rows_of("roster", "benvolio"), 1); /* the others' are kept */
     CHECK_EQ(rows_of("offline", "benvolio"), 1);
-    /* Made again, the account starts with nothing. */
+    /* Made again, the account starts with nothing, its roster version past the old one's: a
+       client's cached version of the old roster is not current. */
     add_user(a, "mercutio");
-    seen_t s = {.stop_at = -1};
+    s = (seen_t){.stop_at = -1};
     v = 9;
     CHECK_EQ(rt_roster_get(a, H, "mercutio", collect, &s, &v), 0);
-    CHECK(s.n == 0 && v == 0);
+    CHECK(s.n == 0 && v == before + 1);
     uint32_t count = 9;
     uint64_t bytes = 9;
     CHECK_EQ(rt_offline_count(a, H, "mercutio", &count, &bytes), 0);
     CHECK(count == 0 && bytes == 0);
-    CHECK_EQ(rt_accounts_del(a, H, "mercutio", err, sizeof(err)), 0);
-    CHECK_EQ(rt_accounts_del(a, H, "mercutio", err, sizeof(err)), RT_ENOTFOUND);
+    CHECK_EQ(rt_accounts_del(a, H, "mercutio", NULL, NULL, err, sizeof(err)), 0);
+    CHECK_EQ(rt_accounts_del(a, H, "mercutio", NULL, NULL, err, sizeof(err)), RT_ENOTFOUND);
     CHECK(strstr(err, "no account mercutio@example.com"));
+    rt_accounts_close(a);
+}
+
+typedef struct {
+    char owner[8][32];
+    uint64_t version[8];
+    int n;
+} forgot_seen_t;
+
+static void forgot(const char *host, const char *user, const char *jid, uint64_t version,
+                   void *arg)
+{
+    forgot_seen_t *f = arg;
+    CHECK(strcmp(host, H) == 0 && strcmp(jid, "gone@" H) == 0);
+    if (f->n < 8) {
+        snprintf(f->owner[f->n], sizeof(f->owner[0]), "%s", user);
+        f->version[f->n] = version;
+    }
+    f->n++;
+}
+
+/* The state of user's item for jid, or -1 when there is none. */
+static int state_of(rt_accounts_t *a, const char *user, const char *jid)
+{
+    seen_t s = {.stop_at = -1};
+    uint64_t v;
+    CHECK_EQ(rt_roster_get(a, H, user, collect, &s, &v), 0);
+    for (int i = 0; i < s.n; i++)
+        if (strcmp(s.it[i].jid, jid) == 0)
+            return (int)s.it[i].state;
+    return -1;
+}
+
+/* A removed account's contacts keep their items for it with no subscription, or lose one that
+   held only its request: a new account of the name is granted nothing the old one was. */
+static void test_delete_account_forgets_subscriptions(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    const char *names[] = {"gone", "aunt", "maid", "monk"};
+    for (int i = 0; i < 4; i++)
+        add_user(a, names[i]);
+    const char *t = "gone@" H;
+    uint64_t v;
+    CHECK_EQ(put(a, "gone", "aunt@" H, "", RT_ROSTER_TO | RT_ROSTER_FROM, 10, &v), 0);
+    CHECK_EQ(put(a, "gone", "maid@" H, "", RT_ROSTER_ASK_OUT, 10, &v), 0);
+    CHECK_EQ(put(a, "gone", "monk@" H, "", RT_ROSTER_TO, 10, &v), 0);
+    CHECK_EQ(put(a, "gone", "romeo@elsewhere.example", "", RT_ROSTER_TO, 10, &v), 0);
+    CHECK_EQ(put(a, "aunt", t, "Cousin", RT_ROSTER_TO | RT_ROSTER_FROM, 10, &v), 0);
+    CHECK_EQ(put(a, "maid", t, "", RT_ROSTER_PENDING_IN, 10, &v), 0); /* his request alone */
+    uint64_t monk_before;
+    CHECK_EQ(put(a, "monk", t, "", RT_ROSTER_FROM | RT_ROSTER_PREAPPROVED, 10, &monk_before),
+             0);
+    char err[RT_ACCOUNTS_ERR_LEN];
+    forgot_seen_t f = {0};
+    CHECK_EQ(rt_accounts_del(a, H, "gone", forgot, &f, err, sizeof(err)), 0);
+    CHECK_EQ(f.n, 3);
+    CHECK_EQ(state_of(a, "aunt", t), 0); /* kept, with its name, subscription none */
+    seen_t s = {.stop_at = -1};
+    CHECK_EQ(rt_roster_get(a, H, "aunt", collect, &s, &v), 0);
+    CHECK(s.n == 1 && strcmp(s.it[0].name, "Cousin") == 0);
+    CHECK_EQ(state_of(a, "maid", t), -1);
+    CHECK_EQ(state_of(a, "monk", t), 0);
+    for (int i = 0; i < f.n && i < 8; i++)
+        if (strcmp(f.owner[i], "monk") == 0)
+            CHECK_EQ(f.version[i], monk_before + 1);
+    /* Made again, nobody's item grants it anything. */
+    add_user(a, "gone");
+    CHECK_EQ(state_of(a, "aunt", t), 0);
+    CHECK_EQ(state_of(a, "monk", t), 0);
     rt_accounts_close(a);
 }
 
@@ -597,7 +672,7 @@ static void test_two_handles(void)
     CHECK(s.n == 5 && vb == va);
     /* A deletion by one is seen by the other. */
     char err[RT_ACCOUNTS_ERR_LEN];
-    CHECK_EQ(rt_accounts_del(b, H, "paris", err, sizeof(err)), 0);
+    CHECK_EQ(rt_accounts_del(b, H, "paris", NULL, NULL, err, sizeof(err)), 0);
     CHECK_EQ(rt_roster_item(a, H, "paris", "juliet@example.com", collect, &s), RT_ENOTFOUND);
     rt_accounts_close(a);
     rt_accounts_close(b);
@@ -689,6 +764,7 @@ int main(void)
     RUN(test_roster_size_bound);
     RUN(test_offline_messages);
     RUN(test_delete_account);
+    RUN(test_delete_account_forgets_subscriptions);
     RUN(test_migration_from_schema_1);
     RUN(test_two_handles);
     RUN(test_costs);

@@ -268,7 +268,7 @@ static void test_delete_account(void)
     CHECK_EQ(rt_block_add(a, H, "romeo", one, 1, 10), 0);
     CHECK_EQ(rt_vcard_set(a, H, "romeo", "<vCard/>", 8), 0);
     char err[RT_ACCOUNTS_ERR_LEN];
-    CHECK_EQ(rt_accounts_del(a, H, "romeo", err, sizeof(err)), 0);
+    CHECK_EQ(rt_accounts_del(a, H, "romeo", NULL, NULL, err, sizeof(err)), 0);
     add_user(a, "romeo");
     list_t l;
     CHECK_EQ(strcmp(blocked(a, "romeo", &l), ""), 0);
