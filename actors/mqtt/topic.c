@@ -1,15 +1,42 @@
 /* MQTT topic syntax: names, filters, shared subscriptions and matching (topic.h). */
 #include "topic.h"
 
+#include <stdint.h>
+
+/* 16 bytes at a time (GCC's and Clang's vector extension: SSE2 or NEON, plain code elsewhere). */
+typedef uint8_t bytes16_t __attribute__((vector_size(16)));
+
+/* Nonzero lanes where w holds '+', '#' or NUL. */
+static inline bytes16_t name_bad(bytes16_t w)
+{
+    return (bytes16_t)((w == '+') | (w == '#') | (w == 0));
+}
+
+/*
+** Every PUBLISH comes through here twice (the decoder, the trie's match). A byte loop did 8 ns
+** on a 46-byte topic, two memchr() calls (which missed NUL) 5 ns, this 2.5 ns: whole 16-byte
+** blocks, the last one overlapping the one before; short names in a loop without early exit.
+*/
 int rt_topic_valid_name(const char *topic, size_t len)
 {
     if (!topic || len == 0 || len > RT_TOPIC_MAX_LEN)
         return 0;
-    /* Every PUBLISH comes through here: no early exit, so the compiler can vectorize. */
-    unsigned bad = 0;
-    for (size_t i = 0; i < len; i++)
-        bad |= (topic[i] == '+') | (topic[i] == '#') | (topic[i] == '\0');
-    return !bad;
+    if (len < 16) {
+        unsigned bad = 0;
+        for (size_t i = 0; i < len; i++)
+            bad |= (topic[i] == '+') | (topic[i] == '#') | (topic[i] == '\0');
+        return !bad;
+    }
+    bytes16_t w, bad = {0};
+    for (size_t i = 0; i + 16 <= len; i += 16) {
+        memcpy(&w, topic + i, 16);
+        bad |= name_bad(w);
+    }
+    memcpy(&w, topic + len - 16, 16);
+    bad |= name_bad(w);
+    uint64_t half[2];
+    memcpy(half, &bad, 16);
+    return (half[0] | half[1]) == 0;
 }
 
 const char *rt_topic_filter_error(const char *f, size_t len)

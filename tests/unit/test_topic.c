@@ -365,6 +365,24 @@ static void test_long(void)
     free(s);
 }
 
+/* A forbidden byte at every position of names of every length up to 100 (blocks and tails). */
+static void test_every_position(void)
+{
+    char s[100];
+    mismatches = 0;
+    for (size_t n = 1; n <= sizeof(s); n++) {
+        for (size_t p = 0; p < n; p++) {
+            for (const char *c = "+#\0/$"; c < "+#\0/$" + 5; c++) {
+                memset(s, 'a', n);
+                s[p] = *c;
+                if (rt_topic_valid_name(s, n) != o_name(s, n))
+                    report("name", s, n, "", 0);
+            }
+        }
+    }
+    CHECK_EQ(mismatches, 0);
+}
+
 typedef struct {
     const char *filter, *topic;
     bool match;
@@ -486,6 +504,7 @@ int main(void)
     RUN(test_spec_examples);
     RUN(test_generated);
     RUN(test_long);
+    RUN(test_every_position);
     RUN(test_decoder);
     return CHECK_SUMMARY();
 }
