@@ -6,6 +6,7 @@
 
 #include "lua_lib.h"
 #include "rt.h"
+#include "topic.h"
 
 void rt_lua_charge_push(lua_State *L, rt_lua_charge_fn charge)
 {
@@ -29,68 +30,16 @@ int rt_lua_call_guarded(lua_State *L)
     return lua_gettop(L);
 }
 
-int rt_topic_match(const char *f, size_t flen, const char *t, size_t tlen)
-{
-    size_t i = 0, j = 0;
-    if (tlen > 0 && t[0] == '$' && flen > 0 && (f[0] == '+' || f[0] == '#'))
-        return 0;
-    for (;;) {
-        /* At the start of a level in both. */
-        if (i < flen && f[i] == '#')
-            return i + 1 == flen;
-        if (i < flen && f[i] == '+') {
-            i++;
-            while (j < tlen && t[j] != '/')
-                j++;
-        } else {
-            while (i < flen && j < tlen && f[i] != '/' && t[j] != '/') {
-                if (f[i] != t[j])
-                    return 0;
-                i++, j++;
-            }
-            if (i < flen && f[i] != '/')
-                return 0;
-            if (j < tlen && t[j] != '/')
-                return 0;
-        }
-        if (i == flen && j == tlen)
-            return 1;
-        if (i == flen)
-            return 0;
-        /* f[i] == '/' here. */
-        if (j == tlen)
-            /* "a/#" matches "a": the filter's rest must be exactly "/#". */
-            return flen - i == 2 && f[i + 1] == '#';
-        i++, j++;
-    }
-}
-
-static int filter_valid(const char *f, size_t n)
-{
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        if (f[i] == '+' || f[i] == '#') {
-            if (i > 0 && f[i - 1] != '/')
-                return 0;
-            if (f[i] == '#' && i + 1 != n)
-                return 0;
-            if (f[i] == '+' && i + 1 < n && f[i + 1] != '/')
-                return 0;
-        }
-    }
-    return 1;
-}
-
 static int l_match(lua_State *L)
 {
     size_t fl, tl;
     const char *f = luaL_checklstring(L, 1, &fl);
     const char *t = luaL_checklstring(L, 2, &tl);
-    if (!filter_valid(f, fl))
-        return luaL_error(L, "topic.match: \"%s\" is not a valid topic filter", f);
+    const char *why = rt_topic_parse_filter(f, fl, NULL);
+    if (why)
+        return luaL_error(L, "topic.match: \"%s\" is not a valid topic filter (%s)", f, why);
     rt_lua_charge(L, lua_upvalueindex(1), (fl + tl) / RT_LUA_BYTES_PER_STEP);
-    lua_pushboolean(L, rt_topic_match(f, fl, t, tl));
+    lua_pushboolean(L, rt_topic_matches(f, fl, t, tl));
     return 1;
 }
 

@@ -1,8 +1,11 @@
 /*
 ** The small C libraries rules get besides json (lua_json.h):
-**   topic.match(filter, topic) -> boolean   MQTT matching: '+' one level, '#' the rest
-**                                           (and the parent: "a/#" matches "a"); a
-**                                           wildcard first level never matches a '$' topic.
+**   topic.match(filter, topic) -> boolean   MQTT matching (topic.h): '+' one level, '#' the
+**                                           rest (and the parent: "a/#" matches "a"); a
+**                                           wildcard first level never matches a '$' topic;
+**                                           "$share/g/f" matches what f does; what is not a
+**                                           topic name (empty, '+', '#', NUL) matches nothing;
+**                                           an invalid filter raises an error.
 **   topic.split(topic) -> { level, ... }    every level, empty ones included
 **   time.now_ms() -> integer                wall clock, milliseconds since the epoch
 **   time.format(ms [, fmt]) -> string       UTC, strftime(3) conversions plus %L for
@@ -40,8 +43,5 @@ int rt_lua_call_guarded(lua_State *L);
 /* Push the topic and time tables; the topic functions charge their scans. */
 int rt_lua_topic_open(lua_State *L, rt_lua_charge_fn charge);
 int rt_lua_time_open(lua_State *L);
-
-/* MQTT topic filter matching on byte ranges; 1 if filter matches topic. */
-int rt_topic_match(const char *filter, size_t flen, const char *topic, size_t tlen);
 
 #endif

@@ -72,7 +72,7 @@
 ** (message.h: a message's topic, properties, payload, QoS, retain and publisher
 ** are read through rt_message_view, never parsed again; the codec's types come
 ** with it, and of the codec rules call only mqtt_props_user_next to walk user
-** properties and mqtt_topic_filter_valid to check a rule's filters) and the sink
+** properties), topic syntax (topic.h: a rule's filters, topic.match) and the sink
 ** interface (sink.h: rt_sink_find, rt_sink_submit and the commit message).
 ** Nothing from the connection, the admin socket or the broker's routing (no
 ** topic trie) is included; those layers call in through this header.

@@ -17,6 +17,7 @@
 #include "common.h"
 #include "rt.h"
 #include "rule_index.h"
+#include "topic.h"
 
 #define NO_NODE UINT32_MAX
 #define FIRST_SLOTS 16 /* edge table slots of an empty index (a power of two) */
@@ -157,6 +158,8 @@ void rt_rule_index_free(rt_rule_index_t *ix)
 int rt_rule_index_add(rt_rule_index_t *ix, const char *filter, size_t len, uint32_t rule)
 {
     RT_ASSERT(!ix->sealed);
+    if (rt_topic_filter_error(filter, len))
+        return RT_EINVAL;
     uint32_t node = 0, rest = 0;
     for (size_t start = 0;;) {
         size_t end = start;
@@ -164,11 +167,7 @@ int rt_rule_index_add(rt_rule_index_t *ix, const char *filter, size_t len, uint3
             end++;
         const char *level = filter + start;
         size_t n = end - start;
-        if ((memchr(level, '+', n) || memchr(level, '#', n)) && n != 1)
-            return RT_EINVAL;
         if (n == 1 && level[0] == '#') {
-            if (end != len)
-                return RT_EINVAL;
             rest = 1;
             break;
         }

@@ -31,9 +31,8 @@ int rt_rule_index_new(rt_rule_index_t **out); /* 0 or RT_ENOMEM */
 void rt_rule_index_free(rt_rule_index_t *ix);
 
 /*
-** Adds rule's filter (syntax checked by the caller: mqtt_topic_filter_valid) before the
-** seal. 0, RT_EINVAL for a wildcard that does not fill its level or a '#' before the last
-** level, RT_ENOMEM (the index is then only fit to be freed).
+** Adds rule's filter (a plain one: rt_topic_filter_error) before the seal. 0, RT_EINVAL for
+** a filter that is not one, RT_ENOMEM (the index is then only fit to be freed).
 */
 int rt_rule_index_add(rt_rule_index_t *ix, const char *filter, size_t len, uint32_t rule);
 /* Ends the building: from now on the index is read only. 0 or RT_ENOMEM. */

@@ -10,6 +10,7 @@
 
 #include "message.h"
 #include "rule_vm_internal.h"
+#include "topic.h"
 
 int rt_rule_field_line(const char *text, size_t len, const char *field)
 {
@@ -104,13 +105,14 @@ static int parse_from_entry(lua_State *L, const rt_rule_file_t *f, rt_rule_spec_
                                "client.connected, client.disconnected, session.subscribed, "
                                "session.unsubscribed, message.delivered, message.acked, "
                                "message.dropped");
-        if (!mqtt_topic_filter_valid((const uint8_t *)s, n) || memchr(s, 0, n))
+        rt_topic_filter_t sf;
+        if (rt_topic_parse_filter(s, n, &sf))
             return field_error(f, "from", err, errlen,
                                "from: \"%s\" is neither a topic filter nor an event (%s)", s,
                                "client.connected, client.disconnected, session.subscribed, "
                                "session.unsubscribed, message.delivered, message.acked, "
                                "message.dropped");
-        if (n >= 7 && memcmp(s, "$share/", 7) == 0)
+        if (sf.group)
             return field_error(f, "from", err, errlen,
                                "from: \"%s\": shared subscriptions mean nothing to a rule", s);
     }

@@ -197,8 +197,8 @@ static void client_doc(rt_doc_t *o, const rt_client_info_t *ci, bool full)
 static void full_filter(const rt_client_sub_t *s, char *out, size_t n)
 {
     if (s->group)
-        snprintf(out, n, "$share/%.*s/%.*s", (int)s->group_len, s->group, (int)s->filter_len,
-                 s->filter);
+        snprintf(out, n, RT_TOPIC_SHARE "%.*s/%.*s", (int)s->group_len, s->group,
+                 (int)s->filter_len, s->filter);
     else
         snprintf(out, n, "%.*s", (int)s->filter_len, s->filter);
 }

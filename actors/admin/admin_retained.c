@@ -20,7 +20,7 @@
 typedef struct {
     char *topic;
     size_t len;
-    rt_bin_t *bin;        /* a reference of the page's */
+    rt_bin_t *bin;         /* a reference of the page's */
     uint64_t expire_at_ms; /* monotonic; 0: never */
 } entry_t;
 
@@ -125,8 +125,8 @@ int rt__admin_retained_list(rt_admin_cmd_t *c)
         filter = "#";
         flen = 1;
     }
-    if (!mqtt_topic_filter_valid((const uint8_t *)filter, flen) ||
-        (flen >= 7 && memcmp(filter, "$share/", 7) == 0))
+    rt_topic_filter_t sf;
+    if (rt_topic_parse_filter(filter, flen, &sf) || sf.group)
         return rt__admin_fail(c, 400, "--filter: not a topic filter (a/+/c, a/#; no $share/)");
     page_t p = {.now_ms = rt_mono_ms()};
     p.after = rt__admin_opt(c, "after", &p.after_len);
@@ -174,7 +174,7 @@ static const char *topic_arg(rt_admin_cmd_t *c, const char *verb, size_t *len)
         return NULL;
     }
     *len = c->arglen[2];
-    if (!mqtt_topic_name_valid((const uint8_t *)c->argv[2], *len)) {
+    if (!rt_topic_valid_name(c->argv[2], *len)) {
         rt__admin_fail(c, 400, "not a topic name (no wildcards; UTF-8; 1 to 65535 bytes)");
         return NULL;
     }

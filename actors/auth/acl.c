@@ -13,6 +13,7 @@
 #include "auth_impl.h"
 #include "common.h"
 #include "rcu.h"
+#include "topic.h"
 
 #define SUBST_USER 1u   /* the rule's topic holds %u */
 #define SUBST_CLIENT 2u /* ... %c */
@@ -250,12 +251,12 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
 {
     if (access != RT_ACL_READ && access != RT_ACL_WRITE && access != RT_ACL_SUBSCRIBE)
         return RT_ACL_DENY;
-    if (access == RT_ACL_SUBSCRIBE && len > 7 && memcmp(topic, "$share/", 7) == 0) {
-        const char *slash = memchr(topic + 7, '/', len - 7);
-        if (!slash || slash == topic + 7)
+    if (access == RT_ACL_SUBSCRIBE) {
+        rt_topic_filter_t sf;
+        if (rt_topic_parse_filter(topic, len, &sf))
             return RT_ACL_DENY;
-        len -= (size_t)(slash + 1 - topic);
-        topic = slash + 1;
+        topic = sf.filter;
+        len = sf.filter_len;
     }
     if (len == 0)
         return RT_ACL_DENY;
@@ -309,25 +310,6 @@ void rt_acl_free(rt_acl_t *acl)
     }
     free(acl->users);
     free(acl);
-}
-
-/* Why the filter f is not valid, or NULL. */
-static const char *bad_filter(const char *f, size_t n)
-{
-    if (n == 0)
-        return "the topic is empty";
-    if (n > 65535)
-        return "the topic is longer than 65535 bytes";
-    cursor_t c = level_cursor(f, n);
-    const char *l;
-    size_t ln;
-    while (next_level(&c, &l, &ln)) {
-        if (level_is(l, ln, '#') && !c.done)
-            return "'#' must be the last level of a topic";
-        if ((memchr(l, '#', ln) || memchr(l, '+', ln)) && ln != 1)
-            return "'+' and '#' must stand alone as a level";
-    }
-    return NULL;
 }
 
 static bool push_rule(rules_t *rs, const rule_t *r)
@@ -430,7 +412,7 @@ static const char *parse_line(rt_acl_t *acl, rules_t **section, const char *s, s
     } else {
         topic = w;
     }
-    const char *bad = bad_filter(s + topic, n - topic);
+    const char *bad = rt_topic_filter_error(s + topic, n - topic);
     if (bad)
         return bad;
     r.len = n - topic;

@@ -169,7 +169,7 @@ int rt_route_retained_delete(const char *topic, size_t len)
 {
     size_t held = 0;
     /* A topic name is a filter that matches itself alone. */
-    if (!mqtt_topic_name_valid((const uint8_t *)topic, len))
+    if (!rt_topic_valid_name(topic, len))
         return RT_EINVAL;
     rt_retained_match(rt_broker->retained, topic, len, count_match, &held, NULL);
     if (!held)
@@ -254,8 +254,7 @@ int rt_broker_route(rt_pid_t publisher, rt_bin_t *bin)
 int rt_broker_publish(rt_pid_t publisher, const char *topic, size_t topic_len, const void *payload,
                       size_t payload_len, uint8_t qos, uint8_t retain)
 {
-    if (qos > 2 || topic_len == 0 || topic_len > 65535 ||
-        !mqtt_topic_name_valid((const uint8_t *)topic, topic_len) || payload_len > MQTT_MAX_PACKET)
+    if (qos > 2 || !rt_topic_valid_name(topic, topic_len) || payload_len > MQTT_MAX_PACKET)
         return RT_EINVAL;
     mqtt_packet_t pk = {.type = MQTT_PUBLISH, .version = MQTT_V5};
     pk.publish.topic = (mqtt_str_t){(const uint8_t *)topic, (uint32_t)topic_len};

@@ -232,24 +232,18 @@ static void shared_done(void *closure)
 }
 
 /* A filter's NATS subjects, and whether it is a shared group's: 0 for none ($SYS, which is
-   each node's own, or a $share without its filter), -1 when too long for a subject. */
+   each node's own, or not a filter), -1 when too long for a subject. */
 static int route_subjects(const char *filter, size_t len, char subjects[2][RT_SUBJECT_MAX + 1],
                           bool *shared)
 {
-    const char *f = filter;
-    size_t flen = len;
+    rt_topic_filter_t sf;
     *shared = false;
-    if (len > 7 && memcmp(filter, "$share/", 7) == 0) {
-        const char *slash = memchr(filter + 7, '/', len - 7);
-        if (!slash)
-            return 0;
-        *shared = true;
-        f = slash + 1;
-        flen = len - (size_t)(f - filter);
-    }
-    if (flen >= 4 && memcmp(f, "$SYS", 4) == 0)
+    if (rt_topic_parse_filter(filter, len, &sf))
         return 0;
-    return rt_subjects_of_filter(rt__cluster.prefix, f, flen, subjects);
+    *shared = sf.group != NULL;
+    if (sf.filter_len >= 4 && memcmp(sf.filter, "$SYS", 4) == 0)
+        return 0;
+    return rt_subjects_of_filter(rt__cluster.prefix, sf.filter, sf.filter_len, subjects);
 }
 
 /* Route r's NATS subscriptions; none while the node has never reached NATS (its connector

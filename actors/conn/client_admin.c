@@ -161,7 +161,7 @@ void rt__conn_on_acl_recheck(rt_actor_t *self, conn_t *c)
             e->acl_check = check;
             rt_trie_opts_t o = rt__conn_sub_opts(e);
             /* An offline member is out of its shared groups; it rejoins with these options. */
-            if (c->sock || !rt__conn_filter_is_shared(e->filter, e->len))
+            if (c->sock || !rt_topic_is_shared(e->filter, e->len))
                 rt_trie_subscribe(rt_broker->trie, e->filter, e->len, rt_self(self), &o, NULL);
             if (c->stored)
                 rt_store_sub(c->client_id, e->filter, e->len, &o);
@@ -226,19 +226,13 @@ bool rt_client_info_subs_next(const rt_msg_t *m, size_t *pos, rt_client_sub_t *o
     out->no_local = (p[7] & SUB_FLAG_NO_LOCAL) != 0;
     out->retain_as_published = (p[7] & SUB_FLAG_RAP) != 0;
     out->retain_handling = (uint8_t)((p[7] >> SUB_RH_SHIFT) & 3);
-    const char *f = (const char *)p + SUB_ENTRY_HEAD;
-    out->filter = f;
-    out->filter_len = flen;
-    if (rt__conn_filter_is_shared(f, flen)) {
-        const char *g = f + sizeof(RT_SHARE_PREFIX) - 1;
-        const char *slash = memchr(g, '/', (size_t)(f + flen - g));
-        if (!slash)
-            return false;
-        out->group = g;
-        out->group_len = (size_t)(slash - g);
-        out->filter = slash + 1;
-        out->filter_len = (size_t)(f + flen - out->filter);
-    }
+    rt_topic_filter_t sf;
+    if (rt_topic_parse_filter((const char *)p + SUB_ENTRY_HEAD, flen, &sf))
+        return false;
+    out->group = sf.group;
+    out->group_len = sf.group_len;
+    out->filter = sf.filter;
+    out->filter_len = sf.filter_len;
     *pos += SUB_ENTRY_HEAD + flen + 1u;
     return true;
 }

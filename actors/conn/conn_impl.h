@@ -71,8 +71,6 @@ enum {
     RT_CONN_MSG_ACL_RECHECK,                       /* the ACL changed: drop what it forbids */
 };
 
-#define RT_SHARE_PREFIX "$share/"
-
 /*
 ** One of the client's subscriptions, kept for session end, shared-group moves and persistence.
 ** Its options are rt_trie_opts_t packed (rt__conn_sub_opts), so that an entry is 16 bytes: a
@@ -82,7 +80,7 @@ enum {
 typedef struct {
     char *filter;    /* heap (leaf), NUL-terminated; the list of them is RT_OBJ_SCAN */
     uint32_t sub_id; /* the options, as rt_trie_opts_t names them */
-    uint16_t len;    /* a filter is at most RT_TRIE_MAX_LEN bytes */
+    uint16_t len;    /* a filter is at most RT_TOPIC_MAX_LEN bytes */
     uint8_t qos : 2;
     uint8_t no_local : 1;
     uint8_t retain_as_published : 1;
@@ -92,7 +90,7 @@ typedef struct {
 } sub_entry_t;
 
 _Static_assert(sizeof(sub_entry_t) == 16, "a subscription entry is one smallest heap object");
-_Static_assert(RT_TRIE_MAX_LEN <= UINT16_MAX, "sub_entry_t.len is 16 bits");
+_Static_assert(RT_TOPIC_MAX_LEN <= UINT16_MAX, "sub_entry_t.len is 16 bits");
 
 static inline rt_trie_opts_t rt__conn_sub_opts(const sub_entry_t *e)
 {
@@ -355,7 +353,6 @@ int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t 
 bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len);
 /* The session ends: every subscription leaves the trie (the list goes with the heap). */
 void rt__conn_subs_unhook(rt_actor_t *self, conn_t *c);
-bool rt__conn_filter_is_shared(const char *f, size_t len);
 /* A member going offline leaves its shared groups; its pending messages go to the others. */
 void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c);
 void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c);

@@ -539,12 +539,13 @@ void rt__conn_deliver_retained(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const
                                    sub_ids, d->n_sub_ids)
                      : NULL;
     long max = RT_LIVE(max_queued_messages);
-    const char *refused = !m                                    ? "no_memory"
-                          : max && s->queued.n >= (uint64_t)max ? "queue_full"
-                          : over_budget(c, 0) && !(rt_broker->memory_policy == RT_MEMORY_DROP_OLDEST &&
-                                                   drop_oldest_for(self, c, 0))
-                              ? "memory_budget"
-                              : NULL;
+    const char *refused =
+        !m                                    ? "no_memory"
+        : max && s->queued.n >= (uint64_t)max ? "queue_full"
+        : over_budget(c, 0) &&
+                !(rt_broker->memory_policy == RT_MEMORY_DROP_OLDEST && drop_oldest_for(self, c, 0))
+            ? "memory_budget"
+            : NULL;
     if (refused) {
         count_dropped(self, c, bin, d->qos, refused);
         rt_qmsg_free(self, m);
@@ -678,7 +679,7 @@ static bool shared_hand_to_group(rt_actor_t *self, conn_t *c, rt_qmsg_t *m)
     rt_message_view(rt_qmsg_bin(m), &msg);
     for (size_t i = 0; i < c->nsubs; i++) {
         sub_entry_t *s = &c->subs[i];
-        if (!rt__conn_filter_is_shared(s->filter, s->len) ||
+        if (!rt_topic_is_shared(s->filter, s->len) ||
             !rt_topic_matches(s->filter, s->len, (const char *)msg.topic.p, msg.topic.len))
             continue;
         rt_pid_t pid;

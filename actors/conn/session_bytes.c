@@ -231,8 +231,8 @@ static int read_subs(rbuf_t *r, rt_moved_t *mv)
         uint32_t sub_id = (uint32_t)get_uint(r, 4);
         const uint8_t *qf = take(r, 2);
         /* As a SUBSCRIBE's would be: the filter is also a C string of its length. */
-        if (!qf || !flen || flen > RT_TRIE_MAX_LEN || !mqtt_utf8_valid(f, flen) ||
-            !mqtt_topic_filter_valid(f, flen) || qf[0] > 2)
+        if (!qf || !mqtt_utf8_valid(f, flen) || !rt_topic_valid_filter((const char *)f, flen) ||
+            qf[0] > 2)
             return RT_EPROTO;
         rt_stored_sub_t *sub = &mv->ss.subs[i];
         if (!(sub->filter = malloc(flen + 1)))
@@ -297,14 +297,7 @@ static bool match(const sub_entry_t *subs, uint32_t nsubs, const rt_message_t *m
     bool matched = false;
     for (uint32_t i = 0; i < nsubs; i++) {
         const sub_entry_t *e = &subs[i];
-        const char *f = e->filter;
-        size_t flen = e->len;
-        if (rt__conn_filter_is_shared(f, flen)) { /* $share/group/filter */
-            const char *slash = memchr(f + 7, '/', flen - 7);
-            flen -= slash ? (size_t)(slash + 1 - f) : flen;
-            f = slash ? slash + 1 : f;
-        }
-        if (!flen || !rt_topic_matches(f, flen, (const char *)msg->topic.p, msg->topic.len))
+        if (!rt_topic_matches(e->filter, e->len, (const char *)msg->topic.p, msg->topic.len))
             continue;
         uint8_t qos = e->qos < msg->qos ? e->qos : msg->qos;
         m->qos = matched && m->qos > qos ? m->qos : qos;

@@ -50,7 +50,7 @@ int rt__conn_session_from_stored(rt_actor_t *self, conn_t *c, const rt_stored_se
         rt_trie_opts_t o = sub->opts;
         o.persistent = persistent;
         if (rt__conn_sub_remember(self, c, (const uint8_t *)sub->filter, sub->len, &o) != 0 ||
-            rt__conn_filter_is_shared(sub->filter, sub->len))
+            rt_topic_is_shared(sub->filter, sub->len))
             continue;
         rt_trie_subscribe(rt_broker->trie, sub->filter, sub->len, rt_self(self), &o, NULL);
     }

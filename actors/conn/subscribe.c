@@ -12,12 +12,6 @@
 #include "conn_impl.h"
 #include "store.h"
 
-bool rt__conn_filter_is_shared(const char *f, size_t len)
-{
-    return len > sizeof(RT_SHARE_PREFIX) - 1 &&
-           memcmp(f, RT_SHARE_PREFIX, sizeof(RT_SHARE_PREFIX) - 1) == 0;
-}
-
 /* session.subscribed / unsubscribed: rules get the filter as a C string. */
 static void subscription_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind,
                                     const uint8_t *f, size_t len, int qos)
@@ -56,7 +50,7 @@ int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t 
         rt__conn_sub_set_opts(&c->subs[at], o);
         return 0;
     }
-    if (len > RT_TRIE_MAX_LEN)
+    if (len > RT_TOPIC_MAX_LEN)
         return RT_EINVAL;
     if (rt__conn_grow(self, &c->subs, &c->capsubs, (size_t)c->nsubs + 1, sizeof(*c->subs), 1,
                       RT_OBJ_SCAN))
@@ -104,7 +98,7 @@ void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c)
 {
     bool any = false;
     for (size_t i = 0; i < c->nsubs; i++) {
-        if (rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len)) {
+        if (rt_topic_is_shared(c->subs[i].filter, c->subs[i].len)) {
             rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
                                 NULL);
             any = true;
@@ -117,7 +111,7 @@ void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c)
 void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c)
 {
     for (size_t i = 0; i < c->nsubs; i++) {
-        if (!rt__conn_filter_is_shared(c->subs[i].filter, c->subs[i].len))
+        if (!rt_topic_is_shared(c->subs[i].filter, c->subs[i].len))
             continue;
         rt_trie_opts_t o = rt__conn_sub_opts(&c->subs[i]);
         rt_trie_subscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self), &o,
@@ -234,7 +228,7 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
                                     s.filter.len, qos);
         /* Retained messages on subscribe: always (0), for a new subscription only (1), never
            (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
-        bool shared = rt__conn_filter_is_shared((const char *)s.filter.p, s.filter.len);
+        bool shared = rt_topic_is_shared((const char *)s.filter.p, s.filter.len);
         bool retained = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
         then[n] = (retained ? THEN_RETAINED : 0) | (acl_check ? THEN_ACL_CHECK : 0);
         codes[n++] = rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;

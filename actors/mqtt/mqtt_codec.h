@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "topic.h"
 
 /* Protocol levels (3.1.2.2; 3.1.1 3.1.2.2; MQTT 3.1 uses 3 with the name "MQIsdp"). */
 #define MQTT_V31 3
@@ -324,10 +325,8 @@ int mqtt_props_user_next(const mqtt_props_t *pr, size_t *pos, mqtt_str_t *key, m
 int mqtt_props_sub_id_next(const mqtt_props_t *pr, size_t *pos, uint32_t *id);
 int mqtt_sub_next(const mqtt_packet_t *pk, size_t *pos, mqtt_sub_t *out);
 
-/* Validity checks the decoder uses, exported for the broker (1.5.4, 4.7). */
+/* The UTF-8 check the decoder uses, exported for the broker (1.5.4); topic syntax is topic.h's. */
 int mqtt_utf8_valid(const uint8_t *s, size_t n);
-int mqtt_topic_name_valid(const uint8_t *s, size_t n);
-int mqtt_topic_filter_valid(const uint8_t *s, size_t n);
 
 /*
 ** The MQTT 3.1/3.1.1 CONNACK return code (3.1.1 3.2.2.3) for a CONNECT rejected with

@@ -1,8 +1,8 @@
 /*
-** MQTT packet decoding for protocol levels 3, 4 and 5: the validity checks of 1.5.4 and 4.7,
-** framing a byte stream, and decoding each packet type into a struct that points into the
-** input (contracts in mqtt_codec.h). Every read goes through the bounded reader of
-** mqtt_impl.h.
+** MQTT packet decoding for protocol levels 3, 4 and 5: the validity checks of 1.5.4 (those
+** of topic syntax, 4.7, are topic.h's), framing a byte stream, and decoding each packet type
+** into a struct that points into the input (contracts in mqtt_codec.h). Every read goes
+** through the bounded reader of mqtt_impl.h.
 */
 #include "mqtt_impl.h"
 
@@ -25,61 +25,6 @@ int mqtt_utf8_valid(const uint8_t *s, size_t n)
         i += len;
     }
     return 1;
-}
-
-/* A Topic Name is at least one character and holds no wildcard (4.7.1, 4.7.3, 3.3.2.1). */
-int mqtt_topic_name_valid(const uint8_t *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    return memchr(s, '+', n) == NULL && memchr(s, '#', n) == NULL;
-}
-
-/*
-** Topic levels: '#' must be the whole last level, '+' a whole level (4.7.1.2, 4.7.1.3).
-** Checked on s[0..n), which may be empty only as part of a shared subscription check.
-*/
-static int filter_levels_valid(const uint8_t *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] != '+' && s[i] != '#')
-            continue;
-        if (i > 0 && s[i - 1] != '/')
-            return 0;
-        if (s[i] == '#')
-            return i + 1 == n;
-        if (i + 1 < n && s[i + 1] != '/')
-            return 0;
-    }
-    return 1;
-}
-
-/*
-** A Topic Filter is at least one character with well-formed wildcards (4.7.3). A shared
-** subscription "$share/{ShareName}/{filter}" needs a ShareName of at least one character
-** without '/', '+' or '#' and a non-empty valid filter (4.8.2).
-*/
-int mqtt_topic_filter_valid(const uint8_t *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    if (n >= 7 && memcmp(s, "$share/", 7) == 0) {
-        size_t i = 7;
-        while (i < n && s[i] != '/') {
-            if (s[i] == '+' || s[i] == '#')
-                return 0;
-            i++;
-        }
-        if (i == 7 || i + 1 >= n) /* empty ShareName, or no '/' and filter after it */
-            return 0;
-        return filter_levels_valid(s + i + 1, n - i - 1);
-    }
-    return filter_levels_valid(s, n);
-}
-
-static int is_shared(mqtt_str_t f)
-{
-    return f.len >= 7 && memcmp(f.p, "$share/", 7) == 0;
 }
 
 uint8_t mqtt_v3_connack_code(uint8_t reason)
@@ -262,7 +207,8 @@ static int decode_connect(rd_t *r, mqtt_packet_t *pk)
         if ((rc = rd_str(r, &pk->connect.will_topic)))
             return rc;
         /* The will topic becomes a PUBLISH Topic Name (3.1.3.3, 3.3.2.1). */
-        if (!mqtt_topic_name_valid(pk->connect.will_topic.p, pk->connect.will_topic.len))
+        if (!rt_topic_valid_name((const char *)pk->connect.will_topic.p,
+                                 pk->connect.will_topic.len))
             return MQTT_ERR(MQTT_RC_TOPIC_NAME_INVALID);
         if (rd_bin(r, &pk->connect.will_payload))
             return MQTT_EMAL;
@@ -323,7 +269,7 @@ static int decode_publish(rd_t *r, mqtt_packet_t *pk)
             return MQTT_ERR(MQTT_RC_TOPIC_NAME_INVALID);
         if (!(pk->props.present & MQTT_PROP_BIT(MQTT_PROP_TOPIC_ALIAS)))
             return MQTT_EPROTO;
-    } else if (!mqtt_topic_name_valid(t.p, t.len)) {
+    } else if (!rt_topic_valid_name((const char *)t.p, t.len)) {
         return MQTT_ERR(MQTT_RC_TOPIC_NAME_INVALID);
     }
     pk->publish.payload.p = r->p;
@@ -369,9 +315,10 @@ static int decode_subscribe(rd_t *r, mqtt_packet_t *pk)
     uint32_t count = 0;
     while (rd_left(r)) {
         mqtt_str_t f;
+        rt_topic_filter_t sf;
         if ((rc = rd_str(r, &f)))
             return rc;
-        if (!mqtt_topic_filter_valid(f.p, f.len))
+        if (rt_topic_parse_filter((const char *)f.p, f.len, &sf))
             return MQTT_ERR(MQTT_RC_TOPIC_FILTER_INVALID);
         if (pk->type == MQTT_SUBSCRIBE) {
             uint8_t o;
@@ -386,7 +333,7 @@ static int decode_subscribe(rd_t *r, mqtt_packet_t *pk)
                 return MQTT_EMAL;
             if (MQTT_SUB_RETAIN_HANDLING(o) == 3)
                 return MQTT_EPROTO;
-            if ((o & MQTT_SUB_NO_LOCAL) && is_shared(f))
+            if ((o & MQTT_SUB_NO_LOCAL) && sf.group)
                 return MQTT_EPROTO;
         }
         count++;

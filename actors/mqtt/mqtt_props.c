@@ -178,7 +178,7 @@ int rt__mqtt_props_read(rd_t *r, int ctx, mqtt_props_t *pr)
             if (rc)
                 return rc;
             /* A Response Topic is a Topic Name: no wildcards (3.3.2.3.5, 3.1.3.2.5). */
-            if (id == MQTT_PROP_RESPONSE_TOPIC && !mqtt_topic_name_valid(s.p, s.len))
+            if (id == MQTT_PROP_RESPONSE_TOPIC && !rt_topic_valid_name((const char *)s.p, s.len))
                 return MQTT_EPROTO;
             *prop_str(pr, id) = s;
             break;

@@ -107,7 +107,7 @@ void rt_retained_free(rt_retained_t *r)
 
 int rt_retained_set(rt_retained_t *r, const char *topic, size_t len, void *msg, size_t msg_bytes)
 {
-    if (!rt_trie_valid_topic(topic, len))
+    if (!rt_topic_valid_name(topic, len))
         return RT_EINVAL;
     int rc = 0;
     void *old = NULL;
@@ -210,11 +210,10 @@ static int emit_subtree(retained_emit_t *e, const tnode_t *top)
 int rt_retained_match(rt_retained_t *r, const char *filter, size_t len, rt_retained_fn fn,
                       void *arg, size_t *nfound)
 {
-    const char *g, *pf;
-    size_t glen, plen;
+    rt_topic_filter_t sf;
     if (nfound)
         *nfound = 0;
-    if (!rt__topic_split_filter(filter, len, &g, &glen, &pf, &plen) || g)
+    if (rt_topic_parse_filter(filter, len, &sf) || sf.group)
         return RT_EINVAL;
     retained_emit_t e = {.t = &r->t, .fn = fn, .arg = arg};
     tt_frame_t *st = NULL;
@@ -233,7 +232,7 @@ int rt_retained_match(rt_retained_t *r, const char *filter, size_t len, rt_retai
             rc = emit_node(&e, f.node);
             continue;
         }
-        const char *q = rt__topic_level_end(f.p, end);
+        const char *q = rt_topic_level_end(f.p, end);
         int done = q == end;
         const char *np = done ? end : q + 1;
         int at_root = f.node->parent == NULL;

@@ -1,6 +1,6 @@
 /*
-** The level tree shared by the subscription trie and the retained store: topic syntax and
-** the node table (topic_tree.h says how it is laid out and who may touch it).
+** The level tree shared by the subscription trie and the retained store: the node table
+** (topic_tree.h says how it is laid out and who may touch it).
 */
 #include "topic_tree.h"
 
@@ -14,7 +14,7 @@
 */
 #define TT_MAX_LOAD 2
 
-_Static_assert(RT_TRIE_MAX_LEN <= UINT16_MAX, "tnode_t.len is 16 bits");
+_Static_assert(RT_TOPIC_MAX_LEN <= UINT16_MAX, "tnode_t.len is 16 bits");
 
 #ifndef NDEBUG
 _Thread_local int rt__tt_locks_held;
@@ -55,76 +55,6 @@ void *rt__topic_realloc(atomic_size_t *ctr, void *p, size_t oldn, size_t newn, s
     atomic_fetch_add_explicit(ctr, newn * elem, memory_order_relaxed);
     atomic_fetch_sub_explicit(ctr, oldn * elem, memory_order_relaxed);
     return q;
-}
-
-/* ---- Syntax ---- */
-
-int rt_trie_valid_topic(const char *topic, size_t len)
-{
-    if (!topic || len == 0 || len > RT_TRIE_MAX_LEN)
-        return 0;
-    /* Every PUBLISH comes through here: no early exit, so the compiler can vectorize. */
-    unsigned bad = 0;
-    for (size_t i = 0; i < len; i++)
-        bad |= (topic[i] == '+') | (topic[i] == '#') | (topic[i] == '\0');
-    return !bad;
-}
-
-/* A filter without the $share prefix: '+' and '#' fill their level, '#' only last. */
-static int valid_plain_filter(const char *f, size_t len)
-{
-    if (len == 0 || len > RT_TRIE_MAX_LEN)
-        return 0;
-    const char *p = f, *end = f + len;
-    for (;;) {
-        const char *q = rt__topic_level_end(p, end);
-        for (const char *c = p; c < q; c++) {
-            if (*c == '\0')
-                return 0;
-            if ((*c == '+' || *c == '#') && q - p != 1)
-                return 0;
-            if (*c == '#' && q != end)
-                return 0;
-        }
-        if (q == end)
-            return 1;
-        p = q + 1;
-    }
-}
-
-#define SHARE_PREFIX "$share/"
-#define SHARE_PREFIX_LEN 7
-
-int rt__topic_split_filter(const char *f, size_t len, const char **g, size_t *glen, const char **pf,
-                           size_t *plen)
-{
-    *g = NULL;
-    *glen = 0;
-    *pf = f;
-    *plen = len;
-    if (!f || len > RT_TRIE_MAX_LEN)
-        return 0;
-    if (len < SHARE_PREFIX_LEN || memcmp(f, SHARE_PREFIX, SHARE_PREFIX_LEN) != 0)
-        return valid_plain_filter(f, len);
-    const char *p = f + SHARE_PREFIX_LEN, *end = f + len;
-    const char *q = memchr(p, '/', (size_t)(end - p));
-    if (!q || q == p)
-        return 0;
-    for (const char *c = p; c < q; c++)
-        if (*c == '+' || *c == '#' || *c == '\0')
-            return 0;
-    *g = p;
-    *glen = (size_t)(q - p);
-    *pf = q + 1;
-    *plen = (size_t)(end - (q + 1));
-    return valid_plain_filter(*pf, *plen);
-}
-
-int rt_trie_valid_filter(const char *filter, size_t len)
-{
-    const char *g, *pf;
-    size_t gl, pl;
-    return rt__topic_split_filter(filter, len, &g, &gl, &pf, &pl);
 }
 
 /* ---- The node table ---- */
@@ -299,7 +229,7 @@ tnode_t *rt__tt_path(ttable_t *t, const char *f, size_t len, int create)
     tnode_t *x = t->root;
     const char *p = f, *end = f + len;
     for (;;) {
-        const char *q = rt__topic_level_end(p, end);
+        const char *q = rt_topic_level_end(p, end);
         tnode_t *c = create ? find_or_add_child(t, x, p, (size_t)(q - p))
                             : rt__tt_find(t, x, p, (size_t)(q - p));
         if (!c) {

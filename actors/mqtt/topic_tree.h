@@ -1,12 +1,12 @@
 /*
 ** Topics as trees of levels: what the subscription trie (topic_trie.c) and the retained store
-** (retained.c) are both built from. Topic syntax (levels, filters, the $share/ prefix) and a
-** node table: a node stores only its own level; its children are found through a per-table
+** (retained.c) are both built from (their syntax is topic.h's). A node table: a node stores only
+*its own level; its children are found through a per-table
 ** hash keyed by (parent pointer, level bytes), so a node with 20,000 children ("test/%i")
 ** costs one hash probe per lookup and no per-node child array; its '+' and '#' children are
 ** looked up the same way, once a bit says they exist. Empty nodes (no children, nothing of
 ** their owner's) are freed at once, so an emptied table returns to its baseline memory.
-** Only topic_*.c and retained.c include this.
+** Only topic_tree.c, topic_trie.c and retained.c include this.
 **
 ** Each owner lays out its own nodes (tt_kind_t): a tnode_t first, then the owner's fields,
 ** then the level's bytes. A node is most of what one subscription costs, so the table keeps
@@ -39,7 +39,7 @@ struct tnode_s {
     tnode_t *parent; /* NULL only for the root */
     uint32_t hval;   /* the edge hash's low 32 bits: the bucket (kept for rehashing) */
     uint32_t nkids;  /* children */
-    uint16_t len;    /* level length (levels are at most RT_TRIE_MAX_LEN bytes) */
+    uint16_t len;    /* level length (levels are at most RT_TOPIC_MAX_LEN bytes) */
     uint8_t wild;    /* TT_PLUS, TT_HASH */
     uint8_t flags;   /* the owner's */
     uint32_t aux;    /* the owner's */
@@ -91,23 +91,6 @@ typedef struct rt_trie_frame_s {
     const char *p;
     int done;
 } tt_frame_t;
-
-/* ---- Topic syntax ---- */
-
-/* The end of the level starting at p: the next '/' or end. */
-static inline const char *rt__topic_level_end(const char *p, const char *end)
-{
-    const char *q = memchr(p, '/', (size_t)(end - p));
-    return q ? q : end;
-}
-
-/*
-** Splits a filter into group (glen 0 if not shared) and the plain filter. Returns 0 if the
-** syntax is wrong: an empty group or one with '+', '#' (the '/' ends it), or an empty or
-** invalid filter after it.
-*/
-int rt__topic_split_filter(const char *f, size_t len, const char **g, size_t *glen, const char **pf,
-                           size_t *plen);
 
 /* ---- Counted allocation: every byte shows in the owner's counter ---- */
 void *rt__topic_alloc(atomic_size_t *ctr, size_t n);

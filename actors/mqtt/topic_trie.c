@@ -336,7 +336,7 @@ void rt_trie_free(rt_trie_t *t)
 /* Filters starting with a wildcard live in the wildcard shard, the rest by first-level hash. */
 static shard_t *shard_for(rt_trie_t *t, const char *f, size_t len, int is_filter)
 {
-    const char *q = rt__topic_level_end(f, f + len);
+    const char *q = rt_topic_level_end(f, f + len);
     if (is_filter && q - f == 1 && (f[0] == '+' || f[0] == '#'))
         return &t->shards[WILD_SHARD];
     return &t->shards[rt_hash(f, (size_t)(q - f)) & (RT_TRIE_SHARDS - 1)];
@@ -364,24 +364,22 @@ static trie_group_t *group_find(const trie_node_t *x, const char *g, size_t glen
 int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid,
                       const rt_trie_opts_t *o, int *existed)
 {
-    const char *g, *pf;
-    size_t glen, plen;
+    rt_topic_filter_t sf;
     if (existed)
         *existed = 0;
-    if (!rt__topic_split_filter(filter, len, &g, &glen, &pf, &plen) || pid == 0 || !o ||
-        o->qos > 2 || o->retain_handling > 2 || o->sub_id > RT_TRIE_MAX_SUB_ID ||
-        (g && o->no_local))
+    if (rt_topic_parse_filter(filter, len, &sf) || pid == 0 || !o || o->qos > 2 ||
+        o->retain_handling > 2 || o->sub_id > RT_TRIE_MAX_SUB_ID || (sf.group && o->no_local))
         return RT_EINVAL;
-    shard_t *s = shard_for(t, pf, plen, 1);
+    shard_t *s = shard_for(t, sf.filter, sf.filter_len, 1);
     int rc = 0;
     write_lock(s);
-    tnode_t *n = rt__tt_path(&s->t, pf, plen, 1);
+    tnode_t *n = rt__tt_path(&s->t, sf.filter, sf.filter_len, 1);
     if (!n) {
         rc = RT_ENOMEM;
         goto out;
     }
     trie_node_t *x = tnode(n);
-    if (!g) {
+    if (!sf.group) {
         trie_sub_t *e = subs_find(node_subs(x), x->n.aux, pid);
         if (e) {
             e->o = *o;
@@ -398,7 +396,7 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
             rt__tt_prune(&s->t, n);
         goto out;
     }
-    trie_group_t *gr = group_find(x, g, glen);
+    trie_group_t *gr = group_find(x, sf.group, sf.group_len);
     if (!gr) {
         /* The group goes at the head of the ext's list, which a node without one gets now. */
         if (!(x->n.flags & TN_EXT) && ext_resize(&t->bytes, x, x->n.aux) != 0) {
@@ -406,7 +404,7 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
             rc = RT_ENOMEM;
             goto out;
         }
-        gr = rt__topic_alloc(&t->bytes, sizeof(*gr) + glen);
+        gr = rt__topic_alloc(&t->bytes, sizeof(*gr) + sf.group_len);
         if (!gr) {
             ext_drop_if_unneeded(&t->bytes, x);
             rt__tt_prune(&s->t, n);
@@ -414,8 +412,8 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
             goto out;
         }
         memset(gr, 0, sizeof(*gr));
-        memcpy(gr->name, g, glen);
-        gr->namelen = (uint32_t)glen;
+        memcpy(gr->name, sf.group, sf.group_len);
+        gr->namelen = (uint32_t)sf.group_len;
         gr->next = x->ext->groups;
         x->ext->groups = gr;
         atomic_fetch_add_explicit(&t->groups, 1, memory_order_relaxed);
@@ -434,7 +432,7 @@ int rt_trie_subscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid
             tell_interest(t, filter, len, true);
     } else if (gr->n == 0) {
         x->ext->groups = gr->next; /* it was just created at the head */
-        rt__topic_free(&t->bytes, gr, sizeof(*gr) + glen);
+        rt__topic_free(&t->bytes, gr, sizeof(*gr) + sf.group_len);
         atomic_fetch_sub_explicit(&t->groups, 1, memory_order_relaxed);
         ext_drop_if_unneeded(&t->bytes, x);
         rt__tt_prune(&s->t, n);
@@ -446,19 +444,18 @@ out:
 
 int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t pid, int *existed)
 {
-    const char *g, *pf;
-    size_t glen, plen;
+    rt_topic_filter_t sf;
     if (existed)
         *existed = 0;
-    if (!rt__topic_split_filter(filter, len, &g, &glen, &pf, &plen))
+    if (rt_topic_parse_filter(filter, len, &sf))
         return RT_EINVAL;
-    shard_t *s = shard_for(t, pf, plen, 1);
+    shard_t *s = shard_for(t, sf.filter, sf.filter_len, 1);
     write_lock(s);
-    tnode_t *n = rt__tt_path(&s->t, pf, plen, 0);
+    tnode_t *n = rt__tt_path(&s->t, sf.filter, sf.filter_len, 0);
     if (!n)
         goto out;
     trie_node_t *x = tnode(n);
-    if (!g) {
+    if (!sf.group) {
         trie_sub_t *e = subs_find(node_subs(x), x->n.aux, pid);
         if (!e)
             goto out;
@@ -468,7 +465,7 @@ int rt_trie_unsubscribe(rt_trie_t *t, const char *filter, size_t len, rt_pid_t p
             tell_interest(t, filter, len, false);
         }
     } else {
-        trie_group_t *gr = group_find(x, g, glen);
+        trie_group_t *gr = group_find(x, sf.group, sf.group_len);
         trie_sub_t *e = gr ? subs_find(gr->members, gr->n, pid) : NULL;
         if (!e)
             goto out;
@@ -497,15 +494,14 @@ out:
 int rt_trie_share_pick(rt_trie_t *t, const char *share_filter, size_t len, rt_pid_t exclude,
                        rt_trie_alive_fn alive, void *arg, rt_pid_t *pid, rt_trie_opts_t *opts)
 {
-    const char *g, *pf;
-    size_t glen, plen;
-    if (!rt__topic_split_filter(share_filter, len, &g, &glen, &pf, &plen) || !g)
+    rt_topic_filter_t sf;
+    if (rt_topic_parse_filter(share_filter, len, &sf) || !sf.group)
         return RT_EINVAL;
-    shard_t *s = shard_for(t, pf, plen, 1);
+    shard_t *s = shard_for(t, sf.filter, sf.filter_len, 1);
     pthread_rwlock_t *l = read_lock(s);
     int rc = RT_ENOTFOUND;
-    tnode_t *x = rt__tt_path(&s->t, pf, plen, 0);
-    trie_group_t *gr = x ? group_find(tnode(x), g, glen) : NULL;
+    tnode_t *x = rt__tt_path(&s->t, sf.filter, sf.filter_len, 0);
+    trie_group_t *gr = x ? group_find(tnode(x), sf.group, sf.group_len) : NULL;
     if (gr && gr->n) {
         uint32_t n = gr->n, start = atomic_fetch_add_explicit(&gr->rr, 1, memory_order_relaxed);
         for (uint32_t i = 0; i < n && rc; i++) {
@@ -519,34 +515,6 @@ int rt_trie_share_pick(rt_trie_t *t, const char *share_filter, size_t len, rt_pi
     }
     read_unlock(s, l);
     return rc;
-}
-
-int rt_topic_matches(const char *filter, size_t flen, const char *topic, size_t tlen)
-{
-    const char *g, *f;
-    size_t glen, fl;
-    if (!rt__topic_split_filter(filter, flen, &g, &glen, &f, &fl) ||
-        !rt_trie_valid_topic(topic, tlen))
-        return 0;
-    if (topic[0] == '$' && (f[0] == '+' || f[0] == '#'))
-        return 0;
-    const char *fe = f + fl, *te = topic + tlen, *tp = topic;
-    for (;;) {
-        const char *fq = rt__topic_level_end(f, fe);
-        if (fq - f == 1 && *f == '#')
-            return 1;
-        const char *tq = rt__topic_level_end(tp, te);
-        if (!(fq - f == 1 && *f == '+') && (fq - f != tq - tp || memcmp(f, tp, (size_t)(fq - f))))
-            return 0;
-        if (fq == fe || tq == te) {
-            /* "a/#" also matches "a" (§4.7.1.2). */
-            if (fq == fe && tq == te)
-                return 1;
-            return tq == te && fe - fq == 2 && fq[1] == '#';
-        }
-        f = fq + 1;
-        tp = tq + 1;
-    }
 }
 
 void rt_trie_stats(rt_trie_t *t, rt_trie_stats_t *st)
@@ -633,7 +601,7 @@ static int match_shard(rt_trie_scratch_t *s, const ttable_t *t, const char *topi
         }
         if (!f.node->nkids)
             continue;
-        const char *q = rt__topic_level_end(f.p, end);
+        const char *q = rt_topic_level_end(f.p, end);
         int done = q == end;
         const char *np = done ? end : q + 1;
         if (hash && collect_node(s, hash, publisher, alive, arg, nodes_hit) != 0)
@@ -665,7 +633,7 @@ int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publishe
     size_t count = 0;
     if (ndelivered)
         *ndelivered = 0;
-    if (!rt_trie_valid_topic(topic, len))
+    if (!rt_topic_valid_name(topic, len))
         return RT_EINVAL;
     s->nhits = 0;
     s->nshared = 0;

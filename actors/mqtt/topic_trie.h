@@ -16,8 +16,7 @@
 ** wildcard shard, which is exactly the MQTT 3.1.1/5.0 §4.7.2 rule.
 **
 ** Strings are byte ranges (pointer and length), never NUL-terminated, as they
-** arrive in packets. UTF-8 well-formedness is the codec's job; these functions
-** check only the MQTT topic syntax.
+** arrive in packets; their syntax is checked by topic.h.
 **
 ** Both structures are level trees (topic_tree.h); the subscription trie is
 ** topic_trie.c, the retained store retained.c.
@@ -26,6 +25,7 @@
 #define RT_TOPIC_TRIE_H
 
 #include "rt.h"
+#include "topic.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -45,9 +45,6 @@
 #ifndef RT_TRIE_READ_SLOTS
 #define RT_TRIE_READ_SLOTS 1
 #endif
-
-/* Longest topic name or filter, bytes (MQTT's two-byte string length). */
-#define RT_TRIE_MAX_LEN 65535
 
 /* The largest subscription identifier MQTT 5 allows (a variable byte integer). */
 #define RT_TRIE_MAX_SUB_ID 268435455u
@@ -121,10 +118,6 @@ typedef struct {
     size_t bytes;                 /* every byte the trie has allocated, including itself */
 } rt_trie_stats_t;
 
-/* Syntax checks: 1 if valid. A filter may carry the $share/{group}/ prefix. */
-int rt_trie_valid_topic(const char *topic, size_t len);
-int rt_trie_valid_filter(const char *filter, size_t len);
-
 int rt_trie_new(rt_trie_t **out); /* 0 or RT_ENOMEM */
 void rt_trie_free(rt_trie_t *t);  /* no concurrent users may remain */
 
@@ -176,9 +169,6 @@ void rt_trie_stats(rt_trie_t *t, rt_trie_stats_t *st);
 */
 int rt_trie_share_pick(rt_trie_t *t, const char *share_filter, size_t len, rt_pid_t exclude,
                        rt_trie_alive_fn alive, void *arg, rt_pid_t *pid, rt_trie_opts_t *opts);
-
-/* Whether a topic name matches a filter (a $share/group/ prefix is ignored; §4.7.2 for '$'). */
-int rt_topic_matches(const char *filter, size_t flen, const char *topic, size_t tlen);
 
 /*
 ** Retained messages: one per topic. Messages are opaque to the store; it owns

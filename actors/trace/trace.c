@@ -18,7 +18,7 @@ struct rt_trace_s {
     rt_pid_t tracer;
     rt_trace_kind_t kind;
     uint32_t payload_max;
-    _Atomic size_t queued;   /* bytes sent to the tracer and not yet taken */
+    _Atomic size_t queued;    /* bytes sent to the tracer and not yet taken */
     _Atomic uint64_t seen;    /* packets the trace wanted */
     _Atomic uint64_t dropped; /* of those, not sent (the queue was full) */
     size_t len;
@@ -31,7 +31,7 @@ typedef struct {
 } trace_set_t;
 
 _Atomic unsigned rt__trace_count;
-static rt_rcu_t traces;                  /* trace_set_t *, NULL when none is on */
+static rt_rcu_t traces; /* trace_set_t *, NULL when none is on */
 static pthread_mutex_t traces_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t next_trace_id = 1;
 
@@ -317,7 +317,7 @@ int rt_trace_start(rt_trace_kind_t kind, const char *what, size_t len, uint32_t 
                    rt_pid_t tracer, rt_trace_t **out)
 {
     if (!len || len > UINT16_MAX || memchr(what, 0, len) ||
-        (kind == RT_TRACE_TOPIC && !mqtt_topic_filter_valid((const uint8_t *)what, len)) ||
+        (kind == RT_TRACE_TOPIC && !rt_topic_valid_filter(what, len)) ||
         payload_max > RT_TRACE_PAYLOAD_MAX)
         return RT_EINVAL;
     rt_trace_t *t = calloc(1, sizeof(*t) + len + 1);
@@ -345,7 +345,8 @@ uint64_t rt_trace_stop(rt_trace_t *t)
     pthread_mutex_lock(&traces_lock);
     replace_set(NULL, t);
     pthread_mutex_unlock(&traces_lock);
-    /* replace_set returned after the grace period: no packet still sees t, and its count is final. */
+    /* replace_set returned after the grace period: no packet still sees t, and its count is final.
+     */
     uint64_t seen = atomic_load_explicit(&t->seen, memory_order_relaxed);
     free(t);
     return seen;

@@ -261,6 +261,12 @@ static void test_topic_time_template(void)
     expect("tostring(topic.match('+', 'a/b'))", "false");
     expect_error("topic.match('a/#/b', 'a')", "not a valid topic filter");
     expect_error("topic.match('a+', 'a')", "not a valid topic filter");
+    /* As the broker matches (topic.h): shared filters, and no match for what is not a name. */
+    expect("tostring(topic.match('$share/g/a/+', 'a/b'))", "true");
+    expect("tostring(topic.match('#', ''))", "false");
+    expect("tostring(topic.match('a/+', 'a/+'))", "false");
+    expect_error("topic.match('$share/g', 'a')", "not a valid topic filter");
+    expect_error("topic.match('a\\0b', 'a')", "not a valid topic filter");
     expect("table.concat(topic.split('a//b/c'), '|')", "a||b|c");
     expect("#topic.split('') .. ''", "1");
     expect("time.format(0)", "1970-01-01T00:00:00.000Z");
@@ -408,7 +414,7 @@ static void test_load_errors(void)
 {
     struct {
         const char *text;
-        const char *want; /* prefix "t/r0.lua:LINE:" or "t/r0.lua:" plus a fragment */
+        const char *want;     /* prefix "t/r0.lua:LINE:" or "t/r0.lua:" plus a fragment */
         const char *fragment; /* "a|b": either */
     } cases[] = {
         {"return {\n name = 'x',\n from = '#'\n select = function() end }",
