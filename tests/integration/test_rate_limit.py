@@ -89,10 +89,12 @@ def publisher(port, client_id, username=None, keepalive=60):
     return c
 
 
-def blast(broker, client_id, n, payload_size=8, username=None, timeout=60, keepalive=60):
+def blast(broker, client_id, n, payload_size=8, username=None, timeout=180, keepalive=60):
     """Publishes n QoS 0 messages as fast as paho takes them through the rate-limited
     listener; returns (seconds from the first publish to the last arrival, the publisher
-    still connected, the subscriber's payloads in arrival order, rate_limited from rtctl)."""
+    still connected, the subscriber's payloads in arrival order, rate_limited from rtctl).
+    timeout only says when to give up on a broken run: 500 messages at 50 a second took
+    over 60 s with rtd at nice 10 beside two busy loops."""
     topic = f"rl/{client_id}"
     sub = Counter(broker.port, topic, f"{client_id}-sub")
     pub = publisher(broker.rport, client_id, username, keepalive)
