@@ -44,6 +44,24 @@ def start(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def start_ready(*args):
+    """Starts rtbench with --go-stdin and returns once its clients are connected (and
+    subscribed: a subscriber is ready at its SUBACK); go() lets it run."""
+    proc = subprocess.Popen([RTBENCH, *map(str, args), "--go-stdin", "--json", "--quiet"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    if line != "rtbench: ready\n":
+        proc.kill()
+        raise AssertionError(line + proc.communicate()[1])
+    return proc
+
+
+def go(proc):
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+
+
 def finish(proc, timeout=60):
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -239,9 +257,9 @@ def test_raw_payload_pub(mosquitto):
 
 def test_topic_expansion_sub(mosquitto):
     """rtbench sub subscribes to sx/%i; a paho publisher sends rtbench-shaped payloads."""
-    sub = start("sub", "-p", mosquitto.port, "-c", 2, "-n", 3, "-t", "sx/%i", "-q", 1,
-                "-L", 3, "-d", 10, "-i", 0)
-    time.sleep(1.0)  # the subscriptions must exist before publishing
+    sub = start_ready("sub", "-p", mosquitto.port, "-c", 2, "-n", 3, "-t", "sx/%i", "-q", 1,
+                      "-L", 3, "-d", 10, "-i", 0)
+    go(sub)
     c = paho_client(mosquitto.port)
     for seq in range(3):
         for i in (3, 4):
@@ -265,15 +283,26 @@ def test_missing_reported_test_hook(mosquitto):
 
 
 def test_missing_reported_late_subscriber(mosquitto):
-    """A subscriber that joins late misses the first messages and says how many."""
-    pub = start("pub", "-p", mosquitto.port, "-c", 1, "-t", "late/x", "-L", 150, "-I", 10,
-                "-q", 1, "-d", 20)
-    time.sleep(0.7)
-    s, _ = run("sub", "-p", mosquitto.port, "-c", 1, "-t", "late/x", "-q", 1, "-d", 2.5)
-    p = finish(pub)
-    assert p["sent"] == 150
-    assert 0 < s["received"] < 150
-    assert s["missing"] == 150 - s["received"] and s["missing_basis"] == "gaps"
+    """A subscriber that joins late misses the first messages and says how many. Publisher 0's
+    first 50 messages (rtbench's payload header) are acknowledged before it subscribes, the
+    next 100 after its SUBACK: it gets those 100 (-L) and reports the 50 as missing."""
+    c = paho_client(mosquitto.port)
+
+    def publish(seqs):
+        for seq in seqs:
+            head = struct.pack("<IIQ", 0, seq, time.monotonic_ns())
+            c.publish("late/x", head + b"z" * 10, qos=1).wait_for_publish(5)
+
+    publish(range(50))
+    sub = start_ready("sub", "-p", mosquitto.port, "-c", 1, "-t", "late/x", "-q", 1, "-L", 100,
+                      "-d", 20)
+    go(sub)
+    publish(range(50, 150))
+    c.disconnect()
+    c.loop_stop()
+    s = finish(sub, timeout=30)
+    assert s["received"] == s["unique"] == 100
+    assert s["missing"] == 50 and s["missing_basis"] == "gaps"
 
 
 def test_refused_connection_counted(mosquitto):

@@ -6,7 +6,6 @@ Run: RT_BUILD_DIR=$PWD/build/release /usr/bin/python3 -m pytest -q tests/integra
 """
 import socket
 import subprocess
-import time
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -22,6 +21,18 @@ def sys1():
     yield broker
     code, log = broker.stop()
     assert code == 0, log
+
+
+def wait_tick(tree, then="uptime"):
+    """Waits for a tick that begins after this call (a tick starts with uptime) to publish
+    `then`: the values it brings were read after whatever the test did before."""
+    mark = len(tree.messages())
+
+    def ticked():
+        names = [name for name, _ in tree.messages()[mark:]]
+        return "uptime" in names and then in names[names.index("uptime"):]
+
+    assert wait_for(ticked, timeout=10), tree.messages()[mark:]
 
 
 def publish_all(c, topic, payloads, retain=False):
@@ -67,13 +78,7 @@ def test_clients_messages_and_subscriptions(sys1):
     want = 7 * (n + 1)
     # A tick that began after every copy was received counts them all: wait for its
     # messages/sent (a tick starts with uptime), however late the tick runs.
-    mark = len(tree.messages())
-
-    def tick_after_mark():
-        names = [name for name, _ in tree.messages()[mark:]]
-        return "uptime" in names and "messages/sent" in names[names.index("uptime"):]
-
-    assert wait_for(tick_after_mark, timeout=10)
+    wait_tick(tree, "messages/sent")
     msgs = tree.messages()
     last = max(i for i, (name, _) in enumerate(msgs) if name == "messages/sent")
     tick_start = max(i for i, (name, _) in enumerate(msgs[:last]) if name == "uptime")
@@ -115,7 +120,7 @@ def test_retained_count_and_heap(sys1):
     tree = SysTree(sys1.port)
     pub = client(sys1.port, "retainer")
     assert wait_for(lambda: tree.num("heap/current") is not None)
-    time.sleep(1.2)
+    wait_tick(tree)  # after the publisher connected (heap/current is published on change)
     heap_before = tree.num("heap/current")
     big = b"x" * 200_000
     publish_all(pub, "keep/1", [b"one"], retain=True)
@@ -141,8 +146,9 @@ def publish_size(name, value):
 def test_bytes_and_connections(sys1):
     # The watcher is the only client: every byte sent is its CONNACK, SUBACK and $SYS messages.
     tree = SysTree(sys1.port)
-    assert wait_for(lambda: tree.get("bytes/sent") is not None)
-    time.sleep(1.2)
+    # A tick after the watcher subscribed: what it counts includes the CONNACK and SUBACK
+    # (the retained values given at the SUBSCRIBE may be from before them).
+    wait_tick(tree, "bytes/sent")
     msgs = tree.messages()
     last = max(i for i, (name, _) in enumerate(msgs) if name == "bytes/sent")
     tick_start = max(i for i, (name, _) in enumerate(msgs[:last]) if name == "uptime")
@@ -186,9 +192,16 @@ def test_clients_cannot_publish_to_sys(sys1):
     tree = SysTree(sys1.port)
     assert wait_for(lambda: tree.get("version") is not None)
     real = tree.get("version")
+    subscribe(tree.client, "after/fake")
     faker = client(sys1.port, "faker")
     faker.publish("$SYS/broker/version", b"fake", qos=1, retain=True).wait_for_publish()
-    time.sleep(1.5)
+    # A marker behind it: one publisher's messages reach a subscriber in order, so once the
+    # watcher has the marker it would have had the fake too.
+    faker.publish("after/fake", b"marker", qos=1).wait_for_publish()
+    assert wait_for(lambda: ("after/fake", b"marker", 0) in tree.client.got)
+    assert ("$SYS/broker/version", b"fake", 0) not in tree.client.got
+    # A retained fake would be stored before its PUBACK (durable acks): a new subscriber
+    # would be given it.
     later = SysTree(sys1.port, "late-watcher")
     assert wait_for(lambda: later.get("version") is not None)
     assert later.get("version") == real
@@ -200,10 +213,26 @@ def test_clients_cannot_publish_to_sys(sys1):
 def test_sys_interval_zero_publishes_nothing():
     broker = Rtd("sys_interval=0")
     try:
+        # The $SYS actor publishes its tree as it starts (sys.c), and rtd is ready once
+        # every stage is up: with sys_interval=0 it is not in the supervision tree at all.
+        names = set()
+
+        def walk(n):
+            names.add(n.get("name"))
+            for ch in n.get("children") or []:
+                walk(ch)
+
+        tree = broker.ctl_json("tree")
+        for root in tree if isinstance(tree, list) else [tree]:
+            walk(root)
+        assert "rtd_sup" in names and "sys_sup" not in names and "sys" not in names, names
         c = client(broker.port, "watcher")
         subscribe(c, "$SYS/#")
-        time.sleep(1.5)
-        assert c.got == []
+        subscribe(c, "after/sys")
+        # The subscription's retained messages come before anything published after it.
+        c.publish("after/sys", b"marker", qos=1).wait_for_publish()
+        assert wait_for(lambda: c.got)
+        assert [t for t, _, _ in c.got] == ["after/sys"], c.got
         c.disconnect()
     finally:
         code, log = broker.stop()

@@ -732,8 +732,9 @@ static void test_reload_enabled(void)
 ** old version's rows are submitted, every ack comes once, and each message is in the table
 ** once, written by one version.
 */
-static atomic_long acks, acks_ok, acks_failed, ack_tokens;
+static atomic_long acks, acks_ok, acks_failed, ack_tokens, marker_acks;
 static void test_reload_in_flight(void);
+#define MARKER_TOKEN UINT64_MAX /* ack_markers' publishes: counted apart from the tokens */
 
 /* The stand-in for a connection: counts RT_RULES_MSG_DURABLE acks. */
 static atomic_int last_ack_status;
@@ -744,7 +745,10 @@ static void ack_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         return;
     rt_rules_durable_t d;
     memcpy(&d, m->data, sizeof(d));
-    atomic_fetch_add(&ack_tokens, (long)d.token);
+    if (d.token == MARKER_TOKEN)
+        atomic_fetch_add(&marker_acks, 1);
+    else
+        atomic_fetch_add(&ack_tokens, (long)d.token);
     atomic_store(&last_ack_status, d.status);
     atomic_fetch_add(d.status == 0 ? &acks_ok : &acks_failed, 1);
     atomic_fetch_add(&acks, 1);
@@ -762,6 +766,20 @@ static rt_pid_t ack_actor(void)
     rt_pid_t ack = 0;
     CHECK_EQ(rt_spawn(&ack_type, NULL, &ack), 0);
     return ack;
+}
+
+/*
+** Publishes a durable marker on d/x from each of the n clients and waits for the markers'
+** acks. A client's messages go to one worker, in order; a worker submits its flights to the
+** sink in order and acks a flight's entries in the order they were made: an ack still owed
+** for anything those clients published before comes before their markers' acks.
+*/
+static void ack_markers(rt_pid_t ack, const char *const *clients, long n)
+{
+    long before = atomic_load(&marker_acks);
+    for (long i = 0; i < n; i++)
+        CHECK_EQ(publish_from(clients[i], "d/x", "marker", ack, MARKER_TOKEN), 2);
+    CHECK(wait_at_least(&marker_acks, before + n, 10000));
 }
 
 static void versioned_rule(int v)
@@ -812,8 +830,10 @@ static void test_reload_in_flight(void)
     CHECK_EQ(sql_int("SELECT count(DISTINCT p) FROM inflight"), n * versions);
     CHECK_EQ(info("d").passed, n * versions);
     CHECK_EQ(info("d").version, versions);
-    test_sleep_ms(50);
-    CHECK_EQ(atomic_load(&acks), n * versions); /* once each */
+    /* Once each: a second ack for any of them would come before the markers' acks. */
+    const char *const senders[] = {"c0", "c1", "c2", "c3", "c4"};
+    ack_markers(ack, senders, 5);
+    CHECK_EQ(atomic_load(&acks), n * versions + 5);
     stop();
 }
 
@@ -867,8 +887,10 @@ static void test_durable(void)
     CHECK_EQ(publish_from("c1", "n/x", "p", ack, 1002), 1);
     CHECK_EQ(publish_from("c1", "d/x", "p", 0, 0), 1);
     CHECK(wait_matched("n", 1) && wait_matched("d1", (uint64_t)n + 1));
-    test_sleep_ms(50);
-    CHECK_EQ(atomic_load(&acks), n + 2);
+    /* c1's worker took both before the marker: an ack for either would come before its. */
+    const char *const sender[] = {"c1"};
+    ack_markers(ack, sender, 1);
+    CHECK_EQ(atomic_load(&acks), n + 2 + 1);
     stop();
 }
 

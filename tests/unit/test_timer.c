@@ -3,9 +3,19 @@
 
 #include "rt_test.h"
 
-enum { MSG_FIRE = RT_MSG_USER, MSG_ARM, MSG_ARM_MANY, MSG_ARM_CANCEL, MSG_ARM_TAG, MSG_TAGGED };
+enum {
+    MSG_FIRE = RT_MSG_USER,
+    MSG_ARM,
+    MSG_ARM_MANY,
+    MSG_ARM_CANCEL,
+    MSG_ARM_TAG,
+    MSG_TAGGED,
+    MSG_HOLD,
+    MSG_SYNC
+};
 
 static atomic_long tagged_fired, tagged_wrong;
+static atomic_long held, let_go, synced;
 
 static atomic_long fired;
 static atomic_long late_sum_ms, late_max_ms, early, wrong_sender;
@@ -64,6 +74,15 @@ static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             atomic_fetch_add(&tagged_wrong, 1);
         atomic_fetch_add(&tagged_fired, 1);
         break;
+    case MSG_HOLD:
+        /* Keeps this scheduler in a turn, where it fires no timer, until the test says. */
+        atomic_fetch_add(&held, 1);
+        while (!atomic_load(&let_go))
+            test_sleep_ms(1);
+        break;
+    case MSG_SYNC:
+        atomic_fetch_add(&synced, 1);
+        break;
     case MSG_ARM_CANCEL: {
         long n = *(long *)(void *)m->data;
         for (long i = 0; i < n; i++) {
@@ -79,7 +98,8 @@ static void timer_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
 }
 
-static const rt_actor_type_t timer_type = {.name = "timer", .state_size = 8, .handle = timer_handle};
+static const rt_actor_type_t timer_type = {
+    .name = "timer", .state_size = 8, .handle = timer_handle};
 
 static void reset(void)
 {
@@ -87,6 +107,48 @@ static void reset(void)
     atomic_store(&late_sum_ms, 0);
     atomic_store(&late_max_ms, 0);
     atomic_store(&early, 0);
+}
+
+/*
+** Returns once every timer armed so far has left its heap (fired, or dropped if cancelled)
+** and p has handled every message a firing sent it: a fired timer is sent before its entry
+** is released, so the MSG_SYNC sent after that comes behind it in p's mailbox. What p has
+** not counted by then never came.
+*/
+static bool settle(rt_pid_t p)
+{
+    uint64_t end = test_now_ms() + 5000;
+    rt_stats_t st;
+    for (rt_stats(&st); st.timers_pending; rt_stats(&st)) {
+        if (test_now_ms() > end)
+            return false;
+        test_sleep_ms(1);
+    }
+    long want = atomic_load(&synced) + 1;
+    return rt_send(p, MSG_SYNC, NULL, 0) == 0 && wait_at_least(&synced, want, 5000);
+}
+
+/*
+** Holds both schedulers (test_start(2)) in a turn each: timers fire only between turns, so
+** until release_schedulers nothing armed can fire, however slowly this thread runs
+** (valgrind). Two holds running at once are on two schedulers: one runs a turn at a time.
+*/
+static void hold_schedulers(rt_pid_t holders[2])
+{
+    atomic_store(&held, 0);
+    atomic_store(&let_go, 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(rt_spawn(&timer_type, NULL, &holders[i]), 0);
+        rt_send(holders[i], MSG_HOLD, NULL, 0);
+    }
+    CHECK(wait_at_least(&held, 2, 5000));
+}
+
+static void release_schedulers(rt_pid_t holders[2])
+{
+    atomic_store(&let_go, 1);
+    for (int i = 0; i < 2; i++)
+        rt_exit_signal(holders[i], RT_REASON_KILL);
 }
 
 static void test_accuracy(void)
@@ -112,8 +174,9 @@ static void test_accuracy(void)
 static void test_cancel(void)
 {
     reset();
-    rt_pid_t p;
+    rt_pid_t p, holders[2];
     rt_spawn(&timer_type, NULL, &p);
+    hold_schedulers(holders); /* the cancel below cannot lose a race with the firing */
     rt_ref_t ref;
     rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
     *(fire_t *)(void *)f->data = (fire_t){test_now_ms(), 30, false};
@@ -124,22 +187,17 @@ static void test_cancel(void)
     rt_msg_t *g = rt_msg_new(MSG_FIRE, sizeof(fire_t));
     *(fire_t *)(void *)g->data = (fire_t){test_now_ms(), 10, false};
     CHECK_EQ(rt_send_after(10, p, g, &ref2), 0);
+    release_schedulers(holders);
     CHECK(wait_at_least(&fired, 1, 5000));
-    test_sleep_ms(60);
-    CHECK_EQ(atomic_load(&fired), 1); /* the cancelled one never came */
+    CHECK(settle(p));
+    CHECK_EQ(atomic_load(&fired), 1);              /* the cancelled one never came */
     CHECK_EQ(rt_cancel_timer(ref2), RT_ENOTFOUND); /* too late: it fired */
     CHECK_EQ(rt_cancel_timer(0), RT_ENOTFOUND);
 
     /* Many armed and cancelled at once: nothing fires and the heaps empty out. */
     long n = check_scale(100000);
     rt_send(p, MSG_ARM_CANCEL, &n, sizeof(n));
-    rt_stats_t st;
-    uint64_t end = test_now_ms() + 5000;
-    do {
-        test_sleep_ms(10);
-        rt_stats(&st);
-    } while (st.timers_pending && test_now_ms() < end);
-    CHECK_EQ(st.timers_pending, 0); /* every cancelled timer was dropped */
+    CHECK(settle(p)); /* every cancelled timer was dropped */
     CHECK_EQ(atomic_load(&fired), 1);
     CHECK_EQ(atomic_load(&early), 0);
     rt_exit_signal(p, RT_REASON_KILL);
@@ -185,8 +243,12 @@ static void test_timer_to_dead_actor(void)
     rt_stats(&before);
     rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
     CHECK_EQ(rt_send_after(5, p, f, NULL), 0);
-    test_sleep_ms(100);
-    rt_stats(&after);
+    /* Its entry is released after the send that counts the dead letter. */
+    uint64_t end = test_now_ms() + 5000;
+    do {
+        test_sleep_ms(1);
+        rt_stats(&after);
+    } while (after.timers_pending && test_now_ms() < end);
     CHECK_EQ(after.dead_letters - before.dead_letters, 1);
     CHECK_EQ(after.timers_pending, 0);
 }
@@ -198,7 +260,7 @@ static void test_tag_timer(void)
     rt_spawn(&timer_type, NULL, &p);
     rt_send(p, MSG_ARM_TAG, NULL, 0);
     CHECK(wait_at_least(&tagged_fired, 1, 5000));
-    test_sleep_ms(60);
+    CHECK(settle(p));
     CHECK_EQ(atomic_load(&tagged_fired), 1); /* the cancelled one never came */
     CHECK_EQ(atomic_load(&tagged_wrong), 0);
     rt_exit_signal(p, RT_REASON_KILL);
