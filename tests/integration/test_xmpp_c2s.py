@@ -796,13 +796,7 @@ def test_removed_account_is_granted_nothing_when_made_again(xmpp):
         assert code == 0, (out, err)
         again = await online("goneuser", "again", xmpp.xport)
         assert await roster_items(again) == {}
-        # The contact's presence and then a marker, both from its session to the new one: the
-        # presence would come first if the contact's session still counted it a subscriber.
-        c.send_presence(pstatus="not for you")
-        c.send_message(mto=again.boundjid, mbody="marker", mtype="chat")
-        got = [p for p in await until_marker_presence(again, "marker")
-               if p["status"] == "not for you"]
-        assert got == [], got
+        assert await presences_before_marker(c, again, "not for you") == []
         await X.logout(again, c)
     X.run(t())
 
@@ -814,6 +808,15 @@ async def until_marker_presence(c, marker):
     while not c.presences.empty():
         out.append(c.presences.get_nowait())
     return out
+
+
+async def presences_before_marker(sender, receiver, status):
+    """sender broadcasts a presence with status, then sends receiver a chat marker: one
+    session's stanzas to another arrive in order, so the presence comes first if it comes at
+    all. The presences with status receiver got before the marker."""
+    sender.send_presence(pstatus=status)
+    sender.send_message(mto=receiver.boundjid, mbody="marker", mtype="chat")
+    return [p for p in await until_marker_presence(receiver, "marker") if p["status"] == status]
 
 
 def test_probe_at_initial_presence(xmpp):
@@ -888,10 +891,7 @@ def test_unsubscribed_cancels_subscription(xmpp):
         items = await roster_items(u)
         assert items[jid("canccontact")].get("subscription", "none") == "none"
         # No presence of the contact's reaches the user any more.
-        c.send_presence(pstatus="secret")
-        c.send_message(mto=u.boundjid, mbody="marker", mtype="chat")
-        got = [p for p in await until_marker_presence(u, "marker") if p["status"] == "secret"]
-        assert got == []
+        assert await presences_before_marker(c, u, "secret") == []
         await X.logout(u, c)
     X.run(t())
 
