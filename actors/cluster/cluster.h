@@ -207,7 +207,7 @@ void rt_cluster_set_importer(rt_cluster_import_fn fn);
 ** "<prefix>_sessions": the same bytes a move carries (without messages) and clear_ms, the
 ** last moment (wall clock) it owed its client nothing. A claim whose holder does not answer
 ** (its node crashed) imports the record and replays the stream from clear_ms less
-** cluster.replay_margin; the session keeps what its subscriptions match ("RTR1" bytes in a
+** cluster.replay_margin; the session keeps what its subscriptions match (replay.h's bytes in a
 ** RT_CLUSTER_MSG_MOVE_IN), merged as a move's rest is.
 */
 bool rt_cluster_durable(void);

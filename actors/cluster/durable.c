@@ -4,6 +4,7 @@
 ** crash.
 */
 #include "cluster_impl.h"
+#include "replay.h"
 
 /* A publisher's acknowledgement that waited for the stream. */
 void rt__cluster_stream_answer(rt_pid_t ack_pid, uint64_t token, bool kept)
@@ -176,18 +177,11 @@ void rt__cluster_session_put(const record_t *r)
                natsStatus_GetText(s));
 }
 
-static void put_be(uint8_t *p, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++)
-        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
-}
-
 /*
 ** In cluster_kv: every message the stream kept from from_ms up to its last one now (after
 ** NATS holds the session's subscriptions here), as the replay's bytes for
-** RT_CLUSTER_MSG_MOVE_IN: "RTR1", then per message its origin key and number (u64 each),
-** length (u32) and PUBLISH. The session keeps those its subscriptions match. NULL if the
-** stream did not answer.
+** RT_CLUSTER_MSG_MOVE_IN (replay.h). The session keeps those its subscriptions match. NULL
+** if the stream did not answer.
 */
 uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
 {
@@ -199,11 +193,8 @@ uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
     uint64_t last = si->State.LastSeq;
     bool none = !last || si->State.LastTime < from_ms * 1000000LL;
     jsStreamInfo_Destroy(si);
-    size_t cap = 4096, at = 4;
-    uint8_t *buf = malloc(cap);
-    if (!buf)
-        return NULL;
-    memcpy(buf, "RTR1", 4);
+    rt_buf_t b = {0};
+    rt_replay_start(&b);
     natsSubscription *sub = NULL;
     jsSubOptions so;
     jsSubOptions_Init(&so);
@@ -224,22 +215,12 @@ uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
         }
         origin_name_t o;
         rt_bin_t *bin = s == NATS_OK ? rt__cluster_inbound_message(nm, &o) : NULL;
-        size_t need = bin ? 20 + rt_bin_len(bin) : 0;
-        if (bin && at + need > cap) {
-            while (cap < at + need)
-                cap *= 2;
-            uint8_t *more = cap <= RT_CLUSTER_MOVE_MAX ? realloc(buf, cap) : NULL;
-            if (!more)
-                s = NATS_NO_MEMORY;
-            else
-                buf = more;
-        }
+        if (bin && b.len + RT_REPLAY_ENTRY_MIN + rt_bin_len(bin) > RT_CLUSTER_MOVE_MAX)
+            s = NATS_NO_MEMORY;
         if (bin && s == NATS_OK) {
-            put_be(buf + at, rt__cluster_node_key(o.node, o.incarnation), 8);
-            put_be(buf + at + 8, o.seq, 8);
-            put_be(buf + at + 16, rt_bin_len(bin), 4);
-            memcpy(buf + at + 20, rt_bin_data(bin), rt_bin_len(bin));
-            at += need;
+            rt_replay_put(&b, rt__cluster_node_key(o.node, o.incarnation), o.seq,
+                          rt_bin_data(bin), (uint32_t)rt_bin_len(bin));
+            s = b.oom ? NATS_NO_MEMORY : NATS_OK;
             ++*count;
         }
         if (bin)
@@ -253,9 +234,9 @@ uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
     if (s != NATS_OK) {
         rt_log(RT_LOG_WARNING, "cluster.replay_failed", "stream=%s after %zu messages: %s",
                rt__cluster.stream, *count, natsStatus_GetText(s));
-        free(buf);
+        rt_buf_free(&b);
         return NULL;
     }
-    *len = at;
-    return buf;
+    *len = b.len;
+    return (uint8_t *)b.data;
 }

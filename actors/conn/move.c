@@ -9,6 +9,7 @@
 
 #include "conn_impl.h"
 #include "log.h"
+#include "replay.h"
 #include "session_bytes.h"
 #include "store.h"
 
@@ -271,7 +272,7 @@ void rt__conn_on_move_in(rt_actor_t *self, conn_t *c, const uint8_t *bytes, size
     /* Bytes refused merge nothing, but what the reader made of them before it stopped is
        freed all the same. */
     rt_moved_t rest = {0};
-    if (len >= 4 && memcmp(bytes, RT_MOVED_REPLAY_MAGIC, 4) == 0) {
+    if (len >= RT_REPLAY_HEAD && memcmp(bytes, RT_REPLAY_MAGIC, RT_REPLAY_HEAD) == 0) {
         if (rt_moved_read_replay(bytes, len, c->subs, c->nsubs, RT_LIVE(queue_qos0), rt_mono_ms(),
                                  &rest) != 0) {
             rt_log(RT_LOG_ERROR, "cluster.replay_unreadable", "client=%s bytes=%zu", c->client_id,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "message.h"
+#include "replay.h"
 #include "session_bytes.h"
 #include "topic_trie.h"
 
@@ -313,17 +314,15 @@ int rt_moved_read_replay(const void *bytes, size_t len, const sub_entry_t *subs,
                          bool keep_qos0, uint64_t now, rt_moved_t *mv)
 {
     memset(mv, 0, sizeof(*mv));
-    rbuf_t r = {.p = bytes, .len = len};
-    const uint8_t *magic = take(&r, 4);
-    if (!magic || memcmp(magic, RT_MOVED_REPLAY_MAGIC, 4) != 0)
+    size_t at = 0;
+    rt_replay_entry_t e;
+    int more = rt_replay_next(bytes, len, &at, &e);
+    if (more < 0)
         return RT_EPROTO;
-    if (alloc_msgs(mv, (len - 4) / 20)) /* a message takes 20 bytes at least */
+    if (alloc_msgs(mv, (len - RT_REPLAY_HEAD) / RT_REPLAY_ENTRY_MIN))
         return RT_ENOMEM;
-    while (r.at < r.len) {
-        uint64_t key = get_uint(&r, 8), seq = get_uint(&r, 8);
-        uint32_t plen = (uint32_t)get_uint(&r, 4);
-        const uint8_t *pkt = take(&r, plen);
-        rt_bin_t *bin = pkt ? rt_message_parse(pkt, plen) : NULL;
+    for (; more > 0; more = rt_replay_next(bytes, len, &at, &e)) {
+        rt_bin_t *bin = rt_message_parse(e.publish, e.len);
         if (!bin)
             return RT_EPROTO;
         rt_message_t msg;
@@ -337,8 +336,8 @@ int rt_moved_read_replay(const void *bytes, size_t len, const sub_entry_t *subs,
             m.expire_at_ms = now + (uint64_t)msg.expiry * 1000;
         size_t i = mv->ss.nmsgs++;
         mv->ss.msgs[i] = m;
-        mv->keys[i] = key;
-        mv->seqs[i] = seq;
+        mv->keys[i] = e.origin_key;
+        mv->seqs[i] = e.origin_seq;
     }
-    return 0;
+    return more < 0 ? RT_EPROTO : 0;
 }

@@ -13,9 +13,7 @@
 **   for a QoS 2 message past PUBREC).
 ** Phase 2's rest is the same with only messages.
 **
-** A replay after the session's old node crashed, "RTR1" (cluster.c writes it): then per
-** message its origin (u64 key, u64 number), u32 length and PUBLISH, every message the stream
-** kept since.
+** A replay after the session's old node crashed: cluster's replay.h, its codec.
 **
 ** Another rtd wrote them, but they came over the network: every count and length is checked
 ** against what is there, and what the bytes say costs at most a few times their length in
@@ -32,7 +30,6 @@
 #include "store.h"
 
 #define RT_MOVED_SESSION_MAGIC "RTS1"
-#define RT_MOVED_REPLAY_MAGIC "RTR1"
 
 /* ---- Writing: a head, then each list as its count and its entries, in the order above ---- */
 
@@ -76,7 +73,7 @@ typedef struct {
 int rt_moved_read_session(const char *id, const void *bytes, size_t len, uint64_t now,
                           rt_moved_t *mv);
 /*
-** Reads "RTR1" bytes into *mv's messages: those the subscriptions match, as routing would
+** Reads replay bytes (replay.h) into *mv's messages: those the subscriptions match, as routing would
 ** have delivered them (the highest QoS granted, every matching subscription's id); QoS 0
 ** ones only if keep_qos0. 0, RT_EPROTO or RT_ENOMEM; *mv is to be freed whatever the result.
 */

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "message.h"
+#include "replay.h"
 #include "session_bytes.h"
 
 #define SUB(f, q, id, rap)                                                                         \
@@ -174,7 +175,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     memcpy(bytes, RT_MOVED_SESSION_MAGIC, 4);
     session(bytes, size + 4, now);
-    memcpy(bytes, RT_MOVED_REPLAY_MAGIC, 4);
+    memcpy(bytes, RT_REPLAY_MAGIC, RT_REPLAY_HEAD);
     replay(bytes, size + 4, now);
 
     free(bytes);
