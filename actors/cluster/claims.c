@@ -44,8 +44,7 @@ static bool request_parts(const char *subject, const char *id, bool want, uint8_
     if (s == NATS_OK)
         s = natsConnection_PublishMsg(rt__cluster.nc, req);
     natsMsg_Destroy(req);
-    uint8_t *buf = NULL;
-    size_t have = 0;
+    rt_buf_t buf = {0};
     /* Each part within TAKEOVER_WAIT_MS of the one before; what does not verify (anyone may
        publish on the inbox) is dropped, and does not extend the wait. */
     uint64_t deadline = rt_mono_ms() + TAKEOVER_WAIT_MS;
@@ -66,30 +65,24 @@ static bool request_parts(const char *subject, const char *id, bool want, uint8_
         }
         if (natsMsgHeader_Get(part, H_PART, &h) != NATS_OK || sscanf(h, "%u %u", &i, &n) != 2 ||
             (n && i != got + 1) || n > RT_CLUSTER_MOVE_MAX / 1024 ||
-            have + dlen > RT_CLUSTER_MOVE_MAX) {
+            buf.len + dlen > RT_CLUSTER_MOVE_MAX) {
             s = NATS_PROTOCOL_ERROR;
         } else if ((parts = n) != 0) {
-            uint8_t *more = dlen ? realloc(buf, have + dlen) : buf;
-            if (dlen && !more) {
-                s = NATS_NO_MEMORY;
-            } else {
-                buf = more;
-                memcpy(buf + have, natsMsg_GetData(part), dlen);
-                have += dlen;
-                got++;
-                deadline = rt_mono_ms() + TAKEOVER_WAIT_MS;
-            }
+            rt_buf_add(&buf, natsMsg_GetData(part), dlen);
+            s = buf.oom ? NATS_NO_MEMORY : NATS_OK;
+            got++;
+            deadline = rt_mono_ms() + TAKEOVER_WAIT_MS;
         }
         natsMsg_Destroy(part);
     }
     natsSubscription_Destroy(sub);
     natsInbox_Destroy(inbox);
     if (s != NATS_OK) {
-        free(buf);
+        rt_buf_free(&buf);
         return false;
     }
-    *out = buf;
-    *len = have;
+    *out = (uint8_t *)buf.data;
+    *len = buf.len;
     return true;
 }
 

@@ -166,6 +166,11 @@ static void publish(const rt_message_t *msg, const rt_bin_t *bin, const forward_
                msg->props.len, natsStatus_GetText(s), natsConnection_GetMaxPayload(rt__cluster.nc));
 }
 
+/*
+** A fixed hash, where every node must compute the same value from the same bytes: a node's run
+** key (replayed messages name their origin by it on another node) and a shared group's NATS
+** queue name. Never for a table: the routes hash filters clients choose with rt_hash.
+*/
 static uint64_t fnv1a(const char *s, size_t n)
 {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -185,7 +190,7 @@ static route_t *route_slot(const char *filter, size_t len)
 {
     if (!rt__cluster.routes_cap)
         return NULL;
-    size_t mask = rt__cluster.routes_cap - 1, i = fnv1a(filter, len) & mask;
+    size_t mask = rt__cluster.routes_cap - 1, i = rt_hash(filter, len) & mask;
     route_t *tomb = NULL;
     for (size_t n = 0; n < rt__cluster.routes_cap; n++, i = (i + 1) & mask) {
         route_t *r = &rt__cluster.routes[i];
