@@ -70,15 +70,17 @@ static void finish_gather(rt_admin_exec_t *x, rt_admin_answer_fn fn, void *ctx)
     x->cookie = 0;
 }
 
-/* `clients show` of a client this node does not hold: the node that does is asked, from the
-   worker (admin_remote.c). Whether the worker took it. */
-static bool ask_holder_node(const rt_admin_cmd_t *c, uint64_t cookie)
+/* A command about a client this node does not hold (RT_ADMIN_HOLDER): the node that does is
+   asked, from the worker (admin_remote.c). Whether the worker took it. */
+static bool ask_holder_node(const rt_admin_cmd_t *c, const rt_admin_command_t *cmd,
+                            uint64_t cookie)
 {
     if (c->argc < 3)
         return false;
     rt_buf_t line = {0};
     rt_buf_add(&line, "cluster client ", 15);
     rt__admin_quote_word(&line, c->argv[2]);
+    rt_buf_printf(&line, " --command \"%s %s\"", cmd->word, cmd->sub);
     if (c->json)
         rt_buf_add(&line, " --json", 7);
     bool asked = !line.oom && rt__admin_worker_ask(cookie, line.data, line.len, false) == 0;
@@ -119,9 +121,9 @@ bool rt_admin_exec_start(rt_actor_t *self, rt_admin_exec_t *x, char *line, size_
             rt__admin_fail(c, 503, "the admin worker is not running");
     } else if (cmd) {
         rt__admin_run(c, cmd);
-        if (c->code == 404 && cmd->run == rt__admin_clients_show && rt_cluster_on()) {
+        if (c->code == 404 && (cmd->flags & RT_ADMIN_HOLDER) && rt_cluster_on()) {
             uint64_t cookie = next_cookie++;
-            if (ask_holder_node(c, cookie))
+            if (ask_holder_node(c, cmd, cookie))
                 x->cookie = cookie;
         } else if (c->trace) { /* streaming: its parts come with the trace's messages */
             x->trace = c->trace;

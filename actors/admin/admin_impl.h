@@ -49,6 +49,12 @@ typedef struct rt_admin_cmd_s {
 #define RT_ADMIN_GATHER 2u   /* asks connection actors; answered when they have replied */
 /* With BLOCKING: on a worker of its own, as its caller can make it run long (a rule run). */
 #define RT_ADMIN_OWN_WORKER 16u
+/*
+** "COMMAND CLIENT_ID" about one client: in a cluster, a 404 here (this node holds no such
+** client) is asked of the node that holds the id (`cluster client ID --command "WORD SUB"`),
+** whose answer comes back with its name first.
+*/
+#define RT_ADMIN_HOLDER 32u
 
 typedef struct rt_admin_command_s {
     const char *word, *sub; /* "rules", "reload"; sub NULL: the word alone */

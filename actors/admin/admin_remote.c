@@ -1,7 +1,7 @@
 /*
 ** Administrators across a cluster's nodes (cluster.h): `cluster client ID` asks the node that
-** holds a client for its `clients show` (and `clients show` asks it when this node does not
-** hold the client), and each question from another node is answered here by a short-lived
+** holds a client for its `clients show` (or `subscriptions show`, --command; and a command
+** flagged RT_ADMIN_HOLDER asks it when this node does not hold the client), and each question from another node is answered here by a short-lived
 ** actor that runs the read-only request line through the admin engine, as an rtctl
 ** connection would, and sends "<code> <body>" back over NATS.
 */
@@ -117,10 +117,68 @@ void rt__admin_quote_word(rt_buf_t *out, const char *w)
     rt_buf_add(out, "\"", 1);
 }
 
+/*
+** A JSON answer from node into out with the node named: first in an object; in each row (each
+** object inside the array) of an array, so the rows read as this node's own rows would.
+*/
+static void put_named(rt_buf_t *out, const char *node, const char *body, size_t len)
+{
+    rt_buf_t name = {0};
+    rt_buf_add(&name, "\"node\":", 7);
+    rt_buf_json_str(&name, node, strlen(node));
+    int depth = 0, rows_at = body[0] == '[' ? 1 : 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = body[i];
+        rt_buf_add(out, &ch, 1);
+        if (in_string) {
+            if (ch == '\\' && i + 1 < len)
+                rt_buf_add(out, &body[++i], 1);
+            else if (ch == '"')
+                in_string = false;
+            continue;
+        }
+        if (ch == '"') {
+            in_string = true;
+        } else if (ch == '[' || ch == '{') {
+            if (ch == '{' && depth == rows_at) {
+                rt_buf_add(out, name.data, name.len);
+                if (i + 1 < len && body[i + 1] != '}')
+                    rt_buf_add(out, ",", 1);
+            }
+            depth++;
+        } else if (ch == ']' || ch == '}') {
+            depth--;
+        }
+    }
+    rt_buf_free(&name);
+}
+
+/* The command --command names ("clients show" when none): one flagged RT_ADMIN_HOLDER. */
+static const rt_admin_command_t *holder_command(const rt_admin_cmd_t *c)
+{
+    size_t len = 0;
+    const char *want = rt__admin_opt(c, "command", &len);
+    if (!want) {
+        want = "clients show";
+        len = strlen(want);
+    }
+    for (const rt_admin_command_t *k = rt__admin_commands; k->word; k++) {
+        size_t w = strlen(k->word);
+        if ((k->flags & RT_ADMIN_HOLDER) && k->sub && len == w + 1 + strlen(k->sub) &&
+            memcmp(want, k->word, w) == 0 && want[w] == ' ' &&
+            memcmp(want + w + 1, k->sub, len - w - 1) == 0)
+            return k;
+    }
+    return NULL;
+}
+
 int rt__admin_cluster_client(rt_admin_cmd_t *c)
 {
-    if (c->argc < 3)
-        return rt__admin_fail(c, 400, "usage: cluster client CLIENT_ID");
+    const rt_admin_command_t *cmd = holder_command(c);
+    if (c->argc < 3 || !cmd)
+        return rt__admin_fail(c, 400, "usage: cluster client CLIENT_ID [--command \"clients "
+                                      "show\" or \"subscriptions show\"]");
     const char *id = c->argv[2];
     if (!rt_cluster_on())
         return rt__admin_fail(c, 404, "this node is in no cluster (no cluster table in rtd.conf)");
@@ -130,7 +188,7 @@ int rt__admin_cluster_client(rt_admin_cmd_t *c)
     if (strcmp(node, rt_cluster_node()) == 0)
         return rt__admin_fail(c, 404, "no client \"%s\" (this node holds its id, no session)", id);
     rt_buf_t line = {0};
-    rt_buf_add(&line, "clients show ", 13);
+    rt_buf_printf(&line, "%s %s ", cmd->word, cmd->sub);
     rt__admin_quote_word(&line, id);
     if (c->json)
         rt_buf_add(&line, " --json", 7);
@@ -155,11 +213,8 @@ int rt__admin_cluster_client(rt_admin_cmd_t *c)
         return c->code;
     }
     /* Its answer as it gave it, with the node named first. */
-    if (c->json && body[0] == '{') {
-        rt_buf_printf(&c->text, "{\"node\":");
-        rt_buf_json_str(&c->text, node, strlen(node));
-        rt_buf_add(&c->text, body[1] == '}' ? "" : ",", body[1] == '}' ? 0 : 1);
-        rt_buf_add(&c->text, body + 1, blen - 1);
+    if (c->json && (body[0] == '{' || body[0] == '[')) {
+        put_named(&c->text, node, body, blen);
     } else {
         rt_buf_printf(&c->text, "node  %s\n", node);
         rt_buf_add(&c->text, body, blen);

@@ -663,9 +663,9 @@ def test_topics_cannot_reach_the_nodes_control_subjects(nodes, mq, pfx):
 
 
 def test_clients_show_finds_a_client_on_another_node(nodes, mq, pfx):
-    """`rtctl clients show ID` on any node: the node holding the id (the clients bucket) is
-    asked over NATS and its answer comes back with its name; the text form too; an id no
-    node holds is 404."""
+    """`rtctl clients show ID` (and `subscriptions show ID`) on any node: the node holding the
+    id (the clients bucket) is asked over NATS and its answer comes back with its name; the
+    text form too; an id no node holds is 404."""
     n1, n2, _ = nodes
     far = mq(n2, name="far")
     far.subscribe(f"{pfx}/far/#", 1)
@@ -676,6 +676,13 @@ def test_clients_show_finds_a_client_on_another_node(nodes, mq, pfx):
     assert code == 0 and "n2" in out and far.id in out, out
     code, out, err = n1.ctl("clients", "show", "nobody-" + pfx)
     assert code != 0 and "no client" in (out + err), (out, err)
+    # Every command about one client that says so in the command table asks the same way:
+    # the rows as that node gives them, each with its name.
+    subs = n1.ctl_json("subscriptions", "show", far.id)
+    assert [(r["node"], r["client_id"], r["topic"]) for r in subs] == [
+        ("n2", far.id, f"{pfx}/far/#")], subs
+    code, out, _ = n1.ctl("subscriptions", "show", far.id)
+    assert code == 0 and "n2" in out and f"{pfx}/far/#" in out, out
 
 
 def moved_logs(old_node, new_node, cid):
