@@ -231,6 +231,15 @@ typedef struct rt_cluster_rule_count_s {
     uint64_t matched, passed, failed, rows_out;
 } rt_cluster_rule_count_t;
 
+/*
+** What this node's heartbeats say of its rules: the rules sit above the cluster, so whoever
+** runs both (rtd's main) hands it their counts through this hook, set before
+** rt_cluster_start and called on the cluster actor: fills out (at most max, by name) and
+** returns how many. None set: the heartbeats carry no rules.
+*/
+typedef size_t (*rt_cluster_rule_counts_fn)(rt_cluster_rule_count_t *out, size_t max);
+void rt_cluster_set_rule_counts(rt_cluster_rule_counts_fn fn);
+
 typedef struct rt_cluster_node_s {
     char node[RT_CONF_NODE_MAX];
     uint64_t age_ms; /* since its last heartbeat arrived */

@@ -29,7 +29,6 @@
 #include "log.h"
 #include "message.h"
 #include "route.h"
-#include "rule_engine.h"
 #include "store.h"
 #include "subject.h"
 

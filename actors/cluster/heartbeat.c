@@ -4,6 +4,13 @@
 */
 #include "cluster_impl.h"
 
+static rt_cluster_rule_counts_fn rule_counts;
+
+void rt_cluster_set_rule_counts(rt_cluster_rule_counts_fn fn)
+{
+    rule_counts = fn;
+}
+
 /* A heartbeat's text: "key value" lines, then "rule name matched passed failed rows". */
 static size_t heartbeat_text(char *out, size_t cap)
 {
@@ -17,8 +24,8 @@ static size_t heartbeat_text(char *out, size_t cap)
                       (uint64_t)atomic_load(&rt__cluster.routes_count),
                       (uint64_t)atomic_load(&rt__cluster.forwarded_in),
                       (uint64_t)atomic_load(&rt__cluster.forwarded_out));
-    static rt_rule_info_t rules[RT_CLUSTER_RULES_MAX]; /* the cluster actor's own */
-    size_t nr = rt_rules_snapshot(rules, RT_CLUSTER_RULES_MAX);
+    static rt_cluster_rule_count_t rules[RT_CLUSTER_RULES_MAX]; /* the cluster actor's own */
+    size_t nr = rule_counts ? rule_counts(rules, RT_CLUSTER_RULES_MAX) : 0;
     for (size_t i = 0; i < nr && i < RT_CLUSTER_RULES_MAX && at > 0 && (size_t)at < cap; i++)
         at += snprintf(out + at, cap - (size_t)at,
                        "rule %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", rules[i].name,

@@ -331,10 +331,32 @@ static int start_broker(rtd_t *d)
     return 0;
 }
 
+/* The rules' counts for the cluster's heartbeats (cluster.h: the cluster sits below them). */
+static size_t rule_counts(rt_cluster_rule_count_t *out, size_t max)
+{
+    static rt_rule_info_t rules[RT_CLUSTER_RULES_MAX]; /* the cluster actor's alone */
+    size_t n = rt_rules_snapshot(rules, max < RT_CLUSTER_RULES_MAX ? max : RT_CLUSTER_RULES_MAX);
+    if (n > max)
+        n = max;
+    if (n > RT_CLUSTER_RULES_MAX)
+        n = RT_CLUSTER_RULES_MAX;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strnlen(rules[i].name, sizeof(out[i].name) - 1); /* a heartbeat's width */
+        memcpy(out[i].name, rules[i].name, len);
+        out[i].name[len] = 0;
+        out[i].matched = rules[i].matched;
+        out[i].passed = rules[i].passed;
+        out[i].failed = rules[i].failed;
+        out[i].rows_out = rules[i].rows_out;
+    }
+    return n;
+}
+
 /* The cluster's NATS connections and actors, before the first subscription is made: each
    subscription's filter, the restored sessions' among them, becomes a route on NATS. */
 static int start_cluster(rtd_t *d)
 {
+    rt_cluster_set_rule_counts(rule_counts);
     int r = rt_cluster_start(&d->conf, d->top, d->err, sizeof(d->err));
     if (r == 0)
         return 0;
