@@ -321,6 +321,7 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
 
 void rt__cluster_claim_one(const claim_t *cl)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid));
     char id[RT_CLIENT_TEXT_MAX];
     snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
     bool moving = false;
@@ -347,6 +348,7 @@ void rt__cluster_claim_one(const claim_t *cl)
    if the old node is gone); then the CONNECT goes on. */
 void rt__cluster_move_tail(const move_t *mv)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid)); /* it waits on JetStream: never the forwarding actor */
     char id[RT_CLIENT_TEXT_MAX], subject[RT_CONF_NODE_MAX * 2 + 24], node[RT_CONF_NODE_MAX];
     snprintf(id, sizeof(id), "%.*s", (int)mv->len, mv->id);
     holder_node(mv->holder, node, sizeof(node));
@@ -464,6 +466,7 @@ void rt_cluster_set_admin(rt_cluster_admin_fn fn)
 /* In cluster_in: another node's administrator asks this node (a request line). */
 void rt__cluster_admin_asked(natsMsg *nm)
 {
+    RT_ASSERT(RT_CLUSTER_ON(in_pid));
     const char *reply = natsMsg_GetReply(nm);
     int len = natsMsg_GetDataLength(nm);
     int64_t age;
@@ -503,6 +506,7 @@ bool rt_cluster_ask_node(const char *node, const char *line, uint8_t **answer_ou
 */
 void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
 {
+    RT_ASSERT(RT_CLUSTER_ON(in_pid) && (phase == 1 || phase == 2));
     char id[RT_CLIENT_TEXT_MAX];
     int len = natsMsg_GetDataLength(nm);
     int64_t age;
@@ -542,6 +546,7 @@ void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
 /* In the cluster actor: an answer in parts that fit NATS's max_payload ("0 0": none). */
 void rt__cluster_send_reply(const reply_t *r)
 {
+    RT_ASSERT(RT_CLUSTER_ON(out_pid));
     char subject[RT_SUBJECT_MAX + 1];
     if (r->subject_len > RT_SUBJECT_MAX)
         return;

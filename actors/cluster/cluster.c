@@ -38,6 +38,7 @@ static int out_init(rt_actor_t *self, void *state, void *arg)
 
 static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
+    RT_ASSERT(RT_CLUSTER_ON(out_pid));
     if (m->tag == MSG_FORWARD && m->bin) {
         rt__cluster_forward_one(m);
     } else if (m->tag == MSG_HEARTBEAT) {
@@ -98,6 +99,7 @@ static int kv_init(rt_actor_t *self, void *state, void *arg)
 
 static void kv_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid));
     if (m->tag == MSG_KV_BIND)
         rt__cluster_kv_bind(self);
     else if (m->tag == MSG_BARRIER && m->len >= sizeof(barrier_t))
@@ -119,8 +121,13 @@ static const rt_actor_type_t kv_type = {
 
 static void backlog_release(size_t bytes)
 {
-    atomic_fetch_sub_explicit(&rt__cluster.backlog_msgs, 1, memory_order_acq_rel);
-    atomic_fetch_sub_explicit(&rt__cluster.backlog_bytes, bytes, memory_order_acq_rel);
+    /* Each release pairs with one rt__cluster_hand_in: the counts never go below zero. */
+    uint64_t msgs = atomic_fetch_sub_explicit(&rt__cluster.backlog_msgs, 1, memory_order_acq_rel);
+    uint64_t held =
+        atomic_fetch_sub_explicit(&rt__cluster.backlog_bytes, bytes, memory_order_acq_rel);
+    RT_ASSERT(msgs >= 1 && held >= bytes);
+    (void)msgs;
+    (void)held;
     if (atomic_load_explicit(&rt__cluster.backlog_waiters, memory_order_acquire)) {
         pthread_mutex_lock(&rt__cluster.backlog_lock);
         pthread_cond_broadcast(&rt__cluster.backlog_cond);
@@ -140,6 +147,7 @@ static bool backlog_full(void)
    limit, or JetStream's flow control, takes over meanwhile. */
 void rt__cluster_backlog_wait(void)
 {
+    RT_ASSERT(!rt_current()); /* it blocks: on a scheduler it would stall every actor there */
     if (!backlog_full())
         return;
     pthread_mutex_lock(&rt__cluster.backlog_lock);
@@ -174,6 +182,7 @@ void rt__cluster_on_message(natsConnection *nc, natsSubscription *sub, natsMsg *
 {
     (void)nc;
     (void)sub;
+    RT_ASSERT(!rt_current()); /* libnats's delivery thread: it hands over, never runs ours */
     size_t bytes = (size_t)natsMsg_GetDataLength(msg) + 256;
     rt__cluster_backlog_wait();
     rt_msg_t *m = rt_msg_new(MSG_INBOUND, sizeof(inbound_t));
@@ -195,6 +204,7 @@ static int in_init(rt_actor_t *self, void *state, void *arg)
 
 static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
+    RT_ASSERT(RT_CLUSTER_ON(in_pid));
     in_state_t *st = state;
     if (m->tag == MSG_INBOUND) {
         const inbound_t *in = (const inbound_t *)(const void *)m->data;

@@ -133,6 +133,15 @@ typedef struct route_s {
     natsSubscription *subs[2];
 } route_t;
 
+/*
+** Whether the caller runs as the cluster's actor whose pid is in the field named (out_pid,
+** in_pid, kv_pid): each piece of the cluster's state has one actor that touches it, and
+** libnats's threads none; debug builds check it where the state is used.
+*/
+#define RT_CLUSTER_ON(field)                                                                       \
+    (rt_current() &&                                                                               \
+     rt_self(rt_current()) == atomic_load_explicit(&rt__cluster.field, memory_order_acquire))
+
 /* inbound_t.share for a request to give up a client id (the node's takeover subject), for
    the second request of a session's move (handover), for another node's administrator's
    question (admin), and for another node's heartbeat. */

@@ -152,6 +152,7 @@ void rt_cluster_session_record(const char *id, uint64_t clear_ms, const void *by
 /* In cluster_kv: a record written (the clear moment, then the bytes) or deleted. */
 void rt__cluster_session_put(const record_t *r)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid));
     char id[RT_CLIENT_TEXT_MAX], key[3 * RT_CLIENT_TEXT_MAX + 1];
     snprintf(id, sizeof(id), "%.*s", (int)r->id_len, r->data);
     if (rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) <= 0)
@@ -185,6 +186,7 @@ void rt__cluster_session_put(const record_t *r)
 */
 uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid)); /* it reads the stream for seconds at worst */
     *len = *count = 0;
     jsErrCode jerr = 0;
     jsStreamInfo *si = NULL;

@@ -190,6 +190,7 @@ static route_t *route_slot(const char *filter, size_t len)
 {
     if (!rt__cluster.routes_cap)
         return NULL;
+    RT_ASSERT((rt__cluster.routes_cap & (rt__cluster.routes_cap - 1)) == 0); /* the mask below */
     size_t mask = rt__cluster.routes_cap - 1, i = rt_hash(filter, len) & mask;
     route_t *tomb = NULL;
     for (size_t n = 0; n < rt__cluster.routes_cap; n++, i = (i + 1) & mask) {
@@ -226,6 +227,7 @@ static bool routes_room(rt_actor_t *self)
             *route_slot(old[i].filter, old[i].len) = old[i];
             rt__cluster.routes_used++;
         }
+    RT_ASSERT(rt__cluster.routes_used == rt__cluster.routes_live); /* no tombstone moved */
     rt_charge(self, (ptrdiff_t)((cap - old_cap) * sizeof(route_t)));
     free(old);
     return true;
@@ -258,6 +260,7 @@ static void route_subscribe(route_t *r)
     char subjects[2][RT_SUBJECT_MAX + 1];
     bool group;
     int n = route_subjects(r->filter, r->len, subjects, &group);
+    RT_ASSERT(r->nsubs == 0 && n <= 2); /* subs[] holds one filter's two subjects at most */
     natsConnection *conn = group ? rt__cluster.qc : rt__cluster.nc;
     if (!conn)
         return;
@@ -292,6 +295,7 @@ static void route_subscribe(route_t *r)
 
 void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len)
 {
+    RT_ASSERT(RT_CLUSTER_ON(out_pid)); /* the routes table is the cluster actor's alone */
     char subjects[2][RT_SUBJECT_MAX + 1];
     bool group;
     int n = route_subjects(filter, len, subjects, &group);
@@ -326,6 +330,7 @@ void rt__cluster_subscribe(rt_actor_t *self, const char *filter, size_t len)
 void rt__cluster_subscribe_held(rt_actor_t *self)
 {
     (void)self;
+    RT_ASSERT(RT_CLUSTER_ON(out_pid));
     for (size_t i = 0; i < rt__cluster.routes_cap; i++)
         if (rt__cluster.routes[i].filter && !rt__cluster.routes[i].nsubs)
             route_subscribe(&rt__cluster.routes[i]);
@@ -333,9 +338,11 @@ void rt__cluster_subscribe_held(rt_actor_t *self)
 
 void rt__cluster_unsubscribe(rt_actor_t *self, const char *filter, size_t len)
 {
+    RT_ASSERT(RT_CLUSTER_ON(out_pid));
     route_t *r = route_slot(filter, len);
     if (!r || !r->filter)
         return;
+    RT_ASSERT(rt__cluster.routes_live > 0 && r->nsubs <= 2);
     for (int i = 0; i < r->nsubs; i++) {
         natsSubscription_Unsubscribe(r->subs[i]);
         natsSubscription_Destroy(r->subs[i]);
@@ -371,6 +378,7 @@ void rt__cluster_interest_changed(void *arg, const char *filter, size_t len, boo
 /* Publishes a routed message; a retained one also goes to the bucket, then its ack. */
 void rt__cluster_forward_one(rt_msg_t *m)
 {
+    RT_ASSERT(RT_CLUSTER_ON(out_pid) && m->len >= sizeof(forward_t));
     rt_message_t msg;
     const forward_t *f = (const forward_t *)(const void *)m->data;
     rt_message_view(m->bin, &msg);

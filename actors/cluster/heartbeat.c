@@ -84,6 +84,7 @@ static void node_heard(const rt_cluster_node_t *n)
         i = forgotten; /* a new node takes a forgotten one's slot, if any */
     if (i == rt__cluster.nnodes && rt__cluster.nnodes < RT_CLUSTER_NODES_MAX)
         rt__cluster.nnodes++;
+    RT_ASSERT(rt__cluster.nnodes <= RT_CLUSTER_NODES_MAX);
     if (i < rt__cluster.nnodes) {
         rt__cluster.nodes[i] = *n;
         rt__cluster.nodes_seen_ms[i] = rt_mono_ms();
@@ -94,6 +95,7 @@ static void node_heard(const rt_cluster_node_t *n)
 /* In cluster_in: another node's heartbeat (this node's own is kept as it is sent). */
 void rt__cluster_other_heartbeat(natsMsg *nm)
 {
+    RT_ASSERT(RT_CLUSTER_ON(in_pid));
     rt_cluster_node_t heard;
     if (parse_heartbeat(natsMsg_GetData(nm), (size_t)natsMsg_GetDataLength(nm), &heard) &&
         strcmp(heard.node, rt__cluster.node) != 0)
@@ -126,6 +128,7 @@ size_t rt_cluster_nodes(rt_cluster_node_t *out, size_t max)
 /* In the cluster actor, once a second: this node's heartbeat, published and kept. */
 void rt__cluster_send_heartbeat(rt_actor_t *self)
 {
+    RT_ASSERT(RT_CLUSTER_ON(out_pid)); /* text[] below is its own */
     if (!rt__cluster.status_sub) {
         char all[RT_CONF_NODE_MAX + 16];
         snprintf(all, sizeof(all), "%s_ctl.status.*", rt__cluster.prefix);

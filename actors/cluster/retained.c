@@ -115,6 +115,7 @@ static void *watch_retained(void *arg)
 /* In cluster_kv: the buckets found or made, the watcher started; else again in 1 s. */
 void rt__cluster_kv_bind(rt_actor_t *self)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid));
     if (atomic_load(&rt__cluster.kv_ready) || atomic_load(&rt__cluster.stopping))
         return;
     if (!rt__cluster.nc) { /* the connector says why; JetStream is asked once NATS answers */
@@ -186,6 +187,7 @@ void rt__cluster_kv_bind(rt_actor_t *self)
 /* In the cluster actor: the bucket's last revision now, for a subscriber's barrier. */
 void rt__cluster_barrier_start(rt_msg_t *m)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid) && m->len >= sizeof(barrier_t));
     barrier_t *b = (barrier_t *)(void *)m->data;
     char stream[sizeof(rt__cluster.bucket) + 4];
     snprintf(stream, sizeof(stream), "KV_%s", rt__cluster.bucket);
@@ -226,6 +228,7 @@ bool rt_cluster_retained_barrier(rt_pid_t reply_to, const void *data, size_t len
 /* A change of the replicated retained store, applied to this node's. */
 void rt__cluster_apply_entry(const kv_entry_t *k)
 {
+    RT_ASSERT(RT_CLUSTER_ON(in_pid)); /* entries apply in the watcher's order, on one actor */
     char topic[RT_SUBJECT_MAX + 1];
     int tlen = rt_topic_of_kv_key(k->kv, k->keylen, topic, sizeof(topic));
     if (tlen <= 0) {
@@ -264,6 +267,8 @@ void rt__cluster_apply_entry(const kv_entry_t *k)
 /* Answers the barriers the applied revision has passed (or that waited too long). */
 void rt__cluster_barriers_check(rt_actor_t *self, in_state_t *st)
 {
+    RT_ASSERT(rt_self(self) == atomic_load(&rt__cluster.in_pid));
+    RT_ASSERT(st->nbarriers <= st->capbarriers);
     uint64_t applied = atomic_load(&rt__cluster.kv_applied), now = rt_mono_ms();
     size_t kept = 0;
     for (size_t i = 0; i < st->nbarriers; i++) {
@@ -284,6 +289,7 @@ void rt__cluster_barriers_check(rt_actor_t *self, in_state_t *st)
         rt_charge(self, -(ptrdiff_t)(sizeof(rt_msg_t) + w->len));
         rt_msg_free(w);
     }
+    RT_ASSERT(kept <= st->nbarriers);
     st->nbarriers = kept;
 }
 
