@@ -269,6 +269,20 @@ void rt__conn_count_connected(conn_t *c, bool on);
 void rt__conn_close(rt_actor_t *self, conn_t *c, uint8_t reason, rt_reason_t exit_reason);
 /* Releases the will now (a will can be as big as any message). */
 void rt__conn_drop_will(rt_actor_t *self, conn_t *c);
+/* Publishes the will now (its delay, if any, is over or the session ends), then drops it. */
+void rt__conn_publish_will(rt_actor_t *self, conn_t *c);
+/* A v5 DISCONNECT with reason (and its text as a reason string). */
+void rt__conn_send_disconnect(conn_t *c, uint8_t reason);
+/* Closes the client's socket (flushing what is buffered, such as a DISCONNECT). */
+void rt__conn_close_socket(conn_t *c);
+/* Frees what belongs to one network connection, not to the session. */
+void rt__conn_reset_connection_state(rt_actor_t *self, conn_t *c);
+/* client.disconnected: the MQTT reason code the connection ended with, or -1 (none). */
+int rt__conn_disc_reason_code(const conn_t *c);
+/* Pre-auth bytes (max_preauth_memory): whether bytes more (or back, negative) may be held. */
+bool rt__conn_preauth_take(const conn_t *c, int64_t bytes);
+/* The connection authenticated (or is ending): its bytes no longer count as pre-auth. */
+void rt__conn_preauth_end(conn_t *c);
 /* Starts the keepalive check if the client has a keepalive and none is pending. */
 void rt__conn_arm_keepalive(rt_actor_t *self, conn_t *c);
 /* Offline: the session ends in session_expiry seconds unless its client comes back. */
