@@ -79,7 +79,8 @@ static bool lanes_ok(rt_sched_t *s)
             return false;
     size_t len = atomic_load_explicit(&s->qlen, memory_order_relaxed);
     size_t low = atomic_load_explicit(&s->qlen_low, memory_order_relaxed);
-    return low <= len && (len == 0) == (!s->qhead[0] && !s->qhead[1]) &&
+    return low <= len &&
+           (len == 0) == (!s->qhead[RT_PRIORITY_NORMAL] && !s->qhead[RT_PRIORITY_LOW]) &&
            (low == 0) == !s->qhead[RT_PRIORITY_LOW];
 }
 
