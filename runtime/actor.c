@@ -33,9 +33,39 @@ static inline rt_msg_t *msg_next(rt_msg_t *m)
     return atomic_load_explicit(&m->next, memory_order_acquire);
 }
 
+#ifndef NDEBUG
+#define RT_CHAIN_CHECK_MAX 64 /* mailbox nodes a debug check walks, from the consumer's end */
+
+/*
+** Owner only, in the spirit of Pony's well_formed_msg_chain: the first nodes from the
+** consumer's end form a list with no cycle (Floyd's two pointers, bounded), in which the
+** stub appears at most once. Producers only append past the last node, so the walk sees
+** a list that only grows; no node on it is freed but by the owner's pop.
+*/
+static bool mbox_well_formed(rt_actor_t *a)
+{
+    rt_msg_t *stub = stub_of(a), *slow = a->mbox_tail, *fast = slow;
+    unsigned stubs = slow == stub;
+    for (int i = 0; i < RT_CHAIN_CHECK_MAX; i++) {
+        rt_msg_t *next = msg_next(fast);
+        if (!next)
+            return stubs <= 1;
+        stubs += next == stub;
+        fast = next;
+        if (i & 1) {
+            slow = msg_next(slow);
+            if (slow == fast)
+                return false;
+        }
+    }
+    return stubs <= 1;
+}
+#endif
+
 /* Returns true when the mailbox was empty and unscheduled: the caller schedules. */
 static bool mbox_push(rt_actor_t *a, rt_msg_t *m)
 {
+    RT_ASSERT(m != stub_of(a)); /* only the owner re-queues the stub (mbox_pop) */
     atomic_store_explicit(&m->next, NULL, memory_order_relaxed);
     rt_msg_t *prev = atomic_exchange_explicit(&a->mbox_head, m, memory_order_acq_rel);
     bool was_empty = ((uintptr_t)prev & EMPTY_BIT) != 0;
@@ -49,6 +79,7 @@ static rt_msg_t *mbox_pop(rt_actor_t *a)
 {
     rt_msg_t *stub = stub_of(a);
     rt_msg_t *tail = a->mbox_tail;
+    RT_ASSERT(tail); /* never NULL: the stub stands in for an empty queue */
     rt_msg_t *next = msg_next(tail);
     if (tail == stub) {
         if (!next)
@@ -98,6 +129,7 @@ static rt_ebr_thread_t *external_ebr;
 
 void rt__external_enter(void)
 {
+    RT_ASSERT(!rt__tls.ebr); /* not a runtime thread, nor one already inside */
     pthread_mutex_lock(&external_lock);
     if (!external_ebr)
         external_ebr = rt__ebr_register();
@@ -107,6 +139,7 @@ void rt__external_enter(void)
 
 void rt__external_leave(void)
 {
+    RT_ASSERT(rt__tls.ebr == external_ebr); /* pairs with rt__external_enter */
     rt__ebr_leave(external_ebr);
     rt__tls.ebr = NULL;
     pthread_mutex_unlock(&external_lock);
@@ -156,11 +189,13 @@ static int rel_add(rt_actor_t *a, uint32_t kind, rt_pid_t pid, rt_ref_t ref)
         return RT_ENOMEM;
     a->caprels = (uint32_t)(cap < UINT32_MAX ? cap : UINT32_MAX);
     a->rels[a->nrels++] = (rt_rel_t){.pid = pid, .ref = ref, .kind = kind};
+    RT_ASSERT(a->nrels <= a->caprels);
     return 0;
 }
 
 static void rel_remove_at(rt_actor_t *a, int i)
 {
+    RT_ASSERT(i >= 0 && (uint32_t)i < a->nrels);
     a->rels[i] = a->rels[--a->nrels];
 }
 
@@ -539,6 +574,7 @@ static void hold(rt_actor_t *a, rt_msg_t *m)
 static rt_msg_t *unhold(rt_actor_t *a)
 {
     rt_msg_t *last = a->held;
+    RT_ASSERT(last && msg_next(last)); /* the held messages form a ring: last links to first */
     rt_msg_t *first = msg_next(last);
     if (first == last)
         a->held = NULL;
@@ -592,6 +628,7 @@ static void drain_mailbox(rt_actor_t *a)
 static void reclaim_actor(rt_retired_t *r)
 {
     rt_actor_t *a = RT_CONTAINER_OF(r, rt_actor_t, retired);
+    RT_ASSERT(atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_DEAD);
     rt_msg_t *s = atomic_exchange_explicit(&a->sigs, NULL, memory_order_acquire);
     while (s) {
         rt_msg_t *next = atomic_load_explicit(&s->next, memory_order_relaxed);
@@ -604,6 +641,9 @@ static void reclaim_actor(rt_retired_t *r)
         s = next;
     }
     drain_mailbox(a);
+    /* Unlinked from the pid table before it was retired (actor_exit); its index is still
+       ours until the idpool has it back, so nobody else can have filled the slot. */
+    RT_ASSERT(!atomic_load_explicit(&rt__rt->slots[(uint32_t)a->pid].actor, memory_order_relaxed));
     free(atomic_load_explicit(&a->heap, memory_order_relaxed));
     rt_idpool_free(&rt__rt->ids, (uint32_t)a->pid);
     uint8_t slab_class = a->slab_class;
@@ -616,6 +656,9 @@ static void actor_exit(rt_actor_t *a)
 {
     rt_runtime_t *rt = rt__rt;
     rt_reason_t reason = a->exit_reason;
+    /* Once, and outside any turn: terminate below runs as a's own. */
+    RT_ASSERT(!(atomic_load_explicit(&a->sync_flags, memory_order_relaxed) & RT_AF_DEAD));
+    RT_ASSERT(!rt__tls.current);
     atomic_store_explicit(&a->status, RT_STATUS_EXITING, memory_order_relaxed);
     if (a->init_done && a->type->terminate) {
         rt__tls.current = a;
@@ -708,6 +751,8 @@ static void *inline_alloc(rt_actor_t *a, uint32_t free_bits, size_t size, rt_obj
         return NULL;
     unsigned i = (unsigned)at;
     uint16_t mask = (uint16_t)(((1u << n) - 1) << i);
+    /* First-fit found n free granules inside the region. */
+    RT_ASSERT(i + n <= a->type->heap_inline / INLINE_GRANULE && !(a->inline_used & mask));
     a->inline_used |= mask;
     a->inline_start |= (uint16_t)(1u << i);
     if (kind == RT_OBJ_SCAN)
@@ -737,6 +782,8 @@ static void inline_free(rt_actor_t *a, void *p)
 {
     unsigned i = inline_index(a, p);
     uint16_t mask = (uint16_t)(((1u << inline_extent(a, i)) - 1) << i);
+    /* The poison below stays inside the region. */
+    RT_ASSERT(i + inline_extent(a, i) <= a->type->heap_inline / INLINE_GRANULE);
     RT_POISON(p, (size_t)inline_extent(a, i) * INLINE_GRANULE);
     a->inline_used &= (uint16_t)~mask;
     a->inline_scan &= (uint16_t)~mask;
@@ -958,6 +1005,7 @@ static inline void add_relaxed(atomic_uint_fast64_t *c, uint64_t n)
 static bool park_muted(rt_actor_t *a)
 {
     rt_actor_t *t = a->mute_target;
+    RT_ASSERT(t != a); /* mute_check never mutes an actor for its own mailbox */
     a->mute_target = NULL;
     rt__spin_lock(&t->mute_lock);
     unsigned tf = atomic_load_explicit(&t->sync_flags, memory_order_acquire);
@@ -977,6 +1025,13 @@ static bool park_muted(rt_actor_t *a)
 
 uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
 {
+    /* One turn at a time on a thread, inside its EBR region (a turn looks actors up). */
+    RT_ASSERT(!rt__tls.current && batch > 0);
+    RT_ASSERT(atomic_load_explicit(&rt__tls.ebr->local, memory_order_relaxed) & 1);
+    /* Only a scheduled actor runs: the push that scheduled it cleared the empty bit, and
+       only this owner sets it again (mbox_markempty, at the end of a turn). */
+    RT_ASSERT(!((uintptr_t)atomic_load_explicit(&a->mbox_head, memory_order_relaxed) & EMPTY_BIT));
+    RT_ASSERT(mbox_well_formed(a));
     rt__tls.current = a;
     rt__tls.turn_start = start;
     atomic_store_explicit(&a->status, RT_STATUS_RUNNING, memory_order_relaxed);

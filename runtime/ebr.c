@@ -48,8 +48,21 @@ static void try_advance(uint64_t epoch)
     atomic_compare_exchange_strong(&global_epoch, &expect, epoch + 1);
 }
 
+#ifndef NDEBUG
+/* Whether t is inside a critical region; only t's own thread asks. */
+static bool inside(const rt_ebr_thread_t *t)
+{
+    return atomic_load_explicit(&t->local, memory_order_relaxed) & 1;
+}
+#endif
+
+/*
+** Entering while inside is allowed: it publishes a newer epoch (a quiescent point
+** between batches of turns), so regions do not nest and one leave ends them.
+*/
 void rt__ebr_enter(rt_ebr_thread_t *t)
 {
+    RT_ASSERT(t->in_use); /* a record is entered only between register and unregister */
     uint64_t epoch = atomic_load_explicit(&global_epoch, memory_order_seq_cst);
     atomic_store_explicit(&t->local, epoch << 1 | 1, memory_order_seq_cst);
     if (!t->limbo_head)
@@ -67,13 +80,21 @@ void rt__ebr_enter(rt_ebr_thread_t *t)
 
 void rt__ebr_leave(rt_ebr_thread_t *t)
 {
+    RT_ASSERT(inside(t)); /* a leave ends a region its enter began */
     atomic_store_explicit(&t->local, 0, memory_order_release);
 }
 
 void rt__ebr_retire(rt_ebr_thread_t *t, rt_retired_t *r)
 {
+    /* Retired inside a region, after the object was unlinked: the tag read now is one
+       that every later reader will have entered at or after. */
+    RT_ASSERT(inside(t));
+    RT_ASSERT(!t->limbo_head == !t->limbo_tail);
     r->epoch = atomic_load_explicit(&global_epoch, memory_order_seq_cst);
     r->next = NULL;
+    /* The limbo list stays in epoch order, so enter frees from its head and stops at the
+       first object still too young. */
+    RT_ASSERT(!t->limbo_tail || t->limbo_tail->epoch <= r->epoch);
     if (t->limbo_tail)
         t->limbo_tail->next = r;
     else
@@ -83,6 +104,7 @@ void rt__ebr_retire(rt_ebr_thread_t *t, rt_retired_t *r)
 
 void rt__ebr_unregister(rt_ebr_thread_t *t)
 {
+    RT_ASSERT(!inside(t)); /* a thread leaves its region before it gives the record up */
     pthread_mutex_lock(&reg_lock);
     if (t->limbo_tail) {
         t->limbo_tail->next = orphans;

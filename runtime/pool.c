@@ -80,6 +80,9 @@ static void flush(thread_cache_t *c)
     c->gen = atomic_load(&p->gen);
 }
 
+/* A thread's list of class k and its count agree on emptiness (the count is its length). */
+#define RT_POOL_LIST_OK(c, k) (!(c)->free[(k)] == !(c)->count[(k)])
+
 static void thread_exit(void *unused)
 {
     (void)unused;
@@ -94,6 +97,7 @@ static void exit_key_create(void)
 
 static thread_cache_t *cache_of(rt_pool_t *p)
 {
+    RT_ASSERT(p->id < RT_POOL_MAX_POOLS);
     thread_cache_t *c = &caches[p->id];
     if (RT_UNLIKELY(!thread_registered)) {
         pthread_once(&exit_key_once, exit_key_create);
@@ -112,9 +116,11 @@ static thread_cache_t *cache_of(rt_pool_t *p)
 /* Fills an empty list: a batch from the depot, else freshly carved objects. */
 static void refill(rt_pool_t *p, thread_cache_t *c, int k)
 {
+    RT_ASSERT(!c->free[k] && !c->count[k]); /* only an empty list is refilled */
     pthread_mutex_lock(&p->lock);
     void *b = p->depot[k];
     if (b) {
+        RT_ASSERT(p->depot_batches[k] > 0); /* the count covers every batch on the chain */
         p->depot[k] = *batch_next(b);
         p->depot_batches[k]--;
     }
@@ -123,6 +129,8 @@ static void refill(rt_pool_t *p, thread_cache_t *c, int k)
         uint32_t n = 0;
         for (void *o = b; o; o = link_of(o))
             n++;
+        /* A batch is at most a thread's whole list, which spill keeps to the high mark. */
+        RT_ASSERT(n >= 1 && n <= RT_POOL_CACHE_HIGH);
         c->free[k] = b;
         c->count[k] = n;
         return;
@@ -141,6 +149,7 @@ static void refill(rt_pool_t *p, thread_cache_t *c, int k)
 
 static void spill(rt_pool_t *p, thread_cache_t *c, int k)
 {
+    RT_ASSERT(c->count[k] > RT_POOL_BATCH); /* a batch goes and some stay */
     void *first = c->free[k], *last = first;
     for (int i = 1; i < RT_POOL_BATCH; i++)
         last = link_of(last);
@@ -174,8 +183,10 @@ void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls)
     void *o = c->free[k];
     if (!o)
         return NULL;
+    RT_ASSERT(RT_POOL_LIST_OK(c, k));
     c->free[k] = link_of(o);
     c->count[k]--;
+    RT_ASSERT(RT_POOL_LIST_OK(c, k));
     *cls = (uint8_t)k;
     atomic_fetch_add_explicit(&p->bytes_in_use, k * p->step, memory_order_relaxed);
     return o;
@@ -187,12 +198,14 @@ void rt__pool_free(rt_pool_t *p, void *obj, uint8_t cls)
         free(obj);
         return;
     }
+    RT_ASSERT(cls < RT_POOL_CLASSES); /* a class rt__pool_alloc gave out */
     thread_cache_t *c = cache_of(p);
     atomic_fetch_sub_explicit(&p->bytes_in_use, cls * p->step, memory_order_relaxed);
     set_link(obj, c->free[cls]);
     c->free[cls] = obj;
     if (++c->count[cls] > RT_POOL_CACHE_HIGH)
         spill(p, c, cls);
+    RT_ASSERT(RT_POOL_LIST_OK(c, cls) && c->count[cls] <= RT_POOL_CACHE_HIGH);
 }
 
 void rt__pool_flush_thread(rt_pool_t *p)

@@ -67,9 +67,34 @@ static rt_priority_t lane_of(const rt_actor_t *a)
                : RT_PRIORITY_NORMAL;
 }
 
+#ifndef NDEBUG
+/*
+** A lane's ends agree (both set or both NULL, the tail last) and qlen counts both lanes,
+** qlen_low the low one; qlock held, so no count moves meanwhile.
+*/
+static bool lanes_ok(rt_sched_t *s)
+{
+    for (int l = 0; l < RT_PRIORITY_LANES; l++)
+        if (!s->qhead[l] != !s->qtail[l] || (s->qtail[l] && s->qtail[l]->runq_next))
+            return false;
+    size_t len = atomic_load_explicit(&s->qlen, memory_order_relaxed);
+    size_t low = atomic_load_explicit(&s->qlen_low, memory_order_relaxed);
+    return low <= len &&
+           (len == 0) == (!s->qhead[RT_PRIORITY_NORMAL] && !s->qhead[RT_PRIORITY_LOW]) &&
+           (low == 0) == !s->qhead[RT_PRIORITY_LOW];
+}
+
+/* Whether the scheduler's thread is inside its EBR region; asked by that thread. */
+static bool in_region(const rt_sched_t *s)
+{
+    return atomic_load_explicit(&s->ebr->local, memory_order_relaxed) & 1;
+}
+#endif
+
 /* Queues a at the tail of its lane; qlock held. */
 static void q_append(rt_sched_t *s, rt_actor_t *a)
 {
+    RT_ASSERT(lanes_ok(s));
     rt_priority_t l = lane_of(a);
     a->runq_next = NULL;
     if (s->qtail[l])
@@ -80,6 +105,7 @@ static void q_append(rt_sched_t *s, rt_actor_t *a)
     if (l == RT_PRIORITY_LOW)
         atomic_fetch_add_explicit(&s->qlen_low, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->qlen, 1, memory_order_seq_cst);
+    RT_ASSERT(lanes_ok(s));
 }
 
 /* Takes the head of lane l, NULL if it is empty; qlock held. */
@@ -95,6 +121,7 @@ static rt_actor_t *q_take(rt_sched_t *s, rt_priority_t l)
     if (l == RT_PRIORITY_LOW)
         atomic_fetch_sub_explicit(&s->qlen_low, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&s->qlen, 1, memory_order_relaxed);
+    RT_ASSERT(lanes_ok(s));
     return a;
 }
 
@@ -167,6 +194,8 @@ static void push_tail(rt_sched_t *s, rt_actor_t *a)
 
 static void push_next(rt_sched_t *s, rt_actor_t *a)
 {
+    RT_ASSERT(s == rt__tls.sched); /* runnext is its scheduler's alone: no lock guards it */
+    RT_ASSERT(a != s->runnext);
     rt_actor_t *old = s->runnext;
     s->runnext = a;
     if (old)
@@ -203,6 +232,7 @@ static rt_actor_t *pick_normal(rt_sched_t *s)
 
 static rt_actor_t *next_local(rt_sched_t *s)
 {
+    RT_ASSERT(s == rt__tls.sched); /* runnext and the low-lane counters are the owner's */
     bool low_waits = atomic_load_explicit(&s->qlen_low, memory_order_relaxed);
     /* A low actor's turn comes after RT_LOW_EVERY normal ones; runnext keeps its actor. */
     rt_actor_t *a =
@@ -237,6 +267,7 @@ static rt_actor_t *steal(rt_sched_t *s)
             n++;
         }
         rt__spin_unlock(&v->qlock);
+        RT_ASSERT(n <= want && !got_tail == !got && (!got_tail || !got_tail->runq_next));
         if (!got)
             continue;
         atomic_fetch_add_explicit(&s->steals, n, memory_order_relaxed);
@@ -260,6 +291,8 @@ static rt_actor_t *steal(rt_sched_t *s)
 
 static void place(rt_actor_t *a, bool woken)
 {
+    /* Queued once: a second placement before it ran would run it on two threads. */
+    RT_ASSERT(atomic_load_explicit(&a->status, memory_order_relaxed) != RT_STATUS_RUNNABLE);
     rt_runtime_t *rt = rt__rt;
     atomic_store_explicit(&a->status, RT_STATUS_RUNNABLE, memory_order_relaxed);
     if (a->type->flags & RT_TYPE_BLOCKING) {
@@ -328,10 +361,12 @@ static void *blocking_main(void *arg)
         if (!b->head)
             break;
         rt_actor_t *a = b->head;
+        RT_ASSERT(b->len > 0); /* len counts the list: a queued actor is in it */
         b->head = a->runq_next;
         if (!b->head)
             b->tail = NULL;
         b->len--;
+        RT_ASSERT(!b->head == !b->len);
         pthread_mutex_unlock(&b->lock);
         uint64_t t0 = rt__ticks();
         rt__ebr_enter(ebr);
@@ -382,6 +417,7 @@ static void ensure_active(rt_sched_t *s)
 
 static void idle_trim(rt_sched_t *s)
 {
+    RT_ASSERT(in_region(s)); /* the timer trim looks actors up */
     if (s->ebr->limbo_head)
         return;
     uint64_t now = rt_mono_ms();
@@ -506,6 +542,8 @@ static bool has_work(rt_sched_t *s)
 */
 static void park(rt_sched_t *s)
 {
+    RT_ASSERT(!in_region(s)); /* a sleeper holds no epoch back */
+    RT_ASSERT(!s->runnext);   /* nor an actor that only it would run */
     rt_runtime_t *rt = rt__rt;
     bool poller = !atomic_exchange_explicit(&rt->poller_taken, true, memory_order_acq_rel);
     int timeout = sleep_timeout_ms(s);
@@ -546,6 +584,7 @@ static void *sched_main(void *arg)
         if (!a)
             a = steal(s);
         if (a) {
+            RT_ASSERT(in_region(s)); /* a turn looks actors up */
             __atomic_store_n(&a->last_sched, (int16_t)s->index, __ATOMIC_RELAXED);
             /* One clock read a turn: a turn starts where the previous one ended. */
             uint64_t end = rt__run_turn(a, batch, now);

@@ -42,9 +42,11 @@
 
 /* Buffered output, allocated only while there is some: idle sockets stay small. */
 typedef struct rt_sock_out_s {
-    size_t len, off, cap; /* data[off, len) is still to send */
+    size_t len, off, cap; /* data[off, len) is still to send; off <= len <= cap */
     unsigned char data[];
 } rt_sock_out_t;
+
+#define RT_SOCK_OUT_OK(o) ((o)->off <= (o)->len && (o)->len <= (o)->cap)
 
 struct rt_sock_s {
     int fd;
@@ -106,6 +108,8 @@ void rt__sock_destroy(rt_runtime_t *rt)
 static void sock_reclaim(rt_retired_t *r)
 {
     rt_sock_t *s = RT_CONTAINER_OF(r, rt_sock_t, retired);
+    /* The claim is taken for good (by the close, or before a failed registration). */
+    RT_ASSERT(atomic_load(&s->msg_pending) || !s->registered);
     RT_POISON(s, sizeof(*s));
     free(s);
     atomic_fetch_sub_explicit(&rt__rt->sock_bytes, sizeof(*s), memory_order_relaxed);
@@ -123,6 +127,7 @@ static void out_free(rt_sock_out_t *o)
 /* Frees a closed, unlinked socket once no poller can still be looking at it. */
 static void sock_free(rt_sock_t *s)
 {
+    RT_ASSERT(LOAD(s->closed)); /* only a closed socket is unlinked from every table */
     if (s->registered && rt__tls.ebr) {
         s->retired.reclaim = sock_reclaim;
         rt__ebr_retire(rt__tls.ebr, &s->retired);
@@ -173,6 +178,7 @@ static bool has_news(rt_sock_t *s)
 */
 static void sock_end_claim(rt_sock_t *s)
 {
+    RT_ASSERT(atomic_load(&s->msg_pending)); /* the event message ending here held the claim */
     if (LOAD(s->closed)) {
         sock_free(s); /* closed while the claim was held: the claim's holder frees */
         return;
@@ -220,6 +226,7 @@ void rt__sock_dispatch(const struct epoll_event *evs, int n, bool poller)
 
 static int epoll_add(rt_sock_t *s)
 {
+    RT_ASSERT(!s->registered);
     rt_runtime_t *rt = rt__rt;
     if (s->fd < 0 || (size_t)s->fd >= rt->by_fd_len)
         return RT_ELIMIT;
@@ -415,8 +422,7 @@ long rt_fd_limit(void)
     if (l && now - atomic_load_explicit(&read_ms, memory_order_relaxed) < 1000)
         return l;
     struct rlimit rl;
-    l = getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
-                rl.rlim_cur > LONG_MAX
+    l = getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > LONG_MAX
             ? LONG_MAX
             : (long)rl.rlim_cur;
     atomic_store_explicit(&limit, l, memory_order_relaxed);
@@ -504,10 +510,12 @@ static int flush(rt_sock_t *s)
     /* Set before the send, so a poller that sees the EPOLLOUT following a refusal sees it
        too (set after, that edge could come in between and be the last one). */
     atomic_store(&s->blocked, 1);
+    RT_ASSERT(o && RT_SOCK_OUT_OK(o)); /* callers flush only a socket with output */
     while (o && o->off < o->len) {
         ssize_t n = send(s->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
         if (n > 0) {
             o->off += (size_t)n;
+            RT_ASSERT(o->off <= o->len); /* the kernel took no more than it was offered */
             s->took = 1;
             continue;
         }
@@ -532,6 +540,8 @@ static int flush(rt_sock_t *s)
 */
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
 {
+    /* Output is the owner's: its turn, its init or terminate, or a thread outside actors. */
+    RT_ASSERT(!rt__tls.current || rt__tls.current == s->owner);
     if (LOAD(s->closed) || s->broken)
         return RT_ECLOSED;
     rt_sock_out_t *o = s->out;
@@ -552,6 +562,7 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
         n->cap = cap;
         s->out = o = n;
     }
+    RT_ASSERT(RT_SOCK_OUT_OK(o) && len <= o->cap - o->len); /* room for the copy */
     memcpy(o->data + o->len, data, len);
     o->len += len;
     if (o->len - o->off >= RT_SOCK_FLUSH_AT && !LOAD(s->blocked) && flush(s) == RT_ECLOSED)
@@ -595,6 +606,7 @@ void rt__sock_flush_turn(rt_actor_t *a)
 
 size_t rt_sock_pending(const rt_sock_t *s)
 {
+    RT_ASSERT(!s->out || RT_SOCK_OUT_OK(s->out));
     return s->out ? s->out->len - s->out->off : 0;
 }
 
@@ -620,12 +632,13 @@ int rt_sock_local_port(const rt_sock_t *s)
 static void unlink_sock(rt_sock_t *s, bool closing)
 {
     rt_actor_t *a = s->owner;
-    for (rt_sock_t **pp = &a->socks; *pp; pp = &(*pp)->next) {
-        if (*pp == s) {
-            *pp = s->next;
-            break;
-        }
-    }
+    RT_ASSERT(!LOAD(s->closed)); /* unlinked once: every caller looks at closed first */
+    rt_sock_t **pp = &a->socks;
+    while (*pp && *pp != s)
+        pp = &(*pp)->next;
+    RT_ASSERT(*pp == s); /* an open socket is on its owner's list */
+    if (*pp)
+        *pp = s->next;
     if (s->registered) {
         /* Closing the fd drops it from the epoll set (no socket of ours is dup'ed or
            inherited: accept4 gives them CLOEXEC), so only a socket handed on pays the call. */
@@ -698,6 +711,9 @@ bool rt__sock_event_deliver(rt_actor_t *a, rt_msg_t *m)
     (void)a;
     rt_sock_event_t *ev = (rt_sock_event_t *)(void *)m->data;
     rt_sock_t *s = ev->sock;
+    /* The message holds the socket's claim, which keeps the struct alive, and went to the
+       owner: a socket never changes hands in place (a detach makes a new one). */
+    RT_ASSERT(atomic_load(&s->msg_pending) && s->owner == a);
     if (LOAD(s->closed)) {
         sock_free(s);
         return false;
@@ -727,5 +743,6 @@ void rt__sock_after_event(rt_msg_t *m)
 void rt__sock_msg_dropped(rt_msg_t *m)
 {
     rt_sock_event_t *ev = (rt_sock_event_t *)(void *)m->data;
+    RT_ASSERT(atomic_load(&ev->sock->msg_pending)); /* the dropped message held the claim */
     sock_drop_claim(ev->sock);
 }

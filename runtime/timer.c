@@ -82,15 +82,33 @@ static inline uint64_t state_as(const rt_timer_node_t *n, unsigned st)
     return (atomic_load_explicit(&timer_state[n->id], memory_order_relaxed) & ~(uint64_t)3) | st;
 }
 
+#ifndef NDEBUG
+static unsigned state_of(const rt_timer_node_t *n)
+{
+    return (unsigned)(atomic_load_explicit(&timer_state[n->id], memory_order_relaxed) & 3);
+}
+
+/* Heap order below node i: neither child is due before it. */
+static bool children_ok(const rt_timer_heap_t *h, size_t i)
+{
+    size_t c = 2 * i + 1;
+    return (c >= h->len || h->nodes[c].due_ns >= h->nodes[i].due_ns) &&
+           (c + 1 >= h->len || h->nodes[c + 1].due_ns >= h->nodes[i].due_ns);
+}
+#endif
+
 /* Pending to fired; false when it was cancelled. */
 static bool claim(const rt_timer_node_t *n)
 {
+    RT_ASSERT(state_of(n) != T_FREE); /* a node in a heap owns its id until release */
     uint64_t expect = state_as(n, T_PENDING);
     return atomic_compare_exchange_strong(&timer_state[n->id], &expect, state_as(n, T_FIRED));
 }
 
 static void release(rt_timer_node_t *n)
 {
+    RT_ASSERT(n->id != 0 && n->id < RT_TIMERS_MAX);
+    RT_ASSERT(state_of(n) != T_FREE); /* released once: the id may be someone else's after */
     atomic_store_explicit(&timer_state[n->id], state_as(n, T_FREE), memory_order_release);
     rt_idpool_free(&timer_ids, n->id);
     atomic_fetch_sub_explicit(&rt__rt->timers_pending, 1, memory_order_relaxed);
@@ -125,6 +143,9 @@ static void sift_up(rt_timer_heap_t *h, size_t i)
         i = p;
     }
     h->nodes[i] = n;
+    /* Only a new leaf is sifted up, so the heap is in order around where it stopped. */
+    RT_ASSERT(i == 0 || h->nodes[(i - 1) / 2].due_ns <= n.due_ns);
+    RT_ASSERT(children_ok(h, i));
 }
 
 static void sift_down(rt_timer_heap_t *h, size_t i)
@@ -142,6 +163,8 @@ static void sift_down(rt_timer_heap_t *h, size_t i)
         i = c;
     }
     h->nodes[i] = n;
+    /* Not the parent: compact's bottom-up rebuild has not ordered the levels above yet. */
+    RT_ASSERT(children_ok(h, i));
 }
 
 static bool is_pending(const rt_timer_node_t *n)
@@ -172,17 +195,22 @@ static void arm(rt_sched_t *s);
 
 static int heap_insert(rt_timer_heap_t *h, const rt_timer_node_t *n)
 {
+    RT_ASSERT(n->tag || n->msg); /* a node carries a message or a tag: firing needs one */
+    /* Nobody has claimed it yet; a canceller may have got there first. */
+    RT_ASSERT((1u << state_of(n)) & (1u << T_PENDING | 1u << T_CANCELLED));
     if (h->len >= h->compact_at)
         compact(h);
     if (rt_grow(&h->nodes, &h->cap, h->len + 1, sizeof(*h->nodes), 64))
         return RT_ENOMEM;
     h->nodes[h->len] = *n;
     sift_up(h, h->len++);
+    RT_ASSERT(h->len <= h->cap);
     return 0;
 }
 
 void rt__timers_trim(rt_sched_t *s)
 {
+    RT_ASSERT(s == rt__tls.sched); /* a heap is its scheduler's alone */
     rt_timer_heap_t *h = &s->timers;
     /* A timer whose actor has exited would only make a dead letter when it fires (a
        keepalive, minutes away): it is dropped now, with the room it takes. */
@@ -211,6 +239,7 @@ static void arm(rt_sched_t *s)
 
 void rt__timers_run(rt_sched_t *s)
 {
+    RT_ASSERT(s == rt__tls.sched); /* a heap is its scheduler's alone */
     rt_timer_handoff_t *h = atomic_exchange_explicit(&s->timer_inbox, NULL, memory_order_acquire);
     while (h) {
         rt_timer_handoff_t *next = h->next;
