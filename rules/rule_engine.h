@@ -155,16 +155,17 @@ typedef struct rt_rule_origin_s {
 ** For every PUBLISH the broker accepts. canonical is its canonical binary (message.h:
 ** rt_message_new; the engine takes its own reference, the caller keeps its own).
 ** Returns 0 when no enabled rule matches (one index lookup, no allocation), 1
-** when handed to a worker, 2 when a matching rule is durable and ack_pid != 0:
-** ack_pid then later receives exactly one RT_RULES_MSG_DURABLE with ack_token,
-** once every row made from this message is committed (or at once if none was
-** made); if the message could not be handed over, that answer comes at once, with
-** the code (RT_ENOPROC: the client's worker is being restarted). RT_E* (< 0) if a
-** message for no durable rule could not be handed over (no memory; the worker is
-** being restarted): nothing will be sent.
+** when handed to a worker. *promised (if not NULL) says whether a matching rule is
+** durable and ack_pid != 0: ack_pid then later receives exactly one
+** RT_RULES_MSG_DURABLE with ack_token, once every row made from this message is
+** committed (or at once if none was made); if the message could not be handed
+** over, that answer comes at once, with the code (RT_ENOPROC: the client's worker
+** is being restarted), and 1 is returned all the same. RT_E* (< 0) if a message
+** for no durable rule could not be handed over (no memory; the worker is being
+** restarted): nothing will be sent.
 */
 int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ack_pid,
-                     uint64_t ack_token);
+                     uint64_t ack_token, bool *promised);
 
 typedef enum {
     RT_RULE_EV_CLIENT_CONNECTED = 1,

@@ -137,8 +137,10 @@ void rt__rules_ack_durable(rt_pid_t pid, uint64_t token, int32_t status)
 }
 
 int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ack_pid,
-                     uint64_t ack_token)
+                     uint64_t ack_token, bool *promised)
 {
+    if (promised)
+        *promised = false;
     if (!(atomic_load_explicit(&rt__rules.wants, memory_order_relaxed) & 1u))
         return 0;
     rt_rule_set_t *s = rt__rules_lock_current();
@@ -166,7 +168,9 @@ int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ac
     } else if (rc) {
         return rc;
     }
-    return durable ? 2 : 1;
+    if (promised)
+        *promised = durable;
+    return 1;
 }
 
 bool rt_rules_wants_event(rt_rule_event_kind_t kind)

@@ -258,7 +258,7 @@ void rt__conn_publish_will(rt_actor_t *self, conn_t *c)
                       RT_ACL_WRITE)) {
         rt_broker_route(rt_self(self), will);
         rt_rule_origin_t o = rt__conn_rule_origin(self, c);
-        rt_rules_publish(&o, will, 0, 0);
+        rt_rules_publish(&o, will, 0, 0, NULL);
     } else {
         rt__conn_acl_denied(self, c, RT_CONN_DENIED_WILL, w.topic.p, w.topic.len);
     }

@@ -297,7 +297,9 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
         *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS;
     rt__conn_routed_this_event += n > 0 ? (uint32_t)n : 1;
     rt_rule_origin_t o = rt__conn_rule_origin(self, c);
-    if (rt_rules_publish(&o, bin, track ? rt_self(self) : 0, token) == 2)
+    bool promised;
+    rt_rules_publish(&o, bin, track ? rt_self(self) : 0, token, &promised);
+    if (promised)
         (*waits)++; /* a durable rule: the ack waits for its rows to be committed */
     rt_bin_release(bin);
     if (pk->publish.qos == 2 && rt__conn_session_is_durable(c)) {
