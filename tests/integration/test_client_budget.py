@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from conftest import BUILD, ROOT, Rtd, raise_nofile, rss_kb, wait_for
+from conftest import BUILD, ROOT, Rtd, raise_nofile, rss_kb, sanitized, wait_for
 from mqtt_raw import DISCONNECT, SUBACK, SUBSCRIBE, Raw, mqtt_str, u16, varint
 
 RTBENCH = os.path.join(BUILD, "tools", "rtbench", "rtbench")
@@ -124,7 +124,9 @@ def test_stuck_subscribers_cost_at_most_their_budget(stopper):
         sampler.join()
     bound = base + 1000 * budget // 1024
     print(f"RSS base {base} KB, peak {peak[0]} KB, bound {bound} KB")
-    assert peak[0] < bound, f"peak RSS {peak[0]} KB, bound {bound} KB (base {base} KB)"
+    # Under a sanitizer RSS holds its quarantine and shadow too: the bound is release's.
+    assert sanitized(broker.proc.pid) or peak[0] < bound, \
+        f"peak RSS {peak[0]} KB, bound {bound} KB (base {base} KB)"
     info = broker.ctl_json("clients", "show", "stuck-7")
     assert info["dropped"] > 0, info  # it was at its budget: what it could not take was dropped
     log = broker.read_log()
