@@ -72,11 +72,11 @@ int rt_reason_parse(const char *word, rt_reason_t *out);
 typedef struct rt_msg_s {
     struct rt_msg_s *_Atomic next; /* mailbox link (runtime only); must stay first */
     uint32_t tag;
-    uint32_t len;         /* bytes in data */
-    rt_pid_t from;        /* sender, or 0 when sent from outside any actor */
-    rt_bin_t *bin;        /* optional shared payload */
-    uint8_t size_class;   /* pool class (runtime only) */
-    uint8_t flags;        /* runtime only */
+    uint32_t len;       /* bytes in data */
+    rt_pid_t from;      /* sender, or 0 when sent from outside any actor */
+    rt_bin_t *bin;      /* optional shared payload */
+    uint8_t size_class; /* pool class (runtime only) */
+    uint8_t flags;      /* runtime only */
     uint16_t reserved;
     uint32_t reserved2;
     _Alignas(16) unsigned char data[];
@@ -132,7 +132,8 @@ int rt_send_msg(rt_pid_t to, rt_msg_t *m);
 ** message (a connection whose client stopped reading, for QoS 0 traffic)
 ** turns shedding on; senders of such messages use rt_send_optional, which
 ** drops the message at the source (RT_ELIMIT, counted in rt_stats as `shed`;
-** not per actor, which would cost every actor 8 bytes) instead of queueing it: the receiver's mailbox stays short and the
+** not per actor, which would cost every actor 8 bytes) instead of queueing it: the receiver's
+*mailbox stays short and the
 ** sender is not muted on its account. Other sends are unaffected.
 */
 void rt_shed(rt_actor_t *self, bool on);
@@ -201,10 +202,10 @@ typedef struct rt_actor_type_s {
 #define RT_HEAP_INLINE_MAX 256
 
 typedef struct rt_spawn_opts_s {
-    bool link;             /* link the new actor to the calling actor */
-    rt_ref_t *monitor;     /* if set, the caller monitors the new actor; ref stored here */
-    size_t max_heap;       /* bytes; 0 takes the runtime default (0 there = unlimited) */
-    const char *name;      /* register under this name (fails with RT_EEXIST if taken) */
+    bool link;         /* link the new actor to the calling actor */
+    rt_ref_t *monitor; /* if set, the caller monitors the new actor; ref stored here */
+    size_t max_heap;   /* bytes; 0 takes the runtime default (0 there = unlimited) */
+    const char *name;  /* register under this name (fails with RT_EEXIST if taken) */
 } rt_spawn_opts_t;
 
 int rt_spawn(const rt_actor_type_t *type, void *arg, rt_pid_t *out);
@@ -364,8 +365,8 @@ int rt_cancel_timer(rt_ref_t ref);
 ** With several sockets the owner is under pressure while any one of them is.
 ** Every function here must be called by the owning actor.
 */
-#define RT_SOCK_READABLE 1u /* data, EOF or an error is waiting: call rt_sock_read */
-#define RT_SOCK_WRITABLE 2u /* buffered output drained completely */
+#define RT_SOCK_READABLE 1u            /* data, EOF or an error is waiting: call rt_sock_read */
+#define RT_SOCK_WRITABLE 2u            /* buffered output drained completely */
 #define RT_SOCK_HIGH_WATER (64 * 1024) /* default mark: buffered bytes past which feeders wait */
 
 typedef struct rt_sock_event_s {
@@ -395,7 +396,8 @@ const char *rt_tcp_listen_strerror(int rc);
 ** sockets must not take the last ones (so that the admin socket and HTTP still accept)
 ** closes such an fd at once.
 */
-long rt_fd_limit(void); /* RLIMIT_NOFILE's soft limit, read at most once a second (LONG_MAX: none) */
+long rt_fd_limit(
+    void); /* RLIMIT_NOFILE's soft limit, read at most once a second (LONG_MAX: none) */
 bool rt_fd_in_reserve(int fd, long reserve);
 struct sockaddr_storage;
 /*
@@ -431,6 +433,15 @@ void rt_sock_pause_reading(rt_sock_t *s, bool paused);
 */
 #define RT_SOCK_FLUSH_AT (64 * 1024) /* buffered bytes that are sent at once, mid-turn */
 int rt_sock_write(rt_sock_t *s, const void *data, size_t len);
+/*
+** Writing in place, without a copy: rt_sock_reserve returns room for len bytes at the end
+** of the output (grown, counted and bounded as rt_sock_write's), or NULL if the peer is gone
+** or memory is short (rt_sock_write then says which). rt_sock_commit makes the first len of
+** them (no more than reserved) output, sent as rt_sock_write's are, and returns its codes.
+** Nothing else may touch the socket between the two, and one reservation waits at a time.
+*/
+void *rt_sock_reserve(rt_sock_t *s, size_t len);
+int rt_sock_commit(rt_sock_t *s, size_t len);
 size_t rt_sock_pending(const rt_sock_t *s); /* buffered output bytes */
 /*
 ** Sends what is buffered now instead of at the end of the turn: 0 when all of it went,
@@ -550,9 +561,9 @@ void rt_buf_truncate(rt_buf_t *b, size_t len);
 void rt_buf_free(rt_buf_t *b); /* and empties it for reuse */
 
 /* ---- Runtime ---- */
-#define RT_SCHEDULERS_DEFAULT 0        /* 0: one per online core */
-#define RT_BLOCKING_THREADS_DEFAULT 2  /* threads running RT_TYPE_BLOCKING actors */
-#define RT_BATCH_DEFAULT 100           /* messages per turn before yielding (Pony: 100) */
+#define RT_SCHEDULERS_DEFAULT 0          /* 0: one per online core */
+#define RT_BLOCKING_THREADS_DEFAULT 2    /* threads running RT_TYPE_BLOCKING actors */
+#define RT_BATCH_DEFAULT 100             /* messages per turn before yielding (Pony: 100) */
 #define RT_MAX_ACTORS_DEFAULT (1u << 22) /* pid table capacity; address space only */
 
 typedef struct rt_config_s {
@@ -560,9 +571,9 @@ typedef struct rt_config_s {
     unsigned blocking_threads;
     unsigned batch;
     uint32_t max_actors;
-    size_t min_heap;   /* see heap.h */
+    size_t min_heap; /* see heap.h */
     double gc_factor;
-    size_t max_heap;   /* default per-actor limit in bytes; 0 = unlimited */
+    size_t max_heap; /* default per-actor limit in bytes; 0 = unlimited */
 } rt_config_t;
 
 void rt_config_defaults(rt_config_t *cfg);
@@ -584,15 +595,15 @@ typedef struct rt_stats_s {
     uint64_t exited;
     uint64_t alive;
     uint64_t dead_letters;
-    uint64_t shed;         /* optional messages dropped at the source (rt_send_optional) */
+    uint64_t shed;  /* optional messages dropped at the source (rt_send_optional) */
     uint64_t turns; /* actor turns run by schedulers */
     uint64_t gcs;   /* heap collections in all actors */
     uint64_t heap_limit_kills;
     uint64_t timers_pending;
     unsigned schedulers;
     uint32_t max_actors;
-    size_t actor_bytes_in_use;  /* actor structs and states */
-    size_t actor_bytes_mapped;  /* slab memory held for them (reused; released at shutdown) */
+    size_t actor_bytes_in_use; /* actor structs and states */
+    size_t actor_bytes_mapped; /* slab memory held for them (reused; released at shutdown) */
 } rt_stats_t;
 
 void rt_stats(rt_stats_t *out);
@@ -621,7 +632,7 @@ typedef enum rt_actor_status_e {
     RT_STATUS_WAITING = 0, /* mailbox empty */
     RT_STATUS_RUNNABLE,    /* queued on a scheduler */
     RT_STATUS_RUNNING,
-    RT_STATUS_MUTED,       /* parked by backpressure */
+    RT_STATUS_MUTED, /* parked by backpressure */
     RT_STATUS_EXITING,
 } rt_actor_status_t;
 
@@ -629,18 +640,18 @@ const char *rt_status_name(rt_actor_status_t s);
 
 typedef struct rt_actor_info_s {
     rt_pid_t pid;
-    const char *type;    /* static type name */
-    char name[48];       /* registered name, or "" */
+    const char *type; /* static type name */
+    char name[48];    /* registered name, or "" */
     rt_actor_status_t status;
     uint64_t reductions;
     uint64_t mailbox_len;
-    uint64_t state_bytes; /* the actor struct and its state (slab memory) */
-    uint64_t heap_bytes;  /* chunks and large objects owned, and the heap's own header */
+    uint64_t state_bytes;       /* the actor struct and its state (slab memory) */
+    uint64_t heap_bytes;        /* chunks and large objects owned, and the heap's own header */
     uint64_t heap_malloc_bytes; /* of heap_bytes: what comes from malloc (all but chunks) */
     uint64_t bin_bytes;
-    uint64_t ext_bytes;   /* memory held outside the heap on its behalf (rt_charge) */
-    uint64_t live_bytes;  /* object bytes the last collection kept (0 before the first) */
-    uint64_t next_gc;     /* the GC trigger it set: gc_factor x (live + bin), at least min_heap */
+    uint64_t ext_bytes;  /* memory held outside the heap on its behalf (rt_charge) */
+    uint64_t live_bytes; /* object bytes the last collection kept (0 before the first) */
+    uint64_t next_gc;    /* the GC trigger it set: gc_factor x (live + bin), at least min_heap */
     uint32_t gc_count;
     uint32_t gc_last_pause_us;
     uint32_t gc_max_pause_us;
@@ -653,8 +664,8 @@ typedef struct rt_actor_info_s {
 typedef struct rt_sched_info_s {
     unsigned index;
     bool blocking_pool;
-    uint64_t busy_ns;  /* cumulative; utilisation is d(busy)/d(wall) */
-    uint64_t wall_ns;  /* since the scheduler started */
+    uint64_t busy_ns;   /* cumulative; utilisation is d(busy)/d(wall) */
+    uint64_t wall_ns;   /* since the scheduler started */
     uint64_t run_queue; /* actors queued, both priority lanes */
     uint64_t turns;
     uint64_t steals;

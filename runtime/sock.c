@@ -43,6 +43,7 @@
 /* Buffered output, allocated only while there is some: idle sockets stay small. */
 typedef struct rt_sock_out_s {
     size_t len, off, cap; /* data[off, len) is still to send; off <= len <= cap */
+    size_t reserved;      /* data[len, len + reserved) is rt_sock_reserve's, not yet committed */
     unsigned char data[];
 } rt_sock_out_t;
 
@@ -511,6 +512,7 @@ static int flush(rt_sock_t *s)
        too (set after, that edge could come in between and be the last one). */
     atomic_store(&s->blocked, 1);
     RT_ASSERT(o && RT_SOCK_OUT_OK(o)); /* callers flush only a socket with output */
+    RT_ASSERT(!o->reserved);           /* draining frees the buffer a reservation points into */
     while (o && o->off < o->len) {
         ssize_t n = send(s->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
         if (n > 0) {
@@ -536,14 +538,16 @@ static int flush(rt_sock_t *s)
 /*
 ** Output is buffered and sent once at the end of the owner's turn (or as soon as
 ** RT_SOCK_FLUSH_AT bytes wait), so an actor that writes a hundred packets in a
-** turn makes one system call, not a hundred.
+** turn makes one system call, not a hundred. A write is a reserve, a copy and a
+** commit, so both ways of writing grow, count and flush the buffer alike.
 */
-int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
+void *rt_sock_reserve(rt_sock_t *s, size_t len)
 {
     /* Output is the owner's: its turn, its init or terminate, or a thread outside actors. */
     RT_ASSERT(!rt__tls.current || rt__tls.current == s->owner);
+    RT_ASSERT(!s->out || !s->out->reserved); /* one reservation at a time */
     if (LOAD(s->closed) || s->broken)
-        return RT_ECLOSED;
+        return NULL;
     rt_sock_out_t *o = s->out;
     size_t live = o ? o->len - o->off : 0;
     if (!o || o->len + len > o->cap) {
@@ -552,7 +556,7 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
             cap *= 2;
         rt_sock_out_t *n = malloc(sizeof(*n) + cap);
         if (!n)
-            return RT_ENOMEM;
+            return NULL;
         atomic_fetch_add_explicit(&rt__rt->sock_bytes, sizeof(*n) + cap, memory_order_relaxed);
         if (live)
             memcpy(n->data, o->data + o->off, live);
@@ -560,16 +564,41 @@ int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
         n->len = live;
         n->off = 0;
         n->cap = cap;
+        n->reserved = 0;
         s->out = o = n;
     }
-    RT_ASSERT(RT_SOCK_OUT_OK(o) && len <= o->cap - o->len); /* room for the copy */
-    memcpy(o->data + o->len, data, len);
+    RT_ASSERT(RT_SOCK_OUT_OK(o) && len <= o->cap - o->len); /* room for the bytes */
+    /* Marks a reservation even for len 0, so a commit always follows one. */
+    o->reserved = len ? len : SIZE_MAX;
+    return o->data + o->len;
+}
+
+int rt_sock_commit(rt_sock_t *s, size_t len)
+{
+    RT_ASSERT(!rt__tls.current || rt__tls.current == s->owner);
+    rt_sock_out_t *o = s->out;
+    RT_ASSERT(o && o->reserved); /* only after a reserve */
+    RT_ASSERT(len <= o->reserved && len <= o->cap - o->len);
+    o->reserved = 0;
     o->len += len;
+    RT_ASSERT(RT_SOCK_OUT_OK(o));
     if (o->len - o->off >= RT_SOCK_FLUSH_AT && !LOAD(s->blocked) && flush(s) == RT_ECLOSED)
         return RT_ECLOSED;
     if (rt_sock_pending(s) > high_water(s))
         rt__set_pressure(s->owner, true);
     return 0;
+}
+
+int rt_sock_write(rt_sock_t *s, const void *data, size_t len)
+{
+    if (LOAD(s->closed) || s->broken)
+        return RT_ECLOSED;
+    void *room = rt_sock_reserve(s, len);
+    if (!room)
+        return RT_ENOMEM;
+    if (len)
+        memcpy(room, data, len);
+    return rt_sock_commit(s, len);
 }
 
 int rt_sock_flush(rt_sock_t *s)

@@ -50,24 +50,6 @@ static uint8_t *index_at(const rt_bin_t *bin)
     return (uint8_t *)(uintptr_t)tail;
 }
 
-/* Finds the parts of a PUBLISH the encoder has just written (so well formed). */
-static void index_packet(const uint8_t *p, size_t len, uint8_t qos, message_index_t *x)
-{
-    uint32_t remaining;
-    size_t used;
-    int rc = mqtt_varint_get(p + 1, len - 1, &remaining, &used);
-    RT_ASSERT(rc == 0);
-    size_t i = 1 + used;
-    x->topic_len = (uint16_t)(p[i] << 8 | p[i + 1]);
-    x->topic_off = (uint32_t)(i + 2);
-    i = x->topic_off + x->topic_len + (qos ? 2 : 0);
-    rc = mqtt_varint_get(p + i, len - i, &x->props_len, &used);
-    RT_ASSERT(rc == 0);
-    (void)rc;
-    x->props_off = (uint32_t)(i + used);
-    RT_ASSERT(x->props_off + x->props_len <= len);
-}
-
 rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const char *username)
 {
     RT_ASSERT(pk->publish.qos <= 2);
@@ -98,11 +80,15 @@ rt_bin_t *rt_message_new(const mqtt_packet_t *pk, const char *clientid, const ch
     if (!bin)
         return NULL;
     uint8_t *data = rt_bin_data(bin);
-    if (mqtt_encode(&c, data, len, 0, &len, NULL) != 0) {
+    mqtt_publish_at_t at;
+    if (mqtt_encode_publish(&c, data, len, &len, &at) != 0) {
         rt_bin_release(bin);
         return NULL;
     }
-    index_packet(data, len, x.qos, &x);
+    x.topic_len = (uint16_t)c.publish.topic.len;
+    x.topic_off = (uint32_t)at.topic_off;
+    x.props_off = (uint32_t)at.props_off;
+    x.props_len = (uint32_t)(at.payload_off - at.props_off);
     x.flags |=
         (idn ? INDEX_CLIENTID : 0) | (usern ? INDEX_USERNAME : 0) | (originn ? INDEX_ORIGIN : 0);
     uint8_t *tail = data + len;

@@ -319,6 +319,15 @@ int mqtt_decode(const uint8_t *buf, size_t len, uint8_t version, mqtt_packet_t *
 */
 int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size, size_t *len,
                 int *stripped);
+/* Where the parts of an encoded PUBLISH are, in bytes from its first. */
+typedef struct {
+    size_t topic_off;   /* the topic's bytes (after its length) */
+    size_t props_off;   /* MQTT 5: the properties (after their length); else payload_off */
+    size_t payload_off; /* the payload, to the packet's end */
+} mqtt_publish_at_t;
+/* mqtt_encode for a PUBLISH with no size limit into buf, saying where its parts went. */
+int mqtt_encode_publish(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, size_t *len,
+                        mqtt_publish_at_t *at);
 
 /* Walk decoded repeatables; each returns 1 and advances *pos (start at 0), or 0 at the end. */
 int mqtt_props_user_next(const mqtt_props_t *pr, size_t *pos, mqtt_str_t *key, mqtt_str_t *val);

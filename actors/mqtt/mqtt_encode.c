@@ -101,13 +101,18 @@ static void w_body(wr_t *w, const mqtt_packet_t *pk, int strip)
     case MQTT_PUBLISH:
         if (pk->publish.qos > 2 || (pk->publish.qos && !pk->packet_id))
             w->err = RT_EINVAL;
-        w_bin(w, pk->publish.topic);
-        if (pk->publish.qos)
-            w_u16(w, pk->packet_id);
-        if (v5)
-            rt__mqtt_props_write(w, &pk->props, MQTT_PUBLISH, 0);
-        w_bytes(w, pk->publish.payload.p, pk->publish.payload.len);
-        break;
+        {
+            size_t topic_at = w->n + 2;
+            w_bin(w, pk->publish.topic);
+            if (pk->publish.qos)
+                w_u16(w, pk->packet_id);
+            size_t props_at = v5 ? rt__mqtt_props_write(w, &pk->props, MQTT_PUBLISH, 0) : w->n;
+            if (w->at)
+                *w->at = (mqtt_publish_at_t){
+                    .topic_off = topic_at, .props_off = props_at, .payload_off = w->n};
+            w_bytes(w, pk->publish.payload.p, pk->publish.payload.len);
+            break;
+        }
     case MQTT_PUBACK:
     case MQTT_PUBREC:
     case MQTT_PUBREL:
@@ -166,8 +171,8 @@ static int strippable(const mqtt_packet_t *pk)
     }
 }
 
-int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size, size_t *len,
-                int *stripped)
+static int encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size, size_t *len,
+                  int *stripped, mqtt_publish_at_t *at)
 {
     if (stripped)
         *stripped = 0;
@@ -203,7 +208,7 @@ int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_
         else if (pk->type == MQTT_PUBREL || pk->type == MQTT_SUBSCRIBE ||
                  pk->type == MQTT_UNSUBSCRIBE)
             fl = 2;
-        wr_t w = {buf, 0, total, 0};
+        wr_t w = {.p = buf, .cap = total, .at = at};
         w_u8(&w, (uint8_t)(pk->type << 4 | fl));
         w_varint(&w, (uint32_t)c.n);
         w_body(&w, pk, strip);
@@ -211,4 +216,17 @@ int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_
         return 0;
     }
     return MQTT_ERR(MQTT_RC_PACKET_TOO_LARGE);
+}
+
+int mqtt_encode(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, uint32_t max_size, size_t *len,
+                int *stripped)
+{
+    return encode(pk, buf, cap, max_size, len, stripped, NULL);
+}
+
+int mqtt_encode_publish(const mqtt_packet_t *pk, uint8_t *buf, size_t cap, size_t *len,
+                        mqtt_publish_at_t *at)
+{
+    RT_ASSERT(pk->type == MQTT_PUBLISH && buf && at);
+    return encode(pk, buf, cap, 0, len, NULL, at);
 }

@@ -127,6 +127,7 @@ typedef struct {
     size_t n;
     size_t cap; /* bytes at p; unused while counting */
     int err;
+    mqtt_publish_at_t *at; /* writing a PUBLISH: where its parts went */
 } wr_t;
 
 static inline void w_u8(wr_t *w, uint8_t v)
@@ -197,6 +198,6 @@ int rt__mqtt_props_read(rd_t *r, int ctx, mqtt_props_t *pr);
 */
 size_t rt__mqtt_props_len(const mqtt_props_t *pr, int ctx, int strip, int *err);
 /* Writes pr's property block for ctx: Variable Byte Integer length, then the entries. */
-void rt__mqtt_props_write(wr_t *w, const mqtt_props_t *pr, int ctx, int strip);
+size_t rt__mqtt_props_write(wr_t *w, const mqtt_props_t *pr, int ctx, int strip);
 
 #endif

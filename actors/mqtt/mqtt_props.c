@@ -316,14 +316,16 @@ size_t rt__mqtt_props_len(const mqtt_props_t *pr, int ctx, int strip, int *err)
     return c.n;
 }
 
-/* 2.2.2.1 */
-void rt__mqtt_props_write(wr_t *w, const mqtt_props_t *pr, int ctx, int strip)
+/* 2.2.2.1. Returns where the properties start, after their length. */
+size_t rt__mqtt_props_write(wr_t *w, const mqtt_props_t *pr, int ctx, int strip)
 {
     size_t n = rt__mqtt_props_len(pr, ctx, strip, &w->err);
     if (n > MQTT_MAX_REMAINING) {
         w->err = RT_EINVAL;
-        return;
+        return w->n;
     }
     w_varint(w, (uint32_t)n);
+    size_t at = w->n;
     write_props_body(w, pr, ctx, strip);
+    return at;
 }

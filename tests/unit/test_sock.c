@@ -65,9 +65,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
 }
 
-static const rt_actor_type_t conn_type = {
-    .name = "echo_conn", .state_size = sizeof(conn_state_t), .init = conn_init,
-    .handle = conn_handle};
+static const rt_actor_type_t conn_type = {.name = "echo_conn",
+                                          .state_size = sizeof(conn_state_t),
+                                          .init = conn_init,
+                                          .handle = conn_handle};
 
 /* ---- Listener ---- */
 typedef struct {
@@ -113,9 +114,10 @@ static void listener_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     }
 }
 
-static const rt_actor_type_t listener_type = {
-    .name = "listener", .state_size = sizeof(listener_state_t), .init = listener_init,
-    .handle = listener_handle};
+static const rt_actor_type_t listener_type = {.name = "listener",
+                                              .state_size = sizeof(listener_state_t),
+                                              .init = listener_init,
+                                              .handle = listener_handle};
 
 /* rcvbuf > 0 shrinks the client's receive buffer first, as a window must be set before connect. */
 static int connect_local_rcvbuf(int rcvbuf)
@@ -123,7 +125,8 @@ static int connect_local_rcvbuf(int rcvbuf)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (rcvbuf > 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atomic_load(&listen_port))};
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)atomic_load(&listen_port))};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
         close(fd);
@@ -443,8 +446,8 @@ static void taker_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt_sock_write(t->sock, data, len);
         return;
     }
-    if (m->tag != MSG_HAND || (m->data[sizeof(rt_msg_owned_t)] != 't' &&
-                               m->data[sizeof(rt_msg_owned_t)] != 'f'))
+    if (m->tag != MSG_HAND ||
+        (m->data[sizeof(rt_msg_owned_t)] != 't' && m->data[sizeof(rt_msg_owned_t)] != 'f'))
         return;
     int fd = rt_msg_take_fd(m);
     _Atomic int *owned = rt_msg_take_owned(m);
@@ -559,6 +562,75 @@ static void test_fd_in_message_never_leaks(void)
     CHECK(wait_alive(0, 5000));
 }
 
+/* ---- Writing in place: rt_sock_reserve and rt_sock_commit ---- */
+enum { MSG_RESERVE = RT_MSG_USER + 20 };
+
+/* Past RT_SOCK_FLUSH_AT, so its commit flushes mid-turn; past 4096, so the buffer grows. */
+#define RESERVE_BIG (RT_SOCK_FLUSH_AT + 5000)
+
+typedef struct {
+    rt_sock_t *sock;
+} reserver_t;
+
+static int reserver_init(rt_actor_t *self, void *state, void *arg)
+{
+    reserver_t *r = state;
+    return rt_sock_adopt(self, (int)(intptr_t)arg, &r->sock);
+}
+
+/* Writes "ab", "cdef" through a 16-byte reservation, "ij", then most of a big one, then "z". */
+static void reserver_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self;
+    reserver_t *r = state;
+    if (m->tag != MSG_RESERVE)
+        return;
+    CHECK_EQ(rt_sock_write(r->sock, "ab", 2), 0);
+    char *room = rt_sock_reserve(r->sock, 16);
+    CHECK(room != NULL);
+    memcpy(room, "cdefgh", 6);
+    CHECK_EQ(rt_sock_pending(r->sock), 2); /* reserved bytes are not output yet */
+    CHECK_EQ(rt_sock_commit(r->sock, 4), 0);
+    CHECK_EQ(rt_sock_pending(r->sock), 6);
+    CHECK_EQ(rt_sock_write(r->sock, "ij", 2), 0);
+    unsigned char *big = rt_sock_reserve(r->sock, RESERVE_BIG);
+    CHECK(big != NULL);
+    for (size_t i = 0; i < RESERVE_BIG; i++)
+        big[i] = (unsigned char)(i * 7);
+    CHECK_EQ(rt_sock_commit(r->sock, RESERVE_BIG - 100), 0);
+    CHECK_EQ(rt_sock_write(r->sock, "z", 1), 0);
+}
+
+static const rt_actor_type_t reserver_type = {.name = "reserver",
+                                              .state_size = sizeof(reserver_t),
+                                              .init = reserver_init,
+                                              .handle = reserver_handle};
+
+/* Bytes written in place arrive in order with those rt_sock_write wrote before and after. */
+static void test_reserve_commit(void)
+{
+    int a, b;
+    CHECK_EQ(tcp_pair(&a, &b), 0);
+    rt_pid_t w;
+    CHECK_EQ(rt_spawn(&reserver_type, (void *)(intptr_t)a, &w), 0);
+    CHECK_EQ(rt_send(w, MSG_RESERVE, NULL, 0), 0);
+    enum { HEAD = 8, TOTAL = HEAD + RESERVE_BIG - 100 + 1 };
+    static unsigned char got[TOTAL];
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    CHECK_EQ(recv(b, got, TOTAL, MSG_WAITALL), TOTAL);
+    CHECK(memcmp(got, "abcdefij", HEAD) == 0);
+    bool same = true;
+    for (size_t i = 0; i < RESERVE_BIG - 100; i++)
+        same &= got[HEAD + i] == (unsigned char)(i * 7);
+    CHECK(same);
+    CHECK_EQ(got[TOTAL - 1], 'z');
+    rt_exit_signal(w, RT_REASON_KILL);
+    CHECK(peer_closed(b, 5000));
+    close(b);
+    CHECK(wait_alive(0, 5000));
+}
+
 int main(void)
 {
     test_start(2);
@@ -566,6 +638,7 @@ int main(void)
     RUN(test_idle_conn_holds_nothing);
     RUN(test_write_backpressure);
     RUN(test_fd_in_message_never_leaks);
+    RUN(test_reserve_commit);
     rt_shutdown();
     return CHECK_SUMMARY();
 }
