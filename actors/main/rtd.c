@@ -335,11 +335,10 @@ static int start_broker(rtd_t *d)
 static size_t rule_counts(rt_cluster_rule_count_t *out, size_t max)
 {
     static rt_rule_info_t rules[RT_CLUSTER_RULES_MAX]; /* the cluster actor's alone */
-    size_t n = rt_rules_snapshot(rules, max < RT_CLUSTER_RULES_MAX ? max : RT_CLUSTER_RULES_MAX);
-    if (n > max)
-        n = max;
-    if (n > RT_CLUSTER_RULES_MAX)
-        n = RT_CLUSTER_RULES_MAX;
+    size_t room = max < RT_CLUSTER_RULES_MAX ? max : RT_CLUSTER_RULES_MAX;
+    size_t n = rt_rules_snapshot(rules, room); /* how many rules there are: room were copied */
+    if (n > room)
+        n = room;
     for (size_t i = 0; i < n; i++) {
         size_t len = strnlen(rules[i].name, sizeof(out[i].name) - 1); /* a heartbeat's width */
         memcpy(out[i].name, rules[i].name, len);
