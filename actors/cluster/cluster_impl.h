@@ -189,6 +189,7 @@ typedef struct {
     pthread_cond_t backlog_cond;
     _Atomic uint64_t backlog_msgs, backlog_bytes;
     atomic_int backlog_waiters; /* threads waiting for room: only then is a release signalled */
+    atomic_int pool_subs;       /* subscriptions on the delivery thread not yet closed through it */
     atomic_bool stopping;
     atomic_bool nc_up, qc_up; /* the two NATS connections, as their callbacks last said */
     long max_packet;          /* max_packet_size at start */
@@ -276,6 +277,9 @@ extern rt__cluster_t rt__cluster;
 void rt__cluster_backlog_wait(void);
 bool rt__cluster_hand_in(rt_msg_t *m, size_t bytes);
 void rt__cluster_on_message(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure);
+natsStatus rt__cluster_pool_subscribe(natsSubscription **sub, natsConnection *nc,
+                                      const char *subject, const char *queue, void *closure,
+                                      bool closure_owned);
 
 /* ---- forward.c ---- */
 bool rt__cluster_forward(rt_bin_t *bin, rt_pid_t ack_pid, uint64_t ack_token, bool shared_here);

@@ -233,11 +233,6 @@ static bool routes_room(rt_actor_t *self)
     return true;
 }
 
-static void shared_done(void *closure)
-{
-    free(closure);
-}
-
 /* A filter's NATS subjects, and whether it is a shared group's: 0 for none ($SYS, which is
    each node's own, or not a filter), -1 when too long for a subject. */
 static int route_subjects(const char *filter, size_t len, char subjects[2][RT_SUBJECT_MAX + 1],
@@ -267,20 +262,11 @@ static void route_subscribe(route_t *r)
     char queue[32];
     snprintf(queue, sizeof(queue), "rtq_%016" PRIx64, fnv1a(r->filter, r->len));
     for (int i = 0; i < n; i++) {
-        natsStatus s;
-        if (group) {
-            char *closure = strdup(r->filter);
-            s = closure ? natsConnection_QueueSubscribe(&r->subs[r->nsubs], conn, subjects[i],
-                                                        queue, rt__cluster_on_message, closure)
-                        : NATS_NO_MEMORY;
-            if (s == NATS_OK)
-                natsSubscription_SetOnCompleteCB(r->subs[r->nsubs], shared_done, closure);
-            else
-                free(closure);
-        } else {
-            s = natsConnection_Subscribe(&r->subs[r->nsubs], conn, subjects[i],
-                                         rt__cluster_on_message, NULL);
-        }
+        char *closure = group ? strdup(r->filter) : NULL;
+        natsStatus s = group && !closure
+                           ? NATS_NO_MEMORY
+                           : rt__cluster_pool_subscribe(&r->subs[r->nsubs], conn, subjects[i],
+                                                        group ? queue : NULL, closure, group);
         if (s == NATS_OK) {
             /* NATS's own bound on what waits for delivery; past it the server's messages
                for this subscription are dropped and counted (a slow consumer). */

@@ -132,8 +132,8 @@ void rt__cluster_send_heartbeat(rt_actor_t *self)
     if (!rt__cluster.status_sub) {
         char all[RT_CONF_NODE_MAX + 16];
         snprintf(all, sizeof(all), "%s_ctl.status.*", rt__cluster.prefix);
-        natsConnection_Subscribe(&rt__cluster.status_sub, rt__cluster.nc, all,
-                                 rt__cluster_on_message, (void *)rt__cluster_heartbeat);
+        rt__cluster_pool_subscribe(&rt__cluster.status_sub, rt__cluster.nc, all, NULL,
+                                   (void *)rt__cluster_heartbeat, false);
     }
     static char text[RT_CLUSTER_RULES_MAX * 128 + 512];
     size_t len = heartbeat_text(text, sizeof(text));

@@ -138,18 +138,18 @@ void rt__cluster_kv_bind(rt_actor_t *self)
     char subject[RT_CONF_NODE_MAX * 2 + 24];
     if (s == NATS_OK && !rt__cluster.takeover_sub) {
         rt__cluster_node_subject(rt__cluster.node, "takeover", subject, sizeof(subject));
-        s = natsConnection_Subscribe(&rt__cluster.takeover_sub, rt__cluster.nc, subject,
-                                     rt__cluster_on_message, (void *)rt__cluster_takeover_request);
+        s = rt__cluster_pool_subscribe(&rt__cluster.takeover_sub, rt__cluster.nc, subject, NULL,
+                                       (void *)rt__cluster_takeover_request, false);
     }
     if (s == NATS_OK && !rt__cluster.handover_sub) {
         rt__cluster_node_subject(rt__cluster.node, "handover", subject, sizeof(subject));
-        s = natsConnection_Subscribe(&rt__cluster.handover_sub, rt__cluster.nc, subject,
-                                     rt__cluster_on_message, (void *)rt__cluster_handover_request);
+        s = rt__cluster_pool_subscribe(&rt__cluster.handover_sub, rt__cluster.nc, subject, NULL,
+                                       (void *)rt__cluster_handover_request, false);
     }
     if (s == NATS_OK && !rt__cluster.admin_sub) {
         rt__cluster_node_subject(rt__cluster.node, "admin", subject, sizeof(subject));
-        s = natsConnection_Subscribe(&rt__cluster.admin_sub, rt__cluster.nc, subject,
-                                     rt__cluster_on_message, (void *)rt__cluster_admin_request);
+        s = rt__cluster_pool_subscribe(&rt__cluster.admin_sub, rt__cluster.nc, subject, NULL,
+                                       (void *)rt__cluster_admin_request, false);
     }
     /* A bucket just made answers only once its stream has a leader: probe before use,
        so the first claims do not wait out JetStream's timeout. */
