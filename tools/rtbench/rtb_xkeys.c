@@ -7,6 +7,7 @@
 #include <openssl/sha.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #define RTB_XKEY_MAGIC 0x52545853u /* "RTXS", heads a cache file */
@@ -63,14 +64,21 @@ static void cache_open(rtb_xkeys_t *w, const char *path)
         return;
     uint8_t head[4 + 32];
     uint32_t magic = RTB_XKEY_MAGIC;
+    /* Locked while read and, for a new file, written: two processes that both found it
+       empty wrote a header each, and every record after them was read out of step. */
+    if (flock(w->fd, LOCK_EX) != 0)
+        goto off;
     ssize_t r = pread(w->fd, head, sizeof(head), 0);
     if (r == 0) {
         memcpy(head, &magic, 4);
         memcpy(head + 4, w->pw_hash, 32);
-        if (write(w->fd, head, sizeof(head)) != (ssize_t)sizeof(head))
+        r = write(w->fd, head, sizeof(head));
+        flock(w->fd, LOCK_UN);
+        if (r != (ssize_t)sizeof(head))
             goto off;
         return;
     }
+    flock(w->fd, LOCK_UN);
     if (r != (ssize_t)sizeof(head) || memcmp(head, &magic, 4) || memcmp(head + 4, w->pw_hash, 32))
         goto off;
     /* In chunks: one pread per record was most of a short run's start-up. */
