@@ -319,14 +319,13 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
     return alive_silent ? RT_EBUSY : RT_EAGAIN;
 }
 
-void rt__cluster_claim_one(const claim_t *cl)
+static void remember_claimer(const char *id, rt_pid_t pid);
+
+/* A claim's outcome, counted, logged when it failed, and told to its CONNECT. */
+static void claim_settled(const claim_t *cl, const char *id, rt_cluster_claimed_t r, bool moving)
 {
-    RT_ASSERT(RT_CLUSTER_ON(kv_pid));
-    char id[RT_CLIENT_TEXT_MAX];
-    snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
-    bool moving = false;
-    rt_cluster_claimed_t r = {0};
-    r.status = claim(cl, id, &moving, &r.lease);
+    if (r.status == 0)
+        remember_claimer(id, cl->reply_to);
     if (cl->verify) {
         if (r.status == RT_EEXIST)
             atomic_fetch_add_explicit(&rt__cluster.claims_failed, 1, memory_order_relaxed);
@@ -342,6 +341,201 @@ void rt__cluster_claim_one(const claim_t *cl)
                                        : "the id cannot be a key");
     if (!moving)
         rt_send(cl->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+}
+
+/*
+** Claims in flight. Most CONNECTs bring an id no node holds, and for those one create of the
+** key decides (a JetStream publish that expects no message on the key's subject): cluster_kv
+** sends it without waiting and goes on with the next CONNECT, and JetStream's answer settles
+** the claim on the context's reply thread (claim_answered). Only an id in use (the create
+** refused) takes the sequential claim() above, with its reads, questions and waits: back in
+** cluster_kv, in the order the answers came. libnats hands claim_answered the message and
+** nothing else, so each claim is found here by its message; at most CLAIMS_IN_FLIGHT wait
+** (past it cluster_kv waits for room, as the CONNECTs behind it wait for cluster_kv).
+*/
+#define CLAIMS_IN_FLIGHT 1024
+
+typedef struct {
+    natsMsg *msg;
+    uint32_t lease;
+    claim_t *cl; /* malloc'ed, with its id */
+} flight_t;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t room;
+    flight_t f[CLAIMS_IN_FLIGHT];
+    unsigned n;
+} flights = {.lock = PTHREAD_MUTEX_INITIALIZER, .room = PTHREAD_COND_INITIALIZER};
+
+/*
+** Who claimed an id here lately. Between its claim's answer and its CONNECT going on, a client
+** is not in the broker's registry yet, and a takeover request from the node that claims the id
+** next would find nobody to end: both would serve the id. So rt__cluster_give_up looks here
+** too (claimer_of): the claims in flight, and those made in the last RECENT_CLAIM_MS, one per
+** slot of a table indexed by the id's hash (under flights.lock).
+*/
+#define RECENT_CLAIMS 8192
+#define RECENT_CLAIM_MS 10000
+
+static struct {
+    uint64_t hash, at_ms;
+    rt_pid_t pid;
+} recent[RECENT_CLAIMS];
+
+static void remember_claimer(const char *id, rt_pid_t pid)
+{
+    uint64_t h = rt_hash(id, strlen(id));
+    pthread_mutex_lock(&flights.lock);
+    recent[h % RECENT_CLAIMS].hash = h;
+    recent[h % RECENT_CLAIMS].at_ms = rt_mono_ms();
+    recent[h % RECENT_CLAIMS].pid = pid;
+    pthread_mutex_unlock(&flights.lock);
+}
+
+static rt_pid_t claimer_of(const char *id)
+{
+    size_t len = strlen(id);
+    uint64_t h = rt_hash(id, len);
+    rt_pid_t pid = 0;
+    pthread_mutex_lock(&flights.lock);
+    for (unsigned i = 0; i < flights.n && !pid; i++)
+        if (flights.f[i].cl->len == len && memcmp(flights.f[i].cl->id, id, len) == 0)
+            pid = flights.f[i].cl->reply_to;
+    if (!pid && recent[h % RECENT_CLAIMS].hash == h &&
+        rt_mono_ms() - recent[h % RECENT_CLAIMS].at_ms < RECENT_CLAIM_MS)
+        pid = recent[h % RECENT_CLAIMS].pid;
+    pthread_mutex_unlock(&flights.lock);
+    return pid;
+}
+
+static bool flight_take(natsMsg *msg, flight_t *out)
+{
+    pthread_mutex_lock(&flights.lock);
+    unsigned i = 0;
+    while (i < flights.n && flights.f[i].msg != msg)
+        i++;
+    bool found = i < flights.n;
+    if (found) {
+        *out = flights.f[i];
+        flights.f[i] = flights.f[--flights.n];
+        pthread_cond_signal(&flights.room);
+    }
+    pthread_mutex_unlock(&flights.lock);
+    return found;
+}
+
+/* Back to cluster_kv, whose claim() decides, or failed when it cannot get there. */
+static void claim_again(claim_t *cl, uint32_t lease)
+{
+    rt_msg_t *m = rt_msg_new(MSG_CLAIM, sizeof(claim_t) + cl->len);
+    if (m) {
+        memcpy(m->data, cl, sizeof(claim_t) + cl->len);
+        ((claim_t *)(void *)m->data)->taken = true;
+        if (rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), m) == 0)
+            return;
+    }
+    char id[RT_CLIENT_TEXT_MAX];
+    snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
+    claim_settled(cl, id, (rt_cluster_claimed_t){.status = RT_EAGAIN, .lease = lease}, false);
+}
+
+/* On the claims context's reply thread: JetStream's answer to a create, or libnats's timeout. */
+static void claim_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+    (void)js;
+    (void)closure;
+    flight_t f;
+    bool found = flight_take(msg, &f);
+    natsMsg_Destroy(msg);
+    if (!found) /* cluster_kv gave it up: the node stops */
+        return;
+    if (pae && pae->ErrCode == JSStreamWrongLastSequenceErr) {
+        claim_again(f.cl, f.lease);
+    } else {
+        char id[RT_CLIENT_TEXT_MAX];
+        snprintf(id, sizeof(id), "%.*s", (int)f.cl->len, f.cl->id);
+        bool made = pa && !pae;
+        atomic_fetch_add_explicit(&rt__cluster.claims_pipelined, made, memory_order_relaxed);
+        rt_cluster_claimed_t r = {.lease = f.lease};
+        r.status = made && rt_cluster_lease_holds(f.lease) ? 0 : RT_EAGAIN;
+        claim_settled(f.cl, id, r, false);
+    }
+    free(f.cl);
+}
+
+/* In cluster_kv: the claim's create sent, to be settled by claim_answered; false if it could
+   not be (cluster_kv claims it the sequential way). */
+static bool claim_pipelined(const claim_t *cl, const char *key)
+{
+    if (!rt__cluster.cjs || !atomic_load(&rt__cluster.lease_until_ms))
+        return false;
+    uint32_t lease = rt_cluster_lease_generation();
+    if (!rt_cluster_lease_holds(lease))
+        return false;
+    char subject[3 * RT_CLIENT_TEXT_MAX + 48];
+    snprintf(subject, sizeof(subject), "$KV.%s_clients.%s", rt__cluster.prefix, key);
+    natsMsg *msg = NULL;
+    claim_t *copy = malloc(sizeof(claim_t) + cl->len);
+    if (!copy || natsMsg_Create(&msg, subject, NULL, rt__cluster.value,
+                                (int)strlen(rt__cluster.value)) != NATS_OK) {
+        free(copy);
+        return false;
+    }
+    memcpy(copy, cl, sizeof(claim_t) + cl->len);
+    pthread_mutex_lock(&flights.lock);
+    while (flights.n == CLAIMS_IN_FLIGHT)
+        pthread_cond_wait(&flights.room, &flights.lock); /* each answers within MaxWait */
+    flights.f[flights.n++] = (flight_t){.msg = msg, .lease = lease, .cl = copy};
+    pthread_mutex_unlock(&flights.lock);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = JETSTREAM_WAIT_MS;
+    po.ExpectNoMessage = true;
+    natsMsg *sent = msg;
+    if (js_PublishMsgAsync(rt__cluster.cjs, &sent, &po) == NATS_OK)
+        return true;
+    flight_t f;
+    if (flight_take(msg, &f))
+        free(f.cl);
+    natsMsg_Destroy(msg);
+    return false;
+}
+
+/* In cluster_kv, once the clients bucket is bound: the context the claims go out on. */
+natsStatus rt__cluster_claims_open(void)
+{
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = JETSTREAM_WAIT_MS;
+    jo.PublishAsync.AckHandler = claim_answered;
+    jo.PublishAsync.MaxPending = CLAIMS_IN_FLIGHT;
+    return natsConnection_JetStream(&rt__cluster.cjs, rt__cluster.nc, &jo);
+}
+
+/* The claims still in flight as the node stops: their CONNECTs end with the node. */
+void rt__cluster_claims_close(void)
+{
+    jsCtx_Destroy(rt__cluster.cjs);
+    rt__cluster.cjs = NULL;
+    pthread_mutex_lock(&flights.lock);
+    while (flights.n)
+        free(flights.f[--flights.n].cl);
+    pthread_mutex_unlock(&flights.lock);
+}
+
+void rt__cluster_claim_one(const claim_t *cl)
+{
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid));
+    char id[RT_CLIENT_TEXT_MAX], key[3 * RT_CLIENT_TEXT_MAX + 1];
+    snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
+    if (!cl->taken && natsConnection_Status(rt__cluster.nc) == NATS_CONN_STATUS_CONNECTED &&
+        rt_kv_key_of_topic(id, strlen(id), key, sizeof(key)) > 0 && claim_pipelined(cl, key))
+        return;
+    bool moving = false;
+    rt_cluster_claimed_t r = {0};
+    r.status = claim(cl, id, &moving, &r.lease);
+    claim_settled(cl, id, r, moving);
 }
 
 /* In cluster_kv: what the old holder queued since phase 1, to the imported session (none
@@ -386,10 +580,16 @@ void rt__cluster_move_tail(const move_t *mv)
         rt_log(RT_LOG_WARNING, "cluster.session_tail_lost",
                "client=%s from=%s run=%s what its old node queued after the move did not arrive",
                id, node, holder_run(mv->holder));
-    if (!delivered) {
-        rt_cluster_claimed_t r = {.status = 0, .lease = mv->lease};
-        rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
-    }
+    if (!delivered)
+        rt__cluster_move_unmerged(mv);
+}
+
+/* A CONNECT whose session moved here but will not merge the rest (it ended, or the rest could
+   not be asked for): the id is this node's, and the CONNECT goes on with what is here. */
+void rt__cluster_move_unmerged(const move_t *mv)
+{
+    rt_cluster_claimed_t r = {.status = 0, .lease = mv->lease};
+    rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
 }
 
 static bool send_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session,
@@ -410,6 +610,7 @@ static bool send_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_
     cl->reply_to = reply_to;
     cl->want_session = want_session;
     cl->verify = verify;
+    cl->taken = false;
     cl->len = (uint32_t)len;
     memcpy(cl->id, id, len);
     return rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), m) == 0;
@@ -535,10 +736,14 @@ void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
                 return;
         }
     }
-    if (holder && phase == 1) {
-        rt_exit_signal(holder, RT_REASON_TAKEOVER);
+    rt_pid_t claimer = 0;
+    if (!holder && phase == 1 && (size_t)len < sizeof(id))
+        claimer = claimer_of(id);
+    if ((holder || claimer) && phase == 1) {
+        rt_exit_signal(holder ? holder : claimer, RT_REASON_TAKEOVER);
         atomic_fetch_add_explicit(&rt__cluster.given_up, 1, memory_order_relaxed);
-        rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s claimed by another node", id);
+        rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s claimed by another node%s", id,
+               holder ? "" : " (its claim here had just been made)");
     }
     answer(reply, rlen, NULL, 0);
 }

@@ -50,10 +50,11 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
            once the server has them, whatever the old holder queues after is its tail. */
         natsConnection_FlushTimeout(rt__cluster.nc, JETSTREAM_WAIT_MS);
         rt_msg_t *tail = rt_msg_new(MSG_MOVE_TAIL, m->len);
-        if (tail) {
+        if (tail)
             memcpy(tail->data, m->data, m->len);
-            rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), tail);
-        }
+        if (!tail ||
+            rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), tail))
+            rt__cluster_move_unmerged((const move_t *)(const void *)m->data);
     } else if (m->tag == MSG_CONNECTED) {
         rt__cluster_subscribe_held(self);
     } else if (m->tag == MSG_INTEREST) {
@@ -66,10 +67,12 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 }
 
 /* What the cluster actor never forwarded (it exited first): a publisher waiting for the
-   bucket or the stream is told it was not kept. */
+   bucket or the stream is told it was not kept, a CONNECT whose session moved goes on. */
 static void out_dead_letter(void *state, rt_msg_t *m)
 {
     (void)state;
+    if (m->tag == MSG_MOVE_SYNC && m->len >= sizeof(move_t))
+        rt__cluster_move_unmerged((const move_t *)(const void *)m->data);
     if (m->tag != MSG_FORWARD || m->len < sizeof(forward_t))
         return;
     const forward_t *f = (const forward_t *)(const void *)m->data;
@@ -605,6 +608,7 @@ static void close_connections(void)
         }
     rt__cluster.takeover_sub = rt__cluster.handover_sub = rt__cluster.admin_sub =
         rt__cluster.status_sub = NULL;
+    rt__cluster_claims_close();
     kvStore_Destroy(rt__cluster.clients);
     kvStore_Destroy(rt__cluster.sessions);
     kvStore_Destroy(rt__cluster.kv);
@@ -833,6 +837,7 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->retained_barrier_timeouts = atomic_load(&rt__cluster.barrier_timeouts);
     st->claims = atomic_load(&rt__cluster.claims);
     st->claims_taken_over = atomic_load(&rt__cluster.claims_taken_over);
+    st->claims_pipelined = atomic_load(&rt__cluster.claims_pipelined);
     st->claims_failed = atomic_load(&rt__cluster.claims_failed);
     st->given_up = atomic_load(&rt__cluster.given_up);
     st->sessions_moved_in = atomic_load(&rt__cluster.sessions_moved_in);

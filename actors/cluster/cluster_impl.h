@@ -55,6 +55,7 @@ typedef struct {
     rt_pid_t reply_to;
     bool want_session;
     bool verify; /* rt_cluster_verify: keep the id if it is still this node's, take nothing */
+    bool taken;  /* its create found the key in use: the sequential claim decides */
     uint32_t len;
     char id[];
 } claim_t;
@@ -217,6 +218,7 @@ typedef struct {
     int64_t margin_ms, max_age_s;
     char stream[RT_CONF_NODE_MAX + 8];
     jsCtx *pjs; /* the cluster actor's asynchronous publishes to the stream */
+    jsCtx *cjs; /* cluster_kv's claims in flight (claims.c) */
     kvStore *sessions;
     atomic_bool durable_ready; /* set once, by cluster_kv, when both are bound */
     _Atomic uint64_t stream_acked, stream_failed, records_failed, replays, replayed;
@@ -228,7 +230,7 @@ typedef struct {
     uint64_t nodes_seen_ms[RT_CLUSTER_NODES_MAX];
     size_t nnodes;
     uint64_t started_ms;
-    _Atomic uint64_t claims, claims_taken_over, claims_failed, given_up;
+    _Atomic uint64_t claims, claims_taken_over, claims_failed, given_up, claims_pipelined;
     /* The lease (lease.c): written by its thread, read by connections on every scheduler.
        lease_gen goes up before lease_until_ms moves past a lapse, so a reader that sees the
        new deadline sees the new generation too. */
@@ -305,6 +307,9 @@ void rt__cluster_barrier_wait(rt_actor_t *self, in_state_t *st, rt_msg_t *m);
 /* ---- claims.c ---- */
 void rt__cluster_node_subject(const char *holder, const char *what, char *out, size_t cap);
 void rt__cluster_claim_one(const claim_t *cl);
+natsStatus rt__cluster_claims_open(void);
+void rt__cluster_move_unmerged(const move_t *mv);
+void rt__cluster_claims_close(void);
 void rt__cluster_move_tail(const move_t *mv);
 void rt__cluster_admin_asked(natsMsg *nm);
 void rt__cluster_give_up(natsMsg *nm, uint32_t phase);

@@ -160,6 +160,8 @@ void rt__cluster_kv_bind(rt_actor_t *self)
         if (s == NATS_NOT_FOUND)
             s = NATS_OK;
     }
+    if (s == NATS_OK && !rt__cluster.cjs)
+        s = rt__cluster_claims_open();
     if (s == NATS_OK && rt__cluster.durable)
         s = rt__cluster_durable_open();
     if (s == NATS_OK && pthread_create(&rt__cluster.watcher, NULL, watch_retained, NULL) != 0)

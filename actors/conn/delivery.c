@@ -571,6 +571,17 @@ void rt__conn_deliver_retained(rt_actor_t *self, conn_t *c, rt_bin_t *bin, const
 void rt__conn_dead_letter(void *state, rt_msg_t *m)
 {
     const conn_t *c = state;
+    if (m->tag == RT_CLUSTER_MSG_MOVE_IN && m->len >= offsetof(rt_cluster_move_in_t, bytes)) {
+        /* A session that moved here ended before it merged the rest: the CONNECT that waits
+           for it still holds the id, and goes on without it. */
+        const rt_cluster_move_in_t *in = (const rt_cluster_move_in_t *)(const void *)m->data;
+        rt_log(RT_LOG_WARNING, "cluster.session_move_ended",
+               "a session that moved here ended before it took the rest; its CONNECT goes on "
+               "without it");
+        rt_cluster_claimed_t done = {.status = 0, .lease = in->lease};
+        rt_send(in->claimer, RT_CLUSTER_MSG_CLAIMED, &done, sizeof(done));
+        return;
+    }
     if (m->tag != RT_MSG_DELIVER || m->len < sizeof(rt_delivery_t))
         return;
     const rt_delivery_t *d = (const rt_delivery_t *)(const void *)m->data;

@@ -10,6 +10,7 @@ Every test uses its own topic prefix, so the tests sharing the nodes never see e
 messages. Every wait is bounded; the nats-server processes are stopped by the PIDs started
 here, never by name.
 """
+import asyncio
 import json
 import threading
 import time
@@ -613,6 +614,109 @@ def test_retained_for_a_later_subscriber_on_any_node(nodes, mq, pfx):
     assert status["retained"] == "replicated" and status["retained_put_failed"] == 0, status
 
 
+def mqtt311_connect(cid):
+    """A CONNECT, MQTT 3.1.1, clean session, keep alive 60 s."""
+    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(cid).to_bytes(2, "big") + cid.encode()
+    assert len(body) < 128
+    return bytes([0x10, len(body)]) + body
+
+
+class RawClient:
+    """One MQTT connection read to its end in the background: what came, and whether the
+    server closed it."""
+
+    def __init__(self, port):
+        self.port, self.got, self.closed = port, b"", asyncio.Event()
+
+    async def open(self):
+        self.r, self.w = await asyncio.open_connection("127.0.0.1", self.port)
+        self.task = asyncio.create_task(self.read())
+
+    async def read(self):
+        try:
+            while chunk := await self.r.read(256):
+                self.got += chunk
+        except ConnectionError:
+            pass
+        self.closed.set()
+
+    async def answers(self, expected):
+        """Waits (bounded) until what came ends with expected, the connection still open."""
+        async def seen():
+            while not self.got.endswith(expected) and not self.closed.is_set():
+                await asyncio.sleep(0.005)
+        await asyncio.wait_for(seen(), WAIT)
+        return self.got.endswith(expected) and not self.closed.is_set()
+
+
+async def race_pairs(ports, ids):
+    """For each id a CONNECT to each of two nodes, written together; returns per id the
+    client that survived, once the other's connection has closed (bounded), and the ids
+    where both or neither did."""
+    pairs = [(RawClient(ports[0]), RawClient(ports[1])) for _ in ids]
+    await asyncio.gather(*(c.open() for pair in pairs for c in pair))
+    for cid, pair in zip(ids, pairs):
+        for c in pair:
+            c.w.write(mqtt311_connect(cid))
+    await asyncio.gather(*(c.w.drain() for pair in pairs for c in pair))
+
+    async def first_closed(pair):
+        done, _ = await asyncio.wait([asyncio.create_task(c.closed.wait()) for c in pair],
+                                     timeout=WAIT, return_when=asyncio.FIRST_COMPLETED)
+        return bool(done)
+    settled = await asyncio.gather(*(first_closed(p) for p in pairs))
+    survivors, wrong = [], []
+    for cid, pair, one_closed in zip(ids, pairs, settled):
+        alive = [c for c in pair if not c.closed.is_set()]
+        if not one_closed or len(alive) != 1:
+            wrong.append((cid, len(alive)))
+        else:
+            survivors.append(alive[0])
+    # A survivor answers: its CONNACK (accepted), then a PINGRESP to a PINGREQ.
+    for c in survivors:
+        c.w.write(b"\xc0\x00")
+    alive = await asyncio.gather(*(c.answers(b"\x20\x02\x00\x00\xd0\x00") for c in survivors))
+    return survivors, wrong, alive
+
+
+def test_same_id_on_two_nodes_at_once_exactly_one_survives(nodes, pfx):
+    """Issue 30 (8): one client id CONNECTs to n1 and n2 at the same moment, 1,000 times (in
+    rounds of 100 ids): each time exactly one connection survives, it is accepted and
+    answers, and the other is closed. Most claims are settled by one create in JetStream
+    (the pipelined path); the loser's node asks the winner's, which ends its client even
+    when the client has not finished its CONNECT (its claim had just been made)."""
+    n1, n2, _ = nodes
+
+    def at_once(node):
+        return node.ctl_json("cluster", "status")["client_ids_claimed_at_once"]
+    # Until its first lease a node claims the sequential way (which waits for the lease).
+    for node in (n1, n2):
+        until(lambda: node.ctl_json("cluster", "status")["lease"] == "held", WAIT,
+              lambda: node.ctl_json("cluster", "status"))
+    before = at_once(n1) + at_once(n2)
+
+    async def run():
+        everyone, wrong_all = [], []
+        for r in range(10):
+            ids = [f"{pfx}-race-{r}-{i}" for i in range(100)]
+            survivors, wrong, alive = await race_pairs((n1.port, n2.port), ids)
+            wrong_all += wrong
+            assert all(alive), f"round {r}: {alive.count(False)} survivors did not answer"
+            everyone += survivors
+        assert not wrong_all, f"ids with other than one survivor (id, alive): {wrong_all[:10]}"
+        # All still there at the end: none ended by a claim that came late.
+        for c in everyone:
+            c.w.write(b"\xc0\x00")
+        alive = await asyncio.gather(*(c.answers(b"\xd0\x00\xd0\x00") for c in everyone))
+        assert all(alive), f"{alive.count(False)} survivors gone by the end"
+        for c in everyone:
+            c.w.write(b"\xe0\x00")
+        await asyncio.gather(*(c.closed.wait() for c in everyone))
+        return len(everyone)
+    assert asyncio.run(run()) == 1000
+    assert at_once(n1) + at_once(n2) - before >= 1000
+
+
 def test_client_id_taken_over_across_nodes(nodes, mq, pfx):
     """One client id, one node: a CONNECT on n2 for a client connected to n1 ends it there
     (MQTT 5: DISCONNECT 0x8E), then n2 holds the id."""
@@ -965,3 +1069,4 @@ def test_nats_server_killed_and_nodes_reconnect(nats, nodes, mq, pfx):
     finally:
         nats.start(victim)
         nats.wait_ready(range(3))
+
