@@ -42,6 +42,7 @@ int rt__admin_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "client_ids_claimed", st.claims);
     rt_doc_add_u64(c->doc, "client_ids_taken_over", st.claims_taken_over);
     rt_doc_add_u64(c->doc, "client_ids_claimed_at_once", st.claims_pipelined);
+    rt_doc_add_u64(c->doc, "client_id_claims_in_flight", st.claims_in_flight);
     rt_doc_add_u64(c->doc, "client_ids_given_up", st.given_up);
     rt_doc_add_u64(c->doc, "sessions_moved_in", st.sessions_moved_in);
     rt_doc_add_u64(c->doc, "sessions_moved_out", st.sessions_moved_out);

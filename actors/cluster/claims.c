@@ -409,6 +409,14 @@ static rt_pid_t claimer_of(const char *id)
     return pid;
 }
 
+unsigned rt__cluster_claims_in_flight(void)
+{
+    pthread_mutex_lock(&flights.lock);
+    unsigned n = flights.n;
+    pthread_mutex_unlock(&flights.lock);
+    return n;
+}
+
 static bool flight_take(natsMsg *msg, flight_t *out)
 {
     pthread_mutex_lock(&flights.lock);

@@ -838,6 +838,7 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->claims = atomic_load(&rt__cluster.claims);
     st->claims_taken_over = atomic_load(&rt__cluster.claims_taken_over);
     st->claims_pipelined = atomic_load(&rt__cluster.claims_pipelined);
+    st->claims_in_flight = rt__cluster_claims_in_flight();
     st->claims_failed = atomic_load(&rt__cluster.claims_failed);
     st->given_up = atomic_load(&rt__cluster.given_up);
     st->sessions_moved_in = atomic_load(&rt__cluster.sessions_moved_in);

@@ -88,6 +88,7 @@ typedef struct rt_cluster_status_s {
     uint64_t retained_barrier_timeouts; /* subscribers that stopped waiting for this node */
     uint64_t claims, claims_taken_over; /* client ids claimed here; of them, from another node */
     uint64_t claims_pipelined;          /* of them, settled by one create (no holder to ask) */
+    uint64_t claims_in_flight;          /* creates sent, JetStream's answer not come yet */
     uint64_t claims_failed, given_up;   /* claims refused; ids given up to another node */
     uint64_t sessions_moved_in, sessions_moved_out; /* persistent sessions moved between nodes */
     uint64_t sessions_move_failed; /* moves here whose session or tail did not arrive whole */

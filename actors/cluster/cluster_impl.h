@@ -310,6 +310,7 @@ void rt__cluster_claim_one(const claim_t *cl);
 natsStatus rt__cluster_claims_open(void);
 void rt__cluster_move_unmerged(const move_t *mv);
 void rt__cluster_claims_close(void);
+unsigned rt__cluster_claims_in_flight(void);
 void rt__cluster_move_tail(const move_t *mv);
 void rt__cluster_admin_asked(natsMsg *nm);
 void rt__cluster_give_up(natsMsg *nm, uint32_t phase);

@@ -676,6 +676,10 @@ async def race_pairs(ports, ids):
     for c in survivors:
         c.w.write(b"\xc0\x00")
     alive = await asyncio.gather(*(c.answers(b"\x20\x02\x00\x00\xd0\x00") for c in survivors))
+    for pair in pairs:  # the losers' sockets, closed here rather than by the collector later
+        for c in pair:
+            if c.closed.is_set():
+                c.w.close()
     return survivors, wrong, alive
 
 
@@ -712,6 +716,8 @@ def test_same_id_on_two_nodes_at_once_exactly_one_survives(nodes, pfx):
         for c in everyone:
             c.w.write(b"\xe0\x00")
         await asyncio.gather(*(c.closed.wait() for c in everyone))
+        for c in everyone:
+            c.w.close()
         return len(everyone)
     assert asyncio.run(run()) == 1000
     assert at_once(n1) + at_once(n2) - before >= 1000
