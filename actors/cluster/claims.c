@@ -424,6 +424,7 @@ static bool flight_take(natsMsg *msg, flight_t *out)
     while (i < flights.n && flights.f[i].msg != msg)
         i++;
     bool found = i < flights.n;
+    RT_ASSERT(flights.n <= CLAIMS_IN_FLIGHT);
     if (found) {
         *out = flights.f[i];
         flights.f[i] = flights.f[--flights.n];
@@ -453,6 +454,7 @@ static void claim_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *p
 {
     (void)js;
     (void)closure;
+    RT_ASSERT(!rt_current()); /* libnats's reply thread: it hands over, never runs ours */
     flight_t f;
     bool found = flight_take(msg, &f);
     natsMsg_Destroy(msg);
@@ -476,6 +478,7 @@ static void claim_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *p
    not be (cluster_kv claims it the sequential way). */
 static bool claim_pipelined(const claim_t *cl, const char *key)
 {
+    RT_ASSERT(RT_CLUSTER_ON(kv_pid) && !cl->taken);
     if (!rt__cluster.cjs || !atomic_load(&rt__cluster.lease_until_ms))
         return false;
     uint32_t lease = rt_cluster_lease_generation();
@@ -494,6 +497,7 @@ static bool claim_pipelined(const claim_t *cl, const char *key)
     pthread_mutex_lock(&flights.lock);
     while (flights.n == CLAIMS_IN_FLIGHT)
         pthread_cond_wait(&flights.room, &flights.lock); /* each answers within MaxWait */
+    RT_ASSERT(flights.n < CLAIMS_IN_FLIGHT);
     flights.f[flights.n++] = (flight_t){.msg = msg, .lease = lease, .cl = copy};
     pthread_mutex_unlock(&flights.lock);
     jsPubOptions po;
@@ -596,6 +600,7 @@ void rt__cluster_move_tail(const move_t *mv)
    not be asked for): the id is this node's, and the CONNECT goes on with what is here. */
 void rt__cluster_move_unmerged(const move_t *mv)
 {
+    RT_ASSERT(mv->reply_to);
     rt_cluster_claimed_t r = {.status = 0, .lease = mv->lease};
     rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
 }
@@ -747,8 +752,8 @@ void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
     rt_pid_t claimer = 0;
     if (!holder && phase == 1 && (size_t)len < sizeof(id))
         claimer = claimer_of(id);
-    if ((holder || claimer) && phase == 1) {
-        rt_exit_signal(holder ? holder : claimer, RT_REASON_TAKEOVER);
+    if ((holder || claimer) && phase == 1 &&
+        rt_exit_signal(holder ? holder : claimer, RT_REASON_TAKEOVER) == 0) {
         atomic_fetch_add_explicit(&rt__cluster.given_up, 1, memory_order_relaxed);
         rt_log(RT_LOG_INFO, "cluster.client_given_up", "client=%s claimed by another node%s", id,
                holder ? "" : " (its claim here had just been made)");
