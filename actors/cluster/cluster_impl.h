@@ -296,7 +296,8 @@ rt_bin_t *rt__cluster_inbound_message(natsMsg *nm, origin_name_t *o);
 void rt__cluster_route_inbound(in_state_t *st, const inbound_t *in);
 
 /* ---- retained.c ---- */
-natsStatus rt__cluster_kv_open(kvStore **kv, const char *bucket, const char *what);
+natsStatus rt__cluster_kv_open(kvStore **kv, const char *bucket, const char *what,
+                               jsStorageType storage);
 natsStatus rt__cluster_kv_put(const rt_message_t *msg, rt_bin_t *bin);
 void rt__cluster_kv_bind(rt_actor_t *self);
 void rt__cluster_barrier_start(rt_msg_t *m);

@@ -87,7 +87,7 @@ natsStatus rt__cluster_durable_open(void)
     snprintf(bucket, sizeof(bucket), "%s_sessions", rt__cluster.prefix);
     if (s == NATS_OK && !rt__cluster.sessions)
         s = rt__cluster_kv_open(&rt__cluster.sessions, bucket,
-                                "rtd: persistent sessions, for a resume elsewhere");
+                                "rtd: persistent sessions, for a resume elsewhere", js_FileStorage);
     if (s == NATS_OK && !rt__cluster.pjs) {
         jsOptions jo;
         jsOptions_Init(&jo);

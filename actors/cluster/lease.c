@@ -77,6 +77,28 @@ static void renewed(uint64_t sent)
     }
 }
 
+/*
+** A renewal that JetStream refused: whether the lease key is gone or another run's. The
+** clients bucket lives in the servers' memory, so a restart of every NATS server forgets it,
+** this node's claims with it, while this node's lease still runs: the lease must end then,
+** not be written anew over nothing. Found but ours (an earlier write whose answer was lost):
+** *rev is its revision, and the next renewal goes on from there.
+*/
+static bool lease_key_lost(kvStore *kv, const char *key, const char *value, uint64_t *rev)
+{
+    kvEntry *e = NULL;
+    natsStatus s = kvStore_Get(&e, kv, key);
+    if (s == NATS_NOT_FOUND)
+        return true;
+    if (s != NATS_OK) /* JetStream not answering: the lease runs out by itself */
+        return false;
+    bool ours = kvEntry_Operation(e) == kvOp_Put && strcmp(kvEntry_ValueString(e), value) == 0;
+    if (ours)
+        *rev = kvEntry_Revision(e);
+    kvEntry_Destroy(e);
+    return !ours;
+}
+
 static void *lease_run(void *arg)
 {
     (void)arg;
@@ -90,6 +112,7 @@ static void *lease_run(void *arg)
     char bucket[sizeof(rt__cluster.bucket)];
     snprintf(bucket, sizeof(bucket), "%s_clients", rt__cluster.prefix);
     uint64_t first_try_ms = 0; /* the first lease wanted since then */
+    uint64_t rev = 0;          /* the lease key's revision this run last wrote; 0: take it */
     bool said = false;
     pthread_mutex_lock(&rt__cluster.lease_lock);
     while (!atomic_load(&rt__cluster.stopping)) {
@@ -107,9 +130,27 @@ static void *lease_run(void *arg)
                 js = NULL;
             }
         }
-        natsStatus s = kv ? kvStore_PutString(NULL, kv, key, value) : NATS_NOT_YET_CONNECTED;
+        /* Taken with a put, then each renewal a compare-and-swap on the last revision. */
+        uint64_t written = 0;
+        natsStatus s = !kv    ? NATS_NOT_YET_CONNECTED
+                       : !rev ? kvStore_PutString(&written, kv, key, value)
+                              : kvStore_UpdateString(&written, kv, key, value, rev);
         if (s == NATS_OK) {
+            rev = written;
             renewed(sent);
+        } else if (rev && s != NATS_TIMEOUT && lease_key_lost(kv, key, value, &rev)) {
+            rt_log(RT_LOG_WARNING, "cluster.lease_key_lost",
+                   "key=%s this node's lease key is gone or another run's (every NATS server "
+                   "restarted, or another rtd runs with this node's name): the lease ends, "
+                   "and is taken anew",
+                   key);
+            rev = 0;
+            uint64_t until = atomic_load(&rt__cluster.lease_until_ms);
+            if (until) { /* over now: no claim is made until the key is taken again */
+                lapse(until);
+                atomic_store_explicit(&rt__cluster.lease_until_ms, rt_mono_ms(),
+                                      memory_order_release);
+            }
         } else if (!atomic_load(&rt__cluster.lease_until_ms)) {
             /* The first lease not taken yet: said once, after LEASE_MS of trying. */
             if (!first_try_ms) {

@@ -5,7 +5,8 @@
 #include "cluster_impl.h"
 
 /* Binds the bucket another node made (whatever its settings), or makes it. */
-natsStatus rt__cluster_kv_open(kvStore **kv, const char *bucket, const char *what)
+natsStatus rt__cluster_kv_open(kvStore **kv, const char *bucket, const char *what,
+                               jsStorageType storage)
 {
     kvConfig cfg;
     kvConfig_Init(&cfg);
@@ -13,6 +14,7 @@ natsStatus rt__cluster_kv_open(kvStore **kv, const char *bucket, const char *wha
     cfg.Description = what;
     cfg.History = 1;
     cfg.Replicas = (int)rt__cluster.replicas;
+    cfg.StorageType = storage;
     /* Bound first: a create racing another node's waits for JetStream's meta leader. */
     natsStatus s = js_KeyValue(kv, rt__cluster.js, bucket);
     return s == NATS_OK ? s : js_CreateKeyValue(kv, rt__cluster.js, &cfg);
@@ -129,12 +131,12 @@ void rt__cluster_kv_bind(rt_actor_t *self)
         rt__cluster.js ? NATS_OK : natsConnection_JetStream(&rt__cluster.js, rt__cluster.nc, &jo);
     if (s == NATS_OK && !rt__cluster.kv)
         s = rt__cluster_kv_open(&rt__cluster.kv, rt__cluster.bucket,
-                                "rtd: the cluster's retained messages");
+                                "rtd: the cluster's retained messages", js_FileStorage);
     char clients[sizeof(rt__cluster.bucket)];
     snprintf(clients, sizeof(clients), "%s_clients", rt__cluster.prefix);
     if (s == NATS_OK && !rt__cluster.clients)
         s = rt__cluster_kv_open(&rt__cluster.clients, clients,
-                                "rtd: which node holds each client id");
+                                "rtd: which node holds each client id", js_MemoryStorage);
     char subject[RT_CONF_NODE_MAX * 2 + 24];
     if (s == NATS_OK && !rt__cluster.takeover_sub) {
         rt__cluster_node_subject(rt__cluster.node, "takeover", subject, sizeof(subject));

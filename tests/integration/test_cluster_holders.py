@@ -464,3 +464,46 @@ def test_takeover_while_the_holders_nats_server_is_stopped(nats, pfx):
             nats.servers[stopped]["proc"].send_signal(signal.SIGCONT)
             nats.wait_ready([stopped])
         stop_nodes(h, t)
+
+
+# After the one above, as last: every NATS server restarts, and JetStream elects anew.
+@pytest.mark.long
+def test_every_nats_server_restarted_the_forgotten_claims_end(nats, pfx):
+    """The clients bucket lives in the NATS servers' memory: a restart of every NATS server
+    forgets it, and the claims with it. The holder's next renewal finds its lease key gone
+    (`cluster.lease_key_lost`) and its lease ends, so its client is ended rather than served
+    beside a claim another node could now make without asking; then the holder takes its
+    lease anew (a compare-and-swap on a forgotten revision would never succeed again), and
+    the id is claimed anew on the other node: one holder at a time throughout."""
+    h, t = pair(nats, "w")
+    try:
+        cid = "hw-" + pfx
+        old, pub = held_on(h, t, cid, pfx)
+        for i in range(3):
+            nats.kill9(i)
+        for i in range(3):
+            nats.start(i)
+        nats.wait_ready(range(3))
+        lost = soon(lambda: "cluster.lease_key_lost" in h.read_log(), WAIT)
+        assert lost, "no renewal found the lease key gone\n" + h.read_log()[-3000:]
+        assert soon(lambda: old.t_closed, WAIT), "the holder kept serving a forgotten claim"
+        for n in (h, t):
+            until(lambda: n.ctl_json("cluster", "status")["lease"] == "held", WAIT,
+                  lambda: n.read_log()[-3000:])
+        holders = Holders(cid, [h, t])
+        new = open_new(t, cid)
+        rows = {n: {r["client_id"]: r["state"] for r in n.ctl_json("clients", "list")}
+                for n in (h, t)}
+        holders.finish()
+        assert new.t_closed is None, "the new holder's client was ended"
+        assert rows[t].get(cid) == "connected" and rows[h].get(cid) != "connected", rows
+        assert not holders.overlaps(), holders.overlaps()[:5]
+        assert t.ctl_json("cluster", "status")["client_ids_claimed"] >= 1
+    finally:
+        for n in (h, t):
+            print("\n".join(ln for ln in n.read_log().splitlines() if "lease" in ln))
+        for i in range(3):
+            if not nats.alive(i):
+                nats.start(i)
+        nats.wait_ready(range(3))
+        stop_nodes(h, t)
