@@ -100,14 +100,15 @@ void rt__cluster_node_subject(const char *holder, const char *what, char *out, s
 ** whose server is stopped) would answer late or not at all; a holder's lease must be read
 ** where its renewals are decided. NATS_NOT_FOUND when the key has no value.
 */
-static natsStatus read_key(const char *key, char *value, size_t cap, uint64_t *revision)
+natsStatus rt__cluster_read_key(jsCtx *js, const char *key, char *value, size_t cap,
+                                uint64_t *revision)
 {
     char stream[sizeof(rt__cluster.prefix) + 16], subject[3 * RT_CLIENT_TEXT_MAX + 48];
     snprintf(stream, sizeof(stream), "KV_%s_clients", rt__cluster.prefix);
     snprintf(subject, sizeof(subject), "$KV.%s_clients.%s", rt__cluster.prefix, key);
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_GetLastMsg(&m, rt__cluster.js, stream, subject, NULL, &jerr);
+    natsStatus s = js_GetLastMsg(&m, js, stream, subject, NULL, &jerr);
     if (s != NATS_OK)
         return s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr ? NATS_NOT_FOUND : s;
     const char *op = NULL;
@@ -149,7 +150,7 @@ static holder_state_t holder_lease(const char *holder, uint64_t *revision)
     rt__cluster_lease_key(node, key, sizeof(key));
     *revision = 0;
     char value[32];
-    natsStatus s = read_key(key, value, sizeof(value), revision);
+    natsStatus s = rt__cluster_read_key(rt__cluster.js, key, value, sizeof(value), revision);
     if (s == NATS_NOT_FOUND)
         return HOLDER_LEASED; /* no key yet: wait it out as if it were renewed just now */
     if (s != NATS_OK)
@@ -227,7 +228,7 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
     for (int attempt = 0; attempt < CLAIM_ATTEMPTS; attempt++) {
         char holder[sizeof(rt__cluster.value)], node[RT_CONF_NODE_MAX];
         uint64_t rev = 0;
-        natsStatus s = read_key(key, holder, sizeof(holder), &rev);
+        natsStatus s = rt__cluster_read_key(rt__cluster.js, key, holder, sizeof(holder), &rev);
         if (s == NATS_NOT_FOUND) {
             s = kvStore_CreateString(&rev, rt__cluster.clients, key, rt__cluster.value);
             if (s == NATS_OK)
@@ -322,8 +323,10 @@ static int claim(const claim_t *cl, const char *id, bool *moving, uint32_t *leas
 static void remember_claimer(const char *id, rt_pid_t pid);
 
 /* A claim's outcome, counted, logged when it failed, and told to its CONNECT. */
-static void claim_settled(const claim_t *cl, const char *id, rt_cluster_claimed_t r, bool moving)
+static void claim_settled(const claim_t *cl, rt_cluster_claimed_t r, bool moving)
 {
+    char id[RT_CLIENT_TEXT_MAX];
+    snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
     if (r.status == 0)
         remember_claimer(id, cl->reply_to);
     if (cl->verify) {
@@ -444,9 +447,7 @@ static void claim_again(claim_t *cl, uint32_t lease)
         if (rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), m) == 0)
             return;
     }
-    char id[RT_CLIENT_TEXT_MAX];
-    snprintf(id, sizeof(id), "%.*s", (int)cl->len, cl->id);
-    claim_settled(cl, id, (rt_cluster_claimed_t){.status = RT_EAGAIN, .lease = lease}, false);
+    claim_settled(cl, (rt_cluster_claimed_t){.status = RT_EAGAIN, .lease = lease}, false);
 }
 
 /* On the claims context's reply thread: JetStream's answer to a create, or libnats's timeout. */
@@ -463,13 +464,11 @@ static void claim_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *p
     if (pae && pae->ErrCode == JSStreamWrongLastSequenceErr) {
         claim_again(f.cl, f.lease);
     } else {
-        char id[RT_CLIENT_TEXT_MAX];
-        snprintf(id, sizeof(id), "%.*s", (int)f.cl->len, f.cl->id);
         bool made = pa && !pae;
         atomic_fetch_add_explicit(&rt__cluster.claims_pipelined, made, memory_order_relaxed);
         rt_cluster_claimed_t r = {.lease = f.lease};
         r.status = made && rt_cluster_lease_holds(f.lease) ? 0 : RT_EAGAIN;
-        claim_settled(f.cl, id, r, false);
+        claim_settled(f.cl, r, false);
     }
     free(f.cl);
 }
@@ -547,7 +546,7 @@ void rt__cluster_claim_one(const claim_t *cl)
     bool moving = false;
     rt_cluster_claimed_t r = {0};
     r.status = claim(cl, id, &moving, &r.lease);
-    claim_settled(cl, id, r, moving);
+    claim_settled(cl, r, moving);
 }
 
 /* In cluster_kv: what the old holder queued since phase 1, to the imported session (none

@@ -308,6 +308,8 @@ void rt__cluster_barrier_wait(rt_actor_t *self, in_state_t *st, rt_msg_t *m);
 /* ---- claims.c ---- */
 void rt__cluster_node_subject(const char *holder, const char *what, char *out, size_t cap);
 void rt__cluster_claim_one(const claim_t *cl);
+natsStatus rt__cluster_read_key(jsCtx *js, const char *key, char *value, size_t cap,
+                                uint64_t *revision);
 natsStatus rt__cluster_claims_open(void);
 void rt__cluster_move_unmerged(const move_t *mv);
 void rt__cluster_claims_close(void);

@@ -82,21 +82,22 @@ static void renewed(uint64_t sent)
 ** clients bucket lives in the servers' memory, so a restart of every NATS server forgets it,
 ** this node's claims with it, while this node's lease still runs: the lease must end then,
 ** not be written anew over nothing. Found but ours (an earlier write whose answer was lost):
-** *rev is its revision, and the next renewal goes on from there.
+** *rev is its revision, and the next renewal goes on from there. Read at the stream's
+** leader: a replica that lags could call a live lease gone and end it for nothing.
 */
-static bool lease_key_lost(kvStore *kv, const char *key, const char *value, uint64_t *rev)
+static bool lease_key_lost(jsCtx *js, const char *key, const char *value, uint64_t *rev)
 {
-    kvEntry *e = NULL;
-    natsStatus s = kvStore_Get(&e, kv, key);
+    char found[24];
+    uint64_t found_rev = 0;
+    natsStatus s = rt__cluster_read_key(js, key, found, sizeof(found), &found_rev);
     if (s == NATS_NOT_FOUND)
         return true;
     if (s != NATS_OK) /* JetStream not answering: the lease runs out by itself */
         return false;
-    bool ours = kvEntry_Operation(e) == kvOp_Put && strcmp(kvEntry_ValueString(e), value) == 0;
-    if (ours)
-        *rev = kvEntry_Revision(e);
-    kvEntry_Destroy(e);
-    return !ours;
+    if (strcmp(found, value) != 0)
+        return true;
+    *rev = found_rev;
+    return false;
 }
 
 static void *lease_run(void *arg)
@@ -138,7 +139,7 @@ static void *lease_run(void *arg)
         if (s == NATS_OK) {
             rev = written;
             renewed(sent);
-        } else if (rev && s != NATS_TIMEOUT && lease_key_lost(kv, key, value, &rev)) {
+        } else if (rev && s != NATS_TIMEOUT && lease_key_lost(js, key, value, &rev)) {
             rt_log(RT_LOG_WARNING, "cluster.lease_key_lost",
                    "key=%s this node's lease key is gone or another run's (every NATS server "
                    "restarted, or another rtd runs with this node's name): the lease ends, "
