@@ -72,6 +72,9 @@ extern _Thread_local rt_tls_t rt__tls;
 void rt__external_enter(void);
 void rt__external_leave(void);
 
+/* Gives the calling scheduler's cached socket output buffers back to malloc. */
+void rt__sock_out_trim(void);
+
 /* ---- Message pool ---- */
 void rt__msg_pool_destroy(void);
 /* Gives the calling thread's cached envelopes and every one in the depot back to malloc. */
@@ -308,7 +311,8 @@ typedef struct rt_runtime_s {
     int kick_fd;                  /* eventfd in epfd (level-triggered): wakes the poller */
     rt_sock_t *_Atomic *by_fd;    /* mmap'd, by_fd_len entries, touched lazily */
     size_t by_fd_len;             /* the hard limit on descriptors at start */
-    atomic_size_t sock_bytes;     /* socket structs and output buffers (malloc), for rtctl vm */
+    atomic_size_t sock_bytes;     /* socket structs and output buffers (malloc; those the
+                                     schedulers cache included), for rtctl vm */
     _Alignas(RT_CACHE_LINE) atomic_bool poller_taken;
 
     atomic_uint_fast64_t spawned, exited, alive, dead_letters;

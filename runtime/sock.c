@@ -116,13 +116,77 @@ static void sock_reclaim(rt_retired_t *r)
     atomic_fetch_sub_explicit(&rt__rt->sock_bytes, sizeof(*s), memory_order_relaxed);
 }
 
-/* Frees an output buffer (NULL is ignored), taking it off the sockets' byte count. */
+/*
+** Output buffers that drained sockets gave back, kept by their scheduler thread for the next
+** socket that writes. Freed after every flush and malloc'd again the next turn, a buffer of
+** 64 KiB and up cost glibc's arena trims (each an madvise, so a TLB shootdown on every
+** core) and the page faults of touching it again: in fan-in at 1 KB, where one subscriber
+** takes ~300 MB/s, 4.73 CPU-s per million messages against 4.09 with the cache. Idle
+** sockets still hold none: a scheduler keeps at most RT_SOCK_OUT_CACHED buffers of at most
+** RT_SOCK_OUT_CACHE_CAP bytes, counted in sock_bytes as before, and gives them back when it
+** trims and when it stops.
+*/
+#define RT_SOCK_OUT_CACHED 4
+#define RT_SOCK_OUT_CACHE_CAP (1u << 20)
+/* Under ASan every buffer goes back to malloc, so a stale pointer into one is still caught. */
+#if defined(RT_SANITIZED) && !defined(RT_TSAN)
+#define RT_SOCK_OUT_CACHING 0
+#else
+#define RT_SOCK_OUT_CACHING 1
+#endif
+
+static _Thread_local struct {
+    rt_sock_out_t *b[RT_SOCK_OUT_CACHED];
+    unsigned n;
+} out_cache;
+
+/* Gives an output buffer back to malloc, taking it off the sockets' byte count. */
+static void out_release(rt_sock_out_t *o)
+{
+    atomic_fetch_sub_explicit(&rt__rt->sock_bytes, sizeof(*o) + o->cap, memory_order_relaxed);
+    free(o);
+}
+
+/* Gives back a buffer no socket points to any more: to this scheduler's cache if it fits. */
 static void out_free(rt_sock_out_t *o)
 {
     if (!o)
         return;
-    atomic_fetch_sub_explicit(&rt__rt->sock_bytes, sizeof(*o) + o->cap, memory_order_relaxed);
-    free(o);
+    if (RT_SOCK_OUT_CACHING && rt__tls.sched && o->cap <= RT_SOCK_OUT_CACHE_CAP &&
+        out_cache.n < RT_SOCK_OUT_CACHED) {
+        RT_POISON(o->data, o->len);
+        out_cache.b[out_cache.n++] = o;
+        return;
+    }
+    out_release(o);
+}
+
+/* A buffer of at least cap bytes: the largest this thread has cached if it is big enough. */
+static rt_sock_out_t *out_alloc(size_t cap)
+{
+    unsigned best = out_cache.n;
+    for (unsigned i = 0; i < out_cache.n; i++)
+        if (out_cache.b[i]->cap >= cap &&
+            (best == out_cache.n || out_cache.b[i]->cap > out_cache.b[best]->cap))
+            best = i;
+    if (best < out_cache.n) {
+        rt_sock_out_t *o = out_cache.b[best];
+        out_cache.b[best] = out_cache.b[--out_cache.n];
+        RT_ASSERT(rt__tls.sched); /* only schedulers cache */
+        return o;
+    }
+    rt_sock_out_t *o = malloc(sizeof(*o) + cap);
+    if (!o)
+        return NULL;
+    atomic_fetch_add_explicit(&rt__rt->sock_bytes, sizeof(*o) + cap, memory_order_relaxed);
+    o->cap = cap;
+    return o;
+}
+
+void rt__sock_out_trim(void)
+{
+    while (out_cache.n)
+        out_release(out_cache.b[--out_cache.n]);
 }
 
 /* Frees a closed, unlinked socket once no poller can still be looking at it. */
@@ -554,16 +618,14 @@ void *rt_sock_reserve(rt_sock_t *s, size_t len)
         size_t cap = o && o->cap ? o->cap : 4096;
         while (cap < live + len)
             cap *= 2;
-        rt_sock_out_t *n = malloc(sizeof(*n) + cap);
+        rt_sock_out_t *n = out_alloc(cap);
         if (!n)
             return NULL;
-        atomic_fetch_add_explicit(&rt__rt->sock_bytes, sizeof(*n) + cap, memory_order_relaxed);
         if (live)
             memcpy(n->data, o->data + o->off, live);
         out_free(o);
         n->len = live;
         n->off = 0;
-        n->cap = cap;
         n->reserved = 0;
         s->out = o = n;
     }
