@@ -925,8 +925,7 @@ void *rt_heap_alloc(rt_heap_t *h, size_t size, rt_obj_kind_t kind)
 /* ------------------------------------------------------------------------ */
 /* Binaries                                                                 */
 
-static atomic_size_t bin_live_count;
-static atomic_size_t bin_live_bytes;
+static rt_striped_t bin_live_count, bin_live_bytes; /* changed by every thread */
 
 /* Every byte a binary holds past its header: what the totals and a holder's heap count. */
 static size_t bin_bytes(const rt_bin_t *b)
@@ -944,8 +943,8 @@ rt_bin_t *rt_bin_alloc_tail(size_t len, size_t tail_len)
     atomic_init(&b->refs, 1);
     b->tail_len = (uint32_t)tail_len;
     b->len = len;
-    atomic_fetch_add_explicit(&bin_live_count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&bin_live_bytes, len + tail_len, memory_order_relaxed);
+    rt_striped_add(&bin_live_count, 1);
+    rt_striped_add(&bin_live_bytes, (int64_t)(len + tail_len));
     return b;
 }
 
@@ -975,8 +974,8 @@ void rt_bin_release(rt_bin_t *b)
     /* acq_rel: every holder's reads of the contents happen before the free. */
     if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
         return;
-    atomic_fetch_sub_explicit(&bin_live_count, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&bin_live_bytes, bin_bytes(b), memory_order_relaxed);
+    rt_striped_add(&bin_live_count, -1);
+    rt_striped_add(&bin_live_bytes, -(int64_t)bin_bytes(b));
     RT_POISON(b, sizeof *b + bin_bytes(b));
     free(b);
 }
@@ -1005,9 +1004,9 @@ uint32_t rt_bin_refs(const rt_bin_t *b)
 void rt_bin_totals(size_t *count, size_t *bytes)
 {
     if (count)
-        *count = atomic_load_explicit(&bin_live_count, memory_order_relaxed);
+        *count = (size_t)rt_striped_sum(&bin_live_count);
     if (bytes)
-        *bytes = atomic_load_explicit(&bin_live_bytes, memory_order_relaxed);
+        *bytes = (size_t)rt_striped_sum(&bin_live_bytes);
 }
 
 void *rt_heap_alloc_bin(rt_heap_t *h, size_t size, rt_obj_kind_t kind, rt_bin_t *bin)

@@ -110,7 +110,7 @@ void *rt_msg_take_owned(rt_msg_t *m)
 
 void rt__msg_pool_stats(size_t *in_use, size_t *held)
 {
-    *in_use = atomic_load_explicit(&envelopes.bytes_in_use, memory_order_relaxed);
+    *in_use = (size_t)rt_striped_sum(&envelopes.bytes_in_use);
     *held = atomic_load_explicit(&envelopes.bytes_held, memory_order_relaxed);
 }
 

@@ -188,7 +188,7 @@ void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls)
     c->count[k]--;
     RT_ASSERT(RT_POOL_LIST_OK(c, k));
     *cls = (uint8_t)k;
-    atomic_fetch_add_explicit(&p->bytes_in_use, k * p->step, memory_order_relaxed);
+    rt_striped_add(&p->bytes_in_use, (int64_t)(k * p->step));
     return o;
 }
 
@@ -200,7 +200,7 @@ void rt__pool_free(rt_pool_t *p, void *obj, uint8_t cls)
     }
     RT_ASSERT(cls < RT_POOL_CLASSES); /* a class rt__pool_alloc gave out */
     thread_cache_t *c = cache_of(p);
-    atomic_fetch_sub_explicit(&p->bytes_in_use, cls * p->step, memory_order_relaxed);
+    rt_striped_add(&p->bytes_in_use, -(int64_t)(cls * p->step));
     set_link(obj, c->free[cls]);
     c->free[cls] = obj;
     if (++c->count[cls] > RT_POOL_CACHE_HIGH)

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common.h"
+
 #define RT_POOL_CLASSES 33     /* class c holds objects of c * step bytes, 1 <= c < 33 */
 #define RT_POOL_MAX_POOLS 4    /* pools in the process (each has a per-thread cache) */
 #define RT_POOL_TOO_BIG 0      /* class of objects past the largest class: plain malloc */
@@ -38,7 +40,7 @@ struct rt_pool_s {
     void *depot[RT_POOL_CLASSES];  /* batches, chained through word 1 of their first object */
     unsigned depot_batches[RT_POOL_CLASSES];
     atomic_uint_fast64_t gen;      /* bumped by reset: older per-thread lists are stale */
-    atomic_size_t bytes_in_use;
+    rt_striped_t bytes_in_use; /* changed by every thread's allocs and frees */
     atomic_size_t bytes_held; /* carved and not released: in use or on a free list */
 };
 

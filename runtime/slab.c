@@ -122,7 +122,7 @@ void rt__slab_stats(size_t *mapped, size_t *in_use)
 {
     /* Pages given back stay mapped (as address space) but hold no memory. */
     *mapped = atomic_load(&bytes_mapped) - atomic_load(&bytes_released);
-    *in_use = atomic_load(&actors.bytes_in_use);
+    *in_use = (size_t)rt_striped_sum(&actors.bytes_in_use);
 }
 
 size_t rt__slab_idle_bytes(void)

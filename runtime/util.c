@@ -401,3 +401,21 @@ long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned f
         return -1;
     return (long)o;
 }
+
+static atomic_uint next_stripe;
+static _Thread_local unsigned my_stripe = UINT32_MAX;
+
+unsigned rt__stripe_of_thread(void)
+{
+    if (RT_UNLIKELY(my_stripe == UINT32_MAX))
+        my_stripe = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) % RT_STRIPES;
+    return my_stripe;
+}
+
+int64_t rt_striped_sum(const rt_striped_t *c)
+{
+    int64_t sum = 0;
+    for (unsigned i = 0; i < RT_STRIPES; i++)
+        sum += atomic_load_explicit(&c->s[i].v, memory_order_relaxed);
+    return sum;
+}
