@@ -207,7 +207,9 @@ static int send_publish(rt_actor_t *self, conn_t *c, rt_bin_t *bin, uint8_t qos,
         count_dropped(self, c, bin, qos, "too_large");
         return SENT_DISCARDED;
     }
-    uint8_t stackbuf[512];
+    /* Room on the scheduler's stack for the frames of payloads up to ~4 KB: a 1 KB message
+       malloc'ed and freed a frame per delivery (fan-in at 1 KB: ~300,000 a second). */
+    uint8_t stackbuf[4096];
     uint8_t *buf = len <= sizeof(stackbuf) ? stackbuf : malloc(len);
     if (!buf)
         return RT_ENOMEM;
