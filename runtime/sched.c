@@ -668,7 +668,6 @@ void rt_config_defaults(rt_config_t *cfg)
 }
 
 #define RT_MMAP_THRESHOLD (256 * 1024) /* bytes from which malloc maps (glibc: 128 KiB, rising) */
-#define RT_TRIM_THRESHOLD (8u << 20)  /* free bytes atop an arena that malloc gives back */
 
 int rt_init(const rt_config_t *cfg_in)
 {
@@ -695,11 +694,6 @@ int rt_init(const rt_config_t *cfg_in)
        and the next buffers of that size land in its arenas, where the holes they leave
        between longer-lived allocations stay resident. */
     mallopt(M_MMAP_THRESHOLD, RT_MMAP_THRESHOLD);
-    /* glibc gives back the free top of an arena past 128 KiB at once, an madvise that shoots
-       down the TLB on every core; a binary malloc'ed on one scheduler and freed on another
-       moved an arena's top across that line thousands of times a second (22% of rtd's CPU
-       in fan-in at 1 KB). The trimmer's malloc_trim gives the rest back once rtd is quiet. */
-    mallopt(M_TRIM_THRESHOLD, RT_TRIM_THRESHOLD);
     rt_heap_config_t hc = {.min_heap = cfg.min_heap ? cfg.min_heap : RT_HEAP_MIN_HEAP_DEFAULT,
                            .gc_factor = cfg.gc_factor ? cfg.gc_factor : RT_HEAP_GC_FACTOR_DEFAULT};
     rt_heap_configure(&hc);
