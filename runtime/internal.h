@@ -313,6 +313,7 @@ typedef struct rt_runtime_s {
     size_t by_fd_len;             /* the hard limit on descriptors at start */
     atomic_size_t sock_bytes;     /* socket structs and output buffers (malloc; those the
                                      schedulers cache included), for rtctl vm */
+    atomic_size_t sock_cached_bytes; /* ... of which cached by schedulers, free for reuse */
     _Alignas(RT_CACHE_LINE) atomic_bool poller_taken;
 
     atomic_uint_fast64_t spawned, exited, alive, dead_letters;

@@ -296,7 +296,10 @@ void rt__admin_memory_kinds_read(rt_admin_kinds_t *k)
     KIND("runtime: tables", rm.tables_resident, false, "pid, timer and fd tables, arena map");
     KIND("runtime: message envelopes", rm.envelopes_in_use + rm.envelopes_free, true,
          "queued, in hand, or free in the pools");
-    KIND("runtime: sockets", rm.sockets, true, "socket structs and unsent output");
+    KIND("runtime: sockets", rm.sockets - rm.sockets_cached, true,
+         "socket structs and unsent output");
+    KIND("runtime: socket buffers, free", rm.sockets_cached, true,
+         "drained output buffers the schedulers keep for the next write");
     KIND("transports", rt_xport_total_memory(), true,
          "TLS, WebSocket and PROXY states of connections, outside OpenSSL");
     KIND("runtime: schedulers", rm.schedulers, true, "scheduler structs and read buffers");

@@ -218,7 +218,7 @@ const MEM_GROUPS = [
     "what actors hold outside their heaps and are charged for: Lua states, SQLite, libbson, buffers"],
   ["binaries", (k) => k === "binaries", "message payloads, each counted once"],
   ["runtime", (k) => k.startsWith("runtime: ") || k === "transports",
-    "free slab and heap-chunk memory, tables, message envelopes, sockets, schedulers, TLS states"],
+    "free slab, heap-chunk and socket-buffer memory, tables, message envelopes, sockets, schedulers, TLS states"],
   ["broker and rules", (k) => k.startsWith("broker: ") || k.startsWith("rules: "),
     "topic trie, retained index, rule sets, Lua states no worker holds"],
   ["libraries, no actor", (k) => k.startsWith("sqlite: ") || k.startsWith("libbson: "),
