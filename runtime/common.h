@@ -47,11 +47,16 @@ typedef struct {
     } s[RT_STRIPES];
 } rt_striped_t;
 
-unsigned rt__stripe_of_thread(void);
+/*
+** The calling thread's number, handed out 0, 1, 2... on each thread's first call: for
+** spreading threads over stripes, shards and lock slots in turn (taken modulo their count).
+*/
+unsigned rt_thread_ordinal(void);
 
 static inline void rt_striped_add(rt_striped_t *c, int64_t delta)
 {
-    atomic_fetch_add_explicit(&c->s[rt__stripe_of_thread()].v, delta, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->s[rt_thread_ordinal() % RT_STRIPES].v, delta,
+                              memory_order_relaxed);
 }
 
 /* The sum; at most as stale as each stripe's last change. */

@@ -9,18 +9,6 @@ const uint64_t rt_hist_bounds_ns[RT_HIST_BOUNDS] = {
     250000000, 500000000, 1000000000, 2500000000, 5000000000, 10000000000,
 };
 
-/* The shard of this thread: taken at its first record, shards handed out in turn. */
-static atomic_uint next_shard;
-static _Thread_local unsigned my_shard = UINT32_MAX;
-
-static unsigned thread_shard(void)
-{
-    if (RT_UNLIKELY(my_shard == UINT32_MAX))
-        my_shard =
-            atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) & (RT_HIST_SHARDS - 1);
-    return my_shard;
-}
-
 /* The first bucket whose bound is at least ns (RT_HIST_BOUNDS: over the last bound). */
 static unsigned bucket_of(uint64_t ns)
 {
@@ -37,7 +25,7 @@ static unsigned bucket_of(uint64_t ns)
 
 void rt_hist_record(rt_hist_t *h, uint64_t ns)
 {
-    rt_hist_shard_t *s = &h->shard[thread_shard()];
+    rt_hist_shard_t *s = &h->shard[rt_thread_ordinal() % RT_HIST_SHARDS]; /* threads in turn */
     atomic_fetch_add_explicit(&s->n[bucket_of(ns)], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->sum_ns, ns, memory_order_relaxed);
 }

@@ -79,6 +79,13 @@ void rt__sock_out_trim(void);
 void rt__msg_pool_destroy(void);
 /* Gives the calling thread's cached envelopes and every one in the depot back to malloc. */
 void rt__msg_trim(void);
+#define RT_BIN_STEP 64        /* bytes between the binaries' pool classes (heap.c) */
+#define RT_BIN_DEPOT_MAX 8    /* batches of free binaries the pool's depot keeps per class */
+#define RT_BIN_BATCH 32       /* free binaries moved between a thread and the depot at once */
+#define RT_BIN_CACHE_HIGH 128 /* free binaries a thread keeps per class */
+/* Gives the calling thread's pooled free binaries and the shared ones back to malloc. */
+void rt__bin_pool_trim(void);
+size_t rt__bin_pool_free_bytes(void); /* pooled binaries no one holds */
 /* Bytes of envelopes handed out, and malloc'd for the pool in all (handed out or free). */
 void rt__msg_pool_stats(size_t *in_use, size_t *held);
 

@@ -14,20 +14,8 @@
 #define RT_MSG_STEP 64      /* bytes between envelope classes; the smallest is one step */
 #define RT_MSG_DEPOT_MAX 32 /* batches kept per class */
 
-static void *carve(rt_pool_t *p, size_t size)
-{
-    (void)p;
-    return malloc(size);
-}
-
-static rt_pool_t envelopes = {
-    .id = 0,
-    .step = RT_MSG_STEP,
-    .depot_max = RT_MSG_DEPOT_MAX,
-    .carve = carve,
-    .release = free,
-    .lock = PTHREAD_MUTEX_INITIALIZER,
-};
+static rt_pool_t envelopes =
+    RT_POOL_OF_MALLOC(0, RT_MSG_STEP, RT_MSG_DEPOT_MAX, 256, RT_POOL_CACHE_HIGH);
 
 rt_msg_t *rt_msg_new(uint32_t tag, size_t len)
 {
@@ -121,15 +109,5 @@ void rt__msg_pool_destroy(void)
 
 void rt__msg_trim(void)
 {
-    rt__pool_flush_thread(&envelopes);
-    for (int k = 1; k < RT_POOL_CLASSES; k++) {
-        void *o = rt__pool_take_depot(&envelopes, k);
-        while (o) {
-            void *next = *(void **)o;
-            free(o);
-            atomic_fetch_sub_explicit(&envelopes.bytes_held, (size_t)k * RT_MSG_STEP,
-                                      memory_order_relaxed);
-            o = next;
-        }
-    }
+    rt__pool_trim(&envelopes);
 }

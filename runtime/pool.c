@@ -8,9 +8,6 @@
 #include "common.h"
 #include "pool.h"
 
-#define RT_POOL_CACHE_HIGH 1024 /* objects a thread keeps per class before giving back */
-#define RT_POOL_BATCH 256       /* objects moved between a thread and the depot at once */
-
 typedef struct {
     void *free[RT_POOL_CLASSES];
     uint32_t count[RT_POOL_CLASSES];
@@ -38,6 +35,26 @@ static inline void **batch_next(void *first)
     return (void **)first + 1;
 }
 
+/*
+** A batch's length, in word 2 of its first object: a thread taking the batch learns it
+** without walking the list, whose objects were last written on other cores (that walk
+** was a third of the pool's cost in fan-in at 1 KB).
+*/
+static inline uintptr_t *batch_len(void *first)
+{
+    return (uintptr_t *)first + 2;
+}
+
+/* Puts a list of n objects of class k on the depot; the caller holds the lock. */
+static void depot_push(rt_pool_t *p, int k, void *first, uint32_t n)
+{
+    RT_ASSERT(first && n >= 1 && n <= RT_POOL_CACHE_HIGH);
+    *batch_next(first) = p->depot[k];
+    *batch_len(first) = n;
+    p->depot[k] = first;
+    p->depot_batches[k]++;
+}
+
 /* Releases the objects of class k on list o. */
 static void release_list(rt_pool_t *p, void *o, int k)
 {
@@ -60,6 +77,7 @@ static void flush(thread_cache_t *c)
         pthread_mutex_lock(&p->lock);
     for (int k = 1; k < RT_POOL_CLASSES; k++) {
         void *first = c->free[k];
+        uint32_t n = c->count[k];
         c->free[k] = NULL;
         c->count[k] = 0;
         if (!first)
@@ -70,9 +88,7 @@ static void flush(thread_cache_t *c)
             if (p->release)
                 release_list(p, first, k);
         } else {
-            *batch_next(first) = p->depot[k];
-            p->depot[k] = first;
-            p->depot_batches[k]++;
+            depot_push(p, k, first, n);
         }
     }
     if (!stale)
@@ -105,6 +121,7 @@ static thread_cache_t *cache_of(rt_pool_t *p)
         thread_registered = true;
     }
     if (RT_UNLIKELY(c->pool != p)) {
+        RT_ASSERT(p->batch >= 1 && p->batch < p->cache_high && p->cache_high <= RT_POOL_CACHE_HIGH);
         c->pool = p;
         c->gen = atomic_load(&p->gen);
     }
@@ -126,9 +143,7 @@ static void refill(rt_pool_t *p, thread_cache_t *c, int k)
     }
     pthread_mutex_unlock(&p->lock);
     if (b) {
-        uint32_t n = 0;
-        for (void *o = b; o; o = link_of(o))
-            n++;
+        uint32_t n = (uint32_t)*batch_len(b);
         /* A batch is at most a thread's whole list, which spill keeps to the high mark. */
         RT_ASSERT(n >= 1 && n <= RT_POOL_CACHE_HIGH);
         c->free[k] = b;
@@ -136,7 +151,7 @@ static void refill(rt_pool_t *p, thread_cache_t *c, int k)
         return;
     }
     size_t size = (size_t)k * p->step;
-    for (int i = 0; i < RT_POOL_BATCH; i++) {
+    for (unsigned i = 0; i < p->batch; i++) {
         void *o = p->carve(p, size);
         if (!o)
             break;
@@ -149,23 +164,26 @@ static void refill(rt_pool_t *p, thread_cache_t *c, int k)
 
 static void spill(rt_pool_t *p, thread_cache_t *c, int k)
 {
-    RT_ASSERT(c->count[k] > RT_POOL_BATCH); /* a batch goes and some stay */
+    RT_ASSERT(c->count[k] > p->batch); /* a batch goes and some stay */
     void *first = c->free[k], *last = first;
-    for (int i = 1; i < RT_POOL_BATCH; i++)
+    for (unsigned i = 1; i < p->batch; i++)
         last = link_of(last);
     c->free[k] = link_of(last);
-    c->count[k] -= RT_POOL_BATCH;
+    c->count[k] -= p->batch;
     set_link(last, NULL);
     pthread_mutex_lock(&p->lock);
     bool keep = !p->release || !p->depot_max || p->depot_batches[k] < p->depot_max;
-    if (keep) {
-        *batch_next(first) = p->depot[k];
-        p->depot[k] = first;
-        p->depot_batches[k]++;
-    }
+    if (keep)
+        depot_push(p, k, first, p->batch);
     pthread_mutex_unlock(&p->lock);
     if (!keep)
         release_list(p, first, k);
+}
+
+void *rt__pool_carve_malloc(rt_pool_t *p, size_t size)
+{
+    (void)p;
+    return malloc(size);
 }
 
 void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls)
@@ -187,6 +205,9 @@ void *rt__pool_alloc(rt_pool_t *p, size_t size, uint8_t *cls)
     c->free[k] = link_of(o);
     c->count[k]--;
     RT_ASSERT(RT_POOL_LIST_OK(c, k));
+    /* The next object is most often one another core freed: its line is on the way
+       by the next alloc of the class, which reads its link. */
+    __builtin_prefetch(c->free[k], 1);
     *cls = (uint8_t)k;
     rt_striped_add(&p->bytes_in_use, (int64_t)(k * p->step));
     return o;
@@ -203,14 +224,22 @@ void rt__pool_free(rt_pool_t *p, void *obj, uint8_t cls)
     rt_striped_add(&p->bytes_in_use, -(int64_t)(cls * p->step));
     set_link(obj, c->free[cls]);
     c->free[cls] = obj;
-    if (++c->count[cls] > RT_POOL_CACHE_HIGH)
+    if (++c->count[cls] > p->cache_high)
         spill(p, c, cls);
-    RT_ASSERT(RT_POOL_LIST_OK(c, cls) && c->count[cls] <= RT_POOL_CACHE_HIGH);
+    RT_ASSERT(RT_POOL_LIST_OK(c, cls) && c->count[cls] <= p->cache_high);
 }
 
 void rt__pool_flush_thread(rt_pool_t *p)
 {
     flush(cache_of(p));
+}
+
+void rt__pool_trim(rt_pool_t *p)
+{
+    RT_ASSERT(p->release); /* slab memory goes back by pages, not objects (slab.c) */
+    rt__pool_flush_thread(p);
+    for (int k = 1; k < RT_POOL_CLASSES; k++)
+        release_list(p, rt__pool_take_depot(p, k), k);
 }
 
 void *rt__pool_take_depot(rt_pool_t *p, int k)
@@ -235,14 +264,13 @@ void rt__pool_give_depot(rt_pool_t *p, int k, void *list)
 {
     while (list) {
         void *first = list, *last = list;
-        for (int i = 1; i < RT_POOL_BATCH && link_of(last); i++)
+        uint32_t n = 1;
+        for (; n < p->batch && link_of(last); n++)
             last = link_of(last);
         list = link_of(last);
         set_link(last, NULL);
         pthread_mutex_lock(&p->lock);
-        *batch_next(first) = p->depot[k];
-        p->depot[k] = first;
-        p->depot_batches[k]++;
+        depot_push(p, k, first, n);
         pthread_mutex_unlock(&p->lock);
     }
 }

@@ -623,6 +623,7 @@ typedef struct rt_mem_stats_s {
     size_t envelopes_free;   /* ... and kept free in the pools */
     size_t sockets;          /* socket structs and their buffered output (malloc) */
     size_t sockets_cached;   /* ... of which drained buffers the schedulers keep for reuse */
+    size_t binaries_free;    /* binaries' memory pooled for reuse (malloc), no one's payload */
     size_t schedulers;       /* the runtime's and the schedulers' structs and read buffers */
 } rt_mem_stats_t;
 

@@ -453,6 +453,7 @@ static void idle_trim(rt_sched_t *s)
         rt__slab_flush_thread();
         rt_heap_thread_flush();
         rt__msg_trim();
+        rt__bin_pool_trim();
         rt__sock_out_trim();
     }
     size_t chunks_mapped, chunks_out;
@@ -821,6 +822,7 @@ void rt_shutdown(void)
     pthread_mutex_destroy(&rt->idle_lock);
     pthread_cond_destroy(&rt->idle_cond);
     rt__msg_pool_destroy();
+    rt__bin_pool_trim();
     rt__slab_destroy();
     rt_heap_thread_flush();
     rt_heap_pool_trim();

@@ -103,6 +103,8 @@ static void *carve(rt_pool_t *p, size_t size)
 static rt_pool_t actors = {
     .id = 1,
     .step = RT_SLAB_STEP,
+    .batch = 256,
+    .cache_high = RT_POOL_CACHE_HIGH,
     .carve = carve,
     .release = NULL,
     .lock = PTHREAD_MUTEX_INITIALIZER,

@@ -144,5 +144,6 @@ void rt_mem_stats(rt_mem_stats_t *out)
     out->envelopes_free = held > out->envelopes_in_use ? held - out->envelopes_in_use : 0;
     out->sockets = atomic_load_explicit(&rt->sock_bytes, memory_order_relaxed);
     out->sockets_cached = atomic_load_explicit(&rt->sock_cached_bytes, memory_order_relaxed);
+    out->binaries_free = rt__bin_pool_free_bytes();
     out->schedulers = sizeof(*rt) + rt->nsched * (sizeof(rt_sched_t) + RT_SCRATCH_BYTES);
 }

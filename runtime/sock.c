@@ -148,20 +148,38 @@ static void out_release(rt_sock_out_t *o)
     free(o);
 }
 
-/* Gives back a buffer no socket points to any more: to this scheduler's cache if it fits. */
+/*
+** Gives back a buffer no socket points to any more: to this scheduler's cache if it fits.
+** A full cache keeps its largest buffers: a socket that outgrew the cached ones would
+** otherwise get each larger buffer from malloc and hand it back to malloc when it drains.
+*/
 static void out_free(rt_sock_out_t *o)
 {
     if (!o)
         return;
-    if (RT_SOCK_OUT_CACHING && rt__tls.sched && o->cap <= RT_SOCK_OUT_CACHE_CAP &&
-        out_cache.n < RT_SOCK_OUT_CACHED) {
-        RT_POISON(o->data, o->len);
-        out_cache.b[out_cache.n++] = o;
-        atomic_fetch_add_explicit(&rt__rt->sock_cached_bytes, sizeof(*o) + o->cap,
-                                  memory_order_relaxed);
+    if (!RT_SOCK_OUT_CACHING || !rt__tls.sched || o->cap > RT_SOCK_OUT_CACHE_CAP) {
+        out_release(o);
         return;
     }
-    out_release(o);
+    RT_POISON(o->data, o->len);
+    if (out_cache.n == RT_SOCK_OUT_CACHED) {
+        unsigned smallest = 0;
+        for (unsigned i = 1; i < out_cache.n; i++)
+            if (out_cache.b[i]->cap < out_cache.b[smallest]->cap)
+                smallest = i;
+        if (out_cache.b[smallest]->cap >= o->cap) {
+            out_release(o);
+            return;
+        }
+        rt_sock_out_t *evicted = out_cache.b[smallest];
+        out_cache.b[smallest] = out_cache.b[--out_cache.n];
+        atomic_fetch_sub_explicit(&rt__rt->sock_cached_bytes, sizeof(*evicted) + evicted->cap,
+                                  memory_order_relaxed);
+        out_release(evicted);
+    }
+    out_cache.b[out_cache.n++] = o;
+    atomic_fetch_add_explicit(&rt__rt->sock_cached_bytes, sizeof(*o) + o->cap,
+                              memory_order_relaxed);
 }
 
 /* A buffer of at least cap bytes: the largest this thread has cached if it is big enough. */
@@ -623,6 +641,14 @@ void *rt_sock_reserve(rt_sock_t *s, size_t len)
         return NULL;
     rt_sock_out_t *o = s->out;
     size_t live = o ? o->len - o->off : 0;
+    if (o && o->len + len > o->cap && live + len <= o->cap) {
+        /* What the kernel took left room at the front: the rest moves down in place. A
+           new buffer would cost the same copy, and past the cache's 1 MiB a malloc whose
+           pages fault in and a free that trims the arena (fan-in at 1 KB). */
+        memmove(o->data, o->data + o->off, live);
+        o->len = live;
+        o->off = 0;
+    }
     if (!o || o->len + len > o->cap) {
         size_t cap = o && o->cap ? o->cap : 4096;
         while (cap < live + len)

@@ -402,14 +402,14 @@ long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned f
     return (long)o;
 }
 
-static atomic_uint next_stripe;
-static _Thread_local unsigned my_stripe = UINT32_MAX;
+static atomic_uint next_ordinal;
+static _Thread_local unsigned my_ordinal = UINT32_MAX;
 
-unsigned rt__stripe_of_thread(void)
+unsigned rt_thread_ordinal(void)
 {
-    if (RT_UNLIKELY(my_stripe == UINT32_MAX))
-        my_stripe = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) % RT_STRIPES;
-    return my_stripe;
+    if (RT_UNLIKELY(my_ordinal == UINT32_MAX))
+        my_ordinal = atomic_fetch_add_explicit(&next_ordinal, 1, memory_order_relaxed);
+    return my_ordinal;
 }
 
 int64_t rt_striped_sum(const rt_striped_t *c)

@@ -289,6 +289,7 @@ void rt__admin_memory_kinds_read(rt_admin_kinds_t *k)
         chunks += t->heap - t->heap_malloc;
     }
     KIND("binaries", bins, true, "shared payloads, each counted once");
+    KIND("binaries, free", rm.binaries_free, true, "pooled for the next payloads");
     KIND("runtime: actor slab, free", (int64_t)rm.slab_resident - (int64_t)state, false,
          "resident slab memory no actor struct holds");
     KIND("runtime: heap chunks, free", (int64_t)rm.chunks_resident - (int64_t)chunks, false,

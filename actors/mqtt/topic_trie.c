@@ -26,16 +26,10 @@ typedef struct {
     ttable_t t; /* guarded by all slots: readers hold one, writers all */
 } __attribute__((aligned(64))) shard_t;
 
-/* The calling thread's read slot, assigned round robin on first use. */
-static atomic_uint next_slot;
-static _Thread_local unsigned my_slot = UINT32_MAX;
-
 static pthread_rwlock_t *read_lock(shard_t *s)
 {
-    if (my_slot == UINT32_MAX)
-        my_slot =
-            atomic_fetch_add_explicit(&next_slot, 1, memory_order_relaxed) % RT_TRIE_READ_SLOTS;
-    pthread_rwlock_t *l = &s->slots[my_slot].lock;
+    /* The calling thread's read slot: threads take them in turn. */
+    pthread_rwlock_t *l = &s->slots[rt_thread_ordinal() % RT_TRIE_READ_SLOTS].lock;
     rt__tt_lock_free();
     pthread_rwlock_rdlock(l);
     rt__tt_read_begin(&s->t);

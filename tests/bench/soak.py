@@ -55,7 +55,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # rtd's `vm` kinds of memory held freed for reuse: left out of the "net" RSS growth.
 FREE_KINDS = ("malloc: free", "runtime: actor slab, free", "runtime: heap chunks, free",
-              "runtime: socket buffers, free")
+              "runtime: socket buffers, free", "binaries, free")
 
 # ---- MQTT 5 encoding, only what the soak sends ----
 

@@ -216,7 +216,7 @@ const MEM_GROUPS = [
     "every actor's struct, state and heap (by type: Actors tab, `rtctl vm`)"],
   ["actors: charged", null,
     "what actors hold outside their heaps and are charged for: Lua states, SQLite, libbson, buffers"],
-  ["binaries", (k) => k === "binaries", "message payloads, each counted once"],
+  ["binaries", (k) => k.startsWith("binaries"), "message payloads, each counted once, and the free memory pooled for the next"],
   ["runtime", (k) => k.startsWith("runtime: ") || k === "transports",
     "free slab, heap-chunk and socket-buffer memory, tables, message envelopes, sockets, schedulers, TLS states"],
   ["broker and rules", (k) => k.startsWith("broker: ") || k.startsWith("rules: "),
