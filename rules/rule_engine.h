@@ -204,6 +204,8 @@ typedef struct rt_rule_event_s {
 /* Whether some enabled rule takes events of this kind (one atomic load): lets a caller skip
    building the origin and event at all. */
 bool rt_rules_wants_event(rt_rule_event_kind_t kind);
+/* The same for published messages (rt_rules_publish). */
+bool rt_rules_wants_publish(void);
 /* Returns 0 when no enabled rule takes this event (no allocation), 1 when handed over. */
 int rt_rules_event(const rt_rule_origin_t *o, const rt_rule_event_t *e);
 

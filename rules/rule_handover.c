@@ -141,7 +141,7 @@ int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ac
 {
     if (promised)
         *promised = false;
-    if (!(atomic_load_explicit(&rt__rules.wants, memory_order_relaxed) & 1u))
+    if (!rt_rules_wants_publish())
         return 0;
     rt_rule_set_t *s = rt__rules_lock_current();
     if (!s)
@@ -171,6 +171,11 @@ int rt_rules_publish(const rt_rule_origin_t *o, rt_bin_t *canonical, rt_pid_t ac
     if (promised)
         *promised = durable;
     return 1;
+}
+
+bool rt_rules_wants_publish(void)
+{
+    return atomic_load_explicit(&rt__rules.wants, memory_order_relaxed) & 1u;
 }
 
 bool rt_rules_wants_event(rt_rule_event_kind_t kind)

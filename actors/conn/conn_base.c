@@ -44,6 +44,20 @@ rt_rule_origin_t rt__conn_rule_origin(rt_actor_t *self, conn_t *c)
                               .ts_ms = rt_wall_ms()};
 }
 
+int rt__conn_rules_publish(rt_actor_t *self, conn_t *c, rt_bin_t *bin, rt_pid_t ack_pid,
+                           uint64_t ack_token, bool *promised)
+{
+    /* Without a publish rule no origin is built: its clock read was ~1% of a 16 B fan-in's
+       CPU, and its peer text would cost every publisher's heap its bytes. */
+    if (!rt_rules_wants_publish()) {
+        if (promised)
+            *promised = false;
+        return 0;
+    }
+    rt_rule_origin_t o = rt__conn_rule_origin(self, c);
+    return rt_rules_publish(&o, bin, ack_pid, ack_token, promised);
+}
+
 void rt__conn_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind, const char *topic,
                          int qos, int reason_code, const char *reason, rt_bin_t *canonical)
 {
@@ -257,8 +271,7 @@ void rt__conn_publish_will(rt_actor_t *self, conn_t *c)
     if (rt_acl_permit(c->username, c->client_id, (const char *)w.topic.p, w.topic.len,
                       RT_ACL_WRITE)) {
         rt_broker_route(rt_self(self), will);
-        rt_rule_origin_t o = rt__conn_rule_origin(self, c);
-        rt_rules_publish(&o, will, 0, 0, NULL);
+        rt__conn_rules_publish(self, c, will, 0, 0, NULL);
     } else {
         rt__conn_acl_denied(self, c, RT_CONN_DENIED_WILL, w.topic.p, w.topic.len);
     }

@@ -257,6 +257,9 @@ void rt__conn_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind,
                          int qos, int reason_code, const char *reason, rt_bin_t *canonical);
 /* The client as rules see it (for a message it publishes or an event about it). */
 rt_rule_origin_t rt__conn_rule_origin(rt_actor_t *self, conn_t *c);
+/* rt_rules_publish with this connection as the origin, built only if a rule will read it. */
+int rt__conn_rules_publish(rt_actor_t *self, conn_t *c, rt_bin_t *bin, rt_pid_t ack_pid,
+                           uint64_t ack_token, bool *promised);
 /* An address as text, IPv4 without its v4-mapped prefix ("?" if it cannot be written). */
 /* The connection's alias tables, made on first use; NULL when out of memory. */
 conn_aliases_t *rt__conn_aliases_get_or_make(rt_actor_t *self, conn_t *c);

@@ -296,9 +296,8 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     else if (n == 0 && c->version == MQTT_V5 && !rt_cluster_on())
         *reason = MQTT_RC_NO_MATCHING_SUBSCRIBERS;
     rt__conn_routed_this_event += n > 0 ? (uint32_t)n : 1;
-    rt_rule_origin_t o = rt__conn_rule_origin(self, c);
     bool promised;
-    rt_rules_publish(&o, bin, track ? rt_self(self) : 0, token, &promised);
+    rt__conn_rules_publish(self, c, bin, track ? rt_self(self) : 0, token, &promised);
     if (promised)
         (*waits)++; /* a durable rule: the ack waits for its rows to be committed */
     rt_bin_release(bin);
