@@ -943,14 +943,9 @@ static size_t bin_bytes(const rt_bin_t *b)
 ** (fan-in at 1 KB). The pool's lists move between threads in batches instead. Its class
 ** follows from the binary's size, so nothing is stored. Its batches are small (32, a
 ** thread keeping at most 128 a class): sizes vary, and every class a thread touches holds
-** a batch or more (with the envelopes' 256, a soak of mixed sizes kept 5.8 MB free). Under
-** ASan every binary goes back to malloc, so a stale pointer into one is still caught.
+** a batch or more (with the envelopes' 256, a soak of mixed sizes kept 5.8 MB free). Off
+** under ASan (RT_REUSE_FREED).
 */
-#if defined(RT_SANITIZED) && !defined(RT_TSAN)
-#define RT_BIN_POOLING 0
-#else
-#define RT_BIN_POOLING 1
-#endif
 
 static rt_pool_t bin_pool =
     RT_POOL_OF_MALLOC(2, RT_BIN_STEP, RT_BIN_DEPOT_MAX, RT_BIN_BATCH, RT_BIN_CACHE_HIGH);
@@ -963,7 +958,7 @@ static uint8_t bin_class(size_t size)
 
 static void *bin_block_alloc(size_t size)
 {
-    if (!RT_BIN_POOLING)
+    if (!RT_REUSE_FREED)
         return malloc(size);
     uint8_t cls;
     void *p = rt__pool_alloc(&bin_pool, size, &cls);
@@ -973,7 +968,7 @@ static void *bin_block_alloc(size_t size)
 
 static void bin_block_free(void *p, size_t size)
 {
-    if (!RT_BIN_POOLING) {
+    if (!RT_REUSE_FREED) {
         free(p);
         return;
     }
@@ -982,7 +977,7 @@ static void bin_block_free(void *p, size_t size)
 
 void rt__bin_pool_trim(void)
 {
-    if (RT_BIN_POOLING)
+    if (RT_REUSE_FREED)
         rt__pool_trim(&bin_pool);
 }
 

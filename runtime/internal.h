@@ -79,6 +79,16 @@ void rt__sock_out_trim(void);
 void rt__msg_pool_destroy(void);
 /* Gives the calling thread's cached envelopes and every one in the depot back to malloc. */
 void rt__msg_trim(void);
+/*
+** Whether freed memory is kept for reuse (the binaries' pool, the schedulers' output
+** buffers): not under ASan, where every block goes back to malloc so that a stale pointer
+** into one is still caught.
+*/
+#if defined(RT_SANITIZED) && !defined(RT_TSAN)
+#define RT_REUSE_FREED 0
+#else
+#define RT_REUSE_FREED 1
+#endif
 #define RT_BIN_STEP 64        /* bytes between the binaries' pool classes (heap.c) */
 #define RT_BIN_DEPOT_MAX 8    /* batches of free binaries the pool's depot keeps per class */
 #define RT_BIN_BATCH 32       /* free binaries moved between a thread and the depot at once */

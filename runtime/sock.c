@@ -129,17 +129,22 @@ static void sock_reclaim(rt_retired_t *r)
 */
 #define RT_SOCK_OUT_CACHED 4
 #define RT_SOCK_OUT_CACHE_CAP (1u << 20)
-/* Under ASan every buffer goes back to malloc, so a stale pointer into one is still caught. */
-#if defined(RT_SANITIZED) && !defined(RT_TSAN)
-#define RT_SOCK_OUT_CACHING 0
-#else
-#define RT_SOCK_OUT_CACHING 1
-#endif
 
 static _Thread_local struct {
     rt_sock_out_t *b[RT_SOCK_OUT_CACHED];
     unsigned n;
 } out_cache;
+
+/* Takes entry i out of this thread's cache (the last entry fills its place). */
+static rt_sock_out_t *cache_take(unsigned i)
+{
+    RT_ASSERT(i < out_cache.n);
+    rt_sock_out_t *o = out_cache.b[i];
+    out_cache.b[i] = out_cache.b[--out_cache.n];
+    atomic_fetch_sub_explicit(&rt__rt->sock_cached_bytes, sizeof(*o) + o->cap,
+                              memory_order_relaxed);
+    return o;
+}
 
 /* Gives an output buffer back to malloc, taking it off the sockets' byte count. */
 static void out_release(rt_sock_out_t *o)
@@ -157,7 +162,7 @@ static void out_free(rt_sock_out_t *o)
 {
     if (!o)
         return;
-    if (!RT_SOCK_OUT_CACHING || !rt__tls.sched || o->cap > RT_SOCK_OUT_CACHE_CAP) {
+    if (!RT_REUSE_FREED || !rt__tls.sched || o->cap > RT_SOCK_OUT_CACHE_CAP) {
         out_release(o);
         return;
     }
@@ -171,11 +176,7 @@ static void out_free(rt_sock_out_t *o)
             out_release(o);
             return;
         }
-        rt_sock_out_t *evicted = out_cache.b[smallest];
-        out_cache.b[smallest] = out_cache.b[--out_cache.n];
-        atomic_fetch_sub_explicit(&rt__rt->sock_cached_bytes, sizeof(*evicted) + evicted->cap,
-                                  memory_order_relaxed);
-        out_release(evicted);
+        out_release(cache_take(smallest));
     }
     out_cache.b[out_cache.n++] = o;
     atomic_fetch_add_explicit(&rt__rt->sock_cached_bytes, sizeof(*o) + o->cap,
@@ -191,12 +192,8 @@ static rt_sock_out_t *out_alloc(size_t cap)
             (best == out_cache.n || out_cache.b[i]->cap > out_cache.b[best]->cap))
             best = i;
     if (best < out_cache.n) {
-        rt_sock_out_t *o = out_cache.b[best];
-        out_cache.b[best] = out_cache.b[--out_cache.n];
         RT_ASSERT(rt__tls.sched); /* only schedulers cache */
-        atomic_fetch_sub_explicit(&rt__rt->sock_cached_bytes, sizeof(*o) + o->cap,
-                                  memory_order_relaxed);
-        return o;
+        return cache_take(best);
     }
     rt_sock_out_t *o = malloc(sizeof(*o) + cap);
     if (!o)
@@ -208,12 +205,8 @@ static rt_sock_out_t *out_alloc(size_t cap)
 
 void rt__sock_out_trim(void)
 {
-    while (out_cache.n) {
-        rt_sock_out_t *o = out_cache.b[--out_cache.n];
-        atomic_fetch_sub_explicit(&rt__rt->sock_cached_bytes, sizeof(*o) + o->cap,
-                                  memory_order_relaxed);
-        out_release(o);
-    }
+    while (out_cache.n)
+        out_release(cache_take(out_cache.n - 1));
 }
 
 /* Frees a closed, unlinked socket once no poller can still be looking at it. */
