@@ -514,6 +514,12 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
 */
 static void on_connect_timeout(rt_actor_t *self, conn_t *c)
 {
+    c->accept_tick_pending = 0;
+    if (c->keepalive_rides_accept_tick) {
+        c->keepalive_rides_accept_tick = 0;
+        on_keepalive(self, c);
+        return;
+    }
     if (!c->sock || c->closing || c->version || c->verifying || c->client_id)
         return;
     rt__conn_log_timeout(c, rt_broker->conf.connect_timeout);
@@ -537,6 +543,7 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     rt__broker_count_socket(c->listener, +1);
     c->max_packet = (uint32_t)RT_LIVE(max_packet_size);
     c->preauth = 1;
+    c->accept_tick_pending = 1;
     rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
                       RT_CONN_MSG_CONNECT_TIMEOUT, NULL);
     return 0;

@@ -377,7 +377,14 @@ void rt__conn_arm_keepalive(rt_actor_t *self, conn_t *c)
     if (!c->keepalive || c->keepalive_armed)
         return;
     c->keepalive_armed = 1;
-    /* Checked at half the keepalive, closed past 1.5x (MQTT 3.1.2.10). */
+    /* Checked at half the keepalive, closed past 1.5x (MQTT 3.1.2.10). The accept's
+       connect_timeout timer fires within connect_timeout from now: when that is soon
+       enough, it makes the first check, and an idle connection holds one timer, not two. */
+    if (c->accept_tick_pending &&
+        (uint64_t)c->keepalive * 500 >= (uint64_t)rt_broker->conf.connect_timeout * 1000) {
+        c->keepalive_rides_accept_tick = 1;
+        return;
+    }
     rt_send_after_tag((uint64_t)c->keepalive * 500, rt_self(self), RT_CONN_MSG_KEEPALIVE, NULL);
 }
 

@@ -151,7 +151,11 @@ struct conn_s {
     uint32_t nsubs, capsubs;
     uint32_t session_expiry;  /* seconds the session outlives its connection; 0: ends with it */
     uint32_t will_delay;      /* seconds: min(will delay, session expiry), MQTT 5 3.1.3.2.2 */
-    uint32_t peer_max_packet; /* the client's Maximum Packet Size (MQTT 5), 0: none */
+    uint32_t peer_max_packet : 29;            /* the client's Maximum Packet Size (MQTT 5), 0: none;
+                                                 held as at most 2^29 - 1, past MQTT's largest packet */
+    uint32_t accept_tick_pending : 1;         /* conn_init's connect_timeout timer has not fired */
+    uint32_t keepalive_rides_accept_tick : 1; /* the keepalive's next check is that timer's:
+                                                 one timer per connection, not two */
     uint32_t dropped;         /* messages not delivered: too large for the client, or queue full */
     uint32_t max_packet : 28; /* max_packet_size when the socket came: what CONNACK tells, kept
                                  for the connection's life though the limit may change (it is

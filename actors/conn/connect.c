@@ -419,8 +419,12 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     }
     c->recv_max = 65535;
     if (c->version == MQTT_V5) {
-        if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE))
-            c->peer_max_packet = pk->props.maximum_packet_size;
+        if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_MAXIMUM_PACKET_SIZE)) {
+            /* Past 2^29 - 1 it limits nothing: MQTT's largest packet is smaller. */
+            uint32_t most = (1u << 29) - 1;
+            c->peer_max_packet =
+                pk->props.maximum_packet_size < most ? pk->props.maximum_packet_size : most;
+        }
         if (pk->props.present & MQTT_PROP_BIT(MQTT_PROP_RECEIVE_MAXIMUM))
             c->recv_max = pk->props.receive_maximum;
         long most = rt_broker->conf.max_topic_alias;

@@ -2,6 +2,7 @@
 and 5) and raw sockets for malformed input. Each test starts its own rtd on a free loopback
 port and stops it by the PID it started.
 """
+import json
 import os
 import queue
 import socket
@@ -14,7 +15,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 import pytest
 
-from conftest import BUILD, ROOT, RTD, Rtd, client, subscribe, wait_for
+from conftest import BUILD, ROOT, RTD, Rtd, client, rtctl, subscribe, wait_for
 
 
 @pytest.mark.parametrize("protocol", [mqtt.MQTTv311, mqtt.MQTTv5])
@@ -165,6 +166,55 @@ def test_keepalive_enforced(rtd):
     assert closed_by_peer(s, timeout=5)
     elapsed = time.time() - t0
     assert 1.0 <= elapsed <= 3.5, elapsed  # 1.5 x keepalive, checked every keepalive/2
+
+
+def pinged(s):
+    """A PINGRESP back: the connection's actor has finished every packet sent before."""
+    s.sendall(b"\xc0\x00")
+    assert s.recv(2) == b"\xd0\x00"
+
+
+def timers_pending(broker):
+    code, out, err = rtctl("vm", socket_path=broker.admin_socket, json=True)
+    assert code == 0, err
+    return json.loads(out)["actors"]["timers_pending"]
+
+
+def test_idle_connection_holds_one_timer():
+    """Its connect_timeout timer makes the first keepalive check when that is soon enough
+    (keepalive / 2 >= connect_timeout): an idle connection holds one timer (32 bytes in its
+    scheduler's heap), not two; a short keepalive gets its own, as the check cannot wait."""
+    broker = Rtd("connect_timeout=5")
+    try:
+        base = timers_pending(broker)
+        long_ka = [raw_connect(broker.port, b"long%d" % i, keepalive=10) for i in range(20)]
+        for s in long_ka:
+            pinged(s)
+        assert timers_pending(broker) == base + 20
+        short_ka = raw_connect(broker.port, b"short", keepalive=9)
+        pinged(short_ka)
+        assert timers_pending(broker) == base + 22
+        for s in long_ka + [short_ka]:
+            s.close()
+    finally:
+        code, log = broker.stop()
+        assert code == 0, log
+
+
+def test_keepalive_riding_the_connect_timer_is_enforced():
+    """keepalive 2 s, connect_timeout 1 s: the first check is the connect_timeout timer's, the
+    later ones the connection's own; a silent client is closed past 1.5 x its keepalive and
+    not before, as with a timer of its own from the start."""
+    broker = Rtd("connect_timeout=1")
+    try:
+        t0 = time.monotonic()  # before the CONNECT: the client's silence starts after it
+        s = raw_connect(broker.port, b"sleepy-long", keepalive=2)
+        assert closed_by_peer(s, timeout=10)
+        assert time.monotonic() - t0 > 3.0  # 1.5 x keepalive
+        s.close()
+    finally:
+        code, log = broker.stop()
+        assert code == 0, log
 
 
 def test_sigterm_sends_v5_disconnect_and_exits_cleanly():
