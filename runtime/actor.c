@@ -975,6 +975,15 @@ uint64_t rt_turn_us(const rt_actor_t *self)
     return rt__ticks_to_ns(rt__ticks() - rt__tls.turn_start) / 1000;
 }
 
+uint64_t rt_turn_mono_ns(uint64_t not_before)
+{
+    if (!rt__tls.current)
+        return rt_mono_ns();
+    if (rt__tls.turn_mono_ns < not_before || !rt__tls.turn_mono_ns)
+        rt__tls.turn_mono_ns = rt_mono_ns();
+    return rt__tls.turn_mono_ns;
+}
+
 /* ---- Turns ---- */
 
 static void deliver(rt_actor_t *a, rt_msg_t *m)
@@ -1034,6 +1043,7 @@ uint64_t rt__run_turn(rt_actor_t *a, unsigned batch, uint64_t start)
     RT_ASSERT(mbox_well_formed(a));
     rt__tls.current = a;
     rt__tls.turn_start = start;
+    rt__tls.turn_mono_ns = 0;
     atomic_store_explicit(&a->status, RT_STATUS_RUNNING, memory_order_relaxed);
     unsigned n = 0;
     if (atomic_load_explicit(&a->sigs, memory_order_relaxed))

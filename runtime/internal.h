@@ -64,6 +64,7 @@ typedef struct rt_tls_s {
     rt_ebr_thread_t *ebr;   /* NULL for threads outside the runtime */
     rt_actor_t *current;    /* actor in a callback, or NULL */
     uint64_t turn_start;    /* ticks when the current actor's turn began (rt_turn_us) */
+    uint64_t turn_mono_ns;  /* rt_turn_mono_ns's reading this turn, 0: none yet */
 } rt_tls_t;
 
 extern _Thread_local rt_tls_t rt__tls;

@@ -536,6 +536,12 @@ int rt_thread_at_exit(void (*fini)(void *obj), void *obj);
 uint64_t rt_mono_ns(void); /* CLOCK_MONOTONIC: intervals, deadlines, timers */
 uint64_t rt_mono_ms(void);
 uint64_t rt_wall_ms(void); /* CLOCK_REALTIME, unix ms: what logs, records and clients see */
+/*
+** CLOCK_MONOTONIC read once per actor turn, and again when that reading is older than
+** not_before (a time read since, on another thread): for records of work one turn finishes
+** together, such as copies its sockets send at its end. Outside a turn, rt_mono_ns.
+*/
+uint64_t rt_turn_mono_ns(uint64_t not_before);
 
 /* ---- Growable arrays and byte buffers ----
 ** rt_grow makes room for need elements of elem bytes in *arr (a T **), doubling its

@@ -184,7 +184,7 @@ void rt_message_copy_written(const rt_bin_t *bin)
 {
     uint64_t ns;
     memcpy(&ns, index_at(bin) + offsetof(message_index_t, read_ns), sizeof(ns));
-    rt_hist_record(&delivery_hist, rt_mono_ns() - ns);
+    rt_hist_record(&delivery_hist, rt_turn_mono_ns(ns) - ns);
 }
 
 size_t rt_message_encode(const rt_message_t *m, const rt_message_out_t *o, uint8_t *buf, size_t cap)

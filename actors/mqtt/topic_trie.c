@@ -24,6 +24,7 @@ typedef struct {
 typedef struct {
     slot_t slots[RT_TRIE_READ_SLOTS];
     ttable_t t; /* guarded by all slots: readers hold one, writers all */
+    atomic_bool vacant; /* t has no nodes, as its last writer left it (match_shard_locked) */
 } __attribute__((aligned(64))) shard_t;
 
 static pthread_rwlock_t *read_lock(shard_t *s)
@@ -53,6 +54,7 @@ static void write_lock(shard_t *s)
 
 static void write_unlock(shard_t *s)
 {
+    atomic_store_explicit(&s->vacant, s->t.count == 0, memory_order_release);
     rt__tt_write_end(&s->t);
     for (int i = RT_TRIE_READ_SLOTS - 1; i >= 0; i--)
         pthread_rwlock_unlock(&s->slots[i].lock);
@@ -299,6 +301,7 @@ int rt_trie_new(rt_trie_t **out)
     for (int i = 0; i <= RT_TRIE_SHARDS; i++) {
         for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
             pthread_rwlock_init(&t->shards[i].slots[k].lock, &a);
+        atomic_init(&t->shards[i].vacant, true);
         if (rt__tt_init(&t->shards[i].t, &trie_kind, &t->bytes, &t->nodes) != 0) {
             for (int j = 0; j <= i; j++)
                 for (int k = 0; k < RT_TRIE_READ_SLOTS; k++)
@@ -612,6 +615,22 @@ static int match_shard(rt_trie_scratch_t *s, const ttable_t *t, const char *topi
     return 0;
 }
 
+/*
+** match_shard under sh's read lock; a vacant shard is skipped without it (the wildcard shard,
+** which every match visits, is empty on most brokers). A subscription whose write ended before
+** this match began has cleared vacant.
+*/
+static int match_shard_locked(rt_trie_scratch_t *s, shard_t *sh, const char *topic, size_t len,
+                              rt_pid_t publisher, rt_trie_alive_fn alive, void *arg, int *nodes_hit)
+{
+    if (atomic_load_explicit(&sh->vacant, memory_order_acquire))
+        return 0;
+    pthread_rwlock_t *l = read_lock(sh);
+    int rc = match_shard(s, &sh->t, topic, len, publisher, alive, arg, nodes_hit);
+    read_unlock(sh, l);
+    return rc;
+}
+
 static int cmp_hit(const void *a, const void *b)
 {
     const trie_sub_t *x = a, *y = b;
@@ -633,21 +652,14 @@ int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publishe
     s->nshared = 0;
     int nodes_hit = 0, rc;
 
-    shard_t *sh = shard_for(t, topic, len, 0);
-    pthread_rwlock_t *l = read_lock(sh);
-    rc = match_shard(s, &sh->t, topic, len, publisher, alive, arg, &nodes_hit);
-    read_unlock(sh, l);
+    rc = match_shard_locked(s, shard_for(t, topic, len, 0), topic, len, publisher, alive, arg,
+                            &nodes_hit);
+    /* §4.7.2: filters starting with a wildcard never match topics starting with '$'. */
+    if (rc == 0 && topic[0] != '$')
+        rc = match_shard_locked(s, &t->shards[WILD_SHARD], topic, len, publisher, alive, arg,
+                                &nodes_hit);
     if (rc != 0)
         return rc;
-    /* §4.7.2: filters starting with a wildcard never match topics starting with '$'. */
-    if (topic[0] != '$') {
-        sh = &t->shards[WILD_SHARD];
-        l = read_lock(sh);
-        rc = match_shard(s, &sh->t, topic, len, publisher, alive, arg, &nodes_hit);
-        read_unlock(sh, l);
-        if (rc != 0)
-            return rc;
-    }
 
     /*
     ** A pid appears at most once per node, so hits from a single node need no
