@@ -106,6 +106,8 @@ typedef struct {
     size_t capids;
     struct rt_trie_frame_s *stack; /* explicit walk stack: no recursion on actor stacks */
     size_t capstack;
+    struct rt_trie_memo_s *memo; /* this thread's recent matches (rt_trie_match), or NULL */
+    bool memo_ok;                /* the match being made may be remembered */
 } rt_trie_scratch_t;
 
 typedef struct {

@@ -628,6 +628,61 @@ static void test_share_pick(void)
     rt_trie_free(t);
 }
 
+/*
+** A thread's remembered matches (topic_trie.c) give what a walk gives: the same topic matched
+** again sees every change made since, in either trie a scratch serves; matches that depend on
+** the publisher (no_local) or pick a member per message (groups) are walked each time, and
+** topics or results too large to remember are matched all the same.
+*/
+static void test_remembered_matches(void)
+{
+    rt_trie_t *t, *u;
+    CHECK_EQ(rt_trie_new(&t), 0);
+    CHECK_EQ(rt_trie_new(&u), 0);
+    CHECK_EQ(sub(t, "m/a", 1, qos(0)), 0);
+    CHECK_EQ(match(t, "m/a"), 1);
+    CHECK_EQ(match(t, "m/a"), 1);
+    CHECK_EQ(match(u, "m/a"), 0); /* the other trie, through the same scratch */
+    CHECK_EQ(sub(t, "m/+", 2, qos(1)), 0);
+    CHECK_EQ(match(t, "m/a"), 2);
+    CHECK_EQ(match(t, "m/a"), 2);
+    CHECK_EQ(sub(t, "m/a", 1, qos(2)), 1); /* options replaced */
+    CHECK_EQ(match(t, "m/a"), 2);
+    CHECK(find_rec(1, 0) && find_rec(1, 0)->qos == 2);
+    CHECK_EQ(sub(u, "m/a", 7, qos(0)), 0);
+    CHECK_EQ(match(u, "m/a"), 1);
+    CHECK_EQ(match(t, "m/a"), 2);
+    CHECK_EQ(unsub(t, "m/a", 1), 1);
+    CHECK_EQ(match(t, "m/a"), 1);
+    CHECK(find_rec(2, 0) && !find_rec(1, 0));
+
+    rt_trie_opts_t no_local = {.qos = 0, .no_local = 1};
+    CHECK_EQ(sub(t, "m/a", 3, no_local), 0);
+    CHECK_EQ(match_pub(t, "m/a", 3), 1); /* not to itself */
+    CHECK_EQ(match_pub(t, "m/a", 4), 2);
+    CHECK_EQ(match_pub(t, "m/a", 3), 1);
+
+    CHECK_EQ(sub(t, "$share/g/n/b", 5, qos(0)), 0);
+    CHECK_EQ(sub(t, "$share/g/n/b", 6, qos(0)), 0);
+    CHECK_EQ(match(t, "n/b"), 1);
+    rt_pid_t first = recs.r[0].pid;
+    CHECK_EQ(match(t, "n/b"), 1);
+    CHECK(recs.r[0].pid != first); /* the round robin goes on */
+
+    char longer[200];
+    memset(longer, 'x', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    CHECK_EQ(sub(t, longer, 8, qos(0)), 0);
+    CHECK_EQ(match(t, longer), 1);
+    CHECK_EQ(match(t, longer), 1);
+    for (rt_pid_t p = 10; p < 30; p++)
+        CHECK_EQ(sub(t, "m/c", p, qos(0)), 0);
+    CHECK_EQ(match(t, "m/c"), 21); /* m/+ too */
+    CHECK_EQ(match(t, "m/c"), 21);
+    rt_trie_free(u);
+    rt_trie_free(t);
+}
+
 static void test_concurrency(void)
 {
     rt_trie_t *t;
@@ -916,6 +971,7 @@ int main(int argc, char **argv)
     RUN(test_memory_baseline);
     RUN(test_random_vs_bruteforce);
     RUN(test_share_pick);
+    RUN(test_remembered_matches);
     RUN(test_concurrency);
     RUN(test_filter_counts);
     rt_trie_scratch_destroy(&scratch);
