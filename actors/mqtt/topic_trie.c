@@ -727,7 +727,8 @@ int rt_trie_match(rt_trie_t *t, const char *topic, size_t len, rt_pid_t publishe
     uint64_t gen = atomic_load_explicit(&trie_gen, memory_order_acquire);
     const memo_t *m = memo_find(s, t, topic, len, gen);
     if (m) {
-        if (m->nhits) /* s->hits held them when they were remembered, and never shrinks */
+        RT_ASSERT(m->nhits <= s->caphits); /* it held them when they were remembered */
+        if (m->nhits)
             memcpy(s->hits, m->hits, m->nhits * sizeof(trie_sub_t));
         s->nhits = m->nhits;
         nodes_hit = m->nodes_hit;

@@ -186,15 +186,20 @@ def test_idle_connection_holds_one_timer():
     scheduler's heap), not two; a short keepalive gets its own, as the check cannot wait."""
     broker = Rtd("connect_timeout=5")
     try:
+        # rtd's own periodic timers may be between firing and being armed again when one is
+        # read: a few either way, where one timer or two a connection differ by 20.
+        flux = 3
         base = timers_pending(broker)
         long_ka = [raw_connect(broker.port, b"long%d" % i, keepalive=10) for i in range(20)]
         for s in long_ka:
             pinged(s)
-        assert timers_pending(broker) == base + 20
-        short_ka = raw_connect(broker.port, b"short", keepalive=9)
-        pinged(short_ka)
-        assert timers_pending(broker) == base + 22
-        for s in long_ka + [short_ka]:
+        held = timers_pending(broker)
+        assert abs(held - base - 20) <= flux, (base, held)
+        short_ka = [raw_connect(broker.port, b"short%d" % i, keepalive=9) for i in range(20)]
+        for s in short_ka:
+            pinged(s)
+        assert abs(timers_pending(broker) - held - 40) <= flux, (base, held)
+        for s in long_ka + short_ka:
             s.close()
     finally:
         code, log = broker.stop()
