@@ -204,6 +204,8 @@ struct rt_actor_s {
     };
     char *_Atomic name;           /* registered name (registry lock) */
     uint8_t yielded;              /* rt_yield was called: the turn ends after this message */
+    uint8_t last_waker;           /* a tag of the actor whose send woke it last (place): set
+                                     by that waker, the one a wake-up has, before it queues it */
     /* The inline heap (rt_actor_type_t.heap_inline), one bit per 16-byte granule: the
        granules in use, those that begin an object, and those of RT_OBJ_SCAN objects. */
     uint16_t inline_used, inline_start, inline_scan;

@@ -5,8 +5,12 @@
 ** Placement: an actor woken by a send on a scheduler thread goes into that
 ** scheduler's runnext slot (Go's runnext), so a chain of sends runs hot on one
 ** core without touching the shared queue; the previous runnext goes to the
-** queue's tail. An actor that used its whole batch goes to the tail. An idle
-** scheduler steals half of a peer's queue.
+** queue's tail. Not one woken by another actor than last time while others are
+** queued (a subscriber of many publishers): it waits behind them and takes their
+** messages in one turn and one socket send, where runnext ran it after each
+** publisher (fan-in 16 B: ~15 messages a send, 0.87x the CPU a message this way;
+** pairs and fan-out, one waker each, unchanged). An actor that used its whole
+** batch goes to the tail. An idle scheduler steals half of a peer's queue.
 **
 ** Priority (BEAM's low processes): the queue has two lanes, normal and low. A
 ** low actor never takes runnext and runs when no normal one is queued, or after
@@ -313,7 +317,15 @@ static void place(rt_actor_t *a, bool woken)
     if (!target)
         target =
             &rt->sched[atomic_fetch_add_explicit(&rt->rr, 1, memory_order_relaxed) % rt->nsched];
-    if (target == me && woken && lane_of(a) == RT_PRIORITY_NORMAL)
+    bool chain = true;
+    rt_actor_t *waker = rt__tls.current;
+    if (woken && waker) {
+        uint8_t tag = (uint8_t)((waker->pid * 0x9E3779B97F4A7C15ull) >> 56) | 1;
+        chain =
+            tag == a->last_waker || (me && !atomic_load_explicit(&me->qlen, memory_order_relaxed));
+        a->last_waker = tag;
+    }
+    if (target == me && woken && lane_of(a) == RT_PRIORITY_NORMAL && chain)
         push_next(me, a);
     else
         push_tail(target, a);
