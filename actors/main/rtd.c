@@ -489,6 +489,7 @@ static int start_http(rtd_t *d)
 ** spawned end with the runtime.
 */
 typedef struct {
+    const char *name; /* of a stage that stops: the log names a slow stop */
     int (*start)(rtd_t *d);
     void (*stop)(void);
     void (*free)(void);
@@ -504,25 +505,26 @@ static const stage_t stages[] = {
     {.start = start_tls, .free = rt_tls_close},
     /* every port and the admin socket, bound; accepting starts with the last stages */
     {.start = start_sockets, .free = close_sockets},
-    {.start = start_runtime, .stop = stop_runtime},
+    {.name = "runtime", .start = start_runtime, .stop = stop_runtime},
     /* they write or spill what they hold at stop */
-    {.start = start_sinks, .stop = rt_sinks_stop, .free = rt_sinks_free},
-    {.start = start_rules, .stop = stop_rules},
+    {.name = "sinks", .start = start_sinks, .stop = rt_sinks_stop, .free = rt_sinks_free},
+    {.name = "rules", .start = start_rules, .stop = stop_rules},
     /* MQTT: the trie, the retained store and the client table, */
     {.start = start_broker, .free = rt_broker_free},
-    {.start = start_cluster, .stop = rt_cluster_stop},
+    {.name = "cluster", .start = start_cluster, .stop = rt_cluster_stop},
     /* then what the store kept (a load that fails has it open and actors running), */
     {.start = start_sessions, .free = rt_store_close, .partial = true},
     /* the login verifier, before any CONNECT */
     {.start = start_verifier},
     {.start = start_sys},
-    {.start = start_admin, .stop = rt_admin_stop},
+    {.name = "admin", .start = start_admin, .stop = rt_admin_stop},
     /* the HTTP API answers through the admin command layer */
-    {.start = start_http, .stop = rt_http_stop},
+    {.name = "http", .start = start_http, .stop = rt_http_stop},
     {.start = start_listeners},
 };
 
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))
+#define RTD_SLOW_STOP_MS 1000
 
 /*
 ** Stops the first n stages in reverse order, in two passes: every stop (so the
@@ -531,9 +533,19 @@ static const stage_t stages[] = {
 */
 static void unwind(size_t n)
 {
-    for (size_t i = n; i-- > 0;)
-        if (stages[i].stop)
-            stages[i].stop();
+    for (size_t i = n; i-- > 0;) {
+        if (!stages[i].stop)
+            continue;
+        uint64_t t0 = rt_mono_ms();
+        stages[i].stop();
+        /* A stop waits for actors to hand on what they hold (rows to their databases): one
+           that takes long says where, for the operator whose service manager ran out of
+           patience. */
+        uint64_t took = rt_mono_ms() - t0;
+        if (took >= RTD_SLOW_STOP_MS)
+            rt_log(RT_LOG_WARNING, "rtd.slow_stop", "stage=%s ms=%llu", stages[i].name,
+                   (unsigned long long)took);
+    }
     for (size_t i = n; i-- > 0;)
         if (stages[i].free)
             stages[i].free();
