@@ -911,6 +911,17 @@ const rt_admin_command_t rt__admin_commands[] = {
      "retained delete TOPIC",
      "Deletes one topic's retained message (here, on disk and, in a cluster, on every node), "
      "delivering nothing to subscribers."},
+    {"banned", "list", rt__admin_banned_list, RT_ADMIN_BLOCKING, "banned list [--limit N]",
+     "Banned client ids, user names and address ranges, with who banned them, why and until "
+     "when (flapping detection's bans among them)."},
+    {"banned", NULL, rt__admin_banned_list, RT_ADMIN_BLOCKING, NULL, NULL},
+    {"banned", "add", rt__admin_banned_add, RT_ADMIN_CHANGES,
+     "banned add KIND VALUE [--duration SECONDS] [--reason TEXT]",
+     "Refuses CONNECTs from now on (MQTT 5 reason 0x8A, 3.1.1 code 5) by KIND clientid, "
+     "username or address (an address or range: 10.0.0.0/8); for SECONDS, or until deleted. "
+     "Open connections stay."},
+    {"banned", "del", rt__admin_banned_del, RT_ADMIN_CHANGES, "banned del KIND VALUE",
+     "Deletes a ban (KIND clientid, username or address)."},
     {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL, NULL},
     {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
      "actors list [--limit N] [--sort KEY]",

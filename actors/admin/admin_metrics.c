@@ -17,6 +17,7 @@
 
 #include "acl.h"
 #include "admin_impl.h"
+#include "banned.h"
 #include "c2s.h"
 #include "cluster.h"
 #include "conn.h"
@@ -328,6 +329,16 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
     for (int r = 0; r < RT_AUTH_FAILED_REASONS; r++)
         u64(b, "rt_auth_failures_total", load(&st->auth_failed[r]), "reason",
             rt_auth_failed_names[r], NULL);
+    rt_banned_stats_t bs;
+    rt_banned_stats(&bs);
+    family(b, "rt_banned_refusals_total", "counter",
+           "CONNECTs refused as banned (reason 0x8A), by the kind of ban that matched: clientid, "
+           "username, address.");
+    for (int k = 0; k < RT_BAN_KINDS; k++)
+        u64(b, "rt_banned_refusals_total", bs.refused[k], "kind", rt_ban_kind_names[k], NULL);
+    one_u64(b, "rt_flapping_bans_total", "counter",
+            "Client ids flapping detection banned (flapping_max_connects).", bs.flapping_bans);
+    one_u64(b, "rt_banned", "gauge", "Bans in force (rtctl banned list).", rt_banned_count());
     family(b, "rt_acl_denied_total", "counter",
            "Requests the ACL refused, by action: publish (PUBLISH and wills), subscribe "
            "(SUBSCRIBE filters), deliver (messages withheld from a subscription it filters).");

@@ -165,8 +165,7 @@ static const setting_t *find_setting(const char *name)
 
 static const unsigned char v4_mapped[12] = {[10] = 0xff, [11] = 0xff};
 
-/* "a.b.c.d/n" (IPv4 as v4-mapped IPv6) or "v6/n"; no "/n": one address. */
-static bool parse_net(const char *s, rt_conf_net_t *out)
+bool rt_conf_net_parse(const char *s, rt_conf_net_t *out)
 {
     char host[64];
     const char *slash = strchr(s, '/');
@@ -356,7 +355,7 @@ bool rt__conf_parse_nets(lua_State *L, const char *name, rt_conf_net_t *out, uns
         if (!one)
             lua_geti(L, -1, i);
         const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        bool ok = v && parse_net(v, &nets[n]);
+        bool ok = v && rt_conf_net_parse(v, &nets[n]);
         if (!ok)
             snprintf(why, whylen, "%s[%lld]: %s%s%s", name, (long long)i, v ? "\"" : "not a string",
                      v ? v : "", v ? "\" is not a numeric address with an optional /bits" : "");

@@ -380,6 +380,12 @@ typedef struct rt_conf_s {
     bool queue_qos0;               /* queue QoS 0 messages for offline sessions */
     bool persistence;              /* retained messages and persistent sessions survive restarts */
     bool allow_zero_length_clientid;
+    /* The banned list (broker/banned.h). */
+    long max_banned;            /* bans held at once (flapping adds them); 0 = unlimited */
+    long flapping_max_connects; /* connects of one client id within the window that ban it; 0:
+                                   no flapping detection */
+    long flapping_window_s;
+    long flapping_ban_s;
 
     /* Authentication and authorization (actors/auth.h, actors/acl.h). */
     bool allow_anonymous;                           /* accept a CONNECT without a user name, */
@@ -463,6 +469,8 @@ int rt_conf_set(rt_conf_t *c, const char *assignment, char *err, size_t errlen);
 /* The same, from rtctl config set: errors name where ("rtctl"), and so does config show. */
 int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, char *err,
                      size_t errlen);
+/* "a.b.c.d/n" (IPv4 as v4-mapped IPv6) or "v6/n"; no "/n": one address. Host bits cleared. */
+bool rt_conf_net_parse(const char *s, rt_conf_net_t *out);
 /* Whether addr (16 bytes, IPv4 v4-mapped) is in one of the n networks. */
 bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned char addr[16]);
 /*

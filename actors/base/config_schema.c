@@ -107,6 +107,14 @@ const rt_setting_t rt__conf_settings[] = {
     BOOL(persistence, false, RESTART,
          "keep retained messages and persistent sessions in data_dir/state.db"),
     BOOL(allow_zero_length_clientid, true, LIVE, "accept an empty client id (and assign one)"),
+    INT(max_banned, 100000, 0, 100000000, "bans", LIVE,
+        "bans held at once (rtctl banned; flapping detection adds them); 0 = unlimited"),
+    INT(flapping_max_connects, 0, 0, 1000000, "connects", LIVE,
+        "connects of one client id within flapping_window_s that ban it for flapping_ban_s; "
+        "0 = no flapping detection"),
+    INT(flapping_window_s, 60, 1, 86400, "seconds", LIVE, "flapping detection's window"),
+    INT(flapping_ban_s, 300, 1, 31536000, "seconds", LIVE,
+        "how long a flapping client id is banned"),
     BOOL(allow_anonymous, true, LIVE,
          "accept anonymous clients: no user name, or one no password_file vouches for (from "
          "anonymous_from)"),

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "auth.h"
+#include "banned.h"
 #include "broker.h"
 #include "log.h"
 
@@ -72,6 +73,7 @@ void rt_broker_free(void)
     if (!b)
         return;
     RT_ASSERT(no_actor_alive());
+    rt_banned_free();
     free(b->clients);
     rt_trie_free(b->trie);
     rt_retained_free(b->retained);
@@ -630,6 +632,10 @@ static const limit_t limits[] = {
     LIVE(max_session_expiry, NULL, "CONNECTs and DISCONNECTs from now on"),
     LIVE(queue_qos0, NULL, "the next QoS 0 message for an offline session"),
     LIVE(allow_zero_length_clientid, NULL, "CONNECTs from now on"),
+    LIVE(max_banned, NULL, "the next ban; a list over it keeps its bans"),
+    LIVE(flapping_max_connects, NULL, "CONNECTs from now on"),
+    LIVE(flapping_window_s, NULL, "CONNECTs from now on"),
+    LIVE(flapping_ban_s, NULL, "the next ban flapping detection makes"),
     ELSEWHERE(allow_anonymous, anonymous_get, anonymous_set,
               "CONNECTs from now on; a reload (SIGHUP) sets it from the file again"),
     FIXED(max_topic_alias, "needs a restart: each connection sizes its alias table by it"),

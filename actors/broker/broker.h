@@ -113,6 +113,10 @@ typedef struct rt_broker_live_s {
     _Atomic long max_session_expiry;
     _Atomic long queue_qos0;
     _Atomic long allow_zero_length_clientid;
+    _Atomic long max_banned;
+    _Atomic long flapping_max_connects;
+    _Atomic long flapping_window_s;
+    _Atomic long flapping_ban_s;
 } rt_broker_live_t;
 
 /* client_memory_policy, parsed once at start: it is restart-only (config.h). */

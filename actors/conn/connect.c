@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "banned.h"
 #include "cluster.h"
 #include "conn_impl.h"
 #include "log.h"
@@ -201,6 +202,39 @@ static bool claim_in_cluster(rt_actor_t *self, conn_t *c, const char *cid, bool 
     return true;
 }
 
+/*
+** A banned client (banned.h) is refused before its password costs a hash; a client id that
+** flaps is banned by the CONNECT that makes it flapping, which is refused with it. Refusals
+** are counted by the list (rt_banned_refusals_total).
+*/
+static bool refused_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
+{
+    const char *cid = (const char *)pk->connect.client_id.p;
+    size_t cidlen = pk->connect.client_id.len;
+    const char *user = pk->connect.has_username ? (const char *)pk->connect.username.p : NULL;
+    size_t ulen = user ? pk->connect.username.len : 0;
+    rt_auth_addr_t addr;
+    bool have_addr = rt__conn_peer_addr(c, &addr) == 0;
+    rt_ban_t hit;
+    char hit_buf[512];
+    if (!rt_banned_match(cid, cidlen, user, ulen, have_addr ? &addr : NULL, &hit, hit_buf,
+                         sizeof(hit_buf)) &&
+        !(rt_banned_flapping(cid, cidlen) &&
+          rt_banned_match(cid, cidlen, NULL, 0, NULL, &hit, hit_buf, sizeof(hit_buf))))
+        return false;
+    char peer[64];
+    rt__conn_peer_format(c, peer, sizeof(peer));
+    rt_log(RT_LOG_INFO, "client.banned",
+           "client=%.*s user=%.*s peer=%s kind=%s value=%.*s reason=%s", (int)cidlen, cid,
+           (int)ulen, user ? user : "", peer, rt_ban_kind_names[hit.kind], (int)hit.len, hit.value,
+           hit.reason);
+    mqtt_packet_t ack = {.type = MQTT_CONNACK,
+                         .reason = c->version == MQTT_V5 ? MQTT_RC_BANNED : 5};
+    rt__conn_send_packet(c, &ack);
+    rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+    return true;
+}
+
 void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c)
 {
     RT_ASSERT(c->closing && c->refusal);
@@ -336,6 +370,9 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         rt__conn_close(self, c, 0, RT_REASON_NORMAL);
         return 0;
     }
+    /* Checked once: not again when the CONNECT is parsed anew with the verifier's verdict. */
+    if (!resumed && !claimed && !login_verdict_now && refused_banned(self, c, pk))
+        return 0;
     /* A resumed session's CONNECT was checked by the connection that handed it over. */
     if (!resumed && !claimed && !connect_authenticate(self, c, pk))
         return 0;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "banned.h"
 #include "c2s.h"
 #include "conn_impl.h"
 #include "group.h"
@@ -114,6 +115,10 @@ int rt_sessions_restore(rt_pid_t sup, char *err, size_t errlen)
     int rc = rt_store_open(rt_broker->conf.data_dir, sup, err, errlen);
     if (rc == 0)
         rc = rt_store_load(rt_message_parse, restore_retained, restore_session, NULL, err, errlen);
+    if (rc == 0 && rt_banned_load() != 0) {
+        snprintf(err, errlen, "cannot read the banned list from state.db");
+        rc = RT_EINVAL;
+    }
     return rc;
 }
 

@@ -16,11 +16,12 @@
 #include "store.h"
 
 /*
-** rtd's steps, oldest first; the last one's version is RT_STORE_SCHEMA. None yet: version
-** 1 is the first schema. A step is added when the schema changes, never edited after
-** release (files out there went through it as it was).
+** rtd's steps, oldest first; the last one's version is RT_STORE_SCHEMA. Version 1 is the
+** first schema. A step is added when the schema changes, never edited after release (files
+** out there went through it as it was).
 */
 const rt_store_step_t rt__store_steps[] = {
+    {2, RT_STORE_BANNED_TABLE}, /* the banned list (issue 31) */
     {0, NULL},
 };
 

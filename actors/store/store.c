@@ -36,6 +36,8 @@ enum {
     OP_QOS2_ADD,
     OP_QOS2_DEL,
     OP_RETAIN,
+    OP_BAN,
+    OP_UNBAN,
     OP_FLUSH,
     OP_SYNC, /* data: a sync_t *; commits and signals it */
 };
@@ -77,6 +79,8 @@ enum {
     ST_QOS2_DEL,
     ST_RETAIN_SET,
     ST_RETAIN_DEL,
+    ST_BAN_SET,
+    ST_BAN_DEL,
     ST_COUNT
 };
 
@@ -105,6 +109,9 @@ static const char *const sql[ST_COUNT] = {
     [ST_QOS2_DEL] = "DELETE FROM qos2_in WHERE client_id = ?1 AND packet_id = ?2" OWNED,
     [ST_RETAIN_SET] = "INSERT OR REPLACE INTO retained(topic, msg, expire_at) VALUES (?1, ?2, ?3)",
     [ST_RETAIN_DEL] = "DELETE FROM retained WHERE topic = ?1",
+    [ST_BAN_SET] = "INSERT OR REPLACE INTO banned(kind, value, by, reason, at, until) "
+                   "VALUES (?2, ?1, ?3, ?4, ?5, ?6)",
+    [ST_BAN_DEL] = "DELETE FROM banned WHERE kind = ?2 AND value = ?1",
 };
 
 static const char schema[] =
@@ -118,7 +125,7 @@ static const char schema[] =
     "  retain INTEGER, state INTEGER, packet_id INTEGER, shared INTEGER, expire_at INTEGER, "
     "  sub_ids BLOB, PRIMARY KEY(client_id, seq)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS qos2_in(client_id TEXT, packet_id INTEGER, "
-    "  PRIMARY KEY(client_id, packet_id)) WITHOUT ROWID;";
+    "  PRIMARY KEY(client_id, packet_id)) WITHOUT ROWID;" RT_STORE_BANNED_TABLE;
 
 typedef struct {
     sqlite3 *db;
@@ -226,7 +233,8 @@ static bool run_statement(int which, const op_t *op, rt_bin_t *bin)
 {
     RT_ASSERT(RT_STORE_IN_ACTOR());
     sqlite3_stmt *s = store.st[which];
-    bool topic_key = which == ST_RETAIN_SET || which == ST_RETAIN_DEL;
+    bool topic_key = which == ST_RETAIN_SET || which == ST_RETAIN_DEL || which == ST_BAN_SET ||
+                     which == ST_BAN_DEL;
     bind_key(s, 1, op->text, op->len1, topic_key);
     if (sqlite3_bind_parameter_count(s) >= 9)
         sqlite3_bind_int64(s, 9, (sqlite3_int64)op->epoch);
@@ -271,6 +279,20 @@ static bool run_statement(int which, const op_t *op, rt_bin_t *bin)
     case ST_RETAIN_SET:
         sqlite3_bind_blob(s, 2, rt_bin_data(bin), (int)rt_bin_len(bin), SQLITE_STATIC);
         sqlite3_bind_int64(s, 3, op->expire_wall_ms);
+        break;
+    case ST_BAN_SET: { /* key2: who banned it, a NUL, the reason */
+        const char *by = op->text + op->len1;
+        size_t bylen = strnlen(by, op->len2);
+        sqlite3_bind_int(s, 2, op->flags);
+        sqlite3_bind_text(s, 3, by, (int)bylen, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 4, bylen < op->len2 ? by + bylen + 1 : "",
+                          bylen < op->len2 ? (int)(op->len2 - bylen - 1) : 0, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 5, (sqlite3_int64)op->seq);
+        sqlite3_bind_int64(s, 6, op->expire_wall_ms);
+        break;
+    }
+    case ST_BAN_DEL:
+        sqlite3_bind_int(s, 2, op->flags);
         break;
     }
     int rc = sqlite3_step(s);
@@ -333,6 +355,12 @@ static bool apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
     case OP_RETAIN:
         ok = run_statement(bin ? ST_RETAIN_SET : ST_RETAIN_DEL, op, bin);
         break;
+    case OP_BAN:
+        run_statement(ST_BAN_SET, op, NULL);
+        break;
+    case OP_UNBAN:
+        run_statement(ST_BAN_DEL, op, NULL);
+        break;
     }
     store.changes++;
     return ok;
@@ -358,7 +386,7 @@ static void answer_sync(const rt_msg_t *m)
 /* The change m carries, or NULL if m is not one. */
 static const op_t *op_of(const rt_msg_t *m)
 {
-    if (m->tag < OP_SESSION || m->tag > OP_RETAIN || m->len < sizeof(op_t))
+    if (m->tag < OP_SESSION || m->tag > OP_UNBAN || m->len < sizeof(op_t))
         return NULL;
     return (const op_t *)(const void *)m->data;
 }
@@ -565,6 +593,60 @@ void rt_store_retain(const char *topic, size_t len, rt_bin_t *bin, uint64_t expi
 {
     op_t op = {.ack_pid = ack_pid, .token = token, .expire_wall_ms = mono_to_wall(expire_at_ms)};
     send_op(OP_RETAIN, &op, topic, len, NULL, 0, bin);
+}
+
+void rt_store_ban(int kind, const char *value, size_t len, const char *by, const char *reason,
+                  int64_t at_s, int64_t until_s)
+{
+    /* Seconds, as the ban list keeps them: at in seq, until in expire_wall_ms. */
+    op_t op = {.flags = (uint8_t)kind, .seq = (uint64_t)at_s, .expire_wall_ms = until_s};
+    size_t bylen = strlen(by), rlen = strlen(reason);
+    char *k2 = malloc(bylen + 1 + rlen);
+    if (!k2) {
+        store.failures++;
+        return;
+    }
+    memcpy(k2, by, bylen + 1);
+    memcpy(k2 + bylen + 1, reason, rlen);
+    send_op(OP_BAN, &op, value, len, k2, bylen + 1 + rlen, NULL);
+    free(k2);
+}
+
+void rt_store_unban(int kind, const char *value, size_t len)
+{
+    op_t op = {.flags = (uint8_t)kind};
+    send_op(OP_UNBAN, &op, value, len, NULL, 0, NULL);
+}
+
+int rt_store_load_bans(void (*fn)(int kind, const char *value, size_t len, const char *by,
+                                  const char *reason, int64_t at_s, int64_t until_s, void *arg),
+                       void *arg)
+{
+    if (!store.db)
+        return 0;
+    int64_t now_s = wall_ms() / 1000;
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(store.db, "SELECT kind, value, by, reason, at, until FROM banned", -1,
+                           &s, NULL))
+        return RT_EINVAL;
+    size_t n = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int64_t until = sqlite3_column_int64(s, 5);
+        if (until && until <= now_s)
+            continue; /* ran out while rtd was down: deleted below */
+        const char *by = (const char *)sqlite3_column_text(s, 2);
+        const char *reason = (const char *)sqlite3_column_text(s, 3);
+        fn(sqlite3_column_int(s, 0), sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1),
+           by ? by : "", reason ? reason : "", sqlite3_column_int64(s, 4), until, arg);
+        n++;
+    }
+    sqlite3_finalize(s);
+    char q[128];
+    snprintf(q, sizeof(q), "DELETE FROM banned WHERE until > 0 AND until <= %lld",
+             (long long)now_s);
+    exec_logged(store.db, q);
+    rt_log(RT_LOG_INFO, "store.banned_loaded", "bans=%zu", n);
+    return 0;
 }
 
 void rt_store_stats(rt_store_stats_t *out)

@@ -122,6 +122,14 @@ void rt_store_qos2_in(const char *client_id, uint16_t packet_id, bool add, rt_pi
 /* bin NULL clears the topic. */
 void rt_store_retain(const char *topic, size_t len, rt_bin_t *bin, uint64_t expire_at_ms,
                      rt_pid_t ack_pid, uint64_t token);
+/* A ban (broker/banned.h) kept or replaced, by its kind and value; and dropped. Seconds. */
+void rt_store_ban(int kind, const char *value, size_t len, const char *by, const char *reason,
+                  int64_t at_s, int64_t until_s);
+void rt_store_unban(int kind, const char *value, size_t len);
+/* Each ban kept that has not run out, to fn, at start (those that ran out are deleted). */
+int rt_store_load_bans(void (*fn)(int kind, const char *value, size_t len, const char *by,
+                                  const char *reason, int64_t at_s, int64_t until_s, void *arg),
+                       void *arg);
 
 /* The open state.db's path ("" when persistence is off), for backups. */
 const char *rt_store_path(void);
@@ -138,7 +146,11 @@ int rt_sqlite_backup(struct sqlite3 *src, const char *src_path, const char *dst,
                      char *err, size_t errlen);
 
 /* ---- Schema versions (migrate.c) ---- */
-#define RT_STORE_SCHEMA 1 /* the PRAGMA user_version this rtd reads and writes */
+#define RT_STORE_SCHEMA 2 /* the PRAGMA user_version this rtd reads and writes */
+/* Version 2's table: the banned list (broker/banned.h), kind and value its key. */
+#define RT_STORE_BANNED_TABLE                                                                      \
+    "CREATE TABLE IF NOT EXISTS banned(kind INTEGER, value BLOB, by TEXT, reason TEXT, "           \
+    "  at INTEGER, until INTEGER, PRIMARY KEY(kind, value)) WITHOUT ROWID;"
 
 typedef struct rt_store_step_s {
     int version;     /* the schema version the step brings a file to */

@@ -1,10 +1,10 @@
 """state.db across rtd versions: a file of schema version 1 (tests/data/state-v1.db, made by
 the rtd of that version with tests/data/make_state_v1.py, its content in state-v1.json) opens
 with every session (subscriptions and their options, queued messages in order, inbound QoS 2
-ids) and every retained message; a file of a newer schema is refused with exit status 2 and
-left as it was. rtd's list of migrations is empty (version 1 is the current schema), so no
-copy of the file is made; the copy and the migration's one transaction are tested with a
-step list of the test's own in tests/unit/test_store_migrate.c.
+ids) and every retained message, migrated to version 2 (the banned list's table) after a copy
+of it is taken beside it; a file of a newer schema is refused with exit status 2 and left as
+it was. The migration's one transaction and a failed step are tested with a step list of the
+test's own in tests/unit/test_store_migrate.c.
 """
 import glob
 import hashlib
@@ -46,8 +46,13 @@ def test_version_1_file_opens_with_every_session_and_retained_message(tmp_path):
     broker = Rtd("max_session_expiry=4294967295", data_dir=str(data))
     try:
         assert "store.loaded sessions=%d expired=0" % len(want["sessions"]) in broker.read_log()
-        assert user_version(data / "state.db") == 1
-        assert glob.glob(str(data / "*.bak")) == [], "a copy is made only for a migration"
+        assert user_version(data / "state.db") == 2
+        copies = glob.glob(str(data / "state.db.v1-*.bak"))
+        assert len(copies) == 1 and user_version(copies[0]) == 1, copies
+        assert "event=store.migrated" in broker.read_log() and "from=1 to=2" in broker.read_log()
+        # Version 2's table is there and works: a ban kept, and kept across a restart below.
+        code, out, err = broker.ctl("banned", "add", "clientid", "after-upgrade")
+        assert code == 0, err
 
         fresh = Raw(broker.port, "upgrade-reader")
         fresh.subscribe("r/#", 2)
@@ -80,12 +85,19 @@ def test_version_1_file_opens_with_every_session_and_retained_message(tmp_path):
     finally:
         code, log = broker.stop()
         assert code == 0, log
+    again = Rtd("max_session_expiry=4294967295", data_dir=str(data))
+    try:
+        assert [b["value"] for b in again.ctl_json("banned", "list")] == ["after-upgrade"]
+        assert glob.glob(str(data / "*.bak")) == copies, "a file of the current version: no copy"
+    finally:
+        code, log = again.stop()
+        assert code == 0, log
 
 
 def test_newer_schema_refused_with_exit_2_and_left_as_it_was(tmp_path):
     data = version_1_dir(tmp_path)
     db = sqlite3.connect(data / "state.db")
-    db.execute("PRAGMA user_version = 2")
+    db.execute("PRAGMA user_version = 3")
     db.commit()
     db.close()
     before = hashlib.sha256((data / "state.db").read_bytes()).hexdigest()
@@ -94,6 +106,6 @@ def test_newer_schema_refused_with_exit_2_and_left_as_it_was(tmp_path):
                        capture_output=True, text=True, timeout=30)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
-    assert "store.refused" in out and "schema version 2, this rtd reads 1 and older" in out, out
+    assert "store.refused" in out and "schema version 3, this rtd reads 2 and older" in out, out
     assert hashlib.sha256((data / "state.db").read_bytes()).hexdigest() == before
     assert glob.glob(str(data / "*.bak")) == []
