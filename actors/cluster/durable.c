@@ -180,20 +180,28 @@ void rt__cluster_session_put(const record_t *r)
 
 /*
 ** In cluster_kv: every message the stream kept from from_ms up to its last one now (after
-** NATS holds the session's subscriptions here), as the replay's bytes for
-** RT_CLUSTER_MSG_MOVE_IN (replay.h). The session keeps those its subscriptions match. NULL
-** if the stream did not answer.
+** NATS holds the session's subscriptions here) and those it keeps for RT_REPLAY_TAIL_MS more,
+** as the replay's bytes for RT_CLUSTER_MSG_MOVE_IN (replay.h). The session keeps those its
+** subscriptions match. NULL if the stream did not answer.
+**
+** The tail: NATS tells its other servers of the subscriptions made here asynchronously, so a
+** publisher's node whose server has not heard of them yet sends a message that the stream
+** keeps but that does not come here; a replay that ended at the stream's last message when
+** it began missed such a message (one acknowledged QoS 1 message, in a kill -9 failover under
+** load). What the tail brings twice (here directly too) the session drops by origin (move.c).
 */
+#define RT_REPLAY_TAIL_MS 1000
+
 uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
 {
     RT_ASSERT(RT_CLUSTER_ON(kv_pid)); /* it reads the stream for seconds at worst */
     *len = *count = 0;
+    uint64_t tail_end_ms = rt_mono_ms() + RT_REPLAY_TAIL_MS;
     jsErrCode jerr = 0;
     jsStreamInfo *si = NULL;
     if (js_GetStreamInfo(&si, rt__cluster.js, rt__cluster.stream, NULL, &jerr) != NATS_OK)
         return NULL;
     uint64_t last = si->State.LastSeq;
-    bool none = !last || si->State.LastTime < from_ms * 1000000LL;
     jsStreamInfo_Destroy(si);
     rt_buf_t b = {0};
     rt_replay_start(&b);
@@ -206,11 +214,23 @@ uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
     so.Config.AckPolicy = js_AckNone;
     char all[RT_CONF_NODE_MAX + 4];
     snprintf(all, sizeof(all), "%s.>", rt__cluster.prefix);
-    natsStatus s = none ? NATS_OK : js_SubscribeSync(&sub, rt__cluster.js, all, NULL, &so, &jerr);
-    for (uint64_t seq = 0; !none && s == NATS_OK && seq < last;) {
+    natsStatus s = js_SubscribeSync(&sub, rt__cluster.js, all, NULL, &so, &jerr);
+    for (uint64_t seq = 0; s == NATS_OK;) {
+        /* Up to the last message as the replay began, however long the stream takes; past
+           it, what comes before the tail ends. */
+        uint64_t now_ms = rt_mono_ms();
+        int64_t wait_ms = seq < last             ? JETSTREAM_WAIT_MS
+                          : now_ms < tail_end_ms ? (int64_t)(tail_end_ms - now_ms)
+                                                 : 0;
+        if (wait_ms <= 0)
+            break;
         natsMsg *nm = NULL;
         jsMsgMetaData *meta = NULL;
-        s = natsSubscription_NextMsg(&nm, sub, JETSTREAM_WAIT_MS);
+        s = natsSubscription_NextMsg(&nm, sub, wait_ms);
+        if (s == NATS_TIMEOUT && seq >= last) {
+            s = NATS_OK; /* nothing more within the tail */
+            break;
+        }
         if (s == NATS_OK && natsMsg_GetMetaData(&meta, nm) == NATS_OK) {
             seq = meta->Sequence.Stream;
             jsMsgMetaData_Destroy(meta);
