@@ -180,6 +180,13 @@ def rtctl(*args, socket_path=None, json=False, timeout=60, **popen):
     return p.returncode, p.stdout, p.stderr
 
 
+# How long a stopping rtd may take: its rule workers and then its sinks hand on what they
+# hold, each group waiting at most 60 s (group.h, RT_GROUP_SHUTDOWN_MS) before rtd logs
+# supervisor.stop_timeout and goes on; a stop step of a second or more is logged
+# (rtd.slow_stop), so a slow stop that still passes says where its time went.
+STOP_WAIT_S = 2 * 60 + 5
+
+
 class Rtd:
     """A real rtd on a free loopback port, with its own data directory (state.db, sinks)
     unless data_dir names one to share with an earlier instance (restart tests)."""
@@ -243,7 +250,7 @@ class Rtd:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
