@@ -53,6 +53,8 @@ int rt__admin_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "session_records_failed", st.session_records_failed);
     rt_doc_add_u64(c->doc, "sessions_replayed", st.replays);
     rt_doc_add_u64(c->doc, "messages_replayed", st.replayed);
+    rt_doc_add_u64(c->doc, "bans_applied", st.bans_applied);
+    rt_doc_add_u64(c->doc, "bans_unreplicated", st.bans_failed);
     rt_doc_add_u64(c->doc, "client_id_claims_failed", st.claims_failed);
     rt_doc_add_str(c->doc, "lease", st.lease_held ? "held" : "lost");
     rt_doc_add_u64(c->doc, "lease_lapses", st.lease_lapses);

@@ -240,37 +240,62 @@ static int checked(const rt_ban_t *b, rt_ban_t *out, char *buf, size_t buflen, c
     return 0;
 }
 
-int rt_banned_add(const rt_ban_t *b, char *err, size_t errlen)
+static _Atomic(rt_banned_replicate_fn) replicator;
+
+void rt_banned_set_replicator(rt_banned_replicate_fn fn)
+{
+    atomic_store(&replicator, fn);
+}
+
+/* An add or a delete here and in state.db; told to the cluster when replicate. */
+static int change(const rt_ban_t *b, bool added, bool replicate, char *err, size_t errlen)
 {
     char buf[80];
     rt_ban_t c;
     int rc = checked(b, &c, buf, sizeof(buf), err, errlen);
     if (rc)
         return rc;
+    bool existed = true; /* a delete: there was an entry, live or run out, to drop */
     pthread_rwlock_wrlock(&list.lock);
-    rc = put(&c, err, errlen);
+    if (added) {
+        rc = put(&c, err, errlen);
+    } else {
+        entry_t **at = find(c.kind, c.value, c.len);
+        existed = at != NULL;
+        rc = at && !ran_out(*at, now_s()) ? 0 : RT_ENOTFOUND;
+        if (at)
+            unlink_entry(at);
+    }
     pthread_rwlock_unlock(&list.lock);
-    if (rc == 0 && rt_store_enabled())
+    if ((added && rc) || !existed)
+        return rc;
+    if (rt_store_enabled() && added)
         rt_store_ban((int)c.kind, c.value, c.len, c.by, c.reason, c.at_s, c.until_s);
+    else if (rt_store_enabled())
+        rt_store_unban((int)c.kind, c.value, c.len);
+    rt_banned_replicate_fn fn = replicate ? atomic_load(&replicator) : NULL;
+    if (fn)
+        fn(&c, added);
     return rc;
+}
+
+int rt_banned_add(const rt_ban_t *b, char *err, size_t errlen)
+{
+    return change(b, true, true, err, errlen);
 }
 
 int rt_banned_del(rt_ban_kind_t kind, const char *value, size_t len)
 {
-    char buf[80], err[128];
-    rt_ban_t c;
-    if (checked(&(rt_ban_t){.kind = kind, .value = value, .len = len}, &c, buf, sizeof(buf), err,
-                sizeof(err)))
-        return RT_EINVAL;
-    pthread_rwlock_wrlock(&list.lock);
-    entry_t **at = find(c.kind, c.value, c.len);
-    bool live = at && !ran_out(*at, now_s());
-    if (at)
-        unlink_entry(at);
-    pthread_rwlock_unlock(&list.lock);
-    if (at && rt_store_enabled())
-        rt_store_unban((int)c.kind, c.value, c.len);
-    return live ? 0 : RT_ENOTFOUND;
+    char err[128];
+    return change(&(rt_ban_t){.kind = kind, .value = value, .len = len}, false, true, err,
+                  sizeof(err));
+}
+
+int rt_banned_apply(const rt_ban_t *b, bool added)
+{
+    char err[128];
+    int rc = change(b, added, false, err, sizeof(err));
+    return rc == RT_ENOTFOUND && !added ? 0 : rc;
 }
 
 static rt_ban_t view(const entry_t *e)

@@ -66,6 +66,16 @@ bool rt_banned_match(const char *cid, size_t cidlen, const char *user, size_t ul
 */
 bool rt_banned_flapping(const char *cid, size_t len);
 
+/*
+** In a cluster the list is the cluster's (docs/AUTH.md): each add and delete made here (an
+** admin's, flapping detection's) goes to fn as well, which tells the other nodes; the changes
+** they make come back through rt_banned_apply, which does not call fn again. NULL: none.
+*/
+typedef void (*rt_banned_replicate_fn)(const rt_ban_t *b, bool added);
+void rt_banned_set_replicator(rt_banned_replicate_fn fn);
+/* Another node's change (b's kind and value alone for a delete): 0 or an RT_E* code. */
+int rt_banned_apply(const rt_ban_t *b, bool added);
+
 /* At start, after the store opened: what state.db kept. */
 int rt_banned_load(void);
 /* At stop, once no connection can look. */

@@ -113,6 +113,8 @@ static void kv_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         rt__cluster_move_tail((const move_t *)(const void *)m->data);
     else if (m->tag == MSG_SESSION_PUT && m->len >= sizeof(record_t))
         rt__cluster_session_put((const record_t *)(const void *)m->data);
+    else if (m->tag == MSG_BAN_PUT)
+        rt__cluster_ban_put(m);
 }
 
 static const rt_actor_type_t kv_type = {
@@ -599,6 +601,7 @@ static void close_connections(void)
             kvWatcher_Stop(w);
         pthread_join(rt__cluster.watcher, NULL);
     }
+    rt__cluster_banned_close();
     natsSubscription *own[] = {rt__cluster.takeover_sub, rt__cluster.handover_sub,
                                rt__cluster.admin_sub, rt__cluster.status_sub};
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
@@ -848,6 +851,8 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->stream_acked = atomic_load(&rt__cluster.stream_acked);
     st->stream_failed = atomic_load(&rt__cluster.stream_failed);
     st->session_records_failed = atomic_load(&rt__cluster.records_failed);
+    st->bans_applied = atomic_load(&rt__cluster.bans_applied);
+    st->bans_failed = atomic_load(&rt__cluster.bans_failed);
     st->replays = atomic_load(&rt__cluster.replays);
     st->replayed = atomic_load(&rt__cluster.replayed);
     st->lease_held = rt_cluster_lease_holds(rt_cluster_lease_generation());

@@ -96,6 +96,7 @@ typedef struct rt_cluster_status_s {
     uint64_t stream_acked, stream_failed; /* publishers' acks the stream gave, refused */
     uint64_t session_records_failed;      /* sessions' records the bucket refused */
     uint64_t replays, replayed; /* sessions resumed after their node's crash; messages read */
+    uint64_t bans_applied, bans_failed; /* bucket bans applied here; bans it did not take */
     bool lease_held;            /* this node's claims hold (rt_cluster_lease_holds) */
     uint64_t lease_lapses;      /* times its lease ran out */
     uint64_t lease_waits;       /* takeovers that waited out a silent holder's lease */

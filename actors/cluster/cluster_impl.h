@@ -12,6 +12,7 @@
 **   sign.c       the nodes' control requests and answers signed with the cluster's secret
 **   durable.c    durable mode: the stream, sessions' records, the replay after a crash
 **   heartbeat.c  what each node holds, once a second
+**   banned_kv.c  the banned list replicated in JetStream KV
 */
 #ifndef RT_CLUSTER_IMPL_H
 #define RT_CLUSTER_IMPL_H
@@ -49,6 +50,7 @@ enum {
     MSG_MOVE_TAIL,             /* to cluster_kv: move_t, ask the old holder for the rest */
     MSG_SESSION_PUT,           /* to cluster_kv: record_t, a persistent session's record */
     MSG_CONNECTED,             /* to cluster: the connector made both NATS connections */
+    MSG_BAN_PUT,               /* to cluster_kv: a ban added or deleted here (banned_kv.c) */
 };
 
 typedef struct {
@@ -220,6 +222,12 @@ typedef struct {
     jsCtx *pjs; /* the cluster actor's asynchronous publishes to the stream */
     jsCtx *cjs; /* cluster_kv's claims in flight (claims.c) */
     kvStore *sessions;
+    /* The banned list (banned_kv.c): the bucket "<prefix>_banned" and its watcher. */
+    kvStore *banned;
+    pthread_t banned_thread;
+    bool banned_watching;
+    _Atomic(kvWatcher *) banned_watcher;
+    _Atomic uint64_t bans_applied, bans_failed;
     atomic_bool durable_ready; /* set once, by cluster_kv, when both are bound */
     _Atomic uint64_t stream_acked, stream_failed, records_failed, replays, replayed;
     rt_cluster_import_fn import; /* the connection layer's (sessions moving here) */
@@ -324,6 +332,10 @@ void rt__cluster_stream_answer(rt_pid_t ack_pid, uint64_t token, bool kept);
 void rt__cluster_unkept(rt_pid_t ack_pid, uint64_t token);
 natsStatus rt__cluster_stream_publish(natsMsg **nm);
 natsStatus rt__cluster_durable_open(void);
+/* banned_kv.c: in cluster_kv, the bucket bound and watched; at stop, closed. */
+natsStatus rt__cluster_banned_open(void);
+void rt__cluster_banned_close(void);
+void rt__cluster_ban_put(const rt_msg_t *m);
 uint8_t *rt__cluster_session_record(const char *key, size_t *len, int64_t *from_ms);
 void rt__cluster_session_put(const record_t *r);
 uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count);

@@ -166,6 +166,8 @@ void rt__cluster_kv_bind(rt_actor_t *self)
         s = rt__cluster_claims_open();
     if (s == NATS_OK && rt__cluster.durable)
         s = rt__cluster_durable_open();
+    if (s == NATS_OK)
+        s = rt__cluster_banned_open();
     if (s == NATS_OK && pthread_create(&rt__cluster.watcher, NULL, watch_retained, NULL) != 0)
         s = NATS_SYS_ERROR;
     if (s != NATS_OK) {

@@ -338,6 +338,49 @@ def test_retained_delivered_live_to_remote_subscriber(nodes, mq, pfx):
         pub.publish(f"{pfx}/ret/a", b"", qos=1, retain=True)
 
 
+def banned_values(node):
+    return [b["value"] for b in node.ctl_json("banned", "list")]
+
+
+def connack_as(node, cid):
+    from mqtt_raw import Raw
+    c = Raw(node.port, cid)
+    code = c.connack_code
+    if code == 0:
+        c.disconnect()
+    return code
+
+
+def test_the_banned_list_is_the_clusters(nodes, pfx):
+    """docs/AUTH.md, "Banned clients": a ban added on one node refuses the client on every
+    node once each has applied the bucket's change, a delete on another node lifts it
+    everywhere, and a ban flapping detection makes on one node travels the same way."""
+    n1, n2, n3 = nodes
+    cid = "ban-" + pfx
+    assert n1.ctl("banned", "add", "clientid", cid, "--reason", "cluster-wide")[0] == 0
+    for n in (n1, n2, n3):
+        until(lambda: cid in banned_values(n), WAIT, lambda: n.read_log()[-2000:])
+        assert connack_as(n, cid) == 0x8A
+    [ban] = [b for b in n2.ctl_json("banned", "list") if b["value"] == cid]
+    assert ban["reason"] == "cluster-wide" and ban["by"] == "admin" and ban["until"] is None
+    assert n3.ctl("banned", "del", "clientid", cid)[0] == 0
+    for n in (n1, n2, n3):
+        until(lambda: cid not in banned_values(n), WAIT, lambda: n.read_log()[-2000:])
+    assert connack_as(n1, cid) == 0
+    flapper = "flap-" + pfx
+    assert n1.ctl("config", "set", "flapping_max_connects", "2")[0] == 0
+    try:
+        assert connack_as(n1, flapper) == 0
+        assert connack_as(n1, flapper) == 0x8A
+    finally:
+        assert n1.ctl("config", "set", "flapping_max_connects", "0")[0] == 0
+    until(lambda: flapper in banned_values(n3), WAIT, lambda: n3.read_log()[-2000:])
+    assert connack_as(n3, flapper) == 0x8A
+    assert n2.ctl("banned", "del", "clientid", flapper)[0] == 0
+    for n in (n1, n2, n3):
+        until(lambda: flapper not in banned_values(n), WAIT, lambda: n.read_log()[-2000:])
+
+
 # ---- 9. NATS unreachable, or lost ----
 
 def test_node_starts_without_nats(mq, pfx):

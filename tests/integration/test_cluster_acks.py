@@ -441,8 +441,8 @@ def docs_nats_conf(port, mport, store):
 def test_docs_nats_permissions_are_enough(tmp_path, mq, pfx):
     """docs/CLUSTER.md's nats-server config, per-node users and permissions as written:
     two durable nodes bind the stream and buckets, route a message, replicate a retained
-    one, move a persistent session from one to the other and answer each other's admin
-    questions, with no permissions violation on either side."""
+    one, move a persistent session from one to the other, share a ban and answer each
+    other's admin questions, with no permissions violation on either side."""
     lone = AuthNats(str(tmp_path), {})
     lone.stop()
     with open(lone.conf, "w") as f:
@@ -478,6 +478,10 @@ def test_docs_nats_permissions_are_enough(tmp_path, mq, pfx):
               lambda: rt2.read_log()[-2000:])
         assert rt1.ctl_json("clients", "show", cid)["node"] == "rt2"
         pub.publish(f"{pfx}/r", b"", qos=1, retain=True)
+        # The banned list's bucket: a ban made on one node is applied on the other.
+        assert rt1.ctl("banned", "add", "clientid", f"ban-{pfx}")[0] == 0
+        until(lambda: [b["value"] for b in rt2.ctl_json("banned", "list")] == [f"ban-{pfx}"],
+              WAIT, lambda: rt2.read_log()[-2000:] + lone.read_log()[-2000:])
         for log in [lone.read_log()] + [n.read_log() for n in nodes_]:
             bad = [ln for ln in log.splitlines() if "Violation" in ln or
                    "cluster.nats_error" in ln]
