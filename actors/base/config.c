@@ -74,6 +74,7 @@ typedef enum {
     K_NETS,
     K_SECTIONS,
     K_USER_RATES,
+    K_AUTO_SUBS,
     K_HTTP,
     K_CLUSTER,
     K_XMPP
@@ -107,6 +108,8 @@ static kind_t kind_of(const setting_t *s)
         return K_XMPP;
     if (strcmp(s->name, "user_rate_limits") == 0)
         return K_USER_RATES;
+    if (strcmp(s->name, "auto_subscribe") == 0)
+        return K_AUTO_SUBS;
     if (strcmp(s->name, "sinks") == 0)
         return K_SECTIONS;
     return K_STRING;
@@ -198,7 +201,7 @@ bool rt_conf_net_parse(const char *s, rt_conf_net_t *out)
     return true;
 }
 
-static void format_net(const rt_conf_net_t *n, char *buf, size_t len)
+void rt_conf_net_format(const rt_conf_net_t *n, char *buf, size_t len)
 {
     char text[INET6_ADDRSTRLEN];
     bool v4 = n->bits >= 96 && memcmp(n->addr, v4_mapped, sizeof(v4_mapped)) == 0;
@@ -212,7 +215,7 @@ void rt__conf_nets_text(const rt_conf_net_t *nets, unsigned n, char *out, size_t
     out[0] = 0;
     for (unsigned i = 0; i < n && used < len; i++) {
         char text[64];
-        format_net(&nets[i], text, sizeof(text));
+        rt_conf_net_format(&nets[i], text, sizeof(text));
         used += (size_t)snprintf(out + used, len - used, "%s%s", i ? ", " : "", text);
     }
 }
@@ -256,6 +259,17 @@ static size_t listeners_text(const rt_listen_t *ls, unsigned n, char *out, size_
     return used;
 }
 
+/* The names (char arrays at offset) of n elements stride bytes apart, joined by ", ". */
+static void join_names(char *value, size_t vlen, const void *base, size_t n, size_t stride,
+                       size_t offset)
+{
+    size_t used = 0;
+    value[0] = 0;
+    for (size_t i = 0; i < n && used < vlen; i++)
+        used += (size_t)snprintf(value + used, vlen - used, "%s%s", i ? ", " : "",
+                                 (const char *)base + i * stride + offset);
+}
+
 /* A top-level setting's value in c as text, as config show and rtd --check write it. */
 static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size_t vlen)
 {
@@ -294,16 +308,16 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
                      c->cluster.nats[n]);
         break;
     case K_USER_RATES:
-        value[0] = 0;
-        for (unsigned n = 0; n < c->nuser_rates && used < vlen; n++)
-            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
-                                     c->user_rates[n].user);
+        join_names(value, vlen, c->user_rates, c->nuser_rates, sizeof(c->user_rates[0]),
+                   offsetof(rt_conf_user_rate_t, user));
+        break;
+    case K_AUTO_SUBS:
+        join_names(value, vlen, c->auto_subs, c->nauto_subs, sizeof(c->auto_subs[0]),
+                   offsetof(rt_conf_auto_sub_t, topic));
         break;
     case K_SECTIONS:
-        value[0] = 0;
-        for (unsigned n = 0; n < c->sinks.n && used < vlen; n++)
-            used += (size_t)snprintf(value + used, vlen - used, "%s%s", n ? ", " : "",
-                                     c->sinks.s[n].name);
+        join_names(value, vlen, c->sinks.s, c->sinks.n, sizeof(c->sinks.s[0]),
+                   offsetof(rt_conf_section_t, name));
         break;
     default:
         break;
@@ -618,6 +632,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return rt__conf_read_listeners(L, c, why, whylen);
     case K_USER_RATES:
         return rt__conf_read_user_rates(L, c, why, whylen);
+    case K_AUTO_SUBS:
+        return rt__conf_read_auto_subs(L, c, why, whylen);
     case K_HTTP:
         return rt__conf_read_http(L, c, why, whylen);
     case K_CLUSTER:

@@ -155,6 +155,15 @@ typedef struct rt_conf_user_rate_s {
     rt_conf_rate_t rate;
 } rt_conf_user_rate_t;
 
+/* A subscription made for each client at CONNECT (auto_subscribe): %c and %u in topic are the
+   client id and user name. */
+#define RT_CONF_MAX_AUTO_SUBS 16
+typedef struct rt_conf_auto_sub_s {
+    char topic[256];
+    long qos, retain_handling;
+    bool no_local, retain_as_published;
+} rt_conf_auto_sub_t;
+
 /*
 ** Named sections (the `sinks` table): name = { key = value, ... }. The loader only
 ** checks the shape (string keys; string, number, boolean or nested-table values);
@@ -350,6 +359,8 @@ typedef struct rt_conf_s {
     rt_conf_xmpp_t xmpp; /* the XMPP server (actors/xmpp); off unless an xmpp table is given */
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;
+    rt_conf_auto_sub_t auto_subs[RT_CONF_MAX_AUTO_SUBS]; /* auto_subscribe */
+    unsigned nauto_subs;
     long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,
                              WebSocket upgrade and PROXY header included) */
 
@@ -471,6 +482,8 @@ int rt_conf_set_from(rt_conf_t *c, const char *where, const char *assignment, ch
                      size_t errlen);
 /* "a.b.c.d/n" (IPv4 as v4-mapped IPv6) or "v6/n"; no "/n": one address. Host bits cleared. */
 bool rt_conf_net_parse(const char *s, rt_conf_net_t *out);
+/* The other way: "a.b.c.d/n" or "v6/n". */
+void rt_conf_net_format(const rt_conf_net_t *n, char *buf, size_t len);
 /* Whether addr (16 bytes, IPv4 v4-mapped) is in one of the n networks. */
 bool rt_conf_net_match(const rt_conf_net_t *nets, unsigned n, const unsigned char addr[16]);
 /*

@@ -62,6 +62,10 @@ const rt_setting_t rt__conf_settings[] = {
     {.name = "xmpp",
      .type = RT_SET_TABLE,
      .doc = "the XMPP server: its domains, listeners and limits (docs/XMPP.md); none by default"},
+    {.name = "auto_subscribe",
+     .type = RT_SET_TABLE,
+     .doc = "{ { topic = \"devices/%c/cmd\", qos = 1 }, ... }: subscriptions made for every client "
+            "at CONNECT; %c is its client id, %u its user name (docs/AUTH.md)"},
     {.name = "user_rate_limits",
      .type = RT_SET_MAP,
      .doc = "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit, in place of "
@@ -196,6 +200,7 @@ const rt_setting_t rt__conf_settings[] = {
         .max = 1e15, .doc = h, .offset = R_OFF(f)                                                  \
     }
 #define X_OFF(f) offsetof(rt_conf_xmpp_t, f)
+#define A_OFF(f) offsetof(rt_conf_auto_sub_t, f)
 #define XMPP_INT(f, d, lo, hi, u, h)                                                               \
     {                                                                                              \
         .name = "xmpp." #f, .type = RT_SET_INT, .num = d, .unit = u, .min = lo, .max = hi,         \
@@ -311,6 +316,33 @@ const rt_setting_t rt__conf_table_settings[] = {
      .offset = H_OFF(request_timeout),
      .doc = "a request must arrive whole within it of its first byte (slowloris); the first, TLS "
             "handshake included, within it of accept"},
+    {.name = "auto_subscribe[].topic",
+     .type = RT_SET_STRING,
+     .offset = A_OFF(topic),
+     .size = sizeof(((rt_conf_auto_sub_t *)0)->topic),
+     .text = "",
+     .doc = "a topic filter; %c: the client id, %u: the user name (a client without one is not "
+            "subscribed to it), %%: a %"},
+    {.name = "auto_subscribe[].qos",
+     .type = RT_SET_INT,
+     .offset = A_OFF(qos),
+     .min = 0,
+     .max = 2,
+     .doc = "the subscription's QoS"},
+    {.name = "auto_subscribe[].no_local",
+     .type = RT_SET_BOOL,
+     .offset = A_OFF(no_local),
+     .doc = "not the client's own messages (MQTT 5's No Local)"},
+    {.name = "auto_subscribe[].retain_as_published",
+     .type = RT_SET_BOOL,
+     .offset = A_OFF(retain_as_published),
+     .doc = "the retain flag as published (MQTT 5's Retain As Published)"},
+    {.name = "auto_subscribe[].retain_handling",
+     .type = RT_SET_INT,
+     .offset = A_OFF(retain_handling),
+     .min = 0,
+     .max = 2,
+     .doc = "retained messages: 0 at every CONNECT, 1 when the subscription is new, 2 never"},
     {.name = "user_rate_limits.<user>",
      .type = RT_SET_TABLE,
      .doc = "the user's rate limit, in place of its listener's: the listeners[].rate_limit keys"},

@@ -229,6 +229,11 @@ void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
             snprintf(shown, sizeof(shown), "user_rate_limits.%s", c->user_rates[i].user);
             show_keys(&sh, "listeners[].rate_limit", shown, &c->user_rates[i].rate, NULL);
         }
+    } else if (strcmp(table, "auto_subscribe") == 0) {
+        for (unsigned i = 0; i < c->nauto_subs; i++) {
+            snprintf(shown, sizeof(shown), "auto_subscribe[%u]", i + 1);
+            show_keys(&sh, "auto_subscribe[]", shown, &c->auto_subs[i], NULL);
+        }
     } else if (strcmp(table, "sinks") == 0) {
         for (unsigned i = 0; i < c->sinks.n; i++)
             show_section(&sh, &c->sinks.s[i]);

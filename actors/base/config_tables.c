@@ -768,6 +768,65 @@ bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whyl
     return true;
 }
 
+/* %c, %u and %% are auto_subscribe's placeholders: any other % is a mistake. */
+static bool placeholders_ok(const char *topic)
+{
+    for (const char *p = strchr(topic, '%'); p; p = strchr(p + 2, '%'))
+        if (p[1] != 'c' && p[1] != 'u' && p[1] != '%')
+            return false;
+    return true;
+}
+
+bool rt__conf_read_auto_subs(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    size_t len = lua_type(L, -1) == LUA_TTABLE ? lua_rawlen(L, -1) : 0;
+    size_t keys = 0;
+    if (lua_type(L, -1) == LUA_TTABLE) {
+        lua_pushnil(L);
+        while (lua_next(L, -2)) {
+            keys++;
+            lua_pop(L, 1);
+        }
+    }
+    if (lua_type(L, -1) != LUA_TTABLE || keys != len) {
+        snprintf(why, whylen,
+                 "auto_subscribe must be a list: { { topic = \"a/%%c\", qos = 1 }, ... }");
+        return false;
+    }
+    if (len > RT_CONF_MAX_AUTO_SUBS) {
+        snprintf(why, whylen, "auto_subscribe: at most %d subscriptions", RT_CONF_MAX_AUTO_SUBS);
+        return false;
+    }
+    rt_conf_auto_sub_t subs[RT_CONF_MAX_AUTO_SUBS];
+    bool ok = true;
+    for (size_t i = 0; ok && i < len; i++) {
+        char where[32];
+        snprintf(where, sizeof(where), "auto_subscribe[%zu]", i + 1);
+        memset(&subs[i], 0, sizeof(subs[i]));
+        table_defaults("auto_subscribe[]", &subs[i]);
+        lua_rawgeti(L, -1, (lua_Integer)i + 1);
+        if (lua_type(L, -1) != LUA_TTABLE) {
+            snprintf(why, whylen, "%s: a table { topic = \"...\", qos = n }", where);
+            ok = false;
+        } else {
+            ok = read_table(L, where, "auto_subscribe[]", &subs[i], why, whylen);
+        }
+        if (ok && !subs[i].topic[0]) {
+            snprintf(why, whylen, "%s: topic is required", where);
+            ok = false;
+        } else if (ok && !placeholders_ok(subs[i].topic)) {
+            snprintf(why, whylen, "%s.topic: %%c, %%u and %%%% are its placeholders", where);
+            ok = false;
+        }
+        lua_pop(L, 1);
+    }
+    if (!ok)
+        return false;
+    memcpy(c->auto_subs, subs, len * sizeof(subs[0]));
+    c->nauto_subs = (unsigned)len;
+    return true;
+}
+
 /* The path keys directly under prefix, in the struct at base, made absolute against dir. */
 static int resolve_keys(const char *prefix, void *base, const char *dir, const char *where,
                         char *err, size_t errlen)

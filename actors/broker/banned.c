@@ -85,13 +85,7 @@ static int net_value(const char *value, size_t len, rt_conf_net_t *net, char *ou
     text[len] = 0;
     if (!rt_conf_net_parse(text, net))
         return RT_EINVAL;
-    rt_auth_addr_t a;
-    memcpy(a.b, net->addr, sizeof(a.b));
-    char host[64];
-    rt_auth_addr_format(&a, host, sizeof(host));
-    static const unsigned char v4_mapped[12] = {[10] = 0xff, [11] = 0xff};
-    bool v4 = memcmp(net->addr, v4_mapped, sizeof(v4_mapped)) == 0 && net->bits >= 96;
-    snprintf(out, outlen, "%s/%u", host, v4 ? net->bits - 96 : net->bits);
+    rt_conf_net_format(net, out, outlen);
     return 0;
 }
 

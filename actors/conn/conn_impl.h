@@ -352,6 +352,13 @@ bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);
 
 /* ---- subscribe.c: subscriptions ---- */
 int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+/*
+** auto_subscribe (config.h) at CONNECT: each configured filter, %c and %u filled in, subscribed
+** as the client's own SUBSCRIBE would be (limits, the ACL, the session's store, retained
+** messages) without a SUBACK, which the client did not ask for. A filter that cannot be made
+** (no user name for %u, a client id or name with a wildcard) is skipped, a refused one logged.
+*/
+void rt__conn_auto_subscribe(rt_actor_t *self, conn_t *c);
 /* Sends the retained messages new subscriptions get: rec holds what the SUBSCRIBE left
    for them (subscribe.c), now or back from a cluster (RT_CLUSTER_MSG_RETAINED_READY). */
 void rt__conn_send_retained(rt_actor_t *self, conn_t *c, const uint8_t *rec, size_t len);

@@ -509,5 +509,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     rt__conn_arm_keepalive(self, c);
     if (resumed)
         rt__conn_retransmit(self, c);
+    if (rt_broker->conf.nauto_subs)
+        rt__conn_auto_subscribe(self, c);
     return 0;
 }

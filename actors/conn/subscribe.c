@@ -1,8 +1,8 @@
 /*
 ** The client's subscriptions: SUBSCRIBE and UNSUBSCRIBE, the list the actor keeps of
 ** them (for the session's end, persistence, administrators and shared groups), the
-** retained messages a new subscription gets, and the shared groups an offline session
-** leaves and rejoins.
+** retained messages a new subscription gets, the shared groups an offline session
+** leaves and rejoins, and the subscriptions auto_subscribe makes at CONNECT.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +10,7 @@
 #include "acl.h"
 #include "cluster.h"
 #include "conn_impl.h"
+#include "log.h"
 #include "store.h"
 
 /* session.subscribed / unsubscribed: rules get the filter as a C string. */
@@ -188,76 +189,155 @@ static uint8_t *sub_reply_room(const mqtt_packet_t *pk, size_t per, uint8_t *sma
     return need <= small_len ? small : malloc(need);
 }
 
+/* What a granted filter does after the SUBACK: a byte of these bits. */
+enum { THEN_RETAINED = 1, THEN_ACL_CHECK = 2 };
+
+/*
+** One filter of a SUBSCRIBE (or of auto_subscribe): its reason code (the QoS granted, or a
+** refusal: v5's code, else 0x80) and, in *then, what comes after the SUBACK.
+*/
+static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, const mqtt_sub_t *s, uint32_t sub_id,
+                             uint8_t *then)
+{
+    uint8_t qos = MQTT_SUB_QOS(s->options);
+    uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s->options);
+    bool acl_check = false;
+    uint8_t refused = subscribe_refusal(self, c, s, &acl_check);
+    *then = 0;
+    if (refused)
+        return c->version == MQTT_V5 ? refused : 0x80;
+    rt_trie_opts_t o = {.qos = qos,
+                        .no_local = (s->options & MQTT_SUB_NO_LOCAL) != 0,
+                        .retain_as_published = (s->options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,
+                        .retain_handling = handling,
+                        .persistent = rt__conn_session_is_durable(c),
+                        .acl_check = acl_check,
+                        .sub_id = sub_id};
+    int existed = 0;
+    int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s->filter.p, s->filter.len,
+                               rt_self(self), &o, &existed);
+    if (rc == 0)
+        rc = rt__conn_sub_remember(self, c, s->filter.p, s->filter.len, &o);
+    if (rc == 0 && rt__conn_session_is_durable(c))
+        rt_store_sub(c->client_id, (const char *)s->filter.p, s->filter.len, &o);
+    if (rc == 0)
+        subscription_rule_event(self, c, RT_RULE_EV_SESSION_SUBSCRIBED, s->filter.p, s->filter.len,
+                                qos);
+    /* Retained messages on subscribe: always (0), for a new subscription only (1), never
+       (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
+    bool shared = rt_topic_is_shared((const char *)s->filter.p, s->filter.len);
+    bool retained = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
+    *then = (retained ? THEN_RETAINED : 0) | (acl_check ? THEN_ACL_CHECK : 0);
+    return rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
+}
+
+/* A granted filter's retained messages, as a record for rt__conn_send_retained. */
+static void want_retained(rt_buf_t *wanted, const mqtt_sub_t *s, uint8_t code, uint8_t then,
+                          uint32_t sub_id)
+{
+    if (!(then & THEN_RETAINED))
+        return;
+    uint8_t head[8] = {code, (then & THEN_ACL_CHECK) != 0};
+    memcpy(head + 2, &sub_id, 4);
+    head[6] = (uint8_t)(s->filter.len >> 8);
+    head[7] = (uint8_t)s->filter.len;
+    rt_buf_add(wanted, head, sizeof(head));
+    rt_buf_add(wanted, s->filter.p, s->filter.len);
+}
+
+/* The retained messages each new subscription gets: sent now, or once this node's copy of a
+   cluster's retained store has caught up. */
+static void send_wanted(rt_actor_t *self, conn_t *c, rt_buf_t *wanted)
+{
+    if (wanted->len && !wanted->oom &&
+        !rt_cluster_retained_barrier(rt_self(self), wanted->data, wanted->len))
+        rt__conn_send_retained(self, c, (const uint8_t *)wanted->data, wanted->len);
+    rt_buf_free(wanted);
+}
+
 int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     uint8_t small[512];
     uint8_t *codes = sub_reply_room(pk, 2, small, sizeof(small));
     if (!codes)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-    /* What each granted filter does after the SUBACK: a byte of THEN_* bits. */
-    enum { THEN_RETAINED = 1, THEN_ACL_CHECK = 2 };
     uint8_t *then = codes + pk->sub.count;
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
     while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
-        uint8_t qos = MQTT_SUB_QOS(s.options);
-        uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s.options);
-        bool acl_check = false;
-        uint8_t refused = subscribe_refusal(self, c, &s, &acl_check);
-        rt_trie_opts_t o = {.qos = qos,
-                            .no_local = (s.options & MQTT_SUB_NO_LOCAL) != 0,
-                            .retain_as_published = (s.options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,
-                            .retain_handling = handling,
-                            .persistent = rt__conn_session_is_durable(c),
-                            .acl_check = acl_check,
-                            .sub_id = pk->props.sub_id};
-        int existed = 0;
-        if (refused) {
-            then[n] = 0;
-            codes[n++] = c->version == MQTT_V5 ? refused : 0x80;
-            continue;
-        }
-        int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s.filter.p, s.filter.len,
-                                   rt_self(self), &o, &existed);
-        if (rc == 0)
-            rc = rt__conn_sub_remember(self, c, s.filter.p, s.filter.len, &o);
-        if (rc == 0 && rt__conn_session_is_durable(c))
-            rt_store_sub(c->client_id, (const char *)s.filter.p, s.filter.len, &o);
-        if (rc == 0)
-            subscription_rule_event(self, c, RT_RULE_EV_SESSION_SUBSCRIBED, s.filter.p,
-                                    s.filter.len, qos);
-        /* Retained messages on subscribe: always (0), for a new subscription only (1), never
-           (2), and never for a shared subscription (MQTT 5 3.8.3.1, 4.8.2). */
-        bool shared = rt_topic_is_shared((const char *)s.filter.p, s.filter.len);
-        bool retained = rc == 0 && !shared && (handling == 0 || (handling == 1 && !existed));
-        then[n] = (retained ? THEN_RETAINED : 0) | (acl_check ? THEN_ACL_CHECK : 0);
-        codes[n++] = rc == 0 ? qos : c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
+        codes[n] = subscribe_one(self, c, &s, pk->props.sub_id, &then[n]);
+        n++;
     }
     rt__conn_record_session(self, c, true);
     mqtt_packet_t ack = {.type = MQTT_SUBACK, .packet_id = pk->packet_id};
     ack.codes = (mqtt_str_t){codes, (uint32_t)n};
     rt__conn_send_packet(c, &ack);
-    /* The retained messages each new subscription gets, as records (retained_send): sent
-       now, or once this node's copy of a cluster's retained store has caught up. */
     rt_buf_t wanted = {0};
     pos = 0;
-    for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++) {
-        if (!(then[i] & THEN_RETAINED))
-            continue;
-        uint8_t head[8] = {codes[i], (then[i] & THEN_ACL_CHECK) != 0};
-        memcpy(head + 2, &pk->props.sub_id, 4);
-        head[6] = (uint8_t)(s.filter.len >> 8);
-        head[7] = (uint8_t)s.filter.len;
-        rt_buf_add(&wanted, head, sizeof(head));
-        rt_buf_add(&wanted, s.filter.p, s.filter.len);
-    }
-    if (wanted.len && !wanted.oom &&
-        !rt_cluster_retained_barrier(rt_self(self), wanted.data, wanted.len))
-        rt__conn_send_retained(self, c, (const uint8_t *)wanted.data, wanted.len);
-    rt_buf_free(&wanted);
+    for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++)
+        want_retained(&wanted, &s, codes[i], then[i], pk->props.sub_id);
+    send_wanted(self, c, &wanted);
     if (codes != small)
         free(codes);
     return 0;
+}
+
+/*
+** filter with auto_subscribe's placeholders filled in (%c the client id, %u the user name, %%
+** a %): its length, or 0 when it cannot be made (no user name for %u, a name with a wildcard
+** or a NUL, which would widen the filter, or no room).
+*/
+static size_t fill_placeholders(const conn_t *c, const char *filter, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = filter; *p; p++) {
+        const char *add = p;
+        size_t len = 1;
+        if (*p == '%' && (p[1] == 'c' || p[1] == 'u')) {
+            add = p[1] == 'c' ? c->client_id : c->username;
+            if (!add || strpbrk(add, "+#"))
+                return 0;
+            len = strlen(add);
+            p++;
+        } else if (*p == '%' && p[1] == '%') {
+            p++;
+        }
+        if (n + len >= cap)
+            return 0;
+        memcpy(out + n, add, len);
+        n += len;
+    }
+    return n;
+}
+
+void rt__conn_auto_subscribe(rt_actor_t *self, conn_t *c)
+{
+    const rt_conf_t *conf = &rt_broker->conf;
+    rt_buf_t wanted = {0};
+    char filter[RT_TOPIC_MAX_LEN + 1];
+    for (unsigned i = 0; i < conf->nauto_subs; i++) {
+        const rt_conf_auto_sub_t *a = &conf->auto_subs[i];
+        size_t len = fill_placeholders(c, a->topic, filter, sizeof(filter));
+        if (!len || !rt_topic_valid_filter(filter, len) ||
+            !mqtt_utf8_valid((uint8_t *)filter, len)) {
+            rt_log(RT_LOG_DEBUG, "client.auto_subscribe_skipped", "client=%s topic=%s",
+                   c->client_id, a->topic);
+            continue;
+        }
+        mqtt_sub_t s = {.filter = {(const uint8_t *)filter, (uint32_t)len},
+                        .options =
+                            (uint8_t)(a->qos | (a->no_local ? MQTT_SUB_NO_LOCAL : 0) |
+                                      (a->retain_as_published ? MQTT_SUB_RETAIN_AS_PUBLISHED : 0) |
+                                      a->retain_handling << 4)};
+        uint8_t then, code = subscribe_one(self, c, &s, 0, &then);
+        if (code >= 0x80)
+            rt_log(RT_LOG_INFO, "client.auto_subscribe_refused", "client=%s filter=%.*s reason=%#x",
+                   c->client_id, (int)len, filter, code);
+        else
+            want_retained(&wanted, &s, code, then, 0);
+    }
+    rt__conn_record_session(self, c, true);
+    send_wanted(self, c, &wanted);
 }
 
 void rt__conn_send_retained(rt_actor_t *self, conn_t *c, const uint8_t *rec, size_t len)
