@@ -75,6 +75,7 @@ typedef enum {
     K_SECTIONS,
     K_USER_RATES,
     K_AUTO_SUBS,
+    K_REWRITES,
     K_HTTP,
     K_CLUSTER,
     K_XMPP
@@ -110,6 +111,8 @@ static kind_t kind_of(const setting_t *s)
         return K_USER_RATES;
     if (strcmp(s->name, "auto_subscribe") == 0)
         return K_AUTO_SUBS;
+    if (strcmp(s->name, "rewrite") == 0)
+        return K_REWRITES;
     if (strcmp(s->name, "sinks") == 0)
         return K_SECTIONS;
     return K_STRING;
@@ -314,6 +317,10 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
     case K_AUTO_SUBS:
         join_names(value, vlen, c->auto_subs, c->nauto_subs, sizeof(c->auto_subs[0]),
                    offsetof(rt_conf_auto_sub_t, topic));
+        break;
+    case K_REWRITES:
+        join_names(value, vlen, c->rewrites, c->nrewrites, sizeof(c->rewrites[0]),
+                   offsetof(rt_conf_rewrite_t, source));
         break;
     case K_SECTIONS:
         join_names(value, vlen, c->sinks.s, c->sinks.n, sizeof(c->sinks.s[0]),
@@ -634,6 +641,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return rt__conf_read_user_rates(L, c, why, whylen);
     case K_AUTO_SUBS:
         return rt__conf_read_auto_subs(L, c, why, whylen);
+    case K_REWRITES:
+        return rt__conf_read_rewrites(L, c, why, whylen);
     case K_HTTP:
         return rt__conf_read_http(L, c, why, whylen);
     case K_CLUSTER:

@@ -165,6 +165,18 @@ typedef struct rt_conf_auto_sub_s {
 } rt_conf_auto_sub_t;
 
 /*
+** A topic rewrite rule (rewrite, EMQX's): a topic (of a PUBLISH) or filter (of a SUBSCRIBE or
+** UNSUBSCRIBE) that source matches and the POSIX extended regular expression re matches
+** becomes dest, $1..$9 replaced by re's groups.
+*/
+#define RT_CONF_MAX_REWRITES 32
+typedef enum { RT_REWRITE_PUBLISH, RT_REWRITE_SUBSCRIBE, RT_REWRITE_ALL } rt_rewrite_action_t;
+typedef struct rt_conf_rewrite_s {
+    int action; /* rt_rewrite_action_t */
+    char source[256], re[256], dest[256];
+} rt_conf_rewrite_t;
+
+/*
 ** Named sections (the `sinks` table): name = { key = value, ... }. The loader only
 ** checks the shape (string keys; string, number, boolean or nested-table values);
 ** the module that owns the section checks its keys at start, naming where and line.
@@ -361,6 +373,8 @@ typedef struct rt_conf_s {
     unsigned nuser_rates;
     rt_conf_auto_sub_t auto_subs[RT_CONF_MAX_AUTO_SUBS]; /* auto_subscribe */
     unsigned nauto_subs;
+    rt_conf_rewrite_t rewrites[RT_CONF_MAX_REWRITES]; /* rewrite, in order: the first applies */
+    unsigned nrewrites;
     long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,
                              WebSocket upgrade and PROXY header included) */
 

@@ -16,6 +16,7 @@ static const char *const log_levels[] = {"error", "warning", "info", "debug", NU
 static const char *const log_formats[] = {"logfmt", "json", NULL};
 static const char *const log_journal_modes[] = {"auto", "on", "off", NULL};
 static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
+static const char *const rewrite_actions[] = {"publish", "subscribe", "all", NULL};
 
 #define OFF(f) offsetof(rt_conf_t, f)
 #define SIZE(f) sizeof(((rt_conf_t *)0)->f)
@@ -66,6 +67,11 @@ const rt_setting_t rt__conf_settings[] = {
      .type = RT_SET_TABLE,
      .doc = "{ { topic = \"devices/%c/cmd\", qos = 1 }, ... }: subscriptions made for every client "
             "at CONNECT; %c is its client id, %u its user name (docs/AUTH.md)"},
+    {.name = "rewrite",
+     .type = RT_SET_TABLE,
+     .doc = "{ { action = \"publish\", source = \"x/#\", re = \"^x/(.+)$\", dest = \"y/$1\" }, "
+            "... }: topics rewritten before the ACL and routing, the first rule that applies "
+            "(docs/AUTH.md)"},
     {.name = "user_rate_limits",
      .type = RT_SET_MAP,
      .doc = "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit, in place of "
@@ -201,6 +207,7 @@ const rt_setting_t rt__conf_settings[] = {
     }
 #define X_OFF(f) offsetof(rt_conf_xmpp_t, f)
 #define A_OFF(f) offsetof(rt_conf_auto_sub_t, f)
+#define W_OFF(f) offsetof(rt_conf_rewrite_t, f)
 #define XMPP_INT(f, d, lo, hi, u, h)                                                               \
     {                                                                                              \
         .name = "xmpp." #f, .type = RT_SET_INT, .num = d, .unit = u, .min = lo, .max = hi,         \
@@ -343,6 +350,30 @@ const rt_setting_t rt__conf_table_settings[] = {
      .min = 0,
      .max = 2,
      .doc = "retained messages: 0 at every CONNECT, 1 when the subscription is new, 2 never"},
+    {.name = "rewrite[].action",
+     .type = RT_SET_STRING,
+     .offset = W_OFF(action),
+     .text = "all",
+     .choices = rewrite_actions,
+     .doc = "what it rewrites: PUBLISH topics, SUBSCRIBE and UNSUBSCRIBE filters, or all"},
+    {.name = "rewrite[].source",
+     .type = RT_SET_STRING,
+     .offset = W_OFF(source),
+     .size = sizeof(((rt_conf_rewrite_t *)0)->source),
+     .text = "",
+     .doc = "a topic filter: the topics (or filters, level by level) it applies to"},
+    {.name = "rewrite[].re",
+     .type = RT_SET_STRING,
+     .offset = W_OFF(re),
+     .size = sizeof(((rt_conf_rewrite_t *)0)->re),
+     .text = "",
+     .doc = "a POSIX extended regular expression the whole topic must match"},
+    {.name = "rewrite[].dest",
+     .type = RT_SET_STRING,
+     .offset = W_OFF(dest),
+     .size = sizeof(((rt_conf_rewrite_t *)0)->dest),
+     .text = "",
+     .doc = "the new topic: $1 to $9 are re's groups"},
     {.name = "user_rate_limits.<user>",
      .type = RT_SET_TABLE,
      .doc = "the user's rate limit, in place of its listener's: the listeners[].rate_limit keys"},

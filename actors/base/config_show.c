@@ -234,6 +234,11 @@ void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
             snprintf(shown, sizeof(shown), "auto_subscribe[%u]", i + 1);
             show_keys(&sh, "auto_subscribe[]", shown, &c->auto_subs[i], NULL);
         }
+    } else if (strcmp(table, "rewrite") == 0) {
+        for (unsigned i = 0; i < c->nrewrites; i++) {
+            snprintf(shown, sizeof(shown), "rewrite[%u]", i + 1);
+            show_keys(&sh, "rewrite[]", shown, &c->rewrites[i], NULL);
+        }
     } else if (strcmp(table, "sinks") == 0) {
         for (unsigned i = 0; i < c->sinks.n; i++)
             show_section(&sh, &c->sinks.s[i]);

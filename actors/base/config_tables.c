@@ -8,6 +8,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <stdio.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -768,19 +769,19 @@ bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whyl
     return true;
 }
 
-/* %c, %u and %% are auto_subscribe's placeholders: any other % is a mistake. */
-static bool placeholders_ok(const char *topic)
-{
-    for (const char *p = strchr(topic, '%'); p; p = strchr(p + 2, '%'))
-        if (p[1] != 'c' && p[1] != 'u' && p[1] != '%')
-            return false;
-    return true;
-}
+/* What an element of a list of tables must also be: false with why set when it is not. */
+typedef bool (*element_check_t)(const void *elem, const char *where, char *why, size_t whylen);
 
-bool rt__conf_read_auto_subs(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+/*
+** A list of up to max tables (on top of the stack), each read by the schema's keys under
+** prefix into base (stride bytes apart) and checked; *n gets how many. shape names the
+** setting's form in the error for a value that is no list.
+*/
+static bool read_list(lua_State *L, const char *name, const char *shape, const char *prefix,
+                      void *base, size_t stride, size_t max, unsigned *n, element_check_t check,
+                      char *why, size_t whylen)
 {
-    size_t len = lua_type(L, -1) == LUA_TTABLE ? lua_rawlen(L, -1) : 0;
-    size_t keys = 0;
+    size_t len = lua_type(L, -1) == LUA_TTABLE ? lua_rawlen(L, -1) : 0, keys = 0;
     if (lua_type(L, -1) == LUA_TTABLE) {
         lua_pushnil(L);
         while (lua_next(L, -2)) {
@@ -789,42 +790,92 @@ bool rt__conf_read_auto_subs(lua_State *L, rt_conf_t *c, char *why, size_t whyle
         }
     }
     if (lua_type(L, -1) != LUA_TTABLE || keys != len) {
-        snprintf(why, whylen,
-                 "auto_subscribe must be a list: { { topic = \"a/%%c\", qos = 1 }, ... }");
+        snprintf(why, whylen, "%s must be a list: %s", name, shape);
         return false;
     }
-    if (len > RT_CONF_MAX_AUTO_SUBS) {
-        snprintf(why, whylen, "auto_subscribe: at most %d subscriptions", RT_CONF_MAX_AUTO_SUBS);
+    if (len > max) {
+        snprintf(why, whylen, "%s: at most %zu", name, max);
         return false;
     }
-    rt_conf_auto_sub_t subs[RT_CONF_MAX_AUTO_SUBS];
+    unsigned char *elems = calloc(len ? len : 1, stride);
+    if (!elems) {
+        snprintf(why, whylen, "%s: out of memory", name);
+        return false;
+    }
     bool ok = true;
     for (size_t i = 0; ok && i < len; i++) {
-        char where[32];
-        snprintf(where, sizeof(where), "auto_subscribe[%zu]", i + 1);
-        memset(&subs[i], 0, sizeof(subs[i]));
-        table_defaults("auto_subscribe[]", &subs[i]);
+        char where[48];
+        snprintf(where, sizeof(where), "%s[%zu]", name, i + 1);
+        void *elem = elems + i * stride;
+        table_defaults(prefix, elem);
         lua_rawgeti(L, -1, (lua_Integer)i + 1);
         if (lua_type(L, -1) != LUA_TTABLE) {
-            snprintf(why, whylen, "%s: a table { topic = \"...\", qos = n }", where);
+            snprintf(why, whylen, "%s: a table, as in %s", where, shape);
             ok = false;
         } else {
-            ok = read_table(L, where, "auto_subscribe[]", &subs[i], why, whylen);
-        }
-        if (ok && !subs[i].topic[0]) {
-            snprintf(why, whylen, "%s: topic is required", where);
-            ok = false;
-        } else if (ok && !placeholders_ok(subs[i].topic)) {
-            snprintf(why, whylen, "%s.topic: %%c, %%u and %%%% are its placeholders", where);
-            ok = false;
+            ok = read_table(L, where, prefix, elem, why, whylen) && check(elem, where, why, whylen);
         }
         lua_pop(L, 1);
     }
-    if (!ok)
+    if (ok) {
+        memcpy(base, elems, len * stride);
+        *n = (unsigned)len;
+    }
+    free(elems);
+    return ok;
+}
+
+/* %c, %u and %% are auto_subscribe's placeholders: any other % is a mistake. */
+static bool auto_sub_ok(const void *elem, const char *where, char *why, size_t whylen)
+{
+    const char *topic = ((const rt_conf_auto_sub_t *)elem)->topic;
+    if (!topic[0]) {
+        snprintf(why, whylen, "%s: topic is required", where);
         return false;
-    memcpy(c->auto_subs, subs, len * sizeof(subs[0]));
-    c->nauto_subs = (unsigned)len;
+    }
+    for (const char *p = strchr(topic, '%'); p; p = strchr(p + 2, '%'))
+        if (p[1] != 'c' && p[1] != 'u' && p[1] != '%') {
+            snprintf(why, whylen, "%s.topic: %%c, %%u and %%%% are its placeholders", where);
+            return false;
+        }
     return true;
+}
+
+bool rt__conf_read_auto_subs(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    return read_list(L, "auto_subscribe", "{ { topic = \"a/%c\", qos = 1 }, ... }",
+                     "auto_subscribe[]", c->auto_subs, sizeof(c->auto_subs[0]),
+                     RT_CONF_MAX_AUTO_SUBS, &c->nauto_subs, auto_sub_ok, why, whylen);
+}
+
+/* A rule's three strings given, and its expression one regcomp takes (the broker compiles it
+   again when it starts). */
+static bool rewrite_ok(const void *elem, const char *where, char *why, size_t whylen)
+{
+    const rt_conf_rewrite_t *r = elem;
+    if (!r->source[0] || !r->re[0] || !r->dest[0]) {
+        snprintf(why, whylen, "%s: source, re and dest are required", where);
+        return false;
+    }
+    regex_t re;
+    int rc = regcomp(&re, r->re, REG_EXTENDED);
+    if (rc) {
+        char err[128];
+        regerror(rc, &re, err, sizeof(err));
+        snprintf(why, whylen, "%s.re: %s", where, err);
+        return false;
+    }
+    regfree(&re);
+    return true;
+}
+
+bool rt__conf_read_rewrites(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    return read_list(L, "rewrite",
+                     "{ { action = \"publish\", source = \"x/#\", re = \"^x/(.+)$\", dest = "
+                     "\"y/$1\" }, ... }",
+                     "rewrite[]", c->rewrites, sizeof(c->rewrites[0]), RT_CONF_MAX_REWRITES,
+                     &c->nrewrites, rewrite_ok, why, whylen);
 }
 
 /* The path keys directly under prefix, in the struct at base, made absolute against dir. */

@@ -10,6 +10,7 @@
 #include "auth.h"
 #include "banned.h"
 #include "broker.h"
+#include "rewrite.h"
 #include "log.h"
 
 rt_broker_t *rt_broker;
@@ -61,6 +62,16 @@ int rt_broker_init(const rt_conf_t *conf)
         free(b);
         return RT_ENOMEM;
     }
+    char err[256];
+    int rc = rt_rewrite_init(&b->conf, err, sizeof(err)); /* its rules point into b->conf */
+    if (rc) {
+        rt_log(RT_LOG_ERROR, "broker.rewrite_refused", "%s", err);
+        rt_retained_free(b->retained);
+        rt_trie_free(b->trie);
+        free(b->clients);
+        free(b);
+        return rc;
+    }
     rt_broker = b;
     live_init(b);
     metrics_reset();
@@ -74,6 +85,7 @@ void rt_broker_free(void)
         return;
     RT_ASSERT(no_actor_alive());
     rt_banned_free();
+    rt_rewrite_free();
     free(b->clients);
     rt_trie_free(b->trie);
     rt_retained_free(b->retained);

@@ -10,6 +10,7 @@
 #include "cluster.h"
 #include "conn_impl.h"
 #include "log.h"
+#include "rewrite.h"
 #include "store.h"
 
 /* MQTT 5 topic aliases (3.3.2.3.4): the alias maps to the last topic sent with it. */
@@ -309,6 +310,33 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     return 0;
 }
 
+/*
+** The PUBLISH's topic as the rewrite rules make it (rewrite.h), in place: its new bytes in
+** *buf, the caller's to free. False when the rule that applies makes no topic name (the
+** PUBLISH is refused as one with an invalid topic, and logged).
+*/
+static bool rewrite_topic(rt_actor_t *self, const conn_t *c, mqtt_packet_t *pk, char **buf)
+{
+    mqtt_str_t *t = &pk->publish.topic;
+    size_t cap = 256 + 9 * (size_t)t->len;
+    if (cap > RT_TOPIC_MAX_LEN + 1)
+        cap = RT_TOPIC_MAX_LEN + 1;
+    if (!(*buf = rt_alloc(self, cap, RT_OBJ_LEAF)))
+        return false;
+    size_t n = rt_rewrite(RT_REWRITE_PUBLISH, (const char *)t->p, t->len, *buf, cap);
+    if (n == 0)
+        return true;
+    if (n == RT_REWRITE_BAD || !rt_topic_valid_name(*buf, n)) {
+        rt_log(RT_LOG_WARNING, "client.rewrite_invalid", "client=%s topic=%.*s", c->client_id,
+               (int)t->len, (const char *)t->p);
+        return false;
+    }
+    *t = (mqtt_str_t){(const uint8_t *)*buf, (uint32_t)n};
+    return true;
+}
+
+static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+
 int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     rt__metric_add(RT_METRIC_MSGS_IN, 1);
@@ -321,6 +349,22 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         if (rc)
             return rc;
     }
+    if (!rt_rewrite_any())
+        return publish_resolved(self, c, pk);
+    char *rewritten = NULL;
+    int rc = 0;
+    if (rewrite_topic(self, c, pk, &rewritten))
+        rc = publish_resolved(self, c, pk);
+    else
+        refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
+    rt_free(self, rewritten);
+    return rc;
+}
+
+/* A PUBLISH with its topic as it is routed (alias resolved, rewritten): the checks, then
+   routing and the acknowledgement. */
+static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+{
     uint8_t qos = pk->publish.qos;
     if (!rt__conn_topic_within_limits(pk->publish.topic.p, pk->publish.topic.len)) {
         atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);

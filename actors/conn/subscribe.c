@@ -11,6 +11,7 @@
 #include "cluster.h"
 #include "conn_impl.h"
 #include "log.h"
+#include "rewrite.h"
 #include "store.h"
 
 /* session.subscribed / unsubscribed: rules get the filter as a C string. */
@@ -193,17 +194,48 @@ static uint8_t *sub_reply_room(const mqtt_packet_t *pk, size_t per, uint8_t *sma
 enum { THEN_RETAINED = 1, THEN_ACL_CHECK = 2 };
 
 /*
-** One filter of a SUBSCRIBE (or of auto_subscribe): its reason code (the QoS granted, or a
-** refusal: v5's code, else 0x80) and, in *then, what comes after the SUBACK.
+** A SUBSCRIBE's or UNSUBSCRIBE's filter as the rewrite rules make it (rewrite.h), in place: its
+** new bytes in *buf, which the caller frees (rt_free). False when the rule that applies makes
+** no filter (logged). A shared subscription's filter is left as it is.
 */
-static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, const mqtt_sub_t *s, uint32_t sub_id,
-                             uint8_t *then)
+static bool rewrite_filter(rt_actor_t *self, const conn_t *c, mqtt_sub_t *s, char **buf)
+{
+    *buf = NULL;
+    if (!rt_rewrite_any() || rt_topic_is_shared((const char *)s->filter.p, s->filter.len))
+        return true;
+    size_t cap = 256 + 9 * (size_t)s->filter.len;
+    if (cap > RT_TOPIC_MAX_LEN + 1)
+        cap = RT_TOPIC_MAX_LEN + 1;
+    if (!(*buf = rt_alloc(self, cap, RT_OBJ_LEAF)))
+        return false;
+    size_t n =
+        rt_rewrite(RT_REWRITE_SUBSCRIBE, (const char *)s->filter.p, s->filter.len, *buf, cap);
+    if (n == 0)
+        return true;
+    if (n == RT_REWRITE_BAD || !rt_topic_valid_filter(*buf, n)) {
+        rt_log(RT_LOG_WARNING, "client.rewrite_invalid", "client=%s filter=%.*s", c->client_id,
+               (int)s->filter.len, (const char *)s->filter.p);
+        return false;
+    }
+    s->filter = (mqtt_str_t){(const uint8_t *)*buf, (uint32_t)n};
+    return true;
+}
+
+/*
+** One filter of a SUBSCRIBE (or of auto_subscribe), rewritten first (its new bytes in
+** *rewritten, the caller's to free): its reason code (the QoS granted, or a refusal: v5's
+** code, else 0x80) and, in *then, what comes after the SUBACK.
+*/
+static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, mqtt_sub_t *s, uint32_t sub_id,
+                             uint8_t *then, char **rewritten)
 {
     uint8_t qos = MQTT_SUB_QOS(s->options);
     uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s->options);
     bool acl_check = false;
-    uint8_t refused = subscribe_refusal(self, c, s, &acl_check);
     *then = 0;
+    if (!rewrite_filter(self, c, s, rewritten))
+        return c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
+    uint8_t refused = subscribe_refusal(self, c, s, &acl_check);
     if (refused)
         return c->version == MQTT_V5 ? refused : 0x80;
     rt_trie_opts_t o = {.qos = qos,
@@ -261,21 +293,21 @@ int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     uint8_t *codes = sub_reply_room(pk, 2, small, sizeof(small));
     if (!codes)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-    uint8_t *then = codes + pk->sub.count;
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
+    rt_buf_t wanted = {0}; /* sent after the SUBACK */
     while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
-        codes[n] = subscribe_one(self, c, &s, pk->props.sub_id, &then[n]);
+        uint8_t then;
+        char *rewritten;
+        codes[n] = subscribe_one(self, c, &s, pk->props.sub_id, &then, &rewritten);
+        want_retained(&wanted, &s, codes[n], then, pk->props.sub_id);
+        rt_free(self, rewritten);
         n++;
     }
     rt__conn_record_session(self, c, true);
     mqtt_packet_t ack = {.type = MQTT_SUBACK, .packet_id = pk->packet_id};
     ack.codes = (mqtt_str_t){codes, (uint32_t)n};
     rt__conn_send_packet(c, &ack);
-    rt_buf_t wanted = {0};
-    pos = 0;
-    for (size_t i = 0; i < n && mqtt_sub_next(pk, &pos, &s); i++)
-        want_retained(&wanted, &s, codes[i], then[i], pk->props.sub_id);
     send_wanted(self, c, &wanted);
     if (codes != small)
         free(codes);
@@ -329,12 +361,15 @@ void rt__conn_auto_subscribe(rt_actor_t *self, conn_t *c)
                             (uint8_t)(a->qos | (a->no_local ? MQTT_SUB_NO_LOCAL : 0) |
                                       (a->retain_as_published ? MQTT_SUB_RETAIN_AS_PUBLISHED : 0) |
                                       a->retain_handling << 4)};
-        uint8_t then, code = subscribe_one(self, c, &s, 0, &then);
+        uint8_t then;
+        char *rewritten;
+        uint8_t code = subscribe_one(self, c, &s, 0, &then, &rewritten);
         if (code >= 0x80)
             rt_log(RT_LOG_INFO, "client.auto_subscribe_refused", "client=%s filter=%.*s reason=%#x",
                    c->client_id, (int)len, filter, code);
         else
             want_retained(&wanted, &s, code, then, 0);
+        rt_free(self, rewritten);
     }
     rt__conn_record_session(self, c, true);
     send_wanted(self, c, &wanted);
@@ -366,7 +401,10 @@ int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     size_t n = 0, pos = 0;
     mqtt_sub_t s;
     while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
-        bool existed = rt__conn_sub_drop(self, c, s.filter.p, s.filter.len);
+        char *rewritten;
+        bool existed = rewrite_filter(self, c, &s, &rewritten) &&
+                       rt__conn_sub_drop(self, c, s.filter.p, s.filter.len);
+        rt_free(self, rewritten);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;
     }
     rt__conn_record_session(self, c, true);

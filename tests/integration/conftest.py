@@ -367,6 +367,15 @@ def password_file(path, users):
     return path
 
 
+def rtd_with_users(tmp_path, users, acl_text, *settings):
+    """An Rtd with a password file of users ({name: password}) and an ACL file of acl_text
+    (Mosquitto's format), and settings besides."""
+    pw = password_file(tmp_path / "pw", users)
+    acl = tmp_path / "acl"
+    acl.write_text(acl_text)
+    return Rtd(*settings, f'password_file="{pw}"', f'acl_file="{acl}"')
+
+
 def wait_for(cond, timeout=5.0):
     deadline = time.time() + timeout
     while time.time() < deadline:

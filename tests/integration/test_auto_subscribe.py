@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import RTD, ROOT, Rtd, password_file
+from conftest import RTD, ROOT, rtd_with_users
 from mqtt_raw import PUBACK, Raw
 
 AUTO = ('auto_subscribe={{topic="devices/%c/cmd",qos=1,retain_handling=1},'
@@ -18,12 +18,11 @@ AUTO = ('auto_subscribe={{topic="devices/%c/cmd",qos=1,retain_handling=1},'
 
 @pytest.fixture
 def auto(tmp_path):
-    pw = password_file(tmp_path / "pw", {"alice": "a-pw", "pub": "p-pw"})
-    acl = tmp_path / "acl"
     # Mosquitto's ACL: topic lines before the first user are the anonymous clients'.
-    acl.write_text("pattern read devices/%c/cmd\npattern read users/%u/#\ntopic read broadcast\n"
-                   "user alice\ntopic read broadcast\nuser pub\ntopic write #\n")
-    broker = Rtd(AUTO, f'password_file="{pw}"', f'acl_file="{acl}"')
+    broker = rtd_with_users(
+        tmp_path, {"alice": "a-pw", "pub": "p-pw"},
+        "pattern read devices/%c/cmd\npattern read users/%u/#\ntopic read broadcast\n"
+        "user alice\ntopic read broadcast\nuser pub\ntopic write #\n", AUTO)
     yield broker
     code, log = broker.stop()
     assert code == 0, log[-3000:]
