@@ -44,8 +44,10 @@ static void replicate(const rt_ban_t *b, bool added)
                      .bylen = (uint32_t)bylen,
                      .rlen = (uint32_t)rlen};
     memcpy(p->data, b->value, b->len);
-    memcpy(p->data + b->len, b->by, bylen);
-    memcpy(p->data + b->len + bylen, b->reason, rlen);
+    if (added) { /* a delete names the ban alone: it has no words */
+        memcpy(p->data + b->len, b->by, bylen);
+        memcpy(p->data + b->len + bylen, b->reason, rlen);
+    }
     rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), m);
 }
 
