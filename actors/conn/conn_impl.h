@@ -353,6 +353,13 @@ bool rt__conn_topic_within_limits(const uint8_t *t, size_t len);
 /* ---- subscribe.c: subscriptions ---- */
 int rt__conn_handle_subscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
 /*
+** A PUBLISH's topic (RT_REWRITE_PUBLISH) or a (UN)SUBSCRIBE's filter as the rewrite rules make
+** it (rewrite.h), in place: the new bytes in *buf, the caller's to free (rt_free). False when
+** the rule that applies makes no topic name (or filter), logged client.rewrite_invalid.
+*/
+bool rt__conn_rewrite(rt_actor_t *self, const conn_t *c, rt_rewrite_action_t action, mqtt_str_t *t,
+                      char **buf);
+/*
 ** auto_subscribe (config.h) at CONNECT: each configured filter, %c and %u filled in, subscribed
 ** as the client's own SUBSCRIBE would be (limits, the ACL, the session's store, retained
 ** messages) without a SUBACK, which the client did not ask for. A filter that cannot be made

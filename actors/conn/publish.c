@@ -310,25 +310,27 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     return 0;
 }
 
-/*
-** The PUBLISH's topic as the rewrite rules make it (rewrite.h), in place: its new bytes in
-** *buf, the caller's to free. False when the rule that applies makes no topic name (the
-** PUBLISH is refused as one with an invalid topic, and logged).
-*/
-static bool rewrite_topic(rt_actor_t *self, const conn_t *c, mqtt_packet_t *pk, char **buf)
+bool rt__conn_rewrite(rt_actor_t *self, const conn_t *c, rt_rewrite_action_t action, mqtt_str_t *t,
+                      char **buf)
 {
-    mqtt_str_t *t = &pk->publish.topic;
+    bool publish = action == RT_REWRITE_PUBLISH;
+    /* Room for a dest with its groups nine times the original; a longer result is refused. */
     size_t cap = 256 + 9 * (size_t)t->len;
     if (cap > RT_TOPIC_MAX_LEN + 1)
         cap = RT_TOPIC_MAX_LEN + 1;
     if (!(*buf = rt_alloc(self, cap, RT_OBJ_LEAF)))
         return false;
-    size_t n = rt_rewrite(RT_REWRITE_PUBLISH, (const char *)t->p, t->len, *buf, cap);
+    size_t n = rt_rewrite(action, (const char *)t->p, t->len, *buf, cap);
     if (n == 0)
         return true;
-    if (n == RT_REWRITE_BAD || !rt_topic_valid_name(*buf, n)) {
-        rt_log(RT_LOG_WARNING, "client.rewrite_invalid", "client=%s topic=%.*s", c->client_id,
-               (int)t->len, (const char *)t->p);
+    if (n == RT_REWRITE_BAD ||
+        !(publish ? rt_topic_valid_name(*buf, n) : rt_topic_valid_filter(*buf, n))) {
+        if (publish)
+            rt_log(RT_LOG_WARNING, "client.rewrite_invalid", "client=%s topic=%.*s", c->client_id,
+                   (int)t->len, (const char *)t->p);
+        else
+            rt_log(RT_LOG_WARNING, "client.rewrite_invalid", "client=%s filter=%.*s", c->client_id,
+                   (int)t->len, (const char *)t->p);
         return false;
     }
     *t = (mqtt_str_t){(const uint8_t *)*buf, (uint32_t)n};
@@ -353,7 +355,7 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         return publish_resolved(self, c, pk);
     char *rewritten = NULL;
     int rc = 0;
-    if (rewrite_topic(self, c, pk, &rewritten))
+    if (rt__conn_rewrite(self, c, RT_REWRITE_PUBLISH, &pk->publish.topic, &rewritten))
         rc = publish_resolved(self, c, pk);
     else
         refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);

@@ -203,22 +203,7 @@ static bool rewrite_filter(rt_actor_t *self, const conn_t *c, mqtt_sub_t *s, cha
     *buf = NULL;
     if (!rt_rewrite_any() || rt_topic_is_shared((const char *)s->filter.p, s->filter.len))
         return true;
-    size_t cap = 256 + 9 * (size_t)s->filter.len;
-    if (cap > RT_TOPIC_MAX_LEN + 1)
-        cap = RT_TOPIC_MAX_LEN + 1;
-    if (!(*buf = rt_alloc(self, cap, RT_OBJ_LEAF)))
-        return false;
-    size_t n =
-        rt_rewrite(RT_REWRITE_SUBSCRIBE, (const char *)s->filter.p, s->filter.len, *buf, cap);
-    if (n == 0)
-        return true;
-    if (n == RT_REWRITE_BAD || !rt_topic_valid_filter(*buf, n)) {
-        rt_log(RT_LOG_WARNING, "client.rewrite_invalid", "client=%s filter=%.*s", c->client_id,
-               (int)s->filter.len, (const char *)s->filter.p);
-        return false;
-    }
-    s->filter = (mqtt_str_t){(const uint8_t *)*buf, (uint32_t)n};
-    return true;
+    return rt__conn_rewrite(self, c, RT_REWRITE_SUBSCRIBE, &s->filter, buf);
 }
 
 /*
