@@ -922,6 +922,12 @@ const rt_admin_command_t rt__admin_commands[] = {
      "Open connections stay."},
     {"banned", "del", rt__admin_banned_del, RT_ADMIN_CHANGES, "banned del KIND VALUE",
      "Deletes a ban (KIND clientid, username or address)."},
+    {"delayed", "list", rt__admin_delayed_list, RT_ADMIN_BLOCKING, "delayed list [--limit N]",
+     "Messages published to $delayed/SECONDS/topic and held until due, earliest first: id, "
+     "topic, when due, QoS, size and publisher."},
+    {"delayed", NULL, rt__admin_delayed_list, RT_ADMIN_BLOCKING, NULL, NULL},
+    {"delayed", "del", rt__admin_delayed_del, RT_ADMIN_CHANGES, "delayed del ID",
+     "Deletes a held delayed message (here and in state.db); it is never published."},
     {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL, NULL},
     {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
      "actors list [--limit N] [--sort KEY]",

@@ -143,6 +143,10 @@ bool rt__admin_xmpp_gather_reply(rt_admin_cmd_t *c, rt_msg_t *m);
 void rt__admin_xmpp_gather_finish(rt_admin_cmd_t *c);
 void rt__admin_xmpp_gather_free(rt_admin_cmd_t *c);
 
+/* ---- admin_delayed.c: delayed publish's messages ---- */
+int rt__admin_delayed_list(rt_admin_cmd_t *c);
+int rt__admin_delayed_del(rt_admin_cmd_t *c);
+
 /* ---- admin_banned.c: the banned list ---- */
 int rt__admin_banned_list(rt_admin_cmd_t *c);
 int rt__admin_banned_add(rt_admin_cmd_t *c);

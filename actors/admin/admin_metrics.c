@@ -18,6 +18,7 @@
 #include "acl.h"
 #include "admin_impl.h"
 #include "banned.h"
+#include "delayed.h"
 #include "c2s.h"
 #include "cluster.h"
 #include "conn.h"
@@ -339,6 +340,19 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
     one_u64(b, "rt_flapping_bans_total", "counter",
             "Client ids flapping detection banned (flapping_max_connects).", bs.flapping_bans);
     one_u64(b, "rt_banned", "gauge", "Bans in force (rtctl banned list).", rt_banned_count());
+    rt_delayed_stats_t ds;
+    rt_delayed_stats(&ds);
+    one_u64(b, "rt_delayed", "gauge", "Delayed messages held (rtctl delayed list).", ds.held);
+    one_u64(b, "rt_delayed_bytes", "gauge", "Bytes of the delayed messages held.", ds.bytes);
+    one_u64(b, "rt_delayed_published_total", "counter",
+            "Delayed messages that came due and were published.", ds.published);
+    one_u64(b, "rt_delayed_deleted_total", "counter",
+            "Delayed messages deleted before they came due (rtctl delayed del).", ds.deleted);
+    family(b, "rt_delayed_refused_total", "counter",
+           "$delayed PUBLISHes refused, by reason: limit (max_delayed or max_delayed_bytes), "
+           "invalid (no whole number of seconds, or no topic after it).");
+    u64(b, "rt_delayed_refused_total", ds.refused_limit, "reason", "limit", NULL);
+    u64(b, "rt_delayed_refused_total", ds.refused_invalid, "reason", "invalid", NULL);
     family(b, "rt_acl_denied_total", "counter",
            "Requests the ACL refused, by action: publish (PUBLISH and wills), subscribe "
            "(SUBSCRIBE filters), deliver (messages withheld from a subscription it filters).");

@@ -73,11 +73,9 @@ static const rt_actor_type_t verifier_type = {
 
 int rt_auth_verifier_start(rt_pid_t sup)
 {
-    rt_pid_t group;
     rt_child_spec_t c = {
         .name = RT_AUTH_VERIFIER_NAME, .type = &verifier_type, .restart = RT_PERMANENT};
-    int rc = rt_group_start(sup, RT_AUTH_GROUP, RT_PERMANENT, &group);
-    return rc ? rc : rt_supervisor_start_child(group, &c, NULL);
+    return rt_group_start_one(sup, RT_AUTH_GROUP, RT_PERMANENT, &c);
 }
 
 int rt_auth_login_async(uint32_t reply_tag, const rt_auth_addr_t *addr, const char *user,

@@ -405,6 +405,10 @@ typedef struct rt_conf_s {
     bool queue_qos0;               /* queue QoS 0 messages for offline sessions */
     bool persistence;              /* retained messages and persistent sessions survive restarts */
     bool allow_zero_length_clientid;
+    /* Delayed publish (conn/delayed.h). */
+    bool delayed_publish;   /* $delayed/SECONDS/topic is held, not routed */
+    long max_delayed;       /* messages held at once */
+    long max_delayed_bytes; /* their bytes */
     /* The banned list (broker/banned.h). */
     long max_banned;            /* bans held at once (flapping adds them); 0 = unlimited */
     long flapping_max_connects; /* connects of one client id within the window that ban it; 0:

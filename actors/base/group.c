@@ -30,6 +30,14 @@ int rt_group_start(rt_pid_t sup, const char *name, rt_restart_t restart, rt_pid_
     return rt_supervisor_start_child(sup, &c, out);
 }
 
+int rt_group_start_one(rt_pid_t sup, const char *name, rt_restart_t restart,
+                       const rt_child_spec_t *child)
+{
+    rt_pid_t group;
+    int rc = rt_group_start(sup, name, restart, &group);
+    return rc ? rc : rt_supervisor_start_child(group, child, NULL);
+}
+
 void rt_group_stop(rt_pid_t sup, const char *name)
 {
     rt_pid_t group = rt_whereis(name);

@@ -24,6 +24,9 @@ void rt_groups_configure(const rt_conf_t *conf);
 ** without, RT_TEMPORARY for what it can. 0 or an rt_spawn error.
 */
 int rt_group_start(rt_pid_t sup, const char *name, rt_restart_t restart, rt_pid_t *out);
+/* A group of one child: rt_group_start, then child under it. 0 or an rt_spawn error. */
+int rt_group_start_one(rt_pid_t sup, const char *name, rt_restart_t restart,
+                       const rt_child_spec_t *child);
 /*
 ** From outside any actor: stops group name (started under sup) child by child, and
 ** waits for it, up to RT_GROUP_SHUTDOWN_MS. A group not running is fine.

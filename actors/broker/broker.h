@@ -113,6 +113,9 @@ typedef struct rt_broker_live_s {
     _Atomic long max_session_expiry;
     _Atomic long queue_qos0;
     _Atomic long allow_zero_length_clientid;
+    _Atomic long delayed_publish;
+    _Atomic long max_delayed;
+    _Atomic long max_delayed_bytes;
     _Atomic long max_banned;
     _Atomic long flapping_max_connects;
     _Atomic long flapping_window_s;

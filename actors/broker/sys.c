@@ -243,7 +243,5 @@ int rt_sys_start(const rt_conf_t *conf, const char *version, rt_pid_t sup)
     sys_arg = (sys_arg_t){version, conf->sys_interval, rt_mono_ms()};
     rt_child_spec_t c = {
         .name = RT_SYS_NAME, .type = &sys_type, .arg = &sys_arg, .restart = RT_PERMANENT};
-    rt_pid_t group;
-    int rc = rt_group_start(sup, RT_SYS_GROUP, RT_TEMPORARY, &group);
-    return rc ? rc : rt_supervisor_start_child(group, &c, NULL);
+    return rt_group_start_one(sup, RT_SYS_GROUP, RT_TEMPORARY, &c);
 }

@@ -9,6 +9,7 @@
 #include "acl.h"
 #include "cluster.h"
 #include "conn_impl.h"
+#include "delayed.h"
 #include "log.h"
 #include "rewrite.h"
 #include "store.h"
@@ -310,6 +311,29 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     return 0;
 }
 
+/*
+** A $delayed PUBLISH: held (delayed.h), with persistence its acknowledgement waiting for
+** state.db to keep it. Past max_delayed or max_delayed_bytes it is refused: 0x97 for v5,
+** and, as MQTT 3 has no negative PUBACK, a logged refusal there.
+*/
+static void hold_delayed(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, uint32_t delay_s,
+                         bool track, uint64_t token, uint32_t *waits, uint8_t *reason)
+{
+    rt_bin_t *bin = rt_message_new(pk, c->client_id, c->username);
+    int rc =
+        bin ? rt_delayed_add(bin, delay_s, track ? rt_self(self) : 0, token, waits) : RT_ENOMEM;
+    if (bin)
+        rt_bin_release(bin);
+    if (rc == 0)
+        return;
+    rt_log(RT_LOG_WARNING, "client.delayed_refused", "client=%s topic=%.*s %s",
+           c->client_id ? c->client_id : "-", (int)pk->publish.topic.len,
+           (const char *)pk->publish.topic.p,
+           rc == RT_ELIMIT ? "max_delayed or max_delayed_bytes reached" : rt_strerror(rc));
+    if (c->version == MQTT_V5)
+        *reason = rc == RT_ELIMIT ? MQTT_RC_QUOTA_EXCEEDED : MQTT_RC_UNSPECIFIED;
+}
+
 bool rt__conn_rewrite(rt_actor_t *self, const conn_t *c, rt_rewrite_action_t action, mqtt_str_t *t,
                       char **buf)
 {
@@ -368,6 +392,17 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
     uint8_t qos = pk->publish.qos;
+    /* A delayed message is checked as what it will be: a PUBLISH to its real topic. */
+    uint32_t delay_s = 0;
+    bool delayed = rt_delayed_wanted(&pk->publish.topic);
+    if (delayed && rt_delayed_split(&pk->publish.topic, &delay_s) != 0) {
+        rt_delayed_count_invalid();
+        rt_log(RT_LOG_WARNING, "client.delayed_invalid", "client=%s topic=%.*s",
+               c->client_id ? c->client_id : "-", (int)pk->publish.topic.len,
+               (const char *)pk->publish.topic.p);
+        refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
+        return 0;
+    }
     if (!rt__conn_topic_within_limits(pk->publish.topic.p, pk->publish.topic.len)) {
         atomic_fetch_add(&rt_broker->stats.topic_limit_hits, 1);
         refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
@@ -398,7 +433,9 @@ static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     bool track = qos && rt__conn_session_get_or_make(self, c);
     uint64_t token = track ? ++c->sess->next_token : 0;
     uint32_t waits = 0;
-    if (forward) {
+    if (forward && delayed) {
+        hold_delayed(self, c, pk, delay_s, track, token, &waits, &reason);
+    } else if (forward) {
         int rc = route_published(self, c, pk, track, token, &waits, &reason);
         if (rc)
             return rc;

@@ -11,6 +11,7 @@
 #include "banned.h"
 #include "c2s.h"
 #include "conn_impl.h"
+#include "delayed.h"
 #include "group.h"
 #include "log.h"
 #include "store.h"
@@ -119,6 +120,10 @@ int rt_sessions_restore(rt_pid_t sup, char *err, size_t errlen)
         snprintf(err, errlen, "cannot read the banned list from state.db");
         rc = RT_EINVAL;
     }
+    if (rc == 0 && rt_delayed_restore() != 0) {
+        snprintf(err, errlen, "cannot read the delayed messages from state.db");
+        rc = RT_EINVAL;
+    }
     return rc;
 }
 
@@ -137,6 +142,11 @@ int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen)
     if (vrc && vrc != RT_EEXIST) { /* EEXIST: one runs already, from an earlier start */
         snprintf(err, errlen, "cannot start the login verifier: %s", rt_strerror(vrc));
         return vrc;
+    }
+    int drc = rt_delayed_start(0);
+    if (drc && drc != RT_EEXIST) {
+        snprintf(err, errlen, "cannot start delayed publish: %s", rt_strerror(drc));
+        return drc;
     }
     return rt_listeners_start(0, err, errlen);
 }

@@ -28,6 +28,7 @@
 #include "auth.h"
 #include "check.h"
 #include "conn.h"
+#include "delayed.h"
 #include "config.h"
 #include "group.h"
 #include "cluster.h"
@@ -376,6 +377,13 @@ static int start_sessions(rtd_t *d)
     return config_error(d);
 }
 
+/* Once no actor is left: the delayed messages held (state.db keeps them), then the store. */
+static void free_sessions(void)
+{
+    rt_delayed_free();
+    rt_store_close();
+}
+
 /* The TLS listeners' certificates and keys: a file that does not load stops the start. */
 static int start_tls(rtd_t *d)
 {
@@ -441,6 +449,18 @@ static int start_verifier(rtd_t *d)
     int r = rt_auth_verifier_start(d->top);
     if (r) {
         snprintf(d->err, sizeof(d->err), "cannot start the login verifier: %s", rt_strerror(r));
+        return mqtt_error(d);
+    }
+    return 0;
+}
+
+/* Before the listeners, after the cluster and the rules: what came due while rtd was
+   down is published at once, and reaches them. */
+static int start_delayed(rtd_t *d)
+{
+    int r = rt_delayed_start(d->top);
+    if (r) {
+        snprintf(d->err, sizeof(d->err), "cannot start delayed publish: %s", rt_strerror(r));
         return mqtt_error(d);
     }
     return 0;
@@ -513,9 +533,10 @@ static const stage_t stages[] = {
     {.start = start_broker, .free = rt_broker_free},
     {.name = "cluster", .start = start_cluster, .stop = rt_cluster_stop},
     /* then what the store kept (a load that fails has it open and actors running), */
-    {.start = start_sessions, .free = rt_store_close, .partial = true},
+    {.start = start_sessions, .free = free_sessions, .partial = true},
     /* the login verifier, before any CONNECT */
     {.start = start_verifier},
+    {.start = start_delayed},
     {.start = start_sys},
     {.name = "admin", .start = start_admin, .stop = rt_admin_stop},
     /* the HTTP API answers through the admin command layer */

@@ -21,7 +21,8 @@
 ** out there went through it as it was).
 */
 const rt_store_step_t rt__store_steps[] = {
-    {2, RT_STORE_BANNED_TABLE}, /* the banned list (issue 31) */
+    {2, RT_STORE_BANNED_TABLE},  /* the banned list (issue 31) */
+    {3, RT_STORE_DELAYED_TABLE}, /* delayed publish (issue 31) */
     {0, NULL},
 };
 

@@ -38,6 +38,8 @@ enum {
     OP_RETAIN,
     OP_BAN,
     OP_UNBAN,
+    OP_DELAYED_ADD,
+    OP_DELAYED_DEL,
     OP_FLUSH,
     OP_SYNC, /* data: a sync_t *; commits and signals it */
 };
@@ -81,6 +83,8 @@ enum {
     ST_RETAIN_DEL,
     ST_BAN_SET,
     ST_BAN_DEL,
+    ST_DELAYED_SET,
+    ST_DELAYED_DEL,
     ST_COUNT
 };
 
@@ -112,6 +116,8 @@ static const char *const sql[ST_COUNT] = {
     [ST_BAN_SET] = "INSERT OR REPLACE INTO banned(kind, value, by, reason, at, until) "
                    "VALUES (?2, ?1, ?3, ?4, ?5, ?6)",
     [ST_BAN_DEL] = "DELETE FROM banned WHERE kind = ?2 AND value = ?1",
+    [ST_DELAYED_SET] = "INSERT OR REPLACE INTO delayed(id, due, msg) VALUES (?2, ?3, ?4)",
+    [ST_DELAYED_DEL] = "DELETE FROM delayed WHERE id = ?2",
 };
 
 static const char schema[] =
@@ -125,7 +131,8 @@ static const char schema[] =
     "  retain INTEGER, state INTEGER, packet_id INTEGER, shared INTEGER, expire_at INTEGER, "
     "  sub_ids BLOB, PRIMARY KEY(client_id, seq)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS qos2_in(client_id TEXT, packet_id INTEGER, "
-    "  PRIMARY KEY(client_id, packet_id)) WITHOUT ROWID;" RT_STORE_BANNED_TABLE;
+    "  PRIMARY KEY(client_id, packet_id)) WITHOUT ROWID;" RT_STORE_BANNED_TABLE
+        RT_STORE_DELAYED_TABLE;
 
 typedef struct {
     sqlite3 *db;
@@ -294,6 +301,14 @@ static bool run_statement(int which, const op_t *op, rt_bin_t *bin)
     case ST_BAN_DEL:
         sqlite3_bind_int(s, 2, op->flags);
         break;
+    case ST_DELAYED_SET:
+        sqlite3_bind_int64(s, 2, (sqlite3_int64)op->seq);
+        sqlite3_bind_int64(s, 3, op->expire_wall_ms);
+        sqlite3_bind_blob(s, 4, rt_bin_data(bin), (int)rt_bin_len(bin), SQLITE_STATIC);
+        break;
+    case ST_DELAYED_DEL:
+        sqlite3_bind_int64(s, 2, (sqlite3_int64)op->seq);
+        break;
     }
     int rc = sqlite3_step(s);
     if (rc != SQLITE_DONE) {
@@ -361,6 +376,12 @@ static bool apply_op(const op_t *op, uint32_t tag, rt_bin_t *bin)
     case OP_UNBAN:
         run_statement(ST_BAN_DEL, op, NULL);
         break;
+    case OP_DELAYED_ADD:
+        ok = run_statement(ST_DELAYED_SET, op, bin);
+        break;
+    case OP_DELAYED_DEL:
+        run_statement(ST_DELAYED_DEL, op, NULL);
+        break;
     }
     store.changes++;
     return ok;
@@ -386,7 +407,7 @@ static void answer_sync(const rt_msg_t *m)
 /* The change m carries, or NULL if m is not one. */
 static const op_t *op_of(const rt_msg_t *m)
 {
-    if (m->tag < OP_SESSION || m->tag > OP_UNBAN || m->len < sizeof(op_t))
+    if (m->tag < OP_SESSION || m->tag > OP_DELAYED_DEL || m->len < sizeof(op_t))
         return NULL;
     return (const op_t *)(const void *)m->data;
 }
@@ -512,7 +533,8 @@ static void send_op(uint32_t tag, op_t *op, const char *k1, size_t l1, const cha
     o->epoch = rt_current() ? rt_self(rt_current()) : 0;
     o->len1 = (uint32_t)l1;
     o->len2 = (uint32_t)l2;
-    memcpy(o->text, k1, l1);
+    if (l1)
+        memcpy(o->text, k1, l1);
     if (l2)
         memcpy(o->text + l1, k2, l2);
     m->bin = bin ? rt_bin_retain(bin) : NULL;
@@ -616,6 +638,40 @@ void rt_store_unban(int kind, const char *value, size_t len)
 {
     op_t op = {.flags = (uint8_t)kind};
     send_op(OP_UNBAN, &op, value, len, NULL, 0, NULL);
+}
+
+void rt_store_delayed_add(uint64_t id, int64_t due_ms, rt_bin_t *bin, rt_pid_t ack_pid,
+                          uint64_t token)
+{
+    op_t op = {.ack_pid = ack_pid, .token = token, .seq = id, .expire_wall_ms = due_ms};
+    send_op(OP_DELAYED_ADD, &op, NULL, 0, NULL, 0, bin);
+}
+
+void rt_store_delayed_del(uint64_t id)
+{
+    op_t op = {.seq = id};
+    send_op(OP_DELAYED_DEL, &op, NULL, 0, NULL, 0, NULL);
+}
+
+int rt_store_load_delayed(void (*fn)(uint64_t id, int64_t due_ms, const void *packet, size_t len,
+                                     void *arg),
+                          void *arg)
+{
+    if (!store.db)
+        return 0;
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(store.db, "SELECT id, due, msg FROM delayed ORDER BY due, id", -1, &s,
+                           NULL))
+        return RT_EINVAL;
+    size_t n = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        fn((uint64_t)sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1),
+           sqlite3_column_blob(s, 2), (size_t)sqlite3_column_bytes(s, 2), arg);
+        n++;
+    }
+    sqlite3_finalize(s);
+    rt_log(RT_LOG_INFO, "store.delayed_loaded", "messages=%zu", n);
+    return 0;
 }
 
 int rt_store_load_bans(void (*fn)(int kind, const char *value, size_t len, const char *by,

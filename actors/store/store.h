@@ -131,6 +131,19 @@ int rt_store_load_bans(void (*fn)(int kind, const char *value, size_t len, const
                                   const char *reason, int64_t at_s, int64_t until_s, void *arg),
                        void *arg);
 
+/*
+** A delayed message (conn/delayed.h): kept under its id until due_ms (Unix milliseconds),
+** the canonical PUBLISH bin with its real topic; ack_pid (0: none) is told of the commit.
+** And dropped, once published or deleted.
+*/
+void rt_store_delayed_add(uint64_t id, int64_t due_ms, rt_bin_t *bin, rt_pid_t ack_pid,
+                          uint64_t token);
+void rt_store_delayed_del(uint64_t id);
+/* Each delayed message kept, to fn, earliest first, at start. */
+int rt_store_load_delayed(void (*fn)(uint64_t id, int64_t due_ms, const void *packet, size_t len,
+                                     void *arg),
+                          void *arg);
+
 /* The open state.db's path ("" when persistence is off), for backups. */
 const char *rt_store_path(void);
 
@@ -146,11 +159,16 @@ int rt_sqlite_backup(struct sqlite3 *src, const char *src_path, const char *dst,
                      char *err, size_t errlen);
 
 /* ---- Schema versions (migrate.c) ---- */
-#define RT_STORE_SCHEMA 2 /* the PRAGMA user_version this rtd reads and writes */
+#define RT_STORE_SCHEMA 3 /* the PRAGMA user_version this rtd reads and writes */
 /* Version 2's table: the banned list (broker/banned.h), kind and value its key. */
 #define RT_STORE_BANNED_TABLE                                                                      \
     "CREATE TABLE IF NOT EXISTS banned(kind INTEGER, value BLOB, by TEXT, reason TEXT, "           \
     "  at INTEGER, until INTEGER, PRIMARY KEY(kind, value)) WITHOUT ROWID;"
+
+/* Version 3's: delayed messages (conn/delayed.h), due in Unix milliseconds. */
+#define RT_STORE_DELAYED_TABLE                                                                     \
+    "CREATE TABLE IF NOT EXISTS delayed(id INTEGER PRIMARY KEY, due INTEGER NOT NULL, "            \
+    "  msg BLOB NOT NULL);"
 
 typedef struct rt_store_step_s {
     int version;     /* the schema version the step brings a file to */

@@ -1,8 +1,8 @@
 """state.db across rtd versions: a file of schema version 1 (tests/data/state-v1.db, made by
 the rtd of that version with tests/data/make_state_v1.py, its content in state-v1.json) opens
 with every session (subscriptions and their options, queued messages in order, inbound QoS 2
-ids) and every retained message, migrated to version 2 (the banned list's table) after a copy
-of it is taken beside it; a file of a newer schema is refused with exit status 2 and left as
+ids) and every retained message, migrated to the current version (2: the banned list's table,
+3: delayed messages') after a copy of it is taken beside it; a file of a newer schema is refused with exit status 2 and left as
 it was. The migration's one transaction and a failed step are tested with a step list of the
 test's own in tests/unit/test_store_migrate.c.
 """
@@ -46,13 +46,15 @@ def test_version_1_file_opens_with_every_session_and_retained_message(tmp_path):
     broker = Rtd("max_session_expiry=4294967295", data_dir=str(data))
     try:
         assert "store.loaded sessions=%d expired=0" % len(want["sessions"]) in broker.read_log()
-        assert user_version(data / "state.db") == 2
+        assert user_version(data / "state.db") == 3
         copies = glob.glob(str(data / "state.db.v1-*.bak"))
         assert len(copies) == 1 and user_version(copies[0]) == 1, copies
-        assert "event=store.migrated" in broker.read_log() and "from=1 to=2" in broker.read_log()
-        # Version 2's table is there and works: a ban kept, and kept across a restart below.
+        assert "event=store.migrated" in broker.read_log() and "from=1 to=3" in broker.read_log()
+        # The new tables are there and work: a ban and a delayed message kept, and kept across
+        # a restart below.
         code, out, err = broker.ctl("banned", "add", "clientid", "after-upgrade")
         assert code == 0, err
+        Raw(broker.port, "delayer").publish("$delayed/3600/later", b"d", qos=1)
 
         fresh = Raw(broker.port, "upgrade-reader")
         fresh.subscribe("r/#", 2)
@@ -88,6 +90,7 @@ def test_version_1_file_opens_with_every_session_and_retained_message(tmp_path):
     again = Rtd("max_session_expiry=4294967295", data_dir=str(data))
     try:
         assert [b["value"] for b in again.ctl_json("banned", "list")] == ["after-upgrade"]
+        assert [d["topic"] for d in again.ctl_json("delayed", "list")] == ["later"]
         assert glob.glob(str(data / "*.bak")) == copies, "a file of the current version: no copy"
     finally:
         code, log = again.stop()
@@ -97,7 +100,7 @@ def test_version_1_file_opens_with_every_session_and_retained_message(tmp_path):
 def test_newer_schema_refused_with_exit_2_and_left_as_it_was(tmp_path):
     data = version_1_dir(tmp_path)
     db = sqlite3.connect(data / "state.db")
-    db.execute("PRAGMA user_version = 3")
+    db.execute("PRAGMA user_version = 4")
     db.commit()
     db.close()
     before = hashlib.sha256((data / "state.db").read_bytes()).hexdigest()
@@ -106,6 +109,6 @@ def test_newer_schema_refused_with_exit_2_and_left_as_it_was(tmp_path):
                        capture_output=True, text=True, timeout=30)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
-    assert "store.refused" in out and "schema version 3, this rtd reads 2 and older" in out, out
+    assert "store.refused" in out and "schema version 4, this rtd reads 3 and older" in out, out
     assert hashlib.sha256((data / "state.db").read_bytes()).hexdigest() == before
     assert glob.glob(str(data / "*.bak")) == []
