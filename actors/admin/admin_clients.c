@@ -213,6 +213,7 @@ static void sub_doc(rt_doc_t *o, const rt_client_info_t *ci, const rt_client_sub
     rt_doc_add_bool(o, "no_local", s->no_local);
     rt_doc_add_bool(o, "retain_as_published", s->retain_as_published);
     rt_doc_add_u64(o, "retain_handling", s->retain_handling);
+    rt_doc_add_bool(o, "exclusive", s->exclusive);
     rt_doc_add_u64(o, "subscription_id", s->sub_id);
 }
 

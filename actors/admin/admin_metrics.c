@@ -19,6 +19,7 @@
 #include "admin_impl.h"
 #include "banned.h"
 #include "delayed.h"
+#include "exclusive.h"
 #include "c2s.h"
 #include "cluster.h"
 #include "conn.h"
@@ -340,6 +341,12 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
     one_u64(b, "rt_flapping_bans_total", "counter",
             "Client ids flapping detection banned (flapping_max_connects).", bs.flapping_bans);
     one_u64(b, "rt_banned", "gauge", "Bans in force (rtctl banned list).", rt_banned_count());
+    rt_exclusive_stats_t xs;
+    rt_exclusive_stats(&xs);
+    one_u64(b, "rt_exclusive_subscriptions", "gauge",
+            "Filters held by an exclusive subscription ($exclusive/).", xs.held);
+    one_u64(b, "rt_exclusive_refused_total", "counter",
+            "Exclusive subscriptions refused (0x97): another client held the filter.", xs.refused);
     rt_delayed_stats_t ds;
     rt_delayed_stats(&ds);
     one_u64(b, "rt_delayed", "gauge", "Delayed messages held (rtctl delayed list).", ds.held);

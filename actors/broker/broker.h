@@ -399,6 +399,7 @@ typedef struct rt_client_sub_s {
     uint8_t qos;
     uint8_t no_local;
     uint8_t retain_as_published;
+    uint8_t exclusive; /* through $exclusive/ */
     uint8_t retain_handling;
 } rt_client_sub_t;
 

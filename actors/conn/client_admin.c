@@ -23,6 +23,7 @@ typedef struct {
 #define SUB_FLAG_NO_LOCAL 1u
 #define SUB_FLAG_RAP 2u
 #define SUB_RH_SHIFT 2
+#define SUB_FLAG_EXCLUSIVE 16u
 
 static size_t sub_entry_size(const sub_entry_t *e)
 {
@@ -100,7 +101,8 @@ void rt__conn_on_query(rt_actor_t *self, conn_t *c, const rt_msg_t *msg)
         uint16_t flen = (uint16_t)e->len;
         uint8_t flags = (uint8_t)((e->no_local ? SUB_FLAG_NO_LOCAL : 0) |
                                   (e->retain_as_published ? SUB_FLAG_RAP : 0) |
-                                  (e->retain_handling << SUB_RH_SHIFT));
+                                  (e->retain_handling << SUB_RH_SHIFT) |
+                                  (e->exclusive ? SUB_FLAG_EXCLUSIVE : 0));
         memcpy(p, &e->sub_id, 4);
         memcpy(p + 4, &flen, 2);
         p[6] = e->qos;
@@ -226,6 +228,7 @@ bool rt_client_info_subs_next(const rt_msg_t *m, size_t *pos, rt_client_sub_t *o
     out->no_local = (p[7] & SUB_FLAG_NO_LOCAL) != 0;
     out->retain_as_published = (p[7] & SUB_FLAG_RAP) != 0;
     out->retain_handling = (uint8_t)((p[7] >> SUB_RH_SHIFT) & 3);
+    out->exclusive = (p[7] & SUB_FLAG_EXCLUSIVE) != 0;
     rt_topic_filter_t sf;
     if (rt_topic_parse_filter((const char *)p + SUB_ENTRY_HEAD, flen, &sf))
         return false;

@@ -87,6 +87,7 @@ typedef struct {
     uint8_t retain_handling : 2;
     uint8_t persistent : 1;
     uint8_t acl_check : 1;
+    uint8_t exclusive : 1; /* its client holds the filter's claim (exclusive.h) */
 } sub_entry_t;
 
 _Static_assert(sizeof(sub_entry_t) == 16, "a subscription entry is one smallest heap object");
@@ -100,7 +101,8 @@ static inline rt_trie_opts_t rt__conn_sub_opts(const sub_entry_t *e)
                             .retain_as_published = e->retain_as_published,
                             .retain_handling = e->retain_handling,
                             .persistent = e->persistent,
-                            .acl_check = e->acl_check};
+                            .acl_check = e->acl_check,
+                            .exclusive = e->exclusive};
 }
 
 static inline void rt__conn_sub_set_opts(sub_entry_t *e, const rt_trie_opts_t *o)
@@ -112,6 +114,7 @@ static inline void rt__conn_sub_set_opts(sub_entry_t *e, const rt_trie_opts_t *o
     e->retain_handling = o->retain_handling;
     e->persistent = o->persistent;
     e->acl_check = o->acl_check;
+    e->exclusive = o->exclusive;
 }
 
 /* A connection's topic aliases in both directions (MQTT 5 3.3.2.3.4); RT_OBJ_SCAN. */
@@ -386,8 +389,12 @@ int rt__conn_sub_remember(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t 
 ** Returns whether the trie had it.
 */
 bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len);
-/* The session ends: every subscription leaves the trie (the list goes with the heap). */
+/* The session ends: every subscription leaves the trie and gives its exclusive claim up
+   (the list goes with the heap). */
 void rt__conn_subs_unhook(rt_actor_t *self, conn_t *c);
+/* Claims filter for the client's exclusive subscription (exclusive.h), charged to it; false
+   when another client holds it (or no memory). */
+bool rt__conn_exclusive_claim(rt_actor_t *self, const conn_t *c, const char *filter, size_t len);
 /* A member going offline leaves its shared groups; its pending messages go to the others. */
 void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c);
 void rt__conn_rejoin_shared_groups(rt_actor_t *self, conn_t *c);

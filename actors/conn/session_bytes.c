@@ -15,6 +15,7 @@ enum {
     SUB_RETAIN_AS_PUBLISHED = 2,
     SUB_ACL_CHECK = 4,
     SUB_RETAIN_HANDLING_SHIFT = 3,
+    SUB_EXCLUSIVE = 32,
 };
 
 /* ---- Writing ---- */
@@ -84,10 +85,11 @@ void rt_moved_put_sub(rt_moved_writer_t *w, const char *filter, uint16_t len,
     put_uint(w, len, 2);
     put(w, filter, len);
     put_uint(w, o->sub_id, 4);
-    uint8_t flags = (uint8_t)((o->no_local ? SUB_NO_LOCAL : 0) |
-                              (o->retain_as_published ? SUB_RETAIN_AS_PUBLISHED : 0) |
-                              (o->acl_check ? SUB_ACL_CHECK : 0) |
-                              o->retain_handling << SUB_RETAIN_HANDLING_SHIFT);
+    uint8_t flags =
+        (uint8_t)((o->no_local ? SUB_NO_LOCAL : 0) |
+                  (o->retain_as_published ? SUB_RETAIN_AS_PUBLISHED : 0) |
+                  (o->acl_check ? SUB_ACL_CHECK : 0) | (o->exclusive ? SUB_EXCLUSIVE : 0) |
+                  o->retain_handling << SUB_RETAIN_HANDLING_SHIFT);
     uint8_t qf[2] = {o->qos, flags};
     put(w, qf, 2);
 }
@@ -246,7 +248,8 @@ static int read_subs(rbuf_t *r, rt_moved_t *mv)
                                      .no_local = !!(qf[1] & SUB_NO_LOCAL),
                                      .retain_as_published = !!(qf[1] & SUB_RETAIN_AS_PUBLISHED),
                                      .retain_handling = (qf[1] >> SUB_RETAIN_HANDLING_SHIFT) & 3,
-                                     .acl_check = !!(qf[1] & SUB_ACL_CHECK)};
+                                     .acl_check = !!(qf[1] & SUB_ACL_CHECK),
+                                     .exclusive = !!(qf[1] & SUB_EXCLUSIVE)};
         mv->ss.nsubs = i + 1;
     }
     return 0;

@@ -51,6 +51,12 @@ int rt__conn_session_from_stored(rt_actor_t *self, conn_t *c, const rt_stored_se
         const rt_stored_sub_t *sub = &ss->subs[i];
         rt_trie_opts_t o = sub->opts;
         o.persistent = persistent;
+        /* Another client took the filter while the session moved: it is not this one's. */
+        if (o.exclusive && !rt__conn_exclusive_claim(self, c, sub->filter, sub->len)) {
+            rt_log(RT_LOG_WARNING, "client.exclusive_lost", "client=%s filter=%s", c->client_id,
+                   sub->filter);
+            continue;
+        }
         if (rt__conn_sub_remember(self, c, (const uint8_t *)sub->filter, sub->len, &o) != 0 ||
             rt_topic_is_shared(sub->filter, sub->len))
             continue;

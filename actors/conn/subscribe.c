@@ -10,6 +10,7 @@
 #include "acl.h"
 #include "cluster.h"
 #include "conn_impl.h"
+#include "exclusive.h"
 #include "log.h"
 #include "rewrite.h"
 #include "store.h"
@@ -77,8 +78,18 @@ static void sub_forget(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len
     c->subs[at] = c->subs[--c->nsubs];
 }
 
+/* Gives up this actor's claim on an exclusive subscription's filter (and its bytes). */
+static void exclusive_release(rt_actor_t *self, const sub_entry_t *e)
+{
+    if (e->exclusive)
+        rt_charge(self, -(ptrdiff_t)rt_exclusive_release(e->filter, e->len, rt_self(self)));
+}
+
 bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len)
 {
+    long at = sub_find(c, f, len);
+    if (at >= 0)
+        exclusive_release(self, &c->subs[at]);
     int existed = 0;
     rt_trie_unsubscribe(rt_broker->trie, (const char *)f, len, rt_self(self), &existed);
     if (c->stored)
@@ -91,9 +102,19 @@ bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len
 
 void rt__conn_subs_unhook(rt_actor_t *self, conn_t *c)
 {
-    for (size_t i = 0; i < c->nsubs; i++)
+    for (size_t i = 0; i < c->nsubs; i++) {
         rt_trie_unsubscribe(rt_broker->trie, c->subs[i].filter, c->subs[i].len, rt_self(self),
                             NULL);
+        exclusive_release(self, &c->subs[i]);
+    }
+}
+
+bool rt__conn_exclusive_claim(rt_actor_t *self, const conn_t *c, const char *filter, size_t len)
+{
+    size_t bytes;
+    int rc = rt_exclusive_claim(filter, len, c->client_id, rt_self(self), &bytes);
+    rt_charge(self, (ptrdiff_t)bytes);
+    return rc == 0;
 }
 
 void rt__conn_leave_shared_groups(rt_actor_t *self, conn_t *c)
@@ -218,23 +239,43 @@ static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, mqtt_sub_t *s, uint32_
     uint8_t handling = MQTT_SUB_RETAIN_HANDLING(s->options);
     bool acl_check = false;
     *then = 0;
+    *rewritten = NULL;
+    /* $exclusive/filter is filter, held by one client: not a shared one, nor nothing. */
+    bool exclusive = rt_exclusive_strip(&s->filter);
+    if (exclusive && (!rt_topic_valid_filter((const char *)s->filter.p, s->filter.len) ||
+                      rt_topic_is_shared((const char *)s->filter.p, s->filter.len)))
+        return c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     if (!rewrite_filter(self, c, s, rewritten))
         return c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     uint8_t refused = subscribe_refusal(self, c, s, &acl_check);
     if (refused)
         return c->version == MQTT_V5 ? refused : 0x80;
+    long had = sub_find(c, s->filter.p, s->filter.len);
+    bool was_exclusive = had >= 0 && c->subs[had].exclusive;
+    if (exclusive && !was_exclusive &&
+        !rt__conn_exclusive_claim(self, c, (const char *)s->filter.p, s->filter.len)) {
+        rt_log(RT_LOG_INFO, "client.exclusive_refused", "client=%s filter=%.*s", c->client_id,
+               (int)s->filter.len, (const char *)s->filter.p);
+        return c->version == MQTT_V5 ? MQTT_RC_QUOTA_EXCEEDED : 0x80;
+    }
+    if (was_exclusive && !exclusive) /* an ordinary SUBSCRIBE to it gives the claim up */
+        exclusive_release(self, &c->subs[had]);
     rt_trie_opts_t o = {.qos = qos,
                         .no_local = (s->options & MQTT_SUB_NO_LOCAL) != 0,
                         .retain_as_published = (s->options & MQTT_SUB_RETAIN_AS_PUBLISHED) != 0,
                         .retain_handling = handling,
                         .persistent = rt__conn_session_is_durable(c),
                         .acl_check = acl_check,
+                        .exclusive = exclusive,
                         .sub_id = sub_id};
     int existed = 0;
     int rc = rt_trie_subscribe(rt_broker->trie, (const char *)s->filter.p, s->filter.len,
                                rt_self(self), &o, &existed);
     if (rc == 0)
         rc = rt__conn_sub_remember(self, c, s->filter.p, s->filter.len, &o);
+    if (rc && exclusive && !was_exclusive)
+        rt_charge(self, -(ptrdiff_t)rt_exclusive_release((const char *)s->filter.p, s->filter.len,
+                                                         rt_self(self)));
     if (rc == 0 && rt__conn_session_is_durable(c))
         rt_store_sub(c->client_id, (const char *)s->filter.p, s->filter.len, &o);
     if (rc == 0)
@@ -387,6 +428,7 @@ int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     mqtt_sub_t s;
     while (n < pk->sub.count && mqtt_sub_next(pk, &pos, &s)) {
         char *rewritten;
+        rt_exclusive_strip(&s.filter); /* the one subscription, by either name */
         bool existed = rewrite_filter(self, c, &s, &rewritten) &&
                        rt__conn_sub_drop(self, c, s.filter.p, s.filter.len);
         rt_free(self, rewritten);

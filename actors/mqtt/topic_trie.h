@@ -58,6 +58,7 @@ typedef struct {
     uint8_t retain_handling : 2; /* 0..2; stored for the caller, matching ignores it */
     uint8_t persistent : 1;      /* the session is stored: deliveries ask for a durable ack */
     uint8_t acl_check : 1;       /* the ACL granted it in part: each delivery is checked (acl.h) */
+    uint8_t exclusive : 1;       /* $exclusive: stored for the caller, matching ignores it */
 } rt_trie_opts_t;
 
 /*

@@ -563,7 +563,7 @@ void rt_store_sub(const char *client_id, const char *filter, size_t len, const r
     op_t op = {.qos = o->qos,
                .value = o->sub_id,
                .flags = (uint8_t)(o->no_local | o->retain_as_published << 1 |
-                                  o->retain_handling << 2 | o->acl_check << 4)};
+                                  o->retain_handling << 2 | o->acl_check << 4 | o->exclusive << 5)};
     send_op(OP_SUB, &op, client_id, strlen(client_id), filter, len, NULL);
 }
 
@@ -878,6 +878,7 @@ static void load_subs(rt_stored_session_t *ss, sqlite3_stmt *q)
                                      .retain_as_published = (flags >> 1) & 1,
                                      .retain_handling = (flags >> 2) & 3,
                                      .acl_check = (flags >> 4) & 1,
+                                     .exclusive = (flags >> 5) & 1,
                                      .sub_id = (uint32_t)sqlite3_column_int64(q, 3)};
         ss->nsubs++;
     }

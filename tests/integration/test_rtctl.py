@@ -336,7 +336,7 @@ def test_clients_and_subscriptions(broker, clients):
 
     out = ok(broker, "clients", "show", "c-sub")
     assert pairs(out)["peer"] == j["c-sub"]["peer"]
-    assert out.split("subscription_list:\n")[1].split()[6:8] == ["t/#", "1"]
+    assert out.split("subscription_list:\n")[1].split()[7:9] == ["t/#", "1"]
     c = js(broker, "clients", "show", "c-sub")
     assert [(s["topic"], s["qos"]) for s in c["subscription_list"]] == [("t/#", 1)]
     assert c["pid"].startswith("<")
