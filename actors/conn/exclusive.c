@@ -76,10 +76,15 @@ int rt_exclusive_claim(const char *filter, size_t len, const char *cid, rt_pid_t
     int rc = 0;
     if (*at) {
         claim_t *c = *at;
-        if (c->cidlen == cidlen && !memcmp(c->text + c->len, cid, cidlen))
-            c->pid = pid; /* its own: the session may have moved to this actor */
-        else
+        if (c->cidlen == cidlen && !memcmp(c->text + c->len, cid, cidlen)) {
+            /* Its own: the session moved to this actor, which carries the claim from now on
+               (the one it left keeps its charge until it ends, and releases nothing). */
+            if (c->pid != pid)
+                *bytes = sizeof(*c) + c->len + c->cidlen;
+            c->pid = pid;
+        } else {
             rc = RT_EEXIST;
+        }
     } else {
         claim_t *c = malloc(sizeof(*c) + len + cidlen);
         if (c) {

@@ -28,7 +28,8 @@ bool rt_exclusive_strip(mqtt_str_t *filter);
 
 /*
 ** Claims filter for client cid held by actor pid: 0 (now or already its own; *bytes is what
-** a new claim holds, 0 otherwise), RT_EEXIST (another client holds it) or RT_ENOMEM.
+** pid is to be charged: a new claim's, or one that moves to pid from another actor of the
+** same client), RT_EEXIST (another client holds it) or RT_ENOMEM.
 */
 int rt_exclusive_claim(const char *filter, size_t len, const char *cid, rt_pid_t pid,
                        size_t *bytes);
