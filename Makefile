@@ -108,7 +108,8 @@ test-integration-asan-a: build-asan
 		tests/integration/test_websocket.py tests/integration/test_proxy_protocol.py \
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
 		tests/integration/test_trace.py tests/integration/test_banned.py \
-		tests/integration/test_delayed.py tests/integration/test_exclusive.py -k "not testssl"
+		tests/integration/test_delayed.py tests/integration/test_exclusive.py \
+		tests/integration/test_jwt.py -k "not testssl"
 
 test-integration-asan-b: build-asan
 	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \

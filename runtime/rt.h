@@ -505,10 +505,12 @@ int rt_random_hex(char *out, size_t bytes);
 ** decodes s[0..n) into out (cap bytes) and returns the byte count, or -1 if s is not base64
 ** or decodes to more than cap bytes. Without flags the padding is optional (the password
 ** file's form); RT_BASE64_STRICT asks for one text per value, as SCRAM's do: padding to a
-** multiple of 4 characters and the unused bits of the last character zero.
+** multiple of 4 characters and the unused bits of the last character zero. RT_BASE64_URL
+** decodes the URL alphabet instead ('-' and '_' for '+' and '/': JSON Web Tokens, RFC 7515).
 */
 #define RT_BASE64_LEN(n) (4 * (((n) + 2) / 3))
 #define RT_BASE64_STRICT 1u
+#define RT_BASE64_URL 2u
 size_t rt_base64_encode(const void *in, size_t n, char *out);
 long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned flags);
 

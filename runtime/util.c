@@ -356,8 +356,8 @@ size_t rt_base64_encode(const void *in, size_t n, char *out)
     return o;
 }
 
-/* The value of a base64 character, or -1. */
-static int b64_value(unsigned char c)
+/* The value of a base64 character (of the URL alphabet with url), or -1. */
+static int b64_value(unsigned char c, bool url)
 {
     if (c >= 'A' && c <= 'Z')
         return c - 'A';
@@ -365,7 +365,7 @@ static int b64_value(unsigned char c)
         return c - 'a' + 26;
     if (c >= '0' && c <= '9')
         return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
+    return c == (url ? '-' : '+') ? 62 : c == (url ? '_' : '/') ? 63 : -1;
 }
 
 long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned flags)
@@ -384,7 +384,7 @@ long rt_base64_decode(const char *s, size_t n, void *out, size_t cap, unsigned f
     uint32_t acc = 0;
     int bits = 0;
     for (size_t i = 0; i < n; i++) {
-        int v = b64_value((unsigned char)s[i]);
+        int v = b64_value((unsigned char)s[i], flags & RT_BASE64_URL);
         if (v < 0)
             return -1;
         acc = acc << 6 | (uint32_t)v;

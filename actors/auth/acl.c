@@ -451,22 +451,16 @@ static size_t acl_bytes(const rt_acl_t *acl)
     return n;
 }
 
-int rt_acl_load(const char *path, rt_acl_t **out, char *err, size_t errlen)
+int rt_acl_parse(const char *text, size_t len, const char *name, rt_acl_t **out, char *err,
+                 size_t errlen)
 {
-    char *buf;
-    size_t len;
-    int rc = rt__auth_read_file(path, &buf, &len, err, errlen);
-    if (rc)
-        return rc;
     rt_acl_t *acl = calloc(1, sizeof(*acl));
     rules_t *section = acl ? &acl->anon : NULL;
     if (!acl) {
-        rt_acl_free(acl);
-        free(buf);
-        snprintf(err, errlen, "%s: out of memory", path);
+        snprintf(err, errlen, "%s: out of memory", name);
         return RT_ENOMEM;
     }
-    const char *pos = buf, *end = buf + len, *line;
+    const char *pos = text, *end = text + len, *line;
     size_t linelen;
     unsigned lineno = 0;
     while (rt__auth_next_line(&pos, end, &line, &linelen)) {
@@ -474,16 +468,31 @@ int rt_acl_load(const char *path, rt_acl_t **out, char *err, size_t errlen)
         char reason[128];
         const char *why = parse_line(acl, &section, line, linelen, reason, sizeof(reason));
         if (why) {
-            snprintf(err, errlen, "%s:%u: %s", path, lineno, why);
+            snprintf(err, errlen, "%s:%u: %s", name, lineno, why);
             rt_acl_free(acl);
-            free(buf);
             return strcmp(why, "out of memory") == 0 ? RT_ENOMEM : RT_EINVAL;
         }
     }
-    free(buf);
     acl->bytes = acl_bytes(acl);
     *out = acl;
     return 0;
+}
+
+int rt_acl_load(const char *path, rt_acl_t **out, char *err, size_t errlen)
+{
+    char *buf;
+    size_t len;
+    int rc = rt__auth_read_file(path, &buf, &len, err, errlen);
+    if (rc)
+        return rc;
+    rc = rt_acl_parse(buf, len, path, out, err, errlen);
+    free(buf);
+    return rc;
+}
+
+size_t rt_acl_bytes(const rt_acl_t *acl)
+{
+    return acl ? acl->bytes : 0;
 }
 
 /* ---- The process-wide ACL ---- */
@@ -494,12 +503,17 @@ static struct {
     atomic_uint_fast64_t publish, subscribe, read;
 } denied;
 
-int rt_acl_permit(const char *user, const char *clientid, const char *topic, size_t len,
-                  unsigned access)
+int rt_acl_permit_own(const rt_acl_t *own, const char *user, const char *clientid,
+                      const char *topic, size_t len, unsigned access)
 {
-    const rt_acl_t *acl = rt_rcu_enter(&current_acl);
-    int r = acl ? rt_acl_check(acl, user, clientid, topic, len, access) : RT_ACL_ALLOW;
-    rt_rcu_leave();
+    int r;
+    if (own) {
+        r = rt_acl_check(own, user, clientid, topic, len, access);
+    } else {
+        const rt_acl_t *acl = rt_rcu_enter(&current_acl);
+        r = acl ? rt_acl_check(acl, user, clientid, topic, len, access) : RT_ACL_ALLOW;
+        rt_rcu_leave();
+    }
     if (r != RT_ACL_DENY)
         return r;
     atomic_uint_fast64_t *c = access == RT_ACL_WRITE       ? &denied.publish
@@ -507,6 +521,12 @@ int rt_acl_permit(const char *user, const char *clientid, const char *topic, siz
                                                            : &denied.read;
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
     return r;
+}
+
+int rt_acl_permit(const char *user, const char *clientid, const char *topic, size_t len,
+                  unsigned access)
+{
+    return rt_acl_permit_own(NULL, user, clientid, topic, len, access);
 }
 
 bool rt_acl_active(void)

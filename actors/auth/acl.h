@@ -73,6 +73,11 @@ typedef struct rt_acl_s rt_acl_t;
 */
 int rt_acl_load(const char *path, rt_acl_t **out, char *err, size_t errlen);
 void rt_acl_free(rt_acl_t *acl);
+/* The same from text in memory (a login's grant, auth.h); name stands for the path in err. */
+int rt_acl_parse(const char *text, size_t len, const char *name, rt_acl_t **out, char *err,
+                 size_t errlen);
+/* Bytes acl holds (0 for NULL). */
+size_t rt_acl_bytes(const rt_acl_t *acl);
 
 /*
 ** Decides one request against a table (see above): RT_ACL_ALLOW or
@@ -93,6 +98,13 @@ int rt_acl_check(const rt_acl_t *acl, const char *user, const char *clientid, co
 */
 int rt_acl_permit(const char *user, const char *clientid, const char *topic, size_t len,
                   unsigned access);
+
+/*
+** rt_acl_permit, but a client whose login granted it an ACL of its own (own, not NULL) is
+** judged by that alone (docs/AUTH.md, "JSON Web Tokens"), counted the same.
+*/
+int rt_acl_permit_own(const rt_acl_t *own, const char *user, const char *clientid,
+                      const char *topic, size_t len, unsigned access);
 
 /* Whether an ACL file is in force (without one every request is allowed). */
 bool rt_acl_active(void);

@@ -7,9 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "acl.h"
 #include "auth_impl.h"
+#include "jwt.h"
+#include "log.h"
 #include "rcu.h"
 
 const char *rt_auth_result_name(int result)
@@ -41,6 +44,55 @@ typedef struct {
 } anonymous_nets_t;
 static rt_rcu_t anonymous_from; /* anonymous_nets_t *; NULL (never configured): loopback */
 static _Atomic(rt_auth_limiter_t *) limiter;
+
+/* The chain (the setting auth), as configured: NULL when not set (the password file alone). */
+typedef struct {
+    unsigned n;
+    struct {
+        rt_authn_kind_t kind;
+        rt_jwt_t *jwt; /* kind jwt: its keys */
+    } a[RT_CONF_MAX_AUTH];
+} chain_t;
+static rt_rcu_t current_chain;
+
+static void chain_free(chain_t *ch)
+{
+    for (unsigned i = 0; ch && i < ch->n; i++)
+        rt_jwt_free(ch->a[i].jwt);
+    free(ch);
+}
+
+/* conf's chain, its keys loaded: 0 with *out (NULL for none), or RT_E* with err. */
+static int chain_load(const rt_conf_t *conf, chain_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!conf->nauth)
+        return 0;
+    chain_t *ch = calloc(1, sizeof(*ch));
+    if (!ch) {
+        snprintf(err, errlen, "auth: out of memory");
+        return RT_ENOMEM;
+    }
+    for (unsigned i = 0; i < conf->nauth; i++) {
+        ch->a[i].kind = (rt_authn_kind_t)conf->auth[i].kind;
+        ch->n = i + 1;
+        int rc = ch->a[i].kind == RT_AUTHN_JWT
+                     ? rt_jwt_load(&conf->auth[i], &ch->a[i].jwt, err, errlen)
+                     : 0;
+        if (rc) {
+            chain_free(ch);
+            return rc;
+        }
+    }
+    *out = ch;
+    return 0;
+}
+
+void rt_auth_grant_free(rt_auth_grant_t *g)
+{
+    free(g->acl);
+    memset(g, 0, sizeof(*g));
+}
 static pthread_mutex_t configure_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct {
@@ -74,7 +126,10 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
     pthread_mutex_lock(&configure_lock);
     rt_auth_t *users = NULL;
     rt_acl_t *acl = NULL;
+    chain_t *chain = NULL;
     int rc = load_optional(conf->password_file, &users, err, errlen);
+    if (rc == 0)
+        rc = chain_load(conf, &chain, err, errlen);
     if (rc == 0 && conf->acl_file[0])
         rc = rt_file_trusted(-1, conf->acl_file, "acl_file", err, errlen);
     if (rc == 0 && conf->acl_file[0])
@@ -95,6 +150,7 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
     if (rc) {
         rt_auth_free(users);
         rt_acl_free(acl);
+        chain_free(chain);
         pthread_mutex_unlock(&configure_lock);
         return rc;
     }
@@ -104,6 +160,7 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
     rt__auth_limiter_set_max_delay(l, (uint32_t)conf->auth_max_delay_ms);
     atomic_store(&allow_anonymous, conf->allow_anonymous);
     rt_auth_free(rt_rcu_swap(&current_table, users));
+    chain_free(rt_rcu_swap(&current_chain, chain));
     rt_acl_install(acl);
     atomic_fetch_add(&counters.reloads, 1);
     pthread_mutex_unlock(&configure_lock);
@@ -123,6 +180,7 @@ bool rt_auth_allow_anonymous(void)
 void rt_auth_shutdown(void)
 {
     rt_auth_free(rt_rcu_swap(&current_table, NULL));
+    chain_free(rt_rcu_swap(&current_chain, NULL));
     free(rt_rcu_swap(&anonymous_from, NULL));
     rt_acl_install(NULL);
     rt_auth_limiter_free(atomic_exchange(&limiter, NULL));
@@ -140,24 +198,81 @@ static bool anonymous_allowed_from(const rt_auth_addr_t *addr)
     return ok;
 }
 
-/* rt_auth_login and rt_auth_login_quick: may_hash false leaves a full hash undone. */
-static int decide_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw,
-                        size_t pwlen, bool may_hash, uint32_t *delay_ms)
+/*
+** The password file's say on a login: RT_AUTH_OK, RT_AUTH_BAD_PASSWORD, RT_AUTH_PENDING, or
+** RT_AUTH_UNKNOWN_USER (not its user: the next authenticator judges) and
+** RT_AUTH_ANONYMOUS_REFUSED (no user name, or no file: it has nothing to say).
+*/
+static int file_says(const rt_auth_request_t *q, bool may_hash)
+{
+    if (!q->user)
+        return RT_AUTH_ANONYMOUS_REFUSED;
+    int result = RT_AUTH_ANONYMOUS_REFUSED;
+    const rt_auth_t *a = rt_rcu_enter(&current_table);
+    if (a) {
+        result = rt__auth_check(a, q->user, q->pw, q->pw ? q->pwlen : 0, may_hash);
+        if (result == RT_AUTH_OK && !q->pw)
+            result = RT_AUTH_BAD_PASSWORD; /* a listed user must give a password */
+    }
+    rt_rcu_leave();
+    return result;
+}
+
+/* A JWT authenticator's say: as file_says; a password that is no token passes. */
+static int jwt_says(const rt_jwt_t *j, const rt_auth_request_t *q, bool may_wait,
+                    rt_auth_grant_t *grant)
+{
+    if (!q->pw)
+        return RT_AUTH_ANONYMOUS_REFUSED;
+    if (!may_wait) /* a signature costs up to a tenth of a millisecond: the verifier's */
+        return RT_AUTH_PENDING;
+    rt_auth_grant_t g;
+    const char *why;
+    rt_jwt_verdict_t v = rt_jwt_check(j, q->user, q->clientid ? q->clientid : "", q->pw, q->pwlen,
+                                      (int64_t)time(NULL), &g, &why);
+    if (v == RT_JWT_IGNORE)
+        return RT_AUTH_ANONYMOUS_REFUSED;
+    if (v == RT_JWT_DENY) {
+        rt_log(RT_LOG_INFO, "auth.jwt_refused", "user=%s client=%s %s", q->user ? q->user : "-",
+               q->clientid ? q->clientid : "-", why);
+        return RT_AUTH_BAD_PASSWORD;
+    }
+    if (grant)
+        *grant = g;
+    else
+        rt_auth_grant_free(&g);
+    return RT_AUTH_OK;
+}
+
+/* The chain's verdict, before the anonymous rules; *unknown when a file did not know the user. */
+static int chain_says(const rt_auth_request_t *q, bool may_wait, rt_auth_grant_t *grant)
+{
+    const chain_t *ch = rt_rcu_enter(&current_chain);
+    unsigned n = ch ? ch->n : 1;
+    int result = RT_AUTH_ANONYMOUS_REFUSED;
+    bool unknown = false;
+    for (unsigned i = 0; i < n && result == RT_AUTH_ANONYMOUS_REFUSED; i++) {
+        bool jwt = ch && ch->a[i].kind == RT_AUTHN_JWT;
+        result = jwt ? jwt_says(ch->a[i].jwt, q, may_wait, grant) : file_says(q, may_wait);
+        if (result == RT_AUTH_UNKNOWN_USER) {
+            unknown = true;
+            result = RT_AUTH_ANONYMOUS_REFUSED;
+        }
+    }
+    rt_rcu_leave();
+    return result == RT_AUTH_ANONYMOUS_REFUSED && unknown ? RT_AUTH_UNKNOWN_USER : result;
+}
+
+int rt_auth_decide(const rt_auth_request_t *q, bool may_wait, uint32_t *delay_ms,
+                   rt_auth_grant_t *grant)
 {
     *delay_ms = 0;
-    int result = RT_AUTH_ANONYMOUS_REFUSED; /* anonymous until a password table decides */
-    if (user) {
-        const rt_auth_t *a = rt_rcu_enter(&current_table);
-        if (a) {
-            result = rt__auth_check(a, user, pw, pw ? pwlen : 0, may_hash);
-            if (result == RT_AUTH_OK && !pw)
-                result = RT_AUTH_BAD_PASSWORD; /* a listed user must give a password */
-        }
-        rt_rcu_leave();
-    }
+    if (grant)
+        memset(grant, 0, sizeof(*grant));
+    int result = chain_says(q, may_wait, grant);
     if (result == RT_AUTH_ANONYMOUS_REFUSED && atomic_load(&allow_anonymous) &&
-        anonymous_allowed_from(addr))
-        result = user ? RT_AUTH_ANONYMOUS : RT_AUTH_OK;
+        anonymous_allowed_from(q->addr))
+        result = q->user ? RT_AUTH_ANONYMOUS : RT_AUTH_OK;
     if (result == RT_AUTH_PENDING)
         return result; /* undecided: neither counted nor noted against the address */
     bool admitted = result == RT_AUTH_OK || result == RT_AUTH_ANONYMOUS;
@@ -167,25 +282,27 @@ static int decide_login(const rt_auth_addr_t *addr, const char *user, const uint
                                                                      : &counters.anonymous_refused;
     atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
     rt_auth_limiter_t *l = atomic_load(&limiter);
-    if (!addr || !l)
+    if (!q->addr || !l)
         return result;
     if (admitted)
-        rt_auth_limiter_succeed(l, addr);
+        rt_auth_limiter_succeed(l, q->addr);
     else
-        *delay_ms = rt_auth_limiter_fail(l, addr, rt_mono_ms());
+        *delay_ms = rt_auth_limiter_fail(l, q->addr, rt_mono_ms());
     return result;
 }
 
 int rt_auth_login(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw, size_t pwlen,
                   uint32_t *delay_ms)
 {
-    return decide_login(addr, user, pw, pwlen, true, delay_ms);
+    rt_auth_request_t q = {.addr = addr, .user = user, .pw = pw, .pwlen = pwlen};
+    return rt_auth_decide(&q, true, delay_ms, NULL);
 }
 
 int rt_auth_login_quick(const rt_auth_addr_t *addr, const char *user, const uint8_t *pw,
                         size_t pwlen, uint32_t *delay_ms)
 {
-    return decide_login(addr, user, pw, pwlen, false, delay_ms);
+    rt_auth_request_t q = {.addr = addr, .user = user, .pw = pw, .pwlen = pwlen};
+    return rt_auth_decide(&q, false, delay_ms, NULL);
 }
 
 void rt_auth_stats(rt_auth_stats_t *out)

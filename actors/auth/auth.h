@@ -144,6 +144,38 @@ void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evic
 /* ---- The process-wide policy (what the connection actor calls) ---- */
 
 /*
+** What a login's authenticator grants besides admission (a JWT's, jwt.h): when the
+** connection must end, and an ACL of the client's own in acl.h's format, which then judges
+** its requests in place of acl_file.
+*/
+typedef struct rt_auth_grant_s {
+    int64_t expire_at_s; /* Unix seconds; 0: never */
+    char *acl;           /* malloc'd text, or NULL: acl_file judges */
+    size_t acl_len;
+} rt_auth_grant_t;
+void rt_auth_grant_free(rt_auth_grant_t *g);
+
+/* A CONNECT's credentials. */
+typedef struct rt_auth_request_s {
+    const rt_auth_addr_t *addr; /* NULL: not an IP peer */
+    const char *user;           /* NULL: no user name */
+    const char *clientid;       /* as sent ("" for none) */
+    const uint8_t *pw;          /* NULL: no password */
+    size_t pwlen;
+} rt_auth_request_t;
+
+/*
+** Decides a login through the chain (the setting auth; none: the password file): each
+** authenticator in order allows, refuses, or passes (a user it does not know, a password
+** that is no token), and when all pass the anonymous rules of rt_auth_login decide. With
+** may_wait false a decision that needs a full hash or a signature check is not made:
+** RT_AUTH_PENDING, nothing counted. grant (may be NULL) gets what an admission carries.
+** Returns an rt_auth_result_t; *delay_ms as rt_auth_login's.
+*/
+int rt_auth_decide(const rt_auth_request_t *q, bool may_wait, uint32_t *delay_ms,
+                   rt_auth_grant_t *grant);
+
+/*
 ** Applies the settings allow_anonymous, anonymous_from, password_file, acl_file and
 ** auth_max_delay_ms: loads both files and only then swaps them in, so a bad
 ** file leaves everything as it was (err: "path:line: reason"). Called at start
@@ -206,8 +238,11 @@ int rt_auth_login_quick(const rt_auth_addr_t *addr, const char *user, const uint
 ** verifier died before deciding: ask again (a restarted one, or decide in place).
 */
 typedef struct rt_auth_verdict_s {
-    int32_t result;    /* an rt_auth_result_t */
-    uint32_t delay_ms; /* as rt_auth_login's */
+    int32_t result;      /* an rt_auth_result_t */
+    uint32_t delay_ms;   /* as rt_auth_login's */
+    int64_t expire_at_s; /* the grant's */
+    uint32_t acl_len;    /* bytes of the grant's ACL text, which follow */
+    uint32_t pad;
 } rt_auth_verdict_t;
 
 #define RT_AUTH_GROUP "auth_sup" /* the verifier's supervisor (group.h) */
@@ -219,13 +254,12 @@ typedef struct rt_auth_verdict_s {
 int rt_auth_verifier_start(rt_pid_t sup);
 
 /*
-** From an actor: asks the verifier to decide a login (arguments as
-** rt_auth_login; user and pw are copied). The calling actor later receives a
-** message tagged reply_tag with an rt_auth_verdict_t. Returns 0, RT_ENOPROC
+** From an actor: asks the verifier to decide a login (rt_auth_decide; the request is
+** copied). The calling actor later receives a message tagged reply_tag with an
+** rt_auth_verdict_t, the grant's ACL text after it. Returns 0, RT_ENOPROC
 ** when no verifier runs (decide in place then), RT_EINVAL or RT_ENOMEM.
 */
-int rt_auth_login_async(uint32_t reply_tag, const rt_auth_addr_t *addr, const char *user,
-                        const uint8_t *pw, size_t pwlen);
+int rt_auth_login_async(uint32_t reply_tag, const rt_auth_request_t *q);
 
 typedef struct rt_auth_stats_s {
     uint64_t successes;

@@ -11,17 +11,18 @@
 #include "group.h"
 
 /*
-** A request: the connection that asked is m->from. The user name and password
-** follow the header; the message owns the only copy of the password and the
+** A request: the connection that asked is m->from. The user name, the client id and the
+** password follow the header; the message owns the only copy of the password and the
 ** verifier wipes it once decided.
 */
 typedef struct {
     rt_auth_addr_t addr;
     uint32_t reply_tag;
     uint32_t userlen; /* bytes of the user name, NUL not counted */
+    uint32_t cidlen;  /* ... of the client id */
     uint32_t pwlen;
     uint8_t has_addr, has_user, has_pw;
-    /* user name (NUL-terminated), then the password */
+    /* user name, NUL, client id, NUL, then the password */
 } verify_req_t;
 
 static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
@@ -32,16 +33,31 @@ static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     verify_req_t q;
     memcpy(&q, m->data, sizeof(q));
     uint8_t *body = m->data + sizeof(q);
-    if (m->len < sizeof(q) + (size_t)q.userlen + 1 + q.pwlen || body[q.userlen] != 0) {
+    size_t need = sizeof(q) + (size_t)q.userlen + 1 + (size_t)q.cidlen + 1 + q.pwlen;
+    if (m->len < need || body[q.userlen] != 0 || body[q.userlen + 1 + q.cidlen] != 0) {
         OPENSSL_cleanse(m->data, m->len);
         return;
     }
+    rt_auth_request_t r = {.addr = q.has_addr ? &q.addr : NULL,
+                           .user = q.has_user ? (const char *)body : NULL,
+                           .clientid = (const char *)body + q.userlen + 1,
+                           .pw = q.has_pw ? body + q.userlen + 1 + q.cidlen + 1 : NULL,
+                           .pwlen = q.pwlen};
     rt_auth_verdict_t v = {0};
-    v.result = rt_auth_login(q.has_addr ? &q.addr : NULL, q.has_user ? (const char *)body : NULL,
-                             q.has_pw ? body + q.userlen + 1 : NULL, q.pwlen, &v.delay_ms);
+    rt_auth_grant_t g;
+    v.result = rt_auth_decide(&r, true, &v.delay_ms, &g);
     OPENSSL_cleanse(m->data, m->len);
+    v.expire_at_s = g.expire_at_s;
+    v.acl_len = (uint32_t)g.acl_len;
     /* A connection that ended meanwhile makes this a dead letter, which is all it costs. */
-    rt_send(m->from, q.reply_tag, &v, sizeof(v));
+    rt_msg_t *reply = rt_msg_new(q.reply_tag, sizeof(v) + g.acl_len);
+    if (reply) {
+        memcpy(reply->data, &v, sizeof(v));
+        if (g.acl_len)
+            memcpy(reply->data + sizeof(v), g.acl, g.acl_len);
+        rt_send_msg(m->from, reply);
+    }
+    rt_auth_grant_free(&g);
     rt_consume(self, 100); /* one hash is worth many ordinary messages in rtctl top */
 }
 
@@ -78,32 +94,38 @@ int rt_auth_verifier_start(rt_pid_t sup)
     return rt_group_start_one(sup, RT_AUTH_GROUP, RT_PERMANENT, &c);
 }
 
-int rt_auth_login_async(uint32_t reply_tag, const rt_auth_addr_t *addr, const char *user,
-                        const uint8_t *pw, size_t pwlen)
+int rt_auth_login_async(uint32_t reply_tag, const rt_auth_request_t *r)
 {
     rt_pid_t verifier = rt_whereis(RT_AUTH_VERIFIER_NAME);
     if (!verifier)
         return RT_ENOPROC;
-    size_t userlen = user ? strlen(user) : 0;
-    if (userlen > RT_AUTH_MAX_NAME || pwlen > UINT16_MAX)
+    size_t userlen = r->user ? strlen(r->user) : 0;
+    size_t cidlen = r->clientid ? strlen(r->clientid) : 0;
+    if (userlen > RT_AUTH_MAX_NAME || cidlen > RT_AUTH_MAX_NAME || r->pwlen > UINT16_MAX)
         return RT_EINVAL; /* MQTT strings and binary data are shorter */
-    rt_msg_t *m = rt_msg_new(RT_AUTH_MSG_VERIFY, sizeof(verify_req_t) + userlen + 1 + pwlen);
+    size_t pwlen = r->pw ? r->pwlen : 0;
+    rt_msg_t *m =
+        rt_msg_new(RT_AUTH_MSG_VERIFY, sizeof(verify_req_t) + userlen + 1 + cidlen + 1 + pwlen);
     if (!m)
         return RT_ENOMEM;
     verify_req_t q = {.reply_tag = reply_tag,
                       .userlen = (uint32_t)userlen,
-                      .pwlen = pw ? (uint32_t)pwlen : 0,
-                      .has_addr = addr != NULL,
-                      .has_user = user != NULL,
-                      .has_pw = pw != NULL};
-    if (addr)
-        q.addr = *addr;
+                      .cidlen = (uint32_t)cidlen,
+                      .pwlen = (uint32_t)pwlen,
+                      .has_addr = r->addr != NULL,
+                      .has_user = r->user != NULL,
+                      .has_pw = r->pw != NULL};
+    if (r->addr)
+        q.addr = *r->addr;
     memcpy(m->data, &q, sizeof(q));
     uint8_t *body = m->data + sizeof(q);
     if (userlen)
-        memcpy(body, user, userlen);
+        memcpy(body, r->user, userlen);
     body[userlen] = 0;
-    if (pw && pwlen)
-        memcpy(body + userlen + 1, pw, pwlen);
+    if (cidlen)
+        memcpy(body + userlen + 1, r->clientid, cidlen);
+    body[userlen + 1 + cidlen] = 0;
+    if (pwlen)
+        memcpy(body + userlen + 1 + cidlen + 1, r->pw, pwlen);
     return rt_send_msg(verifier, m);
 }

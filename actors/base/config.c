@@ -76,6 +76,7 @@ typedef enum {
     K_USER_RATES,
     K_AUTO_SUBS,
     K_REWRITES,
+    K_AUTH,
     K_HTTP,
     K_CLUSTER,
     K_XMPP
@@ -113,6 +114,8 @@ static kind_t kind_of(const setting_t *s)
         return K_AUTO_SUBS;
     if (strcmp(s->name, "rewrite") == 0)
         return K_REWRITES;
+    if (strcmp(s->name, "auth") == 0)
+        return K_AUTH;
     if (strcmp(s->name, "sinks") == 0)
         return K_SECTIONS;
     return K_STRING;
@@ -321,6 +324,12 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
     case K_REWRITES:
         join_names(value, vlen, c->rewrites, c->nrewrites, sizeof(c->rewrites[0]),
                    offsetof(rt_conf_rewrite_t, source));
+        break;
+    case K_AUTH:
+        value[0] = 0;
+        for (unsigned i = 0; i < c->nauth; i++)
+            snprintf(value + strlen(value), vlen - strlen(value), "%s%s", i ? ", " : "",
+                     c->auth[i].kind == RT_AUTHN_JWT ? "jwt" : "file");
         break;
     case K_SECTIONS:
         join_names(value, vlen, c->sinks.s, c->sinks.n, sizeof(c->sinks.s[0]),
@@ -643,6 +652,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return rt__conf_read_auto_subs(L, c, why, whylen);
     case K_REWRITES:
         return rt__conf_read_rewrites(L, c, why, whylen);
+    case K_AUTH:
+        return rt__conf_read_auth(L, c, why, whylen);
     case K_HTTP:
         return rt__conf_read_http(L, c, why, whylen);
     case K_CLUSTER:

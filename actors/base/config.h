@@ -169,6 +169,24 @@ typedef struct rt_conf_auto_sub_s {
 ** UNSUBSCRIBE) that source matches and the POSIX extended regular expression re matches
 ** becomes dest, $1..$9 replaced by re's groups.
 */
+/*
+** One authenticator of the login chain (auth, EMQX's authentication chain; actors/auth/auth.h):
+** the password file, or JSON Web Tokens in the password field.
+*/
+#define RT_CONF_MAX_AUTH 4
+typedef enum { RT_AUTHN_FILE, RT_AUTHN_JWT } rt_authn_kind_t;
+typedef struct rt_conf_auth_s {
+    int kind;                           /* rt_authn_kind_t */
+    char secret_file[RT_CONF_PATH_MAX]; /* jwt: HS256's shared secret */
+    char public_key[RT_CONF_PATH_MAX];  /* jwt: an RSA (RS256) or P-256 (ES256) key, PEM */
+    char jwks_file[RT_CONF_PATH_MAX];   /* jwt: a JWKS of RSA and P-256 keys, by kid */
+    char audience[256], issuer[256];    /* jwt: aud and iss the token must carry; "": any */
+    char username_claim[64];            /* jwt: a claim that must equal the user name */
+    char client_id_claim[64];           /* jwt: ... the client id */
+    char acl_claim[64];                 /* jwt: {pub, sub, all} topic lists: the client's ACL */
+    bool disconnect_after_expire;       /* jwt: the connection ends at the token's exp */
+} rt_conf_auth_t;
+
 #define RT_CONF_MAX_REWRITES 32
 typedef enum { RT_REWRITE_PUBLISH, RT_REWRITE_SUBSCRIBE, RT_REWRITE_ALL } rt_rewrite_action_t;
 typedef struct rt_conf_rewrite_s {
@@ -371,6 +389,8 @@ typedef struct rt_conf_s {
     rt_conf_xmpp_t xmpp; /* the XMPP server (actors/xmpp); off unless an xmpp table is given */
     rt_conf_user_rate_t user_rates[RT_CONF_MAX_USER_RATES]; /* user_rate_limits */
     unsigned nuser_rates;
+    rt_conf_auth_t auth[RT_CONF_MAX_AUTH]; /* the login chain, in order; none: the file */
+    unsigned nauth;
     rt_conf_auto_sub_t auto_subs[RT_CONF_MAX_AUTO_SUBS]; /* auto_subscribe */
     unsigned nauto_subs;
     rt_conf_rewrite_t rewrites[RT_CONF_MAX_REWRITES]; /* rewrite, in order: the first applies */

@@ -17,6 +17,7 @@ static const char *const log_formats[] = {"logfmt", "json", NULL};
 static const char *const log_journal_modes[] = {"auto", "on", "off", NULL};
 static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
 static const char *const rewrite_actions[] = {"publish", "subscribe", "all", NULL};
+static const char *const authn_kinds[] = {"file", "jwt", NULL};
 
 #define OFF(f) offsetof(rt_conf_t, f)
 #define SIZE(f) sizeof(((rt_conf_t *)0)->f)
@@ -67,6 +68,10 @@ const rt_setting_t rt__conf_settings[] = {
      .type = RT_SET_TABLE,
      .doc = "{ { topic = \"devices/%c/cmd\", qos = 1 }, ... }: subscriptions made for every client "
             "at CONNECT; %c is its client id, %u its user name (docs/AUTH.md)"},
+    {.name = "auth",
+     .type = RT_SET_TABLE,
+     .doc = "{ { kind = \"file\" }, { kind = \"jwt\", ... } }: the login chain, in order, each "
+            "allowing, refusing or passing to the next (docs/AUTH.md); none: the password file"},
     {.name = "rewrite",
      .type = RT_SET_TABLE,
      .doc = "{ { action = \"publish\", source = \"x/#\", re = \"^x/(.+)$\", dest = \"y/$1\" }, "
@@ -212,6 +217,12 @@ const rt_setting_t rt__conf_settings[] = {
 #define X_OFF(f) offsetof(rt_conf_xmpp_t, f)
 #define A_OFF(f) offsetof(rt_conf_auto_sub_t, f)
 #define W_OFF(f) offsetof(rt_conf_rewrite_t, f)
+#define AU_OFF(f) offsetof(rt_conf_auth_t, f)
+#define AUTH_TEXT(f, d, h)                                                                         \
+    {                                                                                              \
+        .name = "auth[]." #f, .type = RT_SET_STRING, .offset = AU_OFF(f),                          \
+        .size = sizeof(((rt_conf_auth_t *)0)->f), .text = d, .doc = h                              \
+    }
 #define XMPP_INT(f, d, lo, hi, u, h)                                                               \
     {                                                                                              \
         .name = "xmpp." #f, .type = RT_SET_INT, .num = d, .unit = u, .min = lo, .max = hi,         \
@@ -354,6 +365,27 @@ const rt_setting_t rt__conf_table_settings[] = {
      .min = 0,
      .max = 2,
      .doc = "retained messages: 0 at every CONNECT, 1 when the subscription is new, 2 never"},
+    {.name = "auth[].kind",
+     .type = RT_SET_STRING,
+     .offset = AU_OFF(kind),
+     .text = "file",
+     .choices = authn_kinds,
+     .doc = "file: password_file's users; jwt: a JSON Web Token in the password"},
+    AUTH_TEXT(secret_file, "", "jwt: a file holding HS256's shared secret"),
+    AUTH_TEXT(public_key, "", "jwt: a PEM public key, RSA (RS256) or P-256 (ES256)"),
+    AUTH_TEXT(jwks_file, "", "jwt: a JWKS file of RSA and P-256 keys, picked by the token's kid"),
+    AUTH_TEXT(audience, "", "jwt: the aud the token must name; \"\": not checked"),
+    AUTH_TEXT(issuer, "", "jwt: the iss the token must carry; \"\": not checked"),
+    AUTH_TEXT(username_claim, "", "jwt: a claim that must equal the user name; \"\": none"),
+    AUTH_TEXT(client_id_claim, "", "jwt: a claim that must equal the client id; \"\": none"),
+    AUTH_TEXT(acl_claim, "acl",
+              "jwt: a claim {pub = [...], sub = [...], all = [...]} of topics (%u, %c) that "
+              "is the client's ACL"),
+    {.name = "auth[].disconnect_after_expire",
+     .type = RT_SET_BOOL,
+     .offset = AU_OFF(disconnect_after_expire),
+     .num = 1,
+     .doc = "jwt: the connection ends when the token expires (MQTT 5 reason 0xA0)"},
     {.name = "rewrite[].action",
      .type = RT_SET_STRING,
      .offset = W_OFF(action),

@@ -234,6 +234,11 @@ void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
             snprintf(shown, sizeof(shown), "auto_subscribe[%u]", i + 1);
             show_keys(&sh, "auto_subscribe[]", shown, &c->auto_subs[i], NULL);
         }
+    } else if (strcmp(table, "auth") == 0) {
+        for (unsigned i = 0; i < c->nauth; i++) {
+            snprintf(shown, sizeof(shown), "auth[%u]", i + 1);
+            show_keys(&sh, "auth[]", shown, &c->auth[i], NULL);
+        }
     } else if (strcmp(table, "rewrite") == 0) {
         for (unsigned i = 0; i < c->nrewrites; i++) {
             snprintf(shown, sizeof(shown), "rewrite[%u]", i + 1);

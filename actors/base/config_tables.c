@@ -869,6 +869,32 @@ static bool rewrite_ok(const void *elem, const char *where, char *why, size_t wh
     return true;
 }
 
+/* A JWT authenticator needs its keys: one of the secret, a public key or a JWKS. */
+static bool auth_ok(const void *elem, const char *where, char *why, size_t whylen)
+{
+    const rt_conf_auth_t *a = elem;
+    int keys = !!a->secret_file[0] + !!a->public_key[0] + !!a->jwks_file[0];
+    if (a->kind == RT_AUTHN_JWT && keys != 1) {
+        snprintf(why, whylen,
+                 "%s: a jwt authenticator takes one of secret_file, public_key and "
+                 "jwks_file",
+                 where);
+        return false;
+    }
+    if (a->kind == RT_AUTHN_FILE && keys) {
+        snprintf(why, whylen, "%s: kind \"file\" reads password_file and takes no keys", where);
+        return false;
+    }
+    return true;
+}
+
+bool rt__conf_read_auth(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    return read_list(L, "auth", "{ { kind = \"file\" }, { kind = \"jwt\", public_key = \"...\" } }",
+                     "auth[]", c->auth, sizeof(c->auth[0]), RT_CONF_MAX_AUTH, &c->nauth, auth_ok,
+                     why, whylen);
+}
+
 bool rt__conf_read_rewrites(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
 {
     return read_list(L, "rewrite",

@@ -442,8 +442,7 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     rt__conn_drop_will(self, c); /* back in time: a pending delayed will is cancelled */
     rt_free(self, c->username);  /* the new CONNECT names its own user */
     c->username = NULL;
-    rt_free(self, c->peer); /* and comes from its own address */
-    c->peer = NULL;
+    rt__conn_forget_peer(self, c); /* and comes from its own address */
     if (rt_sock_adopt(self, fd, &c->sock) != 0) {
         rt_log(RT_LOG_ERROR, "client.resume_failed", "client=%s", c->client_id);
         close(fd);
@@ -468,7 +467,13 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     c->will_delay = 0;
     c->peer_max_packet = 0;
     c->last_rx_ns = rt_mono_ns();
-    parse_input(self, c, data + 1, len - 1);
+    /* What the login that made this CONNECT granted (grant.c), then the CONNECT. */
+    size_t grant = rt__conn_read_grant(self, c, data + 1, len - 1);
+    if (!grant) {
+        rt__conn_close(self, c, MQTT_RC_UNSPECIFIED, RT_REASON_NORMAL);
+        return;
+    }
+    parse_input(self, c, data + 1 + grant, len - 1 - grant);
     if (!c->closing)
         on_readable(self, c);
 }
@@ -488,7 +493,8 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
     rt__broker_count_socket(c->listener, -1);
     /* The message owns the fd and the transport until the holder takes them: if the holder
        exits first, freeing the message closes the fd and the client reconnects afresh. */
-    rt_msg_t *m = rt_msg_new_fd(RT_CONN_MSG_RESUME, fd, sizeof(rt_msg_owned_t) + 1 + len);
+    size_t grant = rt__conn_grant_size(c);
+    rt_msg_t *m = rt_msg_new_fd(RT_CONN_MSG_RESUME, fd, sizeof(rt_msg_owned_t) + 1 + grant + len);
     if (!m) {
         close(fd);
         rt_xport_free(c->xp);
@@ -502,7 +508,8 @@ void rt__conn_send_socket(rt_actor_t *self, conn_t *c, rt_pid_t holder, const ui
     c->xp = NULL;
     m->data[sizeof(rt_msg_owned_t)] = (uint8_t)(c->listener | c->claimed << 4 | c->lease << 5 |
                                                  (c->name_unvouched ? RT_CONN_RESUME_UNVOUCHED : 0));
-    memcpy(m->data + sizeof(rt_msg_owned_t) + 1, bytes, len);
+    rt__conn_write_grant(c, m->data + sizeof(rt_msg_owned_t) + 1);
+    memcpy(m->data + sizeof(rt_msg_owned_t) + 1 + grant, bytes, len);
     rt_send_msg(holder, m);
     rt_exit(self, RT_REASON_NORMAL);
 }
@@ -643,11 +650,16 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case RT_CONN_MSG_AUTH_REFUSED:
         rt__conn_send_login_refusal(self, c);
         break;
+    case RT_CONN_MSG_TOKEN_EXPIRY:
+        rt__conn_on_token_expiry(self, c);
+        break;
     case RT_CONN_MSG_PARSE_MORE:
         rt__conn_parse_more(self, c);
         break;
     case RT_CONN_MSG_LOGIN_VERDICT:
-        if (m->len >= sizeof(rt_auth_verdict_t))
+        if (m->len >= sizeof(rt_auth_verdict_t) &&
+            m->len - sizeof(rt_auth_verdict_t) >=
+                ((const rt_auth_verdict_t *)(const void *)m->data)->acl_len)
             rt__conn_on_login_verdict(self, c, (const rt_auth_verdict_t *)(const void *)m->data);
         break;
     case RT_CONN_MSG_SLOW_CHECK:
@@ -751,6 +763,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     rt__conn_preauth_end(c); /* the partial buffer goes with the heap */
     rt__conn_hand_over_shared(self, c);
     rt__conn_subs_unhook(self, c);
+    rt__conn_drop_grant(self, c); /* its parsed ACL is outside the heap */
     /* What conn_t points to goes with the heap, right after this returns (the will, the
        session's messages and their binaries included); only shared tables need word. */
     if (c->sock)
@@ -785,7 +798,7 @@ static void conn_trace(void *state, rt_gc_t *gc)
     rt_gc_mark(gc, c->partial);
     rt_gc_mark(gc, c->client_id);
     rt_gc_mark(gc, c->username);
-    rt_gc_mark(gc, c->peer);
+    rt_gc_mark(gc, c->extra);
     rt_gc_mark(gc, c->subs);
     rt_gc_mark(gc, c->sess);
     rt_gc_mark(gc, c->will);
@@ -821,6 +834,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "restored";
     case RT_CONN_MSG_AUTH_REFUSED:
         return "auth_refused";
+    case RT_CONN_MSG_TOKEN_EXPIRY:
+        return "token_expiry";
     case RT_CONN_MSG_ACL_RECHECK:
         return "acl_recheck";
     case RT_CONN_MSG_LOGIN_VERDICT:

@@ -28,12 +28,22 @@ void rt_conn_format_peer(int fd, char *buf, size_t len)
 /* The client's address as rules see it for messages; kept once a client publishes. */
 static const char *peer_text(rt_actor_t *self, conn_t *c)
 {
-    if (c->peer || !c->sock)
-        return c->peer;
+    if ((c->extra && c->extra->peer) || !c->sock)
+        return c->extra ? c->extra->peer : NULL;
     char buf[RT_PEER_TEXT_MAX];
     rt__conn_peer_format(c, buf, sizeof(buf));
-    c->peer = rt_strndup(self, buf, strlen(buf));
-    return c->peer;
+    conn_extra_t *x = rt__conn_extra(self, c);
+    if (x)
+        x->peer = rt_strndup(self, buf, strlen(buf));
+    return x ? x->peer : NULL;
+}
+
+void rt__conn_forget_peer(rt_actor_t *self, conn_t *c)
+{
+    if (!c->extra)
+        return;
+    rt_free(self, c->extra->peer);
+    c->extra->peer = NULL;
 }
 
 rt_rule_origin_t rt__conn_rule_origin(rt_actor_t *self, conn_t *c)
@@ -268,8 +278,7 @@ void rt__conn_publish_will(rt_actor_t *self, conn_t *c)
     rt_bin_t *will = rt_heap_bin(c->will);
     rt_message_t w;
     rt_message_view(will, &w);
-    if (rt_acl_permit(c->username, c->client_id, (const char *)w.topic.p, w.topic.len,
-                      RT_ACL_WRITE)) {
+    if (rt__conn_acl(c, w.topic.p, w.topic.len, RT_ACL_WRITE)) {
         rt_broker_route(rt_self(self), will);
         rt__conn_rules_publish(self, c, will, 0, 0, NULL);
     } else {

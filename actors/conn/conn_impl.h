@@ -65,6 +65,7 @@ enum {
     RT_CONN_MSG_IMPORTED,        /* first turn of a session that moved here (move.c) */
     RT_CONN_MSG_MOVE_TIMEOUT,    /* tag timer: the node taking this session never came back */
     RT_CONN_MSG_ACL_LOG,         /* tag timer: denials were held back from the log (denials.c) */
+    RT_CONN_MSG_TOKEN_EXPIRY,    /* tag timer: the login's token may have run out (grant.c) */
     /* From administrators (broker.h), in the broker's block so no other actor can mean them. */
     RT_CONN_MSG_QUERY = RT_BROKER_MSG_BASE + 0x10, /* data: what to answer with */
     RT_CONN_MSG_KICK,                              /* end the connection and the session */
@@ -124,13 +125,26 @@ typedef struct {
     rt_alias_out_t *out; /* ours: NULL when the client's Topic Alias Maximum allows none */
 } conn_aliases_t;
 
+/*
+** What only some connections hold, in one heap object (RT_OBJ_SCAN) made on first use, so
+** that an idle client pays one pointer for all of it.
+*/
+typedef struct {
+    char *peer;           /* "ip:port" for rules, made when a client publishes with rules on */
+    char *acl_text;       /* the login's own ACL (auth.h's grant), as granted: passed on with
+                             the socket to a session's holder */
+    struct rt_acl_s *acl; /* ... parsed (malloc, charged to the actor); NULL: acl_file judges */
+    uint32_t acl_len;
+    int64_t expire_at_s; /* Unix seconds the login's token runs out; 0: never */
+} conn_extra_t;
+
 typedef struct conn_s conn_t;
 struct conn_s {
     rt_sock_t *sock;  /* NULL while an offline session waits for its client */
     uint8_t *partial; /* bytes of an incomplete packet; NULL when none */
     char *client_id;
     char *username; /* from CONNECT, for the ACL; NULL when anonymous */
-    char *peer;     /* "ip:port" for rules, made on first use (publishers pay, not idlers) */
+    conn_extra_t *extra; /* what few connections hold, made on first use; NULL: none */
     sub_entry_t *subs;
     rt_session_t *sess;      /* inflight and queued messages; NULL until the first one */
     void *will;              /* heap handle of the will as a canonical PUBLISH, or NULL */
@@ -489,6 +503,26 @@ void rt__conn_log_timeout(const conn_t *c, long after_s);
 int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out);
 /* "ip:port" of the client (as rt__conn_peer_addr finds it) into buf. */
 void rt__conn_peer_format(const conn_t *c, char *buf, size_t len);
+
+/* ---- grant.c: what the login granted (auth.h): an ACL of the client's own, an expiry ---- */
+/* The client's ACL decision (acl.h): its own ACL's when its login granted one. */
+int rt__conn_acl(const conn_t *c, const void *topic, size_t len, unsigned access);
+/* Takes a login's grant (ACL text, token expiry): 0, or RT_EINVAL / RT_ENOMEM (logged). */
+int rt__conn_take_grant(rt_actor_t *self, conn_t *c, int64_t expire_at_s, const char *acl,
+                        size_t acl_len);
+/* Drops it (a new CONNECT, the session's end). */
+void rt__conn_drop_grant(rt_actor_t *self, conn_t *c);
+/* Bytes rt__conn_write_grant writes, and the writing: i64 expiry, u32 length, the ACL text. */
+size_t rt__conn_grant_size(const conn_t *c);
+void rt__conn_write_grant(const conn_t *c, uint8_t *out);
+/* Reads what rt__conn_write_grant wrote at the front of data: bytes read, or 0 if malformed. */
+size_t rt__conn_read_grant(rt_actor_t *self, conn_t *c, const uint8_t *data, size_t len);
+/* RT_CONN_MSG_TOKEN_EXPIRY: ends the connection (0xA0) once the token ran out. */
+void rt__conn_on_token_expiry(rt_actor_t *self, conn_t *c);
+/* The peer text rules saw is made again from the next socket's address. */
+void rt__conn_forget_peer(rt_actor_t *self, conn_t *c);
+/* The extra object, made on first use: NULL when out of memory. */
+conn_extra_t *rt__conn_extra(rt_actor_t *self, conn_t *c);
 
 /* ---- listener.c ---- */
 /*

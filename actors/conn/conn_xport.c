@@ -106,8 +106,7 @@ static void peer_text(const void *owner, char *buf, size_t len)
 static bool peer_named(rt_actor_t *self, void *owner, const rt_auth_addr_t *addr)
 {
     conn_t *c = owner;
-    rt_free(self, c->peer); /* made from the socket's peer, if it was */
-    c->peer = NULL;
+    rt__conn_forget_peer(self, c); /* made from the socket's peer, if it was */
     return rt__listener_admit_peer(rt_sock_fd(c->sock), addr);
 }
 

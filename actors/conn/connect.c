@@ -103,36 +103,59 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
                      : NULL;
     if (pk->connect.has_username && !user)
         return false;
-    const uint8_t *pw = pk->connect.has_password ? pk->connect.password.p : NULL;
+    char *cid = rt_strndup(self, pk->connect.client_id.p, pk->connect.client_id.len);
+    if (!cid) {
+        rt_free(self, user);
+        return false;
+    }
+    rt_auth_request_t q = {.addr = have_addr ? &addr : NULL,
+                           .user = user,
+                           .clientid = cid,
+                           .pw = pk->connect.has_password ? pk->connect.password.p : NULL,
+                           .pwlen = pk->connect.password.len};
     uint32_t delay_ms = 0;
     int rc;
+    rt_auth_grant_t grant = {0};
     const rt_auth_verdict_t *v = login_verdict_now;
     login_verdict_now = NULL;
     if (v) {
         rc = v->result;
         delay_ms = v->delay_ms;
+        grant.expire_at_s = v->expire_at_s;
     } else {
-        rc = rt_auth_login_quick(have_addr ? &addr : NULL, user, pw, pk->connect.password.len,
-                                 &delay_ms);
+        rc = rt_auth_decide(&q, false, &delay_ms, NULL);
     }
-    if (rc == RT_AUTH_PENDING &&
-        rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, have_addr ? &addr : NULL, user, pw,
-                            pk->connect.password.len) == 0) {
+    if (rc == RT_AUTH_PENDING && rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, &q) == 0) {
         rt_free(self, user);
+        rt_free(self, cid);
         c->verifying = 1;
         c->version = 0;
         rt_sock_pause_reading(c->sock, true);
         return false;
     }
-    if (rc == RT_AUTH_PENDING) /* no verifier (it is not running): decide here after all */
-        rc = rt_auth_login(have_addr ? &addr : NULL, user, pw, pk->connect.password.len, &delay_ms);
-    if (rc == RT_AUTH_OK || rc == RT_AUTH_ANONYMOUS) {
-        c->name_unvouched = rc == RT_AUTH_ANONYMOUS;
-        c->username = c->name_unvouched ? NULL : user;
-        if (c->name_unvouched)
-            rt_free(self, user);
-        return true;
+    bool own_grant = false;
+    if (rc == RT_AUTH_PENDING) { /* no verifier (it is not running): decide here after all */
+        rc = rt_auth_decide(&q, true, &delay_ms, &grant);
+        own_grant = true;
     }
+    rt_free(self, cid);
+    if (rc == RT_AUTH_OK || rc == RT_AUTH_ANONYMOUS) {
+        const char *acl = own_grant ? grant.acl : v && v->acl_len ? (const char *)(v + 1) : NULL;
+        size_t acl_len = own_grant ? grant.acl_len : v ? v->acl_len : 0;
+        /* An ACL it cannot hold is no ACL: refused rather than let do anything. */
+        if (rt__conn_take_grant(self, c, grant.expire_at_s, acl, acl_len) == 0) {
+            if (own_grant)
+                rt_auth_grant_free(&grant);
+            c->name_unvouched = rc == RT_AUTH_ANONYMOUS;
+            c->username = c->name_unvouched ? NULL : user;
+            if (c->name_unvouched)
+                rt_free(self, user);
+            return true;
+        }
+        rc = RT_AUTH_BAD_PASSWORD;
+    }
+    if (own_grant)
+        rt_auth_grant_free(&grant);
     char peer[64];
     rt__conn_peer_format(c, peer, sizeof(peer));
     int why = rc == RT_AUTH_BAD_PASSWORD   ? RT_AUTH_FAILED_BAD_PASSWORD

@@ -452,8 +452,7 @@ static bool acl_readable(conn_t *c, rt_bin_t *bin)
         return !rt_acl_active();
     rt_message_t m;
     rt_message_view(bin, &m);
-    return rt_acl_permit(c->username, c->client_id, (const char *)m.topic.p, m.topic.len,
-                         RT_ACL_READ) != RT_ACL_DENY;
+    return rt__conn_acl(c, m.topic.p, m.topic.len, RT_ACL_READ) != RT_ACL_DENY;
 }
 
 /*

@@ -414,8 +414,7 @@ static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
         return 0;
     }
-    if (!rt_acl_permit(c->username, c->client_id, (const char *)pk->publish.topic.p,
-                       pk->publish.topic.len, RT_ACL_WRITE)) {
+    if (!rt__conn_acl(c, pk->publish.topic.p, pk->publish.topic.len, RT_ACL_WRITE)) {
         rt__conn_acl_denied(self, c, RT_CONN_DENIED_PUBLISH, pk->publish.topic.p,
                             pk->publish.topic.len);
         refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);

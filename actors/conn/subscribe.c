@@ -187,8 +187,7 @@ static uint8_t subscribe_refusal(rt_actor_t *self, conn_t *c, const mqtt_sub_t *
             return MQTT_RC_QUOTA_EXCEEDED;
         }
     }
-    int acl = rt_acl_permit(c->username, c->client_id, (const char *)s->filter.p, s->filter.len,
-                            RT_ACL_SUBSCRIBE);
+    int acl = rt__conn_acl(c, s->filter.p, s->filter.len, RT_ACL_SUBSCRIBE);
     *acl_check = acl == RT_ACL_FILTERED;
     if (acl != RT_ACL_DENY)
         return 0;
