@@ -109,7 +109,7 @@ test-integration-asan-a: build-asan
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
 		tests/integration/test_trace.py tests/integration/test_banned.py \
 		tests/integration/test_delayed.py tests/integration/test_exclusive.py \
-		tests/integration/test_jwt.py -k "not testssl"
+		tests/integration/test_jwt.py tests/integration/test_auth_http.py -k "not testssl"
 
 test-integration-asan-b: build-asan
 	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \
@@ -130,7 +130,8 @@ test-integration-tsan: build-tsan
 		tests/integration/test_admin_socket.py tests/integration/test_trace.py \
 		tests/integration/test_cluster.py tests/integration/test_xmpp_c2s.py \
 		tests/integration/test_xmpp_sm.py tests/integration/test_xmpp_admin.py \
-		tests/integration/test_xmpp_xeps.py tests/integration/test_xmpp_mam.py
+		tests/integration/test_xmpp_xeps.py tests/integration/test_xmpp_mam.py \
+		tests/integration/test_auth_http.py
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

@@ -327,10 +327,31 @@ static void broker_section(rt_buf_t *b, const scrape_t *s)
     family(b, "rt_auth_failures_total", "counter",
            "CONNECTs whose login was refused, by reason: bad_password, unknown_user, "
            "anonymous_refused (anonymous where anonymous clients may not connect), "
-           "no_certificate_identity (identity_as_username, a certificate that names no one).");
+           "no_certificate_identity (identity_as_username, a certificate that names no one), "
+           "unavailable (an HTTP authenticator's service did not answer).");
     for (int r = 0; r < RT_AUTH_FAILED_REASONS; r++)
         u64(b, "rt_auth_failures_total", load(&st->auth_failed[r]), "reason",
             rt_auth_failed_names[r], NULL);
+    rt_auth_stats_t as;
+    rt_auth_stats(&as);
+    family(b, "rt_auth_http_answers_total", "counter",
+           "The HTTP authenticators' answers, cached ones included, by result: allow, deny, "
+           "ignore; error: no usable answer (on_error decided).");
+    u64(b, "rt_auth_http_answers_total", as.http_allowed, "result", "allow", NULL);
+    u64(b, "rt_auth_http_answers_total", as.http_denied, "result", "deny", NULL);
+    u64(b, "rt_auth_http_answers_total", as.http_ignored, "result", "ignore", NULL);
+    u64(b, "rt_auth_http_answers_total", as.http_errors, "result", "error", NULL);
+    one_u64(b, "rt_auth_http_calls_total", "counter",
+            "Calls the HTTP authenticators made to their services.", as.http_calls);
+    family(b, "rt_auth_http_cache_total", "counter",
+           "HTTP authenticator logins answered from the cache (hit) or not (miss).");
+    u64(b, "rt_auth_http_cache_total", as.http_cache_hits, "outcome", "hit", NULL);
+    u64(b, "rt_auth_http_cache_total", as.http_cache_misses, "outcome", "miss", NULL);
+    one_u64(b, "rt_auth_http_cache_entries", "gauge", "Answers the HTTP authenticators cache.",
+            as.http_cache_entries);
+    one_u64(b, "rt_auth_http_connections_total", "counter",
+            "Connections the HTTP authenticators opened (keep-alive reuses them).",
+            as.http_connects);
     rt_banned_stats_t bs;
     rt_banned_stats(&bs);
     family(b, "rt_banned_refusals_total", "counter",

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "acl.h"
+#include "auth_http.h"
 #include "auth_impl.h"
 #include "jwt.h"
 #include "log.h"
@@ -30,6 +31,8 @@ const char *rt_auth_result_name(int result)
         return "pending";
     case RT_AUTH_ANONYMOUS:
         return "anonymous";
+    case RT_AUTH_UNAVAILABLE:
+        return "unavailable";
     }
     return "unknown";
 }
@@ -50,15 +53,25 @@ typedef struct {
     unsigned n;
     struct {
         rt_authn_kind_t kind;
-        rt_jwt_t *jwt; /* kind jwt: its keys */
+        rt_jwt_t *jwt;       /* kind jwt: its keys */
+        rt_authhttp_t *http; /* kind http: its client and cache */
     } a[RT_CONF_MAX_AUTH];
+    unsigned pool; /* threads the http authenticators want (auth_pool.c); 0: none calls */
 } chain_t;
 static rt_rcu_t current_chain;
+static atomic_bool chain_calls; /* the chain in force has an http authenticator */
+
+bool rt__auth_chain_calls(void)
+{
+    return atomic_load(&chain_calls);
+}
 
 static void chain_free(chain_t *ch)
 {
-    for (unsigned i = 0; ch && i < ch->n; i++)
+    for (unsigned i = 0; ch && i < ch->n; i++) {
         rt_jwt_free(ch->a[i].jwt);
+        rt_authhttp_free(ch->a[i].http);
+    }
     free(ch);
 }
 
@@ -78,7 +91,11 @@ static int chain_load(const rt_conf_t *conf, chain_t **out, char *err, size_t er
         ch->n = i + 1;
         int rc = ch->a[i].kind == RT_AUTHN_JWT
                      ? rt_jwt_load(&conf->auth[i], &ch->a[i].jwt, err, errlen)
+                 : ch->a[i].kind == RT_AUTHN_HTTP
+                     ? rt_authhttp_load(&conf->auth[i], &ch->a[i].http, err, errlen)
                      : 0;
+        if (ch->a[i].kind == RT_AUTHN_HTTP && (unsigned)conf->auth[i].pool_size > ch->pool)
+            ch->pool = (unsigned)conf->auth[i].pool_size;
         if (rc) {
             chain_free(ch);
             return rc;
@@ -130,6 +147,10 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
     int rc = load_optional(conf->password_file, &users, err, errlen);
     if (rc == 0)
         rc = chain_load(conf, &chain, err, errlen);
+    if (rc == 0 && chain && chain->pool && rt__auth_pool_start(chain->pool) != 0) {
+        snprintf(err, errlen, "auth: cannot start the authenticator pool's threads");
+        rc = RT_ENOMEM;
+    }
     if (rc == 0 && conf->acl_file[0])
         rc = rt_file_trusted(-1, conf->acl_file, "acl_file", err, errlen);
     if (rc == 0 && conf->acl_file[0])
@@ -160,6 +181,7 @@ int rt_auth_configure(const rt_conf_t *conf, char *err, size_t errlen)
     rt__auth_limiter_set_max_delay(l, (uint32_t)conf->auth_max_delay_ms);
     atomic_store(&allow_anonymous, conf->allow_anonymous);
     rt_auth_free(rt_rcu_swap(&current_table, users));
+    atomic_store(&chain_calls, chain && chain->pool);
     chain_free(rt_rcu_swap(&current_chain, chain));
     rt_acl_install(acl);
     atomic_fetch_add(&counters.reloads, 1);
@@ -180,6 +202,8 @@ bool rt_auth_allow_anonymous(void)
 void rt_auth_shutdown(void)
 {
     rt_auth_free(rt_rcu_swap(&current_table, NULL));
+    rt__auth_pool_stop();
+    atomic_store(&chain_calls, false);
     chain_free(rt_rcu_swap(&current_chain, NULL));
     free(rt_rcu_swap(&anonymous_from, NULL));
     rt_acl_install(NULL);
@@ -252,8 +276,10 @@ static int chain_says(const rt_auth_request_t *q, bool may_wait, rt_auth_grant_t
     int result = RT_AUTH_ANONYMOUS_REFUSED;
     bool unknown = false;
     for (unsigned i = 0; i < n && result == RT_AUTH_ANONYMOUS_REFUSED; i++) {
-        bool jwt = ch && ch->a[i].kind == RT_AUTHN_JWT;
-        result = jwt ? jwt_says(ch->a[i].jwt, q, may_wait, grant) : file_says(q, may_wait);
+        rt_authn_kind_t kind = ch ? ch->a[i].kind : RT_AUTHN_FILE;
+        result = kind == RT_AUTHN_JWT    ? jwt_says(ch->a[i].jwt, q, may_wait, grant)
+                 : kind == RT_AUTHN_HTTP ? rt_authhttp_says(ch->a[i].http, q, may_wait, grant)
+                                         : file_says(q, may_wait);
         if (result == RT_AUTH_UNKNOWN_USER) {
             unknown = true;
             result = RT_AUTH_ANONYMOUS_REFUSED;
@@ -316,6 +342,23 @@ void rt_auth_stats(rt_auth_stats_t *out)
     const rt_auth_t *a = rt_rcu_enter(&current_table);
     out->users = rt_auth_users(a);
     out->bytes = rt__auth_table_bytes(a);
+    rt_rcu_leave();
+    const chain_t *ch = rt_rcu_enter(&current_chain);
+    for (unsigned i = 0; ch && i < ch->n; i++) {
+        if (!ch->a[i].http)
+            continue;
+        rt_authhttp_stats_t h;
+        rt_authhttp_stats(ch->a[i].http, &h);
+        out->http_calls += h.calls;
+        out->http_errors += h.errors;
+        out->http_allowed += h.allowed;
+        out->http_denied += h.denied;
+        out->http_ignored += h.ignored;
+        out->http_cache_hits += h.cache_hits;
+        out->http_cache_misses += h.cache_misses;
+        out->http_cache_entries += h.cache_entries;
+        out->http_connects += h.connects;
+    }
     rt_rcu_leave();
     rt_auth_limiter_t *l = atomic_load(&limiter);
     if (l) {

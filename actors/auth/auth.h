@@ -49,11 +49,12 @@ typedef enum rt_auth_result_e {
     RT_AUTH_BAD_PASSWORD = 1, /* known user, wrong password */
     RT_AUTH_UNKNOWN_USER = 2, /* not in the password file */
     RT_AUTH_ANONYMOUS_REFUSED =
-        3,               /* no username: allow_anonymous false, or not from anonymous_from */
-    RT_AUTH_PENDING = 4, /* rt_auth_login_quick: only a full hash can decide */
-    RT_AUTH_ANONYMOUS = 5, /* admitted as a client without a user name: no password source
-                              vouches for the one it sent, so it is not used (not for ACL
-                              sections, %u, rules or the client list) */
+        3,                   /* no username: allow_anonymous false, or not from anonymous_from */
+    RT_AUTH_PENDING = 4,     /* rt_auth_login_quick: only a full hash can decide */
+    RT_AUTH_ANONYMOUS = 5,   /* admitted as a client without a user name: no password source
+                                vouches for the one it sent, so it is not used (not for ACL
+                                sections, %u, rules or the client list) */
+    RT_AUTH_UNAVAILABLE = 6, /* an authentication service did not answer (MQTT 5 0x88) */
 } rt_auth_result_t;
 
 const char *rt_auth_result_name(int result);
@@ -158,6 +159,7 @@ void rt_auth_grant_free(rt_auth_grant_t *g);
 /* A CONNECT's credentials. */
 typedef struct rt_auth_request_s {
     const rt_auth_addr_t *addr; /* NULL: not an IP peer */
+    const char *listener;       /* "host:port" it came in on, or NULL */
     const char *user;           /* NULL: no user name */
     const char *clientid;       /* as sent ("" for none) */
     const uint8_t *pw;          /* NULL: no password */
@@ -271,6 +273,9 @@ typedef struct rt_auth_stats_s {
     uint64_t delay_entries;   /* addresses in the slow-down table */
     uint64_t delay_evictions; /* addresses it had to forget for newer ones */
     uint64_t bytes;           /* held by the password table and the slow-down table */
+    /* The HTTP authenticators' (auth_http.h), summed. */
+    uint64_t http_calls, http_errors, http_allowed, http_denied, http_ignored;
+    uint64_t http_cache_hits, http_cache_misses, http_cache_entries, http_connects;
 } rt_auth_stats_t;
 
 void rt_auth_stats(rt_auth_stats_t *out);

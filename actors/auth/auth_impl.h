@@ -40,4 +40,20 @@ size_t rt__auth_limiter_bytes(const rt_auth_limiter_t *l);
 /* The cap on delays from now on (auth_max_delay_ms changed). */
 void rt__auth_limiter_set_max_delay(rt_auth_limiter_t *l, uint32_t max_delay_ms);
 
+/*
+** A JSON object's topic lists ({"pub": [...], "sub": [...], "all": [...]}, EMQX's form), the
+** member name of doc (a bson_t *), as ACL text (acl.h's format, "pattern" lines so %u and %c
+** are filled per client): malloc'd, or NULL with *why when malformed (jwt.c).
+*/
+char *rt__auth_acl_text(const void *doc, const char *name, size_t *len, const char **why);
+
+/* Decides an RT_AUTH_MSG_VERIFY request and answers its sender (verifier.c): the verifier
+   actor's work, and the pool's threads' (auth_pool.c). */
+struct rt_msg_s;
+void rt__auth_verify_msg(struct rt_msg_s *m);
+/* Answers a request nobody will decide RT_AUTH_PENDING: its connection asks again. */
+void rt__auth_verify_dead(struct rt_msg_s *m);
+/* Whether the chain in force calls a service (its logins go to the pool). */
+bool rt__auth_chain_calls(void);
+
 #endif

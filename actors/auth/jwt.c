@@ -417,17 +417,15 @@ static bool claim_time(const bson_t *claims, const char *name, int64_t *v, bool 
     return true;
 }
 
-/*
-** The acl claim as ACL text (acl.h's format, "pattern" lines so %u and %c are filled per
-** client): NULL with *why when it is malformed; an empty text when it grants nothing.
-*/
-static char *acl_text(const bson_t *claims, const char *name, size_t *len, const char **why)
+/* rt__auth_acl_text (auth_impl.h): also the HTTP authenticator's answers' acl. */
+char *rt__auth_acl_text(const void *doc, const char *name, size_t *len, const char **why)
 {
+    const bson_t *claims = doc;
     bson_iter_t it, kinds;
     *len = 0;
     if (!bson_iter_init_find(&it, claims, name) || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
         !bson_iter_recurse(&it, &kinds)) {
-        *why = "the acl claim is not an object of topic lists";
+        *why = "the acl is not an object of topic lists";
         return NULL;
     }
     bson_string_t *out = bson_string_new("");
@@ -439,7 +437,7 @@ static char *acl_text(const bson_t *claims, const char *name, size_t *len, const
                                                         : NULL;
         bson_iter_t topics;
         if (!access || !BSON_ITER_HOLDS_ARRAY(&kinds) || !bson_iter_recurse(&kinds, &topics)) {
-            *why = "the acl claim's members are pub, sub and all, each a list of topics";
+            *why = "the acl's members are pub, sub and all, each a list of topics";
             bson_string_free(out, true);
             return NULL;
         }
@@ -447,7 +445,7 @@ static char *acl_text(const bson_t *claims, const char *name, size_t *len, const
             uint32_t n;
             const char *t = BSON_ITER_HOLDS_UTF8(&topics) ? bson_iter_utf8(&topics, &n) : NULL;
             if (!t || !n || memchr(t, '\n', n) || memchr(t, '\r', n) || strlen(t) != n) {
-                *why = "an acl claim topic is no string of one line";
+                *why = "an acl topic is no string of one line";
                 bson_string_free(out, true);
                 return NULL;
             }
@@ -487,7 +485,7 @@ static rt_jwt_verdict_t check_claims(const rt_jwt_t *j, const bson_t *claims, co
         return RT_JWT_DENY;
     bson_iter_t it;
     if (c->acl_claim[0] && bson_iter_init_find(&it, claims, c->acl_claim)) {
-        grant->acl = acl_text(claims, c->acl_claim, &grant->acl_len, why);
+        grant->acl = rt__auth_acl_text(claims, c->acl_claim, &grant->acl_len, why);
         if (!grant->acl)
             return RT_JWT_DENY;
     }

@@ -7,6 +7,9 @@
 
 #include <openssl/crypto.h>
 
+#include <stdio.h>
+
+#include "auth_http.h"
 #include "auth_impl.h"
 #include "group.h"
 
@@ -17,6 +20,7 @@
 */
 typedef struct {
     rt_auth_addr_t addr;
+    char listener[64]; /* "host:port", "" for none */
     uint32_t reply_tag;
     uint32_t userlen; /* bytes of the user name, NUL not counted */
     uint32_t cidlen;  /* ... of the client id */
@@ -25,9 +29,8 @@ typedef struct {
     /* user name, NUL, client id, NUL, then the password */
 } verify_req_t;
 
-static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+void rt__auth_verify_msg(rt_msg_t *m)
 {
-    (void)state;
     if (m->tag != RT_AUTH_MSG_VERIFY || m->len < sizeof(verify_req_t))
         return;
     verify_req_t q;
@@ -39,6 +42,7 @@ static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         return;
     }
     rt_auth_request_t r = {.addr = q.has_addr ? &q.addr : NULL,
+                           .listener = q.listener[0] ? q.listener : NULL,
                            .user = q.has_user ? (const char *)body : NULL,
                            .clientid = (const char *)body + q.userlen + 1,
                            .pw = q.has_pw ? body + q.userlen + 1 + q.cidlen + 1 : NULL,
@@ -58,13 +62,10 @@ static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         rt_send_msg(m->from, reply);
     }
     rt_auth_grant_free(&g);
-    rt_consume(self, 100); /* one hash is worth many ordinary messages in rtctl top */
 }
 
-/* A request the verifier died before deciding: the connection asks again. */
-static void verifier_dead_letter(void *state, rt_msg_t *m)
+void rt__auth_verify_dead(rt_msg_t *m)
 {
-    (void)state;
     if (m->tag != RT_AUTH_MSG_VERIFY || m->len < sizeof(verify_req_t))
         return;
     verify_req_t q;
@@ -72,6 +73,20 @@ static void verifier_dead_letter(void *state, rt_msg_t *m)
     OPENSSL_cleanse(m->data, m->len);
     rt_auth_verdict_t v = {.result = RT_AUTH_PENDING};
     rt_send(m->from, q.reply_tag, &v, sizeof(v));
+}
+
+static void verifier_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)state;
+    rt__auth_verify_msg(m);
+    rt_consume(self, 100); /* one hash is worth many ordinary messages in rtctl top */
+}
+
+/* A request the verifier died before deciding: the connection asks again. */
+static void verifier_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    rt__auth_verify_dead(m);
 }
 
 static const char *verifier_tag_name(uint32_t tag)
@@ -96,8 +111,9 @@ int rt_auth_verifier_start(rt_pid_t sup)
 
 int rt_auth_login_async(uint32_t reply_tag, const rt_auth_request_t *r)
 {
-    rt_pid_t verifier = rt_whereis(RT_AUTH_VERIFIER_NAME);
-    if (!verifier)
+    bool pooled = rt__auth_chain_calls() && rt__auth_pool_running();
+    rt_pid_t verifier = pooled ? 0 : rt_whereis(RT_AUTH_VERIFIER_NAME);
+    if (!pooled && !verifier)
         return RT_ENOPROC;
     size_t userlen = r->user ? strlen(r->user) : 0;
     size_t cidlen = r->clientid ? strlen(r->clientid) : 0;
@@ -117,6 +133,8 @@ int rt_auth_login_async(uint32_t reply_tag, const rt_auth_request_t *r)
                       .has_pw = r->pw != NULL};
     if (r->addr)
         q.addr = *r->addr;
+    if (r->listener)
+        snprintf(q.listener, sizeof(q.listener), "%s", r->listener);
     memcpy(m->data, &q, sizeof(q));
     uint8_t *body = m->data + sizeof(q);
     if (userlen)
@@ -127,5 +145,14 @@ int rt_auth_login_async(uint32_t reply_tag, const rt_auth_request_t *r)
     body[userlen + 1 + cidlen] = 0;
     if (pwlen)
         memcpy(body + userlen + 1 + cidlen + 1, r->pw, pwlen);
-    return rt_send_msg(verifier, m);
+    if (!pooled)
+        return rt_send_msg(verifier, m);
+    rt_actor_t *self = rt_current();
+    m->from = self ? rt_self(self) : 0; /* whom the pool answers: rt_send_msg would set it */
+    int rc = rt__auth_pool_push(m);
+    if (rc) {
+        OPENSSL_cleanse(m->data, m->len);
+        rt_msg_free(m);
+    }
+    return rc;
 }

@@ -329,7 +329,9 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
         value[0] = 0;
         for (unsigned i = 0; i < c->nauth; i++)
             snprintf(value + strlen(value), vlen - strlen(value), "%s%s", i ? ", " : "",
-                     c->auth[i].kind == RT_AUTHN_JWT ? "jwt" : "file");
+                     c->auth[i].kind == RT_AUTHN_JWT    ? "jwt"
+                     : c->auth[i].kind == RT_AUTHN_HTTP ? "http"
+                                                        : "file");
         break;
     case K_SECTIONS:
         join_names(value, vlen, c->sinks.s, c->sinks.n, sizeof(c->sinks.s[0]),

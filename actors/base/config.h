@@ -174,7 +174,12 @@ typedef struct rt_conf_auto_sub_s {
 ** the password file, or JSON Web Tokens in the password field.
 */
 #define RT_CONF_MAX_AUTH 4
-typedef enum { RT_AUTHN_FILE, RT_AUTHN_JWT } rt_authn_kind_t;
+typedef enum { RT_AUTHN_FILE, RT_AUTHN_JWT, RT_AUTHN_HTTP } rt_authn_kind_t;
+typedef enum {
+    RT_AUTHN_ON_ERROR_DENY,
+    RT_AUTHN_ON_ERROR_IGNORE,
+    RT_AUTHN_ON_ERROR_CACHE
+} rt_authn_on_error_t;
 typedef struct rt_conf_auth_s {
     int kind;                           /* rt_authn_kind_t */
     char secret_file[RT_CONF_PATH_MAX]; /* jwt: HS256's shared secret */
@@ -184,7 +189,15 @@ typedef struct rt_conf_auth_s {
     char username_claim[64];            /* jwt: a claim that must equal the user name */
     char client_id_claim[64];           /* jwt: ... the client id */
     char acl_claim[64];                 /* jwt: {pub, sub, all} topic lists: the client's ACL */
-    bool disconnect_after_expire;       /* jwt: the connection ends at the token's exp */
+    bool disconnect_after_expire;       /* jwt, http: the connection ends at its expiry */
+    char url[512];                      /* http: where logins are POSTed */
+    char ca_file[RT_CONF_PATH_MAX];     /* http: an https url's CA; "": the system's */
+    long timeout_ms;                    /* http: a call's whole time */
+    long pool_size;                     /* http: calls at once (threads, kept connections) */
+    long cache_ttl_s;                   /* http: how long an answer is reused; 0: never */
+    long cache_max;                     /* http: answers kept */
+    int on_error;                       /* http: rt_authn_on_error_t */
+    bool send_password_hash;            /* http: SHA-256 of the password, not the password */
 } rt_conf_auth_t;
 
 #define RT_CONF_MAX_REWRITES 32

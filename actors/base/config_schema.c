@@ -17,7 +17,8 @@ static const char *const log_formats[] = {"logfmt", "json", NULL};
 static const char *const log_journal_modes[] = {"auto", "on", "off", NULL};
 static const char *const memory_policies[] = {"hold", "drop_newest", "drop_oldest", NULL};
 static const char *const rewrite_actions[] = {"publish", "subscribe", "all", NULL};
-static const char *const authn_kinds[] = {"file", "jwt", NULL};
+static const char *const authn_kinds[] = {"file", "jwt", "http", NULL};
+static const char *const authn_on_errors[] = {"deny", "ignore", "cache", NULL};
 
 #define OFF(f) offsetof(rt_conf_t, f)
 #define SIZE(f) sizeof(((rt_conf_t *)0)->f)
@@ -218,6 +219,11 @@ const rt_setting_t rt__conf_settings[] = {
 #define A_OFF(f) offsetof(rt_conf_auto_sub_t, f)
 #define W_OFF(f) offsetof(rt_conf_rewrite_t, f)
 #define AU_OFF(f) offsetof(rt_conf_auth_t, f)
+#define AUTH_INT(f, d, lo, hi, u, h)                                                               \
+    {                                                                                              \
+        .name = "auth[]." #f, .type = RT_SET_INT, .offset = AU_OFF(f), .num = d, .min = lo,        \
+        .max = hi, .unit = u, .doc = h                                                             \
+    }
 #define AUTH_TEXT(f, d, h)                                                                         \
     {                                                                                              \
         .name = "auth[]." #f, .type = RT_SET_STRING, .offset = AU_OFF(f),                          \
@@ -370,7 +376,8 @@ const rt_setting_t rt__conf_table_settings[] = {
      .offset = AU_OFF(kind),
      .text = "file",
      .choices = authn_kinds,
-     .doc = "file: password_file's users; jwt: a JSON Web Token in the password"},
+     .doc = "file: password_file's users; jwt: a JSON Web Token in the password; http: a "
+            "call to a service, cached"},
     AUTH_TEXT(secret_file, "", "jwt: a file holding HS256's shared secret"),
     AUTH_TEXT(public_key, "", "jwt: a PEM public key, RSA (RS256) or P-256 (ES256)"),
     AUTH_TEXT(jwks_file, "", "jwt: a JWKS file of RSA and P-256 keys, picked by the token's kid"),
@@ -385,7 +392,32 @@ const rt_setting_t rt__conf_table_settings[] = {
      .type = RT_SET_BOOL,
      .offset = AU_OFF(disconnect_after_expire),
      .num = 1,
-     .doc = "jwt: the connection ends when the token expires (MQTT 5 reason 0xA0)"},
+     .doc = "jwt: the connection ends when the token expires, http: at the answer's "
+            "expire_at (MQTT 5 reason 0xA0)"},
+    AUTH_TEXT(url, "", "http: the http:// or https:// URL logins are POSTed to, as JSON"),
+    AUTH_TEXT(ca_file, "",
+              "http: the CA an https URL's certificate is verified against; "
+              "\"\": the system's"),
+    AUTH_INT(timeout_ms, 5000, 100, 60000, "ms",
+             "http: a call's whole time (connect, TLS, answer); past it the service is down"),
+    AUTH_INT(pool_size, 8, 1, 64, "calls",
+             "http: calls at once: threads of their own, and kept-alive connections"),
+    AUTH_INT(cache_ttl_s, 60, 0, 86400, "seconds",
+             "http: how long an answer, a refusal too, is reused for the same user name and "
+             "password; 0: every login calls"),
+    AUTH_INT(cache_max, 100000, 8, 10000000, "answers",
+             "http: answers cached (about 100 bytes each, and an ACL's text)"),
+    {.name = "auth[].on_error",
+     .type = RT_SET_STRING,
+     .offset = AU_OFF(on_error),
+     .text = "deny",
+     .choices = authn_on_errors,
+     .doc = "http: the service cannot answer: deny (0x88), ignore (the next authenticator "
+            "judges), or cache (admit users whose answer is cached, even past its TTL)"},
+    {.name = "auth[].send_password_hash",
+     .type = RT_SET_BOOL,
+     .offset = AU_OFF(send_password_hash),
+     .doc = "http: send the password's SHA-256 (hex) instead of the password"},
     {.name = "rewrite[].action",
      .type = RT_SET_STRING,
      .offset = W_OFF(action),

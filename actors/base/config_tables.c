@@ -881,6 +881,13 @@ static bool auth_ok(const void *elem, const char *where, char *why, size_t whyle
                  where);
         return false;
     }
+    if (a->kind == RT_AUTHN_HTTP && (keys || strncmp(a->url, "http", 4) != 0)) {
+        snprintf(why, whylen,
+                 "%s: an http authenticator takes a url (http:// or https://) and "
+                 "no keys",
+                 where);
+        return false;
+    }
     if (a->kind == RT_AUTHN_FILE && keys) {
         snprintf(why, whylen, "%s: kind \"file\" reads password_file and takes no keys", where);
         return false;

@@ -154,6 +154,7 @@ const char *const rt_auth_failed_names[RT_AUTH_FAILED_REASONS] = {
     [RT_AUTH_FAILED_UNKNOWN_USER] = "unknown_user",
     [RT_AUTH_FAILED_ANONYMOUS] = "anonymous_refused",
     [RT_AUTH_FAILED_NO_CERT_NAME] = "no_certificate_identity",
+    [RT_AUTH_FAILED_UNAVAILABLE] = "unavailable",
 };
 
 const char *rt_broker_listener_protocol(unsigned index)

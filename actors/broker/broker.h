@@ -20,6 +20,7 @@ enum {
     RT_AUTH_FAILED_UNKNOWN_USER, /* a user name the password file does not have */
     RT_AUTH_FAILED_ANONYMOUS,    /* anonymous, from where anonymous clients may not come */
     RT_AUTH_FAILED_NO_CERT_NAME, /* identity_as_username: the certificate names no one */
+    RT_AUTH_FAILED_UNAVAILABLE,  /* an authentication service did not answer (auth_http.h) */
     RT_AUTH_FAILED_REASONS
 };
 extern const char *const rt_auth_failed_names[RT_AUTH_FAILED_REASONS]; /* "bad_password", ... */

@@ -108,7 +108,11 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_free(self, user);
         return false;
     }
+    char listener[80];
+    const rt_listen_t *l = &rt_broker->conf.listeners[c->listener];
+    snprintf(listener, sizeof(listener), "%s:%d", l->host, l->port);
     rt_auth_request_t q = {.addr = have_addr ? &addr : NULL,
+                           .listener = listener,
                            .user = user,
                            .clientid = cid,
                            .pw = pk->connect.has_password ? pk->connect.password.p : NULL,
@@ -125,7 +129,8 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     } else {
         rc = rt_auth_decide(&q, false, &delay_ms, NULL);
     }
-    if (rc == RT_AUTH_PENDING && rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, &q) == 0) {
+    int queued = rc == RT_AUTH_PENDING ? rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, &q) : -1;
+    if (queued == 0) {
         rt_free(self, user);
         rt_free(self, cid);
         c->verifying = 1;
@@ -133,6 +138,8 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_sock_pause_reading(c->sock, true);
         return false;
     }
+    if (queued == RT_ELIMIT) /* the authenticator pool's queue is full */
+        rc = RT_AUTH_UNAVAILABLE;
     bool own_grant = false;
     if (rc == RT_AUTH_PENDING) { /* no verifier (it is not running): decide here after all */
         rc = rt_auth_decide(&q, true, &delay_ms, &grant);
@@ -160,16 +167,19 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     rt__conn_peer_format(c, peer, sizeof(peer));
     int why = rc == RT_AUTH_BAD_PASSWORD   ? RT_AUTH_FAILED_BAD_PASSWORD
               : rc == RT_AUTH_UNKNOWN_USER ? RT_AUTH_FAILED_UNKNOWN_USER
+              : rc == RT_AUTH_UNAVAILABLE  ? RT_AUTH_FAILED_UNAVAILABLE
                                            : RT_AUTH_FAILED_ANONYMOUS;
     atomic_fetch_add_explicit(&rt_broker->stats.auth_failed[why], 1, memory_order_relaxed);
     rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u peer=%s",
            user ? user : "-", rt_auth_failed_names[why], delay_ms, peer);
     rt_free(self, user);
-    bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED;
+    bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED, unavailable = rc == RT_AUTH_UNAVAILABLE;
     if (c->version == MQTT_V5)
-        c->refusal = anonymous ? MQTT_RC_NOT_AUTHORIZED : MQTT_RC_BAD_CREDENTIALS;
+        c->refusal = anonymous     ? MQTT_RC_NOT_AUTHORIZED
+                     : unavailable ? MQTT_RC_SERVER_UNAVAILABLE
+                                   : MQTT_RC_BAD_CREDENTIALS;
     else
-        c->refusal = anonymous ? 5 : 4;
+        c->refusal = anonymous ? 5 : unavailable ? 3 : 4;
     c->closing = 1;
     rt_sock_pause_reading(c->sock, true);
     if (delay_ms)
