@@ -120,7 +120,7 @@ static bool cache_get(rt_authhttp_t *a, const uint8_t key[32], bool stale_ok, in
     pthread_mutex_lock(&a->lock);
     cached_t *e = cache_find(a, key);
     uint64_t now = rt_mono_ms();
-    if (e && (stale_ok || now - e->added_ms < (uint64_t)a->conf.cache_ttl_s * 1000)) {
+    if (e && (stale_ok || now < e->added_ms + (uint64_t)a->conf.cache_ttl_s * 1000)) {
         *result = e->result;
         hit = true;
         if (grant && e->result == RT_AUTH_OK) {

@@ -274,6 +274,10 @@ static int read_response(conn_t *c, response_t *r, http_parser *p, uint64_t dead
     char buf[4096];
     while (!r->complete) {
         ssize_t n;
+        /* An answer in two segments (headers, then body) from a server that leaves Nagle on
+           would otherwise wait for our delayed ACK: 40 ms a call. */
+        int one = 1;
+        setsockopt(c->fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
         if (c->ssl) {
             int rc = SSL_read(c->ssl, buf, sizeof(buf));
             if (rc <= 0) {
@@ -331,16 +335,10 @@ static void give_back(rt_httpc_t *h, conn_t *c)
         conn_close(c);
 }
 
-int rt_httpc_post(rt_httpc_t *h, const char *body, size_t len, int *status, char **resp,
-                  size_t *resplen, char *err, size_t errlen)
+/* One request on a connection: a kept-alive one the server let go is replaced once. */
+static int request(rt_httpc_t *h, const char *req, size_t reqlen, uint64_t deadline, int *status,
+                   char **resp, size_t *resplen, char *err, size_t errlen)
 {
-    uint64_t deadline = rt_mono_ms() + h->timeout_ms;
-    char head[1536];
-    int hl = snprintf(head, sizeof(head),
-                      "POST %s HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
-                      "Accept: application/json\r\nContent-Length: %zu\r\n"
-                      "Connection: keep-alive\r\n\r\n",
-                      h->path, h->host, h->port, len);
     for (int attempt = 0; attempt < 2; attempt++) {
         conn_t c;
         bool reused;
@@ -349,10 +347,9 @@ int rt_httpc_post(rt_httpc_t *h, const char *body, size_t len, int *status, char
             return rc;
         response_t r = {0};
         http_parser p;
-        rc = send_all(&c, head, (size_t)hl, deadline) && send_all(&c, body, len, deadline)
-                 ? read_response(&c, &r, &p, deadline)
-             : reused ? 1
-                      : RT_EPROTO;
+        rc = send_all(&c, req, reqlen, deadline) ? read_response(&c, &r, &p, deadline)
+             : reused                            ? 1
+                                                 : RT_EPROTO;
         if (rc == 0) {
             *status = (int)p.status_code;
             *resp = r.body ? r.body : calloc(1, 1);
@@ -369,4 +366,25 @@ int rt_httpc_post(rt_httpc_t *h, const char *body, size_t len, int *status, char
             return fail(err, errlen, "%s: no answer (closed, malformed or timed out)", h->host);
     }
     return fail(err, errlen, "%s: no answer", h->host);
+}
+
+int rt_httpc_post(rt_httpc_t *h, const char *body, size_t len, int *status, char **resp,
+                  size_t *resplen, char *err, size_t errlen)
+{
+    uint64_t deadline = rt_mono_ms() + h->timeout_ms;
+    char head[1536];
+    int hl = snprintf(head, sizeof(head),
+                      "POST %s HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                      "Accept: application/json\r\nContent-Length: %zu\r\n"
+                      "Connection: keep-alive\r\n\r\n",
+                      h->path, h->host, h->port, len);
+    /* One write for the request: a body sent apart from its headers costs a round trip. */
+    char *req = malloc((size_t)hl + len);
+    if (!req)
+        return RT_ENOMEM;
+    memcpy(req, head, (size_t)hl);
+    memcpy(req + hl, body, len);
+    int rc = request(h, req, (size_t)hl + len, deadline, status, resp, resplen, err, errlen);
+    free(req);
+    return rc;
 }
