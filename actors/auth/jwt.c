@@ -314,6 +314,11 @@ int rt_jwt_load(const rt_conf_auth_t *conf, rt_jwt_t **out, char *err, size_t er
     return 0;
 }
 
+bool rt_jwt_cheap(const rt_jwt_t *j)
+{
+    return j->secret != NULL;
+}
+
 size_t rt_jwt_bytes(const rt_jwt_t *j)
 {
     /* The keys themselves are OpenSSL's: counted as about a key's size each. */

@@ -25,6 +25,9 @@ typedef struct rt_jwt_s rt_jwt_t;
 int rt_jwt_load(const rt_conf_auth_t *conf, rt_jwt_t **out, char *err, size_t errlen);
 void rt_jwt_free(rt_jwt_t *j);
 size_t rt_jwt_bytes(const rt_jwt_t *j);
+/* Whether its check costs microseconds (HS256: one HMAC), so a scheduler may make it; a
+   public key's (tens of microseconds and more) is the verifier's. */
+bool rt_jwt_cheap(const rt_jwt_t *j);
 
 typedef enum { RT_JWT_IGNORE, RT_JWT_DENY, RT_JWT_ALLOW } rt_jwt_verdict_t;
 

@@ -126,11 +126,14 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rc = v->result;
         delay_ms = v->delay_ms;
         grant.expire_at_s = v->expire_at_s;
-    } else {
-        rc = rt_auth_decide(&q, false, &delay_ms, NULL);
+    } else { /* a cached answer's grant comes with it: it must not be lost */
+        rc = rt_auth_decide(&q, false, &delay_ms, &grant);
     }
+    bool own_grant = !v; /* else the verdict's: its ACL text follows it */
     int queued = rc == RT_AUTH_PENDING ? rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, &q) : -1;
     if (queued == 0) {
+        if (own_grant)
+            rt_auth_grant_free(&grant);
         rt_free(self, user);
         rt_free(self, cid);
         c->verifying = 1;
@@ -140,8 +143,8 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     }
     if (queued == RT_ELIMIT) /* the authenticator pool's queue is full */
         rc = RT_AUTH_UNAVAILABLE;
-    bool own_grant = false;
     if (rc == RT_AUTH_PENDING) { /* no verifier (it is not running): decide here after all */
+        rt_auth_grant_free(&grant);
         rc = rt_auth_decide(&q, true, &delay_ms, &grant);
         own_grant = true;
     }
