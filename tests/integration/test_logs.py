@@ -335,7 +335,7 @@ def test_failed_logins_by_reason(tmp_path):
         stats = broker.ctl_json("broker", "stats")
         assert stats["auth_failures"] == {"bad_password": 2, "unknown_user": 1,
                                           "anonymous_refused": 1,
-                                          "no_certificate_identity": 0}, stats
+                                          "no_certificate_identity": 0, "unavailable": 0}, stats
         code, text, _ = broker.ctl("metrics", "prometheus")
         assert metric(text, "rt_auth_failures_total", reason="bad_password") == 2
         assert metric(text, "rt_auth_failures_total", reason="unknown_user") == 1
