@@ -101,7 +101,8 @@ int rt_acl_permit(const char *user, const char *clientid, const char *topic, siz
 
 /*
 ** rt_acl_permit, but a client whose login granted it an ACL of its own (own, not NULL) is
-** judged by that alone (docs/AUTH.md, "JSON Web Tokens"), counted the same.
+** judged by that alone (docs/AUTH.md, "The login chain and JSON Web Tokens"), counted the
+** same.
 */
 int rt_acl_permit_own(const rt_acl_t *own, const char *user, const char *clientid,
                       const char *topic, size_t len, unsigned access);

@@ -1,7 +1,7 @@
 /*
-** JSON Web Tokens as passwords (docs/AUTH.md, "JSON Web Tokens"), as EMQX's JWT
-** authenticator: HS256 with a shared secret, RS256 and ES256 with a public key or a JWKS
-** file, verified here with OpenSSL (RFC 7515, 7518, 7519). The algorithm is the key's: a
+** JSON Web Tokens as passwords (docs/AUTH.md, "The login chain and JSON Web Tokens"), as
+** EMQX's JWT authenticator: HS256 with a shared secret, RS256 and ES256 with a public key or
+** a JWKS file, verified here with OpenSSL (RFC 7515, 7518, 7519). The algorithm is the key's: a
 ** token whose header names another (or "none") is refused, so an RSA public key can never
 ** be taken for an HMAC secret. exp and nbf are checked when present, aud and iss when
 ** configured, and up to two claims against the user name and the client id. An acl claim

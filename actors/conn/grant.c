@@ -1,8 +1,9 @@
 /*
-** What a client's login granted besides admission (auth.h's grant, from a JWT): an ACL of its
-** own, which judges its requests in place of acl_file, and the time its token runs out, when
-** the connection ends with MQTT 5 reason 0xA0 (maximum connect time). Both live in the
-** connection's extra object; a CONNECT handed to a session's holder carries them along.
+** What a client's login granted besides admission (auth.h's grant: a JWT's or an HTTP
+** answer's): an ACL of its own, which judges its requests in place of acl_file, and the time
+** its token runs out, when the connection ends with MQTT 5 reason 0xA0 (maximum connect
+** time). Both live in the connection's extra object; a CONNECT handed to a session's holder
+** carries them along.
 */
 #include <stdlib.h>
 #include <string.h>

@@ -1,9 +1,10 @@
-"""JSON Web Tokens in the password (docs/AUTH.md, "JSON Web Tokens"), against rtd with real
-clients and tokens made here with PyJWT and keys from `cryptography`: HS256 with a secret
-file, RS256 with a PEM key, ES256 from a JWKS file by kid (reloaded on SIGHUP); signatures,
-alg confusion, exp, nbf, aud, iss and the user name claim refused as they must be; the acl
-claim as the client's own ACL, kept when its session is resumed on its holder; the connection
-ended with 0xA0 when its token runs out; the chain with the password file before it."""
+"""JSON Web Tokens in the password (docs/AUTH.md, "The login chain and JSON Web Tokens"),
+against rtd with real clients and tokens made here with PyJWT and keys from `cryptography`:
+HS256 with a secret file, RS256 with a PEM key, ES256 from a JWKS file by kid (reloaded on
+SIGHUP); signatures, alg confusion, exp, nbf, aud, iss and the user name claim refused as they
+must be; the acl claim as the client's own ACL, kept when its session is resumed on its
+holder; the connection ended with 0xA0 when its token runs out; the chain with the password
+file before it."""
 import json
 import signal
 import time
