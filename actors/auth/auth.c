@@ -199,11 +199,15 @@ bool rt_auth_allow_anonymous(void)
     return atomic_load(&allow_anonymous);
 }
 
+void rt_auth_stop_pool(void)
+{
+    rt__auth_pool_stop();
+}
+
 void rt_auth_shutdown(void)
 {
     rt_auth_free(rt_rcu_swap(&current_table, NULL));
-    rt__auth_pool_stop();
-    atomic_store(&chain_calls, false);
+    atomic_store(&chain_calls, false); /* its pool was stopped before the runtime (rtd.c) */
     chain_free(rt_rcu_swap(&current_chain, NULL));
     free(rt_rcu_swap(&anonymous_from, NULL));
     rt_acl_install(NULL);

@@ -195,6 +195,13 @@ bool rt_auth_allow_anonymous(void);
 /* Loads path ("" or NULL: no password file) and swaps it in. */
 int rt_auth_reload(const char *path, char *err, size_t errlen);
 
+/*
+** From outside any actor, while the runtime still runs: stops the authenticator pool's threads
+** (auth_http.h; a call in flight finishes first, within its timeout), which answer connection
+** actors through the runtime. Idempotent.
+*/
+void rt_auth_stop_pool(void);
+
 /* Frees the process-wide tables (at exit, after rt_shutdown). */
 void rt_auth_shutdown(void);
 

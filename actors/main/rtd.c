@@ -535,7 +535,7 @@ static const stage_t stages[] = {
     /* then what the store kept (a load that fails has it open and actors running), */
     {.start = start_sessions, .free = free_sessions, .partial = true},
     /* the login verifier, before any CONNECT */
-    {.start = start_verifier},
+    {.name = "auth pool", .start = start_verifier, .stop = rt_auth_stop_pool},
     {.start = start_delayed},
     {.start = start_sys},
     {.name = "admin", .start = start_admin, .stop = rt_admin_stop},
