@@ -504,6 +504,10 @@ int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out);
 /* "ip:port" of the client (as rt__conn_peer_addr finds it) into buf. */
 void rt__conn_peer_format(const conn_t *c, char *buf, size_t len);
 
+/* "host:port" of MQTT listener index (its registered name's tail, start.c); "" before the
+   listeners start. */
+const char *rt__conn_listener_text(unsigned index);
+
 /* ---- grant.c: what the login granted (auth.h): an ACL of the client's own, an expiry ---- */
 /* The client's ACL decision (acl.h): its own ACL's when its login granted one. */
 int rt__conn_acl(const conn_t *c, const void *topic, size_t len, unsigned access);

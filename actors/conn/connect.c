@@ -108,11 +108,8 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_free(self, user);
         return false;
     }
-    char listener[80];
-    const rt_listen_t *l = &rt_broker->conf.listeners[c->listener];
-    snprintf(listener, sizeof(listener), "%s:%d", l->host, l->port);
     rt_auth_request_t q = {.addr = have_addr ? &addr : NULL,
-                           .listener = listener,
+                           .listener = rt__conn_listener_text(c->listener),
                            .user = user,
                            .clientid = cid,
                            .pw = pk->connect.has_password ? pk->connect.password.p : NULL,
@@ -122,18 +119,16 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     rt_auth_grant_t grant = {0};
     const rt_auth_verdict_t *v = login_verdict_now;
     login_verdict_now = NULL;
-    if (v) {
+    if (v) { /* the verdict's ACL text follows it; grant.acl stays NULL */
         rc = v->result;
         delay_ms = v->delay_ms;
         grant.expire_at_s = v->expire_at_s;
     } else { /* a cached answer's grant comes with it: it must not be lost */
         rc = rt_auth_decide(&q, false, &delay_ms, &grant);
     }
-    bool own_grant = !v; /* else the verdict's: its ACL text follows it */
     int queued = rc == RT_AUTH_PENDING ? rt_auth_login_async(RT_CONN_MSG_LOGIN_VERDICT, &q) : -1;
     if (queued == 0) {
-        if (own_grant)
-            rt_auth_grant_free(&grant);
+        rt_auth_grant_free(&grant);
         rt_free(self, user);
         rt_free(self, cid);
         c->verifying = 1;
@@ -146,16 +141,15 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     if (rc == RT_AUTH_PENDING) { /* no verifier (it is not running): decide here after all */
         rt_auth_grant_free(&grant);
         rc = rt_auth_decide(&q, true, &delay_ms, &grant);
-        own_grant = true;
     }
     rt_free(self, cid);
     if (rc == RT_AUTH_OK || rc == RT_AUTH_ANONYMOUS) {
-        const char *acl = own_grant ? grant.acl : v && v->acl_len ? (const char *)(v + 1) : NULL;
-        size_t acl_len = own_grant ? grant.acl_len : v ? v->acl_len : 0;
+        const char *acl = v ? (v->acl_len ? (const char *)(v + 1) : NULL) : grant.acl;
+        size_t acl_len = v ? v->acl_len : grant.acl_len;
         /* An ACL it cannot hold is no ACL: refused rather than let do anything. */
-        if (rt__conn_take_grant(self, c, grant.expire_at_s, acl, acl_len) == 0) {
-            if (own_grant)
-                rt_auth_grant_free(&grant);
+        int taken = rt__conn_take_grant(self, c, grant.expire_at_s, acl, acl_len);
+        rt_auth_grant_free(&grant);
+        if (taken == 0) {
             c->name_unvouched = rc == RT_AUTH_ANONYMOUS;
             c->username = c->name_unvouched ? NULL : user;
             if (c->name_unvouched)
@@ -164,8 +158,7 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         }
         rc = RT_AUTH_BAD_PASSWORD;
     }
-    if (own_grant)
-        rt_auth_grant_free(&grant);
+    rt_auth_grant_free(&grant);
     char peer[64];
     rt__conn_peer_format(c, peer, sizeof(peer));
     int why = rc == RT_AUTH_BAD_PASSWORD   ? RT_AUTH_FAILED_BAD_PASSWORD

@@ -160,6 +160,14 @@ int rt_mqtt_start(const rt_conf_t *conf, char *err, size_t errlen)
 /* "listener:<host>:<port>": the listeners' registered names (their supervisor keeps them). */
 static char listener_names[RT_CONF_ALL_LISTENERS][sizeof(((rt_listen_t *)0)->host) + 24];
 
+const char *rt__conn_listener_text(unsigned index)
+{
+    static const char kind[] = "listener:";
+    return index < RT_CONF_MAX_LISTENERS && listener_names[index][0]
+               ? listener_names[index] + sizeof(kind) - 1
+               : "";
+}
+
 static int start_listener(rt_pid_t group, const rt_listen_t *l, char *name, size_t namelen,
                           const char *kind, char *err, size_t errlen)
 {
