@@ -116,7 +116,8 @@ test-integration-asan-b: build-asan
 		tests/integration/test_xmpp_c2s.py tests/integration/test_xmpp_sm.py \
 		tests/integration/test_xmpp_admin.py tests/integration/test_xmpp_xeps.py \
 		tests/integration/test_xmpp_hostile.py tests/integration/test_xmpp_rules.py \
-		tests/integration/test_xmpp_register.py tests/integration/test_xmpp_mam.py
+		tests/integration/test_xmpp_register.py tests/integration/test_xmpp_mam.py \
+		tests/integration/test_bridge.py
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and

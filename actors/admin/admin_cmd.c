@@ -928,6 +928,15 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"delayed", NULL, rt__admin_delayed_list, RT_ADMIN_BLOCKING, NULL, NULL},
     {"delayed", "del", rt__admin_delayed_del, RT_ADMIN_CHANGES, "delayed del ID",
      "Deletes a held delayed message (here and in state.db); it is never published."},
+    {"bridges", "list", rt__admin_bridges_list, 0, "bridges list",
+     "Bridges to other brokers: remote, state, messages queued and in flight, sent, "
+     "acknowledged, received and dropped, and the last error."},
+    {"bridges", NULL, rt__admin_bridges_list, 0, NULL, NULL},
+    {"bridges", "show", rt__admin_bridges_show, 0, "bridges show NAME",
+     "One bridge whole: its maps, version, QoS, connects and failures besides list's."},
+    {"bridges", "restart", rt__admin_bridges_restart, RT_ADMIN_CHANGES, "bridges restart NAME",
+     "Drops the bridge's connection and connects again at once; its queue is kept and what "
+     "was in flight is sent again."},
     {"actors", NULL, rt__admin_actors_list, RT_ADMIN_BLOCKING, NULL, NULL},
     {"actors", "list", rt__admin_actors_list, RT_ADMIN_BLOCKING,
      "actors list [--limit N] [--sort KEY]",

@@ -146,6 +146,9 @@ void rt__admin_xmpp_gather_free(rt_admin_cmd_t *c);
 /* ---- admin_delayed.c: delayed publish's messages ---- */
 int rt__admin_delayed_list(rt_admin_cmd_t *c);
 int rt__admin_delayed_del(rt_admin_cmd_t *c);
+int rt__admin_bridges_list(rt_admin_cmd_t *c);
+int rt__admin_bridges_show(rt_admin_cmd_t *c);
+int rt__admin_bridges_restart(rt_admin_cmd_t *c);
 
 /* ---- admin_banned.c: the banned list ---- */
 int rt__admin_banned_list(rt_admin_cmd_t *c);

@@ -25,6 +25,7 @@
 #include "conn.h"
 #include "rule_engine.h"
 #include "sink.h"
+#include "bridge.h"
 #include "tls.h"
 
 #define LISTENERS_MAX RT_CONF_ALL_LISTENERS
@@ -45,6 +46,8 @@ typedef struct {
     rt_rules_stats_t rules_stats;
     rt_sink_info_t sinks[SINKS_MAX];
     size_t nsinks;
+    rt_bridge_info_t bridges[RT_CONF_MAX_BRIDGES];
+    size_t nbridges;
     rt_sched_info_t scheds[SCHEDS_MAX];
     size_t nscheds;
     double util[SCHEDS_MAX];
@@ -611,6 +614,42 @@ static void sinks_section(rt_buf_t *b, const scrape_t *s)
     }
 }
 
+static void bridges_section(rt_buf_t *b, const scrape_t *s)
+{
+    const rt_bridge_info_t *k = s->bridges;
+#define EACH_BRIDGE(metric, expr)                                                                  \
+    for (size_t i = 0; i < s->nbridges; i++)                                                       \
+    u64(b, metric, (expr), "bridge", k[i].name, NULL)
+    if (!s->nbridges)
+        return;
+    family(b, "rt_bridge_up", "gauge", "1 while the bridge is connected to its remote.");
+    EACH_BRIDGE("rt_bridge_up", strcmp(k[i].state, "connected") == 0 ? 1 : 0);
+    family(b, "rt_bridge_connects_total", "counter", "Connects the remote accepted.");
+    EACH_BRIDGE("rt_bridge_connects_total", k[i].connects);
+    family(b, "rt_bridge_connect_failures_total", "counter",
+           "Connects that failed or connections that broke (refused, no answer, closed).");
+    EACH_BRIDGE("rt_bridge_connect_failures_total", k[i].failures);
+    family(b, "rt_bridge_messages_out_total", "counter",
+           "PUBLISHes written to the remote, those sent again included.");
+    EACH_BRIDGE("rt_bridge_messages_out_total", k[i].sent);
+    family(b, "rt_bridge_messages_acked_total", "counter",
+           "QoS 1 PUBLISHes the remote acknowledged.");
+    EACH_BRIDGE("rt_bridge_messages_acked_total", k[i].acked);
+    family(b, "rt_bridge_messages_resent_total", "counter",
+           "PUBLISHes sent again after a connection dropped before their PUBACK.");
+    EACH_BRIDGE("rt_bridge_messages_resent_total", k[i].resent);
+    family(b, "rt_bridge_messages_in_total", "counter", "PUBLISHes from the remote routed here.");
+    EACH_BRIDGE("rt_bridge_messages_in_total", k[i].received);
+    family(b, "rt_bridge_messages_dropped_total", "counter",
+           "Messages out dropped: the queue at max_queue_bytes, or over the remote's packet size.");
+    EACH_BRIDGE("rt_bridge_messages_dropped_total", k[i].dropped);
+    family(b, "rt_bridge_queued_messages", "gauge", "Messages out held, in flight included.");
+    EACH_BRIDGE("rt_bridge_queued_messages", k[i].queued);
+    family(b, "rt_bridge_queued_bytes", "gauge", "Bytes they hold (what max_queue_bytes bounds).");
+    EACH_BRIDGE("rt_bridge_queued_bytes", k[i].queued_bytes);
+#undef EACH_BRIDGE
+}
+
 static void runtime_section(rt_buf_t *b, const scrape_t *s)
 {
     const rt_stats_t *rs = &s->rs;
@@ -700,6 +739,7 @@ static void gather(scrape_t *s)
             s->nrules = RULES_MAX;
     }
     s->nsinks = rt_sinks_snapshot(s->sinks, SINKS_MAX);
+    s->nbridges = rt_bridges_snapshot(s->bridges, RT_CONF_MAX_BRIDGES);
     if (s->nsinks > SINKS_MAX)
         s->nsinks = SINKS_MAX;
     s->nscheds = rt_snapshot_schedulers(s->scheds, SCHEDS_MAX);
@@ -756,6 +796,7 @@ int rt_admin_metrics_text(rt_buf_t *out)
     xmpp_section(out);
     rules_section(out, s);
     sinks_section(out, s);
+    bridges_section(out, s);
     runtime_section(out, s);
     scrape_cost(out, cpu0, wall0);
     free(s->rules);

@@ -74,6 +74,7 @@ typedef enum {
     K_NETS,
     K_SECTIONS,
     K_USER_RATES,
+    K_BRIDGES,
     K_AUTO_SUBS,
     K_REWRITES,
     K_AUTH,
@@ -110,6 +111,8 @@ static kind_t kind_of(const setting_t *s)
         return K_XMPP;
     if (strcmp(s->name, "user_rate_limits") == 0)
         return K_USER_RATES;
+    if (strcmp(s->name, "bridges") == 0)
+        return K_BRIDGES;
     if (strcmp(s->name, "auto_subscribe") == 0)
         return K_AUTO_SUBS;
     if (strcmp(s->name, "rewrite") == 0)
@@ -316,6 +319,10 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
     case K_USER_RATES:
         join_names(value, vlen, c->user_rates, c->nuser_rates, sizeof(c->user_rates[0]),
                    offsetof(rt_conf_user_rate_t, user));
+        break;
+    case K_BRIDGES:
+        join_names(value, vlen, c->bridges, c->nbridges, sizeof(c->bridges[0]),
+                   offsetof(rt_conf_bridge_t, name));
         break;
     case K_AUTO_SUBS:
         join_names(value, vlen, c->auto_subs, c->nauto_subs, sizeof(c->auto_subs[0]),
@@ -650,6 +657,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return rt__conf_read_listeners(L, c, why, whylen);
     case K_USER_RATES:
         return rt__conf_read_user_rates(L, c, why, whylen);
+    case K_BRIDGES:
+        return rt__conf_read_bridges(L, c, why, whylen);
     case K_AUTO_SUBS:
         return rt__conf_read_auto_subs(L, c, why, whylen);
     case K_REWRITES:

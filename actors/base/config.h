@@ -200,6 +200,38 @@ typedef struct rt_conf_auth_s {
     bool send_password_hash;            /* http: SHA-256 of the password, not the password */
 } rt_conf_auth_t;
 
+/*
+** A bridge to another broker (bridges, docs/BRIDGES.md; actors/bridge): one MQTT client
+** connection, messages out (local filter -> remote topic) and in (remote filter -> local
+** topic), queued in memory while the remote is away.
+*/
+#define RT_CONF_MAX_BRIDGES 8
+#define RT_CONF_MAX_BRIDGE_MAPS 8
+#define RT_CONF_BRIDGE_MAP_LEN 200
+typedef struct rt_conf_bridge_maps_s {
+    char map[RT_CONF_MAX_BRIDGE_MAPS][RT_CONF_BRIDGE_MAP_LEN]; /* "filter -> topic", or a filter */
+    unsigned n;
+} rt_conf_bridge_maps_t;
+typedef struct rt_conf_bridge_s {
+    char name[64];
+    char remote[256];          /* mqtt://host:port */
+    rt_conf_bridge_maps_t out; /* local messages to the remote */
+    rt_conf_bridge_maps_t in;  /* the remote's messages here */
+    long version;              /* 4 (3.1.1) or 5 */
+    long qos;                  /* 0 or 1: subscriptions on both sides and PUBLISHes out */
+    char client_id[128];       /* "": rtd-bridge-<name> */
+    char username[128];
+    char password[256];
+    bool clean_start;
+    long session_expiry_s; /* MQTT 5: the remote keeps the bridge's session this long */
+    long keepalive_s;
+    long max_inflight;       /* QoS 1 PUBLISHes out waiting for their PUBACK */
+    long max_queue_bytes;    /* bytes of messages out held while the remote is away */
+    long connect_timeout_ms; /* TCP connect plus CONNACK */
+    long reconnect_min_ms, reconnect_max_ms;
+    bool durable; /* a local publisher's PUBACK waits for the remote's */
+} rt_conf_bridge_t;
+
 #define RT_CONF_MAX_REWRITES 32
 typedef enum { RT_REWRITE_PUBLISH, RT_REWRITE_SUBSCRIBE, RT_REWRITE_ALL } rt_rewrite_action_t;
 typedef struct rt_conf_rewrite_s {
@@ -408,6 +440,8 @@ typedef struct rt_conf_s {
     unsigned nauto_subs;
     rt_conf_rewrite_t rewrites[RT_CONF_MAX_REWRITES]; /* rewrite, in order: the first applies */
     unsigned nrewrites;
+    rt_conf_bridge_t bridges[RT_CONF_MAX_BRIDGES]; /* bridges, by name */
+    unsigned nbridges;
     long connect_timeout; /* seconds from accept to an accepted CONNECT (the TLS handshake,
                              WebSocket upgrade and PROXY header included) */
 

@@ -78,6 +78,12 @@ const rt_setting_t rt__conf_settings[] = {
      .doc = "{ { action = \"publish\", source = \"x/#\", re = \"^x/(.+)$\", dest = \"y/$1\" }, "
             "... }: topics rewritten before the ACL and routing, the first rule that applies "
             "(docs/AUTH.md)"},
+    {.name = "bridges",
+     .type = RT_SET_MAP,
+     .doc =
+         "name = { remote = \"mqtt://host:port\", out = { \"a/# -> b/#\" }, [\"in\"] = { ... } }: "
+         "bridges to other brokers (docs/BRIDGES.md); none by default",
+     .offset = OFF(bridges)},
     {.name = "user_rate_limits",
      .type = RT_SET_MAP,
      .doc = "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit, in place of "
@@ -228,6 +234,17 @@ const rt_setting_t rt__conf_settings[] = {
     {                                                                                              \
         .name = "auth[]." #f, .type = RT_SET_STRING, .offset = AU_OFF(f),                          \
         .size = sizeof(((rt_conf_auth_t *)0)->f), .text = d, .doc = h                              \
+    }
+#define BR_OFF(f) offsetof(rt_conf_bridge_t, f)
+#define BRIDGE_INT(f, d, lo, hi, u, h)                                                             \
+    {                                                                                              \
+        .name = "bridges.<name>." #f, .type = RT_SET_INT, .offset = BR_OFF(f), .num = d,           \
+        .min = lo, .max = hi, .unit = u, .doc = h                                                  \
+    }
+#define BRIDGE_TEXT(f, d, h)                                                                       \
+    {                                                                                              \
+        .name = "bridges.<name>." #f, .type = RT_SET_STRING, .offset = BR_OFF(f),                  \
+        .size = sizeof(((rt_conf_bridge_t *)0)->f), .text = d, .doc = h                            \
     }
 #define XMPP_INT(f, d, lo, hi, u, h)                                                               \
     {                                                                                              \
@@ -442,6 +459,47 @@ const rt_setting_t rt__conf_table_settings[] = {
      .size = sizeof(((rt_conf_rewrite_t *)0)->dest),
      .text = "",
      .doc = "the new topic: $1 to $9 are re's groups"},
+    BRIDGE_TEXT(remote, "", "the other broker: mqtt://host:port (required)"),
+    {.name = "bridges.<name>.out",
+     .type = RT_SET_LIST,
+     .offset = BR_OFF(out),
+     .doc = "what goes to the remote: \"local/filter -> remote/topic\" or a filter kept as it is, "
+            "a list of up to 8"},
+    {.name = "bridges.<name>.in",
+     .type = RT_SET_LIST,
+     .offset = BR_OFF(in),
+     .doc = "what comes from the remote: \"remote/filter -> local/topic\" or a filter, up to 8"},
+    BRIDGE_INT(version, 5, 4, 5, NULL, "MQTT version spoken to the remote: 4 (3.1.1) or 5"),
+    BRIDGE_INT(qos, 1, 0, 1, NULL,
+               "QoS of the subscriptions on both sides and of the PUBLISHes sent (0 or 1)"),
+    BRIDGE_TEXT(client_id, "", "the client id at the remote; \"\": rtd-bridge-<name>"),
+    BRIDGE_TEXT(username, "", "user name at the remote; \"\": none"),
+    {.name = "bridges.<name>.password",
+     .type = RT_SET_STRING,
+     .offset = BR_OFF(password),
+     .size = sizeof(((rt_conf_bridge_t *)0)->password),
+     .text = "",
+     .secret = true,
+     .doc = "password at the remote; \"\": none"},
+    {.name = "bridges.<name>.clean_start",
+     .type = RT_SET_BOOL,
+     .offset = BR_OFF(clean_start),
+     .doc = "start a new session at the remote at each connect (false: resume it)"},
+    BRIDGE_INT(session_expiry_s, 3600, 0, 4294967295.0, "seconds",
+               "MQTT 5: how long the remote keeps the bridge's session while it is away"),
+    BRIDGE_INT(keepalive_s, 60, 5, 65535, "seconds", "the keep-alive the bridge asks for"),
+    BRIDGE_INT(max_inflight, 32, 1, 65535, "messages",
+               "QoS 1 PUBLISHes out waiting for the remote's PUBACK"),
+    BRIDGE_INT(max_queue_bytes, 64 << 20, 4096, 1e12, "bytes",
+               "of messages out held while the remote is away or slow; past it the newest "
+               "are dropped, counted"),
+    BRIDGE_INT(connect_timeout_ms, 5000, 100, 600000, "ms", "TCP connect and CONNACK"),
+    BRIDGE_INT(reconnect_min_ms, 200, 10, 600000, "ms", "first wait before reconnecting"),
+    BRIDGE_INT(reconnect_max_ms, 10000, 10, 3600000, "ms", "the wait's cap (it doubles)"),
+    {.name = "bridges.<name>.durable",
+     .type = RT_SET_BOOL,
+     .offset = BR_OFF(durable),
+     .doc = "a local QoS 1 PUBLISH bridged out is acknowledged only once the remote has it"},
     {.name = "user_rate_limits.<user>",
      .type = RT_SET_TABLE,
      .doc = "the user's rate limit, in place of its listener's: the listeners[].rate_limit keys"},

@@ -48,6 +48,7 @@ bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whyl
 bool rt__conf_read_auto_subs(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_rewrites(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_auth(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
+bool rt__conf_read_bridges(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 /* xmpp's defaults (the table's keys not given), also what rt_conf_defaults leaves, off. */
 void rt__conf_xmpp_defaults(rt_conf_xmpp_t *x);
 /*

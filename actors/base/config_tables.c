@@ -235,16 +235,15 @@ static bool read_rate(lua_State *L, const char *where, void *field, char *why, s
 }
 
 /* A node's name or the subject prefix: it goes into NATS subjects and headers as it is. */
+/* Names that go into subjects, client ids and metric labels as they are. */
+#define NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+
 static bool read_cluster_name(lua_State *L, const char *where, void *field, char *why,
                               size_t whylen)
 {
     size_t len;
     const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-    bool ok = v && len > 0 && len < RT_CONF_NODE_MAX;
-    for (size_t i = 0; ok && i < len; i++)
-        ok = (v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z') ||
-             (v[i] >= '0' && v[i] <= '9') || v[i] == '_' || v[i] == '-';
-    if (!ok) {
+    if (!v || len == 0 || len >= RT_CONF_NODE_MAX || strspn(v, NAME_CHARS) != len) {
         snprintf(why, whylen, "%s must be 1 to %d of A-Z a-z 0-9 _ -", where, RT_CONF_NODE_MAX - 1);
         return false;
     }
@@ -427,6 +426,39 @@ static bool read_xmpp_plaintext(lua_State *L, const char *where, void *field, ch
     return rt__conf_parse_nets(L, where, x->plaintext_from, &x->nplaintext_from, why, whylen);
 }
 
+/* A bridge's out or in: one string or a list of them (their form is the bridge's to check). */
+static bool read_bridge_maps(lua_State *L, const char *where, void *field, char *why, size_t whylen)
+{
+    rt_conf_bridge_maps_t *m = field;
+    bool one = lua_type(L, -1) == LUA_TSTRING;
+    size_t n = one ? 1 : lua_type(L, -1) == LUA_TTABLE ? lua_rawlen(L, -1) : 0;
+    if (!one && lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be a string or a list of them: { \"a/# -> b/#\", ... }",
+                 where);
+        return false;
+    }
+    if (n > RT_CONF_MAX_BRIDGE_MAPS) {
+        snprintf(why, whylen, "%s: at most %d", where, RT_CONF_MAX_BRIDGE_MAPS);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!one)
+            lua_rawgeti(L, -1, (lua_Integer)i + 1);
+        size_t len = 0;
+        const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+        if (!one)
+            lua_pop(L, 1);
+        if (!v || len == 0 || len >= RT_CONF_BRIDGE_MAP_LEN) {
+            snprintf(why, whylen, "%s[%zu]: a string of 1 to %d bytes", where, i + 1,
+                     RT_CONF_BRIDGE_MAP_LEN - 1);
+            return false;
+        }
+        memcpy(m->map[i], v, len + 1);
+    }
+    m->n = (unsigned)n;
+    return true;
+}
+
 /* The keys whose value is more than a scalar, by their schema name. */
 static const reader_entry_t readers[] = {
     {"listeners[].bind", read_bind},
@@ -446,6 +478,8 @@ static const reader_entry_t readers[] = {
     {"xmpp.register", read_xmpp_register},
     {"xmpp.listeners", read_xmpp_listeners},
     {"xmpp.plaintext_from", read_xmpp_plaintext},
+    {"bridges.<name>.out", read_bridge_maps},
+    {"bridges.<name>.in", read_bridge_maps},
 };
 
 static const reader_entry_t *find_reader(const char *name)
@@ -767,6 +801,75 @@ bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whyl
     memcpy(c->user_rates, rates, n * sizeof(rates[0]));
     c->nuser_rates = n;
     return true;
+}
+
+/* One bridge's table: what is checked across its keys. */
+static bool bridge_ok(const rt_conf_bridge_t *b, const char *where, char *why, size_t whylen)
+{
+    if (strncmp(b->remote, "mqtt://", 7) != 0) {
+        snprintf(why, whylen, "%s.remote: mqtt://host:port is required", where);
+        return false;
+    }
+    if (!b->out.n && !b->in.n) {
+        snprintf(why, whylen, "%s: out, in or both are required", where);
+        return false;
+    }
+    if (b->reconnect_min_ms > b->reconnect_max_ms) {
+        snprintf(why, whylen, "%s: reconnect_min_ms is more than reconnect_max_ms", where);
+        return false;
+    }
+    return true;
+}
+
+bool rt__conf_read_bridges(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "bridges must be a table { name = { remote = \"mqtt://...\" } }");
+        return false;
+    }
+    rt_conf_bridge_t *bridges = calloc(RT_CONF_MAX_BRIDGES, sizeof(*bridges));
+    if (!bridges) {
+        snprintf(why, whylen, "bridges: out of memory");
+        return false;
+    }
+    unsigned n = 0;
+    bool ok = true;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        size_t len = 0;
+        const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
+        char where[96];
+        snprintf(where, sizeof(where), "bridges.%.64s", name ? name : "?");
+        if (!name || len == 0 || len >= sizeof(bridges[0].name) ||
+            strspn(name, NAME_CHARS) != len) {
+            snprintf(why, whylen, "bridges: names are 1 to %zu of A-Z a-z 0-9 _ -",
+                     sizeof(bridges[0].name) - 1);
+            ok = false;
+        } else if (n == RT_CONF_MAX_BRIDGES) {
+            snprintf(why, whylen, "bridges: at most %d", RT_CONF_MAX_BRIDGES);
+            ok = false;
+        } else if (lua_type(L, -1) != LUA_TTABLE) {
+            snprintf(why, whylen, "%s must be a table { remote = \"mqtt://host:port\", ... }",
+                     where);
+            ok = false;
+        } else {
+            rt_conf_bridge_t *b = &bridges[n];
+            table_defaults("bridges.<name>", b);
+            memcpy(b->name, name, len + 1);
+            ok = read_table(L, where, "bridges.<name>", b, why, whylen) &&
+                 bridge_ok(b, where, why, whylen);
+            n += ok;
+        }
+        lua_pop(L, 1);
+    }
+    if (ok) {
+        memcpy(c->bridges, bridges, n * sizeof(bridges[0]));
+        c->nbridges = n;
+    } else {
+        lua_pop(L, 1);
+    }
+    free(bridges);
+    return ok;
 }
 
 /* What an element of a list of tables must also be: false with why set when it is not. */

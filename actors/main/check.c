@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "auth.h"
+#include "bridge.h"
 #include "check.h"
 #include "cluster.h"
 #include "http.h"
@@ -173,7 +174,7 @@ static int check_all(const rt_conf_t *c, size_t *nrules, char *note, size_t note
         rt_http_keys_load(c->http.api_keys_file, err, errlen))
         return 1;
     return rt_cluster_check(c, err, errlen) || rt_sinks_check(c, err, errlen) ||
-           rt_rules_check(c, nrules, err, errlen);
+           rt_bridges_check(c, err, errlen) || rt_rules_check(c, nrules, err, errlen);
 }
 
 int rtd_check(const rt_conf_t *c, const char *conf_path)

@@ -26,6 +26,7 @@
 
 #include "admin.h"
 #include "auth.h"
+#include "bridge.h"
 #include "check.h"
 #include "conn.h"
 #include "delayed.h"
@@ -466,6 +467,18 @@ static int start_delayed(rtd_t *d)
     return 0;
 }
 
+/* After the broker and the cluster: what a bridge routes in reaches every subscriber. A
+   remote that is down is no start error: the bridge connects when it is back. */
+static int start_bridges(rtd_t *d)
+{
+    int r = rt_bridges_start(&d->conf, d->top, d->err, sizeof(d->err));
+    if (r == RT_EINVAL)
+        return config_error(d);
+    if (r)
+        rt_log(RT_LOG_ERROR, "bridge.failed", "%s", d->err);
+    return r ? 1 : 0;
+}
+
 /* Last: a client is accepted once everything it may reach runs. */
 static int start_listeners(rtd_t *d)
 {
@@ -537,6 +550,7 @@ static const stage_t stages[] = {
     /* the login verifier, before any CONNECT */
     {.name = "auth pool", .start = start_verifier, .stop = rt_auth_stop_pool},
     {.start = start_delayed},
+    {.start = start_bridges, .free = rt_bridges_free},
     {.start = start_sys},
     {.name = "admin", .start = start_admin, .stop = rt_admin_stop},
     /* the HTTP API answers through the admin command layer */

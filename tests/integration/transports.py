@@ -21,6 +21,16 @@ from mqtt_raw import CONNECT, Raw, mqtt_str, u16, varint
 # ---- rtd configuration ----
 
 
+LUA_KEYWORDS = {"and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto",
+                "if", "in", "local", "nil", "not", "or", "repeat", "return", "then", "true",
+                "until", "while"}
+
+
+def lua_key(k):
+    """A table key as Lua takes it: a name as it is, a keyword (bridges' "in") in brackets."""
+    return k if k.isidentifier() and k not in LUA_KEYWORDS else f'["{k}"]'
+
+
 def lua(v):
     """A Python value as a Lua literal (str, bool, int, list, dict)."""
     if isinstance(v, bool):
@@ -32,7 +42,7 @@ def lua(v):
     if isinstance(v, (list, tuple)):
         return "{" + ", ".join(lua(x) for x in v) + "}"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}={lua(x)}" for k, x in v.items()) + "}"
+        return "{" + ", ".join(f"{lua_key(k)}={lua(x)}" for k, x in v.items()) + "}"
     raise TypeError(v)
 
 
