@@ -109,7 +109,8 @@ test-integration-asan-a: build-asan
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
 		tests/integration/test_trace.py tests/integration/test_banned.py \
 		tests/integration/test_delayed.py tests/integration/test_exclusive.py \
-		tests/integration/test_jwt.py tests/integration/test_auth_http.py -k "not testssl"
+		tests/integration/test_jwt.py tests/integration/test_auth_http.py \
+		tests/integration/test_webhook.py -k "not testssl"
 
 test-integration-asan-b: build-asan
 	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \

@@ -1,6 +1,6 @@
 /*
-** The HTTP authenticator's client (http_client.h): non-blocking sockets driven with poll so
-** that one deadline bounds connect, the TLS handshake, the request and the response.
+** A blocking HTTP/1.1 client (http_client.h): non-blocking sockets driven with poll so that
+** one deadline bounds connect, the TLS handshake, the request and the response.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@ struct rt_httpc_s {
     bool tls;
     SSL_CTX *ctx;
     uint32_t timeout_ms;
+    rt_buf_t head; /* the request line and every header but Content-Length, each with its CRLF */
     pthread_mutex_t lock;
     conn_t *idle; /* kept-alive connections, at most keep */
     unsigned nidle, keep;
@@ -74,6 +76,21 @@ int rt_httpc_new(const char *url, const char *ca_file, uint32_t timeout_ms, unsi
     else
         strcpy(h->port, h->tls ? "443" : "80");
     snprintf(h->path, sizeof(h->path), "%s", slash ? slash : "/");
+    /* Caught here rather than as a connection that fails on every call. */
+    long port = strtol(h->port, NULL, 10);
+    if (strspn(h->port, "0123456789") != strlen(h->port) || port < 1 || port > 65535 ||
+        strpbrk(h->host, "@ \t") || strpbrk(h->path, " \t\r\n")) {
+        free(h);
+        snprintf(err, errlen,
+                 "%s: the port must be 1 to 65535, the host without user@, the path without "
+                 "blanks",
+                 url);
+        return RT_EINVAL;
+    }
+    rt_buf_printf(&h->head,
+                  "POST %s HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                  "Accept: application/json\r\nConnection: keep-alive\r\n",
+                  h->path, h->host, h->port);
     h->timeout_ms = timeout_ms;
     h->keep = keep;
     pthread_mutex_init(&h->lock, NULL);
@@ -91,7 +108,7 @@ int rt_httpc_new(const char *url, const char *ca_file, uint32_t timeout_ms, unsi
         }
         SSL_CTX_set_verify(h->ctx, SSL_VERIFY_PEER, NULL);
     }
-    if (!h->idle) {
+    if (!h->idle || h->head.oom) {
         rt_httpc_free(h);
         return RT_ENOMEM;
     }
@@ -118,14 +135,49 @@ void rt_httpc_free(rt_httpc_t *h)
     for (unsigned i = 0; i < h->nidle; i++)
         conn_close(&h->idle[i]);
     free(h->idle);
+    rt_buf_free(&h->head);
     SSL_CTX_free(h->ctx);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
 
+int rt_httpc_add_header(rt_httpc_t *h, const char *name, const char *value, char *err,
+                        size_t errlen)
+{
+    static const char *const own[] = {"host", "content-type", "content-length", "transfer-encoding",
+                                      "connection"};
+    size_t n = strlen(name);
+    bool token = n > 0 && strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                       "0123456789!#$%&'*+-.^_`|~") == n;
+    for (size_t i = 0; token && i < sizeof(own) / sizeof(own[0]); i++)
+        token = strcasecmp(name, own[i]) != 0;
+    if (!token) {
+        snprintf(err, errlen, "header %s: not a name, or one the client sets itself", name);
+        return RT_EINVAL;
+    }
+    for (const unsigned char *v = (const unsigned char *)value; *v; v++) {
+        if ((*v < 0x20 && *v != '\t') || *v == 0x7f) {
+            snprintf(err, errlen, "header %s: its value holds a control character", name);
+            return RT_EINVAL;
+        }
+    }
+    size_t before = h->head.len;
+    rt_buf_printf(&h->head, "%s: %s\r\n", name, value);
+    if (h->head.oom) {
+        rt_buf_truncate(&h->head, before);
+        return RT_ENOMEM;
+    }
+    return 0;
+}
+
 uint64_t rt_httpc_connects(const rt_httpc_t *h)
 {
     return atomic_load(&((rt_httpc_t *)h)->connects);
+}
+
+size_t rt_httpc_held(const rt_httpc_t *h)
+{
+    return sizeof(*h) + (h->keep ? h->keep : 1) * sizeof(conn_t) + h->head.cap;
 }
 
 /* Waits for fd to be ready for events until deadline (rt_mono_ms): false on timeout. */
@@ -233,12 +285,15 @@ static bool send_all(conn_t *c, const char *p, size_t n, uint64_t deadline)
 typedef struct {
     char *body;
     size_t len;
+    bool discard; /* the caller wants no body: read past it */
     bool complete, too_long;
 } response_t;
 
 static int on_body(http_parser *p, const char *at, size_t n)
 {
     response_t *r = p->data;
+    if (r->discard)
+        return 0;
     if (r->len + n > RT_HTTPC_MAX_RESPONSE) {
         r->too_long = true;
         return 1;
@@ -293,6 +348,8 @@ static int read_response(conn_t *c, response_t *r, http_parser *p, uint64_t dead
             }
         } else {
             n = recv(c->fd, buf, sizeof(buf), 0);
+            if (n < 0 && errno == ECONNRESET)
+                n = 0; /* as closed: a reset before any byte is a kept-alive connection gone */
             if (n < 0) {
                 if ((errno != EAGAIN && errno != EINTR) || !wait_fd(c->fd, POLLIN, deadline))
                     return RT_EPROTO;
@@ -312,12 +369,12 @@ static int read_response(conn_t *c, response_t *r, http_parser *p, uint64_t dead
     return 0;
 }
 
-/* A connection: an idle one (*reused), or a new one. */
-static int take_conn(rt_httpc_t *h, conn_t *c, bool *reused, uint64_t deadline, char *err,
-                     size_t errlen)
+/* A connection: an idle one (*reused) unless fresh, or a new one. */
+static int take_conn(rt_httpc_t *h, conn_t *c, bool fresh, bool *reused, uint64_t deadline,
+                     char *err, size_t errlen)
 {
     pthread_mutex_lock(&h->lock);
-    *reused = h->nidle > 0;
+    *reused = !fresh && h->nidle > 0;
     if (*reused)
         *c = h->idle[--h->nidle];
     pthread_mutex_unlock(&h->lock);
@@ -335,29 +392,34 @@ static void give_back(rt_httpc_t *h, conn_t *c)
         conn_close(c);
 }
 
-/* One request on a connection: a kept-alive one the server let go is replaced once. */
+/*
+** One request on a connection: a kept-alive one the server let go is replaced once, by a new
+** one (the other idle ones may have gone the same way).
+*/
 static int request(rt_httpc_t *h, const char *req, size_t reqlen, uint64_t deadline, int *status,
                    char **resp, size_t *resplen, char *err, size_t errlen)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
         conn_t c;
         bool reused;
-        int rc = take_conn(h, &c, &reused, deadline, err, errlen);
+        int rc = take_conn(h, &c, attempt > 0, &reused, deadline, err, errlen);
         if (rc)
             return rc;
-        response_t r = {0};
+        response_t r = {.discard = !resp};
         http_parser p;
         rc = send_all(&c, req, reqlen, deadline) ? read_response(&c, &r, &p, deadline)
              : reused                            ? 1
                                                  : RT_EPROTO;
         if (rc == 0) {
             *status = (int)p.status_code;
-            *resp = r.body ? r.body : calloc(1, 1);
-            *resplen = r.len;
             if (http_should_keep_alive(&p))
                 give_back(h, &c);
             else
                 conn_close(&c);
+            if (!resp)
+                return 0;
+            *resp = r.body ? r.body : calloc(1, 1);
+            *resplen = r.len;
             return *resp ? 0 : RT_ENOMEM;
         }
         free(r.body);
@@ -372,19 +434,35 @@ int rt_httpc_post(rt_httpc_t *h, const char *body, size_t len, int *status, char
                   size_t *resplen, char *err, size_t errlen)
 {
     uint64_t deadline = rt_mono_ms() + h->timeout_ms;
-    char head[1536];
-    int hl = snprintf(head, sizeof(head),
-                      "POST %s HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
-                      "Accept: application/json\r\nContent-Length: %zu\r\n"
-                      "Connection: keep-alive\r\n\r\n",
-                      h->path, h->host, h->port, len);
+    char clen[48];
+    int cl = snprintf(clen, sizeof(clen), "Content-Length: %zu\r\n\r\n", len);
     /* One write for the request: a body sent apart from its headers costs a round trip. */
-    char *req = malloc((size_t)hl + len);
+    size_t hl = h->head.len + (size_t)cl;
+    char *req = malloc(hl + len);
     if (!req)
         return RT_ENOMEM;
-    memcpy(req, head, (size_t)hl);
+    memcpy(req, h->head.data, h->head.len);
+    memcpy(req + h->head.len, clen, (size_t)cl);
     memcpy(req + hl, body, len);
-    int rc = request(h, req, (size_t)hl + len, deadline, status, resp, resplen, err, errlen);
+    int rc = request(h, req, hl + len, deadline, status, resp, resplen, err, errlen);
     free(req);
     return rc;
+}
+
+int rt_httpc_connect(rt_httpc_t *h, char *err, size_t errlen)
+{
+    conn_t c;
+    int rc = open_conn(h, &c, rt_mono_ms() + h->timeout_ms, err, errlen);
+    if (rc == 0)
+        give_back(h, &c);
+    return rc;
+}
+
+void rt_httpc_close_idle(rt_httpc_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+    for (unsigned i = 0; i < h->nidle; i++)
+        conn_close(&h->idle[i]);
+    h->nidle = 0;
+    pthread_mutex_unlock(&h->lock);
 }

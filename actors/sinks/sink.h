@@ -113,7 +113,7 @@ size_t rt_sinks_files(rt_sink_files_t *out, size_t max);
 /* Metrics snapshot for rtctl and tests. */
 typedef struct rt_sink_info_s {
     char name[64];
-    const char *type;  /* "sqlite", "mongodb", "republish" */
+    const char *type;  /* "sqlite", "mongodb", "republish", "http" */
     const char *state; /* "connected", "connecting", "disconnected" */
     uint64_t queued;   /* rows in memory waiting for a batch */
     uint64_t inflight; /* rows in the batch being written */

@@ -1,7 +1,7 @@
 /*
 ** Inside the sinks: the sink record shared by the submitting threads and the
 ** sink's actor (sink.c), the driver interface each sink type implements
-** (sink_sqlite.c, sink_mongo.c, sink_republish.c), the on-disk spill queue
+** (sink_sqlite.c, sink_mongo.c, sink_republish.c, sink_http.c), the on-disk spill queue
 ** (sink_spill.c), what drivers read out of rows (sink_rows.c) and the config
 ** lookups they share with the set of sinks (sink_set.c). Only sink*.c include
 ** this.
@@ -97,6 +97,7 @@ struct sink_driver_s {
 extern const sink_driver_t rt_sink_sqlite_driver;
 extern const sink_driver_t rt_sink_mongo_driver;
 extern const sink_driver_t rt_sink_republish_driver;
+extern const sink_driver_t rt_sink_http_driver;
 
 /* ---- The spill queue: rows in order in an SQLite file, (seq, row, opts). ---- */
 typedef struct sink_spill_s {

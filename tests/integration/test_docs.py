@@ -262,8 +262,9 @@ def test_every_setting_a_doc_names_is_in_the_schema():
             [b.group(1) for b in re.finditer(r"```lua\n(.*?)```", text, re.S)]
         for block in lua:
             # A key set to a value (not a table: sink and user names are keys of tables) is a
-            # setting's; a columns table's keys are the columns'.
-            block = re.sub(r"--[^\n]*", "", re.sub(r"columns\s*=\s*\{[^}]*\}", "", block))
+            # setting's; a columns or headers table's keys are the columns' and headers' names.
+            block = re.sub(r"--[^\n]*", "",
+                           re.sub(r"(columns|headers)\s*=\s*\{[^}]*\}", "", block))
             for m in re.finditer(r"([A-Za-z_]\w*)\s*=\s*([^=\s])", block):
                 if m.group(2) != "{" and not known(m.group(1)):
                     wrong.append(f"{where}: `{m.group(0)}` in a Lua example")

@@ -136,6 +136,16 @@ static void test_config_errors(void)
         {"{a = {type = 'republish'}}", "topic is required"},
         {"{a = {type = 'republish', topic = 'a/${x'}}", "topic is required"},
         {"{a = {type = 'republish', topic = 'a', qos = 3}}", "qos must be"},
+        {"{a = {type = 'http'}}", "url is required"},
+        {"{a = {type = 'http', url = 'ftp://x/'}}", "not an http:// or https:// URL"},
+        {"{a = {type = 'http', url = 'http://h:0/'}}", "the port must be 1 to 65535"},
+        {"{a = {type = 'http', url = 'http://u:p@h/'}}", "without user@"},
+        {"{a = {type = 'http', url = 'http://h/', per_request = 'all'}}", "per_request must be"},
+        {"{a = {type = 'http', url = 'http://h/', headers = {['A B'] = 'x'}}}", "header A B"},
+        {"{a = {type = 'http', url = 'http://h/', headers = {A = 'x\\r\\nB: y'}}}",
+         "control character"},
+        {"{a = {type = 'http', url = 'http://h/', headers = {'A: x'}}}",
+         "headers are name = \"value\""},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         make_conf(c, bad[i].sinks);
