@@ -30,7 +30,7 @@ typedef struct hk_s {
     rt_httpc_t *http;
     bool per_batch; /* per_request = "batch" */
     rt_buf_t body;  /* the request being built; its room is kept from one write to the next */
-    /* A one-row batch that failed part way: the rows at its head already answered. */
+    /* A batch sent a request per row that failed part way: the rows at its head answered. */
     uint32_t answered;      /* 0: none */
     uint64_t answered_hash; /* of their bytes: the retry must start with the same rows */
     int32_t *answered_st;   /* their statuses; s->batch entries */
