@@ -79,7 +79,7 @@ int rt_httpc_new(const char *url, const char *ca_file, uint32_t timeout_ms, unsi
     /* Caught here rather than as a connection that fails on every call. */
     long port = strtol(h->port, NULL, 10);
     if (strspn(h->port, "0123456789") != strlen(h->port) || port < 1 || port > 65535 ||
-        strpbrk(h->host, "@ \t") || strpbrk(h->path, " \t\r\n")) {
+        strpbrk(h->host, "@ \t\r\n") || strpbrk(h->path, " \t\r\n")) {
         free(h);
         snprintf(err, errlen,
                  "%s: the port must be 1 to 65535, the host without user@, the path without "

@@ -162,6 +162,13 @@ def show(rtd):
     return rtd.ctl_json("sinks", "show", "hook")
 
 
+def settled(rtd, written):
+    """The sink's counters once it has taken the answers to what the receiver recorded (the
+    receiver records a request before it answers)."""
+    assert wait_for(lambda: show(rtd)["written"] >= written, 10), show(rtd)
+    return show(rtd)
+
+
 def stop_ok(rtd):
     code, log = rtd.stop()
     assert code == 0, log
@@ -190,7 +197,7 @@ def test_rows_in_order_with_headers_over_kept_alive_connections(tmp_path, receiv
         assert len(requests) == n if mode == "row" else len(requests) <= n // 2
         peers = {peer for _, _, _, peer in requests}
         assert len(peers) * 10 <= len(requests), (len(peers), len(requests))
-        s = show(rtd)
+        s = settled(rtd, n)
         assert s["type"] == "http" and s["written"] == n and s["dropped"] == 0, s
         code, metrics, err = rtd.ctl("metrics", "prometheus")
         assert code == 0, err
@@ -211,7 +218,7 @@ def test_slow_receiver_loses_nothing_and_repeats_nothing(tmp_path, receiver, mod
         assert publish(rtd.port, range(n)) == n
         assert wait_for(lambda: len(receiver.rows()) >= n, 60), len(receiver.rows())
         assert receiver.seqs() == list(range(n))
-        s = show(rtd)
+        s = settled(rtd, n)
         assert s["written"] == n and s["failed"] == 0 and s["dropped"] == 0, s
     finally:
         stop_ok(rtd)
@@ -236,7 +243,7 @@ def test_500s_for_a_while_are_retried_and_nothing_is_lost(tmp_path, receiver, mo
         with receiver.lock:
             statuses = [status for status, _, _, _ in receiver.requests]
         assert statuses.count(500) == 4, statuses
-        s = show(rtd)
+        s = settled(rtd, n)
         assert s["written"] == n and s["failed"] >= 1 and s["retried"] > 0, s
         assert s["dropped"] == 0 and s["spilled"] == 0, s
     finally:
@@ -268,7 +275,7 @@ def run_away(tmp_path, receiver, away_s):
         assert sorted(set(seqs)) == list(range(total))  # none missing
         assert len(seqs) == total  # none twice: nothing timed out
         assert seqs == list(range(total))  # and in order
-        s = show(rtd)
+        s = settled(rtd, total)
         assert s["written"] == total and s["spilled"] == 0 and s["dropped"] == 0, s
         assert s["retried"] >= away_rows // 2, s
         assert s["state"] == "connected", s
