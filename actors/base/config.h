@@ -214,7 +214,7 @@ typedef struct rt_conf_bridge_maps_s {
 } rt_conf_bridge_maps_t;
 typedef struct rt_conf_bridge_s {
     char name[64];
-    char remote[256];          /* mqtt://host:port */
+    char remote[256];          /* mqtt://host:port or mqtts://host:port */
     rt_conf_bridge_maps_t out; /* local messages to the remote */
     rt_conf_bridge_maps_t in;  /* the remote's messages here */
     long version;              /* 4 (3.1.1) or 5 */
@@ -230,6 +230,12 @@ typedef struct rt_conf_bridge_s {
     long connect_timeout_ms; /* TCP connect plus CONNACK */
     long reconnect_min_ms, reconnect_max_ms;
     bool durable; /* a local publisher's PUBACK waits for the remote's */
+    /* mqtts:// */
+    char ca_file[RT_CONF_PATH_MAX];   /* "": the system's CAs */
+    char cert_file[RT_CONF_PATH_MAX]; /* a client certificate (mutual TLS); "": none */
+    char key_file[RT_CONF_PATH_MAX];
+    char server_name[256]; /* checked in the certificate and sent as SNI; "": the host */
+    bool tls_verify;       /* false: any certificate (tests only) */
 } rt_conf_bridge_t;
 
 #define RT_CONF_MAX_REWRITES 32

@@ -459,7 +459,9 @@ const rt_setting_t rt__conf_table_settings[] = {
      .size = sizeof(((rt_conf_rewrite_t *)0)->dest),
      .text = "",
      .doc = "the new topic: $1 to $9 are re's groups"},
-    BRIDGE_TEXT(remote, "", "the other broker: mqtt://host:port (required)"),
+    BRIDGE_TEXT(remote, "",
+                "the other broker: mqtt://host:port, or mqtts://host:port over TLS "
+                "(required)"),
     {.name = "bridges.<name>.out",
      .type = RT_SET_LIST,
      .offset = BR_OFF(out),
@@ -496,6 +498,24 @@ const rt_setting_t rt__conf_table_settings[] = {
     BRIDGE_INT(connect_timeout_ms, 5000, 100, 600000, "ms", "TCP connect and CONNACK"),
     BRIDGE_INT(reconnect_min_ms, 200, 10, 600000, "ms", "first wait before reconnecting"),
     BRIDGE_INT(reconnect_max_ms, 10000, 10, 3600000, "ms", "the wait's cap (it doubles)"),
+#define BRIDGE_PATH(f, h)                                                                          \
+    {                                                                                              \
+        .name = "bridges.<name>." #f, .type = RT_SET_PATH, .offset = BR_OFF(f),                    \
+        .size = sizeof(((rt_conf_bridge_t *)0)->f), .text = "", .doc = h                           \
+    }
+    BRIDGE_PATH(ca_file, "mqtts: the CAs the remote's certificate is verified against; \"\": the "
+                         "system's"),
+    BRIDGE_PATH(cert_file, "mqtts: a client certificate (PEM) for a remote that asks for one"),
+    BRIDGE_PATH(key_file, "mqtts: its private key (PEM)"),
+    BRIDGE_TEXT(server_name, "",
+                "mqtts: the name the remote's certificate must carry, sent as SNI; \"\": the "
+                "remote's host"),
+    {.name = "bridges.<name>.tls_verify",
+     .type = RT_SET_BOOL,
+     .offset = BR_OFF(tls_verify),
+     .num = 1,
+     .doc = "mqtts: verify the remote's certificate and name (false: any certificate; for "
+            "tests)"},
     {.name = "bridges.<name>.durable",
      .type = RT_SET_BOOL,
      .offset = BR_OFF(durable),

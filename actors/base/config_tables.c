@@ -806,8 +806,13 @@ bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whyl
 /* One bridge's table: what is checked across its keys. */
 static bool bridge_ok(const rt_conf_bridge_t *b, const char *where, char *why, size_t whylen)
 {
-    if (strncmp(b->remote, "mqtt://", 7) != 0) {
-        snprintf(why, whylen, "%s.remote: mqtt://host:port is required", where);
+    if (strncmp(b->remote, "mqtt://", 7) != 0 && strncmp(b->remote, "mqtts://", 8) != 0) {
+        snprintf(why, whylen, "%s.remote: mqtt://host:port or mqtts://host:port is required",
+                 where);
+        return false;
+    }
+    if (!b->key_file[0] != !b->cert_file[0]) {
+        snprintf(why, whylen, "%s: cert_file and key_file go together", where);
         return false;
     }
     if (!b->out.n && !b->in.n) {
@@ -1055,5 +1060,8 @@ int rt__conf_resolve_table(rt_conf_t *c, const char *name, const char *dir, cons
     if (strcmp(name, "xmpp") == 0)
         for (unsigned l = 0; l < c->xmpp.nlisteners && rc == 0; l++)
             rc = resolve_tls(&c->xmpp.listeners[l].tls, dir, where, err, errlen);
+    if (strcmp(name, "bridges") == 0)
+        for (unsigned b = 0; b < c->nbridges && rc == 0; b++)
+            rc = resolve_keys("bridges.<name>", &c->bridges[b], dir, where, err, errlen);
     return rc;
 }

@@ -28,6 +28,8 @@
 #include "message.h"
 #include "route.h"
 #include "store.h"
+#include "tls.h"
+#include "tls_conn.h"
 
 enum {
     BRIDGE_RECONNECT = RT_MSG_USER + 0x5A00, /* the backoff ran out: connect */
@@ -68,6 +70,11 @@ typedef struct {
     uint32_t backoff_ms;
     uint8_t *in;
     size_t inlen, incap;
+    rt_tls_conn_t tls; /* mqtts://: the connection's TLS; tls.ssl NULL otherwise */
+    bool connect_sent; /* the CONNECT went (after the TLS handshake, on mqtts://) */
+    char tls_why[200]; /* why TLS failed (OpenSSL's or the certificate check's reason) */
+    uint8_t *scratch;  /* mqtts://: a PUBLISH is encoded here, then encrypted */
+    size_t scratch_cap;
 } bridge_t;
 
 static void set_state(bridge_t *st, int state)
@@ -95,17 +102,44 @@ static void free_entry(rt_actor_t *self, bridge_t *st, out_t *e)
     free(e);
 }
 
+/*
+** Room for len bytes of output: in the socket's buffer (plain TCP, no copy), or in the scratch
+** buffer that out_commit encrypts (mqtts://). NULL when the socket is gone or memory short.
+*/
+static uint8_t *out_reserve(rt_actor_t *self, bridge_t *st, size_t len)
+{
+    if (!st->sock)
+        return NULL;
+    if (!st->tls.ssl)
+        return rt_sock_reserve(st->sock, len);
+    if (len > st->scratch_cap) {
+        uint8_t *p = realloc(st->scratch, len);
+        if (!p)
+            return NULL;
+        rt_charge(self, (ptrdiff_t)(len - st->scratch_cap));
+        st->scratch = p;
+        st->scratch_cap = len;
+    }
+    return st->scratch;
+}
+
+static bool out_commit(bridge_t *st, size_t len)
+{
+    return st->tls.ssl ? rt_tls_conn_write(&st->tls, st->scratch, len) == 0
+                       : rt_sock_commit(st->sock, len) == 0;
+}
+
 /* Writes one packet; false when the socket is gone (the close event follows). */
-static bool send_packet(bridge_t *st, const mqtt_packet_t *pk)
+static bool send_packet(rt_actor_t *self, bridge_t *st, const mqtt_packet_t *pk)
 {
     size_t len = 0;
     if (!st->sock || mqtt_encode(pk, NULL, 0, 0, &len, NULL) != 0)
         return false;
-    uint8_t *p = rt_sock_reserve(st->sock, len);
+    uint8_t *p = out_reserve(self, st, len);
     if (!p)
         return false;
     mqtt_encode(pk, p, len, 0, &len, NULL);
-    return rt_sock_commit(st->sock, len) == 0;
+    return out_commit(st, len);
 }
 
 static uint16_t take_packet_id(bridge_t *st)
@@ -170,11 +204,11 @@ static void pump(rt_actor_t *self, bridge_t *st)
             free_entry(self, st, e);
             continue;
         }
-        uint8_t *p = rt_sock_reserve(st->sock, len);
+        uint8_t *p = out_reserve(self, st, len);
         if (!p)
             return;
         rt_message_encode(&m, &o, p, len);
-        if (rt_sock_commit(st->sock, len) != 0)
+        if (!out_commit(st, len))
             return;
         atomic_fetch_add(&b->sent, 1);
         if (again)
@@ -288,6 +322,8 @@ static void arm_reconnect(rt_actor_t *self, bridge_t *st)
 static void disconnected(rt_actor_t *self, bridge_t *st, bool failed)
 {
     rt_bridge_t *b = st->b;
+    if (st->tls.ssl)
+        rt_tls_conn_close(&st->tls);
     if (st->sock) {
         rt_sock_close(st->sock);
         st->sock = NULL;
@@ -330,7 +366,7 @@ static void fail(rt_actor_t *self, bridge_t *st, const char *fmt, const char *de
     disconnected(self, st, true);
 }
 
-static void send_connect(bridge_t *st)
+static void send_connect(rt_actor_t *self, bridge_t *st)
 {
     const rt_conf_bridge_t *c = &st->b->conf;
     mqtt_packet_t pk = {.type = MQTT_CONNECT, .version = (uint8_t)c->version};
@@ -354,7 +390,34 @@ static void send_connect(bridge_t *st)
         pk.props.session_expiry = (uint32_t)c->session_expiry_s;
         pk.props.maximum_packet_size = BRIDGE_IN_MAX;
     }
-    send_packet(st, &pk);
+    st->connect_sent = true;
+    send_packet(self, st, &pk);
+}
+
+/* mqtts://: the client side of TLS on the new socket; the CONNECT follows its handshake. */
+static bool start_tls(rt_actor_t *self, bridge_t *st)
+{
+    rt_bridge_t *b = st->b;
+    SSL *ssl = SSL_new(b->tls);
+    bool ok = ssl && SSL_set_tlsext_host_name(ssl, b->tls_name) == 1;
+    if (ok && b->conf.tls_verify) {
+        /* An address is checked against the certificate's IP entries, a name its DNS ones. */
+        X509_VERIFY_PARAM *vp = SSL_get0_param(ssl);
+        ok = X509_VERIFY_PARAM_set1_ip_asc(vp, b->tls_name) == 1 ||
+             SSL_set1_host(ssl, b->tls_name) == 1;
+    }
+    if (!ok || rt_tls_conn_attach(&st->tls, ok ? ssl : NULL, st->sock) != 0) {
+        if (!ok)
+            SSL_free(ssl);
+        fail(self, st, "%s", "TLS: out of memory");
+        return false;
+    }
+    char why[256] = "";
+    if (rt_tls_conn_input(&st->tls, NULL, 0, NULL, NULL, why, sizeof(why)) != 0) {
+        fail(self, st, "TLS: %s", why);
+        return false;
+    }
+    return true;
 }
 
 static void connect_now(rt_actor_t *self, bridge_t *st)
@@ -379,15 +442,21 @@ static void connect_now(rt_actor_t *self, bridge_t *st)
         fail(self, st, "%s", "no socket watch (out of memory)");
         return;
     }
-    /* The CONNECT waits in the socket's buffer until the connect completes; a refused one
+    /* The first bytes wait in the socket's buffer until the connect completes; a refused one
        surfaces as a read error, and one that hangs meets the connect timer. */
     set_state(st, RT_BRIDGE_CONNECTING);
-    send_connect(st);
+    st->connect_sent = false;
+    if (b->tls) {
+        if (!start_tls(self, st))
+            return;
+    } else {
+        send_connect(self, st);
+    }
     rt_send_after_tag((uint64_t)b->conf.connect_timeout_ms, rt_self(self), BRIDGE_CONNECT_TIMEOUT,
                       &st->connect_timer);
 }
 
-static void subscribe_remote(bridge_t *st)
+static void subscribe_remote(rt_actor_t *self, bridge_t *st)
 {
     rt_bridge_t *b = st->b;
     if (!b->nin)
@@ -404,7 +473,7 @@ static void subscribe_remote(bridge_t *st)
                         .version = (uint8_t)b->conf.version,
                         .packet_id = 1,
                         .sub = {.items = items, .count = b->nin}};
-    send_packet(st, &pk);
+    send_packet(self, st, &pk);
 }
 
 static void on_connack(rt_actor_t *self, bridge_t *st, const mqtt_packet_t *pk)
@@ -439,7 +508,7 @@ static void on_connack(rt_actor_t *self, bridge_t *st, const mqtt_packet_t *pk)
            b->conf.remote, st->session_present);
     rt_send_after_tag((uint64_t)b->conf.keepalive_s * 500, rt_self(self), BRIDGE_KEEPALIVE,
                       &st->keepalive_timer);
-    subscribe_remote(st);
+    subscribe_remote(self, st);
     pump(self, st);
 }
 
@@ -468,7 +537,7 @@ static int on_remote_publish(rt_actor_t *self, bridge_t *st, mqtt_packet_t *pk)
     if (pk->publish.qos == 1) {
         mqtt_packet_t ack = {
             .type = MQTT_PUBACK, .version = (uint8_t)b->conf.version, .packet_id = pk->packet_id};
-        send_packet(st, &ack);
+        send_packet(self, st, &ack);
     }
     return 0;
 }
@@ -552,6 +621,33 @@ static int parse_input(rt_actor_t *self, bridge_t *st, const uint8_t *data, size
     return rc;
 }
 
+typedef struct {
+    rt_actor_t *self;
+    bridge_t *st;
+    int rc;
+} plain_ctx_t;
+
+static bool on_plain(void *ctx, uint8_t *p, size_t n)
+{
+    plain_ctx_t *c = ctx;
+    c->rc = parse_input(c->self, c->st, p, n);
+    return c->rc == 0 && c->st->sock;
+}
+
+/* mqtts://: ciphertext in; the CONNECT goes once the handshake is done. */
+static int tls_input(rt_actor_t *self, bridge_t *st, const void *data, size_t len)
+{
+    plain_ctx_t c = {.self = self, .st = st};
+    int rc = rt_tls_conn_input(&st->tls, data, len, on_plain, &c, st->tls_why, sizeof(st->tls_why));
+    if (rc == RT_EPROTO)
+        return RT_EPROTO;
+    if (rc || c.rc)
+        return rc ? rc : c.rc;
+    if (!st->connect_sent && rt_tls_conn_established(&st->tls))
+        send_connect(self, st);
+    return 0;
+}
+
 static void on_socket(rt_actor_t *self, bridge_t *st, const rt_sock_event_t *ev)
 {
     if (ev->sock != st->sock)
@@ -561,14 +657,16 @@ static void on_socket(rt_actor_t *self, bridge_t *st, const rt_sock_event_t *ev)
         size_t len;
         int rc;
         while (st->sock && (rc = rt_sock_read(st->sock, &data, &len)) == 0) {
-            int prc = parse_input(self, st, data, len);
+            int prc =
+                st->tls.ssl ? tls_input(self, st, data, len) : parse_input(self, st, data, len);
             if (prc) {
-                char why[64];
-                snprintf(why, sizeof(why), "%s",
-                         prc == RT_ECLOSED         ? "the remote sent DISCONNECT"
+                if (prc == RT_EPROTO)
+                    fail(self, st, "TLS: %s", st->tls_why);
+                else
+                    fail(self, st, "%s",
+                         prc == RT_ECLOSED         ? "the remote ended the connection"
                          : MQTT_IS_REASON_ERR(prc) ? "a malformed or unexpected packet"
                                                    : rt_strerror(prc));
-                fail(self, st, "%s", why);
                 return;
             }
         }
@@ -593,7 +691,7 @@ static void on_keepalive(rt_actor_t *self, bridge_t *st)
         return;
     }
     mqtt_packet_t ping = {.type = MQTT_PINGREQ, .version = (uint8_t)st->b->conf.version};
-    st->ping_out = send_packet(st, &ping);
+    st->ping_out = send_packet(self, st, &ping);
     rt_send_after_tag((uint64_t)st->b->conf.keepalive_s * 500, rt_self(self), BRIDGE_KEEPALIVE,
                       &st->keepalive_timer);
 }
@@ -683,10 +781,13 @@ static void bridge_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
             free_entry(self, st, e);
         }
     st->inflight_tail = st->queue_tail = NULL;
+    if (st->tls.ssl)
+        rt_tls_conn_close(&st->tls);
     if (st->sock)
         rt_sock_close(st->sock);
     free(st->in);
-    rt_charge(self, -(ptrdiff_t)st->incap);
+    free(st->scratch);
+    rt_charge(self, -(ptrdiff_t)(st->incap + st->scratch_cap));
     set_state(st, RT_BRIDGE_DOWN);
     atomic_store(&st->b->inflight, 0);
     rt_pid_t me = rt_self(self);
@@ -703,6 +804,15 @@ static void bridge_dead_letter(void *state, rt_msg_t *m)
     rt_store_committed_t done = {.token = d->ack_token, .status = RT_ENOPROC};
     if (d->ack_pid)
         rt_send(d->ack_pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
+}
+
+/* A turn's packets leave as one TLS record (tls_conn.h). */
+static void bridge_turn_end(rt_actor_t *self, void *state)
+{
+    (void)self;
+    bridge_t *st = state;
+    if (st->tls.ssl && rt_tls_conn_flush(&st->tls) != 0)
+        rt__bridge_error(st->b, "%s", "TLS: the stream broke");
 }
 
 static const char *bridge_tag_name(uint32_t tag)
@@ -731,6 +841,7 @@ const rt_actor_type_t rt__bridge_type = {
     .terminate = bridge_terminate,
     .dead_letter = bridge_dead_letter,
     .tag_name = bridge_tag_name,
+    .turn_end = bridge_turn_end,
 };
 
 int rt__bridge_restart(rt_pid_t pid)

@@ -8,6 +8,7 @@
 #define RT_BRIDGE_IMPL_H
 
 #include <netinet/in.h>
+#include <openssl/ssl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -25,6 +26,8 @@ typedef struct rt_bridge_s {
     struct sockaddr_storage addr; /* the remote's, resolved at start */
     socklen_t addrlen;
     char regname[80]; /* "bridge:<name>", its actor's registered name */
+    SSL_CTX *tls;     /* mqtts://: the client context; NULL: plain TCP */
+    char tls_name[256]; /* the name verified and sent as SNI */
 
     _Atomic rt_pid_t pid;
     atomic_int state; /* rt_bridge_state_t */

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/err.h>
+
 #include "bridge_impl.h"
 #include "group.h"
 
@@ -24,12 +26,16 @@ void rt__bridge_error(rt_bridge_t *b, const char *fmt, ...)
     pthread_mutex_unlock(&b->err_lock);
 }
 
-/* "mqtt://host:port" (port 1883 if none; "[v6]" for an IPv6 address) into b->addr. */
+/*
+** "mqtt://host:port" or "mqtts://host:port" (port 1883 or 8883 if none; "[v6]" for an IPv6
+** address) into b->addr, and the host into b->tls_name unless server_name says another.
+*/
 static int resolve(rt_bridge_t *b, char *why, size_t whylen)
 {
-    const char *hp = b->conf.remote + 7;
+    bool tls = strncmp(b->conf.remote, "mqtts://", 8) == 0;
+    const char *hp = b->conf.remote + (tls ? 8 : 7);
     char host[256];
-    const char *port = "1883";
+    const char *port = tls ? "8883" : "1883";
     const char *colon = hp[0] == '[' ? strchr(hp, ']') : strrchr(hp, ':');
     size_t hlen = strlen(hp);
     if (hp[0] == '[') {
@@ -52,6 +58,8 @@ static int resolve(rt_bridge_t *b, char *why, size_t whylen)
     }
     memcpy(host, hp, hlen);
     host[hlen] = 0;
+    snprintf(b->tls_name, sizeof(b->tls_name), "%s",
+             b->conf.server_name[0] ? b->conf.server_name : host);
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(host, port, &hints, &res);
     if (rc || !res) {
@@ -62,6 +70,37 @@ static int resolve(rt_bridge_t *b, char *why, size_t whylen)
     memcpy(&b->addr, res->ai_addr, res->ai_addrlen);
     b->addrlen = res->ai_addrlen;
     freeaddrinfo(res);
+    return 0;
+}
+
+/* mqtts://: a client context verifying the remote against ca_file (or the system's CAs),
+   with the client certificate if one is set. */
+static int make_tls(rt_bridge_t *b, char *why, size_t whylen)
+{
+    const rt_conf_bridge_t *c = &b->conf;
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    const char *failed = !ctx ? "no TLS context" : NULL;
+    if (!failed && SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1)
+        failed = "no TLS 1.2";
+    if (!failed && (c->ca_file[0] ? SSL_CTX_load_verify_locations(ctx, c->ca_file, NULL)
+                                  : SSL_CTX_set_default_verify_paths(ctx)) != 1)
+        failed = "ca_file does not load";
+    if (!failed && c->cert_file[0] &&
+        (SSL_CTX_use_certificate_chain_file(ctx, c->cert_file) != 1 ||
+         SSL_CTX_use_PrivateKey_file(ctx, c->key_file, SSL_FILETYPE_PEM) != 1 ||
+         SSL_CTX_check_private_key(ctx) != 1))
+        failed = "cert_file and key_file do not load, or do not match";
+    if (failed) {
+        unsigned long e = ERR_get_error();
+        snprintf(why, whylen, "bridges.%s: %s%s%s", c->name, failed, e ? ": " : "",
+                 e ? ERR_reason_error_string(e) : "");
+        ERR_clear_error();
+        SSL_CTX_free(ctx);
+        return RT_EINVAL;
+    }
+    SSL_CTX_set_verify(ctx, c->tls_verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    b->tls = ctx;
     return 0;
 }
 
@@ -89,7 +128,19 @@ static int make_one(rt_bridge_t *b, const rt_conf_bridge_t *c, char *why, size_t
                  "%s", c->name);
     snprintf(b->publisher, sizeof(b->publisher), "bridge:%s", c->name);
     snprintf(b->regname, sizeof(b->regname), "bridge:%s", c->name);
-    return resolve(b, why, whylen);
+    int rc = resolve(b, why, whylen);
+    if (rc == 0 && strncmp(c->remote, "mqtts://", 8) == 0)
+        rc = make_tls(b, why, whylen);
+    return rc;
+}
+
+static void free_all(rt_bridge_t *set, unsigned n)
+{
+    for (unsigned i = 0; set && i < n; i++) {
+        SSL_CTX_free(set[i].tls);
+        pthread_mutex_destroy(&set[i].err_lock);
+    }
+    free(set);
 }
 
 static int make_all(const rt_conf_t *c, rt_bridge_t **out, char *why, size_t whylen)
@@ -105,7 +156,7 @@ static int make_all(const rt_conf_t *c, rt_bridge_t **out, char *why, size_t why
     for (unsigned i = 0; i < c->nbridges; i++) {
         int rc = make_one(&set[i], &c->bridges[i], why, whylen);
         if (rc) {
-            free(set);
+            free_all(set, i + 1);
             return rc;
         }
     }
@@ -117,7 +168,7 @@ int rt_bridges_check(const rt_conf_t *c, char *why, size_t whylen)
 {
     rt_bridge_t *set;
     int rc = make_all(c, &set, why, whylen);
-    free(set);
+    free_all(set, c->nbridges);
     return rc;
 }
 
@@ -148,9 +199,7 @@ int rt_bridges_start(const rt_conf_t *c, rt_pid_t sup, char *why, size_t whylen)
 
 void rt_bridges_free(void)
 {
-    for (unsigned i = 0; i < nbridges; i++)
-        pthread_mutex_destroy(&bridges[i].err_lock);
-    free(bridges);
+    free_all(bridges, nbridges);
     bridges = NULL;
     nbridges = 0;
 }

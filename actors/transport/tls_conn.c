@@ -89,7 +89,10 @@ int rt_tls_conn_attach(rt_tls_conn_t *t, SSL *ssl, rt_sock_t *sock)
     }
     BIO_set_data(bio, sock);
     SSL_set_bio(ssl, bio, bio);
-    SSL_set_accept_state(ssl);
+    if (SSL_is_server(ssl))
+        SSL_set_accept_state(ssl);
+    else
+        SSL_set_connect_state(ssl); /* a bridge's connection to a remote broker */
     t->ssl = ssl;
     return 0;
 }

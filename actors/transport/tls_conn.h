@@ -1,8 +1,8 @@
 /*
-** One server-side TLS connection, driven by the actor that owns its socket, in that actor's
-** turns: the transport under a protocol's sessions (xport.c, MQTT's connections) and the HTTP
-** connection actor (actors/http/http.c) both run one between their socket and their protocol's
-** parser.
+** One TLS connection, driven by the actor that owns its socket, in that actor's turns: the
+** transport under a protocol's sessions (xport.c, MQTT's connections) and the HTTP connection
+** actor (actors/http/http.c) run the server side between their socket and their protocol's
+** parser, a bridge (actors/bridge) the client side.
 **
 ** OpenSSL reads the ciphertext from memory (what the actor just read from its socket, lent
 ** for the length of rt_tls_conn_input) and writes its records straight into the rt socket's
@@ -37,7 +37,8 @@ typedef struct rt_tls_conn_s {
 
 /*
 ** Takes ssl (from rt_tls_accept; freed here on failure) as the server side of t, writing its
-** records to sock. 0, or RT_ENOMEM.
+** records to sock; an SSL of a client context is the client side (a bridge's connection), whose
+** handshake the first rt_tls_conn_input (with no input) begins. 0, or RT_ENOMEM.
 */
 int rt_tls_conn_attach(rt_tls_conn_t *t, SSL *ssl, rt_sock_t *sock);
 

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import (MOSQUITTO, Rtd, client, end_process, free_port, mosquitto_conf,
                       password_file, raise_nofile, subscribe, wait_for, wait_listening)
-from transports import lua
+from test_tls import tls_listener
+from transports import listeners, lua
 from mqtt_raw import PUBACK, PUBLISH, Raw, mqtt_str, u16, varint
 
 # A wait's ceiling: each waits on a state rtd reports or on messages counted, and returns as
@@ -44,10 +45,11 @@ class Mosquitto:
 
 
 def bridge_rtd(remote_port, *settings, name="up", out=("local/# -> remote/#",),
-               into=("cmd/# -> fromremote/#",), **keys):
+               into=("cmd/# -> fromremote/#",), scheme="mqtt", **keys):
     keys.setdefault("reconnect_min_ms", 50)
     keys.setdefault("reconnect_max_ms", 400)
-    table = {"remote": f"mqtt://127.0.0.1:{remote_port}", "out": list(out), "in": list(into)}
+    table = {"remote": f"{scheme}://127.0.0.1:{remote_port}", "out": list(out),
+             "in": list(into)}
     table.update(keys)
     return Rtd(f"bridges={{ {name} = {lua(table)} }}", *settings)
 
@@ -271,10 +273,64 @@ def test_rtctl_restart_reconnects_and_keeps_counting(rtd):
     assert code == 0, log
 
 
+def tls_remote(pki, **tls):
+    """A remote rtd with a TLS listener (the test CA's localhost certificate) besides its
+    plain one; returns it and its TLS port."""
+    port, tls_port = free_port(), free_port()
+    remote = Rtd(listeners(port, tls_listener(tls_port, *pki.server["ec"], **tls)), port=port)
+    return remote, tls_port
+
+
+def test_tls_to_the_remote_both_ways(pki, stopper):
+    remote, tls_port = tls_remote(pki, ca=pki.ca.cert, verify="required")
+    stopper(remote)
+    alice_cert, alice_key = pki.client
+    broker = bridge_rtd(tls_port, scheme="mqtts", ca_file=pki.ca.cert, server_name="localhost",
+                        cert_file=alice_cert, key_file=alice_key)
+    stopper(broker)
+    wait_state(broker, "connected")
+    far = collector(remote.port, "remote/#")
+    near = collector(broker.port, "fromremote/#")
+    pub = client(broker.port, "tls-pub")
+    n = 200
+    for i in range(n):
+        pub.publish("local/t", str(i).encode(), qos=1).wait_for_publish(CEILING)
+    client(remote.port, "far-pub").publish("cmd/c", b"in", qos=1).wait_for_publish(CEILING)
+    assert wait_for(lambda: len(far.got) >= n and len(near.got) >= 1, CEILING)
+    assert [int(p) for _, p, _ in far.got] == list(range(n))
+    assert near.got == [("fromremote/c", b"in", 1)]
+    done(far, near, pub)
+    # The remote saw the bridge's certificate: it requires one, and the session is there.
+    code, out, _ = remote.ctl("clients", "list", json=True)
+    assert code == 0 and "rtd-bridge-up" in out
+
+
+@pytest.mark.parametrize("case", ["unknown-ca", "wrong-name", "no-client-cert"])
+def test_tls_failures_are_said_and_retried(pki, stopper, case):
+    remote, tls_port = tls_remote(pki, ca=pki.ca.cert,
+                                  verify="required" if case == "no-client-cert" else "none")
+    stopper(remote)
+    keys = {"ca_file": pki.other_ca.cert if case == "unknown-ca" else pki.ca.cert,
+            "server_name": "not-localhost" if case == "wrong-name" else "localhost"}
+    broker = bridge_rtd(tls_port, scheme="mqtts", **keys)
+    stopper(broker)
+    assert wait_for(lambda: show(broker)["failures"] >= 2, CEILING), show(broker)
+    s = show(broker)
+    assert s["connects"] == 0 and s["state"] != "connected", s
+    # OpenSSL's reason, or for a refused client certificate the remote's alert (TLS 1.3 sends
+    # it after the handshake, so it may come as the end of the stream instead).
+    says = {"unknown-ca": "TLS: self-signed certificate in certificate chain",
+            "wrong-name": "TLS: hostname mismatch", "no-client-cert": "TLS: "}[case]
+    assert says in s["last_error"] or (case == "no-client-cert" and "ended" in s["last_error"]), s
+
+
 @pytest.mark.parametrize("bad,says", [
     ('{ b = { remote = "mqtt://127.0.0.1:1", out = { "a/+/# -> b/+" } } }', "right side"),
     ('{ b = { remote = "mqtt://127.0.0.1:1", out = { "a/#/c" } } }', "bridges.b.out"),
     ('{ b = { remote = "http://127.0.0.1:1", out = { "a" } } }', "mqtt://host:port"),
+    ('{ b = { remote = "mqtts://127.0.0.1:1", out = "a", ca_file = "/nonexistent" } }',
+     "ca_file does not load"),
+    ('{ b = { remote = "mqtts://127.0.0.1:1", out = "a", cert_file = "/x" } }', "go together"),
     ('{ b = { remote = "mqtt://127.0.0.1:1" } }', "out, in or both"),
     ('{ b = { remote = "mqtt://127.0.0.1:1", out = "a", qos = 2 } }', "qos"),
     ('{ ["b c"] = { remote = "mqtt://127.0.0.1:1", out = "a" } }', "names are"),
