@@ -16,6 +16,7 @@ static void add_bridge(rt_doc_t *o, const rt_bridge_info_t *b, bool whole)
     rt_doc_add_u64(o, "queued", b->queued);
     rt_doc_add_bytes(o, "queued_bytes", (int64_t)b->queued_bytes);
     rt_doc_add_u64(o, "inflight", b->inflight);
+    rt_doc_add_u64(o, "spilled", b->spilled);
     rt_doc_add_u64(o, "sent", b->sent);
     rt_doc_add_u64(o, "acked", b->acked);
     rt_doc_add_u64(o, "received", b->received);
@@ -30,6 +31,7 @@ static void add_bridge(rt_doc_t *o, const rt_bridge_info_t *b, bool whole)
     rt_doc_add_u64(o, "failures", b->failures);
     rt_doc_add_u64(o, "resent", b->resent);
     rt_doc_add_u64(o, "ignored", b->ignored);
+    rt_doc_add_bytes(o, "spilled_bytes", (int64_t)b->spilled_bytes);
     if (b->up_since_ms)
         rt_doc_add_i64(o, "up_since_ms", (int64_t)b->up_since_ms);
     else

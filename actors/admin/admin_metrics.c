@@ -643,10 +643,17 @@ static void bridges_section(rt_buf_t *b, const scrape_t *s)
     family(b, "rt_bridge_messages_dropped_total", "counter",
            "Messages out dropped: the queue at max_queue_bytes, or over the remote's packet size.");
     EACH_BRIDGE("rt_bridge_messages_dropped_total", k[i].dropped);
-    family(b, "rt_bridge_queued_messages", "gauge", "Messages out held, in flight included.");
+    family(b, "rt_bridge_queued_messages", "gauge",
+           "Messages out held in memory, in flight included.");
     EACH_BRIDGE("rt_bridge_queued_messages", k[i].queued);
-    family(b, "rt_bridge_queued_bytes", "gauge", "Bytes they hold (what max_queue_bytes bounds).");
+    family(b, "rt_bridge_queued_bytes", "gauge",
+           "Bytes they hold (max_memory_bytes bounds it; with the spill's, max_queue_bytes).");
     EACH_BRIDGE("rt_bridge_queued_bytes", k[i].queued_bytes);
+    family(b, "rt_bridge_spilled_messages", "gauge",
+           "QoS 1 messages out waiting in the spill file (past max_memory_bytes).");
+    EACH_BRIDGE("rt_bridge_spilled_messages", k[i].spilled);
+    family(b, "rt_bridge_spilled_bytes", "gauge", "Bytes of the messages in the spill file.");
+    EACH_BRIDGE("rt_bridge_spilled_bytes", k[i].spilled_bytes);
 #undef EACH_BRIDGE
 }
 

@@ -230,6 +230,8 @@ typedef struct rt_conf_bridge_s {
     long connect_timeout_ms; /* TCP connect plus CONNACK */
     long reconnect_min_ms, reconnect_max_ms;
     bool durable; /* a local publisher's PUBACK waits for the remote's */
+    bool spill;   /* past max_memory_bytes, QoS 1 messages out wait in a file */
+    long max_memory_bytes; /* of messages out held in memory */
     /* mqtts:// */
     char ca_file[RT_CONF_PATH_MAX];   /* "": the system's CAs */
     char cert_file[RT_CONF_PATH_MAX]; /* a client certificate (mutual TLS); "": none */

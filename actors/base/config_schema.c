@@ -492,9 +492,18 @@ const rt_setting_t rt__conf_table_settings[] = {
     BRIDGE_INT(keepalive_s, 60, 5, 65535, "seconds", "the keep-alive the bridge asks for"),
     BRIDGE_INT(max_inflight, 32, 1, 65535, "messages",
                "QoS 1 PUBLISHes out waiting for the remote's PUBACK"),
-    BRIDGE_INT(max_queue_bytes, 64 << 20, 4096, 1e12, "bytes",
-               "of messages out held while the remote is away or slow; past it the newest "
-               "are dropped, counted"),
+    BRIDGE_INT(max_queue_bytes, 256 << 20, 4096, 1e12, "bytes",
+               "of messages out held while the remote is away or slow, memory and spill file "
+               "together; past it the newest are dropped, counted"),
+    BRIDGE_INT(max_memory_bytes, 8 << 20, 4096, 1e12, "bytes",
+               "of messages out held in memory; past it QoS 1 ones wait in the spill file "
+               "(data_dir/bridge-<name>.db), QoS 0 ones are dropped"),
+    {.name = "bridges.<name>.spill",
+     .type = RT_SET_BOOL,
+     .offset = BR_OFF(spill),
+     .num = 1,
+     .doc = "keep QoS 1 messages out past max_memory_bytes in the spill file, where a restart "
+            "finds them (false: drop them, counted)"},
     BRIDGE_INT(connect_timeout_ms, 5000, 100, 600000, "ms", "TCP connect and CONNACK"),
     BRIDGE_INT(reconnect_min_ms, 200, 10, 600000, "ms", "first wait before reconnecting"),
     BRIDGE_INT(reconnect_max_ms, 10000, 10, 3600000, "ms", "the wait's cap (it doubles)"),

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "message.h"
 #include "route.h"
+#include "spill.h"
 #include "store.h"
 #include "tls.h"
 #include "tls_conn.h"
@@ -40,10 +41,12 @@ enum {
 
 #define BRIDGE_IN_MAX (1u << 20)    /* bytes of one packet from the remote */
 #define BRIDGE_OUT_SLACK (64 << 10) /* socket output past which the queue waits */
+#define BRIDGE_REFILL 256           /* rows read back from the spill at a time */
 
 typedef struct out_s {
     struct out_s *next;
-    rt_bin_t *bin; /* the canonical message */
+    rt_bin_t *bin;     /* the canonical message */
+    int64_t spill_seq; /* read back from the spill: its row, deleted once the remote has it */
     rt_pid_t ack_pid;
     uint64_t ack_token;
     uint32_t bytes; /* charged to the actor */
@@ -75,6 +78,11 @@ typedef struct {
     char tls_why[200]; /* why TLS failed (OpenSSL's or the certificate check's reason) */
     uint8_t *scratch;  /* mqtts://: a PUBLISH is encoded here, then encrypted */
     size_t scratch_cap;
+    /* The spill (spill = true): QoS 1 messages out past max_memory_bytes, oldest first. */
+    rt_spill_t spill;
+    bool spill_open, spill_said;
+    out_t *to_spill, *to_spill_tail; /* appended at the turn's end, in one transaction */
+    int64_t loaded;                  /* the newest row read back into the queue */
 } bridge_t;
 
 static void set_state(bridge_t *st, int state)
@@ -172,10 +180,127 @@ static void push(out_t **head, out_t **tail, out_t *e)
     *tail = e;
 }
 
+/* A spilled row: the message's PUBLISH as the store keeps it; its options: QoS, retain and
+   the topic at the remote. */
+#define SPILL_OPTS_HEAD 2
+
+static void spill_failed(bridge_t *st, const char *what, const char *why)
+{
+    if (st->spill_said)
+        return;
+    st->spill_said = true;
+    rt__bridge_error(st->b, "spill: %s", why);
+    rt_log(RT_LOG_ERROR, "bridge.spill_failed", "bridge=%s %s=%s", st->b->conf.name, what, why);
+}
+
+/* The turn's messages for the spill, in one transaction; what cannot go stays in memory. */
+static void spill_flush(rt_actor_t *self, bridge_t *st)
+{
+    rt_bridge_t *b = st->b;
+    size_t n = 0, opts_len = 0;
+    for (out_t *e = st->to_spill; e; e = e->next, n++)
+        opts_len += SPILL_OPTS_HEAD + e->tlen;
+    sink_row_t *rows = malloc(n * sizeof(*rows) + opts_len);
+    uint8_t *o = rows ? (uint8_t *)(rows + n) : NULL;
+    char why[256] = "out of memory";
+    size_t i = 0;
+    uint64_t bytes = 0;
+    for (out_t *e = st->to_spill; rows && e; e = e->next, i++) {
+        o[0] = e->qos;
+        o[1] = e->retain;
+        memcpy(o + SPILL_OPTS_HEAD, e->topic, e->tlen);
+        rows[i] = (sink_row_t){.doc = rt_bin_data(e->bin),
+                               .len = (uint32_t)rt_bin_len(e->bin),
+                               .opts = o,
+                               .opts_len = SPILL_OPTS_HEAD + e->tlen};
+        o += rows[i].opts_len;
+        bytes += rows[i].len;
+    }
+    if (rows && rt_spill_append(&st->spill, rows, n, why, sizeof(why)) == 0) {
+        atomic_fetch_add(&b->spilled, n);
+        atomic_fetch_add(&b->spilled_bytes, bytes);
+        st->spill_said = false;
+        /* Kept: a durable bridge's publisher is answered, as a sink answers once its rows are
+           in its spill. */
+        while (st->to_spill) {
+            out_t *e = pop(&st->to_spill, &st->to_spill_tail);
+            answer(e, 0);
+            free_entry(self, st, e);
+        }
+    } else {
+        spill_failed(st, "append", why);
+        while (st->to_spill)
+            push(&st->queue, &st->queue_tail, pop(&st->to_spill, &st->to_spill_tail));
+    }
+    free(rows);
+}
+
+/* Reads the spill's oldest rows not in memory yet into the queue, once it runs low. */
+static void spill_refill(rt_actor_t *self, bridge_t *st)
+{
+    rt_bridge_t *b = st->b;
+    if (!st->spill_open || st->to_spill || st->queue ||
+        atomic_load(&b->spilled) <= (uint64_t)(st->loaded - st->spill.done))
+        return;
+    sink_row_t rows[BRIDGE_REFILL];
+    uint8_t *buf = NULL;
+    int64_t last = 0;
+    uint64_t bytes = 0;
+    char why[256];
+    int n = rt_spill_peek(&st->spill, st->loaded, rows, BRIDGE_REFILL, &buf, &last, &bytes, why,
+                          sizeof(why));
+    if (n < 0) {
+        spill_failed(st, "read", why);
+        return;
+    }
+    /* Rows are appended at the end and deleted from the front: their seqs run on. */
+    for (int i = 0; i < n; i++) {
+        const sink_row_t *r = &rows[i];
+        size_t tlen = r->opts_len - SPILL_OPTS_HEAD;
+        rt_bin_t *bin = rt_message_parse(r->doc, r->len);
+        out_t *e = bin ? malloc(sizeof(out_t) + tlen) : NULL;
+        if (!e) {
+            rt_bin_release(bin);
+            spill_failed(st, "read", bin ? "out of memory" : "an unreadable row");
+            break;
+        }
+        size_t eb = sizeof(out_t) + tlen + rt_bin_len(bin);
+        *e = (out_t){.bin = bin,
+                     .spill_seq = last - (n - 1 - i),
+                     .bytes = (uint32_t)eb,
+                     .qos = r->opts[0],
+                     .retain = r->opts[1],
+                     .tlen = (uint16_t)tlen};
+        memcpy(e->topic, r->opts + SPILL_OPTS_HEAD, tlen);
+        rt_charge(self, (ptrdiff_t)eb);
+        atomic_fetch_add(&b->queued, 1);
+        atomic_fetch_add(&b->queued_bytes, eb);
+        push(&st->queue, &st->queue_tail, e);
+        st->loaded = e->spill_seq;
+    }
+    free(buf);
+}
+
+/* The remote has a message read back from the spill: its row goes (PUBACKs come in order,
+   4.6, so every older row went before it). */
+static void spill_done(bridge_t *st, const out_t *e)
+{
+    char why[256];
+    uint64_t row = rt_bin_len(e->bin);
+    if (rt_spill_pop(&st->spill, e->spill_seq, 1, row, why, sizeof(why)) != 0)
+        spill_failed(st, "delete", why);
+    atomic_fetch_sub(&st->b->spilled, 1);
+    atomic_fetch_sub(&st->b->spilled_bytes, row);
+    if (st->spill.rows == 0)
+        st->loaded = 0; /* an empty table starts its seqs again */
+}
+
 /* Writes the queued entries while the window and the socket allow. */
 static void pump(rt_actor_t *self, bridge_t *st)
 {
     rt_bridge_t *b = st->b;
+    if (st->state == RT_BRIDGE_UP && !st->queue)
+        spill_refill(self, st);
     while (st->state == RT_BRIDGE_UP && st->queue && rt_sock_pending(st->sock) < BRIDGE_OUT_SLACK) {
         out_t *e = st->queue;
         if (e->qos && st->inflight >= st->window)
@@ -223,6 +348,8 @@ static void pump(rt_actor_t *self, bridge_t *st)
             answer(e, 0);
             free_entry(self, st, e);
         }
+        if (!st->queue)
+            spill_refill(self, st);
     }
 }
 
@@ -251,9 +378,16 @@ static void on_deliver(rt_actor_t *self, bridge_t *st, rt_msg_t *msg)
         return;
     }
     size_t bytes = sizeof(out_t) + (size_t)tlen + rt_bin_len(msg->bin);
+    uint8_t qos = d->qos < b->conf.qos ? d->qos : (uint8_t)b->conf.qos;
+    uint64_t held = atomic_load(&b->queued_bytes);
+    /* Past max_memory_bytes a QoS 1 message waits in the spill, and so does every one after
+       it while the spill holds any (order); a QoS 0 one is dropped there. */
+    bool to_spill = st->spill_open && (st->spill.rows || st->to_spill ||
+                                       held + bytes > (uint64_t)b->conf.max_memory_bytes);
     out_t *e = NULL;
-    if (atomic_load(&b->queued_bytes) + bytes > (uint64_t)b->conf.max_queue_bytes ||
-        !(e = malloc(sizeof(out_t) + (size_t)tlen))) {
+    if (held + atomic_load(&b->spilled_bytes) + bytes > (uint64_t)b->conf.max_queue_bytes ||
+        (!st->spill_open && held + bytes > (uint64_t)b->conf.max_memory_bytes) ||
+        (to_spill && qos == 0) || !(e = malloc(sizeof(out_t) + (size_t)tlen))) {
         atomic_fetch_add(&b->dropped, 1);
         if (!st->full_said) {
             rt__bridge_error(b, "the queue holds max_queue_bytes (%ld): new messages are dropped",
@@ -272,13 +406,17 @@ static void on_deliver(rt_actor_t *self, bridge_t *st, rt_msg_t *msg)
                  .ack_pid = d->ack_pid,
                  .ack_token = d->ack_token,
                  .bytes = (uint32_t)bytes,
-                 .qos = d->qos < b->conf.qos ? d->qos : (uint8_t)b->conf.qos,
+                 .qos = qos,
                  .retain = d->retain,
                  .tlen = (uint16_t)tlen};
     memcpy(e->topic, topic, (size_t)tlen);
     rt_charge(self, (ptrdiff_t)bytes);
     atomic_fetch_add(&b->queued, 1);
     atomic_fetch_add(&b->queued_bytes, bytes);
+    if (to_spill) {
+        push(&st->to_spill, &st->to_spill_tail, e);
+        return;
+    }
     push(&st->queue, &st->queue_tail, e);
     pump(self, st);
 }
@@ -301,6 +439,8 @@ static void on_puback(rt_actor_t *self, bridge_t *st, uint16_t packet_id)
     st->inflight--;
     atomic_fetch_sub(&st->b->inflight, 1);
     atomic_fetch_add(&st->b->acked, 1);
+    if (e->spill_seq)
+        spill_done(st, e);
     answer(e, 0);
     free_entry(self, st, e);
     pump(self, st);
@@ -761,6 +901,21 @@ static int bridge_init(rt_actor_t *self, void *state, void *arg)
         subscribe_local(self, st, false);
         return rc;
     }
+    if (st->b->conf.spill) {
+        char why[256];
+        /* A durable bridge answers its publishers once a row is here: on disk, then. */
+        if (rt_spill_open(&st->spill, st->b->spill_path, st->b->conf.durable, why, sizeof(why)) ==
+            0) {
+            st->spill_open = true;
+            atomic_store(&st->b->spilled, st->spill.rows);
+            atomic_store(&st->b->spilled_bytes, st->spill.bytes);
+            if (st->spill.rows)
+                rt_log(RT_LOG_INFO, "bridge.spill_found", "bridge=%s rows=%llu", st->b->conf.name,
+                       (unsigned long long)st->spill.rows);
+        } else {
+            spill_failed(st, "open", why);
+        }
+    }
     atomic_store(&st->b->pid, rt_self(self));
     atomic_fetch_add(&st->b->starts, 1);
     /* Connects in its first turn: output written in init waits for a turn's end. */
@@ -773,6 +928,8 @@ static void bridge_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     (void)reason;
     bridge_t *st = state;
     subscribe_local(self, st, false);
+    if (st->to_spill)
+        spill_flush(self, st);
     for (out_t **list = &st->inflight_head; list; list = list == &st->queue ? NULL : &st->queue)
         while (*list) {
             out_t *e = *list;
@@ -781,6 +938,8 @@ static void bridge_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
             free_entry(self, st, e);
         }
     st->inflight_tail = st->queue_tail = NULL;
+    if (st->spill_open)
+        rt_spill_close(&st->spill);
     if (st->tls.ssl)
         rt_tls_conn_close(&st->tls);
     if (st->sock)
@@ -806,11 +965,14 @@ static void bridge_dead_letter(void *state, rt_msg_t *m)
         rt_send(d->ack_pid, RT_STORE_MSG_COMMITTED, &done, sizeof(done));
 }
 
-/* A turn's packets leave as one TLS record (tls_conn.h). */
+/* The turn's spilled messages go in one transaction; its packets leave as one TLS record. */
 static void bridge_turn_end(rt_actor_t *self, void *state)
 {
-    (void)self;
     bridge_t *st = state;
+    if (st->to_spill) {
+        spill_flush(self, st);
+        pump(self, st);
+    }
     if (st->tls.ssl && rt_tls_conn_flush(&st->tls) != 0)
         rt__bridge_error(st->b, "%s", "TLS: the stream broke");
 }

@@ -46,9 +46,11 @@ typedef struct rt_bridge_info_s {
     uint64_t received; /* PUBLISHes from the remote routed here */
     uint64_t ignored;  /* PUBLISHes from the remote that no in map matched */
     uint64_t dropped;  /* messages out dropped: the queue full, or too large for the remote */
-    uint64_t queued;   /* messages out held now (inflight included) */
+    uint64_t queued;   /* messages out held in memory now (inflight included) */
     uint64_t queued_bytes;
-    uint64_t inflight;    /* sent, waiting for the PUBACK */
+    uint64_t inflight;      /* sent, waiting for the PUBACK */
+    uint64_t spilled;       /* QoS 1 messages out waiting in the spill file */
+    uint64_t spilled_bytes; /* their bytes */
     uint64_t up_since_ms; /* wall clock of the last CONNACK, 0 while not connected */
     unsigned version, qos;
     bool durable;

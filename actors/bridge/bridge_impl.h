@@ -27,12 +27,14 @@ typedef struct rt_bridge_s {
     socklen_t addrlen;
     char regname[80]; /* "bridge:<name>", its actor's registered name */
     SSL_CTX *tls;     /* mqtts://: the client context; NULL: plain TCP */
+    char spill_path[512]; /* data_dir/bridge-<name>.db */
     char tls_name[256]; /* the name verified and sent as SNI */
 
     _Atomic rt_pid_t pid;
     atomic_int state; /* rt_bridge_state_t */
     atomic_uint_fast64_t connects, failures, sent, acked, resent, received, ignored, dropped;
     atomic_uint_fast64_t queued, queued_bytes, inflight, up_since_ms, starts;
+    atomic_uint_fast64_t spilled, spilled_bytes; /* rows in the spill file, and their bytes */
     pthread_mutex_t err_lock;
     char last_error[256];
 } rt_bridge_t;

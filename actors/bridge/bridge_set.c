@@ -104,9 +104,16 @@ static int make_tls(rt_bridge_t *b, char *why, size_t whylen)
     return 0;
 }
 
-static int make_one(rt_bridge_t *b, const rt_conf_bridge_t *c, char *why, size_t whylen)
+static int make_one(rt_bridge_t *b, const rt_conf_bridge_t *c, const char *data_dir, char *why,
+                    size_t whylen)
 {
     b->conf = *c;
+    int n = snprintf(b->spill_path, sizeof(b->spill_path), "%s/bridge-%s.db", data_dir, c->name);
+    if (n < 0 || (size_t)n >= sizeof(b->spill_path)) {
+        snprintf(why, whylen, "bridges.%s: data_dir is too long for the spill file's path",
+                 c->name);
+        return RT_EINVAL;
+    }
     pthread_mutex_init(&b->err_lock, NULL);
     char err[200];
     for (unsigned i = 0; i < c->out.n; i++)
@@ -154,7 +161,7 @@ static int make_all(const rt_conf_t *c, rt_bridge_t **out, char *why, size_t why
         return RT_ENOMEM;
     }
     for (unsigned i = 0; i < c->nbridges; i++) {
-        int rc = make_one(&set[i], &c->bridges[i], why, whylen);
+        int rc = make_one(&set[i], &c->bridges[i], c->data_dir, why, whylen);
         if (rc) {
             free_all(set, i + 1);
             return rc;
@@ -231,6 +238,8 @@ size_t rt_bridges_snapshot(rt_bridge_info_t *out, size_t max)
         o->queued = atomic_load(&b->queued);
         o->queued_bytes = atomic_load(&b->queued_bytes);
         o->inflight = atomic_load(&b->inflight);
+        o->spilled = atomic_load(&b->spilled);
+        o->spilled_bytes = atomic_load(&b->spilled_bytes);
         o->up_since_ms = atomic_load(&b->up_since_ms);
         o->version = (unsigned)b->conf.version;
         o->qos = (unsigned)b->conf.qos;

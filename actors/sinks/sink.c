@@ -148,7 +148,7 @@ static bool ensure_spill(rt_sink_t *s)
     if (s->spill_open)
         return true;
     char why[256];
-    int rc = rt__spill_open(&s->spill, s->spill_path, why, sizeof(why));
+    int rc = rt_spill_open(&s->spill, s->spill_path, true, why, sizeof(why));
     if (rc == RT_EINVAL) {
         /* A file that is not a spill cannot be replayed; it is set aside, not deleted (it
            may be worth a look), and a fresh spill takes its place. */
@@ -158,7 +158,7 @@ static bool ensure_spill(rt_sink_t *s)
         if (rename(s->spill_path, aside) == 0) {
             rt_log(RT_LOG_ERROR, "sink.spill_set_aside", "sink=%s moved=%s reason=%s", s->name,
                    aside, why);
-            rc = rt__spill_open(&s->spill, s->spill_path, why, sizeof(why));
+            rc = rt_spill_open(&s->spill, s->spill_path, true, why, sizeof(why));
         }
     }
     if (rc != 0) {
@@ -187,7 +187,7 @@ static void spill_memory(rt_sink_t *s, uint64_t keep_bytes)
             left -= s->batch_rows[k].len;
         n = k;
         char why[256];
-        if (rt__spill_append(&s->spill, s->batch_rows, n, why, sizeof(why)) != 0) {
+        if (rt_spill_append(&s->spill, s->batch_rows, n, why, sizeof(why)) != 0) {
             rt__sink_error(s, "spill: %s", why);
             rt_log(RT_LOG_ERROR, "sink.spill_failed", "sink=%s rows=%zu error=%s", s->name, n, why);
             return;
@@ -295,7 +295,7 @@ static bool write_from_spill(rt_sink_t *s)
     uint64_t bytes = 0;
     char why[256];
     int n =
-        rt__spill_peek(&s->spill, s->batch_rows, s->batch, &buf, &last, &bytes, why, sizeof(why));
+        rt_spill_peek(&s->spill, 0, s->batch_rows, s->batch, &buf, &last, &bytes, why, sizeof(why));
     if (n < 0) {
         rt__sink_error(s, "spill: %s", why);
         free(buf);
@@ -313,7 +313,7 @@ static bool write_from_spill(rt_sink_t *s)
     }
     /* The rows are in the database now; if they cannot be removed from the spill they
        would be written twice after a restart, so say so loudly. */
-    if (rt__spill_pop(&s->spill, last, (uint64_t)n, bytes, why, sizeof(why)) != 0)
+    if (rt_spill_pop(&s->spill, last, (uint64_t)n, bytes, why, sizeof(why)) != 0)
         rt_log(RT_LOG_ERROR, "sink.spill_failed",
                "sink=%s rows=%d error=%s written but not removed from the spill (duplicates on "
                "replay)",
@@ -643,7 +643,7 @@ static void sink_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     s->opened = false;
     if (s->spill_open) {
         bool empty = s->spill.rows == 0;
-        rt__spill_close(&s->spill);
+        rt_spill_close(&s->spill);
         if (empty) /* nothing to replay: leave no file behind */
             unlink(s->spill_path);
     }

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 
 #include "sink.h"
+#include "spill.h"
 
 /* Tunables (every one can be set per sink in the config; these are the defaults). */
 #define RT_SINK_BATCH_DEFAULT 500                /* rows per write transaction */
@@ -26,16 +27,6 @@
 #define RT_SINK_STOP_WAIT_MS 10000               /* rt_sinks_stop waits this long per sink */
 #define RT_SINK_STOP_FLUSH_MS 2000               /* a stopping sink writes for this long */
 #define RT_SINK_EXPIRE_CHECK_MS 1000             /* a sink with retention looks this often */
-
-/* One row of a batch: a BSON document and the per-rule options it came with. */
-typedef struct sink_row_s {
-    const uint8_t *doc;
-    uint32_t len;
-    uint32_t opts_len; /* 0: no options */
-    const uint8_t *opts;
-    int32_t status;             /* set by the driver: 0 written, < 0 rejected for good (with why) */
-    struct sink_entry_s *entry; /* the submission it belongs to; NULL if read from the spill */
-} sink_row_t;
 
 typedef struct sink_driver_s sink_driver_t;
 
@@ -99,38 +90,6 @@ extern const sink_driver_t rt_sink_mongo_driver;
 extern const sink_driver_t rt_sink_republish_driver;
 extern const sink_driver_t rt_sink_http_driver;
 
-/* ---- The spill queue: rows in order in an SQLite file, (seq, row, opts). ---- */
-typedef struct sink_spill_s {
-    struct sqlite3 *db;
-    struct sqlite3_stmt *ins, *sel, *del;
-    uint64_t rows;  /* rows waiting in the file */
-    uint64_t bytes; /* their row bytes */
-    int64_t done;   /* rows up to this seq are written (deleted, or to be: see pop) */
-    char path[512];
-} sink_spill_t;
-
-/*
-** Opens (creating) path and counts what it holds. 0, or RT_EINVAL if the file is not
-** a spill (not a database, damaged, another schema), or RT_EAGAIN; why is set.
-*/
-int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen);
-/* Appends n rows in one durable transaction; 0 or RT_E* (nothing appended). */
-int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *why, size_t whylen);
-/*
-** Reads up to max of the oldest rows into rows[] (their bytes in *buf, malloc'd, the
-** caller frees) and the seq of the last one into *last. Returns the count or RT_E*.
-*/
-int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf, int64_t *last,
-                   uint64_t *bytes, char *why, size_t whylen);
-/*
-** Marks every row up to seq last (n rows of bytes) written: peek skips them from now
-** on, and they are deleted; if the delete fails (an error is returned) the next pop
-** deletes them too, and a restart before that would replay them (at least once).
-*/
-int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, char *why,
-                  size_t whylen);
-void rt__spill_close(sink_spill_t *sp);
-
 /* ---- The sink record ---- */
 typedef enum { SINK_CONNECTED = 0, SINK_CONNECTING, SINK_DISCONNECTED } sink_state_t;
 
@@ -183,7 +142,7 @@ struct rt_sink_s {
     /* Owned by the sink's actor alone. */
     _Alignas(RT_CACHE_LINE) sink_entry_t *head, *tail; /* in-memory queue, oldest first */
     uint64_t mem_rows, mem_bytes;                      /* rows in the queue not yet taken */
-    sink_spill_t spill;
+    rt_spill_t spill;
     bool spill_open;
     bool flush_timer, retry_timer; /* a timer of that kind is pending */
     bool drain_sent;               /* a drain message is in the mailbox */

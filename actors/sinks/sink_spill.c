@@ -1,9 +1,9 @@
 /*
-** The spill queue: an SQLite file per sink (data_dir/spill-<name>.db) with one
-** table, spill(seq INTEGER PRIMARY KEY, row BLOB, opts BLOB): the row as the
-** BSON document it was submitted as, its per-rule options, and seq giving the
-** order (rowid order: appends only ever go at the end). WAL mode with
-** synchronous=FULL, so an append that returned 0 survives a crash or power
+** The spill queue (spill.h): an SQLite file per sink (data_dir/spill-<name>.db) or bridge with
+** one table, spill(seq INTEGER PRIMARY KEY, row BLOB, opts BLOB): the row as the BSON
+** document it was submitted as (a bridge's: the message), its per-rule options (a bridge's: its
+** topic there), and seq giving the order (rowid order: appends only ever go at the end). WAL
+** mode; a sink's with synchronous=FULL, so an append that returned 0 survives a crash or power
 ** loss; that is what lets a sink ack rows once they are here.
 */
 #include <sqlite3.h>
@@ -11,17 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sink_impl.h"
+#include "spill.h"
 #include "sqlite_mem.h"
 #include "store.h"
 
-static int spill_failed(sink_spill_t *sp, const char *what, char *why, size_t whylen)
+static int spill_failed(rt_spill_t *sp, const char *what, char *why, size_t whylen)
 {
     snprintf(why, whylen, "%s: %s: %s", sp->path, what, sp->db ? sqlite3_errmsg(sp->db) : "");
     return RT_EAGAIN;
 }
 
-int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
+int rt_spill_open(rt_spill_t *sp, const char *path, bool each_durable, char *why, size_t whylen)
 {
     memset(sp, 0, sizeof(*sp));
     snprintf(sp->path, sizeof(sp->path), "%s", path);
@@ -30,14 +30,17 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
     if (sqlite3_open_v2(path, &sp->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         spill_failed(sp, "open", why, whylen);
-        rt__spill_close(sp);
+        rt_spill_close(sp);
         return RT_EAGAIN;
     }
     sqlite3_busy_timeout(sp->db, 1000);
     sqlite3_stmt *count = NULL;
     const char *what = "setup";
     if (sqlite3_exec(sp->db,
-                     "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+                     each_durable ? "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+                                  : "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                     NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(sp->db,
                      "CREATE TABLE IF NOT EXISTS spill(seq INTEGER PRIMARY KEY, row BLOB NOT NULL,"
                      " opts BLOB)",
                      NULL, NULL, NULL) != SQLITE_OK ||
@@ -56,7 +59,7 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
         /* Not a database, a damaged one, or one without our table's shape. */
         int ec = sqlite3_errcode(sp->db) & 0xff;
         sqlite3_finalize(count);
-        rt__spill_close(sp);
+        rt_spill_close(sp);
         return ec == SQLITE_NOTADB || ec == SQLITE_CORRUPT || ec == SQLITE_ERROR ? RT_EINVAL
                                                                                  : RT_EAGAIN;
     }
@@ -66,7 +69,7 @@ int rt__spill_open(sink_spill_t *sp, const char *path, char *why, size_t whylen)
     return 0;
 }
 
-int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *why, size_t whylen)
+int rt_spill_append(rt_spill_t *sp, const sink_row_t *rows, size_t n, char *why, size_t whylen)
 {
     if (sqlite3_exec(sp->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
         return spill_failed(sp, "begin", why, whylen);
@@ -97,8 +100,8 @@ int rt__spill_append(sink_spill_t *sp, const sink_row_t *rows, size_t n, char *w
     return 0;
 }
 
-int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf, int64_t *last,
-                   uint64_t *bytes, char *why, size_t whylen)
+int rt_spill_peek(rt_spill_t *sp, int64_t after, sink_row_t *rows, size_t max, uint8_t **buf,
+                  int64_t *last, uint64_t *bytes, char *why, size_t whylen)
 {
     *buf = NULL;
     *bytes = 0;
@@ -111,7 +114,7 @@ int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf
         snprintf(why, whylen, "out of memory");
         return RT_ENOMEM;
     }
-    sqlite3_bind_int64(sp->sel, 1, sp->done);
+    sqlite3_bind_int64(sp->sel, 1, after > sp->done ? after : sp->done);
     sqlite3_bind_int64(sp->sel, 2, (sqlite3_int64)max);
     int rc;
     while ((rc = sqlite3_step(sp->sel)) == SQLITE_ROW) {
@@ -146,8 +149,7 @@ int rt__spill_peek(sink_spill_t *sp, sink_row_t *rows, size_t max, uint8_t **buf
     return (int)n;
 }
 
-int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, char *why,
-                  size_t whylen)
+int rt_spill_pop(rt_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, char *why, size_t whylen)
 {
     /* Written rows are gone from the queue at once (peek starts after done), whether or
        not the delete below works; one that fails is retried by the next pop. */
@@ -168,7 +170,7 @@ int rt__spill_pop(sink_spill_t *sp, int64_t last, uint64_t n, uint64_t bytes, ch
     return 0;
 }
 
-void rt__spill_close(sink_spill_t *sp)
+void rt_spill_close(rt_spill_t *sp)
 {
     sqlite3_finalize(sp->ins);
     sqlite3_finalize(sp->sel);
