@@ -66,6 +66,12 @@ bool rt__auth_chain_calls(void)
     return atomic_load(&chain_calls);
 }
 
+/* The authenticators that call a service are the ones told the certificate. */
+bool rt_auth_wants_tls(void)
+{
+    return atomic_load_explicit(&chain_calls, memory_order_relaxed);
+}
+
 static void chain_free(chain_t *ch)
 {
     for (unsigned i = 0; ch && i < ch->n; i++) {

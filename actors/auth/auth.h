@@ -156,6 +156,19 @@ typedef struct rt_auth_grant_s {
 } rt_auth_grant_t;
 void rt_auth_grant_free(rt_auth_grant_t *g);
 
+/*
+** The verified certificate a client presented in the TLS handshake (mutual TLS), as an
+** authentication service is told it. Text that does not fit is left "" (never cut short: a
+** shortened name could be someone else's); the fingerprint is always whole.
+*/
+#define RT_AUTH_TLS_CN_MAX 256       /* bytes for the CN, NUL included (64 characters of UTF-8) */
+#define RT_AUTH_TLS_SUBJECT_MAX 1024 /* ... for the subject, NUL included */
+typedef struct rt_auth_tls_s {
+    char cn[RT_AUTH_TLS_CN_MAX];           /* the subject's CN as UTF-8; "": none */
+    char subject[RT_AUTH_TLS_SUBJECT_MAX]; /* the subject, RFC 2253 ("CN=a,O=b") */
+    uint8_t sha256[32];                    /* SHA-256 of the certificate (DER) */
+} rt_auth_tls_t;
+
 /* A CONNECT's credentials. */
 typedef struct rt_auth_request_s {
     const rt_auth_addr_t *addr; /* NULL: not an IP peer */
@@ -164,7 +177,14 @@ typedef struct rt_auth_request_s {
     const char *clientid;       /* as sent ("" for none) */
     const uint8_t *pw;          /* NULL: no password */
     size_t pwlen;
+    const rt_auth_tls_t *tls; /* NULL: plain, no certificate, or rt_auth_wants_tls false */
 } rt_auth_request_t;
+
+/*
+** Whether the chain in force has an authenticator that is told the client's certificate (an
+** http one): only then is it worth reading into a request's tls.
+*/
+bool rt_auth_wants_tls(void);
 
 /*
 ** Decides a login through the chain (the setting auth; none: the password file): each

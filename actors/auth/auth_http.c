@@ -19,7 +19,8 @@
 #define CACHE_WAYS 8 /* entries a key may land in: the oldest of them gives way */
 
 typedef struct {
-    uint8_t key[32];   /* HMAC-SHA256 of the user name and password under a key of this run's */
+    uint8_t key[32];   /* HMAC-SHA256 of the user name, certificate and password under a key
+                          of this run's */
     uint64_t added_ms; /* rt_mono_ms; 0: empty */
     int64_t expire_at_s;
     int result; /* RT_AUTH_OK, RT_AUTH_BAD_PASSWORD or RT_AUTH_ANONYMOUS_REFUSED (ignore) */
@@ -71,7 +72,13 @@ void rt_authhttp_free(rt_authhttp_t *a)
     free(a);
 }
 
-/* The cache's key for q: neither the password nor an unkeyed hash of it is kept. */
+/*
+** The cache's key for q: neither the password nor an unkeyed hash of it is kept. The client
+** certificate's fingerprint is part of it, since the service may judge by the certificate: one
+** certificate's answer is never another's, nor a plain login's. Each part ends unambiguously
+** (the name at its NUL or a lone 0xff, the certificate a marker byte and fixed 32 bytes), so
+** the password, last, cannot pass for the end of another part.
+*/
 static void cache_key(const rt_authhttp_t *a, const rt_auth_request_t *q, uint8_t key[32])
 {
     EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
@@ -83,6 +90,8 @@ static void cache_key(const rt_authhttp_t *a, const rt_auth_request_t *q, uint8_
               EVP_MAC_update(ctx, (const uint8_t *)(q->user ? q->user : ""),
                              q->user ? strlen(q->user) + 1 : 0) &&
               EVP_MAC_update(ctx, (const uint8_t *)"\xff", q->user ? 0 : 1) &&
+              EVP_MAC_update(ctx, (const uint8_t *)(q->tls ? "\1" : "\0"), 1) &&
+              EVP_MAC_update(ctx, q->tls ? q->tls->sha256 : (const uint8_t *)"", q->tls ? 32 : 0) &&
               EVP_MAC_update(ctx, q->pw ? q->pw : (const uint8_t *)"", q->pw ? q->pwlen : 0) &&
               EVP_MAC_final(ctx, key, &n, 32);
     if (!ok)
@@ -173,8 +182,39 @@ static void cache_put(rt_authhttp_t *a, const uint8_t key[32], int result,
     pthread_mutex_unlock(&a->lock);
 }
 
+static void hex32(const uint8_t md[32], char hex[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+static void append_text_or_null(bson_t *b, const char *key, const char *text)
+{
+    if (text[0] && bson_utf8_validate(text, strlen(text), false))
+        BSON_APPEND_UTF8(b, key, text);
+    else
+        BSON_APPEND_NULL(b, key);
+}
+
+/* "tls": the verified client certificate ({"cn", "subject", "fingerprint_sha256"}), or null. */
+static void append_tls(bson_t *b, const rt_auth_tls_t *tls)
+{
+    if (!tls) {
+        BSON_APPEND_NULL(b, "tls");
+        return;
+    }
+    char hex[65];
+    hex32(tls->sha256, hex);
+    bson_t t;
+    BSON_APPEND_DOCUMENT_BEGIN(b, "tls", &t);
+    append_text_or_null(&t, "cn", tls->cn);
+    append_text_or_null(&t, "subject", tls->subject);
+    BSON_APPEND_UTF8(&t, "fingerprint_sha256", hex);
+    bson_append_document_end(b, &t);
+}
+
 /* The request's JSON: {"clientid", "username", "password" (or its hash), "peerhost",
-   "listener"}. A password that is not UTF-8 goes as "password_base64". */
+   "listener", "tls"}. A password that is not UTF-8 goes as "password_base64". */
 static char *request_json(const rt_authhttp_t *a, const rt_auth_request_t *q, size_t *len)
 {
     bson_t b = BSON_INITIALIZER;
@@ -189,8 +229,7 @@ static char *request_json(const rt_authhttp_t *a, const rt_auth_request_t *q, si
         uint8_t md[32];
         char hex[65];
         EVP_Digest(q->pw, q->pwlen, md, NULL, EVP_sha256(), NULL);
-        for (int i = 0; i < 32; i++)
-            snprintf(hex + 2 * i, 3, "%02x", md[i]);
+        hex32(md, hex);
         BSON_APPEND_UTF8(&b, "password_sha256", hex);
     } else if (bson_utf8_validate((const char *)q->pw, q->pwlen, false)) {
         bson_append_utf8(&b, "password", -1, (const char *)q->pw, (int)q->pwlen);
@@ -207,6 +246,7 @@ static char *request_json(const rt_authhttp_t *a, const rt_auth_request_t *q, si
         rt_auth_addr_format(q->addr, peer, sizeof(peer));
     BSON_APPEND_UTF8(&b, "peerhost", peer);
     BSON_APPEND_UTF8(&b, "listener", q->listener ? q->listener : "");
+    append_tls(&b, q->tls);
     char *json = bson_as_relaxed_extended_json(&b, len);
     bson_destroy(&b);
     return json;

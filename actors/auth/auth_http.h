@@ -1,8 +1,9 @@
 /*
 ** The HTTP authenticator (docs/AUTH.md, "HTTP authentication"), as EMQX's and
 ** mosquitto-go-auth's: a login is POSTed as JSON to the operator's service, whose answer
-** allows, denies or passes it (ignore) and may carry the client's ACL and an expiry. Answers
-** are cached per (user name, password) for cache_ttl_s, refusals too, in a bounded table, so
+** allows, denies or passes it (ignore) and may carry the client's ACL and an expiry. The request
+** names the client's verified TLS certificate when it has one. Answers are cached per (user
+** name, certificate, password) for cache_ttl_s, refusals too, in a bounded table, so
 ** a reconnecting fleet does not become a call per connect; a cached answer is given on the
 ** scheduler, at once. Calls run on the authenticator pool's own threads (auth_pool.c), never
 ** on a scheduler nor on the blocking pool the store shares. When the service cannot be

@@ -108,12 +108,16 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_free(self, user);
         return false;
     }
+    /* Read only for a chain that is told it: other logins pay no X.509 work for it. */
+    rt_auth_tls_t tls;
+    bool have_tls = rt_auth_wants_tls() && rt_xport_tls_cert(rt__conn_xp(c), &tls);
     rt_auth_request_t q = {.addr = have_addr ? &addr : NULL,
                            .listener = rt__conn_listener_text(c->listener),
                            .user = user,
                            .clientid = cid,
                            .pw = pk->connect.has_password ? pk->connect.password.p : NULL,
-                           .pwlen = pk->connect.password.len};
+                           .pwlen = pk->connect.password.len,
+                           .tls = have_tls ? &tls : NULL};
     uint32_t delay_ms = 0;
     int rc;
     rt_auth_grant_t grant = {0};

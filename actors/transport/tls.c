@@ -454,6 +454,47 @@ int rt_tls_peer_other_names(SSL *ssl, const char *oid,
     return n;
 }
 
+/* Text that does not fit is dropped whole: a name cut short could be another's. */
+static void name_cn(const X509_NAME *name, char *out, size_t len)
+{
+    out[0] = 0;
+    int i = X509_NAME_get_index_by_NID(name, NID_commonName, -1);
+    const ASN1_STRING *s = i < 0 ? NULL : X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, i));
+    unsigned char *utf8 = NULL;
+    int n = s ? ASN1_STRING_to_UTF8(&utf8, s) : -1;
+    if (n > 0 && (size_t)n < len && !memchr(utf8, 0, (size_t)n)) {
+        memcpy(out, utf8, (size_t)n);
+        out[n] = 0;
+    }
+    OPENSSL_free(utf8);
+}
+
+static void name_rfc2253(const X509_NAME *name, char *out, size_t len)
+{
+    out[0] = 0;
+    BIO *b = BIO_new(BIO_s_mem());
+    if (!b)
+        return;
+    if (X509_NAME_print_ex(b, name, 0, XN_FLAG_RFC2253) >= 0) {
+        int n = BIO_read(b, out, (int)len);
+        out[n > 0 && (size_t)n < len ? n : 0] = 0;
+    }
+    BIO_free(b);
+}
+
+bool rt_tls_peer_cert(SSL *ssl, char *cn, size_t cnlen, char *subject, size_t subjectlen,
+                      uint8_t sha256[32])
+{
+    X509 *cert = SSL_get0_peer_certificate(ssl);
+    unsigned n = 0;
+    if (!cert || SSL_get_verify_result(ssl) != X509_V_OK ||
+        X509_digest(cert, EVP_sha256(), sha256, &n) != 1 || n != 32)
+        return false;
+    name_cn(X509_get_subject_name(cert), cn, cnlen);
+    name_rfc2253(X509_get_subject_name(cert), subject, subjectlen);
+    return true;
+}
+
 bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len)
 {
     X509 *cert = SSL_get0_peer_certificate(ssl);

@@ -82,6 +82,15 @@ void rt_tls_failure_reason(SSL *ssl, char *out, size_t len);
 bool rt_tls_peer_identity(SSL *ssl, char *out, size_t len);
 
 /*
+** The verified client certificate for an authentication service: its subject's CN as UTF-8
+** into cn ("" when it has none, or it holds a NUL or does not fit), its subject as one RFC 2253
+** line into subject ("" when it does not fit), and the SHA-256 of its DER encoding into sha256.
+** False when the session has no verified client certificate.
+*/
+bool rt_tls_peer_cert(SSL *ssl, char *cn, size_t cnlen, char *subject, size_t subjectlen,
+                      uint8_t sha256[32]);
+
+/*
 ** The verified client certificate's subjectAltName otherNames of type oid (dotted, such as
 ** XMPP's id-on-xmppAddr "1.3.6.1.5.5.7.8.5") that are UTF8Strings without a NUL: each to fn
 ** (when not NULL) until it returns true. -1 when the session has no verified client

@@ -793,6 +793,12 @@ bool rt_xport_tls_identity(const rt_xport_t *xp, char *out, size_t len)
     return rt_xport_tls_on(xp) && rt_tls_peer_identity(xp->tls.ssl, out, len);
 }
 
+bool rt_xport_tls_cert(const rt_xport_t *xp, rt_auth_tls_t *out)
+{
+    return rt_xport_tls_on(xp) && rt_tls_peer_cert(xp->tls.ssl, out->cn, sizeof(out->cn),
+                                                   out->subject, sizeof(out->subject), out->sha256);
+}
+
 int rt_xport_tls_other_names(const rt_xport_t *xp, const char *oid,
                              bool (*fn)(const char *value, size_t len, void *arg), void *arg)
 {

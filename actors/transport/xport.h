@@ -207,6 +207,9 @@ unsigned rt_xport_bindings(const rt_xport_t *xp);
 size_t rt_xport_binding(const rt_xport_t *xp, unsigned type, uint8_t *out, size_t cap);
 /* The verified client certificate's identity (rt_tls_peer_identity); false if none. */
 bool rt_xport_tls_identity(const rt_xport_t *xp, char *out, size_t len);
+/* The verified client certificate as an authentication service is told it
+   (rt_tls_peer_cert); false without TLS or such a certificate. */
+bool rt_xport_tls_cert(const rt_xport_t *xp, rt_auth_tls_t *out);
 /* The verified client certificate's otherNames of type oid (rt_tls_peer_other_names); -1
    without TLS or such a certificate. */
 int rt_xport_tls_other_names(const rt_xport_t *xp, const char *oid,

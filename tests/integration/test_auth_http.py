@@ -2,22 +2,28 @@
 and a service written here on Python's http.server: the request's fields, allow / deny /
 ignore, the answer's ACL and expiry, answers cached (refusals too) so that a reconnect makes no
 call, keep-alive connections reused, a service that is down or slow handled as on_error says
-(deny: 0x88, cache: users it knew), HTTPS verified against a CA, an answer's expiry."""
+(deny: 0x88, cache: users it knew), HTTPS verified against a CA, an answer's expiry, a mutual-TLS
+client's certificate in the request and in the cache's key."""
+import hashlib
 import json
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from certs import cert_field
 from conftest import Rtd, free_port, wait_for
 from mqtt_raw import PUBACK, PUBLISH, Raw, mqtt_str, u16, varint
+from transports import RawOn, listeners, tls_connect, tls_context
 
 BAD_CREDENTIALS, NOT_AUTHORIZED, UNAVAILABLE = 0x86, 0x87, 0x88
 
 
 class Service:
-    """A login service: user names say what to answer (allow*, deny*, ignore*, slow*, junk*)."""
+    """A login service: user names say what to answer (allow*, deny*, ignore*, slow*, junk*;
+    cert*: allow the client certificate named alice-cert only)."""
 
     def __init__(self, tls=None):
         self.requests, self.peers = [], set()
@@ -45,7 +51,9 @@ class Service:
                 if user.startswith("junk"):
                     out = b"not json"
                 else:
+                    alice = (body.get("tls") or {}).get("cn") == "alice-cert"
                     answer = {"result": "allow" if user.startswith("allow") else
+                              ("allow" if alice else "deny") if user.startswith("cert") else
                               "deny" if user.startswith("deny") else "ignore"}
                     if user.startswith("allow-acl"):
                         answer["acl"] = {"pub": ["in/%c"], "sub": ["out/%c"]}
@@ -109,6 +117,7 @@ def test_answers_request_fields_and_the_acl(service, stopper):
     req = service.requests[-1]
     assert req["clientid"] == "c1" and req["username"] == "allow-1" and req["password"] == "pw"
     assert req["peerhost"] == "127.0.0.1" and req["listener"] == f"127.0.0.1:{broker.port}"
+    assert "tls" in req and req["tls"] is None  # plain TCP: no certificate
     assert connack(broker, "deny-1", bind="127.0.0.2")[0] == BAD_CREDENTIALS
     assert connack(broker, "ignore-1", bind="127.0.0.3")[0] == NOT_AUTHORIZED  # nobody took it
     assert connack(broker, "junk-1", bind="127.0.0.4")[0] == UNAVAILABLE  # on_error deny
@@ -187,3 +196,49 @@ def test_the_answers_expiry_ends_the_connection(service, stopper):
     assert code == 0
     p = c.read(timeout=2 + 30)
     assert p is not None and p.body[0] == 0xA0, p
+
+
+def test_the_client_certificate_in_the_request_and_the_caches_key(service, pki, stopper):
+    """A mutual-TLS listener (verify optional): the request names the client's verified
+    certificate (CN, RFC 2253 subject, SHA-256 of the DER); a TLS client without one and a
+    plain one send tls null. The service here allows cert* users only with alice-cert's
+    certificate: with one user name and password, bob's certificate and no certificate each
+    make their own call and are refused, never given alice's cached allow, and each answer is
+    cached for its own certificate."""
+    port, tls_port = free_port(), free_port()
+    cert, key = pki.server["ec"]
+    mtls = {"bind": f"127.0.0.1:{tls_port}",
+            "tls": {"cert": cert, "key": key, "ca": pki.ca.cert, "verify": "optional"}}
+    broker = Rtd("allow_anonymous=false", "auth_max_delay_ms=0",  # refusals answered at once
+                 f'auth={{ {{ kind = "http", url = "http://127.0.0.1:{service.port}/auth", '
+                 "cache_ttl_s = 3600 } }",
+                 listeners(port, mtls), port=port)
+    stopper(broker)
+
+    def over_tls(pair, cid):
+        ctx = tls_context(pki.ca.cert, *(pair or ()))
+        c = RawOn(tls_connect(tls_port, ctx), cid, username="cert-user", password="pw")
+        code = c.connack_code
+        c.close()
+        return code
+
+    assert over_tls(pki.client, "alice-1") == 0
+    req = service.requests[-1]
+    der = ssl.PEM_cert_to_DER_cert(open(pki.client[0]).read())
+    assert req["tls"] == {"cn": "alice-cert", "subject": cert_field(pki.client[0], "subject"),
+                          "fingerprint_sha256": hashlib.sha256(der).hexdigest()}, req
+    assert sorted(req["tls"]["subject"].split(",")) == ["CN=alice-cert", "O=rt tests"]
+    assert req["listener"] == f"127.0.0.1:{tls_port}"
+    assert over_tls(pki.client_bob, "bob-1") == BAD_CREDENTIALS  # not alice's cached allow
+    assert service.requests[-1]["tls"]["cn"] == "bob-cert"
+    assert service.calls("cert-user") == 2
+    assert over_tls(None, "nocert-1") == BAD_CREDENTIALS  # TLS, no certificate
+    assert service.requests[-1]["tls"] is None
+    # Plain TCP tells the service what TLS without a certificate told: that answer, cached.
+    assert connack(broker, "cert-user", cid="plain-1")[0] == BAD_CREDENTIALS
+    assert service.calls("cert-user") == 3
+    # Each answer now comes from the cache, for its own certificate.
+    assert over_tls(pki.client, "alice-2") == 0
+    assert over_tls(pki.client_bob, "bob-2") == BAD_CREDENTIALS
+    assert over_tls(None, "nocert-2") == BAD_CREDENTIALS
+    assert service.calls("cert-user") == 3
