@@ -6,14 +6,16 @@ bounded; a durable bridge's local PUBACK waits for the remote's; `rtctl bridges`
 restarts. Clients: paho (3.1.1 and 5), mosquitto_pub and mosquitto_sub."""
 import json
 import os
+import shutil
 import subprocess
 import threading
 
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import (MOSQUITTO, Rtd, client, end_process, free_port, mosquitto_conf,
+from conftest import (MOSQUITTO, ROOT, Rtd, client, end_process, free_port, mosquitto_conf,
                       password_file, raise_nofile, subscribe, wait_for, wait_listening)
+from test_http import call, make_key
 from test_tls import tls_listener
 from transports import listeners, lua
 from mqtt_raw import PUBACK, PUBLISH, Raw, mqtt_str, u16, varint
@@ -390,6 +392,66 @@ def test_tls_failures_are_said_and_retried(pki, stopper, case):
     says = {"unknown-ca": "TLS: self-signed certificate in certificate chain",
             "wrong-name": "TLS: hostname mismatch", "no-client-cert": "TLS: "}[case]
     assert says in s["last_error"] or (case == "no-client-cert" and "ended" in s["last_error"]), s
+
+
+NODE_DIR = os.path.join(ROOT, "tests", "node")
+
+
+@pytest.mark.skipif(
+    not shutil.which("node") or not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "mqtt")),
+    reason="MQTT.js not installed (tools/install-deps.sh runs npm ci)")
+def test_mqttjs_on_both_sides(tmp_path):
+    """MQTT.js 5 subscribes at Mosquitto and publishes at rtd, then the other way round."""
+    remote = Mosquitto(str(tmp_path))
+    broker = bridge_rtd(remote.port)
+    try:
+        wait_state(broker, "connected")
+        script = r"""
+const mqtt = require('mqtt');
+const [near, far] = process.argv.slice(1);
+const limit = setTimeout(() => { console.error('timeout'); process.exit(1); }, 60000);
+const opts = {protocolVersion: 5};
+const n = mqtt.connect(`mqtt://127.0.0.1:${near}`, opts), f = mqtt.connect(`mqtt://127.0.0.1:${far}`, opts);
+const got = [];
+const finish = () => { if (got.length == 2) { console.log(JSON.stringify(got)); clearTimeout(limit); n.end(); f.end(); } };
+f.on('message', (t, p) => { got.push([t, p.toString()]); finish(); });
+n.on('message', (t, p) => { got.push([t, p.toString()]); finish(); });
+let ready = 0;
+const go = () => { if (++ready < 2) return;
+  n.publish('local/js', 'out', {qos: 1}); f.publish('cmd/js', 'in', {qos: 1}); };
+f.on('connect', () => f.subscribe('remote/#', {qos: 1}, go));
+n.on('connect', () => n.subscribe('fromremote/#', {qos: 1}, go));
+"""
+        p = subprocess.run(["node", "-e", script, str(broker.port), str(remote.port)],
+                           capture_output=True, text=True, timeout=90,
+                           env=dict(os.environ, NODE_PATH=os.path.join(NODE_DIR, "node_modules")))
+        assert p.returncode == 0, p.stderr
+        assert sorted(map(tuple, json.loads(p.stdout))) == [("fromremote/js", "in"),
+                                                            ("remote/js", "out")]
+    finally:
+        code, log = broker.stop()
+        remote.stop()
+    assert code == 0, log
+
+
+def test_through_the_http_api(tmp_path, rtd):
+    keys = tmp_path / "api_keys"
+    admin, reader = make_key(keys, "ops", "admin"), make_key(keys, "viewer", "read")
+    hport = free_port()
+    broker = bridge_rtd(rtd.port, f'http={{bind="127.0.0.1:{hport}", api_keys_file="{keys}"}}')
+    broker.hport = hport
+    try:
+        wait_state(broker, "connected")
+        st, body = call(broker, "/api/v1/bridges/list", reader)
+        assert st == 200 and [(b["name"], b["state"]) for b in body] == [("up", "connected")]
+        st, body = call(broker, "/api/v1/bridges/restart", reader, "POST", body={"name": "up"})
+        assert st == 403, body  # a read key changes nothing
+        st, body = call(broker, "/api/v1/bridges/restart", admin, "POST", body={"name": "up"})
+        assert st == 200 and body == {"restarted": "up"}, body
+        assert wait_for(lambda: show(broker)["connects"] == 2, CEILING), show(broker)
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log
 
 
 @pytest.mark.parametrize("bad,says", [
