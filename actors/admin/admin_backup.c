@@ -1,6 +1,7 @@
 /*
-** `backup DIR`: copies of state.db and of every running sink's local files (its SQLite
-** database, its spill file) in a new directory, laid out as a data_dir, so that an rtd
+** `backup DIR`: copies of state.db, of every running sink's local files (its SQLite
+** database, its spill file) and of every bridge's spill file in a new directory, laid out as a
+*data_dir, so that an rtd
 ** started with data_dir = DIR finds each where it looks. Each copy is one snapshot taken
 ** with SQLite's online backup API while rtd goes on writing (rt_sqlite_backup), so what was
 ** committed when the backup began is in it: every acknowledged message of a persistent
@@ -18,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "admin_impl.h"
+#include "bridge.h"
 #include "log.h"
 #include "sink.h"
 #include "store.h"
@@ -73,8 +75,8 @@ static const char *place(const char *dir, const char *data_dir, const char *src,
 }
 
 /* Copies src into the backup as one file of the answer; false with the error set on c. */
-static bool copy_one(rt_admin_cmd_t *c, rt_doc_t *files, const char *dir, const char *sink,
-                     const char *src, uint64_t *total)
+static bool copy_one(rt_admin_cmd_t *c, rt_doc_t *files, const char *dir, const char *owner_kind,
+                     const char *owner, const char *src, uint64_t *total)
 {
     char dst[1024], err[RT_ADMIN_ERR_MAX - 64];
     bool outside = false;
@@ -92,7 +94,7 @@ static bool copy_one(rt_admin_cmd_t *c, rt_doc_t *files, const char *dir, const 
     rt_doc_t *f = rt_doc_add_object(files, NULL);
     rt_doc_add_str(f, "file", rel);
     rt_doc_add_str(f, "from", src);
-    rt_doc_add_str(f, "sink", sink);
+    rt_doc_add_str(f, owner_kind, owner);
     rt_doc_add_u64(f, "bytes", bytes);
     if (outside) /* restored only by pointing the sink's `file` at it */
         rt_doc_add_bool(f, "outside_data_dir", true);
@@ -116,7 +118,7 @@ int rt__admin_backup(rt_admin_cmd_t *c)
     rt_doc_add_str(c->doc, "dir", dir);
     rt_doc_t *files = rt_doc_add_array(c->doc, "files");
     const char *state = rt_store_path();
-    if (state[0] && !copy_one(c, files, dir, "", state, &total))
+    if (state[0] && !copy_one(c, files, dir, "sink", "", state, &total))
         return c->code;
     rt_sink_files_t *sinks = calloc(BACKUP_SINKS_MAX, sizeof(*sinks));
     if (!sinks)
@@ -127,11 +129,17 @@ int rt__admin_backup(rt_admin_cmd_t *c)
     for (size_t i = 0; ok && i < n && i < BACKUP_SINKS_MAX; i++) {
         /* The spill first: see the top of the file. One is there only while rows wait. */
         if (sinks[i].spill[0] && stat(sinks[i].spill, &st) == 0)
-            ok = copy_one(c, files, dir, sinks[i].name, sinks[i].spill, &total);
+            ok = copy_one(c, files, dir, "sink", sinks[i].name, sinks[i].spill, &total);
         if (ok && sinks[i].db[0] && stat(sinks[i].db, &st) == 0)
-            ok = copy_one(c, files, dir, sinks[i].name, sinks[i].db, &total);
+            ok = copy_one(c, files, dir, "sink", sinks[i].name, sinks[i].db, &total);
     }
     free(sinks);
+    /* A durable bridge's PUBACK may have waited for its spill. */
+    char bridge_spills[RT_CONF_MAX_BRIDGES][512], bridge_names[RT_CONF_MAX_BRIDGES][64];
+    size_t nb = rt_bridges_spill_files(bridge_spills, bridge_names, RT_CONF_MAX_BRIDGES);
+    for (size_t i = 0; ok && i < nb && i < RT_CONF_MAX_BRIDGES; i++)
+        if (bridge_spills[i][0] && stat(bridge_spills[i], &st) == 0)
+            ok = copy_one(c, files, dir, "bridge", bridge_names[i], bridge_spills[i], &total);
     if (!ok)
         return c->code;
     uint64_t ms = rt_mono_ms() - t0;

@@ -1002,8 +1002,8 @@ const rt_admin_command_t rt__admin_commands[] = {
        waits for neither; it writes where rtd may, so admin only. */
     {"backup", NULL, rt__admin_backup,
      RT_ADMIN_BLOCKING | RT_ADMIN_OWN_WORKER | RT_ADMIN_CHANGES | RT_ADMIN_SENSITIVE, "backup DIR",
-     "Copies state.db and every running sink's database and spill into DIR (a data_dir to "
-     "restore from), while rtd runs."},
+     "Copies state.db, every running sink's database and spill and every bridge's spill into "
+     "DIR (a data_dir to restore from), while rtd runs."},
     /* Account names are for the admin role; add, passwd and del change them. All read or
        write xmpp.db, and add and passwd run PBKDF2 (milliseconds). */
     {"xmpp", "user list", rt__admin_xmpp_user, RT_ADMIN_BLOCKING | RT_ADMIN_SENSITIVE,

@@ -190,7 +190,8 @@ static void spill_failed(bridge_t *st, const char *what, const char *why)
         return;
     st->spill_said = true;
     rt__bridge_error(st->b, "spill: %s", why);
-    rt_log(RT_LOG_ERROR, "bridge.spill_failed", "bridge=%s %s=%s", st->b->conf.name, what, why);
+    rt_log(RT_LOG_ERROR, "bridge.spill_failed", "bridge=%s step=%s error=%s", st->b->conf.name,
+           what, why);
 }
 
 /* The turn's messages for the spill, in one transaction; what cannot go stays in memory. */
@@ -501,8 +502,8 @@ static void fail(rt_actor_t *self, bridge_t *st, const char *fmt, const char *de
 {
     rt__bridge_error(st->b, fmt, detail);
     if (st->state != RT_BRIDGE_DOWN || st->sock)
-        rt_log(RT_LOG_DEBUG, "bridge.connect_failed", "bridge=%s remote=%s %s", st->b->conf.name,
-               st->b->conf.remote, st->b->last_error);
+        rt_log(RT_LOG_DEBUG, "bridge.connect_failed", "bridge=%s remote=%s error=%s",
+               st->b->conf.name, st->b->conf.remote, st->b->last_error);
     disconnected(self, st, true);
 }
 

@@ -61,6 +61,11 @@ typedef struct rt_bridge_info_s {
 
 /* Fills up to max bridges' infos; returns how many bridges there are. */
 size_t rt_bridges_snapshot(rt_bridge_info_t *out, size_t max);
+/*
+** The bridges' spill files (data_dir/bridge-<name>.db) as paths, up to max, for `rtctl backup`;
+** returns how many bridges there are. A file is there only once something was spilled.
+*/
+size_t rt_bridges_spill_files(char (*out)[512], char (*names)[64], size_t max);
 /* Drops name's connection and connects again at once (its queue kept): 0 or RT_ENOTFOUND. */
 int rt_bridge_reconnect(const char *name);
 

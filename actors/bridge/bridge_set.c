@@ -257,6 +257,15 @@ size_t rt_bridges_snapshot(rt_bridge_info_t *out, size_t max)
     return nbridges;
 }
 
+size_t rt_bridges_spill_files(char (*out)[512], char (*names)[64], size_t max)
+{
+    for (unsigned i = 0; i < nbridges && i < max; i++) {
+        snprintf(out[i], sizeof(out[i]), "%s", bridges[i].conf.spill ? bridges[i].spill_path : "");
+        snprintf(names[i], sizeof(names[i]), "%s", bridges[i].conf.name);
+    }
+    return nbridges;
+}
+
 int rt_bridge_reconnect(const char *name)
 {
     for (unsigned i = 0; i < nbridges; i++)

@@ -241,8 +241,8 @@ def test_queue_is_bounded_and_drops_are_counted(tmp_path, stopper):
 
 def test_past_memory_messages_wait_in_the_spill_and_survive_a_restart(tmp_path):
     """The remote is down: QoS 1 messages past max_memory_bytes go to the spill file, QoS 0
-    ones there are dropped; rtd restarts on the same data and, the remote up, every QoS 1
-    message in the spill arrives, in order."""
+    ones there are dropped; `rtctl backup` copies the spill, rtd starts on the copy and, the
+    remote up, the remote acknowledges every QoS 1 message the spill held."""
     data = str(tmp_path / "data")
     os.mkdir(data)
     down = free_port()
@@ -257,12 +257,17 @@ def test_past_memory_messages_wait_in_the_spill_and_survive_a_restart(tmp_path):
     assert s["spilled"] > 0 and s["queued"] + s["spilled"] == n and s["dropped"] == 1, s
     assert s["queued_bytes"] <= 4096, s
     done(pub)
+    # A backup takes the spill; the restart is from the backup.
+    copy = str(tmp_path / "copy")
+    code, out, err = broker.ctl("backup", copy, json=True)
+    assert code == 0, err
+    assert {"file": "bridge-up.db", "bridge": "up"}.items() <= json.loads(out)["files"][-1].items()
     code, log = broker.stop()
     assert code == 0, log
     remote = Mosquitto(str(tmp_path), port=down)
     try:
         # The memory part went with the restart; the spill's rows come, in order, and go.
-        broker = bridge_rtd(down, *settings, max_memory_bytes=4096, into=())
+        broker = bridge_rtd(down, f'data_dir="{copy}"', max_memory_bytes=4096, into=())
         assert wait_for(lambda: show(broker)["spilled"] == 0, CEILING), show(broker)
         assert show(broker)["acked"] == s["spilled"]
         assert "bridge.spill_found" in broker.read_log()
