@@ -72,6 +72,17 @@ def collector(port, topic, version=mqtt.MQTTv311, client_id="", clean=True):
     return c
 
 
+@pytest.fixture
+def ended():
+    """ended(broker): that Rtd ends with the test, passed or failed, by its pid (a test that
+    stops it itself checks its exit code there)."""
+    started = []
+    yield started.append
+    for b in started:
+        if b.proc.poll() is None:
+            b.stop()
+
+
 def done(*clients):
     for c in clients:
         c.loop_stop()
@@ -239,7 +250,7 @@ def test_queue_is_bounded_and_drops_are_counted(tmp_path, stopper):
         remote.stop()
 
 
-def test_past_memory_messages_wait_in_the_spill_and_survive_a_restart(tmp_path):
+def test_past_memory_messages_wait_in_the_spill_and_survive_a_restart(tmp_path, ended):
     """The remote is down: QoS 1 messages past max_memory_bytes go to the spill file, QoS 0
     ones there are dropped; `rtctl backup` copies the spill, rtd starts on the copy and, the
     remote up, the remote acknowledges every QoS 1 message the spill held."""
@@ -248,6 +259,7 @@ def test_past_memory_messages_wait_in_the_spill_and_survive_a_restart(tmp_path):
     down = free_port()
     settings = (f'data_dir="{data}"',)
     broker = bridge_rtd(down, *settings, max_memory_bytes=4096, into=())
+    ended(broker)
     pub = client(broker.port, "p")
     n = 500
     for i in range(n):
@@ -268,6 +280,7 @@ def test_past_memory_messages_wait_in_the_spill_and_survive_a_restart(tmp_path):
     try:
         # The memory part went with the restart; the spill's rows come, in order, and go.
         broker = bridge_rtd(down, f'data_dir="{copy}"', max_memory_bytes=4096, into=())
+        ended(broker)
         assert wait_for(lambda: show(broker)["spilled"] == 0, CEILING), show(broker)
         assert show(broker)["acked"] == s["spilled"]
         assert "bridge.spill_found" in broker.read_log()
@@ -277,7 +290,7 @@ def test_past_memory_messages_wait_in_the_spill_and_survive_a_restart(tmp_path):
         remote.stop()
 
 
-def test_durable_spill_loses_nothing_across_a_kill(tmp_path):
+def test_durable_spill_loses_nothing_across_a_kill(tmp_path, ended):
     """Durable with a spill, the remote down: PUBACKs keep their order (4.6), so the client is
     acknowledged nothing while the oldest messages wait in memory for the remote, though the
     newer ones are in the spill. rtd killed with SIGKILL and started again, the client's
@@ -288,6 +301,7 @@ def test_durable_spill_loses_nothing_across_a_kill(tmp_path):
     port = free_port()
     settings = (f'data_dir="{data}"',)
     broker = bridge_rtd(port, *settings, durable=True, max_memory_bytes=4096, into=())
+    ended(broker)
     pub = client(broker.port, "p", clean=False)
     pub.max_inflight_messages_set(1000)  # paho's default of 20 would wait on the memory part
     n = 300
@@ -301,6 +315,7 @@ def test_durable_spill_loses_nothing_across_a_kill(tmp_path):
         far = collector(remote.port, "remote/#")
         broker = bridge_rtd(port, *settings, port=broker.port, durable=True,
                             max_memory_bytes=4096, into=())
+        ended(broker)
         assert wait_for(lambda: pub.is_connected(), CEILING)  # paho reconnects by itself
         assert wait_for(lambda: {int(p) for _, p, _ in far.got} == set(range(n)), CEILING), \
             (len(far.got), show(broker))
