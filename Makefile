@@ -118,14 +118,16 @@ test-integration-asan-b: build-asan
 		tests/integration/test_xmpp_admin.py tests/integration/test_xmpp_xeps.py \
 		tests/integration/test_xmpp_hostile.py tests/integration/test_xmpp_rules.py \
 		tests/integration/test_xmpp_register.py tests/integration/test_xmpp_mam.py \
-		tests/integration/test_bridge.py tests/integration/test_webhook.py -m "not long"
+		tests/integration/test_bridge.py tests/integration/test_webhook.py \
+		tests/integration/test_tenant.py -m "not long"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
 # packet tracing, whose set of traces connections read while tracers start and stop them; and
 # XMPP sessions, which share the session registry and hand sockets to each other (and which
 # `xmpp sessions` walks from an admin connection while they bind and end), and take archive
-# ids from one atomic while the store writes their copies.
+# ids from one atomic while the store writes their copies. And tenants, whose counts and
+# retained bytes both schedulers change while the store's watch and rtctl read them.
 test-integration-tsan: build-tsan
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan \
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
@@ -133,7 +135,7 @@ test-integration-tsan: build-tsan
 		tests/integration/test_cluster.py tests/integration/test_xmpp_c2s.py \
 		tests/integration/test_xmpp_sm.py tests/integration/test_xmpp_admin.py \
 		tests/integration/test_xmpp_xeps.py tests/integration/test_xmpp_mam.py \
-		tests/integration/test_auth_http.py
+		tests/integration/test_auth_http.py tests/integration/test_tenant.py
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

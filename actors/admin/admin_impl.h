@@ -147,6 +147,7 @@ void rt__admin_xmpp_gather_free(rt_admin_cmd_t *c);
 int rt__admin_delayed_list(rt_admin_cmd_t *c);
 int rt__admin_delayed_del(rt_admin_cmd_t *c);
 int rt__admin_bridges_list(rt_admin_cmd_t *c);
+int rt__admin_tenants_list(rt_admin_cmd_t *c);
 int rt__admin_bridges_show(rt_admin_cmd_t *c);
 int rt__admin_bridges_restart(rt_admin_cmd_t *c);
 

@@ -26,6 +26,7 @@
 #include "rule_engine.h"
 #include "sink.h"
 #include "bridge.h"
+#include "tenant.h"
 #include "tls.h"
 
 #define LISTENERS_MAX RT_CONF_ALL_LISTENERS
@@ -614,6 +615,66 @@ static void sinks_section(rt_buf_t *b, const scrape_t *s)
     }
 }
 
+/* The tenants, copied out of their table (each family's samples come together). */
+#define TENANTS_MAX 10000 /* a scrape's series stay bounded when every user is a tenant */
+typedef struct {
+    rt_tenant_info_t *all;
+    size_t n;
+} tenants_t;
+
+static void copy_tenant(const rt_tenant_info_t *t, void *arg)
+{
+    tenants_t *ts = arg;
+    if (ts->n == TENANTS_MAX)
+        return;
+    rt_tenant_info_t *c = &ts->all[ts->n];
+    *c = *t;
+    if ((c->mount = strdup(t->mount)))
+        ts->n++;
+}
+
+static void tenants_section(rt_buf_t *b)
+{
+    tenants_t ts = {calloc(TENANTS_MAX, sizeof(rt_tenant_info_t)), 0};
+    if (!ts.all)
+        return;
+    rt_tenant_each(copy_tenant, &ts);
+    static const struct {
+        const char *name, *type, *help;
+        size_t offset; /* of a uint64_t in rt_tenant_info_t */
+    } families[] = {
+        {"rt_tenant_connections", "gauge", "The tenant's clients connected now.",
+         offsetof(rt_tenant_info_t, connections)},
+        {"rt_tenant_subscriptions", "gauge", "Subscriptions the tenant's sessions hold.",
+         offsetof(rt_tenant_info_t, subscriptions)},
+        {"rt_tenant_retained_bytes", "gauge",
+         "Bytes of retained messages under the tenant's mountpoint.",
+         offsetof(rt_tenant_info_t, retained_bytes)},
+        {"rt_tenant_messages_in_total", "counter", "PUBLISHes the tenant's clients sent.",
+         offsetof(rt_tenant_info_t, messages_in)},
+        {"rt_tenant_messages_out_total", "counter", "Messages delivered to the tenant's clients.",
+         offsetof(rt_tenant_info_t, messages_out)},
+    };
+    for (size_t f = 0; ts.n && f < sizeof(families) / sizeof(families[0]); f++) {
+        family(b, families[f].name, families[f].type, families[f].help);
+        for (size_t i = 0; i < ts.n; i++) {
+            uint64_t v;
+            memcpy(&v, (const char *)&ts.all[i] + families[f].offset, sizeof(v));
+            u64(b, families[f].name, v, "tenant", ts.all[i].mount, NULL);
+        }
+    }
+    if (ts.n)
+        family(b, "rt_tenant_refused_total", "counter",
+               "What the tenant's quotas refused, by quota (tenant_max_*).");
+    for (size_t i = 0; i < ts.n; i++)
+        for (int q = 0; q < RT_TENANT_QUOTAS; q++)
+            u64(b, "rt_tenant_refused_total", ts.all[i].refused[q], "tenant", ts.all[i].mount,
+                "quota", rt_tenant_quota_names[q], NULL);
+    for (size_t i = 0; i < ts.n; i++)
+        free((char *)ts.all[i].mount);
+    free(ts.all);
+}
+
 static void bridges_section(rt_buf_t *b, const scrape_t *s)
 {
     const rt_bridge_info_t *k = s->bridges;
@@ -804,6 +865,7 @@ int rt_admin_metrics_text(rt_buf_t *out)
     rules_section(out, s);
     sinks_section(out, s);
     bridges_section(out, s);
+    tenants_section(out);
     runtime_section(out, s);
     scrape_cost(out, cpu0, wall0);
     free(s->rules);

@@ -146,13 +146,15 @@ void rt_auth_limiter_usage(rt_auth_limiter_t *l, size_t *entries, uint64_t *evic
 
 /*
 ** What a login's authenticator grants besides admission (a JWT's, jwt.h): when the
-** connection must end, and an ACL of the client's own in acl.h's format, which then judges
-** its requests in place of acl_file.
+** connection must end, an ACL of the client's own in acl.h's format, which then judges
+** its requests in place of acl_file, and a mountpoint (a tenant, broker/tenant.h).
 */
 typedef struct rt_auth_grant_s {
     int64_t expire_at_s; /* Unix seconds; 0: never */
     char *acl;           /* malloc'd text, or NULL: acl_file judges */
     size_t acl_len;
+    char mount[RT_CONF_MOUNT_MAX]; /* the client's mountpoint (%u, %c unexpanded), in place of
+                                      its listener's; "": the listener's */
 } rt_auth_grant_t;
 void rt_auth_grant_free(rt_auth_grant_t *g);
 
@@ -272,6 +274,7 @@ typedef struct rt_auth_verdict_s {
     int64_t expire_at_s; /* the grant's */
     uint32_t acl_len;    /* bytes of the grant's ACL text, which follow */
     uint32_t pad;
+    char mount[RT_CONF_MOUNT_MAX]; /* the grant's */
 } rt_auth_verdict_t;
 
 #define RT_AUTH_GROUP "auth_sup" /* the verifier's supervisor (group.h) */

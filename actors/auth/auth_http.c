@@ -26,6 +26,7 @@ typedef struct {
     int result; /* RT_AUTH_OK, RT_AUTH_BAD_PASSWORD or RT_AUTH_ANONYMOUS_REFUSED (ignore) */
     char *acl;
     size_t acl_len;
+    char mount[RT_CONF_MOUNT_MAX];
 } cached_t;
 
 struct rt_authhttp_s {
@@ -134,6 +135,7 @@ static bool cache_get(rt_authhttp_t *a, const uint8_t key[32], bool stale_ok, in
         hit = true;
         if (grant && e->result == RT_AUTH_OK) {
             grant->expire_at_s = e->expire_at_s;
+            memcpy(grant->mount, e->mount, sizeof(grant->mount));
             grant->acl = e->acl ? malloc(e->acl_len + 1) : NULL;
             if (grant->acl) {
                 memcpy(grant->acl, e->acl, e->acl_len + 1);
@@ -179,6 +181,10 @@ static void cache_put(rt_authhttp_t *a, const uint8_t key[32], int result,
     e->expire_at_s = grant ? grant->expire_at_s : 0;
     e->acl = acl;
     e->acl_len = acl ? grant->acl_len : 0;
+    if (grant)
+        memcpy(e->mount, grant->mount, sizeof(e->mount));
+    else
+        e->mount[0] = 0;
     pthread_mutex_unlock(&a->lock);
 }
 
@@ -272,6 +278,8 @@ static int read_answer(const char *body, size_t len, rt_auth_grant_t *grant, con
         if (!grant->acl)
             r = -1;
     }
+    if (r == RT_AUTH_OK && !rt__auth_mount_text(doc, "mountpoint", grant->mount, why))
+        r = -1;
     if (r == RT_AUTH_OK && bson_iter_init_find(&it, doc, "expire_at")) {
         if (BSON_ITER_HOLDS_NUMBER(&it))
             grant->expire_at_s = bson_iter_as_int64(&it);

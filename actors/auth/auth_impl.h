@@ -46,6 +46,13 @@ void rt__auth_limiter_set_max_delay(rt_auth_limiter_t *l, uint32_t max_delay_ms)
 ** are filled per client): malloc'd, or NULL with *why when malformed (jwt.c).
 */
 char *rt__auth_acl_text(const void *doc, const char *name, size_t *len, const char **why);
+/*
+** The member name of doc, a string, as a mountpoint into out ("" when doc has none): false
+** with *why when it is not a string that fits (jwt.c). Its form is checked where %u and %c are
+** filled in (broker/tenant.h).
+*/
+bool rt__auth_mount_text(const void *doc, const char *name, char out[RT_CONF_MOUNT_MAX],
+                         const char **why);
 
 /* Decides an RT_AUTH_MSG_VERIFY request and answers its sender (verifier.c): the verifier
    actor's work, and the pool's threads' (auth_pool.c). */

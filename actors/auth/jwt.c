@@ -422,6 +422,24 @@ static bool claim_time(const bson_t *claims, const char *name, int64_t *v, bool 
     return true;
 }
 
+/* rt__auth_mount_text (auth_impl.h): also the HTTP authenticator's answers' mountpoint. */
+bool rt__auth_mount_text(const void *doc, const char *name, char out[RT_CONF_MOUNT_MAX],
+                         const char **why)
+{
+    bson_iter_t it;
+    out[0] = 0;
+    if (!bson_iter_init_find(&it, doc, name))
+        return true;
+    uint32_t n = 0;
+    const char *m = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, &n) : NULL;
+    if (!m || n >= RT_CONF_MOUNT_MAX || strlen(m) != n) {
+        *why = "the mountpoint is no string of up to 127 bytes";
+        return false;
+    }
+    memcpy(out, m, (size_t)n + 1);
+    return true;
+}
+
 /* rt__auth_acl_text (auth_impl.h): also the HTTP authenticator's answers' acl. */
 char *rt__auth_acl_text(const void *doc, const char *name, size_t *len, const char **why)
 {
@@ -494,6 +512,9 @@ static rt_jwt_verdict_t check_claims(const rt_jwt_t *j, const bson_t *claims, co
         if (!grant->acl)
             return RT_JWT_DENY;
     }
+    if (c->mountpoint_claim[0] &&
+        !rt__auth_mount_text(claims, c->mountpoint_claim, grant->mount, why))
+        return RT_JWT_DENY;
     if (has_exp && c->disconnect_after_expire)
         grant->expire_at_s = exp;
     return RT_JWT_ALLOW;

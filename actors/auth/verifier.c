@@ -73,6 +73,7 @@ void rt__auth_verify_msg(rt_msg_t *m)
     OPENSSL_cleanse(m->data, m->len);
     v.expire_at_s = g.expire_at_s;
     v.acl_len = (uint32_t)g.acl_len;
+    memcpy(v.mount, g.mount, sizeof(v.mount));
     /* A connection that ended meanwhile makes this a dead letter, which is all it costs. */
     rt_msg_t *reply = rt_msg_new(q.reply_tag, sizeof(v) + g.acl_len);
     if (reply) {

@@ -75,6 +75,7 @@ typedef enum {
     K_SECTIONS,
     K_USER_RATES,
     K_BRIDGES,
+    K_TENANTS,
     K_AUTO_SUBS,
     K_REWRITES,
     K_AUTH,
@@ -113,6 +114,8 @@ static kind_t kind_of(const setting_t *s)
         return K_USER_RATES;
     if (strcmp(s->name, "bridges") == 0)
         return K_BRIDGES;
+    if (strcmp(s->name, "tenants") == 0)
+        return K_TENANTS;
     if (strcmp(s->name, "auto_subscribe") == 0)
         return K_AUTO_SUBS;
     if (strcmp(s->name, "rewrite") == 0)
@@ -323,6 +326,10 @@ static void value_text(const rt_conf_t *c, const setting_t *s, char *value, size
     case K_BRIDGES:
         join_names(value, vlen, c->bridges, c->nbridges, sizeof(c->bridges[0]),
                    offsetof(rt_conf_bridge_t, name));
+        break;
+    case K_TENANTS:
+        join_names(value, vlen, c->tenants, c->ntenants, sizeof(c->tenants[0]),
+                   offsetof(rt_conf_tenant_t, mount));
         break;
     case K_AUTO_SUBS:
         join_names(value, vlen, c->auto_subs, c->nauto_subs, sizeof(c->auto_subs[0]),
@@ -659,6 +666,8 @@ static bool apply_setting(lua_State *L, rt_conf_t *c, const setting_t *s, char *
         return rt__conf_read_user_rates(L, c, why, whylen);
     case K_BRIDGES:
         return rt__conf_read_bridges(L, c, why, whylen);
+    case K_TENANTS:
+        return rt__conf_read_tenants(L, c, why, whylen);
     case K_AUTO_SUBS:
         return rt__conf_read_auto_subs(L, c, why, whylen);
     case K_REWRITES:

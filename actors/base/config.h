@@ -76,6 +76,9 @@ typedef struct rt_conf_tls_s {
     rt_tls_version_t min_version; /* the oldest version accepted */
 } rt_conf_tls_t;
 
+/* Bytes of a mountpoint, NUL included (a listener's, before %u and %c are expanded). */
+#define RT_CONF_MOUNT_MAX 128
+
 /*
 ** A listener: "host:port" in the file, or a table with bind and the transport's
 ** settings (TRANSPORTS.md): { bind = "host:port", tls = {...}, websocket = "/mqtt",
@@ -93,6 +96,8 @@ typedef struct rt_listen_s {
     rt_conf_net_t trusted_proxies[RT_CONF_MAX_NETS]; /* PROXY headers and X-Forwarded-For from
                                                         these only */
     rt_conf_rate_t rate_limit;                       /* per client */
+    char mountpoint[RT_CONF_MOUNT_MAX]; /* its clients' topics live under it (a tenant, %u and
+                                           %c expanded; TENANTS.md); "": none */
     rt_conf_tls_t tls;
     int line; /* the config file's line that set it; 0: a default, -o or rtctl */
 } rt_listen_t;
@@ -155,6 +160,13 @@ typedef struct rt_conf_user_rate_s {
     rt_conf_rate_t rate;
 } rt_conf_user_rate_t;
 
+/* A tenant's own quotas (tenants), in place of the tenant_max_* settings: -1 takes those. */
+#define RT_CONF_MAX_TENANTS 64
+typedef struct rt_conf_tenant_s {
+    char mount[RT_CONF_MOUNT_MAX]; /* the tenant's mountpoint, as its clients get it */
+    long max_connections, max_subscriptions, max_publish_rate, max_retained_bytes;
+} rt_conf_tenant_t;
+
 /* A subscription made for each client at CONNECT (auto_subscribe): %c and %u in topic are the
    client id and user name. */
 #define RT_CONF_MAX_AUTO_SUBS 16
@@ -189,6 +201,7 @@ typedef struct rt_conf_auth_s {
     char username_claim[64];            /* jwt: a claim that must equal the user name */
     char client_id_claim[64];           /* jwt: ... the client id */
     char acl_claim[64];                 /* jwt: {pub, sub, all} topic lists: the client's ACL */
+    char mountpoint_claim[64];          /* jwt: the client's mountpoint (a tenant) */
     bool disconnect_after_expire;       /* jwt, http: the connection ends at its expiry */
     char url[512];                      /* http: where logins are POSTed */
     char ca_file[RT_CONF_PATH_MAX];     /* http: an https url's CA; "": the system's */
@@ -486,6 +499,13 @@ typedef struct rt_conf_s {
     long max_delayed_bytes; /* their bytes */
     /* The banned list (broker/banned.h). */
     long max_banned;            /* bans held at once (flapping adds them); 0 = unlimited */
+    /* Quotas of each tenant (broker/tenant.h); 0: none. */
+    long tenant_max_connections;
+    long tenant_max_subscriptions;
+    long tenant_max_publish_rate; /* PUBLISHes a second */
+    long tenant_max_retained_bytes;
+    rt_conf_tenant_t tenants[RT_CONF_MAX_TENANTS]; /* tenants: quotas of their own */
+    unsigned ntenants;
     long flapping_max_connects; /* connects of one client id within the window that ban it; 0:
                                    no flapping detection */
     long flapping_window_s;

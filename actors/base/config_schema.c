@@ -84,6 +84,10 @@ const rt_setting_t rt__conf_settings[] = {
          "name = { remote = \"mqtt://host:port\", out = { \"a/# -> b/#\" }, [\"in\"] = { ... } }: "
          "bridges to other brokers (docs/BRIDGES.md); none by default",
      .offset = OFF(bridges)},
+    {.name = "tenants",
+     .type = RT_SET_MAP,
+     .doc = "{ [\"acme/\"] = { max_connections = n, ... } }: a tenant's own quotas, by its "
+            "mountpoint, in place of the tenant_max_* settings (docs/TENANTS.md); none by default"},
     {.name = "user_rate_limits",
      .type = RT_SET_MAP,
      .doc = "{ user = { messages = n, bytes = n, ... } }: a user's own rate limit, in place of "
@@ -135,6 +139,16 @@ const rt_setting_t rt__conf_settings[] = {
     INT(max_delayed_bytes, 64 * MIB, 1024, 1e12, "bytes", LIVE, "of delayed messages held at once"),
     INT(max_banned, 100000, 0, 100000000, "bans", LIVE,
         "bans held at once (rtctl banned; flapping detection adds them); 0 = unlimited"),
+    INT(tenant_max_connections, 0, 0, 100000000, "connections", LIVE,
+        "connections at once of each tenant (a mountpoint, docs/TENANTS.md); 0 = unlimited"),
+    INT(tenant_max_subscriptions, 0, 0, 1e12, "subscriptions", LIVE,
+        "subscriptions held by each tenant's sessions; 0 = unlimited"),
+    INT(tenant_max_publish_rate, 0, 0, 1e9, "messages/s", LIVE,
+        "PUBLISHes a second of each tenant, all its clients together (a second's worth at "
+        "once); 0 = unlimited"),
+    INT(tenant_max_retained_bytes, 0, 0, 1e12, "bytes", LIVE,
+        "bytes of retained messages (topic and payload) under each tenant's mountpoint; 0 = "
+        "unlimited"),
     INT(flapping_max_connects, 0, 0, 1000000, "connects", LIVE,
         "connects of one client id within flapping_window_s that ban it for flapping_ban_s; "
         "0 = no flapping detection"),
@@ -246,6 +260,12 @@ const rt_setting_t rt__conf_settings[] = {
         .name = "bridges.<name>." #f, .type = RT_SET_STRING, .offset = BR_OFF(f),                  \
         .size = sizeof(((rt_conf_bridge_t *)0)->f), .text = d, .doc = h                            \
     }
+#define TENANT_INT(f, u, h)                                                                        \
+    {                                                                                              \
+        .name = "tenants.<mountpoint>." #f, .type = RT_SET_INT,                                    \
+        .offset = offsetof(rt_conf_tenant_t, f), .num = -1, .min = -1, .max = 1e12, .unit = u,     \
+        .doc = h                                                                                   \
+    }
 #define XMPP_INT(f, d, lo, hi, u, h)                                                               \
     {                                                                                              \
         .name = "xmpp." #f, .type = RT_SET_INT, .num = d, .unit = u, .min = lo, .max = hi,         \
@@ -275,6 +295,10 @@ const rt_setting_t rt__conf_table_settings[] = {
           sizeof(((rt_listen_t *)0)->websocket), "",
           "WebSocket on this path (it starts with /): MQTT, or XMPP on xmpp.listeners (RFC "
           "7395); \"\": none"),
+    FIELD(RT_SET_STRING, "listeners[].mountpoint", L_OFF(mountpoint),
+          sizeof(((rt_listen_t *)0)->mountpoint), "",
+          "a tenant's prefix: its clients' topics, filters and client ids live under it, %u "
+          "and %c the user name and client id (it ends with /; docs/TENANTS.md); \"\": none"),
     {.name = "listeners[].proxy_protocol",
      .type = RT_SET_BOOL,
      .offset = L_OFF(proxy_protocol),
@@ -405,6 +429,9 @@ const rt_setting_t rt__conf_table_settings[] = {
     AUTH_TEXT(acl_claim, "acl",
               "jwt: a claim {pub = [...], sub = [...], all = [...]} of topics (%u, %c) that "
               "is the client's ACL"),
+    AUTH_TEXT(mountpoint_claim, "mountpoint",
+              "jwt: a claim that is the client's mountpoint, in place of its listener's "
+              "(docs/TENANTS.md)"),
     {.name = "auth[].disconnect_after_expire",
      .type = RT_SET_BOOL,
      .offset = AU_OFF(disconnect_after_expire),
@@ -529,6 +556,14 @@ const rt_setting_t rt__conf_table_settings[] = {
      .type = RT_SET_BOOL,
      .offset = BR_OFF(durable),
      .doc = "a local QoS 1 PUBLISH bridged out is acknowledged only once the remote has it"},
+    {.name = "tenants.<mountpoint>",
+     .type = RT_SET_TABLE,
+     .doc = "the tenant's quotas: max_connections, max_subscriptions, max_publish_rate, "
+            "max_retained_bytes (-1, the default: the tenant_max_* setting; 0: unlimited)"},
+    TENANT_INT(max_connections, "connections", "connections at once"),
+    TENANT_INT(max_subscriptions, "subscriptions", "subscriptions its sessions hold"),
+    TENANT_INT(max_publish_rate, "messages/s", "PUBLISHes a second, its clients together"),
+    TENANT_INT(max_retained_bytes, "bytes", "bytes of retained messages under its mountpoint"),
     {.name = "user_rate_limits.<user>",
      .type = RT_SET_TABLE,
      .doc = "the user's rate limit, in place of its listener's: the listeners[].rate_limit keys"},

@@ -45,6 +45,7 @@ bool rt__conf_read_http(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_cluster(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_xmpp(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
+bool rt__conf_read_tenants(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_auto_subs(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_rewrites(lua_State *L, rt_conf_t *c, char *why, size_t whylen);
 bool rt__conf_read_auth(lua_State *L, rt_conf_t *c, char *why, size_t whylen);

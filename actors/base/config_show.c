@@ -212,7 +212,7 @@ void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
                        void (*fn)(const rt_conf_value_t *v, void *ud), void *ud)
 {
     shower_t sh = {fn, ud, from, c};
-    char shown[96]; /* "user_rate_limits." and a user name of up to 63 bytes */
+    char shown[160]; /* "user_rate_limits." and a user name, "tenants." and a mountpoint */
     if (strcmp(table, "listeners") == 0) {
         show_listeners(&sh, "listeners", c->listeners, c->nlisteners);
     } else if (strcmp(table, "xmpp") == 0 && c->xmpp.on) {
@@ -228,6 +228,11 @@ void rt__conf_each_key(const rt_conf_t *c, const char *table, const char *from,
         for (unsigned i = 0; i < c->nuser_rates; i++) {
             snprintf(shown, sizeof(shown), "user_rate_limits.%s", c->user_rates[i].user);
             show_keys(&sh, "listeners[].rate_limit", shown, &c->user_rates[i].rate, NULL);
+        }
+    } else if (strcmp(table, "tenants") == 0) {
+        for (unsigned i = 0; i < c->ntenants; i++) {
+            snprintf(shown, sizeof(shown), "tenants.%s", c->tenants[i].mount);
+            show_keys(&sh, "tenants.<mountpoint>", shown, &c->tenants[i], NULL);
         }
     } else if (strcmp(table, "auto_subscribe") == 0) {
         for (unsigned i = 0; i < c->nauto_subs; i++) {

@@ -491,6 +491,30 @@ static const reader_entry_t *find_reader(const char *name)
 }
 
 /*
+** A mountpoint as written (before %u and %c are expanded): it ends with / so that one tenant's
+** prefix is never the start of another's level ("acme" would hold "acme2/..."), and holds no
+** wildcard, as it becomes part of topic names.
+*/
+static bool mountpoint_ok(const char *m, const char *where, char *why, size_t whylen)
+{
+    size_t len = strlen(m);
+    for (size_t i = 0; i < len; i++)
+        if (m[i] == '+' || m[i] == '#' || (m[i] == '%' && m[i + 1] != 'u' && m[i + 1] != 'c')) {
+            snprintf(why, whylen,
+                     "%s.mountpoint: \"%s\" holds a wildcard or a %% other than %%u "
+                     "and %%c",
+                     where, m);
+            return false;
+        }
+    if (len && (m[len - 1] != '/' || m[0] == '$')) {
+        snprintf(why, whylen, "%s.mountpoint: \"%s\" must end with / (and not start with $)", where,
+                 m);
+        return false;
+    }
+    return true;
+}
+
+/*
 ** One listener's table (on top of the stack): bind and its transport's settings. xmpp: one of
 ** xmpp.listeners, where STARTTLS is a thing (MQTT and HTTP start TLS at accept).
 */
@@ -511,6 +535,12 @@ static bool read_listener_table(lua_State *L, const char *where, bool xmpp, rt_l
                  "%s: proxy_protocol needs trusted_proxies (the load balancers' addresses)", where);
         return false;
     }
+    if (xmpp && out->mountpoint[0]) {
+        snprintf(why, whylen, "%s: mountpoint is for MQTT listeners", where);
+        return false;
+    }
+    if (!mountpoint_ok(out->mountpoint, where, why, whylen))
+        return false;
     if (!out->starttls)
         return true;
     if (!xmpp)
@@ -765,47 +795,10 @@ bool rt__conf_read_xmpp(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
     return true;
 }
 
-bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "user_rate_limits must be a table { user = { messages = n } }");
-        return false;
-    }
-    rt_conf_user_rate_t rates[RT_CONF_MAX_USER_RATES];
-    unsigned n = 0;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        size_t len = 0;
-        const char *user = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
-        char where[96];
-        snprintf(where, sizeof(where), "user_rate_limits.%.64s", user ? user : "?");
-        if (!user || len == 0 || len >= sizeof(rates[0].user)) {
-            snprintf(why, whylen, "user_rate_limits: keys are user names of 1 to %zu bytes",
-                     sizeof(rates[0].user) - 1);
-            ok = false;
-        } else if (n == RT_CONF_MAX_USER_RATES) {
-            snprintf(why, whylen, "user_rate_limits: at most %d users", RT_CONF_MAX_USER_RATES);
-            ok = false;
-        } else {
-            memcpy(rates[n].user, user, len + 1);
-            ok = read_rate(L, where, &rates[n].rate, why, whylen);
-            n += ok;
-        }
-        lua_pop(L, 1);
-    }
-    if (!ok) {
-        lua_pop(L, 1);
-        return false;
-    }
-    memcpy(c->user_rates, rates, n * sizeof(rates[0]));
-    c->nuser_rates = n;
-    return true;
-}
-
 /* One bridge's table: what is checked across its keys. */
-static bool bridge_ok(const rt_conf_bridge_t *b, const char *where, char *why, size_t whylen)
+static bool bridge_ok(const void *elem, const char *where, char *why, size_t whylen)
 {
+    const rt_conf_bridge_t *b = elem;
     if (strncmp(b->remote, "mqtt://", 7) != 0 && strncmp(b->remote, "mqtts://", 8) != 0) {
         snprintf(why, whylen, "%s.remote: mqtt://host:port or mqtts://host:port is required",
                  where);
@@ -824,57 +817,6 @@ static bool bridge_ok(const rt_conf_bridge_t *b, const char *where, char *why, s
         return false;
     }
     return true;
-}
-
-bool rt__conf_read_bridges(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
-{
-    if (lua_type(L, -1) != LUA_TTABLE) {
-        snprintf(why, whylen, "bridges must be a table { name = { remote = \"mqtt://...\" } }");
-        return false;
-    }
-    rt_conf_bridge_t *bridges = calloc(RT_CONF_MAX_BRIDGES, sizeof(*bridges));
-    if (!bridges) {
-        snprintf(why, whylen, "bridges: out of memory");
-        return false;
-    }
-    unsigned n = 0;
-    bool ok = true;
-    lua_pushnil(L);
-    while (ok && lua_next(L, -2)) {
-        size_t len = 0;
-        const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
-        char where[96];
-        snprintf(where, sizeof(where), "bridges.%.64s", name ? name : "?");
-        if (!name || len == 0 || len >= sizeof(bridges[0].name) ||
-            strspn(name, NAME_CHARS) != len) {
-            snprintf(why, whylen, "bridges: names are 1 to %zu of A-Z a-z 0-9 _ -",
-                     sizeof(bridges[0].name) - 1);
-            ok = false;
-        } else if (n == RT_CONF_MAX_BRIDGES) {
-            snprintf(why, whylen, "bridges: at most %d", RT_CONF_MAX_BRIDGES);
-            ok = false;
-        } else if (lua_type(L, -1) != LUA_TTABLE) {
-            snprintf(why, whylen, "%s must be a table { remote = \"mqtt://host:port\", ... }",
-                     where);
-            ok = false;
-        } else {
-            rt_conf_bridge_t *b = &bridges[n];
-            table_defaults("bridges.<name>", b);
-            memcpy(b->name, name, len + 1);
-            ok = read_table(L, where, "bridges.<name>", b, why, whylen) &&
-                 bridge_ok(b, where, why, whylen);
-            n += ok;
-        }
-        lua_pop(L, 1);
-    }
-    if (ok) {
-        memcpy(c->bridges, bridges, n * sizeof(bridges[0]));
-        c->nbridges = n;
-    } else {
-        lua_pop(L, 1);
-    }
-    free(bridges);
-    return ok;
 }
 
 /* What an element of a list of tables must also be: false with why set when it is not. */
@@ -931,6 +873,122 @@ static bool read_list(lua_State *L, const char *name, const char *shape, const c
     }
     free(elems);
     return ok;
+}
+
+/*
+** A map of up to max tables by name (on top of the stack), as { name = { ... }, ... }: each
+** element's name is its first name_size bytes, the schema's keys under prefix fill it from
+** keys_off on, and check (may be NULL) looks at it whole.
+*/
+typedef struct {
+    const char *name;       /* the setting, "bridges" */
+    const char *shape;      /* its form, for errors */
+    const char *prefix;     /* the schema's keys of an element */
+    const char *name_chars; /* the bytes a name may have; NULL: any */
+    size_t stride, name_size, keys_off, max;
+    element_check_t check;
+} map_spec_t;
+
+static bool read_map(lua_State *L, const map_spec_t *m, void *base, unsigned *n, char *why,
+                     size_t whylen)
+{
+    if (lua_type(L, -1) != LUA_TTABLE) {
+        snprintf(why, whylen, "%s must be a table %s", m->name, m->shape);
+        return false;
+    }
+    unsigned char *elems = calloc(m->max, m->stride);
+    if (!elems) {
+        snprintf(why, whylen, "%s: out of memory", m->name);
+        return false;
+    }
+    size_t count = 0;
+    bool ok = true;
+    lua_pushnil(L);
+    while (ok && lua_next(L, -2)) {
+        size_t len = 0;
+        const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
+        char where[160];
+        snprintf(where, sizeof(where), "%s.%.128s", m->name, name ? name : "?");
+        unsigned char *elem = elems + count * m->stride;
+        if (!name || len == 0 || len >= m->name_size || strlen(name) != len ||
+            (m->name_chars && strspn(name, m->name_chars) != len)) {
+            snprintf(why, whylen, "%s: names are 1 to %zu %s", m->name, m->name_size - 1,
+                     m->name_chars ? "of A-Z a-z 0-9 _ -" : "bytes");
+            ok = false;
+        } else if (count == m->max) {
+            snprintf(why, whylen, "%s: at most %zu", m->name, m->max);
+            ok = false;
+        } else if (lua_type(L, -1) != LUA_TTABLE) {
+            snprintf(why, whylen, "%s must be a table, as in %s", where, m->shape);
+            ok = false;
+        } else {
+            table_defaults(m->prefix, elem + m->keys_off);
+            memcpy(elem, name, len + 1);
+            ok = read_table(L, where, m->prefix, elem + m->keys_off, why, whylen) &&
+                 (!m->check || m->check(elem, where, why, whylen));
+            count += ok;
+        }
+        lua_pop(L, 1);
+    }
+    if (ok) {
+        memcpy(base, elems, count * m->stride);
+        *n = (unsigned)count;
+    } else {
+        lua_pop(L, 1);
+    }
+    free(elems);
+    return ok;
+}
+
+bool rt__conf_read_user_rates(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    static const map_spec_t m = {.name = "user_rate_limits",
+                                 .shape = "{ user = { messages = n } }",
+                                 .prefix = "listeners[].rate_limit",
+                                 .stride = sizeof(rt_conf_user_rate_t),
+                                 .name_size = sizeof(((rt_conf_user_rate_t *)0)->user),
+                                 .keys_off = offsetof(rt_conf_user_rate_t, rate),
+                                 .max = RT_CONF_MAX_USER_RATES};
+    return read_map(L, &m, c->user_rates, &c->nuser_rates, why, whylen);
+}
+
+bool rt__conf_read_bridges(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    static const map_spec_t m = {.name = "bridges",
+                                 .shape = "{ name = { remote = \"mqtt://host:port\", ... } }",
+                                 .prefix = "bridges.<name>",
+                                 .name_chars = NAME_CHARS,
+                                 .stride = sizeof(rt_conf_bridge_t),
+                                 .name_size = sizeof(((rt_conf_bridge_t *)0)->name),
+                                 .max = RT_CONF_MAX_BRIDGES,
+                                 .check = bridge_ok};
+    return read_map(L, &m, c->bridges, &c->nbridges, why, whylen);
+}
+
+/* A tenant's own quotas are named by its mountpoint as clients get it (%u and %c filled). */
+static bool tenant_ok(const void *elem, const char *where, char *why, size_t whylen)
+{
+    const char *mount = ((const rt_conf_tenant_t *)elem)->mount;
+    size_t len = strlen(mount);
+    if (mount[len - 1] == '/' && mount[0] != '$' && !strpbrk(mount, "+#%"))
+        return true;
+    snprintf(why, whylen,
+             "%s: a tenant is named by its mountpoint, which ends with / and holds "
+             "no wildcard or %%",
+             where);
+    return false;
+}
+
+bool rt__conf_read_tenants(lua_State *L, rt_conf_t *c, char *why, size_t whylen)
+{
+    static const map_spec_t m = {.name = "tenants",
+                                 .shape = "{ [\"acme/\"] = { max_connections = n, ... } }",
+                                 .prefix = "tenants.<mountpoint>",
+                                 .stride = sizeof(rt_conf_tenant_t),
+                                 .name_size = sizeof(((rt_conf_tenant_t *)0)->mount),
+                                 .max = RT_CONF_MAX_TENANTS,
+                                 .check = tenant_ok};
+    return read_map(L, &m, c->tenants, &c->ntenants, why, whylen);
 }
 
 /* %c, %u and %% are auto_subscribe's placeholders: any other % is a mistake. */

@@ -11,6 +11,7 @@
 #include "banned.h"
 #include "broker.h"
 #include "rewrite.h"
+#include "tenant.h"
 #include "log.h"
 
 rt_broker_t *rt_broker;
@@ -62,6 +63,7 @@ int rt_broker_init(const rt_conf_t *conf)
         free(b);
         return RT_ENOMEM;
     }
+    rt_retained_watch(b->retained, rt_tenant_retained_changed);
     char err[256];
     int rc = rt_rewrite_init(&b->conf, err, sizeof(err)); /* its rules point into b->conf */
     if (rc) {
@@ -649,6 +651,10 @@ static const limit_t limits[] = {
     LIVE(max_delayed, NULL, "the next delayed PUBLISH; a list over it keeps its messages"),
     LIVE(max_delayed_bytes, NULL, "the next delayed PUBLISH; a list over it keeps its messages"),
     LIVE(max_banned, NULL, "the next ban; a list over it keeps its bans"),
+    LIVE(tenant_max_connections, NULL, "CONNECTs from now on; open connections stay"),
+    LIVE(tenant_max_subscriptions, NULL, "the next SUBSCRIBE; tenants over it keep theirs"),
+    LIVE(tenant_max_publish_rate, NULL, "the next PUBLISH"),
+    LIVE(tenant_max_retained_bytes, NULL, "the next retained message; those held stay"),
     LIVE(flapping_max_connects, NULL, "CONNECTs from now on"),
     LIVE(flapping_window_s, NULL, "CONNECTs from now on"),
     LIVE(flapping_ban_s, NULL, "the next ban flapping detection makes"),

@@ -118,6 +118,10 @@ typedef struct rt_broker_live_s {
     _Atomic long max_delayed;
     _Atomic long max_delayed_bytes;
     _Atomic long max_banned;
+    _Atomic long tenant_max_connections;
+    _Atomic long tenant_max_subscriptions;
+    _Atomic long tenant_max_publish_rate;
+    _Atomic long tenant_max_retained_bytes;
     _Atomic long flapping_max_connects;
     _Atomic long flapping_window_s;
     _Atomic long flapping_ban_s;

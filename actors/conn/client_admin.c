@@ -150,7 +150,9 @@ void rt__conn_on_acl_recheck(rt_actor_t *self, conn_t *c)
         return;
     for (size_t i = 0; i < c->nsubs;) {
         sub_entry_t *e = &c->subs[i];
-        int acl = rt__conn_acl(c, e->filter, e->len, RT_ACL_SUBSCRIBE);
+        mqtt_str_t seen = {(const uint8_t *)e->filter, e->len}; /* as the client named it */
+        rt__conn_unmount(c, &seen);
+        int acl = rt__conn_acl(c, seen.p, seen.len, RT_ACL_SUBSCRIBE);
         if (acl == RT_ACL_DENY) {
             rt_log(RT_LOG_INFO, "client.acl_revoked", "client=%s filter=%.*s", c->client_id,
                    (int)e->len, e->filter);

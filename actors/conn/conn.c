@@ -769,6 +769,7 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (c->sock)
         rt__conn_close_socket(c); /* lingering: not left to the runtime's plain close */
     rt__conn_count_connected(c, false);
+    rt__conn_set_tenant(self, c, NULL);
     /* The session ends, unless the broker is only stopping: then it is kept for the restart
        (stored stays set: the dead_letter hook tells the copies it never took from that). */
     if (c->stored && reason != RT_REASON_SHUTDOWN) {

@@ -250,6 +250,9 @@ void rt__conn_count_connected(conn_t *c, bool on)
                         atomic_fetch_add(&rt_broker->stats.connections, 1) + 1);
     else
         atomic_fetch_sub(&rt_broker->stats.connections, 1);
+    /* Its tenant counted it when it was admitted (connect.c), just before this. */
+    if (!on && rt__conn_tenant(c))
+        rt_tenant_disconnect(rt__conn_tenant(c));
 }
 
 /* Closes the client's socket (flushing what is buffered, such as a DISCONNECT). */
@@ -278,7 +281,8 @@ void rt__conn_publish_will(rt_actor_t *self, conn_t *c)
     rt_bin_t *will = rt_heap_bin(c->will);
     rt_message_t w;
     rt_message_view(will, &w);
-    if (rt__conn_acl(c, w.topic.p, w.topic.len, RT_ACL_WRITE)) {
+    mqtt_str_t seen = w.topic; /* the ACL judges the client's own view */
+    if (rt__conn_unmount(c, &seen) && rt__conn_acl(c, seen.p, seen.len, RT_ACL_WRITE)) {
         rt_broker_route(rt_self(self), will);
         rt__conn_rules_publish(self, c, will, 0, 0, NULL);
     } else {

@@ -45,6 +45,7 @@
 #include "rule_engine.h"
 #include "session.h"
 #include "store.h"
+#include "tenant.h"
 #include "topic_alias.h"
 #include "xport.h"
 
@@ -136,6 +137,7 @@ typedef struct {
     struct rt_acl_s *acl; /* ... parsed (malloc, charged to the actor); NULL: acl_file judges */
     uint32_t acl_len;
     int64_t expire_at_s; /* Unix seconds the login's token runs out; 0: never */
+    rt_tenant_t *tenant; /* its mountpoint's (mount.c); NULL: none. A reference of its own */
 } conn_extra_t;
 
 typedef struct conn_s conn_t;
@@ -218,6 +220,11 @@ struct conn_s {
 ** inline heap must stay in a 416-byte slab.
 */
 _Static_assert(sizeof(conn_t) <= 144, "conn_t outgrew its slab class");
+
+static inline rt_tenant_t *rt__conn_tenant(const conn_t *c)
+{
+    return c->extra ? c->extra->tenant : NULL;
+}
 
 /*
 ** The connection's first small objects live in the actor itself (rt_actor_type_t.heap_inline),
@@ -511,12 +518,14 @@ const char *rt__conn_listener_text(unsigned index);
 /* ---- grant.c: what the login granted (auth.h): an ACL of the client's own, an expiry ---- */
 /* The client's ACL decision (acl.h): its own ACL's when its login granted one. */
 int rt__conn_acl(const conn_t *c, const void *topic, size_t len, unsigned access);
-/* Takes a login's grant (ACL text, token expiry): 0, or RT_EINVAL / RT_ENOMEM (logged). */
+/* Takes a login's grant (ACL text, token expiry) and its tenant (mount, expanded; "": none):
+   0, or RT_EINVAL / RT_ENOMEM (logged). */
 int rt__conn_take_grant(rt_actor_t *self, conn_t *c, int64_t expire_at_s, const char *acl,
-                        size_t acl_len);
+                        size_t acl_len, const char *mount);
 /* Drops it (a new CONNECT, the session's end). */
 void rt__conn_drop_grant(rt_actor_t *self, conn_t *c);
-/* Bytes rt__conn_write_grant writes, and the writing: i64 expiry, u32 length, the ACL text. */
+/* Bytes rt__conn_write_grant writes, and the writing: i64 expiry, u32 length, the ACL text,
+   u8 length, the mountpoint. */
 size_t rt__conn_grant_size(const conn_t *c);
 void rt__conn_write_grant(const conn_t *c, uint8_t *out);
 /* Reads what rt__conn_write_grant wrote at the front of data: bytes read, or 0 if malformed. */
@@ -527,6 +536,33 @@ void rt__conn_on_token_expiry(rt_actor_t *self, conn_t *c);
 void rt__conn_forget_peer(rt_actor_t *self, conn_t *c);
 /* The extra object, made on first use: NULL when out of memory. */
 conn_extra_t *rt__conn_extra(rt_actor_t *self, conn_t *c);
+
+/* ---- mount.c: tenants (broker/tenant.h) ---- */
+/*
+** The connection's tenant from now on: mount's (NULL or "": none), the old one's subscriptions
+** given back, the new one's taken (not refused: they exist). 0 or RT_ENOMEM. The connection
+** is not counted as connected while its tenant changes.
+*/
+int rt__conn_set_tenant(rt_actor_t *self, conn_t *c, const char *mount);
+/*
+** The login's mountpoint into mount: granted (its authenticator's, "" or NULL: none) or its
+** listener's, %u and %c filled in. 0, or RT_EINVAL (logged client.mount_refused).
+*/
+int rt__conn_mount_login(const conn_t *c, const char *granted, const char *user, const char *cid,
+                         char mount[RT_CONF_MOUNT_MAX]);
+/*
+** A topic name, or a filter ($share/group/filter keeps its group in front), put under the
+** tenant's mountpoint in place: its new bytes replace *buf (freed; the caller frees the new
+** one). True with nothing done for a connection without a tenant; false when it would be
+** longer than a topic may be, or there is no memory.
+*/
+bool rt__conn_mount_name(rt_actor_t *self, const conn_t *c, mqtt_str_t *t, char **buf);
+bool rt__conn_mount_filter(rt_actor_t *self, const conn_t *c, mqtt_str_t *f, char **buf);
+/* A topic as the client sees it (its mountpoint taken off): false if it is not under it. */
+bool rt__conn_unmount(const conn_t *c, mqtt_str_t *t);
+/* The client id as its client named it (%c in ACLs and auto_subscribe): without the
+   mountpoint the broker holds it under. NULL before CONNECT. */
+const char *rt__conn_own_client_id(const conn_t *c);
 
 /* ---- listener.c ---- */
 /*

@@ -59,6 +59,17 @@ bool rt__conn_connect_parsed_before(const conn_t *c)
     return c->resuming || login_verdict_now;
 }
 
+/* Ends a login refused with a CONNACK code of refusal (c->refusal), sent by the
+   message that would come after a delay (none here). */
+static bool refuse_login_now(rt_actor_t *self, conn_t *c, uint8_t refusal)
+{
+    c->refusal = refusal;
+    c->closing = 1;
+    rt_sock_pause_reading(c->sock, true);
+    rt_send(rt_self(self), RT_CONN_MSG_AUTH_REFUSED, NULL, 0);
+    return false;
+}
+
 /*
 ** The password file and allow_anonymous decide. A decision that needs a full
 ** hash (a user's first login, or any wrong password) goes to the verifier
@@ -72,9 +83,10 @@ bool rt__conn_connect_parsed_before(const conn_t *c)
 /*
 ** identity_as_username: the verified client certificate names the user (its CN), as
 ** Mosquitto's use_identity_as_username; the CONNECT's user name and password are not used.
-** The handshake refused clients without a valid certificate already.
+** The handshake refused clients without a valid certificate already. pk: a fresh CONNECT,
+** whose tenant the name picks; NULL: one handed over, which brought its tenant along.
 */
-static bool connect_identity(rt_actor_t *self, conn_t *c)
+static bool connect_identity(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
 {
     char name[256];
     if (!rt__conn_identity(c, name, sizeof(name))) {
@@ -82,14 +94,19 @@ static bool connect_identity(rt_actor_t *self, conn_t *c)
                                   memory_order_relaxed);
         rt_log(RT_LOG_INFO, "client.auth_failed", "user=- reason=%s",
                rt_auth_failed_names[RT_AUTH_FAILED_NO_CERT_NAME]);
-        c->refusal = c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 5;
-        c->closing = 1;
-        rt_sock_pause_reading(c->sock, true);
-        rt_send(rt_self(self), RT_CONN_MSG_AUTH_REFUSED, NULL, 0);
-        return false;
+        return refuse_login_now(self, c, c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 5);
     }
     c->username = rt_strndup(self, name, strlen(name));
-    return c->username != NULL;
+    if (!c->username || !pk)
+        return c->username != NULL;
+    char mount[RT_CONF_MOUNT_MAX];
+    char cid[RT_CONF_MOUNT_MAX];
+    size_t cidlen = pk->connect.client_id.len < sizeof(cid) ? pk->connect.client_id.len : 0;
+    memcpy(cid, pk->connect.client_id.p, cidlen); /* longer is no one level of a mountpoint */
+    cid[cidlen] = 0;
+    if (rt__conn_mount_login(c, NULL, c->username, cid, mount))
+        return refuse_login_now(self, c, c->version == MQTT_V5 ? MQTT_RC_NOT_AUTHORIZED : 5);
+    return rt__conn_set_tenant(self, c, mount) == 0;
 }
 
 static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
@@ -97,7 +114,7 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     rt_auth_addr_t addr;
     bool have_addr = rt__conn_peer_addr(c, &addr) == 0;
     if (rt__conn_identity_required(c))
-        return connect_identity(self, c);
+        return connect_identity(self, c, pk);
     char *user = pk->connect.has_username
                      ? rt_strndup(self, pk->connect.username.p, pk->connect.username.len)
                      : NULL;
@@ -146,12 +163,18 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rt_auth_grant_free(&grant);
         rc = rt_auth_decide(&q, true, &delay_ms, &grant);
     }
+    char mount[RT_CONF_MOUNT_MAX];
+    /* A tenant's name comes from a user name the login vouched for, never an anonymous one. */
+    if ((rc == RT_AUTH_OK || rc == RT_AUTH_ANONYMOUS) &&
+        rt__conn_mount_login(c, v ? v->mount : grant.mount, rc == RT_AUTH_OK ? user : NULL, cid,
+                             mount))
+        rc = RT_AUTH_ANONYMOUS_REFUSED; /* not authorized (0x87, 3.1.1's 5) */
     rt_free(self, cid);
     if (rc == RT_AUTH_OK || rc == RT_AUTH_ANONYMOUS) {
         const char *acl = v ? (v->acl_len ? (const char *)(v + 1) : NULL) : grant.acl;
         size_t acl_len = v ? v->acl_len : grant.acl_len;
         /* An ACL it cannot hold is no ACL: refused rather than let do anything. */
-        int taken = rt__conn_take_grant(self, c, grant.expire_at_s, acl, acl_len);
+        int taken = rt__conn_take_grant(self, c, grant.expire_at_s, acl, acl_len, mount);
         rt_auth_grant_free(&grant);
         if (taken == 0) {
             c->name_unvouched = rc == RT_AUTH_ANONYMOUS;
@@ -235,6 +258,26 @@ static bool claim_in_cluster(rt_actor_t *self, conn_t *c, const char *cid, bool 
     return true;
 }
 
+/* The CONNACK of a banned client (the ban that matched in hit), logged. */
+static bool refuse_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk, const rt_ban_t *hit)
+{
+    const char *cid = (const char *)pk->connect.client_id.p;
+    size_t cidlen = pk->connect.client_id.len;
+    const char *user = pk->connect.has_username ? (const char *)pk->connect.username.p : NULL;
+    size_t ulen = user ? pk->connect.username.len : 0;
+    char peer[64];
+    rt__conn_peer_format(c, peer, sizeof(peer));
+    rt_log(RT_LOG_INFO, "client.banned",
+           "client=%.*s user=%.*s peer=%s kind=%s value=%.*s reason=%s", (int)cidlen, cid,
+           (int)ulen, user ? user : "", peer, rt_ban_kind_names[hit->kind], (int)hit->len,
+           hit->value, hit->reason);
+    mqtt_packet_t ack = {.type = MQTT_CONNACK,
+                         .reason = c->version == MQTT_V5 ? MQTT_RC_BANNED : 5};
+    rt__conn_send_packet(c, &ack);
+    rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+    return true;
+}
+
 /*
 ** A banned client (banned.h) is refused before its password costs a hash; a client id that
 ** flaps is banned by the CONNECT that makes it flapping, which is refused with it. Refusals
@@ -255,17 +298,18 @@ static bool refused_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
         !(rt_banned_flapping(cid, cidlen) &&
           rt_banned_match(cid, cidlen, NULL, 0, NULL, &hit, hit_buf, sizeof(hit_buf))))
         return false;
-    char peer[64];
-    rt__conn_peer_format(c, peer, sizeof(peer));
-    rt_log(RT_LOG_INFO, "client.banned",
-           "client=%.*s user=%.*s peer=%s kind=%s value=%.*s reason=%s", (int)cidlen, cid,
-           (int)ulen, user ? user : "", peer, rt_ban_kind_names[hit.kind], (int)hit.len, hit.value,
-           hit.reason);
-    mqtt_packet_t ack = {.type = MQTT_CONNACK,
-                         .reason = c->version == MQTT_V5 ? MQTT_RC_BANNED : 5};
-    rt__conn_send_packet(c, &ack);
-    rt__conn_close(self, c, 0, RT_REASON_NORMAL);
-    return true;
+    return refuse_banned(self, c, pk, &hit);
+}
+
+/* A tenant's client banned by the id the broker holds it under ("acme/dev", as listed). */
+static bool refused_banned_in_tenant(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk,
+                                     const char *held_id)
+{
+    rt_ban_t hit;
+    char hit_buf[512];
+    return rt_banned_match(held_id, strlen(held_id), NULL, 0, NULL, &hit, hit_buf,
+                           sizeof(hit_buf)) &&
+           refuse_banned(self, c, pk, &hit);
 }
 
 void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c)
@@ -340,6 +384,21 @@ static void subs_resubscribe_all(rt_actor_t *self, conn_t *c)
     }
 }
 
+/* A client id as the broker holds it: under its tenant's mountpoint, if it has one. */
+static char *tenant_client_id(rt_actor_t *self, const conn_t *c, const char *id, size_t len)
+{
+    const rt_tenant_t *t = rt__conn_tenant(c);
+    size_t mlen = t ? rt_tenant_mount_len(t) : 0;
+    char *cid = rt_alloc(self, mlen + len + 1, RT_OBJ_LEAF);
+    if (!cid)
+        return NULL;
+    if (mlen)
+        memcpy(cid, rt_tenant_mount(t), mlen);
+    memcpy(cid + mlen, id, len);
+    cid[mlen + len] = 0;
+    return cid;
+}
+
 /* The CONNECT's will as a canonical message, and its delay within the session's expiry. */
 static int will_from_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
 {
@@ -350,7 +409,11 @@ static int will_from_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *p
     w.publish.retain = pk->connect.will_retain;
     w.props = pk->connect.will_props; /* the will's own properties travel with it */
     RT_ASSERT(!c->will);
+    char *mounted = NULL;
+    if (!rt__conn_mount_name(self, c, &w.publish.topic, &mounted))
+        return MQTT_ERR(MQTT_RC_TOPIC_NAME_INVALID);
     rt_bin_t *will = rt_message_new(&w, c->client_id, c->username);
+    rt_free(self, mounted);
     if (!will || !(c->will = rt_hold_bin(self, will)))
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
     if (c->version == MQTT_V5) {
@@ -410,7 +473,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     if (!resumed && !claimed && !connect_authenticate(self, c, pk))
         return 0;
     /* A certificate's identity holds on the holder too: the CONNECT cannot name another. */
-    if (resumed && rt__conn_identity_required(c) && !connect_identity(self, c))
+    if (resumed && rt__conn_identity_required(c) && !connect_identity(self, c, NULL))
         return 0;
     /* Parsed again after a claim or a hand-over: the name counts only if the login took it. */
     if (pk->connect.has_username && !c->username && !c->name_unvouched) {
@@ -421,10 +484,14 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     rt_pid_t old = 0;
     if (!resumed) {
         RT_ASSERT(!c->client_id);
-        char *cid = assigned[0] ? rt_strndup(self, assigned, strlen(assigned))
-                                : rt_strndup(self, id.p, id.len);
+        char *cid = tenant_client_id(self, c, assigned[0] ? assigned : (const char *)id.p,
+                                     assigned[0] ? strlen(assigned) : id.len);
         if (!cid)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+        if (!claimed && rt__conn_tenant(c) && refused_banned_in_tenant(self, c, pk, cid)) {
+            rt_free(self, cid);
+            return 0;
+        }
         /* Unclaimed (the node is cut off from the cluster): a session that would outlive
            the connection could exist on another node too, so it is refused; a clean one
            holds nothing to protect and goes ahead. */
@@ -460,6 +527,14 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         old = rt_broker_claim_client(c->client_id, rt_self(self));
         if (old)
             rt_exit_signal(old, RT_REASON_TAKEOVER);
+    }
+    rt_tenant_t *tenant = rt__conn_tenant(c);
+    /* One taking its own place over is let in: the one it replaces is on its way out. */
+    if (tenant && !rt_tenant_connect(tenant, old != 0)) {
+        ack.reason = c->version == MQTT_V5 ? MQTT_RC_QUOTA_EXCEEDED : 3;
+        rt__conn_send_packet(c, &ack);
+        rt__conn_close(self, c, 0, RT_REASON_NORMAL);
+        return 0;
     }
     rt__conn_count_connected(c, true);
     rt__conn_user_rate(c);

@@ -183,6 +183,11 @@ static int send_publish(rt_actor_t *self, conn_t *c, rt_bin_t *bin, uint8_t qos,
     RT_ASSERT(qos == 0 || packet_id != 0);
     rt_message_t m;
     rt_message_view(bin, &m);
+    rt_tenant_t *tenant = rt__conn_tenant(c);
+    if (tenant && !rt__conn_unmount(c, &m.topic)) {
+        count_dropped(self, c, bin, qos, "outside_mountpoint");
+        return SENT_DISCARDED;
+    }
     rt_message_out_t o = {.version = c->version,
                           .qos = qos,
                           .retain = retain_flag,
@@ -224,6 +229,8 @@ static int send_publish(rt_actor_t *self, conn_t *c, rt_bin_t *bin, uint8_t qos,
     if (fresh_alias) /* unused if it fails: the topic goes in full next time */
         rt_alias_out_commit(c->aliases->out, o.topic_alias, m.topic.p, m.topic.len);
     rt__metric_add(RT_METRIC_MSGS_OUT, 1);
+    if (tenant)
+        rt_tenant_delivered(tenant);
     rt__conn_rule_event(self, c, RT_RULE_EV_MESSAGE_DELIVERED, NULL, qos, -1, NULL, bin);
     return 0;
 }
@@ -452,7 +459,8 @@ static bool acl_readable(conn_t *c, rt_bin_t *bin)
         return !rt_acl_active();
     rt_message_t m;
     rt_message_view(bin, &m);
-    return rt__conn_acl(c, m.topic.p, m.topic.len, RT_ACL_READ) != RT_ACL_DENY;
+    return rt__conn_unmount(c, &m.topic) &&
+           rt__conn_acl(c, m.topic.p, m.topic.len, RT_ACL_READ) != RT_ACL_DENY;
 }
 
 /*

@@ -3,7 +3,7 @@
 ** answer's): an ACL of its own, which judges its requests in place of acl_file, and the time
 ** its token runs out, when the connection ends with MQTT 5 reason 0xA0 (maximum connect
 ** time). Both live in the connection's extra object; a CONNECT handed to a session's holder
-** carries them along.
+** carries them along, with the tenant the login put it in (mount.c).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +22,8 @@ conn_extra_t *rt__conn_extra(rt_actor_t *self, conn_t *c)
 
 int rt__conn_acl(const conn_t *c, const void *topic, size_t len, unsigned access)
 {
-    return rt_acl_permit_own(c->extra ? c->extra->acl : NULL, c->username, c->client_id,
-                             (const char *)topic, len, access);
+    return rt_acl_permit_own(c->extra ? c->extra->acl : NULL, c->username,
+                             rt__conn_own_client_id(c), (const char *)topic, len, access);
 }
 
 void rt__conn_drop_grant(rt_actor_t *self, conn_t *c)
@@ -51,9 +51,11 @@ static void arm_expiry(rt_actor_t *self, int64_t expire_at_s)
 }
 
 int rt__conn_take_grant(rt_actor_t *self, conn_t *c, int64_t expire_at_s, const char *acl,
-                        size_t acl_len)
+                        size_t acl_len, const char *mount)
 {
     rt__conn_drop_grant(self, c);
+    if (rt__conn_set_tenant(self, c, mount))
+        return RT_ENOMEM;
     if (!expire_at_s && !acl)
         return 0;
     conn_extra_t *x = rt__conn_extra(self, c);
@@ -84,7 +86,8 @@ int rt__conn_take_grant(rt_actor_t *self, conn_t *c, int64_t expire_at_s, const 
 
 size_t rt__conn_grant_size(const conn_t *c)
 {
-    return 8 + 4 + (c->extra ? c->extra->acl_len : 0);
+    const rt_tenant_t *t = rt__conn_tenant(c);
+    return 8 + 4 + (c->extra ? c->extra->acl_len : 0) + 1 + (t ? rt_tenant_mount_len(t) : 0);
 }
 
 void rt__conn_write_grant(const conn_t *c, uint8_t *out)
@@ -95,6 +98,11 @@ void rt__conn_write_grant(const conn_t *c, uint8_t *out)
     memcpy(out + 8, &len, 4);
     if (len)
         memcpy(out + 12, c->extra->acl_text, len);
+    const rt_tenant_t *t = rt__conn_tenant(c);
+    size_t mlen = t ? rt_tenant_mount_len(t) : 0; /* below RT_CONF_MOUNT_MAX */
+    out[12 + len] = (uint8_t)mlen;
+    if (mlen)
+        memcpy(out + 12 + len + 1, rt_tenant_mount(t), mlen);
 }
 
 size_t rt__conn_read_grant(rt_actor_t *self, conn_t *c, const uint8_t *data, size_t len)
@@ -105,11 +113,18 @@ size_t rt__conn_read_grant(rt_actor_t *self, conn_t *c, const uint8_t *data, siz
         return 0;
     memcpy(&expire, data, 8);
     memcpy(&acl_len, data + 8, 4);
-    if (acl_len > len - 12)
+    if (acl_len >= len - 12)
         return 0;
-    if (rt__conn_take_grant(self, c, expire, acl_len ? (const char *)data + 12 : NULL, acl_len))
+    size_t mlen = data[12 + acl_len];
+    if (mlen >= RT_CONF_MOUNT_MAX || mlen > len - 12 - acl_len - 1)
         return 0;
-    return 12 + acl_len;
+    char mount[RT_CONF_MOUNT_MAX];
+    memcpy(mount, data + 12 + acl_len + 1, mlen);
+    mount[mlen] = 0;
+    if (rt__conn_take_grant(self, c, expire, acl_len ? (const char *)data + 12 : NULL, acl_len,
+                            mount))
+        return 0;
+    return 12 + acl_len + 1 + mlen;
 }
 
 void rt__conn_on_token_expiry(rt_actor_t *self, conn_t *c)

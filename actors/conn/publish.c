@@ -275,6 +275,18 @@ static bool over_receive_maximum(const conn_t *c, const mqtt_packet_t *pk)
     return inbound_awaiting_release(c) >= c->rx_max;
 }
 
+/* A tenant's retained message within its tenant_max_retained_bytes (the store counts a
+   message's binary). */
+static bool retain_fits(const conn_t *c, const mqtt_packet_t *pk, rt_bin_t *bin)
+{
+    rt_tenant_t *tenant = rt__conn_tenant(c);
+    if (!tenant)
+        return true;
+    size_t held = rt_retained_bytes_of(rt_broker->retained, (const char *)pk->publish.topic.p,
+                                       pk->publish.topic.len);
+    return rt_tenant_retain_fits(tenant, held, pk->publish.payload.len ? rt_bin_len(bin) : 0);
+}
+
 /*
 ** Routes the message once, as a canonical binary, to its subscribers and the rules; sets
 ** *waits to the commits its acknowledgement must wait for (with track: the publisher waits)
@@ -287,6 +299,12 @@ static int route_published(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     rt_bin_t *bin = rt_message_new(pk, c->client_id, c->username);
     if (!bin)
         return MQTT_ERR(MQTT_RC_UNSPECIFIED);
+    if (pk->publish.retain && !retain_fits(c, pk, bin)) {
+        rt_bin_release(bin);
+        if (c->version == MQTT_V5)
+            *reason = MQTT_RC_QUOTA_EXCEEDED;
+        return 0;
+    }
     rt_message_set_read_ns(bin, c->last_rx_ns);
     rt_route_out_t routed = {0};
     int n = rt_route(rt_self(self), bin, track ? rt_self(self) : 0, token, &routed);
@@ -362,6 +380,10 @@ bool rt__conn_rewrite(rt_actor_t *self, const conn_t *c, rt_rewrite_action_t act
 }
 
 static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
+static int publish_mounted(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, rt_tenant_t *tenant,
+                           bool delayed, uint32_t delay_s);
+static int publish_checked(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool delayed,
+                           uint32_t delay_s);
 
 int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
@@ -391,7 +413,6 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
    routing and the acknowledgement. */
 static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
-    uint8_t qos = pk->publish.qos;
     /* A delayed message is checked as what it will be: a PUBLISH to its real topic. */
     uint32_t delay_s = 0;
     bool delayed = rt_delayed_wanted(&pk->publish.topic);
@@ -420,6 +441,35 @@ static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
         return 0;
     }
+    rt_tenant_t *tenant = rt__conn_tenant(c);
+    if (tenant)
+        return publish_mounted(self, c, pk, tenant, delayed, delay_s);
+    return publish_checked(self, c, pk, delayed, delay_s);
+}
+
+/* A tenant's PUBLISH: its rate, then its topic under the mountpoint. */
+static int publish_mounted(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, rt_tenant_t *tenant,
+                           bool delayed, uint32_t delay_s)
+{
+    if (!rt_tenant_publish(tenant)) {
+        refuse_publish(c, pk, MQTT_RC_QUOTA_EXCEEDED);
+        return 0;
+    }
+    char *mounted = NULL;
+    int rc = 0;
+    if (rt__conn_mount_name(self, c, &pk->publish.topic, &mounted))
+        rc = publish_checked(self, c, pk, delayed, delay_s);
+    else
+        refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
+    rt_free(self, mounted);
+    return rc;
+}
+
+/* A PUBLISH as it is routed, every check passed: the routing (or holding) and the ack. */
+static int publish_checked(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool delayed,
+                           uint32_t delay_s)
+{
+    uint8_t qos = pk->publish.qos;
     /* Exactly once: delivered on the first PUBLISH, a resend before PUBREL is not. */
     bool forward = qos < 2 || qos2_find(c, pk->packet_id) < 0;
     if (qos == 2 && forward) {

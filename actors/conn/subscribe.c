@@ -76,6 +76,8 @@ static void sub_forget(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len
         return;
     rt_free(self, c->subs[at].filter);
     c->subs[at] = c->subs[--c->nsubs];
+    if (rt__conn_tenant(c))
+        rt_tenant_unsubscribe(rt__conn_tenant(c), 1);
 }
 
 /* Gives up this actor's claim on an exclusive subscription's filter (and its bytes). */
@@ -249,7 +251,13 @@ static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, mqtt_sub_t *s, uint32_
     uint8_t refused = subscribe_refusal(self, c, s, &acl_check);
     if (refused)
         return c->version == MQTT_V5 ? refused : 0x80;
+    /* Checked as the client sees it, held under its tenant's mountpoint. */
+    if (!rt__conn_mount_filter(self, c, &s->filter, rewritten))
+        return c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     long had = sub_find(c, s->filter.p, s->filter.len);
+    rt_tenant_t *tenant = rt__conn_tenant(c);
+    if (tenant && had < 0 && !rt_tenant_subscribe(tenant))
+        return c->version == MQTT_V5 ? MQTT_RC_QUOTA_EXCEEDED : 0x80;
     bool was_exclusive = had >= 0 && c->subs[had].exclusive;
     if (exclusive && !was_exclusive &&
         !rt__conn_exclusive_claim(self, c, (const char *)s->filter.p, s->filter.len)) {
@@ -272,6 +280,8 @@ static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, mqtt_sub_t *s, uint32_
                                rt_self(self), &o, &existed);
     if (rc == 0)
         rc = rt__conn_sub_remember(self, c, s->filter.p, s->filter.len, &o);
+    if (rc && tenant && had < 0)
+        rt_tenant_unsubscribe(tenant, 1);
     if (rc && exclusive && !was_exclusive)
         rt_charge(self, -(ptrdiff_t)rt_exclusive_release((const char *)s->filter.p, s->filter.len,
                                                          rt_self(self)));
@@ -351,7 +361,7 @@ static size_t fill_placeholders(const conn_t *c, const char *filter, char *out, 
         const char *add = p;
         size_t len = 1;
         if (*p == '%' && (p[1] == 'c' || p[1] == 'u')) {
-            add = p[1] == 'c' ? c->client_id : c->username;
+            add = p[1] == 'c' ? rt__conn_own_client_id(c) : c->username;
             if (!add || strpbrk(add, "+#"))
                 return 0;
             len = strlen(add);
@@ -429,6 +439,7 @@ int rt__conn_handle_unsubscribe(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         char *rewritten;
         rt_exclusive_strip(&s.filter); /* the one subscription, by either name */
         bool existed = rewrite_filter(self, c, &s, &rewritten) &&
+                       rt__conn_mount_filter(self, c, &s.filter, &rewritten) &&
                        rt__conn_sub_drop(self, c, s.filter.p, s.filter.len);
         rt_free(self, rewritten);
         codes[n++] = existed ? MQTT_RC_SUCCESS : MQTT_RC_NO_SUBSCRIPTION_EXISTED;

@@ -36,6 +36,7 @@ struct rt_retained_s {
     pthread_rwlock_t lock;
     ttable_t t;
     rt_retained_release_fn release;
+    rt_retained_watch_fn watch;
     size_t max_count, max_bytes;     /* limits, 0 = none; guarded by lock */
     size_t count, msg_bytes;         /* guarded by lock */
     size_t count_max, msg_bytes_max; /* their high-water marks; guarded by lock */
@@ -126,6 +127,8 @@ int rt_retained_set(rt_retained_t *r, const char *topic, size_t len, void *msg, 
         goto out;
     }
     old = x->msg;
+    if (r->watch && x->msg_bytes != (msg ? msg_bytes : 0))
+        r->watch(topic, len, (ptrdiff_t)(msg ? msg_bytes : 0) - (ptrdiff_t)x->msg_bytes);
     x->msg = msg;
     x->msg_bytes = msg ? msg_bytes : 0;
     r->count = count;
@@ -290,4 +293,40 @@ void rt_retained_set_limits(rt_retained_t *r, size_t max_count, size_t max_bytes
     r->max_count = max_count;
     r->max_bytes = max_bytes;
     pthread_rwlock_unlock(&r->lock);
+}
+
+void rt_retained_watch(rt_retained_t *r, rt_retained_watch_fn watch)
+{
+    r->watch = watch;
+}
+
+size_t rt_retained_bytes_of(rt_retained_t *r, const char *topic, size_t len)
+{
+    read_lock(r);
+    tnode_t *n = rt__tt_path(&r->t, topic, len, 0);
+    size_t bytes = n ? rnode(n)->msg_bytes : 0;
+    read_unlock(r);
+    return bytes;
+}
+
+void rt_retained_bytes_under(rt_retained_t *r, const char *prefix, size_t len,
+                             void (*done)(void *arg, size_t bytes), void *arg)
+{
+    size_t sum = 0;
+    read_lock(r);
+    /* "a/b/" names the node a/b: what hangs below it is the sum. */
+    const tnode_t *top = len > 1 ? rt__tt_path(&r->t, prefix, len - 1, 0) : NULL;
+    const tnode_t *x = top && rt__tt_links(top)->kids ? rt__tt_links(top)->kids : NULL;
+    while (x) {
+        sum += rnode(x)->msg_bytes;
+        if (rt__tt_links(x)->kids) {
+            x = rt__tt_links(x)->kids;
+            continue;
+        }
+        while (x->parent != top && !rt__tt_links(x)->next)
+            x = x->parent;
+        x = rt__tt_links(x)->next;
+    }
+    done(arg, sum);
+    read_unlock(r);
 }

@@ -227,4 +227,20 @@ void rt_retained_peaks(rt_retained_t *r, size_t *count_max, size_t *msg_bytes_ma
 */
 void rt_retained_set_limits(rt_retained_t *r, size_t max_count, size_t max_bytes);
 
+/*
+** Who is told each change of a topic's retained bytes (the tenants, broker/tenant.h): watch
+** runs under the store's write lock, so it must not call in here. Set once, before use.
+*/
+typedef void (*rt_retained_watch_fn)(const char *topic, size_t len, ptrdiff_t delta);
+void rt_retained_watch(rt_retained_t *r, rt_retained_watch_fn watch);
+/* The bytes retained on topic (0: none). */
+size_t rt_retained_bytes_of(rt_retained_t *r, const char *topic, size_t len);
+/*
+** The bytes retained below the levels of prefix ("a/b/": every topic under a/b, not a/b
+** itself), handed to done under the store's read lock: no change comes between the sum and
+** what done does with it, and every later one reaches the watch.
+*/
+void rt_retained_bytes_under(rt_retained_t *r, const char *prefix, size_t len,
+                             void (*done)(void *arg, size_t bytes), void *arg);
+
 #endif

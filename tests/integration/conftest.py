@@ -3,6 +3,7 @@
 The broker is started from Debian's /usr/sbin/mosquitto with a config written here and is
 stopped by the PID this fixture started, never by name.
 """
+import json
 import os
 import random
 import re
@@ -353,6 +354,32 @@ def client(port, client_id="", protocol=mqtt.MQTTv311, clean=True):
     c.connect("127.0.0.1", port, keepalive=30)
     c.loop_start()
     return c
+
+
+def reply_json(handler, answer, status=200):
+    """Writes answer (bytes as they are, else as JSON) as the reply of a
+    BaseHTTPRequestHandler (the tests' services)."""
+    out = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(out)))
+    handler.end_headers()
+    handler.wfile.write(out)
+
+
+METRIC_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$')
+
+
+def metric_samples(text):
+    """{(name, labels text such as '{a="b"}' or ''): value} of every sample of a scrape."""
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = METRIC_SAMPLE.match(line)
+        assert m, line
+        samples[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return samples
 
 
 def password_file(path, users):

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from certs import cert_field
-from conftest import Rtd, free_port, wait_for
+from conftest import Rtd, free_port, reply_json
 from mqtt_raw import PUBACK, PUBLISH, Raw, mqtt_str, u16, varint
 from transports import RawOn, listeners, tls_connect, tls_context
 
@@ -49,7 +49,7 @@ class Service:
                 if user.startswith("slow"):
                     time.sleep(3)
                 if user.startswith("junk"):
-                    out = b"not json"
+                    answer = b"not json"
                 else:
                     alice = (body.get("tls") or {}).get("cn") == "alice-cert"
                     answer = {"result": "allow" if user.startswith("allow") else
@@ -59,12 +59,7 @@ class Service:
                         answer["acl"] = {"pub": ["in/%c"], "sub": ["out/%c"]}
                     if user.startswith("allow-brief"):
                         answer["expire_at"] = int(time.time()) + 2
-                    out = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                reply_json(self, answer)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         if tls:

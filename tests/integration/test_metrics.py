@@ -12,28 +12,15 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import Rtd
+from conftest import Rtd, metric_samples
 
 PROMTOOL = "/usr/bin/promtool"
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$')
 
 
 def scrape(broker):
     code, out, err = broker.ctl("metrics", "prometheus")
     assert code == 0, (out, err)
     return out
-
-
-def parse(text):
-    """{(name, labels text): value} of every sample."""
-    samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = SAMPLE.match(line)
-        assert m, line
-        samples[(m.group(1), m.group(2) or "")] = float(m.group(3))
-    return samples
 
 
 def promtool_check(text):
@@ -95,7 +82,7 @@ def test_scrape_is_valid_and_counts_what_was_done(rtd):
     N, M = 5, 40  # clients; QoS 1 messages the first publishes, the second subscribes to
     before_text = scrape(rtd)
     promtool_check(before_text)
-    before = parse(before_text)
+    before = metric_samples(before_text)
     assert before[("rt_connections", "")] == 0
     listener = f'listener="127.0.0.1:{rtd.port}",kind="tcp"'
 
@@ -114,13 +101,13 @@ def test_scrape_is_valid_and_counts_what_was_done(rtd):
 
     # The archive rule (etc/rules/archive.lua, from "#") takes every message to its sink.
     def archived():
-        a = parse(scrape(rtd))
+        a = metric_samples(scrape(rtd))
         return a[("rt_sink_rows_written_total", '{sink="archive",type="sqlite"}')] == M
     wait_for(archived, "the archive sink did not write every message")
 
     after_text = scrape(rtd)
     promtool_check(after_text)
-    after = parse(after_text)
+    after = metric_samples(after_text)
 
     def moved(name, labels=""):
         return after[(name, labels)] - before.get((name, labels), 0)
@@ -172,7 +159,7 @@ def test_scrape_is_valid_and_counts_what_was_done(rtd):
     for c in clients:
         c.disconnect()
         c.loop_stop()
-    wait_for(lambda: parse(scrape(rtd))[("rt_connections", "")] == 0, "clients still counted")
+    wait_for(lambda: metric_samples(scrape(rtd))[("rt_connections", "")] == 0, "clients still counted")
 
 
 def test_gc_pauses_are_recorded():
@@ -181,7 +168,7 @@ def test_gc_pauses_are_recorded():
     # first one ends in a collection (later ones wait for the next trigger, 2 x what lived).
     broker = Rtd("min_heap=1024")
     try:
-        before = parse(scrape(broker))
+        before = metric_samples(scrape(broker))
         pub, sub = connect(broker.port, "gc-pub"), connect(broker.port, "gc-sub")
         got, subscribed = [], []
         sub.on_message = lambda c, u, msg: got.append(1)
@@ -193,7 +180,7 @@ def test_gc_pauses_are_recorded():
         wait_for(lambda: len(got) == 10, f"the subscriber got {len(got)} of 10")
         text = scrape(broker)
         promtool_check(text)
-        after = parse(text)
+        after = metric_samples(text)
         gcs = after[("rt_gc_collections_total", "")]
         assert gcs > before[("rt_gc_collections_total", "")]
         _, total_s, n = histograms(after)[("rt_gc_pause_seconds", "")]
@@ -296,12 +283,12 @@ def test_scrape_cost_with_20000_idle_connections():
             pytest.skip(f"rtd's file limit ({rtd_limit}) is too low")
         holders = start_holders(broker.port, HOLDERS, PER_HOLDER)
         total = HOLDERS * PER_HOLDER
-        wait_for(lambda: parse(scrape(broker))[("rt_connections", "")] == total,
+        wait_for(lambda: metric_samples(scrape(broker))[("rt_connections", "")] == total,
                  "not every connection counted", timeout=30)
         cpu, wall = [], []
         for _ in range(5):
             text = scrape(broker)
-            s = parse(text)
+            s = metric_samples(text)
             cpu.append(s[("rt_scrape_cpu_seconds", "")])
             wall.append(s[("rt_scrape_duration_seconds", "")])
         promtool_check(text)

@@ -21,6 +21,7 @@
 #include "config.h"
 #include "rt_test.h"
 #include "store.h"
+#include "tenant.h"
 #include "test_mqtt.h"
 
 static int port;
@@ -850,6 +851,130 @@ static void test_client_table(void)
     stop_broker();
 }
 
+/* ---- Tenants (tenant.h) ---- */
+
+static void test_mount_expand(void)
+{
+    char m[RT_CONF_MOUNT_MAX];
+    const char *why = NULL;
+    CHECK_EQ(rt_mount_expand("t/%u/", "alice", "c1", 2, m, &why), 0);
+    CHECK(strcmp(m, "t/alice/") == 0);
+    CHECK_EQ(rt_mount_expand("%c/%u/", "u", "dev", 3, m, &why), 0);
+    CHECK(strcmp(m, "dev/u/") == 0);
+    CHECK_EQ(rt_mount_expand("", NULL, "x", 1, m, &why), 0);
+    CHECK(strcmp(m, "") == 0);
+    /* Only the first cidlen bytes are the id. */
+    CHECK_EQ(rt_mount_expand("%c/", NULL, "ab/cd", 2, m, &why), 0);
+    CHECK(strcmp(m, "ab/") == 0);
+    /* What would reach into another tenant, or out of topic names, is refused. */
+    const char *user_bad[] = {"a/b", "a+", "#", "", NULL};
+    for (size_t i = 0; i < sizeof(user_bad) / sizeof(user_bad[0]); i++) {
+        why = NULL;
+        CHECK_EQ(rt_mount_expand("%u/", user_bad[i], "c", 1, m, &why), RT_EINVAL);
+        CHECK(why != NULL);
+    }
+    CHECK_EQ(rt_mount_expand("%c/", "u", "a/b", 3, m, &why), RT_EINVAL);
+    CHECK_EQ(rt_mount_expand("%c/", "u", "", 0, m, &why), RT_EINVAL);
+    CHECK_EQ(rt_mount_expand("%c/", "u", "a\0b", 3, m, &why), RT_EINVAL);
+    CHECK_EQ(rt_mount_expand("acme", "u", "c", 1, m, &why), RT_EINVAL);  /* no / at the end */
+    CHECK_EQ(rt_mount_expand("$SYS/", "u", "c", 1, m, &why), RT_EINVAL); /* a $ topic */
+    CHECK_EQ(rt_mount_expand("a/%x/", "u", "c", 1, m, &why), RT_EINVAL);
+    CHECK_EQ(rt_mount_expand("a/+/", "u", "c", 1, m, &why), RT_EINVAL);
+    char user[200];
+    memset(user, 'u', sizeof(user) - 1);
+    user[sizeof(user) - 1] = 0;
+    CHECK_EQ(rt_mount_expand("%u/", user, "c", 1, m, &why), RT_EINVAL); /* past 127 bytes */
+    user[RT_CONF_MOUNT_MAX - 2] = 0;                                    /* 126 and the / */
+    CHECK_EQ(rt_mount_expand("%u/", user, "c", 1, m, &why), 0);
+    CHECK_EQ(strlen(m), RT_CONF_MOUNT_MAX - 1);
+}
+
+typedef struct {
+    const char *mount;
+    rt_tenant_info_t info;
+    int found;
+} tenant_seen_t;
+
+static void tenant_find(const rt_tenant_info_t *info, void *arg)
+{
+    tenant_seen_t *s = arg;
+    if (strcmp(info->mount, s->mount) == 0) {
+        s->info = *info;
+        s->found++;
+    }
+}
+
+static tenant_seen_t tenant_seen(const char *mount)
+{
+    tenant_seen_t s = {.mount = mount};
+    rt_tenant_each(tenant_find, &s);
+    return s;
+}
+
+static size_t retained_bytes(const char *topic)
+{
+    return rt_retained_bytes_of(rt_broker->retained, topic, strlen(topic));
+}
+
+/*
+** A tenant's retained bytes: summed from the store when the tenant comes (what was retained
+** before it, under its mountpoint only), then kept by the store's watch through every
+** change; its quotas count and refuse; it goes with its last reference.
+*/
+static void test_tenant_table(void)
+{
+    start_broker(false, (const char *const[]){"tenant_max_connections=2", NULL});
+    int a = mqtt_connect(&(connect_t){.id = "op", .version = 5, .clean = true});
+    CHECK(a >= 0);
+    CHECK(mqtt_publish(a, 5, "acme/a", "1234", 1, true));
+    CHECK(mqtt_publish(a, 5, "acme", "not-in-it", 1, true));
+    CHECK(mqtt_publish(a, 5, "acme2/x", "nor-this", 1, true));
+    CHECK(mqtt_publish(a, 5, "acme/b/c/d", "deep", 1, true));
+    size_t first = retained_bytes("acme/a") + retained_bytes("acme/b/c/d");
+    CHECK(first > 0);
+
+    rt_tenant_t *t = rt_tenant_get("acme/");
+    CHECK(t != NULL);
+    tenant_seen_t s = tenant_seen("acme/");
+    CHECK_EQ(s.found, 1);
+    CHECK_EQ(s.info.retained_bytes, first);
+    CHECK(mqtt_publish(a, 5, "acme/a", "a longer payload than before", 1, true));
+    CHECK(mqtt_publish(a, 5, "acme/new", "n", 1, true));
+    CHECK(mqtt_publish(a, 5, "acme2/y", "elsewhere", 1, true));
+    CHECK(mqtt_publish(a, 5, "acme/b/c/d", "", 1, true)); /* cleared */
+    size_t now = retained_bytes("acme/a") + retained_bytes("acme/new");
+    CHECK(now != first);
+    CHECK_EQ(tenant_seen("acme/").info.retained_bytes, now);
+
+    /* The quotas: two connections, a third refused; one taking its own place over is not. */
+    CHECK(rt_tenant_connect(t, false));
+    CHECK(rt_tenant_connect(t, false));
+    CHECK(!rt_tenant_connect(t, false));
+    CHECK(rt_tenant_connect(t, true));
+    s = tenant_seen("acme/");
+    CHECK_EQ(s.info.connections, 3);
+    CHECK_EQ(s.info.refused[RT_TENANT_CONNECTIONS], 1);
+    for (int i = 0; i < 3; i++)
+        rt_tenant_disconnect(t);
+    char err[256];
+    CHECK_EQ(rt_broker_set_limit("tenant_max_retained_bytes", "10", err, sizeof(err)), 0);
+    CHECK(rt_tenant_retain_fits(t, 50, 40)); /* smaller than what it replaces */
+    CHECK(!rt_tenant_retain_fits(t, 0, 1));  /* already over: nothing more */
+    CHECK_EQ(rt_broker_set_limit("tenant_max_retained_bytes", "0", err, sizeof(err)), 0);
+    CHECK(rt_tenant_retain_fits(t, 0, 1000000));
+
+    /* Another reference to the same tenant; it lives until the last goes. */
+    rt_tenant_t *again = rt_tenant_get("acme/");
+    CHECK(again == t);
+    rt_tenant_put(t);
+    CHECK_EQ(tenant_seen("acme/").found, 1);
+    rt_tenant_put(again);
+    CHECK_EQ(tenant_seen("acme/").found, 0);
+    mqtt_disconnect(a);
+    close(a);
+    stop_broker();
+}
+
 int main(void)
 {
     snprintf(data_dir, sizeof(data_dir), "/tmp/rt_test_broker.%d", (int)getpid());
@@ -863,5 +988,7 @@ int main(void)
     RUN(test_listeners);
     RUN(test_limits_refused);
     RUN(test_limits_live);
+    RUN(test_mount_expand);
+    RUN(test_tenant_table);
     return CHECK_SUMMARY();
 }
