@@ -669,3 +669,42 @@ def test_a_mountpoint_that_is_none_stops_the_start(tmp_path, mount):
     assert r.returncode == 2, out[-2000:]
     assert "listeners[2].mountpoint" in out, out[-2000:]
     assert "listener.started" not in out
+
+
+def test_a_tenants_own_quotas(tmp_path, stopper):
+    """tenants = { ["t2/"] = {...} }: t2's own limits in place of tenant_max_*, which t1
+    keeps; a key left out (-1) takes the setting."""
+    pw = password_file(tmp_path / "pw", {"t1": PW, "t2": PW})
+    port, mport = free_port(), free_port()
+    b = Rtd(listeners(port, {"bind": f"127.0.0.1:{mport}", "mountpoint": "%u/"}),
+            f'password_file="{pw}"', "tenant_max_connections=3", "tenant_max_subscriptions=1",
+            'tenants={["t2/"]={max_connections=1}}', port=port)
+    stopper(b)
+
+    def login(user, cid, bind=None):
+        return Raw(mport, cid, username=user, password=PW, bind=bind)
+
+    t2 = login("t2", "a")
+    assert t2.connack_code == 0
+    assert login("t2", "b", bind="127.0.0.2").connack_code == QUOTA_EXCEEDED  # its own: 1
+    t1 = [login("t1", f"c{i}", bind=f"127.0.0.{i + 1}") for i in range(3)]
+    assert [c.connack_code for c in t1] == [0, 0, 0]  # tenant_max_connections: 3
+    assert login("t1", "c4", bind="127.0.0.5").connack_code == QUOTA_EXCEEDED
+    # Subscriptions: t2 set none of its own, so tenant_max_subscriptions holds it too.
+    assert suback(t2, "x") == 1 and suback(t2, "y", pid=2) == QUOTA_EXCEEDED
+    code, out, _ = b.ctl("config", "show")
+    assert code == 0 and "tenants.t2/.max_connections" in out, out[-3000:]
+    for c in t1 + [t2]:
+        c.disconnect()
+
+
+@pytest.mark.parametrize("table", ['{["acme"]={max_connections=1}}',
+                                   '{["a/+/"]={max_connections=1}}',
+                                   '{["acme/"]={max_connections=-2}}',
+                                   '{["acme/"]={max_sessions=1}}'])
+def test_a_tenants_table_that_is_none_stops_the_start(tmp_path, table):
+    r = subprocess.run([RTD, "-c", f"{ROOT}/etc/rtd.conf", "-o", f'data_dir="{tmp_path}/data"',
+                        "-o", f"tenants={table}"], capture_output=True, text=True, timeout=30)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out[-2000:]
+    assert "tenants" in out and "listener.started" not in out, out[-2000:]
