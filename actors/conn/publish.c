@@ -380,10 +380,6 @@ bool rt__conn_rewrite(rt_actor_t *self, const conn_t *c, rt_rewrite_action_t act
 }
 
 static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk);
-static int publish_mounted(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, rt_tenant_t *tenant,
-                           bool delayed, uint32_t delay_s);
-static int publish_checked(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool delayed,
-                           uint32_t delay_s);
 
 int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 {
@@ -407,6 +403,25 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
     rt_free(self, rewritten);
     return rc;
+}
+
+/*
+** A tenant's PUBLISH within its rate: its topic put under the mountpoint (the new bytes in
+** *mounted, the caller's to free). False when refused (answered here).
+*/
+static bool publish_mounted(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, rt_tenant_t *tenant,
+                            char **mounted)
+{
+    if (!rt_tenant_publish(tenant)) {
+        refuse_publish(c, pk, MQTT_RC_QUOTA_EXCEEDED);
+        return false;
+    }
+    if (rt__conn_mount_name(self, c, &pk->publish.topic, mounted))
+        return true;
+    rt_free(self, *mounted);
+    *mounted = NULL;
+    refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
+    return false;
 }
 
 /* A PUBLISH with its topic as it is routed (alias resolved, rewritten): the checks, then
@@ -441,41 +456,18 @@ static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         refuse_publish(c, pk, MQTT_RC_NOT_AUTHORIZED);
         return 0;
     }
-    rt_tenant_t *tenant = rt__conn_tenant(c);
-    if (tenant)
-        return publish_mounted(self, c, pk, tenant, delayed, delay_s);
-    return publish_checked(self, c, pk, delayed, delay_s);
-}
-
-/* A tenant's PUBLISH: its rate, then its topic under the mountpoint. */
-static int publish_mounted(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, rt_tenant_t *tenant,
-                           bool delayed, uint32_t delay_s)
-{
-    if (!rt_tenant_publish(tenant)) {
-        refuse_publish(c, pk, MQTT_RC_QUOTA_EXCEEDED);
-        return 0;
-    }
+    /* A tenant's PUBLISH: within its rate, and its topic under the mountpoint from here on. */
     char *mounted = NULL;
+    rt_tenant_t *tenant = rt__conn_tenant(c);
+    if (tenant && !publish_mounted(self, c, pk, tenant, &mounted))
+        return 0;
     int rc = 0;
-    if (rt__conn_mount_name(self, c, &pk->publish.topic, &mounted))
-        rc = publish_checked(self, c, pk, delayed, delay_s);
-    else
-        refuse_publish(c, pk, MQTT_RC_TOPIC_NAME_INVALID);
-    rt_free(self, mounted);
-    return rc;
-}
-
-/* A PUBLISH as it is routed, every check passed: the routing (or holding) and the ack. */
-static int publish_checked(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool delayed,
-                           uint32_t delay_s)
-{
     uint8_t qos = pk->publish.qos;
     /* Exactly once: delivered on the first PUBLISH, a resend before PUBREL is not. */
     bool forward = qos < 2 || qos2_find(c, pk->packet_id) < 0;
-    if (qos == 2 && forward) {
-        int rc = rt__conn_qos2_add(self, c, pk->packet_id);
-        if (rc)
-            return MQTT_ERR(rc == RT_ELIMIT ? MQTT_RC_RECEIVE_MAX_EXCEEDED : MQTT_RC_UNSPECIFIED);
+    if (qos == 2 && forward && (rc = rt__conn_qos2_add(self, c, pk->packet_id)) != 0) {
+        rc = MQTT_ERR(rc == RT_ELIMIT ? MQTT_RC_RECEIVE_MAX_EXCEEDED : MQTT_RC_UNSPECIFIED);
+        goto out;
     }
     uint8_t reason = MQTT_RC_SUCCESS;
     /* With persistence, the acknowledgement waits for what the message left on disk. */
@@ -484,13 +476,14 @@ static int publish_checked(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, bool 
     uint32_t waits = 0;
     if (forward && delayed) {
         hold_delayed(self, c, pk, delay_s, track, token, &waits, &reason);
-    } else if (forward) {
-        int rc = route_published(self, c, pk, track, token, &waits, &reason);
-        if (rc)
-            return rc;
+    } else if (forward && (rc = route_published(self, c, pk, track, token, &waits, &reason))) {
+        goto out;
     }
     if (qos)
         inbound_acknowledge(self, c, qos == 1 ? MQTT_PUBACK : MQTT_PUBREC, pk->packet_id, reason,
                             token, waits);
-    return 0;
+out:
+    if (mounted)
+        rt_free(self, mounted);
+    return rc;
 }

@@ -81,10 +81,15 @@ static void sub_forget(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len
 }
 
 /* Gives up this actor's claim on an exclusive subscription's filter (and its bytes). */
+static void exclusive_unclaim(rt_actor_t *self, const char *filter, size_t len)
+{
+    rt_charge(self, -(ptrdiff_t)rt_exclusive_release(filter, len, rt_self(self)));
+}
+
 static void exclusive_release(rt_actor_t *self, const sub_entry_t *e)
 {
     if (e->exclusive)
-        rt_charge(self, -(ptrdiff_t)rt_exclusive_release(e->filter, e->len, rt_self(self)));
+        exclusive_unclaim(self, e->filter, e->len);
 }
 
 bool rt__conn_sub_drop(rt_actor_t *self, conn_t *c, const uint8_t *f, size_t len)
@@ -255,14 +260,17 @@ static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, mqtt_sub_t *s, uint32_
     if (!rt__conn_mount_filter(self, c, &s->filter, rewritten))
         return c->version == MQTT_V5 ? MQTT_RC_TOPIC_FILTER_INVALID : 0x80;
     long had = sub_find(c, s->filter.p, s->filter.len);
-    rt_tenant_t *tenant = rt__conn_tenant(c);
-    if (tenant && had < 0 && !rt_tenant_subscribe(tenant))
-        return c->version == MQTT_V5 ? MQTT_RC_QUOTA_EXCEEDED : 0x80;
     bool was_exclusive = had >= 0 && c->subs[had].exclusive;
     if (exclusive && !was_exclusive &&
         !rt__conn_exclusive_claim(self, c, (const char *)s->filter.p, s->filter.len)) {
         rt_log(RT_LOG_INFO, "client.exclusive_refused", "client=%s filter=%.*s", c->client_id,
                (int)s->filter.len, (const char *)s->filter.p);
+        return c->version == MQTT_V5 ? MQTT_RC_QUOTA_EXCEEDED : 0x80;
+    }
+    rt_tenant_t *tenant = rt__conn_tenant(c);
+    if (tenant && had < 0 && !rt_tenant_subscribe(tenant)) {
+        if (exclusive && !was_exclusive)
+            exclusive_unclaim(self, (const char *)s->filter.p, s->filter.len);
         return c->version == MQTT_V5 ? MQTT_RC_QUOTA_EXCEEDED : 0x80;
     }
     if (was_exclusive && !exclusive) /* an ordinary SUBSCRIBE to it gives the claim up */
@@ -283,8 +291,7 @@ static uint8_t subscribe_one(rt_actor_t *self, conn_t *c, mqtt_sub_t *s, uint32_
     if (rc && tenant && had < 0)
         rt_tenant_unsubscribe(tenant, 1);
     if (rc && exclusive && !was_exclusive)
-        rt_charge(self, -(ptrdiff_t)rt_exclusive_release((const char *)s->filter.p, s->filter.len,
-                                                         rt_self(self)));
+        exclusive_unclaim(self, (const char *)s->filter.p, s->filter.len);
     if (rc == 0 && rt__conn_session_is_durable(c))
         rt_store_sub(c->client_id, (const char *)s->filter.p, s->filter.len, &o);
     if (rc == 0)

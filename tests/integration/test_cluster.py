@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -24,6 +25,7 @@ from cluster_harness import (WAIT, Mq, await_route, cluster_option, cut_off,  # 
                              durable_nodes, fence, mq, nats, nodes, payloads, pfx,
                              started_refusals, until)
 from conftest import Rtd, free_port
+from transports import listeners
 
 
 def test_clients_accepted_at_start(nodes):
@@ -382,6 +384,55 @@ def test_the_banned_list_is_the_clusters(nodes, pfx):
 
 
 # ---- 9. NATS unreachable, or lost ----
+
+def test_tenants_across_nodes(nats, mq, pfx):
+    """Two more nodes, each with a listener per tenant (mountpoints ta/ and tb/): a tenant's
+    clients on different nodes reach each other and never the other tenant's; client id "dev"
+    in both tenants is two ids cluster-wide (ta/dev, tb/dev), neither taken over; an unmounted
+    client sees the mounted topics. The rate and quotas are per node (docs/TENANTS.md)."""
+    ports = [(free_port(), free_port(), free_port()) for _ in range(2)]
+    started = []
+    try:
+        for i, (plain, ta, tb) in enumerate(ports):
+            started.append(Rtd(cluster_option(f"t{i + 1}", nats.urls()),
+                               listeners(plain, {"bind": f"127.0.0.1:{ta}", "mountpoint": "ta/"},
+                                         {"bind": f"127.0.0.1:{tb}", "mountpoint": "tb/"}),
+                               port=plain))
+        for n in started:
+            until(lambda: n.ctl_json("cluster", "status")["lease"] == "held", WAIT,
+                  lambda: n.read_log()[-2000:])
+        at = [[SimpleNamespace(port=p) for p in node_ports[1:]] for node_ports in ports]
+        a1, b2 = mq(at[0][0], cid="dev"), mq(at[1][1], cid="dev")
+        a2, b1 = mq(at[1][0], name="a2"), mq(at[0][1], name="b1")
+        obs = mq(started[0], name="obs")
+        for c in (a1, b2):
+            c.subscribe(f"{pfx}/#", 1)
+        obs.subscribe(f"ta/{pfx}/#", 1)
+        await_route(a2, f"{pfx}/r", [a1, obs])  # ta/ from the second node to the first
+        await_route(b1, f"{pfx}/r", [b2])       # tb/ the other way
+        a2.publish(f"{pfx}/x", b"for ta", qos=1)
+        b1.publish(f"{pfx}/y", b"for tb", qos=1)
+        a2.publish(f"{pfx}/end", b"end ta", qos=1)  # behind ta's message, from the same client
+        b1.publish(f"{pfx}/end", b"end tb", qos=1)
+        a1.wait_count(2)
+        b2.wait_count(2)
+        obs.wait_count(2)
+        assert [(m.topic, m.payload) for m in a1.msgs] == [(f"{pfx}/x".encode(), b"for ta"),
+                                                           (f"{pfx}/end".encode(), b"end ta")]
+        assert [(m.topic, m.payload) for m in b2.msgs] == [(f"{pfx}/y".encode(), b"for tb"),
+                                                           (f"{pfx}/end".encode(), b"end tb")]
+        assert [m.topic for m in obs.msgs] == [f"ta/{pfx}/x".encode(), f"ta/{pfx}/end".encode()]
+        assert a1.disconnects == [] and b2.disconnects == []  # "dev" twice, no takeover
+        ids = {c["client_id"] for n in started for c in n.ctl_json("clients", "list")}
+        assert {"ta/dev", "tb/dev"} <= ids, ids
+    finally:
+        bad = []
+        for n in started:
+            code, log = n.stop()
+            if code != 0:
+                bad.append(log[-3000:])
+        assert not bad, bad
+
 
 def test_node_starts_without_nats(mq, pfx):
     dead = free_port()  # nothing listens there

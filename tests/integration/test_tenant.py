@@ -266,6 +266,8 @@ def test_two_tenants_see_nothing_of_each_other(tenants):
         assert suback(eb, "$exclusive/lock") == 1  # bob/lock, not alice/lock
         ea2 = Raw(b.mport, "alice-ex2", username="alice", password=PW)
         assert suback(ea2, "$exclusive/lock") == QUOTA_EXCEEDED  # alice's own tenant: taken
+        # alice's subscriptions: #, $share/g/jobs/# and lock; the refused one is not counted
+        assert tenant_row(b, "alice/")["subscriptions"] == "3", tenant_row(b, "alice/")
         for c in (whole, late, sa, sb, ea, eb, ea2):
             c.disconnect()
     finally:
