@@ -21,7 +21,7 @@ struct rt_tenant_s {
     rt_tenant_t *next; /* in its bucket */
     uint64_t hash;
     size_t refs; /* sessions (and callers) holding it; guarded by the table's lock */
-    atomic_ullong connections, subscriptions, messages_in, messages_out;
+    atomic_ullong connections, subscriptions;
     atomic_llong retained_bytes;
     bool retained_known; /* retained_bytes has been summed; guarded by the store's lock */
     atomic_ullong refused[RT_TENANT_QUOTAS];
@@ -31,7 +31,11 @@ struct rt_tenant_s {
     double tokens;      /* PUBLISHes the rate allows now; guarded by rate_lock */
     uint64_t refill_ns; /* when tokens was last topped up (rt_mono_ns) */
     size_t mount_len;
-    char mount[];
+    /* Counted by publishers and subscribers on every scheduler: a line each, and the
+       mountpoint every message reads on one of its own. */
+    _Alignas(RT_CACHE_LINE) atomic_ullong messages_in;
+    _Alignas(RT_CACHE_LINE) atomic_ullong messages_out;
+    _Alignas(RT_CACHE_LINE) char mount[];
 };
 
 static struct {
@@ -133,10 +137,12 @@ rt_tenant_t *rt_tenant_get(const char *mount)
         pthread_mutex_unlock(&table.lock);
         return t;
     }
-    if (!(t = calloc(1, sizeof(*t) + len + 1))) {
+    size_t bytes = (sizeof(*t) + len + 1 + RT_CACHE_LINE - 1) & ~(size_t)(RT_CACHE_LINE - 1);
+    if (!(t = aligned_alloc(RT_CACHE_LINE, bytes))) {
         pthread_mutex_unlock(&table.lock);
         return NULL;
     }
+    memset(t, 0, bytes);
     t->hash = h;
     t->refs = 1;
     t->mount_len = len;

@@ -552,11 +552,13 @@ int rt__conn_mount_login(const conn_t *c, const char *granted, const char *user,
                          char mount[RT_CONF_MOUNT_MAX]);
 /*
 ** A topic name, or a filter ($share/group/filter keeps its group in front), put under the
-** tenant's mountpoint in place: its new bytes replace *buf (freed; the caller frees the new
-** one). True with nothing done for a connection without a tenant; false when it would be
-** longer than a topic may be, or there is no memory.
+** tenant's mountpoint in place: its new bytes in room when they fit (room_len bytes; NULL:
+** none), else they replace *buf (freed; the caller frees the new one). True with nothing done
+** for a connection without a tenant; false when it would be longer than a topic may be, or
+** there is no memory.
 */
-bool rt__conn_mount_name(rt_actor_t *self, const conn_t *c, mqtt_str_t *t, char **buf);
+bool rt__conn_mount_name(rt_actor_t *self, const conn_t *c, mqtt_str_t *t, char *room,
+                         size_t room_len, char **buf);
 bool rt__conn_mount_filter(rt_actor_t *self, const conn_t *c, mqtt_str_t *f, char **buf);
 /* A topic as the client sees it (its mountpoint taken off): false if it is not under it. */
 bool rt__conn_unmount(const conn_t *c, mqtt_str_t *t);

@@ -410,7 +410,7 @@ static int will_from_connect(rt_actor_t *self, conn_t *c, const mqtt_packet_t *p
     w.props = pk->connect.will_props; /* the will's own properties travel with it */
     RT_ASSERT(!c->will);
     char *mounted = NULL;
-    if (!rt__conn_mount_name(self, c, &w.publish.topic, &mounted))
+    if (!rt__conn_mount_name(self, c, &w.publish.topic, NULL, 0, &mounted))
         return MQTT_ERR(MQTT_RC_TOPIC_NAME_INVALID);
     rt_bin_t *will = rt_message_new(&w, c->client_id, c->username);
     rt_free(self, mounted);

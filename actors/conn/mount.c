@@ -31,30 +31,37 @@ int rt__conn_set_tenant(rt_actor_t *self, conn_t *c, const char *mount)
     return 0;
 }
 
-/* prefix + the part of *t from at on, into a new heap buffer that replaces *buf. */
+/*
+** prefix + the part of *t from at on, into room when it fits (room_len bytes; NULL: none),
+** else into a new heap buffer that replaces *buf.
+*/
 static bool put_in_front(rt_actor_t *self, mqtt_str_t *t, size_t at, const char *prefix,
-                         size_t plen, char **buf)
+                         size_t plen, char **buf, char *room, size_t room_len)
 {
     size_t len = t->len + plen;
     if (len > RT_TOPIC_MAX_LEN)
         return false;
-    char *out = rt_alloc(self, len + 1, RT_OBJ_LEAF);
+    char *out = room && len < room_len ? room : rt_alloc(self, len + 1, RT_OBJ_LEAF);
     if (!out)
         return false;
     memcpy(out, t->p, at);
     memcpy(out + at, prefix, plen);
     memcpy(out + at + plen, t->p + at, t->len - at);
     out[len] = 0;
-    rt_free(self, *buf);
-    *buf = out;
+    if (out != room) {
+        rt_free(self, *buf);
+        *buf = out;
+    }
     *t = (mqtt_str_t){(const uint8_t *)out, (uint32_t)len};
     return true;
 }
 
-bool rt__conn_mount_name(rt_actor_t *self, const conn_t *c, mqtt_str_t *t, char **buf)
+bool rt__conn_mount_name(rt_actor_t *self, const conn_t *c, mqtt_str_t *t, char *room,
+                         size_t room_len, char **buf)
 {
     const rt_tenant_t *tn = rt__conn_tenant(c);
-    return !tn || put_in_front(self, t, 0, rt_tenant_mount(tn), rt_tenant_mount_len(tn), buf);
+    return !tn || put_in_front(self, t, 0, rt_tenant_mount(tn), rt_tenant_mount_len(tn), buf,
+                               room, room_len);
 }
 
 bool rt__conn_mount_filter(rt_actor_t *self, const conn_t *c, mqtt_str_t *f, char **buf)
@@ -70,7 +77,7 @@ bool rt__conn_mount_filter(rt_actor_t *self, const conn_t *c, mqtt_str_t *f, cha
             return false;
         at = (size_t)(slash + 1 - f->p);
     }
-    return put_in_front(self, f, at, rt_tenant_mount(tn), rt_tenant_mount_len(tn), buf);
+    return put_in_front(self, f, at, rt_tenant_mount(tn), rt_tenant_mount_len(tn), buf, NULL, 0);
 }
 
 bool rt__conn_unmount(const conn_t *c, mqtt_str_t *t)

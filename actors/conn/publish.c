@@ -406,17 +406,17 @@ int rt__conn_handle_publish(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
 }
 
 /*
-** A tenant's PUBLISH within its rate: its topic put under the mountpoint (the new bytes in
-** *mounted, the caller's to free). False when refused (answered here).
+** A tenant's PUBLISH within its rate: its topic put under the mountpoint, in room (room_len
+** bytes) or in *mounted, the caller's to free. False when refused (answered here).
 */
 static bool publish_mounted(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, rt_tenant_t *tenant,
-                            char **mounted)
+                            char *room, size_t room_len, char **mounted)
 {
     if (!rt_tenant_publish(tenant)) {
         refuse_publish(c, pk, MQTT_RC_QUOTA_EXCEEDED);
         return false;
     }
-    if (rt__conn_mount_name(self, c, &pk->publish.topic, mounted))
+    if (rt__conn_mount_name(self, c, &pk->publish.topic, room, room_len, mounted))
         return true;
     rt_free(self, *mounted);
     *mounted = NULL;
@@ -457,9 +457,9 @@ static int publish_resolved(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         return 0;
     }
     /* A tenant's PUBLISH: within its rate, and its topic under the mountpoint from here on. */
-    char *mounted = NULL;
+    char *mounted = NULL, room[256]; /* most topics with their mountpoint fit the room */
     rt_tenant_t *tenant = rt__conn_tenant(c);
-    if (tenant && !publish_mounted(self, c, pk, tenant, &mounted))
+    if (tenant && !publish_mounted(self, c, pk, tenant, room, sizeof(room), &mounted))
         return 0;
     int rc = 0;
     uint8_t qos = pk->publish.qos;
