@@ -934,7 +934,7 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"bridges", NULL, rt__admin_bridges_list, 0, NULL, NULL},
     {"tenants", "list", rt__admin_tenants_list, 0, "tenants list",
      "Tenants with a session now (their mountpoints): connections, subscriptions, retained "
-     "bytes, messages in and out, and refusals by their quotas."},
+     "bytes, messages in and out, refusals by their quotas, and the quotas in force."},
     {"tenants", NULL, rt__admin_tenants_list, 0, NULL, NULL},
     {"bridges", "show", rt__admin_bridges_show, 0, "bridges show NAME",
      "One bridge whole: its maps, version, QoS, connects and failures besides list's."},

@@ -1,6 +1,7 @@
 /*
 ** `tenants list`: the tenants that have a session now (broker/tenant.h), with their
-** mountpoint, what they hold against their quotas, their messages and their refusals.
+** mountpoint, what they hold against their quotas and the quotas, their messages and their
+** refusals.
 */
 #include "admin_impl.h"
 #include "tenant.h"
@@ -20,6 +21,11 @@ static void add_tenant(const rt_tenant_info_t *t, void *arg)
     for (int q = 0; q < RT_TENANT_QUOTAS; q++)
         refused += t->refused[q];
     rt_doc_add_u64(o, "refused", refused);
+    /* What it is held to now (its own quotas, else the tenant_max_* settings; 0: none). */
+    rt_doc_add_i64(o, "max_connections", t->limits[RT_TENANT_CONNECTIONS]);
+    rt_doc_add_i64(o, "max_subscriptions", t->limits[RT_TENANT_SUBSCRIPTIONS]);
+    rt_doc_add_i64(o, "max_publish_rate", t->limits[RT_TENANT_PUBLISH_RATE]);
+    rt_doc_add_i64(o, "max_retained_bytes", t->limits[RT_TENANT_RETAINED_BYTES]);
 }
 
 int rt__admin_tenants_list(rt_admin_cmd_t *c)

@@ -44,6 +44,10 @@ static struct {
     size_t nbuckets, count;
 } table = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* A quota: the tenant's own (tenants) when it sets it, else the tenant_max_* setting. */
+#define QUOTA(t, f)                                                                                \
+    ((t)->own && (t)->own->max_##f >= 0 ? (t)->own->max_##f : RT_LIVE(tenant_max_##f))
+
 static bool one_level(const char *s, size_t len)
 {
     for (size_t i = 0; i < len; i++)
@@ -203,10 +207,6 @@ static bool refuse(rt_tenant_t *t, rt_tenant_quota_t q)
     return false;
 }
 
-/* A quota: the tenant's own (tenants) when it sets it, else the tenant_max_* setting. */
-#define QUOTA(t, f)                                                                                \
-    ((t)->own && (t)->own->max_##f >= 0 ? (t)->own->max_##f : RT_LIVE(tenant_max_##f))
-
 /* Counts one more in *n unless it is at max (0: none). */
 static bool take_one(atomic_ullong *n, long max)
 {
@@ -316,6 +316,10 @@ size_t rt_tenant_each(void (*fn)(const rt_tenant_info_t *info, void *arg), void 
                                      .messages_out = atomic_load(&t->messages_out)};
             for (int q = 0; q < RT_TENANT_QUOTAS; q++)
                 info.refused[q] = atomic_load(&t->refused[q]);
+            info.limits[RT_TENANT_CONNECTIONS] = QUOTA(t, connections);
+            info.limits[RT_TENANT_SUBSCRIPTIONS] = QUOTA(t, subscriptions);
+            info.limits[RT_TENANT_PUBLISH_RATE] = QUOTA(t, publish_rate);
+            info.limits[RT_TENANT_RETAINED_BYTES] = QUOTA(t, retained_bytes);
             fn(&info, arg);
         }
     pthread_mutex_unlock(&table.lock);

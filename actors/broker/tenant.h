@@ -71,6 +71,7 @@ typedef struct rt_tenant_info_s {
     uint64_t connections, subscriptions, retained_bytes;
     uint64_t messages_in, messages_out;
     uint64_t refused[RT_TENANT_QUOTAS];
+    long limits[RT_TENANT_QUOTAS]; /* the quotas in force for it now; 0: none */
 } rt_tenant_info_t;
 
 /* Calls fn for each tenant under the table's lock (fn must not call in here); how many. */

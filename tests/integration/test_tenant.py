@@ -502,6 +502,12 @@ def test_tenant_quotas(tmp_path, stopper):
     row = tenant_row(b, "t1/")
     assert row is not None and row["connections"] == str(int(metric("rt_tenant_connections")))
     assert tenant_row(b, "t2/")["connections"] == "1"
+    code, out, err = b.ctl("tenants", "list", json=True)
+    assert code == 0, err
+    t1_row = [t for t in json.loads(out) if t["tenant"] == "t1/"][0]
+    # the quotas in force: the settings, each set back to 0 (none) above but this one
+    assert (t1_row["max_connections"], t1_row["max_subscriptions"], t1_row["max_publish_rate"],
+            t1_row["max_retained_bytes"]) == (0, 0, 0, 100), t1_row
 
 
 NODE_DIR = os.path.join(ROOT, "tests", "node")
@@ -696,6 +702,9 @@ def test_a_tenants_own_quotas(tmp_path, stopper):
     assert suback(t2, "x") == 1 and suback(t2, "y", pid=2) == QUOTA_EXCEEDED
     code, out, _ = b.ctl("config", "show")
     assert code == 0 and "tenants.t2/.max_connections" in out, out[-3000:]
+    code, out, _ = b.ctl("tenants", "list", json=True)
+    limits = {t["tenant"]: (t["max_connections"], t["max_subscriptions"]) for t in json.loads(out)}
+    assert limits == {"t1/": (3, 1), "t2/": (1, 1)}, limits  # t2's own, and the settings
     for c in t1 + [t2]:
         c.disconnect()
 
