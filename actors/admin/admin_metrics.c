@@ -619,13 +619,13 @@ static void sinks_section(rt_buf_t *b, const scrape_t *s)
 #define TENANTS_MAX 10000 /* a scrape's series stay bounded when every user is a tenant */
 typedef struct {
     rt_tenant_info_t *all;
-    size_t n;
+    size_t n, cap;
 } tenants_t;
 
 static void copy_tenant(const rt_tenant_info_t *t, void *arg)
 {
     tenants_t *ts = arg;
-    if (ts->n == TENANTS_MAX)
+    if (ts->n == TENANTS_MAX || rt_grow(&ts->all, &ts->cap, ts->n + 1, sizeof(*ts->all), 16))
         return;
     rt_tenant_info_t *c = &ts->all[ts->n];
     *c = *t;
@@ -635,9 +635,7 @@ static void copy_tenant(const rt_tenant_info_t *t, void *arg)
 
 static void tenants_section(rt_buf_t *b)
 {
-    tenants_t ts = {calloc(TENANTS_MAX, sizeof(rt_tenant_info_t)), 0};
-    if (!ts.all)
-        return;
+    tenants_t ts = {0};
     rt_tenant_each(copy_tenant, &ts);
     static const struct {
         const char *name, *type, *help;

@@ -26,7 +26,7 @@ typedef struct {
     int result; /* RT_AUTH_OK, RT_AUTH_BAD_PASSWORD or RT_AUTH_ANONYMOUS_REFUSED (ignore) */
     char *acl;
     size_t acl_len;
-    char mount[RT_CONF_MOUNT_MAX];
+    char *mount; /* malloc'd, or NULL: none (most answers: the cache holds up to cache_max) */
 } cached_t;
 
 struct rt_authhttp_s {
@@ -64,8 +64,10 @@ void rt_authhttp_free(rt_authhttp_t *a)
 {
     if (!a)
         return;
-    for (size_t i = 0; a->cache && i < a->nsets * CACHE_WAYS; i++)
+    for (size_t i = 0; a->cache && i < a->nsets * CACHE_WAYS; i++) {
         free(a->cache[i].acl);
+        free(a->cache[i].mount);
+    }
     free(a->cache);
     rt_httpc_free(a->http);
     pthread_mutex_destroy(&a->lock);
@@ -135,7 +137,7 @@ static bool cache_get(rt_authhttp_t *a, const uint8_t key[32], bool stale_ok, in
         hit = true;
         if (grant && e->result == RT_AUTH_OK) {
             grant->expire_at_s = e->expire_at_s;
-            memcpy(grant->mount, e->mount, sizeof(grant->mount));
+            snprintf(grant->mount, sizeof(grant->mount), "%s", e->mount ? e->mount : "");
             grant->acl = e->acl ? malloc(e->acl_len + 1) : NULL;
             if (grant->acl) {
                 memcpy(grant->acl, e->acl, e->acl_len + 1);
@@ -159,6 +161,11 @@ static void cache_put(rt_authhttp_t *a, const uint8_t key[32], int result,
         return;
     if (acl)
         memcpy(acl, grant->acl, grant->acl_len + 1);
+    char *mount = grant && grant->mount[0] ? strdup(grant->mount) : NULL;
+    if (grant && grant->mount[0] && !mount) {
+        free(acl);
+        return;
+    }
     pthread_mutex_lock(&a->lock);
     cached_t *e = cache_find(a, key);
     if (!e) { /* an empty way, or the oldest */
@@ -175,16 +182,14 @@ static void cache_put(rt_authhttp_t *a, const uint8_t key[32], int result,
             a->entries++;
     }
     free(e->acl);
+    free(e->mount);
     memcpy(e->key, key, 32);
     e->added_ms = rt_mono_ms() | 1; /* never 0: that is empty */
     e->result = result;
     e->expire_at_s = grant ? grant->expire_at_s : 0;
     e->acl = acl;
     e->acl_len = acl ? grant->acl_len : 0;
-    if (grant)
-        memcpy(e->mount, grant->mount, sizeof(e->mount));
-    else
-        e->mount[0] = 0;
+    e->mount = mount;
     pthread_mutex_unlock(&a->lock);
 }
 
