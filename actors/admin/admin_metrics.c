@@ -528,6 +528,23 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_archive_dropped_total", "counter",
             "Message copies not archived: the store fell behind or could not write.",
             atomic_load(&x->archive_dropped));
+    one_u64(b, "rt_xmpp_muc_rooms", "gauge", "Group chat rooms open now (XEP-0045).",
+            atomic_load(&x->muc_rooms));
+    one_u64(b, "rt_xmpp_muc_rooms_refused_total", "counter",
+            "Joins refused because they would have made a room past xmpp.muc_max_rooms.",
+            atomic_load(&x->muc_rooms_refused));
+    one_u64(b, "rt_xmpp_muc_messages_total", "counter",
+            "Groupchat messages rooms took and sent to their occupants.",
+            atomic_load(&x->muc_messages));
+    one_u64(b, "rt_xmpp_muc_limited_total", "counter",
+            "Groupchat messages refused past xmpp.muc_message_rate.", atomic_load(&x->muc_limited));
+    one_u64(b, "rt_xmpp_muc_dropped_total", "counter",
+            "Messages to a room that ended as they reached it (a join makes the room again; "
+            "an iq is answered).",
+            atomic_load(&x->muc_dropped));
+    one_u64(b, "rt_xmpp_muc_occupants_dropped_total", "counter",
+            "Occupants removed from their rooms (status 333) because their client stopped reading.",
+            atomic_load(&x->muc_lagging));
 }
 
 static void rules_section(rt_buf_t *b, const scrape_t *s)

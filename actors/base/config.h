@@ -151,6 +151,16 @@ typedef struct rt_conf_xmpp_s {
     long max_vcard_size;        /* bytes of one account's vCard (XEP-0054), default 64 KiB */
     bool archive;               /* keep the message archive (XEP-0313), default true */
     long max_archive_messages;  /* per account, default 10000: the oldest go past it */
+    /* Group chat (XEP-0045): the MUC service's domain, @HOST@ standing for each of hosts
+       ("conference.@HOST@" as ejabberd writes it); "": no MUC service. */
+    char muc_host[RT_CONF_XMPP_HOST_MAX];
+    long muc_max_occupants; /* in one room, default 200 (ejabberd's max_users) */
+    long muc_history;       /* groupchat messages a room keeps for joiners, default 20 */
+    long muc_max_rooms;     /* rooms on this node at once, default 10000 */
+    long muc_message_rate;  /* groupchat messages an occupant may send a second (as many at
+                               once), default 50; 0 = no limit */
+    bool muc_room_locking;  /* a new room refuses others until its owner configures it
+                               (XEP-0045 7.2.10), default true */
 } rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */

@@ -702,6 +702,30 @@ const rt_setting_t rt__conf_table_settings[] = {
             "Management); false: nothing archived, the feature not offered"},
     XMPP_INT(max_archive_messages, 10000, 1, 10000000, "messages",
              "archived for one account; past it the oldest are dropped"),
+    {.name = "xmpp.muc_host",
+     .type = RT_SET_STRING,
+     .text = "",
+     .offset = X_OFF(muc_host),
+     .size = sizeof(((rt_conf_xmpp_t *)0)->muc_host),
+     .doc = "the group chat service's domain (XEP-0045), @HOST@ standing for each of hosts: "
+            "\"conference.@HOST@\" serves rooms at room@conference.example.org; \"\": none"},
+    XMPP_INT(muc_max_occupants, 200, 1, 100000, "occupants",
+             "in one room; a join past it is refused with service-unavailable"),
+    XMPP_INT(muc_history, 20, 0, 1000, "messages",
+             "a room keeps and sends to each occupant joining it"),
+    XMPP_INT(muc_max_rooms, 10000, 1, 10000000, "rooms",
+             "on this node at once; a join that would make one more is refused with "
+             "resource-constraint"),
+    XMPP_INT(muc_message_rate, 50, 0, 1000000, "per second",
+             "groupchat messages one occupant may send (as many at once); past it "
+             "resource-constraint; 0 = no limit"),
+    {.name = "xmpp.muc_room_locking",
+     .type = RT_SET_BOOL,
+     .num = 1,
+     .offset = X_OFF(muc_room_locking),
+     .doc = "a room made by a join lets nobody else in (item-not-found) until its owner "
+            "configures it, the instant-room form or the full one (XEP-0045 7.2.10, as "
+            "Prosody); false: open at once (as ejabberd)"},
     {.name = NULL},
 };
 

@@ -39,6 +39,31 @@ void rt__c2s_write(c2s_t *c, const void *p, size_t n)
     int rc = c->xp ? rt_xport_write(c->xp, c->sock, p, n) : rt_sock_write(c->sock, p, n);
     if (rc)
         c->closing = true; /* the stream is broken: the actor ends at its turn's end */
+    else if (!c->slow_check && !c->shedding && rt_sock_pending(c->sock) > RT_SOCK_HIGH_WATER)
+        c->slow_check =
+            rt_send_after_tag(C2S_SLOW_MS, rt_self(rt_current()), C2S_MSG_SLOW_CHECK, NULL) == 0;
+}
+
+/* Behind on its output since the check was armed: rooms drop it rather than wait for it. */
+static void on_slow_check(rt_actor_t *self, c2s_t *c)
+{
+    c->slow_check = false;
+    if (!c->sock || c->shedding || rt_sock_pending(c->sock) <= RT_SOCK_HIGH_WATER)
+        return;
+    c->shedding = true;
+    rt_shed(self, true);
+    rt_sock_set_high_water(c->sock, C2S_SLOW_HIGH_WATER);
+    rt_log(RT_LOG_WARNING, "xmpp.slow_client", "jid=%s unsent=%zu", c->jid ? c->jid->s : "-",
+           rt_sock_pending(c->sock));
+}
+
+/* Its client read everything it was sent. */
+static void caught_up(rt_actor_t *self, c2s_t *c)
+{
+    c->shedding = false;
+    rt_shed(self, false);
+    rt_sock_set_high_water(c->sock, 0);
+    rt_log(RT_LOG_INFO, "xmpp.slow_client_caught_up", "jid=%s", c->jid ? c->jid->s : "-");
 }
 
 void rt__c2s_write_buf(c2s_t *c, rt_buf_t *b)
@@ -667,6 +692,8 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     switch (m->tag) {
     case RT_MSG_SOCKET: {
         uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
+        if ((events & RT_SOCK_WRITABLE) && c->shedding && c->sock)
+            caught_up(self, c);
         if ((events & RT_SOCK_WRITABLE) && c->sock && c->xp && !c->waiting) {
             rt_sock_pause_reading(c->sock, false);
             rt_xport_owner_t o = owner_of(c);
@@ -694,6 +721,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case C2S_MSG_STANZA:
         rt__c2s_deliver(self, c, m);
+        break;
+    case C2S_MSG_SLOW_CHECK:
+        on_slow_check(self, c);
         break;
     case C2S_MSG_ROSTER:
     case C2S_MSG_ROSTER_ITEM:
@@ -803,6 +833,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "resume_timeout";
     case C2S_MSG_HIBERNATE:
         return "hibernate";
+    case C2S_MSG_SLOW_CHECK:
+        return "slow_check";
     case C2S_MSG_STORE_REPLY:
         return "store_reply";
     case C2S_MSG_STANZA:

@@ -54,6 +54,12 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t registrations_limited; /* refused past xmpp.register_rate */
     _Atomic uint64_t archived;         /* copies written to the message archive (XEP-0313) */
     _Atomic uint64_t archive_dropped;  /* copies not archived: the store behind or failing */
+    _Atomic uint64_t muc_rooms;        /* group chat rooms open (XEP-0045) */
+    _Atomic uint64_t muc_rooms_refused; /* joins that would have made a room past muc_max_rooms */
+    _Atomic uint64_t muc_messages;      /* groupchat messages a room took and sent on */
+    _Atomic uint64_t muc_limited;       /* groupchat messages refused past muc_message_rate */
+    _Atomic uint64_t muc_dropped;       /* stanzas to a room that ended as they came */
+    _Atomic uint64_t muc_lagging;       /* occupants removed: their client stopped reading (333) */
 } rt_c2s_stats_t;
 
 extern rt_c2s_stats_t rt_c2s_stats;

@@ -42,6 +42,12 @@
 #define C2S_MSG_SM_SOCKET (RT_C2S_MSG_BASE + 19)      /* the resuming connection's socket */
 #define C2S_MSG_SM_TIMEOUT (RT_C2S_MSG_BASE + 20)     /* a detached session's time ran out */
 #define C2S_MSG_HIBERNATE (RT_C2S_MSG_BASE + 21)      /* quiet long enough: compact the heap */
+#define C2S_MSG_SLOW_CHECK (RT_C2S_MSG_BASE + 25)     /* still behind on its output? */
+/* A session whose client has left more than RT_SOCK_HIGH_WATER unsent this long is slow: rooms
+   stop sending to it (they drop it from the room, XEP-0045's 333, rather than wait), and its
+   socket's pressure mark goes up to C2S_SLOW_HIGH_WATER so that nothing stays parked on it. */
+#define C2S_SLOW_MS 1000
+#define C2S_SLOW_HIGH_WATER (4u << 20)
 
 /*
 ** A bound session quiet this long (no message handled) is collected down to its live data
@@ -110,6 +116,9 @@ enum {
     C2S_OP_PASSWD,        /* data: iq id NUL password: new keys */
     C2S_OP_UNREGISTER,    /* data: iq id: delete it, end its sessions (C2S_MSG_ACCOUNT_GONE) */
 };
+/* A persistent room's state (host: the MUC service's domain, user: the room's localpart; data:
+   the room's blob, none: forget the room). Nothing is answered. */
+#define C2S_OP_MUC_PUT 80
 #define C2S_OP_IS_REGISTER(op) ((op) >= C2S_OP_REGISTER && (op) <= C2S_OP_UNREGISTER)
 
 /* A chat to archive (C2S_OP_ARCHIVE; the request's host and user are the sender's). */
@@ -117,8 +126,9 @@ typedef struct c2s_archive_s {
     int64_t stamp_ms;
     int64_t out_id;  /* the sender's copy's archive id; 0: the sender keeps none (anonymous) */
     int64_t in_id;   /* the receiver's; 0: none */
-    uint32_t to_len; /* the receiver's bare JID, after this header */
-    uint32_t pad;
+    uint32_t to_len; /* the receiver's bare JID, after this header (a room's: the sender's
+                        occupant JID, room@service/nick, what the room's copy is "with") */
+    uint32_t room;   /* 1: a room's copy (host, user: its service and localpart), out_id only */
 } c2s_archive_t;
 
 /* An archive query (C2S_OP_MAM_QUERY), checked by the session: as rt_archive_query_t. */
@@ -126,6 +136,7 @@ typedef struct c2s_mam_query_s {
     int64_t start_ms, end_ms, after, before;
     uint32_t max; /* 0: only the count (XEP-0059 2.6) */
     uint32_t last;
+    rt_pid_t reply_to; /* the asking session; 0: the request's sender (a room asks for one) */
 } c2s_mam_query_t;
 
 /*
@@ -199,6 +210,8 @@ typedef struct c2s_global_s {
     /* The per-address connection count takes a proxied client's real address (the MQTT
        listener's table, actors/conn); NULL: not counted. */
     bool (*admit_peer)(int fd, const rt_auth_addr_t *addr);
+    /* Group chat (c2s_muc.c): each host's MUC service domain ("" when xmpp.muc_host is). */
+    char muc[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX];
 } c2s_global_t;
 
 extern c2s_global_t rt__c2s;
@@ -271,6 +284,8 @@ typedef struct c2s_s {
     uint32_t resume_h;    /* and what the client said it handled */
     bool reopening;       /* the stream is reopened for a resumed session: no header goes out */
     bool hibernate_armed; /* a C2S_MSG_HIBERNATE timer is on its way */
+    bool slow_check;      /* a C2S_MSG_SLOW_CHECK timer is on its way */
+    bool shedding;        /* slow: rooms' sends are dropped at their source (rt_shed) */
     uint64_t last_active_ms; /* the last message handled (the hibernation's clock) */
     bool broadcast_due; /* initial presence waits for the roster to be broadcast */
     bool presence_ready; /* C2S_MSG_PRESENCE_READY came, and nothing changed since */
@@ -369,6 +384,10 @@ void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 bool rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b); /* false: not sent (gone, no memory) */
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
+/* el's attributes as a stanza passed on keeps them: all but from and to, xml:lang too. */
+void rt__c2s_put_attrs(rt_buf_t *b, const rt_xml_el_t *el);
+/* A XEP-0082 DateTime of unix ms, in UTC with milliseconds. */
+void rt__c2s_put_stamp(rt_buf_t *b, int64_t ms);
 /* Asks the store about the session's own account (its host and user). */
 int rt__c2s_ask_own(const c2s_t *c, uint32_t op, const void *data, size_t len);
 /* <presence type='unavailable'/> from the session's full JID. */
@@ -399,6 +418,53 @@ void rt__c2s_directed_end(rt_actor_t *self, c2s_t *c, const rt_buf_t *b);
 /* Unavailable from this resource to the contacts and directed-presence entities that the
    blocklist `list` blocks and the session's current one does not (XEP-0191 3.3). */
 void rt__c2s_unavailable_to_blocked(rt_actor_t *self, c2s_t *c, const uint8_t *list, size_t llen);
+
+/* ---- Group chat (XEP-0045): c2s_muc.c, the service; c2s_muc_room.c, a room an actor ---- */
+#define NS_MUC "http://jabber.org/protocol/muc"
+#define NS_MUC_USER NS_MUC "#user"
+#define NS_MUC_ADMIN NS_MUC "#admin"
+#define NS_MUC_OWNER NS_MUC "#owner"
+/* A stanza for the MUC service or a room, as the sending session wrote it (from stamped). */
+#define C2S_MSG_MUC (RT_C2S_MSG_BASE + 0x60)
+/* A room to the service: c2s_muc_info_t then the room's bare JID and its name. */
+#define C2S_MSG_MUC_INFO (RT_C2S_MSG_BASE + 0x61)
+#define RT_C2S_MUC_NAME "xmpp_muc"
+typedef struct c2s_muc_info_s {
+    uint32_t occupants;
+    uint16_t jid_len, name_len;
+    bool listed; /* public (muc#roomconfig_publicroom) and alive */
+} c2s_muc_info_t;
+/* The host whose MUC service domain this is, or -1. */
+int rt__c2s_muc_index(const char *domain, size_t len);
+/* A stanza the session routes to a MUC domain (to is prepared): to the service, or to the room
+   (made by a join when there is none); answered with an error where nothing takes it. */
+void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                       const rt_buf_t *bytes);
+/* A stanza that reached a room as it ended: a join makes the room again, an iq is answered. */
+void rt__c2s_muc_reroute(rt_msg_t *m);
+int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
+/* The room actor (c2s_muc_room.c), spawned with this: a new room has no state; one kept in
+   xmpp.db (persistent) is made again at start with what it saved. */
+typedef struct c2s_room_arg_s {
+    const char *jid; /* the room's bare JID, NUL-terminated */
+    const uint8_t *state;
+    size_t state_len;
+} c2s_room_arg_t;
+extern const rt_actor_type_t rt__c2s_room_type;
+/* The parser rooms and the service read their stanzas with; ctx's first field is a
+   c2s_muc_parse_t. */
+typedef struct c2s_muc_parse_s {
+    rt_xml_stream_t xs;
+    int (*on_stanza)(void *ctx, rt_xml_el_t *el);
+} c2s_muc_parse_t;
+int rt__c2s_muc_parse_init(c2s_muc_parse_t *p);
+/* Parses one stanza's bytes (as a session wrote them), calling p->on_stanza. */
+int rt__c2s_muc_parse(c2s_muc_parse_t *p, const void *data, size_t len);
+void rt__c2s_muc_free(rt_xml_el_t *el);
+/* A stanza error answering el as an entity other than a session writes it: from el's to, to
+   el's from. */
+void rt__c2s_put_error(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to,
+                       const char *type, const char *cond);
 
 /* c2s_admin.c */
 void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
@@ -432,6 +498,24 @@ bool rt__c2s_vcard_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, cons
 void rt__c2s_mam_message(c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to, rt_buf_t *b);
 void rt__c2s_mam_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
                     bool get);
+/*
+** A query's form (XEP-0313 4.1) and page (XEP-0059) into q and with: NULL, or the condition of
+** the error refusing it (*why, its text).
+*/
+const char *rt__c2s_mam_parse(const rt_xml_el_t *query, c2s_mam_query_t *q, rt_jid_buf_t *with,
+                              bool *has_with, const char **why);
+/* Asks the archive actor for the page of the archive of user@host that q (and with: a bare JID,
+   or NULL) says, answered to full (its session: q->reply_to, or the caller) from `from`, with
+   the iq's id and the query's queryid. 0, or RT_ENOMEM, RT_ENOPROC. */
+int rt__c2s_mam_ask(const char *host, const char *user, const c2s_mam_query_t *q, const char *id,
+                    const char *queryid, const char *full, const char *from, const char *with);
+/* The query form (4.1.5), the payload of a result: to b. */
+void rt__c2s_mam_put_form(rt_buf_t *b);
+/* A room's groupchat message (b: as kept, from its occupant JID `with`) to the room's archive
+   (service, room: its domain and localpart), unless archiving is off or el is hinted not to
+   be kept (XEP-0334): true, and *id its archive id. */
+bool rt__c2s_mam_room(const rt_xml_el_t *el, const char *service, const char *room,
+                      const char *with, const rt_buf_t *b, int64_t *id);
 /* Whether the account keeps an archive; its disco#info features when it does. */
 bool rt__c2s_mam_on(const c2s_t *c);
 void rt__c2s_mam_features(rt_buf_t *b, const c2s_t *c);

@@ -70,6 +70,55 @@ static bool archivable(const rt_xml_el_t *el)
            !rt_xml_child(el, "no-permanent-store", NS_HINTS);
 }
 
+/*
+** Sends the archive actor a copy to write (h, host and user: the sender's, or a room's; to:
+** h->to_len bytes), counted in flight until it is written; one past the bound, or that cannot
+** go, is dropped and counted: 0, or RT_ELIMIT.
+*/
+static int archive(const c2s_archive_t *h, const char *host, const char *user, const char *to,
+                   const rt_buf_t *b)
+{
+    size_t len = sizeof(*h) + h->to_len + b->len;
+    if (atomic_fetch_add_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed) + len >
+        C2S_ARCHIVE_INFLIGHT_MAX) {
+        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
+        return RT_ELIMIT;
+    }
+    rt_pid_t pid = rt_whereis(RT_C2S_ARCHIVE_NAME);
+    rt_msg_t *m =
+        pid ? rt__c2s_store_msg(C2S_OP_ARCHIVE, 0, host, strlen(host), user, strlen(user), 0, len)
+            : NULL;
+    if (m) {
+        uint8_t *p = rt__c2s_store_data(m);
+        memcpy(p, h, sizeof(*h));
+        memcpy(p + sizeof(*h), to, h->to_len);
+        memcpy(p + sizeof(*h) + h->to_len, b->data, b->len);
+    }
+    if (!m || rt_send_unmuted(pid, m) != 0) {
+        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
+        return RT_ELIMIT;
+    }
+    return 0;
+}
+
+bool rt__c2s_mam_room(const rt_xml_el_t *el, const char *service, const char *room,
+                      const char *with, const rt_buf_t *b, int64_t *id)
+{
+    if (!rt__c2s.conf->archive || b->oom || rt_xml_child(el, "no-store", NS_HINTS) ||
+        rt_xml_child(el, "no-permanent-store", NS_HINTS))
+        return false;
+    c2s_archive_t h = {.stamp_ms = (int64_t)rt_wall_ms(),
+                       .out_id = next_ids(1),
+                       .to_len = (uint32_t)strlen(with),
+                       .room = 1};
+    if (archive(&h, service, room, with, b) != 0)
+        return false;
+    *id = h.out_id;
+    return true;
+}
+
 void rt__c2s_mam_message(c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to, rt_buf_t *b)
 {
     static const char end[] = "</message>";
@@ -84,40 +133,19 @@ void rt__c2s_mam_message(c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to, rt
     bool out = !c->anonymous, in = rt__c2s_host_index(rt_jid_domain(to), to->domain) >= 0;
     if (!out && !in)
         return;
-    size_t to_len = rt_jid_bare_len(to), len = sizeof(c2s_archive_t) + to_len + b->len;
-    if (atomic_fetch_add_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed) + len >
-        C2S_ARCHIVE_INFLIGHT_MAX) {
-        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
-        return;
-    }
     int64_t first = next_ids(2);
     c2s_archive_t h = {.stamp_ms = (int64_t)rt_wall_ms(),
                        .out_id = out ? first : 0,
                        .in_id = in ? first + 1 : 0,
-                       .to_len = (uint32_t)to_len};
-    const char *host = rt__c2s.conf->hosts[c->host];
-    rt_pid_t archive = rt_whereis(RT_C2S_ARCHIVE_NAME);
-    rt_msg_t *m = archive ? rt__c2s_store_msg(C2S_OP_ARCHIVE, 0, host, strlen(host),
-                                              rt_jid_local(c->jid), c->jid->local, 0, len)
-                          : NULL;
-    if (m) {
-        uint8_t *p = rt__c2s_store_data(m);
-        memcpy(p, &h, sizeof(h));
-        memcpy(p + sizeof(h), to->s, to_len);
-        memcpy(p + sizeof(h) + to_len, b->data, b->len);
-    }
-    if (!m || rt_send_unmuted(archive, m) != 0) {
-        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
-        return;
-    }
-    if (!in)
+                       .to_len = (uint32_t)rt_jid_bare_len(to)};
+    char user[RT_JID_PART_MAX + 1];
+    snprintf(user, sizeof(user), "%.*s", (int)c->jid->local, rt_jid_local(c->jid));
+    if (archive(&h, rt__c2s.conf->hosts[c->host], user, to->s, b) != 0 || !in)
         return;
     /* The receiver's copy says where its archive keeps it (XEP-0359). */
     rt_buf_truncate(b, b->len - end_len);
     rt_buf_printf(b, "<stanza-id xmlns='%s'", NS_SID);
-    rt_xml_put_attr_len(b, "by", to->s, to_len);
+    rt_xml_put_attr_len(b, "by", to->s, h.to_len);
     rt_buf_printf(b, " id='%lld'/>%s", (long long)h.in_id, end);
 }
 
@@ -136,14 +164,20 @@ static void form(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 {
     rt_buf_t b = {0};
     rt__c2s_iq_result_start(&b, c, iq);
-    rt_buf_printf(&b,
+    rt__c2s_mam_put_form(&b);
+    rt_buf_printf(&b, "</iq>");
+    rt__c2s_write_stanza_buf(self, c, &b);
+}
+
+void rt__c2s_mam_put_form(rt_buf_t *b)
+{
+    rt_buf_printf(b,
                   "><query xmlns='%s'><x xmlns='%s' type='form'>"
                   "<field type='hidden' var='FORM_TYPE'><value>%s</value></field>"
                   "<field type='jid-single' var='with'/>"
                   "<field type='text-single' var='start'/>"
-                  "<field type='text-single' var='end'/></x></query></iq>",
+                  "<field type='text-single' var='end'/></x></query>",
                   NS_MAM, NS_DATA, NS_MAM);
-    rt__c2s_write_stanza_buf(self, c, &b);
 }
 
 /*
@@ -231,12 +265,8 @@ static const char *field_value(const rt_xml_el_t *f)
     return v && !rt_xml_next(v, "value", NS_DATA) ? rt_xml_text(v, NULL) : NULL;
 }
 
-/*
-** The query's filters (a data form, 4.1) and its page (XEP-0059) into q and with (a bare JID):
-** NULL, or the condition and text of the error that refuses it.
-*/
-static const char *parse_query(const rt_xml_el_t *query, c2s_mam_query_t *q, rt_jid_buf_t *with,
-                               bool *has_with, const char **why)
+const char *rt__c2s_mam_parse(const rt_xml_el_t *query, c2s_mam_query_t *q, rt_jid_buf_t *with,
+                              bool *has_with, const char **why)
 {
     *has_with = false;
     const rt_xml_el_t *x = rt_xml_child(query, "x", NS_DATA);
@@ -298,39 +328,49 @@ static const char *parse_query(const rt_xml_el_t *query, c2s_mam_query_t *q, rt_
     return NULL;
 }
 
+int rt__c2s_mam_ask(const char *host, const char *user, const c2s_mam_query_t *q, const char *id,
+                    const char *queryid, const char *full, const char *from, const char *with)
+{
+    rt_buf_t d = {0};
+    rt_buf_add(&d, q, sizeof(*q));
+    rt_buf_add(&d, id, strlen(id) + 1);
+    rt_buf_add(&d, queryid ? queryid : "", queryid ? strlen(queryid) + 1 : 1);
+    rt_buf_add(&d, full, strlen(full) + 1);
+    rt_buf_add(&d, from ? from : "", from ? strlen(from) + 1 : 1);
+    if (with)
+        rt_buf_add(&d, with, strlen(with));
+    rt_pid_t archive = rt_whereis(RT_C2S_ARCHIVE_NAME);
+    rt_msg_t *m = archive && !d.oom ? rt__c2s_store_msg(C2S_OP_MAM_QUERY, 0, host, strlen(host),
+                                                        user, strlen(user), 0, d.len)
+                                    : NULL;
+    if (m)
+        memcpy(rt__c2s_store_data(m), d.data, d.len);
+    int rc = !archive ? RT_ENOPROC : !m ? RT_ENOMEM : rt_send_unmuted(archive, m);
+    rt_buf_free(&d);
+    return rc;
+}
+
 static void query(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *qel)
 {
     c2s_mam_query_t q = {0};
     rt_jid_buf_t with;
     bool has_with;
-    const char *why = NULL, *cond = parse_query(qel, &q, &with, &has_with, &why);
+    const char *why = NULL, *cond = rt__c2s_mam_parse(qel, &q, &with, &has_with, &why);
     if (cond) {
         /* Not a malformed query but one this archive cannot answer: cancel (RFC 6120 8.3.3) */
         bool cancel = cond[0] == 'f' || cond[0] == 'i';
         error_text(self, c, iq, cancel ? "cancel" : "modify", cond, why);
         return;
     }
-    const char *id = rt_xml_attr(iq, "id"), *qid = rt_xml_attr(qel, "queryid"),
-               *from = rt_xml_attr(iq, "to");
-    rt_buf_t d = {0};
-    rt_buf_add(&d, &q, sizeof(q));
-    rt_buf_add(&d, id, strlen(id) + 1);
-    rt_buf_add(&d, qid ? qid : "", qid ? strlen(qid) + 1 : 1);
-    rt_buf_add(&d, c->jid->s, rt_jid_len(c->jid) + 1);
-    rt_buf_add(&d, from ? from : "", from ? strlen(from) + 1 : 1);
+    char bare_with[RT_JID_TEXT_MAX + 1];
     if (has_with)
-        rt_buf_add(&d, with.jid.s, rt_jid_bare_len(&with.jid));
-    const char *host = rt__c2s.conf->hosts[c->host];
-    rt_pid_t archive = rt_whereis(RT_C2S_ARCHIVE_NAME);
-    rt_msg_t *m = archive && !d.oom
-                      ? rt__c2s_store_msg(C2S_OP_MAM_QUERY, 0, host, strlen(host),
-                                          rt_jid_local(c->jid), c->jid->local, 0, d.len)
-                      : NULL;
-    if (m)
-        memcpy(rt__c2s_store_data(m), d.data, d.len);
-    if (!m || rt_send_unmuted(archive, m) != 0)
+        snprintf(bare_with, sizeof(bare_with), "%.*s", (int)rt_jid_bare_len(&with.jid), with.jid.s);
+    char user[RT_JID_PART_MAX + 1];
+    snprintf(user, sizeof(user), "%.*s", (int)c->jid->local, rt_jid_local(c->jid));
+    if (rt__c2s_mam_ask(rt__c2s.conf->hosts[c->host], user, &q, rt_xml_attr(iq, "id"),
+                        rt_xml_attr(qel, "queryid"), c->jid->s, rt_xml_attr(iq, "to"),
+                        has_with ? bare_with : NULL) != 0)
         rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
-    rt_buf_free(&d);
 }
 
 void rt__c2s_mam_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,

@@ -34,6 +34,17 @@ static const char *bare_text(const c2s_t *c, size_t *len)
 
 /* ---- Writing a stanza for another session ---- */
 
+void rt__c2s_put_attrs(rt_buf_t *b, const rt_xml_el_t *el)
+{
+    for (uint32_t i = 0; i < el->node.len; i++) {
+        const rt_xml_attr_t *a = &el->attrs[i];
+        if (!a->ns[0] && strcmp(a->name, "from") != 0 && strcmp(a->name, "to") != 0)
+            rt_xml_put_attr(b, a->name, a->value);
+        else if (strcmp(a->ns, RT_XML_NS_XML) == 0 && strcmp(a->name, "lang") == 0)
+            rt_xml_put_attr(b, "xml:lang", a->value);
+    }
+}
+
 /*
 ** el as its receivers get it: from stamped, to as prepared (to_text NULL: none), the other
 ** attributes and the children as they came.
@@ -45,13 +56,7 @@ void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, co
     rt_xml_put_attr(b, "from", from);
     if (to_text)
         rt_xml_put_attr(b, "to", to_text);
-    for (uint32_t i = 0; i < el->node.len; i++) {
-        const rt_xml_attr_t *a = &el->attrs[i];
-        if (!a->ns[0] && strcmp(a->name, "from") != 0 && strcmp(a->name, "to") != 0)
-            rt_xml_put_attr(b, a->name, a->value);
-        else if (strcmp(a->ns, RT_XML_NS_XML) == 0 && strcmp(a->name, "lang") == 0)
-            rt_xml_put_attr(b, "xml:lang", a->value);
-    }
+    rt__c2s_put_attrs(b, el);
     if (!el->children) {
         rt_xml_put_empty_end(b);
         return;
@@ -146,7 +151,13 @@ static void disco_items(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt_buf_t b = {0};
     iq_result_start(&b, c, iq);
     rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<query xmlns='%s'/></iq>", NS_DISCO_ITEMS);
+    rt_buf_printf(&b, "<query xmlns='%s'>", NS_DISCO_ITEMS);
+    if (rt__c2s.muc[c->host][0]) { /* how clients find the group chat service */
+        rt_xml_put_start(&b, "item");
+        rt_xml_put_attr(&b, "jid", rt__c2s.muc[c->host]);
+        rt_xml_put_empty_end(&b);
+    }
+    rt_buf_printf(&b, "</query></iq>");
     rt__c2s_write_stanza_buf(self, c, &b);
 }
 
@@ -671,6 +682,16 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         return 0; /* XEP-0191 3.6 */
     if (presence && !to) {
         presence_broadcast(self, c, el);
+        return 0;
+    }
+    if (to && rt__c2s_muc_index(rt_jid_domain(to), to->domain) >= 0) {
+        rt_buf_t b = {0};
+        rt__c2s_put_stanza(&b, el, c->jid->s, tb.jid.s);
+        /* A join is directed presence: the room hears of the session's end (RFC 6121 4.6). */
+        if (!presence || (type && strcmp(type, "unavailable") != 0) ||
+            rt__c2s_directed(self, c, el, to, !type))
+            rt__c2s_muc_route(self, c, el, to, &b);
+        rt_buf_free(&b);
         return 0;
     }
     if (presence && type && strcmp(type, "unavailable") != 0 && strcmp(type, "error") != 0) {

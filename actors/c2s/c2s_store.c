@@ -22,6 +22,7 @@
 #include "c2s_store.h"
 #include "group.h"
 #include "log.h"
+#include "xeps.h"
 
 #define NS_DELAY "urn:xmpp:delay"
 
@@ -298,6 +299,12 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_VCARD_SET:
         rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
         break;
+    case C2S_OP_MUC_PUT:
+        out.rc = rt_muc_room_put(s->accounts, host, user, data, r->data_len);
+        if (out.rc)
+            rt_log(RT_LOG_ERROR, "xmpp.muc_room_not_kept", "room=%s@%s error=%s", user, host,
+                   rt_strerror(out.rc));
+        break;
     case C2S_OP_PRESENCE_INIT: { /* kept messages, if any, are taken in a write transaction */
         /* The blocklist before the roster, whose arrival starts the broadcast (XEP-0191 3.3:
            no presence to a blocked contact), and before what was kept. */
@@ -355,8 +362,10 @@ int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t er
         rc = rt_supervisor_start_child(group, &c, NULL);
     if (!rc) /* after the store: the file is made or migrated by then */
         rc = rt__c2s_archive_start(group, data_dir);
-    if (rc)
+    if (rc) {
         snprintf(err, errlen, "cannot start the XMPP account store (%s/%s): %s", data_dir,
                  RT_ACCOUNTS_FILE, rt_strerror(rc));
-    return rc;
+        return rc;
+    }
+    return rt__c2s_muc_start(group, data_dir, err, errlen);
 }

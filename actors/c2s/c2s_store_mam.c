@@ -90,7 +90,7 @@ static void add(rt_accounts_t *a, c2s_batch_t *batch, const char *host, const ch
         return;
     }
     memcpy(batch->recs.data + start, &r, sizeof(r));
-    batch->n += (r.h.out_id != 0) + (r.h.in_id != 0);
+    batch->n += (r.h.out_id != 0) + (r.h.in_id != 0 && !r.h.room);
     if (batch->recs.len >= C2S_ARCHIVE_BATCH_BYTES)
         flush(a, batch);
 }
@@ -112,11 +112,11 @@ static void flush(rt_accounts_t *a, c2s_batch_t *batch)
             s[i] = p;
         const void *stanza = batch->recs.data + at + sizeof(r) + r.strings;
         if (r.h.out_id && n < batch->n)
-            e[n++] =
-                (rt_archive_entry_t){s[0], s[1], s[5], stanza, r.stanza, r.h.out_id, r.h.stamp_ms};
-        if (r.h.in_id && n < batch->n)
-            e[n++] =
-                (rt_archive_entry_t){s[2], s[3], s[4], stanza, r.stanza, r.h.in_id, r.h.stamp_ms};
+            e[n++] = (rt_archive_entry_t){s[0],     s[1],       s[5],         stanza,
+                                          r.stanza, r.h.out_id, r.h.stamp_ms, r.h.room != 0};
+        if (r.h.in_id && !r.h.room && n < batch->n)
+            e[n++] = (rt_archive_entry_t){s[2],     s[3],      s[4],         stanza,
+                                          r.stanza, r.h.in_id, r.h.stamp_ms, false};
         at += sizeof(r) + r.strings + r.stanza;
     }
     int rc = e          ? rt_archive_put(a, e, n, (int64_t)rt_wall_ms(),
@@ -166,7 +166,7 @@ static int take_row(int64_t id, int64_t stamp_ms, const void *stanza, size_t len
     return 0;
 }
 
-static void put_stamp(rt_buf_t *b, int64_t ms)
+void rt__c2s_put_stamp(rt_buf_t *b, int64_t ms)
 {
     time_t secs = (time_t)(ms / 1000);
     struct tm tm;
@@ -210,6 +210,8 @@ static void query(rt_accounts_t *a, rt_pid_t to, const char *host, const char *u
     if (len < sizeof(mq))
         return;
     memcpy(&mq, data, sizeof(mq));
+    if (mq.reply_to)
+        to = mq.reply_to; /* a room asked for one of its occupants */
     const char *s[4], *p = (const char *)data + sizeof(mq), *end = (const char *)data + len;
     for (int i = 0; i < 4; i++) {
         const char *z = memchr(p, 0, (size_t)(end - p));
@@ -263,7 +265,7 @@ static void query(rt_accounts_t *a, rt_pid_t to, const char *host, const char *u
                       " id='%lld'><forwarded xmlns='urn:xmpp:forward:0'>"
                       "<delay xmlns='urn:xmpp:delay' stamp='",
                       (long long)mid);
-        put_stamp(&b, stamp);
+        rt__c2s_put_stamp(&b, stamp);
         rt_buf_printf(&b, "'/>");
         rt_buf_add(&b, page.items.data + at + 20, l);
         rt_buf_printf(&b, "</forwarded></result></message>");

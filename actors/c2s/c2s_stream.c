@@ -145,6 +145,22 @@ void rt__c2s_stanza_error(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, con
     rt__c2s_stanza_error_app(self, c, el, type, cond, NULL);
 }
 
+void rt__c2s_put_error(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to,
+                       const char *type, const char *cond)
+{
+    rt_xml_put_start(b, el->name);
+    rt_xml_put_attr(b, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(b, "type", "error");
+    const char *id = rt_xml_attr(el, "id");
+    if (id)
+        rt_xml_put_attr(b, "id", id);
+    rt_xml_put_attr(b, "from", from);
+    if (to)
+        rt_xml_put_attr(b, "to", to);
+    rt_xml_put_start_end(b);
+    rt_buf_printf(b, "<error type='%s'><%s xmlns='%s'/>", type, cond, RT_XML_NS_STANZA_ERRORS);
+}
+
 void rt__c2s_stanza_error_app(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const char *type,
                               const char *cond, const char *app)
 {
@@ -152,19 +168,9 @@ void rt__c2s_stanza_error_app(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el,
     if (t && strcmp(t, "error") == 0)
         return; /* never an error about an error (RFC 6120 8.3.1) */
     rt_buf_t b = {0};
-    rt_xml_put_start(&b, el->name);
-    rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
-    rt_xml_put_attr(&b, "type", "error");
-    const char *id = rt_xml_attr(el, "id");
-    if (id)
-        rt_xml_put_attr(&b, "id", id);
     const char *to = rt_xml_attr(el, "to");
-    rt_xml_put_attr(&b, "from", to ? to : host_name(c));
-    if (c->jid)
-        rt_xml_put_attr(&b, "to", c->jid->s);
-    rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/>%s</error>", type, cond,
-                  RT_XML_NS_STANZA_ERRORS, app ? app : "");
+    rt__c2s_put_error(&b, el, to ? to : host_name(c), c->jid ? c->jid->s : NULL, type, cond);
+    rt_buf_printf(&b, "%s</error>", app ? app : "");
     rt_xml_put_end(&b, el->name);
     rt__c2s_write_stanza_buf(self, c, &b);
 }

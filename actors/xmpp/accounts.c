@@ -68,8 +68,18 @@
     "CREATE TABLE archive_counts(host TEXT NOT NULL, username TEXT NOT NULL, "                     \
     "  count INTEGER NOT NULL, PRIMARY KEY(host, username)) WITHOUT ROWID;"
 
+/*
+** Version 4: persistent group chat rooms (XEP-0045), keyed as accounts are: the service's
+** domain as host, the room's localpart as username. A room's configuration, subject and
+** affiliations are one blob the room writes and reads (c2s_muc_room.c): the file only keeps
+** it across restarts.
+*/
+#define SCHEMA_V4                                                                                  \
+    "CREATE TABLE muc_rooms(host TEXT NOT NULL, username TEXT NOT NULL, state BLOB NOT NULL, "     \
+    "  PRIMARY KEY(host, username)) WITHOUT ROWID;"
+
 /* A new file's tables: every version's, as a file migrated from version 1 has them. */
-static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3;
+static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3 SCHEMA_V4;
 
 /*
 ** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
@@ -78,6 +88,7 @@ static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3;
 static const rt_store_step_t steps[] = {
     {2, SCHEMA_V2},
     {3, SCHEMA_V3},
+    {4, SCHEMA_V4},
     {0, NULL},
 };
 

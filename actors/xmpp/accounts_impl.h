@@ -13,7 +13,8 @@
 
 #define RT__ACCOUNTS_STMTS 16 /* room for accounts.c's statements (it checks its count fits) */
 #define RT__ROSTER_STMTS 16   /* room for roster.c's */
-#define RT__XEPS_STMTS 24     /* room for blocking.c's, vcard.c's and archive.c's (xeps.h) */
+#define RT__XEPS_STMTS                                                                             \
+    32 /* room for blocking.c's, vcard.c's, archive.c's and the rooms' (xeps.h) */
 
 /* Owned by accounts.c (open, close); roster.c prepares and uses rst[]. */
 struct rt_accounts_s {
@@ -98,6 +99,9 @@ enum {
     XST_ARCH_COUNT,      /* how many: ?3 ?4 stamps */
     XST_ARCH_WITH_COUNT, /* the same with ?8 */
     XST_ARCH_LAST,       /* the greatest id */
+    XST_MUC_PUT,         /* xeps.c: persistent rooms (XEP-0045) */
+    XST_MUC_DEL,
+    XST_MUC_LIST,
     XST_N
 };
 _Static_assert(XST_N <= RT__XEPS_STMTS, "room for the XEPs' statements");

@@ -24,7 +24,7 @@ static int64_t put_one(rt_accounts_t *a, const rt_archive_entry_t *e, int64_t st
     if (rt__xeps_names(e->host, e->user, &n) || !e->with || !*e->with || !e->len ||
         e->len > INT32_MAX)
         return RT_EINVAL;
-    int rc = rt__xeps_account(a, &n);
+    int rc = e->room ? 1 : rt__xeps_account(a, &n);
     if (rc <= 0)
         return rc;
     sqlite3_stmt *st = keyed(a, XST_ARCH_PUT, &n);

@@ -42,6 +42,9 @@ static const char *const sql[XST_N] = {
     [XST_ARCH_WITH_COUNT] = "SELECT count(*) FROM archive WHERE " KEY
                             " AND stamp >= ?3 AND stamp <= ?4 AND with_jid = ?8",
     [XST_ARCH_LAST] = "SELECT max(id) FROM archive",
+    [XST_MUC_PUT] = "INSERT OR REPLACE INTO muc_rooms VALUES (?1, ?2, ?3)",
+    [XST_MUC_DEL] = "DELETE FROM muc_rooms WHERE " KEY,
+    [XST_MUC_LIST] = "SELECT host, username, state FROM muc_rooms ORDER BY host, username",
 };
 
 int rt__xeps_prepare(rt_accounts_t *a)
@@ -207,4 +210,33 @@ int rt_vcard_set(rt_accounts_t *a, const char *host, const char *user, const voi
         rc = rt__xeps_run(st);
     }
     return rt__accounts_end(a, rc);
+}
+
+int rt_muc_room_put(rt_accounts_t *a, const char *service, const char *room, const void *state,
+                    size_t len)
+{
+    rt__names_t n;
+    int rc = rt__xeps_names(service, room, &n);
+    if (rc)
+        return rc;
+    if (len > INT32_MAX)
+        return RT_EINVAL;
+    sqlite3_stmt *st = keyed(a, len ? XST_MUC_PUT : XST_MUC_DEL, &n);
+    if (len)
+        sqlite3_bind_blob(st, 3, state, (int)len, SQLITE_STATIC);
+    return rt__xeps_run(st);
+}
+
+int rt_muc_rooms_each(rt_accounts_t *a,
+                      void (*fn)(const char *service, const char *room, const void *state,
+                                 size_t len, void *arg),
+                      void *arg)
+{
+    sqlite3_stmt *st = a->xst[XST_MUC_LIST];
+    int s;
+    while ((s = sqlite3_step(st)) == SQLITE_ROW)
+        fn((const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1),
+           sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2), arg);
+    sqlite3_reset(st);
+    return s == SQLITE_DONE ? 0 : RT_EAGAIN;
 }

@@ -59,6 +59,7 @@ typedef struct rt_archive_entry_s {
     size_t len;
     int64_t id;
     int64_t stamp_ms;
+    bool room; /* a group chat room's (XEP-0045; host: its service), which has no account */
 } rt_archive_entry_t;
 
 /*
@@ -97,5 +98,17 @@ int rt_archive_count(rt_accounts_t *a, const char *host, const char *user,
                      const rt_archive_query_t *q, uint64_t *count);
 /* The greatest archive id in the file (0: none): ids chosen later start above it. */
 int rt_archive_last_id(rt_accounts_t *a, int64_t *id);
+
+/* ---- Group chat rooms (XEP-0045) ---- */
+
+/* Keeps a persistent room's state (the room's own blob) under its service domain and
+   localpart; len 0 forgets the room. 0, RT_EINVAL (names), RT_EAGAIN. */
+int rt_muc_room_put(rt_accounts_t *a, const char *service, const char *room, const void *state,
+                    size_t len);
+/* Every room kept, to fn (its arguments lent for the call). 0 or RT_EAGAIN. */
+int rt_muc_rooms_each(rt_accounts_t *a,
+                      void (*fn)(const char *service, const char *room, const void *state,
+                                 size_t len, void *arg),
+                      void *arg);
 
 #endif

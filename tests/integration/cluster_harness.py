@@ -129,6 +129,62 @@ class NatsCluster:
                                        + self.logs())
                 time.sleep(0.05)
 
+    def stream_led(self, name):
+        """Whether JetStream stream `name` takes writes: a live server says it leads the
+        stream's group and that enough replicas are current for a quorum (what /jsz shows;
+        not all: a resumed replica may catch up long after writes are confirmed again)."""
+        for i, s in enumerate(self.servers):
+            if not self.alive(i):
+                continue
+            try:
+                js = self.get(i, "/jsz?streams=true")
+            except (OSError, ValueError):
+                continue
+            for acc in js.get("account_details") or []:
+                for st in acc.get("stream_detail") or []:
+                    cl = st.get("cluster") or {}
+                    reps = cl.get("replicas") or []
+                    current = 1 + sum(1 for r in reps if r.get("current"))  # the leader's own
+                    if (st.get("name") == name and cl.get("leader") == s["name"] and
+                            current > (len(reps) + 1) // 2):
+                        return True
+        return False
+
+    def led_view(self, names):
+        """Each live server's view of the streams' leaders and replicas, for a failure."""
+        out = []
+        for i, s in enumerate(self.servers):
+            try:
+                js = self.get(i, "/jsz?streams=true")
+            except (OSError, ValueError) as e:
+                out.append(f"{s['name']}: {e!r}")
+                continue
+            for acc in js.get("account_details") or []:
+                for st in acc.get("stream_detail") or []:
+                    if st.get("name") in names:
+                        cl = st.get("cluster") or {}
+                        reps = [(r.get("name"), r.get("current"))
+                                for r in cl.get("replicas") or []]
+                        out.append(f"{s['name']}: {st['name']} leader={cl.get('leader')} "
+                                   f"replicas={reps}")
+        return "\n".join(out)
+
+    # A server resumed from SIGSTOP comes back behind: the groups it is a replica of may elect
+    # their leader again (nats-server logs "new stream leader" after the resume), and on 2
+    # busy cores the durable stream had none for 11 s after wait_ready returned (which awaits
+    # the meta group only), so writes to it time out whatever a client of NATS does. That is
+    # nats-server's time, awaited here as its own view of the group; the cap only turns a
+    # hang into a failure, as wait_ready's.
+    def wait_led(self, names, timeout=90.0):
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while not self.stream_led(name):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"JetStream stream {name} has no leader with a "
+                                       f"quorum current within {timeout} s:\n"
+                                       + self.led_view(names) + "\n" + self.logs())
+                time.sleep(0.05)
+
     def alive(self, i):
         p = self.servers[i]["proc"]
         return p is not None and p.poll() is None

@@ -35,6 +35,9 @@ from mqtt_raw import (DISCONNECT, P_RECEIVE_MAXIMUM, P_SESSION_EXPIRY, PUBACK, P
 STALE_S = 3.0
 CONNECT_WAIT_S = 2.0
 JETSTREAM_WAIT_S = 2.0  # cluster_impl.h: a JetStream answer (a stream or bucket write) at most
+# durable_option's prefix "rd": the stream of every message ("<prefix>_msgs", durable.c) and
+# the retained store's bucket, the JetStream groups the durable nodes' PUBACKs wait for.
+DURABLE_STREAMS = ("rd_msgs", "KV_rd_retained")
 
 
 class Stream(threading.Thread):
@@ -538,6 +541,11 @@ def test_stalled_nats_server_acks_only_what_jetstream_confirmed(nats, durable_no
         time.sleep(max(0.0, 8.0 - (time.monotonic() - t_stop)))
     finally:
         resumed_server(nats, i)
+    # What the node writes from here on goes to JetStream: its groups have a leader again
+    # (they may elect one for many seconds after the resume: NatsCluster.wait_led). The waits
+    # below are rtd's own: a pending write times out within JETSTREAM_WAIT_S, the v3
+    # publisher sends it again, and the next is confirmed.
+    nats.wait_led(DURABLE_STREAMS)
     assert first is not None, "the retained PUBLISH was neither acknowledged nor closed"
     if first is not Closed:
         # Acknowledged after all: only once the bucket confirmed it (the node reached another
@@ -549,7 +557,7 @@ def test_stalled_nats_server_acks_only_what_jetstream_confirmed(nats, durable_no
     n_after = [len(s.sent) for s in streams]
     until(lambda: all(len(s.sent) >= n + 200 for s, n in zip(streams, n_after)), WAIT,
           lambda: f"streams after the stall: {[s.state() for s in streams]}\n" +
-          d1.read_log()[-3000:])
+          nats.led_view(DURABLE_STREAMS) + "\n" + d1.read_log()[-3000:])
     for s in streams:
         s.finish()
     fence(probe, f"{topic}/probe", [sub])

@@ -13,7 +13,8 @@ compares: what rtd has too (roster, presence, offline, ping, disco), accounts st
 SCRAM-SHA-256 keys ("bench-plain": ejabberd as its package ships it, passwords stored in
 clear, so that each SCRAM login derives the keys). "tests" is what the functional tests need and rtd serves: also carbons,
 stream management, blocking, vcard-temp, caps, roster versioning, an anonymous host, and
-plain stored passwords, so that both SCRAM-SHA-1 and SCRAM-SHA-256 are offered, as rtd does.
+plain stored passwords, so that both SCRAM-SHA-1 and SCRAM-SHA-256 are offered, as rtd does;
+and, for a module that asks (muc=True), multi-user chat (XEP-0045) at conference.HOST.
 
 Also a command, for the benchmark's shell script:
     xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon|bench-plain   (DIR's config)
@@ -41,7 +42,8 @@ def lua_list(items):
 
 
 def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, resume_timeout=300,
-                    max_offline=None, tls_port=None, tls_pem=None):
+                    max_offline=None, tls_port=None, tls_pem=None, muc=False,
+                    muc_max_occupants=None):
     bench = profile.startswith("bench")
     lines = [f"hosts: [{', '.join(repr(h) for h in hosts)}]",
              "loglevel: warning", "log_rotate_count: 0",
@@ -83,13 +85,29 @@ def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, res
             # timed out held goes to the offline store; ejabberd's default bounces it.
             "mod_stream_mgmt": f"\n    resume_timeout: {resume_timeout}\n"
                                "    resend_on_timeout: true"})
+    if muc:
+        # XEP-0045 at conference.HOST, as rtd's muc_host: anyone may make a room, which is
+        # temporary, public, semi-anonymous (real JIDs to moderators), keeps 20 messages of history and
+        # lets occupants change the subject and invite; at most muc_max_occupants in a room
+        # (ejabberd's own limit on the room's max_users; its owners and the service's admins
+        # may still pass it by max_users_admin_threshold, at least 1: the tests fill a room
+        # with a user who is neither).
+        limit = muc_max_occupants if muc_max_occupants is not None else 200
+        mods["mod_muc"] = ('\n    host: "conference.@HOST@"\n    access: all\n'
+                           "    access_create: all\n    access_persistent: all\n"
+                           f"    history_size: 20\n    max_users: {limit}\n"
+                           "    default_room_options:\n      public: true\n"
+                           "      persistent: false\n      allow_change_subj: true\n"
+                           "      allow_user_invites: true\n"
+                           "      allow_private_messages: true\n      mam: false\n"
+                           f"      max_users: {limit}")
     lines += ["modules:"] + [f"  {m}:{v if v.startswith(chr(10)) else ' ' + v}"
                              for m, v in sorted(mods.items())]
     return "\n".join(lines) + "\n"
 
 
 def prosody_config(directory, port, hosts, anonymous, profile, max_stanza_size=262144,
-                   resume_timeout=300, max_offline=None):
+                   resume_timeout=300, max_offline=None, muc=False, muc_max_occupants=None):
     bench = profile.startswith("bench")
     modules = ["roster", "saslauth", "disco", "ping", "register", "offline", "posix"]
     if not bench:
@@ -116,6 +134,16 @@ def prosody_config(directory, port, hosts, anonymous, profile, max_stanza_size=2
     for h in hosts:
         out += [f'VirtualHost "{h}"',
                 f'    authentication = "{"anonymous" if h in anonymous else auth}"']
+    if muc:
+        # XEP-0045 at conference.HOST (components after the hosts). Prosody 0.12 has no
+        # occupant limit of its own (muc_max_occupants is ignored: a test of it skips here);
+        # its new rooms stay locked until configured (muc_room_locking, as XEP-0045 10.1.2),
+        # which the tests do; public rooms, as ejabberd's default.
+        for h in hosts:
+            if h not in anonymous:
+                out += [f'Component "conference.{h}" "muc"', "    muc_room_default_public = true",
+                        "    muc_room_default_history_length = 20",
+                        "    max_history_messages = 20"]
     return "\n".join(out) + "\n"
 
 

@@ -34,15 +34,21 @@ def rtd_deviates(why):
 
 def serve(users, password, hosts=("localhost",), anonymous=(), rtd_settings="",
           rtd_options=(), rtd_listeners="", max_stanza_size=None, resume_timeout=None,
-          max_offline=None):
+          max_offline=None, muc=False, muc_max_occupants=None):
     """A server on a free loopback port (its .xport) with users (local parts on hosts[0])
     made with password; stop it with stop(). rtd_settings are more keys of rtd's xmpp table,
-    rtd_listeners more entries of its listener list, rtd_options more -o options."""
+    rtd_listeners more entries of its listener list, rtd_options more -o options. muc: a
+    XEP-0045 service at conference.<host> (20 messages of history), with at most
+    muc_max_occupants in a room where the server has such a limit."""
     tmp = tempfile.TemporaryDirectory(prefix=f"xmpp-{PEER}-")
     port = free_port()
     bounds = {k: v for k, v in (("max_stanza_size", max_stanza_size),
                                 ("resume_timeout", resume_timeout),
                                 ("max_offline", max_offline)) if v is not None}
+    if muc:
+        bounds["muc"] = True
+        if muc_max_occupants is not None:
+            bounds["muc_max_occupants"] = muc_max_occupants
     if PEER != "rtd":
         server = xmpp_peer.Peer(PEER, tmp.name, port, list(hosts) + list(anonymous),
                                 list(anonymous), users, password, **bounds)
@@ -50,7 +56,11 @@ def serve(users, password, hosts=("localhost",), anonymous=(), rtd_settings="",
         return server
     X.add_users(tmp.name, [(f"{u}@{hosts[0]}", password) for u in users])
     names = {"max_offline": "max_offline_messages"}
-    table = "".join(f", {names.get(k, k)} = {v}" for k, v in bounds.items())
+    table = "".join(f", {names.get(k, k)} = {v}" for k, v in bounds.items() if k[:3] != "muc")
+    if muc:
+        table += ', muc_host = "conference.@HOST@", muc_history = 20'
+        if muc_max_occupants is not None:
+            table += f", muc_max_occupants = {muc_max_occupants}"
     anon = f", anonymous = {xmpp_peer.lua_list(anonymous)}" if anonymous else ""
     server = Rtd(f"xmpp={{ hosts = {xmpp_peer.lua_list(list(hosts) + list(anonymous))}{anon}, "
                  f'listeners = {{ "127.0.0.1:{port}"{rtd_listeners} }}{table}{rtd_settings} }}',

@@ -154,8 +154,8 @@ static void chat(rt_accounts_t *a, int from, int to, uint32_t keep)
         char body[16];
         int len = snprintf(body, sizeof(body), "m%d", i);
         rt_archive_entry_t e[2] = {
-            {H, "juliet", "romeo@example.com", body, (size_t)len, 0, 0},
-            {H, "romeo", "juliet@example.com", body, (size_t)len, 0, 0},
+            {H, "juliet", "romeo@example.com", body, (size_t)len, 0, 0, false},
+            {H, "romeo", "juliet@example.com", body, (size_t)len, 0, 0, false},
         };
         int64_t ids[2] = {0, 0};
         CHECK_EQ(rt_archive_put(a, e, 2, 1000 + i, keep, ids), 0);
@@ -170,10 +170,19 @@ static void test_archive(void)
         return;
     chat(a, 0, 10, 100);
     /* An anonymous user (no account) gets no copy; the other party does. */
-    rt_archive_entry_t anon[2] = {{H, "juliet", "guest@example.com", "hi", 2, 0, 0},
-                                  {H, "guest", "juliet@example.com", "hi", 2, 0, 0}};
+    rt_archive_entry_t anon[2] = {{H, "juliet", "guest@example.com", "hi", 2, 0, 0, false},
+                                  {H, "guest", "juliet@example.com", "hi", 2, 0, 0, false}};
     int64_t ids[2];
     CHECK_EQ(rt_archive_put(a, anon, 2, 2000, 100, ids), 0);
+    /* A room (XEP-0045) has no account: its copies are kept all the same. */
+    rt_archive_entry_t room = {
+        "conference." H, "lobby", "lobby@conference." H "/nurse", "hey", 3, 0, 0, true};
+    int64_t room_id = 0;
+    CHECK_EQ(rt_archive_put(a, &room, 1, 2500, 100, &room_id), 0);
+    CHECK(room_id > 0);
+    room.room = false; /* as an account's, the same copy is dropped: no such account */
+    CHECK_EQ(rt_archive_put(a, &room, 1, 2500, 100, &room_id), 0);
+    CHECK_EQ(room_id, 0);
     CHECK(ids[0] > 0 && ids[1] == 0);
     page_t p;
     /* Forwards, three at a time, then after the last one seen. */
@@ -237,8 +246,8 @@ static void test_archive_ids(void)
     CHECK_EQ(rt_archive_last_id(a, &last), 0);
     int64_t big = last + 1000000;
     rt_archive_entry_t e[2] = {
-        {H, "juliet", "nurse@example.com", "a", 1, big, 5000},
-        {H, "romeo", "nurse@example.com", "b", 1, big + 1, 0},
+        {H, "juliet", "nurse@example.com", "a", 1, big, 5000, false},
+        {H, "romeo", "nurse@example.com", "b", 1, big + 1, 0, false},
     };
     int64_t ids[2] = {0, 0};
     CHECK_EQ(rt_archive_put(a, e, 2, 6000, 100, ids), 0);
@@ -251,7 +260,7 @@ static void test_archive_ids(void)
     CHECK(p.n == 1 && p.ids[0] == big);
     CHECK(query(a, "romeo", (rt_archive_query_t){.max = 5, .start_ms = 6000}, &p));
     CHECK(p.n == 1 && p.ids[0] == big + 1);
-    rt_archive_entry_t again = {H, "juliet", "nurse@example.com", "c", 1, big, 0};
+    rt_archive_entry_t again = {H, "juliet", "nurse@example.com", "c", 1, big, 0, false};
     CHECK_EQ(rt_archive_put(a, &again, 1, 7000, 100, ids), 0);
     CHECK_EQ(ids[0], big + 2);
     rt_accounts_close(a);
@@ -283,6 +292,53 @@ static void test_delete_account(void)
     rt_accounts_close(a);
 }
 
+/* ---- Persistent rooms (XEP-0045) ---- */
+
+typedef struct {
+    char all[512];
+    int n;
+} rooms_t;
+
+static void gather_room(const char *service, const char *room, const void *state, size_t len,
+                        void *arg)
+{
+    rooms_t *r = arg;
+    size_t at = strlen(r->all);
+    snprintf(r->all + at, sizeof(r->all) - at, "%s%s@%s=%.*s", r->n++ ? " " : "", room, service,
+             (int)len, (const char *)state);
+}
+
+static void test_muc_rooms(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    rooms_t r = {0};
+    CHECK_EQ(rt_muc_rooms_each(a, gather_room, &r), 0);
+    CHECK_EQ(r.n, 0);
+    /* Keyed as accounts are: the service's domain and the room's prepared localpart. */
+    CHECK_EQ(rt_muc_room_put(a, "conference." H, "Lobby", "v1", 2), 0);
+    CHECK_EQ(rt_muc_room_put(a, "conference." H, "attic", "x", 1), 0);
+    CHECK_EQ(rt_muc_room_put(a, "conference." H, "lobby", "v2", 2), 0); /* replaces */
+    CHECK_EQ(rt_muc_rooms_each(a, gather_room, &r), 0);
+    CHECK(strcmp(r.all, "attic@conference." H "=x lobby@conference." H "=v2") == 0);
+    CHECK_EQ(rt_muc_room_put(a, "conference." H, "attic", NULL, 0), 0); /* forgotten */
+    CHECK_EQ(rt_muc_room_put(a, "conference." H, "nowhere", NULL, 0), 0);
+    CHECK_EQ(rt_muc_room_put(a, "conference." H, "bad@room", "x", 1), RT_EINVAL);
+    memset(&r, 0, sizeof(r));
+    CHECK_EQ(rt_muc_rooms_each(a, gather_room, &r), 0);
+    CHECK(strcmp(r.all, "lobby@conference." H "=v2") == 0);
+    rt_accounts_close(a);
+    /* Kept across opens: what a restart reads. */
+    a = open_in(dir);
+    if (!a)
+        return;
+    memset(&r, 0, sizeof(r));
+    CHECK_EQ(rt_muc_rooms_each(a, gather_room, &r), 0);
+    CHECK_EQ(r.n, 1);
+    rt_accounts_close(a);
+}
+
 static void test_migration_from_schema_2(void)
 {
     char d[200], path[260];
@@ -293,11 +349,12 @@ static void test_migration_from_schema_2(void)
         return;
     add_user(a, "juliet");
     rt_accounts_close(a);
-    /* A version 2 file is this one without version 3's tables. */
+    /* A version 2 file is this one without version 3's and 4's tables. */
     sqlite3 *db = open_db(path);
     CHECK_EQ(sqlite3_exec(db,
                           "DROP TABLE blocklist; DROP TABLE vcard; DROP TABLE archive; "
-                          "DROP TABLE archive_counts; PRAGMA user_version = 2;",
+                          "DROP TABLE archive_counts; DROP TABLE muc_rooms; "
+                          "PRAGMA user_version = 2;",
                           NULL, NULL, NULL),
              SQLITE_OK);
     sqlite3_close(db);
@@ -308,8 +365,9 @@ static void test_migration_from_schema_2(void)
     CHECK_EQ(rt_vcard_set(a, H, "juliet", "<vCard/>", 8), 0);
     rt_accounts_close(a);
     db = open_db(path);
-    CHECK_EQ(sql_int(db, "PRAGMA user_version"), 3);
+    CHECK_EQ(sql_int(db, "PRAGMA user_version"), RT_ACCOUNTS_SCHEMA);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM vcard"), 1);
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM muc_rooms"), 0); /* version 4's table */
     sqlite3_close(db);
 }
 
@@ -342,9 +400,9 @@ static void archive_cost(rt_accounts_t *a, int batch, int64_t *id)
         for (int k = 0; k < batch; k++) {
             int from = (c + k) % 100;
             e[2 * k] = (rt_archive_entry_t){H,       users[from], withs[from], msg, sizeof(msg) - 1,
-                                            (*id)++, 1000};
+                                            (*id)++, 1000,        false};
             e[2 * k + 1] = (rt_archive_entry_t){
-                H, users[from ^ 1], withs[from ^ 1], msg, sizeof(msg) - 1, (*id)++, 1000};
+                H, users[from ^ 1], withs[from ^ 1], msg, sizeof(msg) - 1, (*id)++, 1000, false};
         }
         CHECK_EQ(rt_archive_put(a, e, 2 * (size_t)batch, 1000, 10000, NULL), 0);
     }
@@ -384,6 +442,7 @@ int main(void)
     RUN(test_archive);
     RUN(test_archive_ids);
     RUN(test_delete_account);
+    RUN(test_muc_rooms);
     RUN(test_migration_from_schema_2);
     RUN(test_archive_cost);
     tmpdir_remove();

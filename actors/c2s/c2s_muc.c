@@ -1,0 +1,417 @@
+/*
+** Group chat (XEP-0045): the MUC service. A host's service lives at xmpp.muc_host with @HOST@
+** replaced by the host ("conference.example.org"). Each room is an actor of its own
+** (c2s_muc_room.c), registered under "muc:" and its bare JID: a session routing a stanza to a
+** room finds it by name, and a join to a room that is not there spawns it under that name, so
+** two joins racing to make one room meet at the runtime's registry and one of them wins. The
+** service's own actor answers what is addressed to the service domain (disco#info, and
+** disco#items: the public rooms, which each room reports to it as it changes).
+**
+** Rooms and the service read the stanzas the sessions wrote for them with the same XML parser
+** as a session (a stream whose header is made up once), on their own heaps.
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include "c2s_impl.h"
+#include "log.h"
+#include "xeps.h"
+
+#define ROOM_NAME_PREFIX "muc:"
+#define ROOM_NAME_MAX 255 /* the runtime's name registry's bound on a name */
+
+int rt__c2s_muc_index(const char *domain, size_t len)
+{
+    const rt_conf_xmpp_t *x = rt__c2s.conf;
+    for (unsigned i = 0; x && x->muc_host[0] && i < x->nhosts; i++)
+        if (strlen(rt__c2s.muc[i]) == len && memcmp(rt__c2s.muc[i], domain, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* ---- The parser rooms and the service share ---- */
+
+static int muc_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns, size_t nns)
+{
+    (void)ctx, (void)hdr, (void)ns, (void)nns;
+    return 0;
+}
+
+static int muc_stanza(void *ctx, rt_xml_el_t *el)
+{
+    c2s_muc_parse_t *p = ctx;
+    return p->on_stanza(ctx, el);
+}
+
+static int muc_close(void *ctx)
+{
+    (void)ctx;
+    return RT_XML_STOP;
+}
+
+/* The sessions' stream settings (their allocator on the running actor's heap, their bounds),
+   with the callbacks of the rooms and the service: made at start. */
+static rt_xml_stream_config_t parse_config;
+
+static const char stream_header[] = "<stream:stream xmlns='" RT_XML_NS_CLIENT
+                                    "' xmlns:stream='" RT_XML_NS_STREAMS "' version='1.0'>";
+
+int rt__c2s_muc_parse_init(c2s_muc_parse_t *p)
+{
+    int rc = rt_xml_stream_init(&p->xs, &parse_config, p);
+    if (!rc)
+        rc = rt_xml_stream_feed(&p->xs, stream_header, sizeof(stream_header) - 1, NULL);
+    return rc;
+}
+
+int rt__c2s_muc_parse(c2s_muc_parse_t *p, const void *data, size_t len)
+{
+    int rc = rt_xml_stream_feed(&p->xs, data, len, NULL);
+    if (rc == RT_EPROTO || rt_xml_stream_busy(&p->xs)) {
+        /* Sessions write whole, well-formed stanzas; one that is not (cut short by a bound)
+           must not leave the next one parsed inside it. */
+        rt_xml_stream_destroy(&p->xs);
+        int again = rt__c2s_muc_parse_init(p);
+        return again ? again : RT_EPROTO;
+    }
+    return rc;
+}
+
+void rt__c2s_muc_free(rt_xml_el_t *el)
+{
+    rt_xml_free(&parse_config.alloc, NULL, el);
+}
+
+/* ---- Routing from a session ---- */
+
+static bool room_name(const rt_jid_t *to, char out[ROOM_NAME_MAX + 1])
+{
+    size_t len = rt_jid_bare_len(to);
+    if (sizeof(ROOM_NAME_PREFIX) - 1 + len > ROOM_NAME_MAX)
+        return false;
+    memcpy(out, ROOM_NAME_PREFIX, sizeof(ROOM_NAME_PREFIX) - 1);
+    memcpy(out + sizeof(ROOM_NAME_PREFIX) - 1, to->s, len);
+    out[sizeof(ROOM_NAME_PREFIX) - 1 + len] = 0;
+    return true;
+}
+
+/* The room's actor; a join (create) spawns it when there is none. 0 when there is none. */
+static rt_pid_t room_pid(const char *name, bool create)
+{
+    rt_pid_t pid = rt_whereis(name);
+    if (pid || !create)
+        return pid;
+    if (atomic_load_explicit(&rt_c2s_stats.muc_rooms, memory_order_relaxed) >=
+        (uint64_t)rt__c2s.conf->muc_max_rooms)
+        return 0;
+    rt_spawn_opts_t o = {.name = name};
+    c2s_room_arg_t arg = {.jid = name + sizeof(ROOM_NAME_PREFIX) - 1};
+    int rc = rt_spawn_opt(&rt__c2s_room_type, &arg, &o, &pid);
+    if (rc == RT_EEXIST) /* another join made it first */
+        pid = rt_whereis(name);
+    else if (rc)
+        pid = 0;
+    return pid;
+}
+
+static bool is_join(const rt_xml_el_t *el)
+{
+    return strcmp(el->name, "presence") == 0 && !rt_xml_attr(el, "type");
+}
+
+/* Sends bytes to the room named, made by a join if need be; a room that ended between the
+   lookup and the send is looked for (or made) once more. */
+static bool to_room(const char *name, bool join, const void *p, size_t n)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rt_pid_t pid = room_pid(name, join);
+        if (!pid)
+            return false;
+        if (rt_send(pid, C2S_MSG_MUC, p, n) == 0)
+            return true;
+    }
+    return false;
+}
+
+void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                       const rt_buf_t *bytes)
+{
+    if (bytes->oom) {
+        rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
+        return;
+    }
+    const char *type = rt_xml_attr(el, "type");
+    bool presence = strcmp(el->name, "presence") == 0;
+    if (!to->local) {
+        rt_pid_t service = rt_whereis(RT_C2S_MUC_NAME);
+        if (presence || (service && rt_send(service, C2S_MSG_MUC, bytes->data, bytes->len) == 0))
+            return;
+        rt__c2s_stanza_error(self, c, el, "cancel", "service-unavailable");
+        return;
+    }
+    char name[ROOM_NAME_MAX + 1];
+    if (!room_name(to, name)) {
+        rt__c2s_stanza_error(self, c, el, "modify", "jid-malformed");
+        return;
+    }
+    bool join = is_join(el) && to->resource;
+    if (to_room(name, join, bytes->data, bytes->len))
+        return;
+    if (presence) {
+        /* XEP-0045 7.2.1: a join names a nick; an unavailable or an error to a room that is
+           not there has nothing to do. */
+        if (!type && !to->resource)
+            rt__c2s_stanza_error(self, c, el, "modify", "jid-malformed");
+        else if (join) {
+            atomic_fetch_add_explicit(&rt_c2s_stats.muc_rooms_refused, 1, memory_order_relaxed);
+            rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
+        }
+        return;
+    }
+    if (!type || strcmp(type, "result") != 0)
+        rt__c2s_stanza_error(self, c, el, "cancel", "item-not-found"); /* none about errors */
+}
+
+void rt__c2s_muc_reroute(rt_msg_t *m)
+{
+    char to[RT_JID_TEXT_MAX + 1];
+    int tlen = rt__c2s_first_tag_attr(m->data, m->len, "to", to, sizeof(to));
+    rt_jid_buf_t jb;
+    char name[ROOM_NAME_MAX + 1];
+    bool presence = m->len > 9 && memcmp(m->data, "<presence", 9) == 0;
+    char type[16];
+    bool join = presence && rt__c2s_first_tag_attr(m->data, m->len, "type", type, sizeof(type)) < 0;
+    if (tlen > 0 && rt_jid_prep(to, (size_t)tlen, &jb, NULL) == 0 && room_name(&jb.jid, name) &&
+        to_room(name, join && jb.jid.resource, m->data, m->len))
+        return;
+    if (m->len > 3 && memcmp(m->data, "<iq", 3) == 0)
+        rt__c2s_iq_unanswered(m->data, m->len);
+    else if (!presence)
+        atomic_fetch_add_explicit(&rt_c2s_stats.muc_dropped, 1, memory_order_relaxed);
+}
+
+/* ---- The service's actor ---- */
+
+typedef struct listed_s {
+    char *jid; /* heap: the room's bare JID, NUL, its name */
+    uint32_t occupants;
+} listed_t;
+
+typedef struct service_s {
+    c2s_muc_parse_t parse; /* first: the parser's ctx */
+    listed_t *rooms;       /* the public rooms, for disco#items */
+    size_t nrooms, cap;
+    rt_pid_t from;
+} service_t;
+
+static void service_reply(rt_pid_t to, rt_buf_t *b)
+{
+    if (!b->oom)
+        rt__c2s_send_bytes(to, b);
+    rt_buf_free(b);
+}
+
+static void service_iq(service_t *s, const rt_xml_el_t *iq)
+{
+    const char *type = rt_xml_attr(iq, "type"), *from = rt_xml_attr(iq, "from"),
+               *to = rt_xml_attr(iq, "to");
+    if (!type || !from || !to || (strcmp(type, "get") != 0 && strcmp(type, "set") != 0))
+        return;
+    const rt_xml_el_t *q = rt_xml_first(iq);
+    rt_buf_t b = {0};
+    bool get = strcmp(type, "get") == 0;
+    if (q && get && strcmp(q->ns, "http://jabber.org/protocol/disco#info") == 0) {
+        rt_buf_printf(&b, "<iq xmlns='%s' type='result'", RT_XML_NS_CLIENT);
+        rt_xml_put_attr(&b, "id", rt_xml_attr(iq, "id"));
+        rt_xml_put_attr(&b, "from", to);
+        rt_xml_put_attr(&b, "to", from);
+        rt_buf_printf(&b,
+                      "><query xmlns='http://jabber.org/protocol/disco#info'>"
+                      "<identity category='conference' type='text' name='Chatrooms'/>"
+                      "<feature var='http://jabber.org/protocol/disco#info'/>"
+                      "<feature var='http://jabber.org/protocol/disco#items'/>"
+                      "<feature var='%s'/><feature var='urn:xmpp:ping'/></query></iq>",
+                      NS_MUC);
+    } else if (q && get && strcmp(q->ns, "http://jabber.org/protocol/disco#items") == 0) {
+        rt_buf_printf(&b, "<iq xmlns='%s' type='result'", RT_XML_NS_CLIENT);
+        rt_xml_put_attr(&b, "id", rt_xml_attr(iq, "id"));
+        rt_xml_put_attr(&b, "from", to);
+        rt_xml_put_attr(&b, "to", from);
+        rt_buf_printf(&b, "><query xmlns='http://jabber.org/protocol/disco#items'>");
+        size_t dlen = strlen(to);
+        for (size_t i = 0; i < s->nrooms; i++) {
+            const char *jid = s->rooms[i].jid, *at = strchr(jid, '@');
+            if (!at || strcmp(at + 1, to) != 0 || dlen == 0)
+                continue; /* another host's service */
+            rt_xml_put_start(&b, "item");
+            rt_xml_put_attr(&b, "jid", jid);
+            const char *name = jid + strlen(jid) + 1;
+            rt_xml_put_attr(&b, "name", *name ? name : jid);
+            rt_xml_put_empty_end(&b);
+        }
+        rt_buf_printf(&b, "</query></iq>");
+    } else if (q && get && strcmp(q->ns, "urn:xmpp:ping") == 0) {
+        rt_buf_printf(&b, "<iq xmlns='%s' type='result'", RT_XML_NS_CLIENT);
+        rt_xml_put_attr(&b, "id", rt_xml_attr(iq, "id"));
+        rt_xml_put_attr(&b, "from", to);
+        rt_xml_put_attr(&b, "to", from);
+        rt_xml_put_empty_end(&b);
+    } else {
+        rt__c2s_put_error(&b, iq, to, from, "cancel", "service-unavailable");
+        rt_buf_printf(&b, "</error></iq>");
+    }
+    service_reply(s->from, &b);
+}
+
+static int service_stanza(void *ctx, rt_xml_el_t *el)
+{
+    service_t *s = ctx;
+    if (strcmp(el->name, "iq") == 0) {
+        service_iq(s, el);
+    } else if (strcmp(el->name, "message") == 0) {
+        const char *type = rt_xml_attr(el, "type");
+        if (!type || strcmp(type, "error") != 0) {
+            rt_buf_t b = {0};
+            rt__c2s_put_error(&b, el, rt_xml_attr(el, "to"), rt_xml_attr(el, "from"), "cancel",
+                              "service-unavailable");
+            rt_buf_printf(&b, "</error></message>");
+            service_reply(s->from, &b);
+        }
+    }
+    rt__c2s_muc_free(el);
+    return 0;
+}
+
+static void service_info(rt_actor_t *self, service_t *s, const rt_msg_t *m)
+{
+    c2s_muc_info_t info;
+    if (m->len < sizeof(info))
+        return;
+    memcpy(&info, m->data, sizeof(info));
+    if (m->len != sizeof(info) + info.jid_len + info.name_len)
+        return;
+    const char *jid = (const char *)m->data + sizeof(info);
+    size_t i = 0;
+    while (i < s->nrooms && !(strlen(s->rooms[i].jid) == info.jid_len &&
+                              memcmp(s->rooms[i].jid, jid, info.jid_len) == 0))
+        i++;
+    if (i < s->nrooms) {
+        rt_free(self, s->rooms[i].jid);
+        s->rooms[i] = s->rooms[--s->nrooms];
+    }
+    if (!info.listed)
+        return;
+    if (rt_grow_on(self, &s->rooms, &s->cap, s->nrooms + 1, sizeof(listed_t), 16, RT_OBJ_SCAN))
+        return;
+    char *copy = rt_alloc(self, (size_t)info.jid_len + info.name_len + 2, RT_OBJ_LEAF);
+    if (!copy)
+        return;
+    memcpy(copy, jid, info.jid_len);
+    memcpy(copy + info.jid_len + 1, jid + info.jid_len, info.name_len);
+    s->rooms[s->nrooms++] = (listed_t){.jid = copy, .occupants = info.occupants};
+}
+
+static int service_init(rt_actor_t *self, void *state, void *arg)
+{
+    (void)self, (void)arg;
+    service_t *s = state;
+    s->parse.on_stanza = service_stanza;
+    return rt__c2s_muc_parse_init(&s->parse);
+}
+
+static void service_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    service_t *s = state;
+    if (m->tag == C2S_MSG_MUC) {
+        s->from = m->from;
+        rt__c2s_muc_parse(&s->parse, m->data, m->len);
+    } else if (m->tag == C2S_MSG_MUC_INFO) {
+        service_info(self, s, m);
+    }
+}
+
+static void service_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)self, (void)reason;
+    service_t *s = state;
+    rt_xml_stream_destroy(&s->parse.xs);
+}
+
+static const rt_actor_type_t service_type = {
+    .name = "xmpp_muc",
+    .state_size = sizeof(service_t),
+    .init = service_init,
+    .handle = service_handle,
+    .terminate = service_terminate,
+};
+
+/* A persistent room kept in xmpp.db, made again (empty) at start. */
+static void restore(const char *service, const char *room, const void *state, size_t len, void *arg)
+{
+    (void)arg;
+    char name[ROOM_NAME_MAX + 1];
+    int n = snprintf(name, sizeof(name), ROOM_NAME_PREFIX "%s@%s", room, service);
+    if (n < 0 || (size_t)n >= sizeof(name) || rt__c2s_muc_index(service, strlen(service)) < 0) {
+        rt_log(RT_LOG_WARNING, "xmpp.muc_room_skipped", "room=%s@%s reason=\"%s\"", room, service,
+               "its service is not in xmpp.muc_host now");
+        return;
+    }
+    rt_spawn_opts_t o = {.name = name};
+    c2s_room_arg_t a = {
+        .jid = name + sizeof(ROOM_NAME_PREFIX) - 1, .state = state, .state_len = len};
+    rt_pid_t pid;
+    int rc = rt_spawn_opt(&rt__c2s_room_type, &a, &o, &pid);
+    if (rc)
+        rt_log(RT_LOG_ERROR, "xmpp.muc_room_not_restored", "room=%s@%s error=%s", room, service,
+               rt_strerror(rc));
+}
+
+int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen)
+{
+    const rt_conf_xmpp_t *x = rt__c2s.conf;
+    if (!x->muc_host[0])
+        return 0;
+    parse_config = rt__c2s.stream_tcp;
+    parse_config.on_header = muc_header;
+    parse_config.on_stanza = muc_stanza;
+    parse_config.on_close = muc_close;
+    const char *at = strstr(x->muc_host, "@HOST@");
+    for (unsigned i = 0; i < x->nhosts; i++) {
+        char *d = rt__c2s.muc[i];
+        int n = at ? snprintf(d, RT_CONF_XMPP_HOST_MAX, "%.*s%s%s", (int)(at - x->muc_host),
+                              x->muc_host, x->hosts[i], at + 6)
+                   : snprintf(d, RT_CONF_XMPP_HOST_MAX, "%s", x->muc_host);
+        if (n < 0 || n >= RT_CONF_XMPP_HOST_MAX) {
+            snprintf(err, errlen, "xmpp.muc_host: longer than %d bytes for host %s",
+                     RT_CONF_XMPP_HOST_MAX - 1, x->hosts[i]);
+            return RT_EINVAL;
+        }
+        char prepared[RT_JID_PART_MAX + 1];
+        size_t plen = 0, len = strlen(d);
+        const char *why = "";
+        if (rt_jid_prep_part(RT_JID_DOMAIN, d, len, prepared, &plen, &why) != 0 || plen != len ||
+            memcmp(prepared, d, len) != 0 || rt__c2s_host_index(d, len) >= 0 || (i > 0 && !at)) {
+            snprintf(err, errlen,
+                     "xmpp.muc_host: \"%s\" is not a domain of its own as JIDs have it%s%s%s", d,
+                     why && *why ? ": " : "", why ? why : "",
+                     i > 0 && !at ? " (with several hosts, write @HOST@ in it)" : "");
+            return RT_EINVAL;
+        }
+    }
+    rt_child_spec_t c = {.name = RT_C2S_MUC_NAME, .type = &service_type, .restart = RT_PERMANENT};
+    int rc = rt_supervisor_start_child(group, &c, NULL);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the MUC service: %s", rt_strerror(rc));
+        return rc;
+    }
+    rt_accounts_t *a;
+    if (rt__c2s_accounts_open(data_dir, &a, "xmpp.muc_rooms_not_read") != 0) {
+        snprintf(err, errlen, "cannot read the persistent rooms in %s", data_dir);
+        return RT_EAGAIN;
+    }
+    rc = rt_muc_rooms_each(a, restore, NULL);
+    rt_accounts_close(a);
+    if (rc)
+        snprintf(err, errlen, "cannot read the persistent rooms in %s", data_dir);
+    return rc;
+}
