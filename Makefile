@@ -110,7 +110,9 @@ test-integration-asan-a: build-asan
 		tests/integration/test_websocket.py tests/integration/test_proxy_protocol.py \
 		tests/integration/test_http.py tests/integration/test_http_tls.py \
 		tests/integration/test_trace.py tests/integration/test_banned.py \
-		tests/integration/test_jwt.py tests/integration/test_auth_http.py -k "not testssl"
+		tests/integration/test_jwt.py tests/integration/test_auth_http.py \
+		tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_muc_rtd.py \
+		-k "not testssl"
 
 test-integration-asan-b: build-asan
 	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \
@@ -127,7 +129,8 @@ test-integration-asan-b: build-asan
 # packet tracing, whose set of traces connections read while tracers start and stop them; and
 # XMPP sessions, which share the session registry and hand sockets to each other (and which
 # `xmpp sessions` walks from an admin connection while they bind and end), and take archive
-# ids from one atomic while the store writes their copies. And tenants, whose counts and
+# ids from one atomic while the store writes their copies, and group chat rooms, actors that
+# sessions on both schedulers spawn by name and send to as they end. And tenants, whose counts and
 # retained bytes both schedulers change while the store's watch and rtctl read them (their
 # two extra cluster nodes only in the release and ASan passes: the TSan pass is as long as
 # the ASan halves).
@@ -139,6 +142,7 @@ test-integration-tsan: build-tsan
 		tests/integration/test_xmpp_sm.py tests/integration/test_xmpp_admin.py \
 		tests/integration/test_xmpp_xeps.py tests/integration/test_xmpp_mam.py \
 		tests/integration/test_auth_http.py tests/integration/test_tenant.py \
+		tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_muc_rtd.py \
 		-k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
