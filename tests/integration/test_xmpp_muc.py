@@ -13,6 +13,7 @@ so a test sees exactly what order the server sent them in; every wait ends on a 
 fails at X.TIMEOUT. Every test has its own accounts and rooms. Where the peers differ on a
 detail, the test asserts what XEP-0045 says and a comment gives what each peer sends.
 """
+import asyncio
 import collections
 import datetime
 import itertools
@@ -40,7 +41,7 @@ NS_DISCO_ITEMS = "http://jabber.org/protocol/disco#items"
 
 USERS = """disco1 create1 join1 join2 gc1 gc2 hist1 hist2 hist3 hmax1 hmax2 hmax3 nick1 nick2
 nonocc1 nonocc2 pm1 pm2 pm3 leave1 leave2 temp1 drop1 drop2 kick1 kick2 kick3 ban1 ban2 mo1
-mo2 full1 full2 full3 full4 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
+mo2 full1 full2 full3 full4 slix1 slix2 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
 perm1 perm2 stat1 stat2 destroy1 destroy2 lock1 lock2""".split()
 
 
@@ -726,3 +727,37 @@ def test_non_owner_and_participant_refused(xmpp):
         got = b.until(message_with_body("still here"), "a's message")
         assert not [s for s in got if s.findtext(C + "subject") == "mine" or
                     ptype(s) == "unavailable"], show(got)
+
+
+def test_slixmpp_occupants(xmpp):
+    """Two slixmpp occupants (its XEP-0045 plugin, as a client application uses it): the
+    owner joins and configures the room with an empty submitted form, the other joins and
+    sees the owner among the occupants, a groupchat reaches it from room/nick, the owner
+    makes it a member (listed by the affiliation list) and then kicks it (307)."""
+    room = room_jid("slixroom")
+
+    async def t():
+        a = await X.login(xmpp.xport, jid("slix1") + "/r", PW, plugins=("xep_0045", "xep_0004"))
+        b = await X.login(xmpp.xport, jid("slix2") + "/r", PW, plugins=("xep_0045", "xep_0004"))
+        muc_a, muc_b = a.plugin["xep_0045"], b.plugin["xep_0045"]
+        seen = asyncio.Queue()  # the room's presences to b, as the plugin hands them out
+        b.add_event_handler("groupchat_presence", seen.put_nowait)
+        mine, _subject, _occupants, _history = await muc_a.join_muc_wait(
+            room, "ann", maxstanzas=0, timeout=X.TIMEOUT)
+        assert "201" in {str(c) for c in mine["muc"]["status_codes"]}, mine
+        await muc_a.set_room_config(room, a.plugin["xep_0004"].make_form(ftype="submit"))
+        mine, _subject, occupants, _history = await muc_b.join_muc_wait(
+            room, "bob", timeout=X.TIMEOUT)
+        assert "ann" in {o["muc"]["nick"] for o in occupants}, occupants
+        a.send_message(mto=room, mbody="hello room", mtype="groupchat")
+        got = await X.next_of(b.messages, lambda m: m["body"] == "hello room")
+        assert (str(got["from"]), got["type"]) == (f"{room}/ann", "groupchat")
+        await muc_a.set_affiliation(room, "member", jid=b.boundjid.bare)
+        members = await muc_a.get_affiliation_list(room, "member")
+        assert b.boundjid.bare in {str(j) for j in members}, members
+        await muc_a.set_role(room, "bob", "none", reason="bye")
+        out = await X.next_of(seen, lambda p: str(p["from"]) == f"{room}/bob" and
+                              p["type"] == "unavailable")
+        assert "307" in {str(c) for c in out["muc"]["status_codes"]}, out
+        await X.logout(a, b)
+    X.run(t())

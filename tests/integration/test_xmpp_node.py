@@ -3,7 +3,7 @@ section 7): SCRAM-SHA-256 and SCRAM-SHA-1 logins over plain TCP, direct TLS (XEP
 server checked against the test CA) and XMPP over WebSocket (RFC 7395); chat both ways with a
 raw client (xmpp_util.Raw); stream management (XEP-0198) as the library does it: enabled after
 binding, its stanzas acknowledged, and a dropped connection resumed with what was sent to it
-meanwhile delivered.
+meanwhile delivered; group chat (XEP-0045) with one occupant over WebSocket and one over TCP.
 
 Skipped where node or tests/node/node_modules/@xmpp/client is missing (tools/install-deps.sh
 runs `npm ci` in tests/node), as test_websocket.py does for MQTT.js.
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not HAVE_XMPPJS,
 PW = "js-secret"
 WS_PATH = "/xmpp-websocket"
 USERS = """js256tcp js1tcp js256tls js1tls js256ws js1ws chattcp chattls chatws peertcp peertls
-peerws smacks smpeer smresume smrpeer untrusted""".split()
+peerws smacks smpeer smresume smrpeer untrusted mucws muctcp""".split()
 TRANSPORTS = ["tcp", "tls", "ws"]
 
 
@@ -47,7 +47,8 @@ def xmpp(pki):
     broker = Rtd(f'xmpp={{ hosts = {{ "localhost" }}, listeners = {{ "127.0.0.1:{port}", '
                  f'{{ bind = "127.0.0.1:{tls_port}", tls = {{ cert = "{cert}", key = "{key}" }} }}, '
                  f'{{ bind = "127.0.0.1:{ws_port}", websocket = "{WS_PATH}" }} }}, '
-                 f'resume_timeout = 60 }}', "auth_max_delay_ms=0", data_dir=tmp.name)
+                 f'resume_timeout = 60, muc_host = "conference.@HOST@" }}', "auth_max_delay_ms=0",
+                 data_dir=tmp.name)
     broker.xport, broker.ca = port, pki.ca.cert
     broker.service = {"tcp": f"xmpp://127.0.0.1:{port}", "tls": f"xmpps://127.0.0.1:{tls_port}",
                       "ws": f"ws://127.0.0.1:{ws_port}{WS_PATH}"}
@@ -249,3 +250,34 @@ def test_stream_management_resume(xmpp):
     log = xmpp.read_log()
     assert re.search(r"xmpp\.session_detached .*jid=smresume@localhost/js", log), log[-3000:]
     assert re.search(r"xmpp\.session_resumed .*jid=smresume@localhost/js", log), log[-3000:]
+
+
+def test_group_chat_occupants(xmpp):
+    """Two @xmpp/client occupants of one room (XEP-0045), one over WebSocket (who makes the
+    room: 110 and 201, then the instant-room form) and one over TCP: each one's groupchat
+    reaches both, from room/nick."""
+    room = "jsroom@conference.localhost"
+    a = Node(xmpp, "ws", "mucws", steps=[
+        {"join": {"room": room, "nick": "web", "configure": True}}, {"wait": True},
+        {"groupchat": {"room": room, "body": "from the web"}},
+        {"expect": {"body": "from the web"}}, {"expect": {"body": "from tcp"}}])
+    b = None
+    try:
+        joined = a.event("joined")
+        assert {"110", "201"} <= set(joined["codes"]), joined
+        b = Node(xmpp, "tcp", "muctcp", steps=[
+            {"join": {"room": room, "nick": "tcp"}},
+            {"expect": {"body": "from the web"}},
+            {"groupchat": {"room": room, "body": "from tcp"}}, {"expect": {"body": "from tcp"}}])
+        assert "201" not in b.event("joined")["codes"]
+        a.go_on()
+        assert b.event("expected")["from"] == f"{room}/web"
+        assert b.event("expected")["from"] == f"{room}/tcp"
+        assert a.event("expected")["from"] == f"{room}/web"
+        assert a.event("expected")["from"] == f"{room}/tcp"
+        a.finish()
+        b.finish()
+    finally:
+        a.kill()
+        if b:
+            b.kill()

@@ -10,7 +10,9 @@
 // Steps: {"send": {"to", "body"}}, {"expect": {"body"}} (a chat with that body, its sender
 // printed), {"acked": n} (XEP-0198: n stanzas sent since enable acknowledged by the server),
 // {"drop": true} (the socket destroyed without a close; the library reconnects and resumes),
-// {"resumed": true} (waits for the resumption), {"wait": true}.
+// {"resumed": true} (waits for the resumption), {"wait": true}; group chat (XEP-0045):
+// {"join": {"room", "nick", "configure"}} (joined once its own presence, 110, and the subject
+// came; configure: the instant-room form as the room's owner), {"groupchat": {"room", "body"}}.
 // @xmpp/client ships SCRAM-SHA-1 only; SCRAM-SHA-256 (RFC 7677) is added here on the
 // library's SASL factory. The server's signature (v= in <success/>) is checked for both, which
 // the library does not do itself.
@@ -128,7 +130,18 @@ ScramSha256.prototype.clientFirst = true;
     xmpp.on('send', (el) => process.stderr.write(`OUT ${el}\n`));
   }
   xmpp.on('error', (err) => out({ event: 'error', error: String(err) }));
+  const NS_MUC = 'http://jabber.org/protocol/muc';
   xmpp.on('stanza', (st) => {
+    if (st.is('presence')) {
+      const x = st.getChild('x', NS_MUC + '#user');
+      const codes = x ? x.getChildren('status').map((c) => c.attrs.code) : [];
+      deliver({ kind: 'presence', from: st.attrs.from, type: st.attrs.type, codes });
+    }
+    if (st.is('message') && st.attrs.type === 'groupchat' && st.getChild('subject') &&
+        !st.getChild('body')) {
+      deliver({ kind: 'subject', room: (st.attrs.from || '').split('/')[0] });
+      return;
+    }
     if (st.is('message') && st.attrs.type !== 'error') {
       const m = { kind: 'message', from: st.attrs.from, body: st.getChildText('body') };
       out({ event: 'message', from: m.from, body: m.body });
@@ -178,6 +191,20 @@ ScramSha256.prototype.clientFirst = true;
       out({ event: 'resumed', sm_id: sm.id, inbound: sm.inbound });
     } else if (step.wait) {
       await lines.next();
+    } else if (step.join) {
+      const { room, nick } = step.join;
+      await xmpp.send(xml('presence', { to: `${room}/${nick}` }, xml('x', { xmlns: NS_MUC })));
+      const self = await next((x) => x.kind === 'presence' && x.from === `${room}/${nick}`);
+      if (self.type === 'error') throw new Error(`join of ${room} refused`);
+      await next((x) => x.kind === 'subject' && x.room === room);
+      if (step.join.configure) {
+        await xmpp.iqCaller.set(xml('query', { xmlns: NS_MUC + '#owner' },
+                                    xml('x', { xmlns: 'jabber:x:data', type: 'submit' })), room);
+      }
+      out({ event: 'joined', room, nick, codes: self.codes });
+    } else if (step.groupchat) {
+      await xmpp.send(xml('message', { to: step.groupchat.room, type: 'groupchat' },
+                          xml('body', {}, step.groupchat.body)));
     }
   }
   stopping = true;
