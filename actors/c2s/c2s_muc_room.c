@@ -80,12 +80,14 @@ typedef struct room_s {
     char *name;                   /* muc#roomconfig_roomname, heap, or NULL */
     uint32_t max_users;
     bool persistent, members_only, moderated, listed, whois_anyone, change_subject;
-    bool created;  /* the first join is making the room */
-    bool saved;    /* xmpp.db has the room's state */
-    bool locked;   /* made by a join, not configured yet: only its owner is let in (7.2.10) */
-    bool lagging;  /* an occupant is marked lagging */
-    rt_pid_t from; /* the sender of the stanza being read */
-    rt_buf_t out;  /* a stanza being written */
+    bool created; /* the first join is making the room */
+    bool saved;   /* xmpp.db has the room's state */
+    bool locked;  /* made by a join, not configured yet: only its owner is let in (7.2.10) */
+    bool lagging; /* an occupant is marked lagging */
+    bool hibernate_armed;    /* a C2S_MSG_HIBERNATE timer is on its way */
+    uint64_t last_active_ms; /* the last stanza handled (the hibernation's clock) */
+    rt_pid_t from;           /* the sender of the stanza being read */
+    rt_buf_t out;            /* a stanza being written */
     rt_actor_t *self;
 } room_t;
 
@@ -1321,10 +1323,51 @@ static int room_init(rt_actor_t *self, void *state, void *arg)
     return rc;
 }
 
+/*
+** A room quiet for C2S_HIBERNATE_MS is collected down to what it holds (as an idle session is):
+** what a burst of joins and messages left on its heap goes back.
+*/
+static void hibernate_arm(room_t *r, uint64_t ms)
+{
+    if (!r->hibernate_armed)
+        r->hibernate_armed = rt_send_after_tag(ms, rt_self(r->self), C2S_MSG_HIBERNATE, NULL) == 0;
+}
+
+static void on_hibernate(room_t *r)
+{
+    r->hibernate_armed = false;
+    uint64_t quiet = rt_mono_ms() - r->last_active_ms;
+    if (quiet < C2S_HIBERNATE_MS) {
+        hibernate_arm(r, C2S_HIBERNATE_MS - quiet);
+        return;
+    }
+    /* Arrays grown for a crowd that has left shrink to what they hold; a collection then
+       gives back the chunks left empty. */
+    occ_t *occ =
+        r->nocc < r->occ_cap
+            ? rt_realloc(r->self, r->occ, (r->nocc ? r->nocc : 1) * sizeof(occ_t), RT_OBJ_SCAN)
+            : NULL;
+    if (occ)
+        r->occ = occ, r->occ_cap = r->nocc ? r->nocc : 1;
+    aff_t *affs =
+        r->naff < r->aff_cap
+            ? rt_realloc(r->self, r->affs, (r->naff ? r->naff : 1) * sizeof(aff_t), RT_OBJ_SCAN)
+            : NULL;
+    if (affs)
+        r->affs = affs, r->aff_cap = r->naff ? r->naff : 1;
+    rt_gc(r->self);
+}
+
 static void room_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     room_t *r = state;
     r->self = self;
+    if (m->tag == C2S_MSG_HIBERNATE) {
+        on_hibernate(r);
+        return;
+    }
+    r->last_active_ms = rt_mono_ms();
+    hibernate_arm(r, C2S_HIBERNATE_MS);
     if (m->tag == C2S_MSG_MUC) {
         r->from = m->from;
         rt__c2s_muc_parse(&r->parse, m->data, m->len);
@@ -1334,6 +1377,7 @@ static void room_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         down(r, m);
     }
     drop_lagging(r);
+    rt_buf_free(&r->out); /* malloc'd: not kept between stanzas, where the heap cannot see it */
 }
 
 static void room_terminate(rt_actor_t *self, void *state, rt_reason_t reason)

@@ -292,3 +292,37 @@ def test_room_archive(server):
     assert results == [] and fin.get("complete") == "true"
     for x in (a, b, c):
         x.close()
+
+
+HIBERNATE_S = 5  # C2S_HIBERNATE_MS: the quiet time after which a room is compacted
+
+CROWD = [f"crowd{i}" for i in range(30)]
+
+
+def room_memory(server, name):
+    rows = server.rtd.ctl_json("actors", "list", "--limit", "100000")
+    rows = rows if isinstance(rows, list) else rows.get("actors", [])
+    return next(r for r in rows if r.get("name") == f"muc:{name}@conference.localhost")["memory"]
+
+
+@serving(CROWD, ", muc_room_locking = false")
+def test_an_idle_room_hibernates(server):
+    """A crowd of 30 joins (each presence with a status), then all but one leave: the room's
+    arrays are still sized for the crowd and its heap holds chunks the leavers' bytes emptied.
+    Quiet for C2S_HIBERNATE_MS, the room shrinks them and collects: its memory goes down."""
+    clients = [Client(server.xport, u) for u in CROWD]
+    room = room_jid("crowded")
+    for i, c in enumerate(clients):
+        c.send(f"<presence to='{room}/n{i}'><status>{'s' * 200}</status></presence>")
+    for i, c in enumerate(clients):
+        c.wait(presence_from(f"{room}/n{i}"), "its own presence")
+    for i, c in enumerate(clients[1:], 1):
+        c.send(f"<presence to='{room}/n{i}' type='unavailable'/>")
+        c.wait(presence_from(f"{room}/n{i}", "unavailable"), "its leave")
+    before = room_memory(server, "crowded")
+    deadline = time.monotonic() + HIBERNATE_S + X.TIMEOUT
+    while (after := room_memory(server, "crowded")) >= before:
+        assert time.monotonic() < deadline, f"still {after} bytes, {before} after the crowd"
+        time.sleep(0.2)
+    for c in clients:
+        c.close()
