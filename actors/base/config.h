@@ -161,6 +161,7 @@ typedef struct rt_conf_xmpp_s {
                                once), default 50; 0 = no limit */
     bool muc_room_locking;  /* a new room refuses others until its owner configures it
                                (XEP-0045 7.2.10), default true */
+    long muc_max_rooms_per_user; /* rooms one bare JID made that exist at once, default 100 */
 } rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */

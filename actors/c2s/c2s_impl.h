@@ -449,7 +449,13 @@ typedef struct c2s_room_arg_s {
     const char *jid; /* the room's bare JID, NUL-terminated */
     const uint8_t *state;
     size_t state_len;
+    const char *maker; /* the bare JID whose join makes it (counted for it already), or NULL */
+    bool restored;     /* made from xmpp.db: its first owner counts as its maker */
 } c2s_room_arg_t;
+/* A room made by bare (len bytes) counts against xmpp.muc_max_rooms_per_user while it lasts:
+   false when bare has that many (force: counted all the same, a room kept in xmpp.db). */
+bool rt__c2s_muc_maker_take(const char *bare, size_t len, bool force);
+void rt__c2s_muc_maker_give(const char *bare, size_t len);
 extern const rt_actor_type_t rt__c2s_room_type;
 /* The parser rooms and the service read their stanzas with; ctx's first field is a
    c2s_muc_parse_t. */

@@ -10,7 +10,9 @@
 ** Rooms and the service read the stanzas the sessions wrote for them with the same XML parser
 ** as a session (a stream whose header is made up once), on their own heaps.
 */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "c2s_impl.h"
@@ -95,18 +97,91 @@ static bool room_name(const rt_jid_t *to, char out[ROOM_NAME_MAX + 1])
     return true;
 }
 
-/* The room's actor; a join (create) spawns it when there is none. 0 when there is none. */
-static rt_pid_t room_pid(const char *name, bool create)
+/* ---- Who made which rooms (xmpp.muc_max_rooms_per_user) ---- */
+
+/*
+** The rooms each user made that still exist, by bare JID: a chained table of fixed size under
+** one lock, taken once when a room is made and once when it ends. Its entries are at most the
+** users with rooms, and rooms are bounded (muc_max_rooms), so chains stay short.
+*/
+#define MAKERS 1024
+typedef struct maker_s {
+    struct maker_s *next;
+    uint32_t rooms;
+    uint32_t len;
+    char bare[];
+} maker_t;
+static maker_t *makers[MAKERS];
+static pthread_mutex_t makers_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static maker_t **maker_slot(const char *bare, size_t len)
+{
+    maker_t **p = &makers[rt_hash(bare, len) % MAKERS];
+    while (*p && !((*p)->len == len && memcmp((*p)->bare, bare, len) == 0))
+        p = &(*p)->next;
+    return p;
+}
+
+bool rt__c2s_muc_maker_take(const char *bare, size_t len, bool force)
+{
+    pthread_mutex_lock(&makers_lock);
+    maker_t **p = maker_slot(bare, len);
+    bool ok = true;
+    if (!*p && (*p = malloc(sizeof(maker_t) + len)) != NULL) {
+        **p = (maker_t){.len = (uint32_t)len};
+        memcpy((*p)->bare, bare, len);
+    }
+    if (!*p || (!force && (*p)->rooms >= (uint32_t)rt__c2s.conf->muc_max_rooms_per_user))
+        ok = false;
+    else
+        (*p)->rooms++;
+    if (*p && (*p)->rooms == 0) { /* made for a refusal: not kept */
+        maker_t *m = *p;
+        *p = m->next;
+        free(m);
+    }
+    pthread_mutex_unlock(&makers_lock);
+    return ok;
+}
+
+void rt__c2s_muc_maker_give(const char *bare, size_t len)
+{
+    pthread_mutex_lock(&makers_lock);
+    maker_t **p = maker_slot(bare, len), *m = *p;
+    if (m && --m->rooms == 0) {
+        *p = m->next;
+        free(m);
+    }
+    pthread_mutex_unlock(&makers_lock);
+}
+
+/* Why no room could be had for a join. */
+enum { NO_ROOM = 0, NO_ROOM_NODE, NO_ROOM_USER };
+
+/*
+** The room's actor; a join (maker: the joiner's bare JID) spawns it when there is none. 0 when
+** there is none (*why: the bound that refused making it).
+*/
+static rt_pid_t room_pid(const char *name, const char *maker, int *why)
 {
     rt_pid_t pid = rt_whereis(name);
-    if (pid || !create)
+    *why = NO_ROOM;
+    if (pid || !maker)
         return pid;
     if (atomic_load_explicit(&rt_c2s_stats.muc_rooms, memory_order_relaxed) >=
-        (uint64_t)rt__c2s.conf->muc_max_rooms)
+        (uint64_t)rt__c2s.conf->muc_max_rooms) {
+        *why = NO_ROOM_NODE;
         return 0;
+    }
+    if (!rt__c2s_muc_maker_take(maker, strlen(maker), false)) {
+        *why = NO_ROOM_USER;
+        return 0;
+    }
     rt_spawn_opts_t o = {.name = name};
-    c2s_room_arg_t arg = {.jid = name + sizeof(ROOM_NAME_PREFIX) - 1};
+    c2s_room_arg_t arg = {.jid = name + sizeof(ROOM_NAME_PREFIX) - 1, .maker = maker};
     int rc = rt_spawn_opt(&rt__c2s_room_type, &arg, &o, &pid);
+    if (rc) /* the room gives its maker's count back as it ends: this one never started */
+        rt__c2s_muc_maker_give(maker, strlen(maker));
     if (rc == RT_EEXIST) /* another join made it first */
         pid = rt_whereis(name);
     else if (rc)
@@ -119,12 +194,12 @@ static bool is_join(const rt_xml_el_t *el)
     return strcmp(el->name, "presence") == 0 && !rt_xml_attr(el, "type");
 }
 
-/* Sends bytes to the room named, made by a join if need be; a room that ended between the
-   lookup and the send is looked for (or made) once more. */
-static bool to_room(const char *name, bool join, const void *p, size_t n)
+/* Sends bytes to the room named, made by a join (maker: the joiner) if need be; a room that
+   ended between the lookup and the send is looked for (or made) once more. */
+static bool to_room(const char *name, const char *maker, const void *p, size_t n, int *why)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
-        rt_pid_t pid = room_pid(name, join);
+        rt_pid_t pid = room_pid(name, maker, why);
         if (!pid)
             return false;
         if (rt_send(pid, C2S_MSG_MUC, p, n) == 0)
@@ -155,13 +230,18 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
         return;
     }
     bool join = is_join(el) && to->resource;
-    if (to_room(name, join, bytes->data, bytes->len))
+    char maker[RT_JID_TEXT_MAX + 1];
+    snprintf(maker, sizeof(maker), "%.*s", (int)rt_jid_bare_len(c->jid), c->jid->s);
+    int why;
+    if (to_room(name, join ? maker : NULL, bytes->data, bytes->len, &why))
         return;
     if (presence) {
         /* XEP-0045 7.2.1: a join names a nick; an unavailable or an error to a room that is
            not there has nothing to do. */
         if (!type && !to->resource)
             rt__c2s_stanza_error(self, c, el, "modify", "jid-malformed");
+        else if (join && why == NO_ROOM_USER) /* not allowed to make one more room */
+            rt__c2s_stanza_error(self, c, el, "cancel", "not-allowed");
         else if (join) {
             atomic_fetch_add_explicit(&rt_c2s_stats.muc_rooms_refused, 1, memory_order_relaxed);
             rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
@@ -181,8 +261,14 @@ void rt__c2s_muc_reroute(rt_msg_t *m)
     bool presence = m->len > 9 && memcmp(m->data, "<presence", 9) == 0;
     char type[16];
     bool join = presence && rt__c2s_first_tag_attr(m->data, m->len, "type", type, sizeof(type)) < 0;
+    char from[RT_JID_TEXT_MAX + 1];
+    int flen = rt__c2s_first_tag_attr(m->data, m->len, "from", from, sizeof(from));
+    char *slash = flen > 0 ? strchr(from, '/') : NULL;
+    if (slash)
+        *slash = 0; /* the joiner's bare JID: the room's maker, if it makes one */
+    int why;
     if (tlen > 0 && rt_jid_prep(to, (size_t)tlen, &jb, NULL) == 0 && room_name(&jb.jid, name) &&
-        to_room(name, join && jb.jid.resource, m->data, m->len))
+        to_room(name, join && jb.jid.resource && flen > 0 ? from : NULL, m->data, m->len, &why))
         return;
     if (m->len > 3 && memcmp(m->data, "<iq", 3) == 0)
         rt__c2s_iq_unanswered(m->data, m->len);
@@ -357,8 +443,10 @@ static void restore(const char *service, const char *room, const void *state, si
         return;
     }
     rt_spawn_opts_t o = {.name = name};
-    c2s_room_arg_t a = {
-        .jid = name + sizeof(ROOM_NAME_PREFIX) - 1, .state = state, .state_len = len};
+    c2s_room_arg_t a = {.jid = name + sizeof(ROOM_NAME_PREFIX) - 1,
+                        .state = state,
+                        .state_len = len,
+                        .restored = true};
     rt_pid_t pid;
     int rc = rt_spawn_opt(&rt__c2s_room_type, &a, &o, &pid);
     if (rc)

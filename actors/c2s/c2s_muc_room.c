@@ -78,6 +78,7 @@ typedef struct room_s {
     size_t nhist;
     char *subject, *subject_nick; /* heap, or NULL */
     char *name;                   /* muc#roomconfig_roomname, heap, or NULL */
+    char *maker; /* the bare JID counted as its maker (muc_max_rooms_per_user), heap, or NULL */
     uint32_t max_users;
     bool persistent, members_only, moderated, listed, whois_anyone, change_subject;
     bool created; /* the first join is making the room */
@@ -1314,12 +1315,21 @@ static int room_init(rt_actor_t *self, void *state, void *arg)
     int rc = a->state ? restore(r, a->state, a->state_len) : 0;
     if (r->max_users > (uint32_t)rt__c2s.conf->muc_max_occupants)
         r->max_users = (uint32_t)rt__c2s.conf->muc_max_occupants; /* the setting went down */
+    if (!rc && a->restored) /* its first owner stands for its maker */
+        for (size_t i = 0; i < r->naff && !r->maker; i++)
+            if (r->affs[i].aff == AFF_OWNER &&
+                (r->maker = rt_strndup(self, r->affs[i].bare, strlen(r->affs[i].bare))))
+                rt__c2s_muc_maker_take(r->maker, strlen(r->maker), true);
+    if (!rc && a->maker && !(r->maker = rt_strndup(self, a->maker, strlen(a->maker))))
+        rc = RT_ENOMEM;
     if (!rc)
         rc = rt__c2s_muc_parse_init(&r->parse);
     if (!rc && a->state)
         info_to_service(r, true);
     if (!rc)
         atomic_fetch_add_explicit(&rt_c2s_stats.muc_rooms, 1, memory_order_relaxed);
+    else if (a->restored && r->maker) /* a join's maker is given back by its spawner */
+        rt__c2s_muc_maker_give(r->maker, strlen(r->maker));
     return rc;
 }
 
@@ -1388,6 +1398,8 @@ static void room_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     rt_buf_free(&r->out);
     if (r->jid)
         info_to_service(r, false);
+    if (r->maker)
+        rt__c2s_muc_maker_give(r->maker, strlen(r->maker));
     atomic_fetch_sub_explicit(&rt_c2s_stats.muc_rooms, 1, memory_order_relaxed);
 }
 

@@ -150,7 +150,33 @@ def test_rooms_on_a_node_are_bounded(server):
     a.close()
 
 
-@serving(["dir1"], ", muc_max_rooms = 200")
+@serving(["maker1", "maker2"], ", muc_max_rooms_per_user = 2")
+def test_rooms_one_user_makes_are_bounded(server):
+    """muc_max_rooms_per_user = 2: a user's join that would make a third room is refused
+    not-allowed (another user's is not); once one of its rooms ends it may make one again; a
+    join to a room that exists is no making and is let in."""
+    a = Client(server.xport, "maker1")
+    b = Client(server.xport, "maker2")
+    create(a, "m0", "me")
+    create(a, "m1", "me")
+    refused = join(a, room_jid("m2"), "me")[-1]
+    assert error(refused) == ("cancel", "not-allowed"), show([refused])
+    create(b, "m2", "other")
+    joined(a, room_jid("m2"), "me")  # b's room: a joins, makes nothing
+    a.send(f"<presence to='{room_jid('m0')}/me' type='unavailable'/>")
+    a.wait(presence_from(f"{room_jid('m0')}/me", "unavailable"), "the leave")
+    deadline = time.monotonic() + X.TIMEOUT  # the room gives its count back as it ends
+    while True:
+        seq = join(a, room_jid("m3"), "me")
+        if seq[-1].get("type") != "error":
+            break
+        assert error(seq[-1]) == ("cancel", "not-allowed") and time.monotonic() < deadline
+    configure(a, room_jid("m3"))
+    a.close()
+    b.close()
+
+
+@serving(["dir1"], ", muc_max_rooms = 200, muc_max_rooms_per_user = 200")
 def test_rooms_one_session_is_in_are_bounded(server):
     """A join is directed presence, which a session remembers to say unavailable at its end
     (RFC 6121 4.6): 128 rooms at most; the next join is refused resource-constraint by the
