@@ -112,7 +112,7 @@ test-integration-asan-a: build-asan
 		tests/integration/test_trace.py tests/integration/test_banned.py \
 		tests/integration/test_jwt.py tests/integration/test_auth_http.py \
 		tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_muc_rtd.py \
-		-k "not testssl"
+		tests/integration/test_xmpp_mqtt_rules.py -k "not testssl"
 
 test-integration-asan-b: build-asan
 	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \
@@ -143,7 +143,7 @@ test-integration-tsan: build-tsan
 		tests/integration/test_xmpp_xeps.py tests/integration/test_xmpp_mam.py \
 		tests/integration/test_auth_http.py tests/integration/test_tenant.py \
 		tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_muc_rtd.py \
-		-k "not tenants_across"
+		tests/integration/test_xmpp_mqtt_rules.py -k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

@@ -443,6 +443,14 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
 /* A stanza that reached a room as it ended: a join makes the room again, an iq is answered. */
 void rt__c2s_muc_reroute(rt_msg_t *m);
 int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
+/* The xmpp sink's entry (rt_sink_xmpp_fn, c2s_session.c), and its part for rooms: a groupchat
+   from room/nick with the body to the room's occupants (C2S_MSG_MUC_POST), kept in its history
+   and archive; RT_ENOTFOUND when there is no such room. */
+int rt__c2s_sink_send(const char *to, const char *from, const char *nick, const char *type,
+                      const char *body, size_t len);
+int rt__c2s_muc_post(const rt_jid_t *room, const char *nick, const char *body, size_t len);
+/* data: the nick, NUL, the body's text. */
+#define C2S_MSG_MUC_POST (RT_C2S_MSG_BASE + 0x62)
 /* The room actor (c2s_muc_room.c), spawned with this: a new room has no state; one kept in
    xmpp.db (persistent) is made again at start with what it saved. */
 typedef struct c2s_room_arg_s {
@@ -518,8 +526,8 @@ int rt__c2s_mam_ask(const char *host, const char *user, const c2s_mam_query_t *q
 /* The query form (4.1.5), the payload of a result: to b. */
 void rt__c2s_mam_put_form(rt_buf_t *b);
 /* A room's groupchat message (b: as kept, from its occupant JID `with`) to the room's archive
-   (service, room: its domain and localpart), unless archiving is off or el is hinted not to
-   be kept (XEP-0334): true, and *id its archive id. */
+   (service, room: its domain and localpart), unless archiving is off or el (NULL: a rule's
+   row) is hinted not to be kept (XEP-0334): true, and *id its archive id. */
 bool rt__c2s_mam_room(const rt_xml_el_t *el, const char *service, const char *room,
                       const char *with, const rt_buf_t *b, int64_t *id);
 /* Whether the account keeps an archive; its disco#info features when it does. */

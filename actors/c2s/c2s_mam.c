@@ -106,8 +106,9 @@ static int archive(const c2s_archive_t *h, const char *host, const char *user, c
 bool rt__c2s_mam_room(const rt_xml_el_t *el, const char *service, const char *room,
                       const char *with, const rt_buf_t *b, int64_t *id)
 {
-    if (!rt__c2s.conf->archive || b->oom || rt_xml_child(el, "no-store", NS_HINTS) ||
-        rt_xml_child(el, "no-permanent-store", NS_HINTS))
+    if (!rt__c2s.conf->archive || b->oom ||
+        (el && (rt_xml_child(el, "no-store", NS_HINTS) ||
+                rt_xml_child(el, "no-permanent-store", NS_HINTS))))
         return false;
     c2s_archive_t h = {.stamp_ms = (int64_t)rt_wall_ms(),
                        .out_id = next_ids(1),

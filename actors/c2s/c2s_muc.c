@@ -252,6 +252,21 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
         rt__c2s_stanza_error(self, c, el, "cancel", "item-not-found"); /* none about errors */
 }
 
+int rt__c2s_muc_post(const rt_jid_t *room, const char *nick, const char *body, size_t len)
+{
+    char name[ROOM_NAME_MAX + 1];
+    if (!room_name(room, name))
+        return RT_EINVAL;
+    rt_pid_t pid = rt_whereis(name);
+    size_t nlen = strlen(nick);
+    rt_msg_t *m = pid ? rt_msg_new(C2S_MSG_MUC_POST, nlen + 1 + len) : NULL;
+    if (!m)
+        return pid ? RT_ENOMEM : RT_ENOTFOUND;
+    memcpy(m->data, nick, nlen + 1);
+    memcpy(m->data + nlen + 1, body, len);
+    return rt_send_msg(pid, m) == 0 ? 0 : RT_ENOTFOUND;
+}
+
 void rt__c2s_muc_reroute(rt_msg_t *m)
 {
     char to[RT_JID_TEXT_MAX + 1];

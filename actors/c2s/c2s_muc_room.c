@@ -709,7 +709,7 @@ static void remember(room_t *r, const char *nick, const rt_buf_t *body)
 
 /* The room's copy of a groupchat message to its archive (XEP-0313 for rooms); its archive id
    goes to every occupant's copy as XEP-0359's stanza-id, by the room. */
-static void archive(room_t *r, const rt_xml_el_t *el, const occ_t *o, rt_buf_t *shared)
+static void archive(room_t *r, const rt_xml_el_t *el, const char *nick, rt_buf_t *shared)
 {
     const char *at = strchr(r->jid, '@');
     if (!at || !rt__c2s.conf->archive)
@@ -719,11 +719,11 @@ static void archive(room_t *r, const rt_xml_el_t *el, const occ_t *o, rt_buf_t *
     rt_buf_printf(&kept, " from='");
     rt_xml_put_text(&kept, r->jid, r->jid_len);
     rt_buf_printf(&kept, "/");
-    rt_xml_put_text(&kept, o->nick, strlen(o->nick));
+    rt_xml_put_text(&kept, nick, strlen(nick));
     rt_buf_printf(&kept, "'");
     rt_buf_add(&kept, shared->data, shared->len);
     rt_buf_printf(&kept, "</message>");
-    rt_buf_printf(&with, "%s/%s", r->jid, o->nick);
+    rt_buf_printf(&with, "%s/%s", r->jid, nick);
     char room[RT_JID_PART_MAX + 1];
     snprintf(room, sizeof(room), "%.*s", (int)(at - r->jid), r->jid);
     int64_t id;
@@ -734,6 +734,22 @@ static void archive(room_t *r, const rt_xml_el_t *el, const occ_t *o, rt_buf_t *
     }
     rt_buf_free(&kept);
     rt_buf_free(&with);
+}
+
+/* A groupchat (shared: its attributes after to, '>' and its children) from room/nick to every
+   occupant; shared is freed. */
+static void broadcast_message(room_t *r, const char *nick, rt_buf_t *shared)
+{
+    for (size_t i = 0; i < r->nocc; i++) {
+        rt_buf_printf(&r->out, "<message xmlns='%s'", RT_XML_NS_CLIENT);
+        put_occupant_from(r, nick);
+        rt_xml_put_attr(&r->out, "to", r->occ[i].jid);
+        rt_buf_add(&r->out, shared->data, shared->len);
+        rt_buf_printf(&r->out, "</message>");
+        send_out(r, r->occ[i].pid);
+    }
+    atomic_fetch_add_explicit(&rt_c2s_stats.muc_messages, 1, memory_order_relaxed);
+    rt_buf_free(shared);
 }
 
 static void groupchat(room_t *r, const rt_xml_el_t *el, occ_t *o)
@@ -774,19 +790,31 @@ static void groupchat(room_t *r, const rt_xml_el_t *el, occ_t *o)
             rt_free(r->self, n);
         }
     } else if (body) {
-        archive(r, el, o, &shared);
+        archive(r, el, o->nick, &shared);
         remember(r, o->nick, &shared);
     }
-    for (size_t i = 0; i < r->nocc; i++) {
-        rt_buf_printf(&r->out, "<message xmlns='%s'", RT_XML_NS_CLIENT);
-        put_occupant_from(r, o->nick);
-        rt_xml_put_attr(&r->out, "to", r->occ[i].jid);
-        rt_buf_add(&r->out, shared.data, shared.len);
-        rt_buf_printf(&r->out, "</message>");
-        send_out(r, r->occ[i].pid);
+    broadcast_message(r, o->nick, &shared);
+}
+
+/* A rule's row for the room (the xmpp sink): a groupchat from room/nick, as an occupant's. */
+static void post(room_t *r, const rt_msg_t *m)
+{
+    const char *nick = (const char *)m->data, *nul = memchr(m->data, 0, m->len);
+    if (!nul || nul == nick)
+        return;
+    const char *body = nul + 1;
+    size_t len = m->len - (size_t)(body - nick);
+    rt_buf_t shared = {0};
+    rt_buf_printf(&shared, " type='groupchat'><body>");
+    rt_xml_put_text(&shared, body, len);
+    rt_buf_printf(&shared, "</body>");
+    if (shared.oom) {
+        rt_buf_free(&shared);
+        return;
     }
-    atomic_fetch_add_explicit(&rt_c2s_stats.muc_messages, 1, memory_order_relaxed);
-    rt_buf_free(&shared);
+    archive(r, NULL, nick, &shared);
+    remember(r, nick, &shared);
+    broadcast_message(r, nick, &shared);
 }
 
 /* XEP-0045 7.8.2: an invitation the room passes on to the invitee, from the room. */
@@ -1385,6 +1413,8 @@ static void room_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         end_if_empty(r);
     } else if (m->tag == RT_MSG_DOWN && m->len >= sizeof(rt_down_msg_t)) {
         down(r, m);
+    } else if (m->tag == C2S_MSG_MUC_POST) {
+        post(r, m);
     }
     drop_lagging(r);
     rt_buf_free(&r->out); /* malloc'd: not kept between stanzas, where the heap cannot see it */

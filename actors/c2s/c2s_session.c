@@ -403,6 +403,43 @@ static int keep_offline(const rt_jid_t *to, const void *stanza, size_t len, cons
     return rc;
 }
 
+/*
+** A rule's row as a message (the xmpp sink, rt_sinks_set_xmpp): to a room, a groupchat from
+** room/nick; to a user of a served host, a message from `from` (default: the host) to the
+** available sessions of the highest priority (RFC 6121 8.5.2.1.1), else kept offline; a
+** headline is never kept. Any thread, in the sink's actor.
+*/
+int rt__c2s_sink_send(const char *to_text, const char *from, const char *nick, const char *type,
+                      const char *body, size_t len)
+{
+    rt_jid_buf_t tb;
+    if (rt_jid_prep(to_text, strlen(to_text), &tb, NULL) != 0 || !tb.jid.local || tb.jid.resource)
+        return RT_EINVAL;
+    const rt_jid_t *to = &tb.jid;
+    if (rt__c2s_muc_index(rt_jid_domain(to), to->domain) >= 0)
+        return rt__c2s_muc_post(to, nick, body, len);
+    int host = rt__c2s_host_index(rt_jid_domain(to), to->domain);
+    if (host < 0)
+        return RT_ENOTFOUND;
+    rt_buf_t b = {0};
+    rt_xml_put_start(&b, "message");
+    rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
+    rt_xml_put_attr(&b, "from", from && *from ? from : rt__c2s.conf->hosts[host]);
+    rt_xml_put_attr_len(&b, "to", to->s, rt_jid_bare_len(to));
+    rt_xml_put_attr(&b, "type", type);
+    rt_buf_printf(&b, "><body>");
+    rt_xml_put_text(&b, body, len);
+    rt_buf_printf(&b, "</body></message>");
+    int rc = b.oom ? RT_ENOMEM : 0;
+    c2s_route_t r[C2S_ROUTES_MAX];
+    bool headline = strcmp(type, "headline") == 0;
+    if (!rc && !to_bare(to, &b, headline, 0, r) && !headline)
+        rc = keep_offline(to, b.data, b.len, NULL, from && *from ? from : rt__c2s.conf->hosts[host],
+                          rt_self(rt_current()));
+    rt_buf_free(&b);
+    return rc;
+}
+
 static void route_message(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
                           const rt_buf_t *bytes)
 {
@@ -692,6 +729,8 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
             rt__c2s_directed(self, c, el, to, !type))
             rt__c2s_muc_route(self, c, el, to, &b);
         rt_buf_free(&b);
+        if (message) /* the rules see what is said in rooms too (a chat command to a device) */
+            rt__c2s_rule_message(self, c, el, tb.jid.s);
         return 0;
     }
     if (presence && type && strcmp(type, "unavailable") != 0 && strcmp(type, "error") != 0) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "c2s_impl.h"
+#include "sink.h"
 
 c2s_global_t rt__c2s;
 
@@ -76,5 +77,8 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
     rt__c2s.admit_peer = admit_peer;
     rt__c2s_stream_configs(x);
     rt__c2s_caps_init();
-    return rt__c2s_store_start(sup, conf->data_dir, err, errlen);
+    int rc = rt__c2s_store_start(sup, conf->data_dir, err, errlen);
+    if (!rc)
+        rt_sinks_set_xmpp(rt__c2s_sink_send); /* rules' rows as messages (the xmpp sink) */
+    return rc;
 }

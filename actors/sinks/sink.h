@@ -135,4 +135,15 @@ typedef struct rt_sink_info_s {
 /* Copies up to max sinks' metrics into out; returns how many sinks there are. */
 size_t rt_sinks_snapshot(rt_sink_info_t *out, size_t max);
 
+/*
+** The xmpp sink's way to the XMPP server, which sits above the sinks (actors/c2s): it sets
+** this at its start. A message from `from` (a JID; for a room, nick is the occupant name it
+** comes from) of type `type` with the body, to `to`: a user (its available sessions, else
+** offline storage) or a room (a groupchat to its occupants). 0, or RT_ENOTFOUND (no such
+** room, a domain not served), RT_EINVAL (a JID that does not prepare), RT_ENOMEM, RT_ENOPROC.
+*/
+typedef int (*rt_sink_xmpp_fn)(const char *to, const char *from, const char *nick, const char *type,
+                               const char *body, size_t len);
+void rt_sinks_set_xmpp(rt_sink_xmpp_fn fn);
+
 #endif

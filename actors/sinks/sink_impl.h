@@ -85,10 +85,16 @@ struct sink_driver_s {
     size_t (*held)(const rt_sink_t *s);
 };
 
+/* sink_template.c: whether every ${ in t (len bytes) is closed by a }; t rendered for doc,
+   appended to out (check out->oom after). */
+bool rt__sink_template_ok(const char *t, size_t len);
+void rt__sink_render(rt_buf_t *out, const char *t, size_t tlen, const bson_t *doc);
+
 extern const sink_driver_t rt_sink_sqlite_driver;
 extern const sink_driver_t rt_sink_mongo_driver;
 extern const sink_driver_t rt_sink_republish_driver;
 extern const sink_driver_t rt_sink_http_driver;
+extern const sink_driver_t rt_sink_xmpp_driver;
 
 /* ---- The sink record ---- */
 typedef enum { SINK_CONNECTED = 0, SINK_CONNECTING, SINK_DISCONNECTED } sink_state_t;

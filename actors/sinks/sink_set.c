@@ -22,7 +22,8 @@ static rt_pid_t g_sup; /* the supervisor the sinks' group runs under (0: none) *
 #define RT_SINKS_GROUP "sinks_sup"
 
 static const sink_driver_t *const drivers[] = {&rt_sink_sqlite_driver, &rt_sink_mongo_driver,
-                                               &rt_sink_republish_driver, &rt_sink_http_driver};
+                                               &rt_sink_republish_driver, &rt_sink_http_driver,
+                                               &rt_sink_xmpp_driver};
 
 const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key)
 {
@@ -32,7 +33,7 @@ const rt_conf_kv_t *rt__sink_kv(const rt_conf_section_t *sec, const char *key)
     return NULL;
 }
 
-static const char *const sink_types[] = {"sqlite", "mongodb", "republish", "http", NULL};
+static const char *const sink_types[] = {"sqlite", "mongodb", "republish", "http", "xmpp", NULL};
 
 /* The keys every sink takes, whatever its type. */
 static const rt_setting_t common_keys[] = {
