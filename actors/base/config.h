@@ -156,6 +156,7 @@ typedef struct rt_conf_xmpp_s {
     char muc_host[RT_CONF_XMPP_HOST_MAX];
     long muc_max_occupants; /* in one room, default 200 (ejabberd's max_users) */
     long muc_history;       /* groupchat messages a room keeps for joiners, default 20 */
+    long muc_history_bytes; /* and at most this many bytes of them, default 256 KiB */
     long muc_max_rooms;     /* rooms on this node at once, default 10000 */
     long muc_message_rate;  /* groupchat messages an occupant may send a second (as many at
                                once), default 50; 0 = no limit */

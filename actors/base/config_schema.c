@@ -713,6 +713,9 @@ const rt_setting_t rt__conf_table_settings[] = {
              "in one room; a join past it is refused with service-unavailable"),
     XMPP_INT(muc_history, 20, 0, 1000, "messages",
              "a room keeps and sends to each occupant joining it"),
+    XMPP_INT(muc_history_bytes, 256 * KIB, 1024, 64 * MIB, "bytes",
+             "of the history one room keeps: past it the oldest go (a message bigger than this "
+             "is sent on and not kept)"),
     XMPP_INT(muc_max_rooms_per_user, 100, 1, 10000000, "rooms",
              "one user (a bare JID) has made and that still exist; a join that would make one "
              "more is refused with not-allowed (a temporary room ends with its last occupant)"),

@@ -76,6 +76,7 @@ typedef struct room_s {
     size_t naff, aff_cap;
     hist_t *hist; /* oldest first */
     size_t nhist;
+    size_t hist_bytes;            /* the kept messages' bytes (muc_history_bytes) */
     char *subject, *subject_nick; /* heap, or NULL */
     char *name;                   /* muc#roomconfig_roomname, heap, or NULL */
     char *maker; /* the bare JID counted as its maker (muc_max_rooms_per_user), heap, or NULL */
@@ -468,7 +469,12 @@ static void remove_occupant(room_t *r, occ_t *o, const int *codes, size_t ncodes
     end_if_empty(r);
 }
 
-/* The children of a presence a room passes on: all but MUC's own <x/> (the join's). */
+/*
+** The children of a presence a room passes on: all but MUC's own <x/> (the join's). A room keeps
+** each occupant's until it changes, so what one may be is bounded (a status and caps take a few
+** hundred bytes): past C2S_MUC_PRESENCE_MAX, RT_ELIMIT, and the presence is refused.
+*/
+#define C2S_MUC_PRESENCE_MAX 4096
 static int keep_presence(room_t *r, occ_t *o, const rt_xml_el_t *el)
 {
     rt_buf_t b = {0};
@@ -481,6 +487,8 @@ static int keep_presence(room_t *r, occ_t *o, const rt_xml_el_t *el)
     uint8_t *copy = NULL;
     if (b.oom)
         rc = RT_ENOMEM;
+    else if (b.len > C2S_MUC_PRESENCE_MAX)
+        rc = RT_ELIMIT;
     else if (b.len && !(copy = rt_alloc(r->self, b.len, RT_OBJ_LEAF)))
         rc = RT_ENOMEM;
     if (!rc) {
@@ -572,11 +580,17 @@ static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char 
                    .pid = r->from,
                    .tokens = (double)rt__c2s.conf->muc_message_rate,
                    .tokens_ms = rt_mono_ms()};
-        if (!o.nick || !o.jid || keep_presence(r, &o, el) || rt_monitor(r->self, o.pid, &o.mon)) {
+        int rc = !o.nick || !o.jid ? RT_ENOMEM : keep_presence(r, &o, el);
+        if (!rc)
+            rc = rt_monitor(r->self, o.pid, &o.mon);
+        if (rc) {
             rt_free(r->self, o.nick);
             rt_free(r->self, o.jid);
             rt_free(r->self, o.pres);
-            reply_error(r, el, "wait", "resource-constraint");
+            if (rc == RT_ELIMIT)
+                reply_error(r, el, "modify", "not-acceptable");
+            else
+                reply_error(r, el, "wait", "resource-constraint");
             return;
         }
         r->occ[r->nocc++] = o;
@@ -647,7 +661,10 @@ static void presence(room_t *r, const rt_xml_el_t *el, const char *from, const c
                 o->pid = r->from;
             }
         }
-        keep_presence(r, o, el);
+        if (keep_presence(r, o, el) == RT_ELIMIT) {
+            reply_error(r, el, "modify", "not-acceptable"); /* the one before stays */
+            return;
+        }
         broadcast_presence(r, o, false, NULL, 0, NULL, NULL);
     }
 }
@@ -683,10 +700,21 @@ static int put_message_body(rt_buf_t *b, const rt_xml_el_t *el)
     return b->oom ? RT_ENOMEM : 0;
 }
 
+static void forget_oldest(room_t *r)
+{
+    r->hist_bytes -= r->hist[0].len;
+    rt_free(r->self, r->hist[0].nick);
+    rt_free(r->self, r->hist[0].body);
+    memmove(r->hist, r->hist + 1, (r->nhist - 1) * sizeof(hist_t));
+    r->nhist--;
+}
+
+/* A groupchat kept for joiners: the newest muc_history, within muc_history_bytes (one bigger
+   than that alone is not kept). */
 static void remember(room_t *r, const char *nick, const rt_buf_t *body)
 {
-    size_t keep = (size_t)rt__c2s.conf->muc_history;
-    if (keep == 0)
+    size_t keep = (size_t)rt__c2s.conf->muc_history, most = (size_t)rt__c2s.conf->muc_history_bytes;
+    if (keep == 0 || body->len > most)
         return;
     char *n = rt_strndup(r->self, nick, strlen(nick));
     uint8_t *copy = rt_alloc(r->self, body->len, RT_OBJ_LEAF);
@@ -697,14 +725,11 @@ static void remember(room_t *r, const char *nick, const rt_buf_t *body)
         return;
     }
     memcpy(copy, body->data, body->len);
-    if (r->nhist == keep) {
-        rt_free(r->self, r->hist[0].nick);
-        rt_free(r->self, r->hist[0].body);
-        memmove(r->hist, r->hist + 1, (keep - 1) * sizeof(hist_t));
-        r->nhist--;
-    }
+    while (r->nhist && (r->nhist == keep || r->hist_bytes + body->len > most))
+        forget_oldest(r);
     r->hist[r->nhist++] = (hist_t){
         .nick = n, .body = copy, .len = (uint32_t)body->len, .stamp_ms = (int64_t)rt_wall_ms()};
+    r->hist_bytes += body->len;
 }
 
 /* The room's copy of a groupchat message to its archive (XEP-0313 for rooms); its archive id

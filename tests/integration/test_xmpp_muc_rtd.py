@@ -352,3 +352,36 @@ def test_an_idle_room_hibernates(server):
         time.sleep(0.2)
     for c in clients:
         c.close()
+
+
+@serving(["big1", "big2"], ", muc_history_bytes = 2048, muc_message_rate = 0")
+def test_what_a_room_keeps_is_bounded(server):
+    """Each occupant's presence is kept while it is in (4 KiB at most: a join or an update
+    past it is refused not-acceptable, the presence before stays), and the history by bytes
+    as by count (muc_history_bytes = 2048): of five 900-byte messages a joiner gets only the
+    newest that fit in 2048 bytes, and one message bigger than that is sent on, never kept."""
+    a = Client(server.xport, "big1")
+    room = create(a, "bounded", "alice")
+    a.send(f"<presence to='{room}/alice'><status>{'s' * 5000}</status></presence>")
+    refused = a.wait(presence_from(f"{room}/alice", "error"), "the refusal")
+    assert error(refused) == ("modify", "not-acceptable"), show([refused])
+    for i in range(5):
+        a.send(f"<message type='groupchat' to='{room}'><body>{i} {'m' * 900}</body></message>")
+        a.wait(message_with_body(f"{i} {'m' * 900}"), f"message {i}")
+    b = Client(server.xport, "big2")
+    seen = [s for s in join(b, room, "bob") if s.tag == C + "message" and
+            s.findtext(C + "body")]
+    assert [s.findtext(C + "body")[0] for s in seen] == ["3", "4"], show(seen)
+    huge = "h" * 3000
+    a.send(f"<message type='groupchat' to='{room}'><body>{huge}</body></message>")
+    b.wait(message_with_body(huge), "the big message, sent on")
+    b.send(f"<presence to='{room}/bob' type='unavailable'/>")
+    b.wait(presence_from(f"{room}/bob", "unavailable"), "the leave")
+    seen = [s.findtext(C + "body")[0] for s in join(b, room, "bob")
+            if s.tag == C + "message" and s.findtext(C + "body")]
+    assert seen == ["3", "4"], seen  # the big one was not kept; the two before it still are
+    b.send(f"<presence to='{room}/bob'><status>{'s' * 5000}</status></presence>")
+    refused = b.wait(presence_from(f"{room}/bob", "error"), "the update's refusal")
+    assert error(refused) == ("modify", "not-acceptable"), show([refused])
+    a.close()
+    b.close()
