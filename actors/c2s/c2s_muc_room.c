@@ -79,7 +79,8 @@ typedef struct room_s {
     size_t hist_bytes;            /* the kept messages' bytes (muc_history_bytes) */
     char *subject, *subject_nick; /* heap, or NULL */
     char *name;                   /* muc#roomconfig_roomname, heap, or NULL */
-    char *maker; /* the bare JID counted as its maker (muc_max_rooms_per_user), heap, or NULL */
+    char *secret; /* muc#roomconfig_roomsecret of a password-protected room, heap, or NULL */
+    char *maker;  /* the bare JID counted as its maker (muc_max_rooms_per_user), heap, or NULL */
     uint32_t max_users;
     bool persistent, members_only, moderated, listed, whois_anyone, change_subject;
     bool created; /* the first join is making the room */
@@ -315,6 +316,7 @@ enum {
     F_LISTED = 8,
     F_WHOIS_ANYONE = 16,
     F_CHANGE_SUBJECT = 32,
+    F_PASSWORD = 64, /* the room's secret follows the subject's nick */
 };
 
 static void put_str(rt_buf_t *b, const char *s)
@@ -351,17 +353,19 @@ static void save(room_t *r)
         return;
     rt_buf_t b = {0};
     if (r->persistent) {
-        uint8_t head[2] = {STATE_VERSION,
-                           (uint8_t)((r->persistent ? F_PERSISTENT : 0) |
-                                     (r->members_only ? F_MEMBERS_ONLY : 0) |
-                                     (r->moderated ? F_MODERATED : 0) | (r->listed ? F_LISTED : 0) |
-                                     (r->whois_anyone ? F_WHOIS_ANYONE : 0) |
-                                     (r->change_subject ? F_CHANGE_SUBJECT : 0))};
+        uint8_t head[2] = {
+            STATE_VERSION,
+            (uint8_t)((r->persistent ? F_PERSISTENT : 0) | (r->members_only ? F_MEMBERS_ONLY : 0) |
+                      (r->moderated ? F_MODERATED : 0) | (r->listed ? F_LISTED : 0) |
+                      (r->whois_anyone ? F_WHOIS_ANYONE : 0) |
+                      (r->change_subject ? F_CHANGE_SUBJECT : 0) | (r->secret ? F_PASSWORD : 0))};
         rt_buf_add(&b, head, sizeof(head));
         rt_buf_add(&b, &r->max_users, sizeof(r->max_users));
         put_str(&b, r->name);
         put_str(&b, r->subject);
         put_str(&b, r->subject_nick);
+        if (r->secret)
+            put_str(&b, r->secret);
         for (size_t i = 0; i < r->naff; i++) {
             rt_buf_add(&b, &r->affs[i].aff, 1);
             put_str(&b, r->affs[i].bare);
@@ -387,7 +391,8 @@ static int restore(room_t *r, const uint8_t *p, size_t len)
     memcpy(&r->max_users, p + 2, sizeof(r->max_users));
     p += 2 + sizeof(r->max_users);
     if (!get_str(r, &p, end, &r->name) || !get_str(r, &p, end, &r->subject) ||
-        !get_str(r, &p, end, &r->subject_nick))
+        !get_str(r, &p, end, &r->subject_nick) ||
+        ((f & F_PASSWORD) && (!get_str(r, &p, end, &r->secret) || !r->secret)))
         return RT_EINVAL;
     while (p < end) {
         uint8_t aff = *p++;
@@ -548,6 +553,23 @@ static void send_subject(room_t *r, const occ_t *to)
     send_out(r, to->pid);
 }
 
+/* Whether a join carries the room's password (7.2.6), compared in time independent of where
+   the two differ. */
+static bool password_ok(const room_t *r, const rt_xml_el_t *join)
+{
+    const rt_xml_el_t *x = rt_xml_child(join, "x", NS_MUC);
+    const rt_xml_el_t *p = x ? rt_xml_child(x, "password", NS_MUC) : NULL;
+    size_t len = 0;
+    const char *given = p ? rt_xml_text(p, &len) : NULL;
+    size_t want = strlen(r->secret);
+    if (!given || len != want)
+        return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < want; i++)
+        diff |= (unsigned char)(given[i] ^ r->secret[i]);
+    return diff == 0;
+}
+
 static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char *nick)
 {
     uint8_t aff = aff_of(r, from);
@@ -565,6 +587,8 @@ static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char 
         reply_error(r, el, "auth", "forbidden");
     } else if (r->members_only && aff == AFF_NONE) {
         reply_error(r, el, "auth", "registration-required");
+    } else if (r->secret && aff != AFF_OWNER && !password_ok(r, el)) {
+        reply_error(r, el, "auth", "not-authorized"); /* 7.2.6 */
     } else if (same) {
         reply_error(r, el, "cancel", "conflict");
     } else if (r->nocc >= r->max_users && aff < AFF_ADMIN) {
@@ -867,7 +891,13 @@ static void invite(room_t *r, const rt_xml_el_t *el, const occ_t *o, const rt_xm
     rt_buf_printf(&r->out, ">");
     if (reason)
         rt_xml_put_tree(&r->out, reason, NS_MUC_USER);
-    rt_buf_printf(&r->out, "</invite></x></message>");
+    rt_buf_printf(&r->out, "</invite>");
+    if (r->secret) { /* 7.8.2: the invitee needs it to get in */
+        rt_buf_printf(&r->out, "<password>");
+        rt_xml_put_text(&r->out, r->secret, strlen(r->secret));
+        rt_buf_printf(&r->out, "</password>");
+    }
+    rt_buf_printf(&r->out, "</x></message>");
     if (!r->out.oom)
         rt__c2s_to_available(jb.jid.s, rt_jid_bare_len(&jb.jid), r->out.data, r->out.len);
     rt_buf_truncate(&r->out, 0);
@@ -1085,6 +1115,10 @@ static void config_form(room_t *r, const rt_xml_el_t *iq)
     put_field(b, "muc#roomconfig_changesubject", "boolean", "Occupants may change the subject",
               r->change_subject ? "1" : "0");
     put_field(b, "muc#roomconfig_maxusers", "text-single", "Most occupants", users);
+    put_field(b, "muc#roomconfig_passwordprotectedroom", "boolean", "Password required",
+              r->secret ? "1" : "0");
+    put_field(b, "muc#roomconfig_roomsecret", "text-private", "Password",
+              r->secret ? r->secret : "");
     rt_buf_printf(b,
                   "<field var='muc#roomconfig_whois' type='list-single' label='Who sees JIDs'>"
                   "<option label='Moderators'><value>moderators</value></option>"
@@ -1103,6 +1137,8 @@ static bool truthy(const char *v)
 static const char *config_submit(room_t *r, const rt_xml_el_t *x)
 {
     bool was_members_only = r->members_only;
+    int protect = -1; /* muc#roomconfig_passwordprotectedroom: not given */
+    const char *secret = NULL;
     for (const rt_xml_el_t *f = rt_xml_child(x, "field", NS_XDATA); f;
          f = rt_xml_next(f, "field", NS_XDATA)) {
         const char *var = rt_xml_attr(f, "var");
@@ -1128,11 +1164,25 @@ static const char *config_submit(room_t *r, const rt_xml_el_t *x)
             r->change_subject = truthy(v);
         } else if (strcmp(var, "muc#roomconfig_whois") == 0) {
             r->whois_anyone = strcmp(v, "anyone") == 0;
+        } else if (strcmp(var, "muc#roomconfig_passwordprotectedroom") == 0) {
+            protect = truthy(v) ? 1 : 0;
+        } else if (strcmp(var, "muc#roomconfig_roomsecret") == 0) {
+            secret = v;
         } else if (strcmp(var, "muc#roomconfig_maxusers") == 0) {
             long n = strtol(v, NULL, 10);
             if (n >= 1 && n <= rt__c2s.conf->muc_max_occupants)
                 r->max_users = (uint32_t)n;
         }
+    }
+    if (protect == 0 || (protect == 1 && secret && !*secret)) {
+        rt_free(r->self, r->secret);
+        r->secret = NULL;
+    } else if (secret && *secret && (protect == 1 || (protect < 0 && r->secret))) {
+        char *copy = rt_strndup(r->self, secret, strlen(secret));
+        if (!copy)
+            return "resource-constraint";
+        rt_free(r->self, r->secret);
+        r->secret = copy;
     }
     if (r->members_only && !was_members_only) /* 9.? : those not members go, 321 */
         for (size_t i = 0; i < r->nocc;) {
@@ -1232,9 +1282,10 @@ static void disco_info(room_t *r, const rt_xml_el_t *iq)
                   r->persistent ? "muc_persistent" : "muc_temporary",
                   r->listed ? "muc_public" : "muc_hidden",
                   r->members_only ? "muc_membersonly" : "muc_open");
-    rt_buf_printf(b, "<feature var='%s'/><feature var='%s'/>",
+    rt_buf_printf(b, "<feature var='%s'/><feature var='%s'/><feature var='%s'/>",
                   r->moderated ? "muc_moderated" : "muc_unmoderated",
-                  r->whois_anyone ? "muc_nonanonymous" : "muc_semianonymous");
+                  r->whois_anyone ? "muc_nonanonymous" : "muc_semianonymous",
+                  r->secret ? "muc_passwordprotected" : "muc_unsecured");
     if (rt__c2s.conf->archive)
         rt_buf_printf(b, "<feature var='%s'/><feature var='%s'/>", NS_MAM, NS_SID);
     rt_buf_printf(b, "</query></iq>");

@@ -41,7 +41,7 @@ NS_DISCO_ITEMS = "http://jabber.org/protocol/disco#items"
 
 USERS = """disco1 create1 join1 join2 gc1 gc2 hist1 hist2 hist3 hmax1 hmax2 hmax3 nick1 nick2
 nonocc1 nonocc2 pm1 pm2 pm3 leave1 leave2 temp1 drop1 drop2 kick1 kick2 kick3 ban1 ban2 mo1
-mo2 full1 full2 full3 full4 slix1 slix2 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
+mo2 full1 full2 full3 full4 slix1 slix2 pass1 pass2 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
 perm1 perm2 stat1 stat2 destroy1 destroy2 lock1 lock2""".split()
 
 
@@ -761,3 +761,19 @@ def test_slixmpp_occupants(xmpp):
         assert "307" in {str(c) for c in out["muc"]["status_codes"]}, out
         await X.logout(a, b)
     X.run(t())
+
+
+def test_password_protected_room(xmpp):
+    """XEP-0045 7.2.6 and 10.2: the owner sets a password (muc#roomconfig_passwordprotectedroom
+    and roomsecret); a join without it, or with a wrong one, is refused <not-authorized/>
+    (type auth); one with it gets in; the room's disco#info says muc_passwordprotected."""
+    with Clients(xmpp, "pass1", "pass2") as (a, b):
+        room = create(a, "secretroom", "owner", {"muc#roomconfig_passwordprotectedroom": "1",
+                                                 "muc#roomconfig_roomsecret": "opensesame"})
+        for given in ("", "<password>wrong</password>"):
+            refused = join(b, room, "guest", given)[-1]
+            assert error(refused) == ("auth", "not-authorized"), show([refused])
+        joined(b, room, "guest", "<password>opensesame</password>")
+        info = b.iq("get", room, "<query xmlns='http://jabber.org/protocol/disco#info'/>")
+        features = {f.get("var") for f in info.iter("{http://jabber.org/protocol/disco#info}feature")}
+        assert "muc_passwordprotected" in features, show([info])

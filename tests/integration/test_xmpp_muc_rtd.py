@@ -62,15 +62,17 @@ def serving(users, settings=""):
 @serving(["own1", "mem1", "out1"])
 def test_persistent_room_survives_a_restart(server):
     """A persistent room's configuration, subject and affiliations are in xmpp.db: after a
-    restart the room is there, empty, with its name listed, members-only still, the member
-    admitted and the stranger not, and the subject its last one; the join is not a creation
+    restart the room is there, empty, with its name listed, members-only and its password
+    still, the member admitted (with the password) and the stranger not, and the subject its last one; the join is not a creation
     (no 201). A room made temporary again is forgotten: after the next restart a join makes it
     anew."""
     room = room_jid("kept")
     a = Client(server.xport, "own1")
     create(a, "kept", "owner", {"muc#roomconfig_persistentroom": "1",
                                 "muc#roomconfig_membersonly": "1",
-                                "muc#roomconfig_roomname": "Kept room"})
+                                "muc#roomconfig_roomname": "Kept room",
+                                "muc#roomconfig_passwordprotectedroom": "1",
+                                "muc#roomconfig_roomsecret": "kept secret"})
     ans = a.iq("set", room, f"<query xmlns='{NS_MUC}#admin'><item affiliation='member' "
                             "jid='mem1@localhost'/></query>")
     assert ans.get("type") == "result", show([ans])
@@ -82,7 +84,9 @@ def test_persistent_room_survives_a_restart(server):
 
     m = Client(server.xport, "mem1")
     assert room in rooms_listed(m)
-    seq, mine = joined(m, room, "member")
+    refused = join(m, room, "member")[-1]  # the password was kept too
+    assert error(refused) == ("auth", "not-authorized"), show([refused])
+    seq, mine = joined(m, room, "member", "<password>kept secret</password>")
     assert "201" not in codes(mine), show(seq)
     assert seq[-1].findtext(C + "subject") == "before the restart", show(seq)
     stranger = Client(server.xport, "out1")
