@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "c2s_impl.h"
+#include "log.h"
 #include "sink.h"
 
 c2s_global_t rt__c2s;
@@ -80,5 +81,9 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
     int rc = rt__c2s_store_start(sup, conf->data_dir, err, errlen);
     if (!rc)
         rt_sinks_set_xmpp(rt__c2s_sink_send); /* rules' rows as messages (the xmpp sink) */
+    if (!rc && x->muc_host[0] && conf->cluster.on) /* docs/XMPP.md, "Group chat" */
+        rt_log(RT_LOG_WARNING, "xmpp.muc_per_node",
+               "msg=\"group chat rooms are this node's: occupants on other nodes of the cluster "
+               "are in rooms of the same names there, apart\"");
     return rc;
 }
