@@ -5,10 +5,11 @@
 ** stamped as from); it answers and fans out to the occupants' session actors by message, as
 ** sessions route to each other. It monitors every occupant's session: one that ends without
 ** a word (killed, its connection lost past resumption) leaves the room as if it had sent
-** unavailable. A room that is not persistent ends with its last occupant.
-**
-** Kept to one node and to memory: a persistent room lives until rtd stops (its configuration
-** is not yet in xmpp.db); docs/XMPP.md says so.
+** unavailable. A room that is not persistent ends with its last occupant; a persistent one
+** keeps its configuration, subject and affiliations in xmpp.db (save, through the store's
+** actor) and is made again at start. It never waits on one occupant's session: one whose
+** client stopped reading is dropped from the room (drop_lagging). A room is its node's own:
+** rooms do not span a cluster yet (docs/XMPP.md).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -952,19 +953,21 @@ static void message(room_t *r, const rt_xml_el_t *el, const char *from, const ch
         reply_error(r, el, "modify", "bad-request");
 }
 
-/* ---- Administration (XEP-0045 9, 10) ---- */
+/* ---- Administration (XEP-0045 8, 9, 10) ---- */
 
-/* Whether actor (an occupant, or NULL) may change target's role to role, or the affiliation
-   of a JID whose affiliation is now `cur` to aff. */
+/* Whether actor (an occupant, or NULL) may change target's role to role: a moderator may kick
+   and give or take voice, only an admin or owner may make moderators. */
 static bool may_set_role(const occ_t *actor, const occ_t *target, uint8_t role)
 {
     if (!actor || actor->role != ROLE_MODERATOR)
         return false;
     if (target->aff >= AFF_ADMIN && role < ROLE_MODERATOR)
-        return false; /* 9.x: an admin or owner cannot be kicked or silenced */
+        return false; /* 8.2, 8.4: an admin or owner is not kicked nor silenced */
     return role != ROLE_MODERATOR || actor->aff >= AFF_ADMIN;
 }
 
+/* Whether one of affiliation actor_aff may change an affiliation from cur to aff: an owner any,
+   an admin those below admin to those below admin (9, 10.3). */
 static bool may_set_aff(uint8_t actor_aff, uint8_t cur, uint8_t aff)
 {
     if (actor_aff == AFF_OWNER)
@@ -1184,7 +1187,7 @@ static const char *config_submit(room_t *r, const rt_xml_el_t *x)
         rt_free(r->self, r->secret);
         r->secret = copy;
     }
-    if (r->members_only && !was_members_only) /* 9.? : those not members go, 321 */
+    if (r->members_only && !was_members_only) /* 9.5: those not members leave, with 321 */
         for (size_t i = 0; i < r->nocc;) {
             occ_t *o = &r->occ[i];
             if (o->aff != AFF_NONE) {
