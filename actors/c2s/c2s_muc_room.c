@@ -40,6 +40,7 @@ static const char *const role_names[] = {"none", "visitor", "participant", "mode
 #define NS_DISCO_ITEMS "http://jabber.org/protocol/disco#items"
 #define FORM_ROOMCONFIG NS_MUC "#roomconfig"
 #define NS_MAM "urn:xmpp:mam:2"
+#define FORM_REQUEST NS_MUC "#request"
 #define NS_SID "urn:xmpp:sid:0"
 
 typedef struct occ_s {
@@ -904,6 +905,74 @@ static void invite(room_t *r, const rt_xml_el_t *el, const occ_t *o, const rt_xm
     rt_buf_truncate(&r->out, 0);
 }
 
+/* The one <value/> of field var in a data form (XEP-0004), or NULL. */
+static const char *field_value(const rt_xml_el_t *form, const char *var)
+{
+    for (const rt_xml_el_t *f = rt_xml_child(form, "field", NS_XDATA); f;
+         f = rt_xml_next(f, "field", NS_XDATA)) {
+        const char *v = rt_xml_attr(f, "var");
+        const rt_xml_el_t *val =
+            v && strcmp(v, var) == 0 ? rt_xml_child(f, "value", NS_XDATA) : NULL;
+        if (val)
+            return rt_xml_text(val, NULL);
+    }
+    return NULL;
+}
+
+static void broadcast_presence(room_t *r, const occ_t *o, bool unavailable, const int *codes,
+                               size_t ncodes, const char *new_nick, const char *reason);
+
+/*
+** Voice requests in a moderated room (7.13, 8.6): a visitor's request goes to every moderator
+** as the approval form; a moderator's form submitted back with muc#request_allow grants the
+** nick voice (participant), and everyone sees its new role.
+*/
+static void voice_request(room_t *r, const rt_xml_el_t *el, const occ_t *o, const rt_xml_el_t *form)
+{
+    if (!o) {
+        reply_error(r, el, "modify", "not-acceptable");
+        return;
+    }
+    if (o->role == ROLE_MODERATOR) {
+        const char *allow = field_value(form, "muc#request_allow");
+        const char *nick = field_value(form, "muc#roomnick");
+        occ_t *t = nick ? by_nick(r, nick) : NULL;
+        if (t && allow && (strcmp(allow, "1") == 0 || strcmp(allow, "true") == 0) &&
+            t->role == ROLE_VISITOR) {
+            t->role = ROLE_PARTICIPANT;
+            broadcast_presence(r, t, false, NULL, 0, NULL, NULL);
+        }
+        return;
+    }
+    if (o->role != ROLE_VISITOR)
+        return; /* it has voice already */
+    for (size_t i = 0; i < r->nocc; i++) {
+        if (r->occ[i].role != ROLE_MODERATOR)
+            continue;
+        rt_buf_printf(&r->out, "<message xmlns='%s'", RT_XML_NS_CLIENT);
+        rt_xml_put_attr(&r->out, "from", r->jid);
+        rt_xml_put_attr(&r->out, "to", r->occ[i].jid);
+        rt_buf_printf(
+            &r->out,
+            "><x xmlns='%s' type='form'><title>Voice request</title>"
+            "<instructions>To approve this request for voice, select the "
+            "\"Grant voice to this person?\" checkbox and submit this form.</instructions>"
+            "<field var='FORM_TYPE' type='hidden'><value>%s</value></field>"
+            "<field var='muc#role' type='list-single' label='Requested role'>"
+            "<value>participant</value></field>",
+            NS_XDATA, FORM_REQUEST);
+        rt_buf_printf(&r->out, "<field var='muc#jid' type='jid-single' label='User ID'><value>");
+        rt_xml_put_text(&r->out, o->jid, strlen(o->jid));
+        rt_buf_printf(&r->out, "</value></field><field var='muc#roomnick' type='text-single' "
+                               "label='Room Nickname'><value>");
+        rt_xml_put_text(&r->out, o->nick, strlen(o->nick));
+        rt_buf_printf(&r->out, "</value></field><field var='muc#request_allow' type='boolean' "
+                               "label='Grant voice to this person?'><value>false</value></field>"
+                               "</x></message>");
+        send_out(r, r->occ[i].pid);
+    }
+}
+
 /* A message or iq from one occupant to another, passed on from the sender's nick (7.5). */
 static void to_occupant(room_t *r, const rt_xml_el_t *el, const occ_t *o, const char *nick)
 {
@@ -947,8 +1016,12 @@ static void message(room_t *r, const rt_xml_el_t *el, const char *from, const ch
     }
     const rt_xml_el_t *x = rt_xml_child(el, "x", NS_MUC_USER);
     const rt_xml_el_t *inv = x ? rt_xml_child(x, "invite", NS_MUC_USER) : NULL;
+    const rt_xml_el_t *form = rt_xml_child(el, "x", NS_XDATA);
     if (inv)
         invite(r, el, o, inv);
+    else if (form && field_value(form, "FORM_TYPE") &&
+             strcmp(field_value(form, "FORM_TYPE"), FORM_REQUEST) == 0)
+        voice_request(r, el, o, form);
     else
         reply_error(r, el, "modify", "bad-request");
 }

@@ -41,7 +41,7 @@ NS_DISCO_ITEMS = "http://jabber.org/protocol/disco#items"
 
 USERS = """disco1 create1 join1 join2 gc1 gc2 hist1 hist2 hist3 hmax1 hmax2 hmax3 nick1 nick2
 nonocc1 nonocc2 pm1 pm2 pm3 leave1 leave2 temp1 drop1 drop2 kick1 kick2 kick3 ban1 ban2 mo1
-mo2 full1 full2 full3 full4 slix1 slix2 pass1 pass2 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
+mo2 full1 full2 full3 full4 slix1 slix2 pass1 pass2 voice1 voice2 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
 perm1 perm2 stat1 stat2 destroy1 destroy2 lock1 lock2""".split()
 
 
@@ -777,3 +777,43 @@ def test_password_protected_room(xmpp):
         info = b.iq("get", room, "<query xmlns='http://jabber.org/protocol/disco#info'/>")
         features = {f.get("var") for f in info.iter("{http://jabber.org/protocol/disco#info}feature")}
         assert "muc_passwordprotected" in features, show([info])
+
+
+
+@pytest.mark.skipif(S.PEER == "ejabberd", reason="ejabberd 23.01 gives newcomers to a "
+                    "moderated room voice (its room option members_by_default, on by default): "
+                    "there is no visitor to ask for it")
+def test_voice_request_in_a_moderated_room(xmpp):
+    """XEP-0045 7.13 and 8.6: in a moderated room a newcomer is a visitor, whose groupchat is
+    refused <forbidden/>; its voice request reaches the moderator as the approval form (the
+    requester's nick in muc#roomnick); the form submitted back with muc#request_allow makes it
+    a participant (its presence says so to everyone), and its groupchat then goes through."""
+    request_form = NS_MUC + "#request"
+    with Clients(xmpp, "voice1", "voice2") as (a, b):
+        room = create(a, "quietroom", "mod", {"muc#roomconfig_moderatedroom": "1"})
+        seq, mine = joined(b, room, "visitor")
+        assert item(mine).get("role") == "visitor", show(seq)
+        b.send(f"<message type='groupchat' to='{room}' id='v1'><body>may I?</body></message>")
+        refused = b.wait(lambda s: s.get("id") == "v1" and s.get("type") == "error", "the refusal")
+        assert error(refused)[1] == "forbidden", show([refused])
+        b.send(f"<message to='{room}'><x xmlns='{NS_DATA}' type='submit'>"
+               f"<field var='FORM_TYPE'><value>{request_form}</value></field>"
+               "<field var='muc#role' type='list-single'><value>participant</value></field>"
+               "</x></message>")
+        ask = a.wait(lambda s: s.tag == C + "message" and
+                     s.find(f"{{{NS_DATA}}}x") is not None, "the approval form")
+        fields = {f.get("var"): f.findtext(f"{{{NS_DATA}}}value")
+                  for f in ask.find(f"{{{NS_DATA}}}x").findall(f"{{{NS_DATA}}}field")}
+        assert fields.get("FORM_TYPE") == request_form and fields.get("muc#roomnick") == "visitor", \
+            show([ask])
+        a.send(f"<message to='{room}'><x xmlns='{NS_DATA}' type='submit'>"
+               f"<field var='FORM_TYPE'><value>{request_form}</value></field>"
+               "<field var='muc#role'><value>participant</value></field>"
+               f"<field var='muc#jid'><value>{fields.get('muc#jid') or ''}</value></field>"
+               "<field var='muc#roomnick'><value>visitor</value></field>"
+               "<field var='muc#request_allow'><value>true</value></field></x></message>")
+        for o in (a, b):
+            got = o.wait(lambda s: presence_from(f"{room}/visitor")(s) and
+                         item(s).get("role") == "participant", "the new role")
+        b.send(f"<message type='groupchat' to='{room}'><body>thanks</body></message>")
+        a.wait(message_with_body("thanks"), "the voiced message")
