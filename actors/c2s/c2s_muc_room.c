@@ -41,6 +41,7 @@ static const char *const role_names[] = {"none", "visitor", "participant", "mode
 #define FORM_ROOMCONFIG NS_MUC "#roomconfig"
 #define NS_MAM "urn:xmpp:mam:2"
 #define FORM_REQUEST NS_MUC "#request"
+#define FORM_REGISTER NS_MUC "#register"
 #define NS_SID "urn:xmpp:sid:0"
 
 typedef struct occ_s {
@@ -58,6 +59,7 @@ typedef struct occ_s {
 
 typedef struct aff_s {
     char *bare; /* heap */
+    char *nick; /* the nick it registered with the room (7.10), heap, or NULL */
     uint8_t aff;
 } aff_t;
 
@@ -139,11 +141,16 @@ static int set_aff(room_t *r, const char *bare, size_t len, uint8_t aff)
     aff_t *a = aff_entry(r, bare, len);
     if (a && aff == AFF_NONE) {
         rt_free(r->self, a->bare);
+        rt_free(r->self, a->nick);
         *a = r->affs[--r->naff];
         return 0;
     }
     if (a) {
         a->aff = aff;
+        if (aff == AFF_OUTCAST) { /* a ban ends its registration */
+            rt_free(r->self, a->nick);
+            a->nick = NULL;
+        }
         return 0;
     }
     if (aff == AFF_NONE)
@@ -155,6 +162,15 @@ static int set_aff(room_t *r, const char *bare, size_t len, uint8_t aff)
         return RT_ENOMEM;
     r->affs[r->naff++] = (aff_t){.bare = copy, .aff = aff};
     return 0;
+}
+
+/* The affiliation entry whose registered nick is nick, or NULL. */
+static aff_t *nick_owner(room_t *r, const char *nick)
+{
+    for (size_t i = 0; i < r->naff; i++)
+        if (r->affs[i].nick && strcmp(r->affs[i].nick, nick) == 0)
+            return &r->affs[i];
+    return NULL;
 }
 
 static uint8_t role_for(const room_t *r, uint8_t aff)
@@ -311,6 +327,7 @@ static void info_to_service(room_t *r, bool alive)
 /* ---- A persistent room's state in xmpp.db ---- */
 
 #define STATE_VERSION 1
+#define AFF_NICK_FOLLOWS 0x80 /* on an affiliation's byte: its registered nick follows */
 enum {
     F_PERSISTENT = 1,
     F_MEMBERS_ONLY = 2,
@@ -368,9 +385,12 @@ static void save(room_t *r)
         put_str(&b, r->subject_nick);
         if (r->secret)
             put_str(&b, r->secret);
-        for (size_t i = 0; i < r->naff; i++) {
-            rt_buf_add(&b, &r->affs[i].aff, 1);
+        for (size_t i = 0; i < r->naff; i++) { /* a registered nick follows its bare JID */
+            uint8_t head = (uint8_t)(r->affs[i].aff | (r->affs[i].nick ? AFF_NICK_FOLLOWS : 0));
+            rt_buf_add(&b, &head, 1);
             put_str(&b, r->affs[i].bare);
+            if (r->affs[i].nick)
+                put_str(&b, r->affs[i].nick);
         }
     }
     const char *at = strchr(r->jid, '@');
@@ -397,11 +417,13 @@ static int restore(room_t *r, const uint8_t *p, size_t len)
         ((f & F_PASSWORD) && (!get_str(r, &p, end, &r->secret) || !r->secret)))
         return RT_EINVAL;
     while (p < end) {
-        uint8_t aff = *p++;
-        char *bare;
-        if (aff > AFF_OWNER || !get_str(r, &p, end, &bare) || !bare ||
+        uint8_t head = *p++, aff = head & (uint8_t)~AFF_NICK_FOLLOWS;
+        char *bare, *nick = NULL;
+        if (aff == AFF_NONE || aff > AFF_OWNER || !get_str(r, &p, end, &bare) || !bare ||
+            ((head & AFF_NICK_FOLLOWS) && (!get_str(r, &p, end, &nick) || !nick)) ||
             set_aff(r, bare, strlen(bare), aff))
             return RT_EINVAL;
+        aff_entry(r, bare, strlen(bare))->nick = nick;
         rt_free(r->self, bare);
     }
     r->saved = true;
@@ -591,8 +613,10 @@ static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char 
         reply_error(r, el, "auth", "registration-required");
     } else if (r->secret && aff != AFF_OWNER && !password_ok(r, el)) {
         reply_error(r, el, "auth", "not-authorized"); /* 7.2.6 */
-    } else if (same) {
-        reply_error(r, el, "cancel", "conflict");
+    } else if (same ||
+               (nick_owner(r, nick) && nick_owner(r, nick) != aff_entry(r, from, bare_len(from)))) {
+        reply_error(r, el, "cancel",
+                    "conflict"); /* 7.2.9, and a nick registered by another (7.10) */
     } else if (r->nocc >= r->max_users && aff < AFF_ADMIN) {
         reply_error(r, el, "wait", "service-unavailable");
     } else if (rt_grow_on(r->self, &r->occ, &r->occ_cap, r->nocc + 1, sizeof(occ_t), 4,
@@ -639,7 +663,8 @@ static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char 
 /* An occupant's presence to another nick of the room: it changes its nick (XEP-0045 7.6). */
 static void change_nick(room_t *r, occ_t *o, const rt_xml_el_t *el, const char *nick)
 {
-    if (by_nick(r, nick)) {
+    aff_t *owner = nick_owner(r, nick);
+    if (by_nick(r, nick) || (owner && owner != aff_entry(r, o->jid, bare_len(o->jid)))) {
         reply_error(r, el, "cancel", "conflict");
         return;
     }
@@ -1404,6 +1429,77 @@ static void mam_iq(room_t *r, const rt_xml_el_t *iq, const rt_xml_el_t *q, bool 
     }
 }
 
+/*
+** Registering with the room (7.10): the form asks a nick; a nick registered is the user's alone
+** in the room (another's join with it is a conflict), and the user becomes a member of an open
+** room (of a members-only one, it must be one already). <remove/> ends it.
+*/
+static void register_iq(room_t *r, const rt_xml_el_t *iq, const rt_xml_el_t *q, bool get)
+{
+    const char *from = rt_xml_attr(iq, "from");
+    size_t blen = bare_len(from);
+    aff_t *a = aff_entry(r, from, blen);
+    uint8_t aff = a ? a->aff : AFF_NONE;
+    if (aff == AFF_OUTCAST) {
+        reply_error(r, iq, "auth", "forbidden");
+        return;
+    }
+    if (get) {
+        put_result_start(r, iq);
+        rt_buf_printf(&r->out, "><query xmlns='%s'>", RT_C2S_NS_REGISTER);
+        if (a && a->nick) {
+            rt_buf_printf(&r->out, "<registered/><username>");
+            rt_xml_put_text(&r->out, a->nick, strlen(a->nick));
+            rt_buf_printf(&r->out, "</username>");
+        } else {
+            rt_buf_printf(&r->out,
+                          "<x xmlns='%s' type='form'><title>Register with the room</title>"
+                          "<field var='FORM_TYPE' type='hidden'><value>%s</value></field>"
+                          "<field var='muc#register_roomnick' type='text-single' "
+                          "label='Nickname'><required/></field></x>",
+                          NS_XDATA, FORM_REGISTER);
+        }
+        rt_buf_printf(&r->out, "</query></iq>");
+        send_out(r, r->from);
+        return;
+    }
+    if (rt_xml_child(q, "remove", NULL)) {
+        if (a && a->nick) {
+            rt_free(r->self, a->nick);
+            a->nick = NULL;
+            if (a->aff == AFF_MEMBER)
+                set_aff(r, from, blen, AFF_NONE);
+            save(r);
+        }
+        reply_empty_result(r, iq);
+        return;
+    }
+    const rt_xml_el_t *x = rt_xml_child(q, "x", NS_XDATA);
+    const char *nick = x ? field_value(x, "muc#register_roomnick") : NULL;
+    aff_t *owner = nick && *nick ? nick_owner(r, nick) : NULL;
+    occ_t *in = nick && *nick ? by_nick(r, nick) : NULL;
+    if (!nick || !*nick) {
+        reply_error(r, iq, "modify", "bad-request");
+    } else if ((owner && owner != a) || (in && bare_len(in->jid) != blen) ||
+               (in && memcmp(in->jid, from, blen) != 0)) {
+        reply_error(r, iq, "cancel", "conflict");
+    } else if (r->members_only && aff < AFF_MEMBER) {
+        reply_error(r, iq, "auth", "registration-required");
+    } else if ((!a && set_aff(r, from, blen, AFF_MEMBER) != 0) || !(a = aff_entry(r, from, blen))) {
+        reply_error(r, iq, "wait", "resource-constraint");
+    } else {
+        char *copy = rt_strndup(r->self, nick, strlen(nick));
+        if (!copy) {
+            reply_error(r, iq, "wait", "resource-constraint");
+            return;
+        }
+        rt_free(r->self, a->nick);
+        a->nick = copy;
+        save(r);
+        reply_empty_result(r, iq);
+    }
+}
+
 static void iq(room_t *r, const rt_xml_el_t *el, const char *from, const char *nick)
 {
     const char *type = rt_xml_attr(el, "type");
@@ -1435,6 +1531,8 @@ static void iq(room_t *r, const rt_xml_el_t *el, const char *from, const char *n
         reply_empty_result(r, el);
     } else if (strcmp(q->ns, NS_MAM) == 0) {
         mam_iq(r, el, q, get, o);
+    } else if (strcmp(q->ns, RT_C2S_NS_REGISTER) == 0) {
+        register_iq(r, el, q, get);
     } else if (strcmp(q->ns, NS_MUC_ADMIN) == 0) {
         admin_iq(r, el, q, get, o);
     } else if (strcmp(q->ns, NS_MUC_OWNER) == 0) {

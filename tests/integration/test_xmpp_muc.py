@@ -41,7 +41,7 @@ NS_DISCO_ITEMS = "http://jabber.org/protocol/disco#items"
 
 USERS = """disco1 create1 join1 join2 gc1 gc2 hist1 hist2 hist3 hmax1 hmax2 hmax3 nick1 nick2
 nonocc1 nonocc2 pm1 pm2 pm3 leave1 leave2 temp1 drop1 drop2 kick1 kick2 kick3 ban1 ban2 mo1
-mo2 full1 full2 full3 full4 slix1 slix2 pass1 pass2 voice1 voice2 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
+mo2 full1 full2 full3 full4 slix1 slix2 pass1 pass2 voice1 voice2 reg1 reg2 ping1 ping2 subj1 subj2 subj3 inv1 inv2 rename1 rename2 nosuch1
 perm1 perm2 stat1 stat2 destroy1 destroy2 lock1 lock2""".split()
 
 
@@ -817,3 +817,41 @@ def test_voice_request_in_a_moderated_room(xmpp):
                          item(s).get("role") == "participant", "the new role")
         b.send(f"<message type='groupchat' to='{room}'><body>thanks</body></message>")
         a.wait(message_with_body("thanks"), "the voiced message")
+
+
+
+@pytest.mark.skipif(S.PEER != "rtd", reason="the peers differ from XEP-0045 7.10 here: "
+                    "ejabberd 23.01 answers a room's registration service-unavailable as "
+                    "configured for these tests, Prosody 0.12 registration-required to a "
+                    "non-member of an open room")
+def test_nick_registration(xmpp):
+    """XEP-0045 7.10: the room's registration form asks muc#register_roomnick; once reg2 has
+    registered "keeper", another's move to that nick is a conflict (7.2.9), reg2 is a member
+    and its next get says <registered/>; <remove/> ends it, and the owner may then take the
+    nick."""
+    ns_reg = "jabber:iq:register"
+    with Clients(xmpp, "reg1", "reg2") as (a, b):
+        room = create(a, "regroom", "owner")
+        form = b.iq("get", room, f"<query xmlns='{ns_reg}'/>")
+        assert form.get("type") == "result", show([form])
+        fields = {f.get("var") for f in form.iter(f"{{{NS_DATA}}}field")}
+        assert "muc#register_roomnick" in fields, show([form])
+        ans = b.iq("set", room, f"<query xmlns='{ns_reg}'><x xmlns='{NS_DATA}' type='submit'>"
+                                f"<field var='FORM_TYPE'><value>{NS_MUC}#register</value></field>"
+                                "<field var='muc#register_roomnick'><value>keeper</value></field>"
+                                "</x></query>")
+        assert ans.get("type") == "result", show([ans])
+        again = b.iq("get", room, f"<query xmlns='{ns_reg}'/>")
+        q = again.find(f"{{{ns_reg}}}query")
+        assert q is not None and q.find(f"{{{ns_reg}}}registered") is not None, show([again])
+        a.send(f"<presence to='{room}/keeper'/>")  # the owner, in as "owner", would change
+        refused = a.wait(presence_from(f"{room}/keeper", "error"), "the refusal")
+        assert error(refused) == ("cancel", "conflict"), show([refused])
+        members = a.iq("get", room, f"<query xmlns='{NS_ADMIN}'><item affiliation='member'/>"
+                                    "</query>")
+        assert jid("reg2") in {i.get("jid") for i in members.iter(f"{{{NS_ADMIN}}}item")}, \
+            show([members])
+        ans = b.iq("set", room, f"<query xmlns='{ns_reg}'><remove/></query>")
+        assert ans.get("type") == "result", show([ans])
+        a.send(f"<presence to='{room}/keeper'/>")  # now free: the owner takes it
+        a.wait(presence_from(f"{room}/keeper"), "the new nick's presence")

@@ -20,6 +20,7 @@ from test_xmpp_muc import (C, NS_MUC, NS_OWNER, Client, codes, configure, create
 pytestmark = pytest.mark.rtd_only("rtd's own bounds, storage, metrics and rtctl")
 
 PW = "s3cret-pw"
+NS_REG = "jabber:iq:register"
 MUC = ', muc_host = "conference.@HOST@"'
 
 
@@ -63,7 +64,8 @@ def serving(users, settings=""):
 def test_persistent_room_survives_a_restart(server):
     """A persistent room's configuration, subject and affiliations are in xmpp.db: after a
     restart the room is there, empty, with its name listed, members-only and its password
-    still, the member admitted (with the password) and the stranger not, and the subject its last one; the join is not a creation
+    still, the member admitted (with the password) with its registered nick kept, the stranger
+    not, and the subject its last one; the join is not a creation
     (no 201). A room made temporary again is forgotten: after the next restart a join makes it
     anew."""
     room = room_jid("kept")
@@ -78,12 +80,20 @@ def test_persistent_room_survives_a_restart(server):
     assert ans.get("type") == "result", show([ans])
     a.send(f"<message type='groupchat' to='{room}'><subject>before the restart</subject></message>")
     a.wait(lambda s: is_subject(s, room), "the subject change")
-    a.close()
+    m = Client(server.xport, "mem1")  # a registered nick (7.10) is kept with its affiliation
+    ans = m.iq("set", room, f"<query xmlns='{NS_REG}'><x xmlns='jabber:x:data' type='submit'>"
+                            "<field var='muc#register_roomnick'><value>member</value></field>"
+                            "</x></query>")
+    assert ans.get("type") == "result", show([ans])
+    for c in (a, m):
+        c.close()
     server.stop()
     server.start()
 
     m = Client(server.xport, "mem1")
     assert room in rooms_listed(m)
+    ans = m.iq("get", room, f"<query xmlns='{NS_REG}'/>")
+    assert ans.find(f"{{{NS_REG}}}query/{{{NS_REG}}}registered") is not None, show([ans])
     refused = join(m, room, "member")[-1]  # the password was kept too
     assert error(refused) == ("auth", "not-authorized"), show([refused])
     seq, mine = joined(m, room, "member", "<password>kept secret</password>")
