@@ -1360,13 +1360,14 @@ static inline void mark_word(rt_gc_t *gc, uintptr_t w)
         mark_first(gc, w);
         return;
     }
-    if (w - gc->arena_lo < gc->arena_span) {
-        uintptr_t a = w & ~(RT_HEAP_ARENA_SIZE - 1);
-        if (a != gc->last_arena) {
-            if (!arena_listed(gc, a))
-                return;
-            gc->last_arena = a;
-        }
+    /* A word between the heap's lowest and highest arena may point into none of them: the
+       heap's large objects are calloc'ed, and a thread's malloc arena (mmap'ed, as the chunk
+       arenas are) can lie between two chunk arenas in the address space. Such a word is a
+       large object's or nothing; returning here swept a live large object (a MUC service's
+       list of rooms, 16 KiB, overwritten by the stanzas malloc gave its memory to). */
+    uintptr_t a = w & ~(RT_HEAP_ARENA_SIZE - 1);
+    if (w - gc->arena_lo < gc->arena_span && (a == gc->last_arena || arena_listed(gc, a))) {
+        gc->last_arena = a;
         size_t idx = (w - a) >> RT_HEAP_CHUNK_SHIFT;
         if (idx < RT_HEAP_META_CHUNKS)
             return;

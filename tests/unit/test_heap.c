@@ -10,6 +10,7 @@
 
 #include "check.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -636,6 +637,48 @@ static void test_large(void)
     CHECK_EQ(used_of(&h), 0);
     CHECK_EQ(heap_bytes_of(&h), 0);
     rt_heap_destroy(&h);
+}
+
+/*
+** A large object that lies between two of the heap's arenas in the address space is found by
+** the collector. Past glibc's mmap threshold each large object (calloc'ed) is a mapping of its
+** own, and Linux places mappings top-down: one made while the heap's first arena fills lies
+** below it, and the heap's next arena below that. The collector took a word in that stretch for
+** one of an arena the heap does not have, and swept the object while it was still held.
+*/
+static void test_large_between_arenas(void)
+{
+#ifdef RT_SANITIZED
+    /* The sanitizers' allocators place large objects themselves: no such layout to make. */
+    fprintf(stderr, "  (not under a sanitizer: its allocator ignores the mmap threshold)\n");
+#else
+    enum { BIG = 256 * 1024, EVERY = 256, MOST = 8 * 1024 };
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    rt_heap_t h;
+    rt_heap_init(&h);
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    unsigned char *bigs[MOST / EVERY] = {0}, *big = NULL;
+    /* Chunks (an object of 1000 bytes each) fill arena after arena, a large object made every
+       EVERY of them, until one of those lies between the lowest and the highest chunk. */
+    for (int k = 0; k < MOST && !big; k++) {
+        uintptr_t p = (uintptr_t)rt_heap_alloc(&h, 1000, RT_OBJ_LEAF);
+        CHECK(p != 0);
+        lo = p < lo ? p : lo;
+        hi = p > hi ? p : hi;
+        if (k % EVERY == 0 && (bigs[k / EVERY] = rt_heap_alloc(&h, BIG, RT_OBJ_LEAF)) != NULL)
+            memset(bigs[k / EVERY], 0x5a, BIG);
+        for (int i = 0; i <= k / EVERY && !big; i++)
+            if (bigs[i] && lo < (uintptr_t)bigs[i] && (uintptr_t)bigs[i] < hi)
+                big = bigs[i];
+    }
+    CHECK(big != NULL); /* the layout this test is about */
+    roots_t r = {.p = {big + BIG / 2}, .n = 1};
+    rt_heap_collect(&h, trace_roots, &r);
+    CHECK_EQ(used_of(&h), BIG); /* it alone is kept: the chunks' objects and other big ones go */
+    CHECK(big && big[0] == 0x5a && big[BIG - 1] == 0x5a);
+    rt_heap_destroy(&h);
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
 }
 
 static void test_free(void)
@@ -1352,6 +1395,7 @@ int main(int argc, char **argv)
     RUN_IF(test_binaries);
     RUN_IF(test_binary_tail);
     RUN_IF(test_large);
+    RUN_IF(test_large_between_arenas);
     RUN_IF(test_free);
     RUN_IF(test_free_whole_queue);
     RUN_IF(test_configure);
