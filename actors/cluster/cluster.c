@@ -115,6 +115,8 @@ static void kv_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         rt__cluster_session_put((const record_t *)(const void *)m->data);
     else if (m->tag == MSG_BAN_PUT)
         rt__cluster_ban_put(m);
+    else if (m->tag == MSG_CATCH_UP)
+        rt__cluster_catch_up(self);
 }
 
 static const rt_actor_type_t kv_type = {
@@ -346,6 +348,8 @@ static void connection_state(const char *role, bool up)
 static void on_disconnected(natsConnection *nc, void *closure)
 {
     connection_state(closure, false);
+    if (strcmp(closure, "routes") == 0)
+        rt__cluster_cut();
     if (!atomic_load(&rt__cluster.stopping))
         rt_log(RT_LOG_WARNING, "cluster.disconnected", "connection=%s NATS connection lost",
                (const char *)closure);
@@ -359,6 +363,10 @@ static void on_reconnected(natsConnection *nc, void *closure)
     connection_state(closure, true);
     rt_log(RT_LOG_INFO, "cluster.reconnected", "connection=%s server=%s", (const char *)closure,
            url);
+    /* What the stream kept meanwhile and NATS did not bring here (durable.c). */
+    rt_pid_t kv = atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire);
+    if (strcmp(closure, "routes") == 0 && atomic_load(&rt__cluster.cut_ms) && kv)
+        rt_send_unmuted(kv, rt_msg_new(MSG_CATCH_UP, 0));
 }
 
 /* What NATS said last on nc (the server's own words: "Authorization Violation", a

@@ -51,6 +51,7 @@ enum {
     MSG_SESSION_PUT,           /* to cluster_kv: record_t, a persistent session's record */
     MSG_CONNECTED,             /* to cluster: the connector made both NATS connections */
     MSG_BAN_PUT,               /* to cluster_kv: a ban added or deleted here (banned_kv.c) */
+    MSG_CATCH_UP,              /* to cluster_kv: the routes connection is back (durable.c) */
 };
 
 typedef struct {
@@ -125,6 +126,7 @@ typedef struct {
     natsMsg *msg;
     const char *share; /* the $share/group/filter it came for; NULL: an ordinary route */
     size_t bytes;      /* counted in the inbound backlog */
+    bool late;         /* read from the stream after a cut (durable.c), maybe long after */
 } inbound_t;
 
 /* One filter this node holds NATS subscriptions for. */
@@ -230,6 +232,7 @@ typedef struct {
     _Atomic uint64_t bans_applied, bans_failed;
     atomic_bool durable_ready; /* set once, by cluster_kv, when both are bound */
     _Atomic uint64_t stream_acked, stream_failed, records_failed, replays, replayed;
+    _Atomic int64_t cut_ms; /* wall ms the routes connection was lost, until caught up; 0: not */
     rt_cluster_import_fn import; /* the connection layer's (sessions moving here) */
     _Atomic uint64_t sessions_moved_in, sessions_moved_out, sessions_move_failed;
     /* The nodes heard from: written by cluster_in, read by admin commands. */
@@ -339,6 +342,8 @@ void rt__cluster_ban_put(const rt_msg_t *m);
 uint8_t *rt__cluster_session_record(const char *key, size_t *len, int64_t *from_ms);
 void rt__cluster_session_put(const record_t *r);
 uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count);
+void rt__cluster_cut(void);
+void rt__cluster_catch_up(rt_actor_t *self);
 
 /* ---- lease.c ---- */
 void rt__cluster_lease_start(void);

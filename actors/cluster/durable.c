@@ -179,32 +179,32 @@ void rt__cluster_session_put(const record_t *r)
 }
 
 /*
-** In cluster_kv: every message the stream kept from from_ms up to its last one now (after
-** NATS holds the session's subscriptions here) and those it keeps for RT_REPLAY_TAIL_MS more,
-** as the replay's bytes for RT_CLUSTER_MSG_MOVE_IN (replay.h). The session keeps those its
-** subscriptions match. NULL if the stream did not answer.
-**
 ** The tail: NATS tells its other servers of the subscriptions made here asynchronously, so a
 ** publisher's node whose server has not heard of them yet sends a message that the stream
 ** keeps but that does not come here; a replay that ended at the stream's last message when
 ** it began missed such a message (one acknowledged QoS 1 message, in a kill -9 failover under
-** load). What the tail brings twice (here directly too) the session drops by origin (move.c).
+** load). What the tail brings twice (here directly too) the session drops by origin (move.c),
+** and a catch-up's cluster_in (first_copy).
 */
 #define RT_REPLAY_TAIL_MS 1000
 
-uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
+/* One message of the stream to stream_read's caller, which owns nm; counts what it took. */
+typedef natsStatus (*stream_msg_fn)(natsMsg *nm, void *arg, size_t *count);
+
+/* In cluster_kv: each message the stream kept from from_ms up to its last one now and those
+   it keeps for RT_REPLAY_TAIL_MS more, to each. */
+static natsStatus stream_read(int64_t from_ms, stream_msg_fn each, void *arg, size_t *count)
 {
     RT_ASSERT(RT_CLUSTER_ON(kv_pid)); /* it reads the stream for seconds at worst */
-    *len = *count = 0;
+    *count = 0;
     uint64_t tail_end_ms = rt_mono_ms() + RT_REPLAY_TAIL_MS;
     jsErrCode jerr = 0;
     jsStreamInfo *si = NULL;
-    if (js_GetStreamInfo(&si, rt__cluster.js, rt__cluster.stream, NULL, &jerr) != NATS_OK)
-        return NULL;
+    natsStatus s = js_GetStreamInfo(&si, rt__cluster.js, rt__cluster.stream, NULL, &jerr);
+    if (s != NATS_OK)
+        return s;
     uint64_t last = si->State.LastSeq;
     jsStreamInfo_Destroy(si);
-    rt_buf_t b = {0};
-    rt_replay_start(&b);
     natsSubscription *sub = NULL;
     jsSubOptions so;
     jsSubOptions_Init(&so);
@@ -214,9 +214,9 @@ uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
     so.Config.AckPolicy = js_AckNone;
     char all[RT_CONF_NODE_MAX + 4];
     snprintf(all, sizeof(all), "%s.>", rt__cluster.prefix);
-    natsStatus s = js_SubscribeSync(&sub, rt__cluster.js, all, NULL, &so, &jerr);
+    s = js_SubscribeSync(&sub, rt__cluster.js, all, NULL, &so, &jerr);
     for (uint64_t seq = 0; s == NATS_OK;) {
-        /* Up to the last message as the replay began, however long the stream takes; past
+        /* Up to the last message as the read began, however long the stream takes; past
            it, what comes before the tail ends. */
         uint64_t now_ms = rt_mono_ms();
         int64_t wait_ms = seq < last             ? JETSTREAM_WAIT_MS
@@ -235,30 +235,117 @@ uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
             seq = meta->Sequence.Stream;
             jsMsgMetaData_Destroy(meta);
         }
-        origin_name_t o;
-        rt_bin_t *bin = s == NATS_OK ? rt__cluster_inbound_message(nm, &o) : NULL;
-        if (bin && b.len + RT_REPLAY_ENTRY_MIN + rt_bin_len(bin) > RT_CLUSTER_MOVE_MAX)
-            s = NATS_NO_MEMORY;
-        if (bin && s == NATS_OK) {
-            rt_replay_put(&b, rt__cluster_node_key(o.node, o.incarnation), o.seq,
-                          rt_bin_data(bin), (uint32_t)rt_bin_len(bin));
-            s = b.oom ? NATS_NO_MEMORY : NATS_OK;
-            ++*count;
-        }
-        if (bin)
-            rt_bin_release(bin);
-        natsMsg_Destroy(nm);
+        if (s == NATS_OK)
+            s = each(nm, arg, count);
     }
     if (sub) {
         natsSubscription_Unsubscribe(sub);
         natsSubscription_Destroy(sub);
     }
-    if (s != NATS_OK) {
+    if (s != NATS_OK)
         rt_log(RT_LOG_WARNING, "cluster.replay_failed", "stream=%s after %zu messages: %s",
                rt__cluster.stream, *count, natsStatus_GetText(s));
+    return s;
+}
+
+/* One of rtd's messages into the replay's bytes b (arg). */
+static natsStatus replay_put(natsMsg *nm, void *arg, size_t *count)
+{
+    rt_buf_t *b = arg;
+    natsStatus s = NATS_OK;
+    origin_name_t o;
+    rt_bin_t *bin = rt__cluster_inbound_message(nm, &o);
+    if (bin && b->len + RT_REPLAY_ENTRY_MIN + rt_bin_len(bin) > RT_CLUSTER_MOVE_MAX)
+        s = NATS_NO_MEMORY;
+    if (bin && s == NATS_OK) {
+        rt_replay_put(b, rt__cluster_node_key(o.node, o.incarnation), o.seq, rt_bin_data(bin),
+                      (uint32_t)rt_bin_len(bin));
+        s = b->oom ? NATS_NO_MEMORY : NATS_OK;
+        ++*count;
+    }
+    if (bin)
+        rt_bin_release(bin);
+    natsMsg_Destroy(nm);
+    return s;
+}
+
+/*
+** In cluster_kv: every message the stream kept from from_ms up to its last one now (after
+** NATS holds the session's subscriptions here) and those it keeps for RT_REPLAY_TAIL_MS more,
+** as the replay's bytes for RT_CLUSTER_MSG_MOVE_IN (replay.h). The session keeps those its
+** subscriptions match. NULL if the stream did not answer.
+*/
+uint8_t *rt__cluster_replay_bytes(int64_t from_ms, size_t *len, size_t *count)
+{
+    *len = 0;
+    rt_buf_t b = {0};
+    rt_replay_start(&b);
+    if (stream_read(from_ms, replay_put, &b, count) != NATS_OK) {
         rt_buf_free(&b);
         return NULL;
     }
     *len = b.len;
     return (uint8_t *)b.data;
+}
+
+/*
+** The routes connection lost its server. What other nodes published until NATS has this
+** node's subscriptions again did not come here, and neither did what that server had not
+** sent on when it died, though the stream kept it and its publisher was acknowledged (kill -9
+** of a NATS server under a QoS 1 stream: acknowledged messages never delivered). So once the
+** connection is back, the stream is read from the first loss less cluster.replay_margin, as
+** after a crash (on a libnats thread).
+*/
+void rt__cluster_cut(void)
+{
+    int64_t none = 0;
+    if (atomic_load_explicit(&rt__cluster.durable_ready, memory_order_acquire))
+        atomic_compare_exchange_strong(&rt__cluster.cut_ms, &none, (int64_t)rt_wall_ms());
+}
+
+/* A message of the stream: to cluster_in as if NATS delivered it late, which routes it
+   unless this node had it already (first_copy, by its origin). Not this node's own (NATS
+   never sends it those) nor what carries no origin (no message routed by a node). */
+static natsStatus catch_up_put(natsMsg *nm, void *arg, size_t *count)
+{
+    (void)arg;
+    const char *origin = NULL;
+    origin_name_t o;
+    if (natsMsgHeader_Get(nm, H_ORIGIN, &origin) != NATS_OK ||
+        sscanf(origin, "%32s %" SCNx64 " %" SCNu64, o.node, &o.incarnation, &o.seq) != 3 ||
+        (strcmp(o.node, rt__cluster.node) == 0 && o.incarnation == rt__cluster.incarnation)) {
+        natsMsg_Destroy(nm);
+        return NATS_OK;
+    }
+    size_t bytes = (size_t)natsMsg_GetDataLength(nm) + 256;
+    rt_msg_t *m = rt_msg_new(MSG_INBOUND, sizeof(inbound_t));
+    if (!m) {
+        natsMsg_Destroy(nm);
+        return NATS_NO_MEMORY;
+    }
+    *(inbound_t *)(void *)m->data = (inbound_t){.msg = nm, .bytes = bytes, .late = true};
+    if (rt__cluster_hand_in(m, bytes))
+        ++*count;
+    else
+        natsMsg_Destroy(nm);
+    return NATS_OK;
+}
+
+/* In cluster_kv, once the routes connection is back: the read of rt__cluster_cut. Until
+   JetStream answers it is tried again every RT_CLUSTER_RETRY_MS from the same moment: after
+   a server's kill -9 the read's consumer was not made for 5-8 s (groups electing leaders). */
+void rt__cluster_catch_up(rt_actor_t *self)
+{
+    int64_t cut = atomic_exchange(&rt__cluster.cut_ms, 0);
+    if (!cut)
+        return;
+    int64_t from_ms = cut - rt__cluster.margin_ms > 0 ? cut - rt__cluster.margin_ms : 1;
+    size_t count = 0;
+    if (stream_read(from_ms, catch_up_put, NULL, &count) == NATS_OK) {
+        rt_log(RT_LOG_INFO, "cluster.caught_up", "from_ms=%" PRId64 " messages=%zu", from_ms,
+               count);
+        return;
+    }
+    atomic_store(&rt__cluster.cut_ms, cut); /* a loss meanwhile is later: this covers both */
+    rt_send_after_tag(RT_CLUSTER_RETRY_MS, rt_self(self), MSG_CATCH_UP, NULL);
 }

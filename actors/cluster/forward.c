@@ -384,8 +384,9 @@ void rt__cluster_forward_one(rt_msg_t *m)
     }
 }
 
-/* True the first time a copy of (node, incarnation, seq) is seen. */
-static bool first_copy(in_state_t *st, const char *node, uint64_t inc, uint64_t seq)
+/* True the first time a copy of (node, incarnation, seq) is seen. A late one (a catch-up's)
+   older than the window may be one this node never had: it goes on, at least once. */
+static bool first_copy(in_state_t *st, const char *node, uint64_t inc, uint64_t seq, bool late)
 {
     origin_t *o = NULL;
     for (unsigned i = 0; i < st->norigins && !o; i++)
@@ -404,7 +405,7 @@ static bool first_copy(in_state_t *st, const char *node, uint64_t inc, uint64_t 
         o->top = 0;
     }
     if (seq + SEEN_WINDOW <= o->top)
-        return false; /* older than the window: its copies have all been through */
+        return late; /* older than the window: its copies from NATS have all been through */
     if (seq > o->top) {
         uint64_t shift = seq - o->top;
         if (shift >= SEEN_WINDOW) {
@@ -553,7 +554,7 @@ void rt__cluster_route_inbound(in_state_t *st, const inbound_t *in)
     const char *origin = NULL;
     if (!in->share && natsMsgHeader_Get(nm, H_ORIGIN, &origin) == NATS_OK &&
         sscanf(origin, "%32s %" SCNx64 " %" SCNu64, o.node, &o.incarnation, &o.seq) == 3 &&
-        !first_copy(st, o.node, o.incarnation, o.seq)) {
+        !first_copy(st, o.node, o.incarnation, o.seq, in->late)) {
         atomic_fetch_add_explicit(&rt__cluster.duplicates, 1, memory_order_relaxed);
         return;
     }

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -133,6 +134,10 @@ class NatsCluster:
         """Whether JetStream stream `name` takes writes: a live server says it leads the
         stream's group and that enough replicas are current for a quorum (what /jsz shows;
         not all: a resumed replica may catch up long after writes are confirmed again)."""
+        return self.stream_leader(name) is not None
+
+    def stream_leader(self, name):
+        """The name of the server that leads stream `name` with a quorum current, or None."""
         for i, s in enumerate(self.servers):
             if not self.alive(i):
                 continue
@@ -147,8 +152,34 @@ class NatsCluster:
                     current = 1 + sum(1 for r in reps if r.get("current"))  # the leader's own
                     if (st.get("name") == name and cl.get("leader") == s["name"] and
                             current > (len(reps) + 1) // 2):
-                        return True
-        return False
+                        return s["name"]
+        return None
+
+    def request(self, i, subject, payload=b""):
+        """One request to server i in NATS's text protocol: the answer's payload."""
+        with socket.create_connection(("127.0.0.1", self.servers[i]["port"]), timeout=5) as sk:
+            f = sk.makefile("rb")
+            f.readline()  # INFO
+            sk.sendall(b'CONNECT {"verbose":false}\r\nSUB _rq.1 1\r\nPUB %s _rq.1 %d\r\n%s\r\n'
+                       % (subject.encode(), len(payload), payload))
+            for ln in iter(f.readline, b""):
+                if ln.startswith(b"PING"):
+                    sk.sendall(b"PONG\r\n")
+                elif ln.startswith(b"MSG"):
+                    return f.read(int(ln.split()[-1]) + 2)[:-2]
+            raise OSError(f"{self.servers[i]['name']} closed without answering {subject}")
+
+    def lead_elsewhere(self, name, i, timeout=90.0):
+        """Stream `name` led, with a quorum, by another server than i: its leader steps down
+        (JetStream's API) until one is."""
+        deadline = time.monotonic() + timeout
+        while (leader := self.stream_leader(name)) in (None, self.servers[i]["name"]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"stream {name} not led off {self.servers[i]['name']} "
+                                   f"within {timeout} s:\n" + self.led_view([name]))
+            if leader:
+                self.request(i, f"$JS.API.STREAM.LEADER.STEPDOWN.{name}")
+            time.sleep(0.05)
 
     def led_view(self, names):
         """Each live server's view of the streams' leaders and replicas, for a failure."""

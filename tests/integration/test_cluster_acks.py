@@ -601,3 +601,35 @@ def test_killed_nats_server_acks_only_what_jetstream_confirmed(nats, durable_nod
     fence(probe, f"{topic}/probe", [sub])
     lost = figures("kill -9 of the NATS server", streams, sub)
     assert not lost, f"acknowledged, never delivered: {lost[:10]}"
+
+
+@pytest.mark.long
+def test_killed_subscribers_nats_server_loses_nothing_acknowledged(nats, durable_nodes, mq, pfx):
+    """kill -9 of the subscriber's node's NATS server mid-stream, the stream led by another
+    server (it goes on confirming): what the stream kept until the node's subscriptions were
+    on another server, NATS never brings the node; it reads that from the stream once its
+    connection is back (docs/CLUSTER.md, Durable mode). Every success PUBACK is delivered."""
+    d1, d2, _ = durable_nodes
+    topic = f"{pfx}/ks"
+    sub, probe, streams = streams_under_way(d1, d2, mq, topic, pfx)
+    i = server_of(nats, "d2")
+    nats.lead_elsewhere("rd_msgs", i)
+    lines = len(d2.read_log().splitlines())
+    try:
+        n_before = [len(s.sent) for s in streams]
+        nats.kill9(i)
+        until(lambda: all(len(s.sent) >= n + 500 for s, n in zip(streams, n_before)), WAIT,
+              lambda: f"streams after the kill: {[s.state() for s in streams]}\n" +
+              d1.read_log()[-3000:])
+        # The read of the stream is done: what it routes is ahead of the fence's probe.
+        until(lambda: "cluster.caught_up " in "".join(d2.read_log().splitlines()[lines:]), WAIT,
+              lambda: d2.read_log()[-3000:])
+    finally:
+        if not nats.alive(i):
+            nats.start(i)
+        nats.wait_ready([i])
+    for s in streams:
+        s.finish()
+    fence(probe, f"{topic}/probe", [sub])
+    lost = figures("kill -9 of the subscriber's NATS server", streams, sub)
+    assert not lost, f"acknowledged, never delivered: {lost[:10]}"
