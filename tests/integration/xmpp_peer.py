@@ -101,6 +101,10 @@ def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, res
                            "      allow_user_invites: true\n"
                            "      allow_private_messages: true\n      mam: false\n"
                            f"      max_users: {limit}")
+        if bench:  # tests/bench/xmpp_muc.sh: every presence broadcast (as rtd), no shaper
+            mods["mod_muc"] += (f"\n    max_users_presence: {limit}\n    room_shaper: none\n"
+                                "    user_message_shaper: none\n    user_presence_shaper: none\n"
+                                "    min_message_interval: 0\n    min_presence_interval: 0")
     lines += ["modules:"] + [f"  {m}:{v if v.startswith(chr(10)) else ' ' + v}"
                              for m, v in sorted(mods.items())]
     return "\n".join(lines) + "\n"
@@ -144,6 +148,12 @@ def prosody_config(directory, port, hosts, anonymous, profile, max_stanza_size=2
                 out += [f'Component "conference.{h}" "muc"', "    muc_room_default_public = true",
                         "    muc_room_default_history_length = 20",
                         "    max_history_messages = 20"]
+                if bench:  # tests/bench/xmpp_muc.sh: rooms open at once, as ejabberd's
+                    # (rooms kept in memory: 100 by default, past which every join of a
+                    # new room tries to evict an occupied one; xmpp_muc.sh makes 10,000)
+                    out += ["    muc_room_locking = false",
+                            f"    muc_max_occupants = {muc_max_occupants or 200}",
+                            "    muc_room_cache_size = 100000"]
     return "\n".join(out) + "\n"
 
 
@@ -242,9 +252,14 @@ class Peer:
 
 
 if __name__ == "__main__":
+    muc = {}
+    if "--muc" in sys.argv:  # config ... --muc N: XEP-0045, N occupants a room (xmpp_muc.sh)
+        i = sys.argv.index("--muc")
+        muc = {"muc": True, "muc_max_occupants": int(sys.argv[i + 1])}
+        del sys.argv[i:i + 2]
     if len(sys.argv) not in (6, 8) or sys.argv[1] != "config" or sys.argv[5] not in (
             "bench", "bench-anon", "bench-plain") or (len(sys.argv) == 8 and sys.argv[2] != "ejabberd"):
         sys.exit("usage: xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon|bench-plain "
-                 "[TLS_PORT PEM (ejabberd)]")
+                 "[TLS_PORT PEM (ejabberd)] [--muc MAX_OCCUPANTS]")
     tls = {"tls_port": int(sys.argv[6]), "tls_pem": sys.argv[7]} if len(sys.argv) == 8 else {}
-    write_config(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], **tls)
+    write_config(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], **tls, **muc)

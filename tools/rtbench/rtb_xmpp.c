@@ -59,6 +59,7 @@ enum {
     XS_ROSTER, /* roster get sent */
     XS_SYNC,   /* xchat's pairs: presence and a ping sent, waiting for the ping's answer */
     XS_SETUP,  /* xroster: presences sent, waiting for the ping's answer */
+    XS_JOIN,   /* xmuc: join presence sent, waiting for the room's subject */
     XS_READY,  /* logged in: presence sent */
     XS_BYE,    /* </stream:stream> sent, waiting for the server to close */
 };
@@ -84,6 +85,13 @@ typedef struct xc_s {
     uint64_t k;           /* xchat: messages sent */
     uint64_t next_seq;    /* xchat: the next sequence number expected from the partner */
     double phase;         /* xchat: offset of the send schedule, in messages (0..1) */
+    uint64_t t_join;      /* xmuc: ns, this join's presence sent */
+    uint32_t occ;         /* xmuc: occupant index (account index less -n) */
+    uint32_t room;        /* xmuc: occ % --rooms */
+    uint32_t *seqs;       /* xmuc: next sequence expected from each sender of the room */
+    uint8_t joined;       /* xmuc: in the room */
+    uint8_t retry;        /* xmuc: join refused (room not ready): try again at the tick */
+    uint8_t tries;        /* xmuc: joins sent */
     struct xc_s *next_dirty;
 } xc_t;
 
@@ -103,7 +111,13 @@ struct xw_s {
     uint32_t logins_started;  /* connectors: logins begun of acct_n */
     uint32_t conn_lo;         /* held: first account index */
     uint64_t run_start_ms, run_end_ms, drain_end_ms, close_end_ms, wait_end_ms, next_check_ms;
-    double rate_per_sender; /* xchat: messages/s of each pair member */
+    double rate_per_sender;          /* xchat: messages/s of each pair member */
+    uint32_t join_next, join_active; /* xmuc --hold: joins started in RUN, and in flight */
+    uint32_t spr;                    /* xmuc: senders per room, at most */
+    uint64_t drain_start_ns;         /* xmuc: when the drain began */
+    uint64_t last_read_ns;           /* xmuc: the last bytes read, any session */
+    uint64_t own_expected;           /* xmuc: deliveries due to this process's occupants */
+    uint64_t settle_end_ns;          /* xmuc: joined; ready once quiet, or at this time */
     xc_t *dirty;
     rtb_report_t rep;
     uint64_t tick_no;
@@ -114,10 +128,16 @@ struct xw_s {
 
 static uint8_t xread_buf[RTB_X_READ_BUF];
 
+rtb_xmuc_opts_t rtb_xmuc = {.rooms = 1, .senders = 10, .room_fmt = "r%i"};
+
+#define RTB_X_JOIN_TRIES 30    /* xmuc: joins of one occupant refused before it gives up */
+#define RTB_X_QUIET_MS 1000    /* xmuc: the drain ends after this long with no delivery */
+#define RTB_X_SETTLE_MAX_S 180 /* xmuc: longest wait for quiet input after the joins */
+
 int rtb_xmpp_cmd(rtb_cmd_t cmd)
 {
     return cmd == RTB_CMD_XLOGIN || cmd == RTB_CMD_XIDLE || cmd == RTB_CMD_XCHAT ||
-           cmd == RTB_CMD_XROSTER;
+           cmd == RTB_CMD_XROSTER || cmd == RTB_CMD_XMUC;
 }
 
 /* ---- one session ------------------------------------------------------------------ */
@@ -125,6 +145,7 @@ int rtb_xmpp_cmd(rtb_cmd_t cmd)
 static void phase_next(xw_t *w);
 static void login_start(xc_t *c);
 static void conn_kick(xw_t *w);
+static void join_end(xc_t *c, int ok, const char *why);
 
 static void b64(char *out, const uint8_t *p, size_t n)
 {
@@ -202,7 +223,11 @@ static void login_settle(xc_t *c, int ok)
     if (c->role == ROLE_HELD) {
         w->up_active--;
         w->up_done++;
-        if (w->phase == PH_UP && w->up_done == w->nheld)
+        if (w->phase == PH_UP && w->up_done == w->nheld && w->o->cmd == RTB_CMD_XMUC && !w->o->hold)
+            /* The joins' presences still on their way to the occupants (n x n of them in
+             * one room) would be in the run: the tick goes on once the input is quiet. */
+            w->settle_end_ns = rtb_now_ns() + (uint64_t)RTB_X_SETTLE_MAX_S * 1000000000u;
+        else if (w->phase == PH_UP && w->up_done == w->nheld)
             phase_next(w);
         else if (w->phase == PH_UP)
             for (; w->up_next < w->nheld && w->up_active < w->o->conn_parallel; w->up_active++)
@@ -219,6 +244,8 @@ static void xfail(xc_t *c, const char *why)
     xw_t *w = c->w;
     if (c->state == XS_IDLE || !c->open)
         return;
+    if (c->state == XS_JOIN || c->retry)
+        join_end(c, 0, why);
     if (c->state < XS_READY || c->state == XS_SETUP) {
         if (w->rep.s.conn_fail < 3 && w->phase < PH_CLOSE) {
             size_t n = c->in.len < 200 ? c->in.len : 200;
@@ -460,7 +487,8 @@ static void approve(xc_t *c, size_t n)
     }
 }
 
-static void login_done(xc_t *c)
+/* A login is through: counted, and its time recorded. */
+static void login_count(xc_t *c)
 {
     xw_t *w = c->w;
     rtb_stats_t *s = &w->rep.s;
@@ -471,7 +499,227 @@ static void login_done(xc_t *c)
         s->hs_full++;
         s->t_conn_last = t;
     }
+}
+
+static void login_done(xc_t *c)
+{
+    login_count(c);
     login_settle(c, 1);
+}
+
+/* ---- xmuc: joins and deliveries ------------------------------------------------- *
+ * Stats fields of xmuc: sub_ok / sub_fail = joins done / given up, the `ack` histogram
+ * = join time (presence sent to the subject's arrival), expected = the occupants of the
+ * sender's room per message sent, received = every groupchat delivery of ours,
+ * unique / gaps / dups by each sender's sequence at each occupant, tls_full / tls_resumed
+ * = this process's CPU (us) when the run began / when the drain ended.
+ */
+
+static void room_name(uint32_t room, char *out, size_t cap)
+{
+    of_account(rtb_xmuc.room_fmt, room, out, cap);
+}
+
+/* The occupants of room r: those i < -c with i % rooms == r. */
+static uint32_t room_occupants(const rtb_opts_t *o, uint32_t r)
+{
+    return o->count / rtb_xmuc.rooms + (r < o->count % rtb_xmuc.rooms);
+}
+
+static void muc_join(xc_t *c)
+{
+    char room[64];
+    room_name(c->room, room, sizeof(room));
+    c->retry = 0;
+    c->tries++;
+    c->t_join = rtb_now_ns();
+    c->state = XS_JOIN;
+    xsend(c, "<presence to='%s@%s/n%u'><x xmlns='http://jabber.org/protocol/muc'/></presence>",
+          room, rtb_xmuc.muc_host, c->occ);
+}
+
+/* --hold: joins in the run, --conn-parallel at a time. */
+static void join_kick(xw_t *w)
+{
+    while (w->phase == PH_RUN && w->join_next < w->nheld && w->join_active < w->o->conn_parallel) {
+        xc_t *c = &w->cl[w->join_next++];
+        if (c->open && c->state == XS_READY) {
+            w->join_active++;
+            muc_join(c);
+        }
+    }
+}
+
+/* A join is over: in (ok) or given up. The session's place in the login phase or in the
+ * --hold joins is freed; a refused session stays logged in, out of the room. */
+static void join_end(xc_t *c, int ok, const char *why)
+{
+    xw_t *w = c->w;
+    if (ok) {
+        c->joined = 1;
+        w->rep.s.sub_ok++;
+        rtb_hist_record(&w->rep.ack, rtb_now_ns() - c->t_join);
+    } else {
+        if (w->rep.s.sub_fail < 3 && w->phase < PH_CLOSE) {
+            size_t n = c->in.len < 300 ? c->in.len : 300;
+            fprintf(stderr, "rtbench: join of n%u: %s: %.*s\n", c->occ, why, (int)n,
+                    c->in.p ? (const char *)c->in.p : "");
+        }
+        w->rep.s.sub_fail++;
+    }
+    c->retry = 0;
+    c->state = XS_READY;
+    if (w->o->hold) {
+        w->join_active--;
+        join_kick(w);
+    } else if (!c->counted) {
+        login_settle(c, 1);
+    }
+}
+
+/* XS_JOIN's input: 1 when the join is over (in, or given up), 0 while more is needed. */
+static int join_input(xc_t *c)
+{
+    const uint8_t *p = find(c, 0, "<subject");
+    const uint8_t *err = find(c, 0, "type='error'");
+    if (!err)
+        err = find(c, 0, "type=\"error\"");
+    if (err && (!p || err < p)) {
+        const uint8_t *e = find(c, off_of(c, err), "</presence>");
+        if (!e)
+            return 0;
+        if (c->tries < RTB_X_JOIN_TRIES && c->w->phase < PH_DRAIN &&
+            !memmem(c->in.p, off_of(c, e), "service-unavailable", 19)) {
+            /* e.g. a room still locked for its creator: again at the next tick */
+            consume(c, off_of(c, e) + 11);
+            c->state = XS_READY;
+            c->retry = 1;
+            return 1;
+        }
+        join_end(c, 0, "refused");
+        consume(c, off_of(c, e) + 11);
+        return 1;
+    }
+    if (!p)
+        return 0;
+    const uint8_t *e = find(c, off_of(c, p), "</message>");
+    if (!e)
+        return 0;
+    consume(c, off_of(c, e) + 10);
+    join_end(c, 1, NULL);
+    return 1;
+}
+
+/* Groupchat deliveries: "ts seq sender" bodies; latency, and sequence per sender. */
+static void muc_input(xc_t *c)
+{
+    xw_t *w = c->w;
+    rtb_stats_t *s = &w->rep.s;
+    size_t at = 0;
+    const uint8_t *e;
+    uint64_t t = rtb_now_ns();
+    while ((e = find(c, at, "</message>"))) {
+        size_t end = off_of(c, e) + 10;
+        const uint8_t *b = memmem(c->in.p + at, end - at, "<body>", 6);
+        at = end;
+        if (!b)
+            continue;
+        char *q = (char *)b + 6, *q2;
+        unsigned long long ts = strtoull(q, &q2, 10), seq, from;
+        if (q2 == q || *q2 != ' ')
+            goto foreign;
+        seq = strtoull(q = q2 + 1, &q2, 10);
+        if (q2 == q || *q2 != ' ')
+            goto foreign;
+        from = strtoull(q = q2 + 1, &q2, 10);
+        if (q2 == q || *q2 != '<')
+            goto foreign;
+        s->received++;
+        s->t_recv_last = t;
+        rtb_hist_record(&w->rep.e2e, t > ts ? t - ts : 0);
+        uint32_t k = (uint32_t)(from / rtb_xmuc.rooms);
+        if (!c->seqs || from % rtb_xmuc.rooms != c->room || k >= w->spr) {
+            s->foreign++;
+            continue;
+        }
+        if (seq == c->seqs[k]) {
+            s->unique++;
+            c->seqs[k]++;
+        } else if (seq > c->seqs[k]) {
+            s->unique++;
+            s->gaps += seq - c->seqs[k];
+            c->seqs[k] = (uint32_t)seq + 1;
+        } else {
+            s->dups++;
+        }
+        continue;
+    foreign:
+        s->foreign++;
+    }
+    const uint8_t *m = find(c, at, "<message");
+    size_t keep_from = m ? off_of(c, m) : c->in.len > at + 16 ? c->in.len - 16 : at;
+    consume(c, keep_from);
+}
+
+/* Sender j's schedule offset, in messages (as build sets c->phase). */
+static double muc_phase(const rtb_opts_t *o, uint32_t j)
+{
+    return fmod((double)(o->start + j) * 0.6180339887498949, 1.0);
+}
+
+/* Messages sender j sends in the run: k = 0.. while k + phase <= -d x its rate. */
+static uint64_t muc_sends_of(const xw_t *w, uint32_t j)
+{
+    double last = w->o->duration_s * w->rate_per_sender - muc_phase(w->o, j);
+    return last < 0 ? 0 : (uint64_t)floor(last) + 1;
+}
+
+/*
+ * The deliveries this process's joined occupants should see once every sender has sent
+ * its schedule: the drain waits for them (other processes' senders included), then for
+ * no more than --drain.
+ */
+static uint64_t muc_own_expected(const xw_t *w)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < w->nheld; i++) {
+        const xc_t *c = &w->cl[i];
+        if (!c->joined || c->state != XS_READY)
+            continue;
+        for (uint32_t j = c->room; j < rtb_xmuc.senders; j += rtb_xmuc.rooms)
+            n += muc_sends_of(w, j);
+    }
+    return n;
+}
+
+/* The senders (occupants 0..S-1, joined) send what their schedule says is due. */
+static void muc_send(xw_t *w)
+{
+    double el = (double)(uv_now(&w->loop) - w->run_start_ms) / 1000.0;
+    if (el > w->o->duration_s)
+        el = w->o->duration_s; /* the schedule ends exactly at -d: see muc_sends_of */
+    uint64_t ts = rtb_now_ns();
+    for (uint32_t i = 0; i < w->nheld; i++) {
+        xc_t *c = &w->cl[i];
+        if (c->occ >= rtb_xmuc.senders)
+            break; /* the senders come first in process order */
+        if (c->state != XS_READY || !c->joined)
+            continue;
+        char room[64];
+        room_name(c->room, room, sizeof(room));
+        uint64_t occupants = room_occupants(w->o, c->room);
+        while ((double)c->k + c->phase <= el * w->rate_per_sender) {
+            if (xsend(c, "<message to='%s@%s' type='groupchat'><body>%llu %llu %u</body></message>",
+                      room, rtb_xmuc.muc_host, (unsigned long long)ts, (unsigned long long)c->k,
+                      c->occ)) {
+                xfail(c, "out of memory");
+                break;
+            }
+            c->k++;
+            w->rep.s.sent++;
+            w->rep.s.expected += occupants;
+        }
+    }
 }
 
 static void bye(xc_t *c)
@@ -537,6 +785,12 @@ static void advance(xc_t *c)
             if (!(end = features_end(c)))
                 return;
             consume(c, end);
+            if (rtb_xmuc.anon) {
+                r = xsend(c, "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' "
+                             "mechanism='ANONYMOUS'/>");
+                c->state = XS_SUCC;
+                break;
+            }
             r = scram_first(c);
             c->state = XS_CHAL;
             break;
@@ -561,7 +815,7 @@ static void advance(xc_t *c)
             const uint8_t *e = gt[-1] == '/' ? gt : find(c, off_of(c, p), "</success>");
             if (!e)
                 return;
-            r = scram_check(c, p, e);
+            r = rtb_xmuc.anon ? 0 : scram_check(c, p, e);
             consume(c, off_of(c, e) + (gt == e ? 1 : 10));
             c->state = XS_FEAT2;
             if (!r)
@@ -620,6 +874,12 @@ static void advance(xc_t *c)
                 c->state = XS_SYNC;
                 break;
             }
+            if (c->role == ROLE_HELD && w->o->cmd == RTB_CMD_XMUC && !w->o->hold) {
+                /* The session is up once it is in its room. */
+                login_count(c);
+                muc_join(c);
+                break;
+            }
             login_done(c);
             if (w->o->cmd == RTB_CMD_XROSTER) {
                 contact_presences(c);
@@ -655,9 +915,15 @@ static void advance(xc_t *c)
             xsend(c, "<iq type='get' id='p2'><ping xmlns='urn:xmpp:ping'/></iq>");
             break;
         }
+        case XS_JOIN:
+            if (!join_input(c))
+                return;
+            break;
         case XS_READY:
             if (c->role == ROLE_HELD && w->o->cmd == RTB_CMD_XCHAT)
                 chat_input(c);
+            else if (w->o->cmd == RTB_CMD_XMUC)
+                muc_input(c);
             else
                 c->in.len = 0;
             return;
@@ -694,6 +960,7 @@ static void on_xread(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         xfail(c, "input past its bound");
         return;
     }
+    c->w->last_read_ns = rtb_now_ns();
     if (rtb_buf_append(&c->in, buf->base, (size_t)nread)) {
         xfail(c, "out of memory");
         return;
@@ -817,7 +1084,7 @@ static int run_finished(xw_t *w)
     const rtb_opts_t *o = w->o;
     if (uv_now(&w->loop) >= w->run_end_ms)
         return 1;
-    if (o->cmd == RTB_CMD_XIDLE || o->cmd == RTB_CMD_XCHAT)
+    if (o->cmd == RTB_CMD_XIDLE || o->cmd == RTB_CMD_XCHAT || o->cmd == RTB_CMD_XMUC)
         return 0;
     /* Login loops end when their share is done and no login is on its way. */
     if (w->logins_started < w->acct_n || w->up_active)
@@ -844,6 +1111,8 @@ static void on_close_timer(uv_timer_t *t)
 
 static void start_close(xw_t *w)
 {
+    if (w->phase == PH_DRAIN)
+        w->rep.s.tls_resumed = rtb_cpu_us(); /* xmuc: the CPU at the drain's end */
     w->phase = PH_CLOSE;
     if (!w->rep.s.t_run_end)
         w->rep.s.t_run_end = rtb_now_ns();
@@ -869,14 +1138,25 @@ static void on_pace(uv_timer_t *t)
     if (w->phase == PH_RUN) {
         if (w->o->cmd == RTB_CMD_XCHAT)
             chat_send(w);
+        else if (w->o->cmd == RTB_CMD_XMUC && !w->o->hold)
+            muc_send(w);
         if (now < w->next_check_ms)
             return;
         w->next_check_ms = now + RTB_X_CHECK_MS;
         if (run_finished(w)) {
+            if (w->o->cmd == RTB_CMD_XMUC && !w->o->hold)
+                muc_send(w); /* the schedule's last messages */
             w->phase = PH_DRAIN;
-            w->rep.s.t_run_end = rtb_now_ns();
+            w->own_expected = w->o->cmd == RTB_CMD_XMUC ? muc_own_expected(w) : 0;
+            w->rep.s.t_run_end = w->drain_start_ns = rtb_now_ns();
             w->drain_end_ms = now + (uint64_t)(w->o->drain_s * 1000);
         }
+        return;
+    }
+    if (w->phase == PH_DRAIN && w->o->cmd == RTB_CMD_XMUC) {
+        /* Every delivery the schedules promise is in (muc_own_expected), or --drain. */
+        if (w->rep.s.unique >= w->own_expected || now >= w->drain_end_ms)
+            start_close(w);
         return;
     }
     if (w->phase == PH_DRAIN &&
@@ -893,7 +1173,11 @@ static void start_run(xw_t *w)
     w->run_start_ms = uv_now(&w->loop);
     w->run_end_ms = w->run_start_ms + (uint64_t)(w->o->duration_s * 1000);
     w->rep.s.t_run_start = rtb_now_ns();
-    if (w->o->hold)
+    w->rep.s.tls_full = rtb_cpu_us(); /* xmuc: the CPU at the run's start */
+    if (w->o->cmd == RTB_CMD_XMUC) {
+        if (w->o->hold)
+            join_kick(w);
+    } else if (w->o->hold)
         conn_kick(w);
     else
         for (uint32_t i = w->nheld; i < w->ncl; i++)
@@ -924,13 +1208,24 @@ static void on_tick(uv_timer_t *t)
     /* One pass a second over the sessions: logins past their deadline fail. */
     for (uint32_t i = 0; i < w->ncl; i++) {
         xc_t *c = &w->cl[i];
-        if (c->open && (c->state < XS_READY || c->state == XS_SETUP) && now - c->t_start > tmo)
+        if (c->open && c->state == XS_JOIN) {
+            if (now - c->t_join > tmo)
+                join_end(c, 0, "timed out");
+        } else if (c->open && c->state == XS_READY && c->retry && w->phase < PH_DRAIN) {
+            muc_join(c);
+        } else if (c->open && (c->state < XS_READY || c->state == XS_SETUP) &&
+                   now - c->t_start > tmo)
             xfail(c, "timed out");
         else if (c->open && c->state == XS_BYE && now - c->t_start > 2 * tmo)
             sock_close(c);
     }
     if (w->phase == PH_WAIT && uv_now(&w->loop) >= w->wait_end_ms)
         start_run(w);
+    if (w->phase == PH_UP && w->settle_end_ns &&
+        (now - w->last_read_ns >= (uint64_t)RTB_X_QUIET_MS * 1000000 || now >= w->settle_end_ns)) {
+        w->settle_end_ns = 0;
+        phase_next(w);
+    }
     w->rep.s.tick = ++w->tick_no;
     w->rep.s.cpu_us = rtb_cpu_us();
     w->emit(w->ctx, RTB_EMIT_TICK, &w->rep);
@@ -942,7 +1237,8 @@ static int build(xw_t *w)
     const rtb_opts_t *o = w->o;
     uint32_t lo, hi, nconn = 0;
     rtb_range(rtb_groups(o), o->procs, w->proc, &lo, &hi);
-    switch (o->cmd) {
+    /* xmuc's occupants are held sessions as xidle's */
+    switch (o->cmd == RTB_CMD_XMUC ? RTB_CMD_XIDLE : o->cmd) {
     case RTB_CMD_XIDLE:
         w->nheld = hi - lo;
         w->conn_lo = o->start + lo;
@@ -986,6 +1282,12 @@ static int build(xw_t *w)
         c->peer = i ^ 1;
         /* Senders spread over the interval by the golden ratio, as rtb_worker.c's. */
         c->phase = fmod((double)(w->conn_lo + i) * 0.6180339887498949, 1.0);
+        if (o->cmd == RTB_CMD_XMUC) {
+            c->occ = w->conn_lo + i - o->start;
+            c->room = c->occ % rtb_xmuc.rooms;
+            if (w->spr && !(c->seqs = calloc(w->spr, sizeof(uint32_t))))
+                return -ENOMEM;
+        }
     }
     w->rep.s.clients = w->nheld + w->acct_n;
     w->rep.s.expected_known = o->cmd == RTB_CMD_XCHAT;
@@ -1002,6 +1304,10 @@ int rtb_xmpp_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit
     w.ctx = ctx;
     w.go_fd = go_fd;
     w.rate_per_sender = o->rate / 2;
+    if (o->cmd == RTB_CMD_XMUC) {
+        w.rate_per_sender = rtb_xmuc.senders ? o->rate / rtb_xmuc.senders : 0;
+        w.spr = (rtb_xmuc.senders + rtb_xmuc.rooms - 1) / rtb_xmuc.rooms;
+    }
     rtb_hist_init(&w.rep.e2e);
     rtb_hist_init(&w.rep.ack);
     rtb_hist_init(&w.rep.conn);
@@ -1010,6 +1316,8 @@ int rtb_xmpp_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit
     if (!r)
         r = uv_loop_init(&w.loop);
     if (r) {
+        for (uint32_t i = 0; w.cl && i < w.ncl; i++)
+            free(w.cl[i].seqs);
         free(w.cl);
         rtb_xkeys_destroy(&w.keys);
         return r;
@@ -1038,8 +1346,113 @@ int rtb_xmpp_run(const rtb_opts_t *o, uint32_t proc, int go_fd, rtb_emit_fn emit
         rtb_buf_free(&w.cl[i].in);
         rtb_buf_free(&w.cl[i].out);
         rtb_buf_free(&w.cl[i].busy);
+        free(w.cl[i].seqs);
     }
     free(w.cl);
     rtb_xkeys_destroy(&w.keys);
     return 0;
+}
+
+/* ---- xmuc's report ------------------------------------------------------------------ */
+
+static double xms(uint64_t ns)
+{
+    return (double)ns / 1e6;
+}
+
+void rtb_xmuc_tick_line(uint64_t second, const rtb_report_t *now, const rtb_report_t *prev,
+                        const rtb_hist_t *e2e_second)
+{
+    const rtb_stats_t *s = &now->s, *p = &prev->s;
+    fprintf(stderr,
+            "rtbench[%3llus] logins=%llu failed=%llu lost=%llu joined=%llu join_failed=%llu "
+            "sent/s=%llu delivered/s=%llu p50=%.3fms p99=%.3fms max=%.3fms\n",
+            (unsigned long long)second, (unsigned long long)s->conn_ok,
+            (unsigned long long)s->conn_fail, (unsigned long long)s->conn_lost,
+            (unsigned long long)s->sub_ok, (unsigned long long)s->sub_fail,
+            (unsigned long long)(s->sent - p->sent),
+            (unsigned long long)(s->received - p->received),
+            xms(rtb_hist_quantile(e2e_second, 0.5)), xms(rtb_hist_quantile(e2e_second, 0.99)),
+            xms(e2e_second->max));
+}
+
+static void xhist_json(const char *name, const rtb_hist_t *h)
+{
+    printf("\"%s\":{\"count\":%llu,\"p50_ms\":%.4f,\"p99_ms\":%.4f,\"p999_ms\":%.4f,"
+           "\"max_ms\":%.4f},",
+           name, (unsigned long long)h->count, xms(rtb_hist_quantile(h, 0.5)),
+           xms(rtb_hist_quantile(h, 0.99)), xms(rtb_hist_quantile(h, 0.999)), xms(h->max));
+}
+
+static void xhist_text(const char *name, const rtb_hist_t *h)
+{
+    printf("%-9s n=%llu p50=%.3fms p99=%.3fms p99.9=%.3fms max=%.3fms\n", name,
+           (unsigned long long)h->count, xms(rtb_hist_quantile(h, 0.5)),
+           xms(rtb_hist_quantile(h, 0.99)), xms(rtb_hist_quantile(h, 0.999)), xms(h->max));
+}
+
+void rtb_xmuc_summary(const rtb_opts_t *o, const rtb_report_t *m, uint64_t cpu_us,
+                      uint64_t worst_p99_ns, uint64_t worst_max_ns)
+{
+    const rtb_stats_t *s = &m->s;
+    double run_s =
+        s->t_run_end > s->t_run_start ? (double)(s->t_run_end - s->t_run_start) / 1e9 : 0;
+    uint64_t recv_end = s->t_recv_last > s->t_run_end ? s->t_recv_last : s->t_run_end;
+    double recv_s = recv_end > s->t_run_start ? (double)(recv_end - s->t_run_start) / 1e9 : 0;
+    uint64_t lost = s->expected > s->unique ? s->expected - s->unique : 0;
+    double run_cpu =
+        s->tls_resumed > s->tls_full ? (double)(s->tls_resumed - s->tls_full) / 1e6 : 0;
+    struct timespec mono, wall;
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    clock_gettime(CLOCK_REALTIME, &wall);
+    double off = ((double)wall.tv_sec + (double)wall.tv_nsec / 1e9) -
+                 ((double)mono.tv_sec + (double)mono.tv_nsec / 1e9);
+#define UNIX(t) ((t) ? (double)(t) / 1e9 + off : 0)
+    if (o->json) {
+        printf("{\"command\":\"%s\",\"procs\":%u,\"occupants\":%u,\"rooms\":%u,\"senders\":%u,"
+               "\"rate\":%.1f,\"hold\":%d,\"anon\":%d,\"logins\":%llu,\"failed\":%llu,"
+               "\"lost\":%llu,\"joined\":%llu,\"join_failed\":%llu,",
+               o->cmd_name, o->procs, o->count, rtb_xmuc.rooms, rtb_xmuc.senders, o->rate, o->hold,
+               rtb_xmuc.anon, (unsigned long long)s->conn_ok, (unsigned long long)s->conn_fail,
+               (unsigned long long)s->conn_lost, (unsigned long long)s->sub_ok,
+               (unsigned long long)s->sub_fail);
+        xhist_json("login", &m->conn);
+        xhist_json("join", &m->ack);
+        printf("\"sent\":%llu,\"expected\":%llu,\"delivered\":%llu,\"unique\":%llu,"
+               "\"lost_deliveries\":%llu,\"gaps\":%llu,\"duplicates\":%llu,\"foreign\":%llu,"
+               "\"protocol_errors\":%llu,",
+               (unsigned long long)s->sent, (unsigned long long)s->expected,
+               (unsigned long long)s->received, (unsigned long long)s->unique,
+               (unsigned long long)lost, (unsigned long long)s->gaps, (unsigned long long)s->dups,
+               (unsigned long long)s->foreign, (unsigned long long)s->proto_err);
+        xhist_json("latency", &m->e2e);
+        printf("\"worst_second_p99_ms\":%.4f,\"worst_second_max_ms\":%.4f,\"run_seconds\":%.3f,"
+               "\"recv_seconds\":%.3f,\"delivered_per_s\":%.1f,\"run_start_unix\":%.6f,"
+               "\"run_end_unix\":%.6f,\"recv_last_unix\":%.6f,\"run_cpu_seconds\":%.3f,"
+               "\"cpu_seconds\":%.3f}\n",
+               xms(worst_p99_ns), xms(worst_max_ns), run_s, recv_s,
+               recv_s > 0 ? (double)s->received / recv_s : 0, UNIX(s->t_run_start),
+               UNIX(s->t_run_end), UNIX(s->t_recv_last), run_cpu, (double)cpu_us / 1e6);
+        return;
+    }
+#undef UNIX
+    printf("rtbench %s: procs=%u occupants=%u rooms=%u senders=%u rate=%.1f/s%s\n", o->cmd_name,
+           o->procs, o->count, rtb_xmuc.rooms, rtb_xmuc.senders, o->rate, o->hold ? " (hold)" : "");
+    printf("logins    done=%llu failed=%llu lost=%llu; joined=%llu join_failed=%llu\n",
+           (unsigned long long)s->conn_ok, (unsigned long long)s->conn_fail,
+           (unsigned long long)s->conn_lost, (unsigned long long)s->sub_ok,
+           (unsigned long long)s->sub_fail);
+    xhist_text("login", &m->conn);
+    xhist_text("join", &m->ack);
+    printf("messages  sent=%llu expected=%llu delivered=%llu unique=%llu lost=%llu gaps=%llu "
+           "duplicates=%llu foreign=%llu over %.3fs (deliveries until %.3fs: %.0f/s)\n",
+           (unsigned long long)s->sent, (unsigned long long)s->expected,
+           (unsigned long long)s->received, (unsigned long long)s->unique, (unsigned long long)lost,
+           (unsigned long long)s->gaps, (unsigned long long)s->dups, (unsigned long long)s->foreign,
+           run_s, recv_s, recv_s > 0 ? (double)s->received / recv_s : 0);
+    xhist_text("latency", &m->e2e);
+    printf("worst second: p99=%.3fms max=%.3fms\n", xms(worst_p99_ns), xms(worst_max_ns));
+    printf("cpu       %.3fs user+sys (all processes), %.3fs from the run's start to the drain's "
+           "end\n",
+           (double)cpu_us / 1e6, run_cpu);
 }

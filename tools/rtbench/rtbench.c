@@ -63,7 +63,7 @@
 
 static const char *usage_text =
     "usage: rtbench <conn|sub|pub|fanin|fanout|pairs|seed|hs> [flags]\n"
-    "       rtbench <xlogin|xidle|xchat|xroster> [flags]   (XMPP, below)\n"
+    "       rtbench <xlogin|xidle|xchat|xroster|xmuc> [flags]   (XMPP, below)\n"
     "  -h host (127.0.0.1)  -p port (1883)  -c clients  -n start index (0)\n"
     "  -i ms between connection starts (conn/sub/pub 10, scenarios 0 = --conn-parallel at a time)\n"
     "  -I ms between publishes per client (pub: 1000; scenarios: closed loop)\n"
@@ -112,6 +112,17 @@ static const char *usage_text =
     "           and approving the requests that arrive (-L logins in all, 2 x c; one\n"
     "           pass, -L c, is enough where the server keeps pre-approvals, RFC 6121\n"
     "           3.4). Run xidle to check (roster_both_per_login = 18).\n"
+    "  xmuc     group chat (XEP-0045): -c occupants (1000) join --rooms R (1) rooms r%i@\n"
+    "           --muc-host (conference.<domain>) as nick n<i>, occupant i in room i % R; a\n"
+    "           session is up once the room's subject has come. Then for -d s --senders S\n"
+    "           (10; occupants 0..S-1, in rooms j % R) send groupchat at --rate (100) msgs/s\n"
+    "           in all, body = send time, sequence, sender; every occupant counts what the\n"
+    "           room reflects: delivered, expected (sent x occupants of the room), lost,\n"
+    "           latency p50/p99/max per second and overall. The drain ends after 1 s with\n"
+    "           no delivery (or --drain). --hold: log in, wait for the go (--go-stdin or\n"
+    "           --procs), then join (--conn-parallel at a time) and hold for -d s, no chat:\n"
+    "           memory per room. --room FMT names the rooms (r%i).\n"
+    "  --anon   SASL ANONYMOUS instead of SCRAM-SHA-256 (no accounts needed)\n"
     "  --salt-cache F  keep SCRAM salted passwords in F (RFC 5802 client cache) across runs,\n"
     "           so that PBKDF2 runs once per account, not per run (pbkdf2 counts the misses)\n"
     "  --conn-parallel N (64) logins in flight per process; --ifaddr spreads source addresses;\n"
@@ -233,6 +244,7 @@ static const struct {
     {"seed", "sd", RTB_CMD_SEED},     {"hs", "hs", RTB_CMD_HS},
     {"xlogin", "xl", RTB_CMD_XLOGIN}, {"xidle", "xi", RTB_CMD_XIDLE},
     {"xchat", "xc", RTB_CMD_XCHAT},   {"xroster", "xr", RTB_CMD_XROSTER},
+    {"xmuc", "xm", RTB_CMD_XMUC},
 };
 
 /* Defaults and checks of the XMPP commands (rtb_xmpp.h). */
@@ -251,9 +263,28 @@ static void xmpp_opts(rtb_opts_t *o, int64_t count, int64_t accounts, int64_t pa
         o->domain = "localhost";
     if (strlen(o->user) > 40 || strlen(o->domain) > 60)
         die_usage("-u (40 bytes) or --domain (60 bytes) is too long: '%s'", o->user);
-    if (o->cmd != RTB_CMD_XCHAT && (pairs > 0 || storm > 0 || o->hold || o->pairs_apart))
+    if (o->cmd != RTB_CMD_XCHAT &&
+        (pairs > 0 || storm > 0 || (o->hold && o->cmd != RTB_CMD_XMUC) || o->pairs_apart))
         die_usage("--pairs, --storm, --hold and --pairs-apart are for xchat (got them for %s)",
                   o->cmd_name);
+    if (o->cmd == RTB_CMD_XMUC) {
+        static char host[128];
+        o->count = count > 0 ? (uint32_t)count : 1000;
+        o->rate = o->rate > 0 ? o->rate : 100;
+        if (o->hold)
+            rtb_xmuc.senders = 0;
+        if (rtb_xmuc.rooms > o->count)
+            die_usage("--rooms is above -c: every room wants an occupant%s", "");
+        if (rtb_xmuc.senders > o->count)
+            die_usage("--senders is above -c%s", "");
+        if (!rtb_xmuc.muc_host) {
+            snprintf(host, sizeof(host), "conference.%s", o->domain);
+            rtb_xmuc.muc_host = host;
+        }
+        if (strlen(rtb_xmuc.muc_host) > 80 || strlen(rtb_xmuc.room_fmt) > 40)
+            die_usage("--muc-host (80 bytes) or --room (40) is too long: '%s'", rtb_xmuc.muc_host);
+        return;
+    }
     switch (o->cmd) {
     case RTB_CMD_XLOGIN:
         o->count = count > 0 ? (uint32_t)count : 50;
@@ -305,7 +336,7 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     o->test_skip_seq = -1;
     o->rate = -1;
     int64_t count = -1, pubs = -1, subs = -1, copies = -1, accounts = -1, pairs = -1, storm = -1;
-    int port_set = 0;
+    int port_set = 0, muc_flags = 0;
     const char *ifaddr = NULL, *prefix = NULL, *tag = "", *sub_ports = NULL, *pub_ports = NULL;
 
     if (argc < 2)
@@ -356,6 +387,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         }
         if (!strcmp(f, "--hold")) {
             o->hold = 1;
+            continue;
+        }
+        if (!strcmp(f, "--anon")) {
+            rtb_xmuc.anon = 1;
             continue;
         }
         if (!strcmp(f, "--pairs-apart")) {
@@ -461,6 +496,14 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             pairs = (int64_t)parse_int(n, v, 1, 1000000);
         else if (!strcmp(n, "--storm"))
             storm = (int64_t)parse_int(n, v, 1, 10000000);
+        else if (!strcmp(n, "--rooms"))
+            rtb_xmuc.rooms = (uint32_t)parse_int(n, v, 1, 1000000), muc_flags = 1;
+        else if (!strcmp(n, "--senders"))
+            rtb_xmuc.senders = (uint32_t)parse_int(n, v, 0, 1000000), muc_flags = 1;
+        else if (!strcmp(n, "--muc-host"))
+            rtb_xmuc.muc_host = v, muc_flags = 1;
+        else if (!strcmp(n, "--room"))
+            rtb_xmuc.room_fmt = v, muc_flags = 1;
         else if (!strcmp(n, "--salt-cache"))
             o->salt_cache = v;
         else if (!strcmp(n, "--test-skip-seq"))
@@ -507,6 +550,11 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
     default:
         break; /* the XMPP commands: xmpp_opts below */
     }
+    if (muc_flags && o->cmd != RTB_CMD_XMUC)
+        die_usage("--rooms, --senders, --muc-host and --room are for xmuc (got them for %s)",
+                  o->cmd_name);
+    if (rtb_xmuc.anon && !rtb_xmpp_cmd(o->cmd))
+        die_usage("--anon is for the XMPP commands (got it for %s)", o->cmd_name);
     if (rtb_xmpp_cmd(o->cmd))
         xmpp_opts(o, count, accounts, pairs, storm, port_set);
     else if (accounts > 0 || pairs > 0 || storm > 0 || o->hold || o->domain || o->salt_cache)
@@ -691,7 +739,9 @@ static void agg_feed(rtb_agg_t *a, uint32_t i, int kind, const rtb_report_t *r)
         uint64_t p99 = rtb_hist_quantile(&iv, 0.99);
         a->worst_p99 = p99 > a->worst_p99 ? p99 : a->worst_p99;
         a->worst_max = iv.max > a->worst_max ? iv.max : a->worst_max;
-        if (!a->o->quiet)
+        if (!a->o->quiet && a->o->cmd == RTB_CMD_XMUC)
+            rtb_xmuc_tick_line(a->printed, &m, &a->prev, &iv);
+        else if (!a->o->quiet)
             rtb_xmpp_tick_line(a->printed, &m, &a->prev, &iv);
         a->prev = m;
         return;
@@ -1059,7 +1109,9 @@ int main(int argc, char **argv)
     }
     static rtb_report_t m;
     agg_merged(&a, &m);
-    if (rtb_xmpp_cmd(o.cmd))
+    if (o.cmd == RTB_CMD_XMUC)
+        rtb_xmuc_summary(&o, &m, cpu_us, a.worst_p99, a.worst_max);
+    else if (rtb_xmpp_cmd(o.cmd))
         rtb_xmpp_summary(&o, &m, cpu_us, a.worst_p99, a.worst_max);
     else
         summary(&o, &m, cpu_us);

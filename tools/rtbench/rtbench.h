@@ -37,6 +37,7 @@ typedef enum rtb_cmd_e {
     RTB_CMD_XIDLE,   /* held sessions */
     RTB_CMD_XCHAT,   /* pairs chatting, optionally during a storm */
     RTB_CMD_XROSTER, /* set-up: 18-contact rosters */
+    RTB_CMD_XMUC,    /* group chat rooms (XEP-0045): fan-out, or rooms held (--hold) */
 } rtb_cmd_t;
 
 #define RTB_MAX_PORTS 16
