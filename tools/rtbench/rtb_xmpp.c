@@ -29,6 +29,7 @@
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -610,55 +611,71 @@ static int join_input(xc_t *c)
     return 1;
 }
 
+/* The next complete <message>'s body text in c's input from *at (NULL: no more); *at moves
+   past that message, one without a body skipped. */
+static const char *next_body(xc_t *c, size_t *at)
+{
+    const uint8_t *e;
+    while ((e = find(c, *at, "</message>"))) {
+        size_t end = off_of(c, e) + 10;
+        const uint8_t *b = memmem(c->in.p + *at, end - *at, "<body>", 6);
+        *at = end;
+        if (b)
+            return (const char *)b + 6;
+    }
+    return NULL;
+}
+
+/* One delivery of sequence number seq where *next was expected: unique, a gap, or a dup. */
+static void count_seq(rtb_stats_t *s, uint64_t *next, uint64_t seq)
+{
+    if (seq < *next) {
+        s->dups++;
+        return;
+    }
+    s->unique++;
+    s->gaps += seq - *next;
+    *next = seq + 1;
+}
+
+/* What the input holds from at on that may begin a message not yet complete is kept. */
+static void keep_partial(xc_t *c, size_t at)
+{
+    const uint8_t *m = find(c, at, "<message");
+    consume(c, m ? off_of(c, m) : c->in.len > at + 16 ? c->in.len - 16 : at);
+}
+
 /* Groupchat deliveries: "ts seq sender" bodies; latency, and sequence per sender. */
 static void muc_input(xc_t *c)
 {
     xw_t *w = c->w;
     rtb_stats_t *s = &w->rep.s;
     size_t at = 0;
-    const uint8_t *e;
+    const char *q;
     uint64_t t = rtb_now_ns();
-    while ((e = find(c, at, "</message>"))) {
-        size_t end = off_of(c, e) + 10;
-        const uint8_t *b = memmem(c->in.p + at, end - at, "<body>", 6);
-        at = end;
-        if (!b)
-            continue;
-        char *q = (char *)b + 6, *q2;
-        unsigned long long ts = strtoull(q, &q2, 10), seq, from;
-        if (q2 == q || *q2 != ' ')
-            goto foreign;
-        seq = strtoull(q = q2 + 1, &q2, 10);
-        if (q2 == q || *q2 != ' ')
-            goto foreign;
-        from = strtoull(q = q2 + 1, &q2, 10);
-        if (q2 == q || *q2 != '<')
-            goto foreign;
-        s->received++;
-        s->t_recv_last = t;
-        rtb_hist_record(&w->rep.e2e, t > ts ? t - ts : 0);
+    while ((q = next_body(c, &at))) {
+        char *q2;
+        unsigned long long ts = strtoull(q, &q2, 10), seq = 0, from = 0;
+        bool ok = q2 != q && *q2 == ' ';
+        if (ok)
+            seq = strtoull(q = q2 + 1, &q2, 10), ok = q2 != q && *q2 == ' ';
+        if (ok)
+            from = strtoull(q = q2 + 1, &q2, 10), ok = q2 != q && *q2 == '<';
         uint32_t k = (uint32_t)(from / rtb_xmuc.rooms);
-        if (!c->seqs || from % rtb_xmuc.rooms != c->room || k >= w->spr) {
+        if (ok) {
+            s->received++;
+            s->t_recv_last = t;
+            rtb_hist_record(&w->rep.e2e, t > ts ? t - ts : 0);
+        }
+        if (!ok || !c->seqs || from % rtb_xmuc.rooms != c->room || k >= w->spr) {
             s->foreign++;
             continue;
         }
-        if (seq == c->seqs[k]) {
-            s->unique++;
-            c->seqs[k]++;
-        } else if (seq > c->seqs[k]) {
-            s->unique++;
-            s->gaps += seq - c->seqs[k];
-            c->seqs[k] = (uint32_t)seq + 1;
-        } else {
-            s->dups++;
-        }
-        continue;
-    foreign:
-        s->foreign++;
+        uint64_t next = c->seqs[k];
+        count_seq(s, &next, seq);
+        c->seqs[k] = (uint32_t)next;
     }
-    const uint8_t *m = find(c, at, "<message");
-    size_t keep_from = m ? off_of(c, m) : c->in.len > at + 16 ? c->in.len - 16 : at;
-    consume(c, keep_from);
+    keep_partial(c, at);
 }
 
 /* Sender j's schedule offset, in messages (as build sets c->phase). */
@@ -734,37 +751,20 @@ static void chat_input(xc_t *c)
     xw_t *w = c->w;
     rtb_stats_t *s = &w->rep.s;
     size_t at = 0;
-    const uint8_t *e;
+    const char *q;
     uint64_t t = rtb_now_ns();
-    while ((e = find(c, at, "</message>"))) {
-        size_t end = off_of(c, e) + 10;
-        const uint8_t *b = memmem(c->in.p + at, end - at, "<body>", 6);
-        at = end;
-        if (!b)
-            continue;
+    while ((q = next_body(c, &at))) {
         unsigned long long ts = 0, seq = 0;
-        if (sscanf((const char *)b + 6, "%llu %llu", &ts, &seq) != 2) {
+        if (sscanf(q, "%llu %llu", &ts, &seq) != 2) {
             s->foreign++;
             continue;
         }
         s->received++;
         s->t_recv_last = t;
         rtb_hist_record(&w->rep.e2e, t > ts ? t - ts : 0);
-        if (seq == c->next_seq) {
-            s->unique++;
-            c->next_seq++;
-        } else if (seq > c->next_seq) {
-            s->unique++;
-            s->gaps += seq - c->next_seq;
-            c->next_seq = seq + 1;
-        } else {
-            s->dups++;
-        }
+        count_seq(s, &c->next_seq, seq);
     }
-    /* Keep only what may begin a message not yet complete. */
-    const uint8_t *m = find(c, at, "<message");
-    size_t keep_from = m ? off_of(c, m) : c->in.len > at + 16 ? c->in.len - 16 : at;
-    consume(c, keep_from);
+    keep_partial(c, at);
 }
 
 /* Advances the login by what has arrived; returns when more bytes are needed. */
