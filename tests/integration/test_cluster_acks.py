@@ -579,19 +579,16 @@ def test_stalled_nats_server_acks_only_what_jetstream_confirmed(nats, durable_no
 
 
 @pytest.mark.long
-def test_killed_nats_server_acks_only_what_jetstream_confirmed(nats, durable_nodes, mq, pfx):
-    """kill -9 of the publishers' node's NATS server mid-stream: what it had taken and not
-    answered is 0x80 (v5) or a resend (v3); every success PUBACK is delivered."""
-    d1, d2, _ = durable_nodes
-    topic = f"{pfx}/k"
-    sub, probe, streams = streams_under_way(d1, d2, mq, topic, pfx)
-    i = server_of(nats, "d1")
+def kill9_midstream(nats, i, d1, streams, sub, probe, topic, what, caught_up=lambda: True):
+    """NATS server i killed with -9 under the streams: they go on 500 messages more each (and
+    caught_up holds), then it is started again; every success PUBACK must be delivered."""
     try:
         n_before = [len(s.sent) for s in streams]
         nats.kill9(i)
         until(lambda: all(len(s.sent) >= n + 500 for s, n in zip(streams, n_before)), WAIT,
               lambda: f"streams after the kill: {[s.state() for s in streams]}\n" +
               d1.read_log()[-3000:])
+        until(caught_up, WAIT, lambda: "the node did not read the stream again")
     finally:
         if not nats.alive(i):
             nats.start(i)
@@ -599,8 +596,18 @@ def test_killed_nats_server_acks_only_what_jetstream_confirmed(nats, durable_nod
     for s in streams:
         s.finish()
     fence(probe, f"{topic}/probe", [sub])
-    lost = figures("kill -9 of the NATS server", streams, sub)
+    lost = figures(what, streams, sub)
     assert not lost, f"acknowledged, never delivered: {lost[:10]}"
+
+
+def test_killed_nats_server_acks_only_what_jetstream_confirmed(nats, durable_nodes, mq, pfx):
+    """kill -9 of the publishers' node's NATS server mid-stream: what it had taken and not
+    answered is 0x80 (v5) or a resend (v3); every success PUBACK is delivered."""
+    d1, d2, _ = durable_nodes
+    topic = f"{pfx}/k"
+    sub, probe, streams = streams_under_way(d1, d2, mq, topic, pfx)
+    kill9_midstream(nats, server_of(nats, "d1"), d1, streams, sub, probe, topic,
+                    "kill -9 of the NATS server")
 
 
 @pytest.mark.long
@@ -615,21 +622,7 @@ def test_killed_subscribers_nats_server_loses_nothing_acknowledged(nats, durable
     i = server_of(nats, "d2")
     nats.lead_elsewhere("rd_msgs", i)
     lines = len(d2.read_log().splitlines())
-    try:
-        n_before = [len(s.sent) for s in streams]
-        nats.kill9(i)
-        until(lambda: all(len(s.sent) >= n + 500 for s, n in zip(streams, n_before)), WAIT,
-              lambda: f"streams after the kill: {[s.state() for s in streams]}\n" +
-              d1.read_log()[-3000:])
-        # The read of the stream is done: what it routes is ahead of the fence's probe.
-        until(lambda: "cluster.caught_up " in "".join(d2.read_log().splitlines()[lines:]), WAIT,
-              lambda: d2.read_log()[-3000:])
-    finally:
-        if not nats.alive(i):
-            nats.start(i)
-        nats.wait_ready([i])
-    for s in streams:
-        s.finish()
-    fence(probe, f"{topic}/probe", [sub])
-    lost = figures("kill -9 of the subscriber's NATS server", streams, sub)
-    assert not lost, f"acknowledged, never delivered: {lost[:10]}"
+    # The read of the stream is done: what it routes is ahead of the fence's probe.
+    kill9_midstream(nats, i, d1, streams, sub, probe, topic,
+                    "kill -9 of the subscriber's NATS server",
+                    lambda: "cluster.caught_up " in "".join(d2.read_log().splitlines()[lines:]))
