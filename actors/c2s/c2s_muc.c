@@ -453,8 +453,8 @@ static void restore(const char *service, const char *room, const void *state, si
     char name[ROOM_NAME_MAX + 1];
     int n = snprintf(name, sizeof(name), ROOM_NAME_PREFIX "%s@%s", room, service);
     if (n < 0 || (size_t)n >= sizeof(name) || rt__c2s_muc_index(service, strlen(service)) < 0) {
-        rt_log(RT_LOG_WARNING, "xmpp.muc_room_skipped", "room=%s@%s reason=\"%s\"", room, service,
-               "its service is not in xmpp.muc_host now");
+        rt_log(RT_LOG_WARNING, "xmpp.muc_room_skipped",
+               "room=%s@%s kept in xmpp.db, its service not in xmpp.muc_host now", room, service);
         return;
     }
     rt_spawn_opts_t o = {.name = name};

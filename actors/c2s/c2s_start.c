@@ -83,7 +83,7 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
         rt_sinks_set_xmpp(rt__c2s_sink_send); /* rules' rows as messages (the xmpp sink) */
     if (!rc && x->muc_host[0] && conf->cluster.on) /* docs/XMPP.md, "Group chat" */
         rt_log(RT_LOG_WARNING, "xmpp.muc_per_node",
-               "msg=\"group chat rooms are this node's: occupants on other nodes of the cluster "
-               "are in rooms of the same names there, apart\"");
+               "group chat rooms are this node's own: occupants on other nodes of the cluster "
+               "are in rooms of the same names there, apart");
     return rc;
 }
