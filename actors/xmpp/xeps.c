@@ -221,10 +221,14 @@ int rt_muc_room_put(rt_accounts_t *a, const char *service, const char *room, con
         return rc;
     if (len > INT32_MAX)
         return RT_EINVAL;
+    /* Its own write transaction: the store's actor may hold a read snapshot open for the
+       logins' reads, which a write left inside would leave uncommitted (and lose). */
+    if (rt__accounts_begin(a, true) != 0)
+        return RT_EAGAIN;
     sqlite3_stmt *st = keyed(a, len ? XST_MUC_PUT : XST_MUC_DEL, &n);
     if (len)
         sqlite3_bind_blob(st, 3, state, (int)len, SQLITE_STATIC);
-    return rt__xeps_run(st);
+    return rt__accounts_end(a, rt__xeps_run(st));
 }
 
 int rt_muc_rooms_each(rt_accounts_t *a,
