@@ -112,7 +112,9 @@ def test_dashboard(rtd, browser):
         shown = b.wait_eval("parseFloat(document.getElementById('fig-in').textContent) > 0 && "
                             "document.getElementById('fig-in').textContent", 6)
         assert shown, "the messages-in figure stayed at 0 while messages flowed"
-        assert b.eval("rtdash.samples.length") > n0  # the charts' points move
+        # The charts' points move: the stream sends a sample a second, so one more comes
+        # within a few (the figure above can show in the sample n0 already counted).
+        assert b.wait_eval(f"rtdash.samples.length > {n0}", 5), "no sample after the first"
         # Each sample redraws the charts; the canvas is read back from the renderer, which may
         # show the new picture a frame later than the sample that drew it (CI once read the
         # old one), so the change is awaited over the next samples, not read once.
