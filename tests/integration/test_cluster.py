@@ -801,7 +801,10 @@ def test_same_id_on_two_nodes_at_once_exactly_one_survives(nodes, pfx):
             wrong_all += wrong
             assert all(alive), f"round {r}: {alive.count(False)} survivors did not answer"
             everyone += survivors
-        assert not wrong_all, f"ids with other than one survivor (id, alive): {wrong_all[:10]}"
+        assert not wrong_all, (f"ids with other than one survivor (id, alive): {wrong_all[:10]}\n"
+                               + "\n".join(line for n in (n1, n2)
+                                           for line in n.read_log().splitlines()
+                                           if any(cid in line for cid, _ in wrong_all[:10])))
         # All still there at the end: none ended by a claim that came late.
         for c in everyone:
             c.w.write(b"\xc0\x00")
