@@ -732,6 +732,20 @@ const rt_setting_t rt__conf_table_settings[] = {
      .doc = "a room made by a join lets nobody else in (item-not-found) until its owner "
             "configures it, the instant-room form or the full one (XEP-0045 7.2.10, as "
             "Prosody); false: open at once (as ejabberd)"},
+    {.name = "xmpp.pep",
+     .type = RT_SET_BOOL,
+     .num = 1,
+     .offset = X_OFF(pep),
+     .doc = "each account is a pubsub service of its own (PEP, XEP-0163: avatars, nicknames, "
+            "OMEMO keys, bookmarks), kept in xmpp.db; false: not offered"},
+    XMPP_INT(pep_max_nodes, 64, 1, 100000, "nodes",
+             "of one account's PEP service; a publish that would make one more is refused "
+             "with not-acceptable"),
+    XMPP_INT(pep_max_items, 256, 1, 100000, "items",
+             "one PEP node keeps at most, whatever its pubsub#max_items asks (\"max\" is this)"),
+    XMPP_INT(pep_max_bytes, 1 * MIB, 1024, 1e9, "bytes",
+             "of all the items one account's PEP nodes keep; a publish past it is refused "
+             "with not-acceptable"),
     {.name = NULL},
 };
 

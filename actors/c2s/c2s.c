@@ -736,6 +736,9 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_BLOCKLIST:
         rt__c2s_blocklist_msg(self, c, m);
         break;
+    case C2S_MSG_PEP_EVENT:
+        rt__c2s_pep_event(self, c, m);
+        break;
     case C2S_MSG_REPLACED:
         if (c->phase == PH_ACTIVE) {
             atomic_fetch_add_explicit(&rt_c2s_stats.replaced, 1, memory_order_relaxed);
@@ -861,6 +864,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "presence_to";
     case C2S_MSG_BLOCKLIST:
         return "blocklist";
+    case C2S_MSG_PEP_EVENT:
+        return "pep_event";
     case C2S_MSG_PRESENCE_READY:
         return "presence_ready";
     case C2S_MSG_PRESENCE_STALE:

@@ -8,6 +8,7 @@
 **   c2s_registry.c  who is online: bare JID -> its resources and their actors
 **   c2s_store.c     the blocking actor over xmpp.db
 **   c2s_mam.c       the message archive, the session's side (c2s_store_mam.c: its actor)
+**   c2s_pep.c       PEP (XEP-0163), the session's side (c2s_store_pep.c: the store's)
 **   c2s_start.c     the global settings, the store's start
 */
 #ifndef RT_C2S_IMPL_H
@@ -116,6 +117,27 @@ enum {
     C2S_OP_PASSWD,        /* data: iq id NUL password: new keys */
     C2S_OP_UNREGISTER,    /* data: iq id: delete it, end its sessions (C2S_MSG_ACCOUNT_GONE) */
 };
+/* PEP (XEP-0163; c2s_pep.c, c2s_store_pep.c): host and user are the node owner's. Each is
+   answered with the finished iq (C2S_MSG_STANZA); a change goes on as C2S_MSG_PEP_EVENT. */
+enum {
+    C2S_OP_PEP_PUBLISH = 96, /* data: iq id, node, item id, c2s_pep_publish_t, the payload */
+    C2S_OP_PEP_DELETE,       /* data: iq id, node, item id (empty: the node), a notify byte */
+    C2S_OP_PEP_ITEMS,        /* data: iq id, from, reader, node, item id, max (uint32_t) */
+    C2S_OP_PEP_LAST,         /* data: full JID, the nodes the session wants (each NUL-ended) */
+};
+typedef struct c2s_pep_publish_s {
+    uint32_t max_items;
+    uint8_t access;  /* RT_PEP_* */
+    uint8_t options; /* the publish gave publish-options (XEP-0060 7.1.5): a precondition */
+} c2s_pep_publish_t;
+/* An event for a session's client, if it wants the node's: this, node, from (the owner's bare
+   JID), the message's head, then its tail (the session's to='full JID' goes between). */
+#define C2S_MSG_PEP_EVENT (RT_C2S_MSG_BASE + 26)
+typedef struct c2s_pep_event_s {
+    uint16_t node_len, from_len;
+    uint32_t head_len;
+} c2s_pep_event_t;
+#define RT_C2S_NS_PUBSUB "http://jabber.org/protocol/pubsub"
 /* A persistent room's state (host: the MUC service's domain, user: the room's localpart; data:
    the room's blob, none: forget the room). Nothing is answered. */
 #define C2S_OP_MUC_PUT 80
@@ -232,7 +254,8 @@ typedef enum {
     PH_ACTIVE,     /* a resource bound */
 } c2s_phase_t;
 
-typedef struct c2s_sm_s c2s_sm_t; /* stream management (c2s_sm.c) */
+typedef struct c2s_sm_s c2s_sm_t;     /* stream management (c2s_sm.c) */
+typedef struct c2s_caps_s c2s_caps_t; /* the client's capabilities, as PEP needs them */
 
 enum { C2S_PLAIN_UNKNOWN, C2S_PLAIN_NO, C2S_PLAIN_YES }; /* c2s_t.plain_from */
 
@@ -298,6 +321,7 @@ typedef struct c2s_s {
     uint32_t blocked_len;
     uint8_t *directed; /* where directed presence went that no broadcast reaches, packed so */
     uint32_t directed_len;
+    c2s_caps_t *caps; /* XEP-0115, once the client's presence named them (c2s_pep.c) */
 } c2s_t;
 
 static inline const rt_listen_t *rt__c2s_listen(const c2s_t *c)
@@ -479,6 +503,20 @@ void rt__c2s_muc_free(rt_xml_el_t *el);
    el's from. */
 void rt__c2s_put_error(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to,
                        const char *type, const char *cond);
+
+/* c2s_pep.c: PEP (XEP-0163). An iq with a pubsub payload to the user's own account; an iq to
+   another account's bare JID (true when it was PEP's, answered); the client's capabilities
+   from its presence; an iq answering the server's (true when it was); an event to write if
+   the client wants it; the account's disco#info identity and features. */
+void rt__c2s_pep_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                    bool get);
+bool rt__c2s_pep_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to);
+void rt__c2s_pep_presence(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *presence);
+bool rt__c2s_pep_caps_answer(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq);
+void rt__c2s_pep_event(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+void rt__c2s_pep_features(rt_buf_t *b, const c2s_t *c);
+/* The one <value/> of field var in a data form (XEP-0004), or NULL (c2s_session.c). */
+const char *rt__c2s_form_value(const rt_xml_el_t *form, const char *var);
 
 /* c2s_admin.c */
 void rt__c2s_on_query(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);

@@ -930,20 +930,6 @@ static void invite(room_t *r, const rt_xml_el_t *el, const occ_t *o, const rt_xm
     rt_buf_truncate(&r->out, 0);
 }
 
-/* The one <value/> of field var in a data form (XEP-0004), or NULL. */
-static const char *field_value(const rt_xml_el_t *form, const char *var)
-{
-    for (const rt_xml_el_t *f = rt_xml_child(form, "field", NS_XDATA); f;
-         f = rt_xml_next(f, "field", NS_XDATA)) {
-        const char *v = rt_xml_attr(f, "var");
-        const rt_xml_el_t *val =
-            v && strcmp(v, var) == 0 ? rt_xml_child(f, "value", NS_XDATA) : NULL;
-        if (val)
-            return rt_xml_text(val, NULL);
-    }
-    return NULL;
-}
-
 static void broadcast_presence(room_t *r, const occ_t *o, bool unavailable, const int *codes,
                                size_t ncodes, const char *new_nick, const char *reason);
 
@@ -959,8 +945,8 @@ static void voice_request(room_t *r, const rt_xml_el_t *el, const occ_t *o, cons
         return;
     }
     if (o->role == ROLE_MODERATOR) {
-        const char *allow = field_value(form, "muc#request_allow");
-        const char *nick = field_value(form, "muc#roomnick");
+        const char *allow = rt__c2s_form_value(form, "muc#request_allow");
+        const char *nick = rt__c2s_form_value(form, "muc#roomnick");
         occ_t *t = nick ? by_nick(r, nick) : NULL;
         if (t && allow && (strcmp(allow, "1") == 0 || strcmp(allow, "true") == 0) &&
             t->role == ROLE_VISITOR) {
@@ -1044,8 +1030,8 @@ static void message(room_t *r, const rt_xml_el_t *el, const char *from, const ch
     const rt_xml_el_t *form = rt_xml_child(el, "x", NS_XDATA);
     if (inv)
         invite(r, el, o, inv);
-    else if (form && field_value(form, "FORM_TYPE") &&
-             strcmp(field_value(form, "FORM_TYPE"), FORM_REQUEST) == 0)
+    else if (form && rt__c2s_form_value(form, "FORM_TYPE") &&
+             strcmp(rt__c2s_form_value(form, "FORM_TYPE"), FORM_REQUEST) == 0)
         voice_request(r, el, o, form);
     else
         reply_error(r, el, "modify", "bad-request");
@@ -1475,7 +1461,7 @@ static void register_iq(room_t *r, const rt_xml_el_t *iq, const rt_xml_el_t *q, 
         return;
     }
     const rt_xml_el_t *x = rt_xml_child(q, "x", NS_XDATA);
-    const char *nick = x ? field_value(x, "muc#register_roomnick") : NULL;
+    const char *nick = x ? rt__c2s_form_value(x, "muc#register_roomnick") : NULL;
     aff_t *owner = nick && *nick ? nick_owner(r, nick) : NULL;
     occ_t *in = nick && *nick ? by_nick(r, nick) : NULL;
     if (!nick || !*nick) {

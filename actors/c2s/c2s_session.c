@@ -107,6 +107,19 @@ static void iq_result_empty(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
     rt__c2s_write_stanza_buf(self, c, &b);
 }
 
+const char *rt__c2s_form_value(const rt_xml_el_t *form, const char *var)
+{
+    static const char xdata[] = "jabber:x:data";
+    for (const rt_xml_el_t *f = rt_xml_child(form, "field", xdata); f;
+         f = rt_xml_next(f, "field", xdata)) {
+        const char *v = rt_xml_attr(f, "var");
+        const rt_xml_el_t *val = v && strcmp(v, var) == 0 ? rt_xml_child(f, "value", xdata) : NULL;
+        if (val)
+            return rt_xml_text(val, NULL);
+    }
+    return NULL;
+}
+
 /* What disco#info says the server does (XEP-0030), and its caps hash hashes (c2s_caps.c). */
 const char *const rt__c2s_features_list[] = {NS_DISCO_INFO, NS_DISCO_ITEMS, NS_PING, NS_ROSTER,
                                        NS_CARBONS, "urn:xmpp:csi:0", NS_BLOCKING, "vcard-temp"};
@@ -123,6 +136,7 @@ static void disco_account(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
                   "<feature var='%s'/>",
                   NS_DISCO_INFO, c->anonymous ? "anonymous" : "registered", NS_DISCO_INFO);
     rt__c2s_mam_features(&b, c);
+    rt__c2s_pep_features(&b, c);
     rt_buf_printf(&b, "</query></iq>");
     rt__c2s_write_stanza_buf(self, c, &b);
 }
@@ -165,8 +179,10 @@ static void disco_items(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const char *type,
                       bool account)
 {
-    if (strcmp(type, "result") == 0 || strcmp(type, "error") == 0)
-        return; /* answers to the server's pings */
+    if (strcmp(type, "result") == 0 || strcmp(type, "error") == 0) {
+        rt__c2s_pep_caps_answer(self, c, iq); /* or an answer to the server's pings */
+        return;
+    }
     bool get = strcmp(type, "get") == 0;
     const rt_xml_el_t *q = rt_xml_first(iq);
     if (!q || rt_xml_next(q, NULL, NULL)) { /* RFC 6120 8.2.3: exactly one payload */
@@ -198,6 +214,9 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         rt__c2s_register_iq(self, c, iq, q);
     } else if (strcmp(q->ns, NS_MAM) == 0) {
         rt__c2s_mam_iq(self, c, iq, q, get);
+    } else if (strncmp(q->ns, RT_C2S_NS_PUBSUB, sizeof(RT_C2S_NS_PUBSUB) - 1) == 0 &&
+               (account || !rt_xml_attr(iq, "to"))) { /* the account's PEP service */
+        rt__c2s_pep_iq(self, c, iq, q, get);
     } else if (strcmp(q->ns, RT_XML_NS_SESSION) == 0 && !get) {
         c->session = true;
         iq_result_empty(self, c, iq);
@@ -598,8 +617,9 @@ static void route_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt
         rt__c2s_reg_lookup(to->s, rt_jid_bare_len(to), rt_jid_resource(to), to->resource, &r, 1) &&
         rt__c2s_send_bytes(r.pid, bytes))
         return;
-    if (!to->resource && rt__c2s_vcard_other(self, c, el, to))
-        return; /* answered by the server for the account (XEP-0054 3.2) */
+    if (!to->resource &&
+        (rt__c2s_vcard_other(self, c, el, to) || rt__c2s_pep_other(self, c, el, to)))
+        return; /* answered by the server for the account (XEP-0054 3.2, XEP-0163) */
     const char *type = rt_xml_attr(el, "type");
     if (type && (strcmp(type, "get") == 0 || strcmp(type, "set") == 0))
         rt__c2s_stanza_error(self, c, el, "cancel", "service-unavailable");
@@ -653,6 +673,8 @@ static void presence_broadcast(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el
     rt__c2s_presence_out(self, c, &b, initial);
     if (unavailable)
         rt__c2s_directed_end(self, c, &b); /* RFC 6121 4.6.3 */
+    else
+        rt__c2s_pep_presence(self, c, el);
     rt_buf_free(&b);
     rt__c2s_rule_presence(self, c, el, c->available);
 }

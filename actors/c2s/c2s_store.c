@@ -215,6 +215,8 @@ static bool op_reads(uint32_t op)
     case C2S_OP_VCARD_GET:
     case C2S_OP_OFFLINE_TAKE:
     case C2S_OP_PRESENCE_INIT:
+    case C2S_OP_PEP_ITEMS:
+    case C2S_OP_PEP_LAST:
         return true;
     default:
         return false;
@@ -298,6 +300,18 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case C2S_OP_VCARD_SET:
         rt__c2s_store_vcard_set(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_PEP_PUBLISH:
+        rt__c2s_store_pep_publish(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_PEP_DELETE:
+        rt__c2s_store_pep_delete(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_PEP_ITEMS:
+        rt__c2s_store_pep_items(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_PEP_LAST:
+        rt__c2s_store_pep_last(s->accounts, m->from, host, user, data, r->data_len);
         break;
     case C2S_OP_MUC_PUT:
         out.rc = rt_muc_room_put(s->accounts, host, user, data, r->data_len);

@@ -37,6 +37,15 @@ void rt__c2s_store_vcard_get(rt_accounts_t *a, rt_pid_t to, const char *host, co
                              const uint8_t *data, size_t len);
 void rt__c2s_store_vcard_set(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
                              const uint8_t *data, size_t len);
+/* c2s_store_pep.c: PEP (XEP-0163), C2S_OP_PEP_* answered to to */
+void rt__c2s_store_pep_publish(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                               const uint8_t *data, size_t len);
+void rt__c2s_store_pep_delete(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                              const uint8_t *data, size_t len);
+void rt__c2s_store_pep_items(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                             const uint8_t *data, size_t len);
+void rt__c2s_store_pep_last(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
+                            const uint8_t *data, size_t len);
 /* c2s_store_register.c: XEP-0077's C2S_OP_REGISTER, _PASSWD and _UNREGISTER, answered to to */
 void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, const char *host,
                             const char *user, const uint8_t *data, size_t len);

@@ -78,18 +78,30 @@
     "CREATE TABLE muc_rooms(host TEXT NOT NULL, username TEXT NOT NULL, state BLOB NOT NULL, "     \
     "  PRIMARY KEY(host, username)) WITHOUT ROWID;"
 
+/*
+** Version 5: PEP (XEP-0163, pep.c). Each account's nodes with their access model and item
+** bound, and their items in order of publication (seq, a rowid: a republished id is deleted
+** and inserted again, so it is the newest), found by node through pep_items_by_node and by id
+** through pep_items_by_id.
+*/
+#define SCHEMA_V5                                                                                  \
+    "CREATE TABLE pep_nodes(host TEXT NOT NULL, username TEXT NOT NULL, node TEXT NOT NULL, "      \
+    "  access INTEGER NOT NULL, max_items INTEGER NOT NULL, "                                      \
+    "  PRIMARY KEY(host, username, node)) WITHOUT ROWID;"                                          \
+    "CREATE TABLE pep_items(seq INTEGER PRIMARY KEY, host TEXT NOT NULL, "                         \
+    "  username TEXT NOT NULL, node TEXT NOT NULL, item TEXT NOT NULL, payload BLOB NOT NULL);"    \
+    "CREATE UNIQUE INDEX pep_items_by_id ON pep_items(host, username, node, item);"                \
+    "CREATE INDEX pep_items_by_node ON pep_items(host, username, node, seq);"
+
 /* A new file's tables: every version's, as a file migrated from version 1 has them. */
-static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3 SCHEMA_V4;
+static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3 SCHEMA_V4 SCHEMA_V5;
 
 /*
 ** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
 ** for state.db. Added when the schema changes, never edited after a release.
 */
 static const rt_store_step_t steps[] = {
-    {2, SCHEMA_V2},
-    {3, SCHEMA_V3},
-    {4, SCHEMA_V4},
-    {0, NULL},
+    {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5}, {0, NULL},
 };
 
 enum {

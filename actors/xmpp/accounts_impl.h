@@ -14,7 +14,7 @@
 #define RT__ACCOUNTS_STMTS 16 /* room for accounts.c's statements (it checks its count fits) */
 #define RT__ROSTER_STMTS 16   /* room for roster.c's */
 #define RT__XEPS_STMTS                                                                             \
-    32 /* room for blocking.c's, vcard.c's, archive.c's and the rooms' (xeps.h) */
+    48 /* room for blocking.c's, vcard.c's, archive.c's, the rooms' and pep.c's (xeps.h) */
 
 /* Owned by accounts.c (open, close); roster.c prepares and uses rst[]. */
 struct rt_accounts_s {
@@ -102,6 +102,20 @@ enum {
     XST_MUC_PUT,         /* xeps.c: persistent rooms (XEP-0045) */
     XST_MUC_DEL,
     XST_MUC_LIST,
+    XST_PEP_NODE_GET, /* pep.c: ?3 the node */
+    XST_PEP_NODE_PUT, /* ?4 access, ?5 max_items */
+    XST_PEP_NODE_COUNT,
+    XST_PEP_NODE_DEL,
+    XST_PEP_NODE_EMPTY, /* its items */
+    XST_PEP_ITEM_PUT,   /* ?4 the item's id, ?5 its payload */
+    XST_PEP_ITEM_DEL,
+    XST_PEP_TRIM,  /* drops all but the ?4 newest */
+    XST_PEP_BYTES, /* of all the account's items */
+    XST_PEP_ITEMS, /* the ?4 newest, oldest first */
+    XST_PEP_ITEM,  /* ?4 the id */
+    XST_PEP_LAST,  /* each node's newest item, with the node's access model */
+    XST_PEP_CLEAR_ITEMS,
+    XST_PEP_CLEAR_NODES,
     XST_N
 };
 _Static_assert(XST_N <= RT__XEPS_STMTS, "room for the XEPs' statements");
@@ -114,6 +128,9 @@ int rt__xeps_drop(rt_accounts_t *a, const rt__names_t *n);
 int rt__xeps_names(const char *host, const char *user, rt__names_t *n);
 /* Whether user@host's account exists: 1, 0, or RT_EAGAIN. */
 int rt__xeps_account(rt_accounts_t *a, const rt__names_t *n);
+/* A write transaction for user@host's rows, open when it returns 0: RT_ENOTFOUND (no such
+   account) or RT_EAGAIN, none open. */
+int rt__xeps_begin_for(rt_accounts_t *a, const rt__names_t *n);
 /* Runs a statement that returns no row to its end, and resets it: 0 or RT_EAGAIN. */
 int rt__xeps_run(sqlite3_stmt *st);
 

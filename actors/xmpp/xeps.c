@@ -45,6 +45,27 @@ static const char *const sql[XST_N] = {
     [XST_MUC_PUT] = "INSERT OR REPLACE INTO muc_rooms VALUES (?1, ?2, ?3)",
     [XST_MUC_DEL] = "DELETE FROM muc_rooms WHERE " KEY,
     [XST_MUC_LIST] = "SELECT host, username, state FROM muc_rooms ORDER BY host, username",
+    [XST_PEP_NODE_GET] = "SELECT access, max_items FROM pep_nodes WHERE " KEY " AND node = ?3",
+    [XST_PEP_NODE_PUT] = "INSERT OR REPLACE INTO pep_nodes VALUES (?1, ?2, ?3, ?4, ?5)",
+    [XST_PEP_NODE_COUNT] = "SELECT count(*) FROM pep_nodes WHERE " KEY,
+    [XST_PEP_NODE_DEL] = "DELETE FROM pep_nodes WHERE " KEY " AND node = ?3",
+    [XST_PEP_NODE_EMPTY] = "DELETE FROM pep_items WHERE " KEY " AND node = ?3",
+    [XST_PEP_ITEM_PUT] = "INSERT INTO pep_items(host, username, node, item, payload) "
+                         "VALUES (?1, ?2, ?3, ?4, ?5)",
+    [XST_PEP_ITEM_DEL] = "DELETE FROM pep_items WHERE " KEY " AND node = ?3 AND item = ?4",
+    [XST_PEP_TRIM] = "DELETE FROM pep_items WHERE seq IN (SELECT seq FROM pep_items WHERE " KEY
+                     " AND node = ?3 ORDER BY seq DESC LIMIT -1 OFFSET ?4)",
+    [XST_PEP_BYTES] = "SELECT coalesce(sum(length(payload)), 0) FROM pep_items WHERE " KEY,
+    [XST_PEP_ITEMS] = "SELECT item, payload FROM (SELECT seq, item, payload FROM pep_items "
+                      "WHERE " KEY " AND node = ?3 ORDER BY seq DESC LIMIT ?4) ORDER BY seq",
+    [XST_PEP_ITEM] =
+        "SELECT item, payload FROM pep_items WHERE " KEY " AND node = ?3 AND item = ?4",
+    [XST_PEP_LAST] = "SELECT n.node, n.access, i.item, i.payload FROM pep_nodes n "
+                     "JOIN pep_items i ON i.seq = (SELECT max(seq) FROM pep_items "
+                     "WHERE host = n.host AND username = n.username AND node = n.node) "
+                     "WHERE n.host = ?1 AND n.username = ?2 ORDER BY n.node",
+    [XST_PEP_CLEAR_ITEMS] = "DELETE FROM pep_items WHERE " KEY,
+    [XST_PEP_CLEAR_NODES] = "DELETE FROM pep_nodes WHERE " KEY,
 };
 
 int rt__xeps_prepare(rt_accounts_t *a)
@@ -70,8 +91,8 @@ static sqlite3_stmt *keyed(rt_accounts_t *a, int which, const rt__names_t *n)
 
 int rt__xeps_drop(rt_accounts_t *a, const rt__names_t *n)
 {
-    static const int drops[] = {XST_BLOCK_CLEAR, XST_VCARD_DEL, XST_ARCH_CLEAR,
-                                XST_ARCH_COUNTS_CLEAR};
+    static const int drops[] = {XST_BLOCK_CLEAR,       XST_VCARD_DEL,       XST_ARCH_CLEAR,
+                                XST_ARCH_COUNTS_CLEAR, XST_PEP_CLEAR_ITEMS, XST_PEP_CLEAR_NODES};
     for (size_t i = 0; i < sizeof(drops) / sizeof(drops[0]); i++)
         if (rt__xeps_run(keyed(a, drops[i], n)))
             return RT_EAGAIN;
@@ -90,6 +111,14 @@ int rt__xeps_account(rt_accounts_t *a, const rt__names_t *n)
     int s = sqlite3_step(st);
     sqlite3_reset(st);
     return s == SQLITE_ROW ? 1 : s == SQLITE_DONE ? 0 : RT_EAGAIN;
+}
+
+int rt__xeps_begin_for(rt_accounts_t *a, const rt__names_t *n)
+{
+    if (rt__accounts_begin(a, true) != 0)
+        return RT_EAGAIN;
+    int rc = rt__xeps_account(a, n);
+    return rc == 1 ? 0 : rt__accounts_end(a, rc == 0 ? RT_ENOTFOUND : rc);
 }
 
 /* ---- Blocklist ---- */
@@ -140,13 +169,9 @@ int rt_block_add(rt_accounts_t *a, const char *host, const char *user, const cha
     for (size_t i = 0; i < count; i++)
         if (!jid_ok(jids[i]))
             return RT_EINVAL;
-    if (rt__accounts_begin(a, true) != 0)
-        return RT_EAGAIN;
-    rc = rt__xeps_account(a, &n);
-    if (rc == 0)
-        rc = RT_ENOTFOUND;
-    else if (rc == 1)
-        rc = each_jid(a, XST_BLOCK_ADD, &n, jids, count);
+    if ((rc = rt__xeps_begin_for(a, &n)) != 0)
+        return rc;
+    rc = each_jid(a, XST_BLOCK_ADD, &n, jids, count);
     if (rc == 0) { /* counted after: a JID blocked already, or twice in jids, adds nothing */
         sqlite3_stmt *st = keyed(a, XST_BLOCK_COUNT, &n);
         int s = sqlite3_step(st);
@@ -197,14 +222,11 @@ int rt_vcard_set(rt_accounts_t *a, const char *host, const char *user, const voi
         return rc;
     if (len > INT32_MAX)
         return RT_EINVAL;
-    if (rt__accounts_begin(a, true) != 0)
-        return RT_EAGAIN;
-    rc = rt__xeps_account(a, &n);
-    if (rc == 0)
-        rc = RT_ENOTFOUND;
-    else if (rc == 1 && len == 0)
+    if ((rc = rt__xeps_begin_for(a, &n)) != 0)
+        return rc;
+    if (len == 0)
         rc = rt__xeps_run(keyed(a, XST_VCARD_DEL, &n));
-    else if (rc == 1) {
+    else {
         sqlite3_stmt *st = keyed(a, XST_VCARD_PUT, &n);
         sqlite3_bind_blob(st, 3, vcard, (int)len, SQLITE_STATIC);
         rc = rt__xeps_run(st);

@@ -1,8 +1,9 @@
 /*
 ** What accounts keep in xmpp.db for the XEPs a modern client expects, beside the roster
-** (roster.h), through the same rt_accounts_t (schema version 3): the blocklist (XEP-0191),
-** the vCard (XEP-0054) and the message archive (XEP-0313). Deleting an account deletes all
-** three in the same transaction.
+** (roster.h), through the same rt_accounts_t (schema version 5): the blocklist (XEP-0191),
+** the vCard (XEP-0054), the message archive (XEP-0313) and PEP's nodes and items
+** (XEP-0163); and persistent group chat rooms (XEP-0045). Deleting an account deletes what
+** it keeps in the same transaction.
 **
 ** BLOCKING, as accounts.h: every call does file I/O; call from an RT_TYPE_BLOCKING actor or
 ** outside the runtime, one thread at a time per handle, and never from a callback given here.
@@ -110,5 +111,57 @@ int rt_muc_rooms_each(rt_accounts_t *a,
                       void (*fn)(const char *service, const char *room, const void *state,
                                  size_t len, void *arg),
                       void *arg);
+
+/* ---- PEP: personal eventing (XEP-0163 over XEP-0060's nodes and items) ---- */
+
+/* Who may read a node and is told of its items (XEP-0060 4.5): presence, the default for
+   PEP, is the owner's contacts subscribed to its presence (roster FROM); whitelist, the owner
+   alone (private data, bookmarks: XEP-0223, XEP-0402). */
+enum { RT_PEP_PRESENCE = 0, RT_PEP_OPEN, RT_PEP_WHITELIST, RT_PEP_UNSET = 0xff };
+
+/* A node's configuration; as a publish's options (want), RT_PEP_UNSET and 0 are "not given". */
+typedef struct rt_pep_node_s {
+    uint32_t access;    /* RT_PEP_* */
+    uint32_t max_items; /* kept, newest first: past it the oldest go */
+} rt_pep_node_t;
+
+/* An account's bounds: its nodes, the items one node keeps, the bytes of all its items. */
+typedef struct rt_pep_bounds_s {
+    uint32_t nodes, items;
+    uint64_t bytes;
+} rt_pep_bounds_t;
+
+/*
+** Publishes an item (its id and payload, an element's bytes) to user@host's node, which a
+** first publish makes with *want's configuration (XEP-0163 auto-create; what want does not
+** give: presence access, 1 item; max_items at most bounds->items). want given (the publish's
+** options, XEP-0060 7.1.5) and the node configured otherwise in what it gives: RT_EEXIST,
+** nothing changed (precondition-not-met). An id already there is replaced and becomes the
+** newest.
+** *got: the node's configuration. 0, RT_ENOTFOUND (no account), RT_ELIMIT (a bound),
+** RT_EINVAL, RT_EAGAIN.
+*/
+int rt_pep_publish(rt_accounts_t *a, const char *host, const char *user, const char *node,
+                   const char *item, const void *payload, size_t len, const rt_pep_node_t *want,
+                   const rt_pep_bounds_t *bounds, rt_pep_node_t *got);
+/* The node's configuration: 0, RT_ENOTFOUND (no such node), RT_EINVAL, RT_EAGAIN. */
+int rt_pep_node(rt_accounts_t *a, const char *host, const char *user, const char *node,
+                rt_pep_node_t *got);
+/*
+** The node's items to fn, oldest first: its `max` newest, or (item) the one with that id.
+** 0, RT_ENOTFOUND (no such node), RT_EINVAL, RT_EAGAIN.
+*/
+int rt_pep_items(rt_accounts_t *a, const char *host, const char *user, const char *node,
+                 const char *item, uint32_t max,
+                 void (*fn)(const char *id, const void *payload, size_t len, void *arg), void *arg);
+/* Each node's newest item, with the node's access model, to fn. 0, RT_EINVAL, RT_EAGAIN. */
+int rt_pep_last(rt_accounts_t *a, const char *host, const char *user,
+                void (*fn)(const char *node, uint32_t access, const char *id, const void *payload,
+                           size_t len, void *arg),
+                void *arg);
+/* Deletes an item (item) or the node with its items (item NULL): 0, RT_ENOTFOUND (no such
+   item or node), RT_EINVAL, RT_EAGAIN. */
+int rt_pep_delete(rt_accounts_t *a, const char *host, const char *user, const char *node,
+                  const char *item);
 
 #endif

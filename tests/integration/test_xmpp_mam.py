@@ -349,8 +349,9 @@ def test_account_disco(xmpp):
         ans, _ = iq_answer(r, f"<iq type='get' id='d' to='{jid('disco')}'>"
                               f"<query xmlns='{X.NS_DISCO_INFO}'/></iq>", "d")
         q = ans.find(f"{{{X.NS_DISCO_INFO}}}query")
-        assert [(i.get("category"), i.get("type"))
-                for i in q.findall(f"{{{X.NS_DISCO_INFO}}}identity")] == [("account", "registered")]
+        assert {(i.get("category"), i.get("type"))  # and PEP's (XEP-0163 6)
+                for i in q.findall(f"{{{X.NS_DISCO_INFO}}}identity")} == {("account", "registered"),
+                                                                           ("pubsub", "pep")}
         feats = {f.get("var") for f in q.findall(f"{{{X.NS_DISCO_INFO}}}feature")}
         assert {NS_MAM, NS_SID} <= feats
         ans, _ = iq_answer(r, f"<iq type='get' id='s' to='localhost'>"

@@ -32,7 +32,7 @@ while (($#)); do
 done
 ((${#ARGS[@]})) || ARGS=(tests/integration/test_xmpp_c2s.py tests/integration/test_xmpp_xeps.py
     tests/integration/test_xmpp_sm.py tests/integration/test_xmpp_hostile.py
-    tests/integration/test_xmpp_muc.py)
+    tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_pep.py)
 export RT_BUILD_DIR=${RT_BUILD_DIR:-$ROOT/build/release}
 
 IFS=, read -r -a LIST <<<"$SERVERS"

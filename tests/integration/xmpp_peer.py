@@ -81,6 +81,8 @@ def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, res
             if max_offline is not None else "{}",
             "mod_carboncopy": "{}", "mod_blocking": "{}", "mod_privacy": "{}",
             "mod_vcard": "\n    search: false", "mod_caps": "{}", "mod_client_state": "{}",
+            # PEP (XEP-0163), as ejabberd's own default configuration has it.
+            "mod_pubsub": '\n    plugins: ["flat", "pep"]',
             # As rtd (XEP-0198 5 allows an error to the sender too): what a session that
             # timed out held goes to the offline store; ejabberd's default bounces it.
             "mod_stream_mgmt": f"\n    resume_timeout: {resume_timeout}\n"
@@ -115,7 +117,7 @@ def prosody_config(directory, port, hosts, anonymous, profile, max_stanza_size=2
     bench = profile.startswith("bench")
     modules = ["roster", "saslauth", "disco", "ping", "register", "offline", "posix"]
     if not bench:
-        modules += ["carbons", "blocklist", "vcard", "smacks", "csi_simple"]
+        modules += ["carbons", "blocklist", "vcard", "smacks", "csi_simple", "pep"]
     out = ['run_as_root = true', f'pidfile = "{directory}/prosody.pid"',
            f'data_path = "{directory}/data"', f'log = {{ warn = "{directory}/prosody.log" }}',
            'network_backend = "epoll"',

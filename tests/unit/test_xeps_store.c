@@ -2,7 +2,8 @@
 ** What xmpp.db keeps for the XEPs (actors/xmpp/xeps.c, archive.c): blocklists with their bound,
 ** vCards set, replaced and deleted, the message archive's pages forwards and backwards (after,
 ** before, the last page, with, stamps) and its retention bound, an account's deletion taking
-** all of it, and a schema 2 file migrated to 3 with its accounts kept.
+** all of it, PEP's nodes and items (their bounds, publish-options' preconditions, each node's
+** last item), and a schema 2 file migrated with its accounts kept.
 */
 #include <sqlite3.h>
 #include <stdio.h>
@@ -292,6 +293,121 @@ static void test_delete_account(void)
     rt_accounts_close(a);
 }
 
+/* ---- PEP (XEP-0163) ---- */
+
+typedef struct {
+    char all[1024];
+    int n;
+} items_t;
+
+static void gather_item(const char *id, const void *payload, size_t len, void *arg)
+{
+    items_t *it = arg;
+    size_t at = strlen(it->all);
+    snprintf(it->all + at, sizeof(it->all) - at, "%s%s=%.*s", it->n++ ? " " : "", id, (int)len,
+             (const char *)payload);
+}
+
+static void gather_last(const char *node, uint32_t access, const char *id, const void *payload,
+                        size_t len, void *arg)
+{
+    items_t *it = arg;
+    size_t at = strlen(it->all);
+    snprintf(it->all + at, sizeof(it->all) - at, "%s%s/%u/%s=%.*s", it->n++ ? " " : "", node,
+             access, id, (int)len, (const char *)payload);
+}
+
+static const char *items_of(rt_accounts_t *a, const char *user, const char *node, const char *item,
+                            uint32_t max, items_t *it)
+{
+    memset(it, 0, sizeof(*it));
+    int rc = rt_pep_items(a, H, user, node, item, max, gather_item, it);
+    if (rc)
+        snprintf(it->all, sizeof(it->all), "error %d", rc);
+    return it->all;
+}
+
+static int publish(rt_accounts_t *a, const char *user, const char *node, const char *item,
+                   const char *payload, const rt_pep_node_t *want, const rt_pep_bounds_t *b)
+{
+    rt_pep_node_t got;
+    return rt_pep_publish(a, H, user, node, item, payload, strlen(payload), want, b, &got);
+}
+
+static void test_pep(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    add_user(a, "pepper");
+    rt_pep_bounds_t b = {.nodes = 3, .items = 4, .bytes = 64};
+    items_t it;
+    /* Auto-create with the defaults: presence access, one item kept (the newest). */
+    CHECK_EQ(publish(a, "pepper", "nick", "current", "<n>a</n>", NULL, &b), 0);
+    CHECK_EQ(publish(a, "pepper", "nick", "other", "<n>b</n>", NULL, &b), 0);
+    CHECK(strcmp(items_of(a, "pepper", "nick", NULL, 10, &it), "other=<n>b</n>") == 0);
+    rt_pep_node_t cfg;
+    CHECK_EQ(rt_pep_node(a, H, "pepper", "nick", &cfg), 0);
+    CHECK_EQ(cfg.access, RT_PEP_PRESENCE);
+    CHECK_EQ(cfg.max_items, 1);
+    /* Options: max_items above the bound is the bound; a republished id is the newest. */
+    rt_pep_node_t list = {.access = RT_PEP_WHITELIST, .max_items = 1000};
+    CHECK_EQ(publish(a, "pepper", "marks", "1", "one", &list, &b), 0);
+    CHECK_EQ(publish(a, "pepper", "marks", "2", "two", &list, &b), 0);
+    CHECK_EQ(publish(a, "pepper", "marks", "1", "uno", &list, &b), 0);
+    CHECK(strcmp(items_of(a, "pepper", "marks", NULL, 10, &it), "2=two 1=uno") == 0);
+    CHECK(strcmp(items_of(a, "pepper", "marks", NULL, 1, &it), "1=uno") == 0);
+    CHECK(strcmp(items_of(a, "pepper", "marks", "2", 0, &it), "2=two") == 0);
+    CHECK_EQ(rt_pep_node(a, H, "pepper", "marks", &cfg), 0);
+    CHECK_EQ(cfg.max_items, 4);
+    for (int i = 3; i <= 5; i++) {
+        char id[8];
+        snprintf(id, sizeof(id), "%d", i);
+        CHECK_EQ(publish(a, "pepper", "marks", id, "x", &list, &b), 0);
+    }
+    CHECK(strcmp(items_of(a, "pepper", "marks", NULL, 10, &it), "1=uno 3=x 4=x 5=x") == 0);
+    /* What the options do not say is not checked; what they say must match (7.1.5). */
+    rt_pep_node_t only_access = {.access = RT_PEP_WHITELIST, .max_items = 0};
+    CHECK_EQ(publish(a, "pepper", "marks", "6", "y", &only_access, &b), 0);
+    rt_pep_node_t open = {.access = RT_PEP_OPEN, .max_items = 0};
+    CHECK_EQ(publish(a, "pepper", "marks", "7", "z", &open, &b), RT_EEXIST);
+    CHECK(strcmp(items_of(a, "pepper", "marks", "7", 0, &it), "") == 0);
+    /* Bounds: a third node fits, a fourth does not; bytes count what is kept after a publish
+       (the 4 newest of marks: 1+1+1+1; nick's 8; 64 in all). */
+    CHECK_EQ(publish(a, "pepper", "third", "i", "t", NULL, &b), 0);
+    CHECK_EQ(publish(a, "pepper", "fourth", "i", "t", NULL, &b), RT_ELIMIT);
+    char big[60];
+    memset(big, 'b', sizeof(big) - 1);
+    big[sizeof(big) - 1] = 0;
+    CHECK_EQ(publish(a, "pepper", "third", "i", big, NULL, &b), RT_ELIMIT);
+    CHECK(strcmp(items_of(a, "pepper", "third", NULL, 10, &it), "i=t") == 0);
+    big[40] = 0;
+    CHECK_EQ(publish(a, "pepper", "third", "i", big, NULL, &b), 0);
+    /* Each node's newest item, with its access model. */
+    items_t last = {0};
+    CHECK_EQ(rt_pep_last(a, H, "pepper", gather_last, &last), 0);
+    CHECK_EQ(last.n, 3);
+    CHECK(strstr(last.all, "marks/2/6=y") != NULL);
+    CHECK(strstr(last.all, "nick/0/other=<n>b</n>") != NULL);
+    /* Retract, delete, and no account. */
+    CHECK_EQ(rt_pep_delete(a, H, "pepper", "marks", "6"), 0);
+    CHECK_EQ(rt_pep_delete(a, H, "pepper", "marks", "6"), RT_ENOTFOUND);
+    CHECK_EQ(rt_pep_delete(a, H, "pepper", "nick", NULL), 0);
+    CHECK(strcmp(items_of(a, "pepper", "nick", NULL, 10, &it), "error -2") == 0);
+    CHECK_EQ(rt_pep_delete(a, H, "pepper", "nick", NULL), RT_ENOTFOUND);
+    CHECK_EQ(publish(a, "nobody", "nick", "i", "x", NULL, &b), RT_ENOTFOUND);
+    CHECK_EQ(publish(a, "pepper", "", "i", "x", NULL, &b), RT_EINVAL);
+    /* The account's deletion takes its nodes. */
+    char err[RT_ACCOUNTS_ERR_LEN];
+    CHECK_EQ(rt_accounts_del(a, H, "pepper", NULL, NULL, err, sizeof(err)), 0);
+    add_user(a, "pepper");
+    memset(&last, 0, sizeof(last));
+    CHECK_EQ(rt_pep_last(a, H, "pepper", gather_last, &last), 0);
+    CHECK_EQ(last.n, 0);
+    CHECK(strcmp(items_of(a, "pepper", "marks", NULL, 10, &it), "error -2") == 0);
+    rt_accounts_close(a);
+}
+
 /* ---- Persistent rooms (XEP-0045) ---- */
 
 typedef struct {
@@ -361,11 +477,12 @@ static void test_migration_from_schema_2(void)
         return;
     add_user(a, "juliet");
     rt_accounts_close(a);
-    /* A version 2 file is this one without version 3's and 4's tables. */
+    /* A version 2 file is this one without version 3's, 4's and 5's tables. */
     sqlite3 *db = open_db(path);
     CHECK_EQ(sqlite3_exec(db,
                           "DROP TABLE blocklist; DROP TABLE vcard; DROP TABLE archive; "
                           "DROP TABLE archive_counts; DROP TABLE muc_rooms; "
+                          "DROP TABLE pep_nodes; DROP TABLE pep_items; "
                           "PRAGMA user_version = 2;",
                           NULL, NULL, NULL),
              SQLITE_OK);
@@ -380,6 +497,7 @@ static void test_migration_from_schema_2(void)
     CHECK_EQ(sql_int(db, "PRAGMA user_version"), RT_ACCOUNTS_SCHEMA);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM vcard"), 1);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM muc_rooms"), 0); /* version 4's table */
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM pep_items"), 0); /* and 5's */
     sqlite3_close(db);
 }
 
@@ -455,6 +573,7 @@ int main(void)
     RUN(test_archive_ids);
     RUN(test_delete_account);
     RUN(test_muc_rooms);
+    RUN(test_pep);
     RUN(test_migration_from_schema_2);
     RUN(test_archive_cost);
     tmpdir_remove();
