@@ -13,9 +13,9 @@ PYTEST = TMPDIR=$(TEST_TMPDIR) /usr/bin/python3 -m pytest
 
 PREFIX ?= /usr/local
 
-.PHONY: deps build build-asan build-tsan run install package test test-unit test-asan test-tsan \
-	test-integration test-integration-asan test-integration-asan-a test-integration-asan-b \
-	test-integration-tsan test-sanitizers build-fuzz \
+.PHONY: deps deps-build build build-asan build-tsan run install package test test-unit test-asan \
+	test-tsan test-integration test-integration-asan test-integration-asan-a \
+	test-integration-asan-b test-integration-tsan test-release test-sanitizers build-fuzz \
 	test-fuzz bench \
 	xmpp-differential clean
 
@@ -25,21 +25,28 @@ PREFIX ?= /usr/local
 # target-specific value reaches the target's prerequisites, `build` and `deps` among them.
 DEPS_FOR = run
 test test-unit test-asan test-tsan test-integration test-integration-asan \
-	test-integration-asan-a test-integration-asan-b test-integration-tsan test-sanitizers \
-	build-fuzz test-fuzz bench xmpp-differential: DEPS_FOR = test
+	test-integration-asan-a test-integration-asan-b test-integration-tsan test-release \
+	test-sanitizers build-fuzz test-fuzz bench xmpp-differential: DEPS_FOR = test
 
+# deps installs all of it (waiting for an install deps-build left running); deps-build only what
+# configuring and compiling need, the rest of the test toolchain meanwhile in the background
+# (install-deps.sh --build-first): on a fresh machine the compiler runs while apt unpacks
+# chromium and erlang. What needs the rest (clang, the clients, the servers) asks for deps.
 deps:
 	@./tools/install-deps.sh --for $(DEPS_FOR)
 
-build: deps
+deps-build:
+	@./tools/install-deps.sh --for $(DEPS_FOR) --build-first
+
+build: deps-build
 	@cmake -S . -B $(BUILD)/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD)/release -j$(JOBS)
 
-build-asan: deps
+build-asan: deps-build
 	@cmake -S . -B $(BUILD)/asan -DCMAKE_BUILD_TYPE=Debug -DRT_SANITIZE=address >/dev/null
 	@cmake --build $(BUILD)/asan -j$(JOBS)
 
-build-tsan: deps
+build-tsan: deps-build
 	@cmake -S . -B $(BUILD)/tsan -DCMAKE_BUILD_TYPE=Debug -DRT_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD)/tsan -j$(JOBS)
 
@@ -82,7 +89,7 @@ test-tsan: build-tsan
 # waiting) in the background, logged to a file shown at the end, and the rest meanwhile. Each
 # test's bounds hold under the other's load (that is how they are written); the suite takes
 # the longer of the two, not their sum.
-test-integration: build
+test-integration: build deps
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q -m long tests/integration \
 		> $(BUILD)/integration-long.log 2>&1 & long=$$!; \
 	RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q -m "not long" tests/integration; rc=$$?; \
@@ -103,7 +110,7 @@ test-integration-asan: test-integration-asan-a test-integration-asan-b
 # stop 44 the first took 300 s, the second 249 s, TSan beside them 293 s), which `make test`
 # runs beside the TSan pass. The webhook's 30-second outage (marked long)
 # runs in the release pass only.
-test-integration-asan-a: build-asan
+test-integration-asan-a: build-asan deps
 	@$(ASAN_INTEGRATION) \
 		tests/integration/test_rtd.py tests/integration/test_admin_socket.py \
 		tests/integration/test_rtctl.py tests/integration/test_tls.py \
@@ -114,7 +121,7 @@ test-integration-asan-a: build-asan
 		tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_muc_rtd.py \
 		tests/integration/test_xmpp_mqtt_rules.py -k "not testssl"
 
-test-integration-asan-b: build-asan
+test-integration-asan-b: build-asan deps
 	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \
 		tests/integration/test_xmpp_c2s.py tests/integration/test_xmpp_sm.py \
 		tests/integration/test_xmpp_admin.py tests/integration/test_xmpp_xeps.py \
@@ -135,7 +142,7 @@ test-integration-asan-b: build-asan
 # retained bytes both schedulers change while the store's watch and rtctl read them (their
 # two extra cluster nodes only in the release and ASan passes: the TSan pass is as long as
 # the ASan halves).
-test-integration-tsan: build-tsan
+test-integration-tsan: build-tsan deps
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan \
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
 		tests/integration/test_admin_socket.py tests/integration/test_trace.py \
@@ -153,34 +160,39 @@ FUZZ_SECONDS ?= 10
 test-fuzz: build-fuzz
 	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS) $(JOBS)
 
-# The suite in three stages, each as long as its slowest part. First the release build and
-# its unit tests, alone: their valgrind and bench runs print figures meant for an idle machine.
-# Then the release integration pass (two lanes, mostly waiting on sockets and clients) beside
-# the sanitizer builds, their unit tests and the fuzz run, which take the CPU the integration
-# pass leaves idle: niced, so that they give it back whenever a test wants it, and an
-# integration test sees no more than the busy machine its bounds are written for. Last the
-# sanitizer integration passes side by side, the ASan one in two halves (alone, it was the
-# stage's last 2 of 5.5 min). make -O holds a part's output until it ends, so parts running
-# together do not interleave (the sanitizer chain, a make of its own, prints as it goes). One
-# after another these took 26.6 min; the stages, about 3 + 10 + 6.
-test: test-unit
-	@$(MAKE) --no-print-directory -O -j2 test-integration test-sanitizers
+# The suite in two stages after the release build, each as long as its slowest part. First the
+# release unit tests and then its integration pass (two lanes, mostly waiting on sockets and
+# clients), beside the sanitizer builds, their unit tests and the fuzz run, which take the CPU
+# the release passes leave idle: niced, so that they give it back whenever a test wants it,
+# and a test sees no more than the busy machine its bounds are written for (the release unit
+# tests' valgrind and bench runs print figures, which are not bounds; the unit tests run one
+# at a time, so the chain has a core from the start). Then the sanitizer integration passes
+# side by side, the ASan one in two halves. make -O holds a part's output until it ends, so
+# parts running together do not interleave (the sanitizer chain, a make of its own, prints as
+# it goes). At stop 45 it took 20 min on a fresh machine, 2 of them the packages' install (now
+# beside the build) and 1 the release unit tests alone (now beside the chain).
+test: build
+	@$(MAKE) --no-print-directory -O -j2 test-release test-sanitizers
 	@$(MAKE) --no-print-directory -O -j3 test-integration-asan-a test-integration-asan-b \
 		test-integration-tsan
 	@echo "all test suites passed"
+
+# The release build's unit tests, then its integration pass.
+test-release: test-unit
+	@$(MAKE) --no-print-directory test-integration
 
 # The sanitizer builds and unit tests and the fuzz run, one after another (a make without the
 # caller's job slots), at low priority.
 test-sanitizers:
 	@nice -n 10 env MAKEFLAGS= $(MAKE) --no-print-directory test-asan test-tsan test-fuzz
 
-bench: build
+bench: build deps
 	@./tests/bench/run_runtime_bench.sh --quick
 
 # The XMPP functional tests against rtd, ejabberd and Prosody, and a pass/fail table
 # (docs/XMPP.md, "Differential run"). Not part of `test`: install-deps.sh does not install the
 # peers (the script says how), and it takes minutes.
-xmpp-differential: build
+xmpp-differential: build deps
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release ./tests/integration/xmpp_differential.sh
 
 clean:

@@ -3,14 +3,21 @@
 # machine pays nothing and a fresh one needs this one command.
 #   --for run   (the default; make build, make run): what building and running rtd needs
 #   --for test  (make test): that, and the test toolchain
+#   --build-first (with --for test): what configuring and building needs now, and the rest in
+#               the background, so that the compiler runs while apt unpacks chromium and
+#               erlang; the next call without it waits for that install, then checks again.
+# Every install holds a lock (flock on /tmp/rt-install-deps.lock): one at a time, and a call
+# waits for the background one rather than fighting it for apt's lock.
 set -euo pipefail
 
-usage() { echo "usage: $0 [--for run|test]" >&2; exit 2; }
+usage() { echo "usage: $0 [--for run|test] [--build-first]" >&2; exit 2; }
 purpose=run
+build_first=false
 while (($#)); do
     case "$1" in
         --for) (($# >= 2)) || usage; purpose=$2; shift 2 ;;
         --for=*) purpose=${1#--for=}; shift ;;
+        --build-first) build_first=true; shift ;;
         *) usage ;;
     esac
 done
@@ -26,10 +33,18 @@ packages=(
     mosquitto-clients  # mosquitto_sub and _pub, to try the broker make run starts
 )
 if [[ "$purpose" == test ]]; then
+    # What the test build's configure looks for: without them it builds less (no rtbench, no
+    # valgrind runs), so they come before the build, with the packages above.
     packages+=(
         libuv1-dev  # tools/rtbench, the load generator (rtd itself does not use libuv)
+        valgrind
+    )
+fi
+build_packages=("${packages[@]}")
+if [[ "$purpose" == test ]]; then
+    packages+=(
         sqlite3 mosquitto python3-paho-mqtt python3-pytest
-        erlang-base gnuplot-nox valgrind procps
+        erlang-base gnuplot-nox procps
         openssl testssl.sh  # certificates made at test time; the TLS listener's protocol and cipher audit
         tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
         clang libclang-rt-14-dev # clang, libFuzzer and its sanitizers: the fuzz targets (make test-fuzz)
@@ -42,32 +57,62 @@ if [[ "$purpose" == test ]]; then
     )
 fi
 
-missing=()
-for p in "${packages[@]}"; do
-    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-    [[ "$status" == "install ok installed" ]] || missing+=("$p")
-done
+missing_of() {
+    missing=()
+    local p status
+    for p in "$@"; do
+        status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+        [[ "$status" == "install ok installed" ]] || missing+=("$p")
+    done
+}
+
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+    sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+updated=false
+apt_install() {
+    echo "install-deps: installing $*" >&2
+    $updated || "${sudo_cmd[@]}" apt-get update -qq
+    updated=true
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 
 # MQTT.js (npm's mqtt) and xmpp.js (@xmpp/client), the Node clients the integration tests drive
 # rtd with, pinned by tests/node/package-lock.json; node and npm come with the machine. Either
 # one missing (a checkout from before the other was added) runs npm ci again.
 root=$(cd "$(dirname "$0")/.." && pwd)
 nm="$root/tests/node/node_modules"
-if [[ "$purpose" == test && ( ! -d "$nm/mqtt" || ! -d "$nm/@xmpp/client" ) ]] &&
-    command -v npm >/dev/null; then
-    echo "install-deps: npm ci in tests/node" >&2
-    npm ci --prefix "$root/tests/node" --no-audit --no-fund >/dev/null
-fi
+node_clients() {
+    if [[ "$purpose" == test && ( ! -d "$nm/mqtt" || ! -d "$nm/@xmpp/client" ) ]] &&
+        command -v npm >/dev/null; then
+        echo "install-deps: npm ci in tests/node" >&2
+        npm ci --prefix "$root/tests/node" --no-audit --no-fund >/dev/null
+    fi
+}
 
-if ((${#missing[@]} == 0)); then
+lock=${TMPDIR:-/tmp}/rt-install-deps-$(id -u).lock
+log=${TMPDIR:-/tmp}/rt-install-deps-$(id -u).log
+exec 9>>"$lock"
+if $build_first && [[ "$purpose" == test ]]; then
+    missing_of "${build_packages[@]}"
+    # All there, and the rest being installed by an earlier call: nothing to wait for.
+    ((${#missing[@]} == 0)) && ! flock -n 9 && exit 0
+    flock 9
+    ((${#missing[@]} == 0)) || apt_install "${missing[@]}"
+    missing_of "${packages[@]}"
+    # The background install keeps the lock (fd 9, inherited) until it is done; the next call
+    # without --build-first waits for it and prints its log.
+    (node_clients && { ((${#missing[@]} == 0)) || apt_install "${missing[@]}"; } ||
+        echo "install-deps: the background install failed") </dev/null >"$log" 2>&1 &
     exit 0
 fi
-
-echo "install-deps: installing ${missing[*]}" >&2
-sudo_cmd=()
-if [[ $(id -u) -ne 0 ]]; then
-    sudo_cmd=(sudo)
+flock 9
+if [[ -s "$log" ]]; then
+    cat "$log" >&2
+    rm -f "$log"
 fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+node_clients
+missing_of "${packages[@]}"
+((${#missing[@]} == 0)) || apt_install "${missing[@]}"
