@@ -127,7 +127,8 @@ test-integration-asan-b: build-asan deps
 		tests/integration/test_xmpp_admin.py tests/integration/test_xmpp_xeps.py \
 		tests/integration/test_xmpp_hostile.py tests/integration/test_xmpp_rules.py \
 		tests/integration/test_xmpp_register.py tests/integration/test_xmpp_mam.py \
-		tests/integration/test_xmpp_pep.py tests/integration/test_bridge.py tests/integration/test_webhook.py \
+		tests/integration/test_xmpp_pep.py tests/integration/test_xmpp_sasl2.py \
+		tests/integration/test_bridge.py tests/integration/test_webhook.py \
 		tests/integration/test_tenant.py tests/integration/test_delayed.py \
 		tests/integration/test_exclusive.py -m "not long"
 
@@ -138,7 +139,8 @@ test-integration-asan-b: build-asan deps
 # `xmpp sessions` walks from an admin connection while they bind and end), and take archive
 # ids from one atomic while the store writes their copies, and group chat rooms, actors that
 # sessions on both schedulers spawn by name and send to as they end, and PEP's events, which the
-# store's thread sends to sessions on both schedulers. And tenants, whose counts and
+# store's thread sends to sessions on both schedulers, and SASL2's inline resumption, which hands
+# a socket from the new connection's actor to the detached session's. And tenants, whose counts and
 # retained bytes both schedulers change while the store's watch and rtctl read them (their
 # two extra cluster nodes only in the release and ASan passes: the TSan pass is as long as
 # the ASan halves).
@@ -152,7 +154,7 @@ test-integration-tsan: build-tsan deps
 		tests/integration/test_auth_http.py tests/integration/test_tenant.py \
 		tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_muc_rtd.py \
 		tests/integration/test_xmpp_mqtt_rules.py tests/integration/test_xmpp_pep.py \
-		-k "not tenants_across"
+		tests/integration/test_xmpp_sasl2.py -k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

@@ -732,6 +732,13 @@ const rt_setting_t rt__conf_table_settings[] = {
      .doc = "a room made by a join lets nobody else in (item-not-found) until its owner "
             "configures it, the instant-room form or the full one (XEP-0045 7.2.10, as "
             "Prosody); false: open at once (as ejabberd)"},
+    {.name = "xmpp.sasl2",
+     .type = RT_SET_BOOL,
+     .num = 1,
+     .offset = X_OFF(sasl2),
+     .doc = "offer SASL2 (XEP-0388) beside RFC 6120's SASL, with Bind2 (XEP-0386) and stream "
+            "management inline: a login in one round trip fewer, bound with no stream restart; "
+            "false: RFC 6120's alone"},
     {.name = "xmpp.pep",
      .type = RT_SET_BOOL,
      .num = 1,

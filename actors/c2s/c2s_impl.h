@@ -256,6 +256,7 @@ typedef enum {
 
 typedef struct c2s_sm_s c2s_sm_t;     /* stream management (c2s_sm.c) */
 typedef struct c2s_caps_s c2s_caps_t; /* the client's capabilities, as PEP needs them */
+typedef struct c2s_inline_s c2s_inline_t; /* what a SASL2 login asked for at its success */
 
 enum { C2S_PLAIN_UNKNOWN, C2S_PLAIN_NO, C2S_PLAIN_YES }; /* c2s_t.plain_from */
 
@@ -322,6 +323,8 @@ typedef struct c2s_s {
     uint8_t *directed; /* where directed presence went that no broadcast reaches, packed so */
     uint32_t directed_len;
     c2s_caps_t *caps; /* XEP-0115, once the client's presence named them (c2s_pep.c) */
+    c2s_inline_t *inl; /* during a SASL2 exchange (c2s_sasl2.c) */
+    bool sasl2;        /* the exchange running (or failing) is SASL2's (XEP-0388) */
 } c2s_t;
 
 static inline const rt_listen_t *rt__c2s_listen(const c2s_t *c)
@@ -359,10 +362,18 @@ void rt__c2s_sm_timeout(rt_actor_t *self, c2s_t *c);
 void rt__c2s_sm_asked(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+/* <enabled/> (or <failed/>) to out, the session counting from now: 0 or RT_ENOMEM. */
+int rt__c2s_sm_enable(rt_actor_t *self, c2s_t *c, bool resume, rt_buf_t *out);
+/* A resumption asked inside SASL2's <authenticate/>: true when the session previd names was
+   asked (C2S_MSG_SM_ANSWER follows). */
+bool rt__c2s_sm_resume_inline(c2s_t *c, const char *previd, const char *h);
+void rt__c2s_sm_put_failed(rt_buf_t *b, const char *cond);
 
 /* c2s_stream.c */
 void rt__c2s_stream_header(rt_actor_t *self, c2s_t *c);
 void rt__c2s_features(rt_actor_t *self, c2s_t *c);
+/* The features of an authenticated stream, bound or not, to b. */
+void rt__c2s_bound_features(rt_buf_t *b, const c2s_t *c);
 /* Ends the stream with RFC 6120 4.9's error (its text to the client and the log). */
 void rt__c2s_stream_error(rt_actor_t *self, c2s_t *c, rt_xml_cond_t cond, const char *text);
 /* A stanza error answering el (RFC 6120 8.3): type and condition, as the RFC names them. */
@@ -378,11 +389,28 @@ bool rt__c2s_may_auth(c2s_t *c);
 /* <starttls/>, then TLS from the next byte. */
 int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
 
-/* c2s_sasl.c */
+/* c2s_sasl.c: SASL in RFC 6120's profile (rt__c2s_sasl) and XEP-0388's (rt__c2s_sasl2) */
+#define RT_C2S_NS_SASL2 "urn:xmpp:sasl:2"
 int rt__c2s_sasl(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
+int rt__c2s_sasl2(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
+/* The <mechanisms/> feature (with SASL2's <authentication/> when xmpp.sasl2), and the
+   <mechanism/> elements alone. */
 void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c);
+void rt__c2s_sasl_put_mechanisms(rt_buf_t *b, const c2s_t *c);
+void rt__c2s_put_base64(rt_buf_t *b, const void *data, size_t len);
 void rt__c2s_sasl_reply(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r);
 void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c);
+
+/* c2s_sasl2.c: SASL2's feature; the inline requests of <authenticate/> kept (0, RT_EINVAL,
+   RT_ENOMEM) and forgotten; the success, written with their results (resume_failed: the
+   condition of a resumption refused, or NULL), or a resumption asked first; the start of
+   <success/> a resumed session ends (its length; out NULL: only that). */
+void rt__c2s_sasl2_feature(rt_buf_t *b, const c2s_t *c);
+int rt__c2s_sasl2_inline(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *authenticate);
+void rt__c2s_sasl2_forget(rt_actor_t *self, c2s_t *c);
+void rt__c2s_sasl2_success(rt_actor_t *self, c2s_t *c, const void *data, size_t len);
+void rt__c2s_sasl2_finish(rt_actor_t *self, c2s_t *c, const char *resume_failed);
+size_t rt__c2s_sasl2_head(const c2s_t *c, uint8_t *out);
 
 /* c2s_register.c: in-band registration (XEP-0077) */
 #define RT_C2S_NS_REGISTER "jabber:iq:register"
@@ -397,6 +425,9 @@ void rt__c2s_register_reply(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
 
 /* c2s_session.c */
 int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el);
+/* Binds the resource given (NULL or empty: a random one): NULL, or the stanza error's
+   condition when it cannot be (RFC 6120 7.6.2). */
+const char *rt__c2s_bind_as(rt_actor_t *self, c2s_t *c, const char *given, size_t given_len);
 void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 /* A stanza the session gone can no longer take: a message sent on, never lost; an iq request
    answered with an error (c2s_session.c). */

@@ -50,13 +50,11 @@ static uint8_t fail_index(const char *cond)
     return 6; /* not-authorized */
 }
 
-void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c)
+void rt__c2s_sasl_put_mechanisms(rt_buf_t *b, const c2s_t *c)
 {
-    unsigned cb = bindings(c);
-    rt_buf_printf(b, "<mechanisms xmlns='%s'>", RT_XML_NS_SASL);
     if (external_offered(c))
         rt_buf_printf(b, "<mechanism>EXTERNAL</mechanism>");
-    if (cb)
+    if (bindings(c))
         rt_buf_printf(b, "<mechanism>SCRAM-SHA-256-PLUS</mechanism>"
                          "<mechanism>SCRAM-SHA-1-PLUS</mechanism>");
     rt_buf_printf(b, "<mechanism>SCRAM-SHA-256</mechanism><mechanism>SCRAM-SHA-1</mechanism>");
@@ -64,7 +62,16 @@ void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c)
         rt_buf_printf(b, "<mechanism>PLAIN</mechanism>");
     if (rt__c2s_host_anonymous(c->host))
         rt_buf_printf(b, "<mechanism>ANONYMOUS</mechanism>");
+}
+
+void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c)
+{
+    unsigned cb = bindings(c);
+    rt_buf_printf(b, "<mechanisms xmlns='%s'>", RT_XML_NS_SASL);
+    rt__c2s_sasl_put_mechanisms(b, c);
     rt_buf_printf(b, "</mechanisms>");
+    if (rt__c2s.conf->sasl2)
+        rt__c2s_sasl2_feature(b, c);
     if (cb) { /* XEP-0440: which bindings -PLUS may use here */
         rt_buf_printf(b, "<sasl-channel-binding xmlns='urn:xmpp:sasl-cb:0'>");
         if (cb & RT_TLS_CB_EXPORTER)
@@ -75,19 +82,24 @@ void rt__c2s_sasl_mechanisms(rt_buf_t *b, const c2s_t *c)
     }
 }
 
+void rt__c2s_put_base64(rt_buf_t *b, const void *data, size_t len)
+{
+    if (len && rt_buf_reserve(b, RT_BASE64_LEN(len) + 1))
+        b->len += rt_base64_encode(data, len, (char *)b->data + b->len);
+}
+
+/* A challenge (or RFC 6120's success) with its data, in the exchange's profile. */
 static void write_sasl(c2s_t *c, const char *name, const void *data, size_t len)
 {
     rt_buf_t b = {0};
-    rt_buf_printf(&b, "<%s xmlns='%s'", name, RT_XML_NS_SASL);
+    rt_buf_printf(&b, "<%s xmlns='%s'", name, c->sasl2 ? RT_C2S_NS_SASL2 : RT_XML_NS_SASL);
     if (!data) {
         rt_buf_printf(&b, "/>");
     } else {
         rt_buf_printf(&b, ">");
-        if (len == 0) {
+        if (len == 0 && !c->sasl2)
             rt_buf_add(&b, "=", 1); /* RFC 6120 6.4.2: empty data is one "=" */
-        } else if (rt_buf_reserve(&b, RT_BASE64_LEN(len) + 1)) {
-            b.len += rt_base64_encode(data, len, (char *)b.data + b.len);
-        }
+        rt__c2s_put_base64(&b, data, len);
         rt_buf_printf(&b, "</%s>", name);
     }
     rt__c2s_write_buf(c, &b);
@@ -105,7 +117,13 @@ static void end_exchange(rt_actor_t *self, c2s_t *c)
 static void write_failure(rt_actor_t *self, c2s_t *c, const char *cond)
 {
     rt_buf_t b = {0};
-    rt_buf_printf(&b, "<failure xmlns='%s'><%s/></failure>", RT_XML_NS_SASL, cond);
+    if (c->sasl2) /* XEP-0388 2.6.2: the condition is RFC 6120's */
+        rt_buf_printf(&b, "<failure xmlns='%s'><%s xmlns='%s'/></failure>", RT_C2S_NS_SASL2, cond,
+                      RT_XML_NS_SASL);
+    else
+        rt_buf_printf(&b, "<failure xmlns='%s'><%s/></failure>", RT_XML_NS_SASL, cond);
+    rt__c2s_sasl2_forget(self, c);
+    c->sasl2 = false;
     rt__c2s_write_buf(c, &b);
     if (c->fails >= C2S_SASL_TRIES)
         rt__c2s_stream_error(self, c, RT_XML_COND_POLICY_VIOLATION,
@@ -151,9 +169,13 @@ void rt__c2s_sasl_fail_due(rt_actor_t *self, c2s_t *c)
 static void succeed(rt_actor_t *self, c2s_t *c, const char *mech, const void *data, size_t len)
 {
     end_exchange(self, c);
-    write_sasl(c, "success", data, len);
     c->phase = PH_AUTHED;
-    c->restart = true; /* RFC 6120 6.4.6: the client opens a new stream */
+    if (c->sasl2) {
+        rt__c2s_sasl2_success(self, c, data, len); /* no restart (XEP-0388 2.6.1) */
+    } else {
+        write_sasl(c, "success", data, len);
+        c->restart = true; /* RFC 6120 6.4.6: the client opens a new stream */
+    }
     /* The peer's address is asked of the kernel only when there is a failure to forget. */
     size_t failing;
     uint64_t evicted;
@@ -355,7 +377,9 @@ static int external(rt_actor_t *self, c2s_t *c, const uint8_t *msg, size_t len)
     return 0;
 }
 
-static int on_auth(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+/* An exchange begins: mech (the element's attribute) with the initial response in data_el
+   (its text; NULL: none). */
+static int begin(rt_actor_t *self, c2s_t *c, const char *mech, const rt_xml_el_t *data_el)
 {
     if (c->phase != PH_FEATURES) {
         fail(self, c, "malformed-request", "an exchange is running");
@@ -365,9 +389,8 @@ static int on_auth(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
         fail(self, c, "encryption-required", "TLS first");
         return 0;
     }
-    const char *mech = rt_xml_attr(el, "mechanism");
     uint8_t msg[RT_SCRAM_MSG_MAX];
-    long len = decode(el, msg, sizeof(msg));
+    long len = data_el ? decode(data_el, msg, sizeof(msg)) : 0;
     if (!mech) {
         fail(self, c, "invalid-mechanism", "no mechanism named");
         return 0;
@@ -423,10 +446,31 @@ static int on_response(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
     return 0;
 }
 
-int rt__c2s_sasl(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
+/* XEP-0388's <authenticate/>: its inline requests kept, then the exchange as <auth/> begins it. */
+static int authenticate(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
 {
-    if (strcmp(el->name, "auth") == 0)
-        return on_auth(self, c, el);
+    if (c->phase != PH_FEATURES) {
+        fail(self, c, "malformed-request", "an exchange is running");
+        return 0;
+    }
+    if (rt__c2s_sasl2_inline(self, c, el) != 0) {
+        fail(self, c, "malformed-request", "an inline request is malformed");
+        return 0;
+    }
+    return begin(self, c, rt_xml_attr(el, "mechanism"),
+                 rt_xml_child(el, "initial-response", RT_C2S_NS_SASL2));
+}
+
+/* An element of either profile (sasl2: XEP-0388's); an exchange stays in the one it began in. */
+static int sasl_element(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el, bool sasl2)
+{
+    if (c->phase == PH_SASL && c->sasl2 != sasl2) {
+        fail(self, c, "malformed-request", "the exchange running is in the other profile");
+        return 0;
+    }
+    c->sasl2 = sasl2;
+    if (strcmp(el->name, sasl2 ? "authenticate" : "auth") == 0)
+        return sasl2 ? authenticate(self, c, el) : begin(self, c, rt_xml_attr(el, "mechanism"), el);
     if (strcmp(el->name, "response") == 0)
         return on_response(self, c, el);
     if (strcmp(el->name, "abort") == 0) {
@@ -436,6 +480,16 @@ int rt__c2s_sasl(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     }
     rt__c2s_stream_error(self, c, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);
     return RT_XML_STOP;
+}
+
+int rt__c2s_sasl(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
+{
+    return sasl_element(self, c, el, false);
+}
+
+int rt__c2s_sasl2(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
+{
+    return sasl_element(self, c, el, true);
 }
 
 void rt__c2s_sasl_reply(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r)

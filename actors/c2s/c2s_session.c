@@ -234,6 +234,49 @@ static int random_resource(char *out, size_t cap)
     return cap < 17 ? RT_EAGAIN : rt_random_hex(out, 8);
 }
 
+const char *rt__c2s_bind_as(rt_actor_t *self, c2s_t *c, const char *given, size_t given_len)
+{
+    char res[RT_JID_PART_MAX + 1];
+    size_t rlen = 0;
+    if (given && given_len) {
+        if (rt_jid_prep_part(RT_JID_RESOURCE, given, given_len, res, &rlen, NULL) != 0 || rlen == 0)
+            return "bad-request";
+    } else if (random_resource(res, sizeof(res)) == 0) {
+        rlen = strlen(res);
+    } else {
+        return "internal-server-error";
+    }
+    rt_jid_buf_t jb;
+    size_t blen;
+    const char *bare = bare_text(c, &blen);
+    if (rt_jid_make(&jb, rt_jid_local(c->jid), c->jid->local, rt_jid_domain(c->jid), c->jid->domain,
+                    res, rlen) != 0)
+        return "bad-request";
+    rt_pid_t old = 0;
+    int rc = rt__c2s_reg_bind(bare, blen, res, rlen, rt_self(self), rt__c2s.replace,
+                              (unsigned)rt__c2s.conf->max_resources, &old);
+    if (rc)
+        return rc == RT_EEXIST   ? "conflict"
+               : rc == RT_ELIMIT ? "resource-constraint"
+                                 : "internal-server-error";
+    if (old)
+        rt_send(old, C2S_MSG_REPLACED, NULL, 0);
+    rt_jid_t *full = rt_jid_dup(self, &jb.jid);
+    if (!full) {
+        rt__c2s_reg_unbind(bare, blen, res, rlen, rt_self(self));
+        return "internal-server-error";
+    }
+    rt_charge(self, (ptrdiff_t)rt__c2s_reg_entry_bytes(blen, rlen));
+    rt_free(self, c->jid);
+    c->jid = full;
+    c->phase = PH_ACTIVE;
+    atomic_fetch_add_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);
+    rt__c2s_idle_arm(self, c);
+    rt_log(RT_LOG_INFO, "xmpp.session_started", "peer=%s jid=%s", rt__c2s_peer(self, c), full->s);
+    rt__c2s_rule_session(self, c, true, NULL);
+    return NULL;
+}
+
 static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
 {
     const char *type = rt_xml_attr(iq, "type");
@@ -242,69 +285,25 @@ static int bind(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
         rt__c2s_stream_error(self, c, RT_XML_COND_NOT_AUTHORIZED, "bind a resource first");
         return RT_XML_STOP;
     }
-    char res[RT_JID_PART_MAX + 1];
-    size_t rlen = 0;
     const rt_xml_el_t *r = rt_xml_child(b, "resource", RT_XML_NS_BIND);
     size_t given_len = 0;
     const char *given = r ? rt_xml_text(r, &given_len) : NULL;
-    if (given && given_len) {
-        if (rt_jid_prep_part(RT_JID_RESOURCE, given, given_len, res, &rlen, NULL) != 0 ||
-            rlen == 0) {
-            rt__c2s_stanza_error(self, c, iq, "modify", "bad-request");
-            return 0;
-        }
-    } else if (random_resource(res, sizeof(res)) == 0) {
-        rlen = strlen(res);
-    } else {
-        rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
+    const char *cond = rt__c2s_bind_as(self, c, given, given_len);
+    if (cond) {
+        rt__c2s_stanza_error(self, c, iq,
+                             strcmp(cond, "bad-request") == 0 ? "modify"
+                             : strcmp(cond, "conflict") == 0  ? "cancel"
+                                                              : "wait",
+                             cond);
         return 0;
     }
-    rt_jid_buf_t jb;
-    size_t blen;
-    const char *bare = bare_text(c, &blen);
-    if (rt_jid_make(&jb, rt_jid_local(c->jid), c->jid->local, rt_jid_domain(c->jid),
-                    c->jid->domain, res, rlen) != 0) {
-        rt__c2s_stanza_error(self, c, iq, "modify", "bad-request");
-        return 0;
-    }
-    rt_pid_t old = 0;
-    int rc = rt__c2s_reg_bind(bare, blen, res, rlen, rt_self(self), rt__c2s.replace,
-                              (unsigned)rt__c2s.conf->max_resources, &old);
-    if (rc == RT_EEXIST) {
-        rt__c2s_stanza_error(self, c, iq, "cancel", "conflict");
-        return 0;
-    }
-    if (rc == RT_ELIMIT) {
-        rt__c2s_stanza_error(self, c, iq, "wait", "resource-constraint");
-        return 0;
-    }
-    if (rc) {
-        rt__c2s_stanza_error(self, c, iq, "wait", "internal-server-error");
-        return 0;
-    }
-    if (old)
-        rt_send(old, C2S_MSG_REPLACED, NULL, 0);
-    rt_jid_t *full = rt_jid_dup(self, &jb.jid);
-    if (!full) {
-        rt__c2s_reg_unbind(bare, blen, res, rlen, rt_self(self));
-        rt__c2s_stream_error(self, c, RT_XML_COND_RESOURCE_CONSTRAINT, NULL);
-        return RT_XML_STOP;
-    }
-    rt_charge(self, (ptrdiff_t)rt__c2s_reg_entry_bytes(blen, rlen));
-    rt_free(self, c->jid);
-    c->jid = full;
-    c->phase = PH_ACTIVE;
-    atomic_fetch_add_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);
-    rt__c2s_idle_arm(self, c);
     rt_buf_t out = {0};
     iq_result_start(&out, c, iq);
     rt_xml_put_start_end(&out);
     rt_buf_printf(&out, "<bind xmlns='%s'><jid>", RT_XML_NS_BIND);
-    rt_xml_put_text(&out, full->s, rt_jid_len(full));
+    rt_xml_put_text(&out, c->jid->s, rt_jid_len(c->jid));
     rt_buf_printf(&out, "</jid></bind></iq>");
     rt__c2s_write_stanza_buf(self, c, &out);
-    rt_log(RT_LOG_INFO, "xmpp.session_started", "peer=%s jid=%s", rt__c2s_peer(self, c), full->s);
-    rt__c2s_rule_session(self, c, true, NULL);
     return 0;
 }
 

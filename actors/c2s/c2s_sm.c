@@ -63,8 +63,9 @@ typedef struct sm_ask_s {
 typedef struct sm_socket_s {
     uint32_t h; /* what the client says it handled */
     uint8_t listener;
-    uint32_t unread_len; /* bytes read after <resume/>, then */
-    uint8_t unread[];
+    uint32_t head_len;   /* SASL2 (XEP-0388): the start of its <success/>, which the */
+    uint32_t unread_len; /* resumed session ends; then the bytes read after <resume/> */
+    uint8_t bytes[];
 } sm_socket_t;
 
 bool rt__c2s_sm_on(const c2s_t *c)
@@ -155,23 +156,18 @@ void rt__c2s_sm_count_in(c2s_t *c)
         c->sm->h_in++;
 }
 
-static void enable(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+int rt__c2s_sm_enable(rt_actor_t *self, c2s_t *c, bool resume, rt_buf_t *out)
 {
     if (c->sm || c->phase != PH_ACTIVE) {
-        rt__c2s_write(c, "<failed xmlns='" NS_SM "'><unexpected-request xmlns='" RT_XML_NS_STANZA_ERRORS "'/></failed>",
-                      sizeof("<failed xmlns='" NS_SM "'><unexpected-request xmlns='" RT_XML_NS_STANZA_ERRORS "'/></failed>") - 1);
-        return;
+        rt_buf_printf(out, "<failed xmlns='%s'><unexpected-request xmlns='%s'/></failed>", NS_SM,
+                      RT_XML_NS_STANZA_ERRORS);
+        return 0;
     }
     c->sm = rt_alloc(self, sizeof(*c->sm), RT_OBJ_SCAN);
-    if (!c->sm) {
-        rt__c2s_stream_error(self, c, RT_XML_COND_RESOURCE_CONSTRAINT, NULL);
-        return;
-    }
-    const char *r = rt_xml_attr(el, "resume");
-    c->sm->resumable = r && (strcmp(r, "true") == 0 || strcmp(r, "1") == 0) && !c->anonymous &&
-                       rt__c2s.conf->resume_timeout > 0;
-    rt_buf_t b = {0};
-    rt_buf_printf(&b, "<enabled xmlns='%s'", NS_SM);
+    if (!c->sm)
+        return RT_ENOMEM;
+    c->sm->resumable = resume && !c->anonymous && rt__c2s.conf->resume_timeout > 0;
+    rt_buf_printf(out, "<enabled xmlns='%s'", NS_SM);
     if (c->sm->resumable) {
         uint8_t t[C2S_SM_TOKEN / 2];
         if (RAND_bytes(t, sizeof(t)) != 1) {
@@ -179,12 +175,24 @@ static void enable(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
         } else {
             for (size_t i = 0; i < sizeof(t); i++)
                 snprintf(c->sm->token + 2 * i, 3, "%02x", t[i]);
-            rt_buf_printf(&b, " id='%llx-%s' resume='true' max='%ld'",
+            rt_buf_printf(out, " id='%llx-%s' resume='true' max='%ld'",
                           (unsigned long long)rt_self(self), c->sm->token,
                           rt__c2s.conf->resume_timeout);
         }
     }
-    rt_buf_printf(&b, "/>");
+    rt_buf_printf(out, "/>");
+    return 0;
+}
+
+static void enable(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+{
+    const char *r = rt_xml_attr(el, "resume");
+    rt_buf_t b = {0};
+    if (rt__c2s_sm_enable(self, c, r && (strcmp(r, "true") == 0 || strcmp(r, "1") == 0), &b) != 0) {
+        rt_buf_free(&b);
+        rt__c2s_stream_error(self, c, RT_XML_COND_RESOURCE_CONSTRAINT, NULL);
+        return;
+    }
     rt__c2s_write_buf(c, &b);
 }
 
@@ -203,33 +211,52 @@ static bool parse_id(const char *id, rt_pid_t *pid, char *token)
 static void resume_failed(c2s_t *c, const char *cond)
 {
     rt_buf_t b = {0};
-    rt_buf_printf(&b, "<failed xmlns='%s'><%s xmlns='%s'/></failed>", NS_SM, cond,
-                  RT_XML_NS_STANZA_ERRORS);
+    rt__c2s_sm_put_failed(&b, cond);
     rt__c2s_write_buf(c, &b);
 }
 
-/* The new connection's side: <resume/> after SASL, in place of a bind. */
-static int resume(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+/* Asks the session previd names to take this connection (h: what the client handled): true
+   when asked, and the answer comes as C2S_MSG_SM_ANSWER (parsing waits). */
+static bool ask_resume(c2s_t *c, const char *previd, const char *h)
 {
-    const char *previd = rt_xml_attr(el, "previd"), *h = rt_xml_attr(el, "h");
     sm_ask_t ask = {0};
     rt_pid_t old;
     char *end = NULL;
     unsigned long hv = h ? strtoul(h, &end, 10) : 0;
-    if (c->phase != PH_BIND || !previd || !h || *end || !parse_id(previd, &old, ask.token)) {
-        resume_failed(c, "item-not-found");
-        return 0;
-    }
+    if (!previd || !h || *end || !parse_id(previd, &old, ask.token))
+        return false;
     ask.bare_len = (uint16_t)rt_jid_bare_len(c->jid);
     memcpy(ask.bare, c->jid->s, ask.bare_len);
     c->resume_h = (uint32_t)hv;
     c->resume_pid = old;
     if (rt_send(old, C2S_MSG_SM_ASK, &ask, sizeof(ask)) != 0) {
+        c->resume_pid = 0;
+        return false;
+    }
+    rt__c2s_wait(c);
+    return true;
+}
+
+/* The new connection's side: <resume/> after SASL, in place of a bind. */
+static int resume(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)
+{
+    (void)self;
+    if (c->phase != PH_BIND || !ask_resume(c, rt_xml_attr(el, "previd"), rt_xml_attr(el, "h"))) {
         resume_failed(c, "item-not-found");
         return 0;
     }
-    rt__c2s_wait(c);
     return RT_XML_STOP;
+}
+
+bool rt__c2s_sm_resume_inline(c2s_t *c, const char *previd, const char *h)
+{
+    return !c->anonymous && ask_resume(c, previd, h);
+}
+
+void rt__c2s_sm_put_failed(rt_buf_t *b, const char *cond)
+{
+    rt_buf_printf(b, "<failed xmlns='%s'><%s xmlns='%s'/></failed>", NS_SM, cond,
+                  RT_XML_NS_STANZA_ERRORS);
 }
 
 /* The old session's side of the question: yes only for its own token and account. */
@@ -258,7 +285,10 @@ void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     c->waiting = false;
     if (m->len != 1 || !m->data[0]) {
         c->resume_pid = 0;
-        resume_failed(c, "item-not-found");
+        if (c->sasl2)
+            rt__c2s_sasl2_finish(self, c, "item-not-found");
+        else
+            resume_failed(c, "item-not-found");
         return; /* parsing goes on: the client binds instead */
     }
     rt_xport_flush(c->xp);
@@ -269,7 +299,7 @@ void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     }
     rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), -1);
     c->sock = NULL;
-    size_t extra = c->held_len;
+    size_t head = rt__c2s_sasl2_head(c, NULL), extra = head + c->held_len;
     rt_msg_t *out = rt_msg_new_fd(C2S_MSG_SM_SOCKET, fd,
                                   sizeof(rt_msg_owned_t) + sizeof(sm_socket_t) + extra);
     if (!out) {
@@ -284,9 +314,11 @@ void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     sm_socket_t *s = (sm_socket_t *)(void *)(out->data + sizeof(rt_msg_owned_t));
     s->h = c->resume_h;
     s->listener = c->listener;
-    s->unread_len = (uint32_t)extra;
-    if (extra)
-        memcpy(s->unread, c->held, extra);
+    s->head_len = (uint32_t)head;
+    s->unread_len = (uint32_t)c->held_len;
+    rt__c2s_sasl2_head(c, s->bytes);
+    if (c->held_len)
+        memcpy(s->bytes + head, c->held, c->held_len);
     rt_send_msg(c->resume_pid, out);
     c->closing = true;
     rt_exit(self, RT_REASON_NORMAL);
@@ -295,9 +327,12 @@ void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
 /* The socket came: the session goes on over it. */
 int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
 {
-    if (!c->sm || !c->sm->promised || c->sock || m->len < sizeof(rt_msg_owned_t) + sizeof(sm_socket_t))
-        return RT_EINVAL; /* the message closes the fd and frees the transport */
     const sm_socket_t *s = (const void *)(m->data + sizeof(rt_msg_owned_t));
+    if (!c->sm || !c->sm->promised || c->sock ||
+        m->len < sizeof(rt_msg_owned_t) + sizeof(sm_socket_t) ||
+        m->len - sizeof(rt_msg_owned_t) - sizeof(sm_socket_t) !=
+            (size_t)s->head_len + s->unread_len)
+        return RT_EINVAL; /* the message closes the fd and frees the transport */
     int fd = rt_msg_take_fd(m);
     rt_xport_t *xp = rt_msg_take_owned(m);
     if (rt_sock_adopt(self, fd, &c->sock) != 0) {
@@ -317,18 +352,27 @@ int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     if (rc)
         return rc;
     queue_ack(self, c->sm, s->h);
-    write_nonza(c, "<resumed xmlns='%s' h='%u'", c->sm->h_in);
-    char previd[64];
-    snprintf(previd, sizeof(previd), " previd='%llx-%s'/>", (unsigned long long)rt_self(self),
-             c->sm->token);
-    rt__c2s_write(c, previd, strlen(previd));
+    rt_buf_t b = {0};
+    if (s->head_len) { /* inside SASL2's <success/>, after whom it authorized */
+        rt_buf_add(&b, s->bytes, s->head_len);
+        rt_buf_printf(&b, "<authorization-identifier>");
+        rt_xml_put_text(&b, c->jid->s, rt_jid_len(c->jid));
+        rt_buf_printf(&b, "</authorization-identifier>");
+    }
+    rt_buf_printf(&b, "<resumed xmlns='%s' h='%u' previd='%llx-%s'/>", NS_SM, c->sm->h_in,
+                  (unsigned long long)rt_self(self), c->sm->token);
+    if (s->head_len) {
+        rt_buf_printf(&b, "</success>");
+        rt__c2s_bound_features(&b, c);
+    }
+    rt__c2s_write_buf(c, &b);
     if (c->sm->qbytes) /* what the client never acknowledged, again, in order */
         rt__c2s_write(c, c->sm->bytes, c->sm->qbytes);
     rt_log(RT_LOG_INFO, "xmpp.session_resumed", "peer=%s jid=%s resent=%u",
            rt__c2s_peer(self, c), c->jid->s, c->sm->nq);
     rt__c2s_idle_arm(self, c);
     if (s->unread_len)
-        rt__c2s_feed_more(self, c, s->unread, s->unread_len);
+        rt__c2s_feed_more(self, c, s->bytes + s->head_len, s->unread_len);
     return 0;
 }
 

@@ -79,29 +79,46 @@ static void features_start(rt_buf_t *b, const c2s_t *c)
         rt_buf_printf(b, "<stream:features>");
 }
 
+/* What an authenticated stream may still do: bind (unless bound), and the rest. */
+static void put_authed_features(rt_buf_t *b, const c2s_t *c)
+{
+    if (c->phase != PH_ACTIVE)
+        rt_buf_printf(b, "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>",
+                      RT_XML_NS_BIND, RT_XML_NS_SESSION);
+    rt_buf_printf(b, "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>", NS_CSI);
+    if (!c->sm)
+        rt_buf_printf(b, "<sm xmlns='urn:xmpp:sm:3'/>");
+    rt_buf_printf(b, "<sub xmlns='urn:xmpp:features:pre-approval'/>");
+}
+
 void rt__c2s_features(rt_actor_t *self, c2s_t *c)
 {
     (void)self;
     rt_buf_t b = {0};
-    features_start(&b, c);
     if (c->phase >= PH_AUTHED) {
-        rt_buf_printf(&b,
-                      "<bind xmlns='%s'/><session xmlns='%s'><optional/></session>"
-                      "<ver xmlns='urn:xmpp:features:rosterver'/><csi xmlns='%s'/>"
-                      "<sm xmlns='urn:xmpp:sm:3'/><sub xmlns='urn:xmpp:features:pre-approval'/>",
-                      RT_XML_NS_BIND, RT_XML_NS_SESSION, NS_CSI);
-        c->phase = PH_BIND;
-    } else {
-        if (!c->secure && c->xp && rt__c2s_listen(c)->starttls)
-            rt_buf_printf(&b, "<starttls xmlns='%s'>%s</starttls>", RT_XML_NS_TLS,
-                          rt__c2s_tls_required(c) ? "<required/>" : "");
-        if (rt__c2s_may_auth(c)) {
-            rt__c2s_sasl_mechanisms(&b, c);
-            rt__c2s_register_feature(&b, c);
-        }
+        if (c->phase == PH_AUTHED)
+            c->phase = PH_BIND;
+        rt__c2s_bound_features(&b, c);
+        rt__c2s_write_buf(c, &b);
+        return;
+    }
+    features_start(&b, c);
+    if (!c->secure && c->xp && rt__c2s_listen(c)->starttls)
+        rt_buf_printf(&b, "<starttls xmlns='%s'>%s</starttls>", RT_XML_NS_TLS,
+                      rt__c2s_tls_required(c) ? "<required/>" : "");
+    if (rt__c2s_may_auth(c)) {
+        rt__c2s_sasl_mechanisms(&b, c);
+        rt__c2s_register_feature(&b, c);
     }
     rt_buf_printf(&b, "%s</stream:features>", rt__c2s_caps_element()); /* XEP-0115 6.3 */
     rt__c2s_write_buf(c, &b);
+}
+
+void rt__c2s_bound_features(rt_buf_t *b, const c2s_t *c)
+{
+    features_start(b, c);
+    put_authed_features(b, c);
+    rt_buf_printf(b, "%s</stream:features>", rt__c2s_caps_element());
 }
 
 void rt__c2s_stream_end(c2s_t *c)
@@ -210,6 +227,8 @@ int rt__c2s_on_top_level(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     }
     if (strcmp(el->ns, RT_XML_NS_SASL) == 0 && c->phase != PH_AUTHED)
         return rt__c2s_sasl(self, c, el);
+    if (strcmp(el->ns, RT_C2S_NS_SASL2) == 0 && c->phase != PH_AUTHED && rt__c2s.conf->sasl2)
+        return rt__c2s_sasl2(self, c, el);
     if (c->phase == PH_FEATURES && rt__c2s_register_preauth(el)) {
         rt__c2s_register_iq(self, c, el, rt_xml_child(el, "query", RT_C2S_NS_REGISTER));
         return 0;

@@ -1,9 +1,11 @@
 """npm's @xmpp/client (xmpp.js 0.14, tests/node/xmpp_client.js) against a real rtd (issue 29
 section 7): SCRAM-SHA-256 and SCRAM-SHA-1 logins over plain TCP, direct TLS (XEP-0368, the
-server checked against the test CA) and XMPP over WebSocket (RFC 7395); chat both ways with a
-raw client (xmpp_util.Raw); stream management (XEP-0198) as the library does it: enabled after
-binding, its stanzas acknowledged, and a dropped connection resumed with what was sent to it
-meanwhile delivered; group chat (XEP-0045) with one occupant over WebSocket and one over TCP.
+server checked against the test CA) and XMPP over WebSocket (RFC 7395), through SASL2 and Bind2
+(XEP-0388, XEP-0386: the library's way wherever a server offers them, as rtd does); chat both
+ways with a raw client (xmpp_util.Raw); stream management (XEP-0198) as the library does it:
+enabled inside Bind2, its stanzas acknowledged, and a dropped connection resumed inside SASL2
+with what was sent to it meanwhile delivered; group chat (XEP-0045) with one occupant over
+WebSocket and one over TCP.
 
 Skipped where node or tests/node/node_modules/@xmpp/client is missing (tools/install-deps.sh
 runs `npm ci` in tests/node), as test_websocket.py does for MQTT.js.
@@ -146,17 +148,17 @@ def read_chat(r, body):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-1"])
 def test_scram_login(xmpp, transport, mech):
-    """The library logs in with mech over the transport: the server's SCRAM signature checks
-    out, the resource asked for is bound; direct TLS is secure (the test CA trusted), and PLAIN
-    is offered inside TLS only (a loopback ws:// counts as secure to the library, so the
-    offered mechanisms tell it apart)."""
+    """The library logs in with mech over the transport, in SASL2: the server's SCRAM
+    signature checks out, and Bind2 binds its tag with a part of the server's after it; direct
+    TLS is secure (the test CA trusted), and PLAIN is offered inside TLS only (a loopback ws://
+    counts as secure to the library, so the offered mechanisms tell it apart)."""
     user = ("js256" if mech == "SCRAM-SHA-256" else "js1") + transport
     n = Node(xmpp, transport, user, mech=mech)
     try:
         offered = n.event("mechanisms")["offered"]
         on = n.event("online")
-        assert on["jid"] == jid(user) + "/js", on
-        assert on["mech"] == mech and on["verified"] is True, on
+        assert re.fullmatch(re.escape(jid(user)) + "/js/[0-9a-f]{16}", on["jid"]), on
+        assert on["mech"] == mech and on["verified"] is True and on["sasl2"] is True, on
         assert on["secure"] is (transport != "tcp"), on
         if transport == "tls":
             assert "PLAIN" in offered, offered  # PLAIN only inside TLS
@@ -202,17 +204,17 @@ def test_chat_both_ways(xmpp, transport):
 
 @pytest.mark.parametrize("transport", ["tcp", "ws"])
 def test_stream_management_acks(xmpp, transport):
-    """rtd offers XEP-0198; the library enables it (resumable) after binding, sends 20 chats
-    and its <r/>: all 20 are acknowledged, nothing is left in its queue, and all 20 reach the
-    raw peer in order."""
+    """rtd offers XEP-0198; the library enables it (resumable) inside Bind2, then sends its
+    initial presence and 20 chats and its <r/>: all 21 are acknowledged, nothing is left in
+    its queue, and all 20 chats reach the raw peer in order."""
     r, peer = raw_peer(xmpp, "smpeer", resource=transport)
-    steps = [{"send": {"to": peer, "body": f"sm {i}"}} for i in range(20)] + [{"acked": 20}]
+    steps = [{"send": {"to": peer, "body": f"sm {i}"}} for i in range(20)] + [{"acked": 21}]
     n = Node(xmpp, transport, "smacks", sm=True, steps=steps, resource=transport)
     try:
         on = n.event("online")
         assert on["sm_enabled"] is True and on["sm_id"], (on, n.stderr())
         a = n.event("acked")
-        assert a["n"] == 20 and a["queued"] == 0, a
+        assert a["n"] == 21 and a["queued"] == 0, a
         for i in range(20):
             read_chat(r, f"sm {i}")
         n.finish()
@@ -223,9 +225,9 @@ def test_stream_management_acks(xmpp, transport):
 
 def test_stream_management_resume(xmpp):
     """The library's TCP socket is destroyed (no stream close): its reconnect module logs in
-    again and resumes the session with <resume/>; a chat sent to its full JID while it was
-    away arrives after the resumption, and the session id stays the same. rtd logs the
-    detachment and the resumption."""
+    again and resumes the session with <resume/> inside SASL2's <authenticate/>; a chat sent to
+    its full JID while it was away arrives after the resumption, and the session id stays the
+    same. rtd logs the detachment and the resumption."""
     r, peer = raw_peer(xmpp, "smrpeer")
     n = Node(xmpp, "tcp", "smresume", sm=True,
              steps=[{"drop": True}, {"wait": True}, {"resumed": True},

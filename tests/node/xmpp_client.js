@@ -23,6 +23,8 @@ const readline = require('readline');
 
 const conf = JSON.parse(process.argv[2]);
 const NS_SASL = 'urn:ietf:params:xml:ns:xmpp-sasl';
+const NS_SASL2 = 'urn:xmpp:sasl:2'; // XEP-0388: the library logs in so where it is offered
+const NS_SM = 'urn:xmpp:sm:3';
 
 function out(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
@@ -101,9 +103,13 @@ ScramSha256.prototype.clientFirst = true;
   const create = xmpp.saslFactory.create.bind(xmpp.saslFactory);
   xmpp.saslFactory.create = (names) => (mech = create(names));
   let verified = null;
+  let sasl2 = false;
   xmpp.on('nonza', (el) => {
-    if (el.is('success', NS_SASL) && mech) {
-      const v = Buffer.from(el.text(), 'base64').toString();
+    // RFC 6120's <success/> holds the server's last SCRAM message, SASL2's its additional-data.
+    const v2 = el.is('success', NS_SASL2) ? el.getChildText('additional-data') : null;
+    if ((el.is('success', NS_SASL) || v2 !== null) && mech) {
+      sasl2 = v2 !== null;
+      const v = Buffer.from(sasl2 ? v2 : el.text(), 'base64').toString();
       verified = v === 'v=' + Buffer.from(mech._serverSignature).toString('base64');
       if (!verified) finish(1, { error: `server signature wrong: ${v}` });
     }
@@ -153,10 +159,12 @@ ScramSha256.prototype.clientFirst = true;
     acked += 1;
     deliver({ kind: 'ack', n: acked });
   });
-  // The library enables XEP-0198 after binding, once online; it emits nothing when the
-  // server answers, so the answer itself is watched.
+  // The library enables XEP-0198 after binding (or inside SASL2's Bind2 request); it emits
+  // nothing when the server answers, so the answer itself is watched, alone or in <bound/>.
   xmpp.on('nonza', (el) => {
-    if (el.is('enabled', 'urn:xmpp:sm:3')) setImmediate(() => deliver({ kind: 'enabled' }));
+    const bound = el.is('success', NS_SASL2) ? el.getChild('bound', 'urn:xmpp:bind:0') : null;
+    if (el.is('enabled', NS_SM) || (bound && bound.getChild('enabled', NS_SM)))
+      setImmediate(() => deliver({ kind: 'enabled' }));
   });
   xmpp.streamManagement.on('resumed', () => deliver({ kind: 'resumed' }));
   let stopping = false;
@@ -164,11 +172,19 @@ ScramSha256.prototype.clientFirst = true;
 
   const lines = readline.createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 
-  const address = await xmpp.start();
+  // start() waits for the stream's 'open' only after its header's write has called back: a
+  // server answering before that (TLS on loopback) is missed and start() times out though the
+  // session goes online (xmpp.js issues 570, 592, 889); RFC 6120's restart after SASL hid it,
+  // SASL2 has none. So the session's own 'online' is awaited, bounded by timeout_ms.
+  const online = new Promise((resolve) => xmpp.once('online', resolve));
+  xmpp.start().catch((err) => {
+    if (err.name !== 'TimeoutError') finish(1, { error: String(err.stack || err) });
+  });
+  const address = await online;
   await xmpp.send(xml('presence'));
   const sm = xmpp.streamManagement;
   if (conf.sm) await next((x) => x.kind === 'enabled');
-  out({ event: 'online', jid: address.toString(), mech: mech && mech.name, verified,
+  out({ event: 'online', jid: address.toString(), mech: mech && mech.name, verified, sasl2,
         secure: xmpp.isSecure(), sm_enabled: sm.enabled, sm_id: sm.id });
 
   for (const step of conf.steps) {
