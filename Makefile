@@ -15,7 +15,8 @@ PREFIX ?= /usr/local
 
 .PHONY: deps deps-build build build-asan build-tsan run install package test test-unit test-asan \
 	test-tsan test-integration test-integration-asan test-integration-asan-a \
-	test-integration-asan-b test-integration-tsan test-release test-sanitizers build-fuzz \
+	test-integration-asan-b test-integration-tsan test-integration-long test-integration-short \
+	test-release test-sanitizers build-fuzz \
 	test-fuzz bench \
 	xmpp-differential clean
 
@@ -25,8 +26,9 @@ PREFIX ?= /usr/local
 # target-specific value reaches the target's prerequisites, `build` and `deps` among them.
 DEPS_FOR = run
 test test-unit test-asan test-tsan test-integration test-integration-asan \
-	test-integration-asan-a test-integration-asan-b test-integration-tsan test-release \
-	test-sanitizers build-fuzz test-fuzz bench xmpp-differential: DEPS_FOR = test
+	test-integration-asan-a test-integration-asan-b test-integration-tsan test-integration-long \
+	test-integration-short test-release test-sanitizers build-fuzz test-fuzz bench \
+	xmpp-differential: DEPS_FOR = test
 
 # deps installs all of it (waiting for an install deps-build left running); deps-build only what
 # configuring and compiling need, the rest of the test toolchain meanwhile in the background
@@ -85,17 +87,22 @@ test-tsan: build-tsan
 	@cd $(BUILD)/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
 		suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -j$(JOBS)
 
-# Two pytest runs side by side: the tests marked long (tens of seconds of steady load or
-# waiting) in the background, logged to a file shown at the end, and the rest meanwhile. Each
-# test's bounds hold under the other's load (that is how they are written); the suite takes
-# the longer of the two, not their sum.
+# The release integration pass in two parts side by side: the tests marked long (tens of
+# seconds of steady load or waiting, one after another) and the rest, which are many short
+# ones mostly waiting on sockets and timers, spread over two pytest workers a file at a time
+# (pytest-xdist's loadfile: a module's fixtures, its rtd among them, stay in one worker). Each
+# test's bounds hold under the others' load (that is how they are written); the pass takes
+# the longest part, not their sum. Each prints its 15 slowest tests.
+INTEGRATION = RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q --durations=15 tests/integration
+
 test-integration: build deps
-	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q -m long tests/integration \
-		> $(BUILD)/integration-long.log 2>&1 & long=$$!; \
-	RT_BUILD_DIR=$(CURDIR)/$(BUILD)/release $(PYTEST) -q -m "not long" tests/integration; rc=$$?; \
-	wait $$long; lrc=$$?; echo "--- the long tests (-m long):"; cat $(BUILD)/integration-long.log; \
-	if [ $$rc -eq 5 ] || [ $$lrc -eq 5 ]; then echo "no integration tests collected"; exit 1; fi; \
-	[ $$rc -eq 0 ] && [ $$lrc -eq 0 ]
+	@$(MAKE) --no-print-directory -O -j2 test-integration-long test-integration-short
+
+test-integration-long: build deps
+	@$(INTEGRATION) -m long
+
+test-integration-short: build deps
+	@$(INTEGRATION) -m "not long" -n 2 --dist loadfile
 
 # The broker's, the admin socket's, the transports' (TLS, WebSocket, PROXY) and the cluster's
 # end-to-end tests once more against the ASan+UBSan build (rtd must also exit leak-free: the fixture
@@ -163,9 +170,10 @@ test-fuzz: build-fuzz
 	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS) $(JOBS)
 
 # The suite in two stages after the release build, each as long as its slowest part. First the
-# release unit tests and then its integration pass (two lanes, mostly waiting on sockets and
-# clients), beside the sanitizer builds, their unit tests and the fuzz run, which take the CPU
-# the release passes leave idle: niced, so that they give it back whenever a test wants it,
+# release unit tests and then the short part of its integration pass (mostly waiting on sockets
+# and clients), beside the long part of that pass and beside the sanitizer builds, their unit
+# tests and the fuzz run, which take the CPU the release passes leave idle: niced, so that they
+# give it back whenever a test wants it,
 # and a test sees no more than the busy machine its bounds are written for (the release unit
 # tests' valgrind and bench runs print figures, which are not bounds; the unit tests run one
 # at a time, so the chain has a core from the start). Then the sanitizer integration passes
@@ -174,14 +182,15 @@ test-fuzz: build-fuzz
 # it goes). At stop 45 it took 20 min on a fresh machine, 2 of them the packages' install (now
 # beside the build) and 1 the release unit tests alone (now beside the chain).
 test: build
-	@$(MAKE) --no-print-directory -O -j2 test-release test-sanitizers
+	@$(MAKE) --no-print-directory -O -j3 test-release test-integration-long test-sanitizers
 	@$(MAKE) --no-print-directory -O -j3 test-integration-asan-a test-integration-asan-b \
 		test-integration-tsan
 	@echo "all test suites passed"
 
-# The release build's unit tests, then its integration pass.
+# The release build's unit tests, then the short part of its integration pass (the long part
+# starts beside the unit tests: it waits on nothing they make).
 test-release: test-unit
-	@$(MAKE) --no-print-directory test-integration
+	@$(MAKE) --no-print-directory test-integration-short
 
 # The sanitizer builds and unit tests and the fuzz run, one after another (a make without the
 # caller's job slots), at low priority.

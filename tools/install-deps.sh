@@ -44,6 +44,7 @@ build_packages=("${packages[@]}")
 if [[ "$purpose" == test ]]; then
     packages+=(
         sqlite3 mosquitto python3-paho-mqtt python3-pytest
+        python3-pytest-xdist  # make test: the integration pass's short tests on two workers
         erlang-base gnuplot-nox procps
         openssl testssl.sh  # certificates made at test time; the TLS listener's protocol and cipher audit
         tsung  # tests/integration/test_tsung.py: its MQTT 3.1 client is one rtd must serve
