@@ -164,6 +164,8 @@ typedef struct rt_conf_xmpp_s {
                                (XEP-0045 7.2.10), default true */
     long muc_max_rooms_per_user; /* rooms one bare JID made that exist at once, default 100 */
     bool sasl2;                  /* offer SASL2 with Bind2 (XEP-0388, XEP-0386), default on */
+    bool fast;                   /* offer FAST tokens inside SASL2 (XEP-0484), default on */
+    long fast_token_lifetime;    /* s a FAST token is good for, default 14 days */
     bool pep;                    /* PEP (XEP-0163): each account a pubsub service, default on */
     long pep_max_nodes;          /* nodes of one account, default 64 */
     long pep_max_items;          /* items one node keeps at most, default 256 */

@@ -739,6 +739,16 @@ const rt_setting_t rt__conf_table_settings[] = {
      .doc = "offer SASL2 (XEP-0388) beside RFC 6120's SASL, with Bind2 (XEP-0386) and stream "
             "management inline: a login in one round trip fewer, bound with no stream restart; "
             "false: RFC 6120's alone"},
+    {.name = "xmpp.fast",
+     .type = RT_SET_BOOL,
+     .num = 1,
+     .offset = X_OFF(fast),
+     .doc = "offer FAST (XEP-0484) inside SASL2: a client that logged in with its password may "
+            "ask for a token (HT-SHA-256-NONE) and log in with it later, without the password "
+            "or SCRAM's cost; false: none issued or taken"},
+    XMPP_INT(fast_token_lifetime, 14 * 86400, 60, 365 * 86400, "seconds",
+             "a FAST token is good for from its issue; a password change ends every token of "
+             "the account"),
     {.name = "xmpp.pep",
      .type = RT_SET_BOOL,
      .num = 1,

@@ -706,7 +706,7 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_STORE_REPLY:
         if (m->len >= sizeof(c2s_reply_t)) {
             const c2s_reply_t *r = (const void *)m->data;
-            if (r->seq == c->seq && c->waiting) {
+            if (r->seq == c->seq && c->waiting && m->len - sizeof(*r) >= r->len) {
                 if (C2S_OP_IS_REGISTER(r->op))
                     rt__c2s_register_reply(self, c, m);
                 else

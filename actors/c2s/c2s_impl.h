@@ -125,6 +125,17 @@ enum {
     C2S_OP_PEP_ITEMS,        /* data: iq id, from, reader, node, item id, max (uint32_t) */
     C2S_OP_PEP_LAST,         /* data: full JID, the nodes the session wants (each NUL-ended) */
 };
+/* FAST (XEP-0484; c2s_sasl2.c, c2s_store.c): a client's tokens. GET is answered with a
+   c2s_reply_t followed by each token valid now (a length byte, its bytes). */
+enum {
+    C2S_OP_FAST_GET = 112, /* data: agent, mechanism (each NUL-ended) */
+    C2S_OP_FAST_PUT,       /* data: agent, mechanism (NUL-ended), expiry (int64_t), the token */
+    C2S_OP_FAST_DEL,       /* data: agent (NUL-ended): nothing is answered */
+};
+#define RT_C2S_FAST_MECH "HT-SHA-256-NONE"
+#define RT_C2S_FAST_AGENTS_MAX                                                                     \
+    32 /* clients of one account holding tokens: past it, the                                      \
+          tokens expiring first go */
 typedef struct c2s_pep_publish_s {
     uint32_t max_items;
     uint8_t access;  /* RT_PEP_* */
@@ -411,6 +422,11 @@ void rt__c2s_sasl2_forget(rt_actor_t *self, c2s_t *c);
 void rt__c2s_sasl2_success(rt_actor_t *self, c2s_t *c, const void *data, size_t len);
 void rt__c2s_sasl2_finish(rt_actor_t *self, c2s_t *c, const char *resume_failed);
 size_t rt__c2s_sasl2_head(const c2s_t *c, uint8_t *out);
+/* FAST: the user-agent id of a SASL2 exchange that asked to use a token (<fast/>), else NULL;
+   the client's proof (HT's initiator HMAC) kept for the store's answer, and read back. */
+const char *rt__c2s_sasl2_fast_agent(const c2s_t *c);
+void rt__c2s_sasl2_keep_proof(c2s_t *c, const uint8_t proof[32]);
+const uint8_t *rt__c2s_sasl2_proof(const c2s_t *c);
 
 /* c2s_register.c: in-band registration (XEP-0077) */
 #define RT_C2S_NS_REGISTER "jabber:iq:register"

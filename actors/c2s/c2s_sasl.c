@@ -13,6 +13,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+
 #include "c2s_impl.h"
 #include "log.h"
 #include "tls.h"
@@ -377,6 +382,57 @@ static int external(rt_actor_t *self, c2s_t *c, const uint8_t *msg, size_t len)
     return 0;
 }
 
+/*
+** FAST's HT-SHA-256-NONE (XEP-0484, draft-schmaus-kitten-sasl-ht): the initial response is the
+** username, a NUL and HMAC-SHA-256(token, "Initiator"); the store has the client's tokens.
+*/
+static int fast(rt_actor_t *self, c2s_t *c, const uint8_t *msg, size_t len)
+{
+    const char *agent = rt__c2s_sasl2_fast_agent(c);
+    const uint8_t *nul = memchr(msg, 0, len);
+    if (!nul || (size_t)(msg + len - (nul + 1)) != SHA256_DIGEST_LENGTH) {
+        fail(self, c, "malformed-request", "not username NUL a 32-byte HMAC");
+        return 0;
+    }
+    if (set_user(self, c, (const char *)msg, (size_t)(nul - msg)) != 0) {
+        fail(self, c, "not-authorized", "no such user");
+        return 0;
+    }
+    rt__c2s_sasl2_keep_proof(c, nul + 1);
+    rt_buf_t d = {0};
+    rt_buf_add(&d, agent, strlen(agent) + 1);
+    rt_buf_add(&d, RT_C2S_FAST_MECH, sizeof(RT_C2S_FAST_MECH));
+    c->phase = PH_SASL;
+    if (d.oom || ask(c, C2S_OP_FAST_GET, 0, d.data, d.len) != 0)
+        fail(self, c, "temporary-auth-failure", "the account store is not running");
+    rt_buf_free(&d);
+    return 0;
+}
+
+/* The store's answer to fast(): one of the client's tokens proves the HMAC, or none does. */
+static void fast_checked(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r)
+{
+    static const char initiator[] = "Initiator", responder[] = "Responder";
+    const uint8_t *p = (const uint8_t *)(r + 1), *end = p + r->len;
+    uint8_t mac[SHA256_DIGEST_LENGTH];
+    unsigned maclen = 0;
+    while (r->rc == 0 && p < end && p + 1 + *p <= end) {
+        const uint8_t *token = p + 1;
+        size_t tlen = *p;
+        p += 1 + tlen;
+        if (!HMAC(EVP_sha256(), token, (int)tlen, (const uint8_t *)initiator, sizeof(initiator) - 1,
+                  mac, &maclen) ||
+            CRYPTO_memcmp(mac, rt__c2s_sasl2_proof(c), sizeof(mac)) != 0)
+            continue;
+        HMAC(EVP_sha256(), token, (int)tlen, (const uint8_t *)responder, sizeof(responder) - 1, mac,
+             &maclen);
+        succeed(self, c, RT_C2S_FAST_MECH, mac, maclen);
+        return;
+    }
+    fail(self, c, r->rc == RT_EAGAIN ? "temporary-auth-failure" : "not-authorized",
+         r->rc == RT_EAGAIN ? "store failed" : "no FAST token of this client proves it");
+}
+
 /* An exchange begins: mech (the element's attribute) with the initial response in data_el
    (its text; NULL: none). */
 static int begin(rt_actor_t *self, c2s_t *c, const char *mech, const rt_xml_el_t *data_el)
@@ -407,6 +463,8 @@ static int begin(rt_actor_t *self, c2s_t *c, const char *mech, const rt_xml_el_t
         return plain(self, c, msg, (size_t)len);
     if (strcmp(mech, "ANONYMOUS") == 0 && rt__c2s_host_anonymous(c->host))
         return anonymous(self, c);
+    if (strcmp(mech, RT_C2S_FAST_MECH) == 0 && rt__c2s_sasl2_fast_agent(c))
+        return fast(self, c, msg, (size_t)len);
     if (strcmp(mech, "EXTERNAL") == 0 && external_offered(c))
         return external(self, c, msg, (size_t)len);
     fail(self, c, "invalid-mechanism", "mechanism not offered");
@@ -510,6 +568,10 @@ void rt__c2s_sasl_reply(rt_actor_t *self, c2s_t *c, const c2s_reply_t *r)
         else
             fail(self, c, r->rc == RT_ENOTFOUND ? "not-authorized" : "temporary-auth-failure",
                  r->rc == RT_ENOTFOUND ? "no such user" : "store failed");
+        return;
+    }
+    if (r->op == C2S_OP_FAST_GET) {
+        fast_checked(self, c, r);
         return;
     }
     if (r->op != C2S_OP_CRED || !c->scram)

@@ -9,6 +9,10 @@
 ** A resumption asks the detached session as <resume/> does (c2s_sm.c); when it says yes the
 ** socket goes to it with the start of <success/>, which it ends with whom it authorized and
 ** its <resumed/>; when it says no, <success/> carries <failed/> and any Bind2 request is done.
+**
+** FAST (XEP-0484): a client that names itself (<user-agent id/>) may ask for a token with a
+** password login (<request-token/>) and log in with it later (HT-SHA-256-NONE, c2s_sasl.c,
+** inside <fast/>); the token goes in <success/>, the store keeps it (xmpp.db, fast.c).
 */
 #include <stdio.h>
 #include <string.h>
@@ -16,13 +20,16 @@
 #include "c2s_impl.h"
 #include "log.h"
 
+#define NS_FAST "urn:xmpp:fast:0"
 #define NS_BIND2 "urn:xmpp:bind:0"
 #define NS_SM "urn:xmpp:sm:3"
 #define NS_CARBONS "urn:xmpp:carbons:2"
 
 #define BIND2_TAG_MAX 64     /* bytes of a client's tag, the start of its resource */
 #define SM_PREVID_MAX 64     /* bytes of a previd (c2s_sm.c writes "PID-TOKEN": 33 at most) */
-#define SUCCESS_HEAD_MAX 512 /* <success> and <additional-data> (SCRAM's server-final) */
+#define SUCCESS_HEAD_MAX 512 /* <success>, <additional-data> (SCRAM's final) and <token> */
+#define AGENT_ID_MAX 128     /* bytes of a user-agent id (XEP-0388 asks for a UUID: 36) */
+#define FAST_TOKEN_BYTES 32  /* random bytes of a token, issued as base64 */
 
 struct c2s_inline_s {
     bool bind;         /* Bind2 asked */
@@ -30,6 +37,11 @@ struct c2s_inline_s {
     bool sm;           /* with stream management */
     bool sm_resumable; /* asked resumable */
     bool resume;       /* a resumption asked instead */
+    bool fast;         /* XEP-0484: the exchange uses a token (<fast/>) */
+    bool invalidate;   /* and asks for it to be forgotten once it succeeded (a log-out) */
+    bool want_token;   /* <request-token/> for RT_C2S_FAST_MECH */
+    char agent[AGENT_ID_MAX + 1]; /* the user-agent id, "" when none was given */
+    uint8_t proof[32];            /* a FAST exchange's initiator HMAC, until the store answers */
     char tag[BIND2_TAG_MAX + 1];
     char previd[SM_PREVID_MAX + 1];
     char h[11];
@@ -43,8 +55,12 @@ void rt__c2s_sasl2_feature(rt_buf_t *b, const c2s_t *c)
     rt__c2s_sasl_put_mechanisms(b, c);
     rt_buf_printf(b,
                   "<inline><bind xmlns='%s'><inline><feature var='%s'/><feature var='%s'/>"
-                  "</inline></bind><sm xmlns='%s'/></inline></authentication>",
+                  "</inline></bind><sm xmlns='%s'/>",
                   NS_BIND2, NS_CARBONS, NS_SM, NS_SM);
+    if (rt__c2s.conf->fast)
+        rt_buf_printf(b, "<fast xmlns='%s'><mechanism>%s</mechanism></fast>", NS_FAST,
+                      RT_C2S_FAST_MECH);
+    rt_buf_printf(b, "</inline></authentication>");
 }
 
 void rt__c2s_sasl2_forget(rt_actor_t *self, c2s_t *c)
@@ -92,6 +108,17 @@ int rt__c2s_sasl2_inline(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *authenti
         in->sm = sm != NULL;
         in->sm_resumable = sm && flag(sm, "resume");
     }
+    const rt_xml_el_t *agent = rt_xml_child(authenticate, "user-agent", RT_C2S_NS_SASL2);
+    if (agent && !copy_attr(agent, "id", in->agent, sizeof(in->agent)))
+        return RT_EINVAL;
+    const rt_xml_el_t *fast = rt_xml_child(authenticate, "fast", NS_FAST);
+    const rt_xml_el_t *ask = rt_xml_child(authenticate, "request-token", NS_FAST);
+    const char *mech = ask ? rt_xml_attr(ask, "mechanism") : NULL;
+    if (rt__c2s.conf->fast) {
+        in->fast = fast != NULL;
+        in->invalidate = fast && flag(fast, "invalidate");
+        in->want_token = mech && strcmp(mech, RT_C2S_FAST_MECH) == 0 && in->agent[0];
+    }
     const rt_xml_el_t *resume = rt_xml_child(authenticate, "resume", NS_SM);
     if (resume) {
         if (!copy_attr(resume, "previd", in->previd, sizeof(in->previd)) ||
@@ -100,6 +127,46 @@ int rt__c2s_sasl2_inline(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *authenti
         in->resume = true;
     }
     return 0;
+}
+
+const char *rt__c2s_sasl2_fast_agent(const c2s_t *c)
+{
+    return c->sasl2 && c->inl && c->inl->fast && c->inl->agent[0] ? c->inl->agent : NULL;
+}
+
+void rt__c2s_sasl2_keep_proof(c2s_t *c, const uint8_t proof[32])
+{
+    memcpy(c->inl->proof, proof, sizeof(c->inl->proof));
+}
+
+const uint8_t *rt__c2s_sasl2_proof(const c2s_t *c)
+{
+    return c->inl->proof;
+}
+
+/* A token for the client (XEP-0484 3.2): kept by the store (asked before <success/> is
+   written: the client cannot use it before), and its element to head. */
+static void issue_token(rt_actor_t *self, c2s_t *c, rt_buf_t *head)
+{
+    uint8_t raw[FAST_TOKEN_BYTES];
+    char token[RT_BASE64_LEN(FAST_TOKEN_BYTES) + 1];
+    if (rt_random(raw, sizeof(raw)) != 0)
+        return; /* no token this time: the client logs in with its password next time too */
+    size_t len = rt_base64_encode(raw, sizeof(raw), token);
+    token[len] = 0;
+    int64_t expiry = (int64_t)rt_wall_ms() + rt__c2s.conf->fast_token_lifetime * 1000;
+    rt_buf_t d = {0};
+    rt_buf_add(&d, c->inl->agent, strlen(c->inl->agent) + 1);
+    rt_buf_add(&d, RT_C2S_FAST_MECH, sizeof(RT_C2S_FAST_MECH));
+    rt_buf_add(&d, &expiry, sizeof(expiry));
+    rt_buf_add(&d, token, len);
+    if (!d.oom && rt__c2s_ask_own(c, C2S_OP_FAST_PUT, d.data, d.len) == 0) {
+        rt_buf_printf(head, "<token xmlns='%s' expiry='", NS_FAST);
+        rt__c2s_put_stamp(head, expiry);
+        rt_buf_printf(head, "' token='%s'/>", token); /* base64: nothing to escape */
+    }
+    rt_buf_free(&d);
+    (void)self;
 }
 
 size_t rt__c2s_sasl2_head(const c2s_t *c, uint8_t *out)
@@ -121,7 +188,11 @@ void rt__c2s_sasl2_success(rt_actor_t *self, c2s_t *c, const void *data, size_t 
         rt__c2s_put_base64(&head, data, len);
         rt_buf_printf(&head, "</additional-data>");
     }
-    if (!in || head.oom || head.len > sizeof(in->head)) { /* cannot be: SCRAM's final is short */
+    if (in && in->fast && in->invalidate) /* the token just used is forgotten: a log-out */
+        rt__c2s_ask_own(c, C2S_OP_FAST_DEL, in->agent, strlen(in->agent) + 1);
+    else if (in && in->want_token && !c->anonymous)
+        issue_token(self, c, &head);
+    if (!in || head.oom || head.len > sizeof(in->head)) { /* cannot be: its parts are short */
         rt_buf_free(&head);
         rt__c2s_stream_error(self, c, RT_XML_COND_INTERNAL_SERVER_ERROR, NULL);
         return;

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/crypto.h>
+
 #include "accounts.h"
 #include "broker.h"
 #include "c2s_impl.h"
@@ -201,6 +203,60 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
     rt_send(m->from, C2S_MSG_STANZA, error, error_len);
 }
 
+/* ---- FAST tokens (XEP-0484): the session checks the HMAC ---- */
+
+static void add_token(const void *token, size_t len, void *arg)
+{
+    uint8_t n = (uint8_t)len; /* RT_FAST_TOKEN_MAX fits */
+    rt_buf_add(arg, &n, 1);
+    rt_buf_add(arg, token, len);
+}
+
+/* data: agent, mechanism (NUL-ended): a c2s_reply_t, then the tokens valid now. */
+static void fast_get(rt_accounts_t *a, rt_pid_t to, c2s_reply_t *out, const char *host,
+                     const char *user, const uint8_t *data, size_t len)
+{
+    const char *agent = (const char *)data, *mech;
+    size_t alen = strnlen(agent, len);
+    rt_buf_t b = {0};
+    rt_buf_add(&b, out, sizeof(*out));
+    if (alen + 1 >= len || strnlen(mech = agent + alen + 1, len - alen - 1) == len - alen - 1)
+        out->rc = RT_EINVAL;
+    else
+        out->rc = rt_fast_get(a, host, user, agent, mech, (int64_t)rt_wall_ms(), add_token, &b);
+    c2s_reply_t *r = (c2s_reply_t *)(void *)b.data;
+    if (!b.oom) {
+        r->rc = out->rc;
+        r->len = (uint32_t)(b.len - sizeof(*r));
+        rt_send(to, C2S_MSG_STORE_REPLY, b.data, b.len);
+    }
+    OPENSSL_cleanse(b.data, b.len);
+    rt_buf_free(&b);
+}
+
+/* data: agent, mechanism (NUL-ended), expiry (int64_t), the token. */
+static void fast_put(rt_accounts_t *a, const char *host, const char *user, const uint8_t *data,
+                     size_t len)
+{
+    const char *agent = (const char *)data;
+    size_t alen = strnlen(agent, len), mlen;
+    if (alen + 1 >= len)
+        return;
+    const char *mech = agent + alen + 1;
+    mlen = strnlen(mech, len - alen - 1);
+    size_t at = alen + 1 + mlen + 1;
+    int64_t expiry;
+    if (at + sizeof(expiry) >= len)
+        return;
+    memcpy(&expiry, data + at, sizeof(expiry));
+    at += sizeof(expiry);
+    int rc = rt_fast_put(a, host, user, agent, mech, data + at, len - at, expiry,
+                         RT_C2S_FAST_AGENTS_MAX);
+    if (rc)
+        rt_log(RT_LOG_WARNING, "xmpp.fast_token_not_kept", "user=%s@%s error=%s", user, host,
+               rt_strerror(rc));
+}
+
 /* The requests that only read (an offline take writes only when something was kept): they
    share one read snapshot (STORE_SNAPSHOT_MS). */
 static bool op_reads(uint32_t op)
@@ -217,6 +273,7 @@ static bool op_reads(uint32_t op)
     case C2S_OP_PRESENCE_INIT:
     case C2S_OP_PEP_ITEMS:
     case C2S_OP_PEP_LAST:
+    case C2S_OP_FAST_GET:
         return true;
     default:
         return false;
@@ -312,6 +369,16 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         break;
     case C2S_OP_PEP_LAST:
         rt__c2s_store_pep_last(s->accounts, m->from, host, user, data, r->data_len);
+        break;
+    case C2S_OP_FAST_GET:
+        fast_get(s->accounts, m->from, &out, host, user, data, r->data_len);
+        break;
+    case C2S_OP_FAST_PUT:
+        fast_put(s->accounts, host, user, data, r->data_len);
+        break;
+    case C2S_OP_FAST_DEL:
+        if (r->data_len && data[r->data_len - 1] == 0)
+            rt_fast_del(s->accounts, host, user, (const char *)data);
         break;
     case C2S_OP_MUC_PUT:
         out.rc = rt_muc_room_put(s->accounts, host, user, data, r->data_len);

@@ -16,6 +16,7 @@
 #include "jid.h"
 #include "sqlite_mem.h"
 #include "store.h"
+#include "xeps.h"
 
 #define ACCOUNTS_APP_ID 0x7274584D /* "rtXM": PRAGMA application_id of xmpp.db */
 
@@ -93,15 +94,28 @@
     "CREATE UNIQUE INDEX pep_items_by_id ON pep_items(host, username, node, item);"                \
     "CREATE INDEX pep_items_by_node ON pep_items(host, username, node, seq);"
 
+/*
+** Version 6: FAST tokens (XEP-0484, fast.c): per account and client (its user-agent id), the
+** token in force and the one before it (a client that missed its new token's success still
+** has the old one), each with its expiry. The token is the HT mechanism's HMAC key, so it is
+** kept as issued (as a password would not be): it is random, bounded in time, one client's
+** only, and deleted with a password change.
+*/
+#define SCHEMA_V6                                                                                  \
+    "CREATE TABLE fast_tokens(host TEXT NOT NULL, username TEXT NOT NULL, agent TEXT NOT NULL, "   \
+    "  mechanism TEXT NOT NULL, token BLOB NOT NULL, expiry INTEGER NOT NULL, "                    \
+    "  prev_token BLOB, prev_expiry INTEGER, "                                                     \
+    "  PRIMARY KEY(host, username, agent)) WITHOUT ROWID;"
+
 /* A new file's tables: every version's, as a file migrated from version 1 has them. */
-static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3 SCHEMA_V4 SCHEMA_V5;
+static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3 SCHEMA_V4 SCHEMA_V5 SCHEMA_V6;
 
 /*
 ** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
 ** for state.db. Added when the schema changes, never edited after a release.
 */
 static const rt_store_step_t steps[] = {
-    {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5}, {0, NULL},
+    {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5}, {6, SCHEMA_V6}, {0, NULL},
 };
 
 enum {
@@ -357,6 +371,10 @@ int rt_accounts_passwd(rt_accounts_t *a, const char *host, const char *user, con
         snprintf(err, errlen, "no account %s@%s", user, host);
         return RT_ENOTFOUND;
     }
+    /* What the old password let clients keep goes with it (a failure here leaves tokens to
+       their expiry; the password has changed all the same). */
+    if (rc == 0)
+        rt_fast_del(a, host, user, NULL);
     return rc;
 }
 

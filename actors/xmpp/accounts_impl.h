@@ -116,6 +116,11 @@ enum {
     XST_PEP_LAST,  /* each node's newest item, with the node's access model */
     XST_PEP_CLEAR_ITEMS,
     XST_PEP_CLEAR_NODES,
+    XST_FAST_GET, /* fast.c: ?3 the agent */
+    XST_FAST_PUT, /* ?3 agent, ?4 mechanism, ?5 token, ?6 expiry: the one before kept */
+    XST_FAST_DEL,
+    XST_FAST_CLEAR,
+    XST_FAST_TRIM, /* all but the ?3 latest to expire */
     XST_N
 };
 _Static_assert(XST_N <= RT__XEPS_STMTS, "room for the XEPs' statements");

@@ -66,6 +66,15 @@ static const char *const sql[XST_N] = {
                      "WHERE n.host = ?1 AND n.username = ?2 ORDER BY n.node",
     [XST_PEP_CLEAR_ITEMS] = "DELETE FROM pep_items WHERE " KEY,
     [XST_PEP_CLEAR_NODES] = "DELETE FROM pep_nodes WHERE " KEY,
+    [XST_FAST_GET] = "SELECT mechanism, token, expiry, prev_token, prev_expiry FROM fast_tokens "
+                     "WHERE " KEY " AND agent = ?3",
+    [XST_FAST_PUT] = "INSERT INTO fast_tokens VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, NULL) "
+                     "ON CONFLICT(host, username, agent) DO UPDATE SET mechanism = ?4, "
+                     "prev_token = token, prev_expiry = expiry, token = ?5, expiry = ?6",
+    [XST_FAST_DEL] = "DELETE FROM fast_tokens WHERE " KEY " AND agent = ?3",
+    [XST_FAST_CLEAR] = "DELETE FROM fast_tokens WHERE " KEY,
+    [XST_FAST_TRIM] = "DELETE FROM fast_tokens WHERE " KEY " AND agent NOT IN (SELECT agent "
+                      "FROM fast_tokens WHERE " KEY " ORDER BY expiry DESC LIMIT ?3)",
 };
 
 int rt__xeps_prepare(rt_accounts_t *a)
@@ -92,7 +101,8 @@ static sqlite3_stmt *keyed(rt_accounts_t *a, int which, const rt__names_t *n)
 int rt__xeps_drop(rt_accounts_t *a, const rt__names_t *n)
 {
     static const int drops[] = {XST_BLOCK_CLEAR,       XST_VCARD_DEL,       XST_ARCH_CLEAR,
-                                XST_ARCH_COUNTS_CLEAR, XST_PEP_CLEAR_ITEMS, XST_PEP_CLEAR_NODES};
+                                XST_ARCH_COUNTS_CLEAR, XST_PEP_CLEAR_ITEMS, XST_PEP_CLEAR_NODES,
+                                XST_FAST_CLEAR};
     for (size_t i = 0; i < sizeof(drops) / sizeof(drops[0]); i++)
         if (rt__xeps_run(keyed(a, drops[i], n)))
             return RT_EAGAIN;

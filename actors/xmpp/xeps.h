@@ -164,4 +164,26 @@ int rt_pep_last(rt_accounts_t *a, const char *host, const char *user,
 int rt_pep_delete(rt_accounts_t *a, const char *host, const char *user, const char *node,
                   const char *item);
 
+/* ---- FAST tokens (XEP-0484) ---- */
+
+#define RT_FAST_TOKEN_MAX 64 /* bytes of a token as issued (the HT mechanism's HMAC key) */
+
+/*
+** Issues token (len bytes) to user@host's client agent (its user-agent id) for mechanism,
+** valid until expiry_ms; the client's token before it stays valid until its own expiry. Past
+** max_agents clients with tokens, those whose tokens expire first lose theirs. 0,
+** RT_ENOTFOUND (no account), RT_EINVAL, RT_EAGAIN.
+*/
+int rt_fast_put(rt_accounts_t *a, const char *host, const char *user, const char *agent,
+                const char *mechanism, const void *token, size_t len, int64_t expiry_ms,
+                uint32_t max_agents);
+/* The agent's tokens for mechanism not expired at now_ms (the current one first) to fn. 0
+   (fn called for each), RT_ENOTFOUND (none), RT_EINVAL, RT_EAGAIN. */
+int rt_fast_get(rt_accounts_t *a, const char *host, const char *user, const char *agent,
+                const char *mechanism, int64_t now_ms,
+                void (*fn)(const void *token, size_t len, void *arg), void *arg);
+/* Forgets the agent's tokens (agent NULL: every client's of the account). 0, RT_EINVAL,
+   RT_EAGAIN. */
+int rt_fast_del(rt_accounts_t *a, const char *host, const char *user, const char *agent);
+
 #endif

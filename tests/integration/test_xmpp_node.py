@@ -225,9 +225,10 @@ def test_stream_management_acks(xmpp, transport):
 
 def test_stream_management_resume(xmpp):
     """The library's TCP socket is destroyed (no stream close): its reconnect module logs in
-    again and resumes the session with <resume/> inside SASL2's <authenticate/>; a chat sent to
-    its full JID while it was away arrives after the resumption, and the session id stays the
-    same. rtd logs the detachment and the resumption."""
+    again, with the FAST token its first login got instead of the password, and resumes the
+    session with <resume/> inside SASL2's <authenticate/>; a chat sent to its full JID while it
+    was away arrives after the resumption, and the session id stays the same. rtd logs the
+    detachment and the resumption."""
     r, peer = raw_peer(xmpp, "smrpeer")
     n = Node(xmpp, "tcp", "smresume", sm=True,
              steps=[{"drop": True}, {"wait": True}, {"resumed": True},
@@ -242,6 +243,8 @@ def test_stream_management_resume(xmpp):
         n.go_on()
         res = n.event("resumed")
         assert res["sm_id"] == on["sm_id"], (on, res)
+        # The first login asked for a FAST token (XEP-0484); the reconnection used it.
+        assert on["fast_token"] is True and res["mech"] == "HT-SHA-256-NONE", (on, res)
         got = n.event("expected")
         assert got["from"] == peer, got
         read_chat(r, "back")

@@ -16,7 +16,9 @@ NS_SASL2 = "urn:xmpp:sasl:2"
 NS_BIND2 = "urn:xmpp:bind:0"
 NS_SM = "urn:xmpp:sm:3"
 
-USERS = "tagged plainer wrong aborter resumer sender again fresh".split()
+USERS = "tagged plainer wrong aborter resumer sender again fresh faster outer changer".split()
+NS_FAST = "urn:xmpp:fast:0"
+AGENT = "<user-agent id='{}'><software>rt tests</software></user-agent>"
 
 pytestmark = pytest.mark.rtd_only("ejabberd 23.01 and Prosody 0.12 offer no SASL2")
 
@@ -57,19 +59,21 @@ def authz(success):
 
 def test_offered_beside_rfc6120s_with_what_it_can_do_inline(xmpp):
     """The <authentication/> feature lists the same mechanisms as <mechanisms/>, and what may
-    be asked inline: Bind2 with carbons and stream management, and resumption."""
+    be asked inline: Bind2 with carbons and stream management, resumption, and FAST's token
+    mechanism."""
     r = X.Raw(xmpp.xport)
     feats = r.open()
     classic = re.search(r"<mechanisms[^>]*>(.*?)</mechanisms>", feats).group(1)
     sasl2 = re.search(rf"<authentication xmlns='{NS_SASL2}'>(.*?)</authentication>",
                       feats).group(1)
-    assert re.findall(r"<mechanism>([^<]+)</mechanism>", sasl2) == \
+    assert re.findall(r"<mechanism>([^<]+)</mechanism>", sasl2.split("<inline>")[0]) == \
         re.findall(r"<mechanism>([^<]+)</mechanism>", classic)
     inline = re.search(r"<inline>(.*)</inline>", sasl2).group(1)
     assert f"<bind xmlns='{NS_BIND2}'>" in inline
     assert "<feature var='urn:xmpp:carbons:2'/>" in inline
     assert f"<feature var='{NS_SM}'/>" in inline
     assert f"<sm xmlns='{NS_SM}'/>" in inline
+    assert f"<fast xmlns='{NS_FAST}'><mechanism>HT-SHA-256-NONE</mechanism></fast>" in inline
     r.close()
 
 
@@ -206,3 +210,73 @@ def test_off_by_setting():
         assert r.stream_error()[0] == "not-authorized"
     finally:
         S.stop(server)
+
+
+# ---- FAST (XEP-0484) ----
+
+def token_login(xmpp, user, password, agent):
+    """A password login that asks for a token: the token (its expiry checked to be later)."""
+    r = X.Raw(xmpp.xport)
+    r.open()
+    outcome, text = authenticate(r, user, password, AGENT.format(agent) +
+                                 f"<request-token xmlns='{NS_FAST}' mechanism='HT-SHA-256-NONE'/>")
+    assert outcome == "success", text
+    m = re.search(rf"<token xmlns='{NS_FAST}' expiry='([^']+)' token='([^']+)'/>", text)
+    assert m, text
+    r.close()
+    return m.group(2)
+
+
+def fast_login(xmpp, user, token, agent, inline="", fast_attrs=""):
+    """HT-SHA-256-NONE with the token: ("success", text) after checking the server's HMAC, or
+    ("failure", text)."""
+    import hashlib
+    import hmac
+    proof = hmac.new(token.encode(), b"Initiator", hashlib.sha256).digest()
+    response = base64.b64encode(user.encode() + b"\0" + proof).decode()
+    r = X.Raw(xmpp.xport)
+    r.open()
+    r.send(f"<authenticate xmlns='{NS_SASL2}' mechanism='HT-SHA-256-NONE'><initial-response>"
+           f"{response}</initial-response>"
+           f"{AGENT.format(agent)}<fast xmlns='{NS_FAST}'{fast_attrs}/>{inline}</authenticate>")
+    text = r.read_until(rb"<(success|failure)[^>]*(/>|>.*?</\1>)")
+    r.close()
+    if "<failure" in text:
+        return "failure", text
+    data = re.search(r"<additional-data>([^<]*)</additional-data>", text).group(1)
+    assert base64.b64decode(data) == hmac.new(token.encode(), b"Responder",
+                                              hashlib.sha256).digest(), text
+    return "success", text
+
+
+def test_fast_token_issued_then_logs_in_without_the_password(xmpp):
+    """A client that names itself asks for a token with its password login; later it logs in
+    with HT-SHA-256-NONE (no SCRAM), the server proving it has the token too, and Bind2 binds
+    as after any other exchange."""
+    token = token_login(xmpp, "faster", PW, "agent-1")
+    outcome, text = fast_login(xmpp, "faster", token, "agent-1",
+                               f"<bind xmlns='{NS_BIND2}'><tag>fast</tag></bind>")
+    assert outcome == "success", text
+    assert authz(text).startswith("faster@localhost/fast/"), text
+    # Bound to the client that got it, and to itself.
+    assert fast_login(xmpp, "faster", token, "agent-2")[0] == "failure"
+    outcome, text = fast_login(xmpp, "faster", token[:-2] + "AA", "agent-1")
+    assert outcome == "failure" and "<not-authorized " in text, text
+    assert fast_login(xmpp, "wrong", token, "agent-1")[0] == "failure"
+
+
+def test_fast_invalidate_is_a_log_out(xmpp):
+    """<fast invalidate='true'/>: the login succeeds and the token is forgotten."""
+    token = token_login(xmpp, "outer", PW, "agent-o")
+    assert fast_login(xmpp, "outer", token, "agent-o", fast_attrs=" invalidate='true'")[0] == \
+        "success"
+    assert fast_login(xmpp, "outer", token, "agent-o")[0] == "failure"
+
+
+def test_fast_tokens_end_with_a_password_change(xmpp):
+    token = token_login(xmpp, "changer", PW, "agent-c")
+    assert fast_login(xmpp, "changer", token, "agent-c")[0] == "success"
+    code, out, err = xmpp.ctl("xmpp", "user", "passwd", "changer@localhost", "--password",
+                              "new-" + PW)
+    assert code == 0, (out, err)
+    assert fast_login(xmpp, "changer", token, "agent-c")[0] == "failure"

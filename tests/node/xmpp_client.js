@@ -87,14 +87,19 @@ ScramSha256.prototype.clientFirst = true;
 
 (async () => {
   const { client, xml } = await import('@xmpp/client');
+  const userAgent = xml('user-agent', { id: crypto.randomUUID() });
   const xmpp = client({
     service: conf.service,
     domain: conf.domain,
     resource: conf.resource,
-    credentials: async (authenticate, mechanisms) => {
+    // The password, and a FAST token (XEP-0484) once the server gave one: the library logs in
+    // with the token when it has one (a reconnection), naming itself by its user-agent id.
+    credentials: async (authenticate, mechanisms, fast) => {
       out({ event: 'mechanisms', offered: mechanisms });
       if (!mechanisms.includes(conf.mech)) throw new Error(`${conf.mech} not offered`);
-      await authenticate({ username: conf.username, password: conf.password }, conf.mech);
+      const token = fast ? await fast.fetch() : undefined;
+      await authenticate({ username: conf.username, password: conf.password, token }, conf.mech,
+                         userAgent);
     },
   });
   xmpp.saslFactory.use(ScramSha256);
@@ -104,10 +109,18 @@ ScramSha256.prototype.clientFirst = true;
   xmpp.saslFactory.create = (names) => (mech = create(names));
   let verified = null;
   let sasl2 = false;
+  let lastMech = null; // the mechanism of the last SASL2 login (a reconnection's, once resumed)
+  let gotToken = false;
+  xmpp.on('send', (el) => {
+    if (el.is('authenticate', NS_SASL2)) lastMech = el.attrs.mechanism;
+  });
   xmpp.on('nonza', (el) => {
     // RFC 6120's <success/> holds the server's last SCRAM message, SASL2's its additional-data.
     const v2 = el.is('success', NS_SASL2) ? el.getChildText('additional-data') : null;
-    if ((el.is('success', NS_SASL) || v2 !== null) && mech) {
+    if (el.is('success', NS_SASL2) && el.getChild('token', 'urn:xmpp:fast:0')) gotToken = true;
+    // A FAST login's additional-data is HT's responder HMAC (the library checks none of it).
+    const scram = !(lastMech || '').startsWith('HT-');
+    if ((el.is('success', NS_SASL) || v2 !== null) && mech && scram) {
       sasl2 = v2 !== null;
       const v = Buffer.from(sasl2 ? v2 : el.text(), 'base64').toString();
       verified = v === 'v=' + Buffer.from(mech._serverSignature).toString('base64');
@@ -185,6 +198,7 @@ ScramSha256.prototype.clientFirst = true;
   const sm = xmpp.streamManagement;
   if (conf.sm) await next((x) => x.kind === 'enabled');
   out({ event: 'online', jid: address.toString(), mech: mech && mech.name, verified, sasl2,
+        fast_token: gotToken,
         secure: xmpp.isSecure(), sm_enabled: sm.enabled, sm_id: sm.id });
 
   for (const step of conf.steps) {
@@ -204,7 +218,7 @@ ScramSha256.prototype.clientFirst = true;
       out({ event: 'dropped' });
     } else if (step.resumed) {
       await next((x) => x.kind === 'resumed');
-      out({ event: 'resumed', sm_id: sm.id, inbound: sm.inbound });
+      out({ event: 'resumed', sm_id: sm.id, inbound: sm.inbound, mech: lastMech });
     } else if (step.wait) {
       await lines.next();
     } else if (step.join) {

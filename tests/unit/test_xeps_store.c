@@ -3,7 +3,8 @@
 ** vCards set, replaced and deleted, the message archive's pages forwards and backwards (after,
 ** before, the last page, with, stamps) and its retention bound, an account's deletion taking
 ** all of it, PEP's nodes and items (their bounds, publish-options' preconditions, each node's
-** last item), and a schema 2 file migrated with its accounts kept.
+** last item), FAST tokens (the one before, expiry, the client and mechanism they are bound
+** to, a password change ending them), and a schema 2 file migrated with its accounts kept.
 */
 #include <sqlite3.h>
 #include <stdio.h>
@@ -408,6 +409,64 @@ static void test_pep(void)
     rt_accounts_close(a);
 }
 
+/* ---- FAST tokens (XEP-0484) ---- */
+
+static void gather_token(const void *token, size_t len, void *arg)
+{
+    items_t *it = arg;
+    size_t at = strlen(it->all);
+    snprintf(it->all + at, sizeof(it->all) - at, "%s%.*s", it->n++ ? " " : "", (int)len,
+             (const char *)token);
+}
+
+static const char *tokens_of(rt_accounts_t *a, const char *user, const char *agent,
+                             const char *mech, int64_t now, items_t *it)
+{
+    memset(it, 0, sizeof(*it));
+    int rc = rt_fast_get(a, H, user, agent, mech, now, gather_token, it);
+    if (rc)
+        snprintf(it->all, sizeof(it->all), "error %d", rc);
+    return it->all;
+}
+
+static void test_fast_tokens(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    add_user(a, "quick");
+    static const char m[] = "HT-SHA-256-NONE";
+    items_t it;
+    CHECK_EQ(rt_fast_put(a, H, "quick", "phone", m, "t1", 2, 1000, 4), 0);
+    CHECK(strcmp(tokens_of(a, "quick", "phone", m, 500, &it), "t1") == 0);
+    /* A new token keeps the one before it valid until its own expiry. */
+    CHECK_EQ(rt_fast_put(a, H, "quick", "phone", m, "t2", 2, 2000, 4), 0);
+    CHECK(strcmp(tokens_of(a, "quick", "phone", m, 500, &it), "t2 t1") == 0);
+    CHECK(strcmp(tokens_of(a, "quick", "phone", m, 1500, &it), "t2") == 0);
+    CHECK(strcmp(tokens_of(a, "quick", "phone", m, 2000, &it), "error -2") == 0);
+    /* Bound to its client and its mechanism. */
+    CHECK(strcmp(tokens_of(a, "quick", "laptop", m, 500, &it), "error -2") == 0);
+    CHECK(strcmp(tokens_of(a, "quick", "phone", "HT-SHA-256-ENDP", 500, &it), "error -2") == 0);
+    /* Past max_agents clients, those expiring first lose theirs. */
+    CHECK_EQ(rt_fast_put(a, H, "quick", "a", m, "ta", 2, 3000, 2), 0);
+    CHECK_EQ(rt_fast_put(a, H, "quick", "b", m, "tb", 2, 4000, 2), 0);
+    CHECK(strcmp(tokens_of(a, "quick", "phone", m, 500, &it), "error -2") == 0);
+    CHECK(strcmp(tokens_of(a, "quick", "a", m, 500, &it), "ta") == 0);
+    /* Forgotten one client at a time or all at once; and with the account. */
+    CHECK_EQ(rt_fast_del(a, H, "quick", "a"), 0);
+    CHECK(strcmp(tokens_of(a, "quick", "a", m, 500, &it), "error -2") == 0);
+    CHECK(strcmp(tokens_of(a, "quick", "b", m, 500, &it), "tb") == 0);
+    CHECK_EQ(rt_fast_del(a, H, "quick", NULL), 0);
+    CHECK(strcmp(tokens_of(a, "quick", "b", m, 500, &it), "error -2") == 0);
+    CHECK_EQ(rt_fast_put(a, H, "quick", "b", m, "tb", 2, 4000, 2), 0);
+    char err[RT_ACCOUNTS_ERR_LEN];
+    CHECK_EQ(rt_accounts_passwd(a, H, "quick", "other", 5, 4096, err, sizeof(err)), 0);
+    CHECK(strcmp(tokens_of(a, "quick", "b", m, 500, &it), "error -2") == 0);
+    CHECK_EQ(rt_fast_put(a, H, "nobody", "b", m, "tb", 2, 4000, 2), RT_ENOTFOUND);
+    CHECK_EQ(rt_fast_put(a, H, "quick", "b", m, "", 0, 4000, 2), RT_EINVAL);
+    rt_accounts_close(a);
+}
+
 /* ---- Persistent rooms (XEP-0045) ---- */
 
 typedef struct {
@@ -477,12 +536,12 @@ static void test_migration_from_schema_2(void)
         return;
     add_user(a, "juliet");
     rt_accounts_close(a);
-    /* A version 2 file is this one without version 3's, 4's and 5's tables. */
+    /* A version 2 file is this one without the tables of versions 3 to 6. */
     sqlite3 *db = open_db(path);
     CHECK_EQ(sqlite3_exec(db,
                           "DROP TABLE blocklist; DROP TABLE vcard; DROP TABLE archive; "
                           "DROP TABLE archive_counts; DROP TABLE muc_rooms; "
-                          "DROP TABLE pep_nodes; DROP TABLE pep_items; "
+                          "DROP TABLE pep_nodes; DROP TABLE pep_items; DROP TABLE fast_tokens; "
                           "PRAGMA user_version = 2;",
                           NULL, NULL, NULL),
              SQLITE_OK);
@@ -574,6 +633,7 @@ int main(void)
     RUN(test_delete_account);
     RUN(test_muc_rooms);
     RUN(test_pep);
+    RUN(test_fast_tokens);
     RUN(test_migration_from_schema_2);
     RUN(test_archive_cost);
     tmpdir_remove();
