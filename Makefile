@@ -165,7 +165,7 @@ test-integration-tsan: build-tsan deps
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.
-FUZZ_SECONDS ?= 10
+FUZZ_SECONDS ?= 6
 test-fuzz: build-fuzz
 	@./tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS) $(JOBS)
 

@@ -352,16 +352,19 @@ def test_login_burst_is_verified_off_the_schedulers(slow_hashes):
     for s in socks:
         s.close()
     assert pings, "no ping completed"
-    # No scheduler was held up for one of them (a hash on a scheduler thread would
-    # keep the watcher's ping waiting for all of it).
-    assert max(pings) < hash_s / 2, (max(pings), hash_s, elapsed)
+    # No scheduler was held up by them: ten hashes on the two scheduler threads would keep the
+    # watcher's ping waiting for several of them back to back (about 5 * hash_s), while the
+    # machine's own load (the suite runs beside other tests) delays a ping by a fraction of one;
+    # two hashes' time tells the two apart.
+    assert max(pings) < 2 * hash_s, (max(pings), hash_s, elapsed)
     log = slow_hashes.read_log()
     assert "client.auth_failed user=u6 reason=bad_password delay_ms=100" in log
     assert "client.auth_failed user=nobody1 reason=unknown_user delay_ms=100" in log
-    # A reconnect with a password that verified is remembered: decided at once, in place.
+    # A reconnect with a password that verified is remembered: decided at once, in place (not
+    # remembered, its answer would wait for a whole hash, however idle the machine).
     t0 = time.time()
     assert Raw(slow_hashes.port, "again", username="u0", password="pw-0").connack_code == 0
-    assert time.time() - t0 < hash_s / 2
+    assert time.time() - t0 < hash_s
     watcher.disconnect()
 
 
