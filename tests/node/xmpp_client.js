@@ -14,8 +14,10 @@
 // {"join": {"room", "nick", "configure"}} (joined once its own presence, 110, and the subject
 // came; configure: the instant-room form as the room's owner), {"groupchat": {"room", "body"}}.
 // @xmpp/client ships SCRAM-SHA-1 only; SCRAM-SHA-256 (RFC 7677) is added here on the
-// library's SASL factory. The server's signature (v= in <success/>) is checked for both, which
-// the library does not do itself.
+// library's SASL factory. The server's signature (v= in <success/>, or in SASL2's
+// additional-data) is checked for both, which the library does not do itself. Where the
+// server offers SASL2 the library logs in with it, Bind2 and FAST (XEP-0388, 0386, 0484): the
+// online event says so (sasl2, fast_token), the resumed one which mechanism logged in again.
 // A server certificate is checked against NODE_EXTRA_CA_CERTS (the test CA), not skipped.
 'use strict';
 const crypto = require('crypto');
