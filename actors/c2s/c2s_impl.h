@@ -123,7 +123,8 @@ enum {
     C2S_OP_PEP_PUBLISH = 96, /* data: iq id, node, item id, c2s_pep_publish_t, the payload */
     C2S_OP_PEP_DELETE,       /* data: iq id, node, item id (empty: the node), a notify byte */
     C2S_OP_PEP_ITEMS,        /* data: iq id, from, reader, node, item id, max (uint32_t) */
-    C2S_OP_PEP_LAST,         /* data: full JID, the nodes the session wants (each NUL-ended) */
+    C2S_OP_PEP_LAST,         /* data: full JID, one contact (empty: all and the account's),
+                                the nodes the session wants (each NUL-ended) */
 };
 /* FAST (XEP-0484; c2s_sasl2.c, c2s_store.c): a client's tokens. GET is answered with a
    c2s_reply_t followed by each token valid now (a length byte, its bytes). */
@@ -561,6 +562,9 @@ bool rt__c2s_pep_other(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const 
 void rt__c2s_pep_presence(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *presence);
 bool rt__c2s_pep_caps_answer(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq);
 void rt__c2s_pep_event(rt_actor_t *self, c2s_t *c, const rt_msg_t *m);
+/* The last items the client wants of one contact's nodes (contact: its bare JID, len bytes), or
+   (NULL) of its own account's and every contact's it gets the presence of. */
+void rt__c2s_pep_last(c2s_t *c, const char *contact, size_t len);
 void rt__c2s_pep_features(rt_buf_t *b, const c2s_t *c);
 /* The one <value/> of field var in a data form (XEP-0004), or NULL (c2s_session.c). */
 const char *rt__c2s_form_value(const rt_xml_el_t *form, const char *var);

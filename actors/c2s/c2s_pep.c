@@ -290,14 +290,15 @@ void rt__c2s_pep_presence(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *presenc
     rt__c2s_write_stanza_buf(self, c, &b);
 }
 
-/* The session's full JID and its nodes, for the store to send their last items. */
-static void ask_last(c2s_t *c)
+void rt__c2s_pep_last(c2s_t *c, const char *contact, size_t len)
 {
     const c2s_caps_t *k = c->caps;
     if (!k || !k->notify_len || !c->available)
         return;
     rt_buf_t d = {0};
     rt_buf_add(&d, c->jid->s, rt_jid_len(c->jid) + 1);
+    rt_buf_add(&d, contact, len);
+    rt_buf_add(&d, "", 1);
     rt_buf_add(&d, caps_nodes(k), k->notify_len);
     if (!d.oom)
         rt__c2s_ask_own(c, C2S_OP_PEP_LAST, d.data, d.len);
@@ -339,7 +340,7 @@ bool rt__c2s_pep_caps_answer(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
         k->notify_len = (uint16_t)nodes.len;
         rt_free(self, old);
         c->caps = k;
-        ask_last(c);
+        rt__c2s_pep_last(c, NULL, 0);
     }
     rt_buf_free(&nodes);
     return true;

@@ -344,12 +344,18 @@ static void on_roster(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
 
 static void on_item(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
 {
-    size_t at = 0;
-    entry_t e;
+    size_t at = 0, where;
+    entry_t e, old;
     if (!next_entry(m->data, m->len, &at, &e))
         return;
+    bool had_to =
+        c->roster_loaded && find(c, e.jid, e.len, &where, &old) && (old.state & RT_ROSTER_TO);
     if (c->roster_loaded)
         update(self, c, e.state, e.jid, e.len);
+    /* Subscribed to a contact's presence now: subscribed to its PEP nodes too (XEP-0163's
+       auto-subscribe), whose last items come at once. */
+    if (c->roster_loaded && !had_to && e.state != C2S_ROSTER_GONE && (e.state & RT_ROSTER_TO))
+        rt__c2s_pep_last(c, e.jid, e.len);
     if (c->interested && at < m->len)
         rt__c2s_write_stanzas(self, c, m->data + at, m->len - at, 1);
 }

@@ -288,7 +288,8 @@ typedef struct last_s {
     const char *owner;    /* whose items these are */
     const uint8_t *wants; /* the nodes asked for, each NUL-ended */
     size_t wants_len;
-    bool own; /* the asker's own account */
+    bool own;         /* the asker's own account */
+    const char *only; /* one contact's, or NULL: every contact's */
 } last_t;
 
 static bool wanted(const last_t *l, const char *node)
@@ -330,7 +331,8 @@ static int last_of_contact(const rt_roster_item_t *it, void *arg)
 {
     last_t *l = arg;
     const char *at = strchr(it->jid, '@');
-    if (!(it->state & RT_ROSTER_TO) || !at || rt__c2s_host_index(at + 1, strlen(at + 1)) < 0)
+    if (!(it->state & RT_ROSTER_TO) || !at || rt__c2s_host_index(at + 1, strlen(at + 1)) < 0 ||
+        (l->only && strcmp(l->only, it->jid) != 0))
         return 0;
     char user[RT_JID_PART_MAX + 1];
     size_t ulen = (size_t)(at - it->jid);
@@ -343,14 +345,16 @@ static int last_of_contact(const rt_roster_item_t *it, void *arg)
     return 0;
 }
 
-/* data: the asking session's full JID, NUL, the nodes it wants told of, each NUL-ended. Its
-   own account's last items, then those of each contact it gets the presence of (TO). */
+/* data: the asking session's full JID, a contact's bare JID (empty: every contact's and the
+   account's own), the nodes it wants told of, each NUL-ended. The account's own last items,
+   then those of each contact it gets the presence of (TO): the contact's roster item is read
+   here, whatever the session said. */
 void rt__c2s_store_pep_last(rt_accounts_t *a, rt_pid_t to, const char *host, const char *user,
                             const uint8_t *data, size_t len)
 {
-    const char *f[1];
+    const char *f[2];
     size_t at;
-    if (!fields(data, len, f, 1, NULL, 0, &at))
+    if (!fields(data, len, f, 2, NULL, 0, &at))
         return;
     char owner[2 * RT_JID_PART_MAX + 2];
     snprintf(owner, sizeof(owner), "%s@%s", user, host);
@@ -360,8 +364,13 @@ void rt__c2s_store_pep_last(rt_accounts_t *a, rt_pid_t to, const char *host, con
                 .owner = owner,
                 .wants = data + at,
                 .wants_len = len - at,
-                .own = true};
-    rt_pep_last(a, host, user, send_last, &l);
+                .own = !f[1][0],
+                .only = f[1][0] ? f[1] : NULL};
+    if (l.own)
+        rt_pep_last(a, host, user, send_last, &l);
     l.own = false;
-    rt_roster_get(a, host, user, last_of_contact, &l, NULL);
+    if (l.only)
+        rt_roster_item(a, host, user, l.only, last_of_contact, &l);
+    else
+        rt_roster_get(a, host, user, last_of_contact, &l, NULL);
 }

@@ -21,7 +21,7 @@ BYTES = 16 * 1024  # pep_max_bytes here
 
 USERS = """nickpub nicksub nickdeaf latepub latesub readpub readfriend readstranger
 privowner privfriend maxpub maxsub optpub openpub openstranger boundpub delpub
-delfriend""".split()
+delfriend newpub newsub""".split()
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +103,13 @@ async def iq_error(coro):
     return e.value.iq["error"]["condition"]
 
 
-@pytest.mark.skipif(S.PEER == "ejabberd", reason="ejabberd 23.01 sent the subscriber no event "
-                    "in this flow (subscriptions made after both logged in), though it sends the "
-                    "last item at the next login (test_last_item_comes_at_login)")
+# ejabberd 23.01 sends a subscriber made after both logged in no event, live or last, though it
+# sends the last item at the subscriber's next login (test_last_item_comes_at_login).
+EJABBERD_LATE_SUBSCRIBER = pytest.mark.skipif(
+    S.PEER == "ejabberd", reason="ejabberd 23.01 tells a subscription made while online nothing")
+
+
+@EJABBERD_LATE_SUBSCRIBER
 def test_publish_reaches_contacts_that_asked_and_no_others(xmpp):
     """XEP-0163 4.3: a nickname published goes to the owner's contacts subscribed to its
     presence whose client asked for the node (+notify in its caps); a contact whose client
@@ -155,6 +159,23 @@ def test_last_item_comes_at_login(xmpp):
         own.send_presence()
         assert nick_of(await X.next_of(own_events)) == "second"
         await X.logout(pub, later, own)
+    X.run(t())
+
+
+@EJABBERD_LATE_SUBSCRIBER
+def test_last_item_comes_when_the_subscription_starts(xmpp):
+    """XEP-0163 4.3 (XEP-0060's send_last_published_item on_sub_and_presence): a contact online
+    and asking for the node gets its last item as soon as it is subscribed to the owner's
+    presence, not at its next login."""
+    async def t():
+        pub = await online(xmpp, "newpub", plugins=["xep_0172"])
+        await pub.plugin["xep_0172"].publish_nick("already there")
+        sub = await online(xmpp, "newsub", plugins=["xep_0172"])
+        events = queue_of(sub, "user_nick_publish")
+        await friends(sub, pub)
+        got = await X.next_of(events)
+        assert nick_of(got) == "already there" and got["from"] == jid("newpub"), got
+        await X.logout(pub, sub)
     X.run(t())
 
 
