@@ -46,6 +46,8 @@ typedef struct slot_s {
     lua_State *L;                 /* the armed call's state: owner and its signal handler only */
     lua_Hook hook;
     atomic_bool *fired;
+    uint64_t fired_cpu_ns; /* the thread's CPU time when its armed call's deadline fired (set
+                              by the handler on the thread itself; 0: not fired) */
 } slot_t;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -71,6 +73,9 @@ static void on_signal(int sig)
     slot_t *s = here;
     uint64_t w = s ? atomic_load(&s->word) : 0;
     if (s && STATE(w) == FIRING) {
+        struct timespec cpu; /* clock_gettime is async-signal-safe */
+        if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+            s->fired_cpu_ns = (uint64_t)cpu.tv_sec * 1000000000u + (uint64_t)cpu.tv_nsec;
         atomic_store(s->fired, true);
         lua_sethook(s->L, s->hook, LUA_MASKCOUNT | LUA_MASKCALL, 1);
         atomic_store(&s->word, (w & ~(uint64_t)3) | FIRED);
@@ -214,6 +219,7 @@ void rt__rule_deadline_arm(lua_State *L, lua_Hook hook, atomic_bool *fired, long
     s->L = L;
     s->hook = hook;
     s->fired = fired;
+    s->fired_cpu_ns = 0;
     atomic_store_explicit(fired, false, memory_order_relaxed);
     atomic_store(&s->deadline_ns, rt_mono_ns() + (uint64_t)call_ms * 1000000u);
     atomic_store(&s->word, (GEN(w) + 1) << 2 | ARMED);
@@ -229,6 +235,11 @@ void rt__rule_deadline_arm(lua_State *L, lua_Hook hook, atomic_bool *fired, long
         pthread_cond_signal(&list_cond);
         pthread_mutex_unlock(&list_lock);
     }
+}
+
+uint64_t rt__rule_deadline_fired_cpu_ns(void)
+{
+    return here ? here->fired_cpu_ns : 0;
 }
 
 void rt__rule_deadline_disarm(void)

@@ -80,6 +80,9 @@ int rt__rule_deadline_start(void);
 void rt__rule_deadline_arm(lua_State *L, lua_Hook hook, atomic_bool *fired, long call_ms);
 /* Ends it; once this returns, the deadline will not touch the thread. */
 void rt__rule_deadline_disarm(void);
+/* The calling thread's CPU time (ns) when its last call's deadline fired; 0: it did not. What
+   the call ran after it is the mechanism's latency, apart from the watchdog's own wake-up. */
+uint64_t rt__rule_deadline_fired_cpu_ns(void);
 
 /* rule_sandbox.c */
 /* Builds the read-only base environment; run under lua_pcall (raises on failure). */

@@ -5,12 +5,14 @@
 ** json.encode refuses a cycle before walking it again. Each shape here once ran for seconds
 ** past the limit, and most were counted as passed.
 **
-** Every time bound below is the configured limit plus the deadline's stated latency
-** (RT_RULE_DEADLINE_SLACK_MS), plus, where the rule's loop is made of one costly VM
-** instruction, what that one instruction costs (measured here, on its own). What is bounded
-** is the CPU time the call took on its thread: on an idle machine that is its wall time, and
-** on a loaded one the time the kernel kept the thread waiting for a core is no part of the
-** deadline's mechanism (the watchdog's own wake-up is, and is in the latency). A call that
+** Every time bound below is the deadline's stated latency (RT_RULE_DEADLINE_SLACK_MS), plus,
+** where the rule's loop is made of one costly VM instruction, what that one instruction costs
+** (measured here, on its own): the CPU time the call's thread ran after its deadline fired
+** (the signal handler notes the thread's CPU clock), or, for a call that ended on its own, the
+** limit plus that. CPU time, because the time the kernel kept the thread waiting for a core is
+** no part of the mechanism; and from the firing, because the watchdog's own wake-up is the
+** machine's: on a loaded one (the suite runs beside other tests) it came 15 ms late once while
+** this thread kept its core (p84, TSan). A call that
 ** should pass quickly may still be ended by its deadline, on a machine busy enough or under a
 ** sanitizer that makes memcmp and snprintf slow: that is the limit at work, not the shape
 ** escaping it, and counts as an expected outcome (run_t.by_clock), the CPU bound still
@@ -24,6 +26,7 @@
 #include "check.h"
 #include "config.h"
 #include "rule_vm.h"
+#include "rule_vm_internal.h"
 #include "test_rule_util.h"
 
 #define CALL_MS 200
@@ -34,6 +37,7 @@ typedef struct {
     rt_rule_outcome_t outcome;
     long call_ms;  /* its limit */
     double ms;     /* CPU time of the call, on this thread */
+    double late_ms; /* of it, after its deadline fired (-1: it did not fire) */
     char v[256];   /* the row's v, when it passed */
     bool by_clock; /* ended by its deadline */
 } run_t;
@@ -74,7 +78,10 @@ static run_t run_body(const char *prelude, const char *body, size_t memory, long
     err[0] = 0;
     double t0 = thread_cpu_s() * 1e3;
     r.outcome = rt_rule_vm_run(vm, 0, &in, &rows, &n, err, sizeof(err));
-    r.ms = thread_cpu_s() * 1e3 - t0;
+    double t1 = thread_cpu_s() * 1e3;
+    uint64_t fired_ns = rt__rule_deadline_fired_cpu_ns();
+    r.ms = t1 - t0;
+    r.late_ms = fired_ns ? t1 - (double)fired_ns / 1e6 : -1;
     r.by_clock = r.outcome == RT_RULE_FAIL_BUDGET && strstr(err, "time limit");
     if (r.outcome == RT_RULE_PASSED)
         row_str(rows_data(&rows), "v", r.v, sizeof(r.v));
@@ -83,14 +90,18 @@ static run_t run_body(const char *prelude, const char *body, size_t memory, long
     return r;
 }
 
-/* The call ended within its limit and the deadline's latency (extra: one instruction's cost). */
+/* The call ended within the deadline's latency of its firing, or (not fired) within its limit
+   and that latency (extra: one instruction's cost). */
 static void check_in_time(const run_t *r, double extra_ms, const char *what)
 {
-    double bound = (double)r->call_ms + RT_RULE_DEADLINE_SLACK_MS + extra_ms;
-    CHECK(r->ms <= bound);
-    if (r->ms > bound)
-        fprintf(stderr, "  %s: %.0f ms, bound %.0f ms (outcome %d: %s)\n", what, r->ms, bound,
-                r->outcome, err);
+    bool fired = r->late_ms >= 0;
+    double spent = fired ? r->late_ms : r->ms;
+    double bound = (fired ? 0 : (double)r->call_ms) + RT_RULE_DEADLINE_SLACK_MS + extra_ms;
+    CHECK(spent <= bound);
+    if (spent > bound)
+        fprintf(stderr, "  %s: %.0f ms %s, bound %.0f ms (%.0f ms in all; outcome %d: %s)\n", what,
+                spent, fired ? "after the deadline fired" : "in all", bound, r->ms, r->outcome,
+                err);
 }
 
 /*
