@@ -56,46 +56,40 @@ def fmt(v, digits=2):
     return f"{v:.{digits}f}"
 
 
+def table(rows, servers, case, title, columns):
+    """One case's table: a row per server of the medians of columns (header, key, digits)."""
+    picked = [r for r in rows if r["case"] == case]
+    if not picked:
+        return
+    print("### %s, medians of %d round(s)\n" % (title, max(int(r["round"]) for r in picked)))
+    print("| server | " + " | ".join(h for h, _, _ in columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for s in servers:
+        rs = [r for r in picked if r["server"] == s]
+        if rs:
+            print(f"| {s} | " + " | ".join(fmt(med(rs, k), d) for _, k, d in columns) + " |")
+    print()
+
+
 def table(path):
     with open(path) as f:
         head = f.readline().rstrip("\n").split("\t")
         rows = [dict(zip(head, l.rstrip("\n").split("\t"))) for l in f if l.strip()]
     servers = list(dict.fromkeys(r["server"] for r in rows))
-    room = [r for r in rows if r["case"] == "room"]
-    if room:
-        print("### One room, medians of %d round(s)\n" % max(int(r["round"]) for r in room))
-        print("| server | occupants | senders | msg/s | deliveries | lost | server CPU-s per "
-              "million deliveries | deliveries per server CPU-s | latency p50 ms | p99 ms | "
-              "worst second p99 ms | rtbench CPU-s (run) | load1 |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for s in servers:
-            rs = [r for r in room if r["server"] == s]
-            if not rs:
-                continue
-            print(f"| {s} | {fmt(med(rs, 'occupants'), 0)} | {fmt(med(rs, 'senders'), 0)} | "
-                  f"{fmt(med(rs, 'rate'), 0)} | {fmt(med(rs, 'delivered'), 0)} | "
-                  f"{fmt(med(rs, 'lost'), 0)} | {fmt(med(rs, 'cpu_s_per_M'))} | "
-                  f"{fmt(med(rs, 'deliveries_per_cpu_s'), 0)} | {fmt(med(rs, 'p50_ms'))} | "
-                  f"{fmt(med(rs, 'p99_ms'))} | {fmt(med(rs, 'worst_second_p99_ms'))} | "
-                  f"{fmt(med(rs, 'client_cpu_s'))} | {fmt(med(rs, 'load1'))} |")
-        print()
-    rooms = [r for r in rows if r["case"] == "rooms"]
-    if rooms:
-        print("### Small rooms, medians of %d round(s)\n" % max(int(r["round"]) for r in rooms))
-        print("| server | rooms | occupants | joined | failed | RSS bare KB | RSS logged in KB | "
-              "RSS joined KB | bytes per session | bytes per room | join s | load1 |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for s in servers:
-            rs = [r for r in rooms if r["server"] == s]
-            if not rs:
-                continue
-            print(f"| {s} | {fmt(med(rs, 'rooms'), 0)} | {fmt(med(rs, 'occupants'), 0)} | "
-                  f"{fmt(med(rs, 'joined'), 0)} | {fmt(med(rs, 'failed'), 0)} | "
-                  f"{fmt(med(rs, 'rss0_kb'), 0)} | {fmt(med(rs, 'rss_login_kb'), 0)} | "
-                  f"{fmt(med(rs, 'rss_joined_kb'), 0)} | {fmt(med(rs, 'bytes_per_session'), 0)} | "
-                  f"{fmt(med(rs, 'bytes_per_room'), 0)} | {fmt(med(rs, 'join_s'))} | "
-                  f"{fmt(med(rs, 'load1'))} |")
-        print()
+    table(rows, servers, "room", "One room", [
+        ("occupants", "occupants", 0), ("senders", "senders", 0), ("msg/s", "rate", 0),
+        ("deliveries", "delivered", 0), ("lost", "lost", 0),
+        ("server CPU-s per million deliveries", "cpu_s_per_M", 2),
+        ("deliveries per server CPU-s", "deliveries_per_cpu_s", 0),
+        ("latency p50 ms", "p50_ms", 2), ("p99 ms", "p99_ms", 2),
+        ("worst second p99 ms", "worst_second_p99_ms", 2),
+        ("rtbench CPU-s (run)", "client_cpu_s", 2), ("load1", "load1", 2)])
+    table(rows, servers, "rooms", "Small rooms", [
+        ("rooms", "rooms", 0), ("occupants", "occupants", 0), ("joined", "joined", 0),
+        ("failed", "failed", 0), ("RSS bare KB", "rss0_kb", 0),
+        ("RSS logged in KB", "rss_login_kb", 0), ("RSS joined KB", "rss_joined_kb", 0),
+        ("bytes per session", "bytes_per_session", 0), ("bytes per room", "bytes_per_room", 0),
+        ("join s", "join_s", 2), ("load1", "load1", 2)])
 
 
 if __name__ == "__main__":
