@@ -829,6 +829,13 @@ def test_probe_at_initial_presence(xmpp):
         await X.next_of(u.presences, lambda p: p["type"] == "subscribed")
         await request_and_approve(c, u)   # u: both, c: both
         await X.next_of(c.presences, lambda p: p["type"] == "subscribed")
+        # 3.1.5: the approver's presence follows. u's session sends it on the store's word,
+        # queued after the push that gives its roster copy 'from' for c: once c has it, u's
+        # session knows c is a subscriber. Without this wait, a turn of u's preempted after
+        # it read its 'subscribed' can read the close before the push and end as it was
+        # before the approval, telling c neither presence (consistent, not what this tests).
+        await X.next_of(c.presences, lambda p: p["from"].bare == jid("probeuser") and
+                        p["type"] == "available")
         await X.logout(u)
         # 4.5: the user's unavailable presence reaches its contact.
         p = await X.next_of(c.presences, lambda p: p["type"] == "unavailable")
