@@ -53,6 +53,7 @@ if [[ "$purpose" == test ]]; then
         chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
         nats-server  # the cluster's tests run NATS servers
         python3-slixmpp  # tests/integration/test_xmpp_*.py: the XMPP client the sessions are tested with
+        python3-aiohttp  # slixmpp's XEP-0363 plugin uploads with it (tests/integration/test_xmpp_upload.py)
         python3-jwt python3-cryptography  # tests/integration/test_jwt.py: tokens and keys made in the test
         lintian systemd  # tests/integration/test_package.py: the .deb's lint, systemd-analyze on the unit
     )

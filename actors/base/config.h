@@ -170,6 +170,14 @@ typedef struct rt_conf_xmpp_s {
     long pep_max_nodes;          /* nodes of one account, default 64 */
     long pep_max_items;          /* items one node keeps at most, default 256 */
     long pep_max_bytes;          /* bytes of one account's items, default 1 MiB */
+    /* HTTP file upload (XEP-0363): the service's domain as muc_host's ("": none), the URL
+       base the slots name ("": the http listener's, at each host's domain) and the bounds. */
+    char upload_host[RT_CONF_XMPP_HOST_MAX];
+    char upload_url[256];
+    long upload_max_size;     /* bytes of one file, default 10 MiB */
+    long upload_quota;        /* bytes of one account's files, default 100 MiB; 0 = none */
+    long upload_expire;       /* s a file is served, default 7 days; 0 = kept */
+    long upload_slot_timeout; /* s a slot waits for its PUT, default 300 */
 } rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */

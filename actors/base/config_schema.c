@@ -384,7 +384,8 @@ const rt_setting_t rt__conf_table_settings[] = {
      .max = RT_CONF_HTTP_REQUEST_TIMEOUT_MAX,
      .offset = H_OFF(request_timeout),
      .doc = "a request must arrive whole within it of its first byte (slowloris); the first, TLS "
-            "handshake included, within it of accept"},
+            "handshake included, within it of accept; an upload's body (xmpp.upload_host) "
+            "within it of its last piece, and a download's reader likewise"},
     {.name = "auto_subscribe[].topic",
      .type = RT_SET_STRING,
      .offset = A_OFF(topic),
@@ -763,6 +764,31 @@ const rt_setting_t rt__conf_table_settings[] = {
     XMPP_INT(pep_max_bytes, 1 * MIB, 1024, 1e9, "bytes",
              "of all the items one account's PEP nodes keep; a publish past it is refused "
              "with not-acceptable"),
+    {.name = "xmpp.upload_host",
+     .type = RT_SET_STRING,
+     .text = "",
+     .offset = X_OFF(upload_host),
+     .size = sizeof(((rt_conf_xmpp_t *)0)->upload_host),
+     .doc = "the HTTP file upload service's domain (XEP-0363), @HOST@ standing for each of "
+            "hosts as in muc_host: \"upload.@HOST@\" hands out slots whose files the http "
+            "listener takes and serves (it must be on); \"\": none"},
+    {.name = "xmpp.upload_url",
+     .type = RT_SET_STRING,
+     .text = "",
+     .offset = X_OFF(upload_url),
+     .size = sizeof(((rt_conf_xmpp_t *)0)->upload_url),
+     .doc = "the URL clients reach the http listener at, @HOST@ standing for the uploader's "
+            "host, as \"https://@HOST@:5443\" (a proxy's in front of rtd); \"\": http or "
+            "https (http.tls) at the host's domain and the listener's port"},
+    XMPP_INT(upload_max_size, 10 * MIB, 1, 1e11, "bytes",
+             "of one uploaded file; a bigger slot is refused with file-too-large"),
+    XMPP_INT(upload_quota, 100 * MIB, 0, 1e13, "bytes",
+             "of one account's uploaded files and open slots; a slot past it is refused with "
+             "resource-constraint; 0 = no limit"),
+    XMPP_INT(upload_expire, 7 * 86400, 0, 10 * 365 * 86400.0, "seconds",
+             "an uploaded file is served for, from its upload; then it is deleted; 0 = kept"),
+    XMPP_INT(upload_slot_timeout, 300, 1, 86400, "seconds",
+             "a slot waits for its PUT; a PUT after it is refused (403)"),
     {.name = NULL},
 };
 

@@ -226,7 +226,14 @@ typedef struct c2s_req_view_s {
     const uint8_t *data;                                       /* r->data_len bytes */
 } c2s_req_view_t;
 int rt__c2s_store_req(const rt_msg_t *m, c2s_req_view_t *v); /* 0, or RT_EINVAL */
-int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t errlen);
+int rt__c2s_store_start(rt_pid_t sup, const rt_conf_t *conf, char *err, size_t errlen);
+/*
+** A service's domain for each host from its setting's pattern (@HOST@ standing for the host;
+** without it, one host only), into out[host]: 0, or RT_EINVAL with err naming setting when one
+** is too long, not a domain as JIDs have it, or one of the hosts.
+*/
+int rt__c2s_service_domains(const char *setting, const char *pattern,
+                            char (*out)[RT_CONF_XMPP_HOST_MAX], char *err, size_t errlen);
 /* Opens xmpp.db in dir for an actor's init, logging event with the error if it cannot. */
 int rt__c2s_accounts_open(const char *dir, rt_accounts_t **a, const char *event);
 /* The archive's actor (c2s_store_mam.c), in the store's group; it takes C2S_OP_ARCHIVE and
@@ -515,6 +522,17 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
 /* A stanza that reached a room as it ended: a join makes the room again, an iq is answered. */
 void rt__c2s_muc_reroute(rt_msg_t *m);
 int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
+
+/* ---- HTTP file upload (c2s_upload.c, XEP-0363) ---- */
+/* The host whose upload service domain this is, or -1. */
+int rt__c2s_upload_index(const char *domain, size_t len);
+/* The service as an item of host's disco#items (nothing when there is none). */
+void rt__c2s_upload_disco_item(rt_buf_t *b, unsigned host);
+/* An iq to host's upload service, to (prepared) its address: disco, and slot requests. */
+void rt__c2s_upload_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to,
+                       int host);
+/* Checks the upload settings and starts the upload actor in group when xmpp.upload_host. */
+int rt__c2s_upload_start(rt_pid_t group, const rt_conf_t *conf, char *err, size_t errlen);
 /* The xmpp sink's entry (rt_sink_xmpp_fn, c2s_session.c), and its part for rooms: a groupchat
    from room/nick with the body to the room's occupants (C2S_MSG_MUC_POST), kept in its history
    and archive; RT_ENOTFOUND when there is no such room. */

@@ -478,31 +478,11 @@ int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t er
     parse_config.on_header = muc_header;
     parse_config.on_stanza = muc_stanza;
     parse_config.on_close = muc_close;
-    const char *at = strstr(x->muc_host, "@HOST@");
-    for (unsigned i = 0; i < x->nhosts; i++) {
-        char *d = rt__c2s.muc[i];
-        int n = at ? snprintf(d, RT_CONF_XMPP_HOST_MAX, "%.*s%s%s", (int)(at - x->muc_host),
-                              x->muc_host, x->hosts[i], at + 6)
-                   : snprintf(d, RT_CONF_XMPP_HOST_MAX, "%s", x->muc_host);
-        if (n < 0 || n >= RT_CONF_XMPP_HOST_MAX) {
-            snprintf(err, errlen, "xmpp.muc_host: longer than %d bytes for host %s",
-                     RT_CONF_XMPP_HOST_MAX - 1, x->hosts[i]);
-            return RT_EINVAL;
-        }
-        char prepared[RT_JID_PART_MAX + 1];
-        size_t plen = 0, len = strlen(d);
-        const char *why = "";
-        if (rt_jid_prep_part(RT_JID_DOMAIN, d, len, prepared, &plen, &why) != 0 || plen != len ||
-            memcmp(prepared, d, len) != 0 || rt__c2s_host_index(d, len) >= 0 || (i > 0 && !at)) {
-            snprintf(err, errlen,
-                     "xmpp.muc_host: \"%s\" is not a domain of its own as JIDs have it%s%s%s", d,
-                     why && *why ? ": " : "", why ? why : "",
-                     i > 0 && !at ? " (with several hosts, write @HOST@ in it)" : "");
-            return RT_EINVAL;
-        }
-    }
+    int rc = rt__c2s_service_domains("xmpp.muc_host", x->muc_host, rt__c2s.muc, err, errlen);
+    if (rc)
+        return rc;
     rt_child_spec_t c = {.name = RT_C2S_MUC_NAME, .type = &service_type, .restart = RT_PERMANENT};
-    int rc = rt_supervisor_start_child(group, &c, NULL);
+    rc = rt_supervisor_start_child(group, &c, NULL);
     if (rc) {
         snprintf(err, errlen, "cannot start the MUC service: %s", rt_strerror(rc));
         return rc;

@@ -171,6 +171,7 @@ static void disco_items(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
         rt_xml_put_attr(&b, "jid", rt__c2s.muc[c->host]);
         rt_xml_put_empty_end(&b);
     }
+    rt__c2s_upload_disco_item(&b, c->host);
     rt_buf_printf(&b, "</query></iq>");
     rt__c2s_write_stanza_buf(self, c, &b);
 }
@@ -734,6 +735,12 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     bool to_own_bare = to && !to->resource && rt_jid_bare_eq(to, c->jid);
     if (iq && (to_server || to_own_bare)) {
         iq_server(self, c, el, type, to_own_bare);
+        return 0;
+    }
+    int upload = to ? rt__c2s_upload_index(rt_jid_domain(to), to->domain) : -1;
+    if (upload >= 0) { /* a service's: its iqs are answered, nothing else is taken */
+        if (iq)
+            rt__c2s_upload_iq(self, c, el, to, upload);
         return 0;
     }
     if (to && !to_server && rt__c2s_block_out(self, c, el, to))

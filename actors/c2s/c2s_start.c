@@ -39,6 +39,35 @@ bool rt__c2s_host_register(unsigned host)
     return host_in(rt__c2s.conf->registration, rt__c2s.conf->nregistration, host);
 }
 
+int rt__c2s_service_domains(const char *setting, const char *pattern,
+                            char (*out)[RT_CONF_XMPP_HOST_MAX], char *err, size_t errlen)
+{
+    const rt_conf_xmpp_t *x = rt__c2s.conf;
+    const char *at = strstr(pattern, "@HOST@");
+    for (unsigned i = 0; i < x->nhosts; i++) {
+        char *d = out[i];
+        int n = at ? snprintf(d, RT_CONF_XMPP_HOST_MAX, "%.*s%s%s", (int)(at - pattern), pattern,
+                              x->hosts[i], at + 6)
+                   : snprintf(d, RT_CONF_XMPP_HOST_MAX, "%s", pattern);
+        if (n < 0 || n >= RT_CONF_XMPP_HOST_MAX) {
+            snprintf(err, errlen, "%s: longer than %d bytes for host %s", setting,
+                     RT_CONF_XMPP_HOST_MAX - 1, x->hosts[i]);
+            return RT_EINVAL;
+        }
+        char prepared[RT_JID_PART_MAX + 1];
+        size_t plen = 0, len = strlen(d);
+        const char *why = "";
+        if (rt_jid_prep_part(RT_JID_DOMAIN, d, len, prepared, &plen, &why) != 0 || plen != len ||
+            memcmp(prepared, d, len) != 0 || rt__c2s_host_index(d, len) >= 0 || (i > 0 && !at)) {
+            snprintf(err, errlen, "%s: \"%s\" is not a domain of its own as JIDs have it%s%s%s",
+                     setting, d, why && *why ? ": " : "", why ? why : "",
+                     i > 0 && !at ? " (with several hosts, write @HOST@ in it)" : "");
+            return RT_EINVAL;
+        }
+    }
+    return 0;
+}
+
 int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
                  bool (*admit_peer)(int fd, const rt_auth_addr_t *addr), char *err,
                  size_t errlen)
@@ -78,7 +107,7 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
     rt__c2s.admit_peer = admit_peer;
     rt__c2s_stream_configs(x);
     rt__c2s_caps_init();
-    int rc = rt__c2s_store_start(sup, conf->data_dir, err, errlen);
+    int rc = rt__c2s_store_start(sup, conf, err, errlen);
     if (!rc)
         rt_sinks_set_xmpp(rt__c2s_sink_send); /* rules' rows as messages (the xmpp sink) */
     if (!rc && x->muc_host[0] && conf->cluster.on) /* docs/XMPP.md, "Group chat" */

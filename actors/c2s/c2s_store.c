@@ -433,8 +433,9 @@ static const rt_actor_type_t store_type = {
     .flags = RT_TYPE_BLOCKING,
 };
 
-int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t errlen)
+int rt__c2s_store_start(rt_pid_t sup, const rt_conf_t *conf, char *err, size_t errlen)
 {
+    const char *data_dir = conf->data_dir;
     snprintf(store_dir, sizeof(store_dir), "%s", data_dir);
     rt_pid_t group;
     rt_child_spec_t c = {.name = RT_C2S_STORE_NAME, .type = &store_type, .restart = RT_PERMANENT};
@@ -448,5 +449,6 @@ int rt__c2s_store_start(rt_pid_t sup, const char *data_dir, char *err, size_t er
                  RT_ACCOUNTS_FILE, rt_strerror(rc));
         return rc;
     }
-    return rt__c2s_muc_start(group, data_dir, err, errlen);
+    rc = rt__c2s_muc_start(group, data_dir, err, errlen);
+    return rc ? rc : rt__c2s_upload_start(group, conf, err, errlen);
 }

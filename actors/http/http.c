@@ -35,7 +35,12 @@
 #include "tls_conn.h"
 
 #define MSG_HTTP_TIMER (RT_MSG_USER + 40) /* the request or idle deadline */
+#define MSG_HTTP_SERVE (RT_MSG_USER + 41) /* a file's next pieces (http_upload.c) */
 #define HTTP_ACCEPTS_PER_TURN 64
+/* A file served goes out this much a turn, and waits while the socket holds this much unsent:
+   a download costs the connection a piece in memory, not the file. */
+#define HTTP_SERVE_PIECE (64 * 1024)
+#define HTTP_SERVE_TURN (4 * HTTP_SERVE_PIECE)
 
 static struct {
     rt_conf_t conf; /* http's part, read by every connection */
@@ -112,6 +117,9 @@ typedef struct {
     rt_auth_addr_t addr;    /* counted in H.by_addr */
     bool probe_only;        /* answers /healthz and /readyz only */
     bool heard;             /* the client has sent something: RT_HTTP_FIRST_BYTE_MS is over */
+    bool cors;              /* an upload's answer: any page may use it (web clients upload) */
+    rt_http_put_t put;      /* an upload's body being written */
+    rt_http_get_t get;      /* a file being served; its request's bytes are pending */
 } http_conn_t;
 
 /* Ends the connection: what was written goes out, then the socket closes. */
@@ -138,8 +146,12 @@ static const char *reason_phrase(int code)
         return "Method Not Allowed";
     case 408:
         return "Request Timeout";
+    case 201:
+        return "Created";
     case 409:
         return "Conflict";
+    case 411:
+        return "Length Required";
     case 413:
         return "Content Too Large";
     case 414:
@@ -181,17 +193,25 @@ static void out(http_conn_t *k, const void *p, size_t n)
     "frame-ancestors 'none'\r\n"                                                                \
     "X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n"
 
+/* An upload's answers (and a browser's preflight before its PUT): web clients upload from
+   their own origin, and what they send and fetch is the user's, with no credentials. */
+#define CORS_HEADERS                                                                               \
+    "Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Methods: GET, HEAD, PUT, "             \
+    "OPTIONS\r\nAccess-Control-Allow-Headers: Content-Type\r\nAccess-Control-Max-Age: "            \
+    "86400\r\n"
+
 /* An answer's head and body; allow: the methods a 405 names. */
 static void respond_allow(http_conn_t *k, int code, const char *type, const char *body, size_t len,
                           const char *allow)
 {
     char head[1024];
-    int n = snprintf(head, sizeof(head),
-                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Cache-Control: no-store\r\n" SECURITY_HEADERS "%s%s%s%sConnection: %s\r\n\r\n",
-                     code, reason_phrase(code), type, len,
-                     code == 401 ? "WWW-Authenticate: Bearer\r\n" : "", allow ? "Allow: " : "",
-                     allow ? allow : "", allow ? "\r\n" : "", k->keep_alive ? "keep-alive" : "close");
+    int n =
+        snprintf(head, sizeof(head),
+                 "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                 "Cache-Control: no-store\r\n" SECURITY_HEADERS "%s%s%s%s%sConnection: %s\r\n\r\n",
+                 code, reason_phrase(code), type, len, k->cors ? CORS_HEADERS : "",
+                 code == 401 ? "WWW-Authenticate: Bearer\r\n" : "", allow ? "Allow: " : "",
+                 allow ? allow : "", allow ? "\r\n" : "", k->keep_alive ? "keep-alive" : "close");
     RT_ASSERT(n > 0 && (size_t)n < sizeof(head));
     out(k, head, (size_t)n);
     if (len)
@@ -430,6 +450,165 @@ static bool api_method_fits(http_conn_t *k, const char *line, size_t len, bool p
     return true; /* the admin layer answers what does not split, as rtctl's would be */
 }
 
+/* The request just answered leaves the buffer; the connection goes on or ends. */
+static void request_done(rt_actor_t *self, http_conn_t *k, size_t used)
+{
+    memmove(k->in, k->in + used, k->inlen - used);
+    k->inlen -= used;
+    if (!k->keep_alive) {
+        finish(self, k);
+        return;
+    }
+    arm_timer(self, k, k->inlen ? request_ms() : RT_HTTP_IDLE_MS);
+}
+
+/* ---- Uploads (http_upload.c) ---- */
+
+/* An upload's refusal ends the connection: the body it came with is not read. */
+static void upload_refuse(rt_actor_t *self, http_conn_t *k, int code, const char *why)
+{
+    k->keep_alive = false;
+    respond_error(k, code, why);
+    finish(self, k);
+}
+
+/* A GET, HEAD or preflight of an uploaded file: true (answered, or being served). */
+static bool upload_answer(http_conn_t *k, const rt_http_request_t *req, const char *path)
+{
+    k->cors = true;
+    if (strcmp(req->method, "OPTIONS") == 0) {
+        respond_raw(k, 200, "text/plain", "", 0);
+        return true;
+    }
+    bool head = strcmp(req->method, "HEAD") == 0;
+    if (!head && strcmp(req->method, "GET") != 0) {
+        respond_error_allow(k, 405, "GET or HEAD a file; PUT only into a slot",
+                            "GET, HEAD, PUT, OPTIONS");
+        return true;
+    }
+    char hdr[1024];
+    const char *why = "";
+    int code = rt__http_get_start(&H.conf, path, &k->get, hdr, sizeof(hdr), &why);
+    if (code != 200) {
+        respond_error(k, code, why);
+        return true;
+    }
+    out(k, hdr, strlen(hdr));
+    const char *end =
+        k->keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    out(k, end, strlen(end));
+    if (head)
+        rt__http_get_end(&k->get);
+    return true;
+}
+
+/*
+** A file's next pieces, as the socket takes them: true when the file is all out (its request
+** is then done). It goes on at the socket's next writable event, or at once (MSG_HTTP_SERVE)
+** when this turn's share went out and the socket kept little of it.
+*/
+static bool serve_more(rt_actor_t *self, http_conn_t *k)
+{
+    /* On the connection's heap for the turn: charged to it, and gone while it waits. */
+    uint8_t *piece = k->get.left ? rt_alloc(self, HTTP_SERVE_PIECE, RT_OBJ_LEAF) : NULL;
+    if (k->get.left && !piece) { /* retried at the socket's next event, or cut by the timer */
+        arm_timer(self, k, request_ms());
+        return false;
+    }
+    for (size_t sent = 0; k->get.left; sent += HTTP_SERVE_PIECE) {
+        if (rt_sock_pending(k->sock) > HTTP_SERVE_TURN || sent >= HTTP_SERVE_TURN) {
+            /* More at the socket's next writable event, or (little was left unsent) at once;
+               a reader that stopped is dropped by the timer. */
+            if (sent >= HTTP_SERVE_TURN && rt_sock_pending(k->sock) <= HTTP_SERVE_TURN)
+                rt_send(rt_self(self), MSG_HTTP_SERVE, NULL, 0);
+            arm_timer(self, k, request_ms());
+            rt_free(self, piece);
+            return false;
+        }
+        ssize_t n = rt__http_get_read(&k->get, piece, HTTP_SERVE_PIECE);
+        if (n < 0) { /* the head promised more than there is: only closing says so */
+            rt__http_get_end(&k->get);
+            rt_free(self, piece);
+            finish(self, k);
+            return false;
+        }
+        out(k, piece, (size_t)n);
+    }
+    rt_free(self, piece);
+    rt__http_get_end(&k->get);
+    return true;
+}
+
+/* The PUT's body came whole: it is kept, and answered. false when the connection ended. */
+static bool put_finish(rt_actor_t *self, http_conn_t *k)
+{
+    const char *why = "";
+    int code = rt__http_put_end(&H.conf, &k->put, &why);
+    if (code != 201) {
+        upload_refuse(self, k, code, why);
+        return false;
+    }
+    respond_raw(k, 201, "application/json", "{\"stored\": true}\n", 17);
+    request_done(self, k, 0);
+    return !k->closing;
+}
+
+/* Body bytes of the PUT into its file: how many it took, SIZE_MAX when the connection ended. */
+static size_t put_body(rt_actor_t *self, http_conn_t *k, const void *data, size_t len)
+{
+    const char *why = "";
+    size_t used = rt__http_put_data(&k->put, data, len, &why);
+    if (used == SIZE_MAX) {
+        rt__http_put_abort(&k->put);
+        upload_refuse(self, k, 500, why);
+        return SIZE_MAX;
+    }
+    /* The deadline is for progress: a big file over a slow link takes long, a stalled one
+       does not hold its connection. */
+    arm_timer(self, k, request_ms());
+    if (!k->put.left && !put_finish(self, k))
+        return SIZE_MAX;
+    return used;
+}
+
+/*
+** A PUT into an upload slot: once its head is read, its body goes to the file as it comes.
+** 1: taken (or refused), 0: not an upload's, RT_EAGAIN: the head is not whole yet.
+*/
+static int put_begin(rt_actor_t *self, http_conn_t *k)
+{
+    static const char put[] = "PUT /upload/";
+    if (k->probe_only || k->exec.cookie || k->get.on || k->put.on || k->inlen < sizeof(put) - 1 ||
+        memcmp(k->in, put, sizeof(put) - 1) != 0)
+        return 0;
+    rt_http_request_t req;
+    const char *why = "bad request";
+    int rc = rt_http_parse_head(k->in, k->inlen, &req, &why);
+    if (rc == RT_EAGAIN)
+        return RT_EAGAIN;
+    char path[RT_HTTP_TARGET_MAX];
+    snprintf(path, sizeof(path), "%s", req.target);
+    path[strcspn(path, "?")] = 0;
+    if (!rc && !rt__http_upload_path(&H.conf, path))
+        return 0;
+    k->cors = true;
+    if (!rc)
+        rc = rt__http_put_start(&H.conf, path, req.content_length, req.content_type, &k->put, &why);
+    if (rc) {
+        upload_refuse(self, k, rc, why);
+        return 1;
+    }
+    k->keep_alive = req.keep_alive;
+    memmove(k->in, k->in + req.len, k->inlen - req.len);
+    k->inlen -= req.len;
+    size_t used = put_body(self, k, k->in, k->inlen);
+    if (used != SIZE_MAX) { /* what follows the body is the next request */
+        memmove(k->in, k->in + used, k->inlen - used);
+        k->inlen -= used;
+    }
+    return 1;
+}
+
 /* Answers the request: true when answered now, false when the admin layer answers later. */
 static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *req)
 {
@@ -442,6 +621,7 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     /* PUT is POST's synonym: clients that send JSON bodies tend to pick either. */
     bool post = strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0;
     k->text = false;
+    k->cors = false;
     if (k->probe_only) /* one answer, then the slot is free for the next probe */
         k->keep_alive = false;
     if (k->probe_only && strcmp(path, "/healthz") != 0 && strcmp(path, "/readyz") != 0) {
@@ -458,6 +638,8 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
                     r ? "{\"ready\": true}\n" : "{\"ready\": false}\n", r ? 16 : 17);
         return true;
     }
+    if (rt__http_upload_path(&H.conf, path))
+        return upload_answer(k, req, path);
     bool metrics = strcmp(path, "/metrics") == 0;
     bool api = strncmp(path, "/api/v1/", 8) == 0;
     if (!metrics && !api && get) {
@@ -505,22 +687,15 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
     return rt_admin_exec_start(self, &k->exec, line, len, refuse, respond_admin, k);
 }
 
-/* The request just answered leaves the buffer; the connection goes on or ends. */
-static void request_done(rt_actor_t *self, http_conn_t *k, size_t used)
-{
-    memmove(k->in, k->in + used, k->inlen - used);
-    k->inlen -= used;
-    if (!k->keep_alive) {
-        finish(self, k);
-        return;
-    }
-    arm_timer(self, k, k->inlen ? request_ms() : RT_HTTP_IDLE_MS);
-}
-
 /* Answers the requests read, one at a time, until one waits for the admin layer. */
 static void answer_requests(rt_actor_t *self, http_conn_t *k)
 {
-    while (!k->exec.cookie && k->inlen && !k->closing) {
+    while (!k->exec.cookie && k->inlen && !k->closing && !k->put.on && !k->get.on) {
+        int put = put_begin(self, k);
+        if (put == RT_EAGAIN)
+            return;
+        if (put)
+            continue;
         rt_http_request_t req;
         const char *why = "bad request";
         int rc = rt_http_parse_request(k->in, k->inlen, RT_HTTP_BODY_MAX, &req, &why);
@@ -533,8 +708,8 @@ static void answer_requests(rt_actor_t *self, http_conn_t *k)
             return;
         }
         k->keep_alive = req.keep_alive;
-        if (!handle(self, k, &req)) {
-            k->pending = req.len; /* dropped when the answer comes */
+        if (!handle(self, k, &req) || (k->get.on && !serve_more(self, k))) {
+            k->pending = req.len; /* dropped when the answer comes, or the file is out */
             return;
         }
         request_done(self, k, req.len);
@@ -546,6 +721,15 @@ static bool take(rt_actor_t *self, http_conn_t *k, const void *data, size_t len)
 {
     if (k->stream || k->tracing)
         return true; /* an event stream reads nothing more from its client */
+    if (k->put.on) {
+        size_t used = put_body(self, k, data, len);
+        if (used == SIZE_MAX)
+            return false;
+        data = (const uint8_t *)data + used;
+        len -= used;
+        if (!len)
+            return true;
+    }
     /* A whole request is at most its head and body: a client that sends more before its
        answer (pipelining past that) waits in the kernel. */
     if (k->inlen + len > RT_HTTP_HEAD_MAX + RT_HTTP_BODY_MAX + 64 * 1024 ||
@@ -561,7 +745,8 @@ static bool take(rt_actor_t *self, http_conn_t *k, const void *data, size_t len)
         arm_timer(self, k, request_ms());
     memcpy(k->in + k->inlen, data, len);
     k->inlen += len;
-    return true;
+    /* An upload's body must not gather here: once its head is in, the rest goes to its file. */
+    return put_begin(self, k) != 1 || !k->closing;
 }
 
 typedef struct {
@@ -624,6 +809,15 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
 static void on_timer(rt_actor_t *self, http_conn_t *k)
 {
     k->timer = 0;
+    if (k->put.on) {
+        rt__http_put_abort(&k->put);
+        upload_refuse(self, k, 408, "the upload stalled");
+        return;
+    }
+    if (k->get.on) { /* a reader that stopped reading */
+        finish(self, k);
+        return;
+    }
     if (k->stream) {
         if (!k->exec.cookie)
             stream_tick(self, k);
@@ -661,16 +855,33 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     return 0;
 }
 
+/* A file is all out: its request is done, and the next one read goes on. */
+static void file_served(rt_actor_t *self, http_conn_t *k)
+{
+    request_done(self, k, k->pending);
+    k->pending = 0;
+    if (!k->closing)
+        answer_requests(self, k);
+}
+
 static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
 {
     http_conn_t *k = state;
     switch (m->tag) {
-    case RT_MSG_SOCKET:
-        if (((const rt_sock_event_t *)(const void *)m->data)->events & RT_SOCK_READABLE)
+    case RT_MSG_SOCKET: {
+        uint32_t events = ((const rt_sock_event_t *)(const void *)m->data)->events;
+        if ((events & RT_SOCK_WRITABLE) && k->get.on && serve_more(self, k))
+            file_served(self, k);
+        if ((events & RT_SOCK_READABLE) && !k->closing)
             on_readable(self, k);
         break;
+    }
     case MSG_HTTP_TIMER:
         on_timer(self, k);
+        break;
+    case MSG_HTTP_SERVE:
+        if (k->get.on && serve_more(self, k))
+            file_served(self, k);
         break;
     default:
         if (!rt_admin_exec_message(&k->exec, m, respond_admin, k))
@@ -698,6 +909,8 @@ static void conn_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     if (k->tls.ssl)
         rt_tls_conn_close(&k->tls); /* the last answer, then close_notify */
     rt_admin_exec_free(&k->exec);
+    rt__http_put_abort(&k->put);
+    rt__http_get_end(&k->get);
     atomic_fetch_sub(&H.conns, 1);
     addr_give(&k->addr);
 }
@@ -718,6 +931,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "socket";
     case MSG_HTTP_TIMER:
         return "deadline";
+    case MSG_HTTP_SERVE:
+        return "serve";
     case RT_ADMIN_MSG_JOB_DONE:
         return "job_done";
     default:

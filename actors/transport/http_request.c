@@ -24,6 +24,7 @@ typedef struct parse_s {
     const char *why;
     bool done;
     bool head_done;
+    bool head_only; /* rt_http_parse_head: done at the head, the body the caller's */
     size_t body_max;
     const char *body;
     size_t body_len;
@@ -105,9 +106,15 @@ static int on_headers_complete(http_parser *p)
     parse_t *r = p->data;
     r->head_done = true;
     if (p->flags & F_CHUNKED) {
-        r->refuse = 400;
+        r->refuse = r->head_only ? 411 : 400;
         r->why = "chunked bodies are not taken (send Content-Length)";
         return 1;
+    }
+    if (r->head_only) {
+        r->out->content_length = p->content_length;
+        r->done = true;
+        http_parser_pause(p, 1);
+        return 0;
     }
     /* Refused at its head: a body past the bound is never read into memory. */
     if (p->content_length != (uint64_t)-1 && p->content_length > r->body_max) {
@@ -135,8 +142,9 @@ static int on_message_complete(http_parser *p)
     return 0;
 }
 
-int rt_http_parse_request(const uint8_t *buf, size_t len, size_t body_max, rt_http_request_t *out,
-                          const char **why)
+/* Parses the request (or, head_only, its head) at the start of buf, as the two calls say. */
+static int parse(const uint8_t *buf, size_t len, size_t body_max, bool head_only,
+                 rt_http_request_t *out, const char **why)
 {
     static const http_parser_settings settings = {
         .on_url = on_url,
@@ -147,7 +155,7 @@ int rt_http_parse_request(const uint8_t *buf, size_t len, size_t body_max, rt_ht
         .on_message_complete = on_message_complete,
     };
     memset(out, 0, sizeof(*out));
-    parse_t r = {.out = out, .body_max = body_max};
+    parse_t r = {.out = out, .body_max = body_max, .head_only = head_only};
     http_parser p;
     http_parser_init(&p, HTTP_REQUEST);
     p.data = &r;
@@ -168,6 +176,8 @@ int rt_http_parse_request(const uint8_t *buf, size_t len, size_t body_max, rt_ht
         }
         return RT_EAGAIN; /* the body is within body_max: its length was checked at the head */
     }
+    if (head_only && used < len && buf[used] == '\n')
+        used++; /* paused at the head's last byte: the body starts after it */
     if (used - r.body_len > RT_HTTP_HEAD_MAX) { /* came whole in one read: still too long */
         *why = "request head too long";
         return 431;
@@ -178,8 +188,19 @@ int rt_http_parse_request(const uint8_t *buf, size_t len, size_t body_max, rt_ht
     }
     snprintf(out->method, sizeof(out->method), "%s", http_method_str((enum http_method)p.method));
     out->keep_alive = http_should_keep_alive(&p) != 0;
-    out->body_off = r.body ? (size_t)((const uint8_t *)r.body - buf) : 0;
+    out->body_off = r.body ? (size_t)((const uint8_t *)r.body - buf) : head_only ? used : 0;
     out->body_len = r.body_len;
     out->len = used;
     return 0;
+}
+
+int rt_http_parse_request(const uint8_t *buf, size_t len, size_t body_max, rt_http_request_t *out,
+                          const char **why)
+{
+    return parse(buf, len, body_max, false, out, why);
+}
+
+int rt_http_parse_head(const uint8_t *buf, size_t len, rt_http_request_t *out, const char **why)
+{
+    return parse(buf, len, 0, true, out, why);
 }

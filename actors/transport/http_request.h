@@ -21,6 +21,7 @@ typedef struct rt_http_request_s {
     char content_type[64];           /* Content-Type as sent (cut at 63 bytes); "" if none */
     bool keep_alive;                 /* the connection may serve another request after this */
     size_t body_off, body_len;       /* the body in the buffer (Content-Length only) */
+    uint64_t content_length;         /* rt_http_parse_head: UINT64_MAX when none was sent */
     size_t len;                      /* bytes the whole request took */
 } rt_http_request_t;
 
@@ -33,5 +34,11 @@ typedef struct rt_http_request_s {
 */
 int rt_http_parse_request(const uint8_t *buf, size_t len, size_t body_max, rt_http_request_t *out,
                           const char **why);
+/*
+** The head alone, for a body the caller takes as it comes (an upload): 0 when the head is
+** whole, with out->len its bytes (the body starts there) and out->content_length; RT_EAGAIN;
+** or a status as above (411 for a chunked body).
+*/
+int rt_http_parse_head(const uint8_t *buf, size_t len, rt_http_request_t *out, const char **why);
 
 #endif

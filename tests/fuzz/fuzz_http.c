@@ -6,7 +6,9 @@
 ** and ask for more one byte short; any other answer is RT_EAGAIN or an HTTP status. A parsed
 ** request's target and body are then made into an admin request line, as the listener does:
 ** a line made fits RT_HTTP_LINE_MAX and splits into words without an error (it quotes every
-** word), and one refused says why.
+** word), and one refused says why. The same bytes as an upload's head (rt_http_parse_head):
+** whole within what was given, or a status; and its target, under /upload/, as the slot and
+** file name upload.c takes, which then has no '/' left in it.
 */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include "common.h"
 #include "http_impl.h"
 #include "http_request.h"
+#include "upload.h"
 
 #define BODY_MAX (64 * 1024)
 
@@ -56,8 +59,32 @@ static void api_line(const uint8_t *data, const rt_http_request_t *req)
         abort();
 }
 
+static void upload_head(const uint8_t *data, size_t size)
+{
+    static rt_http_request_t h;
+    const char *why = NULL;
+    int rc = rt_http_parse_head(data, size, &h, &why);
+    if (rc == RT_EAGAIN)
+        return;
+    if (rc != 0) {
+        if (rc < 400 || rc > 505 || !why || !why[0])
+            abort();
+        return;
+    }
+    if (h.len == 0 || h.len > size)
+        abort();
+    rt_upload_id_t id;
+    char name[RT_UPLOAD_NAME_MAX + 1];
+    if (strncmp(h.target, "/upload/", 8) == 0 &&
+        rt_upload_parse(h.target + 8, &id, name, sizeof(name)) == 0 &&
+        (!rt_upload_name_ok(name, strlen(name)) || strchr(name, '/') ||
+         strlen(id.user) != RT_UPLOAD_ID_HEX || strlen(id.slot) != RT_UPLOAD_ID_HEX))
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    upload_head(data, size);
     rt_http_request_t req, again;
     if (parse(data, size, &req) != 0)
         return 0;
