@@ -137,7 +137,8 @@ test-integration-asan-b: build-asan deps
 		tests/integration/test_xmpp_pep.py tests/integration/test_xmpp_sasl2.py \
 		tests/integration/test_bridge.py tests/integration/test_webhook.py \
 		tests/integration/test_tenant.py tests/integration/test_delayed.py \
-		tests/integration/test_exclusive.py tests/integration/test_xmpp_upload.py -m "not long"
+		tests/integration/test_exclusive.py tests/integration/test_xmpp_upload.py \
+		tests/integration/test_xmpp_converse.py -m "not long"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
@@ -163,7 +164,7 @@ test-integration-tsan: build-tsan deps
 		tests/integration/test_xmpp_muc.py tests/integration/test_xmpp_muc_rtd.py \
 		tests/integration/test_xmpp_mqtt_rules.py tests/integration/test_xmpp_pep.py \
 		tests/integration/test_xmpp_sasl2.py tests/integration/test_xmpp_upload.py \
-		-k "not tenants_across"
+		tests/integration/test_xmpp_converse.py -k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

@@ -82,12 +82,14 @@ apt_install() {
 }
 
 # MQTT.js (npm's mqtt) and xmpp.js (@xmpp/client), the Node clients the integration tests drive
-# rtd with, pinned by tests/node/package-lock.json; node and npm come with the machine. Either
-# one missing (a checkout from before the other was added) runs npm ci again.
+# rtd with, and converse.js, the web client tests/integration/test_xmpp_converse.py runs in
+# Chromium, pinned by tests/node/package-lock.json; node and npm come with the machine. Any
+# one missing (a checkout from before it was added) runs npm ci again.
 root=$(cd "$(dirname "$0")/.." && pwd)
 nm="$root/tests/node/node_modules"
 node_clients() {
-    if [[ "$purpose" == test && ( ! -d "$nm/mqtt" || ! -d "$nm/@xmpp/client" ) ]] &&
+    if [[ "$purpose" == test && ( ! -d "$nm/mqtt" || ! -d "$nm/@xmpp/client" ||
+                                 ! -d "$nm/converse.js" ) ]] &&
         command -v npm >/dev/null; then
         echo "install-deps: npm ci in tests/node" >&2
         npm ci --prefix "$root/tests/node" --no-audit --no-fund >/dev/null
