@@ -100,22 +100,6 @@ static char *arena_strndup(rt_doc_t *root, const char *s, size_t n)
     return p;
 }
 
-/* Length of the valid UTF-8 sequence at p (at most n bytes), 0 if there is none. */
-static size_t utf8_len(const unsigned char *p, size_t n)
-{
-    size_t len = p[0] < 0x80             ? 1
-                 : (p[0] & 0xe0) == 0xc0 ? 2
-                 : (p[0] & 0xf0) == 0xe0 ? 3
-                 : (p[0] & 0xf8) == 0xf0 ? 4
-                                         : 0;
-    if (!len || len > n || (len == 2 && p[0] < 0xc2))
-        return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-    return len;
-}
-
 void rt_buf_json_str(rt_buf_t *b, const char *s, size_t n)
 {
     const unsigned char *p = (const unsigned char *)s;
@@ -132,7 +116,7 @@ void rt_buf_json_str(rt_buf_t *b, const char *s, size_t n)
             rt_buf_printf(b, "\\u%04x", c);
             i++;
         } else {
-            size_t len = utf8_len(p + i, n - i);
+            size_t len = rt_utf8_len(p + i, n - i);
             if (len)
                 rt_buf_add(b, p + i, len);
             else

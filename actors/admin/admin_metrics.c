@@ -545,6 +545,23 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_muc_occupants_dropped_total", "counter",
             "Occupants removed from their rooms (status 333) because their client stopped reading.",
             atomic_load(&x->muc_lagging));
+    if (!rt_broker->conf.xmpp.upload_host[0])
+        return;
+    one_u64(b, "rt_xmpp_upload_slots_total", "counter", "HTTP upload slots handed out (XEP-0363).",
+            atomic_load(&x->upload_slots));
+    one_u64(b, "rt_xmpp_upload_refused_total", "counter",
+            "Upload slots refused: past xmpp.upload_max_size or the user's xmpp.upload_quota.",
+            atomic_load(&x->upload_refused));
+    one_u64(b, "rt_xmpp_upload_stored_total", "counter",
+            "Uploaded files whose PUT came whole and was kept.", atomic_load(&x->upload_stored));
+    one_u64(b, "rt_xmpp_upload_stored_bytes_total", "counter", "Bytes of the files kept.",
+            atomic_load(&x->upload_bytes));
+    one_u64(b, "rt_xmpp_upload_served_total", "counter",
+            "GETs (and HEADs) of uploaded files answered with the file.",
+            atomic_load(&x->upload_served));
+    one_u64(b, "rt_xmpp_upload_expired_total", "counter",
+            "Uploaded files past xmpp.upload_expire and abandoned slots the sweep removed.",
+            atomic_load(&x->upload_expired));
 }
 
 static void rules_section(rt_buf_t *b, const scrape_t *s)

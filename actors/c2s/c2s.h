@@ -60,6 +60,12 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t muc_limited;       /* groupchat messages refused past muc_message_rate */
     _Atomic uint64_t muc_dropped;       /* stanzas to a room that ended as they came */
     _Atomic uint64_t muc_lagging;       /* occupants removed: their client stopped reading (333) */
+    _Atomic uint64_t upload_slots;      /* upload slots handed out (XEP-0363) */
+    _Atomic uint64_t upload_refused;    /* slot requests refused: too large, or past the quota */
+    _Atomic uint64_t upload_stored;     /* files whose PUT came whole (actors/http) */
+    _Atomic uint64_t upload_bytes;      /* their bytes */
+    _Atomic uint64_t upload_served;     /* GETs of uploaded files answered with the file */
+    _Atomic uint64_t upload_expired;    /* files and abandoned slots the sweep removed */
 } rt_c2s_stats_t;
 
 extern rt_c2s_stats_t rt_c2s_stats;

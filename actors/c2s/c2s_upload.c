@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "c2s.h"
 #include "c2s_impl.h"
 #include "log.h"
 #include "upload.h"
@@ -97,6 +98,7 @@ static void slot_request(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, cons
         return;
     }
     if (size > (unsigned long long)rt__c2s.conf->upload_max_size) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.upload_refused, 1, memory_order_relaxed);
         too_large(self, c, iq);
         return;
     }
@@ -210,9 +212,11 @@ static void make_slot(uploader_t *u, rt_msg_t *m)
         rt_xml_put_attr(&b, "url", url.oom ? "" : (const char *)url.data);
         rt_buf_printf(&b, "/></slot></iq>");
         rt_buf_free(&url);
+        atomic_fetch_add_explicit(&rt_c2s_stats.upload_slots, 1, memory_order_relaxed);
         rt_log(RT_LOG_INFO, "xmpp.upload_slot", "user=%s size=%" PRIu64 " slot=%s", bare, head.size,
                slot.slot);
     } else if (rc == RT_ELIMIT) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.upload_refused, 1, memory_order_relaxed);
         rt_buf_printf(&b,
                       "<error type='wait'><resource-constraint xmlns='%s'/><text xmlns='%s'>"
                       "quota reached: %" PRIu64 " bytes in use of %" PRIu64 "</text></error></iq>",
@@ -233,8 +237,10 @@ static void sweep(rt_actor_t *self, uploader_t *u)
     const rt_conf_xmpp_t *x = rt__c2s.conf;
     size_t n = rt_upload_sweep(U.root, (uint64_t)x->upload_expire, (uint32_t)x->upload_slot_timeout,
                                time(NULL));
-    if (n)
+    if (n) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.upload_expired, n, memory_order_relaxed);
         rt_log(RT_LOG_INFO, "xmpp.upload_expired", "files=%zu", n);
+    }
     rt_send_after_tag((uint64_t)u->sweep_s * 1000, rt_self(self), C2S_MSG_UPLOAD_SWEEP, NULL);
 }
 

@@ -32,7 +32,7 @@ extern const rt_admin_apikeys_t rt__http_apikeys;
 typedef struct rt_http_put_s { /* a PUT whose body is being written to its slot's file */
     bool on;
     int fd;
-    uint64_t left; /* body bytes still to come */
+    uint64_t size, left; /* the body's bytes, and those still to come */
     rt_upload_id_t id;
 } rt_http_put_t;
 typedef struct rt_http_get_s { /* a file being served */

@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "c2s.h"
 #include "http_impl.h"
 #include "log.h"
 
@@ -68,7 +69,7 @@ int rt__http_put_start(const rt_conf_t *conf, const char *path, uint64_t len, co
         return 500;
     }
     p->fd = fd;
-    p->left = len;
+    p->left = p->size = len;
     p->on = true;
     return 0;
 }
@@ -101,7 +102,10 @@ int rt__http_put_end(const rt_conf_t *conf, rt_http_put_t *p, const char **why)
         *why = "the file cannot be kept";
         return 500;
     }
-    rt_log(RT_LOG_INFO, "http.upload_stored", "slot=%s", p->id.slot);
+    atomic_fetch_add_explicit(&rt_c2s_stats.upload_stored, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&rt_c2s_stats.upload_bytes, p->size, memory_order_relaxed);
+    rt_log(RT_LOG_INFO, "http.upload_stored", "slot=%s bytes=%llu", p->id.slot,
+           (unsigned long long)p->size);
     return 201;
 }
 
@@ -163,6 +167,7 @@ int rt__http_get_start(const rt_conf_t *conf, const char *path, rt_http_get_t *g
     g->left = size;
     g->off = 0;
     g->on = true;
+    atomic_fetch_add_explicit(&rt_c2s_stats.upload_served, 1, memory_order_relaxed);
     return 200;
 }
 

@@ -170,6 +170,21 @@ def test_bounds_and_refused_puts(server):
     c.close()
 
 
+def test_metrics_count_slots_files_and_gets(server):
+    """Each slot, refusal, file kept (and its bytes) and file served is counted in /metrics."""
+    names = ["slots", "refused", "stored", "stored_bytes", "served"]
+    before = {n: X.metric(server.rtd, f"rt_xmpp_upload_{n}_total") for n in names}
+    c = Client(server.xport, "raw")
+    condition(slot(c, "huge.bin", MAX + 1))
+    put, get = urls(slot(c, "counted.bin", 1000))
+    assert request(put, "PUT", b"x" * 1000)[0] == 201
+    assert request(get)[0] == 200
+    after = {n: X.metric(server.rtd, f"rt_xmpp_upload_{n}_total") for n in names}
+    assert {n: after[n] - before[n] for n in names} == \
+        {"slots": 1, "refused": 1, "stored": 1, "stored_bytes": 1000, "served": 1}
+    c.close()
+
+
 def test_html_is_a_download(server):
     """A page uploaded as text/html is not shown by the origin the dashboard is served from: it
     comes as an attachment, sandboxed, never sniffed."""
@@ -271,6 +286,7 @@ def test_slot_time_and_expiry(short_lived):
     assert wait_for(lambda: re.search(r"xmpp\.upload_expired files=[1-9]",
                                       short_lived.rtd.read_log()), 10)
     assert wait_for(lambda: request(get)[0] == 404, 5)
+    assert X.metric(short_lived.rtd, "rt_xmpp_upload_expired_total") >= 1
     c.close()
 
 
