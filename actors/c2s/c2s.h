@@ -157,4 +157,13 @@ void rt_c2s_roster_forgot(const char *host, const char *user, const char *jid, u
 */
 void rt_c2s_accounts_changed(void);
 
+/*
+** HTTP file upload (XEP-0363; c2s_upload.c): a PUT's file, come whole, handed to the upload
+** actor on the blocking pool, which syncs it to disk and puts it in place (so no scheduler
+** waits on the disk), then answers the caller with RT_MSG_C2S_UPLOAD_KEPT, an int: 0 or
+** RT_EAGAIN. The actor owns fd from the call on: 0, or RT_ENOPROC (fd closed) with no actor.
+*/
+#define RT_MSG_C2S_UPLOAD_KEPT (RT_MSG_USER + 0x58fe)
+int rt_c2s_upload_keep(int fd, const char *user, const char *slot);
+
 #endif

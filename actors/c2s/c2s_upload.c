@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "c2s.h"
 #include "c2s_impl.h"
@@ -24,6 +25,7 @@
 #define RT_C2S_UPLOAD_NAME "xmpp_upload"
 #define C2S_MSG_UPLOAD_SLOT (RT_C2S_MSG_BASE + 0x70) /* a slot request, checked (upload_req_t) */
 #define C2S_MSG_UPLOAD_SWEEP (RT_C2S_MSG_BASE + 0x71)
+#define C2S_MSG_UPLOAD_KEEP (RT_C2S_MSG_BASE + 0x72) /* upload_keep_t: a PUT's file, whole */
 
 static struct {
     char domain[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX];
@@ -244,6 +246,47 @@ static void sweep(rt_actor_t *self, uploader_t *u)
     rt_send_after_tag((uint64_t)u->sweep_s * 1000, rt_self(self), C2S_MSG_UPLOAD_SWEEP, NULL);
 }
 
+typedef struct upload_keep_s {
+    int fd;
+    rt_upload_id_t id;
+} upload_keep_t;
+
+int rt_c2s_upload_keep(int fd, const char *user, const char *slot)
+{
+    upload_keep_t k = {.fd = fd};
+    snprintf(k.id.user, sizeof(k.id.user), "%s", user);
+    snprintf(k.id.slot, sizeof(k.id.slot), "%s", slot);
+    rt_pid_t actor = rt_whereis(RT_C2S_UPLOAD_NAME);
+    if (!actor || rt_send(actor, C2S_MSG_UPLOAD_KEEP, &k, sizeof(k)) != 0) {
+        close(fd);
+        return RT_ENOPROC;
+    }
+    return 0;
+}
+
+static void keep(rt_msg_t *m)
+{
+    upload_keep_t k;
+    if (m->len != sizeof(k))
+        return;
+    memcpy(&k, m->data, sizeof(k));
+    int32_t rc = rt_upload_put_end(U.root, &k.id, k.fd);
+    rt_send(m->from, RT_MSG_C2S_UPLOAD_KEPT, &rc, sizeof(rc));
+}
+
+/* A PUT's file never taken (the actor ends with it in its mailbox): closed, its slot open. */
+static void uploader_dead_letter(void *state, rt_msg_t *m)
+{
+    (void)state;
+    upload_keep_t k;
+    if (m->tag != C2S_MSG_UPLOAD_KEEP || m->len != sizeof(k))
+        return;
+    memcpy(&k, m->data, sizeof(k));
+    close(k.fd);
+    int32_t rc = RT_EAGAIN;
+    rt_send(m->from, RT_MSG_C2S_UPLOAD_KEPT, &rc, sizeof(rc));
+}
+
 static int uploader_init(rt_actor_t *self, void *state, void *arg)
 {
     (void)arg;
@@ -266,6 +309,8 @@ static void uploader_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     uploader_t *u = state;
     if (m->tag == C2S_MSG_UPLOAD_SLOT)
         make_slot(u, m);
+    else if (m->tag == C2S_MSG_UPLOAD_KEEP)
+        keep(m);
     else if (m->tag == C2S_MSG_UPLOAD_SWEEP)
         sweep(self, u);
 }
@@ -285,6 +330,7 @@ static const rt_actor_type_t uploader_type = {
     .init = uploader_init,
     .handle = uploader_handle,
     .terminate = uploader_terminate,
+    .dead_letter = uploader_dead_letter,
     .flags = RT_TYPE_BLOCKING,
 };
 

@@ -25,6 +25,7 @@
 #include "admin.h"
 #include "auth.h"
 #include "broker.h"
+#include "c2s.h"
 #include "conn.h"
 #include "group.h"
 #include "http.h"
@@ -539,18 +540,17 @@ static bool serve_more(rt_actor_t *self, http_conn_t *k)
     return true;
 }
 
-/* The PUT's body came whole: it is kept, and answered. false when the connection ended. */
+/* The PUT's body came whole: the upload actor keeps it (put_kept answers). false when the
+   connection ended. */
 static bool put_finish(rt_actor_t *self, http_conn_t *k)
 {
     const char *why = "";
-    int code = rt__http_put_end(&H.conf, &k->put, &why);
-    if (code != 201) {
+    int code = rt__http_put_keep(&k->put, &why);
+    if (code) {
         upload_refuse(self, k, code, why);
         return false;
     }
-    respond_raw(k, 201, "application/json", "{\"stored\": true}\n", 17);
-    request_done(self, k, 0);
-    return !k->closing;
+    return true;
 }
 
 /* Body bytes of the PUT into its file: how many it took, SIZE_MAX when the connection ended. */
@@ -578,8 +578,8 @@ static size_t put_body(rt_actor_t *self, http_conn_t *k, const void *data, size_
 static int put_begin(rt_actor_t *self, http_conn_t *k)
 {
     static const char put[] = "PUT /upload/";
-    if (k->probe_only || k->exec.cookie || k->get.on || k->put.on || k->inlen < sizeof(put) - 1 ||
-        memcmp(k->in, put, sizeof(put) - 1) != 0)
+    if (k->probe_only || k->exec.cookie || k->get.on || k->put.on || k->put.keeping ||
+        k->inlen < sizeof(put) - 1 || memcmp(k->in, put, sizeof(put) - 1) != 0)
         return 0;
     rt_http_request_t req;
     const char *why = "bad request";
@@ -690,7 +690,8 @@ static bool handle(rt_actor_t *self, http_conn_t *k, const rt_http_request_t *re
 /* Answers the requests read, one at a time, until one waits for the admin layer. */
 static void answer_requests(rt_actor_t *self, http_conn_t *k)
 {
-    while (!k->exec.cookie && k->inlen && !k->closing && !k->put.on && !k->get.on) {
+    while (!k->exec.cookie && k->inlen && !k->closing && !k->put.on && !k->put.keeping &&
+           !k->get.on) {
         int put = put_begin(self, k);
         if (put == RT_EAGAIN)
             return;
@@ -809,6 +810,10 @@ static void on_readable(rt_actor_t *self, http_conn_t *k)
 static void on_timer(rt_actor_t *self, http_conn_t *k)
 {
     k->timer = 0;
+    if (k->put.keeping) { /* the disk holds the sync up: the client is told by the close */
+        finish(self, k);
+        return;
+    }
     if (k->put.on) {
         rt__http_put_abort(&k->put);
         upload_refuse(self, k, 408, "the upload stalled");
@@ -855,6 +860,22 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     return 0;
 }
 
+/* The upload actor kept the file (or could not): the PUT is answered, and what was read after
+   it goes on. */
+static void put_kept(rt_actor_t *self, http_conn_t *k, const rt_msg_t *m)
+{
+    const char *why = "";
+    int code = rt__http_put_kept(&k->put, m, &why);
+    if (code != 201) {
+        upload_refuse(self, k, code, why);
+        return;
+    }
+    respond_raw(k, 201, "application/json", "{\"stored\": true}\n", 17);
+    request_done(self, k, 0);
+    if (!k->closing)
+        answer_requests(self, k);
+}
+
 /* A file is all out: its request is done, and the next one read goes on. */
 static void file_served(rt_actor_t *self, http_conn_t *k)
 {
@@ -882,6 +903,10 @@ static void conn_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case MSG_HTTP_SERVE:
         if (k->get.on && serve_more(self, k))
             file_served(self, k);
+        break;
+    case RT_MSG_C2S_UPLOAD_KEPT:
+        if (k->put.keeping)
+            put_kept(self, k, m);
         break;
     default:
         if (!rt_admin_exec_message(&k->exec, m, respond_admin, k))
@@ -933,6 +958,8 @@ static const char *conn_tag_name(uint32_t tag)
         return "deadline";
     case MSG_HTTP_SERVE:
         return "serve";
+    case RT_MSG_C2S_UPLOAD_KEPT:
+        return "upload_kept";
     case RT_ADMIN_MSG_JOB_DONE:
         return "job_done";
     default:

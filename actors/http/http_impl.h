@@ -31,6 +31,7 @@ extern const rt_admin_apikeys_t rt__http_apikeys;
 /* ---- HTTP file upload (http_upload.c, XEP-0363) ---- */
 typedef struct rt_http_put_s { /* a PUT whose body is being written to its slot's file */
     bool on;
+    bool keeping; /* its body came whole: the upload actor syncs it (RT_MSG_C2S_UPLOAD_KEPT) */
     int fd;
     uint64_t size, left; /* the body's bytes, and those still to come */
     rt_upload_id_t id;
@@ -49,8 +50,11 @@ int rt__http_put_start(const rt_conf_t *conf, const char *path, uint64_t len, co
                        rt_http_put_t *p, const char **why);
 /* Body bytes into the file: how many it took (at most p->left), SIZE_MAX (*why) on failure. */
 size_t rt__http_put_data(rt_http_put_t *p, const void *data, size_t n, const char **why);
-/* The body came whole (p->left 0): 201, or 500 with *why. p is off after. */
-int rt__http_put_end(const rt_conf_t *conf, rt_http_put_t *p, const char **why);
+/* The body came whole (p->left 0): handed to the upload actor to keep (0, p keeping), or the
+   status to answer (*why). p is off after. */
+int rt__http_put_keep(rt_http_put_t *p, const char **why);
+/* The upload actor's answer (RT_MSG_C2S_UPLOAD_KEPT's m): 201, or 500 with *why. */
+int rt__http_put_kept(rt_http_put_t *p, const rt_msg_t *m, const char **why);
 /* A PUT cut short: its file closed, the slot still open. */
 void rt__http_put_abort(rt_http_put_t *p);
 /* A GET or HEAD: 200 with g on and the answer's head (up to its blank line) in head; or the

@@ -1,8 +1,9 @@
 /*
 ** HTTP file upload (XEP-0363), the HTTP side: /upload/USER/SLOT/NAME takes the PUT of a slot
 ** the XMPP service handed out (actors/c2s/c2s_upload.c) and serves the file's GETs; the files
-** are upload.h's. A PUT's body goes to its file as it comes, never whole into memory; a GET
-** is read from the file a piece at a time as the client takes it (http.c).
+** are upload.h's. A PUT's body goes to its file as it comes, never whole into memory, and the
+** upload actor syncs it and puts it in place (rt_c2s_upload_keep); a GET is read from the
+** file a piece at a time as the client takes it (http.c).
 **
 ** What is served is what a user uploaded, from the origin the dashboard is served from: so
 ** every answer forbids it scripts, plugins and frames (CSP sandbox), says not to sniff it, and
@@ -93,12 +94,24 @@ size_t rt__http_put_data(rt_http_put_t *p, const void *data, size_t n, const cha
     return take;
 }
 
-int rt__http_put_end(const rt_conf_t *conf, rt_http_put_t *p, const char **why)
+int rt__http_put_keep(rt_http_put_t *p, const char **why)
 {
-    char root[sizeof(conf->data_dir) + 16];
-    root_of(conf, root, sizeof(root));
     p->on = false;
-    if (rt_upload_put_end(root, &p->id, p->fd) != 0) {
+    if (rt_c2s_upload_keep(p->fd, p->id.user, p->id.slot) != 0) {
+        *why = "the upload service is not running";
+        return 503;
+    }
+    p->keeping = true;
+    return 0;
+}
+
+int rt__http_put_kept(rt_http_put_t *p, const rt_msg_t *m, const char **why)
+{
+    int32_t rc = RT_EAGAIN;
+    if (m->len == sizeof(rc))
+        memcpy(&rc, m->data, sizeof(rc));
+    p->keeping = false;
+    if (rc != 0) {
         *why = "the file cannot be kept";
         return 500;
     }

@@ -13,7 +13,7 @@
 **
 ** BLOCKING: every call does file I/O; the slots and the sweep run on RT_TYPE_BLOCKING actors.
 ** The PUT and GET calls are for the HTTP connections: they open one file each, and what they
-** write goes to the page cache (rt_upload_put_end syncs it).
+** write goes to the page cache; rt_upload_put_end, which syncs it, is the upload actor's.
 */
 #ifndef RT_XMPP_UPLOAD_H
 #define RT_XMPP_UPLOAD_H
