@@ -141,7 +141,8 @@ static inline const char *rt_c2s_info_stream_id(const rt_c2s_info_t *i)
 int rt_c2s_kick(rt_pid_t session);
 /*
 ** Ends every session of user@host, its account gone (XEP-0077 3.2; `rtctl xmpp user del`):
-** each with a not-authorized stream error. The sessions told; 0 when XMPP is not running.
+** each with a not-authorized stream error; and its uploaded files are deleted (XEP-0363). The
+** sessions told; 0 when XMPP is not running.
 */
 size_t rt_c2s_account_gone(const char *host, const char *user);
 /*

@@ -531,6 +531,8 @@ void rt__c2s_upload_disco_item(rt_buf_t *b, unsigned host);
 /* An iq to host's upload service, to (prepared) its address: disco, and slot requests. */
 void rt__c2s_upload_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_jid_t *to,
                        int host);
+/* user@host's account is gone: its uploaded files go too (as ejabberd's rm_on_unregister). */
+void rt__c2s_upload_forget(const char *host, const char *user);
 /* Checks the upload settings and starts the upload actor in group when xmpp.upload_host. */
 int rt__c2s_upload_start(rt_pid_t group, const rt_conf_t *conf, char *err, size_t errlen);
 /* The xmpp sink's entry (rt_sink_xmpp_fn, c2s_session.c), and its part for rooms: a groupchat

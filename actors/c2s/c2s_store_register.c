@@ -39,11 +39,13 @@ void rt__c2s_store_register_lost(rt_pid_t to, const c2s_req_t *r)
     reply(to, r, RT_EAGAIN, (const char *)data, id_len(data, r->data_len), "");
 }
 
-/* Told by message: each session's actor ends itself. */
+/* Told by message: each session's actor ends itself; the upload actor deletes its files. */
 size_t rt_c2s_account_gone(const char *host, const char *user)
 {
-    return rt__c2s.conf ? rt__c2s_reg_to_account(host, user, C2S_MSG_ACCOUNT_GONE, NULL, 0, false)
-                        : 0;
+    if (!rt__c2s.conf)
+        return 0;
+    rt__c2s_upload_forget(host, user);
+    return rt__c2s_reg_to_account(host, user, C2S_MSG_ACCOUNT_GONE, NULL, 0, false);
 }
 
 void rt__c2s_store_register(rt_accounts_t *a, rt_pid_t to, const c2s_req_t *r, const char *host,

@@ -26,6 +26,7 @@
 #define C2S_MSG_UPLOAD_SLOT (RT_C2S_MSG_BASE + 0x70) /* a slot request, checked (upload_req_t) */
 #define C2S_MSG_UPLOAD_SWEEP (RT_C2S_MSG_BASE + 0x71)
 #define C2S_MSG_UPLOAD_KEEP (RT_C2S_MSG_BASE + 0x72) /* upload_keep_t: a PUT's file, whole */
+#define C2S_MSG_UPLOAD_FORGET (RT_C2S_MSG_BASE + 0x73) /* a bare JID whose account is gone */
 
 static struct {
     char domain[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX];
@@ -274,6 +275,24 @@ static void keep(rt_msg_t *m)
     rt_send(m->from, RT_MSG_C2S_UPLOAD_KEPT, &rc, sizeof(rc));
 }
 
+void rt__c2s_upload_forget(const char *host, const char *user)
+{
+    rt_pid_t actor = rt__c2s.conf->upload_host[0] ? rt_whereis(RT_C2S_UPLOAD_NAME) : 0;
+    char bare[RT_JID_TEXT_MAX + 1];
+    int n = snprintf(bare, sizeof(bare), "%s@%s", user, host);
+    if (actor && n > 0 && (size_t)n < sizeof(bare))
+        rt_send(actor, C2S_MSG_UPLOAD_FORGET, bare, (size_t)n + 1);
+}
+
+static void forget(uploader_t *u, const rt_msg_t *m)
+{
+    const char *bare = (const char *)m->data;
+    if (!m->len || bare[m->len - 1])
+        return;
+    size_t n = rt_upload_forget(u->files, bare);
+    rt_log(RT_LOG_INFO, "xmpp.upload_forgotten", "user=%s files=%zu", bare, n);
+}
+
 /* A PUT's file never taken (the actor ends with it in its mailbox): closed, its slot open. */
 static void uploader_dead_letter(void *state, rt_msg_t *m)
 {
@@ -311,6 +330,8 @@ static void uploader_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         make_slot(u, m);
     else if (m->tag == C2S_MSG_UPLOAD_KEEP)
         keep(m);
+    else if (m->tag == C2S_MSG_UPLOAD_FORGET)
+        forget(u, m);
     else if (m->tag == C2S_MSG_UPLOAD_SWEEP)
         sweep(self, u);
 }

@@ -453,6 +453,34 @@ static size_t sweep_user(int dir, uint64_t expire, uint32_t slot_timeout, time_t
     return removed;
 }
 
+size_t rt_upload_forget(rt_upload_t *u, const char *bare)
+{
+    char user[RT_UPLOAD_ID_HEX + 1];
+    user_dir(u, bare, user);
+    int dir = openat(u->dir, user, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = dir >= 0 ? dup(dir) : -1;
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        if (dir >= 0)
+            close(dir);
+        return 0;
+    }
+    size_t removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *dot = strrchr(e->d_name, '.');
+        if (e->d_name[0] != '.' && unlinkat(dir, e->d_name, 0) == 0 && dot &&
+            (strcmp(dot, ".data") == 0 || strcmp(dot, ".part") == 0))
+            removed++;
+    }
+    closedir(d);
+    close(dir);
+    unlinkat(u->dir, user, AT_REMOVEDIR);
+    return removed;
+}
+
 size_t rt_upload_sweep(const char *root, uint64_t expire, uint32_t slot_timeout, time_t now)
 {
     int top = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -80,6 +80,9 @@ int rt_upload_put_end(const char *root, const rt_upload_id_t *id, int fd);
 int rt_upload_get_open(const char *root, const rt_upload_id_t *id, const char *name, int *fd,
                        uint64_t *size, char *type, size_t cap);
 
+/* Removes every file and slot of bare's (its account is gone): how many. */
+size_t rt_upload_forget(rt_upload_t *u, const char *bare);
+
 /*
 ** Removes what is over: files older than expire seconds (0: files stay), slots unwritten
 ** slot_timeout + RT_UPLOAD_PART_GRACE_S seconds after their last write, and users' empty

@@ -263,6 +263,25 @@ def test_a_stalled_put_is_cut_and_the_slot_stays(server):
     c.close()
 
 
+def test_a_deleted_account_takes_its_files(server):
+    """`rtctl xmpp user del` (as a cancelled registration) deletes the account's uploads, as
+    ejabberd's rm_on_unregister does; another user's stay."""
+    c = Client(server.xport, "gone")
+    put, get = urls(slot(c, "mine.txt", 4))
+    assert request(put, "PUT", b"mine")[0] == 201
+    other = Client(server.xport, "raw")
+    oput, oget = urls(slot(other, "theirs.txt", 6))
+    assert request(oput, "PUT", b"theirs")[0] == 201
+    code, out, err = server.rtd.ctl("xmpp", "user", "del", "gone@localhost")
+    assert code == 0, err
+    assert wait_for(lambda: re.search(r"xmpp\.upload_forgotten user=gone@localhost files=1",
+                                      server.rtd.read_log()), X.TIMEOUT)
+    assert request(get)[0] == 404
+    assert request(oget)[2] == b"theirs"
+    c.close()
+    other.close()
+
+
 @pytest.fixture
 def short_lived(tmp_path):
     s = Server(tmp_path, ", upload_expire = 2, upload_slot_timeout = 1")

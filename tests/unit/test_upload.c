@@ -2,8 +2,8 @@
 ** HTTP file upload's files (actors/xmpp/upload.c) and the head-only request parse the PUTs
 ** use (actors/transport/http_request.c): names and types refused, a slot's PUT and GET, the
 ** quota counting open slots, a PUT of another size, type, name or after its time, a second
-** PUT, the sweep's expiry and its sparing of what is young, and the user's directory not
-** naming the user.
+** PUT, the sweep's expiry and its sparing of what is young, a deleted account's files gone
+** with it, and the user's directory not naming the user.
 */
 #include <fcntl.h>
 #include <stdio.h>
@@ -183,6 +183,32 @@ static void test_timeout_and_sweep(void)
     rt_upload_close(u);
 }
 
+static void test_forget(void)
+{
+    rt_upload_t *u;
+    char err[256];
+    CHECK_EQ(rt_upload_open(root, &u, err, sizeof(err)), 0);
+    rt_upload_id_t gone, open_slot, kept;
+    uint64_t used, size;
+    int fd;
+    char type[RT_UPLOAD_TYPE_MAX + 1];
+    CHECK_EQ(rt_upload_slot(u, "erin@example.org", "a", 1, "", 0, &gone, &used), 0);
+    put_bytes(&gone, "a", "", "a", 1);
+    CHECK_EQ(rt_upload_slot(u, "erin@example.org", "b", 1, "", 0, &open_slot, &used), 0);
+    CHECK_EQ(rt_upload_slot(u, "frank@example.org", "c", 1, "", 0, &kept, &used), 0);
+    put_bytes(&kept, "c", "", "c", 1);
+    CHECK_EQ(rt_upload_forget(u, "erin@example.org"), 2);
+    CHECK_EQ(rt_upload_get_open(root, &gone, "a", &fd, &size, type, sizeof(type)), RT_ENOTFOUND);
+    CHECK_EQ(rt_upload_put_open(root, &open_slot, "b", 1, "", 300, &fd), RT_ENOTFOUND);
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", root, gone.user);
+    CHECK(access(p, F_OK) != 0);
+    CHECK_EQ(rt_upload_get_open(root, &kept, "c", &fd, &size, type, sizeof(type)), 0);
+    close(fd);
+    CHECK_EQ(rt_upload_forget(u, "nobody@example.org"), 0);
+    rt_upload_close(u);
+}
+
 static void test_parse_head(void)
 {
     static const char req[] = "PUT /upload/a/b/c HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
@@ -212,6 +238,7 @@ int main(void)
     RUN(test_slot_put_get);
     RUN(test_quota);
     RUN(test_timeout_and_sweep);
+    RUN(test_forget);
     RUN(test_parse_head);
     tmpdir_remove();
     return CHECK_SUMMARY();
