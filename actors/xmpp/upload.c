@@ -228,18 +228,24 @@ static void user_dir(const rt_upload_t *u, const char *bare, char *out)
         snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }
 
+/* A listing of the directory open at dir (dir stays open, and the caller's), or NULL. */
+static DIR *listing(int dir)
+{
+    int fd = dir >= 0 ? dup(dir) : -1;
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d && fd >= 0)
+        close(fd);
+    return d;
+}
+
 /* Bytes and entries of the .part and .data files in dir. */
 static void usage(int dir, uint64_t *bytes, size_t *files)
 {
     *bytes = 0;
     *files = 0;
-    int fd = dup(dir);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0)
-            close(fd);
+    DIR *d = listing(dir);
+    if (!d)
         return;
-    }
     struct dirent *e;
     struct stat st;
     while ((e = readdir(d)) != NULL) {
@@ -417,13 +423,9 @@ static size_t remove_slot(int dir, const char *name)
 static size_t sweep_user(int dir, uint64_t expire, uint32_t slot_timeout, time_t now)
 {
     size_t removed = 0;
-    int fd = dup(dir);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0)
-            close(fd);
+    DIR *d = listing(dir);
+    if (!d)
         return 0;
-    }
     struct dirent *e;
     struct stat st;
     while ((e = readdir(d)) != NULL) {
@@ -458,11 +460,8 @@ size_t rt_upload_forget(rt_upload_t *u, const char *bare)
     char user[RT_UPLOAD_ID_HEX + 1];
     user_dir(u, bare, user);
     int dir = openat(u->dir, user, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int fd = dir >= 0 ? dup(dir) : -1;
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    DIR *d = listing(dir);
     if (!d) {
-        if (fd >= 0)
-            close(fd);
         if (dir >= 0)
             close(dir);
         return 0;
@@ -484,23 +483,22 @@ size_t rt_upload_forget(rt_upload_t *u, const char *bare)
 size_t rt_upload_sweep(const char *root, uint64_t expire, uint32_t slot_timeout, time_t now)
 {
     int top = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = top >= 0 ? fdopendir(top) : NULL;
-    if (!d) {
-        if (top >= 0)
-            close(top);
+    DIR *d = listing(top);
+    if (top >= 0)
+        close(top);
+    if (!d)
         return 0;
-    }
     size_t removed = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (!hex_id(e->d_name, strlen(e->d_name)))
             continue;
-        int dir = openat(top, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int dir = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dir < 0)
             continue;
         removed += sweep_user(dir, expire, slot_timeout, now);
         close(dir);
-        unlinkat(top, e->d_name, AT_REMOVEDIR); /* when empty: one with anything left stays */
+        unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR); /* when empty: one with anything left stays */
     }
     closedir(d);
     return removed;
