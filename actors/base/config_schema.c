@@ -384,8 +384,8 @@ const rt_setting_t rt__conf_table_settings[] = {
      .max = RT_CONF_HTTP_REQUEST_TIMEOUT_MAX,
      .offset = H_OFF(request_timeout),
      .doc = "a request must arrive whole within it of its first byte (slowloris); the first, TLS "
-            "handshake included, within it of accept; an upload's body (xmpp.upload_host) "
-            "within it of its last piece, and a download's reader likewise"},
+            "handshake included, within it of accept; an upload's body (xmpp.upload_host) must "
+            "bring 16 KiB within each, and a download's reader take as much"},
     {.name = "auto_subscribe[].topic",
      .type = RT_SET_STRING,
      .offset = A_OFF(topic),

@@ -42,6 +42,7 @@
    a download costs the connection a piece in memory, not the file. */
 #define HTTP_SERVE_PIECE (64 * 1024)
 #define HTTP_SERVE_TURN (4 * HTTP_SERVE_PIECE)
+#define HTTP_UPLOAD_PROGRESS (16 * 1024) /* an upload's least bytes per http.request_timeout */
 
 static struct {
     rt_conf_t conf; /* http's part, read by every connection */
@@ -563,9 +564,14 @@ static size_t put_body(rt_actor_t *self, http_conn_t *k, const void *data, size_
         upload_refuse(self, k, 500, why);
         return SIZE_MAX;
     }
-    /* The deadline is for progress: a big file over a slow link takes long, a stalled one
-       does not hold its connection. */
-    arm_timer(self, k, request_ms());
+    /* The deadline is for progress: a big file over a slow link takes long, but each
+       http.request_timeout must bring HTTP_UPLOAD_PROGRESS bytes (or the end), so a trickle
+       cannot hold one of the listener's connections for as long as it likes. */
+    k->put.progress += used;
+    if (k->put.progress >= HTTP_UPLOAD_PROGRESS || !k->put.left) {
+        k->put.progress = 0;
+        arm_timer(self, k, request_ms());
+    }
     if (!k->put.left && !put_finish(self, k))
         return SIZE_MAX;
     return used;
@@ -599,6 +605,7 @@ static int put_begin(rt_actor_t *self, http_conn_t *k)
         return 1;
     }
     k->keep_alive = req.keep_alive;
+    arm_timer(self, k, request_ms()); /* the body's first piece is due from here */
     memmove(k->in, k->in + req.len, k->inlen - req.len);
     k->inlen -= req.len;
     size_t used = put_body(self, k, k->in, k->inlen);

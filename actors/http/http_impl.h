@@ -34,6 +34,7 @@ typedef struct rt_http_put_s { /* a PUT whose body is being written to its slot'
     bool keeping; /* its body came whole: the upload actor syncs it (RT_MSG_C2S_UPLOAD_KEPT) */
     int fd;
     uint64_t size, left; /* the body's bytes, and those still to come */
+    uint32_t progress;   /* bytes since its deadline was last moved */
     rt_upload_id_t id;
 } rt_http_put_t;
 typedef struct rt_http_get_s { /* a file being served */

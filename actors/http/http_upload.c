@@ -51,7 +51,7 @@ int rt__http_put_start(const rt_conf_t *conf, const char *path, uint64_t len, co
     case 0:
         break;
     case RT_EEXIST:
-        *why = "this slot's file was uploaded already";
+        *why = "this slot's file was uploaded already, or is being uploaded";
         return 409;
     case RT_ELIMIT:
         *why = "Content-Length is not the size the slot was asked for";

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -355,6 +356,13 @@ int rt_upload_put_open(const char *root, const rt_upload_id_t *id, const char *n
     file_name(fname, sizeof(fname), id->slot, "part");
     if (!rc && (*fd = openat(dir, fname, O_WRONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
         rc = errno == ENOENT ? RT_ENOTFOUND : RT_EAGAIN;
+    /* One PUT at a time: two into one file would interleave. The lock goes with the PUT's
+       descriptor, closed once the file is in place, where .data then answers the next. */
+    if (!rc && flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        rc = errno == EWOULDBLOCK ? RT_EEXIST : RT_EAGAIN;
+        close(*fd);
+        *fd = -1;
+    }
     close(dir);
     return rc;
 }

@@ -63,8 +63,9 @@ int rt_upload_slot(rt_upload_t *u, const char *bare, const char *name, uint64_t 
 int rt_upload_parse(const char *path, rt_upload_id_t *id, char *name, size_t cap);
 
 /*
-** A PUT of len bytes of type into id's slot: 0 with *fd open for writing at 0; RT_ENOTFOUND
-** (no such slot, or another name), RT_EEXIST (its file came already), RT_ELIMIT (len is not
+** A PUT of len bytes of type into id's slot: 0 with *fd open for writing at 0 (and locked: the
+** slot takes one PUT at a time); RT_ENOTFOUND (no such slot, or another name), RT_EEXIST (its
+** file came already, or another PUT is writing it), RT_ELIMIT (len is not
 ** the slot's size), RT_EPROTO (type is not the slot's), RT_EBUSY (the slot's time, its first
 ** slot_timeout seconds, is over), RT_EAGAIN (I/O).
 */

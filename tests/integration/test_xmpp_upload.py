@@ -12,6 +12,7 @@ import io
 import os
 import re
 import socket
+import time
 import urllib.parse
 
 import pytest
@@ -280,6 +281,33 @@ def test_a_deleted_account_takes_its_files(server):
     assert request(oget)[2] == b"theirs"
     c.close()
     other.close()
+
+
+def test_a_trickle_is_cut(server):
+    """Bytes that keep coming, but fewer than 16 KiB each http.request_timeout, do not hold the
+    connection: the PUT is cut (408) within a couple of those windows."""
+    c = Client(server.xport, "slow")
+    put, _ = urls(slot(c, "trickle.bin", 1 << 20))
+    u = urllib.parse.urlsplit(put)
+    s = socket.create_connection(("127.0.0.1", u.port), timeout=30)
+    s.sendall(f"PUT {u.path} HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 20}\r\n\r\n".encode())
+    s.setblocking(False)
+    answer, deadline = b"", time.monotonic() + 5 * STALL
+    while b"\r\n\r\n" not in answer and time.monotonic() < deadline:
+        try:
+            s.send(b"x" * 256)  # 256 bytes every 0.1 s: 5 KiB a window of 2 s
+        except (BrokenPipeError, ConnectionResetError, BlockingIOError):
+            pass
+        time.sleep(0.1)
+        try:
+            answer += s.recv(4096)
+        except BlockingIOError:
+            pass
+        except ConnectionResetError:
+            break
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    c.close()
 
 
 @pytest.fixture

@@ -97,6 +97,12 @@ static void test_slot_put_get(void)
              RT_ELIMIT);
     CHECK_EQ(rt_upload_put_open(root, &id, "caf\xc3\xa9.txt", 5, "text/html", 300, &fd), RT_EPROTO);
     CHECK_EQ(rt_upload_put_open(root, &id, "other.txt", 5, "text/plain", 300, &fd), RT_ENOTFOUND);
+    /* A second PUT while one writes is refused, not interleaved with it. */
+    int first;
+    CHECK_EQ(rt_upload_put_open(root, &id, "caf\xc3\xa9.txt", 5, "text/plain", 300, &first), 0);
+    CHECK_EQ(rt_upload_put_open(root, &id, "caf\xc3\xa9.txt", 5, "text/plain", 300, &fd),
+             RT_EEXIST);
+    close(first);
     put_bytes(&id, "caf\xc3\xa9.txt", "text/plain; charset=utf-8", "hello", 5);
     CHECK_EQ(rt_upload_put_open(root, &id, "caf\xc3\xa9.txt", 5, "text/plain", 300, &fd),
              RT_EEXIST);
