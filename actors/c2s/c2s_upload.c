@@ -238,8 +238,8 @@ static void make_slot(uploader_t *u, rt_msg_t *m)
 static void sweep(rt_actor_t *self, uploader_t *u)
 {
     const rt_conf_xmpp_t *x = rt__c2s.conf;
-    size_t n = rt_upload_sweep(U.root, (uint64_t)x->upload_expire, (uint32_t)x->upload_slot_timeout,
-                               time(NULL));
+    size_t n = rt_upload_sweep(u->files, (uint64_t)x->upload_expire,
+                               (uint32_t)x->upload_slot_timeout, time(NULL));
     if (n) {
         atomic_fetch_add_explicit(&rt_c2s_stats.upload_expired, n, memory_order_relaxed);
         rt_log(RT_LOG_INFO, "xmpp.upload_expired", "files=%zu", n);

@@ -89,6 +89,6 @@ size_t rt_upload_forget(rt_upload_t *u, const char *bare);
 ** slot_timeout + RT_UPLOAD_PART_GRACE_S seconds after their last write, and users' empty
 ** directories. Returns the files and slots removed.
 */
-size_t rt_upload_sweep(const char *root, uint64_t expire, uint32_t slot_timeout, time_t now);
+size_t rt_upload_sweep(rt_upload_t *u, uint64_t expire, uint32_t slot_timeout, time_t now);
 
 #endif

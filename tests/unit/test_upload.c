@@ -171,8 +171,8 @@ static void test_timeout_and_sweep(void)
     age_slot(&old, 100);
     age_slot(&abandoned, 300 + RT_UPLOAD_PART_GRACE_S + 1);
     /* expire 0 keeps files; the abandoned slot goes, the late one (in its grace) stays. */
-    CHECK_EQ(rt_upload_sweep(root, 0, 300, now), 1);
-    CHECK_EQ(rt_upload_sweep(root, 50, 300, now), 1); /* the old file */
+    CHECK_EQ(rt_upload_sweep(u, 0, 300, now), 1);
+    CHECK_EQ(rt_upload_sweep(u, 50, 300, now), 1); /* the old file */
     uint64_t size;
     char type[RT_UPLOAD_TYPE_MAX + 1];
     CHECK_EQ(rt_upload_get_open(root, &old, "old", &fd, &size, type, sizeof(type)), RT_ENOTFOUND);
@@ -182,7 +182,7 @@ static void test_timeout_and_sweep(void)
     /* Everything of a user gone: its directory too, and the quota counts from nothing. */
     age_slot(&young, 100);
     age_slot(&late, RT_UPLOAD_PART_GRACE_S);
-    CHECK_EQ(rt_upload_sweep(root, 50, 300, now), 2);
+    CHECK_EQ(rt_upload_sweep(u, 50, 300, now), 2);
     char p[512];
     snprintf(p, sizeof(p), "%s/%s", root, young.user);
     CHECK(access(p, F_OK) != 0);
@@ -212,6 +212,9 @@ static void test_forget(void)
     CHECK_EQ(rt_upload_get_open(root, &kept, "c", &fd, &size, type, sizeof(type)), 0);
     close(fd);
     CHECK_EQ(rt_upload_forget(u, "nobody@example.org"), 0);
+    /* What the slot maker remembered of erin's usage went with the files. */
+    CHECK_EQ(rt_upload_slot(u, "erin@example.org", "again", 1, "", 1, &gone, &used), 0);
+    CHECK_EQ(used, 0);
     rt_upload_close(u);
 }
 
