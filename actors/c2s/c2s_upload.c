@@ -389,7 +389,7 @@ int rt__c2s_upload_start(rt_pid_t group, const rt_conf_t *conf, char *err, size_
     }
     if (rc)
         return rc;
-    snprintf(U.root, sizeof(U.root), "%s/%s", conf->data_dir, RT_UPLOAD_DIR);
+    rt_upload_root(conf->data_dir, U.root, sizeof(U.root));
     rt_child_spec_t c = {
         .name = RT_C2S_UPLOAD_NAME, .type = &uploader_type, .restart = RT_PERMANENT};
     rc = rt_supervisor_start_child(group, &c, NULL);

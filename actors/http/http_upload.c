@@ -27,11 +27,6 @@ bool rt__http_upload_path(const rt_conf_t *conf, const char *path)
            strncmp(path, PREFIX, sizeof(PREFIX) - 1) == 0;
 }
 
-static void root_of(const rt_conf_t *conf, char *root, size_t cap)
-{
-    snprintf(root, cap, "%s/%s", conf->data_dir, RT_UPLOAD_DIR);
-}
-
 int rt__http_put_start(const rt_conf_t *conf, const char *path, uint64_t len, const char *type,
                        rt_http_put_t *p, const char **why)
 {
@@ -44,7 +39,7 @@ int rt__http_put_start(const rt_conf_t *conf, const char *path, uint64_t len, co
         *why = "no such upload slot";
         return 404;
     }
-    root_of(conf, root, sizeof(root));
+    rt_upload_root(conf->data_dir, root, sizeof(root));
     int fd;
     switch (rt_upload_put_open(root, &p->id, name, len, type,
                                (uint32_t)conf->xmpp.upload_slot_timeout, &fd)) {
@@ -146,7 +141,7 @@ int rt__http_get_start(const rt_conf_t *conf, const char *path, rt_http_get_t *g
     rt_upload_id_t id;
     int fd;
     uint64_t size;
-    root_of(conf, root, sizeof(root));
+    rt_upload_root(conf->data_dir, root, sizeof(root));
     if (rt_upload_parse(path + sizeof(PREFIX) - 1, &id, name, sizeof(name)) != 0 ||
         rt_upload_get_open(root, &id, name, &fd, &size, type, sizeof(type)) != 0) {
         *why = "no such file (or it expired)";

@@ -72,6 +72,11 @@ static bool load_key(int dir, uint8_t *key)
     return ok;
 }
 
+void rt_upload_root(const char *data_dir, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", data_dir, RT_UPLOAD_DIR);
+}
+
 int rt_upload_open(const char *root, rt_upload_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -257,10 +262,10 @@ static DIR *listing(int dir)
 
 static usage_t *usage_of(rt_upload_t *u, const char *user)
 {
-    return &u->usage[strtoul((char[9]){user[0], user[1], user[2], user[3], user[4], user[5],
-                                       user[6], user[7], 0},
-                             NULL, 16) %
-                     USAGE_SLOTS];
+    size_t i = 0;
+    for (int k = 0; k < 4; k++) /* 16 bits of an HMAC: as even as any hash */
+        i = i << 4 | (size_t)hex_value(user[k]);
+    return &u->usage[i % USAGE_SLOTS];
 }
 
 /* Bytes and entries of the .part and .data files in dir. */
@@ -462,6 +467,14 @@ static size_t remove_slot(int dir, const char *name)
     return removed;
 }
 
+/* Whether the slot a file name in dir begins with has its file ext there. */
+static bool slot_has(int dir, const char *name, const char *ext)
+{
+    char fname[64];
+    snprintf(fname, sizeof(fname), "%.*s.%s", RT_UPLOAD_ID_HEX, name, ext);
+    return faccessat(dir, fname, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
 /* One user's directory: what is over goes. */
 static size_t sweep_user(int dir, uint64_t expire, uint32_t slot_timeout, time_t now)
 {
@@ -483,14 +496,9 @@ static size_t sweep_user(int dir, uint64_t expire, uint32_t slot_timeout, time_t
             over = expire && (uint64_t)(now - st.st_mtime) > expire;
         else if (strcmp(dot, ".part") == 0)
             over = now - st.st_mtime > (time_t)slot_timeout + RT_UPLOAD_PART_GRACE_S;
-        else if (strcmp(dot, ".meta") == 0) { /* alone: a slot whose making failed midway */
-            char other[64];
-            snprintf(other, sizeof(other), "%.*s.part", RT_UPLOAD_ID_HEX, e->d_name);
-            bool part = faccessat(dir, other, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
-            snprintf(other, sizeof(other), "%.*s.data", RT_UPLOAD_ID_HEX, e->d_name);
-            over = !part && faccessat(dir, other, F_OK, AT_SYMLINK_NOFOLLOW) != 0 &&
+        else if (strcmp(dot, ".meta") == 0) /* alone: a slot whose making failed midway */
+            over = !slot_has(dir, e->d_name, "part") && !slot_has(dir, e->d_name, "data") &&
                    now - st.st_mtime > (time_t)slot_timeout + RT_UPLOAD_PART_GRACE_S;
-        }
         if (over)
             removed += remove_slot(dir, e->d_name);
     }

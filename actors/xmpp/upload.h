@@ -37,6 +37,9 @@ typedef struct rt_upload_id_s {
 
 typedef struct rt_upload_s rt_upload_t;
 
+/* ROOT for a data_dir (data_dir/upload), the one place both sides take it from. */
+void rt_upload_root(const char *data_dir, char *out, size_t cap);
+
 /* Opens ROOT (made 0700 if missing) and its key (made if missing): 0, or RT_EAGAIN with err. */
 int rt_upload_open(const char *root, rt_upload_t **out, char *err, size_t errlen);
 void rt_upload_close(rt_upload_t *u);

@@ -19,7 +19,7 @@ import pytest
 
 import xmpp_util as X
 from conftest import Rtd, free_port, wait_for
-from test_xmpp_muc import C, PW, Client
+from test_xmpp_muc import C, PW, Client, show
 
 pytestmark = pytest.mark.rtd_only("the upload service is rtd's own (its settings and files)")
 
@@ -63,18 +63,13 @@ def slot(c, name, size, ctype=None):
 
 def urls(ans):
     s = ans.find(f"{{{NS_UPLOAD}}}slot")
-    assert ans.get("type") == "result" and s is not None, ET_show(ans)
+    assert ans.get("type") == "result" and s is not None, show([ans])
     return s.find(f"{{{NS_UPLOAD}}}put").get("url"), s.find(f"{{{NS_UPLOAD}}}get").get("url")
-
-
-def ET_show(el):
-    import xml.etree.ElementTree as ET
-    return ET.tostring(el).decode()
 
 
 def condition(ans):
     err = ans.find(C + "error")
-    assert ans.get("type") == "error" and err is not None, ET_show(ans)
+    assert ans.get("type") == "error" and err is not None, show([ans])
     names = [c.tag.replace(NS_STANZAS, "") for c in err if c.tag.startswith(NS_STANZAS)]
     return err.get("type"), [n for n in names if n != "text"][0], err
 
