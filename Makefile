@@ -129,7 +129,7 @@ test-integration-asan-a: build-asan deps
 		tests/integration/test_xmpp_mqtt_rules.py -k "not testssl"
 
 test-integration-asan-b: build-asan deps
-	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py \
+	@$(ASAN_INTEGRATION) tests/integration/test_cluster.py tests/integration/test_cluster_routes.py \
 		tests/integration/test_xmpp_c2s.py tests/integration/test_xmpp_sm.py \
 		tests/integration/test_xmpp_admin.py tests/integration/test_xmpp_xeps.py \
 		tests/integration/test_xmpp_hostile.py tests/integration/test_xmpp_rules.py \

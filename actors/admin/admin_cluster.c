@@ -47,6 +47,7 @@ int rt__admin_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "sessions_moved_in", st.sessions_moved_in);
     rt_doc_add_u64(c->doc, "sessions_moved_out", st.sessions_moved_out);
     rt_doc_add_u64(c->doc, "sessions_move_failed", st.sessions_move_failed);
+    rt_doc_add_u64(c->doc, "move_syncs_incomplete", st.move_syncs_incomplete);
     rt_doc_add_str(c->doc, "durable", st.durable ? "on" : "off");
     rt_doc_add_u64(c->doc, "stream_acked", st.stream_acked);
     rt_doc_add_u64(c->doc, "stream_failed", st.stream_failed);

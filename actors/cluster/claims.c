@@ -23,20 +23,38 @@
 ** move"): *out (malloc'ed) and *len, none when the holder had nothing to move. false when
 ** no answer came in time (a node gone) or it was not one.
 */
-static bool request_parts(const char *subject, const char *id, bool want, uint8_t **out,
-                          size_t *len)
+/* An inbox for answers; on the one connection: NATS has it before any request sent after. */
+static natsStatus open_inbox(natsInbox **inbox, natsSubscription **sub)
 {
-    *out = NULL;
-    *len = 0;
-    natsInbox *inbox = NULL;
-    natsSubscription *sub = NULL;
+    *inbox = NULL;
+    *sub = NULL;
+    natsStatus s = natsInbox_Create(inbox);
+    if (s == NATS_OK)
+        s = natsConnection_SubscribeSync(sub, rt__cluster.nc, *inbox);
+    return s;
+}
+
+/* The next answer on sub that verifies, by deadline (NATS_TIMEOUT after): anyone may publish
+   on an inbox, and what does not verify is dropped. */
+static natsStatus next_answer(natsSubscription *sub, uint64_t deadline, natsMsg **answer)
+{
+    for (;;) {
+        uint64_t now = rt_mono_ms();
+        natsStatus s = now < deadline
+                           ? natsSubscription_NextMsg(answer, sub, (int64_t)(deadline - now))
+                           : NATS_TIMEOUT;
+        int64_t age;
+        if (s != NATS_OK || rt__cluster_verified(*answer, "answer", false, &age))
+            return s;
+        natsMsg_Destroy(*answer);
+    }
+}
+
+/* Publishes a signed request (data, Rt-Want if want) to be answered on inbox. */
+static natsStatus ask(const char *subject, const char *inbox, const char *data, bool want)
+{
     natsMsg *req = NULL;
-    natsStatus s = natsInbox_Create(&inbox);
-    /* On the one connection: NATS has the subscription before the request. */
-    if (s == NATS_OK)
-        s = natsConnection_SubscribeSync(&sub, rt__cluster.nc, inbox);
-    if (s == NATS_OK)
-        s = natsMsg_Create(&req, subject, inbox, id, (int)strlen(id));
+    natsStatus s = natsMsg_Create(&req, subject, inbox, data, (int)strlen(data));
     if (s == NATS_OK && want)
         s = natsMsgHeader_Set(req, H_WANT, "session");
     if (s == NATS_OK)
@@ -44,25 +62,31 @@ static bool request_parts(const char *subject, const char *id, bool want, uint8_
     if (s == NATS_OK)
         s = natsConnection_PublishMsg(rt__cluster.nc, req);
     natsMsg_Destroy(req);
+    return s;
+}
+
+static bool request_parts(const char *subject, const char *id, bool want, uint8_t **out,
+                          size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    natsStatus s = open_inbox(&inbox, &sub);
+    if (s == NATS_OK)
+        s = ask(subject, inbox, id, want);
     rt_buf_t buf = {0};
-    /* Each part within TAKEOVER_WAIT_MS of the one before; what does not verify (anyone may
-       publish on the inbox) is dropped, and does not extend the wait. */
+    /* Each part within TAKEOVER_WAIT_MS of the one before (what does not verify does not
+       extend the wait). */
     uint64_t deadline = rt_mono_ms() + TAKEOVER_WAIT_MS;
     for (unsigned got = 0, parts = 1; s == NATS_OK && got < parts;) {
         natsMsg *part = NULL;
-        uint64_t now = rt_mono_ms();
-        s = now < deadline ? natsSubscription_NextMsg(&part, sub, (int64_t)(deadline - now))
-                           : NATS_TIMEOUT;
+        s = next_answer(sub, deadline, &part);
         if (s != NATS_OK)
             break;
         const char *h = NULL;
         unsigned i = 0, n = 0;
-        int64_t age;
         size_t dlen = (size_t)natsMsg_GetDataLength(part);
-        if (!rt__cluster_verified(part, "answer", false, &age)) {
-            natsMsg_Destroy(part);
-            continue;
-        }
         if (natsMsgHeader_Get(part, H_PART, &h) != NATS_OK || sscanf(h, "%u %u", &i, &n) != 2 ||
             (n && i != got + 1) || n > RT_CLUSTER_MOVE_MAX / 1024 ||
             buf.len + dlen > RT_CLUSTER_MOVE_MAX) {
@@ -564,6 +588,59 @@ void rt__cluster_claim_one(const claim_t *cl)
     claim_settled(cl, r, moving);
 }
 
+/*
+** In cluster_kv, before a moving session's old holder is asked for the rest: a request to
+** every other node, published after the session's subscriptions on the same connection.
+** A NATS route carries what one server learned in the order it learned it, so a node's
+** answer proves that its server has the new interest: no server can then see the old
+** holder's interest end first and drop a publisher's message into no interest
+** (docs/CLUSTER.md, "Sessions that move"). Nodes silent for a heartbeat's three periods are
+** not waited for; the wait is bounded as a takeover's answer is. Each node's own subject,
+** not one they all hear: its NATS user may already subscribe to that and no more.
+*/
+static void sync_every_server(const char *id)
+{
+    static char others[RT_CLUSTER_NODES_MAX][RT_CONF_NODE_MAX]; /* cluster_kv's own */
+    size_t waiting = rt__cluster_others_up(others, RT_CLUSTER_NODES_MAX);
+    if (!waiting)
+        return;
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    natsStatus s = open_inbox(&inbox, &sub);
+    for (size_t i = 0; i < waiting && s == NATS_OK; i++) {
+        char subject[RT_CONF_NODE_MAX * 2 + 24];
+        rt__cluster_node_subject(others[i], "sync", subject, sizeof(subject));
+        s = ask(subject, inbox, id, false);
+    }
+    uint64_t deadline = rt_mono_ms() + TAKEOVER_WAIT_MS;
+    while (s == NATS_OK && waiting) {
+        natsMsg *nm = NULL;
+        s = next_answer(sub, deadline, &nm);
+        if (s != NATS_OK)
+            break;
+        char node[RT_CONF_NODE_MAX];
+        int len = natsMsg_GetDataLength(nm);
+        if (len > 0 && (size_t)len < sizeof(node)) {
+            snprintf(node, sizeof(node), "%.*s", len, natsMsg_GetData(nm));
+            for (size_t i = 0; i < waiting; i++)
+                if (strcmp(others[i], node) == 0) {
+                    memcpy(others[i], others[--waiting], sizeof(others[i]));
+                    break;
+                }
+        }
+        natsMsg_Destroy(nm);
+    }
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    if (waiting) {
+        atomic_fetch_add_explicit(&rt__cluster.move_syncs_incomplete, 1, memory_order_relaxed);
+        rt_log(RT_LOG_WARNING, "cluster.move_sync_incomplete",
+               "client=%s nodes_unanswered=%zu (first: %s) %s; what their servers' publishers "
+               "send as the old holder lets go may find no interest",
+               id, waiting, others[0], natsStatus_GetText(s));
+    }
+}
+
 /* In cluster_kv: what the old holder queued since phase 1, to the imported session (none
    if the old node is gone); then the CONNECT goes on. */
 void rt__cluster_move_tail(const move_t *mv)
@@ -584,6 +661,7 @@ void rt__cluster_move_tail(const move_t *mv)
                "client=%s from=%s run=%s since_ms=%" PRId64 " messages=%zu", id, node,
                holder_run(mv->holder), mv->replay_from_ms, replayed);
     } else {
+        sync_every_server(id);
         answered = request_parts(subject, id, true, &tail, &len);
     }
     /* The session answers the claim once it has merged the rest: the CONNECT's hand-over
@@ -773,6 +851,16 @@ void rt__cluster_give_up(natsMsg *nm, uint32_t phase)
                holder ? "" : " (its claim here had just been made)");
     }
     answer(reply, rlen, NULL, 0);
+}
+
+/* In cluster_in: another node's sync request (above), answered with this node's name. */
+void rt__cluster_sync_asked(natsMsg *nm)
+{
+    RT_ASSERT(RT_CLUSTER_ON(in_pid));
+    const char *reply = natsMsg_GetReply(nm);
+    int64_t age;
+    if (reply && reply[0] && rt__cluster_verified(nm, "sync", true, &age))
+        answer(reply, strlen(reply), rt__cluster.node, strlen(rt__cluster.node));
 }
 
 /* In the cluster actor: an answer in parts that fit NATS's max_payload ("0 0": none). */

@@ -12,6 +12,7 @@ const char rt__cluster_takeover_request[] = "takeover";
 const char rt__cluster_handover_request[] = "handover";
 const char rt__cluster_admin_request[] = "admin";
 const char rt__cluster_heartbeat[] = "heartbeat";
+const char rt__cluster_sync_request[] = "sync";
 
 rt__cluster_t rt__cluster = {.backlog_lock = PTHREAD_MUTEX_INITIALIZER,
                              .backlog_cond = PTHREAD_COND_INITIALIZER,
@@ -271,6 +272,8 @@ static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt__cluster_admin_asked(in->msg);
         else if (in->share == rt__cluster_heartbeat)
             rt__cluster_other_heartbeat(in->msg);
+        else if (in->share == rt__cluster_sync_request)
+            rt__cluster_sync_asked(in->msg);
         else
             rt__cluster_route_inbound(st, in);
         natsMsg_Destroy(in->msg);
@@ -611,14 +614,14 @@ static void close_connections(void)
     }
     rt__cluster_banned_close();
     natsSubscription *own[] = {rt__cluster.takeover_sub, rt__cluster.handover_sub,
-                               rt__cluster.admin_sub, rt__cluster.status_sub};
+                               rt__cluster.admin_sub, rt__cluster.status_sub, rt__cluster.sync_sub};
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (own[i]) {
             natsSubscription_Unsubscribe(own[i]);
             natsSubscription_Destroy(own[i]);
         }
     rt__cluster.takeover_sub = rt__cluster.handover_sub = rt__cluster.admin_sub =
-        rt__cluster.status_sub = NULL;
+        rt__cluster.status_sub = rt__cluster.sync_sub = NULL;
     rt__cluster_claims_close();
     kvStore_Destroy(rt__cluster.clients);
     kvStore_Destroy(rt__cluster.sessions);
@@ -855,6 +858,7 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->sessions_moved_in = atomic_load(&rt__cluster.sessions_moved_in);
     st->sessions_moved_out = atomic_load(&rt__cluster.sessions_moved_out);
     st->sessions_move_failed = atomic_load(&rt__cluster.sessions_move_failed);
+    st->move_syncs_incomplete = atomic_load(&rt__cluster.move_syncs_incomplete);
     st->durable = rt__cluster.durable && atomic_load(&rt__cluster.durable_ready);
     st->stream_acked = atomic_load(&rt__cluster.stream_acked);
     st->stream_failed = atomic_load(&rt__cluster.stream_failed);

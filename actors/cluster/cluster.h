@@ -92,6 +92,7 @@ typedef struct rt_cluster_status_s {
     uint64_t claims_failed, given_up;   /* claims refused; ids given up to another node */
     uint64_t sessions_moved_in, sessions_moved_out; /* persistent sessions moved between nodes */
     uint64_t sessions_move_failed; /* moves here whose session or tail did not arrive whole */
+    uint64_t move_syncs_incomplete; /* moves that asked for the rest without every node's word */
     bool durable;                  /* durable mode, its stream and bucket bound */
     uint64_t stream_acked, stream_failed; /* publishers' acks the stream gave, refused */
     uint64_t session_records_failed;      /* sessions' records the bucket refused */

@@ -151,7 +151,7 @@ typedef struct route_s {
    the second request of a session's move (handover), for another node's administrator's
    question (admin), and for another node's heartbeat. */
 extern const char rt__cluster_takeover_request[], rt__cluster_handover_request[],
-    rt__cluster_admin_request[], rt__cluster_heartbeat[];
+    rt__cluster_admin_request[], rt__cluster_heartbeat[], rt__cluster_sync_request[];
 
 /* Per origin node: which of its sequence numbers were routed here, in a sliding window. */
 #define SEEN_WINDOW 1024
@@ -213,7 +213,7 @@ typedef struct {
     /* Client ids: the bucket "<prefix>_clients" and this node's takeover subject. */
     kvStore *clients;
     char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
-    natsSubscription *takeover_sub, *handover_sub, *admin_sub, *status_sub;
+    natsSubscription *takeover_sub, *handover_sub, *admin_sub, *status_sub, *sync_sub;
     rt_cluster_admin_fn admin; /* the admin layer's (questions from other nodes) */
     uint64_t node_key;         /* rt_message_set_origin's name of this run of this node */
     /* Durable mode (cluster.durable): the stream "<prefix>_msgs" keeps every message routed
@@ -235,6 +235,7 @@ typedef struct {
     _Atomic int64_t cut_ms; /* wall ms the routes connection was lost, until caught up; 0: not */
     rt_cluster_import_fn import; /* the connection layer's (sessions moving here) */
     _Atomic uint64_t sessions_moved_in, sessions_moved_out, sessions_move_failed;
+    _Atomic uint64_t move_syncs_incomplete; /* moves that went on without every node's word */
     /* The nodes heard from: written by cluster_in, read by admin commands. */
     pthread_mutex_t nodes_lock;
     rt_cluster_node_t nodes[RT_CLUSTER_NODES_MAX];
@@ -328,6 +329,7 @@ unsigned rt__cluster_claims_in_flight(void);
 void rt__cluster_move_tail(const move_t *mv);
 void rt__cluster_admin_asked(natsMsg *nm);
 void rt__cluster_give_up(natsMsg *nm, uint32_t phase);
+void rt__cluster_sync_asked(natsMsg *nm);
 void rt__cluster_send_reply(const reply_t *r);
 
 /* ---- durable.c ---- */
@@ -361,6 +363,8 @@ uint64_t rt__cluster_auth_refused(void);
 
 /* ---- heartbeat.c ---- */
 void rt__cluster_other_heartbeat(natsMsg *nm);
+/* The other nodes heard from within RT_CLUSTER_SILENT_MS, by name (at most max). */
+size_t rt__cluster_others_up(char (*names)[RT_CONF_NODE_MAX], size_t max);
 void rt__cluster_send_heartbeat(rt_actor_t *self);
 
 #endif

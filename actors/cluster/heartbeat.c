@@ -125,6 +125,19 @@ size_t rt_cluster_nodes(rt_cluster_node_t *out, size_t max)
     return n;
 }
 
+size_t rt__cluster_others_up(char (*names)[RT_CONF_NODE_MAX], size_t max)
+{
+    pthread_mutex_lock(&rt__cluster.nodes_lock);
+    uint64_t now = rt_mono_ms();
+    size_t n = 0;
+    for (size_t i = 0; i < rt__cluster.nnodes && n < max; i++)
+        if (now - rt__cluster.nodes_seen_ms[i] <= RT_CLUSTER_SILENT_MS &&
+            strcmp(rt__cluster.nodes[i].node, rt__cluster.node) != 0)
+            snprintf(names[n++], RT_CONF_NODE_MAX, "%s", rt__cluster.nodes[i].node);
+    pthread_mutex_unlock(&rt__cluster.nodes_lock);
+    return n;
+}
+
 /* In the cluster actor, once a second: this node's heartbeat, published and kept. */
 void rt__cluster_send_heartbeat(rt_actor_t *self)
 {

@@ -153,6 +153,11 @@ void rt__cluster_kv_bind(rt_actor_t *self)
         s = rt__cluster_pool_subscribe(&rt__cluster.admin_sub, rt__cluster.nc, subject, NULL,
                                        (void *)rt__cluster_admin_request, false);
     }
+    if (s == NATS_OK && !rt__cluster.sync_sub) {
+        rt__cluster_node_subject(rt__cluster.node, "sync", subject, sizeof(subject));
+        s = rt__cluster_pool_subscribe(&rt__cluster.sync_sub, rt__cluster.nc, subject, NULL,
+                                       (void *)rt__cluster_sync_request, false);
+    }
     /* A bucket just made answers only once its stream has a leader: probe before use,
        so the first claims do not wait out JetStream's timeout. */
     kvEntry *probe = NULL;
