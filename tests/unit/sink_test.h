@@ -101,12 +101,12 @@ static inline rt_sink_t *start_archive(const char *extra, bool keep_dir, char *s
     return rt_sink_find("archive");
 }
 
-/* Waits until field of sink name reaches want. */
-/* Whether field reached want within ms. Read once per round: a gauge such as spilled may
-   fall again right after (rows moved back for a retry), and a second read would miss it. */
-#define WAIT_FOR(name, field, want, ms)                                                            \
+/* Whether field of sink name reached want (within RT_TEST_WAIT_MS). Read once per round: a
+   gauge such as spilled may fall again right after (rows moved back for a retry), and a
+   second read would miss it. */
+#define WAIT_FOR(name, field, want)                                                                \
     ({                                                                                             \
-        uint64_t end_ = test_now_ms() + (ms);                                                      \
+        uint64_t end_ = test_now_ms() + RT_TEST_WAIT_MS;                                           \
         bool reached_;                                                                             \
         while (!(reached_ = info(name).field >= (uint64_t)(want)) && test_now_ms() < end_)         \
             test_sleep_ms(2);                                                                      \

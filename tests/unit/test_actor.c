@@ -136,10 +136,10 @@ static void test_spawn_send(void)
     CHECK(pid != 0);
     for (int i = 0; i < 1000; i++)
         CHECK_EQ(rt_send(pid, MSG_ADD, &i, sizeof(i)), 0);
-    CHECK(wait_at_least(&p.received, 1000, 5000));
+    CHECK(wait_at_least(&p.received, 1000));
     CHECK_EQ(atomic_load(&p.received), 1000);
     send_reason(pid, RT_REASON_NORMAL);
-    CHECK(wait_at_least(&p.terminated, 1, 5000));
+    CHECK(wait_at_least(&p.terminated, 1));
     CHECK_EQ(atomic_load(&p.last_reason), RT_REASON_NORMAL);
 }
 
@@ -149,7 +149,7 @@ static void test_dead_letters(void)
     rt_pid_t pid;
     rt_spawn(&probe_type, &p, &pid);
     send_reason(pid, RT_REASON_NORMAL);
-    CHECK(wait_at_least(&p.terminated, 1, 5000));
+    CHECK(wait_at_least(&p.terminated, 1));
     rt_stats_t before, after;
     rt_stats(&before);
     CHECK_EQ(rt_send(pid, MSG_ADD, NULL, 0), RT_ENOPROC);
@@ -164,7 +164,7 @@ static void test_dead_letters(void)
     CHECK_EQ(rt_send(pid, MSG_ADD, NULL, 0), RT_ENOPROC);
     CHECK_EQ(atomic_load(&q.received), 0);
     rt_exit_signal(pid2, RT_REASON_KILL);
-    CHECK(wait_at_least(&q.terminated, 1, 5000));
+    CHECK(wait_at_least(&q.terminated, 1));
     CHECK_EQ(atomic_load(&q.last_reason), RT_REASON_KILLED);
 }
 
@@ -180,15 +180,15 @@ static void test_registry(void)
     CHECK_EQ(rt_spawn_opt(&probe_type, &q, &o, &pid2), RT_EEXIST);
     CHECK_EQ(pid2, 0);
     send_reason(pid, RT_REASON_NORMAL);
-    CHECK(wait_at_least(&p.terminated, 1, 5000));
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_at_least(&p.terminated, 1));
+    CHECK(wait_alive(0));
     CHECK_EQ(rt_whereis("probe-1"), 0);
     CHECK_EQ(rt_spawn_opt(&probe_type, &q, &o, &pid2), 0);
     CHECK_EQ(rt_whereis("probe-1"), pid2);
     CHECK_EQ(rt_unregister("probe-1"), 0);
     CHECK_EQ(rt_whereis("probe-1"), 0);
     rt_exit_signal(pid2, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /*
@@ -198,7 +198,7 @@ static void test_registry(void)
 */
 static bool exit_settled(rt_pid_t gone, rt_pid_t to, probe_t *p)
 {
-    uint64_t end = test_now_ms() + 5000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     while (rt_alive(gone)) {
         if (test_now_ms() > end)
             return false;
@@ -206,7 +206,7 @@ static bool exit_settled(rt_pid_t gone, rt_pid_t to, probe_t *p)
     }
     long before = atomic_load(&p->received);
     rt_send(to, MSG_PING, NULL, 0);
-    return wait_at_least(&p->received, before + 1, 5000);
+    return wait_at_least(&p->received, before + 1);
 }
 
 static void test_links(void)
@@ -217,9 +217,9 @@ static void test_links(void)
     rt_spawn(&probe_type, &a, &pa);
     rt_spawn(&probe_type, &b, &pb);
     rt_send(pa, MSG_LINK_TO, &pb, sizeof(pb));
-    CHECK(wait_at_least(&a.received, 1, 5000));
+    CHECK(wait_at_least(&a.received, 1));
     send_reason(pb, RT_REASON_USER + 1);
-    CHECK(wait_at_least(&a.terminated, 1, 5000));
+    CHECK(wait_at_least(&a.terminated, 1));
     CHECK_EQ(atomic_load(&a.last_reason), RT_REASON_USER + 1);
 
     /* A normal exit does not. */
@@ -228,9 +228,9 @@ static void test_links(void)
     rt_spawn(&probe_type, &c, &pc);
     rt_spawn(&probe_type, &d, &pd);
     rt_send(pc, MSG_LINK_TO, &pd, sizeof(pd));
-    CHECK(wait_at_least(&c.received, 1, 5000));
+    CHECK(wait_at_least(&c.received, 1));
     send_reason(pd, RT_REASON_NORMAL);
-    CHECK(wait_at_least(&d.terminated, 1, 5000));
+    CHECK(wait_at_least(&d.terminated, 1));
     CHECK(exit_settled(pd, pc, &c));
     CHECK_EQ(atomic_load(&c.terminated), 0);
 
@@ -240,22 +240,22 @@ static void test_links(void)
     rt_spawn(&trapper_type, &t, &pt);
     rt_spawn(&probe_type, &e, &pe);
     rt_send(pt, MSG_LINK_TO, &pe, sizeof(pe));
-    CHECK(wait_at_least(&t.received, 1, 5000));
+    CHECK(wait_at_least(&t.received, 1));
     send_reason(pe, RT_REASON_USER + 2);
-    CHECK(wait_at_least(&t.exits_seen, 1, 5000));
+    CHECK(wait_at_least(&t.exits_seen, 1));
     CHECK_EQ(atomic_load(&t.last_reason), RT_REASON_USER + 2);
     CHECK_EQ((rt_pid_t)atomic_load(&t.last_from), pe);
     CHECK_EQ(atomic_load(&t.terminated), 0);
 
     /* kill cannot be trapped; a link to a dead pid delivers noproc. */
     rt_send(pt, MSG_LINK_TO, &pe, sizeof(pe));
-    CHECK(wait_at_least(&t.exits_seen, 2, 5000));
+    CHECK(wait_at_least(&t.exits_seen, 2));
     CHECK_EQ(atomic_load(&t.last_reason), RT_REASON_NOPROC);
     rt_exit_signal(pt, RT_REASON_KILL);
-    CHECK(wait_at_least(&t.terminated, 1, 5000));
+    CHECK(wait_at_least(&t.terminated, 1));
     CHECK_EQ(atomic_load(&t.last_reason), RT_REASON_KILLED);
     rt_exit_signal(pc, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 static void test_monitors(void)
@@ -265,10 +265,10 @@ static void test_monitors(void)
     rt_spawn(&probe_type, &w, &pw);
     rt_spawn(&probe_type, &x, &px);
     rt_send(pw, MSG_MONITOR, &px, sizeof(px));
-    CHECK(wait_at_least(&w.received, 1, 5000));
+    CHECK(wait_at_least(&w.received, 1));
     rt_ref_t ref = (rt_ref_t)atomic_load(&w.last_ref);
     send_reason(px, RT_REASON_USER + 7);
-    CHECK(wait_at_least(&w.downs_seen, 1, 5000));
+    CHECK(wait_at_least(&w.downs_seen, 1));
     CHECK_EQ(atomic_load(&w.last_reason), RT_REASON_USER + 7);
     CHECK_EQ((rt_pid_t)atomic_load(&w.last_from), px);
     CHECK_EQ((rt_ref_t)atomic_load(&w.last_ref), ref);
@@ -276,7 +276,7 @@ static void test_monitors(void)
 
     /* Monitoring a dead pid: DOWN noproc at once. */
     rt_send(pw, MSG_MONITOR, &px, sizeof(px));
-    CHECK(wait_at_least(&w.downs_seen, 2, 5000));
+    CHECK(wait_at_least(&w.downs_seen, 2));
     CHECK_EQ(atomic_load(&w.last_reason), RT_REASON_NOPROC);
 
     /* Demonitor: no DOWN afterwards. */
@@ -285,16 +285,16 @@ static void test_monitors(void)
     rt_spawn(&probe_type, &y, &py);
     long before = atomic_load(&w.received);
     rt_send(pw, MSG_MONITOR, &py, sizeof(py));
-    CHECK(wait_at_least(&w.received, before + 1, 5000));
+    CHECK(wait_at_least(&w.received, before + 1));
     rt_ref_t ref2 = (rt_ref_t)atomic_load(&w.last_ref);
     rt_send(pw, MSG_DEMONITOR, &ref2, sizeof(ref2));
-    CHECK(wait_at_least(&w.received, before + 2, 5000));
+    CHECK(wait_at_least(&w.received, before + 2));
     send_reason(py, RT_REASON_USER);
-    CHECK(wait_at_least(&y.terminated, 1, 5000));
+    CHECK(wait_at_least(&y.terminated, 1));
     CHECK(exit_settled(py, pw, &w));
     CHECK_EQ(atomic_load(&w.downs_seen), 2);
     rt_exit_signal(pw, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* max_heap kills with heap_limit, and the reason reaches links and monitors. */
@@ -308,27 +308,27 @@ static void test_heap_limit(void)
     rt_spawn(&probe_type, &watcher, &pw);
     rt_send(pl, MSG_LINK_TO, &pv, sizeof(pv));
     rt_send(pw, MSG_MONITOR, &pv, sizeof(pv));
-    CHECK(wait_at_least(&linked.received, 1, 5000));
-    CHECK(wait_at_least(&watcher.received, 1, 5000));
+    CHECK(wait_at_least(&linked.received, 1));
+    CHECK(wait_at_least(&watcher.received, 1));
     rt_stats_t before;
     rt_stats(&before);
     for (int i = 0; i < 64; i++) {
         size_t n = 16 * 1024;
         rt_send(pv, MSG_ALLOC, &n, sizeof(n));
     }
-    CHECK(wait_at_least(&v.terminated, 1, 5000));
+    CHECK(wait_at_least(&v.terminated, 1));
     CHECK_EQ(atomic_load(&v.last_reason), RT_REASON_HEAP_LIMIT);
     CHECK(atomic_load(&v.received) < 64);
-    CHECK(wait_at_least(&linked.exits_seen, 1, 5000));
+    CHECK(wait_at_least(&linked.exits_seen, 1));
     CHECK_EQ(atomic_load(&linked.last_reason), RT_REASON_HEAP_LIMIT);
-    CHECK(wait_at_least(&watcher.downs_seen, 1, 5000));
+    CHECK(wait_at_least(&watcher.downs_seen, 1));
     CHECK_EQ(atomic_load(&watcher.last_reason), RT_REASON_HEAP_LIMIT);
     rt_stats_t after;
     rt_stats(&after);
     CHECK_EQ(after.heap_limit_kills - before.heap_limit_kills, 1);
     rt_exit_signal(pl, RT_REASON_KILL);
     rt_exit_signal(pw, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* A chain of 10,000 linked actors: killing one end takes all of them down. */
@@ -384,13 +384,13 @@ static void test_link_cascade(void)
     rt_pid_t head;
     CHECK_EQ(rt_spawn(&chain_type, (void *)(intptr_t)n, &head), 0);
     rt_send(head, MSG_PING, NULL, 0);
-    CHECK(wait_at_least(&chain_built, n, 20000));
+    CHECK(wait_at_least(&chain_built, n));
     rt_stats_t st;
     rt_stats(&st);
     CHECK_EQ(st.alive, (uint64_t)n);
     /* Kill the far end: the exit travels back through every link. */
     rt_exit_signal(chain_tail, RT_REASON_USER + 3);
-    CHECK(wait_alive(0, 20000));
+    CHECK(wait_alive(0));
 }
 
 static void test_spawn_options(void)
@@ -404,7 +404,7 @@ static void test_spawn_options(void)
     rt_spawn_opts_t o2 = {.monitor = &ref};
     CHECK_EQ(rt_spawn_opt(&probe_type, &p, &o2, &pid), RT_EINVAL);
     CHECK_EQ(rt_spawn(NULL, NULL, &pid), RT_EINVAL);
-    CHECK(wait_alive(0, 1000));
+    CHECK(wait_alive(0));
 }
 
 static int failing_init(rt_actor_t *self, void *state, void *arg)
@@ -422,7 +422,7 @@ static void test_init_failure(void)
     CHECK_EQ(rt_spawn_opt(&failing_type, NULL, &o, &pid), RT_ELIMIT);
     CHECK_EQ(pid, 0);
     CHECK_EQ(rt_whereis("never"), 0);
-    CHECK(wait_alive(0, 1000));
+    CHECK(wait_alive(0));
 }
 
 /*
@@ -472,7 +472,7 @@ static void test_dead_letter_hook(void)
     atomic_store(&letters_dead, 0);
     rt_pid_t pid;
     CHECK_EQ(rt_spawn(&letters_type, NULL, &pid), 0);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
     CHECK_EQ(atomic_load(&letters_handled), 1);
     CHECK_EQ(atomic_load(&letters_dead), 9);
     CHECK_EQ(rt_send(pid, MSG_LETTER, NULL, 0), RT_ENOPROC); /* refused: the sender knows */
@@ -523,7 +523,7 @@ static void test_shared_binaries(void)
         m->bin = rt_bin_retain(b);
         rt_send_msg(pids[i], m);
     }
-    CHECK(wait_at_least(&bins_held, 100, 5000));
+    CHECK(wait_at_least(&bins_held, 100));
     size_t count1, bytes1;
     rt_bin_totals(&count1, &bytes1);
     CHECK_EQ(count1 - count0, 1);       /* one binary ... */
@@ -538,7 +538,7 @@ static void test_shared_binaries(void)
     CHECK_EQ(info.bin_bytes, 1 << 20); /* held bytes count toward the holder's GC trigger */
     for (int i = 0; i < 100; i++)
         rt_exit_signal(pids[i], RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
     CHECK_EQ(rt_bin_refs(b), 1); /* every holder's heap let go of it */
     rt_bin_release(b);
     rt_bin_totals(&count1, &bytes1);
@@ -629,11 +629,11 @@ static void test_inline_heap(void)
     CHECK(info.state_bytes >= 48 + 64); /* the inline region is part of the actor's block */
     CHECK(info.heap_bytes > 0);
     rt_send(pid, RT_MSG_USER, NULL, 0);
-    CHECK(wait_at_least(&inline_done, 2, 5000));
+    CHECK(wait_at_least(&inline_done, 2));
     CHECK_EQ(rt_actor_info(pid, &info), 0);
     CHECK_EQ(info.ext_bytes, 0);
     rt_exit_signal(pid, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 int main(void)

@@ -214,7 +214,7 @@ static bool mqtt_disconnect(int fd)
 /* Waits (bounded) until cond holds; evaluates to it (cond must have no side effects). */
 #define EVENTUALLY(cond)                                                                           \
     ({                                                                                             \
-        uint64_t end_ = test_now_ms() + 3000;                                                      \
+        uint64_t end_ = test_now_ms() + RT_TEST_WAIT_MS;                                           \
         while (!(cond) && test_now_ms() < end_)                                                    \
             test_sleep_ms(2);                                                                      \
         (cond);                                                                                    \
@@ -277,7 +277,7 @@ static rt_msg_t *ask(rt_pid_t pid, uint64_t cookie, bool with_subs)
     free(atomic_exchange(&answer, NULL));
     if (rt_client_query(pid, asker, cookie, with_subs) != 0)
         return NULL;
-    uint64_t end = test_now_ms() + 3000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     rt_msg_t *m;
     while (!(m = atomic_exchange(&answer, NULL)) && test_now_ms() < end)
         test_sleep_ms(1);
@@ -654,7 +654,7 @@ static void test_listeners(void)
     /* The broker's ends of la and lr may linger (runtime/linger.c) after their clients closed,
        and a socket counts for its address until its fd closes: a CI run under load refused
        the next la. So la is tried until accepted (each refusal counted), then one more. */
-    uint64_t deadline = test_now_ms() + 3000;
+    uint64_t deadline = test_now_ms() + RT_TEST_WAIT_MS;
     while ((a = mqtt_connect(&(connect_t){.id = "la", .version = 4, .clean = true})) < 0 &&
            test_now_ms() < deadline)
         test_sleep_ms(20);

@@ -157,7 +157,7 @@ static uint64_t sink_written(const char *name)
 
 static bool wait_written(const char *name, uint64_t n)
 {
-    uint64_t end = test_now_ms() + 10000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     while (sink_written(name) < n) {
         if (test_now_ms() > end)
             return false;
@@ -781,7 +781,7 @@ static void ack_markers(rt_pid_t ack, const char *const *clients, long n)
     long before = atomic_load(&marker_acks);
     for (long i = 0; i < n; i++)
         CHECK_EQ(publish_from(clients[i], "d/x", "marker", ack, MARKER_TOKEN), 2);
-    CHECK(wait_at_least(&marker_acks, before + n, 10000));
+    CHECK(wait_at_least(&marker_acks, before + n));
 }
 
 static void versioned_rule(int v)
@@ -822,7 +822,7 @@ static void test_reload_in_flight(void)
             CHECK_EQ(rt_rules_reload(err, sizeof(err)), 0);
         }
     }
-    CHECK(wait_at_least(&acks, n * versions, 10000));
+    CHECK(wait_at_least(&acks, n * versions));
     CHECK_EQ(atomic_load(&acks_ok), n * versions);
     for (long v = 1; v <= versions; v++) {
         char q[128];
@@ -867,7 +867,7 @@ static void test_durable(void)
         CHECK_EQ(publish_from(c, "d/x", p, ack, (uint64_t)i), 2);
         tokens += i;
     }
-    CHECK(wait_at_least(&acks, n, 10000));
+    CHECK(wait_at_least(&acks, n));
     CHECK_EQ(atomic_load(&acks_ok), n);
     CHECK_EQ(atomic_load(&ack_tokens), tokens);
     /* Every acked row is in the database. */
@@ -878,11 +878,11 @@ static void test_durable(void)
     CHECK_EQ(w[0].pending_durable + w[1].pending_durable, 0);
     /* Filtered: acked at once, committed (nothing to write). */
     CHECK_EQ(publish_from("c1", "f/x", "p", ack, 1000), 2);
-    CHECK(wait_at_least(&acks, n + 1, 10000));
+    CHECK(wait_at_least(&acks, n + 1));
     CHECK_EQ(atomic_load(&acks_ok), n + 1);
     /* A durable rule that fails: acked with an error. */
     CHECK_EQ(publish_from("c1", "e/x", "p", ack, 1001), 2);
-    CHECK(wait_at_least(&acks, n + 2, 10000));
+    CHECK(wait_at_least(&acks, n + 2));
     CHECK_EQ(atomic_load(&acks_failed), 1);
     CHECK_EQ(atomic_load(&last_ack_status), RT_EINVAL);
     /* Not durable: no ack promised; no ack_pid: not durable either. */

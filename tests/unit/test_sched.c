@@ -61,11 +61,11 @@ static void run_ring(int n, int tokens, long hops_each, bool mixed)
     atomic_store(&ring_hops, 0);
     for (int t = 0; t < tokens; t++)
         rt_send(pids[(t * (n / tokens)) % n], MSG_TOKEN, &hops_each, sizeof(hops_each));
-    CHECK(wait_at_least(&ring_done, tokens, 60000));
+    CHECK(wait_at_least(&ring_done, tokens));
     CHECK_EQ(atomic_load(&ring_hops), (long)tokens * (hops_each + 1));
     for (int i = 0; i < n; i++)
         rt_exit_signal(pids[i], RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     free(pids);
 }
 
@@ -160,12 +160,12 @@ static void test_concurrent_senders_migration(void)
     for (int i = 0; i < SENDERS; i++)
         pthread_join(th[i], NULL);
     pthread_barrier_destroy(&pause_barrier);
-    CHECK(wait_at_least(&seq_received, SENDERS * per, 60000));
+    CHECK(wait_at_least(&seq_received, SENDERS * per));
     CHECK_EQ(atomic_load(&seq_received), SENDERS * per);
     CHECK_EQ(atomic_load(&seq_out_of_order), 0);
     CHECK(atomic_load(&seq_threads_seen) >= 2); /* it did run on more than one scheduler */
     rt_exit_signal(target, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- Backpressure: a fast producer cannot grow a slow consumer's mailbox without bound ---- */
@@ -236,7 +236,7 @@ static uint64_t produce_to_slow(const rt_actor_type_t *type, long total)
             (unsigned long long)max_len);
     rt_exit_signal(c, RT_REASON_KILL);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     return max_len;
 }
 
@@ -318,12 +318,12 @@ static void test_pressured_sender_let_go(void)
     rt_spawn(&pressured_type, NULL, &p);
     rt_pid_t go[2] = {c, (rt_pid_t)total};
     rt_send(p, MSG_GO, go, sizeof(go));
-    CHECK(wait_at_least(&gate_open, 1, 60000));
-    CHECK(wait_at_least(&consumed, total, 60000));
+    CHECK(wait_at_least(&gate_open, 1));
+    CHECK(wait_at_least(&consumed, total));
     rt_exit_signal(gate_pid, RT_REASON_KILL);
     rt_exit_signal(c, RT_REASON_KILL);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 /*
@@ -366,11 +366,11 @@ static void test_pressured_sender_let_go_by_pressure(void)
     rt_spawn(&pressured_type, NULL, &p);
     rt_pid_t go[2] = {c, (rt_pid_t)total};
     rt_send(p, MSG_GO, go, sizeof(go));
-    CHECK(wait_at_least(&gate_open, 1, 60000));
-    CHECK(wait_at_least(&consumed, total, 60000));
+    CHECK(wait_at_least(&gate_open, 1));
+    CHECK(wait_at_least(&consumed, total));
     rt_exit_signal(c, RT_REASON_KILL);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 /*
@@ -412,11 +412,11 @@ static void test_send_unmuted(void)
     rt_spawn(&unmuted_type, NULL, &p);
     rt_pid_t go[2] = {c, (rt_pid_t)total};
     rt_send(p, MSG_GO, go, sizeof(go));
-    CHECK(wait_at_least(&consumed, total + 1, 120000));
+    CHECK(wait_at_least(&consumed, total + 1));
     CHECK(atomic_load(&unmuted_all_sent));
     rt_exit_signal(c, RT_REASON_KILL);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- Blocking actors never stall schedulers ---- */
@@ -453,16 +453,16 @@ static void test_blocking_pool(void)
     rt_spawn(&quick_type, NULL, &q);
     rt_send(s1, MSG_SLEEP, NULL, 0);
     rt_send(s2, MSG_SLEEP, NULL, 0);
-    CHECK(wait_at_least(&sleepers_started, 2, 5000)); /* both blocking threads are taken */
+    CHECK(wait_at_least(&sleepers_started, 2)); /* both blocking threads are taken */
     for (int i = 0; i < 100; i++)
         rt_send(q, MSG_WORK, NULL, 0);
-    CHECK(wait_at_least(&quick_done, 100, 5000));
+    CHECK(wait_at_least(&quick_done, 100));
     CHECK_EQ(atomic_load(&sleepers_done), 0); /* schedulers ran while both sleepers blocked */
-    CHECK(wait_at_least(&sleepers_done, 2, 5000));
+    CHECK(wait_at_least(&sleepers_done, 2));
     rt_exit_signal(s1, RT_REASON_KILL);
     rt_exit_signal(s2, RT_REASON_KILL);
     rt_exit_signal(q, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- An idle runtime uses no CPU ---- */
@@ -488,7 +488,7 @@ static void test_idle_uses_no_cpu(void)
     fprintf(stderr, "  idle: %.1f ms CPU over 500 ms\n", used * 1e3);
     CHECK(used < 0.025);
     rt_exit_signal(q, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- Heaps that shrink without exiting give their chunks back to the OS ---- */
@@ -548,13 +548,13 @@ static void test_shrunk_heaps_trimmed(void)
     rt_pid_t p;
     CHECK_EQ(rt_spawn(&shrinker_type, NULL, &p), 0);
     rt_send(p, MSG_GO, NULL, 0);
-    CHECK(wait_at_least(&shrunk, 1, 10000));
+    CHECK(wait_at_least(&shrunk, 1));
     /* After a trim each chunk in use keeps at most its page, and each arena its descriptors
        (1/16 of it); the free pages are not resident. Without one, all of it is. */
     size_t page = (size_t)sysconf(_SC_PAGESIZE), mapped, out, resident = pool_resident(), bound;
     rt_heap_pool_stats(&mapped, &out);
     bound = out / RT_HEAP_CHUNK_SIZE * page + mapped / 16;
-    uint64_t deadline = test_now_ms() + 10000;
+    uint64_t deadline = test_now_ms() + RT_TEST_WAIT_MS;
     while (resident > bound && test_now_ms() < deadline) {
         test_sleep_ms(10);
         resident = pool_resident();
@@ -568,7 +568,7 @@ static void test_shrunk_heaps_trimmed(void)
     CHECK(bound < mapped / 2);
     CHECK(resident <= bound);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- rt_yield: a yielding actor lets the others on its scheduler run between its messages ---- */
@@ -666,7 +666,7 @@ static void run_yield(bool yield)
     memcpy(go + sizeof(y), &o, sizeof(o));
     memcpy(go + 2 * sizeof(y), &yield, sizeof(yield));
     rt_send(s, MSG_GO, go, sizeof(go));
-    CHECK(wait_at_least(&o_handled, YIELD_N, 10000));
+    CHECK(wait_at_least(&o_handled, YIELD_N));
     CHECK_EQ(atomic_load(&y_handled), YIELD_N);
     CHECK_EQ(atomic_load(&y_out_of_order), 0);
     CHECK_EQ(atomic_load(&y_turn_ok), 1);
@@ -679,7 +679,7 @@ static void run_yield(bool yield)
     rt_exit_signal(y, RT_REASON_KILL);
     rt_exit_signal(o, RT_REASON_KILL);
     rt_exit_signal(s, RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
 }
 
 static void test_yield(void)
@@ -735,7 +735,7 @@ static void stop_all(rt_pid_t *pids, int n)
     atomic_store(&prio_stop, true);
     for (int i = 0; i < n; i++)
         rt_exit_signal(pids[i], RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     free(pids);
     atomic_store(&prio_stop, false);
 }
@@ -771,12 +771,12 @@ static long probe_wait(rt_priority_t crowd_prio)
     atomic_store(&spin_turns[RT_PRIORITY_NORMAL], 0);
     atomic_store(&probe_at, -1);
     rt_pid_t *pids = spawn_spinners(PRIO_CROWD, crowd_prio);
-    CHECK(wait_at_least(&spin_turns[crowd_prio], 4 * PRIO_CROWD, 10000)); /* all of them spin */
+    CHECK(wait_at_least(&spin_turns[crowd_prio], 4 * PRIO_CROWD)); /* all of them spin */
     rt_pid_t probe;
     CHECK_EQ(rt_spawn(&probe_type, NULL, &probe), 0);
     rt_send(probe, MSG_GO, NULL, 0);
     long queued = spin_total();
-    uint64_t end = test_now_ms() + 10000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     while (atomic_load(&probe_at) < 0 && test_now_ms() < end)
         test_sleep_ms(1);
     CHECK(atomic_load(&probe_at) >= 0);
@@ -850,13 +850,13 @@ static void test_priority_low_not_starved(void)
     atomic_store(&gap_min, LONG_MAX);
     atomic_store(&gap_max, 0);
     rt_pid_t *pids = spawn_spinners(PRIO_SPINNERS, RT_PRIORITY_NORMAL);
-    CHECK(wait_at_least(&spin_turns[RT_PRIORITY_NORMAL], 4 * PRIO_SPINNERS, 10000));
+    CHECK(wait_at_least(&spin_turns[RT_PRIORITY_NORMAL], 4 * PRIO_SPINNERS));
     rt_pid_t lows[PRIO_LOWS], q;
     for (int i = 0; i < PRIO_LOWS; i++)
         CHECK_EQ(rt_spawn(&low_type, NULL, &lows[i]), 0);
     CHECK_EQ(rt_spawn(&queue_lows_type, NULL, &q), 0);
     rt_send(q, MSG_GO, lows, sizeof(lows));
-    CHECK(wait_at_least(&low_done, PRIO_LOWS, 10000));
+    CHECK(wait_at_least(&low_done, PRIO_LOWS));
     fprintf(stderr, "  %d low actors ran %ld to %ld normal turns apart (RT_LOW_EVERY %d)\n",
             PRIO_LOWS, atomic_load(&gap_min), atomic_load(&gap_max), RT_LOW_EVERY);
     CHECK(atomic_load(&gap_min) >= 1);

@@ -156,7 +156,7 @@ static void test_collection_keeps_what_the_session_reaches(void)
                                                 .trace = holder_trace};
     shared_bin = rt_bin_new("x", 1);
     CHECK_EQ(rt_spawn(&holder_type, NULL, NULL), 0);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     CHECK_EQ(rt_bin_refs(shared_bin), 1);
     rt_bin_release(shared_bin);
 }

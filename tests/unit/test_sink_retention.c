@@ -46,7 +46,7 @@ static bool write_rows(rt_sink_t *s, uint32_t first, uint32_t n, uint32_t per, i
     for (uint32_t i = 0; i < n; i += per)
         CHECK_EQ(rt_sink_submit(s, make_rows(first + i, per, first + i, payload), per, NULL, 0, 0),
                  0);
-    return WAIT_FOR("archive", written, before + n, 30000);
+    return WAIT_FOR("archive", written, before + n);
 }
 
 /*
@@ -140,7 +140,7 @@ static void test_max_rows(void)
     BSON_APPEND_UTF8(&opts, "table", "other");
     for (uint32_t k = 0; k < 3000; k += 100)
         CHECK_EQ(rt_sink_submit(s, make_rows(k, 100, 0, 4), 100, bin_of(&opts), 0, 0), 0);
-    CHECK(WAIT_FOR("archive", written, n + 3000, 20000));
+    CHECK(WAIT_FOR("archive", written, n + 3000));
     long long other = 0;
     CHECK(settles(db, "other", 1000, n + 3000 - (uint64_t)kept, &other));
     CHECK(other > 1000 - 1000 / 16 - 1);
@@ -149,7 +149,7 @@ static void test_max_rows(void)
     bson_reinit(&opts);
     BSON_APPEND_UTF8(&opts, "table", "rt_partitions");
     CHECK_EQ(rt_sink_submit(s, make_rows(n, 1, 0, 4), 1, bin_of(&opts), 0, 0), 0);
-    CHECK(WAIT_FOR("archive", dropped, 1, 5000));
+    CHECK(WAIT_FOR("archive", dropped, 1));
     bson_destroy(&opts);
     sqlite3_close(db);
     stop_all();
@@ -181,7 +181,7 @@ static void test_max_age(void)
     stop_all();
     test_start(2);
     CHECK_EQ(start(sinks), 0);
-    CHECK(WAIT_FOR("archive", expired, 300, 20000));
+    CHECK(WAIT_FOR("archive", expired, 300));
     uint64_t t_gone_a = rt_wall_ms();
     sqlite3 *db = open_db(dbfile);
     long long left = sql_int(db, "SELECT count(*) FROM messages");
@@ -191,7 +191,7 @@ static void test_max_age(void)
         CHECK(holds_range(db, 300, 499));
     else
         fprintf(stderr, "  late: B was due when counted (%lld rows left)\n", left);
-    CHECK(WAIT_FOR("archive", expired, 500, 20000));
+    CHECK(WAIT_FOR("archive", expired, 500));
     CHECK(rt_wall_ms() >= t_b + age_ms);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM messages"), 0);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM rt_partitions"), 1);
@@ -200,7 +200,7 @@ static void test_max_age(void)
     long long c_rows = sql_int(db, "SELECT count(*) FROM messages");
     if (rt_wall_ms() < t_c + age_ms)
         CHECK_EQ(c_rows, 100);
-    CHECK(WAIT_FOR("archive", expired, 600, 20000));
+    CHECK(WAIT_FOR("archive", expired, 600));
     CHECK(rt_wall_ms() >= t_c + age_ms);
     sqlite3_close(db);
     stop_all();
@@ -272,7 +272,7 @@ static void test_tightened_limit_drops_the_backlog(void)
     CHECK_EQ(
         rt_sink_submit(rt_sink_find("archive"), make_rows(backlog, 10, 0, 8), 10, NULL, acker, 1),
         0);
-    CHECK(wait_at_least(&acked, 1, 10000));
+    CHECK(wait_at_least(&acked, 1));
     sqlite3 *db = open_db(dbfile);
     long long kept = 0;
     CHECK(settles(db, "messages", 100, backlog + 10, &kept));
@@ -303,7 +303,7 @@ static void test_partitions_across_settings(void)
     BSON_APPEND_UTF8(&row, "note", "new key");
     CHECK_EQ(rt_sink_submit(s, bin_of(&row), 1, NULL, 0, 0), 0);
     bson_destroy(&row);
-    CHECK(WAIT_FOR("archive", written, 101, 10000)); /* counted since this start */
+    CHECK(WAIT_FOR("archive", written, 101)); /* counted since this start */
     long long kept = 0;
     CHECK(settles(db, "messages", 320, 401, &kept));
     /* The old table was the first partition: it went whole, its index with it. */
@@ -327,7 +327,7 @@ static void test_partitions_across_settings(void)
     bson_t opts = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&opts, "table", "theirs");
     CHECK_EQ(rt_sink_submit(s, make_rows(0, 1, 0, 4), 1, bin_of(&opts), 0, 0), 0);
-    CHECK(WAIT_FOR("archive", dropped, 1, 5000));
+    CHECK(WAIT_FOR("archive", dropped, 1));
     CHECK(strstr(info("archive").last_error, "theirs is not a table") != NULL);
     bson_destroy(&opts);
     sqlite3_close(db);

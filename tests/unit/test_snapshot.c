@@ -6,6 +6,7 @@
 enum { MSG_WORK = RT_MSG_USER, MSG_HOLD, MSG_BLOCK };
 
 static atomic_long worked;
+static atomic_long unblocked; /* MSG_BLOCK's handler returns once the test has looked */
 
 static const char *busy_tag_name(uint32_t tag)
 {
@@ -33,7 +34,7 @@ static void busy_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         pair[1] = rt_hold_bin(self, b);
         st->held = pair;
     } else if (m->tag == MSG_BLOCK) {
-        test_sleep_ms(1000);
+        CHECK(wait_at_least(&unblocked, 1));
     }
     atomic_fetch_add(&worked, 1);
 }
@@ -67,10 +68,10 @@ static void test_actor_fields(void)
     for (int i = 0; i < 10; i++)
         rt_send(p, MSG_WORK, NULL, 0);
     rt_send(p, MSG_HOLD, NULL, 0);
-    CHECK(wait_at_least(&worked, 11, 5000));
+    CHECK(wait_at_least(&worked, 11));
     rt_actor_info_t info;
     /* Counters are published when the turn ends, a moment after the last handler. */
-    uint64_t end = test_now_ms() + 5000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     do {
         CHECK_EQ(rt_actor_info(p, &info), 0);
     } while (info.status != RT_STATUS_WAITING && test_now_ms() < end);
@@ -85,10 +86,11 @@ static void test_actor_fields(void)
     CHECK_EQ(info.mailbox_len, 0);
 
     /* While the handler blocks, the mailbox length is visible and the status is running. */
+    atomic_store(&unblocked, 0);
     rt_send(p, MSG_BLOCK, NULL, 0);
     for (int i = 0; i < 5; i++)
         rt_send(p, MSG_WORK, NULL, 0);
-    end = test_now_ms() + 900;
+    end = test_now_ms() + RT_TEST_WAIT_MS;
     do {
         test_sleep_ms(5);
         CHECK_EQ(rt_actor_info(p, &info), 0);
@@ -96,9 +98,10 @@ static void test_actor_fields(void)
     CHECK_EQ(info.status, RT_STATUS_RUNNING);
     CHECK(strcmp(info.current_handler, "block") == 0);
     CHECK_EQ(info.mailbox_len, 5);
-    CHECK(wait_at_least(&worked, 17, 5000));
+    atomic_store(&unblocked, 1);
+    CHECK(wait_at_least(&worked, 17));
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
     CHECK_EQ(rt_actor_info(p, &info), RT_ENOPROC);
 }
 
@@ -147,7 +150,7 @@ static void test_many_actors(void)
     CHECK(si[2].blocking_pool);
     for (long i = 0; i < n; i++)
         rt_exit_signal(pids[i], RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     free(pids);
 }
 
@@ -168,12 +171,13 @@ static void test_mem_stats(void)
     for (long i = 0; i < N; i++)
         CHECK_EQ(rt_spawn(&busy_type, NULL, &pids[i]), 0);
     atomic_store(&worked, 0);
+    atomic_store(&unblocked, 0);
     rt_send(pids[0], MSG_HOLD, NULL, 0);
     rt_send(pids[1], MSG_BLOCK, NULL, 0);
     char payload[LEN] = {0};
     for (int i = 0; i < QUEUED; i++)
         rt_send(pids[1], MSG_WORK, payload, sizeof(payload));
-    CHECK(wait_at_least(&worked, 1, 5000));
+    CHECK(wait_at_least(&worked, 1));
     rt_mem_stats(&m1);
     rt_actor_info_t info;
     CHECK_EQ(rt_actor_info(pids[2], &info), 0);
@@ -184,10 +188,11 @@ static void test_mem_stats(void)
     CHECK(m1.chunks_resident > 0 && m1.chunks_resident <= m1.chunks_mapped);
     /* The blocked actor's mailbox holds QUEUED envelopes of LEN bytes each. */
     CHECK(m1.envelopes_in_use >= QUEUED * (sizeof(rt_msg_t) + LEN));
-    CHECK(wait_at_least(&worked, 2 + QUEUED, 5000));
+    atomic_store(&unblocked, 1);
+    CHECK(wait_at_least(&worked, 2 + QUEUED));
     for (long i = 0; i < N; i++)
         rt_exit_signal(pids[i], RT_REASON_KILL);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     free(pids);
 }
 

@@ -209,13 +209,13 @@ static void test_echo_many_clients(void)
         ok += args[i].ok;
     }
     CHECK_EQ(ok, CLIENTS);
-    CHECK(wait_at_least(&conns_closed, closed0 + CLIENTS, 5000)); /* every close seen */
+    CHECK(wait_at_least(&conns_closed, closed0 + CLIENTS)); /* every close seen */
     CHECK_EQ(atomic_load(&bytes_echoed) - echoed0, (long)(bytes * CLIENTS));
     CHECK_EQ(atomic_load(&accepted_nodelay), atomic_load(&conns_accepted));
     CHECK_EQ(atomic_load(&accepted_with_peer), atomic_load(&conns_accepted));
-    CHECK(wait_alive(1, 5000));
+    CHECK(wait_alive(1));
     rt_exit_signal(l, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* An idle connection holds no read buffer: its actor's heap stays empty. */
@@ -228,7 +228,7 @@ static void test_idle_conn_holds_nothing(void)
     send(fd, "ping", 4, 0);
     char buf[4];
     CHECK_EQ(recv(fd, buf, 4, MSG_WAITALL), 4);
-    CHECK(wait_at_least(&conns_accepted, before + 1, 5000));
+    CHECK(wait_at_least(&conns_accepted, before + 1));
     rt_actor_info_t info;
     CHECK_EQ(rt_actor_info((rt_pid_t)atomic_load(&last_conn_pid), &info), 0);
     CHECK_EQ(info.heap_bytes, 0);
@@ -239,9 +239,9 @@ static void test_idle_conn_holds_nothing(void)
     CHECK_EQ(info.mailbox_len, 0);
     CHECK(info.scheduler >= 0); /* it ran: the scheduler of its latest turn */
     close(fd);
-    CHECK(wait_alive(1, 5000));
+    CHECK(wait_alive(1));
     rt_exit_signal(l, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /*
@@ -336,7 +336,7 @@ static void test_write_backpressure(void)
     long before = atomic_load(&conns_accepted);
     int fd = connect_local_rcvbuf(4096);
     CHECK(fd >= 0);
-    CHECK(wait_at_least(&conns_accepted, before + 1, 5000));
+    CHECK(wait_at_least(&conns_accepted, before + 1));
     rt_pid_t conn = (rt_pid_t)atomic_load(&last_conn_pid);
     atomic_store(&max_pending, 0);
     atomic_store(&crossings, 0);
@@ -393,9 +393,9 @@ static void test_write_backpressure(void)
     close(fd);
     for (int i = 0; i < FEEDERS; i++)
         rt_exit_signal(f[i], RT_REASON_KILL);
-    CHECK(wait_alive(1, 5000));
+    CHECK(wait_alive(1));
     rt_exit_signal(l, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- Handing a socket to another actor in a message ---- */
@@ -521,7 +521,7 @@ static void test_fd_in_message_never_leaks(void)
         rt_exit_signal(fresh, RT_REASON_KILL);
         close(b);
     }
-    CHECK(wait_alive(1, 5000));
+    CHECK(wait_alive(1));
     /* Not taken: freeing the message closes it, and drops what else it owns. */
     static _Atomic int owned_left, owned_taken, owned_dead;
     CHECK_EQ(tcp_pair(&a, &b), 0);
@@ -536,7 +536,7 @@ static void test_fd_in_message_never_leaks(void)
     close(b);
     /* Sent to a dead actor: a dead letter, and the fd is closed with it. */
     rt_exit_signal(taker, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
     CHECK_EQ(tcp_pair(&a, &b), 0);
     hand_owning(taker, a, 't', 0, &owned_dead);
     CHECK(peer_closed(b, 5000));
@@ -555,12 +555,12 @@ static void test_fd_in_message_never_leaks(void)
     CHECK(poll(&fp, 1, 5000) == 1 && recv(b, three, 3, MSG_WAITALL) == 3 &&
           memcmp(three, "<hi", 3) == 0);
     rt_exit_signal(first, RT_REASON_KILL);
-    CHECK(wait_alive(1, 5000));
+    CHECK(wait_alive(1));
     CHECK(!peer_closed(b, 100));
     rt_exit_signal(taker, RT_REASON_KILL);
     CHECK(peer_closed(b, 5000)); /* the owner's exit closes an adopted socket */
     close(b);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- Writing in place: rt_sock_reserve and rt_sock_commit ---- */
@@ -640,7 +640,7 @@ static void test_reserve_commit(void)
     rt_exit_signal(w, RT_REASON_KILL);
     CHECK(peer_closed(b, 5000));
     close(b);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /*
@@ -667,8 +667,8 @@ static void test_output_cache_given_back(void)
     }
     /* The connections' exits start the schedulers' trim once they have been quiet a while
        (sched.c, RT_TRIM_QUIET_MS): the deadline is for a loaded machine, not the proof. */
-    CHECK(wait_alive(1, 5000));
-    uint64_t end = test_now_ms() + 10000;
+    CHECK(wait_alive(1));
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     do {
         rt_mem_stats(&now);
         if (now.sockets <= before.sockets)
@@ -678,7 +678,7 @@ static void test_output_cache_given_back(void)
     CHECK(now.sockets <= before.sockets);
     CHECK_EQ(now.sockets_cached, 0); /* what vm shows as free went back with them */
     rt_exit_signal(l, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 int main(void)

@@ -51,7 +51,7 @@ static void kill_with(const char *name, rt_reason_t r)
 /* Waits until name is registered to a pid other than old. */
 static rt_pid_t wait_new_pid(const char *name, rt_pid_t old)
 {
-    uint64_t end = test_now_ms() + 5000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     while (test_now_ms() < end) {
         rt_pid_t p = rt_whereis(name);
         if (p && p != old)
@@ -63,7 +63,7 @@ static rt_pid_t wait_new_pid(const char *name, rt_pid_t old)
 
 static bool wait_unregistered(const char *name)
 {
-    uint64_t end = test_now_ms() + 5000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     while (rt_whereis(name)) {
         if (test_now_ms() > end)
             return false;
@@ -125,12 +125,12 @@ static void test_one_for_one(void)
 
     /* Stopping the supervisor stops what is left. */
     rt_exit_signal(sup, RT_REASON_SHUTDOWN);
-    CHECK(wait_at_least(&watcher_downs, 1, 5000));
+    CHECK(wait_at_least(&watcher_downs, 1));
     CHECK_EQ(atomic_load(&watcher_reason), RT_REASON_SHUTDOWN);
-    CHECK(wait_alive(1, 5000)); /* only the watcher */
+    CHECK(wait_alive(1)); /* only the watcher */
     CHECK_EQ(rt_whereis("w.perm"), 0);
     rt_exit_signal(w, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 static void test_one_for_all(void)
@@ -145,14 +145,14 @@ static void test_one_for_all(void)
     rt_pid_t trans2 = wait_new_pid("w.trans", trans);
     CHECK(perm2 != 0 && trans2 != 0);
     /* As in OTP, the temporary child is stopped with the others but not started again. */
-    CHECK(wait_at_least(&starts, 5, 5000));
+    CHECK(wait_at_least(&starts, 5));
     test_sleep_ms(20);
     CHECK_EQ(atomic_load(&starts), 5);
     CHECK_EQ(rt_whereis("w.temp"), 0);
     rt_exit_signal(sup, RT_REASON_SHUTDOWN);
-    CHECK(wait_at_least(&watcher_downs, 1, 5000));
+    CHECK(wait_at_least(&watcher_downs, 1));
     rt_exit_signal(w, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 static void test_intensity(void)
@@ -170,13 +170,13 @@ static void test_intensity(void)
     CHECK_EQ(atomic_load(&watcher_downs), 0);
     /* The fourth restart within the period is one too many: the supervisor gives up. */
     kill_with("w.perm", RT_REASON_USER);
-    CHECK(wait_at_least(&watcher_downs, 1, 5000));
+    CHECK(wait_at_least(&watcher_downs, 1));
     CHECK_EQ(atomic_load(&watcher_reason), RT_REASON_SHUTDOWN);
-    CHECK(wait_alive(1, 5000));
+    CHECK(wait_alive(1));
     CHECK_EQ(rt_whereis("w.perm"), 0);
     CHECK_EQ(rt_whereis("w.trans"), 0);
     rt_exit_signal(w, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 static void test_bad_spec(void)
@@ -189,7 +189,7 @@ static void test_bad_spec(void)
     CHECK_EQ(rt_supervisor_start_child(0, &none, NULL), RT_EINVAL); /* neither type nor start */
     rt_sup_info_t info;
     CHECK_EQ(rt_supervisor_info(0, &info, NULL, 0), RT_ENOPROC);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* ---- Events, counts, start functions, dynamic children, ordered stops ---- */
@@ -302,7 +302,7 @@ static void test_counts_and_events(void)
     /* A temporary child that ends stays down, reported as exited. */
     rt_exit_signal(rt_whereis("w.temp"), crash);
     CHECK(wait_unregistered("w.temp"));
-    CHECK(wait_at_least(&ev_count, 3, 5000));
+    CHECK(wait_at_least(&ev_count, 3));
     CHECK(events_have("exited w.temp crash 0;"));
     CHECK(child_info(sup, "w.temp", &ci));
     CHECK_EQ(ci.pid, 0);
@@ -310,7 +310,7 @@ static void test_counts_and_events(void)
     /* Not a supervisor, or not there at all. */
     CHECK_EQ(rt_supervisor_info(fn3, &info, NULL, 0), RT_EINVAL);
     rt_exit_signal(sup, RT_REASON_SHUTDOWN);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
     CHECK_EQ(rt_supervisor_info(sup, &info, NULL, 0), RT_ENOPROC);
     CHECK(events_have("stopped  shutdown 0;"));
 }
@@ -357,7 +357,7 @@ static void test_dynamic_children_and_stops(void)
     /* terminate_child stops a permanent child for good. */
     CHECK_EQ(rt_supervisor_terminate_child(sup, a), 0);
     CHECK_EQ(rt_wait_exit(a, 5000), 0);
-    CHECK(wait_at_least(&ev_count, 1, 5000));
+    CHECK(wait_at_least(&ev_count, 1));
     test_sleep_ms(20); /* time for a (wrong) restart to show */
     CHECK_EQ(rt_whereis("d.first"), 0);
     CHECK(events_have("exited d.first shutdown 0;"));
@@ -375,13 +375,13 @@ static void test_dynamic_children_and_stops(void)
        once its 50 ms pass, and only then does the supervisor exit. */
     uint64_t t0 = test_now_ms();
     rt_exit_signal(sup, RT_REASON_SHUTDOWN);
-    CHECK(wait_at_least(&watcher_downs, 1, 5000));
+    CHECK(wait_at_least(&watcher_downs, 1));
     CHECK(test_now_ms() - t0 >= 50);
     CHECK_EQ(atomic_load(&watcher_reason), RT_REASON_SHUTDOWN);
     CHECK(!rt_alive(b));
     CHECK_EQ(rt_supervisor_start_child(sup, &first, NULL), RT_ENOPROC);
     rt_exit_signal(w, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* A child supervisor that gives up is restarted by its parent, which has no intensity to
@@ -414,12 +414,12 @@ static void test_escalation(void)
     cur = wait_new_pid("e.leaf", cur);
     CHECK(cur != 0);
     kill_with("e.leaf", RT_REASON_USER);
-    CHECK(wait_at_least(&watcher_downs, 1, 5000));
+    CHECK(wait_at_least(&watcher_downs, 1));
     CHECK_EQ(atomic_load(&watcher_reason), RT_REASON_SHUTDOWN);
     CHECK(events_have("gave_up e.leaf user 1;"));
     CHECK(events_have("gave_up e.group shutdown 0;"));
     rt_exit_signal(w, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 /* Words become reasons of their own, and names come back. */

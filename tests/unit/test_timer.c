@@ -117,7 +117,7 @@ static void reset(void)
 */
 static bool settle(rt_pid_t p)
 {
-    uint64_t end = test_now_ms() + 5000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     rt_stats_t st;
     for (rt_stats(&st); st.timers_pending; rt_stats(&st)) {
         if (test_now_ms() > end)
@@ -125,7 +125,7 @@ static bool settle(rt_pid_t p)
         test_sleep_ms(1);
     }
     long want = atomic_load(&synced) + 1;
-    return rt_send(p, MSG_SYNC, NULL, 0) == 0 && wait_at_least(&synced, want, 5000);
+    return rt_send(p, MSG_SYNC, NULL, 0) == 0 && wait_at_least(&synced, want);
 }
 
 /*
@@ -141,7 +141,7 @@ static void hold_schedulers(rt_pid_t holders[2])
         CHECK_EQ(rt_spawn(&timer_type, NULL, &holders[i]), 0);
         rt_send(holders[i], MSG_HOLD, NULL, 0);
     }
-    CHECK(wait_at_least(&held, 2, 5000));
+    CHECK(wait_at_least(&held, 2));
 }
 
 static void release_schedulers(rt_pid_t holders[2])
@@ -160,7 +160,7 @@ static void test_accuracy(void)
     int n = (int)(sizeof(delays) / sizeof(delays[0]));
     for (int i = 0; i < n; i++)
         rt_send(p, MSG_ARM, &delays[i], sizeof(delays[i]));
-    CHECK(wait_at_least(&fired, n, 5000));
+    CHECK(wait_at_least(&fired, n));
     fprintf(stderr, "  accuracy: %d timers, mean lateness %.1f ms, max %ld ms\n", n,
             (double)atomic_load(&late_sum_ms) / n, atomic_load(&late_max_ms));
     CHECK_EQ(atomic_load(&early), 0); /* never before its time */
@@ -168,7 +168,7 @@ static void test_accuracy(void)
     /* Lateness is printed, not bounded: a timer fires when its loop next gets a core, which
        only the machine's load decides. Never early is what timers guarantee. */
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 static void test_cancel(void)
@@ -188,7 +188,7 @@ static void test_cancel(void)
     *(fire_t *)(void *)g->data = (fire_t){test_now_ms(), 10, false};
     CHECK_EQ(rt_send_after(10, p, g, &ref2), 0);
     release_schedulers(holders);
-    CHECK(wait_at_least(&fired, 1, 5000));
+    CHECK(wait_at_least(&fired, 1));
     CHECK(settle(p));
     CHECK_EQ(atomic_load(&fired), 1);              /* the cancelled one never came */
     CHECK_EQ(rt_cancel_timer(ref2), RT_ENOTFOUND); /* too late: it fired */
@@ -201,7 +201,7 @@ static void test_cancel(void)
     CHECK_EQ(atomic_load(&fired), 1);
     CHECK_EQ(atomic_load(&early), 0);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 static void test_hundred_thousand(void)
@@ -222,14 +222,14 @@ static void test_hundred_thousand(void)
         test_sleep_ms(5);
     }
     long rss1 = rss_bytes();
-    CHECK(wait_at_least(&fired, n, 10000));
+    CHECK(wait_at_least(&fired, n));
     CHECK_EQ(atomic_load(&early), 0);
     rt_stats(&st);
     CHECK_EQ(st.timers_pending, 0);
     fprintf(stderr, "  %ld timers: peak pending %ld, max lateness %ld ms, RSS +%ld KB\n", n,
             peak_pending, atomic_load(&late_max_ms), (rss1 - rss0) / 1024);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 static void test_timer_to_dead_actor(void)
@@ -238,13 +238,13 @@ static void test_timer_to_dead_actor(void)
     rt_pid_t p;
     rt_spawn(&timer_type, NULL, &p);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
     rt_stats_t before, after;
     rt_stats(&before);
     rt_msg_t *f = rt_msg_new(MSG_FIRE, sizeof(fire_t));
     CHECK_EQ(rt_send_after(5, p, f, NULL), 0);
     /* Its entry is released after the send that counts the dead letter. */
-    uint64_t end = test_now_ms() + 5000;
+    uint64_t end = test_now_ms() + RT_TEST_WAIT_MS;
     do {
         test_sleep_ms(1);
         rt_stats(&after);
@@ -259,12 +259,12 @@ static void test_tag_timer(void)
     rt_pid_t p;
     rt_spawn(&timer_type, NULL, &p);
     rt_send(p, MSG_ARM_TAG, NULL, 0);
-    CHECK(wait_at_least(&tagged_fired, 1, 5000));
+    CHECK(wait_at_least(&tagged_fired, 1));
     CHECK(settle(p));
     CHECK_EQ(atomic_load(&tagged_fired), 1); /* the cancelled one never came */
     CHECK_EQ(atomic_load(&tagged_wrong), 0);
     rt_exit_signal(p, RT_REASON_KILL);
-    CHECK(wait_alive(0, 5000));
+    CHECK(wait_alive(0));
 }
 
 int main(void)

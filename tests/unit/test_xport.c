@@ -366,7 +366,7 @@ static void test_starttls(void)
     CHECK(expect_tls(ssl, "echo:bye\n"));
     SSL_free(ssl);
     close(fd);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     CHECK(seen_is("hello|STARTTLS|secret|STARTTLS|bye|"));
     CHECK_EQ(atomic_load(&fails), 0);
     CHECK_EQ(atomic_load(&tls_fails), 0);
@@ -383,7 +383,7 @@ static void test_starttls_pipelined(void)
     send_all(fd, "STARTTLS\nAUTH admin\n", 20);
     CHECK(read_to_eof(fd)); /* closed without "GO" (it would have been read here) */
     close(fd);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     CHECK(seen_is("STARTTLS|"));
     CHECK_EQ(atomic_load(&fails), failed + 1);
 }
@@ -398,7 +398,7 @@ static void test_starttls_plaintext_after(void)
     send_all(fd, "AUTH admin\n", 11);
     CHECK(read_to_eof(fd));
     close(fd);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     CHECK(seen_is("STARTTLS|"));
     CHECK_EQ(atomic_load(&fails), failed + 1);
     CHECK_EQ(atomic_load(&tls_fails), tls_failed_before + 1);
@@ -411,7 +411,7 @@ static void test_starttls_without_context(void)
     send_all(fd, "STARTTLS\nstill here\n", 20);
     CHECK(expect_plain(fd, "NO\necho:still here\n"));
     close(fd);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     CHECK(seen_is("STARTTLS|still here|"));
 }
 
@@ -494,7 +494,7 @@ static void test_ws_text(void)
     CHECK_EQ((uint8_t)payload[0] << 8 | (uint8_t)payload[1], RT_WS_CLOSE_UNSUPPORTED);
     CHECK(read_to_eof(fd));
     close(fd);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     CHECK(seen_is("<open to='x\xc3\xa9'/>|<presence/>|"));
     CHECK_EQ(atomic_load(&fails), failed + 1);
 }
@@ -525,7 +525,7 @@ static void test_ws_refusals(void)
     CHECK(strncmp(head, "HTTP/1.1 400 ", 13) == 0);
     CHECK(read_to_eof(fd));
     close(fd);
-    CHECK(wait_alive(0, 10000));
+    CHECK(wait_alive(0));
     CHECK(seen_is(""));
 }
 
