@@ -504,6 +504,15 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_offline_refused_total", "counter",
             "Messages refused for a user whose offline store is full.",
             atomic_load(&x->offline_refused));
+    one_u64(b, "rt_xmpp_push_enabled_total", "counter",
+            "Push app servers enabled by clients (XEP-0357).", atomic_load(&x->push_enabled));
+    one_u64(b, "rt_xmpp_push_disabled_total", "counter",
+            "Push app servers disabled by clients (XEP-0357).", atomic_load(&x->push_disabled));
+    one_u64(b, "rt_xmpp_push_sent_total", "counter", "Push notifications sent to an app server.",
+            atomic_load(&x->push_sent));
+    one_u64(b, "rt_xmpp_push_undeliverable_total", "counter",
+            "Push notifications whose app server this server cannot reach.",
+            atomic_load(&x->push_undeliverable));
     one_u64(b, "rt_xmpp_orphans_rerouted_total", "counter",
             "Messages left in the mailbox of a session that ended, sent on to the user's other "
             "sessions or to offline storage.",

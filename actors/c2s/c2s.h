@@ -46,6 +46,9 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t stream_errors;    /* streams ended by an error of ours */
     _Atomic uint64_t offline_stored;   /* messages kept for an unavailable user */
     _Atomic uint64_t offline_refused;  /* offline messages past a user's bound */
+    _Atomic uint64_t push_enabled, push_disabled; /* XEP-0357 registrations made, removed */
+    _Atomic uint64_t push_sent;                   /* notifications sent to an app server */
+    _Atomic uint64_t push_undeliverable; /* notifications whose app server is not reachable */
     _Atomic uint64_t orphans_rerouted; /* messages left in an ended session's mailbox, sent on */
     _Atomic uint64_t orphan_iqs;       /* iq requests an ended session left: answered */
     _Atomic uint64_t replaced;         /* sessions ended by a newer one binding their resource */

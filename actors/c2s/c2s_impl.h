@@ -133,6 +133,12 @@ enum {
     C2S_OP_FAST_PUT,       /* data: agent, mechanism (NUL-ended), expiry (int64_t), the token */
     C2S_OP_FAST_DEL,       /* data: agent (NUL-ended): nothing is answered */
 };
+/* Push (XEP-0357; c2s_push.c): ENABLE and DISABLE are answered with the finished iq. */
+enum {
+    C2S_OP_PUSH_ENABLE = 120, /* data: iq id, JID, node (each NUL-ended), the options' form */
+    C2S_OP_PUSH_DISABLE,      /* data: iq id, JID, node ("\1": every node), each NUL-ended */
+    C2S_OP_PUSH_NOTIFY,       /* no data: a message waits for the account; nothing answered */
+};
 #define RT_C2S_FAST_MECH "HT-SHA-256-NONE"
 #define RT_C2S_FAST_AGENTS_MAX                                                                     \
     32 /* clients of one account holding tokens: past it, the                                      \
@@ -374,6 +380,7 @@ void rt__c2s_write_stanzas(rt_actor_t *self, c2s_t *c, const void *p, size_t n, 
 void rt__c2s_write_stanza_buf(rt_actor_t *self, c2s_t *c, rt_buf_t *b);
 void rt__c2s_sm_count_in(c2s_t *c);
 bool rt__c2s_sm_on(const c2s_t *c);
+bool rt__c2s_sm_detached(const c2s_t *c); /* kept for a resumption, no connection */
 int rt__c2s_sm_nonza(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el);
 /* The connection dropped: a resumable session stays, detached; false: it ends. */
 bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c);
@@ -522,6 +529,23 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
 /* A stanza that reached a room as it ended: a join makes the room again, an iq is answered. */
 void rt__c2s_muc_reroute(rt_msg_t *m);
 int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
+
+/* ---- Push notifications (c2s_push.c, XEP-0357) ---- */
+
+void rt__c2s_push_features(rt_buf_t *b, const c2s_t *c); /* the account's disco#info */
+/* An iq in urn:xmpp:push:0 (enable, disable) handled: true; false: not push's. */
+bool rt__c2s_push_iq(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const rt_xml_el_t *q,
+                     bool get);
+bool rt__c2s_push_worthy(const void *stanza, size_t len);
+void rt__c2s_push_detached(const c2s_t *c); /* a worthy stanza came while detached */
+/* In the store: an enable or disable (data as rt__c2s_push_iq sends it), answered to to; the
+   notifications of user@host's app servers. */
+void rt__c2s_store_push_set(rt_accounts_t *a, rt_pid_t to, bool enable, const char *host,
+                            const char *user, const uint8_t *data, size_t len);
+void rt__c2s_store_push_notify(rt_accounts_t *a, const char *host, const char *user);
+/* The store's answer to an iq (c2s_store_xeps.c): result (with payload) or rc's error. */
+void rt__c2s_store_iq_answer(rt_pid_t to, const char *id, size_t idlen, int rc, const char *payload,
+                             size_t plen);
 
 /* ---- HTTP file upload (c2s_upload.c, XEP-0363) ---- */
 /* The host whose upload service domain this is, or -1. */

@@ -137,6 +137,7 @@ static void disco_account(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq)
                   NS_DISCO_INFO, c->anonymous ? "anonymous" : "registered", NS_DISCO_INFO);
     rt__c2s_mam_features(&b, c);
     rt__c2s_pep_features(&b, c);
+    rt__c2s_push_features(&b, c);
     rt_buf_printf(&b, "</query></iq>");
     rt__c2s_write_stanza_buf(self, c, &b);
 }
@@ -215,6 +216,7 @@ static void iq_server(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *iq, const c
         rt__c2s_register_iq(self, c, iq, q);
     } else if (strcmp(q->ns, NS_MAM) == 0) {
         rt__c2s_mam_iq(self, c, iq, q, get);
+    } else if (rt__c2s_push_iq(self, c, iq, q, get)) {
     } else if (strncmp(q->ns, RT_C2S_NS_PUBSUB, sizeof(RT_C2S_NS_PUBSUB) - 1) == 0 &&
                (account || !rt_xml_attr(iq, "to"))) { /* the account's PEP service */
         rt__c2s_pep_iq(self, c, iq, q, get);
@@ -835,6 +837,8 @@ void rt__c2s_deliver(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     }
     rt__c2s_flush_held(self, c);
     rt__c2s_write_stanzas(self, c, m->data, m->len, 1);
+    if (rt__c2s_sm_detached(c) && rt__c2s_push_worthy(m->data, m->len))
+        rt__c2s_push_detached(c);
 }
 
 void rt__c2s_put_unavailable(rt_buf_t *b, const c2s_t *c)

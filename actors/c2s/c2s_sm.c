@@ -73,6 +73,11 @@ bool rt__c2s_sm_on(const c2s_t *c)
     return c->sm != NULL;
 }
 
+bool rt__c2s_sm_detached(const c2s_t *c)
+{
+    return c->sm && c->sm->detached;
+}
+
 static void write_nonza(c2s_t *c, const char *fmt, uint32_t v)
 {
     char buf[128];

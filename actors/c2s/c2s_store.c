@@ -193,6 +193,8 @@ static void offline_push(store_t *s, rt_msg_t *m, const char *host, const char *
     if (rc == 0) {
         rt__c2s_store_presence_stale(host, user, C2S_STALE_KEPT);
         atomic_fetch_add_explicit(&rt_c2s_stats.offline_stored, 1, memory_order_relaxed);
+        if (rt__c2s_push_worthy(stanza, slen))
+            rt__c2s_store_push_notify(s->accounts, host, user);
         return;
     }
     if (rc != RT_ENOTFOUND) {
@@ -379,6 +381,14 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_FAST_DEL:
         if (r->data_len && data[r->data_len - 1] == 0)
             rt_fast_del(s->accounts, host, user, (const char *)data);
+        break;
+    case C2S_OP_PUSH_ENABLE:
+    case C2S_OP_PUSH_DISABLE:
+        rt__c2s_store_push_set(s->accounts, m->from, r->op == C2S_OP_PUSH_ENABLE, host, user, data,
+                               r->data_len);
+        break;
+    case C2S_OP_PUSH_NOTIFY:
+        rt__c2s_store_push_notify(s->accounts, host, user);
         break;
     case C2S_OP_MUC_PUT:
         out.rc = rt_muc_room_put(s->accounts, host, user, data, r->data_len);

@@ -51,8 +51,8 @@ static void list_free(list_t *l)
     rt_buf_free(&l->items);
 }
 
-static void iq_answer(rt_pid_t to, const char *id, size_t idlen, int rc, const char *payload,
-                      size_t plen)
+void rt__c2s_store_iq_answer(rt_pid_t to, const char *id, size_t idlen, int rc, const char *payload,
+                             size_t plen)
 {
     rt_buf_t b = {0};
     rt_xml_put_start(&b, "iq");
@@ -108,7 +108,11 @@ void rt__c2s_store_block_get(rt_accounts_t *a, rt_pid_t to, const char *host, co
     rt_buf_printf(&q, "<blocklist xmlns='%s'>", NS_BLOCKING);
     rt_buf_add(&q, l.items.data, l.items.len);
     rt_buf_printf(&q, "</blocklist>");
-    iq_answer(to, (const char *)data, idlen, rc ? rc : q.oom ? RT_ENOMEM : 0, q.data, q.len);
+    rt__c2s_store_iq_answer(to, (const char *)data, idlen,
+                            rc      ? rc
+                            : q.oom ? RT_ENOMEM
+                                    : 0,
+                            q.data, q.len);
     rt_buf_free(&q);
     rt_buf_free(&m);
     list_free(&l);
@@ -169,7 +173,7 @@ void rt__c2s_store_block_set(rt_accounts_t *a, rt_pid_t to, const char *host, co
                rt_strerror(rc));
     }
     free(jids);
-    iq_answer(to, id, idlen, rc, NULL, 0);
+    rt__c2s_store_iq_answer(to, id, idlen, rc, NULL, 0);
 }
 
 /* ---- vCards ---- */
@@ -227,5 +231,5 @@ void rt__c2s_store_vcard_set(rt_accounts_t *a, rt_pid_t to, const char *host, co
     if (idlen == len)
         return;
     int rc = rt_vcard_set(a, host, user, data + idlen + 1, len - idlen - 1);
-    iq_answer(to, id, idlen, rc, NULL, 0);
+    rt__c2s_store_iq_answer(to, id, idlen, rc, NULL, 0);
 }

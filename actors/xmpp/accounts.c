@@ -107,15 +107,26 @@
     "  prev_token BLOB, prev_expiry INTEGER, "                                                     \
     "  PRIMARY KEY(host, username, agent)) WITHOUT ROWID;"
 
+/*
+** Version 7: push notifications (XEP-0357, push.c): the app servers (JID and node) each
+** account's clients enabled, with the publish options they gave (the form's bytes, sent back
+** with every notification: they carry the app server's secret).
+*/
+#define SCHEMA_V7                                                                                  \
+    "CREATE TABLE push(host TEXT NOT NULL, username TEXT NOT NULL, jid TEXT NOT NULL, "            \
+    "  node TEXT NOT NULL, options BLOB, created INTEGER NOT NULL, "                               \
+    "  PRIMARY KEY(host, username, jid, node)) WITHOUT ROWID;"
+
 /* A new file's tables: every version's, as a file migrated from version 1 has them. */
-static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3 SCHEMA_V4 SCHEMA_V5 SCHEMA_V6;
+static const char schema[] = SCHEMA_V1 SCHEMA_V2 SCHEMA_V3 SCHEMA_V4 SCHEMA_V5 SCHEMA_V6 SCHEMA_V7;
 
 /*
 ** xmpp.db's steps from older schema versions, oldest first, as actors/store/migrate.c's
 ** for state.db. Added when the schema changes, never edited after a release.
 */
 static const rt_store_step_t steps[] = {
-    {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5}, {6, SCHEMA_V6}, {0, NULL},
+    {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5},
+    {6, SCHEMA_V6}, {7, SCHEMA_V7}, {0, NULL},
 };
 
 enum {

@@ -26,7 +26,7 @@
 #include "scram.h"
 
 #define RT_ACCOUNTS_FILE "xmpp.db"
-#define RT_ACCOUNTS_SCHEMA 6          /* the PRAGMA user_version this rtd reads and writes */
+#define RT_ACCOUNTS_SCHEMA 7          /* the PRAGMA user_version this rtd reads and writes */
 #define RT_ACCOUNTS_BUSY_MS 5000      /* how long a write waits for another writer */
 #define RT_ACCOUNTS_PASSWORD_MAX 1023 /* bytes of a password */
 #define RT_ACCOUNTS_ERR_LEN 512       /* bytes for an error message */

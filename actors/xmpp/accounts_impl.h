@@ -14,7 +14,8 @@
 #define RT__ACCOUNTS_STMTS 16 /* room for accounts.c's statements (it checks its count fits) */
 #define RT__ROSTER_STMTS 16   /* room for roster.c's */
 #define RT__XEPS_STMTS                                                                             \
-    48 /* room for blocking.c's, vcard.c's, archive.c's, the rooms' and pep.c's (xeps.h) */
+    56 /* room for blocking.c's, vcard.c's, archive.c's, the rooms', pep.c's, fast.c's and         \
+          push.c's (xeps.h) */
 
 /* Owned by accounts.c (open, close); roster.c prepares and uses rst[]. */
 struct rt_accounts_s {
@@ -121,6 +122,11 @@ enum {
     XST_FAST_DEL,
     XST_FAST_CLEAR,
     XST_FAST_TRIM, /* all but the ?3 latest to expire */
+    XST_PUSH_PUT,  /* push.c: ?3 the app server's JID, ?4 node, ?5 options, ?6 when */
+    XST_PUSH_DEL,  /* ?3 JID, ?4 node (NULL: all of the JID's) */
+    XST_PUSH_LIST, /* the account's, oldest first */
+    XST_PUSH_CLEAR,
+    XST_PUSH_TRIM, /* all but the ?3 newest */
     XST_N
 };
 _Static_assert(XST_N <= RT__XEPS_STMTS, "room for the XEPs' statements");
@@ -138,5 +144,10 @@ int rt__xeps_account(rt_accounts_t *a, const rt__names_t *n);
 int rt__xeps_begin_for(rt_accounts_t *a, const rt__names_t *n);
 /* Runs a statement that returns no row to its end, and resets it: 0 or RT_EAGAIN. */
 int rt__xeps_run(sqlite3_stmt *st);
+/* Each row of a statement of two texts and a blob to fn, then resets it: 0 or RT_EAGAIN. */
+int rt__xeps_each_row(sqlite3_stmt *st,
+                      void (*fn)(const char *a, const char *b, const void *blob, size_t len,
+                                 void *arg),
+                      void *arg);
 
 #endif

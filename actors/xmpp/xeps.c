@@ -75,6 +75,15 @@ static const char *const sql[XST_N] = {
     [XST_FAST_CLEAR] = "DELETE FROM fast_tokens WHERE " KEY,
     [XST_FAST_TRIM] = "DELETE FROM fast_tokens WHERE " KEY " AND agent NOT IN (SELECT agent "
                       "FROM fast_tokens WHERE " KEY " ORDER BY expiry DESC LIMIT ?3)",
+    [XST_PUSH_PUT] = "INSERT INTO push VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
+                     "ON CONFLICT(host, username, jid, node) DO UPDATE SET options = ?5, "
+                     "created = ?6",
+    [XST_PUSH_DEL] = "DELETE FROM push WHERE " KEY " AND jid = ?3 AND (?4 IS NULL OR node = ?4)",
+    [XST_PUSH_LIST] =
+        "SELECT jid, node, options FROM push WHERE " KEY " ORDER BY created, jid, node",
+    [XST_PUSH_CLEAR] = "DELETE FROM push WHERE " KEY,
+    [XST_PUSH_TRIM] = "DELETE FROM push WHERE " KEY " AND (jid, node) NOT IN (SELECT jid, node "
+                      "FROM push WHERE " KEY " ORDER BY created DESC LIMIT ?3)",
 };
 
 int rt__xeps_prepare(rt_accounts_t *a)
@@ -102,7 +111,7 @@ int rt__xeps_drop(rt_accounts_t *a, const rt__names_t *n)
 {
     static const int drops[] = {XST_BLOCK_CLEAR,       XST_VCARD_DEL,       XST_ARCH_CLEAR,
                                 XST_ARCH_COUNTS_CLEAR, XST_PEP_CLEAR_ITEMS, XST_PEP_CLEAR_NODES,
-                                XST_FAST_CLEAR};
+                                XST_FAST_CLEAR,        XST_PUSH_CLEAR};
     for (size_t i = 0; i < sizeof(drops) / sizeof(drops[0]); i++)
         if (rt__xeps_run(keyed(a, drops[i], n)))
             return RT_EAGAIN;
@@ -268,7 +277,14 @@ int rt_muc_rooms_each(rt_accounts_t *a,
                                  size_t len, void *arg),
                       void *arg)
 {
-    sqlite3_stmt *st = a->xst[XST_MUC_LIST];
+    return rt__xeps_each_row(a->xst[XST_MUC_LIST], fn, arg);
+}
+
+int rt__xeps_each_row(sqlite3_stmt *st,
+                      void (*fn)(const char *a, const char *b, const void *blob, size_t len,
+                                 void *arg),
+                      void *arg)
+{
     int s;
     while ((s = sqlite3_step(st)) == SQLITE_ROW)
         fn((const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1),

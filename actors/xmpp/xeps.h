@@ -186,4 +186,24 @@ int rt_fast_get(rt_accounts_t *a, const char *host, const char *user, const char
    RT_EAGAIN. */
 int rt_fast_del(rt_accounts_t *a, const char *host, const char *user, const char *agent);
 
+/* ---- Push notifications (XEP-0357) ---- */
+
+#define RT_PUSH_OPTIONS_MAX 4096 /* bytes of an enable's publish options (its data form) */
+
+/*
+** Remembers that user@host's client wants notifications sent to the app server jid at node,
+** with options (the publish-options form's bytes, none: len 0). Past max registrations for
+** the account, the oldest go. 0, RT_ENOTFOUND (no account), RT_EINVAL, RT_EAGAIN.
+*/
+int rt_push_put(rt_accounts_t *a, const char *host, const char *user, const char *jid,
+                const char *node, const void *options, size_t len, int64_t now_ms, uint32_t max);
+/* Forgets the app server jid at node (NULL: at every node). 0, RT_EINVAL, RT_EAGAIN. */
+int rt_push_del(rt_accounts_t *a, const char *host, const char *user, const char *jid,
+                const char *node);
+/* Each registration of user@host to fn, oldest first. 0, RT_EINVAL, RT_EAGAIN. */
+int rt_push_each(rt_accounts_t *a, const char *host, const char *user,
+                 void (*fn)(const char *jid, const char *node, const void *options, size_t len,
+                            void *arg),
+                 void *arg);
+
 #endif

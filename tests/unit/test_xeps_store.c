@@ -467,6 +467,61 @@ static void test_fast_tokens(void)
     rt_accounts_close(a);
 }
 
+/* ---- Push registrations (XEP-0357) ---- */
+
+static void gather_push(const char *jid, const char *node, const void *options, size_t len,
+                        void *arg)
+{
+    items_t *it = arg;
+    size_t at = strlen(it->all);
+    snprintf(it->all + at, sizeof(it->all) - at, "%s%s/%s=%.*s", it->n++ ? " " : "", jid, node,
+             (int)len, (const char *)options);
+}
+
+static const char *pushes_of(rt_accounts_t *a, const char *user, items_t *it)
+{
+    memset(it, 0, sizeof(*it));
+    int rc = rt_push_each(a, H, user, gather_push, it);
+    if (rc)
+        snprintf(it->all, sizeof(it->all), "error %d", rc);
+    return it->all;
+}
+
+static void test_push_registrations(void)
+{
+    rt_accounts_t *a = open_in(dir);
+    if (!a)
+        return;
+    add_user(a, "pusher");
+    items_t it;
+    CHECK_EQ(rt_push_put(a, H, "pusher", "app.example", "n1", "<x/>", 4, 1000, 3), 0);
+    CHECK_EQ(rt_push_put(a, H, "pusher", "app.example", "n2", NULL, 0, 2000, 3), 0);
+    CHECK(strcmp(pushes_of(a, "pusher", &it), "app.example/n1=<x/> app.example/n2=") == 0);
+    /* Enabled again: its options replaced, now the newest. */
+    CHECK_EQ(rt_push_put(a, H, "pusher", "app.example", "n1", "<y/>", 4, 3000, 3), 0);
+    CHECK(strcmp(pushes_of(a, "pusher", &it), "app.example/n2= app.example/n1=<y/>") == 0);
+    /* Past max for the account, the oldest goes. */
+    CHECK_EQ(rt_push_put(a, H, "pusher", "other.example", "n3", NULL, 0, 4000, 2), 0);
+    CHECK(strcmp(pushes_of(a, "pusher", &it), "app.example/n1=<y/> other.example/n3=") == 0);
+    /* Disabled at one node, or at all of a JID's. */
+    CHECK_EQ(rt_push_put(a, H, "pusher", "app.example", "n4", NULL, 0, 5000, 3), 0);
+    CHECK_EQ(rt_push_del(a, H, "pusher", "app.example", "n1"), 0);
+    CHECK(strcmp(pushes_of(a, "pusher", &it), "other.example/n3= app.example/n4=") == 0);
+    CHECK_EQ(rt_push_del(a, H, "pusher", "app.example", NULL), 0);
+    CHECK(strcmp(pushes_of(a, "pusher", &it), "other.example/n3=") == 0);
+    /* Bounds and unknown accounts; and they go with the account. */
+    char big[RT_PUSH_OPTIONS_MAX + 1];
+    memset(big, 'x', sizeof(big));
+    CHECK_EQ(rt_push_put(a, H, "pusher", "app.example", "n", big, sizeof(big), 1, 3), RT_EINVAL);
+    CHECK_EQ(rt_push_put(a, H, "pusher", "", "n", NULL, 0, 1, 3), RT_EINVAL);
+    CHECK_EQ(rt_push_put(a, H, "nobody", "app.example", "n", NULL, 0, 1, 3), RT_ENOTFOUND);
+    char err[RT_ACCOUNTS_ERR_LEN];
+    CHECK_EQ(rt_accounts_del(a, H, "pusher", NULL, NULL, err, sizeof(err)), 0);
+    add_user(a, "pusher");
+    CHECK(strcmp(pushes_of(a, "pusher", &it), "") == 0);
+    rt_accounts_close(a);
+}
+
 /* ---- Persistent rooms (XEP-0045) ---- */
 
 typedef struct {
@@ -536,12 +591,13 @@ static void test_migration_from_schema_2(void)
         return;
     add_user(a, "juliet");
     rt_accounts_close(a);
-    /* A version 2 file is this one without the tables of versions 3 to 6. */
+    /* A version 2 file is this one without the tables of versions 3 to 7. */
     sqlite3 *db = open_db(path);
     CHECK_EQ(sqlite3_exec(db,
                           "DROP TABLE blocklist; DROP TABLE vcard; DROP TABLE archive; "
                           "DROP TABLE archive_counts; DROP TABLE muc_rooms; "
                           "DROP TABLE pep_nodes; DROP TABLE pep_items; DROP TABLE fast_tokens; "
+                          "DROP TABLE push; "
                           "PRAGMA user_version = 2;",
                           NULL, NULL, NULL),
              SQLITE_OK);
@@ -557,6 +613,7 @@ static void test_migration_from_schema_2(void)
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM vcard"), 1);
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM muc_rooms"), 0); /* version 4's table */
     CHECK_EQ(sql_int(db, "SELECT count(*) FROM pep_items"), 0); /* and 5's */
+    CHECK_EQ(sql_int(db, "SELECT count(*) FROM push"), 0);      /* and 7's */
     sqlite3_close(db);
 }
 
@@ -634,6 +691,7 @@ int main(void)
     RUN(test_muc_rooms);
     RUN(test_pep);
     RUN(test_fast_tokens);
+    RUN(test_push_registrations);
     RUN(test_migration_from_schema_2);
     RUN(test_archive_cost);
     tmpdir_remove();
