@@ -420,17 +420,35 @@ static unsigned recent_set(uint64_t h)
     return (unsigned)(h % (RECENT_CLAIMS / RECENT_WAYS)) * RECENT_WAYS;
 }
 
-static void remember_claimer(const char *id, rt_pid_t pid)
+/* Under flights.lock: id (its hash h) claimed for pid now. */
+static void remember_locked(uint64_t h, rt_pid_t pid)
 {
-    uint64_t h = rt_hash(id, strlen(id));
     unsigned set = recent_set(h), at = set;
-    pthread_mutex_lock(&flights.lock);
     for (unsigned i = set; i < set + RECENT_WAYS && recent[at].hash != h; i++)
         if (recent[i].hash == h || recent[i].at_ms < recent[at].at_ms)
             at = i;
     recent[at].hash = h;
     recent[at].at_ms = rt_mono_ms();
     recent[at].pid = pid;
+}
+
+static void remember_claimer(const char *id, rt_pid_t pid)
+{
+    uint64_t h = rt_hash(id, strlen(id));
+    pthread_mutex_lock(&flights.lock);
+    remember_locked(h, pid);
+    pthread_mutex_unlock(&flights.lock);
+}
+
+/* A claim remembered before its write that did not get the id. */
+static void forget_claimer(const char *id, rt_pid_t pid)
+{
+    uint64_t h = rt_hash(id, strlen(id));
+    unsigned set = recent_set(h);
+    pthread_mutex_lock(&flights.lock);
+    for (unsigned i = set; i < set + RECENT_WAYS; i++)
+        if (recent[i].hash == h && recent[i].pid == pid)
+            recent[i].hash = 0;
     pthread_mutex_unlock(&flights.lock);
 }
 
@@ -459,7 +477,12 @@ unsigned rt__cluster_claims_in_flight(void)
     return n;
 }
 
-static bool flight_take(natsMsg *msg, flight_t *out)
+/*
+** The flight of msg, out of the table; made: its create got the id, so its claimer is
+** remembered in the same hold of the lock: between the two, a takeover request would find
+** the id's client neither in flight nor recent (nor in the broker yet) and end nobody.
+*/
+static bool flight_take(natsMsg *msg, flight_t *out, bool made)
 {
     pthread_mutex_lock(&flights.lock);
     unsigned i = 0;
@@ -468,6 +491,9 @@ static bool flight_take(natsMsg *msg, flight_t *out)
     bool found = i < flights.n;
     RT_ASSERT(flights.n <= CLAIMS_IN_FLIGHT);
     if (found) {
+        if (made)
+            remember_locked(rt_hash(flights.f[i].cl->id, flights.f[i].cl->len),
+                            flights.f[i].cl->reply_to);
         *out = flights.f[i];
         flights.f[i] = flights.f[--flights.n];
         pthread_cond_signal(&flights.room);
@@ -496,14 +522,14 @@ static void claim_answered(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *p
     (void)closure;
     RT_ASSERT(!rt_current()); /* libnats's reply thread: it hands over, never runs ours */
     flight_t f;
-    bool found = flight_take(msg, &f);
+    bool made = pa && !pae;
+    bool found = flight_take(msg, &f, made);
     natsMsg_Destroy(msg);
     if (!found) /* cluster_kv gave it up: the node stops */
         return;
     if (pae && pae->ErrCode == JSStreamWrongLastSequenceErr) {
         claim_again(f.cl, f.lease);
     } else {
-        bool made = pa && !pae;
         atomic_fetch_add_explicit(&rt__cluster.claims_pipelined, made, memory_order_relaxed);
         rt_cluster_claimed_t r = {.lease = f.lease};
         r.status = made && rt_cluster_lease_holds(f.lease) ? 0 : RT_EAGAIN;
@@ -546,7 +572,7 @@ static bool claim_pipelined(const claim_t *cl, const char *key)
     if (js_PublishMsgAsync(rt__cluster.cjs, &sent, &po) == NATS_OK)
         return true;
     flight_t f;
-    if (flight_take(msg, &f))
+    if (flight_take(msg, &f, false))
         free(f.cl);
     natsMsg_Destroy(msg);
     return false;
@@ -584,7 +610,11 @@ void rt__cluster_claim_one(const claim_t *cl)
         return;
     bool moving = false;
     rt_cluster_claimed_t r = {0};
+    /* Remembered before the write that may make it this node's (flight_take says why). */
+    remember_claimer(id, cl->reply_to);
     r.status = claim(cl, id, &moving, &r.lease);
+    if (r.status)
+        forget_claimer(id, cl->reply_to);
     claim_settled(cl, r, moving);
 }
 
