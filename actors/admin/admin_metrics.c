@@ -504,6 +504,26 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_offline_refused_total", "counter",
             "Messages refused for a user whose offline store is full.",
             atomic_load(&x->offline_refused));
+    one_u64(b, "rt_xmpp_s2s_in_streams", "gauge",
+            "Open server-to-server streams other servers made to this one.",
+            atomic_load(&x->s2s_in));
+    one_u64(b, "rt_xmpp_s2s_out_streams", "gauge",
+            "Outgoing server-to-server streams (each pair of domains), set up or being.",
+            atomic_load(&x->s2s_out));
+    one_u64(b, "rt_xmpp_s2s_stanzas_in_total", "counter", "Stanzas other servers delivered here.",
+            atomic_load(&x->s2s_stanzas_in));
+    one_u64(b, "rt_xmpp_s2s_stanzas_out_total", "counter", "Stanzas written to other servers.",
+            atomic_load(&x->s2s_stanzas_out));
+    one_u64(b, "rt_xmpp_s2s_bounced_total", "counter",
+            "Stanzas for another server sent back to their senders as errors.",
+            atomic_load(&x->s2s_bounced));
+    one_u64(b, "rt_xmpp_s2s_errors_out_total", "counter",
+            "Errors sent back to other servers' senders.", atomic_load(&x->s2s_errors_out));
+    one_u64(b, "rt_xmpp_s2s_dialback_failed_total", "counter",
+            "Dialback keys that did not verify, either way.", atomic_load(&x->s2s_dialback_failed));
+    one_u64(b, "rt_xmpp_s2s_stream_errors_total", "counter",
+            "Server-to-server streams this server ended with a stream error.",
+            atomic_load(&x->s2s_stream_errors));
     one_u64(b, "rt_xmpp_push_enabled_total", "counter",
             "Push app servers enabled by clients (XEP-0357).", atomic_load(&x->push_enabled));
     one_u64(b, "rt_xmpp_push_disabled_total", "counter",

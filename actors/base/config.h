@@ -91,6 +91,8 @@ typedef struct rt_listen_s {
     bool proxy_protocol; /* a PROXY protocol header (v1 or v2) comes first on every connection */
     bool starttls; /* TLS starts when the client asks (XMPP STARTTLS, RFC 6120 5) instead of at
                       accept; xmpp.listeners only, and with a tls table (its certificate) */
+    bool s2s;      /* other servers' streams (RFC 6120 server-to-server), not clients';
+                      xmpp.listeners only */
     char websocket[128]; /* WebSocket on this path (MQTT, or XMPP: RFC 7395); "": none */
     unsigned ntrusted;
     rt_conf_net_t trusted_proxies[RT_CONF_MAX_NETS]; /* PROXY headers and X-Forwarded-For from
@@ -178,6 +180,12 @@ typedef struct rt_conf_xmpp_s {
     long upload_quota;        /* bytes of one account's files, default 100 MiB; 0 = none */
     long upload_expire;       /* s a file is served, default 7 days; 0 = kept */
     long upload_slot_timeout; /* s a slot waits for its PUT, default 300 */
+    /* Federation (RFC 6120 server-to-server): where another server's domain is reached,
+       "domain=host:port" (numeric host), in place of a DNS lookup; at most 255 bytes each. */
+    char s2s_peers[RT_CONF_MAX_XMPP_HOSTS][RT_CONF_XMPP_HOST_MAX];
+    unsigned ns2s_peers;
+    long s2s_queue_bytes; /* stanzas one outgoing stream holds while it is set up, default
+                             1 MiB: past it they are bounced */
 } rt_conf_xmpp_t;
 
 /* A user's own rate limit (user_rate_limits), in place of its listener's. */

@@ -309,6 +309,11 @@ const rt_setting_t rt__conf_table_settings[] = {
      .offset = L_OFF(starttls),
      .doc = "TLS starts when the client asks (XMPP STARTTLS, RFC 6120 5) instead of at accept; "
             "xmpp.listeners only, needs tls (its certificate)"},
+    {.name = "listeners[].s2s",
+     .type = RT_SET_BOOL,
+     .offset = L_OFF(s2s),
+     .doc = "other XMPP servers' streams (federation, RFC 6120 server-to-server; port 5269) "
+            "instead of clients'; xmpp.listeners only, not WebSocket"},
     {.name = "listeners[].trusted_proxies",
      .type = RT_SET_NETS,
      .text = "{}",
@@ -789,6 +794,16 @@ const rt_setting_t rt__conf_table_settings[] = {
              "an uploaded file is served for, from its upload; then it is deleted; 0 = kept"),
     XMPP_INT(upload_slot_timeout, 300, 1, 86400, "seconds",
              "a slot waits for its PUT; a PUT after it is refused (403)"),
+    {.name = "xmpp.s2s_peers",
+     .type = RT_SET_LIST,
+     .text = "{}",
+     .offset = X_OFF(s2s_peers),
+     .doc = "where other servers' domains are reached for federation, \"domain=host:port\" "
+            "with a numeric host (a private deployment, a test); a domain not listed is not "
+            "reached (DNS SRV lookups are not made yet)"},
+    XMPP_INT(s2s_queue_bytes, 1 * MIB, 1024, 64 * MIB, "bytes",
+             "of stanzas waiting for one outgoing server-to-server stream to be set up; past "
+             "it they are bounced with resource-constraint"),
     {.name = NULL},
 };
 

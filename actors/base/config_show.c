@@ -49,7 +49,8 @@ static void names_text(const char (*names)[RT_CONF_XMPP_HOST_MAX], unsigned n, c
 
 /*
 ** A list's or networks' value at field as text, with the count beside it in its struct: a
-** listener's trusted_proxies (l), xmpp's hosts, anonymous, register and plaintext_from. false: not
+** listener's trusted_proxies (l), xmpp's hosts, anonymous, register, plaintext_from and s2s_peers.
+** false: not
 *one.
 */
 static bool list_text(const shower_t *sh, const char *field, const rt_listen_t *l, char *out,
@@ -66,6 +67,8 @@ static bool list_text(const shower_t *sh, const char *field, const rt_listen_t *
         names_text(x->anonymous, x->nanonymous, out, len);
     else if (field == (const char *)x->registration)
         names_text(x->registration, x->nregistration, out, len);
+    else if (field == (const char *)x->s2s_peers)
+        names_text(x->s2s_peers, x->ns2s_peers, out, len);
     else
         return false;
     return true;

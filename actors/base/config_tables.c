@@ -411,6 +411,40 @@ static bool read_xmpp_register(lua_State *L, const char *where, void *field, cha
 static bool read_listener_list(lua_State *L, const char *what, bool xmpp, rt_listen_t *ls,
                                unsigned max, unsigned *nout, char *why, size_t whylen);
 
+/* xmpp.s2s_peers: "domain=host:port" each, the address numeric, no domain twice. */
+static bool read_xmpp_s2s_peers(lua_State *L, const char *where, void *field, char *why,
+                                size_t whylen)
+{
+    rt_conf_xmpp_t *x = xmpp_of(field, offsetof(rt_conf_xmpp_t, s2s_peers));
+    lua_Integer len = lua_type(L, -1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, -1) : -1;
+    if (len < 0 || len > RT_CONF_MAX_XMPP_HOSTS) {
+        snprintf(why, whylen, "%s must be a list of up to %d \"domain=host:port\"", where,
+                 RT_CONF_MAX_XMPP_HOSTS);
+        return false;
+    }
+    for (lua_Integer i = 1; i <= len; i++) {
+        lua_geti(L, -1, i);
+        size_t n = 0;
+        const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
+        const char *eq = v ? memchr(v, '=', n) : NULL;
+        rt_listen_t a;
+        bool ok = eq && eq > v && n < RT_CONF_XMPP_HOST_MAX && parse_address(eq + 1, &a);
+        for (unsigned j = 0; ok && j < x->ns2s_peers; j++)
+            ok = strncmp(x->s2s_peers[j], v, (size_t)(eq - v) + 1) != 0;
+        if (ok)
+            memcpy(x->s2s_peers[x->ns2s_peers++], v, n + 1);
+        else
+            snprintf(why, whylen,
+                     "%s[%lld]: \"%.100s\" is not \"domain=host:port\" with a numeric host "
+                     "(at most %d bytes), or names its domain twice",
+                     where, (long long)i, v ? v : "", RT_CONF_XMPP_HOST_MAX - 1);
+        lua_pop(L, 1);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
 static bool read_xmpp_listeners(lua_State *L, const char *where, void *field, char *why,
                                 size_t whylen)
 {
@@ -478,6 +512,7 @@ static const reader_entry_t readers[] = {
     {"xmpp.register", read_xmpp_register},
     {"xmpp.listeners", read_xmpp_listeners},
     {"xmpp.plaintext_from", read_xmpp_plaintext},
+    {"xmpp.s2s_peers", read_xmpp_s2s_peers},
     {"bridges.<name>.out", read_bridge_maps},
     {"bridges.<name>.in", read_bridge_maps},
 };
@@ -541,6 +576,10 @@ static bool read_listener_table(lua_State *L, const char *where, bool xmpp, rt_l
     }
     if (!mountpoint_ok(out->mountpoint, where, why, whylen))
         return false;
+    if (out->s2s && (!xmpp || out->websocket[0])) {
+        snprintf(why, whylen, "%s: s2s is for xmpp.listeners, and not on WebSocket", where);
+        return false;
+    }
     if (!out->starttls)
         return true;
     if (!xmpp)

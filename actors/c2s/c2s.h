@@ -34,6 +34,8 @@ typedef struct rt_c2s_arg_s {
 } rt_c2s_arg_t;
 
 extern const rt_actor_type_t rt_c2s_type;
+/* Another server's stream on an s2s listener (federation; the same argument). */
+extern const rt_actor_type_t rt_c2s_s2s_in_type;
 
 /* What every c2s actor adds to; read by /metrics, rtctl and the tests. */
 typedef struct rt_c2s_stats_s {
@@ -69,6 +71,13 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t upload_bytes;      /* their bytes */
     _Atomic uint64_t upload_served;     /* GETs of uploaded files answered with the file */
     _Atomic uint64_t upload_expired;    /* files and abandoned slots the sweep removed */
+    _Atomic uint64_t s2s_in, s2s_out;   /* open server-to-server streams, each way */
+    _Atomic uint64_t s2s_stanzas_in;    /* stanzas other servers delivered here */
+    _Atomic uint64_t s2s_stanzas_out;   /* stanzas written to other servers */
+    _Atomic uint64_t s2s_bounced;       /* stanzas for another server sent back as errors */
+    _Atomic uint64_t s2s_errors_out;    /* errors sent back to other servers' senders */
+    _Atomic uint64_t s2s_dialback_failed; /* keys that did not verify, either way */
+    _Atomic uint64_t s2s_stream_errors;   /* server-to-server streams ended by an error */
 } rt_c2s_stats_t;
 
 extern rt_c2s_stats_t rt_c2s_stats;

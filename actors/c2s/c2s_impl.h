@@ -251,6 +251,7 @@ typedef struct c2s_global_s {
     const rt_conf_xmpp_t *conf;
     rt_xml_stream_config_t stream_tcp; /* shared by every session: the callbacks, the limits */
     rt_xml_stream_config_t stream_ws;
+    rt_xml_stream_config_t stream_s2s; /* other servers' streams, in and out (jabber:server) */
     rt_auth_limiter_t *limiter;     /* failed logins per address */
     rt_auth_limiter_t *reg_limiter; /* registrations per address (xmpp.register_rate) */
     bool replace;               /* resource_conflict = replace */
@@ -466,10 +467,22 @@ void rt__c2s_orphan(const rt_msg_t *m, rt_pid_t gone);
 /* An iq get or set no session will take (p, len: as its sender's session wrote it): its sender
    is answered service-unavailable. Any thread. */
 void rt__c2s_iq_unanswered(const uint8_t *p, size_t len);
+/* A message (p, len: with its to and from) routed as RFC 6121 8.5.3.2.1 has one to a resource
+   that is gone (gone: a session not to pick): to the account's available resources, else
+   offline; the offline store's refusal goes to sender. Any thread. */
+void rt__c2s_message_rerouted(const uint8_t *p, size_t len, rt_pid_t gone, rt_pid_t sender);
+/* A stanza a local session sent that cannot go on (p, len: with its to and from): a message or
+   an iq request comes back to its sender's full JID as an error with cond; false when none
+   was sent (an error, a result, presence, a sender gone). Any thread. */
+bool rt__c2s_bounce(const uint8_t *p, size_t len, const char *cond);
 void rt__c2s_flush_held(rt_actor_t *self, c2s_t *c);
 void rt__c2s_session_end(rt_actor_t *self, c2s_t *c);
 bool rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b); /* false: not sent (gone, no memory) */
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to);
+/* The same for el parsed in el_ns (another server's stanza: jabber:server), written as a
+   local session gets it (in jabber:client). */
+void rt__c2s_put_stanza_from(rt_buf_t *b, const rt_xml_el_t *el, const char *from,
+                             const char *to_text, const char *el_ns);
 /* el's attributes as a stanza passed on keeps them: all but from and to, xml:lang too. */
 void rt__c2s_put_attrs(rt_buf_t *b, const rt_xml_el_t *el);
 /* A XEP-0082 DateTime of unix ms, in UTC with milliseconds. */
@@ -529,6 +542,60 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
 /* A stanza that reached a room as it ended: a join makes the room again, an iq is answered. */
 void rt__c2s_muc_reroute(rt_msg_t *m);
 int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
+
+/* ---- Federation (c2s_s2s.c, c2s_s2s_out.c: RFC 6120 server-to-server, XEP-0220) ---- */
+
+#define C2S_MSG_S2S_OUT (RT_C2S_MSG_BASE + 40)      /* to s2s_out: a stanza's bytes */
+#define C2S_MSG_S2S_VERIFY (RT_C2S_MSG_BASE + 41)   /* to s2s_out: c2s_s2s_verify_t, key */
+#define C2S_MSG_S2S_VERIFIED (RT_C2S_MSG_BASE + 42) /* to s2s_in: c2s_s2s_verify_t, answer */
+#define C2S_MSG_S2S_RETRY (RT_C2S_MSG_BASE + 43)    /* s2s_out: its quiet time after a failure */
+#define C2S_MSG_S2S_IDLE (RT_C2S_MSG_BASE + 44)     /* s2s_in, s2s_out: unused long enough? */
+#define C2S_MSG_S2S_TIMEOUT (RT_C2S_MSG_BASE + 45)  /* s2s_out: not ready in time */
+#define C2S_S2S_KEY_HEX 64                          /* a dialback key: HMAC-SHA256 in hex */
+
+/* A dialback key to verify (XEP-0220 2.3): asked of the authoritative server through the
+   outgoing stream to it, answered to the incoming stream that received it. */
+typedef struct c2s_s2s_verify_s {
+    rt_pid_t in;   /* the incoming stream that asks */
+    bool valid;    /* the answer */
+    uint8_t local; /* the receiving domain, an index in hosts */
+    char id[17];   /* the incoming stream's id */
+    char key[C2S_S2S_KEY_HEX + 1];
+} c2s_s2s_verify_t; /* then the originating domain, NUL-terminated */
+
+extern const rt_actor_type_t rt__c2s_s2s_out_type;
+/* The arguments of an outgoing stream: the local domain (one of hosts) and the remote one. */
+typedef struct c2s_s2s_out_arg_s {
+    const char *local, *remote;
+} c2s_s2s_out_arg_t;
+
+/* Whether federation is on: an s2s listener, so other servers can verify this one's keys. */
+bool rt__c2s_s2s_on(void);
+/* The key this server gives for a stream from originating to receiving with that id
+   (XEP-0185), into out (C2S_S2S_KEY_HEX + 1 bytes). */
+void rt__c2s_s2s_key(const char *receiving, const char *originating, const char *id, char *out);
+/* The stanza (bytes as a local session wrote them, from one of hosts) to another server's
+   domain: handed to the outgoing stream of that pair, made if need be. false: not taken (the
+   caller bounces it). Any thread. */
+bool rt__c2s_s2s_send(const char *local, size_t local_len, const char *remote, size_t remote_len,
+                      const void *p, size_t len);
+/* A presence the session wrote with no to (p, n) for jid (len bytes): when jid is another
+   server's, sent there with to added, and true; false: jid is local. */
+bool rt__c2s_s2s_presence_to(const char *jid, size_t len, const void *p, size_t n);
+/* The pid of the outgoing stream from local to remote, made if need be; 0: none. */
+rt_pid_t rt__c2s_s2s_out(const char *local, const char *remote);
+/* Where remote is reached (xmpp.s2s_peers): 0, or RT_ENOTFOUND. */
+struct sockaddr_storage;
+int rt__c2s_s2s_peer(const char *remote, struct sockaddr_storage *addr, unsigned *len);
+/* A stanza from another server, in jabber:server, for a local entity. reply: the incoming
+   stream's pid, which sends back what is answered. */
+void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t *from,
+                         const rt_jid_t *to);
+/* The client side of TLS for outgoing streams (made once at start): NULL before. */
+struct ssl_ctx_st *rt__c2s_s2s_tls(void);
+int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen);
+void rt__c2s_s2s_stream_config(const rt_conf_xmpp_t *conf);      /* rt__c2s.stream_s2s */
+void rt__c2s_s2s_out_config(const rt_xml_stream_config_t *base); /* the outgoing one's */
 
 /* ---- Push notifications (c2s_push.c, XEP-0357) ---- */
 

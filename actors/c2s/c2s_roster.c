@@ -160,6 +160,8 @@ static bool next_listed(const uint8_t *p, size_t len, size_t *at, const char **j
    ones. */
 static void presence_to_text(const char *jid, size_t len, const void *p, size_t n)
 {
+    if (rt__c2s_s2s_presence_to(jid, len, p, n))
+        return; /* another server's entity */
     const char *slash = memchr(jid, '/', len);
     if (!slash) {
         rt__c2s_to_available(jid, len, p, n);

@@ -34,6 +34,9 @@ static const char *bare_text(const c2s_t *c, size_t *len)
 
 /* ---- Writing a stanza for another session ---- */
 
+static void to_remote(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                      rt_buf_t *b);
+
 void rt__c2s_put_attrs(rt_buf_t *b, const rt_xml_el_t *el)
 {
     for (uint32_t i = 0; i < el->node.len; i++) {
@@ -51,6 +54,12 @@ void rt__c2s_put_attrs(rt_buf_t *b, const rt_xml_el_t *el)
 */
 void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, const char *to_text)
 {
+    rt__c2s_put_stanza_from(b, el, from, to_text, RT_XML_NS_CLIENT);
+}
+
+void rt__c2s_put_stanza_from(rt_buf_t *b, const rt_xml_el_t *el, const char *from,
+                             const char *to_text, const char *el_ns)
+{
     rt_xml_put_start(b, el->name);
     rt_xml_put_attr(b, "xmlns", RT_XML_NS_CLIENT);
     rt_xml_put_attr(b, "from", from);
@@ -67,7 +76,7 @@ void rt__c2s_put_stanza(rt_buf_t *b, const rt_xml_el_t *el, const char *from, co
         if (t)
             rt_xml_put_text(b, t->data, t->node.len);
         else if (!rt__c2s_mam_forged(rt_xml_as_el(n)))
-            rt_xml_put_tree(b, rt_xml_as_el(n), RT_XML_NS_CLIENT);
+            rt_xml_put_tree(b, rt_xml_as_el(n), el_ns);
     }
     rt_xml_put_end(b, el->name);
 }
@@ -513,45 +522,68 @@ static bool stanza_is(const rt_msg_t *m, const char *name)
 }
 
 /*
-** An iq request no session will take (p: a stanza its sender's session wrote, with both JIDs
-** and its id): the sender gets service-unavailable, the answer for a full JID whose resource
-** is not there (RFC 6121 8.5.3.2.3), rather than waiting for ever; routed by its full JID, as
-** any stanza. A result or an error is dropped, as it would be for a resource that is gone.
+** A stanza that cannot go where it was sent (p: one a local session wrote, with both JIDs):
+** its sender, a local full JID, gets it back as an error with cond (RFC 6120 8.3), unless it
+** is an error itself, a result, or presence (which are dropped, as for a resource that is
+** gone). Returns whether an error was sent.
 */
-void rt__c2s_iq_unanswered(const uint8_t *p, size_t len)
+bool rt__c2s_bounce(const uint8_t *p, size_t len, const char *cond)
 {
+    static const char *const names[] = {"message", "iq"};
     char type[8], id[256], to[RT_JID_TEXT_MAX + 1], from[RT_JID_TEXT_MAX + 1];
+    size_t k = 0;
+    while (k < 2 && !(len > strlen(names[k]) + 1 && p[0] == '<' &&
+                      memcmp(p + 1, names[k], strlen(names[k])) == 0 &&
+                      (p[strlen(names[k]) + 1] == ' ' || p[strlen(names[k]) + 1] == '>')))
+        k++;
+    if (k == 2)
+        return false;
     int tn = rt__c2s_first_tag_attr(p, len, "type", type, sizeof(type) - 1);
-    if (tn <= 0)
-        return;
-    type[tn] = 0;
-    if (strcmp(type, "get") != 0 && strcmp(type, "set") != 0)
-        return;
+    type[tn > 0 ? tn : 0] = 0;
+    if (strcmp(type, "error") == 0 ||
+        (k == 1 && strcmp(type, "get") != 0 && strcmp(type, "set") != 0))
+        return false;
     int idn = rt__c2s_first_tag_attr(p, len, "id", id, sizeof(id) - 1);
     int ton = rt__c2s_first_tag_attr(p, len, "to", to, sizeof(to) - 1);
     int fn = rt__c2s_first_tag_attr(p, len, "from", from, sizeof(from) - 1);
     rt_jid_buf_t sender;
-    if (idn < 0 || ton <= 0 || fn <= 0 || rt_jid_prep(from, (size_t)fn, &sender, NULL) != 0 ||
-        !sender.jid.resource)
-        return;
-    id[idn] = to[ton] = 0;
+    if ((k == 1 && idn < 0) || ton <= 0 || fn <= 0 ||
+        rt_jid_prep(from, (size_t)fn, &sender, NULL) != 0 || !sender.jid.resource)
+        return false;
+    to[ton] = 0;
     c2s_route_t r;
     if (!rt__c2s_reg_lookup(sender.jid.s, rt_jid_bare_len(&sender.jid),
                             rt_jid_resource(&sender.jid), sender.jid.resource, &r, 1))
-        return;
+        return false;
     rt_buf_t b = {0};
-    rt_xml_put_start(&b, "iq");
+    rt_xml_put_start(&b, names[k]);
     rt_xml_put_attr(&b, "xmlns", RT_XML_NS_CLIENT);
     rt_xml_put_attr(&b, "type", "error");
-    rt_xml_put_attr(&b, "id", id);
+    if (idn >= 0)
+        rt_xml_put_attr_len(&b, "id", id, (size_t)idn);
     rt_xml_put_attr(&b, "from", to);
     rt_xml_put_attr(&b, "to", sender.jid.s);
     rt_xml_put_start_end(&b);
-    rt_buf_printf(&b, "<error type='cancel'><service-unavailable xmlns='%s'/></error></iq>",
-                  RT_XML_NS_STANZA_ERRORS);
-    if (rt__c2s_send_bytes(r.pid, &b))
-        atomic_fetch_add_explicit(&rt_c2s_stats.orphan_iqs, 1, memory_order_relaxed);
+    rt_buf_printf(&b, "<error type='%s'><%s xmlns='%s'/></error>",
+                  strcmp(cond, "resource-constraint") == 0 ||
+                          strcmp(cond, "remote-server-timeout") == 0
+                      ? "wait"
+                      : "cancel",
+                  cond, RT_XML_NS_STANZA_ERRORS);
+    rt_xml_put_end(&b, names[k]);
+    bool sent = rt__c2s_send_bytes(r.pid, &b);
     rt_buf_free(&b);
+    return sent;
+}
+
+/*
+** An iq request no session will take: the sender gets service-unavailable, the answer for a
+** full JID whose resource is not there (RFC 6121 8.5.3.2.3), rather than waiting for ever.
+*/
+void rt__c2s_iq_unanswered(const uint8_t *p, size_t len)
+{
+    if (rt__c2s_bounce(p, len, "service-unavailable"))
+        atomic_fetch_add_explicit(&rt_c2s_stats.orphan_iqs, 1, memory_order_relaxed);
 }
 
 /*
@@ -570,14 +602,18 @@ void rt__c2s_orphan(const rt_msg_t *m, rt_pid_t gone)
         rt__c2s_iq_unanswered(m->data, m->len);
         return;
     }
-    if (!stanza_is(m, "message"))
-        return;
+    if (stanza_is(m, "message"))
+        rt__c2s_message_rerouted(m->data, m->len, gone, m->from);
+}
+
+void rt__c2s_message_rerouted(const uint8_t *p, size_t len, rt_pid_t gone, rt_pid_t sender)
+{
     char text[RT_JID_TEXT_MAX + 1], type[16], id[256], from[RT_JID_TEXT_MAX + 1];
-    int n = rt__c2s_first_tag_attr(m->data, m->len, "to", text, sizeof(text) - 1);
+    int n = rt__c2s_first_tag_attr(p, len, "to", text, sizeof(text) - 1);
     rt_jid_buf_t to;
     if (n <= 0 || rt_jid_prep(text, (size_t)n, &to, NULL) != 0)
         return; /* a carbon copy (no to) */
-    int tn = rt__c2s_first_tag_attr(m->data, m->len, "type", type, sizeof(type) - 1);
+    int tn = rt__c2s_first_tag_attr(p, len, "type", type, sizeof(type) - 1);
     if (tn < 0)
         snprintf(type, sizeof(type), "normal");
     else
@@ -587,15 +623,15 @@ void rt__c2s_orphan(const rt_msg_t *m, rt_pid_t gone)
         return;
     atomic_fetch_add_explicit(&rt_c2s_stats.orphans_rerouted, 1, memory_order_relaxed);
     c2s_route_t r[C2S_ROUTES_MAX];
-    rt_buf_t bytes = {.data = (char *)m->data, .len = m->len};
+    rt_buf_t bytes = {.data = (char *)(uintptr_t)p, .len = len};
     if (to_bare(&to.jid, &bytes, headline, gone, r) || headline)
         return;
-    int idn = rt__c2s_first_tag_attr(m->data, m->len, "id", id, sizeof(id) - 1);
-    int fn = rt__c2s_first_tag_attr(m->data, m->len, "from", from, sizeof(from) - 1);
+    int idn = rt__c2s_first_tag_attr(p, len, "id", id, sizeof(id) - 1);
+    int fn = rt__c2s_first_tag_attr(p, len, "from", from, sizeof(from) - 1);
     if (idn >= 0)
         id[idn] = 0;
     from[fn > 0 ? fn : 0] = 0;
-    if (keep_offline(&to.jid, m->data, m->len, idn >= 0 ? id : NULL, from, m->from) != 0) {
+    if (keep_offline(&to.jid, p, len, idn >= 0 ? id : NULL, from, sender) != 0) {
         atomic_fetch_add_explicit(&rt_c2s_stats.offline_refused, 1, memory_order_relaxed);
         rt_log(RT_LOG_WARNING, "xmpp.orphan_lost", "to=%s reason=no store", text);
     }
@@ -772,11 +808,11 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     }
     if (to_server)
         return 0; /* a message or directed presence to the server: nothing takes it */
+    rt_buf_t b = {0};
     if (rt__c2s_host_index(rt_jid_domain(to), to->domain) < 0) {
-        rt__c2s_stanza_error(self, c, el, "cancel", "remote-server-not-found");
+        to_remote(self, c, el, to, &b);
         return 0;
     }
-    rt_buf_t b = {0};
     rt__c2s_put_stanza(&b, el, c->jid->s, tb.jid.s);
     if (message) {
         rt__c2s_mam_message(c, el, to, &b);
@@ -791,6 +827,32 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
     }
     rt_buf_free(&b);
     return 0;
+}
+
+/*
+** A stanza for another server's domain: through federation when it is on (c2s_s2s.c), else
+** remote-server-not-found. Directed presence is remembered as for a local entity, so that the
+** session's end sends its unavailable there too.
+*/
+static void to_remote(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
+                      rt_buf_t *b)
+{
+    const char *type = rt_xml_attr(el, "type");
+    bool presence = strcmp(el->name, "presence") == 0;
+    if (!rt__c2s_s2s_on()) {
+        rt__c2s_stanza_error(self, c, el, "cancel", "remote-server-not-found");
+        return;
+    }
+    if (presence && type && strcmp(type, "error") != 0 && !rt__c2s_directed(self, c, el, to, false))
+        return;
+    if (presence && !type && !rt__c2s_directed(self, c, el, to, true))
+        return;
+    rt__c2s_put_stanza(b, el, c->jid->s, to->s);
+    const char *local = rt__c2s.conf->hosts[c->host];
+    if (b->oom ||
+        !rt__c2s_s2s_send(local, strlen(local), rt_jid_domain(to), to->domain, b->data, b->len))
+        rt__c2s_stanza_error(self, c, el, "cancel", "remote-server-not-found");
+    rt_buf_free(b);
 }
 
 /* ---- Messages from other sessions ---- */

@@ -107,7 +107,9 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
     rt__c2s.admit_peer = admit_peer;
     rt__c2s_stream_configs(x);
     rt__c2s_caps_init();
-    int rc = rt__c2s_store_start(sup, conf, err, errlen);
+    int rc = rt__c2s_s2s_start(x, err, errlen);
+    if (!rc)
+        rc = rt__c2s_store_start(sup, conf, err, errlen);
     if (!rc)
         rt_sinks_set_xmpp(rt__c2s_sink_send); /* rules' rows as messages (the xmpp sink) */
     if (!rc && x->muc_host[0] && conf->cluster.on) /* docs/XMPP.md, "Group chat" */

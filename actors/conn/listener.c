@@ -537,8 +537,9 @@ static void on_acceptable(rt_actor_t *self, listener_t *l)
         rt_conn_arg_t arg = {.fd = fd, .listener = l->index};
         bool ip = peer.ss_family == AF_INET || peer.ss_family == AF_INET6;
         rt_c2s_arg_t xarg = {.fd = fd, .listener = (unsigned)l->xmpp, .peer = ip ? &addr : NULL};
-        int src = l->xmpp >= 0 ? rt_spawn(&rt_c2s_type, &xarg, &pid)
-                               : rt_spawn(&rt_conn_type, &arg, &pid);
+        int src = l->xmpp < 0     ? rt_spawn(&rt_conn_type, &arg, &pid)
+                  : l->where->s2s ? rt_spawn(&rt_c2s_s2s_in_type, &xarg, &pid)
+                                  : rt_spawn(&rt_c2s_type, &xarg, &pid);
         if (src != 0) {
             unadmit_socket(fd);
             refuse_socket(self, l, fd, REFUSE_ERROR, &addr);
