@@ -53,6 +53,7 @@ if [[ "$purpose" == test ]]; then
         chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
         nats-server  # the cluster's tests run NATS servers
         python3-slixmpp  # tests/integration/test_xmpp_*.py: the XMPP client the sessions are tested with
+        prosody  # tests/integration/test_xmpp_s2s_prosody.py: another server to federate with
         python3-aiohttp  # slixmpp's XEP-0363 plugin uploads with it (tests/integration/test_xmpp_upload.py)
         python3-jwt python3-cryptography  # tests/integration/test_jwt.py: tokens and keys made in the test
         lintian systemd  # tests/integration/test_package.py: the .deb's lint, systemd-analyze on the unit
@@ -74,11 +75,23 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 updated=false
+# Servers among the packages (mosquitto, prosody, ...) are the tests' to start on their own
+# ports: their system services are not started at install (policy-rc.d refuses, as Debian's
+# chroots do), so none holds 1883 or 5269 on every address.
 apt_install() {
     echo "install-deps: installing $*" >&2
     $updated || "${sudo_cmd[@]}" apt-get update -qq
     updated=true
-    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    local policy=/usr/sbin/policy-rc.d made=false
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' | "${sudo_cmd[@]}" tee "$policy" >/dev/null
+        "${sudo_cmd[@]}" chmod +x "$policy"
+        made=true
+    fi
+    local rc=0
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null || rc=$?
+    if $made; then "${sudo_cmd[@]}" rm -f "$policy"; fi
+    return $rc
 }
 
 # MQTT.js (npm's mqtt) and xmpp.js (@xmpp/client), the Node clients the integration tests drive

@@ -114,10 +114,12 @@ static void test_shipped_xmpp_example(void)
     CHECK_EQ(load(text, c, err), 0);
     if (err[0])
         fprintf(stderr, "  %s\n", err);
-    CHECK(c->xmpp.on && c->xmpp.nhosts == 1 && c->xmpp.nlisteners == 3);
+    CHECK(c->xmpp.on && c->xmpp.nhosts == 1 && c->xmpp.nlisteners == 4);
     CHECK(c->xmpp.listeners[0].starttls && c->xmpp.listeners[0].tls_on);
     CHECK(c->xmpp.listeners[1].tls_on && !c->xmpp.listeners[1].starttls);
     CHECK(c->xmpp.listeners[2].websocket[0] == '/');
+    CHECK(c->xmpp.listeners[3].s2s && c->xmpp.listeners[3].starttls);
+    CHECK(c->xmpp.ns2s_peers == 1 && strcmp(c->xmpp.s2s_peers[0], "example.net=192.0.2.10:5269") == 0);
     free(c);
 }
 
@@ -601,6 +603,18 @@ static void test_xmpp(void)
         {"xmpp={hosts=\"a.example\", max_offline_bytes=1e9+1}", "xmpp.max_offline_bytes must be"},
         {"xmpp={hosts=\"a.example\", idle_timeout=86401}", "xmpp.idle_timeout must be"},
         {"xmpp={hosts=\"a.example\", idle_timeout=1.5}", "xmpp.idle_timeout must be a whole"},
+        {"xmpp={hosts=\"a.example\", s2s_peers={\"b.example=localhost:5269\"}}",
+         "xmpp.s2s_peers[1]: \"b.example=localhost:5269\" is not \"domain=host:port\""},
+        {"xmpp={hosts=\"a.example\", s2s_peers={\"b.example=127.0.0.1:1\", "
+         "\"b.example=127.0.0.2:2\"}}",
+         "xmpp.s2s_peers[2]: \"b.example=127.0.0.2:2\" is not \"domain=host:port\" with a "
+         "numeric host (at most 255 bytes), or names its domain twice"},
+        {"xmpp={hosts=\"a.example\", s2s_peers=\"b.example=127.0.0.1:1\"}",
+         "xmpp.s2s_peers must be a list"},
+        {"xmpp={hosts=\"a.example\", listeners={{bind=\"127.0.0.1:2\", s2s=true, "
+         "websocket=\"/x\"}}}",
+         "xmpp.listeners[1]: s2s is for xmpp.listeners, and not on WebSocket"},
+        {"listeners={{bind=\"127.0.0.1:1\", s2s=true}}", "listeners[1]: s2s is for xmpp"},
         /* starttls is XMPP's: refused on MQTT listeners and http, with why. */
         {"listeners={{bind=\"127.0.0.1:1\", starttls=true, tls={cert=\"a\", key=\"b\"}}}",
          "listeners[1]: starttls is for xmpp.listeners"},

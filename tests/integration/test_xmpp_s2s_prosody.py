@@ -1,0 +1,185 @@
+"""Federation with Prosody 0.12 from Debian (issue 32 §3): rtd serves rt.test, Prosody serves
+prosody.test, each on its own loopback address at port 5269. Prosody finds rt.test through a
+hosts file of its own (its resolver, libunbound, reads it: no DNS and no network namespace
+needed), rtd finds prosody.test through xmpp.s2s_peers. Prosody as Debian ships it for
+federation: TLS required on server-to-server streams, certificates not required to verify
+(s2s_secure_auth = false), so both directions go over STARTTLS and prove themselves by
+dialback. Messages both ways, a bare JID's offline store on rtd's side, the other server
+answering a ping to its domain both ways, and directed presence with its unavailable at the
+session's end. Raw clients on both servers."""
+import os
+import random
+import re
+import subprocess
+import tempfile
+import shutil
+import time
+
+import pytest
+
+import xmpp_peer
+import xmpp_util as X
+from conftest import Rtd, free_port, wait_listening
+
+PW = "fed pw"
+
+
+def prosody_config(d, c2s_port, s2s_addr, cert, key):
+    return f'''run_as_root = true
+pidfile = "{d}/prosody.pid"
+data_path = "{d}/data"
+log = {{ info = "{d}/prosody.log" }}
+network_backend = "epoll"
+c2s_ports = {{ {c2s_port} }}
+c2s_interfaces = {{ "127.0.0.1" }}
+s2s_ports = {{ 5269 }}
+s2s_interfaces = {{ "{s2s_addr}" }}
+http_ports = {{ }}
+https_ports = {{ }}
+c2s_direct_tls_ports = {{ }}
+s2s_direct_tls_ports = {{ }}
+c2s_require_encryption = false
+s2s_require_encryption = true
+s2s_secure_auth = false
+allow_registration = true
+registration_whitelist = {{ "127.0.0.1" }}
+modules_enabled = {{ "roster", "saslauth", "disco", "ping", "register", "offline", "posix",
+                    "dialback", "tls" }}
+unbound = {{ hoststxt = "{d}/hosts", resolvconf = "{d}/resolv.conf" }}
+ssl = {{ certificate = "{cert}", key = "{key}" }}
+VirtualHost "prosody.test"
+    authentication = "internal_plain"
+'''
+
+
+@pytest.fixture(scope="module")
+def fed(pki):
+    if not xmpp_peer.installed("prosody"):
+        pytest.fail("prosody is missing; run tools/install-deps.sh --for test")
+    # Addresses of this run's own: a sanitizer pass beside this one runs the same test.
+    net = f"127.{random.randrange(1, 250)}.{random.randrange(1, 250)}"
+    rt_addr, prosody_addr = f"{net}.1", f"{net}.2"
+    cert, key = pki.server["ec"]
+    d = tempfile.mkdtemp(prefix="s2s-prosody-")
+    pdir, rdir = os.path.join(d, "prosody"), os.path.join(d, "rt")
+    os.makedirs(os.path.join(pdir, "data"))
+    os.makedirs(rdir)
+    with open(os.path.join(pdir, "hosts"), "w") as f:
+        f.write(f"{rt_addr} rt.test\n")
+    with open(os.path.join(pdir, "resolv.conf"), "w") as f:
+        f.write("nameserver 127.0.0.1\n")  # nothing answers there: SRV fails at once, A from hosts
+    pport = free_port()
+    with open(os.path.join(pdir, "prosody.cfg.lua"), "w") as f:
+        f.write(prosody_config(pdir, pport, prosody_addr, cert, key))
+    argv, env = xmpp_peer.command("prosody", pdir)
+    with open(os.path.join(pdir, "out.log"), "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=pdir,
+                                env=dict(os.environ, **env))
+    rtd = None
+    try:
+        wait_listening(proc, pport, 30, "prosody", lambda: read(pdir, "prosody.log"))
+        for u in ("pat", "pia"):
+            xmpp_peer.register(pport, f"{u}@prosody.test", PW)
+        X.add_users(rdir, [(f"{u}@rt.test", PW) for u in ("rita", "rosa", "ruth")])
+        cport = free_port()
+        rtd = Rtd(f'xmpp={{ hosts = {{ "rt.test" }}, listeners = {{ "127.0.0.1:{cport}", '
+                  f'{{ bind = "{rt_addr}:5269", s2s = true, starttls = true, '
+                  f'tls = {{ cert = "{cert}", key = "{key}" }} }} }}, '
+                  f's2s_peers = {{ "prosody.test={prosody_addr}:5269" }} }}',
+                  "auth_max_delay_ms=0", data_dir=rdir)
+        rtd.xport, rtd.pport, rtd.pdir = cport, pport, pdir
+        yield rtd
+    finally:
+        code, log = rtd.stop() if rtd else (0, "")
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(d, ignore_errors=True)
+        assert code == 0, log[-3000:]
+
+
+def read(d, name):
+    try:
+        with open(os.path.join(d, name), errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def on_rt(rtd, user, resource="r"):
+    r = X.Raw(rtd.xport)
+    assert r.login(user, PW, resource=resource, to="rt.test") == f"{user}@rt.test/{resource}"
+    return r
+
+
+def on_prosody(rtd, user, resource="p"):
+    r = X.Raw(rtd.pport)
+    assert r.login(user, PW, resource=resource, to="prosody.test") == \
+        f"{user}@prosody.test/{resource}"
+    return r
+
+
+def available(r, jid):
+    r.send("<presence/>")
+    r.read_until(rf"<presence[^>]*from=['\"]{jid}['\"]".encode())
+
+
+def leave(r):
+    r.send("</stream:stream>")
+    r.read_to_close()
+
+
+def logs(rtd):
+    return rtd.read_log()[-3000:] + "\n--- prosody ---\n" + read(rtd.pdir, "prosody.log")[-3000:]
+
+
+def test_messages_both_ways_over_tls_and_dialback(fed):
+    rita, pat = on_rt(fed, "rita"), on_prosody(fed, "pat")
+    available(pat, "pat@prosody.test/p")
+    available(rita, "rita@rt.test/r")
+    rita.send("<message to='pat@prosody.test/p' type='chat' id='x1'><body>hi pat</body></message>")
+    text = pat.read_until(rb"<message.*?</message>", timeout=30)
+    m = X.first_el(text, "message")
+    assert m.get("from") == "rita@rt.test/r" and "<body>hi pat</body>" in text, logs(fed)
+    pat.send("<message to='rita@rt.test' type='chat' id='x2'><body>hi rita</body></message>")
+    text = rita.read_until(rb"<message[^>]*id=['\"]x2['\"].*?</message>", timeout=30)
+    assert "from='pat@prosody.test/p'" in text and "<body>hi rita</body>" in text, text
+    log = fed.read_log()
+    assert re.search(r"xmpp.s2s_out local=rt.test remote=prosody.test tls=yes", log), logs(fed)
+    assert re.search(r"xmpp.s2s_in from=prosody.test to=rt.test tls=yes", log), logs(fed)
+    leave(rita)
+    leave(pat)
+
+
+def test_offline_on_rt_and_pings_both_ways(fed):
+    pia = on_prosody(fed, "pia")
+    pia.send("<message to='ruth@rt.test' type='chat' id='o1'><body>while you were out</body>"
+             "</message>")
+    deadline = time.monotonic() + 30
+    while X.metric(fed, "rt_xmpp_offline_stored_total") < 1:
+        assert time.monotonic() < deadline, logs(fed)
+        time.sleep(0.05)
+    ruth = on_rt(fed, "ruth")
+    ruth.send("<presence/>")
+    text = ruth.read_until(rb"<body>while you were out</body>.*?</message>", timeout=30)
+    assert "from='pia@prosody.test/p'" in text, text
+    ruth.send("<iq type='get' id='pg1' to='prosody.test'><ping xmlns='urn:xmpp:ping'/></iq>")
+    text = ruth.read_until(rb"<iq[^>]*id='pg1'[^>]*(/>|>.*?</iq>)", timeout=30)
+    assert "type='result'" in text, text
+    pia.send("<iq type='get' id='pg2' to='rt.test'><ping xmlns='urn:xmpp:ping'/></iq>")
+    text = pia.read_until(rb"<iq[^>]*id=['\"]pg2['\"][^>]*(/>|>.*?</iq>)", timeout=30)
+    assert re.search(r"type=['\"]result['\"]", text), text
+    leave(ruth)
+    leave(pia)
+
+
+def test_directed_presence_and_its_unavailable(fed):
+    rosa, pat = on_rt(fed, "rosa", "dp"), on_prosody(fed, "pat", "dp")
+    available(pat, "pat@prosody.test/dp")
+    rosa.send("<presence to='pat@prosody.test/dp'><status>hello</status></presence>")
+    text = pat.read_until(rb"<presence[^>]*from=['\"]rosa@rt.test/dp['\"].*?(/>|</presence>)",
+                          timeout=30)
+    assert "<status>hello</status>" in text, text
+    leave(rosa)
+    text = pat.read_until(rb"<presence[^>]*type=['\"]unavailable['\"][^>]*>", timeout=30)
+    assert re.search(r"from=['\"]rosa@rt.test/dp['\"]", text), text
+    leave(pat)
