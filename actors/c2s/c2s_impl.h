@@ -78,7 +78,13 @@ enum { C2S_STALE_KEPT = 1, C2S_STALE_PENDING };
 #define C2S_MSG_ACCOUNT_GONE (RT_C2S_MSG_BASE + 0x40) /* the account was cancelled: end */
 
 /* Subscription kinds of C2S_OP_SUB (RFC 6121 3). */
-enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_UNSUBSCRIBED };
+enum {
+    C2S_SUB_SUBSCRIBE = 1,
+    C2S_SUB_SUBSCRIBED,
+    C2S_SUB_UNSUBSCRIBE,
+    C2S_SUB_UNSUBSCRIBED,
+    C2S_SUB_PROBE /* C2S_OP_SUB_IN only: another server's contact asks for the presence */
+};
 
 /*
 ** A packed roster entry, as C2S_MSG_ROSTER carries them one after another and a session keeps
@@ -90,21 +96,22 @@ enum { C2S_SUB_SUBSCRIBE = 1, C2S_SUB_SUBSCRIBED, C2S_SUB_UNSUBSCRIBE, C2S_SUB_U
 
 /* ---- The store actor's requests (c2s_store.c) ---- */
 enum {
-    C2S_OP_CRED = 1,     /* SCRAM credentials of user@host: reply rt_scram_cred_t */
-    C2S_OP_PLAIN,        /* check a PLAIN password */
-    C2S_OP_OFFLINE_PUSH, /* keep a message for an unavailable user */
-    C2S_OP_OFFLINE_TAKE, /* send the kept messages to the asking session */
-    C2S_OP_ROSTER_GET,   /* data: iq id NUL client's ver: the result and C2S_MSG_ROSTER */
-    C2S_OP_ROSTER_SET,   /* data: c2s_roster_set (c2s_roster.c): put or remove, pushes */
-    C2S_OP_SUB,          /* data: kind byte, contact bare JID NUL, the stanza for the contact */
-    C2S_OP_PRESENCE_INIT, /* initial presence: C2S_MSG_ROSTER, kept messages, requests */
-    C2S_OP_BLOCK_GET,     /* data: iq id: C2S_MSG_BLOCKLIST, then the result */
-    C2S_OP_BLOCK_SET,     /* data: block byte, iq id NUL, (JID NUL)*: pushes, the result */
-    C2S_OP_VCARD_GET,     /* data: iq id NUL, from (another account's bare JID; none: own) */
-    C2S_OP_VCARD_SET,     /* data: iq id NUL, the vCard element's bytes */
-    C2S_OP_ARCHIVE,       /* data: c2s_archive_t, the receiver's bare JID, the stanza */
-    C2S_OP_MAM_QUERY,     /* data: c2s_mam_query_t, iq id, queryid, full JID, iq's to (each
-                             NUL-terminated), the with filter's bare JID (none: empty) */
+    C2S_OP_CRED = 1,         /* SCRAM credentials of user@host: reply rt_scram_cred_t */
+    C2S_OP_PLAIN,            /* check a PLAIN password */
+    C2S_OP_OFFLINE_PUSH,     /* keep a message for an unavailable user */
+    C2S_OP_OFFLINE_TAKE,     /* send the kept messages to the asking session */
+    C2S_OP_ROSTER_GET,       /* data: iq id NUL client's ver: the result and C2S_MSG_ROSTER */
+    C2S_OP_ROSTER_SET,       /* data: c2s_roster_set (c2s_roster.c): put or remove, pushes */
+    C2S_OP_SUB,              /* data: kind byte, contact bare JID NUL, the stanza for the contact */
+    C2S_OP_PRESENCE_INIT,    /* initial presence: C2S_MSG_ROSTER, kept messages, requests */
+    C2S_OP_BLOCK_GET,        /* data: iq id: C2S_MSG_BLOCKLIST, then the result */
+    C2S_OP_BLOCK_SET,        /* data: block byte, iq id NUL, (JID NUL)*: pushes, the result */
+    C2S_OP_VCARD_GET,        /* data: iq id NUL, from (another account's bare JID; none: own) */
+    C2S_OP_VCARD_SET,        /* data: iq id NUL, the vCard element's bytes */
+    C2S_OP_ARCHIVE,          /* data: c2s_archive_t, the receiver's bare JID, the stanza */
+    C2S_OP_MAM_QUERY,        /* data: c2s_mam_query_t, iq id, queryid, full JID, iq's to (each
+                                NUL-terminated), the with filter's bare JID (none: empty) */
+    C2S_OP_SUB_IN,           /* data as C2S_OP_SUB: from another server's contact to host/user */
     C2S_OP_ROSTER_GET_FIRST, /* a roster get before the initial presence: as ROSTER_GET, and
                                 C2S_MSG_BLOCKLIST, then C2S_MSG_PRESENCE_READY if nothing is
                                 pending or kept */
@@ -579,6 +586,8 @@ void rt__c2s_s2s_key(const char *receiving, const char *originating, const char 
    caller bounces it). Any thread. */
 bool rt__c2s_s2s_send(const char *local, size_t local_len, const char *remote, size_t remote_len,
                       const void *p, size_t len);
+/* Whether domain is another server's, reached through federation (on, and none of ours). */
+bool rt__c2s_domain_remote(const char *domain, size_t len);
 /* A presence the session wrote with no to (p, n) for jid (len bytes): when jid is another
    server's, sent there with to added, and true; false: jid is local. */
 bool rt__c2s_s2s_presence_to(const char *jid, size_t len, const void *p, size_t n);

@@ -94,12 +94,31 @@ static void to_subscribers(const c2s_t *c, const void *p, size_t n)
             rt__c2s_to_available(e.jid, e.len, p, n);
 }
 
+/* A probe to another server's contact (RFC 6121 4.3), from the user's bare JID. */
+static bool probe_remote(const c2s_t *c, const char *jid, size_t len)
+{
+    const char *at = memchr(jid, '@', len);
+    const char *domain = at ? at + 1 : jid;
+    if (!rt__c2s_domain_remote(domain, (size_t)(jid + len - domain)))
+        return false;
+    rt_buf_t b = {0};
+    rt_buf_printf(&b, "<presence xmlns='%s' type='probe'", RT_XML_NS_CLIENT);
+    rt_xml_put_attr_len(&b, "from", c->jid->s, rt_jid_bare_len(c->jid));
+    rt_xml_put_attr_len(&b, "to", jid, len);
+    rt_xml_put_empty_end(&b);
+    if (!b.oom)
+        rt__c2s_s2s_send(rt_jid_domain(c->jid), c->jid->domain, domain,
+                         (size_t)(jid + len - domain), b.data, b.len);
+    rt_buf_free(&b);
+    return true;
+}
+
 static void probe_contacts(rt_actor_t *self, const c2s_t *c)
 {
     size_t at = 0;
     entry_t e;
     while (next_entry(c->roster, c->roster_len, &at, &e)) {
-        if (!(e.state & RT_ROSTER_TO))
+        if (!(e.state & RT_ROSTER_TO) || probe_remote(c, e.jid, e.len))
             continue;
         c2s_route_t r[C2S_ROUTES_MAX];
         size_t k = rt__c2s_reg_lookup(e.jid, e.len, NULL, 0, r, C2S_ROUTES_MAX);

@@ -196,15 +196,20 @@ bool rt__c2s_s2s_send(const char *local, size_t local_len, const char *remote, s
     return false;
 }
 
+bool rt__c2s_domain_remote(const char *domain, size_t len)
+{
+    return federating && rt__c2s_host_index(domain, len) < 0 &&
+           rt__c2s_muc_index(domain, len) < 0 && rt__c2s_upload_index(domain, len) < 0;
+}
+
 bool rt__c2s_s2s_presence_to(const char *jid, size_t len, const void *p, size_t n)
 {
     const char *at = memchr(jid, '@', len), *slash = memchr(jid, '/', len);
     const char *domain = at && (!slash || at < slash) ? at + 1 : jid;
     size_t dlen = (size_t)((slash ? slash : jid + len) - domain);
-    if (!federating || rt__c2s_host_index(domain, dlen) >= 0 ||
-        rt__c2s_muc_index(domain, dlen) >= 0 || rt__c2s_upload_index(domain, dlen) >= 0)
+    if (!rt__c2s_domain_remote(domain, dlen))
         return false;
-    char from[RT_JID_TEXT_MAX + 1];
+    char from[RT_JID_TEXT_MAX + 1], to[RT_JID_TEXT_MAX + 1];
     int fn = rt__c2s_first_tag_attr(p, n, "from", from, sizeof(from) - 1);
     const char *fat = fn > 0 ? memchr(from, '@', (size_t)fn) : NULL;
     static const char tag[] = "<presence";
@@ -213,7 +218,8 @@ bool rt__c2s_s2s_presence_to(const char *jid, size_t len, const void *p, size_t 
     const char *fslash = memchr(fat, '/', (size_t)(from + fn - fat));
     rt_buf_t b = {0};
     rt_buf_add(&b, p, sizeof(tag) - 1);
-    rt_xml_put_attr_len(&b, "to", jid, len);
+    if (rt__c2s_first_tag_attr(p, n, "to", to, sizeof(to) - 1) < 0) /* a broadcast's: none */
+        rt_xml_put_attr_len(&b, "to", jid, len);
     rt_buf_add(&b, (const char *)p + sizeof(tag) - 1, n - (sizeof(tag) - 1));
     if (!b.oom)
         rt__c2s_s2s_send(fat + 1, (size_t)((fslash ? fslash : from + fn) - fat - 1), domain, dlen,
@@ -275,6 +281,35 @@ static void iq_for_server(const rt_xml_el_t *el, const rt_jid_t *from, const rt_
     rt_buf_free(&b);
 }
 
+/* A subscription stanza or a probe from another server's account: the user's roster has
+   the answer, so it goes to the store (RFC 6121 3, 4.3; c2s_store_roster.c). */
+static void subscription_in(const rt_xml_el_t *el, const rt_jid_t *from, const rt_jid_t *to,
+                            const char *type)
+{
+    static const char *const kinds[] = {NULL,          "subscribe",    "subscribed",
+                                        "unsubscribe", "unsubscribed", "probe"};
+    uint8_t kind = 0;
+    for (uint8_t k = 1; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+        if (strcmp(type, kinds[k]) == 0)
+            kind = k;
+    if (!kind) {
+        answer_error(el, from, to, "modify", "bad-request");
+        return;
+    }
+    char bare_from[RT_JID_TEXT_MAX + 1], bare_to[RT_JID_TEXT_MAX + 1];
+    snprintf(bare_from, sizeof(bare_from), "%.*s", (int)rt_jid_bare_len(from), from->s);
+    snprintf(bare_to, sizeof(bare_to), "%.*s", (int)rt_jid_bare_len(to), to->s);
+    rt_buf_t d = {0};
+    rt_buf_add(&d, &kind, 1);
+    rt_buf_add(&d, bare_from, strlen(bare_from) + 1);
+    /* 3.1.3: the contact's server stamps the request with the bare JIDs */
+    rt__c2s_put_stanza_from(&d, el, bare_from, bare_to, RT_XML_NS_SERVER);
+    if (d.oom || rt__c2s_store_ask(C2S_OP_SUB_IN, 0, rt_jid_domain(to), to->domain,
+                                   rt_jid_local(to), to->local, 0, d.data, d.len) != 0)
+        answer_error(el, from, to, "wait", "internal-server-error");
+    rt_buf_free(&d);
+}
+
 void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t *from,
                          const rt_jid_t *to)
 {
@@ -287,9 +322,7 @@ void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t
         return; /* a message or presence to the server: nothing takes it */
     }
     if (!message && !iq && type && strcmp(type, "unavailable") != 0 && strcmp(type, "error") != 0) {
-        /* Subscriptions and probes across servers are not in yet: said, not dropped. */
-        if (strcmp(type, "probe") != 0)
-            answer_error(el, from, to, "cancel", "service-unavailable");
+        subscription_in(el, from, to, type);
         return;
     }
     rt_buf_t b = {0};
@@ -518,7 +551,7 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
     in_write_buf(s, &b);
     if (!v->valid) {
         atomic_fetch_add_explicit(&rt_c2s_stats.s2s_dialback_failed, 1, memory_order_relaxed);
-        rt_log(RT_LOG_WARNING, "xmpp.s2s_dialback_failed", "from=%s to=%s", remote,
+        rt_log(RT_LOG_WARNING, "xmpp.server_dialback_failed", "from=%s to=%s", remote,
                rt__c2s.conf->hosts[v->local]);
         in_stream_error(s, RT_XML_COND_NOT_AUTHORIZED, "the key did not verify");
         return;
@@ -527,7 +560,7 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
         s->pairs[s->npairs].local = v->local;
         snprintf(s->pairs[s->npairs].remote, sizeof(s->pairs[0].remote), "%s", remote);
         s->npairs++;
-        rt_log(RT_LOG_INFO, "xmpp.s2s_in", "from=%s to=%s tls=%s", remote,
+        rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=%s", remote,
                rt__c2s.conf->hosts[v->local], s->secure ? "yes" : "no");
     }
 }

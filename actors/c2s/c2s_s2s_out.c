@@ -159,7 +159,7 @@ static void fail(rt_actor_t *self, s2s_out_t *o, const char *why)
 {
     if (o->phase == OUT_DOWN)
         return;
-    rt_log(RT_LOG_WARNING, "xmpp.s2s_out_failed", "local=%s remote=%s reason=\"%s\" held=%u",
+    rt_log(RT_LOG_WARNING, "xmpp.server_out_failed", "local=%s remote=%s reason=%s held=%u",
            o->local, o->remote, why, o->qlen);
     o->down_cond = o->ever_ready || o->phase > OUT_CONNECTING ? "remote-server-timeout"
                                                               : "remote-server-not-found";
@@ -232,7 +232,7 @@ static void ready(rt_actor_t *self, s2s_out_t *o)
 {
     o->phase = OUT_READY;
     o->ever_ready = true;
-    rt_log(RT_LOG_INFO, "xmpp.s2s_out", "local=%s remote=%s tls=%s", o->local, o->remote,
+    rt_log(RT_LOG_INFO, "xmpp.server_out", "local=%s remote=%s tls=%s", o->local, o->remote,
            o->tls.ssl ? "yes" : "no");
     for (uint32_t at = 0; at + 4 <= o->qlen;) {
         uint32_t n;

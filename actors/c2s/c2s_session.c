@@ -800,7 +800,8 @@ int rt__c2s_stanza(rt_actor_t *self, c2s_t *c, rt_xml_el_t *el)
         return 0;
     }
     if (presence && type && strcmp(type, "unavailable") != 0 && strcmp(type, "error") != 0) {
-        if (to && rt__c2s_host_index(rt_jid_domain(to), to->domain) < 0)
+        if (to && rt__c2s_host_index(rt_jid_domain(to), to->domain) < 0 &&
+            !rt__c2s_domain_remote(rt_jid_domain(to), to->domain))
             rt__c2s_stanza_error(self, c, el, "cancel", "remote-server-not-found");
         else
             rt__c2s_subscription(self, c, el, to, type);

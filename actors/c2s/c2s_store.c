@@ -348,6 +348,9 @@ static void store_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_OP_SUB:
         rt__c2s_store_sub(s->accounts, host, user, data, r->data_len);
         break;
+    case C2S_OP_SUB_IN:
+        rt__c2s_store_sub_in(s->accounts, host, user, data, r->data_len);
+        break;
     case C2S_OP_BLOCK_GET:
         rt__c2s_store_block_get(s->accounts, m->from, host, user, data, r->data_len);
         break;

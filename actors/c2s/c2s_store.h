@@ -13,6 +13,8 @@
 #include "roster.h"
 #include "rt.h"
 
+void rt__c2s_store_sub_in(rt_accounts_t *a, const char *host, const char *user, const uint8_t *data,
+                          size_t len);
 void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, const uint8_t *data,
                        size_t len);
 /* first: C2S_OP_ROSTER_GET_FIRST's C2S_MSG_PRESENCE_READY when nothing is pending or kept. */

@@ -165,6 +165,8 @@ void rt__c2s_store_presence_stale(const char *host, const char *user, uint8_t ki
 
 void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n)
 {
+    if (rt__c2s_s2s_presence_to(bare, len, p, n))
+        return; /* another server's account: there, through federation */
     c2s_route_t r[C2S_ROUTES_MAX];
     size_t k = rt__c2s_reg_lookup(bare, len, NULL, 0, r, C2S_ROUTES_MAX);
     for (size_t i = 0; i < k; i++)
@@ -200,28 +202,169 @@ static bool split(const char *bare, char *local, size_t llen, char *domain, size
     return true;
 }
 
-void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, const uint8_t *data,
-                       size_t len)
+/*
+** The user's "subscribed" for a contact: true when it approves the contact's request waiting;
+** false when there is nothing more to do (approved already, or no request: a pre-approval,
+** RFC 6121 3.4, now kept).
+*/
+static bool approves_request(rt_accounts_t *a, const char *host, const char *user, item_t *mine)
+{
+    unsigned m = mine->state;
+    if (m & RT_ROSTER_FROM)
+        return false;
+    if (!(m & RT_ROSTER_PENDING_IN)) {
+        write_item(a, host, user, mine, m | RT_ROSTER_PREAPPROVED);
+        return false;
+    }
+    return true;
+}
+
+/* C2S_OP_SUB's and C2S_OP_SUB_IN's data: a kind byte, the contact's bare JID, the stanza. */
+typedef struct {
+    unsigned kind;
+    const char *contact;
+    size_t clen, slen;
+    const uint8_t *stanza;
+} sub_req_t;
+
+static bool sub_parse(const uint8_t *data, size_t len, sub_req_t *q)
 {
     if (len < 2)
+        return false;
+    q->kind = data[0];
+    q->contact = (const char *)data + 1;
+    q->clen = strnlen(q->contact, len - 1);
+    if (q->clen == len - 1)
+        return false;
+    q->stanza = (const uint8_t *)q->contact + q->clen + 1;
+    q->slen = len - 1 - q->clen - 1;
+    return true;
+}
+
+/*
+** A subscription stanza from user (me) to another server's account: the user's side of the
+** roster changes here (RFC 6121 3), the contact's server keeps the contact's, and the stanza
+** goes there.
+*/
+static void sub_to_remote(rt_accounts_t *a, const char *host, const char *user, const char *me,
+                          unsigned kind, const char *contact, const uint8_t *stanza, size_t slen)
+{
+    item_t mine;
+    if (read_item(a, host, user, contact, &mine))
         return;
-    unsigned kind = data[0];
-    const char *contact = (const char *)data + 1;
-    size_t clen = strnlen(contact, len - 1);
-    if (clen == len - 1)
+    unsigned m = mine.state, next = m;
+    bool send = true;
+    switch (kind) {
+    case C2S_SUB_SUBSCRIBE:
+        if (!(m & RT_ROSTER_TO))
+            next = m | RT_ROSTER_ASK_OUT;
+        break;
+    case C2S_SUB_SUBSCRIBED:
+        if (!approves_request(a, host, user, &mine))
+            return;
+        next = (m | RT_ROSTER_FROM) & ~RT_ROSTER_PENDING_IN;
+        break;
+    case C2S_SUB_UNSUBSCRIBE:
+        next = m & ~(RT_ROSTER_TO | RT_ROSTER_ASK_OUT);
+        break;
+    case C2S_SUB_UNSUBSCRIBED:
+        next = m & ~(RT_ROSTER_FROM | RT_ROSTER_PENDING_IN | RT_ROSTER_PREAPPROVED);
+        send = (m & (RT_ROSTER_FROM | RT_ROSTER_PENDING_IN)) != 0;
+        break;
+    default:
         return;
-    const uint8_t *stanza = (const uint8_t *)contact + clen + 1;
-    size_t slen = len - 1 - clen - 1;
-    char cuser[RT_JID_PART_MAX + 1], chost[RT_JID_PART_MAX + 1];
-    if (!split(contact, cuser, sizeof(cuser), chost, sizeof(chost)))
+    }
+    if (next != m && write_item(a, host, user, &mine, next))
+        return;
+    if (send)
+        rt__c2s_to_available(contact, strlen(contact), stanza, slen);
+    if (kind == C2S_SUB_SUBSCRIBED) /* 3.1.5: the user's presence follows the approval */
+        presence_to(me, true, contact);
+    else if (kind == C2S_SUB_UNSUBSCRIBED && (m & RT_ROSTER_FROM))
+        presence_to(me, false, contact);
+}
+
+/*
+** A subscription stanza (or a probe) from another server's account (contact) to the user: the
+** user's side of the roster, as RFC 6121 3 and 4.3 have the contact's server keep it.
+*/
+void rt__c2s_store_sub_in(rt_accounts_t *a, const char *host, const char *user, const uint8_t *data,
+                          size_t len)
+{
+    sub_req_t q;
+    if (!sub_parse(data, len, &q))
         return;
     char me[RT_JID_TEXT_MAX + 1];
     snprintf(me, sizeof(me), "%s@%s", user, host);
+    item_t mine;
+    if (read_item(a, host, user, q.contact, &mine))
+        return;
+    unsigned m = mine.state;
+    switch (q.kind) {
+    case C2S_SUB_SUBSCRIBE:
+        if (m & (RT_ROSTER_FROM | RT_ROSTER_PREAPPROVED)) { /* approved already (3.1.3) */
+            if (write_item(a, host, user, &mine,
+                           (m | RT_ROSTER_FROM) & ~(RT_ROSTER_PREAPPROVED | RT_ROSTER_PENDING_IN)))
+                return;
+            char reply[2 * RT_JID_TEXT_MAX + 128];
+            int n = snprintf(reply, sizeof(reply),
+                             "<presence xmlns='%s' from='%s' to='%s' type='subscribed'/>",
+                             RT_XML_NS_CLIENT, me, q.contact);
+            if (n > 0 && (size_t)n < sizeof(reply))
+                rt__c2s_to_available(q.contact, q.clen, reply, (size_t)n);
+            presence_to(me, true, q.contact);
+            return;
+        }
+        if (m & RT_ROSTER_PENDING_IN) /* asked already: it waits once (RFC 6121 A.3.1) */
+            return;
+        if (write_item(a, host, user, &mine, m | RT_ROSTER_PENDING_IN) == 0)
+            rt__c2s_to_available(me, strlen(me), q.stanza, q.slen);
+        return;
+    case C2S_SUB_SUBSCRIBED:
+        if (mine.found && (m & RT_ROSTER_ASK_OUT) &&
+            write_item(a, host, user, &mine, (m | RT_ROSTER_TO) & ~RT_ROSTER_ASK_OUT) == 0)
+            rt__c2s_to_available(me, strlen(me), q.stanza, q.slen);
+        return;
+    case C2S_SUB_UNSUBSCRIBE:
+        if (mine.found && (m & (RT_ROSTER_FROM | RT_ROSTER_PENDING_IN)) &&
+            write_item(a, host, user, &mine, m & ~(RT_ROSTER_FROM | RT_ROSTER_PENDING_IN)) == 0) {
+            rt__c2s_to_available(me, strlen(me), q.stanza, q.slen);
+            if (m & RT_ROSTER_FROM)
+                presence_to(me, false, q.contact);
+        }
+        return;
+    case C2S_SUB_UNSUBSCRIBED:
+        if (mine.found && (m & (RT_ROSTER_TO | RT_ROSTER_ASK_OUT)) &&
+            write_item(a, host, user, &mine, m & ~(RT_ROSTER_TO | RT_ROSTER_ASK_OUT)) == 0)
+            rt__c2s_to_available(me, strlen(me), q.stanza, q.slen);
+        return;
+    case C2S_SUB_PROBE: /* 4.3.2: answered by each available resource, for a subscriber */
+        if (mine.found && (m & RT_ROSTER_FROM))
+            presence_to(me, true, q.contact);
+        return;
+    }
+}
+
+void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, const uint8_t *data,
+                       size_t len)
+{
+    sub_req_t q;
+    if (!sub_parse(data, len, &q))
+        return;
+    char cuser[RT_JID_PART_MAX + 1], chost[RT_JID_PART_MAX + 1];
+    if (!split(q.contact, cuser, sizeof(cuser), chost, sizeof(chost)))
+        return;
+    char me[RT_JID_TEXT_MAX + 1];
+    snprintf(me, sizeof(me), "%s@%s", user, host);
+    if (rt__c2s_domain_remote(chost, strlen(chost))) {
+        sub_to_remote(a, host, user, me, q.kind, q.contact, q.stanza, q.slen);
+        return;
+    }
     item_t mine, theirs;
-    if (read_item(a, host, user, contact, &mine) || read_item(a, chost, cuser, me, &theirs))
+    if (read_item(a, host, user, q.contact, &mine) || read_item(a, chost, cuser, me, &theirs))
         return;
     unsigned m = mine.state, t = theirs.state;
-    switch (kind) {
+    switch (q.kind) {
     case C2S_SUB_SUBSCRIBE:
         if (!(m & RT_ROSTER_TO))
             write_item(a, host, user, &mine, m | RT_ROSTER_ASK_OUT);
@@ -233,29 +376,25 @@ void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, con
             char reply[2 * RT_JID_TEXT_MAX + 128];
             int n = snprintf(reply, sizeof(reply),
                              "<presence xmlns='%s' from='%s' to='%s' type='subscribed'/>",
-                             RT_XML_NS_CLIENT, contact, me);
+                             RT_XML_NS_CLIENT, q.contact, me);
             rt__c2s_to_available(me, strlen(me), reply, (size_t)n);
-            presence_to(contact, true, me);
+            presence_to(q.contact, true, me);
             return;
         }
         if (t & RT_ROSTER_PENDING_IN) /* asked already: it waits once (RFC 6121 A.3.1) */
             return;
         if (write_item(a, chost, cuser, &theirs, t | RT_ROSTER_PENDING_IN) == 0)
-            rt__c2s_to_available(contact, clen, stanza, slen);
+            rt__c2s_to_available(q.contact, q.clen, q.stanza, q.slen);
         return;
     case C2S_SUB_SUBSCRIBED:
-        if (m & RT_ROSTER_FROM)
+        if (!approves_request(a, host, user, &mine))
             return;
-        if (!(m & RT_ROSTER_PENDING_IN)) { /* pre-approval (3.4) */
-            write_item(a, host, user, &mine, m | RT_ROSTER_PREAPPROVED);
-            return;
-        }
         if (write_item(a, host, user, &mine, (m | RT_ROSTER_FROM) & ~RT_ROSTER_PENDING_IN))
             return;
         if (theirs.found && (t & RT_ROSTER_ASK_OUT)) {
             write_item(a, chost, cuser, &theirs, (t | RT_ROSTER_TO) & ~RT_ROSTER_ASK_OUT);
-            rt__c2s_to_available(contact, clen, stanza, slen);
-            presence_to(me, true, contact);
+            rt__c2s_to_available(q.contact, q.clen, q.stanza, q.slen);
+            presence_to(me, true, q.contact);
         }
         return;
     case C2S_SUB_UNSUBSCRIBE:
@@ -263,9 +402,9 @@ void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, con
             write_item(a, host, user, &mine, m & ~(RT_ROSTER_TO | RT_ROSTER_ASK_OUT));
         if (theirs.found && (t & (RT_ROSTER_FROM | RT_ROSTER_PENDING_IN))) {
             write_item(a, chost, cuser, &theirs, t & ~(RT_ROSTER_FROM | RT_ROSTER_PENDING_IN));
-            rt__c2s_to_available(contact, clen, stanza, slen);
+            rt__c2s_to_available(q.contact, q.clen, q.stanza, q.slen);
             if (t & RT_ROSTER_FROM)
-                presence_to(contact, false, me);
+                presence_to(q.contact, false, me);
         }
         return;
     case C2S_SUB_UNSUBSCRIBED:
@@ -274,9 +413,9 @@ void rt__c2s_store_sub(rt_accounts_t *a, const char *host, const char *user, con
                        m & ~(RT_ROSTER_FROM | RT_ROSTER_PENDING_IN | RT_ROSTER_PREAPPROVED));
         if (theirs.found && (t & (RT_ROSTER_TO | RT_ROSTER_ASK_OUT))) {
             write_item(a, chost, cuser, &theirs, t & ~(RT_ROSTER_TO | RT_ROSTER_ASK_OUT));
-            rt__c2s_to_available(contact, clen, stanza, slen);
+            rt__c2s_to_available(q.contact, q.clen, q.stanza, q.slen);
             if (t & RT_ROSTER_TO)
-                presence_to(me, false, contact);
+                presence_to(me, false, q.contact);
         }
         return;
     }

@@ -2,7 +2,8 @@
 loopback, a.test and b.test, each finding the other through xmpp.s2s_peers: messages both
 ways (to a full JID, to a bare JID, kept offline for a user who is not on), an iq between
 full JIDs and one the other server answers itself (ping), directed presence and its
-unavailable at the session's end, a stanza for a domain nobody serves bounced, a peer that is
+unavailable at the session's end, a subscription across with the broadcast, a probe and
+unsubscribed, a stanza for a domain nobody serves bounced, a peer that is
 down bounced with remote-server-not-found, dialback refused for a key the other server never
 gave, and stanzas before dialback refused as a stream error. Both ways over STARTTLS (the s2s
 listeners carry the test certificate) and, in one test, in the clear (loopback is in
@@ -100,9 +101,9 @@ def test_messages_both_ways(fed):
     text = alice.read_until(rb"<message[^>]*id='m2'.*?</message>")
     assert "from='bob@b.test/r'" in text and "<body>hi alice</body>" in text, text
     # Each direction was proven by dialback, with TLS when the listeners offer it.
-    wait_log(ra, r"xmpp.s2s_out local=a.test remote=b.test tls=" + ("yes" if tls else "no"))
-    wait_log(rb, r"xmpp.s2s_in from=a.test to=b.test tls=" + ("yes" if tls else "no"))
-    wait_log(rb, r"xmpp.s2s_out local=b.test remote=a.test")
+    wait_log(ra, r"xmpp.server_out local=a.test remote=b.test tls=" + ("yes" if tls else "no"))
+    wait_log(rb, r"xmpp.server_in from=a.test to=b.test tls=" + ("yes" if tls else "no"))
+    wait_log(rb, r"xmpp.server_out local=b.test remote=a.test")
     assert X.metric(ra, "rt_xmpp_s2s_stanzas_out_total") >= 1
     assert X.metric(rb, "rt_xmpp_s2s_stanzas_in_total") >= 1
     leave(alice)
@@ -168,7 +169,7 @@ def test_unreachable_domains_bounce(fed):
     amy.send("<message to='x@down.test' type='chat' id='n2'><body>?</body></message>")
     text = amy.read_until(rb"<message[^>]*id='n2'.*?</message>", timeout=30)
     assert "type='error'" in text and "remote-server-not-found" in text, text
-    wait_log(ra, r"xmpp.s2s_out_failed local=a.test remote=down.test")
+    wait_log(ra, r"xmpp.server_out_failed local=a.test remote=down.test")
     leave(amy)
 
 
@@ -197,3 +198,34 @@ def test_forged_key_and_early_stanzas_are_refused(fed):
     text = s.read_until(rb"<db:result[^>]*/>")
     assert "type='invalid'" in text, text
     assert X.metric(rb, "rt_xmpp_s2s_dialback_failed_total") >= 1
+
+
+def test_subscription_probe_and_broadcast_across(fed):
+    a, b, ra, rb, _ = fed
+    amy, bea = client(ra, "amy", "a.test", "sub"), client(rb, "bea", "b.test", "sub")
+    available(bea, "bea@b.test/sub")
+    available(amy, "amy@a.test/sub")
+    X.subscribe_across(amy, "amy@a.test", bea, "bea@b.test")
+    # amy's roster has bea with subscription "to"; bea's has amy "from".
+    amy.send("<iq type='get' id='r1'><query xmlns='jabber:iq:roster'/></iq>")
+    text = amy.read_until(rb"<iq[^>]*id='r1'.*?</iq>")
+    assert re.search(r"<item[^>]*jid='bea@b.test'[^>]*subscription='to'", text), text
+    # bea's broadcast reaches her subscriber on the other server: unavailable, then available.
+    leave(bea)
+    amy.read_until(rb"<presence[^>]*from='bea@b.test/sub'[^>]*type='unavailable'", timeout=30)
+    bea = client(rb, "bea", "b.test", "back")
+    available(bea, "bea@b.test/back")
+    amy.read_until(rb"<presence[^>]*from='bea@b.test/back'", timeout=30)
+    # amy's next session probes bea (4.3): bea's server answers with her presence.
+    leave(amy)
+    amy = client(ra, "amy", "a.test", "again")
+    amy.send("<presence/>")
+    amy.read_until(rb"<presence[^>]*from='bea@b.test/back'", timeout=30)
+    # And unsubscribed ends it: amy's roster drops to none.
+    bea.send("<presence to='amy@a.test' type='unsubscribed'/>")
+    amy.read_until(rb"<presence[^>]*from='bea@b.test'[^>]*type='unsubscribed'", timeout=30)
+    amy.send("<iq type='get' id='r2'><query xmlns='jabber:iq:roster'/></iq>")
+    text = amy.read_until(rb"<iq[^>]*id='r2'.*?</iq>")
+    assert not re.search(r"jid='bea@b.test'[^>]*subscription='(to|both)'", text), text
+    leave(amy)
+    leave(bea)

@@ -5,8 +5,9 @@ needed), rtd finds prosody.test through xmpp.s2s_peers. Prosody as Debian ships 
 federation: TLS required on server-to-server streams, certificates not required to verify
 (s2s_secure_auth = false), so both directions go over STARTTLS and prove themselves by
 dialback. Messages both ways, a bare JID's offline store on rtd's side, the other server
-answering a ping to its domain both ways, and directed presence with its unavailable at the
-session's end. Raw clients on both servers."""
+answering a ping to its domain both ways, directed presence with its unavailable at the
+session's end, and subscriptions both ways with broadcasts and a probe. Raw clients on both
+servers."""
 import os
 import random
 import re
@@ -144,8 +145,8 @@ def test_messages_both_ways_over_tls_and_dialback(fed):
     text = rita.read_until(rb"<message[^>]*id=['\"]x2['\"].*?</message>", timeout=30)
     assert "from='pat@prosody.test/p'" in text and "<body>hi rita</body>" in text, text
     log = fed.read_log()
-    assert re.search(r"xmpp.s2s_out local=rt.test remote=prosody.test tls=yes", log), logs(fed)
-    assert re.search(r"xmpp.s2s_in from=prosody.test to=rt.test tls=yes", log), logs(fed)
+    assert re.search(r"xmpp.server_out local=rt.test remote=prosody.test tls=yes", log), logs(fed)
+    assert re.search(r"xmpp.server_in from=prosody.test to=rt.test tls=yes", log), logs(fed)
     leave(rita)
     leave(pat)
 
@@ -183,3 +184,38 @@ def test_directed_presence_and_its_unavailable(fed):
     text = pat.read_until(rb"<presence[^>]*type=['\"]unavailable['\"][^>]*>", timeout=30)
     assert re.search(r"from=['\"]rosa@rt.test/dp['\"]", text), text
     leave(pat)
+
+
+def roster_state(r, jid, rid):
+    r.send(f"<iq type='get' id='{rid}'><query xmlns='jabber:iq:roster'/></iq>")
+    text = r.read_until(rf"<iq[^>]*id=['\"]{rid}['\"].*?</iq>".encode(), timeout=30)
+    m = re.search(rf"<item[^>]*jid=['\"]{re.escape(jid)}['\"][^>]*>", text)
+    s = re.search(r"subscription=['\"](\w+)['\"]", m.group(0)) if m else None
+    return s.group(1) if s else None
+
+
+def test_subscriptions_both_ways_broadcast_and_probe(fed):
+    """Each asks the other (RFC 6121 3): both rosters end at "both"; then Prosody's user's
+    broadcast reaches rtd's user and rtd's user's broadcast reaches Prosody's, and a new
+    session on rtd's side probes Prosody's user (4.3) and gets her presence."""
+    rita, pia = on_rt(fed, "rita", "sub"), on_prosody(fed, "pia", "sub")
+    # Interested resources (RFC 6121 2.1.6): Prosody gives subscription stanzas only to those.
+    roster_state(pia, "rita@rt.test", "r0")
+    roster_state(rita, "pia@prosody.test", "r0")
+    available(pia, "pia@prosody.test/sub")
+    available(rita, "rita@rt.test/sub")
+    X.subscribe_across(rita, "rita@rt.test", pia, "pia@prosody.test")
+    X.subscribe_across(pia, "pia@prosody.test", rita, "rita@rt.test")
+    assert roster_state(rita, "pia@prosody.test", "r1") == "both"
+    assert roster_state(pia, "rita@rt.test", "r2") == "both"
+    # Broadcasts both ways: a status change of each reaches the other.
+    pia.send("<presence><status>away on prosody</status></presence>")
+    rita.read_until(rb"<status>away on prosody</status>", timeout=30)
+    rita.send("<presence><status>busy on rt</status></presence>")
+    pia.read_until(rb"<status>busy on rt</status>", timeout=30)
+    # A second session on rtd's side probes: Prosody answers with pia's presence.
+    rita2 = on_rt(fed, "rita", "two")
+    rita2.send("<presence/>")
+    rita2.read_until(rb"<presence[^>]*from=['\"]pia@prosody.test/sub['\"]", timeout=30)
+    for r in (rita2, rita, pia):
+        leave(r)

@@ -205,6 +205,22 @@ class Raw:
         self.sock.close()
 
 
+def subscribe_across(asker, asker_jid, owner, owner_jid):
+    """asker asks owner for its presence and owner approves (RFC 6121 3.1): the asker gets
+    "subscribed" and then the owner's presence, sent by the owner's server (3.1.5)."""
+    asker.send(f"<presence to='{owner_jid}' type='subscribe'/>")
+    text = owner.read_until(rb"<presence[^>]*type=['\"]subscribe['\"][^>]*>", timeout=30)
+    assert re.search(rf"from=['\"]{re.escape(asker_jid)}['\"]", text), text
+    owner.send(f"<presence to='{asker_jid}' type='subscribed'/>")
+    # Either first: "subscribed" goes through the asker's roster in its server's store, the
+    # presence straight to its sessions.
+    seen = ""
+    deadline = time.monotonic() + 30
+    while not (re.search(r"<presence[^>]*type=['\"]subscribed['\"]", seen) and
+               re.search(rf"<presence(?![^>]*type)[^>]*from=['\"]{re.escape(owner_jid)}/", seen)):
+        seen += asker.read_until(rb"<presence[^>]*>", timeout=max(0.1, deadline - time.monotonic()))
+
+
 def assert_serves(port, user, password):
     """rtd still takes a new client and logs it in."""
     r = Raw(port)
