@@ -348,8 +348,10 @@ void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t
         if (!(n && to->resource && rt__c2s_send_bytes(r[0].pid, &b)))
             answer_error(el, from, to, "cancel", "service-unavailable");
     } else {
+        /* RFC 6121 8.5.3.1: to a full JID, the connected resource (a room's presence to an
+           occupant that joined with directed presence alone); to a bare JID, the available. */
         for (size_t i = 0; i < n; i++)
-            if (r[i].available)
+            if (r[i].available || to->resource)
                 rt__c2s_send_bytes(r[i].pid, &b);
     }
     rt_buf_free(&b);

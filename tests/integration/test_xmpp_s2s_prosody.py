@@ -6,8 +6,8 @@ federation: TLS required on server-to-server streams, certificates not required 
 (s2s_secure_auth = false), so both directions go over STARTTLS and prove themselves by
 dialback. Messages both ways, a bare JID's offline store on rtd's side, the other server
 answering a ping to its domain both ways, directed presence with its unavailable at the
-session's end, and subscriptions both ways with broadcasts and a probe. Raw clients on both
-servers."""
+session's end, subscriptions both ways with broadcasts and a probe, and rtd's user in a room
+of Prosody's MUC. Raw clients on both servers."""
 import os
 import random
 import re
@@ -50,6 +50,8 @@ unbound = {{ hoststxt = "{d}/hosts", resolvconf = "{d}/resolv.conf" }}
 ssl = {{ certificate = "{cert}", key = "{key}" }}
 VirtualHost "prosody.test"
     authentication = "internal_plain"
+Component "conference.prosody.test" "muc"
+    muc_room_locking = false
 '''
 
 
@@ -86,7 +88,8 @@ def fed(pki):
         rtd = Rtd(f'xmpp={{ hosts = {{ "rt.test" }}, listeners = {{ "127.0.0.1:{cport}", '
                   f'{{ bind = "{rt_addr}:5269", s2s = true, starttls = true, '
                   f'tls = {{ cert = "{cert}", key = "{key}" }} }} }}, '
-                  f's2s_peers = {{ "prosody.test={prosody_addr}:5269" }} }}',
+                  f's2s_peers = {{ "prosody.test={prosody_addr}:5269", '
+                  f'"conference.prosody.test={prosody_addr}:5269" }} }}',
                   "auth_max_delay_ms=0", data_dir=rdir)
         rtd.xport, rtd.pport, rtd.pdir = cport, pport, pdir
         yield rtd
@@ -219,3 +222,29 @@ def test_subscriptions_both_ways_broadcast_and_probe(fed):
     rita2.read_until(rb"<presence[^>]*from=['\"]pia@prosody.test/sub['\"]", timeout=30)
     for r in (rita2, rita, pia):
         leave(r)
+
+
+def test_a_room_on_prosody_with_an_occupant_from_rt(fed):
+    """XEP-0045 across servers: rtd's user joins a room of Prosody's MUC service, sees the
+    occupants' presence, and the groupchat messages go both ways through the room."""
+    room = "lobby@conference.prosody.test"
+    pia, rosa = on_prosody(fed, "pia", "muc"), on_rt(fed, "rosa", "muc")
+    muc = "<x xmlns='http://jabber.org/protocol/muc'/>"
+    pia.send(f"<presence to='{room}/pia'>{muc}</presence>")
+    pia.read_until(rb"<presence[^>]*from=['\"]lobby@conference.prosody.test/pia['\"].*?</presence>",
+                   timeout=30)
+    rosa.send(f"<presence to='{room}/rosa'>{muc}</presence>")
+    text = rosa.read_until(rb"<presence[^>]*from=['\"]lobby@conference.prosody.test/rosa['\"]"
+                           rb".*?</presence>", timeout=30)
+    assert "status code='110'" in text or 'status code="110"' in text, text  # self-presence
+    pia.read_until(rb"<presence[^>]*from=['\"]lobby@conference.prosody.test/rosa['\"]", timeout=30)
+    rosa.send(f"<message to='{room}' type='groupchat'><body>hello from rt</body></message>")
+    text = pia.read_until(rb"<body>hello from rt</body>", timeout=30)
+    assert re.search(r"from=['\"]lobby@conference.prosody.test/rosa['\"]", text), text
+    pia.send(f"<message to='{room}' type='groupchat'><body>hello from prosody</body></message>")
+    text = rosa.read_until(rb"<body>hello from prosody</body>", timeout=30)
+    assert re.search(r"from=['\"]lobby@conference.prosody.test/pia['\"]", text), text
+    leave(rosa)  # its unavailable leaves the room: pia sees rosa go
+    pia.read_until(rb"<presence[^>]*from=['\"]lobby@conference.prosody.test/rosa['\"][^>]*"
+                   rb"type=['\"]unavailable", timeout=30)
+    leave(pia)
