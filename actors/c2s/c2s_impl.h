@@ -546,8 +546,10 @@ int rt__c2s_muc_index(const char *domain, size_t len);
    (made by a join when there is none); answered with an error where nothing takes it. */
 void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
                        const rt_buf_t *bytes);
-/* A stanza that reached a room as it ended: a join makes the room again, an iq is answered. */
-void rt__c2s_muc_reroute(rt_msg_t *m);
+/* A stanza that reached a room as it ended (may_make: a join makes the room again), or one
+   from another server's user (no room made for it): to the room; false when none took it (an
+   iq from a local session is answered). */
+bool rt__c2s_muc_reroute(rt_msg_t *m, bool may_make);
 int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
 
 /* ---- Federation (c2s_s2s.c, c2s_s2s_out.c: RFC 6120 server-to-server, XEP-0220) ---- */
@@ -565,7 +567,7 @@ int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t er
 typedef struct c2s_s2s_verify_s {
     rt_pid_t in;   /* the incoming stream that asks */
     bool valid;    /* the answer */
-    uint8_t local; /* the receiving domain, an index in hosts */
+    uint8_t local; /* the receiving domain: rt__c2s_s2s_local_index's */
     char id[17];   /* the incoming stream's id */
     char key[C2S_S2S_KEY_HEX + 1];
 } c2s_s2s_verify_t; /* then the originating domain, NUL-terminated */
@@ -586,6 +588,10 @@ void rt__c2s_s2s_key(const char *receiving, const char *originating, const char 
    caller bounces it). Any thread. */
 bool rt__c2s_s2s_send(const char *local, size_t local_len, const char *remote, size_t remote_len,
                       const void *p, size_t len);
+/* This server's domains as federation knows them: hosts (0 .. nhosts-1), then their MUC
+   services' (nhosts ..): an index, or -1 for none of ours; the domain of an index. */
+int rt__c2s_s2s_local_index(const char *domain, size_t len);
+const char *rt__c2s_s2s_local_domain(unsigned i);
 /* Whether domain is another server's, reached through federation (on, and none of ours). */
 bool rt__c2s_domain_remote(const char *domain, size_t len);
 /* A presence the session wrote with no to (p, n) for jid (len bytes): when jid is another

@@ -267,7 +267,7 @@ int rt__c2s_muc_post(const rt_jid_t *room, const char *nick, const char *body, s
     return rt_send_msg(pid, m) == 0 ? 0 : RT_ENOTFOUND;
 }
 
-void rt__c2s_muc_reroute(rt_msg_t *m)
+bool rt__c2s_muc_reroute(rt_msg_t *m, bool may_make)
 {
     char to[RT_JID_TEXT_MAX + 1];
     int tlen = rt__c2s_first_tag_attr(m->data, m->len, "to", to, sizeof(to));
@@ -283,12 +283,14 @@ void rt__c2s_muc_reroute(rt_msg_t *m)
         *slash = 0; /* the joiner's bare JID: the room's maker, if it makes one */
     int why;
     if (tlen > 0 && rt_jid_prep(to, (size_t)tlen, &jb, NULL) == 0 && room_name(&jb.jid, name) &&
-        to_room(name, join && jb.jid.resource && flen > 0 ? from : NULL, m->data, m->len, &why))
-        return;
+        to_room(name, may_make && join && jb.jid.resource && flen > 0 ? from : NULL, m->data,
+                m->len, &why))
+        return true;
     if (m->len > 3 && memcmp(m->data, "<iq", 3) == 0)
         rt__c2s_iq_unanswered(m->data, m->len);
     else if (!presence)
         atomic_fetch_add_explicit(&rt_c2s_stats.muc_dropped, 1, memory_order_relaxed);
+    return false;
 }
 
 /* ---- The service's actor ---- */

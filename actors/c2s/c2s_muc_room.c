@@ -1673,7 +1673,7 @@ static void room_dead_letter(void *state, rt_msg_t *m)
 {
     (void)state;
     if (m->tag == C2S_MSG_MUC)
-        rt__c2s_muc_reroute(m);
+        rt__c2s_muc_reroute(m, true);
 }
 
 const rt_actor_type_t rt__c2s_room_type = {

@@ -196,6 +196,21 @@ bool rt__c2s_s2s_send(const char *local, size_t local_len, const char *remote, s
     return false;
 }
 
+int rt__c2s_s2s_local_index(const char *domain, size_t len)
+{
+    int i = rt__c2s_host_index(domain, len);
+    if (i >= 0)
+        return i;
+    i = rt__c2s_muc_index(domain, len);
+    return i >= 0 ? (int)rt__c2s.conf->nhosts + i : -1;
+}
+
+const char *rt__c2s_s2s_local_domain(unsigned i)
+{
+    unsigned n = rt__c2s.conf->nhosts;
+    return i < n ? rt__c2s.conf->hosts[i] : i < 2 * n ? rt__c2s.muc[i - n] : "";
+}
+
 bool rt__c2s_domain_remote(const char *domain, size_t len)
 {
     return federating && rt__c2s_host_index(domain, len) < 0 &&
@@ -281,6 +296,30 @@ static void iq_for_server(const rt_xml_el_t *el, const rt_jid_t *from, const rt_
     rt_buf_free(&b);
 }
 
+/*
+** A stanza for a room of ours (or the MUC service) from another server's user: to the room as
+** a local session's would go, from this incoming stream, which the room then takes for the
+** occupant's session: what the room sends the occupant comes here (C2S_MSG_STANZA) and goes
+** back through federation, and the room sees the occupant leave when this stream ends.
+*/
+static void to_room(const rt_xml_el_t *el, const rt_jid_t *from, const rt_jid_t *to)
+{
+    rt_buf_t b = {0};
+    rt__c2s_put_stanza_from(&b, el, from->s, to->s, RT_XML_NS_SERVER);
+    rt_msg_t *m = b.oom ? NULL : rt_msg_new(C2S_MSG_STANZA, b.len);
+    if (m) {
+        memcpy(m->data, b.data, b.len);
+        /* Rooms are made by this server's users only (a default opens no more than it says). */
+        bool presence = strcmp(el->name, "presence") == 0;
+        if (!rt__c2s_muc_reroute(m, false) && !(presence && rt_xml_attr(el, "type")))
+            answer_error(el, from, to, "cancel", presence ? "not-allowed" : "item-not-found");
+        rt_msg_free(m);
+    } else {
+        answer_error(el, from, to, "wait", "resource-constraint");
+    }
+    rt_buf_free(&b);
+}
+
 /* A subscription stanza or a probe from another server's account: the user's roster has
    the answer, so it goes to the store (RFC 6121 3, 4.3; c2s_store_roster.c). */
 static void subscription_in(const rt_xml_el_t *el, const rt_jid_t *from, const rt_jid_t *to,
@@ -316,6 +355,10 @@ void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t
     atomic_fetch_add_explicit(&rt_c2s_stats.s2s_stanzas_in, 1, memory_order_relaxed);
     const char *type = rt_xml_attr(el, "type");
     bool message = strcmp(el->name, "message") == 0, iq = strcmp(el->name, "iq") == 0;
+    if (rt__c2s_muc_index(rt_jid_domain(to), to->domain) >= 0) {
+        to_room(el, from, to);
+        return;
+    }
     if (!to->local) {
         if (iq)
             iq_for_server(el, from, to);
@@ -442,7 +485,7 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
     (void)nns;
     s2s_in_t *s = ctx;
     const char *to = rt_xml_attr(hdr, "to"), *version = rt_xml_attr(hdr, "version");
-    int host = to ? rt__c2s_host_index(to, strlen(to)) : -1;
+    int host = to ? rt__c2s_s2s_local_index(to, strlen(to)) : -1;
     if (host < 0) {
         in_stream_error(s, RT_XML_COND_HOST_UNKNOWN, "this server does not serve that domain");
         return RT_XML_STOP;
@@ -455,7 +498,7 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
                   "xmlns:db='%s'",
                   RT_XML_NS_SERVER, RT_XML_NS_STREAMS, NS_DIALBACK);
     rt_xml_put_attr(&b, "id", s->id);
-    rt_xml_put_attr(&b, "from", rt__c2s.conf->hosts[host]);
+    rt_xml_put_attr(&b, "from", rt__c2s_s2s_local_domain((unsigned)host));
     rt_xml_put_attr(&b, "version", "1.0");
     rt_buf_printf(&b, "><stream:features>");
     if (in_listen(s)->starttls && !s->secure)
@@ -491,7 +534,7 @@ static void in_db_result(rt_actor_t *self, s2s_in_t *s, const rt_xml_el_t *el)
         in_stream_error(s, RT_XML_COND_IMPROPER_ADDRESSING, "dialback needs from and to");
         return;
     }
-    int local = rt__c2s_host_index(rt_jid_domain(&to.jid), to.jid.domain);
+    int local = rt__c2s_s2s_local_index(rt_jid_domain(&to.jid), to.jid.domain);
     if (local < 0) {
         in_stream_error(s, RT_XML_COND_HOST_UNKNOWN, "this server does not serve that domain");
         return;
@@ -506,7 +549,9 @@ static void in_db_result(rt_actor_t *self, s2s_in_t *s, const rt_xml_el_t *el)
         return;
     }
     rt_msg_t *m = rt_msg_new(C2S_MSG_S2S_VERIFY, sizeof(c2s_s2s_verify_t) + from.jid.domain + 1);
-    rt_pid_t out = m ? rt__c2s_s2s_out(rt__c2s.conf->hosts[local], rt_jid_domain(&from.jid)) : 0;
+    rt_pid_t out =
+        m ? rt__c2s_s2s_out(rt__c2s_s2s_local_domain((unsigned)local), rt_jid_domain(&from.jid))
+          : 0;
     if (m && out) {
         c2s_s2s_verify_t *v = (c2s_s2s_verify_t *)(void *)m->data;
         memset(v, 0, sizeof(*v));
@@ -524,7 +569,7 @@ static void in_db_result(rt_actor_t *self, s2s_in_t *s, const rt_xml_el_t *el)
     rt_msg_free(m);
     rt_buf_t b = {0};
     rt_buf_printf(&b, "<db:result");
-    rt_xml_put_attr(&b, "from", rt__c2s.conf->hosts[local]);
+    rt_xml_put_attr(&b, "from", rt__c2s_s2s_local_domain((unsigned)local));
     rt_xml_put_attr(&b, "to", rt_jid_domain(&from.jid));
     rt_buf_printf(&b,
                   " type='error'><error type='cancel'><remote-server-not-found xmlns='%s'/>"
@@ -542,11 +587,11 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
     const c2s_s2s_verify_t *v = (const void *)m->data;
     const char *remote = (const char *)m->data + sizeof(*v);
     s->pending--;
-    if (v->local >= rt__c2s.conf->nhosts)
+    if (v->local >= 2 * rt__c2s.conf->nhosts)
         return;
     rt_buf_t b = {0};
     rt_buf_printf(&b, "<db:result");
-    rt_xml_put_attr(&b, "from", rt__c2s.conf->hosts[v->local]);
+    rt_xml_put_attr(&b, "from", rt__c2s_s2s_local_domain(v->local));
     rt_xml_put_attr(&b, "to", remote);
     rt_xml_put_attr(&b, "type", v->valid ? "valid" : "invalid");
     rt_xml_put_empty_end(&b);
@@ -554,7 +599,7 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
     if (!v->valid) {
         atomic_fetch_add_explicit(&rt_c2s_stats.s2s_dialback_failed, 1, memory_order_relaxed);
         rt_log(RT_LOG_WARNING, "xmpp.server_dialback_failed", "from=%s to=%s", remote,
-               rt__c2s.conf->hosts[v->local]);
+               rt__c2s_s2s_local_domain(v->local));
         in_stream_error(s, RT_XML_COND_NOT_AUTHORIZED, "the key did not verify");
         return;
     }
@@ -563,7 +608,7 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
         snprintf(s->pairs[s->npairs].remote, sizeof(s->pairs[0].remote), "%s", remote);
         s->npairs++;
         rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=%s", remote,
-               rt__c2s.conf->hosts[v->local], s->secure ? "yes" : "no");
+               rt__c2s_s2s_local_domain(v->local), s->secure ? "yes" : "no");
     }
 }
 
@@ -572,7 +617,7 @@ static void in_db_verify(s2s_in_t *s, const rt_xml_el_t *el)
 {
     const char *from = rt_xml_attr(el, "from"), *to = rt_xml_attr(el, "to");
     const char *id = rt_xml_attr(el, "id"), *key = rt_xml_text(el, NULL);
-    if (!from || !to || !id || !key || rt__c2s_host_index(to, strlen(to)) < 0 ||
+    if (!from || !to || !id || !key || rt__c2s_s2s_local_index(to, strlen(to)) < 0 ||
         strlen(from) >= RT_CONF_XMPP_HOST_MAX || strlen(id) > 64) {
         in_stream_error(s, RT_XML_COND_IMPROPER_ADDRESSING, "db:verify needs from, to and id");
         return;
@@ -599,7 +644,7 @@ static void in_stanza(rt_actor_t *self, s2s_in_t *s, const rt_xml_el_t *el)
         in_stream_error(s, RT_XML_COND_IMPROPER_ADDRESSING, "a stanza needs a valid from and to");
         return;
     }
-    int local = rt__c2s_host_index(rt_jid_domain(&to.jid), to.jid.domain);
+    int local = rt__c2s_s2s_local_index(rt_jid_domain(&to.jid), to.jid.domain);
     char remote[RT_CONF_XMPP_HOST_MAX];
     snprintf(remote, sizeof(remote), "%.*s", (int)from.jid.domain, rt_jid_domain(&from.jid));
     if (local < 0 || pair_index(s, local, remote) < 0) {

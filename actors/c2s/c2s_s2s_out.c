@@ -200,7 +200,7 @@ static void ask_verifies(s2s_out_t *o)
             continue;
         rt_buf_t b = {0};
         rt_buf_printf(&b, "<db:verify");
-        rt_xml_put_attr(&b, "from", rt__c2s.conf->hosts[v->local]);
+        rt_xml_put_attr(&b, "from", rt__c2s_s2s_local_domain(v->local));
         rt_xml_put_attr(&b, "to", o->remote);
         rt_xml_put_attr(&b, "id", v->id);
         rt_xml_put_start_end(&b);

@@ -6,8 +6,9 @@ federation: TLS required on server-to-server streams, certificates not required 
 (s2s_secure_auth = false), so both directions go over STARTTLS and prove themselves by
 dialback. Messages both ways, a bare JID's offline store on rtd's side, the other server
 answering a ping to its domain both ways, directed presence with its unavailable at the
-session's end, subscriptions both ways with broadcasts and a probe, and rtd's user in a room
-of Prosody's MUC. Raw clients on both servers."""
+session's end, subscriptions both ways with broadcasts and a probe, and group chat both ways
+(rtd's user in a room of Prosody's MUC, Prosody's user in a room of rtd's). Raw clients on
+both servers."""
 import os
 import random
 import re
@@ -68,7 +69,7 @@ def fed(pki):
     os.makedirs(os.path.join(pdir, "data"))
     os.makedirs(rdir)
     with open(os.path.join(pdir, "hosts"), "w") as f:
-        f.write(f"{rt_addr} rt.test\n")
+        f.write(f"{rt_addr} rt.test conference.rt.test\n")
     with open(os.path.join(pdir, "resolv.conf"), "w") as f:
         f.write("nameserver 127.0.0.1\n")  # nothing answers there: SRV fails at once, A from hosts
     pport = free_port()
@@ -89,7 +90,8 @@ def fed(pki):
                   f'{{ bind = "{rt_addr}:5269", s2s = true, starttls = true, '
                   f'tls = {{ cert = "{cert}", key = "{key}" }} }} }}, '
                   f's2s_peers = {{ "prosody.test={prosody_addr}:5269", '
-                  f'"conference.prosody.test={prosody_addr}:5269" }} }}',
+                  f'"conference.prosody.test={prosody_addr}:5269" }}, '
+                  'muc_host = "conference.@HOST@", muc_room_locking = false }',
                   "auth_max_delay_ms=0", data_dir=rdir)
         rtd.xport, rtd.pport, rtd.pdir = cport, pport, pdir
         yield rtd
@@ -248,3 +250,32 @@ def test_a_room_on_prosody_with_an_occupant_from_rt(fed):
     text = pia.read_until(rb"<presence[^>]*type=['\"]unavailable['\"][^>]*>", timeout=30)
     assert re.search(r"from=['\"]lobby@conference.prosody.test/rosa['\"]", text), text
     leave(pia)
+
+
+def test_a_room_on_rt_with_an_occupant_from_prosody(fed):
+    """The other way: Prosody's user joins a room of rtd's MUC service (made by rtd's user:
+    another server's users join rooms, they do not make them), and the groupchat goes both
+    ways; a join to a room that is not there is refused (not-allowed)."""
+    room = "hall@conference.rt.test"
+    ruth, pat = on_rt(fed, "ruth", "muc"), on_prosody(fed, "pat", "muc")
+    muc = "<x xmlns='http://jabber.org/protocol/muc'/>"
+    ruth.send(f"<presence to='{room}/ruth'>{muc}</presence>")
+    ruth.read_until(rb"<presence[^>]*from='hall@conference.rt.test/ruth'.*?</presence>")
+    pat.send(f"<presence to='{room}/pat'>{muc}</presence>")
+    text = pat.read_until(rb"<presence[^>]*from=['\"]hall@conference.rt.test/pat['\"].*?</presence>",
+                          timeout=30)
+    assert "110" in text, text
+    ruth.read_until(rb"<presence[^>]*from='hall@conference.rt.test/pat'", timeout=30)
+    pat.send(f"<message to='{room}' type='groupchat'><body>from prosody to rt</body></message>")
+    text = ruth.read_until(rb"<body>from prosody to rt</body>", timeout=30)
+    assert "from='hall@conference.rt.test/pat'" in text, text
+    ruth.send(f"<message to='{room}' type='groupchat'><body>from rt to prosody</body></message>")
+    text = pat.read_until(rb"<body>from rt to prosody</body>", timeout=30)
+    assert re.search(r"from=['\"]hall@conference.rt.test/ruth['\"]", text), text
+    pat.send(f"<presence to='nowhere@conference.rt.test/pat'>{muc}</presence>")
+    text = pat.read_until(rb"<presence[^>]*type=['\"]error['\"].*?</presence>", timeout=30)
+    assert "not-allowed" in text, text
+    leave(pat)  # Prosody sends its unavailable to the room: ruth sees pat go
+    text = ruth.read_until(rb"<presence[^>]*type='unavailable'[^>]*>", timeout=30)
+    assert "from='hall@conference.rt.test/pat'" in text, text
+    leave(ruth)
