@@ -7,9 +7,9 @@
 ** an app server would pass on through its vendor's push service.
 **
 ** The session's side parses the enable/disable iq; the store's side (the store actor) keeps
-** the registrations and sends the notifications. An app server must be reachable from here:
-** today a full JID of a local session (a push component on another domain needs federation);
-** what cannot be sent is counted (rt_xmpp_push_undeliverable_total).
+** the registrations and sends the notifications: to another server's app server through
+** federation, to a local one by its session's full JID; what cannot be sent is counted
+** (rt_xmpp_push_undeliverable_total).
 */
 #define _GNU_SOURCE /* memmem */
 #include <inttypes.h>
@@ -126,7 +126,7 @@ void rt__c2s_store_push_set(rt_accounts_t *a, rt_pid_t to, bool enable, const ch
 }
 
 typedef struct {
-    const char *from; /* the account's bare JID */
+    const char *from, *host; /* the account's bare JID, and its domain */
     uint32_t n;
 } notify_t;
 
@@ -136,11 +136,15 @@ static void notify_one(const char *jid, const char *node, const void *options, s
 {
     notify_t *t = arg;
     rt_jid_buf_t to;
-    c2s_route_t r;
-    if (rt_jid_prep(jid, strlen(jid), &to, NULL) != 0 || !to.jid.resource ||
-        rt__c2s_host_index(rt_jid_domain(&to.jid), to.jid.domain) < 0 ||
-        !rt__c2s_reg_lookup(to.jid.s, rt_jid_bare_len(&to.jid), rt_jid_resource(&to.jid),
-                            to.jid.resource, &r, 1)) {
+    c2s_route_t r = {0};
+    bool ok = rt_jid_prep(jid, strlen(jid), &to, NULL) == 0;
+    /* Another server's app server (a push component, usually): through federation. A local
+       one: a session's full JID. */
+    bool remote = ok && rt__c2s_domain_remote(rt_jid_domain(&to.jid), to.jid.domain);
+    if (!remote &&
+        (!ok || !to.jid.resource || rt__c2s_host_index(rt_jid_domain(&to.jid), to.jid.domain) < 0 ||
+         !rt__c2s_reg_lookup(to.jid.s, rt_jid_bare_len(&to.jid), rt_jid_resource(&to.jid),
+                             to.jid.resource, &r, 1))) {
         atomic_fetch_add_explicit(&rt_c2s_stats.push_undeliverable, 1, memory_order_relaxed);
         return;
     }
@@ -165,7 +169,11 @@ static void notify_one(const char *jid, const char *node, const void *options, s
         rt_buf_add(&b, "</publish-options>", 18);
     }
     rt_buf_add(&b, "</pubsub></iq>", 14);
-    if (!b.oom && rt_send(r.pid, C2S_MSG_STANZA, b.data, b.len) == 0)
+    bool sent =
+        !b.oom && (remote ? rt__c2s_s2s_send(t->host, strlen(t->host), rt_jid_domain(&to.jid),
+                                             to.jid.domain, b.data, b.len)
+                          : rt_send(r.pid, C2S_MSG_STANZA, b.data, b.len) == 0);
+    if (sent)
         atomic_fetch_add_explicit(&rt_c2s_stats.push_sent, 1, memory_order_relaxed);
     else
         atomic_fetch_add_explicit(&rt_c2s_stats.push_undeliverable, 1, memory_order_relaxed);
@@ -176,6 +184,6 @@ void rt__c2s_store_push_notify(rt_accounts_t *a, const char *host, const char *u
 {
     char from[2 * RT_JID_PART_MAX + 2];
     snprintf(from, sizeof(from), "%s@%s", user, host);
-    notify_t t = {.from = from};
+    notify_t t = {.from = from, .host = host};
     rt_push_each(a, host, user, notify_one, &t);
 }

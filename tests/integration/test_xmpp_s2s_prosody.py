@@ -279,3 +279,23 @@ def test_a_room_on_rt_with_an_occupant_from_prosody(fed):
     text = ruth.read_until(rb"<presence[^>]*type='unavailable'[^>]*>", timeout=30)
     assert "from='hall@conference.rt.test/pat'" in text, text
     leave(ruth)
+
+
+def test_push_to_an_app_server_on_prosody(fed):
+    """XEP-0357 across servers: rtd's user enables an app server that is a session on Prosody;
+    a message kept offline for that user makes rtd publish the summary there, through
+    federation."""
+    pat = on_prosody(fed, "pat", "push")
+    rita = on_rt(fed, "rita", "phone")
+    rita.send("<iq type='set' id='e1'><enable xmlns='urn:xmpp:push:0' "
+              "jid='pat@prosody.test/push' node='rita-phone'/></iq>")
+    assert "type='result'" in rita.read_until(rb"<iq[^>]*id='e1'[^>]*(/>|>.*?</iq>)")
+    leave(rita)
+    ruth = on_rt(fed, "ruth", "pusher")
+    ruth.send("<message to='rita@rt.test' type='chat'><body>wake up</body></message>")
+    text = pat.read_until(rb"<iq[^>]*>.*?</iq>", timeout=30)
+    assert re.search(r"from=['\"]rita@rt.test['\"]", text), text
+    assert "rita-phone" in text and "urn:xmpp:push:summary" in text, text
+    assert "wake up" not in text, text
+    leave(ruth)
+    leave(pat)
