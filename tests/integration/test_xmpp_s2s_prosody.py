@@ -26,7 +26,7 @@ from conftest import Rtd, free_port, wait_listening
 PW = "fed pw"
 
 
-def prosody_config(d, c2s_port, s2s_addr, cert, key):
+def prosody_config(d, c2s_port, s2s_addr, cert, key, domain="prosody.test"):
     return f'''run_as_root = true
 pidfile = "{d}/prosody.pid"
 data_path = "{d}/data"
@@ -49,9 +49,9 @@ modules_enabled = {{ "roster", "saslauth", "disco", "ping", "register", "offline
                     "dialback", "tls" }}
 unbound = {{ hoststxt = "{d}/hosts", resolvconf = "{d}/resolv.conf" }}
 ssl = {{ certificate = "{cert}", key = "{key}" }}
-VirtualHost "prosody.test"
+VirtualHost "{domain}"
     authentication = "internal_plain"
-Component "conference.prosody.test" "muc"
+Component "conference.{domain}" "muc"
     muc_room_locking = false
 '''
 
