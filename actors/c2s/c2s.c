@@ -518,7 +518,7 @@ void rt__c2s_stream_configs(const rt_conf_xmpp_t *conf)
     rt__c2s.stream_tcp = base;
     rt__c2s.stream_ws = base;
     rt__c2s.stream_ws.framed = true;
-    rt__c2s_s2s_stream_config(conf);
+    rt__c2s_s2s_stream_config();
     rt__c2s_s2s_out_config(&rt__c2s.stream_s2s);
 }
 

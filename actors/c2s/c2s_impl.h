@@ -609,7 +609,7 @@ void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t
 /* The client side of TLS for outgoing streams (made once at start): NULL before. */
 struct ssl_ctx_st *rt__c2s_s2s_tls(void);
 int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen);
-void rt__c2s_s2s_stream_config(const rt_conf_xmpp_t *conf);      /* rt__c2s.stream_s2s */
+void rt__c2s_s2s_stream_config(void); /* rt__c2s.stream_s2s, from stream_tcp */
 void rt__c2s_s2s_out_config(const rt_xml_stream_config_t *base); /* the outgoing one's */
 
 /* ---- Push notifications (c2s_push.c, XEP-0357) ---- */

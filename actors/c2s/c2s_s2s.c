@@ -161,15 +161,15 @@ static void out_name(const char *local, const char *remote, char *out, size_t ca
 
 rt_pid_t rt__c2s_s2s_out(const char *local, const char *remote)
 {
-    struct sockaddr_storage addr;
-    unsigned alen;
-    if (rt__c2s_s2s_peer(remote, &addr, &alen) != 0)
-        return 0; /* nowhere to connect: no actor made for it (a user's typo, or a flood) */
     char name[300];
     out_name(local, remote, name, sizeof(name));
     rt_pid_t pid = rt_whereis(name);
     if (pid)
         return pid;
+    struct sockaddr_storage addr;
+    unsigned alen;
+    if (rt__c2s_s2s_peer(remote, &addr, &alen) != 0)
+        return 0; /* nowhere to connect: no actor made for it (a user's typo, or a flood) */
     c2s_s2s_out_arg_t arg = {.local = local, .remote = remote};
     rt_spawn_opts_t o = {.name = name};
     int rc = rt_spawn_opt(&rt__c2s_s2s_out_type, &arg, &o, &pid);
@@ -484,7 +484,8 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
     (void)ns;
     (void)nns;
     s2s_in_t *s = ctx;
-    const char *to = rt_xml_attr(hdr, "to"), *version = rt_xml_attr(hdr, "version");
+    /* No version check: a pre-1.0 server ignores the features and starts dialback, taken too. */
+    const char *to = rt_xml_attr(hdr, "to");
     int host = to ? rt__c2s_s2s_local_index(to, strlen(to)) : -1;
     if (host < 0) {
         in_stream_error(s, RT_XML_COND_HOST_UNKNOWN, "this server does not serve that domain");
@@ -507,7 +508,6 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
                   NS_DIALBACK_FEATURE);
     in_write_buf(s, &b);
     s->header = true;
-    (void)version; /* a pre-1.0 server ignores the features and starts dialback: taken too */
     return s->closing ? RT_XML_STOP : 0;
 }
 
@@ -761,35 +761,13 @@ static void in_feed(rt_actor_t *self, s2s_in_t *s, const uint8_t *p, size_t n)
     }
 }
 
-static void *in_xml_alloc(void *ctx, size_t size, bool scan)
+void rt__c2s_s2s_stream_config(void)
 {
-    (void)ctx;
-    return rt_alloc(rt_current(), size, scan ? RT_OBJ_SCAN : RT_OBJ_LEAF);
-}
-
-static void in_xml_free(void *ctx, void *p)
-{
-    (void)ctx;
-    rt_free(rt_current(), p);
-}
-
-static void in_xml_charge(void *ctx, ptrdiff_t delta)
-{
-    (void)ctx;
-    rt_charge(rt_current(), delta);
-}
-
-void rt__c2s_s2s_stream_config(const rt_conf_xmpp_t *conf)
-{
-    rt__c2s.stream_s2s = (rt_xml_stream_config_t){
-        .alloc = {.alloc = in_xml_alloc, .free = in_xml_free},
-        .charge = in_xml_charge,
-        .on_header = in_on_header,
-        .on_stanza = in_on_stanza,
-        .on_close = in_on_close,
-        .limits = {.max_stanza_bytes = (uint32_t)conf->max_stanza_size},
-        .content_ns = RT_XML_NS_SERVER,
-    };
+    rt__c2s.stream_s2s = rt__c2s.stream_tcp; /* its allocator and limits: the running actor's */
+    rt__c2s.stream_s2s.on_header = in_on_header;
+    rt__c2s.stream_s2s.on_stanza = in_on_stanza;
+    rt__c2s.stream_s2s.on_close = in_on_close;
+    rt__c2s.stream_s2s.content_ns = RT_XML_NS_SERVER;
 }
 
 static int in_init(rt_actor_t *self, void *state, void *arg)

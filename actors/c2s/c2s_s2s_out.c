@@ -266,11 +266,6 @@ static void start_tls(rt_actor_t *self, s2s_out_t *o)
     o->phase = OUT_HANDSHAKE;
 }
 
-static const rt_xml_el_t *child(const rt_xml_el_t *el, const char *name, const char *ns)
-{
-    return rt_xml_child(el, name, ns);
-}
-
 static int out_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns, size_t nns)
 {
     (void)ns;
@@ -291,7 +286,7 @@ static int out_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *n
 
 static void on_features(rt_actor_t *self, s2s_out_t *o, const rt_xml_el_t *el)
 {
-    if (child(el, "starttls", RT_XML_NS_TLS) && !o->tls.ssl) {
+    if (rt_xml_child(el, "starttls", RT_XML_NS_TLS) && !o->tls.ssl) {
         static const char starttls[] = "<starttls xmlns='" RT_XML_NS_TLS "'/>";
         out_write(o, starttls, sizeof(starttls) - 1);
         o->phase = OUT_STARTTLS;
