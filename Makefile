@@ -139,7 +139,8 @@ test-integration-asan-b: build-asan deps
 		tests/integration/test_tenant.py tests/integration/test_delayed.py \
 		tests/integration/test_exclusive.py tests/integration/test_xmpp_upload.py \
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
-		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_prosody.py -m "not long"
+		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_prosody.py \
+		tests/integration/test_xmpp_s2s_dns.py -m "not long"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
@@ -155,7 +156,8 @@ test-integration-asan-b: build-asan deps
 # the ASan halves). And uploads, whose files HTTP connections on both schedulers write and
 # serve while the upload actor on the blocking pool makes slots and sweeps. And push, whose
 # notifications the store's thread sends to sessions on both schedulers. And federation,
-# whose incoming and outgoing streams hand each other dialback verifications across schedulers.
+# whose incoming and outgoing streams hand each other dialback verifications across schedulers,
+# and whose resolver answers outgoing streams from the blocking pool.
 test-integration-tsan: build-tsan deps
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan \
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
@@ -169,7 +171,7 @@ test-integration-tsan: build-tsan deps
 		tests/integration/test_xmpp_sasl2.py tests/integration/test_xmpp_upload.py \
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
 		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_prosody.py \
-		-k "not tenants_across"
+		tests/integration/test_xmpp_s2s_dns.py -k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

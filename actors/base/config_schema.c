@@ -799,8 +799,15 @@ const rt_setting_t rt__conf_table_settings[] = {
      .text = "{}",
      .offset = X_OFF(s2s_peers),
      .doc = "where other servers' domains are reached for federation, \"domain=host:port\" "
-            "with a numeric host (a private deployment, a test); a domain not listed is not "
-            "reached (DNS SRV lookups are not made yet)"},
+            "with a numeric host, in place of DNS (a private deployment, a test)"},
+    {.name = "xmpp.s2s_dns",
+     .type = RT_SET_BOOL,
+     .num = 1,
+     .offset = X_OFF(s2s_dns),
+     .doc = "a domain not in s2s_peers is looked up in DNS, as RFC 6120 3.2 says: the SRV "
+            "records of _xmpp-server._tcp.DOMAIN, else the domain's own addresses on 5269 "
+            "(the system's resolver: /etc/resolv.conf, /etc/hosts); false: only s2s_peers' "
+            "domains are reached"},
     XMPP_INT(s2s_queue_bytes, 1 * MIB, 1024, 64 * MIB, "bytes",
              "of stanzas waiting for one outgoing server-to-server stream to be set up; past "
              "it they are bounced with resource-constraint"),

@@ -560,7 +560,10 @@ int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t er
 #define C2S_MSG_S2S_RETRY (RT_C2S_MSG_BASE + 43)    /* s2s_out: its quiet time after a failure */
 #define C2S_MSG_S2S_IDLE (RT_C2S_MSG_BASE + 44)     /* s2s_in, s2s_out: unused long enough? */
 #define C2S_MSG_S2S_TIMEOUT (RT_C2S_MSG_BASE + 45)  /* s2s_out: not ready in time */
+#define C2S_MSG_S2S_RESOLVE (RT_C2S_MSG_BASE + 46)  /* to the resolver: a domain, NUL-ended */
+#define C2S_MSG_S2S_RESOLVED (RT_C2S_MSG_BASE + 47) /* to s2s_out: rt_xmpp_s2s_found_t */
 #define C2S_S2S_KEY_HEX 64                          /* a dialback key: HMAC-SHA256 in hex */
+#define C2S_S2S_RESOLVER_NAME "xmpp_resolver"
 
 /* A dialback key to verify (XEP-0220 2.3): asked of the authoritative server through the
    outgoing stream to it, answered to the incoming stream that received it. */
@@ -602,6 +605,10 @@ rt_pid_t rt__c2s_s2s_out(const char *local, const char *remote);
 /* Where remote is reached (xmpp.s2s_peers): 0, or RT_ENOTFOUND. */
 struct sockaddr_storage;
 int rt__c2s_s2s_peer(const char *remote, struct sockaddr_storage *addr, unsigned *len);
+/* Asks the resolver (c2s_s2s_dns.c) for remote's addresses, answered to the calling actor with
+   C2S_MSG_S2S_RESOLVED: 0, RT_ELIMIT (too many lookups wait), RT_ENOTFOUND (no resolver). */
+int rt__c2s_s2s_resolve(const char *remote);
+int rt__c2s_s2s_resolver_start(rt_pid_t group); /* when federating with xmpp.s2s_dns */
 /* A stanza from another server, in jabber:server, for a local entity. reply: the incoming
    stream's pid, which sends back what is answered. */
 void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t *from,

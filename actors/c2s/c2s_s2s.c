@@ -168,7 +168,7 @@ rt_pid_t rt__c2s_s2s_out(const char *local, const char *remote)
         return pid;
     struct sockaddr_storage addr;
     unsigned alen;
-    if (rt__c2s_s2s_peer(remote, &addr, &alen) != 0)
+    if (!rt__c2s.conf->s2s_dns && rt__c2s_s2s_peer(remote, &addr, &alen) != 0)
         return 0; /* nowhere to connect: no actor made for it (a user's typo, or a flood) */
     c2s_s2s_out_arg_t arg = {.local = local, .remote = remote};
     rt_spawn_opts_t o = {.name = name};

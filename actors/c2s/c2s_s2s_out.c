@@ -1,8 +1,9 @@
 /*
 ** The outgoing server-to-server stream (c2s_s2s.c has the overview): one actor per pair of
 ** domains (one of hosts, another server's), named "s2s:local>remote", made by the first
-** stanza for that pair. It connects to the address xmpp.s2s_peers gives, starts TLS when the
-** other server offers it (required unless the address is in xmpp.plaintext_from), proves the
+** stanza for that pair. It connects to the address xmpp.s2s_peers gives, or else to those DNS
+** gives (the resolver, c2s_s2s_dns.c; the next when one refuses), starts TLS when the other
+** server offers it (required unless the address is in xmpp.plaintext_from), proves the
 ** local domain with a dialback key (XEP-0220), and then writes the stanzas it is handed, held
 ** meanwhile up to xmpp.s2s_queue_bytes. The same stream carries this server's <db:verify/>
 ** questions about keys another server's incoming stream was given.
@@ -16,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/ssl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include "broker.h"
 #include "c2s_impl.h"
 #include "log.h"
+#include "srv.h"
 #include "tls_conn.h"
 
 #define NS_DIALBACK "jabber:server:dialback"
@@ -54,7 +57,9 @@ typedef struct s2s_out_s {
     rt_tls_conn_t tls;
     rt_xml_stream_t xs;
     uint8_t phase;
-    bool stream_init, counted, plain_ok, ever_ready;
+    bool stream_init, counted, plain_ok, ever_ready, looking_up;
+    uint8_t naddr, next_addr; /* the addresses to try, and the next to try */
+    rt_xmpp_s2s_addr_t addr[RT_XMPP_S2S_ADDRS];
     const char *down_cond; /* what a stanza that comes while it is down is bounced with */
     char id[65];           /* the other server's stream id, which the key is made with */
     uint8_t *queue;        /* stanzas held until ready: a 4-byte length and the bytes, each */
@@ -380,6 +385,8 @@ static bool on_plain(void *ctx, uint8_t *p, size_t n)
     return c->o->phase != OUT_DOWN;
 }
 
+static int connect_next(rt_actor_t *self, s2s_out_t *o);
+
 static void on_readable(rt_actor_t *self, s2s_out_t *o)
 {
     const void *data;
@@ -403,35 +410,84 @@ static void on_readable(rt_actor_t *self, s2s_out_t *o)
             write_header(o);
         }
     }
-    if (o->sock && o->phase != OUT_DOWN && rc != RT_EAGAIN)
-        fail(self, o, o->phase == OUT_CONNECTING ? "connection refused" : "connection lost");
+    if (!o->sock || o->phase == OUT_DOWN || rc == RT_EAGAIN)
+        return;
+    if (o->phase == OUT_CONNECTING && o->next_addr < o->naddr) {
+        rt_sock_close(o->sock); /* refused before a byte came: the next address */
+        o->sock = NULL;
+        if (connect_next(self, o) == 0)
+            return;
+    }
+    fail(self, o, o->phase == OUT_CONNECTING ? "connection refused" : "connection lost");
 }
 
-static int connect_now(rt_actor_t *self, s2s_out_t *o)
+/* Connects to the next address: 0, or RT_ENOTFOUND when none is left to try. */
+static int connect_next(rt_actor_t *self, s2s_out_t *o)
 {
-    struct sockaddr_storage addr;
-    unsigned alen;
-    if (rt__c2s_s2s_peer(o->remote, &addr, &alen) != 0)
-        return RT_ENOTFOUND;
-    rt_auth_addr_t a;
-    if (rt_auth_addr_from_sockaddr(&addr, &a) == 0)
+    while (o->next_addr < o->naddr) {
+        const rt_xmpp_s2s_addr_t *to = &o->addr[o->next_addr++];
+        rt_auth_addr_t a;
         o->plain_ok =
+            rt_auth_addr_from_sockaddr(&to->addr, &a) == 0 &&
             rt_conf_net_match(rt__c2s.conf->plaintext_from, rt__c2s.conf->nplaintext_from, a.b);
-    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return RT_EAGAIN;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if ((connect(fd, (const struct sockaddr *)&addr, alen) < 0 && errno != EINPROGRESS) ||
-        rt_sock_adopt(self, fd, &o->sock) != 0) {
-        close(fd);
-        o->sock = NULL;
-        return RT_EAGAIN;
+        int fd = socket(to->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if ((connect(fd, (const struct sockaddr *)&to->addr, to->len) < 0 &&
+             errno != EINPROGRESS) ||
+            rt_sock_adopt(self, fd, &o->sock) != 0) {
+            close(fd);
+            o->sock = NULL;
+            continue;
+        }
+        /* The header waits in the socket's buffer until the connect completes; a refused
+           connect shows as a read error (and the next address is tried), one that hangs
+           meets the timeout. */
+        write_header(o);
+        return 0;
     }
-    /* The header waits in the socket's buffer until the connect completes; a refused connect
-       shows as a read error, one that hangs meets the timeout. */
-    write_header(o);
-    return 0;
+    return RT_ENOTFOUND;
+}
+
+/* Where to connect: xmpp.s2s_peers' address at once, else the resolver is asked. */
+static void find_address(rt_actor_t *self, s2s_out_t *o)
+{
+    unsigned len;
+    if (rt__c2s_s2s_peer(o->remote, &o->addr[0].addr, &len) == 0) {
+        o->addr[0].len = len;
+        o->naddr = 1;
+        if (connect_next(self, o) != 0)
+            fail(self, o, "cannot connect (no socket)");
+        return;
+    }
+    int rc = rt__c2s.conf->s2s_dns ? rt__c2s_s2s_resolve(o->remote) : RT_ENOTFOUND;
+    if (rc == 0)
+        o->looking_up = true;
+    else
+        fail(self, o,
+             rc == RT_ELIMIT ? "too many DNS lookups waiting"
+                             : "no address for the domain (xmpp.s2s_peers, xmpp.s2s_dns)");
+}
+
+static void on_resolved(rt_actor_t *self, s2s_out_t *o, const rt_msg_t *m)
+{
+    if (!o->looking_up || m->len < offsetof(rt_xmpp_s2s_found_t, a))
+        return;
+    o->looking_up = false;
+    const rt_xmpp_s2s_found_t *r = (const void *)m->data;
+    size_t n = r->rc > 0 ? (size_t)r->rc : 0;
+    if (n > RT_XMPP_S2S_ADDRS || m->len < offsetof(rt_xmpp_s2s_found_t, a) + n * sizeof(r->a[0]))
+        return;
+    if (o->phase != OUT_CONNECTING)
+        return; /* failed meanwhile (its time ran out) */
+    memcpy(o->addr, r->a, n * sizeof(r->a[0]));
+    o->naddr = (uint8_t)n;
+    if (r->rc == RT_ENOTFOUND)
+        fail(self, o, "the domain offers no server-to-server service (DNS)");
+    else if (connect_next(self, o) != 0)
+        fail(self, o, n ? "connection refused" : "no address for the domain (DNS)");
 }
 
 static int out_init(rt_actor_t *self, void *state, void *arg)
@@ -486,13 +542,15 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
     case C2S_MSG_S2S_VERIFY:
         on_verify_asked(o, m);
         break;
+    case C2S_MSG_S2S_RESOLVED:
+        on_resolved(self, o, m);
+        break;
     case C2S_MSG_S2S_TIMEOUT:
-        if (o->phase == OUT_CONNECTING && !o->sock) { /* the first: connect now */
-            if (connect_now(self, o) != 0)
-                fail(self, o, "no address for the domain (xmpp.s2s_peers)");
-            else
-                rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
-                                  C2S_MSG_S2S_TIMEOUT, NULL);
+        if (o->phase == OUT_CONNECTING && !o->sock && !o->naddr && !o->looking_up) {
+            /* the first: the lookup and the connect share connect_timeout */
+            rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
+                              C2S_MSG_S2S_TIMEOUT, NULL);
+            find_address(self, o);
         } else if (o->phase != OUT_READY && o->phase != OUT_DOWN) {
             fail(self, o, "not ready in time (connect_timeout)");
         }
@@ -555,6 +613,8 @@ static const char *out_tag_name(uint32_t tag)
         return "stanza";
     case C2S_MSG_S2S_VERIFY:
         return "verify";
+    case C2S_MSG_S2S_RESOLVED:
+        return "resolved";
     case C2S_MSG_S2S_TIMEOUT:
         return "connect_timeout";
     case C2S_MSG_S2S_IDLE:

@@ -52,7 +52,7 @@ def rtd_pair():
         r = Rtd(f'xmpp={{ hosts = {{ "{dom}" }}, listeners = {{ "127.0.0.1:{port}", '
                 f'{{ bind = "{addr}:5269", s2s = true, starttls = true, '
                 f'tls = {{ cert = "{cert}", key = "{key}" }} }} }}, '
-                f's2s_peers = {{ "{peer}={paddr}:5269" }} }}', "auth_max_delay_ms=0",
+                f's2s_peers = {{ "{peer}={paddr}:5269" }}, s2s_dns = false }}', "auth_max_delay_ms=0",
                 data_dir=d)
         out.append((r, r.proc.pid, port, dom))
     return out, lambda: [r.stop() for r, *_ in out]

@@ -192,7 +192,7 @@ class Rtd:
     """A real rtd on a free loopback port, with its own data directory (state.db, sinks)
     unless data_dir names one to share with an earlier instance (restart tests)."""
 
-    def __init__(self, *overrides, data_dir=None, port=None):
+    def __init__(self, *overrides, data_dir=None, port=None, netns=None):
         import tempfile
         self.port = port or free_port()
         if data_dir is None:
@@ -225,11 +225,17 @@ class Rtd:
         # connections (into the kernel's backlog) before it serves them: it is ready when it
         # tells systemd so, once every stage runs and the listeners accept (notify.h). An
         # abstract socket: no path to outgrow sun_path; kept open for its STOPPING=1.
+        # In a network namespace of its own (netns: `ip netns exec`, which keeps the pid and
+        # gives the namespace's /etc/hosts and resolv.conf), the abstract namespace is that
+        # namespace's: the socket is a path there.
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         name = f"rt-test-{os.getpid()}-{id(self)}"
-        self.notify.bind("\0" + name)
+        address = os.path.join(data_dir, "notify.sock") if netns else "\0" + name
+        self.notify.bind(address)
         self.notify.settimeout(0.05)
-        env = dict(os.environ, NOTIFY_SOCKET="@" + name)
+        env = dict(os.environ, NOTIFY_SOCKET=address if netns else "@" + name)
+        if netns:
+            args = ["ip", "netns", "exec", netns] + args
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True,
                                      env=env)
         deadline = time.time() + 10

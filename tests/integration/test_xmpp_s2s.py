@@ -38,7 +38,7 @@ def start(server, peers):
     peer_list = ", ".join(f'"{d}=127.0.0.1:{p}"' for d, p in peers.items())
     rtd = Rtd(f'xmpp={{ hosts = {{ "{server.domain}" }}, listeners = {{ "127.0.0.1:{server.c2s}", '
               f'{{ bind = "127.0.0.1:{server.s2s}", s2s = true{tls} }} }}, '
-              f's2s_peers = {{ {peer_list} }} }}', "auth_max_delay_ms=0", data_dir=server.tmp)
+              f's2s_peers = {{ {peer_list} }}, s2s_dns = false }}', "auth_max_delay_ms=0", data_dir=server.tmp)
     rtd.xport = server.c2s
     return rtd
 

@@ -90,7 +90,7 @@ def fed(pki):
                   f'{{ bind = "{rt_addr}:5269", s2s = true, starttls = true, '
                   f'tls = {{ cert = "{cert}", key = "{key}" }} }} }}, '
                   f's2s_peers = {{ "prosody.test={prosody_addr}:5269", '
-                  f'"conference.prosody.test={prosody_addr}:5269" }}, '
+                  f'"conference.prosody.test={prosody_addr}:5269" }}, s2s_dns = false, '
                   'muc_host = "conference.@HOST@", muc_room_locking = false }',
                   "auth_max_delay_ms=0", data_dir=rdir)
         rtd.xport, rtd.pport, rtd.pdir = cport, pport, pdir

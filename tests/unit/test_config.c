@@ -119,7 +119,8 @@ static void test_shipped_xmpp_example(void)
     CHECK(c->xmpp.listeners[1].tls_on && !c->xmpp.listeners[1].starttls);
     CHECK(c->xmpp.listeners[2].websocket[0] == '/');
     CHECK(c->xmpp.listeners[3].s2s && c->xmpp.listeners[3].starttls);
-    CHECK(c->xmpp.ns2s_peers == 1 && strcmp(c->xmpp.s2s_peers[0], "example.net=192.0.2.10:5269") == 0);
+    CHECK(c->xmpp.s2s_dns && c->xmpp.ns2s_peers == 1 &&
+          strcmp(c->xmpp.s2s_peers[0], "example.net=192.0.2.10:5269") == 0);
     free(c);
 }
 
