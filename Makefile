@@ -139,7 +139,7 @@ test-integration-asan-b: build-asan deps
 		tests/integration/test_tenant.py tests/integration/test_delayed.py \
 		tests/integration/test_exclusive.py tests/integration/test_xmpp_upload.py \
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
-		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_prosody.py \
+		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_peers.py \
 		tests/integration/test_xmpp_s2s_dns.py -m "not long"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
@@ -170,7 +170,7 @@ test-integration-tsan: build-tsan deps
 		tests/integration/test_xmpp_mqtt_rules.py tests/integration/test_xmpp_pep.py \
 		tests/integration/test_xmpp_sasl2.py tests/integration/test_xmpp_upload.py \
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
-		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_prosody.py \
+		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_peers.py \
 		tests/integration/test_xmpp_s2s_dns.py -k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus

@@ -53,8 +53,9 @@ if [[ "$purpose" == test ]]; then
         chromium  # headless: tests/integration/test_dashboard.py drives the dashboard at / over CDP
         nats-server  # the cluster's tests run NATS servers
         python3-slixmpp  # tests/integration/test_xmpp_*.py: the XMPP client the sessions are tested with
-        prosody  # tests/integration/test_xmpp_s2s_prosody.py: another server to federate with
+        prosody  # tests/integration/test_xmpp_s2s_peers.py: another server to federate with
         lua-unbound  # prosody's resolver that reads the test's hosts file (only recommended)
+        ejabberd  # test_xmpp_s2s_peers.py: the other server to federate with
         iproute2 python3-dnspython  # test_xmpp_s2s_dns.py: a network namespace, a DNS server
         python3-aiohttp  # slixmpp's XEP-0363 plugin uploads with it (tests/integration/test_xmpp_upload.py)
         python3-jwt python3-cryptography  # tests/integration/test_jwt.py: tokens and keys made in the test

@@ -6,12 +6,9 @@ once, so the second (priority 20) is the one that serves, after the first was tr
 has none: b.test falls back to a.test's own address on 5269 (3.2.2), for its stanzas and for
 its dialback verification. A domain whose SRV target is "." (no service) and one DNS does not
 know are bounced with remote-server-not-found."""
-import contextlib
-import ctypes
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import threading
 
@@ -19,35 +16,10 @@ import pytest
 
 import xmpp_util as X
 from conftest import Rtd, free_port
-from dns_util import DnsServer
+from dns_util import DnsServer, Netns
 
 PW = "dns secret"
-NS = f"rt-s2s-dns-{os.getpid()}"
-CLONE_NEWNET = 0x40000000
-libc = ctypes.CDLL(None, use_errno=True)
 A_ADDR, B_ADDR, DEAD_ADDR = "127.0.0.4", "127.0.0.2", "127.0.0.3"
-
-
-def setns(fd):
-    if libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-@contextlib.contextmanager
-def inside(ns):
-    """This thread in the namespace ns (sockets it makes stay there), then back."""
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    there = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-    try:
-        setns(there)
-        try:
-            yield
-        finally:
-            setns(home)
-    finally:
-        os.close(there)
-        os.close(home)
 
 
 class Closer:
@@ -71,18 +43,11 @@ class Closer:
 
 @pytest.fixture(scope="module")
 def net(pki):
-    etc = f"/etc/netns/{NS}"
-    subprocess.run(["ip", "netns", "add", NS], check=True)
+    ns = Netns(f"rt-s2s-dns-{os.getpid()}", {A_ADDR: ["a.test"], B_ADDR: ["srv2.b.test"],
+                                             DEAD_ADDR: ["srv1.b.test"]})
     rtds, tmps, dns, closer = [], [], None, None
     try:
-        subprocess.run(["ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up"], check=True)
-        os.makedirs(etc, exist_ok=True)
-        with open(f"{etc}/hosts", "w") as f:
-            f.write(f"127.0.0.1 localhost\n{A_ADDR} a.test\n{B_ADDR} srv2.b.test\n"
-                    f"{DEAD_ADDR} srv1.b.test\n")
-        with open(f"{etc}/resolv.conf", "w") as f:
-            f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:2\n")
-        with inside(NS):
+        with ns.inside():
             b_port, dead_port = free_port(), free_port()
             dns = DnsServer({
                 ("_xmpp-server._tcp.b.test", "SRV"): [f"20 0 {b_port} srv2.b.test.",
@@ -100,10 +65,10 @@ def net(pki):
                 c2s = free_port()
                 r = Rtd(f'xmpp={{ hosts = {{ "{domain}" }}, listeners = {{ "127.0.0.1:{c2s}", '
                         f'{{ bind = "{s2s}", s2s = true, {tls} }} }} }}', "auth_max_delay_ms=0",
-                        "log_level=debug", data_dir=tmp, netns=NS)
+                        "log_level=debug", data_dir=tmp, netns=ns.name)
                 r.xport = c2s
                 rtds.append(r)
-            yield rtds[0], rtds[1], dns, closer
+            yield ns, rtds[0], rtds[1], dns, closer
     finally:
         for r in rtds:
             code, log = r.stop()
@@ -113,8 +78,7 @@ def net(pki):
                 c.close()
         for t in tmps:
             shutil.rmtree(t, ignore_errors=True)
-        subprocess.run(["ip", "netns", "del", NS])
-        shutil.rmtree(etc, ignore_errors=True)
+        ns.delete()
 
 
 def client(rtd, user, domain):
@@ -124,8 +88,8 @@ def client(rtd, user, domain):
 
 
 def test_srv_records_and_the_domains_own_address(net):
-    ra, rb, dns, closer = net
-    with inside(NS):
+    ns, ra, rb, dns, closer = net
+    with ns.inside():
         alice, bob = client(ra, "alice", "a.test"), client(rb, "bob", "b.test")
         alice.send("<message to='bob@b.test/r' type='chat' id='d1'><body>via srv</body></message>")
         text = bob.read_until(rb"<message[^>]*id='d1'.*?</message>")
@@ -146,8 +110,8 @@ def test_srv_records_and_the_domains_own_address(net):
 
 
 def test_no_service_and_unknown_domains_bounce(net):
-    ra, rb, dns, _ = net
-    with inside(NS):
+    ns, ra, rb, dns, _ = net
+    with ns.inside():
         alice = client(ra, "alice", "a.test")
         for i, domain in enumerate(("none.test", "missing.test")):
             alice.send(f"<message to='x@{domain}' type='chat' id='n{i}'><body>?</body></message>")

@@ -2,8 +2,9 @@
 run (xmpp_server.py, xmpp_differential.sh) and the benchmark beside them
 (tests/bench/xmpp_peers.sh): each gets its config and data in a folder of the caller's, a
 loopback port, accounts by in-band registration (XEP-0077, open to 127.0.0.1 only), and is
-ended by the PID started here. Nothing here installs anything; the packages come once, at
-set-up time, without their system services:
+ended by the PID started here. Nothing here installs anything: `tools/install-deps.sh --for
+test` installs both, without their system services (test_xmpp_s2s_peers.py federates with
+them in every run); by hand:
 
     printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
     apt-get install -y ejabberd prosody; rm /usr/sbin/policy-rc.d
@@ -14,7 +15,9 @@ SCRAM-SHA-256 keys ("bench-plain": ejabberd as its package ships it, passwords s
 clear, so that each SCRAM login derives the keys). "tests" is what the functional tests need and rtd serves: also carbons,
 stream management, blocking, vcard-temp, caps, roster versioning, an anonymous host, and
 plain stored passwords, so that both SCRAM-SHA-1 and SCRAM-SHA-256 are offered, as rtd does;
-and, for a module that asks (muc=True), multi-user chat (XEP-0045) at conference.HOST.
+and, for a module that asks (muc=True), multi-user chat (XEP-0045) at conference.HOST; and
+for one that asks (s2s=(address, PEM), ejabberd), federation on address:5269 with STARTTLS
+and dialback.
 
 Also a command, for the benchmark's shell script:
     xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon|bench-plain   (DIR's config)
@@ -29,8 +32,7 @@ EJABBERD_LIB = "/usr/lib/x86_64-linux-gnu"
 EJABBERD_DIR = EJABBERD_LIB + "/ejabberd-23.01"
 PROSODY = "/usr/bin/prosody"
 START_S = 60  # ejabberd's first start makes its mnesia tables; seconds, on a loaded machine
-INSTALL_HINT = ("install once with the policy-rc.d trick in tests/integration/xmpp_peer.py's "
-                "header (apt-get install ejabberd prosody)")
+INSTALL_HINT = "run tools/install-deps.sh --for test (or see xmpp_peer.py's header)"
 
 
 def installed(name):
@@ -43,7 +45,7 @@ def lua_list(items):
 
 def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, resume_timeout=300,
                     max_offline=None, tls_port=None, tls_pem=None, muc=False,
-                    muc_max_occupants=None):
+                    muc_max_occupants=None, s2s=None):
     bench = profile.startswith("bench")
     lines = [f"hosts: [{', '.join(repr(h) for h in hosts)}]",
              "loglevel: warning", "log_rotate_count: 0",
@@ -54,6 +56,9 @@ def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, res
         lines += [f"  - port: {tls_port}", '    ip: "127.0.0.1"', "    module: ejabberd_c2s",
                   "    tls: true", f"    max_stanza_size: {max_stanza_size}",
                   "    backlog: 4096", "    access: c2s", f'certfiles: ["{tls_pem}"]']
+    if s2s:  # (address, PEM): federation on address:5269, STARTTLS offered, dialback
+        lines += ["  - port: 5269", f'    ip: "{s2s[0]}"', "    module: ejabberd_s2s_in",
+                  f'certfiles: ["{s2s[1]}"]', "s2s_use_starttls: optional"]
     lines += ["allow_multiple_connections: true", "registration_timeout: infinity"]
     if bench:
         # Both methods on one host: internal (SCRAM-SHA-256 keys) and SASL ANONYMOUS.
@@ -87,6 +92,8 @@ def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, res
             # timed out held goes to the offline store; ejabberd's default bounces it.
             "mod_stream_mgmt": f"\n    resume_timeout: {resume_timeout}\n"
                                "    resend_on_timeout: true"})
+    if s2s:
+        mods["mod_s2s_dialback"] = "{}"
     if muc:
         # XEP-0045 at conference.HOST, as rtd's muc_host: anyone may make a room, which is
         # temporary, public, semi-anonymous (real JIDs to moderators), keeps 20 messages of history and
@@ -217,12 +224,15 @@ class Peer:
     """NAME serving hosts on port from directory, with users registered (password for all).
     stop() answers as an Rtd's: (exit code, the server's log text)."""
 
-    def __init__(self, name, directory, port, hosts, anonymous, users, password, **bounds):
+    def __init__(self, name, directory, port, hosts, anonymous, users, password, netns=None,
+                 **bounds):
         if not installed(name):
             raise RuntimeError(f"{name} is not installed: {INSTALL_HINT}")
         self.name, self.dir, self.xport = name, directory, port
         write_config(name, directory, port, "tests", hosts, anonymous, **bounds)
         argv, env = command(name, directory)
+        if netns:  # a dns_util.Netns: the server runs there (the caller's thread is too)
+            argv = netns.command(argv)
         self.log_path = os.path.join(directory, "server.log")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
