@@ -242,13 +242,12 @@ static void add_tls(rt_doc_t *o, const rt_listen_t *l, unsigned index)
     rt_tls_info_t info;
     if (!rt_tls_info(index, &info))
         return;
-    static const char *const verify[] = {"none", "optional", "required"};
     rt_doc_t *t = rt_doc_add_object(o, "tls");
     rt_doc_add_str(t, "cert", l->tls.cert);
     rt_doc_add_str(t, "subject", info.subject);
     rt_doc_add_str(t, "not_after", info.not_after);
     rt_doc_add_i64(t, "days_left", info.days_left);
-    rt_doc_add_str(t, "verify", verify[l->tls.verify]);
+    rt_doc_add_str(t, "verify", rt_conf_tls_verify_names[l->tls.verify]);
     if (l->tls.ca[0])
         rt_doc_add_str(t, "ca", l->tls.ca);
     if (l->tls.crl[0])

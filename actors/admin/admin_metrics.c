@@ -521,6 +521,12 @@ static void xmpp_section(rt_buf_t *b)
             "Errors sent back to other servers' senders.", atomic_load(&x->s2s_errors_out));
     one_u64(b, "rt_xmpp_s2s_dialback_failed_total", "counter",
             "Dialback keys that did not verify, either way.", atomic_load(&x->s2s_dialback_failed));
+    one_u64(b, "rt_xmpp_s2s_external_total", "counter",
+            "Server-to-server streams proved by SASL EXTERNAL (certificates), either way.",
+            atomic_load(&x->s2s_external_ok));
+    one_u64(b, "rt_xmpp_s2s_external_failed_total", "counter",
+            "SASL EXTERNAL between servers refused, either way (dialback is tried next).",
+            atomic_load(&x->s2s_external_failed));
     one_u64(b, "rt_xmpp_s2s_stream_errors_total", "counter",
             "Server-to-server streams this server ended with a stream error.",
             atomic_load(&x->s2s_stream_errors));

@@ -53,8 +53,18 @@ typedef struct rt_conf_rate_s {
 #define RT_CONF_MAX_NATS 8 /* NATS server URLs a node knows at start (it learns the rest) */
 #define RT_CONF_URL_MAX 256
 
-/* In the order of their choices in the schema (tls.verify, tls.min_version). */
-typedef enum { RT_TLS_VERIFY_NONE, RT_TLS_VERIFY_OPTIONAL, RT_TLS_VERIFY_REQUIRED } rt_tls_verify_t;
+/*
+** In the order of their choices in the schema (tls.verify, tls.min_version). REQUEST asks for
+** a certificate and verifies it but takes the connection whatever it shows: for server-to-server
+** streams, where an untrusted certificate means dialback, not a refusal.
+*/
+typedef enum {
+    RT_TLS_VERIFY_NONE,
+    RT_TLS_VERIFY_OPTIONAL,
+    RT_TLS_VERIFY_REQUIRED,
+    RT_TLS_VERIFY_REQUEST
+} rt_tls_verify_t;
+extern const char *const rt_conf_tls_verify_names[]; /* by rt_tls_verify_t, then NULL */
 typedef enum { RT_TLS_1_2, RT_TLS_1_3 } rt_tls_version_t;
 
 /* A certificate served to clients that ask for name by SNI (tls.sni). */

@@ -272,7 +272,7 @@ const rt_setting_t rt__conf_settings[] = {
         .doc = h, .offset = X_OFF(f)                                                               \
     }
 static const char *const resource_conflicts[] = {"replace", "refuse", NULL};
-static const char *const tls_verify_modes[] = {"none", "optional", "required", NULL};
+const char *const rt_conf_tls_verify_names[] = {"none", "optional", "required", "request", NULL};
 static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
 /*
@@ -339,9 +339,11 @@ const rt_setting_t rt__conf_table_settings[] = {
     {.name = "listeners[].tls.verify",
      .type = RT_SET_STRING,
      .text = "none",
-     .choices = tls_verify_modes,
+     .choices = rt_conf_tls_verify_names,
      .offset = T_OFF(verify),
-     .doc = "client certificates asked for: none, optional or required (the last two need ca)"},
+     .doc = "client certificates asked for: none, optional, required, or request (asked for "
+            "and verified but never refused: an XMPP s2s listener's, where a verified one "
+            "allows SASL EXTERNAL and any other means dialback); all but none need ca"},
     {.name = "listeners[].tls.identity_as_username",
      .type = RT_SET_BOOL,
      .offset = T_OFF(identity_as_username),

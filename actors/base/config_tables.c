@@ -153,7 +153,7 @@ static bool read_tls(lua_State *L, const char *where, void *field, char *why, si
     }
     if (t->verify != RT_TLS_VERIFY_NONE && !t->ca[0]) {
         snprintf(why, whylen, "%s: verify = \"%s\" needs ca (the clients' certificate authority)",
-                 where, t->verify == RT_TLS_VERIFY_REQUIRED ? "required" : "optional");
+                 where, rt_conf_tls_verify_names[t->verify]);
         return false;
     }
     if (t->identity_as_username && t->verify != RT_TLS_VERIFY_REQUIRED) {

@@ -77,6 +77,8 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t s2s_bounced;       /* stanzas for another server sent back as errors */
     _Atomic uint64_t s2s_errors_out;    /* errors sent back to other servers' senders */
     _Atomic uint64_t s2s_dialback_failed; /* keys that did not verify, either way */
+    _Atomic uint64_t s2s_external_ok;     /* streams SASL EXTERNAL proved, either way */
+    _Atomic uint64_t s2s_external_failed; /* EXTERNAL refused, either way (dialback next) */
     _Atomic uint64_t s2s_stream_errors;   /* server-to-server streams ended by an error */
 } rt_c2s_stats_t;
 

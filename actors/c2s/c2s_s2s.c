@@ -55,8 +55,9 @@ int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen)
         snprintf(err, errlen, "xmpp: no random bytes for the dialback secret");
         return RT_EAGAIN;
     }
-    /* Dialback proves a domain through DNS and the key; the certificate is not checked (what
-       SASL EXTERNAL with certificates would add is not in yet). */
+    /* The other server's certificate is not checked: dialback proves its domain through DNS
+       and the key, as it proves this one's. This server shows the first s2s listener's
+       certificate, for SASL EXTERNAL where the other server trusts its CA. */
     client_tls = SSL_CTX_new(TLS_client_method());
     if (!client_tls || SSL_CTX_set_min_proto_version(client_tls, TLS1_2_VERSION) != 1) {
         SSL_CTX_free(client_tls);
@@ -65,6 +66,17 @@ int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen)
         return RT_ENOMEM;
     }
     SSL_CTX_set_verify(client_tls, SSL_VERIFY_NONE, NULL);
+    const rt_conf_tls_t *own = NULL;
+    for (unsigned i = 0; i < x->nlisteners && !own; i++)
+        if (x->listeners[i].s2s && x->listeners[i].tls_on && x->listeners[i].tls.cert[0])
+            own = &x->listeners[i].tls;
+    if (own && (SSL_CTX_use_certificate_chain_file(client_tls, own->cert) != 1 ||
+                SSL_CTX_use_PrivateKey_file(client_tls, own->key, SSL_FILETYPE_PEM) != 1)) {
+        SSL_CTX_free(client_tls);
+        client_tls = NULL;
+        snprintf(err, errlen, "xmpp: cannot load %s for federation's outgoing streams", own->cert);
+        return RT_EINVAL;
+    }
     SSL_CTX_set_mode(client_tls, SSL_MODE_RELEASE_BUFFERS);
     return 0;
 }
@@ -408,8 +420,11 @@ typedef struct s2s_in_s {
     rt_xml_stream_t xs;
     uint8_t listener;
     int8_t plain; /* 0: not asked yet; 1: may go without TLS; -1: may not */
-    bool secure, starttls, closing, dropped, counted, header;
+    bool secure, starttls, closing, dropped, counted, header, restart;
+    uint8_t to; /* the header's domain: rt__c2s_s2s_local_index's */
     char id[17];
+    char from[RT_CONF_XMPP_HOST_MAX];   /* the header's from, prepared ("" when it has none) */
+    char authed[RT_CONF_XMPP_HOST_MAX]; /* the domain SASL EXTERNAL proved ("": none) */
     uint64_t last_rx_ms;
     unsigned npairs, pending;
     struct {
@@ -479,6 +494,20 @@ static bool in_plain_ok(s2s_in_t *s)
     return s->plain > 0;
 }
 
+/* A domain as a JID's domainpart, prepared; false if it is not one. */
+static bool domain_of(const char *text, rt_jid_buf_t *jb)
+{
+    return text && rt_jid_prep(text, strlen(text), jb, NULL) == 0 && !jb->jid.local &&
+           !jb->jid.resource;
+}
+
+/* SASL EXTERNAL (RFC 6120 6.4, XEP-0178): after TLS, when the other server's certificate
+   verified against the listener's ca and names the domain its header says it is. */
+static bool external_ok(const s2s_in_t *s)
+{
+    return s->secure && s->from[0] && !s->authed[0] && rt_xport_tls_names_domain(s->xp, s->from);
+}
+
 static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns, size_t nns)
 {
     (void)ns;
@@ -491,6 +520,10 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
         in_stream_error(s, RT_XML_COND_HOST_UNKNOWN, "this server does not serve that domain");
         return RT_XML_STOP;
     }
+    s->to = (uint8_t)host;
+    rt_jid_buf_t from;
+    if (domain_of(rt_xml_attr(hdr, "from"), &from) && from.jid.domain < sizeof(s->from))
+        snprintf(s->from, sizeof(s->from), "%s", rt_jid_domain(&from.jid));
     if (rt_random_hex(s->id, 8) != 0)
         snprintf(s->id, sizeof(s->id), "%016llx", (unsigned long long)rt_mono_ns());
     rt_buf_t b = {0};
@@ -504,6 +537,9 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
     rt_buf_printf(&b, "><stream:features>");
     if (in_listen(s)->starttls && !s->secure)
         rt_buf_printf(&b, "<starttls xmlns='%s'/>", RT_XML_NS_TLS);
+    if (external_ok(s))
+        rt_buf_printf(&b, "<mechanisms xmlns='%s'><mechanism>EXTERNAL</mechanism></mechanisms>",
+                      RT_XML_NS_SASL);
     rt_buf_printf(&b, "<dialback xmlns='%s'><errors/></dialback></stream:features>",
                   NS_DIALBACK_FEATURE);
     in_write_buf(s, &b);
@@ -519,11 +555,41 @@ static int pair_index(const s2s_in_t *s, int local, const char *remote)
     return -1;
 }
 
-/* A domain as a JID's domainpart, prepared; false if it is not one. */
-static bool domain_of(const char *text, rt_jid_buf_t *jb)
+/*
+** <auth mechanism='EXTERNAL'/>: the other server is the domain of its header when its
+** certificate names it; an authorization identity, when given ("=" is none), must be that
+** domain (RFC 6120 6.3.8). Success restarts the stream, which then carries stanzas from that
+** domain to any of ours; failure leaves dialback to try.
+*/
+static void in_sasl_auth(s2s_in_t *s, const rt_xml_el_t *el)
 {
-    return text && rt_jid_prep(text, strlen(text), jb, NULL) == 0 && !jb->jid.local &&
-           !jb->jid.resource;
+    const char *mech = rt_xml_attr(el, "mechanism"), *text = rt_xml_text(el, NULL);
+    char authzid[RT_CONF_XMPP_HOST_MAX] = "";
+    long n = text && *text && strcmp(text, "=") != 0
+                 ? rt_base64_decode(text, strlen(text), authzid, sizeof(authzid) - 1, 0)
+                 : 0;
+    rt_jid_buf_t want;
+    bool ok = mech && strcmp(mech, "EXTERNAL") == 0 && external_ok(s) && n >= 0;
+    if (ok && n > 0) {
+        authzid[n] = 0;
+        ok = domain_of(authzid, &want) && strcmp(rt_jid_domain(&want.jid), s->from) == 0;
+    }
+    rt_buf_t b = {0};
+    if (!ok) {
+        rt_buf_printf(&b, "<failure xmlns='%s'><not-authorized/></failure>", RT_XML_NS_SASL);
+        in_write_buf(s, &b);
+        atomic_fetch_add_explicit(&rt_c2s_stats.s2s_external_failed, 1, memory_order_relaxed);
+        rt_log(RT_LOG_WARNING, "xmpp.server_external_failed", "from=%s to=%s",
+               s->from[0] ? s->from : "-", rt__c2s_s2s_local_domain(s->to));
+        return;
+    }
+    rt_buf_printf(&b, "<success xmlns='%s'/>", RT_XML_NS_SASL);
+    in_write_buf(s, &b);
+    snprintf(s->authed, sizeof(s->authed), "%s", s->from);
+    s->restart = true;
+    atomic_fetch_add_explicit(&rt_c2s_stats.s2s_external_ok, 1, memory_order_relaxed);
+    rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=yes auth=external", s->authed,
+           rt__c2s_s2s_local_domain(s->to));
 }
 
 /* <db:result/> from the other server: its key for (local, remote), asked of its domain. */
@@ -607,7 +673,7 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
         s->pairs[s->npairs].local = v->local;
         snprintf(s->pairs[s->npairs].remote, sizeof(s->pairs[0].remote), "%s", remote);
         s->npairs++;
-        rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=%s", remote,
+        rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=%s auth=dialback", remote,
                rt__c2s_s2s_local_domain(v->local), s->secure ? "yes" : "no");
     }
 }
@@ -647,7 +713,7 @@ static void in_stanza(rt_actor_t *self, s2s_in_t *s, const rt_xml_el_t *el)
     int local = rt__c2s_s2s_local_index(rt_jid_domain(&to.jid), to.jid.domain);
     char remote[RT_CONF_XMPP_HOST_MAX];
     snprintf(remote, sizeof(remote), "%.*s", (int)from.jid.domain, rt_jid_domain(&from.jid));
-    if (local < 0 || pair_index(s, local, remote) < 0) {
+    if (local < 0 || (pair_index(s, local, remote) < 0 && strcmp(remote, s->authed) != 0)) {
         in_stream_error(s, RT_XML_COND_INVALID_FROM, "that pair of domains is not verified here");
         return;
     }
@@ -661,6 +727,8 @@ static int in_on_stanza(void *ctx, rt_xml_el_t *el)
     if (strcmp(el->ns, RT_XML_NS_TLS) == 0 && strcmp(el->name, "starttls") == 0 &&
         in_listen(s)->starttls && !s->secure) {
         s->starttls = true;
+    } else if (strcmp(el->ns, RT_XML_NS_SASL) == 0 && strcmp(el->name, "auth") == 0) {
+        in_sasl_auth(s, el);
     } else if (strcmp(el->ns, NS_DIALBACK) == 0 && strcmp(el->name, "result") == 0) {
         in_db_result(self, s, el);
     } else if (strcmp(el->ns, NS_DIALBACK) == 0 && strcmp(el->name, "verify") == 0) {
@@ -673,7 +741,7 @@ static int in_on_stanza(void *ctx, rt_xml_el_t *el)
         in_stream_error(s, RT_XML_COND_UNSUPPORTED_STANZA_TYPE, NULL);
     }
     rt_xml_free(&rt__c2s.stream_s2s.alloc, s, el);
-    return s->closing || s->starttls ? RT_XML_STOP : 0;
+    return s->closing || s->starttls || s->restart ? RT_XML_STOP : 0;
 }
 
 static int in_on_close(void *ctx)
@@ -758,6 +826,12 @@ static void in_feed(rt_actor_t *self, s2s_in_t *s, const uint8_t *p, size_t n)
         s->secure = true;
         s->header = false;
         rt_xml_stream_reset(&s->xs);
+    } else if (s->restart) { /* after SASL: a new header comes (RFC 6120 6.4.6) */
+        s->restart = false;
+        s->header = false;
+        rt_xml_stream_reset(&s->xs);
+        if (used < n)
+            in_feed(self, s, p + used, n - used);
     }
 }
 
@@ -854,7 +928,7 @@ static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         }
         break;
     case C2S_MSG_S2S_TIMEOUT: /* connect_timeout: no pair of domains verified by then */
-        if (!s->npairs)
+        if (!s->npairs && !s->authed[0])
             in_stream_error(s, RT_XML_COND_CONNECTION_TIMEOUT, "no dialback in time");
         break;
     case C2S_MSG_S2S_IDLE: {

@@ -4,7 +4,9 @@
 ** stanza for that pair. It connects to the address xmpp.s2s_peers gives, or else to those DNS
 ** gives (the resolver, c2s_s2s_dns.c; the next when one refuses), starts TLS when the other
 ** server offers it (required unless the address is in xmpp.plaintext_from), proves the
-** local domain with a dialback key (XEP-0220), and then writes the stanzas it is handed, held
+** local domain with SASL EXTERNAL when the other server offers it and this server has a
+** certificate (the s2s listener's), else (or when EXTERNAL is refused) with a dialback key
+** (XEP-0220), and then writes the stanzas it is handed, held
 ** meanwhile up to xmpp.s2s_queue_bytes. The same stream carries this server's <db:verify/>
 ** questions about keys another server's incoming stream was given.
 **
@@ -38,6 +40,8 @@ enum {
     OUT_FEATURES,
     OUT_STARTTLS,
     OUT_HANDSHAKE,
+    OUT_SASL,    /* <auth mechanism='EXTERNAL'/> sent */
+    OUT_RESTART, /* <success/> came: a new header goes out once the parser is free */
     OUT_DIALBACK,
     OUT_READY,
     OUT_DOWN
@@ -58,6 +62,7 @@ typedef struct s2s_out_s {
     rt_xml_stream_t xs;
     uint8_t phase;
     bool stream_init, counted, plain_ok, ever_ready, looking_up;
+    bool external;            /* proved by SASL EXTERNAL: the stream after the restart is ready */
     uint8_t naddr, next_addr; /* the addresses to try, and the next to try */
     rt_xmpp_s2s_addr_t addr[RT_XMPP_S2S_ADDRS];
     const char *down_cond; /* what a stanza that comes while it is down is bounced with */
@@ -237,8 +242,8 @@ static void ready(rt_actor_t *self, s2s_out_t *o)
 {
     o->phase = OUT_READY;
     o->ever_ready = true;
-    rt_log(RT_LOG_INFO, "xmpp.server_out", "local=%s remote=%s tls=%s", o->local, o->remote,
-           o->tls.ssl ? "yes" : "no");
+    rt_log(RT_LOG_INFO, "xmpp.server_out", "local=%s remote=%s tls=%s auth=%s", o->local, o->remote,
+           o->tls.ssl ? "yes" : "no", o->external ? "external" : "dialback");
     for (uint32_t at = 0; at + 4 <= o->qlen;) {
         uint32_t n;
         memcpy(&n, o->queue + at, 4);
@@ -289,14 +294,41 @@ static int out_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *n
     return 0;
 }
 
+/* Whether the features offer SASL EXTERNAL and this server has a certificate to show. */
+static bool external_offered(const s2s_out_t *o, const rt_xml_el_t *features)
+{
+    const rt_xml_el_t *mechs = rt_xml_child(features, "mechanisms", RT_XML_NS_SASL);
+    if (!o->tls.ssl || !mechs || !SSL_get_certificate(o->tls.ssl))
+        return false;
+    for (const rt_xml_el_t *m = rt_xml_child(mechs, "mechanism", RT_XML_NS_SASL); m;
+         m = rt_xml_next(m, "mechanism", RT_XML_NS_SASL)) {
+        const char *name = rt_xml_text(m, NULL);
+        if (name && strcmp(name, "EXTERNAL") == 0)
+            return true;
+    }
+    return false;
+}
+
 static void on_features(rt_actor_t *self, s2s_out_t *o, const rt_xml_el_t *el)
 {
-    if (rt_xml_child(el, "starttls", RT_XML_NS_TLS) && !o->tls.ssl) {
+    if (o->external) { /* the stream after EXTERNAL's restart */
+        ready(self, o);
+    } else if (rt_xml_child(el, "starttls", RT_XML_NS_TLS) && !o->tls.ssl) {
         static const char starttls[] = "<starttls xmlns='" RT_XML_NS_TLS "'/>";
         out_write(o, starttls, sizeof(starttls) - 1);
         o->phase = OUT_STARTTLS;
     } else if (!o->tls.ssl && !o->plain_ok) {
         fail(self, o, "the other server offers no TLS");
+    } else if (external_offered(o, el)) {
+        /* RFC 6120 6.3.8: the authorization identity is the domain this stream is from */
+        char b64[RT_BASE64_LEN(RT_CONF_XMPP_HOST_MAX) + 1];
+        rt_base64_encode(o->local, strlen(o->local), b64);
+        rt_buf_t b = {0};
+        rt_buf_printf(&b, "<auth xmlns='%s' mechanism='EXTERNAL'>%s</auth>", RT_XML_NS_SASL, b64);
+        if (!b.oom)
+            out_write(o, b.data, b.len);
+        rt_buf_free(&b);
+        o->phase = OUT_SASL;
     } else {
         start_dialback(o);
     }
@@ -335,6 +367,18 @@ static int out_on_stanza(void *ctx, rt_xml_el_t *el)
             atomic_fetch_add_explicit(&rt_c2s_stats.s2s_dialback_failed, 1, memory_order_relaxed);
             fail(self, o, "the other server did not take this server's dialback key");
         }
+    } else if (strcmp(el->ns, RT_XML_NS_SASL) == 0 && o->phase == OUT_SASL) {
+        if (strcmp(el->name, "success") == 0) {
+            o->external = true;
+            o->phase = OUT_RESTART;
+            atomic_fetch_add_explicit(&rt_c2s_stats.s2s_external_ok, 1, memory_order_relaxed);
+            rc = RT_XML_STOP; /* a new stream begins */
+        } else {              /* <failure/>: the other server did not take the certificate */
+            atomic_fetch_add_explicit(&rt_c2s_stats.s2s_external_failed, 1, memory_order_relaxed);
+            rt_log(RT_LOG_WARNING, "xmpp.server_external_failed", "from=%s to=%s", o->local,
+                   o->remote);
+            start_dialback(o);
+        }
     } else if (strcmp(el->ns, NS_DIALBACK) == 0 && strcmp(el->name, "verify") == 0) {
         on_db_verify(o, el);
     } else if (strcmp(el->ns, RT_XML_NS_STREAMS) == 0 && strcmp(el->name, "error") == 0) {
@@ -370,6 +414,10 @@ static void feed(rt_actor_t *self, s2s_out_t *o, const uint8_t *p, size_t n)
         fail(self, o, why);
     } else if (rc < 0 && o->phase != OUT_DOWN) {
         fail(self, o, "no memory for the stream");
+    } else if (o->phase == OUT_RESTART) { /* RFC 6120 6.4.6: after SASL, a new stream */
+        rt_xml_stream_reset(&o->xs);
+        o->phase = OUT_FEATURES;
+        write_header(o);
     }
 }
 

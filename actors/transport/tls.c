@@ -79,6 +79,15 @@ static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outle
 /* Modern suites only: ECDHE with AES-GCM or ChaCha20 for TLS 1.2 (1.3's are all fine). */
 #define TLS12_CIPHERS "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
 
+/* verify = "request": the chain is checked and its result kept (SSL_get_verify_result) for
+   the protocol to weigh, but the handshake goes on whatever it is. */
+static int take_any_certificate(int preverified, X509_STORE_CTX *store)
+{
+    (void)preverified;
+    (void)store;
+    return 1;
+}
+
 static SSL_CTX *build_context(const tls_server_t *s, const char *cert, const char *key,
                               SSL_CTX *previous, char *why, size_t whylen)
 {
@@ -138,7 +147,7 @@ static SSL_CTX *build_context(const tls_server_t *s, const char *cert, const cha
             ctx,
             SSL_VERIFY_PEER |
                 (t->verify == RT_TLS_VERIFY_REQUIRED ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
-            NULL);
+            t->verify == RT_TLS_VERIFY_REQUEST ? take_any_certificate : NULL);
     SSL_CTX_set_alpn_select_cb(ctx, select_alpn, (void *)s->alpn);
     /* Tickets issued before a reload still resume after it. */
     unsigned char keys[80];
@@ -452,6 +461,31 @@ int rt_tls_peer_other_names(SSL *ssl, const char *oid,
     GENERAL_NAMES_free(names);
     ASN1_OBJECT_free(want);
     return n;
+}
+
+typedef struct {
+    const char *domain;
+    bool found;
+} domain_match_t;
+
+static bool same_domain(const char *value, size_t len, void *arg)
+{
+    domain_match_t *m = arg;
+    m->found = len == strlen(m->domain) && strncasecmp(value, m->domain, len) == 0;
+    return m->found;
+}
+
+bool rt_tls_peer_names_domain(SSL *ssl, const char *domain)
+{
+    X509 *cert = SSL_get0_peer_certificate(ssl);
+    if (!cert || SSL_get_verify_result(ssl) != X509_V_OK)
+        return false;
+    if (X509_check_host(cert, domain, strlen(domain), X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS, NULL) ==
+        1)
+        return true;
+    domain_match_t m = {domain, false};
+    rt_tls_peer_other_names(ssl, "1.3.6.1.5.5.7.8.5", same_domain, &m);
+    return m.found;
 }
 
 /* Text that does not fit is dropped whole: a name cut short could be another's. */

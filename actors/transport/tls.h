@@ -100,6 +100,14 @@ int rt_tls_peer_other_names(SSL *ssl, const char *oid,
                             bool (*fn)(const char *value, size_t len, void *arg), void *arg);
 
 /*
+** Whether the verified peer certificate names domain as a server (RFC 6125 as RFC 6120 13.7.2
+** applies it): a DNS-ID (a wildcard only as the whole leftmost label), the subject CN only
+** when it has no DNS-ID, or an id-on-xmppAddr of the bare domain. False without a verified
+** peer certificate.
+*/
+bool rt_tls_peer_names_domain(SSL *ssl, const char *domain);
+
+/*
 ** Channel binding (for SASL's SCRAM-*-PLUS): RT_TLS_CB_EXPORTER is RFC 9266's tls-exporter
 ** (32 bytes of keying material; TLS 1.3 only, where it is safe without extended master
 ** secret), RT_TLS_CB_END_POINT RFC 5929's tls-server-end-point (the hash of the server's

@@ -805,6 +805,11 @@ int rt_xport_tls_other_names(const rt_xport_t *xp, const char *oid,
     return rt_xport_tls_on(xp) ? rt_tls_peer_other_names(xp->tls.ssl, oid, fn, arg) : -1;
 }
 
+bool rt_xport_tls_names_domain(const rt_xport_t *xp, const char *domain)
+{
+    return rt_xport_tls_on(xp) && rt_tls_peer_names_domain(xp->tls.ssl, domain);
+}
+
 bool rt_xport_real_peer(const rt_xport_t *xp, rt_auth_addr_t *addr, uint16_t *port)
 {
     if (!xp || !xp->real)

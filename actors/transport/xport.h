@@ -214,6 +214,9 @@ bool rt_xport_tls_cert(const rt_xport_t *xp, rt_auth_tls_t *out);
    without TLS or such a certificate. */
 int rt_xport_tls_other_names(const rt_xport_t *xp, const char *oid,
                              bool (*fn)(const char *value, size_t len, void *arg), void *arg);
+/* Whether the verified peer certificate names domain as a server (rt_tls_peer_names_domain);
+   false without TLS or such a certificate. */
+bool rt_xport_tls_names_domain(const rt_xport_t *xp, const char *domain);
 /* The client's address and port as a trusted proxy named them; false when none did. */
 bool rt_xport_real_peer(const rt_xport_t *xp, rt_auth_addr_t *addr, uint16_t *port);
 /* "ip:port" of the client: as a trusted proxy named it (xp may be NULL), else socket fd's peer

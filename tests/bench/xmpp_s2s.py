@@ -62,7 +62,7 @@ def ejabberd_pair():
         f.write(c.read() + k.read())
     for dom, addr, _ in DOMAINS:
         p = xmpp_peer.Peer("ejabberd", tempfile.mkdtemp(dir=base), free_port(), [dom], [], ["u"],
-                           PW, netns=ns, s2s=(addr, pem))
+                           PW, netns=ns, s2s=(addr, pem, None))
         out.append((p, p.proc.pid, p.xport, dom))
     return out, lambda: [p.stop() for p, *_ in out]
 

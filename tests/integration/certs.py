@@ -7,7 +7,8 @@
   in 2020 only, through `openssl ca -startdate/-enddate`), revoked (listed in ca/crl.pem), and
   one from a second CA the broker does not know;
 - XMPP client certificates on demand (CA.issue_xmpp): subjectAltName otherNames
-  id-on-xmppAddr (RFC 6120 13.7.1.4), the identities of SASL EXTERNAL (XEP-0178).
+  id-on-xmppAddr (RFC 6120 13.7.1.4), the identities of SASL EXTERNAL (XEP-0178); and XMPP
+  servers' (CA.issue_domain): DNS-IDs, for SASL EXTERNAL between servers.
 
 Nothing is fetched or cached: each module that uses the `pki` fixture gets its own set in its
 tmp directory. Tests get them through the `pki` fixture (conftest.py, module scope): a Pki.
@@ -121,18 +122,27 @@ class CA:
     def issue_xmpp(self, out_dir, name, *jids):
         """A client certificate whose subjectAltName is one id-on-xmppAddr otherName (a
         UTF8String) per JID, from an extension file `openssl ca -extfile` reads."""
-        ext = os.path.join(out_dir, f"{name}.ext")
         sans = ", ".join(f"otherName:1.3.6.1.5.5.7.8.5;UTF8:{j}" for j in jids)
+        return self._issue_with(out_dir, name, "clientAuth", sans)
+
+    def issue_domain(self, out_dir, name, *domains):
+        """An XMPP server's certificate (RFC 6120 13.7.1.2): a DNS-ID per domain, for TLS
+        either way (a server-to-server stream's initiating server shows it as a client)."""
+        return self._issue_with(out_dir, name, "serverAuth, clientAuth",
+                                ", ".join(f"DNS:{d}" for d in domains))
+
+    def _issue_with(self, out_dir, name, usage, sans):
+        ext = os.path.join(out_dir, f"{name}.ext")
         with open(ext, "w") as f:
-            f.write("[ xmpp_client ]\nbasicConstraints = CA:FALSE\n"
+            f.write("[ issued ]\nbasicConstraints = CA:FALSE\n"
                     "keyUsage = critical, digitalSignature, keyEncipherment\n"
-                    f"extendedKeyUsage = clientAuth\nsubjectAltName = {sans}\n")
+                    f"extendedKeyUsage = {usage}\nsubjectAltName = {sans}\n")
         key = new_key(os.path.join(out_dir, f"{name}.key"), "ec")
         csr = os.path.join(out_dir, f"{name}.csr")
         cert = os.path.join(out_dir, f"{name}.pem")
         openssl("req", "-new", "-key", key, "-subj", f"/O=rt tests/CN={name}", "-out", csr)
         openssl("ca", "-batch", "-notext", "-config", self.conf, "-extfile", ext,
-                "-extensions", "xmpp_client", "-in", csr, "-out", cert, "-days", "30")
+                "-extensions", "issued", "-in", csr, "-out", cert, "-days", "30")
         return cert, key
 
     def revoke(self, cert):

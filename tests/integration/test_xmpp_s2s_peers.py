@@ -13,6 +13,7 @@ both ways, directed presence with its unavailable at the session's end, subscrip
 ways with broadcasts and a probe, group chat both ways (rtd's user in a room of the peer's
 MUC, the peer's user in a room of rtd's), and a push notification to an app server on the
 peer. Raw clients on both servers, all in the namespace."""
+import contextlib
 import os
 import re
 import subprocess
@@ -97,41 +98,47 @@ class Fed:
         return self.rtd.ctl(*args)
 
 
-@pytest.fixture(scope="module", params=["prosody", "ejabberd"])
-def fed(request, pki):
-    ns = Netns(f"rt-s2s-peer-{os.getpid()}", {RT_ADDR: ["rt.test", "conference.rt.test"],
-                                              PEER_ADDR: ["peer.test", "conference.peer.test"]})
-    d = tempfile.mkdtemp(prefix=f"s2s-{request.param}-")
-    pdir, rdir = os.path.join(d, request.param), os.path.join(d, "rt")
+@contextlib.contextmanager
+def federation(pki, name, trusted=False):
+    """rtd and the peer name in a namespace of their own, this thread in it: a Fed. trusted:
+    each shows a certificate the test CA issued for its domain and trusts that CA (rtd's
+    listener with verify = "request"), so that SASL EXTERNAL can prove each to the other."""
+    ns = Netns(f"rt-s2s-{name}{'-ca' if trusted else ''}-{os.getpid()}",
+               {RT_ADDR: ["rt.test", "conference.rt.test"],
+                PEER_ADDR: ["peer.test", "conference.peer.test"]})
+    d = tempfile.mkdtemp(prefix=f"s2s-{name}-")
+    pdir, rdir = os.path.join(d, name), os.path.join(d, "rt")
     os.makedirs(pdir)
     os.makedirs(rdir)
-    cert, key = pki.server["ec"]
+    cert, key = pki.ca.issue_domain(d, "rt", "rt.test") if trusted else pki.server["ec"]
+    verify = f', ca = "{pki.ca.cert}", verify = "request"' if trusted else ""
     rtd = proc = peer = dns = None
     try:
-        with ns.inside():  # the module's tests run here, in the namespace
+        with ns.inside():
             dns = DnsServer({})
-            if request.param == "prosody":
+            if name == "prosody":
                 proc, pport = start_prosody(ns, pdir, cert, key)
                 read_peer_log = lambda: read(pdir, "prosody.log")  # noqa: E731
             else:
                 if not xmpp_peer.installed("ejabberd"):
                     pytest.fail("ejabberd is missing; run tools/install-deps.sh --for test")
-                pem = os.path.join(d, "peer.pem")  # ejabberd takes the key in the same file
-                with open(pem, "w") as f, open(cert) as c, open(key) as k:
+                pcert, pkey = pki.ca.issue_domain(d, "peer", "peer.test") if trusted else (cert, key)
+                pem = os.path.join(d, "peer-with-key.pem")  # ejabberd: the key in the same file
+                with open(pem, "w") as f, open(pcert) as c, open(pkey) as k:
                     f.write(c.read() + k.read())
                 peer = xmpp_peer.Peer("ejabberd", pdir, free_port(), ["peer.test"], [],
                                       ["pat", "pia"], PW, netns=ns, muc=True,
-                                      s2s=(PEER_ADDR, pem))
+                                      s2s=(PEER_ADDR, pem, pki.ca.cert if trusted else None))
                 pport, read_peer_log = peer.xport, peer.read_log
             X.add_users(rdir, [(f"{u}@rt.test", PW) for u in ("rita", "rosa", "ruth")])
             cport = free_port()
             rtd = Rtd(f'xmpp={{ hosts = {{ "rt.test" }}, listeners = {{ "127.0.0.1:{cport}", '
                       f'{{ bind = "{RT_ADDR}:5269", s2s = true, starttls = true, '
-                      f'tls = {{ cert = "{cert}", key = "{key}" }} }} }}, '
+                      f'tls = {{ cert = "{cert}", key = "{key}"{verify} }} }} }}, '
                       'muc_host = "conference.@HOST@", muc_room_locking = false }',
                       "auth_max_delay_ms=0", data_dir=rdir, netns=ns.name)
             rtd.xport = cport
-            yield Fed(request.param, rtd, pport, read_peer_log)
+            yield Fed(name, rtd, pport, read_peer_log)
     finally:
         code, log = rtd.stop() if rtd else (0, "")
         if proc:
@@ -144,6 +151,12 @@ def fed(request, pki):
         shutil.rmtree(d, ignore_errors=True)
         ns.delete()
         assert code == 0, log[-3000:]
+
+
+@pytest.fixture(scope="module", params=["prosody", "ejabberd"])
+def fed(request, pki):
+    with federation(pki, request.param) as f:  # the module's tests run in the namespace
+        yield f
 
 
 def read(d, name):
@@ -342,3 +355,23 @@ def test_push_to_an_app_server_on_the_peer(fed):
     assert "wake up" not in text, text
     leave(ruth)
     leave(pat)
+
+
+def test_certificates_instead_of_dialback_with_ejabberd(pki):
+    """SASL EXTERNAL both ways with ejabberd (XEP-0178 between servers): each shows a
+    certificate for its domain from a CA the other trusts; no dialback either way."""
+    with federation(pki, "ejabberd", trusted=True) as f:
+        rita, pat = on_rt(f, "rita"), on_peer(f, "pat")
+        rita.send("<message to='pat@peer.test/p' type='chat' id='t1'><body>t1</body></message>")
+        text = pat.read_until(rb"<body>t1</body>|<message[^>]*type=.error.*?</message>", timeout=30)
+        assert "t1" in text, logs(f) + text
+        pat.send("<message to='rita@rt.test/r' type='chat' id='t2'><body>t2</body></message>")
+        text = rita.read_until(rb"<body>t2</body>|<message[^>]*type=.error.*?</message>", timeout=30)
+        assert "t2" in text, logs(f) + text
+        log = f.read_log()
+        assert "xmpp.server_out local=rt.test remote=peer.test tls=yes auth=external" in log, \
+            logs(f)
+        assert "xmpp.server_in from=peer.test to=rt.test tls=yes auth=external" in log, logs(f)
+        assert "auth=dialback" not in log, logs(f)
+        leave(rita)
+        leave(pat)

@@ -16,8 +16,8 @@ clear, so that each SCRAM login derives the keys). "tests" is what the functiona
 stream management, blocking, vcard-temp, caps, roster versioning, an anonymous host, and
 plain stored passwords, so that both SCRAM-SHA-1 and SCRAM-SHA-256 are offered, as rtd does;
 and, for a module that asks (muc=True), multi-user chat (XEP-0045) at conference.HOST; and
-for one that asks (s2s=(address, PEM), ejabberd), federation on address:5269 with STARTTLS
-and dialback.
+for one that asks (s2s=(address, PEM, CA), ejabberd), federation on address:5269 with
+STARTTLS and dialback, and SASL EXTERNAL for certificates from CA (None: none trusted).
 
 Also a command, for the benchmark's shell script:
     xmpp_peer.py config ejabberd|prosody DIR PORT bench|bench-anon|bench-plain   (DIR's config)
@@ -56,9 +56,11 @@ def ejabberd_config(port, hosts, anonymous, profile, max_stanza_size=262144, res
         lines += [f"  - port: {tls_port}", '    ip: "127.0.0.1"', "    module: ejabberd_c2s",
                   "    tls: true", f"    max_stanza_size: {max_stanza_size}",
                   "    backlog: 4096", "    access: c2s", f'certfiles: ["{tls_pem}"]']
-    if s2s:  # (address, PEM): federation on address:5269, STARTTLS offered, dialback
+    if s2s:  # (address, PEM, CA or None): federation on address:5269, STARTTLS, dialback
         lines += ["  - port: 5269", f'    ip: "{s2s[0]}"', "    module: ejabberd_s2s_in",
                   f'certfiles: ["{s2s[1]}"]', "s2s_use_starttls: optional"]
+        if s2s[2]:  # certificates from that CA prove their domains (SASL EXTERNAL)
+            lines += [f'ca_file: "{s2s[2]}"']
     lines += ["allow_multiple_connections: true", "registration_timeout: infinity"]
     if bench:
         # Both methods on one host: internal (SCRAM-SHA-256 keys) and SASL ANONYMOUS.

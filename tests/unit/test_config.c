@@ -272,6 +272,8 @@ static void test_listener_tables(void)
         {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\"}}}", "needs cert and key"},
         {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", verify=\"required\"}}}",
          "needs ca"},
+        {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", verify=\"request\"}}}",
+         "verify = \"request\" needs ca"},
         {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", verify=\"maybe\"}}}",
          "verify must be"},
         {"listeners={{bind=\"127.0.0.1:1\", tls={cert=\"a\", key=\"b\", "

@@ -1,0 +1,122 @@
+"""Federation proved by certificates (RFC 6120 6.4 and 13.7, XEP-0178): three rtds, a.test,
+b.test and c.test, found through xmpp.s2s_peers. a.test's and b.test's s2s listeners show
+certificates the test CA issued for their domains and verify the other side's against that
+CA with verify = "request" (asked for, never refused): a and b prove themselves to each other
+with SASL EXTERNAL both ways, no dialback. c.test's certificate comes from a CA a.test does
+not know: a.test offers it no EXTERNAL and c.test proves itself by dialback, while a.test,
+whose certificate c.test's listener trusts, proves itself to c.test by EXTERNAL. A raw server
+that shows a.test's certificate but says it is evil.test is offered no EXTERNAL, is refused
+it, and may not send for evil.test."""
+import re
+import shutil
+import ssl
+import tempfile
+
+import pytest
+
+import xmpp_util as X
+from conftest import Rtd, free_port
+
+PW = "ext secret"
+NS_STREAMS = "http://etherx.jabber.org/streams"
+NS_SASL = "urn:ietf:params:xml:ns:xmpp-sasl"
+
+
+@pytest.fixture(scope="module")
+def fed(pki):
+    tmp = tempfile.mkdtemp(prefix="s2s-external-")
+    certs = {d: pki.ca.issue_domain(tmp, d, d) for d in ("a.test", "b.test")}
+    certs["c.test"] = pki.other_ca.issue_domain(tmp, "c.test", "c.test")
+    ports = {d: (free_port(), free_port()) for d in certs}
+    rtds = {}
+    try:
+        for d, (c2s, s2s) in ports.items():
+            data = tempfile.mkdtemp(dir=tmp)
+            X.add_users(data, [(f"{u}@{d}", PW) for u in ("u", "v")])
+            cert, key = certs[d]
+            peers = ", ".join(f'"{p}=127.0.0.1:{ports[p][1]}"' for p in ports if p != d)
+            r = Rtd(f'xmpp={{ hosts = {{ "{d}" }}, listeners = {{ "127.0.0.1:{c2s}", '
+                    f'{{ bind = "127.0.0.1:{s2s}", s2s = true, starttls = true, '
+                    f'tls = {{ cert = "{cert}", key = "{key}", ca = "{pki.ca.cert}", '
+                    f'verify = "request" }} }} }}, s2s_peers = {{ {peers} }}, s2s_dns = false }}',
+                    "auth_max_delay_ms=0", data_dir=data)
+            r.xport, r.s2s = c2s, s2s
+            rtds[d] = r
+        yield rtds, certs
+    finally:
+        for r in rtds.values():
+            code, log = r.stop()
+            assert code == 0, log[-3000:]
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def client(rtd, user, domain):
+    r = X.Raw(rtd.xport)
+    assert r.login(user, PW, resource="r", to=domain) == f"{user}@{domain}/r"
+    return r
+
+
+def talk_both_ways(rtds, one, other, user):
+    """user@one and user@other chat both ways: the streams each way are set up."""
+    a, b = client(rtds[one], user, one), client(rtds[other], user, other)
+    for frm, to, frm_dom, mid in ((a, b, one, f"{user}1"), (b, a, other, f"{user}2")):
+        to_dom = other if frm_dom == one else one
+        frm.send(f"<message to='{user}@{to_dom}/r' type='chat' id='{mid}'><body>{mid}</body>"
+                 "</message>")
+        text = to.read_until(rf"<message[^>]*id='{mid}'.*?</message>".encode(), timeout=30)
+        assert f"from='{user}@{frm_dom}/r'" in text, text
+    for c in (a, b):
+        c.send("</stream:stream>")
+        c.read_to_close()
+
+
+def test_external_both_ways_between_trusted_certificates(fed):
+    rtds, _ = fed
+    talk_both_ways(rtds, "a.test", "b.test", "u")
+    for local, remote in (("a.test", "b.test"), ("b.test", "a.test")):
+        r = rtds[local]
+        log = r.read_log()
+        assert f"xmpp.server_out local={local} remote={remote} tls=yes auth=external" in log, log
+        assert f"xmpp.server_in from={remote} to={local} tls=yes auth=external" in log, log
+        assert f"remote={remote} tls=yes auth=dialback" not in log, log
+        assert f"from={remote} to={local} tls=yes auth=dialback" not in log, log
+        assert X.metric(r, "rt_xmpp_s2s_external_total") >= 2  # one stream each way
+
+
+def test_an_unknown_ca_means_dialback_that_way_only(fed):
+    rtds, _ = fed
+    talk_both_ways(rtds, "a.test", "c.test", "v")
+    ra, rc = rtds["a.test"], rtds["c.test"]
+    # c.test trusts the test CA, which issued a.test's certificate: EXTERNAL.
+    assert "xmpp.server_out local=a.test remote=c.test tls=yes auth=external" in ra.read_log()
+    # a.test does not know c.test's CA: no EXTERNAL offered, dialback (which asks c.test).
+    assert "xmpp.server_in from=c.test to=a.test tls=yes auth=dialback" in ra.read_log()
+    assert "xmpp.server_out local=c.test remote=a.test tls=yes auth=dialback" in rc.read_log()
+
+
+def test_a_certificate_for_another_domain_proves_nothing(fed):
+    rtds, certs = fed
+    rb = rtds["b.test"]
+    s = X.Raw(rb.s2s)
+    header = (f"<?xml version='1.0'?><stream:stream xmlns='jabber:server' "
+              f"xmlns:stream='{NS_STREAMS}' from='evil.test' to='b.test' version='1.0'>")
+    s.send(header)
+    s.read_until(rb"</stream:features>")
+    s.send("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+    s.read_until(rb"<proceed[^>]*/>")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx.load_cert_chain(*certs["a.test"])  # the CA's, but for a.test
+    s.sock = ctx.wrap_socket(s.sock, server_hostname="b.test")
+    s.buf = b""
+    s.send(header)
+    text = s.read_until(rb"</stream:features>")
+    assert "EXTERNAL" not in text, text
+    s.send(f"<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>")
+    text = s.read_until(rb"</failure>")
+    assert "<not-authorized/>" in text, text
+    s.send("<message from='x@evil.test' to='u@b.test' type='chat'><body>?</body></message>")
+    cond, _ = s.stream_error()
+    assert cond == "invalid-from"
+    assert X.metric(rb, "rt_xmpp_s2s_external_failed_total") >= 1
+    assert re.search(r"xmpp.server_external_failed from=evil.test to=b.test", rb.read_log())
