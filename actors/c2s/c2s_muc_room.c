@@ -50,8 +50,9 @@ typedef struct occ_s {
     uint8_t *pres; /* its presence's children but <x/> of MUC, as written; heap, or NULL */
     uint32_t pres_len;
     uint8_t role, aff;
-    rt_pid_t pid; /* its session */
+    rt_pid_t pid; /* its session; 0 for another server's user (remote) */
     rt_ref_t mon;
+    bool remote;   /* another server's user: reached through federation, not monitored */
     bool lagging;  /* its session refused a copy: it leaves (333) */
     double tokens; /* muc_message_rate's bucket */
     uint64_t tokens_ms;
@@ -215,6 +216,37 @@ static void send_out(room_t *r, rt_pid_t to)
     r->out.oom = false;
 }
 
+/* The domainpart of a full or bare JID's text, and its length. */
+static const char *jid_domain(const char *jid, size_t *len)
+{
+    const char *at = strchr(jid, '@');
+    const char *d = at ? at + 1 : jid, *slash = strchr(d, '/');
+    *len = slash ? (size_t)(slash - d) : strlen(d);
+    return d;
+}
+
+/*
+** What r->out holds, to an occupant. Another server's user is reached through federation from
+** the room's domain: its seat does not hang on the stream its server happened to send the
+** join on (servers close idle streams); it leaves by its unavailable, or when a stanza to it
+** comes back as an error that says it is gone (gone_error).
+*/
+static void send_to(room_t *r, const occ_t *o)
+{
+    if (!o->remote) {
+        send_out(r, o->pid);
+        return;
+    }
+    const char *domain = strchr(r->jid, '@');
+    size_t len;
+    const char *to = jid_domain(o->jid, &len);
+    if (domain && !r->out.oom &&
+        rt__c2s_s2s_send(domain + 1, strlen(domain + 1), to, len, r->out.data, r->out.len))
+        atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_routed, 1, memory_order_relaxed);
+    rt_buf_truncate(&r->out, 0);
+    r->out.oom = false;
+}
+
 static void put_occupant_from(room_t *r, const char *nick)
 {
     rt_buf_t *b = &r->out;
@@ -300,7 +332,7 @@ static void broadcast_presence(room_t *r, const occ_t *o, bool unavailable, cons
 {
     for (size_t i = 0; i < r->nocc; i++) {
         put_presence(r, o, &r->occ[i], unavailable, codes, ncodes, new_nick, reason);
-        send_out(r, r->occ[i].pid);
+        send_to(r, &r->occ[i]);
     }
 }
 
@@ -470,7 +502,7 @@ static void drop_lagging(room_t *r)
             for (size_t k = 0; k < r->nocc; k++)
                 if (k != i) {
                     put_presence(r, o, &r->occ[k], true, &code, 1, NULL, NULL);
-                    send_out(r, r->occ[k].pid);
+                    send_to(r, &r->occ[k]);
                 }
             put_presence(r, o, o, true, &code, 1, NULL, NULL);
             rt_msg_t *m = r->out.oom ? NULL : rt_msg_new(C2S_MSG_STANZA, r->out.len);
@@ -558,7 +590,7 @@ static void send_history(room_t *r, const occ_t *to, size_t n)
         rt_buf_printf(&r->out, " stamp='");
         rt__c2s_put_stamp(&r->out, h->stamp_ms);
         rt_buf_printf(&r->out, "'/></message>");
-        send_out(r, to->pid);
+        send_to(r, to);
     }
 }
 
@@ -574,7 +606,7 @@ static void send_subject(room_t *r, const occ_t *to)
     if (r->subject)
         rt_xml_put_text(&r->out, r->subject, strlen(r->subject));
     rt_buf_printf(&r->out, "</subject></message>");
-    send_out(r, to->pid);
+    send_to(r, to);
 }
 
 /* Whether a join carries the room's password (7.2.6), compared in time independent of where
@@ -623,15 +655,19 @@ static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char 
                           RT_OBJ_SCAN)) {
         reply_error(r, el, "wait", "resource-constraint");
     } else {
+        size_t dlen;
+        const char *domain = jid_domain(from, &dlen);
+        bool remote = rt__c2s_domain_remote(domain, dlen);
         occ_t o = {.nick = rt_strndup(r->self, nick, strlen(nick)),
                    .jid = rt_strndup(r->self, from, strlen(from)),
                    .aff = aff,
                    .role = role_for(r, aff),
-                   .pid = r->from,
+                   .pid = remote ? 0 : r->from,
+                   .remote = remote,
                    .tokens = (double)rt__c2s.conf->muc_message_rate,
                    .tokens_ms = rt_mono_ms()};
         int rc = !o.nick || !o.jid ? RT_ENOMEM : keep_presence(r, &o, el);
-        if (!rc)
+        if (!rc && !remote)
             rc = rt_monitor(r->self, o.pid, &o.mon);
         if (rc) {
             rt_free(r->self, o.nick);
@@ -647,7 +683,7 @@ static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char 
         occ_t *me = &r->occ[r->nocc - 1];
         for (size_t i = 0; i + 1 < r->nocc; i++) {
             put_presence(r, &r->occ[i], me, false, NULL, 0, NULL, NULL);
-            send_out(r, me->pid);
+            send_to(r, me);
         }
         int created = ST_CREATED;
         broadcast_presence(r, me, false, &created, r->created ? 1 : 0, NULL, NULL);
@@ -687,8 +723,8 @@ static void presence(room_t *r, const rt_xml_el_t *el, const char *from, const c
     occ_t *o = by_jid(r, from);
     if (type && (strcmp(type, "unavailable") == 0 || strcmp(type, "error") == 0)) {
         /* A session replaced by a newer one of the same resource says unavailable for the
-           old one: not for the new one's seat. */
-        if (o && o->pid == r->from)
+           old one: not for the new one's seat. Another server's user has one seat, its JID's. */
+        if (o && (o->remote || o->pid == r->from))
             remove_occupant(r, o, NULL, 0, NULL);
         return;
     }
@@ -703,7 +739,7 @@ static void presence(room_t *r, const rt_xml_el_t *el, const char *from, const c
     } else if (strcmp(o->nick, nick) != 0) {
         change_nick(r, o, el, nick);
     } else {
-        if (o->pid != r->from) { /* a newer session of the same resource took the seat */
+        if (!o->remote && o->pid != r->from) { /* a newer session of the resource sat down */
             rt_ref_t mon;
             if (rt_monitor(r->self, r->from, &mon) == 0) {
                 if (o->mon)
@@ -822,7 +858,7 @@ static void broadcast_message(room_t *r, const char *nick, rt_buf_t *shared)
         rt_xml_put_attr(&r->out, "to", r->occ[i].jid);
         rt_buf_add(&r->out, shared->data, shared->len);
         rt_buf_printf(&r->out, "</message>");
-        send_out(r, r->occ[i].pid);
+        send_to(r, &r->occ[i]);
     }
     atomic_fetch_add_explicit(&rt_c2s_stats.muc_messages, 1, memory_order_relaxed);
     rt_buf_free(shared);
@@ -980,7 +1016,7 @@ static void voice_request(room_t *r, const rt_xml_el_t *el, const occ_t *o, cons
         rt_buf_printf(&r->out, "</value></field><field var='muc#request_allow' type='boolean' "
                                "label='Grant voice to this person?'><value>false</value></field>"
                                "</x></message>");
-        send_out(r, r->occ[i].pid);
+        send_to(r, &r->occ[i]);
     }
 }
 
@@ -1005,15 +1041,38 @@ static void to_occupant(room_t *r, const rt_xml_el_t *el, const occ_t *o, const 
     if (message)
         rt_buf_printf(b, "<x xmlns='%s'/>", NS_MUC_USER); /* 7.5: a private message */
     rt_xml_put_end(b, el->name);
-    send_out(r, t->pid);
+    send_to(r, t);
+}
+
+/*
+** An error that says the user a stanza went to is not there (XEP-0045 leaves the rest to the
+** service; Prosody and ejabberd drop such occupants too): its server is unreachable, or it
+** has no such session. Another kind (a policy, a rate) keeps the seat.
+*/
+static bool gone_error(const rt_xml_el_t *el)
+{
+    static const char *const gone[] = {"remote-server-not-found", "remote-server-timeout",
+                                       "service-unavailable",     "recipient-unavailable",
+                                       "item-not-found",          "gone"};
+    const rt_xml_el_t *e = rt_xml_child(el, "error", NULL);
+    const rt_xml_el_t *cond = e ? rt_xml_child(e, NULL, RT_XML_NS_STANZA_ERRORS) : NULL;
+    for (size_t i = 0; cond && i < sizeof(gone) / sizeof(gone[0]); i++)
+        if (strcmp(cond->name, gone[i]) == 0)
+            return true;
+    return false;
 }
 
 static void message(room_t *r, const rt_xml_el_t *el, const char *from, const char *nick)
 {
     const char *type = rt_xml_attr(el, "type");
     occ_t *o = by_jid(r, from);
-    if (type && strcmp(type, "error") == 0)
+    if (type && strcmp(type, "error") == 0) {
+        if (o && o->remote && gone_error(el)) { /* its server says it is not there */
+            int code = ST_ERROR_REMOVED;
+            remove_occupant(r, o, &code, 1, NULL);
+        }
         return;
+    }
     if (!nick && type && strcmp(type, "groupchat") == 0) {
         groupchat(r, el, o);
         return;
@@ -1313,7 +1372,7 @@ static void destroy(room_t *r, const rt_xml_el_t *iq, const rt_xml_el_t *d)
             rt_buf_printf(&r->out, "</reason>");
         }
         rt_buf_printf(&r->out, "</destroy><status code='%d'/></x></presence>", ST_SELF);
-        send_out(r, o->pid);
+        send_to(r, o);
     }
     while (r->nocc)
         forget(r, &r->occ[0]);

@@ -396,6 +396,13 @@ void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t
             rt_buf_free(&b);
             return;
         }
+        if (type && strcmp(type, "groupchat") == 0) {
+            /* RFC 6121 8.5.3.2.1: a room's copy for a resource that is not here is answered,
+               so that the room (on another server) can take the seat away */
+            rt_buf_free(&b);
+            answer_error(el, from, to, "cancel", "service-unavailable");
+            return;
+        }
         /* The account's resources, or its offline store (the store's refusal comes back
            to this stream, which sends it on to the sender). */
         rt__c2s_message_rerouted((const uint8_t *)b.data, b.len, 0, rt_self(self));

@@ -100,7 +100,7 @@ static inline const char *rt_xml_attr(const rt_xml_el_t *el, const char *name)
     return rt_xml_attr_ns(el, name, "");
 }
 
-/* el's first child element named name in namespace ns (NULL: any namespace), or NULL. */
+/* el's first child element named name (NULL: any) in namespace ns (NULL: any), or NULL. */
 rt_xml_el_t *rt_xml_child(const rt_xml_el_t *el, const char *name, const char *ns);
 /* The next sibling after el with that name and namespace (NULL: any): to walk <item/>s. */
 rt_xml_el_t *rt_xml_next(const rt_xml_el_t *el, const char *name, const char *ns);

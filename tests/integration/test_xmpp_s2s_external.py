@@ -25,8 +25,9 @@ NS_SASL = "urn:ietf:params:xml:ns:xmpp-sasl"
 @pytest.fixture(scope="module")
 def fed(pki):
     tmp = tempfile.mkdtemp(prefix="s2s-external-")
-    certs = {d: pki.ca.issue_domain(tmp, d, d) for d in ("a.test", "b.test")}
-    certs["c.test"] = pki.other_ca.issue_domain(tmp, "c.test", "c.test")
+    # As a server's usually does, each names its MUC service's domain too.
+    certs = {d: pki.ca.issue_domain(tmp, d, d, f"conference.{d}") for d in ("a.test", "b.test")}
+    certs["c.test"] = pki.other_ca.issue_domain(tmp, "c.test", "c.test", "conference.c.test")
     ports = {d: (free_port(), free_port()) for d in certs}
     rtds = {}
     try:
@@ -34,11 +35,13 @@ def fed(pki):
             data = tempfile.mkdtemp(dir=tmp)
             X.add_users(data, [(f"{u}@{d}", PW) for u in ("u", "v")])
             cert, key = certs[d]
-            peers = ", ".join(f'"{p}=127.0.0.1:{ports[p][1]}"' for p in ports if p != d)
+            peers = ", ".join(f'"{m}{p}=127.0.0.1:{ports[p][1]}"' for p in ports if p != d
+                              for m in ("", "conference."))
             r = Rtd(f'xmpp={{ hosts = {{ "{d}" }}, listeners = {{ "127.0.0.1:{c2s}", '
                     f'{{ bind = "127.0.0.1:{s2s}", s2s = true, starttls = true, '
                     f'tls = {{ cert = "{cert}", key = "{key}", ca = "{pki.ca.cert}", '
-                    f'verify = "request" }} }} }}, s2s_peers = {{ {peers} }}, s2s_dns = false }}',
+                    f'verify = "request" }} }} }}, s2s_peers = {{ {peers} }}, s2s_dns = false, '
+                    'muc_host = "conference.@HOST@", muc_room_locking = false }',
                     "auth_max_delay_ms=0", data_dir=data)
             r.xport, r.s2s = c2s, s2s
             rtds[d] = r
@@ -94,24 +97,30 @@ def test_an_unknown_ca_means_dialback_that_way_only(fed):
     assert "xmpp.server_out local=c.test remote=a.test tls=yes auth=dialback" in rc.read_log()
 
 
-def test_a_certificate_for_another_domain_proves_nothing(fed):
-    rtds, certs = fed
-    rb = rtds["b.test"]
-    s = X.Raw(rb.s2s)
+def raw_server(port, frm, to, cert):
+    """A raw server-to-server stream to port as domain frm, to domain to, over STARTTLS with
+    cert (cert, key) as its certificate: the socket and the features after TLS."""
+    s = X.Raw(port)
     header = (f"<?xml version='1.0'?><stream:stream xmlns='jabber:server' "
-              f"xmlns:stream='{NS_STREAMS}' from='evil.test' to='b.test' version='1.0'>")
+              f"xmlns:stream='{NS_STREAMS}' from='{frm}' to='{to}' version='1.0'>")
     s.send(header)
     s.read_until(rb"</stream:features>")
     s.send("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
     s.read_until(rb"<proceed[^>]*/>")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    ctx.load_cert_chain(*certs["a.test"])  # the CA's, but for a.test
-    s.sock = ctx.wrap_socket(s.sock, server_hostname="b.test")
+    ctx.load_cert_chain(*cert)
+    s.sock = ctx.wrap_socket(s.sock, server_hostname=to)
     s.buf = b""
     s.send(header)
-    text = s.read_until(rb"</stream:features>")
-    assert "EXTERNAL" not in text, text
+    return s, s.read_until(rb"</stream:features>"), header
+
+
+def test_a_certificate_for_another_domain_proves_nothing(fed):
+    rtds, certs = fed
+    rb = rtds["b.test"]
+    s, features, _ = raw_server(rb.s2s, "evil.test", "b.test", certs["a.test"])
+    assert "EXTERNAL" not in features, features  # the CA's certificate, but for a.test
     s.send(f"<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>")
     text = s.read_until(rb"</failure>")
     assert "<not-authorized/>" in text, text
@@ -120,3 +129,45 @@ def test_a_certificate_for_another_domain_proves_nothing(fed):
     assert cond == "invalid-from"
     assert X.metric(rb, "rt_xmpp_s2s_external_failed_total") >= 1
     assert re.search(r"xmpp.server_external_failed from=evil.test to=b.test", rb.read_log())
+
+
+def test_a_remote_occupant_outlives_the_stream_it_joined_on(fed):
+    """Another server's user keeps its seat when the stream its join came on ends (servers
+    close idle streams); when a copy to it comes back as an error that says it is not there,
+    the room removes it (XEP-0045's 333). Here a raw stream proves b.test by its certificate
+    and carries the join of v@b.test/r, a session on the real b.test, which gets the room's
+    copies through a.test's own outgoing stream."""
+    rtds, certs = fed
+    ra, rb = rtds["a.test"], rtds["b.test"]
+    room = "lobby@conference.a.test"
+    u, v = client(ra, "u", "a.test"), client(rb, "v", "b.test")
+    u.send(f"<presence to='{room}/u'><x xmlns='http://jabber.org/protocol/muc'/></presence>")
+    u.read_until(rf"<presence[^>]*from='{room}/u'.*?</presence>".encode())
+    s, features, header = raw_server(ra.s2s, "b.test", "conference.a.test", certs["b.test"])
+    assert "EXTERNAL" in features, features
+    s.send(f"<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>")
+    s.read_until(rb"<success[^>]*/>")
+    s.buf = b""
+    s.send(header)
+    s.read_until(rb"</stream:features>")
+    s.send(f"<presence from='v@b.test/r' to='{room}/v'>"
+           "<x xmlns='http://jabber.org/protocol/muc'/></presence>")
+    text = v.read_until(rf"<presence[^>]*from='{room}/v'.*?</presence>".encode(), timeout=30)
+    assert "code='110'" in text, text
+    u.read_until(rf"<presence[^>]*from='{room}/v'.*?</presence>".encode())
+    s.send("</stream:stream>")
+    s.read_to_close()  # rtd closes it as the stream's actor ends
+    u.send(f"<message to='{room}' type='groupchat' id='g1'><body>still there?</body></message>")
+    text = v.read_until(rb"<message[^>]*id='g1'.*?</message>", timeout=30)
+    assert f"from='{room}/u'" in text, text
+    # v's session ends on b.test: the room's next copy comes back service-unavailable (RFC
+    # 6121 8.5.3.2.1), and the room takes the seat away, with 333. The first unavailable u
+    # sees for v is that one: a seat that hung on the raw stream would have gone without 333.
+    v.send("</stream:stream>")
+    v.read_to_close()
+    u.send(f"<message to='{room}' type='groupchat' id='g2'><body>and now?</body></message>")
+    text = u.read_until(rf"<presence[^>]*from='{room}/v'[^>]*type='unavailable'.*?"
+                        r"</presence>".encode(), timeout=30)
+    assert "code='333'" in text, text
+    u.send("</stream:stream>")
+    u.read_to_close()
