@@ -1032,6 +1032,9 @@ const rt_admin_command_t rt__admin_commands[] = {
     {"xmpp", "kick", rt__admin_xmpp_kick, RT_ADMIN_CHANGES, "xmpp kick JID",
      "Ends the session (USER@HOST/RESOURCE) or all of the account's (USER@HOST) with a "
      "policy-violation stream error; says how many."},
+    {"xmpp", "servers", rt__admin_xmpp_servers, 0, "xmpp servers",
+     "The server-to-server streams (federation), each way: domains, state, TLS, how the other "
+     "server proved itself (dialback, external), peer address, age; held bytes (out)."},
     {"xmpp", "roster", rt__admin_xmpp_roster, RT_ADMIN_BLOCKING, "xmpp roster USER@HOST",
      "The account's stored roster: contact, name, groups, subscription (none, to, from, both), "
      "ask, pending in, pre-approved."},

@@ -139,6 +139,7 @@ int rt__admin_xmpp_roster(rt_admin_cmd_t *c);
 int rt__admin_xmpp_sessions(rt_admin_cmd_t *c);
 int rt__admin_xmpp_show(rt_admin_cmd_t *c);
 int rt__admin_xmpp_kick(rt_admin_cmd_t *c);
+int rt__admin_xmpp_servers(rt_admin_cmd_t *c);
 bool rt__admin_xmpp_gather_reply(rt_admin_cmd_t *c, rt_msg_t *m);
 void rt__admin_xmpp_gather_finish(rt_admin_cmd_t *c);
 void rt__admin_xmpp_gather_free(rt_admin_cmd_t *c);

@@ -1,4 +1,5 @@
 /*
+** `xmpp servers`: the server-to-server streams, from c2s's list of them (rt_c2s_s2s_each).
 ** `xmpp sessions [HOST]`, `xmpp show JID` and `xmpp kick JID`: the bound XMPP sessions, as
 ** `clients list|show|kick` are for MQTT. Who is bound is the c2s registry's (rt_c2s_sessions);
 ** what a session holds only its actor knows, so each one found is asked (rt_c2s_query) and
@@ -220,6 +221,32 @@ int rt__admin_xmpp_kick(rt_admin_cmd_t *c)
         return rt__admin_fail(c, 500, "out of memory");
     rt_doc_add_str(c->doc, "jid", jb.jid.s);
     rt_doc_add_u64(c->doc, "kicked", kicked);
+    return 200;
+}
+
+static void server_doc(const rt_c2s_s2s_info_t *s, void *arg)
+{
+    rt_doc_t *o = rt_doc_add_object(arg, NULL);
+    rt_doc_add_str(o, "direction", s->incoming ? "in" : "out");
+    rt_doc_add_str(o, "local", s->local);
+    rt_doc_add_str(o, "remote", s->remote);
+    rt_doc_add_str(o, "state", s->state);
+    rt_doc_add_bool(o, "tls", s->tls);
+    rt_doc_add_str(o, "auth", s->auth);
+    rt_doc_add_str(o, "peer", s->peer);
+    char pid[32];
+    rt__admin_pid_text(s->pid, pid, sizeof(pid));
+    rt_doc_add_str(o, "pid", pid);
+    rt_doc_add_duration(o, "up_ms", rt_mono_ms() - s->since_ms, 1000);
+    rt_doc_add_u64(o, "domains", s->incoming ? s->domains : 1); /* pairs it carries */
+    rt_doc_add_bytes(o, "queued", s->queued_bytes);             /* out: held until ready */
+}
+
+int rt__admin_xmpp_servers(rt_admin_cmd_t *c)
+{
+    if (!(c->doc = rt_doc_array()))
+        return rt__admin_fail(c, 500, "out of memory");
+    rt_c2s_s2s_each(server_doc, c->doc);
     return 200;
 }
 

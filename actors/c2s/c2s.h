@@ -84,6 +84,22 @@ typedef struct rt_c2s_stats_s {
 
 extern rt_c2s_stats_t rt_c2s_stats;
 
+/* A server-to-server stream as `rtctl xmpp servers` shows it (c2s_s2s.c keeps the list). */
+typedef struct rt_c2s_s2s_info_s {
+    rt_pid_t pid;
+    bool incoming, tls;
+    const char *state; /* out: connecting, ready, down; in: open, verified (static text) */
+    const char *auth;  /* "", dialback, external (static text) */
+    char local[RT_CONF_XMPP_HOST_MAX];  /* in: the header's to ("" before it) */
+    char remote[RT_CONF_XMPP_HOST_MAX]; /* in: the first domain proved ("" before) */
+    char peer[64];                      /* "address:port" */
+    uint64_t since_ms;                  /* rt_mono_ms at its start */
+    uint32_t queued_bytes;              /* out: stanzas held while it is set up */
+    uint32_t domains;                   /* in: pairs of domains proved */
+} rt_c2s_s2s_info_t;
+/* fn for each stream, under the list's lock: it copies what it needs and returns at once. */
+void rt_c2s_s2s_each(void (*fn)(const rt_c2s_s2s_info_t *s, void *arg), void *arg);
+
 /*
 ** At start, before the XMPP listeners, with the broker's settings made (conf must outlive the
 ** sessions: the broker's): checks the hosts, builds the stream settings and starts the store

@@ -575,6 +575,18 @@ typedef struct c2s_s2s_verify_s {
     char key[C2S_S2S_KEY_HEX + 1];
 } c2s_s2s_verify_t; /* then the originating domain, NUL-terminated */
 
+/* A stream's entry in the list rt_c2s_s2s_each walks: in the actor's state, its info written
+   under rt__c2s_s2s_lock (the admin reads it from another thread). */
+typedef struct c2s_s2s_entry_s {
+    struct c2s_s2s_entry_s *prev, *next;
+    bool listed;
+    rt_c2s_s2s_info_t info;
+} c2s_s2s_entry_t;
+void rt__c2s_s2s_lock(void);
+void rt__c2s_s2s_unlock(void);
+void rt__c2s_s2s_listed(c2s_s2s_entry_t *e, bool on);              /* takes the lock itself */
+void rt__c2s_addr_text(const void *sockaddr, char *out, size_t n); /* "address:port" */
+
 extern const rt_actor_type_t rt__c2s_s2s_out_type;
 /* The arguments of an outgoing stream: the local domain (one of hosts) and the remote one. */
 typedef struct c2s_s2s_out_arg_s {

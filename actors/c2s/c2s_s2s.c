@@ -14,11 +14,13 @@
 ** from xmpp.plaintext_from (loopback by default), as SASL is on client streams.
 */
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -153,6 +155,60 @@ int rt__c2s_s2s_peer(const char *remote, struct sockaddr_storage *addr, unsigned
         return 0;
     }
     return RT_ENOTFOUND;
+}
+
+/* ---- The list of streams (rtctl xmpp servers) ---- */
+
+static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
+static c2s_s2s_entry_t *list_head;
+
+void rt__c2s_s2s_lock(void)
+{
+    pthread_mutex_lock(&list_lock);
+}
+
+void rt__c2s_s2s_unlock(void)
+{
+    pthread_mutex_unlock(&list_lock);
+}
+
+void rt__c2s_s2s_listed(c2s_s2s_entry_t *e, bool on)
+{
+    pthread_mutex_lock(&list_lock);
+    if (on && !e->listed) {
+        e->prev = NULL;
+        e->next = list_head;
+        if (list_head)
+            list_head->prev = e;
+        list_head = e;
+    } else if (!on && e->listed) {
+        if (e->prev)
+            e->prev->next = e->next;
+        else
+            list_head = e->next;
+        if (e->next)
+            e->next->prev = e->prev;
+    }
+    e->listed = on;
+    pthread_mutex_unlock(&list_lock);
+}
+
+void rt_c2s_s2s_each(void (*fn)(const rt_c2s_s2s_info_t *s, void *arg), void *arg)
+{
+    pthread_mutex_lock(&list_lock);
+    for (const c2s_s2s_entry_t *e = list_head; e; e = e->next)
+        fn(&e->info, arg);
+    pthread_mutex_unlock(&list_lock);
+}
+
+void rt__c2s_addr_text(const void *sockaddr, char *out, size_t n)
+{
+    const struct sockaddr *sa = sockaddr;
+    char host[INET6_ADDRSTRLEN] = "?", port[8] = "0";
+    socklen_t len =
+        sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    getnameinfo(sa, len, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(out, n, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
 }
 
 /* ---- Outgoing streams, by pair ---- */
@@ -432,6 +488,7 @@ typedef struct s2s_in_s {
     char id[17];
     char from[RT_CONF_XMPP_HOST_MAX];   /* the header's from, prepared ("" when it has none) */
     char authed[RT_CONF_XMPP_HOST_MAX]; /* the domain SASL EXTERNAL proved ("": none) */
+    c2s_s2s_entry_t entry;              /* in rtctl xmpp servers' list */
     uint64_t last_rx_ms;
     unsigned npairs, pending;
     struct {
@@ -528,6 +585,10 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
         return RT_XML_STOP;
     }
     s->to = (uint8_t)host;
+    rt__c2s_s2s_lock();
+    snprintf(s->entry.info.local, sizeof(s->entry.info.local), "%s",
+             rt__c2s_s2s_local_domain((unsigned)host));
+    rt__c2s_s2s_unlock();
     rt_jid_buf_t from;
     if (domain_of(rt_xml_attr(hdr, "from"), &from) && from.jid.domain < sizeof(s->from))
         snprintf(s->from, sizeof(s->from), "%s", rt_jid_domain(&from.jid));
@@ -562,6 +623,20 @@ static int pair_index(const s2s_in_t *s, int local, const char *remote)
     return -1;
 }
 
+/* The list's entry once a domain is proved, by dialback or by EXTERNAL. */
+static void in_proved(s2s_in_t *s, const char *remote, const char *how)
+{
+    rt__c2s_s2s_lock();
+    rt_c2s_s2s_info_t *i = &s->entry.info;
+    if (!i->remote[0])
+        snprintf(i->remote, sizeof(i->remote), "%s", remote);
+    i->domains++;
+    i->state = "verified";
+    i->auth = how;
+    i->tls = s->secure;
+    rt__c2s_s2s_unlock();
+}
+
 /*
 ** <auth mechanism='EXTERNAL'/>: the other server is the domain of its header when its
 ** certificate names it; an authorization identity, when given ("=" is none), must be that
@@ -594,6 +669,7 @@ static void in_sasl_auth(s2s_in_t *s, const rt_xml_el_t *el)
     in_write_buf(s, &b);
     snprintf(s->authed, sizeof(s->authed), "%s", s->from);
     s->restart = true;
+    in_proved(s, s->authed, "external");
     atomic_fetch_add_explicit(&rt_c2s_stats.s2s_external_ok, 1, memory_order_relaxed);
     rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=yes auth=external", s->authed,
            rt__c2s_s2s_local_domain(s->to));
@@ -680,6 +756,7 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
         s->pairs[s->npairs].local = v->local;
         snprintf(s->pairs[s->npairs].remote, sizeof(s->pairs[0].remote), "%s", remote);
         s->npairs++;
+        in_proved(s, remote, "dialback");
         rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=%s auth=dialback", remote,
                rt__c2s_s2s_local_domain(v->local), s->secure ? "yes" : "no");
     }
@@ -876,6 +953,14 @@ static int in_init(rt_actor_t *self, void *state, void *arg)
     rt__broker_count_socket(RT_CONF_XMPP_LISTENER(s->listener), +1);
     atomic_fetch_add_explicit(&rt_c2s_stats.s2s_in, 1, memory_order_relaxed);
     s->counted = true;
+    rt_c2s_s2s_info_t *i = &s->entry.info;
+    i->pid = rt_self(self);
+    i->incoming = true;
+    i->state = "open";
+    i->auth = "";
+    i->since_ms = rt_mono_ms();
+    rt_xport_peer_format(s->xp, rt_sock_fd(s->sock), i->peer, sizeof(i->peer));
+    rt__c2s_s2s_listed(&s->entry, true);
     rt_send_after_tag(S2S_IDLE_MS, rt_self(self), C2S_MSG_S2S_IDLE, NULL);
     rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
                       C2S_MSG_S2S_TIMEOUT, NULL);
@@ -976,6 +1061,7 @@ static void in_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
     }
     if (s->counted)
         atomic_fetch_sub_explicit(&rt_c2s_stats.s2s_in, 1, memory_order_relaxed);
+    rt__c2s_s2s_listed(&s->entry, false);
 }
 
 static const char *in_tag_name(uint32_t tag)

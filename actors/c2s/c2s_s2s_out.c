@@ -70,11 +70,25 @@ typedef struct s2s_out_s {
     uint8_t *queue;        /* stanzas held until ready: a 4-byte length and the bytes, each */
     uint32_t qlen, qcap;
     uint64_t last_ms;
+    c2s_s2s_entry_t entry; /* in rtctl xmpp servers' list */
     unsigned nverify;
     verify_t verify[S2S_VERIFIES];
 } s2s_out_t;
 
 static rt_xml_stream_config_t out_config;
+
+/* What rtctl xmpp servers shows of it, changed (state: static text, NULL: as it was). */
+static void listed_as(s2s_out_t *o, const char *state)
+{
+    rt__c2s_s2s_lock();
+    rt_c2s_s2s_info_t *i = &o->entry.info;
+    if (state)
+        i->state = state;
+    i->tls = o->tls.ssl != NULL;
+    i->auth = o->phase == OUT_READY ? (o->external ? "external" : "dialback") : "";
+    i->queued_bytes = o->qlen;
+    rt__c2s_s2s_unlock();
+}
 
 static void out_write(s2s_out_t *o, const void *p, size_t n)
 {
@@ -175,6 +189,7 @@ static void fail(rt_actor_t *self, s2s_out_t *o, const char *why)
                                                               : "remote-server-not-found";
     drop_all(self, o, o->down_cond);
     o->phase = OUT_DOWN;
+    listed_as(o, "down");
     rt_send_after_tag(S2S_RETRY_MS, rt_self(self), C2S_MSG_S2S_RETRY, NULL);
 }
 
@@ -200,6 +215,7 @@ static void hold(rt_actor_t *self, s2s_out_t *o, const uint8_t *p, size_t n)
     memcpy(o->queue + o->qlen, &len, 4);
     memcpy(o->queue + o->qlen + 4, p, n);
     o->qlen = need;
+    listed_as(o, NULL);
 }
 
 static void ask_verifies(s2s_out_t *o)
@@ -253,6 +269,7 @@ static void ready(rt_actor_t *self, s2s_out_t *o)
     rt_free(self, o->queue);
     o->queue = NULL;
     o->qlen = o->qcap = 0;
+    listed_as(o, "ready");
     o->last_ms = rt_mono_ms();
     rt_send_after_tag(S2S_IDLE_MS, rt_self(self), C2S_MSG_S2S_IDLE, NULL);
 }
@@ -494,6 +511,9 @@ static int connect_next(rt_actor_t *self, s2s_out_t *o)
            connect shows as a read error (and the next address is tried), one that hangs
            meets the timeout. */
         write_header(o);
+        rt__c2s_s2s_lock();
+        rt__c2s_addr_text(&to->addr, o->entry.info.peer, sizeof(o->entry.info.peer));
+        rt__c2s_s2s_unlock();
         return 0;
     }
     return RT_ENOTFOUND;
@@ -549,6 +569,14 @@ static int out_init(rt_actor_t *self, void *state, void *arg)
         return rc;
     o->stream_init = o->counted = true;
     atomic_fetch_add_explicit(&rt_c2s_stats.s2s_out, 1, memory_order_relaxed);
+    rt_c2s_s2s_info_t *i = &o->entry.info;
+    i->pid = rt_self(self);
+    i->state = "connecting";
+    i->auth = "";
+    i->since_ms = rt_mono_ms();
+    snprintf(i->local, sizeof(i->local), "%s", o->local);
+    snprintf(i->remote, sizeof(i->remote), "%s", o->remote);
+    rt__c2s_s2s_listed(&o->entry, true);
     return rt_send(rt_self(self), C2S_MSG_S2S_TIMEOUT, NULL, 0); /* connect in a turn */
 }
 
@@ -636,6 +664,7 @@ static void out_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
         rt_xml_stream_destroy(&o->xs);
     if (o->counted)
         atomic_fetch_sub_explicit(&rt_c2s_stats.s2s_out, 1, memory_order_relaxed);
+    rt__c2s_s2s_listed(&o->entry, false);
 }
 
 /* What came after the end: stanzas go back to their senders, verifications fail. */

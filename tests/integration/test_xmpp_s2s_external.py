@@ -84,6 +84,14 @@ def test_external_both_ways_between_trusted_certificates(fed):
         assert f"remote={remote} tls=yes auth=dialback" not in log, log
         assert f"from={remote} to={local} tls=yes auth=dialback" not in log, log
         assert X.metric(r, "rt_xmpp_s2s_external_total") >= 2  # one stream each way
+        # rtctl xmpp servers lists both streams, each proved by its certificate.
+        listed = {(s["direction"], s["remote"]): s for s in r.ctl_json("xmpp", "servers")}
+        out, inc = listed[("out", remote)], listed[("in", remote)]
+        assert (out["local"], out["state"], out["auth"], out["tls"]) == \
+            (local, "ready", "external", True), out
+        assert (inc["local"], inc["state"], inc["auth"], inc["domains"]) == \
+            (local, "verified", "external", 1), inc
+        assert out["peer"] == f"127.0.0.1:{rtds[remote].s2s}" and out["queued"] == 0, out
 
 
 def test_an_unknown_ca_means_dialback_that_way_only(fed):
@@ -95,6 +103,9 @@ def test_an_unknown_ca_means_dialback_that_way_only(fed):
     # a.test does not know c.test's CA: no EXTERNAL offered, dialback (which asks c.test).
     assert "xmpp.server_in from=c.test to=a.test tls=yes auth=dialback" in ra.read_log()
     assert "xmpp.server_out local=c.test remote=a.test tls=yes auth=dialback" in rc.read_log()
+    listed = {(s["direction"], s["remote"]): s for s in ra.ctl_json("xmpp", "servers")}
+    assert listed[("in", "c.test")]["auth"] == "dialback", listed
+    assert listed[("out", "c.test")]["auth"] == "external", listed
 
 
 def raw_server(port, frm, to, cert):
