@@ -7,10 +7,13 @@ not know: a.test offers it no EXTERNAL and c.test proves itself by dialback, whi
 whose certificate c.test's listener trusts, proves itself to c.test by EXTERNAL. A raw server
 that shows a.test's certificate but says it is evil.test is offered no EXTERNAL, is refused
 it, and may not send for evil.test."""
+import base64
 import re
 import shutil
+import socket
 import ssl
 import tempfile
+import threading
 
 import pytest
 
@@ -29,14 +32,15 @@ def fed(pki):
     certs = {d: pki.ca.issue_domain(tmp, d, d, f"conference.{d}") for d in ("a.test", "b.test")}
     certs["c.test"] = pki.other_ca.issue_domain(tmp, "c.test", "c.test", "conference.c.test")
     ports = {d: (free_port(), free_port()) for d in certs}
+    fake = free_port()  # test_a_refused_certificate_falls_back_to_dialback's server
     rtds = {}
     try:
         for d, (c2s, s2s) in ports.items():
             data = tempfile.mkdtemp(dir=tmp)
             X.add_users(data, [(f"{u}@{d}", PW) for u in ("u", "v")])
             cert, key = certs[d]
-            peers = ", ".join(f'"{m}{p}=127.0.0.1:{ports[p][1]}"' for p in ports if p != d
-                              for m in ("", "conference."))
+            peers = ", ".join([f'"{m}{p}=127.0.0.1:{ports[p][1]}"' for p in ports if p != d
+                               for m in ("", "conference.")] + [f'"fake.test=127.0.0.1:{fake}"'])
             r = Rtd(f'xmpp={{ hosts = {{ "{d}" }}, listeners = {{ "127.0.0.1:{c2s}", '
                     f'{{ bind = "127.0.0.1:{s2s}", s2s = true, starttls = true, '
                     f'tls = {{ cert = "{cert}", key = "{key}", ca = "{pki.ca.cert}", '
@@ -45,9 +49,12 @@ def fed(pki):
                     "auth_max_delay_ms=0", data_dir=data)
             r.xport, r.s2s = c2s, s2s
             rtds[d] = r
+        rtds["fake.test"] = fake
         yield rtds, certs
     finally:
         for r in rtds.values():
+            if isinstance(r, int):
+                continue
             code, log = r.stop()
             assert code == 0, log[-3000:]
         shutil.rmtree(tmp, ignore_errors=True)
@@ -140,6 +147,12 @@ def test_a_certificate_for_another_domain_proves_nothing(fed):
     assert cond == "invalid-from"
     assert X.metric(rb, "rt_xmpp_s2s_external_failed_total") >= 1
     assert re.search(r"xmpp.server_external_failed from=evil.test to=b.test", rb.read_log())
+    # The right certificate, but an authorization identity for another domain (6.3.8).
+    s, features, _ = raw_server(rb.s2s, "a.test", "b.test", certs["a.test"])
+    assert "EXTERNAL" in features, features
+    s.send(f"<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>{base64.b64encode(b'c.test').decode()}"
+           "</auth>")
+    assert "<not-authorized/>" in s.read_until(rb"</failure>")
 
 
 def test_a_remote_occupant_outlives_the_stream_it_joined_on(fed):
@@ -180,5 +193,59 @@ def test_a_remote_occupant_outlives_the_stream_it_joined_on(fed):
     text = u.read_until(rf"<presence[^>]*from='{room}/v'[^>]*type='unavailable'.*?"
                         r"</presence>".encode(), timeout=30)
     assert "code='333'" in text, text
+    u.send("</stream:stream>")
+    u.read_to_close()
+
+
+def test_a_refused_certificate_falls_back_to_dialback(fed, pki):
+    """The outgoing side: a receiving server (raw, here) that offers EXTERNAL and refuses it;
+    a.test goes on with dialback on the same stream, and its message goes through."""
+    rtds, _ = fed
+    ra = rtds["a.test"]
+    listener = socket.create_server(("127.0.0.1", rtds["fake.test"]))
+    got = {}
+
+    def serve():
+        conn, _ = listener.accept()
+        r = X.Raw.of(conn)
+        head = ("<?xml version='1.0'?><stream:stream xmlns='jabber:server' "
+                f"xmlns:stream='{NS_STREAMS}' xmlns:db='jabber:server:dialback' id='fake1' "
+                "from='fake.test' version='1.0'>")
+        r.read_until(rb"<stream:stream[^>]*>")
+        r.send(head + "<stream:features><starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>"
+               "</stream:features>")
+        r.read_until(rb"<starttls[^>]*/>")
+        r.send("<proceed xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*pki.server["ec"])
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+        ctx.load_verify_locations(pki.ca.cert)
+        r.sock, r.buf = ctx.wrap_socket(conn, server_side=True), b""
+        r.read_until(rb"<stream:stream[^>]*>")
+        r.send(head + f"<stream:features><mechanisms xmlns='{NS_SASL}'>"
+               "<mechanism>EXTERNAL</mechanism></mechanisms>"
+               "<dialback xmlns='urn:xmpp:features:dialback'/></stream:features>")
+        got["auth"] = r.read_until(rb"</auth>")
+        got["cert"] = r.sock.getpeercert()
+        r.send(f"<failure xmlns='{NS_SASL}'><not-authorized/></failure>")
+        got["result"] = r.read_until(rb"</db:result>")
+        r.send("<db:result from='fake.test' to='a.test' type='valid'/>")
+        got["message"] = r.read_until(rb"</message>")
+        r.send("</stream:stream>")
+        conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    u = client(ra, "u", "a.test")
+    u.send("<message to='x@fake.test' type='chat' id='f1'><body>fallback</body></message>")
+    t.join(X.TIMEOUT * 3)
+    listener.close()
+    assert "mechanism='EXTERNAL'" in got["auth"] and "YS50ZXN0" in got["auth"]
+    assert ("DNS", "a.test") in got["cert"]["subjectAltName"], got  # a.test's own certificate
+    assert "from='a.test'" in got["result"], got
+    assert "<body>fallback</body>" in got["message"], got
+    log = ra.read_log()
+    assert "xmpp.server_external_failed from=a.test to=fake.test" in log, log
+    assert "xmpp.server_out local=a.test remote=fake.test tls=yes auth=dialback" in log, log
     u.send("</stream:stream>")
     u.read_to_close()

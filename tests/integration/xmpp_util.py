@@ -103,6 +103,13 @@ class Raw:
         self.buf = b""
         self.closed = False
 
+    @classmethod
+    def of(cls, sock):
+        """A Raw over a socket made elsewhere (one a test's own server accepted)."""
+        r = cls.__new__(cls)
+        r.sock, r.buf, r.closed = sock, b"", False
+        return r
+
     def send(self, data):
         self.sock.sendall(data if isinstance(data, bytes) else data.encode())
 
