@@ -567,6 +567,11 @@ static int out_init(rt_actor_t *self, void *state, void *arg)
     int rc = rt_xml_stream_init(&o->xs, &out_config, o);
     if (rc)
         return rc;
+    /* A failed init leaves nothing behind (no terminate runs): what can fail goes first. */
+    if ((rc = rt_send(rt_self(self), C2S_MSG_S2S_TIMEOUT, NULL, 0)) != 0) { /* connect soon */
+        rt_xml_stream_destroy(&o->xs);
+        return rc;
+    }
     o->stream_init = o->counted = true;
     atomic_fetch_add_explicit(&rt_c2s_stats.s2s_out, 1, memory_order_relaxed);
     rt_c2s_s2s_info_t *i = &o->entry.info;
@@ -577,7 +582,7 @@ static int out_init(rt_actor_t *self, void *state, void *arg)
     snprintf(i->local, sizeof(i->local), "%s", o->local);
     snprintf(i->remote, sizeof(i->remote), "%s", o->remote);
     rt__c2s_s2s_listed(&o->entry, true);
-    return rt_send(rt_self(self), C2S_MSG_S2S_TIMEOUT, NULL, 0); /* connect in a turn */
+    return 0;
 }
 
 static void on_verify_asked(s2s_out_t *o, const rt_msg_t *m)
