@@ -810,6 +810,14 @@ const rt_setting_t rt__conf_table_settings[] = {
             "records of _xmpp-server._tcp.DOMAIN, else the domain's own addresses on 5269 "
             "(the system's resolver: /etc/resolv.conf, /etc/hosts); false: only s2s_peers' "
             "domains are reached"},
+    {.name = "xmpp.s2s_secure",
+     .type = RT_SET_BOOL,
+     .offset = X_OFF(s2s_secure),
+     .doc = "federate only with servers whose certificates prove their domains (as Prosody's "
+            "s2s_secure_auth): incoming streams must use SASL EXTERNAL (dialback is refused), "
+            "outgoing ones verify the other server's certificate against the s2s listener's ca "
+            "(the system's store without one) and its name, and use EXTERNAL; false: "
+            "dialback where certificates do not prove it"},
     XMPP_INT(s2s_queue_bytes, 1 * MIB, 1024, 64 * MIB, "bytes",
              "of stanzas waiting for one outgoing server-to-server stream to be set up; past "
              "it they are bounced with resource-constraint"),

@@ -72,6 +72,17 @@ int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen)
     for (unsigned i = 0; i < x->nlisteners && !own; i++)
         if (x->listeners[i].s2s && x->listeners[i].tls_on && x->listeners[i].tls.cert[0])
             own = &x->listeners[i].tls;
+    if (x->s2s_secure) { /* the other server's certificate must prove it (start_tls names it) */
+        SSL_CTX_set_verify(client_tls, SSL_VERIFY_PEER, NULL);
+        if (own && own->ca[0] ? SSL_CTX_load_verify_locations(client_tls, own->ca, NULL) != 1
+                              : SSL_CTX_set_default_verify_paths(client_tls) != 1) {
+            SSL_CTX_free(client_tls);
+            client_tls = NULL;
+            snprintf(err, errlen, "xmpp.s2s_secure: cannot load %s",
+                     own && own->ca[0] ? own->ca : "the system's CAs");
+            return RT_EINVAL;
+        }
+    }
     if (own && (SSL_CTX_use_certificate_chain_file(client_tls, own->cert) != 1 ||
                 SSL_CTX_use_PrivateKey_file(client_tls, own->key, SSL_FILETYPE_PEM) != 1)) {
         SSL_CTX_free(client_tls);
@@ -608,8 +619,9 @@ static int in_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *ns
     if (external_ok(s))
         rt_buf_printf(&b, "<mechanisms xmlns='%s'><mechanism>EXTERNAL</mechanism></mechanisms>",
                       RT_XML_NS_SASL);
-    rt_buf_printf(&b, "<dialback xmlns='%s'><errors/></dialback></stream:features>",
-                  NS_DIALBACK_FEATURE);
+    if (!rt__c2s.conf->s2s_secure)
+        rt_buf_printf(&b, "<dialback xmlns='%s'><errors/></dialback>", NS_DIALBACK_FEATURE);
+    rt_buf_printf(&b, "</stream:features>");
     in_write_buf(s, &b);
     s->header = true;
     return s->closing ? RT_XML_STOP : 0;
@@ -690,6 +702,15 @@ static void in_db_result(rt_actor_t *self, s2s_in_t *s, const rt_xml_el_t *el)
     }
     if (!in_plain_ok(s)) {
         in_stream_error(s, RT_XML_COND_POLICY_VIOLATION, "TLS first (STARTTLS)");
+        return;
+    }
+    if (rt__c2s.conf->s2s_secure) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.s2s_dialback_failed, 1, memory_order_relaxed);
+        rt_log(RT_LOG_WARNING, "xmpp.server_dialback_failed", "from=%s to=%s reason=%s",
+               rt_jid_domain(&from.jid), rt_jid_domain(&to.jid),
+               "certificates only (xmpp.s2s_secure)");
+        in_stream_error(s, RT_XML_COND_POLICY_VIOLATION,
+                        "this server takes certificates only (SASL EXTERNAL), not dialback");
         return;
     }
     const char *key = rt_xml_text(el, NULL);
@@ -868,11 +889,38 @@ static void in_tls_failed(void *owner)
     atomic_fetch_add_explicit(&rt_broker->stats.tls_failed, 1, memory_order_relaxed);
 }
 
+static void in_peer(const void *owner, char *buf, size_t len)
+{
+    const s2s_in_t *s = owner;
+    rt_xport_peer_format(s->xp, s->sock ? rt_sock_fd(s->sock) : -1, buf, len);
+}
+
+/* A trusted proxy named the other server: the per-address limits count it, as a client. */
+static bool in_peer_named(rt_actor_t *self, void *owner, const rt_auth_addr_t *addr)
+{
+    (void)self;
+    const s2s_in_t *s = owner;
+    return !rt__c2s.admit_peer || rt__c2s.admit_peer(rt_sock_fd(s->sock), addr);
+}
+
+static void in_preauth_refused(rt_actor_t *self, void *owner, size_t wanted)
+{
+    (void)self;
+    s2s_in_t *s = owner;
+    char peer[64];
+    in_peer(s, peer, sizeof(peer));
+    rt_log(RT_LOG_WARNING, "xmpp.preauth_refused", "peer=%s wanted=%zu", peer, wanted);
+    s->dropped = true;
+}
+
 static const rt_xport_ops_t in_xport_ops = {
     .input = in_input,
     .taking = in_taking,
     .fail = in_fail,
     .hold_input = in_hold,
+    .peer = in_peer,
+    .peer_named = in_peer_named,
+    .preauth_refused = in_preauth_refused,
     .tls_failed = in_tls_failed,
 };
 

@@ -279,6 +279,7 @@ static void start_tls(rt_actor_t *self, s2s_out_t *o)
 {
     SSL *ssl = SSL_new(rt__c2s_s2s_tls());
     if (!ssl || SSL_set_tlsext_host_name(ssl, o->remote) != 1 ||
+        (rt__c2s.conf->s2s_secure && SSL_set1_host(ssl, o->remote) != 1) ||
         rt_tls_conn_attach(&o->tls, ssl, o->sock) != 0) {
         if (ssl && !o->tls.ssl)
             SSL_free(ssl);
@@ -304,7 +305,9 @@ static int out_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *n
         return RT_XML_STOP;
     }
     snprintf(o->id, sizeof(o->id), "%s", id);
-    if (!version || strtol(version, NULL, 10) < 1) /* no features to wait for */
+    if ((!version || strtol(version, NULL, 10) < 1) && rt__c2s.conf->s2s_secure)
+        fail(rt_current(), o, "the other server is too old for certificates (xmpp.s2s_secure)");
+    else if (!version || strtol(version, NULL, 10) < 1) /* no features to wait for */
         start_dialback(o);
     else
         o->phase = OUT_FEATURES;
@@ -334,7 +337,7 @@ static void on_features(rt_actor_t *self, s2s_out_t *o, const rt_xml_el_t *el)
         static const char starttls[] = "<starttls xmlns='" RT_XML_NS_TLS "'/>";
         out_write(o, starttls, sizeof(starttls) - 1);
         o->phase = OUT_STARTTLS;
-    } else if (!o->tls.ssl && !o->plain_ok) {
+    } else if (!o->tls.ssl && (!o->plain_ok || rt__c2s.conf->s2s_secure)) {
         fail(self, o, "the other server offers no TLS");
     } else if (external_offered(o, el)) {
         /* RFC 6120 6.3.8: the authorization identity is the domain this stream is from */
@@ -346,6 +349,8 @@ static void on_features(rt_actor_t *self, s2s_out_t *o, const rt_xml_el_t *el)
             out_write(o, b.data, b.len);
         rt_buf_free(&b);
         o->phase = OUT_SASL;
+    } else if (rt__c2s.conf->s2s_secure) {
+        fail(self, o, "the other server offers no SASL EXTERNAL (xmpp.s2s_secure)");
     } else {
         start_dialback(o);
     }
@@ -394,7 +399,10 @@ static int out_on_stanza(void *ctx, rt_xml_el_t *el)
             atomic_fetch_add_explicit(&rt_c2s_stats.s2s_external_failed, 1, memory_order_relaxed);
             rt_log(RT_LOG_WARNING, "xmpp.server_external_failed", "from=%s to=%s", o->local,
                    o->remote);
-            start_dialback(o);
+            if (rt__c2s.conf->s2s_secure)
+                fail(self, o, "the other server refused this server's certificate");
+            else
+                start_dialback(o);
         }
     } else if (strcmp(el->ns, NS_DIALBACK) == 0 && strcmp(el->name, "verify") == 0) {
         on_db_verify(o, el);

@@ -207,6 +207,10 @@ int rt_xport_start(const rt_xport_ops_t *ops, const rt_listen_t *l, unsigned lis
                    rt_sock_t *sock, unsigned flags, rt_xport_t **out)
 {
     RT_ASSERT(listener <= UINT8_MAX);
+    /* Every callback but message_end is called unguarded, each on a path a peer can force (a
+       failed handshake, a PROXY header, the pre-auth budget): an owner without one crashes. */
+    RT_ASSERT(ops->input && ops->taking && ops->fail && ops->hold_input && ops->peer &&
+              ops->peer_named && ops->preauth_refused && ops->tls_failed);
     *out = NULL;
     rt_xport_t *xp = calloc(1, sizeof(*xp));
     if (!xp)

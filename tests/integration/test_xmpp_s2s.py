@@ -184,6 +184,21 @@ def raw_server(port, to, frm="a.test"):
     return s, re.search(r"\sid='([^']+)'", text).group(1), text
 
 
+def test_a_broken_tls_handshake_is_a_log_line(fed):
+    """Bytes that are no TLS after <proceed/> end that connection, logged with the reason; the
+    server goes on (an incoming stream's transport once called a callback it did not have)."""
+    a, b, ra, rb, tls = fed
+    if not tls:
+        pytest.skip("the plaintext pair's listeners have no TLS")
+    s, _, _ = raw_server(b.s2s, "b.test")
+    s.send("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+    s.read_until(rb"<proceed[^>]*/>")
+    s.send(b"\x16\x03\x01\x00\x05hello, no TLS here" * 4)
+    s.read_to_close()
+    wait_log(rb, r"tls.handshake_failed peer=127.0.0.1:\d+ reason=")
+    leave(client(rb, "bob", "b.test", "after"))
+
+
 def test_forged_key_and_early_stanzas_are_refused(fed):
     a, b, ra, rb, _ = fed
     # In the clear, which loopback (xmpp.plaintext_from) may. A stanza before dialback: the

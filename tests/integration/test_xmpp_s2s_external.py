@@ -31,13 +31,14 @@ def fed(pki):
     # As a server's usually does, each names its MUC service's domain too.
     certs = {d: pki.ca.issue_domain(tmp, d, d, f"conference.{d}") for d in ("a.test", "b.test")}
     certs["c.test"] = pki.other_ca.issue_domain(tmp, "c.test", "c.test", "conference.c.test")
+    certs["d.test"] = pki.ca.issue_domain(tmp, "d.test", "d.test")  # d: xmpp.s2s_secure
     ports = {d: (free_port(), free_port()) for d in certs}
     fake = free_port()  # test_a_refused_certificate_falls_back_to_dialback's server
     rtds = {}
     try:
         for d, (c2s, s2s) in ports.items():
             data = tempfile.mkdtemp(dir=tmp)
-            X.add_users(data, [(f"{u}@{d}", PW) for u in ("u", "v")])
+            X.add_users(data, [(f"{u}@{d}", PW) for u in ("u", "v", "w")])
             cert, key = certs[d]
             peers = ", ".join([f'"{m}{p}=127.0.0.1:{ports[p][1]}"' for p in ports if p != d
                                for m in ("", "conference.")] + [f'"fake.test=127.0.0.1:{fake}"'])
@@ -45,6 +46,7 @@ def fed(pki):
                     f'{{ bind = "127.0.0.1:{s2s}", s2s = true, starttls = true, '
                     f'tls = {{ cert = "{cert}", key = "{key}", ca = "{pki.ca.cert}", '
                     f'verify = "request" }} }} }}, s2s_peers = {{ {peers} }}, s2s_dns = false, '
+                    f's2s_secure = {str(d == "d.test").lower()}, '
                     'muc_host = "conference.@HOST@", muc_room_locking = false }',
                     "auth_max_delay_ms=0", data_dir=data)
             r.xport, r.s2s = c2s, s2s
@@ -132,6 +134,29 @@ def raw_server(port, frm, to, cert):
     s.buf = b""
     s.send(header)
     return s, s.read_until(rb"</stream:features>"), header
+
+
+def test_certificates_only(fed):
+    """d.test sets xmpp.s2s_secure: with a.test (certificates from the CA both trust) EXTERNAL
+    both ways as before; with c.test (a CA d.test does not know) nothing either way: d.test's
+    outgoing stream does not take c.test's certificate, and c.test's dialback is refused."""
+    rtds, _ = fed
+    talk_both_ways(rtds, "a.test", "d.test", "w")
+    rd, rc = rtds["d.test"], rtds["c.test"]
+    assert "xmpp.server_out local=d.test remote=a.test tls=yes auth=external" in rd.read_log()
+    vd, vc = client(rd, "v", "d.test"), client(rc, "v", "c.test")
+    for frm, to, mid in ((vd, "c.test", "s1"), (vc, "d.test", "s2")):
+        frm.send(f"<message to='v@{to}/r' type='chat' id='{mid}'><body>{mid}</body></message>")
+        text = frm.read_until(rf"<message[^>]*id='{mid}'.*?</message>".encode(), timeout=30)
+        assert "type='error'" in text and "remote-server-" in text, text
+    log = rd.read_log()
+    # OpenSSL's reason: c.test's chain does not lead to a CA d.test trusts.
+    assert 'xmpp.server_out_failed local=d.test remote=c.test reason="unable to get local ' \
+        'issuer certificate"' in log, log
+    assert "xmpp.server_dialback_failed from=c.test to=d.test" in log, log
+    for c in (vd, vc):
+        c.send("</stream:stream>")
+        c.read_to_close()
 
 
 def test_a_certificate_for_another_domain_proves_nothing(fed):
