@@ -56,9 +56,10 @@ def pair(tls):
 def fed(request, pki):
     a, b, ra, rb = pair(pki.server["ec"] if request.param else None)
     yield a, b, ra, rb, request.param
-    for r, s in ((ra, a), (rb, b)):
-        code, log = r.stop()
+    stopped = [r.stop() for r in (ra, rb)]  # both before any verdict
+    for s in (a, b):
         shutil.rmtree(s.tmp, ignore_errors=True)
+    for code, log in stopped:
         assert code == 0, log[-3000:]
 
 

@@ -70,15 +70,15 @@ def net(pki):
                 rtds.append(r)
             yield ns, rtds[0], rtds[1], dns, closer
     finally:
-        for r in rtds:
-            code, log = r.stop()
-            assert code == 0, log[-3000:]
+        stopped = [r.stop() for r in rtds]  # all before any verdict
         for c in (dns, closer and closer.sock):
             if c:
                 c.close()
         for t in tmps:
             shutil.rmtree(t, ignore_errors=True)
         ns.delete()
+        for code, log in stopped:
+            assert code == 0, log[-3000:]
 
 
 def client(rtd, user, domain):
