@@ -9,6 +9,7 @@
 
 #include "admin_impl.h"
 #include "auth.h"
+#include "c2s.h"
 #include "conn.h"
 #include "log.h"
 #include "rule_engine.h"
@@ -84,6 +85,12 @@ int rt_admin_reload_tls(char *err, size_t errlen)
 {
     pthread_mutex_lock(&live.reload_lock);
     int rc = rt_tls_reload(err, errlen); /* logs each listener's outcome */
+    char s2s_err[256];
+    int s2s = rt_c2s_s2s_reload_tls(s2s_err, sizeof(s2s_err)); /* federation's outgoing side */
+    if (s2s && !rc) {
+        snprintf(err, errlen, "%s", s2s_err);
+        rc = s2s;
+    }
     pthread_mutex_unlock(&live.reload_lock);
     return rc;
 }

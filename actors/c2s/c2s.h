@@ -99,6 +99,10 @@ typedef struct rt_c2s_s2s_info_s {
 } rt_c2s_s2s_info_t;
 /* fn for each stream, under the list's lock: it copies what it needs and returns at once. */
 void rt_c2s_s2s_each(void (*fn)(const rt_c2s_s2s_info_t *s, void *arg), void *arg);
+/* Reads the certificate outgoing streams show (the first s2s listener's) and xmpp.s2s_secure's
+   CA again, for streams set up from now on (`rtctl tls reload`, SIGHUP): 0, or RT_EINVAL with
+   err, the running one kept. 0 without federation. */
+int rt_c2s_s2s_reload_tls(char *err, size_t errlen);
 
 /*
 ** At start, before the XMPP listeners, with the broker's settings made (conf must outlive the

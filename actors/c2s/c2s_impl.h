@@ -625,8 +625,9 @@ int rt__c2s_s2s_resolver_start(rt_pid_t group); /* when federating with xmpp.s2s
    stream's pid, which sends back what is answered. */
 void rt__c2s_s2s_deliver(rt_actor_t *self, const rt_xml_el_t *el, const rt_jid_t *from,
                          const rt_jid_t *to);
-/* The client side of TLS for outgoing streams (made once at start): NULL before. */
-struct ssl_ctx_st *rt__c2s_s2s_tls(void);
+/* A client-side SSL for an outgoing stream, from the context of the moment (rebuilt by
+   rt_c2s_s2s_reload_tls); NULL before start, or out of memory. */
+struct ssl_st *rt__c2s_s2s_ssl_new(void);
 int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen);
 void rt__c2s_s2s_stream_config(void); /* rt__c2s.stream_s2s, from stream_tcp */
 void rt__c2s_s2s_out_config(const rt_xml_stream_config_t *base); /* the outgoing one's */

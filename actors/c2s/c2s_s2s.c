@@ -35,6 +35,7 @@
 
 static uint8_t secret[32]; /* this run's dialback secret: keys are checked while it runs */
 static SSL_CTX *client_tls;
+static pthread_mutex_t client_tls_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool federating;
 
 bool rt__c2s_s2s_on(void)
@@ -42,9 +43,51 @@ bool rt__c2s_s2s_on(void)
     return federating;
 }
 
-struct ssl_ctx_st *rt__c2s_s2s_tls(void)
+SSL *rt__c2s_s2s_ssl_new(void)
 {
-    return client_tls;
+    pthread_mutex_lock(&client_tls_lock); /* a reload swaps client_tls: SSL_new takes a ref */
+    SSL *ssl = client_tls ? SSL_new(client_tls) : NULL;
+    pthread_mutex_unlock(&client_tls_lock);
+    return ssl;
+}
+
+/*
+** The client side of TLS for outgoing streams. The other server's certificate is not checked
+** (unless xmpp.s2s_secure): dialback proves its domain through DNS and the key, as it proves
+** this one's. This server shows the first s2s listener's certificate, for SASL EXTERNAL where
+** the other server trusts its CA. NULL and err on failure.
+*/
+static SSL_CTX *build_client_tls(const rt_conf_xmpp_t *x, char *err, size_t errlen)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx || SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1) {
+        SSL_CTX_free(ctx);
+        snprintf(err, errlen, "xmpp: no TLS client context for federation");
+        return NULL;
+    }
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    const rt_conf_tls_t *own = NULL;
+    for (unsigned i = 0; i < x->nlisteners && !own; i++)
+        if (x->listeners[i].s2s && x->listeners[i].tls_on && x->listeners[i].tls.cert[0])
+            own = &x->listeners[i].tls;
+    if (x->s2s_secure) { /* the other server's certificate must prove it (start_tls names it) */
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+        if (own && own->ca[0] ? SSL_CTX_load_verify_locations(ctx, own->ca, NULL) != 1
+                              : SSL_CTX_set_default_verify_paths(ctx) != 1) {
+            SSL_CTX_free(ctx);
+            snprintf(err, errlen, "xmpp.s2s_secure: cannot load %s",
+                     own && own->ca[0] ? own->ca : "the system's CAs");
+            return NULL;
+        }
+    }
+    if (own && (SSL_CTX_use_certificate_chain_file(ctx, own->cert) != 1 ||
+                SSL_CTX_use_PrivateKey_file(ctx, own->key, SSL_FILETYPE_PEM) != 1)) {
+        SSL_CTX_free(ctx);
+        snprintf(err, errlen, "xmpp: cannot load %s for federation's outgoing streams", own->cert);
+        return NULL;
+    }
+    return ctx;
 }
 
 int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen)
@@ -57,40 +100,25 @@ int rt__c2s_s2s_start(const rt_conf_xmpp_t *x, char *err, size_t errlen)
         snprintf(err, errlen, "xmpp: no random bytes for the dialback secret");
         return RT_EAGAIN;
     }
-    /* The other server's certificate is not checked: dialback proves its domain through DNS
-       and the key, as it proves this one's. This server shows the first s2s listener's
-       certificate, for SASL EXTERNAL where the other server trusts its CA. */
-    client_tls = SSL_CTX_new(TLS_client_method());
-    if (!client_tls || SSL_CTX_set_min_proto_version(client_tls, TLS1_2_VERSION) != 1) {
-        SSL_CTX_free(client_tls);
-        client_tls = NULL;
-        snprintf(err, errlen, "xmpp: no TLS client context for federation");
-        return RT_ENOMEM;
-    }
-    SSL_CTX_set_verify(client_tls, SSL_VERIFY_NONE, NULL);
-    const rt_conf_tls_t *own = NULL;
-    for (unsigned i = 0; i < x->nlisteners && !own; i++)
-        if (x->listeners[i].s2s && x->listeners[i].tls_on && x->listeners[i].tls.cert[0])
-            own = &x->listeners[i].tls;
-    if (x->s2s_secure) { /* the other server's certificate must prove it (start_tls names it) */
-        SSL_CTX_set_verify(client_tls, SSL_VERIFY_PEER, NULL);
-        if (own && own->ca[0] ? SSL_CTX_load_verify_locations(client_tls, own->ca, NULL) != 1
-                              : SSL_CTX_set_default_verify_paths(client_tls) != 1) {
-            SSL_CTX_free(client_tls);
-            client_tls = NULL;
-            snprintf(err, errlen, "xmpp.s2s_secure: cannot load %s",
-                     own && own->ca[0] ? own->ca : "the system's CAs");
-            return RT_EINVAL;
-        }
-    }
-    if (own && (SSL_CTX_use_certificate_chain_file(client_tls, own->cert) != 1 ||
-                SSL_CTX_use_PrivateKey_file(client_tls, own->key, SSL_FILETYPE_PEM) != 1)) {
-        SSL_CTX_free(client_tls);
-        client_tls = NULL;
-        snprintf(err, errlen, "xmpp: cannot load %s for federation's outgoing streams", own->cert);
+    client_tls = build_client_tls(x, err, errlen);
+    return client_tls ? 0 : RT_EINVAL;
+}
+
+int rt_c2s_s2s_reload_tls(char *err, size_t errlen)
+{
+    if (!federating || !client_tls)
+        return 0;
+    SSL_CTX *fresh = build_client_tls(rt__c2s.conf, err, errlen);
+    if (!fresh) {
+        rt_log(RT_LOG_ERROR, "tls.reload_failed", "listener=%s reason=%s", "s2s-out", err);
         return RT_EINVAL;
     }
-    SSL_CTX_set_mode(client_tls, SSL_MODE_RELEASE_BUFFERS);
+    pthread_mutex_lock(&client_tls_lock);
+    SSL_CTX *old = client_tls;
+    client_tls = fresh;
+    pthread_mutex_unlock(&client_tls_lock);
+    SSL_CTX_free(old); /* streams set up with it keep their own references */
+    rt_log(RT_LOG_INFO, "tls.reloaded", "listener=%s", "s2s-out");
     return 0;
 }
 

@@ -277,7 +277,7 @@ static void ready(rt_actor_t *self, s2s_out_t *o)
 /* <proceed/>: the client side of TLS on the socket, its handshake begun. */
 static void start_tls(rt_actor_t *self, s2s_out_t *o)
 {
-    SSL *ssl = SSL_new(rt__c2s_s2s_tls());
+    SSL *ssl = rt__c2s_s2s_ssl_new();
     if (!ssl || SSL_set_tlsext_host_name(ssl, o->remote) != 1 ||
         (rt__c2s.conf->s2s_secure && SSL_set1_host(ssl, o->remote) != 1) ||
         rt_tls_conn_attach(&o->tls, ssl, o->sock) != 0) {

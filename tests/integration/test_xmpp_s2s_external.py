@@ -8,6 +8,7 @@ whose certificate c.test's listener trusts, proves itself to c.test by EXTERNAL.
 that shows a.test's certificate but says it is evil.test is offered no EXTERNAL, is refused
 it, and may not send for evil.test."""
 import base64
+import os
 import re
 import shutil
 import socket
@@ -18,6 +19,7 @@ import threading
 import pytest
 
 import xmpp_util as X
+from certs import serial_of
 from conftest import Rtd, free_port
 
 PW = "ext secret"
@@ -33,7 +35,7 @@ def fed(pki):
     certs["c.test"] = pki.other_ca.issue_domain(tmp, "c.test", "c.test", "conference.c.test")
     certs["d.test"] = pki.ca.issue_domain(tmp, "d.test", "d.test")  # d: xmpp.s2s_secure
     ports = {d: (free_port(), free_port()) for d in certs}
-    fake = free_port()  # test_a_refused_certificate_falls_back_to_dialback's server
+    fake, fake2 = free_port(), free_port()  # raw receiving servers' (fake_receiving_server)
     rtds = {}
     try:
         for d, (c2s, s2s) in ports.items():
@@ -41,7 +43,8 @@ def fed(pki):
             X.add_users(data, [(f"{u}@{d}", PW) for u in ("u", "v", "w")])
             cert, key = certs[d]
             peers = ", ".join([f'"{m}{p}=127.0.0.1:{ports[p][1]}"' for p in ports if p != d
-                               for m in ("", "conference.")] + [f'"fake.test=127.0.0.1:{fake}"'])
+                               for m in ("", "conference.")] +
+                              [f'"fake.test=127.0.0.1:{fake}"', f'"fake2.test=127.0.0.1:{fake2}"'])
             r = Rtd(f'xmpp={{ hosts = {{ "{d}" }}, listeners = {{ "127.0.0.1:{c2s}", '
                     f'{{ bind = "127.0.0.1:{s2s}", s2s = true, starttls = true, '
                     f'tls = {{ cert = "{cert}", key = "{key}", ca = "{pki.ca.cert}", '
@@ -51,7 +54,7 @@ def fed(pki):
                     "auth_max_delay_ms=0", data_dir=data)
             r.xport, r.s2s = c2s, s2s
             rtds[d] = r
-        rtds["fake.test"] = fake
+        rtds["fake.test"], rtds["fake2.test"] = fake, fake2
         yield rtds, certs
     finally:
         # Every rtd stopped before any verdict: one that failed leaves none running.
@@ -221,20 +224,20 @@ def test_a_remote_occupant_outlives_the_stream_it_joined_on(fed):
     u.read_to_close()
 
 
-def test_a_refused_certificate_falls_back_to_dialback(fed, pki):
-    """The outgoing side: a receiving server (raw, here) that offers EXTERNAL and refuses it;
-    a.test goes on with dialback on the same stream, and its message goes through."""
-    rtds, _ = fed
-    ra = rtds["a.test"]
-    listener = socket.create_server(("127.0.0.1", rtds["fake.test"]))
+def fake_receiving_server(port, pki, domain):
+    """A raw receiving server for domain on port, in a thread: it offers EXTERNAL and refuses
+    it, takes dialback as valid, and keeps what it saw (the auth, the certificate shown, the
+    db:result, one message) in the dict returned with the thread."""
+    listener = socket.create_server(("127.0.0.1", port))
     got = {}
 
     def serve():
         conn, _ = listener.accept()
+        listener.close()
         r = X.Raw.of(conn)
         head = ("<?xml version='1.0'?><stream:stream xmlns='jabber:server' "
                 f"xmlns:stream='{NS_STREAMS}' xmlns:db='jabber:server:dialback' id='fake1' "
-                "from='fake.test' version='1.0'>")
+                f"from='{domain}' version='1.0'>")
         r.read_until(rb"<stream:stream[^>]*>")
         r.send(head + "<stream:features><starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>"
                "</stream:features>")
@@ -253,17 +256,25 @@ def test_a_refused_certificate_falls_back_to_dialback(fed, pki):
         got["cert"] = r.sock.getpeercert()
         r.send(f"<failure xmlns='{NS_SASL}'><not-authorized/></failure>")
         got["result"] = r.read_until(rb"</db:result>")
-        r.send("<db:result from='fake.test' to='a.test' type='valid'/>")
+        r.send(f"<db:result from='{domain}' to='a.test' type='valid'/>")
         got["message"] = r.read_until(rb"</message>")
         r.send("</stream:stream>")
         conn.close()
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
+    return got, t
+
+
+def test_a_refused_certificate_falls_back_to_dialback(fed, pki):
+    """The outgoing side: a receiving server (raw, here) that offers EXTERNAL and refuses it;
+    a.test goes on with dialback on the same stream, and its message goes through."""
+    rtds, _ = fed
+    ra = rtds["a.test"]
+    got, t = fake_receiving_server(rtds["fake.test"], pki, "fake.test")
     u = client(ra, "u", "a.test")
     u.send("<message to='x@fake.test' type='chat' id='f1'><body>fallback</body></message>")
     t.join(X.TIMEOUT * 3)
-    listener.close()
     assert "mechanism='EXTERNAL'" in got["auth"] and "YS50ZXN0" in got["auth"]
     assert ("DNS", "a.test") in got["cert"]["subjectAltName"], got  # a.test's own certificate
     assert "from='a.test'" in got["result"], got
@@ -271,5 +282,26 @@ def test_a_refused_certificate_falls_back_to_dialback(fed, pki):
     log = ra.read_log()
     assert "xmpp.server_external_failed from=a.test to=fake.test" in log, log
     assert "xmpp.server_out local=a.test remote=fake.test tls=yes auth=dialback" in log, log
+    u.send("</stream:stream>")
+    u.read_to_close()
+
+
+def test_outgoing_streams_show_the_reloaded_certificate(fed, pki):
+    """A renewed certificate (the same files, new contents) and `rtctl tls reload`: outgoing
+    streams set up after it show the new one, as the listener does."""
+    rtds, certs = fed
+    ra = rtds["a.test"]
+    tmp = os.path.dirname(certs["a.test"][0])
+    new_cert, new_key = pki.ca.issue_domain(tmp, "a.test-renewed", "a.test", "conference.a.test")
+    for src, dst in ((new_cert, certs["a.test"][0]), (new_key, certs["a.test"][1])):
+        shutil.copyfile(src, dst)
+    code, out, err = ra.ctl("tls", "reload")
+    assert code == 0, (out, err)
+    assert "tls.reloaded listener=s2s-out" in ra.read_log()
+    got, t = fake_receiving_server(rtds["fake2.test"], pki, "fake2.test")
+    u = client(ra, "u", "a.test")
+    u.send("<message to='x@fake2.test' type='chat' id='f2'><body>renewed</body></message>")
+    t.join(X.TIMEOUT * 3)
+    assert got["cert"]["serialNumber"] == serial_of(new_cert), (got, serial_of(new_cert))
     u.send("</stream:stream>")
     u.read_to_close()
