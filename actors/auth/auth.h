@@ -111,6 +111,9 @@ int rt_auth_addr_from_sockaddr(const struct sockaddr_storage *ss, rt_auth_addr_t
 int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out);
 /* The other way: "1.2.3.4" for a v4-mapped address, else IPv6 text; "?" if it does not fit. */
 void rt_auth_addr_format(const rt_auth_addr_t *a, char *out, size_t len);
+/* "address:port" of an IPv4 or IPv6 socket address (rt_auth_addr_format's address), "?:0" for
+   another family. */
+void rt_auth_sockaddr_format(const struct sockaddr_storage *ss, char *out, size_t len);
 
 /*
 ** A bounded table of recent failures per address (IPv6 per /64, since one

@@ -59,6 +59,19 @@ void rt_auth_addr_format(const rt_auth_addr_t *a, char *out, size_t len)
         snprintf(out, len, "?");
 }
 
+void rt_auth_sockaddr_format(const struct sockaddr_storage *ss, char *out, size_t len)
+{
+    rt_auth_addr_t a;
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (rt_auth_addr_from_sockaddr(ss, &a) == 0) {
+        rt_auth_addr_format(&a, host, sizeof(host));
+        port = ntohs(ss->ss_family == AF_INET ? ((const struct sockaddr_in *)ss)->sin_port
+                                              : ((const struct sockaddr_in6 *)ss)->sin6_port);
+    }
+    snprintf(out, len, "%s:%u", host, port);
+}
+
 /* ---- The failed-login slow-down ---- */
 
 #define WAYS 8

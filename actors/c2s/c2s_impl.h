@@ -584,8 +584,7 @@ typedef struct c2s_s2s_entry_s {
 } c2s_s2s_entry_t;
 void rt__c2s_s2s_lock(void);
 void rt__c2s_s2s_unlock(void);
-void rt__c2s_s2s_listed(c2s_s2s_entry_t *e, bool on);              /* takes the lock itself */
-void rt__c2s_addr_text(const void *sockaddr, char *out, size_t n); /* "address:port" */
+void rt__c2s_s2s_listed(c2s_s2s_entry_t *e, bool on); /* takes the lock itself */
 
 extern const rt_actor_type_t rt__c2s_s2s_out_type;
 /* The arguments of an outgoing stream: the local domain (one of hosts) and the remote one. */

@@ -50,9 +50,8 @@ typedef struct occ_s {
     uint8_t *pres; /* its presence's children but <x/> of MUC, as written; heap, or NULL */
     uint32_t pres_len;
     uint8_t role, aff;
-    rt_pid_t pid; /* its session; 0 for another server's user (remote) */
+    rt_pid_t pid; /* its session; 0 for another server's user, reached through federation */
     rt_ref_t mon;
-    bool remote;   /* another server's user: reached through federation, not monitored */
     bool lagging;  /* its session refused a copy: it leaves (333) */
     double tokens; /* muc_message_rate's bucket */
     uint64_t tokens_ms;
@@ -233,15 +232,13 @@ static const char *jid_domain(const char *jid, size_t *len)
 */
 static void send_to(room_t *r, const occ_t *o)
 {
-    if (!o->remote) {
+    if (o->pid) {
         send_out(r, o->pid);
         return;
     }
-    const char *domain = strchr(r->jid, '@');
-    size_t len;
-    const char *to = jid_domain(o->jid, &len);
-    if (domain && !r->out.oom &&
-        rt__c2s_s2s_send(domain + 1, strlen(domain + 1), to, len, r->out.data, r->out.len))
+    size_t len, to_len;
+    const char *domain = jid_domain(r->jid, &len), *to = jid_domain(o->jid, &to_len);
+    if (!r->out.oom && rt__c2s_s2s_send(domain, len, to, to_len, r->out.data, r->out.len))
         atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_routed, 1, memory_order_relaxed);
     rt_buf_truncate(&r->out, 0);
     r->out.oom = false;
@@ -663,7 +660,6 @@ static void join(room_t *r, const rt_xml_el_t *el, const char *from, const char 
                    .aff = aff,
                    .role = role_for(r, aff),
                    .pid = remote ? 0 : r->from,
-                   .remote = remote,
                    .tokens = (double)rt__c2s.conf->muc_message_rate,
                    .tokens_ms = rt_mono_ms()};
         int rc = !o.nick || !o.jid ? RT_ENOMEM : keep_presence(r, &o, el);
@@ -724,7 +720,7 @@ static void presence(room_t *r, const rt_xml_el_t *el, const char *from, const c
     if (type && (strcmp(type, "unavailable") == 0 || strcmp(type, "error") == 0)) {
         /* A session replaced by a newer one of the same resource says unavailable for the
            old one: not for the new one's seat. Another server's user has one seat, its JID's. */
-        if (o && (o->remote || o->pid == r->from))
+        if (o && (!o->pid || o->pid == r->from))
             remove_occupant(r, o, NULL, 0, NULL);
         return;
     }
@@ -739,7 +735,7 @@ static void presence(room_t *r, const rt_xml_el_t *el, const char *from, const c
     } else if (strcmp(o->nick, nick) != 0) {
         change_nick(r, o, el, nick);
     } else {
-        if (!o->remote && o->pid != r->from) { /* a newer session of the resource sat down */
+        if (o->pid && o->pid != r->from) { /* a newer session of the resource sat down */
             rt_ref_t mon;
             if (rt_monitor(r->self, r->from, &mon) == 0) {
                 if (o->mon)
@@ -1067,7 +1063,7 @@ static void message(room_t *r, const rt_xml_el_t *el, const char *from, const ch
     const char *type = rt_xml_attr(el, "type");
     occ_t *o = by_jid(r, from);
     if (type && strcmp(type, "error") == 0) {
-        if (o && o->remote && gone_error(el)) { /* its server says it is not there */
+        if (o && !o->pid && gone_error(el)) { /* its (remote) server says it is not there */
             int code = ST_ERROR_REMOVED;
             remove_occupant(r, o, &code, 1, NULL);
         }

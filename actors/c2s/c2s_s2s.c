@@ -14,7 +14,6 @@
 ** from xmpp.plaintext_from (loopback by default), as SASL is on client streams.
 */
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -238,16 +237,6 @@ void rt_c2s_s2s_each(void (*fn)(const rt_c2s_s2s_info_t *s, void *arg), void *ar
     for (const c2s_s2s_entry_t *e = list_head; e; e = e->next)
         fn(&e->info, arg);
     pthread_mutex_unlock(&list_lock);
-}
-
-void rt__c2s_addr_text(const void *sockaddr, char *out, size_t n)
-{
-    const struct sockaddr *sa = sockaddr;
-    char host[INET6_ADDRSTRLEN] = "?", port[8] = "0";
-    socklen_t len =
-        sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    getnameinfo(sa, len, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(out, n, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
 }
 
 /* ---- Outgoing streams, by pair ---- */
@@ -663,9 +652,11 @@ static int pair_index(const s2s_in_t *s, int local, const char *remote)
     return -1;
 }
 
-/* The list's entry once a domain is proved, by dialback or by EXTERNAL. */
-static void in_proved(s2s_in_t *s, const char *remote, const char *how)
+/* remote proved, by dialback or by EXTERNAL, for stanzas to local: logged and listed. */
+static void in_proved(s2s_in_t *s, const char *remote, const char *local, const char *how)
 {
+    rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=%s auth=%s", remote, local,
+           s->secure ? "yes" : "no", how);
     rt__c2s_s2s_lock();
     rt_c2s_s2s_info_t *i = &s->entry.info;
     if (!i->remote[0])
@@ -709,10 +700,8 @@ static void in_sasl_auth(s2s_in_t *s, const rt_xml_el_t *el)
     in_write_buf(s, &b);
     snprintf(s->authed, sizeof(s->authed), "%s", s->from);
     s->restart = true;
-    in_proved(s, s->authed, "external");
+    in_proved(s, s->authed, rt__c2s_s2s_local_domain(s->to), "external");
     atomic_fetch_add_explicit(&rt_c2s_stats.s2s_external_ok, 1, memory_order_relaxed);
-    rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=yes auth=external", s->authed,
-           rt__c2s_s2s_local_domain(s->to));
 }
 
 /* <db:result/> from the other server: its key for (local, remote), asked of its domain. */
@@ -805,9 +794,7 @@ static void in_verified(rt_actor_t *self, s2s_in_t *s, const rt_msg_t *m)
         s->pairs[s->npairs].local = v->local;
         snprintf(s->pairs[s->npairs].remote, sizeof(s->pairs[0].remote), "%s", remote);
         s->npairs++;
-        in_proved(s, remote, "dialback");
-        rt_log(RT_LOG_INFO, "xmpp.server_in", "from=%s to=%s tls=%s auth=dialback", remote,
-               rt__c2s_s2s_local_domain(v->local), s->secure ? "yes" : "no");
+        in_proved(s, remote, rt__c2s_s2s_local_domain(v->local), "dialback");
     }
 }
 

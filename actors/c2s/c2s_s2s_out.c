@@ -305,12 +305,12 @@ static int out_on_header(void *ctx, const rt_xml_el_t *hdr, const rt_xml_ns_t *n
         return RT_XML_STOP;
     }
     snprintf(o->id, sizeof(o->id), "%s", id);
-    if ((!version || strtol(version, NULL, 10) < 1) && rt__c2s.conf->s2s_secure)
-        fail(rt_current(), o, "the other server is too old for certificates (xmpp.s2s_secure)");
-    else if (!version || strtol(version, NULL, 10) < 1) /* no features to wait for */
-        start_dialback(o);
-    else
+    if (version && strtol(version, NULL, 10) >= 1)
         o->phase = OUT_FEATURES;
+    else if (rt__c2s.conf->s2s_secure) /* pre-1.0: no features, no SASL */
+        fail(rt_current(), o, "the other server is too old for certificates (xmpp.s2s_secure)");
+    else
+        start_dialback(o); /* no features to wait for */
     return 0;
 }
 
@@ -520,7 +520,7 @@ static int connect_next(rt_actor_t *self, s2s_out_t *o)
            meets the timeout. */
         write_header(o);
         rt__c2s_s2s_lock();
-        rt__c2s_addr_text(&to->addr, o->entry.info.peer, sizeof(o->entry.info.peer));
+        rt_auth_sockaddr_format(&to->addr, o->entry.info.peer, sizeof(o->entry.info.peer));
         rt__c2s_s2s_unlock();
         return 0;
     }

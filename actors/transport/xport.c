@@ -828,23 +828,17 @@ void rt_xport_peer_format(const rt_xport_t *xp, int fd, char *buf, size_t len)
 {
     rt_auth_addr_t a;
     uint16_t port = 0;
-    char host[INET6_ADDRSTRLEN] = "?";
-    struct sockaddr_storage ss;
+    char host[INET6_ADDRSTRLEN];
+    struct sockaddr_storage ss = {0};
     socklen_t sl = sizeof(ss);
     if (rt_xport_real_peer(xp, &a, &port)) {
         rt_auth_addr_format(&a, host, sizeof(host));
-    } else if (fd >= 0 && getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET6) {
-            const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof(host));
-            port = ntohs(a6->sin6_port);
-        } else if (ss.ss_family == AF_INET) {
-            const struct sockaddr_in *a4 = (const struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &a4->sin_addr, host, sizeof(host));
-            port = ntohs(a4->sin_port);
-        }
+        snprintf(buf, len, "%s:%u", host, port);
+    } else {
+        if (fd >= 0)
+            getpeername(fd, (struct sockaddr *)&ss, &sl); /* a failure leaves no family: "?:0" */
+        rt_auth_sockaddr_format(&ss, buf, len);
     }
-    snprintf(buf, len, "%s:%u", host, port);
 }
 
 /* A transport event in the log for a peer already written out. */

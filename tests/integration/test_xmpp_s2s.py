@@ -64,9 +64,7 @@ def fed(request, pki):
 
 
 def client(rtd, user, domain, resource="r"):
-    r = X.Raw(rtd.xport)
-    assert r.login(user, PW, resource=resource, to=domain) == f"{user}@{domain}/{resource}"
-    return r
+    return X.session(rtd.xport, user, domain, PW, resource)
 
 
 def leave(r):

@@ -82,9 +82,7 @@ def net(pki):
 
 
 def client(rtd, user, domain):
-    r = X.Raw(rtd.xport)
-    assert r.login(user, PW, resource="r", to=domain) == f"{user}@{domain}/r"
-    return r
+    return X.session(rtd.xport, user, domain, PW)
 
 
 def test_srv_records_and_the_domains_own_address(net):

@@ -54,20 +54,17 @@ def fed(pki):
                     "auth_max_delay_ms=0", data_dir=data)
             r.xport, r.s2s = c2s, s2s
             rtds[d] = r
-        rtds["fake.test"], rtds["fake2.test"] = fake, fake2
-        yield rtds, certs
+        yield rtds, certs, {"fake.test": fake, "fake2.test": fake2}
     finally:
         # Every rtd stopped before any verdict: one that failed leaves none running.
-        stopped = [r.stop() for r in rtds.values() if not isinstance(r, int)]
+        stopped = [r.stop() for r in rtds.values()]
         shutil.rmtree(tmp, ignore_errors=True)
         for code, log in stopped:
             assert code == 0, log[-3000:]
 
 
 def client(rtd, user, domain):
-    r = X.Raw(rtd.xport)
-    assert r.login(user, PW, resource="r", to=domain) == f"{user}@{domain}/r"
-    return r
+    return X.session(rtd.xport, user, domain, PW)
 
 
 def talk_both_ways(rtds, one, other, user):
@@ -85,7 +82,7 @@ def talk_both_ways(rtds, one, other, user):
 
 
 def test_external_both_ways_between_trusted_certificates(fed):
-    rtds, _ = fed
+    rtds, _, _ = fed
     talk_both_ways(rtds, "a.test", "b.test", "u")
     for local, remote in (("a.test", "b.test"), ("b.test", "a.test")):
         r = rtds[local]
@@ -106,7 +103,7 @@ def test_external_both_ways_between_trusted_certificates(fed):
 
 
 def test_an_unknown_ca_means_dialback_that_way_only(fed):
-    rtds, _ = fed
+    rtds, _, _ = fed
     talk_both_ways(rtds, "a.test", "c.test", "v")
     ra, rc = rtds["a.test"], rtds["c.test"]
     # c.test trusts the test CA, which issued a.test's certificate: EXTERNAL.
@@ -142,7 +139,7 @@ def test_certificates_only(fed):
     """d.test sets xmpp.s2s_secure: with a.test (certificates from the CA both trust) EXTERNAL
     both ways as before; with c.test (a CA d.test does not know) nothing either way: d.test's
     outgoing stream does not take c.test's certificate, and c.test's dialback is refused."""
-    rtds, _ = fed
+    rtds, _, _ = fed
     talk_both_ways(rtds, "a.test", "d.test", "w")
     rd, rc = rtds["d.test"], rtds["c.test"]
     assert "xmpp.server_out local=d.test remote=a.test tls=yes auth=external" in rd.read_log()
@@ -162,7 +159,7 @@ def test_certificates_only(fed):
 
 
 def test_a_certificate_for_another_domain_proves_nothing(fed):
-    rtds, certs = fed
+    rtds, certs, _ = fed
     rb = rtds["b.test"]
     s, features, _ = raw_server(rb.s2s, "evil.test", "b.test", certs["a.test"])
     assert "EXTERNAL" not in features, features  # the CA's certificate, but for a.test
@@ -188,7 +185,7 @@ def test_a_remote_occupant_outlives_the_stream_it_joined_on(fed):
     the room removes it (XEP-0045's 333). Here a raw stream proves b.test by its certificate
     and carries the join of v@b.test/r, a session on the real b.test, which gets the room's
     copies through a.test's own outgoing stream."""
-    rtds, certs = fed
+    rtds, certs, _ = fed
     ra, rb = rtds["a.test"], rtds["b.test"]
     room = "lobby@conference.a.test"
     u, v = client(ra, "u", "a.test"), client(rb, "v", "b.test")
@@ -269,9 +266,9 @@ def fake_receiving_server(port, pki, domain):
 def test_a_refused_certificate_falls_back_to_dialback(fed, pki):
     """The outgoing side: a receiving server (raw, here) that offers EXTERNAL and refuses it;
     a.test goes on with dialback on the same stream, and its message goes through."""
-    rtds, _ = fed
+    rtds, _, fakes = fed
     ra = rtds["a.test"]
-    got, t = fake_receiving_server(rtds["fake.test"], pki, "fake.test")
+    got, t = fake_receiving_server(fakes["fake.test"], pki, "fake.test")
     u = client(ra, "u", "a.test")
     u.send("<message to='x@fake.test' type='chat' id='f1'><body>fallback</body></message>")
     t.join(X.TIMEOUT * 3)
@@ -289,7 +286,7 @@ def test_a_refused_certificate_falls_back_to_dialback(fed, pki):
 def test_outgoing_streams_show_the_reloaded_certificate(fed, pki):
     """A renewed certificate (the same files, new contents) and `rtctl tls reload`: outgoing
     streams set up after it show the new one, as the listener does."""
-    rtds, certs = fed
+    rtds, certs, fakes = fed
     ra = rtds["a.test"]
     tmp = os.path.dirname(certs["a.test"][0])
     new_cert, new_key = pki.ca.issue_domain(tmp, "a.test-renewed", "a.test", "conference.a.test")
@@ -298,7 +295,7 @@ def test_outgoing_streams_show_the_reloaded_certificate(fed, pki):
     code, out, err = ra.ctl("tls", "reload")
     assert code == 0, (out, err)
     assert "tls.reloaded listener=s2s-out" in ra.read_log()
-    got, t = fake_receiving_server(rtds["fake2.test"], pki, "fake2.test")
+    got, t = fake_receiving_server(fakes["fake2.test"], pki, "fake2.test")
     u = client(ra, "u", "a.test")
     u.send("<message to='x@fake2.test' type='chat' id='f2'><body>renewed</body></message>")
     t.join(X.TIMEOUT * 3)

@@ -168,16 +168,11 @@ def read(d, name):
 
 
 def on_rt(rtd, user, resource="r"):
-    r = X.Raw(rtd.xport)
-    assert r.login(user, PW, resource=resource, to="rt.test") == f"{user}@rt.test/{resource}"
-    return r
+    return X.session(rtd.xport, user, "rt.test", PW, resource)
 
 
 def on_peer(fed, user, resource="p"):
-    r = X.Raw(fed.pport)
-    assert r.login(user, PW, resource=resource, to="peer.test") == \
-        f"{user}@peer.test/{resource}"
-    return r
+    return X.session(fed.pport, user, "peer.test", PW, resource)
 
 
 def available(r, jid):

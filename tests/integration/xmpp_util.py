@@ -212,6 +212,14 @@ class Raw:
         self.sock.close()
 
 
+def session(port, user, domain, password, resource="r"):
+    """A Raw connection logged in (SCRAM-SHA-256) and bound as user@domain/resource."""
+    r = Raw(port)
+    assert r.login(user, password, resource=resource, to=domain) == \
+        f"{user}@{domain}/{resource}"
+    return r
+
+
 def subscribe_across(asker, asker_jid, owner, owner_jid):
     """asker asks owner for its presence and owner approves (RFC 6121 3.1): the asker gets
     "subscribed" and then the owner's presence, sent by the owner's server (3.1.5)."""
