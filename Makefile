@@ -141,7 +141,7 @@ test-integration-asan-b: build-asan deps
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
 		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_peers.py \
 		tests/integration/test_xmpp_s2s_dns.py tests/integration/test_xmpp_s2s_external.py \
-		-m "not long"
+		tests/integration/test_xmpp_cluster.py -m "not long"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
@@ -158,7 +158,9 @@ test-integration-asan-b: build-asan deps
 # serve while the upload actor on the blocking pool makes slots and sweeps. And push, whose
 # notifications the store's thread sends to sessions on both schedulers. And federation,
 # whose incoming and outgoing streams hand each other dialback verifications across schedulers,
-# and whose resolver answers outgoing streams from the blocking pool.
+# and whose resolver answers outgoing streams from the blocking pool. And XMPP across the
+# cluster, whose other nodes' bindings one actor applies to the registry while sessions on
+# both schedulers bind, route and tell the other nodes of theirs under the registry's locks.
 test-integration-tsan: build-tsan deps
 	@RT_BUILD_DIR=$(CURDIR)/$(BUILD)/tsan \
 		TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(PYTEST) -q \
@@ -173,7 +175,7 @@ test-integration-tsan: build-tsan deps
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
 		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_peers.py \
 		tests/integration/test_xmpp_s2s_dns.py tests/integration/test_xmpp_s2s_external.py \
-		-k "not tenants_across"
+		tests/integration/test_xmpp_cluster.py -k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

@@ -92,6 +92,36 @@ void rt_buf_add(rt_buf_t *b, const void *p, size_t n)
     b->data[b->len] = 0;
 }
 
+void rt_buf_put_uint(rt_buf_t *b, uint64_t v, int bytes)
+{
+    RT_ASSERT(bytes >= 1 && bytes <= 8);
+    uint8_t out[8];
+    for (int i = bytes - 1; i >= 0; i--, v >>= 8)
+        out[i] = (uint8_t)v;
+    rt_buf_add(b, out, (size_t)bytes);
+}
+
+const uint8_t *rt_reader_take(rt_reader_t *r, size_t n)
+{
+    if (r->bad || n > r->len - r->at) {
+        r->bad = true;
+        return NULL;
+    }
+    const uint8_t *p = r->p + r->at;
+    r->at += n;
+    return p;
+}
+
+uint64_t rt_reader_uint(rt_reader_t *r, int bytes)
+{
+    RT_ASSERT(bytes >= 1 && bytes <= 8);
+    const uint8_t *p = rt_reader_take(r, (size_t)bytes);
+    uint64_t v = 0;
+    for (int i = 0; p && i < bytes; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
 void rt_buf_printf(rt_buf_t *b, const char *fmt, ...)
 {
     va_list ap;

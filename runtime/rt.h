@@ -567,6 +567,20 @@ void rt_buf_printf(rt_buf_t *b, const char *fmt, ...) __attribute__((format(prin
 /* Cuts b back to its first len bytes (len <= b->len) and clears oom: what failed came after. */
 void rt_buf_truncate(rt_buf_t *b, size_t len);
 void rt_buf_free(rt_buf_t *b); /* and empties it for reuse */
+/* v as its low `bytes` bytes (1 to 8), most significant first: what rt_reader_uint reads. */
+void rt_buf_put_uint(rt_buf_t *b, uint64_t v, int bytes);
+
+/*
+** Reading bytes another part wrote (a session's bytes, a message between nodes): a read past
+** the end sets bad, which sticks, and gives NULL (or 0), so a reader checks once at the end.
+*/
+typedef struct rt_reader_s {
+    const uint8_t *p;
+    size_t len, at;
+    bool bad;
+} rt_reader_t;
+const uint8_t *rt_reader_take(rt_reader_t *r, size_t n);
+uint64_t rt_reader_uint(rt_reader_t *r, int bytes); /* most significant byte first */
 
 /* ---- Runtime ---- */
 #define RT_SCHEDULERS_DEFAULT 0          /* 0: one per online core */

@@ -62,6 +62,9 @@ int rt__admin_cluster_status(rt_admin_cmd_t *c)
     rt_doc_add_u64(c->doc, "lease_waits", st.lease_waits);
     rt_doc_add_u64(c->doc, "stale_takeovers", st.stale_takeovers);
     rt_doc_add_u64(c->doc, "control_refused", st.control_refused);
+    rt_doc_add_u64(c->doc, "channel_out", st.channel_out);
+    rt_doc_add_u64(c->doc, "channel_in", st.channel_in);
+    rt_doc_add_u64(c->doc, "channel_failed", st.channel_failed);
     return 200;
 }
 

@@ -530,6 +530,23 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_s2s_stream_errors_total", "counter",
             "Server-to-server streams this server ended with a stream error.",
             atomic_load(&x->s2s_stream_errors));
+    one_u64(b, "rt_xmpp_cluster_resources", "gauge",
+            "Resources bound on the cluster's other nodes, as this node knows them.",
+            atomic_load(&x->cluster_resources));
+    one_u64(b, "rt_xmpp_cluster_sent_total", "counter",
+            "Messages to other nodes: bindings told, stanzas for their sessions.",
+            atomic_load(&x->cluster_sent));
+    one_u64(b, "rt_xmpp_cluster_received_total", "counter", "Messages from other nodes taken.",
+            atomic_load(&x->cluster_received));
+    one_u64(b, "rt_xmpp_cluster_refused_total", "counter",
+            "Messages from other nodes that were not an rtd's (malformed).",
+            atomic_load(&x->cluster_refused));
+    one_u64(b, "rt_xmpp_cluster_not_sent_total", "counter",
+            "Messages for other nodes the cluster did not take (no connection, out of memory).",
+            atomic_load(&x->cluster_not_sent));
+    one_u64(b, "rt_xmpp_cluster_dropped_total", "counter",
+            "Other nodes' bindings dropped: their node went silent or restarted.",
+            atomic_load(&x->cluster_dropped));
     one_u64(b, "rt_xmpp_push_enabled_total", "counter",
             "Push app servers enabled by clients (XEP-0357).", atomic_load(&x->push_enabled));
     one_u64(b, "rt_xmpp_push_disabled_total", "counter",

@@ -80,6 +80,13 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t s2s_external_ok;     /* streams SASL EXTERNAL proved, either way */
     _Atomic uint64_t s2s_external_failed; /* EXTERNAL refused, either way (dialback next) */
     _Atomic uint64_t s2s_stream_errors;   /* server-to-server streams ended by an error */
+    /* In a cluster (c2s_cluster.c): */
+    _Atomic uint64_t cluster_resources; /* other nodes' bound resources known here */
+    _Atomic uint64_t cluster_sent;      /* messages to other nodes (bindings, stanzas) */
+    _Atomic uint64_t cluster_received;  /* messages from other nodes taken */
+    _Atomic uint64_t cluster_refused;   /* messages from other nodes that made no sense */
+    _Atomic uint64_t cluster_not_sent;  /* messages the cluster's channel did not take */
+    _Atomic uint64_t cluster_dropped;   /* bindings dropped with a node gone or restarted */
 } rt_c2s_stats_t;
 
 extern rt_c2s_stats_t rt_c2s_stats;

@@ -37,7 +37,7 @@ static void each_binding(const char *bare, size_t bare_len, const char *res, siz
 void rt_c2s_sessions(void (*fn)(const rt_c2s_session_t *s, void *arg), void *arg)
 {
     walk_t w = {.fn = fn, .arg = arg};
-    rt__c2s_reg_each(each_binding, &w);
+    rt__c2s_reg_each_local(each_binding, &w);
 }
 
 int rt_c2s_query(rt_pid_t session, rt_pid_t reply_to, uint64_t cookie)

@@ -10,6 +10,7 @@
 **   c2s_mam.c       the message archive, the session's side (c2s_store_mam.c: its actor)
 **   c2s_pep.c       PEP (XEP-0163), the session's side (c2s_store_pep.c: the store's)
 **   c2s_start.c     the global settings, the store's start
+**   c2s_cluster.c   XMPP across the cluster: other nodes' bindings, stanzas to their sessions
 */
 #ifndef RT_C2S_IMPL_H
 #define RT_C2S_IMPL_H
@@ -63,7 +64,7 @@
 #define C2S_DIRECTED_MAX 128
 #define C2S_MSG_ROSTER (RT_C2S_MSG_BASE + 12)         /* the whole roster, packed (c2s_roster.c) */
 #define C2S_MSG_ROSTER_ITEM (RT_C2S_MSG_BASE + 13)    /* one item changed, and its push */
-#define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14)          /* a contact wants our presence */
+#define C2S_MSG_PROBE (RT_C2S_MSG_BASE + 14) /* a contact (its full JID) wants our presence */
 #define C2S_MSG_PRESENCE_TO (RT_C2S_MSG_BASE + 15)    /* send our presence (or unavailable) to */
 /* Far above the session's own tags, which grow as it learns XEPs. */
 #define C2S_MSG_QUERY (RT_C2S_MSG_BASE + 0x80) /* rt_c2s_query (c2s_admin.c) */
@@ -815,10 +816,46 @@ size_t rt__c2s_reg_to_account(const char *host, const char *user, uint32_t tag, 
                               size_t n, bool unavailable_only);
 /* Bytes one binding costs (its session is charged them). */
 size_t rt__c2s_reg_entry_bytes(size_t bare_len, size_t res_len);
-size_t rt__c2s_reg_count(void);
-/* Calls fn for every binding, a stripe's lock held: fn copies what it needs and returns. */
-void rt__c2s_reg_each(void (*fn)(const char *bare, size_t bare_len, const char *res,
-                                 size_t res_len, const c2s_route_t *r, void *arg),
-                      void *arg);
+/* Bindings of this node's sessions, of other nodes' (c2s_cluster.c), and the latter's bytes. */
+void rt__c2s_reg_counts(size_t *local, size_t *remote, size_t *remote_bytes);
+/* Calls fn for every binding of this node's, a stripe's lock held: fn copies what it needs
+   and returns (or sends: a snapshot for another node keeps its order with the changes). */
+void rt__c2s_reg_each_local(void (*fn)(const char *bare, size_t bare_len, const char *res,
+                                       size_t res_len, const c2s_route_t *r, void *arg),
+                            void *arg);
+/*
+** Another node's binding of bare/res, as it told it (r->pid its remote pid): made or brought
+** up to date. One it replaced (replaced: its pid as this node knows it, or 0) gives way; one
+** bound at the same time on two nodes goes to the node whose name sorts last (a session of
+** this node's that loses is sent C2S_MSG_REPLACED). Its unbinding is rt__c2s_reg_unbind's.
+*/
+int rt__c2s_reg_apply(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                      const c2s_route_t *r, rt_pid_t replaced);
+/* Drops every binding of node (its remote pids' node); how many. */
+size_t rt__c2s_reg_purge_node(unsigned node);
+
+/*
+** c2s_cluster.c: XMPP across the cluster (docs/CLUSTER.md, "XMPP"). Another node's session
+** is a remote pid, as Erlang's are: its node's index (1..C2S_NODES_MAX, this node's own
+** numbering) in bits 24-31 of the pid that node gave it, which a pid of this runtime never
+** sets (the pid table holds at most 2^24 actors: rt__c2s_cluster_start checks). rt_send
+** finds no actor at one; rt__c2s_send carries what a session sends to another node's.
+*/
+#define C2S_NODE_SHIFT 24
+#define C2S_NODES_MAX 255
+static inline unsigned rt__c2s_pid_node(rt_pid_t pid)
+{
+    return (unsigned)(pid >> C2S_NODE_SHIFT) & 0xff;
+}
+bool rt__c2s_cluster_on(void);
+int rt__c2s_cluster_start(rt_pid_t sup, char *err, size_t errlen);
+/* rt_send to a session here or on another node (tags a session takes from another session:
+   C2S_MSG_STANZA, C2S_MSG_PROBE, C2S_MSG_PRESENCE_TO, C2S_MSG_REPLACED). 0 or RT_E*. */
+int rt__c2s_send(rt_pid_t to, uint32_t tag, const void *p, size_t n);
+/* A binding of this node's changed (bound: made or changed; else gone); the registry's. */
+void rt__c2s_cluster_announce(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                              const c2s_route_t *r, bool bound, rt_pid_t replaced);
+/* The name of node index node (index 0: this node), into out. */
+void rt__c2s_cluster_node_name(unsigned node, char out[RT_CONF_NODE_MAX]);
 
 #endif

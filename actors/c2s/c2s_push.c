@@ -172,7 +172,7 @@ static void notify_one(const char *jid, const char *node, const void *options, s
     bool sent =
         !b.oom && (remote ? rt__c2s_s2s_send(t->host, strlen(t->host), rt_jid_domain(&to.jid),
                                              to.jid.domain, b.data, b.len)
-                          : rt_send(r.pid, C2S_MSG_STANZA, b.data, b.len) == 0);
+                          : rt__c2s_send(r.pid, C2S_MSG_STANZA, b.data, b.len) == 0);
     if (sent)
         atomic_fetch_add_explicit(&rt_c2s_stats.push_sent, 1, memory_order_relaxed);
     else

@@ -5,6 +5,12 @@
 ** own lock held for a walk of one bucket (a copy of the routes out, never a send), so
 ** sessions of different users seldom meet on a lock. An entry is one malloc'ed block
 ** charged to the session that bound it (rt__c2s_reg_entry_bytes), so `rtctl top` counts it.
+**
+** In a cluster the table holds the other nodes' resources too, under their remote pids
+** (c2s_cluster.c): their entries are charged to the xmpp_cluster actor, which applies them.
+** A change to an entry of this node's is told to the other nodes with the stripe's lock still
+** held, so that the announcements of one entry leave in the order the changes were made, and a
+** node's snapshot (rt__c2s_reg_each_local, under the same locks) never overtakes one.
 */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -36,7 +42,7 @@ typedef struct stripe_s {
 
 static stripe_t stripes[STRIPES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static _Atomic size_t entries;
+static _Atomic size_t entries, remote_bytes;
 
 static void init_locks(void)
 {
@@ -90,17 +96,95 @@ size_t rt__c2s_reg_entry_bytes(size_t bare_len, size_t res_len)
     return (sizeof(reg_entry_t) + bare_len + res_len + 15) & ~(size_t)15;
 }
 
+static c2s_route_t route_of(const reg_entry_t *e)
+{
+    return (c2s_route_t){
+        .pid = e->pid, .priority = e->priority, .available = e->available, .carbons = e->carbons};
+}
+
+/* Counts an entry in (sign 1) or out (-1) as this node's or another's, by its pid. */
+static void counted(const reg_entry_t *e, int sign)
+{
+    bool remote = rt__c2s_pid_node(e->pid) != 0;
+    size_t bytes = rt__c2s_reg_entry_bytes(e->bare_len, e->res_len);
+    if (!remote) {
+        atomic_fetch_add_explicit(&entries, (size_t)(ptrdiff_t)sign, memory_order_relaxed);
+        return;
+    }
+    atomic_fetch_add_explicit(&rt_c2s_stats.cluster_resources, (uint64_t)(int64_t)sign,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&remote_bytes, (size_t)((ptrdiff_t)sign * (ptrdiff_t)bytes),
+                              memory_order_relaxed);
+}
+
+/* A change to an entry of this node's, told to the others (the stripe locked). */
+static void told(const reg_entry_t *e, bool bound, rt_pid_t replaced)
+{
+    if (rt__c2s_cluster_on() && !rt__c2s_pid_node(e->pid)) {
+        c2s_route_t r = route_of(e);
+        rt__c2s_cluster_announce(e->key, e->bare_len, e->key + e->bare_len, e->res_len, &r, bound,
+                                 replaced);
+    }
+}
+
+static reg_entry_t *entry_new(uint64_t h, const char *bare, size_t bare_len, const char *res,
+                              size_t res_len, rt_pid_t pid)
+{
+    reg_entry_t *e = malloc(rt__c2s_reg_entry_bytes(bare_len, res_len));
+    if (!e)
+        return NULL;
+    e->hash = h;
+    e->pid = pid;
+    e->priority = 0;
+    e->available = false;
+    e->carbons = false;
+    e->bare_len = (uint16_t)bare_len;
+    e->res_len = (uint16_t)res_len;
+    memcpy(e->key, bare, bare_len);
+    memcpy(e->key + bare_len, res, res_len);
+    return e;
+}
+
+static void entry_add(stripe_t *s, reg_entry_t *e)
+{
+    reg_entry_t **at = bucket(s, e->hash);
+    e->next = *at;
+    *at = e;
+    s->len++;
+    counted(e, 1);
+}
+
+/* e's pid becomes pid (a takeover): counted as the new holder's. */
+static void entry_retake(reg_entry_t *e, rt_pid_t pid)
+{
+    counted(e, -1);
+    e->pid = pid;
+    e->available = false;
+    e->carbons = false;
+    e->priority = 0;
+    counted(e, 1);
+}
+
+/* h's stripe, locked, with buckets to add one to (grown when full); NULL when it has none. */
+static stripe_t *locked_for_one_more(uint64_t h)
+{
+    stripe_t *s = stripe_of(h);
+    pthread_mutex_lock(&s->lock);
+    if (s->len >= s->cap && !grow(s) && !s->cap) {
+        pthread_mutex_unlock(&s->lock);
+        return NULL;
+    }
+    return s;
+}
+
 int rt__c2s_reg_bind(const char *bare, size_t bare_len, const char *res, size_t res_len,
                      rt_pid_t pid, bool replace, unsigned max, rt_pid_t *old)
 {
     uint64_t h = rt_hash(bare, bare_len);
-    stripe_t *s = stripe_of(h);
     *old = 0;
-    pthread_mutex_lock(&s->lock);
-    if ((s->len >= s->cap && !grow(s) && !s->cap)) {
-        pthread_mutex_unlock(&s->lock);
+    stripe_t *s = locked_for_one_more(h);
+    if (!s)
         return RT_ENOMEM;
-    }
     unsigned count = 0;
     for (reg_entry_t *e = *bucket(s, h); e; e = e->next) {
         if (!same_bare(e, h, bare, bare_len))
@@ -111,10 +195,8 @@ int rt__c2s_reg_bind(const char *bare, size_t bare_len, const char *res, size_t 
                 return RT_EEXIST;
             }
             *old = e->pid; /* the newer session takes the entry; the older one is told */
-            e->pid = pid;
-            e->available = false;
-            e->carbons = false;
-            e->priority = 0;
+            entry_retake(e, pid);
+            told(e, true, *old);
             pthread_mutex_unlock(&s->lock);
             return 0;
         }
@@ -124,27 +206,87 @@ int rt__c2s_reg_bind(const char *bare, size_t bare_len, const char *res, size_t 
         pthread_mutex_unlock(&s->lock);
         return RT_ELIMIT;
     }
-    reg_entry_t *e = malloc(rt__c2s_reg_entry_bytes(bare_len, res_len));
+    reg_entry_t *e = entry_new(h, bare, bare_len, res, res_len, pid);
     if (!e) {
         pthread_mutex_unlock(&s->lock);
         return RT_ENOMEM;
     }
-    e->hash = h;
-    e->pid = pid;
-    e->priority = 0;
-    e->available = false;
-    e->carbons = false;
-    e->bare_len = (uint16_t)bare_len;
-    e->res_len = (uint16_t)res_len;
-    memcpy(e->key, bare, bare_len);
-    memcpy(e->key + bare_len, res, res_len);
-    reg_entry_t **at = bucket(s, h);
-    e->next = *at;
-    *at = e;
-    s->len++;
-    atomic_fetch_add_explicit(&entries, 1, memory_order_relaxed);
+    entry_add(s, e);
+    told(e, true, 0);
     pthread_mutex_unlock(&s->lock);
     return 0;
+}
+
+/* The winner of two bindings of one full JID made on two nodes at once: the node whose name
+   sorts last, as every node decides it alike. */
+static bool wins_over(rt_pid_t a, rt_pid_t b)
+{
+    char na[RT_CONF_NODE_MAX], nb[RT_CONF_NODE_MAX];
+    rt__c2s_cluster_node_name(rt__c2s_pid_node(a), na);
+    rt__c2s_cluster_node_name(rt__c2s_pid_node(b), nb);
+    return strcmp(na, nb) > 0;
+}
+
+int rt__c2s_reg_apply(const char *bare, size_t bare_len, const char *res, size_t res_len,
+                      const c2s_route_t *r, rt_pid_t replaced)
+{
+    RT_ASSERT(rt__c2s_pid_node(r->pid) != 0);
+    uint64_t h = rt_hash(bare, bare_len);
+    stripe_t *s = locked_for_one_more(h);
+    if (!s)
+        return RT_ENOMEM;
+    reg_entry_t *e = *bucket(s, h);
+    while (e && !(same_bare(e, h, bare, bare_len) && same_res(e, res, res_len)))
+        e = e->next;
+    rt_pid_t loser = 0;
+    if (!e) {
+        if (!(e = entry_new(h, bare, bare_len, res, res_len, r->pid))) {
+            pthread_mutex_unlock(&s->lock);
+            return RT_ENOMEM;
+        }
+        entry_add(s, e);
+    } else if (e->pid != r->pid) {
+        /* Not the one it replaced: both nodes bound it before either heard of the other. */
+        if (e->pid != replaced && !wins_over(r->pid, e->pid)) {
+            pthread_mutex_unlock(&s->lock);
+            return 0;
+        }
+        if (e->pid != replaced && !rt__c2s_pid_node(e->pid))
+            loser = e->pid;
+        entry_retake(e, r->pid);
+    }
+    e->priority = r->priority;
+    e->available = r->available;
+    e->carbons = r->carbons;
+    pthread_mutex_unlock(&s->lock);
+    if (loser)
+        rt_send(loser, C2S_MSG_REPLACED, NULL, 0);
+    return 0;
+}
+
+size_t rt__c2s_reg_purge_node(unsigned node)
+{
+    size_t n = 0;
+    pthread_once(&once, init_locks);
+    for (size_t i = 0; i < STRIPES; i++) {
+        stripe_t *s = &stripes[i];
+        pthread_mutex_lock(&s->lock);
+        for (size_t b = 0; b < s->cap; b++)
+            for (reg_entry_t **at = &s->buckets[b]; *at;) {
+                reg_entry_t *e = *at;
+                if (rt__c2s_pid_node(e->pid) != node) {
+                    at = &e->next;
+                    continue;
+                }
+                *at = e->next;
+                s->len--;
+                counted(e, -1);
+                free(e);
+                n++;
+            }
+        pthread_mutex_unlock(&s->lock);
+    }
+    return n;
 }
 
 /* The entry of bare/res held by pid, with the stripe locked; NULL (unlocked) when none. */
@@ -175,9 +317,10 @@ void rt__c2s_reg_unbind(const char *bare, size_t bare_len, const char *res, size
     reg_entry_t *e = *at;
     *at = e->next;
     s->len--;
+    counted(e, -1);
+    told(e, false, 0);
     pthread_mutex_unlock(&s->lock);
     free(e);
-    atomic_fetch_sub_explicit(&entries, 1, memory_order_relaxed);
 }
 
 void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, size_t res_len,
@@ -189,6 +332,7 @@ void rt__c2s_reg_presence(const char *bare, size_t bare_len, const char *res, si
         return;
     (*at)->available = available;
     (*at)->priority = priority;
+    told(*at, true, 0);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -200,6 +344,7 @@ void rt__c2s_reg_carbons(const char *bare, size_t bare_len, const char *res, siz
     if (!at)
         return;
     (*at)->carbons = on;
+    told(*at, true, 0);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -213,11 +358,7 @@ size_t rt__c2s_reg_lookup(const char *bare, size_t bare_len, const char *res, si
     if (s->cap)
         for (reg_entry_t *e = *bucket(s, h); e && n < max; e = e->next)
             if (same_bare(e, h, bare, bare_len) && (!res_len || same_res(e, res, res_len)))
-                out[n++] = (c2s_route_t){
-                    .pid = e->pid,
-                    .priority = e->priority,
-                    .available = e->available,
-                    .carbons = e->carbons};
+                out[n++] = route_of(e);
     pthread_mutex_unlock(&s->lock);
     return n;
 }
@@ -232,21 +373,23 @@ size_t rt__c2s_reg_to_account(const char *host, const char *user, uint32_t tag, 
     if (!r)
         return 0;
     size_t k = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, r, max);
-    for (size_t i = 0; i < k; i++)
-        if (!unavailable_only || !r[i].available)
+    for (size_t i = 0; i < k; i++) /* the store's news: of this node's store, for its own */
+        if ((!unavailable_only || !r[i].available) && !rt__c2s_pid_node(r[i].pid))
             sent += rt_send(r[i].pid, tag, p, n) == 0;
     free(r);
     return sent;
 }
 
-size_t rt__c2s_reg_count(void)
+void rt__c2s_reg_counts(size_t *local, size_t *remote, size_t *remote_bytes_out)
 {
-    return atomic_load_explicit(&entries, memory_order_relaxed);
+    *local = atomic_load_explicit(&entries, memory_order_relaxed);
+    *remote = (size_t)atomic_load_explicit(&rt_c2s_stats.cluster_resources, memory_order_relaxed);
+    *remote_bytes_out = atomic_load_explicit(&remote_bytes, memory_order_relaxed);
 }
 
-void rt__c2s_reg_each(void (*fn)(const char *bare, size_t bare_len, const char *res,
-                                 size_t res_len, const c2s_route_t *r, void *arg),
-                      void *arg)
+void rt__c2s_reg_each_local(void (*fn)(const char *bare, size_t bare_len, const char *res,
+                                       size_t res_len, const c2s_route_t *r, void *arg),
+                            void *arg)
 {
     pthread_once(&once, init_locks);
     for (size_t i = 0; i < STRIPES; i++) {
@@ -254,10 +397,9 @@ void rt__c2s_reg_each(void (*fn)(const char *bare, size_t bare_len, const char *
         pthread_mutex_lock(&s->lock);
         for (size_t b = 0; b < s->cap; b++)
             for (const reg_entry_t *e = s->buckets[b]; e; e = e->next) {
-                c2s_route_t r = {.pid = e->pid,
-                    .priority = e->priority,
-                    .available = e->available,
-                    .carbons = e->carbons};
+                if (rt__c2s_pid_node(e->pid))
+                    continue;
+                c2s_route_t r = route_of(e);
                 fn(e->key, e->bare_len, e->key + e->bare_len, e->res_len, &r, arg);
             }
         pthread_mutex_unlock(&s->lock);

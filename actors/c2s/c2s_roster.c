@@ -124,7 +124,7 @@ static void probe_contacts(rt_actor_t *self, const c2s_t *c)
         size_t k = rt__c2s_reg_lookup(e.jid, e.len, NULL, 0, r, C2S_ROUTES_MAX);
         for (size_t i = 0; i < k; i++)
             if (r[i].available && r[i].pid != rt_self(self))
-                rt_send(r[i].pid, C2S_MSG_PROBE, c->jid->s, rt_jid_bare_len(c->jid));
+                rt__c2s_send(r[i].pid, C2S_MSG_PROBE, c->jid->s, rt_jid_len(c->jid));
     }
 }
 
@@ -189,7 +189,7 @@ static void presence_to_text(const char *jid, size_t len, const void *p, size_t 
     c2s_route_t r;
     size_t bare = (size_t)(slash - jid);
     if (rt__c2s_reg_lookup(jid, bare, slash + 1, len - bare - 1, &r, 1) && r.available)
-        rt_send(r.pid, C2S_MSG_STANZA, p, n);
+        rt__c2s_send(r.pid, C2S_MSG_STANZA, p, n);
 }
 
 bool rt__c2s_directed(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
@@ -381,15 +381,22 @@ static void on_item(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
         rt__c2s_write_stanzas(self, c, m->data + at, m->len - at, 1);
 }
 
-/* A contact asked for our presence: given when it is subscribed to it (RFC 6121 4.3.2). */
+/*
+** A contact's session asked for our presence (data: its full JID): given when the contact is
+** subscribed to it (RFC 6121 4.3.2). Answered through the registry, not to the sender's pid:
+** a session on another node of the cluster asks through that node's xmpp_cluster actor.
+*/
 static void on_probe(c2s_t *c, rt_msg_t *m)
 {
-    size_t where;
+    const char *jid = (const char *)m->data, *slash = memchr(jid, '/', m->len);
+    size_t where, bare = slash ? (size_t)(slash - jid) : 0;
     entry_t e;
-    if (!c->available || !c->pres || !find(c, (const char *)m->data, m->len, &where, &e) ||
-        !(e.state & RT_ROSTER_FROM) || rt__c2s_blocks(c, (const char *)m->data, m->len))
+    c2s_route_t r;
+    if (!slash || !c->available || !c->pres || !find(c, jid, bare, &where, &e) ||
+        !(e.state & RT_ROSTER_FROM) || rt__c2s_blocks(c, jid, bare))
         return;
-    rt_send(m->from, C2S_MSG_STANZA, c->pres, c->pres_len);
+    if (rt__c2s_reg_lookup(jid, bare, slash + 1, m->len - bare - 1, &r, 1))
+        rt__c2s_send(r.pid, C2S_MSG_STANZA, c->pres, c->pres_len);
 }
 
 static void on_presence_to(c2s_t *c, rt_msg_t *m)

@@ -83,7 +83,7 @@ void rt__c2s_put_stanza_from(rt_buf_t *b, const rt_xml_el_t *el, const char *fro
 
 bool rt__c2s_send_bytes(rt_pid_t to, const rt_buf_t *b)
 {
-    if (b->oom || rt_send(to, C2S_MSG_STANZA, b->data, b->len) != 0)
+    if (b->oom || rt__c2s_send(to, C2S_MSG_STANZA, b->data, b->len) != 0)
         return false;
     atomic_fetch_add_explicit(&rt_c2s_stats.stanzas_routed, 1, memory_order_relaxed);
     return true;
@@ -272,7 +272,7 @@ const char *rt__c2s_bind_as(rt_actor_t *self, c2s_t *c, const char *given, size_
                : rc == RT_ELIMIT ? "resource-constraint"
                                  : "internal-server-error";
     if (old)
-        rt_send(old, C2S_MSG_REPLACED, NULL, 0);
+        rt__c2s_send(old, C2S_MSG_REPLACED, NULL, 0);
     rt_jid_t *full = rt_jid_dup(self, &jb.jid);
     if (!full) {
         rt__c2s_reg_unbind(bare, blen, res, rlen, rt_self(self));

@@ -467,5 +467,7 @@ int rt__c2s_store_start(rt_pid_t sup, const rt_conf_t *conf, char *err, size_t e
         rc = rt__c2s_upload_start(group, conf, err, errlen);
     if (!rc && (rc = rt__c2s_s2s_resolver_start(group)) != 0)
         snprintf(err, errlen, "cannot start federation's resolver: %s", rt_strerror(rc));
+    if (!rc)
+        rc = rt__c2s_cluster_start(group, err, errlen);
     return rc;
 }

@@ -171,7 +171,7 @@ void rt__c2s_to_available(const char *bare, size_t len, const void *p, size_t n)
     size_t k = rt__c2s_reg_lookup(bare, len, NULL, 0, r, C2S_ROUTES_MAX);
     for (size_t i = 0; i < k; i++)
         if (r[i].available)
-            rt_send(r[i].pid, C2S_MSG_STANZA, p, n);
+            rt__c2s_send(r[i].pid, C2S_MSG_STANZA, p, n);
 }
 
 /* The sessions of whose bare JID send theirs (available) or unavailable to bare `to`. */
@@ -185,7 +185,7 @@ static void presence_to(const char *who, bool available, const char *to)
     rt_buf_add(&b, to, strlen(to));
     for (size_t i = 0; i < k && !b.oom; i++)
         if (r[i].available)
-            rt_send(r[i].pid, C2S_MSG_PRESENCE_TO, b.data, b.len);
+            rt__c2s_send(r[i].pid, C2S_MSG_PRESENCE_TO, b.data, b.len);
     rt_buf_free(&b);
 }
 

@@ -56,8 +56,11 @@ static void out_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         if (!tail ||
             rt_send_msg(atomic_load_explicit(&rt__cluster.kv_pid, memory_order_acquire), tail))
             rt__cluster_move_unmerged((const move_t *)(const void *)m->data);
+    } else if (m->tag == MSG_CHANNEL && m->len >= sizeof(channel_t)) {
+        rt__cluster_channel_publish(m);
     } else if (m->tag == MSG_CONNECTED) {
         rt__cluster_subscribe_held(self);
+        rt__cluster_channel_subscribe();
     } else if (m->tag == MSG_INTEREST) {
         const interest_t *in = (const interest_t *)(const void *)m->data;
         if (in->on)
@@ -74,6 +77,8 @@ static void out_dead_letter(void *state, rt_msg_t *m)
     (void)state;
     if (m->tag == MSG_MOVE_SYNC && m->len >= sizeof(move_t))
         rt__cluster_move_unmerged((const move_t *)(const void *)m->data);
+    if (m->tag == MSG_CHANNEL)
+        atomic_fetch_add_explicit(&rt__cluster.channel_failed, 1, memory_order_relaxed);
     if (m->tag != MSG_FORWARD || m->len < sizeof(forward_t))
         return;
     const forward_t *f = (const forward_t *)(const void *)m->data;
@@ -274,6 +279,8 @@ static void in_handle(rt_actor_t *self, void *state, rt_msg_t *m)
             rt__cluster_other_heartbeat(in->msg);
         else if (in->share == rt__cluster_sync_request)
             rt__cluster_sync_asked(in->msg);
+        else if (in->share == rt__cluster_channel)
+            rt__cluster_channel_in(in->msg);
         else
             rt__cluster_route_inbound(st, in);
         natsMsg_Destroy(in->msg);
@@ -613,15 +620,18 @@ static void close_connections(void)
         pthread_join(rt__cluster.watcher, NULL);
     }
     rt__cluster_banned_close();
-    natsSubscription *own[] = {rt__cluster.takeover_sub, rt__cluster.handover_sub,
-                               rt__cluster.admin_sub, rt__cluster.status_sub, rt__cluster.sync_sub};
+    natsSubscription *own[] = {rt__cluster.takeover_sub,   rt__cluster.handover_sub,
+                               rt__cluster.admin_sub,      rt__cluster.status_sub,
+                               rt__cluster.sync_sub,       rt__cluster.channel_subs[0],
+                               rt__cluster.channel_subs[1]};
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (own[i]) {
             natsSubscription_Unsubscribe(own[i]);
             natsSubscription_Destroy(own[i]);
         }
     rt__cluster.takeover_sub = rt__cluster.handover_sub = rt__cluster.admin_sub =
-        rt__cluster.status_sub = rt__cluster.sync_sub = NULL;
+        rt__cluster.status_sub = rt__cluster.sync_sub = rt__cluster.channel_subs[0] =
+            rt__cluster.channel_subs[1] = NULL;
     rt__cluster_claims_close();
     kvStore_Destroy(rt__cluster.clients);
     kvStore_Destroy(rt__cluster.sessions);
@@ -872,5 +882,8 @@ bool rt_cluster_status(rt_cluster_status_t *st)
     st->lease_waits = atomic_load(&rt__cluster.lease_waits);
     st->stale_takeovers = atomic_load(&rt__cluster.stale_requests);
     st->control_refused = rt__cluster_auth_refused();
+    st->channel_out = atomic_load(&rt__cluster.channel_out);
+    st->channel_in = atomic_load(&rt__cluster.channel_in);
+    st->channel_failed = atomic_load(&rt__cluster.channel_failed);
     return true;
 }

@@ -103,6 +103,9 @@ typedef struct rt_cluster_status_s {
     uint64_t lease_waits;       /* takeovers that waited out a silent holder's lease */
     uint64_t stale_takeovers;   /* takeover requests that came after their sender stopped waiting */
     uint64_t control_refused;   /* requests and answers whose signature did not verify */
+    uint64_t channel_out,
+        channel_in;          /* the channel's messages sent, taken (rt_cluster_set_channel) */
+    uint64_t channel_failed; /* the channel's messages NATS refused, or none took */
 } rt_cluster_status_t;
 
 /*
@@ -270,6 +273,24 @@ bool rt_cluster_ask_node(const char *node, const char *line, uint8_t **answer_ou
 typedef bool (*rt_cluster_admin_fn)(const char *line, size_t len, const char *reply);
 void rt_cluster_set_admin(rt_cluster_admin_fn fn);
 void rt_cluster_answer(const char *reply, const void *bytes, size_t len);
+
+/*
+** A channel between the nodes for a layer above (XMPP's sessions, c2s_cluster.c): opaque bytes
+** to one node by name, or to every other node, over NATS core (at most once: nothing is kept
+** for a node that is down or not subscribed yet). What one actor sends arrives in the order it
+** sent it, to one node or to all alike (one NATS connection carries both). What arrives goes to
+** the one actor set as the taker, as an RT_CLUSTER_MSG_CHANNEL naming the node it came from.
+** Before a taker is set nothing is subscribed, so a node without one hears nothing.
+*/
+#define RT_CLUSTER_MSG_CHANNEL (RT_MSG_USER + 0x5705) /* data: rt_cluster_channel_in_t */
+#define RT_CLUSTER_CHANNEL_MAX (1u << 20)             /* bytes in one send, at most */
+typedef struct rt_cluster_channel_in_s {
+    char node[RT_CONF_NODE_MAX]; /* the sender */
+    uint8_t data[];
+} rt_cluster_channel_in_t;
+void rt_cluster_set_channel(rt_pid_t taker);
+/* node NULL: every other node. 0, or RT_ENOPROC (no cluster), RT_EINVAL (too long), RT_ENOMEM. */
+int rt_cluster_channel_send(const char *node, const void *p, size_t n);
 
 /* Fills *st; false when this node is not in a cluster. Safe from any thread. */
 bool rt_cluster_status(rt_cluster_status_t *st);

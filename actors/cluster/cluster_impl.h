@@ -13,6 +13,7 @@
 **   durable.c    durable mode: the stream, sessions' records, the replay after a crash
 **   heartbeat.c  what each node holds, once a second
 **   banned_kv.c  the banned list replicated in JetStream KV
+**   channel.c    bytes between nodes for a layer above (XMPP sessions)
 */
 #ifndef RT_CLUSTER_IMPL_H
 #define RT_CLUSTER_IMPL_H
@@ -52,6 +53,7 @@ enum {
     MSG_CONNECTED,             /* to cluster: the connector made both NATS connections */
     MSG_BAN_PUT,               /* to cluster_kv: a ban added or deleted here (banned_kv.c) */
     MSG_CATCH_UP,              /* to cluster_kv: the routes connection is back (durable.c) */
+    MSG_CHANNEL,               /* to cluster: channel_t, a layer's bytes for a node or all */
 };
 
 typedef struct {
@@ -151,7 +153,14 @@ typedef struct route_s {
    the second request of a session's move (handover), for another node's administrator's
    question (admin), and for another node's heartbeat. */
 extern const char rt__cluster_takeover_request[], rt__cluster_handover_request[],
-    rt__cluster_admin_request[], rt__cluster_heartbeat[], rt__cluster_sync_request[];
+    rt__cluster_admin_request[], rt__cluster_heartbeat[], rt__cluster_sync_request[],
+    rt__cluster_channel[];
+
+/* A layer's bytes on their way out (channel.c): to one node, or to all when to is "". */
+typedef struct {
+    char to[RT_CONF_NODE_MAX];
+    uint8_t data[];
+} channel_t;
 
 /* Per origin node: which of its sequence numbers were routed here, in a sliding window. */
 #define SEEN_WINDOW 1024
@@ -214,6 +223,9 @@ typedef struct {
     kvStore *clients;
     char value[RT_CONF_NODE_MAX + 24]; /* what this node writes as an id's holder */
     natsSubscription *takeover_sub, *handover_sub, *admin_sub, *status_sub, *sync_sub;
+    natsSubscription *channel_subs[2]; /* the channel's: to all nodes, to this one */
+    _Atomic rt_pid_t channel_to;       /* who takes what comes on the channel (0: none) */
+    _Atomic uint64_t channel_out, channel_in, channel_failed;
     rt_cluster_admin_fn admin; /* the admin layer's (questions from other nodes) */
     uint64_t node_key;         /* rt_message_set_origin's name of this run of this node */
     /* Durable mode (cluster.durable): the stream "<prefix>_msgs" keeps every message routed
@@ -360,6 +372,13 @@ natsStatus rt__cluster_sign(natsMsg *m);
    how long ago it was sent, by the two nodes' clocks (0 when it does not say). */
 bool rt__cluster_verified(natsMsg *m, const char *what, bool request, int64_t *age_ms);
 uint64_t rt__cluster_auth_refused(void);
+
+/* ---- channel.c ---- */
+/* In the cluster actor: the channel's subscriptions, once someone takes what comes. */
+void rt__cluster_channel_subscribe(void);
+void rt__cluster_channel_publish(const rt_msg_t *m);
+/* In cluster_in: what another node sent on the channel, on to its taker. */
+void rt__cluster_channel_in(natsMsg *nm);
 
 /* ---- heartbeat.c ---- */
 void rt__cluster_other_heartbeat(natsMsg *nm);

@@ -148,6 +148,7 @@ void rt__cluster_send_heartbeat(rt_actor_t *self)
         rt__cluster_pool_subscribe(&rt__cluster.status_sub, rt__cluster.nc, all, NULL,
                                    (void *)rt__cluster_heartbeat, false);
     }
+    rt__cluster_channel_subscribe(); /* before the others hear this node is up */
     static char text[RT_CLUSTER_RULES_MAX * 128 + 512];
     size_t len = heartbeat_text(text, sizeof(text));
     rt_cluster_node_t me;

@@ -121,32 +121,6 @@ void rt_moved_put_msg(rt_moved_writer_t *w, const rt_stored_msg_t *m, uint64_t o
 
 /* ---- Reading ---- */
 
-typedef struct {
-    const uint8_t *p;
-    size_t len, at;
-    bool bad;
-} rbuf_t;
-
-static const uint8_t *take(rbuf_t *r, size_t n)
-{
-    if (r->bad || n > r->len - r->at) {
-        r->bad = true;
-        return NULL;
-    }
-    const uint8_t *p = r->p + r->at;
-    r->at += n;
-    return p;
-}
-
-static uint64_t get_uint(rbuf_t *r, int bytes)
-{
-    const uint8_t *p = take(r, (size_t)bytes);
-    uint64_t v = 0;
-    for (int i = 0; p && i < bytes; i++)
-        v = v << 8 | p[i];
-    return v;
-}
-
 void rt_moved_free(rt_moved_t *mv)
 {
     for (size_t i = 0; i < mv->ss.nsubs; i++)
@@ -180,34 +154,34 @@ static rt_bin_t *released_placeholder(void)
     return rt_message_parse(publish, sizeof(publish));
 }
 
-static int read_msgs(rbuf_t *r, uint64_t now, rt_moved_t *mv)
+static int read_msgs(rt_reader_t *r, uint64_t now, rt_moved_t *mv)
 {
-    uint32_t n = (uint32_t)get_uint(r, 4);
+    uint32_t n = (uint32_t)rt_reader_uint(r, 4);
     if (r->bad || n > (r->len - r->at) / 31) /* a message takes 31 bytes at least */
         return RT_EPROTO;
     if (alloc_msgs(mv, n))
         return RT_ENOMEM;
     for (uint32_t i = 0; i < n; i++) {
         rt_stored_msg_t *m = &mv->ss.msgs[i];
-        const uint8_t *head = take(r, 4);
+        const uint8_t *head = rt_reader_take(r, 4);
         if (!head)
             return RT_EPROTO;
         m->state = head[0];
         m->qos = head[1];
         m->retain = head[2];
         m->shared = head[3];
-        m->packet_id = (uint16_t)get_uint(r, 2);
-        uint32_t left = (uint32_t)get_uint(r, 4);
+        m->packet_id = (uint16_t)rt_reader_uint(r, 2);
+        uint32_t left = (uint32_t)rt_reader_uint(r, 4);
         m->expire_at_ms = left ? now + left - 1 + (left == 1) : 0;
-        m->n_sub_ids = (uint32_t)get_uint(r, 1);
+        m->n_sub_ids = (uint32_t)rt_reader_uint(r, 1);
         if (m->n_sub_ids > RT_QMSG_MAX_SUB_IDS || m->state > RT_QMSG_WAIT_COMP || m->qos > 2)
             return RT_EPROTO;
         for (uint32_t k = 0; k < m->n_sub_ids; k++)
-            m->sub_ids[k] = (uint32_t)get_uint(r, 4);
-        mv->keys[i] = get_uint(r, 8);
-        mv->seqs[i] = get_uint(r, 8);
-        uint32_t len = (uint32_t)get_uint(r, 4);
-        const uint8_t *pkt = take(r, len);
+            m->sub_ids[k] = (uint32_t)rt_reader_uint(r, 4);
+        mv->keys[i] = rt_reader_uint(r, 8);
+        mv->seqs[i] = rt_reader_uint(r, 8);
+        uint32_t len = (uint32_t)rt_reader_uint(r, 4);
+        const uint8_t *pkt = rt_reader_take(r, len);
         if (r->bad)
             return RT_EPROTO;
         m->bin = len                             ? rt_message_parse(pkt, len)
@@ -220,19 +194,19 @@ static int read_msgs(rbuf_t *r, uint64_t now, rt_moved_t *mv)
     return 0;
 }
 
-static int read_subs(rbuf_t *r, rt_moved_t *mv)
+static int read_subs(rt_reader_t *r, rt_moved_t *mv)
 {
-    uint32_t nsubs = (uint32_t)get_uint(r, 4);
+    uint32_t nsubs = (uint32_t)rt_reader_uint(r, 4);
     if (r->bad || nsubs > (r->len - r->at) / 8)
         return RT_EPROTO;
     mv->ss.subs = calloc(nsubs ? nsubs : 1, sizeof(*mv->ss.subs));
     if (!mv->ss.subs)
         return RT_ENOMEM;
     for (uint32_t i = 0; i < nsubs; i++) {
-        uint32_t flen = (uint32_t)get_uint(r, 2);
-        const uint8_t *f = take(r, flen);
-        uint32_t sub_id = (uint32_t)get_uint(r, 4);
-        const uint8_t *qf = take(r, 2);
+        uint32_t flen = (uint32_t)rt_reader_uint(r, 2);
+        const uint8_t *f = rt_reader_take(r, flen);
+        uint32_t sub_id = (uint32_t)rt_reader_uint(r, 4);
+        const uint8_t *qf = rt_reader_take(r, 2);
         /* As a SUBSCRIBE's would be: the filter is also a C string of its length. */
         if (!qf || !mqtt_utf8_valid(f, flen) || !rt_topic_valid_filter((const char *)f, flen) ||
             qf[0] > 2)
@@ -259,16 +233,16 @@ int rt_moved_read_session(const char *id, const void *bytes, size_t len, uint64_
                           rt_moved_t *mv)
 {
     memset(mv, 0, sizeof(*mv));
-    rbuf_t r = {.p = bytes, .len = len};
-    const uint8_t *magic = take(&r, 4);
+    rt_reader_t r = {.p = bytes, .len = len};
+    const uint8_t *magic = rt_reader_take(&r, 4);
     if (!magic || memcmp(magic, RT_MOVED_SESSION_MAGIC, 4) != 0)
         return RT_EPROTO;
     mv->ss.client_id = id;
-    mv->ss.expiry_left_s = (uint32_t)get_uint(&r, 4);
-    uint32_t will_left = (uint32_t)get_uint(&r, 4);
+    mv->ss.expiry_left_s = (uint32_t)rt_reader_uint(&r, 4);
+    uint32_t will_left = (uint32_t)rt_reader_uint(&r, 4);
     if (will_left) {
-        uint32_t wlen = (uint32_t)get_uint(&r, 4);
-        const uint8_t *w = take(&r, wlen);
+        uint32_t wlen = (uint32_t)rt_reader_uint(&r, 4);
+        const uint8_t *w = rt_reader_take(&r, wlen);
         if (!w || !(mv->will = rt_message_parse(w, wlen)))
             return RT_EPROTO;
         mv->will_left_ms = will_left - 1;
@@ -276,14 +250,14 @@ int rt_moved_read_session(const char *id, const void *bytes, size_t len, uint64_
     int rc = read_subs(&r, mv);
     if (rc)
         return rc;
-    uint32_t nqos2 = (uint32_t)get_uint(&r, 4);
+    uint32_t nqos2 = (uint32_t)rt_reader_uint(&r, 4);
     if (r.bad || nqos2 > (r.len - r.at) / 2 || nqos2 > RT_CONN_QOS2_PENDING_MAX)
         return RT_EPROTO;
     mv->ss.qos2_in = calloc(nqos2 ? nqos2 : 1, sizeof(uint16_t));
     if (!mv->ss.qos2_in)
         return RT_ENOMEM;
     for (uint32_t i = 0; i < nqos2; i++)
-        mv->ss.qos2_in[i] = (uint16_t)get_uint(&r, 2);
+        mv->ss.qos2_in[i] = (uint16_t)rt_reader_uint(&r, 2);
     mv->ss.nqos2_in = nqos2;
     rc = read_msgs(&r, now, mv);
     if (rc)

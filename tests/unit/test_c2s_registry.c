@@ -2,8 +2,10 @@
 ** The XMPP session registry (actors/c2s/c2s_registry.c): binding, lookups by bare JID and by
 ** resource, presence and carbons flags, a newer session replacing an older one (whose late
 ** unbind must not remove the newer entry), refusal and the resource bound, growth past the
-** first buckets, and threads binding, looking up and unbinding the same accounts at once
-** (run under TSan in the suite).
+** first buckets, threads binding, looking up and unbinding the same accounts at once
+** (run under TSan in the suite), and other nodes' bindings under their remote pids (what a
+** cluster's xmpp_cluster actor applies: made, brought up to date, taking over one they
+** replaced, counted apart, dropped with their node).
 */
 #include <pthread.h>
 #include <stdio.h>
@@ -19,15 +21,22 @@ static size_t routes(const char *bare, const char *res, c2s_route_t *r, size_t m
     return rt__c2s_reg_lookup(bare, strlen(bare), res, res ? strlen(res) : 0, r, max);
 }
 
+static size_t local_count(void)
+{
+    size_t local, remote, bytes;
+    rt__c2s_reg_counts(&local, &remote, &bytes);
+    return local;
+}
+
 static void test_bind_lookup_unbind(void)
 {
-    size_t before = rt__c2s_reg_count();
+    size_t before = local_count();
     rt_pid_t old = 99;
     CHECK_EQ(rt__c2s_reg_bind(BARE("a@x"), BARE("phone"), 11, true, 16, &old), 0);
     CHECK_EQ(old, 0);
     CHECK_EQ(rt__c2s_reg_bind(BARE("a@x"), BARE("desk"), 12, true, 16, &old), 0);
     CHECK_EQ(rt__c2s_reg_bind(BARE("b@x"), BARE("phone"), 13, true, 16, &old), 0);
-    CHECK_EQ(rt__c2s_reg_count(), before + 3);
+    CHECK_EQ(local_count(), before + 3);
     c2s_route_t r[8];
     CHECK_EQ(routes("a@x", NULL, r, 8), 2);
     CHECK_EQ(routes("a@x", "desk", r, 8), 1);
@@ -49,7 +58,7 @@ static void test_bind_lookup_unbind(void)
     rt__c2s_reg_unbind(BARE("b@x"), BARE("phone"), 13);
     rt__c2s_reg_unbind(BARE("b@x"), BARE("phone"), 13); /* twice: nothing left to remove */
     CHECK_EQ(routes("a@x", NULL, r, 8), 0);
-    CHECK_EQ(rt__c2s_reg_count(), before);
+    CHECK_EQ(local_count(), before);
 }
 
 static void test_replace_refuse_and_bound(void)
@@ -88,7 +97,7 @@ static void test_replace_refuse_and_bound(void)
 
 static void test_many(void)
 {
-    size_t before = rt__c2s_reg_count();
+    size_t before = local_count();
     enum { N = 20000 };
     char bare[32];
     rt_pid_t old;
@@ -98,7 +107,7 @@ static void test_many(void)
                                   &old),
                  0);
     }
-    CHECK_EQ(rt__c2s_reg_count(), before + N);
+    CHECK_EQ(local_count(), before + N);
     int found = 0;
     for (int i = 0; i < N; i++) {
         snprintf(bare, sizeof(bare), "user%d@x", i);
@@ -111,7 +120,7 @@ static void test_many(void)
         snprintf(bare, sizeof(bare), "user%d@x", i);
         rt__c2s_reg_unbind(bare, strlen(bare), BARE("r"), 1000 + (rt_pid_t)i);
     }
-    CHECK_EQ(rt__c2s_reg_count(), before);
+    CHECK_EQ(local_count(), before);
 }
 
 /* Threads on the same ten accounts: each binds its own resource, flags it, looks up, unbinds. */
@@ -138,7 +147,7 @@ static void *churn(void *arg)
 
 static void test_threads(void)
 {
-    size_t before = rt__c2s_reg_count();
+    size_t before = local_count();
     pthread_t th[4];
     for (int t = 0; t < 4; t++)
         pthread_create(&th[t], NULL, churn, (void *)(intptr_t)t);
@@ -147,7 +156,59 @@ static void test_threads(void)
         pthread_join(th[t], &seen);
         CHECK_EQ((long)(intptr_t)seen, 20000); /* each saw its own entry every time */
     }
-    CHECK_EQ(rt__c2s_reg_count(), before);
+    CHECK_EQ(local_count(), before);
+}
+
+#define REMOTE(node, pid) ((rt_pid_t)(pid) | (rt_pid_t)(node) << C2S_NODE_SHIFT)
+
+static void test_other_nodes(void)
+{
+    size_t local0, remote0, bytes0, local, remote, bytes;
+    rt__c2s_reg_counts(&local0, &remote0, &bytes0);
+    rt_pid_t old = 0;
+    CHECK_EQ(rt__c2s_reg_bind(BARE("n@x"), BARE("here"), 31, true, 16, &old), 0);
+    c2s_route_t far = {.pid = REMOTE(2, 31), .priority = 7, .available = true};
+    CHECK_EQ(rt__c2s_reg_apply(BARE("n@x"), BARE("there"), &far, 0), 0);
+    far.priority = 9; /* told again (a presence, a snapshot): brought up to date, not doubled */
+    CHECK_EQ(rt__c2s_reg_apply(BARE("n@x"), BARE("there"), &far, 0), 0);
+    c2s_route_t r[8];
+    CHECK_EQ(routes("n@x", NULL, r, 8), 2);
+    CHECK_EQ(routes("n@x", "there", r, 8), 1);
+    CHECK_EQ(r[0].pid, REMOTE(2, 31)); /* pid 31 of node 2 is not pid 31 here */
+    CHECK_EQ(rt__c2s_pid_node(r[0].pid), 2);
+    CHECK_EQ(r[0].priority, 9);
+    rt__c2s_reg_counts(&local, &remote, &bytes);
+    CHECK_EQ(local, local0 + 1);
+    CHECK_EQ(remote, remote0 + 1);
+    CHECK_EQ(bytes, bytes0 + rt__c2s_reg_entry_bytes(3, 5));
+
+    /* Node 3 binds "here", saying it replaced this node's session 31: it takes the entry. */
+    c2s_route_t took = {.pid = REMOTE(3, 44), .available = true};
+    CHECK_EQ(rt__c2s_reg_apply(BARE("n@x"), BARE("here"), &took, 31), 0);
+    CHECK_EQ(routes("n@x", "here", r, 8), 1);
+    CHECK_EQ(r[0].pid, REMOTE(3, 44));
+    rt__c2s_reg_unbind(BARE("n@x"), BARE("here"), 31); /* the replaced session's late unbind */
+    CHECK_EQ(routes("n@x", "here", r, 8), 1);
+    rt__c2s_reg_counts(&local, &remote, &bytes);
+    CHECK_EQ(local, local0);
+    CHECK_EQ(remote, remote0 + 2);
+
+    /* A binding here replaces another node's: counted as this node's again. */
+    CHECK_EQ(rt__c2s_reg_bind(BARE("n@x"), BARE("there"), 32, true, 16, &old), 0);
+    CHECK_EQ(old, REMOTE(2, 31));
+    rt__c2s_reg_counts(&local, &remote, &bytes);
+    CHECK_EQ(local, local0 + 1);
+    CHECK_EQ(remote, remote0 + 1);
+
+    /* Node 3 gone: its bindings with it, no other's. */
+    CHECK_EQ(rt__c2s_reg_purge_node(3), 1);
+    CHECK_EQ(routes("n@x", NULL, r, 8), 1);
+    CHECK_EQ(r[0].pid, 32);
+    rt__c2s_reg_unbind(BARE("n@x"), BARE("there"), 32);
+    rt__c2s_reg_counts(&local, &remote, &bytes);
+    CHECK_EQ(local, local0);
+    CHECK_EQ(remote, remote0);
+    CHECK_EQ(bytes, bytes0);
 }
 
 int main(void)
@@ -156,5 +217,6 @@ int main(void)
     RUN(test_replace_refuse_and_bound);
     RUN(test_many);
     RUN(test_threads);
+    RUN(test_other_nodes);
     return CHECK_SUMMARY();
 }
