@@ -141,7 +141,8 @@ test-integration-asan-b: build-asan deps
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
 		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_peers.py \
 		tests/integration/test_xmpp_s2s_dns.py tests/integration/test_xmpp_s2s_external.py \
-		tests/integration/test_xmpp_cluster.py -m "not long"
+		tests/integration/test_xmpp_cluster.py tests/integration/test_xmpp_cluster_home.py \
+		-m "not long"
 
 # The admin socket's wire tests against the TSan build: they walk every actor from the
 # blocking pool while others exit, which is where a use-after-free in the runtime hid; and
@@ -175,7 +176,8 @@ test-integration-tsan: build-tsan deps
 		tests/integration/test_xmpp_converse.py tests/integration/test_xmpp_push.py \
 		tests/integration/test_xmpp_s2s.py tests/integration/test_xmpp_s2s_peers.py \
 		tests/integration/test_xmpp_s2s_dns.py tests/integration/test_xmpp_s2s_external.py \
-		tests/integration/test_xmpp_cluster.py -k "not tenants_across"
+		tests/integration/test_xmpp_cluster.py tests/integration/test_xmpp_cluster_home.py \
+		-k "not tenants_across"
 
 # Each parser that reads outside input, fuzzed for FUZZ_SECONDS (after replaying its corpus
 # and the inputs that once crashed it), JOBS targets at once (one core each); any crash fails.

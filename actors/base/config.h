@@ -196,6 +196,7 @@ typedef struct rt_conf_xmpp_s {
     unsigned ns2s_peers;
     bool s2s_dns;         /* a domain not in s2s_peers is looked up in DNS, default true */
     bool s2s_secure;      /* certificates both ways, never dialback, default false */
+    char cluster_home[RT_CONF_NODE_MAX]; /* the node keeping xmpp.db and rooms ("": each its own) */
     long s2s_queue_bytes; /* stanzas one outgoing stream holds while it is set up, default
                              1 MiB: past it they are bounced */
 } rt_conf_xmpp_t;

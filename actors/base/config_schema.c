@@ -818,6 +818,15 @@ const rt_setting_t rt__conf_table_settings[] = {
             "outgoing ones verify the other server's certificate against the s2s listener's ca "
             "(the system's store without one) and its name, and use EXTERNAL; false: "
             "dialback where certificates do not prove it"},
+    {.name = "xmpp.cluster_home",
+     .type = RT_SET_STRING,
+     .text = "",
+     .offset = X_OFF(cluster_home),
+     .size = sizeof(((rt_conf_xmpp_t *)0)->cluster_home),
+     .doc = "in a cluster, the node (its cluster.node) whose xmpp.db keeps every node's "
+            "accounts, rosters, offline messages and archive, and whose rooms every node's "
+            "users join: the other nodes ask it (docs/CLUSTER.md, \"XMPP across the nodes\"); "
+            "the same on every node; \"\": each node keeps its own"},
     XMPP_INT(s2s_queue_bytes, 1 * MIB, 1024, 64 * MIB, "bytes",
              "of stanzas waiting for one outgoing server-to-server stream to be set up; past "
              "it they are bounced with resource-constraint"),

@@ -13,12 +13,22 @@
 **   BIND     a binding made or changed (priority, availability, carbons), and whom it replaced
 **   UNBIND   a binding gone
 **   DELIVER  a tag and its bytes for one of the receiver's sessions (rt__c2s_send)
+**   CALL     a session's message for the home node's store, archive or rooms (below)
 ** A node hears of a new node (or a new run of one, a new incarnation) by its heartbeat or its
 ** first message: it drops what it held of that node and asks it for its bindings. A node not
 ** heard from for RT_CLUSTER_SILENT_MS is taken as gone, and its bindings are dropped: its
 ** sessions ended with it (kill -9, a cut link). This actor, xmpp_cluster, applies all of it
 ** and is charged the other nodes' bindings.
+**
+** With xmpp.cluster_home, one node (the home) keeps xmpp.db (accounts, rosters, offline
+** messages, the archive, PEP) and the rooms for all: the others send their sessions' requests
+** there (CALL). On the home node each calling session has a proxy, an actor of its own that
+** stands for it there (Erlang's remote pid from the other side): the store, the archive and
+** the rooms answer the proxy, monitor it and count it as they would a session here, and it
+** sends all they send it on to its session. A proxy ends with its session's binding (or after
+** PROXY_IDLE_MS without one: a login that never bound) and when its node goes.
 */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,10 +40,16 @@
 #include "log.h"
 
 #define C2S_MSG_CLUSTER_TICK (RT_C2S_MSG_BASE + 0x50) /* once a second: nodes come and go */
+#define C2S_MSG_PROXY_CALL (RT_C2S_MSG_BASE + 0x51)   /* to a proxy: where, tag, the message */
+#define C2S_MSG_PROXY_BOUND (RT_C2S_MSG_BASE + 0x52)  /* its session bound a resource */
+#define C2S_MSG_PROXY_END (RT_C2S_MSG_BASE + 0x53)    /* its session's binding is gone */
+#define C2S_MSG_PROXY_TICK (RT_C2S_MSG_BASE + 0x54)
 #define TICK_MS 1000
+#define PROXY_IDLE_MS 60000
+#define PROXY_NAME_MAX 48
 #define PID_LOCAL_MASK (~((rt_pid_t)0xff << C2S_NODE_SHIFT))
 
-enum { K_SYNC = 1, K_BIND, K_UNBIND, K_SYNCED, K_DELIVER };
+enum { K_SYNC = 1, K_BIND, K_UNBIND, K_SYNCED, K_DELIVER, K_CALL };
 enum { F_AVAILABLE = 1, F_CARBONS = 2 };
 
 typedef struct {
@@ -44,6 +60,7 @@ typedef struct {
 
 static struct {
     atomic_bool on;
+    _Atomic rt_pid_t pid; /* xmpp_cluster's */
     uint64_t incarnation;
     pthread_mutex_t lock; /* nodes' names: read by any sender, written by xmpp_cluster alone */
     node_t nodes[C2S_NODES_MAX + 1]; /* by index; [0] is this node */
@@ -81,14 +98,37 @@ static unsigned node_index(const char *name, bool make)
             i = ++cl.nnodes;
         else
             i = free_at;
-        if (i)
+        if (i) {
             cl.nodes[i] = (node_t){0};
-        if (i)
             snprintf(cl.nodes[i].name, RT_CONF_NODE_MAX, "%s", name);
+        }
     }
     unsigned found = i <= cl.nnodes ? i : 0;
     pthread_mutex_unlock(&cl.lock);
     return found;
+}
+
+/* What is known of node i's run (any thread; xmpp_cluster alone writes it, by node_set). */
+static uint64_t node_incarnation(unsigned i, bool *synced)
+{
+    pthread_mutex_lock(&cl.lock);
+    uint64_t v = cl.nodes[i].incarnation;
+    if (synced)
+        *synced = cl.nodes[i].synced;
+    pthread_mutex_unlock(&cl.lock);
+    return v;
+}
+
+static void node_set(unsigned i, uint64_t incarnation, bool synced)
+{
+    pthread_mutex_lock(&cl.lock);
+    cl.nodes[i].incarnation = incarnation;
+    cl.nodes[i].synced = synced;
+    uint64_t n = 0;
+    for (unsigned k = 1; k <= cl.nnodes; k++)
+        n += cl.nodes[k].synced;
+    pthread_mutex_unlock(&cl.lock);
+    atomic_store_explicit(&rt_c2s_stats.cluster_nodes, n, memory_order_relaxed);
 }
 
 /* ---- The wire: numbers most significant byte first, lengths before strings ---- */
@@ -123,10 +163,27 @@ static int send_to(const char *node, const rt_buf_t *b)
     return rc;
 }
 
+/* What a session takes from another node: from its sessions, and from the home node's store
+   and rooms through its proxy there. Each is bytes only (no pointer, no pid). */
 static bool portable(uint32_t tag)
 {
-    return tag == C2S_MSG_STANZA || tag == C2S_MSG_PROBE || tag == C2S_MSG_PRESENCE_TO ||
-           tag == C2S_MSG_REPLACED;
+    switch (tag) {
+    case C2S_MSG_STANZA:
+    case C2S_MSG_PROBE:
+    case C2S_MSG_PRESENCE_TO:
+    case C2S_MSG_REPLACED:
+    case C2S_MSG_STORE_REPLY:
+    case C2S_MSG_ROSTER:
+    case C2S_MSG_ROSTER_ITEM:
+    case C2S_MSG_PRESENCE_READY:
+    case C2S_MSG_PRESENCE_STALE:
+    case C2S_MSG_BLOCKLIST:
+    case C2S_MSG_PEP_EVENT:
+    case C2S_MSG_ACCOUNT_GONE:
+        return true;
+    default:
+        return false;
+    }
 }
 
 int rt__c2s_send(rt_pid_t to, uint32_t tag, const void *p, size_t n)
@@ -134,7 +191,8 @@ int rt__c2s_send(rt_pid_t to, uint32_t tag, const void *p, size_t n)
     unsigned node = rt__c2s_pid_node(to);
     if (RT_LIKELY(!node))
         return rt_send(to, tag, p, n);
-    RT_ASSERT(portable(tag));
+    if (!portable(tag))
+        return RT_EINVAL;
     char name[RT_CONF_NODE_MAX];
     rt__c2s_cluster_node_name(node, name);
     if (!name[0])
@@ -204,15 +262,208 @@ static void answer_sync(const char *node)
     send_word(node, K_SYNCED);
 }
 
+/* ---- The home node ---- */
+
+bool rt__c2s_home_elsewhere(void)
+{
+    const char *home = rt__c2s.conf ? rt__c2s.conf->cluster_home : "";
+    return home[0] && rt__c2s_cluster_on() && strcmp(home, rt_cluster_node()) != 0;
+}
+
+bool rt__c2s_store_shared(void)
+{
+    return rt__c2s.conf && rt__c2s.conf->cluster_home[0] && rt__c2s_cluster_on();
+}
+
+int rt__c2s_call_home(uint8_t to, rt_pid_t from, rt_msg_t *m)
+{
+    RT_ASSERT(!rt__c2s_pid_node(from));
+    /* Not before the home is heard from and has told its bindings: a call NATS would carry
+       to nobody waits for no answer (a login would wait for its connect_timeout). */
+    bool synced = false;
+    unsigned home = node_index(rt__c2s.conf->cluster_home, false);
+    if (!home || !node_incarnation(home, &synced) || !synced) {
+        rt_msg_free(m);
+        return RT_EAGAIN;
+    }
+    if (!from) /* not from an actor: what comes back is routed by its to (route_by_to) */
+        from = atomic_load_explicit(&cl.pid, memory_order_acquire);
+    rt_buf_t b = {0};
+    put_head(&b, K_CALL);
+    rt_buf_put_uint(&b, from, 8);
+    rt_buf_put_uint(&b, to, 1);
+    rt_buf_put_uint(&b, m->tag, 4);
+    rt_buf_add(&b, m->data, m->len);
+    rt_msg_free(m);
+    int rc = send_to(rt__c2s.conf->cluster_home, &b);
+    rt_buf_free(&b);
+    return rc;
+}
+
+/*
+** This node's archive ids' slot (C2S_ID_SLOTS of them): FNV-1a of its name, a hash every node
+** must compute alike (not rt_hash, keyed per process). Two names on one slot would make the
+** same ids: a node that hears of one says so (xmpp.cluster_id_clash).
+*/
+static int64_t slot_of(const char *name)
+{
+    uint32_t h = 2166136261u;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    return (int64_t)(h % C2S_ID_SLOTS);
+}
+
+int64_t rt__c2s_id_slot(void)
+{
+    return slot_of(rt_cluster_node());
+}
+
+/* The registered name of the proxy for pid of node (index) in its run incarnation. */
+static void proxy_name(unsigned node, uint64_t incarnation, rt_pid_t pid, char *out)
+{
+    snprintf(out, PROXY_NAME_MAX, "xmpp_proxy:%u:%" PRIx64 ":%" PRIx64, node, incarnation,
+             (uint64_t)pid);
+}
+
+typedef struct {
+    rt_pid_t remote; /* the session it stands for (a remote pid) */
+    uint64_t incarnation, last_ms;
+    bool bound;
+} proxy_t;
+
+static int proxy_init(rt_actor_t *self, void *state, void *arg)
+{
+    proxy_t *p = state;
+    *p = *(const proxy_t *)arg;
+    p->last_ms = rt_mono_ms();
+    return rt_send_after_tag(PROXY_IDLE_MS / 2, rt_self(self), C2S_MSG_PROXY_TICK, NULL);
+}
+
+/* A call its session made: to the actor named by its first byte, as the session would. */
+static void proxy_call(const rt_msg_t *m)
+{
+    rt_reader_t r = {.p = m->data, .len = m->len};
+    uint8_t to = (uint8_t)rt_reader_uint(&r, 1);
+    uint32_t tag = (uint32_t)rt_reader_uint(&r, 4);
+    rt_msg_t *out = r.bad ? NULL : rt_msg_new(tag, r.len - r.at);
+    if (!out)
+        return;
+    memcpy(out->data, r.p + r.at, r.len - r.at);
+    switch (to) {
+    case C2S_TO_STORE:
+        rt_send_msg(rt_whereis(RT_C2S_STORE_NAME), out);
+        return;
+    case C2S_TO_ARCHIVE:
+        rt__c2s_archive_send(out);
+        return;
+    case C2S_TO_ROOM:
+        rt__c2s_muc_reroute(out, true);
+        break;
+    case C2S_TO_MUC_SERVICE:
+        rt_send_msg(rt_whereis(RT_C2S_MUC_NAME), out);
+        return;
+    case C2S_TO_ROOM_POST:
+        rt__c2s_muc_post_bytes(out->data, out->len);
+        break;
+    default:
+        atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
+    }
+    rt_msg_free(out);
+}
+
+static void proxy_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    proxy_t *p = state;
+    unsigned node = rt__c2s_pid_node(p->remote);
+    switch (m->tag) {
+    case C2S_MSG_PROXY_CALL:
+        p->last_ms = rt_mono_ms();
+        proxy_call(m);
+        break;
+    case C2S_MSG_PROXY_BOUND:
+        p->bound = true;
+        break;
+    case C2S_MSG_PROXY_END:
+        rt_exit(self, RT_REASON_NORMAL);
+        break;
+    case C2S_MSG_PROXY_TICK:
+        /* Its node gone or restarted, or a login that never bound: nobody to stand for. */
+        if (node_incarnation(node, NULL) != p->incarnation ||
+            (!p->bound && rt_mono_ms() - p->last_ms >= PROXY_IDLE_MS)) {
+            rt_exit(self, RT_REASON_NORMAL);
+            break;
+        }
+        rt_send_after_tag(PROXY_IDLE_MS / 2, rt_self(self), C2S_MSG_PROXY_TICK, NULL);
+        break;
+    default:
+        if (rt__c2s_send(p->remote, m->tag, m->data, m->len) != 0)
+            atomic_fetch_add_explicit(&rt_c2s_stats.cluster_not_sent, 1, memory_order_relaxed);
+    }
+}
+
+static const char *proxy_tag_name(uint32_t tag)
+{
+    return tag == C2S_MSG_PROXY_CALL    ? "call"
+           : tag == C2S_MSG_PROXY_BOUND ? "bound"
+           : tag == C2S_MSG_PROXY_END   ? "end"
+           : tag == C2S_MSG_PROXY_TICK  ? "tick"
+                                        : NULL;
+}
+
+static const rt_actor_type_t proxy_type = {
+    .name = "xmpp_proxy",
+    .state_size = sizeof(proxy_t),
+    .init = proxy_init,
+    .handle = proxy_handle,
+    .tag_name = proxy_tag_name,
+};
+
+/* Tells pid's proxy here (if any) of its binding: made, or gone. */
+static void proxy_tell(unsigned node, rt_pid_t pid, uint32_t tag)
+{
+    char name[PROXY_NAME_MAX];
+    proxy_name(node, cl.nodes[node].incarnation, pid, name);
+    rt_pid_t proxy = rt_whereis(name);
+    if (proxy)
+        rt_send(proxy, tag, NULL, 0);
+}
+
+/* A call from a session of node (index): to its proxy, made on its first call. */
+static void call_in(unsigned node, rt_reader_t *r)
+{
+    rt_pid_t pid = rt_reader_uint(r, 8);
+    const uint8_t *rest = r->p + r->at;
+    size_t n = r->len - r->at;
+    if (r->bad || !pid || (pid & ~PID_LOCAL_MASK) || n < 5) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
+        return;
+    }
+    char name[PROXY_NAME_MAX];
+    proxy_name(node, cl.nodes[node].incarnation, pid, name);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rt_pid_t proxy = rt_whereis(name);
+        proxy_t arg = {.remote = pid | (rt_pid_t)node << C2S_NODE_SHIFT,
+                       .incarnation = cl.nodes[node].incarnation};
+        rt_spawn_opts_t o = {.name = name};
+        int rc = proxy ? 0 : rt_spawn_opt(&proxy_type, &arg, &o, &proxy);
+        if (rc == RT_EEXIST)
+            continue;
+        rt_msg_t *m = rc ? NULL : rt_msg_new(C2S_MSG_PROXY_CALL, n);
+        if (!m)
+            break;
+        memcpy(m->data, rest, n);
+        if (rt_send_msg(proxy, m) == 0)
+            return;
+    }
+    atomic_fetch_add_explicit(&rt_c2s_stats.cluster_not_sent, 1, memory_order_relaxed);
+}
+
 /* ---- In ---- */
 
 static void drop_node(unsigned i, const char *why)
 {
     size_t n = rt__c2s_reg_purge_node(i);
-    pthread_mutex_lock(&cl.lock);
-    cl.nodes[i].incarnation = 0;
-    cl.nodes[i].synced = false;
-    pthread_mutex_unlock(&cl.lock);
+    node_set(i, 0, false);
     atomic_fetch_add_explicit(&rt_c2s_stats.cluster_dropped, n, memory_order_relaxed);
     rt_log(RT_LOG_INFO, "xmpp.cluster_node_dropped", "node=%s bindings=%zu reason=%s",
            cl.nodes[i].name, n, why);
@@ -251,8 +502,10 @@ static void binding_in(unsigned from, const char *from_name, rt_reader_t *r, boo
     route.carbons = flags & F_CARBONS;
     if (!bound) {
         rt__c2s_reg_unbind(bare, bare_len, res, res_len, route.pid);
+        proxy_tell(from, pid, C2S_MSG_PROXY_END);
         return;
     }
+    proxy_tell(from, pid, C2S_MSG_PROXY_BOUND);
     rt_pid_t was = rnode_len ? pid_here(rnode, rnode_len, replaced) : 0;
     if (rt__c2s_reg_apply(bare, bare_len, res, res_len, &route, was) != 0)
         rt_log(RT_LOG_WARNING, "xmpp.cluster_binding_lost", "node=%s reason=out of memory",
@@ -293,7 +546,11 @@ static void channel_in(rt_actor_t *self, const rt_msg_t *m)
     uint64_t incarnation = rt_reader_uint(&r, 8);
     char name[RT_CONF_NODE_MAX];
     snprintf(name, sizeof(name), "%.*s", RT_CONF_NODE_MAX - 1, in->node);
+    bool known = node_index(name, false) != 0;
     unsigned from = r.bad || !incarnation ? 0 : node_index(name, true);
+    if (from && !known && rt__c2s_store_shared() && slot_of(name) == rt__c2s_id_slot())
+        rt_log(RT_LOG_ERROR, "xmpp.cluster_id_clash",
+               "node=%s reason=it and this node make the same archive ids: rename one", name);
     if (!from) {
         atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
         return;
@@ -303,10 +560,7 @@ static void channel_in(rt_actor_t *self, const rt_msg_t *m)
         /* A node new to this one, or a new run of it: what was held of it is stale. */
         if (cl.nodes[from].incarnation)
             drop_node(from, "restarted");
-        pthread_mutex_lock(&cl.lock);
-        cl.nodes[from].incarnation = incarnation;
-        cl.nodes[from].synced = false;
-        pthread_mutex_unlock(&cl.lock);
+        node_set(from, incarnation, false);
         if (kind != K_SYNC)
             send_word(name, K_SYNC);
     }
@@ -317,7 +571,7 @@ static void channel_in(rt_actor_t *self, const rt_msg_t *m)
             send_word(name, K_SYNC);
         break;
     case K_SYNCED:
-        cl.nodes[from].synced = true;
+        node_set(from, incarnation, true);
         break;
     case K_BIND:
     case K_UNBIND:
@@ -325,6 +579,9 @@ static void channel_in(rt_actor_t *self, const rt_msg_t *m)
         break;
     case K_DELIVER:
         deliver_in(self, &r);
+        break;
+    case K_CALL:
+        call_in(from, &r);
         break;
     default:
         atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
@@ -384,6 +641,7 @@ static int xc_init(rt_actor_t *self, void *state, void *arg)
     (void)state;
     (void)arg;
     rt_cluster_set_channel(rt_self(self));
+    atomic_store_explicit(&cl.pid, rt_self(self), memory_order_release);
     atomic_store_explicit(&cl.on, true, memory_order_release);
     return rt_send(rt_self(self), C2S_MSG_CLUSTER_TICK, NULL, 0);
 }

@@ -199,6 +199,12 @@ typedef struct c2s_mam_query_s {
 #define C2S_MAM_PAGE_BYTES (1024 * 1024)
 #define C2S_ARCHIVE_INFLIGHT_MAX (32u * 1024 * 1024)
 #define C2S_ARCHIVE_BATCH_BYTES (1024 * 1024) /* the store writes its batch at this size */
+/* A copy or a query (a C2S_MSG_STORE_REQ) to the archive actor, here or on the home node
+   (xmpp.cluster_home); a copy is counted in flight until written. m is taken. 0 or RT_E*. */
+int rt__c2s_archive_send(rt_msg_t *m);
+/* Archive ids per microsecond with a shared archive, and this node's (c2s_cluster.c). */
+#define C2S_ID_SLOTS 1024
+int64_t rt__c2s_id_slot(void);
 #define C2S_ARCHIVE_BATCH_MS 10               /* or this long after its first copy */
 extern _Atomic uint64_t rt__c2s_archive_inflight; /* bytes of C2S_OP_ARCHIVE data unwritten */
 
@@ -226,6 +232,9 @@ typedef struct c2s_reply_s {
 } c2s_reply_t;
 
 /* Asks the store actor; the answer comes tagged C2S_MSG_STORE_REPLY. 0, RT_ENOPROC, RT_ENOMEM. */
+/* m (a C2S_MSG_STORE_REQ) to the store, here or on the home node (xmpp.cluster_home), which
+   answers from (when m is not sent from an actor: from another, from 0: nobody). m is taken. */
+int rt__c2s_store_send(rt_msg_t *m, rt_pid_t from);
 int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_len,
                       const char *user, size_t user_len, uint32_t hash, const void *data,
                       size_t data_len);
@@ -547,9 +556,13 @@ int rt__c2s_muc_index(const char *domain, size_t len);
    (made by a join when there is none); answered with an error where nothing takes it. */
 void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to,
                        const rt_buf_t *bytes);
-/* A stanza that reached a room as it ended (may_make: a join makes the room again), or one
-   from another server's user (no room made for it): to the room; false when none took it (an
-   iq from a local session is answered). */
+/* On the home node (xmpp.cluster_home), a post another node's rule made (data as
+   rt__c2s_muc_post sends it there). */
+void rt__c2s_muc_post_bytes(const uint8_t *p, size_t len);
+/* A stanza that reached a room as it ended (may_make: a join makes the room again), one from
+   another server's user (no room made for it), or one another node's session sent the home
+   node (made: its proxy's): to the room; false when none took it (an iq from a local session
+   is answered). */
 bool rt__c2s_muc_reroute(rt_msg_t *m, bool may_make);
 int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
 
@@ -855,6 +868,23 @@ int rt__c2s_send(rt_pid_t to, uint32_t tag, const void *p, size_t n);
 /* A binding of this node's changed (bound: made or changed; else gone); the registry's. */
 void rt__c2s_cluster_announce(const char *bare, size_t bare_len, const char *res, size_t res_len,
                               const c2s_route_t *r, bool bound, rt_pid_t replaced);
+/*
+** xmpp.cluster_home: one node keeps xmpp.db and the rooms for the cluster. Elsewhere: this
+** node is not it, and its sessions' requests go there (rt__c2s_call_home: m's tag and data to
+** the home node's actor `to`, which takes them as from's, through from's proxy there; m is
+** freed; 0 or RT_E*). Shared: a home is named (on the home node too: the store's news goes
+** to an account's sessions on every node).
+*/
+bool rt__c2s_home_elsewhere(void);
+/* The pid of the actor running this, 0 outside any. */
+static inline rt_pid_t rt__c2s_current_pid(void)
+{
+    const rt_actor_t *a = rt_current();
+    return a ? rt_self(a) : 0;
+}
+bool rt__c2s_store_shared(void);
+enum { C2S_TO_STORE = 1, C2S_TO_ARCHIVE, C2S_TO_ROOM, C2S_TO_MUC_SERVICE, C2S_TO_ROOM_POST };
+int rt__c2s_call_home(uint8_t to, rt_pid_t from, rt_msg_t *m);
 /* The name of node index node (index 0: this node), into out. */
 void rt__c2s_cluster_node_name(unsigned node, char out[RT_CONF_NODE_MAX]);
 

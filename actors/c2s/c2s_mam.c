@@ -38,16 +38,50 @@ void rt__c2s_mam_floor(int64_t id)
         ;
 }
 
-/* n ids in a row, the first returned: the clock's microsecond, or past the last one given. */
-static int64_t next_ids(int n)
+/*
+** The first of n ids, the next id first + step: the clock's microsecond, or past the last one
+** given. With the archive shared by a cluster's nodes (xmpp.cluster_home) every node makes ids
+** for one table: each microsecond has C2S_ID_SLOTS ids, and a node takes those of its slot
+** (rt__c2s_id_slot), so that two nodes never make the same one.
+*/
+static int64_t next_ids(int n, int64_t *step)
 {
-    int64_t now = (int64_t)rt_wall_ms() * 1000, cur, first;
+    bool shared = rt__c2s_store_shared();
+    int64_t slots = shared ? C2S_ID_SLOTS : 1, slot = shared ? rt__c2s_id_slot() : 0;
+    int64_t now = (int64_t)rt_wall_ms() * 1000 * slots + slot, cur, first;
     cur = atomic_load_explicit(&last_id, memory_order_relaxed);
-    do
+    do {
         first = cur + 1 > now ? cur + 1 : now;
-    while (!atomic_compare_exchange_weak_explicit(&last_id, &cur, first + n - 1,
-                                                  memory_order_relaxed, memory_order_relaxed));
+        first += (slot - first % slots + slots) % slots; /* up to the node's slot */
+    } while (!atomic_compare_exchange_weak_explicit(&last_id, &cur, first + (n - 1) * slots,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    *step = slots;
     return first;
+}
+
+int rt__c2s_archive_send(rt_msg_t *m)
+{
+    c2s_req_view_t v;
+    if (rt__c2s_store_req(m, &v) != 0) {
+        rt_msg_free(m);
+        return RT_EINVAL;
+    }
+    if (rt__c2s_home_elsewhere())
+        return rt__c2s_call_home(C2S_TO_ARCHIVE, rt__c2s_current_pid(), m);
+    size_t len = v.r->op == C2S_OP_ARCHIVE ? v.r->data_len : 0;
+    if (atomic_fetch_add_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed) + len >
+        C2S_ARCHIVE_INFLIGHT_MAX) {
+        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
+        rt_msg_free(m);
+        return RT_ELIMIT;
+    }
+    rt_pid_t pid = rt_whereis(RT_C2S_ARCHIVE_NAME);
+    int rc = pid ? rt_send_unmuted(pid, m) : RT_ENOPROC;
+    if (!pid)
+        rt_msg_free(m);
+    if (rc)
+        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
+    return rc;
 }
 
 bool rt__c2s_mam_on(const c2s_t *c)
@@ -79,24 +113,15 @@ static int archive(const c2s_archive_t *h, const char *host, const char *user, c
                    const rt_buf_t *b)
 {
     size_t len = sizeof(*h) + h->to_len + b->len;
-    if (atomic_fetch_add_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed) + len >
-        C2S_ARCHIVE_INFLIGHT_MAX) {
-        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
-        return RT_ELIMIT;
-    }
-    rt_pid_t pid = rt_whereis(RT_C2S_ARCHIVE_NAME);
     rt_msg_t *m =
-        pid ? rt__c2s_store_msg(C2S_OP_ARCHIVE, 0, host, strlen(host), user, strlen(user), 0, len)
-            : NULL;
+        rt__c2s_store_msg(C2S_OP_ARCHIVE, 0, host, strlen(host), user, strlen(user), 0, len);
     if (m) {
         uint8_t *p = rt__c2s_store_data(m);
         memcpy(p, h, sizeof(*h));
         memcpy(p + sizeof(*h), to, h->to_len);
         memcpy(p + sizeof(*h) + h->to_len, b->data, b->len);
     }
-    if (!m || rt_send_unmuted(pid, m) != 0) {
-        atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
+    if (!m || rt__c2s_archive_send(m) != 0) {
         atomic_fetch_add_explicit(&rt_c2s_stats.archive_dropped, 1, memory_order_relaxed);
         return RT_ELIMIT;
     }
@@ -110,8 +135,9 @@ bool rt__c2s_mam_room(const rt_xml_el_t *el, const char *service, const char *ro
         (el && (rt_xml_child(el, "no-store", NS_HINTS) ||
                 rt_xml_child(el, "no-permanent-store", NS_HINTS))))
         return false;
+    int64_t step;
     c2s_archive_t h = {.stamp_ms = (int64_t)rt_wall_ms(),
-                       .out_id = next_ids(1),
+                       .out_id = next_ids(1, &step),
                        .to_len = (uint32_t)strlen(with),
                        .room = 1};
     if (archive(&h, service, room, with, b) != 0)
@@ -134,10 +160,10 @@ void rt__c2s_mam_message(c2s_t *c, const rt_xml_el_t *el, const rt_jid_t *to, rt
     bool out = !c->anonymous, in = rt__c2s_host_index(rt_jid_domain(to), to->domain) >= 0;
     if (!out && !in)
         return;
-    int64_t first = next_ids(2);
+    int64_t step, first = next_ids(2, &step);
     c2s_archive_t h = {.stamp_ms = (int64_t)rt_wall_ms(),
                        .out_id = out ? first : 0,
-                       .in_id = in ? first + 1 : 0,
+                       .in_id = in ? first + step : 0,
                        .to_len = (uint32_t)rt_jid_bare_len(to)};
     char user[RT_JID_PART_MAX + 1];
     snprintf(user, sizeof(user), "%.*s", (int)c->jid->local, rt_jid_local(c->jid));
@@ -340,13 +366,12 @@ int rt__c2s_mam_ask(const char *host, const char *user, const c2s_mam_query_t *q
     rt_buf_add(&d, from ? from : "", from ? strlen(from) + 1 : 1);
     if (with)
         rt_buf_add(&d, with, strlen(with));
-    rt_pid_t archive = rt_whereis(RT_C2S_ARCHIVE_NAME);
-    rt_msg_t *m = archive && !d.oom ? rt__c2s_store_msg(C2S_OP_MAM_QUERY, 0, host, strlen(host),
-                                                        user, strlen(user), 0, d.len)
-                                    : NULL;
+    rt_msg_t *m = !d.oom ? rt__c2s_store_msg(C2S_OP_MAM_QUERY, 0, host, strlen(host), user,
+                                             strlen(user), 0, d.len)
+                         : NULL;
     if (m)
         memcpy(rt__c2s_store_data(m), d.data, d.len);
-    int rc = !archive ? RT_ENOPROC : !m ? RT_ENOMEM : rt_send_unmuted(archive, m);
+    int rc = !m ? RT_ENOMEM : rt__c2s_archive_send(m);
     rt_buf_free(&d);
     return rc;
 }

@@ -215,6 +215,16 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
         rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
         return;
     }
+    if (rt__c2s_home_elsewhere()) {
+        /* The rooms are the home node's: there, as this session's proxy's (c2s_cluster.c). */
+        rt_msg_t *m = rt_msg_new(to->local ? C2S_MSG_STANZA : C2S_MSG_MUC, bytes->len);
+        if (m)
+            memcpy(m->data, bytes->data, bytes->len);
+        if (!m ||
+            rt__c2s_call_home(to->local ? C2S_TO_ROOM : C2S_TO_MUC_SERVICE, rt_self(self), m) != 0)
+            rt__c2s_stanza_error(self, c, el, "wait", "resource-constraint");
+        return;
+    }
     const char *type = rt_xml_attr(el, "type");
     bool presence = strcmp(el->name, "presence") == 0;
     if (!to->local) {
@@ -257,6 +267,17 @@ int rt__c2s_muc_post(const rt_jid_t *room, const char *nick, const char *body, s
     char name[ROOM_NAME_MAX + 1];
     if (!room_name(room, name))
         return RT_EINVAL;
+    if (rt__c2s_home_elsewhere()) { /* data: the room's JID and the nick, NUL-ended, the body */
+        size_t rlen = rt_jid_bare_len(room), nlen = strlen(nick);
+        rt_msg_t *m = rt_msg_new(C2S_MSG_MUC_POST, rlen + 1 + nlen + 1 + len);
+        if (!m)
+            return RT_ENOMEM;
+        memcpy(m->data, room->s, rlen);
+        m->data[rlen] = 0;
+        memcpy(m->data + rlen + 1, nick, nlen + 1);
+        memcpy(m->data + rlen + 1 + nlen + 1, body, len);
+        return rt__c2s_call_home(C2S_TO_ROOM_POST, rt__c2s_current_pid(), m);
+    }
     rt_pid_t pid = rt_whereis(name);
     size_t nlen = strlen(nick);
     rt_msg_t *m = pid ? rt_msg_new(C2S_MSG_MUC_POST, nlen + 1 + len) : NULL;
@@ -265,6 +286,18 @@ int rt__c2s_muc_post(const rt_jid_t *room, const char *nick, const char *body, s
     memcpy(m->data, nick, nlen + 1);
     memcpy(m->data + nlen + 1, body, len);
     return rt_send_msg(pid, m) == 0 ? 0 : RT_ENOTFOUND;
+}
+
+void rt__c2s_muc_post_bytes(const uint8_t *p, size_t len)
+{
+    const char *room = (const char *)p;
+    size_t rlen = strnlen(room, len),
+           nlen = rlen < len ? strnlen(room + rlen + 1, len - rlen - 1) : 0;
+    rt_jid_buf_t jb;
+    if (rlen + 1 + nlen >= len || rt_jid_prep(room, rlen, &jb, NULL) != 0 ||
+        rt__c2s_muc_post(&jb.jid, room + rlen + 1, room + rlen + 1 + nlen + 1,
+                         len - rlen - nlen - 2) != 0)
+        atomic_fetch_add_explicit(&rt_c2s_stats.muc_dropped, 1, memory_order_relaxed);
 }
 
 bool rt__c2s_muc_reroute(rt_msg_t *m, bool may_make)

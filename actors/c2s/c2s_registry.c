@@ -373,9 +373,11 @@ size_t rt__c2s_reg_to_account(const char *host, const char *user, uint32_t tag, 
     if (!r)
         return 0;
     size_t k = rt__c2s_reg_lookup(bare, (size_t)blen, NULL, 0, r, max);
-    for (size_t i = 0; i < k; i++) /* the store's news: of this node's store, for its own */
-        if ((!unavailable_only || !r[i].available) && !rt__c2s_pid_node(r[i].pid))
-            sent += rt_send(r[i].pid, tag, p, n) == 0;
+    /* The store's news: for sessions on other nodes too when it is the cluster's (a home). */
+    bool everywhere = rt__c2s_store_shared();
+    for (size_t i = 0; i < k; i++)
+        if ((!unavailable_only || !r[i].available) && (everywhere || !rt__c2s_pid_node(r[i].pid)))
+            sent += rt__c2s_send(r[i].pid, tag, p, n) == 0;
     free(r);
     return sent;
 }

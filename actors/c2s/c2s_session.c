@@ -417,17 +417,13 @@ static int keep_offline(const rt_jid_t *to, const void *stanza, size_t len, cons
         err.oom ? NULL
                 : rt__c2s_store_msg(C2S_OP_OFFLINE_PUSH, 0, rt_jid_domain(to), to->domain,
                                     rt_jid_local(to), to->local, 0, sizeof(slen) + len + err.len);
-    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
-    int rc = !m ? RT_ENOMEM : !store ? RT_ENOPROC : 0;
-    if (!rc) {
+    int rc = RT_ENOMEM;
+    if (m) {
         uint8_t *d = rt__c2s_store_data(m);
         memcpy(d, &slen, sizeof(slen));
         memcpy(d + sizeof(slen), stanza, len);
         memcpy(d + sizeof(slen) + len, err.data, err.len);
-        m->from = sender; /* whom the store answers; a session's send sets it the same */
-        rc = rt_send_msg(store, m);
-    } else if (m) {
-        rt_msg_free(m);
+        rc = rt__c2s_store_send(m, sender); /* whom the store answers */
     }
     rt_buf_free(&err);
     return rc;

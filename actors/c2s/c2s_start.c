@@ -112,7 +112,7 @@ int rt_c2s_start(rt_pid_t sup, const rt_conf_t *conf,
         rc = rt__c2s_store_start(sup, conf, err, errlen);
     if (!rc)
         rt_sinks_set_xmpp(rt__c2s_sink_send); /* rules' rows as messages (the xmpp sink) */
-    if (!rc && x->muc_host[0] && conf->cluster.on) /* docs/XMPP.md, "Group chat" */
+    if (!rc && x->muc_host[0] && conf->cluster.on && !x->cluster_home[0]) /* XMPP.md */
         rt_log(RT_LOG_WARNING, "xmpp.muc_per_node",
                "group chat rooms are this node's own: occupants on other nodes of the cluster "
                "are in rooms of the same names there, apart");

@@ -96,14 +96,24 @@ int rt__c2s_store_ask(uint32_t op, uint32_t seq, const char *host, size_t host_l
 {
     if (host_len > UINT16_MAX || user_len > UINT16_MAX || data_len > UINT32_MAX / 2)
         return RT_EINVAL;
-    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
-    if (!store)
-        return RT_ENOPROC;
     rt_msg_t *m = rt__c2s_store_msg(op, seq, host, host_len, user, user_len, hash, data_len);
     if (!m)
         return RT_ENOMEM;
     if (data_len)
         memcpy(rt__c2s_store_data(m), data, data_len);
+    return rt__c2s_store_send(m, rt__c2s_current_pid());
+}
+
+int rt__c2s_store_send(rt_msg_t *m, rt_pid_t from)
+{
+    if (rt__c2s_home_elsewhere())
+        return rt__c2s_call_home(C2S_TO_STORE, from, m);
+    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
+    if (!store) {
+        rt_msg_free(m);
+        return RT_ENOPROC;
+    }
+    m->from = from; /* sent from an actor, the sender is that actor's pid anyway */
     return rt_send_msg(store, m);
 }
 

@@ -117,7 +117,7 @@ static void to_sessions(const char *bare, size_t len, const rt_buf_t *msg)
     size_t k = rt__c2s_reg_lookup(bare, len, NULL, 0, r, C2S_ROUTES_MAX);
     for (size_t i = 0; i < k; i++)
         if (r[i].available)
-            rt_send(r[i].pid, C2S_MSG_PEP_EVENT, msg->data, msg->len);
+            rt__c2s_send(r[i].pid, C2S_MSG_PEP_EVENT, msg->data, msg->len);
 }
 
 static int to_subscriber(const rt_roster_item_t *it, void *arg)

@@ -10,6 +10,7 @@ message for a user who was only there is kept offline rather than sent into the 
 
 Every wait is on what a node says (its rt_xmpp_cluster_resources gauge, a log line) or on a
 stanza; the bound on each is the harness's WAIT."""
+import contextlib
 import os
 import re
 import shutil
@@ -33,28 +34,47 @@ def metric(node, name):
     return float(m.group(1)) if m else None
 
 
-@pytest.fixture(scope="module")
-def xnodes(nats):  # noqa: F811
+@contextlib.contextmanager
+def three_nodes(nats, users, home=None, xmpp=""):  # noqa: F811
+    """n1, n2, n3 serving DOMAIN over one NATS cluster, with users' accounts on each node (on
+    the home alone when home names one: xmpp.cluster_home) and xmpp's extra settings; they
+    have each other's bindings before they are used, and stop at the end but for one a test
+    killed (kill9 checked its log already)."""
     tmp = tempfile.mkdtemp(prefix="xmpp-cluster-")
     started = []
     try:
         for i in range(3):
-            data = f"{tmp}/n{i + 1}"
+            name, data = f"n{i + 1}", f"{tmp}/n{i + 1}"
             os.makedirs(data)
-            X.add_users(data, [(f"{u}@{DOMAIN}", PW) for u in USERS])
+            if home in (None, name):
+                X.add_users(data, [(f"{u}@{DOMAIN}", PW) for u in users])
             port = free_port()
-            n = Rtd(cluster_option(f"n{i + 1}", nats.urls()),
-                    f'xmpp={{ hosts = {{ "{DOMAIN}" }}, listeners = {{ "127.0.0.1:{port}" }} }}',
-                    "auth_max_delay_ms=0", data_dir=data)
+            homed = f', cluster_home = "{home}"' if home else ""
+            n = Rtd(cluster_option(name, nats.urls()),
+                    f'xmpp={{ hosts = {{ "{DOMAIN}" }}, listeners = {{ "127.0.0.1:{port}" }}'
+                    f'{homed}{xmpp} }}', "auth_max_delay_ms=0", data_dir=data)
             n.xport = port
             started.append(n)
+        synced(started)
         yield started
     finally:
-        # The node the last test killed said its last already (kill9 checked its log).
         stopped = [n.stop() for n in started if n.proc.returncode is None]
         shutil.rmtree(tmp, ignore_errors=True)
         for code, log in stopped:
             assert code == 0, f"exit {code}\n{log[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def xnodes(nats):  # noqa: F811
+    with three_nodes(nats, USERS) as started:
+        yield started
+
+
+def synced(nodes):
+    """Waits until each node has the others' bindings whole (it asked each, each told)."""
+    until(lambda: all(metric(n, "rt_xmpp_cluster_nodes") == len(nodes) - 1 for n in nodes), WAIT,
+          lambda: f"nodes synced {[metric(n, 'rt_xmpp_cluster_nodes') for n in nodes]}\n" +
+          "\n".join(n.read_log()[-1500:] for n in nodes))
 
 
 def known(nodes, counts):

@@ -1,0 +1,137 @@
+"""XMPP across the cluster with a home node (xmpp.cluster_home = "n1", docs/CLUSTER.md "XMPP
+across the nodes"): the accounts exist on n1 alone, and users log in on n2 and n3 (SASL's
+stored keys come from n1's store, through the session's proxy there); a subscription made
+between users on two nodes is in both rosters wherever they log in next, with the presence
+broadcast and the probe across nodes; a message for a user who is offline is kept by the
+home's store and given at the user's next login on another node, and the archive (XEP-0313)
+answers a query on a third; one room at conference.c.test holds occupants of all three nodes,
+who see each other join and hear each other's groupchat; and kill -9 of a node that is not
+the home leaves the others serving its users at their next login.
+
+Raw clients; every wait ends on a stanza or a node's gauge, bounded by the harness's WAIT."""
+import re
+
+import pytest
+
+import xmpp_util as X
+from cluster_harness import WAIT, nats, until  # noqa: F401 (nats: a fixture)
+from test_xmpp_cluster import DOMAIN, PW, known, leave, metric, three_nodes
+
+USERS = ["ann", "bob", "cat", "dan", "eve", "fay"]
+ROOM = f"hall@conference.{DOMAIN}"
+NS_MUC = "http://jabber.org/protocol/muc"
+NS_MAM = "urn:xmpp:mam:2"
+
+
+@pytest.fixture(scope="module")
+def homed(nats):  # noqa: F811
+    with three_nodes(nats, USERS, home="n1",
+                     xmpp=', muc_host = "conference.@HOST@", archive = true') as started:
+        yield started
+
+
+def login(node, user, resource="r", presence=True):
+    r = X.session(node.xport, user, DOMAIN, PW, resource)
+    if presence:
+        r.send("<presence/>")
+        r.read_until(rf"<presence[^>]*from='{user}@{DOMAIN}/{resource}'".encode())
+    return r
+
+
+def roster(r):
+    r.send(f"<iq type='get' id='ro'><query xmlns='{X.NS_ROSTER}'/></iq>")
+    return r.read_until(rb"<iq[^>]*id='ro'[^>]*>.*?</iq>")
+
+
+def test_logins_on_every_node_with_the_accounts_on_the_home(homed):
+    n1, n2, n3 = homed
+    known(homed, [0, 0, 0])
+    for node in homed:
+        r = login(node, "fay", presence=False)
+        leave(r)
+    assert metric(n1, "rt_xmpp_logins_total") >= 1
+    # A wrong password is refused on any node, by the home's stored keys.
+    bad = X.Raw(n3.xport)
+    bad.open(DOMAIN)
+    assert bad.scram("SCRAM-SHA-256", "fay", "not it")[0] == "failure"
+    bad.close()
+
+
+def test_a_subscription_across_nodes_is_in_both_rosters_everywhere(homed):
+    n1, n2, n3 = homed
+    ann, bob = login(n2, "ann"), login(n3, "bob")
+    X.subscribe_across(ann, f"ann@{DOMAIN}", bob, f"bob@{DOMAIN}")
+    X.subscribe_across(bob, f"bob@{DOMAIN}", ann, f"ann@{DOMAIN}")
+    leave(ann, bob)
+    known(homed, [0, 0, 0])
+    # Next time on other nodes: the rosters are the home's, the presence crosses both ways.
+    bob = login(n2, "bob", presence=False)
+    assert "subscription='both'" in roster(bob) and f"ann@{DOMAIN}" in roster(bob)
+    bob.send("<presence><priority>2</priority></presence>")
+    bob.read_until(rf"<presence[^>]*from='bob@{DOMAIN}/r'".encode())
+    ann = X.session(n1.xport, "ann", DOMAIN, PW, "r")
+    text = roster(ann)
+    assert f"jid='bob@{DOMAIN}'" in text and "subscription='both'" in text, text
+    ann.send("<presence/>")
+    text = ann.read_until(rf"<presence[^>]*from='bob@{DOMAIN}/r'".encode())  # the probe's answer
+    bob.read_until(rf"<presence[^>]*from='ann@{DOMAIN}/r'".encode())  # the broadcast
+    leave(ann, bob)
+    known(homed, [0, 0, 0])
+
+
+def test_offline_message_kept_by_the_home_and_archived(homed):
+    n1, n2, n3 = homed
+    dan = login(n2, "dan")
+    dan.send(f"<message to='cat@{DOMAIN}' type='chat' id='o1'><body>while away</body></message>")
+    until(lambda: metric(n1, "rt_xmpp_offline_stored_total") >= 1, WAIT, n1.read_log)
+    leave(dan)
+    cat = X.session(n3.xport, "cat", DOMAIN, PW, "r")
+    cat.send("<presence/>")
+    text = cat.read_until(rb"<body>while away</body>")
+    assert f"from='dan@{DOMAIN}/r'" in text, text
+    # The archive is the home's: cat asks on n3 and finds dan's chat, sent on n2.
+    cat.send(f"<iq type='set' id='mq'><query xmlns='{NS_MAM}' queryid='q1'/></iq>")
+    text = cat.read_until(rb"<iq[^>]*id='mq'[^>]*>")
+    assert "<body>while away</body>" in text and "queryid='q1'" in text, text
+    leave(cat)
+
+
+def join(r, nick):
+    r.send(f"<presence to='{ROOM}/{nick}'><x xmlns='{NS_MUC}'/></presence>")
+    return r.read_until(rb"<subject")
+
+
+def test_one_room_for_occupants_of_every_node(homed):
+    n1, n2, n3 = homed
+    eve, ann, bob = login(n1, "eve"), login(n2, "ann"), login(n3, "bob")
+    text = join(eve, "e")
+    if "code='201'" in text:  # a new room: accepted as an instant room (XEP-0045 10.1.2)
+        eve.send(f"<iq type='set' id='cf' to='{ROOM}'><query xmlns='{NS_MUC}#owner'>"
+                 "<x xmlns='jabber:x:data' type='submit'/></query></iq>")
+        eve.read_until(rb"<iq[^>]*id='cf'[^>]*>")
+    text = join(ann, "a")
+    assert f"from='{ROOM}/e'" in text, text  # eve, on n1, is in the room ann joined from n2
+    text = join(bob, "b")
+    assert f"from='{ROOM}/e'" in text and f"from='{ROOM}/a'" in text, text
+    eve.read_until(rf"<presence[^>]*from='{ROOM}/b'".encode())
+    ann.send(f"<message to='{ROOM}' type='groupchat'><body>hello hall</body></message>")
+    for r in (eve, bob, ann):
+        text = r.read_until(rb"<body>hello hall</body>")
+        assert f"from='{ROOM}/a'" in text, text
+    assert metric(n1, "rt_xmpp_muc_rooms") == 1 and metric(n2, "rt_xmpp_muc_rooms") == 0
+    leave(bob)
+    text = eve.read_until(rf"<presence[^>]*from='{ROOM}/b'[^>]*type='unavailable'".encode())
+    leave(eve, ann)
+
+
+def test_a_killed_node_that_is_not_the_home(homed):
+    n1, n2, n3 = homed
+    known(homed, [0, 0, 0])
+    eve = login(n3, "eve")
+    known(homed, [1, 1, 0])
+    n3.kill9()
+    until(lambda: "xmpp.cluster_node_dropped node=n3" in n2.read_log(), WAIT, n2.read_log)
+    eve.close()
+    # eve's account and roster are the home's: she logs in again on n2 as before.
+    again = login(n2, "eve", "back")
+    leave(again)
