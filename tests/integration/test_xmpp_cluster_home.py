@@ -9,7 +9,6 @@ who see each other join and hear each other's groupchat; and kill -9 of a node t
 the home leaves the others serving its users at their next login.
 
 Raw clients; every wait ends on a stanza or a node's gauge, bounded by the harness's WAIT."""
-import re
 
 import pytest
 
