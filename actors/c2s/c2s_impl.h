@@ -403,6 +403,8 @@ int rt__c2s_sm_nonza(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el);
 /* The connection dropped: a resumable session stays, detached; false: it ends. */
 bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c);
 void rt__c2s_sm_timeout(rt_actor_t *self, c2s_t *c);
+/* The session ends unresumed: its unacknowledged messages go on, or to the offline store. */
+void rt__c2s_sm_unacked(rt_actor_t *self, c2s_t *c);
 void rt__c2s_sm_asked(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m);

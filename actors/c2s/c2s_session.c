@@ -913,6 +913,7 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
 {
     if (c->phase != PH_ACTIVE || !c->jid)
         return;
+    rt__c2s_sm_unacked(self, c);
     size_t blen;
     const char *bare = bare_text(c, &blen);
     rt_buf_t b = {0};

@@ -401,41 +401,43 @@ bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c)
     return true;
 }
 
-/*
-** Still detached when its time ran out: what it was sent and the client never acknowledged is
-** handled as for a resource that is gone (XEP-0198 5): messages to the offline store, iq
-** requests answered with an error; then the end.
-*/
+/* Still detached when its time ran out: the session ends (rt__c2s_sm_unacked then). */
 void rt__c2s_sm_timeout(rt_actor_t *self, c2s_t *c)
 {
+    (void)self;
     if (!c->sm || !c->sm->detached || c->sock || c->sm->promised)
         return;
+    rt_log(RT_LOG_INFO, "xmpp.session_expired", "jid=%s queued=%u", c->jid->s, c->sm->nq);
+    c->closing = true;
+}
+
+/*
+** A session ending without a resumption (its time ran out detached, a new session took its
+** resource, here or on another node, the client closed): what it was sent and the client never
+** acknowledged goes on as what is sent to a resource that is gone (XEP-0198 5, RFC 6121
+** 8.5.3.2.1): a message to the account's other available resources, else to its offline
+** store; an iq request is answered with an error. Nothing accepted for the session is lost
+** with it. Called while it is still bound (its own entry is left out).
+*/
+void rt__c2s_sm_unacked(rt_actor_t *self, c2s_t *c)
+{
+    if (!c->sm || !c->sm->nq)
+        return;
     static const char message[] = "<message", iq[] = "<iq ";
-    size_t at = 0, kept = 0;
-    const char *host = rt__c2s.conf->hosts[c->host];
+    size_t at = 0, rerouted = 0;
     for (uint32_t i = 0; i < c->sm->nq; i++) {
         const uint8_t *p = c->sm->bytes + at;
         uint32_t len = c->sm->q[i].len;
         at += len;
         if (len > sizeof(iq) && memcmp(p, iq, sizeof(iq) - 1) == 0) {
             rt__c2s_iq_unanswered(p, len);
-            continue;
+        } else if (len > sizeof(message) && memcmp(p, message, sizeof(message) - 1) == 0) {
+            rt__c2s_message_rerouted(p, len, rt_self(self), 0);
+            rerouted++;
         }
-        if (len <= sizeof(message) || memcmp(p, message, sizeof(message) - 1) != 0)
-            continue;
-        /* data: the stanza's length, the stanza, no error (nobody waits for one) */
-        uint8_t *d = malloc(4 + len);
-        if (!d)
-            break;
-        memcpy(d, &len, 4);
-        memcpy(d + 4, p, len);
-        if (rt__c2s_store_ask(C2S_OP_OFFLINE_PUSH, 0, host, strlen(host), rt_jid_local(c->jid),
-                              c->jid->local, 0, d, 4 + len) == 0)
-            kept++;
-        free(d);
     }
-    rt_log(RT_LOG_INFO, "xmpp.session_expired", "jid=%s offline=%zu", c->jid->s, kept);
-    c->closing = true;
+    rt_log(RT_LOG_INFO, "xmpp.unacked_rerouted", "jid=%s messages=%zu", c->jid->s, rerouted);
+    queue_ack(self, c->sm, c->sm->h_out);
 }
 
 int rt__c2s_sm_nonza(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el)

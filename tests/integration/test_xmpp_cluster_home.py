@@ -5,8 +5,9 @@ between users on two nodes is in both rosters wherever they log in next, with th
 broadcast and the probe across nodes; a message for a user who is offline is kept by the
 home's store and given at the user's next login on another node, and the archive (XEP-0313)
 answers a query on a third; one room at conference.c.test holds occupants of all three nodes,
-who see each other join and hear each other's groupchat; and kill -9 of a node that is not
-the home leaves the others serving its users at their next login.
+who see each other join and hear each other's groupchat; a session detached on one node
+hands the chat it held to its client's new session on another; and kill -9 of a node that is
+not the home leaves the others serving its users at their next login.
 
 Raw clients; every wait ends on a stanza or a node's gauge, bounded by the harness's WAIT."""
 
@@ -121,6 +122,33 @@ def test_one_room_for_occupants_of_every_node(homed):
     leave(bob)
     text = eve.read_until(rf"<presence[^>]*from='{ROOM}/b'[^>]*type='unavailable'".encode())
     leave(eve, ann)
+
+
+def test_a_session_detached_on_one_node_hands_its_messages_to_a_bind_on_another(homed):
+    """Stream management's resumption stays on the node that held the session: a phone whose
+    connection to n2 dropped comes back through n3, binds the same resource (its resumption id
+    means nothing there), and the chat the detached session on n2 held reaches it: the bind on
+    n3 replaces the session on n2, whose unacknowledged chat goes to the home's offline store,
+    given at the new session's initial presence."""
+    n1, n2, n3 = homed
+    known(homed, [0, 0, 0])
+    fay = X.session(n2.xport, "fay", DOMAIN, PW, "phone")
+    fay.send("<enable xmlns='urn:xmpp:sm:3' resume='true'/>")
+    fay.read_until(rb"<enabled[^>]*/>")
+    dan = login(n1, "dan")
+    dan.send(f"<message to='fay@{DOMAIN}/phone' type='chat'><body>held</body></message>")
+    fay.read_until(rb"<body>held</body>")
+    fay.sock.close()  # never acknowledged
+    until(lambda: f"xmpp.session_detached jid=fay@{DOMAIN}/phone" in n2.read_log(), WAIT,
+          n2.read_log)
+    again = X.session(n3.xport, "fay", DOMAIN, PW, "phone")
+    until(lambda: f"xmpp.unacked_rerouted jid=fay@{DOMAIN}/phone messages=1" in n2.read_log(),
+          WAIT, n2.read_log)
+    again.send("<presence/>")
+    text = again.read_until(rb"<body>held</body>")
+    assert f"from='dan@{DOMAIN}/r'" in text, text
+    leave(again, dan)
+    known(homed, [0, 0, 0])
 
 
 def test_a_killed_node_that_is_not_the_home(homed):

@@ -3,7 +3,9 @@ element is the test's: acknowledgements both ways, a dropped connection's sessio
 new one with what the client had not acknowledged sent again, a wrong resumption id refused
 (the stream then binds as usual), and a detached session whose time runs out putting the
 messages it held into the offline store, delivered at the next login, and answering the iq
-requests it held with an error."""
+requests it held with an error; and a detached session whose resource a new session binds
+(not resuming it: a client that lost its resumption id, or reached another cluster node) handing
+the messages it held on to the new one."""
 import re
 import time
 
@@ -124,22 +126,29 @@ def test_wrong_token_fails_and_binds(xmpp):
     r.read_to_close()
 
 
+def phone_with_a_chat(broker, user, peer, body):
+    """user@localhost/phone with stream management on, and peer's session (desk), which sent
+    it the chat body: (the phone, the peer); the phone has not acknowledged it."""
+    a = X.Raw(broker.xport)
+    a.login(user, PW, resource="phone")
+    enable(a)
+    b = X.Raw(broker.xport)
+    b.login(peer, PW, resource="desk")
+    chat(b, f"{user}@localhost/phone", body)
+    a.read_until(rf"<body>{body}</body>.*?</message>".encode())
+    return a, b
+
+
 def test_expired_session_keeps_messages_offline():
     broker = start(1, ["expuser", "exppeer"])
     try:
-        a = X.Raw(broker.xport)
-        a.login("expuser", PW, resource="phone")
-        enable(a)
-        b = X.Raw(broker.xport)
-        b.login("exppeer", PW, resource="desk")
-        chat(b, "expuser@localhost/phone", "kept")
-        a.read_until(rb"<body>kept</body>.*?</message>")
+        a, b = phone_with_a_chat(broker, "expuser", "exppeer", "kept")
         b.send("<iq to='expuser@localhost/phone' type='get' id='asked'>"
                "<ping xmlns='urn:xmpp:ping'/></iq>")
         a.read_until(rb"<iq[^>]*id='asked'")
         a.sock.close()  # neither acknowledged
         if S.is_rtd(broker):
-            wait_log(broker, r"xmpp.session_expired jid=expuser@localhost/phone offline=1")
+            wait_log(broker, r"xmpp.unacked_rerouted jid=expuser@localhost/phone messages=1")
             # The request is answered as for a resource that is gone (RFC 6121 8.5.3.2.3).
             text = b.read_until(rb"<iq[^>]*id='asked'.*?</iq>")
             assert "type='error'" in text and "service-unavailable" in text, text
@@ -155,6 +164,31 @@ def test_expired_session_keeps_messages_offline():
             deadline = time.monotonic() + 2 * X.TIMEOUT
             while (a2 := offline_delivery(broker)) is None:
                 assert time.monotonic() < deadline, "the message never reached the store"
+        for r in (a2, b):
+            r.send("</stream:stream>")
+            r.read_to_close()
+    finally:
+        S.stop(broker)
+
+
+def test_replaced_detached_session_hands_its_messages_on():
+    """A phone's connection drops with a chat unacknowledged; the phone comes back without
+    resuming and binds the same resource: the detached session is replaced, and the chat it
+    held reaches the new session (through the offline store, at its initial presence) rather
+    than ending with the old one."""
+    broker = start(60, ["repuser", "reppeer"])
+    try:
+        if not S.is_rtd(broker):
+            pytest.skip("waits on rtd's log")
+        a, b = phone_with_a_chat(broker, "repuser", "reppeer", "held")
+        a.sock.close()  # never acknowledged
+        wait_log(broker, r"xmpp.session_detached jid=repuser@localhost/phone queued=1")
+        a2 = X.Raw(broker.xport)
+        a2.login("repuser", PW, resource="phone")
+        wait_log(broker, r"xmpp.unacked_rerouted jid=repuser@localhost/phone messages=1")
+        a2.send("<presence/>")
+        text = a2.read_until(rb"<body>held</body>.*?</message>")
+        assert "from='reppeer@localhost/desk'" in text, text
         for r in (a2, b):
             r.send("</stream:stream>")
             r.read_to_close()
@@ -184,7 +218,7 @@ def test_message_kept_twice_keeps_one_stamp():
         first = a.read_until(rb"<body>twice</body>.*?</message>")
         assert first.count("urn:xmpp:delay") == 1, first
         a.sock.close()  # never acknowledged
-        wait_log(broker, r"xmpp.session_expired jid=twiceuser@localhost/phone offline=1")
+        wait_log(broker, r"xmpp.unacked_rerouted jid=twiceuser@localhost/phone messages=1")
         a2 = X.Raw(broker.xport)
         a2.login("twiceuser", PW, resource="laptop")
         a2.send("<presence/>")
