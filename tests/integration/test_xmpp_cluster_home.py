@@ -7,7 +7,8 @@ home's store and given at the user's next login on another node, and the archive
 answers a query on a third; one room at conference.c.test holds occupants of all three nodes,
 who see each other join and hear each other's groupchat; a session detached on one node
 hands the chat it held to its client's new session on another; and kill -9 of a node that is
-not the home leaves the others serving its users at their next login.
+not the home leaves the others serving its users at their next login, and of the home leaves
+logins refused at once (temporary-auth-failure) while the sessions on go on.
 
 Raw clients; every wait ends on a stanza or a node's gauge, bounded by the harness's WAIT."""
 
@@ -162,3 +163,22 @@ def test_a_killed_node_that_is_not_the_home(homed):
     # eve's account and roster are the home's: she logs in again on n2 as before.
     again = login(n2, "eve", "back")
     leave(again)
+
+
+def test_the_home_killed(homed):
+    """What the docs promise when the home goes (kill -9): once a node has noticed, a login
+    there is refused at once with temporary-auth-failure (the stored keys are the home's), not
+    left to its connect_timeout; a session already on goes on (the server answers its ping)."""
+    n1, n2, n3 = homed  # n3 is gone already (the test before)
+    ann = login(n2, "ann")
+    n1.kill9()
+    until(lambda: "xmpp.cluster_node_dropped node=n1" in n2.read_log(), WAIT, n2.read_log)
+    r = X.Raw(n2.xport)
+    r.open(DOMAIN)
+    name, cond = r.scram("SCRAM-SHA-256", "bob", PW)
+    assert name == "failure" and "<temporary-auth-failure" in cond, (name, cond)
+    r.close()
+    ann.send(f"<iq type='get' id='alive' to='{DOMAIN}'><ping xmlns='urn:xmpp:ping'/></iq>")
+    text = ann.read_until(rb"<iq[^>]*id='alive'[^>]*>")
+    assert "type='result'" in text, text
+    leave(ann)
