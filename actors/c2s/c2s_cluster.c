@@ -345,7 +345,17 @@ static void proxy_call(const rt_msg_t *m)
     rt_reader_t r = {.p = m->data, .len = m->len};
     uint8_t to = (uint8_t)rt_reader_uint(&r, 1);
     uint32_t tag = (uint32_t)rt_reader_uint(&r, 4);
-    rt_msg_t *out = r.bad ? NULL : rt_msg_new(tag, r.len - r.at);
+    /* Each actor is given the one kind of message a session sends it, nothing else. */
+    static const uint32_t takes[] = {[C2S_TO_STORE] = C2S_MSG_STORE_REQ,
+                                     [C2S_TO_ARCHIVE] = C2S_MSG_STORE_REQ,
+                                     [C2S_TO_ROOM] = C2S_MSG_STANZA,
+                                     [C2S_TO_MUC_SERVICE] = C2S_MSG_MUC,
+                                     [C2S_TO_ROOM_POST] = C2S_MSG_MUC_POST};
+    if (r.bad || !to || to >= sizeof(takes) / sizeof(takes[0]) || takes[to] != tag) {
+        atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
+        return;
+    }
+    rt_msg_t *out = rt_msg_new(tag, r.len - r.at);
     if (!out)
         return;
     memcpy(out->data, r.p + r.at, r.len - r.at);
@@ -362,11 +372,8 @@ static void proxy_call(const rt_msg_t *m)
     case C2S_TO_MUC_SERVICE:
         rt_send_msg(rt_whereis(RT_C2S_MUC_NAME), out);
         return;
-    case C2S_TO_ROOM_POST:
+    default: /* C2S_TO_ROOM_POST */
         rt__c2s_muc_post_bytes(out->data, out->len);
-        break;
-    default:
-        atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
     }
     rt_msg_free(out);
 }

@@ -5,7 +5,7 @@ ejabberd, Prosody alike), asyncio over raw sockets, SASL SCRAM done with hashlib
     xmpp_load.py idle  --port P [--anon | --users u%d:pw:K [--offset I]] -n N [--hold S]
                                  [--ifaddr A,B]
     xmpp_load.py login --port P --users u%d:pw:K -n LOGINS [-C CONCURRENCY]
-    xmpp_load.py chat  --port P --users u%d:pw:K --pairs P -n MESSAGES [-w WINDOW]
+    xmpp_load.py chat  --port P --users u%d:pw:K --pairs P -n MESSAGES [-w WINDOW] [--port2 Q]
     xmpp_load.py register --port P --users u%d:pw:K     (XEP-0077, for the peers)
     xmpp_load.py roster --port P --users u%d:pw%d:K:1 [--contacts 18]
 
@@ -14,7 +14,8 @@ stream restart, bind, roster get, initial presence. idle holds N of them and pri
 "ready N" once all are up, then waits for stdin to close (or --hold seconds). login opens
 and closes sessions as fast as CONCURRENCY at a time allows and prints logins/s. chat logs
 in 2 x PAIRS accounts and has each send MESSAGES / (2 PAIRS) messages to its partner with at
-most WINDOW unreceived, counting what arrives. roster gives each of the K accounts
+most WINDOW unreceived, counting what arrives (with --port2, each pair's second session logs in
+there: another node of a cluster, so that every message crosses between nodes). roster gives each of the K accounts
 --contacts mutual subscriptions (its neighbours i-9..i+9 modulo K, for 18): all K online at
 once, each asks each contact and approves each request, until each has every approval and
 its roster holds each contact with subscription "both". Every loop is bounded by a count and by
@@ -51,9 +52,10 @@ def b64(b):
 
 
 class Session:
-    def __init__(self, args, user=None, password=None, src=None):
+    def __init__(self, args, user=None, password=None, src=None, port=None):
         self.a = args
         self.user, self.password, self.src = user, password, src
+        self.port = port or args.port
         self.buf = b""
         self.jid = None
         self.reader = self.writer = None
@@ -112,7 +114,7 @@ class Session:
     async def login(self, presence=True):
         kw = {"local_addr": (self.src, 0)} if self.src else {}
         self.reader, self.writer = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", self.a.port, limit=1 << 20, **kw),
+            asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20, **kw),
             self.a.step_timeout)
         await self.open_stream()
         if self.user is None:
@@ -245,7 +247,8 @@ async def cmd_chat(a):
     if len(users) < 2 * a.pairs:
         raise SystemExit("chat: needs 2 x pairs accounts")
     srcs = srcs_of(a)
-    sess = [Session(a, u, p, srcs[i % len(srcs)]) for i, (u, p) in enumerate(users[:2 * a.pairs])]
+    sess = [Session(a, u, p, srcs[i % len(srcs)], a.port2 if i % 2 and a.port2 else None)
+            for i, (u, p) in enumerate(users[:2 * a.pairs])]
     sem = asyncio.Semaphore(a.concurrency)
 
     async def up(s):
@@ -429,6 +432,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("mode", choices=["idle", "login", "chat", "register", "roster"])
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port2", type=int, default=0, help="chat: the pairs' second sessions' port")
     p.add_argument("--host", default="localhost")
     p.add_argument("--users", help="FORMAT:PASSWORD:COUNT, e.g. u%%d:pw:200")
     p.add_argument("--anon", action="store_true")

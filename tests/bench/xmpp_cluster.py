@@ -1,0 +1,105 @@
+"""XMPP across the cluster's nodes, what it costs: 1:1 chats (xmpp_load.py chat, PAIRS pairs,
+a window of 10 each) on one rtd alone, on two rtd nodes of a cluster with both sessions of
+every pair on the same node, and with the two sessions of every pair on different nodes (each
+message crosses NATS once); the rate and the CPU-seconds per million messages of the rtd
+processes and of the nats-server (utime + stime from /proc), medians of ROUNDS. One
+nats-server with JetStream on loopback; the load client runs on the same 2 cores and is not
+counted.
+  cd tests/integration && /usr/bin/python3 ../bench/xmpp_cluster.py 200000 3 [PAIRS]
+(arguments: messages a round, rounds, pairs). Needs make build."""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, ".")
+import xmpp_util as X  # noqa: E402
+from cluster_harness import NATS_SERVER, cluster_option  # noqa: E402
+from conftest import Rtd, free_port, wait_listening  # noqa: E402
+
+N, ROUNDS = int(sys.argv[1]), int(sys.argv[2])
+PAIRS = int(sys.argv[3]) if len(sys.argv) > 3 else 50
+DOMAIN = "c.test"
+PW = "bench pw"
+TICK = os.sysconf("SC_CLK_TCK")
+LOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xmpp_load.py")
+base = tempfile.mkdtemp(prefix="rt-xmpp-cluster-bench-")
+
+
+def cpu_s(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def node(name=None, urls=None):
+    d = tempfile.mkdtemp(dir=base)
+    X.add_users(d, [(f"u{i}@{DOMAIN}", PW) for i in range(2 * PAIRS)])
+    port = free_port()
+    over = [cluster_option(name, urls)] if name else []
+    r = Rtd(*over, f'xmpp={{ hosts = {{ "{DOMAIN}" }}, listeners = {{ "127.0.0.1:{port}" }} }}',
+            "auth_max_delay_ms=0", data_dir=d)
+    r.xport = port
+    return r
+
+
+def chat(port, port2=0):
+    argv = [sys.executable, LOAD, "chat", "--port", str(port), "--host", DOMAIN,
+            "--users", f"u%d:{PW}:{2 * PAIRS}", "--pairs", str(PAIRS), "-n", str(N),
+            "--deadline", "600"]
+    if port2:
+        argv += ["--port2", str(port2)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=True).stdout
+    return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+
+
+def measure(pids, port, port2=0):
+    before = [cpu_s(p) for p in pids]
+    r = chat(port, port2)
+    spent = [cpu_s(p) - b for p, b in zip(pids, before)]
+    assert r["received"] == r["sent"], r
+    return r["msgs_per_s"], [s * 1e6 / r["received"] for s in spent]
+
+
+def main():
+    nport = free_port()
+    nats = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(nport), "-js", "-sd",
+                             os.path.join(base, "js")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_listening(nats, nport, 10, "nats-server", lambda: "")
+    urls = [f"nats://127.0.0.1:{nport}"]
+    alone = node()
+    n1, n2 = node("b1", urls), node("b2", urls)
+    try:
+        # Each node has the other's bindings whole before the clock starts.
+        deadline = time.monotonic() + 30
+        while not all(X.metric(n, "rt_xmpp_cluster_nodes") == 1 for n in (n1, n2)):
+            assert time.monotonic() < deadline, "the nodes never synced"
+            time.sleep(0.05)
+        runs = {"alone": [], "same node": [], "across": []}
+        for _ in range(ROUNDS):  # interleaved, so that the machine's drift hits all alike
+            runs["alone"].append(measure([alone.proc.pid], alone.xport))
+            runs["same node"].append(measure([n1.proc.pid, n2.proc.pid, nats.pid], n1.xport))
+            runs["across"].append(measure([n1.proc.pid, n2.proc.pid, nats.pid], n1.xport,
+                                          n2.xport))
+        print(f"{N} messages a round, {PAIRS} pairs, medians of {ROUNDS}")
+        for name, rs in runs.items():
+            rate = statistics.median(r for r, _ in rs)
+            cpus = [statistics.median(c[i] for _, c in rs) for i in range(len(rs[0][1]))]
+            parts = (f"rtd {cpus[0]:.1f}" if len(cpus) == 1 else
+                     f"rtd n1 {cpus[0]:.1f} + n2 {cpus[1]:.1f} = {cpus[0] + cpus[1]:.1f}, "
+                     f"nats-server {cpus[2]:.1f}")
+            print(f"{name:10} {rate:9,.0f} msg/s   CPU-s per million: {parts}")
+    finally:
+        for r in (alone, n1, n2):
+            r.stop()
+        nats.terminate()
+        nats.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+main()
