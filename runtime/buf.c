@@ -101,6 +101,21 @@ void rt_buf_put_uint(rt_buf_t *b, uint64_t v, int bytes)
     rt_buf_add(b, out, (size_t)bytes);
 }
 
+void rt_buf_put_bytes(rt_buf_t *b, const void *p, size_t n)
+{
+    RT_ASSERT(n <= UINT32_MAX);
+    rt_buf_put_uint(b, n, 4);
+    rt_buf_add(b, p, n);
+}
+
+const uint8_t *rt_reader_bytes(rt_reader_t *r, size_t *n, size_t max)
+{
+    *n = (size_t)rt_reader_uint(r, 4);
+    if (*n > max)
+        r->bad = true;
+    return rt_reader_take(r, *n);
+}
+
 const uint8_t *rt_reader_take(rt_reader_t *r, size_t n)
 {
     if (r->bad || n > r->len - r->at) {

@@ -569,6 +569,8 @@ void rt_buf_truncate(rt_buf_t *b, size_t len);
 void rt_buf_free(rt_buf_t *b); /* and empties it for reuse */
 /* v as its low `bytes` bytes (1 to 8), most significant first: what rt_reader_uint reads. */
 void rt_buf_put_uint(rt_buf_t *b, uint64_t v, int bytes);
+/* n (4 bytes, as rt_buf_put_uint) then the n bytes: what rt_reader_bytes reads. */
+void rt_buf_put_bytes(rt_buf_t *b, const void *p, size_t n);
 
 /*
 ** Reading bytes another part wrote (a session's bytes, a message between nodes): a read past
@@ -581,6 +583,8 @@ typedef struct rt_reader_s {
 } rt_reader_t;
 const uint8_t *rt_reader_take(rt_reader_t *r, size_t n);
 uint64_t rt_reader_uint(rt_reader_t *r, int bytes); /* most significant byte first */
+/* rt_buf_put_bytes's: the bytes (NULL when bad), their count in *n; more than max is bad. */
+const uint8_t *rt_reader_bytes(rt_reader_t *r, size_t *n, size_t max);
 
 /* ---- Runtime ---- */
 #define RT_SCHEDULERS_DEFAULT 0          /* 0: one per online core */

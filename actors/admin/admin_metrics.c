@@ -533,6 +533,9 @@ static void xmpp_section(rt_buf_t *b)
     one_u64(b, "rt_xmpp_cluster_resources", "gauge",
             "Resources bound on the cluster's other nodes, as this node knows them.",
             atomic_load(&x->cluster_resources));
+    one_u64(b, "rt_xmpp_cluster_available", "gauge",
+            "Of them, those available (their initial presence sent, not unavailable since).",
+            atomic_load(&x->cluster_available));
     one_u64(b, "rt_xmpp_cluster_nodes", "gauge",
             "Other nodes whose bound resources this node has whole (it asked, they told).",
             atomic_load(&x->cluster_nodes));

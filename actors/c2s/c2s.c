@@ -691,6 +691,11 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         c->last_active_ms = rt_mono_ms();
         hibernate_arm(self, c, C2S_HIBERNATE_MS);
     }
+    if (rt__c2s_sm_forward(self, c, m)) { /* moved to another node: it went on there */
+        if (c->closing)
+            rt_exit(self, RT_REASON_NORMAL);
+        return;
+    }
     switch (m->tag) {
     case RT_MSG_SOCKET: {
         uint32_t events = ((rt_sock_event_t *)(void *)m->data)->events;
@@ -773,6 +778,10 @@ static void c2s_handle(rt_actor_t *self, void *state, rt_msg_t *m)
         if (rt__c2s_sm_take_socket(self, c, m) == 0)
             on_readable(self, c);
         break;
+    case C2S_MSG_SM_STATE:
+        rt__c2s_sm_moved_in(self, c, m);
+        resume_parsing(self, c);
+        break;
     case C2S_MSG_SM_TIMEOUT:
         rt__c2s_sm_timeout(self, c);
         break;
@@ -836,6 +845,8 @@ static const char *c2s_tag_name(uint32_t tag)
         return "resume_socket";
     case C2S_MSG_SM_TIMEOUT:
         return "resume_timeout";
+    case C2S_MSG_SM_STATE:
+        return "resume_state";
     case C2S_MSG_HIBERNATE:
         return "hibernate";
     case C2S_MSG_SLOW_CHECK:

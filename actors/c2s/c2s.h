@@ -82,6 +82,7 @@ typedef struct rt_c2s_stats_s {
     _Atomic uint64_t s2s_stream_errors;   /* server-to-server streams ended by an error */
     /* In a cluster (c2s_cluster.c): */
     _Atomic uint64_t cluster_resources; /* other nodes' bound resources known here */
+    _Atomic uint64_t cluster_available; /* of them, those that sent available presence */
     _Atomic uint64_t cluster_nodes;     /* other nodes whose bindings this node has whole */
     _Atomic uint64_t cluster_sent;      /* messages to other nodes (bindings, stanzas) */
     _Atomic uint64_t cluster_received;  /* messages from other nodes taken */

@@ -131,21 +131,17 @@ static void node_set(unsigned i, uint64_t incarnation, bool synced)
     atomic_store_explicit(&rt_c2s_stats.cluster_nodes, n, memory_order_relaxed);
 }
 
+rt_pid_t rt__c2s_pid_at(const char *node, rt_pid_t pid)
+{
+    if (pid & ~PID_LOCAL_MASK)
+        return 0;
+    if (!node[0] || strcmp(node, rt_cluster_node()) == 0)
+        return pid;
+    unsigned i = rt__c2s_cluster_on() ? node_index(node, false) : 0;
+    return i ? pid | (rt_pid_t)i << C2S_NODE_SHIFT : 0;
+}
+
 /* ---- The wire: numbers most significant byte first, lengths before strings ---- */
-
-static void put_str(rt_buf_t *b, const char *s, size_t n)
-{
-    rt_buf_put_uint(b, n, 4);
-    rt_buf_add(b, s, n);
-}
-
-static const char *get_str(rt_reader_t *r, size_t *n, size_t max)
-{
-    *n = (size_t)rt_reader_uint(r, 4);
-    if (*n > max)
-        r->bad = true;
-    return r->bad ? NULL : (const char *)rt_reader_take(r, *n);
-}
 
 static void put_head(rt_buf_t *b, uint8_t kind)
 {
@@ -180,6 +176,9 @@ static bool portable(uint32_t tag)
     case C2S_MSG_BLOCKLIST:
     case C2S_MSG_PEP_EVENT:
     case C2S_MSG_ACCOUNT_GONE:
+    case C2S_MSG_SM_ASK:
+    case C2S_MSG_SM_ANSWER:
+    case C2S_MSG_SM_STATE:
         return true;
     default:
         return false;
@@ -215,13 +214,13 @@ static void put_binding(rt_buf_t *b, uint8_t kind, const char *bare, size_t bare
     rt_buf_put_uint(b, (uint8_t)r->priority, 1);
     rt_buf_put_uint(b, (uint8_t)((r->available ? F_AVAILABLE : 0) | (r->carbons ? F_CARBONS : 0)),
                     1);
-    put_str(b, bare, bare_len);
-    put_str(b, res, res_len);
+    rt_buf_put_bytes(b, bare, bare_len);
+    rt_buf_put_bytes(b, res, res_len);
     /* whom it replaced, by node name ("": nobody) and the pid that node gave it */
     char name[RT_CONF_NODE_MAX] = "";
     if (replaced)
         rt__c2s_cluster_node_name(rt__c2s_pid_node(replaced), name);
-    put_str(b, name, strlen(name));
+    rt_buf_put_bytes(b, name, strlen(name));
     rt_buf_put_uint(b, replaced & PID_LOCAL_MASK, 8);
 }
 
@@ -496,9 +495,9 @@ static void binding_in(unsigned from, const char *from_name, rt_reader_t *r, boo
     c2s_route_t route = {.priority = (int8_t)(uint8_t)rt_reader_uint(r, 1)};
     uint8_t flags = (uint8_t)rt_reader_uint(r, 1);
     size_t bare_len, res_len, rnode_len;
-    const char *bare = get_str(r, &bare_len, RT_JID_TEXT_MAX);
-    const char *res = get_str(r, &res_len, RT_JID_TEXT_MAX);
-    const char *rnode = get_str(r, &rnode_len, RT_CONF_NODE_MAX - 1);
+    const char *bare = (const char *)rt_reader_bytes(r, &bare_len, RT_JID_TEXT_MAX);
+    const char *res = (const char *)rt_reader_bytes(r, &res_len, RT_JID_TEXT_MAX);
+    const char *rnode = (const char *)rt_reader_bytes(r, &rnode_len, RT_CONF_NODE_MAX - 1);
     uint64_t replaced = rt_reader_uint(r, 8);
     if (r->bad || !bare_len || !res_len || (pid & ~PID_LOCAL_MASK) || !pid) {
         atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);

@@ -43,8 +43,10 @@
 #define C2S_MSG_SM_ANSWER (RT_C2S_MSG_BASE + 18)      /* one byte: yes (the socket follows) */
 #define C2S_MSG_SM_SOCKET (RT_C2S_MSG_BASE + 19)      /* the resuming connection's socket */
 #define C2S_MSG_SM_TIMEOUT (RT_C2S_MSG_BASE + 20)     /* a detached session's time ran out */
+#define C2S_MSG_SM_STATE (RT_C2S_MSG_BASE + 27)       /* a session moving here from another node */
 #define C2S_MSG_HIBERNATE (RT_C2S_MSG_BASE + 21)      /* quiet long enough: compact the heap */
 #define C2S_MSG_SLOW_CHECK (RT_C2S_MSG_BASE + 25)     /* still behind on its output? */
+#define C2S_HELD_OUT_MAX (64 * 1024) /* presence held for an inactive client (XEP-0352) */
 /* A session whose client has left more than RT_SOCK_HIGH_WATER unsent this long is slow: rooms
    stop sending to it (they drop it from the room, XEP-0045's 333, rather than wait), and its
    socket's pressure mark goes up to C2S_SLOW_HIGH_WATER so that nothing stays parked on it. */
@@ -349,6 +351,7 @@ typedef struct c2s_s {
     c2s_sm_t *sm;         /* XEP-0198 once enabled, or NULL */
     rt_pid_t resume_pid;  /* <resume/>: the session asked to take this connection */
     uint32_t resume_h;    /* and what the client said it handled */
+    uint32_t resume_cookie; /* a resumption asked of another node: its answer names this */
     bool reopening;       /* the stream is reopened for a resumed session: no header goes out */
     bool hibernate_armed; /* a C2S_MSG_HIBERNATE timer is on its way */
     bool slow_check;      /* a C2S_MSG_SLOW_CHECK timer is on its way */
@@ -405,6 +408,16 @@ bool rt__c2s_sm_detach(rt_actor_t *self, c2s_t *c);
 void rt__c2s_sm_timeout(rt_actor_t *self, c2s_t *c);
 /* The session ends unresumed: its unacknowledged messages go on, or to the offline store. */
 void rt__c2s_sm_unacked(rt_actor_t *self, c2s_t *c);
+/*
+** Resumption through another node of a cluster: the detached session's state goes to the new
+** connection's actor there (C2S_MSG_SM_STATE), which binds its resource and goes on as it;
+** the old session forwards what it is still sent until the new one's binding replaces it,
+** then ends without a word to anyone (rt__c2s_sm_moved_away). rt__c2s_sm_forward: true when
+** m was the moved session's to forward (or its end). rt__c2s_sm_moved_in: the state came.
+*/
+bool rt__c2s_sm_forward(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
+bool rt__c2s_sm_moved_away(const c2s_t *c);
+void rt__c2s_sm_moved_in(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 void rt__c2s_sm_asked(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 void rt__c2s_sm_answered(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
 int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m);
@@ -887,6 +900,9 @@ static inline rt_pid_t rt__c2s_current_pid(void)
 bool rt__c2s_store_shared(void);
 enum { C2S_TO_STORE = 1, C2S_TO_ARCHIVE, C2S_TO_ROOM, C2S_TO_MUC_SERVICE, C2S_TO_ROOM_POST };
 int rt__c2s_call_home(uint8_t to, rt_pid_t from, rt_msg_t *m);
+/* A pid of node (by name; this node's own name: pid itself) as this node numbers it; 0 when
+   the node is not known here. */
+rt_pid_t rt__c2s_pid_at(const char *node, rt_pid_t pid);
 /* The name of node index node (index 0: this node), into out. */
 void rt__c2s_cluster_node_name(unsigned node, char out[RT_CONF_NODE_MAX]);
 

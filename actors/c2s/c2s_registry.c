@@ -113,6 +113,9 @@ static void counted(const reg_entry_t *e, int sign)
     }
     atomic_fetch_add_explicit(&rt_c2s_stats.cluster_resources, (uint64_t)(int64_t)sign,
                               memory_order_relaxed);
+    if (e->available)
+        atomic_fetch_add_explicit(&rt_c2s_stats.cluster_available, (uint64_t)(int64_t)sign,
+                                  memory_order_relaxed);
     atomic_fetch_add_explicit(&remote_bytes, (size_t)((ptrdiff_t)sign * (ptrdiff_t)bytes),
                               memory_order_relaxed);
 }
@@ -255,6 +258,9 @@ int rt__c2s_reg_apply(const char *bare, size_t bare_len, const char *res, size_t
             loser = e->pid;
         entry_retake(e, r->pid);
     }
+    if (e->available != r->available)
+        atomic_fetch_add_explicit(&rt_c2s_stats.cluster_available, r->available ? 1 : (uint64_t)-1,
+                                  memory_order_relaxed);
     e->priority = r->priority;
     e->available = r->available;
     e->carbons = r->carbons;

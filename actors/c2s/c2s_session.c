@@ -24,7 +24,6 @@
 #define NS_HINTS "urn:xmpp:hints"
 #define NS_BLOCKING "urn:xmpp:blocking"
 #define NS_MAM "urn:xmpp:mam:2"
-#define C2S_HELD_OUT_MAX (64 * 1024) /* presence held for an inactive client (XEP-0352) */
 
 static const char *bare_text(const c2s_t *c, size_t *len)
 {
@@ -913,6 +912,13 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
 {
     if (c->phase != PH_ACTIVE || !c->jid)
         return;
+    bool moved = rt__c2s_sm_moved_away(c);
+    if (moved) { /* it goes on on another node: no unavailable, nothing handed on */
+        c->available = false;
+        rt_free(self, c->directed);
+        c->directed = NULL;
+        c->directed_len = 0;
+    }
     rt__c2s_sm_unacked(self, c);
     size_t blen;
     const char *bare = bare_text(c, &blen);
@@ -930,7 +936,7 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
     if (c->directed_len)
         rt__c2s_directed_end(self, c, &b);
     rt_buf_free(&b);
-    rt__c2s_rule_session(self, c, false, c->closing ? "closed" : "ended");
+    rt__c2s_rule_session(self, c, false, moved ? "moved" : c->closing ? "closed" : "ended");
     rt__c2s_reg_unbind(bare, blen, rt_jid_resource(c->jid), c->jid->resource, rt_self(self));
     rt_charge(self, -(ptrdiff_t)rt__c2s_reg_entry_bytes(blen, c->jid->resource));
     atomic_fetch_sub_explicit(&rt_c2s_stats.bound, 1, memory_order_relaxed);

@@ -77,11 +77,20 @@ def synced(nodes):
           "\n".join(n.read_log()[-1500:] for n in nodes))
 
 
-def known(nodes, counts):
-    """Waits until each node knows as many of the other nodes' resources as counts says."""
-    until(lambda: all(metric(n, "rt_xmpp_cluster_resources") == c for n, c in zip(nodes, counts)),
-          WAIT, lambda: f"remote resources {[metric(n, 'rt_xmpp_cluster_resources') for n in nodes]}"
-          f", wanted {counts}\n" + "\n".join(n.read_log()[-1500:] for n in nodes))
+def known(nodes, counts, available=None):
+    """Waits until each node knows as many of the other nodes' resources as counts says, and
+    as many of them available (available: the same, unless given): a binding and then its
+    presence reach the other nodes a moment after they are made, and what a node routes in
+    between goes as if they were not there yet."""
+    available = counts if available is None else available
+
+    def now():
+        return [(metric(n, "rt_xmpp_cluster_resources"), metric(n, "rt_xmpp_cluster_available"))
+                for n in nodes]
+
+    until(lambda: now() == [(c, a) for c, a in zip(counts, available)], WAIT,
+          lambda: f"remote resources (all, available) {now()}, wanted "
+          f"{list(zip(counts, available))}\n" + "\n".join(n.read_log()[-1500:] for n in nodes))
 
 
 def login(node, user, resource="r", priority=None):

@@ -5,12 +5,15 @@ between users on two nodes is in both rosters wherever they log in next, with th
 broadcast and the probe across nodes; a message for a user who is offline is kept by the
 home's store and given at the user's next login on another node, and the archive (XEP-0313)
 answers a query on a third; one room at conference.c.test holds occupants of all three nodes,
-who see each other join and hear each other's groupchat; a session detached on one node
-hands the chat it held to its client's new session on another; and kill -9 of a node that is
+who see each other join and hear each other's groupchat; a session resumed through another
+node (XEP-0198) moves there; a session detached on one node hands the chat it held to its
+client's fresh session on another; and kill -9 of a node that is
 not the home leaves the others serving its users at their next login, and of the home leaves
 logins refused at once (temporary-auth-failure) while the sessions on go on.
 
 Raw clients; every wait ends on a stanza or a node's gauge, bounded by the harness's WAIT."""
+
+import re
 
 import pytest
 
@@ -61,6 +64,7 @@ def test_logins_on_every_node_with_the_accounts_on_the_home(homed):
 def test_a_subscription_across_nodes_is_in_both_rosters_everywhere(homed):
     n1, n2, n3 = homed
     ann, bob = login(n2, "ann"), login(n3, "bob")
+    known(homed, [2, 1, 1])
     X.subscribe_across(ann, f"ann@{DOMAIN}", bob, f"bob@{DOMAIN}")
     X.subscribe_across(bob, f"bob@{DOMAIN}", ann, f"ann@{DOMAIN}")
     leave(ann, bob)
@@ -70,6 +74,7 @@ def test_a_subscription_across_nodes_is_in_both_rosters_everywhere(homed):
     assert "subscription='both'" in roster(bob) and f"ann@{DOMAIN}" in roster(bob)
     bob.send("<presence><priority>2</priority></presence>")
     bob.read_until(rf"<presence[^>]*from='bob@{DOMAIN}/r'".encode())
+    known(homed, [1, 0, 1])  # n1 knows bob available: ann's login probes him
     ann = X.session(n1.xport, "ann", DOMAIN, PW, "r")
     text = roster(ann)
     assert f"jid='bob@{DOMAIN}'" in text and "subscription='both'" in text, text
@@ -136,6 +141,7 @@ def test_a_session_detached_on_one_node_hands_its_messages_to_a_bind_on_another(
     fay = X.session(n2.xport, "fay", DOMAIN, PW, "phone")
     fay.send("<enable xmlns='urn:xmpp:sm:3' resume='true'/>")
     fay.read_until(rb"<enabled[^>]*/>")
+    known(homed, [1, 0, 1], [0, 0, 0])  # n1 knows fay/phone: dan's chat goes to it
     dan = login(n1, "dan")
     dan.send(f"<message to='fay@{DOMAIN}/phone' type='chat'><body>held</body></message>")
     fay.read_until(rb"<body>held</body>")
@@ -148,6 +154,45 @@ def test_a_session_detached_on_one_node_hands_its_messages_to_a_bind_on_another(
     again.send("<presence/>")
     text = again.read_until(rb"<body>held</body>")
     assert f"from='dan@{DOMAIN}/r'" in text, text
+    leave(again, dan)
+    known(homed, [0, 0, 0])
+
+
+def test_resumed_through_another_node(homed):
+    """XEP-0198 resumption through another node: a phone's connection to n2 drops with a chat
+    unacknowledged; it comes back through n3 and resumes with the id n2 gave it. The session
+    moves to n3 (its state from n2's actor to the new connection's): <resumed/> with the count
+    of what the server handled, the unacknowledged chat sent again, the next chat to the full
+    JID reaching it on n3, and no unavailable presence on the way (its contacts see it stay)."""
+    n1, n2, n3 = homed
+    known(homed, [0, 0, 0])
+    ann = login(n2, "ann", "phone")
+    ann.send("<enable xmlns='urn:xmpp:sm:3' resume='true'/>")
+    smid = re.search(r"id='([^']+)'", ann.read_until(rb"<enabled[^>]*/>")).group(1)
+    assert smid.endswith("-n2"), smid
+    known(homed, [1, 0, 1])  # n1 knows ann/phone: dan's chat goes to it
+    dan = login(n1, "dan")
+    dan.send(f"<presence to='ann@{DOMAIN}/phone'/>")  # directed: dan hears ann's unavailable
+    dan.send(f"<message to='ann@{DOMAIN}/phone' type='chat'><body>first</body></message>")
+    ann.read_until(rb"<body>first</body>")
+    ann.sock.close()  # never acknowledged
+    until(lambda: f"xmpp.session_detached jid=ann@{DOMAIN}/phone" in n2.read_log(), WAIT,
+          n2.read_log)
+    again = X.Raw(n3.xport)
+    again.open(DOMAIN)
+    assert again.scram("SCRAM-SHA-256", "ann", PW) == ("success", None)
+    again.open(DOMAIN)
+    again.send(f"<resume xmlns='urn:xmpp:sm:3' previd='{smid}' h='0'/>")
+    text = again.read_until(rb"<resumed[^>]*/>.*?<body>first</body>")
+    assert f"previd='{smid}'" in text, text
+    until(lambda: f"xmpp.session_moving jid=ann@{DOMAIN}/phone to=n3" in n2.read_log(), WAIT,
+          n2.read_log)
+    known(homed, [1, 2, 1])  # ann's binding is n3's everywhere now, dan's n1's
+    dan.send(f"<message to='ann@{DOMAIN}/phone' type='chat'><body>second</body></message>")
+    again.read_until(rb"<body>second</body>")
+    dan.send(f"<iq type='get' id='after' to='{DOMAIN}'><ping xmlns='urn:xmpp:ping'/></iq>")
+    text = dan.read_until(rb"<iq[^>]*id='after'[^>]*>")
+    assert "type='unavailable'" not in text, text  # ann never left
     leave(again, dan)
     known(homed, [0, 0, 0])
 

@@ -165,6 +165,7 @@ static void test_other_nodes(void)
 {
     size_t local0, remote0, bytes0, local, remote, bytes;
     rt__c2s_reg_counts(&local0, &remote0, &bytes0);
+    uint64_t avail0 = atomic_load(&rt_c2s_stats.cluster_available);
     rt_pid_t old = 0;
     CHECK_EQ(rt__c2s_reg_bind(BARE("n@x"), BARE("here"), 31, true, 16, &old), 0);
     c2s_route_t far = {.pid = REMOTE(2, 31), .priority = 7, .available = true};
@@ -181,6 +182,12 @@ static void test_other_nodes(void)
     CHECK_EQ(local, local0 + 1);
     CHECK_EQ(remote, remote0 + 1);
     CHECK_EQ(bytes, bytes0 + rt__c2s_reg_entry_bytes(3, 5));
+    CHECK_EQ(atomic_load(&rt_c2s_stats.cluster_available), avail0 + 1);
+    far.available = false; /* its unavailable */
+    CHECK_EQ(rt__c2s_reg_apply(BARE("n@x"), BARE("there"), &far, 0), 0);
+    CHECK_EQ(atomic_load(&rt_c2s_stats.cluster_available), avail0);
+    far.available = true;
+    CHECK_EQ(rt__c2s_reg_apply(BARE("n@x"), BARE("there"), &far, 0), 0);
 
     /* Node 3 binds "here", saying it replaced this node's session 31: it takes the entry. */
     c2s_route_t took = {.pid = REMOTE(3, 44), .available = true};
@@ -209,6 +216,7 @@ static void test_other_nodes(void)
     CHECK_EQ(local, local0);
     CHECK_EQ(remote, remote0);
     CHECK_EQ(bytes, bytes0);
+    CHECK_EQ(atomic_load(&rt_c2s_stats.cluster_available), avail0);
 }
 
 int main(void)
