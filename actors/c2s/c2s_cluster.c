@@ -544,10 +544,10 @@ static void deliver_in(rt_actor_t *self, rt_reader_t *r)
         stanza_orphaned(self, pid, p, n);
 }
 
-static void channel_in(rt_actor_t *self, const rt_msg_t *m)
+static void one_in(rt_actor_t *self, const rt_cluster_channel_in_t *in, const uint8_t *p,
+                   size_t len)
 {
-    const rt_cluster_channel_in_t *in = (const rt_cluster_channel_in_t *)(const void *)m->data;
-    rt_reader_t r = {.p = in->data, .len = m->len - sizeof(*in)};
+    rt_reader_t r = {.p = p, .len = len};
     uint8_t kind = (uint8_t)rt_reader_uint(&r, 1);
     uint64_t incarnation = rt_reader_uint(&r, 8);
     char name[RT_CONF_NODE_MAX];
@@ -592,6 +592,19 @@ static void channel_in(rt_actor_t *self, const rt_msg_t *m)
     default:
         atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
     }
+}
+
+/* A node's messages, one after another (the channel's batch). */
+static void channel_in(rt_actor_t *self, const rt_msg_t *m)
+{
+    const rt_cluster_channel_in_t *in = (const rt_cluster_channel_in_t *)(const void *)m->data;
+    rt_reader_t r = {.p = in->data, .len = m->len - sizeof(*in)};
+    size_t n;
+    const uint8_t *one;
+    while (r.at < r.len && (one = rt_reader_bytes(&r, &n, RT_CLUSTER_CHANNEL_MAX)) != NULL)
+        one_in(self, in, one, n);
+    if (r.bad)
+        atomic_fetch_add_explicit(&rt_c2s_stats.cluster_refused, 1, memory_order_relaxed);
 }
 
 /* The nodes up now (by their heartbeats): new ones are asked, silent ones dropped. */

@@ -8,7 +8,16 @@
 */
 #include "cluster_impl.h"
 
+#define CHANNEL_BATCH_BYTES (256u << 10)
+
 const char rt__cluster_channel[] = "channel";
+
+/* The batch being gathered (the cluster actor's alone): its place ("" all), its messages. */
+static struct {
+    rt_buf_t buf; /* the sender's name, then the messages */
+    char to[RT_CONF_NODE_MAX];
+    size_t count;
+} batch;
 
 void rt_cluster_set_channel(rt_pid_t taker)
 {
@@ -56,53 +65,78 @@ void rt__cluster_channel_subscribe(void)
     }
 }
 
+void rt__cluster_channel_flush(void)
+{
+    RT_ASSERT(RT_CLUSTER_ON(out_pid));
+    if (!batch.count)
+        return;
+    char subject[2 * RT_CONF_NODE_MAX + 16];
+    if (batch.to[0])
+        snprintf(subject, sizeof(subject), "%s_ctl.node.%s.ch", rt__cluster.prefix, batch.to);
+    else
+        snprintf(subject, sizeof(subject), "%s_ctl.all.ch", rt__cluster.prefix);
+    natsStatus s =
+        batch.buf.oom || !rt__cluster.nc
+            ? NATS_NO_MEMORY
+            : natsConnection_Publish(rt__cluster.nc, subject, batch.buf.data, (int)batch.buf.len);
+    atomic_fetch_add_explicit(s == NATS_OK ? &rt__cluster.channel_out : &rt__cluster.channel_failed,
+                              batch.count, memory_order_relaxed);
+    rt_buf_free(&batch.buf);
+    batch.count = 0;
+}
+
 void rt__cluster_channel_publish(const rt_msg_t *m)
 {
     RT_ASSERT(RT_CLUSTER_ON(out_pid));
     RT_ASSERT(m->len >= sizeof(channel_t));
     const channel_t *c = (const channel_t *)(const void *)m->data;
-    size_t n = m->len - sizeof(channel_t), name = strlen(rt__cluster.node);
-    char subject[2 * RT_CONF_NODE_MAX + 16];
-    if (c->to[0])
-        snprintf(subject, sizeof(subject), "%s_ctl.node.%.*s.ch", rt__cluster.prefix,
-                 RT_CONF_NODE_MAX - 1, c->to);
-    else
-        snprintf(subject, sizeof(subject), "%s_ctl.all.ch", rt__cluster.prefix);
-    /* The sender's name, then the bytes: one buffer, as NATS takes one. */
-    char *p = malloc(1 + name + n);
-    natsStatus s = NATS_NO_MEMORY;
-    if (p && rt__cluster.nc) {
-        p[0] = (char)name;
-        memcpy(p + 1, rt__cluster.node, name);
-        memcpy(p + 1 + name, c->data, n);
-        s = natsConnection_Publish(rt__cluster.nc, subject, p, (int)(1 + name + n));
+    size_t n = m->len - sizeof(channel_t);
+    if (batch.count && (strncmp(batch.to, c->to, sizeof(batch.to)) != 0 ||
+                        batch.buf.len + 4 + n > CHANNEL_BATCH_BYTES))
+        rt__cluster_channel_flush();
+    if (!batch.count) {
+        size_t name = strlen(rt__cluster.node);
+        rt_buf_put_uint(&batch.buf, name, 1);
+        rt_buf_add(&batch.buf, rt__cluster.node, name);
+        memcpy(batch.to, c->to, sizeof(batch.to));
+        batch.to[sizeof(batch.to) - 1] = 0;
     }
-    free(p);
-    atomic_fetch_add_explicit(s == NATS_OK ? &rt__cluster.channel_out : &rt__cluster.channel_failed,
-                              1, memory_order_relaxed);
+    rt_buf_put_bytes(&batch.buf, c->data, n);
+    batch.count++;
+}
+
+void rt__cluster_channel_drop(void)
+{
+    atomic_fetch_add_explicit(&rt__cluster.channel_failed, batch.count, memory_order_relaxed);
+    rt_buf_free(&batch.buf);
+    batch.count = 0;
 }
 
 void rt__cluster_channel_in(natsMsg *nm)
 {
     RT_ASSERT(RT_CLUSTER_ON(in_pid));
-    const uint8_t *p = (const uint8_t *)natsMsg_GetData(nm);
-    size_t len = (size_t)natsMsg_GetDataLength(nm);
-    rt_pid_t taker = atomic_load_explicit(&rt__cluster.channel_to, memory_order_acquire);
-    if (!p || !len || (size_t)p[0] >= RT_CONF_NODE_MAX || 1 + (size_t)p[0] > len) {
+    rt_reader_t r = {.p = (const uint8_t *)natsMsg_GetData(nm),
+                     .len = (size_t)natsMsg_GetDataLength(nm)};
+    size_t name = (size_t)rt_reader_uint(&r, 1), count = 0, n;
+    const uint8_t *node = rt_reader_take(&r, name);
+    size_t first = r.at;
+    while (!r.bad && r.at < r.len && rt_reader_bytes(&r, &n, RT_CLUSTER_CHANNEL_MAX))
+        count++;
+    if (!r.p || r.bad || !count || name >= RT_CONF_NODE_MAX) {
         atomic_fetch_add_explicit(&rt__cluster.bad_in, 1, memory_order_relaxed);
         return;
     }
-    size_t name = p[0], n = len - 1 - name;
+    rt_pid_t taker = atomic_load_explicit(&rt__cluster.channel_to, memory_order_acquire);
     rt_msg_t *m =
-        taker ? rt_msg_new(RT_CLUSTER_MSG_CHANNEL, sizeof(rt_cluster_channel_in_t) + n) : NULL;
+        taker ? rt_msg_new(RT_CLUSTER_MSG_CHANNEL, sizeof(rt_cluster_channel_in_t) + r.len - first)
+              : NULL;
     if (m) {
         rt_cluster_channel_in_t *in = (rt_cluster_channel_in_t *)(void *)m->data;
         memset(in->node, 0, sizeof(in->node));
-        memcpy(in->node, p + 1, name);
-        memcpy(in->data, p + 1 + name, n);
+        memcpy(in->node, node, name);
+        memcpy(in->data, r.p + first, r.len - first);
     }
-    if (!m || rt_send_msg(taker, m) != 0)
-        atomic_fetch_add_explicit(&rt__cluster.channel_failed, 1, memory_order_relaxed);
-    else
-        atomic_fetch_add_explicit(&rt__cluster.channel_in, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(!m || rt_send_msg(taker, m) != 0 ? &rt__cluster.channel_failed
+                                                               : &rt__cluster.channel_in,
+                              count, memory_order_relaxed);
 }

@@ -86,10 +86,27 @@ static void out_dead_letter(void *state, rt_msg_t *m)
         rt__cluster_unkept(f->ack_pid, f->ack_token);
 }
 
+static void out_turn_end(rt_actor_t *self, void *state)
+{
+    (void)self;
+    (void)state;
+    rt__cluster_channel_flush();
+}
+
+static void out_terminate(rt_actor_t *self, void *state, rt_reason_t reason)
+{
+    (void)self;
+    (void)state;
+    (void)reason;
+    rt__cluster_channel_drop();
+}
+
 static const rt_actor_type_t out_type = {
     .name = "cluster",
     .init = out_init,
     .handle = out_handle,
+    .turn_end = out_turn_end,
+    .terminate = out_terminate,
     .dead_letter = out_dead_letter,
     .flags = RT_TYPE_BLOCKING,
 };

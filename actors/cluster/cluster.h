@@ -279,14 +279,16 @@ void rt_cluster_answer(const char *reply, const void *bytes, size_t len);
 ** to one node by name, or to every other node, over NATS core (at most once: nothing is kept
 ** for a node that is down or not subscribed yet). What one actor sends arrives in the order it
 ** sent it, to one node or to all alike (one NATS connection carries both). What arrives goes to
-** the one actor set as the taker, as an RT_CLUSTER_MSG_CHANNEL naming the node it came from.
-** Before a taker is set nothing is subscribed, so a node without one hears nothing.
+** the one actor set as the taker, as an RT_CLUSTER_MSG_CHANNEL naming the node it came from and
+** holding one or more of its messages, each as rt_buf_put_bytes writes it (read them with
+** rt_reader_bytes): a busy node's messages to one place travel together. Before a taker is
+** set nothing is subscribed, so a node without one hears nothing.
 */
 #define RT_CLUSTER_MSG_CHANNEL (RT_MSG_USER + 0x5705) /* data: rt_cluster_channel_in_t */
 #define RT_CLUSTER_CHANNEL_MAX (1u << 20)             /* bytes in one send, at most */
 typedef struct rt_cluster_channel_in_s {
     char node[RT_CONF_NODE_MAX]; /* the sender */
-    uint8_t data[];
+    uint8_t data[];              /* its messages, each counted (rt_buf_put_bytes) */
 } rt_cluster_channel_in_t;
 void rt_cluster_set_channel(rt_pid_t taker);
 /* node NULL: every other node. 0, or RT_ENOPROC (no cluster), RT_EINVAL (too long), RT_ENOMEM. */

@@ -376,7 +376,11 @@ uint64_t rt__cluster_auth_refused(void);
 /* ---- channel.c ---- */
 /* In the cluster actor: the channel's subscriptions, once someone takes what comes. */
 void rt__cluster_channel_subscribe(void);
+/* A message into the turn's batch; flush (at the turn's end) publishes the batch; drop (the
+   actor exits) counts it as not sent. */
 void rt__cluster_channel_publish(const rt_msg_t *m);
+void rt__cluster_channel_flush(void);
+void rt__cluster_channel_drop(void);
 /* In cluster_in: what another node sent on the channel, on to its taker. */
 void rt__cluster_channel_in(natsMsg *nm);
 
