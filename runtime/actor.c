@@ -260,13 +260,13 @@ static void deliver_to(rt_actor_t *a, rt_msg_t *m)
         rt__schedule(a);
 }
 
-static int send_msg(rt_pid_t to, rt_msg_t *m, bool may_mute)
+static int send_msg(rt_pid_t to, rt_msg_t *m, bool may_mute, bool keep_from)
 {
     if (!m)
         return RT_ENOMEM;
     bool ext = enter_any();
     rt_actor_t *cur = rt__tls.current;
-    if (cur)
+    if (cur && !keep_from)
         m->from = cur->pid; /* outside actors (timers firing) the sender set at arming stays */
     rt_actor_t *a = rt__lookup(to);
     int rc = 0;
@@ -285,12 +285,17 @@ static int send_msg(rt_pid_t to, rt_msg_t *m, bool may_mute)
 
 int rt_send_msg(rt_pid_t to, rt_msg_t *m)
 {
-    return send_msg(to, m, true);
+    return send_msg(to, m, true, false);
 }
 
 int rt_send_unmuted(rt_pid_t to, rt_msg_t *m)
 {
-    return send_msg(to, m, false);
+    return send_msg(to, m, false, false);
+}
+
+int rt_forward(rt_pid_t to, rt_msg_t *m)
+{
+    return send_msg(to, m, true, true);
 }
 
 int rt_send_optional(rt_pid_t to, rt_msg_t *m)

@@ -156,6 +156,12 @@ int rt_send_optional(rt_pid_t to, rt_msg_t *m);
 int rt_send_unmuted(rt_pid_t to, rt_msg_t *m);
 /* Copies len bytes of data into a new message and sends it. */
 int rt_send(rt_pid_t to, uint32_t tag, const void *data, size_t len);
+/*
+** As rt_send_msg, but m->from is kept as the caller set it: for a message passed on for its
+** first sender (a dead letter sent where it should have gone), so that the receiver answers
+** that sender and not the actor passing it on.
+*/
+int rt_forward(rt_pid_t to, rt_msg_t *m);
 
 /* ---- Actor types ---- */
 #define RT_TYPE_BLOCKING 1u /* runs on the blocking pool, never on a scheduler */

@@ -366,6 +366,7 @@ static void proxy_call(const rt_msg_t *m)
         rt__c2s_archive_send(out);
         return;
     case C2S_TO_ROOM:
+        out->from = rt__c2s_current_pid(); /* the proxy: the occupant the room sees */
         rt__c2s_muc_reroute(out, true);
         break;
     case C2S_TO_MUC_SERVICE:

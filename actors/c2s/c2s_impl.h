@@ -576,8 +576,9 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
 void rt__c2s_muc_post_bytes(const uint8_t *p, size_t len);
 /* A stanza that reached a room as it ended (may_make: a join makes the room again), one from
    another server's user (no room made for it), or one another node's session sent the home
-   node (made: its proxy's): to the room; false when none took it (an iq from a local session
-   is answered). */
+   node (made: its proxy's): to the room, as m->from's (the occupant: the session, the incoming
+   stream, the proxy, which the caller sets); false when none took it (an iq from a local
+   session is answered). */
 bool rt__c2s_muc_reroute(rt_msg_t *m, bool may_make);
 int rt__c2s_muc_start(rt_pid_t group, const char *data_dir, char *err, size_t errlen);
 

@@ -195,14 +195,21 @@ static bool is_join(const rt_xml_el_t *el)
 }
 
 /* Sends bytes to the room named, made by a join (maker: the joiner) if need be; a room that
-   ended between the lookup and the send is looked for (or made) once more. */
-static bool to_room(const char *name, const char *maker, const void *p, size_t n, int *why)
+   ended between the lookup and the send is looked for (or made) once more. from (not 0): as
+   that actor's (the room answers the sender, and takes it as the occupant), else the caller's. */
+static bool to_room(const char *name, const char *maker, const void *p, size_t n, rt_pid_t from,
+                    int *why)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
         rt_pid_t pid = room_pid(name, maker, why);
         if (!pid)
             return false;
-        if (rt_send(pid, C2S_MSG_MUC, p, n) == 0)
+        rt_msg_t *m = rt_msg_new(C2S_MSG_MUC, n);
+        if (!m)
+            return false;
+        memcpy(m->data, p, n);
+        m->from = from;
+        if ((from ? rt_forward(pid, m) : rt_send_msg(pid, m)) == 0)
             return true;
     }
     return false;
@@ -243,7 +250,7 @@ void rt__c2s_muc_route(rt_actor_t *self, c2s_t *c, const rt_xml_el_t *el, const 
     char maker[RT_JID_TEXT_MAX + 1];
     snprintf(maker, sizeof(maker), "%.*s", (int)rt_jid_bare_len(c->jid), c->jid->s);
     int why;
-    if (to_room(name, join ? maker : NULL, bytes->data, bytes->len, &why))
+    if (to_room(name, join ? maker : NULL, bytes->data, bytes->len, 0, &why))
         return;
     if (presence) {
         /* XEP-0045 7.2.1: a join names a nick; an unavailable or an error to a room that is
@@ -317,7 +324,7 @@ bool rt__c2s_muc_reroute(rt_msg_t *m, bool may_make)
     int why;
     if (tlen > 0 && rt_jid_prep(to, (size_t)tlen, &jb, NULL) == 0 && room_name(&jb.jid, name) &&
         to_room(name, may_make && join && jb.jid.resource && flen > 0 ? from : NULL, m->data,
-                m->len, &why))
+                m->len, m->from, &why))
         return true;
     if (m->len > 3 && memcmp(m->data, "<iq", 3) == 0)
         rt__c2s_iq_unanswered(m->data, m->len);

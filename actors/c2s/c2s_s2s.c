@@ -405,6 +405,7 @@ static void to_room(const rt_xml_el_t *el, const rt_jid_t *from, const rt_jid_t 
     rt_msg_t *m = b.oom ? NULL : rt_msg_new(C2S_MSG_STANZA, b.len);
     if (m) {
         memcpy(m->data, b.data, b.len);
+        m->from = rt__c2s_current_pid(); /* this stream: the occupant the room sees */
         /* Rooms are made by this server's users only (a default opens no more than it says). */
         bool presence = strcmp(el->name, "presence") == 0;
         if (!rt__c2s_muc_reroute(m, false) && !(presence && rt_xml_attr(el, "type")))

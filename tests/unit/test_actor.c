@@ -1,5 +1,5 @@
 /* Actors: spawn, send, exit, dead letters (and their hook), registry, links, monitors, trap_exit,
-   heap limits. */
+   heap limits, a message passed on keeping its first sender (rt_forward). */
 #include "rt_test.h"
 
 enum {
@@ -141,6 +141,55 @@ static void test_spawn_send(void)
     send_reason(pid, RT_REASON_NORMAL);
     CHECK(wait_at_least(&p.terminated, 1));
     CHECK_EQ(atomic_load(&p.last_reason), RT_REASON_NORMAL);
+}
+
+/* Passes each message on twice, to the pid it carries: kept as its first sender's
+   (rt_forward), and as its own (rt_send_msg). */
+enum { MSG_RELAY = RT_MSG_USER + 50, MSG_RELAYED };
+static _Atomic rt_pid_t relayed_from[2];
+static atomic_long relayed, relay_failed; /* counted here: CHECK is the main thread's */
+
+static void relay_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    (void)self;
+    (void)state;
+    if (m->tag == MSG_RELAYED) {
+        atomic_store(&relayed_from[m->data[0]], m->from);
+        atomic_fetch_add(&relayed, 1);
+        return;
+    }
+    rt_pid_t to;
+    memcpy(&to, m->data, sizeof(to));
+    for (uint8_t way = 0; way < 2; way++) {
+        rt_msg_t *c = rt_msg_new(MSG_RELAYED, 1);
+        if (c) {
+            c->data[0] = way;
+            c->from = m->from;
+        }
+        if (!c || (way ? rt_send_msg(to, c) : rt_forward(to, c)) != 0)
+            atomic_fetch_add(&relay_failed, 1);
+    }
+}
+
+static const rt_actor_type_t relay_type = {.name = "relay", .handle = relay_handle};
+
+static void test_forward_keeps_the_sender(void)
+{
+    atomic_store(&relayed, 0);
+    rt_pid_t relay, sink;
+    CHECK_EQ(rt_spawn(&relay_type, NULL, &relay), 0);
+    CHECK_EQ(rt_spawn(&relay_type, NULL, &sink), 0);
+    rt_msg_t *m = rt_msg_new(MSG_RELAY, sizeof(sink));
+    memcpy(m->data, &sink, sizeof(sink));
+    m->from = 777; /* outside any actor, as a timer's sender stays */
+    CHECK_EQ(rt_send_msg(relay, m), 0);
+    CHECK(wait_at_least(&relayed, 2));
+    CHECK_EQ(atomic_load(&relay_failed), 0);
+    CHECK_EQ(atomic_load(&relayed_from[0]), 777);   /* rt_forward: the first sender */
+    CHECK_EQ(atomic_load(&relayed_from[1]), relay); /* rt_send_msg: the relay itself */
+    CHECK_EQ(rt_exit_signal(relay, RT_REASON_KILL), 0);
+    CHECK_EQ(rt_exit_signal(sink, RT_REASON_KILL), 0);
+    CHECK(wait_alive(0));
 }
 
 static void test_dead_letters(void)
@@ -641,6 +690,7 @@ int main(void)
     test_start(2);
     RUN(test_shared_binaries);
     RUN(test_spawn_send);
+    RUN(test_forward_keeps_the_sender);
     RUN(test_dead_letters);
     RUN(test_registry);
     RUN(test_links);
