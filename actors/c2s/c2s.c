@@ -554,6 +554,10 @@ static int c2s_init(rt_actor_t *self, void *state, void *arg)
                             : C2S_PLAIN_NO;
     rc = rt_xml_stream_init(&c->xs, l->websocket[0] ? &rt__c2s.stream_ws : &rt__c2s.stream_tcp,
                             c);
+    /* Without its timer a stream that never authenticates would stay until its peer left. */
+    if (!rc && (rc = rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000,
+                                       rt_self(self), C2S_MSG_CONNECT_TIMEOUT, NULL)) != 0)
+        rt_xml_stream_destroy(&c->xs);
     if (rc) {
         rt_xport_free(c->xp);
         c->xp = NULL;
@@ -563,8 +567,6 @@ static int c2s_init(rt_actor_t *self, void *state, void *arg)
     rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), +1);
     atomic_fetch_add_explicit(&rt_c2s_stats.sessions, 1, memory_order_relaxed);
     c->counted = true;
-    rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
-                      C2S_MSG_CONNECT_TIMEOUT, NULL);
     return 0;
 }
 

@@ -1008,7 +1008,13 @@ static int in_init(rt_actor_t *self, void *state, void *arg)
             return rc;
         s->secure = l->tls_on && !l->starttls;
     }
-    if ((rc = rt_xml_stream_init(&s->xs, &rt__c2s.stream_s2s, s)) != 0) {
+    rc = rt_xml_stream_init(&s->xs, &rt__c2s.stream_s2s, s);
+    /* Without its timers an unverified stream would stay until its peer left. */
+    if (!rc && ((rc = rt_send_after_tag(S2S_IDLE_MS, rt_self(self), C2S_MSG_S2S_IDLE, NULL)) ||
+                (rc = rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000,
+                                        rt_self(self), C2S_MSG_S2S_TIMEOUT, NULL))))
+        rt_xml_stream_destroy(&s->xs);
+    if (rc) {
         rt_xport_free(s->xp);
         s->xp = NULL;
         return rc;
@@ -1025,9 +1031,6 @@ static int in_init(rt_actor_t *self, void *state, void *arg)
     i->since_ms = rt_mono_ms();
     rt_xport_peer_format(s->xp, rt_sock_fd(s->sock), i->peer, sizeof(i->peer));
     rt__c2s_s2s_listed(&s->entry, true);
-    rt_send_after_tag(S2S_IDLE_MS, rt_self(self), C2S_MSG_S2S_IDLE, NULL);
-    rt_send_after_tag((uint64_t)rt_broker->conf.connect_timeout * 1000, rt_self(self),
-                      C2S_MSG_S2S_TIMEOUT, NULL);
     return 0;
 }
 
