@@ -75,10 +75,7 @@ int rt__c2s_archive_send(rt_msg_t *m)
         rt_msg_free(m);
         return RT_ELIMIT;
     }
-    rt_pid_t pid = rt_whereis(RT_C2S_ARCHIVE_NAME);
-    int rc = pid ? rt_send_unmuted(pid, m) : RT_ENOPROC;
-    if (!pid)
-        rt_msg_free(m);
+    int rc = rt_send_unmuted(rt_whereis(RT_C2S_ARCHIVE_NAME), m); /* none: freed, ENOPROC */
     if (rc)
         atomic_fetch_sub_explicit(&rt__c2s_archive_inflight, len, memory_order_relaxed);
     return rc;

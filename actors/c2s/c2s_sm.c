@@ -604,9 +604,9 @@ static const char *restore(rt_actor_t *self, c2s_t *c, rt_reader_t *r, rt_buf_t 
     const uint8_t *entries = rt_reader_take(r, (size_t)nq * 8);
     const uint8_t *queue = rt_reader_bytes(r, &qbytes, C2S_SM_QUEUE_BYTES);
     uint64_t sum = 0;
-    for (uint32_t i = 0; entries && i < nq; i++)
-        sum += (uint64_t)entries[8 * i] << 24 | (uint64_t)entries[8 * i + 1] << 16 |
-               (uint64_t)entries[8 * i + 2] << 8 | entries[8 * i + 3];
+    rt_reader_t er = {.p = entries, .len = entries ? (size_t)nq * 8 : 0};
+    for (uint32_t i = 0; i < nq && !er.bad; i++, rt_reader_uint(&er, 4))
+        sum += rt_reader_uint(&er, 4); /* each entry's length, then its count */
     if (r->bad || r->at != r->len || sum != qbytes || !rlen)
         return "malformed";
     rt_buf_add(previd, id, idlen);
@@ -623,7 +623,7 @@ static const char *restore(rt_actor_t *self, c2s_t *c, rt_reader_t *r, rt_buf_t 
     sm->q = nq ? rt_alloc(self, nq * sizeof(*sm->q), RT_OBJ_LEAF) : NULL;
     if (nq && !sm->q)
         return "out of memory";
-    rt_reader_t er = {.p = entries, .len = (size_t)nq * 8};
+    er.at = 0;
     for (uint32_t i = 0; i < nq; i++)
         sm->q[i] = (sm_entry_t){.len = (uint32_t)rt_reader_uint(&er, 4),
                                 .count = (uint32_t)rt_reader_uint(&er, 4)};

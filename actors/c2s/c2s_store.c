@@ -108,13 +108,8 @@ int rt__c2s_store_send(rt_msg_t *m, rt_pid_t from)
 {
     if (rt__c2s_home_elsewhere())
         return rt__c2s_call_home(C2S_TO_STORE, from, m);
-    rt_pid_t store = rt_whereis(RT_C2S_STORE_NAME);
-    if (!store) {
-        rt_msg_free(m);
-        return RT_ENOPROC;
-    }
     m->from = from; /* sent from an actor, the sender is that actor's pid anyway */
-    return rt_send_msg(store, m);
+    return rt_send_msg(rt_whereis(RT_C2S_STORE_NAME), m); /* none: freed, RT_ENOPROC */
 }
 
 void rt_c2s_accounts_changed(void)
