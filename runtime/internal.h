@@ -156,7 +156,7 @@ typedef struct rt_rel_s {
 #define RT_AF_DEAD 4u       /* exited; sends are dead letters */
 #define RT_AF_SHEDDING 8u   /* refuses optional messages (rt_shed) */
 #define RT_AF_HOLD 16u      /* holds its senders back for memory (rt_hold_senders) */
-#define RT_AF_LOW 32u       /* low priority (rt_set_priority): queued in the low lane */
+#define RT_AF_LOW 32u       /* the low lane (rt_set_priority, rt_sock_low_at_hangup) */
 /* Either kind of backpressure: senders are parked, and it handles only its own events. */
 #define RT_AF_BACKPRESSURE (RT_AF_PRESSURE | RT_AF_HOLD)
 

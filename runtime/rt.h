@@ -432,6 +432,15 @@ int rt_sock_adopt(rt_actor_t *self, int fd, rt_sock_t **out);
 int rt_sock_read(rt_sock_t *s, const void **data, size_t *len);
 void rt_sock_pause_reading(rt_sock_t *s, bool paused);
 /*
+** The owner's turn that finds the peer gone runs in the low lane: a poller that sees the peer's
+** end (EPOLLRDHUP, EPOLLHUP, EPOLLERR) on this socket puts its owner there (rt_set_priority)
+** before telling it, and the owner stays there until it sets its priority again. When
+** thousands of connections drop at once, their ends (reads of nothing, unsubscribes, goodbyes
+** to contacts, closes) wait behind the traffic of those still connected instead of ahead of it
+** in one queue.
+*/
+void rt_sock_low_at_hangup(rt_sock_t *s);
+/*
 ** Sends or buffers all len bytes; RT_ECLOSED if the peer is gone. Output is sent at
 ** the end of the owner's turn, or at once when RT_SOCK_FLUSH_AT bytes wait: so after
 ** a write either fewer than RT_SOCK_FLUSH_AT bytes are buffered or the kernel refused

@@ -59,6 +59,7 @@ struct rt_sock_s {
     atomic_uchar blocked;     /* output waits for the kernel: an EPOLLOUT is news */
     atomic_uchar msg_pending; /* claimed: an RT_MSG_SOCKET for it is (being) posted */
     atomic_uchar closed;
+    atomic_uchar low_at_hangup; /* rt_sock_low_at_hangup */
     /* Owner only. */
     uint8_t registered; /* in the epoll set */
     uint8_t listening;
@@ -302,6 +303,8 @@ void rt__sock_dispatch(const struct epoll_event *evs, int n, bool poller)
             add |= RT_SOCK_WRITABLE;
         if (!add)
             continue;
+        if ((e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && LOAD(s->low_at_hangup))
+            atomic_fetch_or_explicit(&s->owner->sync_flags, RT_AF_LOW, memory_order_relaxed);
         uint32_t now = atomic_fetch_or(&s->revents, add) | add;
         if (LOAD(s->paused) && !(now & RT_SOCK_WRITABLE))
             continue;
@@ -565,6 +568,11 @@ int rt_sock_read(rt_sock_t *s, const void **data, size_t *len)
         s->eof = 1;
         return RT_ECLOSED;
     }
+}
+
+void rt_sock_low_at_hangup(rt_sock_t *s)
+{
+    atomic_store_explicit(&s->low_at_hangup, 1, memory_order_relaxed);
 }
 
 void rt_sock_pause_reading(rt_sock_t *s, bool paused)

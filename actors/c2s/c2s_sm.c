@@ -407,6 +407,9 @@ int rt__c2s_sm_take_socket(rt_actor_t *self, c2s_t *c, rt_msg_t *m)
     }
     c->xp = xp;
     rt_xport_adopt(xp, c->sock);
+    rt_sock_low_at_hangup(c->sock);
+    /* Lost, the session went to the low lane (c2s_init); resumed, its traffic goes first. */
+    rt_set_priority(self, RT_PRIORITY_NORMAL);
     c->listener = s->listener;
     rt__broker_count_socket(RT_CONF_XMPP_LISTENER(c->listener), +1);
     c->sm->detached = false;

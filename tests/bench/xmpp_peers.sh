@@ -8,6 +8,7 @@
 #                             [--idle N] [--accounts K] [--logins L] [--messages M]
 #                             [--rtd-archive on|off]
 #                             [--storm-logins L] [--roster-users R] [--chat-seconds S]
+#                             [--leave-at S]
 #                             [--seed-data DIR [--seed-rosters]] [--build DIR] [--out DIR]
 #
 # Cases, each on a freshly started server, servers alternating within a round:
@@ -28,7 +29,10 @@
 #   chat-storm     the issue's seed: 40 pairs (u0..u79) chat at 100 messages/s per pair while
 #                  the other R - 80 roster users log in as fast as the client can and stay,
 #                  for --chat-seconds (default 30): chat p99 overall and of the worst second
-#                  (the pairs in an rtbench process of their own, the storm in two others)
+#                  (the pairs in an rtbench process of their own, the storm in two others);
+#                  --leave-at S: S seconds into the chat every storm session's connection
+#                  drops at once (no stream end), so the worst second shows the mass
+#                  disconnect (rtbench xchat --leave-at)
 #   idle-roster18  R sessions (--roster-users, default 19000) of accounts whose rosters hold
 #                  18 contacts with subscription both: RSS per session as idle-anon
 # Both roster cases need R accounts (registered with the others) and their rosters, which
@@ -76,6 +80,7 @@ RTD_ARCHIVE=false
 STORM_LOGINS=20000
 ROSTER_USERS=19000
 CHAT_SECONDS=30
+LEAVE_AT=
 SEED_DATA=''
 SEED_ROSTERS=0
 
@@ -102,6 +107,7 @@ while (($#)); do
     --storm-logins) STORM_LOGINS=${2:?}; shift 2 ;;
     --roster-users) ROSTER_USERS=${2:?}; shift 2 ;;
     --chat-seconds) CHAT_SECONDS=${2:?}; shift 2 ;;
+    --leave-at) LEAVE_AT=${2:?}; shift 2 ;;
     --seed-data) SEED_DATA=${2:?}; shift 2 ;;
     --seed-rosters) SEED_ROSTERS=1; shift ;;
     --build) BUILD=${2:?}; shift 2 ;;
@@ -248,7 +254,8 @@ case_chat_storm() {
     # descriptors a process at most).
     rtbench_run "$name" chat-storm "$round" xchat --pairs 40 --rate 100 -d "$CHAT_SECONDS" \
         --storm $((ROSTER_USERS - 80)) --hold --accounts "$ROSTER_USERS" --procs 3 \
-        --pairs-apart --conn-timeout 60 --ifaddr "$SRC8" || { stop_server; return; }
+        --pairs-apart --conn-timeout 60 --ifaddr "$SRC8" ${LEAVE_AT:+--leave-at "$LEAVE_AT"} ||
+        { stop_server; return; }
     c1=$(cpu_ticks "$SERVER_PID")
     rss1=$(rss_kb "$SERVER_PID")
     failed=$(($(jget "$RB_OUT" missing) + $(jget "$RB_OUT" failed) + $(jget "$RB_OUT" lost)))

@@ -7,8 +7,10 @@ The binary is <RT_BUILD_DIR>/tools/rtbench/rtbench (default build/release).
 """
 import json
 import os
+import re
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -72,6 +74,26 @@ def test_chat_during_storm(rtd, apart):
     assert 0 < s["chat"]["p50_ms"] <= s["chat"]["p99_ms"] <= s["chat"]["max_ms"]
 
 
+def test_storm_dropped_at_once_while_the_pairs_chat(rtd):
+    """--leave-at: every held storm session's connection closes in one pass, mid-chat, with
+    no stream end; the pairs' messages all arrive, and rtd ends every dropped session."""
+    p = bench(rtd, "xchat", "--pairs", 2, "--rate", 200, "-d", 3, "--storm", 12, "--hold",
+              "--accounts", ACCOUNTS, "--procs", 3, "--pairs-apart", "--leave-at", 1.5,
+              check=False)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    # Every storm connection is open from its connect on (logged in or still logging in).
+    assert sum(map(int, re.findall(r"dropped (\d+) storm sessions at 1.5 s", p.stderr))) == 12
+    assert s["failed"] == 0 and s["lost"] == 0
+    assert s["received"] == s["sent"] and s["missing"] == 0 and s["duplicates"] == 0
+    # The pairs have logged out too: no stream is left once the dropped ones have ended.
+    deadline = time.monotonic() + 60
+    while X.metric(rtd, "rt_xmpp_streams") != 0:
+        assert time.monotonic() < deadline, X.metric(rtd, "rt_xmpp_streams")
+        time.sleep(0.05)
+    assert X.metric(rtd, "rt_xmpp_sessions") == 0
+
+
 def test_roster_setup_gives_18_contacts_both(rtd):
     s = bench(rtd, "xroster", "-c", ACCOUNTS)
     assert s["failed"] == 0 and s["logins"] == 2 * ACCOUNTS
@@ -91,7 +113,11 @@ def test_wrong_password_counts_failed(rtd):
 @pytest.mark.parametrize("args", [["xchat", "-c", 5], ["xlogin", "--hold"],
                                   ["xroster", "-c", 18], ["pairs", "--storm", 3],
                                   ["xlogin", "--tls"], ["xlogin", "--pairs-apart"],
-                                  ["xchat", "--storm", 3, "--pairs-apart"]])
+                                  ["xchat", "--storm", 3, "--pairs-apart"],
+                                  ["xlogin", "--leave-at", 1],
+                                  ["xchat", "--storm", 3, "--procs", 2, "--hold", "--leave-at", 1],
+                                  ["xchat", "--storm", 3, "--procs", 2, "--hold", "--pairs-apart",
+                                   "-d", 1, "--leave-at", 2]])
 def test_flag_errors(rtd, args):
     p = subprocess.run([RTBENCH, *map(str, args)], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "rtbench:" in p.stderr

@@ -955,3 +955,47 @@ def test_malformed_to_gets_jid_malformed(xmpp):
     r.send("</stream:stream>")
     r.read_to_close()
     X.assert_serves(xmpp.xport, "after", PW)
+
+
+@pytest.mark.rtd_only("rtd's low lane for a lost connection's end, its streams gauge")
+def test_client_back_on_its_resource_while_the_lost_session_ends():
+    """A bound session whose connection drops ends in the low lane (rt_sock_low_at_hangup):
+    a client back on the same resource meanwhile replaces it. Whichever comes first, the old
+    session's end or the new one's presence, the contact ends up seeing the resource
+    available (the late end sends no unavailable in the name of a resource that an available
+    session holds again), and a message sent to the full JID in the gap reaches the client
+    once (the old session's dead letters go on to the account's sessions or offline)."""
+    server = S.serve(["lsa", "lsb"], PW)
+    try:
+        a = X.session(server.xport, "lsa", "localhost", PW, "r")
+        b = X.session(server.xport, "lsb", "localhost", PW, "b")
+        a.send("<presence/>")
+        b.send("<presence/>")
+        X.subscribe_across(a, jid("lsa"), b, jid("lsb"))
+        X.subscribe_across(b, jid("lsb"), a, jid("lsa"))
+        available = rb"<presence(?![^>]*type=)[^>]*from=['\"]lsa@localhost/r['\"]"
+        for i in range(10):
+            a.close()  # no stream end: the connection is lost
+            b.send(f"<message to='lsa@localhost/r' type='chat' id='g{i}'>"
+                   f"<body>gap {i}</body></message>")
+            a = X.session(server.xport, "lsa", "localhost", PW, "r")
+            a.send("<presence/>")
+            a.read_until(f"gap {i}<".encode())
+            b.read_until(available)
+            # The old stream's actor has ended (its end ran, or found the resource taken)...
+            deadline = time.monotonic() + 60
+            while X.metric(server, "rt_xmpp_streams") != 2:
+                assert time.monotonic() < deadline, X.metric(server, "rt_xmpp_streams")
+                time.sleep(0.05)
+            # ...so whatever it sent b is in b's mailbox ahead of this ping.
+            b.send(f"<iq type='get' id='pb{i}'><ping xmlns='{X.NS_PING}'/></iq>")
+            after = b.read_until(f"<iq[^>]*id='pb{i}'[^>]*/>".encode())
+            assert not re.search(r"<presence[^>]*type=['\"]unavailable['\"][^>]*"
+                                 r"from=['\"]lsa@localhost/r|<presence[^>]*from=['\"]"
+                                 r"lsa@localhost/r['\"][^>]*type=['\"]unavailable", after), after
+            a.send(f"<iq type='get' id='pa{i}'><ping xmlns='{X.NS_PING}'/></iq>")
+            assert f"gap {i}<" not in a.read_until(f"<iq[^>]*id='pa{i}'[^>]*/>".encode())
+        a.close()
+        b.close()
+    finally:
+        S.stop(server)

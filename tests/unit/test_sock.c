@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "internal.h" /* RT_AF_LOW: the lane an actor is queued in */
 #include "rt_test.h"
 
 enum { MSG_PUSH = RT_MSG_USER, MSG_FEED };
@@ -681,6 +682,62 @@ static void test_output_cache_given_back(void)
     CHECK(wait_alive(0));
 }
 
+/* ---- rt_sock_low_at_hangup: the owner's turn that finds the peer gone is a low one ---- */
+
+static atomic_long hangup_low_seen; /* the owner's low flag at that turn: 1, 0; -1 before */
+
+static int hangup_init(rt_actor_t *self, void *state, void *arg)
+{
+    const int *a = arg; /* the fd, and whether to ask */
+    rt_sock_t **s = state;
+    int rc = rt_sock_adopt(self, a[0], s);
+    if (!rc && a[1])
+        rt_sock_low_at_hangup(*s);
+    return rc;
+}
+
+static void hangup_handle(rt_actor_t *self, void *state, rt_msg_t *m)
+{
+    rt_sock_t *s = *(rt_sock_t **)state;
+    if (m->tag != RT_MSG_SOCKET)
+        return;
+    const void *data;
+    size_t len;
+    int rc;
+    while ((rc = rt_sock_read(s, &data, &len)) == 0)
+        ;
+    if (rc != RT_ECLOSED)
+        return;
+    atomic_store(&hangup_low_seen, (atomic_load(&self->sync_flags) & RT_AF_LOW) != 0);
+    rt_exit(self, RT_REASON_NORMAL);
+}
+
+static const rt_actor_type_t hangup_type = {.name = "hangup",
+                                            .state_size = sizeof(rt_sock_t *),
+                                            .init = hangup_init,
+                                            .handle = hangup_handle};
+
+/* Whether the owner ran its hangup turn low (1) or normal (0). */
+static long hangup_turn_low(bool ask)
+{
+    int sv[2];
+    CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+    atomic_store(&hangup_low_seen, -1);
+    int arg[2] = {sv[0], ask};
+    rt_pid_t owner;
+    CHECK_EQ(rt_spawn(&hangup_type, arg, &owner), 0);
+    close(sv[1]);
+    CHECK(wait_at_least(&hangup_low_seen, 0));
+    CHECK(wait_alive(0));
+    return atomic_load(&hangup_low_seen);
+}
+
+static void test_hangup_turn_is_low_when_asked(void)
+{
+    CHECK_EQ(hangup_turn_low(false), 0);
+    CHECK_EQ(hangup_turn_low(true), 1);
+}
+
 int main(void)
 {
     test_start(2);
@@ -690,6 +747,7 @@ int main(void)
     RUN(test_write_backpressure);
     RUN(test_fd_in_message_never_leaks);
     RUN(test_reserve_commit);
+    RUN(test_hangup_turn_is_low_when_asked);
     rt_shutdown();
     return CHECK_SUMMARY();
 }

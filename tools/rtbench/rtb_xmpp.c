@@ -110,6 +110,7 @@ struct xw_s {
     uint32_t up_next, up_active, up_done;
     uint32_t acct_lo, acct_n; /* connectors: global login numbers [acct_lo, acct_lo + n) */
     uint32_t logins_started;  /* connectors: logins begun of acct_n */
+    int left;                 /* xchat --leave-at: the storm's sessions were dropped */
     uint32_t conn_lo;         /* held: first account index */
     uint64_t run_start_ms, run_end_ms, drain_end_ms, close_end_ms, wait_end_ms, next_check_ms;
     double rate_per_sender;          /* xchat: messages/s of each pair member */
@@ -1042,7 +1043,7 @@ static void login_start(xc_t *c)
 /* Held storm sessions (--hold): start logins while fewer than --conn-parallel are on. */
 static void conn_kick(xw_t *w)
 {
-    if (w->phase != PH_RUN || !w->o->hold)
+    if (w->phase != PH_RUN || !w->o->hold || w->left)
         return;
     while (w->logins_started < w->acct_n && w->up_active < w->o->conn_parallel) {
         uint32_t before = w->logins_started;
@@ -1131,10 +1132,27 @@ static void start_close(xw_t *w)
     uv_timer_start(&w->close_timer, on_close_timer, 10, 10);
 }
 
+/* --leave-at: every storm session's connection closes in one pass of the loop. */
+static void storm_leave(xw_t *w)
+{
+    uint32_t n = 0;
+    w->left = 1;
+    for (uint32_t i = w->nheld; i < w->ncl; i++)
+        if (w->cl[i].open && !uv_is_closing((uv_handle_t *)&w->cl[i].tcp)) {
+            sock_close(&w->cl[i]);
+            n++;
+        }
+    fprintf(stderr, "rtbench: process %u dropped %u storm sessions at %.1f s\n", w->proc, n,
+            w->o->leave_at_s);
+}
+
 static void on_pace(uv_timer_t *t)
 {
     xw_t *w = t->data;
     uint64_t now = uv_now(&w->loop);
+    if (w->phase == PH_RUN && w->o->leave_at_s > 0 && w->proc > 0 && !w->left &&
+        now >= w->run_start_ms + (uint64_t)(w->o->leave_at_s * 1000))
+        storm_leave(w);
     if (w->phase == PH_RUN) {
         if (w->o->cmd == RTB_CMD_XCHAT)
             chat_send(w);

@@ -107,6 +107,9 @@ static const char *usage_text =
     "           a time; --hold keeps them logged in (else each logs out after its login);\n"
     "           --pairs-apart: the pairs in the first of --procs, the storm in the others\n"
     "           (so that the storm's work on a client's loop does not delay the chat's).\n"
+    "           --leave-at S (with --hold): S s into the chat every held storm session's\n"
+    "           connection is closed at once, no stream end (a load balancer's restart, a\n"
+    "           network's loss): the server's mass disconnect, in the chat's seconds.\n"
     "  xroster  set-up: accounts -n..-n+c-1 (-c, >= 19) each get the contacts i+-1..9 (mod c)\n"
     "           with subscription both: two passes of logins sending subscribed+subscribe\n"
     "           and approving the requests that arrive (-L logins in all, 2 x c; one\n"
@@ -263,9 +266,10 @@ static void xmpp_opts(rtb_opts_t *o, int64_t count, int64_t accounts, int64_t pa
         o->domain = "localhost";
     if (strlen(o->user) > 40 || strlen(o->domain) > 60)
         die_usage("-u (40 bytes) or --domain (60 bytes) is too long: '%s'", o->user);
-    if (o->cmd != RTB_CMD_XCHAT &&
-        (pairs > 0 || storm > 0 || (o->hold && o->cmd != RTB_CMD_XMUC) || o->pairs_apart))
-        die_usage("--pairs, --storm, --hold and --pairs-apart are for xchat (got them for %s)",
+    if (o->cmd != RTB_CMD_XCHAT && (pairs > 0 || storm > 0 || (o->hold && o->cmd != RTB_CMD_XMUC) ||
+                                    o->pairs_apart || o->leave_at_s > 0))
+        die_usage("--pairs, --storm, --hold, --pairs-apart and --leave-at are for xchat (got them "
+                  "for %s)",
                   o->cmd_name);
     if (o->cmd == RTB_CMD_XMUC) {
         static char host[128];
@@ -310,6 +314,8 @@ static void xmpp_opts(rtb_opts_t *o, int64_t count, int64_t accounts, int64_t pa
             die_usage("--accounts must leave some for the storm beyond the 2 x --pairs%s", "");
         if (o->pairs_apart && (!o->storm || o->procs < 2))
             die_usage("--pairs-apart wants --storm and --procs 2 or more%s", "");
+        if (o->leave_at_s > 0 && (!o->hold || !o->pairs_apart || o->leave_at_s >= o->duration_s))
+            die_usage("--leave-at wants --hold, --pairs-apart and a time before -d's end%s", "");
         o->count = 2 * o->pairs;
     }
 }
@@ -506,6 +512,8 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
             rtb_xmuc.room_fmt = v, muc_flags = 1;
         else if (!strcmp(n, "--salt-cache"))
             o->salt_cache = v;
+        else if (!strcmp(n, "--leave-at"))
+            o->leave_at_s = parse_num(n, v, 0.001, RTB_MAX_DURATION_S);
         else if (!strcmp(n, "--test-skip-seq"))
             o->test_skip_seq = (int64_t)parse_int(n, v, 0, 1e9);
         else
@@ -557,9 +565,10 @@ static void parse(rtb_opts_t *o, int argc, char **argv)
         die_usage("--anon is for the XMPP commands (got it for %s)", o->cmd_name);
     if (rtb_xmpp_cmd(o->cmd))
         xmpp_opts(o, count, accounts, pairs, storm, port_set);
-    else if (accounts > 0 || pairs > 0 || storm > 0 || o->hold || o->domain || o->salt_cache)
-        die_usage("--accounts, --pairs, --storm, --hold, --domain and --salt-cache are for the "
-                  "XMPP commands (got them for %s)",
+    else if (accounts > 0 || pairs > 0 || storm > 0 || o->hold || o->domain || o->salt_cache ||
+             o->leave_at_s > 0)
+        die_usage("--accounts, --pairs, --storm, --hold, --leave-at, --domain and --salt-cache "
+                  "are for the XMPP commands (got them for %s)",
                   o->cmd_name);
     if (copies > 0 && o->cmd != RTB_CMD_SEED)
         die_usage("--copies is for seed only (got it for %s)", o->cmd_name);

@@ -99,6 +99,7 @@ typedef struct rtb_opts_s {
     uint32_t storm;         /* --storm (xchat): logins during the chat */
     int hold;               /* --hold: xchat's storm sessions stay logged in */
     int pairs_apart;        /* --pairs-apart: xchat's pairs in process 0, the storm in the rest */
+    double leave_at_s;      /* --leave-at: xchat's held storm sessions all drop then (0: never) */
     const char *salt_cache; /* --salt-cache FILE: SCRAM salted passwords across runs */
 } rtb_opts_t;
 
