@@ -453,6 +453,9 @@ static void on_resume(rt_actor_t *self, conn_t *c, rt_msg_t *m)
     }
     c->xp = xp; /* after drop_will: the transport shares will_at_ms's word */
     rt_xport_adopt(xp, c->sock);
+    rt_sock_low_at_hangup(c->sock);
+    /* Its last connection's end put it in the low lane (conn_init); connected, it is not. */
+    rt_set_priority(self, RT_PRIORITY_NORMAL);
     c->listener = data[0] & 15;
     c->claimed = data[0] >> 4 & 1; /* the connection that handed it over claimed the id */
     c->lease = data[0] >> 5 & 3;
@@ -542,6 +545,11 @@ static int conn_init(rt_actor_t *self, void *state, void *arg)
     int rc = rt_sock_adopt(self, a->fd, &c->sock);
     if (rc)
         return rc;
+    /* A lost connection's end (its will, its subscriptions or its session's detaching, the
+       close) waits behind the connected clients' traffic: 19,000 dropping at once held the
+       others' messages up ~100 ms in the one queue (docs/BENCHMARKS.md, "A mass
+       disconnect"). A session kept after it stays low until a connection takes it up. */
+    rt_sock_low_at_hangup(c->sock);
     c->last_rx_ns = rt_mono_ns();
     c->listener = a->listener & 15;
     rc = rt__conn_xport_start(c);
