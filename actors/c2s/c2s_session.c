@@ -915,17 +915,6 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
     size_t blen;
     const char *bare = bare_text(c, &blen);
     bool moved = rt__c2s_sm_moved_away(c);
-    /* Ended late (a lost connection's end waits in the low lane), the session may find its
-       resource bound again by an available session (the client back, replacing it): that
-       session's presence stands, and an unavailable in the same full JID's name would tell
-       its contacts and its own resources that it left. The rooms it joined are still told
-       (their joins are directed presence, which the new session sends again, later). One
-       bound and not yet available is no reason: its contacts get the unavailable, then its
-       presence when it sends one. */
-    c2s_route_t now;
-    bool replaced =
-        rt__c2s_reg_lookup(bare, blen, rt_jid_resource(c->jid), c->jid->resource, &now, 1) == 1 &&
-        now.pid != rt_self(self) && now.available;
     if (moved) { /* it goes on on another node: no unavailable, nothing handed on */
         c->available = false;
         rt_free(self, c->directed);
@@ -937,6 +926,17 @@ void rt__c2s_session_end(rt_actor_t *self, c2s_t *c)
     if (c->available || c->directed_len)
         rt__c2s_put_unavailable(&b, c);
     if (c->available) {
+        /* Ended late (a lost connection's end waits in the low lane), the session may find its
+           resource bound again by an available session (the client back, replacing it): that
+           session's presence stands, and an unavailable in the same full JID's name would tell
+           its contacts and its own resources that it left. The rooms it joined are still told
+           (their joins are directed presence, which the new session sends again, later). One
+           bound and not yet available is no reason: its contacts get the unavailable, then its
+           presence when it sends one. */
+        c2s_route_t now;
+        bool replaced = rt__c2s_reg_lookup(bare, blen, rt_jid_resource(c->jid), c->jid->resource,
+                                           &now, 1) == 1 &&
+                        now.pid != rt_self(self) && now.available;
         c->available = false;
         rt__c2s_reg_presence(bare, blen, rt_jid_resource(c->jid), c->jid->resource,
                              rt_self(self), false, 0);

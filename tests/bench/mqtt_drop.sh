@@ -44,11 +44,11 @@ CONF
     for _ in $(seq 600); do grep -q "conn=$SUBS " "$D/sub.err" && break; sleep 0.1; done
     grep -q "conn=$SUBS " "$D/sub.err" || { echo "round $round: the subscribers did not connect" >&2; exit 1; }
     "$B" pairs -p "$PORT" -c 40 -q 0 --rate 4000 -d 20 --ifaddr 127.0.0.9 --prefix pair \
-        > "$D/pairs.out" 2> "$D/pairs.err" & PPID_=$!
+        > "$D/pairs.out" 2> "$D/pairs.err" & PAIRS=$!
     sleep 9; t0=$(ticks $RPID)
     sleep 1; pkill -KILL -P "$SPID"; kill -KILL "$SPID"; wait "$SPID" 2>/dev/null
     sleep 4; t1=$(ticks $RPID)
-    wait "$PPID_"
+    wait "$PAIRS"
     kill "$RPID"; wait "$RPID" 2>/dev/null; RPID=''
     awk -v r="$round" -v cpu="$(awk -v a="$t0" -v b="$t1" -v hz="$HZ" 'BEGIN {printf "%.2f", (b - a) / hz}')" '
         /rtbench\[/ { s = $2; gsub(/[^0-9]/, "", s); p = $10; gsub(/p99=|ms/, "", p)
