@@ -100,16 +100,27 @@ int rt__conn_disc_reason_code(const conn_t *c)
     return c->disc_rc ? c->disc_rc - 1 : -1;
 }
 
+void rt__conn_count_packet_out(uint8_t type, size_t len)
+{
+    rt__metric_add(RT_METRIC_BYTES_OUT, len);
+    rt__metric_add(RT_METRIC_PKT_OUT + type, 1);
+}
+
+uint8_t *rt__conn_reserve_frame(conn_t *c, size_t len)
+{
+    RT_ASSERT(c->sock);
+    return len >= RT_CONN_IN_PLACE_MIN && !c->xp && !rt_tracing() ? rt_sock_reserve(c->sock, len)
+                                                                  : NULL;
+}
+
 int rt__conn_write_packet(conn_t *c, uint8_t type, const uint8_t *buf, size_t len)
 {
     RT_ASSERT(c->sock);
     int rc = c->xp ? rt_xport_write(c->xp, c->sock, buf, len) : rt_sock_write(c->sock, buf, len);
     if (rc == 0 && rt_tracing())
         rt_trace_packet(RT_TRACE_OUT, c->client_id, buf, len, c->version);
-    if (rc == 0) {
-        rt__metric_add(RT_METRIC_BYTES_OUT, len);
-        rt__metric_add(RT_METRIC_PKT_OUT + type, 1);
-    }
+    if (rc == 0)
+        rt__conn_count_packet_out(type, len);
     return rc;
 }
 

@@ -280,6 +280,16 @@ extern const rt_actor_type_t rt__conn_restored_type; /* arg: const rt_stored_ses
 int rt__conn_send_packet(conn_t *c, mqtt_packet_t *pk);
 /* Queues an encoded packet of this type on the socket and counts it. */
 int rt__conn_write_packet(conn_t *c, uint8_t type, const uint8_t *buf, size_t len);
+/*
+** Frames of at least RT_CONN_IN_PLACE_MIN bytes are encoded straight into the socket's output
+** (rt_sock_reserve; then rt_sock_commit and rt__conn_count_packet_out): for smaller ones the
+** copy from a stack buffer measured cheaper than a second way through. NULL: use the buffer
+** and rt__conn_write_packet (a transport or a trace takes the frame whole; the socket gone or
+** memory short, which rt__conn_write_packet then reports).
+*/
+#define RT_CONN_IN_PLACE_MIN 512
+uint8_t *rt__conn_reserve_frame(conn_t *c, size_t len);
+void rt__conn_count_packet_out(uint8_t type, size_t len);
 /* A broker event for rules: the fields that do not apply stay -1 / NULL. */
 void rt__conn_rule_event(rt_actor_t *self, conn_t *c, rt_rule_event_kind_t kind, const char *topic,
                          int qos, int reason_code, const char *reason, rt_bin_t *canonical);

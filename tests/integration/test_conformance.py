@@ -366,6 +366,72 @@ def test_topic_alias_bytes_saved(broker):
         c.disconnect()
 
 
+# ---- h2: frames written straight into the socket (issue 30, part 4) ----
+
+P_MESSAGE_EXPIRY = 0x02
+P_SUBSCRIPTION_ID = 0x0B
+
+
+def pattern(n, seed):
+    """n bytes that differ from any other seed's and from a shifted copy of themselves."""
+    base = bytes(range(251))
+    return (base * (n // 251 + 2))[seed % 251:seed % 251 + n]
+
+
+def read_in_order(c, n, aliases):
+    """n PUBLISHes, acknowledged as their QoS asks, topics resolved through aliases."""
+    c.wire_bytes, got = 0, []
+    for _ in range(n):
+        got += read_publishes(c, 1, aliases)
+        if got[-1]["qos"] == 1:
+            c.ack(PUBACK, got[-1]["pid"])
+    return got
+
+
+def test_frames_on_both_sides_of_in_place_arrive_whole(broker):
+    """Frames of 512 bytes and more (RT_CONN_IN_PLACE_MIN) are encoded into the socket's
+    output, smaller ones into a stack buffer and copied, those past 4 KB into a malloc'ed one
+    before: payloads across each of those edges and the 64 KB mid-turn flush, each with its
+    subscription identifier, topic alias and remaining expiry, reach an MQTT 5 subscriber byte
+    for byte and in order."""
+    topic = "inplace/" + "t" * 20
+    sub = Raw(broker.port, "ip-sub", version=5, props=prop_u16(P_TOPIC_ALIAS_MAXIMUM, 4))
+    sub.subscribe("inplace/#", 1, props=bytes([P_SUBSCRIPTION_ID]) + varint(9))
+    pub = Raw(broker.port, "ip-pub", version=5)
+    sizes = list(range(470, 540)) + list(range(4060, 4110, 7)) + [65000, 65536, 70000, 200000]
+    for i, n in enumerate(sizes):
+        pub.publish(topic, pattern(n, i), qos=1, pid=i + 1,
+                    props=bytes([P_MESSAGE_EXPIRY]) + struct.pack("!I", 3600))
+    got = read_in_order(sub, len(sizes), {})
+    assert [len(m["payload"]) for m in got] == sizes
+    for i, m in enumerate(got):
+        assert m["topic"] == topic and m["qos"] == 1, (i, m["topic"], m["qos"])
+        assert m["payload"] == pattern(sizes[i], i), f"payload {i} ({sizes[i]} bytes) differs"
+        assert m["props"][P_SUBSCRIPTION_ID] == [9]
+        assert 3500 <= m["props"][P_MESSAGE_EXPIRY] <= 3600
+    # The alias was made once, in full, and then sent alone.
+    assert got[0]["sent_topic"] == topic and not any(m["sent_topic"] for m in got[1:])
+    sub.disconnect()
+    pub.disconnect()
+
+
+def test_burst_of_mixed_frames_arrives_whole(broker):
+    """600 QoS 0 messages of 100 B to 5 KB written to the broker in one go: many frames, both
+    kinds, go out to the subscriber in one turn of its actor; it reads each whole, in order."""
+    sub = Raw(broker.port, "ip-burst-sub", version=5)
+    sub.subscribe("burst/#", 0)
+    pub = Raw(broker.port, "ip-burst-pub", version=4)
+    sizes = [(100, 600, 2000, 5000)[i % 4] + i for i in range(600)]
+    frames = b"".join(bytes([PUBLISH << 4]) + varint(len(body)) + body for body in
+                      (mqtt_str(f"burst/{i % 7}") + pattern(n, i) for i, n in enumerate(sizes)))
+    pub.sock.sendall(frames)
+    got = read_in_order(sub, len(sizes), {})
+    for i, m in enumerate(got):
+        assert (m["topic"], m["payload"]) == (f"burst/{i % 7}", pattern(sizes[i], i)), i
+    sub.disconnect()
+    pub.disconnect()
+
+
 # ---- i: a bad packet's log line names the client ----
 
 @pytest.mark.parametrize("version", [3, 4, 5])
