@@ -102,8 +102,9 @@ typedef struct rt_auth_addr_s {
     uint8_t b[16];
 } rt_auth_addr_t;
 
-/* The peer of a connected socket: 0, or RT_EINVAL (not IP, not connected). */
-int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out);
+/* The peer of a connected socket, and its port unless port is NULL: 0, or RT_EINVAL (not IP,
+   not connected). */
+int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out, uint16_t *port);
 struct sockaddr_storage;
 /* The same from an address accept gave: 0, or RT_EINVAL (not IP). */
 int rt_auth_addr_from_sockaddr(const struct sockaddr_storage *ss, rt_auth_addr_t *out);

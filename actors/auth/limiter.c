@@ -30,13 +30,23 @@ int rt_auth_addr_from_sockaddr(const struct sockaddr_storage *ss, rt_auth_addr_t
     return RT_EINVAL;
 }
 
-int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out)
+/* The port of an IPv4 or IPv6 socket address (rt_auth_addr_from_sockaddr took it). */
+static uint16_t sockaddr_port(const struct sockaddr_storage *ss)
+{
+    return ntohs(ss->ss_family == AF_INET ? ((const struct sockaddr_in *)ss)->sin_port
+                                          : ((const struct sockaddr_in6 *)ss)->sin6_port);
+}
+
+int rt_auth_addr_from_fd(int fd, rt_auth_addr_t *out, uint16_t *port)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
-    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0 ||
+        rt_auth_addr_from_sockaddr(&ss, out) != 0)
         return RT_EINVAL;
-    return rt_auth_addr_from_sockaddr(&ss, out);
+    if (port)
+        *port = sockaddr_port(&ss);
+    return 0;
 }
 
 int rt_auth_addr_parse(const char *text, rt_auth_addr_t *out)
@@ -66,8 +76,7 @@ void rt_auth_sockaddr_format(const struct sockaddr_storage *ss, char *out, size_
     unsigned port = 0;
     if (rt_auth_addr_from_sockaddr(ss, &a) == 0) {
         rt_auth_addr_format(&a, host, sizeof(host));
-        port = ntohs(ss->ss_family == AF_INET ? ((const struct sockaddr_in *)ss)->sin_port
-                                              : ((const struct sockaddr_in6 *)ss)->sin6_port);
+        port = sockaddr_port(ss);
     }
     snprintf(out, len, "%s:%u", host, port);
 }

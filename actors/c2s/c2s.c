@@ -81,7 +81,7 @@ int rt__c2s_peer_addr(const c2s_t *c, rt_auth_addr_t *out)
 {
     if (rt_xport_real_peer(c->xp, out, NULL))
         return 0;
-    return c->sock ? rt_auth_addr_from_fd(rt_sock_fd(c->sock), out) : RT_ENOTFOUND;
+    return c->sock ? rt_auth_addr_from_fd(rt_sock_fd(c->sock), out, NULL) : RT_ENOTFOUND;
 }
 
 static void peer_format(const c2s_t *c, char *buf, size_t len)

@@ -580,7 +580,7 @@ static bool in_plain_ok(s2s_in_t *s)
         rt_auth_addr_t a;
         bool ok =
             s->sock && !rt_xport_real_peer(s->xp, &a, NULL) &&
-            rt_auth_addr_from_fd(rt_sock_fd(s->sock), &a) == 0 &&
+            rt_auth_addr_from_fd(rt_sock_fd(s->sock), &a, NULL) == 0 &&
             rt_conf_net_match(rt__c2s.conf->plaintext_from, rt__c2s.conf->nplaintext_from, a.b);
         s->plain = ok ? 1 : -1;
     }

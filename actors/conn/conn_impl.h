@@ -516,9 +516,20 @@ bool rt__conn_identity(conn_t *c, char *out, size_t len);
 bool rt__conn_identity_required(const conn_t *c);
 /* Logs a connection cut by connect_timeout, as the step it did not finish. */
 void rt__conn_log_timeout(const conn_t *c, long after_s);
-/* The client's address: behind a trusted proxy, the one it named. 0 or an RT_E* code. */
-int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out);
-/* "ip:port" of the client (as rt__conn_peer_addr finds it) into buf. */
+/*
+** The client's address and port: behind a trusted proxy, the ones it named, else the socket's.
+** Read at most once into a zeroed p and kept there: a CONNECT asks for them up to three times
+** (bans, the login, its log line), and each read of the socket's is a system call.
+*/
+typedef struct {
+    rt_auth_addr_t addr;
+    uint16_t port;
+    int8_t known; /* 0: not read yet; 1: addr and port hold; -1: none (no socket, not IP) */
+} conn_peer_t;
+const conn_peer_t *rt__conn_peer(const conn_t *c, conn_peer_t *p);
+/* "ip:port" of p into buf ("?:0" when none). */
+void rt__conn_peer_text(const conn_peer_t *p, char *buf, size_t len);
+/* The same, read now. */
 void rt__conn_peer_format(const conn_t *c, char *buf, size_t len);
 
 /* "host:port" of MQTT listener index (its registered name's tail, start.c); "" before the

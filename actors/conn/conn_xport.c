@@ -220,16 +220,28 @@ bool rt__conn_identity(conn_t *c, char *out, size_t len)
     return rt__conn_identity_required(c) && rt_xport_tls_identity(rt__conn_xp(c), out, len);
 }
 
-int rt__conn_peer_addr(const conn_t *c, rt_auth_addr_t *out)
+const conn_peer_t *rt__conn_peer(const conn_t *c, conn_peer_t *p)
 {
-    if (rt_xport_real_peer(rt__conn_xp(c), out, NULL))
-        return 0;
-    return c->sock ? rt_auth_addr_from_fd(rt_sock_fd(c->sock), out) : RT_ENOTFOUND;
+    if (p->known)
+        return p;
+    bool known = rt_xport_real_peer(rt__conn_xp(c), &p->addr, &p->port) ||
+                 (c->sock && rt_auth_addr_from_fd(rt_sock_fd(c->sock), &p->addr, &p->port) == 0);
+    p->known = known ? 1 : -1;
+    return p;
+}
+
+void rt__conn_peer_text(const conn_peer_t *p, char *buf, size_t len)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (p->known > 0)
+        rt_auth_addr_format(&p->addr, host, sizeof(host));
+    snprintf(buf, len, "%s:%u", host, p->known > 0 ? p->port : 0u);
 }
 
 void rt__conn_peer_format(const conn_t *c, char *buf, size_t len)
 {
-    rt_xport_peer_format(rt__conn_xp(c), c->sock ? rt_sock_fd(c->sock) : -1, buf, len);
+    conn_peer_t p = {0};
+    rt__conn_peer_text(rt__conn_peer(c, &p), buf, len);
 }
 
 void rt__conn_log_timeout(const conn_t *c, long after_s)

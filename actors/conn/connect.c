@@ -109,10 +109,8 @@ static bool connect_identity(rt_actor_t *self, conn_t *c, const mqtt_packet_t *p
     return rt__conn_set_tenant(self, c, mount) == 0;
 }
 
-static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
+static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, conn_peer_t *peer)
 {
-    rt_auth_addr_t addr;
-    bool have_addr = rt__conn_peer_addr(c, &addr) == 0;
     if (rt__conn_identity_required(c))
         return connect_identity(self, c, pk);
     char *user = pk->connect.has_username
@@ -128,7 +126,8 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
     /* Read only for a chain that is told it: other logins pay no X.509 work for it. */
     rt_auth_tls_t tls;
     bool have_tls = rt_auth_wants_tls() && rt_xport_tls_cert(rt__conn_xp(c), &tls);
-    rt_auth_request_t q = {.addr = have_addr ? &addr : NULL,
+    bool have_addr = rt__conn_peer(c, peer)->known > 0;
+    rt_auth_request_t q = {.addr = have_addr ? &peer->addr : NULL,
                            .listener = rt__conn_listener_text(c->listener),
                            .user = user,
                            .clientid = cid,
@@ -186,15 +185,15 @@ static bool connect_authenticate(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk)
         rc = RT_AUTH_BAD_PASSWORD;
     }
     rt_auth_grant_free(&grant);
-    char peer[64];
-    rt__conn_peer_format(c, peer, sizeof(peer));
+    char peer_text[64];
+    rt__conn_peer_text(rt__conn_peer(c, peer), peer_text, sizeof(peer_text));
     int why = rc == RT_AUTH_BAD_PASSWORD   ? RT_AUTH_FAILED_BAD_PASSWORD
               : rc == RT_AUTH_UNKNOWN_USER ? RT_AUTH_FAILED_UNKNOWN_USER
               : rc == RT_AUTH_UNAVAILABLE  ? RT_AUTH_FAILED_UNAVAILABLE
                                            : RT_AUTH_FAILED_ANONYMOUS;
     atomic_fetch_add_explicit(&rt_broker->stats.auth_failed[why], 1, memory_order_relaxed);
     rt_log(RT_LOG_INFO, "client.auth_failed", "user=%s reason=%s delay_ms=%u peer=%s",
-           user ? user : "-", rt_auth_failed_names[why], delay_ms, peer);
+           user ? user : "-", rt_auth_failed_names[why], delay_ms, peer_text);
     rt_free(self, user);
     bool anonymous = rc == RT_AUTH_ANONYMOUS_REFUSED, unavailable = rc == RT_AUTH_UNAVAILABLE;
     if (c->version == MQTT_V5)
@@ -259,17 +258,18 @@ static bool claim_in_cluster(rt_actor_t *self, conn_t *c, const char *cid, bool 
 }
 
 /* The CONNACK of a banned client (the ban that matched in hit), logged. */
-static bool refuse_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk, const rt_ban_t *hit)
+static bool refuse_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk, const rt_ban_t *hit,
+                          conn_peer_t *peer)
 {
     const char *cid = (const char *)pk->connect.client_id.p;
     size_t cidlen = pk->connect.client_id.len;
     const char *user = pk->connect.has_username ? (const char *)pk->connect.username.p : NULL;
     size_t ulen = user ? pk->connect.username.len : 0;
-    char peer[64];
-    rt__conn_peer_format(c, peer, sizeof(peer));
+    char peer_text[64];
+    rt__conn_peer_text(rt__conn_peer(c, peer), peer_text, sizeof(peer_text));
     rt_log(RT_LOG_INFO, "client.banned",
            "client=%.*s user=%.*s peer=%s kind=%s value=%.*s reason=%s", (int)cidlen, cid,
-           (int)ulen, user ? user : "", peer, rt_ban_kind_names[hit->kind], (int)hit->len,
+           (int)ulen, user ? user : "", peer_text, rt_ban_kind_names[hit->kind], (int)hit->len,
            hit->value, hit->reason);
     mqtt_packet_t ack = {.type = MQTT_CONNACK,
                          .reason = c->version == MQTT_V5 ? MQTT_RC_BANNED : 5};
@@ -283,33 +283,32 @@ static bool refuse_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk, 
 ** flaps is banned by the CONNECT that makes it flapping, which is refused with it. Refusals
 ** are counted by the list (rt_banned_refusals_total).
 */
-static bool refused_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk)
+static bool refused_banned(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk, conn_peer_t *peer)
 {
     const char *cid = (const char *)pk->connect.client_id.p;
     size_t cidlen = pk->connect.client_id.len;
     const char *user = pk->connect.has_username ? (const char *)pk->connect.username.p : NULL;
     size_t ulen = user ? pk->connect.username.len : 0;
-    rt_auth_addr_t addr;
-    bool have_addr = rt__conn_peer_addr(c, &addr) == 0;
+    bool have_addr = rt__conn_peer(c, peer)->known > 0;
     rt_ban_t hit;
     char hit_buf[512];
-    if (!rt_banned_match(cid, cidlen, user, ulen, have_addr ? &addr : NULL, &hit, hit_buf,
+    if (!rt_banned_match(cid, cidlen, user, ulen, have_addr ? &peer->addr : NULL, &hit, hit_buf,
                          sizeof(hit_buf)) &&
         !(rt_banned_flapping(cid, cidlen) &&
           rt_banned_match(cid, cidlen, NULL, 0, NULL, &hit, hit_buf, sizeof(hit_buf))))
         return false;
-    return refuse_banned(self, c, pk, &hit);
+    return refuse_banned(self, c, pk, &hit, peer);
 }
 
 /* A tenant's client banned by the id the broker holds it under ("acme/dev", as listed). */
 static bool refused_banned_in_tenant(rt_actor_t *self, conn_t *c, const mqtt_packet_t *pk,
-                                     const char *held_id)
+                                     const char *held_id, conn_peer_t *peer)
 {
     rt_ban_t hit;
     char hit_buf[512];
     return rt_banned_match(held_id, strlen(held_id), NULL, 0, NULL, &hit, hit_buf,
                            sizeof(hit_buf)) &&
-           refuse_banned(self, c, pk, &hit);
+           refuse_banned(self, c, pk, &hit, peer);
 }
 
 void rt__conn_send_login_refusal(rt_actor_t *self, conn_t *c)
@@ -431,6 +430,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
     mqtt_packet_t ack = {.type = MQTT_CONNACK};
     char assigned[64] = "";
     const rt_cluster_claimed_t *claimed = claim_now;
+    conn_peer_t peer = {0}; /* read once for the checks and the log line below */
     claim_now = NULL;
     mqtt_str_t id = pk->connect.client_id;
     bool clean = pk->connect.clean_start;
@@ -467,10 +467,10 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         return 0;
     }
     /* Checked once: not again when the CONNECT is parsed anew with the verifier's verdict. */
-    if (!resumed && !claimed && !login_verdict_now && refused_banned(self, c, pk))
+    if (!resumed && !claimed && !login_verdict_now && refused_banned(self, c, pk, &peer))
         return 0;
     /* A resumed session's CONNECT was checked by the connection that handed it over. */
-    if (!resumed && !claimed && !connect_authenticate(self, c, pk))
+    if (!resumed && !claimed && !connect_authenticate(self, c, pk, &peer))
         return 0;
     /* A certificate's identity holds on the holder too: the CONNECT cannot name another. */
     if (resumed && rt__conn_identity_required(c) && !connect_identity(self, c, NULL))
@@ -488,7 +488,7 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
                                      assigned[0] ? strlen(assigned) : id.len);
         if (!cid)
             return MQTT_ERR(MQTT_RC_UNSPECIFIED);
-        if (!claimed && rt__conn_tenant(c) && refused_banned_in_tenant(self, c, pk, cid)) {
+        if (!claimed && rt__conn_tenant(c) && refused_banned_in_tenant(self, c, pk, cid, &peer)) {
             rt_free(self, cid);
             return 0;
         }
@@ -606,13 +606,13 @@ int rt__conn_handle_connect(rt_actor_t *self, conn_t *c, mqtt_packet_t *pk, cons
         rt_rules_event(&o, &ev);
     }
     if (rt_log_enabled(RT_LOG_INFO)) {
-        char peer[64];
-        rt__conn_peer_format(c, peer, sizeof(peer));
+        char peer_text[64];
+        rt__conn_peer_text(rt__conn_peer(c, &peer), peer_text, sizeof(peer_text));
         rt_log(RT_LOG_INFO, "client.connected",
                "client=%s peer=%s user=%s transport=%s version=%u keepalive=%u takeover=%d "
                "resumed=%d",
-               c->client_id, peer, c->username ? c->username : "-", rt_listener_kind(c->listener),
-               c->version, c->keepalive, old != 0, resumed);
+               c->client_id, peer_text, c->username ? c->username : "-",
+               rt_listener_kind(c->listener), c->version, c->keepalive, old != 0, resumed);
     }
     rt__conn_arm_keepalive(self, c);
     if (resumed)

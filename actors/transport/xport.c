@@ -455,7 +455,7 @@ static void ws_upgrade(rt_actor_t *self, const rt_xport_owner_t *o, rt_xport_t *
     }
     rt_auth_addr_t sock_addr, client;
     if (l->ntrusted && u.forwarded_for[0] &&
-        rt_auth_addr_from_fd(rt_sock_fd(o->sock), &sock_addr) == 0 &&
+        rt_auth_addr_from_fd(rt_sock_fd(o->sock), &sock_addr, NULL) == 0 &&
         rt_conf_net_match(l->trusted_proxies, l->ntrusted, sock_addr.b) &&
         rt_forwarded_client(u.forwarded_for, l->trusted_proxies, l->ntrusted, &client) &&
         !take_real_address(self, o, xp, &client, 0)) {

@@ -10,8 +10,14 @@ at_once`) and those that failed, CPU-seconds of the rtd nodes and of the nats-se
 the connect phase. Medians over --runs, each run on fresh servers; every process started
 here is stopped by its PID, every phase is bounded.
 
+The three nats-servers run with GOMAXPROCS=1 unless --nats-gomaxprocs says otherwise (0: Go's
+default, one per core): each of them has a third of this machine's two cores, and with two
+each, Go's idle threads spin for work the others are doing (a fifth of the servers' CPU per
+claim here; docs/CLUSTER.md, "What a connect costs").
+
     RT_BUILD_DIR=$PWD/build/release /usr/bin/python3 tests/bench/cluster_connect.py \\
         [--nodes 3] [--clients 19000] [--runs 3] [--conn-parallel 200] [--persistent]
+        [--nats-gomaxprocs 1]
 """
 import argparse
 import json
@@ -21,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
@@ -100,7 +105,13 @@ def main():
                     "rtbench process")
     ap.add_argument("--persistent", action="store_true")
     ap.add_argument("--timeout", type=float, default=300, help="bound on a connect phase, s")
+    ap.add_argument("--nats-gomaxprocs", type=int, default=1, help="GOMAXPROCS of the "
+                    "nats-servers (0: Go's default)")
     a = ap.parse_args()
+    if a.nats_gomaxprocs > 0:  # inherited by the nats-servers; rtd and rtbench are not Go
+        os.environ["GOMAXPROCS"] = str(a.nats_gomaxprocs)
+    else:
+        os.environ.pop("GOMAXPROCS", None)
     tmp = tempfile.mkdtemp(prefix="cluster-connect-")
     try:
         rows = [one_run(a, r + 1, tmp) for r in range(a.runs)]

@@ -180,6 +180,34 @@ def test_client_values_are_one_value(fmt):
         assert 'client="id with \\"quotes\\" and=equals\\\\"' in log
 
 
+def test_connect_lines_name_the_peer_as_it_sees_itself(tmp_path):
+    """A CONNECT reads its peer's address from the socket once for its checks and its lines
+    (conn_peer_t): the connected line, a ban by address and a refused login each name the
+    client's own address and port, as the client's socket has them."""
+    broker = Rtd(f'password_file="{password_file(tmp_path / "pw", {"pu": "right"})}"')
+    try:
+        assert broker.ctl("banned", "add", "address", "127.0.0.13")[0] == 0
+        ok = Raw(broker.port, "peer-ok", version=4, bind="127.0.0.12",
+                 username="pu", password="right")
+        assert ok.connack_code == 0
+        banned = Raw(broker.port, "peer-banned", version=4, bind="127.0.0.13")
+        wrong = Raw(broker.port, "peer-wrong", version=4, bind="127.0.0.14",
+                    username="pu", password="wrong")
+        assert (banned.connack_code, wrong.connack_code) != (0, 0)
+        want = {name: "%s:%d" % c.sock.getsockname()[:2]
+                for name, c in (("ok", ok), ("banned", banned), ("wrong", wrong))}
+        assert wait_for(lambda: fields(broker.read_log(), "client.auth_failed"), 5)
+        log = broker.read_log()
+        assert [f["peer"] for f in fields(log, "client.connected")] == [want["ok"]]
+        assert [f["peer"] for f in fields(log, "client.banned")] == [want["banned"]]
+        assert [f["peer"] for f in fields(log, "client.auth_failed")] == [want["wrong"]]
+        for c in (ok, banned, wrong):
+            c.close()
+    finally:
+        code, log = broker.stop()
+    assert code == 0, log[-2000:]
+
+
 def test_bad_log_settings_are_refused(tmp_path):
     for o, why in ((f'log_file="{tmp_path}/no/such/dir/rtd.log"', "No such file or directory"),
                    ("log_format=xml", "log_format must be one of: logfmt or json"),
