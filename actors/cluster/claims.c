@@ -697,25 +697,39 @@ void rt__cluster_move_tail(const move_t *mv)
     /* The session answers the claim once it has merged the rest: the CONNECT's hand-over
        reaches it after that, whatever way each message takes. */
     rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, offsetof(rt_cluster_move_in_t, bytes) + len);
-    bool delivered = false;
+    bool delivered = false, session_gone = false;
     if (m) {
         ((rt_cluster_move_in_t *)(void *)m->data)->claimer = mv->reply_to;
         ((rt_cluster_move_in_t *)(void *)m->data)->lease = mv->lease;
         if (len)
             memcpy(((rt_cluster_move_in_t *)(void *)m->data)->bytes, tail, len);
         delivered = rt_send_msg(mv->session, m) == 0;
+        session_gone = !delivered;
     }
-    answered = answered && delivered;
     free(tail);
-    atomic_fetch_add_explicit(answered && m ? &rt__cluster.sessions_moved_in
-                                            : &rt__cluster.sessions_move_failed,
+    atomic_fetch_add_explicit(answered && delivered ? &rt__cluster.sessions_moved_in
+                                                    : &rt__cluster.sessions_move_failed,
                               1, memory_order_relaxed);
-    if (!answered || !m)
+    if (session_gone) {
+        rt_cluster_move_ended(mv->reply_to, mv->lease, id);
+        return;
+    }
+    if (!answered || !delivered)
         rt_log(RT_LOG_WARNING, "cluster.session_tail_lost",
                "client=%s from=%s run=%s what its old node queued after the move did not arrive",
                id, node, holder_run(mv->holder));
     if (!delivered)
         rt__cluster_move_unmerged(mv);
+}
+
+void rt_cluster_move_ended(rt_pid_t claimer, uint32_t lease, const char *client_id)
+{
+    rt_log(RT_LOG_WARNING, "cluster.session_move_ended",
+           "client=%s a session that moved here ended before it took the rest; its CONNECT goes "
+           "on without it",
+           client_id);
+    rt_cluster_claimed_t r = {.status = 0, .lease = lease};
+    rt_send(claimer, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
 }
 
 /* A CONNECT whose session moved here but will not merge the rest (it ended, or the rest could

@@ -202,6 +202,10 @@ typedef struct rt_cluster_move_in_s {
 } rt_cluster_move_in_t;
 /* The holder's answer to a MOVE_OUT (len 0: nothing to move). */
 void rt_cluster_move_answer(const rt_cluster_move_t *req, const void *bytes, size_t len);
+/* A session that moved here ended before it merged the rest (with MOVE_IN in its mailbox, or
+   before MOVE_IN could reach it): logged, and the CONNECT's claim answered (status 0: the id
+   is this node's), which goes on with a new session. */
+void rt_cluster_move_ended(rt_pid_t claimer, uint32_t lease, const char *client_id);
 /* Makes the session actor for id from phase 1's bytes (on the claiming node's cluster_kv
    thread); 0 if they cannot be read. */
 typedef rt_pid_t (*rt_cluster_import_fn)(const char *id, const void *bytes, size_t len);

@@ -600,11 +600,7 @@ void rt__conn_dead_letter(void *state, rt_msg_t *m)
         /* A session that moved here ended before it merged the rest: the CONNECT that waits
            for it still holds the id, and goes on without it. */
         const rt_cluster_move_in_t *in = (const rt_cluster_move_in_t *)(const void *)m->data;
-        rt_log(RT_LOG_WARNING, "cluster.session_move_ended",
-               "a session that moved here ended before it took the rest; its CONNECT goes on "
-               "without it");
-        rt_cluster_claimed_t done = {.status = 0, .lease = in->lease};
-        rt_send(in->claimer, RT_CLUSTER_MSG_CLAIMED, &done, sizeof(done));
+        rt_cluster_move_ended(in->claimer, in->lease, c->client_id ? c->client_id : "-");
         return;
     }
     if (m->tag != RT_MSG_DELIVER || m->len < sizeof(rt_delivery_t))

@@ -12,6 +12,8 @@ here, never by name.
 """
 import asyncio
 import json
+import signal
+import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -708,9 +710,10 @@ def test_retained_for_a_later_subscriber_on_any_node(nodes, mq, pfx):
     assert status["retained"] == "replicated" and status["retained_put_failed"] == 0, status
 
 
-def mqtt311_connect(cid):
-    """A CONNECT, MQTT 3.1.1, clean session, keep alive 60 s."""
-    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(cid).to_bytes(2, "big") + cid.encode()
+def mqtt311_connect(cid, clean=True):
+    """A CONNECT, MQTT 3.1.1, keep alive 60 s."""
+    flags = b"\x02" if clean else b"\x00"
+    body = b"\x00\x04MQTT\x04" + flags + b"\x00\x3c" + len(cid).to_bytes(2, "big") + cid.encode()
     assert len(body) < 128
     return bytes([0x10, len(body)]) + body
 
@@ -979,6 +982,48 @@ def test_offline_session_moves_with_its_queue_and_pending_will(nodes, mq, pfx):
     moved_logs(n1, n2, cid)
     time.sleep(max(0.0, delay + 0.5 - (time.monotonic() - closed)))
     assert not watcher.msgs, "the will went out though its client came back in time"
+
+
+def test_connect_answered_when_the_session_moving_in_ends_before_its_merge(nodes, mq, pfx):
+    """Issue 30 (8): a CONNECT that takes a session from another node is answered once the
+    session merged the rest (docs/CLUSTER.md, "Sessions that move"). If the session that moved
+    in ends first, the CONNECT is answered all the same: it goes on with a new session
+    (cluster.session_move_ended). The window: before asking the old holder for the rest, the
+    new node waits up to 2 s for every node heard from in its heartbeats' last three periods
+    to confirm the session's subscriptions; n3, stopped (SIGSTOP) just before, is such a node
+    and stays silent, so the session that moved in to n2 can be killed meanwhile. A kill that
+    came too late (the merge done: the session present, no such line) is tried again."""
+    n1, n2, n3 = nodes
+    for attempt in range(3):
+        cid = f"mve-{pfx}-{attempt}"
+        old = mq(n1, cid=cid, clean=False, v5=False)
+        old.c.reconnect_delay_set(60, 60)  # taken over: it must not come back and take it back
+        old.subscribe(f"{pfx}/e/{attempt}", 1)
+        n3.proc.send_signal(signal.SIGSTOP)
+        try:
+            s = socket.create_connection(("127.0.0.1", n2.port), timeout=WAIT)
+            s.sendall(mqtt311_connect(cid, clean=False))
+
+            def moved_in():
+                code, out, _ = n2.ctl("clients", "show", cid, json=True)
+                got = json.loads(out) if code == 0 else {}
+                return got.get("pid") if got.get("node", "n2") == "n2" else None
+            until(moved_in, WAIT, lambda: n2.read_log()[-2000:])
+            code, out, err = n2.ctl("actors", "kill", str(moved_in()))
+        finally:
+            n3.proc.send_signal(signal.SIGCONT)
+        connack = b""
+        while len(connack) < 4:
+            chunk = s.recv(4 - len(connack))
+            assert chunk, f"closed after {connack!r}: " + n2.read_log()[-2000:]
+            connack += chunk
+        s.close()
+        ended = f"cluster.session_move_ended client={cid} " in n2.read_log()
+        if code == 0 and ended:
+            assert connack == b"\x20\x02\x00\x00", connack  # accepted, a new session
+            return
+        assert connack == b"\x20\x02\x01\x00", (connack, out, err)  # merged before the kill
+    pytest.fail("three kills in a row came after the merge")
 
 
 # ---- Durable mode (docs/CLUSTER.md "Durable mode"): nodes of their own, prefix "rd" ----
