@@ -671,6 +671,15 @@ static void sync_every_server(const char *id)
     }
 }
 
+/* A CONNECT whose session moved here but will not merge the rest (it ended, or the rest could
+   not be asked for): the id is this node's, and the CONNECT goes on with what is here. */
+static void claim_ours(rt_pid_t claimer, uint32_t lease)
+{
+    RT_ASSERT(claimer);
+    rt_cluster_claimed_t r = {.status = 0, .lease = lease};
+    rt_send(claimer, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+}
+
 /* In cluster_kv: what the old holder queued since phase 1, to the imported session (none
    if the old node is gone); then the CONNECT goes on. */
 void rt__cluster_move_tail(const move_t *mv)
@@ -697,20 +706,19 @@ void rt__cluster_move_tail(const move_t *mv)
     /* The session answers the claim once it has merged the rest: the CONNECT's hand-over
        reaches it after that, whatever way each message takes. */
     rt_msg_t *m = rt_msg_new(RT_CLUSTER_MSG_MOVE_IN, offsetof(rt_cluster_move_in_t, bytes) + len);
-    bool delivered = false, session_gone = false;
+    bool delivered = false;
     if (m) {
         ((rt_cluster_move_in_t *)(void *)m->data)->claimer = mv->reply_to;
         ((rt_cluster_move_in_t *)(void *)m->data)->lease = mv->lease;
         if (len)
             memcpy(((rt_cluster_move_in_t *)(void *)m->data)->bytes, tail, len);
         delivered = rt_send_msg(mv->session, m) == 0;
-        session_gone = !delivered;
     }
     free(tail);
     atomic_fetch_add_explicit(answered && delivered ? &rt__cluster.sessions_moved_in
                                                     : &rt__cluster.sessions_move_failed,
                               1, memory_order_relaxed);
-    if (session_gone) {
+    if (m && !delivered) { /* the session ended before MOVE_IN could reach it */
         rt_cluster_move_ended(mv->reply_to, mv->lease, id);
         return;
     }
@@ -728,17 +736,12 @@ void rt_cluster_move_ended(rt_pid_t claimer, uint32_t lease, const char *client_
            "client=%s a session that moved here ended before it took the rest; its CONNECT goes "
            "on without it",
            client_id);
-    rt_cluster_claimed_t r = {.status = 0, .lease = lease};
-    rt_send(claimer, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+    claim_ours(claimer, lease);
 }
 
-/* A CONNECT whose session moved here but will not merge the rest (it ended, or the rest could
-   not be asked for): the id is this node's, and the CONNECT goes on with what is here. */
 void rt__cluster_move_unmerged(const move_t *mv)
 {
-    RT_ASSERT(mv->reply_to);
-    rt_cluster_claimed_t r = {.status = 0, .lease = mv->lease};
-    rt_send(mv->reply_to, RT_CLUSTER_MSG_CLAIMED, &r, sizeof(r));
+    claim_ours(mv->reply_to, mv->lease);
 }
 
 static bool send_claim(rt_pid_t reply_to, const char *id, size_t len, bool want_session,

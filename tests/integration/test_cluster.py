@@ -1008,8 +1008,8 @@ def test_connect_answered_when_the_session_moving_in_ends_before_its_merge(nodes
                 code, out, _ = n2.ctl("clients", "show", cid, json=True)
                 got = json.loads(out) if code == 0 else {}
                 return got.get("pid") if got.get("node", "n2") == "n2" else None
-            until(moved_in, WAIT, lambda: n2.read_log()[-2000:])
-            code, out, err = n2.ctl("actors", "kill", str(moved_in()))
+            pid = until(moved_in, WAIT, lambda: n2.read_log()[-2000:])
+            code, out, err = n2.ctl("actors", "kill", str(pid))
         finally:
             n3.proc.send_signal(signal.SIGCONT)
         connack = b""
